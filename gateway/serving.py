@@ -58,8 +58,6 @@ class ServerThread:
         self.host = host
         self.port: int = self._sock.getsockname()[1]
         self._server = uvicorn.Server(uvicorn_config(app, **config))
-        # Signal handling belongs to the main thread's owner, not to a background server.
-        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._thread = threading.Thread(target=self._run, name=f"uvicorn:{self.port}", daemon=True)
         self._error: BaseException | None = None
 
@@ -71,7 +69,7 @@ class ServerThread:
     def _run(self) -> None:
         try:
             asyncio.run(self._server.serve(sockets=[self._sock]))
-        except BaseException as exc:  # reported to the starting thread in start()
+        except BaseException as exc:  # noqa: BLE001 - handed to the starting thread in start()
             self._error = exc
 
     def start(self, timeout: float = 15.0) -> ServerThread:

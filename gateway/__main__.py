@@ -1,0 +1,5 @@
+"""`python -m gateway` runs the `owngate` command."""
+
+from gateway.cli.main import entrypoint
+
+entrypoint()

@@ -1,0 +1,5 @@
+"""The OpenAI-compatible HTTP surface of the gateway."""
+
+from gateway.api.app import GatewayApp, create_app
+
+__all__ = ["GatewayApp", "create_app"]

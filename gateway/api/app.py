@@ -1,0 +1,227 @@
+"""`create_app(config)`: the gateway as a plain ASGI application.
+
+No web framework on the hot path: a dict maps paths to handlers, the body is read once,
+and errors become OpenAI error objects in one place (`send_error`). Resources (backend
+connection pools) open and close with the ASGI lifespan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gateway.api.asgi import Receive, Scope, Send, header, send_bytes, send_error, send_json
+from gateway.api.metrics import GatewayMetrics
+from gateway.api.proxy import Exchange, Proxy
+from gateway.config.schema import GatewayConfig
+from gateway.errors import ErrorCode, GatewayError
+from gateway.logs import get_logger
+from gateway.routing.registry import Registry, TenantEntry
+
+__all__ = ["GatewayApp", "create_app"]
+
+Handler = Callable[[Scope, Receive, Send, bytes], Awaitable[None]]
+
+_PROXIED = {
+    "/v1/chat/completions": ("chat", b"/v1/chat/completions"),
+    "/v1/completions": ("completions", b"/v1/completions"),
+    "/v1/embeddings": ("embeddings", b"/v1/embeddings"),
+}
+_PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
+
+
+class GatewayApp:
+    """The ASGI callable. Build it with `create_app`."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        environ: dict[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = GatewayMetrics()
+        self.registry = Registry.build(
+            config, environ=dict(os.environ if environ is None else environ)
+        )
+        self.proxy = Proxy(self.registry, self.metrics)
+        self.ready = False
+        self.draining = False
+        self._log = get_logger("owngate.access")
+        self._access_log = config.logging.access_log
+        self._max_body = config.limits.max_body_bytes
+        self._routes: dict[str, Handler] = {
+            "/healthz": self._healthz,
+            "/readyz": self._readyz,
+            "/metrics": self._metrics,
+            "/v1/models": self._models,
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            path = scope["path"]
+            proxied = _PROXIED.get(path)
+            if proxied is not None:
+                await self._openai(scope, receive, send, proxied[0], proxied[1])
+                return
+            request_id = _new_request_id()
+            handler = self._routes.get(path)
+            if handler is None:
+                error = GatewayError(ErrorCode.not_found, f"Unknown path {path!r}.")
+                await send_error(send, error, request_id)
+                return
+            await handler(scope, receive, send, request_id)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.ready = True
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                self.ready = False
+                await self.registry.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # the OpenAI surface
+
+    async def _openai(
+        self, scope: Scope, receive: Receive, send: Send, endpoint: str, upstream_path: bytes
+    ) -> None:
+        exchange = Exchange(_new_request_id(), time.perf_counter(), endpoint)
+        try:
+            if scope["method"] != "POST":
+                raise GatewayError(ErrorCode.method_not_allowed, f"{endpoint} accepts only POST")
+            if not self.ready:
+                raise GatewayError(ErrorCode.not_ready, "the gateway is not ready")
+            tenant = self._authenticate(scope)
+            exchange.tenant = tenant.id
+            body = await self._read_body(scope, receive)
+            await self.proxy.forward(exchange, tenant, body, upstream_path, receive, send)
+        except GatewayError as error:
+            exchange.status = error.status
+            if not exchange.response_started:
+                await send_error(send, error, exchange.request_id)
+        except Exception:  # noqa: BLE001 - last resort: logged, answered 500, never passed on
+            exchange.status = 500
+            self._log.exception("unhandled error", request_id=exchange.request_id.decode())
+            if not exchange.response_started:
+                internal = GatewayError(ErrorCode.internal_error, "internal gateway error")
+                await send_error(send, internal, exchange.request_id)
+        finally:
+            self._finish(exchange)
+
+    def _finish(self, exchange: Exchange) -> None:
+        elapsed = time.perf_counter() - exchange.started_at
+        self.metrics.observe_request(exchange.endpoint, exchange.status, exchange.backend, elapsed)
+        if self._access_log:
+            self._log.info(
+                "request",
+                request_id=exchange.request_id.decode(),
+                endpoint=exchange.endpoint,
+                tenant=exchange.tenant,
+                model=exchange.model,
+                backend=exchange.backend,
+                status=exchange.status,
+                stream=exchange.stream,
+                upstream_error=exchange.upstream_error,
+                duration_ms=round(elapsed * 1000, 3),
+            )
+
+    def _authenticate(self, scope: Scope) -> TenantEntry:
+        value = header(scope, b"authorization")
+        if value is None:
+            raise GatewayError(
+                ErrorCode.missing_api_key,
+                "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.",
+            )
+        scheme, _, key = value.partition(b" ")
+        key = key.strip()
+        if scheme.lower() != b"bearer" or not key:
+            raise GatewayError(
+                ErrorCode.invalid_api_key, "Malformed Authorization header; use 'Bearer KEY'."
+            )
+        digest = "sha256:" + hashlib.sha256(key).hexdigest()
+        tenant = self.registry.tenants_by_key.get(digest)
+        if tenant is None:
+            raise GatewayError(ErrorCode.invalid_api_key, "Incorrect API key provided.")
+        return tenant
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        limit = self._max_body
+        declared = header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise _too_large(limit)
+        message = await receive()
+        body: bytes = message.get("body", b"")
+        if not message.get("more_body", False):
+            if len(body) > limit:
+                raise _too_large(limit)
+            return body
+        parts = [body]
+        size = len(body)
+        while message.get("more_body", False):
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise GatewayError(ErrorCode.invalid_request, "client disconnected")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
+        try:
+            if scope["method"] != "GET":
+                raise GatewayError(ErrorCode.method_not_allowed, "/v1/models accepts only GET")
+            tenant = self._authenticate(scope)
+        except GatewayError as error:
+            await send_error(send, error, request_id)
+            return
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": self.registry.owners[name]}
+            for name in self.registry.models_for(tenant)
+        ]
+        await send_json(send, 200, {"object": "list", "data": data}, request_id)
+
+    # operations
+
+    async def _healthz(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
+        await send_json(send, 200, {"status": "ok"}, request_id)
+
+    async def _readyz(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
+        down = sorted(b.id for b in self.registry.backends.values() if self.registry.is_down(b))
+        ready = self.ready and not self.draining
+        detail: dict[str, Any] = {
+            "status": "ready" if ready else "not ready",
+            "draining": self.draining,
+            "backends_marked_down": down,
+        }
+        await send_json(send, 200 if ready else 503, detail, request_id)
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
+        body = self.metrics.render()
+        await send_bytes(send, 200, body, request_id, _PROMETHEUS)
+
+
+def _too_large(limit: int) -> GatewayError:
+    return GatewayError(
+        ErrorCode.request_too_large, f"The request body exceeds the limit of {limit} bytes."
+    )
+
+
+def _new_request_id() -> bytes:
+    return b"req_" + os.urandom(12).hex().encode()
+
+
+def create_app(config: GatewayConfig, *, environ: dict[str, str] | None = None) -> GatewayApp:
+    """Build the gateway ASGI app from a validated config."""
+    return GatewayApp(config, environ=environ)

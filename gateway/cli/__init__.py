@@ -1,0 +1,1 @@
+"""The `owngate` command line: `owngate <noun> <verb>`, one module per noun."""

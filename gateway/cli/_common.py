@@ -1,0 +1,23 @@
+"""Helpers shared by subcommands: environment defaults and config loading."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from gateway.config import ConfigError, GatewayConfig, load_config
+
+__all__ = ["env_default", "load_or_report"]
+
+
+def env_default(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def load_or_report(path: str) -> GatewayConfig | None:
+    """Load a config; print every problem to stderr and return None when it is invalid."""
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return None

@@ -1,0 +1,64 @@
+"""`owngate keys new --tenant T`: make a tenant API key; only its hash is stored."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway.cli._common import env_default, load_or_report
+from gateway.keys import add_key_hash, hash_api_key, new_api_key
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("keys", help="manage tenant API keys")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    new = verbs.add_parser(
+        "new",
+        help="create an API key for a tenant",
+        description="Create an API key for a tenant. The key is printed once on stdout; only "
+        "its SHA-256 digest is stored, in the keys_file named by the config. A running "
+        "gateway picks it up on restart.",
+    )
+    new.add_argument("--tenant", required=True, help="tenant id (must exist in the config)")
+    new.add_argument(
+        "--config",
+        default=env_default("OWNGATE_CONFIG", "gateway.yaml"),
+        help="path to gateway.yaml (env OWNGATE_CONFIG, default ./gateway.yaml)",
+    )
+    new.set_defaults(handler=_new)
+    parser.set_defaults(handler=lambda _args: _usage(parser))
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _new(args: argparse.Namespace) -> int:
+    config = load_or_report(args.config)
+    if config is None:
+        return 1
+    if args.tenant not in {t.id for t in config.tenants}:
+        print(f"error: tenant {args.tenant!r} is not defined in {args.config}", file=sys.stderr)
+        return 1
+    if config.keys_file is None:
+        print(
+            f"error: {args.config} has no keys_file; add e.g. 'keys_file: keys.yaml' so the "
+            "key's hash has somewhere to be stored",
+            file=sys.stderr,
+        )
+        return 1
+    key = new_api_key()
+    path = Path(args.config).parent / config.keys_file
+    add_key_hash(path, args.tenant, hash_api_key(key))
+    print(key)
+    print(
+        f"stored the key's SHA-256 digest for tenant {args.tenant!r} in {path}; "
+        "the key itself is shown only this once",
+        file=sys.stderr,
+    )
+    return 0

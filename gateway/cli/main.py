@@ -1,0 +1,53 @@
+"""Entry point of the `owngate` command.
+
+Each subcommand lives in its own module exposing `register(subparsers)`, which adds its
+parser and sets `handler=<callable(args) -> int>`. Exit codes: 0 ok, 1 failed check or
+runtime failure, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from gateway import __version__
+
+__all__ = ["build_parser", "entrypoint", "main"]
+
+# Subcommand modules, imported only to build the parser: none does work at import time.
+_COMMANDS = ("serve", "demo", "sim", "config", "keys", "bench")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="owngate",
+        description="OpenAI-compatible gateway that routes to your own GPUs first.",
+        epilog="Exit codes: 0 ok, 1 failed check or runtime failure, 2 usage error.",
+    )
+    parser.add_argument("--version", action="version", version=f"owngate {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMANDS:
+        module = importlib.import_module(f"gateway.cli.{name}")
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return 2
+    result: int = handler(args)
+    return result
+
+
+def entrypoint() -> None:
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)

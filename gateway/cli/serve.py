@@ -1,0 +1,55 @@
+"""`owngate serve`: run the gateway from a config file."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import uvicorn
+
+from gateway.cli._common import env_default, load_or_report
+from gateway.logs import configure_logging, get_logger
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the gateway",
+        description="Run the gateway. Refuses to start (exit 1) when the config is invalid.",
+    )
+    parser.add_argument(
+        "--config",
+        default=env_default("OWNGATE_CONFIG", "gateway.yaml"),
+        help="path to gateway.yaml (env OWNGATE_CONFIG, default ./gateway.yaml)",
+    )
+    parser.add_argument(
+        "--host", default=env_default("OWNGATE_HOST", ""), help="override listen.host (env OWNGATE_HOST)"
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=int(env_default("OWNGATE_PORT", "-1")),
+        help="override listen.port (env OWNGATE_PORT)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gateway.api import create_app
+    from gateway.serving import uvicorn_config
+
+    config = load_or_report(args.config)
+    if config is None:
+        return 1
+    configure_logging(config.logging.format, config.logging.level)
+    host = args.host or config.listen.host
+    port = args.port if args.port >= 0 else config.listen.port
+    app = create_app(config)
+    get_logger("owngate").info(
+        "starting", host=host, port=port, backends=len(config.backends), tenants=len(config.tenants)
+    )
+    server = uvicorn.Server(uvicorn_config(app, host=host, port=port))
+    server.run()
+    return 0

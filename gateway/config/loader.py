@@ -1,0 +1,193 @@
+"""Load `gateway.yaml`: YAML with line marks, `${ENV}` interpolation, schema validation.
+
+Every problem is reported as a `ConfigIssue` carrying the YAML path (`backends[0].kind`)
+and the line it sits on, all at once, so `owngate config validate` shows the whole list.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from gateway.config.schema import GatewayConfig
+
+__all__ = ["ConfigError", "ConfigIssue", "load_config", "parse_config"]
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+Path_ = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    path: str
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"line {self.line}: " if self.line is not None else ""
+        return f"{where}{self.path or '<root>'}: {self.message}"
+
+
+class ConfigError(Exception):
+    """The config file is invalid; `issues` lists every problem found."""
+
+    def __init__(self, source: str, issues: list[ConfigIssue]) -> None:
+        self.source = source
+        self.issues = issues
+        lines = "\n".join(f"  {source}:{issue}" for issue in issues)
+        super().__init__(f"invalid config {source} ({len(issues)} problem(s)):\n{lines}")
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> GatewayConfig:
+    """Read and validate a config file; raises `ConfigError` listing every problem."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(source, [ConfigIssue("", None, f"cannot read: {exc.strerror}")]) from exc
+    config = parse_config(text, source=source, env=os.environ if env is None else env)
+    if config.keys_file is not None:
+        keys_path = Path(path).parent / config.keys_file
+        config = _merge_keys_file(config, keys_path, source)
+    return config
+
+
+def parse_config(
+    text: str, *, source: str = "<config>", env: Mapping[str, str] | None = None
+) -> GatewayConfig:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(source, [ConfigIssue("", line, f"not valid YAML: {problem}")]) from exc
+    if root is None:
+        raise ConfigError(source, [ConfigIssue("", None, "the file is empty")])
+    lines: dict[Path_, int] = {}
+    issues: list[ConfigIssue] = []
+    data = _to_python(root, (), lines, issues, os.environ if env is None else env)
+    try:
+        config = GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        # An unset ${VAR} also fails validation where it sits; report only the cause.
+        unset = [issue.path for issue in issues]
+        issues += [
+            i
+            for i in _pydantic_issues(exc, lines)
+            if not any(i.path.startswith(p) or p.startswith(i.path) for p in unset)
+        ]
+        raise ConfigError(source, issues) from exc
+    if issues:
+        raise ConfigError(source, issues)
+    return config
+
+
+def _to_python(
+    node: yaml.Node,
+    path: Path_,
+    lines: dict[Path_, int],
+    issues: list[ConfigIssue],
+    env: Mapping[str, str],
+) -> Any:
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        result: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value
+            if key in result:
+                issues.append(
+                    ConfigIssue(
+                        _render((*path, key)), key_node.start_mark.line + 1, "duplicate key"
+                    )
+                )
+            result[key] = _to_python(value_node, (*path, key), lines, issues, env)
+        return result
+    if isinstance(node, yaml.SequenceNode):
+        return [
+            _to_python(item, (*path, i), lines, issues, env) for i, item in enumerate(node.value)
+        ]
+    assert isinstance(node, yaml.ScalarNode)
+    value = _scalar(node)
+    if isinstance(value, str) and "${" in value:
+        value = _interpolate(value, path, lines[path], issues, env)
+    return value
+
+
+def _scalar(node: yaml.ScalarNode) -> Any:
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_object(node, deep=True)
+    finally:
+        loader.dispose()
+
+
+def _interpolate(
+    value: str, path: Path_, line: int, issues: list[ConfigIssue], env: Mapping[str, str]
+) -> str:
+    def replace(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        issues.append(ConfigIssue(_render(path), line, f"environment variable {name} is not set"))
+        return ""
+
+    return _ENV_REF.sub(replace, value)
+
+
+def _render(path: Path_) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def _pydantic_issues(exc: ValidationError, lines: dict[Path_, int]) -> list[ConfigIssue]:
+    issues = []
+    errors = exc.errors(include_url=False)
+    nested = {tuple(e["loc"][:n]) for e in errors for n in range(len(e["loc"]))}
+    for error in errors:
+        loc: Path_ = tuple(error["loc"])
+        if error["type"] == "too_short" and loc in nested:
+            continue  # a list whose items failed also looks "too short"; the item errors say why
+        # Find the deepest part of the path that exists in the file to give a line.
+        probe = loc
+        while probe not in lines and probe:
+            probe = probe[:-1]
+        message = error["msg"]
+        if message.startswith("Value error, "):
+            message = message[len("Value error, ") :]
+        if error["type"] == "extra_forbidden":
+            message = "unknown key (not part of the schema)"
+        issues.append(ConfigIssue(_render(loc), lines.get(probe), message))
+    return issues
+
+
+def _merge_keys_file(config: GatewayConfig, keys_path: Path, source: str) -> GatewayConfig:
+    """Add the hashes stored by `owngate keys new` to the tenants they belong to."""
+    from gateway.keys import read_keys_file
+
+    try:
+        stored = read_keys_file(keys_path)
+    except ValueError as exc:
+        raise ConfigError(str(keys_path), [ConfigIssue("", None, str(exc))]) from exc
+    known = {t.id for t in config.tenants}
+    unknown = sorted(set(stored) - known)
+    if unknown:
+        issue = ConfigIssue("", None, f"keys for tenants not in {source}: {', '.join(unknown)}")
+        raise ConfigError(str(keys_path), [issue])
+    tenants = tuple(
+        t.model_copy(update={"api_key_hashes": t.api_key_hashes + tuple(stored.get(t.id, ()))})
+        for t in config.tenants
+    )
+    return config.model_copy(update={"tenants": tenants})

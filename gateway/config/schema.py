@@ -1,0 +1,190 @@
+"""The schema of `gateway.yaml`: frozen pydantic models that forbid unknown keys.
+
+Only the loader and the startup path touch these models; the request path reads the
+plain, precomputed tables that `gateway.routing.registry` builds from them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "Backend",
+    "BackendKind",
+    "Capacity",
+    "GatewayConfig",
+    "Limits",
+    "Listen",
+    "Logging",
+    "ModelEntry",
+    "Retention",
+    "State",
+    "Tenant",
+]
+
+BackendKind = Literal["vllm", "llamacpp", "sglang", "openai", "hosted"]
+PRIVATE_KINDS: frozenset[str] = frozenset({"vllm", "llamacpp", "sglang", "openai"})
+
+_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+_KEY_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+Identifier = Annotated[str, Field(pattern=_ID)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Listen(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+
+
+class Logging(_Strict):
+    format: Literal["json", "console"] = "json"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    access_log: bool = True
+
+
+class Limits(_Strict):
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    connect_timeout_s: float = Field(default=3.0, gt=0)
+    first_byte_timeout_s: float = Field(default=120.0, gt=0)
+    read_timeout_s: float = Field(default=120.0, gt=0)
+    max_connections_per_backend: int = Field(default=256, gt=0)
+
+
+class State(_Strict):
+    backend: Literal["memory", "redis"] = "memory"
+    url: str | None = None
+
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> State:
+        if self.backend == "redis" and not self.url:
+            raise ValueError("state.backend 'redis' needs a url (redis://host:port/db)")
+        return self
+
+
+class Retention(_Strict):
+    """What the operator declares about how a backend keeps request data."""
+
+    days: int = Field(default=0, ge=0)
+    training: bool = False
+    zero_data_retention: bool = False
+    evidence: str = ""
+
+
+class Capacity(_Strict):
+    """Hints for routing; measured load corrects them."""
+
+    max_concurrency: int | None = Field(default=None, gt=0)
+    context_tokens: int | None = Field(default=None, gt=0)
+
+
+class ModelEntry(_Strict):
+    name: str = Field(min_length=1, description="The model name the backend itself serves")
+    aliases: tuple[str, ...] = ()
+    provider_model: str | None = Field(
+        default=None, description="LiteLLM model string for hosted backends, e.g. openai/gpt-4o"
+    )
+
+
+class Backend(_Strict):
+    id: Identifier
+    kind: BackendKind
+    base_url: str | None = None
+    models: tuple[ModelEntry, ...] = Field(min_length=1)
+    region: str = Field(min_length=1)
+    owner: str = Field(min_length=1)
+    retention: Retention = Retention()
+    capacity: Capacity = Capacity()
+    api_key: str | None = Field(default=None, repr=False)
+    api_key_env: str | None = None
+    provider: str | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _url_shape(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("base_url must be an absolute http(s) URL")
+        if parts.query or parts.fragment:
+            raise ValueError("base_url must not carry a query or fragment")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _kind_rules(self) -> Backend:
+        if self.kind in PRIVATE_KINDS and self.base_url is None:
+            raise ValueError(f"a {self.kind} backend needs base_url (the server root)")
+        if self.kind == "hosted":
+            if self.api_key is not None:
+                raise ValueError(
+                    "hosted backends take credentials from the environment (api_key_env), "
+                    "never from the config file"
+                )
+            missing = [m.name for m in self.models if not m.provider_model]
+            if missing:
+                raise ValueError(f"hosted models need provider_model: {', '.join(missing)}")
+        return self
+
+    @property
+    def is_private(self) -> bool:
+        return self.kind in PRIVATE_KINDS
+
+
+class Tenant(_Strict):
+    id: Identifier
+    api_key_hashes: tuple[str, ...] = ()
+    models: tuple[str, ...] = Field(
+        default=(), description="Model names or aliases the tenant may use; '*' for all"
+    )
+
+    @field_validator("api_key_hashes")
+    @classmethod
+    def _hash_shape(cls, values: tuple[str, ...]) -> tuple[str, ...]:
+        for value in values:
+            if not _KEY_HASH.match(value):
+                raise ValueError(
+                    "api_key_hashes hold 'sha256:<64 hex>' digests made by "
+                    "`owngate keys new`, never raw keys"
+                )
+        return values
+
+
+class GatewayConfig(_Strict):
+    listen: Listen = Listen()
+    logging: Logging = Logging()
+    limits: Limits = Limits()
+    state: State = State()
+    keys_file: str | None = Field(
+        default=None, description="YAML file of tenant key hashes written by `owngate keys new`"
+    )
+    backends: tuple[Backend, ...] = Field(min_length=1)
+    tenants: tuple[Tenant, ...] = ()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> GatewayConfig:
+        _unique("backends", [b.id for b in self.backends])
+        _unique("tenants", [t.id for t in self.tenants])
+        served = {name for b in self.backends for m in b.models for name in (m.name, *m.aliases)}
+        for tenant in self.tenants:
+            for name in tenant.models:
+                if name != "*" and name not in served:
+                    raise ValueError(
+                        f"tenant {tenant.id!r} allows model {name!r}, which no backend serves"
+                    )
+        return self
+
+
+def _unique(what: str, ids: list[str]) -> None:
+    seen: set[str] = set()
+    for item in ids:
+        if item in seen:
+            raise ValueError(f"duplicate {what} id {item!r}")
+        seen.add(item)

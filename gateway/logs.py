@@ -1,0 +1,88 @@
+"""Structured logging: structlog, JSON in production, readable in the demo, redacted last.
+
+The gateway never logs prompts, outputs, API keys or auth headers. Call sites only pass
+metadata; `redact` is the last processor before rendering and is the safety net: it
+drops fields whose names mean content or secrets and masks bearer tokens and owngate
+keys wherever they appear in a string.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import MutableMapping
+from typing import Any, Literal, TextIO
+
+import orjson
+import structlog
+
+__all__ = ["SENSITIVE_FIELDS", "configure_logging", "get_logger", "redact"]
+
+SENSITIVE_FIELDS = frozenset(
+    {
+        "authorization", "api_key", "key", "password", "secret", "token", "headers",
+        "body", "prompt", "messages", "input", "content", "completion", "output", "choices",
+    }
+)  # fmt: skip
+
+_SECRET_PATTERN = re.compile(r"(?i)(bearer\s+)\S+|\bog-[A-Za-z0-9_-]{8,}|\bsk-[A-Za-z0-9_-]{8,}")
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+           "error": logging.ERROR}  # fmt: skip
+
+
+def redact(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    for name in [k for k in event if k.lower() in SENSITIVE_FIELDS]:
+        event[name] = "[redacted]"
+    for name, value in event.items():
+        if isinstance(value, str) and ("earer" in value or "og-" in value or "sk-" in value):
+            event[name] = _SECRET_PATTERN.sub(_mask, value)
+    return event
+
+
+def _mask(match: re.Match[str]) -> str:
+    return (match.group(1) or "") + "[redacted]"
+
+
+def configure_logging(
+    fmt: Literal["json", "console"] = "json",
+    level: str = "info",
+    stream: TextIO | None = None,
+) -> None:
+    """Configure structlog for this process (the CLI calls it once at start)."""
+    out = stream or sys.stderr
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.format_exc_info,
+        redact,
+    ]
+    if fmt == "json":
+        processors = [*shared, structlog.processors.JSONRenderer(serializer=orjson.dumps)]
+        binary: Any = getattr(out, "buffer", out)
+        factory: Any = structlog.BytesLoggerFactory(binary)
+    else:
+        processors = [*shared, structlog.dev.ConsoleRenderer(colors=False)]
+        factory = structlog.PrintLoggerFactory(out)
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
+        logger_factory=factory,
+        cache_logger_on_first_use=True,
+    )
+    # Libraries that log through stdlib (uvicorn's error log) get the same masking.
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(_RedactingFormatter("%(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(_LEVELS[level])
+
+
+class _RedactingFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return _SECRET_PATTERN.sub(_mask, super().format(record))
+
+
+def get_logger(name: str) -> Any:
+    return structlog.get_logger(name)

@@ -1,0 +1,1 @@
+"""Backend registry, load signals, filters, scorers and picker."""

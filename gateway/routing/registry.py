@@ -1,0 +1,142 @@
+"""The runtime view of the configured backends, models and tenants.
+
+Built once from a `GatewayConfig` at startup; the request path only does dict lookups
+here. `Registry.candidates()` gives the backends that serve a public model name, least
+loaded first, skipping those passive health has marked down.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from gateway.config.schema import Backend, GatewayConfig, Limits
+from gateway.upstream.http import HttpPool
+
+__all__ = ["BackendState", "Registry", "Route", "TenantEntry"]
+
+# After a connect failure a backend is skipped for this long (passive health).
+_DOWN_FOR_S = 1.0
+
+
+@dataclass(eq=False, slots=True)
+class BackendState:
+    """A configured backend plus what the gateway knows about it right now."""
+
+    config: Backend
+    pool: HttpPool | None
+    base_path: bytes
+    auth_header: bytes | None
+    inflight: int = 0
+    down_until: float = 0.0
+
+    @property
+    def id(self) -> str:
+        return self.config.id
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """How one public model name is served by one backend."""
+
+    backend: BackendState
+    upstream_model: str
+
+
+@dataclass(frozen=True, slots=True)
+class TenantEntry:
+    id: str
+    all_models: bool
+    models: frozenset[str]
+
+    def may_use(self, model: str) -> bool:
+        return self.all_models or model in self.models
+
+
+@dataclass(slots=True)
+class Registry:
+    backends: dict[str, BackendState]
+    routes: dict[str, tuple[Route, ...]]
+    tenants_by_key: dict[str, TenantEntry]
+    owners: dict[str, str] = field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic
+
+    @classmethod
+    def build(
+        cls,
+        config: GatewayConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        environ: dict[str, str] | None = None,
+    ) -> Registry:
+        env = environ or {}
+        backends = {b.id: _backend_state(b, config.limits, env) for b in config.backends}
+        routes: dict[str, list[Route]] = {}
+        owners: dict[str, str] = {}
+        for backend in config.backends:
+            for entry in backend.models:
+                for public in (entry.name, *entry.aliases):
+                    routes.setdefault(public, []).append(Route(backends[backend.id], entry.name))
+                    owners.setdefault(public, backend.owner)
+        tenants: dict[str, TenantEntry] = {}
+        for tenant in config.tenants:
+            entry_t = TenantEntry(tenant.id, "*" in tenant.models, frozenset(tenant.models))
+            for key_hash in tenant.api_key_hashes:
+                tenants[key_hash] = entry_t
+        return cls(
+            backends=backends,
+            routes={name: tuple(r) for name, r in routes.items()},
+            tenants_by_key=tenants,
+            owners=owners,
+            clock=clock,
+        )
+
+    def models_for(self, tenant: TenantEntry) -> list[str]:
+        return sorted(name for name in self.routes if tenant.may_use(name))
+
+    def candidates(self, model: str) -> tuple[Route, ...] | None:
+        """Routes for a public model name, least in-flight first; None if unknown."""
+        routes = self.routes.get(model)
+        if routes is None:
+            return None
+        if len(routes) == 1:
+            return routes
+        now = self.clock()
+        return tuple(sorted(routes, key=lambda r: (r.backend.down_until > now, r.backend.inflight)))
+
+    def mark_down(self, backend: BackendState) -> None:
+        backend.down_until = self.clock() + _DOWN_FOR_S
+
+    def is_down(self, backend: BackendState) -> bool:
+        return backend.down_until > self.clock()
+
+    async def close(self) -> None:
+        for backend in self.backends.values():
+            if backend.pool is not None:
+                await backend.pool.close()
+
+
+def _backend_state(backend: Backend, limits: Limits, env: dict[str, str]) -> BackendState:
+    pool: HttpPool | None = None
+    base_path = b""
+    if backend.base_url is not None and backend.is_private:
+        parts = urlsplit(backend.base_url)
+        assert parts.hostname is not None  # checked by the schema
+        tls = parts.scheme == "https"
+        pool = HttpPool(
+            parts.hostname,
+            parts.port or (443 if tls else 80),
+            tls=tls,
+            connect_timeout=limits.connect_timeout_s,
+            first_byte_timeout=limits.first_byte_timeout_s,
+            read_timeout=limits.read_timeout_s,
+            max_connections=limits.max_connections_per_backend,
+        )
+        base_path = parts.path.rstrip("/").encode()
+    key = backend.api_key
+    if key is None and backend.api_key_env is not None:
+        key = env.get(backend.api_key_env)
+    auth = f"Bearer {key}".encode() if key and backend.is_private else None
+    return BackendState(config=backend, pool=pool, base_path=base_path, auth_header=auth)

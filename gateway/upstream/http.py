@@ -1,0 +1,361 @@
+"""A small keep-alive HTTP/1.1 client for the private-backend hot path.
+
+Why not httpx or aiohttp: the gateway relays bytes and adds well under a millisecond;
+a general client costs more per request than everything else in the gateway combined.
+This one does exactly what pass-through needs: one request per connection at a time,
+`httptools` parsing, body chunks handed over as they arrive (no buffering beyond the
+flow-control watermark), first-byte and read timeouts, and `abort()` to cancel the
+upstream work when the client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+from collections.abc import AsyncIterator, Iterable
+from typing import Literal
+
+import httptools
+
+__all__ = ["HttpPool", "UpstreamError", "UpstreamResponse"]
+
+_HIGH_WATER = 256 * 1024
+_LOW_WATER = 64 * 1024
+
+FailureKind = Literal["connect", "timeout", "closed", "protocol"]
+
+
+class UpstreamError(Exception):
+    """A backend could not be reached, timed out, or broke the connection."""
+
+    def __init__(self, kind: FailureKind, detail: str, *, sent_nothing: bool = False) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind: FailureKind = kind
+        self.detail = detail
+        # True when the failure happened before any response byte arrived on a
+        # connection that was reused: the server closed it while idle.
+        self.sent_nothing = sent_nothing
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection; parses responses and feeds the current `UpstreamResponse`."""
+
+    def __init__(self, pool: HttpPool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.response: UpstreamResponse | None = None
+        self.closed = False
+        self.reused = False
+        self.counted = True  # holds one of the pool's connection slots
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.response is None:
+            self.close()  # bytes nobody asked for: the connection is no longer trustworthy
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.response._fail(UpstreamError("protocol", "unexpected upgrade"))
+            self.close()
+        except httptools.HttpParserError as exc:
+            self.response._fail(UpstreamError("protocol", f"bad HTTP response: {exc}"))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.response is not None and not self.response.complete:
+            got_bytes = self.response.status != 0
+            self.response._fail(
+                UpstreamError(
+                    "closed",
+                    "backend closed the connection mid-response"
+                    if got_bytes
+                    else "backend closed the connection before answering",
+                    sent_nothing=self.reused and not got_bytes,
+                )
+            )
+
+    def pause_writing(self) -> None:  # request bodies are bounded; nothing to throttle
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        assert self.response is not None
+        self.response.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        response = self.response
+        assert response is not None
+        response.status = self.parser.get_status_code()
+        response._wake()
+
+    def on_body(self, body: bytes) -> None:
+        response = self.response
+        assert response is not None
+        response._push(body)
+
+    def on_message_complete(self) -> None:
+        response = self.response
+        assert response is not None
+        response.complete = True
+        response._keep_alive = self.parser.should_keep_alive()
+        response._wake()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class UpstreamResponse:
+    """The response of one upstream request; body bytes arrive as `chunks()` yields."""
+
+    def __init__(self, conn: _Connection, read_timeout: float) -> None:
+        self._conn = conn
+        self._read_timeout = read_timeout
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.complete = False
+        self._keep_alive = False
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: UpstreamError | None = None
+        self._released = False
+
+    def header(self, name: bytes) -> bytes | None:
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+    # fed by the connection
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _push(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._buffered += len(data)
+        if self._buffered > _HIGH_WATER and not self._paused and self._conn.transport:
+            self._paused = True
+            self._conn.transport.pause_reading()
+        self._wake()
+
+    def _fail(self, error: UpstreamError) -> None:
+        if self._error is None:
+            self._error = error
+        self._wake()
+
+    async def _wait(self, timeout: float, what: str) -> None:
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout, _expire, waiter, what)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    async def _wait_headers(self, timeout: float) -> None:
+        while self.status == 0 and self._error is None:
+            try:
+                await self._wait(timeout, "no response from backend in time")
+            except UpstreamError:
+                self.abort()
+                raise
+        if self.status == 0 and self._error is not None:
+            self.abort()
+            raise self._error
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Yield body bytes as they arrive; raises `UpstreamError` if the body breaks off."""
+        chunks = self._chunks
+        while True:
+            if chunks:
+                data = b"".join(chunks) if len(chunks) > 1 else chunks[0]
+                chunks.clear()
+                self._buffered = 0
+                if self._paused and self._conn.transport:
+                    self._paused = False
+                    self._conn.transport.resume_reading()
+                yield data
+                continue
+            if self.complete:
+                self.release()
+                return
+            if self._error is not None:
+                self.abort()
+                raise self._error
+            try:
+                await self._wait(self._read_timeout, "backend stopped sending mid-response")
+            except UpstreamError:
+                self.abort()
+                raise
+
+    async def read(self) -> bytes:
+        parts = [chunk async for chunk in self.chunks()]
+        return b"".join(parts)
+
+    def release(self) -> None:
+        """Return the connection to the pool if the exchange finished cleanly."""
+        if self._released:
+            return
+        self._released = True
+        conn = self._conn
+        conn.response = None
+        if self.complete and self._keep_alive and not conn.closed:
+            conn.pool._put_idle(conn)
+        else:
+            conn.close()
+            conn.pool._forget(conn)
+
+    def abort(self) -> None:
+        """Drop the connection: the backend sees a disconnect and stops work on it."""
+        if self._released:
+            return
+        self._released = True
+        self._conn.response = None
+        self._conn.abort()
+        self._conn.pool._forget(self._conn)
+        self._fail(UpstreamError("closed", "request cancelled"))
+
+
+def _expire(waiter: asyncio.Future[None], what: str) -> None:
+    if not waiter.done():
+        waiter.set_exception(UpstreamError("timeout", what))
+
+
+class HttpPool:
+    """Keep-alive connections to one backend origin (`host:port`)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        tls: bool = False,
+        connect_timeout: float,
+        first_byte_timeout: float,
+        read_timeout: float,
+        max_connections: int,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self._host_header = f"{host}:{port}".encode("ascii")
+        self._ssl = ssl.create_default_context() if tls else None
+        self._connect_timeout = connect_timeout
+        self._first_byte_timeout = first_byte_timeout
+        self._read_timeout = read_timeout
+        self._idle: collections.deque[_Connection] = collections.deque()
+        self._limit = asyncio.Semaphore(max_connections)
+        self._open = 0
+
+    @property
+    def open_connections(self) -> int:
+        return self._open
+
+    async def request(
+        self,
+        method: bytes,
+        path: bytes,
+        headers: Iterable[tuple[bytes, bytes]],
+        body: bytes,
+    ) -> UpstreamResponse:
+        """Send a request; returns once the status line and headers have arrived."""
+        head = self._head(method, path, headers, len(body))
+        for attempt in range(2):
+            conn = await self._acquire()
+            response = UpstreamResponse(conn, self._read_timeout)
+            conn.response = response
+            assert conn.transport is not None
+            conn.transport.write(head + body if len(body) < 65536 else head)
+            if len(body) >= 65536:
+                conn.transport.write(body)
+            try:
+                await response._wait_headers(self._first_byte_timeout)
+            except UpstreamError as exc:
+                # A reused connection the server had already closed: retry once, fresh.
+                if exc.sent_nothing and attempt == 0:
+                    continue
+                raise
+            except BaseException:
+                response.abort()  # cancelled: the backend must stop working on it
+                raise
+            return response
+        raise AssertionError("unreachable")
+
+    def _head(
+        self, method: bytes, path: bytes, headers: Iterable[tuple[bytes, bytes]], length: int
+    ) -> bytes:
+        lines = [method, b" ", path, b" HTTP/1.1\r\nhost: ", self._host_header, b"\r\n"]
+        for name, value in headers:
+            lines += (name, b": ", value, b"\r\n")
+        lines += (b"content-length: ", str(length).encode(), b"\r\n\r\n")
+        return b"".join(lines)
+
+    async def _acquire(self) -> _Connection:
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                conn.reused = True
+                return conn
+            self._forget(conn)
+        return await self._connect()
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        if self._limit.locked():
+            raise UpstreamError("connect", "too many open connections to backend")
+        await self._limit.acquire()
+        self._open += 1
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: _Connection(self), self.host, self.port, ssl=self._ssl
+                ),
+                self._connect_timeout,
+            )
+        except TimeoutError as exc:
+            self._release_slot()
+            raise UpstreamError("connect", "connect timed out") from exc
+        except OSError as exc:
+            self._release_slot()
+            raise UpstreamError("connect", exc.strerror or type(exc).__name__) from exc
+        return conn
+
+    def _release_slot(self) -> None:
+        self._open -= 1
+        self._limit.release()
+
+    def _put_idle(self, conn: _Connection) -> None:
+        self._idle.append(conn)
+
+    def _forget(self, conn: _Connection) -> None:
+        if conn.counted:
+            conn.counted = False
+            self._release_slot()
+
+    async def close(self) -> None:
+        while self._idle:
+            conn = self._idle.pop()
+            conn.close()
+            self._forget(conn)

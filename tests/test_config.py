@@ -1,0 +1,145 @@
+"""gateway.yaml loading: strict schema, YAML paths and lines in errors, ${ENV}, key files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ConfigError, load_config, parse_config
+from gateway.keys import hash_api_key
+
+VALID = """\
+listen: {host: 127.0.0.1, port: 9000}
+backends:
+  - id: gpu-a
+    kind: vllm
+    base_url: http://127.0.0.1:8001/
+    models:
+      - name: llama
+        aliases: [chat]
+    region: eu-west-1
+    owner: ml-platform
+    retention: {days: 0, zero_data_retention: true, evidence: own hardware}
+  - id: openai
+    kind: hosted
+    provider: openai
+    api_key_env: OPENAI_API_KEY
+    models: [{name: gpt-4o-mini, provider_model: openai/gpt-4o-mini}]
+    region: us
+    owner: openai
+tenants:
+  - id: acme
+    api_key_hashes: ["${ACME_KEY_HASH}"]
+    models: [chat]
+"""
+
+
+def _issues(text: str, env: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, env=env or {})
+    return [str(issue) for issue in info.value.issues]
+
+
+def test_valid_config_loads_with_env_interpolation() -> None:
+    key_hash = hash_api_key("og-test")
+    config = parse_config(VALID, env={"ACME_KEY_HASH": key_hash})
+    assert config.listen.port == 9000
+    assert config.backends[0].base_url == "http://127.0.0.1:8001"  # trailing slash dropped
+    assert config.tenants[0].api_key_hashes == (key_hash,)
+    assert config.state.backend == "memory"
+
+
+def test_every_error_is_reported_with_path_and_line() -> None:
+    text = VALID.replace("kind: vllm", "kind: vllmx").replace(
+        "    region: eu-west-1\n", "    region: eu-west-1\n    colour: blue\n", 1
+    )
+    issues = _issues(text, {"ACME_KEY_HASH": hash_api_key("k")})
+    assert "line 4: backends[0].kind: Input should be" in issues[0]
+    assert any(i.startswith("line 10: backends[0].colour: unknown key") for i in issues)
+    assert len(issues) == 2
+
+
+def test_missing_environment_variable_is_an_error_with_its_line() -> None:
+    issues = _issues(VALID)
+    assert issues == ["line 21: tenants[0].api_key_hashes[0]: environment variable "
+                      "ACME_KEY_HASH is not set"]  # fmt: skip
+
+
+def test_env_default_syntax() -> None:
+    text = VALID.replace("${ACME_KEY_HASH}", "${NOPE:-" + hash_api_key("x") + "}")
+    assert parse_config(text, env={}).tenants[0].api_key_hashes == (hash_api_key("x"),)
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (("port: 9000", "port: 99999"), "listen.port: Input should be less than or equal"),
+        (("http://127.0.0.1:8001/", "ftp://x"), "backends[0].base_url: base_url must be"),
+        (("- id: openai", "- id: gpu-a"), "duplicate backends id 'gpu-a'"),
+        (("models: [chat]", "models: [nope]"), "allows model 'nope', which no backend"),
+        (("api_key_env: OPENAI_API_KEY", "api_key: sk-plain"), "never from the config file"),
+        (("    region: us\n", "    region: us\n    region: eu\n"), "line 18: backends[1].region: duplicate key"),
+    ],
+)
+def test_semantic_errors(edit: tuple[str, str], expected: str) -> None:
+    issues = _issues(VALID.replace(*edit), {"ACME_KEY_HASH": hash_api_key("k")})
+    assert any(expected in issue for issue in issues), issues
+
+
+def test_raw_keys_are_refused_in_place_of_hashes() -> None:
+    issues = _issues(VALID, {"ACME_KEY_HASH": "og-raw-key"})
+    assert any("never raw keys" in issue for issue in issues)
+
+
+def test_invalid_yaml_reports_its_line() -> None:
+    issues = _issues("backends:\n  - id: [unclosed\n")
+    assert "not valid YAML" in issues[0] and issues[0].startswith("line ")
+
+
+def test_keys_new_stores_only_the_hash(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        VALID.replace('api_key_hashes: ["${ACME_KEY_HASH}"]', "api_key_hashes: []")
+        + "keys_file: keys.yaml\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "keys", "new", "--tenant", "acme", "--config", str(config)],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    key = done.stdout.strip()
+    assert key.startswith("og-") and len(key) > 40
+    stored = (tmp_path / "keys.yaml").read_text()
+    assert key not in stored
+    assert hash_api_key(key) in stored
+    loaded = load_config(config, env={})
+    assert loaded.tenants[0].api_key_hashes == (hash_api_key(key),)
+
+
+def test_keys_new_refuses_unknown_tenant(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text(VALID.replace("${ACME_KEY_HASH}", hash_api_key("k")) + "keys_file: k.yaml\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "keys", "new", "--tenant", "nobody", "--config", str(config)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "not defined" in done.stderr
+    assert not (tmp_path / "k.yaml").exists()
+
+
+def test_config_validate_command_exit_codes(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(VALID.replace("${ACME_KEY_HASH}", hash_api_key("k")))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(VALID.replace("kind: vllm", "kind: nope"))
+    ok = subprocess.run([sys.executable, "-m", "gateway", "config", "validate", str(good)],
+                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert "ok (2 backends" in ok.stdout
+    fail = subprocess.run([sys.executable, "-m", "gateway", "config", "validate", str(bad)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert fail.returncode == 1
+    assert f"{bad}:line 4: backends[0].kind" in fail.stderr
