@@ -16,33 +16,53 @@ __all__ = ["ErrorCode", "GatewayError", "error_body"]
 
 
 class ErrorCode(enum.Enum):
-    """Closed set of error codes: value is (http status, OpenAI error type)."""
+    """Closed set of error codes; each fixes an HTTP status and an OpenAI error type."""
 
-    invalid_api_key = (401, "invalid_request_error")
-    missing_api_key = (401, "invalid_request_error")
-    permission_denied = (403, "permission_error")
-    invalid_json = (400, "invalid_request_error")
-    invalid_request = (400, "invalid_request_error")
-    missing_model = (400, "invalid_request_error")
-    model_not_found = (404, "invalid_request_error")
-    not_found = (404, "invalid_request_error")
-    method_not_allowed = (405, "invalid_request_error")
-    request_too_large = (413, "invalid_request_error")
-    unsupported_media_type = (415, "invalid_request_error")
-    upstream_bad_request = (400, "invalid_request_error")
-    upstream_error = (502, "api_error")
-    backend_unavailable = (503, "service_unavailable")
-    upstream_timeout = (504, "timeout")
-    not_ready = (503, "service_unavailable")
-    internal_error = (500, "api_error")
+    invalid_api_key = "invalid_api_key"
+    missing_api_key = "missing_api_key"
+    permission_denied = "permission_denied"
+    invalid_json = "invalid_json"
+    invalid_request = "invalid_request"
+    missing_model = "missing_model"
+    model_not_found = "model_not_found"
+    not_found = "not_found"
+    method_not_allowed = "method_not_allowed"
+    request_too_large = "request_too_large"
+    upstream_bad_request = "upstream_bad_request"
+    upstream_error = "upstream_error"
+    backend_unavailable = "backend_unavailable"
+    upstream_timeout = "upstream_timeout"
+    not_ready = "not_ready"
+    internal_error = "internal_error"
 
     @property
     def status(self) -> int:
-        return self.value[0]
+        return _SPEC[self][0]
 
     @property
     def type(self) -> str:
-        return self.value[1]
+        return _SPEC[self][1]
+
+
+_INVALID = "invalid_request_error"
+_SPEC: Final[dict[ErrorCode, tuple[int, str]]] = {
+    ErrorCode.invalid_api_key: (401, _INVALID),
+    ErrorCode.missing_api_key: (401, _INVALID),
+    ErrorCode.permission_denied: (403, "permission_error"),
+    ErrorCode.invalid_json: (400, _INVALID),
+    ErrorCode.invalid_request: (400, _INVALID),
+    ErrorCode.missing_model: (400, _INVALID),
+    ErrorCode.model_not_found: (404, _INVALID),
+    ErrorCode.not_found: (404, _INVALID),
+    ErrorCode.method_not_allowed: (405, _INVALID),
+    ErrorCode.request_too_large: (413, _INVALID),
+    ErrorCode.upstream_bad_request: (400, _INVALID),
+    ErrorCode.upstream_error: (502, "api_error"),
+    ErrorCode.backend_unavailable: (503, "service_unavailable"),
+    ErrorCode.upstream_timeout: (504, "timeout"),
+    ErrorCode.not_ready: (503, "service_unavailable"),
+    ErrorCode.internal_error: (500, "api_error"),
+}
 
 
 class GatewayError(Exception):
@@ -74,5 +94,5 @@ class GatewayError(Exception):
 def error_body(code: ErrorCode, message: str, param: str | None = None) -> bytes:
     """Encode the OpenAI error envelope `{"error": {message, type, param, code}}`."""
     return orjson.dumps(
-        {"error": {"message": message, "type": code.type, "param": param, "code": code.name}}
+        {"error": {"message": message, "type": code.type, "param": param, "code": code.value}}
     )

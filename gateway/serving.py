@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any
 
 import uvicorn
+import uvloop
 
 __all__ = ["ServerThread", "bind_socket", "uvicorn_config"]
 
@@ -68,7 +69,9 @@ class ServerThread:
 
     def _run(self) -> None:
         try:
-            asyncio.run(self._server.serve(sockets=[self._sock]))
+            # The same event loop as production (uvloop), so tests exercise what runs there.
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                runner.run(self._server.serve(sockets=[self._sock]))
         except BaseException as exc:  # noqa: BLE001 - handed to the starting thread in start()
             self._error = exc
 

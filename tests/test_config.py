@@ -11,6 +11,8 @@ import pytest
 from gateway.config import ConfigError, load_config, parse_config
 from gateway.keys import hash_api_key
 
+OWNGATE = [sys.executable, "-m", "gateway"]
+
 VALID = """\
 listen: {host: 127.0.0.1, port: 9000}
 backends:
@@ -81,7 +83,10 @@ def test_env_default_syntax() -> None:
         (("- id: openai", "- id: gpu-a"), "duplicate backends id 'gpu-a'"),
         (("models: [chat]", "models: [nope]"), "allows model 'nope', which no backend"),
         (("api_key_env: OPENAI_API_KEY", "api_key: sk-plain"), "never from the config file"),
-        (("    region: us\n", "    region: us\n    region: eu\n"), "line 18: backends[1].region: duplicate key"),
+        (
+            ("    region: us\n", "    region: us\n    region: eu\n"),
+            "line 18: backends[1].region: duplicate key",
+        ),
     ],
 )
 def test_semantic_errors(edit: tuple[str, str], expected: str) -> None:
@@ -106,7 +111,7 @@ def test_keys_new_stores_only_the_hash(tmp_path: Path) -> None:
         + "keys_file: keys.yaml\n"
     )
     done = subprocess.run(
-        [sys.executable, "-m", "gateway", "keys", "new", "--tenant", "acme", "--config", str(config)],
+        [*OWNGATE, "keys", "new", "--tenant", "acme", "--config", str(config)],
         capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
     key = done.stdout.strip()
@@ -122,7 +127,7 @@ def test_keys_new_refuses_unknown_tenant(tmp_path: Path) -> None:
     config = tmp_path / "gateway.yaml"
     config.write_text(VALID.replace("${ACME_KEY_HASH}", hash_api_key("k")) + "keys_file: k.yaml\n")
     done = subprocess.run(
-        [sys.executable, "-m", "gateway", "keys", "new", "--tenant", "nobody", "--config", str(config)],
+        [*OWNGATE, "keys", "new", "--tenant", "nobody", "--config", str(config)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 1

@@ -144,7 +144,17 @@ class Proxy:
                         self._registry.mark_down(backend)
                     failures.append(f"{backend.id}: {exc.kind}")
                     continue
-                await self._relay(exchange, backend, response, send)
+                try:
+                    await self._relay(exchange, backend, response, send)
+                except UpstreamError as exc:
+                    if exchange.response_started:
+                        raise
+                    # Broke off before the client saw a byte: another backend may serve it.
+                    self._metrics.upstream_error(backend.id, exc.kind)
+                    exchange.upstream_error = exc.kind
+                    self._registry.mark_down(backend)
+                    failures.append(f"{backend.id}: {exc.kind}")
+                    continue
                 return
             finally:
                 self._leave(backend)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from typing import Any
 
 import uvicorn
@@ -25,7 +26,9 @@ def register(subparsers: Any) -> None:
         help="path to gateway.yaml (env OWNGATE_CONFIG, default ./gateway.yaml)",
     )
     parser.add_argument(
-        "--host", default=env_default("OWNGATE_HOST", ""), help="override listen.host (env OWNGATE_HOST)"
+        "--host",
+        default=env_default("OWNGATE_HOST", ""),
+        help="override listen.host (env OWNGATE_HOST)",
     )
     parser.add_argument(
         "--port",
@@ -51,5 +54,6 @@ def run(args: argparse.Namespace) -> int:
         "starting", host=host, port=port, backends=len(config.backends), tenants=len(config.tenants)
     )
     server = uvicorn.Server(uvicorn_config(app, host=host, port=port))
-    server.run()
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled
+        server.run()
     return 0

@@ -4,6 +4,7 @@ provider in one process, with the bundled config. No Redis, GPU or network neede
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 from importlib import resources
 from typing import TextIO
@@ -33,6 +34,8 @@ def demo_config(urls: dict[str, str], key_hash: str) -> GatewayConfig:
 
 def run_demo(host: str, port: int, out: TextIO = sys.stdout) -> int:
     configure_logging("console", "info")
+    # uvicorn's start/stop lines for four servers would bury the banner.
+    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
     key = new_api_key()
     sims = {
         "vllm": SimSettings.for_kind(
@@ -57,7 +60,8 @@ def run_demo(host: str, port: int, out: TextIO = sys.stdout) -> int:
         out.write(_banner(url, key, urls))
         out.flush()
         server = uvicorn.Server(uvicorn_config(create_app(config)))
-        server.run(sockets=[sock])
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled
+            server.run(sockets=[sock])
     return 0
 
 

@@ -14,7 +14,7 @@ import asyncio
 import collections
 import ssl
 from collections.abc import AsyncIterator, Iterable
-from typing import Literal
+from typing import Literal, cast
 
 import httptools
 
@@ -52,8 +52,8 @@ class _Connection(asyncio.Protocol):
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         if self.response is None:
