@@ -58,10 +58,16 @@ def configure_logging(
         structlog.processors.format_exc_info,
         redact,
     ]
+    factory: Any
     if fmt == "json":
-        processors = [*shared, structlog.processors.JSONRenderer(serializer=orjson.dumps)]
-        binary: Any = getattr(out, "buffer", out)
-        factory: Any = structlog.BytesLoggerFactory(binary)
+        binary = getattr(out, "buffer", None)
+        if binary is not None:  # a real file: write orjson's bytes straight through
+            renderer = structlog.processors.JSONRenderer(serializer=orjson.dumps)
+            factory = structlog.BytesLoggerFactory(binary)
+        else:
+            renderer = structlog.processors.JSONRenderer(serializer=_dumps_text)
+            factory = structlog.PrintLoggerFactory(out)
+        processors = [*shared, renderer]
     else:
         processors = [*shared, structlog.dev.ConsoleRenderer(colors=False)]
         factory = structlog.PrintLoggerFactory(out)
@@ -71,17 +77,38 @@ def configure_logging(
         logger_factory=factory,
         cache_logger_on_first_use=True,
     )
-    # Libraries that log through stdlib (uvicorn's error log) get the same masking.
+    # Libraries that log through stdlib (uvicorn's error log) get the same masking, and
+    # the same JSON lines in production.
     handler = logging.StreamHandler(out)
-    handler.setFormatter(_RedactingFormatter("%(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(_JsonFormatter() if fmt == "json" else _RedactingFormatter(_PLAIN))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS[level])
 
 
+_PLAIN = "%(levelname)s %(name)s: %(message)s"
+
+
 class _RedactingFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return _SECRET_PATTERN.sub(_mask, super().format(record))
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "event": _SECRET_PATTERN.sub(_mask, record.getMessage()),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "timestamp": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
+        }
+        if record.exc_info:
+            entry["exception"] = _SECRET_PATTERN.sub(_mask, self.formatException(record.exc_info))
+        return orjson.dumps(entry).decode()
+
+
+def _dumps_text(obj: Any, **_kw: Any) -> str:
+    return orjson.dumps(obj).decode()
 
 
 def get_logger(name: str) -> Any:

@@ -148,3 +148,9 @@ def test_config_validate_command_exit_codes(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert fail.returncode == 1
     assert f"{bad}:line 4: backends[0].kind" in fail.stderr
+
+
+def test_shipped_example_configs_validate() -> None:
+    root = Path(__file__).parent.parent
+    config = load_config(root / "deploy" / "gateway.example.yaml", env={})
+    assert {b.kind for b in config.backends} == {"vllm", "llamacpp", "hosted"}

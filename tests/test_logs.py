@@ -1,0 +1,42 @@
+"""The redaction processor: content fields dropped, secrets masked anywhere in strings."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import structlog
+
+from gateway.logs import configure_logging, get_logger, redact
+
+
+def test_redact_drops_content_fields_and_masks_secrets() -> None:
+    event = {
+        "event": "x",
+        "messages": [{"content": "secret prompt"}],
+        "Authorization": "Bearer sk-live-123456789",
+        "note": "used key og-abcdefghijklmnop and Bearer tok-123",
+        "tenant": "acme",
+    }
+    out = redact(None, "info", event)
+    assert out["messages"] == "[redacted]"
+    assert out["Authorization"] == "[redacted]"
+    assert out["note"] == "used key [redacted] and Bearer [redacted]"
+    assert out["tenant"] == "acme"
+
+
+def test_json_logs_go_through_redaction() -> None:
+    stream = io.StringIO()
+    saved, handlers = structlog.get_config(), logging.getLogger().handlers[:]
+    configure_logging("json", "info", stream=stream)
+    try:
+        get_logger("t").info("hello", prompt="do not log", model="m")
+        logging.getLogger("uvicorn.error").warning("header was Bearer og-zzzzzzzzzzzz")
+    finally:
+        structlog.configure(**saved)
+        logging.getLogger().handlers[:] = handlers
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert lines[0]["prompt"] == "[redacted]"
+    assert lines[0]["model"] == "m"
+    assert "og-zzzzzzzzzzzz" not in lines[1]["event"]
