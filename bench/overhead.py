@@ -1,0 +1,11 @@
+"""Overhead benchmark: `python bench/overhead.py --help` (same as `owngate bench overhead`)."""
+
+import sys
+from pathlib import Path
+
+# Run from a checkout without installing: make the source tree importable.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gateway.bench.overhead import main
+
+raise SystemExit(main())

@@ -1,0 +1,390 @@
+"""Overhead benchmark: the same load, side by side, to the simulator, owngate and LiteLLM.
+
+`owngate bench overhead` (or `python bench/overhead.py`) starts a zero-latency vLLM
+simulator, owngate (one worker, generated config) and LiteLLM's proxy (pinned release in
+its own virtualenv, one worker, no database) as separate processes, then runs each load
+point against each target in turn with a load generator in yet another process
+(`gateway.bench.loadgen`). Loads: chat at concurrency 1/16/64 (req/s, latency), streams of
+64 chunks at concurrency 16/64 (chunks/s, TTFT). CPU seconds of each server's process tree
+are read from /proc around every measured window: steadier than req/s on a shared machine.
+It prints a table with ratios and the issue's targets with their margins, and writes JSON.
+
+Exit codes: 0 ran cleanly; 1 a target failed or returned errors (or, with `--check`, a
+target was missed); 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gateway import __version__
+from gateway.bench import litellm_proxy
+from gateway.bench.loadgen import LoadSpec, run_in_subprocess
+from gateway.bench.report import evaluate_checks, render
+from gateway.bench.services import HOST, Service, child_env, free_port, owngate_argv
+
+__all__ = ["POINTS", "TARGETS", "Point", "add_arguments", "main", "run"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One load: chat requests or streams, at a fixed number of connections."""
+
+    name: str
+    stream: bool
+    concurrency: int
+
+    @property
+    def max_tokens(self) -> int:
+        return 64 if self.stream else 16  # the simulator sends one chunk per token
+
+
+TARGETS = ("direct", "owngate", "litellm")
+POINTS = (
+    Point("chat c=1", stream=False, concurrency=1),
+    Point("chat c=16", stream=False, concurrency=16),
+    Point("chat c=64", stream=False, concurrency=64),
+    Point("stream c=16", stream=True, concurrency=16),
+    Point("stream c=64", stream=True, concurrency=64),
+)
+MODEL = "bench-model"
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"OWNGATE_BENCH_{name}", default)
+
+
+def _flag(name: str) -> bool:
+    return _env(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The benchmark's flags, each with an OWNGATE_BENCH_* environment default."""
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=_env("DURATION", "5"),
+        help="measured seconds per load point and target (env OWNGATE_BENCH_DURATION, 5)",
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=_env("REQUESTS", "0"),
+        help="cap on measured requests per point, 0 = none (env OWNGATE_BENCH_REQUESTS)",
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=_env("JSON", ".bench/overhead.json"),
+        help="where to write the results (env OWNGATE_BENCH_JSON, .bench/overhead.json)",
+    )
+    parser.add_argument(
+        "--targets",
+        default=_env("TARGETS", ",".join(TARGETS)),
+        help=f"comma-separated targets to run, of {', '.join(TARGETS)} (env OWNGATE_BENCH_TARGETS)",
+    )
+    parser.add_argument(
+        "--skip-litellm",
+        action="store_true",
+        default=_flag("SKIP_LITELLM"),
+        help="leave LiteLLM out (env OWNGATE_BENCH_SKIP_LITELLM=1)",
+    )
+    parser.add_argument(
+        "--litellm-version",
+        default=_env("LITELLM_VERSION", litellm_proxy.DEFAULT_VERSION),
+        help=f"pinned litellm[proxy] release (env OWNGATE_BENCH_LITELLM_VERSION, "
+        f"{litellm_proxy.DEFAULT_VERSION})",
+    )
+    parser.add_argument(
+        "--litellm-venv",
+        type=Path,
+        default=_env("LITELLM_VENV", ".bench/litellm-venv"),
+        help="virtualenv for LiteLLM, made on first use (env OWNGATE_BENCH_LITELLM_VENV)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        default=_flag("QUICK"),
+        help="a very short run for CI smoke tests, numbers mean little (env OWNGATE_BENCH_QUICK=1)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        default=_flag("CHECK"),
+        help="exit 1 when a performance target is missed (env OWNGATE_BENCH_CHECK=1)",
+    )
+
+
+def _owngate_config(sim_port: int, port: int, api_key: str) -> str:
+    key_hash = "sha256:" + hashlib.sha256(api_key.encode()).hexdigest()
+    return (
+        f"listen: {{host: {HOST}, port: {port}}}\n"
+        "logging: {format: json, level: warning}\n"
+        "backends:\n"
+        f"  - {{id: sim, kind: vllm, base_url: 'http://{HOST}:{sim_port}',\n"
+        f"     models: [{{name: {MODEL}}}], region: local, owner: bench}}\n"
+        "tenants:\n"
+        f"  - {{id: bench, api_key_hashes: ['{key_hash}'], models: ['*']}}\n"
+    )
+
+
+@dataclasses.dataclass
+class _Plan:
+    """Resolved options of one run."""
+
+    targets: tuple[str, ...]
+    duration_s: float
+    warmup_s: float
+    max_requests: int | None
+    json_path: Path
+    litellm_version: str
+    litellm_venv: Path
+    check: bool
+    quick: bool
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    targets = tuple(t.strip() for t in str(args.targets).split(",") if t.strip())
+    unknown = sorted(set(targets) - set(TARGETS))
+    if unknown or not targets:
+        raise ValueError(f"--targets takes names of {', '.join(TARGETS)}, got {args.targets!r}")
+    if args.skip_litellm:
+        targets = tuple(t for t in targets if t != "litellm")
+    if args.duration <= 0 or args.requests < 0:
+        raise ValueError("--duration must be > 0 and --requests >= 0")
+    duration = min(args.duration, 0.4) if args.quick else args.duration
+    return _Plan(
+        targets=tuple(t for t in TARGETS if t in targets),
+        duration_s=duration,
+        warmup_s=0.1 if args.quick else min(1.0, max(0.2, duration / 5)),
+        max_requests=(args.requests or 300) if args.quick else (args.requests or None),
+        json_path=args.json,
+        litellm_version=args.litellm_version,
+        litellm_venv=args.litellm_venv,
+        check=args.check,
+        quick=args.quick,
+    )
+
+
+@dataclasses.dataclass
+class _Target:
+    """A target of the run: its server (shared with the simulator for `direct`) or why not."""
+
+    name: str
+    service: Service | None = None
+    error: str | None = None
+
+    def describe(self) -> dict[str, Any]:
+        if self.service is None:
+            return {"error": self.error}
+        return {"url": self.service.url, "pid": self.service.proc.pid}
+
+
+@contextlib.contextmanager
+def _started(
+    plan: _Plan, rundir: Path, api_key: str, log: Callable[[str], None]
+) -> Iterator[tuple[Service, list[_Target]]]:
+    """Start the simulator and the targets side by side; stop them all on the way out."""
+    targets = [_Target(name) for name in plan.targets]
+    litellm_exe: Path | None = None
+    if "litellm" in plan.targets:  # install first: the servers would only idle meanwhile
+        try:
+            litellm_exe = litellm_proxy.ensure_venv(plan.litellm_venv, plan.litellm_version, log)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+            next(t for t in targets if t.name == "litellm").error = f"no LiteLLM: {exc}"
+    env = child_env()
+    services: list[Service] = []
+    try:
+        sim_port = free_port()
+        sim_argv = ["sim", "--kind", "vllm", "--zero-latency", "--host", HOST]
+        sim_argv += ["--port", str(sim_port), "--model", MODEL, "--seed", "1"]
+        sim = Service.start("sim", owngate_argv(*sim_argv), env, rundir, sim_port)
+        services.append(sim)
+        ready: dict[str, tuple[str, dict[str, str], float]] = {"sim": ("/v1/models", {}, 30.0)}
+        for target in targets:
+            if target.name == "direct":
+                target.service = sim
+            elif target.name == "owngate":
+                port = free_port()
+                config = rundir / "owngate.yaml"
+                config.write_text(_owngate_config(sim_port, port, api_key))
+                argv = owngate_argv("serve", "--config", str(config))
+                target.service = Service.start("owngate", argv, env, rundir, port)
+                auth = {"Authorization": f"Bearer {api_key}"}
+                ready["owngate"] = ("/v1/models", auth, 30.0)
+            elif litellm_exe is not None:
+                proxy = litellm_proxy.LiteLLMProxy(
+                    litellm_exe, rundir, sim.url, MODEL, api_key, HOST, free_port()
+                )
+                argv, proxy_env = proxy.command(), proxy.environment(env)
+                target.service = Service.start("litellm", argv, proxy_env, rundir, proxy.port)
+                ready["litellm"] = (proxy.ready_path, {}, 120.0)  # its import alone takes ~8 s
+            if target.service is not None and target.service is not sim:
+                services.append(target.service)
+        for service in services:
+            path, headers, timeout = ready[service.name]
+            try:
+                service.wait_ready(path, headers, timeout)
+            except RuntimeError as exc:
+                if service is sim:
+                    raise RuntimeError(f"the simulator did not start: {exc}") from exc
+                for target in targets:
+                    if target.service is service:
+                        target.service, target.error = None, str(exc)
+        yield sim, targets
+    finally:
+        for service in reversed(services):
+            service.stop()
+
+
+def _measure(
+    plan: _Plan, sim: Service, targets: list[_Target], api_key: str, log: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """Each load point against each running target in turn; one result dict per cell."""
+    rows: list[dict[str, Any]] = []
+    python_env = child_env()
+    for point in POINTS:
+        results: dict[str, Any] = {}
+        for target in targets:
+            service = target.service
+            if service is None:
+                continue
+            cpu_pids = {"target": service.proc.pid}
+            if service is not sim:
+                cpu_pids["sim"] = sim.proc.pid
+            spec = LoadSpec(
+                host=HOST,
+                port=service.port,
+                api_key=api_key,
+                model=MODEL,
+                stream=point.stream,
+                concurrency=point.concurrency,
+                max_tokens=point.max_tokens,
+                duration_s=plan.duration_s,
+                warmup_s=plan.warmup_s,
+                warmup_requests=50 if plan.quick else 2000,
+                max_requests=plan.max_requests,
+                cpu_pids=cpu_pids,
+            )
+            try:
+                result = run_in_subprocess(spec, env=python_env)
+            except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+                result = {"error": str(exc)[-2000:]}
+            results[target.name] = result
+            log(_progress(point, target.name, result))
+        rows.append(
+            {**dataclasses.asdict(point), "max_tokens": point.max_tokens, "results": results}
+        )
+    return rows
+
+
+def _progress(point: Point, name: str, result: Mapping[str, Any]) -> str:
+    if "error" in result:
+        return f"  {point.name:<12} {name:<8} failed: {result['error'][:300]}"
+    rate = f" {result['chunks_per_s']:>9,.0f} chunks/s" if point.stream else ""
+    errors = f", {result['errors']} errors" if result["errors"] else ""
+    return (
+        f"  {point.name:<12} {name:<8} {result['requests']:>7,} req "
+        f"{result['req_per_s']:>9,.0f} req/s{rate}{errors}"
+    )
+
+
+def _machine() -> dict[str, Any]:
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadavg_at_start": list(os.getloadavg()),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark with parsed arguments; print the table and write the JSON."""
+    try:
+        plan = _plan(args)
+    except ValueError as exc:
+        print(f"owngate bench overhead: {exc}", file=sys.stderr)
+        return 2
+    started_at = time.time()
+    clock = time.monotonic()
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    api_key = "sk-bench-" + secrets.token_hex(16)
+    rundir = plan.json_path.parent / "overhead-run"
+    rundir.mkdir(parents=True, exist_ok=True)
+    machine = _machine()
+    log(f"overhead benchmark: {', '.join(plan.targets)}; {plan.duration_s:g}s per point")
+    try:
+        with _started(plan, rundir, api_key, log) as (sim, targets):
+            rows = _measure(plan, sim, targets, api_key, log)
+    except RuntimeError as exc:
+        log(f"owngate bench overhead: {exc}")
+        return 1
+    checks = evaluate_checks(rows)
+    versions = {"owngate": __version__, "litellm": None}
+    if "litellm" in plan.targets:
+        versions["litellm"] = litellm_proxy.installed_version(plan.litellm_venv)
+    report = {
+        "schema": "owngate.bench.overhead/1",
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
+        "wall_s": time.monotonic() - clock,
+        "machine": machine,
+        "versions": versions,
+        "settings": {
+            "targets": list(plan.targets),
+            "duration_s": plan.duration_s,
+            "warmup_s": plan.warmup_s,
+            "max_requests": plan.max_requests,
+            "quick": plan.quick,
+            "gateway_workers": 1,
+            "litellm_workers": 1,
+        },
+        "targets": {target.name: target.describe() for target in targets},
+        "points": rows,
+        "checks": checks,
+    }
+    plan.json_path.parent.mkdir(parents=True, exist_ok=True)
+    plan.json_path.write_text(json.dumps(report, indent=2) + "\n")
+    print(render(report))
+    print(f"\nwrote {plan.json_path} ({report['wall_s']:.0f}s in all)")
+    return _exit_code(report, plan.check)
+
+
+def _exit_code(report: Mapping[str, Any], check: bool) -> int:
+    broken = any("error" in entry for entry in report["targets"].values()) or any(
+        "error" in result or result["errors"]
+        for row in report["points"]
+        for result in row["results"].values()
+    )
+    missed = check and any(c["passed"] is False for c in report["checks"])
+    return 1 if broken or missed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bench/overhead.py", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,162 @@
+"""Server processes the benchmarks start, wait for, measure and stop.
+
+Each `Service` runs in its own session (process group) so that stopping it also ends the
+workers it spawned, and logs to a file whose tail goes into error messages.
+`tree_cpu_seconds` reads the CPU time of a process and its descendants from /proc, and
+`machine_busy_seconds` that of the whole machine, to tell how much other work shared it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+__all__ = [
+    "HOST",
+    "Service",
+    "child_env",
+    "free_port",
+    "machine_busy_seconds",
+    "owngate_argv",
+    "tree_cpu_seconds",
+]
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port on HOST that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def child_env() -> dict[str, str]:
+    """Our environment, with this source tree importable by the processes we start."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def owngate_argv(*args: str) -> list[str]:
+    """`owngate ARGS` with this interpreter, whether or not the console script is installed."""
+    return [sys.executable, "-c", "from gateway.cli.main import entrypoint; entrypoint()", *args]
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """User+system CPU seconds of `root` and all its live descendants, reaped children included.
+
+    A child's time is in its own utime/stime while it lives and in its parent's
+    cutime/cstime once reaped, so summing all four over the live tree counts each tick once.
+    """
+    children: dict[int, list[int]] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = Path(entry.path, "stat").read_bytes()
+        except OSError:  # the process exited while we scanned
+            continue
+        fields = raw[raw.rindex(b")") + 2 :].split()  # the name may hold spaces and parens
+        pid = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        ticks[pid] = sum(int(value) for value in fields[11:15])
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += ticks.get(pid, 0)
+        todo.extend(children.get(pid, ()))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all processes of this machine spent busy (not idle or waiting on I/O)."""
+    with open("/proc/stat", "rb") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclasses.dataclass
+class Service:
+    """A server process the benchmark started, listening on HOST:port."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @classmethod
+    def start(
+        cls, name: str, argv: list[str], env: Mapping[str, str], logdir: Path, port: int
+    ) -> Service:
+        log = logdir / f"{name}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                start_new_session=True,
+            )
+        return cls(name, proc, port, log)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def log_tail(self, limit: int = 2000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-limit:]
+        except OSError as exc:
+            return f"(no log: {exc})"
+
+    def wait_ready(self, path: str, headers: Mapping[str, str], timeout: float) -> None:
+        """Poll GET `path` until it answers 200; raise RuntimeError after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited {self.proc.returncode}: {self.log_tail()}")
+            conn = http.client.HTTPConnection(HOST, self.port, timeout=2.0)
+            try:
+                conn.request("GET", path, headers=dict(headers))
+                response = conn.getresponse()
+                last = f"{response.status} {response.read()[:200]!r}"
+                if response.status == 200:
+                    return
+            except OSError as exc:
+                last = repr(exc)
+            finally:
+                conn.close()
+            time.sleep(0.2)
+        raise RuntimeError(
+            f"{self.name} not ready after {timeout:.0f}s ({last}): {self.log_tail()}"
+        )
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM the process group, SIGKILL it if the leader is still there after `timeout`.
+
+        The group is signalled even when its leader has exited: workers may outlive it.
+        """
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout)
