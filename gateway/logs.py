@@ -21,14 +21,31 @@ __all__ = ["SENSITIVE_FIELDS", "configure_logging", "get_logger", "redact"]
 
 SENSITIVE_FIELDS = frozenset(
     {
-        "authorization", "api_key", "key", "password", "secret", "token", "headers",
-        "body", "prompt", "messages", "input", "content", "completion", "output", "choices",
+        "authorization",
+        "api_key",
+        "key",
+        "password",
+        "secret",
+        "token",
+        "headers",
+        "body",
+        "prompt",
+        "messages",
+        "input",
+        "content",
+        "completion",
+        "output",
+        "choices",
     }
-)  # fmt: skip
+)
 
 _SECRET_PATTERN = re.compile(r"(?i)(bearer\s+)\S+|\bog-[A-Za-z0-9_-]{8,}|\bsk-[A-Za-z0-9_-]{8,}")
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-           "error": logging.ERROR}  # fmt: skip
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 def redact(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:

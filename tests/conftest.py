@@ -66,8 +66,15 @@ def backend(
     id: str, url: str, *models: str | dict[str, Any], kind: str = "vllm", **extra: Any
 ) -> dict[str, Any]:
     entries = [{"name": m} if isinstance(m, str) else m for m in models]
-    return {"id": id, "kind": kind, "base_url": url, "models": entries, "region": "eu-west-1",
-            "owner": "test", **extra}  # fmt: skip
+    return {
+        "id": id,
+        "kind": kind,
+        "base_url": url,
+        "models": entries,
+        "region": "eu-west-1",
+        "owner": "test",
+        **extra,
+    }
 
 
 def gateway_config(backends: list[dict[str, Any]], **extra: Any) -> GatewayConfig:

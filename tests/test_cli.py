@@ -11,9 +11,17 @@ import pytest
 from gateway.cli.main import main
 
 COMMANDS = [
-    [], ["serve"], ["demo"], ["sim"], ["config"], ["config", "validate"], ["keys"],
-    ["keys", "new"], ["bench"], ["bench", "overhead"],
-]  # fmt: skip
+    [],
+    ["serve"],
+    ["demo"],
+    ["sim"],
+    ["config"],
+    ["config", "validate"],
+    ["keys"],
+    ["keys", "new"],
+    ["bench"],
+    ["bench", "overhead"],
+]
 
 
 @pytest.mark.parametrize("words", COMMANDS, ids=lambda w: " ".join(w) or "owngate")
@@ -31,8 +39,12 @@ def test_no_command_is_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
 def test_serve_refuses_an_invalid_config(tmp_path: Path) -> None:
     path = tmp_path / "gateway.yaml"
     path.write_text("backends: []\nlisten: {port: 1}\nbogus: 1\n")
-    done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--config", str(path)],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1
     assert "line 3: bogus: unknown key" in done.stderr
     assert "backends: " in done.stderr

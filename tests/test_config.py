@@ -66,8 +66,9 @@ def test_every_error_is_reported_with_path_and_line() -> None:
 
 def test_missing_environment_variable_is_an_error_with_its_line() -> None:
     issues = _issues(VALID)
-    assert issues == ["line 21: tenants[0].api_key_hashes[0]: environment variable "
-                      "ACME_KEY_HASH is not set"]  # fmt: skip
+    assert issues == [
+        "line 21: tenants[0].api_key_hashes[0]: environment variable ACME_KEY_HASH is not set"
+    ]
 
 
 def test_env_default_syntax() -> None:
@@ -112,8 +113,11 @@ def test_keys_new_stores_only_the_hash(tmp_path: Path) -> None:
     )
     done = subprocess.run(
         [*OWNGATE, "keys", "new", "--tenant", "acme", "--config", str(config)],
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     key = done.stdout.strip()
     assert key.startswith("og-") and len(key) > 40
     stored = (tmp_path / "keys.yaml").read_text()
@@ -128,8 +132,10 @@ def test_keys_new_refuses_unknown_tenant(tmp_path: Path) -> None:
     config.write_text(VALID.replace("${ACME_KEY_HASH}", hash_api_key("k")) + "keys_file: k.yaml\n")
     done = subprocess.run(
         [*OWNGATE, "keys", "new", "--tenant", "nobody", "--config", str(config)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1
     assert "not defined" in done.stderr
     assert not (tmp_path / "k.yaml").exists()
@@ -140,12 +146,20 @@ def test_config_validate_command_exit_codes(tmp_path: Path) -> None:
     good.write_text(VALID.replace("${ACME_KEY_HASH}", hash_api_key("k")))
     bad = tmp_path / "bad.yaml"
     bad.write_text(VALID.replace("kind: vllm", "kind: nope"))
-    ok = subprocess.run([sys.executable, "-m", "gateway", "config", "validate", str(good)],
-                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    ok = subprocess.run(
+        [sys.executable, "-m", "gateway", "config", "validate", str(good)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert ok.returncode == 0, ok.stderr
     assert "ok (2 backends" in ok.stdout
-    fail = subprocess.run([sys.executable, "-m", "gateway", "config", "validate", str(bad)],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    fail = subprocess.run(
+        [sys.executable, "-m", "gateway", "config", "validate", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert fail.returncode == 1
     assert f"{bad}:line 4: backends[0].kind" in fail.stderr
 

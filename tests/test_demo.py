@@ -38,8 +38,10 @@ def _read_banner(proc: subprocess.Popen[str], timeout: float = 30.0) -> str:
 def test_demo_end_to_end() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "demo", "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         banner = _read_banner(proc)
         url = re.search(r"running at (http://\S+)", banner)

@@ -93,10 +93,12 @@ def test_fails_over_to_a_live_backend(
     start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
 ) -> None:
     sim = start_sim(zero_latency=True)
-    gateway = start_gateway([
-        backend("dead", f"http://127.0.0.1:{_closed_port()}", "sim-model"),
-        backend("live", sim.url, "sim-model"),
-    ])  # fmt: skip
+    gateway = start_gateway(
+        [
+            backend("dead", f"http://127.0.0.1:{_closed_port()}", "sim-model"),
+            backend("live", sim.url, "sim-model"),
+        ]
+    )
     for _ in range(4):
         assert post(gateway, CHAT).status_code == 200
     assert sim.app.stats.completed == 4

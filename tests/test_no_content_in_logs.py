@@ -46,8 +46,10 @@ def test_canary_appears_nowhere(start_sim: Callable[..., Sim], tmp_path: Path) -
     path.write_text(yaml.safe_dump(config))
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "serve", "--config", str(path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "NO_COLOR": "1"},
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 20
@@ -64,17 +66,24 @@ def test_canary_appears_nowhere(start_sim: Callable[..., Sim], tmp_path: Path) -
             ("/v1/chat/completions", {"model": "m", "messages": prompt, "stream": True}, auth),
             ("/v1/completions", {"model": "m", "prompt": CANARY}, auth),
             ("/v1/embeddings", {"model": "m", "input": CANARY}, auth),
-            ("/v1/chat/completions", {"model": "m", "messages": prompt},
-             {"authorization": f"Bearer og-{CANARY}"}),  # an unknown key that is the canary
+            (
+                "/v1/chat/completions",
+                {"model": "m", "messages": prompt},
+                {"authorization": f"Bearer og-{CANARY}"},
+            ),  # an unknown key that is the canary
             ("/v1/chat/completions", {"messages": prompt}, auth),  # missing model
-        ]  # fmt: skip
+        ]
         statuses = [
             httpx.post(f"{url}{path}", json=body, headers=headers, timeout=10).status_code
             for path, body, headers in calls
         ]
         assert statuses == [200, 200, 200, 200, 401, 400], _diagnose(proc)
-        bad_json = httpx.post(f"{url}/v1/chat/completions", headers=auth, timeout=10,
-                              content=b'{"model": "m", "x": "' + CANARY.encode())  # fmt: skip
+        bad_json = httpx.post(
+            f"{url}/v1/chat/completions",
+            headers=auth,
+            timeout=10,
+            content=b'{"model": "m", "x": "' + CANARY.encode(),
+        )
         assert bad_json.status_code == 400
         assert CANARY not in bad_json.text
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
@@ -87,8 +96,11 @@ def test_canary_appears_nowhere(start_sim: Callable[..., Sim], tmp_path: Path) -
     assert CANARY not in output
     assert KEY not in output
     # The logs are really there: one JSON access line per request, with metadata only.
-    access = [json.loads(line) for line in err.decode().splitlines()
-              if line.startswith("{") and '"event":"request"' in line]  # fmt: skip
+    access = [
+        json.loads(line)
+        for line in err.decode().splitlines()
+        if line.startswith("{") and '"event":"request"' in line
+    ]
     assert len(access) == 7
     assert {entry["status"] for entry in access} == {200, 401, 400}
     assert all(entry["model"] in ("m", "-") for entry in access)

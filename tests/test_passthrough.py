@@ -22,8 +22,10 @@ def _post(gateway: Gateway, body: bytes, path: str = "/v1/chat/completions") -> 
 def test_body_is_forwarded_byte_for_byte(sim_and_gateway: tuple[Sim, Gateway]) -> None:
     sim, gateway = sim_and_gateway
     # Odd spacing, key order, unicode escapes and fields no OpenAI schema knows.
-    body = (b'{ "messages":[{"role":"user","content":"h\\u00e9llo"}],  "model" : "sim-model",'
-            b'"x_unknown_field": {"nested": [1, 2.50, null]}, "max_tokens": 2 }')  # fmt: skip
+    body = (
+        b'{ "messages":[{"role":"user","content":"h\\u00e9llo"}],  "model" : "sim-model",'
+        b'"x_unknown_field": {"nested": [1, 2.50, null]}, "max_tokens": 2 }'
+    )
     response = _post(gateway, body)
     assert response.status_code == 200, response.text
     seen = sim.app.captured()[-1]

@@ -33,6 +33,7 @@ def test_public_surface() -> None:
         "BackendKind",
         "BackendLoad",
         "load_from_metrics",
+        "metric_names",
         "slots_total_from_props",
     ]
 

@@ -12,8 +12,10 @@ from tests.conftest import TENANT_KEY, Gateway, Sim, backend
 
 
 def _stream_body(max_tokens: int) -> bytes:
-    return (b'{"model": "sim-model", "stream": true, "max_tokens": %d,'
-            b' "messages": [{"role": "user", "content": "hi"}]}' % max_tokens)  # fmt: skip
+    return (
+        b'{"model": "sim-model", "stream": true, "max_tokens": %d,'
+        b' "messages": [{"role": "user", "content": "hi"}]}' % max_tokens
+    )
 
 
 def test_chunks_arrive_while_the_backend_is_still_generating(
@@ -25,9 +27,12 @@ def test_chunks_arrive_while_the_backend_is_still_generating(
     arrivals: list[float] = []
     start = time.monotonic()
     with httpx.stream(
-        "POST", f"{gateway.url}/v1/chat/completions", content=_stream_body(20),
-        headers={"authorization": f"Bearer {TENANT_KEY}"}, timeout=15,
-    ) as response:  # fmt: skip
+        "POST",
+        f"{gateway.url}/v1/chat/completions",
+        content=_stream_body(20),
+        headers={"authorization": f"Bearer {TENANT_KEY}"},
+        timeout=15,
+    ) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         for line in response.iter_lines():
             if line.startswith("data: {"):
@@ -80,8 +85,10 @@ def test_non_stream_disconnect_cancels_too(
     with socket.create_connection(("127.0.0.1", gateway.server.port), timeout=10) as sock:
         sock.sendall(
             b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer "
-            + TENANT_KEY.encode() + b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body
-        )  # fmt: skip
+            + TENANT_KEY.encode()
+            + b"\r\ncontent-length: %d\r\n\r\n" % len(body)
+            + body
+        )
         deadline = time.monotonic() + 5
         while sim.app.stats.in_flight != 1 and time.monotonic() < deadline:
             time.sleep(0.01)

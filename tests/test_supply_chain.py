@@ -45,7 +45,8 @@ with ServerThread(create_sim_app(sim_settings)) as sim:
             assert r.status_code == 200, r.text
 print("litellm" in sys.modules, any(m.startswith("litellm") for m in sys.modules))
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "False False"

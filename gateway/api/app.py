@@ -7,6 +7,7 @@ connection pools) open and close with the ASGI lifespan.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import time
@@ -19,7 +20,8 @@ from gateway.api.proxy import Exchange, Proxy
 from gateway.config.schema import GatewayConfig
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
-from gateway.routing.registry import Registry, TenantEntry
+from gateway.routing.registry import BackendState, Registry, TenantEntry
+from gateway.routing.scraper import MetricsScraper
 
 __all__ = ["GatewayApp", "create_app"]
 
@@ -48,6 +50,9 @@ class GatewayApp:
             config, environ=dict(os.environ if environ is None else environ)
         )
         self.proxy = Proxy(self.registry, self.metrics)
+        self.scraper = MetricsScraper(self.registry.backends.values(), config.scrape)
+        self.metrics.watch_backends(self.registry, self.scraper)
+        self._background: list[asyncio.Task[None]] = []
         self.ready = False
         self.draining = False
         self._log = get_logger("owngate.access")
@@ -82,10 +87,14 @@ class GatewayApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                self._background.append(asyncio.create_task(self.scraper.run()))
                 self.ready = True
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.ready = False
+                for task in self._background:
+                    task.cancel()
+                await asyncio.gather(*self._background, return_exceptions=True)
                 await self.registry.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
@@ -198,18 +207,37 @@ class GatewayApp:
         await send_json(send, 200, {"status": "ok"}, request_id)
 
     async def _readyz(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
-        down = sorted(b.id for b in self.registry.backends.values() if self.registry.is_down(b))
         ready = self.ready and not self.draining
         detail: dict[str, Any] = {
             "status": "ready" if ready else "not ready",
             "draining": self.draining,
-            "backends_marked_down": down,
+            "backends": {b.id: self._backend_detail(b) for b in self.registry.backends.values()},
         }
         await send_json(send, 200 if ready else 503, detail, request_id)
+
+    def _backend_detail(self, backend: BackendState) -> dict[str, Any]:
+        return _backend_detail_of(self.registry, self.scraper, backend)
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
         body = self.metrics.render()
         await send_bytes(send, 200, body, request_id, _PROMETHEUS)
+
+
+def _backend_detail_of(
+    registry: Registry, scraper: MetricsScraper, backend: BackendState
+) -> dict[str, Any]:
+    load = scraper.load(backend.id)
+    age = scraper.age(backend.id)
+    return {
+        "kind": backend.config.kind,
+        "marked_down": registry.is_down(backend),
+        "inflight": backend.inflight,
+        "metrics_age_s": None if age is None else round(age, 3),
+        "metrics_error": scraper.failure(backend.id),
+        "running": None if load is None else load.running,
+        "waiting": None if load is None else load.waiting,
+        "kv_usage": None if load is None else load.kv_usage,
+    }
 
 
 def _too_large(limit: int) -> GatewayError:

@@ -6,16 +6,40 @@ an observe, not prometheus_client's label resolution.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from gateway.routing.registry import Registry
+    from gateway.routing.scraper import MetricsScraper
 
 from gateway import __version__
 
 __all__ = ["GatewayMetrics"]
 
 _LATENCY_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120,
-)  # fmt: skip
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+)
 
 
 class GatewayMetrics:
@@ -58,6 +82,10 @@ class GatewayMetrics:
         info.labels(__version__).set(1)
         self._children: dict[tuple[object, ...], MetricWrapperBase] = {}
 
+    def watch_backends(self, registry: Registry, scraper: MetricsScraper) -> None:
+        """Publish each backend's scraped load, read fresh at every /metrics scrape."""
+        self.registry.register(_BackendLoadCollector(registry, scraper))
+
     def _child(self, metric: MetricWrapperBase, *labels: str) -> MetricWrapperBase:
         key = (id(metric), *labels)
         child = self._children.get(key)
@@ -80,3 +108,42 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+_LOAD_GAUGES = {
+    "running": "Requests the backend reports running (its /metrics).",
+    "waiting": "Requests the backend reports queued (its /metrics).",
+    "kv_usage": "KV-cache use the backend reports, 0..1 (its /metrics).",
+}
+
+
+class _BackendLoadCollector(Collector):
+    """Scraped backend load as gauges; a backend whose reading is stale is left out."""
+
+    def __init__(self, registry: Registry, scraper: MetricsScraper) -> None:
+        self._registry = registry
+        self._scraper = scraper
+
+    def collect(self) -> Iterator[Metric]:
+        families = {
+            field: GaugeMetricFamily(f"owngate_backend_{field}", text, labels=["backend"])
+            for field, text in _LOAD_GAUGES.items()
+        }
+        age = GaugeMetricFamily(
+            "owngate_backend_metrics_age_seconds",
+            "Seconds since the backend's /metrics were last read successfully.",
+            labels=["backend"],
+        )
+        for backend_id in self._registry.backends:
+            seconds = self._scraper.age(backend_id)
+            if seconds is not None:
+                age.add_metric([backend_id], seconds)
+            load = self._scraper.load(backend_id)
+            if load is None:
+                continue
+            for field, family in families.items():
+                value = getattr(load, field)
+                if value is not None:
+                    family.add_metric([backend_id], value)
+        yield from families.values()
+        yield age

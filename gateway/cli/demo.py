@@ -19,13 +19,16 @@ def register(subparsers: Any) -> None:
         "process. Prints a working curl and Python snippet with a fresh demo key. Ctrl-C stops.",
     )
     parser.add_argument(
-        "--host", default=env_default("OWNGATE_DEMO_HOST", "127.0.0.1"),
+        "--host",
+        default=env_default("OWNGATE_DEMO_HOST", "127.0.0.1"),
         help="listen address (env OWNGATE_DEMO_HOST, default 127.0.0.1)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--port", type=int, default=int(env_default("OWNGATE_DEMO_PORT", "8080")),
+        "--port",
+        type=int,
+        default=int(env_default("OWNGATE_DEMO_PORT", "8080")),
         help="listen port, 0 for any free port (env OWNGATE_DEMO_PORT, default 8080)",
-    )  # fmt: skip
+    )
     parser.set_defaults(handler=_run)
 
 

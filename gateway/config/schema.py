@@ -22,6 +22,7 @@ __all__ = [
     "Logging",
     "ModelEntry",
     "Retention",
+    "Scrape",
     "State",
     "Tenant",
 ]
@@ -56,6 +57,20 @@ class Limits(_Strict):
     first_byte_timeout_s: float = Field(default=120.0, gt=0)
     read_timeout_s: float = Field(default=120.0, gt=0)
     max_connections_per_backend: int = Field(default=256, gt=0)
+
+
+class Scrape(_Strict):
+    """How often backends' /metrics are read, and when a reading is too old to trust."""
+
+    interval_s: float = Field(default=0.5, gt=0)
+    timeout_s: float = Field(default=1.0, gt=0)
+    staleness_s: float = Field(default=3.0, gt=0)
+
+    @model_validator(mode="after")
+    def _staleness_covers_interval(self) -> Scrape:
+        if self.staleness_s <= self.interval_s:
+            raise ValueError("scrape.staleness_s must be longer than scrape.interval_s")
+        return self
 
 
 class State(_Strict):
@@ -162,6 +177,7 @@ class GatewayConfig(_Strict):
     logging: Logging = Logging()
     limits: Limits = Limits()
     state: State = State()
+    scrape: Scrape = Scrape()
     keys_file: str | None = Field(
         default=None, description="YAML file of tenant key hashes written by `owngate keys new`"
     )

@@ -53,8 +53,10 @@ def run_demo(host: str, port: int, out: TextIO = sys.stdout) -> int:
         try:
             sock = bind_socket(host, port)
         except OSError as exc:
-            print(f"error: cannot listen on {host}:{port}: {exc.strerror}; "
-                  "pick another with --port", file=sys.stderr)  # fmt: skip
+            print(
+                f"error: cannot listen on {host}:{port}: {exc.strerror}; pick another with --port",
+                file=sys.stderr,
+            )
             return 1
         url = f"http://{host}:{sock.getsockname()[1]}"
         out.write(_banner(url, key, urls))

@@ -56,6 +56,7 @@ __all__ = [
     "BackendKind",
     "BackendLoad",
     "load_from_metrics",
+    "metric_names",
     "slots_total_from_props",
 ]
 
@@ -101,6 +102,12 @@ _SPECS: Mapping[str, _Spec] = MappingProxyType(
         ),
     }
 )
+
+
+def metric_names(kind: BackendKind) -> frozenset[str]:
+    """The metric names `load_from_metrics` reads for `kind` (to skip the rest unparsed)."""
+    spec = _SPECS[kind]
+    return frozenset((spec.running, spec.waiting, *spec.kv_usage))
 
 
 def load_from_metrics(kind: BackendKind, samples: Mapping[str, Sequence[Sample]]) -> BackendLoad:

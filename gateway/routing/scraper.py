@@ -1,0 +1,150 @@
+"""Scrape each private backend's `/metrics` and keep its latest load signals.
+
+One background task per gateway scrapes every vLLM, llama.cpp and SGLang backend every
+`scrape.interval_s`, concurrently, over a small connection pool of its own (so a slow
+scrape never takes a connection from requests). Only the lines of the metrics we read
+are parsed. A reading older than `scrape.staleness_s` is reported as unknown (None),
+never as idle; a failed scrape leaves the last reading to age out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from gateway.config.schema import Backend, Scrape
+from gateway.logs import get_logger
+from gateway.routing.prometheus import parse_metrics
+from gateway.routing.registry import BackendState
+from gateway.routing.signals import BackendKind, BackendLoad, load_from_metrics, metric_names
+from gateway.upstream.http import HttpPool, UpstreamError
+
+__all__ = ["MetricsScraper", "Reading", "filter_exposition"]
+
+SCRAPED_KINDS: frozenset[str] = frozenset({"vllm", "llamacpp", "sglang"})
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    load: BackendLoad
+    at: float  # clock time of the scrape
+
+
+class _Target:
+    def __init__(self, backend: Backend, auth_header: bytes | None, scrape: Scrape) -> None:
+        assert backend.base_url is not None
+        parts = urlsplit(backend.base_url)
+        assert parts.hostname is not None
+        tls = parts.scheme == "https"
+        self.id = backend.id
+        self.kind: BackendKind = backend.kind  # type: ignore[assignment]
+        self.path = parts.path.rstrip("/").encode() + b"/metrics"
+        self.names = metric_names(self.kind)
+        self.headers = [(b"authorization", auth_header)] if auth_header else []
+        self.pool = HttpPool(
+            parts.hostname,
+            parts.port or (443 if tls else 80),
+            tls=tls,
+            connect_timeout=scrape.timeout_s,
+            first_byte_timeout=scrape.timeout_s,
+            read_timeout=scrape.timeout_s,
+            max_connections=2,
+        )
+
+
+class MetricsScraper:
+    def __init__(
+        self,
+        backends: Iterable[BackendState],
+        scrape: Scrape,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = scrape
+        self._clock = clock
+        self._targets = [
+            _Target(b.config, b.auth_header, scrape)
+            for b in backends
+            if b.config.kind in SCRAPED_KINDS and b.config.base_url
+        ]
+        self._readings: dict[str, Reading] = {}
+        self._failures: dict[str, str] = {}
+        self._log = get_logger("owngate.scraper")
+
+    def load(self, backend_id: str) -> BackendLoad | None:
+        """The backend's latest load, or None when unknown (never scraped, or stale)."""
+        reading = self._readings.get(backend_id)
+        if reading is None or self._clock() - reading.at > self._settings.staleness_s:
+            return None
+        return reading.load
+
+    def age(self, backend_id: str) -> float | None:
+        reading = self._readings.get(backend_id)
+        return None if reading is None else self._clock() - reading.at
+
+    def failure(self, backend_id: str) -> str | None:
+        return self._failures.get(backend_id)
+
+    async def run(self) -> None:
+        """Scrape forever; cancel the task to stop."""
+        if not self._targets:
+            return
+        try:
+            while True:
+                started = self._clock()
+                await self.scrape_once()
+                elapsed = self._clock() - started
+                await asyncio.sleep(max(0.0, self._settings.interval_s - elapsed))
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        for target in self._targets:
+            await target.pool.close()
+
+    async def scrape_once(self) -> None:
+        await asyncio.gather(*(self._scrape(t) for t in self._targets))
+
+    async def _scrape(self, target: _Target) -> None:
+        try:
+            response = await target.pool.request(b"GET", target.path, target.headers, b"")
+            body = await response.read()
+        except UpstreamError as exc:
+            self._record_failure(target, f"{exc.kind}: {exc.detail}")
+            return
+        if response.status != 200:
+            self._record_failure(target, f"HTTP {response.status}")
+            return
+        try:
+            samples = parse_metrics(filter_exposition(body, target.names))
+            load = load_from_metrics(target.kind, samples)
+        except (ValueError, UnicodeDecodeError) as exc:
+            self._record_failure(target, f"unreadable metrics: {exc}")
+            return
+        self._readings[target.id] = Reading(load, self._clock())
+        if self._failures.pop(target.id, None) is not None:
+            self._log.info("backend metrics recovered", backend=target.id)
+
+    def _record_failure(self, target: _Target, reason: str) -> None:
+        if self._failures.get(target.id) != reason:
+            self._log.warning("backend metrics scrape failed", backend=target.id, reason=reason)
+        self._failures[target.id] = reason
+
+
+def filter_exposition(body: bytes, names: frozenset[str]) -> str:
+    """Keep only the sample lines of the wanted metrics (comments and others dropped)."""
+    kept = []
+    for line in body.decode("utf-8").splitlines():
+        if not line or line[0] == "#":
+            continue
+        end = len(line)
+        for stop in ("{", " "):
+            pos = line.find(stop)
+            if pos != -1 and pos < end:
+                end = pos
+        if line[:end] in names:
+            kept.append(line)
+    return "\n".join(kept) + "\n"

@@ -1,0 +1,113 @@
+"""The gateway reads its backends' /metrics: fresh readings count, stale ones are unknown."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+from pydantic import ValidationError
+
+from gateway.config.schema import Scrape
+from gateway.routing.registry import Registry
+from gateway.routing.scraper import MetricsScraper, filter_exposition
+from gateway.serving import ServerThread
+from gateway.sim import SimSettings, create_sim_app
+from tests.conftest import Gateway, Sim, backend, gateway_config
+
+
+def test_filter_exposition_keeps_only_wanted_samples() -> None:
+    body = b'# HELP a x\n# TYPE a gauge\na 1\nab{x="1"} 2\nb{engine="0"} 3\nb 4 1700000000\n'
+    assert (
+        filter_exposition(body, frozenset({"a", "b"})) == 'a 1\nb{engine="0"} 3\nb 4 1700000000\n'
+    )
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_readings_go_stale_and_failures_are_reported() -> None:
+    settings = SimSettings.for_kind("llamacpp", models=("m",))
+    with ServerThread(create_sim_app(settings)) as sim:
+        config = gateway_config(
+            [
+                backend("cpu", sim.url, "m", kind="llamacpp"),
+                backend("gone", "http://127.0.0.1:9", "m", kind="vllm"),
+                backend("other", sim.url, "m", kind="openai"),  # not a server we know how to read
+            ]
+        )
+        clock = FakeClock()
+        registry = Registry.build(config, environ={})
+        scraper = MetricsScraper(
+            registry.backends.values(), Scrape(interval_s=0.5, staleness_s=2.0), clock=clock
+        )
+
+        async def once() -> None:
+            try:
+                await scraper.scrape_once()
+            finally:
+                await scraper.close()
+
+        asyncio.run(once())
+        load = scraper.load("cpu")
+        assert load is not None
+        assert (load.running, load.waiting) == (0, 0)
+        assert scraper.load("gone") is None
+        assert (scraper.failure("gone") or "").startswith("connect")
+        assert scraper.load("other") is None and scraper.failure("other") is None
+        clock.now += 2.5  # older than staleness_s: unknown, never "idle"
+        assert scraper.load("cpu") is None
+        assert scraper.age("cpu") == 2.5
+
+
+def test_gateway_publishes_backend_queue_from_scrapes(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    # One slot and slow decode: the second and third requests wait in the backend's queue.
+    sim = start_sim("vllm", models=("m",), slots=1, decode_tokens_per_s=20.0)
+    gateway = start_gateway(
+        [backend("gpu", sim.url, "m")], scrape={"interval_s": 0.05, "staleness_s": 1.0}
+    )
+    body = {"model": "m", "max_tokens": 30, "messages": [{"role": "user", "content": "hi"}]}
+
+    async def load_and_watch() -> tuple[list[str], dict[str, object]]:
+        async with httpx.AsyncClient(base_url=gateway.url, headers=gateway.headers) as client:
+            requests = [
+                asyncio.create_task(client.post("/v1/chat/completions", json=body, timeout=20))
+                for _ in range(3)
+            ]
+            seen: list[str] = []
+            detail: dict[str, object] = {}
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                text = (await client.get("/metrics")).text
+                waiting = [
+                    line
+                    for line in text.splitlines()
+                    if line.startswith('owngate_backend_waiting{backend="gpu"}')
+                ]
+                if waiting and not waiting[0].endswith(" 0.0"):
+                    seen = waiting
+                    detail = (await client.get("/readyz")).json()["backends"]["gpu"]
+                    break
+                await asyncio.sleep(0.02)
+            for task in requests:
+                assert (await task).status_code == 200
+            return seen, detail
+
+    seen, detail = asyncio.run(load_and_watch())
+    assert seen == ['owngate_backend_waiting{backend="gpu"} 2.0'] or seen[0].endswith(" 1.0")
+    assert detail["running"] == 1
+    assert detail["metrics_error"] is None
+
+
+def test_scrape_settings_are_validated() -> None:
+    with pytest.raises(ValidationError, match=r"longer than scrape\.interval_s"):
+        Scrape(interval_s=2.0, staleness_s=1.0)
