@@ -1,0 +1,235 @@
+"""Serving chat, completion and embedding requests: faults, the engine, or zero latency.
+
+Each accepted request draws its fate from the app's seeded RNG (ok, error, hang, die).
+In timed mode the request becomes an engine `Sequence` and a watcher task listens for
+`http.disconnect`: a client that goes away cancels the sequence and frees its slot at
+once. In zero-latency mode the whole response is built and written at once.
+
+Dying is done the way an ASGI app can: return without completing the response, so the
+server closes the connection (uvicorn logs "ASGI callable returned without completing
+response."). Streams die after a few chunks; non-streaming responses after the headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import random
+import secrets
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from gateway.sim.asgi import JSON, SSE_HEADERS, Receive, Send, respond, start, wait_disconnect
+from gateway.sim.control import SimControl, SimStats
+from gateway.sim.engine import Clock, Engine, SeqState, Sequence
+from gateway.sim.responses import ChunkEncoder, completion_body, embedding_body, error_body
+from gateway.sim.settings import SimSettings
+from gateway.sim.text import TextGenerator
+from gateway.sim.wire import Completion, EmbeddingRequest
+
+__all__ = ["Fate", "Inference"]
+
+# Content chunks a dying stream still sends, at most.
+_CHUNKS_BEFORE_DYING = 3
+
+
+class Fate(enum.Enum):
+    OK = "ok"
+    ERROR = "error"
+    HANG = "hang"
+    DIE = "die"
+
+
+class Inference:
+    """Runs accepted inference requests for one `SimApp`."""
+
+    def __init__(
+        self,
+        settings: SimSettings,
+        control: SimControl,
+        engine: Engine,
+        stats: SimStats,
+        clock: Clock,
+        wall_time: Callable[[], float],
+    ) -> None:
+        self._settings = settings
+        self._control = control
+        self._engine = engine
+        self._stats = stats
+        self._clock = clock
+        self._wall_time = wall_time
+        self._rng = random.Random(settings.seed)  # noqa: S311 - seeded on purpose: reproducible faults
+        self._text = TextGenerator(settings.seed)
+        self._ids = itertools.count(1)
+        self._id_prefix = secrets.token_hex(6)
+
+    def draw_fate(self) -> Fate:
+        """One seeded draw; the fault rates are consecutive slices of it."""
+        faults = self._control.faults
+        draw = self._rng.random()
+        for fate, rate in (
+            (Fate.ERROR, faults.error_rate),
+            (Fate.HANG, faults.hang_rate),
+            (Fate.DIE, faults.die_mid_stream_rate),
+        ):
+            if draw < rate:
+                return fate
+            draw -= rate
+        return Fate.OK
+
+    async def serve(
+        self, request: Completion | EmbeddingRequest, receive: Receive, send: Send
+    ) -> None:
+        fate = self.draw_fate()
+        stats = self._stats
+        stats.started += 1
+        stats.in_flight += 1
+        try:
+            if fate is Fate.ERROR:
+                stats.errors += 1
+                body = error_body(self._settings.kind, 500, "Simulated internal server error")
+                await respond(send, 500, body)
+            elif fate is Fate.HANG:
+                stats.hangs += 1
+                await wait_disconnect(receive)
+                stats.cancelled += 1
+            elif self._control.zero_latency:
+                await self._instant(request, fate is Fate.DIE, send)
+            else:
+                await self._watched(self._timed(request, fate is Fate.DIE, send), receive)
+        finally:
+            stats.in_flight -= 1
+
+    # -- zero latency -------------------------------------------------------------------
+
+    async def _instant(self, request: Completion | EmbeddingRequest, die: bool, send: Send) -> None:
+        if isinstance(request, EmbeddingRequest):
+            self._engine.record_instant(request.prompt_tokens, 0)
+            await self._finish(send, self._embedding(request), die)
+            return
+        ids = self._text.token_ids(request.prompt, request.max_tokens)
+        self._engine.record_instant(request.prompt_tokens, len(ids))
+        if not request.stream:
+            await self._finish(send, self._completion(request, ids), die)
+            return
+        encoder = ChunkEncoder(request, self._new_id(request), int(self._wall_time()))
+        tokens = self._text.json_tokens
+        if die:
+            ids = ids[: min(_CHUNKS_BEFORE_DYING, len(ids) - 1)]
+            self._stats.died += 1
+        else:
+            self._stats.completed += 1
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        if self._settings.coalesce_chunks:
+            body = encoder.role + encoder.tokens([tokens[i] for i in ids])
+            if not die:
+                body += encoder.end()
+            await send({"type": "http.response.body", "body": body, "more_body": die})
+            return
+        # One message per SSE event, as a real server writes them.
+        if encoder.role:
+            await send({"type": "http.response.body", "body": encoder.role, "more_body": True})
+        token = encoder.token
+        for i in ids:
+            await send({"type": "http.response.body", "body": token(tokens[i]), "more_body": True})
+        if not die:
+            await send({"type": "http.response.body", "body": encoder.end()})
+
+    # -- timed (engine) -----------------------------------------------------------------
+
+    async def _watched(self, work: Coroutine[Any, Any, None], receive: Receive) -> None:
+        """Run `work` until it ends or the client disconnects; a disconnect cancels it."""
+        loop = asyncio.get_running_loop()
+        work_task = loop.create_task(work)
+        watch_task = loop.create_task(wait_disconnect(receive))
+        try:
+            await asyncio.wait((work_task, watch_task), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch_task.cancel()
+            if not work_task.done():
+                work_task.cancel()
+                self._stats.cancelled += 1
+        # Wait for the cancelled work to unwind (its `finally` frees the slot); a failure
+        # of the work itself is re-raised, never swallowed.
+        await asyncio.wait((work_task,))
+        if not work_task.cancelled() and (failure := work_task.exception()) is not None:
+            raise failure
+
+    async def _timed(self, request: Completion | EmbeddingRequest, die: bool, send: Send) -> None:
+        if isinstance(request, EmbeddingRequest):
+            seq = self._engine.submit(request.prompt_tokens, 0)
+            try:
+                if await self._until_done(seq):
+                    await self._finish(send, self._embedding(request), die)
+            finally:
+                self._engine.cancel(seq)
+            return
+        seq = self._engine.submit(request.prompt_tokens, request.max_tokens)
+        try:
+            if request.stream:
+                await self._stream_timed(request, seq, die, send)
+            elif await self._until_done(seq):
+                ids = self._text.token_ids(request.prompt, request.max_tokens)
+                await self._finish(send, self._completion(request, ids), die)
+        finally:
+            self._engine.cancel(seq)
+
+    @staticmethod
+    async def _until_done(seq: Sequence) -> bool:
+        """Wait for the sequence to end; True when it finished (not cancelled)."""
+        while not seq.done:
+            await seq.progress()
+        return seq.state is SeqState.FINISHED
+
+    async def _stream_timed(
+        self, request: Completion, seq: Sequence, die: bool, send: Send
+    ) -> None:
+        encoder = ChunkEncoder(request, self._new_id(request), int(self._wall_time()))
+        tokens = self._text.json_tokens
+        ids = self._text.token_ids(request.prompt, request.max_tokens)
+        cut = min(_CHUNKS_BEFORE_DYING, len(ids) - 1) if die else len(ids)
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        pending = encoder.role  # sent with the first token, as vLLM does
+        sent = 0
+        while True:
+            await seq.progress()
+            if seq.state is SeqState.CANCELLED:
+                return  # engine shut down: leave the response incomplete
+            ready = min(seq.generated, cut)
+            dying = die and ready == cut
+            if ready > sent or dying:
+                body = pending + encoder.tokens([tokens[i] for i in ids[sent:ready]])
+                if dying:
+                    self._stats.died += 1
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+                if dying:
+                    return  # incomplete response: the server closes the connection
+                pending, sent = b"", ready
+            if seq.state is SeqState.FINISHED:
+                break
+        self._stats.completed += 1
+        await send({"type": "http.response.body", "body": encoder.end()})
+
+    # -- shared -------------------------------------------------------------------------
+
+    async def _finish(self, send: Send, body: bytes, die: bool) -> None:
+        """Write a whole JSON response, or when dying only its headers."""
+        if die:
+            self._stats.died += 1
+            await send(start(200, JSON, len(body)))
+            return
+        self._stats.completed += 1
+        await respond(send, 200, body)
+
+    def _new_id(self, request: Completion) -> str:
+        prefix = "chatcmpl-" if request.endpoint == "chat" else "cmpl-"
+        return f"{prefix}{self._id_prefix}{next(self._ids):010x}"
+
+    def _completion(self, request: Completion, ids: list[int]) -> bytes:
+        created = int(self._wall_time())
+        return completion_body(request, self._new_id(request), created, self._text.text(ids))
+
+    def _embedding(self, request: EmbeddingRequest) -> bytes:
+        dims = request.dims
+        return embedding_body(request, [self._text.embedding(i, dims) for i in request.inputs])

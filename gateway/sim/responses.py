@@ -1,0 +1,196 @@
+"""Response bodies in the exact shapes OpenAI-compatible servers send.
+
+Stream chunks are spliced from precomputed byte pieces (`ChunkEncoder`): the per-request
+head (`data: {"id":...,"choices":[{"index":0,"delta":{`) is built once and each token
+adds only its JSON literal and a constant tail. Error bodies follow each server's own
+envelope: vLLM/SGLang `{"error": {"message", "type", "param", "code"}}`, llama.cpp
+`{"error": {"code", "message", "type"}}`.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from types import MappingProxyType
+from typing import Any, Final
+
+import orjson
+
+from gateway.sim.settings import Kind
+from gateway.sim.wire import Completion, EmbeddingRequest
+
+__all__ = [
+    "DONE",
+    "LOADING_BODY",
+    "ChunkEncoder",
+    "completion_body",
+    "embedding_body",
+    "error_body",
+]
+
+DONE: Final = b"data: [DONE]\n\n"
+LOADING_BODY: Final = b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
+
+_VLLM_TYPES: Final = MappingProxyType(
+    {
+        400: "BadRequestError",
+        401: "UnauthorizedError",
+        404: "NotFoundError",
+        405: "MethodNotAllowedError",
+        500: "InternalServerError",
+        503: "ServiceUnavailableError",
+    }
+)
+_LLAMACPP_TYPES: Final = MappingProxyType(
+    {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        404: "not_found_error",
+        405: "invalid_request_error",
+        500: "server_error",
+        503: "unavailable_error",
+    }
+)
+
+
+def error_body(
+    kind: Kind, status: int, message: str, *, param: str | None = None, err_type: str = ""
+) -> bytes:
+    """The error JSON `kind` answers with for `status`."""
+    if kind == "llamacpp":
+        return orjson.dumps(
+            {
+                "error": {
+                    "code": status,
+                    "message": message,
+                    "type": err_type or _LLAMACPP_TYPES[status],
+                }
+            }
+        )
+    return orjson.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": err_type or _VLLM_TYPES[status],
+                "param": param,
+                "code": status,
+            }
+        }
+    )
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def completion_body(request: Completion, response_id: str, created: int, text: str) -> bytes:
+    """A non-streaming `chat.completion` or `text_completion` body."""
+    choice: dict[str, Any]
+    if request.endpoint == "chat":
+        obj = "chat.completion"
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": request.finish_reason,
+        }
+    else:
+        obj = "text_completion"
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": request.finish_reason,
+        }
+    return orjson.dumps(
+        {
+            "id": response_id,
+            "object": obj,
+            "created": created,
+            "model": request.model,
+            "choices": [choice],
+            "usage": _usage(request.prompt_tokens, request.max_tokens),
+        }
+    )
+
+
+class ChunkEncoder:
+    """SSE events of one streamed completion, from precomputed byte pieces.
+
+    Chat streams: a role chunk (`delta: {"role": "assistant", "content": ""}`), one chunk
+    per token, a finish chunk (`delta: {}` with `finish_reason`), then, when asked for,
+    a usage chunk with empty `choices`. Legacy completions have no role chunk.
+    """
+
+    __slots__ = ("_finish", "_head", "_request", "_tail", "_token_head", "role")
+
+    def __init__(self, request: Completion, response_id: str, created: int) -> None:
+        self._request = request
+        obj = b"chat.completion.chunk" if request.endpoint == "chat" else b"text_completion"
+        self._head = b'data: {"id":"%s","object":"%s","created":%d,"model":%s,"choices":' % (
+            response_id.encode(),
+            obj,
+            created,
+            orjson.dumps(request.model),
+        )
+        finish = orjson.dumps(request.finish_reason)
+        if request.endpoint == "chat":
+            self._token_head = self._head + b'[{"index":0,"delta":{"content":'
+            self._tail = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+            self.role = (
+                self._head + b'[{"index":0,"delta":{"role":"assistant","content":""},'
+                b'"logprobs":null,"finish_reason":null}]}\n\n'
+            )
+            self._finish = (
+                self._head + b'[{"index":0,"delta":{},"logprobs":null,"finish_reason":%s}]}\n\n'
+            ) % finish
+        else:
+            self._token_head = self._head + b'[{"index":0,"text":'
+            self._tail = b',"logprobs":null,"finish_reason":null}]}\n\n'
+            self.role = b""
+            self._finish = (
+                self._head + b'[{"index":0,"text":"","logprobs":null,"finish_reason":%s}]}\n\n'
+            ) % finish
+
+    def token(self, json_token: bytes) -> bytes:
+        """The chunk of one token, given as a JSON string literal."""
+        return self._token_head + json_token + self._tail
+
+    def tokens(self, json_tokens: list[bytes]) -> bytes:
+        """The chunks of several tokens, joined."""
+        head, tail = self._token_head, self._tail
+        return b"".join([head + t + tail for t in json_tokens])
+
+    def end(self) -> bytes:
+        """Finish chunk, usage chunk when requested, and `[DONE]`."""
+        request = self._request
+        if not request.include_usage:
+            return self._finish + DONE
+        usage = orjson.dumps(_usage(request.prompt_tokens, request.max_tokens))
+        return self._finish + self._head + b'[],"usage":' + usage + b"}\n\n" + DONE
+
+
+def embedding_body(request: EmbeddingRequest, vectors: list[list[float]]) -> bytes:
+    """An OpenAI embeddings list; base64 is little-endian float32, as OpenAI sends it."""
+    data: list[dict[str, Any]] = []
+    for index, vector in enumerate(vectors):
+        embedding: list[float] | str = vector
+        if request.base64:
+            packed = struct.pack(f"<{len(vector)}f", *vector)
+            embedding = base64.b64encode(packed).decode("ascii")
+        data.append({"object": "embedding", "index": index, "embedding": embedding})
+    return orjson.dumps(
+        {
+            "object": "list",
+            "data": data,
+            "model": request.model,
+            "usage": {
+                "prompt_tokens": request.prompt_tokens,
+                "total_tokens": request.prompt_tokens,
+            },
+        }
+    )

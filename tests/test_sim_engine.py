@@ -1,0 +1,208 @@
+"""Unit tests of the simulator's engine, on virtual time: queueing, batching, KV, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from gateway.sim import Engine, SeqState, Sequence, SimControl, SimSettings, VirtualClock
+
+
+def _control(
+    *,
+    slots: int = 4,
+    prefill: float = 1000.0,
+    decode: float = 10.0,
+    slowdown: float = 0.5,
+    kv: int = 100_000,
+) -> SimControl:
+    settings = SimSettings(
+        slots=slots,
+        prefill_tokens_per_s=prefill,
+        decode_tokens_per_s=decode,
+        batch_slowdown=slowdown,
+        kv_capacity_tokens=kv,
+    )
+    return SimControl.from_settings(settings, 0.0)
+
+
+def _state(seq: Sequence) -> SeqState:
+    """The state, read through a call so mypy does not narrow it across awaits."""
+    return seq.state
+
+
+async def _drain(seq: Sequence) -> None:
+    for _ in range(100_000):  # bounded: a sequence never needs this many wake-ups
+        if seq.done:
+            return
+        await seq.progress()
+    raise AssertionError("sequence never finished")
+
+
+async def _until(predicate: Callable[[], bool]) -> None:
+    for _ in range(1000):
+        if predicate():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never became true")
+
+
+def _run(test: Callable[[Engine, VirtualClock], Awaitable[None]], control: SimControl) -> None:
+    async def main() -> None:
+        clock = VirtualClock()
+        engine = Engine(control, clock)
+        try:
+            await test(engine, clock)
+        finally:
+            await engine.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("running", "prefill_tokens", "expected"),
+    [
+        (1, 0, 0.1),  # alone: 1 / decode_tokens_per_s
+        (2, 0, 0.15),  # one more sequence: +50 %
+        (5, 0, 0.3),  # 1 + 0.5 * 4
+        (1, 500, 0.6),  # prefill of 500 tokens at 1000 tokens/s on top
+    ],
+)
+def test_step_seconds(running: int, prefill_tokens: int, expected: float) -> None:
+    engine = Engine(_control(), VirtualClock())
+    assert engine.step_seconds(running, prefill_tokens) == pytest.approx(expected)
+
+
+def test_single_sequence_timing() -> None:
+    async def test(engine: Engine, clock: VirtualClock) -> None:
+        seq = engine.submit(prompt_tokens=100, max_tokens=3)
+        await _drain(seq)
+        assert seq.state is SeqState.FINISHED
+        assert seq.generated == 3
+        # First step: decode 0.1 s + prefill 100 / 1000 = 0.2 s; then two decode steps.
+        assert seq.first_token_at == pytest.approx(0.2)
+        assert seq.finished_at == pytest.approx(0.4)
+        assert engine.prompt_tokens_total == 100
+        assert engine.generation_tokens_total == 3
+        assert engine.running == 0
+
+    _run(test, _control())
+
+
+def test_fifo_queue_when_slots_are_full() -> None:
+    async def test(engine: Engine, clock: VirtualClock) -> None:
+        seqs = [engine.submit(prompt_tokens=0, max_tokens=2) for _ in range(3)]
+        await _until(lambda: engine.running == 1)
+        assert engine.waiting == 2
+        assert [s.state for s in seqs] == [SeqState.RUNNING, SeqState.WAITING, SeqState.WAITING]
+        await asyncio.gather(*(_drain(s) for s in seqs))
+        finished = [s.finished_at for s in seqs]
+        assert finished == pytest.approx([0.2, 0.4, 0.6])
+        admitted = [s.admitted_at or 0.0 for s in seqs]
+        assert admitted == sorted(admitted)
+
+    _run(test, _control(slots=1))
+
+
+def test_decode_slows_as_the_batch_grows() -> None:
+    async def alone(engine: Engine, clock: VirtualClock) -> None:
+        seq = engine.submit(prompt_tokens=0, max_tokens=10)
+        await _drain(seq)
+        assert seq.finished_at == pytest.approx(1.0)
+
+    async def batched(engine: Engine, clock: VirtualClock) -> None:
+        seqs = [engine.submit(prompt_tokens=0, max_tokens=10) for _ in range(4)]
+        await asyncio.gather(*(_drain(s) for s in seqs))
+        # Four running: each step takes 0.1 * (1 + 0.5 * 3) = 0.25 s.
+        assert [s.finished_at for s in seqs] == pytest.approx([2.5] * 4)
+        assert engine.busy_slot_steps == 40
+        assert engine.decode_steps == 10
+
+    _run(alone, _control())
+    _run(batched, _control())
+
+
+def test_cancel_frees_the_slot_for_the_next_in_line() -> None:
+    async def test(engine: Engine, clock: VirtualClock) -> None:
+        first = engine.submit(prompt_tokens=0, max_tokens=1000)
+        second = engine.submit(prompt_tokens=0, max_tokens=1)
+        await _until(lambda: first.generated >= 2)
+        assert second.state is SeqState.WAITING
+        engine.cancel(first)
+        assert first.state is SeqState.CANCELLED
+        assert engine.running == 0
+        await _drain(second)
+        assert _state(second) is SeqState.FINISHED
+        engine.cancel(second)  # no-op once done
+        assert _state(second) is SeqState.FINISHED
+
+    _run(test, _control(slots=1))
+
+
+def test_cancel_while_waiting() -> None:
+    async def test(engine: Engine, clock: VirtualClock) -> None:
+        engine.submit(prompt_tokens=0, max_tokens=1000)
+        waiting = engine.submit(prompt_tokens=0, max_tokens=1)
+        await _until(lambda: engine.running == 1)
+        engine.cancel(waiting)
+        assert engine.waiting == 0
+        assert waiting.done
+
+    _run(test, _control(slots=1))
+
+
+def test_kv_usage_and_admission_by_kv_capacity() -> None:
+    async def test(engine: Engine, clock: VirtualClock) -> None:
+        first = engine.submit(prompt_tokens=100, max_tokens=1000)
+        second = engine.submit(prompt_tokens=100, max_tokens=1)
+        await _until(lambda: first.generated >= 3)
+        # The second prompt does not fit next to the first: it waits despite free slots.
+        assert engine.running == 1
+        assert engine.waiting == 1
+        assert engine.kv_tokens == 100 + first.generated
+        assert engine.kv_usage == pytest.approx((100 + first.generated) / 150)
+        engine.cancel(first)
+        await _drain(second)
+        assert second.state is SeqState.FINISHED
+
+    _run(test, _control(slots=4, kv=150))
+
+
+def test_slots_changed_at_run_time_admit_waiting_sequences() -> None:
+    control = _control(slots=1)
+
+    async def test(engine: Engine, clock: VirtualClock) -> None:
+        a = engine.submit(prompt_tokens=0, max_tokens=1000)
+        b = engine.submit(prompt_tokens=0, max_tokens=1000)
+        await _until(lambda: a.generated >= 1)
+        assert b.state is SeqState.WAITING
+        control.slots = 2
+        await _until(lambda: b.state is SeqState.RUNNING)
+        assert {a.slot, b.slot} == {0, 1}
+        assert [s is not None for s in engine.slot_table()] == [True, True]
+
+    _run(test, control)
+
+
+def test_prefill_only_sequence_finishes_without_tokens() -> None:
+    async def test(engine: Engine, clock: VirtualClock) -> None:
+        seq = engine.submit(prompt_tokens=50, max_tokens=0)
+        await _drain(seq)
+        assert seq.state is SeqState.FINISHED
+        assert seq.generated == 0
+        assert seq.finished_at == pytest.approx(0.1 + 0.05)
+
+    _run(test, _control())
+
+
+def test_aclose_cancels_everything() -> None:
+    async def test(engine: Engine, clock: VirtualClock) -> None:
+        seqs = [engine.submit(prompt_tokens=0, max_tokens=1000) for _ in range(3)]
+        await _until(lambda: engine.running == 1)
+        await engine.aclose()
+        assert all(s.state is SeqState.CANCELLED for s in seqs)
+        assert engine.running == engine.waiting == 0
+
+    _run(test, _control(slots=1))
