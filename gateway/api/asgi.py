@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import orjson
 
+from gateway.asgi import JSON, Receive, Scope, Send
 from gateway.errors import ErrorCode, GatewayError
 
 __all__ = [
@@ -19,13 +19,6 @@ __all__ = [
     "send_error",
     "send_json",
 ]
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
-JSON = b"application/json"
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:

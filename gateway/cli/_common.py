@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 from gateway.config import ConfigError, GatewayConfig, load_config
 
-__all__ = ["env_default", "load_or_report"]
+__all__ = ["env_default", "load_or_report", "usage"]
 
 
 def env_default(name: str, default: str) -> str:
@@ -21,3 +22,9 @@ def load_or_report(path: str) -> GatewayConfig | None:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return None
+
+
+def usage(parser: argparse.ArgumentParser) -> int:
+    """A noun given without a verb: show its help, exit 2."""
+    parser.print_help()
+    return 2

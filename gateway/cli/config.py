@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gateway.cli._common import load_or_report
+from gateway.cli._common import load_or_report, usage
 
 __all__ = ["register"]
 
@@ -21,12 +21,7 @@ def register(subparsers: Any) -> None:
     )
     validate.add_argument("file", help="path to gateway.yaml")
     validate.set_defaults(handler=_validate)
-    parser.set_defaults(handler=lambda _args: _usage(parser))
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
+    parser.set_defaults(handler=lambda _args: usage(parser))
 
 
 def _validate(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.cli._common import env_default, load_or_report
+from gateway.cli._common import env_default, load_or_report, usage
 from gateway.keys import add_key_hash, hash_api_key, new_api_key
 
 __all__ = ["register"]
@@ -30,12 +30,7 @@ def register(subparsers: Any) -> None:
         help="path to gateway.yaml (env OWNGATE_CONFIG, default ./gateway.yaml)",
     )
     new.set_defaults(handler=_new)
-    parser.set_defaults(handler=lambda _args: _usage(parser))
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
+    parser.set_defaults(handler=lambda _args: usage(parser))
 
 
 def _new(args: argparse.Namespace) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from gateway.config.schema import Backend, GatewayConfig, Limits
 from gateway.upstream.http import HttpPool
@@ -122,19 +121,13 @@ def _backend_state(backend: Backend, limits: Limits, env: dict[str, str]) -> Bac
     pool: HttpPool | None = None
     base_path = b""
     if backend.base_url is not None and backend.is_private:
-        parts = urlsplit(backend.base_url)
-        assert parts.hostname is not None  # checked by the schema
-        tls = parts.scheme == "https"
-        pool = HttpPool(
-            parts.hostname,
-            parts.port or (443 if tls else 80),
-            tls=tls,
+        pool, base_path = HttpPool.for_url(
+            backend.base_url,
             connect_timeout=limits.connect_timeout_s,
             first_byte_timeout=limits.first_byte_timeout_s,
             read_timeout=limits.read_timeout_s,
             max_connections=limits.max_connections_per_backend,
         )
-        base_path = parts.path.rstrip("/").encode()
     key = backend.api_key
     if key is None and backend.api_key_env is not None:
         key = env.get(backend.api_key_env)

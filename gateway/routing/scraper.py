@@ -13,7 +13,6 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from gateway.config.schema import Backend, Scrape
 from gateway.logs import get_logger
@@ -36,23 +35,18 @@ class Reading:
 class _Target:
     def __init__(self, backend: Backend, auth_header: bytes | None, scrape: Scrape) -> None:
         assert backend.base_url is not None
-        parts = urlsplit(backend.base_url)
-        assert parts.hostname is not None
-        tls = parts.scheme == "https"
         self.id = backend.id
         self.kind: BackendKind = backend.kind  # type: ignore[assignment]
-        self.path = parts.path.rstrip("/").encode() + b"/metrics"
         self.names = metric_names(self.kind)
         self.headers = [(b"authorization", auth_header)] if auth_header else []
-        self.pool = HttpPool(
-            parts.hostname,
-            parts.port or (443 if tls else 80),
-            tls=tls,
+        self.pool, prefix = HttpPool.for_url(
+            backend.base_url,
             connect_timeout=scrape.timeout_s,
             first_byte_timeout=scrape.timeout_s,
             read_timeout=scrape.timeout_s,
             max_connections=2,
         )
+        self.path = prefix + b"/metrics"
 
 
 class MetricsScraper:

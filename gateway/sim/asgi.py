@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, Final
+from typing import Final
+
+from gateway.asgi import JSON, Message, Receive, Scope, Send
 
 __all__ = [
     "JSON",
@@ -18,12 +19,6 @@ __all__ = [
     "wait_disconnect",
 ]
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
-JSON: Final = b"application/json"
 SSE_HEADERS: Final = (
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache"),

@@ -15,6 +15,7 @@ import collections
 import ssl
 from collections.abc import AsyncIterator, Iterable
 from typing import Literal, cast
+from urllib.parse import urlsplit
 
 import httptools
 
@@ -267,6 +268,32 @@ class HttpPool:
         self._idle: collections.deque[_Connection] = collections.deque()
         self._limit = asyncio.Semaphore(max_connections)
         self._open = 0
+
+    @classmethod
+    def for_url(
+        cls,
+        base_url: str,
+        *,
+        connect_timeout: float,
+        first_byte_timeout: float,
+        read_timeout: float,
+        max_connections: int,
+    ) -> tuple[HttpPool, bytes]:
+        """A pool for an `http(s)://host[:port][/prefix]` URL, and the path prefix."""
+        parts = urlsplit(base_url)
+        if parts.hostname is None or parts.scheme not in ("http", "https"):
+            raise ValueError(f"not an http(s) URL: {base_url!r}")
+        tls = parts.scheme == "https"
+        pool = cls(
+            parts.hostname,
+            parts.port or (443 if tls else 80),
+            tls=tls,
+            connect_timeout=connect_timeout,
+            first_byte_timeout=first_byte_timeout,
+            read_timeout=read_timeout,
+            max_connections=max_connections,
+        )
+        return pool, parts.path.rstrip("/").encode()
 
     @property
     def open_connections(self) -> int:
