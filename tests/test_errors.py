@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -151,3 +152,21 @@ def test_stream_dying_midway_ends_with_an_error_event(
     events = [line for line in response.text.split("\n\n") if line]
     assert "[DONE]" not in response.text
     assert '"code":"upstream_error"' in events[-1]
+
+
+def test_loading_backend_gets_nothing_until_healthy(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    sim = start_sim("llamacpp", zero_latency=True, faults=Faults(slow_start_s=60.0))
+    gateway = start_gateway(
+        [backend("cpu", sim.url, "sim-model", kind="llamacpp")],
+        scrape={"interval_s": 0.05, "staleness_s": 1.0},
+    )
+    error = assert_error(post(gateway, CHAT), 503, "backend_unavailable")
+    assert "/health answered HTTP 503" in error["message"]
+    assert sim.app.captured("/v1/chat/completions") == []
+    sim.app.start_loading(0.0)  # the model has loaded
+    deadline = time.monotonic() + 5
+    while post(gateway, CHAT).status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert post(gateway, CHAT).status_code == 200

@@ -87,6 +87,9 @@ class GatewayApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                # Know which backends are healthy before taking traffic (bounded by the
+                # scrape timeout), then keep probing in the background.
+                await self.scraper.scrape_once()
                 self._background.append(asyncio.create_task(self.scraper.run()))
                 self.ready = True
                 await send({"type": "lifespan.startup.complete"})
@@ -230,7 +233,8 @@ def _backend_detail_of(
     age = scraper.age(backend.id)
     return {
         "kind": backend.config.kind,
-        "marked_down": registry.is_down(backend),
+        "available": not registry.is_down(backend),
+        "health_error": backend.health_error,
         "inflight": backend.inflight,
         "metrics_age_s": None if age is None else round(age, 3),
         "metrics_error": scraper.failure(backend.id),

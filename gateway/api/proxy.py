@@ -113,10 +113,11 @@ class Proxy:
         send: Send,
     ) -> None:
         failures: list[str] = []
-        for route in routes[:_MAX_ATTEMPTS]:
+        available = [r for r in routes if not self._registry.is_down(r.backend)]
+        if not available:
+            failures = [_why_down(r.backend) for r in routes]
+        for route in available[:_MAX_ATTEMPTS]:
             backend = route.backend
-            if self._registry.is_down(backend) and failures:
-                continue
             out = body if route.upstream_model == model else self._rename(doc, body, model, route)
             headers = [
                 (b"content-type", b"application/json"),
@@ -160,8 +161,7 @@ class Proxy:
                 self._leave(backend)
         raise GatewayError(
             ErrorCode.backend_unavailable,
-            f"no backend could take the request for model `{model}` "
-            f"({'; '.join(failures) or 'all backends are marked down'})",
+            f"no backend could take the request for model `{model}` ({'; '.join(failures)})",
         )
 
     async def _relay(
@@ -242,6 +242,10 @@ class Proxy:
     def _leave(self, backend: BackendState) -> None:
         backend.inflight -= 1
         self._metrics.set_inflight(backend.id, backend.inflight)
+
+
+def _why_down(backend: BackendState) -> str:
+    return f"{backend.id}: {backend.health_error or 'failed moments ago'}"
 
 
 def _parse_body(body: bytes) -> dict[str, Any]:

@@ -29,7 +29,9 @@ class BackendState:
     base_path: bytes
     auth_header: bytes | None
     inflight: int = 0
-    down_until: float = 0.0
+    down_until: float = 0.0  # passive health: a failed exchange skips the backend briefly
+    unhealthy_until: float = 0.0  # active health: /health did not answer 200
+    health_error: str | None = None
 
     @property
     def id(self) -> str:
@@ -109,12 +111,16 @@ class Registry:
         backend.down_until = self.clock() + _DOWN_FOR_S
 
     def is_down(self, backend: BackendState) -> bool:
-        return backend.down_until > self.clock()
+        return _unavailable(backend, self.clock())
 
     async def close(self) -> None:
         for backend in self.backends.values():
             if backend.pool is not None:
                 await backend.pool.close()
+
+
+def _unavailable(backend: BackendState, now: float) -> bool:
+    return backend.down_until > now or backend.unhealthy_until > now
 
 
 def _backend_state(backend: Backend, limits: Limits, env: dict[str, str]) -> BackendState:

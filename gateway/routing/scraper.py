@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gateway.config.schema import Backend, Scrape
+from gateway.config.schema import Scrape
 from gateway.logs import get_logger
 from gateway.routing.prometheus import parse_metrics
 from gateway.routing.registry import BackendState
@@ -33,8 +33,10 @@ class Reading:
 
 
 class _Target:
-    def __init__(self, backend: Backend, auth_header: bytes | None, scrape: Scrape) -> None:
+    def __init__(self, state: BackendState, scrape: Scrape) -> None:
+        backend, auth_header = state.config, state.auth_header
         assert backend.base_url is not None
+        self.state = state
         self.id = backend.id
         self.kind: BackendKind = backend.kind  # type: ignore[assignment]
         self.names = metric_names(self.kind)
@@ -47,6 +49,7 @@ class _Target:
             max_connections=2,
         )
         self.path = prefix + b"/metrics"
+        self.health_path = prefix + b"/health"
 
 
 class MetricsScraper:
@@ -60,7 +63,7 @@ class MetricsScraper:
         self._settings = scrape
         self._clock = clock
         self._targets = [
-            _Target(b.config, b.auth_header, scrape)
+            _Target(b, scrape)
             for b in backends
             if b.config.kind in SCRAPED_KINDS and b.config.base_url
         ]
@@ -103,6 +106,7 @@ class MetricsScraper:
         await asyncio.gather(*(self._scrape(t) for t in self._targets))
 
     async def _scrape(self, target: _Target) -> None:
+        await self._probe_health(target)
         try:
             response = await target.pool.request(b"GET", target.path, target.headers, b"")
             body = await response.read()
@@ -121,6 +125,29 @@ class MetricsScraper:
         self._readings[target.id] = Reading(load, self._clock())
         if self._failures.pop(target.id, None) is not None:
             self._log.info("backend metrics recovered", backend=target.id)
+
+    async def _probe_health(self, target: _Target) -> None:
+        """`/health` must answer 200; until it does (a llama.cpp server still loading its
+        model answers 503) the backend gets no requests."""
+        try:
+            response = await target.pool.request(b"GET", target.health_path, target.headers, b"")
+            await response.read()
+            healthy = response.status == 200
+            reason = f"/health answered HTTP {response.status}"
+        except UpstreamError as exc:
+            healthy, reason = False, f"/health: {exc.kind}"
+        state = target.state
+        if healthy:
+            if state.unhealthy_until:
+                self._log.info("backend healthy", backend=target.id)
+            state.unhealthy_until = 0.0
+            state.health_error = None
+            return
+        if state.health_error != reason:
+            self._log.warning("backend unhealthy", backend=target.id, reason=reason)
+        # Unhealthy until a later probe says otherwise, or until this reading goes stale.
+        state.unhealthy_until = self._clock() + self._settings.staleness_s
+        state.health_error = reason
 
     def _record_failure(self, target: _Target, reason: str) -> None:
         if self._failures.get(target.id) != reason:
