@@ -39,7 +39,10 @@ SENSITIVE_FIELDS = frozenset(
     }
 )
 
-_SECRET_PATTERN = re.compile(r"(?i)(bearer\s+)\S+|\bog-[A-Za-z0-9_-]{8,}|\bsk-[A-Za-z0-9_-]{8,}")
+_SECRET_PATTERN = re.compile(
+    r"(?i)((?:bearer|basic)\s+)\S+|\bog-[A-Za-z0-9_-]{8,}|\bsk-[A-Za-z0-9_-]{8,}"
+)
+_SECRET_HINTS = ("earer", "EARER", "asic", "ASIC", "og-", "sk-")
 _LEVELS = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
@@ -49,12 +52,32 @@ _LEVELS = {
 
 
 def redact(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    for name in [k for k in event if k.lower() in SENSITIVE_FIELDS]:
-        event[name] = "[redacted]"
-    for name, value in event.items():
-        if isinstance(value, str) and ("earer" in value or "og-" in value or "sk-" in value):
-            event[name] = _SECRET_PATTERN.sub(_mask, value)
+    for name in list(event):
+        event[name] = _scrub(name, event[name])
     return event
+
+
+def _sensitive_name(name: str) -> bool:
+    lowered = name.lower().replace("-", "_")
+    return (
+        lowered in SENSITIVE_FIELDS
+        or lowered.endswith(("key", "secret", "password", "_token", "authorization"))
+        or lowered in ("token", "auth", "cookie", "set_cookie")
+    )
+
+
+def _scrub(name: str, value: Any) -> Any:
+    if _sensitive_name(name):
+        return "[redacted]"
+    if isinstance(value, str):
+        if any(hint in value for hint in _SECRET_HINTS):
+            return _SECRET_PATTERN.sub(_mask, value)
+        return value
+    if isinstance(value, dict):
+        return {k: _scrub(str(k), v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_scrub("", v) for v in value]
+    return value
 
 
 def _mask(match: re.Match[str]) -> str:

@@ -71,6 +71,22 @@ def test_missing_environment_variable_is_an_error_with_its_line() -> None:
     ]
 
 
+def test_unset_variable_does_not_hide_other_errors() -> None:
+    issues = _issues(VALID.replace("listen: {", "bogus: 1\nlisten: {"))
+    assert any("environment variable ACME_KEY_HASH is not set" in i for i in issues)
+    assert any(i.startswith("line 1: bogus: unknown key") for i in issues)
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [("http://x:99999", "invalid port"), ("http://x:1/a b", "without spaces")],
+)
+def test_base_url_must_be_usable(url: str, expected: str) -> None:
+    text = VALID.replace("http://127.0.0.1:8001/", url)
+    issues = _issues(text, {"ACME_KEY_HASH": hash_api_key("k")})
+    assert any(expected in issue for issue in issues), issues
+
+
 def test_env_default_syntax() -> None:
     text = VALID.replace("${ACME_KEY_HASH}", "${NOPE:-" + hash_api_key("x") + "}")
     assert parse_config(text, env={}).tenants[0].api_key_hashes == (hash_api_key("x"),)

@@ -170,3 +170,15 @@ def test_loading_backend_gets_nothing_until_healthy(
     while post(gateway, CHAT).status_code != 200 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert post(gateway, CHAT).status_code == 200
+
+
+def test_backend_key_problems_stop_the_gateway_starting() -> None:
+    from gateway.api import create_app
+    from tests.conftest import gateway_config
+
+    config = gateway_config([backend("gpu", "http://127.0.0.1:1", "m", api_key_env="GPU_KEY")])
+    with pytest.raises(ValueError, match="GPU_KEY is not set"):
+        create_app(config, environ={})
+    with pytest.raises(ValueError, match="characters HTTP cannot carry"):
+        create_app(config, environ={"GPU_KEY": "abc\r\nx-evil: 1"})
+    create_app(config, environ={"GPU_KEY": "abc\n"})  # a trailing newline is only trimmed

@@ -26,6 +26,22 @@ def test_redact_drops_content_fields_and_masks_secrets() -> None:
     assert out["tenant"] == "acme"
 
 
+def test_redact_catches_case_nesting_and_secret_like_names() -> None:
+    event = {
+        "a": "BEARER abcdef123456",
+        "b": {"authorization": "Bearer secret123", "n": ["Basic dXNlcjpwYXNz"]},
+        "x-api-key": "k1",
+        "access_token": "t1",
+        "apikey": "k2",
+        "completion_tokens": 12,
+    }
+    out = redact(None, "info", event)
+    assert out["a"] == "BEARER [redacted]"
+    assert out["b"] == {"authorization": "[redacted]", "n": ["Basic [redacted]"]}
+    assert out["x-api-key"] == out["access_token"] == out["apikey"] == "[redacted]"
+    assert out["completion_tokens"] == 12
+
+
 def test_json_logs_go_through_redaction() -> None:
     stream = io.StringIO()
     saved, handlers = structlog.get_config(), logging.getLogger().handlers[:]

@@ -60,6 +60,8 @@ def test_backend_api_key_is_sent(start_sim, start_gateway) -> None:  # type: ign
         (b'{"model":"a","x":1}', b'{"model":"b","x":1}'),
         (b'{"x": {"model": "a"}, "model": "a"}', b'{"x":{"model":"a"},"model":"b"}'),  # re-encoded
         (b'{"model": "\\u0061"}', b'{"model":"b"}'),  # escaped name: re-encoded
+        # The only literal match is nested; the top-level name is escaped: re-encoded.
+        (b'{"model":"\\u0061","m":{"model":"a"}}', b'{"model":"b","m":{"model":"a"}}'),
     ],
 )
 def test_rewrite_model(body: bytes, expected: bytes) -> None:
@@ -68,9 +70,22 @@ def test_rewrite_model(body: bytes, expected: bytes) -> None:
 
 
 def test_upstream_messages_lose_urls_and_hosts() -> None:
-    text = "connect to http://10.0.0.7:8000/v1/x failed; 10.1.2.3:99 and localhost:8001 down"
-    cleaned = sanitize_upstream_message(text)
-    assert "10." not in cleaned and "localhost" not in cleaned and "http" not in cleaned
+    text = (
+        "connect to http://10.0.0.7:8000/v1/x failed; 10.1.2.3:99 and localhost:8001 down; "
+        "vllm-0.vllm.ns.svc.cluster.local:8000 [fd00::12]:8000 host gpu-a100-3 port 8000"
+    )
+    cleaned = sanitize_upstream_message(text, hosts=("gpu-a100-3",))
+    for leak in ("10.", "localhost", "http", "cluster.local", "fd00", "gpu-a100"):
+        assert leak not in cleaned, cleaned
+
+
+def test_repeated_model_key_is_refused(sim_and_gateway: tuple[Sim, Gateway]) -> None:
+    sim, gateway = sim_and_gateway
+    body = b'{"model": "sim-model", "messages": [], "model": "embed-model"}'
+    response = _post(gateway, body)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "model"
+    assert sim.app.captured("/v1/chat/completions") == []
 
 
 def test_request_id_header_on_every_response(sim_and_gateway: tuple[Sim, Gateway]) -> None:

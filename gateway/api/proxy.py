@@ -9,6 +9,7 @@ upstream request: the connection to the backend is dropped, which frees its slot
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from dataclasses import dataclass
@@ -28,7 +29,12 @@ _MAX_ATTEMPTS = 3
 _MAX_ERROR_BODY = 64 * 1024
 _SSE = b"text/event-stream"
 _URL = re.compile(r"\b(?:https?|wss?)://[^\s\"'<>]+", re.IGNORECASE)
-_HOST_PORT = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b|\blocalhost(?::\d+)?\b")
+_HOST_PORT = re.compile(
+    r"\[[0-9a-fA-F:.]+\](?::\d+)?"  # [IPv6]:port
+    r"|\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b"  # IPv4[:port]
+    r"|\b[\w-]+(?:\.[\w-]+)*:\d{1,5}\b"  # name:port
+    r"|\blocalhost\b"
+)
 
 
 @dataclass(slots=True)
@@ -71,13 +77,13 @@ class Proxy:
                 "you must provide a model parameter (a string naming the model)",
                 param="model",
             )
-        exchange.model = model
+        exchange.model = model if len(model) <= 256 else model[:256] + "..."
         exchange.stream = doc.get("stream") is True
         routes = self._registry.candidates(model) if tenant.may_use(model) else None
         if routes is None:
             raise GatewayError(
                 ErrorCode.model_not_found,
-                f"The model `{model}` does not exist or you do not have access to it.",
+                f"The model `{exchange.model}` does not exist or you do not have access to it.",
                 param="model",
             )
         private = [r for r in routes if r.backend.pool is not None]
@@ -93,11 +99,10 @@ class Proxy:
         try:
             await self._dispatch(exchange, private, model, doc, body, upstream_path, send)
         except asyncio.CancelledError:
-            if not exchange.client_gone:
-                raise
             current = asyncio.current_task()
-            if current is not None:
-                current.uncancel()
+            # Ours (the client left) and nobody else's (e.g. shutdown): absorb it.
+            if not exchange.client_gone or current is None or current.uncancel() > 0:
+                raise
             exchange.status = 499  # client closed the request (nginx's convention)
         finally:
             watcher.cancel()
@@ -181,7 +186,8 @@ class Proxy:
             data = await _read_bounded(response)
             self._metrics.upstream_error(backend.id, "status")
             exchange.upstream_error = f"status {status}"
-            raise translate_upstream_error(status, data)
+            pool = backend.pool
+            raise translate_upstream_error(status, data, (pool.host,) if pool else ())
         if not content_type.startswith(_SSE):
             data = await response.read()
             exchange.status = status
@@ -258,7 +264,25 @@ def _parse_body(body: bytes) -> dict[str, Any]:
         ) from exc
     if not isinstance(doc, dict):
         raise GatewayError(ErrorCode.invalid_request, "the request body must be a JSON object")
+    if body.count(b'"model"') > 1 and _repeats_model_key(body):
+        # The gateway routes on one value; a backend could read the other.
+        raise GatewayError(
+            ErrorCode.invalid_request, "the request body repeats the `model` key", param="model"
+        )
     return doc
+
+
+def _repeats_model_key(body: bytes) -> bool:
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        if sum(1 for key, _ in items if key == "model") > 1:
+            raise ValueError("repeated model key")
+        return dict(items)
+
+    try:
+        json.loads(body, object_pairs_hook=pairs)
+    except ValueError:
+        return True
+    return False
 
 
 def _model_pattern(model: str) -> re.Pattern[bytes]:
@@ -270,12 +294,14 @@ def rewrite_model(
 ) -> bytes:
     """Replace the top-level `model` value, touching no other byte when that is certain.
 
-    The byte-level splice is used only when the pattern matches exactly once; otherwise
-    (escaped names, the same pair nested elsewhere) the document is re-encoded.
+    The byte-level splice is used only when the pattern matches exactly once and the
+    result, parsed again, has the new name at the top level; otherwise (escaped names,
+    the same pair nested elsewhere) the document is re-encoded.
     """
-    matches = pattern.findall(body)
-    if len(matches) == 1:
-        return pattern.sub(lambda m: m.group(1) + orjson.dumps(upstream_model), body, count=1)
+    if len(pattern.findall(body)) == 1:
+        out = pattern.sub(lambda m: m.group(1) + orjson.dumps(upstream_model), body, count=1)
+        if orjson.loads(out).get("model") == upstream_model:
+            return out
     return orjson.dumps({**doc, "model": upstream_model})
 
 
@@ -309,15 +335,18 @@ async def _read_bounded(response: UpstreamResponse) -> bytes:
     return b"".join(parts)
 
 
-def sanitize_upstream_message(message: str) -> str:
-    """Strip URLs and host:port pairs from a backend's error text; bound its length."""
+def sanitize_upstream_message(message: str, hosts: tuple[str, ...] = ()) -> str:
+    """Strip URLs, host:port pairs and the backend's own host names from a backend's
+    error text; bound its length."""
     cleaned = _HOST_PORT.sub("[backend]", _URL.sub("[backend]", message))
+    for host in hosts:
+        cleaned = cleaned.replace(host, "[backend]")
     return cleaned[:300]
 
 
-def translate_upstream_error(status: int, data: bytes) -> GatewayError:
+def translate_upstream_error(status: int, data: bytes, hosts: tuple[str, ...] = ()) -> GatewayError:
     """Turn a backend's error response into the gateway's own OpenAI error."""
-    detail = sanitize_upstream_message(_upstream_message(data))
+    detail = sanitize_upstream_message(_upstream_message(data), hosts)
     suffix = f": {detail}" if detail else ""
     if status in (400, 413, 422):
         return GatewayError(

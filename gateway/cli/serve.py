@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 from typing import Any
 
 import uvicorn
@@ -49,7 +50,11 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(config.logging.format, config.logging.level)
     host = args.host or config.listen.host
     port = args.port if args.port >= 0 else config.listen.port
-    app = create_app(config)
+    try:
+        app = create_app(config)
+    except ValueError as exc:  # settings only checkable at startup (env keys, key hashes)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     get_logger("owngate").info(
         "starting", host=host, port=port, backends=len(config.backends), tenants=len(config.tenants)
     )

@@ -30,6 +30,7 @@ class ConfigIssue:
     path: str
     line: int | None
     message: str
+    loc: tuple[str | int, ...] = ()  # the path as keys and indexes
 
     def __str__(self) -> str:
         where = f"line {self.line}: " if self.line is not None else ""
@@ -79,11 +80,11 @@ def parse_config(
         config = GatewayConfig.model_validate(data)
     except ValidationError as exc:
         # An unset ${VAR} also fails validation where it sits; report only the cause.
-        unset = [issue.path for issue in issues]
+        unset = [issue.loc for issue in issues if issue.loc]
         issues += [
             i
             for i in _pydantic_issues(exc, lines)
-            if not any(i.path.startswith(p) or p.startswith(i.path) for p in unset)
+            if not any(_nested(i.loc, u) or _nested(u, i.loc) for u in unset)
         ]
         raise ConfigError(source, issues) from exc
     if issues:
@@ -102,14 +103,16 @@ def _to_python(
     if isinstance(node, yaml.MappingNode):
         result: dict[str, Any] = {}
         for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                line = key_node.start_mark.line + 1
+                issues.append(ConfigIssue(_render(path), line, "keys must be plain names", path))
+                continue
             key = key_node.value
             if key in result:
-                issues.append(
-                    ConfigIssue(
-                        _render((*path, key)), key_node.start_mark.line + 1, "duplicate key"
-                    )
-                )
+                line = key_node.start_mark.line + 1
+                issues.append(ConfigIssue(_render((*path, key)), line, "duplicate key", path))
             result[key] = _to_python(value_node, (*path, key), lines, issues, env)
+            lines[(*path, key)] = key_node.start_mark.line + 1  # a key's line, not its value's
         return result
     if isinstance(node, yaml.SequenceNode):
         return [
@@ -139,7 +142,9 @@ def _interpolate(
             return env[name]
         if default is not None:
             return default
-        issues.append(ConfigIssue(_render(path), line, f"environment variable {name} is not set"))
+        issues.append(
+            ConfigIssue(_render(path), line, f"environment variable {name} is not set", path)
+        )
         return ""
 
     return _ENV_REF.sub(replace, value)
@@ -169,8 +174,12 @@ def _pydantic_issues(exc: ValidationError, lines: dict[Path_, int]) -> list[Conf
             message = message[len("Value error, ") :]
         if error["type"] == "extra_forbidden":
             message = "unknown key (not part of the schema)"
-        issues.append(ConfigIssue(_render(loc), lines.get(probe), message))
+        issues.append(ConfigIssue(_render(loc), lines.get(probe), message, loc))
     return issues
+
+
+def _nested(inner: Path_, outer: Path_) -> bool:
+    return inner[: len(outer)] == outer
 
 
 def _merge_keys_file(config: GatewayConfig, keys_path: Path, source: str) -> GatewayConfig:
@@ -179,7 +188,7 @@ def _merge_keys_file(config: GatewayConfig, keys_path: Path, source: str) -> Gat
 
     try:
         stored = read_keys_file(keys_path)
-    except ValueError as exc:
+    except (ValueError, yaml.YAMLError) as exc:
         raise ConfigError(str(keys_path), [ConfigIssue("", None, str(exc))]) from exc
     known = {t.id for t in config.tenants}
     unknown = sorted(set(stored) - known)

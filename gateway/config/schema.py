@@ -126,9 +126,15 @@ class Backend(_Strict):
     def _url_shape(cls, value: str | None) -> str | None:
         if value is None:
             return None
+        if not value.isascii() or not value.isprintable() or " " in value:
+            raise ValueError("base_url must be plain ASCII without spaces or control characters")
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("base_url must be an absolute http(s) URL")
+        try:
+            parts.port  # noqa: B018 - raises on a port out of range
+        except ValueError as exc:
+            raise ValueError(f"base_url has an invalid port: {exc}") from exc
         if parts.query or parts.fragment:
             raise ValueError("base_url must not carry a query or fragment")
         return value.rstrip("/")

@@ -85,7 +85,11 @@ class Registry:
         for tenant in config.tenants:
             entry_t = TenantEntry(tenant.id, "*" in tenant.models, frozenset(tenant.models))
             for key_hash in tenant.api_key_hashes:
-                tenants[key_hash] = entry_t
+                other = tenants.setdefault(key_hash, entry_t)
+                if other is not entry_t:
+                    raise ValueError(
+                        f"one API key hash is listed for tenants {other.id!r} and {tenant.id!r}"
+                    )
         return cls(
             backends=backends,
             routes={name: tuple(r) for name, r in routes.items()},
@@ -135,7 +139,15 @@ def _backend_state(backend: Backend, limits: Limits, env: dict[str, str]) -> Bac
             max_connections=limits.max_connections_per_backend,
         )
     key = backend.api_key
-    if key is None and backend.api_key_env is not None:
+    if backend.api_key_env is not None and backend.is_private:
         key = env.get(backend.api_key_env)
+        if key is None:  # fail closed: requests without the key would all be refused
+            raise ValueError(
+                f"backend {backend.id}: environment variable {backend.api_key_env} is not set"
+            )
+    if key is not None:
+        key = key.strip()
+        if not key or not key.isascii() or not key.isprintable() or " " in key:
+            raise ValueError(f"backend {backend.id}: the API key has characters HTTP cannot carry")
     auth = f"Bearer {key}".encode() if key and backend.is_private else None
     return BackendState(config=backend, pool=pool, base_path=base_path, auth_header=auth)

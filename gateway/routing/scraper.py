@@ -103,10 +103,28 @@ class MetricsScraper:
             await target.pool.close()
 
     async def scrape_once(self) -> None:
-        await asyncio.gather(*(self._scrape(t) for t in self._targets))
+        """Probe and scrape every backend once; each target is bounded by `timeout_s`."""
+        await asyncio.gather(*(self._scrape_bounded(t) for t in self._targets))
+
+    async def _scrape_bounded(self, target: _Target) -> None:
+        # Independent targets: one slow or broken backend never delays the others.
+        timeout = self._settings.timeout_s
+        try:
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._probe_health(target)
+            except TimeoutError:
+                self._mark_unhealthy(target, "/health: no answer within scrape.timeout_s")
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._scrape(target)
+            except TimeoutError:
+                self._record_failure(target, "timeout: no answer within scrape.timeout_s")
+        except Exception as exc:  # noqa: BLE001 - logged; the scraper must outlive any one bug
+            self._log.exception("scrape failed unexpectedly", backend=target.id)
+            self._record_failure(target, f"internal error: {type(exc).__name__}")
 
     async def _scrape(self, target: _Target) -> None:
-        await self._probe_health(target)
         try:
             response = await target.pool.request(b"GET", target.path, target.headers, b"")
             body = await response.read()
@@ -136,13 +154,17 @@ class MetricsScraper:
             reason = f"/health answered HTTP {response.status}"
         except UpstreamError as exc:
             healthy, reason = False, f"/health: {exc.kind}"
-        state = target.state
-        if healthy:
-            if state.unhealthy_until:
-                self._log.info("backend healthy", backend=target.id)
-            state.unhealthy_until = 0.0
-            state.health_error = None
+        if not healthy:
+            self._mark_unhealthy(target, reason)
             return
+        state = target.state
+        if state.unhealthy_until:
+            self._log.info("backend healthy", backend=target.id)
+        state.unhealthy_until = 0.0
+        state.health_error = None
+
+    def _mark_unhealthy(self, target: _Target, reason: str) -> None:
+        state = target.state
         if state.health_error != reason:
             self._log.warning("backend unhealthy", backend=target.id, reason=reason)
         # Unhealthy until a later probe says otherwise, or until this reading goes stale.

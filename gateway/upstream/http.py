@@ -22,9 +22,9 @@ import httptools
 __all__ = ["HttpPool", "UpstreamError", "UpstreamResponse"]
 
 _HIGH_WATER = 256 * 1024
-_LOW_WATER = 64 * 1024
 
-FailureKind = Literal["connect", "timeout", "closed", "protocol"]
+# busy: this gateway already has max_connections open to the backend (not a backend fault)
+FailureKind = Literal["connect", "timeout", "closed", "protocol", "busy"]
 
 
 class UpstreamError(Exception):
@@ -50,6 +50,8 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.reused = False
         self.counted = True  # holds one of the pool's connection slots
+        self.interim = False  # parsing a 1xx response, which precedes the real one
+        self.close_delimited = False  # body ends when the backend closes the connection
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -71,6 +73,13 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        response = self.response
+        if response is not None and not response.complete and self.close_delimited:
+            # No content-length and not chunked: the close is the end of the body.
+            response.complete = True
+            response._keep_alive = False
+            response._wake()
+            return
         if self.response is not None and not self.response.complete:
             got_bytes = self.response.status != 0
             self.response._fail(
@@ -90,6 +99,13 @@ class _Connection(asyncio.Protocol):
         pass
 
     # httptools callbacks
+    def on_message_begin(self) -> None:
+        response = self.response
+        if response is not None and response.complete:
+            # A second response to one request: the stream is out of step; never reuse it.
+            response._keep_alive = False
+            self.abort()
+
     def on_header(self, name: bytes, value: bytes) -> None:
         assert self.response is not None
         self.response.headers.append((name.lower(), value))
@@ -97,7 +113,21 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         response = self.response
         assert response is not None
-        response.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:
+            if status == 101:
+                response._fail(UpstreamError("protocol", "backend switched protocols"))
+                self.abort()
+                return
+            # 100 Continue / 103 Early Hints: the real response follows on this connection.
+            self.interim = True
+            response.headers.clear()
+            return
+        response.status = status
+        has_length = any(
+            name in (b"content-length", b"transfer-encoding") for name, _ in response.headers
+        )
+        self.close_delimited = not has_length and status not in (204, 304)
         response._wake()
 
     def on_body(self, body: bytes) -> None:
@@ -108,6 +138,9 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         response = self.response
         assert response is not None
+        if self.interim:
+            self.interim = False
+            return
         response.complete = True
         response._keep_alive = self.parser.should_keep_alive()
         response._wake()
@@ -260,7 +293,8 @@ class HttpPool:
     ) -> None:
         self.host = host
         self.port = port
-        self._host_header = f"{host}:{port}".encode("ascii")
+        literal = f"[{host}]" if ":" in host else host
+        self._host_header = f"{literal}:{port}".encode("ascii")
         self._ssl = ssl.create_default_context() if tls else None
         self._connect_timeout = connect_timeout
         self._first_byte_timeout = first_byte_timeout
@@ -309,7 +343,7 @@ class HttpPool:
         """Send a request; returns once the status line and headers have arrived."""
         head = self._head(method, path, headers, len(body))
         for attempt in range(2):
-            conn = await self._acquire()
+            conn = await (self._acquire() if attempt == 0 else self._connect())
             response = UpstreamResponse(conn, self._read_timeout)
             conn.response = response
             assert conn.transport is not None
@@ -332,10 +366,11 @@ class HttpPool:
     def _head(
         self, method: bytes, path: bytes, headers: Iterable[tuple[bytes, bytes]], length: int
     ) -> bytes:
-        lines = [method, b" ", path, b" HTTP/1.1\r\nhost: ", self._host_header, b"\r\n"]
+        lines = [method, b" ", path, b" HTTP/1.1\r\nhost: ", self._host_header]
+        lines += (b"\r\ncontent-length: ", str(length).encode(), b"\r\n")
         for name, value in headers:
             lines += (name, b": ", value, b"\r\n")
-        lines += (b"content-length: ", str(length).encode(), b"\r\n\r\n")
+        lines.append(b"\r\n")
         return b"".join(lines)
 
     async def _acquire(self) -> _Connection:
@@ -350,23 +385,26 @@ class HttpPool:
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
-        if self._limit.locked():
-            raise UpstreamError("connect", "too many open connections to backend")
-        await self._limit.acquire()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                await self._limit.acquire()
+        except TimeoutError as exc:
+            raise UpstreamError("busy", "too many open connections to the backend") from exc
         self._open += 1
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(
+            async with asyncio.timeout(self._connect_timeout):
+                _, conn = await loop.create_connection(
                     lambda: _Connection(self), self.host, self.port, ssl=self._ssl
-                ),
-                self._connect_timeout,
-            )
+                )
         except TimeoutError as exc:
             self._release_slot()
             raise UpstreamError("connect", "connect timed out") from exc
         except OSError as exc:
             self._release_slot()
             raise UpstreamError("connect", exc.strerror or type(exc).__name__) from exc
+        except BaseException:
+            self._release_slot()  # cancelled (client gone, shutdown): give the slot back
+            raise
         return conn
 
     def _release_slot(self) -> None:
