@@ -21,6 +21,9 @@ class ErrorCode(enum.Enum):
     invalid_api_key = "invalid_api_key"
     missing_api_key = "missing_api_key"
     permission_denied = "permission_denied"
+    policy_denied = "policy_denied"
+    unknown_data_class = "unknown_data_class"
+    no_compliant_backend = "no_compliant_backend"
     invalid_json = "invalid_json"
     invalid_request = "invalid_request"
     missing_model = "missing_model"
@@ -33,6 +36,7 @@ class ErrorCode(enum.Enum):
     backend_unavailable = "backend_unavailable"
     upstream_timeout = "upstream_timeout"
     not_ready = "not_ready"
+    provenance_unavailable = "provenance_unavailable"
     internal_error = "internal_error"
 
     @property
@@ -49,6 +53,9 @@ _SPEC: Final[dict[ErrorCode, tuple[int, str]]] = {
     ErrorCode.invalid_api_key: (401, _INVALID),
     ErrorCode.missing_api_key: (401, _INVALID),
     ErrorCode.permission_denied: (403, "permission_error"),
+    ErrorCode.policy_denied: (403, "permission_error"),
+    ErrorCode.unknown_data_class: (400, _INVALID),
+    ErrorCode.no_compliant_backend: (503, "service_unavailable"),
     ErrorCode.invalid_json: (400, _INVALID),
     ErrorCode.invalid_request: (400, _INVALID),
     ErrorCode.missing_model: (400, _INVALID),
@@ -61,6 +68,7 @@ _SPEC: Final[dict[ErrorCode, tuple[int, str]]] = {
     ErrorCode.backend_unavailable: (503, "service_unavailable"),
     ErrorCode.upstream_timeout: (504, "timeout"),
     ErrorCode.not_ready: (503, "service_unavailable"),
+    ErrorCode.provenance_unavailable: (503, "service_unavailable"),
     ErrorCode.internal_error: (500, "api_error"),
 }
 

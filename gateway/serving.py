@@ -81,8 +81,10 @@ class ServerThread:
         waited = 0.0
         while not self._server.started:
             if self._error is not None or not self._thread.is_alive():
+                self._sock.close()
                 raise RuntimeError(f"server on port {self.port} failed to start") from self._error
             if waited >= timeout:
+                self.stop()
                 raise TimeoutError(f"server on port {self.port} did not start in {timeout}s")
             deadline.wait(0.01)
             waited += 0.01

@@ -95,8 +95,10 @@ def start_gateway() -> Iterator[Callable[..., Gateway]]:
     """Start a gateway in front of the given backend dicts (see `backend`)."""
     started: list[ServerThread] = []
 
-    def start(backends: list[dict[str, Any]], **extra: Any) -> Gateway:
-        app = create_app(gateway_config(backends, **extra), environ={})
+    def start(
+        backends: list[dict[str, Any]], environ: dict[str, str] | None = None, **extra: Any
+    ) -> Gateway:
+        app = create_app(gateway_config(backends, **extra), environ=environ or {})
         server = ServerThread(app).start()
         started.append(server)
         return Gateway(app, server)

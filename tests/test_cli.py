@@ -21,6 +21,16 @@ COMMANDS = [
     ["keys", "new"],
     ["bench"],
     ["bench", "overhead"],
+    ["policy"],
+    ["policy", "check"],
+    ["policy", "explain"],
+    ["policy", "test"],
+    ["audit"],
+    ["audit", "verify"],
+    ["audit", "prove"],
+    ["audit", "receipt", "verify"],
+    ["audit", "open"],
+    ["audit", "show"],
 ]
 
 

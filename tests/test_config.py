@@ -184,3 +184,25 @@ def test_shipped_example_configs_validate() -> None:
     root = Path(__file__).parent.parent
     config = load_config(root / "deploy" / "gateway.example.yaml", env={})
     assert {b.kind for b in config.backends} == {"vllm", "llamacpp", "hosted"}
+
+
+def test_keys_new_signing_writes_a_private_key_and_prints_the_verifier(tmp_path: Path) -> None:
+    key_file = tmp_path / "log.key"
+    done = subprocess.run(
+        [*OWNGATE, "keys", "new", "--signing", "gw-1.example/log", "--key-file", str(key_file)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    vkey = done.stdout.strip()
+    assert vkey.startswith("gw-1.example/log+")
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert vkey not in key_file.read_text()  # the private file holds the private key
+    again = subprocess.run(
+        [*OWNGATE, "keys", "new", "--signing", "x", "--key-file", str(key_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert again.returncode == 1

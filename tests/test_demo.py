@@ -46,7 +46,8 @@ def test_demo_end_to_end() -> None:
         banner = _read_banner(proc)
         url = re.search(r"running at (http://\S+)", banner)
         key = re.search(r"demo API key \(shown once\):\s+(og-\S+)", banner)
-        assert url and key, banner
+        eu_key = re.search(r"EU tenant key \(shown once\):\s+(og-\S+)", banner)
+        assert url and key and eu_key, banner
         assert "curl -s" in banner and "from openai import OpenAI" in banner
         client = openai.OpenAI(base_url=f"{url[1]}/v1", api_key=key[1], max_retries=0)
         reply = client.chat.completions.create(
@@ -54,11 +55,42 @@ def test_demo_end_to_end() -> None:
         )
         assert reply.choices[0].message.content
         assert {m.id for m in client.models.list()} >= {"llama-3.1-8b", "gpt-4o-mini"}
-        with pytest.raises(openai.PermissionDeniedError, match="trust policy"):
-            client.chat.completions.create(
+        # Hosted only, and the demo tenant's policy allows it: served through LiteLLM.
+        hosted = client.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "Hello!"}]
+        )
+        assert hosted.choices[0].message.content
+        eu = openai.OpenAI(base_url=f"{url[1]}/v1", api_key=eu_key[1], max_retries=0)
+        assert "gpt-4o-mini" not in {m.id for m in eu.models.list()}
+        with pytest.raises(openai.PermissionDeniedError, match="policy demo-eu/residency"):
+            eu.chat.completions.create(
                 model="gpt-4o-mini", messages=[{"role": "user", "content": "Hello!"}]
             )
+        eu.close()
+        assert "x-owngate-receipt" in reply_headers(url[1], key[1])
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
+    audit = re.search(r"owngate audit verify (\S+) --key (\S+)", banner)
+    assert audit, banner
+    verified = subprocess.run(
+        [sys.executable, "-m", "gateway", "audit", "verify", audit[1], "--key", audit[2]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def reply_headers(url: str, key: str) -> dict[str, str]:
+    import httpx
+
+    response = httpx.post(
+        f"{url}/v1/chat/completions",
+        headers={"authorization": f"Bearer {key}"},
+        json={"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}]},
+        timeout=30,
+    )
+    assert response.status_code == 200
+    return dict(response.headers)

@@ -86,7 +86,7 @@ def _closed_port() -> int:
 
 def test_backend_down_is_503(start_gateway: Callable[..., Gateway]) -> None:
     gateway = start_gateway([backend("gpu", f"http://127.0.0.1:{_closed_port()}", "sim-model")])
-    error = assert_error(post(gateway, CHAT), 503, "backend_unavailable")
+    error = assert_error(post(gateway, CHAT), 503, "no_compliant_backend")
     assert "127.0.0.1" not in error["message"]
 
 
@@ -138,7 +138,7 @@ def test_backend_dying_before_answering_is_503(
 ) -> None:
     sim = start_sim(zero_latency=True, faults=Faults(die_mid_stream_rate=1.0))
     gateway = start_gateway([backend("gpu", sim.url, "sim-model")])
-    assert_error(post(gateway, CHAT), 503, "backend_unavailable")
+    assert_error(post(gateway, CHAT), 503, "no_compliant_backend")
 
 
 def test_stream_dying_midway_ends_with_an_error_event(
@@ -162,7 +162,7 @@ def test_loading_backend_gets_nothing_until_healthy(
         [backend("cpu", sim.url, "sim-model", kind="llamacpp")],
         scrape={"interval_s": 0.05, "staleness_s": 1.0},
     )
-    error = assert_error(post(gateway, CHAT), 503, "backend_unavailable")
+    error = assert_error(post(gateway, CHAT), 503, "no_compliant_backend")
     assert "/health answered HTTP 503" in error["message"]
     assert sim.app.captured("/v1/chat/completions") == []
     sim.app.start_loading(0.0)  # the model has loaded

@@ -6,7 +6,9 @@ import httpx
 import orjson
 import pytest
 
-from gateway.api.proxy import _model_pattern, rewrite_model, sanitize_upstream_message
+from gateway.api.body import model_pattern as _model_pattern
+from gateway.api.body import rewrite_model
+from gateway.api.passthrough import sanitize_upstream_message
 from tests.conftest import TENANT_KEY, Gateway, Sim
 
 

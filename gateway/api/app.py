@@ -8,20 +8,28 @@ connection pools) open and close with the ASGI lifespan.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
+import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from gateway.api.asgi import Receive, Scope, Send, header, send_bytes, send_error, send_json
+from gateway.api.exchange import Exchange, receipt_headers
 from gateway.api.metrics import GatewayMetrics
-from gateway.api.proxy import Exchange, Proxy
+from gateway.api.proxy import Proxy
+from gateway.api.recorder import Recorder
 from gateway.config.schema import GatewayConfig
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
+from gateway.provenance import ProvenanceError
 from gateway.routing.registry import BackendState, Registry, TenantEntry
 from gateway.routing.scraper import MetricsScraper
+from gateway.routing.trust import TrustPolicies
 
 __all__ = ["GatewayApp", "create_app"]
 
@@ -43,14 +51,25 @@ class GatewayApp:
         config: GatewayConfig,
         *,
         environ: dict[str, str] | None = None,
+        config_dir: Path | None = None,
     ) -> None:
         self.config = config
         self.metrics = GatewayMetrics()
-        self.registry = Registry.build(
-            config, environ=dict(os.environ if environ is None else environ)
-        )
-        self.proxy = Proxy(self.registry, self.metrics)
+        env = dict(os.environ if environ is None else environ)
+        self.registry = Registry.build(config, environ=env)
+        # Raises PolicyError: without valid policies the gateway does not start.
+        self._config_dir = config_dir or Path.cwd()
+        self.trust = TrustPolicies(config, self._config_dir)
         self.scraper = MetricsScraper(self.registry.backends.values(), config.scrape)
+        self.proxy = Proxy(
+            self.registry,
+            self.metrics,
+            self.trust,
+            self.scraper,
+            environ=env,
+            hosted_timeout_s=config.limits.first_byte_timeout_s,
+        )
+        self.metrics.watch_policies(self.trust)
         self.metrics.watch_backends(self.registry, self.scraper)
         self._background: list[asyncio.Task[None]] = []
         self.ready = False
@@ -75,6 +94,8 @@ class GatewayApp:
                 return
             request_id = _new_request_id()
             handler = self._routes.get(path)
+            if handler is None and path.startswith("/v1/provenance/"):
+                handler = self._provenance
             if handler is None:
                 error = GatewayError(ErrorCode.not_found, f"Unknown path {path!r}.")
                 await send_error(send, error, request_id)
@@ -87,10 +108,23 @@ class GatewayApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                if self.config.provenance is not None:
+                    try:
+                        self.proxy.recorder = await Recorder.open(
+                            self.config.provenance, self._config_dir
+                        )
+                    except (OSError, ProvenanceError) as exc:
+                        # Fail closed: no log, no traffic.
+                        await send(
+                            {"type": "lifespan.startup.failed", "message": f"provenance log: {exc}"}
+                        )
+                        return
                 # Know which backends are healthy before taking traffic (bounded by the
                 # scrape timeout), then keep probing in the background.
                 await self.scraper.scrape_once()
                 self._background.append(asyncio.create_task(self.scraper.run()))
+                self._background.append(asyncio.create_task(self.trust.watch()))
+                _reload_on_sighup(self.trust)
                 self.ready = True
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
@@ -98,7 +132,10 @@ class GatewayApp:
                 for task in self._background:
                     task.cancel()
                 await asyncio.gather(*self._background, return_exceptions=True)
+                await self.proxy.close()
                 await self.registry.close()
+                if self.proxy.recorder is not None:
+                    await self.proxy.recorder.close()  # signs a final checkpoint
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -116,11 +153,12 @@ class GatewayApp:
             tenant = self._authenticate(scope)
             exchange.tenant = tenant.id
             body = await self._read_body(scope, receive)
-            await self.proxy.forward(exchange, tenant, body, upstream_path, receive, send)
+            await self.proxy.forward(exchange, tenant, scope, body, upstream_path, receive, send)
         except GatewayError as error:
             exchange.status = error.status
             if not exchange.response_started:
-                await send_error(send, error, exchange.request_id)
+                # The prompt may have left (and been logged): the receipt says where.
+                await send_error(send, error, exchange.request_id, receipt_headers(exchange))
         except Exception:  # noqa: BLE001 - last resort: logged, answered 500, never passed on
             exchange.status = 500
             self._log.exception("unhandled error", request_id=exchange.request_id.decode())
@@ -140,7 +178,10 @@ class GatewayApp:
                 endpoint=exchange.endpoint,
                 tenant=exchange.tenant,
                 model=exchange.model,
+                data_class=exchange.data_class,
+                policy=exchange.policy,
                 backend=exchange.backend,
+                fallback=exchange.fallback,
                 status=exchange.status,
                 stream=exchange.stream,
                 upstream_error=exchange.upstream_error,
@@ -198,9 +239,11 @@ class GatewayApp:
         except GatewayError as error:
             await send_error(send, error, request_id)
             return
+        policy = self.trust.current
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": self.registry.owners[name]}
             for name in self.registry.models_for(tenant)
+            if policy.decide(tenant.id, name, None).refusal is None
         ]
         await send_json(send, 200, {"object": "list", "data": data}, request_id)
 
@@ -210,13 +253,49 @@ class GatewayApp:
         await send_json(send, 200, {"status": "ok"}, request_id)
 
     async def _readyz(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
-        ready = self.ready and not self.draining
+        recorder = self.proxy.recorder
+        log_ok = recorder is None or recorder.log.last_error is None
+        ready = self.ready and not self.draining and log_ok
         detail: dict[str, Any] = {
             "status": "ready" if ready else "not ready",
             "draining": self.draining,
             "backends": {b.id: self._backend_detail(b) for b in self.registry.backends.values()},
+            "policy": self.trust.status(),
+            "provenance": recorder.status() if recorder is not None else "off",
         }
         await send_json(send, 200 if ready else 503, detail, request_id)
+
+    async def _provenance(
+        self, scope: Scope, receive: Receive, send: Send, request_id: bytes
+    ) -> None:
+        """`GET /v1/provenance/receipts/{id}` and `/proofs/{id}`, for the tenant that sent it."""
+        try:
+            if scope["method"] != "GET":
+                raise GatewayError(ErrorCode.method_not_allowed, "provenance paths accept GET")
+            tenant = self._authenticate(scope)
+            _, _, rest = scope["path"].partition("/v1/provenance/")
+            kind, _, wanted = rest.partition("/")
+            recorder = self.proxy.recorder
+            found = recorder.receipt(wanted, tenant.id) if recorder is not None else None
+            if kind not in ("receipts", "proofs") or recorder is None or found is None:
+                raise GatewayError(
+                    ErrorCode.not_found, "no receipt for that request id (or not yours)"
+                )
+            envelope, index = found
+            if kind == "receipts":
+                await send_bytes(send, 200, envelope, request_id, b"application/json")
+                return
+            try:
+                proof = await recorder.log.inclusion_proof(index)
+            except ValueError as exc:
+                raise GatewayError(
+                    ErrorCode.not_found,
+                    "the request is logged but no signed checkpoint covers it yet; retry "
+                    "in a second",
+                ) from exc
+            await send_bytes(send, 200, proof.format().encode(), request_id, b"text/plain")
+        except GatewayError as error:
+            await send_error(send, error, request_id)
 
     def _backend_detail(self, backend: BackendState) -> dict[str, Any]:
         return _backend_detail_of(self.registry, self.scraper, backend)
@@ -244,6 +323,15 @@ def _backend_detail_of(
     }
 
 
+def _reload_on_sighup(trust: TrustPolicies) -> None:
+    """SIGHUP reloads the policies (only where this loop owns signals: the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGHUP, trust.reload)
+
+
 def _too_large(limit: int) -> GatewayError:
     return GatewayError(
         ErrorCode.request_too_large, f"The request body exceeds the limit of {limit} bytes."
@@ -254,6 +342,15 @@ def _new_request_id() -> bytes:
     return b"req_" + os.urandom(12).hex().encode()
 
 
-def create_app(config: GatewayConfig, *, environ: dict[str, str] | None = None) -> GatewayApp:
-    """Build the gateway ASGI app from a validated config."""
-    return GatewayApp(config, environ=environ)
+def create_app(
+    config: GatewayConfig,
+    *,
+    environ: dict[str, str] | None = None,
+    config_dir: Path | None = None,
+) -> GatewayApp:
+    """Build the gateway ASGI app from a validated config.
+
+    `config_dir` anchors relative paths in the config (policy files); `environ` supplies
+    `${...}`-free secrets such as backend keys (defaults to the process environment).
+    """
+    return GatewayApp(config, environ=environ, config_dir=config_dir)

@@ -56,8 +56,13 @@ async def send_json(send: Send, status: int, payload: Any, request_id: bytes) ->
     await send_bytes(send, status, orjson.dumps(payload), request_id)
 
 
-async def send_error(send: Send, error: GatewayError, request_id: bytes) -> None:
-    extra = error.headers
+async def send_error(
+    send: Send,
+    error: GatewayError,
+    request_id: bytes,
+    more: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
+    extra = (*error.headers, *more)
     if error.code in (ErrorCode.invalid_api_key, ErrorCode.missing_api_key):
         extra = (*extra, (b"www-authenticate", b'Bearer realm="owngate"'))
     await send_bytes(send, error.status, error.body(), request_id, extra=extra)

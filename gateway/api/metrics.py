@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from gateway.routing.registry import Registry
     from gateway.routing.scraper import MetricsScraper
+    from gateway.routing.trust import TrustPolicies
 
 from gateway import __version__
 
@@ -81,6 +82,10 @@ class GatewayMetrics:
         info = Gauge("owngate_build_info", "Build information.", ["version"], registry=r)
         info.labels(__version__).set(1)
         self._children: dict[tuple[object, ...], MetricWrapperBase] = {}
+
+    def watch_policies(self, trust: TrustPolicies) -> None:
+        """Publish the active policy set and its failed reloads, read at scrape time."""
+        self.registry.register(_PolicyCollector(trust))
 
     def watch_backends(self, registry: Registry, scraper: MetricsScraper) -> None:
         """Publish each backend's scraped load, read fresh at every /metrics scrape."""
@@ -147,3 +152,24 @@ class _BackendLoadCollector(Collector):
                     family.add_metric([backend_id], value)
         yield from families.values()
         yield age
+
+
+class _PolicyCollector(Collector):
+    def __init__(self, trust: TrustPolicies) -> None:
+        self._trust = trust
+
+    def collect(self) -> Iterator[Metric]:
+        policy = self._trust.current
+        info = GaugeMetricFamily(
+            "owngate_policy_info",
+            "The active trust-policy set (1), by id, version and digest.",
+            labels=["id", "version", "digest"],
+        )
+        info.add_metric([policy.id, policy.version, policy.digest], 1)
+        yield info
+        failures = CounterMetricFamily(
+            "owngate_policy_reload_failures",
+            "Policy reloads that failed validation (the last good set stayed active).",
+        )
+        failures.add_metric([], self._trust.reload_failures)
+        yield failures

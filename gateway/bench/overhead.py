@@ -1,12 +1,15 @@
 """Overhead benchmark: the same load, side by side, to the simulator, owngate and LiteLLM.
 
 `owngate bench overhead` (or `python bench/overhead.py`) starts a zero-latency vLLM
-simulator, owngate (one worker, generated config) and LiteLLM's proxy (pinned release in
-its own virtualenv, one worker, no database) as separate processes, then runs each load
-point against each target in turn with a load generator in yet another process
-(`gateway.bench.loadgen`). Loads: chat at concurrency 1/16/64 (req/s, latency), streams of
-64 chunks at concurrency 16/64 (chunks/s, TTFT). CPU seconds of each server's process tree
-are read from /proc around every measured window: steadier than req/s on a shared machine.
+simulator, owngate (one worker, generated config, the built-in private-only policy set),
+owngate+policy (the same with a generated trust-policy directory and more backends, see
+`gateway.bench.policy`) and LiteLLM's proxy (pinned release in its own virtualenv, one
+worker, no database) as separate processes, then runs each load point against each target
+in turn with a load generator in yet another process (`gateway.bench.loadgen`). Loads:
+chat at concurrency 1/16/64 (req/s, latency), streams of 64 chunks at concurrency 16/64
+(chunks/s, TTFT). CPU seconds of each server's process tree are read from /proc around
+every measured window: steadier than req/s on a shared machine. Once the servers are
+stopped, it times the policy decisions (cached and uncached) of both owngate configs.
 It prints a table with ratios and the issue's targets with their margins, and writes JSON.
 
 Exit codes: 0 ran cleanly; 1 a target failed or returned errors (or, with `--check`, a
@@ -19,6 +22,7 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
+import http.client
 import json
 import os
 import platform
@@ -33,7 +37,8 @@ from typing import Any
 from gateway import __version__
 from gateway.bench import litellm_proxy
 from gateway.bench.loadgen import LoadSpec, run_in_subprocess
-from gateway.bench.report import evaluate_checks, render
+from gateway.bench.policy import HOSTED_KEY_ENV, decision_cost, write_policy_config
+from gateway.bench.report import evaluate_checks, policy_comparison, render
 from gateway.bench.services import HOST, Service, child_env, free_port, owngate_argv
 
 __all__ = ["POINTS", "TARGETS", "Point", "add_arguments", "main", "run"]
@@ -52,7 +57,8 @@ class Point:
         return 64 if self.stream else 16  # the simulator sends one chunk per token
 
 
-TARGETS = ("direct", "owngate", "litellm")
+TARGETS = ("direct", "owngate", "owngate+policy", "litellm")
+OWNGATE_TARGETS = ("owngate", "owngate+policy")
 POINTS = (
     Point("chat c=1", stream=False, concurrency=1),
     Point("chat c=16", stream=False, concurrency=16),
@@ -126,10 +132,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=_flag("CHECK"),
         help="exit 1 when a performance target is missed (env OWNGATE_BENCH_CHECK=1)",
     )
+    parser.add_argument(
+        "--policy-calls",
+        type=int,
+        default=_env("POLICY_CALLS", "0"),
+        help="timed policy decisions per mode, 0 = 200,000 (20,000 with --quick) "
+        "(env OWNGATE_BENCH_POLICY_CALLS)",
+    )
+
+
+def _key_hash(api_key: str) -> str:
+    return "sha256:" + hashlib.sha256(api_key.encode()).hexdigest()
 
 
 def _owngate_config(sim_port: int, port: int, api_key: str) -> str:
-    key_hash = "sha256:" + hashlib.sha256(api_key.encode()).hexdigest()
+    key_hash = _key_hash(api_key)
     return (
         f"listen: {{host: {HOST}, port: {port}}}\n"
         "logging: {format: json, level: warning}\n"
@@ -154,6 +171,7 @@ class _Plan:
     litellm_venv: Path
     check: bool
     quick: bool
+    policy_calls: int
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
@@ -163,8 +181,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
         raise ValueError(f"--targets takes names of {', '.join(TARGETS)}, got {args.targets!r}")
     if args.skip_litellm:
         targets = tuple(t for t in targets if t != "litellm")
-    if args.duration <= 0 or args.requests < 0:
-        raise ValueError("--duration must be > 0 and --requests >= 0")
+    if args.duration <= 0 or args.requests < 0 or args.policy_calls < 0:
+        raise ValueError("--duration must be > 0, --requests and --policy-calls >= 0")
     duration = min(args.duration, 0.4) if args.quick else args.duration
     return _Plan(
         targets=tuple(t for t in TARGETS if t in targets),
@@ -176,6 +194,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
         litellm_venv=args.litellm_venv,
         check=args.check,
         quick=args.quick,
+        policy_calls=args.policy_calls or (20_000 if args.quick else 200_000),
     )
 
 
@@ -186,11 +205,34 @@ class _Target:
     name: str
     service: Service | None = None
     error: str | None = None
+    config: Path | None = None  # owngate's generated gateway.yaml
+    policy: dict[str, Any] | None = None  # the policy set owngate says it enforces
 
     def describe(self) -> dict[str, Any]:
         if self.service is None:
             return {"error": self.error}
-        return {"url": self.service.url, "pid": self.service.proc.pid}
+        found: dict[str, Any] = {"url": self.service.url, "pid": self.service.proc.pid}
+        if self.config is not None:
+            found["config"] = str(self.config)
+        if self.policy is not None:
+            found["policy"] = self.policy
+        return found
+
+
+def _server_policy(service: Service) -> dict[str, Any] | None:
+    """The policy set a running owngate reports in `/readyz` (id, version, digest, builtin)."""
+    conn = http.client.HTTPConnection(HOST, service.port, timeout=5.0)
+    try:
+        conn.request("GET", "/readyz")
+        detail = json.loads(conn.getresponse().read())
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+    policy = detail.get("policy") if isinstance(detail, dict) else None
+    if not isinstance(policy, dict):
+        return None
+    return {k: policy[k] for k in ("id", "version", "digest", "builtin") if k in policy}
 
 
 @contextlib.contextmanager
@@ -217,14 +259,28 @@ def _started(
         for target in targets:
             if target.name == "direct":
                 target.service = sim
-            elif target.name == "owngate":
+            elif target.name in OWNGATE_TARGETS:
                 port = free_port()
-                config = rundir / "owngate.yaml"
-                config.write_text(_owngate_config(sim_port, port, api_key))
+                gateway_env = env
+                if target.name == "owngate":
+                    config = rundir / "owngate.yaml"
+                    config.write_text(_owngate_config(sim_port, port, api_key))
+                else:  # the hosted fallback needs its key set, though it is never called
+                    config = write_policy_config(
+                        rundir,
+                        host=HOST,
+                        port=port,
+                        sim_port=sim_port,
+                        closed_port=free_port(),
+                        model=MODEL,
+                        key_hash=_key_hash(api_key),
+                    )
+                    gateway_env = {**env, HOSTED_KEY_ENV: "sk-bench-hosted-" + secrets.token_hex(8)}
+                target.config = config
                 argv = owngate_argv("serve", "--config", str(config))
-                target.service = Service.start("owngate", argv, env, rundir, port)
+                target.service = Service.start(target.name, argv, gateway_env, rundir, port)
                 auth = {"Authorization": f"Bearer {api_key}"}
-                ready["owngate"] = ("/v1/models", auth, 30.0)
+                ready[target.name] = ("/v1/models", auth, 30.0)
             elif litellm_exe is not None:
                 proxy = litellm_proxy.LiteLLMProxy(
                     litellm_exe, rundir, sim.url, MODEL, api_key, HOST, free_port()
@@ -244,6 +300,9 @@ def _started(
                 for target in targets:
                     if target.service is service:
                         target.service, target.error = None, str(exc)
+        for target in targets:
+            if target.config is not None and target.service is not None:
+                target.policy = _server_policy(target.service)
         yield sim, targets
     finally:
         for service in reversed(services):
@@ -293,11 +352,11 @@ def _measure(
 
 def _progress(point: Point, name: str, result: Mapping[str, Any]) -> str:
     if "error" in result:
-        return f"  {point.name:<12} {name:<8} failed: {result['error'][:300]}"
+        return f"  {point.name:<12} {name:<14} failed: {result['error'][:300]}"
     rate = f" {result['chunks_per_s']:>9,.0f} chunks/s" if point.stream else ""
     errors = f", {result['errors']} errors" if result["errors"] else ""
     return (
-        f"  {point.name:<12} {name:<8} {result['requests']:>7,} req "
+        f"  {point.name:<12} {name:<14} {result['requests']:>7,} req "
         f"{result['req_per_s']:>9,.0f} req/s{rate}{errors}"
     )
 
@@ -342,7 +401,8 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         log(f"owngate bench overhead: {exc}")
         return 1
-    checks = evaluate_checks(rows)
+    decisions = _decisions(plan, targets, log)  # the servers are stopped: a quiet machine
+    checks = evaluate_checks(rows, decisions)
     versions = {"owngate": __version__, "litellm": None}
     if "litellm" in plan.targets:
         versions["litellm"] = litellm_proxy.installed_version(plan.litellm_venv)
@@ -360,9 +420,14 @@ def run(args: argparse.Namespace) -> int:
             "quick": plan.quick,
             "gateway_workers": 1,
             "litellm_workers": 1,
+            "policy_calls": plan.policy_calls,
         },
         "targets": {target.name: target.describe() for target in targets},
         "points": rows,
+        "policy": {
+            "decisions": decisions,
+            "vs_owngate": policy_comparison(rows),
+        },
         "checks": checks,
     }
     plan.json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -372,11 +437,46 @@ def run(args: argparse.Namespace) -> int:
     return _exit_code(report, plan.check)
 
 
+def _decisions(
+    plan: _Plan, targets: Sequence[_Target], log: Callable[[str], None]
+) -> dict[str, Any]:
+    """Per owngate target that started: its policy set and the cost of its decisions."""
+    from gateway.config import ConfigError
+    from gateway.policy import PolicyError
+
+    found: dict[str, Any] = {}
+    for target in targets:
+        if target.config is None or target.service is None:
+            continue
+        try:
+            found[target.name] = decision_cost(target.config, plan.policy_calls)
+        except (ConfigError, PolicyError, OSError, ValueError) as exc:
+            found[target.name] = {"error": str(exc)[-2000:]}
+        log(_decision_progress(target.name, found[target.name]))
+    return found
+
+
+def _decision_progress(name: str, cost: Mapping[str, Any]) -> str:
+    if "error" in cost:
+        return f"  decisions    {name:<14} failed: {cost['error'][:300]}"
+    cached, uncached = cost["cached"], cost["uncached"]
+    return (
+        f"  decisions    {name:<14} {cost['keys']} keys, {cost['calls']:,} calls: "
+        f"cached p50 {cached['p50_us']:.2f} us p99 {cached['p99_us']:.2f} us, "
+        f"uncached p50 {uncached['p50_us']:.2f} us p99 {uncached['p99_us']:.2f} us"
+    )
+
+
 def _exit_code(report: Mapping[str, Any], check: bool) -> int:
-    broken = any("error" in entry for entry in report["targets"].values()) or any(
-        "error" in result or result["errors"]
-        for row in report["points"]
-        for result in row["results"].values()
+    decisions = report.get("policy", {}).get("decisions", {})
+    broken = (
+        any("error" in entry for entry in report["targets"].values())
+        or any(
+            "error" in result or result["errors"]
+            for row in report["points"]
+            for result in row["results"].values()
+        )
+        or any("error" in cost or cost["refused_keys"] for cost in decisions.values())
     )
     missed = check and any(c["passed"] is False for c in report["checks"])
     return 1 if broken or missed else 0

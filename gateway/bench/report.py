@@ -1,8 +1,10 @@
 """The overhead benchmark's verdicts and table, computed from its JSON report alone.
 
-`evaluate_checks(points)` turns measured load points into the issue's targets (added
-latency, throughput, ratio to LiteLLM), each with its margin; `render(report)` prints the
-side-by-side table. Both read only plain data, so a saved report can be shown again:
+`evaluate_checks(points, decisions)` turns measured load points and policy decision
+costs into the issue's targets (added latency, throughput, ratio to LiteLLM, decision
+p99), each with its margin; `policy_comparison(points)` sets owngate+policy beside plain
+owngate, point by point; `render(report)` prints the side-by-side table, the comparison
+and the decision costs. All read only plain data, so a saved report can be shown again:
 
     python -c 'import json, sys; from gateway.bench.report import render
     print(render(json.load(open(sys.argv[1]))))' .bench/overhead.json
@@ -13,9 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["evaluate_checks", "render"]
+__all__ = ["DECISION_P99_BUDGET_US", "evaluate_checks", "policy_comparison", "render"]
 
-_COLUMNS = ("direct", "owngate", "litellm")
+_COLUMNS = ("direct", "owngate", "owngate+policy", "litellm")
+_HEADERS = {"owngate+policy": "og+policy"}
+_POLICY = "owngate+policy"
+DECISION_P99_BUDGET_US = 20.0
+"""The trust-policy issue's budget for one decision, cached or not (as in bench/policy.py)."""
 
 
 def _ok(row: Mapping[str, Any], target: str) -> Mapping[str, Any] | None:
@@ -72,8 +78,20 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def evaluate_checks(points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The issue's targets for one gateway worker on a 2-core machine; None = not measured."""
+def _decision_p99(decisions: Mapping[str, Any] | None) -> float | None:
+    cost = (decisions or {}).get(_POLICY)
+    if not cost or "error" in cost:
+        return None
+    return max(float(cost["cached"]["p99_us"]), float(cost["uncached"]["p99_us"]))
+
+
+def evaluate_checks(
+    points: Sequence[Mapping[str, Any]], decisions: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """The issue's targets for one gateway worker on a 2-core machine; None = not measured.
+
+    `decisions` maps an owngate target to its decision cost (`gateway.bench.policy`).
+    """
     og_rps = _best(points, "owngate", "req_per_s", stream=False)
     og_chunks = _best(points, "owngate", "chunks_per_s", stream=True)
     ll_rps = _best(points, "litellm", "req_per_s", stream=False)
@@ -112,7 +130,57 @@ def evaluate_checks(points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
             20.0,
             "x",
         ),
+        _check(
+            "policy_decision_p99",
+            "policy decision p99, cached and uncached (worst)",
+            _decision_p99(decisions),
+            "<=",
+            DECISION_P99_BUDGET_US,
+            "us",
+        ),
     ]
+
+
+def _pair(mine: float | None, theirs: float | None) -> dict[str, float | None]:
+    """owngate's and owngate+policy's values, their difference and ratio (when meaningful)."""
+    delta = ratio = None
+    if mine is not None and theirs is not None:
+        delta = theirs - mine
+        ratio = theirs / mine if mine > 0 and theirs > 0 else None
+    return {"owngate": mine, _POLICY: theirs, "delta": delta, "ratio": ratio}
+
+
+def policy_comparison(points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """owngate+policy beside plain owngate at each load point both ran without failing.
+
+    Per point: throughput, latency (TTFT for streams) p50, added p50 over `direct`, and
+    server CPU per request (and per 1,000 chunks for streams), each as a `_pair`.
+    """
+    rows: list[dict[str, Any]] = []
+    for row in points:
+        og, pol, base = _ok(row, "owngate"), _ok(row, _POLICY), _ok(row, "direct")
+        if og is None or pol is None:
+            continue
+        stream = bool(row["stream"])
+        key = "ttft_ms" if stream else "latency_ms"
+        entry: dict[str, Any] = {
+            "name": row["name"],
+            "stream": stream,
+            "concurrency": row["concurrency"],
+            "req_per_s": _pair(og["req_per_s"], pol["req_per_s"]),
+        }
+        if stream:
+            entry["chunks_per_s"] = _pair(og["chunks_per_s"], pol["chunks_per_s"])
+        entry[f"{key[:-3]}_p50_ms"] = _pair(og[key]["p50"], pol[key]["p50"])
+        added = (None, None)
+        if base is not None:
+            added = (og[key]["p50"] - base[key]["p50"], pol[key]["p50"] - base[key]["p50"])
+        entry["added_p50_ms"] = _pair(*added)
+        entry["cpu_ms_per_req"] = _pair(_cpu_per(og, False), _cpu_per(pol, False))
+        if stream:
+            entry["cpu_ms_per_1k_chunks"] = _pair(_cpu_per(og, True), _cpu_per(pol, True))
+        rows.append(entry)
+    return rows
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -169,34 +237,43 @@ def _metrics(row: Mapping[str, Any]) -> list[tuple[str, dict[str, float | None],
     return lines
 
 
+def _ratio_cell(value: float | None) -> str:
+    return f"{'-' if value is None else f'{value:.3g}':>11}"
+
+
 def render(report: Mapping[str, Any]) -> str:
-    """The side-by-side table, errors, and the checks with their margins."""
+    """The side-by-side table, errors, the policy comparison and costs, and the checks."""
     machine, versions = report["machine"], report["versions"]
     out = [
         f"owngate {versions['owngate']} overhead benchmark: {machine['cpu_count']} CPUs, "
         f"Python {machine['python']}, litellm {versions.get('litellm') or '-'}, "
         f"{report['settings']['duration_s']:g}s per point, one worker each",
-        "ratios are owngate ÷ column; server cpu = the target's process tree "
-        "(direct: the simulator)",
+        "ratios og/... are owngate ÷ column, pol/og is owngate+policy ÷ owngate; "
+        "server cpu = the target's process tree (direct: the simulator)",
         *(
             ["QUICK RUN: too short for its numbers to mean much"]
             if report["settings"]["quick"]
             else []
         ),
         "",
-        f"{'load':<12} {'metric':<24}{'direct':>11}{'owngate':>11}{'litellm':>11}"
-        f"{'og/direct':>11}{'og/litellm':>11}",
+        f"{'load':<12} {'metric':<24}"
+        + "".join(f"{_HEADERS.get(t, t):>11}" for t in _COLUMNS)
+        + f"{'og/direct':>11}{'og/litellm':>11}{'pol/og':>11}",
     ]
     for row in report["points"]:
         name = row["name"]
         for label, values, digits in _metrics(row):
-            og = values["owngate"]
+            og, pol = values["owngate"], values[_POLICY]
             ratios = [_ratio(og, values[t]) for t in ("direct", "litellm")]
+            ratios.append(
+                _ratio(pol, og) if pol is not None and og is not None and og > 0 else None
+            )
             if label.startswith(("added", "client", "other")):
-                ratios = [None, None]
+                ratios[:2] = [None, None]
+            if label.startswith(("client", "other")) or (pol is not None and pol <= 0):
+                ratios[2] = None
             cells = "".join(f"{_num(values[t], digits):>11}" for t in _COLUMNS)
-            ratio_cells = "".join(f"{'-' if r is None else f'{r:.3g}':>11}" for r in ratios)
-            out.append(f"{name:<12} {label:<24}{cells}{ratio_cells}")
+            out.append(f"{name:<12} {label:<24}{cells}{''.join(map(_ratio_cell, ratios))}")
             name = ""
         for target, result in row["results"].items():
             if "error" in result:
@@ -207,6 +284,9 @@ def render(report: Mapping[str, Any]) -> str:
     for target, entry in report["targets"].items():
         if "error" in entry:
             out.append(f"{target} did not run: {entry['error'][:500]}")
+    policy = report.get("policy") or {}
+    out += _render_comparison(policy.get("vs_owngate") or [])
+    out += _render_decisions(policy.get("decisions") or {})
     out.append("")
     for check in report["checks"]:
         verdict = {True: "PASS", False: "FAIL", None: "n/a "}[check["passed"]]
@@ -215,3 +295,63 @@ def render(report: Mapping[str, Any]) -> str:
         target = f"(target {check['op']} {check['threshold']:g} {check['unit']})"
         out.append(f"{verdict}  {check['title']}: {measured} {target} {check['margin']}".rstrip())
     return "\n".join(out)
+
+
+def _render_comparison(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """owngate+policy vs owngate: throughput, added p50 latency, server CPU per request."""
+    if not rows:
+        return []
+    out = [
+        "",
+        "owngate+policy vs owngate (ratio = owngate+policy ÷ owngate; streams: added = TTFT)",
+        f"{'':<12}{'------------ req/s -----------':>31}  {'------ added p50 ms ------':>26}"
+        f"  {'------- server cpu ms/req -------':>34}",
+        f"{'load':<12}{'owngate':>10}{'+policy':>10}{'ratio':>11}  {'owngate':>8}{'+policy':>9}"
+        f"{'delta':>9}  {'owngate':>8}{'+policy':>9}{'ratio':>7}{'delta us':>10}",
+    ]
+    for row in rows:
+        rps, added, cpu = row["req_per_s"], row["added_p50_ms"], row["cpu_ms_per_req"]
+        cpu_delta = None if cpu["delta"] is None else cpu["delta"] * 1000
+
+        def ratio(pair: Mapping[str, Any], width: int) -> str:
+            value = pair["ratio"]
+            return f"{'-' if value is None else f'{value:.3f}':>{width}}"
+
+        out.append(
+            f"{row['name']:<12}{_num(rps['owngate']):>10}{_num(rps[_POLICY]):>10}"
+            f"{ratio(rps, 11)}  {_num(added['owngate'], 3):>8}{_num(added[_POLICY], 3):>9}"
+            f"{_signed(added['delta'], 3):>9}  {_num(cpu['owngate'], 4):>8}"
+            f"{_num(cpu[_POLICY], 4):>9}{ratio(cpu, 7)}{_signed(cpu_delta, 1):>10}"
+        )
+    return out
+
+
+def _signed(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:+,.{digits}f}"
+
+
+def _render_decisions(decisions: Mapping[str, Any]) -> list[str]:
+    """Per owngate target: its policy set and the p50/p99 of one decision, cached or not."""
+    if not decisions:
+        return []
+    calls = max((c.get("calls", 0) for c in decisions.values()), default=0)
+    out = [
+        "",
+        f"policy decision cost, one call at a time ({calls:,} calls per mode; "
+        "cached = PolicySet.decide, uncached = decide_uncached)",
+        f"{'target':<16}{'policy set':<28}{'keys':>5}{'cached p50':>12}{'p99 us':>8}"
+        f"{'uncached p50':>14}{'p99 us':>8}",
+    ]
+    for target, cost in decisions.items():
+        if "error" in cost:
+            out.append(f"{target:<16}failed: {cost['error'][:300]}")
+            continue
+        ident = f"{cost['set']['id']} {cost['set']['version']}"
+        cached, uncached = cost["cached"], cost["uncached"]
+        out.append(
+            f"{target:<16}{ident:<28}{cost['keys']:>5}{cached['p50_us']:>12.2f}"
+            f"{cached['p99_us']:>8.2f}{uncached['p50_us']:>14.2f}{uncached['p99_us']:>8.2f}"
+        )
+        if cost.get("refused_keys"):
+            out.append(f"{'':<16}{cost['refused_keys']} of its keys are refused by the policy")
+    return out

@@ -18,7 +18,8 @@ def register(subparsers: Any) -> None:
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     bench = verbs.add_parser(
         "overhead",
-        help="owngate vs the bare simulator vs LiteLLM proxy, same load side by side",
+        help="owngate (built-in and configured trust policies) vs the bare simulator vs "
+        "LiteLLM proxy, same load side by side",
         description=overhead.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -14,16 +14,28 @@ __all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("keys", help="manage tenant API keys")
+    parser = subparsers.add_parser("keys", help="make tenant API keys and log signing keys")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     new = verbs.add_parser(
         "new",
-        help="create an API key for a tenant",
-        description="Create an API key for a tenant. The key is printed once on stdout; only "
-        "its SHA-256 digest is stored, in the keys_file named by the config. A running "
-        "gateway picks it up on restart.",
+        help="create a tenant API key or a provenance-log signing key",
+        description="--tenant T: create an API key for a tenant; the key is printed once on "
+        "stdout and only its SHA-256 digest is stored, in the keys_file named by the config "
+        "(a running gateway picks it up on restart). --signing NAME: write an Ed25519 "
+        "signing key for the provenance log (mode 0600) and print its verifier key, which "
+        "auditors use.",
     )
-    new.add_argument("--tenant", required=True, help="tenant id (must exist in the config)")
+    which = new.add_mutually_exclusive_group(required=True)
+    which.add_argument("--tenant", help="tenant id (must exist in the config)")
+    which.add_argument(
+        "--signing", metavar="NAME", help="create a log signing key named NAME (the log origin)"
+    )
+    new.add_argument(
+        "--key-file",
+        default=env_default("OWNGATE_SIGNING_KEY", "provenance.key"),
+        help="with --signing: where to write the key (env OWNGATE_SIGNING_KEY, "
+        "default ./provenance.key); an existing file is never overwritten",
+    )
     new.add_argument(
         "--config",
         default=env_default("OWNGATE_CONFIG", "gateway.yaml"),
@@ -34,6 +46,8 @@ def register(subparsers: Any) -> None:
 
 
 def _new(args: argparse.Namespace) -> int:
+    if args.signing is not None:
+        return _new_signing_key(args.key_file, args.signing)
     config = load_or_report(args.config)
     if config is None:
         return 1
@@ -54,6 +68,22 @@ def _new(args: argparse.Namespace) -> int:
     print(
         f"stored the key's SHA-256 digest for tenant {args.tenant!r} in {path}; "
         "the key itself is shown only this once",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _new_signing_key(path: str, name: str) -> int:
+    from gateway.provenance import KeyFormatError, write_signing_key
+
+    try:
+        vkey = write_signing_key(path, name)
+    except (FileExistsError, KeyFormatError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(vkey)
+    print(
+        f"wrote the signing key to {path} (mode 0600); give auditors the verifier key above",
         file=sys.stderr,
     )
     return 0

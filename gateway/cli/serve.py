@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -42,6 +43,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gateway.api import create_app
+    from gateway.policy import PolicyError
     from gateway.serving import uvicorn_config
 
     config = load_or_report(args.config)
@@ -51,7 +53,10 @@ def run(args: argparse.Namespace) -> int:
     host = args.host or config.listen.host
     port = args.port if args.port >= 0 else config.listen.port
     try:
-        app = create_app(config)
+        app = create_app(config, config_dir=Path(args.config).parent)
+    except PolicyError as exc:  # fail closed: no valid policies, no traffic
+        print(f"error: the trust policies are invalid; not starting:\n{exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:  # settings only checkable at startup (env keys, key hashes)
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -21,6 +21,8 @@ __all__ = [
     "Listen",
     "Logging",
     "ModelEntry",
+    "PolicyFiles",
+    "Provenance",
     "Retention",
     "Scrape",
     "State",
@@ -71,6 +73,25 @@ class Scrape(_Strict):
         if self.staleness_s <= self.interval_s:
             raise ValueError("scrape.staleness_s must be longer than scrape.interval_s")
         return self
+
+
+class PolicyFiles(_Strict):
+    """Where the trust policies live (files or directories, relative to gateway.yaml)."""
+
+    paths: tuple[str, ...] = Field(min_length=1)
+    reload_interval_s: float = Field(default=1.0, gt=0)
+
+
+class Provenance(_Strict):
+    """The signed provenance log of this gateway (one log per replica, its own origin)."""
+
+    dir: str = Field(min_length=1, description="log directory, relative to gateway.yaml")
+    origin: str = Field(min_length=1, description="the log's origin line, e.g. host/log/1")
+    signing_key_file: str = Field(min_length=1, description="written by keys new --signing")
+    group_commit_ms: float = Field(default=2.0, ge=0)
+    checkpoint_every: int = Field(default=1000, gt=0)
+    checkpoint_interval_ms: float = Field(default=1000.0, gt=0)
+    receipts_kept: int = Field(default=100_000, gt=0)
 
 
 class State(_Strict):
@@ -184,6 +205,11 @@ class GatewayConfig(_Strict):
     limits: Limits = Limits()
     state: State = State()
     scrape: Scrape = Scrape()
+    policy: PolicyFiles | None = Field(
+        default=None,
+        description="Trust policies; without them every tenant is private-only (no fallback)",
+    )
+    provenance: Provenance | None = None
     keys_file: str | None = Field(
         default=None, description="YAML file of tenant key hashes written by `owngate keys new`"
     )

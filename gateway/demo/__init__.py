@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
+import tempfile
 from importlib import resources
+from pathlib import Path
 from typing import TextIO
 
 import uvicorn
@@ -15,19 +18,26 @@ from gateway.api import create_app
 from gateway.config import GatewayConfig, parse_config
 from gateway.keys import hash_api_key, new_api_key
 from gateway.logs import configure_logging
+from gateway.provenance import write_signing_key
 from gateway.serving import ServerThread, bind_socket, uvicorn_config
 from gateway.sim import SimSettings, create_sim_app
 
 __all__ = ["demo_config", "run_demo"]
 
 
-def demo_config(urls: dict[str, str], key_hash: str) -> GatewayConfig:
-    text = resources.files("gateway.demo").joinpath("gateway.yaml").read_text(encoding="utf-8")
+DEMO_DIR = Path(str(resources.files("gateway.demo")))
+
+
+def demo_config(urls: dict[str, str], key_hashes: tuple[str, str], log_dir: Path) -> GatewayConfig:
+    text = (DEMO_DIR / "gateway.yaml").read_text(encoding="utf-8")
     env = {
+        "OWNGATE_DEMO_LOG_DIR": str(log_dir / "log"),
+        "OWNGATE_DEMO_LOG_KEY": str(log_dir / "log.key"),
         "OWNGATE_DEMO_VLLM_URL": urls["vllm"],
         "OWNGATE_DEMO_LLAMACPP_URL": urls["llamacpp"],
-        "OWNGATE_DEMO_HOSTED_URL": urls["hosted"],
-        "OWNGATE_DEMO_KEY_HASH": key_hash,
+        "OWNGATE_DEMO_HOSTED_URL": urls["hosted"] + "/v1",
+        "OWNGATE_DEMO_KEY_HASH": key_hashes[0],
+        "OWNGATE_DEMO_EU_KEY_HASH": key_hashes[1],
     }
     return parse_config(text, source="gateway/demo/gateway.yaml", env=env)
 
@@ -36,7 +46,7 @@ def run_demo(host: str, port: int, out: TextIO = sys.stdout) -> int:
     configure_logging("console", "info")
     # uvicorn's start/stop lines for four servers would bury the banner.
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
-    key = new_api_key()
+    key, eu_key = new_api_key(), new_api_key()
     sims = {
         "vllm": SimSettings.for_kind(
             "vllm", models=("meta-llama/Llama-3.1-8B-Instruct", "bge-small"), seed=1
@@ -49,7 +59,9 @@ def run_demo(host: str, port: int, out: TextIO = sys.stdout) -> int:
             name: stack.enter_context(ServerThread(create_sim_app(settings))).url
             for name, settings in sims.items()
         }
-        config = demo_config(urls, hash_api_key(key))
+        log_dir = Path(tempfile.mkdtemp(prefix="owngate-demo-"))
+        vkey = write_signing_key(log_dir / "log.key", "owngate-demo/log")
+        config = demo_config(urls, (hash_api_key(key), hash_api_key(eu_key)), log_dir)
         try:
             sock = bind_socket(host, port)
         except OSError as exc:
@@ -59,22 +71,29 @@ def run_demo(host: str, port: int, out: TextIO = sys.stdout) -> int:
             )
             return 1
         url = f"http://{host}:{sock.getsockname()[1]}"
-        out.write(_banner(url, key, urls))
+        audit = f"owngate audit verify {log_dir / 'log'} --key {vkey}"
+        out.write(_banner(url, key, eu_key, urls, audit))
         out.flush()
-        server = uvicorn.Server(uvicorn_config(create_app(config)))
+        # The simulated provider needs no key; LiteLLM wants one to be set.
+        environ = {**os.environ, "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "demo")}
+        app = create_app(config, environ=environ, config_dir=DEMO_DIR)
+        server = uvicorn.Server(uvicorn_config(app))
         with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled
             server.run(sockets=[sock])
     return 0
 
 
-def _banner(url: str, key: str, sims: dict[str, str]) -> str:
+def _banner(url: str, key: str, eu_key: str, sims: dict[str, str], audit: str) -> str:
     return f"""
 owngate demo is running at {url}
   simulated private backends: gpu-vllm (vLLM-like, {sims["vllm"]}),
                               cpu-llamacpp (llama.cpp-like, 4 slots, {sims["llamacpp"]})
-  simulated hosted provider:  openai ({sims["hosted"]}) - no trust policy allows it, so
-                              requests for gpt-4o-mini are refused (403)
+  simulated hosted provider:  openai ({sims["hosted"]}), reached through LiteLLM
+  trust policies:             gateway/demo/policies/demo.yaml
   demo API key (shown once):  {key}
+      tenant demo: private first; gpt-4o-mini (hosted only) allowed as a fallback
+  EU tenant key (shown once): {eu_key}
+      tenant demo-eu: EU and zero retention only; gpt-4o-mini is refused (403, names the rule)
 
 Try it:
   curl -s {url}/v1/chat/completions \\
@@ -90,6 +109,10 @@ Try it:
   PY
 
 Models: curl -s {url}/v1/models -H "Authorization: Bearer {key}"
-Metrics: curl -s {url}/metrics      Ctrl-C stops everything.
+Metrics: curl -s {url}/metrics
+Provenance: every request is in a signed log; the receipt is the x-owngate-receipt header.
+  Verify the log (any time, and after Ctrl-C with its final checkpoint):
+  {audit}
+Ctrl-C stops everything.
 
 """

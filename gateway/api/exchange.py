@@ -1,0 +1,108 @@
+"""One proxied request as the gateway tracks it, and helpers every relay shares."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gateway.asgi import Receive, Send
+from gateway.errors import GatewayError
+
+if TYPE_CHECKING:
+    from gateway.api.recorder import Trail
+    from gateway.policy import Decision
+
+__all__ = [
+    "Exchange",
+    "TryNext",
+    "receipt_headers",
+    "relayed",
+    "send_error_event",
+    "send_receipt_comment",
+    "watch_disconnect",
+]
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What the app needs to know about one proxied request once it is over."""
+
+    request_id: bytes
+    started_at: float
+    endpoint: str
+    tenant: str = "-"
+    model: str = "-"
+    backend: str = "-"
+    status: int = 0
+    stream: bool = False
+    response_started: bool = False
+    client_gone: bool = False
+    upstream_error: str | None = None
+    data_class: str | None = None
+    policy: str = "-"  # "<id>@<version>"
+    policy_digest: str = "-"
+    fallback: str | None = None  # why a hosted backend served it: private_unavailable|saturated
+    decision: Decision | None = None
+    trail: Trail | None = None  # provenance state, when the log is on
+
+
+class TryNext(Exception):
+    """This backend failed before the client saw a byte; the next candidate may serve."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def receipt_headers(exchange: Exchange) -> tuple[tuple[bytes, bytes], ...]:
+    trail = exchange.trail
+    if trail is None or trail.receipt is None:
+        return ()
+    return ((b"x-owngate-receipt", base64.b64encode(trail.receipt)),)
+
+
+def relayed(exchange: Exchange, data: bytes, *, whole: bool = False) -> None:
+    """Feed relayed response bytes to the provenance trail (hash, usage)."""
+    if exchange.trail is not None:
+        if whole:
+            exchange.trail.answered(data)
+        else:
+            exchange.trail.relayed(data)
+
+
+async def send_receipt_comment(send: Send, exchange: Exchange) -> None:
+    """Streams: the receipt as a final SSE comment line, which SSE clients ignore."""
+    trail = exchange.trail
+    if trail is not None and trail.receipt is not None:
+        line = b": owngate-receipt " + base64.b64encode(trail.receipt) + b"\n\n"
+        await send({"type": "http.response.body", "body": line, "more_body": True})
+
+
+async def send_error_event(send: Send, error: GatewayError) -> None:
+    """End a started stream with an OpenAI error event (SDKs raise it) and a clean close."""
+    await send(
+        {
+            "type": "http.response.body",
+            "body": b"data: " + error.body() + b"\n\n",
+            "more_body": True,
+        }
+    )
+
+
+def watch_disconnect(receive: Receive, exchange: Exchange) -> asyncio.Task[None]:
+    """Cancel the current task when the client disconnects (the relay then drops the
+    backend connection, which stops the backend's work)."""
+    task = asyncio.current_task()
+
+    async def watch() -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                exchange.client_gone = True
+                if task is not None:
+                    task.cancel()
+                return
+
+    return asyncio.create_task(watch())

@@ -1,0 +1,126 @@
+"""Serving a request from a hosted provider (through LiteLLM), only as policy allows.
+
+The dispatcher reaches this only for backends the tenant's trust policy listed as
+fallbacks. Answers come back in OpenAI format (JSON, or SSE events relayed as the
+provider sends them); a failure before the client saw a byte raises `TryNext`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.api.asgi import send_bytes
+from gateway.api.exchange import (
+    Exchange,
+    TryNext,
+    receipt_headers,
+    relayed,
+    send_error_event,
+    send_receipt_comment,
+)
+from gateway.api.metrics import GatewayMetrics
+from gateway.asgi import Send
+from gateway.errors import ErrorCode, GatewayError
+from gateway.routing.registry import BackendState, Route
+from gateway.upstream.hosted import HostedClient, HostedError, HostedResponse
+
+__all__ = ["HostedRelay"]
+
+
+class HostedRelay:
+    def __init__(
+        self, metrics: GatewayMetrics, environ: Mapping[str, str], timeout_s: float
+    ) -> None:
+        self._metrics = metrics
+        self._environ = environ
+        self._timeout_s = timeout_s
+        self._clients: dict[str, HostedClient] = {}
+
+    def _client(self, backend: BackendState) -> HostedClient:
+        client = self._clients.get(backend.id)
+        if client is None:
+            client = HostedClient(backend.config, environ=self._environ, timeout_s=self._timeout_s)
+            self._clients[backend.id] = client
+        return client
+
+    async def attempt(
+        self, exchange: Exchange, route: Route, doc: dict[str, Any], send: Send
+    ) -> None:
+        backend = route.backend
+        exchange.backend = backend.id
+        backend.inflight += 1
+        self._metrics.set_inflight(backend.id, backend.inflight)
+        try:
+            try:
+                response = await self._client(backend).send(
+                    exchange.endpoint,  # type: ignore[arg-type]
+                    doc,
+                    route.upstream_model,
+                )
+            except HostedError as exc:
+                self._metrics.upstream_error(backend.id, exc.kind)
+                exchange.upstream_error = exc.kind
+                raise TryNext(f"{backend.id}: {exc.message}") from exc
+            try:
+                await self._relay(exchange, backend, response, send)
+            finally:
+                await response.aclose()
+        finally:
+            backend.inflight -= 1
+            self._metrics.set_inflight(backend.id, backend.inflight)
+
+    async def _relay(
+        self, exchange: Exchange, backend: BackendState, response: HostedResponse, send: Send
+    ) -> None:
+        if not response.is_stream:
+            assert response.body is not None
+            exchange.status = 200
+            exchange.response_started = True
+            relayed(exchange, response.body, whole=True)
+            await send_bytes(
+                send,
+                200,
+                response.body,
+                exchange.request_id,
+                response.content_type,
+                receipt_headers(exchange),
+            )
+            return
+        exchange.status = 200
+        exchange.response_started = True
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream"),
+                    (b"cache-control", b"no-cache"),
+                    (b"x-request-id", exchange.request_id),
+                ],
+            }
+        )
+        first = True
+        try:
+            async for data in response.chunks():
+                if first:
+                    first = False
+                    elapsed = time.perf_counter() - exchange.started_at
+                    self._metrics.observe_ttft(exchange.endpoint, backend.id, elapsed)
+                relayed(exchange, data)
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+        except HostedError as exc:
+            if exchange.client_gone:
+                raise asyncio.CancelledError from exc
+            self._metrics.upstream_error(backend.id, exc.kind)
+            exchange.upstream_error = exc.kind
+            code = ErrorCode.upstream_timeout if exc.kind == "timeout" else ErrorCode.upstream_error
+            await send_error_event(send, GatewayError(code, "the provider failed mid-stream"))
+        await send_receipt_comment(send, exchange)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.aclose()

@@ -1,0 +1,239 @@
+"""Pass-through to OpenAI-compatible private backends: bytes in, bytes out.
+
+The body goes to the backend byte for byte (only `model` changes for an alias); the
+response comes back as the backend wrote it, and streams are relayed as each read
+arrives, never re-encoded. A failure before the client saw a byte raises `TryNext`, so
+the dispatcher can offer the request to the next eligible backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from typing import Any
+
+import orjson
+
+from gateway.api.asgi import send_bytes
+from gateway.api.body import model_pattern, rewrite_model
+from gateway.api.exchange import (
+    Exchange,
+    TryNext,
+    receipt_headers,
+    relayed,
+    send_error_event,
+    send_receipt_comment,
+)
+from gateway.api.metrics import GatewayMetrics
+from gateway.asgi import Send
+from gateway.errors import ErrorCode, GatewayError
+from gateway.routing.registry import BackendState, Registry, Route
+from gateway.upstream.http import UpstreamError, UpstreamResponse
+
+__all__ = ["PrivateRelay", "sanitize_upstream_message", "translate_upstream_error"]
+
+_MAX_ERROR_BODY = 64 * 1024
+_SSE = b"text/event-stream"
+_URL = re.compile(r"\b(?:https?|wss?)://[^\s\"'<>]+", re.IGNORECASE)
+_HOST_PORT = re.compile(
+    r"\[[0-9a-fA-F:.]+\](?::\d+)?"  # [IPv6]:port
+    r"|\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b"  # IPv4[:port]
+    r"|\b[\w-]+(?:\.[\w-]+)*:\d{1,5}\b"  # name:port
+    r"|\blocalhost\b"
+)
+
+
+class PrivateRelay:
+    def __init__(self, registry: Registry, metrics: GatewayMetrics) -> None:
+        self._registry = registry
+        self._metrics = metrics
+        self._rewrites: dict[tuple[str, str], re.Pattern[bytes]] = {}
+
+    async def attempt(
+        self,
+        exchange: Exchange,
+        route: Route,
+        model: str,
+        doc: dict[str, Any],
+        body: bytes,
+        upstream_path: bytes,
+        send: Send,
+    ) -> None:
+        """Serve the request from `route`'s backend, or raise `TryNext` before any byte."""
+        backend = route.backend
+        assert backend.pool is not None
+        out = body if route.upstream_model == model else self._rename(doc, body, model, route)
+        headers = [(b"content-type", b"application/json"), (b"x-request-id", exchange.request_id)]
+        if backend.auth_header is not None:
+            headers.append((b"authorization", backend.auth_header))
+        exchange.backend = backend.id
+        self._enter(backend)
+        try:
+            try:
+                response = await backend.pool.request(
+                    b"POST", backend.base_path + upstream_path, headers, out
+                )
+            except UpstreamError as exc:
+                self._failed(exchange, backend, exc.kind)
+                if exc.kind == "timeout":
+                    raise GatewayError(
+                        ErrorCode.upstream_timeout, "the backend did not answer in time"
+                    ) from exc
+                if exc.kind in ("connect", "closed"):
+                    self._registry.mark_down(backend)
+                raise TryNext(f"{backend.id}: {exc.kind}") from exc
+            try:
+                await self._relay(exchange, backend, response, send)
+            except UpstreamError as exc:
+                if exchange.response_started:
+                    raise
+                # Broke off before the client saw a byte: another backend may serve it.
+                self._failed(exchange, backend, exc.kind)
+                self._registry.mark_down(backend)
+                raise TryNext(f"{backend.id}: {exc.kind}") from exc
+        finally:
+            self._leave(backend)
+
+    def _failed(self, exchange: Exchange, backend: BackendState, kind: str) -> None:
+        self._metrics.upstream_error(backend.id, kind)
+        exchange.upstream_error = kind
+
+    async def _relay(
+        self, exchange: Exchange, backend: BackendState, response: UpstreamResponse, send: Send
+    ) -> None:
+        try:
+            await self._relay_body(exchange, backend, response, send)
+        finally:
+            response.abort()  # no-op once the exchange completed and the connection is pooled
+
+    async def _relay_body(
+        self, exchange: Exchange, backend: BackendState, response: UpstreamResponse, send: Send
+    ) -> None:
+        status = response.status
+        content_type = response.header(b"content-type") or b"application/json"
+        if status >= 400:
+            data = await _read_bounded(response)
+            self._metrics.upstream_error(backend.id, "status")
+            exchange.upstream_error = f"status {status}"
+            pool = backend.pool
+            raise translate_upstream_error(status, data, (pool.host,) if pool else ())
+        if not content_type.startswith(_SSE):
+            data = await response.read()
+            exchange.status = status
+            exchange.response_started = True
+            relayed(exchange, data, whole=True)
+            await send_bytes(
+                send, status, data, exchange.request_id, content_type, receipt_headers(exchange)
+            )
+            return
+        exchange.status = status
+        exchange.response_started = True
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", content_type),
+                    (b"cache-control", b"no-cache"),
+                    (b"x-request-id", exchange.request_id),
+                ],
+            }
+        )
+        first = True
+        try:
+            async for data in response.chunks():
+                if first:
+                    first = False
+                    self._metrics.observe_ttft(
+                        exchange.endpoint, backend.id, time.perf_counter() - exchange.started_at
+                    )
+                relayed(exchange, data)
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+        except UpstreamError as exc:
+            if exchange.client_gone:
+                raise asyncio.CancelledError from exc
+            self._metrics.upstream_error(backend.id, exc.kind)
+            exchange.upstream_error = exc.kind
+            error = GatewayError(
+                ErrorCode.upstream_error if exc.kind != "timeout" else ErrorCode.upstream_timeout,
+                "the backend failed in the middle of the stream",
+            )
+            await send_error_event(send, error)
+        await send_receipt_comment(send, exchange)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _rename(self, doc: dict[str, Any], body: bytes, model: str, route: Route) -> bytes:
+        key = (model, route.upstream_model)
+        pattern = self._rewrites.get(key)
+        if pattern is None:
+            pattern = self._rewrites[key] = model_pattern(model)
+        return rewrite_model(body, doc, pattern, route.upstream_model)
+
+    def _enter(self, backend: BackendState) -> None:
+        backend.inflight += 1
+        self._metrics.set_inflight(backend.id, backend.inflight)
+
+    def _leave(self, backend: BackendState) -> None:
+        backend.inflight -= 1
+        self._metrics.set_inflight(backend.id, backend.inflight)
+
+
+async def _read_bounded(response: UpstreamResponse) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in response.chunks():
+            parts.append(chunk)
+            size += len(chunk)
+            if size > _MAX_ERROR_BODY:
+                response.abort()
+                break
+    except UpstreamError:
+        pass  # the status code alone still tells the client what happened
+    return b"".join(parts)
+
+
+def sanitize_upstream_message(message: str, hosts: tuple[str, ...] = ()) -> str:
+    """Strip URLs, host:port pairs and the backend's own host names from a backend's
+    error text; bound its length."""
+    cleaned = _HOST_PORT.sub("[backend]", _URL.sub("[backend]", message))
+    for host in hosts:
+        cleaned = cleaned.replace(host, "[backend]")
+    return cleaned[:300]
+
+
+def translate_upstream_error(status: int, data: bytes, hosts: tuple[str, ...] = ()) -> GatewayError:
+    """Turn a backend's error response into the gateway's own OpenAI error."""
+    detail = sanitize_upstream_message(_upstream_message(data), hosts)
+    suffix = f": {detail}" if detail else ""
+    if status in (400, 413, 422):
+        return GatewayError(
+            ErrorCode.upstream_bad_request, f"the backend rejected the request{suffix}"
+        )
+    if status in (401, 403):
+        return GatewayError(
+            ErrorCode.upstream_error,
+            "the backend refused the gateway's credentials (check the backend's api_key)",
+        )
+    if status in (429, 503):
+        return GatewayError(
+            ErrorCode.backend_unavailable, f"the backend is overloaded or not ready{suffix}"
+        )
+    if status in (408, 504):
+        return GatewayError(ErrorCode.upstream_timeout, "the backend timed out")
+    return GatewayError(ErrorCode.upstream_error, f"the backend failed (HTTP {status}){suffix}")
+
+
+def _upstream_message(data: bytes) -> str:
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return ""
+    if isinstance(doc, dict):
+        error = doc.get("error", doc.get("detail", doc.get("message")))
+        if isinstance(error, dict):
+            error = error.get("message")
+        if isinstance(error, str):
+            return error
+    return ""

@@ -1,0 +1,378 @@
+"""`owngate audit`: verify a provenance log offline, prove, check receipts, open commitments.
+
+Needs only `gateway.provenance` (standard library + cryptography): no server, no Redis.
+Exit codes: 0 ok, 1 a check failed (the reason is printed), 2 usage error.
+Every flag has an environment default `OWNGATE_AUDIT_<FLAG>`; keys and checkpoints given
+through the environment are separated by whitespace or commas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from gateway.provenance import (
+    LogDirectory,
+    ProvenanceError,
+    TlogProof,
+    Verifier,
+    load_verifiers,
+    open_checkpoint,
+    verify_commitment,
+    verify_log,
+    verify_receipt,
+)
+from gateway.provenance.merkle import inclusion_proof, leaf_hash, verify_inclusion
+from gateway.provenance.summary import Filters, summarise
+from gateway.provenance.tiles import TileReader
+
+__all__ = ["register"]
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"OWNGATE_AUDIT_{name}", default)
+
+
+def _env_list(name: str) -> list[str]:
+    value = _env(name) or ""
+    return [item for item in value.replace(",", " ").split() if item]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "audit",
+        help="verify a provenance log offline",
+        description="Verify a provenance log with nothing but its public key(s).",
+        epilog="Exit codes: 0 ok, 1 a check failed, 2 usage error.",
+    )
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    _add_verify(verbs)
+    _add_prove(verbs)
+    _add_receipt(verbs)
+    _add_open(verbs)
+    _add_show(verbs)
+    parser.set_defaults(handler=lambda _args: _usage(parser))
+
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _guarded(handler: Handler) -> Handler:
+    """Failed checks exit 1 with their reason; unreadable input exits 2."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except ProvenanceError as exc:
+            print(f"FAILED: {exc}", file=sys.stderr)
+            return 1
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _key_flag(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    defaults = _env_list("KEY")
+    parser.add_argument(
+        "--key",
+        action="append",
+        default=None,
+        required=required and not defaults,
+        metavar="VKEY",
+        help="trusted verifier key (name+hexid+base64) or a file of them; repeat for "
+        "rotated keys (env OWNGATE_AUDIT_KEY)",
+    )
+    parser.set_defaults(_key_defaults=defaults)
+
+
+def _keys(args: argparse.Namespace) -> list[Verifier]:
+    return load_verifiers(args.key or args._key_defaults)
+
+
+def _add_verify(verbs: Any) -> None:
+    verify = verbs.add_parser(
+        "verify",
+        help="check every entry, tile, checkpoint signature and link of a log",
+        description="Recompute every leaf and the tree, check every checkpoint signature and "
+        "the consistency of successive checkpoints, and every completion->dispatch link. "
+        "Exits 1 naming the first bad entry and why.",
+    )
+    verify.add_argument("logdir", help="the log directory")
+    _key_flag(verify, required=True)
+    verify.add_argument(
+        "--origin",
+        default=_env("ORIGIN"),
+        help="expected checkpoint origin line (env OWNGATE_AUDIT_ORIGIN)",
+    )
+    verify.add_argument(
+        "--checkpoint",
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="a checkpoint you saw before (from a receipt check, a witness or an earlier "
+        "audit); the log must still contain it, which detects rollback "
+        "(env OWNGATE_AUDIT_CHECKPOINT)",
+    )
+    verify.add_argument("--json", action="store_true", help="print the summary as JSON")
+    verify.set_defaults(handler=_guarded(_verify), _checkpoint_defaults=_env_list("CHECKPOINT"))
+
+
+def _verify(args: argparse.Namespace) -> int:
+    files = args.checkpoint or args._checkpoint_defaults
+    trusted = [Path(name).read_bytes() for name in files]
+    summary = verify_log(args.logdir, _keys(args), origin=args.origin, trusted_checkpoints=trusted)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "ok": True,
+                    "origin": summary.origin,
+                    "size": summary.size,
+                    "root": summary.root.hex(),
+                    "checkpoints": summary.checkpoints,
+                    "signed_by": list(summary.signed_by),
+                    "unsigned_entries": summary.unsigned_entries,
+                    "open_dispatches": summary.open_dispatches,
+                }
+            )
+        )
+    else:
+        print(
+            f"ok: {summary.origin}: {summary.size} entries, {summary.checkpoints} checkpoints, "
+            f"signed by {', '.join(summary.signed_by)}; "
+            f"{summary.open_dispatches} dispatch(es) without completion, "
+            f"{summary.unsigned_entries} entries not yet in a checkpoint"
+        )
+    return 0
+
+
+def _add_prove(verbs: Any) -> None:
+    prove = verbs.add_parser(
+        "prove",
+        help="print a C2SP tlog-proof that a request's record is in the log",
+        description="Print a c2sp.org/tlog-proof@v1 inclusion proof of one record of a "
+        "request against the log's latest checkpoint. The proof's extra line holds the "
+        "record itself.",
+    )
+    prove.add_argument("logdir", help="the log directory")
+    prove.add_argument("request_id", help="the request id (as in the receipt)")
+    prove.add_argument(
+        "--record",
+        choices=("dispatch", "completion", "refusal"),
+        default=_env("RECORD", "dispatch"),
+        help="which record of the request (env OWNGATE_AUDIT_RECORD, default dispatch)",
+    )
+    prove.set_defaults(handler=_guarded(_prove))
+
+
+def _prove(args: argparse.Namespace) -> int:
+    log = LogDirectory(args.logdir)
+    note = log.latest_note()
+    size = _unverified_size(note)
+    matches = [(i, r) for i, r in log.find_request(args.request_id, size) if r.type == args.record]
+    if not matches:
+        print(f"error: no {args.record} record of {args.request_id!r} in the log", file=sys.stderr)
+        return 1
+    index, _ = matches[0]
+    entry = log.bundle(index // 256, size)[index % 256]
+    hashes = inclusion_proof(index, size, TileReader(log.path, size).node)
+    sys.stdout.write(TlogProof(index, tuple(hashes), note, extra=entry).format())
+    return 0
+
+
+def _unverified_size(note: bytes) -> int:
+    """Tree size of a checkpoint note before any key check (the verifier checks later)."""
+    lines = note.decode("utf-8", "replace").split("\n")
+    if len(lines) < 3 or not lines[1].isdecimal():
+        raise ProvenanceError("the log's checkpoint file is not a checkpoint")
+    return int(lines[1])
+
+
+def _add_receipt(verbs: Any) -> None:
+    receipt = verbs.add_parser("receipt", help="check a request receipt")
+    actions = receipt.add_subparsers(dest="action", metavar="ACTION")
+    verify = actions.add_parser(
+        "verify",
+        help="check a receipt's signature (and, with --log, that the log holds it)",
+        description="Check the DSSE signature of a receipt. With --log, also check that the "
+        "log's entry at the receipt's index is that request's dispatch record, with the "
+        "receipt's hash, inside a checkpoint signed by a trusted key.",
+    )
+    verify.add_argument("file", help="the receipt (DSSE envelope JSON)")
+    _key_flag(verify, required=True)
+    verify.add_argument("--log", default=_env("LOG"), help="log directory (env OWNGATE_AUDIT_LOG)")
+    verify.set_defaults(handler=_guarded(_receipt_verify))
+    receipt.set_defaults(handler=lambda _args: _usage(receipt))
+
+
+def _receipt_verify(args: argparse.Namespace) -> int:
+    keys = _keys(args)
+    receipt = verify_receipt(Path(args.file).read_bytes(), keys)
+    print(
+        f"ok: receipt for request {receipt.request_id} signed by the log {receipt.log}: "
+        f"dispatch entry {receipt.index} to backend {receipt.backend}, "
+        f"policy {receipt.policy_digest}"
+    )
+    if args.log is None:
+        return 0
+    log = LogDirectory(args.log)
+    signed = open_checkpoint(log.latest_note(), keys, origin=receipt.log)
+    size = signed.checkpoint.size
+    if receipt.index >= size:
+        print(
+            f"FAILED: the log's signed checkpoint covers {size} entries; the receipt's entry "
+            f"{receipt.index} is missing (rollback or not yet checkpointed)",
+            file=sys.stderr,
+        )
+        return 1
+    entry = log.bundle(receipt.index // 256, size)[receipt.index % 256]
+    if leaf_hash(entry) != receipt.dispatch_hash:
+        print(
+            f"FAILED: entry {receipt.index} of the log is not the record the receipt names",
+            file=sys.stderr,
+        )
+        return 1
+    proof = inclusion_proof(receipt.index, size, TileReader(log.path, size).node)
+    verify_inclusion(receipt.dispatch_hash, receipt.index, size, proof, signed.checkpoint.root)
+    print(f"ok: entry {receipt.index} is in the checkpoint of size {size}")
+    return 0
+
+
+def _add_open(verbs: Any) -> None:
+    opener = verbs.add_parser(
+        "open",
+        help="show that a body file and salt match a commitment",
+        description="Recompute SHA-256(domain || salt || SHA-256(body)) and compare it with "
+        "a commitment, given directly or read from the log via a receipt.",
+    )
+    opener.add_argument("body", help="the request or response body file, as sent/received")
+    opener.add_argument(
+        "--kind",
+        choices=("request", "response"),
+        default=_env("KIND", "request"),
+        help="which body this is (env OWNGATE_AUDIT_KIND, default request)",
+    )
+    opener.add_argument("--salt", default=_env("SALT"), help="salt, hex (env OWNGATE_AUDIT_SALT)")
+    opener.add_argument(
+        "--commitment", default=_env("COMMITMENT"), help="hex (env OWNGATE_AUDIT_COMMITMENT)"
+    )
+    opener.add_argument(
+        "--receipt",
+        default=_env("RECEIPT"),
+        help="take the salt from this receipt and the commitment from --log "
+        "(env OWNGATE_AUDIT_RECEIPT)",
+    )
+    opener.add_argument("--log", default=_env("LOG"), help="log directory (env OWNGATE_AUDIT_LOG)")
+    _key_flag(opener, required=False)
+    opener.set_defaults(handler=_guarded(_open))
+
+
+def _open(args: argparse.Namespace) -> int:
+    body = Path(args.body).read_bytes()
+    salt_hex, commitment = args.salt, args.commitment
+    if args.receipt is not None:
+        if args.log is None or not (args.key or args._key_defaults):
+            print("error: --receipt needs --log and --key", file=sys.stderr)
+            return 2
+        receipt = verify_receipt(Path(args.receipt).read_bytes(), _keys(args))
+        salts = receipt.salts
+        salt_hex = (salts.request if args.kind == "request" else salts.response).hex()
+        commitment = _commitment_from_log(args.log, receipt.request_id, args.kind, _keys(args))
+    if salt_hex is None or commitment is None:
+        print("error: give --salt and --commitment, or --receipt and --log", file=sys.stderr)
+        return 2
+    verify_commitment(args.kind, commitment, bytes.fromhex(salt_hex), body)
+    print(f"ok: {args.body} with this salt opens the {args.kind} commitment {commitment}")
+    return 0
+
+
+def _commitment_from_log(logdir: str, request_id: str, kind: str, keys: list[Verifier]) -> str:
+    log = LogDirectory(logdir)
+    size = open_checkpoint(log.latest_note(), keys).checkpoint.size
+    wanted = "request_commitment" if kind == "request" else "response_commitment"
+    for _, record in log.find_request(request_id, size):
+        value = record.data.get(wanted)
+        if isinstance(value, str):
+            return value
+    raise ProvenanceError(f"the log holds no {kind} commitment for request {request_id!r}")
+
+
+def _add_show(verbs: Any) -> None:
+    show = verbs.add_parser(
+        "show",
+        help="summarise requests per backend and region, fallbacks and refusals",
+        description="Summarise the records of a log (up to its latest checkpoint). This does "
+        "not verify the log: run `owngate audit verify` first.",
+    )
+    show.add_argument("logdir", help="the log directory")
+    show.add_argument("--tenant", default=_env("TENANT"), help="env OWNGATE_AUDIT_TENANT")
+    show.add_argument("--backend", default=_env("BACKEND"), help="env OWNGATE_AUDIT_BACKEND")
+    show.add_argument(
+        "--since", default=_env("SINCE"), help="ISO 8601 time, inclusive (env OWNGATE_AUDIT_SINCE)"
+    )
+    show.add_argument(
+        "--until", default=_env("UNTIL"), help="ISO 8601 time, exclusive (env OWNGATE_AUDIT_UNTIL)"
+    )
+    show.add_argument("--records", action="store_true", help="also list the matching records")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.set_defaults(handler=_guarded(_show))
+
+
+def _time(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    moment = datetime.fromisoformat(value)
+    if moment.tzinfo is None:
+        raise ValueError(f"time {value!r} needs a timezone (e.g. Z or +00:00)")
+    return moment
+
+
+def _show(args: argparse.Namespace) -> int:
+    try:
+        filters = Filters(args.tenant, args.backend, _time(args.since), _time(args.until))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    log = LogDirectory(args.logdir)
+    size = _unverified_size(log.latest_note())
+    summary = summarise(log.records(size), filters, keep_records=args.records)
+    if args.json:
+        result = summary.as_dict()
+        if args.records:
+            result["records"] = [{"index": i, **r.data} for i, r in summary.records]
+        print(json.dumps(result, indent=2, sort_keys=True))
+        return 0
+    print(
+        f"{summary.dispatched} dispatched, {summary.completed} completed, "
+        f"{summary.refused} refused (of {size} entries)"
+    )
+    header = ("BACKEND", "REGION", "TIER", "DISPATCHED", "FALLBACKS", "COMPLETED", "ERRORS")
+    rows: list[tuple[str, ...]] = [header]
+    for r in summary.backends.values():
+        counts = (r.dispatched, r.fallbacks, r.completed, r.errors)
+        rows.append((r.backend, r.region, r.tier, *(str(n) for n in counts)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+    for title, counter in (
+        ("fallback", summary.fallback_reasons),
+        ("refusal", summary.refusal_rules),
+    ):
+        for reason, count in counter.most_common():
+            print(f"{title}: {count} x {reason}")
+    for index, record in summary.records:
+        print(f"{index}: {json.dumps(record.data, sort_keys=True)}")
+    return 0

@@ -1,0 +1,284 @@
+"""`owngate policy check|explain|test`: the security team's tools for trust policies.
+
+All three load policies with the same code the gateway runs, against the backends and
+tenants of gateway.yaml (`--config`). Exit codes: 0 ok, 1 failed check (invalid files,
+a failing case, coverage below `--min-coverage`, warnings under `--strict`), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gateway.cli._common import env_default, load_or_report, usage
+from gateway.config import GatewayConfig
+from gateway.policy import (
+    Decision,
+    PolicyIssue,
+    PolicySet,
+    UnknownDataClass,
+    backend_facts,
+    check_policies,
+)
+from gateway.policy.cases import TestReport, load_cases, run_cases
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("policy", help="check, explain and test trust policies")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+
+    check = verbs.add_parser(
+        "check",
+        help="validate policy files",
+        description="Validate policy files and directories: every error with file, line and "
+        "column; warnings for rules that cannot match the configured backends and for "
+        "tenants without a policy. Exit 0 when valid, 1 when not.",
+    )
+    check.add_argument(
+        "paths",
+        nargs="*",
+        default=_env_paths("OWNGATE_POLICY_PATHS"),
+        metavar="PATH",
+        help="policy files or directories (env OWNGATE_POLICY_PATHS; default: the config's "
+        "policy.paths, else ./policies)",
+    )
+    check.add_argument(
+        "--strict",
+        action="store_true",
+        default=env_default("OWNGATE_POLICY_STRICT", "") not in ("", "0", "false"),
+        help="treat warnings as failures (env OWNGATE_POLICY_STRICT=1)",
+    )
+    _config_flag(check)
+    check.set_defaults(handler=_check)
+
+    explain = verbs.add_parser(
+        "explain",
+        help="show the decision for one request",
+        description="Show which backends may serve a request, in order, and the rule behind "
+        "every verdict.",
+    )
+    _policies_flag(explain)
+    _config_flag(explain)
+    for flag, env, what in (
+        ("--tenant", "OWNGATE_POLICY_TENANT", "tenant id"),
+        ("--model", "OWNGATE_POLICY_MODEL", "public model name"),
+    ):
+        default = os.environ.get(env)
+        explain.add_argument(
+            flag, default=default, required=default is None, help=f"{what} (env {env})"
+        )
+    explain.add_argument(
+        "--data-class",
+        default=os.environ.get("OWNGATE_POLICY_DATA_CLASS"),
+        help="data-class label, as the request header carries it (env OWNGATE_POLICY_DATA_CLASS)",
+    )
+    explain.add_argument(
+        "--json",
+        action="store_true",
+        default=env_default("OWNGATE_POLICY_JSON", "") not in ("", "0", "false"),
+        help="print the decision as JSON (env OWNGATE_POLICY_JSON=1)",
+    )
+    explain.set_defaults(handler=_explain)
+
+    test = verbs.add_parser(
+        "test",
+        help="run policy test cases and report rule coverage",
+        description="Run case files (kind PolicyTest: input and expected decision) against "
+        "the policies; report failures and which rules at least one case exercised. Exit 1 "
+        "on any failure.",
+    )
+    test.add_argument(
+        "paths",
+        nargs="*",
+        default=_env_paths("OWNGATE_POLICY_TESTS"),
+        metavar="PATH",
+        help="case files or directories (env OWNGATE_POLICY_TESTS; default: tests/ in each "
+        "policy directory)",
+    )
+    _policies_flag(test)
+    _config_flag(test)
+    test.add_argument(
+        "--min-coverage",
+        type=float,
+        default=float(env_default("OWNGATE_POLICY_MIN_COVERAGE", "0")),
+        metavar="PERCENT",
+        help="fail when fewer rules are exercised (env OWNGATE_POLICY_MIN_COVERAGE, default 0)",
+    )
+    test.set_defaults(handler=_test)
+    parser.set_defaults(handler=lambda _args: usage(parser))
+
+
+def _env_paths(env: str) -> list[str]:
+    value = os.environ.get(env, "")
+    return [p for p in value.split(os.pathsep) if p]
+
+
+def _policies_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--policies",
+        action="append",
+        metavar="PATH",
+        help="policy file or directory, repeatable (env OWNGATE_POLICY_PATHS, "
+        f"{os.pathsep}-separated; default: the config's policy.paths, else ./policies)",
+    )
+
+
+def _config_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        default=env_default("OWNGATE_CONFIG", "gateway.yaml"),
+        help="gateway.yaml supplying backends and tenants (env OWNGATE_CONFIG, "
+        "default ./gateway.yaml)",
+    )
+
+
+def _print_issues(issues: Sequence[PolicyIssue], severity: str) -> None:
+    for issue in issues:
+        location = issue.file
+        if issue.line is not None:
+            location += f":{issue.line}" + (f":{issue.column}" if issue.column else "")
+        subject = f"{issue.path}: " if issue.path else ""
+        print(f"{location}: {severity}: {subject}{issue.message}", file=sys.stderr)
+
+
+def _load(
+    paths: Sequence[str], config_path: str
+) -> tuple[PolicySet | None, list[str], list[PolicyIssue], GatewayConfig | None]:
+    """Load the config, then the policies: the paths given, else the config's
+    `policy.paths` (relative to the config file), else ./policies."""
+    config = load_or_report(config_path)
+    if config is None:
+        return None, [], [], None
+    if not paths:
+        if config.policy is not None:
+            base = Path(config_path).parent
+            paths = [str(base / p) for p in config.policy.paths]
+        else:
+            paths = ["policies"]
+    facts = list(backend_facts(config))
+    tenants = [t.id for t in config.tenants]
+    policy_set, errors, warnings = check_policies(paths, facts, tenants, tenants_source=config_path)
+    _print_issues(errors, "error")
+    return policy_set, list(paths), warnings, config
+
+
+def _check(args: argparse.Namespace) -> int:
+    policy_set, paths, warnings, config = _load(args.paths, args.config)
+    if config is None:
+        return 1
+    _print_issues(warnings, "warning")
+    if policy_set is None:
+        print(f"{' '.join(paths)}: invalid (see the errors above)", file=sys.stderr)
+        return 1
+    policies = policy_set.policy_ids()
+    summary = (
+        f"{len(policies)} policies, {len(policy_set.tenants())} tenants, "
+        f"{len(policy_set.rules)} rules, {len(warnings)} warnings"
+    )
+    identity = f"{policy_set.id} {policy_set.version} {policy_set.digest}"
+    if args.strict and warnings:
+        print(f"{' '.join(paths)}: failed under --strict ({summary}) {identity}", file=sys.stderr)
+        return 1
+    print(f"{' '.join(paths)}: ok ({summary}) {identity}")
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    policy_set, _facts, _warnings, _config = _load(
+        args.policies or _env_paths("OWNGATE_POLICY_PATHS"), args.config
+    )
+    if policy_set is None:
+        return 1
+    try:
+        decision = policy_set.decide(args.tenant, args.model, args.data_class)
+    except UnknownDataClass as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(decision.as_dict(), indent=2))
+    else:
+        print(_render(decision, policy_set))
+    return 0
+
+
+def _render(decision: Decision, policy_set: PolicySet) -> str:
+    label = f", data class {decision.data_class}" if decision.data_class else ""
+    lines = [
+        f"tenant {decision.tenant}, model {decision.model}{label}",
+        f"policy {decision.policy_id} version {decision.policy_version} "
+        f"(set {policy_set.id} {policy_set.version}, {decision.policy_digest})",
+    ]
+    threshold = (
+        f", above {decision.saturation_threshold:g} waiting per slot"
+        if decision.saturation_threshold is not None
+        else ""
+    )
+    lines.append(f"fallback: {decision.fallback}{threshold} (rule {decision.fallback_rule})")
+    if decision.refusal is not None:
+        lines.append(f"refused: {decision.refusal.message}")
+    entries = {t.backend: t for t in decision.trace}
+    width = max((len(t.backend) for t in decision.trace), default=0)
+    rule_width = max((len(t.rule) for t in decision.trace), default=0)
+    if decision.eligible:
+        lines.append("eligible, in order:")
+        for n, backend in enumerate(decision.eligible, 1):
+            tier = "private" if backend in decision.private else "hosted"
+            entry = entries[backend]
+            lines.append(
+                f"  {n}. {backend:<{width}}  {tier:<7}  {entry.rule:<{rule_width}}  {entry.reason}"
+            )
+    excluded = [t for t in decision.trace if t.verdict == "excluded"]
+    if excluded:
+        lines.append("excluded:")
+        lines += [f"  - {t.backend:<{width}}  {t.rule:<{rule_width}}  {t.reason}" for t in excluded]
+    return "\n".join(lines)
+
+
+def _test(args: argparse.Namespace) -> int:
+    policy_set, paths, _warnings, _config = _load(
+        args.policies or _env_paths("OWNGATE_POLICY_PATHS"), args.config
+    )
+    if policy_set is None:
+        return 1
+    cases = args.paths or [str(Path(p) / "tests") for p in paths if Path(p).is_dir()]
+    suites, errors = load_cases(cases)
+    _print_issues(errors, "error")
+    if errors:
+        return 1
+    if not suites:
+        print("error: no test cases found (give case files or directories)", file=sys.stderr)
+        return 1
+    report = run_cases(policy_set, suites)
+    _print_report(report)
+    if report.failed:
+        return 1
+    if report.coverage * 100 < args.min_coverage:
+        print(f"coverage below --min-coverage {args.min_coverage:g}%", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_report(report: TestReport) -> None:
+    for result in report.results:
+        where = f"{result.file}:{result.line}" if result.line else result.file
+        status = "PASS" if result.passed else "FAIL"
+        print(f"{status} {where}: {result.suite}: {result.name}")
+        for failure in result.failures:
+            print(f"     {failure}")
+    passed = len(report.results) - report.failed
+    print(f"{passed} passed, {report.failed} failed")
+    covered = report.exercised & report.rules
+    print(
+        f"rule coverage: {len(covered)}/{len(report.rules)} rules exercised ({report.coverage:.0%})"
+    )
+    missing = sorted(report.rules - report.exercised)
+    if missing:
+        print("not exercised by any case:")
+        print("\n".join(f"  {rule}" for rule in missing))

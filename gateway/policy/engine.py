@@ -1,0 +1,239 @@
+"""`PolicySet`: the compiled policies as a pure, cached decision function.
+
+`decide(tenant, model, data_class)` depends on nothing but its arguments and the set,
+so its answers are cached per key. Only keys from the finite space of known tenants,
+served models and defined data classes are cached; anything else (a model no backend
+serves, a tenant with no policy) is answered afresh, so clients cannot grow the cache.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.policy.rules import EffectiveFallback, Scope
+from gateway.policy.types import BackendFacts, Decision, Refusal, TraceEntry, UnknownDataClass
+
+__all__ = ["CompiledPolicy", "PolicySet"]
+
+
+@dataclass(frozen=True)
+class CompiledPolicy:
+    id: str
+    version: str
+    tenants: tuple[str, ...]
+    base: Scope
+    classes: Mapping[str, Scope]
+    fallbacks: Mapping[str | None, EffectiveFallback]  # None: no data class
+    rules: frozenset[str]
+    admitted: Mapping[str, TraceEntry]  # private backend id → its "admitted" entry
+    hosted_keys: Mapping[str | None, Mapping[str, tuple[int, ...]]]  # label → fallback order
+    rule_ranks: Mapping[str, int]
+
+
+class PolicySet:
+    """A loaded, validated policy set. Build it with `load_policies`."""
+
+    def __init__(
+        self,
+        *,
+        id: str,
+        version: str,
+        digest: str,
+        facts_digest: str,
+        data_class_header: str,
+        canonical: bytes,
+        policies: Sequence[CompiledPolicy],
+        backends: Sequence[BackendFacts],
+    ) -> None:
+        self.id = id
+        self.version = version
+        self.digest = digest
+        self.facts_digest = facts_digest
+        self.data_class_header = data_class_header
+        self.canonical = canonical
+        self.default_deny_rule = f"{id}/default-deny"
+        self.unknown_model_rule = f"{id}/unknown-model"
+        self._policies = {p.id: p for p in policies}
+        self._by_tenant = {t: p for p in policies for t in p.tenants}
+        by_model: dict[str, list[BackendFacts]] = {}
+        for backend in backends:
+            for model in sorted(backend.models):
+                by_model.setdefault(model, []).append(backend)
+        self._by_model = {m: tuple(bs) for m, bs in by_model.items()}
+        self.rules: frozenset[str] = frozenset(
+            {self.default_deny_rule, self.unknown_model_rule}.union(*(p.rules for p in policies))
+        )
+        self._cache: dict[tuple[str, str, str | None], Decision] = {}
+
+    def __repr__(self) -> str:
+        count = len(self._policies)
+        return f"<PolicySet {self.id} {self.version} {self.digest[:19]} policies={count}>"
+
+    def tenants(self) -> frozenset[str]:
+        """Tenants bound to a policy; every other tenant is denied everything."""
+        return frozenset(self._by_tenant)
+
+    def policy_ids(self) -> tuple[str, ...]:
+        return tuple(sorted(self._policies))
+
+    def compiled(self, policy_id: str) -> CompiledPolicy:
+        """The compiled form of one policy (for `check` and `explain`)."""
+        return self._policies[policy_id]
+
+    def policy_for(self, tenant: str) -> str | None:
+        policy = self._by_tenant.get(tenant)
+        return None if policy is None else policy.id
+
+    def data_classes(self, tenant: str) -> frozenset[str]:
+        policy = self._by_tenant.get(tenant)
+        return frozenset() if policy is None else frozenset(policy.classes)
+
+    def document(self) -> Any:
+        """The normalized policy set whose RFC 8785 encoding `digest` is the SHA-256 of."""
+        return json.loads(self.canonical)
+
+    def decide(self, tenant: str, model: str, data_class: str | None) -> Decision:
+        """Eligible backends for a request; raises `UnknownDataClass` for an unknown label."""
+        key = (tenant, model, data_class)
+        decision = self._cache.get(key)
+        if decision is None:
+            decision = self._decide(tenant, model, data_class)
+            policy = self._by_tenant.get(tenant)
+            if (
+                policy is not None
+                and model in self._by_model
+                and (data_class is None or data_class in policy.classes)
+            ):
+                self._cache[key] = decision
+        return decision
+
+    def decide_uncached(self, tenant: str, model: str, data_class: str | None) -> Decision:
+        """`decide` without the cache (for benchmarks and tests)."""
+        return self._decide(tenant, model, data_class)
+
+    def _decide(self, tenant: str, model: str, data_class: str | None) -> Decision:
+        policy = self._by_tenant.get(tenant)
+        if policy is None:
+            return self._default_deny(tenant, model, data_class)
+        label = None if data_class is None else data_class.strip().lower()
+        extra: Scope | None = None  # the data class's rules, checked after the policy's
+        if label is not None:
+            extra = policy.classes.get(label)
+            if extra is None:
+                known = tuple(sorted(policy.classes))
+                raise UnknownDataClass(tenant, data_class or "", f"{policy.id}/data_classes", known)
+        fallback = policy.fallbacks[label]
+        candidates = self._by_model.get(model, ())
+        if not candidates:
+            rule = self.unknown_model_rule
+            unknown = Refusal(rule, f"policy {rule}: no configured backend serves {model!r}")
+            return self._decision(tenant, model, label, policy, fallback, (), (), (), unknown)
+        # Every verdict below was computed when the set was compiled; this only looks up.
+        base = policy.base
+        base_models = base.model_entries.get(model)
+        extra_models = None if extra is None else extra.model_entries.get(model)
+        trace: list[TraceEntry | None] = []
+        private: list[str] = []
+        hosted: list[tuple[tuple[int, ...], int, str]] = []
+        for backend in candidates:
+            bid = backend.id
+            if base_models is not None:
+                entry: TraceEntry | None = base_models[bid]
+            else:
+                entry = base.static_entries[bid]
+                if entry is None and extra is not None:
+                    entry = extra_models[bid] if extra_models else extra.static_entries[bid]
+            if entry is None:
+                if backend.tier == "private":
+                    private.append(bid)
+                    entry = policy.admitted[bid]
+                else:
+                    hosted.append((policy.hosted_keys[label][bid], len(trace), bid))
+            trace.append(entry)
+        hosted.sort()
+        for position, (_key, slot, bid) in enumerate(hosted, 1):
+            reason = f"fallback #{position} ({fallback.mode}); every rule passed"
+            trace[slot] = TraceEntry(bid, "admitted", fallback.rule, reason)
+        entries = tuple(e for e in trace if e is not None)
+        refusal = None
+        if not private and not hosted:
+            refusal = _refusal(entries, policy.rule_ranks, tenant, model, label)
+        hosted_ids = tuple(bid for _key, _slot, bid in hosted)
+        return self._decision(
+            tenant, model, label, policy, fallback, tuple(private), hosted_ids, entries, refusal
+        )
+
+    def _decision(
+        self,
+        tenant: str,
+        model: str,
+        label: str | None,
+        policy: CompiledPolicy,
+        fallback: EffectiveFallback,
+        private: tuple[str, ...],
+        hosted: tuple[str, ...],
+        trace: tuple[TraceEntry, ...],
+        refusal: Refusal | None,
+    ) -> Decision:
+        return Decision(
+            tenant=tenant,
+            model=model,
+            data_class=label,
+            private=private,
+            hosted=hosted,
+            fallback=fallback.mode,
+            saturation_threshold=fallback.threshold,
+            refusal=refusal,
+            trace=trace,
+            policy_id=policy.id,
+            policy_version=policy.version,
+            policy_digest=self.digest,
+            fallback_rule=fallback.rule,
+        )
+
+    def _default_deny(self, tenant: str, model: str, data_class: str | None) -> Decision:
+        rule = self.default_deny_rule
+        reason = f"tenant {tenant!r} has no policy: deny by default"
+        trace = tuple(
+            TraceEntry(b.id, "excluded", rule, reason) for b in self._by_model.get(model, ())
+        )
+        return Decision(
+            tenant=tenant,
+            model=model,
+            data_class=data_class,
+            private=(),
+            hosted=(),
+            fallback="never",
+            saturation_threshold=None,
+            refusal=Refusal(rule, f"policy {rule}: {reason}"),
+            trace=trace,
+            policy_id=self.id,
+            policy_version=self.version,
+            policy_digest=self.digest,
+            fallback_rule=rule,
+        )
+
+
+def _refusal(
+    trace: tuple[TraceEntry, ...],
+    ranks: Mapping[str, int],
+    tenant: str,
+    model: str,
+    label: str | None,
+) -> Refusal:
+    """Name the rule that excluded the most backends; on a tie, the later-checked rule
+    (a data class's rule over the policy's, fallback over retention over residency...),
+    as the more specific one."""
+    counts = Counter(entry.rule for entry in trace)
+    rule = max(counts, key=lambda r: (counts[r], ranks.get(r, -1)))
+    reason = next(entry.reason for entry in trace if entry.rule == rule)
+    scope = f" with data class {label!r}" if label is not None else ""
+    message = (
+        f"policy {rule}: no backend may serve model {model!r} for tenant {tenant!r}{scope} "
+        f"({reason})"
+    )
+    return Refusal(rule, message)

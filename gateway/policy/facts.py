@@ -1,0 +1,34 @@
+"""`BackendFacts` from gateway.yaml: what the operator declared, the policy's trust root.
+
+owngate does not discover where a backend runs or how a provider keeps data; it takes
+the operator's declaration (`region`, `owner`, `provider`, `retention`) as given,
+enforces policies against it and records it (see `PolicySet.facts_digest`).
+"""
+
+from __future__ import annotations
+
+from gateway.config.schema import Backend, GatewayConfig
+from gateway.policy.types import BackendFacts
+
+__all__ = ["backend_facts", "facts_of"]
+
+
+def facts_of(backend: Backend) -> BackendFacts:
+    private = backend.is_private
+    return BackendFacts(
+        id=backend.id,
+        tier="private" if private else "hosted",
+        kind=backend.kind,
+        provider=backend.owner if private else (backend.provider or backend.owner),
+        region=backend.region,
+        owner=backend.owner,
+        retention_days=backend.retention.days,
+        zero_data_retention=backend.retention.zero_data_retention,
+        training=backend.retention.training,
+        models=frozenset(name for m in backend.models for name in (m.name, *m.aliases)),
+    )
+
+
+def backend_facts(config: GatewayConfig) -> tuple[BackendFacts, ...]:
+    """The facts of every configured backend, in gateway.yaml order."""
+    return tuple(facts_of(backend) for backend in config.backends)

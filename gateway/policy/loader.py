@@ -1,0 +1,178 @@
+"""Load policy files: find them, validate every document, cross-check, compile, lint.
+
+`check_policies` is what `owngate policy check` runs and returns errors and warnings;
+`load_policies` is what the gateway runs and raises `PolicyError` on any error. Both
+share every step, so a set that checks clean is the set the gateway enforces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from gateway.policy.compiler import compile_set
+from gateway.policy.engine import PolicySet
+from gateway.policy.lint import lint
+from gateway.policy.schema import API_VERSION, PolicyDocument, PolicySetDocument
+from gateway.policy.source import Document, discover, read_documents, validate
+from gateway.policy.types import BackendFacts, PolicyError, PolicyIssue
+
+__all__ = ["check_policies", "check_sources", "load_policies", "parse_policies"]
+
+CheckResult = tuple[PolicySet | None, list[PolicyIssue], list[PolicyIssue]]
+
+
+def load_policies(paths: Sequence[Path | str], backends: Sequence[BackendFacts]) -> PolicySet:
+    """Load policy files and directories; raises `PolicyError` listing every problem."""
+    policy_set, errors, _warnings = check_policies(paths, backends)
+    if policy_set is None:
+        raise PolicyError(errors)
+    return policy_set
+
+
+def parse_policies(
+    sources: Sequence[tuple[str, str]], backends: Sequence[BackendFacts]
+) -> PolicySet:
+    """`load_policies` for (name, YAML text) pairs already in memory."""
+    policy_set, errors, _warnings = check_sources(sources, backends)
+    if policy_set is None:
+        raise PolicyError(errors)
+    return policy_set
+
+
+def check_policies(
+    paths: Sequence[Path | str],
+    backends: Sequence[BackendFacts],
+    tenants: Sequence[str] = (),
+    *,
+    tenants_source: str = "<config>",
+) -> CheckResult:
+    """Validate policy files: (set or None, errors, warnings). Never raises for bad input.
+
+    `tenants` are the tenant ids the gateway knows; a tenant among them without a policy
+    (denied everything) is a warning, as is a policy naming a tenant not among them.
+    """
+    files, errors = discover(Path(p) for p in paths)
+    sources: list[tuple[str, str]] = []
+    for file in files:
+        try:
+            sources.append((str(file), file.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError) as exc:
+            errors.append(PolicyIssue(str(file), None, None, "", f"cannot read: {exc}"))
+    if not files and not errors:
+        errors.append(PolicyIssue("<policies>", None, None, "", "no policy paths given"))
+    policy_set, more, warnings = check_sources(
+        sources, backends, tenants, tenants_source=tenants_source, require_policies=not errors
+    )
+    errors += more
+    return (policy_set if not errors else None), errors, warnings
+
+
+def check_sources(
+    sources: Sequence[tuple[str, str]],
+    backends: Sequence[BackendFacts],
+    tenants: Sequence[str] = (),
+    *,
+    tenants_source: str = "<config>",
+    require_policies: bool = True,
+) -> CheckResult:
+    """`check_policies` for (name, YAML text) pairs already in memory."""
+    errors: list[PolicyIssue] = []
+    policies: list[tuple[Document, PolicyDocument]] = []
+    set_docs: list[tuple[Document, PolicySetDocument]] = []
+    for name, text in sources:
+        documents, issues = read_documents(name, text)
+        errors += issues
+        for document in documents:
+            kind = _kind(document, errors)
+            if kind == "Policy":
+                policy, issues = validate(document, PolicyDocument)
+                errors += issues
+                if policy is not None:
+                    policies.append((document, policy))
+            elif kind == "PolicySet":
+                set_doc, issues = validate(document, PolicySetDocument)
+                errors += issues
+                if set_doc is not None:
+                    set_docs.append((document, set_doc))
+    errors += _cross_check(policies, set_docs)
+    if require_policies and not policies and not errors:
+        where = sources[0][0] if sources else "<policies>"
+        errors.append(
+            PolicyIssue(where, None, None, "", "no Policy documents: every tenant would be denied")
+        )
+    if errors:
+        return None, errors, []
+    policy_set = compile_set(
+        set_docs[0][1] if set_docs else None, [p for _, p in policies], backends
+    )
+    warnings = lint(policies, policy_set, backends, tenants, tenants_source)
+    return policy_set, [], warnings
+
+
+def _kind(document: Document, errors: list[PolicyIssue]) -> str | None:
+    data = document.data
+    if not isinstance(data, dict):
+        errors.append(
+            document.issue((), "a policy document is a mapping: apiVersion, kind, metadata, spec")
+        )
+        return None
+    api_version, kind = data.get("apiVersion"), data.get("kind")
+    if api_version != API_VERSION:
+        message = (
+            "apiVersion is missing"
+            if api_version is None
+            else f"unsupported apiVersion {api_version!r}"
+        )
+        errors.append(
+            document.issue(("apiVersion",), f"{message} (this owngate reads {API_VERSION})")
+        )
+        return None
+    if kind in ("Policy", "PolicySet"):
+        return str(kind)
+    if kind == "PolicyTest":
+        message = "this is a test case file: run it with `owngate policy test`, not as a policy"
+    else:
+        message = f"unknown kind {kind!r} (expected Policy or PolicySet)"
+    errors.append(document.issue(("kind",), message))
+    return None
+
+
+def _where(document: Document, path: tuple[str | int, ...]) -> str:
+    line = document.marks.get(path, (None, None))[0]
+    return f"{document.file}:{line}" if line is not None else document.file
+
+
+def _cross_check(
+    policies: list[tuple[Document, PolicyDocument]],
+    set_docs: list[tuple[Document, PolicySetDocument]],
+) -> list[PolicyIssue]:
+    errors: list[PolicyIssue] = []
+    for document, _ in set_docs[1:]:
+        first = _where(set_docs[0][0], ())
+        errors.append(document.issue(("kind",), f"a second PolicySet document (first at {first})"))
+    seen_ids: dict[str, Document] = {}
+    bound: dict[str, tuple[str, Document, tuple[str | int, ...]]] = {}
+    for document, policy in policies:
+        pid = policy.metadata.id
+        if pid in seen_ids:
+            at = _where(seen_ids[pid], ("metadata", "id"))
+            errors.append(
+                document.issue(("metadata", "id"), f"policy id {pid!r} is also used at {at}")
+            )
+            continue
+        seen_ids[pid] = document
+        for i, tenant in enumerate(policy.spec.tenants):
+            path = ("spec", "tenants", i)
+            if tenant in bound:
+                other, other_doc, other_path = bound[tenant]
+                errors.append(
+                    document.issue(
+                        path,
+                        f"tenant {tenant!r} is already bound to policy {other!r} at "
+                        f"{_where(other_doc, other_path)}; a tenant has exactly one policy",
+                    )
+                )
+            else:
+                bound[tenant] = (pid, document, path)
+    return errors

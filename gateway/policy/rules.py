@@ -1,0 +1,269 @@
+"""The rule sections as compiled filters: each says why a backend is excluded, or nothing.
+
+A `Scope` is one policy's rules, or one data class's: checked in a fixed order (models,
+backends, providers, residency, retention, fallback), the first failing section names
+the exclusion. Everything that depends only on the declared backends is evaluated once,
+when the policy set is compiled; a decision then only looks the verdicts up.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from fnmatch import translate
+from typing import Protocol
+
+from gateway.policy import jurisdictions
+from gateway.policy.schema import Fallback, Lists, Residency, Retention, Target
+from gateway.policy.types import FALLBACK_MODES, BackendFacts, FallbackMode, TraceEntry
+
+__all__ = [
+    "SECTIONS",
+    "EffectiveFallback",
+    "Exclusion",
+    "Globs",
+    "Scope",
+    "Sections",
+    "combine_fallback",
+    "compile_scope",
+    "target_matches",
+]
+
+# The order in which sections are checked; the first to fail names the exclusion.
+SECTIONS = ("models", "backends", "providers", "residency", "retention", "fallback")
+
+
+@dataclass(frozen=True, slots=True)
+class Exclusion:
+    rule: str
+    reason: str
+    rank: int = 0  # evaluation order: a data class's sections come after the policy's
+
+
+@dataclass(frozen=True, slots=True)
+class EffectiveFallback:
+    mode: FallbackMode
+    threshold: float | None
+    rule: str
+
+
+class Sections(Protocol):
+    """What a policy spec and a data class have in common: the rule sections."""
+
+    @property
+    def models(self) -> Lists | None: ...
+    @property
+    def backends(self) -> Lists | None: ...
+    @property
+    def providers(self) -> Lists | None: ...
+    @property
+    def residency(self) -> Residency | None: ...
+    @property
+    def retention(self) -> Retention | None: ...
+    @property
+    def fallback(self) -> Fallback | None: ...
+
+
+class Globs:
+    """Case-insensitive shell-style patterns (`*`, `?`, `[...]`), compiled once."""
+
+    __slots__ = ("_compiled", "patterns")
+
+    def __init__(self, patterns: Iterable[str]) -> None:
+        self.patterns = tuple(p.lower() for p in patterns)
+        self._compiled = tuple(re.compile(translate(p)) for p in self.patterns)
+
+    def first_match(self, value: str) -> str | None:
+        value = value.lower()
+        for pattern, compiled in zip(self.patterns, self._compiled, strict=True):
+            if compiled.match(value):
+                return pattern
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """The compiled rules of a policy, or of one of its data classes."""
+
+    prefix: str  # "eu-health" or "eu-health/data_classes.phi"
+    rules: frozenset[str]
+    model_verdicts: Mapping[str, Exclusion | None]  # served model name → verdict
+    static: Mapping[str, Exclusion | None]  # backend id → first failing section, if any
+    fallback_rank: Mapping[str, int]  # hosted backend id → position of its fallback.to entry
+    fallback: EffectiveFallback | None  # this scope's own fallback section
+    # The same verdicts as ready-made trace entries, so a decision builds none of them:
+    static_entries: Mapping[str, TraceEntry | None]  # backend id → exclusion entry
+    model_entries: Mapping[str, Mapping[str, TraceEntry]]  # excluded model → backend → entry
+    rule_ranks: Mapping[str, int]  # rule id → evaluation order (for naming a refusal)
+
+
+def _quote(items: Sequence[str]) -> str:
+    return "[" + ", ".join(items) + "]" if items else "[] (allows nothing)"
+
+
+def _list_check(rule: str, section: str, what: str, lists: Lists, value: str) -> Exclusion | None:
+    denied = Globs(lists.deny).first_match(value)
+    if denied is not None:
+        return Exclusion(rule, f"{what} {value!r} matches {section}.deny entry {denied!r}")
+    if lists.allow is not None and Globs(lists.allow).first_match(value) is None:
+        return Exclusion(rule, f"{what} {value!r} is not in {section}.allow {_quote(lists.allow)}")
+    return None
+
+
+def _residency_check(rule: str, residency: Residency, region: str) -> Exclusion | None:
+    for entry in residency.deny:
+        if jurisdictions.region_matches(region, jurisdictions.expand(entry)) is not None:
+            return Exclusion(rule, f"region {region!r} is covered by residency.deny {entry!r}")
+    for entry in residency.allow:
+        if jurisdictions.region_matches(region, jurisdictions.expand(entry)) is not None:
+            return None
+    allowed = _quote(residency.allow)
+    return Exclusion(rule, f"region {region!r} is outside residency.allow {allowed}")
+
+
+def _retention_check(rule: str, retention: Retention, backend: BackendFacts) -> Exclusion | None:
+    days = backend.retention_days
+    if retention.max_days == "zero":
+        if not (backend.zero_data_retention and days == 0):
+            zdr = "true" if backend.zero_data_retention else "false"
+            return Exclusion(
+                rule,
+                "retention.max_days is zero: the backend is not declared zero-data-retention "
+                f"(days {days}, zero_data_retention {zdr})",
+            )
+    elif isinstance(retention.max_days, int) and days > retention.max_days:
+        return Exclusion(
+            rule, f"retains data {days} days; retention.max_days is {retention.max_days}"
+        )
+    if backend.training and not retention.training:
+        return Exclusion(rule, "may train on request data; retention.training is false")
+    return None
+
+
+def target_matches(target: Target, backend: BackendFacts) -> bool:
+    if target.backend is not None:
+        return Globs((target.backend,)).first_match(backend.id) is not None
+    assert target.provider is not None
+    return Globs((target.provider,)).first_match(backend.provider) is not None
+
+
+def _fallback_check(
+    rule: str, fallback: Fallback, backend: BackendFacts
+) -> tuple[Exclusion | None, int]:
+    if fallback.mode == "never":
+        return Exclusion(rule, "fallback.mode is never: hosted backends receive no traffic"), 0
+    if fallback.to is None:
+        return None, 0
+    for position, target in enumerate(fallback.to):
+        if target_matches(target, backend):
+            return None, position
+    return Exclusion(rule, f"hosted backend {backend.id!r} is not named in fallback.to"), 0
+
+
+def _static_check(
+    prefix: str, rules: Sections, backend: BackendFacts
+) -> tuple[Exclusion | None, int | None]:
+    """The first failing section that depends on the backend alone, and its fallback rank."""
+    if rules.backends is not None:
+        hit = _list_check(f"{prefix}/backends", "backends", "backend", rules.backends, backend.id)
+        if hit is not None:
+            return hit, None
+    if rules.providers is not None:
+        hit = _list_check(
+            f"{prefix}/providers", "providers", "provider", rules.providers, backend.provider
+        )
+        if hit is not None:
+            return hit, None
+    if rules.residency is not None:
+        hit = _residency_check(f"{prefix}/residency", rules.residency, backend.region)
+        if hit is not None:
+            return hit, None
+    if rules.retention is not None:
+        hit = _retention_check(f"{prefix}/retention", rules.retention, backend)
+        if hit is not None:
+            return hit, None
+    if rules.fallback is not None and backend.tier == "hosted":
+        hit, rank = _fallback_check(f"{prefix}/fallback", rules.fallback, backend)
+        return hit, None if hit is not None else rank
+    return None, None
+
+
+def compile_scope(
+    prefix: str, rules: Sections, backends: Sequence[BackendFacts], *, data_class: bool = False
+) -> Scope:
+    """Evaluate every section that does not depend on the request, once per backend."""
+    offset = len(SECTIONS) if data_class else 0
+
+    def ranked(exclusion: Exclusion | None) -> Exclusion | None:
+        if exclusion is None:
+            return None
+        section = exclusion.rule.rsplit("/", 1)[1]
+        return replace(exclusion, rank=offset + SECTIONS.index(section))
+
+    static: dict[str, Exclusion | None] = {}
+    ranks: dict[str, int] = {}
+    for backend in backends:
+        exclusion, rank = _static_check(prefix, rules, backend)
+        static[backend.id] = ranked(exclusion)
+        if rank is not None:
+            ranks[backend.id] = rank
+    model_verdicts: dict[str, Exclusion | None] = {}
+    model_entries: dict[str, dict[str, TraceEntry]] = {}
+    for backend in backends:
+        for model in sorted(backend.models):
+            if model not in model_verdicts:
+                model_verdicts[model] = (
+                    None
+                    if rules.models is None
+                    else ranked(
+                        _list_check(f"{prefix}/models", "models", "model", rules.models, model)
+                    )
+                )
+            verdict = model_verdicts[model]
+            if verdict is not None:
+                entry = TraceEntry(backend.id, "excluded", verdict.rule, verdict.reason)
+                model_entries.setdefault(model, {})[backend.id] = entry
+    static_entries = {
+        backend_id: None
+        if exclusion is None
+        else TraceEntry(backend_id, "excluded", exclusion.rule, exclusion.reason)
+        for backend_id, exclusion in static.items()
+    }
+    present = [s for s in SECTIONS if getattr(rules, s) is not None]
+    fallback = None
+    if rules.fallback is not None:
+        threshold = rules.fallback.saturation_threshold
+        fallback = EffectiveFallback(rules.fallback.mode, threshold, f"{prefix}/fallback")
+    return Scope(
+        prefix=prefix,
+        rules=frozenset(f"{prefix}/{section}" for section in present),
+        model_verdicts=model_verdicts,
+        static=static,
+        fallback_rank=ranks,
+        fallback=fallback,
+        static_entries=static_entries,
+        model_entries=model_entries,
+        rule_ranks={f"{prefix}/{section}": offset + i for i, section in enumerate(SECTIONS)},
+    )
+
+
+def combine_fallback(base: EffectiveFallback, extra: EffectiveFallback | None) -> EffectiveFallback:
+    """The stricter of a policy's fallback and a data class's (a class only tightens).
+
+    Strictness: never > when_private_unavailable > when_private_saturated; between two
+    saturated modes the higher threshold (falling back later) is the stricter one.
+    """
+    if extra is None:
+        return base
+    base_rank, extra_rank = FALLBACK_MODES.index(base.mode), FALLBACK_MODES.index(extra.mode)
+    if extra_rank < base_rank:
+        return extra
+    if (
+        extra_rank == base_rank
+        and base.threshold is not None
+        and extra.threshold is not None
+        and extra.threshold > base.threshold
+    ):
+        return extra
+    return base

@@ -1,0 +1,200 @@
+"""The schema of policy files: frozen pydantic models that forbid unknown keys.
+
+Two kinds of document share the `policy.owngate.dev/v1` apiVersion: `Policy` (the
+rules for the tenants it names) and `PolicySet` (at most one: the set's own id, version
+and the header that carries data-class labels). Scalars are strict: YAML's `no` (read as
+false) is not taken for the country code, a quoted `"30"` is not taken for a number.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    StrictBool,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
+
+from gateway.policy.types import FallbackMode
+
+__all__ = [
+    "API_VERSION",
+    "DEFAULT_DATA_CLASS_HEADER",
+    "Fallback",
+    "Lists",
+    "Metadata",
+    "PolicyDocument",
+    "PolicySetDocument",
+    "PolicySetSpec",
+    "PolicySpec",
+    "Residency",
+    "Retention",
+    "Rules",
+    "Target",
+]
+
+API_VERSION = "policy.owngate.dev/v1"
+DEFAULT_DATA_CLASS_HEADER = "x-data-class"
+
+# Policy ids and data-class names appear inside rule ids (`eu-health/data_classes.phi/...`),
+# so they may not hold `/` or `.`.
+PolicyId = Annotated[StrictStr, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
+DataClassName = Annotated[StrictStr, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")]
+TenantId = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+Pattern = Annotated[StrictStr, Field(min_length=1, max_length=200)]
+
+
+def _max_days(value: Any) -> int | str:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if value in ("zero", "any"):
+        return str(value)
+    raise ValueError("max_days is 'zero', 'any' or a whole number of days (0 or more)")
+
+
+def _threshold(value: Any) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    raise ValueError("saturation_threshold is a number greater than 0")
+
+
+def _version(value: Any) -> str:
+    if isinstance(value, str) and value.strip():
+        return value
+    if isinstance(value, datetime.date):  # YAML reads an unquoted 2025-06-01 as a date
+        return value.isoformat()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise ValueError("version is a non-empty string (quote it) or a whole number")
+
+
+MaxDays = Annotated[int | str, PlainValidator(_max_days)]
+Threshold = Annotated[float, PlainValidator(_threshold)]
+Version = Annotated[str, PlainValidator(_version)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Metadata(_Strict):
+    id: PolicyId
+    version: Version | None = None
+    description: StrictStr = ""
+
+
+class Lists(_Strict):
+    """Allow and deny globs; deny wins; a missing `allow` allows all, `[]` allows none."""
+
+    allow: tuple[Pattern, ...] | None = None
+    deny: tuple[Pattern, ...] = ()
+
+
+class Residency(_Strict):
+    """Jurisdiction codes or region names/globs; `allow` is required."""
+
+    allow: tuple[Pattern, ...]
+    deny: tuple[Pattern, ...] = ()
+
+
+class Retention(_Strict):
+    max_days: MaxDays
+    training: StrictBool = False
+
+
+class Target(_Strict):
+    """One entry of `fallback.to`: a hosted backend id or a provider, as a glob."""
+
+    backend: Pattern | None = None
+    provider: Pattern | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Target:
+        if (self.backend is None) == (self.provider is None):
+            raise ValueError("each fallback.to entry names exactly one of backend or provider")
+        return self
+
+
+class Fallback(_Strict):
+    mode: FallbackMode
+    saturation_threshold: Threshold | None = None
+    to: tuple[Target, ...] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Fallback:
+        saturated = self.mode == "when_private_saturated"
+        if saturated and self.saturation_threshold is None:
+            raise ValueError("mode when_private_saturated needs saturation_threshold")
+        if not saturated and self.saturation_threshold is not None:
+            raise ValueError("saturation_threshold applies only to mode when_private_saturated")
+        if self.mode == "never" and self.to:
+            raise ValueError("fallback.to has no effect when mode is never; remove it")
+        return self
+
+
+class Rules(_Strict):
+    """The sections a data class may add; each only tightens the policy's own."""
+
+    description: StrictStr = ""
+    residency: Residency | None = None
+    retention: Retention | None = None
+    providers: Lists | None = None
+    backends: Lists | None = None
+    models: Lists | None = None
+    fallback: Fallback | None = None
+
+
+class PolicySpec(_Strict):
+    tenants: tuple[TenantId, ...] = ()
+    residency: Residency
+    retention: Retention
+    fallback: Fallback
+    providers: Lists | None = None
+    backends: Lists | None = None
+    models: Lists | None = None
+    data_classes: dict[DataClassName, Rules] = Field(default_factory=dict)
+
+    @field_validator("tenants")
+    @classmethod
+    def _no_repeats(cls, tenants: tuple[str, ...]) -> tuple[str, ...]:
+        repeated = sorted({t for t in tenants if tenants.count(t) > 1})
+        if repeated:
+            raise ValueError(f"tenant listed more than once: {', '.join(repeated)}")
+        return tenants
+
+    @field_validator("fallback")
+    @classmethod
+    def _fallback_targets(cls, fallback: Fallback) -> Fallback:
+        if fallback.mode != "never" and fallback.to is None:
+            raise ValueError(
+                "fallback.to is required unless mode is never: list the hosted backends or "
+                "providers that may receive fallback traffic, in order ([] allows none)"
+            )
+        return fallback
+
+
+class PolicyDocument(_Strict):
+    apiVersion: Literal["policy.owngate.dev/v1"]  # the key as written in YAML
+    kind: Literal["Policy"]
+    metadata: Metadata
+    spec: PolicySpec
+
+
+class PolicySetSpec(_Strict):
+    data_class_header: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")] = (
+        DEFAULT_DATA_CLASS_HEADER
+    )
+
+
+class PolicySetDocument(_Strict):
+    apiVersion: Literal["policy.owngate.dev/v1"]  # the key as written in YAML
+    kind: Literal["PolicySet"]
+    metadata: Metadata
+    spec: PolicySetSpec = PolicySetSpec()

@@ -1,0 +1,172 @@
+"""Policy files as YAML documents that remember where each value sits (line and column).
+
+Follows `gateway.config.loader`: compose the YAML, convert it while recording the mark
+of every key and item, validate with pydantic, then turn each validation error into a
+`PolicyIssue` at the deepest part of its path that exists in the file. Unlike
+gateway.yaml, policy files take no `${ENV}` interpolation: a policy means what it says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from gateway.policy.types import PolicyIssue
+
+__all__ = ["Document", "YamlPath", "discover", "read_documents", "render_path", "validate"]
+
+YamlPath = tuple[str | int, ...]
+_ALIAS = "YAML aliases are not allowed in policy files; write the value out"
+Model = TypeVar("Model", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Document:
+    """One YAML document of a file, converted to plain data, with the marks of its paths."""
+
+    file: str
+    data: Any
+    marks: Mapping[YamlPath, tuple[int, int]]
+
+    def issue(self, path: YamlPath, message: str) -> PolicyIssue:
+        """An issue at `path`, placed at the deepest part of it that the file has."""
+        probe = path
+        while probe and probe not in self.marks:
+            probe = probe[:-1]
+        line, column = self.marks.get(probe, (None, None))
+        return PolicyIssue(self.file, line, column, render_path(path), message)
+
+
+def discover(
+    paths: Iterable[Path], *, skip_tests: bool = True
+) -> tuple[list[Path], list[PolicyIssue]]:
+    """Files named directly, plus `*.yaml`/`*.yml` under directories (minus `tests/`
+    folders, which hold test cases, unless `skip_tests` is false)."""
+    found: list[Path] = []
+    issues: list[PolicyIssue] = []
+    for path in paths:
+        if path.is_file():
+            found.append(path)
+        elif path.is_dir():
+            files = sorted(
+                p
+                for pattern in ("*.yaml", "*.yml")
+                for p in path.rglob(pattern)
+                if p.is_file() and not (skip_tests and "tests" in p.relative_to(path).parts[:-1])
+            )
+            if not files:
+                issues.append(PolicyIssue(str(path), None, None, "", "no *.yaml files"))
+            found += files
+        else:
+            issues.append(PolicyIssue(str(path), None, None, "", "no such file or directory"))
+    return list(dict.fromkeys(found)), issues
+
+
+def read_documents(file: str, text: str) -> tuple[list[Document], list[PolicyIssue]]:
+    """Every document of a (possibly multi-document) YAML text."""
+    try:
+        roots = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        column = mark.column + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        return [], [PolicyIssue(file, line, column, "", f"not valid YAML: {problem}")]
+    documents: list[Document] = []
+    issues: list[PolicyIssue] = []
+    for root in roots:
+        if root is None:
+            continue
+        marks: dict[YamlPath, tuple[int, int]] = {}
+        found: list[PolicyIssue] = []
+        data = _to_python(root, (), marks, found, file, set())
+        issues += found
+        if not any(issue.message == _ALIAS for issue in found):  # else nothing to validate
+            documents.append(Document(file, data, marks))
+    if not documents and not issues:
+        issues.append(PolicyIssue(file, None, None, "", "the file is empty"))
+    return documents, issues
+
+
+def validate(document: Document, model: type[Model]) -> tuple[Model | None, list[PolicyIssue]]:
+    try:
+        return model.model_validate(document.data), []
+    except ValidationError as exc:
+        return None, _issues(document, exc)
+
+
+def render_path(path: Sequence[str | int]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def _mark(node: yaml.Node) -> tuple[int, int]:
+    return node.start_mark.line + 1, node.start_mark.column + 1
+
+
+def _to_python(
+    node: yaml.Node,
+    path: YamlPath,
+    marks: dict[YamlPath, tuple[int, int]],
+    issues: list[PolicyIssue],
+    file: str,
+    seen: set[int],
+) -> Any:
+    marks.setdefault(path, _mark(node))
+    if id(node) in seen:  # an alias: refused, so a policy reads as written (and cannot blow up)
+        line, column = marks[path]
+        issues.append(PolicyIssue(file, line, column, render_path(path), _ALIAS))
+        return None
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        result: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            key = str(key_node.value)  # the key as written: `no:` stays "no"
+            if key in result:
+                line, column = _mark(key_node)
+                issues.append(
+                    PolicyIssue(file, line, column, render_path((*path, key)), "duplicate key")
+                )
+            marks[(*path, key)] = _mark(key_node)
+            result[key] = _to_python(value_node, (*path, key), marks, issues, file, seen)
+        return result
+    if isinstance(node, yaml.SequenceNode):
+        return [
+            _to_python(item, (*path, i), marks, issues, file, seen)
+            for i, item in enumerate(node.value)
+        ]
+    assert isinstance(node, yaml.ScalarNode)
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_object(node, deep=True)
+    finally:
+        loader.dispose()
+
+
+def _issues(document: Document, exc: ValidationError) -> list[PolicyIssue]:
+    issues = []
+    errors = exc.errors(include_url=False)
+    nested = {tuple(e["loc"][:n]) for e in errors for n in range(len(e["loc"]))}
+    for error in errors:
+        loc: YamlPath = tuple(error["loc"])
+        if error["type"] == "too_short" and loc in nested:
+            continue  # a list whose items failed also looks "too short"; the item errors say why
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "unknown key (not part of the schema)"
+        elif error["type"] == "missing":
+            message = "required key is missing"
+        elif error["type"] == "string_type" and isinstance(error.get("input"), bool):
+            message = (
+                "expected a string; YAML reads unquoted yes/no/on/off as true/false, "
+                "so quote it (e.g. 'no' for Norway)"
+            )
+        issues.append(document.issue(loc, message))
+    return issues

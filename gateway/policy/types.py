@@ -1,0 +1,161 @@
+"""The values the policy engine takes and gives: backend facts, decisions, traces, errors.
+
+All are frozen dataclasses with no behaviour beyond rendering, so the gateway, the CLI
+and the tests share one definition of each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "FALLBACK_MODES",
+    "BackendFacts",
+    "Decision",
+    "FallbackMode",
+    "PolicyError",
+    "PolicyIssue",
+    "Refusal",
+    "TraceEntry",
+    "UnknownDataClass",
+]
+
+FallbackMode = Literal["never", "when_private_unavailable", "when_private_saturated"]
+
+# Strictest first: a data class may only move a policy's fallback towards the front.
+FALLBACK_MODES: tuple[FallbackMode, ...] = (
+    "never",
+    "when_private_unavailable",
+    "when_private_saturated",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BackendFacts:
+    """What the operator declared about one backend in gateway.yaml (the trust root)."""
+
+    id: str
+    tier: Literal["private", "hosted"]
+    kind: str
+    provider: str  # the owner for private backends
+    region: str
+    owner: str
+    retention_days: int
+    zero_data_retention: bool
+    training: bool
+    models: frozenset[str]  # public names (names and aliases) the backend serves
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEntry:
+    """Why one backend serving the requested model was admitted or excluded."""
+
+    backend: str
+    verdict: Literal["admitted", "excluded"]
+    rule: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Nothing at all is eligible; `message` starts with `policy <rule>:`."""
+
+    rule: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Which backends may see a request of (tenant, model, data class), and why.
+
+    `private` is in gateway.yaml order (the router orders by load); `hosted` is in
+    fallback order. `saturation_threshold` is waiting requests per concurrency slot of
+    the private tier above which `when_private_saturated` falls back (None otherwise).
+    """
+
+    tenant: str
+    model: str
+    data_class: str | None
+    private: tuple[str, ...]
+    hosted: tuple[str, ...]
+    fallback: FallbackMode
+    saturation_threshold: float | None
+    refusal: Refusal | None
+    trace: tuple[TraceEntry, ...]
+    policy_id: str
+    policy_version: str
+    policy_digest: str
+    fallback_rule: str
+
+    @property
+    def eligible(self) -> tuple[str, ...]:
+        """Every backend that may see the request: private tier first, then fallbacks."""
+        return self.private + self.hosted
+
+    def as_dict(self) -> dict[str, object]:
+        """A JSON-ready view (the shape `owngate policy explain --json` prints)."""
+        return {
+            "tenant": self.tenant,
+            "model": self.model,
+            "data_class": self.data_class,
+            "private": list(self.private),
+            "hosted": list(self.hosted),
+            "fallback": self.fallback,
+            "saturation_threshold": self.saturation_threshold,
+            "fallback_rule": self.fallback_rule,
+            "refusal": None
+            if self.refusal is None
+            else {"rule": self.refusal.rule, "message": self.refusal.message},
+            "trace": [
+                {"backend": t.backend, "verdict": t.verdict, "rule": t.rule, "reason": t.reason}
+                for t in self.trace
+            ],
+            "policy_id": self.policy_id,
+            "policy_version": self.policy_version,
+            "policy_digest": self.policy_digest,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyIssue:
+    """One problem (or warning) in a policy file: where it is and what is wrong."""
+
+    file: str
+    line: int | None
+    column: int | None
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        where = self.file
+        if self.line is not None:
+            where += f":{self.line}"
+            if self.column is not None:
+                where += f":{self.column}"
+        subject = f"{self.path}: " if self.path else ""
+        return f"{where}: {subject}{self.message}"
+
+
+class PolicyError(Exception):
+    """The policy files are invalid; `issues` lists every problem found."""
+
+    def __init__(self, issues: list[PolicyIssue]) -> None:
+        self.issues = issues
+        lines = "\n".join(f"  {issue}" for issue in issues)
+        super().__init__(f"invalid policies ({len(issues)} problem(s)):\n{lines}")
+
+
+class UnknownDataClass(Exception):
+    """The request carried a data-class label its tenant's policy does not define."""
+
+    def __init__(self, tenant: str, label: str, rule: str, known: tuple[str, ...]) -> None:
+        self.tenant = tenant
+        self.label = label
+        self.rule = rule
+        self.known = known
+        defined = ", ".join(known) if known else "none"
+        super().__init__(
+            f"policy {rule}: data class {label!r} is not defined for tenant {tenant!r} "
+            f"(defined: {defined}); an unknown label is refused, not ignored"
+        )

@@ -1,0 +1,122 @@
+"""Signed provenance log: which backend served each request, under which policy.
+
+An RFC 6962 Merkle log of RFC 8785 records, stored in the C2SP tlog-tiles layout, with
+C2SP tlog-checkpoint / signed-note (Ed25519) checkpoints, DSSE receipts and C2SP tlog-proof
+inclusion proofs. Only the standard library and `cryptography` are needed: an auditor can
+install this package without the server. See docs/provenance.md.
+
+The gateway uses `ProvenanceLog` (writer), the record builders, `Salts` / `commit` and
+`make_receipt`; auditors use `verify_log`, `verify_receipt`, `verify_tlog_proof` and
+`verify_commitment`, all of which raise a `ProvenanceError` rather than return a bool.
+"""
+
+from gateway.provenance.checkpoint import (
+    Checkpoint,
+    SignedCheckpoint,
+    open_checkpoint,
+    sign_checkpoint,
+)
+from gateway.provenance.commitments import (
+    REQUEST_DOMAIN,
+    RESPONSE_DOMAIN,
+    BodyKind,
+    Salts,
+    commit,
+    commit_digest,
+    verify_commitment,
+)
+from gateway.provenance.errors import (
+    CommitmentMismatchError,
+    KeyFormatError,
+    LogCorruptedError,
+    LogUnavailableError,
+    LogVerificationError,
+    MalformedError,
+    ProofError,
+    ProvenanceError,
+    RecordError,
+    SignatureError,
+)
+from gateway.provenance.keys import (
+    generate_signing_key,
+    load_signer,
+    load_verifiers,
+    write_signing_key,
+)
+from gateway.provenance.log import LogSettings, ProvenanceLog
+from gateway.provenance.note import Signer, Verifier, open_note, sign_note
+from gateway.provenance.proofs import TlogProof, verify_tlog_proof
+from gateway.provenance.reader import LogDirectory
+from gateway.provenance.receipts import Receipt, make_receipt, verify_receipt
+from gateway.provenance.records import (
+    BackendRef,
+    LogEntry,
+    PolicyRef,
+    Record,
+    Retention,
+    TraceStep,
+    Usage,
+    completion_record,
+    dispatch_record,
+    parse_record,
+    refusal_record,
+    validate_record,
+)
+from gateway.provenance.store import Recovery, SignedNote
+from gateway.provenance.verify import LogSummary, verify_log
+
+__all__ = [
+    "REQUEST_DOMAIN",
+    "RESPONSE_DOMAIN",
+    "BackendRef",
+    "BodyKind",
+    "Checkpoint",
+    "CommitmentMismatchError",
+    "KeyFormatError",
+    "LogCorruptedError",
+    "LogDirectory",
+    "LogEntry",
+    "LogSettings",
+    "LogSummary",
+    "LogUnavailableError",
+    "LogVerificationError",
+    "MalformedError",
+    "PolicyRef",
+    "ProofError",
+    "ProvenanceError",
+    "ProvenanceLog",
+    "Receipt",
+    "Record",
+    "RecordError",
+    "Recovery",
+    "Retention",
+    "Salts",
+    "SignatureError",
+    "SignedCheckpoint",
+    "SignedNote",
+    "Signer",
+    "TlogProof",
+    "TraceStep",
+    "Usage",
+    "Verifier",
+    "commit",
+    "commit_digest",
+    "completion_record",
+    "dispatch_record",
+    "generate_signing_key",
+    "load_signer",
+    "load_verifiers",
+    "make_receipt",
+    "open_checkpoint",
+    "open_note",
+    "parse_record",
+    "refusal_record",
+    "sign_checkpoint",
+    "sign_note",
+    "validate_record",
+    "verify_commitment",
+    "verify_log",
+    "verify_receipt",
+    "verify_tlog_proof",
+    "write_signing_key",
+]

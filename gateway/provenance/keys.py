@@ -1,0 +1,81 @@
+"""Signing key files for the provenance log: create (0600, never overwritten) and load.
+
+A key file holds one line, the Go `sumdb/note` signer key string
+`PRIVATE+KEY+<name>+<hexid>+<base64(0x01 || seed)>`, so `note.NewSigner` reads it as is.
+The matching verifier key string is what auditors get.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from gateway.provenance.errors import KeyFormatError
+from gateway.provenance.note import Signer, Verifier, valid_key_name
+
+__all__ = ["generate_signing_key", "load_signer", "load_verifiers", "write_signing_key"]
+
+
+def generate_signing_key(
+    name: str, *, random: Callable[[int], bytes] = os.urandom
+) -> tuple[str, str]:
+    """A fresh Ed25519 key named `name`: (signer key string, verifier key string)."""
+    if not valid_key_name(name):
+        raise KeyFormatError(f"key name {name!r} is empty or has whitespace or '+'")
+    seed = random(32)
+    signer = Signer.from_seed(name, seed)
+    return signer.skey(seed), signer.vkey
+
+
+def write_signing_key(
+    path: str | os.PathLike[str],
+    name: str,
+    *,
+    random: Callable[[int], bytes] = os.urandom,
+) -> str:
+    """Write a new signing key file at `path` (mode 0600, refused if it exists).
+
+    Returns the verifier key string to publish to auditors.
+    """
+    skey, vkey = generate_signing_key(name, random=random)
+    target = Path(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(target, flags, 0o600)
+    except FileExistsError as exc:
+        raise FileExistsError(f"{target} already exists; refusing to overwrite a key") from exc
+    with os.fdopen(fd, "w", encoding="ascii") as handle:
+        handle.write(skey + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    directory = os.open(target.parent if str(target.parent) else ".", os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    return vkey
+
+
+def load_signer(path: str | os.PathLike[str]) -> Signer:
+    """Read a signing key file written by `write_signing_key` (or Go's note.GenerateKey)."""
+    target = Path(path)
+    mode = target.stat().st_mode
+    if mode & 0o077:
+        raise KeyFormatError(
+            f"{target} is readable by group or others (mode {mode & 0o777:o}); chmod 600 it"
+        )
+    return Signer.from_skey(target.read_text(encoding="ascii"))
+
+
+def load_verifiers(keys: list[str]) -> list[Verifier]:
+    """Verifier keys given as key strings or as paths of files holding one per line."""
+    verifiers: list[Verifier] = []
+    for item in keys:
+        candidate = Path(item)
+        if "+" not in item or candidate.is_file():
+            lines = candidate.read_text(encoding="utf-8").splitlines()
+            verifiers.extend(Verifier(line) for line in lines if line.strip())
+        else:
+            verifiers.append(Verifier(item))
+    return verifiers

@@ -1,0 +1,297 @@
+"""`ProvenanceLog`: the asyncio writer the gateway calls, with group commit and checkpoints.
+
+`await log.append(record)` returns only once the record is durable. Appends that arrive
+within the group-commit window share one write and one fsync, done on the log's own worker
+thread so the event loop never blocks on disk. A checkpoint is signed every
+`checkpoint_every` entries or `checkpoint_interval_ms`, whichever comes first, on the same
+thread, so it covers exactly the entries already made durable.
+
+If the disk refuses a write, `append` raises `LogUnavailableError` (the gateway answers
+503) and nothing of that batch is logged; the next append tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+from gateway.canonical import canonical_json
+from gateway.provenance.errors import LogUnavailableError, ProvenanceError, RecordError
+from gateway.provenance.note import Signer
+from gateway.provenance.proofs import TlogProof
+from gateway.provenance.records import LogEntry, validate_record
+from gateway.provenance.store import LogStore, Recovery, SignedNote
+from gateway.provenance.tiles import MAX_ENTRY_SIZE
+
+__all__ = ["LogSettings", "ProvenanceLog"]
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class LogSettings:
+    """Group commit and checkpoint cadence (see docs/provenance.md)."""
+
+    group_commit_ms: float = 2.0
+    max_batch: int = 1024
+    checkpoint_every: int = 1000
+    checkpoint_interval_ms: float = 1000.0
+
+    def __post_init__(self) -> None:
+        if self.group_commit_ms < 0 or self.checkpoint_interval_ms <= 0:
+            raise ValueError("group_commit_ms must be >= 0 and checkpoint_interval_ms > 0")
+        if self.max_batch < 1 or self.checkpoint_every < 1:
+            raise ValueError("max_batch and checkpoint_every must be >= 1")
+
+
+class ProvenanceLog:
+    """The per-replica provenance log. Create with `await ProvenanceLog.open(...)`."""
+
+    def __init__(
+        self,
+        store: LogStore,
+        executor: ThreadPoolExecutor,
+        settings: LogSettings,
+        clock: Callable[[], float],
+    ) -> None:
+        self._store = store
+        self._executor = executor
+        self._settings = settings
+        self._clock = clock
+        self._queue: list[tuple[bytes, asyncio.Future[LogEntry]]] = []
+        self._wakeup = asyncio.Event()  # the queue went from empty to not empty
+        self._filled = asyncio.Event()  # the queue reached the size of the last batch
+        self._last_batch = 1
+        self._closing = False
+        self._aborting = False
+        self._size = store.size
+        self._checkpointed_at = clock()
+        self._last_error: ProvenanceError | None = None
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="provenance-log")
+
+    @classmethod
+    async def open(
+        cls,
+        directory: str | os.PathLike[str],
+        origin: str,
+        signer: Signer,
+        *,
+        cosigners: Sequence[Signer] = (),
+        settings: LogSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> ProvenanceLog:
+        """Open or create the log in `directory`, recovering after a crash.
+
+        `cosigners` also sign every checkpoint (e.g. the previous key during a rotation).
+        """
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="provenance-log")
+        loop = asyncio.get_running_loop()
+        try:
+            store = await loop.run_in_executor(
+                executor, LogStore.open, directory, origin, [signer, *cosigners]
+            )
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        return cls(store, executor, settings or LogSettings(), clock)
+
+    # --- what the gateway reads -------------------------------------------------------------
+
+    @property
+    def origin(self) -> str:
+        return self._store.origin
+
+    @property
+    def size(self) -> int:
+        """Entries made durable so far."""
+        return self._size
+
+    @property
+    def recovery(self) -> Recovery:
+        return self._store.recovery
+
+    @property
+    def last_error(self) -> ProvenanceError | None:
+        """The last write or checkpoint failure, cleared by the next success."""
+        return self._last_error
+
+    @property
+    def batches(self) -> int:
+        """Write+fsync rounds so far; appends / batches is the group-commit factor."""
+        return self._store.batches
+
+    def latest_checkpoint(self) -> SignedNote | None:
+        return self._store.latest
+
+    # --- appending ----------------------------------------------------------------------------
+
+    async def append(self, record: Mapping[str, object]) -> LogEntry:
+        """Validate, encode and durably append one record; returns its index and leaf hash.
+
+        Raises RecordError for a record outside the schema, LogUnavailableError when the
+        log cannot be written (nothing was logged).
+        """
+        if self._closing or self._task.done():
+            raise LogUnavailableError("the provenance log is closed")
+        validate_record(record)
+        try:
+            entry = canonical_json(record)
+        except (TypeError, ValueError) as exc:
+            raise RecordError(f"record cannot be canonicalised: {exc}") from exc
+        if len(entry) > MAX_ENTRY_SIZE:
+            raise RecordError(f"record is {len(entry)} bytes; the limit is {MAX_ENTRY_SIZE}")
+        future: asyncio.Future[LogEntry] = asyncio.get_running_loop().create_future()
+        self._queue.append((entry, future))
+        self._wakeup.set()
+        if len(self._queue) >= self._last_batch:
+            self._filled.set()
+        return await future
+
+    async def checkpoint(self) -> SignedNote:
+        """Sign a checkpoint now over every durable entry (returns the latest if none new)."""
+        return await self._in_worker(self._store.checkpoint)
+
+    async def inclusion_proof(self, index: int) -> TlogProof:
+        """A C2SP tlog-proof for entry `index` against the latest checkpoint.
+
+        Raises ValueError when no checkpoint covers the entry yet.
+        """
+        latest = self._store.latest
+        if latest is None or index >= latest.checkpoint.size:
+            raise ValueError(f"entry {index} is not covered by a checkpoint yet")
+        hashes = await self._in_worker(self._store.inclusion_proof, index, latest.checkpoint.size)
+        return TlogProof(index=index, hashes=tuple(hashes), checkpoint=latest.note, extra=None)
+
+    async def close(self) -> None:
+        """Flush queued appends, sign a final checkpoint, release the directory."""
+        if self._closing:
+            return
+        self._closing = True
+        self._wakeup.set()
+        await self._task
+        try:
+            await self._in_worker(self._store.checkpoint)
+        finally:
+            await self._in_worker(self._store.close)
+            self._executor.shutdown(wait=True)
+
+    async def abort(self) -> None:
+        """Stop without a final checkpoint, releasing the directory.
+
+        A batch already being written completes; queued appends fail with
+        LogUnavailableError. Entries made durable since the last checkpoint stay in the
+        write-ahead segment and the next `open` recovers them, just as after a crash.
+        """
+        if self._closing:
+            return
+        self._closing = self._aborting = True
+        self._wakeup.set()
+        await self._task
+        await self._in_worker(self._store.close)
+        self._executor.shutdown(wait=True)
+
+    # --- the committer ------------------------------------------------------------------------
+
+    async def _in_worker(self, function: Callable[..., _T], *args: object) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+
+    def _checkpoint_due(self) -> bool:
+        unsigned = self._size - self._signed_size()
+        if unsigned <= 0:
+            return False
+        if unsigned >= self._settings.checkpoint_every:
+            return True
+        elapsed_ms = (self._clock() - self._checkpointed_at) * 1000.0
+        return elapsed_ms >= self._settings.checkpoint_interval_ms
+
+    def _signed_size(self) -> int:
+        latest = self._store.latest
+        return latest.checkpoint.size if latest else 0
+
+    def _idle_timeout(self) -> float | None:
+        if self._size == self._signed_size():
+            return None
+        elapsed_ms = (self._clock() - self._checkpointed_at) * 1000.0
+        return max(0.0, self._settings.checkpoint_interval_ms - elapsed_ms) / 1000.0
+
+    def _fail_queue(self, error: LogUnavailableError) -> None:
+        for _, future in self._queue:
+            if not future.done():
+                future.set_exception(error)
+        self._queue.clear()
+
+    async def _run(self) -> None:
+        try:
+            await self._rounds()
+        finally:  # however the committer ends, no append is left waiting
+            self._fail_queue(LogUnavailableError("the provenance log writer has stopped"))
+
+    async def _rounds(self) -> None:
+        # Runs until close(); each round either commits a batch, signs, or waits for work.
+        while not self._aborting:
+            if not self._queue and not self._closing:
+                # A timeout means the checkpoint interval elapsed: fall through to sign.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), self._idle_timeout())
+                self._wakeup.clear()
+            await self._gather_batch()
+            if self._aborting:
+                return
+            batch = self._queue[: self._settings.max_batch]
+            del self._queue[: self._settings.max_batch]
+            if batch:
+                await self._commit(batch)
+            if self._checkpoint_due() and not self._aborting:
+                await self._sign()
+            if self._closing and not self._queue:
+                return
+
+    async def _gather_batch(self) -> None:
+        """Wait up to the group-commit window for as many appends as the last batch held.
+
+        A lone appender is committed at once; concurrent appenders fill the batch in
+        well under the window. Appends that arrive during a commit join the next one.
+        """
+        window = self._settings.group_commit_ms / 1000.0
+        target = min(self._last_batch, self._settings.max_batch)
+        if window <= 0 or self._closing or not 0 < len(self._queue) < target:
+            return
+        self._filled.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._filled.wait(), window)
+
+    async def _commit(self, batch: list[tuple[bytes, asyncio.Future[LogEntry]]]) -> None:
+        entries = [entry for entry, _ in batch]
+        self._last_batch = len(batch)
+        try:
+            placed = await self._in_worker(self._store.append_batch, entries)
+        except Exception as exc:  # noqa: BLE001 - every waiter gets the error, none hangs
+            error = (
+                exc
+                if isinstance(exc, ProvenanceError)
+                else LogUnavailableError(f"the provenance log writer failed: {exc!r}")
+            )
+            self._last_error = error
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        self._last_error = None
+        self._size += len(placed)
+        for (_, future), where in zip(batch, placed, strict=True):
+            if not future.done():
+                future.set_result(where)
+
+    async def _sign(self) -> None:
+        try:
+            await self._in_worker(self._store.checkpoint)
+        except ProvenanceError as exc:
+            self._last_error = exc  # appends keep working; retried after one interval
+        finally:
+            self._checkpointed_at = self._clock()

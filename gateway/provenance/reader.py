@@ -1,0 +1,99 @@
+"""Read-only access to a log directory for auditors: checkpoints, entries, lookups.
+
+Nothing here trusts the files: `verify` checks them. `LogDirectory` only knows where the
+tlog-tiles layout (and the write-ahead segments) keep things.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from gateway.provenance.errors import MalformedError, RecordError
+from gateway.provenance.layout import CHECKPOINT, WAL, list_history
+from gateway.provenance.records import Record, parse_record
+from gateway.provenance.tiles import TILE_WIDTH, decode_bundle, entries_path, tile_path
+from gateway.provenance.wal import list_segments, scan_segment
+
+__all__ = ["LogDirectory"]
+
+
+class LogDirectory:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise MalformedError(f"{self.path} is not a directory")
+
+    def history(self) -> list[tuple[int, Path]]:
+        return list_history(self.path)
+
+    def latest_note(self) -> bytes:
+        """The served `checkpoint` file's bytes."""
+        try:
+            return (self.path / CHECKPOINT).read_bytes()
+        except FileNotFoundError as exc:
+            raise MalformedError(f"{self.path} has no checkpoint file") from exc
+
+    def _first_existing(self, names: list[str]) -> tuple[str, bytes] | None:
+        for name in names:
+            try:
+                return name, (self.path / name).read_bytes()
+            except FileNotFoundError:
+                continue
+        return None
+
+    def bundle(self, index: int, size: int) -> list[bytes]:
+        """Entries of bundle `index` as far as a tree of `size` reaches (full file first)."""
+        count = min(TILE_WIDTH, size - index * TILE_WIDTH)
+        names = [entries_path(index)]
+        if count < TILE_WIDTH:
+            names.append(entries_path(index, count))
+        found = self._first_existing(names)
+        if found is None:
+            raise MalformedError(f"entry bundle {names[-1]} is missing")
+        name, data = found
+        entries = decode_bundle(data, where=name)
+        if len(entries) < count:
+            raise MalformedError(f"entry bundle {name} holds {len(entries)} entries, not {count}")
+        return entries[:count]
+
+    def level0_tile(self, index: int, size: int) -> bytes:
+        """Leaf hashes of level-0 tile `index` as far as a tree of `size` reaches."""
+        count = min(TILE_WIDTH, size - index * TILE_WIDTH)
+        names = [tile_path(0, index)]
+        if count < TILE_WIDTH:
+            names.append(tile_path(0, index, count))
+        found = self._first_existing(names)
+        if found is None:
+            raise MalformedError(f"tile {names[-1]} is missing")
+        name, data = found
+        if len(data) < count * 32:
+            raise MalformedError(f"tile {name} holds fewer than {count} hashes")
+        return data[: count * 32]
+
+    def entries(self, size: int) -> Iterator[tuple[int, bytes]]:
+        """(index, entry) for every entry of a tree of `size`, from the entry bundles."""
+        for bundle_index in range((size + TILE_WIDTH - 1) // TILE_WIDTH):
+            for offset, entry in enumerate(self.bundle(bundle_index, size)):
+                yield bundle_index * TILE_WIDTH + offset, entry
+
+    def records(self, size: int) -> Iterator[tuple[int, Record]]:
+        for index, entry in self.entries(size):
+            try:
+                yield index, parse_record(entry)
+            except RecordError as exc:
+                raise RecordError(f"entry {index}: {exc}") from exc
+
+    def unsigned_entries(self, size: int) -> list[bytes]:
+        """Entries in the write-ahead segments beyond `size` (not yet in a checkpoint)."""
+        found: list[bytes] = []
+        for first, path in list_segments(self.path / WAL):
+            scan = scan_segment(path, first)
+            for offset, (entry, _) in enumerate(scan.entries):
+                if first + offset >= size + len(found):
+                    found.append(entry)
+        return found
+
+    def find_request(self, request_id: str, size: int) -> list[tuple[int, Record]]:
+        """Every record of `request_id` in a tree of `size`, in log order."""
+        return [(i, r) for i, r in self.records(size) if r.request_id == request_id]

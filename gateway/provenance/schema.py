@@ -1,0 +1,132 @@
+"""The closed schema of provenance records, version 1, as data, and its checker.
+
+A field's spec is one of: `str` (a string), `int` (a non-negative integer, not a bool),
+`bool`, a compiled regex (a string it matches), a frozenset (one of these values),
+`Optional(spec)`, `ListOf(spec)`, or a dict of field specs (an object with exactly those
+fields). `problem(record)` returns None for a valid record, else what is wrong first.
+docs/provenance.md documents each field.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["RECORD_SCHEMAS", "SCHEMA_VERSION", "ListOf", "Optional", "problem"]
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Optional:
+    spec: object
+
+
+@dataclass(frozen=True, slots=True)
+class ListOf:
+    spec: object
+
+
+_NONEMPTY = re.compile(r"(?s).")
+_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z\Z")
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+_POLICY = {"id": str, "version": str, "digest": str}
+_TRACE = ListOf({"backend": str, "verdict": frozenset({"admitted", "excluded"}), "rule": str})
+_COMMON: dict[str, object] = {
+    "v": frozenset({SCHEMA_VERSION}),
+    "type": frozenset({"dispatch", "completion", "refusal"}),
+    "request_id": _NONEMPTY,
+    "time": _TIME,
+}
+RECORD_SCHEMAS: dict[str, dict[str, object]] = {
+    "dispatch": {
+        **_COMMON,
+        "tenant": str,
+        "model": str,
+        "policy": _POLICY,
+        "trace": _TRACE,
+        "backend": {
+            "id": _NONEMPTY,
+            "tier": frozenset({"private", "hosted"}),
+            "kind": str,
+            "provider": str,
+            "owner": str,
+            "region": str,
+            "retention": {"days": int, "zero_data_retention": bool, "training": bool},
+        },
+        "fallback": Optional(str),
+        "request_commitment": _HEX64,
+    },
+    "completion": {
+        **_COMMON,
+        "dispatch": {"index": int, "hash": _HEX64},
+        "status": int,
+        "error": Optional(str),
+        "usage": Optional({"prompt_tokens": int, "completion_tokens": int, "total_tokens": int}),
+        "latency_ms": int,
+        "response_commitment": Optional(_HEX64),
+    },
+    "refusal": {
+        **_COMMON,
+        "tenant": str,
+        "model": str,
+        "policy": _POLICY,
+        "trace": _TRACE,
+        "rule": str,
+        "reason": str,
+        "request_commitment": Optional(_HEX64),
+    },
+}
+
+
+def _valid(value: object, spec: object) -> bool:
+    if spec is str:
+        return type(value) is str
+    if spec is int:
+        return type(value) is int and value >= 0
+    if spec is bool:
+        return type(value) is bool
+    kind = type(spec)
+    if kind is dict:
+        return type(value) is dict and _fields_problem(value, spec) is None  # type: ignore[arg-type]
+    if kind is frozenset:
+        return type(value) in (str, int) and value in spec  # type: ignore[operator]
+    if isinstance(spec, re.Pattern):
+        return type(value) is str and spec.match(value) is not None
+    if isinstance(spec, Optional):
+        return value is None or _valid(value, spec.spec)
+    if isinstance(spec, ListOf):
+        return type(value) is list and all(_valid(item, spec.spec) for item in value)
+    raise TypeError(f"unknown schema spec {spec!r}")
+
+
+def _fields_problem(value: Mapping[str, object], fields: Mapping[str, object]) -> str | None:
+    if value.keys() != fields.keys():
+        unknown = sorted(value.keys() - fields.keys())
+        if unknown:
+            return f"unknown field {unknown[0]!r}"
+        return f"missing field {sorted(fields.keys() - value.keys())[0]!r}"
+    for name, spec in fields.items():
+        item = value[name]
+        # The common scalar specs are tested inline: `audit verify` runs this per record.
+        if spec is str:
+            if type(item) is str:
+                continue
+        elif spec is int:
+            if type(item) is int and item >= 0:
+                continue
+        elif _valid(item, spec):
+            continue
+        return f"field {name!r} has an invalid value"
+    return None
+
+
+def problem(record: Mapping[str, object]) -> str | None:
+    """None when `record` follows schema v1, else the first problem, for humans."""
+    kind = record.get("type")
+    schema = RECORD_SCHEMAS.get(kind) if isinstance(kind, str) else None
+    if schema is None:
+        return f"record type {kind!r} is not one of {', '.join(RECORD_SCHEMAS)}"
+    found = _fields_problem(record, schema)
+    return None if found is None else f"{kind} record: {found}"

@@ -1,0 +1,267 @@
+"""`verify_log`: the auditor's full check of a log directory, with a public key only.
+
+It checks, and raises `LogVerificationError` at the first failure:
+
+1. every checkpoint in the history is signed by a trusted key, for the same origin;
+2. the served `checkpoint` is the newest one (an older one is a rollback), and every
+   checkpoint the auditor already holds is covered (or the log was rolled back);
+3. every entry: its leaf hash equals the stored level-0 tile hash (else the first edited,
+   deleted, inserted or reordered index is named), it is a valid schema-v1 record, and a
+   completion links to an open dispatch of the same request by index and hash;
+4. every stored tile and bundle matches the recomputed tree, and the recomputed root at each
+   checkpoint's size equals the signed root (else the log was altered after signing);
+5. each checkpoint is consistent with the previous one (RFC 6962 consistency proof).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.provenance.checkpoint import SignedCheckpoint, open_checkpoint
+from gateway.provenance.errors import (
+    LogVerificationError,
+    MalformedError,
+    ProofError,
+    RecordError,
+    SignatureError,
+)
+from gateway.provenance.merkle import HASH_SIZE, consistency_proof, leaf_hash, verify_consistency
+from gateway.provenance.note import Verifier
+from gateway.provenance.reader import LogDirectory
+from gateway.provenance.records import Record, parse_record
+from gateway.provenance.tiles import TILE_WIDTH, TileReader, tile_path
+from gateway.provenance.tree import TiledTree
+
+__all__ = ["LogSummary", "verify_log"]
+
+
+@dataclass(frozen=True, slots=True)
+class LogSummary:
+    origin: str
+    size: int
+    root: bytes
+    checkpoints: int
+    signed_by: tuple[str, ...]
+    unsigned_entries: int  # durable entries not yet covered by a checkpoint
+    open_dispatches: int  # dispatches with no completion (in flight, or a crash)
+
+
+def _fail(reason: str, index: int | None = None) -> LogVerificationError:
+    return LogVerificationError(reason, index=index)
+
+
+def _open_history(
+    log: LogDirectory, verifiers: Sequence[Verifier], origin: str | None
+) -> list[SignedCheckpoint]:
+    history = log.history()
+    if not history:
+        raise _fail(f"{log.path} has no checkpoints/ history: not a log, or it was deleted")
+    opened: list[SignedCheckpoint] = []
+    for size, path in history:
+        name = f"checkpoints/{path.name}"
+        try:
+            signed = open_checkpoint(path.read_bytes(), verifiers, origin=origin)
+        except (SignatureError, MalformedError) as exc:
+            raise _fail(f"checkpoint {name}: {exc}") from exc
+        if signed.checkpoint.size != size:
+            raise _fail(f"checkpoint {name} holds size {signed.checkpoint.size}, not {size}")
+        origin = signed.checkpoint.origin
+        opened.append(signed)
+    return opened
+
+
+def _check_latest(log: LogDirectory, history: list[SignedCheckpoint]) -> None:
+    newest = history[-1]
+    try:
+        served = log.latest_note()
+    except MalformedError as exc:
+        raise _fail(str(exc)) from exc
+    if served == newest.note:
+        return
+    try:
+        size = next(c.checkpoint.size for c in history if c.note == served)
+    except StopIteration:
+        raise _fail(
+            "the checkpoint file is not one of the signed checkpoints in checkpoints/"
+        ) from None
+    raise _fail(
+        f"rollback: the checkpoint file presents size {size} but the log signed a newer "
+        f"checkpoint of size {newest.checkpoint.size}"
+    )
+
+
+def _check_trusted(
+    trusted: Iterable[bytes], verifiers: Sequence[Verifier], origin: str, latest: int
+) -> list[SignedCheckpoint]:
+    held: list[SignedCheckpoint] = []
+    for number, data in enumerate(trusted):
+        try:
+            signed = open_checkpoint(data, verifiers, origin=origin)
+        except (SignatureError, MalformedError) as exc:
+            raise _fail(f"trusted checkpoint #{number + 1}: {exc}") from exc
+        if signed.checkpoint.size > latest:
+            raise _fail(
+                f"rollback: the log's newest checkpoint has size {latest}, but you hold a "
+                f"checkpoint of size {signed.checkpoint.size} signed by the same log"
+            )
+        held.append(signed)
+    return held
+
+
+class _Links:
+    """Completion -> dispatch links: dispatches stay open until their completion."""
+
+    def __init__(self) -> None:
+        self.open: dict[int, tuple[str, bytes]] = {}
+
+    def check(self, index: int, record: Record, leaf: bytes) -> None:
+        if record.type == "dispatch":
+            self.open[index] = (record.request_id, leaf)
+            return
+        if record.type != "completion":
+            return
+        link = record.data["dispatch"]
+        target, target_hash = link["index"], bytes.fromhex(link["hash"])
+        if target >= index:
+            raise _fail(f"completion links to entry {target}, which is not earlier", index)
+        found = self.open.pop(target, None)
+        if found is None:
+            raise _fail(
+                f"completion links to entry {target}, which is not an open dispatch record "
+                "(not a dispatch, or already completed)",
+                index,
+            )
+        request_id, dispatch_hash = found
+        if request_id != record.request_id:
+            raise _fail(
+                f"completion of request {record.request_id!r} links to the dispatch of "
+                f"request {request_id!r} at entry {target}",
+                index,
+            )
+        if dispatch_hash != target_hash:
+            raise _fail(f"completion's link hash differs from entry {target}'s hash", index)
+
+
+def _compare_files(log: LogDirectory, files: list[tuple[str, bytes]], index: int | None) -> None:
+    for name, expected in files:
+        try:
+            actual = (log.path / name).read_bytes()
+        except FileNotFoundError:
+            full, partial, _ = name.partition(".p/")
+            if partial and (log.path / full).exists():
+                continue  # a partial tile may be deleted once its full tile exists
+            raise _fail(f"{name} is missing", index) from None
+        if actual != expected:
+            raise _fail(f"{name} does not match the entries it covers (altered file)", index)
+
+
+def verify_log(
+    directory: str | Path,
+    verifiers: Sequence[Verifier],
+    *,
+    origin: str | None = None,
+    trusted_checkpoints: Iterable[bytes] = (),
+) -> LogSummary:
+    """Verify a whole log directory; raises LogVerificationError naming the first problem."""
+    if not verifiers:
+        raise ValueError("verify_log needs at least one trusted key")
+    try:
+        log = LogDirectory(directory)
+    except MalformedError as exc:
+        raise _fail(str(exc)) from exc
+    history = _open_history(log, verifiers, origin)
+    _check_latest(log, history)
+    newest = history[-1].checkpoint
+    held = _check_trusted(trusted_checkpoints, verifiers, newest.origin, newest.size)
+    expected_roots: dict[int, list[tuple[str, bytes]]] = {}
+    for label, signed in [("checkpoint", c) for c in history] + [("trusted", c) for c in held]:
+        size = signed.checkpoint.size
+        name = f"{'' if label == 'checkpoint' else 'trusted '}checkpoint of size {size}"
+        expected_roots.setdefault(size, []).append((name, signed.checkpoint.root))
+    history_sizes = {signed.checkpoint.size for signed in history}
+
+    tree = TiledTree()
+    links = _Links()
+    _check_roots(tree, expected_roots, history_sizes, log)
+    for bundle_index in range((newest.size + TILE_WIDTH - 1) // TILE_WIDTH):
+        first = bundle_index * TILE_WIDTH
+        try:
+            entries = log.bundle(bundle_index, newest.size)
+            hashes = log.level0_tile(bundle_index, newest.size)
+        except MalformedError as exc:
+            raise _fail(
+                f"{exc}; the signed checkpoint covers {newest.size} entries "
+                "(entries were deleted or truncated)",
+                first,
+            ) from exc
+        for offset, entry in enumerate(entries):
+            index = first + offset
+            leaf = leaf_hash(entry)
+            if leaf != hashes[offset * HASH_SIZE : (offset + 1) * HASH_SIZE]:
+                raise _fail(
+                    f"the entry does not hash to its leaf in {tile_path(0, bundle_index)}: "
+                    "a record was edited, deleted, inserted or reordered here",
+                    index,
+                )
+            try:
+                record = parse_record(entry)
+            except RecordError as exc:
+                raise _fail(f"not a valid schema-v1 record: {exc}", index) from exc
+            links.check(index, record, leaf)
+            completed = tree.append(entry, leaf)
+            if completed:
+                _compare_files(log, completed, index)
+            if tree.size in expected_roots:
+                _check_roots(tree, expected_roots, history_sizes, log)
+
+    _check_consistency(log, history)
+    signers = sorted({f"{s.name}+{s.key_id:08x}" for c in history for s in c.signatures.verified})
+    return LogSummary(
+        origin=newest.origin,
+        size=newest.size,
+        root=newest.root,
+        checkpoints=len(history),
+        signed_by=tuple(signers),
+        unsigned_entries=len(log.unsigned_entries(newest.size)),
+        open_dispatches=len(links.open),
+    )
+
+
+def _check_roots(
+    tree: TiledTree,
+    expected: dict[int, list[tuple[str, bytes]]],
+    history_sizes: set[int],
+    log: LogDirectory,
+) -> None:
+    wanted = expected.get(tree.size)
+    if wanted is None:
+        return
+    root = tree.root()
+    for label, signed_root in wanted:
+        if root != signed_root:
+            raise _fail(
+                f"entries 0..{tree.size - 1} do not hash to the root of the {label}: "
+                "the log was altered after it was signed (tiles were rewritten to match)"
+            )
+    if tree.size in history_sizes:
+        _compare_files(log, tree.partial_files(), None)
+
+
+def _check_consistency(log: LogDirectory, history: list[SignedCheckpoint]) -> None:
+    newest = history[-1].checkpoint
+    reader = TileReader(log.path, newest.size)
+    for older, newer in itertools.pairwise(history):
+        a, b = older.checkpoint, newer.checkpoint
+        if a.size == 0:
+            continue  # every tree extends the empty tree
+        try:
+            proof = consistency_proof(a.size, b.size, reader.node)
+            verify_consistency(a.size, b.size, proof, a.root, b.root)
+        except (ProofError, MalformedError) as exc:
+            raise _fail(
+                f"checkpoint of size {b.size} is not consistent with the one of size {a.size}: "
+                f"{exc}"
+            ) from exc

@@ -1,0 +1,136 @@
+"""The active trust-policy set: loaded at start, hot-reloaded, never a gap in checking.
+
+Policies are compiled by `gateway.policy`; this module owns their life in the server.
+A reload (file change, SIGHUP) compiles the new files completely before one reference
+swap makes them active; a file that fails validation leaves the last good set active
+and is reported (log, `/readyz` detail, metric). Without a `policy` section in
+gateway.yaml a built-in set applies: every tenant may use the private backends serving
+its models and nothing else (no hosted fallback) — deny by default toward providers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gateway.config.schema import GatewayConfig
+from gateway.logs import get_logger
+from gateway.policy import BackendFacts, PolicyError, PolicySet, backend_facts, parse_policies
+from gateway.policy.loader import load_policies
+
+__all__ = ["BUILTIN_POLICY_ID", "TrustPolicies"]
+
+BUILTIN_POLICY_ID = "builtin-private-only"
+
+
+class TrustPolicies:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        config_dir: Path,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._facts: tuple[BackendFacts, ...] = backend_facts(config)
+        self._tenants = tuple(t.id for t in config.tenants)
+        self._clock = clock
+        self._log = get_logger("owngate.policy")
+        settings = config.policy
+        self._paths = [config_dir / p for p in settings.paths] if settings else []
+        self.reload_interval_s = settings.reload_interval_s if settings else 1.0
+        self.last_error: str | None = None
+        self.reload_failures = 0
+        self.loaded_at = clock()
+        # Raises PolicyError: the server refuses to start without valid policies.
+        self.current: PolicySet = self._compile()
+        self._stamp = self._fingerprint()
+
+    @property
+    def configured(self) -> bool:
+        return bool(self._paths)
+
+    def _compile(self) -> PolicySet:
+        if not self._paths:
+            return parse_policies([("<builtin>", _builtin_text(self._tenants))], self._facts)
+        return load_policies(self._paths, self._facts)
+
+    def reload(self) -> bool:
+        """Compile the files again; swap only if every file is valid. True if swapped."""
+        try:
+            fresh = self._compile()
+        except PolicyError as exc:
+            self.reload_failures += 1
+            first = exc.issues[0] if exc.issues else None
+            self.last_error = f"{len(exc.issues)} problem(s); first: {first}"
+            self._log.error(
+                "policy reload failed; keeping the last good policy set",
+                active=self.current.id,
+                active_digest=self.current.digest,
+                problems=[str(issue) for issue in exc.issues[:20]],
+            )
+            return False
+        changed = fresh.digest != self.current.digest
+        self.current = fresh  # one reference swap: requests see the old set or the new
+        self.last_error = None
+        self.loaded_at = self._clock()
+        if changed:
+            self._log.info(
+                "policy set loaded", id=fresh.id, version=fresh.version, digest=fresh.digest
+            )
+        return changed
+
+    def _fingerprint(self) -> tuple[tuple[str, int, int], ...]:
+        stamps = []
+        for path in self._paths:
+            candidates = sorted(path.rglob("*.y*ml")) if path.is_dir() else [path]
+            for file in candidates:
+                try:
+                    info = file.stat()
+                except OSError:
+                    continue
+                stamps.append((str(file), info.st_mtime_ns, info.st_size))
+        return tuple(stamps)
+
+    async def watch(self) -> None:
+        """Poll the policy files; reload when any of them changes. Cancel to stop."""
+        if not self._paths:
+            return
+        while True:
+            await asyncio.sleep(self.reload_interval_s)
+            stamp = self._fingerprint()
+            if stamp != self._stamp:
+                self._stamp = stamp
+                self.reload()
+
+    def status(self) -> dict[str, Any]:
+        policy = self.current
+        return {
+            "id": policy.id,
+            "version": policy.version,
+            "digest": policy.digest,
+            "builtin": not self._paths,
+            "loaded_at": self.loaded_at,
+            "last_reload_error": self.last_error,
+        }
+
+
+def _builtin_text(tenants: Sequence[str]) -> str:
+    listed = ", ".join(f'"{t}"' for t in tenants)
+    return f"""
+apiVersion: policy.owngate.dev/v1
+kind: PolicySet
+metadata: {{id: {BUILTIN_POLICY_ID}, version: "1",
+           description: "No policy files configured: private backends only"}}
+---
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {{id: {BUILTIN_POLICY_ID}, version: "1"}}
+spec:
+  tenants: [{listed}]
+  residency: {{allow: ["*"]}}
+  retention: {{max_days: any, training: true}}
+  fallback: {{mode: never}}
+"""

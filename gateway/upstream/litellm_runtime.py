@@ -1,0 +1,121 @@
+"""Load LiteLLM on first use, offline and silent; close the HTTP clients it caches.
+
+Nothing here runs at import: `load_litellm()` imports LiteLLM the first time a hosted
+backend is called, so the private-backend path never pays for it (a test checks that).
+The import takes seconds of CPU, so `aload_litellm()` runs it in a worker thread and the
+event loop keeps serving private traffic meanwhile.
+
+What is switched off, and why (LiteLLM 1.108.7, read from its source):
+
+- Environment read *at import*: `LITELLM_LOCAL_MODEL_COST_MAP=True` (else the model cost
+  map is fetched from raw.githubusercontent.com, retried in a background thread);
+  `LITELLM_MODE=PRODUCTION` (else `dotenv.load_dotenv()` walks up from LiteLLM's install
+  directory and loads any `.env` it finds into `os.environ`); `LITELLM_LOG=ERROR` (level of
+  LiteLLM's own stderr handler; its default is DEBUG).
+- Environment read *per call*: `LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS=True` (else the
+  Anthropic beta-header table is fetched from GitHub); `LITELLM_RUST=false` (every route
+  stays on LiteLLM's Python implementation, the one tested here);
+  `LITELLM_PRINT_STANDARD_LOGGING_PAYLOAD` removed (when set, every call's payload, prompt
+  included, is printed to stdout).
+- Module settings after import: no callbacks of any kind (they are how LiteLLM ships
+  requests to logging/observability services); `suppress_debug_info` (no "Give Feedback"
+  banners on stdout); `set_verbose=False`; `turn_off_message_logging` and
+  `redact_messages_in_exceptions` (no prompt text in its logging payloads or exception
+  messages); `disable_hf_tokenizer_download` (token counting would otherwise download
+  tokenizers from the Hugging Face Hub); `modify_params=False`,
+  `route_all_chat_openai_to_responses=False` (no environment-driven rewriting).
+- Logging: the `LiteLLM`, `LiteLLM Router` and `LiteLLM Proxy` loggers lose their handler,
+  stop propagating, sit above CRITICAL and drop every record through a filter, so neither
+  LiteLLM's debug output (which holds full request bodies) nor its error lines reach the
+  gateway's logs even if something later lowers their level.
+
+These values are forced, not defaulted: an operator's `LITELLM_LOG=DEBUG` would log prompts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import logging
+import os
+from types import ModuleType
+from typing import Any, Final
+
+__all__ = ["FORCED_ENVIRONMENT", "aclose_litellm_clients", "aload_litellm", "load_litellm"]
+
+FORCED_ENVIRONMENT: Final[dict[str, str]] = {
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS": "True",
+    "LITELLM_MODE": "PRODUCTION",
+    "LITELLM_LOG": "ERROR",
+    "LITELLM_RUST": "false",
+}
+_REMOVED_ENVIRONMENT: Final = ("LITELLM_PRINT_STANDARD_LOGGING_PAYLOAD",)
+_LOGGERS: Final = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")
+_CALLBACK_LISTS: Final = (
+    "callbacks",
+    "input_callback",
+    "success_callback",
+    "failure_callback",
+    "service_callback",
+    "audit_log_callbacks",
+    "_async_input_callback",
+    "_async_success_callback",
+    "_async_failure_callback",
+)
+_SETTINGS: Final[dict[str, Any]] = {
+    "suppress_debug_info": True,
+    "set_verbose": False,
+    "turn_off_message_logging": True,
+    "redact_messages_in_exceptions": True,
+    "disable_hf_tokenizer_download": True,
+    "modify_params": False,
+    "drop_params": False,  # asked for per call, where the gateway means it
+    "route_all_chat_openai_to_responses": False,
+}
+
+
+def _drop_record(record: logging.LogRecord) -> bool:
+    return False
+
+
+@functools.cache
+def load_litellm() -> ModuleType:
+    """Import and configure LiteLLM once per process; later calls return the module."""
+    os.environ.update(FORCED_ENVIRONMENT)
+    for name in _REMOVED_ENVIRONMENT:
+        os.environ.pop(name, None)
+    litellm = importlib.import_module("litellm")
+    for name, value in _SETTINGS.items():
+        setattr(litellm, name, value)
+    for name in _CALLBACK_LISTS:
+        setattr(litellm, name, [])
+    for name in _LOGGERS:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.setLevel(logging.CRITICAL + 1)
+        logger.propagate = False
+        logger.addFilter(_drop_record)
+    return litellm
+
+
+async def aload_litellm() -> ModuleType:
+    """`load_litellm()` without blocking the event loop for the seconds the import takes."""
+    if load_litellm.cache_info().currsize:
+        return load_litellm()
+    return await asyncio.to_thread(load_litellm)
+
+
+async def aclose_litellm_clients() -> None:
+    """Close the HTTP clients LiteLLM cached, and forget them (shutdown, end of a test).
+
+    LiteLLM keeps one client per provider, settings and event loop in a process-wide
+    cache; closing without forgetting would hand a closed client to the next call.
+    """
+    if load_litellm.cache_info().currsize == 0:
+        return  # never loaded: nothing to close, and no reason to import it now
+    litellm = load_litellm()
+    await litellm.close_litellm_async_clients()
+    litellm.in_memory_llm_clients_cache.flush_cache()

@@ -1,0 +1,212 @@
+"""OpenAI request fields in, OpenAI response bytes out, around LiteLLM's own objects.
+
+Requests: only the OpenAI API's documented request fields become LiteLLM arguments, each
+by its own name. LiteLLM's keyword arguments are also its control channel (`api_base`,
+`api_key`, `extra_headers`, `metadata`, `mock_response`, `fallbacks`, ...), so a client
+field outside the allowlist could redirect the call, with the gateway's provider key,
+to a server of the client's choosing. Other fields are therefore not sent, and their
+names are reported back so the gateway can say so.
+
+Responses: LiteLLM's pydantic objects carry its own additions (`provider_specific_fields`,
+LiteLLM-only usage counters, `None` for fields the provider did not send). They are
+dumped once, those additions dropped, and the OpenAI shape restored where LiteLLM departs
+from it (a stream's usage chunk has `choices: []`; a chunk choice always has
+`finish_reason`; a text completion's text is never null).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+import orjson
+
+__all__ = [
+    "DONE",
+    "Endpoint",
+    "encode_chunk",
+    "encode_response",
+    "include_usage",
+    "request_params",
+    "usage_of",
+]
+
+Endpoint = Literal["chat", "completions", "embeddings"]
+
+DONE: Final = b"data: [DONE]\n\n"
+
+# From the OpenAI API reference: "Create chat completion", "Create completion" (legacy),
+# "Create embeddings". `model` is set by the gateway and `stream` from the document's
+# boolean; `metadata` is left out because LiteLLM reads it as its own logging metadata.
+_SAMPLING: Final = frozenset(
+    {
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "max_tokens",
+        "n",
+        "presence_penalty",
+        "seed",
+        "stop",
+        "temperature",
+        "top_p",
+        "user",
+    }
+)
+_FIELDS: Final[dict[str, frozenset[str]]] = {
+    "chat": _SAMPLING
+    | {
+        "messages",
+        "audio",
+        "function_call",
+        "functions",
+        "max_completion_tokens",
+        "modalities",
+        "parallel_tool_calls",
+        "prediction",
+        "prompt_cache_key",
+        "reasoning_effort",
+        "response_format",
+        "safety_identifier",
+        "service_tier",
+        "store",
+        "tool_choice",
+        "tools",
+        "top_logprobs",
+        "verbosity",
+        "web_search_options",
+    },
+    "completions": _SAMPLING | {"prompt", "best_of", "echo", "suffix"},
+    "embeddings": frozenset({"input", "dimensions", "encoding_format", "user"}),
+}
+_HANDLED: Final = frozenset({"model", "stream", "stream_options"})
+
+_LITELLM_ONLY: Final = frozenset({"provider_specific_fields"})
+_USAGE_COUNTS: Final = ("prompt_tokens", "completion_tokens", "total_tokens")
+_USAGE_DETAILS: Final = {
+    "prompt_tokens_details": ("cached_tokens", "audio_tokens"),
+    "completion_tokens_details": (
+        "reasoning_tokens",
+        "audio_tokens",
+        "accepted_prediction_tokens",
+        "rejected_prediction_tokens",
+    ),
+}
+
+
+def request_params(
+    endpoint: Endpoint, doc: Mapping[str, Any]
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """LiteLLM arguments for the client's document, and the names of fields left out."""
+    allowed = _FIELDS[endpoint]
+    params = {k: v for k, v in doc.items() if k in allowed and v is not None}
+    ignored = tuple(sorted(k for k in doc if k not in allowed and k not in _HANDLED))
+    if endpoint != "embeddings" and doc.get("stream") is True:
+        params["stream"] = True
+        options = doc.get("stream_options")
+        if isinstance(options, dict):
+            params["stream_options"] = options
+    return params, ignored
+
+
+def include_usage(doc: Mapping[str, Any]) -> bool:
+    """Whether a streaming client asked for the final usage chunk."""
+    options = doc.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def encode_response(endpoint: Endpoint, result: Any) -> tuple[bytes, dict[str, int] | None]:
+    """The OpenAI JSON body for a LiteLLM non-streaming result, and its token usage."""
+    doc = _dump(result)
+    usage = usage_of(doc.get("usage"))
+    if endpoint == "embeddings":
+        for item in doc.get("data") or ():
+            if isinstance(item, dict):
+                item.setdefault("object", "embedding")
+        if usage is not None:
+            doc["usage"] = {
+                "prompt_tokens": usage["prompt_tokens"],
+                "total_tokens": usage["total_tokens"],
+            }
+        return orjson.dumps(doc), usage
+    if usage is not None:
+        doc["usage"] = _usage_body(doc["usage"])
+    for choice in doc.get("choices") or ():
+        if endpoint == "chat" and isinstance(choice.get("message"), dict):
+            choice["message"].setdefault("content", None)
+        elif endpoint == "completions":
+            choice.setdefault("text", "")
+        choice.setdefault("finish_reason", None)
+    return orjson.dumps(doc), usage
+
+
+def encode_chunk(
+    endpoint: Endpoint, chunk: Any, *, with_usage: bool
+) -> tuple[bytes | None, dict[str, int] | None]:
+    """One `data: {...}` SSE event for a LiteLLM stream chunk (None: nothing to send),
+    and the usage it reported, if any (kept for accounting even when not sent)."""
+    doc = _dump(chunk)
+    usage = usage_of(doc.pop("usage", None))
+    choices = doc.get("choices") or []
+    for choice in choices:
+        choice.setdefault("finish_reason", None)
+        if endpoint == "completions":
+            choice.setdefault("text", "")
+        else:
+            choice.setdefault("delta", {})
+    if usage is not None and all(_is_empty(c, endpoint) for c in choices):
+        if not with_usage:
+            return None, usage
+        doc["choices"] = []
+    if with_usage and usage is not None:
+        doc["usage"] = usage
+    return b"data: " + orjson.dumps(doc) + b"\n\n", usage
+
+
+def usage_of(value: Any) -> dict[str, int] | None:
+    """The three token counts of a usage object; None when absent or all zero (LiteLLM
+    puts zero usage on every text-completion chunk)."""
+    if not isinstance(value, dict):
+        return None
+    counts = {k: value.get(k) for k in _USAGE_COUNTS}
+    if not all(isinstance(v, int) for v in counts.values()) or not any(counts.values()):
+        return None
+    return {k: int(v) for k, v in counts.items() if v is not None}
+
+
+def _usage_body(usage: dict[str, Any]) -> dict[str, Any]:
+    body: dict[str, Any] = {k: usage[k] for k in _USAGE_COUNTS}
+    for key, fields in _USAGE_DETAILS.items():
+        detail = usage.get(key)
+        if isinstance(detail, dict):
+            kept = {f: detail[f] for f in fields if isinstance(detail.get(f), int)}
+            if kept:
+                body[key] = kept
+    return body
+
+
+def _is_empty(choice: dict[str, Any], endpoint: Endpoint) -> bool:
+    if choice.get("finish_reason") is not None:
+        return False
+    if endpoint == "completions":
+        return not choice.get("text")
+    return not choice.get("delta")
+
+
+def _dump(result: Any) -> dict[str, Any]:
+    # warnings=False: base64 embeddings are strings in a field LiteLLM types as
+    # list[float]; pydantic warns on serialising them, though the value is right.
+    raw = result if isinstance(result, dict) else result.model_dump(warnings=False)
+    cleaned = _clean(raw)
+    if not isinstance(cleaned, dict):
+        raise TypeError(f"LiteLLM returned {type(result).__name__}, not an object")
+    return cleaned
+
+
+def _clean(value: Any) -> Any:
+    """Drop `None` values and LiteLLM-only keys, recursively."""
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items() if v is not None and k not in _LITELLM_ONLY}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value

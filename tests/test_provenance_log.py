@@ -1,0 +1,278 @@
+"""The writer: durable appends, group commit, checkpoints, recovery, write failures."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gateway.provenance import (
+    LogCorruptedError,
+    LogSettings,
+    LogUnavailableError,
+    LogVerificationError,
+    ProvenanceLog,
+    RecordError,
+    Signer,
+    TlogProof,
+    open_checkpoint,
+    parse_record,
+    verify_log,
+    verify_tlog_proof,
+)
+from gateway.provenance.layout import WAL, list_history
+from gateway.provenance.reader import LogDirectory
+from gateway.provenance.testing import log_refusal, log_request, seeded_signer
+from gateway.provenance.wal import list_segments
+
+ORIGIN = "gateway.example/log/replica-1"
+
+
+def _signer() -> Signer:
+    return seeded_signer(ORIGIN)
+
+
+async def _open(path: Path, **settings: float) -> ProvenanceLog:
+    return await ProvenanceLog.open(
+        path,
+        ORIGIN,
+        _signer(),
+        settings=LogSettings(**settings),  # type: ignore[arg-type]
+    )
+
+
+def test_append_returns_index_and_close_signs_a_final_checkpoint(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        log = await _open(tmp_path)
+        assert log.latest_checkpoint() is not None  # the empty tree is signed at open
+        requests = [await log_request(log, n) for n in range(5)]
+        await log_refusal(log, 99)
+        assert [r.dispatch.index for r in requests] == [0, 2, 4, 6, 8]
+        assert log.size == 11
+        await log.close()
+        with pytest.raises(LogUnavailableError, match="closed"):
+            await log_request(log, 6)
+
+    asyncio.run(scenario())
+    summary = verify_log(tmp_path, [_signer().verifier()])
+    assert (summary.size, summary.open_dispatches, summary.unsigned_entries) == (11, 0, 0)
+    assert list_segments(tmp_path / WAL) == []
+
+
+def test_concurrent_appends_share_commits(tmp_path: Path) -> None:
+    async def scenario() -> int:
+        log = await _open(tmp_path, group_commit_ms=5)
+        before = log.batches
+        await asyncio.gather(*(log_request(log, n) for n in range(32)))
+        batches = log.batches - before
+        await log.close()
+        return batches
+
+    batches = asyncio.run(scenario())
+    assert batches < 32  # 64 records, two sequential appends per request
+    verify_log(tmp_path, [_signer().verifier()])
+
+
+def test_checkpoint_every_n_entries(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        log = await _open(tmp_path, group_commit_ms=0, checkpoint_every=4)
+        for n in range(6):
+            await log_request(log, n)
+        await log.close()
+
+    asyncio.run(scenario())
+    sizes = [size for size, _ in list_history(tmp_path)]
+    assert sizes[0] == 0 and sizes[-1] == 12
+    assert all(b - a <= 4 for a, b in itertools.pairwise(sizes))
+
+
+def test_checkpoint_interval_signs_without_more_appends(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        log = await _open(tmp_path, checkpoint_every=1000, checkpoint_interval_ms=20)
+        await log_request(log, 0)
+        for _ in range(200):  # bounded wait, up to ~2 s
+            latest = log.latest_checkpoint()
+            if latest is not None and latest.checkpoint.size == 2:
+                break
+            await asyncio.sleep(0.01)
+        latest = log.latest_checkpoint()
+        assert latest is not None and latest.checkpoint.size == 2
+        await log.close()
+
+    asyncio.run(scenario())
+
+
+def test_inclusion_proof_is_a_verifiable_tlog_proof(tmp_path: Path) -> None:
+    async def scenario() -> tuple[TlogProof, bytes]:
+        log = await _open(tmp_path)
+        logged = await asyncio.gather(*(log_request(log, n) for n in range(300)))
+        await log.checkpoint()
+        proof = await log.inclusion_proof(logged[123].dispatch.index)
+        with pytest.raises(ValueError, match="not covered"):
+            await log.inclusion_proof(10_000)
+        await log.close()
+        index = logged[123].dispatch.index
+        entry = LogDirectory(tmp_path).bundle(index // 256, 600)[index % 256]
+        return proof, entry
+
+    proof, entry = asyncio.run(scenario())
+    parsed = TlogProof.parse(proof.format())
+    assert parsed == proof
+    signed = verify_tlog_proof(parsed, entry, [_signer().verifier()], origin=ORIGIN)
+    assert signed.checkpoint.size == 600
+    assert parse_record(entry).request_id == "req-123"
+
+
+def test_invalid_records_are_refused_before_logging(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        log = await _open(tmp_path)
+        with pytest.raises(RecordError, match="unknown field 'prompt'"):
+            await log.append({"v": 1, "type": "refusal", "prompt": "secret"})
+        with pytest.raises(RecordError, match="record type"):
+            await log.append({"type": "other"})
+        assert log.size == 0
+        await log.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("per_run", [150, 128])  # 128 requests: sizes on tile boundaries
+def test_reopen_continues_the_chain_and_checkpoints_stay_consistent(
+    tmp_path: Path, per_run: int
+) -> None:
+    async def run(first: int) -> None:
+        log = await _open(tmp_path)
+        assert log.size == 2 * first
+        await asyncio.gather(*(log_request(log, n) for n in range(first, first + per_run)))
+        await log.close()
+
+    for first in (0, per_run, 2 * per_run):
+        asyncio.run(run(first))
+    summary = verify_log(tmp_path, [_signer().verifier()])
+    assert summary.size == 6 * per_run
+    records = LogDirectory(tmp_path).find_request(f"req-{per_run + 5}", summary.size)
+    assert [r.type for _, r in records] == ["dispatch", "completion"]
+
+
+def test_a_second_writer_is_refused(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        log = await _open(tmp_path)
+        with pytest.raises(LogUnavailableError, match="already open"):
+            await _open(tmp_path)
+        await log.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_directory_of_another_log_is_refused(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        log = await _open(tmp_path)
+        await log.close()
+        with pytest.raises(LogCorruptedError, match="holds the log"):
+            await ProvenanceLog.open(tmp_path, "other.example/log", seeded_signer("x"))
+
+    asyncio.run(scenario())
+
+
+def test_write_failure_raises_then_recovers(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        log = await _open(tmp_path, group_commit_ms=0, checkpoint_every=1)
+        await log_request(log, 0)  # each append is checkpointed, closing its segment
+        wal = tmp_path / WAL
+        shutil.rmtree(wal)
+        wal.write_bytes(b"")  # a file where the segment directory must be: writes fail
+        with pytest.raises(LogUnavailableError, match="cannot append to the provenance log"):
+            await log_request(log, 1)
+        assert isinstance(log.last_error, LogUnavailableError)
+        wal.unlink()
+        await log_request(log, 2)
+        assert log.last_error is None
+        await log.close()
+
+    asyncio.run(scenario())
+    summary = verify_log(tmp_path, [_signer().verifier()])
+    assert summary.size == 4
+    ids = [r.request_id for _, r in LogDirectory(tmp_path).records(4)]
+    assert ids == ["req-0", "req-0", "req-2", "req-2"]
+
+
+def test_torn_tail_is_cut_and_the_chain_continues(tmp_path: Path) -> None:
+    async def write(first: int, count: int) -> None:
+        log = await _open(tmp_path, checkpoint_every=10_000, checkpoint_interval_ms=60_000)
+        for n in range(first, first + count):
+            await log_request(log, n)
+        await log.abort()  # as a crash leaves it: no final checkpoint
+        del log
+
+    asyncio.run(write(0, 10))
+    ((_, segment),) = list_segments(tmp_path / WAL)
+    data = segment.read_bytes()
+    segment.write_bytes(data + data[:57])  # half a frame: a torn write
+
+    async def reopen() -> None:
+        log = await _open(tmp_path)
+        assert log.recovery.replayed == 20
+        assert log.recovery.torn_bytes == 57
+        await log_request(log, 10)
+        await log.close()
+
+    asyncio.run(reopen())
+    summary = verify_log(tmp_path, [_signer().verifier()])
+    assert summary.size == 22
+
+
+def test_damage_before_the_tail_is_not_cut(tmp_path: Path) -> None:
+    async def write() -> None:
+        log = await _open(tmp_path, checkpoint_every=10_000, checkpoint_interval_ms=60_000)
+        for n in range(3):
+            await log_request(log, n)
+        await log.abort()
+
+    asyncio.run(write())
+    ((_, segment),) = list_segments(tmp_path / WAL)
+    (tmp_path / WAL / "00000000000000000099.wal").write_bytes(b"")  # a later segment
+    data = bytearray(segment.read_bytes())
+    data[40] ^= 0xFF
+    segment.write_bytes(bytes(data))
+
+    async def reopen() -> None:
+        with pytest.raises(LogCorruptedError):
+            await _open(tmp_path)
+
+    asyncio.run(reopen())
+
+
+def test_checkpoint_notes_are_signed_by_key_and_cosigner(tmp_path: Path) -> None:
+    old, new = seeded_signer(ORIGIN, 1), seeded_signer(ORIGIN, 2)
+
+    async def scenario() -> None:
+        log = await ProvenanceLog.open(tmp_path, ORIGIN, new, cosigners=[old])
+        await log_request(log, 0)
+        await log.close()
+
+    asyncio.run(scenario())
+    note = (tmp_path / "checkpoint").read_bytes()
+    assert open_checkpoint(note, [old.verifier()]).checkpoint.size == 2
+    assert open_checkpoint(note, [new.verifier()]).checkpoint.size == 2
+
+
+def test_key_rotation_old_checkpoints_verify_with_the_old_key(tmp_path: Path) -> None:
+    old, new = seeded_signer(ORIGIN, 1), seeded_signer(ORIGIN, 2)
+
+    async def run(signer: Signer, first: int) -> None:
+        log = await ProvenanceLog.open(tmp_path, ORIGIN, signer)
+        await log_request(log, first)
+        await log.close()
+
+    asyncio.run(run(old, 0))
+    asyncio.run(run(new, 1))
+    summary = verify_log(tmp_path, [old.verifier(), new.verifier()])
+    assert summary.signed_by == tuple(sorted((str(old), str(new))))
+    with pytest.raises(LogVerificationError, match=re.escape(f"signed by: {new}")):
+        verify_log(tmp_path, [old.verifier()])
+    with pytest.raises(LogVerificationError, match=re.escape(f"signed by: {old}")):
+        verify_log(tmp_path, [new.verifier()])
