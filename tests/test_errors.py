@@ -182,3 +182,17 @@ def test_backend_key_problems_stop_the_gateway_starting() -> None:
     with pytest.raises(ValueError, match="characters HTTP cannot carry"):
         create_app(config, environ={"GPU_KEY": "abc\r\nx-evil: 1"})
     create_app(config, environ={"GPU_KEY": "abc\n"})  # a trailing newline is only trimmed
+
+
+def test_a_500_before_any_byte_fails_over(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    broken = start_sim(zero_latency=True, faults=Faults(error_rate=1.0))
+    healthy = start_sim(zero_latency=True)
+    gateway = start_gateway(
+        [backend("broken", broken.url, "sim-model"), backend("healthy", healthy.url, "sim-model")],
+        routing={"default": {"strategy": "round_robin"}},
+    )
+    assert [post(gateway, CHAT).status_code for _ in range(4)] == [200] * 4
+    assert healthy.app.stats.completed == 4
+    assert broken.app.stats.errors >= 1

@@ -68,6 +68,7 @@ class GatewayApp:
             self.scraper,
             environ=env,
             hosted_timeout_s=config.limits.first_byte_timeout_s,
+            routing=config.routing,
         )
         self.metrics.watch_policies(self.trust)
         self.metrics.watch_backends(self.registry, self.scraper)

@@ -46,14 +46,18 @@ class Exchange:
     fallback: str | None = None  # why a hosted backend served it: private_unavailable|saturated
     decision: Decision | None = None
     trail: Trail | None = None  # provenance state, when the log is on
+    prefix: bytes | None = None  # prompt-prefix key for cache affinity
 
 
 class TryNext(Exception):
-    """This backend failed before the client saw a byte; the next candidate may serve."""
+    """This backend failed before the client saw a byte; the next candidate may serve.
 
-    def __init__(self, reason: str) -> None:
+    `error` is what the client should see if no other candidate serves either."""
+
+    def __init__(self, reason: str, error: GatewayError | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.error = error
 
 
 def receipt_headers(exchange: Exchange) -> tuple[tuple[bytes, bytes], ...]:

@@ -34,6 +34,7 @@ from gateway.upstream.http import UpstreamError, UpstreamResponse
 __all__ = ["PrivateRelay", "sanitize_upstream_message", "translate_upstream_error"]
 
 _MAX_ERROR_BODY = 64 * 1024
+_RETRYABLE = frozenset({429, 500, 502, 503, 504})
 _SSE = b"text/event-stream"
 _URL = re.compile(r"\b(?:https?|wss?)://[^\s\"'<>]+", re.IGNORECASE)
 _HOST_PORT = re.compile(
@@ -117,7 +118,10 @@ class PrivateRelay:
             self._metrics.upstream_error(backend.id, "status")
             exchange.upstream_error = f"status {status}"
             pool = backend.pool
-            raise translate_upstream_error(status, data, (pool.host,) if pool else ())
+            error = translate_upstream_error(status, data, (pool.host,) if pool else ())
+            if status in _RETRYABLE:  # nothing reached the client: another backend may serve
+                raise TryNext(f"{backend.id}: HTTP {status}", error)
+            raise error
         if not content_type.startswith(_SSE):
             data = await response.read()
             exchange.status = status

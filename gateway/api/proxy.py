@@ -24,8 +24,10 @@ from gateway.api.metrics import GatewayMetrics
 from gateway.api.passthrough import PrivateRelay
 from gateway.api.recorder import Recorder
 from gateway.asgi import Receive, Scope, Send
+from gateway.config.schema import Routing
 from gateway.errors import ErrorCode, GatewayError
 from gateway.policy import Decision, UnknownDataClass
+from gateway.routing.picker import Picker, prefix_key
 from gateway.routing.registry import BackendState, Registry, Route, TenantEntry
 from gateway.routing.scraper import MetricsScraper
 from gateway.routing.trust import TrustPolicies
@@ -45,6 +47,7 @@ class Proxy:
         *,
         environ: Mapping[str, str],
         hosted_timeout_s: float,
+        routing: Routing,
     ) -> None:
         self.recorder: Recorder | None = None  # set once the provenance log is open
         self._registry = registry
@@ -52,6 +55,8 @@ class Proxy:
         self._trust = trust
         self._scraper = scraper
         self._private = PrivateRelay(registry, metrics)
+        self._picker = Picker(routing, scraper.load)
+        self._affinity_bytes = routing.affinity_prefix_bytes
         self._hosted = HostedRelay(metrics, environ, hosted_timeout_s)
 
     async def forward(
@@ -74,7 +79,7 @@ class Proxy:
             )
         exchange.model = model if len(model) <= 256 else model[:256] + "..."
         exchange.stream = doc.get("stream") is True
-        routes = self._registry.candidates(model) if tenant.may_use(model) else None
+        routes = self._registry.routes.get(model) if tenant.may_use(model) else None
         if routes is None:
             raise GatewayError(
                 ErrorCode.model_not_found,
@@ -90,6 +95,11 @@ class Proxy:
             raise
         exchange.decision = decision
         private = [r for r in routes if r.backend.id in decision.private]
+        prefix = None
+        if len(private) > 1 and self._picker.pool(model).strategy == "score":
+            prefix = prefix_key(doc, self._affinity_bytes)
+        private = self._picker.order(model, private, prefix)
+        exchange.prefix = prefix
         by_id = {r.backend.id: r for r in routes}
         hosted = [by_id[b] for b in decision.hosted if b in by_id]
         watcher = watch_disconnect(receive, exchange)
@@ -157,6 +167,7 @@ class Proxy:
             if await self._try_hosted(exchange, hosted, doc, send, failures):
                 return
             exchange.fallback = None
+        last_error: GatewayError | None = None
         for route in up[:_MAX_ATTEMPTS]:
             try:
                 await self._recorded(
@@ -166,13 +177,17 @@ class Proxy:
                         exchange, route, model, doc, body, upstream_path, send
                     ),
                 )
+                self._picker.served(exchange.prefix, route.backend.id)
                 return
             except TryNext as exc:
                 failures.append(exc.reason)
+                last_error = exc.error
         if fallback_allowed and not saturated:
             exchange.fallback = "private_unavailable"
             if await self._try_hosted(exchange, hosted, doc, send, failures):
                 return
+        if last_error is not None and not fallback_allowed:
+            raise last_error  # what the backend said, translated: clearer than "none served"
         raise _nothing_served(decision, model, private, hosted, failures)
 
     async def _try_hosted(

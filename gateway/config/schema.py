@@ -24,6 +24,8 @@ __all__ = [
     "PolicyFiles",
     "Provenance",
     "Retention",
+    "Routing",
+    "RoutingPool",
     "Scrape",
     "State",
     "Tenant",
@@ -92,6 +94,27 @@ class Provenance(_Strict):
     checkpoint_every: int = Field(default=1000, gt=0)
     checkpoint_interval_ms: float = Field(default=1000.0, gt=0)
     receipts_kept: int = Field(default=100_000, gt=0)
+
+
+class Weights(_Strict):
+    """Scorer weights of the `score` strategy (see gateway/routing/picker.py)."""
+
+    queue: float = Field(default=1.0, ge=0)
+    kv: float = Field(default=0.3, ge=0)
+    affinity: float = Field(default=0.5, ge=0)
+
+
+class RoutingPool(_Strict):
+    strategy: Literal["score", "least_inflight", "round_robin"] = "score"
+    weights: Weights = Weights()
+
+
+class Routing(_Strict):
+    """How the eligible backends of a request are ordered: a default and per-model pools."""
+
+    default: RoutingPool = RoutingPool()
+    pools: dict[str, RoutingPool] = Field(default_factory=dict)
+    affinity_prefix_bytes: int = Field(default=4096, ge=64)
 
 
 class State(_Strict):
@@ -205,6 +228,7 @@ class GatewayConfig(_Strict):
     limits: Limits = Limits()
     state: State = State()
     scrape: Scrape = Scrape()
+    routing: Routing = Routing()
     policy: PolicyFiles | None = Field(
         default=None,
         description="Trust policies; without them every tenant is private-only (no fallback)",

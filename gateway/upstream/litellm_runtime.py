@@ -119,3 +119,7 @@ async def aclose_litellm_clients() -> None:
     litellm = load_litellm()
     await litellm.close_litellm_async_clients()
     litellm.in_memory_llm_clients_cache.flush_cache()
+    # aiohttp closes sockets in transport callbacks on the next loop turns; a loop that
+    # stops before they ran leaves the sockets open (aiohttp's "graceful shutdown" advice).
+    for _ in range(2):
+        await asyncio.sleep(0)

@@ -1,0 +1,94 @@
+"""The routing picker: each strategy and scorer, table-driven, with injected load."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gateway.config.schema import Routing, RoutingPool
+from gateway.routing.picker import Picker, prefix_key
+from gateway.routing.registry import Registry, Route
+from gateway.routing.signals import BackendLoad
+from tests.conftest import backend, gateway_config
+
+
+def routes(*caps: int | None) -> list[Route]:
+    config = gateway_config(
+        [
+            backend(
+                f"b{i}",
+                f"http://127.0.0.1:{9000 + i}",
+                "m",
+                capacity={"max_concurrency": cap} if cap else {},
+            )
+            for i, cap in enumerate(caps)
+        ]
+    )
+    return list(Registry.build(config, environ={}).routes["m"])
+
+
+def picker(strategy: str = "score", loads: dict[str, BackendLoad] | None = None) -> Picker:
+    routing = Routing(default=RoutingPool(strategy=strategy))  # type: ignore[arg-type]
+    table = loads or {}
+    return Picker(routing, table.get, random.Random(7))
+
+
+def ids(ordered: list[Route]) -> list[str]:
+    return [r.backend.id for r in ordered]
+
+
+def test_score_prefers_the_backend_with_room() -> None:
+    pool = routes(4, 4)
+    pool[0].backend.inflight = 4  # at capacity
+    assert ids(picker().order("m", pool, None)) == ["b1", "b0"]
+
+
+def test_scraped_queue_counts_even_without_gateway_traffic() -> None:
+    pool = routes(4, 4)
+    loads = {"b0": BackendLoad(running=4, waiting=6, kv_usage=0.9, slots_total=None)}
+    assert ids(picker(loads=loads).order("m", pool, None)) == ["b1", "b0"]
+
+
+@pytest.mark.parametrize(
+    ("inflight", "expected"),
+    [
+        (0, 1.0 + 0.3 * 0.5 + 0.5),  # idle, kv unknown, affinity counts
+        (2, 0.75 + 0.15 + 0.5),
+        (4, 0.5 + 0.15 + 0.0),  # saturated: affinity no longer counts
+        (8, 0.0 + 0.15 + 0.0),
+    ],
+)
+def test_score_formula(inflight: int, expected: float) -> None:
+    (route,) = routes(4)
+    route.backend.inflight = inflight
+    p = picker()
+    assert p.score(p.pool("m"), route.backend, preferred=True) == pytest.approx(expected)
+
+
+def test_affinity_sends_a_shared_prefix_back_while_there_is_room() -> None:
+    pool = routes(8, 8)
+    p = picker()
+    prefix = b"k" * 16
+    p.served(prefix, "b1")
+    pool[1].backend.inflight = 3  # busier, but holds the prefix
+    assert ids(p.order("m", pool, prefix))[0] == "b1"
+    pool[1].backend.inflight = 8  # saturated: affinity yields
+    assert ids(p.order("m", pool, prefix))[0] == "b0"
+
+
+def test_round_robin_and_least_inflight() -> None:
+    pool = routes(None, None, None)
+    rr = picker("round_robin")
+    assert [ids(rr.order("m", pool, None))[0] for _ in range(4)] == ["b0", "b1", "b2", "b0"]
+    pool[0].backend.inflight, pool[1].backend.inflight = 5, 1
+    assert ids(picker("least_inflight").order("m", pool, None)) == ["b2", "b1", "b0"]
+
+
+def test_prefix_key_covers_the_shared_part_only() -> None:
+    system = {"role": "system", "content": "You are a careful assistant. " * 10}
+    a = {"messages": [system, {"role": "user", "content": "first question"}]}
+    b = {"messages": [system, {"role": "user", "content": "another question"}]}
+    assert prefix_key(a, 4096) == prefix_key(b, 4096) is not None
+    assert prefix_key({"messages": [{"role": "user", "content": "hi"}]}, 4096) is None
+    assert prefix_key({"prompt": "x" * 100}, 4096) is not None
