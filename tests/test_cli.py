@@ -31,6 +31,9 @@ COMMANDS = [
     ["audit", "receipt", "verify"],
     ["audit", "open"],
     ["audit", "show"],
+    ["witness"],
+    ["witness", "serve"],
+    ["witness", "vkey"],
 ]
 
 

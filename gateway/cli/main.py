@@ -17,7 +17,7 @@ from gateway import __version__
 __all__ = ["build_parser", "entrypoint", "main"]
 
 # Subcommand modules, imported only to build the parser: none does work at import time.
-_COMMANDS = ("serve", "demo", "sim", "config", "keys", "policy", "audit", "bench")
+_COMMANDS = ("serve", "demo", "sim", "config", "keys", "policy", "audit", "witness", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

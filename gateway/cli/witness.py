@@ -1,0 +1,162 @@
+"""`owngate witness`: run a C2SP tlog-witness that cosigns provenance-log checkpoints.
+
+    owngate witness serve --key WITNESS_KEY_FILE --log VKEY [--log VKEY] --state FILE
+    owngate witness vkey --key WITNESS_KEY_FILE
+
+The witness key is an ordinary Ed25519 signing key file (`owngate keys new --signing
+NAME --key-file F`, NAME being the witness's name, e.g. `witness.example.com/w1`); `vkey`
+prints the cosignature verifier key (algorithm 0x04) that auditors and the gateway use.
+Each `--log` is a log's verifier key (or a file of them) whose name is the log's origin.
+Exit codes: 0 ok (serve: clean shutdown), 1 runtime failure (unreadable key, state in
+use or corrupt), 2 usage error. Every flag has an environment default
+`OWNGATE_WITNESS_<FLAG>`; `OWNGATE_WITNESS_LOG` lists keys separated by commas or spaces.
+uvicorn is imported only when `serve` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from typing import Any
+
+from gateway.provenance.cosignature import Cosigner
+from gateway.provenance.errors import ProvenanceError
+from gateway.provenance.keys import load_signer, load_verifiers
+from gateway.provenance.witness import Witness
+from gateway.provenance.witness_http import create_witness_app
+
+__all__ = ["register"]
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"OWNGATE_WITNESS_{name}", default)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _key_flag(parser: argparse.ArgumentParser) -> None:
+    default = _env("KEY")
+    parser.add_argument(
+        "--key",
+        default=default,
+        required=default is None,
+        metavar="FILE",
+        help="the witness's signing key file, mode 0600 (env OWNGATE_WITNESS_KEY)",
+    )
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "witness",
+        help="run a transparency-log witness (C2SP tlog-witness) for provenance logs",
+        description="A cosigner an auditor runs: it remembers the latest checkpoint of each "
+        "trusted log, cosigns a new one only when a consistency proof shows the log grew "
+        "append-only, and never cosigns a rollback or a fork, across restarts too.",
+        epilog="Exit codes: 0 ok, 1 runtime failure, 2 usage error.",
+    )
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    _add_serve(verbs)
+    _add_vkey(verbs)
+    parser.set_defaults(handler=lambda _args: _usage(parser))
+
+
+def _add_serve(verbs: Any) -> None:
+    serve = verbs.add_parser(
+        "serve",
+        help="serve POST /add-checkpoint",
+        description="Serve the tlog-witness add-checkpoint endpoint. Answers 200 with a "
+        "timestamped Ed25519 cosignature, 409 (text/x.tlog.size) with the size it last "
+        "cosigned, 400 malformed, 403 untrusted signature, 404 unknown log, 422 bad proof.",
+    )
+    _key_flag(serve)
+    logs = [item for item in (_env("LOG") or "").replace(",", " ").split() if item]
+    serve.add_argument(
+        "--log",
+        action="append",
+        default=None,
+        required=not logs,
+        metavar="VKEY",
+        help="verifier key of a log to witness (its name is the log's origin), or a file "
+        "of them; repeat for more logs or rotated keys (env OWNGATE_WITNESS_LOG)",
+    )
+    state = _env("STATE")
+    serve.add_argument(
+        "--state",
+        default=state,
+        required=state is None,
+        metavar="FILE",
+        help="JSON file of the latest cosigned tree per log; created when missing, locked "
+        "while serving; losing it lets a log roll back (env OWNGATE_WITNESS_STATE)",
+    )
+    serve.add_argument(
+        "--host",
+        default=_env("HOST", "127.0.0.1"),
+        help="listen address (env OWNGATE_WITNESS_HOST, default 127.0.0.1)",
+    )
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=int(_env("PORT", "7380") or "7380"),
+        help="listen port (env OWNGATE_WITNESS_PORT, default 7380)",
+    )
+    serve.add_argument(
+        "--prefix",
+        default=_env("PREFIX", ""),
+        help="submission prefix: serve <prefix>/add-checkpoint (env OWNGATE_WITNESS_PREFIX)",
+    )
+    serve.set_defaults(handler=_serve, _log_defaults=logs)
+
+
+def _add_vkey(verbs: Any) -> None:
+    vkey = verbs.add_parser(
+        "vkey",
+        help="print the witness's cosignature verifier key",
+        description="Print the verifier key (name+hexid+base64(0x04 || public key)) to give "
+        "to the gateway and to auditors who check this witness's cosignatures.",
+    )
+    _key_flag(vkey)
+    vkey.set_defaults(handler=_vkey)
+
+
+def _vkey(args: argparse.Namespace) -> int:
+    try:
+        cosigner = Cosigner(load_signer(args.key))
+    except (ProvenanceError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(cosigner.vkey)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        cosigner = Cosigner(load_signer(args.key))
+        logs = load_verifiers(args.log or args._log_defaults)
+        if not logs:
+            print("error: --log names no log verifier key; nothing to witness", file=sys.stderr)
+            return 2
+        witness = Witness.open(args.state, cosigner, logs)
+    except (ProvenanceError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    with witness:
+        import uvicorn  # only here: the provenance package and auditors never need it
+
+        from gateway.serving import uvicorn_config
+
+        app = create_witness_app(witness, prefix=args.prefix)
+        print(
+            f"witness {cosigner.vkey}\ncosigning for: {', '.join(witness.origins)}\n"
+            f"listening on {args.host}:{args.port}{args.prefix.rstrip('/')}/add-checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
+        server = uvicorn.Server(uvicorn_config(app, host=args.host, port=args.port))
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled
+            server.run()
+    return 0
