@@ -22,7 +22,8 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	OWNGATE_REQUIRE_REAL_BACKEND=$${OWNGATE_REQUIRE_REAL_BACKEND-1} $(BIN)/pytest -q
+	OWNGATE_REQUIRE_REAL_BACKEND=$${OWNGATE_REQUIRE_REAL_BACKEND-1} \
+	OWNGATE_REQUIRE_DEPLOY_TOOLS=$${OWNGATE_REQUIRE_DEPLOY_TOOLS-1} $(BIN)/pytest -q
 
 bench: $(STAMP)
 	$(BIN)/owngate bench overhead

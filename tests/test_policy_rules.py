@@ -417,3 +417,14 @@ def test_every_jurisdiction_code_is_documented() -> None:
     for regions in COUNTRIES.values():
         for region in regions:
             assert f"`{region}`" in table, region
+
+
+def test_hidden_folders_are_not_read(tmp_path: Path) -> None:
+    """A Kubernetes ConfigMap volume holds each file twice: once under `..<timestamp>/`."""
+    from gateway.policy.source import discover
+
+    (tmp_path / "..2026_11_30").mkdir()
+    (tmp_path / "..2026_11_30" / "p.yaml").write_text("x: 1\n")
+    (tmp_path / "p.yaml").write_text("x: 1\n")
+    files, issues = discover([tmp_path])
+    assert files == [tmp_path / "p.yaml"] and issues == []

@@ -63,7 +63,15 @@ def run(args: argparse.Namespace) -> int:
     get_logger("owngate").info(
         "starting", host=host, port=port, backends=len(config.backends), tenants=len(config.tenants)
     )
-    server = uvicorn.Server(uvicorn_config(app, host=host, port=port))
+    server = uvicorn.Server(
+        uvicorn_config(
+            app,
+            host=host,
+            port=port,
+            # Streams get this long to finish; the final checkpoint is signed after.
+            timeout_graceful_shutdown=config.limits.drain_timeout_s,
+        )
+    )
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled
         server.run()
     return 0

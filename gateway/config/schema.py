@@ -61,6 +61,9 @@ class Limits(_Strict):
     first_byte_timeout_s: float = Field(default=120.0, gt=0)
     read_timeout_s: float = Field(default=120.0, gt=0)
     max_connections_per_backend: int = Field(default=256, gt=0)
+    drain_timeout_s: float = Field(
+        default=540.0, gt=0, description="on SIGTERM, how long open streams may finish"
+    )
 
 
 class Scrape(_Strict):

@@ -46,7 +46,8 @@ def discover(
     paths: Iterable[Path], *, skip_tests: bool = True
 ) -> tuple[list[Path], list[PolicyIssue]]:
     """Files named directly, plus `*.yaml`/`*.yml` under directories (minus `tests/`
-    folders, which hold test cases, unless `skip_tests` is false)."""
+    folders, which hold test cases, unless `skip_tests` is false, and hidden entries:
+    a Kubernetes ConfigMap volume keeps a second copy of every file in `..<timestamp>/`)."""
     found: list[Path] = []
     issues: list[PolicyIssue] = []
     for path in paths:
@@ -57,7 +58,9 @@ def discover(
                 p
                 for pattern in ("*.yaml", "*.yml")
                 for p in path.rglob(pattern)
-                if p.is_file() and not (skip_tests and "tests" in p.relative_to(path).parts[:-1])
+                if p.is_file()
+                and not any(part.startswith(".") for part in p.relative_to(path).parts)
+                and not (skip_tests and "tests" in p.relative_to(path).parts[:-1])
             )
             if not files:
                 issues.append(PolicyIssue(str(path), None, None, "", "no *.yaml files"))

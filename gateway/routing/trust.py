@@ -86,6 +86,7 @@ class TrustPolicies:
         stamps = []
         for path in self._paths:
             candidates = sorted(path.rglob("*.y*ml")) if path.is_dir() else [path]
+            candidates = [c for c in candidates if not c.name.startswith(".")]
             for file in candidates:
                 try:
                     info = file.stat()
