@@ -113,12 +113,18 @@ async def aclose_litellm_clients() -> None:
 
     LiteLLM keeps one client per provider, settings and event loop in a process-wide
     cache; closing without forgetting would hand a closed client to the next call.
+    Anthropic streams use another client, `litellm.module_level_aclient`, outside that
+    cache: its aiohttp session is closed too (the transport opens a new one on next use).
     """
     if load_litellm.cache_info().currsize == 0:
         return  # never loaded: nothing to close, and no reason to import it now
     litellm = load_litellm()
     await litellm.close_litellm_async_clients()
     litellm.in_memory_llm_clients_cache.flush_cache()
+    module_client = vars(litellm).get("module_level_aclient")  # lazy: None until first used
+    transport = getattr(getattr(module_client, "client", None), "_transport", None)
+    if transport is not None and hasattr(transport, "get_valid_client_session"):  # aiohttp
+        await transport.aclose()
     # aiohttp closes sockets in transport callbacks on the next loop turns; a loop that
     # stops before they ran leaves the sockets open (aiohttp's "graceful shutdown" advice).
     for _ in range(2):
