@@ -67,13 +67,13 @@ def test_score_formula(inflight: int, expected: float) -> None:
 
 
 def test_affinity_sends_a_shared_prefix_back_while_there_is_room() -> None:
-    pool = routes(8, 8)
+    pool = routes(32, 32)
     p = picker()
     prefix = b"k" * 16
     p.served(prefix, "b1")
-    pool[1].backend.inflight = 3  # busier, but holds the prefix
+    pool[0].backend.inflight, pool[1].backend.inflight = 4, 5  # a little busier: keeps it
     assert ids(p.order("m", pool, prefix))[0] == "b1"
-    pool[1].backend.inflight = 8  # saturated: affinity yields
+    pool[1].backend.inflight = 8  # 1/8 busier per slot than b0: affinity yields to load
     assert ids(p.order("m", pool, prefix))[0] == "b0"
 
 

@@ -575,3 +575,34 @@ def test_cli_rejects_bad_values(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         _parse(["--kind", "tgi"])
     assert "error-rate" in capsys.readouterr().err
+
+
+# -- prefix cache ------------------------------------------------------------------------
+
+
+def test_prefix_cache_counters_in_vllm_and_sglang_metrics(sim: Start) -> None:
+    system = {"role": "system", "content": "You are a careful assistant. " * 40}
+    vllm = sim(fast()).http
+    sglang = sim(fast("sglang")).http
+    for http in (vllm, sglang):
+        for question in ("first?", "second?"):
+            messages = [system, {"role": "user", "content": question}]
+            assert http.post(CHAT, json={"messages": messages, "max_tokens": 2}).status_code == 200
+    system_tokens = math.ceil(len(system["content"]) / 4)
+    text = vllm.get("/metrics").text
+    queries = metric(text, "vllm:prefix_cache_queries_total")
+    assert queries == metric(text, "vllm:prompt_tokens_total")
+    assert metric(text, "vllm:prefix_cache_hits_total") == system_tokens
+    rate = metric(sglang.get("/metrics").text, "sglang:cache_hit_rate")
+    assert rate == pytest.approx(system_tokens / queries)
+
+
+def test_zero_latency_and_disabled_cache_skip_the_prefix_cache(sim: Start) -> None:
+    messages = [{"role": "system", "content": "x" * 400}, {"role": "user", "content": "hi"}]
+    for settings in (fast(zero_latency=True), fast(prefix_cache_tokens=0)):
+        s = sim(settings)
+        for _ in range(2):
+            s.http.post(CHAT, json={"messages": messages, "max_tokens": 2})
+        text = s.http.get("/metrics").text
+        assert metric(text, "vllm:prefix_cache_queries_total") == 0
+        assert len(s.app.engine.prefix_cache) == 0

@@ -1,4 +1,5 @@
-"""Unit tests of the simulator's engine, on virtual time: queueing, batching, KV, cancel."""
+"""Unit tests of the simulator's engine, on virtual time: queueing, batching, KV, cancel,
+prefix cache."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from gateway.sim import Engine, SeqState, Sequence, SimControl, SimSettings, VirtualClock
+from gateway.sim.prefix import PrefixCache, prompt_chain
+from gateway.sim.text import chat_prompt_tokens
 
 
 def _control(
@@ -17,6 +20,7 @@ def _control(
     decode: float = 10.0,
     slowdown: float = 0.5,
     kv: int = 100_000,
+    prefix_cache: int | None = None,
 ) -> SimControl:
     settings = SimSettings(
         slots=slots,
@@ -24,6 +28,7 @@ def _control(
         decode_tokens_per_s=decode,
         batch_slowdown=slowdown,
         kv_capacity_tokens=kv,
+        prefix_cache_tokens=prefix_cache,
     )
     return SimControl.from_settings(settings, 0.0)
 
@@ -206,3 +211,130 @@ def test_aclose_cancels_everything() -> None:
         assert engine.running == engine.waiting == 0
 
     _run(test, _control(slots=1))
+
+
+# -- prefix cache ------------------------------------------------------------------------
+
+
+def _msg(role: str, size: int, fill: str = "s") -> dict[str, str]:
+    """A message of `size` ASCII bytes (size / 4 tokens)."""
+    return {"role": role, "content": fill * size}
+
+
+def _submit(engine: Engine, messages: list[dict[str, str]], max_tokens: int = 1) -> Sequence:
+    chain = prompt_chain(messages)
+    assert chain is not None
+    return engine.submit(chat_prompt_tokens(messages), max_tokens, chain)
+
+
+def test_prompt_chain_counts_tokens_at_each_message_boundary() -> None:
+    chain = prompt_chain([_msg("system", 400), _msg("user", 41), _msg("assistant", 3)])
+    assert chain is not None
+    assert chain.tokens == (100, 111, 111)  # ceil(bytes / 4) of each prefix, as the prompt
+    assert [chain.segment(i) for i in range(3)] == [100, 11, 0]
+    assert len(set(chain.digests)) == 3
+    # A prefix's digest depends on every message before it, not only on its last one.
+    other = prompt_chain([_msg("system", 400, "x"), _msg("user", 41)])
+    assert other is not None and other.digests[1] != chain.digests[1]
+    assert prompt_chain([]) is None
+    assert prompt_chain("a prompt") is None
+
+
+def test_prefix_cache_hit_prefills_only_the_tokens_after_the_prefix() -> None:
+    async def test(engine: Engine, clock: VirtualClock) -> None:
+        system = _msg("system", 400)  # 100 tokens
+        first = _submit(engine, [system, _msg("user", 40, "a")])  # 110 tokens
+        await _drain(first)
+        # Cold: decode 0.1 s + prefill 110 / 1000 tokens/s.
+        assert first.cached_tokens == 0
+        assert first.first_token_at == pytest.approx(0.1 + 0.110)
+        start = clock.now()
+        second = _submit(engine, [system, _msg("user", 40, "b")])
+        await _drain(second)
+        # Warm: the system prompt is cached, only the 10 user tokens are prefilled.
+        assert second.cached_tokens == 100
+        assert (second.first_token_at or 0.0) - start == pytest.approx(0.1 + 0.010)
+        cache = engine.prefix_cache
+        assert (cache.queries, cache.hits) == (220, 100)
+        assert engine.prompt_tokens_total == 220  # cached tokens still count as prompt
+
+    _run(test, _control())
+
+
+def test_follow_up_turn_reuses_the_whole_previous_prompt() -> None:
+    async def test(engine: Engine, clock: VirtualClock) -> None:
+        turn1 = [_msg("system", 400), _msg("user", 200, "q")]
+        await _drain(_submit(engine, turn1))
+        turn2 = [*turn1, _msg("assistant", 80, "r"), _msg("user", 40, "t")]
+        follow_up = _submit(engine, turn2)
+        await _drain(follow_up)
+        assert follow_up.cached_tokens == 150  # system + first question, not the answer
+        # The same messages as a new conversation's opening share only the system prompt.
+        fresh = _submit(engine, [_msg("system", 400), _msg("user", 200, "z")])
+        await _drain(fresh)
+        assert fresh.cached_tokens == 100
+
+    _run(test, _control())
+
+
+def test_single_message_prompt_has_no_cacheable_prefix() -> None:
+    async def test(engine: Engine, clock: VirtualClock) -> None:
+        messages = [_msg("user", 400)]
+        await _drain(_submit(engine, messages))
+        again = _submit(engine, messages)
+        await _drain(again)
+        assert again.cached_tokens == 0  # the last message is always prefilled
+
+    _run(test, _control())
+
+
+def test_prefix_cache_budget_evicts_least_recently_used_leaves_first() -> None:
+    async def test(engine: Engine, clock: VirtualClock) -> None:
+        system = _msg("system", 400)  # 100 tokens
+        for user in "abc":  # each prompt adds its own 10-token leaf under the system prompt
+            await _drain(_submit(engine, [system, _msg("user", 40, user)]))
+        assert engine.prefix_cache.tokens == 100 + 3 * 10
+        await _drain(_submit(engine, [_msg("system", 400, "o"), _msg("user", 40)]))
+        # 130 + 110 > 210: the three oldest entries are the leaves; the shared system
+        # prompt, touched after each of its leaves, outlives them.
+        cache = engine.prefix_cache
+        assert (cache.tokens, len(cache)) == (210, 3)
+        probe = _submit(engine, [system, _msg("user", 40, "d")])
+        await _drain(probe)
+        assert probe.cached_tokens == 100
+
+    _run(test, _control(prefix_cache=210))
+
+
+def test_prefix_cache_never_orphans_an_entry() -> None:
+    cache = PrefixCache()
+    parent = prompt_chain([_msg("system", 400), _msg("user", 40)])
+    assert parent is not None
+    cache.insert(parent, budget=1000)
+    assert len(cache) == 2
+    cache.evict(105)  # one entry must go: the leaf, never the prefix it extends
+    assert len(cache) == 1
+    assert cache.lookup(parent, 110) == 100
+    cache.evict(0)
+    assert (len(cache), cache.tokens) == (0, 0)
+
+
+def test_prefix_cache_off_with_zero_budget() -> None:
+    async def test(engine: Engine, clock: VirtualClock) -> None:
+        messages = [_msg("system", 400), _msg("user", 40)]
+        await _drain(_submit(engine, messages))
+        again = _submit(engine, messages)
+        await _drain(again)
+        assert again.cached_tokens == 0
+        assert again.finished_at == pytest.approx(2 * (0.1 + 0.110))
+        cache = engine.prefix_cache
+        assert (len(cache), cache.queries, cache.hits) == (0, 0, 0)
+
+    _run(test, _control(prefix_cache=0))
+
+
+def test_prefix_cache_default_budget_is_half_the_kv_cache() -> None:
+    assert SimSettings(kv_capacity_tokens=1000).prefix_cache_budget == 500
+    assert SimSettings(prefix_cache_tokens=0).prefix_cache_budget == 0
+    with pytest.raises(ValueError, match="prefix_cache_tokens"):
+        SimSettings(prefix_cache_tokens=-1)

@@ -25,7 +25,23 @@ def register(subparsers: Any) -> None:
     )
     overhead.add_arguments(bench)
     bench.set_defaults(handler=overhead.run)
+    _register_routing(verbs)
     parser.set_defaults(handler=lambda _args: _usage(parser))
+
+
+def _register_routing(verbs: Any) -> None:
+    """`owngate bench routing`: round robin vs least in-flight vs owngate's scorer."""
+    from gateway.bench import routing  # light: the simulator and router load when it runs
+
+    verb = verbs.add_parser(
+        "routing",
+        help="round robin vs least in-flight vs owngate's scorer on simulated pools, the "
+        "same seeded open-loop traces (TTFT, latency, queueing, decision cost)",
+        description=routing.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    routing.add_arguments(verb)
+    verb.set_defaults(handler=routing.run)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:

@@ -14,8 +14,9 @@ Strategies:
     1 when idle, 0.5 at capacity, 0 at twice capacity.
   - `kv` = 1 - scraped KV-cache use (0.5 when unknown).
   - `affinity` = 1 for the backend that most recently served the same prompt prefix
-    (its prefix cache holds it), 0 otherwise — and 0 once that backend is saturated
-    (demand ≥ slots), so affinity never builds a queue.
+    (its prefix cache holds it), 0 otherwise; it counts only while that backend's demand
+    per slot is within 1/16 of the least loaded candidate's and below saturation, so
+    affinity never builds a queue (bounded-load affinity).
 - `least_inflight`: fewest requests in flight from this gateway first.
 - `round_robin`: rotate through the backends, per model.
 """
@@ -38,6 +39,7 @@ __all__ = ["Picker", "prefix_key"]
 
 _DEFAULT_SLOTS = 8
 _AFFINITY_ENTRIES = 65536
+_AFFINITY_SLACK = 1 / 16  # how much busier (demand per slot) the prefix's backend may be
 
 LoadOf = Callable[[str], BackendLoad | None]
 
@@ -65,6 +67,13 @@ class Picker:
         if pool.strategy == "least_inflight":
             return sorted(routes, key=lambda r: (r.backend.inflight, self._rng.random()))
         preferred = self._affinity.get(prefix) if prefix is not None else None
+        if preferred is not None:
+            # Bounded-load affinity: the prefix's backend keeps it only while it is about
+            # as lightly loaded as the least loaded candidate (otherwise requests split by
+            # system prompt instead of by load).
+            ratios = {r.backend.id: self._ratio(r.backend) for r in routes}
+            if ratios.get(preferred, 1.0) > min(ratios.values()) + _AFFINITY_SLACK:
+                preferred = None
         scored = [
             (self.score(pool, r.backend, preferred == r.backend.id), self._rng.random(), r)
             for r in routes
@@ -79,6 +88,10 @@ class Picker:
         kv_score = 0.5 if kv is None else 1.0 - min(1.0, max(0.0, kv))
         affinity = 1.0 if preferred and demand < slots else 0.0
         return weights.queue * queue + weights.kv * kv_score + weights.affinity * affinity
+
+    def _ratio(self, backend: BackendState) -> float:
+        demand, slots, _ = self._demand(backend)
+        return demand / slots
 
     def _demand(self, backend: BackendState) -> tuple[float, float, float | None]:
         load = self._load_of(backend.id)

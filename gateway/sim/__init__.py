@@ -2,13 +2,15 @@
 
 It queues, batches and slows down like a real inference server, publishes the real
 servers' `/metrics` names, and injects faults on demand, so the demo, the tests and the
-benchmarks run without a GPU or network. See `SimSettings` for the knobs and `SimApp` for
-what tests read and change on a running server.
+benchmarks run without a GPU or network. A per-server prefix cache (`gateway.sim.prefix`)
+makes prompts that share leading messages prefill faster. See `SimSettings` for the knobs
+and `SimApp` for what tests read and change on a running server.
 """
 
 from gateway.sim.app import SimApp, create_sim_app
 from gateway.sim.control import CapturedRequest, SimControl, SimStats
 from gateway.sim.engine import Clock, Engine, MonotonicClock, SeqState, Sequence, VirtualClock
+from gateway.sim.prefix import PrefixCache, PromptChain, prompt_chain
 from gateway.sim.settings import KINDS, Faults, Kind, SimSettings
 from gateway.sim.text import VOCABULARY, TextGenerator
 
@@ -21,6 +23,8 @@ __all__ = [
     "Faults",
     "Kind",
     "MonotonicClock",
+    "PrefixCache",
+    "PromptChain",
     "SeqState",
     "Sequence",
     "SimApp",
@@ -30,4 +34,5 @@ __all__ = [
     "TextGenerator",
     "VirtualClock",
     "create_sim_app",
+    "prompt_chain",
 ]

@@ -29,6 +29,7 @@ class SimControl:
     decode_tokens_per_s: float
     batch_slowdown: float
     kv_capacity_tokens: int
+    prefix_cache_tokens: int  # the budget; 0: no prefix caching
     zero_latency: bool
     started_at: float = 0.0
 
@@ -41,6 +42,7 @@ class SimControl:
             decode_tokens_per_s=settings.decode_tokens_per_s,
             batch_slowdown=settings.batch_slowdown,
             kv_capacity_tokens=settings.kv_capacity_tokens,
+            prefix_cache_tokens=settings.prefix_cache_budget,
             zero_latency=settings.zero_latency,
             started_at=now,
         )

@@ -13,6 +13,10 @@ So time to first token is queue wait + one step including its prefill, a prefill
 the whole batch, and per-sequence speed falls as the batch grows. KV usage is the tokens
 (prompt + generated) held by running sequences over `kv_capacity_tokens`.
 
+Prefix cache (when `prefix_cache_tokens` > 0, see `gateway.sim.prefix`): on admission a
+sequence looks up the longest cached prefix of its prompt and prefills only the tokens
+after it; once prefilled, its prompt's prefixes are cached, within that token budget.
+
 Time comes from an injected `Clock`: `MonotonicClock` in servers, `VirtualClock` in unit
 tests, where the engine's sleeps advance time instantly.
 """
@@ -24,6 +28,8 @@ import enum
 import time
 from collections import deque
 from typing import Protocol
+
+from gateway.sim.prefix import PrefixCache, PromptChain
 
 __all__ = [
     "Clock",
@@ -79,6 +85,7 @@ class LoadModel(Protocol):
     decode_tokens_per_s: float
     batch_slowdown: float
     kv_capacity_tokens: int
+    prefix_cache_tokens: int
 
 
 class SeqState(enum.Enum):
@@ -94,6 +101,8 @@ class Sequence:
     __slots__ = (
         "_changed",
         "admitted_at",
+        "cached_tokens",
+        "chain",
         "finished_at",
         "first_token_at",
         "generated",
@@ -105,9 +114,13 @@ class Sequence:
         "submitted_at",
     )
 
-    def __init__(self, prompt_tokens: int, max_tokens: int, now: float) -> None:
+    def __init__(
+        self, prompt_tokens: int, max_tokens: int, now: float, chain: PromptChain | None = None
+    ) -> None:
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
+        self.chain = chain  # the prompt's prefixes, for the prefix cache
+        self.cached_tokens = 0  # prompt tokens found in the prefix cache on admission
         self.generated = 0
         self.prefilled = False
         self.slot = -1
@@ -151,6 +164,7 @@ class Engine:
         self.generation_tokens_total = 0
         self.decode_steps = 0
         self.busy_slot_steps = 0
+        self.prefix_cache = PrefixCache()
 
     # -- what metrics and tests read ------------------------------------------------
 
@@ -187,9 +201,13 @@ class Engine:
 
     # -- what handlers call ---------------------------------------------------------
 
-    def submit(self, prompt_tokens: int, max_tokens: int) -> Sequence:
-        """Queue a sequence; it emits `max_tokens` tokens (0: prefill only, embeddings)."""
-        seq = Sequence(prompt_tokens, max_tokens, self._clock.now())
+    def submit(
+        self, prompt_tokens: int, max_tokens: int, chain: PromptChain | None = None
+    ) -> Sequence:
+        """Queue a sequence; it emits `max_tokens` tokens (0: prefill only, embeddings).
+
+        `chain` (from `prompt_chain`) lets a chat prompt use the prefix cache."""
+        seq = Sequence(prompt_tokens, max_tokens, self._clock.now(), chain)
         self._waiting.append(seq)
         self._ensure_loop()
         self._wake.set()
@@ -246,6 +264,8 @@ class Engine:
             seq.slot = next(i for i in range(len(used) + 1) if i not in used)
             seq.state = SeqState.RUNNING
             seq.admitted_at = self._clock.now()
+            if load.prefix_cache_tokens > 0:
+                seq.cached_tokens = self.prefix_cache.lookup(seq.chain, seq.prompt_tokens)
             self._running.append(seq)
             held += seq.prompt_tokens
 
@@ -258,7 +278,9 @@ class Engine:
                     await self._wake.wait()
                     continue
                 batch = list(self._running)
-                prefill = sum(seq.prompt_tokens for seq in batch if not seq.prefilled)
+                prefill = sum(
+                    seq.prompt_tokens - seq.cached_tokens for seq in batch if not seq.prefilled
+                )
                 await self._clock.sleep(self.step_seconds(len(batch), prefill))
                 self._finish_step(batch)
         finally:
@@ -270,12 +292,15 @@ class Engine:
         now = self._clock.now()
         self.decode_steps += 1
         self.busy_slot_steps += len(batch)
+        budget = self._load.prefix_cache_tokens
         for seq in batch:
             if seq.state is not SeqState.RUNNING:
                 continue  # cancelled while the step ran
             if not seq.prefilled:
                 seq.prefilled = True
                 self.prompt_tokens_total += seq.prompt_tokens
+                if seq.chain is not None and budget > 0:
+                    self.prefix_cache.insert(seq.chain, budget)
             if seq.generated < seq.max_tokens:
                 seq.generated += 1
                 self.generation_tokens_total += 1

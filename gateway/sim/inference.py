@@ -23,6 +23,7 @@ from typing import Any
 from gateway.sim.asgi import JSON, SSE_HEADERS, Receive, Send, respond, start, wait_disconnect
 from gateway.sim.control import SimControl, SimStats
 from gateway.sim.engine import Clock, Engine, SeqState, Sequence
+from gateway.sim.prefix import prompt_chain
 from gateway.sim.responses import ChunkEncoder, completion_body, embedding_body, error_body
 from gateway.sim.settings import SimSettings
 from gateway.sim.text import TextGenerator
@@ -165,7 +166,10 @@ class Inference:
             finally:
                 self._engine.cancel(seq)
             return
-        seq = self._engine.submit(request.prompt_tokens, request.max_tokens)
+        chain = None
+        if request.endpoint == "chat" and self._control.prefix_cache_tokens > 0:
+            chain = prompt_chain(request.prompt)
+        seq = self._engine.submit(request.prompt_tokens, request.max_tokens, chain)
         try:
             if request.stream:
                 await self._stream_timed(request, seq, die, send)

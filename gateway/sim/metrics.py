@@ -2,14 +2,17 @@
 
 - vLLM (V1 engine): `vllm:num_requests_running`, `vllm:num_requests_waiting`,
   `vllm:kv_cache_usage_perc` (0..1), `vllm:prompt_tokens_total`,
-  `vllm:generation_tokens_total`, labelled `{engine="0",model_name="<first model>"}`.
+  `vllm:generation_tokens_total`, `vllm:prefix_cache_queries_total` and
+  `vllm:prefix_cache_hits_total` (prompt tokens looked up in the prefix cache, and of
+  those found there), labelled `{engine="0",model_name="<first model>"}`.
 - llama.cpp (`llama-server --metrics`): `llamacpp:requests_processing`,
   `llamacpp:requests_deferred`, `llamacpp:prompt_tokens_total`,
   `llamacpp:tokens_predicted_total`, `llamacpp:n_decode_total`,
   `llamacpp:n_busy_slots_per_decode`, `llamacpp:kv_cache_usage_ratio`,
   `llamacpp:kv_cache_tokens`, without labels.
 - SGLang: `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`,
-  `sglang:prompt_tokens_total`, `sglang:generation_tokens_total`, labelled
+  `sglang:prompt_tokens_total`, `sglang:generation_tokens_total`,
+  `sglang:cache_hit_rate` (prefix-cache hit tokens over looked-up tokens), labelled
   `{model_name="<first model>"}`.
 """
 
@@ -47,6 +50,18 @@ _VLLM: Final[tuple[_Family, ...]] = (
         "Number of generation tokens processed.",
         "generated",
     ),
+    (
+        "vllm:prefix_cache_queries_total",
+        "counter",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        "cache_queries",
+    ),
+    (
+        "vllm:prefix_cache_hits_total",
+        "counter",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        "cache_hits",
+    ),
 )
 _LLAMACPP: Final[tuple[_Family, ...]] = (
     ("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.", "prompt"),
@@ -79,6 +94,7 @@ _SGLANG: Final[tuple[_Family, ...]] = (
         "Number of generation tokens processed.",
         "generated",
     ),
+    ("sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.", "cache_hit_rate"),
 )
 
 
@@ -89,6 +105,7 @@ def _escape(value: str) -> str:
 def render_metrics(kind: Kind, model: str, engine: Engine) -> bytes:
     """The `/metrics` body of a `kind` server serving `model` with `engine`'s state."""
     steps = engine.decode_steps
+    cache = engine.prefix_cache
     values = {
         "running": engine.running,
         "waiting": engine.waiting,
@@ -98,6 +115,9 @@ def render_metrics(kind: Kind, model: str, engine: Engine) -> bytes:
         "generated": engine.generation_tokens_total,
         "steps": steps,
         "busy_per_step": engine.busy_slot_steps / steps if steps else 0.0,
+        "cache_queries": cache.queries,
+        "cache_hits": cache.hits,
+        "cache_hit_rate": cache.hits / cache.queries if cache.queries else 0.0,
     }
     if kind == "llamacpp":
         families, labels = _LLAMACPP, ""

@@ -64,6 +64,10 @@ class SimSettings:
     usage is the tokens held by running sequences over `kv_capacity_tokens`. `n_ctx` is
     the context length of one sequence (llama.cpp: of one slot).
 
+    Prefix cache (see `gateway.sim.prefix`): a chat prompt whose leading messages were
+    prefilled recently prefills only the rest. `prefix_cache_tokens` bounds what the
+    cache holds; None means half of `kv_capacity_tokens`, 0 turns caching off.
+
     `zero_latency` skips every sleep and writes whole responses at once (benchmarks); its
     streams still write one ASGI message per SSE event, as real servers do, unless
     `coalesce_chunks` joins them into one message (the simulator's fastest mode).
@@ -78,6 +82,7 @@ class SimSettings:
     decode_tokens_per_s: float = 60.0
     batch_slowdown: float = 0.02
     kv_capacity_tokens: int = 131072
+    prefix_cache_tokens: int | None = None
     default_max_tokens: int = 16
     n_ctx: int = 8192
     embedding_dims: int = 16
@@ -102,6 +107,17 @@ class SimSettings:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not self.batch_slowdown >= 0.0:
             raise ValueError(f"batch_slowdown must be >= 0, got {self.batch_slowdown!r}")
+        if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 0:
+            raise ValueError(
+                f"prefix_cache_tokens must be >= 0 or None, got {self.prefix_cache_tokens!r}"
+            )
+
+    @property
+    def prefix_cache_budget(self) -> int:
+        """Tokens the prefix cache may hold: `prefix_cache_tokens`, by default half the KV."""
+        if self.prefix_cache_tokens is None:
+            return self.kv_capacity_tokens // 2
+        return self.prefix_cache_tokens
 
     @property
     def model(self) -> str:

@@ -24,6 +24,8 @@ __all__ = [
     "WireError",
     "chat_prompt_tokens",
     "completion_prompt_tokens",
+    "message_bytes",
+    "text_tokens",
 ]
 
 VOCABULARY: Final[tuple[str, ...]] = (
@@ -151,7 +153,26 @@ def _utf8_len(value: str) -> int:
     return len(value.encode("utf-8", "surrogatepass"))
 
 
-def _tokens(n_bytes: int) -> int:
+def message_bytes(message: object) -> int:
+    """UTF-8 bytes of one chat message's text; raises `WireError` on a wrong shape."""
+    if not isinstance(message, dict):
+        raise WireError("each message must be an object")
+    content = message.get("content")
+    if isinstance(content, str):
+        return _utf8_len(content)
+    if isinstance(content, list):
+        return sum(
+            _utf8_len(part["text"])
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    if content is not None:
+        raise WireError("message 'content' must be a string or an array of parts")
+    return 0
+
+
+def text_tokens(n_bytes: int) -> int:
+    """Tokens of `n_bytes` of prompt text: ceil(bytes / 4)."""
     return (n_bytes + 3) // 4
 
 
@@ -159,20 +180,7 @@ def chat_prompt_tokens(messages: object) -> int:
     """Prompt tokens of a chat `messages` list; raises `WireError` on a wrong shape."""
     if not isinstance(messages, list) or not messages:
         raise WireError("'messages' must be a non-empty array")
-    total = 0
-    for message in messages:
-        if not isinstance(message, dict):
-            raise WireError("each message must be an object")
-        content = message.get("content")
-        if isinstance(content, str):
-            total += _utf8_len(content)
-        elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    total += _utf8_len(part["text"])
-        elif content is not None:
-            raise WireError("message 'content' must be a string or an array of parts")
-    return _tokens(total)
+    return text_tokens(sum(message_bytes(message) for message in messages))
 
 
 def completion_prompt_tokens(prompt: object) -> int:
@@ -182,10 +190,10 @@ def completion_prompt_tokens(prompt: object) -> int:
     as the OpenAI API does; token ids count one each.
     """
     if isinstance(prompt, str):
-        return _tokens(_utf8_len(prompt))
+        return text_tokens(_utf8_len(prompt))
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return _tokens(sum(_utf8_len(p) for p in prompt))
+            return text_tokens(sum(_utf8_len(p) for p in prompt))
         if all(isinstance(p, int) for p in prompt):
             return len(prompt)
         if all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):
