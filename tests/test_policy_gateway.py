@@ -207,3 +207,13 @@ def test_reload_swaps_atomically_and_keeps_the_last_good_set(
     assert chat(gateway).status_code == 503  # and still enforced
     metrics = httpx.get(f"{gateway.url}/metrics", timeout=5).text
     assert "owngate_policy_reload_failures_total 1.0" in metrics
+
+
+def test_a_missing_provider_key_stops_the_gateway_starting(start_sim: Callable[..., Sim]) -> None:
+    from gateway.api import create_app
+    from tests.conftest import gateway_config
+
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    config = gateway_config([backend("gpu", sim.url, "m"), hosted(sim)])
+    with pytest.raises(ValueError, match="HOSTED_KEY"):
+        create_app(config, environ={})

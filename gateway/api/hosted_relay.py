@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gateway.api.asgi import send_bytes
@@ -32,12 +32,21 @@ __all__ = ["HostedRelay"]
 
 class HostedRelay:
     def __init__(
-        self, metrics: GatewayMetrics, environ: Mapping[str, str], timeout_s: float
+        self,
+        metrics: GatewayMetrics,
+        environ: Mapping[str, str],
+        timeout_s: float,
+        backends: Iterable[BackendState] = (),
     ) -> None:
         self._metrics = metrics
         self._environ = environ
         self._timeout_s = timeout_s
         self._clients: dict[str, HostedClient] = {}
+        # Built at startup (LiteLLM itself is imported on the first call): a provider key
+        # named in the config but missing from the environment stops the gateway starting.
+        for backend in backends:
+            if not backend.config.is_private:
+                self._client(backend)
 
     def _client(self, backend: BackendState) -> HostedClient:
         client = self._clients.get(backend.id)

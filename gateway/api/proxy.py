@@ -57,7 +57,7 @@ class Proxy:
         self._private = PrivateRelay(registry, metrics)
         self._picker = Picker(routing, scraper.load)
         self._affinity_bytes = routing.affinity_prefix_bytes
-        self._hosted = HostedRelay(metrics, environ, hosted_timeout_s)
+        self._hosted = HostedRelay(metrics, environ, hosted_timeout_s, registry.backends.values())
 
     async def forward(
         self,

@@ -17,18 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from functools import partial
 from types import ModuleType
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from gateway.config.schema import Backend
 from gateway.upstream import openai_wire
 from gateway.upstream.litellm_runtime import aclose_litellm_clients, aload_litellm
 from gateway.upstream.openai_wire import Endpoint
 
-__all__ = ["HostedClient", "HostedError", "HostedErrorKind", "HostedResponse"]
+__all__ = ["HostedClient", "HostedError", "HostedErrorKind", "HostedResponse", "hosted_error"]
 
 HostedErrorKind = Literal["connect", "timeout", "status", "protocol"]
+T = TypeVar("T")
 
 _CALLS: Final[dict[str, str]] = {
     "chat": "acompletion",
@@ -37,7 +39,27 @@ _CALLS: Final[dict[str, str]] = {
 }
 _JSON: Final = b"application/json"
 _SSE: Final = b"text/event-stream"
-_ERROR_TYPE = re.compile(r"""["']type["']\s*:\s*["']([A-Za-z_]{1,64})["']""")
+_ERROR_TYPE = re.compile(r"""["']type["']\s*:\s*["']([a-z_]{1,40})["']""")
+# Error `type` values of the Anthropic and OpenAI APIs (their "Errors" references). Only
+# these are repeated in messages: a provider that quotes the request back could otherwise
+# put a word of the prompt where a type is expected.
+_KNOWN_ERROR_TYPES: Final = frozenset(
+    {
+        "invalid_request_error",
+        "authentication_error",
+        "permission_error",
+        "not_found_error",
+        "request_too_large",
+        "rate_limit_error",
+        "api_error",
+        "overloaded_error",
+        "billing_error",
+        "timeout_error",
+        "server_error",
+        "insufficient_quota",
+        "tokens_exceeded_error",
+    }
+)
 _CHAIN_LIMIT = 16
 
 
@@ -124,6 +146,7 @@ class _Stream:
             if self._pending:
                 chunk = self._pending.pop()
             else:
+                failure: HostedError | None = None
                 try:
                     chunk = await anext(self._source)
                 except StopAsyncIteration:
@@ -131,8 +154,13 @@ class _Stream:
                 except Exception as exc:  # noqa: BLE001 - every failure becomes a HostedError
                     if self._closed:
                         return  # aclose() from another task broke the read: not an error
-                    raise hosted_error(exc, self._provider) from None
-            yield openai_wire.encode_chunk(self._endpoint, chunk, with_usage=self._with_usage)
+                    failure = hosted_error(exc, self._provider)
+                if failure is not None:
+                    raise failure  # outside `except`: LiteLLM's exception is not its context
+            encode = partial(
+                openai_wire.encode_chunk, self._endpoint, chunk, with_usage=self._with_usage
+            )
+            yield _encoded(self._provider, encode)
         if not self._closed:
             yield openai_wire.DONE, None
 
@@ -178,15 +206,21 @@ class HostedClient:
         params, ignored = openai_wire.request_params(endpoint, doc)
         litellm = await aload_litellm()
         call = getattr(litellm, _CALLS[endpoint])
+        failure: HostedError | None = None
         try:
             options = self._options(provider_model)
             if endpoint == "completions":
                 options.update(self._text_completion_client(litellm, provider_model))
             result = await call(**params, **options)
         except Exception as exc:  # noqa: BLE001 - every LiteLLM failure becomes a HostedError
-            raise hosted_error(exc, self.provider) from None
+            failure = hosted_error(exc, self.provider)
+        if failure is not None:
+            # Raised outside `except`, so LiteLLM's exception (provider text that may quote
+            # the prompt, URLs) is neither its cause nor its context.
+            raise failure
         if not params.get("stream"):
-            body, usage = openai_wire.encode_response(endpoint, result)
+            encode = partial(openai_wire.encode_response, endpoint, result)
+            body, usage = _encoded(self.provider, encode)
             return HostedResponse(
                 content_type=_JSON, body=body, usage=usage, ignored_fields=ignored
             )
@@ -253,11 +287,22 @@ class HostedClient:
             return await anext(stream)
         except StopAsyncIteration:
             return None
-        except BaseException as exc:
-            await _close_stream(stream)
-            if isinstance(exc, Exception):
-                raise hosted_error(exc, self.provider) from None
+        except Exception as exc:  # noqa: BLE001 - every LiteLLM failure becomes a HostedError
+            failure = hosted_error(exc, self.provider)
+        except BaseException:
+            await _close_stream(stream)  # cancelled: the provider must stop too
             raise
+        await _close_stream(stream)
+        raise failure
+
+
+def _encoded(provider: str, encode: Callable[[], T]) -> T:
+    """Run an `openai_wire` encoder; an answer it cannot encode is a protocol error."""
+    try:
+        return encode()
+    except TypeError:  # not an object, or not JSON-encodable (orjson's error is a TypeError)
+        failure = HostedError("protocol", f"{provider} answered in a shape LiteLLM did not map")
+    raise failure
 
 
 async def _close_stream(stream: Any) -> None:
@@ -292,7 +337,7 @@ def hosted_error(exc: BaseException, provider: str) -> HostedError:
         return HostedError("timeout", f"{provider} did not answer in time")
     status = _wire_status(chain)
     if status is not None:
-        types = [t for e in chain for t in _ERROR_TYPE.findall(str(e)) if t != "error"]
+        types = [t for e in chain for t in _ERROR_TYPE.findall(str(e)) if t in _KNOWN_ERROR_TYPES]
         detail = f" ({types[0]})" if types else ""
         return HostedError("status", f"{provider} answered HTTP {status}{detail}", status=status)
     local = _status(getattr(exc, "status_code", None))

@@ -97,15 +97,22 @@ _USAGE_DETAILS: Final = {
 def request_params(
     endpoint: Endpoint, doc: Mapping[str, Any]
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """LiteLLM arguments for the client's document, and the names of fields left out."""
+    """LiteLLM arguments for the client's document, and the names of fields left out.
+
+    Streams always ask the provider for usage (`stream_options.include_usage`): the
+    gateway accounts for tokens either way, and `encode_chunk` keeps the usage chunk
+    from clients that did not ask for it.
+    """
     allowed = _FIELDS[endpoint]
     params = {k: v for k, v in doc.items() if k in allowed and v is not None}
     ignored = tuple(sorted(k for k in doc if k not in allowed and k not in _HANDLED))
     if endpoint != "embeddings" and doc.get("stream") is True:
-        params["stream"] = True
         options = doc.get("stream_options")
-        if isinstance(options, dict):
-            params["stream_options"] = options
+        params["stream"] = True
+        params["stream_options"] = {
+            **(options if isinstance(options, dict) else {}),
+            "include_usage": True,
+        }
     return params, ignored
 
 
