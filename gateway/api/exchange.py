@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,10 +18,12 @@ if TYPE_CHECKING:
 __all__ = [
     "Exchange",
     "TryNext",
+    "first_chunk_seconds",
     "receipt_headers",
     "relayed",
     "send_error_event",
     "send_receipt_comment",
+    "start_stream",
     "watch_disconnect",
 ]
 
@@ -82,6 +85,27 @@ async def send_receipt_comment(send: Send, exchange: Exchange) -> None:
     if trail is not None and trail.receipt is not None:
         line = b": owngate-receipt " + base64.b64encode(trail.receipt) + b"\n\n"
         await send({"type": "http.response.body", "body": line, "more_body": True})
+
+
+async def start_stream(send: Send, exchange: Exchange, status: int, content_type: bytes) -> None:
+    """Send the headers of a relayed SSE stream; from here on errors go in-band."""
+    exchange.status = status
+    exchange.response_started = True
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", content_type),
+                (b"cache-control", b"no-cache"),
+                (b"x-request-id", exchange.request_id),
+            ],
+        }
+    )
+
+
+def first_chunk_seconds(exchange: Exchange) -> float:
+    return time.perf_counter() - exchange.started_at
 
 
 async def send_error_event(send: Send, error: GatewayError) -> None:

@@ -8,7 +8,6 @@ provider sends them); a failure before the client saw a byte raises `TryNext`.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -16,10 +15,12 @@ from gateway.api.asgi import send_bytes
 from gateway.api.exchange import (
     Exchange,
     TryNext,
+    first_chunk_seconds,
     receipt_headers,
     relayed,
     send_error_event,
     send_receipt_comment,
+    start_stream,
 )
 from gateway.api.metrics import GatewayMetrics
 from gateway.asgi import Send
@@ -98,25 +99,13 @@ class HostedRelay:
                 receipt_headers(exchange),
             )
             return
-        exchange.status = 200
-        exchange.response_started = True
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    (b"content-type", b"text/event-stream"),
-                    (b"cache-control", b"no-cache"),
-                    (b"x-request-id", exchange.request_id),
-                ],
-            }
-        )
+        await start_stream(send, exchange, 200, b"text/event-stream")
         first = True
         try:
             async for data in response.chunks():
                 if first:
                     first = False
-                    elapsed = time.perf_counter() - exchange.started_at
+                    elapsed = first_chunk_seconds(exchange)
                     self._metrics.observe_ttft(exchange.endpoint, backend.id, elapsed)
                 relayed(exchange, data)
                 await send({"type": "http.response.body", "body": data, "more_body": True})

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from typing import Any
 
 import orjson
@@ -20,10 +19,12 @@ from gateway.api.body import model_pattern, rewrite_model
 from gateway.api.exchange import (
     Exchange,
     TryNext,
+    first_chunk_seconds,
     receipt_headers,
     relayed,
     send_error_event,
     send_receipt_comment,
+    start_stream,
 )
 from gateway.api.metrics import GatewayMetrics
 from gateway.asgi import Send
@@ -131,27 +132,14 @@ class PrivateRelay:
                 send, status, data, exchange.request_id, content_type, receipt_headers(exchange)
             )
             return
-        exchange.status = status
-        exchange.response_started = True
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", content_type),
-                    (b"cache-control", b"no-cache"),
-                    (b"x-request-id", exchange.request_id),
-                ],
-            }
-        )
+        await start_stream(send, exchange, status, content_type)
         first = True
         try:
             async for data in response.chunks():
                 if first:
                     first = False
-                    self._metrics.observe_ttft(
-                        exchange.endpoint, backend.id, time.perf_counter() - exchange.started_at
-                    )
+                    elapsed = first_chunk_seconds(exchange)
+                    self._metrics.observe_ttft(exchange.endpoint, backend.id, elapsed)
                 relayed(exchange, data)
                 await send({"type": "http.response.body", "body": data, "more_body": True})
         except UpstreamError as exc:

@@ -25,7 +25,7 @@ from gateway.api.exchange import Exchange
 from gateway.config.schema import Provenance
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
-from gateway.policy import Decision
+from gateway.policy import Decision, facts_of
 from gateway.provenance import (
     BackendRef,
     LogEntry,
@@ -244,18 +244,16 @@ def _trace(decision: Decision) -> tuple[TraceStep, ...]:
 
 
 def _backend_ref(backend: BackendState) -> BackendRef:
-    config = backend.config
-    private = config.is_private
+    """The declared facts the policy judged, as the record states them."""
+    facts = facts_of(backend.config)
     return BackendRef(
-        id=config.id,
-        tier="private" if private else "hosted",
-        kind=config.kind,
-        provider=config.owner if private else (config.provider or config.owner),
-        owner=config.owner,
-        region=config.region,
-        retention=Retention(
-            config.retention.days, config.retention.zero_data_retention, config.retention.training
-        ),
+        id=facts.id,
+        tier=facts.tier,
+        kind=facts.kind,
+        provider=facts.provider,
+        owner=facts.owner,
+        region=facts.region,
+        retention=Retention(facts.retention_days, facts.zero_data_retention, facts.training),
     )
 
 
