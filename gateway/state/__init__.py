@@ -1,0 +1,64 @@
+"""Shared state: tenant limits, per-backend in-flight counters and key revocations.
+
+One interface (`SharedState`), two implementations: `MemoryState` (the default, per
+process) and `RedisState` (shared by every replica; redis-py is imported only when it
+is configured). `create_state` picks one from the `state:` section of gateway.yaml.
+See docs/state.md for what is shared, the Redis keys, and behaviour while Redis is away.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Literal
+
+from gateway.state.memory import MemoryState
+from gateway.state.types import (
+    Admission,
+    LimitName,
+    RateLimited,
+    SharedState,
+    StateStatus,
+    TenantLimits,
+)
+
+__all__ = [
+    "Admission",
+    "LimitName",
+    "MemoryState",
+    "RateLimited",
+    "SharedState",
+    "StateStatus",
+    "TenantLimits",
+    "create_state",
+]
+
+
+def create_state(
+    backend: Literal["memory", "redis"],
+    url: str | None = None,
+    *,
+    replica_id: str | None = None,
+    key_prefix: str = "owngate",
+    timeout_s: float = 0.05,
+    sync_interval_s: float = 0.1,
+    lease_ttl_s: float = 5.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> SharedState:
+    """Build the configured state; nothing connects until `start()` (in the lifespan)."""
+    if backend == "memory":
+        return MemoryState(clock=clock)
+    if not url:
+        raise ValueError("state backend 'redis' needs a url (redis://host:port/db)")
+    # Imported here so that redis-py loads only when Redis is configured.
+    from gateway.state.redis_state import RedisState
+
+    return RedisState(
+        url,
+        replica_id=replica_id,
+        key_prefix=key_prefix,
+        timeout_s=timeout_s,
+        sync_interval_s=sync_interval_s,
+        lease_ttl_s=lease_ttl_s,
+        clock=clock,
+    )

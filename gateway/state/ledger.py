@@ -1,0 +1,152 @@
+"""Per-tenant accounting on one process: GCRA for requests and tokens, a slot count.
+
+Both budgets are GCRA (the generic cell rate algorithm: a token bucket kept as one
+number). A tenant's *theoretical arrival time* `tat` runs ahead of the clock by the time
+its recent use takes to replenish. Times are whole microseconds, so this module and the
+Lua scripts on Redis (`gateway.state.lua`) compute exactly the same numbers.
+
+- requests per minute `R`: a request costs `I = 60 s / R` (rounded); it is admitted while
+  `max(tat, now) - now <= (R - 1) * I`, then `tat = max(tat, now) + I`. A burst of `R`
+  fits at once, then one every `I`. Refused: retry after `max(tat, now) - now - (R-1)*I`.
+- tokens per minute `T`: tokens are known only when a response completes, so a
+  completion moves `tat` by `tokens * 60 s / T` (rounded) and an admission only checks
+  that some budget is left: `tat - now < 60 s`. Refused: retry after
+  `tat - now - 60 s` (plus 1 us).
+- concurrent `C`: admitted while fewer than `C` are held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.state.types import LimitName, RateLimited, TenantLimits
+
+__all__ = [
+    "CONCURRENCY_RETRY_S",
+    "WINDOW_US",
+    "Ledger",
+    "request_interval_us",
+    "request_wait_us",
+    "tokens_cost_us",
+    "tokens_wait_us",
+]
+
+WINDOW_US = 60_000_000
+# A slot frees whenever some request of the tenant ends; nothing better to promise.
+CONCURRENCY_RETRY_S = 1.0
+
+
+def request_interval_us(per_minute: int) -> int:
+    return max(1, (WINDOW_US + per_minute // 2) // per_minute)  # rounded half up, as in Lua
+
+
+def request_wait_us(tat: int, now: int, per_minute: int) -> int:
+    """Microseconds until one more request fits (0: it fits now)."""
+    interval = request_interval_us(per_minute)
+    return max(0, max(tat, now) - now - (per_minute - 1) * interval)
+
+
+def tokens_cost_us(tokens: int, per_minute: int) -> int:
+    return (tokens * WINDOW_US + per_minute // 2) // per_minute
+
+
+def tokens_wait_us(tat: int, now: int) -> int:
+    """Microseconds until some token budget is left (0: there is some now)."""
+    over = tat - now - WINDOW_US
+    return 0 if over < 0 else over + 1
+
+
+@dataclass(slots=True)
+class _Account:
+    requests_tat: int = 0
+    tokens_tat: int = 0
+    held: int = 0
+
+
+class Ledger:
+    """The accounts of every tenant seen by this process (one event loop, no threads).
+
+    `clock` returns seconds (monotonic); it is read as whole microseconds."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._accounts: dict[str, _Account] = {}
+
+    def _now(self) -> int:
+        return round(self._clock() * 1_000_000)
+
+    def _account(self, tenant: str) -> _Account:
+        account = self._accounts.get(tenant)
+        if account is None:
+            account = self._accounts[tenant] = _Account()
+        return account
+
+    def check(self, tenant: str, limits: TenantLimits) -> RateLimited | None:
+        """The refusal an admission would get now, or None; changes nothing."""
+        account = self._account(tenant)
+        now = self._now()
+        waits: list[tuple[float, LimitName, int]] = []
+        if limits.concurrent is not None and account.held >= limits.concurrent:
+            waits.append((CONCURRENCY_RETRY_S, "concurrent", limits.concurrent))
+        rpm = limits.requests_per_minute
+        if rpm is not None:
+            wait = request_wait_us(account.requests_tat, now, rpm)
+            if wait > 0:
+                waits.append((wait / 1e6, "requests_per_minute", rpm))
+        tpm = limits.tokens_per_minute
+        if tpm is not None:
+            wait = tokens_wait_us(account.tokens_tat, now)
+            if wait > 0:
+                waits.append((wait / 1e6, "tokens_per_minute", tpm))
+        if not waits:
+            return None
+        wait_s, name, value = max(waits)
+        return RateLimited(tenant, name, value, wait_s)
+
+    def admit(self, tenant: str, limits: TenantLimits) -> bool:
+        """Admit one request or raise `RateLimited`; True when it holds a slot."""
+        refusal = self.check(tenant, limits)
+        if refusal is not None:
+            raise refusal
+        self.count_request(tenant, limits)
+        if limits.concurrent is None:
+            return False
+        self.hold(tenant)
+        return True
+
+    def count_request(self, tenant: str, limits: TenantLimits) -> None:
+        """Charge one request to the requests budget without checking it. The debt is
+        capped at a full bucket, so admissions decided elsewhere (Redis) never make a
+        later local decision wait longer than one request's interval."""
+        rpm = limits.requests_per_minute
+        if rpm is None:
+            return
+        account = self._account(tenant)
+        now = self._now()
+        interval = request_interval_us(rpm)
+        ceiling = now + rpm * interval
+        account.requests_tat = min(max(account.requests_tat, now) + interval, ceiling)
+
+    def charge_tokens(self, tenant: str, limits: TenantLimits, tokens: int) -> None:
+        tpm = limits.tokens_per_minute
+        if tpm is None or tokens <= 0:
+            return
+        account = self._account(tenant)
+        now = self._now()
+        account.tokens_tat = max(account.tokens_tat, now) + tokens_cost_us(tokens, tpm)
+
+    def hold(self, tenant: str) -> None:
+        self._account(tenant).held += 1
+
+    def unhold(self, tenant: str) -> None:
+        account = self._account(tenant)
+        account.held = max(0, account.held - 1)
+
+    def held(self, tenant: str) -> int:
+        account = self._accounts.get(tenant)
+        return 0 if account is None else account.held
+
+    def held_by_tenant(self) -> dict[str, int]:
+        """Tenants holding slots now, with their counts."""
+        return {t: a.held for t, a in self._accounts.items() if a.held > 0}

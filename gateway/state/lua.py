@@ -1,0 +1,264 @@
+"""The Lua scripts that make every shared update atomic on Redis (one EVALSHA each).
+
+Time is Redis's own clock (`TIME`, whole microseconds) so replicas with skewed clocks
+agree. The arithmetic mirrors `gateway.state.ledger` exactly; `docs/state.md` lists
+the keys. Every script touches only the keys passed in KEYS, and every key carries the
+same `{prefix}` hash tag, so they also run on one Redis Cluster slot.
+
+Concurrency slots: each admitted request is a field `<replica>|<n>` of the tenant's
+`slots` hash; a release deletes it. Adding and deleting a named field is idempotent,
+so a replica can rewrite its own fields from what it holds (a resync) without racing
+its own calls. The tenant's `held` hash keeps each replica's field count, changed in
+the same script as the fields, so an admission sums a few counts instead of scanning
+every slot. A replica's count stops counting when its lease (in `leases`) runs out.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ACQUIRE", "HEARTBEAT", "LEAVE", "RELEASE", "REVOKE"]
+
+_COMMON = """
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local function us(x) return string.format('%.0f', x) end
+local function owner(field)
+  local sep = string.find(field, '|', 1, true)
+  return sep and string.sub(field, 1, sep - 1)
+end
+-- Delete every slot field of `replica` (rare: a dead replica, a resync, a goodbye).
+local function drop_fields(slots, replica, keep, skip)
+  for _, field in ipairs(redis.call('HKEYS', slots)) do
+    if owner(field) == replica and not keep[field] and not skip[field] then
+      redis.call('HDEL', slots, field)
+    end
+  end
+end
+"""
+
+# KEYS: leases, slots of the tenant, held counts of the tenant, rpm TAT, tpm TAT
+# ARGV: replica, lease ttl ms, concurrent, rpm, tpm (0 = no such limit),
+#       concurrency retry us, this admission's slot field ('' without a concurrency limit)
+# -> {1} admitted | {0, which, wait_us} refused (1 concurrent, 2 rpm, 3 tpm) | {-1} no lease
+ACQUIRE = (
+    _COMMON
+    + """
+local now = now_us()
+local me = ARGV[1]
+local lease = tonumber(redis.call('HGET', KEYS[1], me))
+if not lease or lease < now then return {-1} end
+local ttl = tonumber(ARGV[2])
+local conc, rpm, tpm = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local wait, which = 0, 0
+if conc > 0 then
+  local counts = redis.call('HGETALL', KEYS[3])
+  local held, others, numbers = 0, {}, {}
+  for i = 1, #counts, 2 do
+    if counts[i] == me then
+      held = held + tonumber(counts[i + 1])
+    else
+      others[#others + 1] = counts[i]
+      numbers[#numbers + 1] = tonumber(counts[i + 1])
+    end
+  end
+  if #others > 0 then
+    local leases = redis.call('HMGET', KEYS[1], unpack(others))
+    for i = 1, #others do
+      local until_us = tonumber(leases[i])
+      if until_us and until_us >= now then
+        held = held + numbers[i]
+      else
+        redis.call('HDEL', KEYS[3], others[i])
+        drop_fields(KEYS[2], others[i], {}, {})
+      end
+    end
+  end
+  if held >= conc then wait, which = tonumber(ARGV[6]), 1 end
+end
+local interval, base = 0, now
+if rpm > 0 then
+  interval = math.max(1, math.floor((60000000 + math.floor(rpm / 2)) / rpm))
+  base = math.max(tonumber(redis.call('GET', KEYS[4])) or now, now)
+  local over = base - now - (rpm - 1) * interval
+  if over > 0 and over > wait then wait, which = over, 2 end
+end
+if tpm > 0 then
+  local over = (tonumber(redis.call('GET', KEYS[5])) or now) - now - 60000000
+  if over >= 0 and over + 1 > wait then wait, which = over + 1, 3 end
+end
+if which > 0 then return {0, which, wait} end
+if rpm > 0 then
+  local tat = base + interval
+  redis.call('SET', KEYS[4], us(tat), 'PX', math.floor((tat - now) / 1000) + 1)
+end
+if conc > 0 then
+  if redis.call('HSET', KEYS[2], ARGV[7], 1) == 1 then redis.call('HINCRBY', KEYS[3], me, 1) end
+  redis.call('PEXPIRE', KEYS[2], ttl)
+  redis.call('PEXPIRE', KEYS[3], ttl)
+end
+return {1}
+"""
+)
+
+# KEYS: slots of the tenant, held counts of the tenant, tpm TAT
+# ARGV: replica, slot field ('' = none), tpm (0 = none), tokens used
+RELEASE = (
+    _COMMON
+    + """
+local me = ARGV[1]
+if ARGV[2] ~= '' and redis.call('HDEL', KEYS[1], ARGV[2]) == 1 then
+  if redis.call('HINCRBY', KEYS[2], me, -1) <= 0 then redis.call('HDEL', KEYS[2], me) end
+end
+local tpm, tokens = tonumber(ARGV[3]), tonumber(ARGV[4])
+if tpm > 0 and tokens > 0 then
+  local now = now_us()
+  local cost = math.floor((tokens * 60000000 + math.floor(tpm / 2)) / tpm)
+  local tat = math.max(tonumber(redis.call('GET', KEYS[3])) or now, now) + cost
+  redis.call('SET', KEYS[3], us(tat), 'PX', math.floor((tat - now) / 1000) + 1)
+end
+return 1
+"""
+)
+
+# KEYS: leases, in-flight hash, revoked set, revoked version, then for each tenant
+#       listed in ARGV its slots and its held counts
+# ARGV: replica, lease ttl ms, resync (1/0), n backends, (backend, count) * n, then per
+#       tenant: slots held here, n keep, keep fields..., n skip, skip fields...
+# Resync: this replica's slot fields become exactly `keep` (fields in `skip` belong to
+#       calls still in flight: their outcome decides), its count their number, and its
+#       in-flight fields exactly the backends sent.
+# -> {-1} lease lost and no resync asked (ask again with one) |
+#    {resynced, live replicas, revoked version, revoked count, (backend, others' sum)...}
+HEARTBEAT = (
+    _COMMON
+    + """
+local now = now_us()
+local me, ttl = ARGV[1], tonumber(ARGV[2])
+local resync = ARGV[3] == '1'
+local lease = tonumber(redis.call('HGET', KEYS[1], me))
+if (not lease or lease < now) and not resync then return {-1} end
+redis.call('HSET', KEYS[1], me, us(now + ttl * 1000))
+redis.call('PEXPIRE', KEYS[1], ttl)
+local pos = 5
+local sent = {}
+for _ = 1, tonumber(ARGV[4]) do
+  local field, n = me .. '|' .. ARGV[pos], tonumber(ARGV[pos + 1])
+  pos = pos + 2
+  sent[field] = true
+  if n > 0 then
+    redis.call('HSET', KEYS[2], field, n)
+  else
+    redis.call('HDEL', KEYS[2], field)
+  end
+end
+if resync then
+  for _, field in ipairs(redis.call('HKEYS', KEYS[2])) do
+    if owner(field) == me and not sent[field] then redis.call('HDEL', KEYS[2], field) end
+  end
+end
+redis.call('PEXPIRE', KEYS[2], ttl)
+for k = 5, #KEYS, 2 do
+  local slots, counts = KEYS[k], KEYS[k + 1]
+  local held = tonumber(ARGV[pos])
+  local keep, skip = {}, {}
+  pos = pos + 1
+  for _ = 1, tonumber(ARGV[pos]) do
+    pos = pos + 1
+    keep[ARGV[pos]] = true
+  end
+  pos = pos + 1
+  for _ = 1, tonumber(ARGV[pos]) do
+    pos = pos + 1
+    skip[ARGV[pos]] = true
+  end
+  pos = pos + 1
+  if resync then
+    drop_fields(slots, me, keep, skip)
+    for field in pairs(keep) do redis.call('HSET', slots, field, 1) end
+    local mine = 0
+    for _, field in ipairs(redis.call('HKEYS', slots)) do
+      if owner(field) == me then mine = mine + 1 end
+    end
+    if mine > 0 then
+      redis.call('HSET', counts, me, mine)
+    else
+      redis.call('HDEL', counts, me)
+    end
+  end
+  if held > 0 then
+    redis.call('PEXPIRE', slots, ttl)
+    redis.call('PEXPIRE', counts, ttl)
+  end
+end
+local live, nlive = {}, 0
+local leases = redis.call('HGETALL', KEYS[1])
+for i = 1, #leases, 2 do
+  if tonumber(leases[i + 1]) >= now then
+    live[leases[i]] = true
+    nlive = nlive + 1
+  else
+    redis.call('HDEL', KEYS[1], leases[i])
+  end
+end
+local sums, order = {}, {}
+local fields = redis.call('HGETALL', KEYS[2])
+for i = 1, #fields, 2 do
+  local field = fields[i]
+  local replica = owner(field)
+  if not replica or not live[replica] then
+    redis.call('HDEL', KEYS[2], field)
+  elseif replica ~= me then
+    local backend = string.sub(field, #replica + 2)
+    if not sums[backend] then
+      sums[backend] = 0
+      order[#order + 1] = backend
+    end
+    sums[backend] = sums[backend] + tonumber(fields[i + 1])
+  end
+end
+local out = {resync and 1 or 0, nlive, tonumber(redis.call('GET', KEYS[4])) or 0,
+             redis.call('SCARD', KEYS[3])}
+for _, backend in ipairs(order) do
+  out[#out + 1] = backend
+  out[#out + 1] = sums[backend]
+end
+return out
+"""
+)
+
+# KEYS: revoked set, revoked version; ARGV: key hashes -> the version after
+# The version is a time in microseconds, moved on at every change: it never repeats an
+# earlier value, even after Redis lost its data and replicas rebuild the set.
+REVOKE = (
+    _COMMON
+    + """
+local added = 0
+for i = 1, #ARGV do added = added + redis.call('SADD', KEYS[1], ARGV[i]) end
+local version = tonumber(redis.call('GET', KEYS[2]))
+if added > 0 or not version then
+  version = math.max(now_us(), (version or 0) + 1)
+  redis.call('SET', KEYS[2], us(version))
+end
+return version
+"""
+)
+
+# KEYS: leases, in-flight hash, then for each tenant its slots and its held counts
+# ARGV: replica. A replica that shuts down cleanly takes its counts and slots with it
+# instead of leaving them to its lease.
+LEAVE = (
+    _COMMON
+    + """
+local me = ARGV[1]
+redis.call('HDEL', KEYS[1], me)
+for _, field in ipairs(redis.call('HKEYS', KEYS[2])) do
+  if owner(field) == me then redis.call('HDEL', KEYS[2], field) end
+end
+for k = 3, #KEYS, 2 do
+  drop_fields(KEYS[k], me, {}, {})
+  redis.call('HDEL', KEYS[k + 1], me)
+end
+return 1
+"""
+)

@@ -1,0 +1,85 @@
+"""`MemoryState`: shared state for one process (the default; no Redis, no I/O).
+
+Limits hold per process, in-flight counts are this process's own, revocations last
+until the process exits (the keys file stays the durable source of who may call).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from gateway.state.ledger import Ledger
+from gateway.state.types import Admission, StateStatus, TenantLimits
+
+__all__ = ["MemoryState"]
+
+
+class MemoryState:
+    """Per-process limits, in-flight counters and revocations. `clock` is monotonic
+    seconds, injected so tests drive time."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ledger = Ledger(clock)
+        self._inflight: dict[str, int] = {}
+        self._revoked: set[str] = set()
+
+    @property
+    def healthy(self) -> bool:
+        return True
+
+    @property
+    def degraded_reason(self) -> str | None:
+        return None
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def acquire(self, tenant: str, limits: TenantLimits) -> Admission:
+        """Admit one request of `tenant` or raise `RateLimited`."""
+        if limits.unlimited:
+            return Admission(None, tenant, limits, held=False, shared=False)
+        held = self._ledger.admit(tenant, limits)
+        return Admission(self, tenant, limits, held=held, shared=False)
+
+    async def _release(self, admission: Admission, tokens_used: int) -> None:
+        if admission.held:
+            self._ledger.unhold(admission.tenant)
+        self._ledger.charge_tokens(admission.tenant, admission.limits, tokens_used)
+
+    def backend_started(self, backend_id: str) -> None:
+        self._inflight[backend_id] = self._inflight.get(backend_id, 0) + 1
+
+    def backend_finished(self, backend_id: str) -> None:
+        self._inflight[backend_id] = max(0, self._inflight.get(backend_id, 0) - 1)
+
+    def inflight(self, backend_id: str) -> int:
+        return self._inflight.get(backend_id, 0)
+
+    def local_inflight(self, backend_id: str) -> int:
+        return self._inflight.get(backend_id, 0)
+
+    async def revoke_key(self, key_hash: str) -> bool:
+        """Refuse this key from now on (in this process). Returns True: nothing to share."""
+        if not key_hash:
+            raise ValueError("revoke_key needs a key hash")
+        self._revoked.add(key_hash)
+        return True
+
+    def is_revoked(self, key_hash: str) -> bool:
+        return key_hash in self._revoked
+
+    def status(self) -> StateStatus:
+        return StateStatus(
+            backend="memory",
+            healthy=True,
+            degraded_reason=None,
+            replica=None,
+            replicas=1,
+            fallbacks=0,
+            errors=0,
+            pending_revocations=0,
+        )

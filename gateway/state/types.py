@@ -1,0 +1,209 @@
+"""The vocabulary of shared state: tenant limits, the 429 it raises, admissions, status.
+
+Both implementations (`MemoryState`, `RedisState`) speak it; the request path only
+ever sees these types, never Redis.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+__all__ = [
+    "Admission",
+    "LimitName",
+    "RateLimited",
+    "SharedState",
+    "StateStatus",
+    "TenantLimits",
+]
+
+LimitName = Literal["requests_per_minute", "tokens_per_minute", "concurrent"]
+
+_DESCRIBED: dict[LimitName, str] = {
+    "requests_per_minute": "requests per min (RPM)",
+    "tokens_per_minute": "tokens per min (TPM)",
+    "concurrent": "concurrent requests",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLimits:
+    """A tenant's limits; None means unlimited. Enforced per process with `MemoryState`,
+    across every replica with `RedisState`."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    concurrent: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("requests_per_minute", "tokens_per_minute", "concurrent"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be a positive integer or None, not {value}")
+
+    @property
+    def unlimited(self) -> bool:
+        return (
+            self.requests_per_minute is None
+            and self.tokens_per_minute is None
+            and self.concurrent is None
+        )
+
+    def value(self, name: LimitName) -> int | None:
+        limit: int | None = getattr(self, name)
+        return limit
+
+    def share(self, replicas: int) -> TenantLimits:
+        """This replica's part of a global limit split over `replicas` (rounded up):
+        what it enforces alone while Redis is unreachable."""
+        if replicas <= 1:
+            return self
+        return TenantLimits(
+            _split(self.requests_per_minute, replicas),
+            _split(self.tokens_per_minute, replicas),
+            _split(self.concurrent, replicas),
+        )
+
+
+def _split(limit: int | None, parts: int) -> int | None:
+    return None if limit is None else max(1, math.ceil(limit / parts))
+
+
+class RateLimited(Exception):
+    """A tenant is over one of its limits: answer 429 with `retry-after`.
+
+    `limit` names the limit that keeps the request out longest; `retry_after_s` is when
+    it would fit (for `concurrent`, a hint: a slot frees when some request ends)."""
+
+    def __init__(self, tenant: str, limit: LimitName, value: int, retry_after_s: float) -> None:
+        self.tenant = tenant
+        self.limit: LimitName = limit
+        self.value = value
+        self.retry_after_s = max(retry_after_s, 0.001)
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        return (
+            f"Rate limit reached for tenant {self.tenant} on {_DESCRIBED[self.limit]}: "
+            f"Limit {self.value}. Please try again in {_human_seconds(self.retry_after_s)}."
+        )
+
+    @property
+    def retry_after_header(self) -> bytes:
+        """The `retry-after` value: whole seconds, rounded up, at least 1."""
+        return str(max(1, math.ceil(self.retry_after_s))).encode()
+
+    @property
+    def error_type(self) -> str:
+        """OpenAI's error `type` for this limit: `tokens` for TPM, else `requests`."""
+        return "tokens" if self.limit == "tokens_per_minute" else "requests"
+
+    def __repr__(self) -> str:
+        return f"RateLimited({self.tenant!r}, {self.limit}, retry_after_s={self.retry_after_s:.3f})"
+
+
+def _human_seconds(seconds: float) -> str:
+    return f"{seconds * 1000:.0f}ms" if seconds < 1 else f"{seconds:.3g}s"
+
+
+class _Releaser(Protocol):
+    async def _release(self, admission: Admission, tokens_used: int) -> None: ...
+
+
+class Admission:
+    """One admitted request. Call `release(tokens_used)` exactly when it ends (any
+    outcome): it frees the concurrency slot and charges the tokens to the tenant's
+    tokens-per-minute budget. Releasing twice is a no-op."""
+
+    __slots__ = ("_released", "_releaser", "held", "limits", "shared", "slot", "tenant")
+
+    def __init__(
+        self,
+        releaser: _Releaser | None,
+        tenant: str,
+        limits: TenantLimits,
+        *,
+        held: bool,
+        shared: bool,
+        slot: str | None = None,
+    ) -> None:
+        self._releaser = releaser
+        self._released = False
+        self.tenant = tenant
+        self.limits = limits
+        self.held = held  # counted against the concurrency limit
+        self.shared = shared  # admitted by Redis, not decided on local state
+        self.slot = slot  # the implementation's name for the held slot, if any
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    async def release(self, tokens_used: int = 0) -> None:
+        if self._released:
+            return
+        self._released = True
+        if self._releaser is not None:
+            await self._releaser._release(self, max(0, tokens_used))
+
+
+@dataclass(frozen=True, slots=True)
+class StateStatus:
+    """What `/readyz` and the metrics report about shared state."""
+
+    backend: Literal["memory", "redis"]
+    healthy: bool
+    degraded_reason: str | None
+    replica: str | None
+    replicas: int  # live replicas seen at the last sync (this one included)
+    fallbacks: int  # calls decided on local state because Redis was unavailable
+    errors: int  # Redis calls that failed or timed out
+    pending_revocations: int  # revocations made here that Redis has not stored yet
+
+    def detail(self) -> dict[str, object]:
+        return {
+            "backend": self.backend,
+            "healthy": self.healthy,
+            "degraded_reason": self.degraded_reason,
+            "replica": self.replica,
+            "replicas": self.replicas,
+            "fallbacks": self.fallbacks,
+            "errors": self.errors,
+            "pending_revocations": self.pending_revocations,
+        }
+
+
+class SharedState(Protocol):
+    """Limits, in-flight counters and revocations, per process or across replicas.
+
+    No method raises for an unreachable store: `RedisState` falls back to local state
+    and reports itself degraded. `acquire` raises only `RateLimited`."""
+
+    @property
+    def healthy(self) -> bool: ...
+
+    @property
+    def degraded_reason(self) -> str | None: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def acquire(self, tenant: str, limits: TenantLimits) -> Admission: ...
+
+    def backend_started(self, backend_id: str) -> None: ...
+
+    def backend_finished(self, backend_id: str) -> None: ...
+
+    def inflight(self, backend_id: str) -> int: ...
+
+    def local_inflight(self, backend_id: str) -> int: ...
+
+    async def revoke_key(self, key_hash: str) -> bool: ...
+
+    def is_revoked(self, key_hash: str) -> bool: ...
+
+    def status(self) -> StateStatus: ...
