@@ -90,8 +90,10 @@ class LoadSpec:
         return head.encode("ascii") + body
 
 
-def percentiles(values: Sequence[float], scale: float = 1000.0) -> dict[str, float]:
-    """Nearest-rank p50/p90/p99 with mean and max, multiplied by `scale` (s → ms)."""
+def percentiles(
+    values: Sequence[float], scale: float = 1000.0, points: Sequence[int] = (50, 90, 99)
+) -> dict[str, float]:
+    """Nearest-rank percentiles (`p50`, ...) with mean and max, times `scale` (s → ms)."""
     if not values:
         return {}
     ordered = sorted(values)
@@ -100,13 +102,29 @@ def percentiles(values: Sequence[float], scale: float = 1000.0) -> dict[str, flo
     def rank(q: float) -> float:
         return ordered[min(last, max(0, math.ceil(q * len(ordered)) - 1))] * scale
 
-    return {
-        "p50": rank(0.50),
-        "p90": rank(0.90),
-        "p99": rank(0.99),
-        "mean": sum(ordered) / len(ordered) * scale,
-        "max": ordered[last] * scale,
-    }
+    found = {f"p{p}": rank(p / 100) for p in points}
+    found["mean"] = sum(ordered) / len(ordered) * scale
+    found["max"] = ordered[last] * scale
+    return found
+
+
+def run_json_module(
+    module: str, payload: str, budget_s: float, env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Run `python -m module` with `payload` on stdin; its stdout is one JSON object."""
+    proc = subprocess.run(
+        [sys.executable, "-m", module],
+        input=payload,
+        capture_output=True,
+        text=True,
+        timeout=budget_s,
+        env=None if env is None else dict(env),
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{module} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
 
 
 class _Phase:

@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -35,6 +34,7 @@ import httptools
 import orjson
 
 from gateway.bench.arrivals import read_trace
+from gateway.bench.loadgen import run_json_module
 
 __all__ = ["ReplaySpec", "main", "replay", "replay_in_subprocess"]
 
@@ -257,19 +257,7 @@ def replay_in_subprocess(
     spec: ReplaySpec, budget_s: float, *, env: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """Run `python -m gateway.bench.openloop` on `spec` and return its result."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "gateway.bench.openloop"],
-        input=spec.to_json(),
-        capture_output=True,
-        text=True,
-        timeout=budget_s,
-        env=None if env is None else dict(env),
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"open-loop client exited {proc.returncode}: {proc.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout)
-    return result
+    return run_json_module("gateway.bench.openloop", spec.to_json(), budget_s, env)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,9 +18,10 @@ never flattered by dropping them. `evaluate_targets` checks the issue's targets:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from gateway.bench.loadgen import percentiles
 
 __all__ = ["evaluate_targets", "quantiles", "render", "summarize"]
 
@@ -30,21 +31,7 @@ DECISION_BUDGET_US = 50.0
 
 def quantiles(values: Sequence[float], scale: float = 1000.0) -> dict[str, float]:
     """Nearest-rank p50/p95/p99, mean and max, times `scale` (s -> ms by default)."""
-    if not values:
-        return {}
-    ordered = sorted(values)
-    last = len(ordered) - 1
-
-    def rank(q: float) -> float:
-        return ordered[min(last, max(0, math.ceil(q * len(ordered)) - 1))] * scale
-
-    return {
-        "p50": rank(0.50),
-        "p95": rank(0.95),
-        "p99": rank(0.99),
-        "mean": sum(ordered) / len(ordered) * scale,
-        "max": ordered[last] * scale,
-    }
+    return percentiles(values, scale, (50, 95, 99))
 
 
 def _queued(loads: Mapping[str, Sequence[tuple[float, int, int]]]) -> dict[str, Any]:
