@@ -43,9 +43,15 @@ def create_state(
     timeout_s: float = 0.05,
     sync_interval_s: float = 0.1,
     lease_ttl_s: float = 5.0,
+    max_connections: int = 16,
     clock: Callable[[], float] = time.monotonic,
 ) -> SharedState:
-    """Build the configured state; nothing connects until `start()` (in the lifespan)."""
+    """Build the configured state; nothing connects until `start()` (in the lifespan).
+
+    Redis options: `timeout_s` bounds each request-path call (then local state decides),
+    `sync_interval_s` paces the background sync, `lease_ttl_s` is how long a silent
+    replica's counts still count, `max_connections` caps request calls in flight.
+    `replica_id` must be unique among live replicas; the default is."""
     if backend == "memory":
         return MemoryState(clock=clock)
     if not url:
@@ -60,5 +66,6 @@ def create_state(
         timeout_s=timeout_s,
         sync_interval_s=sync_interval_s,
         lease_ttl_s=lease_ttl_s,
+        max_connections=max_connections,
         clock=clock,
     )
