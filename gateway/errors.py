@@ -36,6 +36,7 @@ class ErrorCode(enum.Enum):
     backend_unavailable = "backend_unavailable"
     upstream_timeout = "upstream_timeout"
     not_ready = "not_ready"
+    rate_limit_exceeded = "rate_limit_exceeded"
     provenance_unavailable = "provenance_unavailable"
     internal_error = "internal_error"
 
@@ -68,6 +69,7 @@ _SPEC: Final[dict[ErrorCode, tuple[int, str]]] = {
     ErrorCode.backend_unavailable: (503, "service_unavailable"),
     ErrorCode.upstream_timeout: (504, "timeout"),
     ErrorCode.not_ready: (503, "service_unavailable"),
+    ErrorCode.rate_limit_exceeded: (429, "requests"),
     ErrorCode.provenance_unavailable: (503, "service_unavailable"),
     ErrorCode.internal_error: (500, "api_error"),
 }

@@ -22,7 +22,7 @@ from gateway.api.asgi import Receive, Scope, Send, header, send_bytes, send_erro
 from gateway.api.exchange import Exchange, receipt_headers
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.proxy import Proxy
-from gateway.api.recorder import Recorder
+from gateway.api.recorder import Recorder, usage_of
 from gateway.config.schema import GatewayConfig
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
@@ -30,6 +30,7 @@ from gateway.provenance import ProvenanceError
 from gateway.routing.registry import BackendState, Registry, TenantEntry
 from gateway.routing.scraper import MetricsScraper
 from gateway.routing.trust import TrustPolicies
+from gateway.state import Admission, RateLimited, SharedState, create_state
 
 __all__ = ["GatewayApp", "create_app"]
 
@@ -71,6 +72,8 @@ class GatewayApp:
             routing=config.routing,
         )
         self.metrics.watch_policies(self.trust)
+        state = config.state
+        self.state: SharedState = create_state(state.backend, state.url)
         self.metrics.watch_backends(self.registry, self.scraper)
         self._background: list[asyncio.Task[None]] = []
         self.ready = False
@@ -120,6 +123,7 @@ class GatewayApp:
                             {"type": "lifespan.startup.failed", "message": f"provenance log: {exc}"}
                         )
                         return
+                await self.state.start()  # never fails: Redis down means local state
                 # Know which backends are healthy before taking traffic (bounded by the
                 # scrape timeout), then keep probing in the background.
                 await self.scraper.scrape_once()
@@ -137,6 +141,7 @@ class GatewayApp:
                 await self.registry.close()
                 if self.proxy.recorder is not None:
                     await self.proxy.recorder.close()  # signs a final checkpoint
+                await self.state.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -153,8 +158,14 @@ class GatewayApp:
                 raise GatewayError(ErrorCode.not_ready, "the gateway is not ready")
             tenant = self._authenticate(scope)
             exchange.tenant = tenant.id
-            body = await self._read_body(scope, receive)
-            await self.proxy.forward(exchange, tenant, scope, body, upstream_path, receive, send)
+            admission = await self._admit(tenant)
+            try:
+                body = await self._read_body(scope, receive)
+                await self.proxy.forward(
+                    exchange, tenant, scope, body, upstream_path, receive, send
+                )
+            finally:
+                await admission.release(_tokens_used(exchange))
         except GatewayError as error:
             exchange.status = error.status
             if not exchange.response_started:
@@ -189,6 +200,17 @@ class GatewayApp:
                 duration_ms=round(elapsed * 1000, 3),
             )
 
+    async def _admit(self, tenant: TenantEntry) -> Admission:
+        """The tenant's rate limits (per process, or across replicas with Redis)."""
+        try:
+            return await self.state.acquire(tenant.id, tenant.limits)
+        except RateLimited as exc:
+            raise GatewayError(
+                ErrorCode.rate_limit_exceeded,
+                exc.message,
+                headers=((b"retry-after", exc.retry_after_header),),
+            ) from exc
+
     def _authenticate(self, scope: Scope) -> TenantEntry:
         value = header(scope, b"authorization")
         if value is None:
@@ -204,7 +226,7 @@ class GatewayApp:
             )
         digest = "sha256:" + hashlib.sha256(key).hexdigest()
         tenant = self.registry.tenants_by_key.get(digest)
-        if tenant is None:
+        if tenant is None or self.state.is_revoked(digest):
             raise GatewayError(ErrorCode.invalid_api_key, "Incorrect API key provided.")
         return tenant
 
@@ -263,6 +285,7 @@ class GatewayApp:
             "backends": {b.id: self._backend_detail(b) for b in self.registry.backends.values()},
             "policy": self.trust.status(),
             "provenance": recorder.status() if recorder is not None else "off",
+            "state": self.state.status().detail(),
         }
         await send_json(send, 200 if ready else 503, detail, request_id)
 
@@ -331,6 +354,14 @@ def _reload_on_sighup(trust: TrustPolicies) -> None:
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGHUP, trust.reload)
+
+
+def _tokens_used(exchange: Exchange) -> int:
+    """Tokens to charge to the tenant's per-minute budget, from the answer's usage."""
+    if exchange.trail is None:
+        return 0
+    usage = usage_of(exchange.trail)
+    return 0 if usage is None else usage.total_tokens
 
 
 def _too_large(limit: int) -> GatewayError:

@@ -22,11 +22,12 @@ from gateway.api.exchange import Exchange, TryNext, watch_disconnect
 from gateway.api.hosted_relay import HostedRelay
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.passthrough import PrivateRelay
-from gateway.api.recorder import Recorder
+from gateway.api.recorder import Recorder, Trail
 from gateway.asgi import Receive, Scope, Send
 from gateway.config.schema import Routing
 from gateway.errors import ErrorCode, GatewayError
 from gateway.policy import Decision, UnknownDataClass
+from gateway.provenance import Salts
 from gateway.routing.picker import Picker, prefix_key
 from gateway.routing.registry import BackendState, Registry, Route, TenantEntry
 from gateway.routing.scraper import MetricsScraper
@@ -88,6 +89,8 @@ class Proxy:
             )
         if self.recorder is not None:
             exchange.trail = self.recorder.start(body)
+        elif tenant.limits.tokens_per_minute is not None:
+            exchange.trail = Trail(Salts.generate(), "")  # only to read the usage back
         try:
             decision = self._decide(exchange, tenant, model, scope)
         except GatewayError as error:

@@ -49,7 +49,7 @@ from gateway.provenance import (
 )
 from gateway.routing.registry import BackendState
 
-__all__ = ["Recorder", "Trail"]
+__all__ = ["Recorder", "Trail", "usage_of"]
 
 _TAIL = 4096  # bytes of a stream kept to find its usage chunk
 
@@ -255,6 +255,11 @@ def _backend_ref(backend: BackendState) -> BackendRef:
         region=facts.region,
         retention=Retention(facts.retention_days, facts.zero_data_retention, facts.training),
     )
+
+
+def usage_of(trail: Trail) -> Usage | None:
+    """Token usage of the answer the trail saw (JSON body, or a stream's usage chunk)."""
+    return _usage(trail.whole if trail.whole is not None else trail.tail)
 
 
 def _usage(data: bytes) -> Usage | None:

@@ -23,6 +23,7 @@ __all__ = [
     "ModelEntry",
     "PolicyFiles",
     "Provenance",
+    "RateLimits",
     "Retention",
     "Routing",
     "RoutingPool",
@@ -206,8 +207,17 @@ class Backend(_Strict):
         return self.kind in PRIVATE_KINDS
 
 
+class RateLimits(_Strict):
+    """Per-tenant limits (per process, or across replicas with `state: redis`)."""
+
+    requests_per_minute: int | None = Field(default=None, gt=0)
+    tokens_per_minute: int | None = Field(default=None, gt=0)
+    concurrent_requests: int | None = Field(default=None, gt=0)
+
+
 class Tenant(_Strict):
     id: Identifier
+    limits: RateLimits = RateLimits()
     api_key_hashes: tuple[str, ...] = ()
     models: tuple[str, ...] = Field(
         default=(), description="Model names or aliases the tenant may use; '*' for all"

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.config.schema import Backend, GatewayConfig, Limits
+from gateway.state import TenantLimits
 from gateway.upstream.http import HttpPool
 
 __all__ = ["BackendState", "Registry", "Route", "TenantEntry"]
@@ -51,6 +52,7 @@ class TenantEntry:
     id: str
     all_models: bool
     models: frozenset[str]
+    limits: TenantLimits = field(default_factory=TenantLimits)
 
     def may_use(self, model: str) -> bool:
         return self.all_models or model in self.models
@@ -83,7 +85,12 @@ class Registry:
                     owners.setdefault(public, backend.owner)
         tenants: dict[str, TenantEntry] = {}
         for tenant in config.tenants:
-            entry_t = TenantEntry(tenant.id, "*" in tenant.models, frozenset(tenant.models))
+            limits = TenantLimits(
+                requests_per_minute=tenant.limits.requests_per_minute,
+                tokens_per_minute=tenant.limits.tokens_per_minute,
+                concurrent=tenant.limits.concurrent_requests,
+            )
+            entry_t = TenantEntry(tenant.id, "*" in tenant.models, frozenset(tenant.models), limits)
             for key_hash in tenant.api_key_hashes:
                 other = tenants.setdefault(key_hash, entry_t)
                 if other is not entry_t:
