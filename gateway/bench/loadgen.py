@@ -372,24 +372,10 @@ def run_spec(spec: LoadSpec) -> dict[str, Any]:
         return runner.run(_run(spec))
 
 
-def run_in_subprocess(
-    spec: LoadSpec, *, python: str = sys.executable, env: Mapping[str, str] | None = None
-) -> dict[str, Any]:
+def run_in_subprocess(spec: LoadSpec, *, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Run one load point in a fresh `python -m gateway.bench.loadgen` and return its result."""
     budget = spec.warmup_s + spec.duration_s + 2 * spec.grace_s + 30.0
-    proc = subprocess.run(
-        [python, "-m", "gateway.bench.loadgen"],
-        input=spec.to_json(),
-        capture_output=True,
-        text=True,
-        timeout=budget,
-        env=None if env is None else dict(env),
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"load generator exited {proc.returncode}: {proc.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout)
-    return result
+    return run_json_module("gateway.bench.loadgen", spec.to_json(), budget, env)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

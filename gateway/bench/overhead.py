@@ -246,15 +246,8 @@ def _wait_backend_available(service: Service, backend: str, timeout: float) -> N
 
 def _server_policy(service: Service) -> dict[str, Any] | None:
     """The policy set a running owngate reports in `/readyz` (id, version, digest, builtin)."""
-    conn = http.client.HTTPConnection(HOST, service.port, timeout=5.0)
-    try:
-        conn.request("GET", "/readyz")
-        detail = json.loads(conn.getresponse().read())
-    except (OSError, ValueError, http.client.HTTPException):
-        return None
-    finally:
-        conn.close()
-    policy = detail.get("policy") if isinstance(detail, dict) else None
+    detail = _readyz(service)
+    policy = detail.get("policy") if detail is not None else None
     if not isinstance(policy, dict):
         return None
     return {k: policy[k] for k in ("id", "version", "digest", "builtin") if k in policy}
