@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import json
 import math
+import string
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gateway.canonical import canonical_json, format_number
+from gateway import canonical
+from gateway.canonical import (
+    canonical_json,
+    canonical_json_of_plain,
+    format_number,
+    reference_canonical_json,
+)
 
 # RFC 8785 Appendix B: IEEE 754 double (hex) -> ECMAScript serialisation.
 APPENDIX_B = [
@@ -164,3 +173,53 @@ def test_round_trip_many_floats() -> None:
             text = format_number(candidate)
             assert float(text) == candidate, text
             assert "e" not in text or abs(candidate) >= 1e21 or abs(candidate) < 1e-6
+
+
+# The fast path (orjson with sorted keys) must write exactly what the reference encoder does.
+
+_json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**53), max_value=2**53)
+    | st.text()
+    | st.floats(allow_nan=False, allow_infinity=False)
+)
+_json_values = st.recursive(
+    _json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_json_values)
+def test_fast_path_equals_the_reference_encoder(value: object) -> None:
+    assert canonical_json(value) == reference_canonical_json(value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(alphabet=string.ascii_letters), st.text() | st.integers(0, 2**53)))
+def test_plain_values_take_the_fast_path_and_match(value: dict[str, object]) -> None:
+    assert canonical._plain(value)
+    assert canonical_json_of_plain(value) == reference_canonical_json(value)
+
+
+def test_fast_path_escapes_every_code_point_as_jcs_does() -> None:
+    # Every code point except lone surrogates, in chunks (one string per chunk).
+    points = [*range(0xD800), *range(0xE000, 0x110000)]
+    for start in range(0, len(points), 4096):
+        text = "".join(map(chr, points[start : start + 4096]))
+        assert canonical_json_of_plain(text) == reference_canonical_json(text)
+
+
+def test_what_the_fast_path_cannot_prove_goes_to_the_reference() -> None:
+    # Non-ASCII names (UTF-16 vs byte order), floats, big ints, subclasses: not plain.
+    for value in ({"\ue000": 1, "\U0001f600": 2}, {"a": 1.5}, {"a": 2**53 + 1}, [True, 1.0]):
+        assert not canonical._plain(value)
+    assert canonical_json({"\ue000": 1, "\U0001f600": 2}) == reference_canonical_json(
+        {"\ue000": 1, "\U0001f600": 2}
+    )
+    with pytest.raises(ValueError, match="lone surrogate"):
+        canonical_json_of_plain({"a": "\ud800"})
+    with pytest.raises(ValueError, match="lone surrogate"):
+        canonical_json({"a": "\ud800"})

@@ -6,12 +6,15 @@ import asyncio
 import itertools
 import re
 import shutil
+import threading
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from gateway.provenance import (
     LogCorruptedError,
+    LogEntry,
     LogSettings,
     LogUnavailableError,
     LogVerificationError,
@@ -21,12 +24,13 @@ from gateway.provenance import (
     TlogProof,
     open_checkpoint,
     parse_record,
+    refusal_record,
     verify_log,
     verify_tlog_proof,
 )
 from gateway.provenance.layout import WAL, list_history
 from gateway.provenance.reader import LogDirectory
-from gateway.provenance.testing import log_refusal, log_request, seeded_signer
+from gateway.provenance.testing import EXAMPLE_POLICY, log_refusal, log_request, seeded_signer
 from gateway.provenance.wal import list_segments
 
 ORIGIN = "gateway.example/log/replica-1"
@@ -276,3 +280,61 @@ def test_key_rotation_old_checkpoints_verify_with_the_old_key(tmp_path: Path) ->
         verify_log(tmp_path, [old.verifier()])
     with pytest.raises(LogVerificationError, match=re.escape(f"signed by: {old}")):
         verify_log(tmp_path, [new.verifier()])
+
+
+def _refusal(number: int) -> dict[str, object]:
+    return refusal_record(
+        request_id=f"req-{number}",
+        time=datetime(2026, 1, 1, tzinfo=UTC),
+        tenant="acme",
+        model="m",
+        policy=EXAMPLE_POLICY,
+        trace=[],
+        rule="deny",
+        reason="policy_denied",
+        request_commitment=None,
+    )
+
+
+def test_sealing_runs_on_the_writer_thread_after_the_entry_is_durable(tmp_path: Path) -> None:
+    seen: list[tuple[str, int, int]] = []
+
+    async def scenario() -> None:
+        log = await _open(tmp_path)
+
+        def seal(entry: LogEntry) -> bytes:
+            # Durable already: the store counts it before any seal runs.
+            seen.append((threading.current_thread().name, entry.index, log._store.size))
+            return b"sealed-%d" % entry.index
+
+        placed = await asyncio.gather(*(log.append_sealed(_refusal(n), seal) for n in range(5)))
+        assert [(e.index, s) for e, s in placed] == [(n, b"sealed-%d" % n) for n in range(5)]
+
+        def broken(entry: LogEntry) -> bytes:
+            raise RuntimeError("no key")
+
+        with pytest.raises(RuntimeError, match="no key"):
+            await log.append_sealed(_refusal(5), broken)
+        assert log.size == 6  # the record is durable even though its seal failed
+        await log.close()
+
+    asyncio.run(scenario())
+    assert all(name.startswith("provenance-log") for name, _, _ in seen)
+    assert all(size > index for _, index, size in seen)
+    assert verify_log(tmp_path, [_signer().verifier()]).size == 6
+
+
+def test_append_soon_does_not_wait_and_close_flushes_it(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        log = await _open(tmp_path, group_commit_ms=50)
+        first = log.append_soon(_refusal(0), checked=True)
+        assert not first.done()  # queued, not yet durable
+        log.append_soon(_refusal(1), checked=True)
+        with pytest.raises(RecordError, match="unknown field"):
+            log.append_soon({**_refusal(2), "prompt": "secret"})  # checked=False validates
+        await log.close()  # flushes what was queued
+        entry, sealed = first.result()
+        assert (entry.index, sealed) == (0, None)
+
+    asyncio.run(scenario())
+    assert verify_log(tmp_path, [_signer().verifier()]).size == 2

@@ -243,7 +243,7 @@ class Proxy:
             status, error = 499, "client closed the request"
             raise
         finally:
-            await recorder.complete(exchange, trail, status=status, error=error)
+            recorder.complete(exchange, trail, status=status, error=error)
 
     async def _refused(
         self, exchange: Exchange, decision: Decision | None, error: GatewayError, body: bytes

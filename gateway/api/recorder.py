@@ -11,6 +11,7 @@ written the request is refused with 503: no traffic flows unlogged.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import hashlib
 import time
@@ -35,6 +36,7 @@ from gateway.provenance import (
     ProvenanceError,
     ProvenanceLog,
     Receipt,
+    RecordError,
     Retention,
     Salts,
     TraceStep,
@@ -65,16 +67,27 @@ class Trail:
     response_hash: Any = field(default_factory=hashlib.sha256)
     tail: bytes = b""
     whole: bytes | None = None
+    _usage: Usage | None = None
+    _usage_read: bool = False
 
     def relayed(self, data: bytes) -> None:
         """A piece of a stream went to the client."""
         self.response_hash.update(data)
         self.tail = (self.tail + data)[-_TAIL:]
+        self._usage_read = False
 
     def answered(self, data: bytes) -> None:
         """A whole (non-stream) answer went to the client."""
         self.response_hash.update(data)
         self.whole = data
+        self._usage_read = False
+
+    def usage(self) -> Usage | None:
+        """Token usage of the answer seen so far (parsed once per answer)."""
+        if not self._usage_read:
+            self._usage = _usage(self.whole if self.whole is not None else self.tail)
+            self._usage_read = True
+        return self._usage
 
 
 class Recorder:
@@ -87,6 +100,9 @@ class Recorder:
             collections.OrderedDict()
         )
         self._events = get_logger("owngate.provenance")
+        # Per backend config / per policy decision: what records repeat, built once.
+        self._backend_refs: dict[int, tuple[object, BackendRef]] = {}
+        self._traces: dict[int, tuple[Decision, PolicyRef, tuple[TraceStep, ...]]] = {}
 
     @classmethod
     async def open(cls, settings: Provenance, config_dir: Path) -> Recorder:
@@ -118,33 +134,38 @@ class Recorder:
         decision: Decision,
         backend: BackendState,
     ) -> None:
-        """Make the dispatch record durable; only then may the body leave."""
+        """Make the dispatch record durable; only then may the body leave. The receipt is
+        signed on the log's writer thread as soon as the record is durable."""
+        request_id = exchange.request_id.decode()
+        policy, trace = self._decided(decision)
         record = dispatch_record(
-            request_id=exchange.request_id.decode(),
+            request_id=request_id,
             time=datetime.now(UTC),
             tenant=exchange.tenant,
             model=exchange.model,
-            policy=PolicyRef(decision.policy_id, decision.policy_version, decision.policy_digest),
-            trace=_trace(decision),
-            backend=_backend_ref(backend),
+            policy=policy,
+            trace=trace,
+            backend=self._backend_ref(backend),
             fallback_reason=exchange.fallback,
             request_commitment=trail.request_commitment,
         )
-        entry = await self._append(record)
+        origin, signer, salts = self._log.origin, self._signer, trail.salts
+        backend_id, digest = backend.id, decision.policy_digest
+
+        def seal(entry: LogEntry) -> bytes:
+            receipt = Receipt(
+                request_id, origin, entry.index, entry.leaf_hash, backend_id, digest, salts
+            )
+            return make_receipt(receipt, signer)
+
+        try:
+            entry, trail.receipt = await self._log.append_sealed(record, seal, checked=True)
+        except LogUnavailableError as exc:
+            raise _unavailable() from exc
         trail.dispatch = entry
-        receipt = Receipt(
-            request_id=exchange.request_id.decode(),
-            log=self._log.origin,
-            index=entry.index,
-            dispatch_hash=entry.leaf_hash,
-            backend=backend.id,
-            policy_digest=decision.policy_digest,
-            salts=trail.salts,
-        )
-        trail.receipt = make_receipt(receipt, self._signer)
         self._remember(exchange, trail.receipt, entry.index)
 
-    async def complete(
+    def complete(
         self,
         exchange: Exchange,
         trail: Trail,
@@ -152,31 +173,41 @@ class Recorder:
         status: int,
         error: str | None,
     ) -> None:
-        """The completion record of the current dispatch. A failure to write it is logged,
-        not raised: the answer is already out (the dispatch record is what gates sending)."""
+        """The completion record of the current dispatch, queued without waiting: the
+        answer is already out (the dispatch record is what gates sending), so a failure to
+        write it is logged, not raised."""
         if trail.dispatch is None:
             return
         digest = trail.response_hash.digest()
-        record = completion_record(
-            request_id=exchange.request_id.decode(),
-            time=datetime.now(UTC),
-            dispatch=trail.dispatch,
-            status=status,
-            error=error,
-            usage=_usage(trail.whole if trail.whole is not None else trail.tail),
-            latency_ms=round((time.perf_counter() - exchange.started_at) * 1000),
-            response_commitment=commit_digest("response", trail.salts.response, digest)
-            if status < 400
-            else None,
-        )
+        request_id = exchange.request_id.decode()
         try:
-            await self._log.append(record)
-        except ProvenanceError as exc:
-            self._events.error(
-                "completion record not written",
-                request_id=record["request_id"],
-                reason=type(exc).__name__,
+            record = completion_record(
+                request_id=request_id,
+                time=datetime.now(UTC),
+                dispatch=trail.dispatch,
+                status=status,
+                error=error,
+                usage=trail.usage(),
+                latency_ms=round((time.perf_counter() - exchange.started_at) * 1000),
+                response_commitment=commit_digest("response", trail.salts.response, digest)
+                if status < 400
+                else None,
             )
+            written = self._log.append_soon(record, checked=True)
+        except ProvenanceError as exc:
+            self._not_written(request_id, exc)
+            return
+        written.add_done_callback(lambda done: self._completed(done, request_id))
+
+    def _completed(self, written: asyncio.Future[Any], request_id: str) -> None:
+        error = None if written.cancelled() else written.exception()
+        if error is not None:
+            self._not_written(request_id, error)
+
+    def _not_written(self, request_id: str, error: BaseException) -> None:
+        self._events.error(
+            "completion record not written", request_id=request_id, reason=type(error).__name__
+        )
 
     async def refuse(
         self, exchange: Exchange, decision: Decision | None, error: GatewayError, body: bytes
@@ -197,7 +228,7 @@ class Recorder:
             tenant=exchange.tenant,
             model=exchange.model,
             policy=policy,
-            trace=_trace(decision) if decision is not None else (),
+            trace=self._decided(decision)[1] if decision is not None else (),
             rule=rule or error.code.value,
             reason=error.code.value,
             request_commitment=None,
@@ -206,12 +237,42 @@ class Recorder:
 
     async def _append(self, record: dict[str, object]) -> LogEntry:
         try:
-            return await self._log.append(record)
+            return await self._log.append(record, checked=True)
         except LogUnavailableError as exc:
-            raise GatewayError(
-                ErrorCode.provenance_unavailable,
-                "the provenance log cannot be written; requests are refused until it can",
-            ) from exc
+            raise _unavailable() from exc
+
+    def _decided(self, decision: Decision) -> tuple[PolicyRef, tuple[TraceStep, ...]]:
+        """The policy reference and trace of a decision (decisions are cached: so is this)."""
+        found = self._traces.get(id(decision))
+        if found is not None and found[0] is decision:
+            return found[1], found[2]
+        if len(self._traces) >= 4096:
+            self._traces.clear()
+        policy = PolicyRef(decision.policy_id, decision.policy_version, decision.policy_digest)
+        trace = tuple(TraceStep(t.backend, t.verdict, t.rule) for t in decision.trace)
+        self._traces[id(decision)] = (decision, policy, trace)
+        return policy, trace
+
+    def _backend_ref(self, backend: BackendState) -> BackendRef:
+        """The declared facts the policy judged, as the record states them."""
+        config = backend.config
+        found = self._backend_refs.get(id(config))
+        if found is not None and found[0] is config:
+            return found[1]
+        facts = facts_of(config)
+        ref = BackendRef(
+            id=facts.id,
+            tier=facts.tier,
+            kind=facts.kind,
+            provider=facts.provider,
+            owner=facts.owner,
+            region=facts.region,
+            retention=Retention(facts.retention_days, facts.zero_data_retention, facts.training),
+        )
+        if len(self._backend_refs) >= 4096:
+            self._backend_refs.clear()
+        self._backend_refs[id(config)] = (config, ref)
+        return ref
 
     def _remember(self, exchange: Exchange, envelope: bytes, index: int) -> None:
         receipts = self._receipts
@@ -239,27 +300,16 @@ class Recorder:
         await self._log.close()
 
 
-def _trace(decision: Decision) -> tuple[TraceStep, ...]:
-    return tuple(TraceStep(t.backend, t.verdict, t.rule) for t in decision.trace)
-
-
-def _backend_ref(backend: BackendState) -> BackendRef:
-    """The declared facts the policy judged, as the record states them."""
-    facts = facts_of(backend.config)
-    return BackendRef(
-        id=facts.id,
-        tier=facts.tier,
-        kind=facts.kind,
-        provider=facts.provider,
-        owner=facts.owner,
-        region=facts.region,
-        retention=Retention(facts.retention_days, facts.zero_data_retention, facts.training),
+def _unavailable() -> GatewayError:
+    return GatewayError(
+        ErrorCode.provenance_unavailable,
+        "the provenance log cannot be written; requests are refused until it can",
     )
 
 
 def usage_of(trail: Trail) -> Usage | None:
     """Token usage of the answer the trail saw (JSON body, or a stream's usage chunk)."""
-    return _usage(trail.whole if trail.whole is not None else trail.tail)
+    return trail.usage()
 
 
 def _usage(data: bytes) -> Usage | None:
@@ -282,6 +332,6 @@ def _usage(data: bytes) -> Usage | None:
                     int(usage.get("completion_tokens", 0)),
                     int(usage.get("total_tokens", 0)),
                 )
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, RecordError):  # e.g. negative counts
                 return None
     return None

@@ -95,7 +95,7 @@ class Provenance(_Strict):
     origin: str = Field(min_length=1, description="the log's origin line, e.g. host/log/1")
     signing_key_file: str = Field(min_length=1, description="written by keys new --signing")
     group_commit_ms: float = Field(default=2.0, ge=0)
-    checkpoint_every: int = Field(default=1000, gt=0)
+    checkpoint_every: int = Field(default=10_000, gt=0)
     checkpoint_interval_ms: float = Field(default=1000.0, gt=0)
     receipts_kept: int = Field(default=100_000, gt=0)
 

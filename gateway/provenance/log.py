@@ -6,6 +6,10 @@ thread so the event loop never blocks on disk. A checkpoint is signed every
 `checkpoint_every` entries or `checkpoint_interval_ms`, whichever comes first, on the same
 thread, so it covers exactly the entries already made durable.
 
+`append_sealed(record, seal)` also runs `seal(entry)` on that thread once the entry is
+durable and returns its result: the gateway signs each request's receipt there, since
+Ed25519 signing releases the GIL and so runs beside the event loop instead of on it.
+
 If the disk refuses a write, `append` raises `LogUnavailableError` (the gateway answers
 503) and nothing of that batch is logged; the next append tries again.
 """
@@ -21,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
-from gateway.canonical import canonical_json
+from gateway.canonical import canonical_json_of_plain
 from gateway.provenance.errors import LogUnavailableError, ProvenanceError, RecordError
 from gateway.provenance.note import Signer
 from gateway.provenance.proofs import TlogProof
@@ -33,6 +37,9 @@ __all__ = ["LogSettings", "ProvenanceLog"]
 
 _T = TypeVar("_T")
 
+Seal = Callable[[LogEntry], bytes]  # run on the writer thread once the entry is durable
+_Queued = tuple[bytes, Seal | None, "asyncio.Future[tuple[LogEntry, bytes | None]]"]
+
 
 @dataclass(frozen=True, slots=True)
 class LogSettings:
@@ -40,7 +47,7 @@ class LogSettings:
 
     group_commit_ms: float = 2.0
     max_batch: int = 1024
-    checkpoint_every: int = 1000
+    checkpoint_every: int = 10_000
     checkpoint_interval_ms: float = 1000.0
 
     def __post_init__(self) -> None:
@@ -64,7 +71,7 @@ class ProvenanceLog:
         self._executor = executor
         self._settings = settings
         self._clock = clock
-        self._queue: list[tuple[bytes, asyncio.Future[LogEntry]]] = []
+        self._queue: list[_Queued] = []
         self._wakeup = asyncio.Event()  # the queue went from empty to not empty
         self._filled = asyncio.Event()  # the queue reached the size of the last batch
         self._last_batch = 1
@@ -131,27 +138,54 @@ class ProvenanceLog:
 
     # --- appending ----------------------------------------------------------------------------
 
-    async def append(self, record: Mapping[str, object]) -> LogEntry:
+    async def append(self, record: Mapping[str, object], *, checked: bool = False) -> LogEntry:
         """Validate, encode and durably append one record; returns its index and leaf hash.
 
+        `checked=True` skips the schema walk for a record straight from one of the
+        `records` builders, which check their inputs and so build only valid records.
         Raises RecordError for a record outside the schema, LogUnavailableError when the
         log cannot be written (nothing was logged).
         """
+        entry, _ = await self._put(record, None, checked)
+        return entry
+
+    def append_soon(
+        self, record: Mapping[str, object], *, checked: bool = False
+    ) -> asyncio.Future[tuple[LogEntry, bytes | None]]:
+        """Queue a record without waiting for it: the returned future completes when it is
+        durable (or fails). For records nothing waits on, e.g. a request's completion after
+        its answer went out. Raises at once what `append` raises before queueing."""
+        return self._put(record, None, checked)
+
+    async def append_sealed(
+        self, record: Mapping[str, object], seal: Seal, *, checked: bool = False
+    ) -> tuple[LogEntry, bytes]:
+        """`append`, then `seal(entry)` on the writer thread (e.g. sign a receipt naming the
+        entry). If `seal` raises, the record is still durable and the error is raised here."""
+        entry, sealed = await self._put(record, seal, checked)
+        assert sealed is not None
+        return entry, sealed
+
+    def _put(
+        self, record: Mapping[str, object], seal: Seal | None, checked: bool
+    ) -> asyncio.Future[tuple[LogEntry, bytes | None]]:
         if self._closing or self._task.done():
             raise LogUnavailableError("the provenance log is closed")
-        validate_record(record)
-        try:
-            entry = canonical_json(record)
+        if not checked:
+            validate_record(record)
+        try:  # a valid record is plain JSON, for which the fast encoder is exact
+            entry = canonical_json_of_plain(record)
         except (TypeError, ValueError) as exc:
             raise RecordError(f"record cannot be canonicalised: {exc}") from exc
         if len(entry) > MAX_ENTRY_SIZE:
             raise RecordError(f"record is {len(entry)} bytes; the limit is {MAX_ENTRY_SIZE}")
-        future: asyncio.Future[LogEntry] = asyncio.get_running_loop().create_future()
-        self._queue.append((entry, future))
+        future: asyncio.Future[tuple[LogEntry, bytes | None]]
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append((entry, seal, future))
         self._wakeup.set()
         if len(self._queue) >= self._last_batch:
             self._filled.set()
-        return await future
+        return future
 
     async def checkpoint(self) -> SignedNote:
         """Sign a checkpoint now over every durable entry (returns the latest if none new)."""
@@ -221,7 +255,7 @@ class ProvenanceLog:
         return max(0.0, self._settings.checkpoint_interval_ms - elapsed_ms) / 1000.0
 
     def _fail_queue(self, error: LogUnavailableError) -> None:
-        for _, future in self._queue:
+        for _, _, future in self._queue:
             if not future.done():
                 future.set_exception(error)
         self._queue.clear()
@@ -266,11 +300,28 @@ class ProvenanceLog:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._filled.wait(), window)
 
-    async def _commit(self, batch: list[tuple[bytes, asyncio.Future[LogEntry]]]) -> None:
-        entries = [entry for entry, _ in batch]
+    def _write_and_seal(
+        self, entries: list[bytes], seals: list[Seal | None]
+    ) -> list[tuple[LogEntry, bytes | Exception | None]]:
+        """On the writer thread: make the batch durable, then seal each entry that asks."""
+        placed = self._store.append_batch(entries)
+        done: list[tuple[LogEntry, bytes | Exception | None]] = []
+        for where, seal in zip(placed, seals, strict=True):
+            sealed: bytes | Exception | None = None
+            if seal is not None:
+                try:
+                    sealed = seal(where)
+                except Exception as exc:  # noqa: BLE001 - handed to that entry's appender
+                    sealed = exc
+            done.append((where, sealed))
+        return done
+
+    async def _commit(self, batch: list[_Queued]) -> None:
+        entries = [entry for entry, _, _ in batch]
+        seals = [seal for _, seal, _ in batch]
         self._last_batch = len(batch)
         try:
-            placed = await self._in_worker(self._store.append_batch, entries)
+            placed = await self._in_worker(self._write_and_seal, entries, seals)
         except Exception as exc:  # noqa: BLE001 - every waiter gets the error, none hangs
             error = (
                 exc
@@ -278,15 +329,19 @@ class ProvenanceLog:
                 else LogUnavailableError(f"the provenance log writer failed: {exc!r}")
             )
             self._last_error = error
-            for _, future in batch:
+            for _, _, future in batch:
                 if not future.done():
                     future.set_exception(error)
             return
         self._last_error = None
         self._size += len(placed)
-        for (_, future), where in zip(batch, placed, strict=True):
-            if not future.done():
-                future.set_result(where)
+        for (_, _, future), (where, sealed) in zip(batch, placed, strict=True):
+            if future.done():
+                continue
+            if isinstance(sealed, Exception):
+                future.set_exception(sealed)
+            else:
+                future.set_result((where, sealed))
 
     async def _sign(self) -> None:
         try:
