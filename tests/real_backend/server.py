@@ -4,13 +4,18 @@
 paths it installed; :func:`running_llama_server` starts one server on a free
 127.0.0.1 port, waits for ``/health`` to answer 200 and stops the whole process group
 on exit. Both have bounded waits, so a wedged server fails a test instead of hanging CI.
+:func:`probe` answers whether a binary really serves on this CPU; ``setup.sh`` runs it
+as ``python server.py probe BINARY MODEL`` to choose between the prebuilt server and a
+source build.
 
 Stdlib only, so the helper also works from scripts and benchmarks.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -28,8 +33,10 @@ __all__ = [
     "Installation",
     "LlamaServer",
     "RealBackendUnavailable",
+    "ServerDidNotStart",
     "default_install_dir",
     "install",
+    "probe",
     "real_backend_required",
     "running_llama_server",
 ]
@@ -39,10 +46,21 @@ SETUP_SCRIPT = Path(__file__).resolve().with_name("setup.sh")
 INSTALL_DIR_ENV = "OWNGATE_REAL_BACKEND_DIR"
 REQUIRE_ENV = "OWNGATE_REQUIRE_REAL_BACKEND"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Room for a cold source build (10-15 minutes on two cores) when the prebuilt server
+# does not run on this CPU; with everything cached, setup.sh takes seconds.
+INSTALL_TIMEOUT_S = 1800.0
 
 
 class RealBackendUnavailable(RuntimeError):
     """The real server could not be installed here (no network, unsupported platform)."""
+
+
+class ServerDidNotStart(RuntimeError):
+    """``llama-server`` did not become healthy; ``exit_code`` is None when it still ran."""
+
+    def __init__(self, message: str, exit_code: int | None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +100,7 @@ def real_backend_required() -> bool:
 
 
 def install(
-    dest: Path | None = None, *, with_smollm2: bool = False, timeout_s: float = 600.0
+    dest: Path | None = None, *, with_smollm2: bool = False, timeout_s: float = INSTALL_TIMEOUT_S
 ) -> Installation:
     """Run ``setup.sh`` into ``dest`` and return what it installed.
 
@@ -94,26 +112,32 @@ def install(
         cmd.append("--with-smollm2")
     # The generator needs gguf/tokenizers/numpy: the interpreter running the tests has them.
     env = {**os.environ, "PYTHON": os.environ.get("PYTHON", sys.executable)}
-    try:
-        done = subprocess.run(
-            cmd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise RealBackendUnavailable(f"{SETUP_SCRIPT.name} took over {timeout_s:.0f} s") from exc
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
+    # Its own process group, so a timeout also stops a compiler it started.
+    with subprocess.Popen(
+        cmd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            _stop(proc, 5.0)
+            proc.communicate()
+            raise RealBackendUnavailable(
+                f"{SETUP_SCRIPT.name} took over {timeout_s:.0f} s"
+            ) from exc
+    if proc.returncode != 0:
+        tail = "\n".join((stdout + stderr).splitlines()[-20:])
         raise RealBackendUnavailable(
-            f"{SETUP_SCRIPT.name} exited {done.returncode} installing into {root}:\n{tail}"
+            f"{SETUP_SCRIPT.name} exited {proc.returncode} installing into {root}:\n{tail}"
         )
     installation = Installation(
         root=root,
-        server_binary=root / "llama-server" / "llama-server",
+        server_binary=root / "bin" / "llama-server",
         tiny_model=root / "models" / "tiny" / "tiny-llama.gguf",
         tiny_tokenizer_dir=root / "models" / "tiny" / "tokenizer",
         smollm2_model=root / "models" / "smollm2" / SMOLLM2_FILE if with_smollm2 else None,
@@ -142,29 +166,83 @@ def running_llama_server(
 
     ``ctx_size`` is the total context; llama.cpp splits it evenly across ``slots``.
     The server runs CPU-only (``--device none``) so results do not depend on a GPU
-    being present, with ``--metrics`` on and the web UI off.
+    being present, with ``--metrics`` on and the web UI off. Raises
+    :class:`ServerDidNotStart` when it does not become healthy.
     """
-    model_path = model or installation.tiny_model
-    logs = log_dir or installation.root / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    last_error = "no attempt made"
+    with _serving(
+        installation.server_binary,
+        model or installation.tiny_model,
+        alias=alias,
+        slots=slots,
+        ctx_size=ctx_size,
+        threads=threads,
+        log_dir=log_dir or installation.root / "logs",
+        extra_args=extra_args,
+        startup_timeout_s=startup_timeout_s,
+        stop_timeout_s=stop_timeout_s,
+    ) as server:
+        yield server
+
+
+def probe(binary: Path, model: Path, *, log_dir: Path, timeout_s: float = 30.0) -> str | None:
+    """None when ``binary`` serves ``model`` here (healthy, answers a one-token completion).
+
+    Otherwise why not. Raises :class:`ServerDidNotStart` with ``exit_code`` None when the
+    server neither became healthy nor exited within ``timeout_s``: no verdict.
+    """
+    try:
+        with _serving(
+            binary,
+            model,
+            alias="probe",
+            slots=1,
+            ctx_size=256,
+            threads=1,
+            log_dir=log_dir,
+            startup_timeout_s=timeout_s,
+            stop_timeout_s=5.0,
+        ) as server:
+            return _complete_one_token(server, timeout_s)
+    except ServerDidNotStart as exc:
+        if exc.exit_code is None:
+            raise
+        return str(exc)
+
+
+@contextlib.contextmanager
+def _serving(
+    binary: Path,
+    model_path: Path,
+    *,
+    alias: str,
+    slots: int,
+    ctx_size: int,
+    threads: int,
+    log_dir: Path,
+    extra_args: Sequence[str] = (),
+    startup_timeout_s: float,
+    stop_timeout_s: float,
+) -> Iterator[LlamaServer]:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    problem, exit_code = "no attempt made", None
     # A free port can be taken between probing and binding; retry on a fresh one.
     for _attempt in range(3):
         port = _free_port()
-        log_path = logs / f"llama-server-{alias}-{port}.log"
+        log_path = log_dir / f"llama-server-{alias}-{port}.log"
         argv = [
-            str(installation.server_binary),
+            str(binary),
             *("--model", str(model_path), "--alias", alias),
             *("--host", "127.0.0.1", "--port", str(port)),
             *("--parallel", str(slots), "--ctx-size", str(ctx_size), "--threads", str(threads)),
             *("--device", "none", "--metrics", "--no-webui"),
             *extra_args,
         ]
-        proc = _spawn(argv, log_path, installation.server_binary.parent)
+        # The prebuilt finds its libraries beside the real file, not beside a link to it.
+        proc = _spawn(argv, log_path, binary.resolve().parent)
         try:
             base_url = f"http://127.0.0.1:{port}"
-            problem = _wait_healthy(proc, base_url, startup_timeout_s)
-            if problem is None:
+            why = _wait_healthy(proc, base_url, startup_timeout_s)
+            if why is None:
                 yield LlamaServer(
                     base_url=base_url,
                     alias=alias,
@@ -176,12 +254,32 @@ def running_llama_server(
                     pid=proc.pid,
                 )
                 return
-            last_error = f"{problem}; log {log_path}:\n{_tail(log_path)}"
+            problem, exit_code = f"{why}; log {log_path}:\n{_tail(log_path)}", proc.poll()
             if "bind" not in _tail(log_path).lower():
                 break
         finally:
             _stop(proc, stop_timeout_s)
-    raise RuntimeError(f"llama-server did not become healthy: {last_error}")
+    raise ServerDidNotStart(f"llama-server did not become healthy: {problem}", exit_code)
+
+
+def _complete_one_token(server: LlamaServer, timeout_s: float) -> str | None:
+    """None when ``/completion`` generates a token; the model and its kernels really run."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    request = urllib.request.Request(
+        server.base_url + "/completion",
+        data=json.dumps({"prompt": "Hello", "n_predict": 1}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with opener.open(request, timeout=timeout_s) as response:
+            body = json.loads(response.read())
+    except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError) as exc:
+        return f"healthy, but a one-token completion failed ({exc}); log {server.log_path}:\n" + (
+            _tail(server.log_path)
+        )
+    if not isinstance(body, dict) or "content" not in body:
+        return f"healthy, but /completion answered {str(body)[:200]}"
+    return None
 
 
 def _free_port() -> int:
@@ -225,7 +323,7 @@ def _wait_healthy(proc: subprocess.Popen[bytes], base_url: str, timeout_s: float
     return f"/health not 200 within {timeout_s:.0f} s"
 
 
-def _stop(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+def _stop(proc: subprocess.Popen[bytes] | subprocess.Popen[str], timeout_s: float) -> None:
     """SIGTERM the process group, SIGKILL it if it outlives ``timeout_s``."""
     for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
         if proc.poll() is not None:
@@ -245,3 +343,28 @@ def _tail(path: Path, lines: int = 15) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(text.splitlines()[-lines:])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``probe BINARY MODEL``: exit 0 when it serves here, 1 when not, 3 with no verdict."""
+    parser = argparse.ArgumentParser(prog="server.py", description=main.__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    probing = commands.add_parser("probe", help="does BINARY serve MODEL on this CPU?")
+    probing.add_argument("binary", type=Path)
+    probing.add_argument("model", type=Path)
+    probing.add_argument("--log-dir", type=Path, required=True)
+    probing.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
+    args = parser.parse_args(argv)
+    try:
+        problem = probe(args.binary, args.model, log_dir=args.log_dir, timeout_s=args.timeout)
+    except ServerDidNotStart as exc:
+        print(exc, file=sys.stderr)
+        return 3
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
