@@ -16,7 +16,15 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["KEY_PREFIX", "add_key_hash", "hash_api_key", "new_api_key", "read_keys_file"]
+__all__ = [
+    "KEY_PREFIX",
+    "add_key_hash",
+    "hash_api_key",
+    "key_hash_of",
+    "new_api_key",
+    "read_keys_file",
+    "remove_key_hash",
+]
 
 KEY_PREFIX = "og-"
 _HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -29,6 +37,16 @@ def new_api_key() -> str:
 def hash_api_key(key: str | bytes) -> str:
     raw = key.encode() if isinstance(key, str) else key
     return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def key_hash_of(key_or_hash: str) -> str:
+    """The stored form of a key given either as the key itself or as its digest."""
+    text = key_or_hash.strip()
+    if _HASH.match(text):
+        return text
+    if not text:
+        raise ValueError("an empty string is not an API key")
+    return hash_api_key(text)
 
 
 def read_keys_file(path: Path) -> dict[str, list[str]]:
@@ -55,7 +73,25 @@ def add_key_hash(path: Path, tenant: str, key_hash: str) -> None:
     """Append a digest to the key file atomically (write a temp file, fsync, rename)."""
     stored = read_keys_file(path)
     stored.setdefault(tenant, []).append(key_hash)
-    body = "# Written by `owngate keys new`: SHA-256 digests of tenant API keys.\n"
+    _write_keys_file(path, stored)
+
+
+def remove_key_hash(path: Path, key_hash: str) -> str | None:
+    """Remove a digest from the key file atomically; the tenant it belonged to, or None
+    when the file does not hold it (then the file is left untouched)."""
+    stored = read_keys_file(path)
+    owner = next((tenant for tenant, hashes in stored.items() if key_hash in hashes), None)
+    if owner is None:
+        return None
+    stored[owner] = [h for h in stored[owner] if h != key_hash]
+    _write_keys_file(path, stored)
+    return owner
+
+
+def _write_keys_file(path: Path, stored: dict[str, list[str]]) -> None:
+    """Replace the key file in one rename (temp file fsynced first): a reader sees the
+    old file or the new one, never half of one."""
+    body = "# Written by `owngate keys`: SHA-256 digests of tenant API keys.\n"
     body += yaml.safe_dump({"tenants": stored}, sort_keys=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")

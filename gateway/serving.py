@@ -2,32 +2,116 @@
 
 Used by the demo (gateway + simulators in one process), the tests (real sockets, as
 Starlette and httpx do) and the benchmarks. `ServerThread` binds before it returns, so
-callers can read the chosen port when they asked for port 0.
+callers can read the chosen port when they asked for port 0. `DrainingServer` is the
+server of `owngate serve`: uvicorn's graceful shutdown, with the app told when it starts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import socket
 import threading
-from types import TracebackType
+from collections.abc import Awaitable, Callable, Iterator
+from types import FrameType, TracebackType
 from typing import Any
 
 import uvicorn
 import uvloop
 
-__all__ = ["ServerThread", "bind_socket", "uvicorn_config"]
+__all__ = ["DrainingServer", "ServerThread", "bind_socket", "uvicorn_config"]
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind a listening TCP socket; port 0 picks a free port."""
+def bind_socket(
+    host: str, port: int, *, reuse_port: bool = False, listen: bool = True
+) -> socket.socket:
+    """Bind a listening TCP socket; port 0 picks a free port.
+
+    `reuse_port` sets SO_REUSEPORT: several processes bind the same port and the kernel
+    spreads new connections over those listening (`serve --workers`)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
-    sock.listen(2048)
+    if listen:
+        sock.listen(2048)
     sock.set_inheritable(True)
     return sock
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with owngate's shutdown.
+
+    On SIGTERM or SIGINT uvicorn stops listening, closes idle keep-alive connections,
+    lets busy ones finish their response (then closes them), waits for them up to
+    `timeout_graceful_shutdown` and runs the lifespan shutdown. This class adds two
+    things: `on_drain` runs when that shutdown begins (the app turns not-ready and
+    starts its own deadline, which it keeps shorter than uvicorn's so it can end streams
+    cleanly), and a shutdown a signal asked for is the normal end: the signal is not
+    raised again afterwards (uvicorn does, which would end the process with -15, not 0).
+    """
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_drain: Callable[[], None],
+        drained: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        super().__init__(config)
+        self._on_drain = on_drain
+        self._drained = drained
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """The first SIGTERM/SIGINT drains before uvicorn's shutdown begins: listening
+        stops, the app turns not-ready, and only once its requests are done (or cut at
+        its deadline) does uvicorn close the then idle connections and run the lifespan
+        shutdown. Leaving open streams to uvicorn's own shutdown raced with it closing
+        their connections. A second signal is uvicorn's: shut down now."""
+        if self._drained is None or self._loop is None or self._draining is not None:
+            super().handle_exit(sig, frame)
+            return
+        self._captured_signals.append(sig)
+        self._loop.call_soon_threadsafe(self._begin_drain)
+
+    def _begin_drain(self) -> None:
+        if self._draining is None:
+            self._draining = asyncio.create_task(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        try:
+            for server in self.servers:
+                server.close()  # refuse new connections from now on
+            self._on_drain()
+            if self._drained is not None:
+                await self._drained()
+        finally:
+            self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._on_drain()
+        await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def uvicorn_config(app: Any, **overrides: Any) -> uvicorn.Config:

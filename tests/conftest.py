@@ -14,6 +14,7 @@ from gateway.keys import hash_api_key
 from gateway.serving import ServerThread
 from gateway.sim import SimApp, SimSettings, create_sim_app
 from tests.real_backend.fixtures import real_llamacpp  # noqa: F401 - a fixture, used by name
+from tests.redis_server import redis_server  # noqa: F401 - a fixture, used by name
 
 TENANT_KEY = "og-test-tenant-key-0123456789"
 OTHER_KEY = "og-test-other-tenant-key-98765"

@@ -54,7 +54,8 @@ def free_port() -> int:
 
 
 class GatewayProcess:
-    def __init__(self, config: dict[str, Any], directory: Path) -> None:
+    def __init__(self, config: dict[str, Any], directory: Path, *args: str) -> None:
+        self.args = args  # more `owngate serve` flags
         self.port = config["listen"]["port"]
         self.url = f"http://127.0.0.1:{self.port}"
         self.path = directory / "gateway.yaml"
@@ -63,7 +64,7 @@ class GatewayProcess:
 
     def start(self) -> GatewayProcess:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--config", str(self.path)],
+            [sys.executable, "-m", "gateway", "serve", "--config", str(self.path), *self.args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -11,10 +12,11 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.config.schema import Scrape
+from gateway.routing.breaker import BreakerState
 from gateway.routing.registry import Registry
 from gateway.routing.scraper import MetricsScraper, filter_exposition
 from gateway.serving import ServerThread
-from gateway.sim import SimSettings, create_sim_app
+from gateway.sim import Faults, SimSettings, create_sim_app
 from tests.conftest import Gateway, Sim, backend, gateway_config
 
 
@@ -111,3 +113,42 @@ def test_gateway_publishes_backend_queue_from_scrapes(
 def test_scrape_settings_are_validated() -> None:
     with pytest.raises(ValidationError, match=r"longer than scrape\.interval_s"):
         Scrape(interval_s=2.0, staleness_s=1.0)
+
+
+def test_health_probes_drive_the_breaker_and_llamacpp_slots_are_learned() -> None:
+    settings = dataclasses.replace(
+        SimSettings.for_kind("llamacpp", models=("m",)), slots=5, faults=Faults(slow_start_s=60)
+    )
+    app = create_sim_app(settings)
+    with ServerThread(app) as sim:
+        config = gateway_config(
+            [
+                backend("cpu", sim.url, "m", kind="llamacpp"),
+                backend("sized", sim.url, "m", kind="llamacpp", capacity={"max_concurrency": 2}),
+            ]
+        )
+        clock = FakeClock()
+        registry = Registry.build(config, environ={}, clock=clock)
+        scraper = MetricsScraper(registry.backends.values(), Scrape(), clock=clock)
+        cpu = registry.backends["cpu"]
+
+        async def rounds() -> None:
+            try:
+                await scraper.scrape_once()  # loading: /health and /props answer 503
+                assert cpu.breaker.state is BreakerState.open
+                assert cpu.learned_slots is None and registry.is_down(cpu)
+                app.start_loading(0.0)
+                clock.now += 0.5  # within the breaker's cooldown: a good probe is too early
+                await scraper.scrape_once()
+                assert cpu.breaker.state is BreakerState.open and cpu.health_error is None
+                clock.now += 1.0
+                await scraper.scrape_once()  # the half-open probe: closes it
+            finally:
+                await scraper.close()
+
+        asyncio.run(rounds())
+        assert cpu.breaker.state is BreakerState.closed and not registry.is_down(cpu)
+        assert cpu.learned_slots == 5
+        load = scraper.load("cpu")
+        assert load is not None and load.slots_total == 5
+        assert registry.backends["sized"].learned_slots is None  # configured: not asked

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from gateway.config import ConfigError, parse_config
 from gateway.state import (
     Admission,
     MemoryState,
@@ -197,12 +198,15 @@ def test_inflight_and_revocations() -> None:
     state: SharedState = MemoryState()
 
     async def run() -> None:
+        told: list[object] = []
+        state.watch_peers(told.append)
         await state.start()
         state.backend_started("a")
         state.backend_started("a")
         state.backend_finished("a")
         state.backend_finished("b")  # never below zero
         assert (state.inflight("a"), state.local_inflight("a"), state.inflight("b")) == (1, 1, 0)
+        assert told == []  # one process: no other replicas to hear of
         assert await state.revoke_key("sha256:" + "0" * 64)
         assert state.is_revoked("sha256:" + "0" * 64)
         assert not state.is_revoked("sha256:" + "1" * 64)
@@ -228,3 +232,21 @@ def test_memory_state_never_imports_redis() -> None:
 def test_redis_backend_needs_a_url() -> None:
     with pytest.raises(ValueError, match="url"):
         create_state("redis")
+
+
+def test_state_settings_are_checked_when_the_config_loads() -> None:
+    base = (
+        "backends: [{id: g, kind: vllm, base_url: 'http://h:9', models: [{name: m}],\n"
+        "            region: eu, owner: t}]\n"
+        "state: {backend: redis, url: 'redis://127.0.0.1:1/0', %s}\n"
+    )
+    config = parse_config(base % "sync_interval_s: 0.05, lease_ttl_s: 1.5, replica_id: gw-0")
+    assert (config.state.sync_interval_s, config.state.replica_id) == (0.05, "gw-0")
+    for bad, message in [
+        ("sync_interval_s: 1, lease_ttl_s: 2", "three sync intervals"),
+        ("replica_id: 'a|b'", "replica_id"),
+        ("max_connections: 1", "max_connections"),
+        ("timeout_ms: 0", "timeout_ms"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            parse_config(base % bad)

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
-import shutil
-import socket
-import subprocess
+import itertools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -21,79 +18,11 @@ import redis.asyncio as aioredis
 from gateway.state import RateLimited, SharedState, TenantLimits, create_state
 from gateway.state.bench import main as bench_main
 from gateway.state.redis_state import RedisKeys, RedisState
+from tests.redis_server import RedisServer, free_port
 
-REQUIRE_ENV = "OWNGATE_REQUIRE_REDIS"
 LEASE_TTL_S = 3.0
 CRASH_LEASE_TTL_S = 0.6  # the crash test waits this out
 SYNC_S = 0.05
-
-
-class RedisServer:
-    """A throwaway redis-server on a free port; stop() and start() keep the port."""
-
-    def __init__(self, binary: str, workdir: Path) -> None:
-        self.binary = binary
-        self.workdir = workdir
-        self.port = _free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        assert self.process is None
-        argv = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
-        argv += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir)]
-        self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.process.returncode}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as conn:
-                    conn.sendall(b"PING\r\n")
-                    if conn.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                time.sleep(0.02)
-        self.stop()
-        raise RuntimeError("redis-server did not answer PING within 10 s")
-
-    def stop(self) -> None:
-        process, self.process = self.process, None
-        if process is None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
-
-
-def _free_port() -> int:
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port != 6379:
-            return port
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        if os.environ.get(REQUIRE_ENV):
-            pytest.fail(f"{REQUIRE_ENV} is set but redis-server is not installed")
-        pytest.skip(f"redis-server is not installed (set {REQUIRE_ENV}=1 to fail)")
-    server = RedisServer(binary, tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def replica(
@@ -215,6 +144,8 @@ def test_concurrency_and_tokens_are_global(redis_server: RedisServer) -> None:
 def test_inflight_counts_converge(redis_server: RedisServer) -> None:
     async def scenario() -> None:
         async with replicas(redis_server, "a", "b") as (a, b):
+            seen_by_b: list[dict[str, int]] = []  # what routing on b is told, sync by sync
+            b.watch_peers(lambda others: seen_by_b.append(dict(others)))
             for _ in range(3):
                 a.backend_started("gpu-1")
             b.backend_started("gpu-1")
@@ -222,9 +153,12 @@ def test_inflight_counts_converge(redis_server: RedisServer) -> None:
             assert (a.inflight("gpu-1"), a.local_inflight("gpu-1")) == (3, 3)
             await eventually(lambda: a.inflight("gpu-1") == b.inflight("gpu-1") == 4, "sum 4")
             await eventually(lambda: a.inflight("gpu-2") == 1, "b's gpu-2 seen by a")
+            assert seen_by_b[-1] == {"gpu-1": 3}  # a's only: b counts its own exactly
             for _ in range(3):
                 a.backend_finished("gpu-1")
             await eventually(lambda: b.inflight("gpu-1") == 1 == a.inflight("gpu-1"), "sum 1")
+            assert seen_by_b[-1] == {}
+            assert all(x != y for x, y in itertools.pairwise(seen_by_b))  # changes only
             assert a.status().replicas == 2
 
     asyncio.run(scenario())
@@ -278,9 +212,12 @@ def test_redis_down_falls_back_to_local_state_and_recovers(redis_server: RedisSe
 
     async def scenario() -> None:
         async with replicas(redis_server, "a", "b", timeout_s=0.05) as (a, b):
+            peers_of_b: list[dict[str, int]] = []
+            b.watch_peers(lambda others: peers_of_b.append(dict(others)))
             a.backend_started("gpu-1")
             held = [await a.acquire("acme", limits), await a.acquire("acme", limits)]
             await eventually(lambda: b.inflight("gpu-1") == 1, "in-flight shared")
+            assert peers_of_b == [{"gpu-1": 1}]
 
             slowest = 0.0
             outage = False
@@ -300,6 +237,7 @@ def test_redis_down_falls_back_to_local_state_and_recovers(redis_server: RedisSe
             assert reason is not None and reason.startswith("redis ")
             assert a.status().fallbacks > 0 and a.status().errors > 0
             assert b.inflight("gpu-1") == 0  # only local counts while Redis is away
+            assert peers_of_b[-1] == {}  # and routing was told so
             local = await b.acquire("acme", limits)
             assert not local.shared
             await local.release()
@@ -308,6 +246,7 @@ def test_redis_down_falls_back_to_local_state_and_recovers(redis_server: RedisSe
             await eventually(lambda: a.healthy and b.healthy, "recovered", 5.0)
             assert a.degraded_reason is None
             await eventually(lambda: b.inflight("gpu-1") == 1, "in-flight shared again")
+            assert peers_of_b[-1] == {"gpu-1": 1}
             admission = await a.acquire("acme", limits)
             assert admission.shared
             await admission.release()
@@ -417,7 +356,7 @@ def test_revocations_reach_every_replica(redis_server: RedisServer) -> None:
 def test_unreachable_at_start_is_degraded_not_fatal(tmp_path: Path) -> None:
     async def scenario() -> None:
         state: SharedState = create_state(
-            "redis", f"redis://127.0.0.1:{_free_port()}/0", replica_id="alone", timeout_s=0.05
+            "redis", f"redis://127.0.0.1:{free_port()}/0", replica_id="alone", timeout_s=0.05
         )
         await state.start()
         try:

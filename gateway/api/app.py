@@ -14,19 +14,30 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gateway.api.admin import send_status
 from gateway.api.asgi import Receive, Scope, Send, header, send_bytes, send_error, send_json
-from gateway.api.exchange import Exchange, receipt_headers
+from gateway.api.exchange import (
+    Exchange,
+    receipt_headers,
+    send_error_event,
+    send_receipt_comment,
+)
+from gateway.api.fleet import FleetMetrics
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.proxy import Proxy
 from gateway.api.recorder import Recorder, usage_of
+from gateway.api.reload import Assembly, ConfigReloader, keep_unchanged_backends
 from gateway.config.schema import GatewayConfig
+from gateway.config.schema import State as StateSettings
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
 from gateway.provenance import ProvenanceError
+from gateway.provenance.cosigning import Cosigning
+from gateway.provenance.witness_client import WitnessClient
 from gateway.routing.registry import BackendState, Registry, TenantEntry
 from gateway.routing.scraper import MetricsScraper
 from gateway.routing.trust import TrustPolicies
@@ -47,6 +58,13 @@ _PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
 class GatewayApp:
     """The ASGI callable. Build it with `create_app`."""
 
+    # Built from the config by `assemble`; a config reload swaps them (`install`).
+    config: GatewayConfig
+    registry: Registry
+    trust: TrustPolicies
+    scraper: MetricsScraper
+    proxy: Proxy
+
     def __init__(
         self,
         config: GatewayConfig,
@@ -54,39 +72,94 @@ class GatewayApp:
         environ: dict[str, str] | None = None,
         config_dir: Path | None = None,
     ) -> None:
-        self.config = config
         self.metrics = GatewayMetrics()
-        env = dict(os.environ if environ is None else environ)
-        self.registry = Registry.build(config, environ=env)
-        # Raises PolicyError: without valid policies the gateway does not start.
+        self._env = dict(os.environ if environ is None else environ)
         self._config_dir = config_dir or Path.cwd()
-        self.trust = TrustPolicies(config, self._config_dir)
-        self.scraper = MetricsScraper(self.registry.backends.values(), config.scrape)
-        self.proxy = Proxy(
-            self.registry,
-            self.metrics,
-            self.trust,
-            self.scraper,
-            environ=env,
-            hosted_timeout_s=config.limits.first_byte_timeout_s,
-            routing=config.routing,
-        )
-        self.metrics.watch_policies(self.trust)
-        state = config.state
-        self.state: SharedState = create_state(state.backend, state.url)
-        self.metrics.watch_backends(self.registry, self.scraper)
+        self._assembled = False
+        # Shared state outlives config reloads (its own settings apply on restart).
+        self.state: SharedState = _shared_state(config.state)
+        self._peers: Mapping[str, int] = {}  # other replicas' in-flight, per backend
+        self.state.watch_peers(self._peers_changed)
+        # Raises PolicyError: without valid policies the gateway does not start.
+        self.install(self.assemble(config))
+        self.metrics.watch_state(self.state, lambda: self.registry)
         self._background: list[asyncio.Task[None]] = []
+        self._watchers: list[asyncio.Task[None]] = []
         self.ready = False
         self.draining = False
+        self._cutting = False
+        self.serving: set[asyncio.Task[Any]] = set()  # the tasks of proxied requests
+        self.reloader: ConfigReloader | None = None  # set by `owngate serve` (a config file)
+        self.fleet: FleetMetrics | None = None  # set by `serve --workers`: /metrics sums them
+        self.cosigning: Cosigning | None = None  # witnesses asked to cosign checkpoints
         self._log = get_logger("owngate.access")
-        self._access_log = config.logging.access_log
-        self._max_body = config.limits.max_body_bytes
         self._routes: dict[str, Handler] = {
             "/healthz": self._healthz,
             "/readyz": self._readyz,
             "/metrics": self._metrics,
             "/v1/models": self._models,
+            "/admin/status": self._admin_status,
         }
+
+    def assemble(self, config: GatewayConfig) -> Assembly:
+        """Everything built from the config: on startup, and again on each config reload.
+
+        Raises PolicyError (policies invalid for these backends) or ValueError (a setting
+        only checkable here, such as a backend key missing from the environment)."""
+        registry = Registry.build(config, environ=self._env)
+        if self._assembled:  # a reload: unchanged backends keep pools and counts
+            keep_unchanged_backends(registry, self.registry, config.limits == self.config.limits)
+        trust = TrustPolicies(config, self._config_dir)
+        scraper = MetricsScraper(registry.backends.values(), config.scrape)
+        proxy = Proxy(
+            registry,
+            self.metrics,
+            trust,
+            scraper,
+            environ=self._env,
+            hosted_timeout_s=config.limits.first_byte_timeout_s,
+            routing=config.routing,
+            state=self.state,
+        )
+        return Assembly(config, registry, trust, scraper, proxy)
+
+    def install(self, parts: Assembly) -> None:
+        """Make `parts` active: one reference swap each; requests already running keep
+        the objects they started with."""
+        if self._assembled:
+            parts.proxy.recorder = self.proxy.recorder  # one log for the process's life
+        self._assembled = True
+        self.config = parts.config
+        self.registry = parts.registry
+        self.registry.set_peer_inflight(self._peers)
+        self.trust = parts.trust
+        self.scraper = parts.scraper
+        self.proxy = parts.proxy
+        self._access_log = parts.config.logging.access_log
+        self._max_body = parts.config.limits.max_body_bytes
+        self.metrics.watch_policies(self.trust)
+        self.metrics.watch_backends(self.registry, self.scraper)
+
+    def _start_cosigning(self) -> None:
+        """Ask the configured witnesses to cosign each new checkpoint, in the background:
+        a witness that is down is retried and reported, never waited for by requests."""
+        settings = self.config.provenance
+        if settings is None or not settings.witnesses or self.proxy.recorder is None:
+            return
+        self.cosigning = Cosigning(
+            self.proxy.recorder.log,
+            self._config_dir / settings.dir,
+            [WitnessClient(w.url, w.vkey, timeout=w.timeout_s) for w in settings.witnesses],
+            retry_max_s=settings.witness_retry_max_s,
+            events=get_logger("owngate.provenance"),
+        )
+        self.metrics.watch_cosigning(self.cosigning)
+        self._background.append(asyncio.create_task(self.cosigning.run()))
+
+    def _peers_changed(self, others: Mapping[str, int]) -> None:
+        """After a shared-state sync: routing counts the other replicas' requests too."""
+        self._peers = others
+        self.registry.set_peer_inflight(others)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -127,16 +200,23 @@ class GatewayApp:
                 # Know which backends are healthy before taking traffic (bounded by the
                 # scrape timeout), then keep probing in the background.
                 await self.scraper.scrape_once()
-                self._background.append(asyncio.create_task(self.scraper.run()))
-                self._background.append(asyncio.create_task(self.trust.watch()))
-                _reload_on_sighup(self.trust)
+                self.start_watchers()
+                if self.reloader is not None:
+                    self._background.append(asyncio.create_task(self.reloader.watch()))
+                if self.fleet is not None:
+                    self._background.append(asyncio.create_task(self.fleet.publish(self.metrics)))
+                self._start_cosigning()
+                _reload_on_sighup(self.reload)
                 self.ready = True
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.ready = False
-                for task in self._background:
+                tasks = [*self._background, *self._watchers]
+                for task in tasks:
                     task.cancel()
-                await asyncio.gather(*self._background, return_exceptions=True)
+                await asyncio.gather(*tasks, return_exceptions=True)
+                if self.fleet is not None:
+                    self.fleet.write(self.metrics)  # the final counts outlive this worker
                 await self.proxy.close()
                 await self.registry.close()
                 if self.proxy.recorder is not None:
@@ -156,6 +236,7 @@ class GatewayApp:
                 raise GatewayError(ErrorCode.method_not_allowed, f"{endpoint} accepts only POST")
             if not self.ready:
                 raise GatewayError(ErrorCode.not_ready, "the gateway is not ready")
+            self.serving.add(asyncio.current_task())  # type: ignore[arg-type]
             tenant = self._authenticate(scope)
             exchange.tenant = tenant.id
             admission = await self._admit(tenant)
@@ -171,6 +252,10 @@ class GatewayApp:
             if not exchange.response_started:
                 # The prompt may have left (and been logged): the receipt says where.
                 await send_error(send, error, exchange.request_id, receipt_headers(exchange))
+        except asyncio.CancelledError:
+            if not self._cutting:
+                raise
+            await self._cut(exchange, send)
         except Exception:  # noqa: BLE001 - last resort: logged, answered 500, never passed on
             exchange.status = 500
             self._log.exception("unhandled error", request_id=exchange.request_id.decode())
@@ -178,7 +263,70 @@ class GatewayApp:
                 internal = GatewayError(ErrorCode.internal_error, "internal gateway error")
                 await send_error(send, internal, exchange.request_id)
         finally:
+            self.serving.discard(asyncio.current_task())
             self._finish(exchange)
+
+    async def _cut(self, exchange: Exchange, send: Send) -> None:
+        """The drain deadline passed with this request still running: end it cleanly (a
+        stream gets an error event, its receipt and a proper end; others a 503)."""
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        error = GatewayError(
+            ErrorCode.not_ready, "the gateway is shutting down and its drain deadline passed"
+        )
+        exchange.status = error.status
+        if not exchange.response_started:
+            await send_error(send, error, exchange.request_id, receipt_headers(exchange))
+            return
+        if exchange.stream:
+            await send_error_event(send, error)
+            await send_receipt_comment(send, exchange)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def begin_drain(self) -> None:
+        """Shutdown began (SIGTERM): new requests get 503 not_ready and /readyz says
+        draining; what still runs after `limits.drain_timeout_s` is cut cleanly."""
+        if self.draining:
+            return
+        self.draining = True
+        self.ready = False
+        timeout = self.config.limits.drain_timeout_s
+        get_logger("owngate").info("draining", requests=len(self.serving), timeout_s=timeout)
+        self._background.append(asyncio.create_task(self._cut_after(timeout)))
+
+    async def drained(self, margin_s: float = 5.0) -> None:
+        """Return once no proxied request runs: they finished, or the drain deadline cut
+        them (bounded by the deadline plus `margin_s`, whatever a request does)."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.config.limits.drain_timeout_s + margin_s
+        while self.serving and loop.time() < give_up:  # noqa: ASYNC110 - once, at shutdown
+            await asyncio.sleep(0.05)
+
+    async def _cut_after(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        if self.serving:
+            get_logger("owngate").warning("drain deadline passed", cut=len(self.serving))
+        self._cutting = True
+        for task in list(self.serving):
+            task.cancel()
+
+    def reload(self) -> None:
+        """SIGHUP: reload gateway.yaml (when served from a file) and the trust policies."""
+        if self.reloader is None:
+            self.trust.reload()
+            return
+        self.reloader.trigger()
+
+    def start_watchers(self) -> list[asyncio.Task[None]]:
+        """Start probing the active backends and polling the active policy files; returns
+        the watchers of the previous assembly (a config reload stops them)."""
+        previous = self._watchers
+        self._watchers = [
+            asyncio.create_task(self.scraper.run()),
+            asyncio.create_task(self.trust.watch()),
+        ]
+        return previous
 
     def _finish(self, exchange: Exchange) -> None:
         elapsed = time.perf_counter() - exchange.started_at
@@ -285,7 +433,10 @@ class GatewayApp:
             "backends": {b.id: self._backend_detail(b) for b in self.registry.backends.values()},
             "policy": self.trust.status(),
             "provenance": recorder.status() if recorder is not None else "off",
+            "witnesses": self.cosigning.status() if self.cosigning is not None else "off",
             "state": self.state.status().detail(),
+            "config": self.reloader.status() if self.reloader is not None else "fixed",
+            "worker": self.fleet.worker if self.fleet is not None else None,
         }
         await send_json(send, 200 if ready else 503, detail, request_id)
 
@@ -324,8 +475,13 @@ class GatewayApp:
     def _backend_detail(self, backend: BackendState) -> dict[str, Any]:
         return _backend_detail_of(self.registry, self.scraper, backend)
 
+    async def _admin_status(
+        self, scope: Scope, receive: Receive, send: Send, request_id: bytes
+    ) -> None:
+        await send_status(scope, send, request_id, self.registry, self.scraper, self.proxy)
+
     async def _metrics(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
-        body = self.metrics.render()
+        body = self.metrics.render() if self.fleet is None else self.fleet.render(self.metrics)
         await send_bytes(send, 200, body, request_id, _PROMETHEUS)
 
 
@@ -337,8 +493,10 @@ def _backend_detail_of(
     return {
         "kind": backend.config.kind,
         "available": not registry.is_down(backend),
+        "breaker": backend.breaker.state.value,
         "health_error": backend.health_error,
         "inflight": backend.inflight,
+        "peer_inflight": backend.peer_inflight,
         "metrics_age_s": None if age is None else round(age, 3),
         "metrics_error": scraper.failure(backend.id),
         "running": None if load is None else load.running,
@@ -347,13 +505,27 @@ def _backend_detail_of(
     }
 
 
-def _reload_on_sighup(trust: TrustPolicies) -> None:
-    """SIGHUP reloads the policies (only where this loop owns signals: the main thread)."""
+def _reload_on_sighup(reload: Callable[[], None]) -> None:
+    """SIGHUP reloads config and policies (only where this loop owns signals: the main
+    thread)."""
     if threading.current_thread() is not threading.main_thread():
         return
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError, RuntimeError):
-        loop.add_signal_handler(signal.SIGHUP, trust.reload)
+        loop.add_signal_handler(signal.SIGHUP, reload)
+
+
+def _shared_state(settings: StateSettings) -> SharedState:
+    return create_state(
+        settings.backend,
+        settings.url,
+        replica_id=settings.replica_id,
+        key_prefix=settings.key_prefix,
+        timeout_s=settings.timeout_ms / 1000,
+        sync_interval_s=settings.sync_interval_s,
+        lease_ttl_s=settings.lease_ttl_s,
+        max_connections=settings.max_connections,
+    )
 
 
 def _tokens_used(exchange: Exchange) -> int:

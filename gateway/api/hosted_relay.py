@@ -26,6 +26,7 @@ from gateway.api.metrics import GatewayMetrics
 from gateway.asgi import Send
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.registry import BackendState, Route
+from gateway.state import SharedState
 from gateway.upstream.hosted import HostedClient, HostedError, HostedResponse
 
 __all__ = ["HostedRelay"]
@@ -38,8 +39,11 @@ class HostedRelay:
         environ: Mapping[str, str],
         timeout_s: float,
         backends: Iterable[BackendState] = (),
+        *,
+        state: SharedState,
     ) -> None:
         self._metrics = metrics
+        self._state = state  # in-flight counts shared with other replicas (no I/O here)
         self._environ = environ
         self._timeout_s = timeout_s
         self._clients: dict[str, HostedClient] = {}
@@ -62,6 +66,7 @@ class HostedRelay:
         backend = route.backend
         exchange.backend = backend.id
         backend.inflight += 1
+        self._state.backend_started(backend.id)
         self._metrics.set_inflight(backend.id, backend.inflight)
         try:
             try:
@@ -80,6 +85,7 @@ class HostedRelay:
                 await response.aclose()
         finally:
             backend.inflight -= 1
+            self._state.backend_finished(backend.id)
             self._metrics.set_inflight(backend.id, backend.inflight)
 
     async def _relay(

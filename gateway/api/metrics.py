@@ -6,7 +6,7 @@ an observe, not prometheus_client's label resolution.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -15,9 +15,12 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from gateway.api.reload import ConfigReloader
+    from gateway.provenance.cosigning import Cosigning
     from gateway.routing.registry import Registry
     from gateway.routing.scraper import MetricsScraper
     from gateway.routing.trust import TrustPolicies
+    from gateway.state import SharedState
 
 from gateway import __version__
 
@@ -82,14 +85,37 @@ class GatewayMetrics:
         info = Gauge("owngate_build_info", "Build information.", ["version"], registry=r)
         info.labels(__version__).set(1)
         self._children: dict[tuple[object, ...], MetricWrapperBase] = {}
+        self._watching: dict[str, Collector] = {}
+
+    def _watch(self, what: str, collector: Collector) -> None:
+        """Register `collector`, replacing the one that watched `what` before (a config
+        reload swaps the objects watched)."""
+        previous = self._watching.pop(what, None)
+        if previous is not None:
+            self.registry.unregister(previous)
+        self.registry.register(collector)
+        self._watching[what] = collector
 
     def watch_policies(self, trust: TrustPolicies) -> None:
         """Publish the active policy set and its failed reloads, read at scrape time."""
-        self.registry.register(_PolicyCollector(trust))
+        self._watch("policies", _PolicyCollector(trust))
 
     def watch_backends(self, registry: Registry, scraper: MetricsScraper) -> None:
         """Publish each backend's scraped load, read fresh at every /metrics scrape."""
-        self.registry.register(_BackendLoadCollector(registry, scraper))
+        self._watch("backends", _BackendLoadCollector(registry, scraper))
+
+    def watch_config(self, reloader: ConfigReloader) -> None:
+        """Publish the failed reloads of gateway.yaml."""
+        self._watch("config", _ConfigCollector(reloader))
+
+    def watch_state(self, state: SharedState, registry: Callable[[], Registry]) -> None:
+        """Publish shared-state health and the other replicas' in-flight counts, read at
+        scrape time (`registry` gives the registry in use, which a reload replaces)."""
+        self.registry.register(_StateCollector(state, registry))
+
+    def watch_cosigning(self, cosigning: Cosigning) -> None:
+        """Publish each witness's cosigning progress and failures, read at scrape time."""
+        self.registry.register(_CosigningCollector(cosigning))
 
     def _child(self, metric: MetricWrapperBase, *labels: str) -> MetricWrapperBase:
         key = (id(metric), *labels)
@@ -122,6 +148,9 @@ _LOAD_GAUGES = {
 }
 
 
+_BREAKER_STATES = ("closed", "open", "half_open")
+
+
 class _BackendLoadCollector(Collector):
     """Scraped backend load as gauges; a backend whose reading is stale is left out."""
 
@@ -139,7 +168,30 @@ class _BackendLoadCollector(Collector):
             "Seconds since the backend's /metrics were last read successfully.",
             labels=["backend"],
         )
-        for backend_id in self._registry.backends:
+        breaker = GaugeMetricFamily(
+            "owngate_backend_breaker_state",
+            "The backend's circuit breaker: 1 for its current state (closed, open, half_open).",
+            labels=["backend", "state"],
+        )
+        opens = CounterMetricFamily(
+            "owngate_backend_breaker_opens",
+            "Times the backend's circuit breaker opened (failures or a failed /health probe).",
+            labels=["backend"],
+        )
+        slots = GaugeMetricFamily(
+            "owngate_backend_slots",
+            "Concurrency slots: capacity.max_concurrency, or learned from llama.cpp /props.",
+            labels=["backend"],
+        )
+        for backend_id, state in self._registry.backends.items():
+            if state.config.is_private:  # hosted providers are not judged by a breaker
+                current = state.breaker.state.value
+                for name in _BREAKER_STATES:
+                    breaker.add_metric([backend_id, name], 1.0 if name == current else 0.0)
+                opens.add_metric([backend_id], state.breaker.opens)
+            known = state.config.capacity.max_concurrency or state.learned_slots
+            if known:
+                slots.add_metric([backend_id], known)
             seconds = self._scraper.age(backend_id)
             if seconds is not None:
                 age.add_metric([backend_id], seconds)
@@ -152,6 +204,89 @@ class _BackendLoadCollector(Collector):
                     family.add_metric([backend_id], value)
         yield from families.values()
         yield age
+        yield breaker
+        yield opens
+        yield slots
+
+
+class _StateCollector(Collector):
+    """Shared state (docs/state.md): healthy or on local fallback, and what it shares."""
+
+    def __init__(self, state: SharedState, registry: Callable[[], Registry]) -> None:
+        self._state = state
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        status = self._state.status()
+        healthy = GaugeMetricFamily(
+            "owngate_state_healthy",
+            "1 while shared state works (memory, or Redis answering); 0 while limits and "
+            "routing fall back to this replica's local state.",
+            labels=["backend"],
+        )
+        healthy.add_metric([status.backend], 1 if status.healthy else 0)
+        yield healthy
+        yield GaugeMetricFamily(
+            "owngate_state_replicas",
+            "Live gateway replicas sharing state, as of the last sync (this one included).",
+            value=status.replicas,
+        )
+        yield CounterMetricFamily(
+            "owngate_state_fallbacks",
+            "Decisions made on local state because the shared store was unavailable.",
+            value=status.fallbacks,
+        )
+        yield CounterMetricFamily(
+            "owngate_state_errors",
+            "Shared-store calls that failed or timed out.",
+            value=status.errors,
+        )
+        yield GaugeMetricFamily(
+            "owngate_state_pending_revocations",
+            "Key revocations made here that the shared store has not stored yet.",
+            value=status.pending_revocations,
+        )
+        peers = GaugeMetricFamily(
+            "owngate_backend_peer_inflight",
+            "Requests the other gateway replicas have in flight to each backend, as of the "
+            "last shared-state sync.",
+            labels=["backend"],
+        )
+        for backend in self._registry().backends.values():
+            peers.add_metric([backend.id], backend.peer_inflight)
+        yield peers
+
+
+class _CosigningCollector(Collector):
+    """Witness cosignatures on the provenance log's checkpoints (docs/provenance.md)."""
+
+    def __init__(self, cosigning: Cosigning) -> None:
+        self._cosigning = cosigning
+
+    def collect(self) -> Iterator[Metric]:
+        size = GaugeMetricFamily(
+            "owngate_witness_cosigned_size",
+            "Tree size of the newest checkpoint each witness cosigned (absent until one).",
+            labels=["witness"],
+        )
+        up = GaugeMetricFamily(
+            "owngate_witness_up", "0 while the witness's last attempt failed.", labels=["witness"]
+        )
+        done = CounterMetricFamily(
+            "owngate_witness_cosignatures", "Checkpoints cosigned.", labels=["witness"]
+        )
+        failed = CounterMetricFamily(
+            "owngate_witness_failures",
+            "Failed cosigning attempts (down, timeout, refused, bad answer).",
+            labels=["witness"],
+        )
+        for witness in self._cosigning.witnesses:
+            if witness.cosigned_size is not None:
+                size.add_metric([witness.name], witness.cosigned_size)
+            up.add_metric([witness.name], 0 if witness.consecutive_failures else 1)
+            done.add_metric([witness.name], witness.cosignatures)
+            failed.add_metric([witness.name], witness.failures)
+        yield from (size, up, done, failed)
 
 
 class _PolicyCollector(Collector):
@@ -172,4 +307,17 @@ class _PolicyCollector(Collector):
             "Policy reloads that failed validation (the last good set stayed active).",
         )
         failures.add_metric([], self._trust.reload_failures)
+        yield failures
+
+
+class _ConfigCollector(Collector):
+    def __init__(self, reloader: ConfigReloader) -> None:
+        self._reloader = reloader
+
+    def collect(self) -> Iterator[Metric]:
+        failures = CounterMetricFamily(
+            "owngate_config_reload_failures",
+            "gateway.yaml reloads that failed (the running config stayed active).",
+        )
+        failures.add_metric([], self._reloader.reload_failures)
         yield failures

@@ -3,13 +3,19 @@
 The body goes to the backend byte for byte (only `model` changes for an alias); the
 response comes back as the backend wrote it, and streams are relayed as each read
 arrives, never re-encoded. A failure before the client saw a byte raises `TryNext`, so
-the dispatcher can offer the request to the next eligible backend.
+the dispatcher can offer the request to the next eligible backend: a refused or broken
+connection, a 5xx, or no first byte within the attempt's first-byte budget (the
+backend's `first_byte_timeout_s`, cut to what the request's failover deadline leaves).
+A stream's response headers are held back until its first chunk arrives, so a backend
+that answers headers and then hangs can still be failed over. Each outcome feeds the
+backend's circuit breaker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import time
 from typing import Any
 
 import orjson
@@ -29,7 +35,9 @@ from gateway.api.exchange import (
 from gateway.api.metrics import GatewayMetrics
 from gateway.asgi import Send
 from gateway.errors import ErrorCode, GatewayError
+from gateway.routing.breaker import Pass
 from gateway.routing.registry import BackendState, Registry, Route
+from gateway.state import SharedState
 from gateway.upstream.http import UpstreamError, UpstreamResponse
 
 __all__ = ["PrivateRelay", "sanitize_upstream_message", "translate_upstream_error"]
@@ -47,9 +55,10 @@ _HOST_PORT = re.compile(
 
 
 class PrivateRelay:
-    def __init__(self, registry: Registry, metrics: GatewayMetrics) -> None:
+    def __init__(self, registry: Registry, metrics: GatewayMetrics, state: SharedState) -> None:
         self._registry = registry
         self._metrics = metrics
+        self._state = state  # in-flight counts shared with other replicas (no I/O here)
         self._rewrites: dict[tuple[str, str], re.Pattern[bytes]] = {}
 
     async def attempt(
@@ -61,40 +70,56 @@ class PrivateRelay:
         body: bytes,
         upstream_path: bytes,
         send: Send,
+        deadline: float,
     ) -> None:
-        """Serve the request from `route`'s backend, or raise `TryNext` before any byte."""
+        """Serve the request from `route`'s backend, or raise `TryNext` before any byte.
+
+        `deadline` (`time.perf_counter()` time) bounds the wait for the first byte."""
         backend = route.backend
         assert backend.pool is not None
+        breaker = backend.breaker
+        grant = breaker.begin(self._registry.clock())
+        if grant is None:
+            raise TryNext(f"{backend.id}: circuit breaker open")
         out = body if route.upstream_model == model else self._rename(doc, body, model, route)
         headers = [(b"content-type", b"application/json"), (b"x-request-id", exchange.request_id)]
         if backend.auth_header is not None:
             headers.append((b"authorization", backend.auth_header))
         exchange.backend = backend.id
+        judged = False  # whether the breaker heard how this attempt went
         self._enter(backend)
         try:
+            wait = min(backend.pool.first_byte_timeout, deadline - time.perf_counter())
             try:
+                if wait <= 0:
+                    raise UpstreamError("timeout", "the request's failover deadline passed")
+                first_byte_by = asyncio.get_running_loop().time() + wait
                 response = await backend.pool.request(
-                    b"POST", backend.base_path + upstream_path, headers, out
+                    b"POST", backend.base_path + upstream_path, headers, out, wait
                 )
             except UpstreamError as exc:
                 self._failed(exchange, backend, exc.kind)
-                if exc.kind == "timeout":
-                    raise GatewayError(
-                        ErrorCode.upstream_timeout, "the backend did not answer in time"
-                    ) from exc
-                if exc.kind in ("connect", "closed"):
-                    self._registry.mark_down(backend)
-                raise TryNext(f"{backend.id}: {exc.kind}") from exc
+                if exc.kind != "busy":  # busy: this gateway's own connection limit
+                    breaker.failed(self._registry.clock(), f"{exc.kind}: {exc.detail}")
+                    judged = True
+                raise TryNext(f"{backend.id}: {exc.kind}", _timeout_error(exc)) from exc
+            if response.status >= 500:
+                breaker.failed(self._registry.clock(), f"HTTP {response.status}")
+            else:
+                breaker.succeeded()
+            judged = True
             try:
-                await self._relay(exchange, backend, response, send)
+                await self._relay(exchange, backend, response, send, first_byte_by)
             except UpstreamError as exc:
                 if exchange.response_started:
                     raise
                 # Broke off before the client saw a byte: another backend may serve it.
                 self._failed(exchange, backend, exc.kind)
-                self._registry.mark_down(backend)
-                raise TryNext(f"{backend.id}: {exc.kind}") from exc
+                breaker.failed(self._registry.clock(), f"{exc.kind}: {exc.detail}")
+                raise TryNext(f"{backend.id}: {exc.kind}", _timeout_error(exc)) from exc
         finally:
+            if grant is Pass.probe and not judged:
+                breaker.abandoned()
             self._leave(backend)
 
     def _failed(self, exchange: Exchange, backend: BackendState, kind: str) -> None:
@@ -102,15 +127,25 @@ class PrivateRelay:
         exchange.upstream_error = kind
 
     async def _relay(
-        self, exchange: Exchange, backend: BackendState, response: UpstreamResponse, send: Send
+        self,
+        exchange: Exchange,
+        backend: BackendState,
+        response: UpstreamResponse,
+        send: Send,
+        first_byte_by: float,
     ) -> None:
         try:
-            await self._relay_body(exchange, backend, response, send)
+            await self._relay_body(exchange, backend, response, send, first_byte_by)
         finally:
             response.abort()  # no-op once the exchange completed and the connection is pooled
 
     async def _relay_body(
-        self, exchange: Exchange, backend: BackendState, response: UpstreamResponse, send: Send
+        self,
+        exchange: Exchange,
+        backend: BackendState,
+        response: UpstreamResponse,
+        send: Send,
+        first_byte_by: float,
     ) -> None:
         status = response.status
         content_type = response.header(b"content-type") or b"application/json"
@@ -132,14 +167,19 @@ class PrivateRelay:
                 send, status, data, exchange.request_id, content_type, receipt_headers(exchange)
             )
             return
+        chunks = response.chunks()
+        try:  # the client sees nothing until the first chunk: until then, failover is open
+            async with asyncio.timeout_at(first_byte_by):
+                first = await anext(chunks, None)
+        except TimeoutError as exc:
+            raise UpstreamError("timeout", "no first chunk from backend in time") from exc
         await start_stream(send, exchange, status, content_type)
-        first = True
+        if first is not None:
+            self._metrics.observe_ttft(exchange.endpoint, backend.id, first_chunk_seconds(exchange))
+            relayed(exchange, first)
+            await send({"type": "http.response.body", "body": first, "more_body": True})
         try:
-            async for data in response.chunks():
-                if first:
-                    first = False
-                    elapsed = first_chunk_seconds(exchange)
-                    self._metrics.observe_ttft(exchange.endpoint, backend.id, elapsed)
+            async for data in chunks:
                 relayed(exchange, data)
                 await send({"type": "http.response.body", "body": data, "more_body": True})
         except UpstreamError as exc:
@@ -164,11 +204,20 @@ class PrivateRelay:
 
     def _enter(self, backend: BackendState) -> None:
         backend.inflight += 1
+        self._state.backend_started(backend.id)
         self._metrics.set_inflight(backend.id, backend.inflight)
 
     def _leave(self, backend: BackendState) -> None:
         backend.inflight -= 1
+        self._state.backend_finished(backend.id)
         self._metrics.set_inflight(backend.id, backend.inflight)
+
+
+def _timeout_error(exc: UpstreamError) -> GatewayError | None:
+    """What the client sees if a timed-out attempt was the last one (504, not 503)."""
+    if exc.kind != "timeout":
+        return None
+    return GatewayError(ErrorCode.upstream_timeout, "the backend did not answer in time")
 
 
 async def _read_bounded(response: UpstreamResponse) -> bytes:

@@ -7,12 +7,16 @@ nothing compliant can serve, the client gets an error naming the policy rule. Pr
 backends come first (least loaded first); hosted ones only as the policy's fallback
 mode allows: `when_private_unavailable` after every private attempt failed or none was
 available, `when_private_saturated` also first when every private backend's queue is
-over the policy's threshold.
+over the policy's threshold. When every private backend is saturated and the policy
+allows no such fallback, the request waits in the pool's bounded queue
+(gateway/routing/saturation.py). Failover to the next private backend is bounded by
+`routing.failover`: attempts, and a deadline from arrival to the first byte.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -30,12 +34,14 @@ from gateway.policy import Decision, UnknownDataClass
 from gateway.provenance import Salts
 from gateway.routing.picker import Picker, prefix_key
 from gateway.routing.registry import BackendState, Registry, Route, TenantEntry
+from gateway.routing.saturation import SaturationQueue
 from gateway.routing.scraper import MetricsScraper
 from gateway.routing.trust import TrustPolicies
+from gateway.state import SharedState
 
 __all__ = ["Proxy"]
 
-_MAX_ATTEMPTS = 3  # per tier
+_MAX_ATTEMPTS = 3  # hosted tier (private: routing.failover.max_attempts)
 
 
 class Proxy:
@@ -49,16 +55,31 @@ class Proxy:
         environ: Mapping[str, str],
         hosted_timeout_s: float,
         routing: Routing,
+        state: SharedState,
     ) -> None:
         self.recorder: Recorder | None = None  # set once the provenance log is open
         self._registry = registry
         self._metrics = metrics
         self._trust = trust
         self._scraper = scraper
-        self._private = PrivateRelay(registry, metrics)
+        self._private = PrivateRelay(registry, metrics, state)
         self._picker = Picker(routing, scraper.load)
         self._affinity_bytes = routing.affinity_prefix_bytes
-        self._hosted = HostedRelay(metrics, environ, hosted_timeout_s, registry.backends.values())
+        self._failover = routing.failover
+        # One wait queue per public model name, and the queues each backend's completions
+        # let go (a backend may serve several pools).
+        self.queues: dict[str, SaturationQueue] = {}
+        self._queues_of: dict[str, list[SaturationQueue]] = {}
+        for name, served_by in registry.routes.items():
+            settings = self._picker.pool(name).queue
+            private = [r.backend.id for r in served_by if r.backend.pool is not None]
+            if settings.size and private:
+                queue = self.queues[name] = SaturationQueue(name, settings)
+                for backend_id in private:
+                    self._queues_of.setdefault(backend_id, []).append(queue)
+        self._hosted = HostedRelay(
+            metrics, environ, hosted_timeout_s, registry.backends.values(), state=state
+        )
 
     async def forward(
         self,
@@ -157,6 +178,7 @@ class Proxy:
         send: Send,
     ) -> None:
         model = doc["model"]
+        deadline = exchange.started_at + self._failover.deadline_s
         up = [r for r in private if not self._registry.is_down(r.backend)]
         failures = [_why_down(r.backend) for r in private if r not in up]
         fallback_allowed = decision.fallback != "never" and bool(hosted)
@@ -170,14 +192,19 @@ class Proxy:
             if await self._try_hosted(exchange, hosted, doc, send, failures):
                 return
             exchange.fallback = None
+        elif up and not (fallback_allowed and decision.fallback == "when_private_saturated"):
+            up = await self._queue_if_saturated(model, up, exchange.prefix)
         last_error: GatewayError | None = None
-        for route in up[:_MAX_ATTEMPTS]:
+        for route in up[: self._failover.max_attempts]:
+            if time.perf_counter() >= deadline:
+                failures.append("failover deadline passed")
+                break
             try:
                 await self._recorded(
                     exchange,
                     route.backend,
                     lambda route=route: self._private.attempt(  # type: ignore[misc]
-                        exchange, route, model, doc, body, upstream_path, send
+                        exchange, route, model, doc, body, upstream_path, send, deadline
                     ),
                 )
                 self._picker.served(exchange.prefix, route.backend.id)
@@ -185,6 +212,9 @@ class Proxy:
             except TryNext as exc:
                 failures.append(exc.reason)
                 last_error = exc.error
+            finally:
+                for queue in self._queues_of.get(route.backend.id, ()):
+                    queue.release()
         if fallback_allowed and not saturated:
             exchange.fallback = "private_unavailable"
             if await self._try_hosted(exchange, hosted, doc, send, failures):
@@ -240,7 +270,11 @@ class Proxy:
             status, error = exc.status, exc.code.value
             raise
         except asyncio.CancelledError:
-            status, error = 499, "client closed the request"
+            status, error = (
+                (499, "client closed the request")
+                if exchange.client_gone
+                else (503, "cut: the gateway shut down before the answer ended")
+            )
             raise
         finally:
             recorder.complete(exchange, trail, status=status, error=error)
@@ -256,6 +290,24 @@ class Proxy:
         if self.recorder is not None and error.code in refusals:
             await self.recorder.refuse(exchange, decision, error, body)
 
+    def score(self, model: str, backend: BackendState) -> float:
+        """The picker's score of `backend` for `model` now (for `/admin/status`)."""
+        return self._picker.score(self._picker.pool(model), backend, False)
+
+    async def _queue_if_saturated(
+        self, model: str, up: list[Route], prefix: bytes | None
+    ) -> list[Route]:
+        """Wait in the pool's queue while every private backend is saturated (and behind
+        earlier waiters, first come first served); then the backends in their order now."""
+        queue = self.queues.get(model)
+        if queue is None:
+            return up
+        threshold = queue.settings.threshold
+        if not queue.waiting and not self._all_saturated(up, threshold):
+            return up
+        await queue.wait(lambda: self._all_saturated(up, threshold), self._scraper.interval_s)
+        return self._picker.order(model, up, prefix)
+
     def _all_saturated(self, routes: list[Route], threshold: float | None) -> bool:
         if threshold is None:
             return False
@@ -263,9 +315,10 @@ class Proxy:
 
     def _queue_per_slot(self, backend: BackendState) -> float:
         """Waiting requests per concurrency slot: the larger of what the backend's fresh
-        /metrics report and what this gateway's own in-flight count over the configured
-        capacity implies (the fast signal, ahead of the next scrape)."""
-        capacity = backend.config.capacity.max_concurrency
+        /metrics report and what the gateway's own in-flight count (every replica's, with
+        shared state) over the configured capacity implies (the fast signal, ahead of the
+        next scrape)."""
+        capacity = backend.config.capacity.max_concurrency or backend.learned_slots
         load = self._scraper.load(backend.id)
         queued = 0.0
         slots = float(capacity or 0)
@@ -273,7 +326,7 @@ class Proxy:
             queued = load.waiting
             slots = slots or (load.running or 0.0)
         if capacity:
-            queued = max(queued, float(backend.inflight - capacity))
+            queued = max(queued, float(backend.global_inflight - capacity))
         return queued / slots if slots else 0.0  # unknown capacity: never "saturated"
 
     async def close(self) -> None:

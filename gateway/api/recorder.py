@@ -111,6 +111,7 @@ class Recorder:
             config_dir / settings.dir,
             settings.origin,
             signer,
+            cosigners=[load_signer(config_dir / f) for f in settings.previous_signing_key_files],
             settings=LogSettings(
                 group_commit_ms=settings.group_commit_ms,
                 checkpoint_every=settings.checkpoint_every,

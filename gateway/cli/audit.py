@@ -28,6 +28,8 @@ from gateway.provenance import (
     verify_log,
     verify_receipt,
 )
+from gateway.provenance.cosignature import CosignatureVerifier
+from gateway.provenance.layout import list_cosigned
 from gateway.provenance.merkle import inclusion_proof, leaf_hash, verify_inclusion
 from gateway.provenance.summary import Filters, summarise
 from gateway.provenance.tiles import TileReader
@@ -126,37 +128,102 @@ def _add_verify(verbs: Any) -> None:
         "audit); the log must still contain it, which detects rollback "
         "(env OWNGATE_AUDIT_CHECKPOINT)",
     )
+    verify.add_argument(
+        "--witness-key",
+        action="append",
+        default=None,
+        metavar="WVKEY",
+        help="a witness's cosignature verifier key (`owngate witness vkey`); also checks the "
+        "cosigned checkpoints in LOGDIR/cosigned/; repeat for several witnesses "
+        "(env OWNGATE_AUDIT_WITNESS_KEY)",
+    )
+    verify.add_argument(
+        "--min-witnesses",
+        type=int,
+        default=int(_env("MIN_WITNESSES", "1") or "1"),
+        metavar="K",
+        help="some checkpoint must be cosigned by at least K of the witness keys "
+        "(env OWNGATE_AUDIT_MIN_WITNESSES, default 1)",
+    )
+    verify.add_argument(
+        "--accept-earlier-keys",
+        action="store_true",
+        default=_env("ACCEPT_EARLIER_KEYS", "") in ("1", "true", "yes"),
+        help="after a key rotation: the checkpoints before the first one a given key signed "
+        "may be signed by keys you do not hold; their roots are still checked and the first "
+        "trusted checkpoint covers their entries (env OWNGATE_AUDIT_ACCEPT_EARLIER_KEYS=1)",
+    )
     verify.add_argument("--json", action="store_true", help="print the summary as JSON")
-    verify.set_defaults(handler=_guarded(_verify), _checkpoint_defaults=_env_list("CHECKPOINT"))
+    verify.set_defaults(
+        handler=_guarded(_verify),
+        _checkpoint_defaults=_env_list("CHECKPOINT"),
+        _witness_defaults=_env_list("WITNESS_KEY"),
+    )
 
 
 def _verify(args: argparse.Namespace) -> int:
     files = args.checkpoint or args._checkpoint_defaults
     trusted = [Path(name).read_bytes() for name in files]
-    summary = verify_log(args.logdir, _keys(args), origin=args.origin, trusted_checkpoints=trusted)
+    witnesses = [_witness_key(text) for text in args.witness_key or args._witness_defaults]
+    summary = verify_log(
+        args.logdir,
+        _keys(args),
+        origin=args.origin,
+        trusted_checkpoints=trusted,
+        witnesses=witnesses,
+        min_witnesses=args.min_witnesses,
+        accept_earlier_keys=args.accept_earlier_keys,
+    )
+    witnessed = summary.witnesses
     if args.json:
+        result: dict[str, Any] = {
+            "ok": True,
+            "origin": summary.origin,
+            "size": summary.size,
+            "root": summary.root.hex(),
+            "checkpoints": summary.checkpoints,
+            "signed_by": list(summary.signed_by),
+            "earlier_checkpoints": summary.earlier_checkpoints,
+            "unsigned_entries": summary.unsigned_entries,
+            "open_dispatches": summary.open_dispatches,
+        }
+        if witnessed is not None:
+            result["witnesses"] = {
+                "cosigned_checkpoints": witnessed.cosigned,
+                "witnessed_size": witnessed.witnessed_size,
+                "min_witnesses": witnessed.min_witnesses,
+                "newest_by": witnessed.newest_by,
+            }
+        print(json.dumps(result))
+        return 0
+    earlier = (
+        f" ({summary.earlier_checkpoints} earlier checkpoint(s) signed by keys not given)"
+        if summary.earlier_checkpoints
+        else ""
+    )
+    print(
+        f"ok: {summary.origin}: {summary.size} entries, {summary.checkpoints} checkpoints, "
+        f"signed by {', '.join(summary.signed_by)}{earlier}; "
+        f"{summary.open_dispatches} dispatch(es) without completion, "
+        f"{summary.unsigned_entries} entries not yet in a checkpoint"
+    )
+    if witnessed is not None:
+        newest = ", ".join(f"{name} at {size}" for name, size in witnessed.newest_by.items())
         print(
-            json.dumps(
-                {
-                    "ok": True,
-                    "origin": summary.origin,
-                    "size": summary.size,
-                    "root": summary.root.hex(),
-                    "checkpoints": summary.checkpoints,
-                    "signed_by": list(summary.signed_by),
-                    "unsigned_entries": summary.unsigned_entries,
-                    "open_dispatches": summary.open_dispatches,
-                }
-            )
-        )
-    else:
-        print(
-            f"ok: {summary.origin}: {summary.size} entries, {summary.checkpoints} checkpoints, "
-            f"signed by {', '.join(summary.signed_by)}; "
-            f"{summary.open_dispatches} dispatch(es) without completion, "
-            f"{summary.unsigned_entries} entries not yet in a checkpoint"
+            f"ok: witnessed: {witnessed.cosigned} cosigned checkpoint(s); entries "
+            f"0..{witnessed.witnessed_size - 1} are cosigned by at least "
+            f"{witnessed.min_witnesses} witness(es) ({newest}); "
+            f"{summary.size - witnessed.witnessed_size} signed entries not yet witnessed"
         )
     return 0
+
+
+def _witness_key(text: str) -> CosignatureVerifier:
+    """A witness key given directly, or the first key line of a file."""
+    if "+" not in text and Path(text).is_file():
+        lines = [line.strip() for line in Path(text).read_text().splitlines()]
+        text = next((line for line in lines if line and not line.startswith("#")), "")
+    return CosignatureVerifier(text)
 
 
 def _add_prove(verbs: Any) -> None:
@@ -175,6 +242,12 @@ def _add_prove(verbs: Any) -> None:
         default=_env("RECORD", "dispatch"),
         help="which record of the request (env OWNGATE_AUDIT_RECORD, default dispatch)",
     )
+    prove.add_argument(
+        "--cosigned",
+        action="store_true",
+        help="prove against the newest witness-cosigned checkpoint (LOGDIR/cosigned/) that "
+        "covers the record, so the proof carries the witnesses' cosignatures",
+    )
     prove.set_defaults(handler=_guarded(_prove))
 
 
@@ -187,6 +260,17 @@ def _prove(args: argparse.Namespace) -> int:
         print(f"error: no {args.record} record of {args.request_id!r} in the log", file=sys.stderr)
         return 1
     index, _ = matches[0]
+    if args.cosigned:
+        covering = [(n, p) for n, p in list_cosigned(log.path) if index < n <= size]
+        if not covering:
+            print(
+                f"error: no cosigned checkpoint covers entry {index} yet "
+                "(witnesses not configured, or not yet reached)",
+                file=sys.stderr,
+            )
+            return 1
+        size, path = covering[-1]
+        note = path.read_bytes()
     entry = log.bundle(index // 256, size)[index % 256]
     hashes = inclusion_proof(index, size, TileReader(log.path, size).node)
     sys.stdout.write(TlogProof(index, tuple(hashes), note, extra=entry).format())

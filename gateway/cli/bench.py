@@ -26,6 +26,8 @@ def register(subparsers: Any) -> None:
     overhead.add_arguments(bench)
     bench.set_defaults(handler=overhead.run)
     _register_routing(verbs)
+    _register_scale(verbs)
+    _register_provenance(verbs)
     parser.set_defaults(handler=lambda _args: _usage(parser))
 
 
@@ -42,6 +44,36 @@ def _register_routing(verbs: Any) -> None:
     )
     routing.add_arguments(verb)
     verb.set_defaults(handler=routing.run)
+
+
+def _register_provenance(verbs: Any) -> None:
+    """`owngate bench provenance`: the gateway with the signed log off vs on."""
+    from gateway.bench import provenance_overhead  # light: nothing starts at import
+
+    verb = verbs.add_parser(
+        "provenance",
+        help="owngate with the provenance log off vs on, side by side, over a zero-latency "
+        "and an LLM-shaped simulator (req/s, TTFT, CPU per request, ratios)",
+        description=provenance_overhead.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    provenance_overhead.add_arguments(verb)
+    verb.set_defaults(handler=provenance_overhead.run)
+
+
+def _register_scale(verbs: Any) -> None:
+    """`owngate bench scale`: req/s and CPU per request with 1, 2 and 4 workers."""
+    from gateway.bench import scale  # light: nothing starts at import
+
+    verb = verbs.add_parser(
+        "scale",
+        help="owngate serve --workers 1/2/4 against the zero-latency simulator: req/s, "
+        "CPU per request and where the cores went",
+        description=scale.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    scale.add_arguments(verb)
+    verb.set_defaults(handler=scale.run)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:

@@ -1,14 +1,26 @@
-"""`owngate keys new --tenant T`: make a tenant API key; only its hash is stored."""
+"""`owngate keys new --tenant T`: make a tenant API key; only its hash is stored.
+`owngate keys revoke KEY`: stop accepting a tenant API key (on every replica at once
+with `state: redis`)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from gateway.cli._common import env_default, load_or_report, usage
-from gateway.keys import add_key_hash, hash_api_key, new_api_key
+from gateway.config import GatewayConfig
+from gateway.keys import (
+    add_key_hash,
+    hash_api_key,
+    key_hash_of,
+    new_api_key,
+    read_keys_file,
+    remove_key_hash,
+)
 
 __all__ = ["register"]
 
@@ -42,6 +54,24 @@ def register(subparsers: Any) -> None:
         help="path to gateway.yaml (env OWNGATE_CONFIG, default ./gateway.yaml)",
     )
     new.set_defaults(handler=_new)
+    revoke = verbs.add_parser(
+        "revoke",
+        help="stop accepting a tenant API key",
+        description="Revoke a tenant API key, given as the key or as its 'sha256:<hex>' "
+        "digest. With 'state: redis' in the config the revocation is stored in Redis and "
+        "every running replica refuses the key within one sync interval; the digest is "
+        "also removed from the keys_file (atomically), so restarted gateways do not accept "
+        "it either. Without Redis only the keys_file changes: running gateways refuse the "
+        "key after a config reload (SIGHUP) or a restart. Exit codes: 0 revoked, 1 failed "
+        "(unknown key, Redis unreachable, invalid config), 2 usage.",
+    )
+    revoke.add_argument("key", metavar="KEY_OR_HASH", help="the API key or its sha256: digest")
+    revoke.add_argument(
+        "--config",
+        default=env_default("OWNGATE_CONFIG", "gateway.yaml"),
+        help="path to gateway.yaml (env OWNGATE_CONFIG, default ./gateway.yaml)",
+    )
+    revoke.set_defaults(handler=_revoke)
     parser.set_defaults(handler=lambda _args: usage(parser))
 
 
@@ -71,6 +101,90 @@ def _new(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    try:
+        key_hash = key_hash_of(args.key)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    config = load_or_report(args.config)
+    if config is None:
+        return 1
+    keys_path = Path(args.config).parent / config.keys_file if config.keys_file else None
+    stored = read_keys_file(keys_path) if keys_path is not None else {}
+    # The loaded tenants hold the config's own hashes plus the keys file's.
+    inline = [
+        t.id
+        for t in config.tenants
+        if t.api_key_hashes.count(key_hash) > stored.get(t.id, []).count(key_hash)
+    ]
+    in_file = any(key_hash in hashes for hashes in stored.values())
+    shared = config.state.backend == "redis"
+    if not (in_file or inline or shared):
+        print(f"error: no tenant in {args.config} has the key {key_hash}", file=sys.stderr)
+        return 1
+    saved = shared and _store_revocation(config, key_hash)
+    if in_file and keys_path is not None:
+        tenant = remove_key_hash(keys_path, key_hash)
+        print(f"removed {key_hash} (tenant {tenant!r}) from {keys_path}", file=sys.stderr)
+    if inline:
+        print(
+            f"note: {args.config} itself lists this key for tenant(s) {', '.join(inline)} "
+            "under api_key_hashes: remove it there too",
+            file=sys.stderr,
+        )
+    elif not in_file:
+        print(f"note: no tenant in {args.config} has this key", file=sys.stderr)
+    if not saved:
+        print(
+            "running gateways accept the key until they reload their config (SIGHUP, or "
+            "their poll of the keys file) or restart",
+            file=sys.stderr,
+        )
+    if shared and not saved:
+        return 1  # asked to revoke on every replica now, and that did not happen
+    return 0 if saved or in_file else 1
+
+
+def _store_revocation(config: GatewayConfig, key_hash: str) -> bool:
+    saved, reason = asyncio.run(_revoke_in_redis(config, key_hash))
+    if saved:
+        print(
+            f"revoked {key_hash} in Redis: every running replica refuses it within "
+            f"{config.state.sync_interval_s:g} s",
+            file=sys.stderr,
+        )
+    else:
+        print(f"error: could not store the revocation in Redis ({reason})", file=sys.stderr)
+    return saved
+
+
+async def _revoke_in_redis(config: GatewayConfig, key_hash: str) -> tuple[bool, str | None]:
+    """Store the revocation through `RedisState.revoke_key` (one short-lived member:
+    its lease is removed again on close)."""
+    from gateway.state.redis_state import RedisState
+
+    settings = config.state
+    assert settings.url is not None
+    state = RedisState(
+        settings.url,
+        replica_id=f"keys-revoke-{os.getpid()}",
+        key_prefix=settings.key_prefix,
+        timeout_s=max(settings.timeout_ms / 1000, 1.0),  # a person waits, not a request
+        sync_interval_s=settings.sync_interval_s,
+        lease_ttl_s=settings.lease_ttl_s,
+    )
+    try:
+        await state.start()
+        if not state.healthy:
+            return False, state.degraded_reason
+        if await state.revoke_key(key_hash):
+            return True, None
+        return False, state.degraded_reason
+    finally:
+        await state.close()
 
 
 def _new_signing_key(path: str, name: str) -> int:

@@ -17,7 +17,18 @@ from gateway import __version__
 __all__ = ["build_parser", "entrypoint", "main"]
 
 # Subcommand modules, imported only to build the parser: none does work at import time.
-_COMMANDS = ("serve", "demo", "sim", "config", "keys", "policy", "audit", "witness", "bench")
+_COMMANDS = (
+    "serve",
+    "demo",
+    "sim",
+    "config",
+    "keys",
+    "policy",
+    "audit",
+    "witness",
+    "bench",
+    "status",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,10 +12,15 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.provenance.cosignature import CosignatureVerifier
+from gateway.provenance.errors import KeyFormatError
+
 __all__ = [
     "Backend",
     "BackendKind",
+    "BreakerSettings",
     "Capacity",
+    "Failover",
     "GatewayConfig",
     "Limits",
     "Listen",
@@ -27,9 +32,11 @@ __all__ = [
     "Retention",
     "Routing",
     "RoutingPool",
+    "SaturationQueue",
     "Scrape",
     "State",
     "Tenant",
+    "Witness",
 ]
 
 BackendKind = Literal["vllm", "llamacpp", "sglang", "openai", "hosted"]
@@ -88,6 +95,32 @@ class PolicyFiles(_Strict):
     reload_interval_s: float = Field(default=1.0, gt=0)
 
 
+class Witness(_Strict):
+    """A witness that cosigns the log's checkpoints (`owngate witness serve`, or any
+    C2SP tlog-witness): its submission URL prefix and its cosignature verifier key."""
+
+    url: str = Field(min_length=1, description="prefix; add-checkpoint is POSTed under it")
+    vkey: str = Field(min_length=1, description="printed by `owngate witness vkey`")
+    timeout_s: float = Field(default=5.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _witness_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("a witness url must be an absolute http(s) URL")
+        return value
+
+    @field_validator("vkey")
+    @classmethod
+    def _witness_vkey(cls, value: str) -> str:
+        try:
+            CosignatureVerifier(value)
+        except KeyFormatError as exc:
+            raise ValueError(str(exc)) from exc
+        return value
+
+
 class Provenance(_Strict):
     """The signed provenance log of this gateway (one log per replica, its own origin)."""
 
@@ -98,6 +131,16 @@ class Provenance(_Strict):
     checkpoint_every: int = Field(default=10_000, gt=0)
     checkpoint_interval_ms: float = Field(default=1000.0, gt=0)
     receipts_kept: int = Field(default=100_000, gt=0)
+    previous_signing_key_files: tuple[str, ...] = Field(
+        default=(),
+        description="old keys that also sign every checkpoint during a key rotation",
+    )
+    witnesses: tuple[Witness, ...] = Field(
+        default=(), description="C2SP tlog-witnesses asked to cosign each new checkpoint"
+    )
+    witness_retry_max_s: float = Field(
+        default=60.0, gt=0, description="longest wait between retries to a failing witness"
+    )
 
 
 class Weights(_Strict):
@@ -108,9 +151,42 @@ class Weights(_Strict):
     affinity: float = Field(default=0.5, ge=0)
 
 
+class SaturationQueue(_Strict):
+    """The gateway's bounded wait queue of one pool when every private backend is saturated
+    (waiting requests per slot above `threshold`) and the policy allows no fallback."""
+
+    threshold: float = Field(default=1.0, gt=0, description="waiting requests per slot")
+    size: int = Field(default=256, ge=0, description="waiters at most; 0 turns the queue off")
+    max_wait_s: float = Field(default=30.0, gt=0)
+
+
 class RoutingPool(_Strict):
     strategy: Literal["score", "least_inflight", "round_robin"] = "score"
     weights: Weights = Weights()
+    queue: SaturationQueue = SaturationQueue()
+
+
+class BreakerSettings(_Strict):
+    """The circuit breaker of a backend (gateway/routing/breaker.py)."""
+
+    failure_threshold: int = Field(default=3, gt=0, description="consecutive failures to open")
+    cooldown_s: float = Field(default=1.0, gt=0, description="first open period")
+    max_cooldown_s: float = Field(default=30.0, gt=0, description="cap of the doubling")
+
+    @model_validator(mode="after")
+    def _cap_covers_cooldown(self) -> BreakerSettings:
+        if self.max_cooldown_s < self.cooldown_s:
+            raise ValueError("max_cooldown_s must be at least cooldown_s")
+        return self
+
+
+class Failover(_Strict):
+    """Retries on the next eligible backend, before the client has seen a byte."""
+
+    max_attempts: int = Field(default=3, gt=0, description="private attempts per request")
+    deadline_s: float = Field(
+        default=300.0, gt=0, description="from arrival to the first byte, all attempts together"
+    )
 
 
 class Routing(_Strict):
@@ -119,16 +195,28 @@ class Routing(_Strict):
     default: RoutingPool = RoutingPool()
     pools: dict[str, RoutingPool] = Field(default_factory=dict)
     affinity_prefix_bytes: int = Field(default=4096, ge=64)
+    breaker: BreakerSettings = BreakerSettings()
+    failover: Failover = Failover()
 
 
 class State(_Strict):
+    """Shared state (docs/state.md): per process, or on Redis shared by every replica."""
+
     backend: Literal["memory", "redis"] = "memory"
     url: str | None = None
+    key_prefix: str = Field(default="owngate", pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+    replica_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+    timeout_ms: float = Field(default=50, gt=0)
+    sync_interval_s: float = Field(default=0.1, gt=0)
+    lease_ttl_s: float = Field(default=5.0, gt=0)
+    max_connections: int = Field(default=16, ge=2)
 
     @model_validator(mode="after")
     def _redis_needs_url(self) -> State:
         if self.backend == "redis" and not self.url:
             raise ValueError("state.backend 'redis' needs a url (redis://host:port/db)")
+        if self.lease_ttl_s < 3 * self.sync_interval_s:
+            raise ValueError("state.lease_ttl_s must cover at least three sync intervals")
         return self
 
 
@@ -168,6 +256,12 @@ class Backend(_Strict):
     api_key: str | None = Field(default=None, repr=False)
     api_key_env: str | None = None
     provider: str | None = None
+    breaker: BreakerSettings | None = Field(
+        default=None, description="this backend's circuit breaker; default routing.breaker"
+    )
+    first_byte_timeout_s: float | None = Field(
+        default=None, gt=0, description="before failover; default limits.first_byte_timeout_s"
+    )
 
     @field_validator("base_url")
     @classmethod

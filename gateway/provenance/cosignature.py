@@ -46,6 +46,7 @@ __all__ = [
     "Cosigner",
     "attach_cosignatures",
     "cosigned_message",
+    "find_cosignature",
     "parse_cosignature_line",
     "verify_cosignature",
 ]
@@ -188,20 +189,18 @@ def _as_verifier(witness: str | CosignatureVerifier) -> CosignatureVerifier:
     return witness if isinstance(witness, CosignatureVerifier) else CosignatureVerifier(witness)
 
 
-def verify_cosignature(
+def find_cosignature(
     note: bytes,
     witness: str | CosignatureVerifier,
     *,
     now: float,
     future_skew: float = 300.0,
-) -> Cosignature:
-    """Check that `note` carries a valid cosignature by `witness`; return the newest one.
+) -> Cosignature | None:
+    """The newest valid cosignature by `witness` on `note`, or None when it has none.
 
-    `now` is the verifier's time in POSIX seconds: a cosignature dated more than
-    `future_skew` seconds after it is refused (the spec allows refusing future times).
-    Raises SignatureError (no cosignature by the witness, a bad one, a future one) or
-    MalformedError; it never returns a bool. Signatures by other keys, the log's included,
-    are ignored: check the log's own signature with `open_checkpoint`.
+    Raises SignatureError when a line by the witness is bad or dated more than
+    `future_skew` seconds after `now`, MalformedError for a note that is not one. A missing
+    cosignature is for the caller to judge (`verify_cosignature` requires one).
     """
     verifier = _as_verifier(witness)
     text, lines = _split_note(note)
@@ -219,6 +218,26 @@ def verify_cosignature(
             )
         if newest is None or cosignature.timestamp > newest.timestamp:
             newest = cosignature
+    return newest
+
+
+def verify_cosignature(
+    note: bytes,
+    witness: str | CosignatureVerifier,
+    *,
+    now: float,
+    future_skew: float = 300.0,
+) -> Cosignature:
+    """Check that `note` carries a valid cosignature by `witness`; return the newest one.
+
+    `now` is the verifier's time in POSIX seconds: a cosignature dated more than
+    `future_skew` seconds after it is refused (the spec allows refusing future times).
+    Raises SignatureError (no cosignature by the witness, a bad one, a future one) or
+    MalformedError; it never returns a bool. Signatures by other keys, the log's included,
+    are ignored: check the log's own signature with `open_checkpoint`.
+    """
+    verifier = _as_verifier(witness)
+    newest = find_cosignature(note, verifier, now=now, future_skew=future_skew)
     if newest is None:
         raise SignatureError(f"note has no cosignature by witness {verifier}")
     return newest

@@ -6,6 +6,7 @@ LOGDIR/
   tile/<L>/<N>[.p/<W>]       Merkle tiles (tlog-tiles)
   tile/entries/<N>[.p/<W>]   entry bundles (tlog-tiles)
   wal/<first:020d>.wal       entries not yet covered by a checkpoint (see `wal`)
+  cosigned/<size:020d>       a checkpoint with witness cosignatures (see `cosigning`)
   .lock                      held by the one writer
 """
 
@@ -15,16 +16,20 @@ from pathlib import Path
 
 __all__ = [
     "CHECKPOINT",
+    "COSIGNED",
     "HISTORY",
     "LOCK",
     "WAL",
+    "cosigned_path",
     "history_path",
+    "list_cosigned",
     "list_history",
 ]
 
 CHECKPOINT = "checkpoint"
 HISTORY = "checkpoints"
 WAL = "wal"
+COSIGNED = "cosigned"
 LOCK = ".lock"
 
 
@@ -34,7 +39,19 @@ def history_path(directory: Path, size: int) -> Path:
 
 def list_history(directory: Path) -> list[tuple[int, Path]]:
     """History checkpoints as (size from the file name, path), smallest first."""
-    folder = directory / HISTORY
+    return _by_size(directory / HISTORY)
+
+
+def cosigned_path(directory: Path, size: int) -> Path:
+    return directory / COSIGNED / f"{size:020d}"
+
+
+def list_cosigned(directory: Path) -> list[tuple[int, Path]]:
+    """Witness-cosigned checkpoints as (size from the file name, path), smallest first."""
+    return _by_size(directory / COSIGNED)
+
+
+def _by_size(folder: Path) -> list[tuple[int, Path]]:
     if not folder.is_dir():
         return []
     found = [

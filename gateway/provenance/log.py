@@ -27,11 +27,12 @@ from typing import TypeVar
 
 from gateway.canonical import canonical_json_of_plain
 from gateway.provenance.errors import LogUnavailableError, ProvenanceError, RecordError
+from gateway.provenance.merkle import consistency_proof
 from gateway.provenance.note import Signer
 from gateway.provenance.proofs import TlogProof
 from gateway.provenance.records import LogEntry, validate_record
 from gateway.provenance.store import LogStore, Recovery, SignedNote
-from gateway.provenance.tiles import MAX_ENTRY_SIZE
+from gateway.provenance.tiles import MAX_ENTRY_SIZE, TileReader
 
 __all__ = ["LogSettings", "ProvenanceLog"]
 
@@ -201,6 +202,26 @@ class ProvenanceLog:
             raise ValueError(f"entry {index} is not covered by a checkpoint yet")
         hashes = await self._in_worker(self._store.inclusion_proof, index, latest.checkpoint.size)
         return TlogProof(index=index, hashes=tuple(hashes), checkpoint=latest.note, extra=None)
+
+    async def consistency_proof(self, old: int, new: int) -> list[bytes]:
+        """The RFC 6962 consistency proof from the tree of `old` entries to that of `new`.
+
+        Both trees must be signed (`0 < old <= new <=` the latest checkpoint's size), else
+        ValueError. Read from the stored tiles on the log's worker thread, so it never races
+        a checkpoint that is rewriting them.
+        """
+        latest = self._store.latest
+        signed = latest.checkpoint.size if latest is not None else 0
+        if not 0 < old <= new <= signed:
+            raise ValueError(
+                f"no consistency proof from size {old} to {new} (latest checkpoint: {signed})"
+            )
+        directory = self._store.directory
+
+        def prove() -> list[bytes]:
+            return consistency_proof(old, new, TileReader(directory, new).node)
+
+        return await self._in_worker(prove)
 
     async def close(self) -> None:
         """Flush queued appends, sign a final checkpoint, release the directory."""

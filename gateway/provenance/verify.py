@@ -10,17 +10,27 @@ It checks, and raises `LogVerificationError` at the first failure:
    completion links to an open dispatch of the same request by index and hash;
 4. every stored tile and bundle matches the recomputed tree, and the recomputed root at each
    checkpoint's size equals the signed root (else the log was altered after signing);
-5. each checkpoint is consistent with the previous one (RFC 6962 consistency proof).
+5. each checkpoint is consistent with the previous one (RFC 6962 consistency proof);
+6. with witness keys: every cosignature line by a given witness in `cosigned/` is valid,
+   each cosigned checkpoint is one the log signed and is consistent with the entries (its
+   root is checked like a trusted checkpoint's, a size beyond the log is a rollback), and
+   at least one checkpoint carries cosignatures by `min_witnesses` of the witnesses.
+
+After a key rotation, `accept_earlier_keys` lets the checkpoints before the first one a
+trusted key signed carry only keys the auditor does not hold: their roots are still
+checked against the entries, and the first trusted checkpoint covers those entries.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.provenance.checkpoint import SignedCheckpoint, open_checkpoint
+from gateway.provenance.checkpoint import Checkpoint, SignedCheckpoint, open_checkpoint
+from gateway.provenance.cosignature import CosignatureVerifier
 from gateway.provenance.errors import (
     LogVerificationError,
     MalformedError,
@@ -29,13 +39,14 @@ from gateway.provenance.errors import (
     SignatureError,
 )
 from gateway.provenance.merkle import HASH_SIZE, consistency_proof, leaf_hash, verify_consistency
-from gateway.provenance.note import Verifier
+from gateway.provenance.note import Note, Verifier, _parse_signature_line, _split_note
 from gateway.provenance.reader import LogDirectory
 from gateway.provenance.records import Record, parse_record
 from gateway.provenance.tiles import TILE_WIDTH, TileReader, tile_path
 from gateway.provenance.tree import TiledTree
+from gateway.provenance.witnessed import WitnessSummary, check_cosigned
 
-__all__ = ["LogSummary", "verify_log"]
+__all__ = ["LogSummary", "WitnessSummary", "verify_log"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +58,8 @@ class LogSummary:
     signed_by: tuple[str, ...]
     unsigned_entries: int  # durable entries not yet covered by a checkpoint
     open_dispatches: int  # dispatches with no completion (in flight, or a crash)
+    earlier_checkpoints: int = 0  # before a rotation: signed only by keys not given
+    witnesses: WitnessSummary | None = None  # when witness keys were given
 
 
 def _fail(reason: str, index: int | None = None) -> LogVerificationError:
@@ -54,23 +67,62 @@ def _fail(reason: str, index: int | None = None) -> LogVerificationError:
 
 
 def _open_history(
-    log: LogDirectory, verifiers: Sequence[Verifier], origin: str | None
-) -> list[SignedCheckpoint]:
+    log: LogDirectory, verifiers: Sequence[Verifier], origin: str | None, accept_earlier: bool
+) -> tuple[list[SignedCheckpoint], int]:
+    """The history, opened; and how many leading checkpoints only earlier keys signed."""
     history = log.history()
     if not history:
         raise _fail(f"{log.path} has no checkpoints/ history: not a log, or it was deleted")
     opened: list[SignedCheckpoint] = []
+    earlier = 0
     for size, path in history:
         name = f"checkpoints/{path.name}"
+        data = path.read_bytes()
         try:
-            signed = open_checkpoint(path.read_bytes(), verifiers, origin=origin)
-        except (SignatureError, MalformedError) as exc:
+            signed = open_checkpoint(data, verifiers, origin=origin)
+        except SignatureError as exc:
+            if not accept_earlier or earlier < len(opened):
+                raise _fail(f"checkpoint {name}: {exc}") from exc
+            signed = _earlier_checkpoint(name, data, verifiers, origin, exc)
+            earlier += 1
+        except MalformedError as exc:
             raise _fail(f"checkpoint {name}: {exc}") from exc
         if signed.checkpoint.size != size:
             raise _fail(f"checkpoint {name} holds size {signed.checkpoint.size}, not {size}")
         origin = signed.checkpoint.origin
         opened.append(signed)
-    return opened
+    if earlier == len(opened):
+        raise _fail(
+            "no checkpoint is signed by a trusted key: give the log's current key "
+            f"(the newest checkpoint, {history[-1][1].name}, is signed by others)"
+        )
+    return opened, earlier
+
+
+def _earlier_checkpoint(
+    name: str,
+    data: bytes,
+    verifiers: Sequence[Verifier],
+    origin: str | None,
+    cause: SignatureError,
+) -> SignedCheckpoint:
+    """A checkpoint from before a key rotation, signed only by keys the auditor lacks.
+
+    Its root is still checked against the entries; a bad signature by a key the auditor
+    does hold is never excused.
+    """
+    try:
+        text, lines = _split_note(data)
+        signatures = tuple(_parse_signature_line(line) for line in lines)
+        checkpoint = Checkpoint.parse(text)
+    except MalformedError as exc:
+        raise _fail(f"checkpoint {name}: {exc}") from exc
+    trusted = {(v.name, v.key_id) for v in verifiers}
+    if any((sig.name, sig.key_id) in trusted for sig in signatures):
+        raise _fail(f"checkpoint {name}: {cause}") from cause
+    if origin is not None and checkpoint.origin != origin:
+        raise _fail(f"checkpoint {name}: origin is {checkpoint.origin!r}, expected {origin!r}")
+    return SignedCheckpoint(checkpoint, data, Note(text, (), signatures))
 
 
 def _check_latest(log: LogDirectory, history: list[SignedCheckpoint]) -> None:
@@ -164,15 +216,29 @@ def verify_log(
     *,
     origin: str | None = None,
     trusted_checkpoints: Iterable[bytes] = (),
+    witnesses: Sequence[str | CosignatureVerifier] = (),
+    min_witnesses: int = 1,
+    now: float | None = None,
+    accept_earlier_keys: bool = False,
 ) -> LogSummary:
-    """Verify a whole log directory; raises LogVerificationError naming the first problem."""
+    """Verify a whole log directory; raises LogVerificationError naming the first problem.
+
+    `witnesses` (cosignature verifier keys) also checks `cosigned/`: every line by one of
+    them must verify, and some checkpoint must carry `min_witnesses` of them. `now` (POSIX
+    seconds, default the clock) refuses cosignatures from the future.
+    """
     if not verifiers:
         raise ValueError("verify_log needs at least one trusted key")
+    witness_keys = [
+        w if isinstance(w, CosignatureVerifier) else CosignatureVerifier(w) for w in witnesses
+    ]
+    if witness_keys and not 1 <= min_witnesses <= len(witness_keys):
+        raise ValueError(f"min_witnesses must be 1..{len(witness_keys)} (the witness keys given)")
     try:
         log = LogDirectory(directory)
     except MalformedError as exc:
         raise _fail(str(exc)) from exc
-    history = _open_history(log, verifiers, origin)
+    history, earlier = _open_history(log, verifiers, origin, accept_earlier_keys)
     _check_latest(log, history)
     newest = history[-1].checkpoint
     held = _check_trusted(trusted_checkpoints, verifiers, newest.origin, newest.size)
@@ -181,6 +247,14 @@ def verify_log(
         size = signed.checkpoint.size
         name = f"{'' if label == 'checkpoint' else 'trusted '}checkpoint of size {size}"
         expected_roots.setdefault(size, []).append((name, signed.checkpoint.root))
+    witnessed: WitnessSummary | None = None
+    if witness_keys:
+        clock = time.time() if now is None else now
+        cosigned, witnessed = check_cosigned(
+            log, history, verifiers, witness_keys, min_witnesses, clock
+        )
+        for name, checkpoint in cosigned:
+            expected_roots.setdefault(checkpoint.size, []).append((name, checkpoint.root))
     history_sizes = {signed.checkpoint.size for signed in history}
 
     tree = TiledTree()
@@ -227,6 +301,8 @@ def verify_log(
         signed_by=tuple(signers),
         unsigned_entries=len(log.unsigned_entries(newest.size)),
         open_dispatches=len(links.open),
+        earlier_checkpoints=earlier,
+        witnesses=witnessed,
     )
 
 

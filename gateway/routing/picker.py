@@ -8,8 +8,9 @@ failover order.
 Strategies:
 - `score` (default): each scorer returns 0..1, the weighted sum orders the backends
   (ties broken at random, from an injected RNG):
-  - `queue` = 1 - min(1, demand / (2 * slots)), where demand is the larger of this
-    gateway's in-flight count and the backend's scraped running + waiting (when fresh),
+  - `queue` = 1 - min(1, demand / (2 * slots)), where demand is the larger of the
+    gateway's in-flight count (this replica's plus the other replicas' as of the last
+    shared-state sync) and the backend's scraped running + waiting (when fresh),
     and slots is `capacity.max_concurrency` (else the scraped running count, else 8):
     1 when idle, 0.5 at capacity, 0 at twice capacity.
   - `kv` = 1 - scraped KV-cache use (0.5 when unknown).
@@ -17,7 +18,7 @@ Strategies:
     (its prefix cache holds it), 0 otherwise; it counts only while that backend's demand
     per slot is within 1/16 of the least loaded candidate's and below saturation, so
     affinity never builds a queue (bounded-load affinity).
-- `least_inflight`: fewest requests in flight from this gateway first.
+- `least_inflight`: fewest requests in flight from the gateway (all replicas) first.
 - `round_robin`: rotate through the backends, per model.
 """
 
@@ -65,7 +66,7 @@ class Picker:
             self._turn[model] += 1
             return [*routes[start:], *routes[:start]]
         if pool.strategy == "least_inflight":
-            return sorted(routes, key=lambda r: (r.backend.inflight, self._rng.random()))
+            return sorted(routes, key=lambda r: (r.backend.global_inflight, self._rng.random()))
         preferred = self._affinity.get(prefix) if prefix is not None else None
         if preferred is not None:
             # Bounded-load affinity: the prefix's backend keeps it only while it is about
@@ -95,7 +96,7 @@ class Picker:
 
     def _demand(self, backend: BackendState) -> tuple[float, float, float | None]:
         load = self._load_of(backend.id)
-        demand = float(backend.inflight)
+        demand = float(backend.global_inflight)
         kv = None
         scraped_slots = None
         if load is not None:

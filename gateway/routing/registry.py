@@ -2,23 +2,22 @@
 
 Built once from a `GatewayConfig` at startup; the request path only does dict lookups
 here. `Registry.candidates()` gives the backends that serve a public model name, least
-loaded first, skipping those passive health has marked down.
+loaded first (counting every replica's requests when state is shared), skipping those
+whose circuit breaker is open (gateway/routing/breaker.py).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gateway.config.schema import Backend, GatewayConfig, Limits
+from gateway.config.schema import Backend, BreakerSettings, GatewayConfig, Limits
+from gateway.routing.breaker import Breaker
 from gateway.state import TenantLimits
 from gateway.upstream.http import HttpPool
 
 __all__ = ["BackendState", "Registry", "Route", "TenantEntry"]
-
-# After a connect failure a backend is skipped for this long (passive health).
-_DOWN_FOR_S = 1.0
 
 
 @dataclass(eq=False, slots=True)
@@ -29,14 +28,22 @@ class BackendState:
     pool: HttpPool | None
     base_path: bytes
     auth_header: bytes | None
-    inflight: int = 0
-    down_until: float = 0.0  # passive health: a failed exchange skips the backend briefly
+    inflight: int = 0  # this gateway's requests to it now
+    peer_inflight: int = 0  # other replicas' (shared state), as of the last sync
+    # passive health: failed exchanges open it, half-open probes close it
+    breaker: Breaker = field(default_factory=lambda: Breaker(BreakerSettings()))
+    learned_slots: int | None = None  # llama.cpp's slot count (/props), when not configured
     unhealthy_until: float = 0.0  # active health: /health did not answer 200
     health_error: str | None = None
 
     @property
     def id(self) -> str:
         return self.config.id
+
+    @property
+    def global_inflight(self) -> int:
+        """Requests in flight to it from every gateway replica: the routing signal."""
+        return self.inflight + self.peer_inflight
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +82,8 @@ class Registry:
         environ: dict[str, str] | None = None,
     ) -> Registry:
         env = environ or {}
-        backends = {b.id: _backend_state(b, config.limits, env) for b in config.backends}
+        breaker = config.routing.breaker
+        backends = {b.id: _backend_state(b, config.limits, breaker, env) for b in config.backends}
         routes: dict[str, list[Route]] = {}
         owners: dict[str, str] = {}
         for backend in config.backends:
@@ -116,10 +124,18 @@ class Registry:
         if len(routes) == 1:
             return routes
         now = self.clock()
-        return tuple(sorted(routes, key=lambda r: (r.backend.down_until > now, r.backend.inflight)))
+        return tuple(
+            sorted(
+                routes,
+                key=lambda r: (not r.backend.breaker.available(now), r.backend.global_inflight),
+            )
+        )
 
-    def mark_down(self, backend: BackendState) -> None:
-        backend.down_until = self.clock() + _DOWN_FOR_S
+    def set_peer_inflight(self, others: Mapping[str, int]) -> None:
+        """Take the other replicas' in-flight counts per backend (after a shared-state
+        sync; empty while the store is away)."""
+        for backend_id, backend in self.backends.items():
+            backend.peer_inflight = others.get(backend_id, 0)
 
     def is_down(self, backend: BackendState) -> bool:
         return _unavailable(backend, self.clock())
@@ -131,17 +147,19 @@ class Registry:
 
 
 def _unavailable(backend: BackendState, now: float) -> bool:
-    return backend.down_until > now or backend.unhealthy_until > now
+    return backend.unhealthy_until > now or not backend.breaker.available(now)
 
 
-def _backend_state(backend: Backend, limits: Limits, env: dict[str, str]) -> BackendState:
+def _backend_state(
+    backend: Backend, limits: Limits, breaker: BreakerSettings, env: dict[str, str]
+) -> BackendState:
     pool: HttpPool | None = None
     base_path = b""
     if backend.base_url is not None and backend.is_private:
         pool, base_path = HttpPool.for_url(
             backend.base_url,
             connect_timeout=limits.connect_timeout_s,
-            first_byte_timeout=limits.first_byte_timeout_s,
+            first_byte_timeout=backend.first_byte_timeout_s or limits.first_byte_timeout_s,
             read_timeout=limits.read_timeout_s,
             max_connections=limits.max_connections_per_backend,
         )
@@ -157,4 +175,10 @@ def _backend_state(backend: Backend, limits: Limits, env: dict[str, str]) -> Bac
         if not key or not key.isascii() or not key.isprintable() or " " in key:
             raise ValueError(f"backend {backend.id}: the API key has characters HTTP cannot carry")
     auth = f"Bearer {key}".encode() if key and backend.is_private else None
-    return BackendState(config=backend, pool=pool, base_path=base_path, auth_header=auth)
+    return BackendState(
+        config=backend,
+        pool=pool,
+        base_path=base_path,
+        auth_header=auth,
+        breaker=Breaker(backend.breaker or breaker),
+    )

@@ -5,20 +5,37 @@ One background task per gateway scrapes every vLLM, llama.cpp and SGLang backend
 scrape never takes a connection from requests). Only the lines of the metrics we read
 are parsed. A reading older than `scrape.staleness_s` is reported as unknown (None),
 never as idle; a failed scrape leaves the last reading to age out.
+
+Each round also probes `/health`: a failure marks the backend unhealthy (no requests
+until a probe answers 200) and opens its circuit breaker; a 200 after the breaker's
+cooldown is the half-open probe that closes it (gateway/routing/breaker.py).
+
+A llama.cpp backend without `capacity.max_concurrency` has its slot count learned from
+`/props` (`total_slots`, llama-server's `--parallel`), or failing that from the length
+of `/slots`; it is learned again after the backend was unhealthy (a restart may change it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+import orjson
 
 from gateway.config.schema import Scrape
 from gateway.logs import get_logger
 from gateway.routing.prometheus import parse_metrics
 from gateway.routing.registry import BackendState
-from gateway.routing.signals import BackendKind, BackendLoad, load_from_metrics, metric_names
+from gateway.routing.signals import (
+    BackendKind,
+    BackendLoad,
+    load_from_metrics,
+    metric_names,
+    slots_total_from_props,
+)
 from gateway.upstream.http import HttpPool, UpstreamError
 
 __all__ = ["MetricsScraper", "Reading", "filter_exposition"]
@@ -50,6 +67,9 @@ class _Target:
         )
         self.path = prefix + b"/metrics"
         self.health_path = prefix + b"/health"
+        self.props_path = prefix + b"/props"
+        self.slots_path = prefix + b"/slots"
+        self.learns_slots = backend.kind == "llamacpp" and not backend.capacity.max_concurrency
 
 
 class MetricsScraper:
@@ -85,6 +105,10 @@ class MetricsScraper:
     def failure(self, backend_id: str) -> str | None:
         return self._failures.get(backend_id)
 
+    @property
+    def interval_s(self) -> float:
+        return self._settings.interval_s
+
     async def run(self) -> None:
         """Scrape forever; cancel the task to stop."""
         if not self._targets:
@@ -115,6 +139,12 @@ class MetricsScraper:
                     await self._probe_health(target)
             except TimeoutError:
                 self._mark_unhealthy(target, "/health: no answer within scrape.timeout_s")
+            if target.learns_slots and target.state.learned_slots is None:
+                try:
+                    async with asyncio.timeout(timeout):
+                        await self._learn_slots(target)
+                except TimeoutError:
+                    pass  # tried again next round
             try:
                 async with asyncio.timeout(timeout):
                     await self._scrape(target)
@@ -140,6 +170,9 @@ class MetricsScraper:
         except (ValueError, UnicodeDecodeError) as exc:
             self._record_failure(target, f"unreadable metrics: {exc}")
             return
+        slots = target.state.learned_slots
+        if slots is not None and load.slots_total is None:
+            load = dataclasses.replace(load, slots_total=slots)
         self._readings[target.id] = Reading(load, self._clock())
         if self._failures.pop(target.id, None) is not None:
             self._log.info("backend metrics recovered", backend=target.id)
@@ -162,14 +195,44 @@ class MetricsScraper:
             self._log.info("backend healthy", backend=target.id)
         state.unhealthy_until = 0.0
         state.health_error = None
+        state.breaker.probe_ok(self._clock())
+
+    async def _learn_slots(self, target: _Target) -> None:
+        """llama.cpp's slot count: `/props` `total_slots`, else the length of `/slots`."""
+        slots = None
+        for path in (target.props_path, target.slots_path):
+            try:
+                response = await target.pool.request(b"GET", path, target.headers, b"")
+                body = await response.read()
+            except UpstreamError:
+                return
+            if response.status != 200:
+                continue
+            try:
+                doc = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(doc, dict):
+                slots = slots_total_from_props(doc)
+            elif isinstance(doc, list) and doc:
+                slots = len(doc)
+            if slots is not None:
+                break
+        if slots is not None:
+            target.state.learned_slots = slots
+            self._log.info("backend slots learned", backend=target.id, slots=slots)
 
     def _mark_unhealthy(self, target: _Target, reason: str) -> None:
         state = target.state
         if state.health_error != reason:
             self._log.warning("backend unhealthy", backend=target.id, reason=reason)
         # Unhealthy until a later probe says otherwise, or until this reading goes stale.
-        state.unhealthy_until = self._clock() + self._settings.staleness_s
+        now = self._clock()
+        state.unhealthy_until = now + self._settings.staleness_s
         state.health_error = reason
+        state.breaker.probe_failed(now, reason)
+        if target.learns_slots:
+            state.learned_slots = None  # a restarted server may run another --parallel
 
     def _record_failure(self, target: _Target, reason: str) -> None:
         if self._failures.get(target.id) != reason:

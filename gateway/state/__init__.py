@@ -16,6 +16,7 @@ from gateway.state.memory import MemoryState
 from gateway.state.types import (
     Admission,
     LimitName,
+    PeersListener,
     RateLimited,
     SharedState,
     StateStatus,
@@ -26,6 +27,7 @@ __all__ = [
     "Admission",
     "LimitName",
     "MemoryState",
+    "PeersListener",
     "RateLimited",
     "SharedState",
     "StateStatus",

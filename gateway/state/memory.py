@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from gateway.state.ledger import Ledger
-from gateway.state.types import Admission, StateStatus, TenantLimits
+from gateway.state.types import Admission, PeersListener, StateStatus, TenantLimits
 
 __all__ = ["MemoryState"]
 
@@ -61,6 +61,9 @@ class MemoryState:
 
     def local_inflight(self, backend_id: str) -> int:
         return self._inflight.get(backend_id, 0)
+
+    def watch_peers(self, listener: PeersListener) -> None:
+        """No peers, ever: the listener is never called."""
 
     async def revoke_key(self, key_hash: str) -> bool:
         """Refuse this key from now on (in this process). Returns True: nothing to share."""

@@ -5,9 +5,10 @@ admission is one EVALSHA (`lua.ACQUIRE`: concurrency, requests and tokens checke
 charged atomically), each completion at most one (`lua.RELEASE`). In-flight counters
 never touch Redis on the request path: a background sync (`lua.HEARTBEAT`, every
 `sync_interval_s`, on its own connection) refreshes this replica's lease, writes its
-in-flight counts, reads the other live replicas' sums and the revocations. A replica
-that stops syncing loses its lease after `lease_ttl_s`, and its in-flight counts and
-concurrency slots stop counting.
+in-flight counts, reads the other live replicas' sums (handed to `watch_peers`
+listeners: routing counts them) and the revocations. A replica that stops syncing loses
+its lease after `lease_ttl_s`, and its in-flight counts and concurrency slots stop
+counting.
 
 Redis unreachable or slower than `timeout_s`: every call is decided on the local
 `Ledger` instead (limits split evenly over the replicas last seen), `healthy` turns
@@ -35,7 +36,14 @@ from redis.exceptions import RedisError
 from gateway.logs import get_logger
 from gateway.state import lua
 from gateway.state.ledger import CONCURRENCY_RETRY_S, Ledger
-from gateway.state.types import Admission, LimitName, RateLimited, StateStatus, TenantLimits
+from gateway.state.types import (
+    Admission,
+    LimitName,
+    PeersListener,
+    RateLimited,
+    StateStatus,
+    TenantLimits,
+)
 
 __all__ = ["RedisKeys", "RedisState", "default_replica_id"]
 
@@ -124,6 +132,7 @@ class RedisState:
         self._ledger = Ledger(clock)
         self._inflight: dict[str, int] = {}  # this replica's, exact
         self._others: dict[str, int] = {}  # the other live replicas', as of the last sync
+        self._peer_listeners: list[PeersListener] = []
         self._revoked: set[str] = set()
         self._pending: set[str] = set()  # revoked here, not yet stored in Redis
         self._revoked_version = 0
@@ -223,7 +232,7 @@ class RedisState:
     def _failed(self, what: str, exc: BaseException, timeout_s: float | None = None) -> None:
         self._errors += 1
         self._resync = True
-        self._others = {}
+        self._set_others({})
         reason = f"redis {what} failed: {_describe(exc, timeout_s or self._timeout_s)}"
         if self._healthy:
             self._log.warning("shared state degraded, using local state", reason=reason)
@@ -371,6 +380,19 @@ class RedisState:
     def local_inflight(self, backend_id: str) -> int:
         return self._inflight.get(backend_id, 0)
 
+    def watch_peers(self, listener: PeersListener) -> None:
+        """Call `listener(others)` whenever the other replicas' in-flight counts per
+        backend change: after a sync that read new ones, and with `{}` when Redis goes
+        away (routing then counts only this replica's requests)."""
+        self._peer_listeners.append(listener)
+
+    def _set_others(self, others: dict[str, int]) -> None:
+        if others == self._others:
+            return
+        self._others = others
+        for listener in self._peer_listeners:
+            listener(others)
+
     # revocations
 
     async def revoke_key(self, key_hash: str) -> bool:
@@ -421,7 +443,7 @@ class RedisState:
         if int(reply[0]) == -1:  # our lease had run out: rewrite everything at once
             reply = await self._beat(resync=True)
         self._replicas = max(1, int(reply[1]))
-        self._others = {_text(reply[i]): int(reply[i + 1]) for i in range(4, len(reply), 2)}
+        self._set_others({_text(reply[i]): int(reply[i + 1]) for i in range(4, len(reply), 2)})
         await self._sync_revocations(int(reply[2]), int(reply[3]))
 
     async def _beat(self, *, resync: bool) -> list[Any]:

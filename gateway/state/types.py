@@ -7,12 +7,14 @@ ever sees these types, never Redis.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 __all__ = [
     "Admission",
     "LimitName",
+    "PeersListener",
     "RateLimited",
     "SharedState",
     "StateStatus",
@@ -176,6 +178,11 @@ class StateStatus:
         }
 
 
+# Called after every sync with the other live replicas' in-flight requests per backend
+# (empty while the store is unreachable: routing then counts this replica's alone).
+PeersListener = Callable[[Mapping[str, int]], None]
+
+
 class SharedState(Protocol):
     """Limits, in-flight counters and revocations, per process or across replicas.
 
@@ -201,6 +208,8 @@ class SharedState(Protocol):
     def inflight(self, backend_id: str) -> int: ...
 
     def local_inflight(self, backend_id: str) -> int: ...
+
+    def watch_peers(self, listener: PeersListener) -> None: ...
 
     async def revoke_key(self, key_hash: str) -> bool: ...
 

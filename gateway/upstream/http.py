@@ -333,15 +333,22 @@ class HttpPool:
     def open_connections(self) -> int:
         return self._open
 
+    @property
+    def first_byte_timeout(self) -> float:
+        return self._first_byte_timeout
+
     async def request(
         self,
         method: bytes,
         path: bytes,
         headers: Iterable[tuple[bytes, bytes]],
         body: bytes,
+        first_byte_timeout: float | None = None,
     ) -> UpstreamResponse:
-        """Send a request; returns once the status line and headers have arrived."""
+        """Send a request; returns once the status line and headers have arrived (within
+        `first_byte_timeout`, default the pool's, else `UpstreamError("timeout")`)."""
         head = self._head(method, path, headers, len(body))
+        wait = self._first_byte_timeout if first_byte_timeout is None else first_byte_timeout
         for attempt in range(2):
             conn = await (self._acquire() if attempt == 0 else self._connect())
             response = UpstreamResponse(conn, self._read_timeout)
@@ -351,7 +358,7 @@ class HttpPool:
             if len(body) >= 65536:
                 conn.transport.write(body)
             try:
-                await response._wait_headers(self._first_byte_timeout)
+                await response._wait_headers(wait)
             except UpstreamError as exc:
                 # A reused connection the server had already closed: retry once, fresh.
                 if exc.sent_nothing and attempt == 0:

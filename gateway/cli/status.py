@@ -1,0 +1,136 @@
+"""`owngate status`: a running gateway's view of its backends, as a table or JSON.
+
+Reads `GET /admin/status` (loopback only; see gateway/api/admin.py). Exit codes: 0 the
+status was printed, 1 the gateway could not be reached or refused, 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+from gateway.cli._common import env_default
+
+__all__ = ["format_table", "register"]
+
+_COLUMNS = (
+    "BACKEND",
+    "KIND",
+    "HEALTH",
+    "BREAKER",
+    "INFLIGHT",
+    "SLOTS",
+    "RUNNING",
+    "WAITING",
+    "KV",
+    "AGE",
+    "SCORE",
+)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "status",
+        help="show a running gateway's backends",
+        description="Show each backend's health, circuit breaker, in-flight requests "
+        "(this replica / all replicas), slots, scraped queue, KV-cache use, metrics age and "
+        "routing score, from the gateway's loopback-only GET /admin/status. "
+        "Exit 0 ok, 1 unreachable or refused.",
+    )
+    parser.add_argument(
+        "--url",
+        default=env_default("OWNGATE_STATUS_URL", "http://127.0.0.1:8080"),
+        help="the gateway's base URL (env OWNGATE_STATUS_URL; default %(default)s)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=env_default("OWNGATE_STATUS_JSON", "") not in ("", "0"),
+        help="print the endpoint's JSON as it is (env OWNGATE_STATUS_JSON=1)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=float(env_default("OWNGATE_STATUS_TIMEOUT", "5")),
+        help="seconds to wait for the gateway (env OWNGATE_STATUS_TIMEOUT; default %(default)s)",
+    )
+    parser.set_defaults(handler=_status)
+
+
+def _status(args: argparse.Namespace) -> int:
+    url = args.url.rstrip("/") + "/admin/status"
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as response:  # noqa: S310 - an operator's URL
+            report = json.load(response)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read()[:300].decode("utf-8", "replace")
+        exc.close()
+        print(f"owngate status: {url} answered HTTP {exc.code}: {detail}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"owngate status: cannot read {url}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        print(format_table(report))
+    return 0
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The report as aligned text: one row per backend, then the pools' wait queues."""
+    rows: list[tuple[str, ...]] = [_COLUMNS]
+    for backend in report.get("backends", []):
+        rows.append(_row(backend))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    problems = [
+        f"  {b['id']}: {b.get('health_error') or (b.get('breaker') or {}).get('last_error')}"
+        for b in report.get("backends", [])
+        if b.get("health_error") or (b.get("breaker") or {}).get("state") != "closed"
+    ]
+    if problems:
+        lines += ["", "problems:", *problems]
+    queues = {name: q for name, q in report.get("queues", {}).items() if q.get("waiting")}
+    if queues:
+        lines += ["", "waiting in gateway queues:"]
+        lines += [f"  {name}: {q['waiting']}/{q['size']}" for name, q in sorted(queues.items())]
+    return "\n".join(lines)
+
+
+def _row(backend: dict[str, Any]) -> tuple[str, ...]:
+    breaker = backend.get("breaker") or {}
+    state = str(breaker.get("state", "-"))
+    if breaker.get("retry_in_s") is not None:
+        state += f" ({breaker['retry_in_s']:.1f}s)"
+    kv = backend.get("kv_usage")
+    age = backend.get("metrics_age_s")
+    scores = backend.get("scores") or {}
+    return (
+        str(backend["id"]),
+        str(backend.get("kind", "-")),
+        str(backend.get("health", "-")),
+        state,
+        f"{backend.get('inflight', 0)}/{backend.get('inflight_global', 0)}",
+        _number(backend.get("slots")),
+        _number(backend.get("running")),
+        _number(backend.get("waiting")),
+        "-" if kv is None else f"{kv:.0%}",
+        "-" if age is None else f"{age:.1f}s" + (" stale" if backend.get("metrics_stale") else ""),
+        " ".join(f"{v:.2f}" for v in sorted(set(scores.values()), reverse=True)) or "-",
+    )
+
+
+def _number(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)

@@ -1,0 +1,128 @@
+"""A circuit breaker per backend: passive health from real requests, with half-open probes.
+
+States and moves (the clock is injected; nothing here does I/O):
+
+- **closed**: requests flow. `failure_threshold` consecutive failures (connect errors,
+  5xx, timeouts before the first byte; see `gateway.api.passthrough`) open it, and so
+  does one failed active `/health` probe (`probe_failed`, from the scraper).
+- **open**: no requests for the cooldown: `cooldown_s`, doubled on every reopening in a
+  row, at most `max_cooldown_s`.
+- **half-open**: once the cooldown is over, exactly one probe is let through: either a
+  real request (`begin` answers `Pass.probe` to one caller) or the scraper's next
+  `/health` probe. Success closes the breaker; failure reopens it. A real probe that
+  ends with no verdict (the client left) hands the probe to the next caller.
+
+A failed `/health` probe reopens for `cooldown_s` without growing the cooldown: it cost
+no client anything, and a server that is still loading its model should be tried again
+soon. The cooldown grows only when client requests fail, and resets after a request
+succeeds.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from gateway.config.schema import BreakerSettings
+
+__all__ = ["Breaker", "BreakerState", "Pass"]
+
+
+class BreakerState(enum.Enum):
+    closed = "closed"
+    open = "open"
+    half_open = "half_open"
+
+
+class Pass(enum.Enum):
+    """What `Breaker.begin` grants a request."""
+
+    normal = "normal"
+    probe = "probe"  # the one request of a half-open breaker: its outcome decides
+
+
+@dataclass(slots=True)
+class Breaker:
+    settings: BreakerSettings
+    state: BreakerState = BreakerState.closed
+    failures: int = 0  # consecutive failures while closed
+    trips: int = 0  # openings since the last successful request (sets the cooldown)
+    opens: int = 0  # openings ever (a counter for /metrics)
+    open_until: float = 0.0
+    probing: bool = False  # a half-open probe request is in flight
+    last_error: str | None = None
+
+    def available(self, now: float) -> bool:
+        """Whether a request may be routed here now (no state change)."""
+        state = self.state
+        if state is BreakerState.closed:
+            return True
+        if state is BreakerState.open:
+            return now >= self.open_until
+        return not self.probing
+
+    def begin(self, now: float) -> Pass | None:
+        """Admit one request: `Pass.normal`, `Pass.probe` (the half-open trial), or None."""
+        state = self.state
+        if state is BreakerState.closed:
+            return Pass.normal
+        if state is BreakerState.open and now < self.open_until:
+            return None
+        if self.probing:
+            return None
+        self.state = BreakerState.half_open
+        self.probing = True
+        return Pass.probe
+
+    def succeeded(self) -> None:
+        """A request got a real answer (headers with a status below 500)."""
+        if self.state is BreakerState.open:
+            return  # began before the breaker opened: says nothing about now
+        self.state = BreakerState.closed
+        self.failures = 0
+        self.trips = 0
+        self.probing = False
+        self.last_error = None
+
+    def failed(self, now: float, reason: str) -> None:
+        """A request failed before its first byte (connect, 5xx, timeout, broken off)."""
+        self.last_error = reason
+        if self.state is BreakerState.half_open:
+            self._open(now, grow=True)
+        elif self.state is BreakerState.closed:
+            self.failures += 1
+            if self.failures >= self.settings.failure_threshold:
+                self._open(now, grow=True)
+
+    def abandoned(self) -> None:
+        """The probe request ended with no verdict: let the next request probe."""
+        self.probing = False
+
+    def probe_ok(self, now: float) -> None:
+        """The scraper's `/health` answered 200: the half-open probe when one is due."""
+        if self.state is BreakerState.open and now >= self.open_until:
+            self.state = BreakerState.closed
+            self.failures = 0
+            self.last_error = None
+
+    def probe_failed(self, now: float, reason: str) -> None:
+        """The scraper's `/health` probe failed: open (or keep open) at the base cooldown."""
+        self.last_error = reason
+        if self.state is BreakerState.open and now < self.open_until:
+            return
+        self._open(now, grow=False)
+
+    def cooldown(self) -> float:
+        settings = self.settings
+        steps = max(0, self.trips - 1)
+        return float(min(settings.max_cooldown_s, settings.cooldown_s * 2.0 ** min(steps, 32)))
+
+    def _open(self, now: float, *, grow: bool) -> None:
+        if grow or self.trips == 0:
+            self.trips += 1
+        self.state = BreakerState.open
+        self.failures = 0
+        self.probing = False
+        self.opens += 1
+        cooldown = self.cooldown() if grow else self.settings.cooldown_s
+        self.open_until = now + cooldown

@@ -1,0 +1,227 @@
+"""`owngate serve --workers N`: N gateway processes on one host, sharing one port.
+
+The supervisor (the process `serve --workers N` runs in) reserves the port with
+SO_REUSEPORT, bound but never listening, so it takes no connection itself, and starts N
+workers: each is `owngate serve` with the same config, `OWNGATE_WORKER_INDEX` (1..N) and
+`OWNGATE_WORKER_RUNTIME_DIR` in its environment, and binds the same port with
+SO_REUSEPORT; the kernel spreads new connections over the workers listening. The
+supervisor
+
+- restarts a worker that dies (after a backoff that grows while it keeps dying at once;
+  `_MAX_QUICK_DEATHS` deaths in a row right after starting stop everything with exit 1,
+  as a config that cannot start would);
+- forwards SIGHUP (config and policy reload) to every worker;
+- on SIGTERM or SIGINT forwards SIGTERM, waits for every worker to drain
+  (`limits.drain_timeout_s`, plus a margin) and exits 0 when all of them exited 0.
+
+What differs in a worker (`for_worker`):
+
+- provenance: its own log in `<provenance.dir>/worker-<i>` with the origin
+  `<provenance.origin>/worker-<i>`, signed with the configured key; an auditor verifies
+  each directory on its own (`owngate audit verify DIR/worker-<i> --key VKEY`);
+- metrics: every worker publishes snapshots in the runtime dir and `/metrics` on any of
+  them serves the sum over all (`gateway.api.fleet`);
+- tenant limits with `state: memory` hold per worker (N workers admit up to N times a
+  limit); `state: redis` makes them exact across workers, as across replicas.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+
+from gateway.config.schema import GatewayConfig
+from gateway.logs import get_logger
+from gateway.serving import bind_socket
+
+__all__ = ["Supervisor", "WorkerIdentity", "for_worker", "worker_identity"]
+
+INDEX_ENV = "OWNGATE_WORKER_INDEX"
+RUNTIME_ENV = "OWNGATE_WORKER_RUNTIME_DIR"
+_QUICK_DEATH_S = 5.0  # a worker dead this soon after starting did not really start
+_MAX_QUICK_DEATHS = 5
+_STOP_MARGIN_S = 15.0
+_PR_SET_PDEATHSIG = 1  # prctl(2)  # past the drain deadline: the app's cut, the final checkpoint
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerIdentity:
+    index: int  # 1..N
+    runtime_dir: Path
+
+
+def worker_identity(environ: Mapping[str, str]) -> WorkerIdentity | None:
+    """This process's place among the workers; None when it is not a worker."""
+    index = environ.get(INDEX_ENV)
+    runtime = environ.get(RUNTIME_ENV)
+    if not index or not runtime:
+        return None
+    return WorkerIdentity(int(index), Path(runtime))
+
+
+def for_worker(identity: WorkerIdentity | None) -> Callable[[GatewayConfig], GatewayConfig]:
+    """What a worker changes in a loaded config: its own provenance log and origin, and
+    its own shared-state replica id when one is configured (each worker holds its own
+    leases and in-flight counts, so two must never share an id)."""
+
+    def prepare(config: GatewayConfig) -> GatewayConfig:
+        if identity is None:
+            return config
+        suffix = f"worker-{identity.index}"
+        update: dict[str, object] = {}
+        log = config.provenance
+        if log is not None:
+            update["provenance"] = log.model_copy(
+                update={"dir": f"{log.dir}/{suffix}", "origin": f"{log.origin}/{suffix}"}
+            )
+        if config.state.replica_id:
+            update["state"] = config.state.model_copy(
+                update={"replica_id": f"{config.state.replica_id}-{suffix}"}
+            )
+        return config.model_copy(update=update) if update else config
+
+    return prepare
+
+
+@dataclasses.dataclass
+class _Worker:
+    index: int
+    proc: subprocess.Popen[bytes]
+    started: float
+    quick_deaths: int = 0
+
+
+class Supervisor:
+    """Starts, watches and stops the workers (see the module docstring)."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        count: int,
+        host: str,
+        port: int,
+        drain_timeout_s: float,
+        *,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self._argv = list(argv)  # `owngate serve ...` without --host/--port/--workers
+        self.count = count
+        self.host = host
+        self._reserved = bind_socket(host, port, reuse_port=True, listen=False)
+        self.port: int = self._reserved.getsockname()[1]
+        self._drain_timeout_s = drain_timeout_s
+        self._env = dict(os.environ if environ is None else environ)
+        self._runtime = Path(tempfile.mkdtemp(prefix="owngate-workers-"))
+        self._workers: dict[int, _Worker] = {}
+        self._signals: list[int] = []
+        self._log = get_logger("owngate.workers")
+
+    def run(self) -> int:
+        """Supervise until SIGTERM/SIGINT (then drain and stop); the exit code."""
+        handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
+        try:
+            self._log.info("starting workers", workers=self.count, port=self.port)
+            for index in range(1, self.count + 1):
+                self._workers[index] = self._start(index)
+            return self._watch()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self._reserved.close()
+            shutil.rmtree(self._runtime, ignore_errors=True)
+
+    def _on_signal(self, sig: int, _frame: FrameType | None) -> None:
+        self._signals.append(sig)  # handled by the loop, outside the signal handler
+
+    def _start(self, index: int, quick_deaths: int = 0) -> _Worker:
+        env = dict(self._env)
+        env[INDEX_ENV] = str(index)
+        env[RUNTIME_ENV] = str(self._runtime)
+        argv = [*self._argv, "--host", self.host, "--port", str(self.port), "--workers", "1"]
+        proc = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=_stop_with_parent
+        )
+        return _Worker(index, proc, time.monotonic(), quick_deaths)
+
+    def _watch(self) -> int:
+        while True:
+            while self._signals:
+                sig = self._signals.pop(0)
+                if sig == signal.SIGHUP:
+                    self._forward(signal.SIGHUP)
+                else:
+                    return self._stop()
+            for index, worker in list(self._workers.items()):
+                code = worker.proc.poll()
+                if code is None:
+                    continue
+                restarted = self._restart(worker, code)
+                if restarted is None:
+                    self._stop()
+                    return 1
+                self._workers[index] = restarted
+            time.sleep(0.1)
+
+    def _restart(self, worker: _Worker, code: int) -> _Worker | None:
+        lived = time.monotonic() - worker.started
+        quick = worker.quick_deaths + 1 if lived < _QUICK_DEATH_S else 0
+        if quick >= _MAX_QUICK_DEATHS:
+            self._log.error("worker keeps dying at start; stopping", worker=worker.index, code=code)
+            return None
+        self._log.warning("worker died; restarting it", worker=worker.index, code=code)
+        time.sleep(min(0.2 * 2**quick, 5.0) if quick else 0.0)
+        return self._start(worker.index, quick)
+
+    def _forward(self, sig: int) -> None:
+        for worker in self._workers.values():
+            if worker.proc.poll() is None:
+                worker.proc.send_signal(sig)
+
+    def _stop(self) -> int:
+        """SIGTERM every worker, wait for their drains; 0 if every one exited 0."""
+        self._log.info("stopping workers", workers=len(self._workers))
+        self._forward(signal.SIGTERM)
+        deadline = time.monotonic() + self._drain_timeout_s + _STOP_MARGIN_S
+        codes: dict[int, int] = {}
+        for index, worker in self._workers.items():
+            try:
+                codes[index] = worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                worker.proc.kill()
+                codes[index] = worker.proc.wait()
+                self._log.error("worker did not stop in time; killed", worker=index)
+        failed = {i: c for i, c in codes.items() if c != 0}
+        if failed:
+            self._log.error("workers exited with errors", codes=failed)
+        return 1 if failed else 0
+
+
+def _stop_with_parent() -> None:
+    """In a new worker, before it runs: SIGTERM it if the supervisor dies (Linux), so a
+    killed supervisor never leaves workers holding the port."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def supervise(config_path: str, count: int, host: str, port: int, config: GatewayConfig) -> int:
+    """`serve --workers N` in the supervisor process."""
+    argv = [sys.executable, "-m", "gateway", "serve", "--config", config_path]
+    try:
+        supervisor = Supervisor(argv, count, host, port, config.limits.drain_timeout_s)
+    except OSError as exc:
+        print(f"error: cannot bind {host}:{port}: {exc}", file=sys.stderr)
+        return 1
+    return supervisor.run()

@@ -1,0 +1,56 @@
+"""`owngate bench provenance --quick` end to end over real processes: report shape only.
+
+Timing is never asserted (the machine is shared); only that every point ran against the
+gateway with the log off and on without errors, on both simulator shapes, that the `on`
+gateways wrote logs that verify, and that the ratios were computed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway.bench.provenance_overhead import render
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_quick_run_writes_the_side_by_side_report(tmp_path: Path) -> None:
+    out = tmp_path / "provenance.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OWNGATE_BENCH_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "bench", "provenance", "--quick", "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,  # a quick run takes ~30 s on a busy 2-core machine; this bounds a hang
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report: dict[str, Any] = json.loads(out.read_text())
+
+    assert report["schema"] == "owngate.bench.provenance/1"
+    assert [(p["backend"], p["concurrency"]) for p in report["points"]] == [
+        ("zero-latency", 16),
+        ("zero-latency", 64),
+        ("llm-shaped", 16),
+        ("llm-shaped", 64),
+    ]
+    for index, point in enumerate(report["points"]):
+        # off and on trade places from point to point: neither is always measured first
+        assert point["order"] == (["on", "off"] if index % 2 else ["off", "on"])
+        for mode, result in point["results"].items():
+            where = f"{point['backend']} c={point['concurrency']} {mode}"
+            assert result["requests"] > 0, where
+            assert result["errors"] == 0, (where, result["error_samples"])
+            assert result["ttft_ms"]["p99"] >= result["ttft_ms"]["p50"] > 0, where
+            assert result["cpu_s"]["gateway"] > 0, where
+        assert set(point["ratios"]) >= {"req_per_s", "ttft_p50_ms", "cpu_ms_per_req"}
+    assert set(report["logs"]) == {"zero-latency", "llm-shaped"}
+    assert all(text.startswith("verified") for text in report["logs"].values())
+    assert "zero-latency  16" in render(report)

@@ -1,0 +1,381 @@
+"""Routing under faults, over real sockets: backends that die, hang, load slowly or fail.
+
+Simulators serve on loopback (in this process, or as an `owngate sim` process where the
+test kills one); the gateway runs on a real uvicorn server in a thread. Every wait is
+bounded and every timing bound generous: the assertions are about where requests went
+and what the clients received, not about speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.api.admin import is_loopback
+from gateway.bench.services import HOST, Service, child_env, free_port, owngate_argv
+from gateway.sim import Faults
+from tests.conftest import Gateway, Sim, backend
+
+CHAT: dict[str, Any] = {
+    "model": "m",
+    "max_tokens": 3,
+    "messages": [{"role": "user", "content": "hi"}],
+}
+FAST_SCRAPE = {"interval_s": 0.05, "timeout_s": 0.5, "staleness_s": 1.0}
+
+
+def chat(gateway: Gateway, timeout: float = 20.0, **changes: Any) -> httpx.Response:
+    return httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        json={**CHAT, **changes},
+        headers=gateway.headers,
+        timeout=timeout,
+    )
+
+
+def status_of(gateway: Gateway) -> dict[str, dict[str, Any]]:
+    report = httpx.get(f"{gateway.url}/admin/status", timeout=5).json()
+    return {b["id"]: b for b in report["backends"]}
+
+
+def eventually(check: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"not within {within_s}s: {what}")
+
+
+async def until(check: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
+    for _ in range(int(within_s / 0.01)):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not within {within_s}s: {what}")
+
+
+@dataclasses.dataclass
+class Outcome:
+    status: int
+    text: str
+    done: bool  # ended with [DONE]
+    error_event: bool  # a started stream that ended with an OpenAI error event
+
+
+@pytest.fixture
+def sim_process(tmp_path: Path) -> Iterator[Callable[..., Service]]:
+    """`owngate sim` as its own process, so a test can SIGKILL it mid-load."""
+    started: list[Service] = []
+
+    def start(*flags: str) -> Service:
+        port = free_port()
+        argv = owngate_argv("sim", "--host", HOST, "--port", str(port), *flags)
+        service = Service.start(f"sim-{port}", argv, child_env(), tmp_path, port)
+        started.append(service)
+        service.wait_ready("/health", {}, 30.0)
+        return service
+
+    yield start
+    for service in started:
+        if service.proc.poll() is None:
+            service.proc.kill()
+        service.proc.wait(timeout=10)
+
+
+def test_a_killed_backend_loses_no_request_before_the_first_byte(
+    sim_process: Callable[..., Service],
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+) -> None:
+    doomed = sim_process("--kind", "vllm", "--model", "m", "--decode-tps", "200")
+    survivor = start_sim("vllm", models=("m",), decode_tokens_per_s=200.0)
+    gateway = start_gateway(
+        [backend("doomed", doomed.url, "m"), backend("survivor", survivor.url, "m")],
+        scrape=FAST_SCRAPE,
+        routing={"default": {"strategy": "round_robin"}},
+    )
+    body = {**CHAT, "max_tokens": 20, "stream": True}
+    outcomes: list[Outcome] = []
+    killed_at: list[int] = []  # how many requests had finished at the kill
+
+    async def client(http: httpx.AsyncClient, requests: int) -> None:
+        for _ in range(requests):
+            async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+                text = (await response.aread()).decode()
+            outcomes.append(
+                Outcome(
+                    response.status_code,
+                    text,
+                    "data: [DONE]" in text,
+                    '"error"' in text and response.status_code == 200,
+                )
+            )
+            if len(outcomes) == 30 and not killed_at:
+                doomed.proc.kill()  # SIGKILL: connections reset, nothing said
+                killed_at.append(len(outcomes))
+
+    async def load() -> None:
+        async with httpx.AsyncClient(
+            base_url=gateway.url, headers=gateway.headers, timeout=30
+        ) as http:
+            await asyncio.gather(*(client(http, 25) for _ in range(6)))
+
+    asyncio.run(load())
+    assert killed_at and len(outcomes) == 150
+    # Every request was answered 200. A stream that the backend broke off after its first
+    # byte ends with an error event (never a retry); all others completed, failed over.
+    assert all(o.status == 200 for o in outcomes), [o.status for o in outcomes]
+    broken = [o for o in outcomes if not o.done]
+    assert all(o.error_event and "data: {" in o.text for o in broken)
+    assert len(broken) <= 6  # at most the streams in flight on it when it died
+    # The traffic moved: the breaker and /health took it out after a few failed connects,
+    # instead of every later request trying the dead backend first.
+    text = httpx.get(f"{gateway.url}/metrics", timeout=5).text
+    connect_failures = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("owngate_upstream_errors_total{")
+        and 'backend="doomed"' in line
+        and 'kind="connect"' in line
+    )
+    assert connect_failures <= 3 + 6
+    assert survivor.app.stats.completed >= 150 - killed_at[0] - 6
+    doomed_status = status_of(gateway)["doomed"]
+    assert not doomed_status["available"]
+    assert doomed_status["health"] == "unhealthy"
+    assert doomed_status["breaker"]["state"] == "open"
+
+
+def test_a_hanging_backend_is_failed_over_at_its_first_byte_deadline(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    hung = start_sim("vllm", models=("m",), faults=Faults(hang_rate=1.0))
+    healthy = start_sim("vllm", models=("m",), zero_latency=True)
+    gateway = start_gateway(
+        [
+            backend("hung", hung.url, "m", first_byte_timeout_s=0.3),
+            backend("healthy", healthy.url, "m"),
+        ],
+        routing={"default": {"strategy": "round_robin"}},
+    )
+    for stream in (False, True, False, True):
+        started = time.monotonic()
+        response = chat(gateway, stream=stream)
+        assert response.status_code == 200
+        assert time.monotonic() - started < 10
+    assert healthy.app.stats.completed == 4
+    assert hung.app.stats.hangs >= 1  # it was tried, and hung, and the client never knew
+    eventually(lambda: hung.app.stats.in_flight == 0, "the hung requests were dropped")
+
+
+def test_the_failover_deadline_bounds_all_attempts_together(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    first = start_sim("vllm", models=("m",), faults=Faults(hang_rate=1.0))
+    second = start_sim("vllm", models=("m",), faults=Faults(hang_rate=1.0))
+    gateway = start_gateway(
+        [
+            backend("first", first.url, "m", first_byte_timeout_s=2.0),
+            backend("second", second.url, "m", first_byte_timeout_s=2.0),
+        ],
+        routing={"failover": {"deadline_s": 0.5}},
+    )
+    started = time.monotonic()
+    response = chat(gateway)
+    elapsed = time.monotonic() - started
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "upstream_timeout"
+    assert elapsed < 1.9  # one backend's own 2 s wait was cut short by the deadline
+
+
+def test_a_loading_llamacpp_gets_nothing_until_healthy_then_its_slots_are_known(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    loading = start_sim(
+        "llamacpp", models=("m",), zero_latency=True, slots=3, faults=Faults(slow_start_s=60.0)
+    )
+    ready = start_sim("vllm", models=("m",), zero_latency=True)
+    gateway = start_gateway(
+        [
+            backend("cpu", loading.url, "m", kind="llamacpp"),
+            backend("gpu", ready.url, "m", capacity={"max_concurrency": 64}),
+        ],
+        scrape=FAST_SCRAPE,
+        routing={"default": {"strategy": "round_robin"}, "breaker": {"cooldown_s": 0.2}},
+    )
+    assert [chat(gateway).status_code for _ in range(6)] == [200] * 6
+    assert loading.app.captured("/v1/chat/completions") == []
+    cpu = status_of(gateway)["cpu"]
+    assert cpu["health"] == "unhealthy" and "503" in cpu["health_error"]
+    assert cpu["slots"] is None  # not learned while loading
+    loading.app.start_loading(0.0)  # the model has loaded
+    eventually(lambda: status_of(gateway)["cpu"]["available"], "the loaded backend is back")
+    for _ in range(6):
+        assert chat(gateway).status_code == 200
+    assert len(loading.app.captured("/v1/chat/completions")) >= 2
+    cpu = status_of(gateway)["cpu"]
+    assert (cpu["slots"], cpu["slots_from"]) == (3, "learned")  # from /props total_slots
+    assert status_of(gateway)["gpu"]["slots_from"] == "config"
+
+
+def test_breaker_opens_then_a_half_open_probe_closes_it(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    # Kind `openai`: no /health to probe, so only real requests judge this backend.
+    flaky = start_sim("vllm", models=("m",), zero_latency=True, faults=Faults(error_rate=1.0))
+    steady = start_sim("vllm", models=("m",), zero_latency=True)
+    gateway = start_gateway(
+        [backend("flaky", flaky.url, "m", kind="openai"), backend("steady", steady.url, "m")],
+        routing={
+            "default": {"strategy": "round_robin"},
+            "breaker": {"failure_threshold": 3, "cooldown_s": 2.0, "max_cooldown_s": 8.0},
+        },
+    )
+    for _ in range(12):
+        assert chat(gateway).status_code == 200  # each 500 failed over to `steady`
+    assert flaky.app.stats.errors == 3  # then the breaker kept requests away
+    flaky_status = status_of(gateway)["flaky"]
+    assert flaky_status["breaker"]["state"] == "open"
+    assert flaky_status["breaker"]["last_error"] == "HTTP 500"
+    assert flaky_status["health"] == "unprobed"
+    metrics = httpx.get(f"{gateway.url}/metrics", timeout=5).text
+    assert 'owngate_backend_breaker_state{backend="flaky",state="open"} 1.0' in metrics
+    assert 'owngate_backend_breaker_opens_total{backend="flaky"} 1.0' in metrics
+    readyz = httpx.get(f"{gateway.url}/readyz", timeout=5).json()
+    assert readyz["backends"]["flaky"]["breaker"] == "open"
+
+    # Still failing when the cooldown ends: the one probe fails and the breaker reopens
+    # for twice as long.
+    eventually(lambda: status_of(gateway)["flaky"]["available"], "the cooldown ends")
+    for _ in range(4):
+        assert chat(gateway).status_code == 200
+    assert flaky.app.stats.errors == 4  # exactly one probe went through
+    reopened = status_of(gateway)["flaky"]["breaker"]
+    assert reopened["state"] == "open" and reopened["opens"] == 2
+    assert reopened["retry_in_s"] > 2.0  # 4 s this time
+
+    flaky.app.control.faults = Faults()  # repaired
+    eventually(lambda: status_of(gateway)["flaky"]["available"], "the cooldown ends", 10.0)
+    before = flaky.app.stats.completed
+    for _ in range(4):
+        assert chat(gateway).status_code == 200
+    assert status_of(gateway)["flaky"]["breaker"]["state"] == "closed"
+    assert flaky.app.stats.completed - before >= 1  # traffic is back
+
+
+def test_saturated_pool_queues_then_refuses_with_retry_after(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    # One slot, slow decode: two long requests fill it (one runs, one waits in the
+    # backend), so the pool is saturated (1 waiting per slot > threshold 0.5).
+    sim = start_sim("vllm", models=("m", "n"), slots=1, decode_tokens_per_s=20.0)
+    gateway = start_gateway(
+        [backend("gpu", sim.url, "m", "n", capacity={"max_concurrency": 1})],
+        scrape=FAST_SCRAPE,
+        routing={
+            "pools": {
+                "m": {"queue": {"threshold": 0.5, "size": 1, "max_wait_s": 20.0}},
+                "n": {"queue": {"threshold": 0.5, "size": 1, "max_wait_s": 0.3}},
+            }
+        },
+    )
+
+    async def scenario(model: str) -> list[httpx.Response]:
+        async with httpx.AsyncClient(
+            base_url=gateway.url, headers=gateway.headers, timeout=30
+        ) as http:
+
+            def post(max_tokens: int) -> asyncio.Task[httpx.Response]:
+                body = {**CHAT, "model": model, "max_tokens": max_tokens}
+                return asyncio.create_task(http.post("/v1/chat/completions", json=body))
+
+            long = [post(10), post(10)]
+            await until(lambda: sim.app.stats.in_flight == 2, "both long requests run or wait")
+            queued = post(3)
+            await until(lambda: _waiting(gateway, model), "the third request waits")
+            refused = await post(3)  # the queue (size 1) is full
+            return [*(await asyncio.gather(*long)), await queued, refused]
+
+    first, second, queued, refused = asyncio.run(scenario("m"))
+    assert (first.status_code, second.status_code, queued.status_code) == (200, 200, 200)
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert refused.headers["retry-after"] == "1"
+
+    *served, timed_out, _refused = asyncio.run(scenario("n"))
+    assert [r.status_code for r in served] == [200, 200]
+    assert timed_out.status_code == 503  # waited max_wait_s, the pool still saturated
+    assert timed_out.json()["error"]["code"] == "backend_unavailable"
+    assert timed_out.headers["retry-after"] == "1"
+
+
+def _waiting(gateway: Gateway, model: str) -> bool:
+    queues = httpx.get(f"{gateway.url}/admin/status", timeout=5).json()["queues"]
+    return bool(queues[model]["waiting"])
+
+
+def owngate_status(*args: str) -> subprocess.CompletedProcess[str]:
+    """The real command, in its own process (this one's stdout carries server logs)."""
+    argv = owngate_argv("status", *args)
+    return subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=60)
+
+
+def test_owngate_status_prints_the_table_and_json(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    gateway = start_gateway(
+        [
+            backend("gpu", sim.url, "m", capacity={"max_concurrency": 8}),
+            backend("gone", "http://127.0.0.1:9", "m", kind="vllm"),
+        ],
+        scrape=FAST_SCRAPE,
+    )
+    eventually(lambda: status_of(gateway)["gpu"]["running"] is not None, "a first scrape")
+    done = owngate_status("--url", gateway.url)
+    assert done.returncode == 0, done.stderr
+    table = done.stdout
+    header, *rows = table.splitlines()
+    assert header.split()[:4] == ["BACKEND", "KIND", "HEALTH", "BREAKER"]
+    gpu = next(row for row in rows if row.startswith("gpu "))
+    assert gpu.split()[:5] == ["gpu", "vllm", "healthy", "closed", "0/0"]
+    assert any(row.startswith("gone ") and "unhealthy" in row for row in rows)
+    assert "problems:" in table and "gone: /health: connect" in table
+
+    done = owngate_status("--url", gateway.url, "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    by_id = {b["id"]: b for b in report["backends"]}
+    assert by_id["gpu"]["slots"] == 8 and by_id["gpu"]["scores"]["m"] > 0
+    assert by_id["gone"]["available"] is False
+
+    done = owngate_status("--url", "http://127.0.0.1:9", "--timeout", "2")
+    assert done.returncode == 1 and "cannot read" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("client", "allowed"),
+    [
+        (("127.0.0.1", 5000), True),
+        (("127.8.9.10", 5000), True),
+        (("::1", 5000, 0, 0), True),
+        (("10.0.0.7", 5000), False),
+        (("::ffff:10.0.0.7", 5000, 0, 0), False),
+        (None, False),
+        (("unix-socket", 0), False),
+    ],
+)
+def test_admin_status_answers_loopback_clients_only(
+    client: tuple[Any, ...] | None, allowed: bool
+) -> None:
+    assert is_loopback({"type": "http", "client": client}) is allowed
