@@ -315,10 +315,16 @@ def usage_of(trail: Trail) -> Usage | None:
 
 def _usage(data: bytes) -> Usage | None:
     """Token usage from a JSON answer, or from the last usage chunk of a stream's tail."""
+    if b'"usage"' not in data:
+        return None  # most streams carry none: parse nothing
     candidates = (
         [data]
         if data[:1] == b"{"
-        else [line[6:] for line in reversed(data.split(b"\n")) if line.startswith(b"data: {")]
+        else [
+            line[6:]
+            for line in reversed(data.split(b"\n"))
+            if line.startswith(b"data: {") and b'"usage"' in line
+        ]
     )
     for candidate in candidates:
         try:

@@ -39,7 +39,8 @@ __all__ = ["LogSettings", "ProvenanceLog"]
 _T = TypeVar("_T")
 
 Seal = Callable[[LogEntry], bytes]  # run on the writer thread once the entry is durable
-_Queued = tuple[bytes, Seal | None, "asyncio.Future[tuple[LogEntry, bytes | None]]"]
+# (entry, seal, future, awaited): `awaited` is False for append_soon's records
+_Queued = tuple[bytes, Seal | None, "asyncio.Future[tuple[LogEntry, bytes | None]]", bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +76,8 @@ class ProvenanceLog:
         self._queue: list[_Queued] = []
         self._wakeup = asyncio.Event()  # the queue went from empty to not empty
         self._filled = asyncio.Event()  # the queue reached the size of the last batch
-        self._last_batch = 1
+        self._last_batch = 1  # awaited appends in the last batch
+        self._waiters = 0  # awaited appends queued now
         self._closing = False
         self._aborting = False
         self._size = store.size
@@ -147,7 +149,7 @@ class ProvenanceLog:
         Raises RecordError for a record outside the schema, LogUnavailableError when the
         log cannot be written (nothing was logged).
         """
-        entry, _ = await self._put(record, None, checked)
+        entry, _ = await self._put(record, None, checked, awaited=True)
         return entry
 
     def append_soon(
@@ -156,19 +158,19 @@ class ProvenanceLog:
         """Queue a record without waiting for it: the returned future completes when it is
         durable (or fails). For records nothing waits on, e.g. a request's completion after
         its answer went out. Raises at once what `append` raises before queueing."""
-        return self._put(record, None, checked)
+        return self._put(record, None, checked, awaited=False)
 
     async def append_sealed(
         self, record: Mapping[str, object], seal: Seal, *, checked: bool = False
     ) -> tuple[LogEntry, bytes]:
         """`append`, then `seal(entry)` on the writer thread (e.g. sign a receipt naming the
         entry). If `seal` raises, the record is still durable and the error is raised here."""
-        entry, sealed = await self._put(record, seal, checked)
+        entry, sealed = await self._put(record, seal, checked, awaited=True)
         assert sealed is not None
         return entry, sealed
 
     def _put(
-        self, record: Mapping[str, object], seal: Seal | None, checked: bool
+        self, record: Mapping[str, object], seal: Seal | None, checked: bool, *, awaited: bool
     ) -> asyncio.Future[tuple[LogEntry, bytes | None]]:
         if self._closing or self._task.done():
             raise LogUnavailableError("the provenance log is closed")
@@ -182,10 +184,12 @@ class ProvenanceLog:
             raise RecordError(f"record is {len(entry)} bytes; the limit is {MAX_ENTRY_SIZE}")
         future: asyncio.Future[tuple[LogEntry, bytes | None]]
         future = asyncio.get_running_loop().create_future()
-        self._queue.append((entry, seal, future))
+        self._queue.append((entry, seal, future, awaited))
         self._wakeup.set()
-        if len(self._queue) >= self._last_batch:
-            self._filled.set()
+        if awaited:
+            self._waiters += 1
+            if self._waiters >= self._last_batch:
+                self._filled.set()
         return future
 
     async def checkpoint(self) -> SignedNote:
@@ -276,10 +280,11 @@ class ProvenanceLog:
         return max(0.0, self._settings.checkpoint_interval_ms - elapsed_ms) / 1000.0
 
     def _fail_queue(self, error: LogUnavailableError) -> None:
-        for _, _, future in self._queue:
+        for _, _, future, _ in self._queue:
             if not future.done():
                 future.set_exception(error)
         self._queue.clear()
+        self._waiters = 0
 
     async def _run(self) -> None:
         try:
@@ -308,14 +313,16 @@ class ProvenanceLog:
                 return
 
     async def _gather_batch(self) -> None:
-        """Wait up to the group-commit window for as many appends as the last batch held.
+        """Wait up to the group-commit window for as many awaited appends as the last batch
+        held (records queued by `append_soon` ride along but nobody waits on them, so they
+        neither start nor prolong the wait).
 
         A lone appender is committed at once; concurrent appenders fill the batch in
         well under the window. Appends that arrive during a commit join the next one.
         """
         window = self._settings.group_commit_ms / 1000.0
         target = min(self._last_batch, self._settings.max_batch)
-        if window <= 0 or self._closing or not 0 < len(self._queue) < target:
+        if window <= 0 or self._closing or not 0 < self._waiters < target:
             return
         self._filled.clear()
         with contextlib.suppress(TimeoutError):
@@ -338,9 +345,11 @@ class ProvenanceLog:
         return done
 
     async def _commit(self, batch: list[_Queued]) -> None:
-        entries = [entry for entry, _, _ in batch]
-        seals = [seal for _, seal, _ in batch]
-        self._last_batch = len(batch)
+        entries = [entry for entry, _, _, _ in batch]
+        seals = [seal for _, seal, _, _ in batch]
+        awaited = sum(1 for *_, waits in batch if waits)
+        self._waiters -= awaited
+        self._last_batch = max(1, awaited)
         try:
             placed = await self._in_worker(self._write_and_seal, entries, seals)
         except Exception as exc:  # noqa: BLE001 - every waiter gets the error, none hangs
@@ -350,13 +359,13 @@ class ProvenanceLog:
                 else LogUnavailableError(f"the provenance log writer failed: {exc!r}")
             )
             self._last_error = error
-            for _, _, future in batch:
+            for _, _, future, _ in batch:
                 if not future.done():
                     future.set_exception(error)
             return
         self._last_error = None
         self._size += len(placed)
-        for (_, _, future), (where, sealed) in zip(batch, placed, strict=True):
+        for (_, _, future, _), (where, sealed) in zip(batch, placed, strict=True):
             if future.done():
                 continue
             if isinstance(sealed, Exception):
