@@ -11,6 +11,7 @@ Strategies:
   - `queue` = 1 - min(1, demand / (2 * slots)), where demand is the larger of the
     gateway's in-flight count (this replica's plus the other replicas' as of the last
     shared-state sync) and the backend's scraped running + waiting (when fresh),
+    corrected by how the gateway's in-flight count changed since that scrape,
     and slots is `capacity.max_concurrency` (else the scraped running count, else 8):
     1 when idle, 0.5 at capacity, 0 at twice capacity.
   - `kv` = 1 - scraped KV-cache use (0.5 when unknown).
@@ -67,32 +68,41 @@ class Picker:
             return [*routes[start:], *routes[:start]]
         if pool.strategy == "least_inflight":
             return sorted(routes, key=lambda r: (r.backend.global_inflight, self._rng.random()))
+        demand_of = self._demand
+        signals = [demand_of(r.backend) for r in routes]  # once per backend
         preferred = self._affinity.get(prefix) if prefix is not None else None
+        mine = -1  # the position of the backend holding the prefix, if it keeps it
         if preferred is not None:
             # Bounded-load affinity: the prefix's backend keeps it only while it is about
             # as lightly loaded as the least loaded candidate (otherwise requests split by
             # system prompt instead of by load).
-            ratios = {r.backend.id: self._ratio(r.backend) for r in routes}
-            if ratios.get(preferred, 1.0) > min(ratios.values()) + _AFFINITY_SLACK:
-                preferred = None
+            ratios = [demand / slots for demand, slots, _ in signals]
+            for position, route in enumerate(routes):
+                if route.backend.config.id == preferred:
+                    if ratios[position] <= min(ratios) + _AFFINITY_SLACK:
+                        mine = position
+                    break
+        random, score = self._rng.random, self._score
         scored = [
-            (self.score(pool, r.backend, preferred == r.backend.id), self._rng.random(), r)
-            for r in routes
+            (-score(pool, signal, position == mine), random(), route)
+            for position, (route, signal) in enumerate(zip(routes, signals, strict=True))
         ]
-        scored.sort(key=lambda item: (-item[0], item[1]))
+        scored.sort(key=_by_score)
         return [route for _, _, route in scored]
 
     def score(self, pool: RoutingPool, backend: BackendState, preferred: bool) -> float:
+        return self._score(pool, self._demand(backend), preferred)
+
+    def _score(
+        self, pool: RoutingPool, signal: tuple[float, float, float | None], preferred: bool
+    ) -> float:
         weights = pool.weights
-        demand, slots, kv = self._demand(backend)
-        queue = 1.0 - min(1.0, demand / (2.0 * slots))
-        kv_score = 0.5 if kv is None else 1.0 - min(1.0, max(0.0, kv))
+        demand, slots, kv = signal
+        busy = demand / (2.0 * slots)
+        queue = 0.0 if busy >= 1.0 else 1.0 - busy
+        kv_score = 0.5 if kv is None else 0.0 if kv >= 1.0 else 1.0 if kv <= 0.0 else 1.0 - kv
         affinity = 1.0 if preferred and demand < slots else 0.0
         return weights.queue * queue + weights.kv * kv_score + weights.affinity * affinity
-
-    def _ratio(self, backend: BackendState) -> float:
-        demand, slots, _ = self._demand(backend)
-        return demand / slots
 
     def _demand(self, backend: BackendState) -> tuple[float, float, float | None]:
         load = self._load_of(backend.id)
@@ -101,7 +111,13 @@ class Picker:
         scraped_slots = None
         if load is not None:
             if load.running is not None or load.waiting is not None:
-                demand = max(demand, (load.running or 0.0) + (load.waiting or 0.0))
+                scraped = (load.running or 0.0) + (load.waiting or 0.0)
+                if load.gateway_inflight is not None:
+                    # Stale by up to a scrape interval: add what the gateway sent since
+                    # (or take off what finished), so a burst shows at once and a queue
+                    # that drained does not linger.
+                    scraped += demand - load.gateway_inflight
+                demand = max(demand, scraped)
             kv = load.kv_usage
             scraped_slots = load.slots_total or (load.running if load.waiting else None)
         slots = float(backend.config.capacity.max_concurrency or scraped_slots or _DEFAULT_SLOTS)
@@ -116,6 +132,10 @@ class Picker:
         affinity.move_to_end(prefix)
         while len(affinity) > _AFFINITY_ENTRIES:
             affinity.popitem(last=False)
+
+
+def _by_score(item: tuple[float, float, Route]) -> tuple[float, float]:
+    return item[0], item[1]
 
 
 def prefix_key(doc: dict[str, Any], chars: int) -> bytes | None:

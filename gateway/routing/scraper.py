@@ -155,6 +155,7 @@ class MetricsScraper:
             self._record_failure(target, f"internal error: {type(exc).__name__}")
 
     async def _scrape(self, target: _Target) -> None:
+        inflight = target.state.global_inflight  # as the backend's numbers are taken
         try:
             response = await target.pool.request(b"GET", target.path, target.headers, b"")
             body = await response.read()
@@ -172,7 +173,9 @@ class MetricsScraper:
             return
         slots = target.state.learned_slots
         if slots is not None and load.slots_total is None:
-            load = dataclasses.replace(load, slots_total=slots)
+            load = dataclasses.replace(load, slots_total=slots, gateway_inflight=inflight)
+        else:
+            load = dataclasses.replace(load, gateway_inflight=inflight)
         self._readings[target.id] = Reading(load, self._clock())
         if self._failures.pop(target.id, None) is not None:
             self._log.info("backend metrics recovered", backend=target.id)

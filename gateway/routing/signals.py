@@ -71,6 +71,10 @@ class BackendLoad:
     waiting: float | None
     kv_usage: float | None
     slots_total: int | None
+    # The gateway's in-flight count for the backend (every replica's) when the scrape was
+    # sent: what the gateway dispatched or finished since then corrects the scraped
+    # running + waiting, which would otherwise stay stale until the next scrape.
+    gateway_inflight: int | None = None
 
 
 class _Spec(NamedTuple):
