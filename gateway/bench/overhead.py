@@ -39,7 +39,7 @@ from gateway.bench import litellm_proxy
 from gateway.bench.loadgen import LoadSpec, run_in_subprocess
 from gateway.bench.policy import HOSTED_KEY_ENV, decision_cost, write_policy_config
 from gateway.bench.report import evaluate_checks, policy_comparison, render
-from gateway.bench.services import HOST, Service, child_env, free_port, owngate_argv
+from gateway.bench.services import HOST, Service, child_env, env_flag, free_port, owngate_argv
 
 __all__ = ["POINTS", "TARGETS", "Point", "add_arguments", "main", "run"]
 
@@ -69,12 +69,8 @@ POINTS = (
 MODEL = "bench-model"
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(f"OWNGATE_BENCH_{name}", default)
-
-
 def _flag(name: str) -> bool:
-    return _env(name, "").strip().lower() in {"1", "true", "yes", "on"}
+    return env_flag(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,24 +78,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--duration",
         type=float,
-        default=_env("DURATION", "5"),
+        default=env_flag("DURATION", "5"),
         help="measured seconds per load point and target (env OWNGATE_BENCH_DURATION, 5)",
     )
     parser.add_argument(
         "--requests",
         type=int,
-        default=_env("REQUESTS", "0"),
+        default=env_flag("REQUESTS", "0"),
         help="cap on measured requests per point, 0 = none (env OWNGATE_BENCH_REQUESTS)",
     )
     parser.add_argument(
         "--json",
         type=Path,
-        default=_env("JSON", ".bench/overhead.json"),
+        default=env_flag("JSON", ".bench/overhead.json"),
         help="where to write the results (env OWNGATE_BENCH_JSON, .bench/overhead.json)",
     )
     parser.add_argument(
         "--targets",
-        default=_env("TARGETS", ",".join(TARGETS)),
+        default=env_flag("TARGETS", ",".join(TARGETS)),
         help=f"comma-separated targets to run, of {', '.join(TARGETS)} (env OWNGATE_BENCH_TARGETS)",
     )
     parser.add_argument(
@@ -110,14 +106,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--litellm-version",
-        default=_env("LITELLM_VERSION", litellm_proxy.DEFAULT_VERSION),
+        default=env_flag("LITELLM_VERSION", litellm_proxy.DEFAULT_VERSION),
         help=f"pinned litellm[proxy] release (env OWNGATE_BENCH_LITELLM_VERSION, "
         f"{litellm_proxy.DEFAULT_VERSION})",
     )
     parser.add_argument(
         "--litellm-venv",
         type=Path,
-        default=_env("LITELLM_VENV", ".bench/litellm-venv"),
+        default=env_flag("LITELLM_VENV", ".bench/litellm-venv"),
         help="virtualenv for LiteLLM, made on first use (env OWNGATE_BENCH_LITELLM_VENV)",
     )
     parser.add_argument(
@@ -135,7 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policy-calls",
         type=int,
-        default=_env("POLICY_CALLS", "0"),
+        default=env_flag("POLICY_CALLS", "0"),
         help="timed policy decisions per mode, 0 = 200,000 (20,000 with --quick) "
         "(env OWNGATE_BENCH_POLICY_CALLS)",
     )

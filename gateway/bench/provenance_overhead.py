@@ -36,7 +36,7 @@ from typing import Any
 
 from gateway.bench.loadgen import LoadSpec, run_in_subprocess
 from gateway.bench.overhead import _wait_backend_available  # one readiness check, shared
-from gateway.bench.services import HOST, Service, child_env, free_port, owngate_argv
+from gateway.bench.services import HOST, Service, child_env, env_flag, free_port, owngate_argv
 
 __all__ = ["BACKENDS", "CONCURRENCY", "add_arguments", "main", "run"]
 
@@ -63,40 +63,36 @@ BACKENDS = (
 MODES = ("off", "on")
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(f"OWNGATE_BENCH_{name}", default)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's flags, each with an OWNGATE_BENCH_* environment default."""
     parser.add_argument(
         "--duration",
         type=float,
-        default=_env("DURATION", "5"),
+        default=env_flag("DURATION", "5"),
         help="measured seconds per load point and mode (env OWNGATE_BENCH_DURATION, 5)",
     )
     parser.add_argument(
         "--json",
         type=Path,
-        default=_env("JSON", ".bench/provenance.json"),
+        default=env_flag("JSON", ".bench/provenance.json"),
         help="where to write the results (env OWNGATE_BENCH_JSON, .bench/provenance.json)",
     )
     parser.add_argument(
         "--backends",
-        default=_env("BACKENDS", ",".join(b.name for b in BACKENDS)),
+        default=env_flag("BACKENDS", ",".join(b.name for b in BACKENDS)),
         help=f"comma-separated, of {', '.join(b.name for b in BACKENDS)} "
         "(env OWNGATE_BENCH_BACKENDS)",
     )
     parser.add_argument(
         "--group-commit-ms",
         type=float,
-        default=_env("GROUP_COMMIT_MS", "2"),
+        default=env_flag("GROUP_COMMIT_MS", "2"),
         help="the `on` log's group-commit window (env OWNGATE_BENCH_GROUP_COMMIT_MS, 2)",
     )
     parser.add_argument(
         "--quick",
         action="store_true",
-        default=_env("QUICK", "").lower() in ("1", "true", "yes"),
+        default=env_flag("QUICK", "").lower() in ("1", "true", "yes"),
         help="a very short run for smoke tests; numbers mean little (env OWNGATE_BENCH_QUICK=1)",
     )
 

@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from gateway.bench.loadgen import LoadSpec, run_in_subprocess
-from gateway.bench.services import HOST, Service, child_env, free_port, owngate_argv
+from gateway.bench.services import HOST, Service, child_env, env_flag, free_port, owngate_argv
 from gateway.keys import hash_api_key
 
 __all__ = ["add_arguments", "main", "run"]
@@ -45,27 +45,23 @@ LOADS = (("chat c=64", False, 16), ("stream c=64", True, 64))  # name, stream, m
 CONCURRENCY = 64
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(f"OWNGATE_BENCH_{name}", default)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's flags, each with an OWNGATE_BENCH_* environment default."""
     parser.add_argument(
         "--workers",
-        default=_env("WORKERS", "1,2,4"),
+        default=env_flag("WORKERS", "1,2,4"),
         help="comma-separated worker counts (env OWNGATE_BENCH_WORKERS, 1,2,4)",
     )
     parser.add_argument(
         "--duration",
         type=float,
-        default=_env("DURATION", "5"),
+        default=env_flag("DURATION", "5"),
         help="measured seconds per load and worker count (env OWNGATE_BENCH_DURATION, 5)",
     )
     parser.add_argument(
         "--json",
         type=Path,
-        default=_env("SCALE_JSON", ".bench/scale.json"),
+        default=env_flag("SCALE_JSON", ".bench/scale.json"),
         help="where to write the results (env OWNGATE_BENCH_SCALE_JSON, .bench/scale.json)",
     )
 

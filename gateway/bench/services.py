@@ -24,6 +24,7 @@ __all__ = [
     "HOST",
     "Service",
     "child_env",
+    "env_flag",
     "free_port",
     "machine_busy_seconds",
     "owngate_argv",
@@ -31,6 +32,11 @@ __all__ = [
 ]
 
 HOST = "127.0.0.1"
+
+
+def env_flag(name: str, default: str) -> str:
+    """A benchmark flag's default: the environment's OWNGATE_BENCH_<name>, else `default`."""
+    return os.environ.get(f"OWNGATE_BENCH_{name}", default)
 
 
 def free_port() -> int:
