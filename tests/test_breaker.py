@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
 import pytest
 from pydantic import ValidationError
 
+from gateway.api import create_app
 from gateway.config.schema import BreakerSettings
 from gateway.routing.breaker import Breaker, Pass
+from gateway.serving import ServerThread
+from tests.conftest import Gateway, Sim, backend, gateway_config
 
 
 def state(breaker: Breaker) -> str:
@@ -98,3 +106,97 @@ def test_settings_are_validated() -> None:
         BreakerSettings(cooldown_s=5.0, max_cooldown_s=1.0)
     with pytest.raises(ValidationError):
         BreakerSettings(failure_threshold=0)
+
+
+# Over real sockets: what the relay tells the breaker.
+
+
+def _backend_app(
+    delay_s: float, *, sse_headers_then_hang: bool = False
+) -> Callable[..., Awaitable[None]]:
+    """A bare ASGI backend: waits `delay_s`, then answers a chat completion; or sends SSE
+    headers and never a chunk."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if sse_headers_then_hang:
+            headers = [(b"content-type", b"text/event-stream")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await asyncio.sleep(3600)
+        await asyncio.sleep(delay_s)
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        body = b'{"id":"x","object":"chat.completion","choices":[]}'
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+def _chat(gateway: Gateway, *, stream: bool) -> int:
+    body = {"model": "m", "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions", headers=gateway.headers, json=body, timeout=20
+    )
+    return response.status_code
+
+
+def test_headers_then_silence_opens_the_breaker(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    # Judged by how the answer ended, not by its headers: otherwise every request resets
+    # the failure count and the backend keeps eating a first-byte timeout forever.
+    good = start_sim("vllm", models=("m",), zero_latency=True)
+    with ServerThread(_backend_app(0, sse_headers_then_hang=True)) as hanging:
+        gateway = start_gateway(
+            [
+                backend("hang", hanging.url, "m", kind="openai", first_byte_timeout_s=0.3),
+                backend("good", good.url, "m", kind="openai"),
+            ],
+            routing={
+                "default": {"strategy": "round_robin"},
+                "breaker": {"failure_threshold": 3, "cooldown_s": 30.0},
+            },
+        )
+        assert [_chat(gateway, stream=True) for _ in range(10)] == [200] * 10
+        breaker = gateway.app.registry.backends["hang"].breaker
+        assert breaker.opens == 1
+        assert breaker.state.value == "open"
+
+
+def test_a_timeout_the_failover_deadline_cut_short_is_not_the_backends_fault(
+    start_gateway: Callable[..., Gateway],
+) -> None:
+    with (
+        ServerThread(_backend_app(3600)) as hung,
+        ServerThread(_backend_app(0.5)) as slow,
+    ):
+        gateway = start_gateway(
+            [
+                backend("hung", hung.url, "m", kind="openai", first_byte_timeout_s=1.0),
+                backend("slow", slow.url, "m", kind="openai", first_byte_timeout_s=5.0),
+            ],
+            routing={
+                "default": {"strategy": "least_inflight"},
+                "failover": {"deadline_s": 1.2},
+                "breaker": {"failure_threshold": 3, "cooldown_s": 30.0},
+            },
+        )
+        for _ in range(4):
+            _chat(gateway, stream=False)
+        slow_breaker = gateway.app.registry.backends["slow"].breaker
+        assert slow_breaker.state.value == "closed"
+        assert slow_breaker.opens == 0
+
+
+def test_a_reload_applies_new_breaker_settings_to_kept_backends() -> None:
+    config = gateway_config(
+        [backend("b", "http://127.0.0.1:9", "m")], routing={"breaker": {"failure_threshold": 3}}
+    )
+    app = create_app(config, environ={})
+    changed = gateway_config(
+        [backend("b", "http://127.0.0.1:9", "m")],
+        routing={"breaker": {"failure_threshold": 50, "cooldown_s": 9.0, "max_cooldown_s": 9.0}},
+    )
+    app.install(app.assemble(changed))
+    assert app.registry.backends["b"].breaker.settings.failure_threshold == 50

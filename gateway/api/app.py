@@ -207,7 +207,7 @@ class GatewayApp:
                     self._background.append(asyncio.create_task(self.fleet.publish(self.metrics)))
                 self._start_cosigning()
                 _reload_on_sighup(self.reload)
-                self.ready = True
+                self.ready = not self.draining  # a SIGTERM during startup stands
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.ready = False
@@ -246,6 +246,9 @@ class GatewayApp:
                     exchange, tenant, scope, body, upstream_path, receive, send
                 )
             finally:
+                # The answer is over: a drain deadline from now on must not cut (and write
+                # to) a finished response, nor interrupt the release.
+                self.serving.discard(asyncio.current_task())
                 await admission.release(_tokens_used(exchange))
         except GatewayError as error:
             exchange.status = error.status

@@ -35,7 +35,7 @@ from gateway.api.exchange import (
 from gateway.api.metrics import GatewayMetrics
 from gateway.asgi import Send
 from gateway.errors import ErrorCode, GatewayError
-from gateway.routing.breaker import Pass
+from gateway.routing.breaker import Breaker, Pass
 from gateway.routing.registry import BackendState, Registry, Route
 from gateway.state import SharedState
 from gateway.upstream.http import UpstreamError, UpstreamResponse
@@ -89,7 +89,11 @@ class PrivateRelay:
         judged = False  # whether the breaker heard how this attempt went
         self._enter(backend)
         try:
-            wait = min(backend.pool.first_byte_timeout, deadline - time.perf_counter())
+            budget = backend.pool.first_byte_timeout
+            wait = min(budget, deadline - time.perf_counter())
+            # A timeout the request's own failover deadline cut short says nothing about
+            # the backend: it is not charged to its breaker (nor is a backend never tried).
+            clipped = wait < budget
             try:
                 if wait <= 0:
                     raise UpstreamError("timeout", "the request's failover deadline passed")
@@ -99,28 +103,47 @@ class PrivateRelay:
                 )
             except UpstreamError as exc:
                 self._failed(exchange, backend, exc.kind)
-                if exc.kind != "busy":  # busy: this gateway's own connection limit
-                    breaker.failed(self._registry.clock(), f"{exc.kind}: {exc.detail}")
-                    judged = True
+                judged = self._judge_failure(breaker, exc, clipped)
                 raise TryNext(f"{backend.id}: {exc.kind}", _timeout_error(exc)) from exc
             if response.status >= 500:
                 breaker.failed(self._registry.clock(), f"HTTP {response.status}")
-            else:
-                breaker.succeeded()
-            judged = True
+                judged = True
             try:
-                await self._relay(exchange, backend, response, send, first_byte_by)
+                broke = await self._relay(exchange, backend, response, send, first_byte_by)
             except UpstreamError as exc:
+                if not judged:
+                    judged = self._judge_failure(breaker, exc, clipped)
                 if exchange.response_started:
                     raise
                 # Broke off before the client saw a byte: another backend may serve it.
                 self._failed(exchange, backend, exc.kind)
-                breaker.failed(self._registry.clock(), f"{exc.kind}: {exc.detail}")
                 raise TryNext(f"{backend.id}: {exc.kind}", _timeout_error(exc)) from exc
+            except GatewayError:
+                if not judged:  # a 4xx, translated for the client: the backend is answering
+                    breaker.succeeded()
+                    judged = True
+                raise
+            if not judged:
+                # Judged by how the answer ended, not by its headers: a backend that sends
+                # headers and then hangs or breaks off must still open its breaker.
+                if broke is None:
+                    breaker.succeeded()
+                else:
+                    breaker.failed(self._registry.clock(), f"stream broke off: {broke}")
+                judged = True
         finally:
             if grant is Pass.probe and not judged:
                 breaker.abandoned()
             self._leave(backend)
+
+    def _judge_failure(self, breaker: Breaker, exc: UpstreamError, clipped: bool) -> bool:
+        """Charge an upstream failure to the breaker, unless it was not the backend's
+        (`busy`: this gateway's own connection limit; a timeout the failover deadline cut
+        short). True when the breaker was told."""
+        if exc.kind == "busy" or (exc.kind == "timeout" and clipped):
+            return False
+        breaker.failed(self._registry.clock(), f"{exc.kind}: {exc.detail}")
+        return True
 
     def _failed(self, exchange: Exchange, backend: BackendState, kind: str) -> None:
         self._metrics.upstream_error(backend.id, kind)
@@ -133,9 +156,10 @@ class PrivateRelay:
         response: UpstreamResponse,
         send: Send,
         first_byte_by: float,
-    ) -> None:
+    ) -> str | None:
+        """Relay the answer; returns why a stream broke off after its first byte, if it did."""
         try:
-            await self._relay_body(exchange, backend, response, send, first_byte_by)
+            return await self._relay_body(exchange, backend, response, send, first_byte_by)
         finally:
             response.abort()  # no-op once the exchange completed and the connection is pooled
 
@@ -146,7 +170,7 @@ class PrivateRelay:
         response: UpstreamResponse,
         send: Send,
         first_byte_by: float,
-    ) -> None:
+    ) -> str | None:
         status = response.status
         content_type = response.header(b"content-type") or b"application/json"
         if status >= 400:
@@ -166,7 +190,7 @@ class PrivateRelay:
             await send_bytes(
                 send, status, data, exchange.request_id, content_type, receipt_headers(exchange)
             )
-            return
+            return None
         chunks = response.chunks()
         try:  # the client sees nothing until the first chunk: until then, failover is open
             async with asyncio.timeout_at(first_byte_by):
@@ -178,6 +202,7 @@ class PrivateRelay:
             self._metrics.observe_ttft(exchange.endpoint, backend.id, first_chunk_seconds(exchange))
             relayed(exchange, first)
             await send({"type": "http.response.body", "body": first, "more_body": True})
+        broke = None
         try:
             async for data in chunks:
                 relayed(exchange, data)
@@ -186,7 +211,7 @@ class PrivateRelay:
             if exchange.client_gone:
                 raise asyncio.CancelledError from exc
             self._metrics.upstream_error(backend.id, exc.kind)
-            exchange.upstream_error = exc.kind
+            exchange.upstream_error = broke = exc.kind
             error = GatewayError(
                 ErrorCode.upstream_error if exc.kind != "timeout" else ErrorCode.upstream_timeout,
                 "the backend failed in the middle of the stream",
@@ -194,6 +219,7 @@ class PrivateRelay:
             await send_error_event(send, error)
         await send_receipt_comment(send, exchange)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return broke
 
     def _rename(self, doc: dict[str, Any], body: bytes, model: str, route: Route) -> bytes:
         key = (model, route.upstream_model)

@@ -59,6 +59,7 @@ def keep_unchanged_backends(registry: Registry, previous: Registry, same_limits:
     for backend_id, state in registry.backends.items():
         old = previous.backends.get(backend_id)
         if old is not None and old.config == state.config:
+            old.breaker.settings = state.breaker.settings  # routing.breaker may have changed
             kept[backend_id] = old
     if not kept:
         return
