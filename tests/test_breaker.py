@@ -47,6 +47,24 @@ def test_opens_after_consecutive_failures_only() -> None:
     assert breaker.opens == 1 and breaker.last_error == "HTTP 500"
 
 
+def test_outcomes_from_an_earlier_epoch_do_not_judge_the_probe() -> None:
+    breaker = Breaker(SETTINGS)
+    assert breaker.begin(0.0) is Pass.normal
+    old = breaker.epoch  # a slow request, begun while closed
+    for _ in range(3):
+        breaker.failed(0.0, "connect: refused", breaker.epoch)
+    assert state(breaker) == "open" and breaker.opens == 1
+    assert breaker.begin(1.0) is Pass.probe
+    probe = breaker.epoch
+    breaker.failed(1.0, "timeout: old request", old)  # it ends now: only noted
+    assert state(breaker) == "half_open" and breaker.opens == 1
+    assert breaker.last_error == "timeout: old request"
+    breaker.abandoned(old)  # nor does it free the probe slot
+    assert breaker.begin(1.0) is None
+    breaker.failed(1.0, "HTTP 503", probe)  # the probe's own verdict reopens it
+    assert state(breaker) == "open" and breaker.opens == 2
+
+
 def test_half_open_lets_exactly_one_probe_through() -> None:
     breaker = tripped()
     assert breaker.available(1.0)  # the cooldown is over

@@ -81,6 +81,7 @@ class PrivateRelay:
         grant = breaker.begin(self._registry.clock())
         if grant is None:
             raise TryNext(f"{backend.id}: circuit breaker open")
+        epoch = breaker.epoch  # handed back with the outcome
         out = body if route.upstream_model == model else self._rename(doc, body, model, route)
         headers = [(b"content-type", b"application/json"), (b"x-request-id", exchange.request_id)]
         if backend.auth_header is not None:
@@ -103,16 +104,16 @@ class PrivateRelay:
                 )
             except UpstreamError as exc:
                 self._failed(exchange, backend, exc.kind)
-                judged = self._judge_failure(breaker, exc, clipped)
+                judged = self._judge_failure(breaker, exc, clipped, epoch)
                 raise TryNext(f"{backend.id}: {exc.kind}", _timeout_error(exc)) from exc
             if response.status >= 500:
-                breaker.failed(self._registry.clock(), f"HTTP {response.status}")
+                breaker.failed(self._registry.clock(), f"HTTP {response.status}", epoch)
                 judged = True
             try:
                 broke = await self._relay(exchange, backend, response, send, first_byte_by)
             except UpstreamError as exc:
                 if not judged:
-                    judged = self._judge_failure(breaker, exc, clipped)
+                    judged = self._judge_failure(breaker, exc, clipped, epoch)
                 if exchange.response_started:
                     raise
                 # Broke off before the client saw a byte: another backend may serve it.
@@ -129,20 +130,22 @@ class PrivateRelay:
                 if broke is None:
                     breaker.succeeded()
                 else:
-                    breaker.failed(self._registry.clock(), f"stream broke off: {broke}")
+                    breaker.failed(self._registry.clock(), f"stream broke off: {broke}", epoch)
                 judged = True
         finally:
             if grant is Pass.probe and not judged:
-                breaker.abandoned()
+                breaker.abandoned(epoch)
             self._leave(backend)
 
-    def _judge_failure(self, breaker: Breaker, exc: UpstreamError, clipped: bool) -> bool:
+    def _judge_failure(
+        self, breaker: Breaker, exc: UpstreamError, clipped: bool, epoch: int
+    ) -> bool:
         """Charge an upstream failure to the breaker, unless it was not the backend's
         (`busy`: this gateway's own connection limit; a timeout the failover deadline cut
         short). True when the breaker was told."""
         if exc.kind == "busy" or (exc.kind == "timeout" and clipped):
             return False
-        breaker.failed(self._registry.clock(), f"{exc.kind}: {exc.detail}")
+        breaker.failed(self._registry.clock(), f"{exc.kind}: {exc.detail}", epoch)
         return True
 
     def _failed(self, exchange: Exchange, backend: BackendState, kind: str) -> None:

@@ -233,7 +233,7 @@ class ProvenanceLog:
             return
         self._closing = True
         self._wakeup.set()
-        await self._task
+        await asyncio.shield(self._task)  # a cancelled caller must not cut a commit short
         try:
             await self._in_worker(self._store.checkpoint)
         finally:
@@ -251,7 +251,7 @@ class ProvenanceLog:
             return
         self._closing = self._aborting = True
         self._wakeup.set()
-        await self._task
+        await asyncio.shield(self._task)  # a cancelled caller must not cut a commit short
         await self._in_worker(self._store.close)
         self._executor.shutdown(wait=True)
 

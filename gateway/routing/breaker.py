@@ -12,6 +12,11 @@ States and moves (the clock is injected; nothing here does I/O):
   `/health` probe. Success closes the breaker; failure reopens it. A real probe that
   ends with no verdict (the client left) hands the probe to the next caller.
 
+Every opening and every probe granted starts a new epoch; `begin`'s caller reads
+`epoch` and hands it back with the outcome, so a request that began before the last
+change (say, while closed, and fails only once a probe is out) neither reopens the
+breaker nor ends another request's probe.
+
 A failed `/health` probe reopens for `cooldown_s` without growing the cooldown: it cost
 no client anything, and a server that is still loading its model should be tried again
 soon. The cooldown grows only when client requests fail, and resets after a request
@@ -51,6 +56,7 @@ class Breaker:
     open_until: float = 0.0
     probing: bool = False  # a half-open probe request is in flight
     last_error: str | None = None
+    epoch: int = 0  # bumped at each opening and each probe granted
 
     def available(self, now: float) -> bool:
         """Whether a request may be routed here now (no state change)."""
@@ -72,6 +78,7 @@ class Breaker:
             return None
         self.state = BreakerState.half_open
         self.probing = True
+        self.epoch += 1
         return Pass.probe
 
     def succeeded(self) -> None:
@@ -84,9 +91,12 @@ class Breaker:
         self.probing = False
         self.last_error = None
 
-    def failed(self, now: float, reason: str) -> None:
-        """A request failed before its first byte (connect, 5xx, timeout, broken off)."""
+    def failed(self, now: float, reason: str, epoch: int | None = None) -> None:
+        """A request failed (connect, 5xx, timeout, broken off). `epoch`: the breaker's epoch
+        when the request began; an outcome from an earlier epoch is only noted."""
         self.last_error = reason
+        if epoch is not None and epoch != self.epoch:
+            return
         if self.state is BreakerState.half_open:
             self._open(now, grow=True)
         elif self.state is BreakerState.closed:
@@ -94,9 +104,11 @@ class Breaker:
             if self.failures >= self.settings.failure_threshold:
                 self._open(now, grow=True)
 
-    def abandoned(self) -> None:
-        """The probe request ended with no verdict: let the next request probe."""
-        self.probing = False
+    def abandoned(self, epoch: int | None = None) -> None:
+        """The probe request ended with no verdict: let the next request probe (unless a
+        newer probe is already out)."""
+        if epoch is None or epoch == self.epoch:
+            self.probing = False
 
     def probe_ok(self, now: float) -> None:
         """The scraper's `/health` answered 200: the half-open probe when one is due."""
@@ -124,5 +136,6 @@ class Breaker:
         self.failures = 0
         self.probing = False
         self.opens += 1
+        self.epoch += 1
         cooldown = self.cooldown() if grow else self.settings.cooldown_s
         self.open_until = now + cooldown
