@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
-import http.client
 import json
 import os
 import platform
@@ -215,34 +214,9 @@ class _Target:
         return found
 
 
-def _readyz(service: Service) -> dict[str, Any] | None:
-    conn = http.client.HTTPConnection(HOST, service.port, timeout=5.0)
-    try:
-        conn.request("GET", "/readyz")
-        detail = json.loads(conn.getresponse().read())
-    except (OSError, ValueError, http.client.HTTPException):
-        return None
-    finally:
-        conn.close()
-    return detail if isinstance(detail, dict) else None
-
-
-def _wait_backend_available(service: Service, backend: str, timeout: float) -> None:
-    """Ready is not enough: the gateway must also have seen the simulator healthy, or the
-    first requests of a load point measure 503s (a cold start of the simulator)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        detail = _readyz(service) or {}
-        state = detail.get("backends", {}).get(backend, {})
-        if isinstance(state, dict) and state.get("available"):
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"{service.name}: backend {backend} never became available")
-
-
 def _server_policy(service: Service) -> dict[str, Any] | None:
     """The policy set a running owngate reports in `/readyz` (id, version, digest, builtin)."""
-    detail = _readyz(service)
+    detail = service.readyz()
     policy = detail.get("policy") if detail is not None else None
     if not isinstance(policy, dict):
         return None
@@ -316,7 +290,7 @@ def _started(
                         target.service, target.error = None, str(exc)
         for target in targets:
             if target.config is not None and target.service is not None:
-                _wait_backend_available(target.service, "sim", 30.0)
+                target.service.wait_backend_available("sim", 30.0)
                 target.policy = _server_policy(target.service)
         yield sim, targets
     finally:

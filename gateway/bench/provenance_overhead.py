@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from gateway.bench.loadgen import LoadSpec, run_in_subprocess
-from gateway.bench.overhead import _wait_backend_available  # one readiness check, shared
 from gateway.bench.services import HOST, Service, child_env, env_flag, free_port, owngate_argv
 
 __all__ = ["BACKENDS", "CONCURRENCY", "add_arguments", "main", "run"]
@@ -195,7 +194,7 @@ def _started(plan: _Plan, rundir: Path, api_key: str) -> Iterator[list[_Pair]]:
             pair.sim.wait_ready("/v1/models", {}, 30.0)
             for gateway in pair.gateways.values():
                 gateway.wait_ready("/v1/models", auth, 30.0)
-                _wait_backend_available(gateway, "sim", 30.0)
+                gateway.wait_backend_available("sim", 30.0)
         yield pairs
     finally:
         for service in reversed(services):

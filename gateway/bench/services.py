@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import http.client
+import json
 import os
 import signal
 import socket
@@ -19,6 +20,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "HOST",
@@ -129,6 +131,29 @@ class Service:
             return self.log.read_text(errors="replace")[-limit:]
         except OSError as exc:
             return f"(no log: {exc})"
+
+    def readyz(self) -> dict[str, Any] | None:
+        """An owngate's `/readyz` detail, or None when it does not answer with JSON."""
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=5.0)
+        try:
+            conn.request("GET", "/readyz")
+            detail = json.loads(conn.getresponse().read())
+        except (OSError, ValueError, http.client.HTTPException):
+            return None
+        finally:
+            conn.close()
+        return detail if isinstance(detail, dict) else None
+
+    def wait_backend_available(self, backend: str, timeout: float) -> None:
+        """Ready is not enough: the gateway must also have seen the simulator healthy, or
+        the first requests of a load point measure 503s (a cold start of the simulator)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = (self.readyz() or {}).get("backends", {}).get(backend, {})
+            if isinstance(state, dict) and state.get("available"):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name}: backend {backend} never became available")
 
     def wait_ready(self, path: str, headers: Mapping[str, str], timeout: float) -> None:
         """Poll GET `path` until it answers 200; raise RuntimeError after `timeout` seconds."""
