@@ -19,9 +19,10 @@ import pytest
 from gateway.api import create_app
 from gateway.cli.main import main as owngate
 from gateway.keys import hash_api_key
-from gateway.provenance import LogDirectory, load_verifiers, verify_log, write_signing_key
+from gateway.provenance import load_verifiers, verify_log, write_signing_key
 from tests.conftest import TENANT_KEY, Sim, backend, gateway_config
 from tests.test_gateway_process import KEY, GatewayProcess, free_port
+from tests.test_provenance_gateway import records
 
 STREAMS = 50
 TOKENS = 20  # at 10 tokens/s: a two-second stream
@@ -143,12 +144,6 @@ def exit_code(gateway: GatewayProcess, timeout: float = 30) -> int:
     return gateway.proc.returncode
 
 
-def log_records(log_dir: Path) -> list[dict[str, Any]]:
-    directory = LogDirectory(log_dir)
-    size = int(directory.latest_note().decode().split("\n")[1])
-    return [orjson.loads(entry) for entry in directory.bundle(0, size)]
-
-
 def assert_log_complete(tmp_path: Path, vkey: str) -> None:
     """The final checkpoint covers every record, every dispatch completed, and the
     auditor's command agrees."""
@@ -188,7 +183,7 @@ def test_drain_deadline_cuts_streams_with_an_error_event(
         assert not stream.done
     assert exit_code(gateway) == 0
     assert_log_complete(tmp_path, vkey)
-    completions = [r for r in log_records(tmp_path / "log") if r["type"] == "completion"]
+    completions = [r for r in records(tmp_path / "log") if r["type"] == "completion"]
     assert len(completions) == STREAMS
     assert all(r["status"] == 503 and "shut down" in str(r["error"]) for r in completions)
 
