@@ -14,7 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gateway.bench.provenance_overhead import render
+from gateway.bench.services import histogram_quantile
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,3 +57,16 @@ def test_quick_run_writes_the_side_by_side_report(tmp_path: Path) -> None:
     assert set(report["logs"]) == {"zero-latency", "llm-shaped"}
     assert all(text.startswith("verified") for text in report["logs"].values())
     assert "zero-latency  16" in render(report)
+    on = report["points"][0]["results"]["on"]
+    assert on["dispatch_wait_ms"]["p99"] >= on["dispatch_wait_ms"]["p50"] > 0
+
+
+def test_histogram_quantile_interpolates_inside_the_bucket_of_the_delta() -> None:
+    inf = float("inf")
+    before = {0.001: 5.0, 0.002: 5.0, 0.004: 5.0, inf: 5.0}  # observed before the run
+    after = {0.001: 5.0, 0.002: 9.0, 0.004: 13.0, inf: 15.0}  # 10 more: 4, 4 and 2
+    assert histogram_quantile(before, after, 0.2) == pytest.approx(0.0015)  # half of (1, 2]
+    assert histogram_quantile(before, after, 0.6) == pytest.approx(0.003)  # half of (2, 4]
+    assert histogram_quantile(before, after, 0.99) == 0.004  # in +Inf: the top finite bound
+    assert histogram_quantile(after, after, 0.5) is None  # nothing new was observed
+    assert histogram_quantile({}, {}, 0.5) is None

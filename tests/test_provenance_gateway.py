@@ -139,6 +139,10 @@ def test_every_request_is_logged_and_receipted(
     assert proof.status_code == 200
     assert proof.text.startswith("c2sp.org/tlog-proof@v1")
 
+    # What the log added before each dispatch is on /metrics: three requests went upstream.
+    scraped = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    assert "owngate_provenance_dispatch_wait_seconds_count 3.0" in scraped
+
     gateway.server.stop()  # a final checkpoint is signed on shutdown
     summary = verify_log(log_dir, verifiers)
     assert summary.unsigned_entries == 0 and summary.open_dispatches == 0

@@ -30,6 +30,7 @@ from gateway.provenance import (
 )
 from gateway.provenance.layout import WAL, list_history
 from gateway.provenance.reader import LogDirectory
+from gateway.provenance.store import SignedNote, Snapshot
 from gateway.provenance.testing import EXAMPLE_POLICY, log_refusal, log_request, seeded_signer
 from gateway.provenance.wal import list_segments
 
@@ -86,6 +87,9 @@ def test_checkpoint_every_n_entries(tmp_path: Path) -> None:
         log = await _open(tmp_path, group_commit_ms=0, checkpoint_every=4)
         for n in range(6):
             await log_request(log, n)
+            # Exports run beside the appends: one that is still running when the next
+            # falls due delays it (a checkpoint then covers more); wait, to see the cadence.
+            await log._checkpoints.idle()
         await log.close()
 
     asyncio.run(scenario())
@@ -184,8 +188,9 @@ def test_a_directory_of_another_log_is_refused(tmp_path: Path) -> None:
 
 def test_write_failure_raises_then_recovers(tmp_path: Path) -> None:
     async def scenario() -> None:
-        log = await _open(tmp_path, group_commit_ms=0, checkpoint_every=1)
-        await log_request(log, 0)  # each append is checkpointed, closing its segment
+        log = await _open(tmp_path, group_commit_ms=0)
+        await log_request(log, 0)
+        await log.checkpoint()  # its snapshot closed the segment: the next append opens one
         wal = tmp_path / WAL
         shutil.rmtree(wal)
         wal.write_bytes(b"")  # a file where the segment directory must be: writes fail
@@ -296,7 +301,7 @@ def _refusal(number: int) -> dict[str, object]:
     )
 
 
-def test_sealing_runs_on_the_writer_thread_after_the_entry_is_durable(tmp_path: Path) -> None:
+def test_sealing_runs_on_its_own_thread_after_the_entry_is_durable(tmp_path: Path) -> None:
     seen: list[tuple[str, int, int]] = []
 
     async def scenario() -> None:
@@ -308,20 +313,100 @@ def test_sealing_runs_on_the_writer_thread_after_the_entry_is_durable(tmp_path: 
             return b"sealed-%d" % entry.index
 
         placed = await asyncio.gather(*(log.append_sealed(_refusal(n), seal) for n in range(5)))
-        assert [(e.index, s) for e, s in placed] == [(n, b"sealed-%d" % n) for n in range(5)]
+        assert [e.index for e, _ in placed] == list(range(5))
+        assert [await s for _, s in placed] == [b"sealed-%d" % n for n in range(5)]
 
         def broken(entry: LogEntry) -> bytes:
             raise RuntimeError("no key")
 
+        entry, sealing = await log.append_sealed(_refusal(5), broken)
+        assert (entry.index, log.size) == (5, 6)  # durable even though its seal fails
         with pytest.raises(RuntimeError, match="no key"):
-            await log.append_sealed(_refusal(5), broken)
-        assert log.size == 6  # the record is durable even though its seal failed
+            await sealing
         await log.close()
 
     asyncio.run(scenario())
-    assert all(name.startswith("provenance-log") for name, _, _ in seen)
+    assert all(name.startswith("provenance-seal") for name, _, _ in seen)
     assert all(size > index for _, index, size in seen)
     assert verify_log(tmp_path, [_signer().verifier()]).size == 6
+
+
+def test_a_slow_seal_holds_back_neither_its_append_nor_the_next(tmp_path: Path) -> None:
+    release = threading.Event()
+
+    async def scenario() -> None:
+        log = await _open(tmp_path)
+
+        def slow(entry: LogEntry) -> bytes:
+            release.wait(10)
+            return b"late"
+
+        entry, sealing = await log.append_sealed(_refusal(0), slow)
+        later = await log.append(_refusal(1))  # the writer thread is not blocked
+        assert (entry.index, later.index, sealing.done()) == (0, 1, False)
+        release.set()
+        assert await sealing == b"late"
+        await log.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+
+
+def test_appends_go_on_while_a_checkpoint_is_written(tmp_path: Path) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    async def scenario() -> None:
+        log = await _open(tmp_path, checkpoint_interval_ms=1)
+        store = log._store
+        export = store.export
+
+        def held_export(snapshot: Snapshot) -> SignedNote:
+            started.set()
+            release.wait(10)
+            return export(snapshot)
+
+        store.export = held_export  # type: ignore[method-assign]
+        await log.append(_refusal(0))
+        # The checkpoint thread took a snapshot and is held in the export.
+        assert await asyncio.to_thread(started.wait, 10)
+        placed = [await log.append(_refusal(n)) for n in range(1, 20)]
+        assert [e.index for e in placed] == list(range(1, 20))  # none waited for the export
+        assert log.latest_checkpoint().checkpoint.size == 0  # type: ignore[union-attr]
+        release.set()
+        await log.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+    summary = verify_log(tmp_path, [_signer().verifier()])
+    assert (summary.size, summary.unsigned_entries) == (20, 0)
+
+
+def test_a_crash_between_snapshot_and_export_replays_every_segment(tmp_path: Path) -> None:
+    async def write() -> None:
+        log = await _open(tmp_path, checkpoint_every=10_000, checkpoint_interval_ms=60_000)
+        store = log._store
+        for n in range(3):
+            await log_request(log, n)
+            store.snapshot()  # rotates the segment; no export follows (as if killed)
+        await log.abort()
+
+    asyncio.run(write())
+    assert [first for first, _ in list_segments(tmp_path / WAL)] == [0, 2, 4]
+
+    async def reopen() -> None:
+        log = await _open(tmp_path)
+        assert (log.recovery.replayed, log.size) == (6, 6)
+        await log_request(log, 3)
+        await log.close()
+
+    asyncio.run(reopen())
+    assert list_segments(tmp_path / WAL) == []
+    summary = verify_log(tmp_path, [_signer().verifier()])
+    assert (summary.size, summary.open_dispatches) == (8, 0)
 
 
 def test_append_soon_does_not_wait_and_close_flushes_it(tmp_path: Path) -> None:
@@ -333,8 +418,7 @@ def test_append_soon_does_not_wait_and_close_flushes_it(tmp_path: Path) -> None:
         with pytest.raises(RecordError, match="unknown field"):
             log.append_soon({**_refusal(2), "prompt": "secret"})  # checked=False validates
         await log.close()  # flushes what was queued
-        entry, sealed = first.result()
-        assert (entry.index, sealed) == (0, None)
+        assert first.result().index == 0
 
     asyncio.run(scenario())
     assert verify_log(tmp_path, [_signer().verifier()]).size == 2

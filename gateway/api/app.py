@@ -254,7 +254,8 @@ class GatewayApp:
             exchange.status = error.status
             if not exchange.response_started:
                 # The prompt may have left (and been logged): the receipt says where.
-                await send_error(send, error, exchange.request_id, receipt_headers(exchange))
+                headers = await receipt_headers(exchange)
+                await send_error(send, error, exchange.request_id, headers)
         except asyncio.CancelledError:
             if not self._cutting:
                 raise
@@ -280,7 +281,7 @@ class GatewayApp:
         )
         exchange.status = error.status
         if not exchange.response_started:
-            await send_error(send, error, exchange.request_id, receipt_headers(exchange))
+            await send_error(send, error, exchange.request_id, await receipt_headers(exchange))
             return
         if exchange.stream:
             await send_error_event(send, error)
@@ -459,8 +460,14 @@ class GatewayApp:
                 raise GatewayError(
                     ErrorCode.not_found, "no receipt for that request id (or not yours)"
                 )
-            envelope, index = found
+            sealing, index = found
             if kind == "receipts":
+                try:
+                    envelope = await asyncio.shield(sealing)
+                except Exception as exc:  # Recorder._sealed logged the cause
+                    raise GatewayError(
+                        ErrorCode.provenance_unavailable, "the receipt could not be signed"
+                    ) from exc
                 await send_bytes(send, 200, envelope, request_id, b"application/json")
                 return
             try:

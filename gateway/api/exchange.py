@@ -63,11 +63,12 @@ class TryNext(Exception):
         self.error = error
 
 
-def receipt_headers(exchange: Exchange) -> tuple[tuple[bytes, bytes], ...]:
-    trail = exchange.trail
-    if trail is None or trail.receipt is None:
+async def receipt_headers(exchange: Exchange) -> tuple[tuple[bytes, bytes], ...]:
+    """The receipt header of a whole answer (waits for its signature if still running)."""
+    receipt = await exchange.trail.sealed_receipt() if exchange.trail is not None else None
+    if receipt is None:
         return ()
-    return ((b"x-owngate-receipt", base64.b64encode(trail.receipt)),)
+    return ((b"x-owngate-receipt", base64.b64encode(receipt)),)
 
 
 def relayed(exchange: Exchange, data: bytes, *, whole: bool = False) -> None:
@@ -81,9 +82,9 @@ def relayed(exchange: Exchange, data: bytes, *, whole: bool = False) -> None:
 
 async def send_receipt_comment(send: Send, exchange: Exchange) -> None:
     """Streams: the receipt as a final SSE comment line, which SSE clients ignore."""
-    trail = exchange.trail
-    if trail is not None and trail.receipt is not None:
-        line = b": owngate-receipt " + base64.b64encode(trail.receipt) + b"\n\n"
+    receipt = await exchange.trail.sealed_receipt() if exchange.trail is not None else None
+    if receipt is not None:
+        line = b": owngate-receipt " + base64.b64encode(receipt) + b"\n\n"
         await send({"type": "http.response.body", "body": line, "more_body": True})
 
 

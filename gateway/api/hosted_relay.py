@@ -102,7 +102,7 @@ class HostedRelay:
                 response.body,
                 exchange.request_id,
                 response.content_type,
-                receipt_headers(exchange),
+                await receipt_headers(exchange),
             )
             return
         await start_stream(send, exchange, 200, b"text/event-stream")

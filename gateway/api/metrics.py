@@ -26,6 +26,24 @@ from gateway import __version__
 
 __all__ = ["GatewayMetrics"]
 
+_DISPATCH_BUCKETS = (
+    0.00025,
+    0.0005,
+    0.001,
+    0.0015,
+    0.002,
+    0.003,
+    0.004,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+)
+
 _LATENCY_BUCKETS = (
     0.001,
     0.0025,
@@ -80,6 +98,13 @@ class GatewayMetrics:
             "owngate_upstream_errors",
             "Failed exchanges with backends, by kind (connect, timeout, closed, protocol, status).",
             ["backend", "kind"],
+            registry=r,
+        )
+        self.dispatch_wait = Histogram(
+            "owngate_provenance_dispatch_wait_seconds",
+            "Time a request waited for its dispatch record to be durable before it was "
+            "sent upstream (group commit and fsync included): what the log adds to TTFT.",
+            buckets=_DISPATCH_BUCKETS,
             registry=r,
         )
         info = Gauge("owngate_build_info", "Build information.", ["version"], registry=r)

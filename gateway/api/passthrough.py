@@ -190,9 +190,8 @@ class PrivateRelay:
             exchange.status = status
             exchange.response_started = True
             relayed(exchange, data, whole=True)
-            await send_bytes(
-                send, status, data, exchange.request_id, content_type, receipt_headers(exchange)
-            )
+            headers = await receipt_headers(exchange)
+            await send_bytes(send, status, data, exchange.request_id, content_type, headers)
             return None
         chunks = response.chunks()
         try:  # the client sees nothing until the first chunk: until then, failover is open

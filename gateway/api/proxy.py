@@ -258,7 +258,9 @@ class Proxy:
             await attempt()
             return
         assert exchange.decision is not None
+        waiting = time.perf_counter()
         await recorder.dispatch(exchange, trail, exchange.decision, backend)
+        self._metrics.dispatch_wait.observe(time.perf_counter() - waiting)
         status, error = 0, None
         try:
             await attempt()

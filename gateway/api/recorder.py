@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import hashlib
 import time
 from dataclasses import dataclass, field
@@ -63,7 +64,7 @@ class Trail:
     salts: Salts
     request_commitment: str
     dispatch: LogEntry | None = None
-    receipt: bytes | None = None  # the DSSE envelope
+    receipt: asyncio.Future[bytes] | None = None  # the DSSE envelope, being signed
     response_hash: Any = field(default_factory=hashlib.sha256)
     tail: bytes = b""
     whole: bytes | None = None
@@ -82,6 +83,16 @@ class Trail:
         self.whole = data
         self._usage_read = False
 
+    async def sealed_receipt(self) -> bytes | None:
+        """The receipt of the current dispatch once signed (None if there is none, or its
+        signing failed: the recorder logged that)."""
+        if self.receipt is None:
+            return None
+        try:
+            return await asyncio.shield(self.receipt)
+        except Exception:  # noqa: BLE001 - Recorder._sealed logged it; the answer goes on
+            return None
+
     def usage(self) -> Usage | None:
         """Token usage of the answer seen so far (parsed once per answer)."""
         if not self._usage_read:
@@ -95,8 +106,8 @@ class Recorder:
         self._log = log
         self._signer = signer
         self._kept = receipts_kept
-        # request id -> (tenant, receipt envelope, dispatch index); bounded, newest last
-        self._receipts: collections.OrderedDict[str, tuple[str, bytes, int]] = (
+        # request id -> (tenant, receipt envelope being signed, dispatch index); bounded
+        self._receipts: collections.OrderedDict[str, tuple[str, asyncio.Future[bytes], int]] = (
             collections.OrderedDict()
         )
         self._events = get_logger("owngate.provenance")
@@ -136,7 +147,8 @@ class Recorder:
         backend: BackendState,
     ) -> None:
         """Make the dispatch record durable; only then may the body leave. The receipt is
-        signed on the log's writer thread as soon as the record is durable."""
+        signed on the log's sealing thread from then on, while the request goes upstream
+        (`Trail.sealed_receipt` waits for it)."""
         request_id = exchange.request_id.decode()
         policy, trace = self._decided(decision)
         record = dispatch_record(
@@ -160,11 +172,19 @@ class Recorder:
             return make_receipt(receipt, signer)
 
         try:
-            entry, trail.receipt = await self._log.append_sealed(record, seal, checked=True)
+            entry, sealing = await self._log.append_sealed(record, seal, checked=True)
         except LogUnavailableError as exc:
             raise _unavailable() from exc
-        trail.dispatch = entry
-        self._remember(exchange, trail.receipt, entry.index)
+        sealing.add_done_callback(functools.partial(self._sealed, request_id))
+        trail.dispatch, trail.receipt = entry, sealing
+        self._remember(exchange, sealing, entry.index)
+
+    def _sealed(self, request_id: str, sealing: asyncio.Future[bytes]) -> None:
+        error = None if sealing.cancelled() else sealing.exception()
+        if error is not None:
+            self._events.error(
+                "receipt not signed", request_id=request_id, reason=type(error).__name__
+            )
 
     def complete(
         self,
@@ -275,14 +295,15 @@ class Recorder:
         self._backend_refs[id(config)] = (config, ref)
         return ref
 
-    def _remember(self, exchange: Exchange, envelope: bytes, index: int) -> None:
+    def _remember(self, exchange: Exchange, sealing: asyncio.Future[bytes], index: int) -> None:
         receipts = self._receipts
-        receipts[exchange.request_id.decode()] = (exchange.tenant, envelope, index)
+        receipts[exchange.request_id.decode()] = (exchange.tenant, sealing, index)
         while len(receipts) > self._kept:
             receipts.popitem(last=False)
 
-    def receipt(self, request_id: str, tenant: str) -> tuple[bytes, int] | None:
-        """The receipt of a recent request, only for the tenant that made it."""
+    def receipt(self, request_id: str, tenant: str) -> tuple[asyncio.Future[bytes], int] | None:
+        """The receipt of a recent request (being signed, or signed), only for the tenant
+        that made it, and the index of its dispatch record."""
         found = self._receipts.get(request_id)
         if found is None or found[0] != tenant:
             return None

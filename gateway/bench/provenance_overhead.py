@@ -35,7 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from gateway.bench.loadgen import LoadSpec, run_in_subprocess
-from gateway.bench.services import HOST, Service, child_env, env_flag, free_port, owngate_argv
+from gateway.bench.services import (
+    HOST,
+    Service,
+    child_env,
+    env_flag,
+    free_port,
+    histogram_quantile,
+    owngate_argv,
+)
 
 __all__ = ["BACKENDS", "CONCURRENCY", "add_arguments", "main", "run"]
 
@@ -60,6 +68,9 @@ BACKENDS = (
     Backend("llm-shaped", ("--slots", "256", "--prefill-tps", "8000", "--decode-tps", "60"), 32),
 )
 MODES = ("off", "on")
+# What the log adds before a request may leave (group commit + fsync), as the `on`
+# gateway's own histogram saw it over each load point.
+DISPATCH_WAIT = "owngate_provenance_dispatch_wait_seconds"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -228,10 +239,18 @@ def _measure(
                     max_requests=plan.max_requests,
                     cpu_pids={"gateway": gateway.proc.pid, "sim": pair.sim.proc.pid},
                 )
+                before = gateway.histogram(DISPATCH_WAIT)
                 try:
                     results[mode] = run_in_subprocess(spec, env=env)
                 except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
                     results[mode] = {"error": str(exc)[-2000:]}
+                if mode == "on" and "error" not in results[mode]:
+                    after = gateway.histogram(DISPATCH_WAIT)
+                    results[mode]["dispatch_wait_ms"] = {
+                        name: None if value is None else 1000.0 * value
+                        for name, q in (("p50", 0.5), ("p99", 0.99))
+                        for value in [histogram_quantile(before, after, q)]
+                    }
                 log(_progress(pair.backend.name, concurrency, mode, results[mode]))
             rows.append(
                 {
@@ -281,6 +300,11 @@ def _progress(backend: str, concurrency: int, mode: str, result: Mapping[str, An
     )
 
 
+def _wait(result: Mapping[str, Any]) -> str:
+    wait = result.get("dispatch_wait_ms") or {}
+    return f"{_cell(wait.get('p50'), 2)} / {_cell(wait.get('p99'), 2)}"
+
+
 def _cell(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
@@ -289,7 +313,7 @@ def render(report: Mapping[str, Any]) -> str:
     """The side-by-side table of a report (also works on a saved JSON report)."""
     header = (
         "backend       c   req/s off/on      ratio  TTFT p50 off/on ms  TTFT p99 off/on ms"
-        "  CPU ms/req off/on  ratio"
+        "  CPU ms/req off/on  ratio  dispatch wait p50/p99 ms"
     )
     lines = [header, "-" * len(header)]
     for row in report["points"]:
@@ -305,7 +329,7 @@ def render(report: Mapping[str, Any]) -> str:
             f"{row['backend']:<13} {row['concurrency']:<3} {pair('req_per_s', 0):>17} "
             f"{_cell(ratios.get('req_per_s'), 2):>6}  {pair('ttft_p50_ms', 2):>18}  "
             f"{pair('ttft_p99_ms', 2):>18}  {pair('cpu_ms_per_req', 3):>17}  "
-            f"{_cell(ratios.get('cpu_ms_per_req'), 2):>5}"
+            f"{_cell(ratios.get('cpu_ms_per_req'), 2):>5}  {_wait(row['results'].get('on', {}))}"
         )
     for name, audit in report.get("logs", {}).items():
         lines.append(f"log {name}: {audit}")

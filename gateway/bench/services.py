@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gateway.routing.prometheus import parse_metrics
+
 __all__ = [
     "HOST",
     "Service",
@@ -144,6 +146,19 @@ class Service:
             conn.close()
         return detail if isinstance(detail, dict) else None
 
+    def histogram(self, name: str) -> dict[float, float]:
+        """Cumulative bucket counts {upper bound: count} of an unlabelled histogram on this
+        owngate's `/metrics` (empty when it does not answer or has no such histogram)."""
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=5.0)
+        try:
+            conn.request("GET", "/metrics")
+            samples = parse_metrics(conn.getresponse().read().decode())
+        except (OSError, ValueError, http.client.HTTPException):
+            return {}
+        finally:
+            conn.close()
+        return {float(s.labels["le"]): s.value for s in samples.get(f"{name}_bucket", [])}
+
     def wait_backend_available(self, backend: str, timeout: float) -> None:
         """Ready is not enough: the gateway must also have seen the simulator healthy, or
         the first requests of a load point measure 503s (a cold start of the simulator)."""
@@ -191,3 +206,26 @@ class Service:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout)
+
+
+def histogram_quantile(
+    before: Mapping[float, float], after: Mapping[float, float], q: float
+) -> float | None:
+    """The `q` quantile of what a histogram observed between two reads of its cumulative
+    buckets (`Service.histogram`), interpolated linearly inside the bucket it falls in,
+    as Prometheus's histogram_quantile does; None when nothing was observed. A quantile
+    in the +Inf bucket reads as the highest finite bound."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return None
+    rank = q * counts[-1]
+    lower, below = 0.0, 0.0
+    for bound, count in zip(bounds, counts, strict=True):
+        if count >= rank:
+            if bound == float("inf"):
+                return lower
+            inside = count - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = bound, count
+    return lower

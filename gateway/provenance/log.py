@@ -1,14 +1,18 @@
 """`ProvenanceLog`: the asyncio writer the gateway calls, with group commit and checkpoints.
 
 `await log.append(record)` returns only once the record is durable. Appends that arrive
-within the group-commit window share one write and one fsync, done on the log's own worker
+within the group-commit window share one write and one fsync, done on the log's writer
 thread so the event loop never blocks on disk. A checkpoint is signed every
-`checkpoint_every` entries or `checkpoint_interval_ms`, whichever comes first, on the same
-thread, so it covers exactly the entries already made durable.
+`checkpoint_every` entries or `checkpoint_interval_ms`, whichever comes first: the writer
+thread takes a snapshot between two batches (`LogStore.snapshot`, which also rotates the
+write-ahead segment) and the log's checkpoint thread builds the tiles, signs and writes it
+(`LogStore.export`) while appends go on, so a checkpoint covers exactly the entries that
+were durable at the snapshot and never holds an append back.
 
-`append_sealed(record, seal)` also runs `seal(entry)` on that thread once the entry is
-durable and returns its result: the gateway signs each request's receipt there, since
-Ed25519 signing releases the GIL and so runs beside the event loop instead of on it.
+`append_sealed(record, seal)` returns as soon as the entry is durable, with a future for
+`seal(entry)`, which runs on the log's sealing thread: the gateway signs each request's
+receipt there (Ed25519 signing releases the GIL, so it runs beside the event loop) while
+the request is already on its way upstream.
 
 If the disk refuses a write, `append` raises `LogUnavailableError` (the gateway answers
 503) and nothing of that batch is logged; the next append tries again.
@@ -26,11 +30,13 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from gateway.canonical import canonical_json_of_plain
+from gateway.provenance.checkpointing import Checkpointer
 from gateway.provenance.errors import LogUnavailableError, ProvenanceError, RecordError
 from gateway.provenance.merkle import consistency_proof
 from gateway.provenance.note import Signer
 from gateway.provenance.proofs import TlogProof
 from gateway.provenance.records import LogEntry, validate_record
+from gateway.provenance.sealing import Seal, Sealer, Sealing
 from gateway.provenance.store import LogStore, Recovery, SignedNote
 from gateway.provenance.tiles import MAX_ENTRY_SIZE, TileReader
 
@@ -38,9 +44,11 @@ __all__ = ["LogSettings", "ProvenanceLog"]
 
 _T = TypeVar("_T")
 
-Seal = Callable[[LogEntry], bytes]  # run on the writer thread once the entry is durable
-# (entry, seal, future, awaited): `awaited` is False for append_soon's records
-_Queued = tuple[bytes, Seal | None, "asyncio.Future[tuple[LogEntry, bytes | None]]", bool]
+# (entry, future, awaited, seal, sealed): `awaited` is False for append_soon's records;
+# `sealed` receives `seal(entry)` when there is a seal
+_Queued = tuple[
+    bytes, "asyncio.Future[LogEntry]", bool, Seal | None, "asyncio.Future[bytes] | None"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +78,10 @@ class ProvenanceLog:
         clock: Callable[[], float],
     ) -> None:
         self._store = store
-        self._executor = executor
+        self._executor = executor  # the writer thread: appends and snapshots
+        self._loop = asyncio.get_running_loop()
+        self._sealer = Sealer(self._loop)
         self._settings = settings
-        self._clock = clock
         self._queue: list[_Queued] = []
         self._wakeup = asyncio.Event()  # the queue went from empty to not empty
         self._filled = asyncio.Event()  # the queue reached the size of the last batch
@@ -81,9 +90,9 @@ class ProvenanceLog:
         self._closing = False
         self._aborting = False
         self._size = store.size
-        self._checkpointed_at = clock()
-        self._last_error: ProvenanceError | None = None
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="provenance-log")
+        self._checkpoints = Checkpointer(store, settings, clock, self._wakeup.set)
+        self._last_error: ProvenanceError | None = None  # of the last write
+        self._task = self._loop.create_task(self._run(), name="provenance-log")
 
     @classmethod
     async def open(
@@ -128,8 +137,9 @@ class ProvenanceLog:
 
     @property
     def last_error(self) -> ProvenanceError | None:
-        """The last write or checkpoint failure, cleared by the next success."""
-        return self._last_error
+        """The last write or checkpoint failure, each cleared by the next success of its
+        kind."""
+        return self._last_error or self._checkpoints.error
 
     @property
     def batches(self) -> int:
@@ -149,29 +159,45 @@ class ProvenanceLog:
         Raises RecordError for a record outside the schema, LogUnavailableError when the
         log cannot be written (nothing was logged).
         """
-        entry, _ = await self._put(record, None, checked, awaited=True)
-        return entry
+        return await self._put(record, checked, awaited=True)
 
     def append_soon(
         self, record: Mapping[str, object], *, checked: bool = False
-    ) -> asyncio.Future[tuple[LogEntry, bytes | None]]:
+    ) -> asyncio.Future[LogEntry]:
         """Queue a record without waiting for it: the returned future completes when it is
         durable (or fails). For records nothing waits on, e.g. a request's completion after
         its answer went out. Raises at once what `append` raises before queueing."""
-        return self._put(record, None, checked, awaited=False)
+        return self._put(record, checked, awaited=False)
 
     async def append_sealed(
         self, record: Mapping[str, object], seal: Seal, *, checked: bool = False
-    ) -> tuple[LogEntry, bytes]:
-        """`append`, then `seal(entry)` on the writer thread (e.g. sign a receipt naming the
-        entry). If `seal` raises, the record is still durable and the error is raised here."""
-        entry, sealed = await self._put(record, seal, checked, awaited=True)
-        assert sealed is not None
+    ) -> tuple[LogEntry, asyncio.Future[bytes]]:
+        """`append`, returning once the entry is durable, with a future for `seal(entry)`
+        (e.g. a receipt naming the entry), which runs on the sealing thread after that. If
+        `seal` raises, the record is still durable and the future holds the error. If the
+        append fails, so does the seal's future (with the same error)."""
+        sealed: asyncio.Future[bytes] = self._loop.create_future()
+        try:
+            entry = await self._put(record, checked, awaited=True, seal=seal, sealed=sealed)
+        except Exception as exc:
+            if not sealed.done():
+                sealed.set_exception(exc)
+                sealed.exception()  # retrieved: the caller gets the error from the append
+            raise
+        except BaseException:
+            sealed.cancel()
+            raise
         return entry, sealed
 
     def _put(
-        self, record: Mapping[str, object], seal: Seal | None, checked: bool, *, awaited: bool
-    ) -> asyncio.Future[tuple[LogEntry, bytes | None]]:
+        self,
+        record: Mapping[str, object],
+        checked: bool,
+        *,
+        awaited: bool,
+        seal: Seal | None = None,
+        sealed: asyncio.Future[bytes] | None = None,
+    ) -> asyncio.Future[LogEntry]:
         if self._closing or self._task.done():
             raise LogUnavailableError("the provenance log is closed")
         if not checked:
@@ -182,9 +208,8 @@ class ProvenanceLog:
             raise RecordError(f"record cannot be canonicalised: {exc}") from exc
         if len(entry) > MAX_ENTRY_SIZE:
             raise RecordError(f"record is {len(entry)} bytes; the limit is {MAX_ENTRY_SIZE}")
-        future: asyncio.Future[tuple[LogEntry, bytes | None]]
-        future = asyncio.get_running_loop().create_future()
-        self._queue.append((entry, seal, future, awaited))
+        future: asyncio.Future[LogEntry] = self._loop.create_future()
+        self._queue.append((entry, future, awaited, seal, sealed))
         self._wakeup.set()
         if awaited:
             self._waiters += 1
@@ -194,7 +219,9 @@ class ProvenanceLog:
 
     async def checkpoint(self) -> SignedNote:
         """Sign a checkpoint now over every durable entry (returns the latest if none new)."""
-        return await self._in_worker(self._store.checkpoint)
+        await self._checkpoints.idle()
+        snapshot = await self._in_worker(self._store.snapshot)
+        return await self._checkpoints.now(snapshot)
 
     async def inclusion_proof(self, index: int) -> TlogProof:
         """A C2SP tlog-proof for entry `index` against the latest checkpoint.
@@ -204,14 +231,15 @@ class ProvenanceLog:
         latest = self._store.latest
         if latest is None or index >= latest.checkpoint.size:
             raise ValueError(f"entry {index} is not covered by a checkpoint yet")
-        hashes = await self._in_worker(self._store.inclusion_proof, index, latest.checkpoint.size)
+        size = latest.checkpoint.size
+        hashes = await self._checkpoints.run(self._store.inclusion_proof, index, size)
         return TlogProof(index=index, hashes=tuple(hashes), checkpoint=latest.note, extra=None)
 
     async def consistency_proof(self, old: int, new: int) -> list[bytes]:
         """The RFC 6962 consistency proof from the tree of `old` entries to that of `new`.
 
         Both trees must be signed (`0 < old <= new <=` the latest checkpoint's size), else
-        ValueError. Read from the stored tiles on the log's worker thread, so it never races
+        ValueError. Read from the stored tiles on the checkpoint thread, so it never races
         a checkpoint that is rewriting them.
         """
         latest = self._store.latest
@@ -225,7 +253,7 @@ class ProvenanceLog:
         def prove() -> list[bytes]:
             return consistency_proof(old, new, TileReader(directory, new).node)
 
-        return await self._in_worker(prove)
+        return await self._checkpoints.run(prove)
 
     async def close(self) -> None:
         """Flush queued appends, sign a final checkpoint, release the directory."""
@@ -235,10 +263,16 @@ class ProvenanceLog:
         self._wakeup.set()
         await asyncio.shield(self._task)  # a cancelled caller must not cut a commit short
         try:
-            await self._in_worker(self._store.checkpoint)
+            await self.checkpoint()
         finally:
-            await self._in_worker(self._store.close)
-            self._executor.shutdown(wait=True)
+            await self._release()
+
+    async def _release(self) -> None:
+        await self._checkpoints.idle()
+        await self._in_worker(self._store.close)
+        self._checkpoints.shutdown()
+        self._sealer.shutdown()
+        self._executor.shutdown(wait=True)
 
     async def abort(self) -> None:
         """Stop without a final checkpoint, releasing the directory.
@@ -252,35 +286,15 @@ class ProvenanceLog:
         self._closing = self._aborting = True
         self._wakeup.set()
         await asyncio.shield(self._task)  # a cancelled caller must not cut a commit short
-        await self._in_worker(self._store.close)
-        self._executor.shutdown(wait=True)
+        await self._release()
 
     # --- the committer ------------------------------------------------------------------------
 
     async def _in_worker(self, function: Callable[..., _T], *args: object) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
-
-    def _checkpoint_due(self) -> bool:
-        unsigned = self._size - self._signed_size()
-        if unsigned <= 0:
-            return False
-        if unsigned >= self._settings.checkpoint_every:
-            return True
-        elapsed_ms = (self._clock() - self._checkpointed_at) * 1000.0
-        return elapsed_ms >= self._settings.checkpoint_interval_ms
-
-    def _signed_size(self) -> int:
-        latest = self._store.latest
-        return latest.checkpoint.size if latest else 0
-
-    def _idle_timeout(self) -> float | None:
-        if self._size == self._signed_size():
-            return None
-        elapsed_ms = (self._clock() - self._checkpointed_at) * 1000.0
-        return max(0.0, self._settings.checkpoint_interval_ms - elapsed_ms) / 1000.0
+        return await self._loop.run_in_executor(self._executor, function, *args)
 
     def _fail_queue(self, error: LogUnavailableError) -> None:
-        for _, _, future, _ in self._queue:
+        for _, future, _, _, _ in self._queue:
             if not future.done():
                 future.set_exception(error)
         self._queue.clear()
@@ -298,7 +312,8 @@ class ProvenanceLog:
             if not self._queue and not self._closing:
                 # A timeout means the checkpoint interval elapsed: fall through to sign.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), self._idle_timeout())
+                    timeout = self._checkpoints.idle_timeout(self._size)
+                    await asyncio.wait_for(self._wakeup.wait(), timeout)
                 self._wakeup.clear()
             await self._gather_batch()
             if self._aborting:
@@ -307,8 +322,13 @@ class ProvenanceLog:
             del self._queue[: self._settings.max_batch]
             if batch:
                 await self._commit(batch)
-            if self._checkpoint_due() and not self._aborting:
-                await self._sign()
+            if self._checkpoints.due(self._size) and not self._aborting:
+                try:  # the snapshot is taken here, between two batches
+                    snapshot = await self._in_worker(self._store.snapshot)
+                except ProvenanceError as exc:
+                    self._last_error = exc
+                else:
+                    self._checkpoints.start(snapshot)
             if self._closing and not self._queue:
                 return
 
@@ -328,30 +348,26 @@ class ProvenanceLog:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._filled.wait(), window)
 
-    def _write_and_seal(
-        self, entries: list[bytes], seals: list[Seal | None]
-    ) -> list[tuple[LogEntry, bytes | Exception | None]]:
-        """On the writer thread: make the batch durable, then seal each entry that asks."""
+    def _write(self, entries: list[bytes], seals: list[Sealing]) -> list[LogEntry]:
+        """On the writer thread: make the batch durable, then hand the seals it asks for to
+        the sealing thread (nothing waits for them here)."""
         placed = self._store.append_batch(entries)
-        done: list[tuple[LogEntry, bytes | Exception | None]] = []
-        for where, seal in zip(placed, seals, strict=True):
-            sealed: bytes | Exception | None = None
-            if seal is not None:
-                try:
-                    sealed = seal(where)
-                except Exception as exc:  # noqa: BLE001 - handed to that entry's appender
-                    sealed = exc
-            done.append((where, sealed))
-        return done
+        if seals:
+            self._sealer.submit(placed, seals)
+        return placed
 
     async def _commit(self, batch: list[_Queued]) -> None:
-        entries = [entry for entry, _, _, _ in batch]
-        seals = [seal for _, seal, _, _ in batch]
-        awaited = sum(1 for *_, waits in batch if waits)
+        entries = [entry for entry, *_ in batch]
+        seals = [
+            (position, seal, sealed)
+            for position, (_, _, _, seal, sealed) in enumerate(batch)
+            if seal is not None and sealed is not None
+        ]
+        awaited = sum(1 for _, _, waits, _, _ in batch if waits)
         self._waiters -= awaited
         self._last_batch = max(1, awaited)
         try:
-            placed = await self._in_worker(self._write_and_seal, entries, seals)
+            placed = await self._in_worker(self._write, entries, seals)
         except Exception as exc:  # noqa: BLE001 - every waiter gets the error, none hangs
             error = (
                 exc
@@ -359,24 +375,12 @@ class ProvenanceLog:
                 else LogUnavailableError(f"the provenance log writer failed: {exc!r}")
             )
             self._last_error = error
-            for _, _, future, _ in batch:
+            for _, future, _, _, _ in batch:
                 if not future.done():
                     future.set_exception(error)
             return
         self._last_error = None
         self._size += len(placed)
-        for (_, _, future, _), (where, sealed) in zip(batch, placed, strict=True):
-            if future.done():
-                continue
-            if isinstance(sealed, Exception):
-                future.set_exception(sealed)
-            else:
-                future.set_result((where, sealed))
-
-    async def _sign(self) -> None:
-        try:
-            await self._in_worker(self._store.checkpoint)
-        except ProvenanceError as exc:
-            self._last_error = exc  # appends keep working; retried after one interval
-        finally:
-            self._checkpointed_at = self._clock()
+        for (_, future, _, _, _), where in zip(batch, placed, strict=True):
+            if not future.done():
+                future.set_result(where)

@@ -1,9 +1,18 @@
 """The synchronous core of the log writer: durable appends, checkpoints, crash recovery.
 
-`LogStore` is used from one thread at a time (`ProvenanceLog` runs it on a single worker
-thread). An append is durable when `append_batch` returns: its frames are written and
-fsynced to the write-ahead segment. `checkpoint` exports the tiles and entry bundles, then
-signs and writes the checkpoint, so a checkpoint never covers entries that are not on disk.
+An append is durable when `append_batch` returns: its frames are written and fsynced to
+the write-ahead segment (nothing else happens on that path: no tree, no tiles).
+A checkpoint has two halves so that appends never wait for one:
+
+- `snapshot()`, called between appends, takes the entries appended since the last
+  snapshot and rotates the write-ahead segment (the next append starts a new one);
+- `export(snapshot)` adds them to the tiled tree, writes the tiles and entry bundles, then
+  signs and writes the checkpoint, and deletes the segments it now covers. It may run on
+  another thread while appends go on, one export at a time, in snapshot order.
+
+`ProvenanceLog` calls `append_batch` and `snapshot` on its writer thread and `export` on
+its checkpoint thread; `checkpoint()` does both at once for single-threaded callers. A
+checkpoint never covers entries that are not on disk: it covers exactly a snapshot's.
 On open, a torn tail of the last segment is cut, the entries after the last checkpoint are
 replayed, and a new checkpoint is signed over them.
 """
@@ -45,7 +54,7 @@ from gateway.provenance.wal import (
     segment_path,
 )
 
-__all__ = ["LogStore", "Recovery", "SignedNote"]
+__all__ = ["LogStore", "Recovery", "SignedNote", "Snapshot"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +63,15 @@ class SignedNote:
 
     checkpoint: Checkpoint
     note: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Entries made durable since the previous snapshot, as (entry, leaf hash); the log
+    holds `size` entries once they are added."""
+
+    size: int
+    entries: tuple[tuple[bytes, bytes], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +98,13 @@ class LogStore:
         self.origin = origin
         self._signers = tuple(signers)
         self._lock_fd = lock_fd
-        self._tree = TiledTree()
-        self._pending: list[tuple[str, bytes]] = []  # full tiles/bundles not yet written
+        # The writer's side: durable size and what the next snapshot takes.
+        self._size = 0
+        self._unexported: list[tuple[bytes, bytes]] = []
         self._segment: SegmentWriter | None = None
+        # The exporter's side: the tree and the full tiles/bundles not yet written.
+        self._tree = TiledTree()
+        self._pending: list[tuple[str, bytes]] = []
         self._latest: SignedNote | None = None
         self._closed = False
         self.recovery = Recovery(0, 0)
@@ -113,7 +135,7 @@ class LogStore:
         try:
             store._recover()
             store.checkpoint()
-            store._cleanup([])  # every segment is covered now, torn leftovers included
+            store._cleanup([], None)  # every segment is covered now, torn leftovers included
         except (ProvenanceError, OSError):
             store.close()
             raise
@@ -154,13 +176,15 @@ class LogStore:
                     continue  # already covered by the checkpoint (crash before cleanup)
                 self._pending.extend(self._tree.append(entry, leaf))
                 replayed += 1
+        self._size = self._tree.size
         self.recovery = Recovery(replayed, torn)
 
     # --- state ------------------------------------------------------------------------------
 
     @property
     def size(self) -> int:
-        return self._tree.size
+        """Entries made durable (the writer's count; checkpoints may lag behind)."""
+        return self._size
 
     @property
     def latest(self) -> SignedNote | None:
@@ -189,20 +213,43 @@ class LogStore:
         except OSError as exc:
             raise _unavailable("append to", exc) from exc
         self.batches += 1
-        start = self.size
-        for entry, leaf in zip(entries, leaves, strict=True):
-            self._pending.extend(self._tree.append(entry, leaf))
+        start = self._size
+        self._size += len(entries)
+        self._unexported.extend(zip(entries, leaves, strict=True))
         return [LogEntry(start + i, leaf) for i, leaf in enumerate(leaves)]
 
-    def checkpoint(self) -> SignedNote:
-        """Export tiles and sign a checkpoint over every durable entry (if any are new)."""
+    def snapshot(self) -> Snapshot:
+        """Take the entries appended since the last snapshot and start a new segment for
+        the next append, so the export of this snapshot can delete the old ones."""
         self._check_open()
-        if self._latest is not None and self._latest.checkpoint.size == self.size:
+        taken = Snapshot(self._size, tuple(self._unexported))
+        self._unexported = []
+        if self._segment is not None:
+            self._segment.close()
+            self._segment = None
+        return taken
+
+    def checkpoint(self) -> SignedNote:
+        """Sign a checkpoint over every durable entry now (`export(snapshot())`)."""
+        return self.export(self.snapshot())
+
+    def export(self, snapshot: Snapshot) -> SignedNote:
+        """Add a snapshot's entries to the tree, write tiles and bundles, sign and write a
+        checkpoint over them (if the tree grew since the last one), delete the segments it
+        covers. Snapshots must be exported in the order they were taken. If writing fails,
+        the entries stay in the tree and their files are written by the next export."""
+        self._check_open()
+        tree = self._tree
+        if tree.size + len(snapshot.entries) != snapshot.size:
+            raise AssertionError(f"snapshot of size {snapshot.size} after tree {tree.size}")
+        for entry, leaf in snapshot.entries:
+            self._pending.extend(tree.append(entry, leaf))
+        if self._latest is not None and self._latest.checkpoint.size == tree.size:
             return self._latest
         completed = [name for name, _ in self._pending]
         files = [(self.directory / name, data) for name, data in self._pending]
         files += [(self.directory / name, data) for name, data in self._tree.partial_files()]
-        checkpoint = Checkpoint(self.origin, self.size, self._tree.root())
+        checkpoint = Checkpoint(self.origin, tree.size, tree.root())
         note = sign_checkpoint(checkpoint, self._signers)
         try:
             write_files_atomically(files, root=self.directory)
@@ -213,18 +260,18 @@ class LogStore:
         except OSError as exc:
             raise _unavailable("write a checkpoint to", exc) from exc
         self._latest = SignedNote(checkpoint, note)
-        self._cleanup(completed)
+        self._cleanup(completed, checkpoint.size)
         return self._latest
 
-    def _cleanup(self, completed: list[str]) -> None:
-        """Drop segments the checkpoint covers and partial tiles now superseded by full ones."""
-        if self._segment is not None:
-            self._segment.close()
-            self._segment = None
+    def _cleanup(self, completed: list[str], covered: int | None) -> None:
+        """Drop the segments a checkpoint of size `covered` covers (None: all of them, on
+        open) and partial tiles now superseded by full ones. Snapshots rotate segments, so
+        a segment that starts below `covered` holds nothing beyond it."""
         wal = self.directory / WAL
         try:
-            for _, path in list_segments(wal):
-                path.unlink()
+            for first, path in list_segments(wal):
+                if covered is None or first < covered:
+                    path.unlink()
             if wal.is_dir():
                 fsync_directory(wal)
             for name in completed:

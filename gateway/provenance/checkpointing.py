@@ -1,0 +1,102 @@
+"""When a checkpoint is due, and the thread that builds and signs it beside the appends.
+
+`ProvenanceLog` takes a `Snapshot` on its writer thread between two batches and hands it
+to `Checkpointer.start`, which exports it (`LogStore.export`: tiles, bundles, signature,
+files, segment clean-up) on the checkpoint thread while the writer goes on appending. One
+export runs at a time, in snapshot order; reads of the stored tiles (proofs) run on the
+same thread, so they never see a checkpoint half written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, TypeVar
+
+from gateway.provenance.errors import ProvenanceError
+
+if TYPE_CHECKING:
+    from gateway.provenance.log import LogSettings
+    from gateway.provenance.store import LogStore, SignedNote, Snapshot
+
+__all__ = ["Checkpointer"]
+
+_T = TypeVar("_T")
+
+
+class Checkpointer:
+    """Checkpoint cadence (every N entries or T ms) and the export thread of one log."""
+
+    def __init__(
+        self,
+        store: LogStore,
+        settings: LogSettings,
+        clock: Callable[[], float],
+        wake: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._settings = settings
+        self._clock = clock
+        self._wake = wake  # called when an export ends, so the committer re-evaluates
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="provenance-checkpoint")
+        self._loop = asyncio.get_running_loop()
+        self._covered = store.size  # entries a finished or running export covers
+        self._running: asyncio.Task[None] | None = None
+        self._at = clock()  # when the last export started or ended
+        self.error: ProvenanceError | None = None  # the last export's failure, if it failed
+
+    def due(self, size: int) -> bool:
+        """Is a checkpoint due now, with `size` entries durable?"""
+        unsigned = size - self._covered
+        if unsigned <= 0 or self._running is not None:
+            return False
+        if unsigned >= self._settings.checkpoint_every:
+            return True
+        return (self._clock() - self._at) * 1000.0 >= self._settings.checkpoint_interval_ms
+
+    def idle_timeout(self, size: int) -> float | None:
+        """How long the committer may sleep before a checkpoint falls due (None: until
+        woken, because nothing is unsigned or an export's end will wake it)."""
+        if size == self._covered or self._running is not None:
+            return None
+        elapsed_ms = (self._clock() - self._at) * 1000.0
+        return max(0.0, self._settings.checkpoint_interval_ms - elapsed_ms) / 1000.0
+
+    def start(self, snapshot: Snapshot) -> None:
+        """Export `snapshot` in the background (the caller took it on the writer thread)."""
+        self._covered = snapshot.size
+        self._at = self._clock()
+        self._running = self._loop.create_task(self._export(snapshot), name="provenance-export")
+
+    async def now(self, snapshot: Snapshot) -> SignedNote:
+        """Export `snapshot` and return the checkpoint; raises what the export raises."""
+        await self.idle()
+        self._covered = snapshot.size
+        return await self.run(self._store.export, snapshot)
+
+    async def idle(self) -> None:
+        """Wait until no export runs (its outcome is in `error`)."""
+        if self._running is not None:
+            await asyncio.shield(self._running)
+
+    async def run(self, function: Callable[..., _T], *args: object) -> _T:
+        """Run `function` on the checkpoint thread (e.g. read the stored tiles)."""
+        return await self._loop.run_in_executor(self._executor, function, *args)
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=True)
+
+    async def _export(self, snapshot: Snapshot) -> None:
+        try:
+            await self.run(self._store.export, snapshot)
+            self.error = None
+        except ProvenanceError as exc:
+            # Appends go on; the next export (after one interval) covers these entries too.
+            self.error = exc
+            latest = self._store.latest
+            self._covered = latest.checkpoint.size if latest else 0
+        finally:
+            self._running = None
+            self._at = self._clock()
+            self._wake()
