@@ -12,17 +12,33 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from gateway.provenance.errors import ProvenanceError
 
 if TYPE_CHECKING:
-    from gateway.provenance.log import LogSettings
     from gateway.provenance.store import LogStore, SignedNote, Snapshot
 
-__all__ = ["Checkpointer"]
+__all__ = ["Checkpointer", "LogSettings"]
 
 _T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class LogSettings:
+    """Group commit and checkpoint cadence (see docs/provenance.md)."""
+
+    group_commit_ms: float = 2.0
+    max_batch: int = 1024
+    checkpoint_every: int = 10_000
+    checkpoint_interval_ms: float = 1000.0
+
+    def __post_init__(self) -> None:
+        if self.group_commit_ms < 0 or self.checkpoint_interval_ms <= 0:
+            raise ValueError("group_commit_ms must be >= 0 and checkpoint_interval_ms > 0")
+        if self.max_batch < 1 or self.checkpoint_every < 1:
+            raise ValueError("max_batch and checkpoint_every must be >= 1")
 
 
 class Checkpointer:

@@ -26,45 +26,46 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TypeVar
 
 from gateway.canonical import canonical_json_of_plain
-from gateway.provenance.checkpointing import Checkpointer
+from gateway.provenance.checkpointing import Checkpointer, LogSettings
 from gateway.provenance.errors import LogUnavailableError, ProvenanceError, RecordError
-from gateway.provenance.merkle import consistency_proof
+from gateway.provenance.merkle import consistency_proof, leaf_hash
 from gateway.provenance.note import Signer
 from gateway.provenance.proofs import TlogProof
 from gateway.provenance.records import LogEntry, validate_record
 from gateway.provenance.sealing import Seal, Sealer, Sealing
 from gateway.provenance.store import LogStore, Recovery, SignedNote
 from gateway.provenance.tiles import MAX_ENTRY_SIZE, TileReader
+from gateway.provenance.wal import encode_frame
 
 __all__ = ["LogSettings", "ProvenanceLog"]
 
 _T = TypeVar("_T")
 
-# (entry, future, awaited, seal, sealed): `awaited` is False for append_soon's records;
-# `sealed` receives `seal(entry)` when there is a seal
-_Queued = tuple[
-    bytes, "asyncio.Future[LogEntry]", bool, Seal | None, "asyncio.Future[bytes] | None"
-]
 
+class _Append:
+    """One queued record: its entry, leaf hash and WAL frame (encoded on the event loop,
+    so the writer thread only writes), who waits for it, and its seal if any."""
 
-@dataclass(frozen=True, slots=True)
-class LogSettings:
-    """Group commit and checkpoint cadence (see docs/provenance.md)."""
+    __slots__ = ("awaited", "entry", "frame", "future", "leaf", "seal", "sealed")
 
-    group_commit_ms: float = 2.0
-    max_batch: int = 1024
-    checkpoint_every: int = 10_000
-    checkpoint_interval_ms: float = 1000.0
-
-    def __post_init__(self) -> None:
-        if self.group_commit_ms < 0 or self.checkpoint_interval_ms <= 0:
-            raise ValueError("group_commit_ms must be >= 0 and checkpoint_interval_ms > 0")
-        if self.max_batch < 1 or self.checkpoint_every < 1:
-            raise ValueError("max_batch and checkpoint_every must be >= 1")
+    def __init__(
+        self,
+        entry: bytes,
+        future: asyncio.Future[LogEntry],
+        awaited: bool,
+        seal: Seal | None,
+        sealed: asyncio.Future[bytes] | None,
+    ) -> None:
+        self.entry = entry
+        self.leaf = leaf_hash(entry)
+        self.frame = encode_frame(entry, self.leaf)
+        self.future = future
+        self.awaited = awaited  # False for append_soon's records
+        self.seal = seal
+        self.sealed = sealed  # receives seal(entry) when there is a seal
 
 
 class ProvenanceLog:
@@ -82,7 +83,7 @@ class ProvenanceLog:
         self._loop = asyncio.get_running_loop()
         self._sealer = Sealer(self._loop)
         self._settings = settings
-        self._queue: list[_Queued] = []
+        self._queue: list[_Append] = []
         self._wakeup = asyncio.Event()  # the queue went from empty to not empty
         self._filled = asyncio.Event()  # the queue reached the size of the last batch
         self._last_batch = 1  # awaited appends in the last batch
@@ -209,7 +210,7 @@ class ProvenanceLog:
         if len(entry) > MAX_ENTRY_SIZE:
             raise RecordError(f"record is {len(entry)} bytes; the limit is {MAX_ENTRY_SIZE}")
         future: asyncio.Future[LogEntry] = self._loop.create_future()
-        self._queue.append((entry, future, awaited, seal, sealed))
+        self._queue.append(_Append(entry, future, awaited, seal, sealed))
         self._wakeup.set()
         if awaited:
             self._waiters += 1
@@ -294,9 +295,9 @@ class ProvenanceLog:
         return await self._loop.run_in_executor(self._executor, function, *args)
 
     def _fail_queue(self, error: LogUnavailableError) -> None:
-        for _, future, _, _, _ in self._queue:
-            if not future.done():
-                future.set_exception(error)
+        for queued in self._queue:
+            if not queued.future.done():
+                queued.future.set_exception(error)
         self._queue.clear()
         self._waiters = 0
 
@@ -348,26 +349,27 @@ class ProvenanceLog:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._filled.wait(), window)
 
-    def _write(self, entries: list[bytes], seals: list[Sealing]) -> list[LogEntry]:
-        """On the writer thread: make the batch durable, then hand the seals it asks for to
-        the sealing thread (nothing waits for them here)."""
-        placed = self._store.append_batch(entries)
+    def _write(self, pairs: list[tuple[bytes, bytes]], frames: bytes, seals: list[Sealing]) -> int:
+        """On the writer thread: make the batch durable (one synchronous write), then hand
+        the seals it asks for to the sealing thread (nothing waits for them here)."""
+        start = self._store.append_frames(pairs, frames)
         if seals:
-            self._sealer.submit(placed, seals)
-        return placed
+            self._sealer.submit(start, seals)
+        return start
 
-    async def _commit(self, batch: list[_Queued]) -> None:
-        entries = [entry for entry, *_ in batch]
+    async def _commit(self, batch: list[_Append]) -> None:
+        pairs = [(queued.entry, queued.leaf) for queued in batch]
+        frames = b"".join([queued.frame for queued in batch])
         seals = [
-            (position, seal, sealed)
-            for position, (_, _, _, seal, sealed) in enumerate(batch)
-            if seal is not None and sealed is not None
+            (position, queued.leaf, queued.seal, queued.sealed)
+            for position, queued in enumerate(batch)
+            if queued.seal is not None and queued.sealed is not None
         ]
-        awaited = sum(1 for _, _, waits, _, _ in batch if waits)
+        awaited = sum(1 for queued in batch if queued.awaited)
         self._waiters -= awaited
         self._last_batch = max(1, awaited)
         try:
-            placed = await self._in_worker(self._write, entries, seals)
+            start = await self._in_worker(self._write, pairs, frames, seals)
         except Exception as exc:  # noqa: BLE001 - every waiter gets the error, none hangs
             error = (
                 exc
@@ -375,12 +377,12 @@ class ProvenanceLog:
                 else LogUnavailableError(f"the provenance log writer failed: {exc!r}")
             )
             self._last_error = error
-            for _, future, _, _, _ in batch:
-                if not future.done():
-                    future.set_exception(error)
+            for queued in batch:
+                if not queued.future.done():
+                    queued.future.set_exception(error)
             return
         self._last_error = None
-        self._size += len(placed)
-        for (_, future, _, _, _), where in zip(batch, placed, strict=True):
-            if not future.done():
-                future.set_result(where)
+        self._size += len(batch)
+        for index, queued in enumerate(batch, start):
+            if not queued.future.done():
+                queued.future.set_result(LogEntry(index, queued.leaf))

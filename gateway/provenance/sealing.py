@@ -18,7 +18,8 @@ from gateway.provenance.records import LogEntry
 __all__ = ["Seal", "Sealer", "Sealing"]
 
 Seal = Callable[[LogEntry], bytes]
-Sealing = tuple[int, Seal, "asyncio.Future[bytes]"]  # (position in the batch, seal, result)
+# (position in the batch, leaf hash, seal, where its result goes)
+Sealing = tuple[int, bytes, Seal, "asyncio.Future[bytes]"]
 
 
 class Sealer:
@@ -28,18 +29,18 @@ class Sealer:
         self._loop = loop
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="provenance-seal")
 
-    def submit(self, placed: Sequence[LogEntry], seals: Sequence[Sealing]) -> None:
-        """Seal entries of a durable batch (`placed`: where each entry of it landed)."""
-        self._executor.submit(self._seal, placed, seals)
+    def submit(self, start: int, seals: Sequence[Sealing]) -> None:
+        """Seal entries of a durable batch whose first entry landed at index `start`."""
+        self._executor.submit(self._seal, start, seals)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True)
 
-    def _seal(self, placed: Sequence[LogEntry], seals: Sequence[Sealing]) -> None:
+    def _seal(self, start: int, seals: Sequence[Sealing]) -> None:
         results: list[tuple[asyncio.Future[bytes], bytes | Exception]] = []
-        for position, seal, sealed in seals:
+        for position, leaf, seal, sealed in seals:
             try:
-                results.append((sealed, seal(placed[position])))
+                results.append((sealed, seal(LogEntry(start + position, leaf))))
             except Exception as exc:  # noqa: BLE001 - handed to that entry's appender
                 results.append((sealed, exc))
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting

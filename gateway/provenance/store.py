@@ -197,26 +197,33 @@ class LogStore:
     # --- writing ----------------------------------------------------------------------------
 
     def append_batch(self, entries: Sequence[bytes]) -> list[LogEntry]:
-        """Make `entries` durable (one write and one fsync); returns where each landed."""
-        self._check_open()
+        """Make `entries` durable (one synchronous write); returns where each landed."""
         for entry in entries:
             if len(entry) > MAX_ENTRY_SIZE:
                 raise ValueError(f"record of {len(entry)} bytes exceeds {MAX_ENTRY_SIZE}")
         leaves = [leaf_hash(entry) for entry in entries]
-        data = b"".join(encode_frame(e, h) for e, h in zip(entries, leaves, strict=True))
+        pairs = list(zip(entries, leaves, strict=True))
+        start = self.append_frames(pairs, b"".join(encode_frame(e, h) for e, h in pairs))
+        return [LogEntry(start + i, leaf) for i, leaf in enumerate(leaves)]
+
+    def append_frames(self, pairs: Sequence[tuple[bytes, bytes]], frames: bytes) -> int:
+        """`append_batch` with the work done by the caller: `pairs` are (entry, leaf hash)
+        with entries within `MAX_ENTRY_SIZE`, `frames` their `encode_frame`s joined.
+        Returns the index of the first; the rest follow in order."""
+        self._check_open()
         try:
             if self._segment is None:
                 wal = self.directory / WAL
                 make_directories(wal, stop=self.directory)
                 self._segment = SegmentWriter(segment_path(wal, self.size), valid_bytes=0)
-            self._segment.append(data)
+            self._segment.append(frames)
         except OSError as exc:
             raise _unavailable("append to", exc) from exc
         self.batches += 1
         start = self._size
-        self._size += len(entries)
-        self._unexported.extend(zip(entries, leaves, strict=True))
-        return [LogEntry(start + i, leaf) for i, leaf in enumerate(leaves)]
+        self._size += len(pairs)
+        self._unexported.extend(pairs)
+        return start
 
     def snapshot(self) -> Snapshot:
         """Take the entries appended since the last snapshot and start a new segment for

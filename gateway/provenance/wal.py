@@ -81,14 +81,21 @@ def scan_segment(path: Path, first_index: int) -> SegmentScan:
 
 
 class SegmentWriter:
-    """Appends frames to one segment with write + fsync; undoes a failed append."""
+    """Appends frames to one segment, each append durable when it returns; undoes a failed
+    append.
+
+    The segment is opened with O_DSYNC: a write returns only once its data (and the file
+    size it grew to) is on stable storage, as if followed by fdatasync, in one system call.
+    The writer thread gives the GIL away for that call, and every extra call is another
+    wait for it when the event loop is busy.
+    """
 
     def __init__(self, path: Path, *, valid_bytes: int) -> None:
         self.path = path
         self.valid_bytes = valid_bytes
         self._needs_truncate = False
         existed = path.exists()
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_DSYNC, 0o644)
         try:
             if existed:
                 os.ftruncate(self._fd, valid_bytes)
@@ -102,7 +109,7 @@ class SegmentWriter:
             raise
 
     def append(self, data: bytes) -> None:
-        """Write `data` after the valid bytes and fsync; on failure nothing is appended."""
+        """Write `data` durably after the valid bytes; on failure nothing is appended."""
         try:
             if self._needs_truncate:
                 os.ftruncate(self._fd, self.valid_bytes)
@@ -113,7 +120,6 @@ class SegmentWriter:
                 written = os.pwrite(self._fd, view, offset)
                 view = view[written:]
                 offset += written
-            os.fsync(self._fd)
         except OSError:
             self._needs_truncate = True
             try:
