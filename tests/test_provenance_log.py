@@ -422,3 +422,28 @@ def test_append_soon_does_not_wait_and_close_flushes_it(tmp_path: Path) -> None:
 
     asyncio.run(scenario())
     assert verify_log(tmp_path, [_signer().verifier()]).size == 2
+
+
+def test_unawaited_records_ride_with_the_next_awaited_batch(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        log = await _open(tmp_path, deferred_flush_ms=60_000)
+        first = log.append_soon(_refusal(0), checked=True)
+        await asyncio.sleep(0.05)
+        assert not first.done()  # nobody waits on it: it does not start a commit
+        before = log.batches
+        entry = await log.append(_refusal(1), checked=True)
+        assert (first.result().index, entry.index, log.batches - before) == (0, 1, 1)
+        await log.close()
+
+    asyncio.run(scenario())
+
+
+def test_unawaited_records_are_written_within_the_deferred_flush(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        log = await _open(tmp_path, deferred_flush_ms=20)
+        written = log.append_soon(_refusal(0), checked=True)
+        entry = await asyncio.wait_for(written, 5)  # bounded: ~20 ms expected
+        assert (entry.index, log.size) == (0, 1)
+        await log.close()
+
+    asyncio.run(scenario())

@@ -31,12 +31,16 @@ class LogSettings:
 
     group_commit_ms: float = 2.0
     max_batch: int = 1024
+    # Records nobody waits on (completions) go with the next awaited batch or after this.
+    deferred_flush_ms: float = 50.0
     checkpoint_every: int = 10_000
     checkpoint_interval_ms: float = 1000.0
 
     def __post_init__(self) -> None:
-        if self.group_commit_ms < 0 or self.checkpoint_interval_ms <= 0:
-            raise ValueError("group_commit_ms must be >= 0 and checkpoint_interval_ms > 0")
+        if self.group_commit_ms < 0 or self.deferred_flush_ms < 0:
+            raise ValueError("group_commit_ms and deferred_flush_ms must be >= 0")
+        if self.checkpoint_interval_ms <= 0:
+            raise ValueError("checkpoint_interval_ms must be > 0")
         if self.max_batch < 1 or self.checkpoint_every < 1:
             raise ValueError("max_batch and checkpoint_every must be >= 1")
 

@@ -31,41 +31,18 @@ from typing import TypeVar
 from gateway.canonical import canonical_json_of_plain
 from gateway.provenance.checkpointing import Checkpointer, LogSettings
 from gateway.provenance.errors import LogUnavailableError, ProvenanceError, RecordError
-from gateway.provenance.merkle import consistency_proof, leaf_hash
+from gateway.provenance.merkle import consistency_proof
 from gateway.provenance.note import Signer
 from gateway.provenance.proofs import TlogProof
+from gateway.provenance.queued import Queued
 from gateway.provenance.records import LogEntry, validate_record
 from gateway.provenance.sealing import Seal, Sealer, Sealing
 from gateway.provenance.store import LogStore, Recovery, SignedNote
 from gateway.provenance.tiles import MAX_ENTRY_SIZE, TileReader
-from gateway.provenance.wal import encode_frame
 
 __all__ = ["LogSettings", "ProvenanceLog"]
 
 _T = TypeVar("_T")
-
-
-class _Append:
-    """One queued record: its entry, leaf hash and WAL frame (encoded on the event loop,
-    so the writer thread only writes), who waits for it, and its seal if any."""
-
-    __slots__ = ("awaited", "entry", "frame", "future", "leaf", "seal", "sealed")
-
-    def __init__(
-        self,
-        entry: bytes,
-        future: asyncio.Future[LogEntry],
-        awaited: bool,
-        seal: Seal | None,
-        sealed: asyncio.Future[bytes] | None,
-    ) -> None:
-        self.entry = entry
-        self.leaf = leaf_hash(entry)
-        self.frame = encode_frame(entry, self.leaf)
-        self.future = future
-        self.awaited = awaited  # False for append_soon's records
-        self.seal = seal
-        self.sealed = sealed  # receives seal(entry) when there is a seal
 
 
 class ProvenanceLog:
@@ -83,11 +60,12 @@ class ProvenanceLog:
         self._loop = asyncio.get_running_loop()
         self._sealer = Sealer(self._loop)
         self._settings = settings
-        self._queue: list[_Append] = []
+        self._queue: list[Queued] = []
         self._wakeup = asyncio.Event()  # the queue went from empty to not empty
         self._filled = asyncio.Event()  # the queue reached the size of the last batch
         self._last_batch = 1  # awaited appends in the last batch
         self._waiters = 0  # awaited appends queued now
+        self._deferred_until: float | None = None  # when unawaited queued records must go
         self._closing = False
         self._aborting = False
         self._size = store.size
@@ -210,12 +188,17 @@ class ProvenanceLog:
         if len(entry) > MAX_ENTRY_SIZE:
             raise RecordError(f"record is {len(entry)} bytes; the limit is {MAX_ENTRY_SIZE}")
         future: asyncio.Future[LogEntry] = self._loop.create_future()
-        self._queue.append(_Append(entry, future, awaited, seal, sealed))
-        self._wakeup.set()
+        self._queue.append(Queued(entry, future, awaited, seal, sealed))
         if awaited:
             self._waiters += 1
+            self._wakeup.set()
             if self._waiters >= self._last_batch:
                 self._filled.set()
+        elif self._deferred_until is None:
+            self._deferred_until = self._loop.time() + self._settings.deferred_flush_ms / 1000
+            self._wakeup.set()  # the committer's sleep must now end by that deadline
+        elif len(self._queue) >= self._settings.max_batch:
+            self._wakeup.set()
         return future
 
     async def checkpoint(self) -> SignedNote:
@@ -310,17 +293,21 @@ class ProvenanceLog:
     async def _rounds(self) -> None:
         # Runs until close(); each round either commits a batch, signs, or waits for work.
         while not self._aborting:
-            if not self._queue and not self._closing:
-                # A timeout means the checkpoint interval elapsed: fall through to sign.
+            timeout = self._idle_timeout()
+            if timeout is None or timeout > 0:
                 with contextlib.suppress(TimeoutError):
-                    timeout = self._checkpoints.idle_timeout(self._size)
                     await asyncio.wait_for(self._wakeup.wait(), timeout)
                 self._wakeup.clear()
+                timeout = self._idle_timeout()
+                if timeout is None or timeout > 0:
+                    continue  # woken to plan again (a new deadline): nothing is due yet
             await self._gather_batch()
             if self._aborting:
                 return
             batch = self._queue[: self._settings.max_batch]
             del self._queue[: self._settings.max_batch]
+            if not self._queue:
+                self._deferred_until = None
             if batch:
                 await self._commit(batch)
             if self._checkpoints.due(self._size) and not self._aborting:
@@ -332,6 +319,20 @@ class ProvenanceLog:
                     self._checkpoints.start(snapshot)
             if self._closing and not self._queue:
                 return
+
+    def _idle_timeout(self) -> float | None:
+        """How long the committer may sleep now: 0 when something is due, None until woken.
+
+        Records nobody waits on (`append_soon`) do not start a commit of their own: they
+        ride with the next awaited batch, or go after `deferred_flush_ms` at the latest.
+        """
+        if self._waiters or self._closing or len(self._queue) >= self._settings.max_batch:
+            return 0.0
+        timeout = self._checkpoints.idle_timeout(self._size)
+        if self._deferred_until is not None:
+            left = max(0.0, self._deferred_until - self._loop.time())
+            timeout = left if timeout is None else min(timeout, left)
+        return timeout
 
     async def _gather_batch(self) -> None:
         """Wait up to the group-commit window for as many awaited appends as the last batch
@@ -357,7 +358,7 @@ class ProvenanceLog:
             self._sealer.submit(start, seals)
         return start
 
-    async def _commit(self, batch: list[_Append]) -> None:
+    async def _commit(self, batch: list[Queued]) -> None:
         pairs = [(queued.entry, queued.leaf) for queued in batch]
         frames = b"".join([queued.frame for queued in batch])
         seals = [

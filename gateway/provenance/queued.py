@@ -1,0 +1,36 @@
+"""What the provenance log's committer queues: one record on its way to the write-ahead
+segment, encoded on the event loop so that the writer thread only writes."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.provenance.merkle import leaf_hash
+from gateway.provenance.records import LogEntry
+from gateway.provenance.sealing import Seal
+from gateway.provenance.wal import encode_frame
+
+__all__ = ["Queued"]
+
+
+class Queued:
+    """One queued record: its entry, leaf hash and WAL frame (encoded on the event loop,
+    so the writer thread only writes), who waits for it, and its seal if any."""
+
+    __slots__ = ("awaited", "entry", "frame", "future", "leaf", "seal", "sealed")
+
+    def __init__(
+        self,
+        entry: bytes,
+        future: asyncio.Future[LogEntry],
+        awaited: bool,
+        seal: Seal | None,
+        sealed: asyncio.Future[bytes] | None,
+    ) -> None:
+        self.entry = entry
+        self.leaf = leaf_hash(entry)
+        self.frame = encode_frame(entry, self.leaf)
+        self.future = future
+        self.awaited = awaited  # False for append_soon's records
+        self.seal = seal
+        self.sealed = sealed  # receives seal(entry) when there is a seal
