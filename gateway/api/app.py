@@ -22,9 +22,9 @@ from gateway.api.admin import send_status
 from gateway.api.asgi import Receive, Scope, Send, header, send_bytes, send_error, send_json
 from gateway.api.exchange import (
     Exchange,
+    end_stream,
     receipt_headers,
     send_error_event,
-    send_receipt_comment,
 )
 from gateway.api.fleet import FleetMetrics
 from gateway.api.metrics import GatewayMetrics
@@ -285,8 +285,9 @@ class GatewayApp:
             return
         if exchange.stream:
             await send_error_event(send, error)
-            await send_receipt_comment(send, exchange)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await end_stream(send, exchange)
+        else:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def begin_drain(self) -> None:
         """Shutdown began (SIGTERM): new requests get 503 not_ready and /readyz says

@@ -18,11 +18,11 @@ if TYPE_CHECKING:
 __all__ = [
     "Exchange",
     "TryNext",
+    "end_stream",
     "first_chunk_seconds",
     "receipt_headers",
     "relayed",
     "send_error_event",
-    "send_receipt_comment",
     "start_stream",
     "watch_disconnect",
 ]
@@ -80,12 +80,12 @@ def relayed(exchange: Exchange, data: bytes, *, whole: bool = False) -> None:
             exchange.trail.relayed(data)
 
 
-async def send_receipt_comment(send: Send, exchange: Exchange) -> None:
-    """Streams: the receipt as a final SSE comment line, which SSE clients ignore."""
+async def end_stream(send: Send, exchange: Exchange) -> None:
+    """End a relayed stream: its receipt as a final SSE comment line (which SSE clients
+    ignore), in the same message that closes the body."""
     receipt = await exchange.trail.sealed_receipt() if exchange.trail is not None else None
-    if receipt is not None:
-        line = b": owngate-receipt " + base64.b64encode(receipt) + b"\n\n"
-        await send({"type": "http.response.body", "body": line, "more_body": True})
+    line = b": owngate-receipt " + base64.b64encode(receipt) + b"\n\n" if receipt else b""
+    await send({"type": "http.response.body", "body": line, "more_body": False})
 
 
 async def start_stream(send: Send, exchange: Exchange, status: int, content_type: bytes) -> None:

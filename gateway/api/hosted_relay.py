@@ -15,11 +15,11 @@ from gateway.api.asgi import send_bytes
 from gateway.api.exchange import (
     Exchange,
     TryNext,
+    end_stream,
     first_chunk_seconds,
     receipt_headers,
     relayed,
     send_error_event,
-    send_receipt_comment,
     start_stream,
 )
 from gateway.api.metrics import GatewayMetrics
@@ -122,8 +122,7 @@ class HostedRelay:
             exchange.upstream_error = exc.kind
             code = ErrorCode.upstream_timeout if exc.kind == "timeout" else ErrorCode.upstream_error
             await send_error_event(send, GatewayError(code, "the provider failed mid-stream"))
-        await send_receipt_comment(send, exchange)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await end_stream(send, exchange)
 
     async def close(self) -> None:
         for client in self._clients.values():

@@ -25,11 +25,11 @@ from gateway.api.body import model_pattern, rewrite_model
 from gateway.api.exchange import (
     Exchange,
     TryNext,
+    end_stream,
     first_chunk_seconds,
     receipt_headers,
     relayed,
     send_error_event,
-    send_receipt_comment,
     start_stream,
 )
 from gateway.api.metrics import GatewayMetrics
@@ -219,8 +219,7 @@ class PrivateRelay:
                 "the backend failed in the middle of the stream",
             )
             await send_error_event(send, error)
-        await send_receipt_comment(send, exchange)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await end_stream(send, exchange)
         return broke
 
     def _rename(self, doc: dict[str, Any], body: bytes, model: str, route: Route) -> bytes:
