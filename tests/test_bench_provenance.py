@@ -43,6 +43,8 @@ def test_quick_run_writes_the_side_by_side_report(tmp_path: Path) -> None:
         ("zero-latency", 64),
         ("llm-shaped", 16),
         ("llm-shaped", 64),
+        ("llm-varied", 16),
+        ("llm-varied", 64),
     ]
     for index, point in enumerate(report["points"]):
         # off and on trade places from point to point: neither is always measured first
@@ -54,7 +56,7 @@ def test_quick_run_writes_the_side_by_side_report(tmp_path: Path) -> None:
             assert result["ttft_ms"]["p99"] >= result["ttft_ms"]["p50"] > 0, where
             assert result["cpu_s"]["gateway"] > 0, where
         assert set(point["ratios"]) >= {"req_per_s", "ttft_p50_ms", "cpu_ms_per_req"}
-    assert set(report["logs"]) == {"zero-latency", "llm-shaped"}
+    assert set(report["logs"]) == {"zero-latency", "llm-shaped", "llm-varied"}
     assert all(text.startswith("verified") for text in report["logs"].values())
     assert "zero-latency  16" in render(report)
     on = report["points"][0]["results"]["on"]

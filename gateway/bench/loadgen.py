@@ -20,6 +20,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import random
 import resource
 import subprocess
 import sys
@@ -51,6 +52,9 @@ class LoadSpec:
     concurrency: int
     duration_s: float
     max_tokens: int = 16
+    # Each request asks for max_tokens +- this (uniform, seeded per connection): answers of
+    # varied length, as real ones are, so closed-loop clients do not run in lockstep.
+    max_tokens_spread: int = 0
     path: str = "/v1/chat/completions"
     max_requests: int | None = None
     warmup_s: float = 0.5
@@ -72,11 +76,11 @@ class LoadSpec:
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
 
-    def request_bytes(self) -> bytes:
+    def request_bytes(self, max_tokens: int | None = None) -> bytes:
         payload: dict[str, Any] = {
             "model": self.model,
             "messages": [{"role": "user", "content": "hello"}],
-            "max_tokens": self.max_tokens,
+            "max_tokens": self.max_tokens if max_tokens is None else max_tokens,
         }
         if self.stream:
             payload["stream"] = True
@@ -253,8 +257,12 @@ class _Runner:
 
     def __init__(self, spec: LoadSpec) -> None:
         self.spec = spec
-        self.request = spec.request_bytes()
+        low = max(1, spec.max_tokens - spec.max_tokens_spread)
+        high = spec.max_tokens + spec.max_tokens_spread
+        self.requests = [spec.request_bytes(n) for n in range(low, high + 1)]
         self.conns: list[_Connection | None] = [None] * spec.concurrency
+        # One seeded sequence of answer lengths per connection: the same in every run.
+        self.lengths = [random.Random(slot) for slot in range(spec.concurrency)]  # noqa: S311
 
     async def _connect(self, phase: _Phase) -> _Connection | None:
         loop = asyncio.get_running_loop()
@@ -279,8 +287,9 @@ class _Runner:
                 conn = self.conns[slot] = await self._connect(phase)
                 if conn is None:
                     return
+            request = self.requests[self.lengths[slot].randrange(len(self.requests))]
             try:
-                await conn.exchange(self.request)
+                await conn.exchange(request)
             except ConnectionError as exc:
                 phase.error("connection", str(exc))
                 conn.close()

@@ -59,13 +59,19 @@ class Backend:
     name: str
     sim_flags: tuple[str, ...]
     max_tokens: int
+    max_tokens_spread: int = 0
 
 
+_LLM = ("--slots", "256", "--prefill-tps", "8000", "--decode-tps", "60")
 BACKENDS = (
     Backend("zero-latency", ("--zero-latency",), max_tokens=16),
     # vLLM-like: 8k tok/s prefill, 60 tok/s decode per sequence, 256 slots (no queueing at
     # c=64): a 32-token answer takes ~0.5 s, its first token ~17 ms after the request.
-    Backend("llm-shaped", ("--slots", "256", "--prefill-tps", "8000", "--decode-tps", "60"), 32),
+    Backend("llm-shaped", _LLM, 32),
+    # The same server with answers of 16-48 tokens: without it the closed loop runs in
+    # lockstep (every answer ends at the same decode step, so each wave of new requests
+    # arrives at once); real answers vary, and so does the arrival of the next request.
+    Backend("llm-varied", _LLM, 32, max_tokens_spread=16),
 )
 MODES = ("off", "on")
 # What the log adds before a request may leave (group commit + fsync), as the `on`
@@ -233,6 +239,7 @@ def _measure(
                     stream=True,
                     concurrency=concurrency,
                     max_tokens=pair.backend.max_tokens,
+                    max_tokens_spread=pair.backend.max_tokens_spread,
                     duration_s=plan.duration_s,
                     warmup_s=plan.warmup_s,
                     warmup_requests=50 if plan.quick else 1000,
