@@ -53,10 +53,10 @@ def test_scraped_queue_counts_even_without_gateway_traffic() -> None:
 @pytest.mark.parametrize(
     ("inflight", "expected"),
     [
-        (0, 1.0 + 0.3 * 0.5 + 0.5),  # idle, kv unknown, affinity counts
-        (2, 0.75 + 0.15 + 0.5),
-        (4, 0.5 + 0.15 + 0.0),  # saturated: affinity no longer counts
-        (8, 0.0 + 0.15 + 0.0),
+        (0, 1.0 + 0.3 * 0.5 + 0.5 + 1.0),  # idle, kv unknown, affinity counts, no prefill
+        (2, 0.75 + 0.15 + 0.5 + 1.0),
+        (4, 0.5 + 0.15 + 0.0 + 1.0),  # saturated: affinity no longer counts
+        (8, 0.0 + 0.15 + 0.0 + 1.0),
     ],
 )
 def test_score_formula(inflight: int, expected: float) -> None:
@@ -75,6 +75,29 @@ def test_affinity_sends_a_shared_prefix_back_while_there_is_room() -> None:
     assert ids(p.order("m", pool, prefix))[0] == "b1"
     pool[1].backend.inflight = 8  # 1/8 busier per slot than b0: affinity yields to load
     assert ids(p.order("m", pool, prefix))[0] == "b0"
+
+
+def test_prefill_backlog_sends_a_request_where_less_prompt_waits() -> None:
+    pool = routes(64, 64)
+    pool[0].backend.prefilling = 8000  # a RAG prompt has not had its first token yet
+    pool[1].backend.inflight = 3  # more requests, but all of them already decoding
+    assert ids(picker().order("m", pool, None)) == ["b1", "b0"]
+    pool[1].backend.prefilling = 8000  # the same backlog on both: load decides
+    assert ids(picker().order("m", pool, None)) == ["b0", "b1"]
+
+
+@pytest.mark.parametrize(
+    ("prefilling", "busiest", "term"),
+    [(0, 0, 1.0), (0, 8192, 1.0), (8192, 8192, 1.0 - 8192 / 9216), (1024, 1024, 0.5)],
+)
+def test_prefill_term_is_relative_to_the_busiest_candidate(
+    prefilling: int, busiest: int, term: float
+) -> None:
+    p = picker()
+    pool = p.pool("m")
+    base = p._score(pool, (0.0, 4.0, None), False, 0, 0) - 1.0  # every other term
+    got = p._score(pool, (0.0, 4.0, None), False, prefilling, busiest) - base
+    assert got == pytest.approx(term)
 
 
 def test_round_robin_and_least_inflight() -> None:

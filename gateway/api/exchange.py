@@ -50,6 +50,9 @@ class Exchange:
     decision: Decision | None = None
     trail: Trail | None = None  # provenance state, when the log is on
     prefix: bytes | None = None  # prompt-prefix key for cache affinity
+    prefix_bytes: int = 0  # how much of the request body that key covers
+    cached_bytes: int = 0  # of those, what the current attempt's backend should have cached
+    prefilling: int = 0  # estimated prompt tokens the current attempt adds to its backend
 
 
 class TryNext(Exception):

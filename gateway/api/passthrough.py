@@ -89,6 +89,10 @@ class PrivateRelay:
         exchange.backend = backend.id
         judged = False  # whether the breaker heard how this attempt went
         self._enter(backend)
+        # Prefill queued at the backend until its first byte: ~4 bytes of JSON per token,
+        # less the prefix its cache should hold.
+        exchange.prefilling = max(0, len(out) - exchange.cached_bytes) // 4
+        backend.prefilling += exchange.prefilling
         try:
             budget = backend.pool.first_byte_timeout
             wait = min(budget, deadline - time.perf_counter())
@@ -135,6 +139,7 @@ class PrivateRelay:
         finally:
             if grant is Pass.probe and not judged:
                 breaker.abandoned(epoch)
+            _first_byte(exchange, backend)
             self._leave(backend)
 
     def _judge_failure(
@@ -176,6 +181,8 @@ class PrivateRelay:
     ) -> str | None:
         status = response.status
         content_type = response.header(b"content-type") or b"application/json"
+        if not content_type.startswith(_SSE) or status >= 400:
+            _first_byte(exchange, backend)  # a whole answer: its prefill is done
         if status >= 400:
             data = await _read_bounded(response)
             self._metrics.upstream_error(backend.id, "status")
@@ -199,6 +206,7 @@ class PrivateRelay:
                 first = await anext(chunks, None)
         except TimeoutError as exc:
             raise UpstreamError("timeout", "no first chunk from backend in time") from exc
+        _first_byte(exchange, backend)
         await start_stream(send, exchange, status, content_type)
         if first is not None:
             self._metrics.observe_ttft(exchange.endpoint, backend.id, first_chunk_seconds(exchange))
@@ -238,6 +246,12 @@ class PrivateRelay:
         backend.inflight -= 1
         self._state.backend_finished(backend.id)
         self._metrics.set_inflight(backend.id, backend.inflight)
+
+
+def _first_byte(exchange: Exchange, backend: BackendState) -> None:
+    """The attempt's prefill is over (first byte, or the attempt ended): uncount it."""
+    backend.prefilling -= exchange.prefilling
+    exchange.prefilling = 0
 
 
 def _timeout_error(exc: UpstreamError) -> GatewayError | None:

@@ -32,7 +32,7 @@ from gateway.config.schema import Routing
 from gateway.errors import ErrorCode, GatewayError
 from gateway.policy import Decision, UnknownDataClass
 from gateway.provenance import Salts
-from gateway.routing.picker import Picker, prefix_key
+from gateway.routing.picker import Picker, prefix_span
 from gateway.routing.registry import BackendState, Registry, Route, TenantEntry
 from gateway.routing.saturation import SaturationQueue
 from gateway.routing.scraper import MetricsScraper
@@ -119,11 +119,11 @@ class Proxy:
             raise
         exchange.decision = decision
         private = [r for r in routes if r.backend.id in decision.private]
-        prefix = None
+        prefix, shared = None, 0
         if len(private) > 1 and self._picker.pool(model).strategy == "score":
-            prefix = prefix_key(doc, self._affinity_bytes)
+            prefix, shared = prefix_span(doc, self._affinity_bytes) or (None, 0)
         private = self._picker.order(model, private, prefix)
-        exchange.prefix = prefix
+        exchange.prefix, exchange.prefix_bytes = prefix, shared
         by_id = {r.backend.id: r for r in routes}
         hosted = [by_id[b] for b in decision.hosted if b in by_id]
         watcher = watch_disconnect(receive, exchange)
@@ -199,6 +199,9 @@ class Proxy:
             if time.perf_counter() >= deadline:
                 failures.append("failover deadline passed")
                 break
+            # The part of the prompt the backend's prefix cache should hold is no prefill.
+            holds = self._picker.holds(exchange.prefix, route.backend.id)
+            exchange.cached_bytes = exchange.prefix_bytes if holds else 0
             try:
                 await self._recorded(
                     exchange,

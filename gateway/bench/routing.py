@@ -9,11 +9,12 @@ another process (`gateway.bench.openloop`). Scenarios:
 - `hetero`: one fast vLLM-like server (64 slots) and one slow llama.cpp-like (4 slots),
   a mix of chat / RAG / office requests, Poisson arrivals at `--load` of the pool's
   capacity; also the scorer without `capacity.max_concurrency` (`score_no_slots`);
-- `uniform`: two identical vLLM-like servers, the same mix, bursty arrivals;
+- `uniform`: two identical vLLM-like servers, the same mix, bursty arrivals; also the
+  scorer without its prefill-backlog term (`score_no_prefill`: `weights.prefill: 0`);
 - `prefix`: two identical vLLM-like servers with prefix caching on, a mix where most
   requests share one of many long system prompts.
 
-The last two also run the scorer without its prefix-affinity scorer
+The last also runs the scorer without its prefix-affinity term
 (`score_no_affinity`: `weights.affinity: 0`). Prefix caching is off in the first two, so
 their capacity is what the settings say and the comparison is about queueing alone.
 
@@ -25,6 +26,10 @@ prefill rates multiplied, the gateway's scrape interval and staleness divided, s
 many requests arrive between two scrapes as in production). Capacity, the rate at which
 each server runs full batches, is computed from the simulator settings and the mix
 (`capacity`), and arrivals are set at `--load` of the pool's sum.
+
+With `--seeds N` every scenario runs on N traces (seeds `--seed` .. `--seed` + N - 1) and
+each target is judged by the median of its N values: on one trace a p99 moves by
+10-20 % from one strategy's luck with the bursts, so a single trace cannot tell 5 % apart.
 
 The report: per scenario and strategy, TTFT and end-to-end latency p50/p95/p99 (from the
 scheduled arrival; requests still running `--grace` seconds after the last arrival are
@@ -55,7 +60,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from gateway import __version__
 from gateway.bench.arrivals import CHAT, OFFICE, RAG, TraceSpec, Workload, build_trace, write_trace
 from gateway.bench.openloop import ReplaySpec, replay_in_subprocess
-from gateway.bench.routing_report import evaluate_targets, render, summarize
+from gateway.bench.routing_report import evaluate_targets, median_targets, render, summarize
 from gateway.bench.services import (
     HOST,
     Service,
@@ -95,6 +100,7 @@ class Arm:
     name: str
     strategy: Strategy
     affinity: float = 0.5  # weights.affinity of the score strategy (its default)
+    prefill: float = 1.0  # weights.prefill of the score strategy (its default)
     declare_slots: bool = True  # capacity.max_concurrency set to each server's slots
 
 
@@ -105,6 +111,7 @@ ARMS = {
         Arm("least_inflight", "least_inflight"),
         Arm("score", "score"),
         Arm("score_no_affinity", "score", affinity=0.0),
+        Arm("score_no_prefill", "score", prefill=0.0),
         Arm("score_no_slots", "score", declare_slots=False),
     )
 }
@@ -183,7 +190,7 @@ def scenarios(speed: float) -> list[Scenario]:
             ),
             _MIXED,
             burstiness=0.5,
-            arms=("round_robin", "least_inflight", "score", "score_no_affinity"),
+            arms=("round_robin", "least_inflight", "score", "score_no_prefill"),
         ),
         Scenario(
             "prefix",
@@ -268,6 +275,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="trace seed (env OWNGATE_BENCH_ROUTING_SEED, 1)",
     )
     add(
+        "--seeds",
+        type=int,
+        default=_env("SEEDS", "1"),
+        help="run every scenario on this many traces (seeds --seed, --seed + 1, ...) and "
+        "judge each target by its median over them: one trace's p99 moves by +-10-20 %% "
+        "(env OWNGATE_BENCH_ROUTING_SEEDS, 1)",
+    )
+    add(
         "--json",
         type=Path,
         default=_env("JSON", ".bench/routing.json"),
@@ -300,7 +315,7 @@ class _Plan:
     grace_s: float
     load: float
     speed: float
-    seed: int
+    seeds: tuple[int, ...]
     json_path: Path
     decision_calls: int
     quick: bool
@@ -312,6 +327,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
         raise ValueError("--duration, --load and --speed must be > 0, --grace >= 0")
     if args.decision_calls < 0:
         raise ValueError("--decision-calls must be >= 0")
+    if args.seeds < 1:
+        raise ValueError("--seeds must be >= 1")
     known = {s.name: s for s in scenarios(args.speed)}
     wanted = [name.strip() for name in str(args.scenarios).split(",") if name.strip()]
     unknown = sorted(set(wanted) - set(known))
@@ -336,7 +353,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
         grace_s=min(args.grace, 0.5) if args.quick else args.grace,
         load=args.load,
         speed=args.speed,
-        seed=args.seed,
+        seeds=tuple(range(args.seed, args.seed + (1 if args.quick else args.seeds))),
         json_path=args.json,
         decision_calls=args.decision_calls or (5_000 if args.quick else 100_000),
         quick=args.quick,
@@ -355,7 +372,7 @@ def gateway_config(
         f"scrape: {{interval_s: {_SCRAPE_INTERVAL_S / (OUTPUT_SCALE * speed)!r}, "
         f"staleness_s: {_SCRAPE_STALENESS_S / (OUTPUT_SCALE * speed)!r}, timeout_s: 0.5}}",
         f"routing: {{default: {{strategy: {arm.strategy}, "
-        f"weights: {{affinity: {arm.affinity}}}}}}}",
+        f"weights: {{affinity: {arm.affinity}, prefill: {arm.prefill}}}}}}}",
         "backends:",
     ]
     for name, settings in scenario.backends:
@@ -411,7 +428,12 @@ def _run_arm(
 
 
 def _run_scenario(
-    plan: _Plan, scenario: Scenario, rundir: Path, api_key: str, log: Callable[[str], None]
+    plan: _Plan,
+    scenario: Scenario,
+    seed: int,
+    rundir: Path,
+    api_key: str,
+    log: Callable[[str], None],
 ) -> dict[str, Any]:
     spec = TraceSpec(
         mix=scenario.mix,
@@ -419,7 +441,7 @@ def _run_scenario(
         duration_s=plan.duration_s,
         burstiness=scenario.burstiness,
         output_scale=1.0 / OUTPUT_SCALE,
-        seed=plan.seed,
+        seed=seed,
         model=MODEL,
     )
     prompt, output = spec.mean("prompt_tokens"), spec.mean("output_tokens")
@@ -429,7 +451,10 @@ def _run_scenario(
     trace = build_trace(spec)
     trace_path = rundir / f"{scenario.name}.trace.jsonl"
     write_trace(trace_path, trace)
-    log(f"{scenario.name}: {len(trace)} requests at {rate:.1f} req/s ({plan.load:.0%} of capacity)")
+    log(
+        f"{scenario.name} (seed {seed}): {len(trace)} requests at {rate:.1f} req/s "
+        f"({plan.load:.0%} of capacity)"
+    )
     results: dict[str, Any] = {}
     for name in scenario.arms:
         began = time.monotonic()
@@ -470,24 +495,33 @@ def run(args: argparse.Namespace) -> int:
             "load": plan.load,
             "speed": plan.speed,
             "output_scale": 1.0 / OUTPUT_SCALE,
-            "seed": plan.seed,
+            "seeds": list(plan.seeds),
             "quick": plan.quick,
         },
         "scenarios": {},
     }
     failed = False
-    for scenario in plan.scenarios:
-        try:
-            report["scenarios"][scenario.name] = _run_scenario(plan, scenario, rundir, api_key, log)
-        except (RuntimeError, OSError, TimeoutError) as exc:
-            log(f"{scenario.name}: failed: {exc}")
-            report["scenarios"][scenario.name] = {"error": str(exc)}
-            failed = True
+    runs: list[dict[str, Any]] = []
+    for seed in plan.seeds:
+        found: dict[str, Any] = {}
+        for scenario in plan.scenarios:
+            try:
+                found[scenario.name] = _run_scenario(plan, scenario, seed, rundir, api_key, log)
+            except (RuntimeError, OSError, TimeoutError) as exc:
+                log(f"{scenario.name} (seed {seed}): failed: {exc}")
+                found[scenario.name] = {"error": str(exc)}
+                failed = True
+        runs.append({"seed": seed, "scenarios": found})
+    report["scenarios"] = runs[0]["scenarios"]
     from gateway.bench.decision import decision_cost
 
     log(f"timing routing decisions ({plan.decision_calls} calls per row)")
     report["decision"] = decision_cost(plan.decision_calls)
-    report["targets"] = evaluate_targets(report)
+    for run_ in runs:
+        run_["targets"] = evaluate_targets({**run_, "decision": report["decision"]})
+    report["targets"] = median_targets([run_["targets"] for run_ in runs])
+    if len(runs) > 1:
+        report["runs"] = runs
     report["elapsed_s"] = time.monotonic() - began
     plan.json_path.parent.mkdir(parents=True, exist_ok=True)
     plan.json_path.write_text(_dumps(report))
@@ -495,7 +529,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nwrote {plan.json_path} ({report['elapsed_s']:.0f}s in all)")
     errors = sum(
         arm["outcomes"].get("errors", 0)
-        for scenario in report["scenarios"].values()
+        for run_ in runs
+        for scenario in run_["scenarios"].values()
         for arm in scenario.get("arms", {}).values()
     )
     if failed or errors:

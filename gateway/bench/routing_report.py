@@ -23,7 +23,7 @@ from typing import Any
 
 from gateway.bench.loadgen import percentiles
 
-__all__ = ["evaluate_targets", "quantiles", "render", "summarize"]
+__all__ = ["evaluate_targets", "median_targets", "quantiles", "render", "summarize"]
 
 _OK = ("ok", "unfinished")
 DECISION_BUDGET_US = 50.0
@@ -194,6 +194,33 @@ def evaluate_targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     return targets
 
 
+def median_targets(runs: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """Each target judged by the median of its values over several traces (`runs`: the
+    `evaluate_targets` of each); `per_run` keeps every value. One run: its own targets."""
+    combined = []
+    for position, first in enumerate(runs[0]):
+        values = [run[position]["value"] for run in runs]
+        known = sorted(v for v in values if v is not None)
+        if not known:
+            median = None
+        elif len(known) % 2:
+            median = known[len(known) // 2]
+        else:
+            median = (known[len(known) // 2 - 1] + known[len(known) // 2]) / 2
+        target = _target(
+            first["id"],
+            first["text"],
+            median,
+            first["target"],
+            first["unit"],
+            at_most=first["at_most"],
+        )
+        if len(runs) > 1:
+            target["per_run"] = values
+        combined.append(target)
+    return combined
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
@@ -232,8 +259,12 @@ def render(report: Mapping[str, Any]) -> str:
     lines = [
         "times in ms from the scheduled arrival; cut = still running at the end (lower bounds)"
     ]
-    for name, scenario in report.get("scenarios", {}).items():
-        lines += ["", *_scenario_table(name, scenario)]
+    runs = report.get("runs") or [{"scenarios": report.get("scenarios", {})}]
+    for run in runs:
+        if "seed" in run:
+            lines += ["", f"== trace seed {run['seed']}"]
+        for name, scenario in run["scenarios"].items():
+            lines += ["", *_scenario_table(name, scenario)]
     decision = report.get("decision", {})
     if decision:
         lines += [
@@ -254,8 +285,14 @@ def render(report: Mapping[str, Any]) -> str:
             lines.append(f"SKIP  {target['text']}: not measured")
             continue
         verdict = "PASS" if target["met"] else "MISS"
+        per_run = target.get("per_run")
+        spread = (
+            ""
+            if per_run is None
+            else " median of " + " / ".join("-" if v is None else f"{v:.3f}" for v in per_run)
+        )
         lines.append(
             f"{verdict}  {target['text']}: {value:.3f}{target['unit']} "
-            f"(target {sign} {limit}{target['unit']})"
+            f"(target {sign} {limit}{target['unit']}){spread}"
         )
     return "\n".join(lines)

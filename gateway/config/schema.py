@@ -149,6 +149,7 @@ class Weights(_Strict):
     queue: float = Field(default=1.0, ge=0)
     kv: float = Field(default=0.3, ge=0)
     affinity: float = Field(default=0.5, ge=0)
+    prefill: float = Field(default=1.0, ge=0)
 
 
 class SaturationQueue(_Strict):

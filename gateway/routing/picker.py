@@ -37,11 +37,14 @@ from gateway.config.schema import Routing, RoutingPool
 from gateway.routing.registry import BackendState, Route
 from gateway.routing.signals import BackendLoad
 
-__all__ = ["Picker", "prefix_key"]
+__all__ = ["Picker", "prefix_key", "prefix_span"]
 
 _DEFAULT_SLOTS = 8
 _AFFINITY_ENTRIES = 65536
 _AFFINITY_SLACK = 1 / 16  # how much busier (demand per slot) the prefix's backend may be
+# Prompt tokens added to the largest prefill backlog among the candidates, so a few
+# hundred tokens of difference weigh little and a long prompt's worth weighs a lot.
+_PREFILL_DAMPING = 1024
 
 LoadOf = Callable[[str], BackendLoad | None]
 
@@ -83,18 +86,30 @@ class Picker:
                         mine = position
                     break
         random, score = self._rng.random, self._score
+        busiest = max([route.backend.prefilling for route in routes])
         scored = [
-            (-score(pool, signal, position == mine), random(), route)
+            (
+                -score(pool, signal, position == mine, route.backend.prefilling, busiest),
+                random(),
+                route,
+            )
             for position, (route, signal) in enumerate(zip(routes, signals, strict=True))
         ]
         scored.sort(key=_by_score)
         return [route for _, _, route in scored]
 
     def score(self, pool: RoutingPool, backend: BackendState, preferred: bool) -> float:
-        return self._score(pool, self._demand(backend), preferred)
+        """One backend's score on its own (the prefill term then compares it with itself)."""
+        prefilling = backend.prefilling
+        return self._score(pool, self._demand(backend), preferred, prefilling, prefilling)
 
     def _score(
-        self, pool: RoutingPool, signal: tuple[float, float, float | None], preferred: bool
+        self,
+        pool: RoutingPool,
+        signal: tuple[float, float, float | None],
+        preferred: bool,
+        prefilling: int,
+        busiest: int,
     ) -> float:
         weights = pool.weights
         demand, slots, kv = signal
@@ -102,7 +117,13 @@ class Picker:
         queue = 0.0 if busy >= 1.0 else 1.0 - busy
         kv_score = 0.5 if kv is None else 0.0 if kv >= 1.0 else 1.0 if kv <= 0.0 else 1.0 - kv
         affinity = 1.0 if preferred and demand < slots else 0.0
-        return weights.queue * queue + weights.kv * kv_score + weights.affinity * affinity
+        prefill = 1.0 - prefilling / (busiest + _PREFILL_DAMPING)
+        return (
+            weights.queue * queue
+            + weights.kv * kv_score
+            + weights.affinity * affinity
+            + weights.prefill * prefill
+        )
 
     def _demand(self, backend: BackendState) -> tuple[float, float, float | None]:
         load = self._load_of(backend.id)
@@ -123,6 +144,10 @@ class Picker:
         slots = float(backend.config.capacity.max_concurrency or scraped_slots or _DEFAULT_SLOTS)
         return demand, max(slots, 1.0), kv
 
+    def holds(self, prefix: bytes | None, backend_id: str) -> bool:
+        """Did `backend_id` serve this prefix last (so its prefix cache should hold it)?"""
+        return prefix is not None and self._affinity.get(prefix) == backend_id
+
     def served(self, prefix: bytes | None, backend_id: str) -> None:
         """Remember which backend holds this prefix in its cache now."""
         if prefix is None:
@@ -141,6 +166,12 @@ def _by_score(item: tuple[float, float, Route]) -> tuple[float, float]:
 def prefix_key(doc: dict[str, Any], chars: int) -> bytes | None:
     """A digest of the prompt's leading part (system prompt, earlier turns): requests that
     share it can reuse a backend's prefix cache. None when there is nothing to share."""
+    found = prefix_span(doc, chars)
+    return None if found is None else found[0]
+
+
+def prefix_span(doc: dict[str, Any], chars: int) -> tuple[bytes, int] | None:
+    """`prefix_key` and how many bytes of the request it covers."""
     messages = doc.get("messages")
     if isinstance(messages, list) and messages:
         # Everything but the newest turn is what a follow-up shares with its predecessor.
@@ -156,4 +187,5 @@ def prefix_key(doc: dict[str, Any], chars: int) -> bytes | None:
         text = prompt.encode()
     if len(text) < 64:
         return None  # too short to matter for a prefix cache
-    return hashlib.blake2b(text[:chars], digest_size=16).digest()
+    shared = text[:chars]
+    return hashlib.blake2b(shared, digest_size=16).digest(), len(shared)

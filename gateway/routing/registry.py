@@ -29,6 +29,10 @@ class BackendState:
     base_path: bytes
     auth_header: bytes | None
     inflight: int = 0  # this gateway's requests to it now
+    # Estimated prompt tokens of this gateway's requests to it that have no first byte
+    # yet: the prefill work queued ahead of a new request (updated at dispatch and first
+    # byte), which is what its time to first token waits for.
+    prefilling: int = 0
     peer_inflight: int = 0  # other replicas' (shared state), as of the last sync
     # passive health: failed exchanges open it, half-open probes close it
     breaker: Breaker = field(default_factory=lambda: Breaker(BreakerSettings()))
