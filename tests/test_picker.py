@@ -86,6 +86,15 @@ def test_prefill_backlog_sends_a_request_where_less_prompt_waits() -> None:
     assert ids(picker().order("m", pool, None)) == ["b0", "b1"]
 
 
+def test_prefill_backlog_counts_only_among_the_least_loaded() -> None:
+    big, small = routes(64, 4)
+    big.backend.inflight, big.backend.prefilling = 20, 2000  # 0.31 per slot, prefill queued
+    small.backend.inflight = 3  # 0.75 per slot: its slots all decoding, nothing pending
+    assert ids(picker().order("m", [big, small], None)) == ["b0", "b1"]
+    small.backend.inflight = 1  # 0.25 per slot: as lightly loaded, so its empty queue wins
+    assert ids(picker().order("m", [big, small], None)) == ["b1", "b0"]
+
+
 @pytest.mark.parametrize(
     ("prefilling", "busiest", "term"),
     [(0, 0, 1.0), (0, 8192, 1.0), (8192, 8192, 1.0 - 8192 / 9216), (1024, 1024, 0.5)],

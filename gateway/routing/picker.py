@@ -19,6 +19,11 @@ Strategies:
     (its prefix cache holds it), 0 otherwise; it counts only while that backend's demand
     per slot is within 1/16 of the least loaded candidate's and below saturation, so
     affinity never builds a queue (bounded-load affinity).
+  - `prefill` = 1 - P / (P_max + 1024), where P is the estimated prompt tokens this
+    gateway has sent the backend that have no first byte yet (the prefill queued ahead
+    of a new request; the prefix its cache should hold is not counted) and P_max the
+    largest P among the candidates; a candidate busier than the least loaded one by more
+    than 1/16 of its slots is scored as if it had P_max (bounded load, as for affinity).
 - `least_inflight`: fewest requests in flight from the gateway (all replicas) first.
 - `round_robin`: rotate through the backends, per model.
 """
@@ -41,7 +46,7 @@ __all__ = ["Picker", "prefix_key", "prefix_span"]
 
 _DEFAULT_SLOTS = 8
 _AFFINITY_ENTRIES = 65536
-_AFFINITY_SLACK = 1 / 16  # how much busier (demand per slot) the prefix's backend may be
+_LOAD_SLACK = 1 / 16  # how much busier (demand per slot) than the least loaded, at most
 # Prompt tokens added to the largest prefill backlog among the candidates, so a few
 # hundred tokens of difference weigh little and a long prompt's worth weighs a lot.
 _PREFILL_DAMPING = 1024
@@ -73,27 +78,37 @@ class Picker:
             return sorted(routes, key=lambda r: (r.backend.global_inflight, self._rng.random()))
         demand_of = self._demand
         signals = [demand_of(r.backend) for r in routes]  # once per backend
+        # Bounded load: affinity and the prefill backlog count only among the candidates
+        # about as lightly loaded (demand per slot) as the least loaded one; a busier one
+        # gets neither (else requests split by system prompt, or go to a small server
+        # because its few slots have no prefill pending, instead of by load).
+        ratios = [demand / slots for demand, slots, _ in signals]
+        within = min(ratios) + _LOAD_SLACK
         preferred = self._affinity.get(prefix) if prefix is not None else None
         mine = -1  # the position of the backend holding the prefix, if it keeps it
         if preferred is not None:
-            # Bounded-load affinity: the prefix's backend keeps it only while it is about
-            # as lightly loaded as the least loaded candidate (otherwise requests split by
-            # system prompt instead of by load).
-            ratios = [demand / slots for demand, slots, _ in signals]
             for position, route in enumerate(routes):
                 if route.backend.config.id == preferred:
-                    if ratios[position] <= min(ratios) + _AFFINITY_SLACK:
+                    if ratios[position] <= within:
                         mine = position
                     break
-        random, score = self._rng.random, self._score
         busiest = max([route.backend.prefilling for route in routes])
+        random, score = self._rng.random, self._score
         scored = [
             (
-                -score(pool, signal, position == mine, route.backend.prefilling, busiest),
+                -score(
+                    pool,
+                    signal,
+                    position == mine,
+                    route.backend.prefilling if ratio <= within else busiest,
+                    busiest,
+                ),
                 random(),
                 route,
             )
-            for position, (route, signal) in enumerate(zip(routes, signals, strict=True))
+            for position, (route, signal, ratio) in enumerate(
+                zip(routes, signals, ratios, strict=True)
+            )
         ]
         scored.sort(key=_by_score)
         return [route for _, _, route in scored]
