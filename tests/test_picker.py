@@ -102,10 +102,12 @@ def test_prefill_backlog_counts_only_among_the_least_loaded() -> None:
 def test_prefill_term_is_relative_to_the_busiest_candidate(
     prefilling: int, busiest: int, term: float
 ) -> None:
+    mine, other = (route.backend for route in routes(4, 4))
     p = picker()
     pool = p.pool("m")
-    base = p._score(pool, (0.0, 4.0, None), False, 0, 0) - 1.0  # every other term
-    got = p._score(pool, (0.0, 4.0, None), False, prefilling, busiest) - base
+    base = p._scores(pool, [mine, other], None)[0] - 1.0  # every other term: no backlog
+    mine.prefilling, other.prefilling = prefilling, busiest
+    got = p._scores(pool, [mine, other], None)[0] - base
     assert got == pytest.approx(term)
 
 

@@ -76,88 +76,80 @@ class Picker:
             return [*routes[start:], *routes[:start]]
         if pool.strategy == "least_inflight":
             return sorted(routes, key=lambda r: (r.backend.global_inflight, self._rng.random()))
-        demand_of = self._demand
-        signals = [demand_of(r.backend) for r in routes]  # once per backend
-        # Bounded load: affinity and the prefill backlog count only among the candidates
-        # about as lightly loaded (demand per slot) as the least loaded one; a busier one
-        # gets neither (else requests split by system prompt, or go to a small server
-        # because its few slots have no prefill pending, instead of by load).
-        ratios = [demand / slots for demand, slots, _ in signals]
-        within = min(ratios) + _LOAD_SLACK
         preferred = self._affinity.get(prefix) if prefix is not None else None
-        mine = -1  # the position of the backend holding the prefix, if it keeps it
-        if preferred is not None:
-            for position, route in enumerate(routes):
-                if route.backend.config.id == preferred:
-                    if ratios[position] <= within:
-                        mine = position
-                    break
-        busiest = max([route.backend.prefilling for route in routes])
-        random, score = self._rng.random, self._score
-        scored = [
-            (
-                -score(
-                    pool,
-                    signal,
-                    position == mine,
-                    route.backend.prefilling if ratio <= within else busiest,
-                    busiest,
-                ),
-                random(),
-                route,
-            )
-            for position, (route, signal, ratio) in enumerate(
-                zip(routes, signals, ratios, strict=True)
-            )
-        ]
+        scores = self._scores(pool, [route.backend for route in routes], preferred)
+        random = self._rng.random
+        scored = [(-score, random(), route) for score, route in zip(scores, routes, strict=True)]
         scored.sort(key=_by_score)
         return [route for _, _, route in scored]
 
     def score(self, pool: RoutingPool, backend: BackendState, preferred: bool) -> float:
         """One backend's score on its own (the prefill term then compares it with itself)."""
-        prefilling = backend.prefilling
-        return self._score(pool, self._demand(backend), preferred, prefilling, prefilling)
+        return self._scores(pool, [backend], backend.id if preferred else None)[0]
 
-    def _score(
-        self,
-        pool: RoutingPool,
-        signal: tuple[float, float, float | None],
-        preferred: bool,
-        prefilling: int,
-        busiest: int,
-    ) -> float:
+    def _scores(
+        self, pool: RoutingPool, backends: Sequence[BackendState], preferred: str | None
+    ) -> list[float]:
+        """The weighted sum of the scorers for each backend, in one pass over them (this
+        runs for every request: no per-backend calls beyond the load lookup)."""
+        load_of = self._load_of
+        demands: list[float] = []
+        slot_counts: list[float] = []
+        kvs: list[float | None] = []
+        for backend in backends:
+            load = load_of(backend.config.id)
+            demand = float(backend.inflight + backend.peer_inflight)
+            kv = scraped_slots = None
+            if load is not None:
+                running, waiting = load.running, load.waiting
+                if running is not None or waiting is not None:
+                    scraped = (running or 0.0) + (waiting or 0.0)
+                    if load.gateway_inflight is not None:
+                        # Stale by up to a scrape interval: add what the gateway sent since
+                        # (or take off what finished), so a burst shows at once and a queue
+                        # that drained does not linger.
+                        scraped += demand - load.gateway_inflight
+                    if scraped > demand:
+                        demand = scraped
+                kv = load.kv_usage
+                scraped_slots = load.slots_total or (running if waiting else None)
+            slots = float(
+                backend.config.capacity.max_concurrency or scraped_slots or _DEFAULT_SLOTS
+            )
+            demands.append(demand)
+            slot_counts.append(slots if slots > 1.0 else 1.0)
+            kvs.append(kv)
+        # Bounded load: affinity and the prefill backlog count only among the candidates
+        # about as lightly loaded (demand per slot) as the least loaded one; a busier one
+        # gets neither (else requests split by system prompt, or go to a small server
+        # because its few slots have no prefill pending, instead of by load).
+        ratios = [d / s for d, s in zip(demands, slot_counts, strict=True)]
+        within = min(ratios) + _LOAD_SLACK
+        busiest = max([backend.prefilling for backend in backends])
+        damped = busiest + _PREFILL_DAMPING
         weights = pool.weights
-        demand, slots, kv = signal
-        busy = demand / (2.0 * slots)
-        queue = 0.0 if busy >= 1.0 else 1.0 - busy
-        kv_score = 0.5 if kv is None else 0.0 if kv >= 1.0 else 1.0 if kv <= 0.0 else 1.0 - kv
-        affinity = 1.0 if preferred and demand < slots else 0.0
-        prefill = 1.0 - prefilling / (busiest + _PREFILL_DAMPING)
-        return (
-            weights.queue * queue
-            + weights.kv * kv_score
-            + weights.affinity * affinity
-            + weights.prefill * prefill
+        w_queue, w_kv, w_affinity, w_prefill = (
+            weights.queue,
+            weights.kv,
+            weights.affinity,
+            weights.prefill,
         )
-
-    def _demand(self, backend: BackendState) -> tuple[float, float, float | None]:
-        load = self._load_of(backend.id)
-        demand = float(backend.global_inflight)
-        kv = None
-        scraped_slots = None
-        if load is not None:
-            if load.running is not None or load.waiting is not None:
-                scraped = (load.running or 0.0) + (load.waiting or 0.0)
-                if load.gateway_inflight is not None:
-                    # Stale by up to a scrape interval: add what the gateway sent since
-                    # (or take off what finished), so a burst shows at once and a queue
-                    # that drained does not linger.
-                    scraped += demand - load.gateway_inflight
-                demand = max(demand, scraped)
-            kv = load.kv_usage
-            scraped_slots = load.slots_total or (load.running if load.waiting else None)
-        slots = float(backend.config.capacity.max_concurrency or scraped_slots or _DEFAULT_SLOTS)
-        return demand, max(slots, 1.0), kv
+        scores: list[float] = []
+        for backend, demand, slots, kv, ratio in zip(
+            backends, demands, slot_counts, kvs, ratios, strict=True
+        ):
+            busy = demand / (2.0 * slots)
+            score = w_queue * (0.0 if busy >= 1.0 else 1.0 - busy)
+            score += w_kv * (
+                0.5 if kv is None else 0.0 if kv >= 1.0 else 1.0 if kv <= 0.0 else 1.0 - kv
+            )
+            lightly_loaded = ratio <= within
+            if lightly_loaded and demand < slots and backend.config.id == preferred:
+                score += w_affinity
+            prefilling = backend.prefilling if lightly_loaded else busiest
+            score += w_prefill * (1.0 - prefilling / damped)
+            scores.append(score)
+        return scores
 
     def holds(self, prefix: bytes | None, backend_id: str) -> bool:
         """Did `backend_id` serve this prefix last (so its prefix cache should hold it)?"""
