@@ -112,7 +112,9 @@ def test_sim_host_serves_a_heterogeneous_pool() -> None:
         samples = host.loads["llamacpp"].samples
     assert [c["completed"] for c in counters.values()] == [1, 1]
     assert counters["llamacpp"]["prefix_cache_queries"] == 0  # caching off in this scenario
-    assert samples and all(waiting == 0 for _, _, waiting in samples)
+    # One request at a time: it may be sampled in `waiting` between its arrival and the
+    # engine's next step (a race with the sampling thread), but nothing ever queues behind.
+    assert samples and all(waiting <= 1 for _, _, waiting in samples)
 
 
 def test_trace_is_seeded_and_shaped() -> None:
