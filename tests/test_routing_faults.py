@@ -348,7 +348,7 @@ def test_owngate_status_prints_the_table_and_json(
     header, *rows = table.splitlines()
     assert header.split()[:4] == ["BACKEND", "KIND", "HEALTH", "BREAKER"]
     gpu = next(row for row in rows if row.startswith("gpu "))
-    assert gpu.split()[:5] == ["gpu", "vllm", "healthy", "closed", "0/0"]
+    assert gpu.split()[:7] == ["gpu", "vllm", "healthy", "closed", "0/0", "0", "8"]
     assert any(row.startswith("gone ") and "unhealthy" in row for row in rows)
     assert "problems:" in table and "gone: /health: connect" in table
 
@@ -357,6 +357,7 @@ def test_owngate_status_prints_the_table_and_json(
     report = json.loads(done.stdout)
     by_id = {b["id"]: b for b in report["backends"]}
     assert by_id["gpu"]["slots"] == 8 and by_id["gpu"]["scores"]["m"] > 0
+    assert by_id["gpu"]["prefilling_tokens"] == 0  # nothing sent that awaits a first byte
     assert by_id["gone"]["available"] is False
 
     done = owngate_status("--url", "http://127.0.0.1:9", "--timeout", "2")

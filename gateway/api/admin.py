@@ -116,6 +116,7 @@ def _backend(
         },
         "inflight": backend.inflight,
         "inflight_global": backend.global_inflight,
+        "prefilling_tokens": backend.prefilling,
         "slots": configured or backend.learned_slots,
         "slots_from": "config" if configured else ("learned" if backend.learned_slots else None),
         "running": None if load is None else load.running,
