@@ -1,8 +1,9 @@
 """`ProvenanceLog`: the asyncio writer the gateway calls, with group commit and checkpoints.
 
 `await log.append(record)` returns only once the record is durable. Appends that arrive
-within the group-commit window share one write and one fsync, done on the log's writer
-thread so the event loop never blocks on disk. A checkpoint is signed every
+within the group-commit window share one synchronous write (an `O_DSYNC` segment), done on
+the log's writer thread so the event loop never blocks on disk; records nobody waits on
+(`append_soon`) go with the next such batch. A checkpoint is signed every
 `checkpoint_every` entries or `checkpoint_interval_ms`, whichever comes first: the writer
 thread takes a snapshot between two batches (`LogStore.snapshot`, which also rotates the
 write-ahead segment) and the log's checkpoint thread builds the tiles, signs and writes it
