@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import re
 import shutil
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import gateway.provenance.store
 from gateway.provenance import (
     LogCorruptedError,
     LogEntry,
@@ -447,3 +449,28 @@ def test_unawaited_records_are_written_within_the_deferred_flush(tmp_path: Path)
         await log.close()
 
     asyncio.run(scenario())
+
+
+def test_a_failed_checkpoint_is_covered_by_the_next_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full_disk(files: object, *, root: Path) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def scenario() -> None:
+        log = await _open(tmp_path, checkpoint_interval_ms=20)
+        await log.append(_refusal(0))
+        with monkeypatch.context() as patched:
+            patched.setattr(gateway.provenance.store, "write_files_atomically", full_disk)
+            with pytest.raises(LogUnavailableError, match="No space left"):
+                await log.checkpoint()
+        for _ in range(300):  # bounded wait (~3 s): the interval's export signs entry 0
+            latest = log.latest_checkpoint()
+            if latest is not None and latest.checkpoint.size == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert log.latest_checkpoint().checkpoint.size == 1  # type: ignore[union-attr]
+        await log.close()
+
+    asyncio.run(scenario())
+    assert verify_log(tmp_path, [_signer().verifier()]).size == 1

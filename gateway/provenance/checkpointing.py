@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from gateway.provenance.errors import ProvenanceError
+from gateway.provenance.errors import LogUnavailableError, ProvenanceError
 
 if TYPE_CHECKING:
     from gateway.provenance.store import LogStore, SignedNote, Snapshot
@@ -93,7 +93,11 @@ class Checkpointer:
         """Export `snapshot` and return the checkpoint; raises what the export raises."""
         await self.idle()
         self._covered = snapshot.size
-        return await self.run(self._store.export, snapshot)
+        try:
+            return await self.run(self._store.export, snapshot)
+        except ProvenanceError:
+            self._covered = self._signed()  # the next due export covers these entries
+            raise
 
     async def idle(self) -> None:
         """Wait until no export runs (its outcome is in `error`)."""
@@ -104,6 +108,10 @@ class Checkpointer:
         """Run `function` on the checkpoint thread (e.g. read the stored tiles)."""
         return await self._loop.run_in_executor(self._executor, function, *args)
 
+    def _signed(self) -> int:
+        latest = self._store.latest
+        return latest.checkpoint.size if latest else 0
+
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True)
 
@@ -111,11 +119,14 @@ class Checkpointer:
         try:
             await self.run(self._store.export, snapshot)
             self.error = None
-        except ProvenanceError as exc:
+        except Exception as exc:  # noqa: BLE001 - kept for readiness, never lost in a task
             # Appends go on; the next export (after one interval) covers these entries too.
-            self.error = exc
-            latest = self._store.latest
-            self._covered = latest.checkpoint.size if latest else 0
+            self.error = (
+                exc
+                if isinstance(exc, ProvenanceError)
+                else LogUnavailableError(f"the checkpoint failed: {exc!r}")
+            )
+            self._covered = self._signed()
         finally:
             self._running = None
             self._at = self._clock()
