@@ -186,3 +186,28 @@ def test_policy_comparison_and_decision_check() -> None:
     assert "0.800" in text  # the req/s ratio
     del report["policy"]  # a report from before the policy target still renders
     assert "pol/og" in render(report)
+
+
+def test_scale_run_reaches_every_worker_count(tmp_path: Path) -> None:
+    """`owngate bench scale` over real processes: each worker count served both loads
+    without errors (it waits for every worker to answer ready before measuring)."""
+    out = tmp_path / "scale.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OWNGATE_BENCH_")}
+    argv = ["bench", "scale", "--workers", "1,2", "--duration", "0.5", "--json", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,  # ~15 s here; this bounds a hang
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report: dict[str, Any] = json.loads(out.read_text())
+    assert report["schema"] == "owngate.bench.scale/1"
+    assert sorted(report["runs"]) == ["1", "2"]
+    for workers, loads in report["runs"].items():
+        assert sorted(loads) == ["chat c=64", "stream c=64"], workers
+        for name, result in loads.items():
+            assert result["requests"] > 0 and result["errors"] == 0, (workers, name)

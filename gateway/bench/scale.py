@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import json
 import os
 import secrets
@@ -35,7 +34,15 @@ from typing import Any
 import yaml
 
 from gateway.bench.loadgen import LoadSpec, run_in_subprocess
-from gateway.bench.services import HOST, Service, child_env, env_flag, free_port, owngate_argv
+from gateway.bench.services import (
+    HOST,
+    Service,
+    child_env,
+    env_flag,
+    free_port,
+    owngate_argv,
+    readyz,
+)
 from gateway.keys import hash_api_key
 
 __all__ = ["add_arguments", "main", "run"]
@@ -90,15 +97,10 @@ def _config(sim_port: int, port: int, api_key: str) -> str:
 
 def _ready_worker(port: int) -> int | None:
     """Which worker answered /readyz on a new connection, if it is ready to serve."""
-    conn = http.client.HTTPConnection(HOST, port, timeout=5.0)
-    try:
-        conn.request("GET", "/readyz")
-        detail = json.loads(conn.getresponse().read())
-    except (OSError, ValueError, http.client.HTTPException):
+    detail = readyz(port)
+    if detail is None or detail.get("status") != "ready":
         return None
-    finally:
-        conn.close()
-    if detail.get("status") != "ready" or not detail["backends"]["sim"]["available"]:
+    if not detail.get("backends", {}).get("sim", {}).get("available"):
         return None
     worker = detail.get("worker")
     return int(worker) if worker is not None else 0

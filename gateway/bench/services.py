@@ -136,27 +136,16 @@ class Service:
 
     def readyz(self) -> dict[str, Any] | None:
         """An owngate's `/readyz` detail, or None when it does not answer with JSON."""
-        conn = http.client.HTTPConnection(HOST, self.port, timeout=5.0)
-        try:
-            conn.request("GET", "/readyz")
-            detail = json.loads(conn.getresponse().read())
-        except (OSError, ValueError, http.client.HTTPException):
-            return None
-        finally:
-            conn.close()
-        return detail if isinstance(detail, dict) else None
+        return readyz(self.port)
 
     def histogram(self, name: str) -> dict[float, float]:
         """Cumulative bucket counts {upper bound: count} of an unlabelled histogram on this
         owngate's `/metrics` (empty when it does not answer or has no such histogram)."""
-        conn = http.client.HTTPConnection(HOST, self.port, timeout=5.0)
+        text = get_text(self.port, "/metrics")
         try:
-            conn.request("GET", "/metrics")
-            samples = parse_metrics(conn.getresponse().read().decode())
-        except (OSError, ValueError, http.client.HTTPException):
+            samples = parse_metrics(text) if text is not None else {}
+        except ValueError:
             return {}
-        finally:
-            conn.close()
         return {float(s.labels["le"]): s.value for s in samples.get(f"{name}_bucket", [])}
 
     def wait_backend_available(self, backend: str, timeout: float) -> None:
@@ -206,6 +195,30 @@ class Service:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout)
+
+
+def get_text(port: int, path: str) -> str | None:
+    """GET `path` from a local server on a new connection: its body, or None when it does
+    not answer (any status is returned: the callers check what they read)."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=5.0)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().read().decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+def readyz(port: int) -> dict[str, Any] | None:
+    """An owngate's `/readyz` detail on a new connection, or None when it does not answer
+    with a JSON object."""
+    text = get_text(port, "/readyz")
+    try:
+        detail = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    return detail if isinstance(detail, dict) else None
 
 
 def histogram_quantile(
