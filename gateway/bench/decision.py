@@ -5,10 +5,11 @@ as the gateway builds them, each with some requests in flight and a fresh scrape
 (running, waiting, KV use). The score strategy is called with one of 1,024 prompt-prefix
 keys in turn, a quarter of them never served (no affinity entry) and the rest remembered
 on some backend, as after a warm-up; least in-flight and round robin are timed the same
-way for comparison. `prefix_key` (the digest the proxy computes for the score strategy
-before ordering) is timed on the first request body of each benchmark workload. Method
-of `bench/policy.py`: `perf_counter_ns` around each call, the garbage collector off while
-timing, nearest-rank p50 / p99.
+way for comparison. `prefix_span` (the prefix digest and its length, which the proxy
+computes for the score strategy before ordering; reported as `prefix_key`) is timed on
+the first request body of each benchmark workload. Method of `bench/policy.py`:
+`perf_counter_ns` around each call, the garbage collector off while timing, nearest-rank
+p50 / p99.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from gateway.config.schema import (
     Routing,
     RoutingPool,
 )
-from gateway.routing.picker import Picker, prefix_key
+from gateway.routing.picker import Picker, prefix_span
 from gateway.routing.registry import Registry, Route
 from gateway.routing.signals import BackendLoad
 
@@ -84,8 +85,8 @@ def _order_nth(
     return picker.order(_MODEL, routes, prefixes[i % len(prefixes)])
 
 
-def _prefix_key(body: dict[str, Any], _: int) -> bytes | None:
-    return prefix_key(body, 4096)  # the gateway's default routing.affinity_prefix_bytes
+def _prefix_span(body: dict[str, Any], _: int) -> tuple[bytes, int] | None:
+    return prefix_span(body, 4096)  # the gateway's default routing.affinity_prefix_bytes
 
 
 def decision_cost(calls: int) -> dict[str, Any]:
@@ -121,6 +122,6 @@ def decision_cost(calls: int) -> dict[str, Any]:
         seen.setdefault(request.workload, request.body)
     prefix_rows = []
     for workload, body in sorted(seen.items()):
-        digest = functools.partial(_prefix_key, body)
+        digest = functools.partial(_prefix_span, body)
         prefix_rows.append({"workload": workload, **_time(digest, max(1, calls // 10))})
     return {"calls": calls, "rows": rows, "prefix_key": prefix_rows}

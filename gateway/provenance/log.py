@@ -203,8 +203,8 @@ class ProvenanceLog:
         return future
 
     async def checkpoint(self) -> SignedNote:
-        """Sign a checkpoint now over every durable entry (returns the latest if none new)."""
-        await self._checkpoints.idle()
+        """Sign a checkpoint now over every durable entry (returns the latest if none new).
+        A running export finishes first (`Checkpointer.now` waits for it)."""
         snapshot = await self._in_worker(self._store.snapshot)
         return await self._checkpoints.now(snapshot)
 

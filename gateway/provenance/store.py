@@ -1,7 +1,8 @@
 """The synchronous core of the log writer: durable appends, checkpoints, crash recovery.
 
-An append is durable when `append_batch` returns: its frames are written and fsynced to
-the write-ahead segment (nothing else happens on that path: no tree, no tiles).
+An append is durable when `append_frames` returns: its frames are written to the
+write-ahead segment in one synchronous write (nothing else happens on that path: no
+hashing, no tree, no tiles; the caller brings the leaf hashes and frames).
 A checkpoint has two halves so that appends never wait for one:
 
 - `snapshot()`, called between appends, takes the entries appended since the last
@@ -10,7 +11,7 @@ A checkpoint has two halves so that appends never wait for one:
   signs and writes the checkpoint, and deletes the segments it now covers. It may run on
   another thread while appends go on, one export at a time, in snapshot order.
 
-`ProvenanceLog` calls `append_batch` and `snapshot` on its writer thread and `export` on
+`ProvenanceLog` calls `append_frames` and `snapshot` on its writer thread and `export` on
 its checkpoint thread; `checkpoint()` does both at once for single-threaded callers. A
 checkpoint never covers entries that are not on disk: it covers exactly a snapshot's.
 On open, a torn tail of the last segment is cut, the entries after the last checkpoint are
@@ -35,11 +36,9 @@ from gateway.provenance.errors import (
 )
 from gateway.provenance.files import fsync_directory, make_directories, write_files_atomically
 from gateway.provenance.layout import CHECKPOINT, LOCK, WAL, history_path, list_history
-from gateway.provenance.merkle import inclusion_proof, leaf_hash
+from gateway.provenance.merkle import inclusion_proof
 from gateway.provenance.note import Signer
-from gateway.provenance.records import LogEntry
 from gateway.provenance.tiles import (
-    MAX_ENTRY_SIZE,
     TILE_WIDTH,
     TileReader,
     entries_path,
@@ -48,7 +47,6 @@ from gateway.provenance.tiles import (
 from gateway.provenance.tree import TiledTree
 from gateway.provenance.wal import (
     SegmentWriter,
-    encode_frame,
     list_segments,
     scan_segment,
     segment_path,
@@ -196,20 +194,10 @@ class LogStore:
 
     # --- writing ----------------------------------------------------------------------------
 
-    def append_batch(self, entries: Sequence[bytes]) -> list[LogEntry]:
-        """Make `entries` durable (one synchronous write); returns where each landed."""
-        for entry in entries:
-            if len(entry) > MAX_ENTRY_SIZE:
-                raise ValueError(f"record of {len(entry)} bytes exceeds {MAX_ENTRY_SIZE}")
-        leaves = [leaf_hash(entry) for entry in entries]
-        pairs = list(zip(entries, leaves, strict=True))
-        start = self.append_frames(pairs, b"".join(encode_frame(e, h) for e, h in pairs))
-        return [LogEntry(start + i, leaf) for i, leaf in enumerate(leaves)]
-
     def append_frames(self, pairs: Sequence[tuple[bytes, bytes]], frames: bytes) -> int:
-        """`append_batch` with the work done by the caller: `pairs` are (entry, leaf hash)
-        with entries within `MAX_ENTRY_SIZE`, `frames` their `encode_frame`s joined.
-        Returns the index of the first; the rest follow in order."""
+        """Make a batch durable: `pairs` are (entry, leaf hash) with entries within
+        `MAX_ENTRY_SIZE`, `frames` their `encode_frame`s joined. Returns the index of the
+        first entry; the rest follow in order."""
         self._check_open()
         try:
             if self._segment is None:
