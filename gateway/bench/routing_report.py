@@ -18,6 +18,7 @@ never flattered by dropping them. `evaluate_targets` checks the issue's targets:
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -200,17 +201,11 @@ def median_targets(runs: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str
     combined = []
     for position, first in enumerate(runs[0]):
         values = [run[position]["value"] for run in runs]
-        known = sorted(v for v in values if v is not None)
-        if not known:
-            median = None
-        elif len(known) % 2:
-            median = known[len(known) // 2]
-        else:
-            median = (known[len(known) // 2 - 1] + known[len(known) // 2]) / 2
+        known = [v for v in values if v is not None]
         target = _target(
             first["id"],
             first["text"],
-            median,
+            statistics.median(known) if known else None,
             first["target"],
             first["unit"],
             at_most=first["at_most"],
