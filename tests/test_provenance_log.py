@@ -84,6 +84,23 @@ def test_concurrent_appends_share_commits(tmp_path: Path) -> None:
     verify_log(tmp_path, [_signer().verifier()])
 
 
+def test_a_batch_is_held_open_no_longer_than_a_write_takes(tmp_path: Path) -> None:
+    # After a batch of 32 the committer waits for 32 appends again, but never longer than
+    # a write takes: with a one-minute window a lone append would otherwise wait a minute.
+    async def scenario() -> None:
+        log = await _open(tmp_path, group_commit_ms=60_000)
+        await log.append(_refusal(0), checked=True)  # a lone appender is committed at once
+        await asyncio.gather(*(log.append(_refusal(n), checked=True) for n in range(1, 33)))
+        assert log._last_batch > 1
+        before = log.batches
+        entry = await asyncio.wait_for(log.append(_refusal(33), checked=True), 30)
+        assert (entry.index, log.batches - before) == (33, 1)
+        assert 0 < log._write_time < 30
+        await log.close()
+
+    asyncio.run(scenario())
+
+
 def test_checkpoint_every_n_entries(tmp_path: Path) -> None:
     async def scenario() -> None:
         log = await _open(tmp_path, group_commit_ms=0, checkpoint_every=4)

@@ -22,7 +22,6 @@ If the disk refuses a write, `append` raises `LogUnavailableError` (the gateway 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +37,7 @@ from gateway.provenance.proofs import TlogProof
 from gateway.provenance.queued import Queued
 from gateway.provenance.records import LogEntry, validate_record
 from gateway.provenance.sealing import Seal, Sealer, Sealing
+from gateway.provenance.signal import Signal
 from gateway.provenance.store import LogStore, Recovery, SignedNote
 from gateway.provenance.tiles import MAX_ENTRY_SIZE, TileReader
 
@@ -62,9 +62,12 @@ class ProvenanceLog:
         self._sealer = Sealer(self._loop)
         self._settings = settings
         self._queue: list[Queued] = []
-        self._wakeup = asyncio.Event()  # the queue went from empty to not empty
-        self._filled = asyncio.Event()  # the queue reached the size of the last batch
+        self._wakeup = Signal(self._loop)  # the queue went from empty to not empty
+        self._filled = Signal(self._loop)  # the queue reached the size of the last batch
         self._last_batch = 1  # awaited appends in the last batch
+        # How long a write takes as the committer sees it (moving average, seconds; 0 until
+        # the first): the longest it is worth holding a batch open for one more append.
+        self._write_time = 0.0
         self._waiters = 0  # awaited appends queued now
         self._deferred_until: float | None = None  # when unawaited queued records must go
         self._closing = False
@@ -296,8 +299,7 @@ class ProvenanceLog:
         while not self._aborting:
             timeout = self._idle_timeout()
             if timeout is None or timeout > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), timeout)
+                await self._wakeup.wait(timeout)
                 self._wakeup.clear()
                 timeout = self._idle_timeout()
                 if timeout is None or timeout > 0:
@@ -336,20 +338,23 @@ class ProvenanceLog:
         return timeout
 
     async def _gather_batch(self) -> None:
-        """Wait up to the group-commit window for as many awaited appends as the last batch
-        held (records queued by `append_soon` ride along but nobody waits on them, so they
-        neither start nor prolong the wait).
+        """Wait for as many awaited appends as the last batch held, up to the group-commit
+        window or the time a write takes, whichever is shorter (records queued by
+        `append_soon` ride along but nobody waits on them, so they neither start nor
+        prolong the wait).
 
         A lone appender is committed at once; concurrent appenders fill the batch in
-        well under the window. Appends that arrive during a commit join the next one.
+        well under the window. Appends that arrive during a commit join the next one, so
+        holding a batch open longer than a write takes never pays: an append that misses
+        it waits at most one write more. On a fast disk that bound is a fraction of a
+        millisecond; on a slow one the configured window is.
         """
-        window = self._settings.group_commit_ms / 1000.0
+        window = min(self._settings.group_commit_ms / 1000.0, self._write_time)
         target = min(self._last_batch, self._settings.max_batch)
         if window <= 0 or self._closing or not 0 < self._waiters < target:
             return
         self._filled.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._filled.wait(), window)
+        await self._filled.wait(window)
 
     def _write(self, pairs: list[tuple[bytes, bytes]], frames: bytes, seals: list[Sealing]) -> int:
         """On the writer thread: make the batch durable (one synchronous write), then hand
@@ -370,6 +375,7 @@ class ProvenanceLog:
         awaited = sum(1 for queued in batch if queued.awaited)
         self._waiters -= awaited
         self._last_batch = max(1, awaited)
+        began = time.perf_counter()
         try:
             start = await self._in_worker(self._write, pairs, frames, seals)
         except Exception as exc:  # noqa: BLE001 - every waiter gets the error, none hangs
@@ -383,6 +389,8 @@ class ProvenanceLog:
                 if not queued.future.done():
                     queued.future.set_exception(error)
             return
+        took = time.perf_counter() - began
+        self._write_time = took if not self._write_time else (7 * self._write_time + took) / 8
         self._last_error = None
         self._size += len(batch)
         for index, queued in enumerate(batch, start):
