@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import shutil
 import subprocess
 import sys
 import time
@@ -210,3 +211,48 @@ def test_gateway_refuses_to_start_without_its_signing_key(tmp_path: Path) -> Non
     )
     with pytest.raises(RuntimeError, match="failed to start"):
         ServerThread(create_app(config, environ={}, config_dir=tmp_path)).start()
+
+
+def test_an_unwritable_log_refuses_requests_then_recovers_without_traffic(
+    logged: tuple[Gateway, Sim, Path, str],
+) -> None:
+    gateway, sim, log_dir, vkey = logged
+    log = gateway.app.proxy.recorder.log  # type: ignore[union-attr]
+    ask = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    url = f"{gateway.url}/v1/chat/completions"
+    assert httpx.post(url, headers=gateway.headers, json=ask, timeout=10).status_code == 200
+
+    def signed_all() -> bool:  # the checkpoint's snapshot closed the write-ahead segment
+        latest = log.latest_checkpoint()
+        return log.size == 2 and latest is not None and latest.checkpoint.size == 2
+
+    _until(signed_all)
+    wal = log_dir / "wal"
+    shutil.rmtree(wal)
+    wal.write_bytes(b"")  # a file where the segment directory must be: every write fails
+    sent = len(sim.app.captured("/v1/chat/completions"))
+
+    refused = httpx.post(url, headers=gateway.headers, json=ask, timeout=10)
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "provenance_unavailable"
+    assert len(sim.app.captured("/v1/chat/completions")) == sent  # nothing went upstream
+    ready = httpx.get(f"{gateway.url}/readyz", timeout=10)
+    assert ready.status_code == 503
+    assert ready.json()["provenance"]["writable"] is False
+
+    wal.unlink()  # the disk is back; no request comes (a replica that is not ready gets none)
+    _until(lambda: httpx.get(f"{gateway.url}/readyz", timeout=10).status_code == 200)
+    served = httpx.post(url, headers=gateway.headers, json=ask, timeout=10)
+    assert served.status_code == 200
+    receipt = verify_receipt(
+        base64.b64decode(served.headers["x-owngate-receipt"]), load_verifiers([vkey])
+    )
+    assert receipt.index == 2  # the refused request left nothing in the log
+    _until(lambda: log.size == 4)
+
+
+def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)

@@ -228,6 +228,35 @@ def test_write_failure_raises_then_recovers(tmp_path: Path) -> None:
     assert ids == ["req-0", "req-0", "req-2", "req-2"]
 
 
+def test_after_a_failed_write_the_disk_is_probed_until_it_is_writable(tmp_path: Path) -> None:
+    # Without appends (a replica that is not ready gets no traffic) the log still finds
+    # out that it can write again; the probe itself appends nothing.
+    async def scenario() -> None:
+        log = await _open(tmp_path, group_commit_ms=0, probe_interval_ms=10)
+        await log_request(log, 0)
+        await log.checkpoint()  # its snapshot closed the segment: the next append opens one
+        wal = tmp_path / WAL
+        shutil.rmtree(wal)
+        wal.write_bytes(b"")
+        with pytest.raises(LogUnavailableError):
+            await log_request(log, 1)
+        await asyncio.sleep(0.1)  # several probes, all failing
+        assert isinstance(log.last_error, LogUnavailableError)
+        wal.unlink()
+        for _ in range(500):
+            if log.last_error is None:
+                break
+            await asyncio.sleep(0.01)
+        assert log.last_error is None and log.size == 2
+        ((_, segment),) = list_segments(wal)
+        assert segment.read_bytes() == b""  # the probe's block was cut off again
+        await log_request(log, 2)
+        await log.close()
+
+    asyncio.run(scenario())
+    assert verify_log(tmp_path, [_signer().verifier()]).size == 4
+
+
 def test_torn_tail_is_cut_and_the_chain_continues(tmp_path: Path) -> None:
     async def write(first: int, count: int) -> None:
         log = await _open(tmp_path, checkpoint_every=10_000, checkpoint_interval_ms=60_000)

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from gateway.provenance.errors import LogUnavailableError, ProvenanceError
+from gateway.provenance.merkle import consistency_proof
+from gateway.provenance.proofs import TlogProof
+from gateway.provenance.tiles import TileReader
 
 if TYPE_CHECKING:
     from gateway.provenance.store import LogStore, SignedNote, Snapshot
@@ -35,12 +38,14 @@ class LogSettings:
     deferred_flush_ms: float = 50.0
     checkpoint_every: int = 10_000
     checkpoint_interval_ms: float = 1000.0
+    # After a failed write, how often the disk is tried again while no append comes.
+    probe_interval_ms: float = 1000.0
 
     def __post_init__(self) -> None:
         if self.group_commit_ms < 0 or self.deferred_flush_ms < 0:
             raise ValueError("group_commit_ms and deferred_flush_ms must be >= 0")
-        if self.checkpoint_interval_ms <= 0:
-            raise ValueError("checkpoint_interval_ms must be > 0")
+        if self.checkpoint_interval_ms <= 0 or self.probe_interval_ms <= 0:
+            raise ValueError("checkpoint_interval_ms and probe_interval_ms must be > 0")
         if self.max_batch < 1 or self.checkpoint_every < 1:
             raise ValueError("max_batch and checkpoint_every must be >= 1")
 
@@ -107,6 +112,35 @@ class Checkpointer:
     async def run(self, function: Callable[..., _T], *args: object) -> _T:
         """Run `function` on the checkpoint thread (e.g. read the stored tiles)."""
         return await self._loop.run_in_executor(self._executor, function, *args)
+
+    async def inclusion_proof(self, index: int) -> TlogProof:
+        """A C2SP tlog-proof for entry `index` against the latest checkpoint, read from the
+        stored tiles on this thread. Raises ValueError when no checkpoint covers the entry."""
+        latest = self._store.latest
+        if latest is None or index >= latest.checkpoint.size:
+            raise ValueError(f"entry {index} is not covered by a checkpoint yet")
+        size = latest.checkpoint.size
+        hashes = await self.run(self._store.inclusion_proof, index, size)
+        return TlogProof(index=index, hashes=tuple(hashes), checkpoint=latest.note, extra=None)
+
+    async def consistency_proof(self, old: int, new: int) -> list[bytes]:
+        """The RFC 6962 consistency proof from the tree of `old` entries to that of `new`.
+
+        Both trees must be signed (`0 < old <= new <=` the latest checkpoint's size), else
+        ValueError. Read from the stored tiles on this thread, so it never races a
+        checkpoint that is rewriting them.
+        """
+        signed = self._signed()
+        if not 0 < old <= new <= signed:
+            raise ValueError(
+                f"no consistency proof from size {old} to {new} (latest checkpoint: {signed})"
+            )
+        directory = self._store.directory
+
+        def prove() -> list[bytes]:
+            return consistency_proof(old, new, TileReader(directory, new).node)
+
+        return await self.run(prove)
 
     def _signed(self) -> int:
         latest = self._store.latest

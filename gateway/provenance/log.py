@@ -31,7 +31,6 @@ from typing import TypeVar
 from gateway.canonical import canonical_json_of_plain
 from gateway.provenance.checkpointing import Checkpointer, LogSettings
 from gateway.provenance.errors import LogUnavailableError, ProvenanceError, RecordError
-from gateway.provenance.merkle import consistency_proof
 from gateway.provenance.note import Signer
 from gateway.provenance.proofs import TlogProof
 from gateway.provenance.queued import Queued
@@ -39,7 +38,7 @@ from gateway.provenance.records import LogEntry, validate_record
 from gateway.provenance.sealing import Seal, Sealer, Sealing
 from gateway.provenance.signal import Signal
 from gateway.provenance.store import LogStore, Recovery, SignedNote
-from gateway.provenance.tiles import MAX_ENTRY_SIZE, TileReader
+from gateway.provenance.tiles import MAX_ENTRY_SIZE
 
 __all__ = ["LogSettings", "ProvenanceLog"]
 
@@ -75,6 +74,7 @@ class ProvenanceLog:
         self._size = store.size
         self._checkpoints = Checkpointer(store, settings, clock, self._wakeup.set)
         self._last_error: ProvenanceError | None = None  # of the last write
+        self._probe_at: float | None = None  # when to try the disk again after a failure
         self._task = self._loop.create_task(self._run(), name="provenance-log")
 
     @classmethod
@@ -212,36 +212,14 @@ class ProvenanceLog:
         return await self._checkpoints.now(snapshot)
 
     async def inclusion_proof(self, index: int) -> TlogProof:
-        """A C2SP tlog-proof for entry `index` against the latest checkpoint.
-
-        Raises ValueError when no checkpoint covers the entry yet.
-        """
-        latest = self._store.latest
-        if latest is None or index >= latest.checkpoint.size:
-            raise ValueError(f"entry {index} is not covered by a checkpoint yet")
-        size = latest.checkpoint.size
-        hashes = await self._checkpoints.run(self._store.inclusion_proof, index, size)
-        return TlogProof(index=index, hashes=tuple(hashes), checkpoint=latest.note, extra=None)
+        """A C2SP tlog-proof for entry `index` against the latest checkpoint (ValueError
+        when none covers it yet); see `Checkpointer.inclusion_proof`."""
+        return await self._checkpoints.inclusion_proof(index)
 
     async def consistency_proof(self, old: int, new: int) -> list[bytes]:
-        """The RFC 6962 consistency proof from the tree of `old` entries to that of `new`.
-
-        Both trees must be signed (`0 < old <= new <=` the latest checkpoint's size), else
-        ValueError. Read from the stored tiles on the checkpoint thread, so it never races
-        a checkpoint that is rewriting them.
-        """
-        latest = self._store.latest
-        signed = latest.checkpoint.size if latest is not None else 0
-        if not 0 < old <= new <= signed:
-            raise ValueError(
-                f"no consistency proof from size {old} to {new} (latest checkpoint: {signed})"
-            )
-        directory = self._store.directory
-
-        def prove() -> list[bytes]:
-            return consistency_proof(old, new, TileReader(directory, new).node)
-
-        return await self._checkpoints.run(prove)
+        """The RFC 6962 consistency proof between two signed tree sizes (ValueError unless
+        `0 < old <= new <=` the latest checkpoint's); see `Checkpointer.consistency_proof`."""
+        return await self._checkpoints.consistency_proof(old, new)
 
     async def close(self) -> None:
         """Flush queued appends, sign a final checkpoint, release the directory."""
@@ -304,6 +282,8 @@ class ProvenanceLog:
                 timeout = self._idle_timeout()
                 if timeout is None or timeout > 0:
                     continue  # woken to plan again (a new deadline): nothing is due yet
+            if self._probe_at is not None and self._loop.time() >= self._probe_at:
+                await self._probe()
             await self._gather_batch()
             if self._aborting:
                 return
@@ -317,7 +297,7 @@ class ProvenanceLog:
                 try:  # the snapshot is taken here, between two batches
                     snapshot = await self._in_worker(self._store.snapshot)
                 except ProvenanceError as exc:
-                    self._last_error = exc
+                    self._failed(exc)
                 else:
                     self._checkpoints.start(snapshot)
             if self._closing and not self._queue:
@@ -332,10 +312,26 @@ class ProvenanceLog:
         if self._waiters or self._closing or len(self._queue) >= self._settings.max_batch:
             return 0.0
         timeout = self._checkpoints.idle_timeout(self._size)
-        if self._deferred_until is not None:
-            left = max(0.0, self._deferred_until - self._loop.time())
-            timeout = left if timeout is None else min(timeout, left)
+        for deadline in (self._deferred_until, self._probe_at):
+            if deadline is not None:
+                left = max(0.0, deadline - self._loop.time())
+                timeout = left if timeout is None else min(timeout, left)
         return timeout
+
+    def _failed(self, error: ProvenanceError) -> None:
+        """A write failed: report it (readiness says so) and try the disk again later, so
+        the log becomes writable again without traffic (a replica that is not ready gets
+        none)."""
+        self._last_error = error
+        self._probe_at = self._loop.time() + self._settings.probe_interval_ms / 1000.0
+
+    async def _probe(self) -> None:
+        try:
+            await self._in_worker(self._store.probe)
+        except ProvenanceError as exc:
+            self._failed(exc)
+        else:
+            self._last_error = self._probe_at = None
 
     async def _gather_batch(self) -> None:
         """Wait for as many awaited appends as the last batch held, up to the group-commit
@@ -384,14 +380,14 @@ class ProvenanceLog:
                 if isinstance(exc, ProvenanceError)
                 else LogUnavailableError(f"the provenance log writer failed: {exc!r}")
             )
-            self._last_error = error
+            self._failed(error)
             for queued in batch:
                 if not queued.future.done():
                     queued.future.set_exception(error)
             return
         took = time.perf_counter() - began
         self._write_time = took if not self._write_time else (7 * self._write_time + took) / 8
-        self._last_error = None
+        self._last_error = self._probe_at = None
         self._size += len(batch)
         for index, queued in enumerate(batch, start):
             if not queued.future.done():

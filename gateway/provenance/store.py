@@ -200,11 +200,7 @@ class LogStore:
         first entry; the rest follow in order."""
         self._check_open()
         try:
-            if self._segment is None:
-                wal = self.directory / WAL
-                make_directories(wal, stop=self.directory)
-                self._segment = SegmentWriter(segment_path(wal, self.size), valid_bytes=0)
-            self._segment.append(frames)
+            self._writable_segment().append(frames)
         except OSError as exc:
             raise _unavailable("append to", exc) from exc
         self.batches += 1
@@ -212,6 +208,21 @@ class LogStore:
         self._size += len(pairs)
         self._unexported.extend(pairs)
         return start
+
+    def probe(self) -> None:
+        """Raise LogUnavailableError if an append would fail now; appends nothing."""
+        self._check_open()
+        try:
+            self._writable_segment().probe()
+        except OSError as exc:
+            raise _unavailable("append to", exc) from exc
+
+    def _writable_segment(self) -> SegmentWriter:
+        if self._segment is None:
+            wal = self.directory / WAL
+            make_directories(wal, stop=self.directory)
+            self._segment = SegmentWriter(segment_path(wal, self.size), valid_bytes=0)
+        return self._segment
 
     def snapshot(self) -> Snapshot:
         """Take the entries appended since the last snapshot and start a new segment for

@@ -28,6 +28,7 @@ __all__ = [
 ]
 
 _SUFFIX = ".wal"
+_PROBE_BYTES = 4096  # what `SegmentWriter.probe` writes: one page
 
 
 def encode_frame(entry: bytes, leaf: bytes) -> bytes:
@@ -129,6 +130,15 @@ class SegmentWriter:
                 pass  # retried before the next append; the error below is what matters
             raise
         self.valid_bytes += len(data)
+
+    def probe(self) -> None:
+        """Raise the OSError an append would raise now (full disk, lost permission),
+        appending nothing: a block of zeros is written durably where the next frame goes,
+        then cut off. A crash in between leaves a torn tail, which recovery cuts."""
+        self._needs_truncate = True
+        os.pwrite(self._fd, bytes(_PROBE_BYTES), self.valid_bytes)
+        os.ftruncate(self._fd, self.valid_bytes)
+        self._needs_truncate = False
 
     def close(self) -> None:
         os.close(self._fd)
