@@ -3,6 +3,11 @@
 Each subcommand lives in its own module exposing `register(subparsers)`, which adds its
 parser and sets `handler=<callable(args) -> int>`. Exit codes: 0 ok, 1 failed check or
 runtime failure, 2 usage error.
+
+When the first argument names a command, only that command's module is imported: an
+auditor's install (`gateway.provenance` and its dependencies, no web framework, no Redis)
+runs `owngate audit ...` and `owngate witness vkey` this way. `owngate --help` and anything
+else that does not start with a command name imports every module, to list them all.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from gateway import __version__
 
 __all__ = ["build_parser", "entrypoint", "main"]
 
-# Subcommand modules, imported only to build the parser: none does work at import time.
+# Subcommand modules, in `owngate --help` order, imported only to build the parser: none
+# does work at import time.
 _COMMANDS = (
     "serve",
     "demo",
@@ -31,7 +37,8 @@ _COMMANDS = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Sequence[str] = _COMMANDS) -> argparse.ArgumentParser:
+    """The `owngate` parser with the given subcommands (default: all of them)."""
     parser = argparse.ArgumentParser(
         prog="owngate",
         description="OpenAI-compatible gateway that routes to your own GPUs first.",
@@ -39,15 +46,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"owngate {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _COMMANDS:
+    for name in commands:
         module = importlib.import_module(f"gateway.cli.{name}")
         module.register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    chosen = words[:1] if words and words[0] in _COMMANDS else _COMMANDS
+    parser = build_parser(chosen)
+    args = parser.parse_args(words)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)
