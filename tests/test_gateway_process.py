@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 import yaml
 
@@ -158,7 +157,25 @@ def test_sigkill_under_load_loses_no_dispatch_record(
                 if response.status_code == 200:
                     receipts.append(base64.b64decode(response.headers["x-owngate-receipt"]))
 
+    streamed: list[str] = []  # request ids of streams that received bytes
+
+    def stream() -> None:  # long answers read slowly: the kill cuts them mid-stream
+        body = {"model": "m", "max_tokens": 4000, "stream": True, "messages": []}
+        with httpx.Client(base_url=gateway.url, headers={"authorization": f"Bearer {KEY}"}) as c:
+            for _ in range(200):  # bounded; the kill ends it sooner
+                if stop.is_set():
+                    return
+                try:
+                    with c.stream("POST", "/v1/chat/completions", json=body, timeout=5) as r:
+                        for _chunk in r.iter_bytes():
+                            if r.headers["x-request-id"] not in streamed:
+                                streamed.append(r.headers["x-request-id"])
+                            time.sleep(0.005)
+                except httpx.TransportError:
+                    return
+
     threads = [threading.Thread(target=load) for _ in range(4)]
+    threads.append(threading.Thread(target=stream))
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + 10
@@ -174,15 +191,16 @@ def test_sigkill_under_load_loses_no_dispatch_record(
     gateway.stop(signal.SIGINT)  # and signs a final checkpoint
     verifiers = load_verifiers([vkey])
     summary = verify_log(tmp_path / "log", verifiers)
-    directory = LogDirectory(tmp_path / "log")
-    entries = directory.bundle(0, summary.size)
-    logged = {}
-    for index, entry in enumerate(entries):
-        record = orjson.loads(entry)
-        if record["type"] == "dispatch":
-            logged[record["request_id"]] = index
-    # Every client that got an answer holds a receipt for a durable dispatch record.
+    logged = {
+        record.request_id: index
+        for index, record in LogDirectory(tmp_path / "log").records(summary.size)
+        if record.type == "dispatch"
+    }
+    # Every client that got an answer holds a receipt for a durable dispatch record...
     for envelope in receipts:
         receipt = verify_receipt(envelope, verifiers)
         assert logged.get(receipt.request_id) == receipt.index
+    # ... and so does every stream the kill cut short, once it had received bytes.
+    assert streamed
+    assert all(request_id in logged for request_id in streamed)
     assert os.listdir(tmp_path / "log")
