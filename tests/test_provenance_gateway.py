@@ -139,6 +139,12 @@ def test_every_request_is_logged_and_receipted(
         )
     assert proof.status_code == 200
     assert proof.text.startswith("c2sp.org/tlog-proof@v1")
+    elsewhere = httpx.get(
+        f"{gateway.url}/v1/provenance/proofs/{receipt.request_id}",
+        headers={"authorization": f"Bearer {OTHER_KEY}"},
+        timeout=10,
+    )
+    assert elsewhere.status_code == 404  # proofs, like receipts, only for the same tenant
 
     # What the log added before each dispatch is on /metrics: three requests went upstream.
     scraped = httpx.get(f"{gateway.url}/metrics", timeout=10).text
