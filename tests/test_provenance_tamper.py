@@ -99,7 +99,33 @@ def test_deleted_record(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _rewrite_entries(copy, lambda entries: entries[:12] + entries[13:])
     code, out = _verify(copy, capsys)
     assert code == 1
-    assert "entry 0: entry bundle tile/entries/000.p/41 holds 40 entries, not 41" in out
+    assert (
+        "entry 12: missing from entry bundle tile/entries/000.p/41 (it holds 40 entries, the "
+        "tree 41): entry 13's record sits in its place, so this record was deleted" in out
+    )
+
+
+def test_deleted_last_record(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _rewrite_entries(copy, lambda entries: entries[:-1])
+    code, out = _verify(copy, capsys)
+    assert code == 1
+    assert (
+        "entry 40: missing from entry bundle tile/entries/000.p/41 (it holds 40 entries, the "
+        "tree 41): entries were deleted or truncated; the signed checkpoint covers 41" in out
+    )
+
+
+def test_edited_record_before_a_deleted_one(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def change(entries: list[bytes]) -> list[bytes]:
+        edited = entries[6].replace(b"eu-west", b"us-east")
+        assert edited != entries[6]
+        return [*entries[:6], edited, *entries[7:12], *entries[13:]]
+
+    _rewrite_entries(copy, change)
+    code, out = _verify(copy, capsys)
+    assert code == 1
+    assert "entry 6: the entry does not hash to its leaf in tile/0/000: a record was edited" in out
+    assert "(entry bundle tile/entries/000.p/41 holds 40 entries, the tree 41)" in out
 
 
 def test_deleted_record_with_padding_to_keep_the_count(
@@ -108,26 +134,66 @@ def test_deleted_record_with_padding_to_keep_the_count(
     _rewrite_entries(copy, lambda entries: [*entries[:12], *entries[13:], entries[-1]])
     code, out = _verify(copy, capsys)
     assert code == 1
-    assert "entry 12: the entry does not hash to its leaf" in out
+    assert (
+        "entry 12: the entry does not hash to its leaf in tile/0/000: it holds entry 13's "
+        "record (records were reordered, or this one deleted)" in out
+    )
 
 
-def test_swapped_records(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("a", "b"), [(4, 9), (9, 4), (39, 40)])
+def test_swapped_records(copy: Path, capsys: pytest.CaptureFixture[str], a: int, b: int) -> None:
     def swap(entries: list[bytes]) -> list[bytes]:
-        entries[4], entries[9] = entries[9], entries[4]
+        entries[a], entries[b] = entries[b], entries[a]
         return entries
 
     _rewrite_entries(copy, swap)
     code, out = _verify(copy, capsys)
     assert code == 1
-    assert "entry 4: the entry does not hash to its leaf" in out
+    first, second = min(a, b), max(a, b)
+    assert (
+        f"entry {first}: the entry does not hash to its leaf in tile/0/000: it holds entry "
+        f"{second}'s record (records were reordered, or this one deleted)" in out
+    )
+
+
+def test_swapped_records_in_a_short_bundle(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def change(entries: list[bytes]) -> list[bytes]:
+        entries[7], entries[8] = entries[8], entries[7]
+        return entries[:-1]
+
+    _rewrite_entries(copy, change)
+    code, out = _verify(copy, capsys)
+    assert code == 1
+    assert "entry 7: missing from entry bundle tile/entries/000.p/41 (it holds 40 entries" in out
+    assert "entry 8's record sits in its place" in out
 
 
 def test_truncated_tail(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
     name = copy / entries_path(0, _size(copy))
-    name.write_bytes(name.read_bytes()[:-100])
+    name.write_bytes(name.read_bytes()[:-100])  # inside entry 40, the last one
     code, out = _verify(copy, capsys)
     assert code == 1
-    assert "entry 0:" in out and "is cut short" in out and "truncated" in out
+    assert (
+        "entry 40: the entry is cut short: entry bundle tile/entries/000.p/41 ends inside it "
+        "(truncated file); the signed checkpoint covers 41 entries" in out
+    )
+
+
+def test_truncated_inside_a_length_prefix(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    name = copy / entries_path(0, _size(copy))
+    entries = decode_bundle(name.read_bytes())
+    name.write_bytes(encode_bundle(entries[:30]) + b"\x01")  # half of entry 30's length
+    code, out = _verify(copy, capsys)
+    assert code == 1
+    assert "entry 30: the entry is cut short: entry bundle tile/entries/000.p/41" in out
+
+
+def test_truncated_level0_tile(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    name = copy / tile_path(0, 0, _size(copy))
+    name.write_bytes(name.read_bytes()[:-64])
+    code, out = _verify(copy, capsys)
+    assert code == 1
+    assert "entry 39: no leaf hash for the entry: tile tile/0/000.p/41 holds 39 hashes" in out
 
 
 def test_rollback_to_an_older_checkpoint(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:

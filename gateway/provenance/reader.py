@@ -6,11 +6,13 @@ tlog-tiles layout (and the write-ahead segments) keep things.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import struct
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from gateway.provenance.errors import MalformedError, RecordError
 from gateway.provenance.layout import CHECKPOINT, WAL, list_history
+from gateway.provenance.merkle import HASH_SIZE
 from gateway.provenance.records import Record, parse_record
 from gateway.provenance.tiles import TILE_WIDTH, decode_bundle, entries_path, tile_path
 from gateway.provenance.wal import list_segments, scan_segment
@@ -42,12 +44,19 @@ class LogDirectory:
                 continue
         return None
 
+    @staticmethod
+    def _names(path: Callable[[int, int], str], index: int, size: int) -> list[str]:
+        """The full file of tile or bundle `index` first, then the partial one `size` needs."""
+        count = min(TILE_WIDTH, size - index * TILE_WIDTH)
+        names = [path(index, TILE_WIDTH)]
+        if count < TILE_WIDTH:
+            names.append(path(index, count))
+        return names
+
     def bundle(self, index: int, size: int) -> list[bytes]:
         """Entries of bundle `index` as far as a tree of `size` reaches (full file first)."""
         count = min(TILE_WIDTH, size - index * TILE_WIDTH)
-        names = [entries_path(index)]
-        if count < TILE_WIDTH:
-            names.append(entries_path(index, count))
+        names = self._names(entries_path, index, size)
         found = self._first_existing(names)
         if found is None:
             raise MalformedError(f"entry bundle {names[-1]} is missing")
@@ -60,16 +69,45 @@ class LogDirectory:
     def level0_tile(self, index: int, size: int) -> bytes:
         """Leaf hashes of level-0 tile `index` as far as a tree of `size` reaches."""
         count = min(TILE_WIDTH, size - index * TILE_WIDTH)
-        names = [tile_path(0, index)]
-        if count < TILE_WIDTH:
-            names.append(tile_path(0, index, count))
+        names = self._names(_level0_path, index, size)
         found = self._first_existing(names)
         if found is None:
             raise MalformedError(f"tile {names[-1]} is missing")
         name, data = found
-        if len(data) < count * 32:
+        if len(data) < count * HASH_SIZE:
             raise MalformedError(f"tile {name} holds fewer than {count} hashes")
-        return data[: count * 32]
+        return data[: count * HASH_SIZE]
+
+    # For locating damage once `bundle` or `level0_tile` failed: what is there, leniently.
+
+    def bundle_prefix(self, index: int, size: int) -> tuple[str, list[bytes] | None, bool]:
+        """Bundle `index`'s file name; every whole entry in it, up to where the file is cut
+        short (None if there is no file); and whether it is cut short."""
+        names = self._names(entries_path, index, size)
+        found = self._first_existing(names)
+        if found is None:
+            return names[-1], None, False
+        name, data = found
+        entries: list[bytes] = []
+        offset = 0
+        while offset + 2 <= len(data):
+            (length,) = struct.unpack_from(">H", data, offset)
+            if offset + 2 + length > len(data):
+                break
+            entries.append(data[offset + 2 : offset + 2 + length])
+            offset += 2 + length
+        return name, entries, offset < len(data)
+
+    def level0_prefix(self, index: int, size: int) -> tuple[str, list[bytes] | None]:
+        """Level-0 tile `index`'s file name and its whole leaf hashes, as far as a tree of
+        `size` reaches (None if there is no file)."""
+        names = self._names(_level0_path, index, size)
+        found = self._first_existing(names)
+        if found is None:
+            return names[-1], None
+        name, data = found
+        count = min(TILE_WIDTH, size - index * TILE_WIDTH, len(data) // HASH_SIZE)
+        return name, [data[i * HASH_SIZE : (i + 1) * HASH_SIZE] for i in range(count)]
 
     def entries(self, size: int) -> Iterator[tuple[int, bytes]]:
         """(index, entry) for every entry of a tree of `size`, from the entry bundles."""
@@ -97,3 +135,7 @@ class LogDirectory:
     def find_request(self, request_id: str, size: int) -> list[tuple[int, Record]]:
         """Every record of `request_id` in a tree of `size`, in log order."""
         return [(i, r) for i, r in self.records(size) if r.request_id == request_id]
+
+
+def _level0_path(index: int, width: int) -> str:
+    return tile_path(0, index, width)

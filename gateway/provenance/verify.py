@@ -6,8 +6,10 @@ It checks, and raises `LogVerificationError` at the first failure:
 2. the served `checkpoint` is the newest one (an older one is a rollback), and every
    checkpoint the auditor already holds is covered (or the log was rolled back);
 3. every entry: its leaf hash equals the stored level-0 tile hash (else the first edited,
-   deleted, inserted or reordered index is named), it is a valid schema-v1 record, and a
-   completion links to an open dispatch of the same request by index and hash;
+   deleted, inserted or reordered index is named; a bundle or tile of the wrong length is
+   compared entry by entry, naming the first index missing or not hashing to its leaf), it
+   is a valid schema-v1 record, and a completion links to an open dispatch of the same
+   request by index and hash;
 4. every stored tile and bundle matches the recomputed tree, and the recomputed root at each
    checkpoint's size equals the signed root (else the log was altered after signing);
 5. each checkpoint is consistent with the previous one (RFC 6962 consistency proof);
@@ -210,6 +212,56 @@ def _compare_files(log: LogDirectory, files: list[tuple[str, bytes]], index: int
             raise _fail(f"{name} does not match the entries it covers (altered file)", index)
 
 
+def _locate(log: LogDirectory, bundle: int, size: int, cause: Exception) -> LogVerificationError:
+    """Bundle or level-0 tile unreadable or of the wrong length: compare what is there, in
+    order, and name the first index that is missing or does not hash to its leaf."""
+    first, signed = bundle * TILE_WIDTH, f"the signed checkpoint covers {size} entries"
+    count = min(TILE_WIDTH, size - first)
+    name, entries, cut = log.bundle_prefix(bundle, size)
+    tile, leaves = log.level0_prefix(bundle, size)
+    held, hashes = entries or [], leaves or []
+    for offset, (entry, leaf) in enumerate(zip(held, hashes, strict=False)):
+        if leaf_hash(entry) != leaf:
+            return _mismatch(first, offset, held, hashes, name, count)
+    if entries is None:
+        return _fail(f"entry bundle {name} is missing; {signed} (entries were deleted)", first)
+    if len(held) < count and len(held) <= len(hashes):
+        how = f"it holds {len(held)} entries, the tree {count}"
+        why = f"missing from entry bundle {name} ({how}): entries were deleted or truncated"
+        if cut:
+            why = f"the entry is cut short: entry bundle {name} ends inside it (truncated file)"
+        return _fail(f"{why}; {signed}", first + len(held))
+    if len(hashes) < count:
+        why = "is missing" if leaves is None else f"holds {len(hashes)} hashes, not {count}"
+        return _fail(
+            f"no leaf hash for the entry: tile {tile} {why}; {signed}", len(hashes) + first
+        )
+    if len(held) > TILE_WIDTH:
+        why = f"holds {len(held)} entries, more than {TILE_WIDTH}: entries were appended"
+        return _fail(f"entry bundle {name} {why} after entry {first + TILE_WIDTH - 1}")
+    return _fail(f"{cause}; {signed}", first)
+
+
+def _mismatch(
+    first: int, offset: int, entries: list[bytes], leaves: list[bytes], name: str, count: int
+) -> LogVerificationError:
+    """Entry `first + offset` does not hash to its leaf: say why, when another leaf tells."""
+    index, leaf = first + offset, leaf_hash(entries[offset])
+    found = first + leaves.index(leaf) if leaf in leaves else -1
+    holds = f"holds {len(entries)} entries, the tree {count}"
+    if found > index and len(entries) < count:
+        why = f"missing from entry bundle {name} (it {holds}): entry {found}'s record sits in its"
+        return _fail(f"{why} place, so this record was deleted", index)
+    why = f"the entry does not hash to its leaf in {tile_path(0, first // TILE_WIDTH)}: "
+    if found > index:
+        why += f"it holds entry {found}'s record (records were reordered, or this one deleted)"
+    elif found >= 0:
+        why += f"it holds entry {found}'s record (a record was inserted or moved here)"
+    else:
+        why += "a record was edited, deleted, inserted or reordered here"
+    return _fail(why + (f" (entry bundle {name} {holds})" if len(entries) != count else ""), index)
+
+
 def verify_log(
     directory: str | Path,
     verifiers: Sequence[Verifier],
@@ -266,20 +318,13 @@ def verify_log(
             entries = log.bundle(bundle_index, newest.size)
             hashes = log.level0_tile(bundle_index, newest.size)
         except MalformedError as exc:
-            raise _fail(
-                f"{exc}; the signed checkpoint covers {newest.size} entries "
-                "(entries were deleted or truncated)",
-                first,
-            ) from exc
+            raise _locate(log, bundle_index, newest.size, exc) from exc
         for offset, entry in enumerate(entries):
             index = first + offset
             leaf = leaf_hash(entry)
             if leaf != hashes[offset * HASH_SIZE : (offset + 1) * HASH_SIZE]:
-                raise _fail(
-                    f"the entry does not hash to its leaf in {tile_path(0, bundle_index)}: "
-                    "a record was edited, deleted, inserted or reordered here",
-                    index,
-                )
+                leaves = [hashes[i : i + HASH_SIZE] for i in range(0, len(hashes), HASH_SIZE)]
+                raise _mismatch(first, offset, entries, leaves, "", len(leaves))
             try:
                 record = parse_record(entry)
             except RecordError as exc:
