@@ -124,9 +124,11 @@ def test_show_summarises_backends_fallbacks_and_refusals(
     assert "6 dispatched, 6 completed, 1 refused (of 13 entries)" in out
     assert "fallback: 1 x private_saturated" in out
     assert "refusal: 1 x hosted.deny" in out
+    assert "region: 5 x eu-west\nregion: 1 x us\n" in out  # per region, over its backends
     assert run_audit(["show", str(path), "--tenant", "beta", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["dispatched"] == 1 and report["refused"] == 0
+    assert report["regions"] == {"eu-west": 1}
     argv = ["show", str(path), "--backend", "openai-us", "--json", "--records"]
     assert run_audit(argv) == 0
     report = json.loads(capsys.readouterr().out)

@@ -452,6 +452,7 @@ def _show(args: argparse.Namespace) -> int:
     for row in rows:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
     for title, counter in (
+        ("region", summary.regions()),
         ("fallback", summary.fallback_reasons),
         ("refusal", summary.refusal_rules),
     ):

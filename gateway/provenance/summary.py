@@ -58,9 +58,17 @@ class Summary:
     completed: int = 0
     refused: int = 0
 
+    def regions(self) -> Counter[str]:
+        """Requests dispatched per region, over every backend there."""
+        totals: Counter[str] = Counter()
+        for row in self.backends.values():
+            totals[row.region] += row.dispatched
+        return totals
+
     def as_dict(self) -> dict[str, object]:
         return {
             "dispatched": self.dispatched,
+            "regions": dict(self.regions()),
             "completed": self.completed,
             "refused": self.refused,
             "backends": [
