@@ -160,13 +160,16 @@ def test_sigkill_under_load_loses_no_dispatch_record(
     streamed: list[str] = []  # request ids of streams that received bytes
 
     def stream() -> None:  # long answers read slowly: the kill cuts them mid-stream
-        body = {"model": "m", "max_tokens": 4000, "stream": True, "messages": []}
+        ask = [{"role": "user", "content": "x"}]
+        body = {"model": "m", "max_tokens": 4000, "stream": True, "messages": ask}
         with httpx.Client(base_url=gateway.url, headers={"authorization": f"Bearer {KEY}"}) as c:
             for _ in range(200):  # bounded; the kill ends it sooner
                 if stop.is_set():
                     return
                 try:
                     with c.stream("POST", "/v1/chat/completions", json=body, timeout=5) as r:
+                        if r.status_code != 200:
+                            continue
                         for _chunk in r.iter_bytes():
                             if r.headers["x-request-id"] not in streamed:
                                 streamed.append(r.headers["x-request-id"])

@@ -230,7 +230,8 @@ def test_an_unwritable_log_refuses_requests_then_recovers_without_traffic(
 
     def signed_all() -> bool:  # the checkpoint's snapshot closed the write-ahead segment
         latest = log.latest_checkpoint()
-        return log.size == 2 and latest is not None and latest.checkpoint.size == 2
+        signed = log.size == 2 and latest is not None and latest.checkpoint.size == 2
+        return signed and not list((log_dir / "wal").glob("*.wal"))  # export cleaned up
 
     _until(signed_all)
     wal = log_dir / "wal"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import itertools
+import os
 import re
 import shutil
 import threading
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import gateway.provenance.store
+import gateway.provenance.wal
 from gateway.provenance import (
     LogCorruptedError,
     LogEntry,
@@ -520,3 +522,93 @@ def test_a_failed_checkpoint_is_covered_by_the_next_one(
 
     asyncio.run(scenario())
     assert verify_log(tmp_path, [_signer().verifier()]).size == 1
+
+
+class _SyncFails:
+    """`os` for the write-ahead segment as a disk whose synchronous writes land but fail
+    to sync (EIO) while `failing` is set."""
+
+    def __init__(self) -> None:
+        self.failing = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        written = os.pwrite(fd, data, offset)
+        if self.failing:
+            raise OSError(errno.EIO, "Input/output error")
+        return written
+
+
+def test_writes_that_land_but_fail_leave_no_junk_before_a_later_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A failed append or probe may leave bytes after the valid frames; a snapshot must not
+    # close that segment with them, or the next open finds a damaged segment that is not
+    # the last (found by review: probes left 4 KiB of zeros there, and the log refused
+    # to open).
+    disk = _SyncFails()
+    monkeypatch.setattr(gateway.provenance.wal, "os", disk)
+
+    def broken(files: object, *, root: Path) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    async def scenario() -> None:
+        log = await _open(tmp_path, group_commit_ms=0, probe_interval_ms=10)
+        await log_request(log, 0)
+        disk.failing = True
+        with pytest.raises(LogUnavailableError, match="Input/output error"):
+            await log_request(log, 1)
+        await asyncio.sleep(0.1)  # failing probes
+        with monkeypatch.context() as patched:
+            patched.setattr(gateway.provenance.store, "write_files_atomically", broken)
+            with pytest.raises(LogUnavailableError):
+                await log.checkpoint()
+        await asyncio.sleep(0.1)
+        await log.abort()  # as a crash leaves it
+        disk.failing = False
+
+    asyncio.run(scenario())
+
+    async def reopen() -> None:
+        log = await _open(tmp_path)
+        assert log.size == 2  # request 0's two records; nothing of request 1
+        await log_request(log, 2)
+        await log.close()
+
+    asyncio.run(reopen())
+    assert verify_log(tmp_path, [_signer().verifier()]).size == 4
+
+
+def test_a_checkpoint_whose_clean_up_failed_leaves_the_log_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The checkpoint is durable; leftover segments are harmless and the next export
+    # deletes them. Counting the failure as the log's error kept a replica not ready with
+    # no traffic to clear it (found by review).
+    real = gateway.provenance.store.LogStore._cleanup
+    failures = [LogUnavailableError("cannot clean up the provenance log: Permission denied")]
+
+    def cleanup(store: object, completed: list[str], covered: int | None) -> None:
+        if covered and failures:
+            raise failures.pop()
+        real(store, completed, covered)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gateway.provenance.store.LogStore, "_cleanup", cleanup)
+
+    async def scenario() -> None:
+        log = await _open(tmp_path, group_commit_ms=0)
+        await log_request(log, 0)
+        await log.checkpoint()
+        assert log.last_error is None
+        assert log._store.cleanup_error is not None
+        assert list_segments(tmp_path / WAL)  # left over
+        await log_request(log, 1)
+        await log.checkpoint()
+        assert log._store.cleanup_error is None
+        assert list_segments(tmp_path / WAL) == []  # the next export deleted them
+        await log.close()
+
+    asyncio.run(scenario())
+    assert verify_log(tmp_path, [_signer().verifier()]).size == 4

@@ -310,12 +310,13 @@ class Recorder:
         return found[1], found[2]
 
     def status(self) -> dict[str, Any]:
-        error = self._log.last_error
+        error, cleanup = self._log.last_error, self._log.cleanup_error
         return {
             "origin": self._log.origin,
             "size": self._log.size,
             "writable": error is None,
             "last_error": None if error is None else type(error).__name__,
+            "cleanup_error": None if cleanup is None else str(cleanup),
         }
 
     async def close(self) -> None:

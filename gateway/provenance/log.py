@@ -10,13 +10,13 @@ write-ahead segment) and the log's checkpoint thread builds the tiles, signs and
 (`LogStore.export`) while appends go on, so a checkpoint covers exactly the entries that
 were durable at the snapshot and never holds an append back.
 
-`append_sealed(record, seal)` returns as soon as the entry is durable, with a future for
-`seal(entry)`, which runs on the log's sealing thread: the gateway signs each request's
-receipt there (Ed25519 signing releases the GIL, so it runs beside the event loop) while
-the request is already on its way upstream.
+`append_sealed(record, seal)` returns once the entry is durable, with a future for
+`seal(entry)`, run on the log's sealing thread (the gateway signs receipts there, beside
+the event loop: Ed25519 signing releases the GIL) while the request goes upstream.
 
 If the disk refuses a write, `append` raises `LogUnavailableError` (the gateway answers
-503) and nothing of that batch is logged; the next append tries again.
+503) and nothing of that batch is logged; the next append, or a probe each
+`probe_interval_ms`, tries again.
 """
 
 from __future__ import annotations
@@ -120,9 +120,13 @@ class ProvenanceLog:
 
     @property
     def last_error(self) -> ProvenanceError | None:
-        """The last write or checkpoint failure, each cleared by the next success of its
-        kind."""
+        """The last write or checkpoint failure, each cleared by its kind's next success."""
         return self._last_error or self._checkpoints.error
+
+    @property
+    def cleanup_error(self) -> ProvenanceError | None:
+        """Why the last checkpoint could not delete what it covers (the next one will)."""
+        return self._store.cleanup_error
 
     @property
     def batches(self) -> int:
@@ -318,17 +322,23 @@ class ProvenanceLog:
                 timeout = left if timeout is None else min(timeout, left)
         return timeout
 
-    def _failed(self, error: ProvenanceError) -> None:
-        """A write failed: report it (readiness says so) and try the disk again later, so
-        the log becomes writable again without traffic (a replica that is not ready gets
-        none)."""
+    def _failed(self, exc: Exception) -> ProvenanceError:
+        """A write failed: report it (readiness says so; returned as appenders see it) and
+        try the disk again later, so the log becomes writable again without traffic (a
+        replica that is not ready gets none)."""
+        error = (
+            exc
+            if isinstance(exc, ProvenanceError)
+            else LogUnavailableError(f"the provenance log writer failed: {exc!r}")
+        )
         self._last_error = error
         self._probe_at = self._loop.time() + self._settings.probe_interval_ms / 1000.0
+        return error
 
     async def _probe(self) -> None:
         try:
             await self._in_worker(self._store.probe)
-        except ProvenanceError as exc:
+        except Exception as exc:  # noqa: BLE001 - the committer must outlive any probe
             self._failed(exc)
         else:
             self._last_error = self._probe_at = None
@@ -375,12 +385,7 @@ class ProvenanceLog:
         try:
             start = await self._in_worker(self._write, pairs, frames, seals)
         except Exception as exc:  # noqa: BLE001 - every waiter gets the error, none hangs
-            error = (
-                exc
-                if isinstance(exc, ProvenanceError)
-                else LogUnavailableError(f"the provenance log writer failed: {exc!r}")
-            )
-            self._failed(error)
+            error = self._failed(exc)
             for queued in batch:
                 if not queued.future.done():
                     queued.future.set_exception(error)

@@ -107,6 +107,8 @@ class LogStore:
         self._closed = False
         self.recovery = Recovery(0, 0)
         self.batches = 0  # successful write+fsync rounds, for metrics and benchmarks
+        # Why the last export could not delete what its checkpoint covers, if it could not.
+        self.cleanup_error: ProvenanceError | None = None
 
     # --- opening --------------------------------------------------------------------------
 
@@ -228,11 +230,14 @@ class LogStore:
         """Take the entries appended since the last snapshot and start a new segment for
         the next append, so the export of this snapshot can delete the old ones."""
         self._check_open()
+        if self._segment is not None:
+            try:
+                self._segment.close()
+            except OSError as exc:  # nothing taken: the next snapshot takes these entries
+                raise _unavailable("close a segment of", exc) from exc
+            self._segment = None
         taken = Snapshot(self._size, tuple(self._unexported))
         self._unexported = []
-        if self._segment is not None:
-            self._segment.close()
-            self._segment = None
         return taken
 
     def checkpoint(self) -> SignedNote:
@@ -266,7 +271,14 @@ class LogStore:
         except OSError as exc:
             raise _unavailable("write a checkpoint to", exc) from exc
         self._latest = SignedNote(checkpoint, note)
-        self._cleanup(completed, checkpoint.size)
+        try:
+            self._cleanup(completed, checkpoint.size)
+        except ProvenanceError as exc:
+            # The checkpoint is durable and the log writable: what is left over is skipped
+            # on recovery and deleted by the next export. Reported, not a failure.
+            self.cleanup_error = exc
+        else:
+            self.cleanup_error = None
         return self._latest
 
     def _cleanup(self, completed: list[str], covered: int | None) -> None:
@@ -304,7 +316,7 @@ class LogStore:
             return
         self._closed = True
         if self._segment is not None:
-            self._segment.close()
+            self._segment.close(cut=False)  # the last segment: recovery cuts a torn tail
             self._segment = None
         os.close(self._lock_fd)
 

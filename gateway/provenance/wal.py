@@ -134,11 +134,23 @@ class SegmentWriter:
     def probe(self) -> None:
         """Raise the OSError an append would raise now (full disk, lost permission),
         appending nothing: a block of zeros is written durably where the next frame goes,
-        then cut off. A crash in between leaves a torn tail, which recovery cuts."""
+        then cut off, as a failed append is. A crash in between leaves a torn tail, which
+        recovery cuts."""
+        self.append(bytes(_PROBE_BYTES))  # a failure is undone (or left to undo) there
+        self.valid_bytes -= _PROBE_BYTES
         self._needs_truncate = True
-        os.pwrite(self._fd, bytes(_PROBE_BYTES), self.valid_bytes)
         os.ftruncate(self._fd, self.valid_bytes)
+        os.fsync(self._fd)  # the cut is durable too, should a snapshot close this segment
         self._needs_truncate = False
 
-    def close(self) -> None:
+    def close(self, *, cut: bool = True) -> None:
+        """Close the segment, first cutting off what a failed write may have left after the
+        valid bytes (a segment that is not the last must end with a whole frame). If that
+        cut fails, the OSError is raised and the segment stays open, to be tried again.
+        `cut=False` closes without it: for the last segment, whose torn tail recovery
+        cuts."""
+        if cut and self._needs_truncate:
+            os.ftruncate(self._fd, self.valid_bytes)
+            os.fsync(self._fd)
+            self._needs_truncate = False
         os.close(self._fd)
