@@ -188,6 +188,14 @@ def test_truncated_inside_a_length_prefix(copy: Path, capsys: pytest.CaptureFixt
     assert "entry 30: the entry is cut short: entry bundle tile/entries/000.p/41" in out
 
 
+def test_bytes_after_the_last_entry(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    name = copy / entries_path(0, _size(copy))
+    name.write_bytes(name.read_bytes() + b"\x00")  # every entry intact, one byte more
+    code, out = _verify(copy, capsys)
+    assert code == 1
+    assert "entry bundle tile/entries/000.p/41 has bytes after entry 40, its last" in out
+
+
 def test_truncated_level0_tile(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
     name = copy / tile_path(0, 0, _size(copy))
     name.write_bytes(name.read_bytes()[:-64])

@@ -236,6 +236,9 @@ def _locate(log: LogDirectory, bundle: int, size: int, cause: Exception) -> LogV
         return _fail(
             f"no leaf hash for the entry: tile {tile} {why}; {signed}", len(hashes) + first
         )
+    if cut and len(held) >= count:
+        last = first + count - 1
+        return _fail(f"entry bundle {name} has bytes after entry {last}, its last (altered file)")
     if len(held) > TILE_WIDTH:
         why = f"holds {len(held)} entries, more than {TILE_WIDTH}: entries were appended"
         return _fail(f"entry bundle {name} {why} after entry {first + TILE_WIDTH - 1}")
