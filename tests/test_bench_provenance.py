@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gateway.bench.provenance_overhead import render
+from gateway.bench.provenance_overhead import render, render_verdicts, verdicts
 from gateway.bench.services import histogram_quantile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +59,10 @@ def test_quick_run_writes_the_side_by_side_report(tmp_path: Path) -> None:
     assert set(report["logs"]) == {"zero-latency", "llm-shaped", "llm-varied"}
     assert all(text.startswith("verified") for text in report["logs"].values())
     assert "zero-latency  16" in render(report)
+    assert [(v["backend"], v["concurrency"], v["runs"]) for v in report["verdicts"]] == [
+        (p["backend"], p["concurrency"], 1) for p in report["points"]
+    ]
+    assert "targets (median over each point's runs)" in render(report)
     on = report["points"][0]["results"]["on"]
     assert on["dispatch_wait_ms"]["p99"] >= on["dispatch_wait_ms"]["p50"] > 0
 
@@ -72,3 +76,33 @@ def test_histogram_quantile_interpolates_inside_the_bucket_of_the_delta() -> Non
     assert histogram_quantile(before, after, 0.99) == 0.004  # in +Inf: the top finite bound
     assert histogram_quantile(after, after, 0.5) is None  # nothing new was observed
     assert histogram_quantile({}, {}, 0.5) is None
+
+
+def _point(backend: str, c: int, repeat: int, ratio: float | None, added: float | None) -> Any:
+    ratios = {} if ratio is None else {"req_per_s": ratio, "added_ttft_p50_ms": added}
+    return {"backend": backend, "concurrency": c, "repeat": repeat, "ratios": ratios}
+
+
+def test_verdicts_take_the_median_of_each_points_runs() -> None:
+    points = [
+        _point("llm-shaped", 64, 0, 1.00, 9.0),
+        _point("llm-shaped", 64, 1, 0.99, -1.2),
+        _point("llm-shaped", 64, 2, 1.00, 4.0),
+        _point("zero-latency", 16, 0, 0.50, 2.9),
+        _point("zero-latency", 16, 1, 0.86, 1.9),
+        _point("zero-latency", 16, 2, 0.90, 1.0),
+        _point("llm-varied", 16, 0, None, None),  # a failed run has no ratios
+    ]
+    found = {(v["backend"], v["concurrency"]): v for v in verdicts(points)}
+    lockstep = found[("llm-shaped", 64)]
+    assert (lockstep["runs"], lockstep["added_ttft_p50_ms"]) == (3, 4.0)
+    assert (lockstep["throughput_met"], lockstep["ttft_met"]) == (True, False)
+    cpu_bound = found[("zero-latency", 16)]
+    assert (cpu_bound["throughput_ratio"], cpu_bound["added_ttft_p50_ms"]) == (0.86, 1.9)
+    assert (cpu_bound["throughput_met"], cpu_bound["ttft_met"]) == (True, True)
+    failed = found[("llm-varied", 16)]
+    assert (failed["throughput_met"], failed["ttft_met"]) == (None, None)
+    text = "\n".join(render_verdicts(verdicts(points)))
+    assert "llm-shaped    c=64  req/s 1.00x (met); TTFT p50 +4.00 ms (MISSED)" in text
+    assert "[runs: +9.00, -1.20, +4.00]" in text
+    assert "llm-varied    c=16  req/s -x (no figure)" in text

@@ -11,7 +11,12 @@ alternating which goes first, with the load generator in its own process
 request of each gateway process (from /proc, steadier than req/s on a shared machine),
 and the on/off ratios. The logs written by the `on` gateways are verified at the end.
 
-Bounded: about 8 cells x (duration + warm-up) plus start-up, 1-2 minutes by default.
+`--repeat N` measures every point N times over the same processes (alternation goes on
+across runs); the verdicts on the issue's targets (throughput cost <= 15 %, added TTFT
+p50 <= 2 ms) take the median over the runs of each point, since one run's TTFT moves by
+several ms at c=64 on a shared machine.
+
+Bounded: about 12 cells x (duration + warm-up) x N plus start-up, 1-2 minutes by default.
 
 Exit codes: 0 ran cleanly; 1 a load point failed or returned errors, or a log did not
 verify; 2 usage.
@@ -27,6 +32,7 @@ import json
 import os
 import secrets
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -74,6 +80,10 @@ BACKENDS = (
     Backend("llm-varied", _LLM, 32, max_tokens_spread=16),
 )
 MODES = ("off", "on")
+# The issue's targets: with the log on, at most 15 % fewer requests per second and at
+# most 2 ms more time to first token (p50).
+MIN_THROUGHPUT_RATIO = 0.85
+MAX_ADDED_TTFT_P50_MS = 2.0
 # What the log adds before a request may leave (group commit + fsync), as the `on`
 # gateway's own histogram saw it over each load point.
 DISPATCH_WAIT = "owngate_provenance_dispatch_wait_seconds"
@@ -106,6 +116,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the `on` log's group-commit window (env OWNGATE_BENCH_GROUP_COMMIT_MS, 2)",
     )
     parser.add_argument(
+        "--repeat",
+        type=int,
+        default=env_flag("REPEAT", "1"),
+        help="measure every point this many times; verdicts take the median "
+        "(env OWNGATE_BENCH_REPEAT, 1)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         default=env_flag("QUICK", "").lower() in ("1", "true", "yes"),
@@ -122,6 +139,7 @@ class _Plan:
     json_path: Path
     group_commit_ms: float
     quick: bool
+    repeat: int = 1
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
@@ -129,8 +147,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
     known = {b.name: b for b in BACKENDS}
     if not names or any(n not in known for n in names):
         raise ValueError(f"--backends takes names of {', '.join(known)}, got {args.backends!r}")
-    if args.duration <= 0 or args.group_commit_ms < 0:
-        raise ValueError("--duration must be > 0 and --group-commit-ms >= 0")
+    if args.duration <= 0 or args.group_commit_ms < 0 or not 1 <= args.repeat <= 20:
+        raise ValueError("--duration must be > 0, --group-commit-ms >= 0 and --repeat within 1..20")
     duration = min(args.duration, 0.4) if args.quick else min(args.duration, 15.0)
     return _Plan(
         backends=tuple(known[n] for n in names),
@@ -140,6 +158,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
         json_path=args.json,
         group_commit_ms=args.group_commit_ms,
         quick=args.quick,
+        repeat=args.repeat,
     )
 
 
@@ -219,11 +238,15 @@ def _started(plan: _Plan, rundir: Path, api_key: str) -> Iterator[list[_Pair]]:
 
 
 def _measure(
-    plan: _Plan, pairs: Sequence[_Pair], api_key: str, log: Callable[[str], None]
+    plan: _Plan,
+    pairs: Sequence[_Pair],
+    api_key: str,
+    log: Callable[[str], None],
+    repeat: int = 0,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     env = child_env()
-    number = 0
+    number = repeat * len(pairs) * len(CONCURRENCY)  # alternation goes on across runs
     for pair in pairs:
         for concurrency in CONCURRENCY:
             order = MODES if number % 2 == 0 else tuple(reversed(MODES))
@@ -263,6 +286,7 @@ def _measure(
                 {
                     "backend": pair.backend.name,
                     "concurrency": concurrency,
+                    "repeat": repeat,
                     "max_tokens": pair.backend.max_tokens,
                     "order": list(order),
                     "results": results,
@@ -316,6 +340,58 @@ def _cell(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def verdicts(points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per (backend, concurrency): the median over its runs of the on/off req/s ratio and
+    of the added TTFT p50, each against its target (None where no run measured it)."""
+    grouped: dict[tuple[str, int], list[Mapping[str, float | None]]] = {}
+    for row in points:
+        grouped.setdefault((row["backend"], row["concurrency"]), []).append(row["ratios"])
+    found: list[dict[str, Any]] = []
+    for (backend, concurrency), runs in grouped.items():
+        ratios = [float(x) for r in runs if (x := r.get("req_per_s")) is not None]
+        added = [float(x) for r in runs if (x := r.get("added_ttft_p50_ms")) is not None]
+        ratio = statistics.median(ratios) if ratios else None
+        ttft = statistics.median(added) if added else None
+        found.append(
+            {
+                "backend": backend,
+                "concurrency": concurrency,
+                "runs": len(runs),
+                "throughput_ratio": ratio,
+                "throughput_ratios": ratios,
+                "throughput_met": None if ratio is None else ratio >= MIN_THROUGHPUT_RATIO,
+                "added_ttft_p50_ms": ttft,
+                "added_ttft_p50_ms_runs": added,
+                "ttft_met": None if ttft is None else ttft <= MAX_ADDED_TTFT_P50_MS,
+            }
+        )
+    return found
+
+
+def _signed(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.2f}"
+
+
+def _met(met: bool | None) -> str:
+    return "no figure" if met is None else "met" if met else "MISSED"
+
+
+def render_verdicts(found: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = [
+        f"targets (median over each point's runs): req/s on/off >= {MIN_THROUGHPUT_RATIO}, "
+        f"added TTFT p50 <= {MAX_ADDED_TTFT_P50_MS:g} ms"
+    ]
+    for v in found:
+        runs = ", ".join(f"{x:+.2f}" for x in v["added_ttft_p50_ms_runs"])
+        lines.append(
+            f"  {v['backend']:<13} c={v['concurrency']:<3} req/s "
+            f"{_cell(v['throughput_ratio'], 2)}x ({_met(v['throughput_met'])}); TTFT p50 "
+            f"{_signed(v['added_ttft_p50_ms'])} ms ({_met(v['ttft_met'])})"
+            + (f" [runs: {runs}]" if v["runs"] > 1 else "")
+        )
+    return lines
+
+
 def render(report: Mapping[str, Any]) -> str:
     """The side-by-side table of a report (also works on a saved JSON report)."""
     header = (
@@ -323,6 +399,7 @@ def render(report: Mapping[str, Any]) -> str:
         "  CPU ms/req off/on  ratio  dispatch wait p50/p99 ms"
     )
     lines = [header, "-" * len(header)]
+    repeats = 1 + max((row.get("repeat", 0) for row in report["points"]), default=0)
     for row in report["points"]:
         off, on = _figures(row["results"].get("off", {})), _figures(row["results"].get("on", {}))
         ratios = row["ratios"]
@@ -337,7 +414,9 @@ def render(report: Mapping[str, Any]) -> str:
             f"{_cell(ratios.get('req_per_s'), 2):>6}  {pair('ttft_p50_ms', 2):>18}  "
             f"{pair('ttft_p99_ms', 2):>18}  {pair('cpu_ms_per_req', 3):>17}  "
             f"{_cell(ratios.get('cpu_ms_per_req'), 2):>5}  {_wait(row['results'].get('on', {}))}"
+            + (f"  run {row['repeat'] + 1}" if repeats > 1 else "")
         )
+    lines += render_verdicts(verdicts(report["points"]))
     for name, audit in report.get("logs", {}).items():
         lines.append(f"log {name}: {audit}")
     return "\n".join(lines)
@@ -379,7 +458,11 @@ def run(args: argparse.Namespace) -> int:
     log(f"provenance benchmark: off vs on over {names}; {plan.duration_s:g}s per point")
     try:
         with _started(plan, rundir, api_key) as pairs:
-            rows = _measure(plan, pairs, api_key, log)
+            rows = [
+                row
+                for repeat in range(plan.repeat)
+                for row in _measure(plan, pairs, api_key, log, repeat)
+            ]
     except RuntimeError as exc:
         log(f"owngate bench provenance: {exc}")
         return 1
@@ -397,9 +480,11 @@ def run(args: argparse.Namespace) -> int:
             "max_requests": plan.max_requests,
             "group_commit_ms": plan.group_commit_ms,
             "quick": plan.quick,
+            "repeat": plan.repeat,
             "stream": True,
         },
         "points": rows,
+        "verdicts": verdicts(rows),
         "logs": logs,
     }
     plan.json_path.parent.mkdir(parents=True, exist_ok=True)
