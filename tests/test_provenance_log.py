@@ -612,3 +612,31 @@ def test_a_checkpoint_whose_clean_up_failed_leaves_the_log_ready(
 
     asyncio.run(scenario())
     assert verify_log(tmp_path, [_signer().verifier()]).size == 4
+
+
+def test_a_cancelled_close_still_signs_and_releases_and_a_second_close_waits(
+    tmp_path: Path,
+) -> None:
+    # Found by review: a caller of close() cancelled while the committer drained left the
+    # final checkpoint unsigned and the directory locked, and a second close() returned
+    # at once.
+    async def scenario() -> None:
+        log = await _open(tmp_path)
+        await log_request(log, 0)
+        closing = asyncio.ensure_future(log.close())
+        await asyncio.sleep(0)  # the stop has begun
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        await log.close()  # waits for the first stop to end
+        assert log.latest_checkpoint().checkpoint.size == 2  # type: ignore[union-attr]
+
+    asyncio.run(scenario())
+    assert verify_log(tmp_path, [_signer().verifier()]).unsigned_entries == 0
+
+    async def reopen() -> None:  # the directory was released
+        log = await _open(tmp_path)
+        assert log.size == 2
+        await log.close()
+
+    asyncio.run(reopen())

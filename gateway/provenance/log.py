@@ -71,6 +71,7 @@ class ProvenanceLog:
         self._deferred_until: float | None = None  # when unawaited queued records must go
         self._closing = False
         self._aborting = False
+        self._stopping: asyncio.Task[None] | None = None  # close() or abort(), once
         self._size = store.size
         self._checkpoints = Checkpointer(store, settings, clock, self._wakeup.set)
         self._last_error: ProvenanceError | None = None  # of the last write
@@ -216,8 +217,7 @@ class ProvenanceLog:
         return await self._checkpoints.now(snapshot)
 
     async def inclusion_proof(self, index: int) -> TlogProof:
-        """A C2SP tlog-proof for entry `index` against the latest checkpoint (ValueError
-        when none covers it yet); see `Checkpointer.inclusion_proof`."""
+        """A C2SP tlog-proof for entry `index`: see `Checkpointer.inclusion_proof`."""
         return await self._checkpoints.inclusion_proof(index)
 
     async def consistency_proof(self, old: int, new: int) -> list[bytes]:
@@ -227,22 +227,7 @@ class ProvenanceLog:
 
     async def close(self) -> None:
         """Flush queued appends, sign a final checkpoint, release the directory."""
-        if self._closing:
-            return
-        self._closing = True
-        self._wakeup.set()
-        await asyncio.shield(self._task)  # a cancelled caller must not cut a commit short
-        try:
-            await self.checkpoint()
-        finally:
-            await self._release()
-
-    async def _release(self) -> None:
-        await self._checkpoints.idle()
-        await self._in_worker(self._store.close)
-        self._checkpoints.shutdown()
-        self._sealer.shutdown()
-        self._executor.shutdown(wait=True)
+        await self._stop(aborting=False)
 
     async def abort(self) -> None:
         """Stop without a final checkpoint, releasing the directory.
@@ -251,12 +236,27 @@ class ProvenanceLog:
         LogUnavailableError. Entries made durable since the last checkpoint stay in the
         write-ahead segment and the next `open` recovers them, just as after a crash.
         """
-        if self._closing:
-            return
-        self._closing = self._aborting = True
-        self._wakeup.set()
-        await asyncio.shield(self._task)  # a cancelled caller must not cut a commit short
-        await self._release()
+        await self._stop(aborting=True)
+
+    async def _stop(self, *, aborting: bool) -> None:
+        # One stop, in its own task: a cancelled caller cuts nothing short; later calls wait.
+        if self._stopping is None:
+            self._closing, self._aborting = True, aborting
+            self._wakeup.set()
+            self._stopping = self._loop.create_task(self._stopped(), name="provenance-stop")
+        await asyncio.shield(self._stopping)
+
+    async def _stopped(self) -> None:
+        try:
+            await self._task
+            if not self._aborting:
+                await self.checkpoint()
+        finally:
+            await self._checkpoints.idle()
+            await self._in_worker(self._store.close)
+            self._checkpoints.shutdown()
+            self._sealer.shutdown()
+            self._executor.shutdown(wait=True)
 
     # --- the committer ------------------------------------------------------------------------
 
