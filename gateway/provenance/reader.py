@@ -6,7 +6,6 @@ tlog-tiles layout (and the write-ahead segments) keep things.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,7 +13,13 @@ from gateway.provenance.errors import MalformedError, RecordError
 from gateway.provenance.layout import CHECKPOINT, WAL, list_history
 from gateway.provenance.merkle import HASH_SIZE
 from gateway.provenance.records import Record, parse_record
-from gateway.provenance.tiles import TILE_WIDTH, decode_bundle, entries_path, tile_path
+from gateway.provenance.tiles import (
+    TILE_WIDTH,
+    decode_bundle,
+    entries_path,
+    split_bundle,
+    tile_path,
+)
 from gateway.provenance.wal import list_segments, scan_segment
 
 __all__ = ["LogDirectory"]
@@ -88,15 +93,8 @@ class LogDirectory:
         if found is None:
             return names[-1], None, False
         name, data = found
-        entries: list[bytes] = []
-        offset = 0
-        while offset + 2 <= len(data):
-            (length,) = struct.unpack_from(">H", data, offset)
-            if offset + 2 + length > len(data):
-                break
-            entries.append(data[offset + 2 : offset + 2 + length])
-            offset += 2 + length
-        return name, entries, offset < len(data)
+        entries, taken = split_bundle(data)
+        return name, entries, taken < len(data)
 
     def level0_prefix(self, index: int, size: int) -> tuple[str, list[bytes] | None]:
         """Level-0 tile `index`'s file name and its whole leaf hashes, as far as a tree of

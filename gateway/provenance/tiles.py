@@ -26,6 +26,7 @@ __all__ = [
     "encode_entry",
     "entries_path",
     "index_path",
+    "split_bundle",
     "tile_path",
     "tile_widths",
 ]
@@ -82,18 +83,26 @@ def encode_bundle(entries: list[bytes]) -> bytes:
     return b"".join(encode_entry(entry) for entry in entries)
 
 
-def decode_bundle(data: bytes, *, where: str = "entry bundle") -> list[bytes]:
+def split_bundle(data: bytes) -> tuple[list[bytes], int]:
+    """Every whole entry of a bundle, and the bytes they take (less than `len(data)` when
+    the file ends inside a length prefix or an entry)."""
     entries: list[bytes] = []
     offset = 0
-    while offset < len(data):  # bounded: each round consumes at least two bytes
-        if offset + 2 > len(data):
-            raise MalformedError(f"{where}: truncated length prefix at byte {offset}")
+    while offset + 2 <= len(data):  # bounded: each round consumes at least two bytes
         (length,) = struct.unpack_from(">H", data, offset)
-        offset += 2
-        if offset + length > len(data):
-            raise MalformedError(f"{where}: entry {len(entries)} is cut short")
-        entries.append(data[offset : offset + length])
-        offset += length
+        if offset + 2 + length > len(data):
+            break
+        entries.append(data[offset + 2 : offset + 2 + length])
+        offset += 2 + length
+    return entries, offset
+
+
+def decode_bundle(data: bytes, *, where: str = "entry bundle") -> list[bytes]:
+    entries, offset = split_bundle(data)
+    if offset + 2 > len(data) > offset:
+        raise MalformedError(f"{where}: truncated length prefix at byte {offset}")
+    if offset < len(data):
+        raise MalformedError(f"{where}: entry {len(entries)} is cut short")
     if len(entries) > TILE_WIDTH:
         raise MalformedError(f"{where}: holds {len(entries)} entries, more than 256")
     return entries

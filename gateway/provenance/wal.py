@@ -139,9 +139,7 @@ class SegmentWriter:
         self.append(bytes(_PROBE_BYTES))  # a failure is undone (or left to undo) there
         self.valid_bytes -= _PROBE_BYTES
         self._needs_truncate = True
-        os.ftruncate(self._fd, self.valid_bytes)
-        os.fsync(self._fd)  # the cut is durable too, should a snapshot close this segment
-        self._needs_truncate = False
+        self._cut()  # durable too, should a snapshot close this segment
 
     def close(self, *, cut: bool = True) -> None:
         """Close the segment, first cutting off what a failed write may have left after the
@@ -150,7 +148,11 @@ class SegmentWriter:
         `cut=False` closes without it: for the last segment, whose torn tail recovery
         cuts."""
         if cut and self._needs_truncate:
-            os.ftruncate(self._fd, self.valid_bytes)
-            os.fsync(self._fd)
-            self._needs_truncate = False
+            self._cut()
         os.close(self._fd)
+
+    def _cut(self) -> None:
+        """Cut the file back to its valid bytes, durably."""
+        os.ftruncate(self._fd, self.valid_bytes)
+        os.fsync(self._fd)
+        self._needs_truncate = False
