@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from gateway.cli.main import main
 from gateway.config import ConfigError, load_config, parse_config
 from gateway.keys import hash_api_key
+from gateway.provenance.keys import write_signing_key
 
 OWNGATE = [sys.executable, "-m", "gateway"]
 
@@ -167,6 +170,7 @@ def test_config_validate_command_exit_codes(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, "OPENAI_API_KEY": "sk-test"},  # the hosted backend's key
     )
     assert ok.returncode == 0, ok.stderr
     assert "ok (2 backends" in ok.stdout
@@ -184,6 +188,134 @@ def test_shipped_example_configs_validate() -> None:
     root = Path(__file__).parent.parent
     config = load_config(root / "deploy" / "gateway.example.yaml", env={})
     assert {b.kind for b in config.backends} == {"vllm", "llamacpp", "hosted"}
+
+
+REFUSED = """\
+backends:
+  - id: gpu
+    kind: vllm
+    base_url: http://127.0.0.1:1
+    models: [{name: llama}]
+    region: eu-west-1
+    owner: ml
+    retention: {days: 0, zero_data_retention: true}
+  - id: anthropic
+    kind: hosted
+    provider: anthropic
+    api_key_env: OG_TEST_ANTHROPIC_KEY
+    models: [{name: claude, provider_model: anthropic/claude-3-5-haiku-latest}]
+    region: us
+    owner: anthropic
+  - id: mistral
+    kind: hosted
+    provider: mistral
+    api_key_env: OG_TEST_MISTRAL_KEY
+    models: [{name: mistral-small, provider_model: mistral/mistral-small-latest}]
+    region: fr
+    owner: mistral
+policy: {paths: [policies]}
+provenance: {dir: log, origin: example.com/log, signing_key_file: log.key}
+tenants:
+  - {id: acme, models: ["*"]}
+"""
+
+POLICY = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: acme}
+spec:
+  tenants: [acme]
+  residency: {allow: ["*"]}
+  retention: {max_days: 30}
+  fallback: {mode: when_private_unavailable, to: [{provider: "*"}]}
+"""
+
+
+def _validate(*argv: str) -> int:
+    code = main(["config", "validate", *argv])
+    return code
+
+
+@pytest.fixture
+def refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A config that loads, but that `owngate serve` refuses: two hosted key variables
+    unset, a policy file with an error, no signing key."""
+    for name in (
+        "OG_TEST_ANTHROPIC_KEY",
+        "OG_TEST_MISTRAL_KEY",
+        "OWNGATE_VALIDATE_WITHOUT_SECRETS",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "acme.yaml").write_text(POLICY.replace("max_days: 30", "max_days: -1"))
+    path = tmp_path / "gateway.yaml"
+    path.write_text(REFUSED)
+    return path
+
+
+def test_config_validate_names_every_problem_serve_refuses(
+    refused: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _validate(str(refused)) == 1
+    err = capsys.readouterr().err
+    assert f"{refused}: owngate serve would refuse this config (4 problem(s)):" in err
+    assert (
+        "  backend 'anthropic': environment variable OG_TEST_ANTHROPIC_KEY (api_key_env) is "
+        "not set or empty"
+    ) in err
+    assert "  backend 'mistral': environment variable OG_TEST_MISTRAL_KEY" in err
+    policy = refused.parent / "policies" / "acme.yaml"
+    assert f"  invalid trust policy: {policy}:7:15: spec.retention.max_days: max_days is" in err
+    assert f"  signing key {refused.parent / 'log.key'}: cannot read" in err
+    # serve refuses it too, naming every key variable at once
+    from gateway.api import create_app
+    from gateway.assembly import AssemblyError
+
+    with pytest.raises(AssemblyError) as info:
+        create_app(load_config(refused, env={}), environ={}, config_dir=refused.parent)
+    assert len(info.value.problems) == 3  # the log is opened later, in the lifespan
+    # Fixed, it passes; and validating wrote nothing (no log directory).
+    (refused.parent / "policies" / "acme.yaml").write_text(POLICY)
+    write_signing_key(refused.parent / "log.key", "example.com/log")
+    monkeypatch.setenv("OG_TEST_ANTHROPIC_KEY", "sk-a")
+    monkeypatch.setenv("OG_TEST_MISTRAL_KEY", "sk-m")
+    assert _validate(str(refused)) == 0
+    assert f"{refused}: ok (3 backends, 3 models, 1 tenants)" in capsys.readouterr().out
+    assert not (refused.parent / "log").exists()
+
+
+def test_config_validate_checks_the_log_without_opening_it(
+    refused: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (refused.parent / "policies" / "acme.yaml").write_text(POLICY)
+    monkeypatch.setenv("OG_TEST_ANTHROPIC_KEY", "sk-a")
+    monkeypatch.setenv("OG_TEST_MISTRAL_KEY", "sk-m")
+    key = refused.parent / "log.key"
+    write_signing_key(key, "example.com/log")
+    key.chmod(0o644)
+    history = refused.parent / "log" / "checkpoints"
+    history.mkdir(parents=True)
+    (history / f"{5:020d}").write_text("other.example/log\n5\nroot\n\nsignature\n")
+    assert _validate(str(refused)) == 1
+    err = capsys.readouterr().err
+    assert "readable by group or others (mode 644); chmod 600 it" in err
+    assert f"provenance.dir {refused.parent / 'log'} holds the log 'other.example/log'" in err
+    assert sorted(p.name for p in (refused.parent / "log").iterdir()) == ["checkpoints"]
+
+
+def test_config_validate_without_secrets_skips_what_only_the_server_has(
+    refused: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """For a config whose secrets a pod mounts: unset key variables and the signing key
+    are not this machine's; the policies still are."""
+    assert _validate("--without-secrets", str(refused)) == 1
+    err = capsys.readouterr().err
+    assert "(1 problem(s))" in err and "invalid trust policy" in err
+    (refused.parent / "policies" / "acme.yaml").write_text(POLICY)
+    monkeypatch.setenv("OWNGATE_VALIDATE_WITHOUT_SECRETS", "1")
+    assert _validate(str(refused)) == 0
+    monkeypatch.setenv("OG_TEST_MISTRAL_KEY", "")  # set here but empty: still counted as set
+    assert _validate(str(refused)) == 0
 
 
 def test_keys_new_signing_writes_a_private_key_and_prints_the_verifier(tmp_path: Path) -> None:

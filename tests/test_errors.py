@@ -184,6 +184,38 @@ def test_backend_key_problems_stop_the_gateway_starting() -> None:
     create_app(config, environ={"GPU_KEY": "abc\n"})  # a trailing newline is only trimmed
 
 
+def test_every_key_problem_is_named_at_once() -> None:
+    """Not one missing variable per restart: every backend's (private and hosted) and a
+    key hash shared by two tenants, in one error."""
+    from gateway.api import create_app
+    from gateway.assembly import AssemblyError
+    from tests.conftest import gateway_config
+
+    hosted = {
+        "id": "prov",
+        "kind": "hosted",
+        "provider": "openai",
+        "api_key_env": "PROV_KEY",
+        "models": [{"name": "p", "provider_model": "openai/p"}],
+        "region": "us",
+        "owner": "openai",
+    }
+    backends = [
+        backend("gpu", "http://127.0.0.1:1", "m", api_key_env="GPU_KEY"),
+        backend("gpu2", "http://127.0.0.1:2", "m", api_key_env="GPU2_KEY"),
+        hosted,
+    ]
+    config = gateway_config(backends)
+    shared = config.tenants[0].api_key_hashes
+    other = config.tenants[1].model_copy(update={"api_key_hashes": shared})
+    config = config.model_copy(update={"tenants": (config.tenants[0], other)})
+    with pytest.raises(AssemblyError) as info:
+        create_app(config, environ={})
+    assert len(info.value.problems) == 4
+    for needle in ("GPU_KEY is not set", "GPU2_KEY is not set", "PROV_KEY", "tenants 'acme'"):
+        assert any(needle in problem for problem in info.value.problems), needle
+
+
 def test_a_500_before_any_byte_fails_over(
     start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
 ) -> None:

@@ -119,6 +119,178 @@ def test_check_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert info.value.code == 2
 
 
+FOOTGUN_CONFIG = """\
+backends:
+  - id: gpu
+    kind: vllm
+    base_url: http://127.0.0.1:1
+    models: [{name: llama}]
+    region: eu-west-1
+    owner: ml
+    retention: {days: 0, zero_data_retention: ZDR}
+  - id: anthropic
+    kind: hosted
+    provider: anthropic
+    api_key_env: ANTHROPIC_API_KEY
+    models:
+      - {name: llama, provider_model: anthropic/claude-3-5-haiku-latest}
+      - {name: claude, provider_model: anthropic/claude-3-5-haiku-latest}
+    region: eu-central-1
+    owner: anthropic
+    retention: {days: 0, zero_data_retention: true}
+policy: {paths: [policies]}
+tenants:
+  - {id: acme, models: ["*"]}
+  - {id: hosted-only, models: [claude]}
+"""
+
+FOOTGUN_POLICY = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: acme}
+spec:
+  tenants: [acme, hosted-only]
+  residency: {allow: ["*"]}
+  retention: {max_days: 30}
+  fallback:
+    mode: when_private_unavailable
+    to: [{provider: anthropic}]
+  data_classes:
+    confidential:
+      retention: {max_days: 30}
+"""
+
+
+def _footgun(tmp_path: Path, replace: dict[str, str] | None = None, *, zdr: bool = True) -> str:
+    """A config (one private backend, one hosted provider serving the same model) and a
+    policy with `replace` applied; returns the config's path."""
+    config = tmp_path / "gateway.yaml"
+    config.write_text(FOOTGUN_CONFIG.replace("ZDR", "true" if zdr else "false"))
+    policy = FOOTGUN_POLICY
+    for old, new in (replace or {}).items():
+        policy = policy.replace(old, new)
+    (tmp_path / "policies").mkdir(exist_ok=True)
+    (tmp_path / "policies" / "p.yaml").write_text(policy)
+    return str(config)
+
+
+def test_check_is_quiet_when_the_private_tier_is_eligible(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `claude` is served by the hosted provider only: hosted by design, not a foot-gun.
+    assert owngate("policy", "check", "--strict", "--config", _footgun(tmp_path)) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_check_warns_when_a_providers_allow_list_sends_everything_hosted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _footgun(tmp_path, {"  residency:": "  providers: {allow: [anthropic]}\n  residency:"})
+    assert owngate("policy", "check", "--config", config) == 0
+    err = capsys.readouterr().err
+    policy = tmp_path / "policies" / "p.yaml"
+    for label in ("unlabelled", "data class 'confidential'"):
+        assert (
+            f"{policy}:6:3: warning: spec.providers: tenant 'acme', model 'llama', {label}: no "
+            "private backend is eligible but hosted anthropic is, so every such request goes "
+            "to a hosted provider (when_private_unavailable finds the private tier empty); "
+            "private backends excluded: gpu by acme/providers (provider 'ml' is not in "
+            "providers.allow [anthropic])"
+        ) in err
+    assert "tenant 'hosted-only'" not in err  # it may use only the hosted-only model
+    assert owngate("policy", "check", "--strict", "--config", config) == 1
+    assert "failed under --strict (1 policies, 2 tenants, 9 rules, 2 warnings)" in (
+        capsys.readouterr().err
+    )
+    monkeypatch.setenv("OWNGATE_POLICY_STRICT", "1")
+    assert owngate("policy", "check", "--config", config) == 1
+
+
+def test_check_warns_when_zero_retention_excludes_undeclared_private_backends(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The review's case: private servers without `zero_data_retention: true` under a
+    zero-retention data class sent every such request to the hosted provider."""
+    replaced = {"      retention: {max_days: 30}": "      retention: {max_days: zero}"}
+    config = _footgun(tmp_path, replaced, zdr=False)
+    assert owngate("policy", "check", "--strict", "--config", config) == 1
+    err = capsys.readouterr().err
+    policy = tmp_path / "policies" / "p.yaml"
+    assert (
+        f"{policy}:13:7: warning: spec.data_classes.confidential.retention: tenant 'acme', "
+        "model 'llama', data class 'confidential': no private backend is eligible but hosted "
+        "anthropic is"
+    ) in err
+    assert (
+        "gpu by acme/data_classes.confidential/retention (retention.max_days is zero: the "
+        "backend is not declared zero-data-retention (days 0, zero_data_retention false))"
+    ) in err
+    assert "'llama', unlabelled" not in err  # the policy's own retention admits gpu
+    assert (
+        f"{policy}:13:19: warning: spec.data_classes.confidential.retention.max_days: is zero, "
+        "which excludes gpu (private) (declared retention days 0 without "
+        "zero_data_retention: true), where max_days: 0 would admit them"
+    ) in err
+
+
+def test_check_warns_when_max_days_0_and_zero_decide_differently(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    zero_days = {
+        "  retention: {max_days: 30}\n  fallback": "  retention: {max_days: 0}\n  fallback"
+    }
+    # Both backends declare zero_data_retention: 0 and zero decide the same.
+    assert owngate("policy", "check", "--strict", "--config", _footgun(tmp_path, zero_days)) == 0
+    capsys.readouterr()
+    # gpu declares days 0 (the default) but no zero_data_retention: 0 admits it, zero not.
+    config = _footgun(tmp_path, zero_days, zdr=False)
+    assert owngate("policy", "check", "--strict", "--config", config) == 1
+    err = capsys.readouterr().err
+    assert (
+        f"{tmp_path / 'policies' / 'p.yaml'}:7:15: warning: spec.retention.max_days: is 0, "
+        "which admits gpu (private) (declared retention days 0 without zero_data_retention: "
+        "true; days 0 is also the default of a backend that declares nothing), where "
+        "max_days: zero would exclude them"
+    ) in err
+    assert "1 warnings" in err
+
+
+@pytest.mark.parametrize(
+    ("config", "env"),
+    [
+        ("deploy/gateway.compose.yaml", {}),
+        (
+            "deploy/k8s/base/gateway.yaml",
+            {"POD_NAME": "p-0", "OWNGATE_LOG_HOST": "h", "OWNGATE_REDIS_URL": "redis://r"},
+        ),
+        (
+            "gateway/demo/gateway.yaml",
+            {
+                "OWNGATE_DEMO_VLLM_URL": "http://127.0.0.1:1",
+                "OWNGATE_DEMO_LLAMACPP_URL": "http://127.0.0.1:2",
+                "OWNGATE_DEMO_HOSTED_URL": "http://127.0.0.1:3",
+                "OWNGATE_DEMO_LOG_DIR": "log",
+                "OWNGATE_DEMO_LOG_KEY": "log.key",
+                "OWNGATE_DEMO_KEY_HASH": "sha256:" + "a" * 64,
+                "OWNGATE_DEMO_EU_KEY_HASH": "sha256:" + "b" * 64,
+            },
+        ),
+    ],
+)
+def test_shipped_configs_check_clean_under_strict(
+    config: str,
+    env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert owngate("policy", "check", "--strict", "--config", str(ROOT / config)) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert "0 warnings" in captured.out
+
+
 def test_explain_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
     code = owngate(
         "policy", "explain", "--policies", POLICIES,

@@ -31,6 +31,7 @@ from gateway.api.metrics import GatewayMetrics
 from gateway.api.proxy import Proxy
 from gateway.api.recorder import Recorder, usage_of
 from gateway.api.reload import Assembly, ConfigReloader, keep_unchanged_backends
+from gateway.assembly import build_routing
 from gateway.config.schema import GatewayConfig
 from gateway.config.schema import State as StateSettings
 from gateway.errors import ErrorCode, GatewayError
@@ -80,7 +81,7 @@ class GatewayApp:
         self.state: SharedState = _shared_state(config.state)
         self._peers: Mapping[str, int] = {}  # other replicas' in-flight, per backend
         self.state.watch_peers(self._peers_changed)
-        # Raises PolicyError: without valid policies the gateway does not start.
+        # Raises AssemblyError: without valid policies (and keys) the gateway does not start.
         self.install(self.assemble(config))
         self.metrics.watch_state(self.state, lambda: self.registry)
         self._background: list[asyncio.Task[None]] = []
@@ -104,12 +105,11 @@ class GatewayApp:
     def assemble(self, config: GatewayConfig) -> Assembly:
         """Everything built from the config: on startup, and again on each config reload.
 
-        Raises PolicyError (policies invalid for these backends) or ValueError (a setting
-        only checkable here, such as a backend key missing from the environment)."""
-        registry = Registry.build(config, environ=self._env)
+        Raises AssemblyError (a ValueError) naming every problem only checkable here:
+        policies invalid for these backends, backend keys missing from the environment."""
+        registry, trust = build_routing(config, environ=self._env, config_dir=self._config_dir)
         if self._assembled:  # a reload: unchanged backends keep pools and counts
             keep_unchanged_backends(registry, self.registry, config.limits == self.config.limits)
-        trust = TrustPolicies(config, self._config_dir)
         scraper = MetricsScraper(registry.backends.values(), config.scrape)
         proxy = Proxy(
             registry,

@@ -38,8 +38,11 @@ def register(subparsers: Any) -> None:
         "check",
         help="validate policy files",
         description="Validate policy files and directories: every error with file, line and "
-        "column; warnings for rules that cannot match the configured backends and for "
-        "tenants without a policy. Exit 0 when valid, 1 when not.",
+        "column; warnings for rules that cannot match the configured backends, for tenants "
+        "without a policy, for a tenant, model and data class whose requests would all go "
+        "to a hosted provider (every private backend serving the model excluded), and for a "
+        "retention.max_days of 0 or zero whose other spelling would decide differently. "
+        "Exit 0 when valid, 1 when not (or, under --strict, when there are warnings).",
     )
     check.add_argument(
         "paths",
@@ -164,7 +167,13 @@ def _load(
             paths = ["policies"]
     facts = list(backend_facts(config))
     tenants = [t.id for t in config.tenants]
-    policy_set, errors, warnings = check_policies(paths, facts, tenants, tenants_source=config_path)
+    policy_set, errors, warnings = check_policies(
+        paths,
+        facts,
+        tenants,
+        tenants_source=config_path,
+        tenant_models={t.id: t.models for t in config.tenants},
+    )
     _print_issues(errors, "error")
     return policy_set, list(paths), warnings, config
 

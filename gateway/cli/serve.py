@@ -85,16 +85,17 @@ def _serve(
     from gateway.api import create_app
     from gateway.api.fleet import FleetMetrics
     from gateway.api.reload import ConfigReloader
-    from gateway.policy import PolicyError
+    from gateway.assembly import AssemblyError
     from gateway.serving import DrainingServer, bind_socket, uvicorn_config
     from gateway.workers import for_worker
 
     try:
         app = create_app(config, config_dir=Path(path).parent)
-    except PolicyError as exc:  # fail closed: no valid policies, no traffic
-        print(f"error: the trust policies are invalid; not starting:\n{exc}", file=sys.stderr)
+    except AssemblyError as exc:  # fail closed: no valid policies or keys, no traffic
+        print(f"error: not starting; {len(exc.problems)} problem(s):", file=sys.stderr)
+        print("\n".join(f"  {problem}" for problem in exc.problems), file=sys.stderr)
         return 1
-    except ValueError as exc:  # settings only checkable at startup (env keys, key hashes)
+    except ValueError as exc:  # other settings only checkable at startup (shared state)
         print(f"error: {exc}", file=sys.stderr)
         return 1
     app.reloader = ConfigReloader(app, Path(path), prepare=for_worker(identity))

@@ -7,7 +7,7 @@ share every step, so a set that checks clean is the set the gateway enforces.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from gateway.policy.compiler import compile_set
@@ -24,7 +24,7 @@ CheckResult = tuple[PolicySet | None, list[PolicyIssue], list[PolicyIssue]]
 
 def load_policies(paths: Sequence[Path | str], backends: Sequence[BackendFacts]) -> PolicySet:
     """Load policy files and directories; raises `PolicyError` listing every problem."""
-    policy_set, errors, _warnings = check_policies(paths, backends)
+    policy_set, errors, _warnings = check_policies(paths, backends, warn=False)
     if policy_set is None:
         raise PolicyError(errors)
     return policy_set
@@ -34,7 +34,7 @@ def parse_policies(
     sources: Sequence[tuple[str, str]], backends: Sequence[BackendFacts]
 ) -> PolicySet:
     """`load_policies` for (name, YAML text) pairs already in memory."""
-    policy_set, errors, _warnings = check_sources(sources, backends)
+    policy_set, errors, _warnings = check_sources(sources, backends, warn=False)
     if policy_set is None:
         raise PolicyError(errors)
     return policy_set
@@ -46,11 +46,16 @@ def check_policies(
     tenants: Sequence[str] = (),
     *,
     tenants_source: str = "<config>",
+    tenant_models: Mapping[str, Collection[str]] | None = None,
+    warn: bool = True,
 ) -> CheckResult:
     """Validate policy files: (set or None, errors, warnings). Never raises for bad input.
 
     `tenants` are the tenant ids the gateway knows; a tenant among them without a policy
-    (denied everything) is a warning, as is a policy naming a tenant not among them.
+    (denied everything) is a warning, as is a policy naming a tenant not among them, and
+    each is checked for traffic that would all go hosted (for the models `tenant_models`
+    gives it, `*` for all; default all). `warn=False` skips the warnings (the server
+    discards them).
     """
     files, errors = discover(Path(p) for p in paths)
     sources: list[tuple[str, str]] = []
@@ -62,7 +67,13 @@ def check_policies(
     if not files and not errors:
         errors.append(PolicyIssue("<policies>", None, None, "", "no policy paths given"))
     policy_set, more, warnings = check_sources(
-        sources, backends, tenants, tenants_source=tenants_source, require_policies=not errors
+        sources,
+        backends,
+        tenants,
+        tenants_source=tenants_source,
+        tenant_models=tenant_models,
+        require_policies=not errors,
+        warn=warn,
     )
     errors += more
     return (policy_set if not errors else None), errors, warnings
@@ -74,7 +85,9 @@ def check_sources(
     tenants: Sequence[str] = (),
     *,
     tenants_source: str = "<config>",
+    tenant_models: Mapping[str, Collection[str]] | None = None,
     require_policies: bool = True,
+    warn: bool = True,
 ) -> CheckResult:
     """`check_policies` for (name, YAML text) pairs already in memory."""
     errors: list[PolicyIssue] = []
@@ -106,7 +119,9 @@ def check_sources(
     policy_set = compile_set(
         set_docs[0][1] if set_docs else None, [p for _, p in policies], backends
     )
-    warnings = lint(policies, policy_set, backends, tenants, tenants_source)
+    if not warn:
+        return policy_set, [], []
+    warnings = lint(policies, policy_set, backends, tenants, tenants_source, tenant_models)
     return policy_set, [], warnings
 
 

@@ -85,12 +85,23 @@ class Registry:
         clock: Callable[[], float] = time.monotonic,
         environ: dict[str, str] | None = None,
     ) -> Registry:
+        """The backends, routes and tenants of `config`. Raises ValueError naming every
+        problem (a backend key variable unset or unusable, one key hash listed for two
+        tenants), one per line."""
         env = environ or {}
         breaker = config.routing.breaker
-        backends = {b.id: _backend_state(b, config.limits, breaker, env) for b in config.backends}
+        problems: list[str] = []
+        backends: dict[str, BackendState] = {}
+        for backend in config.backends:
+            try:
+                backends[backend.id] = _backend_state(backend, config.limits, breaker, env)
+            except ValueError as exc:
+                problems.append(str(exc))
         routes: dict[str, list[Route]] = {}
         owners: dict[str, str] = {}
         for backend in config.backends:
+            if backend.id not in backends:
+                continue
             for entry in backend.models:
                 for public in (entry.name, *entry.aliases):
                     routes.setdefault(public, []).append(Route(backends[backend.id], entry.name))
@@ -106,9 +117,11 @@ class Registry:
             for key_hash in tenant.api_key_hashes:
                 other = tenants.setdefault(key_hash, entry_t)
                 if other is not entry_t:
-                    raise ValueError(
+                    problems.append(
                         f"one API key hash is listed for tenants {other.id!r} and {tenant.id!r}"
                     )
+        if problems:
+            raise ValueError("\n".join(problems))
         return cls(
             backends=backends,
             routes={name: tuple(r) for name, r in routes.items()},

@@ -27,7 +27,14 @@ from gateway.upstream import openai_wire
 from gateway.upstream.litellm_runtime import aclose_litellm_clients, aload_litellm
 from gateway.upstream.openai_wire import Endpoint
 
-__all__ = ["HostedClient", "HostedError", "HostedErrorKind", "HostedResponse", "hosted_error"]
+__all__ = [
+    "HostedClient",
+    "HostedError",
+    "HostedErrorKind",
+    "HostedResponse",
+    "hosted_api_key",
+    "hosted_error",
+]
 
 HostedErrorKind = Literal["connect", "timeout", "status", "protocol"]
 T = TypeVar("T")
@@ -171,6 +178,21 @@ class _Stream:
         await _close_stream(self._source)
 
 
+def hosted_api_key(backend: Backend, environ: Mapping[str, str]) -> str | None:
+    """The key a hosted backend sends: the variable its `api_key_env` names (None when it
+    names none: LiteLLM then reads the provider's own variable). Raises ValueError when
+    that variable is unset or empty: the gateway does not start without it."""
+    if backend.api_key_env is None:
+        return None
+    key = environ.get(backend.api_key_env) or None
+    if key is None:
+        raise ValueError(
+            f"backend {backend.id!r}: environment variable {backend.api_key_env} "
+            "(api_key_env) is not set or empty"
+        )
+    return key
+
+
 class HostedClient:
     """Sends OpenAI requests for one `hosted` backend through LiteLLM."""
 
@@ -182,14 +204,7 @@ class HostedClient:
         first = next(iter(self._models.values()), "")
         self.provider = backend.provider or first.split("/", 1)[0] or "provider"
         self._api_base = backend.base_url
-        self._api_key: str | None = None
-        if backend.api_key_env is not None:
-            self._api_key = environ.get(backend.api_key_env) or None
-            if self._api_key is None:
-                raise ValueError(
-                    f"backend {backend.id!r}: environment variable {backend.api_key_env} "
-                    "(api_key_env) is not set or empty"
-                )
+        self._api_key = hosted_api_key(backend, environ)
         self._timeout_s = timeout_s
         self._text_client: tuple[asyncio.AbstractEventLoop, Any] | None = None
 
