@@ -344,6 +344,7 @@ class GatewayApp:
                 tenant=exchange.tenant,
                 model=exchange.model,
                 data_class=exchange.data_class,
+                data_class_defaulted=exchange.data_class_defaulted,
                 policy=exchange.policy,
                 backend=exchange.backend,
                 fallback=exchange.fallback,
