@@ -304,3 +304,10 @@ def test_an_excerpt_is_bounded_and_printable() -> None:
     assert excerpt("a\x00b\u202ec\n") == "a\\x00b\\u202ec\\n"
     cut = excerpt("x" * 10_000)
     assert cut == "x" * EXCERPT_CHARS + "..."
+
+
+def test_an_unknown_path_is_quoted_bounded(setup: Build) -> None:
+    gateway, _private, _hosted = setup()
+    response = httpx.get(f"{gateway.url}/{'p' * 5000}", timeout=10)
+    assert response.status_code == 404
+    assert len(response.json()["error"]["message"]) < 200
