@@ -72,12 +72,18 @@ def test_canary_appears_nowhere(start_sim: Callable[..., Sim], tmp_path: Path) -
                 {"authorization": f"Bearer og-{CANARY}"},
             ),  # an unknown key that is the canary
             ("/v1/chat/completions", {"messages": prompt}, auth),  # missing model
+            ("/v1/chat/completions", {"model": CANARY, "messages": prompt}, auth),  # unknown
+            (
+                "/v1/chat/completions",
+                {"model": "m", "messages": prompt},
+                {**auth, "x-data-class": CANARY},
+            ),  # a label no policy defines
         ]
         statuses = [
             httpx.post(f"{url}{path}", json=body, headers=headers, timeout=10).status_code
             for path, body, headers in calls
         ]
-        assert statuses == [200, 200, 200, 200, 401, 400], _diagnose(proc)
+        assert statuses == [200, 200, 200, 200, 401, 400, 404, 400], _diagnose(proc)
         bad_json = httpx.post(
             f"{url}/v1/chat/completions",
             headers=auth,
@@ -101,9 +107,10 @@ def test_canary_appears_nowhere(start_sim: Callable[..., Sim], tmp_path: Path) -
         for line in err.decode().splitlines()
         if line.startswith("{") and '"event":"request"' in line
     ]
-    assert len(access) == 7
-    assert {entry["status"] for entry in access} == {200, 401, 400}
-    assert all(entry["model"] in ("m", "-") for entry in access)
+    assert len(access) == 9
+    assert {entry["status"] for entry in access} == {200, 401, 400, 404}
+    assert all(entry["model"] in ("m", "-", "<unknown>") for entry in access)
+    assert {entry["data_class"] for entry in access} == {None, "<unknown>"}
 
 
 def _diagnose(proc: subprocess.Popen[bytes]) -> str:

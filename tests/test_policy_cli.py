@@ -42,7 +42,7 @@ def test_shipped_examples_pass_their_tests(capsys: pytest.CaptureFixture[str]) -
     assert owngate("policy", "test", CASES, "--policies", POLICIES) == 0
     out = capsys.readouterr().out
     assert "0 failed" in out and "FAIL" not in out
-    assert "rule coverage: 19/20 rules exercised (95%)" in out
+    assert "rule coverage: 20/21 rules exercised (95%)" in out
     assert "  startup-default/residency" in out  # allows everywhere: nothing to exclude
 
 
@@ -50,7 +50,7 @@ def test_shipped_examples_check_clean(capsys: pytest.CaptureFixture[str]) -> Non
     assert owngate("policy", "check", POLICIES, "--strict") == 0
     captured = capsys.readouterr()
     assert captured.err == ""
-    assert "ok (3 policies, 4 tenants, 20 rules, 0 warnings) owngate-examples 2025-06-01 " in (
+    assert "ok (3 policies, 4 tenants, 21 rules, 0 warnings) owngate-examples 2025-06-01 " in (
         captured.out
     )
 
@@ -62,7 +62,7 @@ def test_paths_default_to_the_configs_policy_paths(
     assert owngate("policy", "check") == 0
     assert "policies: ok (3 policies" in capsys.readouterr().out
     assert owngate("policy", "test") == 0
-    assert "24 passed, 0 failed" in capsys.readouterr().out
+    assert "26 passed, 0 failed" in capsys.readouterr().out
     single = str(ROOT / "policies" / "bank-strict.yaml")
     assert owngate("policy", "test", "--policies", single) == 1
     assert "no test cases found" in capsys.readouterr().err
@@ -299,8 +299,9 @@ def test_explain_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     decision = json.loads(capsys.readouterr().out)
     assert set(decision) == {
-        "tenant", "model", "data_class", "private", "hosted", "fallback", "saturation_threshold",
-        "fallback_rule", "refusal", "trace", "policy_id", "policy_version", "policy_digest",
+        "tenant", "model", "data_class", "default_rule", "private", "hosted", "fallback",
+        "saturation_threshold", "fallback_rule", "refusal", "trace", "policy_id",
+        "policy_version", "policy_digest",
     }  # fmt: skip
     assert decision["refusal"]["rule"] == "eu-health/data_classes.phi/fallback"
     assert decision["refusal"]["message"].startswith("policy eu-health/data_classes.phi/fallback:")
@@ -318,7 +319,7 @@ def test_explain_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
             "reason": "fallback.mode is never: hosted backends receive no traffic",
         },
     ]
-    assert (decision["policy_id"], decision["policy_version"]) == ("eu-health", "3")
+    assert (decision["policy_id"], decision["policy_version"]) == ("eu-health", "4")
     assert decision["policy_digest"].startswith("sha256:")
 
 
@@ -335,6 +336,29 @@ def test_explain_text_and_env_defaults(
     assert "4. azure-eu      hosted   startup-default/fallback" in out
     assert owngate("policy", "explain", "--data-class", "secret") == 1
     assert "policy startup-default/data_classes: data class 'secret'" in capsys.readouterr().err
+
+
+def test_explain_without_a_label_shows_the_policy_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = ("policy", "explain", "--policies", POLICIES, "--tenant", "clinic-eu")
+    assert owngate(*base, "--model", "llama-3.1-8b") == 0
+    out = capsys.readouterr().out
+    assert out.startswith(
+        "tenant clinic-eu, model llama-3.1-8b, data class phi (no label sent: the default, "
+        "rule eu-health/default_data_class)\n"
+    )
+    assert "fallback: never (rule eu-health/data_classes.phi/fallback)" in out
+    assert owngate(*base, "--model", "llama-3.1-8b", "--json") == 0
+    decision = json.loads(capsys.readouterr().out)
+    assert (decision["data_class"], decision["default_rule"]) == (
+        "phi",
+        "eu-health/default_data_class",
+    )
+    assert decision["hosted"] == []
+    assert owngate(*base, "--model", "llama-3.1-8b", "--data-class", "deidentified") == 0
+    out = capsys.readouterr().out
+    assert "no label sent" not in out and "azure-eu" in out
 
 
 def test_explain_requires_tenant_and_model() -> None:

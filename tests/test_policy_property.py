@@ -7,6 +7,7 @@ The oracle below restates each rule from the language reference (docs/policies.m
 
 from __future__ import annotations
 
+import dataclasses
 from fnmatch import fnmatchcase
 from typing import Any, Literal
 
@@ -217,3 +218,24 @@ def test_decisions_obey_every_rule(
     stranger = ps.decide("stranger", MODELS[0], None)
     assert stranger.eligible == () and stranger.refusal is not None
     assert stranger.refusal.rule in ps.rules
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(declared=backends(), spec=policies(), data=st.data())
+def test_a_default_data_class_decides_as_if_the_client_sent_it(
+    declared: tuple[BackendFacts, ...], spec: dict[str, Any], data: st.DataObject
+) -> None:
+    """No label under `default_data_class: C` is exactly the label C: never wider."""
+    default = data.draw(st.sampled_from(["phi", "pii"]))
+    spec["data_classes"].setdefault(default, {})
+    document = {
+        "apiVersion": "policy.owngate.dev/v1",
+        "kind": "Policy",
+        "metadata": {"id": "p"},
+        "spec": {**spec, "default_data_class": default},
+    }
+    ps = parse_policies([("p.yaml", yaml.safe_dump(document))], declared)
+    for model in MODELS:
+        unlabelled = ps.decide("t", model, None)
+        assert unlabelled.default_rule == "p/default_data_class"
+        assert dataclasses.replace(unlabelled, default_rule=None) == ps.decide("t", model, default)

@@ -428,3 +428,51 @@ def test_hidden_folders_are_not_read(tmp_path: Path) -> None:
     (tmp_path / "p.yaml").write_text("x: 1\n")
     files, issues = discover([tmp_path])
     assert files == [tmp_path / "p.yaml"] and issues == []
+
+
+def test_default_data_class_gives_an_unlabelled_request_that_class() -> None:
+    classes = {"phi": {"fallback": {"mode": "never"}}, "public": {}}
+    ps = policy_set(data_classes=classes, default_data_class="phi")
+    unlabelled = ps.decide("t", "m", None)
+    labelled = ps.decide("t", "m", "phi")
+    assert (unlabelled.data_class, unlabelled.default_rule) == ("phi", "p/default_data_class")
+    assert (labelled.data_class, labelled.default_rule) == ("phi", None)
+    assert unlabelled.hosted == labelled.hosted == ()  # fallback never: as if labelled
+    assert unlabelled.trace == labelled.trace
+    assert unlabelled.fallback_rule == "p/data_classes.phi/fallback"
+    assert ps.decide("t", "m", "public").hosted != ()  # a label the client sends counts
+    assert "p/default_data_class" in ps.rules
+    assert unlabelled.as_dict()["default_rule"] == "p/default_data_class"
+    assert ps.decide("t", "m", None) is unlabelled  # cached like any known key
+    with pytest.raises(UnknownDataClass):
+        ps.decide("t", "m", "")  # an empty label is not "no label"
+    # Without a default, an unlabelled request has only the policy's own rules.
+    plain = policy_set(data_classes=classes).decide("t", "m", None)
+    assert (plain.data_class, plain.default_rule) == (None, None)
+    assert plain.hosted != ()
+
+
+def test_a_per_tenant_default_overrides_the_policy_default() -> None:
+    classes = {"phi": {"fallback": {"mode": "never"}}, "public": {}}
+    ps = policy_set(
+        data_classes=classes,
+        tenants=["t", "u"],
+        default_data_class="public",
+        default_data_class_by_tenant={"u": "phi"},
+    )
+    for tenant, (label, rule) in {
+        "t": ("public", "p/default_data_class"),
+        "u": ("phi", "p/default_data_class_by_tenant.u"),
+    }.items():
+        decision = ps.decide(tenant, "m", None)
+        assert (decision.data_class, decision.default_rule) == (label, rule)
+    only_tenant = policy_set(
+        data_classes=classes, tenants=["t", "u"], default_data_class_by_tenant={"u": "phi"}
+    )
+    assert only_tenant.decide("t", "m", None).data_class is None
+    assert only_tenant.decide("u", "m", None).data_class == "phi"
+
+
+def test_a_tenant_without_a_policy_has_no_data_class() -> None:
+    decision = policy_set().decide("stranger", "m", "Jane Doe")
+    assert decision.refusal is not None and decision.data_class is None

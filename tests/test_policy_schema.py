@@ -308,3 +308,52 @@ def test_check_warns_about_rules_that_leave_nothing() -> None:
 def test_issue_rendering() -> None:
     assert str(PolicyIssue("f.yaml", 3, 7, "spec.x", "bad")) == "f.yaml:3:7: spec.x: bad"
     assert str(PolicyIssue("f.yaml", None, None, "", "bad")) == "f.yaml: bad"
+
+
+DEFAULTS = VALID.replace("  tenants: [clinic]\n", "  tenants: [clinic, lab]\n") + (
+    "  data_classes:\n"
+    "    phi:\n"
+    "      fallback: {mode: never}\n"
+    "  default_data_class: phi\n"
+    "  default_data_class_by_tenant:\n"
+    "    lab: phi\n"
+)
+
+
+def test_default_data_classes_load_and_change_the_digest() -> None:
+    with_default = parse_policies([("p.yaml", DEFAULTS)], BACKENDS)
+    assert with_default.compiled("eu-health").default_for("lab") == (
+        "phi",
+        "eu-health/default_data_class_by_tenant.lab",
+    )
+    without = DEFAULTS.replace("  default_data_class: phi\n", "")
+    assert parse_policies([("p.yaml", without)], BACKENDS).digest != with_default.digest
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (
+            ("default_data_class: phi", "default_data_class: pii"),
+            "p.yaml:18:3: spec.default_data_class: default data class 'pii' is not defined "
+            "in spec.data_classes (defined: phi)",
+        ),
+        (
+            ("    lab: phi", "    lab: secret"),
+            "p.yaml:20:5: spec.default_data_class_by_tenant.lab: default data class 'secret' "
+            "is not defined in spec.data_classes (defined: phi)",
+        ),
+        (
+            ("    lab: phi", "    other: phi"),
+            "p.yaml:20:5: spec.default_data_class_by_tenant.other: tenant 'other' is not "
+            "among this policy's tenants",
+        ),
+        (
+            ("default_data_class: phi", "default_data_class: PHI"),
+            "p.yaml:18:3: spec.default_data_class: String should match pattern",
+        ),
+    ],
+)
+def test_a_default_data_class_must_be_defined(edit: tuple[str, str], expected: str) -> None:
+    found = errors(DEFAULTS.replace(*edit))
+    assert len(found) == 1 and found[0].startswith(expected), found

@@ -27,6 +27,7 @@ from gateway.api.exchange import (
     send_error_event,
 )
 from gateway.api.fleet import FleetMetrics
+from gateway.api.labels import excerpt
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.proxy import Proxy
 from gateway.api.recorder import Recorder, usage_of
@@ -174,7 +175,7 @@ class GatewayApp:
             if handler is None and path.startswith("/v1/provenance/"):
                 handler = self._provenance
             if handler is None:
-                error = GatewayError(ErrorCode.not_found, f"Unknown path {path!r}.")
+                error = GatewayError(ErrorCode.not_found, f"Unknown path `{excerpt(path)}`.")
                 await send_error(send, error, request_id)
                 return
             await handler(scope, receive, send, request_id)
@@ -344,6 +345,7 @@ class GatewayApp:
                 tenant=exchange.tenant,
                 model=exchange.model,
                 data_class=exchange.data_class,
+                data_class_defaulted=exchange.data_class_defaulted,
                 policy=exchange.policy,
                 backend=exchange.backend,
                 fallback=exchange.fallback,

@@ -36,14 +36,15 @@ class Exchange:
     started_at: float
     endpoint: str
     tenant: str = "-"
-    model: str = "-"
+    model: str = "-"  # a configured model name, or "<unknown>": never the client's string
     backend: str = "-"
     status: int = 0
     stream: bool = False
     response_started: bool = False
     client_gone: bool = False
     upstream_error: str | None = None
-    data_class: str | None = None
+    data_class: str | None = None  # a declared class, "<unknown>" (refused) or None
+    data_class_defaulted: bool = False  # no label: the policy's default_data_class applied
     policy: str = "-"  # "<id>@<version>"
     policy_digest: str = "-"
     fallback: str | None = None  # why a hosted backend served it: private_unavailable|saturated

@@ -20,10 +20,10 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from gateway.api.asgi import header
 from gateway.api.body import parse_body
 from gateway.api.exchange import Exchange, TryNext, watch_disconnect
 from gateway.api.hosted_relay import HostedRelay
+from gateway.api.labels import UNKNOWN, InvalidLabel, excerpt, label_refused, read_label
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.passthrough import PrivateRelay
 from gateway.api.recorder import Recorder, Trail
@@ -99,13 +99,14 @@ class Proxy:
                 "you must provide a model parameter (a string naming the model)",
                 param="model",
             )
-        exchange.model = model if len(model) <= 256 else model[:256] + "..."
         exchange.stream = doc.get("stream") is True
+        # Only a configured name is logged or recorded: the client's string may be anything.
+        exchange.model = model if model in self._registry.routes else UNKNOWN
         routes = self._registry.routes.get(model) if tenant.may_use(model) else None
         if routes is None:
             raise GatewayError(
                 ErrorCode.model_not_found,
-                f"The model `{exchange.model}` does not exist or you do not have access to it.",
+                f"The model `{excerpt(model)}` does not exist or you do not have access to it.",
                 param="model",
             )
         if self.recorder is not None:
@@ -148,20 +149,16 @@ class Proxy:
         self, exchange: Exchange, tenant: TenantEntry, model: str, scope: Scope
     ) -> Decision:
         policy = self._trust.current  # one read: this request sees one policy set
-        raw = header(scope, policy.data_class_header.encode())
-        label = raw.decode("latin-1").strip() if raw else None
-        exchange.data_class = label
         exchange.policy = f"{policy.id}@{policy.version}"
         exchange.policy_digest = policy.digest
+        exchange.data_class = UNKNOWN  # until the label proves to be a declared class
         try:
+            label = read_label(scope, policy.data_class_header.encode())
             decision = policy.decide(tenant.id, model, label)
-        except UnknownDataClass as exc:
-            raise GatewayError(
-                ErrorCode.unknown_data_class,
-                f"unknown data class {label!r} in header {policy.data_class_header} "
-                f"(policy {policy.id}): {exc}",
-                param=policy.data_class_header,
-            ) from exc
+        except (InvalidLabel, UnknownDataClass) as exc:
+            raise label_refused(policy, tenant.id, exc) from exc
+        exchange.data_class = decision.data_class
+        exchange.data_class_defaulted = decision.default_rule is not None
         if decision.refusal is not None:
             raise GatewayError(ErrorCode.policy_denied, decision.refusal.message, param="model")
         return decision

@@ -80,7 +80,8 @@ def register(subparsers: Any) -> None:
     explain.add_argument(
         "--data-class",
         default=os.environ.get("OWNGATE_POLICY_DATA_CLASS"),
-        help="data-class label, as the request header carries it (env OWNGATE_POLICY_DATA_CLASS)",
+        help="data-class label, as the request header carries it; without it, the policy's "
+        "default_data_class for the tenant applies, if any (env OWNGATE_POLICY_DATA_CLASS)",
     )
     explain.add_argument(
         "--json",
@@ -219,6 +220,8 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _render(decision: Decision, policy_set: PolicySet) -> str:
     label = f", data class {decision.data_class}" if decision.data_class else ""
+    if decision.default_rule is not None:
+        label += f" (no label sent: the default, rule {decision.default_rule})"
     lines = [
         f"tenant {decision.tenant}, model {decision.model}{label}",
         f"policy {decision.policy_id} version {decision.policy_version} "

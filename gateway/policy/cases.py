@@ -3,11 +3,13 @@
 A case file (`kind: PolicyTest`, usually under `policies/tests/`) lists cases, each an
 input (tenant, model, data class) and the parts of the decision it expects: the
 eligible private and hosted backends in order, the refusal rule (or `null` for none),
-the fallback mode and rule, which rule excluded or admitted given backends, rule ids
-that must appear, or the error `unknown_data_class`. Only what a case states is checked.
+the fallback mode and rule, the data class decided for (a policy's default when the
+input has none), which rule excluded or admitted given backends, rule ids that must
+appear, or the error `unknown_data_class`. Only what a case states is checked.
 
-A rule counts as exercised when it admitted or excluded a backend, refused a request or
-rejected a label in at least one case; coverage is exercised rules over all rules.
+A rule counts as exercised when it admitted or excluded a backend, refused a request,
+rejected a label or supplied a default label in at least one case; coverage is
+exercised rules over all rules.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Expect(_Strict):
     admitted: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     rules: tuple[StrictStr, ...] = ()
     error: Literal["unknown_data_class"] | None = None
+    data_class: StrictStr | None = None  # the class decided for; `data_class: null`: none
 
     @model_validator(mode="after")
     def _says_something(self) -> Expect:
@@ -161,6 +164,8 @@ def _run(policy_set: PolicySet, case: Case) -> tuple[tuple[str, ...], frozenset[
     exercised = frozenset(t.rule for t in decision.trace)
     if decision.refusal is not None:
         exercised |= {decision.refusal.rule}
+    if decision.default_rule is not None:
+        exercised |= {decision.default_rule}
     if expect.error is not None:
         failures.append(f"expected error {expect.error}, got a decision")
     failures += _compare(expect, decision, exercised)
@@ -184,6 +189,8 @@ def _compare(expect: Expect, decision: Decision, exercised: frozenset[str]) -> l
         got_rule = None if decision.refusal is None else decision.refusal.rule
         if got_rule != expect.refusal:
             failures.append(f"refusal: expected {expect.refusal}, got {got_rule}")
+    if "data_class" in expect.model_fields_set and expect.data_class != decision.data_class:
+        failures.append(f"data_class: expected {expect.data_class}, got {decision.data_class}")
     if expect.fallback is not None and expect.fallback != decision.fallback:
         failures.append(f"fallback: expected {expect.fallback}, got {decision.fallback}")
     if expect.fallback_rule is not None and expect.fallback_rule != decision.fallback_rule:

@@ -77,6 +77,8 @@ def normalize_policy(policy: PolicyDocument) -> dict[str, Any]:
         "tenants": sorted(spec.tenants),
         **_sections(spec),
         "data_classes": {name: _sections(rules) for name, rules in spec.data_classes.items()},
+        "default_data_class": spec.default_data_class,
+        "default_data_class_by_tenant": dict(sorted(spec.default_data_class_by_tenant.items())),
     }
 
 
@@ -95,8 +97,9 @@ def _compile_policy(policy: PolicyDocument, backends: Sequence[BackendFacts]) ->
     fallbacks = {None: base.fallback} | {
         name: combine_fallback(base.fallback, scope.fallback) for name, scope in classes.items()
     }
+    defaults = _defaults(policy)
     rules = {f"{pid}/private", f"{pid}/data_classes"}.union(
-        base.rules, *(s.rules for s in classes.values())
+        base.rules, *(s.rules for s in classes.values()), (rule for _, rule in defaults.values())
     )
     # Hosted backends go in fallback.to order (the policy's, then the class's), then in
     # gateway.yaml order.
@@ -124,7 +127,22 @@ def _compile_policy(policy: PolicyDocument, backends: Sequence[BackendFacts]) ->
         admitted=admitted,
         hosted_keys=hosted_keys,
         rule_ranks={k: v for s in (base, *classes.values()) for k, v in s.rule_ranks.items()},
+        defaults=defaults,
     )
+
+
+def _defaults(policy: PolicyDocument) -> dict[str | None, tuple[str, str]]:
+    """Tenant (None: every other tenant of the policy) -> (default class, its rule id)."""
+    pid, spec = policy.metadata.id, policy.spec
+    defaults: dict[str | None, tuple[str, str]] = {}
+    if spec.default_data_class is not None:
+        defaults[None] = (spec.default_data_class, f"{pid}/default_data_class")
+    for tenant, name in spec.default_data_class_by_tenant.items():
+        defaults[tenant] = (name, f"{pid}/default_data_class_by_tenant.{tenant}")
+    for name, _rule in defaults.values():
+        if name not in spec.data_classes:  # the loader reports it with file and line
+            raise ValueError(f"policy {pid}: default data class {name!r} is not defined")
+    return defaults
 
 
 def _sections(rules: Sections) -> dict[str, Any]:

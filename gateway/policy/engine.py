@@ -1,6 +1,7 @@
 """`PolicySet`: the compiled policies as a pure, cached decision function.
 
-`decide(tenant, model, data_class)` depends on nothing but its arguments and the set,
+`decide(tenant, model, data_class)` depends on nothing but its arguments and the set
+(`data_class=None`, no label, takes the policy's `default_data_class` for the tenant),
 so its answers are cached per key. Only keys from the finite space of known tenants,
 served models and defined data classes are cached; anything else (a model no backend
 serves, a tenant with no policy) is answered afresh, so clients cannot grow the cache.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.policy.rules import EffectiveFallback, Scope
@@ -32,6 +33,12 @@ class CompiledPolicy:
     admitted: Mapping[str, TraceEntry]  # private backend id → its "admitted" entry
     hosted_keys: Mapping[str | None, Mapping[str, tuple[int, ...]]]  # label → fallback order
     rule_ranks: Mapping[str, int]
+    # Tenant (None: the policy's own) -> (the class of an unlabelled request, its rule id).
+    defaults: Mapping[str | None, tuple[str, str]] = field(default_factory=dict)
+
+    def default_for(self, tenant: str) -> tuple[str, str] | None:
+        """The data class an unlabelled request of `tenant` gets, and the rule saying so."""
+        return self.defaults.get(tenant, self.defaults.get(None))
 
 
 class PolicySet:
@@ -118,8 +125,11 @@ class PolicySet:
     def _decide(self, tenant: str, model: str, data_class: str | None) -> Decision:
         policy = self._by_tenant.get(tenant)
         if policy is None:
-            return self._default_deny(tenant, model, data_class)
+            return self._default_deny(tenant, model)
         label = None if data_class is None else data_class.strip().lower()
+        default_rule = None
+        if label is None:  # no label: the policy says what that means (default: unlabelled)
+            label, default_rule = policy.default_for(tenant) or (None, None)
         extra: Scope | None = None  # the data class's rules, checked after the policy's
         if label is not None:
             extra = policy.classes.get(label)
@@ -131,7 +141,9 @@ class PolicySet:
         if not candidates:
             rule = self.unknown_model_rule
             unknown = Refusal(rule, f"policy {rule}: no configured backend serves {model!r}")
-            return self._decision(tenant, model, label, policy, fallback, (), (), (), unknown)
+            return self._decision(
+                tenant, model, label, policy, fallback, (), (), (), unknown, default_rule
+            )
         # Every verdict below was computed when the set was compiled; this only looks up.
         base = policy.base
         base_models = base.model_entries.get(model)
@@ -164,7 +176,16 @@ class PolicySet:
             refusal = _refusal(entries, policy.rule_ranks, tenant, model, label)
         hosted_ids = tuple(bid for _key, _slot, bid in hosted)
         return self._decision(
-            tenant, model, label, policy, fallback, tuple(private), hosted_ids, entries, refusal
+            tenant,
+            model,
+            label,
+            policy,
+            fallback,
+            tuple(private),
+            hosted_ids,
+            entries,
+            refusal,
+            default_rule,
         )
 
     def _decision(
@@ -178,6 +199,7 @@ class PolicySet:
         hosted: tuple[str, ...],
         trace: tuple[TraceEntry, ...],
         refusal: Refusal | None,
+        default_rule: str | None,
     ) -> Decision:
         return Decision(
             tenant=tenant,
@@ -193,9 +215,11 @@ class PolicySet:
             policy_version=policy.version,
             policy_digest=self.digest,
             fallback_rule=fallback.rule,
+            default_rule=default_rule,
         )
 
-    def _default_deny(self, tenant: str, model: str, data_class: str | None) -> Decision:
+    def _default_deny(self, tenant: str, model: str) -> Decision:
+        """A tenant without a policy: refused whatever the label (which names no class)."""
         rule = self.default_deny_rule
         reason = f"tenant {tenant!r} has no policy: deny by default"
         trace = tuple(
@@ -204,7 +228,7 @@ class PolicySet:
         return Decision(
             tenant=tenant,
             model=model,
-            data_class=data_class,
+            data_class=None,
             private=(),
             hosted=(),
             fallback="never",

@@ -177,6 +177,7 @@ def _cross_check(
             )
             continue
         seen_ids[pid] = document
+        errors += _check_defaults(document, policy)
         for i, tenant in enumerate(policy.spec.tenants):
             path = ("spec", "tenants", i)
             if tenant in bound:
@@ -190,4 +191,30 @@ def _cross_check(
                 )
             else:
                 bound[tenant] = (pid, document, path)
+    return errors
+
+
+def _check_defaults(document: Document, policy: PolicyDocument) -> list[PolicyIssue]:
+    """A default data class must be one the policy defines, for one of its tenants."""
+    spec = policy.spec
+    defined = ", ".join(sorted(spec.data_classes)) or "none"
+    errors: list[PolicyIssue] = []
+    wanted: list[tuple[tuple[str | int, ...], str]] = []
+    if spec.default_data_class is not None:
+        wanted.append((("spec", "default_data_class"), spec.default_data_class))
+    for tenant, name in spec.default_data_class_by_tenant.items():
+        path: tuple[str | int, ...] = ("spec", "default_data_class_by_tenant", tenant)
+        wanted.append((path, name))
+        if tenant not in spec.tenants:
+            errors.append(
+                document.issue(path, f"tenant {tenant!r} is not among this policy's tenants")
+            )
+    errors += [
+        document.issue(
+            path,
+            f"default data class {name!r} is not defined in spec.data_classes (defined: {defined})",
+        )
+        for path, name in wanted
+        if name not in spec.data_classes
+    ]
     return errors

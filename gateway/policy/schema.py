@@ -160,6 +160,11 @@ class PolicySpec(_Strict):
     backends: Lists | None = None
     models: Lists | None = None
     data_classes: dict[DataClassName, Rules] = Field(default_factory=dict)
+    # The class of a request that carries no label (None: it is unlabelled), for every
+    # tenant of the policy or per tenant; each must name one of `data_classes` (the
+    # loader checks, with the file and line).
+    default_data_class: DataClassName | None = None
+    default_data_class_by_tenant: dict[TenantId, DataClassName] = Field(default_factory=dict)
 
     @field_validator("tenants")
     @classmethod

@@ -72,6 +72,8 @@ class Decision:
     `private` is in gateway.yaml order (the router orders by load); `hosted` is in
     fallback order. `saturation_threshold` is waiting requests per concurrency slot of
     the private tier above which `when_private_saturated` falls back (None otherwise).
+    `data_class` is the class decided for (normalized); when the request carried no label
+    it is the policy's default for the tenant, and `default_rule` names that default.
     """
 
     tenant: str
@@ -87,6 +89,9 @@ class Decision:
     policy_version: str
     policy_digest: str
     fallback_rule: str
+    # Set when the request carried no label and the policy gave it `data_class`: the rule
+    # that did (`<policy>/default_data_class`, or `..._by_tenant.<tenant>`).
+    default_rule: str | None = None
 
     @property
     def eligible(self) -> tuple[str, ...]:
@@ -99,6 +104,7 @@ class Decision:
             "tenant": self.tenant,
             "model": self.model,
             "data_class": self.data_class,
+            "default_rule": self.default_rule,
             "private": list(self.private),
             "hosted": list(self.hosted),
             "fallback": self.fallback,
