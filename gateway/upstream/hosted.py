@@ -174,7 +174,16 @@ class _Stream:
 class HostedClient:
     """Sends OpenAI requests for one `hosted` backend through LiteLLM."""
 
-    def __init__(self, backend: Backend, *, environ: Mapping[str, str], timeout_s: float) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        environ: Mapping[str, str],
+        timeout_s: float,
+        response_timeout_s: float | None = None,
+    ) -> None:
+        """`timeout_s` bounds each wait on the provider (LiteLLM's `timeout`);
+        `response_timeout_s` a whole (non-stream) answer, however steadily it arrives."""
         if backend.kind != "hosted":
             raise ValueError(f"backend {backend.id!r} is {backend.kind}, not hosted")
         self.backend_id = backend.id
@@ -191,6 +200,7 @@ class HostedClient:
                     "(api_key_env) is not set or empty"
                 )
         self._timeout_s = timeout_s
+        self._response_timeout_s = response_timeout_s
         self._text_client: tuple[asyncio.AbstractEventLoop, Any] | None = None
 
     def __repr__(self) -> str:
@@ -211,7 +221,9 @@ class HostedClient:
             options = self._options(provider_model)
             if endpoint == "completions":
                 options.update(self._text_completion_client(litellm, provider_model))
-            result = await call(**params, **options)
+            whole = None if params.get("stream") else self._response_timeout_s
+            async with asyncio.timeout(whole):  # a TimeoutError is classified `timeout`
+                result = await call(**params, **options)
         except Exception as exc:  # noqa: BLE001 - every LiteLLM failure becomes a HostedError
             failure = hosted_error(exc, self.provider)
         if failure is not None:
