@@ -22,6 +22,8 @@ from gateway.upstream.openai_wire import usage_of
 __all__ = ["StreamWatch"]
 
 _DONE: Final = b"data: [DONE]"  # how vLLM, SGLang and llama.cpp end a stream
+_LINE_DONE: Final = b"\n" + _DONE  # at the start of a line: never inside a JSON string
+_WIDTH: Final = len(_LINE_DONE)
 _MAX_LINE: Final = 64 * 1024
 
 
@@ -40,7 +42,14 @@ class StreamWatch:
 
     def feed(self, data: bytes) -> bytes:
         """Bytes from the backend in; the bytes to relay out (possibly fewer, or none)."""
-        if not self.strip_usage:
+        if not self.strip_usage or (
+            # whole lines, none of them a usage chunk: nothing to hold back (the usual read)
+            not self._pending
+            and not self._passing
+            and not self._drop_blank
+            and data.endswith(b"\n")
+            and b'"usage"' not in data
+        ):
             self._see_done(data)
             return data
         if self._passing:
@@ -62,10 +71,12 @@ class StreamWatch:
     def _see_done(self, data: bytes) -> None:
         if self.done:
             return
-        marker = b"\n" + _DONE  # at the start of a line: never inside a JSON string
-        width = len(marker)
-        self.done = marker in data or marker in self._edge + data[:width]
-        self._edge = data[-width:] if len(data) >= width else (self._edge + data)[-width:]
+        if _LINE_DONE in data:
+            self.done = True
+            return
+        edge = self._edge + data[:_WIDTH]  # a marker split across the previous read
+        self.done = _LINE_DONE in edge
+        self._edge = data[-_WIDTH:] if len(data) >= _WIDTH else edge[-_WIDTH:]
 
     def _lines(self, data: bytes) -> bytes:
         buffer = self._pending + data if self._pending else data
