@@ -33,6 +33,7 @@ from gateway.sim import Faults, SimApp, SimSettings, create_sim_app
 from gateway.upstream.hosted import HostedClient, HostedError, HostedResponse
 from gateway.upstream.litellm_runtime import load_litellm
 from tests.mocks.anthropic_mock import AnthropicMock
+from tests.raw_backend import Post, RawBackend
 
 T = TypeVar("T")
 
@@ -403,6 +404,43 @@ def test_hanging_provider_times_out(env: Servers, stream: bool) -> None:
         run(client, lambda: client.send("chat", chat(stream=stream), "public"))
     assert caught.value.kind == "timeout"
     assert time.monotonic() - started < 3
+
+
+def test_a_dripping_answer_times_out_at_the_response_deadline(litellm: ModuleType) -> None:
+    # Each byte well within LiteLLM's per-read timeout: only a total deadline ends it.
+    answer = orjson.dumps(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "gpt-sim",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+        }
+    )
+    body = b" " * 500 + answer  # ~14 s at one byte per 20 ms
+    written = [0]
+
+    async def drip(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % len(body))
+        for i in range(len(body)):
+            await writer.drain()
+            writer.write(body[i : i + 1])
+            written[0] += 1
+            await asyncio.sleep(0.02)  # the fault itself: a body that keeps trickling in
+        return False
+
+    raw = RawBackend(drip).start()
+    try:
+        backend = hosted_backend(f"{raw.url}/v1", "openai/gpt-sim", "SIM_OPENAI_KEY")
+        client = HostedClient(backend, environ=ENV, timeout_s=5.0, response_timeout_s=0.5)
+        with pytest.raises(HostedError) as caught:
+            run(client, lambda: client.send("chat", chat(), "public"))
+        assert caught.value.kind == "timeout"
+        assert raw.finished.wait(30)
+        assert written[0] < len(body)  # the call was cancelled mid-body
+    finally:
+        raw.stop()
 
 
 def test_stream_that_breaks_off_raises_from_chunks(env: Servers) -> None:

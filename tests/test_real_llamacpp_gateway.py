@@ -82,3 +82,36 @@ def test_gateway_reads_the_real_metrics(gateway: Gateway) -> None:
     assert detail["running"] == 0 and detail["waiting"] == 0
     text = httpx.get(f"{gateway.url}/metrics", timeout=5).text
     assert 'owngate_backend_waiting{backend="cpu-llama"} 0.0' in text
+
+
+@pytest.mark.parametrize("endpoint", ["chat/completions", "completions"])
+def test_a_stream_without_include_usage_is_charged_without_a_usage_chunk(
+    real_llamacpp: LlamaServer, start_gateway: Callable[..., Gateway], endpoint: str
+) -> None:
+    from gateway.keys import hash_api_key
+    from tests.conftest import TENANT_KEY
+
+    limits = {"tokens_per_minute": 100}
+    tenant = {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["*"]}
+    gateway = start_gateway(
+        [backend("cpu-llama", real_llamacpp.base_url, real_llamacpp.alias, kind="llamacpp")],
+        tenants=[{**tenant, "limits": limits}],
+    )
+    prompt = (
+        {"messages": [{"role": "user", "content": "Hello"}]}
+        if endpoint == "chat/completions"
+        else {"prompt": "Once upon a time"}
+    )
+    body = {"model": real_llamacpp.alias, "max_tokens": 60, "stream": True, **prompt}
+    url = f"{gateway.url}/v1/{endpoint}"
+    first = httpx.post(url, json=body, headers=gateway.headers, timeout=60)
+    assert first.status_code == 200
+    assert '"choices":[],' not in first.text.replace(" ", "")  # no usage-only chunk
+    assert "data: [DONE]" in first.text
+    # llama.cpp reported ~60+ tokens against a 100-token budget: the next one waits.
+    statuses = [first.status_code]
+    for _ in range(3):
+        statuses.append(httpx.post(url, json=body, headers=gateway.headers, timeout=60).status_code)
+        if statuses[-1] == 429:
+            break
+    assert statuses[-1] == 429 and len(statuses) <= 3

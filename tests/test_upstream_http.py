@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,9 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes:
     return head + await reader.readexactly(length)
 
 
-async def _with_backend(handler: Handler, body: Callable[[HttpPool], Awaitable[None]]) -> None:
+async def _with_backend(
+    handler: Handler, body: Callable[[HttpPool], Awaitable[None]], **pool_options: Any
+) -> None:
     handlers: list[asyncio.Task[None]] = []
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -44,6 +47,7 @@ async def _with_backend(handler: Handler, body: Callable[[HttpPool], Awaitable[N
         first_byte_timeout=2.0,
         read_timeout=2.0,
         max_connections=4,
+        **pool_options,
     )
     try:
         await body(pool)
@@ -110,6 +114,72 @@ def test_close_delimited_body_is_complete() -> None:
         assert pool.open_connections == 0  # not pooled: the backend closed it
 
     asyncio.run(_with_backend(handler, body))
+
+
+def test_bytes_after_a_complete_response_are_dropped_with_the_connection() -> None:
+    dropped = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfirst")
+        await writer.drain()
+        await asyncio.sleep(0.05)  # a separate read on the gateway's side, before it reads
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nSMUGGLED!")
+        await writer.drain()
+        with contextlib.suppress(ConnectionError):
+            await reader.read(1)  # b"" or a reset: the client dropped the connection
+        dropped.set()
+
+    async def body(pool: HttpPool) -> None:
+        response = await pool.request(b"POST", b"/", [], b"{}")
+        await dropped.wait()  # the extra bytes arrived before the body was read
+        assert await response.read() == b"first"
+        assert pool.open_connections == 0  # dropped, never pooled
+
+    asyncio.run(_with_backend(handler, body))
+
+
+def test_read_stops_at_its_limit_and_drops_the_connection() -> None:
+    written = [0]
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        piece = b"x" * 65536
+        for _ in range(1024):  # 64 MiB, if nobody stops it
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+            written[0] += len(piece)
+
+    async def body(pool: HttpPool) -> None:
+        response = await pool.request(b"POST", b"/", [], b"{}")
+        with pytest.raises(UpstreamError) as info:
+            await response.read()
+        assert info.value.kind == "too_large"
+        assert pool.open_connections == 0
+
+    asyncio.run(_with_backend(handler, body, max_body=1024 * 1024))
+    assert written[0] < 16 * 1024 * 1024  # the limit, plus what socket buffers held
+
+
+def test_read_deadline_ends_a_body_that_keeps_dripping() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n")
+        for _ in range(1000):  # each byte well within the read timeout: 20 s in all
+            writer.write(b" ")
+            await writer.drain()
+            await asyncio.sleep(0.02)
+
+    async def body(pool: HttpPool) -> None:
+        response = await pool.request(b"POST", b"/", [], b"{}")
+        with pytest.raises(UpstreamError) as info:
+            await response.read()
+        assert info.value.kind == "timeout"
+        assert info.value.detail == "the answer did not end in time"
+        assert pool.open_connections == 0
+
+    asyncio.run(_with_backend(handler, body, response_timeout=0.3))
 
 
 def test_full_pool_waits_then_reports_busy_not_a_backend_fault() -> None:

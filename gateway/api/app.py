@@ -30,7 +30,7 @@ from gateway.api.fleet import FleetMetrics
 from gateway.api.labels import excerpt
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.proxy import Proxy
-from gateway.api.recorder import Recorder, usage_of
+from gateway.api.recorder import Recorder
 from gateway.api.reload import Assembly, ConfigReloader, keep_unchanged_backends
 from gateway.assembly import build_routing
 from gateway.config.schema import GatewayConfig
@@ -121,6 +121,8 @@ class GatewayApp:
             hosted_timeout_s=config.limits.first_byte_timeout_s,
             routing=config.routing,
             state=self.state,
+            max_response_bytes=config.limits.max_response_bytes,
+            response_timeout_s=config.limits.response_timeout_s,
         )
         return Assembly(config, registry, trust, scraper, proxy)
 
@@ -542,11 +544,9 @@ def _shared_state(settings: StateSettings) -> SharedState:
 
 
 def _tokens_used(exchange: Exchange) -> int:
-    """Tokens to charge to the tenant's per-minute budget, from the answer's usage."""
-    if exchange.trail is None:
-        return 0
-    usage = usage_of(exchange.trail)
-    return 0 if usage is None else usage.total_tokens
+    """Tokens to charge to the tenant's per-minute budget: the answer's usage, or an
+    estimate when the backend reported none (`Trail.charged_tokens`)."""
+    return 0 if exchange.trail is None else exchange.trail.charged_tokens()
 
 
 def _too_large(limit: int) -> GatewayError:

@@ -1,4 +1,5 @@
-"""The request body: parsed once, and the byte-exact `model` rewrite for aliases."""
+"""The request body: parsed once, the byte-exact `model` rewrite for aliases, and the
+request for stream usage the gateway adds when it needs the counts."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import orjson
 
 from gateway.errors import ErrorCode, GatewayError
 
-__all__ = ["model_pattern", "parse_body", "rewrite_model"]
+__all__ = ["ask_for_usage", "model_pattern", "parse_body", "rewrite_model"]
+
+_INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
 
 
 def parse_body(body: bytes) -> dict[str, Any]:
@@ -62,3 +65,20 @@ def rewrite_model(
         if orjson.loads(out).get("model") == upstream_model:
             return out
     return orjson.dumps({**doc, "model": upstream_model})
+
+
+def ask_for_usage(body: bytes, doc: dict[str, Any]) -> bytes:
+    """`body` (the JSON object `doc`, but for a renamed `model`) with
+    `stream_options.include_usage` set to true.
+
+    Without a `stream_options` key in the document, the field is spliced in after the
+    opening brace and no other byte changes; otherwise (the client set other stream
+    options, or asked for no usage) the body is re-encoded with the option merged in.
+    """
+    if "stream_options" not in doc:
+        start = body.index(b"{") + 1  # the object's first byte (JSON allows whitespace)
+        return body[:start] + _INCLUDE_USAGE + body[start:]
+    current = orjson.loads(body)
+    options = current.get("stream_options")
+    merged = {**options, "include_usage": True} if isinstance(options, dict) else {}
+    return orjson.dumps({**current, "stream_options": merged or {"include_usage": True}})

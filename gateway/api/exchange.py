@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Exchange",
     "TryNext",
+    "break_stream",
     "end_stream",
     "first_chunk_seconds",
     "receipt_headers",
@@ -122,6 +123,15 @@ async def send_error_event(send: Send, error: GatewayError) -> None:
             "more_body": True,
         }
     )
+
+
+async def break_stream(send: Send, exchange: Exchange, error: GatewayError) -> None:
+    """A started stream failed: end it with `error`'s event. The request then counts as
+    failed (metrics, access log, completion record) with the event's status and code,
+    though the client's HTTP status line, sent before, said 200."""
+    exchange.status = error.status
+    exchange.upstream_error = error.code.value
+    await send_error_event(send, error)
 
 
 def watch_disconnect(receive: Receive, exchange: Exchange) -> asyncio.Task[None]:

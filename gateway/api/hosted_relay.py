@@ -15,11 +15,11 @@ from gateway.api.asgi import send_bytes
 from gateway.api.exchange import (
     Exchange,
     TryNext,
+    break_stream,
     end_stream,
     first_chunk_seconds,
     receipt_headers,
     relayed,
-    send_error_event,
     start_stream,
 )
 from gateway.api.metrics import GatewayMetrics
@@ -28,6 +28,7 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.registry import BackendState, Route
 from gateway.state import SharedState
 from gateway.upstream.hosted import HostedClient, HostedError, HostedResponse
+from gateway.upstream.http import DEFAULT_MAX_BODY
 
 __all__ = ["HostedRelay"]
 
@@ -41,8 +42,14 @@ class HostedRelay:
         backends: Iterable[BackendState] = (),
         *,
         state: SharedState,
+        max_response_bytes: int = DEFAULT_MAX_BODY,
+        response_timeout_s: float | None = None,
     ) -> None:
         self._metrics = metrics
+        # LiteLLM reads a whole answer before the gateway sees it: the limit keeps an
+        # oversized one from the client, not from this process's memory.
+        self._max_response_bytes = max_response_bytes
+        self._response_timeout_s = response_timeout_s
         self._state = state  # in-flight counts shared with other replicas (no I/O here)
         self._environ = environ
         self._timeout_s = timeout_s
@@ -56,7 +63,12 @@ class HostedRelay:
     def _client(self, backend: BackendState) -> HostedClient:
         client = self._clients.get(backend.id)
         if client is None:
-            client = HostedClient(backend.config, environ=self._environ, timeout_s=self._timeout_s)
+            client = HostedClient(
+                backend.config,
+                environ=self._environ,
+                timeout_s=self._timeout_s,
+                response_timeout_s=self._response_timeout_s,
+            )
             self._clients[backend.id] = client
         return client
 
@@ -93,6 +105,14 @@ class HostedRelay:
     ) -> None:
         if not response.is_stream:
             assert response.body is not None
+            if len(response.body) > self._max_response_bytes:
+                self._metrics.upstream_error(backend.id, "too_large")
+                exchange.upstream_error = "too_large"
+                raise GatewayError(
+                    ErrorCode.upstream_error,
+                    "the provider's answer is larger than the gateway relays "
+                    f"({self._max_response_bytes} bytes, limits.max_response_bytes)",
+                )
             exchange.status = 200
             exchange.response_started = True
             relayed(exchange, response.body, whole=True)
@@ -119,9 +139,10 @@ class HostedRelay:
             if exchange.client_gone:
                 raise asyncio.CancelledError from exc
             self._metrics.upstream_error(backend.id, exc.kind)
-            exchange.upstream_error = exc.kind
             code = ErrorCode.upstream_timeout if exc.kind == "timeout" else ErrorCode.upstream_error
-            await send_error_event(send, GatewayError(code, "the provider failed mid-stream"))
+            await break_stream(send, exchange, GatewayError(code, "the provider failed mid-stream"))
+        if response.usage is not None and exchange.trail is not None:
+            exchange.trail.reported(response.usage)  # also when the client did not ask for it
         await end_stream(send, exchange)
 
     async def close(self) -> None:

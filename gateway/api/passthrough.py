@@ -9,6 +9,12 @@ backend's `first_byte_timeout_s`, cut to what the request's failover deadline le
 A stream's response headers are held back until its first chunk arrives, so a backend
 that answers headers and then hangs can still be failed over. Each outcome feeds the
 backend's circuit breaker.
+
+What a backend sends back is bounded: a whole answer by `limits.max_response_bytes`
+(502, and the connection dropped as soon as it is passed) and `limits.response_timeout_s`
+(504), an error body by 64 KiB, a stream by `limits.stream_timeout_s` if set. A stream
+the gateway needs the usage of (a token budget, the provenance log) asks the backend for
+its usage chunk when the client did not, and keeps that chunk from the client.
 """
 
 from __future__ import annotations
@@ -21,24 +27,26 @@ from typing import Any
 import orjson
 
 from gateway.api.asgi import send_bytes
-from gateway.api.body import model_pattern, rewrite_model
+from gateway.api.body import ask_for_usage, model_pattern, rewrite_model
 from gateway.api.exchange import (
     Exchange,
     TryNext,
+    break_stream,
     end_stream,
     first_chunk_seconds,
     receipt_headers,
     relayed,
-    send_error_event,
     start_stream,
 )
 from gateway.api.metrics import GatewayMetrics
+from gateway.api.sse import StreamWatch
 from gateway.asgi import Send
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.breaker import Breaker, Pass
 from gateway.routing.registry import BackendState, Registry, Route
 from gateway.state import SharedState
 from gateway.upstream.http import UpstreamError, UpstreamResponse
+from gateway.upstream.openai_wire import include_usage
 
 __all__ = ["PrivateRelay", "sanitize_upstream_message", "translate_upstream_error"]
 
@@ -83,6 +91,10 @@ class PrivateRelay:
             raise TryNext(f"{backend.id}: circuit breaker open")
         epoch = breaker.epoch  # handed back with the outcome
         out = body if route.upstream_model == model else self._rename(doc, body, model, route)
+        # The gateway counts a stream's tokens (budget, provenance record): ask for them.
+        strip_usage = exchange.trail is not None and _streams_text(exchange, doc)
+        if strip_usage:
+            out = ask_for_usage(out, doc)
         headers = [(b"content-type", b"application/json"), (b"x-request-id", exchange.request_id)]
         if backend.auth_header is not None:
             headers.append((b"authorization", backend.auth_header))
@@ -114,7 +126,9 @@ class PrivateRelay:
                 breaker.failed(self._registry.clock(), f"HTTP {response.status}", epoch)
                 judged = True
             try:
-                broke = await self._relay(exchange, backend, response, send, first_byte_by)
+                broke = await self._relay(
+                    exchange, backend, response, send, first_byte_by, strip_usage
+                )
             except UpstreamError as exc:
                 if not judged:
                     judged = self._judge_failure(breaker, exc, clipped, epoch)
@@ -164,10 +178,13 @@ class PrivateRelay:
         response: UpstreamResponse,
         send: Send,
         first_byte_by: float,
+        strip_usage: bool,
     ) -> str | None:
         """Relay the answer; returns why a stream broke off after its first byte, if it did."""
         try:
-            return await self._relay_body(exchange, backend, response, send, first_byte_by)
+            return await self._relay_body(
+                exchange, backend, response, send, first_byte_by, strip_usage
+            )
         finally:
             response.abort()  # no-op once the exchange completed and the connection is pooled
 
@@ -178,6 +195,7 @@ class PrivateRelay:
         response: UpstreamResponse,
         send: Send,
         first_byte_by: float,
+        strip_usage: bool,
     ) -> str | None:
         status = response.status
         content_type = response.header(b"content-type") or b"application/json"
@@ -193,40 +211,78 @@ class PrivateRelay:
                 raise TryNext(f"{backend.id}: HTTP {status}", error)
             raise error
         if not content_type.startswith(_SSE):
-            data = await response.read()
+            data = await self._read_whole(exchange, backend, response)
             exchange.status = status
             exchange.response_started = True
             relayed(exchange, data, whole=True)
             headers = await receipt_headers(exchange)
             await send_bytes(send, status, data, exchange.request_id, content_type, headers)
             return None
-        chunks = response.chunks()
+        return await self._relay_stream(
+            exchange, backend, response, send, first_byte_by, StreamWatch(strip_usage=strip_usage)
+        )
+
+    async def _read_whole(
+        self, exchange: Exchange, backend: BackendState, response: UpstreamResponse
+    ) -> bytes:
+        """A whole answer, within `limits.max_response_bytes` and `response_timeout_s`."""
+        try:
+            return await response.read()
+        except UpstreamError as exc:
+            if exc.kind != "too_large":
+                raise  # timed out or broke off: the caller may try another backend
+            # Not the backend's failure (a client can ask for a huge answer), nor one that
+            # another backend would answer differently: no failover, no breaker.
+            self._failed(exchange, backend, exc.kind)
+            limit = backend.pool.max_body if backend.pool else 0
+            raise GatewayError(
+                ErrorCode.upstream_error,
+                f"the backend's answer is larger than the gateway relays ({limit} bytes, "
+                "limits.max_response_bytes)",
+            ) from exc
+
+    async def _relay_stream(
+        self,
+        exchange: Exchange,
+        backend: BackendState,
+        response: UpstreamResponse,
+        send: Send,
+        first_byte_by: float,
+        watch: StreamWatch,
+    ) -> str | None:
+        chunks = response.chunks(response.stream_deadline)
         try:  # the client sees nothing until the first chunk: until then, failover is open
             async with asyncio.timeout_at(first_byte_by):
                 first = await anext(chunks, None)
         except TimeoutError as exc:
             raise UpstreamError("timeout", "no first chunk from backend in time") from exc
         _first_byte(exchange, backend)
-        await start_stream(send, exchange, status, content_type)
+        content_type = response.header(b"content-type") or _SSE
+        await start_stream(send, exchange, response.status, content_type)
         if first is not None:
             self._metrics.observe_ttft(exchange.endpoint, backend.id, first_chunk_seconds(exchange))
-            relayed(exchange, first)
-            await send({"type": "http.response.body", "body": first, "more_body": True})
+            await _relay_chunk(send, exchange, watch.feed(first))
         broke = None
         try:
             async for data in chunks:
-                relayed(exchange, data)
-                await send({"type": "http.response.body", "body": data, "more_body": True})
+                await _relay_chunk(send, exchange, watch.feed(data))
+            await _relay_chunk(send, exchange, watch.flush())
+            if response.ended_by_close and not watch.done:
+                # No framing: the close ended the body, and before `[DONE]` the close is
+                # the backend dying, not the stream ending.
+                raise UpstreamError("closed", "the stream ended without data: [DONE]")
         except UpstreamError as exc:
             if exchange.client_gone:
                 raise asyncio.CancelledError from exc
             self._metrics.upstream_error(backend.id, exc.kind)
-            exchange.upstream_error = broke = exc.kind
+            broke = exc.kind
             error = GatewayError(
                 ErrorCode.upstream_error if exc.kind != "timeout" else ErrorCode.upstream_timeout,
                 "the backend failed in the middle of the stream",
             )
-            await send_error_event(send, error)
+            await break_stream(send, exchange, error)
+        if watch.usage is not None and exchange.trail is not None:
+            exchange.trail.reported(watch.usage)
         await end_stream(send, exchange)
         return broke
 
@@ -262,18 +318,22 @@ def _timeout_error(exc: UpstreamError) -> GatewayError | None:
 
 
 async def _read_bounded(response: UpstreamResponse) -> bytes:
-    parts: list[bytes] = []
-    size = 0
+    """An error body: its message is shown, so 64 KiB is plenty; bounded in time too."""
     try:
-        async for chunk in response.chunks():
-            parts.append(chunk)
-            size += len(chunk)
-            if size > _MAX_ERROR_BODY:
-                response.abort()
-                break
+        return await response.read(_MAX_ERROR_BODY)
     except UpstreamError:
-        pass  # the status code alone still tells the client what happened
-    return b"".join(parts)
+        return b""  # too large, slow or broken: the status code alone tells what happened
+
+
+async def _relay_chunk(send: Send, exchange: Exchange, data: bytes) -> None:
+    if data:
+        relayed(exchange, data)
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+
+
+def _streams_text(exchange: Exchange, doc: dict[str, Any]) -> bool:
+    """A chat or text completion stream whose client did not ask for usage."""
+    return exchange.stream and exchange.endpoint != "embeddings" and not include_usage(doc)
 
 
 def sanitize_upstream_message(message: str, hosts: tuple[str, ...] = ()) -> str:

@@ -38,6 +38,7 @@ from gateway.routing.saturation import SaturationQueue
 from gateway.routing.scraper import MetricsScraper
 from gateway.routing.trust import TrustPolicies
 from gateway.state import SharedState
+from gateway.upstream.http import DEFAULT_MAX_BODY
 
 __all__ = ["Proxy"]
 
@@ -56,6 +57,8 @@ class Proxy:
         hosted_timeout_s: float,
         routing: Routing,
         state: SharedState,
+        max_response_bytes: int = DEFAULT_MAX_BODY,
+        response_timeout_s: float | None = None,
     ) -> None:
         self.recorder: Recorder | None = None  # set once the provenance log is open
         self._registry = registry
@@ -78,7 +81,13 @@ class Proxy:
                 for backend_id in private:
                     self._queues_of.setdefault(backend_id, []).append(queue)
         self._hosted = HostedRelay(
-            metrics, environ, hosted_timeout_s, registry.backends.values(), state=state
+            metrics,
+            environ,
+            hosted_timeout_s,
+            registry.backends.values(),
+            state=state,
+            max_response_bytes=max_response_bytes,
+            response_timeout_s=response_timeout_s,
         )
 
     async def forward(
@@ -112,7 +121,8 @@ class Proxy:
         if self.recorder is not None:
             exchange.trail = self.recorder.start(body)
         elif tenant.limits.tokens_per_minute is not None:
-            exchange.trail = Trail(Salts.generate(), "")  # only to read the usage back
+            # only to read the usage back
+            exchange.trail = Trail(Salts.generate(), "", prompt_bytes=len(body))
         try:
             decision = self._decide(exchange, tenant, model, scope)
         except GatewayError as error:

@@ -16,6 +16,7 @@ import collections
 import functools
 import hashlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -68,20 +69,36 @@ class Trail:
     response_hash: Any = field(default_factory=hashlib.sha256)
     tail: bytes = b""
     whole: bytes | None = None
+    prompt_bytes: int = 0  # the request body's size, for the token estimate
+    sent_bytes: int = 0  # response bytes relayed to the client
     _usage: Usage | None = None
     _usage_read: bool = False
+    _reported: Usage | None = None  # usage the backend reported out of the client's sight
 
     def relayed(self, data: bytes) -> None:
         """A piece of a stream went to the client."""
         self.response_hash.update(data)
+        self.sent_bytes += len(data)
         self.tail = (self.tail + data)[-_TAIL:]
         self._usage_read = False
 
     def answered(self, data: bytes) -> None:
         """A whole (non-stream) answer went to the client."""
         self.response_hash.update(data)
+        self.sent_bytes += len(data)
         self.whole = data
         self._usage_read = False
+
+    def reported(self, counts: Mapping[str, int]) -> None:
+        """Usage the backend reported in a chunk the client did not ask for (held back)."""
+        try:
+            self._reported = Usage(
+                counts.get("prompt_tokens", 0),
+                counts.get("completion_tokens", 0),
+                counts.get("total_tokens", 0),
+            )
+        except RecordError:  # e.g. negative counts: not usage
+            self._reported = None
 
     async def sealed_receipt(self) -> bytes | None:
         """The receipt of the current dispatch once signed (None if there is none, or its
@@ -94,11 +111,25 @@ class Trail:
             return None
 
     def usage(self) -> Usage | None:
-        """Token usage of the answer seen so far (parsed once per answer)."""
+        """Token usage the backend reported for the answer seen so far (parsed once per
+        answer); never an estimate."""
+        if self._reported is not None:
+            return self._reported
         if not self._usage_read:
             self._usage = _usage(self.whole if self.whole is not None else self.tail)
             self._usage_read = True
         return self._usage
+
+    def charged_tokens(self) -> int:
+        """Tokens to charge to the tenant's budget: the reported usage; for an answer
+        without usage, an estimate that errs high: a token per 4 bytes of the request
+        body plus one per 4 bytes relayed (SSE framing included); 0 if nothing was."""
+        usage = self.usage()
+        if usage is not None:
+            return max(usage.total_tokens, usage.prompt_tokens + usage.completion_tokens)
+        if self.sent_bytes == 0:
+            return 0
+        return -(-self.prompt_bytes // 4) + -(-self.sent_bytes // 4)
 
 
 class Recorder:
@@ -137,7 +168,7 @@ class Recorder:
 
     def start(self, body: bytes) -> Trail:
         salts = Salts.generate()
-        return Trail(salts, commit("request", salts.request, body))
+        return Trail(salts, commit("request", salts.request, body), prompt_bytes=len(body))
 
     async def dispatch(
         self,
@@ -210,8 +241,9 @@ class Recorder:
                 error=error,
                 usage=trail.usage(),
                 latency_ms=round((time.perf_counter() - exchange.started_at) * 1000),
+                # What the client received, also of a stream that then broke off.
                 response_commitment=commit_digest("response", trail.salts.response, digest)
-                if status < 400
+                if status < 400 or trail.sent_bytes
                 else None,
             )
             written = self._log.append_soon(record, checked=True)
@@ -331,7 +363,8 @@ def _unavailable() -> GatewayError:
 
 
 def usage_of(trail: Trail) -> Usage | None:
-    """Token usage of the answer the trail saw (JSON body, or a stream's usage chunk)."""
+    """Token usage of the answer the trail saw (JSON body, or a stream's usage chunk,
+    relayed or held back)."""
     return trail.usage()
 
 

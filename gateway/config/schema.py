@@ -68,6 +68,15 @@ class Limits(_Strict):
     connect_timeout_s: float = Field(default=3.0, gt=0)
     first_byte_timeout_s: float = Field(default=120.0, gt=0)
     read_timeout_s: float = Field(default=120.0, gt=0)
+    max_response_bytes: int = Field(
+        default=16 * 1024 * 1024, gt=0, description="a backend's whole (non-stream) answer"
+    )
+    response_timeout_s: float = Field(
+        default=600.0, gt=0, description="a whole answer, from sending the request to its end"
+    )
+    stream_timeout_s: float | None = Field(
+        default=None, gt=0, description="a stream, from sending the request to its end"
+    )
     max_connections_per_backend: int = Field(default=256, gt=0)
     drain_timeout_s: float = Field(
         default=540.0, gt=0, description="on SIGTERM, how long open streams may finish"

@@ -179,6 +179,9 @@ def _backend_state(
             first_byte_timeout=backend.first_byte_timeout_s or limits.first_byte_timeout_s,
             read_timeout=limits.read_timeout_s,
             max_connections=limits.max_connections_per_backend,
+            max_body=limits.max_response_bytes,
+            response_timeout=limits.response_timeout_s,
+            stream_timeout=limits.stream_timeout_s,
         )
     key = backend.api_key
     if backend.api_key_env is not None and backend.is_private:

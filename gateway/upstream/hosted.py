@@ -196,7 +196,16 @@ def hosted_api_key(backend: Backend, environ: Mapping[str, str]) -> str | None:
 class HostedClient:
     """Sends OpenAI requests for one `hosted` backend through LiteLLM."""
 
-    def __init__(self, backend: Backend, *, environ: Mapping[str, str], timeout_s: float) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        environ: Mapping[str, str],
+        timeout_s: float,
+        response_timeout_s: float | None = None,
+    ) -> None:
+        """`timeout_s` bounds each wait on the provider (LiteLLM's `timeout`);
+        `response_timeout_s` a whole (non-stream) answer, however steadily it arrives."""
         if backend.kind != "hosted":
             raise ValueError(f"backend {backend.id!r} is {backend.kind}, not hosted")
         self.backend_id = backend.id
@@ -206,6 +215,7 @@ class HostedClient:
         self._api_base = backend.base_url
         self._api_key = hosted_api_key(backend, environ)
         self._timeout_s = timeout_s
+        self._response_timeout_s = response_timeout_s
         self._text_client: tuple[asyncio.AbstractEventLoop, Any] | None = None
 
     def __repr__(self) -> str:
@@ -226,7 +236,9 @@ class HostedClient:
             options = self._options(provider_model)
             if endpoint == "completions":
                 options.update(self._text_completion_client(litellm, provider_model))
-            result = await call(**params, **options)
+            whole = None if params.get("stream") else self._response_timeout_s
+            async with asyncio.timeout(whole):  # a TimeoutError is classified `timeout`
+                result = await call(**params, **options)
         except Exception as exc:  # noqa: BLE001 - every LiteLLM failure becomes a HostedError
             failure = hosted_error(exc, self.provider)
         if failure is not None:

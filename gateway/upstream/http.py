@@ -6,25 +6,35 @@ This one does exactly what pass-through needs: one request per connection at a t
 `httptools` parsing, body chunks handed over as they arrive (no buffering beyond the
 flow-control watermark), first-byte and read timeouts, and `abort()` to cancel the
 upstream work when the client goes away.
+
+A backend is trusted to serve, not to be well-behaved: `read()` stops at a byte limit
+(also when `content-length` announces more) and at a deadline (a body that drips one
+byte at a time resets the read timeout forever), dropping the connection either way; a
+byte that arrives after the response is complete is never handed to anyone, and the
+connection it came on is closed, never reused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import ssl
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from typing import Literal, cast
 from urllib.parse import urlsplit
 
 import httptools
 
-__all__ = ["HttpPool", "UpstreamError", "UpstreamResponse"]
+__all__ = ["DEFAULT_MAX_BODY", "HttpPool", "UpstreamError", "UpstreamResponse"]
 
 _HIGH_WATER = 256 * 1024
 
 # busy: this gateway already has max_connections open to the backend (not a backend fault)
-FailureKind = Literal["connect", "timeout", "closed", "protocol", "busy"]
+# too_large: the answer passed the byte limit of `read()` (the connection was dropped)
+FailureKind = Literal["connect", "timeout", "closed", "protocol", "busy", "too_large"]
+
+DEFAULT_MAX_BODY = 16 * 1024 * 1024  # `read()`'s limit unless the pool is given another
 
 
 class UpstreamError(Exception):
@@ -59,8 +69,10 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        if self.response is None:
-            self.close()  # bytes nobody asked for: the connection is no longer trustworthy
+        if self.response is None or self.response.complete:
+            # Bytes nobody asked for (after the response ended): the connection is out of
+            # step with its requests and no longer trustworthy.
+            self._out_of_step()
             return
         try:
             self.parser.feed_data(data)
@@ -75,8 +87,10 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         response = self.response
         if response is not None and not response.complete and self.close_delimited:
-            # No content-length and not chunked: the close is the end of the body.
+            # No content-length and not chunked: the close is the end of the body (or the
+            # backend died: only the content can tell, see `ended_by_close`).
             response.complete = True
+            response.ended_by_close = True
             response._keep_alive = False
             response._wake()
             return
@@ -101,18 +115,21 @@ class _Connection(asyncio.Protocol):
     # httptools callbacks
     def on_message_begin(self) -> None:
         response = self.response
-        if response is not None and response.complete:
-            # A second response to one request: the stream is out of step; never reuse it.
-            response._keep_alive = False
-            self.abort()
+        if response is None or response.complete:
+            # A second response to one request (in the same read as the first): the
+            # connection is out of step; what follows is parsed only to be dropped.
+            self._out_of_step()
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        assert self.response is not None
-        self.response.headers.append((name.lower(), value))
+        response = self.response
+        if response is None or response.complete:
+            return  # part of a message after the response: dropped
+        response.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         response = self.response
-        assert response is not None
+        if response is None or response.complete:
+            return
         status = self.parser.get_status_code()
         if 100 <= status < 200:
             if status == 101:
@@ -132,18 +149,25 @@ class _Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         response = self.response
-        assert response is not None
+        if response is None or response.complete:
+            return  # never appended to an answer that already ended
         response._push(body)
 
     def on_message_complete(self) -> None:
         response = self.response
-        assert response is not None
+        if response is None or response.complete:
+            return
         if self.interim:
             self.interim = False
             return
         response.complete = True
         response._keep_alive = self.parser.should_keep_alive()
         response._wake()
+
+    def _out_of_step(self) -> None:
+        if self.response is not None:
+            self.response._keep_alive = False
+        self.abort()
 
     def close(self) -> None:
         self.closed = True
@@ -165,6 +189,9 @@ class UpstreamResponse:
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.complete = False
+        # The body had no length and no chunked framing: it ended when the backend closed
+        # the connection, which a backend that died mid-answer does too.
+        self.ended_by_close = False
         self._keep_alive = False
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
@@ -172,6 +199,19 @@ class UpstreamResponse:
         self._waiter: asyncio.Future[None] | None = None
         self._error: UpstreamError | None = None
         self._released = False
+        self.sent_at = 0.0  # event-loop time the request went out
+
+    @property
+    def response_deadline(self) -> float | None:
+        """When a whole answer must have ended (event-loop time; None: no deadline)."""
+        timeout = self._conn.pool.response_timeout
+        return None if timeout is None else self.sent_at + timeout
+
+    @property
+    def stream_deadline(self) -> float | None:
+        """When a stream must have ended (event-loop time; None: no deadline)."""
+        timeout = self._conn.pool.stream_timeout
+        return None if timeout is None else self.sent_at + timeout
 
     def header(self, name: bytes) -> bytes | None:
         for key, value in self.headers:
@@ -219,10 +259,16 @@ class UpstreamResponse:
             self.abort()
             raise self._error
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """Yield body bytes as they arrive; raises `UpstreamError` if the body breaks off."""
+    async def chunks(self, deadline: float | None = None) -> AsyncGenerator[bytes, None]:
+        """Yield body bytes as they arrive; raises `UpstreamError` if the body breaks off,
+        or (`timeout`) if it has not ended by `deadline` (event-loop time), however
+        steadily it arrives."""
         chunks = self._chunks
+        loop = asyncio.get_running_loop()
         while True:
+            if deadline is not None and not self.complete and loop.time() >= deadline:
+                self.abort()
+                raise UpstreamError("timeout", "the answer did not end in time")
             if chunks:
                 data = b"".join(chunks) if len(chunks) > 1 else chunks[0]
                 chunks.clear()
@@ -238,14 +284,38 @@ class UpstreamResponse:
             if self._error is not None:
                 self.abort()
                 raise self._error
+            wait, what = self._read_timeout, "backend stopped sending mid-response"
+            if deadline is not None and deadline - loop.time() < wait:
+                wait, what = deadline - loop.time(), "the answer did not end in time"
             try:
-                await self._wait(self._read_timeout, "backend stopped sending mid-response")
+                await self._wait(wait, what)
             except UpstreamError:
                 self.abort()
                 raise
 
-    async def read(self) -> bytes:
-        parts = [chunk async for chunk in self.chunks()]
+    async def read(self, limit: int | None = None, *, deadline: float | None = None) -> bytes:
+        """The whole body, of at most `limit` bytes (default: the pool's `max_body`), by
+        `deadline` (event-loop time; default: `response_deadline`). Past the limit the
+        connection is dropped at once, without reading on (`UpstreamError("too_large")`),
+        also when `content-length` announces more; past the deadline, it is dropped too
+        (`UpstreamError("timeout")`)."""
+        if limit is None:
+            limit = self._conn.pool.max_body
+        if deadline is None:
+            deadline = self.response_deadline
+        announced = self.header(b"content-length")
+        if announced is not None and announced.isdigit() and int(announced) > limit:
+            self.abort()
+            raise UpstreamError("too_large", f"the backend announced more than {limit} bytes")
+        parts: list[bytes] = []
+        size = 0
+        async with contextlib.aclosing(self.chunks(deadline)) as chunks:
+            async for chunk in chunks:
+                size += len(chunk)
+                if size > limit:
+                    self.abort()
+                    raise UpstreamError("too_large", f"the answer is over {limit} bytes")
+                parts.append(chunk)
         return b"".join(parts)
 
     def release(self) -> None:
@@ -290,7 +360,13 @@ class HttpPool:
         first_byte_timeout: float,
         read_timeout: float,
         max_connections: int,
+        max_body: int = DEFAULT_MAX_BODY,
+        response_timeout: float | None = None,
+        stream_timeout: float | None = None,
     ) -> None:
+        """`max_body` bounds what `read()` takes in; `response_timeout` is how long a
+        whole answer read with `read()` may take from the request being sent;
+        `stream_timeout` the same for a stream (`UpstreamResponse.stream_deadline`)."""
         self.host = host
         self.port = port
         literal = f"[{host}]" if ":" in host else host
@@ -299,6 +375,9 @@ class HttpPool:
         self._connect_timeout = connect_timeout
         self._first_byte_timeout = first_byte_timeout
         self._read_timeout = read_timeout
+        self.max_body = max_body
+        self.response_timeout = response_timeout
+        self.stream_timeout = stream_timeout
         self._idle: collections.deque[_Connection] = collections.deque()
         self._limit = asyncio.Semaphore(max_connections)
         self._open = 0
@@ -312,6 +391,9 @@ class HttpPool:
         first_byte_timeout: float,
         read_timeout: float,
         max_connections: int,
+        max_body: int = DEFAULT_MAX_BODY,
+        response_timeout: float | None = None,
+        stream_timeout: float | None = None,
     ) -> tuple[HttpPool, bytes]:
         """A pool for an `http(s)://host[:port][/prefix]` URL, and the path prefix."""
         parts = urlsplit(base_url)
@@ -326,6 +408,9 @@ class HttpPool:
             first_byte_timeout=first_byte_timeout,
             read_timeout=read_timeout,
             max_connections=max_connections,
+            max_body=max_body,
+            response_timeout=response_timeout,
+            stream_timeout=stream_timeout,
         )
         return pool, parts.path.rstrip("/").encode()
 
@@ -353,6 +438,7 @@ class HttpPool:
             conn = await (self._acquire() if attempt == 0 else self._connect())
             response = UpstreamResponse(conn, self._read_timeout)
             conn.response = response
+            response.sent_at = asyncio.get_running_loop().time()
             assert conn.transport is not None
             conn.transport.write(head + body if len(body) < 65536 else head)
             if len(body) >= 65536:

@@ -1,0 +1,114 @@
+"""A scripted HTTP/1.1 backend on a real socket, for what uvicorn never sends.
+
+Bodies that end with the connection (no length, not chunked), bytes after a complete
+response, endless or dripping bodies: the simulator runs on uvicorn, which frames every
+response correctly, so these faults need a server that writes raw bytes. `RawBackend`
+answers `GET /health` and `GET /metrics` itself (the gateway probes them) and hands each
+POST to the test's `answer(writer, post)` coroutine, which writes what it likes and
+returns whether the connection should stay open for another request. It runs its own
+event loop in a background thread; `finished` is set each time an answer returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+__all__ = ["Answer", "Post", "RawBackend", "sse_head"]
+
+
+@dataclass(frozen=True)
+class Post:
+    connection: int  # the connection it came on, numbered from 0 in order of arrival
+    body: bytes
+
+
+Answer = Callable[[asyncio.StreamWriter, Post], Awaitable[bool]]
+
+
+def sse_head(framing: bytes = b"connection: close\r\n") -> bytes:
+    """Response headers of an SSE stream; `framing` as given (none: the close ends it)."""
+    return b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n" + framing + b"\r\n"
+
+
+class RawBackend:
+    def __init__(self, answer: Answer) -> None:
+        self._answer = answer
+        self.posts: list[Post] = []
+        self.finished = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.Server | None = None
+        self._connections = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> RawBackend:
+        self._thread.start()
+        started = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._serve, "127.0.0.1", 0), self._loop
+        )
+        self._server = started.result(timeout=10)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def stop(self) -> None:
+        async def close() -> None:
+            assert self._server is not None
+            self._server.close()
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        connection = self._connections
+        self._connections += 1
+        # A small send buffer: what the backend managed to write is close to what the
+        # gateway read (the tests bound it).
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                body = await reader.readexactly(length)
+                if head.startswith(b"GET "):
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                    await writer.drain()
+                    continue
+                post = Post(connection, body)
+                self.posts.append(post)
+                try:
+                    keep = await self._answer(writer, post)
+                finally:
+                    self.finished.set()
+                if not keep:
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass  # the gateway dropped the connection: what some tests want
+        finally:
+            self._tasks.discard(task)
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
