@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 __all__ = ["LimitedHttpProtocol", "ListenerLimits", "derived_max_connections", "http_protocol"]
 
 _FD_HEADROOM = 64  # descriptors kept for log files, Redis, the listening socket, ...
-_MAX_DERIVED_CONNECTIONS = 65_536
+_MAX_DERIVED_CONNECTIONS = 4096  # a head in progress holds up to ~max_header_bytes
 _LINGER_S = 2.0  # after a refusal: how long what the client still sends is dropped
 _LINGER_BYTES = 1 << 20  # ... and how much of it, at most
 _LOG_EVERY_S = 10.0
@@ -75,7 +75,9 @@ def derived_max_connections(open_files_limit: int) -> int:
     """The default connection cap for a process whose open-file (soft) limit is
     `open_files_limit` (negative: unlimited). A client connection may hold one backend
     connection while its request runs, so clients get half of what the headroom leaves;
-    with the common limit of 1024 that is 480."""
+    with the common limit of 1024 that is 480. At most 4096 whatever the limit (containers
+    often allow 2^20 files): each connection whose head is arriving holds up to
+    `max_header_bytes`, about 150 MB for 4096 full 32 KB heads."""
     if open_files_limit < 0:
         return _MAX_DERIVED_CONNECTIONS
     return max(1, min((open_files_limit - _FD_HEADROOM) // 2, _MAX_DERIVED_CONNECTIONS))

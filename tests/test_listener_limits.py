@@ -424,7 +424,7 @@ def test_listen_defaults_and_the_derived_connection_cap() -> None:
     assert (limits.header_timeout_s, limits.body_timeout_s) == (10.0, 60.0)
     assert limits.max_connections == 100
     assert derived_max_connections(1024) == 480
-    assert derived_max_connections(-1) == derived_max_connections(10**9) == 65_536
+    assert derived_max_connections(-1) == derived_max_connections(10**9) == 4096
     assert derived_max_connections(10) == 1
     assert ListenerLimits.from_config(Listen()).max_connections > 0
     assert http_protocol(Listen()).limits == ListenerLimits.from_config(Listen())
