@@ -139,6 +139,7 @@ def _stream_header(port: int, total: int) -> tuple[int, bytes]:
     sent = 0
     deadline = time.monotonic() + 3 * WAIT_S
     with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 18)
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nx-endless: ")
         while sent < total and time.monotonic() < deadline:
             readable, writable, _ = select.select([sock], [sock], [], 1.0)
@@ -156,7 +157,7 @@ def test_endless_header_is_cut_early_and_memory_stays_flat(
     start_sim: Callable[..., Sim], tmp_path: Path
 ) -> None:
     """`owngate serve` applies `listen.*` from gateway.yaml; a 50 MB header stream is
-    answered 431 and closed after a few hundred KB, and the server's RSS does not grow
+    answered 431 and closed after at most a few MB, and the server's RSS does not grow
     with it (uvicorn alone buffered it all: 4 such connections took 600 MB)."""
     sim = start_sim("vllm", models=("m",), zero_latency=True)
     port = _free_port()
@@ -174,7 +175,9 @@ def test_endless_header_is_cut_early_and_memory_stays_flat(
         before = _rss_bytes(gateway.proc.pid)
         for _ in range(4):
             sent, raw = _stream_header(port, 50 * 1024 * 1024)
-            assert sent < 4 * 1024 * 1024, f"the server read {sent} bytes of one header"
+            # what the server read (its limit, then 1 MiB dropped while lingering) plus what
+            # the kernel buffers on both sides hold (a few MB on loopback)
+            assert sent < 16 * 1024 * 1024, f"the server read {sent} bytes of one header"
             assert_refused(raw, 431, "headers_too_large")
         grown = _rss_bytes(gateway.proc.pid) - before
         assert grown < 32 * 1024 * 1024, f"RSS grew by {grown} bytes"
@@ -241,7 +244,8 @@ def test_stalled_body_after_an_early_answer_is_closed(
     head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n"
     raw = exchange(server, head + b"{")
     status, headers, body = parse(raw)
-    assert status == 401
+    # 401 from the app; 408 only if the deadline passed before the app answered
+    assert status in (401, 408)
     assert len(body) == int(headers["content-length"])  # and then the close, no second answer
 
 
