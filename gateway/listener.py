@@ -41,8 +41,10 @@ Cost on the hot path: timers are the loop's `call_later` handles, never tasks. A
 whose head (and body) arrive in one read arms none: the head timer is armed once per
 connection (cancelled when the first head completes) and after that only for a head
 left incomplete at the end of a read, the body timer only for a body left incomplete.
-Per request the protocol adds four attribute updates, one `len(headers)` and three
-extra Python frames (`on_message_begin`, `on_headers_complete`, `on_message_complete`).
+Per request the protocol adds a few attribute updates and comparisons, one `len(headers)`
+and three extra Python frames (`on_message_begin`, `on_headers_complete`,
+`on_message_complete`): about 0.85 us on uvicorn's ~5 us of parsing (measured without an
+app, best of 300 batches), about 1% of the gateway's CPU per proxied request.
 """
 
 from __future__ import annotations

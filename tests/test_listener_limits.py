@@ -107,9 +107,21 @@ def exchange(server: ServerThread, data: bytes) -> bytes:
 # header size and count
 
 
-def test_oversize_header_is_431_and_closed(start_listener: Callable[..., ServerThread]) -> None:
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /healthz HTTP/1.1\r\nx-big: " + b"a" * 40_000 + b"\r\n",
+        b"GET /healthz?q=" + b"a" * 40_000 + b" HTTP/1.1\r\n",
+        b"GET /healthz HTTP/1.1\r\n"
+        + b"".join(b"x-h%d: %s\r\n" % (i, b"a" * 900) for i in range(40)),
+    ],
+    ids=["one-value", "url", "many-fields"],
+)
+def test_oversize_head_is_431_and_closed(
+    start_listener: Callable[..., ServerThread], head: bytes
+) -> None:
     server = start_listener()
-    raw = exchange(server, b"GET /healthz HTTP/1.1\r\nx-big: " + b"a" * 40_000 + b"\r\n\r\n")
+    raw = exchange(server, head + b"\r\n")
     error = assert_refused(raw, 431, "headers_too_large")
     assert "32768" in error["message"]
 
