@@ -381,26 +381,37 @@ async def _echo_length(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _connection(app: Any, **listen: Any) -> tuple[asyncio.Protocol, _Wire, set[Any]]:
+    """One protocol instance on a `_Wire`, in the running loop; also the server's tasks."""
+    from uvicorn.server import ServerState
+
+    loop = asyncio.get_running_loop()
+    config = uvicorn_config(app, Listen(**listen))
+    config.load()
+    state = ServerState()
+    protocol = config.http_protocol_class(  # type: ignore[call-arg]
+        config=config, server_state=state, app_state={}, _loop=loop
+    )
+    wire = _Wire(loop)
+    wire.protocol = protocol
+    protocol.connection_made(wire)
+    return protocol, wire, state.tasks
+
+
+async def _finish(tasks: set[Any]) -> None:
+    while tasks:  # a pipelined request starts when the one before it ends
+        await asyncio.gather(*list(tasks))
+
+
 def _feed(reads: list[bytes], **listen: Any) -> bytes:
     """Feed `reads` to one protocol instance, one `data_received` each, and return
     what it wrote once the app is done."""
-    from uvicorn.server import ServerState
 
     async def run() -> bytes:
-        loop = asyncio.get_running_loop()
-        config = uvicorn_config(_echo_length, Listen(**listen))
-        config.load()
-        state = ServerState()
-        protocol = config.http_protocol_class(  # type: ignore[call-arg]
-            config=config, server_state=state, app_state={}, _loop=loop
-        )
-        wire = _Wire(loop)
-        wire.protocol = protocol
-        protocol.connection_made(wire)
+        protocol, wire, tasks = _connection(_echo_length, **listen)
         for data in reads:
             protocol.data_received(data)
-        while state.tasks:  # a pipelined request starts when the one before it ends
-            await asyncio.gather(*list(state.tasks))
+        await _finish(tasks)
         return bytes(wire.out)
 
     return asyncio.run(run())
@@ -429,6 +440,40 @@ def test_a_small_head_in_one_read_with_a_large_body_is_served() -> None:
 def test_a_large_head_in_one_read_with_its_body_is_431() -> None:
     request = b"POST / HTTP/1.1\r\nx-a: " + b"a" * 40_000 + b"\r\ncontent-length: 3\r\n\r\nabc"
     assert parse(_feed([request]))[0] == 431
+
+
+@pytest.mark.parametrize(
+    ("head_extra", "first_part"),
+    [(b"expect: 100-continue\r\n", b""), (b"", b"x" * 100_000)],
+    ids=["100-continue-not-sent", "reading-paused"],
+)
+def test_the_body_deadline_starts_over_while_the_gateway_holds_the_body(
+    head_extra: bytes, first_part: bytes
+) -> None:
+    """An app that reads late is not the client's fault: no 408 while the gateway has
+    not asked for the body (100-continue) or has paused reading (flow control)."""
+    size = len(first_part) + 100_000
+    head = b"POST / HTTP/1.1\r\n" + head_extra + b"content-length: %d\r\n\r\n" % size
+
+    async def run() -> bytes:
+        reading = asyncio.Event()
+
+        async def late_reader(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            # Past several body deadlines: they fire first (timers run in deadline order).
+            await asyncio.sleep(0.2)
+            reading.set()
+            await _echo_length(scope, receive, send)
+
+        protocol, wire, tasks = _connection(late_reader, body_timeout_s=0.04)
+        protocol.data_received(head + first_part)
+        await reading.wait()
+        protocol.data_received(b"y" * 100_000)
+        await _finish(tasks)
+        return bytes(wire.out)
+
+    out = asyncio.run(run())
+    assert b"408" not in out
+    assert out.endswith(b"\r\n\r\n%d" % size)
 
 
 # settings
