@@ -53,18 +53,29 @@ import asyncio
 import dataclasses
 import os
 import resource
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from gateway.errors import ErrorCode, error_body
+from gateway.errors import ErrorCode, GatewayError, error_body
 from gateway.logs import get_logger
 
 if TYPE_CHECKING:
     from gateway.config.schema import Listen
 
-__all__ = ["LimitedHttpProtocol", "ListenerLimits", "derived_max_connections", "http_protocol"]
+__all__ = [
+    "REFUSAL_SCOPE_KEY",
+    "LimitedHttpProtocol",
+    "ListenerLimits",
+    "derived_max_connections",
+    "http_protocol",
+]
+
+# The listener answered a request whose app already runs (its body timed out or broke
+# its framing): the app reads a disconnect, and finds here the `GatewayError` the client
+# got, so its access log and metrics say what the client saw.
+REFUSAL_SCOPE_KEY = "owngate.listener_refusal"
 
 _FD_HEADROOM = 64  # descriptors kept for log files, Redis, the listening socket, ...
 _MAX_DERIVED_CONNECTIONS = 4096  # a head in progress holds up to ~max_header_bytes
@@ -309,7 +320,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self.transport.close()
             return
         if not self._in_head:
-            # The app waits for this body: it reads a disconnect now, what it sends is dropped.
+            # The app waits for this body: it reads a disconnect now, what it sends is
+            # dropped, and the scope tells it what the client got.
+            scope = cast("dict[str, Any]", cycle.scope)
+            scope[REFUSAL_SCOPE_KEY] = GatewayError(code, message)
             cycle.disconnected = True
             cycle.message_event.set()
         self.transport.write(_answer(code, message, self.server_state.default_headers))

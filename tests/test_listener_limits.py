@@ -21,7 +21,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.api import create_app
 from gateway.config.schema import Listen
@@ -246,6 +248,38 @@ def test_stalled_body_gets_408_and_is_closed(start_listener: Callable[..., Serve
     raw = exchange(server, head + CHAT[:10])
     error = assert_refused(raw, 408, "request_timeout")
     assert "body" in error["message"]
+    # the app, which was reading that body, counts what the client got
+    assert _chat_statuses(server) == {"408": 1.0}
+
+
+def test_a_body_that_never_starts_gets_408_and_is_counted_so(
+    start_listener: Callable[..., ServerThread],
+) -> None:
+    server = start_listener(**SHORT)
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+        b"authorization: Bearer " + TENANT_KEY.encode() + b"\r\ncontent-length: 50\r\n\r\n"
+    )
+    assert_refused(exchange(server, head), 408, "request_timeout")
+    assert _chat_statuses(server) == {"408": 1.0}  # not 400 invalid_json for an empty body
+
+
+def _chat_statuses(server: ServerThread) -> dict[str, float]:
+    """`owngate_requests_total` of the chat endpoint by status, once the request that
+    ended is counted (the app counts it after the client got its answer)."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        text = httpx.get(f"{server.url}/metrics", timeout=WAIT_S).text
+        counts = {
+            sample.labels["status"]: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "owngate_requests_total" and sample.labels["endpoint"] == "chat"
+        }
+        if counts:
+            return counts
+        select.select([], [], [], 0.01)
+    raise AssertionError("the request was never counted")
 
 
 def test_stalled_body_after_an_early_answer_is_closed(
