@@ -31,6 +31,8 @@ class ErrorCode(enum.Enum):
     not_found = "not_found"
     method_not_allowed = "method_not_allowed"
     request_too_large = "request_too_large"
+    request_timeout = "request_timeout"
+    headers_too_large = "headers_too_large"
     upstream_bad_request = "upstream_bad_request"
     upstream_error = "upstream_error"
     backend_unavailable = "backend_unavailable"
@@ -64,6 +66,8 @@ _SPEC: Final[dict[ErrorCode, tuple[int, str]]] = {
     ErrorCode.not_found: (404, _INVALID),
     ErrorCode.method_not_allowed: (405, _INVALID),
     ErrorCode.request_too_large: (413, _INVALID),
+    ErrorCode.request_timeout: (408, _INVALID),
+    ErrorCode.headers_too_large: (431, _INVALID),
     ErrorCode.upstream_bad_request: (400, _INVALID),
     ErrorCode.upstream_error: (502, "api_error"),
     ErrorCode.backend_unavailable: (503, "service_unavailable"),

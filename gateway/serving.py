@@ -20,6 +20,9 @@ from typing import Any
 import uvicorn
 import uvloop
 
+from gateway.config.schema import Listen
+from gateway.listener import http_protocol
+
 __all__ = ["DrainingServer", "ServerThread", "bind_socket", "uvicorn_config"]
 
 
@@ -114,10 +117,14 @@ class DrainingServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def uvicorn_config(app: Any, **overrides: Any) -> uvicorn.Config:
-    """The uvicorn settings owngate uses everywhere: httptools, uvloop, no access log."""
+def uvicorn_config(app: Any, listen: Listen | None = None, **overrides: Any) -> uvicorn.Config:
+    """The uvicorn settings owngate uses everywhere: httptools with the connection limits
+    of `listen` (`gateway.listener`; defaults when None), uvloop, no websockets, no
+    access log."""
+    limits = listen if listen is not None else Listen()
     options: dict[str, Any] = {
-        "http": "httptools",
+        "http": http_protocol(limits),
+        "ws": "none",
         "loop": "uvloop",
         "lifespan": "on",
         "access_log": False,
@@ -125,14 +132,15 @@ def uvicorn_config(app: Any, **overrides: Any) -> uvicorn.Config:
         "server_header": False,
         "date_header": False,
         "backlog": 2048,
-        "timeout_keep_alive": 30,
+        "timeout_keep_alive": limits.keepalive_timeout_s,
     }
     options.update(overrides)
     return uvicorn.Config(app, **options)
 
 
 class ServerThread:
-    """A uvicorn server on its own event loop in a daemon thread.
+    """A uvicorn server on its own event loop in a daemon thread; `config` goes to
+    `uvicorn_config` (`listen=` sets the connection limits).
 
     >>> with ServerThread(app) as server:   # doctest: +SKIP
     ...     httpx.get(f"{server.url}/healthz")

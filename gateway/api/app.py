@@ -36,6 +36,7 @@ from gateway.assembly import build_routing
 from gateway.config.schema import GatewayConfig
 from gateway.config.schema import State as StateSettings
 from gateway.errors import ErrorCode, GatewayError
+from gateway.listener import REFUSAL_SCOPE_KEY
 from gateway.logs import get_logger
 from gateway.provenance import ProvenanceError
 from gateway.provenance.cosigning import Cosigning
@@ -393,6 +394,8 @@ class GatewayApp:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise _too_large(limit)
         message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _body_lost(scope)
         body: bytes = message.get("body", b"")
         if not message.get("more_body", False):
             if len(body) > limit:
@@ -403,7 +406,7 @@ class GatewayApp:
         while message.get("more_body", False):
             message = await receive()
             if message["type"] == "http.disconnect":
-                raise GatewayError(ErrorCode.invalid_request, "client disconnected")
+                raise _body_lost(scope)
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
@@ -553,6 +556,15 @@ def _too_large(limit: int) -> GatewayError:
     return GatewayError(
         ErrorCode.request_too_large, f"The request body exceeds the limit of {limit} bytes."
     )
+
+
+def _body_lost(scope: Scope) -> GatewayError:
+    """The body never completed: the listener answered the client (a body timeout, broken
+    framing; that answer is what the client got) or the client went away."""
+    refusal = scope.get(REFUSAL_SCOPE_KEY)
+    if isinstance(refusal, GatewayError):
+        return refusal
+    return GatewayError(ErrorCode.invalid_request, "client disconnected")
 
 
 def _new_request_id() -> bytes:

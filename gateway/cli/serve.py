@@ -117,7 +117,9 @@ def _serve(
     )
     server = DrainingServer(
         uvicorn_config(
-            app, timeout_graceful_shutdown=config.limits.drain_timeout_s + _CUT_MARGIN_S
+            app,
+            config.listen,
+            timeout_graceful_shutdown=config.limits.drain_timeout_s + _CUT_MARGIN_S,
         ),
         on_drain=app.begin_drain,
         drained=app.drained,

@@ -53,8 +53,27 @@ class _Strict(BaseModel):
 
 
 class Listen(_Strict):
+    """Where the gateway listens, and what one client connection may hold
+    (`gateway.listener`)."""
+
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+    max_header_bytes: int = Field(
+        default=32 * 1024, ge=1024, description="request line and header lines; past it 431"
+    )
+    max_headers: int = Field(default=100, gt=0, description="header fields; past it 431")
+    header_timeout_s: float = Field(
+        default=10.0, gt=0, description="a request head must be complete within this"
+    )
+    body_timeout_s: float = Field(
+        default=60.0, gt=0, description="a request body must be complete this long after its head"
+    )
+    keepalive_timeout_s: float = Field(
+        default=30.0, gt=0, description="an idle keep-alive connection is closed after this"
+    )
+    max_connections: int | None = Field(
+        default=None, gt=0, description="open client connections per process; none: derived"
+    )
 
 
 class Logging(_Strict):

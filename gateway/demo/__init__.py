@@ -77,7 +77,7 @@ def run_demo(host: str, port: int, out: TextIO = sys.stdout) -> int:
         # The simulated provider needs no key; LiteLLM wants one to be set.
         environ = {**os.environ, "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "demo")}
         app = create_app(config, environ=environ, config_dir=DEMO_DIR)
-        server = uvicorn.Server(uvicorn_config(app))
+        server = uvicorn.Server(uvicorn_config(app, config.listen))
         with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled
             server.run(sockets=[sock])
     return 0
