@@ -22,6 +22,7 @@ from structlog.testing import capture_logs
 
 from gateway.api import create_app
 from gateway.api.labels import EXCERPT_CHARS, excerpt
+from gateway.config.schema import Listen
 from gateway.provenance import LogDirectory, write_signing_key
 from gateway.serving import ServerThread
 from tests.conftest import Gateway, Sim, backend, gateway_config
@@ -66,6 +67,7 @@ def setup(start_sim: Callable[..., Sim], tmp_path: Path) -> Iterator[Build]:
         provenance: bool = False,
         header: str = "",
         tenant: str = "acme",
+        max_header_bytes: int | None = None,
     ) -> tuple[Gateway, Sim, Sim]:
         private_sim = start_sim("vllm", models=("m",), zero_latency=True)
         hosted_sim = start_sim("vllm", models=("m",), zero_latency=True)
@@ -86,7 +88,8 @@ def setup(start_sim: Callable[..., Sim], tmp_path: Path) -> Iterator[Build]:
             extra["provenance"] = PROVENANCE
         config = gateway_config(backends, **extra)
         app = create_app(config, environ={"HOSTED_KEY": "test-key"}, config_dir=tmp_path)
-        started.append(ServerThread(app).start())
+        listen = None if max_header_bytes is None else Listen(max_header_bytes=max_header_bytes)
+        started.append(ServerThread(app, listen=listen).start())
         return Gateway(app, started[-1]), private_sim, hosted_sim
 
     yield build
@@ -234,7 +237,9 @@ def _refusals(log_dir: Path, request_id: str) -> list[dict[str, Any]]:
 
 
 def test_a_huge_label_is_refused_recorded_and_never_logged(setup: Build, tmp_path: Path) -> None:
-    gateway, private, hosted_sim = setup(private_up=True, provenance=True)
+    # The listener's default 32 KiB head limit would answer 431 before the app saw it:
+    # raised here so the label itself reaches the policy.
+    gateway, private, hosted_sim = setup(provenance=True, max_header_bytes=256 * 1024)
     label = "Jane-Doe-born-1970-" * 3700  # ~70 KB, over a log entry's 64 KiB
     with capture_logs() as logs:
         response = chat(gateway, [label])
