@@ -12,7 +12,6 @@ written the request is refused with 503: no traffic flows unlogged.
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import hashlib
 import time
@@ -24,6 +23,7 @@ from typing import Any
 import orjson
 
 from gateway.api.exchange import Exchange
+from gateway.api.receipts import ReceiptStore
 from gateway.config.schema import Provenance
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
@@ -102,14 +102,10 @@ class Trail:
 
 
 class Recorder:
-    def __init__(self, log: ProvenanceLog, signer: Any, receipts_kept: int) -> None:
+    def __init__(self, log: ProvenanceLog, signer: Any, receipts: ReceiptStore) -> None:
         self._log = log
         self._signer = signer
-        self._kept = receipts_kept
-        # request id -> (tenant, receipt envelope being signed, dispatch index); bounded
-        self._receipts: collections.OrderedDict[str, tuple[str, asyncio.Future[bytes], int]] = (
-            collections.OrderedDict()
-        )
+        self.receipts = receipts  # bounded by count and bytes
         self._events = get_logger("owngate.provenance")
         # Per backend config / per policy decision: what records repeat, built once.
         self._backend_refs: dict[int, tuple[object, BackendRef]] = {}
@@ -129,7 +125,8 @@ class Recorder:
                 checkpoint_interval_ms=settings.checkpoint_interval_ms,
             ),
         )
-        return cls(log, signer, settings.receipts_kept)
+        receipts = ReceiptStore(settings.receipts_kept, settings.receipts_memory_bytes)
+        return cls(log, signer, receipts)
 
     @property
     def log(self) -> ProvenanceLog:
@@ -177,7 +174,7 @@ class Recorder:
             raise _unavailable() from exc
         sealing.add_done_callback(functools.partial(self._sealed, request_id))
         trail.dispatch, trail.receipt = entry, sealing
-        self._remember(exchange, sealing, entry.index)
+        self.receipts.remember(request_id, exchange.tenant, sealing, entry.index)
 
     def _sealed(self, request_id: str, sealing: asyncio.Future[bytes]) -> None:
         error = None if sealing.cancelled() else sealing.exception()
@@ -295,19 +292,10 @@ class Recorder:
         self._backend_refs[id(config)] = (config, ref)
         return ref
 
-    def _remember(self, exchange: Exchange, sealing: asyncio.Future[bytes], index: int) -> None:
-        receipts = self._receipts
-        receipts[exchange.request_id.decode()] = (exchange.tenant, sealing, index)
-        while len(receipts) > self._kept:
-            receipts.popitem(last=False)
-
     def receipt(self, request_id: str, tenant: str) -> tuple[asyncio.Future[bytes], int] | None:
         """The receipt of a recent request (being signed, or signed), only for the tenant
         that made it, and the index of its dispatch record."""
-        found = self._receipts.get(request_id)
-        if found is None or found[0] != tenant:
-            return None
-        return found[1], found[2]
+        return self.receipts.get(request_id, tenant)
 
     def status(self) -> dict[str, Any]:
         error, cleanup = self._log.last_error, self._log.cleanup_error
