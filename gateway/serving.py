@@ -19,8 +19,9 @@ from typing import Any
 
 import uvicorn
 import uvloop
+from uvicorn.config import STARTUP_FAILURE
 
-__all__ = ["DrainingServer", "ServerThread", "bind_socket", "uvicorn_config"]
+__all__ = ["STARTUP_FAILURE", "DrainingServer", "ServerThread", "bind_socket", "uvicorn_config"]
 
 
 def bind_socket(
