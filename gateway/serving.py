@@ -19,11 +19,12 @@ from typing import Any
 
 import uvicorn
 import uvloop
+from uvicorn.config import STARTUP_FAILURE
 
 from gateway.config.schema import Listen
 from gateway.listener import http_protocol
 
-__all__ = ["DrainingServer", "ServerThread", "bind_socket", "uvicorn_config"]
+__all__ = ["STARTUP_FAILURE", "DrainingServer", "ServerThread", "bind_socket", "uvicorn_config"]
 
 
 def bind_socket(

@@ -634,3 +634,44 @@ def test_deploy_doc_names_files_that_exist() -> None:
     assert not missing
     for command in ("kubectl apply -k deploy/k8s/overlays/prod", "owngate audit verify"):
         assert command in text
+
+
+# --- memory -----------------------------------------------------------------------------------
+
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "k": 10**3, "m": 2**20, "g": 2**30}
+# A replica with LiteLLM loaded (docs/deploy.md, "Sizing"), and room for requests in flight.
+_RESIDENT = 190 * 2**20
+_HEADROOM = 32 * 2**20
+
+
+def _bytes(quantity: str) -> int:
+    """A Kubernetes quantity (384Mi) or a compose size (384m: compose's m is MiB)."""
+    for suffix, factor in sorted(_UNITS.items(), key=lambda item: -len(item[0])):
+        if quantity.endswith(suffix):
+            return int(quantity.removesuffix(suffix)) * factor
+    return int(quantity)
+
+
+def test_memory_requests_hold_the_receipts_each_config_keeps() -> None:
+    """Receipts kept for lookup are bounded in bytes (issue 12, item 8): every shipped
+    setup's memory request holds a replica with LiteLLM, that bound, and headroom."""
+    k8s = _yaml(BASE / "gateway.yaml")["provenance"]["receipts_memory_bytes"]
+    compose = _yaml(COMPOSE_CONFIG)["provenance"]["receipts_memory_bytes"]
+    (gateway,) = _statefulset()["spec"]["template"]["spec"]["containers"]
+    dev_patch = next(
+        yaml.safe_load(p["patch"])
+        for p in _yaml(K8S / "overlays" / "dev" / "kustomization.yaml")["patches"]
+        if p["target"]["kind"] == "StatefulSet"
+    )
+    (dev,) = dev_patch["spec"]["template"]["spec"]["containers"]
+    service = _yaml(COMPOSE)["services"]["owngate"]
+    sized = {
+        "base": (k8s, gateway["resources"]["requests"]["memory"]),
+        "dev": (k8s, dev["resources"]["requests"]["memory"]),
+        "compose": (compose, service["mem_reservation"]),
+    }
+    for name, (receipts, request) in sized.items():
+        assert _RESIDENT + receipts + _HEADROOM <= _bytes(request), name
+    limits = (gateway["resources"]["limits"]["memory"], dev["resources"]["limits"]["memory"])
+    assert all(_bytes(limit) >= 2 * (_RESIDENT + k8s) for limit in limits)
+    assert _bytes(service["mem_limit"]) >= 2 * (_RESIDENT + compose)

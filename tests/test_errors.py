@@ -136,9 +136,10 @@ def test_hanging_backend_is_504(
 def test_backend_dying_before_answering_is_503(
     start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
 ) -> None:
+    # Dispatched and failed: the backend is unavailable; the policy refused nothing.
     sim = start_sim(zero_latency=True, faults=Faults(die_mid_stream_rate=1.0))
     gateway = start_gateway([backend("gpu", sim.url, "sim-model")])
-    assert_error(post(gateway, CHAT), 503, "no_compliant_backend")
+    assert_error(post(gateway, CHAT), 503, "backend_unavailable")
 
 
 def test_stream_dying_midway_ends_with_an_error_event(

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -640,3 +641,70 @@ def test_a_cancelled_close_still_signs_and_releases_and_a_second_close_waits(
         await log.close()
 
     asyncio.run(reopen())
+
+
+async def _until_async(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait on the log's own state (bounded), never on a sleep being long enough."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+def test_records_nobody_waits_on_are_written_once_the_disk_takes_writes_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 12, item 14: a completion whose write failed was lost (only logged), leaving
+    # its dispatch open in the log for good although the disk came back moments later.
+    disk = _SyncFails()
+    monkeypatch.setattr(gateway.provenance.wal, "os", disk)
+
+    async def scenario() -> None:
+        log = await _open(tmp_path, group_commit_ms=0, deferred_flush_ms=0, probe_interval_ms=10)
+        await log.append(_refusal(0), checked=True)
+        disk.failing = True
+        soon = log.append_soon(_refusal(1), checked=True)
+        await _until_async(lambda: log.last_error is not None)  # its write was refused
+        assert not soon.done()  # kept, not failed
+        with pytest.raises(LogUnavailableError):  # awaited appends still fail at once
+            await log.append(_refusal(2), checked=True)
+        disk.failing = False  # the disk is back: the next probe writes it
+        entry = await asyncio.wait_for(soon, 10)
+        assert (entry.index, log.size, log.last_error) == (1, 2, None)
+        await log.close()
+
+    asyncio.run(scenario())
+    summary = verify_log(tmp_path, [_signer().verifier()])
+    assert summary.size == 2
+    records = [r.request_id for _, r in LogDirectory(tmp_path).records(summary.size)]
+    assert records == ["req-0", "req-1"]  # nothing of the refused awaited append
+
+
+def test_records_kept_after_a_failed_write_are_bounded_and_fail_at_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = _SyncFails()
+    monkeypatch.setattr(gateway.provenance.wal, "os", disk)
+
+    async def scenario() -> None:
+        log = await _open(
+            tmp_path,
+            group_commit_ms=0,
+            deferred_flush_ms=0,
+            probe_interval_ms=60_000,
+            max_retained=2,
+        )
+        disk.failing = True
+        kept = [log.append_soon(_refusal(n), checked=True) for n in range(3)]
+        await asyncio.sleep(0)  # queued before the committer's round
+        # One failed batch of three, with room to keep two: the oldest fails at once.
+        await _until_async(kept[0].done)
+        assert isinstance(kept[0].exception(), LogUnavailableError)
+        assert not kept[1].done() and not kept[2].done()
+        await log.close()  # their last try: the disk still refuses them
+        for future in kept[1:]:
+            assert isinstance(future.exception(), LogUnavailableError)
+        disk.failing = False
+
+    asyncio.run(scenario())
+    assert verify_log(tmp_path, [_signer().verifier()]).size == 0

@@ -95,6 +95,8 @@ class GatewayApp:
         self.reloader: ConfigReloader | None = None  # set by `owngate serve` (a config file)
         self.fleet: FleetMetrics | None = None  # set by `serve --workers`: /metrics sums them
         self.cosigning: Cosigning | None = None  # witnesses asked to cosign checkpoints
+        # Why the lifespan shutdown failed (the final checkpoint), for `owngate serve`'s exit.
+        self.shutdown_error: str | None = None
         self._log = get_logger("owngate.access")
         self._routes: dict[str, Handler] = {
             "/healthz": self._healthz,
@@ -223,11 +225,31 @@ class GatewayApp:
                     self.fleet.write(self.metrics)  # the final counts outlive this worker
                 await self.proxy.close()
                 await self.registry.close()
-                if self.proxy.recorder is not None:
-                    await self.proxy.recorder.close()  # signs a final checkpoint
-                await self.state.close()
-                await send({"type": "lifespan.shutdown.complete"})
+                try:
+                    await self._close_log()
+                finally:
+                    await self.state.close()  # whatever became of the log
+                if self.shutdown_error is not None:
+                    await send({"type": "lifespan.shutdown.failed", "message": self.shutdown_error})
+                else:
+                    await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    async def _close_log(self) -> None:
+        """Write what is queued and sign a final checkpoint. If that fails (a full disk),
+        the failure is logged and kept in `shutdown_error` (`owngate serve` then exits 4):
+        the entries since the last checkpoint stay in the write-ahead segment, and the next
+        start recovers and signs them once the disk takes writes."""
+        recorder = self.proxy.recorder
+        if recorder is None:
+            return
+        try:
+            await recorder.close()
+        except (OSError, ProvenanceError) as exc:
+            self.shutdown_error = f"provenance log: the final checkpoint was not signed: {exc}"
+            get_logger("owngate").error(
+                "final checkpoint not signed", reason=type(exc).__name__, detail=str(exc)
+            )
 
     # the OpenAI surface
 

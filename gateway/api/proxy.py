@@ -27,6 +27,7 @@ from gateway.api.labels import UNKNOWN, InvalidLabel, excerpt, label_refused, re
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.passthrough import PrivateRelay
 from gateway.api.recorder import Recorder, Trail
+from gateway.api.refusal import Refused
 from gateway.asgi import Receive, Scope, Send
 from gateway.config.schema import Routing
 from gateway.errors import ErrorCode, GatewayError
@@ -125,8 +126,8 @@ class Proxy:
             exchange.trail = Trail(Salts.generate(), "", prompt_bytes=len(body))
         try:
             decision = self._decide(exchange, tenant, model, scope)
-        except GatewayError as error:
-            await self._refused(exchange, None, error, body)
+        except Refused as refused:
+            await self._refused(exchange, refused)
             raise
         exchange.decision = decision
         private = [r for r in routes if r.backend.id in decision.private]
@@ -142,9 +143,8 @@ class Proxy:
             await self._dispatch(
                 exchange, decision, private, hosted, doc, body, upstream_path, send
             )
-        except GatewayError as error:
-            if error.code is ErrorCode.no_compliant_backend:
-                await self._refused(exchange, decision, error, body)
+        except Refused as refused:  # nothing was dispatched (`_dispatch` says so)
+            await self._refused(exchange, refused)
             raise
         except asyncio.CancelledError:
             current = asyncio.current_task()
@@ -162,15 +162,32 @@ class Proxy:
         exchange.policy = f"{policy.id}@{policy.version}"
         exchange.policy_digest = policy.digest
         exchange.data_class = UNKNOWN  # until the label proves to be a declared class
+        invalid: InvalidLabel | None = None
         try:
             label = read_label(scope, policy.data_class_header.encode())
+        except InvalidLabel as exc:
+            # Empty, blank or disagreeing copies: the engine refuses an empty label with
+            # its decision (or denies a tenant without a policy), so the refusal record
+            # has a trace; the client is told what was wrong with the header.
+            invalid, label = exc, ""
+        try:
             decision = policy.decide(tenant.id, model, label)
-        except (InvalidLabel, UnknownDataClass) as exc:
-            raise label_refused(policy, tenant.id, exc) from exc
+        except UnknownDataClass as exc:
+            error = label_refused(policy, tenant.id, invalid or exc)
+            raise Refused(
+                error.code, error.message, exc.decision, exc.rule, param=error.param
+            ) from exc
+        if invalid is not None and decision.refusal is None:  # "" names no class: never
+            error = label_refused(policy, tenant.id, invalid)
+            rule = f"{decision.policy_id}/data_classes"
+            raise Refused(error.code, error.message, decision, rule, param=error.param)
         exchange.data_class = decision.data_class
         exchange.data_class_defaulted = decision.default_rule is not None
         if decision.refusal is not None:
-            raise GatewayError(ErrorCode.policy_denied, decision.refusal.message, param="model")
+            refusal = decision.refusal
+            raise Refused(
+                ErrorCode.policy_denied, refusal.message, decision, refusal.rule, param="model"
+            )
         return decision
 
     async def _dispatch(
@@ -187,7 +204,7 @@ class Proxy:
         model = doc["model"]
         deadline = exchange.started_at + self._failover.deadline_s
         up = [r for r in private if not self._registry.is_down(r.backend)]
-        failures = [_why_down(r.backend) for r in private if r not in up]
+        failures = _Failures([_why_down(r.backend) for r in private if r not in up])
         fallback_allowed = decision.fallback != "never" and bool(hosted)
         saturated = (
             decision.fallback == "when_private_saturated"
@@ -201,10 +218,9 @@ class Proxy:
             exchange.fallback = None
         elif up and not (fallback_allowed and decision.fallback == "when_private_saturated"):
             up = await self._queue_if_saturated(model, up, exchange.prefix)
-        last_error: GatewayError | None = None
         for route in up[: self._failover.max_attempts]:
             if time.perf_counter() >= deadline:
-                failures.append("failover deadline passed")
+                failures.reasons.append("failover deadline passed")
                 break
             # The part of the prompt the backend's prefix cache should hold is no prefill.
             holds = self._picker.holds(exchange.prefix, route.backend.id)
@@ -220,8 +236,7 @@ class Proxy:
                 self._picker.served(exchange.prefix, route.backend.id)
                 return
             except TryNext as exc:
-                failures.append(exc.reason)
-                last_error = exc.error
+                failures.attempt_failed(exc)
             finally:
                 for queue in self._queues_of.get(route.backend.id, ()):
                     queue.release()
@@ -229,9 +244,11 @@ class Proxy:
             exchange.fallback = "private_unavailable"
             if await self._try_hosted(exchange, hosted, doc, send, failures):
                 return
-        if last_error is not None and not fallback_allowed:
-            raise last_error  # what the backend said, translated: clearer than "none served"
-        raise _nothing_served(decision, model, private, hosted, failures)
+        if failures.last is not None:
+            # Dispatched and failed: what the last attempt came to (its completion record
+            # says the same), never a refusal.
+            raise _attempt_error(failures.last, model, failures.reasons)
+        raise _nothing_served(decision, model, private, hosted, failures.reasons)
 
     async def _try_hosted(
         self,
@@ -239,7 +256,7 @@ class Proxy:
         hosted: list[Route],
         doc: dict[str, Any],
         send: Send,
-        failures: list[str],
+        failures: _Failures,
     ) -> bool:
         for route in hosted[:_MAX_ATTEMPTS]:
             try:
@@ -252,7 +269,7 @@ class Proxy:
                 )
                 return True
             except TryNext as exc:
-                failures.append(exc.reason)
+                failures.attempt_failed(exc)
         return False
 
     async def _recorded(
@@ -262,7 +279,11 @@ class Proxy:
         attempt: Callable[[], Awaitable[None]],
     ) -> None:
         """One attempt, bracketed by its provenance records: the dispatch record is
-        durable before the attempt sends anything, the completion record follows it."""
+        durable before the attempt sends anything, the completion record follows it.
+
+        A failed attempt's completion says the status its failure answers the client with
+        if no other attempt serves (`_attempt_status`); so the last record of a request
+        always has the status the client got."""
         recorder, trail = self.recorder, exchange.trail
         if recorder is None or trail is None:
             await attempt()
@@ -276,7 +297,7 @@ class Proxy:
             await attempt()
             status, error = exchange.status, exchange.upstream_error
         except TryNext as exc:
-            status, error = 502, exc.reason
+            status, error = _attempt_status(exc), exc.reason
             raise
         except GatewayError as exc:
             status, error = exc.status, exc.code.value
@@ -291,16 +312,11 @@ class Proxy:
         finally:
             recorder.complete(exchange, trail, status=status, error=error)
 
-    async def _refused(
-        self, exchange: Exchange, decision: Decision | None, error: GatewayError, body: bytes
-    ) -> None:
-        refusals = (
-            ErrorCode.policy_denied,
-            ErrorCode.unknown_data_class,
-            ErrorCode.no_compliant_backend,
-        )
-        if self.recorder is not None and error.code in refusals:
-            await self.recorder.refuse(exchange, decision, error, body)
+    async def _refused(self, exchange: Exchange, refused: Refused) -> None:
+        """The refusal record (nothing was dispatched): the decision's rule and trace, and
+        the request commitment; the client gets the receipt of it."""
+        if self.recorder is not None and exchange.trail is not None:
+            await self.recorder.refuse(exchange, exchange.trail, refused)
 
     def score(self, model: str, backend: BackendState) -> float:
         """The picker's score of `backend` for `model` now (for `/admin/status`)."""
@@ -349,27 +365,57 @@ def _why_down(backend: BackendState) -> str:
     return f"{backend.id}: {backend.health_error or 'failed moments ago'}"
 
 
+class _Failures:
+    """Why the backends of one request did not serve it, and the last attempt's failure
+    (None while nothing was dispatched)."""
+
+    __slots__ = ("last", "reasons")
+
+    def __init__(self, reasons: list[str]) -> None:
+        self.reasons = reasons
+        self.last: TryNext | None = None
+
+    def attempt_failed(self, exc: TryNext) -> None:
+        self.reasons.append(exc.reason)
+        self.last = exc
+
+
+def _attempt_status(exc: TryNext) -> int:
+    """The status a failed attempt answers the client with if it is the last one."""
+    return exc.error.status if exc.error is not None else ErrorCode.backend_unavailable.status
+
+
+def _attempt_error(last: TryNext, model: str, failures: list[str]) -> GatewayError:
+    """What the client gets when every attempt failed: the last attempt's error (what the
+    backend said, translated), or 503 backend_unavailable naming every failure. Its
+    status is `_attempt_status(last)`, which the last completion record holds."""
+    if last.error is not None:
+        return last.error
+    return GatewayError(
+        ErrorCode.backend_unavailable,
+        f"no compliant backend could take the request for model `{model}` ({'; '.join(failures)})",
+    )
+
+
 def _nothing_served(
     decision: Decision, model: str, private: list[Route], hosted: list[Route], failures: list[str]
-) -> GatewayError:
+) -> Refused:
+    """Nothing was dispatched: no backend the policy admits was available, and its
+    fallback rule allows no hosted one (or none is configured)."""
     details = "; ".join(failures)
     if not private:
         state = "no eligible private backend"
     else:
         state = f"private pool unavailable: {details}" if details else "private pool unavailable"
-    if decision.fallback == "never":
-        reason = f"{state}, fallback forbidden"
-    elif not hosted:
-        reason = f"{state}, no compliant hosted backend"
-    else:
-        reason = f"{state}; hosted fallback failed" if not details else f"{state}"
-    if decision.fallback == "never" or not hosted:
-        return GatewayError(
-            ErrorCode.no_compliant_backend,
-            f"policy {decision.fallback_rule}: no compliant backend available for model "
-            f"`{model}` ({reason})",
-        )
-    return GatewayError(
-        ErrorCode.backend_unavailable,
-        f"no compliant backend could take the request for model `{model}` ({reason})",
+    reason = (
+        f"{state}, fallback forbidden"
+        if decision.fallback == "never"
+        else f"{state}, no compliant hosted backend"
+    )
+    rule = decision.fallback_rule
+    return Refused(
+        ErrorCode.no_compliant_backend,
+        f"policy {rule}: no compliant backend available for model `{model}` ({reason})",
+        decision,
+        rule,
     )

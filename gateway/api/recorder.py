@@ -3,16 +3,17 @@
 Before a request body leaves for a backend, a `dispatch` record naming that backend,
 the policy and a salted commitment to the body is made durable (group commit); after
 the answer, a `completion` record with status, usage, latency and a commitment to the
-response links back to it. A request the policy refuses gets a `refusal` record. The
-salts go only to the client, in a DSSE receipt (response header, a final SSE comment on
-streams, and `GET /v1/provenance/receipts/{id}` for a while). If the log cannot be
-written the request is refused with 503: no traffic flows unlogged.
+response links back to it. A request refused before anything was dispatched gets a
+`refusal` record instead: the refusing decision's rule and trace and the commitment to the
+body. The salts go only to the client, in a DSSE receipt naming the dispatch (or refusal)
+record (response header, a final SSE comment on streams, and
+`GET /v1/provenance/receipts/{id}` for a while). If the log cannot be written the request
+is refused with 503: no traffic flows unlogged.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import hashlib
 import time
@@ -25,6 +26,8 @@ from typing import Any
 import orjson
 
 from gateway.api.exchange import Exchange
+from gateway.api.receipts import ReceiptStore
+from gateway.api.refusal import Refused
 from gateway.config.schema import Provenance
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
@@ -133,14 +136,10 @@ class Trail:
 
 
 class Recorder:
-    def __init__(self, log: ProvenanceLog, signer: Any, receipts_kept: int) -> None:
+    def __init__(self, log: ProvenanceLog, signer: Any, receipts: ReceiptStore) -> None:
         self._log = log
         self._signer = signer
-        self._kept = receipts_kept
-        # request id -> (tenant, receipt envelope being signed, dispatch index); bounded
-        self._receipts: collections.OrderedDict[str, tuple[str, asyncio.Future[bytes], int]] = (
-            collections.OrderedDict()
-        )
+        self.receipts = receipts  # bounded by count and bytes
         self._events = get_logger("owngate.provenance")
         # Per backend config / per policy decision: what records repeat, built once.
         self._backend_refs: dict[int, tuple[object, BackendRef]] = {}
@@ -160,7 +159,8 @@ class Recorder:
                 checkpoint_interval_ms=settings.checkpoint_interval_ms,
             ),
         )
-        return cls(log, signer, settings.receipts_kept)
+        receipts = ReceiptStore(settings.receipts_kept, settings.receipts_memory_bytes)
+        return cls(log, signer, receipts)
 
     @property
     def log(self) -> ProvenanceLog:
@@ -193,8 +193,22 @@ class Recorder:
             fallback_reason=exchange.fallback,
             request_commitment=trail.request_commitment,
         )
+        entry = await self._receipted(record, exchange, trail, backend.id, decision)
+        trail.dispatch = entry
+
+    async def _receipted(
+        self,
+        record: dict[str, object],
+        exchange: Exchange,
+        trail: Trail,
+        backend_id: str,
+        decision: Decision,
+    ) -> LogEntry:
+        """Append `record` durably, then have the receipt naming it signed on the log's
+        sealing thread (`trail.receipt`, and kept for lookup)."""
+        request_id = exchange.request_id.decode()
         origin, signer, salts = self._log.origin, self._signer, trail.salts
-        backend_id, digest = backend.id, decision.policy_digest
+        digest = decision.policy_digest
 
         def seal(entry: LogEntry) -> bytes:
             receipt = Receipt(
@@ -207,8 +221,9 @@ class Recorder:
         except LogUnavailableError as exc:
             raise _unavailable() from exc
         sealing.add_done_callback(functools.partial(self._sealed, request_id))
-        trail.dispatch, trail.receipt = entry, sealing
-        self._remember(exchange, sealing, entry.index)
+        trail.receipt = sealing
+        self.receipts.remember(request_id, exchange.tenant, sealing, entry.index)
+        return entry
 
     def _sealed(self, request_id: str, sealing: asyncio.Future[bytes]) -> None:
         error = None if sealing.cancelled() else sealing.exception()
@@ -262,37 +277,24 @@ class Recorder:
             "completion record not written", request_id=request_id, reason=type(error).__name__
         )
 
-    async def refuse(
-        self, exchange: Exchange, decision: Decision | None, error: GatewayError, body: bytes
-    ) -> None:
-        policy = (
-            PolicyRef(decision.policy_id, decision.policy_version, decision.policy_digest)
-            if decision is not None
-            else PolicyRef(
-                exchange.policy.split("@")[0],
-                exchange.policy.partition("@")[2],
-                exchange.policy_digest,
-            )
-        )
-        rule = error.message.split(":", 1)[0].removeprefix("policy ") if error.message else ""
+    async def refuse(self, exchange: Exchange, trail: Trail, refused: Refused) -> None:
+        """The refusal record of a request nothing was dispatched for: the refusing
+        decision's policy, trace and rule, and the commitment to the request body. Like a
+        dispatch, it is durable before the client hears the answer, and the client gets a
+        receipt for it (`backend` empty), whose salt opens that commitment."""
+        policy, trace = self._decided(refused.decision)
         record = refusal_record(
             request_id=exchange.request_id.decode(),
             time=datetime.now(UTC),
             tenant=exchange.tenant,
             model=exchange.model,
             policy=policy,
-            trace=self._decided(decision)[1] if decision is not None else (),
-            rule=rule or error.code.value,
-            reason=error.code.value,
-            request_commitment=None,
+            trace=trace,
+            rule=refused.rule,
+            reason=refused.code.value,
+            request_commitment=trail.request_commitment,
         )
-        await self._append(record)
-
-    async def _append(self, record: dict[str, object]) -> LogEntry:
-        try:
-            return await self._log.append(record, checked=True)
-        except LogUnavailableError as exc:
-            raise _unavailable() from exc
+        await self._receipted(record, exchange, trail, "", refused.decision)
 
     def _decided(self, decision: Decision) -> tuple[PolicyRef, tuple[TraceStep, ...]]:
         """The policy reference and trace of a decision (decisions are cached: so is this)."""
@@ -327,19 +329,10 @@ class Recorder:
         self._backend_refs[id(config)] = (config, ref)
         return ref
 
-    def _remember(self, exchange: Exchange, sealing: asyncio.Future[bytes], index: int) -> None:
-        receipts = self._receipts
-        receipts[exchange.request_id.decode()] = (exchange.tenant, sealing, index)
-        while len(receipts) > self._kept:
-            receipts.popitem(last=False)
-
     def receipt(self, request_id: str, tenant: str) -> tuple[asyncio.Future[bytes], int] | None:
         """The receipt of a recent request (being signed, or signed), only for the tenant
-        that made it, and the index of its dispatch record."""
-        found = self._receipts.get(request_id)
-        if found is None or found[0] != tenant:
-            return None
-        return found[1], found[2]
+        that made it, and the index of the record it names."""
+        return self.receipts.get(request_id, tenant)
 
     def status(self) -> dict[str, Any]:
         error, cleanup = self._log.last_error, self._log.cleanup_error

@@ -305,10 +305,14 @@ def _add_receipt(verbs: Any) -> None:
 def _receipt_verify(args: argparse.Namespace) -> int:
     keys = _keys(args)
     receipt = verify_receipt(Path(args.file).read_bytes(), keys)
+    names = (
+        f"dispatch entry {receipt.index} to backend {receipt.backend}"
+        if receipt.backend
+        else f"refusal entry {receipt.index} (nothing was dispatched)"
+    )
     print(
         f"ok: receipt for request {receipt.request_id} signed by the log {receipt.log}: "
-        f"dispatch entry {receipt.index} to backend {receipt.backend}, "
-        f"policy {receipt.policy_digest}"
+        f"{names}, policy {receipt.policy_digest}"
     )
     if args.log is None:
         return 0

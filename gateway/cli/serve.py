@@ -4,6 +4,8 @@ Signals: SIGTERM or SIGINT drains (new connections refused, `/readyz` not ready,
 requests and streams get `limits.drain_timeout_s` to finish, what remains is cut with an
 error event, a final checkpoint is signed) and exits 0; SIGHUP reloads gateway.yaml and
 the trust policies. `--workers N` runs N processes sharing the port (`gateway.workers`).
+Exit codes: `_EPILOG` below (printed by `owngate serve --help`; also in README and
+docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -28,12 +30,33 @@ __all__ = ["register"]
 # would cancel it.
 _CUT_MARGIN_S = 5.0
 
+EXIT_OK = 0
+EXIT_NOT_STARTED = 1
+EXIT_USAGE = 2
+EXIT_LOG_UNAVAILABLE = 3  # uvicorn's own code for a failed lifespan startup, kept
+EXIT_FINAL_CHECKPOINT = 4
+_EPILOG = """\
+exit codes:
+  0  stopped by SIGTERM/SIGINT after draining; the final checkpoint is signed
+  1  did not start: invalid config, policies or key settings, or the port cannot be
+     bound; with --workers N, also a worker that kept dying at start or did not exit 0
+  2  usage: bad flags
+  3  did not start: the app's startup failed, i.e. the provenance log could not be
+     opened (signing key missing or invalid, directory not writable, disk full while
+     recovering, damaged log, or another process holds it)
+  4  stopped, but the final checkpoint could not be signed (e.g. a full disk): what was
+     logged since the last checkpoint is in the write-ahead segment, and the next start
+     recovers and signs it once the disk takes writes
+"""
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve",
         help="run the gateway",
         description="Run the gateway. Refuses to start (exit 1) when the config is invalid.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--config",
@@ -66,10 +89,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.workers < 1:
         print("error: --workers must be at least 1", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     config = load_or_report(args.config)
     if config is None:
-        return 1
+        return EXIT_NOT_STARTED
     configure_logging(config.logging.format, config.logging.level)
     host = args.host or config.listen.host
     port = args.port if args.port >= 0 else config.listen.port
@@ -86,7 +109,7 @@ def _serve(
     from gateway.api.fleet import FleetMetrics
     from gateway.api.reload import ConfigReloader
     from gateway.assembly import AssemblyError
-    from gateway.serving import DrainingServer, bind_socket, uvicorn_config
+    from gateway.serving import STARTUP_FAILURE, DrainingServer, bind_socket, uvicorn_config
     from gateway.workers import for_worker
 
     try:
@@ -94,10 +117,10 @@ def _serve(
     except AssemblyError as exc:  # fail closed: no valid policies or keys, no traffic
         print(f"error: not starting; {len(exc.problems)} problem(s):", file=sys.stderr)
         print("\n".join(f"  {problem}" for problem in exc.problems), file=sys.stderr)
-        return 1
+        return EXIT_NOT_STARTED
     except ValueError as exc:  # other settings only checkable at startup (shared state)
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_NOT_STARTED
     app.reloader = ConfigReloader(app, Path(path), prepare=for_worker(identity))
     app.metrics.watch_config(app.reloader)
     if identity is not None:
@@ -106,7 +129,7 @@ def _serve(
         sock = bind_socket(host, port, reuse_port=identity is not None)
     except OSError as exc:
         print(f"error: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_NOT_STARTED
     get_logger("owngate").info(
         "starting",
         host=host,
@@ -126,6 +149,17 @@ def _serve(
     )
     try:
         server.run(sockets=[sock])
+    except SystemExit as exc:
+        if exc.code != STARTUP_FAILURE:
+            raise
+        # The app refused to start (its lifespan startup failed; uvicorn logged why).
+        print("error: the gateway's startup failed (see the log above)", file=sys.stderr)
+        return EXIT_LOG_UNAVAILABLE
     finally:
         sock.close()
-    return 0 if server.started else 1
+    if not server.started:
+        return EXIT_NOT_STARTED
+    if app.shutdown_error is not None:
+        print(f"error: {app.shutdown_error}", file=sys.stderr)
+        return EXIT_FINAL_CHECKPOINT
+    return EXIT_OK

@@ -159,6 +159,11 @@ class Provenance(_Strict):
     checkpoint_every: int = Field(default=10_000, gt=0)
     checkpoint_interval_ms: float = Field(default=1000.0, gt=0)
     receipts_kept: int = Field(default=100_000, gt=0)
+    receipts_memory_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        gt=0,
+        description="memory the receipts kept for lookup may take (about 1.2 KB each)",
+    )
     previous_signing_key_files: tuple[str, ...] = Field(
         default=(),
         description="old keys that also sign every checkpoint during a key rotation",

@@ -134,8 +134,7 @@ class PolicySet:
         if label is not None:
             extra = policy.classes.get(label)
             if extra is None:
-                known = tuple(sorted(policy.classes))
-                raise UnknownDataClass(tenant, data_class or "", f"{policy.id}/data_classes", known)
+                raise self._unknown_class(tenant, model, data_class or "", policy)
         fallback = policy.fallbacks[label]
         candidates = self._by_model.get(model, ())
         if not candidates:
@@ -217,6 +216,34 @@ class PolicySet:
             fallback_rule=fallback.rule,
             default_rule=default_rule,
         )
+
+    def _unknown_class(
+        self, tenant: str, model: str, label: str, policy: CompiledPolicy
+    ) -> UnknownDataClass:
+        """The refusal of a label the tenant's policy does not define, with its decision:
+        every backend serving the model excluded by the policy's data-class rule."""
+        rule = f"{policy.id}/data_classes"
+        known = tuple(sorted(policy.classes))
+        reason = "the request's data class is not defined by the policy"
+        trace = tuple(
+            TraceEntry(b.id, "excluded", rule, reason) for b in self._by_model.get(model, ())
+        )
+        decision = Decision(
+            tenant=tenant,
+            model=model,
+            data_class=None,  # the label is not one the policy defines: it is not kept
+            private=(),
+            hosted=(),
+            fallback="never",
+            saturation_threshold=None,
+            refusal=Refusal(rule, f"policy {rule}: {reason} (tenant {tenant!r})"),
+            trace=trace,
+            policy_id=policy.id,
+            policy_version=policy.version,
+            policy_digest=self.digest,
+            fallback_rule=rule,
+        )
+        return UnknownDataClass(tenant, label, rule, known, decision)
 
     def _default_deny(self, tenant: str, model: str) -> Decision:
         """A tenant without a policy: refused whatever the label (which names no class)."""

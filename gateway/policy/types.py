@@ -153,15 +153,31 @@ class PolicyError(Exception):
 
 
 class UnknownDataClass(Exception):
-    """The request carried a data-class label its tenant's policy does not define."""
+    """The request carried a data-class label its tenant's policy does not define.
 
-    def __init__(self, tenant: str, label: str, rule: str, known: tuple[str, ...]) -> None:
+    `decision` is the refusal as data (for the gateway's refusal record): every backend
+    serving the model excluded by `rule`, nothing eligible; it carries no label."""
+
+    def __init__(
+        self,
+        tenant: str,
+        label: str,
+        rule: str,
+        known: tuple[str, ...],
+        decision: Decision,
+    ) -> None:
         self.tenant = tenant
         self.label = label
         self.rule = rule
         self.known = known
+        self.decision = decision
         defined = ", ".join(known) if known else "none"
         super().__init__(
-            f"policy {rule}: data class {label!r} is not defined for tenant {tenant!r} "
+            f"policy {rule}: data class {_bounded(label)!r} is not defined for tenant {tenant!r} "
             f"(defined: {defined}); an unknown label is refused, not ignored"
         )
+
+
+def _bounded(label: str, limit: int = 64) -> str:
+    """A client-supplied label as messages may quote it: at most `limit` characters."""
+    return label if len(label) <= limit else label[:limit] + "..."

@@ -40,6 +40,9 @@ class LogSettings:
     checkpoint_interval_ms: float = 1000.0
     # After a failed write, how often the disk is tried again while no append comes.
     probe_interval_ms: float = 1000.0
+    # Records nobody waits on (completions) that a failed write refused, kept to write
+    # once the disk takes writes again; the oldest beyond this many are dropped.
+    max_retained: int = 4096
 
     def __post_init__(self) -> None:
         if self.group_commit_ms < 0 or self.deferred_flush_ms < 0:
@@ -48,6 +51,8 @@ class LogSettings:
             raise ValueError("checkpoint_interval_ms and probe_interval_ms must be > 0")
         if self.max_batch < 1 or self.checkpoint_every < 1:
             raise ValueError("max_batch and checkpoint_every must be >= 1")
+        if self.max_retained < 0:
+            raise ValueError("max_retained must be >= 0")
 
 
 class Checkpointer:

@@ -16,7 +16,7 @@ the event loop: Ed25519 signing releases the GIL) while the request goes upstrea
 
 If the disk refuses a write, `append` raises `LogUnavailableError` (the gateway answers
 503) and nothing of that batch is logged; the next append, or a probe each
-`probe_interval_ms`, tries again.
+`probe_interval_ms`, tries again; records nobody waits on are kept meanwhile (`Outage`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from gateway.canonical import canonical_json_of_plain
 from gateway.provenance.checkpointing import Checkpointer, LogSettings
 from gateway.provenance.errors import LogUnavailableError, ProvenanceError, RecordError
 from gateway.provenance.note import Signer
+from gateway.provenance.outage import Outage
 from gateway.provenance.proofs import TlogProof
 from gateway.provenance.queued import Queued
 from gateway.provenance.records import LogEntry, validate_record
@@ -74,8 +75,7 @@ class ProvenanceLog:
         self._stopping: asyncio.Task[None] | None = None  # close() or abort(), once
         self._size = store.size
         self._checkpoints = Checkpointer(store, settings, clock, self._wakeup.set)
-        self._last_error: ProvenanceError | None = None  # of the last write
-        self._probe_at: float | None = None  # when to try the disk again after a failure
+        self._outage = Outage(settings.probe_interval_ms / 1000.0, settings.max_retained)
         self._task = self._loop.create_task(self._run(), name="provenance-log")
 
     @classmethod
@@ -122,7 +122,7 @@ class ProvenanceLog:
     @property
     def last_error(self) -> ProvenanceError | None:
         """The last write or checkpoint failure, each cleared by its kind's next success."""
-        return self._last_error or self._checkpoints.error
+        return self._outage.error or self._checkpoints.error
 
     @property
     def cleanup_error(self) -> ProvenanceError | None:
@@ -242,6 +242,7 @@ class ProvenanceLog:
         # One stop, in its own task: a cancelled caller cuts nothing short; later calls wait.
         if self._stopping is None:
             self._closing, self._aborting = True, aborting
+            self._requeue(self._outage.take())  # closing: their last try, first
             self._wakeup.set()
             self._stopping = self._loop.create_task(self._stopped(), name="provenance-stop")
         await asyncio.shield(self._stopping)
@@ -250,7 +251,7 @@ class ProvenanceLog:
         try:
             await self._task
             if not self._aborting:
-                await self.checkpoint()
+                await self.checkpoint()  # a failure (full disk) is raised, once released
         finally:
             await self._checkpoints.idle()
             await self._in_worker(self._store.close)
@@ -264,11 +265,18 @@ class ProvenanceLog:
         return await self._loop.run_in_executor(self._executor, function, *args)
 
     def _fail_queue(self, error: LogUnavailableError) -> None:
-        for queued in self._queue:
+        for queued in [*self._outage.take(), *self._queue]:
             if not queued.future.done():
                 queued.future.set_exception(error)
         self._queue.clear()
         self._waiters = 0
+
+    def _requeue(self, kept: list[Queued]) -> None:
+        """Records a failed write refused go first in the queue, due now."""
+        if kept:
+            self._queue[:0] = kept
+            self._deferred_until = self._loop.time()
+            self._wakeup.set()
 
     async def _run(self) -> None:
         try:
@@ -286,7 +294,8 @@ class ProvenanceLog:
                 timeout = self._idle_timeout()
                 if timeout is None or timeout > 0:
                     continue  # woken to plan again (a new deadline): nothing is due yet
-            if self._probe_at is not None and self._loop.time() >= self._probe_at:
+            probe_at = self._outage.probe_at
+            if probe_at is not None and self._loop.time() >= probe_at:
                 await self._probe()
             await self._gather_batch()
             if self._aborting:
@@ -301,7 +310,7 @@ class ProvenanceLog:
                 try:  # the snapshot is taken here, between two batches
                     snapshot = await self._in_worker(self._store.snapshot)
                 except ProvenanceError as exc:
-                    self._failed(exc)
+                    self._outage.failed(exc, self._loop.time())
                 else:
                     self._checkpoints.start(snapshot)
             if self._closing and not self._queue:
@@ -316,32 +325,19 @@ class ProvenanceLog:
         if self._waiters or self._closing or len(self._queue) >= self._settings.max_batch:
             return 0.0
         timeout = self._checkpoints.idle_timeout(self._size)
-        for deadline in (self._deferred_until, self._probe_at):
+        for deadline in (self._deferred_until, self._outage.probe_at):
             if deadline is not None:
                 left = max(0.0, deadline - self._loop.time())
                 timeout = left if timeout is None else min(timeout, left)
         return timeout
 
-    def _failed(self, exc: Exception) -> ProvenanceError:
-        """A write failed: report it (readiness says so; returned as appenders see it) and
-        try the disk again later, so the log becomes writable again without traffic (a
-        replica that is not ready gets none)."""
-        error = (
-            exc
-            if isinstance(exc, ProvenanceError)
-            else LogUnavailableError(f"the provenance log writer failed: {exc!r}")
-        )
-        self._last_error = error
-        self._probe_at = self._loop.time() + self._settings.probe_interval_ms / 1000.0
-        return error
-
     async def _probe(self) -> None:
         try:
             await self._in_worker(self._store.probe)
         except Exception as exc:  # noqa: BLE001 - the committer must outlive any probe
-            self._failed(exc)
+            self._outage.failed(exc, self._loop.time())
         else:
-            self._last_error = self._probe_at = None
+            self._requeue(self._outage.over())
 
     async def _gather_batch(self) -> None:
         """Wait for as many awaited appends as the last batch held, up to the group-commit
@@ -385,14 +381,16 @@ class ProvenanceLog:
         try:
             start = await self._in_worker(self._write, pairs, frames, seals)
         except Exception as exc:  # noqa: BLE001 - every waiter gets the error, none hangs
-            error = self._failed(exc)
+            error = self._outage.failed(exc, self._loop.time())
             for queued in batch:
-                if not queued.future.done():
+                if queued.awaited and not queued.future.done():
                     queued.future.set_exception(error)
+            unawaited = [queued for queued in batch if not queued.awaited]
+            self._outage.keep(unawaited, error, last_try=self._closing)
             return
         took = time.perf_counter() - began
         self._write_time = took if not self._write_time else (7 * self._write_time + took) / 8
-        self._last_error = self._probe_at = None
+        self._requeue(self._outage.over())
         self._size += len(batch)
         for index, queued in enumerate(batch, start):
             if not queued.future.done():

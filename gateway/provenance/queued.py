@@ -34,3 +34,8 @@ class Queued:
         self.awaited = awaited  # False for append_soon's records
         self.seal = seal
         self.sealed = sealed  # receives seal(entry) when there is a seal
+
+    def compact(self) -> None:
+        """Hold the entry in bytes of its own size, for a record kept a while (after a
+        failed write): the encoder's output may sit in a buffer ~10x larger."""
+        self.entry = bytes(memoryview(self.entry))

@@ -1,0 +1,159 @@
+"""The receipts kept for lookup: bounded by count and by bytes, oldest first out, and the
+bytes charged per receipt held to what a receipt really costs (measured with tracemalloc).
+
+Issue 12, item 8: a kept receipt cost ~8.3 KB (the encoder's output buffer was kept whole),
+so the default 100,000 receipts took ~0.9 GB per replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import tracemalloc
+
+import pytest
+
+from gateway.api.receipts import ReceiptStore
+from gateway.config.schema import Provenance
+from gateway.provenance import Receipt, Salts, make_receipt
+from gateway.provenance.testing import CountingRandom, seeded_signer
+
+ORIGIN = "owngate.example.com/log/replica-1"
+SIGNER = seeded_signer(ORIGIN)
+SALTS = CountingRandom()
+
+
+def _envelope(request_id: str, index: int) -> bytes:
+    """A real receipt, as the log's sealing thread makes it."""
+    receipt = Receipt(
+        request_id,
+        ORIGIN,
+        1_000_000 + index,
+        os.urandom(32),
+        "vllm-eu-1",
+        "sha256:" + "ab" * 32,
+        Salts(SALTS(32), SALTS(32)),
+    )
+    return make_receipt(receipt, SIGNER)
+
+
+def _request_id() -> str:
+    return "req_" + os.urandom(12).hex()  # as the gateway makes them
+
+
+async def _fill(store: ReceiptStore, count: int) -> list[str]:
+    """Remember `count` receipts, each signed after it was remembered (as on the request
+    path), and let their callbacks run."""
+    loop = asyncio.get_running_loop()
+    ids = []
+    for index in range(count):
+        request_id = _request_id()
+        sealing: asyncio.Future[bytes] = loop.create_future()
+        store.remember(request_id, "acme", sealing, index)
+        sealing.set_result(_envelope(request_id, index))
+        ids.append(request_id)
+        if index % 16 == 15:
+            await asyncio.sleep(0)  # the done callbacks run
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    return ids
+
+
+def test_the_oldest_receipts_go_first_past_the_count() -> None:
+    async def scenario() -> None:
+        store = ReceiptStore(max_count=3, max_bytes=10**9)
+        ids = await _fill(store, 5)
+        assert len(store) == 3
+        assert store.get(ids[0], "acme") is None and store.get(ids[1], "acme") is None
+        found = store.get(ids[4], "acme")
+        assert found is not None and found[1] == 4
+        assert (await found[0]).startswith(b'{"payload":')
+        assert store.get(ids[4], "other-tenant") is None  # only for the tenant that sent it
+
+    asyncio.run(scenario())
+
+
+def test_the_oldest_receipts_go_first_past_the_bytes() -> None:
+    async def scenario() -> None:
+        store = ReceiptStore(max_count=10**6, max_bytes=64 * 1024)
+        ids = await _fill(store, 500)
+        assert 0 < store.bytes <= store.max_bytes
+        kept = [i for i in ids if store.get(i, "acme") is not None]
+        assert kept == ids[-len(kept) :]  # the newest, in order
+        assert 40 <= len(kept) < 80  # ~1.2 KB each
+
+    asyncio.run(scenario())
+
+
+def test_a_receipt_being_signed_is_found_and_charged_a_reservation() -> None:
+    async def scenario() -> None:
+        store = ReceiptStore(max_count=10, max_bytes=10**6)
+        sealing: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        store.remember("req_1", "acme", sealing, 7)
+        pending = store.bytes
+        found = store.get("req_1", "acme")
+        assert found == (sealing, 7)
+        sealing.set_result(_envelope("req_1", 7))
+        await asyncio.sleep(0)
+        assert store.bytes < pending  # the real size replaced the reservation
+        failed: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        store.remember("req_2", "acme", failed, 8)
+        failed.set_exception(RuntimeError("signing failed"))
+        await asyncio.sleep(0)
+        kept = store.get("req_2", "acme")
+        assert kept is not None and kept[0] is failed  # lookups say it could not be signed
+
+    asyncio.run(scenario())
+
+
+def _traced_bytes() -> int:
+    gc.collect()
+    return tracemalloc.get_traced_memory()[0]
+
+
+def test_the_charge_per_receipt_is_its_measured_cost() -> None:
+    """What a kept receipt really holds (tracemalloc) is never more than it is charged,
+    and the charge is not far above it (so the byte bound is not wasted either)."""
+
+    async def scenario() -> tuple[int, int, int]:
+        store = ReceiptStore(max_count=10**6, max_bytes=10**9)
+        count = 2000
+        tracemalloc.start()
+        try:
+            before = _traced_bytes()
+            await _fill(store, count)
+            held = _traced_bytes() - before
+        finally:
+            tracemalloc.stop()
+        return held, store.bytes, count
+
+    held, charged, count = asyncio.run(scenario())
+    per_receipt, charge = held / count, charged / count
+    print(f"a kept receipt costs {per_receipt:.0f} bytes; it is charged {charge:.0f}")
+    assert per_receipt <= charge, f"a receipt holds {per_receipt:.0f} B, charged {charge:.0f}"
+    assert charge <= 1.5 * per_receipt
+    assert per_receipt < 1600  # docs/provenance.md and docs/deploy.md say ~1.2 KB
+
+
+def test_memory_held_stays_within_the_byte_bound() -> None:
+    async def scenario() -> int:
+        store = ReceiptStore(max_count=10**6, max_bytes=256 * 1024)
+        tracemalloc.start()
+        try:
+            before = _traced_bytes()
+            await _fill(store, 3000)  # ~3.6 MB of receipts through a 256 KiB store
+            return _traced_bytes() - before
+        finally:
+            tracemalloc.stop()
+
+    held = asyncio.run(scenario())
+    assert held <= 256 * 1024 * 1.1, f"{held} bytes held"
+
+
+def test_the_default_fits_the_shipped_memory_requests() -> None:
+    settings = Provenance(dir="log", origin="x/log", signing_key_file="k")
+    assert settings.receipts_memory_bytes == 64 * 1024 * 1024
+    assert settings.receipts_kept == 100_000  # still a count cap: old configs load as before
+    with pytest.raises(ValueError, match="at least one"):
+        ReceiptStore(max_count=1, max_bytes=0)
