@@ -242,6 +242,14 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._head_begun = True
         super().on_message_begin()
 
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:
+            # A chunked body's trailer fields: uvicorn would append them to the request's
+            # headers after the app has read them (a label or key "arriving" after the
+            # policy looked), and without bound. They are dropped.
+            return
+        super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
         limits = self.limits
         if len(self.headers) > limits.max_headers:

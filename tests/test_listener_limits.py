@@ -525,3 +525,33 @@ def test_listen_defaults_and_the_derived_connection_cap() -> None:
     assert http_protocol(Listen()).limits == ListenerLimits.from_config(Listen())
     assert ErrorCode.headers_too_large.status == 431
     assert ErrorCode.request_timeout.status == 408
+
+
+def test_chunked_trailers_never_join_the_request_headers() -> None:
+    """A trailer field after a chunked body must not appear among the headers the app
+    reads (uvicorn appends them to the same list: a data-class label or key could
+    'arrive' after the policy looked, and without bound)."""
+    seen: list[list[bytes]] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        more = True
+        while more:
+            message = await receive()
+            more = message.get("more_body", False)
+        seen.append([name for name, _ in scope["headers"]])
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}
+        )
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ntransfer-encoding: chunked\r\n"
+        b"trailer: x-data-class\r\nconnection: close\r\n\r\n"
+        b"2\r\n{}\r\n0\r\nx-data-class: public\r\nx-other: 1\r\n\r\n"
+    )
+    with ServerThread(app) as server:
+        status, _, body = parse(exchange(server, request))
+    assert (status, body) == (200, b"ok")
+    assert seen and b"x-data-class" not in seen[0] and b"x-other" not in seen[0]
