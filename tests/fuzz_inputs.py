@@ -540,24 +540,42 @@ class RawRequest(_Printed):
         return f"RawRequest({short_repr(self.data, 1500)}, complete={self.complete})"
 
 
+PARTS: Final = ("method", "target", "version", "headers", "framing", "body", "order")
+
+
 @st.composite
 def raw_requests(draw: st.DrawFn, tenant: str) -> RawRequest:
-    # Each part shrinks towards its first, well-formed choice.
-    method = draw(st.sampled_from(CLEAN_METHODS + DIRTY_METHODS))
-    path = draw(
-        st.one_of(
-            st.sampled_from(CLEAN_TARGETS + DIRTY_TARGETS),
-            st.integers(1, 100_000).map(lambda n: b"/" + b"a" * n),
+    """A valid chat request of `tenant` with up to three of its parts replaced by variants
+    (well formed or not): most requests still reach routing, and every part shrinks back
+    to its valid form."""
+    changed = draw(st.sets(st.sampled_from(PARTS), max_size=3))
+    method, path, version = b"POST", b"/v1/chat/completions", b"HTTP/1.1"
+    if "method" in changed:
+        method = draw(st.sampled_from(CLEAN_METHODS + DIRTY_METHODS))
+    if "target" in changed:
+        path = draw(
+            st.one_of(
+                st.sampled_from(CLEAN_TARGETS + DIRTY_TARGETS),
+                st.integers(1, 100_000).map(lambda n: b"/" + b"a" * n),
+            )
         )
-    )
-    version = draw(st.sampled_from(CLEAN_VERSIONS + DIRTY_VERSIONS))
+    if "version" in changed:
+        version = draw(st.sampled_from(CLEAN_VERSIONS + DIRTY_VERSIONS))
     model = draw(st.sampled_from(["m", "f", "g"]))
-    body = draw(st.one_of(st.just(chat_body(model)), st.just(b""), st.binary(max_size=64)))
-    extra, extra_clean = draw(st.one_of(_clean_lines, _dirty_lines))
-    framing, payload, exact = draw(_framed(body))
+    body = chat_body(model)
+    if "body" in changed:
+        body = draw(st.one_of(st.just(b""), st.binary(max_size=64)))
+    extra, extra_clean = (
+        draw(st.one_of(_clean_lines, _dirty_lines)) if "headers" in changed else ([], True)
+    )
+    framing, payload, exact = (
+        draw(_framed(body))
+        if "framing" in changed
+        else ([b"content-length: %d" % len(body)], body, True)
+    )
     base = [b"host: 127.0.0.1", auth(tenant), b"content-type: application/json"]
     base.append(b"connection: close")
-    lines = [*framing, *base, *extra] if draw(st.booleans()) else [*base, *extra, *framing]
+    lines = [*framing, *base, *extra] if "order" in changed else [*base, *extra, *framing]
     well_formed = (
         method in CLEAN_METHODS
         and path not in DIRTY_TARGETS
