@@ -142,6 +142,17 @@ USER_CONTENT_TYPES: Final = frozenset(
     }
 )
 
+# The content part types each role may send (the API reference; for users, LiteLLM's list).
+_PART_TYPES: Final[dict[str, frozenset[str]]] = {
+    "user": USER_CONTENT_TYPES,
+    "system": frozenset({"text"}),
+    "developer": frozenset({"text"}),
+    "assistant": frozenset({"text", "refusal"}),
+    "tool": frozenset({"text"}),
+}
+# The roles whose `content` may be null (an assistant turn that only calls tools).
+_NULL_CONTENT_ROLES: Final = frozenset({"assistant", "function"})
+
 
 class InvalidField(ValueError):
     """A request field LiteLLM could not take: the wrong JSON type, or a malformed message.
@@ -181,6 +192,7 @@ def request_params(
     params = {k: v for k, v in doc.items() if k in allowed and v is not None}
     for name, value in params.items():
         _check_type(name, value, _TYPES.get(name))
+    _check_shapes(params)
     if endpoint == "chat":
         _check_messages(params.get("messages"))
     ignored = tuple(sorted(k for k in doc if k not in allowed and k not in _HANDLED))
@@ -203,10 +215,29 @@ def _check_type(param: str, value: Any, types: tuple[type, ...] | None) -> None:
         raise InvalidField(param, " or ".join(_TYPE_NAMES[t] for t in types if t in _TYPE_NAMES))
 
 
+def _check_shapes(params: dict[str, Any]) -> None:
+    """The parts of the API's object shapes LiteLLM reads without checking."""
+    stop = params.get("stop")
+    if isinstance(stop, list) and not all(isinstance(s, str) for s in stop):
+        raise InvalidField("stop", "a string or an array of strings")
+    response_format = params.get("response_format")
+    if response_format is not None and not isinstance(response_format.get("type"), str):
+        raise InvalidField("response_format.type", "a string")
+    for i, tool in enumerate(params.get("tools") or ()):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
+            raise InvalidField(where, "an object with a string `type`")
+        function = tool.get("function")
+        if tool["type"] == "function" and not (
+            isinstance(function, dict) and isinstance(function.get("name"), str)
+        ):
+            raise InvalidField(f"{where}.function", "an object with a string `name`")
+
+
 def _check_messages(messages: Any) -> None:
-    """Each message an object with a string `role`; its `content` a string, null, or an
-    array of content parts, each an object with a string `type` (for a user message, one
-    LiteLLM knows)."""
+    """Each message an object with a string `role`; its `content` a string or an array of
+    content parts, each an object with a string `type` that its role may send (for a user
+    message, one LiteLLM knows); null only for an assistant (or legacy function) message."""
     if messages is None:
         return
     for i, message in enumerate(messages):
@@ -214,17 +245,25 @@ def _check_messages(messages: Any) -> None:
         if not isinstance(message, dict):
             raise InvalidField(where, "an object")
         role = message.get("role")
-        _check_type(f"{where}.role", role, (str,))
+        if not isinstance(role, str):
+            raise InvalidField(f"{where}.role", "a string")
         content = message.get("content")
-        if content is None or isinstance(content, str):
+        if content is None and role in _NULL_CONTENT_ROLES:
+            continue
+        if isinstance(content, str):
             continue
         if not isinstance(content, list):
-            raise InvalidField(f"{where}.content", "a string, an array of content parts or null")
+            nullable = " or null" if role in _NULL_CONTENT_ROLES else ""
+            raise InvalidField(
+                f"{where}.content", f"a string or an array of content parts{nullable}"
+            )
+        known = _PART_TYPES.get(role)  # an unknown role: LiteLLM or the provider decides
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
-            if not isinstance(kind, str) or (role == "user" and kind not in USER_CONTENT_TYPES):
+            if not isinstance(kind, str) or (known is not None and kind not in known):
                 raise InvalidField(
-                    f"{where}.content[{j}]", "a content part object with a known `type`"
+                    f"{where}.content[{j}]",
+                    f"a content part object with a `type` a {role} may send",
                 )
 
 
