@@ -159,3 +159,11 @@ def test_keys_new_admin_prints_a_token_and_its_digest(capsys: pytest.CaptureFixt
     assert token.startswith("og-admin-") and len(token) > 40
     assert f"admin token digest: {hash_api_key(token)}" in err
     assert token not in err
+
+
+def test_owngate_status_says_when_the_gateway_is_not_ready() -> None:
+    from gateway.cli.status import format_table
+
+    assert "gateway:" not in format_table({"backends": [], "readiness": {"status": "ready"}})
+    draining = {"backends": [], "readiness": {"status": "not ready", "draining": True}}
+    assert format_table(draining).endswith("gateway: not ready (draining)")
