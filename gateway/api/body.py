@@ -44,8 +44,8 @@ _OPTION_KEYS: Final = ("include_usage",)
 
 
 def _spellings(name: str) -> bytes:
-    """A regex for every JSON spelling of `name` as a key: each character as itself or
-    as a `\\uXXXX` escape (the names here have no other escape), then the colon."""
+    """A regex for every JSON spelling of the string `name`: each character as itself or
+    as a `\\uXXXX` escape (the names here have no other escape)."""
     chars = b"".join(b"(?:" + re.escape(c.encode()) + b"|\\\\u" + _hex(ord(c)) + b")" for c in name)
     return b'"' + chars + b'"'
 
@@ -57,6 +57,7 @@ def _hex(code: int) -> bytes:
     )
 
 
+# The plain spellings: a body without escapes that holds each at most once has no repeat.
 _QUOTED: Final = tuple(f'"{n}"'.encode() for n in (*_TOP_KEYS, *_OPTION_KEYS))
 # Every place where a decided-on name is written as a key. A key always matches (it starts
 # at an unescaped quote), so fewer than two matches per name proves no repeat; two or
