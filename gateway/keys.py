@@ -1,4 +1,4 @@
-"""Tenant API keys: generation, hashing and the key-hash file.
+"""Tenant API keys and admin tokens: generation, hashing and the key-hash file.
 
 Keys are 32 random bytes (base64url, prefixed `og-`); only `sha256:<hex>` digests are
 stored. A fast hash is right here: the keys are random and high-entropy, so there is
@@ -17,21 +17,29 @@ from pathlib import Path
 import yaml
 
 __all__ = [
+    "ADMIN_TOKEN_PREFIX",
     "KEY_PREFIX",
     "add_key_hash",
     "hash_api_key",
     "key_hash_of",
+    "new_admin_token",
     "new_api_key",
     "read_keys_file",
     "remove_key_hash",
 ]
 
 KEY_PREFIX = "og-"
+ADMIN_TOKEN_PREFIX = "og-admin-"  # noqa: S105 - a prefix, not a secret
 _HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
 def new_api_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def new_admin_token() -> str:
+    """A token for the admin surface (`admin.token_hashes` holds its `hash_api_key`)."""
+    return ADMIN_TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
 def hash_api_key(key: str | bytes) -> str:

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from gateway.api import GatewayApp, create_app
@@ -18,6 +19,9 @@ from tests.redis_server import redis_server  # noqa: F401 - a fixture, used by n
 
 TENANT_KEY = "og-test-tenant-key-0123456789"
 OTHER_KEY = "og-test-other-tenant-key-98765"
+ADMIN_TOKEN = "og-admin-test-token-0123456789"
+ADMIN_HEADERS = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+ADMIN = {"token_hashes": [hash_api_key(ADMIN_TOKEN)]}  # the `admin` config of test gateways
 
 
 @dataclasses.dataclass
@@ -43,6 +47,20 @@ class Gateway:
     @property
     def headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self.key}"}
+
+
+def admin_status(url: str) -> dict[str, Any]:
+    """`GET /admin/status` of the gateway at `url`, with the tests' admin token."""
+    report: dict[str, Any] = httpx.get(
+        f"{url}/admin/status", headers=ADMIN_HEADERS, timeout=10
+    ).json()
+    return report
+
+
+def readiness(url: str) -> dict[str, Any]:
+    """The readiness detail (backends, policy, provenance, state...) of the gateway at `url`."""
+    detail: dict[str, Any] = admin_status(url)["readiness"]
+    return detail
 
 
 @pytest.fixture
@@ -86,6 +104,7 @@ def gateway_config(backends: list[dict[str, Any]], **extra: Any) -> GatewayConfi
             {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["*"]},
             {"id": "limited", "api_key_hashes": [hash_api_key(OTHER_KEY)], "models": []},
         ],
+        "admin": ADMIN,
     }
     data.update(extra)
     return GatewayConfig.model_validate(data)

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from gateway.keys import hash_api_key
-from tests.conftest import Sim, backend
+from tests.conftest import ADMIN, Sim, backend, readiness
 from tests.test_gateway_process import KEY, GatewayProcess, free_port
 
 NEW_KEY = "og-reload-new-tenant-key-424242"
@@ -33,6 +33,7 @@ def settings(backends: list[dict[str, Any]], port: int, **extra: Any) -> dict[st
         "logging": {"format": "json", "level": "warning", "access_log": False},
         "backends": backends,
         "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+        "admin": ADMIN,
         **extra,
     }
 
@@ -55,8 +56,7 @@ def rewrite(process: GatewayProcess, config: dict[str, Any] | str) -> None:
 
 
 def readyz(process: GatewayProcess) -> dict[str, Any]:
-    found: dict[str, Any] = httpx.get(f"{process.url}/readyz", timeout=5).json()
-    return found
+    return readiness(process.url)
 
 
 def eventually(check: Callable[[], bool], what: str, within_s: float = 15.0) -> None:

@@ -46,6 +46,7 @@ from gateway.provenance.witness_client import WitnessClient
 from gateway.provenance.witness_http import create_witness_app
 from gateway.serving import ServerThread
 from tests import test_gateway_process
+from tests.conftest import readiness
 from tests.test_gateway_process import KEY, GatewayProcess, free_port
 from tests.test_provenance_cli import run_audit
 
@@ -368,7 +369,7 @@ def _chat(gateway: GatewayProcess, count: int) -> list[int]:
 
 def _witness_state(gateway: GatewayProcess) -> tuple[int, dict[str, object]]:
     answer = httpx.get(f"{gateway.url}/readyz", timeout=5)
-    witnesses = answer.json()["witnesses"]
+    witnesses = readiness(gateway.url)["witnesses"]
     (detail,) = witnesses["witnesses"].values()
     return answer.status_code, detail
 

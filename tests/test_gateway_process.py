@@ -30,7 +30,7 @@ from gateway.provenance import (
     write_signing_key,
 )
 from gateway.serving import bind_socket
-from tests.conftest import Sim
+from tests.conftest import ADMIN, Sim, readiness
 
 KEY = "og-process-test-key-0123456789"
 POLICY = """\
@@ -106,6 +106,7 @@ def process(
                 }
             ],
             "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+            "admin": ADMIN,
             **extra,
         }
         gateway = GatewayProcess(config, tmp_path)
@@ -122,7 +123,7 @@ def test_sighup_reloads_policies(process: Callable[..., GatewayProcess], tmp_pat
     policies.mkdir()
     (policies / "p.yaml").write_text(POLICY.format(version="1"))
     gateway = process(policy={"paths": ["policies"], "reload_interval_s": 3600}).start()
-    before = httpx.get(f"{gateway.url}/readyz", timeout=5).json()["policy"]
+    before = readiness(gateway.url)["policy"]
     (policies / "p.yaml").write_text(POLICY.format(version="2"))
     assert gateway.proc is not None
     gateway.proc.send_signal(signal.SIGHUP)
@@ -130,7 +131,7 @@ def test_sighup_reloads_policies(process: Callable[..., GatewayProcess], tmp_pat
     after = before
     while after["digest"] == before["digest"] and time.monotonic() < deadline:
         time.sleep(0.05)
-        after = httpx.get(f"{gateway.url}/readyz", timeout=5).json()["policy"]
+        after = readiness(gateway.url)["policy"]
     assert after["digest"] != before["digest"]  # the file poll (an hour) did not do this
 
 

@@ -19,9 +19,11 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
+import httpx
 import orjson
 import pytest
 from openai.types import Completion, CreateEmbeddingResponse
@@ -32,6 +34,7 @@ from gateway.serving import ServerThread, bind_socket
 from gateway.sim import Faults, SimApp, SimSettings, create_sim_app
 from gateway.upstream.hosted import HostedClient, HostedError, HostedResponse
 from gateway.upstream.litellm_runtime import load_litellm
+from tests.conftest import Gateway
 from tests.mocks.anthropic_mock import AnthropicMock
 from tests.raw_backend import Post, RawBackend
 
@@ -42,10 +45,11 @@ T = TypeVar("T")
 # restores the filters for each test, so they are restated here; as errors they would be
 # raised inside LiteLLM and break the stream.
 pytestmark = [
-    # Lazy schema builds for LiteLLM's TypedDicts (`ChatCompletionThinkingBlock`, ...).
+    # Lazy schema builds for LiteLLM's TypedDicts (`ChatCompletionThinkingBlock`, ...; on
+    # a request it refuses, `_DeviceCode` of the GitHub Copilot module it then imports).
     pytest.mark.filterwarnings(
-        "ignore:Item '[A-Za-z_]+' on TypedDict class '[A-Za-z_]+' is using the `ReadOnly` "
-        "qualifier:UserWarning"
+        "ignore:Items? '[A-Za-z_]+'.* on TypedDict class '[A-Za-z_]+' (is|are) using the "
+        "`ReadOnly` qualifier:UserWarning"
     ),
     # LiteLLM's stream handler reads `model_fields` / `model_computed_fields` on instances.
     pytest.mark.filterwarnings(
@@ -491,6 +495,119 @@ def test_aclose_mid_stream_stops_the_provider_stream(env: Servers, provider: str
     while not stopped() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert stopped()
+
+
+# -- client errors are the client's (400), not a provider outage (503) ---------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "param"),
+    [
+        ("messages", "hello", "messages"),
+        ("messages", ["hello"], "messages[0]"),
+        ("messages", [{"role": "user", "content": 5}], "messages[0].content"),
+        ("messages", [{"role": "user", "content": [{"type": "nope"}]}], "messages[0].content[0]"),
+        ("messages", [{"role": "system", "content": None}], "messages[0].content"),
+        (
+            "messages",
+            [{"role": "system", "content": [{"type": "image_url"}]}],
+            "messages[0].content[0]",
+        ),
+        ("response_format", {}, "response_format.type"),
+        ("tools", [{"type": "function"}], "tools[0].function"),
+        ("stop", [1, 2], "stop"),
+        ("max_tokens", "many", "max_tokens"),
+        ("max_tokens", 1.2e29, "max_tokens"),
+        ("temperature", True, "temperature"),
+        ("response_format", "json", "response_format"),
+    ],
+)
+def test_fields_litellm_cannot_take_are_refused_before_sending(
+    env: Servers, field: str, value: Any, param: str
+) -> None:
+    client = anthropic_client(env)
+    with pytest.raises(HostedError) as caught:
+        run(client, lambda: client.send("chat", {**chat(), field: value}, "public"))
+    assert (caught.value.kind, caught.value.status, caught.value.param) == ("status", 400, param)
+    assert "not sent" in caught.value.message and repr(value) not in caught.value.message
+    assert env.anthropic.received == []
+
+
+def test_litellm_local_rejection_keeps_a_safe_reason(env: Servers) -> None:
+    client = anthropic_client(env)
+    doc = chat(f"my secret is {CANARY}")
+    doc["messages"].append({"role": "bogus", "content": CANARY})
+    with pytest.raises(HostedError) as caught:
+        run(client, lambda: client.send("chat", doc, "public"))
+    error = caught.value
+    assert (error.kind, error.status) == ("status", 400)
+    assert error.message.startswith("the request is not valid for anthropic (HTTP 400, not sent)")
+    assert "Invalid Message" in error.message
+    for leak in (CANARY, "bogus", ANTHROPIC_KEY, env.anthropic_url, "litellm"):
+        assert leak not in error.message
+    assert env.anthropic.received == []
+
+
+def test_the_user_content_types_are_litellms(litellm: ModuleType) -> None:
+    from litellm.types.llms.openai import ValidUserMessageContentTypes
+
+    from gateway.upstream.openai_wire import USER_CONTENT_TYPES
+
+    assert set(ValidUserMessageContentTypes) == USER_CONTENT_TYPES
+
+
+def _hosted_only_gateway(
+    env: Servers, start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> Gateway:
+    """A gateway whose model `public` only the Anthropic mock serves, as the policy allows."""
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "hosted.yaml").write_text(
+        "apiVersion: policy.owngate.dev/v1\nkind: Policy\n"
+        'metadata: {id: hosted-ok, version: "1"}\n'
+        "spec:\n  tenants: [acme]\n  residency: {allow: ['*']}\n"
+        "  retention: {max_days: 30}\n"
+        "  fallback: {mode: when_private_unavailable, to: [{backend: anthropic-hosted}]}\n"
+    )
+    backend = hosted_backend(
+        env.anthropic_url, "anthropic/claude-mock-1", "MOCK_ANTHROPIC_KEY"
+    ).model_dump(mode="json", exclude_none=True)
+    return start_gateway([backend], environ=ENV, policy={"paths": [str(policies)]})
+
+
+def test_a_request_litellm_rejects_is_a_400_upstream_bad_request(
+    env: Servers, start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    gateway = _hosted_only_gateway(env, start_gateway, tmp_path)
+    url = f"{gateway.url}/v1/chat/completions"
+    ok = httpx.post(url, json=chat(), headers=gateway.headers, timeout=30)
+    assert ok.status_code == 200, ok.text  # the route is open: hosted serves `public`
+    sent = len(env.anthropic.received)
+    bad = chat()
+    bad["messages"].append({"role": "bogus", "content": "x"})  # LiteLLM: not sent
+    shapes = chat()
+    shapes["messages"] = "hello"  # LiteLLM would fail on it as if the provider had
+    for doc in (bad, shapes):
+        response = httpx.post(url, json=doc, headers=gateway.headers, timeout=30)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["code"] == "upstream_bad_request"
+        assert "not sent" in error["message"] and "127.0.0.1" not in error["message"]
+    assert len(env.anthropic.received) == sent  # nothing reached the provider
+
+
+def test_a_provider_400_is_the_clients_400(
+    env: Servers, start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    gateway = _hosted_only_gateway(env, start_gateway, tmp_path)
+    env.anthropic.error = (400, "invalid_request_error")
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions", json=chat(), headers=gateway.headers, timeout=30
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "upstream_bad_request"
+    assert error["message"] == "anthropic answered HTTP 400 (invalid_request_error)"
 
 
 # -- quiet and lazy ------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from gateway.api import create_app
 from gateway.cli.main import main as owngate
 from gateway.keys import hash_api_key
 from gateway.provenance import load_verifiers, verify_log, write_signing_key
-from tests.conftest import TENANT_KEY, Sim, backend, gateway_config
+from tests.conftest import ADMIN_TOKEN, TENANT_KEY, Sim, backend, gateway_config
 from tests.test_gateway_process import KEY, GatewayProcess, free_port
 from tests.test_provenance_gateway import records
 
@@ -205,9 +205,11 @@ def test_a_draining_app_is_not_ready_and_refuses_requests(
     sim = start_sim("vllm", models=("m",), zero_latency=True)
     app = create_app(gateway_config([backend("gpu", sim.url, "m")]), environ={})
 
-    async def call(path: str, method: str = "GET") -> tuple[int, dict[str, Any]]:
+    async def call(
+        path: str, method: str = "GET", key: str = TENANT_KEY
+    ) -> tuple[int, dict[str, Any]]:
         scope: dict[str, Any] = {"type": "http", "method": method, "path": path}
-        scope["headers"] = [(b"authorization", f"Bearer {TENANT_KEY}".encode())]
+        scope["headers"] = [(b"authorization", f"Bearer {key}".encode())]
         sent: list[MutableMapping[str, Any]] = []
 
         async def receive() -> dict[str, Any]:
@@ -223,7 +225,9 @@ def test_a_draining_app_is_not_ready_and_refuses_requests(
         app.ready = True
         app.begin_drain()
         status, ready = await call("/readyz")
-        assert (status, ready["draining"], ready["status"]) == (503, True, "not ready")
+        assert (status, ready) == (503, {"status": "not ready"})
+        status, report = await call("/admin/status", key=ADMIN_TOKEN)
+        assert (status, report["readiness"]["draining"]) == (200, True)
         status, answer = await call("/v1/chat/completions", "POST")
         assert (status, answer["error"]["code"]) == (503, "not_ready")
 

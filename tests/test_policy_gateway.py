@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from gateway.sim import SimApp
-from tests.conftest import Gateway, Sim, backend
+from tests.conftest import Gateway, Sim, backend, readiness
 
 POLICIES = """\
 apiVersion: policy.owngate.dev/v1
@@ -201,7 +201,7 @@ def test_reload_swaps_atomically_and_keeps_the_last_good_set(
     deadline = time.monotonic() + 5
     while gateway.app.trust.last_error is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    ready = httpx.get(f"{gateway.url}/readyz", timeout=5).json()
+    ready = readiness(gateway.url)
     assert ready["policy"]["last_reload_error"]
     assert ready["policy"]["digest"] == digest  # the last good set is still active
     assert chat(gateway).status_code == 503  # and still enforced

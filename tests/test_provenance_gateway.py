@@ -24,7 +24,7 @@ from gateway.provenance import (
     write_signing_key,
 )
 from gateway.serving import ServerThread
-from tests.conftest import OTHER_KEY, Gateway, Sim, backend, gateway_config
+from tests.conftest import OTHER_KEY, Gateway, Sim, backend, gateway_config, readiness
 
 CANARY = "CANARY-5c1b-provenance-never-stores-content"
 
@@ -245,7 +245,7 @@ def test_an_unwritable_log_refuses_requests_then_recovers_without_traffic(
     assert len(sim.app.captured("/v1/chat/completions")) == sent  # nothing went upstream
     ready = httpx.get(f"{gateway.url}/readyz", timeout=10)
     assert ready.status_code == 503
-    assert ready.json()["provenance"]["writable"] is False
+    assert readiness(gateway.url)["provenance"]["writable"] is False
 
     wal.unlink()  # the disk is back; no request comes (a replica that is not ready gets none)
     _until(lambda: httpx.get(f"{gateway.url}/readyz", timeout=10).status_code == 200)

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import Gateway, backend
+from tests.conftest import Gateway, backend, readiness
 from tests.real_backend.server import LlamaServer
 
 pytestmark = pytest.mark.real_backend
@@ -74,7 +74,7 @@ def test_gateway_reads_the_real_metrics(gateway: Gateway) -> None:
     deadline = time.monotonic() + 5
     detail: dict[str, object] = {}
     while time.monotonic() < deadline:
-        detail = httpx.get(f"{gateway.url}/readyz", timeout=5).json()["backends"]["cpu-llama"]
+        detail = readiness(gateway.url)["backends"]["cpu-llama"]
         if detail["metrics_age_s"] is not None:
             break
         time.sleep(0.05)

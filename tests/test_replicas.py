@@ -35,6 +35,7 @@ import yaml
 from gateway.bench.services import HOST, Service, child_env, free_port, owngate_argv
 from gateway.keys import add_key_hash, hash_api_key
 from gateway.routing.prometheus import parse_metrics
+from tests.conftest import ADMIN, readiness
 from tests.redis_server import RedisServer, redis_binary
 
 SYNC_S = 0.05
@@ -86,6 +87,7 @@ def _config(replica: str, port: int, sim_url: str, redis_url: str) -> dict[str, 
             {"id": tenant, "api_key_hashes": [], "models": ["*"], "limits": limit}
             for tenant, limit in limits.items()
         ],
+        "admin": ADMIN,
     }
 
 
@@ -173,8 +175,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def readyz(gateway: Service) -> dict[str, Any]:
-    detail: dict[str, Any] = httpx.get(f"{gateway.url}/readyz", timeout=10).json()
-    return detail
+    return readiness(gateway.url)
 
 
 def backend(gateway: Service, backend_id: str) -> dict[str, Any]:
@@ -439,7 +440,7 @@ def test_redis_outage_costs_no_request_and_heals(cluster: Cluster) -> None:
         for gateway in cluster.live:
             response = httpx.get(f"{gateway.url}/readyz", timeout=10)
             assert response.status_code == 200  # still ready: it serves on local state
-            assert response.json()["state"]["degraded_reason"].startswith("redis ")
+            assert readyz(gateway)["state"]["degraded_reason"].startswith("redis ")
             assert metric(gateway, "owngate_state_healthy") == 0
         assert backend(second, "a")["peer_inflight"] == 0  # its own counts only
         eventually(lambda: len(load.answers) >= before + 30, "requests served meanwhile")

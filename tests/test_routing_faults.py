@@ -23,7 +23,7 @@ import pytest
 from gateway.api.admin import is_loopback
 from gateway.bench.services import HOST, Service, child_env, free_port, owngate_argv
 from gateway.sim import Faults
-from tests.conftest import Gateway, Sim, backend
+from tests.conftest import ADMIN_TOKEN, Gateway, Sim, admin_status, backend, readiness
 
 CHAT: dict[str, Any] = {
     "model": "m",
@@ -43,7 +43,7 @@ def chat(gateway: Gateway, timeout: float = 20.0, **changes: Any) -> httpx.Respo
 
 
 def status_of(gateway: Gateway) -> dict[str, dict[str, Any]]:
-    report = httpx.get(f"{gateway.url}/admin/status", timeout=5).json()
+    report = admin_status(gateway.url)
     return {b["id"]: b for b in report["backends"]}
 
 
@@ -253,8 +253,7 @@ def test_breaker_opens_then_a_half_open_probe_closes_it(
     metrics = httpx.get(f"{gateway.url}/metrics", timeout=5).text
     assert 'owngate_backend_breaker_state{backend="flaky",state="open"} 1.0' in metrics
     assert 'owngate_backend_breaker_opens_total{backend="flaky"} 1.0' in metrics
-    readyz = httpx.get(f"{gateway.url}/readyz", timeout=5).json()
-    assert readyz["backends"]["flaky"]["breaker"] == "open"
+    assert readiness(gateway.url)["backends"]["flaky"]["breaker"] == "open"
 
     # Still failing when the cooldown ends: the one probe fails and the breaker reopens
     # for twice as long.
@@ -322,14 +321,16 @@ def test_saturated_pool_queues_then_refuses_with_retry_after(
 
 
 def _waiting(gateway: Gateway, model: str) -> bool:
-    queues = httpx.get(f"{gateway.url}/admin/status", timeout=5).json()["queues"]
+    queues = admin_status(gateway.url)["queues"]
     return bool(queues[model]["waiting"])
 
 
-def owngate_status(*args: str) -> subprocess.CompletedProcess[str]:
-    """The real command, in its own process (this one's stdout carries server logs)."""
+def owngate_status(*args: str, token: str = ADMIN_TOKEN) -> subprocess.CompletedProcess[str]:
+    """The real command, in its own process (this one's stdout carries server logs), with
+    the admin token in its environment variable."""
     argv = owngate_argv("status", *args)
-    return subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=60)
+    env = {**child_env(), "OWNGATE_ADMIN_TOKEN": token}
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
 
 
 def test_owngate_status_prints_the_table_and_json(
@@ -365,6 +366,11 @@ def test_owngate_status_prints_the_table_and_json(
     done = owngate_status("--url", "http://127.0.0.1:9", "--timeout", "2")
     assert done.returncode == 1 and "cannot read" in done.stderr
 
+    done = owngate_status("--url", gateway.url, token="")
+    assert done.returncode == 1 and "answered HTTP 401" in done.stderr
+    done = owngate_status("--url", gateway.url, "--token", ADMIN_TOKEN, token="")
+    assert done.returncode == 0, done.stderr
+
 
 @pytest.mark.parametrize(
     ("client", "allowed"),
@@ -378,7 +384,7 @@ def test_owngate_status_prints_the_table_and_json(
         (("unix-socket", 0), False),
     ],
 )
-def test_admin_status_answers_loopback_clients_only(
+def test_is_loopback_knows_the_loopback_addresses(
     client: tuple[Any, ...] | None, allowed: bool
 ) -> None:
     assert is_loopback({"type": "http", "client": client}) is allowed

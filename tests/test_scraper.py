@@ -17,7 +17,7 @@ from gateway.routing.registry import Registry
 from gateway.routing.scraper import MetricsScraper, filter_exposition
 from gateway.serving import ServerThread
 from gateway.sim import Faults, SimSettings, create_sim_app
-from tests.conftest import Gateway, Sim, backend, gateway_config
+from tests.conftest import ADMIN_HEADERS, Gateway, Sim, backend, gateway_config
 
 
 def test_filter_exposition_keeps_only_wanted_samples() -> None:
@@ -97,7 +97,8 @@ def test_gateway_publishes_backend_queue_from_scrapes(
                 ]
                 if waiting and not waiting[0].endswith(" 0.0"):
                     seen = waiting
-                    detail = (await client.get("/readyz")).json()["backends"]["gpu"]
+                    status = await client.get("/admin/status", headers=ADMIN_HEADERS)
+                    detail = status.json()["readiness"]["backends"]["gpu"]
                     break
                 await asyncio.sleep(0.02)
             for task in requests:

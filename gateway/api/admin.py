@@ -1,18 +1,25 @@
-"""`GET /admin/status`: what routing knows about every backend, for `owngate status`.
+"""The admin surface: `GET /admin/status`, what routing knows about every backend and the
+gateway's readiness detail, for `owngate status`.
 
-Loopback only: the endpoint answers clients connecting from 127.0.0.0/8 or ::1 (on the
-gateway's host, or through `kubectl port-forward` / `kubectl exec`) and refuses every
-other address with 403, since it names backends and their load. It needs no key, so no
-admin credential exists to leak; put nothing that proxies remote clients on the same
-host in front of it without filtering `/admin/`.
+It names backends, their load and breakers, the policy digest and the shared state, so
+it answers only admins (`authorize`, the one check): a client that sends
+`Authorization: Bearer TOKEN` with a token whose SHA-256 digest is in
+`admin.token_hashes`, or, with `admin.allow_loopback: true` (the demo), any client on a
+loopback address. The source address alone is never enough by default: a service-mesh
+sidecar forwards every remote client from 127.0.0.6. With neither set the surface is
+off (403).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import ipaddress
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gateway.api.asgi import Scope, Send, send_error, send_json
+from gateway.api.asgi import Scope, Send, header, send_error, send_json
+from gateway.config.schema import Admin
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.breaker import BreakerState
 from gateway.routing.registry import BackendState, Registry
@@ -21,7 +28,7 @@ from gateway.routing.scraper import MetricsScraper
 if TYPE_CHECKING:
     from gateway.api.proxy import Proxy
 
-__all__ = ["is_loopback", "send_status", "status_report"]
+__all__ = ["authorize", "is_loopback", "send_status", "status_report"]
 
 
 def is_loopback(scope: Scope) -> bool:
@@ -34,25 +41,55 @@ def is_loopback(scope: Scope) -> bool:
         return False
 
 
+def authorize(scope: Scope, settings: Admin) -> None:
+    """Return if the request may read the admin surface; raise `GatewayError` otherwise
+    (401 without or with a wrong token, 403 when no admin access is configured)."""
+    value = header(scope, b"authorization")
+    if value is not None:
+        scheme, _, token = value.partition(b" ")
+        token = token.strip()
+        if scheme.lower() == b"bearer" and token and _known(token, settings.token_hashes):
+            return
+        raise GatewayError(ErrorCode.invalid_api_key, "Incorrect admin token.")
+    if settings.allow_loopback and is_loopback(scope):
+        return
+    if not settings.token_hashes:
+        raise GatewayError(
+            ErrorCode.permission_denied,
+            "the admin surface is off: configure admin.token_hashes (or, for a "
+            "single-host demo, admin.allow_loopback)",
+        )
+    raise GatewayError(
+        ErrorCode.missing_api_key,
+        "send the admin token as 'Authorization: Bearer TOKEN'",
+    )
+
+
+def _known(token: bytes, hashes: tuple[str, ...]) -> bool:
+    """Whether `token` hashes to one of `hashes`, comparing every one in constant time."""
+    digest = ("sha256:" + hashlib.sha256(token).hexdigest()).encode()
+    found = False
+    for stored in hashes:
+        found |= hmac.compare_digest(digest, stored.encode())
+    return found
+
+
 async def send_status(
     scope: Scope,
     send: Send,
     request_id: bytes,
-    registry: Registry,
-    scraper: MetricsScraper,
-    proxy: Proxy,
+    settings: Admin,
+    report: Callable[[], dict[str, Any]],
 ) -> None:
+    """Answer `GET /admin/status` with `report()`, for admins only."""
     try:
         if scope["method"] != "GET":
             raise GatewayError(ErrorCode.method_not_allowed, "/admin/status accepts only GET")
-        if not is_loopback(scope):
-            raise GatewayError(
-                ErrorCode.permission_denied, "/admin/status answers loopback clients only"
-            )
+        authorize(scope, settings)
     except GatewayError as error:
         await send_error(send, error, request_id)
         return
-    await send_json(send, 200, status_report(registry, scraper, proxy), request_id)
+    await send_json(send, 200, report(), request_id)
 
 
 def status_report(registry: Registry, scraper: MetricsScraper, proxy: Proxy) -> dict[str, Any]:

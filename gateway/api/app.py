@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from gateway.api.admin import send_status
+from gateway.api.admin import send_status, status_report
 from gateway.api.asgi import Receive, Scope, Send, header, send_bytes, send_error, send_json
 from gateway.api.exchange import (
     Exchange,
@@ -413,7 +413,13 @@ class GatewayApp:
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         limit = self._max_body
         declared = header(scope, b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
+        # A declared length too long to be a number we accept is refused without int():
+        # Python refuses to convert integers of more than 4300 digits.
+        if (
+            declared is not None
+            and declared.isdigit()
+            and (len(declared) > len(str(limit)) or int(declared) > limit)
+        ):
             raise _too_large(limit)
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -458,11 +464,22 @@ class GatewayApp:
         await send_json(send, 200, {"status": "ok"}, request_id)
 
     async def _readyz(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
+        """Readiness for probes and load balancers: the status and its code, nothing more
+        (the detail names backends and the policy digest: `/admin/status` has it)."""
+        ready = self._is_ready()
+        status = {"status": "ready" if ready else "not ready"}
+        await send_json(send, 200 if ready else 503, status, request_id)
+
+    def _is_ready(self) -> bool:
         recorder = self.proxy.recorder
         log_ok = recorder is None or recorder.log.last_error is None
-        ready = self.ready and not self.draining and log_ok
-        detail: dict[str, Any] = {
-            "status": "ready" if ready else "not ready",
+        return self.ready and not self.draining and log_ok
+
+    def _readiness(self) -> dict[str, Any]:
+        """Why the gateway is ready or not: for admins (`/admin/status`, `readiness`)."""
+        recorder = self.proxy.recorder
+        return {
+            "status": "ready" if self._is_ready() else "not ready",
             "draining": self.draining,
             "backends": {b.id: self._backend_detail(b) for b in self.registry.backends.values()},
             "policy": self.trust.status(),
@@ -472,7 +489,6 @@ class GatewayApp:
             "config": self.reloader.status() if self.reloader is not None else "fixed",
             "worker": self.fleet.worker if self.fleet is not None else None,
         }
-        await send_json(send, 200 if ready else 503, detail, request_id)
 
     async def _provenance(
         self, scope: Scope, receive: Receive, send: Send, request_id: bytes
@@ -518,7 +534,11 @@ class GatewayApp:
     async def _admin_status(
         self, scope: Scope, receive: Receive, send: Send, request_id: bytes
     ) -> None:
-        await send_status(scope, send, request_id, self.registry, self.scraper, self.proxy)
+        def report() -> dict[str, Any]:
+            status = status_report(self.registry, self.scraper, self.proxy)
+            return {**status, "readiness": self._readiness()}
+
+        await send_status(scope, send, request_id, self.config.admin, report)
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
         body = self.metrics.render() if self.fleet is None else self.fleet.render(self.metrics)

@@ -1,50 +1,173 @@
 """The request body: parsed once, the byte-exact `model` rewrite for aliases, and the
-request for stream usage the gateway adds when it needs the counts."""
+request for stream usage the gateway adds when it needs the counts.
+
+The gateway decides on a few fields of the body and forwards the rest untouched. Those
+fields must mean one thing, to the gateway and to whatever reads the body after it:
+
+- `model` (where the request may go), `stream` (how the answer is relayed) and
+  `stream_options` (whether the client gets the usage chunk), and `include_usage` inside
+  `stream_options`, may each appear once in their object: a repeat, however its name is
+  spelled (`"mod\\u0065l"` is `model`), is refused, since a backend could read the copy
+  the gateway did not. Repeats of other names are forwarded as they are.
+- `stream` is `true`, `false` or `null`; `stream_options` an object or `null`, with a
+  boolean or `null` `include_usage`. A string `"true"` that a backend might read as true
+  while the gateway reads it as false is refused.
+- Nesting deeper than `MAX_DEPTH` objects and arrays is refused: the gateway and the
+  libraries after it (re-encoding, LiteLLM) recurse over the document.
+
+Every refusal is a 400 `invalid_request` (or `invalid_json` for what is not JSON).
+"""
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from collections import Counter
+from typing import Any, Final
 
 import orjson
 
 from gateway.errors import ErrorCode, GatewayError
 
-__all__ = ["ask_for_usage", "model_pattern", "parse_body", "rewrite_model"]
+__all__ = ["MAX_DEPTH", "ask_for_usage", "model_pattern", "parse_body", "rewrite_model"]
 
 _INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
 
+MAX_DEPTH: Final = 128
+"""The deepest nesting of objects and arrays accepted, the top-level object counting 1."""
+
+# orjson refuses documents nested deeper than 1024 (a test pins it): the body wrapped in
+# 1024 - MAX_DEPTH arrays parses only when the body itself is at most MAX_DEPTH deep.
+_ORJSON_DEPTH: Final = 1024
+_WRAP: Final = _ORJSON_DEPTH - MAX_DEPTH
+_OPEN, _CLOSE = b"[" * _WRAP, b"]" * _WRAP
+
+_TOP_KEYS: Final = ("model", "stream", "stream_options")
+_OPTION_KEYS: Final = ("include_usage",)
+
+
+def _spellings(name: str) -> bytes:
+    """A regex for every JSON spelling of the string `name`: each character as itself or
+    as a `\\uXXXX` escape (the names here have no other escape)."""
+    chars = b"".join(b"(?:" + re.escape(c.encode()) + b"|\\\\u" + _hex(ord(c)) + b")" for c in name)
+    return b'"' + chars + b'"'
+
+
+def _hex(code: int) -> bytes:
+    return b"".join(
+        b"[" + d.lower().encode() + d.upper().encode() + b"]" if d.isalpha() else d.encode()
+        for d in f"{code:04x}"
+    )
+
+
+# The plain spellings: a body without escapes that holds each at most once has no repeat.
+_QUOTED: Final = tuple(f'"{n}"'.encode() for n in (*_TOP_KEYS, *_OPTION_KEYS))
+# Every place where a decided-on name is written as a key. A key always matches (it starts
+# at an unescaped quote), so fewer than two matches per name proves no repeat; two or
+# more (the name may also be a nested key) call for the exact check.
+_DECIDED_KEYS: Final = re.compile(
+    b"(" + b"|".join(_spellings(n) for n in (*_TOP_KEYS, *_OPTION_KEYS)) + b")[ \t\r\n]*:"
+)
+
 
 def parse_body(body: bytes) -> dict[str, Any]:
+    """The request document, once its decided-on fields are unambiguous (see above)."""
+    doc = _loads(body)
+    if not isinstance(doc, dict):
+        raise GatewayError(ErrorCode.invalid_request, "the request body must be a JSON object")
+    repeated = _repeated_keys(body)
+    if repeated:
+        raise GatewayError(
+            ErrorCode.invalid_request,
+            f"the request body repeats the `{repeated[0]}` key",
+            param=repeated[0],
+        )
+    _check_stream_fields(doc)
+    return doc
+
+
+def _loads(body: bytes) -> Any:
+    # Fewer opening brackets than MAX_DEPTH cannot nest deeper: no need to look.
+    deep = body.count(b"{") + body.count(b"[") > MAX_DEPTH
     try:
-        doc = orjson.loads(body)
+        if not deep:
+            return orjson.loads(body)
+        return _unwrap(orjson.loads(_OPEN + body + _CLOSE))
+    except orjson.JSONDecodeError:
+        pass
+    try:  # again unwrapped: the client's own offsets, and whether depth was the reason
+        orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise GatewayError(
             ErrorCode.invalid_json,
             f"We could not parse the JSON body of your request ({exc.args[0]}).",
-        ) from exc
-    if not isinstance(doc, dict):
-        raise GatewayError(ErrorCode.invalid_request, "the request body must be a JSON object")
-    if body.count(b'"model"') > 1 and _repeats_model_key(body):
-        # The gateway routes on one value; a backend could read the other.
-        raise GatewayError(
-            ErrorCode.invalid_request, "the request body repeats the `model` key", param="model"
-        )
+        ) from None
+    raise GatewayError(
+        ErrorCode.invalid_request,
+        f"the request body nests objects and arrays more than {MAX_DEPTH} levels deep",
+    )
+
+
+def _unwrap(doc: Any) -> Any:
+    for _ in range(_WRAP):
+        doc = doc[0]
     return doc
 
 
-def _repeats_model_key(body: bytes) -> bool:
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        if sum(1 for key, _ in items if key == "model") > 1:
-            raise ValueError("repeated model key")
-        return dict(items)
+def _repeated_keys(body: bytes) -> list[str]:
+    """The decided-on names that appear twice in their object (`stream_options.x` for a
+    name inside `stream_options`), decoded as JSON decodes them."""
+    if b"\\u" not in body and all(body.count(q) < 2 for q in _QUOTED):
+        return []  # no escapes, and no name written twice even as a value: no repeat
+    seen: dict[str, int] = {}
+    for spelled in _DECIDED_KEYS.findall(body):
+        name = orjson.loads(spelled)
+        seen[name] = seen.get(name, 0) + 1
+    if all(count < 2 for count in seen.values()):
+        return []
+    # The exact check: every object's repeated names, with escapes decoded. Safe from
+    # recursion limits: `_loads` bounded the depth first.
+    top = json.loads(body, object_pairs_hook=_Object)
+    repeated = [n for n in _TOP_KEYS if n in top.repeated]
+    options = top.get("stream_options")
+    if isinstance(options, _Object):
+        repeated += [f"stream_options.{n}" for n in _OPTION_KEYS if n in options.repeated]
+    return repeated
 
-    try:
-        json.loads(body, object_pairs_hook=pairs)
-    except ValueError:
-        return True
-    return False
+
+class _Object(dict[str, Any]):
+    """A decoded JSON object that remembers which of its names appeared more than once."""
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        super().__init__(pairs)
+        self.repeated: set[str] = set()
+        if len(self) < len(pairs):
+            counts = Counter(k for k, _ in pairs)
+            self.repeated = {k for k, n in counts.items() if n > 1}
+
+
+def _check_stream_fields(doc: dict[str, Any]) -> None:
+    stream = doc.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise GatewayError(
+            ErrorCode.invalid_request, "`stream` must be true, false or null", param="stream"
+        )
+    options = doc.get("stream_options")
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        raise GatewayError(
+            ErrorCode.invalid_request,
+            "`stream_options` must be an object or null",
+            param="stream_options",
+        )
+    usage = options.get("include_usage")
+    if usage is not None and not isinstance(usage, bool):
+        raise GatewayError(
+            ErrorCode.invalid_request,
+            "`stream_options.include_usage` must be true, false or null",
+            param="stream_options.include_usage",
+        )
 
 
 def model_pattern(model: str) -> re.Pattern[bytes]:

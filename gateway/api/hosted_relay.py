@@ -2,7 +2,9 @@
 
 The dispatcher reaches this only for backends the tenant's trust policy listed as
 fallbacks. Answers come back in OpenAI format (JSON, or SSE events relayed as the
-provider sends them); a failure before the client saw a byte raises `TryNext`.
+provider sends them); a failure before the client saw a byte raises `TryNext`, except a
+request LiteLLM or the provider refused as invalid (400, 413, 422): that is the client's
+400 `upstream_bad_request`, as from a private backend, and no other backend is tried.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from gateway.api.exchange import (
     start_stream,
 )
 from gateway.api.metrics import GatewayMetrics
+from gateway.api.passthrough import sanitize_upstream_message
 from gateway.asgi import Send
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.registry import BackendState, Route
@@ -31,6 +34,9 @@ from gateway.upstream.hosted import HostedClient, HostedError, HostedResponse
 from gateway.upstream.http import DEFAULT_MAX_BODY
 
 __all__ = ["HostedRelay"]
+
+# The statuses that blame the request, as for private backends (`translate_upstream_error`).
+_CLIENT_ERRORS = frozenset({400, 413, 422})
 
 
 class HostedRelay:
@@ -90,6 +96,14 @@ class HostedRelay:
             except HostedError as exc:
                 self._metrics.upstream_error(backend.id, exc.kind)
                 exchange.upstream_error = exc.kind
+                if exc.kind == "status" and exc.status in _CLIENT_ERRORS:
+                    # The request itself is at fault (LiteLLM would not send it, or the
+                    # provider refused it): the client's error, not another backend's job.
+                    raise GatewayError(
+                        ErrorCode.upstream_bad_request,
+                        sanitize_upstream_message(exc.message),
+                        param=exc.param,
+                    ) from exc
                 raise TryNext(f"{backend.id}: {exc.message}") from exc
             try:
                 await self._relay(exchange, backend, response, send)

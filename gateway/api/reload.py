@@ -3,7 +3,7 @@
 SIGHUP (and a poll of the file's and the keys file's mtime) loads the file again through
 the same strict loader as startup. A file that fails validation, or whose trust policies
 no longer compile against its backends, leaves the running config untouched: the failure
-is logged, counted (`owngate_config_reload_failures_total`) and shown in `/readyz`, as a
+is logged, counted (`owngate_config_reload_failures_total`) and shown in the readiness detail, as a
 failed policy reload is. A valid file is assembled completely (backend registry, trust
 policies, scraper, router) and swapped in, one reference per part: requests already
 running finish on the parts they started with; the connections of a removed or changed

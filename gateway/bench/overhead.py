@@ -150,6 +150,7 @@ def _owngate_config(sim_port: int, port: int, api_key: str) -> str:
         f"     models: [{{name: {MODEL}}}], region: local, owner: bench}}\n"
         "tenants:\n"
         f"  - {{id: bench, api_key_hashes: ['{key_hash}'], models: ['*']}}\n"
+        "admin: {allow_loopback: true}\n"  # the benchmark reads /admin/status locally
     )
 
 
@@ -215,7 +216,8 @@ class _Target:
 
 
 def _server_policy(service: Service) -> dict[str, Any] | None:
-    """The policy set a running owngate reports in `/readyz` (id, version, digest, builtin)."""
+    """The policy set a running owngate reports in its readiness detail (id, version, digest,
+    builtin)."""
     detail = service.readyz()
     policy = detail.get("policy") if detail is not None else None
     if not isinstance(policy, dict):

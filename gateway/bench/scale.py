@@ -91,12 +91,13 @@ def _config(sim_port: int, port: int, api_key: str) -> str:
             "tenants": [
                 {"id": "bench", "api_key_hashes": [hash_api_key(api_key)], "models": ["*"]}
             ],
+            "admin": {"allow_loopback": True},  # the benchmark reads /admin/status locally
         }
     )
 
 
 def _ready_worker(port: int) -> int | None:
-    """Which worker answered /readyz on a new connection, if it is ready to serve."""
+    """Which worker answered /admin/status on a new connection, if it is ready to serve."""
     detail = readyz(port)
     if detail is None or detail.get("status") != "ready":
         return None

@@ -135,7 +135,7 @@ class Service:
             return f"(no log: {exc})"
 
     def readyz(self) -> dict[str, Any] | None:
-        """An owngate's `/readyz` detail, or None when it does not answer with JSON."""
+        """An owngate's readiness detail, or None when it does not answer with it."""
         return readyz(self.port)
 
     def histogram(self, name: str) -> dict[float, float]:
@@ -211,13 +211,15 @@ def get_text(port: int, path: str) -> str | None:
 
 
 def readyz(port: int) -> dict[str, Any] | None:
-    """An owngate's `/readyz` detail on a new connection, or None when it does not answer
-    with a JSON object."""
-    text = get_text(port, "/readyz")
+    """An owngate's readiness detail (`readiness` of `/admin/status`: the benchmark's
+    gateways set `admin.allow_loopback`) on a new connection, or None when it does not
+    answer with it."""
+    text = get_text(port, "/admin/status")
     try:
-        detail = json.loads(text) if text is not None else None
+        report = json.loads(text) if text is not None else None
     except ValueError:
         return None
+    detail = report.get("readiness") if isinstance(report, dict) else None
     return detail if isinstance(detail, dict) else None
 
 

@@ -1,4 +1,5 @@
 """`owngate keys new --tenant T`: make a tenant API key; only its hash is stored.
+`owngate keys new --admin`: make an admin token and print its hash for the config.
 `owngate keys revoke KEY`: stop accepting a tenant API key (on every replica at once
 with `state: redis`)."""
 
@@ -17,6 +18,7 @@ from gateway.keys import (
     add_key_hash,
     hash_api_key,
     key_hash_of,
+    new_admin_token,
     new_api_key,
     read_keys_file,
     remove_key_hash,
@@ -26,21 +28,30 @@ __all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("keys", help="make tenant API keys and log signing keys")
+    parser = subparsers.add_parser(
+        "keys", help="make tenant API keys, admin tokens and log signing keys"
+    )
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     new = verbs.add_parser(
         "new",
-        help="create a tenant API key or a provenance-log signing key",
+        help="create a tenant API key, an admin token or a provenance-log signing key",
         description="--tenant T: create an API key for a tenant; the key is printed once on "
         "stdout and only its SHA-256 digest is stored, in the keys_file named by the config "
         "(a running gateway picks it up on restart). --signing NAME: write an Ed25519 "
         "signing key for the provenance log (mode 0600) and print its verifier key, which "
-        "auditors use.",
+        "auditors use. --admin: print a new admin token on stdout and its digest (for "
+        "admin.token_hashes) on stderr; nothing is written.",
     )
     which = new.add_mutually_exclusive_group(required=True)
     which.add_argument("--tenant", help="tenant id (must exist in the config)")
     which.add_argument(
         "--signing", metavar="NAME", help="create a log signing key named NAME (the log origin)"
+    )
+    which.add_argument(
+        "--admin",
+        action="store_true",
+        help="create an admin token for /admin/status and `owngate status`; put the digest "
+        "it prints in gateway.yaml under admin.token_hashes",
     )
     new.add_argument(
         "--key-file",
@@ -78,6 +89,8 @@ def register(subparsers: Any) -> None:
 def _new(args: argparse.Namespace) -> int:
     if args.signing is not None:
         return _new_signing_key(args.key_file, args.signing)
+    if args.admin:
+        return _new_admin_token()
     config = load_or_report(args.config)
     if config is None:
         return 1
@@ -185,6 +198,18 @@ async def _revoke_in_redis(config: GatewayConfig, key_hash: str) -> tuple[bool, 
         return False, state.degraded_reason
     finally:
         await state.close()
+
+
+def _new_admin_token() -> int:
+    token = new_admin_token()
+    print(token)
+    print(
+        f"admin token digest: {hash_api_key(token)}\n"
+        "add it to gateway.yaml as `admin: {token_hashes: [DIGEST]}` and give the token to "
+        "`owngate status` (env OWNGATE_ADMIN_TOKEN); the token is shown only this once",
+        file=sys.stderr,
+    )
+    return 0
 
 
 def _new_signing_key(path: str, name: str) -> int:

@@ -1,7 +1,8 @@
 """`owngate status`: a running gateway's view of its backends, as a table or JSON.
 
-Reads `GET /admin/status` (loopback only; see gateway/api/admin.py). Exit codes: 0 the
-status was printed, 1 the gateway could not be reached or refused, 2 usage.
+Reads `GET /admin/status` with the admin token (`--token`, env OWNGATE_ADMIN_TOKEN; see
+gateway/api/admin.py). Exit codes: 0 the status was printed, 1 the gateway could not be
+reached or refused, 2 usage.
 """
 
 from __future__ import annotations
@@ -39,13 +40,19 @@ def register(subparsers: Any) -> None:
         help="show a running gateway's backends",
         description="Show each backend's health, circuit breaker, in-flight requests "
         "(this replica / all replicas), slots, scraped queue, KV-cache use, metrics age and "
-        "routing score, from the gateway's loopback-only GET /admin/status. "
-        "Exit 0 ok, 1 unreachable or refused.",
+        "routing score, and whether it is ready, from the gateway's GET /admin/status "
+        "(admins only: send the admin token). Exit 0 ok, 1 unreachable or refused.",
     )
     parser.add_argument(
         "--url",
         default=env_default("OWNGATE_STATUS_URL", "http://127.0.0.1:8080"),
         help="the gateway's base URL (env OWNGATE_STATUS_URL; default %(default)s)",
+    )
+    parser.add_argument(
+        "--token",
+        default=env_default("OWNGATE_ADMIN_TOKEN", ""),
+        help="the admin token (env OWNGATE_ADMIN_TOKEN, preferred: a flag shows in the process "
+        "list); none: only a gateway with admin.allow_loopback answers",
     )
     parser.add_argument(
         "--json",
@@ -64,8 +71,11 @@ def register(subparsers: Any) -> None:
 
 def _status(args: argparse.Namespace) -> int:
     url = args.url.rstrip("/") + "/admin/status"
+    request = urllib.request.Request(url)  # noqa: S310 - an operator's URL
+    if args.token:
+        request.add_header("Authorization", f"Bearer {args.token}")
     try:
-        with urllib.request.urlopen(url, timeout=args.timeout) as response:  # noqa: S310 - an operator's URL
+        with urllib.request.urlopen(request, timeout=args.timeout) as response:  # noqa: S310
             report = json.load(response)
     except urllib.error.HTTPError as exc:
         detail = exc.read()[:300].decode("utf-8", "replace")
@@ -83,7 +93,8 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def format_table(report: dict[str, Any]) -> str:
-    """The report as aligned text: one row per backend, then the pools' wait queues."""
+    """The report as aligned text: one row per backend, then the pools' wait queues, then
+    the gateway's readiness when it is not ready."""
     rows: list[tuple[str, ...]] = [_COLUMNS]
     for backend in report.get("backends", []):
         rows.append(_row(backend))
@@ -103,6 +114,10 @@ def format_table(report: dict[str, Any]) -> str:
     if queues:
         lines += ["", "waiting in gateway queues:"]
         lines += [f"  {name}: {q['waiting']}/{q['size']}" for name, q in sorted(queues.items())]
+    readiness = report.get("readiness") or {}
+    if readiness.get("status", "ready") != "ready":
+        draining = " (draining)" if readiness.get("draining") else ""
+        lines += ["", f"gateway: {readiness['status']}{draining}"]
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ from gateway.provenance.cosignature import CosignatureVerifier
 from gateway.provenance.errors import KeyFormatError
 
 __all__ = [
+    "Admin",
     "Backend",
     "BackendKind",
     "BreakerSettings",
@@ -363,6 +364,34 @@ class Tenant(_Strict):
         return values
 
 
+class Admin(_Strict):
+    """Who may read the admin surface (`/admin/status`: backends, load, breakers, the
+    policy digest, shared state). Nobody, unless one of these is set."""
+
+    token_hashes: tuple[str, ...] = Field(
+        default=(),
+        description="'sha256:<hex>' digests of admin tokens (`owngate keys new --admin`), "
+        "sent as 'Authorization: Bearer TOKEN'; several allow a rotation",
+    )
+    allow_loopback: bool = Field(
+        default=False,
+        description="also admit clients on a loopback address without a token: for a "
+        "single-host demo only (a service-mesh sidecar forwards every client from "
+        "127.0.0.6)",
+    )
+
+    @field_validator("token_hashes")
+    @classmethod
+    def _hash_shape(cls, values: tuple[str, ...]) -> tuple[str, ...]:
+        for value in values:
+            if not _KEY_HASH.match(value):
+                raise ValueError(
+                    "admin.token_hashes hold 'sha256:<64 hex>' digests made by "
+                    "`owngate keys new --admin`, never raw tokens"
+                )
+        return values
+
+
 class GatewayConfig(_Strict):
     listen: Listen = Listen()
     logging: Logging = Logging()
@@ -380,6 +409,7 @@ class GatewayConfig(_Strict):
     )
     backends: tuple[Backend, ...] = Field(min_length=1)
     tenants: tuple[Tenant, ...] = ()
+    admin: Admin = Admin()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> GatewayConfig:

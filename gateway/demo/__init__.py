@@ -110,6 +110,7 @@ Try it:
 
 Models: curl -s {url}/v1/models -H "Authorization: Bearer {key}"
 Metrics: curl -s {url}/metrics
+Backends: owngate status --url {url}   (no admin token: the demo admits loopback clients)
 Provenance: every request is in a signed log; the receipt is the x-owngate-receipt header.
   Verify the log (any time, and after Ctrl-C with its final checkpoint):
   {audit}

@@ -10,7 +10,7 @@ under the log directory:
                                   followed by every witness cosignature line obtained for it
 
 A witness that fails (down, slow, refusing) is retried with exponential backoff, logged,
-counted and reported (`status()`, for `/readyz` and metrics); nothing here ever blocks
+counted and reported (`status()`, for the readiness detail and metrics); nothing here ever blocks
 or fails an append, so requests keep flowing while a witness is away. Only the newest
 checkpoint is sent: a witness that was away cosigns the latest tree when it returns (one
 consistency proof covers the whole gap).
@@ -70,7 +70,7 @@ class EventLog(Protocol):
 
 @dataclass(slots=True)
 class WitnessStatus:
-    """What the gateway knows about one witness, for /readyz and metrics."""
+    """What the gateway knows about one witness, for the readiness detail and metrics."""
 
     name: str
     url: str

@@ -154,7 +154,7 @@ class Admission:
 
 @dataclass(frozen=True, slots=True)
 class StateStatus:
-    """What `/readyz` and the metrics report about shared state."""
+    """What the readiness detail and the metrics report about shared state."""
 
     backend: Literal["memory", "redis"]
     healthy: bool

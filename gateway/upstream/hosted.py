@@ -34,6 +34,7 @@ __all__ = [
     "HostedResponse",
     "hosted_api_key",
     "hosted_error",
+    "local_reason",
 ]
 
 HostedErrorKind = Literal["connect", "timeout", "status", "protocol"]
@@ -68,20 +69,35 @@ _KNOWN_ERROR_TYPES: Final = frozenset(
     }
 )
 _CHAIN_LIMIT = 16
+# `litellm.BadRequestError: ` and `AnthropicException - `, repeated as LiteLLM nests them.
+_LITELLM_PREFIX = re.compile(r"^(?:\s*(?:litellm\.\w+:|\w*Exception\s+-))+\s*")
+_QUOTED = re.compile(r"""[\[\]{}'"`=]|Received\b|Traceback\b""")
+_SENTENCE_END = re.compile(r"(?<=\.)\s|\n")
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S*", re.IGNORECASE)
 
 
 class HostedError(Exception):
     """A hosted provider could not be reached, timed out, refused, or answered badly.
 
     `message` names the provider and, for `status`, the HTTP status and the provider's
-    error type (`overloaded_error`); it never holds URLs, keys or request content.
+    error type (`overloaded_error`), or why LiteLLM refused the request before sending it
+    (a client error: `status` 400, the message says "not sent"); it never holds URLs, keys
+    or request content.
     """
 
-    def __init__(self, kind: HostedErrorKind, message: str, *, status: int | None = None) -> None:
+    def __init__(
+        self,
+        kind: HostedErrorKind,
+        message: str,
+        *,
+        status: int | None = None,
+        param: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.kind: HostedErrorKind = kind
         self.status = status
         self.message = message
+        self.param = param  # the request field at fault, when known
 
 
 class HostedResponse:
@@ -228,7 +244,11 @@ class HostedClient:
         provider_model = self._models.get(upstream_model)
         if provider_model is None:
             raise ValueError(f"backend {self.backend_id!r} does not serve {upstream_model!r}")
-        params, ignored = openai_wire.request_params(endpoint, doc)
+        try:
+            params, ignored = openai_wire.request_params(endpoint, doc)
+        except openai_wire.InvalidField as exc:
+            message = f"the request is not valid for {self.provider} (not sent): {exc}"
+            raise HostedError("status", message, status=400, param=exc.param) from None
         litellm = await aload_litellm()
         call = getattr(litellm, _CALLS[endpoint])
         failure: HostedError | None = None
@@ -240,7 +260,7 @@ class HostedClient:
             async with asyncio.timeout(whole):  # a TimeoutError is classified `timeout`
                 result = await call(**params, **options)
         except Exception as exc:  # noqa: BLE001 - every LiteLLM failure becomes a HostedError
-            failure = hosted_error(exc, self.provider)
+            failure = hosted_error(exc, self.provider, secrets=self._secrets())
         if failure is not None:
             # Raised outside `except`, so LiteLLM's exception (provider text that may quote
             # the prompt, URLs) is neither its cause nor its context.
@@ -267,6 +287,10 @@ class HostedClient:
             if loop is asyncio.get_running_loop():
                 await client.close()
         await aclose_litellm_clients()
+
+    def _secrets(self) -> tuple[str, ...]:
+        """What a LiteLLM message must never carry to a client: the key, the base URL."""
+        return tuple(v for v in (self._api_key, self._api_base) if v)
 
     def _options(self, provider_model: str) -> dict[str, Any]:
         options: dict[str, Any] = {
@@ -343,13 +367,18 @@ async def _close_stream(stream: Any) -> None:
         await inner.aclose()
 
 
-def hosted_error(exc: BaseException, provider: str) -> HostedError:
+def hosted_error(
+    exc: BaseException, provider: str, *, secrets: tuple[str, ...] = ()
+) -> HostedError:
     """Classify a LiteLLM failure by what actually happened on the wire.
 
     LiteLLM's own exception class is not enough: a refused connection surfaces as
     `InternalServerError` (500) and Anthropic's 529 as 500 too, so the cause chain is
     read: transport errors decide `connect` / `timeout`, and the innermost HTTP status
-    (the provider's own) decides `status`.
+    (the provider's own) decides `status`. A 4xx that LiteLLM raised itself (its
+    `BadRequestError` for a request it will not send) keeps LiteLLM's reason, cut down to
+    its first sentence without anything quoted (`local_reason`) and with `secrets` (the
+    key, the base URL) removed.
     """
     # Both are loaded with LiteLLM already; imported here to stay off the gateway's path.
     import httpx
@@ -370,8 +399,27 @@ def hosted_error(exc: BaseException, provider: str) -> HostedError:
     local = _status(getattr(exc, "status_code", None))
     if local is not None and local < 500:  # LiteLLM refused the request before sending it
         message = f"the request is not valid for {provider} (HTTP {local}, not sent)"
-        return HostedError("status", message, status=local)
+        reason = local_reason(str(exc), secrets)
+        return HostedError("status", f"{message}: {reason}" if reason else message, status=local)
     return HostedError("protocol", f"{provider} call failed ({type(exc).__name__})")
+
+
+def local_reason(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """The reason in a LiteLLM exception message, safe to show the client.
+
+    LiteLLM writes `litellm.BadRequestError: AnthropicException - <reason> ... Received
+    Messages=[...]` and quotes the request (dicts, lists, quoted values) in the reason.
+    Kept: the reason's first sentence, up to the first bracket, brace or quote; without
+    URLs, `secrets`, control characters; at most 200 characters.
+    """
+    for secret in secrets:
+        text = text.replace(secret, "(redacted)")
+    text = _LITELLM_PREFIX.sub("", text)
+    text = _QUOTED.split(text, maxsplit=1)[0]
+    text = _SENTENCE_END.split(text, maxsplit=1)[0]
+    text = _URL.sub("(redacted)", text)
+    text = "".join(c if c.isprintable() else " " for c in text)
+    return " ".join(text.split())[:200].strip(" -:,;")
 
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:
