@@ -261,7 +261,12 @@ def test_check_warns_when_max_days_0_and_zero_decide_differently(
         ("deploy/gateway.compose.yaml", {}),
         (
             "deploy/k8s/base/gateway.yaml",
-            {"POD_NAME": "p-0", "OWNGATE_LOG_HOST": "h", "OWNGATE_REDIS_URL": "redis://r"},
+            {
+                "POD_NAME": "p-0",
+                "OWNGATE_LOG_HOST": "h",
+                "OWNGATE_REDIS_URL": "redis://r",
+                "OWNGATE_ADMIN_TOKEN_HASH": "sha256:" + "c" * 64,
+            },
         ),
         (
             "gateway/demo/gateway.yaml",
