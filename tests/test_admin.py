@@ -167,3 +167,17 @@ def test_owngate_status_says_when_the_gateway_is_not_ready() -> None:
     assert "gateway:" not in format_table({"backends": [], "readiness": {"status": "ready"}})
     draining = {"backends": [], "readiness": {"status": "not ready", "draining": True}}
     assert format_table(draining).endswith("gateway: not ready (draining)")
+
+
+def test_several_authorization_headers_are_refused_even_with_a_valid_first() -> None:
+    # The first copy used to decide; a proxy in front may have read (or added) another.
+    settings = Admin(token_hashes=(hash_api_key(ADMIN_TOKEN),))
+    good = (b"authorization", f"Bearer {ADMIN_TOKEN}".encode())
+    scope = {
+        "type": "http",
+        "client": ("10.0.0.7", 1),
+        "headers": [good, (b"authorization", b"Bearer og-other")],
+    }
+    with pytest.raises(GatewayError) as caught:
+        authorize(scope, settings)
+    assert caught.value.status == 401

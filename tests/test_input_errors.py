@@ -234,3 +234,33 @@ def test_a_content_length_of_thousands_of_digits_is_a_413(start_sim: Any) -> Non
     asyncio.run(app(scope, receive, send))
     assert sent[0]["status"] == 413
     assert orjson.loads(sent[1]["body"])["error"]["code"] == "request_too_large"
+
+
+def test_several_authorization_headers_are_a_401(start_sim: Any) -> None:
+    # The first copy used to authenticate; a proxy in front may have read another one.
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    app = create_app(gateway_config([backend("gpu", sim.url, "m")]), environ={})
+    app.ready = True
+    sent: list[MutableMapping[str, Any]] = []
+    bodies = [{"type": "http.request", "body": b'{"model": "m"}', "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if bodies:
+            return bodies.pop()
+        await asyncio.Event().wait()  # the client stays: nothing more arrives
+        raise AssertionError("unreachable")
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    good = f"Bearer {TENANT_KEY}".encode()
+    scope: dict[str, Any] = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "headers": [(b"authorization", good), (b"authorization", b"Bearer og-other")],
+    }
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 401
+    assert orjson.loads(sent[1]["body"])["error"]["code"] == "invalid_api_key"
+    assert sim.app.captured("/v1/chat/completions") == []

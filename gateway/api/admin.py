@@ -18,7 +18,7 @@ import ipaddress
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gateway.api.asgi import Scope, Send, header, send_error, send_json
+from gateway.api.asgi import Scope, Send, header_values, send_error, send_json
 from gateway.config.schema import Admin
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.breaker import BreakerState
@@ -44,9 +44,11 @@ def is_loopback(scope: Scope) -> bool:
 def authorize(scope: Scope, settings: Admin) -> None:
     """Return if the request may read the admin surface; raise `GatewayError` otherwise
     (401 without or with a wrong token, 403 when no admin access is configured)."""
-    value = header(scope, b"authorization")
-    if value is not None:
-        scheme, _, token = value.partition(b" ")
+    values = header_values(scope, b"authorization")
+    if len(values) > 1:
+        raise GatewayError(ErrorCode.invalid_api_key, "Send one Authorization header.")
+    if values:
+        scheme, _, token = values[0].partition(b" ")
         token = token.strip()
         if scheme.lower() == b"bearer" and token and _known(token, settings.token_hashes):
             return

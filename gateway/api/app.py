@@ -19,7 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from gateway.api.admin import send_status, status_report
-from gateway.api.asgi import Receive, Scope, Send, header, send_bytes, send_error, send_json
+from gateway.api.asgi import (
+    Receive,
+    Scope,
+    Send,
+    header,
+    header_values,
+    send_bytes,
+    send_error,
+    send_json,
+)
 from gateway.api.exchange import (
     Exchange,
     end_stream,
@@ -392,12 +401,17 @@ class GatewayApp:
             ) from exc
 
     def _authenticate(self, scope: Scope) -> TenantEntry:
-        value = header(scope, b"authorization")
-        if value is None:
+        values = header_values(scope, b"authorization")
+        if not values:
             raise GatewayError(
                 ErrorCode.missing_api_key,
                 "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.",
             )
+        if len(values) > 1:  # which copy a proxy in front read is unknowable: none counts
+            raise GatewayError(
+                ErrorCode.invalid_api_key, "Send one Authorization header, not several."
+            )
+        value = values[0]
         scheme, _, key = value.partition(b" ")
         key = key.strip()
         if scheme.lower() != b"bearer" or not key:

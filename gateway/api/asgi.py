@@ -15,10 +15,17 @@ __all__ = [
     "Scope",
     "Send",
     "header",
+    "header_values",
     "send_bytes",
     "send_error",
     "send_json",
 ]
+
+
+def header_values(scope: Scope, name: bytes) -> list[bytes]:
+    """Every copy of header `name` (lower case), in order: for headers whose copies must
+    agree (credentials, labels), where "the first copy wins" would be a guess."""
+    return [value for key, value in scope["headers"] if key == name]
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:
