@@ -71,8 +71,10 @@ class GatewayApp:
         *,
         environ: dict[str, str] | None = None,
         config_dir: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.metrics = GatewayMetrics()
+        self._clock = clock  # backend health and breakers (tests inject a fake one)
         self._env = dict(os.environ if environ is None else environ)
         self._config_dir = config_dir or Path.cwd()
         self._assembled = False
@@ -106,11 +108,17 @@ class GatewayApp:
 
         Raises PolicyError (policies invalid for these backends) or ValueError (a setting
         only checkable here, such as a backend key missing from the environment)."""
-        registry = Registry.build(config, environ=self._env)
+        registry = Registry.build(config, environ=self._env, clock=self._clock)
         if self._assembled:  # a reload: unchanged backends keep pools and counts
             keep_unchanged_backends(registry, self.registry, config.limits == self.config.limits)
         trust = TrustPolicies(config, self._config_dir)
-        scraper = MetricsScraper(registry.backends.values(), config.scrape)
+        scraper = MetricsScraper(
+            registry.backends.values(),
+            config.scrape,
+            clock=self._clock,
+            health=config.health,
+            last_up=registry.last_up,
+        )
         proxy = Proxy(
             registry,
             self.metrics,
@@ -562,10 +570,12 @@ def create_app(
     *,
     environ: dict[str, str] | None = None,
     config_dir: Path | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> GatewayApp:
     """Build the gateway ASGI app from a validated config.
 
     `config_dir` anchors relative paths in the config (policy files); `environ` supplies
-    `${...}`-free secrets such as backend keys (defaults to the process environment).
+    `${...}`-free secrets such as backend keys (defaults to the process environment);
+    `clock` is what backend health, breakers and scrape ages read (monotonic seconds).
     """
-    return GatewayApp(config, environ=environ, config_dir=config_dir)
+    return GatewayApp(config, environ=environ, config_dir=config_dir, clock=clock)

@@ -8,7 +8,8 @@ connection, a 5xx, or no first byte within the attempt's first-byte budget (the
 backend's `first_byte_timeout_s`, cut to what the request's failover deadline leaves).
 A stream's response headers are held back until its first chunk arrives, so a backend
 that answers headers and then hangs can still be failed over. Each outcome feeds the
-backend's circuit breaker.
+backend's circuit breaker, and each answer (headers below 500, stream chunks) counts in
+`BackendState.answered`, the health probes' evidence that it is alive.
 """
 
 from __future__ import annotations
@@ -113,6 +114,8 @@ class PrivateRelay:
             if response.status >= 500:
                 breaker.failed(self._registry.clock(), f"HTTP {response.status}", epoch)
                 judged = True
+            else:
+                backend.answered += 1
             try:
                 broke = await self._relay(exchange, backend, response, send, first_byte_by)
             except UpstreamError as exc:
@@ -210,11 +213,13 @@ class PrivateRelay:
         await start_stream(send, exchange, status, content_type)
         if first is not None:
             self._metrics.observe_ttft(exchange.endpoint, backend.id, first_chunk_seconds(exchange))
+            backend.answered += 1
             relayed(exchange, first)
             await send({"type": "http.response.body", "body": first, "more_body": True})
         broke = None
         try:
             async for data in chunks:
+                backend.answered += 1  # alive: a busy server may answer /health late
                 relayed(exchange, data)
                 await send({"type": "http.response.body", "body": data, "more_body": True})
         except UpstreamError as exc:
