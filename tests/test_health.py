@@ -194,7 +194,11 @@ def test_the_scraper_marks_down_after_failures_to_down_slow_probes(
     busy = start_sim("vllm", models=("m",), faults=Faults(health_delay_s=3600.0))
     steady = start_sim("vllm", models=("m",))
     clock = FakeClock()
-    config = gateway_config([backend("busy", busy.url, "m"), backend("steady", steady.url, "m")])
+    # `steady` is never probed (kind openai): up whatever the machine's load, so `busy`
+    # is never the last backend up.
+    config = gateway_config(
+        [backend("busy", busy.url, "m"), backend("steady", steady.url, "m", kind="openai")]
+    )
     registry = Registry.build(config, environ={}, clock=clock)
     scraper = MetricsScraper(
         registry.backends.values(),
