@@ -14,7 +14,8 @@ for writing (`gateway.provenance.preflight`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from gateway.config.schema import GatewayConfig
@@ -36,7 +37,11 @@ class AssemblyError(ValueError):
 
 
 def build_routing(
-    config: GatewayConfig, *, environ: Mapping[str, str], config_dir: Path
+    config: GatewayConfig,
+    *,
+    environ: Mapping[str, str],
+    config_dir: Path,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[Registry, TrustPolicies]:
     """The backend registry and the trust policies of `config`, or `AssemblyError` with
     every problem: backend key variables (private and hosted), tenant key hashes, and
@@ -44,7 +49,7 @@ def build_routing(
     problems: list[str] = []
     registry: Registry | None = None
     try:
-        registry = Registry.build(config, environ=dict(environ))
+        registry = Registry.build(config, environ=dict(environ), clock=clock)
     except ValueError as exc:
         problems += str(exc).splitlines()  # Registry.build: one problem per line
     for backend in config.backends:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -112,13 +113,17 @@ def gateway_config(backends: list[dict[str, Any]], **extra: Any) -> GatewayConfi
 
 @pytest.fixture
 def start_gateway() -> Iterator[Callable[..., Gateway]]:
-    """Start a gateway in front of the given backend dicts (see `backend`)."""
+    """Start a gateway in front of the given backend dicts (see `backend`); `clock`: what
+    its backend health and breakers read (a test's fake clock)."""
     started: list[ServerThread] = []
 
     def start(
-        backends: list[dict[str, Any]], environ: dict[str, str] | None = None, **extra: Any
+        backends: list[dict[str, Any]],
+        environ: dict[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        **extra: Any,
     ) -> Gateway:
-        app = create_app(gateway_config(backends, **extra), environ=environ or {})
+        app = create_app(gateway_config(backends, **extra), environ=environ or {}, clock=clock)
         server = ServerThread(app).start()
         started.append(server)
         return Gateway(app, server)

@@ -161,16 +161,21 @@ def test_loading_backend_gets_nothing_until_healthy(
     sim = start_sim("llamacpp", zero_latency=True, faults=Faults(slow_start_s=60.0))
     gateway = start_gateway(
         [backend("cpu", sim.url, "sim-model", kind="llamacpp")],
-        scrape={"interval_s": 0.05, "staleness_s": 1.0},
+        scrape={"interval_s": 0.05, "staleness_s": 30.0},  # the mark outlasts any stall
     )
     error = assert_error(post(gateway, CHAT), 503, "no_compliant_backend")
     assert "/health answered HTTP 503" in error["message"]
     assert sim.app.captured("/v1/chat/completions") == []
     sim.app.start_loading(0.0)  # the model has loaded
-    deadline = time.monotonic() + 5
-    while post(gateway, CHAT).status_code != 200 and time.monotonic() < deadline:
+    # Back once a probe passes and the breaker's cooldown is over: a condition, bounded
+    # generously (a loaded machine stalls the scraper), not a time it must beat.
+    deadline = time.monotonic() + 60
+    while not gateway.app.registry.backends["cpu"].probe.alive:
+        assert time.monotonic() < deadline, "no probe passed"
+        time.sleep(0.02)
+    while post(gateway, CHAT).status_code != 200:
+        assert time.monotonic() < deadline, "the loaded backend never came back"
         time.sleep(0.05)
-    assert post(gateway, CHAT).status_code == 200
 
 
 def test_backend_key_problems_stop_the_gateway_starting() -> None:

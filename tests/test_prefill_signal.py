@@ -4,8 +4,7 @@ the attempt ends however it ends, over real sockets."""
 
 from __future__ import annotations
 
-import threading
-import time
+import asyncio
 from collections.abc import Callable
 
 import httpx
@@ -29,28 +28,51 @@ def _chat(gateway: Gateway, stream: bool = False, max_tokens: int = 3) -> httpx.
 def test_a_request_counts_until_its_first_byte_then_never_again(
     start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
 ) -> None:
-    # One slot and a slow decode: the second request waits in the server's queue, so it
-    # has no first byte for a while, and the first streams for a while after its own.
+    # One slot, held by a stream too long to end within the test: the second request
+    # waits in the server's queue, with no first byte, until the first one's client
+    # leaves. (Timed answers made this depend on the test outpacing their decode.)
     sim = start_sim(zero_latency=False, slots=1, decode_tokens_per_s=20.0)
     gateway = start_gateway([backend("gpu", sim.url, "sim-model")])
     state = gateway.app.registry.backends["gpu"]
-    first = threading.Thread(target=_chat, args=(gateway, True, 40))
-    second = threading.Thread(target=_chat, args=(gateway, True, 3))
-    first.start()
-    deadline = time.monotonic() + 10
-    while state.inflight < 1 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    while state.prefilling > 0 and time.monotonic() < deadline:  # its first byte came
-        time.sleep(0.005)
-    assert (state.inflight, state.prefilling) == (1, 0)  # streaming, no longer prefilling
-    second.start()
-    while state.inflight < 2 and time.monotonic() < deadline:
-        time.sleep(0.005)
+
+    def body(max_tokens: int) -> dict[str, object]:
+        content = "a longer prompt " * 50
+        return {
+            "model": "sim-model",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+            "stream": True,
+        }
+
+    async def scenario() -> tuple[tuple[int, int], tuple[int, int], int]:
+        async with httpx.AsyncClient(base_url=gateway.url, headers=HEADERS, timeout=60) as http:
+            async with http.stream("POST", "/v1/chat/completions", json=body(7000)) as first:
+                assert first.status_code == 200
+                chunks = first.aiter_raw()  # kept: a dropped iterator closes the response
+                await anext(chunks)  # its first byte came through
+                streaming = (state.inflight, state.prefilling)
+                second = asyncio.create_task(http.post("/v1/chat/completions", json=body(3)))
+                await _until(lambda: state.prefilling > 0, "the second was dispatched")
+                queued = (state.inflight, state.prefilling)
+            # The first one's client left: the backend frees the slot for the second.
+            status = (await second).status_code
+            await _until(lambda: state.inflight == 0, "both attempts ended")
+            return streaming, queued, status
+
+    streaming, queued, status = asyncio.run(scenario())
+    assert streaming == (1, 0)  # streaming, no longer prefilling
     # Queued behind the first: ~4 bytes of request JSON per token, never negative.
-    assert 150 < state.prefilling < 400
-    first.join(30)
-    second.join(30)
+    assert queued[0] == 2 and 150 < queued[1] < 400
+    assert status == 200
     assert (state.inflight, state.prefilling) == (0, 0)
+
+
+async def _until(check: Callable[[], bool], what: str) -> None:
+    for _ in range(2000):  # bounded: 2,000 looks, 10 ms apart
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never: {what}")
 
 
 def test_failed_attempts_leave_no_backlog_behind(

@@ -476,6 +476,17 @@ def test_error_fault_flipped_at_run_time(sim: Start, kind: Kind) -> None:
     assert s.app.stats.errors == 1
 
 
+def test_health_delay_answers_health_late_and_leaves_inference_alone(sim: Start) -> None:
+    s = sim(fast("llamacpp", faults=Faults(health_delay_s=3600.0)))
+    with pytest.raises(httpx.ReadTimeout):
+        s.http.get("/health", timeout=0.3)  # the prober gives up; the handler ends with it
+    assert s.http.post(CHAT, json={"messages": HELLO}).status_code == 200
+    s.app.control.faults = Faults(health_delay_s=0.01)
+    assert s.http.get("/health").json() == {"status": "ok"}  # late, but it answers
+    with pytest.raises(ValueError, match="health_delay_s"):
+        Faults(health_delay_s=-1.0)
+
+
 def test_hang_fault_waits_for_the_client_to_leave(sim: Start) -> None:
     s = sim(fast(faults=Faults(hang_rate=1.0)))
     with pytest.raises(httpx.ReadTimeout):
@@ -555,7 +566,7 @@ def test_cli_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OWNGATE_SIM_ERROR_RATE", "0.25")
     monkeypatch.setenv("OWNGATE_SIM_ZERO_LATENCY", "true")
     monkeypatch.setenv("OWNGATE_SIM_COALESCE_CHUNKS", "yes")
-    args = _parse(["--slots", "2", "--slow-start", "1.5"])
+    args = _parse(["--slots", "2", "--slow-start", "1.5", "--health-delay", "2.5"])
     settings = sim_cli.build_settings(args)
     assert settings.kind == "llamacpp"
     assert settings.models == ("m1", "m2")
@@ -563,7 +574,7 @@ def test_cli_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.decode_tokens_per_s == 40.0  # llama.cpp default kept
     assert settings.zero_latency is True
     assert settings.coalesce_chunks is True
-    assert settings.faults == Faults(error_rate=0.25, slow_start_s=1.5)
+    assert settings.faults == Faults(error_rate=0.25, slow_start_s=1.5, health_delay_s=2.5)
     assert args.handler is sim_cli.run
     assert sim_cli.build_settings(_parse(["--model", "x", "--no-zero-latency"])).models == ("x",)
 

@@ -83,8 +83,10 @@ class GatewayApp:
         *,
         environ: dict[str, str] | None = None,
         config_dir: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.metrics = GatewayMetrics()
+        self._clock = clock  # backend health and breakers (tests inject a fake one)
         self._env = dict(os.environ if environ is None else environ)
         self._config_dir = config_dir or Path.cwd()
         self._assembled = False
@@ -120,10 +122,18 @@ class GatewayApp:
 
         Raises AssemblyError (a ValueError) naming every problem only checkable here:
         policies invalid for these backends, backend keys missing from the environment."""
-        registry, trust = build_routing(config, environ=self._env, config_dir=self._config_dir)
+        registry, trust = build_routing(
+            config, environ=self._env, config_dir=self._config_dir, clock=self._clock
+        )
         if self._assembled:  # a reload: unchanged backends keep pools and counts
             keep_unchanged_backends(registry, self.registry, config.limits == self.config.limits)
-        scraper = MetricsScraper(registry.backends.values(), config.scrape)
+        scraper = MetricsScraper(
+            registry.backends.values(),
+            config.scrape,
+            clock=self._clock,
+            health=config.health,
+            last_up=registry.last_up,
+        )
         proxy = Proxy(
             registry,
             self.metrics,
@@ -632,10 +642,12 @@ def create_app(
     *,
     environ: dict[str, str] | None = None,
     config_dir: Path | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> GatewayApp:
     """Build the gateway ASGI app from a validated config.
 
     `config_dir` anchors relative paths in the config (policy files); `environ` supplies
-    `${...}`-free secrets such as backend keys (defaults to the process environment).
+    `${...}`-free secrets such as backend keys (defaults to the process environment);
+    `clock` is what backend health, breakers and scrape ages read (monotonic seconds).
     """
-    return GatewayApp(config, environ=environ, config_dir=config_dir)
+    return GatewayApp(config, environ=environ, config_dir=config_dir, clock=clock)

@@ -8,7 +8,8 @@ connection, a 5xx, or no first byte within the attempt's first-byte budget (the
 backend's `first_byte_timeout_s`, cut to what the request's failover deadline leaves).
 A stream's response headers are held back until its first chunk arrives, so a backend
 that answers headers and then hangs can still be failed over. Each outcome feeds the
-backend's circuit breaker.
+backend's circuit breaker, and each answer (headers below 500, stream chunks) counts in
+`BackendState.answered`, the health probes' evidence that it is alive.
 
 What a backend sends back is bounded: a whole answer by `limits.max_response_bytes`
 (502, and the connection dropped as soon as it is passed) and `limits.response_timeout_s`
@@ -125,6 +126,8 @@ class PrivateRelay:
             if response.status >= 500:
                 breaker.failed(self._registry.clock(), f"HTTP {response.status}", epoch)
                 judged = True
+            else:
+                backend.answered += 1
             try:
                 broke = await self._relay(
                     exchange, backend, response, send, first_byte_by, strip_usage
@@ -261,10 +264,12 @@ class PrivateRelay:
         await start_stream(send, exchange, response.status, content_type)
         if first is not None:
             self._metrics.observe_ttft(exchange.endpoint, backend.id, first_chunk_seconds(exchange))
+            backend.answered += 1
             await _relay_chunk(send, exchange, watch.feed(first))
         broke = None
         try:
             async for data in chunks:
+                backend.answered += 1  # alive: a busy server may answer /health late
                 await _relay_chunk(send, exchange, watch.feed(data))
             await _relay_chunk(send, exchange, watch.flush())
             if response.ended_by_close and not watch.done:

@@ -120,6 +120,14 @@ def register(subparsers: Any) -> None:  # argparse's subparsers action has no pu
         help='answer 503 "Loading model" to /health and inference for this long (0)',
     )
     add(
+        "--health-delay",
+        type=_non_negative,
+        default=_env("HEALTH_DELAY") or "0",
+        metavar="SECONDS",
+        help="answer /health only after this long, inference unaffected: a server whose "
+        "HTTP threads are busy (0)",
+    )
+    add(
         "--prefill-tps",
         type=float,
         default=_env("PREFILL_TPS"),
@@ -166,6 +174,7 @@ def build_settings(args: argparse.Namespace) -> SimSettings:
             hang_rate=args.hang_rate,
             die_mid_stream_rate=args.die_mid_stream_rate,
             slow_start_s=args.slow_start,
+            health_delay_s=args.health_delay,
         ),
     )
     return dataclasses.replace(

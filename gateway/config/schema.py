@@ -23,6 +23,7 @@ __all__ = [
     "Capacity",
     "Failover",
     "GatewayConfig",
+    "Health",
     "Limits",
     "Listen",
     "Logging",
@@ -115,6 +116,15 @@ class Scrape(_Strict):
         if self.staleness_s <= self.interval_s:
             raise ValueError("scrape.staleness_s must be longer than scrape.interval_s")
         return self
+
+
+class Health(_Strict):
+    """When failed `/health` probes take a backend out of routing
+    (gateway/routing/health.py); the probes run every `scrape.interval_s`."""
+
+    failures_to_down: int = Field(
+        default=3, ge=1, le=1000, description="failed probes in a row that mark a backend down"
+    )
 
 
 class PolicyFiles(_Strict):
@@ -398,6 +408,7 @@ class GatewayConfig(_Strict):
     limits: Limits = Limits()
     state: State = State()
     scrape: Scrape = Scrape()
+    health: Health = Health()
     routing: Routing = Routing()
     policy: PolicyFiles | None = Field(
         default=None,

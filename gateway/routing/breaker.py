@@ -4,7 +4,8 @@ States and moves (the clock is injected; nothing here does I/O):
 
 - **closed**: requests flow. `failure_threshold` consecutive failures (connect errors,
   5xx, timeouts before the first byte; see `gateway.api.passthrough`) open it, and so
-  does one failed active `/health` probe (`probe_failed`, from the scraper).
+  does the scraper when the backend's `/health` probes mark it down (`probe_failed`:
+  several failures in a row, never for the last backend up; gateway/routing/health.py).
 - **open**: no requests for the cooldown: `cooldown_s`, doubled on every reopening in a
   row, at most `max_cooldown_s`.
 - **half-open**: once the cooldown is over, exactly one probe is let through: either a
@@ -17,8 +18,8 @@ Every opening and every probe granted starts a new epoch; `begin`'s caller reads
 change (say, while closed, and fails only once a probe is out) neither reopens the
 breaker nor ends another request's probe.
 
-A failed `/health` probe reopens for `cooldown_s` without growing the cooldown: it cost
-no client anything, and a server that is still loading its model should be tried again
+A backend marked down by its probes is (re)opened for `cooldown_s` without growing it:
+that cost no client anything, and a server still loading its model should be tried again
 soon. The cooldown grows only when client requests fail, and resets after a request
 succeeds.
 """
@@ -118,7 +119,8 @@ class Breaker:
             self.last_error = None
 
     def probe_failed(self, now: float, reason: str) -> None:
-        """The scraper's `/health` probe failed: open (or keep open) at the base cooldown."""
+        """The scraper's `/health` probes marked the backend down: open (or keep open) at
+        the base cooldown."""
         self.last_error = reason
         if self.state is BreakerState.open and now < self.open_until:
             return

@@ -3,7 +3,8 @@
 Built once from a `GatewayConfig` at startup; the request path only does dict lookups
 here. `Registry.candidates()` gives the backends that serve a public model name, least
 loaded first (counting every replica's requests when state is shared), skipping those
-whose circuit breaker is open (gateway/routing/breaker.py).
+whose circuit breaker is open (gateway/routing/breaker.py). `Registry.last_up()` tells the
+health probes (gateway/routing/health.py) when a backend is the last one up for a model.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 
 from gateway.config.schema import Backend, BreakerSettings, GatewayConfig, Limits
 from gateway.routing.breaker import Breaker
+from gateway.routing.health import ProbeHealth
 from gateway.state import TenantLimits
 from gateway.upstream.http import HttpPool
 
@@ -37,8 +39,12 @@ class BackendState:
     # passive health: failed exchanges open it, half-open probes close it
     breaker: Breaker = field(default_factory=lambda: Breaker(BreakerSettings()))
     learned_slots: int | None = None  # llama.cpp's slot count (/props), when not configured
-    unhealthy_until: float = 0.0  # active health: /health did not answer 200
+    unhealthy_until: float = 0.0  # active health: marked down by its /health probes
     health_error: str | None = None
+    probe: ProbeHealth = field(default_factory=ProbeHealth)  # its /health probes so far
+    # Answers relayed from it (response headers below 500, stream chunks): evidence that
+    # it is alive which the health probes read (a busy server may answer /health late).
+    answered: int = 0
 
     @property
     def id(self) -> str:
@@ -156,6 +162,22 @@ class Registry:
 
     def is_down(self, backend: BackendState) -> bool:
         return _unavailable(backend, self.clock())
+
+    def last_up(self, backend: BackendState) -> bool:
+        """Whether some model `backend` serves has no other private backend up now: then
+        taking it out would leave that model nothing private to route to."""
+        now = self.clock()
+        for routes in self.routes.values():
+            if all(r.backend.id != backend.id for r in routes):
+                continue
+            if not any(
+                r.backend.id != backend.id
+                and r.backend.config.is_private
+                and not _unavailable(r.backend, now)
+                for r in routes
+            ):
+                return True
+        return False
 
     async def close(self) -> None:
         for backend in self.backends.values():

@@ -6,9 +6,11 @@ scrape never takes a connection from requests). Only the lines of the metrics we
 are parsed. A reading older than `scrape.staleness_s` is reported as unknown (None),
 never as idle; a failed scrape leaves the last reading to age out.
 
-Each round also probes `/health`: a failure marks the backend unhealthy (no requests
-until a probe answers 200) and opens its circuit breaker; a 200 after the breaker's
-cooldown is the half-open probe that closes it (gateway/routing/breaker.py).
+Each round also probes `/health`. `gateway.routing.health` judges each outcome: several
+failures in a row (`health.failures_to_down`), with no traffic answered in between and
+never for the last backend up for a model, mark the backend unhealthy (no requests until
+a probe answers 200) and open its circuit breaker; a 200 after the breaker's cooldown is
+the half-open probe that closes it (gateway/routing/breaker.py).
 
 A llama.cpp backend without `capacity.max_concurrency` has its slot count learned from
 `/props` (`total_slots`, llama-server's `--parallel`), or failing that from the length
@@ -25,8 +27,9 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.config.schema import Scrape
+from gateway.config.schema import Health, Scrape
 from gateway.logs import get_logger
+from gateway.routing.health import Verdict
 from gateway.routing.prometheus import parse_metrics
 from gateway.routing.registry import BackendState
 from gateway.routing.signals import (
@@ -79,9 +82,15 @@ class MetricsScraper:
         scrape: Scrape,
         *,
         clock: Callable[[], float] = time.monotonic,
+        health: Health | None = None,
+        last_up: Callable[[BackendState], bool] = lambda _backend: False,
     ) -> None:
+        """`last_up(backend)`: whether it is the last backend up for some model it serves
+        (`Registry.last_up`); probes never take such a backend out."""
         self._settings = scrape
         self._clock = clock
+        self._health = health or Health()
+        self._last_up = last_up
         self._targets = [
             _Target(b, scrape)
             for b in backends
@@ -138,7 +147,9 @@ class MetricsScraper:
                 async with asyncio.timeout(timeout):
                     await self._probe_health(target)
             except TimeoutError:
-                self._mark_unhealthy(target, "/health: no answer within scrape.timeout_s")
+                self._probe_failed(
+                    target, "/health: no answer within scrape.timeout_s", refused=False
+                )
             if target.learns_slots and target.state.learned_slots is None:
                 try:
                     async with asyncio.timeout(timeout):
@@ -181,24 +192,59 @@ class MetricsScraper:
             self._log.info("backend metrics recovered", backend=target.id)
 
     async def _probe_health(self, target: _Target) -> None:
-        """`/health` must answer 200; until it does (a llama.cpp server still loading its
-        model answers 503) the backend gets no requests."""
+        """`/health` must answer 200; a backend marked down (say, a llama.cpp server still
+        loading its model answers 503) gets no requests until it does."""
         try:
             response = await target.pool.request(b"GET", target.health_path, target.headers, b"")
             await response.read()
-            healthy = response.status == 200
-            reason = f"/health answered HTTP {response.status}"
         except UpstreamError as exc:
-            healthy, reason = False, f"/health: {exc.kind}"
-        if not healthy:
-            self._mark_unhealthy(target, reason)
+            # A refused connection is an answer; no answer in time, or a broken one, is not.
+            refused = exc.kind == "connect" and not isinstance(exc.__cause__, TimeoutError)
+            self._probe_failed(target, f"/health: {exc.kind}", refused=refused)
+            return
+        if response.status != 200:
+            self._probe_failed(target, f"/health answered HTTP {response.status}", refused=True)
             return
         state = target.state
+        state.probe.passed(state.answered)
+        self._healthy(target)
+
+    def _probe_failed(self, target: _Target, reason: str, *, refused: bool) -> None:
+        state = target.state
+        needed = self._health.failures_to_down
+        verdict = state.probe.failed(
+            state.answered, refused=refused, failures_to_down=needed, last_up=self._last_up(state)
+        )
+        failures = state.probe.failures
+        if verdict is Verdict.up:  # it answered traffic since the last probe: alive
+            self._healthy(target)
+        elif verdict is Verdict.down:
+            self._mark_unhealthy(target, reason)
+        elif verdict is Verdict.kept:
+            if failures == needed:
+                self._log.warning(
+                    "backend failed its health probes but is the last one up for a model: "
+                    "kept until requests to it fail",
+                    backend=target.id,
+                    reason=reason,
+                    failures=failures,
+                )
+            self._clear_mark(target, "backend routable again: the last one up for a model")
+        elif failures == 1:
+            self._log.info(
+                "backend health probe failed", backend=target.id, reason=reason, down_after=needed
+            )
+
+    def _healthy(self, target: _Target) -> None:
+        self._clear_mark(target, "backend healthy")
+        target.state.breaker.probe_ok(self._clock())
+
+    def _clear_mark(self, target: _Target, message: str) -> None:
+        state = target.state
         if state.unhealthy_until:
-            self._log.info("backend healthy", backend=target.id)
+            self._log.info(message, backend=target.id)
         state.unhealthy_until = 0.0
         state.health_error = None
-        state.breaker.probe_ok(self._clock())
 
     async def _learn_slots(self, target: _Target) -> None:
         """llama.cpp's slot count: `/props` `total_slots`, else the length of `/slots`."""
@@ -226,6 +272,7 @@ class MetricsScraper:
             self._log.info("backend slots learned", backend=target.id, slots=slots)
 
     def _mark_unhealthy(self, target: _Target, reason: str) -> None:
+        """Down on probe evidence: no requests until a probe passes (`ProbeHealth`)."""
         state = target.state
         if state.health_error != reason:
             self._log.warning("backend unhealthy", backend=target.id, reason=reason)

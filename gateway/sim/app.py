@@ -13,6 +13,7 @@ Paths: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hmac
 import time
@@ -22,7 +23,7 @@ from typing import Final
 
 import orjson
 
-from gateway.sim.asgi import JSON, Receive, Scope, Send, read_body, respond
+from gateway.sim.asgi import JSON, Receive, Scope, Send, read_body, respond, wait_disconnect
 from gateway.sim.control import CapturedRequest, SimControl, SimStats
 from gateway.sim.engine import Clock, Engine, MonotonicClock
 from gateway.sim.inference import Inference
@@ -229,12 +230,26 @@ class SimApp:
     # -- info endpoints -----------------------------------------------------------------
 
     async def _health(self, body: bytes, receive: Receive, send: Send) -> None:
+        delay = self.control.faults.health_delay_s
+        if delay > 0 and not await self._outlived(delay, receive):
+            return  # the prober gave up first
         if self._loading():
             await respond(send, 503, LOADING_BODY)
         elif self.settings.kind == "llamacpp":
             await respond(send, 200, b'{"status":"ok"}')
         else:
             await respond(send, 200, b"")
+
+    async def _outlived(self, seconds: float, receive: Receive) -> bool:
+        """Wait `seconds`; False if the client disconnected first."""
+        late = asyncio.ensure_future(self.clock.sleep(seconds))
+        gone = asyncio.ensure_future(wait_disconnect(receive))
+        try:
+            await asyncio.wait((late, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            late.cancel()
+            gone.cancel()
+        return late.done() and not late.cancelled()
 
     async def _models(self, body: bytes, receive: Receive, send: Send) -> None:
         settings = self.settings

@@ -38,12 +38,16 @@ class Faults:
       before any body byte.
     - `slow_start_s`: for this many seconds after start, `/health` and inference requests
       answer 503 "Loading model".
+    - `health_delay_s`: `/health` answers only after this many seconds (sooner if the
+      client leaves), while inference is unaffected: a llama-server whose few HTTP threads
+      are busy streaming.
     """
 
     error_rate: float = 0.0
     hang_rate: float = 0.0
     die_mid_stream_rate: float = 0.0
     slow_start_s: float = 0.0
+    health_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check_rate("error_rate", self.error_rate)
@@ -51,6 +55,8 @@ class Faults:
         _check_rate("die_mid_stream_rate", self.die_mid_stream_rate)
         if not self.slow_start_s >= 0.0:
             raise ValueError(f"slow_start_s must be >= 0, got {self.slow_start_s!r}")
+        if not self.health_delay_s >= 0.0:
+            raise ValueError(f"health_delay_s must be >= 0, got {self.health_delay_s!r}")
 
 
 @dataclass(frozen=True, slots=True)
