@@ -30,6 +30,11 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
   has started, else the connection is closed.
 - framing errors (a malformed request line, header or chunked body) get 400
   `invalid_request` as an OpenAI error object instead of uvicorn's plain text.
+- chunked bodies: the bytes between body data (a chunk-size line, its extensions, the
+  trailer section) are held to `max_header_bytes` too (431), since the parser buffers a
+  trailer field as it buffers a header; a request that carries trailer fields at all is
+  400 `invalid_request` (uvicorn would add them to the request's headers after the app
+  read them: a data-class label could arrive after the policy looked).
 
 Every refusal is a JSON OpenAI error object with `connection: close`; then the write side
 is shut and what the client still sends is read and dropped for a bounded time
@@ -177,6 +182,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
         self._linger_left = -1  # bytes still dropped after a refusal; -1: not refused
+        self._body_read = 0  # body bytes the current read delivered
+        self._framing = 0  # body-phase bytes since the last body bytes: chunk lines, trailers
 
     # connection
 
@@ -205,7 +212,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                 self.transport.close()
             return
         self._read_len = len(data)
-        if self._in_head:
+        in_body = not self._in_head
+        if in_body:
+            self._body_read = 0
+        else:
             self._head_bytes += self._read_len
         self._unset_keepalive_if_required()
         try:
@@ -233,8 +243,11 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                     self._head_timer = self.loop.call_later(
                         self.limits.header_timeout_s, self._head_late
                     )
-        elif self._body_timer is None:  # a body is still arriving
-            self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
+        else:  # a body is still arriving
+            if in_body and self._framing_too_long():
+                return
+            if self._body_timer is None:
+                self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
 
     # parser callbacks
 
@@ -246,9 +259,18 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if not self._in_head:
             # A chunked body's trailer fields: uvicorn would append them to the request's
             # headers after the app has read them (a label or key "arriving" after the
-            # policy looked), and without bound. They are dropped.
-            return
+            # policy looked). Dropping them would read a label sent there as "no label":
+            # a request with trailer fields is refused (OpenAI clients send none).
+            raise _Refusal(
+                ErrorCode.invalid_request,
+                "trailers",
+                "Trailer fields are not accepted; send every header before the body.",
+            )
         super().on_header(name, value)
+
+    def on_body(self, body: bytes) -> None:
+        self._body_read += len(body)
+        super().on_body(body)
 
     def on_headers_complete(self) -> None:
         limits = self.limits
@@ -272,10 +294,30 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._in_head = True
         self._head_bytes = 0
+        self._framing = 0
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
         super().on_message_complete()
+
+    def _framing_too_long(self) -> bool:
+        """Refuse (431) a chunked body whose bytes between body data grow past the head
+        limit: a chunk-size line, its extensions or trailer fields the parser would
+        otherwise buffer without bound. Body bytes start the count over, so many small
+        chunks are fine; a read that carried body data counts from its own total."""
+        if self._body_read:
+            self._framing = self._read_len - self._body_read
+        else:
+            self._framing += self._read_len
+        limit = self.limits.max_header_bytes
+        if self._framing <= limit:
+            return False
+        self._refuse(
+            ErrorCode.headers_too_large,
+            "framing_bytes",
+            f"The request's chunk framing or trailer fields exceed {limit} bytes.",
+        )
+        return True
 
     def _head_size(self) -> int:
         """The head's size as sent: request line, header lines, the blank line."""

@@ -52,7 +52,7 @@ spec:
   retention: {max_days: zero}
   fallback:
     mode: when_private_unavailable
-    to: [{backend: hosted-503}]
+    to: [{backend: hosted-503}, {backend: hosted-ok}]
   data_classes:
     phi:
       fallback: {mode: never}
@@ -214,9 +214,12 @@ class Seen:
 def test_the_last_record_of_every_request_has_the_status_the_client_got(
     start_sim: Callable[..., Sim], logged_gateway: Callable[..., Logged]
 ) -> None:
-    healthy = start_sim("vllm", models=("ok",), zero_latency=True)
+    healthy = start_sim("vllm", models=("ok", "rescued"), zero_latency=True)
     dying = start_sim(
-        "vllm", models=("flaky",), zero_latency=True, faults=Faults(die_mid_stream_rate=1.0)
+        "vllm",
+        models=("flaky", "rescued"),
+        zero_latency=True,
+        faults=Faults(die_mid_stream_rate=1.0),
     )
     hanging = start_sim("vllm", models=("slow",), faults=Faults(hang_rate=1.0))
     loading = start_sim(  # a provider answering 503 to every completion
@@ -226,9 +229,11 @@ def test_the_last_record_of_every_request_has_the_status_the_client_got(
         [
             backend("gpu", healthy.url, "ok", **EU_ZERO),
             backend("dies", dying.url, "flaky", **EU_ZERO),
+            backend("dies-too", dying.url, "rescued", **EU_ZERO),
             backend("hangs", hanging.url, "slow", **EU_ZERO),
             backend("gpu-us", healthy.url, "us-only", region="us-east-1"),
             _hosted("hosted-503", f"{loading.url}/v1", "flaky", "hosted-only"),
+            _hosted("hosted-ok", f"{healthy.url}/v1", "rescued"),
         ],
         limits={"first_byte_timeout_s": 60.0},
     )
@@ -245,6 +250,7 @@ def test_the_last_record_of_every_request_has_the_status_the_client_got(
     both = ask("private fails, hosted fails", "flaky")
     assert (both.status_code, both.json()["error"]["code"]) == (503, "backend_unavailable")
     assert ask("hosted answers 503", "hosted-only").status_code == 503
+    assert ask("private fails, hosted serves", "rescued").status_code == 200
     assert ask("policy denied", "us-only").status_code == 403
     assert ask("unknown data class", "ok", "bogus").status_code == 400
     with pytest.raises(httpx.ReadTimeout):  # the client leaves while the backend hangs
@@ -281,3 +287,10 @@ def test_the_last_record_of_every_request_has_the_status_the_client_got(
         ("dispatch", None),
         ("completion", 503),
     ]
+    # The attempt that served says so: the earlier attempt's error is not carried into it.
+    rescued = by_request[seen["private fails, hosted serves"].request_id or ""]
+    assert [(r["type"], r.get("status"), r.get("error")) for r in rescued][2:] == [
+        ("dispatch", None, None),
+        ("completion", 200, None),
+    ]
+    assert rescued[1]["type"] == "completion" and rescued[1]["error"]

@@ -285,6 +285,7 @@ class Proxy:
         if no other attempt serves (`_attempt_status`); so the last record of a request
         always has the status the client got."""
         recorder, trail = self.recorder, exchange.trail
+        exchange.upstream_error = None  # this attempt's, not an earlier attempt's
         if recorder is None or trail is None:
             await attempt()
             return
