@@ -225,23 +225,15 @@ class PolicySet:
         rule = f"{policy.id}/data_classes"
         known = tuple(sorted(policy.classes))
         reason = "the request's data class is not defined by the policy"
-        trace = tuple(
-            TraceEntry(b.id, "excluded", rule, reason) for b in self._by_model.get(model, ())
-        )
-        decision = Decision(
-            tenant=tenant,
-            model=model,
-            data_class=None,  # the label is not one the policy defines: it is not kept
-            private=(),
-            hosted=(),
-            fallback="never",
-            saturation_threshold=None,
-            refusal=Refusal(rule, f"policy {rule}: {reason} (tenant {tenant!r})"),
-            trace=trace,
+        # data_class None: the label is not one the policy defines, so it is not kept.
+        decision = self._all_excluded(
+            tenant,
+            model,
+            rule,
+            reason,
+            f"policy {rule}: {reason} (tenant {tenant!r})",
             policy_id=policy.id,
             policy_version=policy.version,
-            policy_digest=self.digest,
-            fallback_rule=rule,
         )
         return UnknownDataClass(tenant, label, rule, known, decision)
 
@@ -249,6 +241,29 @@ class PolicySet:
         """A tenant without a policy: refused whatever the label (which names no class)."""
         rule = self.default_deny_rule
         reason = f"tenant {tenant!r} has no policy: deny by default"
+        return self._all_excluded(
+            tenant,
+            model,
+            rule,
+            reason,
+            f"policy {rule}: {reason}",
+            policy_id=self.id,
+            policy_version=self.version,
+        )
+
+    def _all_excluded(
+        self,
+        tenant: str,
+        model: str,
+        rule: str,
+        reason: str,
+        message: str,
+        *,
+        policy_id: str,
+        policy_version: str,
+    ) -> Decision:
+        """A refusal by one `rule`, saying `message`: every backend serving `model`
+        excluded for `reason`, no data class kept, nothing to fall back to."""
         trace = tuple(
             TraceEntry(b.id, "excluded", rule, reason) for b in self._by_model.get(model, ())
         )
@@ -260,10 +275,10 @@ class PolicySet:
             hosted=(),
             fallback="never",
             saturation_threshold=None,
-            refusal=Refusal(rule, f"policy {rule}: {reason}"),
+            refusal=Refusal(rule, message),
             trace=trace,
-            policy_id=self.id,
-            policy_version=self.version,
+            policy_id=policy_id,
+            policy_version=policy_version,
             policy_digest=self.digest,
             fallback_rule=rule,
         )
