@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import socket
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from gateway.api import GatewayApp, create_app
 from gateway.config import GatewayConfig
 from gateway.keys import hash_api_key
+from gateway.provenance import LogDirectory, write_signing_key
 from gateway.serving import ServerThread
 from gateway.sim import SimApp, SimSettings, create_sim_app
+from tests.raw_backend import Answer, RawBackend
 from tests.real_backend.fixtures import real_llamacpp  # noqa: F401 - a fixture, used by name
 from tests.redis_server import redis_server  # noqa: F401 - a fixture, used by name
 
@@ -23,6 +28,24 @@ OTHER_KEY = "og-test-other-tenant-key-98765"
 ADMIN_TOKEN = "og-admin-test-token-0123456789"
 ADMIN_HEADERS = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 ADMIN = {"token_hashes": [hash_api_key(ADMIN_TOKEN)]}  # the `admin` config of test gateways
+# A backend's facts that every EU, zero-retention policy of the tests admits.
+EU_ZERO: dict[str, Any] = {
+    "region": "eu-west-1",
+    "retention": {"days": 0, "zero_data_retention": True},
+}
+# Only the hosted backend `hosted` serves: the private ones are never eligible.
+HOSTED_ONLY_POLICY = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: hosted-only, version: "1"}
+spec:
+  tenants: [acme]
+  residency: {allow: [eu]}
+  retention: {max_days: zero}
+  fallback:
+    mode: when_private_unavailable
+    to: [{backend: hosted}]
+"""
 
 
 @dataclasses.dataclass
@@ -97,6 +120,29 @@ def backend(
     }
 
 
+def hosted_backend(id: str, url: str, *models: str, **facts: Any) -> dict[str, Any]:
+    """An OpenAI-shaped hosted backend at `url` (a simulator's `/v1`), keyed by the
+    `HOSTED_KEY` variable, serving `models` as `openai/<name>`; EU and zero retention
+    unless `facts` say otherwise."""
+    return {
+        "id": id,
+        "kind": "hosted",
+        "provider": "openai",
+        "base_url": url,
+        "api_key_env": "HOSTED_KEY",
+        "owner": "provider",
+        "models": [{"name": m, "provider_model": f"openai/{m}"} for m in models],
+        **{**EU_ZERO, **facts},
+    }
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def gateway_config(backends: list[dict[str, Any]], **extra: Any) -> GatewayConfig:
     data: dict[str, Any] = {
         "logging": {"format": "json", "level": "warning"},
@@ -143,3 +189,47 @@ def sim_and_gateway(
         [backend("gpu", sim.url, {"name": "sim-model", "aliases": ["chat"]}, "embed-model")]
     )
     return sim, gateway
+
+
+@pytest.fixture
+def start_raw() -> Iterator[Callable[[Answer], RawBackend]]:
+    """Start scripted raw-socket backends (see tests/raw_backend.py)."""
+    started: list[RawBackend] = []
+
+    def start(answer: Answer) -> RawBackend:
+        raw = RawBackend(answer).start()
+        started.append(raw)
+        return raw
+
+    yield start
+    for raw in started:
+        raw.stop()
+
+
+def logged_private_gateway(
+    start_gateway: Callable[..., Gateway], tmp_path: Path, url: str, origin: str, **extra: Any
+) -> Gateway:
+    """A gateway in front of one private backend `gpu` at `url` serving `m`, with the
+    provenance log on in `tmp_path / "log"` (key `tmp_path / "log.key"`)."""
+    write_signing_key(tmp_path / "log.key", origin)
+    provenance = {
+        "dir": str(tmp_path / "log"),
+        "origin": origin,
+        "signing_key_file": str(tmp_path / "log.key"),
+        "checkpoint_interval_ms": 20,
+    }
+    return start_gateway([backend("gpu", url, "m")], provenance=provenance, **extra)
+
+
+def completion_record(log_dir: Path, request_id: str) -> dict[str, Any]:
+    """The completion record of `request_id`, once a checkpoint covers it."""
+    deadline = time.monotonic() + 20
+    while True:
+        directory = LogDirectory(log_dir)
+        total = int(directory.latest_note().decode().split("\n")[1])
+        for entry in directory.bundle(0, total) if total else ():
+            record = orjson.loads(entry)
+            if record["type"] == "completion" and record["request_id"] == request_id:
+                return dict(record)
+        assert time.monotonic() < deadline, "no completion record in time"
+        time.sleep(0.02)

@@ -10,8 +10,7 @@ reach a client; a stream whose body ends with the connection is complete only wi
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +18,15 @@ import httpx
 import orjson
 import pytest
 
-from gateway.provenance import LogDirectory, write_signing_key
-from tests.conftest import Gateway, Sim, backend
+from tests.conftest import (
+    HOSTED_ONLY_POLICY,
+    Gateway,
+    Sim,
+    backend,
+    completion_record,
+    hosted_backend,
+    logged_private_gateway,
+)
 from tests.raw_backend import Answer, Post, RawBackend, sse_head
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
@@ -34,20 +40,7 @@ ANSWER = orjson.dumps(
     }
 )
 MIB = 1024 * 1024
-
-
-@pytest.fixture
-def start_raw() -> Iterator[Callable[[Answer], RawBackend]]:
-    started: list[RawBackend] = []
-
-    def start(answer: Answer) -> RawBackend:
-        raw = RawBackend(answer).start()
-        started.append(raw)
-        return raw
-
-    yield start
-    for raw in started:
-        raw.stop()
+ORIGIN = "test.owngate/answers"
 
 
 def post(gateway: Gateway, **extra: Any) -> httpx.Response:
@@ -149,34 +142,6 @@ def test_bytes_after_a_complete_answer_never_reach_a_client(
     assert len({p.connection for p in raw.posts}) == 2
 
 
-def logged_gateway(
-    start_gateway: Callable[..., Gateway], tmp_path: Path, url: str, **extra: Any
-) -> Gateway:
-    write_signing_key(tmp_path / "log.key", "test.owngate/answers")
-    provenance = {
-        "dir": str(tmp_path / "log"),
-        "origin": "test.owngate/answers",
-        "signing_key_file": str(tmp_path / "log.key"),
-        "checkpoint_interval_ms": 20,
-    }
-    return start_gateway([backend("gpu", url, "m")], provenance=provenance, **extra)
-
-
-def completion(log_dir: Path, request_id: str) -> dict[str, Any]:
-    """The completion record of `request_id`, once a checkpoint covers it."""
-    deadline = time.monotonic() + 20
-    while True:
-        directory = LogDirectory(log_dir)
-        note = directory.latest_note().decode()
-        total = int(note.split("\n")[1])
-        for entry in directory.bundle(0, total) if total else ():
-            record = orjson.loads(entry)
-            if record["type"] == "completion" and record["request_id"] == request_id:
-                return dict(record)
-        assert time.monotonic() < deadline, "no completion record in time"
-        time.sleep(0.02)
-
-
 CHUNK = b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'  # noqa: E501
 
 
@@ -203,12 +168,12 @@ def test_a_stream_cut_by_the_backend_ends_with_an_error_and_is_recorded_failed(
         return False  # the backend closes the connection
 
     raw = start_raw(stream_then_die)
-    gateway = logged_gateway(start_gateway, tmp_path, raw.url)
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
     response = post(gateway, stream=True)
     assert response.status_code == 200  # the headers went out with the first chunk
     events = [e for e in response.text.split("\n\n") if e and not e.startswith(":")]
     assert events[0] + "\n\n" == CHUNK.decode()
-    record = completion(tmp_path / "log", response.headers["x-request-id"])
+    record = completion_record(tmp_path / "log", response.headers["x-request-id"])
     if cut:
         assert events[-1].startswith("data: {")
         assert orjson.loads(events[-1][6:])["error"]["code"] == "upstream_error"
@@ -220,38 +185,13 @@ def test_a_stream_cut_by_the_backend_ends_with_an_error_and_is_recorded_failed(
         assert (record["status"], record["error"]) == (200, None)
 
 
-HOSTED_ONLY_POLICY = """\
-apiVersion: policy.owngate.dev/v1
-kind: Policy
-metadata: {id: answers, version: "1"}
-spec:
-  tenants: [acme]
-  residency: {allow: [eu]}
-  retention: {max_days: zero}
-  fallback:
-    mode: when_private_unavailable
-    to: [{backend: hosted}]
-"""
-
-
 def test_a_hosted_answer_over_the_limit_is_502_too(
     start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
 ) -> None:
     provider = start_sim("vllm", models=("m",), zero_latency=True)
     (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
-    hosted = {
-        "id": "hosted",
-        "kind": "hosted",
-        "provider": "openai",
-        "base_url": f"{provider.url}/v1",
-        "api_key_env": "HOSTED_KEY",
-        "owner": "provider",
-        "region": "eu-west-1",
-        "retention": {"days": 0, "zero_data_retention": True},
-        "models": [{"name": "m", "provider_model": "openai/m"}],
-    }
     gateway = start_gateway(
-        [hosted],
+        [hosted_backend("hosted", f"{provider.url}/v1", "m")],
         policy={"paths": [str(tmp_path)]},
         environ={"HOSTED_KEY": "test-key"},
         limits={"max_response_bytes": 64},  # any chat completion is larger

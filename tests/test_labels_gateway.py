@@ -25,8 +25,8 @@ from gateway.api.labels import EXCERPT_CHARS, excerpt
 from gateway.config.schema import Listen
 from gateway.provenance import LogDirectory, write_signing_key
 from gateway.serving import ServerThread
-from tests.conftest import Gateway, Sim, backend, gateway_config
-from tests.test_policy_gateway import EU_ZERO, closed_port, hosted, served
+from tests.conftest import EU_ZERO, Gateway, Sim, backend, closed_port, gateway_config
+from tests.test_policy_gateway import hosted, served
 
 Build = Callable[..., tuple[Gateway, Sim, Sim]]
 

@@ -6,7 +6,6 @@ LiteLLM (an OpenAI-shaped provider), so the fallback path runs for real without 
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +15,7 @@ import httpx
 import pytest
 
 from gateway.sim import SimApp
-from tests.conftest import Gateway, Sim, backend, readiness
+from tests.conftest import EU_ZERO, Gateway, Sim, backend, closed_port, hosted_backend, readiness
 
 POLICIES = """\
 apiVersion: policy.owngate.dev/v1
@@ -45,29 +44,8 @@ def write_policy(directory: Path, mode: str, extra: str = "") -> Path:
     return directory
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-EU_ZERO: dict[str, Any] = {
-    "region": "eu-west-1",
-    "retention": {"days": 0, "zero_data_retention": True},
-}
-
-
 def hosted(sim: Sim, id: str = "hosted-eu", **facts: Any) -> dict[str, Any]:
-    return {
-        "id": id,
-        "kind": "hosted",
-        "provider": "openai",
-        "base_url": f"{sim.url}/v1",
-        "api_key_env": "HOSTED_KEY",
-        "owner": "provider",
-        "models": [{"name": "m", "provider_model": "openai/m"}],
-        **{**EU_ZERO, **facts},
-    }
+    return hosted_backend(id, f"{sim.url}/v1", "m", **facts)
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import base64
-import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -35,13 +34,17 @@ from gateway.provenance import (
 )
 from gateway.serving import ServerThread
 from gateway.sim import Faults
-from tests.conftest import TENANT_KEY, Sim, backend, gateway_config
+from tests.conftest import (
+    EU_ZERO,
+    TENANT_KEY,
+    Sim,
+    backend,
+    closed_port,
+    gateway_config,
+    hosted_backend,
+)
 
 ORIGIN = "test.owngate/log/honesty"
-EU_ZERO: dict[str, Any] = {
-    "region": "eu-west-1",
-    "retention": {"days": 0, "zero_data_retention": True},
-}
 POLICY = """\
 apiVersion: policy.owngate.dev/v1
 kind: Policy
@@ -57,25 +60,6 @@ spec:
     phi:
       fallback: {mode: never}
 """
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _hosted(id: str, url: str, *models: str) -> dict[str, Any]:
-    return {
-        "id": id,
-        "kind": "hosted",
-        "provider": "openai",
-        "base_url": url,
-        "api_key_env": "HOSTED_KEY",
-        "owner": "provider",
-        "models": [{"name": m, "provider_model": f"openai/{m}"} for m in models],
-        **EU_ZERO,
-    }
 
 
 @dataclass
@@ -153,7 +137,7 @@ def test_refusals_keep_the_decision_trace_and_the_request_commitment(
     gateway = logged_gateway(
         [
             # Admitted by the policy, but down (nothing listens): no compliant backend.
-            backend("gpu-eu", f"http://127.0.0.1:{_closed_port()}", "m", **EU_ZERO),
+            backend("gpu-eu", f"http://127.0.0.1:{closed_port()}", "m", **EU_ZERO),
             backend("gpu-us", us.url, "m", "us-only", region="us-east-1"),
         ],
     )
@@ -232,8 +216,8 @@ def test_the_last_record_of_every_request_has_the_status_the_client_got(
             backend("dies-too", dying.url, "rescued", **EU_ZERO),
             backend("hangs", hanging.url, "slow", **EU_ZERO),
             backend("gpu-us", healthy.url, "us-only", region="us-east-1"),
-            _hosted("hosted-503", f"{loading.url}/v1", "flaky", "hosted-only"),
-            _hosted("hosted-ok", f"{healthy.url}/v1", "rescued"),
+            hosted_backend("hosted-503", f"{loading.url}/v1", "flaky", "hosted-only"),
+            hosted_backend("hosted-ok", f"{healthy.url}/v1", "rescued"),
         ],
         limits={"first_byte_timeout_s": 60.0},
     )

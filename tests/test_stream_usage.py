@@ -10,8 +10,7 @@ provider's usage, which LiteLLM reports apart, is charged too.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +19,19 @@ import orjson
 import pytest
 
 from gateway.keys import hash_api_key
-from gateway.provenance import LogDirectory, write_signing_key
-from tests.conftest import TENANT_KEY, Gateway, Sim, backend
+from tests.conftest import (
+    HOSTED_ONLY_POLICY,
+    TENANT_KEY,
+    Gateway,
+    Sim,
+    backend,
+    completion_record,
+    hosted_backend,
+    logged_private_gateway,
+)
 from tests.raw_backend import Answer, Post, RawBackend, sse_head
 
+ORIGIN = "test.owngate/usage"
 PROMPT = {"model": "m", "messages": [{"role": "user", "content": "count to ten"}]}
 
 
@@ -73,36 +81,11 @@ def test_a_stream_without_include_usage_is_charged_to_the_budget(
     assert orjson.loads(sent)["stream_options"] == {"include_usage": True}
 
 
-def logged(start_gateway: Callable[..., Gateway], tmp_path: Path, url: str) -> Gateway:
-    write_signing_key(tmp_path / "log.key", "test.owngate/usage")
-    provenance = {
-        "dir": str(tmp_path / "log"),
-        "origin": "test.owngate/usage",
-        "signing_key_file": str(tmp_path / "log.key"),
-        "checkpoint_interval_ms": 20,
-    }
-    return start_gateway([backend("gpu", url, "m")], provenance=provenance)
-
-
-def completion(log_dir: Path, request_id: str) -> dict[str, Any]:
-    """The completion record of `request_id`, once a checkpoint covers it."""
-    deadline = time.monotonic() + 20
-    while True:
-        directory = LogDirectory(log_dir)
-        total = int(directory.latest_note().decode().split("\n")[1])
-        for entry in directory.bundle(0, total) if total else ():
-            record = orjson.loads(entry)
-            if record["type"] == "completion" and record["request_id"] == request_id:
-                return dict(record)
-        assert time.monotonic() < deadline, "no completion record in time"
-        time.sleep(0.02)
-
-
 def test_the_usage_chunk_is_asked_for_kept_from_the_client_and_recorded(
     start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
 ) -> None:
     sim = start_sim("vllm", models=("m",), zero_latency=True)
-    gateway = logged(start_gateway, tmp_path, sim.url)
+    gateway = logged_private_gateway(start_gateway, tmp_path, sim.url, ORIGIN)
     sent = b'  {"model": "m", "stream": true, "max_tokens": 5, "messages": [{"role": "user", '
     sent += b'"content": "hi"}]}'
     response = stream(gateway, sent)
@@ -112,7 +95,7 @@ def test_the_usage_chunk_is_asked_for_kept_from_the_client_and_recorded(
     # Only the option was spliced in: every other byte went as the client sent it.
     upstream = sim.app.captured("/v1/chat/completions")[-1].body
     assert upstream == b'  {"stream_options":{"include_usage":true},' + sent[3:]
-    usage = completion(tmp_path / "log", response.headers["x-request-id"])["usage"]
+    usage = completion_record(tmp_path / "log", response.headers["x-request-id"])["usage"]
     assert usage["completion_tokens"] == 5
     assert usage["total_tokens"] == usage["prompt_tokens"] + 5
 
@@ -121,27 +104,13 @@ def test_a_client_that_asks_for_usage_gets_its_body_through_unchanged(
     start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
 ) -> None:
     sim = start_sim("vllm", models=("m",), zero_latency=True)
-    gateway = logged(start_gateway, tmp_path, sim.url)
+    gateway = logged_private_gateway(start_gateway, tmp_path, sim.url, ORIGIN)
     sent = body(max_tokens=4, stream_options={"include_usage": True})
     response = stream(gateway, sent)
     assert sim.app.captured("/v1/chat/completions")[-1].body == sent
     assert '"choices":[],"usage":' in response.text
-    usage = completion(tmp_path / "log", response.headers["x-request-id"])["usage"]
+    usage = completion_record(tmp_path / "log", response.headers["x-request-id"])["usage"]
     assert usage["completion_tokens"] == 4
-
-
-@pytest.fixture
-def start_raw() -> Iterator[Callable[[Answer], RawBackend]]:
-    started: list[RawBackend] = []
-
-    def start(answer: Answer) -> RawBackend:
-        raw = RawBackend(answer).start()
-        started.append(raw)
-        return raw
-
-    yield start
-    for raw in started:
-        raw.stop()
 
 
 def test_a_backend_that_reports_no_usage_is_charged_an_estimate(
@@ -162,20 +131,6 @@ def test_a_backend_that_reports_no_usage_is_charged_an_estimate(
     assert statuses_until_refused(gateway, body(), most=3) == [200, 429]
 
 
-HOSTED_POLICY = """\
-apiVersion: policy.owngate.dev/v1
-kind: Policy
-metadata: {id: usage, version: "1"}
-spec:
-  tenants: [acme]
-  residency: {allow: [eu]}
-  retention: {max_days: zero}
-  fallback:
-    mode: when_private_unavailable
-    to: [{backend: hosted}]
-"""
-
-
 @pytest.mark.filterwarnings(  # LiteLLM's own, while streaming (see tests/test_hosted.py)
     "ignore:Item '[A-Za-z_]+' on TypedDict class '[A-Za-z_]+' is using the `ReadOnly` "
     "qualifier:UserWarning",
@@ -186,20 +141,9 @@ def test_a_hosted_stream_without_include_usage_is_charged_too(
     start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
 ) -> None:
     provider = start_sim("vllm", models=("m",), zero_latency=True)
-    (tmp_path / "policy.yaml").write_text(HOSTED_POLICY)
-    hosted = {
-        "id": "hosted",
-        "kind": "hosted",
-        "provider": "openai",
-        "base_url": f"{provider.url}/v1",
-        "api_key_env": "HOSTED_KEY",
-        "owner": "provider",
-        "region": "eu-west-1",
-        "retention": {"days": 0, "zero_data_retention": True},
-        "models": [{"name": "m", "provider_model": "openai/m"}],
-    }
+    (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
     gateway = start_gateway(
-        [hosted],
+        [hosted_backend("hosted", f"{provider.url}/v1", "m")],
         tenants=tenants(tokens_per_minute=600),
         policy={"paths": [str(tmp_path)]},
         environ={"HOSTED_KEY": "test-key"},
