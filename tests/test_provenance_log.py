@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import itertools
-import os
 import re
 import shutil
 import threading
@@ -38,6 +37,7 @@ from gateway.provenance.reader import LogDirectory
 from gateway.provenance.store import SignedNote, Snapshot
 from gateway.provenance.testing import EXAMPLE_POLICY, log_refusal, log_request, seeded_signer
 from gateway.provenance.wal import list_segments
+from tests.test_provenance_full_disk import FailingDisk  # its writes land, then fail (EIO)
 
 ORIGIN = "gateway.example/log/replica-1"
 
@@ -525,23 +525,6 @@ def test_a_failed_checkpoint_is_covered_by_the_next_one(
     assert verify_log(tmp_path, [_signer().verifier()]).size == 1
 
 
-class _SyncFails:
-    """`os` for the write-ahead segment as a disk whose synchronous writes land but fail
-    to sync (EIO) while `failing` is set."""
-
-    def __init__(self) -> None:
-        self.failing = False
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(os, name)
-
-    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
-        written = os.pwrite(fd, data, offset)
-        if self.failing:
-            raise OSError(errno.EIO, "Input/output error")
-        return written
-
-
 def test_writes_that_land_but_fail_leave_no_junk_before_a_later_segment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -549,7 +532,7 @@ def test_writes_that_land_but_fail_leave_no_junk_before_a_later_segment(
     # close that segment with them, or the next open finds a damaged segment that is not
     # the last (found by review: probes left 4 KiB of zeros there, and the log refused
     # to open).
-    disk = _SyncFails()
+    disk = FailingDisk()
     monkeypatch.setattr(gateway.provenance.wal, "os", disk)
 
     def broken(files: object, *, root: Path) -> None:
@@ -656,7 +639,7 @@ def test_records_nobody_waits_on_are_written_once_the_disk_takes_writes_again(
 ) -> None:
     # Issue 12, item 14: a completion whose write failed was lost (only logged), leaving
     # its dispatch open in the log for good although the disk came back moments later.
-    disk = _SyncFails()
+    disk = FailingDisk()
     monkeypatch.setattr(gateway.provenance.wal, "os", disk)
 
     async def scenario() -> None:
@@ -683,7 +666,7 @@ def test_records_nobody_waits_on_are_written_once_the_disk_takes_writes_again(
 def test_records_kept_after_a_failed_write_are_bounded_and_fail_at_close(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    disk = _SyncFails()
+    disk = FailingDisk()
     monkeypatch.setattr(gateway.provenance.wal, "os", disk)
 
     async def scenario() -> None:
