@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gateway.config import load_config  # noqa: E402 - after the path set-up above
-from gateway.policy import BackendFacts, PolicySet, backend_facts, load_policies  # noqa: E402
+from gateway.config.facts import backend_facts  # noqa: E402
+from gateway.policy import BackendFacts, PolicySet, load_policies  # noqa: E402
 from gateway.policy.loader import parse_policies  # noqa: E402
 
 Key = tuple[str, str, str | None]

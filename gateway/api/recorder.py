@@ -28,10 +28,11 @@ import orjson
 from gateway.api.exchange import Exchange
 from gateway.api.receipts import ReceiptStore
 from gateway.api.refusal import Refused
+from gateway.config.facts import facts_of
 from gateway.config.schema import Provenance
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
-from gateway.policy import Decision, facts_of
+from gateway.policy import Decision
 from gateway.provenance import (
     BackendRef,
     LogEntry,

@@ -159,7 +159,7 @@ def decision_cost(config_path: Path, calls: int) -> dict[str, Any]:
     no label or one of the tenant's data classes.
     """
     from gateway.config import load_config  # here: the CLI imports this module at start
-    from gateway.policy import backend_facts
+    from gateway.config.facts import backend_facts
     from gateway.routing.trust import TrustPolicies
 
     config = load_config(config_path, env={})

@@ -17,12 +17,12 @@ from typing import Any
 
 from gateway.cli._common import env_default, load_or_report, usage
 from gateway.config import GatewayConfig
+from gateway.config.facts import backend_facts
 from gateway.policy import (
     Decision,
     PolicyIssue,
     PolicySet,
     UnknownDataClass,
-    backend_facts,
     check_policies,
 )
 from gateway.policy.cases import TestReport, load_cases, run_cases

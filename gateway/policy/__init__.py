@@ -12,7 +12,6 @@ without the server.
 """
 
 from gateway.policy.engine import PolicySet
-from gateway.policy.facts import backend_facts, facts_of
 from gateway.policy.loader import check_policies, check_sources, load_policies, parse_policies
 from gateway.policy.schema import API_VERSION, DEFAULT_DATA_CLASS_HEADER
 from gateway.policy.types import (
@@ -40,10 +39,8 @@ __all__ = [
     "Refusal",
     "TraceEntry",
     "UnknownDataClass",
-    "backend_facts",
     "check_policies",
     "check_sources",
-    "facts_of",
     "load_policies",
     "parse_policies",
 ]

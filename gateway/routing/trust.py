@@ -16,9 +16,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gateway.config.facts import backend_facts
 from gateway.config.schema import GatewayConfig
 from gateway.logs import get_logger
-from gateway.policy import BackendFacts, PolicyError, PolicySet, backend_facts, parse_policies
+from gateway.policy import BackendFacts, PolicyError, PolicySet, parse_policies
 from gateway.policy.loader import load_policies
 
 __all__ = ["BUILTIN_POLICY_ID", "TrustPolicies"]

@@ -1,5 +1,8 @@
 """`BackendFacts` from gateway.yaml: what the operator declared, the policy's trust root.
 
+This lives with the config, not the policy core: `gateway.policy` takes `BackendFacts`
+and never needs gateway.yaml's types (an auditor installs it without the server).
+
 owngate does not discover where a backend runs or how a provider keeps data; it takes
 the operator's declaration (`region`, `owner`, `provider`, `retention`) as given,
 enforces policies against it and records it (see `PolicySet.facts_digest`).
