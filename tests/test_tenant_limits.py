@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import httpx
+import pytest
 
-from tests.conftest import TENANT_KEY, Gateway, Sim, backend
+from gateway.api import create_app
+from gateway.keys import hash_api_key
+from gateway.serving import ServerThread
+from gateway.state import RateLimited, TenantLimits
+from tests.conftest import TENANT_KEY, Gateway, Sim, backend, gateway_config
 
 BODY = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -83,3 +89,49 @@ def test_concurrent_requests(
     thread.join(timeout=30)
     assert first == [200]
     assert post(gateway).status_code == 200  # the slot was given back
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_budget_is_charged_before_the_client_sees_the_answer_end(
+    start_sim: Callable[..., Sim], stream: bool
+) -> None:
+    """A client that sends its next request the moment an answer ends must meet a budget
+    that already holds that answer: the charge lands before the message that ends it
+    (it used to land after, so the next request could be admitted first)."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    tenants = [
+        {
+            "id": "acme",
+            "api_key_hashes": [hash_api_key(TENANT_KEY)],
+            "models": ["*"],
+            "limits": {"tokens_per_minute": 5},
+        }
+    ]
+    app = create_app(gateway_config([backend("gpu", sim.url, "m")], tenants=tenants), environ={})
+    limits = TenantLimits(tokens_per_minute=5)
+    seen: list[str] = []
+
+    async def probe_at_the_end(scope: Any, receive: Any, send: Any) -> None:
+        async def send_checked(message: Any) -> None:
+            ends = message["type"] == "http.response.body" and not message.get("more_body")
+            if ends and scope.get("path") == "/v1/chat/completions":
+                try:
+                    admission = await app.state.acquire("acme", limits)
+                except RateLimited:
+                    seen.append("budget spent")
+                else:
+                    await admission.release(0)
+                    seen.append("still admitted")
+            await send(message)
+
+        await app(scope, receive, send_checked)
+
+    with ServerThread(probe_at_the_end) as server:
+        response = httpx.post(
+            f"{server.url}/v1/chat/completions",
+            json={**BODY, "stream": stream},
+            timeout=30,
+            headers={"authorization": f"Bearer {TENANT_KEY}"},
+        )
+    assert response.status_code == 200
+    assert seen == ["budget spent"]

@@ -285,6 +285,7 @@ class GatewayApp:
             tenant = self._authenticate(scope)
             exchange.tenant = tenant.id
             admission = await self._admit(tenant)
+            exchange.charge = lambda: admission.release(_tokens_used(exchange))
             try:
                 body = await self._read_body(scope, receive)
                 await self.proxy.forward(

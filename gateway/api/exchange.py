@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ __all__ = [
     "receipt_headers",
     "relayed",
     "send_error_event",
+    "settle",
     "start_stream",
     "watch_disconnect",
 ]
@@ -55,6 +57,10 @@ class Exchange:
     prefix_bytes: int = 0  # how much of the request body that key covers
     cached_bytes: int = 0  # of those, what the current attempt's backend should have cached
     prefilling: int = 0  # estimated prompt tokens the current attempt adds to its backend
+    # Charges the tenant for the answer (tokens used) and frees its admission: run once,
+    # before the client can see the answer end (`settle`), so a client's next request
+    # is admitted against a budget that already holds this one.
+    charge: Callable[[], Awaitable[None]] | None = None
 
 
 class TryNext(Exception):
@@ -68,8 +74,18 @@ class TryNext(Exception):
         self.error = error
 
 
+async def settle(exchange: Exchange) -> None:
+    """Charge the tenant for this answer now (once): called just before the message that
+    ends the answer goes out."""
+    charge, exchange.charge = exchange.charge, None
+    if charge is not None:
+        await charge()
+
+
 async def receipt_headers(exchange: Exchange) -> tuple[tuple[bytes, bytes], ...]:
-    """The receipt header of a whole answer (waits for its signature if still running)."""
+    """The receipt header of a whole answer (waits for its signature if still running);
+    the tenant is charged before the answer goes out (`settle`)."""
+    await settle(exchange)
     receipt = await exchange.trail.sealed_receipt() if exchange.trail is not None else None
     if receipt is None:
         return ()
@@ -87,7 +103,9 @@ def relayed(exchange: Exchange, data: bytes, *, whole: bool = False) -> None:
 
 async def end_stream(send: Send, exchange: Exchange) -> None:
     """End a relayed stream: its receipt as a final SSE comment line (which SSE clients
-    ignore), in the same message that closes the body."""
+    ignore), in the same message that closes the body. The tenant is charged first
+    (`settle`)."""
+    await settle(exchange)
     receipt = await exchange.trail.sealed_receipt() if exchange.trail is not None else None
     line = b": owngate-receipt " + base64.b64encode(receipt) + b"\n\n" if receipt else b""
     await send({"type": "http.response.body", "body": line, "more_body": False})
