@@ -24,6 +24,7 @@ import pytest
 
 from gateway.api.admin import is_loopback
 from gateway.bench.services import HOST, Service, child_env, free_port, owngate_argv
+from gateway.provenance import write_signing_key
 from gateway.sim import Faults
 from tests.conftest import ADMIN_TOKEN, Gateway, Sim, admin_status, backend, readiness
 
@@ -365,6 +366,54 @@ def test_saturated_pool_queues_then_refuses_with_retry_after(
     assert timed_out.json()["error"]["code"] == "backend_unavailable"
     assert timed_out.headers["retry-after"] == "1"
     assert sim.app.stats.hangs == 4 and sim.app.stats.completed == 1
+
+
+def test_a_burst_cannot_slip_past_the_saturation_check_while_its_dispatch_is_logged(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    # With the provenance log on, each request waits for its durable dispatch record
+    # before it is sent. A request used to count as in flight on its backend only after
+    # that wait, so every request of a burst saw an idle backend and went through: the
+    # pool's queue (size 1) and its bound never applied. One slot, threshold 0.5: two
+    # held requests saturate it; of a burst of four, two reach the backend, one waits in
+    # the queue (503 past max_wait_s) and one finds the queue full (429).
+    write_signing_key(tmp_path / "log.key", "test.owngate/log/burst")
+    sim = start_sim("vllm", models=("m",), slots=1, zero_latency=True)
+    sim.app.control.faults = Faults(hang_rate=1.0)  # every request held until it leaves
+    gateway = start_gateway(
+        [backend("gpu", sim.url, "m", capacity={"max_concurrency": 1})],
+        scrape=FAST_SCRAPE,
+        routing={"pools": {"m": {"queue": {"threshold": 0.5, "size": 1, "max_wait_s": 0.3}}}},
+        provenance={
+            "dir": str(tmp_path / "log"),
+            "origin": "test.owngate/log/burst",
+            "signing_key_file": str(tmp_path / "log.key"),
+        },
+    )
+
+    async def burst() -> tuple[list[int], int]:
+        async with httpx.AsyncClient(
+            base_url=gateway.url, headers=gateway.headers, timeout=60
+        ) as http:
+            sent = [
+                asyncio.create_task(http.post("/v1/chat/completions", json=CHAT)) for _ in range(4)
+            ]
+            done: set[asyncio.Task[httpx.Response]] = set()
+            for _ in range(300):  # bounded: the two refused answer within max_wait_s
+                done = {task for task in sent if task.done()}
+                if len(done) >= 2:
+                    break
+                await asyncio.sleep(0.1)
+            hangs = sim.app.stats.hangs
+            for task in sent:
+                task.cancel()  # the held ones: their client leaves
+            results = await asyncio.gather(*sent, return_exceptions=True)
+        answered = [r.status_code for r in results if isinstance(r, httpx.Response)]
+        return sorted(answered), hangs
+
+    answered, reached = asyncio.run(burst())
+    assert reached == 2, f"{reached} of 4 reached a one-slot backend past its queue"
+    assert answered == [429, 503]
 
 
 def owngate_status(*args: str, token: str = ADMIN_TOKEN) -> subprocess.CompletedProcess[str]:

@@ -101,7 +101,6 @@ class PrivateRelay:
             headers.append((b"authorization", backend.auth_header))
         exchange.backend = backend.id
         judged = False  # whether the breaker heard how this attempt went
-        self._enter(backend)
         # Prefill queued at the backend until its first byte: ~4 bytes of JSON per token,
         # less the prefix its cache should hold.
         exchange.prefilling = max(0, len(out) - exchange.cached_bytes) // 4
@@ -157,7 +156,6 @@ class PrivateRelay:
             if grant is Pass.probe and not judged:
                 breaker.abandoned(epoch)
             _first_byte(exchange, backend)
-            self._leave(backend)
 
     def _judge_failure(
         self, breaker: Breaker, exc: UpstreamError, clipped: bool, epoch: int
@@ -298,12 +296,15 @@ class PrivateRelay:
             pattern = self._rewrites[key] = model_pattern(model)
         return rewrite_model(body, doc, pattern, route.upstream_model)
 
-    def _enter(self, backend: BackendState) -> None:
+    def enter(self, backend: BackendState) -> None:
+        """Count a request in flight on `backend`, from the moment it is chosen (the
+        dispatcher calls it before the attempt's durable dispatch record is awaited, so
+        the next arrival's saturation check sees it); `leave` when the attempt is over."""
         backend.inflight += 1
         self._state.backend_started(backend.id)
         self._metrics.set_inflight(backend.id, backend.inflight)
 
-    def _leave(self, backend: BackendState) -> None:
+    def leave(self, backend: BackendState) -> None:
         backend.inflight -= 1
         self._state.backend_finished(backend.id)
         self._metrics.set_inflight(backend.id, backend.inflight)

@@ -225,6 +225,9 @@ class Proxy:
             # The part of the prompt the backend's prefix cache should hold is no prefill.
             holds = self._picker.holds(exchange.prefix, route.backend.id)
             exchange.cached_bytes = exchange.prefix_bytes if holds else 0
+            # In flight from now: with no await since the saturation check, a burst
+            # cannot all see the backend idle while their dispatch records are written.
+            self._private.enter(route.backend)
             try:
                 await self._recorded(
                     exchange,
@@ -238,6 +241,7 @@ class Proxy:
             except TryNext as exc:
                 failures.attempt_failed(exc)
             finally:
+                self._private.leave(route.backend)
                 for queue in self._queues_of.get(route.backend.id, ()):
                     queue.release()
         if fallback_allowed and not saturated:
