@@ -35,6 +35,9 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
   trailer field as it buffers a header; a request that carries trailer fields at all is
   400 `invalid_request` (uvicorn would add them to the request's headers after the app
   read them: a data-class label could arrive after the policy looked).
+- protocol upgrades (`Upgrade` with `Connection: upgrade`, `CONNECT`) are 400
+  `invalid_request`: the parser stops at such a head, and its body would otherwise be
+  parsed later as a request of its own.
 
 Every refusal is a JSON OpenAI error object with `connection: close`; then the write side
 is shut and what the client still sends is read and dropped for a bounded time
@@ -228,9 +231,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                 self._refuse(ErrorCode.invalid_request, "framing", "Invalid HTTP request.")
             return
         except httptools.HttpParserUpgrade:
-            # No protocol upgrades here (`ws="none"`): the request was served as plain
-            # HTTP, and the bytes after its head are dropped by the parser.
-            pass
+            # Refused in `on_headers_complete`; should the parser still stop here, the
+            # bytes after the head must never be parsed as a request of their own.
+            self._refuse(ErrorCode.invalid_request, "upgrade", _NO_UPGRADE)
+            return
         except httptools.HttpParserError as exc:
             self._refuse(ErrorCode.invalid_request, "framing", _framing_message(exc))
             return
@@ -280,6 +284,11 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                 "header_count",
                 f"The request has more than {limits.max_headers} header fields.",
             )
+        if self.parser.should_upgrade():
+            # The gateway speaks no other protocol (`ws="none"`). Served as plain HTTP, the
+            # parser would stop at the head: its body would be read later as a request of
+            # its own (one with its own key and labels, smuggled past a proxy in front).
+            raise _Refusal(ErrorCode.invalid_request, "upgrade", _NO_UPGRADE)
         limit = limits.max_header_bytes
         # `_head_bytes` is exact for a head that spans reads, and an upper bound when
         # it ends inside a read (body bytes follow it): count exactly only then.
@@ -388,6 +397,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self._linger_timer = self.loop.call_later(_LINGER_S, self.transport.close)
+
+
+_NO_UPGRADE = (
+    "Protocol upgrades (Upgrade with Connection: upgrade, CONNECT) are not supported; "
+    "send the request as plain HTTP/1.1."
+)
 
 
 def _too_long(limit: int) -> str:

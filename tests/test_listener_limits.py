@@ -621,3 +621,33 @@ def test_many_small_chunks_are_served() -> None:
         status, _, body = parse(exchange(server, request))
     assert (status, body) == (200, b"ok")
     assert len(got[0]) == 3000
+
+
+def test_an_upgrade_request_is_refused_and_its_body_never_runs() -> None:
+    """The parser stops at a head that asks for an upgrade; served as plain HTTP, the
+    body was read later as a request of its own (smuggled past a proxy in front, with its
+    own key and labels). One request on the wire gets one answer: a 400."""
+    paths: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        paths.append(scope["path"])
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}
+        )
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    inner = b"GET /smuggled HTTP/1.1\r\nhost: g\r\n\r\n"
+    outer = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\nupgrade: h2c\r\n"
+        b"connection: upgrade\r\ncontent-length: %d\r\n\r\n" % len(inner)
+    )
+    with ServerThread(app) as server, connect(server) as sock:
+        sock.sendall(outer)
+        sock.sendall(inner)  # a later read: the old protocol parsed it from scratch
+        answer = read_to_end(sock)
+    status, _, body = parse(answer)
+    assert status == 400 and json.loads(body)["error"]["code"] == "invalid_request"
+    assert answer.count(b"HTTP/1.1 ") == 1  # one answer, never a second for the body
+    assert paths == []
