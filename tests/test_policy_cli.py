@@ -415,3 +415,19 @@ def test_bench_prints_cached_and_uncached_percentiles() -> None:
         (s, m) for s in ("examples", "large") for m in ("cached", "uncached")
     }
     assert all(0 < r["p50_us"] <= r["p99_us"] for r in rows)
+
+
+def test_explain_reads_a_label_as_the_gateway_reads_its_header(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The gateway takes "phi, PHI" (values that agree) as phi and refuses "phi,public"
+    # and a blank label; explain said "phi, phi" was an undefined class.
+    base = ("policy", "explain", "--policies", POLICIES, "--tenant", "clinic-eu")
+    model = ("--model", "llama-3.1-8b", "--json")
+    assert owngate(*base, *model, "--data-class", "phi") == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert owngate(*base, *model, "--data-class", " phi, PHI") == 0
+    assert json.loads(capsys.readouterr().out) == plain
+    for refused in ("phi,public", " "):
+        assert owngate(*base, *model, "--data-class", refused) == 1
+        assert "the gateway refuses it (400 unknown_data_class)" in capsys.readouterr().err

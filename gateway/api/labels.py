@@ -17,6 +17,7 @@ from __future__ import annotations
 from gateway.asgi import Scope
 from gateway.errors import ErrorCode, GatewayError
 from gateway.policy import PolicySet, UnknownDataClass
+from gateway.policy.labels import InvalidLabel, one_label
 
 __all__ = [
     "EXCERPT_CHARS",
@@ -33,30 +34,12 @@ UNKNOWN = "<unknown>"
 EXCERPT_CHARS = 64
 
 
-class InvalidLabel(ValueError):
-    """The data-class header is present but names no single label (empty, blank, or
-    copies that disagree)."""
-
-
 def read_label(scope: Scope, header: bytes) -> str | None:
     """The one label the request's `header` copies name (stripped, lower case), or None
     when the request has no such header. `header` is the lower-case name (ASGI servers
     lower-case header names). Raises `InvalidLabel` for an empty or blank value and for
-    copies or comma-separated values that name different labels."""
-    values = [value for key, value in scope["headers"] if key == header]
-    if not values:
-        return None
-    found: str | None = None
-    for value in values:
-        for part in value.decode("latin-1").split(","):
-            label = part.strip().lower()
-            if not label:
-                raise InvalidLabel("is empty or blank")
-            if found is None:
-                found = label
-            elif label != found:
-                raise InvalidLabel("has values that disagree (copies must name one class)")
-    return found
+    copies or comma-separated values that name different labels (`one_label`)."""
+    return one_label(value.decode("latin-1") for key, value in scope["headers"] if key == header)
 
 
 def label_refused(

@@ -26,6 +26,7 @@ from gateway.policy import (
     check_policies,
 )
 from gateway.policy.cases import TestReport, load_cases, run_cases
+from gateway.policy.labels import InvalidLabel, one_label
 
 __all__ = ["register"]
 
@@ -207,7 +208,15 @@ def _explain(args: argparse.Namespace) -> int:
     if policy_set is None:
         return 1
     try:
-        decision = policy_set.decide(args.tenant, args.model, args.data_class)
+        # Read as the gateway reads the header: comma-separated values must agree.
+        label = None if args.data_class is None else one_label([args.data_class])
+        decision = policy_set.decide(args.tenant, args.model, label)
+    except InvalidLabel as exc:
+        print(
+            f"error: the data-class label {exc}: the gateway refuses it (400 unknown_data_class)",
+            file=sys.stderr,
+        )
+        return 1
     except UnknownDataClass as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
