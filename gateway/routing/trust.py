@@ -48,6 +48,7 @@ class TrustPolicies:
         # Raises PolicyError: the server refuses to start without valid policies.
         self.current: PolicySet = self._compile()
         self._stamp = self._fingerprint()
+        self._pending: tuple[tuple[str, int, int], ...] | None = None  # a change settling
 
     @property
     def configured(self) -> bool:
@@ -96,16 +97,30 @@ class TrustPolicies:
                 stamps.append((str(file), info.st_mtime_ns, info.st_size))
         return tuple(stamps)
 
+    def poll(self) -> bool:
+        """One look at the policy files: reload once a change has held still for a whole
+        poll interval (the same size and mtime twice in a row), so a file caught half
+        written, which may still parse as a weaker policy, is never loaded. True if it
+        reloaded. (Write policy files atomically all the same: a temporary file renamed
+        over the old one.)"""
+        stamp = self._fingerprint()
+        if stamp == self._stamp:
+            self._pending = None
+            return False
+        if stamp != self._pending:
+            self._pending = stamp  # changed since the last look: maybe still being written
+            return False
+        self._stamp, self._pending = stamp, None
+        self.reload()
+        return True
+
     async def watch(self) -> None:
-        """Poll the policy files; reload when any of them changes. Cancel to stop."""
+        """Poll the policy files every `reload_interval_s` (`poll`). Cancel to stop."""
         if not self._paths:
             return
         while True:
             await asyncio.sleep(self.reload_interval_s)
-            stamp = self._fingerprint()
-            if stamp != self._stamp:
-                self._stamp = stamp
-                self.reload()
+            self.poll()
 
     def status(self) -> dict[str, Any]:
         policy = self.current
