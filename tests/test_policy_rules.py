@@ -476,3 +476,44 @@ def test_a_per_tenant_default_overrides_the_policy_default() -> None:
 def test_a_tenant_without_a_policy_has_no_data_class() -> None:
     decision = policy_set().decide("stranger", "m", "Jane Doe")
     assert decision.refusal is not None and decision.data_class is None
+
+
+def _aliased(id: str) -> BackendFacts:
+    """A backend serving one model as `llama-3.1-8b` and by its alias `llama3`."""
+    base = facts(id, models=("llama-3.1-8b", "llama3"))
+    return BackendFacts(
+        **{f: getattr(base, f) for f in BackendFacts.__dataclass_fields__ if f != "model_groups"},
+        model_groups=(frozenset({"llama-3.1-8b", "llama3"}),),
+    )
+
+
+@pytest.mark.parametrize(
+    ("models", "asked", "eligible"),
+    [
+        ({"deny": ["llama-3.1-8b"]}, "llama3", False),  # the alias does not escape the deny
+        ({"deny": ["llama-3.1-8b"]}, "llama-3.1-8b", False),
+        ({"deny": ["llama3"]}, "llama-3.1-8b", False),  # a deny written for the alias
+        ({"allow": ["llama-3.1-8b"]}, "llama3", True),  # the same model, asked by its alias
+        ({"allow": ["other"]}, "llama3", False),
+        ({"allow": ["llama*"], "deny": ["llama-3.1-*"]}, "llama3", False),  # deny wins
+    ],
+)
+def test_a_models_rule_judges_a_model_by_all_its_names(
+    models: dict[str, Any], asked: str, eligible: bool
+) -> None:
+    decision = policy_set((_aliased("gpu"),), models=models).decide("t", asked, None)
+    assert (decision.private == ("gpu",)) is eligible, decision.trace
+    if not eligible:
+        assert excluded(decision) == {"gpu": "p/models"}
+
+
+def test_gateway_yaml_facts_group_a_models_name_with_its_aliases() -> None:
+    from gateway.config.facts import facts_of
+    from gateway.config.schema import Backend
+    from tests.conftest import backend
+
+    spec = backend("gpu", "http://127.0.0.1:9", "m")
+    spec["models"] = [{"name": "llama-3.1-8b", "aliases": ["llama3"]}, {"name": "other"}]
+    declared = facts_of(Backend.model_validate(spec))
+    assert declared.names_of("llama3") == {"llama-3.1-8b", "llama3"}
+    assert declared.names_of("other") == {"other"}

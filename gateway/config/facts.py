@@ -29,6 +29,7 @@ def facts_of(backend: Backend) -> BackendFacts:
         zero_data_retention=backend.retention.zero_data_retention,
         training=backend.retention.training,
         models=frozenset(name for m in backend.models for name in (m.name, *m.aliases)),
+        model_groups=tuple(frozenset((m.name, *m.aliases)) for m in backend.models),
     )
 
 

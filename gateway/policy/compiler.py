@@ -209,4 +209,5 @@ def _facts(backend: BackendFacts) -> dict[str, Any]:
         "zero_data_retention": backend.zero_data_retention,
         "training": backend.training,
         "models": sorted(backend.models),
+        "model_groups": sorted(sorted(group) for group in backend.model_groups if len(group) > 1),
     }

@@ -111,6 +111,22 @@ def _list_check(rule: str, section: str, what: str, lists: Lists, value: str) ->
     return None
 
 
+def _models_check(rule: str, lists: Lists, model: str, names: frozenset[str]) -> Exclusion | None:
+    """A model is judged by every name it is served under (`names`: its name and aliases):
+    denied when any of them matches a deny entry, allowed when any matches the allow list.
+    So `deny: [llama-3.1-8b]` also holds for a client asking by the alias `llama3`."""
+    for name in sorted(names, key=lambda n: (n != model, n)):  # the requested name first
+        denied = Globs(lists.deny).first_match(name)
+        if denied is not None:
+            also = "" if name == model else f" (the same model as {name!r})"
+            return Exclusion(rule, f"model {model!r}{also} matches models.deny entry {denied!r}")
+    if lists.allow is not None:
+        allow = Globs(lists.allow)
+        if all(allow.first_match(name) is None for name in names):
+            return Exclusion(rule, f"model {model!r} is not in models.allow {_quote(lists.allow)}")
+    return None
+
+
 def _residency_check(rule: str, residency: Residency, region: str) -> Exclusion | None:
     for entry in residency.deny:
         if jurisdictions.region_matches(region, jurisdictions.expand(entry)) is not None:
@@ -208,19 +224,20 @@ def compile_scope(
         static[backend.id] = ranked(exclusion)
         if rank is not None:
             ranks[backend.id] = rank
-    model_verdicts: dict[str, Exclusion | None] = {}
+    by_names: dict[tuple[str, frozenset[str]], Exclusion | None] = {}
+    model_verdicts: dict[str, Exclusion | None] = {}  # an exclusion on any backend wins
     model_entries: dict[str, dict[str, TraceEntry]] = {}
     for backend in backends:
         for model in sorted(backend.models):
-            if model not in model_verdicts:
-                model_verdicts[model] = (
+            names = backend.names_of(model)
+            if (model, names) not in by_names:
+                by_names[model, names] = (
                     None
                     if rules.models is None
-                    else ranked(
-                        _list_check(f"{prefix}/models", "models", "model", rules.models, model)
-                    )
+                    else ranked(_models_check(f"{prefix}/models", rules.models, model, names))
                 )
-            verdict = model_verdicts[model]
+            verdict = by_names[model, names]
+            model_verdicts[model] = model_verdicts.get(model) or verdict
             if verdict is not None:
                 entry = TraceEntry(backend.id, "excluded", verdict.rule, verdict.reason)
                 model_entries.setdefault(model, {})[backend.id] = entry

@@ -45,6 +45,16 @@ class BackendFacts:
     zero_data_retention: bool
     training: bool
     models: frozenset[str]  # public names (names and aliases) the backend serves
+    # The names of each model it serves (a name and its aliases): a `models` rule judges
+    # a model by all its names, so an alias never escapes a deny written for the name.
+    model_groups: tuple[frozenset[str], ...] = ()
+
+    def names_of(self, model: str) -> frozenset[str]:
+        """Every name the backend serves `model` under (the name itself at least)."""
+        for group in self.model_groups:
+            if model in group:
+                return group
+        return frozenset((model,))
 
 
 @dataclass(frozen=True, slots=True)
