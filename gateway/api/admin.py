@@ -28,7 +28,7 @@ from gateway.routing.scraper import MetricsScraper
 if TYPE_CHECKING:
     from gateway.api.proxy import Proxy
 
-__all__ = ["authorize", "is_loopback", "send_status", "status_report"]
+__all__ = ["authorize", "backend_detail", "is_loopback", "send_status", "status_report"]
 
 
 def is_loopback(scope: Scope) -> bool:
@@ -167,4 +167,25 @@ def _backend(
         "scores": {m: round(proxy.score(m, backend), 4) for m in models}
         if backend.config.is_private
         else {},
+    }
+
+
+def backend_detail(
+    registry: Registry, scraper: MetricsScraper, backend: BackendState
+) -> dict[str, Any]:
+    """One backend as the readiness detail shows it (admins only)."""
+    load = scraper.load(backend.id)
+    age = scraper.age(backend.id)
+    return {
+        "kind": backend.config.kind,
+        "available": not registry.is_down(backend),
+        "breaker": backend.breaker.state.value,
+        "health_error": backend.health_error,
+        "inflight": backend.inflight,
+        "peer_inflight": backend.peer_inflight,
+        "metrics_age_s": None if age is None else round(age, 3),
+        "metrics_error": scraper.failure(backend.id),
+        "running": None if load is None else load.running,
+        "waiting": None if load is None else load.waiting,
+        "kv_usage": None if load is None else load.kv_usage,
     }

@@ -18,17 +18,17 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from gateway.api.admin import send_status, status_report
+from gateway.api.admin import backend_detail, send_status, status_report
 from gateway.api.asgi import (
     Receive,
     Scope,
     Send,
-    header,
     header_values,
     send_bytes,
     send_error,
     send_json,
 )
+from gateway.api.body import read_body
 from gateway.api.exchange import (
     Exchange,
     end_stream,
@@ -45,12 +45,11 @@ from gateway.assembly import build_routing
 from gateway.config.schema import GatewayConfig
 from gateway.config.schema import State as StateSettings
 from gateway.errors import ErrorCode, GatewayError
-from gateway.listener import REFUSAL_SCOPE_KEY
 from gateway.logs import get_logger
 from gateway.provenance import ProvenanceError
 from gateway.provenance.cosigning import Cosigning
 from gateway.provenance.witness_client import WitnessClient
-from gateway.routing.registry import BackendState, Registry, TenantEntry
+from gateway.routing.registry import Registry, TenantEntry
 from gateway.routing.scraper import MetricsScraper
 from gateway.routing.trust import TrustPolicies
 from gateway.state import Admission, RateLimited, SharedState, create_state
@@ -287,7 +286,7 @@ class GatewayApp:
             admission = await self._admit(tenant)
             exchange.charge = lambda: admission.release(_tokens_used(exchange))
             try:
-                body = await self._read_body(scope, receive)
+                body = await read_body(scope, receive, self._max_body)
                 await self.proxy.forward(
                     exchange, tenant, scope, body, upstream_path, receive, send
                 )
@@ -435,38 +434,6 @@ class GatewayApp:
             raise GatewayError(ErrorCode.invalid_api_key, "Incorrect API key provided.")
         return tenant
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
-        limit = self._max_body
-        declared = header(scope, b"content-length")
-        # A declared length too long to be a number we accept is refused without int():
-        # Python refuses to convert integers of more than 4300 digits.
-        if (
-            declared is not None
-            and declared.isdigit()
-            and (len(declared) > len(str(limit)) or int(declared) > limit)
-        ):
-            raise _too_large(limit)
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _body_lost(scope)
-        body: bytes = message.get("body", b"")
-        if not message.get("more_body", False):
-            if len(body) > limit:
-                raise _too_large(limit)
-            return body
-        parts = [body]
-        size = len(body)
-        while message.get("more_body", False):
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _body_lost(scope)
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(limit)
-            parts.append(chunk)
-        return b"".join(parts)
-
     async def _models(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
         try:
             if scope["method"] != "GET":
@@ -506,7 +473,10 @@ class GatewayApp:
         return {
             "status": "ready" if self._is_ready() else "not ready",
             "draining": self.draining,
-            "backends": {b.id: self._backend_detail(b) for b in self.registry.backends.values()},
+            "backends": {
+                b.id: backend_detail(self.registry, self.scraper, b)
+                for b in self.registry.backends.values()
+            },
             "policy": self.trust.status(),
             "provenance": recorder.status() if recorder is not None else "off",
             "witnesses": self.cosigning.status() if self.cosigning is not None else "off",
@@ -553,9 +523,6 @@ class GatewayApp:
         except GatewayError as error:
             await send_error(send, error, request_id)
 
-    def _backend_detail(self, backend: BackendState) -> dict[str, Any]:
-        return _backend_detail_of(self.registry, self.scraper, backend)
-
     async def _admin_status(
         self, scope: Scope, receive: Receive, send: Send, request_id: bytes
     ) -> None:
@@ -568,26 +535,6 @@ class GatewayApp:
     async def _metrics(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
         body = self.metrics.render() if self.fleet is None else self.fleet.render(self.metrics)
         await send_bytes(send, 200, body, request_id, _PROMETHEUS)
-
-
-def _backend_detail_of(
-    registry: Registry, scraper: MetricsScraper, backend: BackendState
-) -> dict[str, Any]:
-    load = scraper.load(backend.id)
-    age = scraper.age(backend.id)
-    return {
-        "kind": backend.config.kind,
-        "available": not registry.is_down(backend),
-        "breaker": backend.breaker.state.value,
-        "health_error": backend.health_error,
-        "inflight": backend.inflight,
-        "peer_inflight": backend.peer_inflight,
-        "metrics_age_s": None if age is None else round(age, 3),
-        "metrics_error": scraper.failure(backend.id),
-        "running": None if load is None else load.running,
-        "waiting": None if load is None else load.waiting,
-        "kv_usage": None if load is None else load.kv_usage,
-    }
 
 
 def _reload_on_sighup(reload: Callable[[], None]) -> None:
@@ -617,21 +564,6 @@ def _tokens_used(exchange: Exchange) -> int:
     """Tokens to charge to the tenant's per-minute budget: the answer's usage, or an
     estimate when the backend reported none (`Trail.charged_tokens`)."""
     return 0 if exchange.trail is None else exchange.trail.charged_tokens()
-
-
-def _too_large(limit: int) -> GatewayError:
-    return GatewayError(
-        ErrorCode.request_too_large, f"The request body exceeds the limit of {limit} bytes."
-    )
-
-
-def _body_lost(scope: Scope) -> GatewayError:
-    """The body never completed: the listener answered the client (a body timeout, broken
-    framing; that answer is what the client got) or the client went away."""
-    refusal = scope.get(REFUSAL_SCOPE_KEY)
-    if isinstance(refusal, GatewayError):
-        return refusal
-    return GatewayError(ErrorCode.invalid_request, "client disconnected")
 
 
 def _new_request_id() -> bytes:
