@@ -233,3 +233,8 @@ def completion_record(log_dir: Path, request_id: str) -> dict[str, Any]:
                 return dict(record)
         assert time.monotonic() < deadline, "no completion record in time"
         time.sleep(0.02)
+
+
+def served(sim: Sim) -> int:
+    """Chat completions a simulator has been sent (a private backend or a hosted one)."""
+    return len(sim.app.captured("/v1/chat/completions"))

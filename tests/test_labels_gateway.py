@@ -25,8 +25,16 @@ from gateway.api.labels import EXCERPT_CHARS, excerpt
 from gateway.config.schema import Listen
 from gateway.provenance import LogDirectory, write_signing_key
 from gateway.serving import ServerThread
-from tests.conftest import EU_ZERO, Gateway, Sim, backend, closed_port, gateway_config
-from tests.test_policy_gateway import hosted, served
+from tests.conftest import (
+    EU_ZERO,
+    Gateway,
+    Sim,
+    backend,
+    closed_port,
+    gateway_config,
+    hosted_backend,
+    served,
+)
 
 Build = Callable[..., tuple[Gateway, Sim, Sim]]
 
@@ -72,7 +80,10 @@ def setup(start_sim: Callable[..., Sim], tmp_path: Path) -> Iterator[Build]:
         private_sim = start_sim("vllm", models=("m",), zero_latency=True)
         hosted_sim = start_sim("vllm", models=("m",), zero_latency=True)
         url = private_sim.url if private_up else f"http://127.0.0.1:{closed_port()}"
-        backends = [backend("gpu-eu", url, "m", **EU_ZERO), hosted(hosted_sim)]
+        backends = [
+            backend("gpu-eu", url, "m", **EU_ZERO),
+            hosted_backend("hosted-eu", f"{hosted_sim.url}/v1", "m"),
+        ]
         policies = tmp_path / "policies"
         policies.mkdir(exist_ok=True)
         text = POLICY.replace("  tenants: [acme]\n", f"  tenants: [{tenant}]\n{spec}")

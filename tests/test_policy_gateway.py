@@ -14,8 +14,16 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.sim import SimApp
-from tests.conftest import EU_ZERO, Gateway, Sim, backend, closed_port, hosted_backend, readiness
+from tests.conftest import (
+    EU_ZERO,
+    Gateway,
+    Sim,
+    backend,
+    closed_port,
+    hosted_backend,
+    readiness,
+    served,
+)
 
 POLICIES = """\
 apiVersion: policy.owngate.dev/v1
@@ -81,11 +89,6 @@ def chat(gateway: Gateway, data_class: str | None = None) -> httpx.Response:
         headers["x-data-class"] = data_class
     body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
     return httpx.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
-
-
-def served(sim: Sim) -> int:
-    app: SimApp = sim.app
-    return len(app.captured("/v1/chat/completions"))
 
 
 def test_private_first_when_healthy(setup: Callable[..., tuple[Gateway, Sim, Sim]]) -> None:
