@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import gateway.provenance.segment_writer
 import gateway.provenance.store
-import gateway.provenance.wal
 from gateway.provenance import (
     LogCorruptedError,
     LogEntry,
@@ -533,7 +533,7 @@ def test_writes_that_land_but_fail_leave_no_junk_before_a_later_segment(
     # the last (found by review: probes left 4 KiB of zeros there, and the log refused
     # to open).
     disk = FailingDisk()
-    monkeypatch.setattr(gateway.provenance.wal, "os", disk)
+    monkeypatch.setattr(gateway.provenance.segment_writer, "os", disk)
 
     def broken(files: object, *, root: Path) -> None:
         raise OSError(errno.EIO, "Input/output error")
@@ -640,7 +640,7 @@ def test_records_nobody_waits_on_are_written_once_the_disk_takes_writes_again(
     # Issue 12, item 14: a completion whose write failed was lost (only logged), leaving
     # its dispatch open in the log for good although the disk came back moments later.
     disk = FailingDisk()
-    monkeypatch.setattr(gateway.provenance.wal, "os", disk)
+    monkeypatch.setattr(gateway.provenance.segment_writer, "os", disk)
 
     async def scenario() -> None:
         log = await _open(tmp_path, group_commit_ms=0, deferred_flush_ms=0, probe_interval_ms=10)
@@ -667,7 +667,7 @@ def test_records_kept_after_a_failed_write_are_bounded_and_fail_at_close(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     disk = FailingDisk()
-    monkeypatch.setattr(gateway.provenance.wal, "os", disk)
+    monkeypatch.setattr(gateway.provenance.segment_writer, "os", disk)
 
     async def scenario() -> None:
         log = await _open(

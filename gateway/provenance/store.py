@@ -38,6 +38,7 @@ from gateway.provenance.files import fsync_directory, make_directories, write_fi
 from gateway.provenance.layout import CHECKPOINT, LOCK, WAL, history_path, list_history
 from gateway.provenance.merkle import inclusion_proof
 from gateway.provenance.note import Signer
+from gateway.provenance.segment_writer import SegmentWriter
 from gateway.provenance.tiles import (
     TILE_WIDTH,
     TileReader,
@@ -45,12 +46,7 @@ from gateway.provenance.tiles import (
     tile_widths,
 )
 from gateway.provenance.tree import TiledTree
-from gateway.provenance.wal import (
-    SegmentWriter,
-    list_segments,
-    scan_segment,
-    segment_path,
-)
+from gateway.provenance.wal import list_segments, scan_segment, segment_path
 
 __all__ = ["LogStore", "Recovery", "SignedNote", "Snapshot"]
 
