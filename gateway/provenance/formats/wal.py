@@ -6,7 +6,7 @@ hash doubles as the frame's checksum. A frame that is cut short or whose hash do
 marks the end of the valid data: after a crash that is a torn tail, which the writer cuts.
 Segments are deleted once a signed checkpoint covers their entries (the entries then live in
 the tlog-tiles entry bundles). This module is the format (frames, names, scanning); the
-writer appends through `segment_writer.SegmentWriter`.
+writer appends through `writer.segment_writer.SegmentWriter`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.provenance.merkle import HASH_SIZE, leaf_hash
+from gateway.provenance.formats.merkle import HASH_SIZE, leaf_hash
 
 __all__ = [
     "SegmentScan",

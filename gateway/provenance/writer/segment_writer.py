@@ -1,4 +1,4 @@
-"""Appending to a write-ahead segment (`wal`), durably, one synchronous write each.
+"""Appending to a write-ahead segment (`formats.wal`), durably, one synchronous write each.
 
 The log's writer thread holds one `SegmentWriter` for the newest segment; a failed append
 (full disk, lost permission) is undone, so the segment always ends with a whole frame or a
