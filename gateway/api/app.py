@@ -47,8 +47,8 @@ from gateway.config.schema import State as StateSettings
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
 from gateway.provenance import ProvenanceError
-from gateway.provenance.cosigning import Cosigning
-from gateway.provenance.witness_client import WitnessClient
+from gateway.provenance.witness.client import WitnessClient
+from gateway.provenance.writer.cosignature_collector import Cosigning
 from gateway.routing.registry import Registry, TenantEntry
 from gateway.routing.scraper import MetricsScraper
 from gateway.routing.trust import TrustPolicies

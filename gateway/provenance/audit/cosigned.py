@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.provenance.checkpoint import Checkpoint, SignedCheckpoint, open_checkpoint
-from gateway.provenance.cosignature import CosignatureVerifier, find_cosignature
+from gateway.provenance.audit.reader import LogDirectory
 from gateway.provenance.errors import LogVerificationError, MalformedError, SignatureError
-from gateway.provenance.layout import list_cosigned
-from gateway.provenance.note import Verifier, _split_note
-from gateway.provenance.reader import LogDirectory
+from gateway.provenance.formats.checkpoint import Checkpoint, SignedCheckpoint, open_checkpoint
+from gateway.provenance.formats.cosignature import CosignatureVerifier, find_cosignature
+from gateway.provenance.formats.layout import list_cosigned
+from gateway.provenance.formats.note import Verifier, _split_note
 
 __all__ = ["WitnessSummary", "check_cosigned"]
 

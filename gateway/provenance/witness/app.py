@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from gateway.provenance.witness import Witness, WitnessCode, WitnessError
+from gateway.provenance.witness.witness import Witness, WitnessCode, WitnessError
 
 __all__ = ["MAX_BODY", "SIZE_CONTENT_TYPE", "STATUS", "ASGIApp", "create_witness_app"]
 

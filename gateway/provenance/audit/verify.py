@@ -31,8 +31,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.provenance.checkpoint import Checkpoint, SignedCheckpoint, open_checkpoint
-from gateway.provenance.cosignature import CosignatureVerifier
+from gateway.provenance.audit.cosigned import WitnessSummary, check_cosigned
+from gateway.provenance.audit.reader import LogDirectory
 from gateway.provenance.errors import (
     LogVerificationError,
     MalformedError,
@@ -40,13 +40,18 @@ from gateway.provenance.errors import (
     RecordError,
     SignatureError,
 )
-from gateway.provenance.merkle import HASH_SIZE, consistency_proof, leaf_hash, verify_consistency
-from gateway.provenance.note import Note, Verifier, _parse_signature_line, _split_note
-from gateway.provenance.reader import LogDirectory
-from gateway.provenance.records import Record, parse_record
-from gateway.provenance.tiles import TILE_WIDTH, TileReader, tile_path
-from gateway.provenance.tree import TiledTree
-from gateway.provenance.witnessed import WitnessSummary, check_cosigned
+from gateway.provenance.formats.checkpoint import Checkpoint, SignedCheckpoint, open_checkpoint
+from gateway.provenance.formats.cosignature import CosignatureVerifier
+from gateway.provenance.formats.merkle import (
+    HASH_SIZE,
+    consistency_proof,
+    leaf_hash,
+    verify_consistency,
+)
+from gateway.provenance.formats.note import Note, Verifier, _parse_signature_line, _split_note
+from gateway.provenance.formats.records import Record, parse_record
+from gateway.provenance.formats.tiles import TILE_WIDTH, TileReader, tile_path
+from gateway.provenance.formats.tree import TiledTree
 
 __all__ = ["LogSummary", "WitnessSummary", "verify_log"]
 

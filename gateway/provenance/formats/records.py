@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from gateway.canonical import MAX_SAFE_INTEGER
 from gateway.provenance.errors import RecordError
-from gateway.provenance.schema import SCHEMA_VERSION, problem
+from gateway.provenance.formats.schema import SCHEMA_VERSION, problem
 
 _loads: Callable[[bytes], Any]
 try:  # orjson parses 3-5x faster, which `audit verify` feels; the stdlib parser suffices

@@ -12,11 +12,11 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.provenance.checkpoint import Checkpoint
-from gateway.provenance.cosignature import CosignatureVerifier
 from gateway.provenance.errors import ProvenanceError
+from gateway.provenance.formats.checkpoint import Checkpoint
+from gateway.provenance.formats.cosignature import CosignatureVerifier
+from gateway.provenance.formats.layout import list_history
 from gateway.provenance.keys import load_signer
-from gateway.provenance.layout import list_history
 
 __all__ = ["preflight"]
 

@@ -6,7 +6,7 @@ LOGDIR/
   tile/<L>/<N>[.p/<W>]       Merkle tiles (tlog-tiles)
   tile/entries/<N>[.p/<W>]   entry bundles (tlog-tiles)
   wal/<first:020d>.wal       entries not yet covered by a checkpoint (see `wal`)
-  cosigned/<size:020d>       a checkpoint with witness cosignatures (see `cosigning`)
+  cosigned/<size:020d>       a cosigned checkpoint (see `writer.cosignature_collector`)
   .lock                      held by the one writer
 """
 

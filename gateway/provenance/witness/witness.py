@@ -1,7 +1,7 @@
 """A C2SP tlog-witness: cosign a log's checkpoints only while the log stays append-only.
 
 For each log it trusts (a verifier key whose name is the log's origin), the witness
-remembers the latest tree it cosigned (`witness_state`). `add_checkpoint` follows the
+remembers the latest tree it cosigned (`witness.state`). `add_checkpoint` follows the
 spec's add-checkpoint rules, in its order:
 
 1. origin not configured: `unknown_log` (HTTP 404); no valid signature by a key trusted
@@ -15,7 +15,7 @@ spec's add-checkpoint rules, in its order:
    cosignature/v1 line is returned; the time comes from the injected clock.
 
 Steps 3-5 run under one lock, so two concurrent requests cannot roll each other back.
-Pure: no HTTP here (see `witness_http`), only files for the state.
+Pure: no HTTP here (see `witness.app`), only files for the state.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-from gateway.provenance.checkpoint import Checkpoint, SignedCheckpoint, open_checkpoint
-from gateway.provenance.cosignature import Cosigner
 from gateway.provenance.errors import MalformedError, ProofError, ProvenanceError, SignatureError
-from gateway.provenance.merkle import EMPTY_ROOT, HASH_SIZE, verify_consistency
-from gateway.provenance.note import Verifier
-from gateway.provenance.witness_state import TreeHead, WitnessState
+from gateway.provenance.formats.checkpoint import Checkpoint, SignedCheckpoint, open_checkpoint
+from gateway.provenance.formats.cosignature import Cosigner
+from gateway.provenance.formats.merkle import EMPTY_ROOT, HASH_SIZE, verify_consistency
+from gateway.provenance.formats.note import Verifier
+from gateway.provenance.witness.state import TreeHead, WitnessState
 
 __all__ = [
     "MAX_PROOF_LINES",
@@ -57,7 +57,7 @@ WitnessCode = Literal[
 class WitnessError(ProvenanceError):
     """The witness refused a checkpoint, or could not be asked (client side: `unavailable`).
 
-    `code` is one of `WitnessCode`; `witness_http.STATUS` maps it to the spec's HTTP status.
+    `code` is one of `WitnessCode`; `witness.app.STATUS` maps it to the spec's HTTP status.
     `known_size` is set for `conflict`: the size the witness last cosigned.
     """
 

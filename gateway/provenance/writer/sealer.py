@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from gateway.provenance.records import LogEntry
+from gateway.provenance.formats.records import LogEntry
 
 __all__ = ["Seal", "Sealer", "Sealing"]
 

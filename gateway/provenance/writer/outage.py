@@ -11,7 +11,7 @@ first once a write or a probe succeeds again; at `close` they get one last try.
 from __future__ import annotations
 
 from gateway.provenance.errors import LogUnavailableError, ProvenanceError
-from gateway.provenance.queued import Queued
+from gateway.provenance.writer.queued import Queued
 
 __all__ = ["Outage"]
 

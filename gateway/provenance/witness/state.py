@@ -22,7 +22,7 @@ from types import MappingProxyType, TracebackType
 
 from gateway.provenance.errors import MalformedError, ProvenanceError
 from gateway.provenance.files import write_files_atomically
-from gateway.provenance.merkle import HASH_SIZE
+from gateway.provenance.formats.merkle import HASH_SIZE
 
 __all__ = ["STATE_VERSION", "StateLockedError", "TreeHead", "WitnessState"]
 

@@ -15,10 +15,10 @@ import binascii
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gateway.provenance.checkpoint import SignedCheckpoint, open_checkpoint
 from gateway.provenance.errors import MalformedError
-from gateway.provenance.merkle import leaf_hash, verify_inclusion
-from gateway.provenance.note import Verifier
+from gateway.provenance.formats.checkpoint import SignedCheckpoint, open_checkpoint
+from gateway.provenance.formats.merkle import leaf_hash, verify_inclusion
+from gateway.provenance.formats.note import Verifier
 
 __all__ = ["PROOF_HEADER", "TlogProof", "verify_tlog_proof"]
 

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gateway.provenance.errors import MalformedError
-from gateway.provenance.merkle import HASH_SIZE
-from gateway.provenance.note import Note, Signer, Verifier, open_note, sign_note
+from gateway.provenance.formats.merkle import HASH_SIZE
+from gateway.provenance.formats.note import Note, Signer, Verifier, open_note, sign_note
 
 __all__ = ["Checkpoint", "SignedCheckpoint", "open_checkpoint", "sign_checkpoint"]
 

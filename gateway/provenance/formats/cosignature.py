@@ -28,7 +28,7 @@ from gateway.provenance.errors import KeyFormatError, MalformedError, SignatureE
 
 # `_split_note` and `_parse_signature_line` are the note module's own parser of the signature
 # block, reused so that one parser decides what a signed note is.
-from gateway.provenance.note import (
+from gateway.provenance.formats.note import (
     ALG_ED25519,
     NoteSignature,
     Signer,

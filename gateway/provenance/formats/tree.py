@@ -8,8 +8,8 @@ the tlog-tiles layout; `partial_files()` gives the partial ones for the current 
 
 from __future__ import annotations
 
-from gateway.provenance.merkle import HASH_SIZE, CompactRange, NodeReader, node_hash
-from gateway.provenance.tiles import (
+from gateway.provenance.formats.merkle import HASH_SIZE, CompactRange, NodeReader, node_hash
+from gateway.provenance.formats.tiles import (
     TILE_WIDTH,
     decode_bundle,
     encode_bundle,

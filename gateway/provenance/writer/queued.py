@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.provenance.merkle import leaf_hash
-from gateway.provenance.records import LogEntry
-from gateway.provenance.sealing import Seal
-from gateway.provenance.wal import encode_frame
+from gateway.provenance.formats.merkle import leaf_hash
+from gateway.provenance.formats.records import LogEntry
+from gateway.provenance.formats.wal import encode_frame
+from gateway.provenance.writer.sealer import Seal
 
 __all__ = ["Queued"]
 

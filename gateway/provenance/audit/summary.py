@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gateway.provenance.records import Record
+from gateway.provenance.formats.records import Record
 
 __all__ = ["BackendRow", "Filters", "Summary", "summarise"]
 

@@ -20,10 +20,10 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from urllib.parse import urlsplit
 
-from gateway.provenance.cosignature import CosignatureVerifier, attach_cosignatures
 from gateway.provenance.errors import MalformedError
-from gateway.provenance.witness import AddCheckpoint, WitnessCode, WitnessError
-from gateway.provenance.witness_http import STATUS
+from gateway.provenance.formats.cosignature import CosignatureVerifier, attach_cosignatures
+from gateway.provenance.witness.app import STATUS
+from gateway.provenance.witness.witness import AddCheckpoint, WitnessCode, WitnessError
 
 __all__ = ["MAX_RESPONSE", "Prover", "WitnessClient", "request_cosignature"]
 

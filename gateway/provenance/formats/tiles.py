@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gateway.provenance.errors import MalformedError
-from gateway.provenance.merkle import HASH_SIZE, node_hash
+from gateway.provenance.formats.merkle import HASH_SIZE, node_hash
 
 __all__ = [
     "MAX_ENTRY_SIZE",

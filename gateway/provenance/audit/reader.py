@@ -10,17 +10,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from gateway.provenance.errors import MalformedError, RecordError
-from gateway.provenance.layout import CHECKPOINT, WAL, list_history
-from gateway.provenance.merkle import HASH_SIZE
-from gateway.provenance.records import Record, parse_record
-from gateway.provenance.tiles import (
+from gateway.provenance.formats.layout import CHECKPOINT, WAL, list_history
+from gateway.provenance.formats.merkle import HASH_SIZE
+from gateway.provenance.formats.records import Record, parse_record
+from gateway.provenance.formats.tiles import (
     TILE_WIDTH,
     decode_bundle,
     entries_path,
     split_bundle,
     tile_path,
 )
-from gateway.provenance.wal import list_segments, scan_segment
+from gateway.provenance.formats.wal import list_segments, scan_segment
 
 __all__ = ["LogDirectory"]
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from gateway.provenance.errors import LogUnavailableError, ProvenanceError
-from gateway.provenance.merkle import consistency_proof
-from gateway.provenance.proofs import TlogProof
-from gateway.provenance.tiles import TileReader
+from gateway.provenance.formats.merkle import consistency_proof
+from gateway.provenance.formats.proofs import TlogProof
+from gateway.provenance.formats.tiles import TileReader
 
 if TYPE_CHECKING:
-    from gateway.provenance.store import LogStore, SignedNote, Snapshot
+    from gateway.provenance.writer.store import LogStore, SignedNote, Snapshot
 
 __all__ = ["Checkpointer", "LogSettings"]
 

@@ -30,10 +30,10 @@ from typing import Any, Protocol
 
 from gateway.provenance.errors import ProvenanceError
 from gateway.provenance.files import write_files_atomically
-from gateway.provenance.layout import COSIGNED, cosigned_path, list_cosigned
-from gateway.provenance.log import ProvenanceLog
-from gateway.provenance.store import SignedNote
-from gateway.provenance.witness_client import WitnessClient
+from gateway.provenance.formats.layout import COSIGNED, cosigned_path, list_cosigned
+from gateway.provenance.witness.client import WitnessClient
+from gateway.provenance.writer.log import ProvenanceLog
+from gateway.provenance.writer.store import SignedNote
 
 __all__ = [
     "COSIGNED",

@@ -29,17 +29,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from gateway.canonical import canonical_json_of_plain
-from gateway.provenance.checkpointing import Checkpointer, LogSettings
 from gateway.provenance.errors import LogUnavailableError, ProvenanceError, RecordError
-from gateway.provenance.note import Signer
-from gateway.provenance.outage import Outage
-from gateway.provenance.proofs import TlogProof
-from gateway.provenance.queued import Queued
-from gateway.provenance.records import LogEntry, validate_record
-from gateway.provenance.sealing import Seal, Sealer, Sealing
-from gateway.provenance.signal import Signal
-from gateway.provenance.store import LogStore, Recovery, SignedNote
-from gateway.provenance.tiles import MAX_ENTRY_SIZE
+from gateway.provenance.formats.note import Signer
+from gateway.provenance.formats.proofs import TlogProof
+from gateway.provenance.formats.records import LogEntry, validate_record
+from gateway.provenance.formats.tiles import MAX_ENTRY_SIZE
+from gateway.provenance.writer.checkpointer import Checkpointer, LogSettings
+from gateway.provenance.writer.outage import Outage
+from gateway.provenance.writer.queued import Queued
+from gateway.provenance.writer.sealer import Seal, Sealer, Sealing
+from gateway.provenance.writer.signal import Signal
+from gateway.provenance.writer.store import LogStore, Recovery, SignedNote
 
 __all__ = ["LogSettings", "ProvenanceLog"]
 

@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gateway.canonical import canonical_json_of_plain
-from gateway.provenance.commitments import Salts
 from gateway.provenance.errors import MalformedError, SignatureError
-from gateway.provenance.note import Signer, Verifier
+from gateway.provenance.formats.commitments import Salts
+from gateway.provenance.formats.note import Signer, Verifier
 
 __all__ = [
     "RECEIPT_PAYLOAD_TYPE",

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.provenance.checkpoint import Checkpoint, sign_checkpoint
 from gateway.provenance.errors import (
     LogCorruptedError,
     LogUnavailableError,
@@ -35,22 +34,19 @@ from gateway.provenance.errors import (
     ProvenanceError,
 )
 from gateway.provenance.files import fsync_directory, make_directories, write_files_atomically
-from gateway.provenance.layout import CHECKPOINT, LOCK, WAL, history_path, list_history
-from gateway.provenance.merkle import inclusion_proof
-from gateway.provenance.note import Signer
-from gateway.provenance.tiles import (
+from gateway.provenance.formats.checkpoint import Checkpoint, sign_checkpoint
+from gateway.provenance.formats.layout import CHECKPOINT, LOCK, WAL, history_path, list_history
+from gateway.provenance.formats.merkle import inclusion_proof
+from gateway.provenance.formats.note import Signer
+from gateway.provenance.formats.tiles import (
     TILE_WIDTH,
     TileReader,
     entries_path,
     tile_widths,
 )
-from gateway.provenance.tree import TiledTree
-from gateway.provenance.wal import (
-    SegmentWriter,
-    list_segments,
-    scan_segment,
-    segment_path,
-)
+from gateway.provenance.formats.tree import TiledTree
+from gateway.provenance.formats.wal import list_segments, scan_segment, segment_path
+from gateway.provenance.writer.segment_writer import SegmentWriter
 
 __all__ = ["LogStore", "Recovery", "SignedNote", "Snapshot"]
 
