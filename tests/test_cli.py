@@ -25,6 +25,12 @@ COMMANDS = [
     ["keys", "new"],
     ["bench"],
     ["bench", "overhead"],
+    ["bench", "routing"],
+    ["bench", "scale"],
+    ["bench", "provenance"],
+    ["bench", "provenance-log"],
+    ["bench", "policy"],
+    ["bench", "state"],
     ["policy"],
     ["policy", "check"],
     ["policy", "explain"],
@@ -84,6 +90,15 @@ def test_bench_without_its_distribution_says_how_to_install_it(
     monkeypatch.setattr(sys, "meta_path", [_NotInstalled(), *sys.meta_path])
     assert main(words) == 1
     assert "pip install -e ./bench" in capsys.readouterr().err
+
+
+@pytest.mark.bench
+def test_bench_verbs_run_without_the_owngate_front_end() -> None:
+    argv = [sys.executable, "-m", "owngate_bench", "--help"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    verbs = [words for words in COMMANDS if words[:1] == ["bench"] and len(words) == 2]
+    assert {verb for _, verb in verbs} <= set(done.stdout.split())
 
 
 class _NotInstalled(importlib.abc.MetaPathFinder):

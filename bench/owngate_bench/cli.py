@@ -71,7 +71,9 @@ def add_verbs(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m owngate_bench VERB ...`: exit code of the verb, 2 without one."""
-    parser = argparse.ArgumentParser(prog="python -m owngate_bench", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m owngate_bench", description="owngate's benchmarks, as `owngate bench`."
+    )
     add_verbs(parser)
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
