@@ -1,6 +1,6 @@
 """Closed-loop HTTP/1.1 load generator for the overhead benchmark, run in its own process.
 
-`python -m gateway.bench.loadgen [--spec FILE]` reads a `LoadSpec` as JSON (stdin by
+`python -m owngate_bench.loadgen [--spec FILE]` reads a `LoadSpec` as JSON (stdin by
 default) and prints one result JSON object on stdout. N keep-alive connections each send
 `POST /v1/chat/completions` back to back until the duration or the request cap runs out,
 first for a short warm-up, then for the measured window. Responses are parsed with
@@ -32,7 +32,7 @@ from typing import Any, cast
 import httptools
 import orjson
 
-from gateway.bench.services import machine_busy_seconds, tree_cpu_seconds
+from owngate_bench.services import machine_busy_seconds, tree_cpu_seconds
 
 __all__ = ["LoadSpec", "main", "percentiles", "run_in_subprocess"]
 
@@ -382,14 +382,14 @@ def run_spec(spec: LoadSpec) -> dict[str, Any]:
 
 
 def run_in_subprocess(spec: LoadSpec, *, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Run one load point in a fresh `python -m gateway.bench.loadgen` and return its result."""
+    """Run one load point in a fresh `python -m owngate_bench.loadgen` and return its result."""
     budget = spec.warmup_s + spec.duration_s + 2 * spec.grace_s + 30.0
-    return run_json_module("gateway.bench.loadgen", spec.to_json(), budget, env)
+    return run_json_module("owngate_bench.loadgen", spec.to_json(), budget, env)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gateway.bench.loadgen", description="Closed-loop load generator."
+        prog="python -m owngate_bench.loadgen", description="Closed-loop load generator."
     )
     parser.add_argument("--spec", default="-", help="LoadSpec JSON file ('-' = stdin)")
     args = parser.parse_args(argv)

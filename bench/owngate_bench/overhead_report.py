@@ -6,7 +6,7 @@ p99), each with its margin; `policy_comparison(points)` sets owngate+policy besi
 owngate, point by point; `render(report)` prints the side-by-side table, the comparison
 and the decision costs. All read only plain data, so a saved report can be shown again:
 
-    python -c 'import json, sys; from gateway.bench.report import render
+    python -c 'import json, sys; from owngate_bench.overhead_report import render
     print(render(json.load(open(sys.argv[1]))))' .bench/overhead.json
 """
 
@@ -21,7 +21,7 @@ _COLUMNS = ("direct", "owngate", "owngate+policy", "litellm")
 _HEADERS = {"owngate+policy": "og+policy"}
 _POLICY = "owngate+policy"
 DECISION_P99_BUDGET_US = 20.0
-"""The trust-policy issue's budget for one decision, cached or not (as in bench/policy.py)."""
+"""The trust-policy issue's budget for one decision, cached or not (`owngate bench policy`)."""
 
 
 def _ok(row: Mapping[str, Any], target: str) -> Mapping[str, Any] | None:
@@ -90,7 +90,7 @@ def evaluate_checks(
 ) -> list[dict[str, Any]]:
     """The issue's targets for one gateway worker on a 2-core machine; None = not measured.
 
-    `decisions` maps an owngate target to its decision cost (`gateway.bench.policy`).
+    `decisions` maps an owngate target to its decision cost (`owngate_bench.overhead_policy`).
     """
     og_rps = _best(points, "owngate", "req_per_s", stream=False)
     og_chunks = _best(points, "owngate", "chunks_per_s", stream=True)

@@ -1,10 +1,12 @@
-"""Policy decision cost: `python bench/policy.py` prints p50/p99 of cached and uncached decisions.
+"""Policy decision cost: `owngate bench policy` prints p50/p99 of cached and uncached decisions.
 
-Two policy sets: the shipped examples (policies/ against deploy/gateway.example.yaml)
-and a synthetic large one (64 backends, 32 policies with 3 data classes each). Each
-call is timed on its own with `perf_counter_ns` over every (tenant, model, data class)
-key in turn; "cached" is `PolicySet.decide` after one warm-up pass, "uncached" is
-`PolicySet.decide_uncached` (what a cache miss costs). The target is p99 <= 20 us.
+Two policy sets: the shipped examples (policies/ against deploy/gateway.example.yaml of
+this source tree) and a synthetic large one (64 backends, 32 policies with 3 data classes
+each). Each call is timed on its own with `perf_counter_ns` over every (tenant, model,
+data class) key in turn (`time_decisions`, also the method of the overhead benchmark's
+`owngate_bench.overhead_policy.decision_cost`); "cached" is `PolicySet.decide` after one
+warm-up pass, "uncached" is `PolicySet.decide_uncached` (what a cache miss costs). The
+target is p99 <= 20 us.
 """
 
 from __future__ import annotations
@@ -14,32 +16,44 @@ import gc
 import itertools
 import json
 import platform
-import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# Run from a checkout without installing: make the source tree importable.
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from gateway.policy import BackendFacts, Decision, PolicySet, load_policies
+from gateway.policy.loader import parse_policies
 
-from gateway.config import load_config  # noqa: E402 - after the path set-up above
-from gateway.config.facts import backend_facts  # noqa: E402
-from gateway.policy import BackendFacts, PolicySet, load_policies  # noqa: E402
-from gateway.policy.loader import parse_policies  # noqa: E402
+__all__ = [
+    "BUDGET_US",
+    "Row",
+    "add_arguments",
+    "decision_keys",
+    "example_set",
+    "large_set",
+    "measure",
+    "run",
+    "time_decisions",
+]
 
 Key = tuple[str, str, str | None]
 BUDGET_US = 20
+ROOT = Path(__file__).resolve().parents[2]  # the source tree: deploy/ and policies/
 
 
 def example_set() -> tuple[PolicySet, list[Key]]:
+    """The shipped example policies against the example gateway.yaml, and their keys."""
+    from gateway.config import load_config  # here: the CLI imports this module at start
+    from gateway.config.facts import backend_facts
+
     config = load_config(ROOT / "deploy" / "gateway.example.yaml", env={})
-    policy_set = load_policies([ROOT / "policies"], backend_facts(config))
-    return policy_set, _keys(policy_set, backend_facts(config))
+    facts = backend_facts(config)
+    policy_set = load_policies([ROOT / "policies"], facts)
+    return policy_set, decision_keys(policy_set, {m for b in facts for m in b.models})
 
 
 def large_set() -> tuple[PolicySet, list[Key]]:
+    """A synthetic set: 64 backends, 32 policies with three data classes each."""
     regions = ["eu-west-1", "westeurope", "us-east-1", "europe-west3", "uksouth", "fr"]
     backends = [
         BackendFacts(
@@ -58,7 +72,7 @@ def large_set() -> tuple[PolicySet, list[Key]]:
     ]
     sources = [(f"p{i}.yaml", _policy(i)) for i in range(32)]
     policy_set = parse_policies(sources, backends)
-    return policy_set, _keys(policy_set, backends)
+    return policy_set, decision_keys(policy_set, {m for b in backends for m in b.models})
 
 
 def _policy(i: int) -> str:
@@ -83,17 +97,46 @@ spec:
 """
 
 
-def _keys(policy_set: PolicySet, backends: Sequence[BackendFacts]) -> list[Key]:
-    models = sorted({m for b in backends for m in b.models})
+def decision_keys(policy_set: PolicySet, models: Iterable[str]) -> list[Key]:
+    """Every (tenant, model, data class) key: each tenant the set binds, each model, and
+    no label or one of the tenant's data classes."""
     keys: list[Key] = []
     for tenant in sorted(policy_set.tenants()):
         labels: list[str | None] = [None, *sorted(policy_set.data_classes(tenant))]
-        keys += itertools.product([tenant], models, labels)
+        keys += itertools.product([tenant], sorted(models), labels)
     return keys
+
+
+def time_decisions(
+    decide: Callable[[str, str, str | None], Decision], keys: list[Key], calls: int
+) -> dict[str, float]:
+    """p50/p99/max µs of `calls` calls of `decide`, cycling over `keys` after one warm-up
+    pass (which, for `PolicySet.decide`, fills the cache), each call timed on its own with
+    the garbage collector off."""
+    for key in keys:
+        decide(*key)
+    samples: list[int] = []
+    clock = time.perf_counter_ns
+    gc.disable()
+    try:
+        for tenant, model, label in itertools.islice(itertools.cycle(keys), calls):
+            start = clock()
+            decide(tenant, model, label)
+            samples.append(clock() - start)
+    finally:
+        gc.enable()
+    samples.sort()
+    return {
+        "p50_us": samples[len(samples) // 2] / 1000,
+        "p99_us": samples[int(len(samples) * 0.99)] / 1000,
+        "max_us": samples[-1] / 1000,
+    }
 
 
 @dataclass(frozen=True)
 class Row:
+    """The decision cost of one policy set, cached or uncached."""
+
     set: str
     keys: int
     mode: str  # "cached" or "uncached"
@@ -103,36 +146,25 @@ class Row:
 
 
 def measure(name: str, policy_set: PolicySet, keys: list[Key], calls: int, cached: bool) -> Row:
+    """One row: the decisions of `policy_set`, cached or not, timed by `time_decisions`."""
     decide = policy_set.decide if cached else policy_set.decide_uncached
-    for key in keys:
-        decide(*key)  # warm up (and fill the cache)
-    samples = []
-    clock = time.perf_counter_ns
-    cycle = itertools.islice(itertools.cycle(keys), calls)
-    gc.disable()
-    try:
-        for tenant, model, label in cycle:
-            start = clock()
-            decide(tenant, model, label)
-            samples.append(clock() - start)
-    finally:
-        gc.enable()
-    samples.sort()
+    timing = time_decisions(decide, keys, calls)
     return Row(
         set=name,
         keys=len(keys),
         mode="cached" if cached else "uncached",
-        p50_us=samples[len(samples) // 2] / 1000,
-        p99_us=samples[int(len(samples) * 0.99)] / 1000,
-        max_us=samples[-1] / 1000,
+        p50_us=timing["p50_us"],
+        p99_us=timing["p99_us"],
+        max_us=timing["max_us"],
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calls", type=int, default=200_000, help="timed calls per row")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     rows = []
     for name, build in (("examples", example_set), ("large", large_set)):
         policy_set, keys = build()
@@ -154,7 +186,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         verdict = "within" if worst <= BUDGET_US else "OVER"
         print(f"{mode} p99 {verdict} the {BUDGET_US} us budget (worst {worst:.2f} us)")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

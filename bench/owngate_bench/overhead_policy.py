@@ -10,18 +10,18 @@ plain `owngate` target's config, the gateway evaluates its built-in private-only
 the comparison is "the built-in set" against "a configured set", never "no policy".
 
 `decision_cost` loads a config's policy set exactly as the gateway does and times
-`PolicySet.decide` (cached) and `decide_uncached` (a cache miss) one call at a time, the
-method of `bench/policy.py`: every (tenant, model, data class) key in turn after a warm-up
-pass, `perf_counter_ns` around each call, the garbage collector off while timing.
+`PolicySet.decide` (cached) and `decide_uncached` (a cache miss) one call at a time with
+the method of `owngate bench policy` (`owngate_bench.policy.time_decisions`): every
+(tenant, model, data class) key in turn after a warm-up pass, `perf_counter_ns` around
+each call, the garbage collector off while timing.
 """
 
 from __future__ import annotations
 
-import gc
-import itertools
-import time
 from pathlib import Path
 from typing import Any
+
+from owngate_bench.policy import decision_keys, time_decisions
 
 __all__ = [
     "HOSTED_KEY_ENV",
@@ -129,29 +129,6 @@ def write_policy_config(
     return config
 
 
-def _time_calls(
-    decide: Any, keys: list[tuple[str, str, str | None]], calls: int
-) -> dict[str, float]:
-    for key in keys:
-        decide(*key)  # warm up (and, for `decide`, fill the cache)
-    samples: list[int] = []
-    clock = time.perf_counter_ns
-    gc.disable()
-    try:
-        for tenant, model, label in itertools.islice(itertools.cycle(keys), calls):
-            start = clock()
-            decide(tenant, model, label)
-            samples.append(clock() - start)
-    finally:
-        gc.enable()
-    samples.sort()
-    return {
-        "p50_us": samples[len(samples) // 2] / 1000,
-        "p99_us": samples[int(len(samples) * 0.99)] / 1000,
-        "max_us": samples[-1] / 1000,
-    }
-
-
 def decision_cost(config_path: Path, calls: int) -> dict[str, Any]:
     """The policy set `config_path` gives the gateway, and p50/p99/max µs of its decisions.
 
@@ -165,10 +142,7 @@ def decision_cost(config_path: Path, calls: int) -> dict[str, Any]:
     config = load_config(config_path, env={})
     policy_set = TrustPolicies(config, config_path.parent).current
     models = sorted({m for facts in backend_facts(config) for m in facts.models})
-    keys: list[tuple[str, str, str | None]] = []
-    for tenant in sorted(policy_set.tenants()):
-        labels: list[str | None] = [None, *sorted(policy_set.data_classes(tenant))]
-        keys += itertools.product([tenant], models, labels)
+    keys = decision_keys(policy_set, models)
     if not keys:
         raise ValueError(f"{config_path}: the policy set binds no tenant")
     refused = [key for key in keys if policy_set.decide(*key).refusal is not None]
@@ -178,6 +152,6 @@ def decision_cost(config_path: Path, calls: int) -> dict[str, Any]:
         "keys": len(keys),
         "refused_keys": len(refused),
         "calls": calls,
-        "cached": _time_calls(policy_set.decide, keys, calls),
-        "uncached": _time_calls(policy_set.decide_uncached, keys, calls),
+        "cached": time_decisions(policy_set.decide, keys, calls),
+        "uncached": time_decisions(policy_set.decide_uncached, keys, calls),
     }

@@ -1,12 +1,12 @@
 """Scale benchmark: `owngate serve --workers N` for N = 1, 2, 4, side by side.
 
-`owngate bench scale` (or `python bench/scale.py`) starts a zero-latency vLLM simulator
-in its own process, then for each worker count an `owngate serve --workers N` (generated
-config, built-in private-only policy, no provenance), waits until every worker answers
-ready, and drives it with the closed-loop load generator (`gateway.bench.loadgen`, its
-own process): chat at concurrency 64 and streams of 64 chunks at concurrency 64. CPU
-seconds of the gateway's process tree (supervisor and workers), of the simulator, of
-the load generator and of the whole machine are read around each measured window.
+`owngate bench scale` starts a zero-latency vLLM simulator in its own process, then for
+each worker count an `owngate serve --workers N` (generated config, built-in private-only
+policy, no provenance), waits until every worker answers ready, and drives it with the
+closed-loop load generator (`owngate_bench.loadgen`, its own process): chat at concurrency
+64 and streams of 64 chunks at concurrency 64. CPU seconds of the gateway's process tree
+(supervisor and workers), of the simulator, of the load generator and of the whole machine
+are read around each measured window.
 
 It prints, per load, req/s and gateway CPU ms per request for each worker count with
 the ratio to one worker, and where the machine's CPU went: on a machine with C cores the
@@ -27,14 +27,15 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gateway.bench.loadgen import LoadSpec, run_in_subprocess
-from gateway.bench.services import (
+from gateway.keys import hash_api_key
+from owngate_bench.loadgen import LoadSpec, run_in_subprocess
+from owngate_bench.services import (
     HOST,
     Service,
     child_env,
@@ -43,9 +44,8 @@ from gateway.bench.services import (
     owngate_argv,
     readyz,
 )
-from gateway.keys import hash_api_key
 
-__all__ = ["add_arguments", "main", "run"]
+__all__ = ["add_arguments", "run"]
 
 MODEL = "bench-model"
 LOADS = (("chat c=64", False, 16), ("stream c=64", True, 64))  # name, stream, max_tokens
@@ -276,13 +276,3 @@ def run(args: argparse.Namespace) -> int:
         for result in results.values()
     )
     return 1 if failed else 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="owngate bench scale",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(parser)
-    return run(parser.parse_args(argv))

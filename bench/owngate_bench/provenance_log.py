@@ -1,4 +1,4 @@
-"""Provenance log benchmark: `python bench/provenance.py [--quick] [--json] [--dir DIR]`.
+"""Provenance log benchmark: `owngate bench provenance-log [--quick] [--json] [--dir DIR]`.
 
 Prints: fsync latency of the log's disk, append throughput with group commit at 1 and 16
 concurrent appenders (records/s, latency, records per fsync), checkpoint signing time (the
@@ -13,16 +13,14 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-# Run from a checkout without installing: make the source tree importable.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from gateway.provenance import Checkpoint, LogSettings, ProvenanceLog, sign_checkpoint, verify_log
 from gateway.provenance.testing import log_request, seeded_signer
+
+__all__ = ["add_arguments", "run"]
 
 ORIGIN = "bench.owngate.example/log"
 
@@ -117,12 +115,13 @@ def verify_speed(directory: Path) -> dict[str, float]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small counts (smoke test)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--dir", help="directory on the disk to measure (default: a temp dir)")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     scale = 1 if args.quick else 20
     with tempfile.TemporaryDirectory(dir=args.dir) as temporary:
         root = Path(temporary)
@@ -160,7 +159,3 @@ def main(argv: list[str] | None = None) -> int:
         f"{v['checkpoints']} checkpoints, {v['seconds']:.2f} s)"
     )
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import gateway
 from gateway.routing.prometheus import parse_metrics
 
 __all__ = [
@@ -52,10 +53,12 @@ def free_port() -> int:
 
 
 def child_env() -> dict[str, str]:
-    """Our environment, with this source tree importable by the processes we start."""
+    """Our environment, with the `gateway` and `owngate_bench` packages we run importable
+    by the processes we start (installed or not)."""
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    roots = {str(Path(module).resolve().parents[1]) for module in (gateway.__file__, __file__)}
+    paths = [*sorted(roots), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     return env
 
 

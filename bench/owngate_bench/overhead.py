@@ -1,16 +1,16 @@
 """Overhead benchmark: the same load, side by side, to the simulator, owngate and LiteLLM.
 
-`owngate bench overhead` (or `python bench/overhead.py`) starts a zero-latency vLLM
-simulator, owngate (one worker, generated config, the built-in private-only policy set),
-owngate+policy (the same with a generated trust-policy directory and more backends, see
-`gateway.bench.policy`) and LiteLLM's proxy (pinned release in its own virtualenv, one
-worker, no database) as separate processes, then runs each load point against each target
-in turn with a load generator in yet another process (`gateway.bench.loadgen`). Loads:
-chat at concurrency 1/16/64 (req/s, latency), streams of 64 chunks at concurrency 16/64
-(chunks/s, TTFT). CPU seconds of each server's process tree are read from /proc around
-every measured window: steadier than req/s on a shared machine. Once the servers are
-stopped, it times the policy decisions (cached and uncached) of both owngate configs.
-It prints a table with ratios and the issue's targets with their margins, and writes JSON.
+`owngate bench overhead` starts a zero-latency vLLM simulator, owngate (one worker,
+generated config, the built-in private-only policy set), owngate+policy (the same with a
+generated trust-policy directory and more backends, see `owngate_bench.overhead_policy`)
+and LiteLLM's proxy (pinned release in its own virtualenv, one worker, no database) as
+separate processes, then runs each load point against each target in turn with a load
+generator in yet another process (`owngate_bench.loadgen`). Loads: chat at concurrency
+1/16/64 (req/s, latency), streams of 64 chunks at concurrency 16/64 (chunks/s, TTFT). CPU
+seconds of each server's process tree are read from /proc around every measured window:
+steadier than req/s on a shared machine. Once the servers are stopped, it times the policy
+decisions (cached and uncached) of both owngate configs. It prints a table with ratios and
+the issue's targets with their margins, and writes JSON.
 
 Exit codes: 0 ran cleanly; 1 a target failed or returned errors (or, with `--check`, a
 target was missed); 2 usage.
@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from gateway import __version__
-from gateway.bench import litellm_proxy
-from gateway.bench.loadgen import LoadSpec, run_in_subprocess
-from gateway.bench.policy import HOSTED_KEY_ENV, decision_cost, write_policy_config
-from gateway.bench.report import evaluate_checks, policy_comparison, render
-from gateway.bench.services import HOST, Service, child_env, env_flag, free_port, owngate_argv
+from owngate_bench import litellm_proxy
+from owngate_bench.loadgen import LoadSpec, run_in_subprocess
+from owngate_bench.overhead_policy import HOSTED_KEY_ENV, decision_cost, write_policy_config
+from owngate_bench.overhead_report import evaluate_checks, policy_comparison, render
+from owngate_bench.services import HOST, Service, child_env, env_flag, free_port, owngate_argv
 
-__all__ = ["POINTS", "TARGETS", "Point", "add_arguments", "main", "run"]
+__all__ = ["POINTS", "TARGETS", "Point", "add_arguments", "run"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -490,11 +490,3 @@ def _exit_code(report: Mapping[str, Any], check: bool) -> int:
     )
     missed = check and any(c["passed"] is False for c in report["checks"])
     return 1 if broken or missed else 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="bench/overhead.py", description=__doc__.split("\n\n")[0] if __doc__ else None
-    )
-    add_arguments(parser)
-    return run(parser.parse_args(argv))

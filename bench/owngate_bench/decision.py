@@ -7,7 +7,7 @@ keys in turn, a quarter of them never served (no affinity entry) and the rest re
 on some backend, as after a warm-up; least in-flight and round robin are timed the same
 way for comparison. `prefix_span` (the prefix digest and its length, which the proxy
 computes for the score strategy before ordering; reported as `prefix_key`) is timed on
-the first request body of each benchmark workload. Method of `bench/policy.py`:
+the first request body of each benchmark workload. Method of `owngate bench policy`:
 `perf_counter_ns` around each call, the garbage collector off while timing, nearest-rank
 p50 / p99.
 """
@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gateway.bench.arrivals import CHAT, OFFICE, RAG, TraceSpec, build_trace
 from gateway.config.schema import (
     Backend,
     Capacity,
@@ -34,6 +33,7 @@ from gateway.config.schema import (
 from gateway.routing.picker import Picker, prefix_span
 from gateway.routing.registry import Registry, Route
 from gateway.routing.signals import BackendLoad
+from owngate_bench.arrivals import CHAT, OFFICE, RAG, TraceSpec, build_trace
 
 __all__ = ["POOL_SIZES", "decision_cost"]
 

@@ -1,4 +1,4 @@
-"""`python -m gateway.state.bench`: what shared state adds to each request.
+"""`owngate bench state`: what shared state adds to each request.
 
 Times `acquire` (admission) and `Admission.release` (completion, with tokens) with every
 limit set, so every check runs: `MemoryState` always, `RedisState` when a URL is given
@@ -15,14 +15,13 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
 from typing import TextIO
 
 import uvloop
 
 from gateway.state import SharedState, TenantLimits, create_state
 
-__all__ = ["main", "measure"]
+__all__ = ["add_arguments", "measure", "run"]
 
 # High enough that nothing is refused, set so that every check and charge runs.
 _LIMITS = TenantLimits(requests_per_minute=10**9, tokens_per_minute=10**12, concurrent=10**6)
@@ -82,8 +81,7 @@ async def _run(
     return status
 
 
-def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway.state.bench", description=__doc__)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--redis-url",
         default=os.environ.get("OWNGATE_STATE_BENCH_REDIS_URL"),
@@ -94,13 +92,18 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     parser.add_argument(
         "--timeout-ms", type=float, default=50.0, help="RedisState's per-call timeout"
     )
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Measure and print the table to `out` (default: stdout, where logs go too)."""
+    out = out or sys.stdout
     if args.requests < 2 or args.concurrency < 1 or args.timeout_ms <= 0:
-        parser.error("--requests >= 2, --concurrency >= 1 and --timeout-ms > 0, please")
-    timeout_s = args.timeout_ms / 1000
+        print(
+            "owngate bench state: --requests >= 2, --concurrency >= 1 and --timeout-ms > 0, please",
+            file=sys.stderr,
+        )
+        return 2
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(_run(args.redis_url, args.requests, args.concurrency, timeout_s, out))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        return runner.run(
+            _run(args.redis_url, args.requests, args.concurrency, args.timeout_ms / 1000, out)
+        )

@@ -1,6 +1,6 @@
 """Numbers and table of the routing benchmark: per-run summaries, targets, rendering.
 
-`summarize` turns one replay (`gateway.bench.openloop` rows) and the simulators' counters
+`summarize` turns one replay (`owngate_bench.openloop` rows) and the simulators' counters
 and load samples into the run's figures. Percentiles are nearest-rank over every request
 that was not refused or broken; a request cut off at the end of the run counts with the
 time it had waited so far, a lower bound, so a strategy that leaves requests queued is
@@ -22,7 +22,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gateway.bench.loadgen import percentiles
+from owngate_bench.loadgen import percentiles
 
 __all__ = ["evaluate_targets", "median_targets", "quantiles", "render", "summarize"]
 

@@ -7,7 +7,7 @@ it). For each it starts two owngate processes over the same simulator: `off` (no
 `provenance:` section) and `on` (a log with fsync group commit, receipts, checkpoints).
 Each load point (streams at concurrency 16 and 64) runs against `off` and `on` in turn,
 alternating which goes first, with the load generator in its own process
-(`gateway.bench.loadgen`). Reported per point: req/s, TTFT p50/p99, CPU seconds per
+(`owngate_bench.loadgen`). Reported per point: req/s, TTFT p50/p99, CPU seconds per
 request of each gateway process (from /proc, steadier than req/s on a shared machine),
 and the on/off ratios. The logs written by the `on` gateways are verified at the end.
 
@@ -40,8 +40,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.bench.loadgen import LoadSpec, run_in_subprocess
-from gateway.bench.services import (
+from owngate_bench.loadgen import LoadSpec, run_in_subprocess
+from owngate_bench.services import (
     HOST,
     Service,
     child_env,
@@ -51,7 +51,7 @@ from gateway.bench.services import (
     owngate_argv,
 )
 
-__all__ = ["BACKENDS", "CONCURRENCY", "add_arguments", "main", "run"]
+__all__ = ["BACKENDS", "CONCURRENCY", "add_arguments", "run"]
 
 MODEL = "bench-model"
 ORIGIN = "bench.owngate/provenance"
@@ -496,12 +496,3 @@ def run(args: argparse.Namespace) -> int:
         "error" in result or result["errors"] for row in rows for result in row["results"].values()
     ) or any(text.startswith("FAILED") for text in logs.values())
     return 1 if broken else 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="owngate bench provenance",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
-    )
-    add_arguments(parser)
-    return run(parser.parse_args(argv))

@@ -1,6 +1,6 @@
 """Open-loop streaming client of the routing benchmark, run in its own process.
 
-`python -m gateway.bench.openloop` reads a `ReplaySpec` as JSON on stdin, replays the
+`python -m owngate_bench.openloop` reads a `ReplaySpec` as JSON on stdin, replays the
 trace file it names against the gateway and prints one result JSON object on stdout.
 Each request is sent at its arrival time whatever happened to the earlier ones (open
 loop: a slow server cannot slow the arrivals down), over an idle keep-alive connection
@@ -13,7 +13,7 @@ content chunks, the outcome — `ok`, `status_<code>`, `broken` (connection lost
 `[DONE]`) or `unfinished` (still running `grace_s` after the last arrival; its
 connection is then closed, which cancels it upstream, and its times are those it had run
 so far: lower bounds) — how late it was sent, and its trace entry. Parsing is httptools
-on uvloop, as in `gateway.bench.loadgen`, so the client costs far less than the servers.
+on uvloop, as in `owngate_bench.loadgen`, so the client costs far less than the servers.
 
 `replay_in_subprocess(spec)` is the parent's side.
 """
@@ -33,8 +33,8 @@ from typing import Any, cast
 import httptools
 import orjson
 
-from gateway.bench.arrivals import read_trace
-from gateway.bench.loadgen import run_json_module
+from owngate_bench.arrivals import read_trace
+from owngate_bench.loadgen import run_json_module
 
 __all__ = ["ReplaySpec", "main", "replay", "replay_in_subprocess"]
 
@@ -46,7 +46,7 @@ class ReplaySpec:
     host: str
     port: int
     api_key: str
-    trace: str  # path of the trace file (`gateway.bench.arrivals.write_trace`)
+    trace: str  # path of the trace file (`owngate_bench.arrivals.write_trace`)
     grace_s: float  # how long requests may run after the last arrival
     path: str = "/v1/chat/completions"
     connections: int = 32  # opened before the trace starts; more are opened on demand
@@ -256,13 +256,13 @@ def replay(spec: ReplaySpec) -> dict[str, Any]:
 def replay_in_subprocess(
     spec: ReplaySpec, budget_s: float, *, env: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
-    """Run `python -m gateway.bench.openloop` on `spec` and return its result."""
-    return run_json_module("gateway.bench.openloop", spec.to_json(), budget_s, env)
+    """Run `python -m owngate_bench.openloop` on `spec` and return its result."""
+    return run_json_module("owngate_bench.openloop", spec.to_json(), budget_s, env)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gateway.bench.openloop", description="Open-loop trace replay."
+        prog="python -m owngate_bench.openloop", description="Open-loop trace replay."
     )
     parser.add_argument("--spec", default="-", help="ReplaySpec JSON file ('-' = stdin)")
     args = parser.parse_args(argv)

@@ -1,10 +1,10 @@
 """Routing benchmark: round robin, least in-flight and owngate's scorer on the same traces.
 
-`owngate bench routing` (or `python bench/routing.py`) builds simulated pools, generates
-one seeded open-loop trace per scenario (`gateway.bench.arrivals`), and replays that same
-trace once per routing strategy, each time against fresh simulators (`SimHost`, in this
-process) and a fresh owngate (`owngate serve`, its own process), with the client in yet
-another process (`gateway.bench.openloop`). Scenarios:
+`owngate bench routing` builds simulated pools, generates one seeded open-loop trace per
+scenario (`owngate_bench.arrivals`), and replays that same trace once per routing
+strategy, each time against fresh simulators (`SimHost`, in this process) and a fresh
+owngate (`owngate serve`, its own process), with the client in yet another process
+(`owngate_bench.openloop`). Scenarios:
 
 - `hetero`: one fast vLLM-like server (64 slots) and one slow llama.cpp-like (4 slots),
   a mix of chat / RAG / office requests, Poisson arrivals at `--load` of the pool's
@@ -35,7 +35,7 @@ The report: per scenario and strategy, TTFT and end-to-end latency p50/p95/p99 (
 scheduled arrival; requests still running `--grace` seconds after the last arrival are
 cut off and count with their time so far, a lower bound), throughput, requests queued
 in the servers (sampled), each server's share; then the cost of one routing decision
-(`gateway.bench.decision`) and the targets. JSON goes to `--json`; the traces, gateway
+(`owngate_bench.decision`) and the targets. JSON goes to `--json`; the traces, gateway
 configs and logs to `routing-run/` next to it.
 
 Exit codes: 0 ran cleanly; 1 a run failed or had errors (or, with `--check`, a target
@@ -53,15 +53,15 @@ import platform
 import secrets
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from gateway import __version__
-from gateway.bench.arrivals import CHAT, OFFICE, RAG, TraceSpec, Workload, build_trace, write_trace
-from gateway.bench.openloop import ReplaySpec, replay_in_subprocess
-from gateway.bench.routing_report import evaluate_targets, median_targets, render, summarize
-from gateway.bench.services import (
+from owngate_bench.arrivals import CHAT, OFFICE, RAG, TraceSpec, Workload, build_trace, write_trace
+from owngate_bench.openloop import ReplaySpec, replay_in_subprocess
+from owngate_bench.routing_report import evaluate_targets, median_targets, render, summarize
+from owngate_bench.services import (
     HOST,
     Service,
     child_env,
@@ -80,7 +80,6 @@ __all__ = [
     "add_arguments",
     "capacity",
     "gateway_config",
-    "main",
     "run",
     "scenarios",
 ]
@@ -395,7 +394,7 @@ def _run_arm(
     api_key: str,
 ) -> dict[str, Any]:
     """One replay of the scenario's trace against fresh simulators and a fresh gateway."""
-    from gateway.bench.simhost import SimHost
+    from owngate_bench.simhost import SimHost
 
     key_hash = "sha256:" + hashlib.sha256(api_key.encode()).hexdigest()
     with SimHost(scenario.backends, HOST) as host:
@@ -513,7 +512,7 @@ def run(args: argparse.Namespace) -> int:
                 failed = True
         runs.append({"seed": seed, "scenarios": found})
     report["scenarios"] = runs[0]["scenarios"]
-    from gateway.bench.decision import decision_cost
+    from owngate_bench.decision import decision_cost
 
     log(f"timing routing decisions ({plan.decision_calls} calls per row)")
     report["decision"] = decision_cost(plan.decision_calls)
@@ -542,13 +541,3 @@ def run(args: argparse.Namespace) -> int:
 
 def _dumps(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2, default=str) + "\n"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="bench/routing.py",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(parser)
-    return run(parser.parse_args(argv))

@@ -4,7 +4,7 @@ open-loop arrival times, and the trace file the load generator replays.
 A workload is a kind of request at real scale (chat ~1k prompt tokens / 1k out, RAG 8k /
 512, office 4k / 500), its prompt a system prompt shared by many requests (one of a few
 variants) plus a unique user turn. Outputs are scaled down by `output_scale` so runs are
-short (see `gateway.bench.routing` for how the simulators' speeds are scaled to match).
+short (see `owngate_bench.routing` for how the simulators' speeds are scaled to match).
 The simulator counts a prompt token per 4 bytes of text, so a part of N tokens is 4N
 ASCII characters; texts are slices of a seeded pseudo-word corpus.
 
