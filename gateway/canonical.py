@@ -16,7 +16,7 @@ raise TypeError. The output is valid UTF-8 and parses back to an equal value.
 Fast path: when orjson is installed and the value holds no floats, only ASCII member names
 and integers within range, orjson with sorted keys writes exactly the JCS bytes (its string
 escaping is JCS's for every code point, and for ASCII names byte order is UTF-16 order;
-tests/test_canonical.py checks both encoders agree), some 30x faster. Anything else takes
+tests/unit/test_canonical.py checks both encoders agree), some 30x faster. Anything else takes
 the pure-Python encoder, which is the reference.
 """
 

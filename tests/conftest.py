@@ -86,7 +86,7 @@ def sim_and_gateway(
 
 @pytest.fixture
 def start_raw() -> Iterator[Callable[[Answer], RawBackend]]:
-    """Start scripted raw-socket backends (see tests/raw_backend.py)."""
+    """Start scripted raw-socket backends (see tests/helpers/raw_backend.py)."""
     started: list[RawBackend] = []
 
     def start(answer: Answer) -> RawBackend:

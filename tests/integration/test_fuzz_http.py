@@ -1,11 +1,11 @@
 """Fuzzing `owngate serve` over raw HTTP: hostile input never widens where a request goes.
 
-Hypothesis assembles requests byte by byte (`tests/fuzz_inputs.py`, sent with
-`tests/raw_http.py`) to a gateway process with simulated backends (`tests/fuzz_rig.py`):
-request lines, header lines (repeated, empty, huge, non-ASCII, folded), framing
-(Content-Length against the body, chunked, truncated), JSON bodies (duplicate and escaped
-keys, deep nesting, odd types, huge values, invalid UTF-8), data-class labels and model
-strings. For every input:
+Hypothesis assembles requests byte by byte (`tests/helpers/fuzz_inputs.py`, sent with
+`tests/helpers/raw_http.py`) to a gateway process with simulated backends
+(`tests/helpers/fuzz_rig.py`): request lines, header lines (repeated, empty, huge,
+non-ASCII, folded), framing (Content-Length against the body, chunked, truncated), JSON
+bodies (duplicate and escaped keys, deep nesting, odd types, huge values, invalid UTF-8),
+data-class labels and model strings. For every input:
 
 - the gateway answers 2xx or 4xx, and every 4xx is an OpenAI error object with a code
   of `ErrorCode`. A 5xx is allowed only as the honest news that the backends a request
@@ -75,7 +75,7 @@ ERROR_CODES: Final = frozenset(code.value for code in ErrorCode)
 HONEST_5XX: Final = frozenset(
     {"no_compliant_backend", "backend_unavailable", "upstream_error", "upstream_timeout"}
 )
-FAILING: Final = ("f", "g")  # models whose private backend fails (tests/fuzz_rig.py)
+FAILING: Final = ("f", "g")  # models whose private backend fails (tests/helpers/fuzz_rig.py)
 
 
 def fuzz_settings(examples: int) -> settings:

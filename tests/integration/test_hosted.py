@@ -1,7 +1,7 @@
 """Hosted providers through LiteLLM: OpenAI-shaped answers, mapped errors, no network, no logs.
 
 The OpenAI-shaped provider is the simulator (`openai/<model>` with `api_base=<sim>/v1`);
-Anthropic is `tests.mocks.anthropic_mock`. Both run on real local sockets. A guard
+Anthropic is `tests.helpers.anthropic_mock`. Both run on real local sockets. A guard
 refuses (and records) every connection or DNS lookup that is not for loopback, so a
 LiteLLM fetch of anything (cost map, beta headers, tokenizers, telemetry) fails the run.
 LiteLLM is imported once for the module: the import takes seconds.

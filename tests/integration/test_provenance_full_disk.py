@@ -6,7 +6,7 @@
 - `owngate serve` on a disk that refuses the log exits 4 at shutdown, 3 when restarted,
   and once the disk is back it recovers every entry and exits 0.
 
-The disk fails as in tests/test_provenance_log.py: the write-ahead segment's writes fail
+The disk fails as in tests/unit/test_provenance_log.py: the write-ahead segment's writes fail
 (EIO) while a flag is set, or writing checkpoint files fails (ENOSPC), or a file stands
 where the log needs a directory (the only way to fail a separate process's writes).
 """

@@ -1,7 +1,7 @@
 """`owngate keys revoke` without Redis: the digest leaves the keys file atomically and a
 gateway loading that file refuses the key (401, OpenAI error format); unknown keys,
 keys listed in gateway.yaml itself and an unreachable Redis are reported, not ignored.
-(With Redis, every running replica refuses the key: tests/test_replicas.py.)"""
+(With Redis, every running replica refuses the key: tests/integration/test_replicas.py.)"""
 
 from __future__ import annotations
 

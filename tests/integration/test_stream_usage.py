@@ -131,7 +131,7 @@ def test_a_backend_that_reports_no_usage_is_charged_an_estimate(
     assert statuses_until_refused(gateway, body(), most=3) == [200, 429]
 
 
-@pytest.mark.filterwarnings(  # LiteLLM's own, while streaming (see tests/test_hosted.py)
+@pytest.mark.filterwarnings(  # LiteLLM's own, while streaming (see test_hosted.py)
     "ignore:Item '[A-Za-z_]+' on TypedDict class '[A-Za-z_]+' is using the `ReadOnly` "
     "qualifier:UserWarning",
     "ignore:Accessing the '[a-z_]+' attribute on the instance is deprecated"
