@@ -40,15 +40,14 @@ async def _with_backend(
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    pool = HttpPool(
-        "127.0.0.1",
-        port,
-        connect_timeout=1.0,
-        first_byte_timeout=2.0,
-        read_timeout=2.0,
-        max_connections=4,
+    options: dict[str, Any] = {
+        "connect_timeout": 1.0,
+        "first_byte_timeout": 2.0,
+        "read_timeout": 2.0,
+        "max_connections": 4,
         **pool_options,
-    )
+    }
+    pool = HttpPool("127.0.0.1", port, **options)
     try:
         await body(pool)
     finally:
@@ -193,7 +192,6 @@ def test_full_pool_waits_then_reports_busy_not_a_backend_fault() -> None:
         writer.close()
 
     async def body(pool: HttpPool) -> None:
-        pool._connect_timeout = 0.2
         held = [asyncio.create_task(pool.request(b"POST", b"/", [], b"")) for _ in range(4)]
         await asyncio.sleep(0.1)
         with pytest.raises(UpstreamError) as info:
@@ -203,7 +201,7 @@ def test_full_pool_waits_then_reports_busy_not_a_backend_fault() -> None:
         for task in held:
             await (await task).read()
 
-    asyncio.run(_with_backend(handler, body))
+    asyncio.run(_with_backend(handler, body, connect_timeout=0.2))
 
 
 def test_cancelled_connect_gives_its_slot_back() -> None:
@@ -236,7 +234,7 @@ def test_cancelled_connect_gives_its_slot_back() -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         assert pool.open_connections == 0
-        assert not pool._limit.locked()
+        assert not pool.saturated
 
     try:
         asyncio.run(body())

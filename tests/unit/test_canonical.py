@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import canonical
 from gateway.canonical import (
     canonical_json,
     canonical_json_of_plain,
     format_number,
+    is_plain,
     reference_canonical_json,
 )
 
@@ -200,7 +200,7 @@ def test_fast_path_equals_the_reference_encoder(value: object) -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(st.text(alphabet=string.ascii_letters), st.text() | st.integers(0, 2**53)))
 def test_plain_values_take_the_fast_path_and_match(value: dict[str, object]) -> None:
-    assert canonical._plain(value)
+    assert is_plain(value)
     assert canonical_json_of_plain(value) == reference_canonical_json(value)
 
 
@@ -215,7 +215,7 @@ def test_fast_path_escapes_every_code_point_as_jcs_does() -> None:
 def test_what_the_fast_path_cannot_prove_goes_to_the_reference() -> None:
     # Non-ASCII names (UTF-16 vs byte order), floats, big ints, subclasses: not plain.
     for value in ({"\ue000": 1, "\U0001f600": 2}, {"a": 1.5}, {"a": 2**53 + 1}, [True, 1.0]):
-        assert not canonical._plain(value)
+        assert not is_plain(value)
     assert canonical_json({"\ue000": 1, "\U0001f600": 2}) == reference_canonical_json(
         {"\ue000": 1, "\U0001f600": 2}
     )
