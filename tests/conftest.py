@@ -1,11 +1,13 @@
-"""Fixtures only: simulators, gateways and raw backends on real sockets, a private
-redis-server, a real llama.cpp server; and the hook that fails a marked test whose
-prerequisite is absent (tests/helpers/prerequisites.py).
+"""Fixtures only: simulators, gateways and raw backends on real sockets, `owngate serve`
+processes, a private redis-server, a real llama.cpp server; and the collection checks
+below. A marked test whose prerequisite is absent fails in the helper that reaches for it
+(tests/helpers/prerequisites.py).
 
 What the fixtures are built from (keys, `backend`, `gateway_config`...) lives in
 tests/helpers/; test modules import it from there. Which test goes where (tests/README.md):
 tests/unit/ opens no socket and starts no process, tests/integration/ does (or needs
-Redis, llama.cpp or a deploy tool), tests/vectors/ checks data from other implementations.
+Redis, llama.cpp or a deploy tool), tests/vectors/ checks data from other implementations;
+collection refuses a unit test that uses a fixture of the integration layer.
 """
 
 from __future__ import annotations
@@ -163,12 +165,27 @@ def process(
 
 # A fixture that needs something outside the Python environment -> the marker of its group.
 MARKED_FIXTURES = {"redis_server": "redis", "real_llamacpp": "real_backend"}
+# Fixtures that open sockets or start processes: integration tests only (tests/README.md).
+INTEGRATION_FIXTURES = {
+    "start_sim",
+    "start_gateway",
+    "sim_and_gateway",
+    "start_raw",
+    "process",
+    *MARKED_FIXTURES,
+}
+UNIT = Path(__file__).parent / "unit"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test using `redis_server` or `real_llamacpp` carries its group's marker, so
-    `-m "not <marker>"` deselects all of them (the marker's prerequisite may be absent)."""
+    `-m "not <marker>"` deselects all of them (the marker's prerequisite may be absent);
+    no unit test uses a fixture that opens a socket or starts a process."""
     for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
         for fixture, marker in MARKED_FIXTURES.items():
-            if fixture in getattr(item, "fixturenames", ()) and not item.get_closest_marker(marker):
+            if fixture in fixtures and not item.get_closest_marker(marker):
                 raise pytest.UsageError(f"{item.nodeid} uses `{fixture}`: mark it `{marker}`")
+        if item.path.is_relative_to(UNIT) and fixtures & INTEGRATION_FIXTURES:
+            used = ", ".join(sorted(fixtures & INTEGRATION_FIXTURES))
+            raise pytest.UsageError(f"{item.nodeid} uses {used}: move it to tests/integration/")

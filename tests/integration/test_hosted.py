@@ -30,12 +30,13 @@ from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from gateway.config.schema import Backend
-from gateway.serving import ServerThread, bind_socket
+from gateway.serving import ServerThread
 from gateway.sim import Faults, SimApp, SimSettings, create_sim_app
 from gateway.upstream.hosted import HostedClient, HostedError, HostedResponse
 from gateway.upstream.litellm_runtime import load_litellm
 from tests.helpers.anthropic_mock import AnthropicMock
 from tests.helpers.gateways import Gateway
+from tests.helpers.net import free_port
 from tests.helpers.raw_backend import Post, RawBackend
 
 T = TypeVar("T")
@@ -385,9 +386,7 @@ def test_openai_provider_error_status(env: Servers) -> None:
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 def test_refused_connection_is_a_connect_error(env: Servers, provider: str) -> None:
-    probe = bind_socket("127.0.0.1", 0)
-    port = probe.getsockname()[1]
-    probe.close()  # nothing listens there now
+    port = free_port()  # nothing listens there
     url = f"http://127.0.0.1:{port}"
     if provider == "openai":
         client = openai_client(env, url=f"{url}/v1")

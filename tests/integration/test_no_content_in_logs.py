@@ -15,8 +15,8 @@ import httpx
 import yaml
 
 from gateway.keys import hash_api_key
-from gateway.serving import bind_socket
 from tests.helpers.gateways import Sim
+from tests.helpers.net import free_port
 
 CANARY = "CANARY-7f3e9b1c-do-not-log"
 KEY = "og-canary-key-" + "k" * 24
@@ -24,9 +24,7 @@ KEY = "og-canary-key-" + "k" * 24
 
 def test_canary_appears_nowhere(start_sim: Callable[..., Sim], tmp_path: Path) -> None:
     sim = start_sim("vllm", models=("m",), zero_latency=True)
-    probe = bind_socket("127.0.0.1", 0)
-    port = probe.getsockname()[1]
-    probe.close()
+    port = free_port()
     config = {
         "listen": {"host": "127.0.0.1", "port": port},
         "logging": {"format": "json", "level": "debug", "access_log": True},

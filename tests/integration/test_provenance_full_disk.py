@@ -27,7 +27,6 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import yaml
 
 import gateway.provenance.store
 import gateway.provenance.wal
@@ -40,9 +39,11 @@ from gateway.provenance import (
     verify_log,
     write_signing_key,
 )
-from gateway.serving import ServerThread, bind_socket
+from gateway.serving import ServerThread
 from gateway.sim import Faults
 from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
+from tests.helpers.net import free_port
+from tests.helpers.processes import GatewayProcess
 from tests.helpers.provenance import FailingDisk
 
 ORIGIN = "test.owngate/log/full-disk"
@@ -165,65 +166,29 @@ def test_a_failed_final_checkpoint_is_reported_and_state_still_closes(
 KEY = "og-full-disk-test-key-0123456789"
 
 
-def _serve(config: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-
-
-def _ready(proc: subprocess.Popen[bytes], url: str) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert proc.poll() is None, proc.communicate()[1].decode()[-3000:]
-        time.sleep(0.05)
-    raise AssertionError("gateway did not become ready")
-
-
-def _stopped(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    return proc.returncode, err.decode()
-
-
 def test_serve_exits_4_when_the_final_checkpoint_fails_and_3_when_it_cannot_recover(
     start_sim: Callable[..., Sim], tmp_path: Path
 ) -> None:
     sim = start_sim("vllm", models=("m",), zero_latency=True)
-    sock = bind_socket("127.0.0.1", 0)
-    port = int(sock.getsockname()[1])
-    sock.close()
     write_signing_key(tmp_path / "log.key", ORIGIN)
-    config = tmp_path / "gateway.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "listen": {"host": "127.0.0.1", "port": port},
-                "logging": {"format": "json", "level": "warning", "access_log": False},
-                "backends": [backend("gpu", sim.url, "m")],
-                "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
-                "provenance": {
-                    "dir": "log",
-                    "origin": ORIGIN,
-                    "signing_key_file": "log.key",
-                    "checkpoint_interval_ms": 3_600_000,  # only the final checkpoint
-                },
-                "limits": {"drain_timeout_s": 5},
-            }
-        )
-    )
-    url = f"http://127.0.0.1:{port}"
-    proc = _serve(config)
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "logging": {"format": "json", "level": "warning", "access_log": False},
+        "backends": [backend("gpu", sim.url, "m")],
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+        "provenance": {
+            "dir": "log",
+            "origin": ORIGIN,
+            "signing_key_file": "log.key",
+            "checkpoint_interval_ms": 3_600_000,  # only the final checkpoint
+        },
+        "limits": {"drain_timeout_s": 5},
+    }
+    gateway = GatewayProcess(config, tmp_path)
     try:
-        _ready(proc, url)
+        gateway.start()
         answer = httpx.post(
-            f"{url}/v1/chat/completions",
+            f"{gateway.url}/v1/chat/completions",
             content=ASK,
             headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"},
             timeout=30,
@@ -232,27 +197,22 @@ def test_serve_exits_4_when_the_final_checkpoint_fails_and_3_when_it_cannot_reco
         tiles = tmp_path / "log" / "tile"
         assert not tiles.exists()  # nothing signed but the empty tree yet
         tiles.write_bytes(b"")  # where the tiles must go, a file: no checkpoint can be written
-        code, err = _stopped(proc)
-        assert code == 4, err[-3000:]
-        assert "final checkpoint was not signed" in err
+        assert gateway.stop(signal.SIGTERM) == 4, gateway.output()
+        assert "final checkpoint was not signed" in gateway.stderr()
 
         # Restarted on that disk, it cannot recover (sign) the entries: exit 3.
         again = subprocess.run(
-            [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
+            [sys.executable, "-m", "gateway", "serve", "--config", str(gateway.path)],
             capture_output=True,
             timeout=60,
         )
         assert again.returncode == 3, again.stderr.decode()[-3000:]
 
         tiles.unlink()  # the disk is back
-        proc = _serve(config)
-        _ready(proc, url)
-        code, err = _stopped(proc)
-        assert code == 0, err[-3000:]
+        gateway.start()
+        assert gateway.stop(signal.SIGTERM) == 0, gateway.output()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=30)
+        gateway.stop(signal.SIGKILL)
     kinds = [r["type"] for r in _verified(tmp_path / "log", tmp_path / "log.key")]
     assert kinds == ["dispatch", "completion"]
     helped = subprocess.run(

@@ -59,6 +59,7 @@ from gateway.provenance.witness_client import WitnessClient, request_cosignature
 from gateway.provenance.witness_http import create_witness_app
 from gateway.provenance.witness_state import StateLockedError, TreeHead, WitnessState
 from gateway.serving import ServerThread
+from tests.helpers.net import free_port
 from tests.helpers.paths import VECTORS
 
 ORIGIN = "gateway.example/log/replica-1"
@@ -726,10 +727,7 @@ def test_cli_serve_cosigns_over_http_and_persists_its_state(
     write_signing_key(key, "witness.example/w3")
     vkey = Cosigner(load_signer(key)).vkey
     state = tmp_path / "state.json"
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
+    port = free_port()
     env = {
         **os.environ,
         "OWNGATE_WITNESS_KEY": str(key),
