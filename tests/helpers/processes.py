@@ -4,7 +4,7 @@ The signal handling, worker supervision, restart recovery and the real HTTP pars
 exist in a process: `GatewayProcess` writes a config to a directory, runs
 `python -m gateway serve --config gateway.yaml` there, and waits for `/readyz`. Its
 stdout and stderr go to files in that directory (a pipe nobody reads would fill and stall
-a chatty gateway); `stderr()`, `output()` and `written()` read them back.
+a chatty gateway); `stdout()`, `stderr()`, `output()` and `written()` read them back.
 """
 
 from __future__ import annotations
@@ -106,9 +106,16 @@ class GatewayProcess:
                 self.proc.wait(timeout=30)
         return self.proc.returncode
 
+    def stdout(self) -> str:
+        """Everything it wrote to stdout since it last started."""
+        return self._read("stdout.log")
+
     def stderr(self) -> str:
         """Everything it wrote to stderr since it last started."""
-        path = self.directory / "stderr.log"
+        return self._read("stderr.log")
+
+    def _read(self, name: str) -> str:
+        path = self.directory / name
         return path.read_bytes().decode("utf-8", "replace") if path.is_file() else ""
 
     def output(self) -> str:

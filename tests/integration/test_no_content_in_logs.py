@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-import yaml
 
 from gateway.keys import hash_api_key
 from tests.helpers.gateways import Sim
 from tests.helpers.net import free_port
+from tests.helpers.processes import GatewayProcess
 
 CANARY = "CANARY-7f3e9b1c-do-not-log"
 KEY = "og-canary-key-" + "k" * 24
@@ -40,23 +35,10 @@ def test_canary_appears_nowhere(start_sim: Callable[..., Sim], tmp_path: Path) -
         ],
         "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
     }
-    path = tmp_path / "gateway.yaml"
-    path.write_text(yaml.safe_dump(config))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "NO_COLOR": "1"},
-    )
+    gateway = GatewayProcess(config, tmp_path, env={"NO_COLOR": "1"})
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        gateway.start()
+        url = gateway.url
         auth = {"authorization": f"Bearer {KEY}"}
         prompt = [{"role": "user", "content": f"my secret is {CANARY}"}]
         calls = [
@@ -81,7 +63,7 @@ def test_canary_appears_nowhere(start_sim: Callable[..., Sim], tmp_path: Path) -
             httpx.post(f"{url}{path}", json=body, headers=headers, timeout=10).status_code
             for path, body, headers in calls
         ]
-        assert statuses == [200, 200, 200, 200, 401, 400, 404, 400], _diagnose(proc)
+        assert statuses == [200, 200, 200, 200, 401, 400, 404, 400], gateway.output()
         bad_json = httpx.post(
             f"{url}/v1/chat/completions",
             headers=auth,
@@ -94,24 +76,18 @@ def test_canary_appears_nowhere(start_sim: Callable[..., Sim], tmp_path: Path) -
         assert "owngate_requests_total" in metrics
         assert CANARY not in metrics
     finally:
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=20)
-    output = out.decode() + err.decode()
+        gateway.stop()
+    err = gateway.stderr()
+    output = gateway.stdout() + err
     assert CANARY not in output
     assert KEY not in output
     # The logs are really there: one JSON access line per request, with metadata only.
     access = [
         json.loads(line)
-        for line in err.decode().splitlines()
+        for line in err.splitlines()
         if line.startswith("{") and '"event":"request"' in line
     ]
     assert len(access) == 9
     assert {entry["status"] for entry in access} == {200, 401, 400, 404}
     assert all(entry["model"] in ("m", "-", "<unknown>") for entry in access)
     assert {entry["data_class"] for entry in access} == {None, "<unknown>"}
-
-
-def _diagnose(proc: subprocess.Popen[bytes]) -> str:
-    proc.kill()
-    _, err = proc.communicate(timeout=10)
-    return err.decode()[-4000:]
