@@ -16,7 +16,7 @@ raise TypeError. The output is valid UTF-8 and parses back to an equal value.
 Fast path: when orjson is installed and the value holds no floats, only ASCII member names
 and integers within range, orjson with sorted keys writes exactly the JCS bytes (its string
 escaping is JCS's for every code point, and for ASCII names byte order is UTF-16 order;
-tests/test_canonical.py checks both encoders agree), some 30x faster. Anything else takes
+tests/unit/test_canonical.py checks both encoders agree), some 30x faster. Anything else takes
 the pure-Python encoder, which is the reference.
 """
 
@@ -41,6 +41,7 @@ __all__ = [
     "canonical_json",
     "canonical_json_of_plain",
     "format_number",
+    "is_plain",
     "reference_canonical_json",
 ]
 
@@ -50,16 +51,16 @@ MAX_SAFE_INTEGER = 2**53
 
 def canonical_json(value: object) -> bytes:
     """Return the RFC 8785 canonical UTF-8 encoding of `value`."""
-    if _fast_dumps is not None and _plain(value):
+    if _fast_dumps is not None and is_plain(value):
         try:
             return _fast_dumps(value)
-        except TypeError as exc:  # the one thing _plain leaves to orjson: lone surrogates
+        except TypeError as exc:  # the one thing is_plain leaves to orjson: lone surrogates
             raise ValueError("string contains a lone surrogate, which JCS cannot encode") from exc
     return reference_canonical_json(value)
 
 
 def canonical_json_of_plain(value: object) -> bytes:
-    """`canonical_json` for a value the caller knows is plain (see `_plain`), e.g. a
+    """`canonical_json` for a value the caller knows is plain (`is_plain`), e.g. a
     provenance record that passed its schema check: skips the walk that proves it."""
     if _fast_dumps is None:  # pragma: no cover - an auditor's minimal install
         return reference_canonical_json(value)
@@ -125,7 +126,7 @@ def _es_layout(digits: str, n: int) -> str:
     return digits[0] + "." + digits[1:] + exp_text
 
 
-def _plain(value: object) -> bool:
+def is_plain(value: object) -> bool:
     """True when orjson's sorted output is the JCS output: only dicts with ASCII names,
     lists, strings, bools, None and integers within +-2**53 (exact types: no subclasses)."""
     kind = type(value)
@@ -135,11 +136,11 @@ def _plain(value: object) -> bool:
         return -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER  # type: ignore[operator]
     if kind is dict:
         for name, item in value.items():  # type: ignore[attr-defined]
-            if type(name) is not str or not name.isascii() or not _plain(item):
+            if type(name) is not str or not name.isascii() or not is_plain(item):
                 return False
         return True
     if kind is list or kind is tuple:
-        return all(_plain(item) for item in value)  # type: ignore[attr-defined]
+        return all(is_plain(item) for item in value)  # type: ignore[attr-defined]
     return False
 
 

@@ -1,90 +1,37 @@
-"""Shared fixtures: simulators and gateways on real sockets, built from plain dicts."""
+"""Fixtures only: simulators, gateways and raw backends on real sockets, `owngate serve`
+processes, a private redis-server, a real llama.cpp server; and the collection checks
+below. A marked test whose prerequisite is absent fails in the helper that reaches for it
+(tests/helpers/prerequisites.py).
+
+What the fixtures are built from (keys, `backend`, `gateway_config`...) lives in
+tests/helpers/; test modules import it from there. Which test goes where (tests/README.md):
+tests/unit/ opens no socket and starts no process, tests/integration/ does (or needs
+Redis, llama.cpp or a deploy tool), tests/vectors/ checks data from other implementations;
+collection refuses a unit test that uses a fixture of the integration layer.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import socket
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
-import orjson
 import pytest
 
-from gateway.api import GatewayApp, create_app
-from gateway.config import GatewayConfig
+from gateway.api import create_app
 from gateway.keys import hash_api_key
-from gateway.provenance import LogDirectory, write_signing_key
 from gateway.serving import ServerThread
-from gateway.sim import SimApp, SimSettings, create_sim_app
-from tests.raw_backend import Answer, RawBackend
-from tests.real_backend.fixtures import real_llamacpp  # noqa: F401 - a fixture, used by name
-from tests.redis_server import redis_server  # noqa: F401 - a fixture, used by name
-
-TENANT_KEY = "og-test-tenant-key-0123456789"
-OTHER_KEY = "og-test-other-tenant-key-98765"
-ADMIN_TOKEN = "og-admin-test-token-0123456789"
-ADMIN_HEADERS = {"authorization": f"Bearer {ADMIN_TOKEN}"}
-ADMIN = {"token_hashes": [hash_api_key(ADMIN_TOKEN)]}  # the `admin` config of test gateways
-# A backend's facts that every EU, zero-retention policy of the tests admits.
-EU_ZERO: dict[str, Any] = {
-    "region": "eu-west-1",
-    "retention": {"days": 0, "zero_data_retention": True},
-}
-# Only the hosted backend `hosted` serves: the private ones are never eligible.
-HOSTED_ONLY_POLICY = """\
-apiVersion: policy.owngate.dev/v1
-kind: Policy
-metadata: {id: hosted-only, version: "1"}
-spec:
-  tenants: [acme]
-  residency: {allow: [eu]}
-  retention: {max_days: zero}
-  fallback:
-    mode: when_private_unavailable
-    to: [{backend: hosted}]
-"""
-
-
-@dataclasses.dataclass
-class Sim:
-    app: SimApp
-    server: ServerThread
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-
-@dataclasses.dataclass
-class Gateway:
-    app: GatewayApp
-    server: ServerThread
-    key: str = TENANT_KEY
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"authorization": f"Bearer {self.key}"}
-
-
-def admin_status(url: str) -> dict[str, Any]:
-    """`GET /admin/status` of the gateway at `url`, with the tests' admin token."""
-    report: dict[str, Any] = httpx.get(
-        f"{url}/admin/status", headers=ADMIN_HEADERS, timeout=10
-    ).json()
-    return report
-
-
-def readiness(url: str) -> dict[str, Any]:
-    """The readiness detail (backends, policy, provenance, state...) of the gateway at `url`."""
-    detail: dict[str, Any] = admin_status(url)["readiness"]
-    return detail
+from gateway.sim import SimSettings, create_sim_app
+from tests.helpers.gateways import ADMIN, Gateway, Sim, backend, gateway_config
+from tests.helpers.net import free_port
+from tests.helpers.prerequisites import real_backend, redis_binary
+from tests.helpers.processes import KEY, GatewayProcess
+from tests.helpers.raw_backend import Answer, RawBackend
+from tests.helpers.real_backend.server import LlamaServer, running_llama_server
+from tests.helpers.redis_server import RedisServer
 
 
 @pytest.fixture
@@ -103,58 +50,6 @@ def start_sim() -> Iterator[Callable[..., Sim]]:
     yield start
     for server in started:
         server.stop()
-
-
-def backend(
-    id: str, url: str, *models: str | dict[str, Any], kind: str = "vllm", **extra: Any
-) -> dict[str, Any]:
-    entries = [{"name": m} if isinstance(m, str) else m for m in models]
-    return {
-        "id": id,
-        "kind": kind,
-        "base_url": url,
-        "models": entries,
-        "region": "eu-west-1",
-        "owner": "test",
-        **extra,
-    }
-
-
-def hosted_backend(id: str, url: str, *models: str, **facts: Any) -> dict[str, Any]:
-    """An OpenAI-shaped hosted backend at `url` (a simulator's `/v1`), keyed by the
-    `HOSTED_KEY` variable, serving `models` as `openai/<name>`; EU and zero retention
-    unless `facts` say otherwise."""
-    return {
-        "id": id,
-        "kind": "hosted",
-        "provider": "openai",
-        "base_url": url,
-        "api_key_env": "HOSTED_KEY",
-        "owner": "provider",
-        "models": [{"name": m, "provider_model": f"openai/{m}"} for m in models],
-        **{**EU_ZERO, **facts},
-    }
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def gateway_config(backends: list[dict[str, Any]], **extra: Any) -> GatewayConfig:
-    data: dict[str, Any] = {
-        "logging": {"format": "json", "level": "warning"},
-        "backends": backends,
-        "tenants": [
-            {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["*"]},
-            {"id": "limited", "api_key_hashes": [hash_api_key(OTHER_KEY)], "models": []},
-        ],
-        "admin": ADMIN,
-    }
-    data.update(extra)
-    return GatewayConfig.model_validate(data)
 
 
 @pytest.fixture
@@ -193,7 +88,7 @@ def sim_and_gateway(
 
 @pytest.fixture
 def start_raw() -> Iterator[Callable[[Answer], RawBackend]]:
-    """Start scripted raw-socket backends (see tests/raw_backend.py)."""
+    """Start scripted raw-socket backends (see tests/helpers/raw_backend.py)."""
     started: list[RawBackend] = []
 
     def start(answer: Answer) -> RawBackend:
@@ -206,35 +101,91 @@ def start_raw() -> Iterator[Callable[[Answer], RawBackend]]:
         raw.stop()
 
 
-def logged_private_gateway(
-    start_gateway: Callable[..., Gateway], tmp_path: Path, url: str, origin: str, **extra: Any
-) -> Gateway:
-    """A gateway in front of one private backend `gpu` at `url` serving `m`, with the
-    provenance log on in `tmp_path / "log"` (key `tmp_path / "log.key"`)."""
-    write_signing_key(tmp_path / "log.key", origin)
-    provenance = {
-        "dir": str(tmp_path / "log"),
-        "origin": origin,
-        "signing_key_file": str(tmp_path / "log.key"),
-        "checkpoint_interval_ms": 20,
-    }
-    return start_gateway([backend("gpu", url, "m")], provenance=provenance, **extra)
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A private redis-server on a free port, for this test (marker `redis`)."""
+    server = RedisServer(redis_binary(), tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
-def completion_record(log_dir: Path, request_id: str) -> dict[str, Any]:
-    """The completion record of `request_id`, once a checkpoint covers it."""
-    deadline = time.monotonic() + 20
-    while True:
-        directory = LogDirectory(log_dir)
-        total = int(directory.latest_note().decode().split("\n")[1])
-        for entry in directory.bundle(0, total) if total else ():
-            record = orjson.loads(entry)
-            if record["type"] == "completion" and record["request_id"] == request_id:
-                return dict(record)
-        assert time.monotonic() < deadline, "no completion record in time"
-        time.sleep(0.02)
+@pytest.fixture(scope="session")
+def real_llamacpp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    """A running llama-server with the tiny model, alias ``tiny``, 4 slots of 1024 tokens
+    (room for a short prompt plus ~900 generated tokens), ``--metrics`` (marker
+    `real_backend`)."""
+    with running_llama_server(
+        real_backend(),
+        alias="tiny",
+        slots=4,
+        ctx_size=4096,
+        log_dir=tmp_path_factory.mktemp("llama-server"),
+    ) as server:
+        yield server
 
 
-def served(sim: Sim) -> int:
-    """Chat completions a simulator has been sent (a private backend or a hosted one)."""
-    return len(sim.app.captured("/v1/chat/completions"))
+@pytest.fixture
+def process(
+    start_sim: Callable[..., Sim], tmp_path: Path
+) -> Iterator[Callable[..., GatewayProcess]]:
+    """`owngate serve` processes (not started) in `tmp_path` over one simulator serving `m`;
+    `extra`: more config. Killed at the end."""
+    started: list[GatewayProcess] = []
+
+    def make(**extra: Any) -> GatewayProcess:
+        sim = start_sim("vllm", models=("m",), zero_latency=True)
+        config: dict[str, Any] = {
+            "listen": {"host": "127.0.0.1", "port": free_port()},
+            "logging": {"format": "json", "level": "warning", "access_log": False},
+            "backends": [
+                {
+                    "id": "gpu",
+                    "kind": "vllm",
+                    "base_url": sim.url,
+                    "models": [{"name": "m"}],
+                    "region": "eu",
+                    "owner": "t",
+                }
+            ],
+            "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+            "admin": ADMIN,
+            **extra,
+        }
+        gateway = GatewayProcess(config, tmp_path)
+        started.append(gateway)
+        return gateway
+
+    yield make
+    for gateway in started:
+        gateway.stop(signal.SIGKILL)
+
+
+# A fixture that needs something outside the Python environment -> the marker of its group.
+MARKED_FIXTURES = {"redis_server": "redis", "real_llamacpp": "real_backend"}
+# Fixtures that open sockets or start processes: integration tests only (tests/README.md).
+INTEGRATION_FIXTURES = {
+    "start_sim",
+    "start_gateway",
+    "sim_and_gateway",
+    "start_raw",
+    "process",
+    *MARKED_FIXTURES,
+}
+UNIT = Path(__file__).parent / "unit"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test using `redis_server` or `real_llamacpp` carries its group's marker, so
+    `-m "not <marker>"` deselects all of them (the marker's prerequisite may be absent);
+    no unit test uses a fixture that opens a socket or starts a process."""
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        for fixture, marker in MARKED_FIXTURES.items():
+            if fixture in fixtures and not item.get_closest_marker(marker):
+                raise pytest.UsageError(f"{item.nodeid} uses `{fixture}`: mark it `{marker}`")
+        if item.path.is_relative_to(UNIT) and fixtures & INTEGRATION_FIXTURES:
+            used = ", ".join(sorted(fixtures & INTEGRATION_FIXTURES))
+            raise pytest.UsageError(f"{item.nodeid} uses {used}: move it to tests/integration/")

@@ -8,7 +8,7 @@ envelope bytes alone (the future, its loop and callbacks are let go).
 
 The byte count charged per receipt is what it keeps alive: the request id, the envelope
 (or, while it is signed, the future and a reservation for the envelope) and the
-bookkeeping around them (`ENTRY_OVERHEAD`). tests/test_receipt_store.py measures the real
+bookkeeping around them (`ENTRY_OVERHEAD`). tests/unit/test_receipt_store.py measures the real
 cost with tracemalloc and holds the charge to it: never under, and within a small factor.
 """
 

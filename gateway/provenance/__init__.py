@@ -21,7 +21,7 @@ The package is in wings, each a subpackage:
 Beside them, shared: `errors` (the one error hierarchy), `files` (durable writes), `keys`
 (signing key files); `testing` has helpers for tests of code that writes a log.
 
-The wing rules, besides the shared modules (tests/test_import_contract.py checks them):
+The wing rules, besides the shared modules (tests/integration/test_import_contract.py checks them):
 `formats` imports no other wing; `audit` and `witness` import only `formats`; `writer`
 imports `formats` and, to ask witnesses for cosignatures, `witness.client`; no wing
 imports `audit`. So the formats an independent verifier reimplements are all in

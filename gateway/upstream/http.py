@@ -419,6 +419,12 @@ class HttpPool:
         return self._open
 
     @property
+    def saturated(self) -> bool:
+        """Every connection slot is taken: a new request waits for one (up to the
+        connect timeout), then fails as `busy`."""
+        return self._limit.locked()
+
+    @property
     def first_byte_timeout(self) -> float:
         return self._first_byte_timeout
 

@@ -12,7 +12,7 @@ every field; `parse_record` rejects unknown fields and wrong types, so the schem
 The builders check what they are given (the reference types on construction, the rest per
 call) and raise RecordError for anything the schema would refuse, so what they return is
 valid by construction: the gateway appends it with `checked=True` and skips re-walking
-the schema on every request (tests/test_provenance_units.py holds the two to agreement).
+the schema on every request (tests/unit/test_provenance_units.py holds the two to agreement).
 """
 
 from __future__ import annotations

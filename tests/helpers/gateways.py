@@ -1,0 +1,149 @@
+"""Gateways and simulators in this process, built from plain dicts: the test tenants'
+keys, backend and config builders, and what tests read back (readiness, requests served).
+
+The fixtures that start them on real sockets (`start_sim`, `start_gateway`...) are in
+tests/conftest.py; these are the plain values and functions behind them."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gateway.api import GatewayApp
+from gateway.config import GatewayConfig
+from gateway.keys import hash_api_key
+from gateway.provenance import write_signing_key
+from gateway.serving import ServerThread
+from gateway.sim import SimApp
+
+TENANT_KEY = "og-test-tenant-key-0123456789"
+OTHER_KEY = "og-test-other-tenant-key-98765"
+ADMIN_TOKEN = "og-admin-test-token-0123456789"
+ADMIN_HEADERS = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+ADMIN = {"token_hashes": [hash_api_key(ADMIN_TOKEN)]}  # the `admin` config of test gateways
+# A backend's facts that every EU, zero-retention policy of the tests admits.
+EU_ZERO: dict[str, Any] = {
+    "region": "eu-west-1",
+    "retention": {"days": 0, "zero_data_retention": True},
+}
+# Only the hosted backend `hosted` serves: the private ones are never eligible.
+HOSTED_ONLY_POLICY = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: hosted-only, version: "1"}
+spec:
+  tenants: [acme]
+  residency: {allow: [eu]}
+  retention: {max_days: zero}
+  fallback:
+    mode: when_private_unavailable
+    to: [{backend: hosted}]
+"""
+
+
+@dataclasses.dataclass
+class Sim:
+    app: SimApp
+    server: ServerThread
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+
+@dataclasses.dataclass
+class Gateway:
+    app: GatewayApp
+    server: ServerThread
+    key: str = TENANT_KEY
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.key}"}
+
+
+def admin_status(url: str) -> dict[str, Any]:
+    """`GET /admin/status` of the gateway at `url`, with the tests' admin token."""
+    report: dict[str, Any] = httpx.get(
+        f"{url}/admin/status", headers=ADMIN_HEADERS, timeout=10
+    ).json()
+    return report
+
+
+def readiness(url: str) -> dict[str, Any]:
+    """The readiness detail (backends, policy, provenance, state...) of the gateway at `url`."""
+    detail: dict[str, Any] = admin_status(url)["readiness"]
+    return detail
+
+
+def backend(
+    id: str, url: str, *models: str | dict[str, Any], kind: str = "vllm", **extra: Any
+) -> dict[str, Any]:
+    entries = [{"name": m} if isinstance(m, str) else m for m in models]
+    return {
+        "id": id,
+        "kind": kind,
+        "base_url": url,
+        "models": entries,
+        "region": "eu-west-1",
+        "owner": "test",
+        **extra,
+    }
+
+
+def hosted_backend(id: str, url: str, *models: str, **facts: Any) -> dict[str, Any]:
+    """An OpenAI-shaped hosted backend at `url` (a simulator's `/v1`), keyed by the
+    `HOSTED_KEY` variable, serving `models` as `openai/<name>`; EU and zero retention
+    unless `facts` say otherwise."""
+    return {
+        "id": id,
+        "kind": "hosted",
+        "provider": "openai",
+        "base_url": url,
+        "api_key_env": "HOSTED_KEY",
+        "owner": "provider",
+        "models": [{"name": m, "provider_model": f"openai/{m}"} for m in models],
+        **{**EU_ZERO, **facts},
+    }
+
+
+def gateway_config(backends: list[dict[str, Any]], **extra: Any) -> GatewayConfig:
+    data: dict[str, Any] = {
+        "logging": {"format": "json", "level": "warning"},
+        "backends": backends,
+        "tenants": [
+            {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["*"]},
+            {"id": "limited", "api_key_hashes": [hash_api_key(OTHER_KEY)], "models": []},
+        ],
+        "admin": ADMIN,
+    }
+    data.update(extra)
+    return GatewayConfig.model_validate(data)
+
+
+def logged_private_gateway(
+    start_gateway: Callable[..., Gateway], tmp_path: Path, url: str, origin: str, **extra: Any
+) -> Gateway:
+    """A gateway in front of one private backend `gpu` at `url` serving `m`, with the
+    provenance log on in `tmp_path / "log"` (key `tmp_path / "log.key"`)."""
+    write_signing_key(tmp_path / "log.key", origin)
+    provenance = {
+        "dir": str(tmp_path / "log"),
+        "origin": origin,
+        "signing_key_file": str(tmp_path / "log.key"),
+        "checkpoint_interval_ms": 20,
+    }
+    return start_gateway([backend("gpu", url, "m")], provenance=provenance, **extra)
+
+
+def served(sim: Sim) -> int:
+    """Chat completions a simulator has been sent (a private backend or a hosted one)."""
+    return len(sim.app.captured("/v1/chat/completions"))

@@ -1,0 +1,1 @@
+"""Integration tests: real sockets, processes, Redis, llama.cpp, deploy tools (tests/README.md)."""

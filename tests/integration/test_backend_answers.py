@@ -1,0 +1,202 @@
+"""What a private backend sends back is bounded and relayed exactly, over real sockets.
+
+A backend is trusted to serve, not to be well-behaved: an answer past
+`limits.max_response_bytes` is a 502 and the gateway stops reading at once; one that
+drips past `limits.response_timeout_s` is a 504; bytes after a complete response never
+reach a client; a stream whose body ends with the connection is complete only with its
+`data: [DONE]`, else it ends with an error event and is recorded as failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.helpers.gateways import (
+    HOSTED_ONLY_POLICY,
+    Gateway,
+    Sim,
+    backend,
+    hosted_backend,
+    logged_private_gateway,
+)
+from tests.helpers.provenance import completion_record
+from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+ANSWER = orjson.dumps(
+    {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+)
+MIB = 1024 * 1024
+ORIGIN = "test.owngate/answers"
+
+
+def post(gateway: Gateway, **extra: Any) -> httpx.Response:
+    return httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        json={**CHAT, **extra},
+        headers=gateway.headers,
+        timeout=60,
+    )
+
+
+def error_code(response: httpx.Response) -> str:
+    return str(response.json()["error"]["code"])
+
+
+@pytest.mark.parametrize("announced", [True, False], ids=["content-length", "chunked"])
+def test_an_answer_over_the_limit_is_502_and_reading_stops(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    announced: bool,
+) -> None:
+    total = 32 * MIB
+    written = [0]
+
+    async def huge(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        framing = b"content-length: %d" % total if announced else b"transfer-encoding: chunked"
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n%s\r\n\r\n" % framing)
+        piece = b"x" * MIB
+        for _ in range(total // MIB):
+            writer.write(piece if announced else b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+            written[0] += len(piece)
+        return False
+
+    raw = start_raw(huge)
+    gateway = start_gateway([backend("gpu", raw.url, "m")], limits={"max_response_bytes": MIB})
+    response = post(gateway)
+    assert response.status_code == 502
+    assert error_code(response) == "upstream_error"
+    assert "max_response_bytes" in response.json()["error"]["message"]
+    assert raw.finished.wait(30)
+    # The gateway dropped the connection as soon as the limit was passed: the backend
+    # could write the limit plus what socket buffers hold, far from the whole answer.
+    assert written[0] <= 8 * MIB
+    if announced:
+        assert written[0] <= 2 * MIB  # refused on the header, before reading the body
+
+
+def test_a_dripping_answer_is_504_at_the_response_deadline(
+    start_raw: Callable[[Answer], RawBackend], start_gateway: Callable[..., Gateway]
+) -> None:
+    length = 1500  # one byte per 20 ms: 30 s for the whole body
+    written = [0]
+
+    async def drip(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % length)
+        for _ in range(length):
+            await writer.drain()
+            writer.write(b" ")
+            written[0] += 1
+            await asyncio.sleep(0.02)  # the fault itself: a body that keeps trickling in
+        return False
+
+    raw = start_raw(drip)
+    gateway = start_gateway(
+        [backend("gpu", raw.url, "m")],
+        limits={"response_timeout_s": 1.0, "read_timeout_s": 5.0, "first_byte_timeout_s": 5.0},
+    )
+    response = post(gateway)
+    assert response.status_code == 504
+    assert error_code(response) == "upstream_timeout"
+    assert raw.finished.wait(30)
+    assert written[0] < length  # the gateway hung up: the backend stopped mid-body
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nSMUGGLED!", b"garbage after the answer\r\n"],
+    ids=["second-response", "garbage"],
+)
+def test_bytes_after_a_complete_answer_never_reach_a_client(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    extra: bytes,
+) -> None:
+    async def answer_twice(writer: asyncio.StreamWriter, post: Post) -> bool:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % len(ANSWER) + ANSWER + extra)
+        await writer.drain()
+        return True  # a request that still came on this connection gets another answer
+
+    raw = start_raw(answer_twice)
+    gateway = start_gateway([backend("gpu", raw.url, "m")])
+    for _ in range(2):
+        response = post(gateway)
+        assert response.status_code == 200
+        assert response.content == ANSWER
+    # The connection that carried the extra bytes was dropped, never reused.
+    assert len({p.connection for p in raw.posts}) == 2
+
+
+CHUNK = b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'  # noqa: E501
+
+
+@pytest.mark.parametrize(
+    ("framing", "body", "cut"),
+    [
+        (b"connection: close\r\n", CHUNK * 2, True),
+        (b"connection: close\r\n", CHUNK * 2 + b"data: [DONE]\n\n", False),
+        (b"transfer-encoding: chunked\r\n", b"%x\r\n%s\r\n" % (len(CHUNK), CHUNK), True),
+    ],
+    ids=["close-delimited-cut", "close-delimited-whole", "chunked-cut"],
+)
+def test_a_stream_cut_by_the_backend_ends_with_an_error_and_is_recorded_failed(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    framing: bytes,
+    body: bytes,
+    cut: bool,
+) -> None:
+    async def stream_then_die(writer: asyncio.StreamWriter, _: Post) -> bool:
+        writer.write(sse_head(framing) + body)
+        await writer.drain()
+        return False  # the backend closes the connection
+
+    raw = start_raw(stream_then_die)
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    response = post(gateway, stream=True)
+    assert response.status_code == 200  # the headers went out with the first chunk
+    events = [e for e in response.text.split("\n\n") if e and not e.startswith(":")]
+    assert events[0] + "\n\n" == CHUNK.decode()
+    record = completion_record(tmp_path / "log", response.headers["x-request-id"])
+    if cut:
+        assert events[-1].startswith("data: {")
+        assert orjson.loads(events[-1][6:])["error"]["code"] == "upstream_error"
+        assert "[DONE]" not in response.text
+        assert (record["status"], record["error"]) == (502, "upstream_error")
+        assert record["response_commitment"] is not None  # the part the client received
+    else:
+        assert events[-1] == "data: [DONE]"
+        assert (record["status"], record["error"]) == (200, None)
+
+
+def test_a_hosted_answer_over_the_limit_is_502_too(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    provider = start_sim("vllm", models=("m",), zero_latency=True)
+    (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
+    gateway = start_gateway(
+        [hosted_backend("hosted", f"{provider.url}/v1", "m")],
+        policy={"paths": [str(tmp_path)]},
+        environ={"HOSTED_KEY": "test-key"},
+        limits={"max_response_bytes": 64},  # any chat completion is larger
+    )
+    response = post(gateway)
+    assert response.status_code == 502
+    assert error_code(response) == "upstream_error"
+    assert len(provider.app.captured("/v1/chat/completions")) == 1  # no retry elsewhere

@@ -1,0 +1,217 @@
+"""The overhead benchmark end to end: a `--quick` run over real processes, JSON shape only.
+
+Timing is never asserted (CI machines are shared); only that every load point ran against
+the simulator, owngate and owngate+policy without errors, that owngate+policy enforced
+the generated policy set, and that the report has its documented shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from owngate_bench.overhead_report import evaluate_checks, policy_comparison, render
+from tests.helpers.paths import REPO_ROOT
+
+pytestmark = pytest.mark.bench
+
+CHECK_IDS = [
+    "added_p50_c1",
+    "chat_req_per_s",
+    "stream_chunks_per_s",
+    "vs_litellm_chat",
+    "vs_litellm_stream",
+    "policy_decision_p99",
+]
+OWNGATES = ("owngate", "owngate+policy")
+
+
+def test_quick_run_writes_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "overhead.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OWNGATE_BENCH_")}
+    argv = ["bench", "overhead", "--quick", "--skip-litellm", "--json", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", *argv],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,  # a quick run takes ~10 s; this only bounds a hang
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report: dict[str, Any] = json.loads(out.read_text())
+
+    assert report["schema"] == "owngate.bench.overhead/1"
+    assert report["settings"]["targets"] == ["direct", "owngate", "owngate+policy"]
+    assert report["machine"]["cpu_count"] >= 1
+    assert set(report["targets"]) == {"direct", "owngate", "owngate+policy"}
+    # each owngate enforced the policy set the bench meant it to: built-in vs generated
+    assert report["targets"]["owngate"]["policy"]["builtin"] is True
+    served = report["targets"]["owngate+policy"]["policy"]
+    assert served["builtin"] is False
+    assert served["id"] == "owngate-bench"
+    assert [(p["stream"], p["concurrency"]) for p in report["points"]] == [
+        (False, 1),
+        (False, 16),
+        (False, 64),
+        (True, 16),
+        (True, 64),
+    ]
+    for index, point in enumerate(report["points"]):
+        assert set(point["results"]) == {"direct", "owngate", "owngate+policy"}
+        # the two owngates trade places from point to point: neither is always second
+        pair = ["owngate+policy", "owngate"] if index % 2 else ["owngate", "owngate+policy"]
+        assert point["order"] == ["direct", *pair]
+        for target, result in point["results"].items():
+            where = f"{point['name']} {target}"
+            assert result["requests"] > 0, where
+            assert result["errors"] == 0, (where, result["error_samples"])
+            assert result["latency_ms"]["p50"] > 0, where
+            expected_cpu = {"target", "machine"} | ({"sim"} if target in OWNGATES else set())
+            assert set(result["cpu_s"]) == expected_cpu, where
+            if point["stream"]:
+                assert result["chunks"] >= 64 * result["requests"], where
+                assert result["ttft_ms"]["p99"] >= result["ttft_ms"]["p50"] > 0, where
+
+    decisions = report["policy"]["decisions"]
+    assert set(decisions) == set(OWNGATES)
+    assert decisions["owngate+policy"]["set"]["digest"] == served["digest"]
+    assert decisions["owngate+policy"]["keys"] == 3  # no label and two data classes
+    for cost in decisions.values():
+        assert cost["refused_keys"] == 0
+        for mode in ("cached", "uncached"):
+            assert 0 < cost[mode]["p50_us"] <= cost[mode]["p99_us"] <= cost[mode]["max_us"]
+    vs = report["policy"]["vs_owngate"]
+    assert [row["name"] for row in vs] == [p["name"] for p in report["points"]]
+    for row in vs:
+        for key in ("req_per_s", "added_p50_ms", "cpu_ms_per_req"):
+            assert set(row[key]) == {"owngate", "owngate+policy", "delta", "ratio"}, key
+        assert row["req_per_s"]["ratio"] > 0
+
+    checks = {c["id"]: c for c in report["checks"]}
+    assert list(checks) == CHECK_IDS
+    assert checks["chat_req_per_s"]["measured"] > 0
+    assert checks["vs_litellm_chat"]["passed"] is None  # LiteLLM was skipped
+    assert checks["policy_decision_p99"]["measured"] > 0
+    for text in ("og/litellm", "pol/og", "added latency p50 ms", "owngate+policy vs owngate"):
+        assert text in proc.stdout, text
+    assert "policy decision cost" in proc.stdout
+
+
+def _point(stream: bool, concurrency: int, **results: dict[str, Any]) -> dict[str, Any]:
+    return {"name": "p", "stream": stream, "concurrency": concurrency, "results": results}
+
+
+def test_checks_compare_best_points_and_report_margins() -> None:
+    def chat(rps: float, p50: float) -> dict[str, Any]:
+        return {"requests": 10, "req_per_s": rps, "latency_ms": {"p50": p50}}
+
+    def stream(chunks: float) -> dict[str, Any]:
+        return {"requests": 10, "req_per_s": 1.0, "chunks_per_s": chunks}
+
+    points = [
+        _point(False, 1, direct=chat(9000, 0.2), owngate=chat(1500, 0.7), litellm=chat(90, 10)),
+        _point(False, 64, direct=chat(9000, 5), owngate=chat(2500, 20), litellm=chat(110, 500)),
+        _point(True, 16, owngate=stream(60000), litellm={"error": "did not start"}),
+    ]
+    checks = {c["id"]: c for c in evaluate_checks(points)}
+    assert abs(checks["added_p50_c1"]["measured"] - 0.5) < 1e-9
+    assert checks["added_p50_c1"]["passed"] is True
+    assert checks["chat_req_per_s"]["measured"] == 2500
+    assert checks["vs_litellm_chat"]["measured"] == 2500 / 110
+    assert checks["vs_litellm_chat"]["passed"] is True
+    assert checks["stream_chunks_per_s"]["passed"] is True
+    assert checks["vs_litellm_stream"]["passed"] is None  # LiteLLM failed: not measured
+    assert checks["policy_decision_p99"]["passed"] is None  # no decisions timed
+
+
+def test_policy_comparison_and_decision_check() -> None:
+    def chat(rps: float, p50: float, cpu_s: float) -> dict[str, Any]:
+        return {
+            "requests": 1000,
+            "req_per_s": rps,
+            "latency_ms": {"p50": p50, "p99": 2 * p50},
+            "cpu_s": {"target": cpu_s},
+            "client_cpu_s": 0.1,
+            "elapsed_s": 1.0,
+        }
+
+    points = [
+        _point(
+            False,
+            1,
+            direct=chat(9000, 0.1, 0.1),
+            owngate=chat(3000, 0.3, 0.2),
+            **{"owngate+policy": chat(2400, 0.35, 0.25)},
+        ),
+        _point(False, 16, owngate=chat(9000, 1, 0.1), **{"owngate+policy": {"error": "down"}}),
+    ]
+    (row,) = policy_comparison(points)  # the failed point is left out
+    assert abs(row["req_per_s"]["ratio"] - 0.8) < 1e-9
+    assert abs(row["added_p50_ms"]["delta"] - 0.05) < 1e-9
+    assert abs(row["added_p50_ms"]["ratio"] - 1.25) < 1e-9
+    assert abs(row["cpu_ms_per_req"]["owngate"] - 0.2) < 1e-9
+    assert abs(row["cpu_ms_per_req"]["delta"] - 0.05) < 1e-9
+
+    def cost(p99_cached: float, p99_uncached: float) -> dict[str, Any]:
+        return {
+            "set": {"id": "s", "version": "1", "digest": "sha256:0"},
+            "keys": 3,
+            "refused_keys": 0,
+            "calls": 10,
+            "cached": {"p50_us": 0.1, "p99_us": p99_cached, "max_us": 9.0},
+            "uncached": {"p50_us": 3.0, "p99_us": p99_uncached, "max_us": 99.0},
+        }
+
+    checks = {c["id"]: c for c in evaluate_checks(points, {"owngate+policy": cost(0.3, 25.0)})}
+    assert checks["policy_decision_p99"]["measured"] == 25.0
+    assert checks["policy_decision_p99"]["passed"] is False
+    checks = {c["id"]: c for c in evaluate_checks(points, {"owngate": cost(0.3, 25.0)})}
+    assert checks["policy_decision_p99"]["passed"] is None  # only the configured set counts
+
+    report = {
+        "machine": {"cpu_count": 2, "python": "3.11"},
+        "versions": {"owngate": "0", "litellm": None},
+        "settings": {"duration_s": 1, "quick": False},
+        "targets": {},
+        "points": points,
+        "policy": {"decisions": {"owngate+policy": cost(0.3, 5.0)}, "vs_owngate": [row]},
+        "checks": evaluate_checks(points),
+    }
+    text = render(report)
+    assert "owngate+policy vs owngate" in text
+    assert "0.800" in text  # the req/s ratio
+    del report["policy"]  # a report from before the policy target still renders
+    assert "pol/og" in render(report)
+
+
+def test_scale_run_reaches_every_worker_count(tmp_path: Path) -> None:
+    """`owngate bench scale` over real processes: each worker count served both loads
+    without errors (it waits for every worker to answer ready before measuring)."""
+    out = tmp_path / "scale.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OWNGATE_BENCH_")}
+    argv = ["bench", "scale", "--workers", "1,2", "--duration", "0.5", "--json", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", *argv],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,  # ~15 s here; this bounds a hang
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report: dict[str, Any] = json.loads(out.read_text())
+    assert report["schema"] == "owngate.bench.scale/1"
+    assert sorted(report["runs"]) == ["1", "2"]
+    for workers, loads in report["runs"].items():
+        assert sorted(loads) == ["chat c=64", "stream c=64"], workers
+        for name, result in loads.items():
+            assert result["requests"] > 0 and result["errors"] == 0, (workers, name)

@@ -1,0 +1,340 @@
+"""gateway.yaml loading: strict schema, YAML paths and lines in errors, ${ENV}, key files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.cli.main import main
+from gateway.config import ConfigError, load_config, parse_config
+from gateway.keys import hash_api_key
+from gateway.provenance.keys import write_signing_key
+from tests.helpers.paths import REPO_ROOT
+
+OWNGATE = [sys.executable, "-m", "gateway"]
+
+VALID = """\
+listen: {host: 127.0.0.1, port: 9000}
+backends:
+  - id: gpu-a
+    kind: vllm
+    base_url: http://127.0.0.1:8001/
+    models:
+      - name: llama
+        aliases: [chat]
+    region: eu-west-1
+    owner: ml-platform
+    retention: {days: 0, zero_data_retention: true, evidence: own hardware}
+  - id: openai
+    kind: hosted
+    provider: openai
+    api_key_env: OPENAI_API_KEY
+    models: [{name: gpt-4o-mini, provider_model: openai/gpt-4o-mini}]
+    region: us
+    owner: openai
+tenants:
+  - id: acme
+    api_key_hashes: ["${ACME_KEY_HASH}"]
+    models: [chat]
+"""
+
+
+def _issues(text: str, env: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, env=env or {})
+    return [str(issue) for issue in info.value.issues]
+
+
+def test_valid_config_loads_with_env_interpolation() -> None:
+    key_hash = hash_api_key("og-test")
+    config = parse_config(VALID, env={"ACME_KEY_HASH": key_hash})
+    assert config.listen.port == 9000
+    assert config.backends[0].base_url == "http://127.0.0.1:8001"  # trailing slash dropped
+    assert config.tenants[0].api_key_hashes == (key_hash,)
+    assert config.state.backend == "memory"
+
+
+def test_every_error_is_reported_with_path_and_line() -> None:
+    text = VALID.replace("kind: vllm", "kind: vllmx").replace(
+        "    region: eu-west-1\n", "    region: eu-west-1\n    colour: blue\n", 1
+    )
+    issues = _issues(text, {"ACME_KEY_HASH": hash_api_key("k")})
+    assert "line 4: backends[0].kind: Input should be" in issues[0]
+    assert any(i.startswith("line 10: backends[0].colour: unknown key") for i in issues)
+    assert len(issues) == 2
+
+
+def test_missing_environment_variable_is_an_error_with_its_line() -> None:
+    issues = _issues(VALID)
+    assert issues == [
+        "line 21: tenants[0].api_key_hashes[0]: environment variable ACME_KEY_HASH is not set"
+    ]
+
+
+def test_unset_variable_does_not_hide_other_errors() -> None:
+    issues = _issues(VALID.replace("listen: {", "bogus: 1\nlisten: {"))
+    assert any("environment variable ACME_KEY_HASH is not set" in i for i in issues)
+    assert any(i.startswith("line 1: bogus: unknown key") for i in issues)
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [("http://x:99999", "invalid port"), ("http://x:1/a b", "without spaces")],
+)
+def test_base_url_must_be_usable(url: str, expected: str) -> None:
+    text = VALID.replace("http://127.0.0.1:8001/", url)
+    issues = _issues(text, {"ACME_KEY_HASH": hash_api_key("k")})
+    assert any(expected in issue for issue in issues), issues
+
+
+def test_env_default_syntax() -> None:
+    text = VALID.replace("${ACME_KEY_HASH}", "${NOPE:-" + hash_api_key("x") + "}")
+    assert parse_config(text, env={}).tenants[0].api_key_hashes == (hash_api_key("x"),)
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (("port: 9000", "port: 99999"), "listen.port: Input should be less than or equal"),
+        (("http://127.0.0.1:8001/", "ftp://x"), "backends[0].base_url: base_url must be"),
+        (("- id: openai", "- id: gpu-a"), "duplicate backends id 'gpu-a'"),
+        (("models: [chat]", "models: [nope]"), "allows model 'nope', which no backend"),
+        (("api_key_env: OPENAI_API_KEY", "api_key: sk-plain"), "never from the config file"),
+        (
+            ("    region: us\n", "    region: us\n    region: eu\n"),
+            "line 18: backends[1].region: duplicate key",
+        ),
+    ],
+)
+def test_semantic_errors(edit: tuple[str, str], expected: str) -> None:
+    issues = _issues(VALID.replace(*edit), {"ACME_KEY_HASH": hash_api_key("k")})
+    assert any(expected in issue for issue in issues), issues
+
+
+def test_raw_keys_are_refused_in_place_of_hashes() -> None:
+    issues = _issues(VALID, {"ACME_KEY_HASH": "og-raw-key"})
+    assert any("never raw keys" in issue for issue in issues)
+
+
+def test_invalid_yaml_reports_its_line() -> None:
+    issues = _issues("backends:\n  - id: [unclosed\n")
+    assert "not valid YAML" in issues[0] and issues[0].startswith("line ")
+
+
+def test_keys_new_stores_only_the_hash(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        VALID.replace('api_key_hashes: ["${ACME_KEY_HASH}"]', "api_key_hashes: []")
+        + "keys_file: keys.yaml\n"
+    )
+    done = subprocess.run(
+        [*OWNGATE, "keys", "new", "--tenant", "acme", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    key = done.stdout.strip()
+    assert key.startswith("og-") and len(key) > 40
+    stored = (tmp_path / "keys.yaml").read_text()
+    assert key not in stored
+    assert hash_api_key(key) in stored
+    loaded = load_config(config, env={})
+    assert loaded.tenants[0].api_key_hashes == (hash_api_key(key),)
+
+
+def test_keys_new_refuses_unknown_tenant(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text(VALID.replace("${ACME_KEY_HASH}", hash_api_key("k")) + "keys_file: k.yaml\n")
+    done = subprocess.run(
+        [*OWNGATE, "keys", "new", "--tenant", "nobody", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "not defined" in done.stderr
+    assert not (tmp_path / "k.yaml").exists()
+
+
+def test_config_validate_command_exit_codes(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(VALID.replace("${ACME_KEY_HASH}", hash_api_key("k")))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(VALID.replace("kind: vllm", "kind: nope"))
+    ok = subprocess.run(
+        [sys.executable, "-m", "gateway", "config", "validate", str(good)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OPENAI_API_KEY": "sk-test"},  # the hosted backend's key
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "ok (2 backends" in ok.stdout
+    fail = subprocess.run(
+        [sys.executable, "-m", "gateway", "config", "validate", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert fail.returncode == 1
+    assert f"{bad}:line 4: backends[0].kind" in fail.stderr
+
+
+def test_shipped_example_configs_validate() -> None:
+    config = load_config(REPO_ROOT / "deploy" / "gateway.example.yaml", env={})
+    assert {b.kind for b in config.backends} == {"vllm", "llamacpp", "hosted"}
+
+
+REFUSED = """\
+backends:
+  - id: gpu
+    kind: vllm
+    base_url: http://127.0.0.1:1
+    models: [{name: llama}]
+    region: eu-west-1
+    owner: ml
+    retention: {days: 0, zero_data_retention: true}
+  - id: anthropic
+    kind: hosted
+    provider: anthropic
+    api_key_env: OG_TEST_ANTHROPIC_KEY
+    models: [{name: claude, provider_model: anthropic/claude-3-5-haiku-latest}]
+    region: us
+    owner: anthropic
+  - id: mistral
+    kind: hosted
+    provider: mistral
+    api_key_env: OG_TEST_MISTRAL_KEY
+    models: [{name: mistral-small, provider_model: mistral/mistral-small-latest}]
+    region: fr
+    owner: mistral
+policy: {paths: [policies]}
+provenance: {dir: log, origin: example.com/log, signing_key_file: log.key}
+tenants:
+  - {id: acme, models: ["*"]}
+"""
+
+POLICY = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: acme}
+spec:
+  tenants: [acme]
+  residency: {allow: ["*"]}
+  retention: {max_days: 30}
+  fallback: {mode: when_private_unavailable, to: [{provider: "*"}]}
+"""
+
+
+def _validate(*argv: str) -> int:
+    code = main(["config", "validate", *argv])
+    return code
+
+
+@pytest.fixture
+def refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A config that loads, but that `owngate serve` refuses: two hosted key variables
+    unset, a policy file with an error, no signing key."""
+    for name in (
+        "OG_TEST_ANTHROPIC_KEY",
+        "OG_TEST_MISTRAL_KEY",
+        "OWNGATE_VALIDATE_WITHOUT_SECRETS",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "acme.yaml").write_text(POLICY.replace("max_days: 30", "max_days: -1"))
+    path = tmp_path / "gateway.yaml"
+    path.write_text(REFUSED)
+    return path
+
+
+def test_config_validate_names_every_problem_serve_refuses(
+    refused: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _validate(str(refused)) == 1
+    err = capsys.readouterr().err
+    assert f"{refused}: owngate serve would refuse this config (4 problem(s)):" in err
+    assert (
+        "  backend 'anthropic': environment variable OG_TEST_ANTHROPIC_KEY (api_key_env) is "
+        "not set or empty"
+    ) in err
+    assert "  backend 'mistral': environment variable OG_TEST_MISTRAL_KEY" in err
+    policy = refused.parent / "policies" / "acme.yaml"
+    assert f"  invalid trust policy: {policy}:7:15: spec.retention.max_days: max_days is" in err
+    assert f"  signing key {refused.parent / 'log.key'}: cannot read" in err
+    # serve refuses it too, naming every key variable at once
+    from gateway.api import create_app
+    from gateway.assembly import AssemblyError
+
+    with pytest.raises(AssemblyError) as info:
+        create_app(load_config(refused, env={}), environ={}, config_dir=refused.parent)
+    assert len(info.value.problems) == 3  # the log is opened later, in the lifespan
+    # Fixed, it passes; and validating wrote nothing (no log directory).
+    (refused.parent / "policies" / "acme.yaml").write_text(POLICY)
+    write_signing_key(refused.parent / "log.key", "example.com/log")
+    monkeypatch.setenv("OG_TEST_ANTHROPIC_KEY", "sk-a")
+    monkeypatch.setenv("OG_TEST_MISTRAL_KEY", "sk-m")
+    assert _validate(str(refused)) == 0
+    assert f"{refused}: ok (3 backends, 3 models, 1 tenants)" in capsys.readouterr().out
+    assert not (refused.parent / "log").exists()
+
+
+def test_config_validate_checks_the_log_without_opening_it(
+    refused: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (refused.parent / "policies" / "acme.yaml").write_text(POLICY)
+    monkeypatch.setenv("OG_TEST_ANTHROPIC_KEY", "sk-a")
+    monkeypatch.setenv("OG_TEST_MISTRAL_KEY", "sk-m")
+    key = refused.parent / "log.key"
+    write_signing_key(key, "example.com/log")
+    key.chmod(0o644)
+    history = refused.parent / "log" / "checkpoints"
+    history.mkdir(parents=True)
+    (history / f"{5:020d}").write_text("other.example/log\n5\nroot\n\nsignature\n")
+    assert _validate(str(refused)) == 1
+    err = capsys.readouterr().err
+    assert "readable by group or others (mode 644); chmod 600 it" in err
+    assert f"provenance.dir {refused.parent / 'log'} holds the log 'other.example/log'" in err
+    assert sorted(p.name for p in (refused.parent / "log").iterdir()) == ["checkpoints"]
+
+
+def test_config_validate_without_secrets_skips_what_only_the_server_has(
+    refused: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """For a config whose secrets a pod mounts: unset key variables and the signing key
+    are not this machine's; the policies still are."""
+    assert _validate("--without-secrets", str(refused)) == 1
+    err = capsys.readouterr().err
+    assert "(1 problem(s))" in err and "invalid trust policy" in err
+    (refused.parent / "policies" / "acme.yaml").write_text(POLICY)
+    monkeypatch.setenv("OWNGATE_VALIDATE_WITHOUT_SECRETS", "1")
+    assert _validate(str(refused)) == 0
+    monkeypatch.setenv("OG_TEST_MISTRAL_KEY", "")  # set here but empty: still counted as set
+    assert _validate(str(refused)) == 0
+
+
+def test_keys_new_signing_writes_a_private_key_and_prints_the_verifier(tmp_path: Path) -> None:
+    key_file = tmp_path / "log.key"
+    done = subprocess.run(
+        [*OWNGATE, "keys", "new", "--signing", "gw-1.example/log", "--key-file", str(key_file)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    vkey = done.stdout.strip()
+    assert vkey.startswith("gw-1.example/log+")
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert vkey not in key_file.read_text()  # the private file holds the private key
+    again = subprocess.run(
+        [*OWNGATE, "keys", "new", "--signing", "x", "--key-file", str(key_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert again.returncode == 1

@@ -1,0 +1,151 @@
+"""Reloading gateway.yaml in a real `owngate serve` process, with streams in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from gateway.keys import hash_api_key
+from tests.helpers.gateways import ADMIN, Sim, backend, readiness
+from tests.helpers.net import free_port
+from tests.helpers.processes import KEY, GatewayProcess
+
+NEW_KEY = "og-reload-new-tenant-key-424242"
+STREAM = {
+    "model": "m",
+    "stream": True,
+    "max_tokens": 15,  # at 10 tokens/s: 1.5 s
+    "messages": [{"role": "user", "content": "long"}],
+}
+SHORT = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+
+
+def settings(backends: list[dict[str, Any]], port: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "logging": {"format": "json", "level": "warning", "access_log": False},
+        "backends": backends,
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+        "admin": ADMIN,
+        **extra,
+    }
+
+
+@pytest.fixture
+def gateway(start_sim: Callable[..., Sim], tmp_path: Path) -> Iterator[tuple[GatewayProcess, Sim]]:
+    slow = start_sim("vllm", models=("m",), decode_tokens_per_s=10.0, batch_slowdown=0.0)
+    process = GatewayProcess(
+        settings([backend("old", slow.url, "m")], free_port()), tmp_path
+    ).start()
+    yield process, start_sim("vllm", models=("m",), zero_latency=True)
+    process.stop(signal.SIGKILL)
+
+
+def rewrite(process: GatewayProcess, config: dict[str, Any] | str) -> None:
+    text = config if isinstance(config, str) else yaml.safe_dump(config)
+    partial = process.path.with_suffix(".tmp")
+    partial.write_text(text)
+    partial.replace(process.path)  # atomic, as an operator's deploy tool would do it
+
+
+def readyz(process: GatewayProcess) -> dict[str, Any]:
+    return readiness(process.url)
+
+
+def eventually(check: Callable[[], bool], what: str, within_s: float = 15.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+async def streams_across_reload(process: GatewayProcess, reload: Callable[[], None]) -> list[bytes]:
+    headers = {"authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient(base_url=process.url, headers=headers, timeout=30) as client:
+        started = [asyncio.Event() for _ in range(5)]
+
+        async def one(event: asyncio.Event) -> bytes:
+            body = b""
+            async with client.stream("POST", "/v1/chat/completions", json=STREAM) as response:
+                assert response.status_code == 200
+                async for data in response.aiter_bytes():
+                    body += data
+                    event.set()
+            return body
+
+        tasks = [asyncio.create_task(one(event)) for event in started]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 20)
+        await asyncio.to_thread(reload)
+        assert not any(task.done() for task in tasks)  # the reload happened mid-stream
+        return await asyncio.gather(*tasks)
+
+
+def test_reload_swaps_backends_and_tenants_without_dropping_streams(
+    gateway: tuple[GatewayProcess, Sim],
+) -> None:
+    process, fresh = gateway
+    assert process.proc is not None
+    config = settings([backend("new", fresh.url, "m")], process.port)
+    config["tenants"].append({"id": "beta", "api_key_hashes": [hash_api_key(NEW_KEY)]})
+    config["tenants"][1]["models"] = ["m"]
+
+    def reload() -> None:
+        rewrite(process, config)
+        process.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        eventually(lambda: list(readyz(process)["backends"]) == ["new"], "the new backends")
+
+    # Streams to the removed backend, running while the reload happens, all finish.
+    bodies = asyncio.run(streams_across_reload(process, reload))
+    for body in bodies:
+        assert body.count(b'"delta":{"content":') == 15
+        assert body.rstrip().endswith(b"data: [DONE]")
+    # The new tenant's key works, and is served by the new backend.
+    answer = httpx.post(
+        f"{process.url}/v1/chat/completions",
+        json=SHORT,
+        headers={"authorization": f"Bearer {NEW_KEY}"},
+        timeout=10,
+    )
+    assert answer.status_code == 200, answer.text
+    assert fresh.app.captured("/v1/chat/completions")  # the new backend served it
+
+
+def test_a_bad_config_keeps_the_running_one(gateway: tuple[GatewayProcess, Sim]) -> None:
+    process, _ = gateway
+    assert process.proc is not None
+    good = readyz(process)["config"]
+    rewrite(process, yaml.safe_dump(settings([], process.port)) + "surprise: 1\n")
+    process.proc.send_signal(signal.SIGHUP)
+    eventually(lambda: readyz(process)["config"]["reload_failures"] == 1, "a failed reload")
+    state = readyz(process)
+    assert state["status"] == "ready"  # still serving, with the old config
+    assert "backends" in state["config"]["last_reload_error"]
+    assert list(state["backends"]) == ["old"]
+    metrics = httpx.get(f"{process.url}/metrics", timeout=5).text
+    assert "owngate_config_reload_failures_total 1.0" in metrics
+    headers = {"authorization": f"Bearer {KEY}"}
+    answer = httpx.post(f"{process.url}/v1/chat/completions", json=SHORT, headers=headers)
+    assert answer.status_code == 200
+    assert good["reload_failures"] == 0
+
+
+def test_restart_only_settings_keep_their_value_and_the_file_is_polled(
+    gateway: tuple[GatewayProcess, Sim],
+) -> None:
+    process, fresh = gateway
+    assert process.proc is not None
+    # No SIGHUP: the file poll notices. The port cannot move; the backend can.
+    rewrite(process, settings([backend("new", fresh.url, "m")], free_port()))
+    eventually(lambda: list(readyz(process)["backends"]) == ["new"], "the polled change")
+    process.proc.send_signal(signal.SIGTERM)
+    assert process.wait(timeout_s=30) == 0
+    stderr = process.stderr()
+    assert "needs restart" in stderr and '"setting":"listen"' in stderr

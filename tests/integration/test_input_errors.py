@@ -1,0 +1,266 @@
+"""Hostile or malformed client input is a 4xx OpenAI error, never a 500 or a guess.
+
+The fields the gateway decides on (`model`, `stream`, `stream_options`) must mean one
+thing to it and to the backend after it; nesting is bounded; odd bytes, numbers and
+headers are refused cleanly. Unit tests of `gateway.api.body`, then the same over real
+sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import MutableMapping
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from gateway.api import create_app
+from gateway.api.body import MAX_DEPTH, parse_body
+from gateway.errors import GatewayError
+from tests.helpers.gateways import TENANT_KEY, Gateway, Sim, backend, gateway_config
+
+
+def nested(depth: int, inner: bytes = b"1") -> bytes:
+    """A JSON value `depth` arrays deep."""
+    return b"[" * depth + inner + b"]" * depth
+
+
+def refused(body: bytes) -> GatewayError:
+    with pytest.raises(GatewayError) as caught:
+        parse_body(body)
+    assert caught.value.status == 400
+    return caught.value
+
+
+# -- repeated keys the gateway decides on ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b'{"model": "a", "model": "b"}', "model"),
+        (b'{"model": "a", "mod\\u0065l": "b"}', "model"),  # the same name, escaped
+        (b'{"\\u006D\\u006F\\u0064\\u0065\\u006C": "a", "model": "b"}', "model"),
+        (b'{"model": "a", "stream": false, "stream": true}', "stream"),
+        (b'{"model": "a", "str\\u0065am": true, "stream": false}', "stream"),
+        (b'{"model": "a", "stream_options": {}, "stream_options": {}}', "stream_options"),
+        (
+            b'{"model": "a", "stream_options": {"include_usage": false, "include_usage": true}}',
+            "stream_options.include_usage",
+        ),
+    ],
+)
+def test_a_repeated_decided_key_is_refused(body: bytes, param: str) -> None:
+    error = refused(body)
+    assert (error.code.value, error.param) == ("invalid_request", param)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # The same name in different objects, or nested: nothing the gateway reads.
+        b'{"model": "a", "tools": [{"model": 1}, {"model": 2}]}',
+        b'{"model": "a", "x": {"model": 1, "model": 2, "stream": 1, "stream": 2}}',
+        # The name as a value, and quoted inside a string.
+        b'{"model": "a", "messages": [{"role": "model", "content": "\\"model\\": \\"b\\""}]}',
+        b'{"model": "a", "temperature": 1, "temperature": 2}',  # not decided on: forwarded
+    ],
+)
+def test_names_the_gateway_does_not_decide_on_pass(body: bytes) -> None:
+    assert parse_body(body)["model"] == "a"
+
+
+def test_a_deep_body_with_a_repeated_model_is_a_clean_400() -> None:
+    # ~1,000 levels: the old check (json.loads with a pairs hook) hit Python's recursion
+    # limit and answered 500.
+    body = b'{"model": "a", "x": ' + nested(1000) + b', "model": "b"}'
+    error = refused(body)
+    assert error.code.value == "invalid_request"
+
+
+# -- nesting ---------------------------------------------------------------------------------
+
+
+def test_nesting_is_bounded_at_max_depth() -> None:
+    # The top-level object is level 1.
+    assert parse_body(b'{"model": "a", "x": ' + nested(MAX_DEPTH - 1) + b"}")["model"] == "a"
+    error = refused(b'{"model": "a", "x": ' + nested(MAX_DEPTH) + b"}")
+    assert error.code.value == "invalid_request"
+    assert f"more than {MAX_DEPTH} levels" in error.message
+    objects = b'{"a": ' * (MAX_DEPTH - 1) + b"1" + b"}" * (MAX_DEPTH - 1)
+    assert parse_body(b'{"model": "a", "x": ' + objects + b"}")["model"] == "a"
+    assert refused(b'{"model": "a", "x": {"y": ' + objects + b"}}").code.value == (
+        "invalid_request"
+    )
+
+
+def test_the_depth_check_rests_on_orjsons_limit_of_1024() -> None:
+    # body.py wraps the body in 1024 - MAX_DEPTH arrays and lets orjson refuse: if a new
+    # orjson changes its limit, this test says so before the bound silently moves.
+    orjson.loads(nested(1024))
+    with pytest.raises(orjson.JSONDecodeError, match="depth"):
+        orjson.loads(nested(1025))
+
+
+def test_brackets_in_strings_are_not_nesting() -> None:
+    text = "[" * (MAX_DEPTH * 4)
+    doc = parse_body(orjson.dumps({"model": "a", "prompt": text}))
+    assert doc["prompt"] == text
+
+
+def test_beyond_orjsons_own_limit_is_invalid_json() -> None:
+    assert refused(b'{"model": "a", "x": ' + nested(2000) + b"}").code.value == "invalid_json"
+
+
+# -- types of the decided-on fields --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        (b'"stream": "true"', "stream"),
+        (b'"stream": 1', "stream"),
+        (b'"stream": {}', "stream"),
+        (b'"stream_options": "yes"', "stream_options"),
+        (b'"stream_options": {"include_usage": "true"}', "stream_options.include_usage"),
+    ],
+)
+def test_stream_fields_of_the_wrong_type_are_refused(extra: bytes, param: str) -> None:
+    error = refused(b'{"model": "a", ' + extra + b"}")
+    assert (error.code.value, error.param) == ("invalid_request", param)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "a", "stream": null, "stream_options": null}',
+        b'{"model": "a", "stream": true, "stream_options": {"include_usage": null}}',
+    ],
+)
+def test_null_stream_fields_pass(body: bytes) -> None:
+    assert parse_body(body)["model"] == "a"
+
+
+# -- over the wire ---------------------------------------------------------------------------
+
+
+def _post(gateway: Gateway, body: bytes, **headers: str) -> httpx.Response:
+    return httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        content=body,
+        headers={**gateway.headers, "content-type": "application/json", **headers},
+        timeout=15,
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b'{"model": "sim-model", "x": ' + nested(1000) + b', "model": "embed-model"}', None),
+        (b'{"model": "sim-model", "mod\\u0065l": "embed-model", "messages": []}', None),
+        (b'{"model": "sim-model", "stream": "true", "messages": []}', None),
+        # An alias with an escaped key is re-encoded: orjson.dumps refuses depth > 254.
+        (b'{"mod\\u0065l": "chat", "x": ' + nested(300) + b"}", None),
+        (b'{"model": "sim-model", "prompt": "\xff\xfe"}', "invalid_json"),  # not UTF-8
+        (b'{"model": "sim-model", "prompt": "\\ud800"}', "invalid_json"),  # lone surrogate
+        (b'{"model": "sim-model", "max_tokens": 1e400}', "invalid_json"),  # infinity
+        (b'{"model": "sim-model", "max_tokens": NaN}', "invalid_json"),
+    ],
+)
+def test_hostile_bodies_are_400_and_reach_no_backend(
+    sim_and_gateway: tuple[Sim, Gateway], body: bytes, code: str | None
+) -> None:
+    sim, gateway = sim_and_gateway
+    response = _post(gateway, body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == (code or "invalid_request")
+    assert sim.app.captured("/v1/chat/completions") == []
+
+
+def test_a_very_long_model_name_is_a_bounded_404(sim_and_gateway: tuple[Sim, Gateway]) -> None:
+    _, gateway = sim_and_gateway
+    model = "m" * 200_000
+    response = _post(gateway, orjson.dumps({"model": model, "messages": []}))
+    assert response.status_code == 404
+    assert len(response.json()["error"]["message"]) < 400
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {b"authorization": "Bearer og-caf\xe9".encode("latin-1")},
+        {b"authorization": b"Bearer \xff\xfe"},
+    ],
+)
+def test_non_ascii_authorization_is_a_401(
+    sim_and_gateway: tuple[Sim, Gateway], headers: dict[bytes, bytes]
+) -> None:
+    _, gateway = sim_and_gateway
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        content=b'{"model": "sim-model", "messages": []}',
+        headers=headers,
+        timeout=15,
+    )
+    assert response.status_code == 401, response.text
+    assert response.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_a_content_length_of_thousands_of_digits_is_a_413(start_sim: Any) -> None:
+    # HTTP servers refuse such a header first; the app must not depend on it (Python's
+    # int() refuses more than 4300 digits: this was a 500).
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    app = create_app(gateway_config([backend("gpu", sim.url, "m")]), environ={})
+    app.ready = True
+    sent: list[MutableMapping[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    scope: dict[str, Any] = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "headers": [
+            (b"authorization", f"Bearer {TENANT_KEY}".encode()),
+            (b"content-length", b"9" * 5000),
+        ],
+    }
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 413
+    assert orjson.loads(sent[1]["body"])["error"]["code"] == "request_too_large"
+
+
+def test_several_authorization_headers_are_a_401(start_sim: Any) -> None:
+    # The first copy used to authenticate; a proxy in front may have read another one.
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    app = create_app(gateway_config([backend("gpu", sim.url, "m")]), environ={})
+    app.ready = True
+    sent: list[MutableMapping[str, Any]] = []
+    bodies = [{"type": "http.request", "body": b'{"model": "m"}', "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if bodies:
+            return bodies.pop()
+        await asyncio.Event().wait()  # the client stays: nothing more arrives
+        raise AssertionError("unreachable")
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    good = f"Bearer {TENANT_KEY}".encode()
+    scope: dict[str, Any] = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "headers": [(b"authorization", good), (b"authorization", b"Bearer og-other")],
+    }
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 401
+    assert orjson.loads(sent[1]["body"])["error"]["code"] == "invalid_api_key"
+    assert sim.app.captured("/v1/chat/completions") == []

@@ -1,0 +1,108 @@
+"""Rotating a log's signing key through a real gateway process (docs/provenance.md).
+
+Phase A: `owngate serve` with key A. Overlap: restarted with key B and
+`previous_signing_key_files: [A]`, so its checkpoints carry both signatures. Phase B:
+restarted with B alone. Then: both keys verify the whole log; the old checkpoints verify
+with A, the new ones with B, the overlap with each; a verifier holding only B sees the
+old entries through the overlap checkpoint (`--accept-earlier-keys`), and old receipts
+still verify with A.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from gateway.provenance import (
+    LogVerificationError,
+    SignatureError,
+    load_verifiers,
+    open_checkpoint,
+    verify_log,
+    verify_receipt,
+    write_signing_key,
+)
+from tests.helpers.processes import KEY, GatewayProcess
+from tests.helpers.provenance import run_audit
+
+ORIGIN = "test.owngate/rotated"
+
+
+def _serve(gateway: GatewayProcess, requests: int) -> list[bytes]:
+    """Start, send `requests` chats, stop (final checkpoint); returns their receipts."""
+    gateway.start()
+    body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}
+    receipts = []
+    with httpx.Client(base_url=gateway.url, headers={"authorization": f"Bearer {KEY}"}) as c:
+        for _ in range(requests):
+            response = c.post("/v1/chat/completions", json=body, timeout=10)
+            assert response.status_code == 200, response.text
+            receipts.append(base64.b64decode(response.headers["x-owngate-receipt"]))
+    gateway.stop()
+    return receipts
+
+
+def _reconfigure(gateway: GatewayProcess, **provenance: object) -> None:
+    config = yaml.safe_load(gateway.path.read_text())
+    config["provenance"] = {"dir": "log", "origin": ORIGIN, **provenance}
+    gateway.path.write_text(yaml.safe_dump(config))
+
+
+def test_rotate_the_signing_key_through_a_gateway(
+    process: Callable[..., GatewayProcess], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    vkey_a = write_signing_key(tmp_path / "a.key", ORIGIN)
+    vkey_b = write_signing_key(tmp_path / "b.key", ORIGIN)
+    key_a, key_b = load_verifiers([vkey_a]), load_verifiers([vkey_b])
+    gateway = process(provenance={"dir": "log", "origin": ORIGIN, "signing_key_file": "a.key"})
+    old_receipts = _serve(gateway, 3)
+    size_a = max(int(p.name) for p in (tmp_path / "log" / "checkpoints").iterdir())
+
+    _reconfigure(gateway, signing_key_file="b.key", previous_signing_key_files=["a.key"])
+    _serve(gateway, 3)
+    overlap_end = max(int(p.name) for p in (tmp_path / "log" / "checkpoints").iterdir())
+    _reconfigure(gateway, signing_key_file="b.key")
+    new_receipts = _serve(gateway, 3)
+
+    logdir = tmp_path / "log"
+    summary = verify_log(logdir, key_a + key_b)
+    assert summary.size == 18  # 9 requests, dispatch + completion each
+    assert len(summary.signed_by) == 2
+
+    history = sorted((int(p.name), p.read_bytes()) for p in (logdir / "checkpoints").iterdir())
+    for size, note in history:
+        if size <= size_a:  # before the rotation: A only
+            open_checkpoint(note, key_a)
+            with pytest.raises(SignatureError):
+                open_checkpoint(note, key_b)
+        elif size <= overlap_end:  # the overlap: each key alone verifies it
+            open_checkpoint(note, key_a)
+            open_checkpoint(note, key_b)
+        else:  # after: B only
+            open_checkpoint(note, key_b)
+            with pytest.raises(SignatureError):
+                open_checkpoint(note, key_a)
+    assert any(size_a < size <= overlap_end for size, _ in history), "no overlap checkpoint"
+
+    # Old receipts keep verifying with the old key, new ones with the new key.
+    for envelope in old_receipts:
+        assert verify_receipt(envelope, key_a).index < size_a
+    for envelope in new_receipts:
+        verify_receipt(envelope, key_b)
+
+    # A verifier with only B: strict mode refuses the A-only checkpoints by name ...
+    with pytest.raises(LogVerificationError, match="no signature by a trusted key"):
+        verify_log(logdir, key_b)
+    # ... and, told the log rotated, checks their roots and covers their entries with B.
+    only_b = verify_log(logdir, key_b, accept_earlier_keys=True)
+    assert only_b.size == 18 and only_b.earlier_checkpoints >= 1
+    assert run_audit(["verify", str(logdir), "--key", vkey_b, "--accept-earlier-keys"]) == 0
+    assert "earlier checkpoint(s) signed by keys not given" in capsys.readouterr().out
+    # A verifier with only A can never accept the B-only tail.
+    with pytest.raises(LogVerificationError, match="no signature by a trusted key"):
+        verify_log(logdir, key_a, accept_earlier_keys=True)

@@ -1,0 +1,155 @@
+"""The gateway reads its backends' /metrics: fresh readings count, stale ones are unknown."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+
+import httpx
+import pytest
+from pydantic import ValidationError
+
+from gateway.config.schema import Scrape
+from gateway.routing.breaker import BreakerState
+from gateway.routing.registry import Registry
+from gateway.routing.scraper import MetricsScraper, filter_exposition
+from gateway.serving import ServerThread
+from gateway.sim import Faults, SimSettings, create_sim_app
+from tests.helpers.gateways import ADMIN_HEADERS, Gateway, Sim, backend, gateway_config
+
+
+def test_filter_exposition_keeps_only_wanted_samples() -> None:
+    body = b'# HELP a x\n# TYPE a gauge\na 1\nab{x="1"} 2\nb{engine="0"} 3\nb 4 1700000000\n'
+    assert (
+        filter_exposition(body, frozenset({"a", "b"})) == 'a 1\nb{engine="0"} 3\nb 4 1700000000\n'
+    )
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_readings_go_stale_and_failures_are_reported() -> None:
+    settings = SimSettings.for_kind("llamacpp", models=("m",))
+    with ServerThread(create_sim_app(settings)) as sim:
+        config = gateway_config(
+            [
+                backend("cpu", sim.url, "m", kind="llamacpp"),
+                backend("gone", "http://127.0.0.1:9", "m", kind="vllm"),
+                backend("other", sim.url, "m", kind="openai"),  # not a server we know how to read
+            ]
+        )
+        clock = FakeClock()
+        registry = Registry.build(config, environ={})
+        scraper = MetricsScraper(
+            registry.backends.values(), Scrape(interval_s=0.5, staleness_s=2.0), clock=clock
+        )
+
+        async def once() -> None:
+            try:
+                await scraper.scrape_once()
+            finally:
+                await scraper.close()
+
+        asyncio.run(once())
+        load = scraper.load("cpu")
+        assert load is not None
+        assert (load.running, load.waiting) == (0, 0)
+        assert scraper.load("gone") is None
+        assert (scraper.failure("gone") or "").startswith("connect")
+        assert scraper.load("other") is None and scraper.failure("other") is None
+        clock.now += 2.5  # older than staleness_s: unknown, never "idle"
+        assert scraper.load("cpu") is None
+        assert scraper.age("cpu") == 2.5
+
+
+def test_gateway_publishes_backend_queue_from_scrapes(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    # One slot and answers too long to end within the test: one request runs, two wait in
+    # the backend's queue for as long as the test holds them (timed answers made this
+    # depend on the polling keeping up with their decode). Readings outlast any stall.
+    sim = start_sim("vllm", models=("m",), slots=1, decode_tokens_per_s=2.0)
+    gateway = start_gateway(
+        [backend("gpu", sim.url, "m")],
+        scrape={"interval_s": 0.05, "timeout_s": 5.0, "staleness_s": 60.0},
+    )
+    body = {"model": "m", "max_tokens": 8000, "messages": [{"role": "user", "content": "hi"}]}
+
+    def waiting_line(text: str) -> str | None:
+        prefix = 'owngate_backend_waiting{backend="gpu"}'
+        return next((line for line in text.splitlines() if line.startswith(prefix)), None)
+
+    async def load_and_watch() -> tuple[str | None, dict[str, object]]:
+        async with httpx.AsyncClient(base_url=gateway.url, headers=gateway.headers) as client:
+            requests = [
+                asyncio.create_task(client.post("/v1/chat/completions", json=body, timeout=60))
+                for _ in range(3)
+            ]
+            try:
+                for _ in range(2000):  # bounded: 2,000 polls of the metrics endpoint
+                    line = waiting_line((await client.get("/metrics")).text)
+                    if line is not None and line.endswith(" 2.0"):
+                        break
+                    await asyncio.sleep(0.01)
+                status = await client.get("/admin/status", headers=ADMIN_HEADERS)
+                detail = status.json()["readiness"]["backends"]["gpu"]
+            finally:
+                for task in requests:
+                    task.cancel()  # the client leaves: the backend drops them
+                await asyncio.gather(*requests, return_exceptions=True)
+            return line, detail
+
+    seen, detail = asyncio.run(load_and_watch())
+    assert seen == 'owngate_backend_waiting{backend="gpu"} 2.0'
+    assert detail["running"] == 1 and detail["waiting"] == 2
+    assert detail["metrics_error"] is None
+
+
+def test_scrape_settings_are_validated() -> None:
+    with pytest.raises(ValidationError, match=r"longer than scrape\.interval_s"):
+        Scrape(interval_s=2.0, staleness_s=1.0)
+
+
+def test_health_probes_drive_the_breaker_and_llamacpp_slots_are_learned() -> None:
+    settings = dataclasses.replace(
+        SimSettings.for_kind("llamacpp", models=("m",)), slots=5, faults=Faults(slow_start_s=60)
+    )
+    app = create_sim_app(settings)
+    with ServerThread(app) as sim:
+        config = gateway_config(
+            [
+                backend("cpu", sim.url, "m", kind="llamacpp"),
+                backend("sized", sim.url, "m", kind="llamacpp", capacity={"max_concurrency": 2}),
+            ]
+        )
+        clock = FakeClock()
+        registry = Registry.build(config, environ={}, clock=clock)
+        scraper = MetricsScraper(registry.backends.values(), Scrape(), clock=clock)
+        cpu = registry.backends["cpu"]
+
+        async def rounds() -> None:
+            try:
+                await scraper.scrape_once()  # loading: /health and /props answer 503
+                assert cpu.breaker.state is BreakerState.open
+                assert cpu.learned_slots is None and registry.is_down(cpu)
+                app.start_loading(0.0)
+                clock.now += 0.5  # within the breaker's cooldown: a good probe is too early
+                await scraper.scrape_once()
+                assert cpu.breaker.state is BreakerState.open and cpu.health_error is None
+                clock.now += 1.0
+                await scraper.scrape_once()  # the half-open probe: closes it
+            finally:
+                await scraper.close()
+
+        asyncio.run(rounds())
+        assert cpu.breaker.state is BreakerState.closed and not registry.is_down(cpu)
+        assert cpu.learned_slots == 5
+        load = scraper.load("cpu")
+        assert load is not None and load.slots_total == 5
+        assert registry.backends["sized"].learned_slots is None  # configured: not asked

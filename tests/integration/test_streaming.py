@@ -1,0 +1,99 @@
+"""Streams are relayed as they arrive, and a client that leaves cancels the backend work."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+import httpx
+
+from tests.helpers.gateways import TENANT_KEY, Gateway, Sim, backend
+
+
+def _stream_body(max_tokens: int) -> bytes:
+    return (
+        b'{"model": "sim-model", "stream": true, "max_tokens": %d,'
+        b' "messages": [{"role": "user", "content": "hi"}]}' % max_tokens
+    )
+
+
+def test_chunks_arrive_while_the_backend_is_still_generating(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    # 20 tokens/s: the whole stream takes ~1 s, so a buffering relay shows up clearly.
+    sim = start_sim(decode_tokens_per_s=20.0, prefill_tokens_per_s=1e6)
+    gateway = start_gateway([backend("gpu", sim.url, "sim-model")])
+    arrivals: list[float] = []
+    start = time.monotonic()
+    with httpx.stream(
+        "POST",
+        f"{gateway.url}/v1/chat/completions",
+        content=_stream_body(20),
+        headers={"authorization": f"Bearer {TENANT_KEY}"},
+        timeout=15,
+    ) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                arrivals.append(time.monotonic() - start)
+    total = arrivals[-1]
+    assert len(arrivals) >= 20
+    # Relayed one by one: the first token is out long before the last one exists.
+    assert arrivals[0] < total / 2
+    spread = sorted({round(t, 2) for t in arrivals})
+    assert len(spread) > 10
+
+
+def test_client_disconnect_cancels_the_upstream_request(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    sim = start_sim(decode_tokens_per_s=20.0, prefill_tokens_per_s=1e6)
+    gateway = start_gateway([backend("gpu", sim.url, "sim-model")])
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"authorization: Bearer " + TENANT_KEY.encode() + b"\r\n"
+        b"content-length: %d\r\n\r\n" % len(_stream_body(400))
+    ) + _stream_body(400)
+    with socket.create_connection(("127.0.0.1", gateway.server.port), timeout=10) as sock:
+        sock.sendall(request)
+        received = b""
+        while b"data: {" not in received:  # the stream is running
+            chunk = sock.recv(65536)
+            assert chunk, "gateway closed the stream"
+            received += chunk
+        deadline = time.monotonic() + 5
+        while sim.app.stats.in_flight != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sim.app.stats.in_flight == 1
+    # The client is gone: the gateway must drop the upstream request within moments.
+    deadline = time.monotonic() + 5
+    while sim.app.stats.in_flight and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sim.app.stats.in_flight == 0
+    assert sim.app.stats.cancelled == 1
+    assert sim.app.stats.completed == 0
+    assert gateway.app.registry.backends["gpu"].inflight == 0
+
+
+def test_non_stream_disconnect_cancels_too(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    sim = start_sim(decode_tokens_per_s=20.0, prefill_tokens_per_s=1e6)
+    gateway = start_gateway([backend("gpu", sim.url, "sim-model")])
+    body = _stream_body(400).replace(b'"stream": true', b'"stream": false')
+    with socket.create_connection(("127.0.0.1", gateway.server.port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer "
+            + TENANT_KEY.encode()
+            + b"\r\ncontent-length: %d\r\n\r\n" % len(body)
+            + body
+        )
+        deadline = time.monotonic() + 5
+        while sim.app.stats.in_flight != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sim.app.stats.in_flight == 1
+    deadline = time.monotonic() + 5
+    while sim.app.stats.in_flight and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sim.app.stats.cancelled == 1

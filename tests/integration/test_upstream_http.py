@@ -1,0 +1,244 @@
+"""The upstream HTTP/1.1 client against scripted backends that misbehave on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from gateway.upstream.http import HttpPool, UpstreamError
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return head + await reader.readexactly(length)
+
+
+async def _with_backend(
+    handler: Handler, body: Callable[[HttpPool], Awaitable[None]], **pool_options: Any
+) -> None:
+    handlers: list[asyncio.Task[None]] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handlers.append(asyncio.current_task())  # type: ignore[arg-type]
+        try:
+            await handler(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client side went away: that is what some tests do
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    options: dict[str, Any] = {
+        "connect_timeout": 1.0,
+        "first_byte_timeout": 2.0,
+        "read_timeout": 2.0,
+        "max_connections": 4,
+        **pool_options,
+    }
+    pool = HttpPool("127.0.0.1", port, **options)
+    try:
+        await body(pool)
+    finally:
+        await pool.close()
+        server.close()
+        for task in handlers:
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        await server.wait_closed()
+
+
+def test_interim_1xx_is_skipped_and_the_connection_stays_in_step() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for n in range(2):
+            await _read_request(reader)
+            writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            body = b'{"answer": %d}' % n
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+        writer.close()
+
+    async def body(pool: HttpPool) -> None:
+        for n in range(2):
+            response = await pool.request(b"POST", b"/", [], b"{}")
+            assert response.status == 200
+            assert response.header(b"link") is None
+            assert await response.read() == b'{"answer": %d}' % n
+
+    asyncio.run(_with_backend(handler, body))
+
+
+def test_switching_protocols_is_a_protocol_error() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(
+            b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\nconnection: upgrade\r\n\r\n"
+        )
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.close()
+
+    async def body(pool: HttpPool) -> None:
+        with pytest.raises(UpstreamError) as info:
+            await pool.request(b"POST", b"/", [], b"{}")
+        assert info.value.kind == "protocol"
+        assert pool.open_connections == 0
+
+    asyncio.run(_with_backend(handler, body))
+
+
+def test_close_delimited_body_is_complete() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it")
+        await writer.drain()
+        writer.close()
+
+    async def body(pool: HttpPool) -> None:
+        response = await pool.request(b"POST", b"/", [], b"{}")
+        assert await response.read() == b"all of it"
+        assert pool.open_connections == 0  # not pooled: the backend closed it
+
+    asyncio.run(_with_backend(handler, body))
+
+
+def test_bytes_after_a_complete_response_are_dropped_with_the_connection() -> None:
+    dropped = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfirst")
+        await writer.drain()
+        await asyncio.sleep(0.05)  # a separate read on the gateway's side, before it reads
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nSMUGGLED!")
+        await writer.drain()
+        with contextlib.suppress(ConnectionError):
+            await reader.read(1)  # b"" or a reset: the client dropped the connection
+        dropped.set()
+
+    async def body(pool: HttpPool) -> None:
+        response = await pool.request(b"POST", b"/", [], b"{}")
+        await dropped.wait()  # the extra bytes arrived before the body was read
+        assert await response.read() == b"first"
+        assert pool.open_connections == 0  # dropped, never pooled
+
+    asyncio.run(_with_backend(handler, body))
+
+
+def test_read_stops_at_its_limit_and_drops_the_connection() -> None:
+    written = [0]
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        piece = b"x" * 65536
+        for _ in range(1024):  # 64 MiB, if nobody stops it
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+            written[0] += len(piece)
+
+    async def body(pool: HttpPool) -> None:
+        response = await pool.request(b"POST", b"/", [], b"{}")
+        with pytest.raises(UpstreamError) as info:
+            await response.read()
+        assert info.value.kind == "too_large"
+        assert pool.open_connections == 0
+
+    asyncio.run(_with_backend(handler, body, max_body=1024 * 1024))
+    assert written[0] < 16 * 1024 * 1024  # the limit, plus what socket buffers held
+
+
+def test_read_deadline_ends_a_body_that_keeps_dripping() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n")
+        for _ in range(1000):  # each byte well within the read timeout: 20 s in all
+            writer.write(b" ")
+            await writer.drain()
+            await asyncio.sleep(0.02)
+
+    async def body(pool: HttpPool) -> None:
+        response = await pool.request(b"POST", b"/", [], b"{}")
+        with pytest.raises(UpstreamError) as info:
+            await response.read()
+        assert info.value.kind == "timeout"
+        assert info.value.detail == "the answer did not end in time"
+        assert pool.open_connections == 0
+
+    asyncio.run(_with_backend(handler, body, response_timeout=0.3))
+
+
+def test_full_pool_waits_then_reports_busy_not_a_backend_fault() -> None:
+    release = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        await release.wait()
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    async def body(pool: HttpPool) -> None:
+        held = [asyncio.create_task(pool.request(b"POST", b"/", [], b"")) for _ in range(4)]
+        await asyncio.sleep(0.1)
+        with pytest.raises(UpstreamError) as info:
+            await pool.request(b"POST", b"/", [], b"")
+        assert info.value.kind == "busy"
+        release.set()
+        for task in held:
+            await (await task).read()
+
+    asyncio.run(_with_backend(handler, body, connect_timeout=0.2))
+
+
+def test_cancelled_connect_gives_its_slot_back() -> None:
+    # A listener that never accepts, with its queue full: new connects hang in SYN.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(8):
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(("127.0.0.1", port))
+        fillers.append(filler)
+
+    async def body() -> None:
+        pool = HttpPool(
+            "127.0.0.1",
+            port,
+            connect_timeout=5.0,
+            first_byte_timeout=5.0,
+            read_timeout=5.0,
+            max_connections=1,
+        )
+        task = asyncio.create_task(pool.request(b"POST", b"/", [], b""))
+        await asyncio.sleep(0.2)
+        assert pool.open_connections == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert pool.open_connections == 0
+        assert not pool.saturated
+
+    try:
+        asyncio.run(body())
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()

@@ -1,0 +1,179 @@
+"""`owngate serve --workers 2` as real processes: shared port, summed metrics, one
+provenance log per worker, restart of a dead worker, clean stop on SIGTERM."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.api.fleet import merge_expositions
+from gateway.keys import hash_api_key
+from gateway.provenance import load_verifiers, verify_log, verify_receipt, write_signing_key
+from gateway.workers import WorkerIdentity, for_worker
+from tests.helpers.gateways import Sim, backend, gateway_config
+from tests.helpers.net import free_port
+from tests.helpers.processes import KEY, GatewayProcess
+
+ORIGIN = "test.owngate/workers"
+REQUESTS = 120
+BODY = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}
+
+
+@pytest.fixture
+def workers(start_sim: Callable[..., Sim], tmp_path: Path) -> Iterator[tuple[GatewayProcess, str]]:
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    vkey = write_signing_key(tmp_path / "log.key", ORIGIN)
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "logging": {"format": "json", "level": "warning", "access_log": False},
+        "limits": {"drain_timeout_s": 10},
+        "provenance": {"dir": "log", "origin": ORIGIN, "signing_key_file": "log.key"},
+        "backends": [backend("gpu", sim.url, "m")],
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+    }
+    gateway = GatewayProcess(config, tmp_path, "--workers", "2").start()
+    yield gateway, vkey
+    gateway.stop(signal.SIGKILL)
+
+
+def send_requests(url: str, count: int, verifiers_key: str) -> dict[str, int]:
+    """`count` requests, each on a new connection; how many each worker's log took."""
+    by_log: dict[str, int] = {}
+    verifiers = load_verifiers([verifiers_key])
+    headers = {"authorization": f"Bearer {KEY}", "connection": "close"}
+    with httpx.Client(base_url=url, headers=headers, timeout=10) as client:
+        for _ in range(count):
+            response = client.post("/v1/chat/completions", json=BODY)
+            assert response.status_code == 200, response.text
+            envelope = base64.b64decode(response.headers["x-owngate-receipt"])
+            origin = verify_receipt(envelope, verifiers).log
+            by_log[origin] = by_log.get(origin, 0) + 1
+    return by_log
+
+
+def served(url: str) -> float:
+    """The chat requests answered 200, as one scrape of /metrics reports them."""
+    text = httpx.get(f"{url}/metrics", headers={"connection": "close"}, timeout=5).text
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "owngate_requests_total" and sample.labels["status"] == "200":
+                total += sample.value
+    return total
+
+
+def worker_pids(supervisor: int) -> list[int]:
+    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+    return sorted(int(pid) for pid in children)
+
+
+def wait_for(check: Callable[[], bool], what: str, within_s: float = 15.0, dump: str = "") -> None:
+    deadline = time.monotonic() + within_s
+    while not check():
+        if time.monotonic() > deadline and dump:
+            print(httpx.get(f"{dump}/metrics").text)
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_two_workers_share_the_port_and_the_metrics_add_up(
+    workers: tuple[GatewayProcess, str], tmp_path: Path
+) -> None:
+    gateway, vkey = workers
+    assert gateway.proc is not None
+    wait_for(lambda: len(worker_pids(gateway.proc.pid)) == 2, "two workers")  # type: ignore[union-attr]
+    by_log = send_requests(gateway.url, REQUESTS, vkey)
+    assert sorted(by_log) == [f"{ORIGIN}/worker-1", f"{ORIGIN}/worker-2"]  # both got traffic
+    assert sum(by_log.values()) == REQUESTS
+    # Any worker's /metrics gives the sum (the others' snapshots are at most 0.5 s old):
+    # soon every scrape, whichever worker answers it, counts every request once.
+    wait_for(
+        lambda: [served(gateway.url) for _ in range(6)] == [REQUESTS] * 6,
+        "the summed count",
+        dump=gateway.url,
+    )
+
+    gateway.proc.send_signal(signal.SIGTERM)
+    assert gateway.wait(timeout_s=60) == 0, gateway.output()
+    verifiers = load_verifiers([vkey])
+    for worker, count in ((1, by_log[f"{ORIGIN}/worker-1"]), (2, by_log[f"{ORIGIN}/worker-2"])):
+        summary = verify_log(tmp_path / "log" / f"worker-{worker}", verifiers)
+        assert summary.origin == f"{ORIGIN}/worker-{worker}"
+        assert summary.size == 2 * count  # a dispatch and a completion per request
+        assert summary.unsigned_entries == 0
+
+
+def test_a_dead_worker_is_restarted(workers: tuple[GatewayProcess, str], tmp_path: Path) -> None:
+    gateway, vkey = workers
+    assert gateway.proc is not None
+    supervisor = gateway.proc.pid
+    wait_for(lambda: len(worker_pids(supervisor)) == 2, "two workers")
+    victim = worker_pids(supervisor)[0]
+    os.kill(victim, signal.SIGKILL)
+    wait_for(
+        lambda: len(worker_pids(supervisor)) == 2 and victim not in worker_pids(supervisor),
+        "a replacement worker",
+    )
+    wait_for(lambda: len(send_requests(gateway.url, 20, vkey)) == 2, "both workers serving")
+    gateway.proc.send_signal(signal.SIGTERM)
+    assert gateway.wait(timeout_s=60) == 0, gateway.output()
+    for worker in (1, 2):  # the killed worker's log recovered when it restarted
+        verify_log(tmp_path / "log" / f"worker-{worker}", load_verifiers([vkey]))
+
+
+def test_merge_sums_counters_and_inflight_but_not_info_gauges() -> None:
+    one = (
+        "# TYPE owngate_requests_total counter\n"
+        'owngate_requests_total{endpoint="chat",status="200",backend="gpu"} 3\n'
+        "# TYPE owngate_backend_inflight gauge\n"
+        'owngate_backend_inflight{backend="gpu"} 2\n'
+        "# TYPE owngate_build_info gauge\n"
+        'owngate_build_info{version="1"} 1\n'
+        "# TYPE owngate_request_duration_seconds histogram\n"
+        'owngate_request_duration_seconds_bucket{endpoint="chat",le="+Inf"} 3\n'
+        'owngate_request_duration_seconds_count{endpoint="chat"} 3\n'
+        'owngate_request_duration_seconds_sum{endpoint="chat"} 0.5\n'
+    )
+    two = one.replace("} 3\n", "} 4\n").replace("} 2\n", "} 5\n")
+    two = two.replace(
+        "owngate_requests_total{",
+        'owngate_requests_total{endpoint="chat",status="500",backend="gpu"} 1\n'
+        "owngate_requests_total{",
+    )
+    merged = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(merge_expositions([one, two]).decode())
+        for s in f.samples
+    }
+    chat = (("backend", "gpu"), ("endpoint", "chat"), ("status", "200"))
+    assert merged[("owngate_requests_total", chat)] == 7
+    assert merged[("owngate_requests_total", (*chat[:2], ("status", "500")))] == 1
+    assert merged[("owngate_backend_inflight", (("backend", "gpu"),))] == 7
+    assert merged[("owngate_build_info", (("version", "1"),))] == 1
+    assert merged[("owngate_request_duration_seconds_count", (("endpoint", "chat"),))] == 7
+    assert merged[("owngate_request_duration_seconds_sum", (("endpoint", "chat"),))] == 1.0
+
+
+def test_each_worker_gets_its_own_log_and_replica_id() -> None:
+    config = gateway_config(
+        [backend("gpu", "http://127.0.0.1:9", "m")],
+        provenance={"dir": "log", "origin": "gw.example/log", "signing_key_file": "k"},
+        state={"backend": "memory", "replica_id": "pod-a"},
+    )
+    mine = for_worker(WorkerIdentity(2, Path("/tmp/rt")))(config)
+    assert mine.provenance is not None and config.provenance is not None
+    assert (mine.provenance.dir, mine.provenance.origin) == (
+        "log/worker-2",
+        "gw.example/log/worker-2",
+    )
+    assert mine.state.replica_id == "pod-a-worker-2"
+    assert config.state.replica_id == "pod-a"  # the loaded config is left alone
+    assert for_worker(None)(config) is config

@@ -1,1 +1,0 @@
-"""A real llama.cpp ``llama-server`` for integration tests: installer, runner and fixture."""

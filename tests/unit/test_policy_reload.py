@@ -1,0 +1,69 @@
+"""A policy file caught half written is never loaded: the poll reloads only once a change
+has held still for a whole interval. (A file cut before a class's `fallback: never` line
+still parses, as a weaker policy.)"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gateway.routing.trust import TrustPolicies
+from tests.helpers.gateways import backend, gateway_config
+
+HEAD = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: p, version: "VERSION"}
+spec:
+  tenants: [acme]
+  residency: {allow: ["*"]}
+  retention: {max_days: any, training: true}
+  fallback: {mode: when_private_unavailable, to: []}
+  data_classes:
+    phi:
+      description: patient data
+"""
+TAIL = """\
+      fallback: {mode: never}
+"""
+
+
+def write(path: Path, text: str, mtime_ns: int) -> None:
+    path.write_text(text)
+    os.utime(path, ns=(mtime_ns, mtime_ns))  # each write its own stamp, whatever the clock
+
+
+def test_a_half_written_policy_is_never_loaded(tmp_path: Path) -> None:
+    policy = tmp_path / "policies" / "p.yaml"
+    policy.parent.mkdir()
+    write(policy, HEAD.replace("VERSION", "1") + TAIL, 1_000_000_000)
+    config = gateway_config(
+        [backend("gpu", "http://127.0.0.1:9", "m")], policy={"paths": ["policies"]}
+    )
+    trust = TrustPolicies(config, tmp_path)
+    assert trust.current.compiled("p").version == "1"
+
+    loaded: list[str] = []
+    # The writer is caught after the class's description, before its fallback line:
+    write(policy, HEAD.replace("VERSION", "2"), 2_000_000_000)
+    if trust.poll():
+        loaded.append(trust.current.compiled("p").version)
+    # ... and finishes before the next look.
+    write(policy, HEAD.replace("VERSION", "2") + TAIL, 3_000_000_000)
+    for _ in range(3):
+        if trust.poll():
+            loaded.append(trust.current.compiled("p").version)
+    assert loaded == ["2"]
+    phi = trust.current.compiled("p")
+    assert "phi" in phi.classes
+    assert trust.current.decide("acme", "m", "phi").fallback == "never"
+
+
+def test_an_unchanged_file_is_not_reloaded(tmp_path: Path) -> None:
+    policy = tmp_path / "p.yaml"
+    write(policy, HEAD.replace("VERSION", "1") + TAIL, 1_000_000_000)
+    config = gateway_config(
+        [backend("gpu", "http://127.0.0.1:9", "m")], policy={"paths": ["p.yaml"]}
+    )
+    trust = TrustPolicies(config, tmp_path)
+    assert [trust.poll() for _ in range(3)] == [False, False, False]
