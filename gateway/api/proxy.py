@@ -32,12 +32,12 @@ from gateway.asgi import Receive, Scope, Send
 from gateway.config.schema import Routing
 from gateway.errors import ErrorCode, GatewayError
 from gateway.policy import Decision, UnknownDataClass
+from gateway.policy_set import TrustPolicies
 from gateway.provenance import Salts
 from gateway.routing.picker import Picker, prefix_span
 from gateway.routing.registry import BackendState, Registry, Route, TenantEntry
 from gateway.routing.saturation import SaturationQueue
 from gateway.routing.scraper import MetricsScraper
-from gateway.routing.trust import TrustPolicies
 from gateway.state import SharedState
 from gateway.upstream.http import DEFAULT_MAX_BODY
 
