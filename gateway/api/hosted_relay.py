@@ -25,11 +25,11 @@ from gateway.api.exchange import (
     start_stream,
 )
 from gateway.api.metrics import GatewayMetrics
-from gateway.api.passthrough import sanitize_upstream_message
 from gateway.asgi import Send
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.registry import BackendState, Route
 from gateway.state import SharedState
+from gateway.upstream.errors import sanitize_upstream_message
 from gateway.upstream.hosted import HostedClient, HostedError, HostedResponse
 from gateway.upstream.http import DEFAULT_MAX_BODY
 

@@ -25,8 +25,6 @@ import re
 import time
 from typing import Any
 
-import orjson
-
 from gateway.api.asgi import send_bytes
 from gateway.api.body import ask_for_usage, model_pattern, rewrite_model
 from gateway.api.exchange import (
@@ -46,21 +44,15 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.breaker import Breaker, Pass
 from gateway.routing.registry import BackendState, Registry, Route
 from gateway.state import SharedState
+from gateway.upstream.errors import translate_upstream_error
 from gateway.upstream.http import UpstreamError, UpstreamResponse
 from gateway.upstream.openai_wire import include_usage
 
-__all__ = ["PrivateRelay", "sanitize_upstream_message", "translate_upstream_error"]
+__all__ = ["PrivateRelay"]
 
 _MAX_ERROR_BODY = 64 * 1024
 _RETRYABLE = frozenset({429, 500, 502, 503, 504})
 _SSE = b"text/event-stream"
-_URL = re.compile(r"\b(?:https?|wss?)://[^\s\"'<>]+", re.IGNORECASE)
-_HOST_PORT = re.compile(
-    r"\[[0-9a-fA-F:.]+\](?::\d+)?"  # [IPv6]:port
-    r"|\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b"  # IPv4[:port]
-    r"|\b[\w-]+(?:\.[\w-]+)*:\d{1,5}\b"  # name:port
-    r"|\blocalhost\b"
-)
 
 
 class PrivateRelay:
@@ -340,48 +332,3 @@ async def _relay_chunk(send: Send, exchange: Exchange, data: bytes) -> None:
 def _streams_text(exchange: Exchange, doc: dict[str, Any]) -> bool:
     """A chat or text completion stream whose client did not ask for usage."""
     return exchange.stream and exchange.endpoint != "embeddings" and not include_usage(doc)
-
-
-def sanitize_upstream_message(message: str, hosts: tuple[str, ...] = ()) -> str:
-    """Strip URLs, host:port pairs and the backend's own host names from a backend's
-    error text; bound its length."""
-    cleaned = _HOST_PORT.sub("[backend]", _URL.sub("[backend]", message))
-    for host in hosts:
-        cleaned = cleaned.replace(host, "[backend]")
-    return cleaned[:300]
-
-
-def translate_upstream_error(status: int, data: bytes, hosts: tuple[str, ...] = ()) -> GatewayError:
-    """Turn a backend's error response into the gateway's own OpenAI error."""
-    detail = sanitize_upstream_message(_upstream_message(data), hosts)
-    suffix = f": {detail}" if detail else ""
-    if status in (400, 413, 422):
-        return GatewayError(
-            ErrorCode.upstream_bad_request, f"the backend rejected the request{suffix}"
-        )
-    if status in (401, 403):
-        return GatewayError(
-            ErrorCode.upstream_error,
-            "the backend refused the gateway's credentials (check the backend's api_key)",
-        )
-    if status in (429, 503):
-        return GatewayError(
-            ErrorCode.backend_unavailable, f"the backend is overloaded or not ready{suffix}"
-        )
-    if status in (408, 504):
-        return GatewayError(ErrorCode.upstream_timeout, "the backend timed out")
-    return GatewayError(ErrorCode.upstream_error, f"the backend failed (HTTP {status}){suffix}")
-
-
-def _upstream_message(data: bytes) -> str:
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return ""
-    if isinstance(doc, dict):
-        error = doc.get("error", doc.get("detail", doc.get("message")))
-        if isinstance(error, dict):
-            error = error.get("message")
-        if isinstance(error, str):
-            return error
-    return ""
