@@ -31,8 +31,9 @@ from gateway.config.schema import (
     Routing,
     RoutingPool,
 )
-from gateway.routing.picker import Picker, prefix_span
+from gateway.routing.picker import Picker
 from gateway.routing.registry import Registry, Route
+from gateway.routing.scorers.affinity import prefix_span
 from gateway.routing.signals import BackendLoad
 
 __all__ = ["POOL_SIZES", "decision_cost"]
