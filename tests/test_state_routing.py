@@ -14,12 +14,11 @@ import pytest
 
 from gateway.api import create_app
 from gateway.config.schema import Routing, RoutingPool
-from gateway.policy import Decision
 from gateway.routing.picker import Picker
 from gateway.routing.registry import Registry, Route
 from gateway.routing.router import Outcome, Router
 from gateway.state import MemoryState
-from tests.conftest import Gateway, Sim, backend, gateway_config
+from tests.conftest import Gateway, Sim, backend, decision, gateway_config
 
 
 def pool(*capacities: int) -> Registry:
@@ -45,22 +44,8 @@ def first_planned(registry: Registry, strategy: str) -> str:
     """The backend the router's plan offers a request for `m` to first."""
     routing = Routing(default=RoutingPool(strategy=strategy))  # type: ignore[arg-type]
     router = Router(registry, routing, lambda _id: None, 1.0, MemoryState(), lambda _id, _n: None)
-    decision = Decision(
-        tenant="t",
-        model="m",
-        data_class=None,
-        private=tuple(registry.backends),
-        hosted=(),
-        fallback="never",
-        saturation_threshold=None,
-        refusal=None,
-        trace=(),
-        policy_id="p",
-        policy_version="1",
-        policy_digest="-",
-        fallback_rule="p/fallback",
-    )
-    plan = asyncio.run(router.plan("m", decision, {}, time.perf_counter()))
+    allowed = decision(tuple(registry.backends))
+    plan = asyncio.run(router.plan("m", allowed, {}, time.perf_counter()))
     attempt = next(iter(plan))
     plan.report(attempt, Outcome.ended)
     return attempt.backend.id
