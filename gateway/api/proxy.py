@@ -180,15 +180,17 @@ class Proxy:
         plan = await self.router.plan(model, decision, doc, exchange.started_at)
         private, hosted = self._private, self._hosted
         last: TryNext | None = None
-        for attempt in plan:
-            exchange.fallback = plan.fallback
-            relay: Callable[[], Awaitable[None]] = (
-                partial(private.attempt, exchange, attempt, model, doc, body, upstream_path, send)
-                if attempt.private
-                else partial(hosted.attempt, exchange, attempt.route, doc, send)
-            )
+        for attempt in plan:  # in flight from here: reported however it ends
             outcome, reason = Outcome.ended, ""
             try:
+                exchange.fallback = plan.fallback
+                relay: Callable[[], Awaitable[None]] = (
+                    partial(
+                        private.attempt, exchange, attempt, model, doc, body, upstream_path, send
+                    )
+                    if attempt.private
+                    else partial(hosted.attempt, exchange, attempt.route, doc, send)
+                )
                 await self._recorded(exchange, attempt.backend, relay)
                 outcome = Outcome.served
                 return
