@@ -111,9 +111,8 @@ class Picker:
         ):
             lightly_loaded = ratio <= within
             score = w_queue * queue_score(demand, slots) + w_kv * kv_score(kv)
-            score += w_affinity * affinity_score(
-                backend.config.id == preferred, lightly_loaded, demand, slots
-            )
+            if backend.config.id == preferred:  # the affinity scorer gives the others 0
+                score += w_affinity * affinity_score(True, lightly_loaded, demand, slots)
             score += w_prefill * prefill_score(backend.prefilling, busiest, lightly_loaded)
             scores.append(score)
         return scores
