@@ -132,10 +132,18 @@ class Router:
         hosted_first = saturated and fallback_allowed
         if not hosted_first and up and not (fallback_allowed and mode == "when_private_saturated"):
             up = await self._queue_if_saturated(model, up, prefix)
-        plan = Plan(self, private, up, hosted, reasons, started_at + self._failover.deadline_s)
-        plan.prefix, plan.prefix_bytes = prefix, prefix_bytes
-        plan.hosted_first, plan.hosted_last = hosted_first, fallback_allowed and not saturated
-        return plan
+        return Plan(
+            self,
+            private,
+            up,
+            hosted,
+            reasons,
+            started_at + self._failover.deadline_s,
+            prefix,
+            prefix_bytes,
+            hosted_first=hosted_first,
+            hosted_last=fallback_allowed and not saturated,
+        )
 
     def score(self, model: str, backend: BackendState) -> float:
         """The picker's score of `backend` for `model` now (for `/admin/status`)."""
@@ -208,18 +216,23 @@ class Plan:
         hosted: list[Route],
         reasons: list[str],
         deadline: float,
+        prefix: bytes | None,
+        prefix_bytes: int,
+        *,
+        hosted_first: bool,
+        hosted_last: bool,
     ) -> None:
         self._router = router
         self.private = private
-        self._up = up
+        self._up = up  # the private ones up, in the order to try them
         self.hosted = hosted
         self.reasons = reasons
         self.deadline = deadline  # `time.perf_counter()` time: first byte by then
         self.fallback: str | None = None
-        self.prefix: bytes | None = None  # the prompt prefix's key (affinity), if any
-        self.prefix_bytes = 0  # how much of the request body that key covers
-        self.hosted_first = False
-        self.hosted_last = False
+        self.prefix = prefix  # the prompt prefix's key (affinity), if any
+        self.prefix_bytes = prefix_bytes  # how much of the request body that key covers
+        self.hosted_first = hosted_first  # hosted before private (saturated)
+        self.hosted_last = hosted_last  # hosted once private failed or was down
 
     def __iter__(self) -> Iterator[Attempt]:
         if self.hosted_first:
