@@ -9,7 +9,7 @@ raises one `AssemblyError` naming every problem, so a config is fixed in one rou
 `validate` is `owngate config validate`: the app built exactly as `owngate serve` builds
 it before it listens (nothing connects there: connections, Redis and the provenance log
 open in the ASGI lifespan), and the provenance settings checked without opening the log
-for writing (`gateway.provenance.preflight`).
+for writing (`gateway.provenance.writer.preflight`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from gateway.config.schema import GatewayConfig
 from gateway.policy import PolicyError
 from gateway.policy_set import TrustPolicies
-from gateway.provenance.preflight import preflight
+from gateway.provenance.writer.preflight import preflight
 from gateway.routing.registry import Registry
 from gateway.upstream.hosted import hosted_api_key
 

@@ -48,8 +48,8 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
 from gateway.policy_set import TrustPolicies
 from gateway.provenance import ProvenanceError
-from gateway.provenance.cosigning import Cosigning
-from gateway.provenance.witness_client import WitnessClient
+from gateway.provenance.witness.client import WitnessClient
+from gateway.provenance.writer.cosignature_collector import Cosigning
 from gateway.routing.registry import Registry, TenantEntry
 from gateway.routing.scraper import MetricsScraper
 from gateway.state import Admission, RateLimited, SharedState, create_state

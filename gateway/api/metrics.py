@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from gateway.api.reload import ConfigReloader
     from gateway.policy_set import TrustPolicies
-    from gateway.provenance.cosigning import Cosigning
+    from gateway.provenance.writer.cosignature_collector import Cosigning
     from gateway.routing.registry import Registry
     from gateway.routing.scraper import MetricsScraper
     from gateway.state import SharedState
