@@ -8,9 +8,8 @@ on some backend, as after a warm-up; least in-flight and round robin are timed t
 way for comparison. `prefix_span` (the prefix digest and its length, which the plan of
 gateway/routing/router.py computes for the score strategy before ordering; reported as
 `prefix_key`) is timed on the first request body of each benchmark workload. Method of
-`owngate bench policy`:
-`perf_counter_ns` around each call, the garbage collector off while timing, nearest-rank
-p50 / p99.
+`owngate bench policy`: `perf_counter_ns` around each call, the garbage collector off
+while timing, nearest-rank p50 / p99.
 """
 
 from __future__ import annotations
