@@ -4,3 +4,5 @@
 - `health`: backends whose circuit breaker is open or whose `/health` probes marked them
   down are skipped, with the reason the client's error then names.
 """
+
+__all__: list[str] = []

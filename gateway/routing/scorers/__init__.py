@@ -3,3 +3,5 @@
 (`routing.*.weights`). One module per scorer, its formula in its docstring:
 `queue`, `kv`, `affinity`, `prefill`.
 """
+
+__all__: list[str] = []
