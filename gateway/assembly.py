@@ -20,9 +20,9 @@ from pathlib import Path
 
 from gateway.config.schema import GatewayConfig
 from gateway.policy import PolicyError
+from gateway.policy_set import TrustPolicies
 from gateway.provenance.writer.preflight import preflight
 from gateway.routing.registry import Registry
-from gateway.routing.trust import TrustPolicies
 from gateway.upstream.hosted import hosted_api_key
 
 __all__ = ["AssemblyError", "build_routing", "validate"]

@@ -5,11 +5,11 @@ as the gateway builds them, each with some requests in flight and a fresh scrape
 (running, waiting, KV use). The score strategy is called with one of 1,024 prompt-prefix
 keys in turn, a quarter of them never served (no affinity entry) and the rest remembered
 on some backend, as after a warm-up; least in-flight and round robin are timed the same
-way for comparison. `prefix_span` (the prefix digest and its length, which the proxy
-computes for the score strategy before ordering; reported as `prefix_key`) is timed on
-the first request body of each benchmark workload. Method of `owngate bench policy`:
-`perf_counter_ns` around each call, the garbage collector off while timing, nearest-rank
-p50 / p99.
+way for comparison. `prefix_span` (the prefix digest and its length, which the plan of
+gateway/routing/router.py computes for the score strategy before ordering; reported as
+`prefix_key`) is timed on the first request body of each benchmark workload. Method of
+`owngate bench policy`: `perf_counter_ns` around each call, the garbage collector off
+while timing, nearest-rank p50 / p99.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from gateway.config.schema import (
     Routing,
     RoutingPool,
 )
-from gateway.routing.picker import Picker, prefix_span
+from gateway.routing.picker import Picker
 from gateway.routing.registry import Registry, Route
+from gateway.routing.scorers.affinity import prefix_span
 from gateway.routing.signals import BackendLoad
 from owngate_bench.arrivals import CHAT, OFFICE, RAG, TraceSpec, build_trace
 

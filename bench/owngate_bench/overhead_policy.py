@@ -137,7 +137,7 @@ def decision_cost(config_path: Path, calls: int) -> dict[str, Any]:
     """
     from gateway.config import load_config  # here: the CLI imports this module at start
     from gateway.config.facts import backend_facts
-    from gateway.routing.trust import TrustPolicies
+    from gateway.policy_set import TrustPolicies
 
     config = load_config(config_path, env={})
     policy_set = TrustPolicies(config, config_path.parent).current

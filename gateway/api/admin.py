@@ -111,7 +111,7 @@ def status_report(registry: Registry, scraper: MetricsScraper, proxy: Proxy) -> 
             "max_wait_s": queue.settings.max_wait_s,
             "threshold": queue.settings.threshold,
         }
-        for name, queue in sorted(proxy.queues.items())
+        for name, queue in sorted(proxy.router.queues.items())
     }
     return {"backends": backends, "queues": queues}
 
@@ -164,7 +164,7 @@ def _backend(
         "metrics_age_s": None if age is None else round(age, 3),
         "metrics_stale": load is None and age is not None,
         "metrics_error": scraper.failure(backend.id),
-        "scores": {m: round(proxy.score(m, backend), 4) for m in models}
+        "scores": {m: round(proxy.router.score(m, backend), 4) for m in models}
         if backend.config.is_private
         else {},
     }

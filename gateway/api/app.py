@@ -46,12 +46,12 @@ from gateway.config.schema import GatewayConfig
 from gateway.config.schema import State as StateSettings
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
+from gateway.policy_set import TrustPolicies
 from gateway.provenance import ProvenanceError
 from gateway.provenance.witness.client import WitnessClient
 from gateway.provenance.writer.cosignature_collector import Cosigning
 from gateway.routing.registry import Registry, TenantEntry
 from gateway.routing.scraper import MetricsScraper
-from gateway.routing.trust import TrustPolicies
 from gateway.state import Admission, RateLimited, SharedState, create_state
 
 __all__ = ["GatewayApp", "create_app"]

@@ -53,10 +53,6 @@ class Exchange:
     fallback: str | None = None  # why a hosted backend served it: private_unavailable|saturated
     decision: Decision | None = None
     trail: Trail | None = None  # provenance state, when the log is on
-    prefix: bytes | None = None  # prompt-prefix key for cache affinity
-    prefix_bytes: int = 0  # how much of the request body that key covers
-    cached_bytes: int = 0  # of those, what the current attempt's backend should have cached
-    prefilling: int = 0  # estimated prompt tokens the current attempt adds to its backend
     # Charges the tenant for the answer (tokens used) and frees its admission: run once,
     # before the client can see the answer end (`settle`), so a client's next request
     # is admitted against a budget that already holds this one.

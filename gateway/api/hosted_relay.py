@@ -1,10 +1,12 @@
 """Serving a request from a hosted provider (through LiteLLM), only as policy allows.
 
 The dispatcher reaches this only for backends the tenant's trust policy listed as
-fallbacks. Answers come back in OpenAI format (JSON, or SSE events relayed as the
-provider sends them); a failure before the client saw a byte raises `TryNext`, except a
-request LiteLLM or the provider refused as invalid (400, 413, 422): that is the client's
-400 `upstream_bad_request`, as from a private backend, and no other backend is tried.
+fallbacks, in the order and as often as the request's plan says
+(gateway/routing/router.py). Answers come back in OpenAI format (JSON, or SSE events
+relayed as the provider sends them); a failure before the client saw a byte raises
+`TryNext`, except a request LiteLLM or the provider refused as invalid (400, 413, 422):
+that is the client's 400 `upstream_bad_request`, as from a private backend, and no other
+backend is tried.
 """
 
 from __future__ import annotations
@@ -25,11 +27,10 @@ from gateway.api.exchange import (
     start_stream,
 )
 from gateway.api.metrics import GatewayMetrics
-from gateway.api.passthrough import sanitize_upstream_message
 from gateway.asgi import Send
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.registry import BackendState, Route
-from gateway.state import SharedState
+from gateway.upstream.errors import sanitize_upstream_message
 from gateway.upstream.hosted import HostedClient, HostedError, HostedResponse
 from gateway.upstream.http import DEFAULT_MAX_BODY
 
@@ -47,7 +48,6 @@ class HostedRelay:
         timeout_s: float,
         backends: Iterable[BackendState] = (),
         *,
-        state: SharedState,
         max_response_bytes: int = DEFAULT_MAX_BODY,
         response_timeout_s: float | None = None,
     ) -> None:
@@ -56,7 +56,6 @@ class HostedRelay:
         # oversized one from the client, not from this process's memory.
         self._max_response_bytes = max_response_bytes
         self._response_timeout_s = response_timeout_s
-        self._state = state  # in-flight counts shared with other replicas (no I/O here)
         self._environ = environ
         self._timeout_s = timeout_s
         self._clients: dict[str, HostedClient] = {}
@@ -81,38 +80,32 @@ class HostedRelay:
     async def attempt(
         self, exchange: Exchange, route: Route, doc: dict[str, Any], send: Send
     ) -> None:
+        """Serve the request from `route`'s provider, or raise `TryNext` before any byte
+        (its in-flight count is the plan's, gateway/routing/router.py)."""
         backend = route.backend
         exchange.backend = backend.id
-        backend.inflight += 1
-        self._state.backend_started(backend.id)
-        self._metrics.set_inflight(backend.id, backend.inflight)
         try:
-            try:
-                response = await self._client(backend).send(
-                    exchange.endpoint,  # type: ignore[arg-type]
-                    doc,
-                    route.upstream_model,
-                )
-            except HostedError as exc:
-                self._metrics.upstream_error(backend.id, exc.kind)
-                exchange.upstream_error = exc.kind
-                if exc.kind == "status" and exc.status in _CLIENT_ERRORS:
-                    # The request itself is at fault (LiteLLM would not send it, or the
-                    # provider refused it): the client's error, not another backend's job.
-                    raise GatewayError(
-                        ErrorCode.upstream_bad_request,
-                        sanitize_upstream_message(exc.message),
-                        param=exc.param,
-                    ) from exc
-                raise TryNext(f"{backend.id}: {exc.message}") from exc
-            try:
-                await self._relay(exchange, backend, response, send)
-            finally:
-                await response.aclose()
+            response = await self._client(backend).send(
+                exchange.endpoint,  # type: ignore[arg-type]
+                doc,
+                route.upstream_model,
+            )
+        except HostedError as exc:
+            self._metrics.upstream_error(backend.id, exc.kind)
+            exchange.upstream_error = exc.kind
+            if exc.kind == "status" and exc.status in _CLIENT_ERRORS:
+                # The request itself is at fault (LiteLLM would not send it, or the
+                # provider refused it): the client's error, not another backend's job.
+                raise GatewayError(
+                    ErrorCode.upstream_bad_request,
+                    sanitize_upstream_message(exc.message),
+                    param=exc.param,
+                ) from exc
+            raise TryNext(f"{backend.id}: {exc.message}") from exc
+        try:
+            await self._relay(exchange, backend, response, send)
         finally:
-            backend.inflight -= 1
-            self._state.backend_finished(backend.id)
-            self._metrics.set_inflight(backend.id, backend.inflight)
+            await response.aclose()
 
     async def _relay(
         self, exchange: Exchange, backend: BackendState, response: HostedResponse, send: Send

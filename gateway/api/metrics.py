@@ -16,10 +16,10 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from gateway.api.reload import ConfigReloader
+    from gateway.policy_set import TrustPolicies
     from gateway.provenance.writer.cosignature_collector import Cosigning
     from gateway.routing.registry import Registry
     from gateway.routing.scraper import MetricsScraper
-    from gateway.routing.trust import TrustPolicies
     from gateway.state import SharedState
 
 from gateway import __version__

@@ -7,9 +7,11 @@ the dispatcher can offer the request to the next eligible backend: a refused or 
 connection, a 5xx, or no first byte within the attempt's first-byte budget (the
 backend's `first_byte_timeout_s`, cut to what the request's failover deadline leaves).
 A stream's response headers are held back until its first chunk arrives, so a backend
-that answers headers and then hangs can still be failed over. Each outcome feeds the
-backend's circuit breaker, and each answer (headers below 500, stream chunks) counts in
-`BackendState.answered`, the health probes' evidence that it is alive.
+that answers headers and then hangs can still be failed over. What happens is told to
+the routing `Attempt` (gateway/routing/router.py): whether the breaker admits it, its
+verdict (judged by how the answer ended), its first byte (the end of its prefill), and
+each answer (headers below 500, stream chunks), the health probes' evidence that the
+backend is alive.
 
 What a backend sends back is bounded: a whole answer by `limits.max_response_bytes`
 (502, and the connection dropped as soon as it is passed) and `limits.response_timeout_s`
@@ -22,10 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from typing import Any
-
-import orjson
 
 from gateway.api.asgi import send_bytes
 from gateway.api.body import ask_for_usage, model_pattern, rewrite_model
@@ -43,54 +42,43 @@ from gateway.api.metrics import GatewayMetrics
 from gateway.api.sse import StreamWatch
 from gateway.asgi import Send
 from gateway.errors import ErrorCode, GatewayError
-from gateway.routing.breaker import Breaker, Pass
-from gateway.routing.registry import BackendState, Registry, Route
-from gateway.state import SharedState
+from gateway.routing.registry import BackendState, Route
+from gateway.routing.router import Attempt
+from gateway.upstream.errors import translate_upstream_error
 from gateway.upstream.http import UpstreamError, UpstreamResponse
 from gateway.upstream.openai_wire import include_usage
 
-__all__ = ["PrivateRelay", "sanitize_upstream_message", "translate_upstream_error"]
+__all__ = ["PrivateRelay"]
 
 _MAX_ERROR_BODY = 64 * 1024
 _RETRYABLE = frozenset({429, 500, 502, 503, 504})
 _SSE = b"text/event-stream"
-_URL = re.compile(r"\b(?:https?|wss?)://[^\s\"'<>]+", re.IGNORECASE)
-_HOST_PORT = re.compile(
-    r"\[[0-9a-fA-F:.]+\](?::\d+)?"  # [IPv6]:port
-    r"|\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b"  # IPv4[:port]
-    r"|\b[\w-]+(?:\.[\w-]+)*:\d{1,5}\b"  # name:port
-    r"|\blocalhost\b"
-)
 
 
 class PrivateRelay:
-    def __init__(self, registry: Registry, metrics: GatewayMetrics, state: SharedState) -> None:
-        self._registry = registry
+    def __init__(self, metrics: GatewayMetrics) -> None:
         self._metrics = metrics
-        self._state = state  # in-flight counts shared with other replicas (no I/O here)
         self._rewrites: dict[tuple[str, str], re.Pattern[bytes]] = {}
 
     async def attempt(
         self,
         exchange: Exchange,
-        route: Route,
+        attempt: Attempt,
         model: str,
         doc: dict[str, Any],
         body: bytes,
         upstream_path: bytes,
         send: Send,
-        deadline: float,
     ) -> None:
-        """Serve the request from `route`'s backend, or raise `TryNext` before any byte.
+        """Serve the request from `attempt`'s backend, or raise `TryNext` before any byte.
 
-        `deadline` (`time.perf_counter()` time) bounds the wait for the first byte."""
+        The attempt's failover deadline bounds the wait for the first byte; what happens
+        is told to the attempt (breaker verdict, prefill, answers)."""
+        route = attempt.route
         backend = route.backend
         assert backend.pool is not None
-        breaker = backend.breaker
-        grant = breaker.begin(self._registry.clock())
-        if grant is None:
+        if not attempt.admit():
             raise TryNext(f"{backend.id}: circuit breaker open")
-        epoch = breaker.epoch  # handed back with the outcome
         out = body if route.upstream_model == model else self._rename(doc, body, model, route)
         # The gateway counts a stream's tokens (budget, provenance record): ask for them.
         strip_usage = exchange.trail is not None and _streams_text(exchange, doc)
@@ -100,73 +88,43 @@ class PrivateRelay:
         if backend.auth_header is not None:
             headers.append((b"authorization", backend.auth_header))
         exchange.backend = backend.id
-        judged = False  # whether the breaker heard how this attempt went
-        # Prefill queued at the backend until its first byte: ~4 bytes of JSON per token,
-        # less the prefix its cache should hold.
-        exchange.prefilling = max(0, len(out) - exchange.cached_bytes) // 4
-        backend.prefilling += exchange.prefilling
+        attempt.sending(len(out))
+        # A timeout the request's own failover deadline cut short says nothing about the
+        # backend: the attempt does not charge it to the breaker.
+        wait = attempt.first_byte_wait(backend.pool.first_byte_timeout)
         try:
-            budget = backend.pool.first_byte_timeout
-            wait = min(budget, deadline - time.perf_counter())
-            # A timeout the request's own failover deadline cut short says nothing about
-            # the backend: it is not charged to its breaker (nor is a backend never tried).
-            clipped = wait < budget
-            try:
-                if wait <= 0:
-                    raise UpstreamError("timeout", "the request's failover deadline passed")
-                first_byte_by = asyncio.get_running_loop().time() + wait
-                response = await backend.pool.request(
-                    b"POST", backend.base_path + upstream_path, headers, out, wait
-                )
-            except UpstreamError as exc:
-                self._failed(exchange, backend, exc.kind)
-                judged = self._judge_failure(breaker, exc, clipped, epoch)
-                raise TryNext(f"{backend.id}: {exc.kind}", _timeout_error(exc)) from exc
-            if response.status >= 500:
-                breaker.failed(self._registry.clock(), f"HTTP {response.status}", epoch)
-                judged = True
-            else:
-                backend.answered += 1
-            try:
-                broke = await self._relay(
-                    exchange, backend, response, send, first_byte_by, strip_usage
-                )
-            except UpstreamError as exc:
-                if not judged:
-                    judged = self._judge_failure(breaker, exc, clipped, epoch)
-                if exchange.response_started:
-                    raise
-                # Broke off before the client saw a byte: another backend may serve it.
-                self._failed(exchange, backend, exc.kind)
-                raise TryNext(f"{backend.id}: {exc.kind}", _timeout_error(exc)) from exc
-            except GatewayError:
-                if not judged:  # a 4xx, translated for the client: the backend is answering
-                    breaker.succeeded()
-                    judged = True
+            if wait <= 0:
+                raise UpstreamError("timeout", "the request's failover deadline passed")
+            first_byte_by = asyncio.get_running_loop().time() + wait
+            response = await backend.pool.request(
+                b"POST", backend.base_path + upstream_path, headers, out, wait
+            )
+        except UpstreamError as exc:
+            self._failed(exchange, backend, exc.kind)
+            attempt.upstream_failed(exc.kind, exc.detail)
+            raise TryNext(f"{backend.id}: {exc.kind}", _timeout_error(exc)) from exc
+        if response.status >= 500:
+            attempt.failed(f"HTTP {response.status}")
+        else:
+            attempt.answered()
+        try:
+            broke = await self._relay(exchange, attempt, response, send, first_byte_by, strip_usage)
+        except UpstreamError as exc:
+            attempt.upstream_failed(exc.kind, exc.detail)
+            if exchange.response_started:
                 raise
-            if not judged:
-                # Judged by how the answer ended, not by its headers: a backend that sends
-                # headers and then hangs or breaks off must still open its breaker.
-                if broke is None:
-                    breaker.succeeded()
-                else:
-                    breaker.failed(self._registry.clock(), f"stream broke off: {broke}", epoch)
-                judged = True
-        finally:
-            if grant is Pass.probe and not judged:
-                breaker.abandoned(epoch)
-            _first_byte(exchange, backend)
-
-    def _judge_failure(
-        self, breaker: Breaker, exc: UpstreamError, clipped: bool, epoch: int
-    ) -> bool:
-        """Charge an upstream failure to the breaker, unless it was not the backend's
-        (`busy`: this gateway's own connection limit; a timeout the failover deadline cut
-        short). True when the breaker was told."""
-        if exc.kind == "busy" or (exc.kind == "timeout" and clipped):
-            return False
-        breaker.failed(self._registry.clock(), f"{exc.kind}: {exc.detail}", epoch)
-        return True
+            # Broke off before the client saw a byte: another backend may serve it.
+            self._failed(exchange, backend, exc.kind)
+            raise TryNext(f"{backend.id}: {exc.kind}", _timeout_error(exc)) from exc
+        except GatewayError:
+            attempt.succeeded()  # a 4xx, translated for the client: the backend is answering
+            raise
+        # Judged by how the answer ended, not by its headers: a backend that sends headers
+        # and then hangs or breaks off must still open its breaker.
+        if broke is None:
+            attempt.succeeded()
+        else:
+            attempt.failed(f"stream broke off: {broke}")
 
     def _failed(self, exchange: Exchange, backend: BackendState, kind: str) -> None:
         self._metrics.upstream_error(backend.id, kind)
@@ -175,7 +133,7 @@ class PrivateRelay:
     async def _relay(
         self,
         exchange: Exchange,
-        backend: BackendState,
+        attempt: Attempt,
         response: UpstreamResponse,
         send: Send,
         first_byte_by: float,
@@ -184,7 +142,7 @@ class PrivateRelay:
         """Relay the answer; returns why a stream broke off after its first byte, if it did."""
         try:
             return await self._relay_body(
-                exchange, backend, response, send, first_byte_by, strip_usage
+                exchange, attempt, response, send, first_byte_by, strip_usage
             )
         finally:
             response.abort()  # no-op once the exchange completed and the connection is pooled
@@ -192,16 +150,17 @@ class PrivateRelay:
     async def _relay_body(
         self,
         exchange: Exchange,
-        backend: BackendState,
+        attempt: Attempt,
         response: UpstreamResponse,
         send: Send,
         first_byte_by: float,
         strip_usage: bool,
     ) -> str | None:
+        backend = attempt.backend
         status = response.status
         content_type = response.header(b"content-type") or b"application/json"
         if not content_type.startswith(_SSE) or status >= 400:
-            _first_byte(exchange, backend)  # a whole answer: its prefill is done
+            attempt.first_byte()  # a whole answer: its prefill is done
         if status >= 400:
             data = await _read_bounded(response)
             self._metrics.upstream_error(backend.id, "status")
@@ -220,7 +179,7 @@ class PrivateRelay:
             await send_bytes(send, status, data, exchange.request_id, content_type, headers)
             return None
         return await self._relay_stream(
-            exchange, backend, response, send, first_byte_by, StreamWatch(strip_usage=strip_usage)
+            exchange, attempt, response, send, first_byte_by, StreamWatch(strip_usage=strip_usage)
         )
 
     async def _read_whole(
@@ -245,29 +204,30 @@ class PrivateRelay:
     async def _relay_stream(
         self,
         exchange: Exchange,
-        backend: BackendState,
+        attempt: Attempt,
         response: UpstreamResponse,
         send: Send,
         first_byte_by: float,
         watch: StreamWatch,
     ) -> str | None:
+        backend, answered = attempt.backend, attempt.answered
         chunks = response.chunks(response.stream_deadline)
         try:  # the client sees nothing until the first chunk: until then, failover is open
             async with asyncio.timeout_at(first_byte_by):
                 first = await anext(chunks, None)
         except TimeoutError as exc:
             raise UpstreamError("timeout", "no first chunk from backend in time") from exc
-        _first_byte(exchange, backend)
+        attempt.first_byte()
         content_type = response.header(b"content-type") or _SSE
         await start_stream(send, exchange, response.status, content_type)
         if first is not None:
             self._metrics.observe_ttft(exchange.endpoint, backend.id, first_chunk_seconds(exchange))
-            backend.answered += 1
+            answered()
             await _relay_chunk(send, exchange, watch.feed(first))
         broke = None
         try:
             async for data in chunks:
-                backend.answered += 1  # alive: a busy server may answer /health late
+                answered()  # alive: a busy server may answer /health late
                 await _relay_chunk(send, exchange, watch.feed(data))
             await _relay_chunk(send, exchange, watch.flush())
             if response.ended_by_close and not watch.done:
@@ -296,25 +256,6 @@ class PrivateRelay:
             pattern = self._rewrites[key] = model_pattern(model)
         return rewrite_model(body, doc, pattern, route.upstream_model)
 
-    def enter(self, backend: BackendState) -> None:
-        """Count a request in flight on `backend`, from the moment it is chosen (the
-        dispatcher calls it before the attempt's durable dispatch record is awaited, so
-        the next arrival's saturation check sees it); `leave` when the attempt is over."""
-        backend.inflight += 1
-        self._state.backend_started(backend.id)
-        self._metrics.set_inflight(backend.id, backend.inflight)
-
-    def leave(self, backend: BackendState) -> None:
-        backend.inflight -= 1
-        self._state.backend_finished(backend.id)
-        self._metrics.set_inflight(backend.id, backend.inflight)
-
-
-def _first_byte(exchange: Exchange, backend: BackendState) -> None:
-    """The attempt's prefill is over (first byte, or the attempt ended): uncount it."""
-    backend.prefilling -= exchange.prefilling
-    exchange.prefilling = 0
-
 
 def _timeout_error(exc: UpstreamError) -> GatewayError | None:
     """What the client sees if a timed-out attempt was the last one (504, not 503)."""
@@ -340,48 +281,3 @@ async def _relay_chunk(send: Send, exchange: Exchange, data: bytes) -> None:
 def _streams_text(exchange: Exchange, doc: dict[str, Any]) -> bool:
     """A chat or text completion stream whose client did not ask for usage."""
     return exchange.stream and exchange.endpoint != "embeddings" and not include_usage(doc)
-
-
-def sanitize_upstream_message(message: str, hosts: tuple[str, ...] = ()) -> str:
-    """Strip URLs, host:port pairs and the backend's own host names from a backend's
-    error text; bound its length."""
-    cleaned = _HOST_PORT.sub("[backend]", _URL.sub("[backend]", message))
-    for host in hosts:
-        cleaned = cleaned.replace(host, "[backend]")
-    return cleaned[:300]
-
-
-def translate_upstream_error(status: int, data: bytes, hosts: tuple[str, ...] = ()) -> GatewayError:
-    """Turn a backend's error response into the gateway's own OpenAI error."""
-    detail = sanitize_upstream_message(_upstream_message(data), hosts)
-    suffix = f": {detail}" if detail else ""
-    if status in (400, 413, 422):
-        return GatewayError(
-            ErrorCode.upstream_bad_request, f"the backend rejected the request{suffix}"
-        )
-    if status in (401, 403):
-        return GatewayError(
-            ErrorCode.upstream_error,
-            "the backend refused the gateway's credentials (check the backend's api_key)",
-        )
-    if status in (429, 503):
-        return GatewayError(
-            ErrorCode.backend_unavailable, f"the backend is overloaded or not ready{suffix}"
-        )
-    if status in (408, 504):
-        return GatewayError(ErrorCode.upstream_timeout, "the backend timed out")
-    return GatewayError(ErrorCode.upstream_error, f"the backend failed (HTTP {status}){suffix}")
-
-
-def _upstream_message(data: bytes) -> str:
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return ""
-    if isinstance(doc, dict):
-        error = doc.get("error", doc.get("detail", doc.get("message")))
-        if isinstance(error, dict):
-            error = error.get("message")
-        if isinstance(error, str):
-            return error
-    return ""

@@ -1,16 +1,18 @@
-"""The request path after authentication: body, trust policy, plan, dispatch.
+"""The request path after authentication: parse → decide → plan → (record, relay, report).
 
 The body is parsed once (for `model` and `stream`). The tenant's trust policy decides
-which backends may see the request; that eligible set is a filter, never a score: the
-plan below orders only backends in it, retries and fallback stay inside it, and when
-nothing compliant can serve, the client gets an error naming the policy rule. Private
-backends come first (least loaded first); hosted ones only as the policy's fallback
-mode allows: `when_private_unavailable` after every private attempt failed or none was
-available, `when_private_saturated` also first when every private backend's queue is
-over the policy's threshold. When every private backend is saturated and the policy
-allows no such fallback, the request waits in the pool's bounded queue
-(gateway/routing/saturation.py). Failover to the next private backend is bounded by
-`routing.failover`: attempts, and a deadline from arrival to the first byte.
+which backends may see the request (`Decision`, gateway/policy). The router plans the
+attempts (gateway/routing/router.py: the trust and health filters, the picker's order,
+the fallback mode, the saturation wait, the failover bounds), and the dispatch is
+
+    for attempt in plan: record, relay, report
+
+each attempt bracketed by its provenance records (`_recorded`: the dispatch record is
+durable before the attempt sends, the completion record follows with the status the
+client gets), relayed to a private backend (gateway/api/passthrough.py) or a hosted one
+(gateway/api/hosted_relay.py), and reported back to the plan. When no attempt served,
+the client gets the last attempt's error, or (nothing dispatched) a refusal naming the
+policy rule and why each backend was skipped.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import Any
 
 from gateway.api.body import parse_body
@@ -32,18 +35,15 @@ from gateway.asgi import Receive, Scope, Send
 from gateway.config.schema import Routing
 from gateway.errors import ErrorCode, GatewayError
 from gateway.policy import Decision, UnknownDataClass
+from gateway.policy_set import TrustPolicies
 from gateway.provenance import Salts
-from gateway.routing.picker import Picker, prefix_span
 from gateway.routing.registry import BackendState, Registry, Route, TenantEntry
-from gateway.routing.saturation import SaturationQueue
+from gateway.routing.router import Outcome, Router
 from gateway.routing.scraper import MetricsScraper
-from gateway.routing.trust import TrustPolicies
 from gateway.state import SharedState
 from gateway.upstream.http import DEFAULT_MAX_BODY
 
 __all__ = ["Proxy"]
-
-_MAX_ATTEMPTS = 3  # hosted tier (private: routing.failover.max_attempts)
 
 
 class Proxy:
@@ -65,28 +65,15 @@ class Proxy:
         self._registry = registry
         self._metrics = metrics
         self._trust = trust
-        self._scraper = scraper
-        self._private = PrivateRelay(registry, metrics, state)
-        self._picker = Picker(routing, scraper.load)
-        self._affinity_bytes = routing.affinity_prefix_bytes
-        self._failover = routing.failover
-        # One wait queue per public model name, and the queues each backend's completions
-        # let go (a backend may serve several pools).
-        self.queues: dict[str, SaturationQueue] = {}
-        self._queues_of: dict[str, list[SaturationQueue]] = {}
-        for name, served_by in registry.routes.items():
-            settings = self._picker.pool(name).queue
-            private = [r.backend.id for r in served_by if r.backend.pool is not None]
-            if settings.size and private:
-                queue = self.queues[name] = SaturationQueue(name, settings)
-                for backend_id in private:
-                    self._queues_of.setdefault(backend_id, []).append(queue)
+        self._private = PrivateRelay(metrics)
+        self.router = Router(
+            registry, routing, scraper.load, scraper.interval_s, state, metrics.set_inflight
+        )
         self._hosted = HostedRelay(
             metrics,
             environ,
             hosted_timeout_s,
             registry.backends.values(),
-            state=state,
             max_response_bytes=max_response_bytes,
             response_timeout_s=response_timeout_s,
         )
@@ -130,19 +117,9 @@ class Proxy:
             await self._refused(exchange, refused)
             raise
         exchange.decision = decision
-        private = [r for r in routes if r.backend.id in decision.private]
-        prefix, shared = None, 0
-        if len(private) > 1 and self._picker.pool(model).strategy == "score":
-            prefix, shared = prefix_span(doc, self._affinity_bytes) or (None, 0)
-        private = self._picker.order(model, private, prefix)
-        exchange.prefix, exchange.prefix_bytes = prefix, shared
-        by_id = {r.backend.id: r for r in routes}
-        hosted = [by_id[b] for b in decision.hosted if b in by_id]
         watcher = watch_disconnect(receive, exchange)
         try:
-            await self._dispatch(
-                exchange, decision, private, hosted, doc, body, upstream_path, send
-            )
+            await self._dispatch(exchange, decision, model, doc, body, upstream_path, send)
         except Refused as refused:  # nothing was dispatched (`_dispatch` says so)
             await self._refused(exchange, refused)
             raise
@@ -194,87 +171,39 @@ class Proxy:
         self,
         exchange: Exchange,
         decision: Decision,
-        private: list[Route],
-        hosted: list[Route],
+        model: str,
         doc: dict[str, Any],
         body: bytes,
         upstream_path: bytes,
         send: Send,
     ) -> None:
-        model = doc["model"]
-        deadline = exchange.started_at + self._failover.deadline_s
-        up = [r for r in private if not self._registry.is_down(r.backend)]
-        failures = _Failures([_why_down(r.backend) for r in private if r not in up])
-        fallback_allowed = decision.fallback != "never" and bool(hosted)
-        saturated = (
-            decision.fallback == "when_private_saturated"
-            and bool(up)
-            and self._all_saturated(up, decision.saturation_threshold)
-        )
-        if saturated and fallback_allowed:
-            exchange.fallback = "private_saturated"
-            if await self._try_hosted(exchange, hosted, doc, send, failures):
-                return
-            exchange.fallback = None
-        elif up and not (fallback_allowed and decision.fallback == "when_private_saturated"):
-            up = await self._queue_if_saturated(model, up, exchange.prefix)
-        for route in up[: self._failover.max_attempts]:
-            if time.perf_counter() >= deadline:
-                failures.reasons.append("failover deadline passed")
-                break
-            # The part of the prompt the backend's prefix cache should hold is no prefill.
-            holds = self._picker.holds(exchange.prefix, route.backend.id)
-            exchange.cached_bytes = exchange.prefix_bytes if holds else 0
-            # In flight from now: with no await since the saturation check, a burst
-            # cannot all see the backend idle while their dispatch records are written.
-            self._private.enter(route.backend)
+        plan = await self.router.plan(model, decision, doc, exchange.started_at)
+        private, hosted = self._private, self._hosted
+        last: TryNext | None = None
+        for attempt in plan:  # in flight from here: reported however it ends
+            outcome, reason = Outcome.ended, ""
             try:
-                await self._recorded(
-                    exchange,
-                    route.backend,
-                    lambda route=route: self._private.attempt(  # type: ignore[misc]
-                        exchange, route, model, doc, body, upstream_path, send, deadline
-                    ),
+                exchange.fallback = plan.fallback
+                relay: Callable[[], Awaitable[None]] = (
+                    partial(
+                        private.attempt, exchange, attempt, model, doc, body, upstream_path, send
+                    )
+                    if attempt.private
+                    else partial(hosted.attempt, exchange, attempt.route, doc, send)
                 )
-                self._picker.served(exchange.prefix, route.backend.id)
+                await self._recorded(exchange, attempt.backend, relay)
+                outcome = Outcome.served
                 return
             except TryNext as exc:
-                failures.attempt_failed(exc)
+                last, outcome, reason = exc, Outcome.failed, exc.reason
             finally:
-                self._private.leave(route.backend)
-                for queue in self._queues_of.get(route.backend.id, ()):
-                    queue.release()
-        if fallback_allowed and not saturated:
-            exchange.fallback = "private_unavailable"
-            if await self._try_hosted(exchange, hosted, doc, send, failures):
-                return
-        if failures.last is not None:
+                plan.report(attempt, outcome, reason)
+        exchange.fallback = plan.fallback
+        if last is not None:
             # Dispatched and failed: what the last attempt came to (its completion record
             # says the same), never a refusal.
-            raise _attempt_error(failures.last, model, failures.reasons)
-        raise _nothing_served(decision, model, private, hosted, failures.reasons)
-
-    async def _try_hosted(
-        self,
-        exchange: Exchange,
-        hosted: list[Route],
-        doc: dict[str, Any],
-        send: Send,
-        failures: _Failures,
-    ) -> bool:
-        for route in hosted[:_MAX_ATTEMPTS]:
-            try:
-                await self._recorded(
-                    exchange,
-                    route.backend,
-                    lambda route=route: self._hosted.attempt(  # type: ignore[misc]
-                        exchange, route, doc, send
-                    ),
-                )
-                return True
-            except TryNext as exc:
-                failures.attempt_failed(exc)
-        return False
+            raise _attempt_error(last, model, plan.reasons)
+        raise _nothing_served(decision, model, plan.private, plan.hosted, plan.reasons)
 
     async def _recorded(
         self,
@@ -323,66 +252,8 @@ class Proxy:
         if self.recorder is not None and exchange.trail is not None:
             await self.recorder.refuse(exchange, exchange.trail, refused)
 
-    def score(self, model: str, backend: BackendState) -> float:
-        """The picker's score of `backend` for `model` now (for `/admin/status`)."""
-        return self._picker.score(self._picker.pool(model), backend, False)
-
-    async def _queue_if_saturated(
-        self, model: str, up: list[Route], prefix: bytes | None
-    ) -> list[Route]:
-        """Wait in the pool's queue while every private backend is saturated (and behind
-        earlier waiters, first come first served); then the backends in their order now."""
-        queue = self.queues.get(model)
-        if queue is None:
-            return up
-        threshold = queue.settings.threshold
-        if not queue.waiting and not self._all_saturated(up, threshold):
-            return up
-        await queue.wait(lambda: self._all_saturated(up, threshold), self._scraper.interval_s)
-        return self._picker.order(model, up, prefix)
-
-    def _all_saturated(self, routes: list[Route], threshold: float | None) -> bool:
-        if threshold is None:
-            return False
-        return all(self._queue_per_slot(r.backend) > threshold for r in routes)
-
-    def _queue_per_slot(self, backend: BackendState) -> float:
-        """Waiting requests per concurrency slot: the larger of what the backend's fresh
-        /metrics report and what the gateway's own in-flight count (every replica's, with
-        shared state) over the configured capacity implies (the fast signal, ahead of the
-        next scrape)."""
-        capacity = backend.config.capacity.max_concurrency or backend.learned_slots
-        load = self._scraper.load(backend.id)
-        queued = 0.0
-        slots = float(capacity or 0)
-        if load is not None and load.waiting is not None:
-            queued = load.waiting
-            slots = slots or (load.running or 0.0)
-        if capacity:
-            queued = max(queued, float(backend.global_inflight - capacity))
-        return queued / slots if slots else 0.0  # unknown capacity: never "saturated"
-
     async def close(self) -> None:
         await self._hosted.close()
-
-
-def _why_down(backend: BackendState) -> str:
-    return f"{backend.id}: {backend.health_error or 'failed moments ago'}"
-
-
-class _Failures:
-    """Why the backends of one request did not serve it, and the last attempt's failure
-    (None while nothing was dispatched)."""
-
-    __slots__ = ("last", "reasons")
-
-    def __init__(self, reasons: list[str]) -> None:
-        self.reasons = reasons
-        self.last: TryNext | None = None
-
-    def attempt_failed(self, exc: TryNext) -> None:
-        self.reasons.append(exc.reason)
-        self.last = exc
 
 
 def _attempt_status(exc: TryNext) -> int:

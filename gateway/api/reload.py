@@ -31,8 +31,8 @@ from gateway.routing.registry import BackendState, Registry, Route
 if TYPE_CHECKING:
     from gateway.api.app import GatewayApp
     from gateway.api.proxy import Proxy
+    from gateway.policy_set import TrustPolicies
     from gateway.routing.scraper import MetricsScraper
-    from gateway.routing.trust import TrustPolicies
 
 __all__ = ["RESTART_ONLY", "Assembly", "ConfigReloader", "keep_unchanged_backends"]
 

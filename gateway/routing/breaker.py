@@ -3,9 +3,10 @@
 States and moves (the clock is injected; nothing here does I/O):
 
 - **closed**: requests flow. `failure_threshold` consecutive failures (connect errors,
-  5xx, timeouts before the first byte; see `gateway.api.passthrough`) open it, and so
-  does the scraper when the backend's `/health` probes mark it down (`probe_failed`:
-  several failures in a row, never for the last backend up; gateway/routing/health.py).
+  5xx, timeouts before the first byte, answers broken off; the relay reports them
+  through its `Attempt`, gateway/routing/router.py) open it, and so does the scraper
+  when the backend's `/health` probes mark it down (`probe_failed`: several failures in
+  a row, never for the last backend up; gateway/routing/health.py).
 - **open**: no requests for the cooldown: `cooldown_s`, doubled on every reopening in a
   row, at most `max_cooldown_s`.
 - **half-open**: once the cooldown is over, exactly one probe is let through: either a

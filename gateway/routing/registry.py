@@ -1,10 +1,14 @@
 """The runtime view of the configured backends, models and tenants.
 
-Built once from a `GatewayConfig` at startup; the request path only does dict lookups
-here. `Registry.candidates()` gives the backends that serve a public model name, least
-loaded first (counting every replica's requests when state is shared), skipping those
-whose circuit breaker is open (gateway/routing/breaker.py). `Registry.last_up()` tells the
-health probes (gateway/routing/health.py) when a backend is the last one up for a model.
+Built from a `GatewayConfig` at startup (and again on a reload); the request path only
+does dict lookups here. `routes` maps each public model name (names and aliases) to the
+backends serving it; each `BackendState` carries what the gateway knows about its
+backend now: in-flight and prefill counts (kept by the router's plans,
+gateway/routing/router.py), the other replicas' in-flight count (shared state), its
+circuit breaker (gateway/routing/breaker.py) and its `/health` probe record
+(gateway/routing/health.py). Which backends a request is offered, and in which order, is
+the router's business; `Registry.is_down()` and `Registry.last_up()` answer the status
+page and the health probes (is a backend the last one up for a model?).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass, field
 
 from gateway.config.schema import Backend, BreakerSettings, GatewayConfig, Limits
 from gateway.routing.breaker import Breaker
+from gateway.routing.filters.health import unavailable
 from gateway.routing.health import ProbeHealth
 from gateway.state import TenantLimits
 from gateway.upstream.http import HttpPool
@@ -139,21 +144,6 @@ class Registry:
     def models_for(self, tenant: TenantEntry) -> list[str]:
         return sorted(name for name in self.routes if tenant.may_use(name))
 
-    def candidates(self, model: str) -> tuple[Route, ...] | None:
-        """Routes for a public model name, least in-flight first; None if unknown."""
-        routes = self.routes.get(model)
-        if routes is None:
-            return None
-        if len(routes) == 1:
-            return routes
-        now = self.clock()
-        return tuple(
-            sorted(
-                routes,
-                key=lambda r: (not r.backend.breaker.available(now), r.backend.global_inflight),
-            )
-        )
-
     def set_peer_inflight(self, others: Mapping[str, int]) -> None:
         """Take the other replicas' in-flight counts per backend (after a shared-state
         sync; empty while the store is away)."""
@@ -161,7 +151,7 @@ class Registry:
             backend.peer_inflight = others.get(backend_id, 0)
 
     def is_down(self, backend: BackendState) -> bool:
-        return _unavailable(backend, self.clock())
+        return unavailable(backend, self.clock())
 
     def last_up(self, backend: BackendState) -> bool:
         """Whether some model `backend` serves has no other private backend up now: then
@@ -173,7 +163,7 @@ class Registry:
             if not any(
                 r.backend.id != backend.id
                 and r.backend.config.is_private
-                and not _unavailable(r.backend, now)
+                and not unavailable(r.backend, now)
                 for r in routes
             ):
                 return True
@@ -183,10 +173,6 @@ class Registry:
         for backend in self.backends.values():
             if backend.pool is not None:
                 await backend.pool.close()
-
-
-def _unavailable(backend: BackendState, now: float) -> bool:
-    return backend.unhealthy_until > now or not backend.breaker.available(now)
 
 
 def _backend_state(

@@ -5,9 +5,10 @@ The model is a radix tree at message granularity. A chat prompt of messages m1..
 the boundary prefixes P1 = m1, P2 = m1 m2, ..., Pn; each is a node keyed by a chained
 digest and holding the tokens of its own last message. A lookup finds the longest chain
 P1..Pk with k < n (the cacheable prefix is everything but the last message, the notion
-of `gateway.routing.picker.prefix_key`) and returns its tokens, which the engine then
-does not prefill. Once a prompt is prefilled, all of P1..Pn are inserted, so a follow-up
-turn (the same messages plus the answer and a new question) finds its predecessor.
+of `gateway.routing.scorers.affinity.prefix_key`) and returns its tokens, which the
+engine then does not prefill. Once a prompt is prefilled, all of P1..Pn are inserted, so
+a follow-up turn (the same messages plus the answer and a new question) finds its
+predecessor.
 
 Entries are bounded by a token budget and evicted least recently used first. Every touch
 of a node also touches its ancestors, after it, so a parent is always more recent than

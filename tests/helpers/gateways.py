@@ -16,6 +16,7 @@ import httpx
 from gateway.api import GatewayApp
 from gateway.config import GatewayConfig
 from gateway.keys import hash_api_key
+from gateway.policy import Decision
 from gateway.provenance import write_signing_key
 from gateway.serving import ServerThread
 from gateway.sim import SimApp
@@ -147,3 +148,27 @@ def logged_private_gateway(
 def served(sim: Sim) -> int:
     """Chat completions a simulator has been sent (a private backend or a hosted one)."""
     return len(sim.app.captured("/v1/chat/completions"))
+
+
+def decision(
+    private: tuple[str, ...],
+    hosted: tuple[str, ...] = (),
+    fallback: str = "never",
+    saturation_threshold: float | None = None,
+) -> Decision:
+    """A policy decision for tenant `acme` and model `m` that admits these backends."""
+    return Decision(
+        tenant="acme",
+        model="m",
+        data_class=None,
+        private=private,
+        hosted=hosted,
+        fallback=fallback,  # type: ignore[arg-type]
+        saturation_threshold=saturation_threshold,
+        refusal=None,
+        trace=(),
+        policy_id="p",
+        policy_version="1",
+        policy_digest="-",
+        fallback_rule="p/fallback",
+    )

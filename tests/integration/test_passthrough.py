@@ -8,7 +8,7 @@ import pytest
 
 from gateway.api.body import model_pattern as _model_pattern
 from gateway.api.body import rewrite_model
-from gateway.api.passthrough import sanitize_upstream_message
+from gateway.upstream.errors import sanitize_upstream_message
 from tests.helpers.gateways import TENANT_KEY, Gateway, Sim
 
 

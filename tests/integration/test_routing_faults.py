@@ -313,7 +313,7 @@ def test_saturated_pool_queues_then_refuses_with_retry_after(
             }
         },
     )
-    queues = gateway.app.proxy.queues
+    queues = gateway.app.proxy.router.queues
     Responses = list[asyncio.Task[httpx.Response]]
 
     def post(http: httpx.AsyncClient, model: str) -> asyncio.Task[httpx.Response]:

@@ -4,6 +4,7 @@ from the state after each sync) in every strategy and in the saturation check.""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Callable
@@ -15,7 +16,9 @@ from gateway.api import create_app
 from gateway.config.schema import Routing, RoutingPool
 from gateway.routing.picker import Picker
 from gateway.routing.registry import Registry, Route
-from tests.helpers.gateways import Gateway, Sim, backend, gateway_config
+from gateway.routing.router import Outcome, Router
+from gateway.state import MemoryState
+from tests.helpers.gateways import Gateway, Sim, backend, decision, gateway_config
 
 
 def pool(*capacities: int) -> Registry:
@@ -37,6 +40,17 @@ def order(registry: Registry, strategy: str) -> list[str]:
     return [r.backend.id for r in picker.order("m", routes, None)]
 
 
+def first_planned(registry: Registry, strategy: str) -> str:
+    """The backend the router's plan offers a request for `m` to first."""
+    routing = Routing(default=RoutingPool(strategy=strategy))  # type: ignore[arg-type]
+    router = Router(registry, routing, lambda _id: None, 1.0, MemoryState(), lambda _id, _n: None)
+    allowed = decision(tuple(registry.backends))
+    plan = asyncio.run(router.plan("m", allowed, {}, time.perf_counter()))
+    attempt = next(iter(plan))
+    plan.report(attempt, Outcome.ended)
+    return attempt.backend.id
+
+
 @pytest.mark.parametrize("strategy", ["score", "least_inflight"])
 @pytest.mark.parametrize(
     ("local", "peers", "first"),
@@ -55,8 +69,8 @@ def test_routing_counts_every_replica(
         registry.backends[backend_id].inflight = count
     registry.set_peer_inflight(peers)
     assert order(registry, strategy)[0] == first
-    assert registry.candidates("m") is not None
-    assert registry.candidates("m")[0].backend.id == first  # type: ignore[index]
+    assert first_planned(registry, strategy) == first
+    assert [b.inflight for b in registry.backends.values()] == list(local.values())
 
 
 def test_a_new_sync_replaces_the_peer_counts() -> None:
@@ -78,9 +92,9 @@ def test_saturation_counts_every_replica() -> None:
     )
     gpu = app.registry.backends["gpu"]
     gpu.inflight = 4
-    assert app.proxy._queue_per_slot(gpu) == 0.0  # full, nothing queued
+    assert app.proxy.router.queue_per_slot(gpu) == 0.0  # full, nothing queued
     app.registry.set_peer_inflight({"gpu": 2})
-    assert app.proxy._queue_per_slot(gpu) == 0.5  # 2 waiting per 4 slots, all replicas
+    assert app.proxy.router.queue_per_slot(gpu) == 0.5  # 2 waiting per 4 slots, all replicas
 
 
 def test_requests_feed_the_shared_counts(

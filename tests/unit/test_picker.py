@@ -7,8 +7,9 @@ import random
 import pytest
 
 from gateway.config.schema import Routing, RoutingPool
-from gateway.routing.picker import Picker, prefix_key
+from gateway.routing.picker import Picker
 from gateway.routing.registry import Registry, Route
+from gateway.routing.scorers.affinity import prefix_key
 from gateway.routing.signals import BackendLoad
 from tests.helpers.gateways import backend, gateway_config
 

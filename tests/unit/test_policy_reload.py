@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gateway.routing.trust import TrustPolicies
+from gateway.policy_set import TrustPolicies
 from tests.helpers.gateways import backend, gateway_config
 
 HEAD = """\

@@ -6,6 +6,9 @@ swap makes them active; a file that fails validation leaves the last good set ac
 and is reported (log, readiness detail, metric). Without a `policy` section in
 gateway.yaml a built-in set applies: every tenant may use the private backends serving
 its models and nothing else (no hosted fallback) — deny by default toward providers.
+
+This is the set's lifecycle, not a routing filter: each request reads `current` once and
+decides with it; the Decision's eligible set is applied by gateway/routing/filters/trust.py.
 """
 
 from __future__ import annotations

@@ -1,0 +1,135 @@
+"""The router's plan, table-driven: which attempts a request gets, in which order and
+under which fallback reason, for each fallback mode, with backends down, saturated, or
+past the failover bounds; and what `report` puts back. No sockets: every attempt fails
+(or serves) as the table says."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from gateway.config.schema import Routing
+from gateway.routing.registry import Registry
+from gateway.routing.router import Outcome, Plan, Router
+from gateway.state import MemoryState
+from tests.helpers.gateways import backend, decision, gateway_config, hosted_backend
+
+PRIVATE = ("b0", "b1")
+HOSTED = ("h0", "h1", "h2", "h3")
+
+
+def router(**routing: Any) -> tuple[Router, Registry]:
+    """`m` on private b0, b1 (one slot each) and hosted h0..h3; round robin, so a fresh
+    router's first order is the config order."""
+    config = gateway_config(
+        [
+            *(
+                backend(b, f"http://127.0.0.1:{9000 + i}", "m", capacity={"max_concurrency": 1})
+                for i, b in enumerate(PRIVATE)
+            ),
+            *(hosted_backend(h, "http://127.0.0.1:9100/v1", "m") for h in HOSTED),
+        ]
+    )
+    registry = Registry.build(config, environ={"HOSTED_KEY": "k"}, clock=lambda: 0.0)
+    settings = Routing.model_validate({"default": {"strategy": "round_robin"}, **routing})
+    return Router(registry, settings, lambda _id: None, 1.0, MemoryState(), _no_gauge), registry
+
+
+def _no_gauge(_backend: str, _inflight: int) -> None:
+    """The in-flight gauge (none here)."""
+
+
+def plan(r: Router, fallback: str, age_s: float = 0.0, threshold: float | None = None) -> Plan:
+    allowed = decision(PRIVATE, HOSTED if fallback != "never" else (), fallback, threshold)
+    return asyncio.run(r.plan("m", allowed, {}, time.perf_counter() - age_s))
+
+
+def fail_all(p: Plan) -> list[tuple[str, str | None]]:
+    """Every attempt fails: (backend, fallback reason) of each, in order."""
+    tried = []
+    for attempt in p:
+        tried.append((attempt.backend.id, p.fallback))
+        p.report(attempt, Outcome.failed, f"{attempt.backend.id}: HTTP 503")
+    return tried
+
+
+U, S = "private_unavailable", "private_saturated"
+
+
+@pytest.mark.parametrize(
+    ("fallback", "down", "saturated", "routing", "tried", "final"),
+    [
+        ("never", (), False, {}, [("b0", None), ("b1", None)], None),
+        ("never", ("b0",), False, {}, [("b1", None)], None),
+        ("never", (), False, {"failover": {"max_attempts": 1}}, [("b0", None)], None),
+        (
+            "when_private_unavailable",
+            (),
+            False,
+            {},
+            [("b0", None), ("b1", None), ("h0", U), ("h1", U), ("h2", U)],  # hosted: 3 at most
+            U,
+        ),
+        ("when_private_unavailable", ("b0", "b1"), False, {}, [("h0", U), ("h1", U), ("h2", U)], U),
+        (  # not saturated: private first, hosted when private failed
+            "when_private_saturated",
+            (),
+            False,
+            {},
+            [("b0", None), ("b1", None), ("h0", U), ("h1", U), ("h2", U)],
+            U,
+        ),
+        (  # saturated: hosted first; then private, and no second hosted pass
+            "when_private_saturated",
+            (),
+            True,
+            {},
+            [("h0", S), ("h1", S), ("h2", S), ("b0", None), ("b1", None)],
+            None,
+        ),
+    ],
+)
+def test_plan_order(
+    fallback: str,
+    down: tuple[str, ...],
+    saturated: bool,
+    routing: dict[str, Any],
+    tried: list[tuple[str, str | None]],
+    final: str | None,
+) -> None:
+    r, registry = router(**routing)
+    backends = registry.backends
+    for backend_id in down:
+        backends[backend_id].unhealthy_until = 1.0
+        backends[backend_id].health_error = "/health refused"
+    if saturated:  # 3 in flight elsewhere on one slot: 2 waiting per slot
+        registry.set_peer_inflight({b: 3 for b in PRIVATE})
+    p = plan(r, fallback, threshold=1.0 if fallback == "when_private_saturated" else None)
+    assert fail_all(p) == tried
+    assert p.fallback == final
+    downs = [f"{b}: /health refused" for b in down]
+    assert p.reasons == downs + [f"{b}: HTTP 503" for b, _ in tried]
+    assert [b.inflight for b in backends.values()] == [0] * 6  # every attempt let go
+
+
+def test_no_private_attempt_once_the_failover_deadline_passed() -> None:
+    r, _ = router(failover={"deadline_s": 1.0})
+    p = plan(r, "when_private_unavailable", age_s=2.0)
+    assert fail_all(p) == [("h0", U), ("h1", U), ("h2", U)]
+    assert p.reasons[0] == "failover deadline passed"
+
+
+def test_an_attempt_counts_in_flight_until_reported() -> None:
+    r, registry = router()
+    backends = registry.backends
+    p = plan(r, "never")
+    attempt = next(iter(p))
+    assert (attempt.backend.id, backends["b0"].inflight) == ("b0", 1)
+    attempt.sending(4000)  # ~1000 prompt tokens queued at the backend
+    assert backends["b0"].prefilling == 1000
+    p.report(attempt, Outcome.served)
+    assert (backends["b0"].inflight, backends["b0"].prefilling) == (0, 0)
+    assert p.reasons == []
