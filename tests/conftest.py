@@ -13,12 +13,13 @@ import httpx
 import orjson
 import pytest
 
-from gateway.api import GatewayApp, create_app
+from gateway.api import GatewayApp
+from gateway.app import create_app
 from gateway.config import GatewayConfig
-from gateway.keys import hash_api_key
 from gateway.provenance import LogDirectory, write_signing_key
 from gateway.serving import ServerThread
 from gateway.sim import SimApp, SimSettings, create_sim_app
+from gateway.tenants import hash_api_key
 from tests.raw_backend import Answer, RawBackend
 from tests.real_backend.fixtures import real_llamacpp  # noqa: F401 - a fixture, used by name
 from tests.redis_server import redis_server  # noqa: F401 - a fixture, used by name

@@ -38,11 +38,11 @@ from typing import Any, Final
 import httpx
 import yaml
 
-from gateway.keys import hash_api_key
+from gateway.asgi import Receive, Scope, Send
 from gateway.provenance import write_signing_key
 from gateway.serving import ServerThread, bind_socket
 from gateway.sim import Faults, SimSettings, create_sim_app
-from gateway.sim.asgi import Receive, Scope, Send
+from gateway.tenants import hash_api_key
 
 __all__ = [
     "CLINIC_POLICIES",

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import yaml
 
-from gateway.keys import hash_api_key
+from gateway.tenants import hash_api_key
 from tests.conftest import ADMIN, Sim, backend, readiness
 from tests.test_gateway_process import KEY, GatewayProcess, free_port
 

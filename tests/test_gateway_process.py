@@ -21,7 +21,6 @@ import httpx
 import pytest
 import yaml
 
-from gateway.keys import hash_api_key
 from gateway.provenance import (
     LogDirectory,
     load_verifiers,
@@ -30,6 +29,7 @@ from gateway.provenance import (
     write_signing_key,
 )
 from gateway.serving import bind_socket
+from gateway.tenants import hash_api_key
 from tests.conftest import ADMIN, Sim, readiness
 
 KEY = "og-process-test-key-0123456789"

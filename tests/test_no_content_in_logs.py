@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import yaml
 
-from gateway.keys import hash_api_key
 from gateway.serving import bind_socket
+from gateway.tenants import hash_api_key
 from tests.conftest import Sim
 
 CANARY = "CANARY-7f3e9b1c-do-not-log"

@@ -32,8 +32,8 @@ import yaml
 
 import gateway.provenance.store
 import gateway.provenance.wal
-from gateway.api import GatewayApp, create_app
-from gateway.keys import hash_api_key
+from gateway.api import GatewayApp
+from gateway.app import create_app
 from gateway.provenance import (
     LogDirectory,
     ProvenanceLog,
@@ -43,6 +43,7 @@ from gateway.provenance import (
 )
 from gateway.serving import ServerThread, bind_socket
 from gateway.sim import Faults
+from gateway.tenants import hash_api_key
 from tests.conftest import TENANT_KEY, Sim, backend, gateway_config
 
 ORIGIN = "test.owngate/log/full-disk"

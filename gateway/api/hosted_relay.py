@@ -13,7 +13,6 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gateway.api.asgi import send_bytes
 from gateway.api.exchange import (
     Exchange,
     TryNext,
@@ -26,7 +25,7 @@ from gateway.api.exchange import (
 )
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.passthrough import sanitize_upstream_message
-from gateway.asgi import Send
+from gateway.asgi import Send, send_bytes
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.registry import BackendState, Route
 from gateway.state import SharedState

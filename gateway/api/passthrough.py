@@ -27,7 +27,6 @@ from typing import Any
 
 import orjson
 
-from gateway.api.asgi import send_bytes
 from gateway.api.body import ask_for_usage, model_pattern, rewrite_model
 from gateway.api.exchange import (
     Exchange,
@@ -41,7 +40,7 @@ from gateway.api.exchange import (
 )
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.sse import StreamWatch
-from gateway.asgi import Send
+from gateway.asgi import Send, send_bytes
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.breaker import Breaker, Pass
 from gateway.routing.registry import BackendState, Registry, Route

@@ -34,11 +34,12 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.policy import Decision, UnknownDataClass
 from gateway.provenance import Salts
 from gateway.routing.picker import Picker, prefix_span
-from gateway.routing.registry import BackendState, Registry, Route, TenantEntry
+from gateway.routing.registry import BackendState, Registry, Route
 from gateway.routing.saturation import SaturationQueue
 from gateway.routing.scraper import MetricsScraper
 from gateway.routing.trust import TrustPolicies
 from gateway.state import SharedState
+from gateway.tenants import TenantEntry
 from gateway.upstream.http import DEFAULT_MAX_BODY
 
 __all__ = ["Proxy"]
@@ -60,8 +61,9 @@ class Proxy:
         state: SharedState,
         max_response_bytes: int = DEFAULT_MAX_BODY,
         response_timeout_s: float | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
-        self.recorder: Recorder | None = None  # set once the provenance log is open
+        self.recorder = recorder  # None: no provenance log configured
         self._registry = registry
         self._metrics = metrics
         self._trust = trust

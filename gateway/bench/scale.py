@@ -43,7 +43,7 @@ from gateway.bench.services import (
     owngate_argv,
     readyz,
 )
-from gateway.keys import hash_api_key
+from gateway.tenants import hash_api_key
 
 __all__ = ["add_arguments", "main", "run"]
 
