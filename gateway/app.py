@@ -194,14 +194,15 @@ def create_app(
         def reassemble(fresh: GatewayConfig, running: Assembly) -> Assembly:
             return assemble(fresh, env, config_dir=directory, clock=clock, running=running)
 
-        app.reloader = ConfigReloader(
+        reloader = ConfigReloader(
             config_file,
             current=lambda: app.parts,
             assemble=reassemble,
             install=app.install,
             prepare=prepare,
         )
-        app.metrics.watch_config(app.reloader)
+        app.reloader = reloader
+        app.metrics.watch_config(lambda: reloader.reload_failures)
     return app
 
 
