@@ -50,14 +50,15 @@ class GatewayApp(Runtime):
         # Shared state outlives config reloads (its own settings apply on restart).
         self.state.watch_peers(self._peers_changed)
         self.metrics.watch_state(self.state, lambda: self.parts.registry)
-        self.tenant = TenantSurface(self)
-        self.operations = Operations(self)
+        tenant, operations = TenantSurface(self), Operations(self)
+        self._proxied = tenant.proxied
+        self._provenance = tenant.provenance
         self._routes: dict[str, Handler] = {
-            "/healthz": self.operations.healthz,
-            "/readyz": self.operations.readyz,
-            "/metrics": self.operations.metrics,
-            "/v1/models": self.tenant.models,
-            "/admin/status": self.operations.admin_status,
+            "/healthz": operations.healthz,
+            "/readyz": operations.readyz,
+            "/metrics": operations.metrics,
+            "/v1/models": tenant.models,
+            "/admin/status": operations.admin_status,
         }
 
     def install(self, parts: Assembly) -> set[asyncio.Task[Any]]:
@@ -95,12 +96,12 @@ class GatewayApp(Runtime):
             path = scope["path"]
             proxied = PROXIED.get(path)
             if proxied is not None:
-                await self.tenant.proxied(scope, receive, send, proxied[0], proxied[1])
+                await self._proxied(scope, receive, send, proxied[0], proxied[1])
                 return
             request_id = new_request_id()
             handler = self._routes.get(path)
             if handler is None and path.startswith("/v1/provenance/"):
-                handler = self.tenant.provenance
+                handler = self._provenance
             if handler is None:
                 error = GatewayError(ErrorCode.not_found, f"Unknown path `{excerpt(path)}`.")
                 await send_error(send, error, request_id)
