@@ -1,6 +1,9 @@
 # owngate developer entry points. Only needs python3 (3.11+) and make.
 #   make demo   - install into .venv (hash-locked) and run `owngate demo`
 #   make test   - install, then lint, type-check and run the whole test suite
+#   make bench  - install, then run the overhead benchmark (`owngate bench overhead`)
+# The benchmarks are a distribution of their own (bench/, `owngate-bench`), installed
+# editable after owngate so the runtime wheel carries no benchmark code.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,11 +11,12 @@ STAMP := $(VENV)/.owngate-installed
 
 .PHONY: demo test lint typecheck pytest lock bench clean
 
-$(STAMP): requirements/dev.lock pyproject.toml
+$(STAMP): requirements/dev.lock pyproject.toml bench/pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "owngate needs Python 3.11+")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps -r requirements/dev.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e ./bench
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -31,7 +31,7 @@ from gateway.api.reload import ConfigReloader
 from gateway.config.schema import GatewayConfig
 from gateway.config.schema import State as StateSettings
 from gateway.policy import PolicyError
-from gateway.provenance.preflight import preflight
+from gateway.provenance.writer.preflight import preflight
 from gateway.routing.registry import BackendState, Registry, Route
 from gateway.routing.scraper import MetricsScraper
 from gateway.routing.trust import TrustPolicies

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from gateway.provenance import ProvenanceLog, write_signing_key
+from gateway.provenance.formats.tiles import decode_bundle, encode_bundle, entries_path
 from gateway.provenance.testing import log_refusal, log_request, seeded_signer
-from gateway.provenance.tiles import decode_bundle, encode_bundle, entries_path
 
 ROOT = Path(__file__).resolve().parent.parent
 ORIGIN = "gateway.example/log/replica-1"

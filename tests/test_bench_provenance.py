@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from gateway.bench.provenance_overhead import render, render_verdicts, verdicts
-from gateway.bench.services import histogram_quantile
+from owngate_bench.provenance_overhead import render, render_verdicts, verdicts
+from owngate_bench.services import histogram_quantile
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.bench
 
 
 def test_quick_run_writes_the_side_by_side_report(tmp_path: Path) -> None:

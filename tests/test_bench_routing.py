@@ -22,20 +22,21 @@ from typing import Any
 
 import pytest
 
-from gateway.bench import routing
-from gateway.bench.arrivals import CHAT, RAG, TraceSpec, arrival_times, build_trace
-from gateway.bench.routing_report import (
+from gateway.config import parse_config
+from gateway.sim import SimSettings
+from owngate_bench import routing
+from owngate_bench.arrivals import CHAT, RAG, TraceSpec, arrival_times, build_trace
+from owngate_bench.routing_report import (
     evaluate_targets,
     median_targets,
     quantiles,
     render,
     summarize,
 )
-from gateway.bench.simhost import SimHost
-from gateway.config import parse_config
-from gateway.sim import SimSettings
+from owngate_bench.simhost import SimHost
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.bench
 SUMMARY_KEYS = {"outcomes", "ttft_ms", "latency_ms", "throughput", "queued", "share"}
 
 
@@ -44,9 +45,9 @@ def test_quick_run_writes_the_report(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OWNGATE_BENCH_")}
     # One scenario (two gateway runs) keeps this well under 20 s; the prefix scenario
     # exercises the most: prefix caches, affinity on and off.
-    argv = ["bench/routing.py", "--quick", "--scenarios", "prefix", "--json", str(out)]
+    argv = ["bench", "routing", "--quick", "--scenarios", "prefix", "--json", str(out)]
     proc = subprocess.run(
-        [sys.executable, *argv],
+        [sys.executable, "-m", "gateway", *argv],
         cwd=ROOT,
         env=env,
         capture_output=True,

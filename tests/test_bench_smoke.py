@@ -14,9 +14,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.bench.report import evaluate_checks, policy_comparison, render
+import pytest
+
+from owngate_bench.overhead_report import evaluate_checks, policy_comparison, render
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.bench
 
 CHECK_IDS = [
     "added_p50_c1",
@@ -32,8 +35,9 @@ OWNGATES = ("owngate", "owngate+policy")
 def test_quick_run_writes_the_report(tmp_path: Path) -> None:
     out = tmp_path / "overhead.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OWNGATE_BENCH_")}
+    argv = ["bench", "overhead", "--quick", "--skip-litellm", "--json", str(out)]
     proc = subprocess.run(
-        [sys.executable, "bench/overhead.py", "--quick", "--skip-litellm", "--json", str(out)],
+        [sys.executable, "-m", "gateway", *argv],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.abc
 import subprocess
 import sys
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -21,6 +25,12 @@ COMMANDS = [
     ["keys", "new"],
     ["bench"],
     ["bench", "overhead"],
+    ["bench", "routing"],
+    ["bench", "scale"],
+    ["bench", "provenance"],
+    ["bench", "provenance-log"],
+    ["bench", "policy"],
+    ["bench", "state"],
     ["policy"],
     ["policy", "check"],
     ["policy", "explain"],
@@ -67,3 +77,36 @@ def test_console_script_is_installed() -> None:
     script = Path(sys.executable).parent / "owngate"
     done = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("owngate ")
+
+
+@pytest.mark.parametrize("words", [["bench"], ["bench", "overhead", "--quick"]])
+def test_bench_without_its_distribution_says_how_to_install_it(
+    words: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The runtime wheel has no benchmarks: without owngate-bench, `owngate bench` fails
+    # with the install command instead of a traceback or a usage error.
+    for name in [m for m in sys.modules if m.split(".")[0] == "owngate_bench"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [_NotInstalled(), *sys.meta_path])
+    assert main(words) == 1
+    assert "pip install -e ./bench" in capsys.readouterr().err
+
+
+@pytest.mark.bench
+def test_bench_verbs_run_without_the_owngate_front_end() -> None:
+    argv = [sys.executable, "-m", "owngate_bench", "--help"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    verbs = [words for words in COMMANDS if words[:1] == ["bench"] and len(words) == 2]
+    assert {verb for _, verb in verbs} <= set(done.stdout.split())
+
+
+class _NotInstalled(importlib.abc.MetaPathFinder):
+    """Imports of `owngate_bench` fail as they do where the distribution is not installed."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if fullname.split(".")[0] == "owngate_bench":
+            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+        return None

@@ -31,19 +31,19 @@ from gateway.provenance import (
     verify_log,
     write_signing_key,
 )
-from gateway.provenance.cosignature import Cosigner, verify_cosignature
-from gateway.provenance.cosigning import (
+from gateway.provenance.formats.cosignature import Cosigner, verify_cosignature
+from gateway.provenance.formats.merkle import consistency_proof, verify_consistency
+from gateway.provenance.formats.tiles import TileReader
+from gateway.provenance.testing import log_request, seeded_signer
+from gateway.provenance.witness.app import create_witness_app
+from gateway.provenance.witness.client import WitnessClient
+from gateway.provenance.witness.witness import Witness
+from gateway.provenance.writer.cosignature_collector import (
     Cosigning,
     cosigned_path,
     list_cosigned,
     merge_cosigned,
 )
-from gateway.provenance.merkle import consistency_proof, verify_consistency
-from gateway.provenance.testing import log_request, seeded_signer
-from gateway.provenance.tiles import TileReader
-from gateway.provenance.witness import Witness
-from gateway.provenance.witness_client import WitnessClient
-from gateway.provenance.witness_http import create_witness_app
 from gateway.serving import ServerThread
 from tests import test_gateway_process
 from tests.conftest import readiness

@@ -402,9 +402,10 @@ def test_policy_package_imports_no_server_code() -> None:
     assert done.stdout.strip() == "[]"
 
 
+@pytest.mark.bench
 def test_bench_prints_cached_and_uncached_percentiles() -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "policy.py"), "--calls", "2000", "--json"],
+        [sys.executable, "-m", "gateway", "bench", "policy", "--calls", "2000", "--json"],
         capture_output=True,
         text=True,
         check=True,

@@ -1,4 +1,5 @@
-"""`bench/provenance.py --quick` runs and reports every figure (timings are never asserted)."""
+"""`owngate bench provenance-log --quick` runs and reports every figure (timings are never
+asserted)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import pytest
+
+pytestmark = pytest.mark.bench
 
 
 def test_quick_benchmark_reports_every_figure(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "provenance.py"), "--quick", "--json"],
+        [sys.executable, "-m", "gateway", "bench", "provenance-log", "--quick", "--json"],
         capture_output=True,
         text=True,
         check=True,

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import gateway.provenance
 from gateway.provenance import ProvenanceLog, verify_commitment
+from gateway.provenance.formats.tiles import decode_bundle
 from gateway.provenance.testing import log_request, seeded_signer
-from gateway.provenance.tiles import decode_bundle
 
 ORIGIN = "gateway.example/log/canary"
 CANARY_REQUEST = b'{"messages":[{"role":"user","content":"CANARY-7f3e9a-prompt-never-logged"}]}'
@@ -88,8 +88,8 @@ def test_auditor_imports_no_server_stack() -> None:
 
 def test_every_module_declares_its_public_surface() -> None:
     package = Path(gateway.provenance.__file__).parent
-    for info in pkgutil.iter_modules([str(package)]):
-        module = importlib.import_module(f"gateway.provenance.{info.name}")
+    for info in pkgutil.walk_packages([str(package)], "gateway.provenance."):
+        module = importlib.import_module(info.name)
         for name in module.__all__:
             assert hasattr(module, name), f"{info.name}.__all__ names missing {name}"
     for name in gateway.provenance.__all__:
@@ -98,5 +98,5 @@ def test_every_module_declares_its_public_surface() -> None:
 
 def test_modules_stay_small() -> None:
     package = Path(gateway.provenance.__file__).parent
-    for path in package.glob("*.py"):
+    for path in package.rglob("*.py"):
         assert len(path.read_text().splitlines()) < 400, path.name

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from gateway.provenance import LogSettings, ProvenanceLog, verify_log
-from gateway.provenance.reader import LogDirectory
+from gateway.provenance.audit.reader import LogDirectory
 from gateway.provenance.testing import seeded_signer
 
 ORIGIN = "gateway.example/log/crash"

@@ -30,8 +30,8 @@ import orjson
 import pytest
 import yaml
 
-import gateway.provenance.store
-import gateway.provenance.wal
+import gateway.provenance.writer.segment_writer
+import gateway.provenance.writer.store
 from gateway.api import GatewayApp
 from gateway.app import create_app
 from gateway.provenance import (
@@ -109,7 +109,7 @@ def test_a_completion_the_disk_refused_is_written_when_it_takes_writes_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     disk = FailingDisk()
-    monkeypatch.setattr(gateway.provenance.wal, "os", disk)
+    monkeypatch.setattr(gateway.provenance.writer.segment_writer, "os", disk)
     app, server = logged(Faults(hang_rate=1.0))  # the backend holds the request
     log = app.proxy.recorder.log  # type: ignore[union-attr]
     with socket.create_connection((server.host, server.port), timeout=10) as client:
@@ -158,7 +158,7 @@ def test_a_failed_final_checkpoint_is_reported_and_state_still_closes(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with monkeypatch.context() as patched:
-        patched.setattr(gateway.provenance.store, "write_files_atomically", full_disk)
+        patched.setattr(gateway.provenance.writer.store, "write_files_atomically", full_disk)
         server.stop()  # the lifespan shutdown: the final checkpoint fails
     assert closed == [True]
     assert app.shutdown_error is not None

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-import gateway.provenance.store
-import gateway.provenance.wal
+import gateway.provenance.writer.segment_writer
+import gateway.provenance.writer.store
 from gateway.provenance import (
     LogCorruptedError,
     LogEntry,
@@ -32,11 +32,11 @@ from gateway.provenance import (
     verify_log,
     verify_tlog_proof,
 )
-from gateway.provenance.layout import WAL, list_history
-from gateway.provenance.reader import LogDirectory
-from gateway.provenance.store import SignedNote, Snapshot
+from gateway.provenance.audit.reader import LogDirectory
+from gateway.provenance.formats.layout import WAL, list_history
+from gateway.provenance.formats.wal import list_segments
 from gateway.provenance.testing import EXAMPLE_POLICY, log_refusal, log_request, seeded_signer
-from gateway.provenance.wal import list_segments
+from gateway.provenance.writer.store import SignedNote, Snapshot
 from tests.test_provenance_full_disk import FailingDisk  # its writes land, then fail (EIO)
 
 ORIGIN = "gateway.example/log/replica-1"
@@ -510,7 +510,7 @@ def test_a_failed_checkpoint_is_covered_by_the_next_one(
         log = await _open(tmp_path, checkpoint_interval_ms=20)
         await log.append(_refusal(0))
         with monkeypatch.context() as patched:
-            patched.setattr(gateway.provenance.store, "write_files_atomically", full_disk)
+            patched.setattr(gateway.provenance.writer.store, "write_files_atomically", full_disk)
             with pytest.raises(LogUnavailableError, match="No space left"):
                 await log.checkpoint()
         for _ in range(300):  # bounded wait (~3 s): the interval's export signs entry 0
@@ -533,7 +533,7 @@ def test_writes_that_land_but_fail_leave_no_junk_before_a_later_segment(
     # the last (found by review: probes left 4 KiB of zeros there, and the log refused
     # to open).
     disk = FailingDisk()
-    monkeypatch.setattr(gateway.provenance.wal, "os", disk)
+    monkeypatch.setattr(gateway.provenance.writer.segment_writer, "os", disk)
 
     def broken(files: object, *, root: Path) -> None:
         raise OSError(errno.EIO, "Input/output error")
@@ -546,7 +546,7 @@ def test_writes_that_land_but_fail_leave_no_junk_before_a_later_segment(
             await log_request(log, 1)
         await asyncio.sleep(0.1)  # failing probes
         with monkeypatch.context() as patched:
-            patched.setattr(gateway.provenance.store, "write_files_atomically", broken)
+            patched.setattr(gateway.provenance.writer.store, "write_files_atomically", broken)
             with pytest.raises(LogUnavailableError):
                 await log.checkpoint()
         await asyncio.sleep(0.1)
@@ -571,7 +571,7 @@ def test_a_checkpoint_whose_clean_up_failed_leaves_the_log_ready(
     # The checkpoint is durable; leftover segments are harmless and the next export
     # deletes them. Counting the failure as the log's error kept a replica not ready with
     # no traffic to clear it (found by review).
-    real = gateway.provenance.store.LogStore._cleanup
+    real = gateway.provenance.writer.store.LogStore._cleanup
     failures = [LogUnavailableError("cannot clean up the provenance log: Permission denied")]
 
     def cleanup(store: object, completed: list[str], covered: int | None) -> None:
@@ -579,7 +579,7 @@ def test_a_checkpoint_whose_clean_up_failed_leaves_the_log_ready(
             raise failures.pop()
         real(store, completed, covered)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(gateway.provenance.store.LogStore, "_cleanup", cleanup)
+    monkeypatch.setattr(gateway.provenance.writer.store.LogStore, "_cleanup", cleanup)
 
     async def scenario() -> None:
         log = await _open(tmp_path, group_commit_ms=0)
@@ -640,7 +640,7 @@ def test_records_nobody_waits_on_are_written_once_the_disk_takes_writes_again(
     # Issue 12, item 14: a completion whose write failed was lost (only logged), leaving
     # its dispatch open in the log for good although the disk came back moments later.
     disk = FailingDisk()
-    monkeypatch.setattr(gateway.provenance.wal, "os", disk)
+    monkeypatch.setattr(gateway.provenance.writer.segment_writer, "os", disk)
 
     async def scenario() -> None:
         log = await _open(tmp_path, group_commit_ms=0, deferred_flush_ms=0, probe_interval_ms=10)
@@ -667,7 +667,7 @@ def test_records_kept_after_a_failed_write_are_bounded_and_fail_at_close(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     disk = FailingDisk()
-    monkeypatch.setattr(gateway.provenance.wal, "os", disk)
+    monkeypatch.setattr(gateway.provenance.writer.segment_writer, "os", disk)
 
     async def scenario() -> None:
         log = await _open(

@@ -25,8 +25,8 @@ from gateway.provenance import (
     parse_record,
     refusal_record,
 )
-from gateway.provenance.records import format_time
-from gateway.provenance.schema import RECORD_SCHEMAS, _fields_problem, problem
+from gateway.provenance.formats.records import format_time
+from gateway.provenance.formats.schema import RECORD_SCHEMAS, _fields_problem, problem
 from gateway.provenance.testing import EXAMPLE_BACKEND, EXAMPLE_POLICY
 
 _HEX = "ab" * 32

@@ -1,4 +1,4 @@
-"""The committer's wake-up flag (gateway/provenance/signal.py)."""
+"""The committer's wake-up flag (gateway/provenance/writer/signal.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.provenance.signal import Signal
+from gateway.provenance.writer.signal import Signal
 
 
 def test_wait_returns_true_when_set_and_false_on_timeout() -> None:

@@ -16,11 +16,11 @@ import pytest
 
 from gateway.cli import audit
 from gateway.provenance import LogSettings, ProvenanceLog, Signer, sign_checkpoint
-from gateway.provenance.checkpoint import Checkpoint
-from gateway.provenance.layout import CHECKPOINT, list_history
-from gateway.provenance.merkle import leaf_hash, root_from_leaves
+from gateway.provenance.formats.checkpoint import Checkpoint
+from gateway.provenance.formats.layout import CHECKPOINT, list_history
+from gateway.provenance.formats.merkle import leaf_hash, root_from_leaves
+from gateway.provenance.formats.tiles import decode_bundle, encode_bundle, entries_path, tile_path
 from gateway.provenance.testing import log_refusal, log_request, seeded_signer
-from gateway.provenance.tiles import decode_bundle, encode_bundle, entries_path, tile_path
 
 ORIGIN = "gateway.example/log/replica-1"
 SIGNER = seeded_signer(ORIGIN)

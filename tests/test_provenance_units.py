@@ -29,7 +29,7 @@ from gateway.provenance import (
     verify_commitment,
     verify_receipt,
 )
-from gateway.provenance.merkle import (
+from gateway.provenance.formats.merkle import (
     EMPTY_ROOT,
     consistency_proof,
     inclusion_proof,
@@ -39,9 +39,9 @@ from gateway.provenance.merkle import (
     verify_consistency,
     verify_inclusion,
 )
+from gateway.provenance.formats.tiles import index_path, tile_path, tile_widths
+from gateway.provenance.formats.tree import TiledTree
 from gateway.provenance.testing import EXAMPLE_POLICY, CountingRandom, seeded_signer
-from gateway.provenance.tiles import index_path, tile_path, tile_widths
-from gateway.provenance.tree import TiledTree
 
 LEAVES = [leaf_hash(b"entry %d" % i) for i in range(300)]
 

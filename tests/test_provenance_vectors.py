@@ -26,7 +26,7 @@ from gateway.provenance import (
     open_note,
     sign_note,
 )
-from gateway.provenance.merkle import (
+from gateway.provenance.formats.merkle import (
     consistency_proof,
     inclusion_proof,
     leaf_hash,
@@ -34,7 +34,7 @@ from gateway.provenance.merkle import (
     verify_consistency,
     verify_inclusion,
 )
-from gateway.provenance.tiles import TileReader, decode_bundle, entries_path, tile_path
+from gateway.provenance.formats.tiles import TileReader, decode_bundle, entries_path, tile_path
 
 VECTORS = Path(__file__).parent / "vectors"
 TESSERA = VECTORS / "tessera-log"

@@ -32,9 +32,9 @@ import httpx
 import pytest
 import yaml
 
-from gateway.bench.services import HOST, Service, child_env, free_port, owngate_argv
 from gateway.routing.prometheus import parse_metrics
 from gateway.tenants import add_key_hash, hash_api_key
+from owngate_bench.services import HOST, Service, child_env, free_port, owngate_argv
 from tests.conftest import ADMIN, readiness
 from tests.redis_server import RedisServer, redis_binary
 

@@ -23,9 +23,9 @@ import httpx
 import pytest
 
 from gateway.api.admin import is_loopback
-from gateway.bench.services import HOST, Service, child_env, free_port, owngate_argv
 from gateway.provenance import write_signing_key
 from gateway.sim import Faults
+from owngate_bench.services import HOST, Service, child_env, free_port, owngate_argv
 from tests.conftest import ADMIN_TOKEN, Gateway, Sim, admin_status, backend, readiness
 
 CHAT: dict[str, Any] = {

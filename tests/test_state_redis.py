@@ -4,6 +4,7 @@ expire with its lease; Redis going away degrades to local state and comes back."
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import io
 import itertools
@@ -16,8 +17,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.state import RateLimited, SharedState, TenantLimits, create_state
-from gateway.state.bench import main as bench_main
 from gateway.state.redis_state import RedisKeys, RedisState
+from owngate_bench import state as state_bench
 from tests.redis_server import RedisServer, free_port
 
 LEASE_TTL_S = 3.0
@@ -375,10 +376,13 @@ def test_unreachable_at_start_is_degraded_not_fatal(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.bench
 def test_bench_reports_both_backends(redis_server: RedisServer) -> None:
-    out = io.StringIO()
+    parser = argparse.ArgumentParser()
+    state_bench.add_arguments(parser)
     argv = ["--redis-url", redis_server.url, "--requests", "300", "--timeout-ms", "5000"]
-    code = bench_main(argv, out=out)
+    out = io.StringIO()
+    code = state_bench.run(parser.parse_args(argv), out=out)
     lines = out.getvalue().splitlines()
     assert code == 0, lines
     assert [line.split()[:2] for line in lines[1:]] == [

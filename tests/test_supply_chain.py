@@ -1,12 +1,24 @@
-"""LiteLLM is pinned to a vetted release and stays off the private-backend path."""
+"""LiteLLM is pinned to a vetted release and stays off the private-backend path; the
+runtime wheel ships neither benchmarks nor code that installs packages."""
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 import sys
+import zipfile
 from importlib import metadata
+from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
 COMPROMISED = {"1.82.7", "1.82.8"}
+# Code that makes a virtualenv or installs packages: pip, venv, ensurepip or uv named as a
+# command word or imported (a message that tells a person to run pip is not code).
+INSTALLS = re.compile(
+    r"""["'](?:pip3?|venv|virtualenv|ensurepip|uv)["']"""
+    r"|\b(?:import|from)\s+(?:pip|venv|virtualenv|ensurepip)\b|EnvBuilder"
+)
 
 
 def test_litellm_is_a_vetted_release_without_startup_hooks() -> None:
@@ -50,3 +62,36 @@ print("litellm" in sys.modules, any(m.startswith("litellm") for m in sys.modules
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "False False"
+
+
+def test_the_runtime_wheel_ships_no_benchmarks_and_installs_nothing(tmp_path: Path) -> None:
+    """The wheel built from this tree (as `pip wheel --no-build-isolation` builds it) holds
+    the `gateway` package alone: the benchmarks are the owngate-bench distribution in
+    bench/, only the CLI's lazy `owngate bench` lookup names it, and no module creates a
+    virtualenv or runs pip (the LiteLLM comparison's installer lives with the benchmarks)."""
+    source = tmp_path / "source"
+    skip = (".git", ".venv", ".bench", "build", "dist", "*.egg-info", "__pycache__", ".*cache")
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*skip))
+    out = tmp_path / "wheel"
+    build = "import sys, setuptools.build_meta as b; print(b.build_wheel(sys.argv[1]))"
+    done = subprocess.run(
+        [sys.executable, "-c", build, str(out)],
+        cwd=source,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    with zipfile.ZipFile(out / done.stdout.splitlines()[-1]) as wheel:
+        names = wheel.namelist()
+        sources = {name: wheel.read(name).decode() for name in names if name.endswith(".py")}
+
+    assert {name.split("/")[0] for name in names} == {"gateway", "owngate-0.1.0.dist-info"}
+    assert "gateway/cli/main.py" in sources  # the build did put the package in
+    benchmarks = [n for n in names if "bench" in n.rsplit("/", 1)[-1] or "/bench/" in n]
+    assert benchmarks == ["gateway/cli/bench.py"]  # the front end that says how to install
+    naming_bench = sorted(name for name, text in sources.items() if "owngate_bench" in text)
+    assert naming_bench == ["gateway/cli/bench.py"]
+    installers = {name: INSTALLS.findall(text) for name, text in sources.items()}
+    assert {name: found for name, found in installers.items() if found} == {}

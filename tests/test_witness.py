@@ -42,7 +42,8 @@ from gateway.provenance import (
     sign_checkpoint,
     write_signing_key,
 )
-from gateway.provenance.cosignature import (
+from gateway.provenance.errors import KeyFormatError
+from gateway.provenance.formats.cosignature import (
     CosignatureVerifier,
     Cosigner,
     attach_cosignatures,
@@ -50,14 +51,13 @@ from gateway.provenance.cosignature import (
     parse_cosignature_line,
     verify_cosignature,
 )
-from gateway.provenance.errors import KeyFormatError
-from gateway.provenance.merkle import consistency_proof, leaf_hash, root_from_leaves
+from gateway.provenance.formats.merkle import consistency_proof, leaf_hash, root_from_leaves
+from gateway.provenance.formats.tiles import TileReader
 from gateway.provenance.testing import log_request, seeded_signer
-from gateway.provenance.tiles import TileReader
-from gateway.provenance.witness import MAX_PROOF_LINES, AddCheckpoint, Witness, WitnessError
-from gateway.provenance.witness_client import WitnessClient, request_cosignature
-from gateway.provenance.witness_http import create_witness_app
-from gateway.provenance.witness_state import StateLockedError, TreeHead, WitnessState
+from gateway.provenance.witness.app import create_witness_app
+from gateway.provenance.witness.client import WitnessClient, request_cosignature
+from gateway.provenance.witness.state import StateLockedError, TreeHead, WitnessState
+from gateway.provenance.witness.witness import MAX_PROOF_LINES, AddCheckpoint, Witness, WitnessError
 from gateway.serving import ServerThread
 
 ORIGIN = "gateway.example/log/replica-1"
@@ -766,8 +766,8 @@ def test_cli_serve_cosigns_over_http_and_persists_its_state(
 def test_witness_modules_import_no_server_stack() -> None:
     code = (
         "import sys\n"
-        "import gateway.provenance.witness, gateway.provenance.witness_http\n"
-        "import gateway.provenance.witness_client, gateway.provenance.cosignature\n"
+        "import gateway.provenance.witness.witness, gateway.provenance.witness.app\n"
+        "import gateway.provenance.witness.client, gateway.provenance.formats.cosignature\n"
         "import gateway.cli.witness\n"
         "bad = ('uvicorn', 'starlette', 'fastapi', 'redis', 'httpx', 'litellm', 'httptools')\n"
         "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in bad)))\n"

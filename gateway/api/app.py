@@ -28,8 +28,8 @@ from gateway.asgi import Receive, Scope, Send, lifespan, send_error
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
 from gateway.provenance import ProvenanceError
-from gateway.provenance.cosigning import Cosigning
-from gateway.provenance.witness_client import WitnessClient
+from gateway.provenance.witness.client import WitnessClient
+from gateway.provenance.writer.cosignature_collector import Cosigning
 
 __all__ = ["GatewayApp"]
 

@@ -15,7 +15,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from gateway.provenance.cosigning import Cosigning
+    from gateway.provenance.writer.cosignature_collector import Cosigning
     from gateway.routing.registry import Registry
     from gateway.routing.scraper import MetricsScraper
     from gateway.routing.trust import TrustPolicies

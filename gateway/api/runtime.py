@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from gateway.api.proxy import Proxy
     from gateway.api.reload import ConfigReloader
     from gateway.config.schema import GatewayConfig
-    from gateway.provenance.cosigning import Cosigning
+    from gateway.provenance.writer.cosignature_collector import Cosigning
     from gateway.routing.registry import Registry
     from gateway.routing.trust import TrustPolicies
     from gateway.state import SharedState

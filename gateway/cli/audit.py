@@ -28,11 +28,11 @@ from gateway.provenance import (
     verify_log,
     verify_receipt,
 )
-from gateway.provenance.cosignature import CosignatureVerifier
-from gateway.provenance.layout import list_cosigned
-from gateway.provenance.merkle import inclusion_proof, leaf_hash, verify_inclusion
-from gateway.provenance.summary import Filters, summarise
-from gateway.provenance.tiles import TileReader
+from gateway.provenance.audit.summary import Filters, summarise
+from gateway.provenance.formats.cosignature import CosignatureVerifier
+from gateway.provenance.formats.layout import list_cosigned
+from gateway.provenance.formats.merkle import inclusion_proof, leaf_hash, verify_inclusion
+from gateway.provenance.formats.tiles import TileReader
 
 __all__ = ["register"]
 

@@ -1,57 +1,46 @@
-"""`owngate bench VERB`: the benchmarks under `gateway.bench`, wired into the CLI.
+"""`owngate bench VERB`: the benchmarks, which are not part of the runtime wheel.
 
-Each verb's module has the work, its own flags (`add_arguments`) and `run`; its
-docstring is the verb's description. Modules are imported only when `bench` is used.
+They live in their own distribution, `owngate-bench` (the `bench/` directory of the
+source tree, import package `owngate_bench`), so that the server installs no benchmark
+code and nothing that installs packages. When it is installed, its verbs are added here;
+when it is not, `owngate bench ...` says how to install it and exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from typing import Any
 
-__all__ = ["register"]
+__all__ = ["INSTALL_HINT", "register"]
 
-# verb -> (module under gateway.bench, one-line help)
-_VERBS: dict[str, tuple[str, str]] = {
-    "overhead": (
-        "overhead",
-        "owngate (built-in and configured trust policies) vs the bare simulator vs "
-        "LiteLLM proxy, same load side by side",
-    ),
-    "routing": (
-        "routing",
-        "round robin vs least in-flight vs owngate's scorer on simulated pools, the "
-        "same seeded open-loop traces (TTFT, latency, queueing, decision cost)",
-    ),
-    "scale": (
-        "scale",
-        "owngate serve --workers 1/2/4 against the zero-latency simulator: req/s, "
-        "CPU per request and where the cores went",
-    ),
-    "provenance": (
-        "provenance_overhead",
-        "owngate with the provenance log off vs on, side by side, over a zero-latency "
-        "and an LLM-shaped simulator (req/s, TTFT, CPU per request, ratios)",
-    ),
-}
+INSTALL_HINT = (
+    "owngate bench: the benchmarks are not installed. They are a separate distribution, "
+    "owngate-bench, in the bench/ directory of owngate's source tree; from a checkout, "
+    "after owngate itself: pip install -e ./bench (make test and make bench install it)."
+)
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("bench", help="run benchmarks")
-    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
-    for verb, (module_name, help_text) in _VERBS.items():
+    parser = subparsers.add_parser("bench", help="run benchmarks (the owngate-bench distribution)")
+    try:
         # Light: nothing starts at import; the simulators and gateways start in `run`.
-        module = importlib.import_module(f"gateway.bench.{module_name}")
-        sub = verbs.add_parser(
-            verb,
-            help=help_text,
-            description=module.__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        module.add_arguments(sub)
-        sub.set_defaults(handler=module.run)
+        verbs = importlib.import_module("owngate_bench.cli")
+    except ModuleNotFoundError as exc:
+        if exc.name != "owngate_bench":
+            raise  # installed but broken: say what is missing, not that it is absent
+        parser.description = INSTALL_HINT
+        parser.add_argument("words", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        parser.set_defaults(handler=_not_installed)
+        return
+    verbs.add_verbs(parser)
     parser.set_defaults(handler=lambda _args: _usage(parser))
+
+
+def _not_installed(_args: argparse.Namespace) -> int:
+    print(INSTALL_HINT, file=sys.stderr)
+    return 1
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:

@@ -21,11 +21,11 @@ import os
 import sys
 from typing import Any
 
-from gateway.provenance.cosignature import Cosigner
 from gateway.provenance.errors import ProvenanceError
+from gateway.provenance.formats.cosignature import Cosigner
 from gateway.provenance.keys import load_signer, load_verifiers
-from gateway.provenance.witness import Witness
-from gateway.provenance.witness_http import create_witness_app
+from gateway.provenance.witness.app import create_witness_app
+from gateway.provenance.witness.witness import Witness
 
 __all__ = ["register"]
 

@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gateway.provenance.cosignature import CosignatureVerifier
 from gateway.provenance.errors import KeyFormatError
+from gateway.provenance.formats.cosignature import CosignatureVerifier
 
 __all__ = [
     "Admin",

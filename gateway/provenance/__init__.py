@@ -8,23 +8,28 @@ install this package without the server. See docs/provenance.md.
 The gateway uses `ProvenanceLog` (writer), the record builders, `Salts` / `commit` and
 `make_receipt`; auditors use `verify_log`, `verify_receipt`, `verify_tlog_proof` and
 `verify_commitment`, all of which raise a `ProvenanceError` rather than return a bool.
+
+The package is in wings, each a subpackage:
+
+- `formats/`  the data formats and their math (notes, checkpoints, cosignatures, Merkle
+  proofs, tiles, WAL frames, records, commitments, receipts): pure, no threads, no writes;
+- `writer/`   the log the gateway writes (`ProvenanceLog`), its checkpointer, sealer,
+  cosignature collector and `preflight`;
+- `audit/`    what an auditor runs on a copied log: `LogDirectory`, `verify_log`, summaries;
+- `witness/`  a C2SP tlog-witness (core, state file, ASGI app) and its client.
+
+Beside them, shared: `errors` (the one error hierarchy), `files` (durable writes), `keys`
+(signing key files); `testing` has helpers for tests of code that writes a log.
+
+The wing rules, besides the shared modules (tests/test_import_contract.py checks them):
+`formats` imports no other wing; `audit` and `witness` import only `formats`; `writer`
+imports `formats` and, to ask witnesses for cosignatures, `witness.client`; no wing
+imports `audit`. So the formats an independent verifier reimplements are all in
+`formats/`, and each wing reads on its own.
 """
 
-from gateway.provenance.checkpoint import (
-    Checkpoint,
-    SignedCheckpoint,
-    open_checkpoint,
-    sign_checkpoint,
-)
-from gateway.provenance.commitments import (
-    REQUEST_DOMAIN,
-    RESPONSE_DOMAIN,
-    BodyKind,
-    Salts,
-    commit,
-    commit_digest,
-    verify_commitment,
-)
+from gateway.provenance.audit.reader import LogDirectory
+from gateway.provenance.audit.verify import LogSummary, verify_log
 from gateway.provenance.errors import (
     CommitmentMismatchError,
     KeyFormatError,
@@ -37,18 +42,25 @@ from gateway.provenance.errors import (
     RecordError,
     SignatureError,
 )
-from gateway.provenance.keys import (
-    generate_signing_key,
-    load_signer,
-    load_verifiers,
-    write_signing_key,
+from gateway.provenance.formats.checkpoint import (
+    Checkpoint,
+    SignedCheckpoint,
+    open_checkpoint,
+    sign_checkpoint,
 )
-from gateway.provenance.log import LogSettings, ProvenanceLog
-from gateway.provenance.note import Signer, Verifier, open_note, sign_note
-from gateway.provenance.proofs import TlogProof, verify_tlog_proof
-from gateway.provenance.reader import LogDirectory
-from gateway.provenance.receipts import Receipt, make_receipt, verify_receipt
-from gateway.provenance.records import (
+from gateway.provenance.formats.commitments import (
+    REQUEST_DOMAIN,
+    RESPONSE_DOMAIN,
+    BodyKind,
+    Salts,
+    commit,
+    commit_digest,
+    verify_commitment,
+)
+from gateway.provenance.formats.note import Signer, Verifier, open_note, sign_note
+from gateway.provenance.formats.proofs import TlogProof, verify_tlog_proof
+from gateway.provenance.formats.receipts import Receipt, make_receipt, verify_receipt
+from gateway.provenance.formats.records import (
     BackendRef,
     LogEntry,
     PolicyRef,
@@ -62,8 +74,14 @@ from gateway.provenance.records import (
     refusal_record,
     validate_record,
 )
-from gateway.provenance.store import Recovery, SignedNote
-from gateway.provenance.verify import LogSummary, verify_log
+from gateway.provenance.keys import (
+    generate_signing_key,
+    load_signer,
+    load_verifiers,
+    write_signing_key,
+)
+from gateway.provenance.writer.log import LogSettings, ProvenanceLog
+from gateway.provenance.writer.store import Recovery, SignedNote
 
 __all__ = [
     "REQUEST_DOMAIN",

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gateway.provenance.errors import KeyFormatError
-from gateway.provenance.note import Signer, Verifier, valid_key_name
+from gateway.provenance.formats.note import Signer, Verifier, valid_key_name
 
 __all__ = ["generate_signing_key", "load_signer", "load_verifiers", "write_signing_key"]
 

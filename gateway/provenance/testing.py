@@ -10,11 +10,10 @@ import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from gateway.provenance.commitments import Salts, commit
-from gateway.provenance.log import ProvenanceLog
-from gateway.provenance.note import Signer
-from gateway.provenance.receipts import Receipt
-from gateway.provenance.records import (
+from gateway.provenance.formats.commitments import Salts, commit
+from gateway.provenance.formats.note import Signer
+from gateway.provenance.formats.receipts import Receipt
+from gateway.provenance.formats.records import (
     BackendRef,
     LogEntry,
     PolicyRef,
@@ -25,6 +24,7 @@ from gateway.provenance.records import (
     dispatch_record,
     refusal_record,
 )
+from gateway.provenance.writer.log import ProvenanceLog
 
 __all__ = [
     "EXAMPLE_BACKEND",

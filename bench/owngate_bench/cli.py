@@ -1,0 +1,84 @@
+"""The benchmark verbs: `owngate bench VERB` and `python -m owngate_bench VERB`.
+
+`add_verbs` is what `gateway.cli.bench` calls when this distribution is installed; `main`
+is the same command line without the `owngate` front end. Verb modules are imported only
+when the parser is built, and nothing starts at import: servers start in `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["VERBS", "add_verbs", "main"]
+
+VERBS: dict[str, tuple[str, str]] = {
+    "overhead": (
+        "overhead",
+        "owngate (built-in and configured trust policies) vs the bare simulator vs "
+        "LiteLLM proxy, same load side by side",
+    ),
+    "routing": (
+        "routing",
+        "round robin vs least in-flight vs owngate's scorer on simulated pools, the "
+        "same seeded open-loop traces (TTFT, latency, queueing, decision cost)",
+    ),
+    "scale": (
+        "scale",
+        "owngate serve --workers 1/2/4 against the zero-latency simulator: req/s, "
+        "CPU per request and where the cores went",
+    ),
+    "provenance": (
+        "provenance_overhead",
+        "owngate with the provenance log off vs on, side by side, over a zero-latency "
+        "and an LLM-shaped simulator (req/s, TTFT, CPU per request, ratios)",
+    ),
+    "provenance-log": (
+        "provenance_log",
+        "the provenance log alone: fsync latency, append throughput with group commit, "
+        "checkpoint signing, verify speed",
+    ),
+    "policy": (
+        "policy",
+        "p50/p99 of a trust-policy decision, cached and uncached, on the shipped "
+        "examples and a large synthetic set",
+    ),
+    "state": (
+        "state",
+        "what shared state (memory, and Redis when given a URL) adds to each request's "
+        "admission and release",
+    ),
+}
+"""verb -> (module under owngate_bench, one-line help)"""
+
+
+def add_verbs(parser: argparse.ArgumentParser) -> None:
+    """Add every verb to `parser` (the `bench` command's), each with `handler=run`."""
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    for verb, (module_name, help_text) in VERBS.items():
+        module: Any = importlib.import_module(f"owngate_bench.{module_name}")
+        sub = verbs.add_parser(
+            verb,
+            help=help_text,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(sub)
+        sub.set_defaults(handler=module.run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m owngate_bench VERB ...`: exit code of the verb, 2 without one."""
+    parser = argparse.ArgumentParser(
+        prog="python -m owngate_bench", description="owngate's benchmarks, as `owngate bench`."
+    )
+    add_verbs(parser)
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    code: int = handler(args)
+    return code

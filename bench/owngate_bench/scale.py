@@ -1,0 +1,278 @@
+"""Scale benchmark: `owngate serve --workers N` for N = 1, 2, 4, side by side.
+
+`owngate bench scale` starts a zero-latency vLLM simulator in its own process, then for
+each worker count an `owngate serve --workers N` (generated config, built-in private-only
+policy, no provenance), waits until every worker answers ready, and drives it with the
+closed-loop load generator (`owngate_bench.loadgen`, its own process): chat at concurrency
+64 and streams of 64 chunks at concurrency 64. CPU seconds of the gateway's process tree
+(supervisor and workers), of the simulator, of the load generator and of the whole machine
+are read around each measured window.
+
+It prints, per load, req/s and gateway CPU ms per request for each worker count with
+the ratio to one worker, and where the machine's CPU went: on a machine with C cores the
+gateway can use at most C minus what the simulator and the load generator take, so
+req/s stops growing once the cores are full, while CPU per request (the steady figure
+on a shared machine) shows the cost of a worker. Writes JSON; bounded to about 2 min.
+
+Exit codes: 0 ran cleanly; 1 a run failed or returned errors; 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.tenants import hash_api_key
+from owngate_bench.loadgen import LoadSpec, run_in_subprocess
+from owngate_bench.services import (
+    HOST,
+    Service,
+    child_env,
+    env_flag,
+    free_port,
+    owngate_argv,
+    readyz,
+)
+
+__all__ = ["add_arguments", "run"]
+
+MODEL = "bench-model"
+LOADS = (("chat c=64", False, 16), ("stream c=64", True, 64))  # name, stream, max_tokens
+CONCURRENCY = 64
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The benchmark's flags, each with an OWNGATE_BENCH_* environment default."""
+    parser.add_argument(
+        "--workers",
+        default=env_flag("WORKERS", "1,2,4"),
+        help="comma-separated worker counts (env OWNGATE_BENCH_WORKERS, 1,2,4)",
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=env_flag("DURATION", "5"),
+        help="measured seconds per load and worker count (env OWNGATE_BENCH_DURATION, 5)",
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=env_flag("SCALE_JSON", ".bench/scale.json"),
+        help="where to write the results (env OWNGATE_BENCH_SCALE_JSON, .bench/scale.json)",
+    )
+
+
+def _config(sim_port: int, port: int, api_key: str) -> str:
+    return yaml.safe_dump(
+        {
+            "listen": {"host": HOST, "port": port},
+            "logging": {"format": "json", "level": "warning", "access_log": False},
+            "backends": [
+                {
+                    "id": "sim",
+                    "kind": "vllm",
+                    "base_url": f"http://{HOST}:{sim_port}",
+                    "models": [{"name": MODEL}],
+                    "region": "local",
+                    "owner": "bench",
+                }
+            ],
+            "tenants": [
+                {"id": "bench", "api_key_hashes": [hash_api_key(api_key)], "models": ["*"]}
+            ],
+            "admin": {"allow_loopback": True},  # the benchmark reads /admin/status locally
+        }
+    )
+
+
+def _ready_worker(port: int) -> int | None:
+    """Which worker answered /admin/status on a new connection, if it is ready to serve."""
+    detail = readyz(port)
+    if detail is None or detail.get("status") != "ready":
+        return None
+    if not detail.get("backends", {}).get("sim", {}).get("available"):
+        return None
+    worker = detail.get("worker")
+    return int(worker) if worker is not None else 0
+
+
+def _wait_all_ready(service: Service, workers: int, timeout: float = 60.0) -> None:
+    """Every worker must be serving before the clock starts (the kernel spreads new
+    connections over the workers, so polling on new connections reaches each)."""
+    wanted = set(range(1, workers + 1)) if workers > 1 else {0}
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while seen != wanted:
+        if time.monotonic() > deadline or service.proc.poll() is not None:
+            raise RuntimeError(
+                f"{service.name}: workers ready {sorted(seen)}: {service.log_tail()}"
+            )
+        worker = _ready_worker(service.port)
+        if worker is not None:
+            seen.add(worker)
+        else:
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def _simulator(rundir: Path) -> Iterator[Service]:
+    port = free_port()
+    argv = ["sim", "--kind", "vllm", "--zero-latency", "--host", HOST, "--port", str(port)]
+    sim = Service.start("sim", owngate_argv(*argv, "--model", MODEL), child_env(), rundir, port)
+    try:
+        sim.wait_ready("/v1/models", {}, 30.0)
+        yield sim
+    finally:
+        sim.stop()
+
+
+def _measure(
+    sim: Service, workers: int, rundir: Path, api_key: str, duration_s: float
+) -> dict[str, Any]:
+    port = free_port()
+    config = rundir / f"owngate-{workers}.yaml"
+    config.write_text(_config(sim.port, port, api_key))
+    argv = owngate_argv("serve", "--config", str(config), "--workers", str(workers))
+    gateway = Service.start(f"owngate-w{workers}", argv, child_env(), rundir, port)
+    results: dict[str, Any] = {}
+    try:
+        _wait_all_ready(gateway, workers)
+        for name, stream, max_tokens in LOADS:
+            spec = LoadSpec(
+                host=HOST,
+                port=port,
+                api_key=api_key,
+                model=MODEL,
+                stream=stream,
+                concurrency=CONCURRENCY,
+                max_tokens=max_tokens,
+                duration_s=duration_s,
+                warmup_s=0.5,
+                warmup_requests=500,
+                cpu_pids={"target": gateway.proc.pid, "sim": sim.proc.pid},
+            )
+            try:
+                results[name] = run_in_subprocess(spec, env=child_env())
+            except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+                results[name] = {"error": str(exc)[-2000:]}
+            print(_progress(workers, name, results[name]), file=sys.stderr, flush=True)
+    finally:
+        gateway.stop(timeout=30.0)
+    return results
+
+
+def _progress(workers: int, load: str, result: dict[str, Any]) -> str:
+    if "error" in result:
+        return f"  workers={workers} {load}: failed: {result['error'][-300:]}"
+    cpu = _cpu_ms_per_request(result)
+    return (
+        f"  workers={workers} {load}: {result['req_per_s']:,.0f} req/s, "
+        f"gateway {cpu:.3f} ms CPU/request, {result['errors']} errors"
+    )
+
+
+def _cpu_ms_per_request(result: dict[str, Any]) -> float:
+    requests = int(result.get("requests", 0))
+    return 1000 * float(result["cpu_s"]["target"]) / requests if requests else float("nan")
+
+
+def _cores_used(result: dict[str, Any], what: str) -> float:
+    """Cores (CPU seconds per second) the gateway, simulator, client or the rest used."""
+    elapsed = float(result["elapsed_s"])
+    cpu = result["cpu_s"]
+    if what == "client":
+        return float(result["client_cpu_s"]) / elapsed
+    if what == "other":
+        ours = float(cpu["target"] + cpu["sim"] + result["client_cpu_s"])
+        return max(0.0, float(cpu["machine"]) - ours) / elapsed
+    return float(cpu[what]) / elapsed
+
+
+def _load_table(name: str, rows: dict[int, dict[str, Any]]) -> list[str]:
+    counts = list(rows)
+    ok = {n: r for n, r in rows.items() if "error" not in r and r.get("requests")}
+    lines = [f"{name:34}" + "".join(f"{f'N={n}':>12}" for n in counts)]
+
+    def line(label: str, value: Callable[[dict[str, Any]], float], digits: int) -> None:
+        cells = "".join(
+            f"{value(ok[n]):>12,.{digits}f}" if n in ok else f"{'failed':>12}" for n in counts
+        )
+        lines.append(f"  {label:32}{cells}")
+
+    base = ok.get(counts[0])
+    line("req/s", lambda r: float(r["req_per_s"]), 0)
+    if base is not None:
+        line(f"req/s ratio to N={counts[0]}", lambda r: r["req_per_s"] / base["req_per_s"], 2)
+    line("gateway CPU ms/request", _cpu_ms_per_request, 3)
+    if base is not None:
+        first = _cpu_ms_per_request(base)
+        line(f"CPU/request ratio to N={counts[0]}", lambda r: _cpu_ms_per_request(r) / first, 2)
+    for label, what in (
+        ("cores: gateway (all workers)", "target"),
+        ("cores: simulator", "sim"),
+        ("cores: load generator", "client"),
+        ("cores: everything else", "other"),
+    ):
+        line(label, lambda r, what=what: _cores_used(r, what), 2)  # type: ignore[misc]
+    line("errors", lambda r: float(r["errors"]), 0)
+    return lines
+
+
+def render(report: dict[str, Any]) -> str:
+    counts: list[int] = report["settings"]["workers"]
+    cpus = report["machine"]["cpus"]
+    lines = [f"owngate serve --workers N on {cpus} CPUs, {CONCURRENCY} connections"]
+    for name, _, _ in LOADS:
+        lines += ["", *_load_table(name, {n: report["runs"][str(n)].get(name, {}) for n in counts})]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        counts = [int(n) for n in str(args.workers).split(",") if n.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1 or args.duration <= 0:
+        print("owngate bench scale: --workers takes counts >= 1, e.g. 1,2,4", file=sys.stderr)
+        return 2
+    api_key = "sk-bench-" + secrets.token_hex(16)
+    rundir = Path(args.json).parent / "scale-run"
+    rundir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    print(f"scale benchmark: workers {counts}, {args.duration:g}s per load", file=sys.stderr)
+    runs: dict[str, Any] = {}
+    try:
+        with _simulator(rundir) as sim:
+            for workers in counts:
+                runs[str(workers)] = _measure(sim, workers, rundir, api_key, args.duration)
+    except RuntimeError as exc:
+        print(f"owngate bench scale: {exc}", file=sys.stderr)
+        return 1
+    report = {
+        "schema": "owngate.bench.scale/1",
+        "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()},
+        "settings": {"workers": counts, "duration_s": args.duration, "concurrency": CONCURRENCY},
+        "runs": runs,
+        "wall_s": time.monotonic() - started,
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    print(render(report))
+    print(f"\nwrote {args.json} ({report['wall_s']:.0f}s in all)")
+    failed = any(
+        "error" in result or result.get("errors")
+        for results in runs.values()
+        for result in results.values()
+    )
+    return 1 if failed else 0

@@ -1,0 +1,107 @@
+"""The witness part of `verify_log`: the cosigned checkpoints in a log's `cosigned/`.
+
+Every cosignature line by a given witness must verify (C2SP tlog-cosignature); each
+cosigned checkpoint must be one the log signed, for its origin and size (its root is then
+checked against the entries by `verify_log`, like a trusted checkpoint's), and a size
+beyond the log's newest checkpoint is a rollback. At least one checkpoint must carry
+cosignatures by `min_witnesses` of the witnesses given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.provenance.audit.reader import LogDirectory
+from gateway.provenance.errors import LogVerificationError, MalformedError, SignatureError
+from gateway.provenance.formats.checkpoint import Checkpoint, SignedCheckpoint, open_checkpoint
+from gateway.provenance.formats.cosignature import CosignatureVerifier, find_cosignature
+from gateway.provenance.formats.layout import list_cosigned
+from gateway.provenance.formats.note import Verifier, _split_note
+
+__all__ = ["WitnessSummary", "check_cosigned"]
+
+
+@dataclass(frozen=True, slots=True)
+class WitnessSummary:
+    cosigned: int  # checkpoints in cosigned/
+    witnessed_size: int  # largest size cosigned by at least `min_witnesses` witnesses
+    min_witnesses: int
+    newest_by: dict[str, int]  # witness -> largest size it cosigned
+
+
+def _fail(reason: str) -> LogVerificationError:
+    return LogVerificationError(reason)
+
+
+def check_cosigned(
+    log: LogDirectory,
+    history: list[SignedCheckpoint],
+    verifiers: Sequence[Verifier],
+    witnesses: Sequence[CosignatureVerifier],
+    min_witnesses: int,
+    now: float,
+) -> tuple[list[tuple[str, Checkpoint]], WitnessSummary]:
+    """Check `cosigned/`; returns its checkpoints (for the root checks) and a summary."""
+    by_size = {signed.checkpoint.size: signed for signed in history}
+    newest = history[-1].checkpoint
+    found: list[tuple[str, Checkpoint]] = []
+    newest_by: dict[str, int] = {}
+    witnessed, most = 0, 0
+    files = list_cosigned(log.path)
+    for size, path in files:
+        name = f"cosigned/{path.name}"
+        data = path.read_bytes()
+        checkpoint = _cosigned_checkpoint(name, data, size, by_size, verifiers, newest)
+        count = 0
+        for witness in witnesses:
+            try:
+                cosignature = find_cosignature(data, witness, now=now)
+            except (SignatureError, MalformedError) as exc:
+                raise _fail(f"{name}: {exc}") from exc
+            if cosignature is not None:
+                count += 1
+                newest_by[str(witness)] = max(size, newest_by.get(str(witness), 0))
+        most = max(most, count)
+        if count >= min_witnesses:
+            witnessed = max(witnessed, size)
+        found.append((f"cosigned checkpoint {name}", checkpoint))
+    if not witnessed:
+        where = "cosigned/ is empty or missing" if not files else f"the most any has is {most}"
+        raise _fail(
+            f"no checkpoint in cosigned/ carries cosignatures by at least {min_witnesses} of "
+            f"the {len(witnesses)} given witness key(s) ({where}): the log is not witnessed"
+        )
+    summary = WitnessSummary(len(files), witnessed, min_witnesses, newest_by)
+    return found, summary
+
+
+def _cosigned_checkpoint(
+    name: str,
+    data: bytes,
+    size: int,
+    by_size: dict[int, SignedCheckpoint],
+    verifiers: Sequence[Verifier],
+    newest: Checkpoint,
+) -> Checkpoint:
+    """The checkpoint a cosigned file carries: signed by the log, for its origin and size."""
+    try:
+        text, _ = _split_note(data)
+        checkpoint = Checkpoint.parse(text)
+    except MalformedError as exc:
+        raise _fail(f"{name}: {exc}") from exc
+    known = by_size.get(size)
+    if known is not None and known.signatures.text == text:
+        return checkpoint  # the very checkpoint the history holds (and has checked)
+    try:
+        checkpoint = open_checkpoint(data, verifiers, origin=newest.origin).checkpoint
+    except (SignatureError, MalformedError) as exc:
+        raise _fail(f"{name}: {exc}") from exc
+    if checkpoint.size != size:
+        raise _fail(f"{name} holds a checkpoint of size {checkpoint.size}, not {size}")
+    if size > newest.size:
+        raise _fail(
+            f"rollback: a witness cosigned size {size}, but the log's newest checkpoint has "
+            f"size {newest.size}"
+        )
+    return checkpoint

@@ -1,0 +1,139 @@
+"""Read-only access to a log directory for auditors: checkpoints, entries, lookups.
+
+Nothing here trusts the files: `verify` checks them. `LogDirectory` only knows where the
+tlog-tiles layout (and the write-ahead segments) keep things.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from gateway.provenance.errors import MalformedError, RecordError
+from gateway.provenance.formats.layout import CHECKPOINT, WAL, list_history
+from gateway.provenance.formats.merkle import HASH_SIZE
+from gateway.provenance.formats.records import Record, parse_record
+from gateway.provenance.formats.tiles import (
+    TILE_WIDTH,
+    decode_bundle,
+    entries_path,
+    split_bundle,
+    tile_path,
+)
+from gateway.provenance.formats.wal import list_segments, scan_segment
+
+__all__ = ["LogDirectory"]
+
+
+class LogDirectory:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise MalformedError(f"{self.path} is not a directory")
+
+    def history(self) -> list[tuple[int, Path]]:
+        return list_history(self.path)
+
+    def latest_note(self) -> bytes:
+        """The served `checkpoint` file's bytes."""
+        try:
+            return (self.path / CHECKPOINT).read_bytes()
+        except FileNotFoundError as exc:
+            raise MalformedError(f"{self.path} has no checkpoint file") from exc
+
+    def _first_existing(self, names: list[str]) -> tuple[str, bytes] | None:
+        for name in names:
+            try:
+                return name, (self.path / name).read_bytes()
+            except FileNotFoundError:
+                continue
+        return None
+
+    @staticmethod
+    def _names(path: Callable[[int, int], str], index: int, size: int) -> list[str]:
+        """The full file of tile or bundle `index` first, then the partial one `size` needs."""
+        count = min(TILE_WIDTH, size - index * TILE_WIDTH)
+        names = [path(index, TILE_WIDTH)]
+        if count < TILE_WIDTH:
+            names.append(path(index, count))
+        return names
+
+    def bundle(self, index: int, size: int) -> list[bytes]:
+        """Entries of bundle `index` as far as a tree of `size` reaches (full file first)."""
+        count = min(TILE_WIDTH, size - index * TILE_WIDTH)
+        names = self._names(entries_path, index, size)
+        found = self._first_existing(names)
+        if found is None:
+            raise MalformedError(f"entry bundle {names[-1]} is missing")
+        name, data = found
+        entries = decode_bundle(data, where=name)
+        if len(entries) < count:
+            raise MalformedError(f"entry bundle {name} holds {len(entries)} entries, not {count}")
+        return entries[:count]
+
+    def level0_tile(self, index: int, size: int) -> bytes:
+        """Leaf hashes of level-0 tile `index` as far as a tree of `size` reaches."""
+        count = min(TILE_WIDTH, size - index * TILE_WIDTH)
+        names = self._names(_level0_path, index, size)
+        found = self._first_existing(names)
+        if found is None:
+            raise MalformedError(f"tile {names[-1]} is missing")
+        name, data = found
+        if len(data) < count * HASH_SIZE:
+            raise MalformedError(f"tile {name} holds fewer than {count} hashes")
+        return data[: count * HASH_SIZE]
+
+    # For locating damage once `bundle` or `level0_tile` failed: what is there, leniently.
+
+    def bundle_prefix(self, index: int, size: int) -> tuple[str, list[bytes] | None, bool]:
+        """Bundle `index`'s file name; every whole entry in it, up to where the file is cut
+        short (None if there is no file); and whether it is cut short."""
+        names = self._names(entries_path, index, size)
+        found = self._first_existing(names)
+        if found is None:
+            return names[-1], None, False
+        name, data = found
+        entries, taken = split_bundle(data)
+        return name, entries, taken < len(data)
+
+    def level0_prefix(self, index: int, size: int) -> tuple[str, list[bytes] | None]:
+        """Level-0 tile `index`'s file name and its whole leaf hashes, as far as a tree of
+        `size` reaches (None if there is no file)."""
+        names = self._names(_level0_path, index, size)
+        found = self._first_existing(names)
+        if found is None:
+            return names[-1], None
+        name, data = found
+        count = min(TILE_WIDTH, size - index * TILE_WIDTH, len(data) // HASH_SIZE)
+        return name, [data[i * HASH_SIZE : (i + 1) * HASH_SIZE] for i in range(count)]
+
+    def entries(self, size: int) -> Iterator[tuple[int, bytes]]:
+        """(index, entry) for every entry of a tree of `size`, from the entry bundles."""
+        for bundle_index in range((size + TILE_WIDTH - 1) // TILE_WIDTH):
+            for offset, entry in enumerate(self.bundle(bundle_index, size)):
+                yield bundle_index * TILE_WIDTH + offset, entry
+
+    def records(self, size: int) -> Iterator[tuple[int, Record]]:
+        for index, entry in self.entries(size):
+            try:
+                yield index, parse_record(entry)
+            except RecordError as exc:
+                raise RecordError(f"entry {index}: {exc}") from exc
+
+    def unsigned_entries(self, size: int) -> list[bytes]:
+        """Entries in the write-ahead segments beyond `size` (not yet in a checkpoint)."""
+        found: list[bytes] = []
+        for first, path in list_segments(self.path / WAL):
+            scan = scan_segment(path, first)
+            for offset, (entry, _) in enumerate(scan.entries):
+                if first + offset >= size + len(found):
+                    found.append(entry)
+        return found
+
+    def find_request(self, request_id: str, size: int) -> list[tuple[int, Record]]:
+        """Every record of `request_id` in a tree of `size`, in log order."""
+        return [(i, r) for i, r in self.records(size) if r.request_id == request_id]
+
+
+def _level0_path(index: int, width: int) -> str:
+    return tile_path(0, index, width)

@@ -1,0 +1,89 @@
+"""C2SP tlog-checkpoint: the signed statement "the log `origin` has `size` entries, root `root`".
+
+Body: origin line, decimal tree size (no leading zeroes), base64 root hash, then optional
+non-empty extension lines; the body is a signed note (see `note`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from gateway.provenance.errors import MalformedError
+from gateway.provenance.formats.merkle import HASH_SIZE
+from gateway.provenance.formats.note import Note, Signer, Verifier, open_note, sign_note
+
+__all__ = ["Checkpoint", "SignedCheckpoint", "open_checkpoint", "sign_checkpoint"]
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    origin: str
+    size: int
+    root: bytes
+    extensions: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.origin or "\n" in self.origin:
+            raise MalformedError("checkpoint origin must be one non-empty line")
+        if self.origin.startswith("DSSEv1"):
+            raise MalformedError("checkpoint origin must not start with DSSEv1 (receipt domain)")
+        if self.size < 0:
+            raise MalformedError("checkpoint size is negative")
+        if len(self.root) != HASH_SIZE:
+            raise MalformedError("checkpoint root hash is not 32 bytes")
+        for line in self.extensions:
+            if not line or "\n" in line:
+                raise MalformedError("checkpoint extension lines must be non-empty single lines")
+
+    def text(self) -> str:
+        lines = [self.origin, str(self.size), base64.b64encode(self.root).decode()]
+        lines.extend(self.extensions)
+        return "".join(f"{line}\n" for line in lines)
+
+    @classmethod
+    def parse(cls, text: str) -> Checkpoint:
+        lines = text.split("\n")
+        if len(lines) < 4 or lines[-1] != "":
+            raise MalformedError("checkpoint needs origin, size and root hash lines")
+        origin, size_text, root_text, *extensions = lines[:-1]
+        if not size_text.isdecimal() or not size_text.isascii():
+            raise MalformedError(f"checkpoint size {size_text!r} is not a decimal number")
+        if size_text != str(int(size_text)):
+            raise MalformedError(f"checkpoint size {size_text!r} has leading zeroes")
+        try:
+            root = base64.b64decode(root_text.encode("ascii"), validate=True)
+        except (binascii.Error, UnicodeEncodeError) as exc:
+            raise MalformedError("checkpoint root hash is not valid base64") from exc
+        return cls(origin, int(size_text), root, tuple(extensions))
+
+
+@dataclass(frozen=True, slots=True)
+class SignedCheckpoint:
+    """A checkpoint, the note bytes that carry it and the signatures that verified."""
+
+    checkpoint: Checkpoint
+    note: bytes
+    signatures: Note
+
+
+def sign_checkpoint(checkpoint: Checkpoint, signers: Sequence[Signer]) -> bytes:
+    return sign_note(checkpoint.text(), signers)
+
+
+def open_checkpoint(
+    data: bytes, verifiers: Iterable[Verifier], *, origin: str | None = None
+) -> SignedCheckpoint:
+    """Verify a signed checkpoint; raises SignatureError or MalformedError.
+
+    When `origin` is given the checkpoint must carry exactly that origin line.
+    """
+    note = open_note(data, verifiers)
+    checkpoint = Checkpoint.parse(note.text)
+    if origin is not None and checkpoint.origin != origin:
+        raise MalformedError(
+            f"checkpoint origin is {checkpoint.origin!r}, expected {origin!r}: another log"
+        )
+    return SignedCheckpoint(checkpoint, data, note)

@@ -1,0 +1,78 @@
+"""The write-ahead segment: where appended entries become durable before any tile exists.
+
+A segment `wal/<first index, 20 digits>.wal` is a sequence of frames
+`uint16 length (big-endian) || entry || SHA-256(0x00 || entry)`; the trailing RFC 6962 leaf
+hash doubles as the frame's checksum. A frame that is cut short or whose hash does not match
+marks the end of the valid data: after a crash that is a torn tail, which the writer cuts.
+Segments are deleted once a signed checkpoint covers their entries (the entries then live in
+the tlog-tiles entry bundles). This module is the format (frames, names, scanning); the
+writer appends through `writer.segment_writer.SegmentWriter`.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.provenance.formats.merkle import HASH_SIZE, leaf_hash
+
+__all__ = [
+    "SegmentScan",
+    "encode_frame",
+    "list_segments",
+    "scan_segment",
+    "segment_path",
+]
+
+_SUFFIX = ".wal"
+
+
+def encode_frame(entry: bytes, leaf: bytes) -> bytes:
+    return struct.pack(">H", len(entry)) + entry + leaf
+
+
+def segment_path(directory: Path, first_index: int) -> Path:
+    return directory / f"{first_index:020d}{_SUFFIX}"
+
+
+def list_segments(directory: Path) -> list[tuple[int, Path]]:
+    """Segments in order of their first index; stray files are ignored."""
+    if not directory.is_dir():
+        return []
+    found: list[tuple[int, Path]] = []
+    for path in directory.iterdir():
+        stem = path.name[: -len(_SUFFIX)]
+        if path.name.endswith(_SUFFIX) and stem.isdecimal() and len(stem) == 20:
+            found.append((int(stem), path))
+    return sorted(found)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentScan:
+    first_index: int
+    entries: list[tuple[bytes, bytes]]  # (entry, leaf hash)
+    valid_bytes: int
+    total_bytes: int
+
+    @property
+    def torn(self) -> bool:
+        return self.valid_bytes != self.total_bytes
+
+
+def scan_segment(path: Path, first_index: int) -> SegmentScan:
+    data = path.read_bytes()
+    entries: list[tuple[bytes, bytes]] = []
+    offset = 0
+    while offset + 2 <= len(data):  # bounded: each frame consumes at least 34 bytes
+        (length,) = struct.unpack_from(">H", data, offset)
+        end = offset + 2 + length + HASH_SIZE
+        if end > len(data):
+            break
+        entry = data[offset + 2 : offset + 2 + length]
+        leaf = data[offset + 2 + length : end]
+        if leaf_hash(entry) != leaf:
+            break
+        entries.append((entry, leaf))
+        offset = end
+    return SegmentScan(first_index, entries, offset, len(data))

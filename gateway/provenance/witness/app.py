@@ -1,0 +1,82 @@
+"""The witness's HTTP interface (C2SP tlog-witness `add-checkpoint`) as a raw ASGI app.
+
+    POST <prefix>/add-checkpoint
+    old <size>\\n<base64 proof hash>\\n...\\n\\n<signed checkpoint note>
+
+200 with the cosignature line(s) (`text/plain`); 409 with the size the witness knows,
+`<size>\\n` as `text/x.tlog.size`; 400 malformed, 403 no trusted signature, 404 unknown
+log, 422 bad consistency proof, 503 the state could not be written; 404/405/413 for other
+paths, methods and oversized bodies. The app needs no web framework and imports no
+server: run it with any ASGI server (`owngate witness serve` uses uvicorn). The witness
+itself is opened and closed by the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from gateway.asgi import Receive, Scope, Send, lifespan, read_body, respond
+from gateway.errors import ErrorCode, GatewayError
+from gateway.provenance.witness.witness import Witness, WitnessCode, WitnessError
+
+__all__ = ["MAX_BODY", "SIZE_CONTENT_TYPE", "STATUS", "ASGIApp", "create_witness_app"]
+
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: the spec's HTTP status for each refusal, in one place.
+STATUS: dict[WitnessCode, int] = {
+    "malformed": 400,
+    "untrusted": 403,
+    "unknown_log": 404,
+    "conflict": 409,
+    "inconsistent": 422,
+    "unavailable": 503,
+}
+SIZE_CONTENT_TYPE = b"text/x.tlog.size"
+#: 63 proof lines and a checkpoint with 100 signature lines fit many times over.
+MAX_BODY = 256 * 1024
+_TEXT = b"text/plain; charset=utf-8"
+
+
+def _error_body(error: WitnessError) -> tuple[bytes, bytes]:
+    if error.code == "conflict" and error.known_size is not None:
+        return f"{error.known_size}\n".encode(), SIZE_CONTENT_TYPE
+    return f"{error}\n".encode(), _TEXT
+
+
+def create_witness_app(witness: Witness, *, prefix: str = "", max_body: int = MAX_BODY) -> ASGIApp:
+    """The ASGI app serving `witness` at `<prefix>/add-checkpoint`."""
+    path = prefix.rstrip("/") + "/add-checkpoint"
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return  # no websockets here; the server closes the connection
+        if scope["path"] != path:
+            await respond(
+                send, 404, f"not found; POST add-checkpoint requests to {path}\n".encode(), _TEXT
+            )
+            return
+        if scope["method"] != "POST":
+            await respond(send, 405, b"add-checkpoint takes POST\n", _TEXT, ((b"allow", b"POST"),))
+            return
+        try:
+            body = await read_body(scope, receive, max_body)
+        except GatewayError as error:
+            if error.code is ErrorCode.request_too_large:
+                await respond(send, 413, b"request body too large\n", _TEXT)
+            return  # otherwise the client left before its body was complete
+        try:
+            # The check, the fsync of the new state and the signature run off the event
+            # loop; the witness's own lock keeps concurrent requests atomic.
+            lines = await asyncio.to_thread(witness.submit, body)
+        except WitnessError as error:
+            content, content_type = _error_body(error)
+            await respond(send, STATUS[error.code], content, content_type)
+            return
+        await respond(send, 200, lines, _TEXT)
+
+    return app

@@ -1,0 +1,197 @@
+"""Asking a C2SP tlog-witness for cosignatures: one HTTP/1.1 exchange, standard library only.
+
+`request_cosignature` sends one add-checkpoint request and returns the witness's
+cosignature lines; a refusal raises `WitnessError` with the code matching the spec's
+status (a 409 carries the witness's `known_size`), a network failure or timeout raises
+`WitnessError("unavailable")`. `WitnessClient` adds what a log needs around it: it keeps
+the size the witness last cosigned, builds the consistency proof from there, adopts the
+size a 409 reports and retries once, and verifies the answer against the witness's key.
+
+One connection per request (`Connection: close`): a log asks once per checkpoint, so a
+keep-alive pool would buy nothing. `https://` URLs use the system trust store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from urllib.parse import urlsplit
+
+from gateway.provenance.errors import MalformedError
+from gateway.provenance.formats.cosignature import CosignatureVerifier, attach_cosignatures
+from gateway.provenance.witness.app import STATUS
+from gateway.provenance.witness.witness import AddCheckpoint, WitnessCode, WitnessError
+
+__all__ = ["MAX_RESPONSE", "Prover", "WitnessClient", "request_cosignature"]
+
+MAX_RESPONSE = 64 * 1024
+_CODES: dict[int, WitnessCode] = {status: code for code, status in STATUS.items()}
+#: builds the consistency proof from the first size to the second (0 < first < second).
+Prover = Callable[[int, int], Awaitable[Sequence[bytes]]]
+
+
+async def _line(reader: asyncio.StreamReader) -> bytes:
+    try:
+        return await reader.readline()
+    except ValueError as exc:  # the stream's 64 KiB line limit
+        raise MalformedError("a line of the witness answer is too long") from exc
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
+    status_line = (await _line(reader)).decode("latin-1")
+    parts = status_line.split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise MalformedError(f"not an HTTP/1.x status line: {status_line.strip()!r}")
+    headers: dict[str, str] = {}
+    for _ in range(100):  # a witness answer has a handful of headers
+        line = (await _line(reader)).decode("latin-1")
+        if line in ("\r\n", "\n", ""):
+            return int(parts[1]), headers
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    raise MalformedError("more than 100 response headers")
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    body = bytearray()
+    while len(body) <= MAX_RESPONSE:  # bounded: each round adds a chunk or returns
+        size_line = (await _line(reader)).split(b";")[0].strip()
+        try:
+            size = int(size_line, 16)
+        except ValueError as exc:
+            raise MalformedError("malformed chunk size in the witness answer") from exc
+        if size == 0:
+            return bytes(body)
+        body += await reader.readexactly(size)
+        await reader.readexactly(2)  # the chunk's CRLF
+    raise MalformedError(f"witness answer is larger than {MAX_RESPONSE} bytes")
+
+
+async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return await _read_chunked(reader)
+    length = headers.get("content-length")
+    if length is not None:
+        if not length.isdigit() or int(length) > MAX_RESPONSE:
+            raise MalformedError(f"witness answer has a bad or too large length {length!r}")
+        return await reader.readexactly(int(length))
+    body = await reader.read(MAX_RESPONSE + 1)  # we sent Connection: close
+    if len(body) > MAX_RESPONSE:
+        raise MalformedError(f"witness answer is larger than {MAX_RESPONSE} bytes")
+    return body
+
+
+async def _exchange(url: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"witness URL {url!r} is not an http(s) URL")
+    secure = parts.scheme == "https"
+    port = parts.port or (443 if secure else 80)
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    authority = host if parts.port is None else f"{host}:{parts.port}"
+    path = parts.path.rstrip("/") + "/add-checkpoint"
+    reader, writer = await asyncio.open_connection(
+        parts.hostname, port, ssl=ssl.create_default_context() if secure else None
+    )
+    try:
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {authority}\r\n"
+            f"Content-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n"
+        )
+        writer.write(head.encode("latin-1") + body)
+        await writer.drain()
+        status, headers = await _read_head(reader)
+        return status, headers, await _read_body(reader, headers)
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):  # the answer is in; a close error changes nothing
+            await writer.wait_closed()
+
+
+def _interpret(url: str, status: int, content: bytes) -> bytes:
+    text = content.decode("utf-8", "replace").strip()
+    if status == 200:
+        if not content.endswith(b"\n") or not all(
+            line.startswith("\u2014 ") for line in content.decode("utf-8", "replace").splitlines()
+        ):
+            raise WitnessError("unavailable", f"witness {url} answered 200 without cosignatures")
+        return content
+    code = _CODES.get(status)
+    if code == "conflict":
+        known = int(text) if text.isdecimal() else None
+        raise WitnessError(
+            "conflict", f"witness {url}: 409, it last cosigned size {text}", known_size=known
+        )
+    if code is None:
+        raise WitnessError("unavailable", f"witness {url} answered {status}: {text[:200]}")
+    raise WitnessError(code, f"witness {url} refused the checkpoint ({status}): {text[:200]}")
+
+
+async def request_cosignature(
+    witness_url: str,
+    old_size: int,
+    proof: Sequence[bytes],
+    checkpoint_note: bytes,
+    *,
+    timeout: float,
+) -> bytes:
+    """POST one add-checkpoint request to `witness_url` (its submission prefix).
+
+    Returns the answer's cosignature lines, unverified: check them with
+    `attach_cosignatures` or `verify_cosignature`. Raises WitnessError, or ValueError for
+    a URL that is not http(s).
+    """
+    body = AddCheckpoint(old_size, tuple(proof), checkpoint_note).encode()
+    try:
+        async with asyncio.timeout(timeout):
+            status, _, content = await _exchange(witness_url, body)
+    except TimeoutError as exc:
+        raise WitnessError(
+            "unavailable", f"witness {witness_url} did not answer within {timeout:g}s"
+        ) from exc
+    except (OSError, asyncio.IncompleteReadError, MalformedError) as exc:
+        raise WitnessError("unavailable", f"witness {witness_url}: {exc}") from exc
+    return _interpret(witness_url, status, content)
+
+
+class WitnessClient:
+    """One witness as a log sees it: its URL, its key and the size it last cosigned.
+
+    `cosign(note, size, prove)` returns `note` with the witness's verified cosignature
+    appended. Not safe for concurrent calls: a log cosigns its checkpoints in order.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        vkey: str,
+        *,
+        timeout: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.url = url
+        self.verifier = CosignatureVerifier(vkey)
+        self.timeout = timeout
+        self.old_size = 0  # unknown until the first answer; a 409 tells the real one
+        self._clock = clock
+
+    async def cosign(self, note: bytes, size: int, prove: Prover) -> bytes:
+        for attempt in range(2):  # the second try only after a 409 taught the witness's size
+            old = self.old_size
+            proof = await prove(old, size) if 0 < old < size else ()
+            try:
+                lines = await request_cosignature(self.url, old, proof, note, timeout=self.timeout)
+            except WitnessError as error:
+                known = error.known_size
+                if attempt or error.code != "conflict" or known is None or known > size:
+                    raise
+                self.old_size = known
+                continue
+            cosigned = attach_cosignatures(note, lines, self.verifier, now=self._clock())
+            self.old_size = size
+            return cosigned
+        raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover

@@ -1,0 +1,257 @@
+"""A C2SP tlog-witness: cosign a log's checkpoints only while the log stays append-only.
+
+For each log it trusts (a verifier key whose name is the log's origin), the witness
+remembers the latest tree it cosigned (`witness.state`). `add_checkpoint` follows the
+spec's add-checkpoint rules, in its order:
+
+1. origin not configured: `unknown_log` (HTTP 404); no valid signature by a key trusted
+   for that origin: `untrusted` (403); unparseable request or note: `malformed` (400);
+2. old size larger than the checkpoint's size (a rollback): `malformed` (400);
+3. old size not the size the witness last cosigned: `conflict` (409), which carries the
+   size it knows, so a log that lost track can ask again;
+4. consistency proof from the recorded tree to the new one fails: `inconsistent` (422);
+   same size with another root hash (a fork): `conflict` (409);
+5. otherwise the new tree is persisted (atomically, before answering) and a timestamped
+   cosignature/v1 line is returned; the time comes from the injected clock.
+
+Steps 3-5 run under one lock, so two concurrent requests cannot roll each other back.
+Pure: no HTTP here (see `witness.app`), only files for the state.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Literal
+
+from gateway.provenance.errors import MalformedError, ProofError, ProvenanceError, SignatureError
+from gateway.provenance.formats.checkpoint import Checkpoint, SignedCheckpoint, open_checkpoint
+from gateway.provenance.formats.cosignature import Cosigner
+from gateway.provenance.formats.merkle import EMPTY_ROOT, HASH_SIZE, verify_consistency
+from gateway.provenance.formats.note import Verifier
+from gateway.provenance.witness.state import TreeHead, WitnessState
+
+__all__ = [
+    "MAX_PROOF_LINES",
+    "AddCheckpoint",
+    "Witness",
+    "WitnessCode",
+    "WitnessError",
+]
+
+MAX_PROOF_LINES = 63
+_OLD_LINE = re.compile(r"old (0|[1-9][0-9]*)\Z")
+
+WitnessCode = Literal[
+    "malformed", "untrusted", "unknown_log", "conflict", "inconsistent", "unavailable"
+]
+
+
+class WitnessError(ProvenanceError):
+    """The witness refused a checkpoint, or could not be asked (client side: `unavailable`).
+
+    `code` is one of `WitnessCode`; `witness.app.STATUS` maps it to the spec's HTTP status.
+    `known_size` is set for `conflict`: the size the witness last cosigned.
+    """
+
+    def __init__(self, code: WitnessCode, message: str, *, known_size: int | None = None) -> None:
+        super().__init__(message)
+        self.code: WitnessCode = code
+        self.known_size = known_size
+
+
+@dataclass(frozen=True, slots=True)
+class AddCheckpoint:
+    """An add-checkpoint request: `old <size>`, proof lines, a blank line, the signed note."""
+
+    old_size: int
+    proof: tuple[bytes, ...]
+    note: bytes
+
+    def encode(self) -> bytes:
+        if self.old_size < 0:
+            raise ValueError("old size is negative")
+        if len(self.proof) > MAX_PROOF_LINES:
+            raise ValueError(f"a consistency proof has at most {MAX_PROOF_LINES} hashes")
+        lines = [f"old {self.old_size}\n".encode()]
+        lines.extend(base64.b64encode(item) + b"\n" for item in self.proof)
+        return b"".join(lines) + b"\n" + self.note
+
+    @classmethod
+    def parse(cls, body: bytes) -> AddCheckpoint:
+        """Parse a request body; raises WitnessError(`malformed`)."""
+        head, blank, note = body.partition(b"\n\n")
+        if not blank or not note:
+            raise WitnessError("malformed", "request needs an old size line, a blank line, a note")
+        try:
+            lines = head.decode("ascii").split("\n")
+        except UnicodeDecodeError as exc:
+            raise WitnessError("malformed", "old size and proof lines must be ASCII") from exc
+        match = _OLD_LINE.match(lines[0])
+        if match is None:
+            raise WitnessError("malformed", f"first line must be 'old <size>', not {lines[0]!r}")
+        if len(lines) - 1 > MAX_PROOF_LINES:
+            raise WitnessError("malformed", f"more than {MAX_PROOF_LINES} consistency proof lines")
+        proof = []
+        for number, line in enumerate(lines[1:], start=1):
+            try:
+                item = base64.b64decode(line.encode("ascii"), validate=True)
+            except binascii.Error as exc:
+                raise WitnessError("malformed", f"proof line {number} is not base64") from exc
+            if len(item) != HASH_SIZE:
+                raise WitnessError("malformed", f"proof line {number} is not a 32-byte hash")
+            proof.append(item)
+        return cls(int(match.group(1)), tuple(proof), note)
+
+
+def _origin(note: bytes) -> str:
+    first, newline, _ = note.partition(b"\n")
+    try:
+        origin = first.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise WitnessError("malformed", "checkpoint origin line is not UTF-8") from exc
+    if not newline or not origin:
+        raise WitnessError("malformed", "checkpoint has no origin line")
+    return origin
+
+
+class Witness:
+    """The cosigning core; use `Witness.open` (it locks and loads the state file)."""
+
+    def __init__(
+        self,
+        cosigner: Cosigner,
+        logs: Iterable[Verifier],
+        state: WitnessState,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cosigner = cosigner
+        self._logs: dict[str, list[Verifier]] = {}
+        for verifier in logs:  # the key name is the log's origin (C2SP tlog-checkpoint)
+            self._logs.setdefault(verifier.name, []).append(verifier)
+        self._state = state
+        self._clock = clock
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(
+        cls,
+        state_path: str | Path,
+        cosigner: Cosigner,
+        logs: Iterable[Verifier],
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> Witness:
+        return cls(cosigner, logs, WitnessState.open(state_path), clock=clock)
+
+    @property
+    def origins(self) -> tuple[str, ...]:
+        return tuple(sorted(self._logs))
+
+    def latest(self, origin: str) -> TreeHead | None:
+        """The latest tree cosigned for `origin` (None: never cosigned)."""
+        return self._state.get(origin)
+
+    def submit(self, body: bytes) -> bytes:
+        """Handle an add-checkpoint request body; returns the cosignature line(s)."""
+        request = AddCheckpoint.parse(body)
+        return self.add_checkpoint(request.old_size, request.proof, request.note)
+
+    def add_checkpoint(self, old_size: int, proof: Sequence[bytes], note: bytes) -> bytes:
+        """Cosign `note` (a signed checkpoint) after the checks listed in the module doc.
+
+        Returns the cosignature line `— <name> <base64>\\n` as bytes; raises WitnessError.
+        """
+        signed = self._open(note)
+        new = signed.checkpoint
+        if old_size < 0:
+            raise WitnessError("malformed", "old size is negative")
+        if old_size > new.size:
+            raise WitnessError(
+                "malformed",
+                f"old size {old_size} is larger than the checkpoint size {new.size}: "
+                "a log does not shrink (rollback refused)",
+            )
+        with self._lock:
+            known = self._state.get(new.origin)
+            known_size = known.size if known is not None else 0
+            if old_size != known_size:
+                raise WitnessError(
+                    "conflict",
+                    f"old size {old_size} is not the size {known_size} last cosigned for "
+                    f"{new.origin}",
+                    known_size=known_size,
+                )
+            self._check_extension(known, new, proof)
+            head = TreeHead(new.size, new.root)
+            if head != known:
+                try:
+                    self._state.update(new.origin, head)
+                except OSError as exc:
+                    reason = exc.strerror or str(exc)
+                    raise WitnessError("unavailable", f"cannot persist state: {reason}") from exc
+            timestamp = int(self._clock())
+            return self.cosigner.cosign(signed.signatures.text, timestamp).line().encode()
+
+    def _open(self, note: bytes) -> SignedCheckpoint:
+        origin = _origin(note)
+        verifiers = self._logs.get(origin)
+        if verifiers is None:
+            raise WitnessError("unknown_log", f"this witness does not know the log {origin!r}")
+        try:
+            return open_checkpoint(note, verifiers, origin=origin)
+        except SignatureError as exc:
+            raise WitnessError("untrusted", f"checkpoint of {origin!r}: {exc}") from exc
+        except MalformedError as exc:
+            raise WitnessError("malformed", f"checkpoint of {origin!r}: {exc}") from exc
+
+    @staticmethod
+    def _check_extension(known: TreeHead | None, new: Checkpoint, proof: Sequence[bytes]) -> None:
+        """Raise unless `new` extends the recorded tree `known` (None: nothing recorded)."""
+        if known is None or known.size == 0:
+            if proof:
+                raise WitnessError("inconsistent", "a proof from old size 0 must be empty")
+            if new.size == 0 and new.root != EMPTY_ROOT:
+                raise WitnessError("inconsistent", "an empty tree's root must be SHA-256('')")
+            return
+        if new.size == known.size:
+            if new.root != known.root:
+                raise WitnessError(
+                    "conflict",
+                    f"{new.origin} signed two different root hashes for size {new.size} "
+                    "(a fork); the witness keeps the one it cosigned",
+                    known_size=known.size,
+                )
+            if proof:
+                raise WitnessError("inconsistent", "a proof between equal sizes must be empty")
+            return
+        try:
+            verify_consistency(known.size, new.size, proof, known.root, new.root)
+        except ProofError as exc:
+            raise WitnessError(
+                "inconsistent",
+                f"{new.origin} size {new.size} is not consistent with the cosigned size "
+                f"{known.size}: {exc}",
+            ) from exc
+
+    def close(self) -> None:
+        self._state.close()
+
+    def __enter__(self) -> Witness:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

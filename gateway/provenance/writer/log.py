@@ -1,0 +1,397 @@
+"""`ProvenanceLog`: the asyncio writer the gateway calls, with group commit and checkpoints.
+
+`await log.append(record)` returns only once the record is durable. Appends that arrive
+within the group-commit window share one synchronous write (an `O_DSYNC` segment), done on
+the log's writer thread so the event loop never blocks on disk; records nobody waits on
+(`append_soon`) go with the next such batch. A checkpoint is signed every
+`checkpoint_every` entries or `checkpoint_interval_ms`, whichever comes first: the writer
+thread takes a snapshot between two batches (`LogStore.snapshot`, which also rotates the
+write-ahead segment) and the log's checkpoint thread builds the tiles, signs and writes it
+(`LogStore.export`) while appends go on, so a checkpoint covers exactly the entries that
+were durable at the snapshot and never holds an append back.
+
+`append_sealed(record, seal)` returns once the entry is durable, with a future for
+`seal(entry)`, run on the log's sealing thread (the gateway signs receipts there, beside
+the event loop: Ed25519 signing releases the GIL) while the request goes upstream.
+
+If the disk refuses a write, `append` raises `LogUnavailableError` (the gateway answers
+503) and nothing of that batch is logged; the next append, or a probe each
+`probe_interval_ms`, tries again; records nobody waits on are kept meanwhile (`Outage`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from gateway.canonical import canonical_json_of_plain
+from gateway.provenance.errors import LogUnavailableError, ProvenanceError, RecordError
+from gateway.provenance.formats.note import Signer
+from gateway.provenance.formats.proofs import TlogProof
+from gateway.provenance.formats.records import LogEntry, validate_record
+from gateway.provenance.formats.tiles import MAX_ENTRY_SIZE
+from gateway.provenance.writer.checkpointer import Checkpointer, LogSettings
+from gateway.provenance.writer.outage import Outage
+from gateway.provenance.writer.queued import Queued
+from gateway.provenance.writer.sealer import Seal, Sealer, Sealing
+from gateway.provenance.writer.signal import Signal
+from gateway.provenance.writer.store import LogStore, Recovery, SignedNote
+
+__all__ = ["LogSettings", "ProvenanceLog"]
+
+_T = TypeVar("_T")
+
+
+class ProvenanceLog:
+    """The per-replica provenance log. Create with `await ProvenanceLog.open(...)`."""
+
+    def __init__(
+        self,
+        store: LogStore,
+        executor: ThreadPoolExecutor,
+        settings: LogSettings,
+        clock: Callable[[], float],
+    ) -> None:
+        self._store = store
+        self._executor = executor  # the writer thread: appends and snapshots
+        self._loop = asyncio.get_running_loop()
+        self._sealer = Sealer(self._loop)
+        self._settings = settings
+        self._queue: list[Queued] = []
+        self._wakeup = Signal(self._loop)  # the queue went from empty to not empty
+        self._filled = Signal(self._loop)  # the queue reached the size of the last batch
+        self._last_batch = 1  # awaited appends in the last batch
+        # How long a write takes as the committer sees it (moving average, seconds; 0 until
+        # the first): the longest it is worth holding a batch open for one more append.
+        self._write_time = 0.0
+        self._waiters = 0  # awaited appends queued now
+        self._deferred_until: float | None = None  # when unawaited queued records must go
+        self._closing = False
+        self._aborting = False
+        self._stopping: asyncio.Task[None] | None = None  # close() or abort(), once
+        self._size = store.size
+        self._checkpoints = Checkpointer(store, settings, clock, self._wakeup.set)
+        self._outage = Outage(settings.probe_interval_ms / 1000.0, settings.max_retained)
+        self._task = self._loop.create_task(self._run(), name="provenance-log")
+
+    @classmethod
+    async def open(
+        cls,
+        directory: str | os.PathLike[str],
+        origin: str,
+        signer: Signer,
+        *,
+        cosigners: Sequence[Signer] = (),
+        settings: LogSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> ProvenanceLog:
+        """Open or create the log in `directory`, recovering after a crash.
+
+        `cosigners` also sign every checkpoint (e.g. the previous key during a rotation).
+        """
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="provenance-log")
+        loop = asyncio.get_running_loop()
+        try:
+            store = await loop.run_in_executor(
+                executor, LogStore.open, directory, origin, [signer, *cosigners]
+            )
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        return cls(store, executor, settings or LogSettings(), clock)
+
+    # --- what the gateway reads -------------------------------------------------------------
+
+    @property
+    def origin(self) -> str:
+        return self._store.origin
+
+    @property
+    def size(self) -> int:
+        """Entries made durable so far."""
+        return self._size
+
+    @property
+    def recovery(self) -> Recovery:
+        return self._store.recovery
+
+    @property
+    def last_error(self) -> ProvenanceError | None:
+        """The last write or checkpoint failure, each cleared by its kind's next success."""
+        return self._outage.error or self._checkpoints.error
+
+    @property
+    def cleanup_error(self) -> ProvenanceError | None:
+        """Why the last checkpoint could not delete what it covers (the next one will)."""
+        return self._store.cleanup_error
+
+    @property
+    def batches(self) -> int:
+        """Write+fsync rounds so far; appends / batches is the group-commit factor."""
+        return self._store.batches
+
+    def latest_checkpoint(self) -> SignedNote | None:
+        return self._store.latest
+
+    # --- appending ----------------------------------------------------------------------------
+
+    async def append(self, record: Mapping[str, object], *, checked: bool = False) -> LogEntry:
+        """Validate, encode and durably append one record; returns its index and leaf hash.
+
+        `checked=True` skips the schema walk for a record straight from one of the
+        `records` builders, which check their inputs and so build only valid records.
+        Raises RecordError for a record outside the schema, LogUnavailableError when the
+        log cannot be written (nothing was logged).
+        """
+        return await self._put(record, checked, awaited=True)
+
+    def append_soon(
+        self, record: Mapping[str, object], *, checked: bool = False
+    ) -> asyncio.Future[LogEntry]:
+        """Queue a record without waiting for it: the returned future completes when it is
+        durable (or fails). For records nothing waits on, e.g. a request's completion after
+        its answer went out. Raises at once what `append` raises before queueing."""
+        return self._put(record, checked, awaited=False)
+
+    async def append_sealed(
+        self, record: Mapping[str, object], seal: Seal, *, checked: bool = False
+    ) -> tuple[LogEntry, asyncio.Future[bytes]]:
+        """`append`, returning once the entry is durable, with a future for `seal(entry)`
+        (e.g. a receipt naming the entry), which runs on the sealing thread after that. If
+        `seal` raises, the record is still durable and the future holds the error. If the
+        append fails, so does the seal's future (with the same error)."""
+        sealed: asyncio.Future[bytes] = self._loop.create_future()
+        try:
+            entry = await self._put(record, checked, awaited=True, seal=seal, sealed=sealed)
+        except Exception as exc:
+            if not sealed.done():
+                sealed.set_exception(exc)
+                sealed.exception()  # retrieved: the caller gets the error from the append
+            raise
+        except BaseException:
+            sealed.cancel()
+            raise
+        return entry, sealed
+
+    def _put(
+        self,
+        record: Mapping[str, object],
+        checked: bool,
+        *,
+        awaited: bool,
+        seal: Seal | None = None,
+        sealed: asyncio.Future[bytes] | None = None,
+    ) -> asyncio.Future[LogEntry]:
+        if self._closing or self._task.done():
+            raise LogUnavailableError("the provenance log is closed")
+        if not checked:
+            validate_record(record)
+        try:  # a valid record is plain JSON, for which the fast encoder is exact
+            entry = canonical_json_of_plain(record)
+        except (TypeError, ValueError) as exc:
+            raise RecordError(f"record cannot be canonicalised: {exc}") from exc
+        if len(entry) > MAX_ENTRY_SIZE:
+            raise RecordError(f"record is {len(entry)} bytes; the limit is {MAX_ENTRY_SIZE}")
+        future: asyncio.Future[LogEntry] = self._loop.create_future()
+        self._queue.append(Queued(entry, future, awaited, seal, sealed))
+        if awaited:
+            self._waiters += 1
+            self._wakeup.set()
+            if self._waiters >= self._last_batch:
+                self._filled.set()
+        elif self._deferred_until is None:
+            self._deferred_until = self._loop.time() + self._settings.deferred_flush_ms / 1000
+            self._wakeup.set()  # the committer's sleep must now end by that deadline
+        elif len(self._queue) >= self._settings.max_batch:
+            self._wakeup.set()
+        return future
+
+    async def checkpoint(self) -> SignedNote:
+        """Sign a checkpoint now over every durable entry (returns the latest if none new).
+        A running export finishes first (`Checkpointer.now` waits for it)."""
+        snapshot = await self._in_worker(self._store.snapshot)
+        return await self._checkpoints.now(snapshot)
+
+    async def inclusion_proof(self, index: int) -> TlogProof:
+        """A C2SP tlog-proof for entry `index`: see `Checkpointer.inclusion_proof`."""
+        return await self._checkpoints.inclusion_proof(index)
+
+    async def consistency_proof(self, old: int, new: int) -> list[bytes]:
+        """The RFC 6962 consistency proof between two signed tree sizes (ValueError unless
+        `0 < old <= new <=` the latest checkpoint's); see `Checkpointer.consistency_proof`."""
+        return await self._checkpoints.consistency_proof(old, new)
+
+    async def close(self) -> None:
+        """Flush queued appends, sign a final checkpoint, release the directory."""
+        await self._stop(aborting=False)
+
+    async def abort(self) -> None:
+        """Stop without a final checkpoint, releasing the directory.
+
+        A batch already being written completes; queued appends fail with
+        LogUnavailableError. Entries made durable since the last checkpoint stay in the
+        write-ahead segment and the next `open` recovers them, just as after a crash.
+        """
+        await self._stop(aborting=True)
+
+    async def _stop(self, *, aborting: bool) -> None:
+        # One stop, in its own task: a cancelled caller cuts nothing short; later calls wait.
+        if self._stopping is None:
+            self._closing, self._aborting = True, aborting
+            self._requeue(self._outage.take())  # closing: their last try, first
+            self._wakeup.set()
+            self._stopping = self._loop.create_task(self._stopped(), name="provenance-stop")
+        await asyncio.shield(self._stopping)
+
+    async def _stopped(self) -> None:
+        try:
+            await self._task
+            if not self._aborting:
+                await self.checkpoint()  # a failure (full disk) is raised, once released
+        finally:
+            await self._checkpoints.idle()
+            await self._in_worker(self._store.close)
+            self._checkpoints.shutdown()
+            self._sealer.shutdown()
+            self._executor.shutdown(wait=True)
+
+    # --- the committer ------------------------------------------------------------------------
+
+    async def _in_worker(self, function: Callable[..., _T], *args: object) -> _T:
+        return await self._loop.run_in_executor(self._executor, function, *args)
+
+    def _fail_queue(self, error: LogUnavailableError) -> None:
+        for queued in [*self._outage.take(), *self._queue]:
+            if not queued.future.done():
+                queued.future.set_exception(error)
+        self._queue.clear()
+        self._waiters = 0
+
+    def _requeue(self, kept: list[Queued]) -> None:
+        """Records a failed write refused go first in the queue, due now."""
+        if kept:
+            self._queue[:0] = kept
+            self._deferred_until = self._loop.time()
+            self._wakeup.set()
+
+    async def _run(self) -> None:
+        try:
+            await self._rounds()
+        finally:  # however the committer ends, no append is left waiting
+            self._fail_queue(LogUnavailableError("the provenance log writer has stopped"))
+
+    async def _rounds(self) -> None:
+        # Runs until close(); each round either commits a batch, signs, or waits for work.
+        while not self._aborting:
+            timeout = self._idle_timeout()
+            if timeout is None or timeout > 0:
+                await self._wakeup.wait(timeout)
+                self._wakeup.clear()
+                timeout = self._idle_timeout()
+                if timeout is None or timeout > 0:
+                    continue  # woken to plan again (a new deadline): nothing is due yet
+            probe_at = self._outage.probe_at
+            if probe_at is not None and self._loop.time() >= probe_at:
+                await self._probe()
+            await self._gather_batch()
+            if self._aborting:
+                return
+            batch = self._queue[: self._settings.max_batch]
+            del self._queue[: self._settings.max_batch]
+            if not self._queue:
+                self._deferred_until = None
+            if batch:
+                await self._commit(batch)
+            if self._checkpoints.due(self._size) and not self._aborting:
+                try:  # the snapshot is taken here, between two batches
+                    snapshot = await self._in_worker(self._store.snapshot)
+                except ProvenanceError as exc:
+                    self._outage.failed(exc, self._loop.time())
+                else:
+                    self._checkpoints.start(snapshot)
+            if self._closing and not self._queue:
+                return
+
+    def _idle_timeout(self) -> float | None:
+        """How long the committer may sleep now: 0 when something is due, None until woken.
+
+        Records nobody waits on (`append_soon`) do not start a commit of their own: they
+        ride with the next awaited batch, or go after `deferred_flush_ms` at the latest.
+        """
+        if self._waiters or self._closing or len(self._queue) >= self._settings.max_batch:
+            return 0.0
+        timeout = self._checkpoints.idle_timeout(self._size)
+        for deadline in (self._deferred_until, self._outage.probe_at):
+            if deadline is not None:
+                left = max(0.0, deadline - self._loop.time())
+                timeout = left if timeout is None else min(timeout, left)
+        return timeout
+
+    async def _probe(self) -> None:
+        try:
+            await self._in_worker(self._store.probe)
+        except Exception as exc:  # noqa: BLE001 - the committer must outlive any probe
+            self._outage.failed(exc, self._loop.time())
+        else:
+            self._requeue(self._outage.over())
+
+    async def _gather_batch(self) -> None:
+        """Wait for as many awaited appends as the last batch held, up to the group-commit
+        window or the time a write takes, whichever is shorter (records queued by
+        `append_soon` ride along but nobody waits on them, so they neither start nor
+        prolong the wait).
+
+        A lone appender is committed at once; concurrent appenders fill the batch in
+        well under the window. Appends that arrive during a commit join the next one, so
+        holding a batch open longer than a write takes never pays: an append that misses
+        it waits at most one write more. On a fast disk that bound is a fraction of a
+        millisecond; on a slow one the configured window is.
+        """
+        window = min(self._settings.group_commit_ms / 1000.0, self._write_time)
+        target = min(self._last_batch, self._settings.max_batch)
+        if window <= 0 or self._closing or not 0 < self._waiters < target:
+            return
+        self._filled.clear()
+        await self._filled.wait(window)
+
+    def _write(self, pairs: list[tuple[bytes, bytes]], frames: bytes, seals: list[Sealing]) -> int:
+        """On the writer thread: make the batch durable (one synchronous write), then hand
+        the seals it asks for to the sealing thread (nothing waits for them here)."""
+        start = self._store.append_frames(pairs, frames)
+        if seals:
+            self._sealer.submit(start, seals)
+        return start
+
+    async def _commit(self, batch: list[Queued]) -> None:
+        pairs = [(queued.entry, queued.leaf) for queued in batch]
+        frames = b"".join([queued.frame for queued in batch])
+        seals = [
+            (position, queued.leaf, queued.seal, queued.sealed)
+            for position, queued in enumerate(batch)
+            if queued.seal is not None and queued.sealed is not None
+        ]
+        awaited = sum(1 for queued in batch if queued.awaited)
+        self._waiters -= awaited
+        self._last_batch = max(1, awaited)
+        began = time.perf_counter()
+        try:
+            start = await self._in_worker(self._write, pairs, frames, seals)
+        except Exception as exc:  # noqa: BLE001 - every waiter gets the error, none hangs
+            error = self._outage.failed(exc, self._loop.time())
+            for queued in batch:
+                if queued.awaited and not queued.future.done():
+                    queued.future.set_exception(error)
+            unawaited = [queued for queued in batch if not queued.awaited]
+            self._outage.keep(unawaited, error, last_try=self._closing)
+            return
+        took = time.perf_counter() - began
+        self._write_time = took if not self._write_time else (7 * self._write_time + took) / 8
+        self._requeue(self._outage.over())
+        self._size += len(batch)
+        for index, queued in enumerate(batch, start):
+            if not queued.future.done():
+                queued.future.set_result(LogEntry(index, queued.leaf))

@@ -1,0 +1,60 @@
+"""The provenance log's state while its disk refuses writes.
+
+A failed write is reported (`error`: readiness says so, appenders get it) and the disk is
+tried again `probe_interval_ms` later, so the log becomes writable again without traffic
+(a replica that is not ready gets none). Records nobody waits on (`append_soon`: a
+request's completion, after its answer went out) that a failed write refused are not
+dropped: they are kept, at most `max_retained` (the oldest beyond that fail), and written
+first once a write or a probe succeeds again; at `close` they get one last try.
+"""
+
+from __future__ import annotations
+
+from gateway.provenance.errors import LogUnavailableError, ProvenanceError
+from gateway.provenance.writer.queued import Queued
+
+__all__ = ["Outage"]
+
+
+class Outage:
+    """Whether the disk refuses writes now, when to try it again, and what it refused."""
+
+    def __init__(self, probe_interval_s: float, max_retained: int) -> None:
+        self.error: ProvenanceError | None = None  # of the last write, until one succeeds
+        self.probe_at: float | None = None  # (loop time) when to try the disk again
+        self._probe_interval_s = probe_interval_s
+        self._limit = max_retained
+        self._kept: list[Queued] = []
+
+    def failed(self, exc: Exception, now: float) -> ProvenanceError:
+        """A write failed: the error appenders see; the disk is probed again later."""
+        error = (
+            exc
+            if isinstance(exc, ProvenanceError)
+            else LogUnavailableError(f"the provenance log writer failed: {exc!r}")
+        )
+        self.error = error
+        self.probe_at = now + self._probe_interval_s
+        return error
+
+    def keep(self, refused: list[Queued], error: ProvenanceError, *, last_try: bool) -> None:
+        """Keep the unawaited records of a failed write; fail (with `error`) the oldest
+        beyond the limit, or all of them when that was their `last_try` (closing)."""
+        for queued in refused:
+            queued.compact()
+        self._kept.extend(refused)
+        excess = max(0, len(self._kept) if last_try else len(self._kept) - self._limit)
+        for queued in self._kept[:excess]:
+            if not queued.future.done():
+                queued.future.set_exception(error)
+        del self._kept[:excess]
+
+    def over(self) -> list[Queued]:
+        """A write or probe succeeded: the records kept meanwhile, oldest first, to write."""
+        self.error = self.probe_at = None
+        return self.take()
+
+    def take(self) -> list[Queued]:
+        """Every record kept (none is kept any more), oldest first."""
+        taken, self._kept = self._kept, []
+        return taken

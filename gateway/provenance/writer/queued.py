@@ -1,0 +1,41 @@
+"""What the provenance log's committer queues: one record on its way to the write-ahead
+segment, encoded on the event loop so that the writer thread only writes."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.provenance.formats.merkle import leaf_hash
+from gateway.provenance.formats.records import LogEntry
+from gateway.provenance.formats.wal import encode_frame
+from gateway.provenance.writer.sealer import Seal
+
+__all__ = ["Queued"]
+
+
+class Queued:
+    """One queued record: its entry, leaf hash and WAL frame (encoded on the event loop,
+    so the writer thread only writes), who waits for it, and its seal if any."""
+
+    __slots__ = ("awaited", "entry", "frame", "future", "leaf", "seal", "sealed")
+
+    def __init__(
+        self,
+        entry: bytes,
+        future: asyncio.Future[LogEntry],
+        awaited: bool,
+        seal: Seal | None,
+        sealed: asyncio.Future[bytes] | None,
+    ) -> None:
+        self.entry = entry
+        self.leaf = leaf_hash(entry)
+        self.frame = encode_frame(entry, self.leaf)
+        self.future = future
+        self.awaited = awaited  # False for append_soon's records
+        self.seal = seal
+        self.sealed = sealed  # receives seal(entry) when there is a seal
+
+    def compact(self) -> None:
+        """Hold the entry in bytes of its own size, for a record kept a while (after a
+        failed write): the encoder's output may sit in a buffer ~10x larger."""
+        self.entry = bytes(memoryview(self.entry))

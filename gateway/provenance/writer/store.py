@@ -1,0 +1,347 @@
+"""The synchronous core of the log writer: durable appends, checkpoints, crash recovery.
+
+An append is durable when `append_frames` returns: its frames are written to the
+write-ahead segment in one synchronous write (nothing else happens on that path: no
+hashing, no tree, no tiles; the caller brings the leaf hashes and frames).
+A checkpoint has two halves so that appends never wait for one:
+
+- `snapshot()`, called between appends, takes the entries appended since the last
+  snapshot and rotates the write-ahead segment (the next append starts a new one);
+- `export(snapshot)` adds them to the tiled tree, writes the tiles and entry bundles, then
+  signs and writes the checkpoint, and deletes the segments it now covers. It may run on
+  another thread while appends go on, one export at a time, in snapshot order.
+
+`ProvenanceLog` calls `append_frames` and `snapshot` on its writer thread and `export` on
+its checkpoint thread; `checkpoint()` does both at once for single-threaded callers. A
+checkpoint never covers entries that are not on disk: it covers exactly a snapshot's.
+On open, a torn tail of the last segment is cut, the entries after the last checkpoint are
+replayed, and a new checkpoint is signed over them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.provenance.errors import (
+    LogCorruptedError,
+    LogUnavailableError,
+    MalformedError,
+    ProvenanceError,
+)
+from gateway.provenance.files import fsync_directory, make_directories, write_files_atomically
+from gateway.provenance.formats.checkpoint import Checkpoint, sign_checkpoint
+from gateway.provenance.formats.layout import CHECKPOINT, LOCK, WAL, history_path, list_history
+from gateway.provenance.formats.merkle import inclusion_proof
+from gateway.provenance.formats.note import Signer
+from gateway.provenance.formats.tiles import (
+    TILE_WIDTH,
+    TileReader,
+    entries_path,
+    tile_widths,
+)
+from gateway.provenance.formats.tree import TiledTree
+from gateway.provenance.formats.wal import list_segments, scan_segment, segment_path
+from gateway.provenance.writer.segment_writer import SegmentWriter
+
+__all__ = ["LogStore", "Recovery", "SignedNote", "Snapshot"]
+
+
+@dataclass(frozen=True, slots=True)
+class SignedNote:
+    """A checkpoint the log signed, with the exact note bytes it published."""
+
+    checkpoint: Checkpoint
+    note: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Entries made durable since the previous snapshot, as (entry, leaf hash); the log
+    holds `size` entries once they are added."""
+
+    size: int
+    entries: tuple[tuple[bytes, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """What `open` found: entries replayed from the segments and torn bytes cut."""
+
+    replayed: int
+    torn_bytes: int
+
+
+def _unavailable(action: str, exc: OSError) -> LogUnavailableError:
+    where = f" ({exc.filename})" if exc.filename else ""
+    reason = exc.strerror or str(exc)
+    return LogUnavailableError(f"cannot {action} the provenance log: {reason}{where}")
+
+
+class LogStore:
+    """One log directory, opened by exactly one writer (an exclusive lock is held)."""
+
+    def __init__(
+        self, directory: Path, origin: str, signers: Sequence[Signer], lock_fd: int
+    ) -> None:
+        self.directory = directory
+        self.origin = origin
+        self._signers = tuple(signers)
+        self._lock_fd = lock_fd
+        # The writer's side: durable size and what the next snapshot takes.
+        self._size = 0
+        self._unexported: list[tuple[bytes, bytes]] = []
+        self._segment: SegmentWriter | None = None
+        # The exporter's side: the tree and the full tiles/bundles not yet written.
+        self._tree = TiledTree()
+        self._pending: list[tuple[str, bytes]] = []
+        self._latest: SignedNote | None = None
+        self._closed = False
+        self.recovery = Recovery(0, 0)
+        self.batches = 0  # successful write+fsync rounds, for metrics and benchmarks
+        # Why the last export could not delete what its checkpoint covers, if it could not.
+        self.cleanup_error: ProvenanceError | None = None
+
+    # --- opening --------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls, directory: str | os.PathLike[str], origin: str, signers: Sequence[Signer]
+    ) -> LogStore:
+        """Open (creating if needed) and recover a log directory; signs a checkpoint."""
+        if not signers:
+            raise ValueError("a log needs at least one signer")
+        Checkpoint(origin, 0, bytes(32))  # validates the origin line early
+        path = Path(directory).absolute()
+        try:
+            make_directories(path, stop=Path(path.anchor))
+            lock_fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise _unavailable("open", exc) from exc
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(lock_fd)
+            raise LogUnavailableError(f"{path} is already open by another writer") from exc
+        store = cls(path, origin, signers, lock_fd)
+        try:
+            store._recover()
+            store.checkpoint()
+            store._cleanup([], None)  # every segment is covered now, torn leftovers included
+        except (ProvenanceError, OSError):
+            store.close()
+            raise
+        return store
+
+    def _recover(self) -> None:
+        history = list_history(self.directory)
+        if history:
+            size, path = history[-1]
+            checkpoint = Checkpoint.parse(_note_text(path.read_bytes(), path))
+            if checkpoint.origin != self.origin:
+                raise LogCorruptedError(
+                    f"{self.directory} holds the log {checkpoint.origin!r}, not {self.origin!r}"
+                )
+            if checkpoint.size != size:
+                raise LogCorruptedError(f"{path} holds a checkpoint of size {checkpoint.size}")
+            self._tree = _restore_tree(self.directory, checkpoint)
+            self._latest = SignedNote(checkpoint, path.read_bytes())
+        self._replay_segments()
+
+    def _replay_segments(self) -> None:
+        segments = list_segments(self.directory / WAL)
+        replayed = torn = 0
+        for position, (first, path) in enumerate(segments):
+            if first > self._tree.size:
+                raise LogCorruptedError(
+                    f"{path.name} starts at entry {first} but the log ends at {self._tree.size}"
+                )
+            scan = scan_segment(path, first)
+            if scan.torn and position != len(segments) - 1:
+                raise LogCorruptedError(
+                    f"{path.name} is damaged at byte {scan.valid_bytes} and is not the last "
+                    "segment: this is not a torn tail, refusing to cut it"
+                )
+            torn += scan.total_bytes - scan.valid_bytes
+            for offset, (entry, leaf) in enumerate(scan.entries):
+                if first + offset < self._tree.size:
+                    continue  # already covered by the checkpoint (crash before cleanup)
+                self._pending.extend(self._tree.append(entry, leaf))
+                replayed += 1
+        self._size = self._tree.size
+        self.recovery = Recovery(replayed, torn)
+
+    # --- state ------------------------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        """Entries made durable (the writer's count; checkpoints may lag behind)."""
+        return self._size
+
+    @property
+    def latest(self) -> SignedNote | None:
+        return self._latest
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogUnavailableError("the provenance log is closed")
+
+    # --- writing ----------------------------------------------------------------------------
+
+    def append_frames(self, pairs: Sequence[tuple[bytes, bytes]], frames: bytes) -> int:
+        """Make a batch durable: `pairs` are (entry, leaf hash) with entries within
+        `MAX_ENTRY_SIZE`, `frames` their `encode_frame`s joined. Returns the index of the
+        first entry; the rest follow in order."""
+        self._check_open()
+        try:
+            self._writable_segment().append(frames)
+        except OSError as exc:
+            raise _unavailable("append to", exc) from exc
+        self.batches += 1
+        start = self._size
+        self._size += len(pairs)
+        self._unexported.extend(pairs)
+        return start
+
+    def probe(self) -> None:
+        """Raise LogUnavailableError if an append would fail now; appends nothing."""
+        self._check_open()
+        try:
+            self._writable_segment().probe()
+        except OSError as exc:
+            raise _unavailable("append to", exc) from exc
+
+    def _writable_segment(self) -> SegmentWriter:
+        if self._segment is None:
+            wal = self.directory / WAL
+            make_directories(wal, stop=self.directory)
+            self._segment = SegmentWriter(segment_path(wal, self.size), valid_bytes=0)
+        return self._segment
+
+    def snapshot(self) -> Snapshot:
+        """Take the entries appended since the last snapshot and start a new segment for
+        the next append, so the export of this snapshot can delete the old ones."""
+        self._check_open()
+        if self._segment is not None:
+            try:
+                self._segment.close()
+            except OSError as exc:  # nothing taken: the next snapshot takes these entries
+                raise _unavailable("close a segment of", exc) from exc
+            self._segment = None
+        taken = Snapshot(self._size, tuple(self._unexported))
+        self._unexported = []
+        return taken
+
+    def checkpoint(self) -> SignedNote:
+        """Sign a checkpoint over every durable entry now (`export(snapshot())`)."""
+        return self.export(self.snapshot())
+
+    def export(self, snapshot: Snapshot) -> SignedNote:
+        """Add a snapshot's entries to the tree, write tiles and bundles, sign and write a
+        checkpoint over them (if the tree grew since the last one), delete the segments it
+        covers. Snapshots must be exported in the order they were taken. If writing fails,
+        the entries stay in the tree and their files are written by the next export."""
+        self._check_open()
+        tree = self._tree
+        if tree.size + len(snapshot.entries) != snapshot.size:
+            raise AssertionError(f"snapshot of size {snapshot.size} after tree {tree.size}")
+        for entry, leaf in snapshot.entries:
+            self._pending.extend(tree.append(entry, leaf))
+        if self._latest is not None and self._latest.checkpoint.size == tree.size:
+            return self._latest
+        completed = [name for name, _ in self._pending]
+        files = [(self.directory / name, data) for name, data in self._pending]
+        files += [(self.directory / name, data) for name, data in self._tree.partial_files()]
+        checkpoint = Checkpoint(self.origin, tree.size, tree.root())
+        note = sign_checkpoint(checkpoint, self._signers)
+        try:
+            write_files_atomically(files, root=self.directory)
+            self._pending = []
+            history = history_path(self.directory, checkpoint.size)
+            write_files_atomically([(history, note)], root=self.directory)
+            write_files_atomically([(self.directory / CHECKPOINT, note)], root=self.directory)
+        except OSError as exc:
+            raise _unavailable("write a checkpoint to", exc) from exc
+        self._latest = SignedNote(checkpoint, note)
+        try:
+            self._cleanup(completed, checkpoint.size)
+        except ProvenanceError as exc:
+            # The checkpoint is durable and the log writable: what is left over is skipped
+            # on recovery and deleted by the next export. Reported, not a failure.
+            self.cleanup_error = exc
+        else:
+            self.cleanup_error = None
+        return self._latest
+
+    def _cleanup(self, completed: list[str], covered: int | None) -> None:
+        """Drop the segments a checkpoint of size `covered` covers (None: all of them, on
+        open) and partial tiles now superseded by full ones. Snapshots rotate segments, so
+        a segment that starts below `covered` holds nothing beyond it."""
+        wal = self.directory / WAL
+        try:
+            for first, path in list_segments(wal):
+                if covered is None or first < covered:
+                    path.unlink()
+            if wal.is_dir():
+                fsync_directory(wal)
+            for name in completed:
+                partials = self.directory / f"{name}.p"
+                if partials.is_dir():
+                    shutil.rmtree(partials)
+        except OSError as exc:
+            # The checkpoint is durable; leftovers are skipped on recovery and retried here.
+            raise _unavailable("clean up", exc) from exc
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def inclusion_proof(self, index: int, size: int | None = None) -> list[bytes]:
+        """Audit path of entry `index` in the checkpointed tree of `size` (default latest)."""
+        latest = self._latest.checkpoint.size if self._latest else 0
+        size = latest if size is None else size
+        if size > latest:
+            raise ValueError(f"no checkpoint covers size {size} yet (latest is {latest})")
+        reader = TileReader(self.directory, size)
+        return inclusion_proof(index, size, reader.node)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._segment is not None:
+            self._segment.close(cut=False)  # the last segment: recovery cuts a torn tail
+            self._segment = None
+        os.close(self._lock_fd)
+
+
+def _note_text(data: bytes, path: Path) -> str:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LogCorruptedError(f"{path} is not UTF-8") from exc
+    split = text.rfind("\n\n")
+    if split < 0:
+        raise LogCorruptedError(f"{path} is not a signed note")
+    return text[: split + 1]
+
+
+def _restore_tree(directory: Path, checkpoint: Checkpoint) -> TiledTree:
+    size = checkpoint.size
+    reader = TileReader(directory, size)
+    try:
+        tiles = {level: reader.tile(level, index) for level, index, _ in tile_widths(size)}
+        bundle = b""
+        if size % TILE_WIDTH:
+            name = entries_path(size // TILE_WIDTH, size % TILE_WIDTH)
+            bundle = (directory / name).read_bytes()
+        tree = TiledTree.restore(size, reader.node, tiles, bundle)
+    except (MalformedError, FileNotFoundError) as exc:
+        raise LogCorruptedError(f"cannot rebuild the tree at size {size}: {exc}") from exc
+    if tree.root() != checkpoint.root:
+        raise LogCorruptedError(f"tiles do not hash to the checkpoint root at size {size}")
+    if len(tree.bundle) != size % TILE_WIDTH:
+        raise LogCorruptedError(f"the partial entry bundle at size {size} has the wrong length")
+    return tree
