@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from gateway.asgi import REFUSAL_SCOPE_KEY
 from gateway.errors import ErrorCode, GatewayError, error_body
 from gateway.logs import get_logger
 
@@ -73,17 +74,11 @@ if TYPE_CHECKING:
     from gateway.config.schema import Listen
 
 __all__ = [
-    "REFUSAL_SCOPE_KEY",
     "LimitedHttpProtocol",
     "ListenerLimits",
     "derived_max_connections",
     "http_protocol",
 ]
-
-# The listener answered a request whose app already runs (its body timed out or broke
-# its framing): the app reads a disconnect, and finds here the `GatewayError` the client
-# got, so its access log and metrics say what the client saw.
-REFUSAL_SCOPE_KEY = "owngate.listener_refusal"
 
 _FD_HEADROOM = 64  # descriptors kept for log files, Redis, the listening socket, ...
 _MAX_DERIVED_CONNECTIONS = 4096  # a head in progress holds up to ~max_header_bytes

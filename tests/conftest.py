@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from gateway.api import create_app
-from gateway.keys import hash_api_key
+from gateway.app import create_app
 from gateway.serving import ServerThread
 from gateway.sim import SimSettings, create_sim_app
+from gateway.tenants import hash_api_key
 from tests.helpers.gateways import ADMIN, Gateway, Sim, backend, gateway_config
 from tests.helpers.net import free_port
 from tests.helpers.prerequisites import real_backend, redis_binary

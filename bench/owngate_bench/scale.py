@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from gateway.keys import hash_api_key
+from gateway.tenants import hash_api_key
 from owngate_bench.loadgen import LoadSpec, run_in_subprocess
 from owngate_bench.services import (
     HOST,

@@ -1,5 +1,6 @@
-"""The OpenAI-compatible HTTP surface of the gateway."""
+"""The gateway's HTTP surface: the ASGI app, its handlers and the request path
+(`gateway.app.create_app` builds the app)."""
 
-from gateway.api.app import GatewayApp, create_app
+from gateway.api.app import GatewayApp
 
-__all__ = ["GatewayApp", "create_app"]
+__all__ = ["GatewayApp"]

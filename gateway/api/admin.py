@@ -18,7 +18,7 @@ import ipaddress
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gateway.api.asgi import Scope, Send, header_values, send_error, send_json
+from gateway.asgi import Scope, Send, header_values, send_error, send_json
 from gateway.config.schema import Admin
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.breaker import BreakerState

@@ -27,16 +27,13 @@ from typing import Any, Final
 
 import orjson
 
-from gateway.asgi import Receive, Scope
 from gateway.errors import ErrorCode, GatewayError
-from gateway.listener import REFUSAL_SCOPE_KEY
 
 __all__ = [
     "MAX_DEPTH",
     "ask_for_usage",
     "model_pattern",
     "parse_body",
-    "read_body",
     "rewrite_model",
 ]
 
@@ -214,52 +211,3 @@ def ask_for_usage(body: bytes, doc: dict[str, Any]) -> bytes:
     options = current.get("stream_options")
     merged = {**options, "include_usage": True} if isinstance(options, dict) else {}
     return orjson.dumps({**current, "stream_options": merged or {"include_usage": True}})
-
-
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    """The whole request body, at most `limit` bytes (413 `request_too_large` past it,
-    refused before reading when the declared length says so)."""
-    declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-    # A declared length too long to be a number we accept is refused without int():
-    # Python refuses to convert integers of more than 4300 digits.
-    if (
-        declared is not None
-        and declared.isdigit()
-        and (len(declared) > len(str(limit)) or int(declared) > limit)
-    ):
-        raise _too_large(limit)
-    message = await receive()
-    if message["type"] == "http.disconnect":
-        raise _body_lost(scope)
-    body: bytes = message.get("body", b"")
-    if not message.get("more_body", False):
-        if len(body) > limit:
-            raise _too_large(limit)
-        return body
-    parts = [body]
-    size = len(body)
-    while message.get("more_body", False):
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _body_lost(scope)
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-def _too_large(limit: int) -> GatewayError:
-    return GatewayError(
-        ErrorCode.request_too_large, f"The request body exceeds the limit of {limit} bytes."
-    )
-
-
-def _body_lost(scope: Scope) -> GatewayError:
-    """The body never completed: the listener answered the client (a body timeout, broken
-    framing; that answer is what the client got) or the client went away."""
-    refusal = scope.get(REFUSAL_SCOPE_KEY)
-    if isinstance(refusal, GatewayError):
-        return refusal
-    return GatewayError(ErrorCode.invalid_request, "client disconnected")

@@ -15,7 +15,6 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gateway.api.asgi import send_bytes
 from gateway.api.exchange import (
     Exchange,
     TryNext,
@@ -27,7 +26,7 @@ from gateway.api.exchange import (
     start_stream,
 )
 from gateway.api.metrics import GatewayMetrics
-from gateway.asgi import Send
+from gateway.asgi import Send, send_bytes
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.registry import BackendState, Route
 from gateway.upstream.errors import sanitize_upstream_message

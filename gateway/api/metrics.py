@@ -15,7 +15,6 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from gateway.api.reload import ConfigReloader
     from gateway.policy_set import TrustPolicies
     from gateway.provenance.writer.cosignature_collector import Cosigning
     from gateway.routing.registry import Registry
@@ -129,9 +128,9 @@ class GatewayMetrics:
         """Publish each backend's scraped load, read fresh at every /metrics scrape."""
         self._watch("backends", _BackendLoadCollector(registry, scraper))
 
-    def watch_config(self, reloader: ConfigReloader) -> None:
-        """Publish the failed reloads of gateway.yaml."""
-        self._watch("config", _ConfigCollector(reloader))
+    def watch_config(self, failures: Callable[[], int]) -> None:
+        """Publish the failed reloads of gateway.yaml (`failures()`, read at each scrape)."""
+        self._watch("config", _ConfigCollector(failures))
 
     def watch_state(self, state: SharedState, registry: Callable[[], Registry]) -> None:
         """Publish shared-state health and the other replicas' in-flight counts, read at
@@ -336,13 +335,13 @@ class _PolicyCollector(Collector):
 
 
 class _ConfigCollector(Collector):
-    def __init__(self, reloader: ConfigReloader) -> None:
-        self._reloader = reloader
+    def __init__(self, failures: Callable[[], int]) -> None:
+        self._failures = failures
 
     def collect(self) -> Iterator[Metric]:
         failures = CounterMetricFamily(
             "owngate_config_reload_failures",
             "gateway.yaml reloads that failed (the running config stayed active).",
         )
-        failures.add_metric([], self._reloader.reload_failures)
+        failures.add_metric([], self._failures())
         yield failures

@@ -26,7 +26,6 @@ import asyncio
 import re
 from typing import Any
 
-from gateway.api.asgi import send_bytes
 from gateway.api.body import ask_for_usage, model_pattern, rewrite_model
 from gateway.api.exchange import (
     Exchange,
@@ -40,7 +39,7 @@ from gateway.api.exchange import (
 )
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.sse import StreamWatch
-from gateway.asgi import Send
+from gateway.asgi import Send, send_bytes
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.registry import BackendState, Route
 from gateway.routing.router import Attempt

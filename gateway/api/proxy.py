@@ -37,10 +37,11 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.policy import Decision, UnknownDataClass
 from gateway.policy_set import TrustPolicies
 from gateway.provenance import Salts
-from gateway.routing.registry import BackendState, Registry, Route, TenantEntry
+from gateway.routing.registry import BackendState, Registry, Route
 from gateway.routing.router import Outcome, Router
 from gateway.routing.scraper import MetricsScraper
 from gateway.state import SharedState
+from gateway.tenants import TenantEntry
 from gateway.upstream.http import DEFAULT_MAX_BODY
 
 __all__ = ["Proxy"]
@@ -60,8 +61,9 @@ class Proxy:
         state: SharedState,
         max_response_bytes: int = DEFAULT_MAX_BODY,
         response_timeout_s: float | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
-        self.recorder: Recorder | None = None  # set once the provenance log is open
+        self.recorder = recorder  # None: no provenance log configured
         self._registry = registry
         self._metrics = metrics
         self._trust = trust

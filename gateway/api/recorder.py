@@ -137,19 +137,29 @@ class Trail:
 
 
 class Recorder:
-    def __init__(self, log: ProvenanceLog, signer: Any, receipts: ReceiptStore) -> None:
-        self._log = log
-        self._signer = signer
-        self.receipts = receipts  # bounded by count and bytes
+    """The request path's provenance writer. Built with the gateway (`gateway.app.assemble`)
+    and passed to the proxy; its log is opened in the ASGI lifespan (`open`), since opening
+    reads the signing key, recovers the write-ahead segment and takes the log's lock."""
+
+    _log: ProvenanceLog  # set by `open`
+    _signer: Any
+
+    def __init__(self, settings: Provenance, config_dir: Path) -> None:
+        self._settings = settings
+        self._config_dir = config_dir
+        self.opened = False
+        # bounded by count and bytes
+        self.receipts = ReceiptStore(settings.receipts_kept, settings.receipts_memory_bytes)
         self._events = get_logger("owngate.provenance")
         # Per backend config / per policy decision: what records repeat, built once.
         self._backend_refs: dict[int, tuple[object, BackendRef]] = {}
         self._traces: dict[int, tuple[Decision, PolicyRef, tuple[TraceStep, ...]]] = {}
 
-    @classmethod
-    async def open(cls, settings: Provenance, config_dir: Path) -> Recorder:
+    async def open(self) -> None:
+        """Load the signing key and open the log (raises OSError or ProvenanceError)."""
+        settings, config_dir = self._settings, self._config_dir
         signer = load_signer(config_dir / settings.signing_key_file)
-        log = await ProvenanceLog.open(
+        self._log = await ProvenanceLog.open(
             config_dir / settings.dir,
             settings.origin,
             signer,
@@ -160,8 +170,8 @@ class Recorder:
                 checkpoint_interval_ms=settings.checkpoint_interval_ms,
             ),
         )
-        receipts = ReceiptStore(settings.receipts_kept, settings.receipts_memory_bytes)
-        return cls(log, signer, receipts)
+        self._signer = signer
+        self.opened = True
 
     @property
     def log(self) -> ProvenanceLog:
@@ -346,7 +356,8 @@ class Recorder:
         }
 
     async def close(self) -> None:
-        await self._log.close()
+        if self.opened:
+            await self._log.close()
 
 
 def _unavailable() -> GatewayError:

@@ -2,23 +2,24 @@
 
 SIGHUP (and a poll of the file's and the keys file's mtime) loads the file again through
 the same strict loader as startup. A file that fails validation, or whose trust policies
-no longer compile against its backends, leaves the running config untouched: the failure
-is logged, counted (`owngate_config_reload_failures_total`) and shown in the readiness detail, as a
-failed policy reload is. A valid file is assembled completely (backend registry, trust
-policies, scraper, router) and swapped in, one reference per part: requests already
-running finish on the parts they started with; the connections of a removed or changed
-backend close once the requests that were running at the swap are done (bounded by
-`limits.drain_timeout_s`). Unchanged backends keep their connection pools, in-flight
-counts and health. Settings only a restart can change (`listen`, `provenance`, `state`,
-`logging`) keep their running values, and the log says "needs restart".
+no longer compile against its backends, leaves the running config untouched: the
+failure is logged, counted (`owngate_config_reload_failures_total`) and shown in the
+readiness detail, as a failed policy reload is. A valid file is assembled completely by
+the composition root's `assemble` (backend registry, tenant keys, trust policies,
+scraper, proxy) and swapped in whole by the app's `install`: the reloader gets both as
+callables and knows nothing of the app. Requests already running finish on the parts
+they started with; the connections of a removed or changed backend close once the
+requests that were running at the swap are done (bounded by `limits.drain_timeout_s`).
+Unchanged backends keep their connection pools, in-flight counts and health. Settings
+only a restart can change (`listen`, `provenance`, `state`, `logging`) keep their running
+values, and the log says "needs restart".
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,64 +27,40 @@ from gateway.config.loader import ConfigError, load_config
 from gateway.config.schema import GatewayConfig
 from gateway.logs import get_logger
 from gateway.policy import PolicyError
-from gateway.routing.registry import BackendState, Registry, Route
 
 if TYPE_CHECKING:
-    from gateway.api.app import GatewayApp
+    from gateway.api.parts import Assembly
     from gateway.api.proxy import Proxy
-    from gateway.policy_set import TrustPolicies
-    from gateway.routing.scraper import MetricsScraper
+    from gateway.routing.registry import BackendState
 
-__all__ = ["RESTART_ONLY", "Assembly", "ConfigReloader", "keep_unchanged_backends"]
+__all__ = ["RESTART_ONLY", "ConfigReloader"]
 
 RESTART_ONLY = ("listen", "provenance", "state", "logging")
 
 
-@dataclass(frozen=True, slots=True)
-class Assembly:
-    """The parts of a gateway that are built from its config."""
-
-    config: GatewayConfig
-    registry: Registry
-    trust: TrustPolicies
-    scraper: MetricsScraper
-    proxy: Proxy
-
-
-def keep_unchanged_backends(registry: Registry, previous: Registry, same_limits: bool) -> None:
-    """Give `registry` the running state (pool, in-flight count, health) of every backend
-    whose settings did not change, so a reload costs it nothing."""
-    if not same_limits:  # timeouts and pool sizes live in the pools: rebuild them all
-        return
-    kept: dict[str, BackendState] = {}
-    for backend_id, state in registry.backends.items():
-        old = previous.backends.get(backend_id)
-        if old is not None and old.config == state.config:
-            old.breaker.settings = state.breaker.settings  # routing.breaker may have changed
-            kept[backend_id] = old
-    if not kept:
-        return
-    registry.backends.update(kept)
-    registry.routes = {
-        name: tuple(Route(kept.get(r.backend.id, r.backend), r.upstream_model) for r in routes)
-        for name, routes in registry.routes.items()
-    }
-
-
 class ConfigReloader:
-    """Owns reloads of one config file for one app (see the module docstring)."""
+    """Owns reloads of one config file (see the module docstring).
+
+    `current()` is the active assembly; `assemble(config, running)` builds the parts of a
+    new config from the running ones (raising `AssemblyError` or `PolicyError`);
+    `install(parts)` makes them active and returns the requests running at the swap,
+    which finish on the old parts."""
 
     def __init__(
         self,
-        app: GatewayApp,
         path: Path,
         *,
+        current: Callable[[], Assembly],
+        assemble: Callable[[GatewayConfig, Assembly], Assembly],
+        install: Callable[[Assembly], Collection[asyncio.Task[Any]]],
         prepare: Callable[[GatewayConfig], GatewayConfig] = lambda config: config,
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._app = app
         self.path = path
+        self._current = current
+        self._assemble = assemble
+        self._install = install
         self._prepare = prepare  # what `serve` does to a loaded file (per-worker log, ...)
         self.interval_s = interval_s
         self._clock = clock
@@ -97,7 +74,7 @@ class ConfigReloader:
 
     def _fingerprint(self) -> tuple[tuple[int, int], ...]:
         files = [self.path]
-        keys_file = self._app.config.keys_file
+        keys_file = self._current().config.keys_file
         if keys_file is not None:
             files.append(self.path.parent / keys_file)
         stamps = []
@@ -129,43 +106,46 @@ class ConfigReloader:
             return await self._reload()
 
     async def _reload(self) -> bool:
-        app = self._app
+        running = self._current()
         self._stamp = self._fingerprint()
         try:
             fresh = self._prepare(load_config(self.path))
         except ConfigError as exc:
             return self._failed(f"{len(exc.issues)} problem(s); first: {exc.issues[0]}", exc)
-        fresh = self._pin_restart_only(app.config, fresh)
-        if fresh == app.config:
-            app.trust.reload()  # only the policy files may have changed
+        fresh = self._pin_restart_only(running.config, fresh)
+        if fresh == running.config:
+            running.policies.reload()  # only the policy files may have changed
             self._succeeded()
             return False
         try:
-            parts = app.assemble(fresh)
+            parts = self._assemble(fresh, running)
         except (PolicyError, ValueError) as exc:
             return self._failed(str(exc).splitlines()[0], exc)
         await parts.scraper.scrape_once()  # know the new backends' health before routing
-        running = set(app.serving)
-        old_registry, old_proxy, old_config = app.registry, app.proxy, app.config
-        app.install(parts)
-        for task in app.start_watchers():
-            task.cancel()
+        requests = self._install(parts)
         self._succeeded()
-        self._log.info("config reloaded", **_changes(old_config, fresh))
+        self._log.info("config reloaded", **_changes(running.config, fresh))
         retiring = [
-            b for b in old_registry.backends.values() if parts.registry.backends.get(b.id) is not b
+            b
+            for b in running.registry.backends.values()
+            if parts.registry.backends.get(b.id) is not b
         ]
-        task = asyncio.create_task(self._retire(running, retiring, old_proxy))
+        timeout = fresh.limits.drain_timeout_s
+        task = asyncio.create_task(self._retire(requests, timeout, retiring, running.proxy))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
 
     async def _retire(
-        self, running: set[asyncio.Task[Any]], backends: list[BackendState], proxy: Proxy
+        self,
+        requests: Collection[asyncio.Task[Any]],
+        timeout: float,
+        backends: list[BackendState],
+        proxy: Proxy,
     ) -> None:
         """Close what the old config used once the requests running at the swap are done."""
-        if running:
-            await asyncio.wait(running, timeout=self._app.config.limits.drain_timeout_s)
+        if requests:
+            await asyncio.wait(requests, timeout=timeout)
         for backend in backends:
             if backend.pool is not None:
                 await backend.pool.close()

@@ -1,12 +1,12 @@
 """`owngate config validate`: check a config file with the same code the server uses.
 
 It loads the file as `owngate serve` does, then builds the gateway from it as `serve`
-does before it listens (`gateway.assembly.validate`): the backend registry, the trust
-policies compiled against the backends, the key variables each backend names in this
-environment, and the provenance log's keys and directory (checked, never opened for
-writing). Every problem is printed in one run. `--without-secrets` skips what only the
-machine that serves has (key variables, signing keys, the log directory). Exit codes:
-0 ok, 1 invalid, 2 usage.
+does before it listens (`gateway.app.validate`, the same `assemble`): the backend
+registry, the tenant key index, the trust policies compiled against the backends, the
+key variables each backend names in this environment, and the provenance log's keys and
+directory (checked, never opened for writing). Every problem is printed in one run.
+`--without-secrets` skips what only the machine that serves has (key variables, signing
+keys, the log directory). Exit codes: 0 ok, 1 invalid, 2 usage.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def register(subparsers: Any) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from gateway.assembly import validate
+    from gateway.app import validate
 
     config = load_or_report(args.file)
     if config is None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway.cli._common import env_default, load_or_report, usage
 from gateway.config import GatewayConfig
-from gateway.keys import (
+from gateway.tenants import (
     add_key_hash,
     hash_api_key,
     key_hash_of,

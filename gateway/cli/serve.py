@@ -105,15 +105,18 @@ def run(args: argparse.Namespace) -> int:
 def _serve(
     path: str, config: GatewayConfig, host: str, port: int, identity: WorkerIdentity | None
 ) -> int:
-    from gateway.api import create_app
     from gateway.api.fleet import FleetMetrics
-    from gateway.api.reload import ConfigReloader
-    from gateway.assembly import AssemblyError
+    from gateway.app import AssemblyError, create_app
     from gateway.serving import STARTUP_FAILURE, DrainingServer, bind_socket, uvicorn_config
     from gateway.workers import for_worker
 
     try:
-        app = create_app(config, config_dir=Path(path).parent)
+        app = create_app(
+            config,
+            config_dir=Path(path).parent,
+            config_file=Path(path),
+            prepare=for_worker(identity),
+        )
     except AssemblyError as exc:  # fail closed: no valid policies or keys, no traffic
         print(f"error: not starting; {len(exc.problems)} problem(s):", file=sys.stderr)
         print("\n".join(f"  {problem}" for problem in exc.problems), file=sys.stderr)
@@ -121,8 +124,6 @@ def _serve(
     except ValueError as exc:  # other settings only checkable at startup (shared state)
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_NOT_STARTED
-    app.reloader = ConfigReloader(app, Path(path), prepare=for_worker(identity))
-    app.metrics.watch_config(app.reloader)
     if identity is not None:
         app.fleet = FleetMetrics(identity.runtime_dir, identity.index)
     try:

@@ -184,7 +184,7 @@ def _nested(inner: Path_, outer: Path_) -> bool:
 
 def _merge_keys_file(config: GatewayConfig, keys_path: Path, source: str) -> GatewayConfig:
     """Add the hashes stored by `owngate keys new` to the tenants they belong to."""
-    from gateway.keys import read_keys_file
+    from gateway.tenants import read_keys_file
 
     try:
         stored = read_keys_file(keys_path)

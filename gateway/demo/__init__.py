@@ -14,13 +14,13 @@ from typing import TextIO
 
 import uvicorn
 
-from gateway.api import create_app
+from gateway.app import create_app
 from gateway.config import GatewayConfig, parse_config
-from gateway.keys import hash_api_key, new_api_key
 from gateway.logs import configure_logging
 from gateway.provenance import write_signing_key
 from gateway.serving import ServerThread, bind_socket, uvicorn_config
 from gateway.sim import SimSettings, create_sim_app
+from gateway.tenants import hash_api_key, new_api_key
 
 __all__ = ["demo_config", "run_demo"]
 

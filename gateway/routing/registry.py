@@ -1,4 +1,4 @@
-"""The runtime view of the configured backends, models and tenants.
+"""The runtime view of the configured backends and the models they serve.
 
 Built from a `GatewayConfig` at startup (and again on a reload); the request path only
 does dict lookups here. `routes` maps each public model name (names and aliases) to the
@@ -21,10 +21,9 @@ from gateway.config.schema import Backend, BreakerSettings, GatewayConfig, Limit
 from gateway.routing.breaker import Breaker
 from gateway.routing.filters.health import unavailable
 from gateway.routing.health import ProbeHealth
-from gateway.state import TenantLimits
 from gateway.upstream.http import HttpPool
 
-__all__ = ["BackendState", "Registry", "Route", "TenantEntry"]
+__all__ = ["BackendState", "Registry", "Route"]
 
 
 @dataclass(eq=False, slots=True)
@@ -69,22 +68,10 @@ class Route:
     upstream_model: str
 
 
-@dataclass(frozen=True, slots=True)
-class TenantEntry:
-    id: str
-    all_models: bool
-    models: frozenset[str]
-    limits: TenantLimits = field(default_factory=TenantLimits)
-
-    def may_use(self, model: str) -> bool:
-        return self.all_models or model in self.models
-
-
 @dataclass(slots=True)
 class Registry:
     backends: dict[str, BackendState]
     routes: dict[str, tuple[Route, ...]]
-    tenants_by_key: dict[str, TenantEntry]
     owners: dict[str, str] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
 
@@ -96,9 +83,8 @@ class Registry:
         clock: Callable[[], float] = time.monotonic,
         environ: dict[str, str] | None = None,
     ) -> Registry:
-        """The backends, routes and tenants of `config`. Raises ValueError naming every
-        problem (a backend key variable unset or unusable, one key hash listed for two
-        tenants), one per line."""
+        """The backends and routes of `config`. Raises ValueError naming every backend
+        whose key variable is unset or unusable, one per line."""
         env = environ or {}
         breaker = config.routing.breaker
         problems: list[str] = []
@@ -117,32 +103,14 @@ class Registry:
                 for public in (entry.name, *entry.aliases):
                     routes.setdefault(public, []).append(Route(backends[backend.id], entry.name))
                     owners.setdefault(public, backend.owner)
-        tenants: dict[str, TenantEntry] = {}
-        for tenant in config.tenants:
-            limits = TenantLimits(
-                requests_per_minute=tenant.limits.requests_per_minute,
-                tokens_per_minute=tenant.limits.tokens_per_minute,
-                concurrent=tenant.limits.concurrent_requests,
-            )
-            entry_t = TenantEntry(tenant.id, "*" in tenant.models, frozenset(tenant.models), limits)
-            for key_hash in tenant.api_key_hashes:
-                other = tenants.setdefault(key_hash, entry_t)
-                if other is not entry_t:
-                    problems.append(
-                        f"one API key hash is listed for tenants {other.id!r} and {tenant.id!r}"
-                    )
         if problems:
             raise ValueError("\n".join(problems))
         return cls(
             backends=backends,
             routes={name: tuple(r) for name, r in routes.items()},
-            tenants_by_key=tenants,
             owners=owners,
             clock=clock,
         )
-
-    def models_for(self, tenant: TenantEntry) -> list[str]:
-        return sorted(name for name in self.routes if tenant.may_use(name))
 
     def set_peer_inflight(self, others: Mapping[str, int]) -> None:
         """Take the other replicas' in-flight counts per backend (after a shared-state

@@ -23,7 +23,8 @@ from typing import Final
 
 import orjson
 
-from gateway.sim.asgi import JSON, Receive, Scope, Send, read_body, respond, wait_disconnect
+from gateway.asgi import JSON, Receive, Scope, Send, lifespan, read_body, respond, wait_disconnect
+from gateway.errors import GatewayError
 from gateway.sim.control import CapturedRequest, SimControl, SimStats
 from gateway.sim.engine import Clock, Engine, MonotonicClock
 from gateway.sim.inference import Inference
@@ -101,22 +102,18 @@ class SimApp:
         if scope["type"] == "http":
             await self._http(scope, receive, send)
         elif scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await lifespan(receive, send, self._started, self._stopped)
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                self.control.started_at = self.clock.now()
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.engine.aclose()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+    async def _started(self) -> None:
+        self.control.started_at = self.clock.now()
+
+    async def _stopped(self) -> None:
+        await self.engine.aclose()
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await read_body(receive)
-        if body is None:
+        try:
+            body = await read_body(scope, receive)
+        except GatewayError:
             return  # the client left before sending its request
         method: str = scope["method"]
         path: str = scope["path"]

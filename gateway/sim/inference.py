@@ -18,9 +18,9 @@ import itertools
 import random
 import secrets
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Final
 
-from gateway.sim.asgi import JSON, SSE_HEADERS, Receive, Send, respond, start, wait_disconnect
+from gateway.asgi import JSON, Receive, Send, respond, start, wait_disconnect
 from gateway.sim.control import SimControl, SimStats
 from gateway.sim.engine import Clock, Engine, SeqState, Sequence
 from gateway.sim.prefix import prompt_chain
@@ -33,6 +33,7 @@ __all__ = ["Fate", "Inference"]
 
 # Content chunks a dying stream still sends, at most.
 _CHUNKS_BEFORE_DYING = 3
+_SSE_HEADERS: Final = ((b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"))
 
 
 class Fate(enum.Enum):
@@ -121,7 +122,7 @@ class Inference:
             self._stats.died += 1
         else:
             self._stats.completed += 1
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         if self._settings.coalesce_chunks:
             body = encoder.role + encoder.tokens([tokens[i] for i in ids])
             if not die:
@@ -193,7 +194,7 @@ class Inference:
         tokens = self._text.json_tokens
         ids = self._text.token_ids(request.prompt, request.max_tokens)
         cut = min(_CHUNKS_BEFORE_DYING, len(ids) - 1) if die else len(ids)
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         pending = encoder.role  # sent with the first token, as vLLM does
         sent = 0
         while True:

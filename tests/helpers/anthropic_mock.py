@@ -22,7 +22,8 @@ from typing import Any, Final
 
 import orjson
 
-from gateway.sim.asgi import Receive, Scope, Send, read_body, respond, wait_disconnect
+from gateway.asgi import Receive, Scope, Send, read_body, respond, wait_disconnect
+from gateway.errors import GatewayError
 
 __all__ = ["AnthropicMock", "Received"]
 
@@ -80,9 +81,10 @@ class AnthropicMock:
                     return
         if scope["type"] != "http":
             return
-        raw = await read_body(receive)
-        if raw is None:
-            return
+        try:
+            raw = await read_body(scope, receive)
+        except GatewayError:
+            return  # the client left
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
             body = orjson.loads(raw) if raw else {}

@@ -29,11 +29,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
-from gateway.keys import hash_api_key
+from gateway.asgi import Receive, Scope, Send
 from gateway.provenance import write_signing_key
 from gateway.serving import ServerThread, bind_socket
 from gateway.sim import Faults, SimSettings, create_sim_app
-from gateway.sim.asgi import Receive, Scope, Send
+from gateway.tenants import hash_api_key
 from tests.helpers.net import free_port
 from tests.helpers.processes import GatewayProcess
 

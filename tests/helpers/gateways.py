@@ -15,11 +15,11 @@ import httpx
 
 from gateway.api import GatewayApp
 from gateway.config import GatewayConfig
-from gateway.keys import hash_api_key
 from gateway.policy import Decision
 from gateway.provenance import write_signing_key
 from gateway.serving import ServerThread
 from gateway.sim import SimApp
+from gateway.tenants import hash_api_key
 
 TENANT_KEY = "og-test-tenant-key-0123456789"
 OTHER_KEY = "og-test-other-tenant-key-98765"

@@ -22,7 +22,7 @@ from gateway.config import GatewayConfig
 from gateway.config.schema import Admin
 from gateway.demo import demo_config
 from gateway.errors import GatewayError
-from gateway.keys import hash_api_key
+from gateway.tenants import hash_api_key
 from tests.helpers.gateways import ADMIN_HEADERS, ADMIN_TOKEN, TENANT_KEY, Gateway, Sim, backend
 
 SIDECAR = "127.0.0.6"  # where Istio's sidecar (and others) connect from

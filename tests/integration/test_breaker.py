@@ -10,7 +10,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from gateway.api import create_app
+from gateway.app import assemble, create_app
 from gateway.config.schema import BreakerSettings
 from gateway.routing.breaker import Breaker, Pass
 from gateway.serving import ServerThread
@@ -216,5 +216,5 @@ def test_a_reload_applies_new_breaker_settings_to_kept_backends() -> None:
         [backend("b", "http://127.0.0.1:9", "m")],
         routing={"breaker": {"failure_threshold": 50, "cooldown_s": 9.0, "max_cooldown_s": 9.0}},
     )
-    app.install(app.assemble(changed))
+    app.install(assemble(changed, {}, config_dir=app.config_dir, running=app.parts))
     assert app.registry.backends["b"].breaker.settings.failure_threshold == 50

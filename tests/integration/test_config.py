@@ -11,8 +11,8 @@ import pytest
 
 from gateway.cli.main import main
 from gateway.config import ConfigError, load_config, parse_config
-from gateway.keys import hash_api_key
 from gateway.provenance.keys import write_signing_key
+from gateway.tenants import hash_api_key
 from tests.helpers.paths import REPO_ROOT
 
 OWNGATE = [sys.executable, "-m", "gateway"]
@@ -268,8 +268,7 @@ def test_config_validate_names_every_problem_serve_refuses(
     assert f"  invalid trust policy: {policy}:7:15: spec.retention.max_days: max_days is" in err
     assert f"  signing key {refused.parent / 'log.key'}: cannot read" in err
     # serve refuses it too, naming every key variable at once
-    from gateway.api import create_app
-    from gateway.assembly import AssemblyError
+    from gateway.app import AssemblyError, create_app
 
     with pytest.raises(AssemblyError) as info:
         create_app(load_config(refused, env={}), environ={}, config_dir=refused.parent)

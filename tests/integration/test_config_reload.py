@@ -13,7 +13,7 @@ import httpx
 import pytest
 import yaml
 
-from gateway.keys import hash_api_key
+from gateway.tenants import hash_api_key
 from tests.helpers.gateways import ADMIN, Sim, backend, readiness
 from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess

@@ -173,7 +173,7 @@ def test_loading_backend_gets_nothing_until_healthy(
 
 
 def test_backend_key_problems_stop_the_gateway_starting() -> None:
-    from gateway.api import create_app
+    from gateway.app import create_app
     from tests.helpers.gateways import gateway_config
 
     config = gateway_config([backend("gpu", "http://127.0.0.1:1", "m", api_key_env="GPU_KEY")])
@@ -187,8 +187,7 @@ def test_backend_key_problems_stop_the_gateway_starting() -> None:
 def test_every_key_problem_is_named_at_once() -> None:
     """Not one missing variable per restart: every backend's (private and hosted) and a
     key hash shared by two tenants, in one error."""
-    from gateway.api import create_app
-    from gateway.assembly import AssemblyError
+    from gateway.app import AssemblyError, create_app
     from tests.helpers.gateways import gateway_config
 
     hosted = {

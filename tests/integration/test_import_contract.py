@@ -1,8 +1,9 @@
 """The import rules (issue 13, item 7) are live: `ruff check` (part of `make test`) fails
 when the policy core or the provenance package imports the server, routing, upstream,
-state, gateway.yaml's types, a web framework, Redis or LiteLLM, or when routing imports
-the HTTP surface. Each probe is checked as if it were a module in that package, through
-the package's own ruff.toml (for provenance's wings, the closest one: the package's).
+state, gateway.yaml's types, a web framework, Redis or LiteLLM, when routing imports
+the HTTP surface, or when the HTTP surface imports the composition root. Each probe is
+checked as if it were a module in that package, through the package's own ruff.toml (for
+provenance's wings, the closest one: the package's).
 
 Inside `gateway.provenance`, the wings import each other only as its docstring says:
 `formats` imports no other wing, `audit` and `witness` only `formats`, `writer` `formats`
@@ -54,6 +55,7 @@ def banned(package: str, source: str) -> str:
         ("gateway/policy", "import uvicorn\n"),
         ("gateway/routing", "from gateway.api.proxy import Proxy\n"),
         ("gateway/routing", "import fastapi\n"),
+        ("gateway/api", "from gateway.app import assemble\n"),
     ],
 )
 def test_a_forbidden_import_fails_the_lint(package: str, source: str) -> None:
@@ -68,6 +70,7 @@ def test_a_forbidden_import_fails_the_lint(package: str, source: str) -> None:
         ("gateway/policy", "from gateway.policy.types import BackendFacts\n"),
         ("gateway/routing", "from gateway.policy import Decision\n"),
         ("gateway/api", "from gateway.routing.registry import Registry\n"),
+        ("gateway/provenance", "from gateway.asgi import read_body, respond\n"),
     ],
 )
 def test_the_allowed_direction_passes(package: str, source: str) -> None:

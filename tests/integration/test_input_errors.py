@@ -16,8 +16,8 @@ import httpx
 import orjson
 import pytest
 
-from gateway.api import create_app
 from gateway.api.body import MAX_DEPTH, parse_body
+from gateway.app import create_app
 from gateway.errors import GatewayError
 from tests.helpers.gateways import TENANT_KEY, Gateway, Sim, backend, gateway_config
 

@@ -19,8 +19,8 @@ import orjson
 import pytest
 from structlog.testing import capture_logs
 
-from gateway.api import create_app
 from gateway.api.labels import EXCERPT_CHARS, excerpt
+from gateway.app import create_app
 from gateway.config.schema import Listen
 from gateway.provenance import write_signing_key
 from gateway.serving import ServerThread

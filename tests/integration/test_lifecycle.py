@@ -16,10 +16,10 @@ import httpx
 import orjson
 import pytest
 
-from gateway.api import create_app
+from gateway.app import create_app
 from gateway.cli.main import main as owngate
-from gateway.keys import hash_api_key
 from gateway.provenance import load_verifiers, verify_log, write_signing_key
+from gateway.tenants import hash_api_key
 from tests.helpers.gateways import ADMIN_TOKEN, TENANT_KEY, Sim, backend, gateway_config
 from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess

@@ -25,7 +25,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.api import create_app
+from gateway.app import create_app
 from gateway.config.schema import Listen
 from gateway.errors import ErrorCode
 from gateway.listener import ListenerLimits, derived_max_connections, http_protocol

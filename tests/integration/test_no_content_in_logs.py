@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway.keys import hash_api_key
+from gateway.tenants import hash_api_key
 from tests.helpers.gateways import Sim
 from tests.helpers.net import free_port
 from tests.helpers.processes import GatewayProcess

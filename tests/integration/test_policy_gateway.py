@@ -169,10 +169,10 @@ def test_reload_swaps_atomically_and_keeps_the_last_good_set(
     while chat(gateway).status_code != 503 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert chat(gateway).status_code == 503
-    digest = gateway.app.trust.current.digest
+    digest = gateway.app.policies.current.digest
     (tmp_path / "policies" / "policy.yaml").write_text("apiVersion: nonsense\n")
     deadline = time.monotonic() + 5
-    while gateway.app.trust.last_error is None and time.monotonic() < deadline:
+    while gateway.app.policies.last_error is None and time.monotonic() < deadline:
         time.sleep(0.05)
     ready = readiness(gateway.url)
     assert ready["policy"]["last_reload_error"]
@@ -189,7 +189,7 @@ def test_reload_swaps_atomically_and_keeps_the_last_good_set(
 
 
 def test_a_missing_provider_key_stops_the_gateway_starting(start_sim: Callable[..., Sim]) -> None:
-    from gateway.api import create_app
+    from gateway.app import create_app
     from tests.helpers.gateways import gateway_config
 
     sim = start_sim("vllm", models=("m",), zero_latency=True)

@@ -30,8 +30,8 @@ import pytest
 
 import gateway.provenance.writer.segment_writer
 import gateway.provenance.writer.store
-from gateway.api import GatewayApp, create_app
-from gateway.keys import hash_api_key
+from gateway.api import GatewayApp
+from gateway.app import create_app
 from gateway.provenance import (
     LogDirectory,
     ProvenanceLog,
@@ -41,6 +41,7 @@ from gateway.provenance import (
 )
 from gateway.serving import ServerThread
 from gateway.sim import Faults
+from gateway.tenants import hash_api_key
 from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
 from tests.helpers.net import free_port
 from tests.helpers.processes import GatewayProcess

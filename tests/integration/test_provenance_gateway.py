@@ -34,7 +34,7 @@ def logged(
     start_sim: Callable[..., Sim], tmp_path: Path
 ) -> Iterator[tuple[Gateway, Sim, Path, str]]:
     """A gateway with the provenance log on; yields (gateway, sim, log dir, verifier key)."""
-    from gateway.api import create_app
+    from gateway.app import create_app
 
     vkey = write_signing_key(tmp_path / "log.key", "test.owngate/log/1")
     sim = start_sim("vllm", models=("m",), zero_latency=True)
@@ -69,7 +69,7 @@ def test_every_request_is_logged_and_receipted(
     receipt = verify_receipt(envelope, verifiers)
     assert receipt.request_id == response.headers["x-request-id"]
     assert receipt.backend == "gpu"
-    assert receipt.policy_digest == gateway.app.trust.current.digest
+    assert receipt.policy_digest == gateway.app.policies.current.digest
 
     # Streams carry the receipt as a final SSE comment; the official SDK ignores it.
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=gateway.key, max_retries=0)
@@ -168,7 +168,7 @@ def test_every_request_is_logged_and_receipted(
 
 
 def test_refusals_are_logged(start_sim: Callable[..., Sim], tmp_path: Path) -> None:
-    from gateway.api import create_app
+    from gateway.app import create_app
 
     vkey = write_signing_key(tmp_path / "log.key", "test.owngate/log/2")
     policy_dir = tmp_path / "policies"
@@ -202,7 +202,7 @@ def test_refusals_are_logged(start_sim: Callable[..., Sim], tmp_path: Path) -> N
 
 
 def test_gateway_refuses_to_start_without_its_signing_key(tmp_path: Path) -> None:
-    from gateway.api import create_app
+    from gateway.app import create_app
 
     config = gateway_config(
         [backend("gpu", "http://127.0.0.1:9", "m")],

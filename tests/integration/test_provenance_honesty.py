@@ -21,7 +21,8 @@ import httpx
 import orjson
 import pytest
 
-from gateway.api import GatewayApp, create_app
+from gateway.api import GatewayApp
+from gateway.app import create_app
 from gateway.cli.main import main
 from gateway.errors import ErrorCode
 from gateway.provenance import (

@@ -88,7 +88,7 @@ def test_gateway_reads_the_real_metrics(gateway: Gateway) -> None:
 def test_a_stream_without_include_usage_is_charged_without_a_usage_chunk(
     real_llamacpp: LlamaServer, start_gateway: Callable[..., Gateway], endpoint: str
 ) -> None:
-    from gateway.keys import hash_api_key
+    from gateway.tenants import hash_api_key
     from tests.helpers.gateways import TENANT_KEY
 
     limits = {"tokens_per_minute": 100}

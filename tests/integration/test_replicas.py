@@ -32,8 +32,8 @@ import httpx
 import pytest
 import yaml
 
-from gateway.keys import add_key_hash, hash_api_key
 from gateway.routing.prometheus import parse_metrics
+from gateway.tenants import add_key_hash, hash_api_key
 from owngate_bench.services import HOST, Service, child_env, free_port, owngate_argv
 from tests.helpers.gateways import ADMIN, readiness
 from tests.helpers.prerequisites import redis_binary

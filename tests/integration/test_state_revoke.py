@@ -13,11 +13,11 @@ import httpx
 import pytest
 import yaml
 
-from gateway.api import create_app
+from gateway.app import create_app
 from gateway.cli.main import main
 from gateway.config import load_config
-from gateway.keys import hash_api_key, read_keys_file
 from gateway.serving import ServerThread
+from gateway.tenants import hash_api_key, read_keys_file
 from tests.helpers.gateways import Sim, backend
 from tests.helpers.net import free_port
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from gateway.api import create_app
+from gateway.app import create_app
 from gateway.config.schema import Routing, RoutingPool
 from gateway.routing.picker import Picker
 from gateway.routing.registry import Registry, Route

@@ -18,7 +18,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.keys import hash_api_key
+from gateway.tenants import hash_api_key
 from tests.helpers.gateways import (
     HOSTED_ONLY_POLICY,
     TENANT_KEY,

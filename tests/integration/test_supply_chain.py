@@ -35,9 +35,9 @@ def test_private_path_never_imports_litellm() -> None:
     script = """
 import sys
 import httpx
-from gateway.api import create_app
+from gateway.app import create_app
 from gateway.config import GatewayConfig
-from gateway.keys import hash_api_key
+from gateway.tenants import hash_api_key
 from gateway.serving import ServerThread
 from gateway.sim import SimSettings, create_sim_app
 

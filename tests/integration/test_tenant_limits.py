@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.api import create_app
-from gateway.keys import hash_api_key
+from gateway.app import create_app
 from gateway.serving import ServerThread
 from gateway.state import RateLimited, TenantLimits
+from gateway.tenants import hash_api_key
 from tests.helpers.gateways import TENANT_KEY, Gateway, Sim, backend, gateway_config
 
 BODY = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
@@ -30,7 +30,7 @@ def post(gateway: Gateway) -> httpx.Response:
 def with_limits(
     start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], **limits: int
 ) -> tuple[Gateway, Sim]:
-    from gateway.keys import hash_api_key
+    from gateway.tenants import hash_api_key
     from tests.helpers.gateways import OTHER_KEY
 
     sim = start_sim(

@@ -1,8 +1,11 @@
-"""Tenant API keys and admin tokens: generation, hashing and the key-hash file.
+"""Tenants and their API keys: the key index the gateway authenticates against, key and
+admin-token generation, hashing, and the key-hash file `owngate keys` writes.
 
 Keys are 32 random bytes (base64url, prefixed `og-`); only `sha256:<hex>` digests are
 stored. A fast hash is right here: the keys are random and high-entropy, so there is
-nothing for a slow KDF to protect, and hashing sits on every request.
+nothing for a slow KDF to protect, and hashing sits on every request. `index_keys` maps
+each digest to its tenant (`TenantEntry`: the models it may use, its rate limits); a
+request's key is one dict lookup there.
 """
 
 from __future__ import annotations
@@ -12,15 +15,22 @@ import os
 import re
 import secrets
 import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from gateway.config.schema import Tenant
+from gateway.state.types import TenantLimits
+
 __all__ = [
     "ADMIN_TOKEN_PREFIX",
     "KEY_PREFIX",
+    "TenantEntry",
     "add_key_hash",
     "hash_api_key",
+    "index_keys",
     "key_hash_of",
     "new_admin_token",
     "new_api_key",
@@ -31,6 +41,42 @@ __all__ = [
 KEY_PREFIX = "og-"
 ADMIN_TOKEN_PREFIX = "og-admin-"  # noqa: S105 - a prefix, not a secret
 _HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class TenantEntry:
+    """A configured tenant as the request path sees it."""
+
+    id: str
+    all_models: bool
+    models: frozenset[str]
+    limits: TenantLimits = field(default_factory=TenantLimits)
+
+    def may_use(self, model: str) -> bool:
+        return self.all_models or model in self.models
+
+
+def index_keys(tenants: Iterable[Tenant]) -> dict[str, TenantEntry]:
+    """Each tenant API key digest (`sha256:<hex>`) to its tenant. Raises ValueError
+    naming every digest listed for two tenants, one per line."""
+    index: dict[str, TenantEntry] = {}
+    problems: list[str] = []
+    for tenant in tenants:
+        limits = TenantLimits(
+            requests_per_minute=tenant.limits.requests_per_minute,
+            tokens_per_minute=tenant.limits.tokens_per_minute,
+            concurrent=tenant.limits.concurrent_requests,
+        )
+        entry = TenantEntry(tenant.id, "*" in tenant.models, frozenset(tenant.models), limits)
+        for key_hash in tenant.api_key_hashes:
+            other = index.setdefault(key_hash, entry)
+            if other is not entry:
+                problems.append(
+                    f"one API key hash is listed for tenants {other.id!r} and {tenant.id!r}"
+                )
+    if problems:
+        raise ValueError("\n".join(problems))
+    return index
 
 
 def new_api_key() -> str:

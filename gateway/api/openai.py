@@ -1,0 +1,242 @@
+"""The tenant surface: the OpenAI endpoints, `/v1/models` and `/v1/provenance/...`.
+
+Every request here authenticates with a tenant API key (`Authorization: Bearer KEY`,
+looked up by digest in the key index, `gateway.tenants`). A proxied request
+(`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`) is then admitted against
+the tenant's rate limits, its body read once, and handed to the proxy (api/proxy.py:
+decide, plan, record, relay); errors become OpenAI error objects here, with the receipt
+headers when the prompt may have left. Each request ends with one access-log line and
+its metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+from typing import Final
+
+from gateway.api.exchange import Exchange, end_stream, receipt_headers, send_error_event
+from gateway.api.runtime import Runtime
+from gateway.asgi import (
+    Receive,
+    Scope,
+    Send,
+    header_values,
+    read_body,
+    send_bytes,
+    send_error,
+    send_json,
+)
+from gateway.errors import ErrorCode, GatewayError
+from gateway.logs import get_logger
+from gateway.state import Admission, RateLimited
+from gateway.tenants import TenantEntry
+
+__all__ = ["PROXIED", "TenantSurface", "new_request_id"]
+
+PROXIED: Final = {
+    "/v1/chat/completions": ("chat", b"/v1/chat/completions"),
+    "/v1/completions": ("completions", b"/v1/completions"),
+    "/v1/embeddings": ("embeddings", b"/v1/embeddings"),
+}
+"""The proxied paths: the endpoint name (metrics, logs) and the upstream path."""
+
+
+def new_request_id() -> bytes:
+    return b"req_" + os.urandom(12).hex().encode()
+
+
+class TenantSurface:
+    """The handlers of the tenant-facing paths, reading `runtime` on each request."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._log = get_logger("owngate.access")
+
+    async def proxied(
+        self, scope: Scope, receive: Receive, send: Send, endpoint: str, upstream_path: bytes
+    ) -> None:
+        """One request to a proxied path, answered whatever happens."""
+        runtime, parts = self._runtime, self._runtime.parts
+        exchange = Exchange(new_request_id(), time.perf_counter(), endpoint)
+        try:
+            if scope["method"] != "POST":
+                raise GatewayError(ErrorCode.method_not_allowed, f"{endpoint} accepts only POST")
+            if not runtime.ready:
+                raise GatewayError(ErrorCode.not_ready, "the gateway is not ready")
+            runtime.serving.add(asyncio.current_task())  # type: ignore[arg-type]
+            tenant = self.authenticate(scope)
+            exchange.tenant = tenant.id
+            admission = await self._admit(tenant)
+            exchange.charge = lambda: admission.release(_tokens_used(exchange))
+            try:
+                body = await read_body(scope, receive, parts.config.limits.max_body_bytes)
+                await parts.proxy.forward(
+                    exchange, tenant, scope, body, upstream_path, receive, send
+                )
+            finally:
+                # The answer is over: a drain deadline from now on must not cut (and write
+                # to) a finished response, nor interrupt the release.
+                runtime.serving.discard(asyncio.current_task())
+                await admission.release(_tokens_used(exchange))
+        except GatewayError as error:
+            exchange.status = error.status
+            if not exchange.response_started:
+                # The prompt may have left (and been logged): the receipt says where.
+                headers = await receipt_headers(exchange)
+                await send_error(send, error, exchange.request_id, headers)
+        except asyncio.CancelledError:
+            if not runtime.cutting:
+                raise
+            await self._cut(exchange, send)
+        except Exception:  # noqa: BLE001 - last resort: logged, answered 500, never passed on
+            exchange.status = 500
+            self._log.exception("unhandled error", request_id=exchange.request_id.decode())
+            if not exchange.response_started:
+                internal = GatewayError(ErrorCode.internal_error, "internal gateway error")
+                await send_error(send, internal, exchange.request_id)
+        finally:
+            runtime.serving.discard(asyncio.current_task())
+            self._finish(exchange)
+
+    async def _cut(self, exchange: Exchange, send: Send) -> None:
+        """The drain deadline passed with this request still running: end it cleanly (a
+        stream gets an error event, its receipt and a proper end; others a 503)."""
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        error = GatewayError(
+            ErrorCode.not_ready, "the gateway is shutting down and its drain deadline passed"
+        )
+        exchange.status = error.status
+        if not exchange.response_started:
+            await send_error(send, error, exchange.request_id, await receipt_headers(exchange))
+            return
+        if exchange.stream:
+            await send_error_event(send, error)
+            await end_stream(send, exchange)
+        else:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _finish(self, exchange: Exchange) -> None:
+        parts = self._runtime.parts
+        elapsed = time.perf_counter() - exchange.started_at
+        parts.metrics.observe_request(exchange.endpoint, exchange.status, exchange.backend, elapsed)
+        if parts.config.logging.access_log:
+            self._log.info(
+                "request",
+                request_id=exchange.request_id.decode(),
+                endpoint=exchange.endpoint,
+                tenant=exchange.tenant,
+                model=exchange.model,
+                data_class=exchange.data_class,
+                data_class_defaulted=exchange.data_class_defaulted,
+                policy=exchange.policy,
+                backend=exchange.backend,
+                fallback=exchange.fallback,
+                status=exchange.status,
+                stream=exchange.stream,
+                upstream_error=exchange.upstream_error,
+                duration_ms=round(elapsed * 1000, 3),
+            )
+
+    async def _admit(self, tenant: TenantEntry) -> Admission:
+        """The tenant's rate limits (per process, or across replicas with Redis)."""
+        try:
+            return await self._runtime.parts.state.acquire(tenant.id, tenant.limits)
+        except RateLimited as exc:
+            raise GatewayError(
+                ErrorCode.rate_limit_exceeded,
+                exc.message,
+                headers=((b"retry-after", exc.retry_after_header),),
+            ) from exc
+
+    def authenticate(self, scope: Scope) -> TenantEntry:
+        """The tenant whose API key the request carries (raises 401 `GatewayError`)."""
+        values = header_values(scope, b"authorization")
+        if not values:
+            raise GatewayError(
+                ErrorCode.missing_api_key,
+                "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.",
+            )
+        if len(values) > 1:  # which copy a proxy in front read is unknowable: none counts
+            raise GatewayError(
+                ErrorCode.invalid_api_key, "Send one Authorization header, not several."
+            )
+        value = values[0]
+        scheme, _, key = value.partition(b" ")
+        key = key.strip()
+        if scheme.lower() != b"bearer" or not key:
+            raise GatewayError(
+                ErrorCode.invalid_api_key, "Malformed Authorization header; use 'Bearer KEY'."
+            )
+        digest = "sha256:" + hashlib.sha256(key).hexdigest()
+        parts = self._runtime.parts
+        tenant = parts.tenants.get(digest)
+        if tenant is None or parts.state.is_revoked(digest):
+            raise GatewayError(ErrorCode.invalid_api_key, "Incorrect API key provided.")
+        return tenant
+
+    async def models(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
+        """`GET /v1/models`: the models the tenant may use and its policy does not refuse."""
+        try:
+            if scope["method"] != "GET":
+                raise GatewayError(ErrorCode.method_not_allowed, "/v1/models accepts only GET")
+            tenant = self.authenticate(scope)
+        except GatewayError as error:
+            await send_error(send, error, request_id)
+            return
+        parts = self._runtime.parts
+        policy, registry = parts.policies.current, parts.registry
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": registry.owners[name]}
+            for name in sorted(registry.routes)
+            if tenant.may_use(name) and policy.decide(tenant.id, name, None).refusal is None
+        ]
+        await send_json(send, 200, {"object": "list", "data": data}, request_id)
+
+    async def provenance(
+        self, scope: Scope, receive: Receive, send: Send, request_id: bytes
+    ) -> None:
+        """`GET /v1/provenance/receipts/{id}` and `/proofs/{id}`, for the tenant that sent it."""
+        try:
+            if scope["method"] != "GET":
+                raise GatewayError(ErrorCode.method_not_allowed, "provenance paths accept GET")
+            tenant = self.authenticate(scope)
+            _, _, rest = scope["path"].partition("/v1/provenance/")
+            kind, _, wanted = rest.partition("/")
+            recorder = self._runtime.parts.recorder
+            found = recorder.receipt(wanted, tenant.id) if recorder is not None else None
+            if kind not in ("receipts", "proofs") or recorder is None or found is None:
+                raise GatewayError(
+                    ErrorCode.not_found, "no receipt for that request id (or not yours)"
+                )
+            sealing, index = found
+            if kind == "receipts":
+                try:
+                    envelope = await asyncio.shield(sealing)
+                except Exception as exc:  # Recorder._sealed logged the cause
+                    raise GatewayError(
+                        ErrorCode.provenance_unavailable, "the receipt could not be signed"
+                    ) from exc
+                await send_bytes(send, 200, envelope, request_id, b"application/json")
+                return
+            try:
+                proof = await recorder.log.inclusion_proof(index)
+            except ValueError as exc:
+                raise GatewayError(
+                    ErrorCode.not_found,
+                    "the request is logged but no signed checkpoint covers it yet; retry "
+                    "in a second",
+                ) from exc
+            await send_bytes(send, 200, proof.format().encode(), request_id, b"text/plain")
+        except GatewayError as error:
+            await send_error(send, error, request_id)
+
+
+def _tokens_used(exchange: Exchange) -> int:
+    """Tokens to charge to the tenant's per-minute budget: the answer's usage, or an
+    estimate when the backend reported none (`Trail.charged_tokens`)."""
+    return 0 if exchange.trail is None else exchange.trail.charged_tokens()

@@ -1,0 +1,252 @@
+"""The composition root: the one place that builds a gateway from a loaded config.
+
+`assemble(config, environ)` builds every part the request path needs (`Assembly`: the
+backend registry, the tenant key index, the trust policies compiled against the
+backends, the metrics scraper, the proxy, and the process's metrics, shared state and
+provenance recorder), or raises one `AssemblyError` naming every problem only checkable
+here (a backend's key variable missing from the environment, one key hash listed for two
+tenants, policies that do not compile against the backends), so a config is fixed in one
+round. `owngate serve` and the demo build the app with `create_app`; a config reload
+assembles the new config with the running parts (`ConfigReloader` gets `assemble` and
+the app's `install` as callables); `owngate config validate` runs `validate`, the same
+assembly without the app.
+
+Nothing connects or opens a file here: backend connections, Redis and the provenance
+log open in the ASGI lifespan (`GatewayApp`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from gateway.api.app import GatewayApp
+from gateway.api.metrics import GatewayMetrics
+from gateway.api.parts import Assembly
+from gateway.api.proxy import Proxy
+from gateway.api.recorder import Recorder
+from gateway.api.reload import ConfigReloader
+from gateway.config.schema import GatewayConfig
+from gateway.config.schema import State as StateSettings
+from gateway.policy import PolicyError
+from gateway.policy_set import TrustPolicies
+from gateway.provenance.writer.preflight import preflight
+from gateway.routing.registry import BackendState, Registry, Route
+from gateway.routing.scraper import MetricsScraper
+from gateway.state import SharedState, create_state
+from gateway.tenants import TenantEntry, index_keys
+from gateway.upstream.hosted import hosted_api_key
+
+__all__ = ["Assembly", "AssemblyError", "assemble", "create_app", "validate"]
+
+
+class AssemblyError(ValueError):
+    """The gateway cannot be built from this config; `problems` lists every reason."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("\n".join(self.problems))
+
+
+def assemble(
+    config: GatewayConfig,
+    environ: Mapping[str, str],
+    *,
+    config_dir: Path,
+    clock: Callable[[], float] = time.monotonic,
+    running: Assembly | None = None,
+) -> Assembly:
+    """Every part of a gateway built from `config`.
+
+    `environ` supplies backend keys; `config_dir` anchors the config's relative paths;
+    `clock` is what backend health, breakers and scrape ages read. `running` is the
+    assembly a config reload replaces: the new one keeps its metrics, shared state and
+    recorder (one log for the process's life), and the backends whose settings did not
+    change keep their connection pools, in-flight counts and health.
+
+    Raises `AssemblyError` (a ValueError) naming every problem, or the ValueError of a
+    shared-state setting checkable only here (built first)."""
+    if running is None:
+        metrics = GatewayMetrics()
+        state = _shared_state(config.state)
+        recorder = None if config.provenance is None else Recorder(config.provenance, config_dir)
+    else:
+        metrics, state, recorder = running.metrics, running.state, running.recorder
+    registry, tenants, policies = _checked(config, environ, config_dir, clock)
+    if running is not None:
+        _keep_unchanged_backends(registry, running.registry, config.limits == running.config.limits)
+    scraper = MetricsScraper(
+        registry.backends.values(),
+        config.scrape,
+        clock=clock,
+        health=config.health,
+        last_up=registry.last_up,
+    )
+    proxy = Proxy(
+        registry,
+        metrics,
+        policies,
+        scraper,
+        environ=environ,
+        hosted_timeout_s=config.limits.first_byte_timeout_s,
+        routing=config.routing,
+        state=state,
+        max_response_bytes=config.limits.max_response_bytes,
+        response_timeout_s=config.limits.response_timeout_s,
+        recorder=recorder,
+    )
+    return Assembly(config, registry, tenants, policies, scraper, proxy, metrics, state, recorder)
+
+
+def _checked(
+    config: GatewayConfig,
+    environ: Mapping[str, str],
+    config_dir: Path,
+    clock: Callable[[], float],
+) -> tuple[Registry, dict[str, TenantEntry], TrustPolicies]:
+    """The backend registry, the tenant key index and the trust policies of `config`, or
+    `AssemblyError` with every problem: backend key variables (private and hosted),
+    tenant key hashes, and every policy error (compiled against the configured backends)."""
+    problems: list[str] = []
+    registry: Registry | None = None
+    try:
+        registry = Registry.build(config, environ=dict(environ), clock=clock)
+    except ValueError as exc:
+        problems += str(exc).splitlines()  # Registry.build: one problem per line
+    tenants: dict[str, TenantEntry] = {}
+    try:
+        tenants = index_keys(config.tenants)
+    except ValueError as exc:
+        problems += str(exc).splitlines()
+    for backend in config.backends:
+        if backend.kind == "hosted":
+            try:
+                hosted_api_key(backend, environ)  # what HostedClient reads when it is built
+            except ValueError as exc:
+                problems.append(str(exc))
+    policies: TrustPolicies | None = None
+    try:
+        policies = TrustPolicies(config, config_dir)
+    except PolicyError as exc:
+        problems += [f"invalid trust policy: {issue}" for issue in exc.issues]
+    if registry is None or policies is None or problems:
+        raise AssemblyError(problems)
+    return registry, tenants, policies
+
+
+def _keep_unchanged_backends(registry: Registry, previous: Registry, same_limits: bool) -> None:
+    """Give `registry` the running state (pool, in-flight count, health) of every backend
+    whose settings did not change, so a reload costs it nothing."""
+    if not same_limits:  # timeouts and pool sizes live in the pools: rebuild them all
+        return
+    kept: dict[str, BackendState] = {}
+    for backend_id, state in registry.backends.items():
+        old = previous.backends.get(backend_id)
+        if old is not None and old.config == state.config:
+            old.breaker.settings = state.breaker.settings  # routing.breaker may have changed
+            kept[backend_id] = old
+    if not kept:
+        return
+    registry.backends.update(kept)
+    registry.routes = {
+        name: tuple(Route(kept.get(r.backend.id, r.backend), r.upstream_model) for r in routes)
+        for name, routes in registry.routes.items()
+    }
+
+
+def _shared_state(settings: StateSettings) -> SharedState:
+    return create_state(
+        settings.backend,
+        settings.url,
+        replica_id=settings.replica_id,
+        key_prefix=settings.key_prefix,
+        timeout_s=settings.timeout_ms / 1000,
+        sync_interval_s=settings.sync_interval_s,
+        lease_ttl_s=settings.lease_ttl_s,
+        max_connections=settings.max_connections,
+    )
+
+
+def create_app(
+    config: GatewayConfig,
+    *,
+    environ: Mapping[str, str] | None = None,
+    config_dir: Path | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    config_file: Path | None = None,
+    prepare: Callable[[GatewayConfig], GatewayConfig] = lambda config: config,
+) -> GatewayApp:
+    """The gateway ASGI app for a validated config (raises what `assemble` raises).
+
+    `config_dir` anchors relative paths in the config (policy files; default: the working
+    directory); `environ` supplies `${...}`-free secrets such as backend keys (default: the
+    process environment); `clock` is what backend health, breakers and scrape ages read
+    (monotonic seconds). With `config_file`, the app reloads that file on SIGHUP and when
+    it (or its keys file) changes, each loaded config passed through `prepare` first.
+    """
+    env = dict(os.environ if environ is None else environ)
+    directory = config_dir or Path.cwd()
+    app = GatewayApp(assemble(config, env, config_dir=directory, clock=clock), directory)
+    if config_file is not None:
+
+        def reassemble(fresh: GatewayConfig, running: Assembly) -> Assembly:
+            return assemble(fresh, env, config_dir=directory, clock=clock, running=running)
+
+        reloader = ConfigReloader(
+            config_file,
+            current=lambda: app.parts,
+            assemble=reassemble,
+            install=app.install,
+            prepare=prepare,
+        )
+        app.reloader = reloader
+        app.metrics.watch_config(lambda: reloader.reload_failures)
+    return app
+
+
+def validate(
+    config: GatewayConfig,
+    *,
+    environ: Mapping[str, str],
+    config_dir: Path,
+    secrets: bool = True,
+) -> list[str]:
+    """Every problem `owngate serve` would refuse this loaded config for at start, found
+    with the same `assemble` and without opening a connection, a listening socket or the
+    provenance log.
+
+    `secrets=False` checks a config meant for another machine (a pod whose secrets are
+    mounted there): a backend key variable unset here counts as set, and the provenance
+    key files and log directory are not looked at."""
+    if not secrets:
+        environ = _keys_assumed_set(config, environ)
+    problems: list[str] = []
+    try:
+        assemble(config, environ, config_dir=config_dir)
+    except AssemblyError as exc:
+        problems += exc.problems
+    except ValueError as exc:  # a setting checked before the rest (shared state)
+        problems.append(str(exc))
+        try:
+            _checked(config, environ, config_dir, time.monotonic)
+        except AssemblyError as more:
+            problems += more.problems
+    log = config.provenance
+    if log is not None:
+        files = (log.signing_key_file, *log.previous_signing_key_files) if secrets else ()
+        problems += preflight(
+            log.origin,
+            [config_dir / f for f in files],
+            [w.vkey for w in log.witnesses],
+            directory=config_dir / log.dir if secrets else None,
+        )
+    return problems
+
+
+def _keys_assumed_set(config: GatewayConfig, environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` with every backend key variable that is unset or empty here set to a
+    placeholder (a value set here is still checked)."""
+    named = {b.api_key_env for b in config.backends if b.api_key_env is not None}
+    return {**environ, **{name: "unset-here" for name in named if not environ.get(name)}}
