@@ -28,8 +28,7 @@ from gateway.api.parts import Assembly
 from gateway.api.proxy import Proxy
 from gateway.api.recorder import Recorder
 from gateway.api.reload import ConfigReloader
-from gateway.config.schema import GatewayConfig
-from gateway.config.schema import State as StateSettings
+from gateway.config.schema import GatewaySettings, StateSettings
 from gateway.policy import PolicyError
 from gateway.policy_set import TrustPolicies
 from gateway.provenance.writer.preflight import preflight
@@ -51,7 +50,7 @@ class AssemblyError(ValueError):
 
 
 def assemble(
-    config: GatewayConfig,
+    config: GatewaySettings,
     environ: Mapping[str, str],
     *,
     config_dir: Path,
@@ -101,7 +100,7 @@ def assemble(
 
 
 def _checked(
-    config: GatewayConfig,
+    config: GatewaySettings,
     environ: Mapping[str, str],
     config_dir: Path,
     clock: Callable[[], float],
@@ -170,13 +169,13 @@ def _shared_state(settings: StateSettings) -> SharedState:
 
 
 def create_app(
-    config: GatewayConfig,
+    config: GatewaySettings,
     *,
     environ: Mapping[str, str] | None = None,
     config_dir: Path | None = None,
     clock: Callable[[], float] = time.monotonic,
     config_file: Path | None = None,
-    prepare: Callable[[GatewayConfig], GatewayConfig] = lambda config: config,
+    prepare: Callable[[GatewaySettings], GatewaySettings] = lambda config: config,
 ) -> GatewayApp:
     """The gateway ASGI app for a validated config (raises what `assemble` raises).
 
@@ -191,7 +190,7 @@ def create_app(
     app = GatewayApp(assemble(config, env, config_dir=directory, clock=clock), directory)
     if config_file is not None:
 
-        def reassemble(fresh: GatewayConfig, running: Assembly) -> Assembly:
+        def reassemble(fresh: GatewaySettings, running: Assembly) -> Assembly:
             return assemble(fresh, env, config_dir=directory, clock=clock, running=running)
 
         reloader = ConfigReloader(
@@ -207,7 +206,7 @@ def create_app(
 
 
 def validate(
-    config: GatewayConfig,
+    config: GatewaySettings,
     *,
     environ: Mapping[str, str],
     config_dir: Path,
@@ -245,7 +244,7 @@ def validate(
     return problems
 
 
-def _keys_assumed_set(config: GatewayConfig, environ: Mapping[str, str]) -> dict[str, str]:
+def _keys_assumed_set(config: GatewaySettings, environ: Mapping[str, str]) -> dict[str, str]:
     """`environ` with every backend key variable that is unset or empty here set to a
     placeholder (a value set here is still checked)."""
     named = {b.api_key_env for b in config.backends if b.api_key_env is not None}

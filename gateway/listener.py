@@ -71,7 +71,7 @@ from gateway.errors import ErrorCode, GatewayError, error_body
 from gateway.logs import get_logger
 
 if TYPE_CHECKING:
-    from gateway.config.schema import Listen
+    from gateway.config.schema import ListenSettings
 
 __all__ = [
     "LimitedHttpProtocol",
@@ -110,7 +110,7 @@ class ListenerLimits:
     max_connections: int
 
     @classmethod
-    def from_config(cls, listen: Listen) -> ListenerLimits:
+    def from_config(cls, listen: ListenSettings) -> ListenerLimits:
         cap = listen.max_connections
         if cap is None:
             cap = derived_max_connections(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
@@ -149,7 +149,7 @@ class _Refusal(Exception):
         self.message = message
 
 
-def http_protocol(listen: Listen) -> type[LimitedHttpProtocol]:
+def http_protocol(listen: ListenSettings) -> type[LimitedHttpProtocol]:
     """The protocol class for one server: `LimitedHttpProtocol` bound to the limits of
     `listen` and to its own refusal counts."""
     limits = ListenerLimits.from_config(listen)

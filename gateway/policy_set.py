@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config.facts import backend_facts
-from gateway.config.schema import GatewayConfig
+from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.policy import BackendFacts, PolicyError, PolicySet, parse_policies
 from gateway.policy.loader import load_policies
@@ -33,7 +33,7 @@ BUILTIN_POLICY_ID = "builtin-private-only"
 class TrustPolicies:
     def __init__(
         self,
-        config: GatewayConfig,
+        config: GatewaySettings,
         config_dir: Path,
         *,
         clock: Callable[[], float] = time.time,

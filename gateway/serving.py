@@ -21,7 +21,7 @@ import uvicorn
 import uvloop
 from uvicorn.config import STARTUP_FAILURE
 
-from gateway.config.schema import Listen
+from gateway.config.schema import ListenSettings
 from gateway.listener import http_protocol
 
 __all__ = ["STARTUP_FAILURE", "DrainingServer", "ServerThread", "bind_socket", "uvicorn_config"]
@@ -118,11 +118,13 @@ class DrainingServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def uvicorn_config(app: Any, listen: Listen | None = None, **overrides: Any) -> uvicorn.Config:
+def uvicorn_config(
+    app: Any, listen: ListenSettings | None = None, **overrides: Any
+) -> uvicorn.Config:
     """The uvicorn settings owngate uses everywhere: httptools with the connection limits
     of `listen` (`gateway.listener`; defaults when None), uvloop, no websockets, no
     access log."""
-    limits = listen if listen is not None else Listen()
+    limits = listen if listen is not None else ListenSettings()
     options: dict[str, Any] = {
         "http": http_protocol(limits),
         "ws": "none",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from gateway.config.schema import Tenant
+from gateway.config.schema import TenantSettings
 from gateway.state.types import TenantLimits
 
 __all__ = [
@@ -56,7 +56,7 @@ class TenantEntry:
         return self.all_models or model in self.models
 
 
-def index_keys(tenants: Iterable[Tenant]) -> dict[str, TenantEntry]:
+def index_keys(tenants: Iterable[TenantSettings]) -> dict[str, TenantEntry]:
     """Each tenant API key digest (`sha256:<hex>`) to its tenant. Raises ValueError
     naming every digest listed for two tenants, one per line."""
     index: dict[str, TenantEntry] = {}

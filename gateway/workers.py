@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
-from gateway.config.schema import GatewayConfig
+from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.serving import bind_socket
 
@@ -70,12 +70,12 @@ def worker_identity(environ: Mapping[str, str]) -> WorkerIdentity | None:
     return WorkerIdentity(int(index), Path(runtime))
 
 
-def for_worker(identity: WorkerIdentity | None) -> Callable[[GatewayConfig], GatewayConfig]:
+def for_worker(identity: WorkerIdentity | None) -> Callable[[GatewaySettings], GatewaySettings]:
     """What a worker changes in a loaded config: its own provenance log and origin, and
     its own shared-state replica id when one is configured (each worker holds its own
     leases and in-flight counts, so two must never share an id)."""
 
-    def prepare(config: GatewayConfig) -> GatewayConfig:
+    def prepare(config: GatewaySettings) -> GatewaySettings:
         if identity is None:
             return config
         suffix = f"worker-{identity.index}"
@@ -216,7 +216,7 @@ def _stop_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def supervise(config_path: str, count: int, host: str, port: int, config: GatewayConfig) -> int:
+def supervise(config_path: str, count: int, host: str, port: int, config: GatewaySettings) -> int:
     """`serve --workers N` in the supervisor process."""
     argv = [sys.executable, "-m", "gateway", "serve", "--config", config_path]
     try:

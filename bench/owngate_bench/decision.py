@@ -23,12 +23,12 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.config.schema import (
-    Backend,
-    Capacity,
-    GatewayConfig,
-    ModelEntry,
-    Routing,
-    RoutingPool,
+    BackendSettings,
+    CapacitySettings,
+    GatewaySettings,
+    ModelSettings,
+    PoolSettings,
+    RoutingSettings,
 )
 from gateway.routing.picker import Picker
 from gateway.routing.registry import Registry, Route
@@ -45,18 +45,18 @@ _PREFIXES = 1024
 
 def _routes(size: int) -> tuple[Route, ...]:
     backends = tuple(
-        Backend(
+        BackendSettings(
             id=f"vllm-{i}",
             kind="vllm",
             base_url=f"http://127.0.0.1:{18000 + i}",
-            models=(ModelEntry(name=_MODEL),),
+            models=(ModelSettings(name=_MODEL),),
             region="local",
             owner="bench",
-            capacity=Capacity(max_concurrency=64),
+            capacity=CapacitySettings(max_concurrency=64),
         )
         for i in range(size)
     )
-    return Registry.build(GatewayConfig(backends=backends), environ={}).routes[_MODEL]
+    return Registry.build(GatewaySettings(backends=backends), environ={}).routes[_MODEL]
 
 
 def _time(call: Callable[[int], object], calls: int) -> dict[str, float]:
@@ -110,7 +110,7 @@ def decision_cost(calls: int) -> dict[str, Any]:
             for i in range(_PREFIXES)
         ]
         for strategy in ("score", "least_inflight", "round_robin"):
-            routing = Routing(default=RoutingPool(strategy=strategy))
+            routing = RoutingSettings(default=PoolSettings(strategy=strategy))
             picker = Picker(routing, loads.get, random.Random(7))  # noqa: S311 - tie-breaks
             for prefix in prefixes[_PREFIXES // 4 :]:
                 picker.served(prefix, rng.choice(routes).backend.id)

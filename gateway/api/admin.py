@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gateway.asgi import Scope, Send, header_values, send_error, send_json
-from gateway.config.schema import Admin
+from gateway.config.schema import AdminSettings
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.breaker import BreakerState
 from gateway.routing.registry import BackendState, Registry
@@ -41,7 +41,7 @@ def is_loopback(scope: Scope) -> bool:
         return False
 
 
-def authorize(scope: Scope, settings: Admin) -> None:
+def authorize(scope: Scope, settings: AdminSettings) -> None:
     """Return if the request may read the admin surface; raise `GatewayError` otherwise
     (401 without or with a wrong token, 403 when no admin access is configured)."""
     values = header_values(scope, b"authorization")
@@ -80,7 +80,7 @@ async def send_status(
     scope: Scope,
     send: Send,
     request_id: bytes,
-    settings: Admin,
+    settings: AdminSettings,
     report: Callable[[], dict[str, Any]],
 ) -> None:
     """Answer `GET /admin/status` with `report()`, for admins only."""

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from gateway.api.metrics import GatewayMetrics
     from gateway.api.proxy import Proxy
     from gateway.api.recorder import Recorder
-    from gateway.config.schema import GatewayConfig
+    from gateway.config.schema import GatewaySettings
     from gateway.policy_set import TrustPolicies
     from gateway.routing.registry import Registry
     from gateway.routing.scraper import MetricsScraper
@@ -29,7 +29,7 @@ __all__ = ["Assembly"]
 class Assembly:
     """Everything the request path needs, built from `config`."""
 
-    config: GatewayConfig
+    config: GatewaySettings
     registry: Registry  # backends and the models they serve
     tenants: dict[str, TenantEntry]  # tenant API key digest -> tenant
     policies: TrustPolicies  # the trust policies, reloaded when their files change

@@ -32,7 +32,7 @@ from gateway.api.passthrough import PrivateRelay
 from gateway.api.recorder import Recorder, Trail
 from gateway.api.refusal import Refused
 from gateway.asgi import Receive, Scope, Send
-from gateway.config.schema import Routing
+from gateway.config.schema import RoutingSettings
 from gateway.errors import ErrorCode, GatewayError
 from gateway.policy import Decision, UnknownDataClass
 from gateway.policy_set import TrustPolicies
@@ -57,7 +57,7 @@ class Proxy:
         *,
         environ: Mapping[str, str],
         hosted_timeout_s: float,
-        routing: Routing,
+        routing: RoutingSettings,
         state: SharedState,
         max_response_bytes: int = DEFAULT_MAX_BODY,
         response_timeout_s: float | None = None,

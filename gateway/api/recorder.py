@@ -29,7 +29,7 @@ from gateway.api.exchange import Exchange
 from gateway.api.receipts import ReceiptStore
 from gateway.api.refusal import Refused
 from gateway.config.facts import facts_of
-from gateway.config.schema import Provenance
+from gateway.config.schema import ProvenanceSettings
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
 from gateway.policy import Decision
@@ -144,7 +144,7 @@ class Recorder:
     _log: ProvenanceLog  # set by `open`
     _signer: Any
 
-    def __init__(self, settings: Provenance, config_dir: Path) -> None:
+    def __init__(self, settings: ProvenanceSettings, config_dir: Path) -> None:
         self._settings = settings
         self._config_dir = config_dir
         self.opened = False

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.config.loader import ConfigError, load_config
-from gateway.config.schema import GatewayConfig
+from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.policy import PolicyError
 
@@ -51,9 +51,9 @@ class ConfigReloader:
         path: Path,
         *,
         current: Callable[[], Assembly],
-        assemble: Callable[[GatewayConfig, Assembly], Assembly],
+        assemble: Callable[[GatewaySettings, Assembly], Assembly],
         install: Callable[[Assembly], Collection[asyncio.Task[Any]]],
-        prepare: Callable[[GatewayConfig], GatewayConfig] = lambda config: config,
+        prepare: Callable[[GatewaySettings], GatewaySettings] = lambda config: config,
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -151,7 +151,9 @@ class ConfigReloader:
                 await backend.pool.close()
         await proxy.close()
 
-    def _pin_restart_only(self, running: GatewayConfig, fresh: GatewayConfig) -> GatewayConfig:
+    def _pin_restart_only(
+        self, running: GatewaySettings, fresh: GatewaySettings
+    ) -> GatewaySettings:
         kept: dict[str, Any] = {}
         for name in RESTART_ONLY:
             if getattr(fresh, name) != getattr(running, name):
@@ -185,7 +187,7 @@ class ConfigReloader:
         }
 
 
-def _changes(old: GatewayConfig, new: GatewayConfig) -> dict[str, Any]:
+def _changes(old: GatewaySettings, new: GatewaySettings) -> dict[str, Any]:
     """What a reload changed, by id (never a key hash)."""
     old_b = {b.id: b for b in old.backends}
     new_b = {b.id: b for b in new.backends}

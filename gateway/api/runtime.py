@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from gateway.api.metrics import GatewayMetrics
     from gateway.api.proxy import Proxy
     from gateway.api.reload import ConfigReloader
-    from gateway.config.schema import GatewayConfig
+    from gateway.config.schema import GatewaySettings
     from gateway.policy_set import TrustPolicies
     from gateway.provenance.writer.cosignature_collector import Cosigning
     from gateway.routing.registry import Registry
@@ -47,7 +47,7 @@ class Runtime:
     # The active parts, by name (handlers on the request path read `parts` once).
 
     @property
-    def config(self) -> GatewayConfig:
+    def config(self) -> GatewaySettings:
         return self.parts.config
 
     @property

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.config import ConfigError, GatewaySettings, load_config
 
 __all__ = ["env_default", "load_or_report", "usage"]
 
@@ -15,7 +15,7 @@ def env_default(name: str, default: str) -> str:
     return os.environ.get(name, default)
 
 
-def load_or_report(path: str) -> GatewayConfig | None:
+def load_or_report(path: str) -> GatewaySettings | None:
     """Load a config; print every problem to stderr and return None when it is invalid."""
     try:
         return load_config(path)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.cli._common import env_default, load_or_report, usage
-from gateway.config import GatewayConfig
+from gateway.config import GatewaySettings
 from gateway.tenants import (
     add_key_hash,
     hash_api_key,
@@ -161,7 +161,7 @@ def _revoke(args: argparse.Namespace) -> int:
     return 0 if saved or in_file else 1
 
 
-def _store_revocation(config: GatewayConfig, key_hash: str) -> bool:
+def _store_revocation(config: GatewaySettings, key_hash: str) -> bool:
     saved, reason = asyncio.run(_revoke_in_redis(config, key_hash))
     if saved:
         print(
@@ -174,7 +174,7 @@ def _store_revocation(config: GatewayConfig, key_hash: str) -> bool:
     return saved
 
 
-async def _revoke_in_redis(config: GatewayConfig, key_hash: str) -> tuple[bool, str | None]:
+async def _revoke_in_redis(config: GatewaySettings, key_hash: str) -> tuple[bool, str | None]:
     """Store the revocation through `RedisState.revoke_key` (one short-lived member:
     its lease is removed again on close)."""
     from gateway.state.redis_state import RedisState

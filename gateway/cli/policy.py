@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.cli._common import env_default, load_or_report, usage
-from gateway.config import GatewayConfig
+from gateway.config import GatewaySettings
 from gateway.config.facts import backend_facts
 from gateway.policy import (
     Decision,
@@ -155,7 +155,7 @@ def _print_issues(issues: Sequence[PolicyIssue], severity: str) -> None:
 
 def _load(
     paths: Sequence[str], config_path: str
-) -> tuple[PolicySet | None, list[str], list[PolicyIssue], GatewayConfig | None]:
+) -> tuple[PolicySet | None, list[str], list[PolicyIssue], GatewaySettings | None]:
     """Load the config, then the policies: the paths given, else the config's
     `policy.paths` (relative to the config file), else ./policies."""
     config = load_or_report(config_path)

@@ -20,7 +20,7 @@ from gateway.cli._common import env_default, load_or_report
 from gateway.logs import configure_logging, get_logger
 
 if TYPE_CHECKING:
-    from gateway.config import GatewayConfig
+    from gateway.config import GatewaySettings
     from gateway.workers import WorkerIdentity
 
 __all__ = ["register"]
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _serve(
-    path: str, config: GatewayConfig, host: str, port: int, identity: WorkerIdentity | None
+    path: str, config: GatewaySettings, host: str, port: int, identity: WorkerIdentity | None
 ) -> int:
     from gateway.api.fleet import FleetMetrics
     from gateway.app import AssemblyError, create_app

@@ -10,13 +10,13 @@ enforces policies against it and records it (see `PolicySet.facts_digest`).
 
 from __future__ import annotations
 
-from gateway.config.schema import Backend, GatewayConfig
+from gateway.config.schema import BackendSettings, GatewaySettings
 from gateway.policy.types import BackendFacts
 
 __all__ = ["backend_facts", "facts_of"]
 
 
-def facts_of(backend: Backend) -> BackendFacts:
+def facts_of(backend: BackendSettings) -> BackendFacts:
     private = backend.is_private
     return BackendFacts(
         id=backend.id,
@@ -33,6 +33,6 @@ def facts_of(backend: Backend) -> BackendFacts:
     )
 
 
-def backend_facts(config: GatewayConfig) -> tuple[BackendFacts, ...]:
+def backend_facts(config: GatewaySettings) -> tuple[BackendFacts, ...]:
     """The facts of every configured backend, in gateway.yaml order."""
     return tuple(facts_of(backend) for backend in config.backends)

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from gateway.config.schema import GatewayConfig
+from gateway.config.schema import GatewaySettings
 
 __all__ = ["ConfigError", "ConfigIssue", "load_config", "parse_config"]
 
@@ -47,7 +47,7 @@ class ConfigError(Exception):
         super().__init__(f"invalid config {source} ({len(issues)} problem(s)):\n{lines}")
 
 
-def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> GatewayConfig:
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> GatewaySettings:
     """Read and validate a config file; raises `ConfigError` listing every problem."""
     source = str(path)
     try:
@@ -63,7 +63,7 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Gatew
 
 def parse_config(
     text: str, *, source: str = "<config>", env: Mapping[str, str] | None = None
-) -> GatewayConfig:
+) -> GatewaySettings:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
@@ -77,7 +77,7 @@ def parse_config(
     issues: list[ConfigIssue] = []
     data = _to_python(root, (), lines, issues, os.environ if env is None else env)
     try:
-        config = GatewayConfig.model_validate(data)
+        config = GatewaySettings.model_validate(data)
     except ValidationError as exc:
         # An unset ${VAR} also fails validation where it sits; report only the cause.
         unset = [issue.loc for issue in issues if issue.loc]
@@ -182,7 +182,7 @@ def _nested(inner: Path_, outer: Path_) -> bool:
     return inner[: len(outer)] == outer
 
 
-def _merge_keys_file(config: GatewayConfig, keys_path: Path, source: str) -> GatewayConfig:
+def _merge_keys_file(config: GatewaySettings, keys_path: Path, source: str) -> GatewaySettings:
     """Add the hashes stored by `owngate keys new` to the tenants they belong to."""
     from gateway.tenants import read_keys_file
 

@@ -16,29 +16,29 @@ from gateway.provenance.errors import KeyFormatError
 from gateway.provenance.formats.cosignature import CosignatureVerifier
 
 __all__ = [
-    "Admin",
-    "Backend",
+    "AdminSettings",
     "BackendKind",
+    "BackendSettings",
     "BreakerSettings",
-    "Capacity",
-    "Failover",
-    "GatewayConfig",
-    "Health",
-    "Limits",
-    "Listen",
-    "Logging",
-    "ModelEntry",
-    "PolicyFiles",
-    "Provenance",
-    "RateLimits",
-    "Retention",
-    "Routing",
-    "RoutingPool",
-    "SaturationQueue",
-    "Scrape",
-    "State",
-    "Tenant",
-    "Witness",
+    "CapacitySettings",
+    "FailoverSettings",
+    "GatewaySettings",
+    "HealthSettings",
+    "LimitSettings",
+    "ListenSettings",
+    "LoggingSettings",
+    "ModelSettings",
+    "PolicySettings",
+    "PoolSettings",
+    "ProvenanceSettings",
+    "QueueSettings",
+    "RateLimitSettings",
+    "RetentionSettings",
+    "RoutingSettings",
+    "ScrapeSettings",
+    "StateSettings",
+    "TenantSettings",
+    "WitnessSettings",
 ]
 
 BackendKind = Literal["vllm", "llamacpp", "sglang", "openai", "hosted"]
@@ -54,7 +54,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Listen(_Strict):
+class ListenSettings(_Strict):
     """Where the gateway listens, and what one client connection may hold
     (`gateway.listener`)."""
 
@@ -78,13 +78,13 @@ class Listen(_Strict):
     )
 
 
-class Logging(_Strict):
+class LoggingSettings(_Strict):
     format: Literal["json", "console"] = "json"
     level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = True
 
 
-class Limits(_Strict):
+class LimitSettings(_Strict):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     connect_timeout_s: float = Field(default=3.0, gt=0)
     first_byte_timeout_s: float = Field(default=120.0, gt=0)
@@ -104,7 +104,7 @@ class Limits(_Strict):
     )
 
 
-class Scrape(_Strict):
+class ScrapeSettings(_Strict):
     """How often backends' /metrics are read, and when a reading is too old to trust."""
 
     interval_s: float = Field(default=0.5, gt=0)
@@ -112,13 +112,13 @@ class Scrape(_Strict):
     staleness_s: float = Field(default=3.0, gt=0)
 
     @model_validator(mode="after")
-    def _staleness_covers_interval(self) -> Scrape:
+    def _staleness_covers_interval(self) -> ScrapeSettings:
         if self.staleness_s <= self.interval_s:
             raise ValueError("scrape.staleness_s must be longer than scrape.interval_s")
         return self
 
 
-class Health(_Strict):
+class HealthSettings(_Strict):
     """When failed `/health` probes take a backend out of routing
     (gateway/routing/health.py); the probes run every `scrape.interval_s`."""
 
@@ -127,14 +127,14 @@ class Health(_Strict):
     )
 
 
-class PolicyFiles(_Strict):
+class PolicySettings(_Strict):
     """Where the trust policies live (files or directories, relative to gateway.yaml)."""
 
     paths: tuple[str, ...] = Field(min_length=1)
     reload_interval_s: float = Field(default=1.0, gt=0)
 
 
-class Witness(_Strict):
+class WitnessSettings(_Strict):
     """A witness that cosigns the log's checkpoints (`owngate witness serve`, or any
     C2SP tlog-witness): its submission URL prefix and its cosignature verifier key."""
 
@@ -160,7 +160,7 @@ class Witness(_Strict):
         return value
 
 
-class Provenance(_Strict):
+class ProvenanceSettings(_Strict):
     """The signed provenance log of this gateway (one log per replica, its own origin)."""
 
     dir: str = Field(min_length=1, description="log directory, relative to gateway.yaml")
@@ -179,7 +179,7 @@ class Provenance(_Strict):
         default=(),
         description="old keys that also sign every checkpoint during a key rotation",
     )
-    witnesses: tuple[Witness, ...] = Field(
+    witnesses: tuple[WitnessSettings, ...] = Field(
         default=(), description="C2SP tlog-witnesses asked to cosign each new checkpoint"
     )
     witness_retry_max_s: float = Field(
@@ -187,7 +187,7 @@ class Provenance(_Strict):
     )
 
 
-class Weights(_Strict):
+class WeightSettings(_Strict):
     """Scorer weights of the `score` strategy (see gateway/routing/picker.py)."""
 
     queue: float = Field(default=1.0, ge=0)
@@ -196,7 +196,7 @@ class Weights(_Strict):
     prefill: float = Field(default=1.0, ge=0)
 
 
-class SaturationQueue(_Strict):
+class QueueSettings(_Strict):
     """The gateway's bounded wait queue of one pool when every private backend is saturated
     (waiting requests per slot above `threshold`) and the policy allows no fallback."""
 
@@ -205,10 +205,10 @@ class SaturationQueue(_Strict):
     max_wait_s: float = Field(default=30.0, gt=0)
 
 
-class RoutingPool(_Strict):
+class PoolSettings(_Strict):
     strategy: Literal["score", "least_inflight", "round_robin"] = "score"
-    weights: Weights = Weights()
-    queue: SaturationQueue = SaturationQueue()
+    weights: WeightSettings = WeightSettings()
+    queue: QueueSettings = QueueSettings()
 
 
 class BreakerSettings(_Strict):
@@ -225,7 +225,7 @@ class BreakerSettings(_Strict):
         return self
 
 
-class Failover(_Strict):
+class FailoverSettings(_Strict):
     """Retries on the next eligible backend, before the client has seen a byte."""
 
     max_attempts: int = Field(default=3, gt=0, description="private attempts per request")
@@ -234,17 +234,17 @@ class Failover(_Strict):
     )
 
 
-class Routing(_Strict):
+class RoutingSettings(_Strict):
     """How the eligible backends of a request are ordered: a default and per-model pools."""
 
-    default: RoutingPool = RoutingPool()
-    pools: dict[str, RoutingPool] = Field(default_factory=dict)
+    default: PoolSettings = PoolSettings()
+    pools: dict[str, PoolSettings] = Field(default_factory=dict)
     affinity_prefix_bytes: int = Field(default=4096, ge=64)
     breaker: BreakerSettings = BreakerSettings()
-    failover: Failover = Failover()
+    failover: FailoverSettings = FailoverSettings()
 
 
-class State(_Strict):
+class StateSettings(_Strict):
     """Shared state (docs/state.md): per process, or on Redis shared by every replica."""
 
     backend: Literal["memory", "redis"] = "memory"
@@ -257,7 +257,7 @@ class State(_Strict):
     max_connections: int = Field(default=16, ge=2)
 
     @model_validator(mode="after")
-    def _redis_needs_url(self) -> State:
+    def _redis_needs_url(self) -> StateSettings:
         if self.backend == "redis" and not self.url:
             raise ValueError("state.backend 'redis' needs a url (redis://host:port/db)")
         if self.lease_ttl_s < 3 * self.sync_interval_s:
@@ -265,7 +265,7 @@ class State(_Strict):
         return self
 
 
-class Retention(_Strict):
+class RetentionSettings(_Strict):
     """What the operator declares about how a backend keeps request data."""
 
     days: int = Field(default=0, ge=0)
@@ -274,14 +274,14 @@ class Retention(_Strict):
     evidence: str = ""
 
 
-class Capacity(_Strict):
+class CapacitySettings(_Strict):
     """Hints for routing; measured load corrects them."""
 
     max_concurrency: int | None = Field(default=None, gt=0)
     context_tokens: int | None = Field(default=None, gt=0)
 
 
-class ModelEntry(_Strict):
+class ModelSettings(_Strict):
     name: str = Field(min_length=1, description="The model name the backend itself serves")
     aliases: tuple[str, ...] = ()
     provider_model: str | None = Field(
@@ -289,15 +289,15 @@ class ModelEntry(_Strict):
     )
 
 
-class Backend(_Strict):
+class BackendSettings(_Strict):
     id: Identifier
     kind: BackendKind
     base_url: str | None = None
-    models: tuple[ModelEntry, ...] = Field(min_length=1)
+    models: tuple[ModelSettings, ...] = Field(min_length=1)
     region: str = Field(min_length=1)
     owner: str = Field(min_length=1)
-    retention: Retention = Retention()
-    capacity: Capacity = Capacity()
+    retention: RetentionSettings = RetentionSettings()
+    capacity: CapacitySettings = CapacitySettings()
     api_key: str | None = Field(default=None, repr=False)
     api_key_env: str | None = None
     provider: str | None = None
@@ -327,7 +327,7 @@ class Backend(_Strict):
         return value.rstrip("/")
 
     @model_validator(mode="after")
-    def _kind_rules(self) -> Backend:
+    def _kind_rules(self) -> BackendSettings:
         if self.kind in PRIVATE_KINDS and self.base_url is None:
             raise ValueError(f"a {self.kind} backend needs base_url (the server root)")
         if self.kind == "hosted":
@@ -346,7 +346,7 @@ class Backend(_Strict):
         return self.kind in PRIVATE_KINDS
 
 
-class RateLimits(_Strict):
+class RateLimitSettings(_Strict):
     """Per-tenant limits (per process, or across replicas with `state: redis`)."""
 
     requests_per_minute: int | None = Field(default=None, gt=0)
@@ -354,9 +354,9 @@ class RateLimits(_Strict):
     concurrent_requests: int | None = Field(default=None, gt=0)
 
 
-class Tenant(_Strict):
+class TenantSettings(_Strict):
     id: Identifier
-    limits: RateLimits = RateLimits()
+    limits: RateLimitSettings = RateLimitSettings()
     api_key_hashes: tuple[str, ...] = ()
     models: tuple[str, ...] = Field(
         default=(), description="Model names or aliases the tenant may use; '*' for all"
@@ -374,7 +374,7 @@ class Tenant(_Strict):
         return values
 
 
-class Admin(_Strict):
+class AdminSettings(_Strict):
     """Who may read the admin surface (`/admin/status`: backends, load, breakers, the
     policy digest, shared state). Nobody, unless one of these is set."""
 
@@ -402,28 +402,28 @@ class Admin(_Strict):
         return values
 
 
-class GatewayConfig(_Strict):
-    listen: Listen = Listen()
-    logging: Logging = Logging()
-    limits: Limits = Limits()
-    state: State = State()
-    scrape: Scrape = Scrape()
-    health: Health = Health()
-    routing: Routing = Routing()
-    policy: PolicyFiles | None = Field(
+class GatewaySettings(_Strict):
+    listen: ListenSettings = ListenSettings()
+    logging: LoggingSettings = LoggingSettings()
+    limits: LimitSettings = LimitSettings()
+    state: StateSettings = StateSettings()
+    scrape: ScrapeSettings = ScrapeSettings()
+    health: HealthSettings = HealthSettings()
+    routing: RoutingSettings = RoutingSettings()
+    policy: PolicySettings | None = Field(
         default=None,
         description="Trust policies; without them every tenant is private-only (no fallback)",
     )
-    provenance: Provenance | None = None
+    provenance: ProvenanceSettings | None = None
     keys_file: str | None = Field(
         default=None, description="YAML file of tenant key hashes written by `owngate keys new`"
     )
-    backends: tuple[Backend, ...] = Field(min_length=1)
-    tenants: tuple[Tenant, ...] = ()
-    admin: Admin = Admin()
+    backends: tuple[BackendSettings, ...] = Field(min_length=1)
+    tenants: tuple[TenantSettings, ...] = ()
+    admin: AdminSettings = AdminSettings()
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> GatewayConfig:
+    def _cross_checks(self) -> GatewaySettings:
         _unique("backends", [b.id for b in self.backends])
         _unique("tenants", [t.id for t in self.tenants])
         served = {name for b in self.backends for m in b.models for name in (m.name, *m.aliases)}

@@ -15,7 +15,7 @@ from typing import TextIO
 import uvicorn
 
 from gateway.app import create_app
-from gateway.config import GatewayConfig, parse_config
+from gateway.config import GatewaySettings, parse_config
 from gateway.logs import configure_logging
 from gateway.provenance import write_signing_key
 from gateway.serving import ServerThread, bind_socket, uvicorn_config
@@ -28,7 +28,9 @@ __all__ = ["demo_config", "run_demo"]
 DEMO_DIR = Path(str(resources.files("gateway.demo")))
 
 
-def demo_config(urls: dict[str, str], key_hashes: tuple[str, str], log_dir: Path) -> GatewayConfig:
+def demo_config(
+    urls: dict[str, str], key_hashes: tuple[str, str], log_dir: Path
+) -> GatewaySettings:
     text = (DEMO_DIR / "gateway.yaml").read_text(encoding="utf-8")
     env = {
         "OWNGATE_DEMO_LOG_DIR": str(log_dir / "log"),

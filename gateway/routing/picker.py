@@ -28,7 +28,7 @@ import collections
 import random
 from collections.abc import Callable, Sequence
 
-from gateway.config.schema import Routing, RoutingPool
+from gateway.config.schema import PoolSettings, RoutingSettings
 from gateway.routing.load import LOAD_SLACK, demand_and_slots
 from gateway.routing.registry import BackendState, Route
 from gateway.routing.scorers.affinity import affinity_score
@@ -45,14 +45,16 @@ LoadOf = Callable[[str], BackendLoad | None]
 
 
 class Picker:
-    def __init__(self, routing: Routing, load_of: LoadOf, rng: random.Random | None = None) -> None:
+    def __init__(
+        self, routing: RoutingSettings, load_of: LoadOf, rng: random.Random | None = None
+    ) -> None:
         self._routing = routing
         self._load_of = load_of
         self._rng = rng or random.Random()  # noqa: S311 - tie-breaking, not security
         self._turn: dict[str, int] = collections.defaultdict(int)
         self._affinity: collections.OrderedDict[bytes, str] = collections.OrderedDict()
 
-    def pool(self, model: str) -> RoutingPool:
+    def pool(self, model: str) -> PoolSettings:
         return self._routing.pools.get(model, self._routing.default)
 
     def order(self, model: str, routes: Sequence[Route], prefix: bytes | None) -> list[Route]:
@@ -73,12 +75,12 @@ class Picker:
         scored.sort(key=_by_score)
         return [route for _, _, route in scored]
 
-    def score(self, pool: RoutingPool, backend: BackendState, preferred: bool) -> float:
+    def score(self, pool: PoolSettings, backend: BackendState, preferred: bool) -> float:
         """One backend's score on its own (the prefill term then compares it with itself)."""
         return self._scores(pool, [backend], backend.id if preferred else None)[0]
 
     def _scores(
-        self, pool: RoutingPool, backends: Sequence[BackendState], preferred: str | None
+        self, pool: PoolSettings, backends: Sequence[BackendState], preferred: str | None
     ) -> list[float]:
         """The weighted sum of the scorers for each backend, in one pass over them (this
         runs for every request with several candidates: no per-backend work beyond the

@@ -1,6 +1,6 @@
 """The runtime view of the configured backends and the models they serve.
 
-Built from a `GatewayConfig` at startup (and again on a reload); the request path only
+Built from a `GatewaySettings` at startup (and again on a reload); the request path only
 does dict lookups here. `routes` maps each public model name (names and aliases) to the
 backends serving it; each `BackendState` carries what the gateway knows about its
 backend now: in-flight and prefill counts (kept by the router's plans,
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gateway.config.schema import Backend, BreakerSettings, GatewayConfig, Limits
+from gateway.config.schema import BackendSettings, BreakerSettings, GatewaySettings, LimitSettings
 from gateway.routing.breaker import Breaker
 from gateway.routing.filters.health import unavailable
 from gateway.routing.health import ProbeHealth
@@ -30,7 +30,7 @@ __all__ = ["BackendState", "Registry", "Route"]
 class BackendState:
     """A configured backend plus what the gateway knows about it right now."""
 
-    config: Backend
+    config: BackendSettings
     pool: HttpPool | None
     base_path: bytes
     auth_header: bytes | None
@@ -78,7 +78,7 @@ class Registry:
     @classmethod
     def build(
         cls,
-        config: GatewayConfig,
+        config: GatewaySettings,
         *,
         clock: Callable[[], float] = time.monotonic,
         environ: dict[str, str] | None = None,
@@ -144,7 +144,7 @@ class Registry:
 
 
 def _backend_state(
-    backend: Backend, limits: Limits, breaker: BreakerSettings, env: dict[str, str]
+    backend: BackendSettings, limits: LimitSettings, breaker: BreakerSettings, env: dict[str, str]
 ) -> BackendState:
     pool: HttpPool | None = None
     base_path = b""

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from gateway.config.schema import Routing
+from gateway.config.schema import RoutingSettings
 from gateway.routing.breaker import Pass
 from gateway.routing.filters.health import available_routes
 from gateway.routing.filters.trust import eligible_hosted, eligible_private
@@ -71,7 +71,7 @@ class Router:
     def __init__(
         self,
         registry: Registry,
-        routing: Routing,
+        routing: RoutingSettings,
         load_of: LoadOf,
         poll_s: float,
         state: SharedState,

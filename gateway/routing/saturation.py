@@ -21,7 +21,7 @@ import collections
 import contextlib
 from collections.abc import Callable
 
-from gateway.config.schema import SaturationQueue as QueueSettings
+from gateway.config.schema import QueueSettings
 from gateway.errors import ErrorCode, GatewayError
 
 __all__ = ["SaturationQueue"]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.config.schema import Health, Scrape
+from gateway.config.schema import HealthSettings, ScrapeSettings
 from gateway.logs import get_logger
 from gateway.routing.health import Verdict
 from gateway.routing.prometheus import parse_metrics
@@ -53,7 +53,7 @@ class Reading:
 
 
 class _Target:
-    def __init__(self, state: BackendState, scrape: Scrape) -> None:
+    def __init__(self, state: BackendState, scrape: ScrapeSettings) -> None:
         backend, auth_header = state.config, state.auth_header
         assert backend.base_url is not None
         self.state = state
@@ -79,17 +79,17 @@ class MetricsScraper:
     def __init__(
         self,
         backends: Iterable[BackendState],
-        scrape: Scrape,
+        scrape: ScrapeSettings,
         *,
         clock: Callable[[], float] = time.monotonic,
-        health: Health | None = None,
+        health: HealthSettings | None = None,
         last_up: Callable[[BackendState], bool] = lambda _backend: False,
     ) -> None:
         """`last_up(backend)`: whether it is the last backend up for some model it serves
         (`Registry.last_up`); probes never take such a backend out."""
         self._settings = scrape
         self._clock = clock
-        self._health = health or Health()
+        self._health = health or HealthSettings()
         self._last_up = last_up
         self._targets = [
             _Target(b, scrape)

@@ -22,7 +22,7 @@ from functools import partial
 from types import ModuleType
 from typing import Any, Final, Literal, TypeVar
 
-from gateway.config.schema import Backend
+from gateway.config.schema import BackendSettings
 from gateway.upstream import openai_wire
 from gateway.upstream.litellm_runtime import aclose_litellm_clients, aload_litellm
 from gateway.upstream.openai_wire import Endpoint
@@ -194,7 +194,7 @@ class _Stream:
         await _close_stream(self._source)
 
 
-def hosted_api_key(backend: Backend, environ: Mapping[str, str]) -> str | None:
+def hosted_api_key(backend: BackendSettings, environ: Mapping[str, str]) -> str | None:
     """The key a hosted backend sends: the variable its `api_key_env` names (None when it
     names none: LiteLLM then reads the provider's own variable). Raises ValueError when
     that variable is unset or empty: the gateway does not start without it."""
@@ -214,7 +214,7 @@ class HostedClient:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: BackendSettings,
         *,
         environ: Mapping[str, str],
         timeout_s: float,

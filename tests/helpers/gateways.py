@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from gateway.api import GatewayApp
-from gateway.config import GatewayConfig
+from gateway.config import GatewaySettings
 from gateway.policy import Decision
 from gateway.provenance import write_signing_key
 from gateway.serving import ServerThread
@@ -116,7 +116,7 @@ def hosted_backend(id: str, url: str, *models: str, **facts: Any) -> dict[str, A
     }
 
 
-def gateway_config(backends: list[dict[str, Any]], **extra: Any) -> GatewayConfig:
+def gateway_config(backends: list[dict[str, Any]], **extra: Any) -> GatewaySettings:
     data: dict[str, Any] = {
         "logging": {"format": "json", "level": "warning"},
         "backends": backends,
@@ -127,7 +127,7 @@ def gateway_config(backends: list[dict[str, Any]], **extra: Any) -> GatewayConfi
         "admin": ADMIN,
     }
     data.update(extra)
-    return GatewayConfig.model_validate(data)
+    return GatewaySettings.model_validate(data)
 
 
 def logged_private_gateway(

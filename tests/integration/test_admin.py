@@ -18,8 +18,8 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.api.admin import authorize
-from gateway.config import GatewayConfig
-from gateway.config.schema import Admin
+from gateway.config import GatewaySettings
+from gateway.config.schema import AdminSettings
 from gateway.demo import demo_config
 from gateway.errors import GatewayError
 from gateway.tenants import hash_api_key
@@ -111,15 +111,15 @@ def test_the_demo_opts_in_to_loopback(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("client", "headers", "settings", "status"),
     [
-        (("10.0.0.7", 1), (), Admin(allow_loopback=True), 403),  # not loopback, no token
-        (("10.0.0.7", 1), ADMIN_HEADERS, Admin(allow_loopback=True), 401),  # not its token
-        (("127.0.0.1", 1), (), Admin(), 403),  # nothing configured: off
-        (("10.0.0.7", 1), {"authorization": f"Basic {ADMIN_TOKEN}"}, Admin(), 401),
-        (("10.0.0.7", 1), {"authorization": "Bearer "}, Admin(), 401),
+        (("10.0.0.7", 1), (), AdminSettings(allow_loopback=True), 403),  # not loopback, no token
+        (("10.0.0.7", 1), ADMIN_HEADERS, AdminSettings(allow_loopback=True), 401),  # not its token
+        (("127.0.0.1", 1), (), AdminSettings(), 403),  # nothing configured: off
+        (("10.0.0.7", 1), {"authorization": f"Basic {ADMIN_TOKEN}"}, AdminSettings(), 401),
+        (("10.0.0.7", 1), {"authorization": "Bearer "}, AdminSettings(), 401),
     ],
 )
 def test_authorize_refuses(
-    client: tuple[str, int], headers: Any, settings: Admin, status: int
+    client: tuple[str, int], headers: Any, settings: AdminSettings, status: int
 ) -> None:
     scope = {"type": "http", "client": client, "headers": _headers(headers)}
     with pytest.raises(GatewayError) as caught:
@@ -128,7 +128,7 @@ def test_authorize_refuses(
 
 
 def test_authorize_admits_any_of_several_tokens_for_a_rotation() -> None:
-    settings = Admin(token_hashes=(hash_api_key("og-admin-old"), hash_api_key(ADMIN_TOKEN)))
+    settings = AdminSettings(token_hashes=(hash_api_key("og-admin-old"), hash_api_key(ADMIN_TOKEN)))
     for token in ("og-admin-old", ADMIN_TOKEN):
         scope = {
             "type": "http",
@@ -141,9 +141,9 @@ def test_authorize_admits_any_of_several_tokens_for_a_rotation() -> None:
 def test_admin_token_hashes_are_digests_never_tokens() -> None:
     base = {"backends": [backend("gpu", "http://127.0.0.1:9", "m")]}
     with pytest.raises(ValidationError, match="never raw tokens"):
-        GatewayConfig.model_validate({**base, "admin": {"token_hashes": [ADMIN_TOKEN]}})
+        GatewaySettings.model_validate({**base, "admin": {"token_hashes": [ADMIN_TOKEN]}})
     with pytest.raises(ValidationError):
-        GatewayConfig.model_validate({**base, "admin": {"tokens": ["x"]}})  # unknown key
+        GatewaySettings.model_validate({**base, "admin": {"tokens": ["x"]}})  # unknown key
 
 
 def _headers(headers: Any) -> list[tuple[bytes, bytes]]:
@@ -171,7 +171,7 @@ def test_owngate_status_says_when_the_gateway_is_not_ready() -> None:
 
 def test_several_authorization_headers_are_refused_even_with_a_valid_first() -> None:
     # The first copy used to decide; a proxy in front may have read (or added) another.
-    settings = Admin(token_hashes=(hash_api_key(ADMIN_TOKEN),))
+    settings = AdminSettings(token_hashes=(hash_api_key(ADMIN_TOKEN),))
     good = (b"authorization", f"Bearer {ADMIN_TOKEN}".encode())
     scope = {
         "type": "http",

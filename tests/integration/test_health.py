@@ -15,7 +15,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from gateway.config.schema import Health, Scrape
+from gateway.config.schema import HealthSettings, ScrapeSettings
 from gateway.routing.breaker import BreakerState
 from gateway.routing.health import ProbeHealth, Verdict
 from gateway.routing.registry import Registry
@@ -134,9 +134,9 @@ def test_one_failure_to_down_is_the_old_behaviour() -> None:
 
 
 def test_health_settings_are_validated() -> None:
-    assert Health().failures_to_down == 3
+    assert HealthSettings().failures_to_down == 3
     with pytest.raises(ValidationError):
-        Health(failures_to_down=0)
+        HealthSettings(failures_to_down=0)
     with pytest.raises(ValidationError):
         gateway_config([backend("a", "http://127.0.0.1:9", "m")], health={"failures": 3})
 
@@ -202,9 +202,9 @@ def test_the_scraper_marks_down_after_failures_to_down_slow_probes(
     registry = Registry.build(config, environ={}, clock=clock)
     scraper = MetricsScraper(
         registry.backends.values(),
-        Scrape(timeout_s=0.2),
+        ScrapeSettings(timeout_s=0.2),
         clock=clock,
-        health=Health(failures_to_down=3),
+        health=HealthSettings(failures_to_down=3),
         last_up=registry.last_up,
     )
     state = registry.backends["busy"]
@@ -235,7 +235,7 @@ def test_the_scraper_never_takes_the_last_backend_up_out_on_probes_alone(
     )
     scraper = MetricsScraper(
         registry.backends.values(),
-        Scrape(timeout_s=0.2),
+        ScrapeSettings(timeout_s=0.2),
         clock=clock,
         last_up=registry.last_up,
     )

@@ -29,7 +29,7 @@ import pytest
 from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from gateway.config.schema import Backend
+from gateway.config.schema import BackendSettings
 from gateway.serving import ServerThread
 from gateway.sim import Faults, SimApp, SimSettings, create_sim_app
 from gateway.upstream.hosted import HostedClient, HostedError, HostedResponse
@@ -128,9 +128,9 @@ def env(servers: Servers) -> Iterator[Servers]:
     servers.anthropic.reset()
 
 
-def hosted_backend(url: str | None, provider_model: str, key_env: str | None) -> Backend:
+def hosted_backend(url: str | None, provider_model: str, key_env: str | None) -> BackendSettings:
     provider = provider_model.split("/", 1)[0]
-    return Backend.model_validate(
+    return BackendSettings.model_validate(
         {
             "id": f"{provider}-hosted",
             "kind": "hosted",

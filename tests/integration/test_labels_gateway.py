@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 
 from gateway.api.labels import EXCERPT_CHARS, excerpt
 from gateway.app import create_app
-from gateway.config.schema import Listen
+from gateway.config.schema import ListenSettings
 from gateway.provenance import write_signing_key
 from gateway.serving import ServerThread
 from tests.helpers.gateways import (
@@ -99,7 +99,9 @@ def setup(start_sim: Callable[..., Sim], tmp_path: Path) -> Iterator[Build]:
             extra["provenance"] = PROVENANCE
         config = gateway_config(backends, **extra)
         app = create_app(config, environ={"HOSTED_KEY": "test-key"}, config_dir=tmp_path)
-        listen = None if max_header_bytes is None else Listen(max_header_bytes=max_header_bytes)
+        listen = (
+            None if max_header_bytes is None else ListenSettings(max_header_bytes=max_header_bytes)
+        )
         started.append(ServerThread(app, listen=listen).start())
         return Gateway(app, started[-1]), private_sim, hosted_sim
 

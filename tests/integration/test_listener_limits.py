@@ -26,7 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
-from gateway.config.schema import Listen
+from gateway.config.schema import ListenSettings
 from gateway.errors import ErrorCode
 from gateway.listener import ListenerLimits, derived_max_connections, http_protocol
 from gateway.serving import ServerThread, uvicorn_config
@@ -408,7 +408,7 @@ def _connection(app: Any, **listen: Any) -> tuple[asyncio.Protocol, _Wire, set[A
     from uvicorn.server import ServerState
 
     loop = asyncio.get_running_loop()
-    config = uvicorn_config(app, Listen(**listen))
+    config = uvicorn_config(app, ListenSettings(**listen))
     config.load()
     state = ServerState()
     protocol = config.http_protocol_class(  # type: ignore[call-arg]
@@ -502,15 +502,15 @@ def test_the_body_deadline_starts_over_while_the_gateway_holds_the_body(
 
 
 def test_listen_defaults_and_the_derived_connection_cap() -> None:
-    limits = ListenerLimits.from_config(Listen(max_connections=100))
+    limits = ListenerLimits.from_config(ListenSettings(max_connections=100))
     assert (limits.max_header_bytes, limits.max_headers) == (32 * 1024, 100)
     assert (limits.header_timeout_s, limits.body_timeout_s) == (10.0, 60.0)
     assert limits.max_connections == 100
     assert derived_max_connections(1024) == 480
     assert derived_max_connections(-1) == derived_max_connections(10**9) == 4096
     assert derived_max_connections(10) == 1
-    assert ListenerLimits.from_config(Listen()).max_connections > 0
-    assert http_protocol(Listen()).limits == ListenerLimits.from_config(Listen())
+    assert ListenerLimits.from_config(ListenSettings()).max_connections > 0
+    assert http_protocol(ListenSettings()).limits == ListenerLimits.from_config(ListenSettings())
     assert ErrorCode.headers_too_large.status == 431
     assert ErrorCode.request_timeout.status == 408
 
@@ -564,7 +564,7 @@ def test_an_endless_trailer_is_431_before_it_grows() -> None:
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ntransfer-encoding: chunked\r\n"
         b"\r\n2\r\n{}\r\n0\r\nx-a: "
     )
-    with ServerThread(app, listen=Listen(max_header_bytes=limit)) as server:
+    with ServerThread(app, listen=ListenSettings(max_header_bytes=limit)) as server:
         sock = connect(server)
         sent = 0
         with sock:
@@ -605,7 +605,7 @@ def test_many_small_chunks_are_served() -> None:
         b"POST /x HTTP/1.1\r\nhost: g\r\ntransfer-encoding: chunked\r\nconnection: close\r\n"
         b"\r\n" + chunks + b"0\r\n\r\n"
     )
-    with ServerThread(app, listen=Listen(max_header_bytes=1024)) as server:
+    with ServerThread(app, listen=ListenSettings(max_header_bytes=1024)) as server:
         status, _, body = parse(exchange(server, request))
     assert (status, body) == (200, b"ok")
     assert len(got[0]) == 3000

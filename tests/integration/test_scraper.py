@@ -10,7 +10,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from gateway.config.schema import Scrape
+from gateway.config.schema import ScrapeSettings
 from gateway.routing.breaker import BreakerState
 from gateway.routing.registry import Registry
 from gateway.routing.scraper import MetricsScraper, filter_exposition
@@ -47,7 +47,7 @@ def test_readings_go_stale_and_failures_are_reported() -> None:
         clock = FakeClock()
         registry = Registry.build(config, environ={})
         scraper = MetricsScraper(
-            registry.backends.values(), Scrape(interval_s=0.5, staleness_s=2.0), clock=clock
+            registry.backends.values(), ScrapeSettings(interval_s=0.5, staleness_s=2.0), clock=clock
         )
 
         async def once() -> None:
@@ -113,7 +113,7 @@ def test_gateway_publishes_backend_queue_from_scrapes(
 
 def test_scrape_settings_are_validated() -> None:
     with pytest.raises(ValidationError, match=r"longer than scrape\.interval_s"):
-        Scrape(interval_s=2.0, staleness_s=1.0)
+        ScrapeSettings(interval_s=2.0, staleness_s=1.0)
 
 
 def test_health_probes_drive_the_breaker_and_llamacpp_slots_are_learned() -> None:
@@ -130,7 +130,7 @@ def test_health_probes_drive_the_breaker_and_llamacpp_slots_are_learned() -> Non
         )
         clock = FakeClock()
         registry = Registry.build(config, environ={}, clock=clock)
-        scraper = MetricsScraper(registry.backends.values(), Scrape(), clock=clock)
+        scraper = MetricsScraper(registry.backends.values(), ScrapeSettings(), clock=clock)
         cpu = registry.backends["cpu"]
 
         async def rounds() -> None:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from gateway.app import create_app
-from gateway.config.schema import Routing, RoutingPool
+from gateway.config.schema import PoolSettings, RoutingSettings
 from gateway.routing.picker import Picker
 from gateway.routing.registry import Registry, Route
 from gateway.routing.router import Outcome, Router
@@ -34,7 +34,7 @@ def pool(*capacities: int) -> Registry:
 
 
 def order(registry: Registry, strategy: str) -> list[str]:
-    routing = Routing(default=RoutingPool(strategy=strategy))  # type: ignore[arg-type]
+    routing = RoutingSettings(default=PoolSettings(strategy=strategy))  # type: ignore[arg-type]
     picker = Picker(routing, lambda _id: None, random.Random(7))
     routes: tuple[Route, ...] = registry.routes["m"]
     return [r.backend.id for r in picker.order("m", routes, None)]
@@ -42,7 +42,7 @@ def order(registry: Registry, strategy: str) -> list[str]:
 
 def first_planned(registry: Registry, strategy: str) -> str:
     """The backend the router's plan offers a request for `m` to first."""
-    routing = Routing(default=RoutingPool(strategy=strategy))  # type: ignore[arg-type]
+    routing = RoutingSettings(default=PoolSettings(strategy=strategy))  # type: ignore[arg-type]
     router = Router(registry, routing, lambda _id: None, 1.0, MemoryState(), lambda _id, _n: None)
     allowed = decision(tuple(registry.backends))
     plan = asyncio.run(router.plan("m", allowed, {}, time.perf_counter()))

@@ -36,7 +36,7 @@ def test_private_path_never_imports_litellm() -> None:
 import sys
 import httpx
 from gateway.app import create_app
-from gateway.config import GatewayConfig
+from gateway.config import GatewaySettings
 from gateway.tenants import hash_api_key
 from gateway.serving import ServerThread
 from gateway.sim import SimSettings, create_sim_app
@@ -48,7 +48,7 @@ with ServerThread(create_sim_app(sim_settings)) as sim:
     hosted = {"id": "h", "kind": "hosted", "provider": "openai", "region": "us",
               "owner": "openai", "models": [{"name": "g", "provider_model": "openai/g"}]}
     tenant = {"id": "t", "api_key_hashes": [hash_api_key("og-k")], "models": ["*"]}
-    config = GatewayConfig.model_validate({"backends": [private, hosted], "tenants": [tenant]})
+    config = GatewaySettings.model_validate({"backends": [private, hosted], "tenants": [tenant]})
     with ServerThread(create_app(config, environ={})) as gw:
         for stream in (False, True):
             body = {"model": "m", "messages": [{"role": "user", "content": "hi"}],

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from gateway.config.schema import Routing, RoutingPool
+from gateway.config.schema import PoolSettings, RoutingSettings
 from gateway.routing.picker import Picker
 from gateway.routing.registry import Registry, Route
 from gateway.routing.scorers.affinity import prefix_key
@@ -30,7 +30,7 @@ def routes(*caps: int | None) -> list[Route]:
 
 
 def picker(strategy: str = "score", loads: dict[str, BackendLoad] | None = None) -> Picker:
-    routing = Routing(default=RoutingPool(strategy=strategy))  # type: ignore[arg-type]
+    routing = RoutingSettings(default=PoolSettings(strategy=strategy))  # type: ignore[arg-type]
     table = loads or {}
     return Picker(routing, table.get, random.Random(7))
 

@@ -510,11 +510,11 @@ def test_a_models_rule_judges_a_model_by_all_its_names(
 
 def test_gateway_yaml_facts_group_a_models_name_with_its_aliases() -> None:
     from gateway.config.facts import facts_of
-    from gateway.config.schema import Backend
+    from gateway.config.schema import BackendSettings
     from tests.helpers.gateways import backend
 
     spec = backend("gpu", "http://127.0.0.1:9", "m")
     spec["models"] = [{"name": "llama-3.1-8b", "aliases": ["llama3"]}, {"name": "other"}]
-    declared = facts_of(Backend.model_validate(spec))
+    declared = facts_of(BackendSettings.model_validate(spec))
     assert declared.names_of("llama3") == {"llama-3.1-8b", "llama3"}
     assert declared.names_of("other") == {"other"}

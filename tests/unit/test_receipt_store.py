@@ -15,7 +15,7 @@ import tracemalloc
 import pytest
 
 from gateway.api.receipts import ReceiptStore
-from gateway.config.schema import Provenance
+from gateway.config.schema import ProvenanceSettings
 from gateway.provenance import Receipt, Salts, make_receipt
 from gateway.provenance.testing import CountingRandom, seeded_signer
 
@@ -152,7 +152,7 @@ def test_memory_held_stays_within_the_byte_bound() -> None:
 
 
 def test_the_default_fits_the_shipped_memory_requests() -> None:
-    settings = Provenance(dir="log", origin="x/log", signing_key_file="k")
+    settings = ProvenanceSettings(dir="log", origin="x/log", signing_key_file="k")
     assert settings.receipts_memory_bytes == 64 * 1024 * 1024
     assert settings.receipts_kept == 100_000  # still a count cap: old configs load as before
     with pytest.raises(ValueError, match="at least one"):

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.config.schema import Routing
+from gateway.config.schema import RoutingSettings
 from gateway.routing.registry import Registry
 from gateway.routing.router import Outcome, Plan, Router
 from gateway.state import MemoryState
@@ -34,7 +34,7 @@ def router(**routing: Any) -> tuple[Router, Registry]:
         ]
     )
     registry = Registry.build(config, environ={"HOSTED_KEY": "k"}, clock=lambda: 0.0)
-    settings = Routing.model_validate({"default": {"strategy": "round_robin"}, **routing})
+    settings = RoutingSettings.model_validate({"default": {"strategy": "round_robin"}, **routing})
     return Router(registry, settings, lambda _id: None, 1.0, MemoryState(), _no_gauge), registry
 
 
