@@ -13,7 +13,7 @@ from gateway.asgi import Receive, Send
 from gateway.errors import GatewayError
 
 if TYPE_CHECKING:
-    from gateway.api.recorder import Trail
+    from gateway.api.trail import Trail
     from gateway.policy import Decision
 
 __all__ = [

@@ -29,8 +29,9 @@ from gateway.api.hosted_relay import HostedRelay
 from gateway.api.labels import UNKNOWN, InvalidLabel, excerpt, label_refused, read_label
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.passthrough import PrivateRelay
-from gateway.api.recorder import Recorder, Trail
+from gateway.api.recorder import Recorder
 from gateway.api.refusal import Refused
+from gateway.api.trail import Trail
 from gateway.asgi import Receive, Scope, Send
 from gateway.config.schema import RoutingSettings
 from gateway.errors import ErrorCode, GatewayError

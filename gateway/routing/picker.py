@@ -69,7 +69,7 @@ class Picker:
         if pool.strategy == "least_inflight":
             return sorted(routes, key=lambda r: (r.backend.global_inflight, self._rng.random()))
         preferred = self._affinity.get(prefix) if prefix is not None else None
-        scores = self._scores(pool, [route.backend for route in routes], preferred)
+        scores = self.scores(pool, [route.backend for route in routes], preferred)
         random = self._rng.random
         scored = [(-score, random(), route) for score, route in zip(scores, routes, strict=True)]
         scored.sort(key=_by_score)
@@ -77,9 +77,9 @@ class Picker:
 
     def score(self, pool: PoolSettings, backend: BackendState, preferred: bool) -> float:
         """One backend's score on its own (the prefill term then compares it with itself)."""
-        return self._scores(pool, [backend], backend.id if preferred else None)[0]
+        return self.scores(pool, [backend], backend.id if preferred else None)[0]
 
-    def _scores(
+    def scores(
         self, pool: PoolSettings, backends: Sequence[BackendState], preferred: str | None
     ) -> list[float]:
         """The weighted sum of the scorers for each backend, in one pass over them (this

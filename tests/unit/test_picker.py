@@ -106,9 +106,9 @@ def test_prefill_term_is_relative_to_the_busiest_candidate(
     mine, other = (route.backend for route in routes(4, 4))
     p = picker()
     pool = p.pool("m")
-    base = p._scores(pool, [mine, other], None)[0] - 1.0  # every other term: no backlog
+    base = p.scores(pool, [mine, other], None)[0] - 1.0  # every other term: no backlog
     mine.prefilling, other.prefilling = prefilling, busiest
-    got = p._scores(pool, [mine, other], None)[0] - base
+    got = p.scores(pool, [mine, other], None)[0] - base
     assert got == pytest.approx(term)
 
 

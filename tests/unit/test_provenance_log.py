@@ -94,11 +94,11 @@ def test_a_batch_is_held_open_no_longer_than_a_write_takes(tmp_path: Path) -> No
         log = await _open(tmp_path, group_commit_ms=60_000)
         await log.append(_refusal(0), checked=True)  # a lone appender is committed at once
         await asyncio.gather(*(log.append(_refusal(n), checked=True) for n in range(1, 33)))
-        assert log._last_batch > 1
+        assert log.last_batch > 1
         before = log.batches
         entry = await asyncio.wait_for(log.append(_refusal(33), checked=True), 30)
         assert (entry.index, log.batches - before) == (33, 1)
-        assert 0 < log._write_time < 30
+        assert 0 < log.write_seconds < 30
         await log.close()
 
     asyncio.run(scenario())
@@ -111,7 +111,7 @@ def test_checkpoint_every_n_entries(tmp_path: Path) -> None:
             await log_request(log, n)
             # Exports run beside the appends: one that is still running when the next
             # falls due delays it (a checkpoint then covers more); wait, to see the cadence.
-            await log._checkpoints.idle()
+            await log.exports_idle()
         await log.close()
 
     asyncio.run(scenario())
@@ -360,7 +360,7 @@ def test_sealing_runs_on_its_own_thread_after_the_entry_is_durable(tmp_path: Pat
 
         def seal(entry: LogEntry) -> bytes:
             # Durable already: the store counts it before any seal runs.
-            seen.append((threading.current_thread().name, entry.index, log._store.size))
+            seen.append((threading.current_thread().name, entry.index, log.store.size))
             return b"sealed-%d" % entry.index
 
         placed = await asyncio.gather(*(log.append_sealed(_refusal(n), seal) for n in range(5)))
@@ -410,7 +410,7 @@ def test_appends_go_on_while_a_checkpoint_is_written(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         log = await _open(tmp_path, checkpoint_interval_ms=1)
-        store = log._store
+        store = log.store
         export = store.export
 
         def held_export(snapshot: Snapshot) -> SignedNote:
@@ -439,7 +439,7 @@ def test_appends_go_on_while_a_checkpoint_is_written(tmp_path: Path) -> None:
 def test_a_crash_between_snapshot_and_export_replays_every_segment(tmp_path: Path) -> None:
     async def write() -> None:
         log = await _open(tmp_path, checkpoint_every=10_000, checkpoint_interval_ms=60_000)
-        store = log._store
+        store = log.store
         for n in range(3):
             await log_request(log, n)
             store.snapshot()  # rotates the segment; no export follows (as if killed)
@@ -571,7 +571,7 @@ def test_a_checkpoint_whose_clean_up_failed_leaves_the_log_ready(
     # The checkpoint is durable; leftover segments are harmless and the next export
     # deletes them. Counting the failure as the log's error kept a replica not ready with
     # no traffic to clear it (found by review).
-    real = gateway.provenance.writer.store.LogStore._cleanup
+    real = gateway.provenance.writer.store.LogStore.clean_up
     failures = [LogUnavailableError("cannot clean up the provenance log: Permission denied")]
 
     def cleanup(store: object, completed: list[str], covered: int | None) -> None:
@@ -579,18 +579,18 @@ def test_a_checkpoint_whose_clean_up_failed_leaves_the_log_ready(
             raise failures.pop()
         real(store, completed, covered)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(gateway.provenance.writer.store.LogStore, "_cleanup", cleanup)
+    monkeypatch.setattr(gateway.provenance.writer.store.LogStore, "clean_up", cleanup)
 
     async def scenario() -> None:
         log = await _open(tmp_path, group_commit_ms=0)
         await log_request(log, 0)
         await log.checkpoint()
         assert log.last_error is None
-        assert log._store.cleanup_error is not None
+        assert log.cleanup_error is not None
         assert list_segments(tmp_path / WAL)  # left over
         await log_request(log, 1)
         await log.checkpoint()
-        assert log._store.cleanup_error is None
+        assert log.cleanup_error is None
         assert list_segments(tmp_path / WAL) == []  # the next export deleted them
         await log.close()
 

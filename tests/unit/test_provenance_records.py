@@ -26,7 +26,7 @@ from gateway.provenance import (
     refusal_record,
 )
 from gateway.provenance.formats.records import format_time
-from gateway.provenance.formats.schema import RECORD_SCHEMAS, _fields_problem, problem
+from gateway.provenance.formats.schema import RECORD_SCHEMAS, fields_problem, problem
 from gateway.provenance.testing import EXAMPLE_BACKEND, EXAMPLE_POLICY
 
 _HEX = "ab" * 32
@@ -218,7 +218,7 @@ def test_compiled_check_agrees_with_the_reference_walk() -> None:
         for candidate in [record, *_mutations(record)]:
             kind = candidate.get("type")
             schema = RECORD_SCHEMAS.get(kind) if isinstance(kind, str) else None
-            reference = "no such type" if schema is None else _fields_problem(candidate, schema)
+            reference = "no such type" if schema is None else fields_problem(candidate, schema)
             found = problem(candidate)
             if reference is None:
                 assert found is None, candidate

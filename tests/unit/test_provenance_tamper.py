@@ -35,7 +35,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
         log = await ProvenanceLog.open(path, ORIGIN, SIGNER, settings=settings)
         for n in range(REQUESTS):
             await log_request(log, n)
-            await log._checkpoints.idle()  # a checkpoint every 10 entries exactly
+            await log.exports_idle()  # a checkpoint every 10 entries exactly
         await log_refusal(log, 1000)
         await log.close()
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from gateway.canonical import MAX_SAFE_INTEGER
 
-__all__ = ["RECORD_SCHEMAS", "SCHEMA_VERSION", "ListOf", "Optional", "problem"]
+__all__ = ["RECORD_SCHEMAS", "SCHEMA_VERSION", "ListOf", "Optional", "fields_problem", "problem"]
 
 SCHEMA_VERSION = 1
 
@@ -97,7 +97,7 @@ def _valid(value: object, spec: object) -> bool:
         return type(value) is bool
     kind = type(spec)
     if kind is dict:
-        return type(value) is dict and _fields_problem(value, spec) is None  # type: ignore[arg-type]
+        return type(value) is dict and fields_problem(value, spec) is None  # type: ignore[arg-type]
     if kind is frozenset:
         return type(value) in (str, int) and value in spec  # type: ignore[operator]
     if isinstance(spec, re.Pattern):
@@ -109,7 +109,8 @@ def _valid(value: object, spec: object) -> bool:
     raise TypeError(f"unknown schema spec {spec!r}")
 
 
-def _fields_problem(value: Mapping[str, object], fields: Mapping[str, object]) -> str | None:
+def fields_problem(value: Mapping[str, object], fields: Mapping[str, object]) -> str | None:
+    """What is wrong with `value` against one record type's `fields` (None: nothing)."""
     if value.keys() != fields.keys():
         unknown = sorted(value.keys() - fields.keys())
         if unknown:
@@ -196,5 +197,5 @@ def problem(record: Mapping[str, object]) -> str | None:
         return f"record type {kind!r} is not one of {', '.join(RECORD_SCHEMAS)}"
     if _CHECKS[kind](record):  # type: ignore[index]
         return None
-    found = _fields_problem(record, schema)
+    found = fields_problem(record, schema)
     return None if found is None else f"{kind} record: {found}"

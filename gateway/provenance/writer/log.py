@@ -134,8 +134,27 @@ class ProvenanceLog:
         """Write+fsync rounds so far; appends / batches is the group-commit factor."""
         return self._store.batches
 
+    @property
+    def last_batch(self) -> int:
+        """Awaited appends in the last committed batch (the next batch waits for as many)."""
+        return self._last_batch
+
+    @property
+    def write_seconds(self) -> float:
+        """How long the last batch's write and fsync took (a batch is held open no longer)."""
+        return self._write_time
+
+    @property
+    def store(self) -> LogStore:
+        """The files the log writes (snapshots, exports, clean-up), for tools and tests."""
+        return self._store
+
     def latest_checkpoint(self) -> SignedNote | None:
         return self._store.latest
+
+    async def exports_idle(self) -> None:
+        """Wait until no checkpoint export runs (one that fell due may then start)."""
+        await self._checkpoints.idle()
 
     # --- appending ----------------------------------------------------------------------------
 

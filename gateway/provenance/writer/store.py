@@ -131,7 +131,7 @@ class LogStore:
         try:
             store._recover()
             store.checkpoint()
-            store._cleanup([], None)  # every segment is covered now, torn leftovers included
+            store.clean_up([], None)  # every segment is covered now, torn leftovers included
         except (ProvenanceError, OSError):
             store.close()
             raise
@@ -268,7 +268,7 @@ class LogStore:
             raise _unavailable("write a checkpoint to", exc) from exc
         self._latest = SignedNote(checkpoint, note)
         try:
-            self._cleanup(completed, checkpoint.size)
+            self.clean_up(completed, checkpoint.size)
         except ProvenanceError as exc:
             # The checkpoint is durable and the log writable: what is left over is skipped
             # on recovery and deleted by the next export. Reported, not a failure.
@@ -277,7 +277,7 @@ class LogStore:
             self.cleanup_error = None
         return self._latest
 
-    def _cleanup(self, completed: list[str], covered: int | None) -> None:
+    def clean_up(self, completed: list[str], covered: int | None) -> None:
         """Drop the segments a checkpoint of size `covered` covers (None: all of them, on
         open) and partial tiles now superseded by full ones. Snapshots rotate segments, so
         a segment that starts below `covered` holds nothing beyond it."""

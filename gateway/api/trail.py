@@ -1,0 +1,126 @@
+"""One request's provenance state while it is served (`Trail`): the salts and the
+request commitment, the dispatch record once durable, the receipt being signed, and what
+went to the client (hashed as it is relayed, the stream's tail kept to find its usage).
+The relays feed it; the recorder (gateway/api/recorder.py) writes its records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from gateway.provenance import LogEntry, RecordError, Salts, Usage
+
+__all__ = ["Trail"]
+
+_TAIL = 4096  # bytes of a stream kept to find its usage chunk
+
+
+@dataclass(slots=True)
+class Trail:
+    """One request's provenance state while it is served."""
+
+    salts: Salts
+    request_commitment: str
+    dispatch: LogEntry | None = None
+    receipt: asyncio.Future[bytes] | None = None  # the DSSE envelope, being signed
+    response_hash: Any = field(default_factory=hashlib.sha256)
+    tail: bytes = b""
+    whole: bytes | None = None
+    prompt_bytes: int = 0  # the request body's size, for the token estimate
+    sent_bytes: int = 0  # response bytes relayed to the client
+    _usage: Usage | None = None
+    _usage_read: bool = False
+    _reported: Usage | None = None  # usage the backend reported out of the client's sight
+
+    def relayed(self, data: bytes) -> None:
+        """A piece of a stream went to the client."""
+        self.response_hash.update(data)
+        self.sent_bytes += len(data)
+        self.tail = (self.tail + data)[-_TAIL:]
+        self._usage_read = False
+
+    def answered(self, data: bytes) -> None:
+        """A whole (non-stream) answer went to the client."""
+        self.response_hash.update(data)
+        self.sent_bytes += len(data)
+        self.whole = data
+        self._usage_read = False
+
+    def reported(self, counts: Mapping[str, int]) -> None:
+        """Usage the backend reported in a chunk the client did not ask for (held back)."""
+        try:
+            self._reported = Usage(
+                counts.get("prompt_tokens", 0),
+                counts.get("completion_tokens", 0),
+                counts.get("total_tokens", 0),
+            )
+        except RecordError:  # e.g. negative counts: not usage
+            self._reported = None
+
+    async def sealed_receipt(self) -> bytes | None:
+        """The receipt of the current dispatch once signed (None if there is none, or its
+        signing failed: the recorder logged that)."""
+        if self.receipt is None:
+            return None
+        try:
+            return await asyncio.shield(self.receipt)
+        except Exception:  # noqa: BLE001 - Recorder._sealed logged it; the answer goes on
+            return None
+
+    def usage(self) -> Usage | None:
+        """Token usage the backend reported for the answer seen so far (parsed once per
+        answer); never an estimate."""
+        if self._reported is not None:
+            return self._reported
+        if not self._usage_read:
+            self._usage = _usage(self.whole if self.whole is not None else self.tail)
+            self._usage_read = True
+        return self._usage
+
+    def charged_tokens(self) -> int:
+        """Tokens to charge to the tenant's budget: the reported usage; for an answer
+        without usage, an estimate that errs high: a token per 4 bytes of the request
+        body plus one per 4 bytes relayed (SSE framing included); 0 if nothing was."""
+        usage = self.usage()
+        if usage is not None:
+            return max(usage.total_tokens, usage.prompt_tokens + usage.completion_tokens)
+        if self.sent_bytes == 0:
+            return 0
+        return -(-self.prompt_bytes // 4) + -(-self.sent_bytes // 4)
+
+
+def _usage(data: bytes) -> Usage | None:
+    """Token usage from a JSON answer, or from the last usage chunk of a stream's tail."""
+    if b'"usage"' not in data:
+        return None  # most streams carry none: parse nothing
+    candidates = (
+        [data]
+        if data[:1] == b"{"
+        else [
+            line[6:]
+            for line in reversed(data.split(b"\n"))
+            if line.startswith(b"data: {") and b'"usage"' in line
+        ]
+    )
+    for candidate in candidates:
+        try:
+            doc = orjson.loads(candidate)
+        except orjson.JSONDecodeError:
+            continue
+        usage = doc.get("usage") if isinstance(doc, dict) else None
+        if isinstance(usage, dict):
+            try:
+                return Usage(
+                    int(usage.get("prompt_tokens", 0)),
+                    int(usage.get("completion_tokens", 0)),
+                    int(usage.get("total_tokens", 0)),
+                )
+            except (TypeError, ValueError, RecordError):  # e.g. negative counts
+                return None
+    return None
