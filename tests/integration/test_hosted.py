@@ -651,7 +651,7 @@ def getaddrinfo(host, *args, **kwargs):
     return real_getaddrinfo(host, *args, **kwargs)
 socket.getaddrinfo = getaddrinfo
 
-from gateway.config.schema import Backend
+from gateway.config.schema import BackendSettings
 from gateway.serving import bind_socket
 from gateway.upstream.hosted import HostedClient, HostedError
 from gateway.upstream.litellm_runtime import aload_litellm
@@ -662,7 +662,7 @@ def imported():
 probe = bind_socket("127.0.0.1", 0)
 url = "http://127.0.0.1:%d/v1" % probe.getsockname()[1]
 probe.close()
-backend = Backend.model_validate({"id": "h", "kind": "hosted", "region": "us", "owner": "o",
+backend = BackendSettings.model_validate({"id": "h", "kind": "hosted", "region": "us", "owner": "o",
     "base_url": url, "api_key_env": "K", "models": [{"name": "g", "provider_model": "openai/g"}]})
 client = HostedClient(backend, environ={"K": "sk-test"}, timeout_s=2)
 print("imported before the first call:", imported())
