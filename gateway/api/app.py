@@ -62,8 +62,8 @@ class GatewayApp(Runtime):
         }
 
     def install(self, parts: Assembly) -> set[asyncio.Task[Any]]:
-        """Make `parts` active: one reference swap; requests already running keep the
-        parts they started with (returned: the requests running now). Running watchers
+        """Make `parts` active: one reference swap; requests already dispatching keep the
+        parts they were decided with (returned: the requests running now). Running watchers
         (health probes, policy files) move to the new parts."""
         running = set(self.serving)
         self.parts = parts

@@ -59,7 +59,7 @@ class TenantSurface:
         self, scope: Scope, receive: Receive, send: Send, endpoint: str, upstream_path: bytes
     ) -> None:
         """One request to a proxied path, answered whatever happens."""
-        runtime, parts = self._runtime, self._runtime.parts
+        runtime = self._runtime
         exchange = Exchange(new_request_id(), time.perf_counter(), endpoint)
         try:
             if scope["method"] != "POST":
@@ -72,10 +72,11 @@ class TenantSurface:
             admission = await self._admit(tenant)
             exchange.charge = lambda: admission.release(_tokens_used(exchange))
             try:
-                body = await read_body(scope, receive, parts.config.limits.max_body_bytes)
-                await parts.proxy.forward(
-                    exchange, tenant, scope, body, upstream_path, receive, send
-                )
+                body = await read_body(scope, receive, runtime.parts.config.limits.max_body_bytes)
+                # The parts active now, not at arrival: a config reload while the body was
+                # arriving binds this request's decision and plan, as it binds later ones.
+                proxy = runtime.parts.proxy
+                await proxy.forward(exchange, tenant, scope, body, upstream_path, receive, send)
             finally:
                 # The answer is over: a drain deadline from now on must not cut (and write
                 # to) a finished response, nor interrupt the release.

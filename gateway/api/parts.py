@@ -1,9 +1,10 @@
 """`Assembly`: the parts of a gateway built from one config, as the HTTP surface uses them.
 
 `gateway.app.assemble` (the composition root) builds it; `GatewayApp.install` makes it
-active. A config reload builds a new one and swaps it in whole: requests already running
-keep the parts they started with. The metrics, the shared state and the recorder live as
-long as the process: a reload passes them on unchanged.
+active. A config reload builds a new one and swaps it in whole: a request is decided and
+routed by the parts active once its body is read, and keeps them. The metrics, the
+shared state and the recorder live as long as the process: a reload passes them on
+unchanged.
 """
 
 from __future__ import annotations

@@ -2,17 +2,17 @@
 
 SIGHUP (and a poll of the file's and the keys file's mtime) loads the file again through
 the same strict loader as startup. A file that fails validation, or whose trust policies
-no longer compile against its backends, leaves the running config untouched: the
-failure is logged, counted (`owngate_config_reload_failures_total`) and shown in the
-readiness detail, as a failed policy reload is. A valid file is assembled completely by
-the composition root's `assemble` (backend registry, tenant keys, trust policies,
-scraper, proxy) and swapped in whole by the app's `install`: the reloader gets both as
-callables and knows nothing of the app. Requests already running finish on the parts
-they started with; the connections of a removed or changed backend close once the
-requests that were running at the swap are done (bounded by `limits.drain_timeout_s`).
-Unchanged backends keep their connection pools, in-flight counts and health. Settings
-only a restart can change (`listen`, `provenance`, `state`, `logging`) keep their running
-values, and the log says "needs restart".
+no longer compile against its backends, leaves the running config untouched: the failure
+is logged, counted (`owngate_config_reload_failures_total`) and shown in the readiness
+detail, as a failed policy reload is. A valid file is assembled completely by the
+composition root's `assemble` (backend registry, tenant keys, trust policies, scraper,
+proxy) and swapped in whole by the app's `install`: the reloader gets both as callables
+and knows nothing of the app. A request is decided and routed by the parts active once
+its body is read, and finishes on them; the connections of a removed or changed backend
+close once the requests that were running at the swap are done (bounded by
+`limits.drain_timeout_s`). Unchanged backends keep their connection pools, in-flight
+counts and health. Settings only a restart can change (`listen`, `provenance`, `state`,
+`logging`) keep their running values, and the log says "needs restart".
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -149,3 +151,31 @@ def test_restart_only_settings_keep_their_value_and_the_file_is_polled(
     assert process.wait(timeout_s=30) == 0
     stderr = process.stderr()
     assert "needs restart" in stderr and '"setting":"listen"' in stderr
+
+
+def test_a_request_whose_body_arrives_after_a_reload_is_routed_by_the_new_config(
+    gateway: tuple[GatewayProcess, Sim],
+) -> None:
+    """The decision and the plan are made with the config active once the body is read: a
+    reload that replaces a backend (or a policy) binds every request decided after it,
+    including one whose headers came before it."""
+    process, fresh = gateway
+    assert process.proc is not None
+    body = json.dumps(SHORT).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer {KEY}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", process.port), timeout=15) as sock:
+        sock.sendall(head + body[:10])  # the gateway now waits for the rest of the body
+        time.sleep(0.3)
+        rewrite(process, settings([backend("new", fresh.url, "m")], process.port))
+        process.proc.send_signal(signal.SIGHUP)
+        eventually(lambda: list(readyz(process)["backends"]) == ["new"], "the new backends")
+        sock.sendall(body[10:])
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+    assert len(fresh.app.captured("/v1/chat/completions")) == 1  # the new backend served it

@@ -89,10 +89,8 @@ class ProvenanceLog:
         settings: LogSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> ProvenanceLog:
-        """Open or create the log in `directory`, recovering after a crash.
-
-        `cosigners` also sign every checkpoint (e.g. the previous key during a rotation).
-        """
+        """Open or create the log in `directory`, recovering after a crash; `cosigners` also
+        sign every checkpoint (e.g. the previous key during a rotation)."""
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="provenance-log")
         loop = asyncio.get_running_loop()
         try:
@@ -103,8 +101,6 @@ class ProvenanceLog:
             executor.shutdown(wait=False)
             raise
         return cls(store, executor, settings or LogSettings(), clock)
-
-    # --- what the gateway reads -------------------------------------------------------------
 
     @property
     def origin(self) -> str:
@@ -135,10 +131,14 @@ class ProvenanceLog:
         return self._store.batches
 
     @property
-    def batching(self) -> tuple[int, float]:
-        """Awaited appends in the last batch and a write's time (s): the next batch waits
-        for as many, and no longer than that."""
-        return self._last_batch, self._write_time
+    def last_batch(self) -> int:
+        """Awaited appends in the last committed batch (the next batch waits for as many)."""
+        return self._last_batch
+
+    @property
+    def write_seconds(self) -> float:
+        """How long a batch's write and fsync takes (a moving average; 0 before the first)."""
+        return self._write_time
 
     @property
     def store(self) -> LogStore:
@@ -149,31 +149,32 @@ class ProvenanceLog:
         return self._store.latest
 
     async def exports_idle(self) -> None:
-        """Wait until no checkpoint export runs."""
+        """Wait until no checkpoint export runs (one that fell due may then start)."""
         await self._checkpoints.idle()
-
-    # --- appending ----------------------------------------------------------------------------
 
     async def append(self, record: Mapping[str, object], *, checked: bool = False) -> LogEntry:
         """Validate, encode and durably append one record; returns its index and leaf hash.
-        `checked=True` skips the schema walk for a record straight from a `records`
-        builder (they build only valid records). Raises RecordError for a record outside
-        the schema, LogUnavailableError when the log cannot be written (nothing logged)."""
+        `checked=True` skips the schema walk for a record straight from one of the `records`
+        builders, which check their inputs and so build only valid records. Raises
+        RecordError for a record outside the schema, LogUnavailableError when the log cannot
+        be written (nothing was logged)."""
         return await self._put(record, checked, awaited=True)
 
     def append_soon(
         self, record: Mapping[str, object], *, checked: bool = False
     ) -> asyncio.Future[LogEntry]:
-        """Queue a record nothing waits on (e.g. a completion after the answer went out): the
-        future completes when it is durable (or fails). Raises what `append` would at once."""
+        """Queue a record without waiting for it: the returned future completes when it is
+        durable (or fails). For records nothing waits on, e.g. a request's completion after
+        its answer went out. Raises at once what `append` raises before queueing."""
         return self._put(record, checked, awaited=False)
 
     async def append_sealed(
         self, record: Mapping[str, object], seal: Seal, *, checked: bool = False
     ) -> tuple[LogEntry, asyncio.Future[bytes]]:
-        """`append`, with a future for `seal(entry)` (e.g. a receipt naming the entry), run
-        on the sealing thread once the entry is durable. If `seal` raises, the record is
-        still durable and the future holds the error; a failed append fails it too."""
+        """`append`, returning once the entry is durable, with a future for `seal(entry)`
+        (e.g. a receipt naming the entry), which runs on the sealing thread after that. If
+        `seal` raises, the record is still durable and the future holds the error. If the
+        append fails, so does the seal's future (with the same error)."""
         sealed: asyncio.Future[bytes] = self._loop.create_future()
         try:
             entry = await self._put(record, checked, awaited=True, seal=seal, sealed=sealed)
@@ -240,10 +241,10 @@ class ProvenanceLog:
         await self._stop(aborting=False)
 
     async def abort(self) -> None:
-        """Stop without a final checkpoint, releasing the directory. A batch being written
-        completes; queued appends fail (LogUnavailableError). Entries durable since the
-        last checkpoint stay in the write-ahead segment for the next `open`, as after a crash.
-        """
+        """Stop without a final checkpoint, releasing the directory. A batch already being
+        written completes; queued appends fail with LogUnavailableError. Entries made durable
+        since the last checkpoint stay in the write-ahead segment and the next `open`
+        recovers them, just as after a crash."""
         await self._stop(aborting=True)
 
     async def _stop(self, *, aborting: bool) -> None:
@@ -266,8 +267,6 @@ class ProvenanceLog:
             self._checkpoints.shutdown()
             self._sealer.shutdown()
             self._executor.shutdown(wait=True)
-
-    # --- the committer ------------------------------------------------------------------------
 
     async def _in_worker(self, function: Callable[..., _T], *args: object) -> _T:
         return await self._loop.run_in_executor(self._executor, function, *args)
@@ -326,10 +325,8 @@ class ProvenanceLog:
 
     def _idle_timeout(self) -> float | None:
         """How long the committer may sleep now: 0 when something is due, None until woken.
-
         Records nobody waits on (`append_soon`) do not start a commit of their own: they
-        ride with the next awaited batch, or go after `deferred_flush_ms` at the latest.
-        """
+        ride with the next awaited batch, or go after `deferred_flush_ms` at the latest."""
         if self._waiters or self._closing or len(self._queue) >= self._settings.max_batch:
             return 0.0
         timeout = self._checkpoints.idle_timeout(self._size)
@@ -349,10 +346,13 @@ class ProvenanceLog:
 
     async def _gather_batch(self) -> None:
         """Wait for as many awaited appends as the last batch held, up to the group-commit
-        window or a write's time, whichever is shorter (`append_soon` records ride along
-        but neither start nor prolong the wait). A lone appender is committed at once.
-        Appends arriving during a commit join the next one, so holding a batch open longer
-        than a write takes never pays: an append that misses it waits one write more."""
+        window or the time a write takes, whichever is shorter (records queued by
+        `append_soon` ride along but nobody waits on them: they neither start nor prolong
+        the wait). A lone appender is committed at once; concurrent appenders fill the
+        batch in well under the window. Appends that arrive during a commit join the next
+        one, so holding a batch open longer than a write takes never pays: an append that
+        misses it waits at most one write more (on a fast disk a fraction of a millisecond;
+        on a slow one the configured window)."""
         window = min(self._settings.group_commit_ms / 1000.0, self._write_time)
         target = min(self._last_batch, self._settings.max_batch)
         if window <= 0 or self._closing or not 0 < self._waiters < target:
