@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -25,8 +26,9 @@ import pytest
 from gateway.api.admin import is_loopback
 from gateway.provenance import write_signing_key
 from gateway.sim import Faults
-from owngate_bench.services import HOST, Service, child_env, free_port, owngate_argv
 from tests.helpers.gateways import ADMIN_TOKEN, Gateway, Sim, admin_status, backend, readiness
+from tests.helpers.net import free_port
+from tests.helpers.processes import ServerProcess, owngate_argv
 
 CHAT: dict[str, Any] = {
     "model": "m",
@@ -88,27 +90,24 @@ class Outcome:
 
 
 @pytest.fixture
-def sim_process(tmp_path: Path) -> Iterator[Callable[..., Service]]:
+def sim_process(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     """`owngate sim` as its own process, so a test can SIGKILL it mid-load."""
-    started: list[Service] = []
+    started: list[ServerProcess] = []
 
-    def start(*flags: str) -> Service:
+    def start(*flags: str) -> ServerProcess:
         port = free_port()
-        argv = owngate_argv("sim", "--host", HOST, "--port", str(port), *flags)
-        service = Service.start(f"sim-{port}", argv, child_env(), tmp_path, port)
+        argv = owngate_argv("sim", "--host", "127.0.0.1", "--port", str(port), *flags)
+        service = ServerProcess(f"sim-{port}", argv, tmp_path, port)
         started.append(service)
-        service.wait_ready("/health", {}, 30.0)
-        return service
+        return service.wait_ready("/health", 30.0)
 
     yield start
     for service in started:
-        if service.proc.poll() is None:
-            service.proc.kill()
-        service.proc.wait(timeout=10)
+        service.kill()
 
 
 def test_a_killed_backend_loses_no_request_before_the_first_byte(
-    sim_process: Callable[..., Service],
+    sim_process: Callable[..., ServerProcess],
     start_sim: Callable[..., Sim],
     start_gateway: Callable[..., Gateway],
 ) -> None:
@@ -420,7 +419,7 @@ def owngate_status(*args: str, token: str = ADMIN_TOKEN) -> subprocess.Completed
     """The real command, in its own process (this one's stdout carries server logs), with
     the admin token in its environment variable."""
     argv = owngate_argv("status", *args)
-    env = {**child_env(), "OWNGATE_ADMIN_TOKEN": token}
+    env = {**os.environ, "OWNGATE_ADMIN_TOKEN": token}
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
 
 
