@@ -39,7 +39,7 @@ def until(
 
 
 async def until_async(
-    condition: Callable[[], bool] | Callable[[], Awaitable[bool]],
+    condition: Callable[[], bool | Awaitable[bool]],
     what: str,
     *,
     timeout: float = 10.0,
@@ -60,7 +60,7 @@ async def until_async(
     return time.monotonic() - started
 
 
-async def _holds(condition: Callable[[], bool] | Callable[[], Awaitable[bool]]) -> bool:
+async def _holds(condition: Callable[[], bool | Awaitable[bool]]) -> bool:
     result = condition()
     return bool(await result) if inspect.isawaitable(result) else bool(result)
 

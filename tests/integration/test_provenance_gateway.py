@@ -25,6 +25,7 @@ from gateway.provenance import (
 from gateway.serving import ServerThread
 from tests.helpers.gateways import OTHER_KEY, Gateway, Sim, backend, gateway_config, readiness
 from tests.helpers.provenance import records
+from tests.helpers.waiting import until
 
 CANARY = "CANARY-5c1b-provenance-never-stores-content"
 
@@ -226,7 +227,7 @@ def test_an_unwritable_log_refuses_requests_then_recovers_without_traffic(
         signed = log.size == 2 and latest is not None and latest.checkpoint.size == 2
         return signed and not list((log_dir / "wal").glob("*.wal"))  # export cleaned up
 
-    _until(signed_all)
+    until(signed_all, "a checkpoint signing both records, the WAL cleaned up")
     wal = log_dir / "wal"
     shutil.rmtree(wal)
     wal.write_bytes(b"")  # a file where the segment directory must be: every write fails
@@ -241,18 +242,11 @@ def test_an_unwritable_log_refuses_requests_then_recovers_without_traffic(
     assert readiness(gateway.url)["provenance"]["writable"] is False
 
     wal.unlink()  # the disk is back; no request comes (a replica that is not ready gets none)
-    _until(lambda: httpx.get(f"{gateway.url}/readyz", timeout=10).status_code == 200)
+    until(lambda: httpx.get(f"{gateway.url}/readyz", timeout=10).status_code == 200, "ready")
     served = httpx.post(url, headers=gateway.headers, json=ask, timeout=10)
     assert served.status_code == 200
     receipt = verify_receipt(
         base64.b64decode(served.headers["x-owngate-receipt"]), load_verifiers([vkey])
     )
     assert receipt.index == 2  # the refused request left nothing in the log
-    _until(lambda: log.size == 4)
-
-
-def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
+    until(lambda: log.size == 4, "four records")

@@ -36,6 +36,7 @@ from tests.helpers.net import free_port
 from tests.helpers.prerequisites import redis_binary
 from tests.helpers.processes import ServerProcess, owngate_argv
 from tests.helpers.redis_server import RedisServer
+from tests.helpers.waiting import until
 
 pytestmark = pytest.mark.redis
 
@@ -194,14 +195,6 @@ def served_by(gateway: ServerProcess) -> dict[str, float]:
     return dict(counts)
 
 
-def eventually(check: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {within_s} s: {what}")
-        time.sleep(0.02)
-
-
 def eventually_on(
     gateways: list[ServerProcess],
     check: Callable[[ServerProcess], bool],
@@ -209,7 +202,7 @@ def eventually_on(
     within_s: float = 10.0,
 ) -> None:
     for gateway in gateways:
-        eventually(functools.partial(check, gateway), f"{gateway.name}: {what}", within_s)
+        until(functools.partial(check, gateway), f"{gateway.name}: {what}", timeout=within_s)
 
 
 def chat_body(model: str, max_tokens: int = 1, stream: bool = False) -> dict[str, Any]:
@@ -340,8 +333,8 @@ def test_two_gateways_share_one_inflight_view_and_route_on_it(cluster: Cluster) 
     streams = HeldStreams([first], "acme", "m-a", 6)
     try:
         assert streams.statuses == [200] * 6
-        eventually(lambda: backend(first, "a")["inflight"] == 6, "first holds 6 on a")
-        eventually(lambda: backend(second, "a")["peer_inflight"] == 6, "second sees them")
+        until(lambda: backend(first, "a")["inflight"] == 6, "first holds 6 on a")
+        until(lambda: backend(second, "a")["peer_inflight"] == 6, "second sees them")
         assert backend(second, "a")["inflight"] == 0
         assert metric(second, "owngate_backend_peer_inflight", backend="a") == 6
         assert metric(second, "owngate_state_healthy") == 1
@@ -356,7 +349,7 @@ def test_two_gateways_share_one_inflight_view_and_route_on_it(cluster: Cluster) 
         assert served["b"] == served_before.get("b", 0) + 12
     finally:
         streams.close()
-    eventually(
+    until(
         lambda: backend(second, "a")["peer_inflight"] == 0 == backend(first, "a")["inflight"],
         "closed streams leave both views",
     )
@@ -399,7 +392,7 @@ def test_a_killed_replica_stops_counting_when_its_lease_runs_out(cluster: Cluste
     load = Load([first, second], "acme", total=3000, threads=2)  # bounded; stopped below
     try:
         assert held.statuses == [200] * CONCURRENT
-        eventually(lambda: backend(first, "a")["peer_inflight"] == CONCURRENT, "seen")
+        until(lambda: backend(first, "a")["peer_inflight"] == CONCURRENT, "seen")
         with httpx.Client(timeout=30) as client:
             refused = chat(client, first, "narrow")
             assert refused.status_code == 429
@@ -434,7 +427,7 @@ def test_redis_outage_costs_no_request_and_heals(cluster: Cluster) -> None:
     held = HeldStreams([first], "acme", "m-a", 2)
     load = Load(cluster.live, "busy", total=6000, threads=3)  # bounded; stopped below
     try:
-        eventually(lambda: backend(second, "a")["peer_inflight"] == 2, "shared before")
+        until(lambda: backend(second, "a")["peer_inflight"] == 2, "shared before")
         cluster.redis.stop()
         before = len(load.answers)
         eventually_on(cluster.live, lambda g: not readyz(g)["state"]["healthy"], "degraded")
@@ -444,14 +437,14 @@ def test_redis_outage_costs_no_request_and_heals(cluster: Cluster) -> None:
             assert readyz(gateway)["state"]["degraded_reason"].startswith("redis ")
             assert metric(gateway, "owngate_state_healthy") == 0
         assert backend(second, "a")["peer_inflight"] == 0  # its own counts only
-        eventually(lambda: len(load.answers) >= before + 30, "requests served meanwhile")
+        until(lambda: len(load.answers) >= before + 30, "requests served meanwhile")
         assert metric(third, "owngate_state_fallbacks_total") > 0
 
         cluster.redis.start()  # same port, empty
         eventually_on(cluster.live, lambda g: readyz(g)["state"]["healthy"], "recovered")
         for gateway in cluster.live:
             assert metric(gateway, "owngate_state_healthy") == 1
-        eventually(lambda: backend(second, "a")["peer_inflight"] == 2, "shared again")
+        until(lambda: backend(second, "a")["peer_inflight"] == 2, "shared again")
     finally:
         if cluster.redis.process is None:
             cluster.redis.start()  # whatever failed, the next test gets its Redis back
@@ -469,7 +462,6 @@ def test_keys_revoke_reaches_every_replica(cluster: Cluster) -> None:
         config = cluster.config_path(cluster.live[0].name)
         done = subprocess.run(
             owngate_argv("keys", "revoke", KEYS["leaving"], "--config", str(config)),
-            env=cluster.env,
             capture_output=True,
             text=True,
             timeout=60,

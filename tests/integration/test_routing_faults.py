@@ -15,7 +15,6 @@ import dataclasses
 import json
 import os
 import subprocess
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from gateway.sim import Faults
 from tests.helpers.gateways import ADMIN_TOKEN, Gateway, Sim, admin_status, backend, readiness
 from tests.helpers.net import free_port
 from tests.helpers.processes import ServerProcess, owngate_argv
+from tests.helpers.waiting import until, until_async
 
 CHAT: dict[str, Any] = {
     "model": "m",
@@ -52,23 +52,6 @@ def chat(gateway: Gateway, timeout: float = 20.0, **changes: Any) -> httpx.Respo
 def status_of(gateway: Gateway) -> dict[str, dict[str, Any]]:
     report = admin_status(gateway.url)
     return {b["id"]: b for b in report["backends"]}
-
-
-def eventually(check: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"not within {within_s}s: {what}")
-
-
-async def until(check: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
-    for _ in range(int(within_s / 0.01)):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"not within {within_s}s: {what}")
 
 
 class FakeClock:
@@ -169,7 +152,7 @@ def test_a_killed_backend_loses_no_request_before_the_first_byte(
     assert connect_failures <= 3 + 6
     assert survivor.app.stats.completed >= 150 - killed_at[0] - 6
     # /health marks it down too, after health.failures_to_down refused probes in a row.
-    eventually(lambda: status_of(gateway)["doomed"]["health"] == "unhealthy", "marked down")
+    until(lambda: status_of(gateway)["doomed"]["health"] == "unhealthy", "marked down")
     doomed_status = status_of(gateway)["doomed"]
     assert not doomed_status["available"]
     assert doomed_status["health"] == "unhealthy"
@@ -193,7 +176,7 @@ def test_a_hanging_backend_is_failed_over_at_its_first_byte_deadline(
         assert chat(gateway, stream=stream).status_code == 200
     assert healthy.app.stats.completed == 4
     assert hung.app.stats.hangs >= 1  # it was tried, and hung, and the client never knew
-    eventually(lambda: hung.app.stats.in_flight == 0, "the hung requests were dropped")
+    until(lambda: hung.app.stats.in_flight == 0, "the hung requests were dropped")
 
 
 def test_the_failover_deadline_bounds_all_attempts_together(
@@ -235,7 +218,7 @@ def test_a_loading_llamacpp_gets_nothing_until_healthy_then_its_slots_are_known(
     assert cpu["health"] == "unhealthy" and "503" in cpu["health_error"]
     assert cpu["slots"] is None  # not learned while loading
     loading.app.start_loading(0.0)  # the model has loaded
-    eventually(lambda: status_of(gateway)["cpu"]["available"], "the loaded backend is back")
+    until(lambda: status_of(gateway)["cpu"]["available"], "the loaded backend is back")
     for _ in range(6):
         assert chat(gateway).status_code == 200
     assert len(loading.app.captured("/v1/chat/completions")) >= 2
@@ -331,7 +314,7 @@ def test_saturated_pool_queues_then_refuses_with_retry_after(
             hung = sim.app.stats.hangs
             sim.app.control.faults = Faults(hang_rate=1.0)
             holders = [post(held, model), post(held, model)]
-            await until(lambda: sim.app.stats.hangs == hung + 2, "both held by the backend")
+            await until_async(lambda: sim.app.stats.hangs == hung + 2, "both held by the backend")
             sim.app.control.faults = Faults()  # requests from now on are answered
             try:
                 sent = await during(http)
@@ -343,7 +326,7 @@ def test_saturated_pool_queues_then_refuses_with_retry_after(
 
     async def queue_then_refuse(http: httpx.AsyncClient) -> Responses:
         queued = post(http, "m")
-        await until(lambda: queues["m"].waiting == 1, "the third request waits")
+        await until_async(lambda: queues["m"].waiting == 1, "the third request waits")
         refused = post(http, "m")  # the queue (size 1) is full
         await asyncio.wait([refused])
         return [queued, refused]
@@ -434,7 +417,7 @@ def test_owngate_status_prints_the_table_and_json(
         ],
         scrape=FAST_SCRAPE,
     )
-    eventually(lambda: status_of(gateway)["gpu"]["running"] is not None, "a first scrape")
+    until(lambda: status_of(gateway)["gpu"]["running"] is not None, "a first scrape")
     done = owngate_status("--url", gateway.url)
     assert done.returncode == 0, done.stderr
     table = done.stdout
