@@ -20,6 +20,7 @@ from gateway.routing.health import ProbeHealth, Verdict
 from gateway.routing.registry import Registry
 from gateway.routing.scraper import MetricsScraper
 from gateway.sim import Faults
+from tests.helpers.clock import FakeClock
 from tests.helpers.gateways import Gateway, Sim, backend, gateway_config
 from tests.helpers.waiting import until
 
@@ -172,14 +173,6 @@ def test_last_up_is_per_model_and_counts_only_private_backends_up() -> None:
     for _ in range(3):
         a.breaker.failed(now[0], "connect: refused")  # real requests failed: breaker open
     assert registry.last_up(b)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def _rounds(scraper: MetricsScraper, count: int, clock: FakeClock) -> None:

@@ -25,6 +25,7 @@ import pytest
 from gateway.api.admin import is_loopback
 from gateway.provenance import write_signing_key
 from gateway.sim import Faults
+from tests.helpers.clock import FakeClock
 from tests.helpers.gateways import ADMIN_TOKEN, Gateway, Sim, admin_status, backend, readiness
 from tests.helpers.net import free_port
 from tests.helpers.processes import ServerProcess, owngate_argv
@@ -52,16 +53,6 @@ def chat(gateway: Gateway, timeout: float = 20.0, **changes: Any) -> httpx.Respo
 def status_of(gateway: Gateway) -> dict[str, dict[str, Any]]:
     report = admin_status(gateway.url)
     return {b["id"]: b for b in report["backends"]}
-
-
-class FakeClock:
-    """Monotonic seconds that move only when a test moves them."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclasses.dataclass
@@ -234,7 +225,7 @@ def test_breaker_opens_then_a_half_open_probe_closes_it(
     # breakers read a clock that moves only when the test moves it.
     flaky = start_sim("vllm", models=("m",), zero_latency=True, faults=Faults(error_rate=1.0))
     steady = start_sim("vllm", models=("m",), zero_latency=True)
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     gateway = start_gateway(
         [backend("flaky", flaky.url, "m", kind="openai"), backend("steady", steady.url, "m")],
         clock=clock,

@@ -16,6 +16,7 @@ from gateway.routing.registry import Registry
 from gateway.routing.scraper import MetricsScraper, filter_exposition
 from gateway.serving import ServerThread
 from gateway.sim import Faults, SimSettings, create_sim_app
+from tests.helpers.clock import FakeClock
 from tests.helpers.gateways import ADMIN_HEADERS, Gateway, Sim, backend, gateway_config
 
 
@@ -24,14 +25,6 @@ def test_filter_exposition_keeps_only_wanted_samples() -> None:
     assert (
         filter_exposition(body, frozenset({"a", "b"})) == 'a 1\nb{engine="0"} 3\nb 4 1700000000\n'
     )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_readings_go_stale_and_failures_are_reported() -> None:

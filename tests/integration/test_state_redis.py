@@ -4,9 +4,7 @@ expire with its lease; Redis going away degrades to local state and comes back."
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import io
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -18,7 +16,6 @@ import redis.asyncio as aioredis
 
 from gateway.state import RateLimited, SharedState, TenantLimits, create_state
 from gateway.state.redis_state import RedisKeys, RedisState
-from owngate_bench import state as state_bench
 from tests.helpers.net import free_port
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.waiting import until_async
@@ -385,20 +382,3 @@ def test_unreachable_at_start_is_degraded_not_fatal(tmp_path: Path) -> None:
             await state.close()
 
     asyncio.run(scenario())
-
-
-@pytest.mark.bench
-def test_bench_reports_both_backends(redis_server: RedisServer) -> None:
-    parser = argparse.ArgumentParser()
-    state_bench.add_arguments(parser)
-    argv = ["--redis-url", redis_server.url, "--requests", "300", "--timeout-ms", "5000"]
-    out = io.StringIO()
-    code = state_bench.run(parser.parse_args(argv), out=out)
-    lines = out.getvalue().splitlines()
-    assert code == 0, lines
-    assert [line.split()[:2] for line in lines[1:]] == [
-        ["memory", "acquire"],
-        ["memory", "release"],
-        ["redis", "acquire"],
-        ["redis", "release"],
-    ]
