@@ -6,7 +6,6 @@ import base64
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -118,19 +117,14 @@ def test_every_request_is_logged_and_receipted(
     assert refused.status_code == 404  # unknown to that tenant: never reaches the policy
 
     # An inclusion proof once a checkpoint covers the dispatch record.
-    deadline = time.monotonic() + 5
-    proof = httpx.get(
-        f"{gateway.url}/v1/provenance/proofs/{receipt.request_id}",
-        headers=gateway.headers,
-        timeout=10,
+    proof_url = f"{gateway.url}/v1/provenance/proofs/{receipt.request_id}"
+    until(
+        lambda: httpx.get(proof_url, headers=gateway.headers, timeout=10).status_code == 200,
+        "an inclusion proof",
+        timeout=5.0,
+        interval=0.05,
     )
-    while proof.status_code != 200 and time.monotonic() < deadline:
-        time.sleep(0.05)
-        proof = httpx.get(
-            f"{gateway.url}/v1/provenance/proofs/{receipt.request_id}",
-            headers=gateway.headers,
-            timeout=10,
-        )
+    proof = httpx.get(proof_url, headers=gateway.headers, timeout=10)
     assert proof.status_code == 200
     assert proof.text.startswith("c2sp.org/tlog-proof@v1")
     elsewhere = httpx.get(

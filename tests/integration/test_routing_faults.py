@@ -371,12 +371,12 @@ def test_a_burst_cannot_slip_past_the_saturation_check_while_its_dispatch_is_log
             sent = [
                 asyncio.create_task(http.post("/v1/chat/completions", json=CHAT)) for _ in range(4)
             ]
-            done: set[asyncio.Task[httpx.Response]] = set()
-            for _ in range(300):  # bounded: the two refused answer within max_wait_s
-                done = {task for task in sent if task.done()}
-                if len(done) >= 2:
-                    break
-                await asyncio.sleep(0.1)
+            await until_async(  # the two refused answer within max_wait_s
+                lambda: sum(task.done() for task in sent) >= 2,
+                "two answered",
+                timeout=30.0,
+                interval=0.1,
+            )
             hangs = sim.app.stats.hangs
             for task in sent:
                 task.cancel()  # the held ones: their client leaves

@@ -124,11 +124,11 @@ def test_checkpoint_interval_signs_without_more_appends(tmp_path: Path) -> None:
     async def scenario() -> None:
         log = await _open(tmp_path, checkpoint_every=1000, checkpoint_interval_ms=20)
         await log_request(log, 0)
-        for _ in range(200):  # bounded wait, up to ~2 s
-            latest = log.latest_checkpoint()
-            if latest is not None and latest.checkpoint.size == 2:
-                break
-            await asyncio.sleep(0.01)
+        await until_async(
+            lambda: (latest := log.latest_checkpoint()) is not None and latest.checkpoint.size == 2,
+            "a checkpoint of size 2",
+            timeout=2.0,
+        )
         latest = log.latest_checkpoint()
         assert latest is not None and latest.checkpoint.size == 2
         await log.close()
@@ -246,10 +246,7 @@ def test_after_a_failed_write_the_disk_is_probed_until_it_is_writable(tmp_path: 
         await asyncio.sleep(0.1)  # several probes, all failing
         assert isinstance(log.last_error, LogUnavailableError)
         wal.unlink()
-        for _ in range(500):
-            if log.last_error is None:
-                break
-            await asyncio.sleep(0.01)
+        await until_async(lambda: log.last_error is None, "a passing probe", timeout=5.0)
         assert log.last_error is None and log.size == 2
         ((_, segment),) = list_segments(wal)
         assert segment.read_bytes() == b""  # the probe's block was cut off again
@@ -513,11 +510,11 @@ def test_a_failed_checkpoint_is_covered_by_the_next_one(
             patched.setattr(gateway.provenance.writer.store, "write_files_atomically", full_disk)
             with pytest.raises(LogUnavailableError, match="No space left"):
                 await log.checkpoint()
-        for _ in range(300):  # bounded wait (~3 s): the interval's export signs entry 0
-            latest = log.latest_checkpoint()
-            if latest is not None and latest.checkpoint.size == 1:
-                break
-            await asyncio.sleep(0.01)
+        await until_async(  # the interval's export signs entry 0
+            lambda: (latest := log.latest_checkpoint()) is not None and latest.checkpoint.size == 1,
+            "a checkpoint of size 1",
+            timeout=3.0,
+        )
         assert log.latest_checkpoint().checkpoint.size == 1  # type: ignore[union-attr]
         await log.close()
 
