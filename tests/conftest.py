@@ -17,6 +17,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -177,12 +178,33 @@ INTEGRATION_FIXTURES = {
 UNIT = Path(__file__).parent / "unit"
 
 
+def _imports_owngate_bench(module: ModuleType) -> bool:
+    """Whether a test module holds a module, class or function of the benchmark
+    distribution (`owngate_bench`, bench/), which the runtime tests must not need."""
+    for value in vars(module).values():
+        name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", "")
+        if isinstance(name, str) and name.split(".")[0] == "owngate_bench":
+            return True
+    return False
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test using `redis_server` or `real_llamacpp` carries its group's marker, so
     `-m "not <marker>"` deselects all of them (the marker's prerequisite may be absent);
-    no unit test uses a fixture that opens a socket or starts a process."""
+    every test in a module that imports `owngate_bench` is a `bench` test; no unit test
+    uses a fixture that opens a socket or starts a process."""
+    bench_modules: dict[str, bool] = {}
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
+        module = getattr(item, "module", None)
+        if isinstance(module, ModuleType) and not item.get_closest_marker("bench"):
+            if module.__name__ not in bench_modules:
+                bench_modules[module.__name__] = _imports_owngate_bench(module)
+            if bench_modules[module.__name__]:
+                raise pytest.UsageError(
+                    f"{item.nodeid}: its module imports owngate_bench: mark it `bench`, "
+                    "or use tests/helpers"
+                )
         for fixture, marker in MARKED_FIXTURES.items():
             if fixture in fixtures and not item.get_closest_marker(marker):
                 raise pytest.UsageError(f"{item.nodeid} uses `{fixture}`: mark it `{marker}`")

@@ -1,29 +1,53 @@
-"""`owngate serve` as its own process, as production runs it.
+"""`owngate` servers as their own processes, as production runs them.
 
 The signal handling, worker supervision, restart recovery and the real HTTP parser only
 exist in a process: `GatewayProcess` writes a config to a directory, runs
 `python -m gateway serve --config gateway.yaml` there, and waits for `/readyz`. Its
 stdout and stderr go to files in that directory (a pipe nobody reads would fill and stall
 a chatty gateway); `stdout()`, `stderr()`, `output()` and `written()` read them back.
+
+`ServerProcess` runs any server command line (`owngate sim`, or `owngate serve` on a
+config file the test wrote, several sharing one directory) in its own session, so that
+`kill` ends it and whatever it spawned at once; `owngate_argv` is the `owngate` command
+line both use.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
-__all__ = ["KEY", "GatewayProcess"]
+from tests.helpers.waiting import until
+
+__all__ = ["KEY", "GatewayProcess", "ServerProcess", "owngate_argv"]
 
 KEY = "og-process-test-key-0123456789"  # acme's key at the `process` fixture's gateways
+
+
+def owngate_argv(*args: str) -> list[str]:
+    """`owngate ARGS` run by this interpreter (`python -m gateway`), installed script or not."""
+    return [sys.executable, "-m", "gateway", *args]
+
+
+def _answers_200(
+    url: str, proc: subprocess.Popen[bytes], name: str, output: Callable[[], str]
+) -> bool:
+    """Whether GET `url` answers 200 now; fails the test at once when `proc` has exited."""
+    if proc.poll() is not None:
+        raise AssertionError(f"{name} exited {proc.returncode}: {output()}")
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 class GatewayProcess:
@@ -58,23 +82,21 @@ class GatewayProcess:
             (self.directory / "stderr.log").open("wb") as err,
         ):
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway", "serve", "--config", self.path.name, *self.args],
+                owngate_argv("serve", "--config", self.path.name, *self.args),
                 cwd=self.directory,
                 stdout=out,
                 stderr=err,
                 env=self.env,
             )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            if self.proc.poll() is not None:
-                raise AssertionError(f"gateway exited {self.proc.returncode}: {self.output()}")
-            time.sleep(0.05)  # polling a condition (readiness), bounded by the deadline
-        raise AssertionError(f"gateway not ready in {timeout_s}s: {self.output()}")
+        proc = self.proc
+        until(
+            lambda: _answers_200(f"{self.url}/readyz", proc, "gateway", self.output),
+            f"gateway ready at {self.url}/readyz",
+            timeout=timeout_s,
+            interval=0.05,
+            detail=self.output,
+        )
+        return self
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -131,3 +153,51 @@ class GatewayProcess:
         if log.is_dir():
             files += sorted(p for p in log.rglob("*") if p.is_file())
         return [p.read_bytes() for p in files if p.is_file()]
+
+
+class ServerProcess:
+    """A server the test starts by its command line `argv`, listening on 127.0.0.1:`port`.
+
+    It runs in its own session (process group) with our environment, its stdout and
+    stderr in `<directory>/<name>.log`; `proc` is the running process (signal it
+    directly to end only the leader)."""
+
+    def __init__(self, name: str, argv: Sequence[str], directory: Path, port: int) -> None:
+        self.name = name
+        self.port = port
+        self.log = directory / f"{name}.log"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, path: str, timeout_s: float = 30.0) -> ServerProcess:
+        """Wait until GET `path` answers 200; fails the test if it exits first."""
+        until(
+            lambda: _answers_200(f"{self.url}{path}", self.proc, self.name, self.output),
+            f"{self.name} answering 200 at {path}",
+            timeout=timeout_s,
+            interval=0.05,
+            detail=self.output,
+        )
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL its whole session, no goodbye, and reap it. The group is signalled even
+        when the leader has exited: what it spawned may outlive it."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def output(self) -> str:
+        """The tail of what it printed (for failure messages)."""
+        text = self.log.read_bytes() if self.log.is_file() else b""
+        return text.decode("utf-8", "replace")[-3000:]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import errno
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import orjson
 
 from gateway.cli import audit
 from gateway.provenance import LogDirectory
+from tests.helpers.waiting import until
 
 __all__ = [
     "FailingDisk",
@@ -46,17 +46,18 @@ def request_records(
 ) -> list[dict[str, Any]]:
     """The records of `request_id` (of `type`, if given), once a signed checkpoint covers
     at least one of them; fails the test when none is covered `within_s`."""
-    deadline = time.monotonic() + within_s
-    while True:
-        found = [
+    found: list[dict[str, Any]] = []
+
+    def covered() -> bool:
+        found[:] = [
             record
             for record in records(log_dir)
             if record["request_id"] == request_id and type in (None, record["type"])
         ]
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"no {type or ''} record of {request_id} in time"
-        time.sleep(0.02)
+        return bool(found)
+
+    until(covered, f"a signed {type or ''} record of {request_id}", timeout=within_s, interval=0.02)
+    return found
 
 
 def completion_record(log_dir: Path, request_id: str) -> dict[str, Any]:

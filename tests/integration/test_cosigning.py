@@ -49,26 +49,13 @@ from tests.helpers.gateways import readiness
 from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess
 from tests.helpers.provenance import run_audit
+from tests.helpers.waiting import until, until_async
 
 ORIGIN = "gateway.example/log/cosigned"
 LOG_SIGNER = seeded_signer(ORIGIN)
 W1 = Cosigner(seeded_signer("witness.example/w1"))
 W2 = Cosigner(seeded_signer("witness.example/w2", seed=2))
 DEADLINE_S = 20.0
-
-
-def _until(condition: Callable[[], bool], what: str, timeout: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-async def _until_async(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 # --- the log's consistency proofs --------------------------------------------------------
@@ -158,18 +145,24 @@ def test_cosigning_follows_the_log_survives_an_outage_and_verifies(
         try:
             for n in range(5):
                 await log_request(log, n)
-            await _until_async(lambda: status.cosigned_size == log.size, "first cosignature")
+            await until_async(
+                lambda: status.cosigned_size == log.size, "first cosignature", timeout=DEADLINE_S
+            )
             assert cosigning.status()["state"] == "ok"
 
             await asyncio.to_thread(witness_server.stop)
             for n in range(5, 10):  # appends never wait for the witness
                 await log_request(log, n)
-            await _until_async(lambda: status.consecutive_failures >= 2, "failed retries")
+            await until_async(
+                lambda: status.consecutive_failures >= 2, "failed retries", timeout=DEADLINE_S
+            )
             assert cosigning.degraded and status.last_error
             assert cosigning.status()["witnesses"][str(W1)]["state"] == "degraded"
 
             await asyncio.to_thread(witness_server.start)
-            await _until_async(lambda: status.cosigned_size == log.size, "resumed cosigning")
+            await until_async(
+                lambda: status.cosigned_size == log.size, "resumed cosigning", timeout=DEADLINE_S
+            )
             assert not cosigning.degraded and status.failures >= 2
         finally:
             task.cancel()
@@ -342,7 +335,7 @@ class _WitnessProcess:
                 return False
             return True
 
-        _until(listening, "the witness to listen")
+        until(listening, "the witness to listen", timeout=DEADLINE_S)
         return self
 
     def _stderr(self) -> str:
@@ -390,11 +383,19 @@ def test_gateway_gets_cosignatures_from_a_witness_process(
             }
         ).start()
         assert set(_chat(gateway, 5)) == {200}
-        _until(lambda: _witness_state(gateway)[1]["cosigned_size"] == 10, "cosigned size 10")
+        until(
+            lambda: _witness_state(gateway)[1]["cosigned_size"] == 10,
+            "cosigned size 10",
+            timeout=DEADLINE_S,
+        )
 
         witness.stop()  # the witness goes away: requests are still served
         assert set(_chat(gateway, 5)) == {200}
-        _until(lambda: _witness_state(gateway)[1]["state"] == "degraded", "degraded witness")
+        until(
+            lambda: _witness_state(gateway)[1]["state"] == "degraded",
+            "degraded witness",
+            timeout=DEADLINE_S,
+        )
         status, detail = _witness_state(gateway)
         assert status == 200  # still ready: a witness never gates traffic
         assert detail["failures"] and detail["last_error"]
@@ -403,7 +404,11 @@ def test_gateway_gets_cosignatures_from_a_witness_process(
         assert "owngate_witness_failures_total" in metrics
 
         witness.start()  # back: the gateway catches up with one consistency proof
-        _until(lambda: _witness_state(gateway)[1]["cosigned_size"] == 20, "cosigning resumed")
+        until(
+            lambda: _witness_state(gateway)[1]["cosigned_size"] == 20,
+            "cosigning resumed",
+            timeout=DEADLINE_S,
+        )
         assert _witness_state(gateway)[1]["state"] == "ok"
         gateway.stop()
     finally:

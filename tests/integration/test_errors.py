@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 from gateway.sim import Faults
 from tests.helpers.gateways import TENANT_KEY, Gateway, Sim, backend
 from tests.helpers.net import free_port
+from tests.helpers.waiting import until
 
 CHAT = b'{"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}'
 
@@ -163,13 +163,15 @@ def test_loading_backend_gets_nothing_until_healthy(
     sim.app.start_loading(0.0)  # the model has loaded
     # Back once a probe passes and the breaker's cooldown is over: a condition, bounded
     # generously (a loaded machine stalls the scraper), not a time it must beat.
-    deadline = time.monotonic() + 60
-    while not gateway.app.registry.backends["cpu"].probe.alive:
-        assert time.monotonic() < deadline, "no probe passed"
-        time.sleep(0.02)
-    while post(gateway, CHAT).status_code != 200:
-        assert time.monotonic() < deadline, "the loaded backend never came back"
-        time.sleep(0.05)
+    took = until(
+        lambda: gateway.app.registry.backends["cpu"].probe.alive, "a passing probe", timeout=60.0
+    )
+    until(
+        lambda: post(gateway, CHAT).status_code == 200,
+        "the loaded backend back",
+        timeout=60.0 - took,
+        interval=0.05,
+    )
 
 
 def test_backend_key_problems_stop_the_gateway_starting() -> None:

@@ -8,7 +8,6 @@ clock; and a gateway whose only backend's probes all time out while it serves.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 
 import httpx
@@ -21,7 +20,9 @@ from gateway.routing.health import ProbeHealth, Verdict
 from gateway.routing.registry import Registry
 from gateway.routing.scraper import MetricsScraper
 from gateway.sim import Faults
+from tests.helpers.clock import FakeClock
 from tests.helpers.gateways import Gateway, Sim, backend, gateway_config
+from tests.helpers.waiting import until
 
 UP, SUSPECT, KEPT, DOWN = Verdict.up, Verdict.suspect, Verdict.kept, Verdict.down
 
@@ -174,14 +175,6 @@ def test_last_up_is_per_model_and_counts_only_private_backends_up() -> None:
     assert registry.last_up(b)
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def _rounds(scraper: MetricsScraper, count: int, clock: FakeClock) -> None:
     for _ in range(count):
         await scraper.scrape_once()
@@ -270,7 +263,7 @@ def test_requests_are_served_while_the_only_backends_health_probe_times_out(
     )
     # Probes run one after another: the fourth one arriving means three timed out, more
     # than failures_to_down, with no traffic in between.
-    _wait_for(lambda: len(sim.app.captured("/health")) >= 4, "three probes timed out")
+    until(lambda: len(sim.app.captured("/health")) >= 4, "three probes timed out", timeout=20.0)
     cpu = gateway.app.registry.backends["cpu"]
     assert cpu.probe.failures >= 2
 
@@ -288,11 +281,3 @@ def test_requests_are_served_while_the_only_backends_health_probe_times_out(
     assert sim.app.stats.completed == 9
     assert not gateway.app.registry.is_down(cpu)
     assert cpu.breaker.opens == 0
-
-
-def _wait_for(check: Callable[[], bool], what: str, within_s: float = 20.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {within_s}s: {what}")
-        time.sleep(0.01)

@@ -38,6 +38,7 @@ from tests.helpers.anthropic_mock import AnthropicMock
 from tests.helpers.gateways import Gateway
 from tests.helpers.net import free_port
 from tests.helpers.raw_backend import Post, RawBackend
+from tests.helpers.waiting import until
 
 T = TypeVar("T")
 
@@ -490,10 +491,7 @@ def test_aclose_mid_stream_stops_the_provider_stream(env: Servers, provider: str
             return env.sim.stats.cancelled > before
         return env.anthropic.disconnects == 1
 
-    deadline = time.monotonic() + 5
-    while not stopped() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert stopped()
+    until(stopped, f"the {provider} upstream request stopped", timeout=5.0)
 
 
 # -- client errors are the client's (400), not a provider outage (503) ---------------------

@@ -6,7 +6,6 @@ LiteLLM (an OpenAI-shaped provider), so the fallback path runs for real without 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 
 from tests.helpers.gateways import EU_ZERO, Gateway, Sim, backend, hosted_backend, readiness, served
 from tests.helpers.net import free_port
+from tests.helpers.waiting import until
 
 POLICIES = """\
 apiVersion: policy.owngate.dev/v1
@@ -149,9 +149,11 @@ def test_saturated_private_pool_falls_back(
     ]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 5
-    while gateway.app.registry.backends["gpu-eu"].inflight < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    until(
+        lambda: gateway.app.registry.backends["gpu-eu"].inflight >= 2,
+        "two requests in flight at gpu-eu",
+        timeout=5.0,
+    )
     response = chat(gateway)
     assert response.status_code == 200
     assert served(hosted_sim) == 1
@@ -165,15 +167,11 @@ def test_reload_swaps_atomically_and_keeps_the_last_good_set(
     gateway, _private, _hosted = setup("when_private_unavailable", private_up=False)
     assert chat(gateway).status_code == 200  # falls back
     write_policy(tmp_path / "policies", "never")
-    deadline = time.monotonic() + 5
-    while chat(gateway).status_code != 503 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    until(lambda: chat(gateway).status_code == 503, "the new policy refusing", timeout=5.0)
     assert chat(gateway).status_code == 503
     digest = gateway.app.policies.current.digest
     (tmp_path / "policies" / "policy.yaml").write_text("apiVersion: nonsense\n")
-    deadline = time.monotonic() + 5
-    while gateway.app.policies.last_error is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    until(lambda: gateway.app.policies.last_error is not None, "a failed reload", timeout=5.0)
     ready = readiness(gateway.url)
     assert ready["policy"]["last_reload_error"]
     assert ready["policy"]["digest"] == digest  # the last good set is still active

@@ -11,6 +11,7 @@ import httpx
 
 from gateway.sim import Faults
 from tests.helpers.gateways import TENANT_KEY, Gateway, Sim, backend
+from tests.helpers.waiting import until_async
 
 HEADERS = {"authorization": f"Bearer {TENANT_KEY}"}
 
@@ -52,11 +53,13 @@ def test_a_request_counts_until_its_first_byte_then_never_again(
                 await anext(chunks)  # its first byte came through
                 streaming = (state.inflight, state.prefilling)
                 second = asyncio.create_task(http.post("/v1/chat/completions", json=body(3)))
-                await _until(lambda: state.prefilling > 0, "the second was dispatched")
+                await until_async(
+                    lambda: state.prefilling > 0, "the second was dispatched", timeout=20.0
+                )
                 queued = (state.inflight, state.prefilling)
             # The first one's client left: the backend frees the slot for the second.
             status = (await second).status_code
-            await _until(lambda: state.inflight == 0, "both attempts ended")
+            await until_async(lambda: state.inflight == 0, "both attempts ended", timeout=20.0)
             return streaming, queued, status
 
     streaming, queued, status = asyncio.run(scenario())
@@ -65,14 +68,6 @@ def test_a_request_counts_until_its_first_byte_then_never_again(
     assert queued[0] == 2 and 150 < queued[1] < 400
     assert status == 200
     assert (state.inflight, state.prefilling) == (0, 0)
-
-
-async def _until(check: Callable[[], bool], what: str) -> None:
-    for _ in range(2000):  # bounded: 2,000 looks, 10 ms apart
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never: {what}")
 
 
 def test_failed_attempts_leave_no_backlog_behind(

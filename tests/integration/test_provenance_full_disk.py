@@ -19,7 +19,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,16 +45,10 @@ from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
 from tests.helpers.net import free_port
 from tests.helpers.processes import GatewayProcess
 from tests.helpers.provenance import FailingDisk
+from tests.helpers.waiting import until
 
 ORIGIN = "test.owngate/log/full-disk"
 ASK = orjson.dumps({"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]})
-
-
-def _until(condition: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -105,14 +98,16 @@ def test_a_completion_the_disk_refused_is_written_when_it_takes_writes_again(
             + f"content-length: {len(ASK)}\r\n\r\n".encode()
             + ASK
         )
-        _until(lambda: log.size == 1)  # the dispatch record is durable: the body went out
+        # The dispatch record is durable: the body went out.
+        until(lambda: log.size == 1, "the dispatch record", timeout=15.0)
         disk.failing = True
     # The client left: the gateway ends the request and queues its completion (499),
     # which the disk refuses.
-    _until(lambda: log.last_error is not None)
+    until(lambda: log.last_error is not None, "a failed write", timeout=15.0)
     assert log.size == 1
     disk.failing = False  # the disk is back; no request comes
-    _until(lambda: log.size == 2)  # the probe found it, and the completion went in
+    # The probe found it, and the completion went in.
+    until(lambda: log.size == 2, "the completion record", timeout=15.0)
     server.stop()
     dispatch, completion = _verified(tmp_path / "log", tmp_path / "log.key")
     assert (dispatch["type"], completion["type"]) == ("dispatch", "completion")
@@ -129,7 +124,7 @@ def test_a_failed_final_checkpoint_is_reported_and_state_still_closes(
     headers = {"authorization": f"Bearer {TENANT_KEY}", "content-type": "application/json"}
     answer = httpx.post(f"{server.url}/v1/chat/completions", content=ASK, headers=headers)
     assert answer.status_code == 200
-    _until(lambda: log.size == 2)
+    until(lambda: log.size == 2, "two records", timeout=15.0)
     closed: list[bool] = []
     close_state = app.state.close
 

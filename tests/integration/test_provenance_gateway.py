@@ -6,7 +6,6 @@ import base64
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from gateway.provenance import (
 from gateway.serving import ServerThread
 from tests.helpers.gateways import OTHER_KEY, Gateway, Sim, backend, gateway_config, readiness
 from tests.helpers.provenance import records
+from tests.helpers.waiting import until
 
 CANARY = "CANARY-5c1b-provenance-never-stores-content"
 
@@ -117,19 +117,14 @@ def test_every_request_is_logged_and_receipted(
     assert refused.status_code == 404  # unknown to that tenant: never reaches the policy
 
     # An inclusion proof once a checkpoint covers the dispatch record.
-    deadline = time.monotonic() + 5
-    proof = httpx.get(
-        f"{gateway.url}/v1/provenance/proofs/{receipt.request_id}",
-        headers=gateway.headers,
-        timeout=10,
+    proof_url = f"{gateway.url}/v1/provenance/proofs/{receipt.request_id}"
+    until(
+        lambda: httpx.get(proof_url, headers=gateway.headers, timeout=10).status_code == 200,
+        "an inclusion proof",
+        timeout=5.0,
+        interval=0.05,
     )
-    while proof.status_code != 200 and time.monotonic() < deadline:
-        time.sleep(0.05)
-        proof = httpx.get(
-            f"{gateway.url}/v1/provenance/proofs/{receipt.request_id}",
-            headers=gateway.headers,
-            timeout=10,
-        )
+    proof = httpx.get(proof_url, headers=gateway.headers, timeout=10)
     assert proof.status_code == 200
     assert proof.text.startswith("c2sp.org/tlog-proof@v1")
     elsewhere = httpx.get(
@@ -226,7 +221,7 @@ def test_an_unwritable_log_refuses_requests_then_recovers_without_traffic(
         signed = log.size == 2 and latest is not None and latest.checkpoint.size == 2
         return signed and not list((log_dir / "wal").glob("*.wal"))  # export cleaned up
 
-    _until(signed_all)
+    until(signed_all, "a checkpoint signing both records, the WAL cleaned up")
     wal = log_dir / "wal"
     shutil.rmtree(wal)
     wal.write_bytes(b"")  # a file where the segment directory must be: every write fails
@@ -241,18 +236,11 @@ def test_an_unwritable_log_refuses_requests_then_recovers_without_traffic(
     assert readiness(gateway.url)["provenance"]["writable"] is False
 
     wal.unlink()  # the disk is back; no request comes (a replica that is not ready gets none)
-    _until(lambda: httpx.get(f"{gateway.url}/readyz", timeout=10).status_code == 200)
+    until(lambda: httpx.get(f"{gateway.url}/readyz", timeout=10).status_code == 200, "ready")
     served = httpx.post(url, headers=gateway.headers, json=ask, timeout=10)
     assert served.status_code == 200
     receipt = verify_receipt(
         base64.b64decode(served.headers["x-owngate-receipt"]), load_verifiers([vkey])
     )
     assert receipt.index == 2  # the refused request left nothing in the log
-    _until(lambda: log.size == 4)
-
-
-def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
+    until(lambda: log.size == 4, "four records")

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from gateway.serving import ServerThread
 from gateway.sim import Faults
 from tests.helpers.gateways import EU_ZERO, TENANT_KEY, Sim, backend, gateway_config, hosted_backend
 from tests.helpers.net import free_port
+from tests.helpers.waiting import until
 
 ORIGIN = "test.owngate/log/honesty"
 POLICY = """\
@@ -234,10 +234,7 @@ def test_the_last_record_of_every_request_has_the_status_the_client_got(
     with pytest.raises(httpx.ReadTimeout):  # the client leaves while the backend hangs
         gateway.post("slow", timeout=0.5)
     seen["client disconnect"] = Seen(None, 499)  # the gateway's status for it (nginx's)
-    deadline = time.monotonic() + 30
-    while gateway.app.serving:  # bounded: the gateway notices the client left
-        assert time.monotonic() < deadline, "the gateway did not see the client leave"
-        time.sleep(0.02)
+    until(lambda: not gateway.app.serving, "the gateway seeing the client leave", timeout=30.0)
     gateway.server.stop()
 
     by_request: dict[str, list[dict[str, Any]]] = {}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -11,6 +10,7 @@ import pytest
 
 from tests.helpers.gateways import Gateway, backend, readiness
 from tests.helpers.real_backend.server import LlamaServer
+from tests.helpers.waiting import until
 
 pytestmark = pytest.mark.real_backend
 
@@ -71,13 +71,13 @@ def test_real_backend_error_is_translated(gateway: Gateway) -> None:
 
 
 def test_gateway_reads_the_real_metrics(gateway: Gateway) -> None:
-    deadline = time.monotonic() + 5
-    detail: dict[str, object] = {}
-    while time.monotonic() < deadline:
-        detail = readiness(gateway.url)["backends"]["cpu-llama"]
-        if detail["metrics_age_s"] is not None:
-            break
-        time.sleep(0.05)
+    until(
+        lambda: readiness(gateway.url)["backends"]["cpu-llama"]["metrics_age_s"] is not None,
+        "a first scrape of cpu-llama",
+        timeout=5.0,
+        interval=0.05,
+    )
+    detail = readiness(gateway.url)["backends"]["cpu-llama"]
     assert detail["metrics_error"] is None
     assert detail["running"] == 0 and detail["waiting"] == 0
     text = httpx.get(f"{gateway.url}/metrics", timeout=5).text

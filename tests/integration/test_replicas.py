@@ -15,11 +15,8 @@ and only the shared counters can steer a request away from the loaded one.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-import os
-import signal
 import subprocess
 import threading
 import time
@@ -34,10 +31,12 @@ import yaml
 
 from gateway.routing.prometheus import parse_metrics
 from gateway.tenants import add_key_hash, hash_api_key
-from owngate_bench.services import HOST, Service, child_env, free_port, owngate_argv
 from tests.helpers.gateways import ADMIN, readiness
+from tests.helpers.net import free_port
 from tests.helpers.prerequisites import redis_binary
+from tests.helpers.processes import ServerProcess, owngate_argv
 from tests.helpers.redis_server import RedisServer
+from tests.helpers.waiting import until
 
 pytestmark = pytest.mark.redis
 
@@ -69,7 +68,7 @@ def _config(replica: str, port: int, sim_url: str, redis_url: str) -> dict[str, 
         {"id": "b", "models": [{"name": "m"}]},
     ]
     return {
-        "listen": {"host": HOST, "port": port},
+        "listen": {"host": "127.0.0.1", "port": port},
         "logging": {"format": "json", "level": "warning", "access_log": False},
         "state": {
             "backend": "redis",
@@ -101,20 +100,19 @@ class Cluster:
     def __init__(self, redis: RedisServer, workdir: Path) -> None:
         self.redis = redis
         self.workdir = workdir
-        self.env = child_env()
-        self._started: list[Service] = []
-        self.live: list[Service] = []
+        self._started: list[ServerProcess] = []
+        self.live: list[ServerProcess] = []
         for tenant, key in KEYS.items():
             add_key_hash(workdir / "keys.yaml", tenant, hash_api_key(key))
         port = free_port()
-        argv = ["sim", "--kind", "vllm", "--host", HOST, "--port", str(port)]
+        argv = ["sim", "--kind", "vllm", "--host", "127.0.0.1", "--port", str(port)]
         argv += ["--model", "m", "--decode-tps", "20"]
         self.sim = self._start("sim", owngate_argv(*argv), port)
 
     def config_path(self, replica: str) -> Path:
         return self.workdir / f"{replica}.yaml"
 
-    def add(self, *replicas: str) -> list[Service]:
+    def add(self, *replicas: str) -> list[ServerProcess]:
         """Start replicas together; back once each is ready and sees every live peer."""
         added = []
         for replica in replicas:
@@ -123,9 +121,9 @@ class Cluster:
             path = self.config_path(replica)
             path.write_text(yaml.safe_dump(config))
             added.append(self._start(replica, owngate_argv("serve", "--config", str(path)), port))
-        self.sim.wait_ready("/health", {}, 30.0)
+        self.sim.wait_ready("/health", 30.0)
         for gateway in added:
-            gateway.wait_ready("/readyz", {}, 30.0)
+            gateway.wait_ready("/readyz", 30.0)
         self.live += added
         eventually_on(
             self.live,
@@ -137,25 +135,19 @@ class Cluster:
         )
         return added
 
-    def kill(self, gateway: Service) -> None:
+    def kill(self, gateway: ServerProcess) -> None:
         """SIGKILL: no goodbye; its lease, counts and slots just stop being renewed."""
         self.live.remove(gateway)
-        _kill(gateway)
+        gateway.kill()
 
-    def _start(self, name: str, argv: list[str], port: int) -> Service:
-        service = Service.start(name, argv, self.env, self.workdir, port)
+    def _start(self, name: str, argv: list[str], port: int) -> ServerProcess:
+        service = ServerProcess(name, argv, self.workdir, port)
         self._started.append(service)
         return service
 
     def close(self) -> None:
         for service in reversed(self._started):
-            _kill(service)
-
-
-def _kill(service: Service) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(service.proc.pid, signal.SIGKILL)
-    service.proc.wait(timeout=10)
+            service.kill()
 
 
 @pytest.fixture(scope="module")
@@ -177,23 +169,23 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 # reading a gateway
 
 
-def readyz(gateway: Service) -> dict[str, Any]:
+def readyz(gateway: ServerProcess) -> dict[str, Any]:
     return readiness(gateway.url)
 
 
-def backend(gateway: Service, backend_id: str) -> dict[str, Any]:
+def backend(gateway: ServerProcess, backend_id: str) -> dict[str, Any]:
     detail: dict[str, Any] = readyz(gateway)["backends"][backend_id]
     return detail
 
 
-def metric(gateway: Service, name: str, **labels: str) -> float:
+def metric(gateway: ServerProcess, name: str, **labels: str) -> float:
     """The sum of a metric's samples that carry `labels`."""
     text = httpx.get(f"{gateway.url}/metrics", timeout=10).text
     samples = parse_metrics(text).get(name, [])
     return sum(s.value for s in samples if all(s.labels.get(k) == v for k, v in labels.items()))
 
 
-def served_by(gateway: Service) -> dict[str, float]:
+def served_by(gateway: ServerProcess) -> dict[str, float]:
     """Successful chat requests this gateway sent to each backend."""
     text = httpx.get(f"{gateway.url}/metrics", timeout=10).text
     counts: Counter[str] = Counter()
@@ -203,19 +195,14 @@ def served_by(gateway: Service) -> dict[str, float]:
     return dict(counts)
 
 
-def eventually(check: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {within_s} s: {what}")
-        time.sleep(0.02)
-
-
 def eventually_on(
-    gateways: list[Service], check: Callable[[Service], bool], what: str, within_s: float = 10.0
+    gateways: list[ServerProcess],
+    check: Callable[[ServerProcess], bool],
+    what: str,
+    within_s: float = 10.0,
 ) -> None:
     for gateway in gateways:
-        eventually(functools.partial(check, gateway), f"{gateway.name}: {what}", within_s)
+        until(functools.partial(check, gateway), f"{gateway.name}: {what}", timeout=within_s)
 
 
 def chat_body(model: str, max_tokens: int = 1, stream: bool = False) -> dict[str, Any]:
@@ -227,7 +214,9 @@ def chat_body(model: str, max_tokens: int = 1, stream: bool = False) -> dict[str
     }
 
 
-def chat(client: httpx.Client, gateway: Service, tenant: str, model: str = "m") -> httpx.Response:
+def chat(
+    client: httpx.Client, gateway: ServerProcess, tenant: str, model: str = "m"
+) -> httpx.Response:
     return client.post(
         f"{gateway.url}/v1/chat/completions",
         json=chat_body(model),
@@ -242,7 +231,7 @@ class HeldStreams:
     """`n` streams opened through the gateways (in turn) and held open until `close()`,
     or until the gateway serving them dies."""
 
-    def __init__(self, gateways: list[Service], tenant: str, model: str, n: int) -> None:
+    def __init__(self, gateways: list[ServerProcess], tenant: str, model: str, n: int) -> None:
         self.statuses: list[int] = []
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -257,7 +246,7 @@ class HeldStreams:
         for _ in range(n):
             assert self._answered.acquire(timeout=30), "a stream got no answer"
 
-    def _hold(self, gateway: Service, tenant: str, body: dict[str, Any]) -> None:
+    def _hold(self, gateway: ServerProcess, tenant: str, body: dict[str, Any]) -> None:
         answered = False
         headers = {"authorization": f"Bearer {KEYS[tenant]}"}
         try:
@@ -289,7 +278,9 @@ class Load:
     """Short chat requests from a few threads, spread over the gateways in turn: `total`
     of them, or fewer if `stop()` comes first. Records each answer's status."""
 
-    def __init__(self, gateways: list[Service], tenant: str, total: int, threads: int) -> None:
+    def __init__(
+        self, gateways: list[ServerProcess], tenant: str, total: int, threads: int
+    ) -> None:
         self.answers: list[tuple[int, str | None]] = []  # status, error code
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -303,7 +294,7 @@ class Load:
         for thread in self._threads:
             thread.start()
 
-    def _run(self, gateways: list[Service], tenant: str, offset: int, count: int) -> None:
+    def _run(self, gateways: list[ServerProcess], tenant: str, offset: int, count: int) -> None:
         with httpx.Client(timeout=30) as client:
             for i in range(count):
                 if self._stop.is_set():
@@ -342,8 +333,8 @@ def test_two_gateways_share_one_inflight_view_and_route_on_it(cluster: Cluster) 
     streams = HeldStreams([first], "acme", "m-a", 6)
     try:
         assert streams.statuses == [200] * 6
-        eventually(lambda: backend(first, "a")["inflight"] == 6, "first holds 6 on a")
-        eventually(lambda: backend(second, "a")["peer_inflight"] == 6, "second sees them")
+        until(lambda: backend(first, "a")["inflight"] == 6, "first holds 6 on a")
+        until(lambda: backend(second, "a")["peer_inflight"] == 6, "second sees them")
         assert backend(second, "a")["inflight"] == 0
         assert metric(second, "owngate_backend_peer_inflight", backend="a") == 6
         assert metric(second, "owngate_state_healthy") == 1
@@ -358,7 +349,7 @@ def test_two_gateways_share_one_inflight_view_and_route_on_it(cluster: Cluster) 
         assert served["b"] == served_before.get("b", 0) + 12
     finally:
         streams.close()
-    eventually(
+    until(
         lambda: backend(second, "a")["peer_inflight"] == 0 == backend(first, "a")["inflight"],
         "closed streams leave both views",
     )
@@ -401,7 +392,7 @@ def test_a_killed_replica_stops_counting_when_its_lease_runs_out(cluster: Cluste
     load = Load([first, second], "acme", total=3000, threads=2)  # bounded; stopped below
     try:
         assert held.statuses == [200] * CONCURRENT
-        eventually(lambda: backend(first, "a")["peer_inflight"] == CONCURRENT, "seen")
+        until(lambda: backend(first, "a")["peer_inflight"] == CONCURRENT, "seen")
         with httpx.Client(timeout=30) as client:
             refused = chat(client, first, "narrow")
             assert refused.status_code == 429
@@ -436,7 +427,7 @@ def test_redis_outage_costs_no_request_and_heals(cluster: Cluster) -> None:
     held = HeldStreams([first], "acme", "m-a", 2)
     load = Load(cluster.live, "busy", total=6000, threads=3)  # bounded; stopped below
     try:
-        eventually(lambda: backend(second, "a")["peer_inflight"] == 2, "shared before")
+        until(lambda: backend(second, "a")["peer_inflight"] == 2, "shared before")
         cluster.redis.stop()
         before = len(load.answers)
         eventually_on(cluster.live, lambda g: not readyz(g)["state"]["healthy"], "degraded")
@@ -446,14 +437,14 @@ def test_redis_outage_costs_no_request_and_heals(cluster: Cluster) -> None:
             assert readyz(gateway)["state"]["degraded_reason"].startswith("redis ")
             assert metric(gateway, "owngate_state_healthy") == 0
         assert backend(second, "a")["peer_inflight"] == 0  # its own counts only
-        eventually(lambda: len(load.answers) >= before + 30, "requests served meanwhile")
+        until(lambda: len(load.answers) >= before + 30, "requests served meanwhile")
         assert metric(third, "owngate_state_fallbacks_total") > 0
 
         cluster.redis.start()  # same port, empty
         eventually_on(cluster.live, lambda g: readyz(g)["state"]["healthy"], "recovered")
         for gateway in cluster.live:
             assert metric(gateway, "owngate_state_healthy") == 1
-        eventually(lambda: backend(second, "a")["peer_inflight"] == 2, "shared again")
+        until(lambda: backend(second, "a")["peer_inflight"] == 2, "shared again")
     finally:
         if cluster.redis.process is None:
             cluster.redis.start()  # whatever failed, the next test gets its Redis back
@@ -471,7 +462,6 @@ def test_keys_revoke_reaches_every_replica(cluster: Cluster) -> None:
         config = cluster.config_path(cluster.live[0].name)
         done = subprocess.run(
             owngate_argv("keys", "revoke", KEYS["leaving"], "--config", str(config)),
-            env=cluster.env,
             capture_output=True,
             text=True,
             timeout=60,

@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import subprocess
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,11 @@ import pytest
 from gateway.api.admin import is_loopback
 from gateway.provenance import write_signing_key
 from gateway.sim import Faults
-from owngate_bench.services import HOST, Service, child_env, free_port, owngate_argv
+from tests.helpers.clock import FakeClock
 from tests.helpers.gateways import ADMIN_TOKEN, Gateway, Sim, admin_status, backend, readiness
+from tests.helpers.net import free_port
+from tests.helpers.processes import ServerProcess, owngate_argv
+from tests.helpers.waiting import until, until_async
 
 CHAT: dict[str, Any] = {
     "model": "m",
@@ -52,33 +55,6 @@ def status_of(gateway: Gateway) -> dict[str, dict[str, Any]]:
     return {b["id"]: b for b in report["backends"]}
 
 
-def eventually(check: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"not within {within_s}s: {what}")
-
-
-async def until(check: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
-    for _ in range(int(within_s / 0.01)):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"not within {within_s}s: {what}")
-
-
-class FakeClock:
-    """Monotonic seconds that move only when a test moves them."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @dataclasses.dataclass
 class Outcome:
     status: int
@@ -88,27 +64,24 @@ class Outcome:
 
 
 @pytest.fixture
-def sim_process(tmp_path: Path) -> Iterator[Callable[..., Service]]:
+def sim_process(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     """`owngate sim` as its own process, so a test can SIGKILL it mid-load."""
-    started: list[Service] = []
+    started: list[ServerProcess] = []
 
-    def start(*flags: str) -> Service:
+    def start(*flags: str) -> ServerProcess:
         port = free_port()
-        argv = owngate_argv("sim", "--host", HOST, "--port", str(port), *flags)
-        service = Service.start(f"sim-{port}", argv, child_env(), tmp_path, port)
+        argv = owngate_argv("sim", "--host", "127.0.0.1", "--port", str(port), *flags)
+        service = ServerProcess(f"sim-{port}", argv, tmp_path, port)
         started.append(service)
-        service.wait_ready("/health", {}, 30.0)
-        return service
+        return service.wait_ready("/health", 30.0)
 
     yield start
     for service in started:
-        if service.proc.poll() is None:
-            service.proc.kill()
-        service.proc.wait(timeout=10)
+        service.kill()
 
 
 def test_a_killed_backend_loses_no_request_before_the_first_byte(
-    sim_process: Callable[..., Service],
+    sim_process: Callable[..., ServerProcess],
     start_sim: Callable[..., Sim],
     start_gateway: Callable[..., Gateway],
 ) -> None:
@@ -170,7 +143,7 @@ def test_a_killed_backend_loses_no_request_before_the_first_byte(
     assert connect_failures <= 3 + 6
     assert survivor.app.stats.completed >= 150 - killed_at[0] - 6
     # /health marks it down too, after health.failures_to_down refused probes in a row.
-    eventually(lambda: status_of(gateway)["doomed"]["health"] == "unhealthy", "marked down")
+    until(lambda: status_of(gateway)["doomed"]["health"] == "unhealthy", "marked down")
     doomed_status = status_of(gateway)["doomed"]
     assert not doomed_status["available"]
     assert doomed_status["health"] == "unhealthy"
@@ -194,7 +167,7 @@ def test_a_hanging_backend_is_failed_over_at_its_first_byte_deadline(
         assert chat(gateway, stream=stream).status_code == 200
     assert healthy.app.stats.completed == 4
     assert hung.app.stats.hangs >= 1  # it was tried, and hung, and the client never knew
-    eventually(lambda: hung.app.stats.in_flight == 0, "the hung requests were dropped")
+    until(lambda: hung.app.stats.in_flight == 0, "the hung requests were dropped")
 
 
 def test_the_failover_deadline_bounds_all_attempts_together(
@@ -236,7 +209,7 @@ def test_a_loading_llamacpp_gets_nothing_until_healthy_then_its_slots_are_known(
     assert cpu["health"] == "unhealthy" and "503" in cpu["health_error"]
     assert cpu["slots"] is None  # not learned while loading
     loading.app.start_loading(0.0)  # the model has loaded
-    eventually(lambda: status_of(gateway)["cpu"]["available"], "the loaded backend is back")
+    until(lambda: status_of(gateway)["cpu"]["available"], "the loaded backend is back")
     for _ in range(6):
         assert chat(gateway).status_code == 200
     assert len(loading.app.captured("/v1/chat/completions")) >= 2
@@ -252,7 +225,7 @@ def test_breaker_opens_then_a_half_open_probe_closes_it(
     # breakers read a clock that moves only when the test moves it.
     flaky = start_sim("vllm", models=("m",), zero_latency=True, faults=Faults(error_rate=1.0))
     steady = start_sim("vllm", models=("m",), zero_latency=True)
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     gateway = start_gateway(
         [backend("flaky", flaky.url, "m", kind="openai"), backend("steady", steady.url, "m")],
         clock=clock,
@@ -332,7 +305,7 @@ def test_saturated_pool_queues_then_refuses_with_retry_after(
             hung = sim.app.stats.hangs
             sim.app.control.faults = Faults(hang_rate=1.0)
             holders = [post(held, model), post(held, model)]
-            await until(lambda: sim.app.stats.hangs == hung + 2, "both held by the backend")
+            await until_async(lambda: sim.app.stats.hangs == hung + 2, "both held by the backend")
             sim.app.control.faults = Faults()  # requests from now on are answered
             try:
                 sent = await during(http)
@@ -344,7 +317,7 @@ def test_saturated_pool_queues_then_refuses_with_retry_after(
 
     async def queue_then_refuse(http: httpx.AsyncClient) -> Responses:
         queued = post(http, "m")
-        await until(lambda: queues["m"].waiting == 1, "the third request waits")
+        await until_async(lambda: queues["m"].waiting == 1, "the third request waits")
         refused = post(http, "m")  # the queue (size 1) is full
         await asyncio.wait([refused])
         return [queued, refused]
@@ -398,12 +371,12 @@ def test_a_burst_cannot_slip_past_the_saturation_check_while_its_dispatch_is_log
             sent = [
                 asyncio.create_task(http.post("/v1/chat/completions", json=CHAT)) for _ in range(4)
             ]
-            done: set[asyncio.Task[httpx.Response]] = set()
-            for _ in range(300):  # bounded: the two refused answer within max_wait_s
-                done = {task for task in sent if task.done()}
-                if len(done) >= 2:
-                    break
-                await asyncio.sleep(0.1)
+            await until_async(  # the two refused answer within max_wait_s
+                lambda: sum(task.done() for task in sent) >= 2,
+                "two answered",
+                timeout=30.0,
+                interval=0.1,
+            )
             hangs = sim.app.stats.hangs
             for task in sent:
                 task.cancel()  # the held ones: their client leaves
@@ -420,7 +393,7 @@ def owngate_status(*args: str, token: str = ADMIN_TOKEN) -> subprocess.Completed
     """The real command, in its own process (this one's stdout carries server logs), with
     the admin token in its environment variable."""
     argv = owngate_argv("status", *args)
-    env = {**child_env(), "OWNGATE_ADMIN_TOKEN": token}
+    env = {**os.environ, "OWNGATE_ADMIN_TOKEN": token}
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -435,7 +408,7 @@ def test_owngate_status_prints_the_table_and_json(
         ],
         scrape=FAST_SCRAPE,
     )
-    eventually(lambda: status_of(gateway)["gpu"]["running"] is not None, "a first scrape")
+    until(lambda: status_of(gateway)["gpu"]["running"] is not None, "a first scrape")
     done = owngate_status("--url", gateway.url)
     assert done.returncode == 0, done.stderr
     table = done.stdout

@@ -16,7 +16,9 @@ from gateway.routing.registry import Registry
 from gateway.routing.scraper import MetricsScraper, filter_exposition
 from gateway.serving import ServerThread
 from gateway.sim import Faults, SimSettings, create_sim_app
+from tests.helpers.clock import FakeClock
 from tests.helpers.gateways import ADMIN_HEADERS, Gateway, Sim, backend, gateway_config
+from tests.helpers.waiting import until_async
 
 
 def test_filter_exposition_keeps_only_wanted_samples() -> None:
@@ -24,14 +26,6 @@ def test_filter_exposition_keeps_only_wanted_samples() -> None:
     assert (
         filter_exposition(body, frozenset({"a", "b"})) == 'a 1\nb{engine="0"} 3\nb 4 1700000000\n'
     )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_readings_go_stale_and_failures_are_reported() -> None:
@@ -91,12 +85,15 @@ def test_gateway_publishes_backend_queue_from_scrapes(
                 asyncio.create_task(client.post("/v1/chat/completions", json=body, timeout=60))
                 for _ in range(3)
             ]
+            lines: list[str | None] = [None]
+
+            async def two_waiting() -> bool:
+                lines[0] = waiting_line((await client.get("/metrics")).text)
+                return lines[0] is not None and lines[0].endswith(" 2.0")
+
             try:
-                for _ in range(2000):  # bounded: 2,000 polls of the metrics endpoint
-                    line = waiting_line((await client.get("/metrics")).text)
-                    if line is not None and line.endswith(" 2.0"):
-                        break
-                    await asyncio.sleep(0.01)
+                await until_async(two_waiting, "two requests waiting at gpu", timeout=20.0)
+                line = lines[0]
                 status = await client.get("/admin/status", headers=ADMIN_HEADERS)
                 detail = status.json()["readiness"]["backends"]["gpu"]
             finally:

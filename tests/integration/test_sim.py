@@ -27,6 +27,7 @@ import gateway.sim
 from gateway.cli import sim as sim_cli
 from gateway.serving import ServerThread
 from gateway.sim import Faults, Kind, SimApp, SimSettings, create_sim_app
+from tests.helpers.waiting import until, until_async
 
 CHAT = "/v1/chat/completions"
 HELLO: list[Any] = [{"role": "user", "content": "Hello, simulator! How are you today?"}]
@@ -101,14 +102,6 @@ def shared(tls: ssl.SSLContext) -> Iterator[Start]:
         yield servers.reuse
     finally:
         servers.close()
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.005)
 
 
 def fast(kind: Kind = "vllm", **changes: Any) -> SimSettings:
@@ -371,8 +364,9 @@ def test_queueing_shows_waiting_requests(sim: Start) -> None:
     loop = asyncio.new_event_loop()
     try:
         burst = loop.create_task(_concurrent_chats(s.url, 3, 20))
-        loop.run_until_complete(asyncio.sleep(0.03))  # the burst is sent and queued
-        wait_for(observe)
+        # The loop runs the burst while this waits (sent, then queued at the simulator).
+        waited = until_async(observe, "a request waiting", timeout=3.0, interval=0.005)
+        loop.run_until_complete(waited)
         statuses = loop.run_until_complete(burst)
     finally:
         loop.close()
@@ -401,7 +395,7 @@ def test_llamacpp_slots_and_props(sim: Start) -> None:
     s = sim(fast("llamacpp", decode_tokens_per_s=100.0))
     body = {"messages": HELLO, "stream": True, "max_tokens": 500}
     with s.http.stream("POST", CHAT, json=body):
-        wait_for(lambda: s.app.engine.running == 1)
+        until(lambda: s.app.engine.running == 1, "one running", timeout=3.0, interval=0.005)
         slots = s.http.get("/slots").json()
         props = s.http.get("/props").json()
     assert props["total_slots"] == 4
@@ -424,11 +418,16 @@ def test_disconnect_frees_the_slot(sim: Start) -> None:
     body = {"messages": HELLO, "stream": True, "max_tokens": 1000}  # would take 10 s
     with s.http.stream("POST", CHAT, json=body) as response:
         assert next(response.iter_lines()).startswith("data: ")
-    wait_for(lambda: s.app.engine.running == 0 and s.app.stats.cancelled == 1, timeout=2)
+    until(
+        lambda: s.app.engine.running == 0 and s.app.stats.cancelled == 1,
+        "the request cancelled",
+        timeout=2.0,
+        interval=0.005,
+    )
     start = time.perf_counter()
     assert s.http.post(CHAT, json={"messages": HELLO, "max_tokens": 2}).status_code == 200
     assert time.perf_counter() - start < 1.0
-    wait_for(lambda: s.app.stats.in_flight == 0)
+    until(lambda: s.app.stats.in_flight == 0, "none in flight", timeout=3.0, interval=0.005)
     assert s.app.engine.generation_tokens_total < 1000
 
 
@@ -455,7 +454,7 @@ def test_slow_start_then_ready(sim: Start) -> None:
     chat = s.http.post(CHAT, json={"messages": HELLO})
     assert (health.status_code, health.json()) == (503, loading)
     assert (chat.status_code, chat.json()) == (503, loading)
-    wait_for(lambda: s.http.get("/health").status_code == 200)
+    until(lambda: s.http.get("/health").status_code == 200, "healthy", timeout=3.0, interval=0.005)
     assert s.http.post(CHAT, json={"messages": HELLO}).status_code == 200
     s.app.start_loading(5.0)  # a restart, flipped at run time
     assert s.http.get("/health").status_code == 503
@@ -491,7 +490,12 @@ def test_hang_fault_waits_for_the_client_to_leave(sim: Start) -> None:
     s = sim(fast(faults=Faults(hang_rate=1.0)))
     with pytest.raises(httpx.ReadTimeout):
         s.http.post(CHAT, json={"messages": HELLO}, timeout=0.3)
-    wait_for(lambda: s.app.stats.cancelled == 1 and s.app.stats.in_flight == 0)
+    until(
+        lambda: s.app.stats.cancelled == 1 and s.app.stats.in_flight == 0,
+        "the request cancelled, none in flight",
+        timeout=3.0,
+        interval=0.005,
+    )
     assert s.app.stats.hangs == 1
     assert s.app.stats.completed == 0
 

@@ -4,12 +4,10 @@ expire with its lease; Redis going away degrades to local state and comes back."
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import io
 import itertools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -18,15 +16,16 @@ import redis.asyncio as aioredis
 
 from gateway.state import RateLimited, SharedState, TenantLimits, create_state
 from gateway.state.redis_state import RedisKeys, RedisState
-from owngate_bench import state as state_bench
 from tests.helpers.net import free_port
 from tests.helpers.redis_server import RedisServer
+from tests.helpers.waiting import until_async
 
 pytestmark = pytest.mark.redis
 
 LEASE_TTL_S = 3.0
 CRASH_LEASE_TTL_S = 0.6  # the crash test waits this out
 SYNC_S = 0.05
+WAIT_S = 15.0  # how long a replica may take to see what another did
 
 
 def replica(
@@ -59,16 +58,6 @@ async def replicas(
             await state.close()
 
 
-async def eventually(check: Callable[[], bool], what: str, within_s: float = 15.0) -> float:
-    """Wait (bounded) until `check()` holds; the seconds it took."""
-    started = time.monotonic()
-    while not check():
-        if time.monotonic() - started > within_s:
-            pytest.fail(f"not within {within_s} s: {what}")
-        await asyncio.sleep(0.01)
-    return time.monotonic() - started
-
-
 async def slot_owners(server: RedisServer, tenant: str) -> list[str]:
     """Whose concurrency slots Redis holds for the tenant: one replica id per slot."""
     raw = aioredis.Redis.from_url(server.url)
@@ -81,11 +70,15 @@ async def slot_owners(server: RedisServer, tenant: str) -> list[str]:
 
 
 async def eventually_owners(server: RedisServer, tenant: str, owners: list[str]) -> None:
-    deadline = time.monotonic() + 15.0
-    while (found := await slot_owners(server, tenant)) != owners:
-        if time.monotonic() > deadline:
-            pytest.fail(f"slots of {tenant}: {found}, expected {owners}")
-        await asyncio.sleep(0.02)
+    """Wait (bounded) until Redis holds exactly `owners`' slots for the tenant."""
+    found: list[str] = []
+
+    async def settled() -> bool:
+        found[:] = await slot_owners(server, tenant)
+        return found == owners
+
+    what = f"slots of {tenant}: expected {owners}"
+    await until_async(settled, what, timeout=WAIT_S, interval=0.02, detail=lambda: found)
 
 
 async def admitted_count(calls: list[Awaitable[object]]) -> tuple[int, list[RateLimited]]:
@@ -157,12 +150,18 @@ def test_inflight_counts_converge(redis_server: RedisServer) -> None:
             b.backend_started("gpu-1")
             b.backend_started("gpu-2")
             assert (a.inflight("gpu-1"), a.local_inflight("gpu-1")) == (3, 3)
-            await eventually(lambda: a.inflight("gpu-1") == b.inflight("gpu-1") == 4, "sum 4")
-            await eventually(lambda: a.inflight("gpu-2") == 1, "b's gpu-2 seen by a")
+            await until_async(
+                lambda: a.inflight("gpu-1") == b.inflight("gpu-1") == 4, "sum 4", timeout=WAIT_S
+            )
+            await until_async(
+                lambda: a.inflight("gpu-2") == 1, "b's gpu-2 seen by a", timeout=WAIT_S
+            )
             assert seen_by_b[-1] == {"gpu-1": 3}  # a's only: b counts its own exactly
             for _ in range(3):
                 a.backend_finished("gpu-1")
-            await eventually(lambda: b.inflight("gpu-1") == 1 == a.inflight("gpu-1"), "sum 1")
+            await until_async(
+                lambda: b.inflight("gpu-1") == 1 == a.inflight("gpu-1"), "sum 1", timeout=WAIT_S
+            )
             assert seen_by_b[-1] == {}
             assert all(x != y for x, y in itertools.pairwise(seen_by_b))  # changes only
             assert a.status().replicas == 2
@@ -181,15 +180,17 @@ def test_crashed_replica_counts_expire_with_its_lease(redis_server: RedisServer)
                 a.backend_started("gpu-1")
             await a.acquire("acme", limits)
             await a.acquire("acme", limits)
-            await eventually(lambda: b.inflight("gpu-1") == 4, "crasher's in-flight seen")
+            await until_async(
+                lambda: b.inflight("gpu-1") == 4, "crasher's in-flight seen", timeout=WAIT_S
+            )
             await a.close(deregister=False)  # a crash: no goodbye, the lease just stops
             crashed = time.monotonic()
             await b.acquire("acme", limits)
             with pytest.raises(RateLimited):
                 await b.acquire("acme", limits)  # the crasher's 2 slots still count
             assert b.inflight("gpu-1") == 4
-            await eventually(
-                lambda: b.inflight("gpu-1") == 0, "lease expiry", CRASH_LEASE_TTL_S * 5
+            await until_async(
+                lambda: b.inflight("gpu-1") == 0, "lease expiry", timeout=CRASH_LEASE_TTL_S * 5
             )
             assert time.monotonic() - crashed >= CRASH_LEASE_TTL_S * 0.5
             await b.acquire("acme", limits)
@@ -205,9 +206,9 @@ def test_clean_shutdown_frees_counts_at_once(redis_server: RedisServer) -> None:
             a = replica(redis_server, "leaves", lease_ttl_s=30.0)
             await a.start()
             a.backend_started("gpu-1")
-            await eventually(lambda: b.inflight("gpu-1") == 1, "seen")
+            await until_async(lambda: b.inflight("gpu-1") == 1, "seen", timeout=WAIT_S)
             await a.close()
-            took = await eventually(lambda: b.inflight("gpu-1") == 0, "deregistered", 20.0)
+            took = await until_async(lambda: b.inflight("gpu-1") == 0, "deregistered", timeout=20.0)
             assert took < 30.0  # not the 30 s lease running out: the goodbye freed them
 
     asyncio.run(scenario())
@@ -222,7 +223,7 @@ def test_redis_down_falls_back_to_local_state_and_recovers(redis_server: RedisSe
             b.watch_peers(lambda others: peers_of_b.append(dict(others)))
             a.backend_started("gpu-1")
             held = [await a.acquire("acme", limits), await a.acquire("acme", limits)]
-            await eventually(lambda: b.inflight("gpu-1") == 1, "in-flight shared")
+            await until_async(lambda: b.inflight("gpu-1") == 1, "in-flight shared", timeout=WAIT_S)
             assert peers_of_b == [{"gpu-1": 1}]
 
             slowest = 0.0
@@ -239,7 +240,7 @@ def test_redis_down_falls_back_to_local_state_and_recovers(redis_server: RedisSe
                 await asyncio.sleep(0.005)
             # The 50 ms timeout, with slack for a busy machine: far below a hang.
             assert outage and slowest < 2.0
-            await eventually(lambda: not a.healthy and not b.healthy, "degraded")
+            await until_async(lambda: not a.healthy and not b.healthy, "degraded", timeout=WAIT_S)
             reason = a.degraded_reason
             assert reason is not None and reason.startswith("redis ")
             assert a.status().fallbacks > 0 and a.status().errors > 0
@@ -250,9 +251,11 @@ def test_redis_down_falls_back_to_local_state_and_recovers(redis_server: RedisSe
             await local.release()
 
             redis_server.start()  # same port, empty: no persistence
-            await eventually(lambda: a.healthy and b.healthy, "recovered", 15.0)
+            await until_async(lambda: a.healthy and b.healthy, "recovered", timeout=WAIT_S)
             assert a.degraded_reason is None
-            await eventually(lambda: b.inflight("gpu-1") == 1, "in-flight shared again")
+            await until_async(
+                lambda: b.inflight("gpu-1") == 1, "in-flight shared again", timeout=WAIT_S
+            )
             assert peers_of_b[-1] == {"gpu-1": 1}
             admission = await a.acquire("acme", limits)
             assert admission.shared
@@ -305,7 +308,7 @@ def test_slow_redis_times_out_and_heals(redis_server: RedisServer) -> None:
             local = await a.acquire("acme", limits)
             assert time.monotonic() - started < 0.3
             assert not a.healthy and not local.shared
-            await eventually(lambda: a.healthy, "recovered after the pause")
+            await until_async(lambda: a.healthy, "recovered after the pause", timeout=WAIT_S)
             await eventually_owners(redis_server, "acme", ["a"])  # the local one only
             await local.release()
             await eventually_owners(redis_server, "acme", [])
@@ -341,20 +344,22 @@ def test_revocations_reach_every_replica(redis_server: RedisServer) -> None:
         async with replicas(redis_server, "a", "b") as (a, b):
             assert await a.revoke_key(first)
             assert a.is_revoked(first)
-            await eventually(lambda: b.is_revoked(first), "revocation seen by b")
+            await until_async(lambda: b.is_revoked(first), "revocation seen by b", timeout=WAIT_S)
 
             redis_server.stop()
-            await eventually(lambda: not a.healthy, "degraded")
+            await until_async(lambda: not a.healthy, "degraded", timeout=WAIT_S)
             assert not await a.revoke_key(second)  # applied here, queued for Redis
             assert a.is_revoked(second) and a.status().pending_revocations == 1
             assert b.is_revoked(first)  # what was seen stays enforced
 
             redis_server.start()  # empty: the revocations went with the old process
-            await eventually(lambda: b.is_revoked(second), "queued revocation delivered", 15.0)
+            await until_async(
+                lambda: b.is_revoked(second), "queued revocation delivered", timeout=WAIT_S
+            )
             assert a.status().pending_revocations == 0
         async with replicas(redis_server, "late") as (late,):
-            await eventually(
-                lambda: late.is_revoked(first) and late.is_revoked(second), "re-stored", 5.0
+            await until_async(
+                lambda: late.is_revoked(first) and late.is_revoked(second), "re-stored", timeout=5.0
             )
 
     asyncio.run(scenario())
@@ -377,20 +382,3 @@ def test_unreachable_at_start_is_degraded_not_fatal(tmp_path: Path) -> None:
             await state.close()
 
     asyncio.run(scenario())
-
-
-@pytest.mark.bench
-def test_bench_reports_both_backends(redis_server: RedisServer) -> None:
-    parser = argparse.ArgumentParser()
-    state_bench.add_arguments(parser)
-    argv = ["--redis-url", redis_server.url, "--requests", "300", "--timeout-ms", "5000"]
-    out = io.StringIO()
-    code = state_bench.run(parser.parse_args(argv), out=out)
-    lines = out.getvalue().splitlines()
-    assert code == 0, lines
-    assert [line.split()[:2] for line in lines[1:]] == [
-        ["memory", "acquire"],
-        ["memory", "release"],
-        ["redis", "acquire"],
-        ["redis", "release"],
-    ]

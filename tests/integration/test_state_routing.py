@@ -19,6 +19,7 @@ from gateway.routing.registry import Registry, Route
 from gateway.routing.router import Outcome, Router
 from gateway.state import MemoryState
 from tests.helpers.gateways import Gateway, Sim, backend, decision, gateway_config
+from tests.helpers.waiting import until
 
 
 def pool(*capacities: int) -> Registry:
@@ -117,10 +118,8 @@ def test_requests_feed_the_shared_counts(
         chunks = response.iter_raw()  # kept: a dropped generator closes the response
         next(chunks)
         assert state.local_inflight("gpu") == state.inflight("gpu") == 1
-    deadline = time.monotonic() + 10
-    while state.local_inflight("gpu") and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert state.local_inflight("gpu") == 0  # the client left: counted out
+    # The client left: counted out.
+    until(lambda: state.local_inflight("gpu") == 0, "gpu counted out", timeout=10.0)
     with httpx.Client(base_url=gateway.url, headers=gateway.headers, timeout=30) as client:
         short = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}
         assert client.post("/v1/chat/completions", json=short).status_code == 200

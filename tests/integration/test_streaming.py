@@ -9,6 +9,7 @@ from collections.abc import Callable
 import httpx
 
 from tests.helpers.gateways import TENANT_KEY, Gateway, Sim, backend
+from tests.helpers.waiting import until
 
 
 def _stream_body(max_tokens: int) -> bytes:
@@ -62,15 +63,9 @@ def test_client_disconnect_cancels_the_upstream_request(
             chunk = sock.recv(65536)
             assert chunk, "gateway closed the stream"
             received += chunk
-        deadline = time.monotonic() + 5
-        while sim.app.stats.in_flight != 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert sim.app.stats.in_flight == 1
+        until(lambda: sim.app.stats.in_flight == 1, "one request at the backend", timeout=5.0)
     # The client is gone: the gateway must drop the upstream request within moments.
-    deadline = time.monotonic() + 5
-    while sim.app.stats.in_flight and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert sim.app.stats.in_flight == 0
+    until(lambda: sim.app.stats.in_flight == 0, "the upstream request dropped", timeout=5.0)
     assert sim.app.stats.cancelled == 1
     assert sim.app.stats.completed == 0
     assert gateway.app.registry.backends["gpu"].inflight == 0
@@ -89,11 +84,6 @@ def test_non_stream_disconnect_cancels_too(
             + b"\r\ncontent-length: %d\r\n\r\n" % len(body)
             + body
         )
-        deadline = time.monotonic() + 5
-        while sim.app.stats.in_flight != 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert sim.app.stats.in_flight == 1
-    deadline = time.monotonic() + 5
-    while sim.app.stats.in_flight and time.monotonic() < deadline:
-        time.sleep(0.02)
+        until(lambda: sim.app.stats.in_flight == 1, "one request at the backend", timeout=5.0)
+    until(lambda: sim.app.stats.in_flight == 0, "the upstream request dropped", timeout=5.0)
     assert sim.app.stats.cancelled == 1

@@ -14,6 +14,7 @@ from gateway.serving import ServerThread
 from gateway.state import RateLimited, TenantLimits
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import TENANT_KEY, Gateway, Sim, backend, gateway_config
+from tests.helpers.waiting import until
 
 BODY = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -80,11 +81,7 @@ def test_concurrent_requests(
     first: list[int] = []
     thread = threading.Thread(target=lambda: first.append(post(gateway).status_code))
     thread.start()
-    import time
-
-    deadline = time.monotonic() + 5
-    while sim.app.stats.in_flight == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    until(lambda: sim.app.stats.in_flight > 0, "the first request at the backend", timeout=5.0)
     assert post(gateway).status_code == 429
     thread.join(timeout=30)
     assert first == [200]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gateway.upstream.http import HttpPool, UpstreamError
+from tests.helpers.waiting import until_async
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -193,7 +194,7 @@ def test_full_pool_waits_then_reports_busy_not_a_backend_fault() -> None:
 
     async def body(pool: HttpPool) -> None:
         held = [asyncio.create_task(pool.request(b"POST", b"/", [], b"")) for _ in range(4)]
-        await asyncio.sleep(0.1)
+        await until_async(lambda: pool.open_connections == 4, "the pool full", timeout=10.0)
         with pytest.raises(UpstreamError) as info:
             await pool.request(b"POST", b"/", [], b"")
         assert info.value.kind == "busy"
@@ -228,8 +229,7 @@ def test_cancelled_connect_gives_its_slot_back() -> None:
             max_connections=1,
         )
         task = asyncio.create_task(pool.request(b"POST", b"/", [], b""))
-        await asyncio.sleep(0.2)
-        assert pool.open_connections == 1
+        await until_async(lambda: pool.open_connections == 1, "the connect under way")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -61,6 +61,7 @@ from gateway.provenance.witness.witness import MAX_PROOF_LINES, AddCheckpoint, W
 from gateway.serving import ServerThread
 from tests.helpers.net import free_port
 from tests.helpers.paths import VECTORS
+from tests.helpers.waiting import until
 
 ORIGIN = "gateway.example/log/replica-1"
 LOG_SIGNER = seeded_signer(ORIGIN)
@@ -743,14 +744,17 @@ def test_cli_serve_cosigns_over_http_and_persists_its_state(
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 15
-        while True:  # bounded by the deadline
+        answers: list[httpx.Response] = []
+
+        def answered() -> bool:
             try:
-                answer = _post(url, AddCheckpoint(0, (), real_log.notes[2]).encode())
-                break
+                answers.append(_post(url, AddCheckpoint(0, (), real_log.notes[2]).encode()))
             except httpx.TransportError:
-                assert time.monotonic() < deadline, "witness did not start"
-                time.sleep(0.05)
+                return False
+            return True
+
+        until(answered, "the witness answering", timeout=15.0, interval=0.05)
+        (answer,) = answers
         assert answer.status_code == 200
         verify_cosignature(real_log.notes[2] + answer.content, vkey, now=time.time())
     finally:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import os
 import signal
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from gateway.workers import WorkerIdentity, for_worker
 from tests.helpers.gateways import Sim, backend, gateway_config
 from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess
+from tests.helpers.waiting import until
 
 ORIGIN = "test.owngate/workers"
 REQUESTS = 120
@@ -75,30 +75,22 @@ def worker_pids(supervisor: int) -> list[int]:
     return sorted(int(pid) for pid in children)
 
 
-def wait_for(check: Callable[[], bool], what: str, within_s: float = 15.0, dump: str = "") -> None:
-    deadline = time.monotonic() + within_s
-    while not check():
-        if time.monotonic() > deadline and dump:
-            print(httpx.get(f"{dump}/metrics").text)
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def test_two_workers_share_the_port_and_the_metrics_add_up(
     workers: tuple[GatewayProcess, str], tmp_path: Path
 ) -> None:
     gateway, vkey = workers
     assert gateway.proc is not None
-    wait_for(lambda: len(worker_pids(gateway.proc.pid)) == 2, "two workers")  # type: ignore[union-attr]
+    until(lambda: len(worker_pids(gateway.proc.pid)) == 2, "two workers", timeout=15.0)  # type: ignore[union-attr]
     by_log = send_requests(gateway.url, REQUESTS, vkey)
     assert sorted(by_log) == [f"{ORIGIN}/worker-1", f"{ORIGIN}/worker-2"]  # both got traffic
     assert sum(by_log.values()) == REQUESTS
     # Any worker's /metrics gives the sum (the others' snapshots are at most 0.5 s old):
     # soon every scrape, whichever worker answers it, counts every request once.
-    wait_for(
+    until(
         lambda: [served(gateway.url) for _ in range(6)] == [REQUESTS] * 6,
         "the summed count",
-        dump=gateway.url,
+        timeout=15.0,
+        detail=lambda: httpx.get(f"{gateway.url}/metrics").text,
     )
 
     gateway.proc.send_signal(signal.SIGTERM)
@@ -115,14 +107,17 @@ def test_a_dead_worker_is_restarted(workers: tuple[GatewayProcess, str], tmp_pat
     gateway, vkey = workers
     assert gateway.proc is not None
     supervisor = gateway.proc.pid
-    wait_for(lambda: len(worker_pids(supervisor)) == 2, "two workers")
+    until(lambda: len(worker_pids(supervisor)) == 2, "two workers", timeout=15.0)
     victim = worker_pids(supervisor)[0]
     os.kill(victim, signal.SIGKILL)
-    wait_for(
+    until(
         lambda: len(worker_pids(supervisor)) == 2 and victim not in worker_pids(supervisor),
         "a replacement worker",
+        timeout=15.0,
     )
-    wait_for(lambda: len(send_requests(gateway.url, 20, vkey)) == 2, "both workers serving")
+    until(
+        lambda: len(send_requests(gateway.url, 20, vkey)) == 2, "both workers serving", timeout=15.0
+    )
     gateway.proc.send_signal(signal.SIGTERM)
     assert gateway.wait(timeout_s=60) == 0, gateway.output()
     for worker in (1, 2):  # the killed worker's log recovered when it restarted

@@ -8,7 +8,6 @@ import itertools
 import re
 import shutil
 import threading
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from gateway.provenance.formats.wal import list_segments
 from gateway.provenance.testing import EXAMPLE_POLICY, log_refusal, log_request, seeded_signer
 from gateway.provenance.writer.store import SignedNote, Snapshot
 from tests.helpers.provenance import FailingDisk  # its writes land, then fail (EIO)
+from tests.helpers.waiting import until_async
 
 ORIGIN = "gateway.example/log/replica-1"
 
@@ -124,11 +124,11 @@ def test_checkpoint_interval_signs_without_more_appends(tmp_path: Path) -> None:
     async def scenario() -> None:
         log = await _open(tmp_path, checkpoint_every=1000, checkpoint_interval_ms=20)
         await log_request(log, 0)
-        for _ in range(200):  # bounded wait, up to ~2 s
-            latest = log.latest_checkpoint()
-            if latest is not None and latest.checkpoint.size == 2:
-                break
-            await asyncio.sleep(0.01)
+        await until_async(
+            lambda: (latest := log.latest_checkpoint()) is not None and latest.checkpoint.size == 2,
+            "a checkpoint of size 2",
+            timeout=2.0,
+        )
         latest = log.latest_checkpoint()
         assert latest is not None and latest.checkpoint.size == 2
         await log.close()
@@ -246,10 +246,7 @@ def test_after_a_failed_write_the_disk_is_probed_until_it_is_writable(tmp_path: 
         await asyncio.sleep(0.1)  # several probes, all failing
         assert isinstance(log.last_error, LogUnavailableError)
         wal.unlink()
-        for _ in range(500):
-            if log.last_error is None:
-                break
-            await asyncio.sleep(0.01)
+        await until_async(lambda: log.last_error is None, "a passing probe", timeout=5.0)
         assert log.last_error is None and log.size == 2
         ((_, segment),) = list_segments(wal)
         assert segment.read_bytes() == b""  # the probe's block was cut off again
@@ -513,11 +510,11 @@ def test_a_failed_checkpoint_is_covered_by_the_next_one(
             patched.setattr(gateway.provenance.writer.store, "write_files_atomically", full_disk)
             with pytest.raises(LogUnavailableError, match="No space left"):
                 await log.checkpoint()
-        for _ in range(300):  # bounded wait (~3 s): the interval's export signs entry 0
-            latest = log.latest_checkpoint()
-            if latest is not None and latest.checkpoint.size == 1:
-                break
-            await asyncio.sleep(0.01)
+        await until_async(  # the interval's export signs entry 0
+            lambda: (latest := log.latest_checkpoint()) is not None and latest.checkpoint.size == 1,
+            "a checkpoint of size 1",
+            timeout=3.0,
+        )
         assert log.latest_checkpoint().checkpoint.size == 1  # type: ignore[union-attr]
         await log.close()
 
@@ -626,14 +623,6 @@ def test_a_cancelled_close_still_signs_and_releases_and_a_second_close_waits(
     asyncio.run(reopen())
 
 
-async def _until_async(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Wait on the log's own state (bounded), never on a sleep being long enough."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.005)
-
-
 def test_records_nobody_waits_on_are_written_once_the_disk_takes_writes_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -647,7 +636,7 @@ def test_records_nobody_waits_on_are_written_once_the_disk_takes_writes_again(
         await log.append(_refusal(0), checked=True)
         disk.failing = True
         soon = log.append_soon(_refusal(1), checked=True)
-        await _until_async(lambda: log.last_error is not None)  # its write was refused
+        await until_async(lambda: log.last_error is not None, "a refused write", interval=0.005)
         assert not soon.done()  # kept, not failed
         with pytest.raises(LogUnavailableError):  # awaited appends still fail at once
             await log.append(_refusal(2), checked=True)
@@ -681,7 +670,7 @@ def test_records_kept_after_a_failed_write_are_bounded_and_fail_at_close(
         kept = [log.append_soon(_refusal(n), checked=True) for n in range(3)]
         await asyncio.sleep(0)  # queued before the committer's round
         # One failed batch of three, with room to keep two: the oldest fails at once.
-        await _until_async(kept[0].done)
+        await until_async(kept[0].done, "the oldest failed", interval=0.005)
         assert isinstance(kept[0].exception(), LogUnavailableError)
         assert not kept[1].done() and not kept[2].done()
         await log.close()  # their last try: the disk still refuses them

@@ -11,6 +11,7 @@ import pytest
 from gateway.sim import Engine, SeqState, Sequence, SimControl, SimSettings, VirtualClock
 from gateway.sim.prefix import PrefixCache, prompt_chain
 from gateway.sim.text import chat_prompt_tokens
+from tests.helpers.waiting import until_async
 
 
 def _control(
@@ -44,14 +45,6 @@ async def _drain(seq: Sequence) -> None:
             return
         await seq.progress()
     raise AssertionError("sequence never finished")
-
-
-async def _until(predicate: Callable[[], bool]) -> None:
-    for _ in range(1000):
-        if predicate():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition never became true")
 
 
 def _run(test: Callable[[Engine, VirtualClock], Awaitable[None]], control: SimControl) -> None:
@@ -99,7 +92,7 @@ def test_single_sequence_timing() -> None:
 def test_fifo_queue_when_slots_are_full() -> None:
     async def test(engine: Engine, clock: VirtualClock) -> None:
         seqs = [engine.submit(prompt_tokens=0, max_tokens=2) for _ in range(3)]
-        await _until(lambda: engine.running == 1)
+        await until_async(lambda: engine.running == 1, "engine.running == 1", interval=0)
         assert engine.waiting == 2
         assert [s.state for s in seqs] == [SeqState.RUNNING, SeqState.WAITING, SeqState.WAITING]
         await asyncio.gather(*(_drain(s) for s in seqs))
@@ -133,7 +126,7 @@ def test_cancel_frees_the_slot_for_the_next_in_line() -> None:
     async def test(engine: Engine, clock: VirtualClock) -> None:
         first = engine.submit(prompt_tokens=0, max_tokens=1000)
         second = engine.submit(prompt_tokens=0, max_tokens=1)
-        await _until(lambda: first.generated >= 2)
+        await until_async(lambda: first.generated >= 2, "first.generated >= 2", interval=0)
         assert second.state is SeqState.WAITING
         engine.cancel(first)
         assert first.state is SeqState.CANCELLED
@@ -150,7 +143,7 @@ def test_cancel_while_waiting() -> None:
     async def test(engine: Engine, clock: VirtualClock) -> None:
         engine.submit(prompt_tokens=0, max_tokens=1000)
         waiting = engine.submit(prompt_tokens=0, max_tokens=1)
-        await _until(lambda: engine.running == 1)
+        await until_async(lambda: engine.running == 1, "engine.running == 1", interval=0)
         engine.cancel(waiting)
         assert engine.waiting == 0
         assert waiting.done
@@ -162,7 +155,7 @@ def test_kv_usage_and_admission_by_kv_capacity() -> None:
     async def test(engine: Engine, clock: VirtualClock) -> None:
         first = engine.submit(prompt_tokens=100, max_tokens=1000)
         second = engine.submit(prompt_tokens=100, max_tokens=1)
-        await _until(lambda: first.generated >= 3)
+        await until_async(lambda: first.generated >= 3, "first.generated >= 3", interval=0)
         # The second prompt does not fit next to the first: it waits despite free slots.
         assert engine.running == 1
         assert engine.waiting == 1
@@ -181,10 +174,12 @@ def test_slots_changed_at_run_time_admit_waiting_sequences() -> None:
     async def test(engine: Engine, clock: VirtualClock) -> None:
         a = engine.submit(prompt_tokens=0, max_tokens=1000)
         b = engine.submit(prompt_tokens=0, max_tokens=1000)
-        await _until(lambda: a.generated >= 1)
+        await until_async(lambda: a.generated >= 1, "a.generated >= 1", interval=0)
         assert b.state is SeqState.WAITING
         control.slots = 2
-        await _until(lambda: b.state is SeqState.RUNNING)
+        await until_async(
+            lambda: b.state is SeqState.RUNNING, "b.state is SeqState.RUNNING", interval=0
+        )
         assert {a.slot, b.slot} == {0, 1}
         assert [s is not None for s in engine.slot_table()] == [True, True]
 
@@ -205,7 +200,7 @@ def test_prefill_only_sequence_finishes_without_tokens() -> None:
 def test_aclose_cancels_everything() -> None:
     async def test(engine: Engine, clock: VirtualClock) -> None:
         seqs = [engine.submit(prompt_tokens=0, max_tokens=1000) for _ in range(3)]
-        await _until(lambda: engine.running == 1)
+        await until_async(lambda: engine.running == 1, "engine.running == 1", interval=0)
         await engine.aclose()
         assert all(s.state is SeqState.CANCELLED for s in seqs)
         assert engine.running == engine.waiting == 0
