@@ -352,20 +352,23 @@ async def _concurrent_chats(url: str, count: int, max_tokens: int) -> list[int]:
 
 
 def test_queueing_shows_waiting_requests(sim: Start) -> None:
-    s = sim(fast(slots=1, decode_tokens_per_s=200.0))  # 5 ms a token, 100 ms a request
+    s = sim(fast(slots=1, decode_tokens_per_s=100.0))  # 10 ms a token, 200 ms a request
     seen = {"waiting": 0.0, "running": 0.0}
 
     def observe() -> bool:
         text = s.http.get("/metrics").text
         for key in seen:
             seen[key] = max(seen[key], metric(text, f"vllm:num_requests_{key}"))
-        return seen["waiting"] >= 1
+        # Both, not whichever scrape comes first: a busy machine may catch the queue
+        # between one request's end and the next one's start.
+        return seen["waiting"] >= 1 and seen["running"] >= 1
 
     loop = asyncio.new_event_loop()
     try:
         burst = loop.create_task(_concurrent_chats(s.url, 3, 20))
         # The loop runs the burst while this waits (sent, then queued at the simulator).
-        waited = until_async(observe, "a request waiting", timeout=3.0, interval=0.005)
+        what = "a request running and one waiting"
+        waited = until_async(observe, what, timeout=5.0, interval=0.005)
         loop.run_until_complete(waited)
         statuses = loop.run_until_complete(burst)
     finally:
