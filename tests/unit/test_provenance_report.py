@@ -154,6 +154,9 @@ def test_the_numbers_are_the_counts_of_the_records(logdir: Path) -> None:
         {"size": size, "witness": str(WITNESS), "time": "2026-01-01T00:01:40Z"}
     ]
     assert cosigned["newest_by"] == {str(WITNESS): size}
+    assert (cosigned["files"], cosigned["checked"]) == (1, True)
+    unchecked = _report(logdir)["figures"]["cosignatures"]
+    assert (unchecked["files"], unchecked["checked"], unchecked["points"]) == (1, False, [])
 
 
 class _Page(HTMLParser):

@@ -4,14 +4,17 @@
 verifies does it read the entries again (checking that they still hash to the verified
 root) and count them. A log that fails gets a report that holds the failure and no
 figures. The result is a plain JSON-ready dict of a documented, stable shape (format
-`REPORT_FORMAT`, docs/provenance.md "Auditor report"); `report_html` draws it.
+`REPORT_FORMAT`, docs/provenance.md "Auditor report"); `report_html` draws it. The
+entries are read in one pass: memory grows with the request ids (to count each request
+once) and the buckets, not with the records.
 
 Each figure carries the commands that reproduce its numbers without this module: `jq`
 over `owngate audit show LOGDIR --records --json` (which lists every record with its
 index). So the definitions here are kept to what a short `jq` filter can say:
 
-* time buckets are `bucket_seconds` wide and aligned to the Unix epoch; a record's time
-  is truncated to the second (`jq`: `.time[:19]+"Z" | fromdateiso8601`);
+* time buckets are `bucket_seconds` wide (chosen from the first and the last entry's
+  time) and aligned to the Unix epoch; a record's time is truncated to the second (`jq`:
+  `.time[:19]+"Z" | fromdateiso8601`);
 * a dispatch is one attempt at one backend (a retried request has several);
 * a request is one request id with a dispatch or refusal record, counted at its first
   such record (the tenant and time of that record);
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import shlex
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,11 +42,13 @@ from gateway.provenance.formats.layout import list_cosigned
 from gateway.provenance.formats.merkle import CompactRange, leaf_hash
 from gateway.provenance.formats.note import Verifier
 from gateway.provenance.formats.records import Record, parse_record
+from gateway.provenance.formats.tiles import TILE_WIDTH
 
 __all__ = [
     "BUCKET_SECONDS",
     "MAX_BUCKETS",
     "REPORT_FORMAT",
+    "Cosignatures",
     "Invocation",
     "audit_report",
     "bucket_seconds",
@@ -97,30 +102,101 @@ def bucket_seconds(first: int, last: int) -> int:
     return BUCKET_SECONDS[-1]
 
 
-def _counts(found: Iterable[tuple[str, int]], width: int) -> list[dict[str, Any]]:
-    """(key, seconds) pairs as sorted {key, bucket, count} rows, as `jq` group_by gives."""
-    tally = Counter((key, _iso(moment - moment % width)) for key, moment in found)
-    return [{"key": k, "bucket": b, "count": n} for (k, b), n in sorted(tally.items())]
+_SERIES = (
+    "dispatches_by_backend",
+    "dispatches_by_region",
+    "requests_by_tenant",
+    "fallbacks_by_reason",
+    "refusals_by_rule",
+)
+_DISPATCH = '[.records[] | select(.type=="dispatch") | {key: .backend.FIELD, bucket: BUCKET}]'
+# name -> (title, description, the jq selector of its {key, bucket} pairs)
+_DEFINITIONS: dict[str, tuple[str, str, str]] = {
+    "dispatches_by_backend": (
+        "Dispatches per backend",
+        "dispatch records (one per attempt) per backend id",
+        _DISPATCH.replace("FIELD", "id"),
+    ),
+    "dispatches_by_region": (
+        "Dispatches per region",
+        "dispatch records per region of the backend they went to",
+        _DISPATCH.replace("FIELD", "region"),
+    ),
+    "requests_by_tenant": (
+        "Requests per tenant",
+        "request ids with a dispatch or refusal record, at their first such record",
+        '[.records[] | select(.type!="completion")] | group_by(.request_id) | '
+        "map(min_by(.index)) | map({key: .tenant, bucket: BUCKET})",
+    ),
+    "fallbacks_by_reason": (
+        "Hosted fallbacks per reason",
+        "dispatch records with a fallback reason; rate = fallbacks / dispatches",
+        '[.records[] | select(.type=="dispatch" and .fallback!=null) | '
+        "{key: .fallback, bucket: BUCKET}]",
+    ),
+    "refusals_by_rule": (
+        "Refusals per rule",
+        "refusal records per refusing rule; rate = refusals / requests",
+        '[.records[] | select(.type=="refusal") | {key: .rule, bucket: BUCKET}]',
+    ),
+}
 
 
-def _totals(counts: list[dict[str, Any]]) -> dict[str, int]:
-    totals: Counter[str] = Counter()
-    for row in counts:
-        totals[row["key"]] += row["count"]
-    return dict(sorted(totals.items(), key=lambda item: (-item[1], item[0])))
+class _Fold:
+    """One pass over the records in log order; memory: the tallies and the request ids."""
+
+    def __init__(self, width: int, times_of: Iterable[int]) -> None:
+        self.width = width
+        self.tally: dict[str, Counter[tuple[str, int]]] = {name: Counter() for name in _SERIES}
+        self.requests: set[str] = set()
+        self.entries = self.dispatches = self.refusals = self.fallbacks = 0
+        self.first_time: str | None = None
+        self.last_time: str | None = None
+        self.wanted = set(times_of)
+        self.times: dict[int, str] = {}  # entry index -> its time, for the wanted indexes
+
+    def add(self, index: int, record: Record) -> None:
+        self.entries += 1
+        if self.first_time is None:
+            self.first_time = record.time
+        self.last_time = record.time
+        if index in self.wanted:
+            self.times[index] = record.time
+        if record.type == "completion":
+            return
+        moment = _seconds(record.time)
+        bucket = moment - moment % self.width
+        data, tally = record.data, self.tally
+        if record.request_id not in self.requests:
+            self.requests.add(record.request_id)
+            tally["requests_by_tenant"][data["tenant"], bucket] += 1
+        if record.type == "refusal":
+            self.refusals += 1
+            tally["refusals_by_rule"][data["rule"], bucket] += 1
+            return
+        self.dispatches += 1
+        tally["dispatches_by_backend"][data["backend"]["id"], bucket] += 1
+        tally["dispatches_by_region"][data["backend"]["region"], bucket] += 1
+        if data["fallback"] is not None:
+            self.fallbacks += 1
+            tally["fallbacks_by_reason"][data["fallback"], bucket] += 1
 
 
 def _series(
-    title: str, what: str, found: list[tuple[str, int]], width: int, selector: str, run: Invocation
+    name: str, tally: Counter[tuple[str, int]], width: int, run: Invocation
 ) -> dict[str, Any]:
-    counts = _counts(found, width)
-    program = f"{selector} | {_COUNTS}"
+    title, what, selector = _DEFINITIONS[name]
+    rows = sorted(tally.items())  # by key, then bucket: as jq's group_by([.key,.bucket])
+    totals: Counter[str] = Counter()
+    for (key, _), count in rows:
+        totals[key] += count
+    program = f"{selector.replace('BUCKET', _BUCKET.format(width=width))} | {_COUNTS}"
     return {
         "title": title,
         "description": what,
-        "totals": _totals(counts),
-        "counts": counts,
-        "commands": [run.jq(program.replace("{width}", str(width)))],
+        "totals": dict(sorted(totals.items(), key=lambda item: (-item[1], item[0]))),
+        "counts": [{"key": k, "bucket": _iso(b), "count": n} for (k, b), n in rows],
+        "commands": [run.jq(program)],
     }
 
 
@@ -132,95 +208,36 @@ def _rates(counts: dict[str, int], total: int) -> list[dict[str, Any]]:
 
 
 def figures(
-    records: Sequence[tuple[int, Record]],
+    records: Iterable[tuple[int, Record]],
+    width: int,
     checkpoint_sizes: Sequence[int],
-    cosignatures: Sequence[tuple[int, str, int]],
+    cosignatures: Cosignatures,
     run: Invocation,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(totals, figures) of verified records in log order, the history's checkpoint sizes
-    and the verified cosignatures as (size, witness, timestamp)."""
-    moments = [_seconds(record.time) for _, record in records]
-    width = bucket_seconds(min(moments), max(moments)) if moments else BUCKET_SECONDS[0]
-    dispatches: list[tuple[Record, int]] = []
-    first_of: dict[str, tuple[str, int]] = {}  # request id -> (tenant, seconds), first record
-    refusals: list[tuple[str, int]] = []
-    for (_, record), moment in zip(records, moments, strict=True):
-        if record.type == "completion":
-            continue
-        first_of.setdefault(record.request_id, (record.data["tenant"], moment))
-        if record.type == "dispatch":
-            dispatches.append((record, moment))
-        else:
-            refusals.append((record.data["rule"], moment))
-    fallbacks = [(r.data["fallback"], m) for r, m in dispatches if r.data["fallback"] is not None]
-    bucket = _BUCKET
-    dispatch = (
-        f'[.records[] | select(.type=="dispatch") | {{key: .backend.{{field}}, bucket: {bucket}}}]'
-    )
-    requests = (
-        '[.records[] | select(.type!="completion")] | group_by(.request_id) | '
-        f"map(min_by(.index)) | map({{key: .tenant, bucket: {bucket}}})"
-    )
-    fallback = (
-        '[.records[] | select(.type=="dispatch" and .fallback!=null) | '
-        f"{{key: .fallback, bucket: {bucket}}}]"
-    )
-    refusal = f'[.records[] | select(.type=="refusal") | {{key: .rule, bucket: {bucket}}}]'
-    found: dict[str, Any] = {
-        "dispatches_by_backend": _series(
-            "Dispatches per backend",
-            "dispatch records (one per attempt) per backend id",
-            [(r.data["backend"]["id"], m) for r, m in dispatches],
-            width,
-            dispatch.replace("{field}", "id"),
-            run,
-        ),
-        "dispatches_by_region": _series(
-            "Dispatches per region",
-            "dispatch records per region of the backend they went to",
-            [(r.data["backend"]["region"], m) for r, m in dispatches],
-            width,
-            dispatch.replace("{field}", "region"),
-            run,
-        ),
-        "requests_by_tenant": _series(
-            "Requests per tenant",
-            "request ids with a dispatch or refusal record, at their first such record",
-            list(first_of.values()),
-            width,
-            requests,
-            run,
-        ),
-        "fallbacks_by_reason": _series(
-            "Hosted fallbacks per reason",
-            "dispatch records with a fallback reason; rate = fallbacks / dispatches",
-            fallbacks,
-            width,
-            fallback,
-            run,
-        ),
-        "refusals_by_rule": _series(
-            "Refusals per rule",
-            "refusal records per refusing rule; rate = refusals / requests",
-            refusals,
-            width,
-            refusal,
-            run,
-        ),
-    }
-    _add_rates(found, len(dispatches), len(first_of), run)
-    found["checkpoints"] = _checkpoints(records, checkpoint_sizes, run)
+    """(totals, figures) of verified records in log order, counted in buckets of `width`
+    seconds, with the history's checkpoint sizes and the cosignatures. Reads `records`
+    once."""
+    fold = _Fold(width, (size - 1 for size in checkpoint_sizes if size))
+    for index, record in records:
+        fold.add(index, record)
+    found: dict[str, Any] = {name: _series(name, fold.tally[name], width, run) for name in _SERIES}
+    _add_rates(found, fold.dispatches, len(fold.requests), run)
+    points = [
+        {"size": size, "time": fold.times.get(size - 1) if size else None}
+        for size in checkpoint_sizes
+    ]
+    found["checkpoints"] = _checkpoints(points, run)
     found["cosignatures"] = _cosignatures(cosignatures, run)
     totals = {
-        "entries": len(records),
-        "dispatches": len(dispatches),
-        "completions": len(records) - len(dispatches) - len(refusals),
-        "refusals": len(refusals),
-        "requests": len(first_of),
-        "fallbacks": len(fallbacks),
+        "entries": fold.entries,
+        "dispatches": fold.dispatches,
+        "completions": fold.entries - fold.dispatches - fold.refusals,
+        "refusals": fold.refusals,
+        "requests": len(fold.requests),
+        "fallbacks": fold.fallbacks,
         "bucket_seconds": width,
-        "first_time": records[0][1].time if records else None,
-        "last_time": records[-1][1].time if records else None,
+        "first_time": fold.first_time,
+        "last_time": fold.last_time,
     }
     return totals, found
 
@@ -246,10 +263,7 @@ def _add_rates(found: dict[str, Any], dispatches: int, requests: int, run: Invoc
     )
 
 
-def _checkpoints(
-    records: Sequence[tuple[int, Record]], sizes: Sequence[int], run: Invocation
-) -> dict[str, Any]:
-    points = [{"size": size, "time": records[size - 1][1].time if size else None} for size in sizes]
+def _checkpoints(points: list[dict[str, Any]], run: Invocation) -> dict[str, Any]:
     history = shlex.quote(f"{run.logdir}/checkpoints") + "/*"
     program = (
         "(.records | map({key: (.index|tostring), value: .time}) | from_entries) as $t | "
@@ -269,18 +283,30 @@ def _checkpoints(
     }
 
 
-def _cosignatures(found: Sequence[tuple[int, str, int]], run: Invocation) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Cosignatures:
+    """What `cosigned/` holds: its file count, whether witness keys were given (checked),
+    and each valid cosignature by one of them as (size, witness, POSIX timestamp)."""
+
+    files: int
+    checked: bool
+    found: tuple[tuple[int, str, int], ...] = ()
+
+
+def _cosignatures(cosigned: Cosignatures, run: Invocation) -> dict[str, Any]:
     points = [
         {"size": size, "witness": witness, "time": _iso(stamp)}
-        for size, witness, stamp in sorted(found)
+        for size, witness, stamp in sorted(cosigned.found)
     ]
     newest: dict[str, int] = {}
-    for size, witness, _ in found:
+    for size, witness, _ in cosigned.found:
         newest[witness] = max(size, newest.get(witness, 0))
     return {
         "title": "Witness cosignatures",
         "description": "checkpoints in cosigned/ with a valid cosignature by a given "
         "witness key, at the witness's timestamp",
+        "files": cosigned.files,
+        "checked": cosigned.checked,
         "points": points,
         "newest_by": dict(sorted(newest.items())),
         "commands": [
@@ -292,31 +318,53 @@ def _cosignatures(found: Sequence[tuple[int, str, int]], run: Invocation) -> dic
 
 def _verified_cosignatures(
     log: LogDirectory, witnesses: Sequence[CosignatureVerifier], now: float
-) -> list[tuple[int, str, int]]:
-    """(size, witness, timestamp) of every cosignature `verify_log` accepted."""
+) -> Cosignatures:
+    """`cosigned/`, with every cosignature by the `witnesses` that `verify_log` accepted."""
+    files = list_cosigned(log.path)
     found: list[tuple[int, str, int]] = []
-    for size, path in list_cosigned(log.path):
+    for size, path in files:
         data = path.read_bytes()
         for witness in witnesses:
             cosignature = find_cosignature(data, witness, now=now)
             if cosignature is not None:
                 found.append((size, str(witness), cosignature.timestamp))
-    return found
+    return Cosignatures(len(files), bool(witnesses), tuple(found))
 
 
-def _read_verified(log: LogDirectory, summary: LogSummary) -> list[tuple[int, Record]]:
-    """The entries `verify_log` checked, read again: they must still hash to its root."""
+_CHANGED = "the log changed while the report read it ({}): run the report on a copy"
+
+
+def _verified_figures(
+    log: LogDirectory,
+    summary: LogSummary,
+    cosigned: Cosignatures,
+    run: Invocation,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The figures of the entries `verify_log` checked, read again in one pass: they must
+    still hash to the verified root, and begin and end at the times the buckets were
+    chosen from (the first and the last entry's)."""
+    ends: list[int] = []
+    if summary.size:
+        last = summary.size - 1
+        for index in (0, last):
+            entry = log.bundle(index // TILE_WIDTH, summary.size)[index % TILE_WIDTH]
+            ends.append(_seconds(parse_record(entry).time))
+    width = bucket_seconds(min(ends), max(ends)) if ends else BUCKET_SECONDS[0]
     tree = CompactRange()
-    records: list[tuple[int, Record]] = []
-    for index, entry in log.entries(summary.size):
-        tree.append(leaf_hash(entry))
-        records.append((index, parse_record(entry)))
+
+    def hashed() -> Iterator[tuple[int, Record]]:
+        for index, entry in log.entries(summary.size):
+            tree.append(leaf_hash(entry))
+            yield index, parse_record(entry)
+
+    sizes = [size for size, _ in log.history()]
+    totals, found = figures(hashed(), width, sizes, cosigned, run)
     if tree.root() != summary.root:
-        raise LogVerificationError(
-            "the log changed while the report read it: its entries no longer hash to the "
-            "verified root (run the report on a copy that nothing writes to)"
-        )
-    return records
+        raise LogVerificationError(_CHANGED.format("its entries no longer hash to the root"))
+    read = [_seconds(totals[name]) for name in ("first_time", "last_time") if totals[name]]
+    if read != ends:
+        raise LogVerificationError(_CHANGED.format("its first or last entry changed"))
+    return totals, found
 
 
 def _summary(summary: LogSummary) -> dict[str, Any]:
@@ -387,16 +435,14 @@ def audit_report(
             accept_earlier_keys=accept_earlier_keys,
         )
         log = LogDirectory(directory)
-        records = _read_verified(log, summary)
-        cosigned = _verified_cosignatures(log, witnesses, now) if witnesses else []
+        cosigned = _verified_cosignatures(log, witnesses, now)
+        totals, found = _verified_figures(log, summary, cosigned, run)
     except LogVerificationError as exc:
         verification["error"], verification["index"] = str(exc), exc.index
         return report
     except (MalformedError, SignatureError) as exc:  # a file changed after verify_log
-        verification["error"] = f"the log changed while the report read it: {exc}"
+        verification["error"] = _CHANGED.format(exc)
         return report
-    verification["ok"] = True
-    verification["summary"] = _summary(summary)
-    sizes = [size for size, _ in log.history()]
-    report["totals"], report["figures"] = figures(records, sizes, cosigned, run)
+    verification.update(ok=True, summary=_summary(summary))
+    report["totals"], report["figures"] = totals, found
     return report

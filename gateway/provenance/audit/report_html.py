@@ -94,7 +94,9 @@ def _svg(title: str, body: str) -> str:
 
 def _bars(figure: dict[str, Any], first: int, last: int, width: int) -> str:
     """A stacked bar chart of a figure's counts: one bar per time bucket."""
-    starts = list(range(first - first % width, last - last % width + 1, width))
+    buckets = [_seconds(row["bucket"]) for row in figure["counts"]]
+    low, high = min([first - first % width, *buckets]), max([last - last % width, *buckets])
+    starts = list(range(low, high + 1, width))  # records' times need not be in order
     ranked = list(figure["totals"])
     colors = {key: _PALETTE[i] for i, key in enumerate(ranked[:_TOP])}
     stacks: dict[int, dict[str, int]] = {start: {} for start in starts}
@@ -197,8 +199,8 @@ def _checkpoint_figures(figures: dict[str, Any]) -> str:
         parts.append(_legend(list(colors.items())))
     else:
         parts.append(
-            "<p>No witness key was given, or no cosignature by one: give "
-            "<code>--witness-key</code> to check and chart cosignatures.</p>"
+            f"<p>Not checked: cosigned/ holds {_e(cosigned['files'])} files; give "
+            "<code>--witness-key</code> to check and chart their cosignatures.</p>"
         )
     rows = [(p["size"], p["witness"], p["time"]) for p in cosigned["points"]]
     parts.append(_table(("size", "witness", "timestamp"), rows))
