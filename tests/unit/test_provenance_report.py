@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import calendar
+import dataclasses
 import json
 import shutil
 import time
@@ -21,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from gateway.provenance import ProvenanceLog
+from gateway.provenance import ProvenanceLog, verify_log
+from gateway.provenance.audit import report as report_module
 from gateway.provenance.audit.report import Invocation, audit_report, bucket_seconds
 from gateway.provenance.audit.report_html import render_html
 from gateway.provenance.formats.cosignature import Cosigner
@@ -242,6 +244,37 @@ def test_a_tampered_log_gets_a_failed_report_and_exit_1(
     assert "VERIFICATION FAILED" in text and "VERIFIED" not in text
     assert page.index("VERIFICATION FAILED") < page.index(verification["error"][:20])
     assert "<title>FAILED" in page
+
+
+def test_entries_that_no_longer_hash_to_the_verified_root_fail(
+    logdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entries are read twice (verify_log, then the figures): a log that changes in
+    between is a failure, not a report of whatever the second read found."""
+    verified = verify_log(logdir, [SIGNER.verifier()])
+    other = dataclasses.replace(verified, root=bytes(32))
+    monkeypatch.setattr(report_module, "verify_log", lambda *_a, **_k: other)
+    report = _report(logdir)
+    assert report["verification"]["ok"] is False and report["figures"] == {}
+    assert "changed while the report read it" in report["verification"]["error"]
+
+
+def test_a_log_of_several_bundles_spans_hours(tmp_path: Path) -> None:
+    async def build() -> None:
+        log = await ProvenanceLog.open(tmp_path, ORIGIN, SIGNER)
+        for n in range(0, 300 * 60, 60):  # 300 requests, one a minute: 600 entries
+            await log_request(log, n, tenant=f"t{n % 7}")
+        await log.close()
+
+    asyncio.run(build())
+    report = _report(tmp_path)
+    totals = report["totals"]
+    assert (totals["entries"], totals["requests"], totals["dispatches"]) == (600, 300, 300)
+    assert totals["bucket_seconds"] == 300  # 299 minutes: 60 buckets of 5 minutes
+    by_tenant = report["figures"]["requests_by_tenant"]
+    assert by_tenant["totals"] == dict(Counter(f"t{n % 7}" for n in range(0, 300 * 60, 60)))
+    assert sum(row["count"] for row in by_tenant["counts"]) == 300
+    assert _parse(render_html(report)).tags["svg"] == 4  # no fallback, refusal, witness
 
 
 def test_the_cli_writes_both_and_refuses_urls_and_no_output(
