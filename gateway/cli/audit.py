@@ -484,7 +484,9 @@ def _add_report(verbs: Any) -> None:
     report.add_argument("logdir", help="the log directory (URLs: not yet)")
     _verify_flags(report)
     report.add_argument(
-        "--html", metavar="FILE", help="write the report as one self-contained HTML file"
+        "--html",
+        metavar="FILE",
+        help="write the report as one self-contained HTML file ('-': standard output)",
     )
     report.add_argument(
         "--json", metavar="FILE", help="write the same numbers as JSON ('-': standard output)"
@@ -494,6 +496,14 @@ def _add_report(verbs: Any) -> None:
         _checkpoint_defaults=_env_list("CHECKPOINT"),
         _witness_defaults=_env_list("WITNESS_KEY"),
     )
+
+
+def _write(name: str, text: str) -> None:
+    """Write a report to file `name`, or to standard output for '-'."""
+    if name == "-":
+        sys.stdout.write(text)
+    else:
+        Path(name).write_text(text, encoding="utf-8")
 
 
 def _verify_flags(parser: argparse.ArgumentParser) -> None:
@@ -547,12 +557,10 @@ def _report(args: argparse.Namespace) -> int:
         accept_earlier_keys=args.accept_earlier_keys,
         now=time.time(),
     )
-    if args.json == "-":
-        print(json.dumps(result, indent=2))
-    elif args.json is not None:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    if args.json is not None:
+        _write(args.json, json.dumps(result, indent=2) + "\n")
     if args.html is not None:
-        Path(args.html).write_text(render_html(result), encoding="utf-8")
+        _write(args.html, render_html(result))
     verification = result["verification"]
     if not verification["ok"]:
         print(f"FAILED: {verification['error']} (the report says so)", file=sys.stderr)
