@@ -85,6 +85,16 @@ class Invocation:
         return f"{shlex.join(argv)} | jq {shlex.quote(path)}"
 
 
+@dataclass(frozen=True, slots=True)
+class Cosignatures:
+    """What `cosigned/` holds: its file count, whether witness keys were given (checked),
+    and each valid cosignature by one of them as (size, witness, POSIX timestamp)."""
+
+    files: int
+    checked: bool
+    found: tuple[tuple[int, str, int], ...] = ()
+
+
 def _seconds(time: str) -> int:
     """A record time (`2026-01-31T12:00:00.250Z`) as POSIX seconds, truncated."""
     return int(datetime.fromisoformat(time[:19] + "+00:00").timestamp())
@@ -281,16 +291,6 @@ def _checkpoints(points: list[dict[str, Any]], run: Invocation) -> dict[str, Any
             f"{show} | jq -c --argjson sizes {sizes_cmd} {shlex.quote(program)}",
         ],
     }
-
-
-@dataclass(frozen=True, slots=True)
-class Cosignatures:
-    """What `cosigned/` holds: its file count, whether witness keys were given (checked),
-    and each valid cosignature by one of them as (size, witness, POSIX timestamp)."""
-
-    files: int
-    checked: bool
-    found: tuple[tuple[int, str, int], ...] = ()
 
 
 def _cosignatures(cosigned: Cosignatures, run: Invocation) -> dict[str, Any]:
