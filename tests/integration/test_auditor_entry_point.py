@@ -91,7 +91,13 @@ def logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize(
     "words",
-    [["audit"], ["audit", "verify"], ["audit", "receipt", "verify"], ["witness", "vkey"]],
+    [
+        ["audit"],
+        ["audit", "verify"],
+        ["audit", "report"],
+        ["audit", "receipt", "verify"],
+        ["witness", "vkey"],
+    ],
     ids=" ".join,
 )
 def test_help_needs_no_server_stack(words: list[str]) -> None:
@@ -128,6 +134,13 @@ def test_show_needs_no_server_stack(logdir: Path) -> None:
     done = owngate("audit", "show", str(logdir))
     assert done.returncode == 0, done.stderr
     assert "3 dispatched, 3 completed, 1 refused (of 7 entries)" in done.stdout
+
+
+def test_report_needs_no_server_stack(logdir: Path, tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    done = owngate("audit", "report", str(logdir), "--key", SIGNER.vkey, "--html", str(page))
+    assert done.returncode == 0, done.stderr
+    assert "<h1>Audit report of" in page.read_text() and "<svg" in page.read_text()
 
 
 def test_witness_vkey_needs_no_server_stack(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ COMMANDS = [
     ["audit", "receipt", "verify"],
     ["audit", "open"],
     ["audit", "show"],
+    ["audit", "report"],
     ["witness"],
     ["witness", "serve"],
     ["witness", "vkey"],

@@ -1,0 +1,85 @@
+"""Each figure's reproduce command of `owngate audit report`, run as printed, gives its numbers.
+
+The commands are shell pipelines of the real `owngate` (this interpreter's) and `jq`; a
+`jq` filter over `owngate audit show --records --json` must print exactly the figure's
+`counts` (or `rates`, or `points`) of the JSON report, so an auditor can recompute every
+chart without the report's code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.provenance import ProvenanceLog
+from gateway.provenance.testing import EXAMPLE_HOSTED, log_refusal, log_request, seeded_signer
+from tests.helpers.prerequisites import missing
+
+ORIGIN = "gateway.example/log/report-commands"
+SIGNER = seeded_signer(ORIGIN)
+
+pytestmark = pytest.mark.jq
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("log")
+
+    async def build() -> None:
+        log = await ProvenanceLog.open(path, ORIGIN, SIGNER)
+        for n in (0, 1, 40, 41, 42):
+            await log_request(log, n, tenant="acme-app" if n % 2 else "beta")
+        await log_request(log, 41)  # a retry of req-41
+        await log_request(log, 90, backend=EXAMPLE_HOSTED, fallback_reason="private_saturated")
+        await log_refusal(log, 120)
+        await log.checkpoint()
+        await log_request(log, 200, backend=EXAMPLE_HOSTED, fallback_reason="private_down")
+        await log.close()
+
+    asyncio.run(build())
+    return path
+
+
+def _shell(command: str) -> str:
+    if shutil.which("jq") is None:
+        missing("jq", "jq is not installed (apt-get install jq)")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, (command, done.stderr)
+    return done.stdout
+
+
+def test_every_figure_is_reproduced_by_its_commands(logdir: Path) -> None:
+    argv = f"owngate audit report {logdir} --key {SIGNER.vkey} --json -"
+    report: dict[str, Any] = json.loads(_shell(argv))
+    assert report["verification"]["ok"] is True
+    figures = report["figures"]
+    for name in (
+        "dispatches_by_backend",
+        "dispatches_by_region",
+        "requests_by_tenant",
+        "fallbacks_by_reason",
+        "refusals_by_rule",
+    ):
+        counts, *rates = figures[name]["commands"]
+        assert json.loads(_shell(counts)) == figures[name]["counts"], name
+        assert figures[name]["counts"], name
+        for command in rates:
+            assert json.loads(_shell(command)) == figures[name]["rates"], name
+    verify, history = figures["checkpoints"]["commands"]
+    assert json.loads(_shell(verify))["checkpoints"] == len(figures["checkpoints"]["points"])
+    assert json.loads(_shell(history)) == figures["checkpoints"]["points"]
