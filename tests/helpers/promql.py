@@ -86,7 +86,7 @@ def _tokens(expr: str) -> list[tuple[str, str]]:
     while at < len(expr):
         match = _TOKEN.match(expr, at)
         if match is None:
-            raise PromQLError(f"unexpected {expr[at:at + 20]!r} at {at} in {expr!r}")
+            raise PromQLError(f"unexpected {expr[at : at + 20]!r} at {at} in {expr!r}")
         kind = match.lastgroup
         assert kind is not None
         if kind != "space":
