@@ -253,6 +253,12 @@ def test_the_dashboard_and_the_rules_cover_what_the_issue_names() -> None:
         "owngate_witness_cosigned_size",
         "owngate_state_healthy",
     } <= dashboard
+    panels = list(_panels(json.loads(DASHBOARD.read_text(encoding="utf-8"))["panels"]))
+    ids = [panel["id"] for panel in panels]
+    assert len(ids) == len(set(ids))
+    # Every query goes to the data source the importer picks (the `datasource` variable).
+    sources = {t["datasource"]["uid"] for panel in panels for t in panel.get("targets", [])}
+    assert sources == {"${datasource}"}
     rules = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))
     for group in rules["groups"]:
         for rule in group["rules"]:
