@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from tests.helpers.net import free_port
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.prerequisites import promtool
 from tests.helpers.promql import metric_names, variable_query_names
+from tests.helpers.waiting import until
 
 OBSERVABILITY = REPO_ROOT / "deploy" / "observability"
 DASHBOARD = OBSERVABILITY / "grafana-dashboard.json"
@@ -129,13 +129,6 @@ def unknown(reads: dict[str, set[str]], exposed: dict[str, str]) -> list[str]:
 # --- a live gateway ----------------------------------------------------------------------------
 
 
-def _until(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def witness_url(tmp_path: Path) -> Iterator[str]:
     """A witness that cosigns the test log's checkpoints (the log key is written here)."""
@@ -208,7 +201,12 @@ def _serve_and_scrape(url: str) -> str:
         return httpx.get(f"{url}/metrics", timeout=10).text
 
     names = ("owngate_witness_cosigned_size", "owngate_provenance_checkpoint_size")
-    _until(lambda: all(n in exposition_names(scrape()) for n in names), "a cosigned checkpoint")
+    until(
+        lambda: all(n in exposition_names(scrape()) for n in names),
+        "a cosigned checkpoint in /metrics",
+        timeout=20,
+        interval=0.05,
+    )
     return scrape()
 
 
