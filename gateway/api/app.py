@@ -50,6 +50,8 @@ class GatewayApp(Runtime):
         # Shared state outlives config reloads (its own settings apply on restart).
         self.state.watch_peers(self._peers_changed)
         self.metrics.watch_state(self.state, lambda: self.parts.registry)
+        if parts.recorder is not None:  # like the metrics, it outlives config reloads
+            self.metrics.watch_provenance(parts.recorder)
         tenant, operations = TenantSurface(self), Operations(self)
         self._proxied = tenant.proxied
         self._provenance = tenant.provenance

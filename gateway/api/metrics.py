@@ -1,7 +1,11 @@
 """The gateway's own Prometheus metrics, on a registry owned by one app instance.
 
 Label children are cached per label tuple so the request path pays a dict lookup and
-an observe, not prometheus_client's label resolution.
+an observe, not prometheus_client's label resolution. What the gateway already knows
+(backend health and breakers, shared state, the policy set, the provenance log, the
+witnesses) is read by collectors at scrape time, costing requests nothing. The names are
+a contract: deploy/observability/ (the Grafana dashboard and the alert rules) uses them,
+and tests/integration/test_observability.py checks each one against a live gateway.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from gateway.api.recorder import Recorder
     from gateway.policy_set import TrustPolicies
     from gateway.provenance.writer.cosignature_collector import Cosigning
     from gateway.routing.registry import Registry
@@ -106,6 +111,20 @@ class GatewayMetrics:
             buckets=_DISPATCH_BUCKETS,
             registry=r,
         )
+        self.fallbacks = Counter(
+            "owngate_fallbacks",
+            "Requests a hosted backend served as a fallback, by backend and reason "
+            "(private_unavailable, private_saturated).",
+            ["backend", "reason"],
+            registry=r,
+        )
+        self.refusals = Counter(
+            "owngate_policy_refusals",
+            "Requests refused before dispatch, by the policy rule that refused them and "
+            "the error code (policy_denied, no_compliant_backend, ...).",
+            ["rule", "code"],
+            registry=r,
+        )
         info = Gauge("owngate_build_info", "Build information.", ["version"], registry=r)
         info.labels(__version__).set(1)
         self._children: dict[tuple[object, ...], MetricWrapperBase] = {}
@@ -137,6 +156,11 @@ class GatewayMetrics:
         scrape time (`registry` gives the registry in use, which a reload replaces)."""
         self.registry.register(_StateCollector(state, registry))
 
+    def watch_provenance(self, recorder: Recorder) -> None:
+        """Publish the provenance log's readiness, size and newest checkpoint, read at
+        scrape time."""
+        self.registry.register(_ProvenanceCollector(recorder))
+
     def watch_cosigning(self, cosigning: Cosigning) -> None:
         """Publish each witness's cosigning progress and failures, read at scrape time."""
         self.registry.register(_CosigningCollector(cosigning))
@@ -160,6 +184,14 @@ class GatewayMetrics:
 
     def upstream_error(self, backend: str, kind: str) -> None:
         self._child(self.upstream_errors, backend, kind).inc()  # type: ignore[attr-defined]
+
+    def fallback(self, backend: str, reason: str) -> None:
+        """A hosted backend served a request as a fallback (`reason`: the plan's)."""
+        self._child(self.fallbacks, backend, reason).inc()  # type: ignore[attr-defined]
+
+    def refusal(self, rule: str, code: str) -> None:
+        """A request was refused before dispatch by policy `rule` with error `code`."""
+        self._child(self.refusals, rule, code).inc()  # type: ignore[attr-defined]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -202,6 +234,12 @@ class _BackendLoadCollector(Collector):
             "Times the backend's circuit breaker opened (failures or a failed /health probe).",
             labels=["backend"],
         )
+        up = GaugeMetricFamily(
+            "owngate_backend_up",
+            "1 while routing may send the private backend requests; 0 while its health "
+            "probe marks it down or its circuit breaker admits none.",
+            labels=["backend"],
+        )
         slots = GaugeMetricFamily(
             "owngate_backend_slots",
             "Concurrency slots: capacity.max_concurrency, or learned from llama.cpp /props.",
@@ -213,6 +251,7 @@ class _BackendLoadCollector(Collector):
                 for name in _BREAKER_STATES:
                     breaker.add_metric([backend_id, name], 1.0 if name == current else 0.0)
                 opens.add_metric([backend_id], state.breaker.opens)
+                up.add_metric([backend_id], 0.0 if self._registry.is_down(state) else 1.0)
             known = state.config.capacity.max_concurrency or state.learned_slots
             if known:
                 slots.add_metric([backend_id], known)
@@ -230,6 +269,7 @@ class _BackendLoadCollector(Collector):
         yield age
         yield breaker
         yield opens
+        yield up
         yield slots
 
 
@@ -311,6 +351,38 @@ class _CosigningCollector(Collector):
             done.add_metric([witness.name], witness.cosignatures)
             failed.add_metric([witness.name], witness.failures)
         yield from (size, up, done, failed)
+
+
+class _ProvenanceCollector(Collector):
+    """The provenance log (docs/provenance.md): whether requests can be recorded (without
+    that they are refused), how many entries it holds, and its newest signed checkpoint
+    (what witnesses cosign: `owngate_witness_cosigned_size` trails it while they lag)."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+
+    def collect(self) -> Iterator[Metric]:
+        recorder = self._recorder
+        opened = recorder.opened
+        log = recorder.log if opened else None
+        yield GaugeMetricFamily(
+            "owngate_provenance_ready",
+            "1 while the provenance log is open and writable; 0 before it opens and while "
+            "a write or checkpoint fails (proxied requests are refused then).",
+            value=1 if log is not None and log.last_error is None else 0,
+        )
+        if log is None:
+            return
+        yield GaugeMetricFamily(
+            "owngate_provenance_entries", "Entries made durable in the log.", value=log.size
+        )
+        latest = log.latest_checkpoint()
+        if latest is not None:
+            yield GaugeMetricFamily(
+                "owngate_provenance_checkpoint_size",
+                "Tree size of the newest signed checkpoint.",
+                value=latest.checkpoint.size,
+            )
 
 
 class _PolicyCollector(Collector):

