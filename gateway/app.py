@@ -21,6 +21,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.api.app import GatewayApp
 from gateway.api.metrics import GatewayMetrics
@@ -38,7 +39,10 @@ from gateway.state import SharedState, create_state
 from gateway.tenants import TenantEntry, index_keys
 from gateway.upstream.hosted import hosted_api_key
 
-__all__ = ["Assembly", "AssemblyError", "assemble", "create_app", "validate"]
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+__all__ = ["Assembly", "AssemblyError", "admin_app", "assemble", "create_app", "validate"]
 
 
 class AssemblyError(ValueError):
@@ -203,6 +207,24 @@ def create_app(
         app.reloader = reloader
         app.metrics.watch_config(lambda: reloader.reload_failures)
     return app
+
+
+def admin_app(app: GatewayApp) -> FastAPI:
+    """The admin API (gateway/admin/, FastAPI) of a running gateway app: it reads the
+    same runtime and acts through the app's own reload and drain. Imported here, never
+    by the public surface: the hot path does not load FastAPI."""
+    from gateway.admin.app import AdminControl, create_admin_app
+    from gateway.api.operations import Operations
+
+    async def reload() -> bool:
+        if app.reloader is None:
+            return app.policies.reload()
+        return await app.reloader.reload()
+
+    control = AdminControl(
+        runtime=app, readiness=Operations(app).readiness, reload=reload, drain=app.begin_drain
+    )
+    return create_admin_app(control)
 
 
 def validate(

@@ -119,7 +119,7 @@ def summarise(
                 row.errors += 1
             if data["usage"] is not None:
                 row.tokens += data["usage"]["total_tokens"]
-        else:
+        elif record.type == "refusal":
             if not filters.accepts(record, None, data["tenant"]) or filters.backend:
                 continue
             summary.refused += 1
