@@ -7,3 +7,5 @@ and the actions as callables) and is the only place owngate imports a web framew
 the public listener stays raw ASGI (docs/architecture.md, "Why no web framework on the
 hot path"). docs/admin-api.md describes it; docs/admin-openapi.json is its schema.
 """
+
+__all__: list[str] = []

@@ -7,6 +7,8 @@ paths, content types, caching), `owngate audit verify URL`, and the OpenAPI sche
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -303,3 +305,14 @@ def test_the_admin_port_is_never_the_public_port() -> None:
     backends = [backend("b", "http://127.0.0.1:1", "m")]
     assert gateway_config(backends).admin.listen is None  # the tests' gateways open none
     assert GatewaySettings.model_fields["admin"].default.listen.port == 9090
+
+
+def test_the_public_path_does_not_load_fastapi() -> None:
+    """The hot path stays raw ASGI: building and serving the public app imports no
+    framework; only the admin API (gateway/admin/) does."""
+    code = (
+        "import sys, gateway.app, gateway.cli.serve, gateway.api.app; "
+        "assert not {'fastapi', 'starlette'} & set(sys.modules), sorted(sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
