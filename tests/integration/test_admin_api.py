@@ -224,6 +224,8 @@ def test_actions_are_logged_and_the_log_still_verifies(served: Served) -> None:
     assert admin[-1]["token"] == hash_api_key(TOKENS["security"])[7:19]
     assert admin[-1]["change_digest"] == revoked.json()["change_digest"]
     assert run_audit(["verify", str(served.log), "--key", served.vkey]) == 0
+    assert run_audit(["prove", str(served.log), admin[-1]["request_id"], "--record", "admin"]) == 0
+    assert run_audit(["show", str(served.log), "--records", "--tenant", "acme"]) == 0
     url = f"{served.admin}/log/"
     token = ["--token", TOKENS["auditor"]]
     assert run_audit(["verify", url, "--key", served.vkey, *token, "--origin", ORIGIN]) == 0

@@ -124,6 +124,8 @@ def summarise(
                 continue
             summary.refused += 1
             summary.refusal_rules[data["rule"]] += 1
+        elif not filters.accepts(record, None, None):  # admin: no tenant, no backend
+            continue
         if keep_records:
             summary.records.append((index, record))
     return summary
