@@ -10,6 +10,7 @@ Swagger UI loads its assets from a CDN and owngate serves nothing from one;
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 from collections.abc import Awaitable, Callable
@@ -36,6 +37,7 @@ from gateway.admin.models import (
     PolicyStatus,
     Status,
 )
+from gateway.admin.requests import router as requests_router
 from gateway.admin.tiles import router as log_router
 from gateway.api.admin import status_report
 from gateway.api.runtime import Runtime
@@ -94,11 +96,12 @@ def _routes() -> FastAPI:
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.include_router(_v1)
+    app.include_router(requests_router)
     app.include_router(log_router)
     return app
 
 
-def _control(request: Request) -> AdminControl:
+async def _control(request: Request) -> AdminControl:
     control: AdminControl = request.app.state.control
     return control
 
@@ -142,7 +145,7 @@ _Control = Annotated[AdminControl, Depends(_control)]
 
 
 @_v1.get("/status", tags=["operator"], summary="Readiness and every backend's routing state")
-def status(control: _Control, caller: _Operator) -> Status:
+async def status(control: _Control, caller: _Operator) -> Status:
     parts = control.runtime.parts
     report = status_report(parts.registry, parts.scraper, parts.proxy)
     ready = control.readiness()
@@ -159,12 +162,12 @@ def status(control: _Control, caller: _Operator) -> Status:
 
 
 @_v1.get("/policies", tags=["security"], summary="The active policy set and its reload status")
-def policies(control: _Control, caller: _Security) -> PolicyStatus:
+async def policies(control: _Control, caller: _Security) -> PolicyStatus:
     return PolicyStatus.model_validate(control.runtime.policies.status())
 
 
 @_v1.post("/policies/explain", tags=["security"], summary="The decision and trace for a request")
-def explain(body: ExplainRequest, control: _Control, caller: _Security) -> Explained:
+async def explain(body: ExplainRequest, control: _Control, caller: _Security) -> Explained:
     try:
         label = None if body.data_class is None else one_label([body.data_class])
         decision = control.runtime.policies.current.decide(body.tenant, body.model, label)
@@ -174,7 +177,7 @@ def explain(body: ExplainRequest, control: _Control, caller: _Security) -> Expla
 
 
 @_v1.get("/config", tags=["operator", "security"], summary="The running config's digest")
-def config(control: _Control, caller: _Reader) -> ConfigStatus:
+async def config(control: _Control, caller: _Reader) -> ConfigStatus:
     runtime = control.runtime
     reloader = runtime.reloader
     reloads = reloader.status() if reloader is not None else {}
@@ -210,7 +213,7 @@ async def drain(control: _Control, caller: _Operator) -> ActionResult:
 
 
 @_v1.get("/keys", tags=["security"], summary="Tenant API keys, by digest prefix")
-def keys(control: _Control, caller: _Security) -> KeyList:
+async def keys(control: _Control, caller: _Security) -> KeyList:
     rows = [
         KeyRow(tenant=tenant.id, hash_prefix=digest[7:19])
         for tenant in control.runtime.config.tenants
@@ -231,7 +234,7 @@ async def create_key(body: KeyCreate, control: _Control, caller: _Security) -> C
     digest = hash_api_key(key)
     change = {"tenant": body.tenant, "hash": digest}
     done = await _act(control, caller, "key_create", body.tenant, change, changed=True)
-    add_key_hash(path, body.tenant, digest)
+    await asyncio.to_thread(add_key_hash, path, body.tenant, digest)
     await control.reload()
     return CreatedKey(**done.model_dump(), tenant=body.tenant, key=key, hash=digest)
 
@@ -249,7 +252,7 @@ async def revoke_key(digest: str, control: _Control, caller: _Security) -> Actio
     done = await _act(control, caller, "key_revoke", owners[0], change, changed=True)
     await runtime.state.revoke_key(key_hash)  # refused from now on (every replica: Redis)
     if runtime.config.keys_file is not None:
-        remove_key_hash(_keys_file(runtime), key_hash)
+        await asyncio.to_thread(remove_key_hash, _keys_file(runtime), key_hash)
         await control.reload()
     return done
 

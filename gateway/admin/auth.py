@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -69,12 +69,12 @@ def _lookup(token: bytes, settings: AdminSettings) -> Caller | None:
     return found
 
 
-def require(*roles: str) -> Callable[[Request], Caller]:
+def require(*roles: str) -> Callable[[Request], Awaitable[Caller]]:
     """A FastAPI dependency: the caller, if its role is one of `roles` (or full access);
     401 or 403 otherwise. The settings are the running config's (a reload applies)."""
     allowed = frozenset(roles)
 
-    def check(request: Request) -> Caller:
+    async def check(request: Request) -> Caller:  # async: on the loop, not a thread
         settings: AdminSettings = request.app.state.control.runtime.config.admin
         caller = identify(request, settings)
         if caller.role != FULL_ACCESS and caller.role not in allowed:

@@ -23,7 +23,7 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance.formats.layout import CHECKPOINT
 from gateway.provenance.formats.tiles import TILE_WIDTH, entries_path, index_path, tile_path
 
-__all__ = ["parse_tile_path", "router"]
+__all__ = ["log_dir", "parse_tile_path", "router"]
 
 router = APIRouter(prefix="/log", tags=["log"])
 
@@ -55,7 +55,7 @@ def parse_tile_path(path: str) -> tuple[str, bool] | None:
     return name, width == TILE_WIDTH
 
 
-def _log_dir(request: Request) -> Path:
+def log_dir(request: Request) -> Path:
     runtime: Runtime = request.app.state.control.runtime
     settings = runtime.config.provenance
     if settings is None:
@@ -77,7 +77,7 @@ def _file(path: Path, what: str) -> bytes:
     summary="The latest signed checkpoint (a signed note)",
 )
 def checkpoint(request: Request, caller: _Auditor) -> Response:
-    data = _file(_log_dir(request) / CHECKPOINT, "checkpoint yet")
+    data = _file(log_dir(request) / CHECKPOINT, "checkpoint yet")
     return Response(
         data, media_type="text/plain; charset=utf-8", headers={"Cache-Control": _CHANGING}
     )
@@ -94,6 +94,6 @@ def tile(path: str, request: Request, caller: _Auditor) -> Response:
     if parsed is None:
         raise GatewayError(ErrorCode.not_found, "not a tlog-tiles tile path")
     name, full = parsed
-    data = _file(_log_dir(request) / name, f"tile {name}")
+    data = _file(log_dir(request) / name, f"tile {name}")
     cache = _IMMUTABLE if full else _CHANGING
     return Response(data, media_type=_OCTETS, headers={"Cache-Control": cache})

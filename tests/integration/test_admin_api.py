@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from gateway.admin.app import openapi_schema
 from gateway.config import GatewaySettings
-from gateway.provenance import write_signing_key
+from gateway.provenance import TlogProof, load_verifiers, verify_tlog_proof, write_signing_key
 from gateway.serving import ServerThread
 from gateway.sim import SimSettings, create_sim_app
 from gateway.tenants import hash_api_key
@@ -129,6 +130,7 @@ READS = [
     ("GET", "/admin/v1/config", None, {"operator", "security"}),
     ("GET", "/admin/v1/keys", None, {"security"}),
     ("GET", "/log/checkpoint", None, {"auditor"}),
+    ("GET", "/admin/v1/log/requests/nope", None, set()),  # auditor: 404, tested below
 ]
 ACTIONS = [  # only refused here: the allowed role acts in the tests below
     ("POST", "/admin/v1/reload", None, {"operator"}),
@@ -163,7 +165,7 @@ def test_each_endpoint_answers_only_its_roles(
     )
     assert wrong.status_code == 401 and _error_code(wrong) == "invalid_api_key"
     for role in ("operator", "security", "auditor"):
-        if role in allowed and (method, path, body, allowed) in ACTIONS:
+        if (role in allowed and (method, path, body, allowed) in ACTIONS) or not allowed:
             continue
         answer = _call(served, method, path, body, role)
         if role in allowed:
@@ -171,7 +173,7 @@ def test_each_endpoint_answers_only_its_roles(
         else:
             assert answer.status_code == 403, (role, answer.text)
             assert _error_code(answer) == "permission_denied"
-    if (method, path, body, allowed) in READS:
+    if (method, path, body, allowed) in READS and allowed:
         assert _call(served, method, path, body, "admin").status_code == 200
 
 
@@ -289,14 +291,6 @@ def test_the_openapi_schema_is_served_and_published(served: Served) -> None:
     assert published == schema == openapi_schema()
 
 
-def test_drain_takes_the_gateway_out_of_rotation(served: Served) -> None:
-    """Last: after it the gateway takes no more requests."""
-    drained = served.post("/admin/v1/drain", "operator")
-    assert drained.status_code == 200 and drained.json()["action"] == "drain"
-    assert httpx.get(f"{served.process.url}/readyz", timeout=10).status_code == 503
-    assert served.get("/admin/v1/status", "operator").json()["draining"] is True
-
-
 def test_the_admin_port_is_never_the_public_port() -> None:
     with pytest.raises(ValueError, match="port of its own"):
         gateway_config(
@@ -318,3 +312,33 @@ def test_the_public_path_does_not_load_fastapi() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+
+def test_a_request_s_records_come_with_inclusion_proofs(served: Served) -> None:
+    answer = served.chat()
+    request_id = answer.headers["x-request-id"]
+    forbidden = served.get(f"/admin/v1/log/requests/{request_id}", "operator")
+    assert forbidden.status_code == 403
+    deadline = time.monotonic() + 20
+    while True:  # polling until a checkpoint covers both records, bounded by the deadline
+        found = served.get(f"/admin/v1/log/requests/{request_id}", "auditor")
+        if found.status_code == 200 and len(found.json()["records"]) == 2:
+            break
+        assert time.monotonic() < deadline, found.text
+        time.sleep(0.05)
+    verifier = load_verifiers([served.vkey])
+    for proved in found.json()["records"]:
+        proof = TlogProof.parse(proved["proof"])
+        assert proof.extra is not None and orjson.loads(proof.extra) == proved["record"]
+        verify_tlog_proof(proof, proof.extra, verifier, origin=ORIGIN)
+    assert [r["type"] for r in found.json()["records"]] == ["dispatch", "completion"]
+    absent = served.get("/admin/v1/log/requests/req_absent", "auditor")
+    assert absent.status_code == 404 and _error_code(absent) == "not_found"
+
+
+def test_drain_takes_the_gateway_out_of_rotation(served: Served) -> None:
+    """Last: after it the gateway takes no more requests."""
+    drained = served.post("/admin/v1/drain", "operator")
+    assert drained.status_code == 200 and drained.json()["action"] == "drain"
+    assert httpx.get(f"{served.process.url}/readyz", timeout=10).status_code == 503
+    assert served.get("/admin/v1/status", "operator").json()["draining"] is True
