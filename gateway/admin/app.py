@@ -194,11 +194,12 @@ async def config(control: _Control, caller: _Reader) -> ConfigStatus:
 async def reload(control: _Control, caller: _Operator) -> ActionResult:
     changed = await control.reload()
     runtime = control.runtime
-    if runtime.reloader is not None and runtime.reloader.status()["last_reload_error"]:
+    reloader = runtime.reloader
+    error = reloader.last_error if reloader is not None else None
+    error = error or runtime.policies.last_error
+    if error:  # nothing changed: no admin record
         raise GatewayError(
-            ErrorCode.invalid_request,
-            f"reload failed; the running config stays: "
-            f"{runtime.reloader.status()['last_reload_error']}",
+            ErrorCode.invalid_request, f"reload failed; the running config stays: {error}"
         )
     change = {"config": config_digest(runtime.config), "policy": runtime.policies.current.digest}
     return await _act(control, caller, "reload", "config", change, changed=changed)

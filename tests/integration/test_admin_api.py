@@ -336,6 +336,21 @@ def test_a_request_s_records_come_with_inclusion_proofs(served: Served) -> None:
     assert absent.status_code == 404 and _error_code(absent) == "not_found"
 
 
+def test_a_failed_reload_is_400_and_keeps_the_running_config(served: Served) -> None:
+    path = served.process.path
+    good = path.read_text()
+    path.write_text(good.replace("checkpoint_interval_ms: 20", "checkpoint_interval_ms: -1"))
+    try:
+        failed = served.post("/admin/v1/reload", "operator")
+        assert failed.status_code == 400 and _error_code(failed) == "invalid_request"
+        assert "the running config stays" in failed.json()["error"]["message"]
+        assert served.get("/admin/v1/config", "operator").json()["last_reload_error"]
+    finally:
+        path.write_text(good)
+    assert served.post("/admin/v1/reload", "operator").status_code == 200
+    assert served.chat().status_code == 200
+
+
 def test_drain_takes_the_gateway_out_of_rotation(served: Served) -> None:
     """Last: after it the gateway takes no more requests."""
     drained = served.post("/admin/v1/drain", "operator")
