@@ -118,8 +118,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     try:
         yield Served(process, f"http://127.0.0.1:{admin_port}", vkey, directory / "log")
     finally:
-        process.stop()
+        code = process.stop()
         sim.stop()
+    assert code == 0, process.output()  # both listeners closed, the log's last checkpoint signed
 
 
 # (method, path, body, the roles allowed besides full access)
