@@ -29,6 +29,7 @@ from gateway.api.parts import Assembly
 from gateway.api.proxy import Proxy
 from gateway.api.recorder import Recorder
 from gateway.api.reload import ConfigReloader
+from gateway.config.loader import ConfigError, load_config_text
 from gateway.config.schema import GatewaySettings, StateSettings
 from gateway.policy import PolicyError
 from gateway.policy_set import TrustPolicies
@@ -221,8 +222,20 @@ def admin_app(app: GatewayApp) -> FastAPI:
             return app.policies.reload()
         return await app.reloader.reload()
 
+    def check(text: str) -> list[str]:
+        try:
+            candidate = load_config_text(text, app.config_dir, source="candidate", env=env)
+        except ConfigError as exc:
+            return [f"{exc.source}:{issue}" for issue in exc.issues]
+        return validate(candidate, environ=env, config_dir=app.config_dir)
+
+    env = dict(os.environ)
     control = AdminControl(
-        runtime=app, readiness=Operations(app).readiness, reload=reload, drain=app.begin_drain
+        runtime=app,
+        readiness=Operations(app).readiness,
+        reload=reload,
+        drain=app.begin_drain,
+        validate=check,
     )
     return create_admin_app(control)
 

@@ -27,7 +27,9 @@ from starlette.exceptions import HTTPException
 from gateway.admin.auth import Caller, require
 from gateway.admin.models import (
     ActionResult,
+    ConfigCandidate,
     ConfigStatus,
+    ConfigValidation,
     CreatedKey,
     Explained,
     ExplainRequest,
@@ -55,12 +57,14 @@ __all__ = ["AdminControl", "config_digest", "create_admin_app", "openapi_schema"
 class AdminControl:
     """What the admin API reads and does: the running gateway, its readiness detail
     (api/operations.py), and the actions (reload: True when a changed config or policy
-    set became active; drain: turn not-ready and let running requests finish)."""
+    set became active; drain: turn not-ready and let running requests finish; validate:
+    every problem `owngate serve` would refuse a candidate config for)."""
 
     runtime: Runtime
     readiness: Callable[[], dict[str, Any]]
     reload: Callable[[], Awaitable[bool]]
     drain: Callable[[], None]
+    validate: Callable[[str], list[str]]  # a candidate gateway.yaml's text -> its problems
 
 
 def config_digest(config: GatewaySettings) -> str:
@@ -188,6 +192,18 @@ async def config(control: _Control, caller: _Reader) -> ConfigStatus:
         last_reload_error=reloads.get("last_reload_error"),
         reload_failures=reloads.get("reload_failures", 0),
     )
+
+
+@_v1.post(
+    "/config/validate",
+    tags=["operator", "security"],
+    summary="Every problem a candidate gateway.yaml would be refused for (nothing changes)",
+)
+async def validate_config(
+    body: ConfigCandidate, control: _Control, caller: _Reader
+) -> ConfigValidation:
+    problems = await asyncio.to_thread(control.validate, body.yaml)
+    return ConfigValidation(valid=not problems, problems=problems)
 
 
 @_v1.post("/reload", tags=["operator"], summary="Reload gateway.yaml and the policy files")

@@ -10,7 +10,9 @@ __all__ = [
     "ActionResult",
     "BackendStatus",
     "BreakerStatus",
+    "ConfigCandidate",
     "ConfigStatus",
+    "ConfigValidation",
     "CreatedKey",
     "ExplainRequest",
     "Explained",
@@ -124,6 +126,18 @@ class ConfigStatus(_Model):
     loaded_at: float | None
     last_reload_error: str | None
     reload_failures: int
+
+
+class ConfigCandidate(_Model):
+    yaml: str = Field(
+        description="the candidate gateway.yaml's text (its relative paths, "
+        "such as policy files and the keys file, are read from the running config's directory)"
+    )
+
+
+class ConfigValidation(_Model):
+    valid: bool
+    problems: list[str] = Field(description="every problem, as `owngate config validate` names it")
 
 
 class ActionResult(_Model):

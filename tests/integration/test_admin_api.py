@@ -129,6 +129,7 @@ READS = [
     ("GET", "/admin/v1/policies", None, {"security"}),
     ("POST", "/admin/v1/policies/explain", {"tenant": "acme", "model": "m"}, {"security"}),
     ("GET", "/admin/v1/config", None, {"operator", "security"}),
+    ("POST", "/admin/v1/config/validate", {"yaml": "{}"}, {"operator", "security"}),
     ("GET", "/admin/v1/keys", None, {"security"}),
     ("GET", "/log/checkpoint", None, {"auditor"}),
     ("GET", "/admin/v1/log/requests/nope", None, set()),  # auditor: 404, tested below
@@ -350,6 +351,19 @@ def test_a_failed_reload_is_400_and_keeps_the_running_config(served: Served) -> 
         path.write_text(good)
     assert served.post("/admin/v1/reload", "operator").status_code == 200
     assert served.chat().status_code == 200
+
+
+def test_a_candidate_config_is_validated_without_changing_anything(served: Served) -> None:
+    good = served.process.path.read_text()
+    checked = served.post("/admin/v1/config/validate", "security", {"yaml": good})
+    assert checked.json() == {"valid": True, "problems": []}
+    bad = good.replace("checkpoint_interval_ms: 20", "checkpoint_interval_ms: -1")
+    bad = bad.replace("id: acme", "id: acme\n  models: [no-such-model]")
+    refused = served.post("/admin/v1/config/validate", "operator", {"yaml": bad}).json()
+    assert refused["valid"] is False and len(refused["problems"]) >= 1
+    assert any("checkpoint_interval_ms" in problem for problem in refused["problems"])
+    assert served.post("/admin/v1/config/validate", "auditor", {"yaml": good}).status_code == 403
+    assert served.get("/admin/v1/config", "operator").json()["last_reload_error"] is None
 
 
 def test_drain_takes_the_gateway_out_of_rotation(served: Served) -> None:
