@@ -267,10 +267,16 @@ async def revoke_key(digest: str, control: _Control, caller: _Security) -> Actio
         raise GatewayError(ErrorCode.not_found, "no tenant has this key")
     change = {"tenant": owners[0], "hash": key_hash}
     done = await _act(control, caller, "key_revoke", owners[0], change, changed=True)
-    await runtime.state.revoke_key(key_hash)  # refused from now on (every replica: Redis)
+    shared = await runtime.state.revoke_key(key_hash)  # refused now (every replica: Redis)
     if runtime.config.keys_file is not None:
         await asyncio.to_thread(remove_key_hash, _keys_file(runtime), key_hash)
         await control.reload()
+    if not shared:  # Redis unreachable: only this replica (and the keys file) refuse it
+        raise GatewayError(
+            ErrorCode.backend_unavailable,
+            "the revocation was not stored in the shared state (Redis): other replicas "
+            "accept the key until they reload their config; retry",
+        )
     return done
 
 
