@@ -21,6 +21,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.api.app import GatewayApp
 from gateway.api.metrics import GatewayMetrics
@@ -28,6 +29,7 @@ from gateway.api.parts import Assembly
 from gateway.api.proxy import Proxy
 from gateway.api.recorder import Recorder
 from gateway.api.reload import ConfigReloader
+from gateway.config.loader import ConfigError, load_config_text
 from gateway.config.schema import GatewaySettings, StateSettings
 from gateway.policy import PolicyError
 from gateway.policy_set import TrustPolicies
@@ -38,7 +40,10 @@ from gateway.state import SharedState, create_state
 from gateway.tenants import TenantEntry, index_keys
 from gateway.upstream.hosted import hosted_api_key
 
-__all__ = ["Assembly", "AssemblyError", "assemble", "create_app", "validate"]
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+__all__ = ["Assembly", "AssemblyError", "admin_app", "assemble", "create_app", "validate"]
 
 
 class AssemblyError(ValueError):
@@ -203,6 +208,36 @@ def create_app(
         app.reloader = reloader
         app.metrics.watch_config(lambda: reloader.reload_failures)
     return app
+
+
+def admin_app(app: GatewayApp) -> FastAPI:
+    """The admin API (gateway/admin/, FastAPI) of a running gateway app: it reads the
+    same runtime and acts through the app's own reload and drain. Imported here, never
+    by the public surface: the hot path does not load FastAPI."""
+    from gateway.admin.app import AdminControl, create_admin_app
+    from gateway.api.operations import Operations
+
+    async def reload() -> bool:
+        if app.reloader is None:
+            return app.policies.reload()
+        return await app.reloader.reload()
+
+    def check(text: str) -> list[str]:
+        try:
+            candidate = load_config_text(text, app.config_dir, source="candidate", env=env)
+        except ConfigError as exc:
+            return [f"{exc.source}:{issue}" for issue in exc.issues]
+        return validate(candidate, environ=env, config_dir=app.config_dir)
+
+    env = dict(os.environ)
+    control = AdminControl(
+        runtime=app,
+        readiness=Operations(app).readiness,
+        reload=reload,
+        drain=app.begin_drain,
+        validate=check,
+    )
+    return create_admin_app(control)
 
 
 def validate(

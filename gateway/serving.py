@@ -24,7 +24,15 @@ from uvicorn.config import STARTUP_FAILURE
 from gateway.config.schema import ListenSettings
 from gateway.listener import http_protocol
 
-__all__ = ["STARTUP_FAILURE", "DrainingServer", "ServerThread", "bind_socket", "uvicorn_config"]
+__all__ = [
+    "STARTUP_FAILURE",
+    "BesideServer",
+    "DrainingServer",
+    "ServerThread",
+    "bind_socket",
+    "run_beside",
+    "uvicorn_config",
+]
 
 
 def bind_socket(
@@ -116,6 +124,39 @@ class DrainingServer(uvicorn.Server):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+class BesideServer(uvicorn.Server):
+    """A second server on the main server's event loop (the admin API beside the public
+    listener, `run_beside`): the signals stay the main server's, which ends it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def run_beside(
+    server: uvicorn.Server,
+    sockets: list[socket.socket],
+    beside: BesideServer | None = None,
+    beside_sockets: list[socket.socket] | None = None,
+) -> None:
+    """Run `server` on `sockets` (as `server.run` does) with `beside` on the same event
+    loop, in this process; `beside` stops once `server` has."""
+    if beside is None:
+        server.run(sockets=sockets)
+        return
+
+    async def both() -> None:
+        task = asyncio.create_task(beside.serve(sockets=beside_sockets))
+        try:
+            await server.serve(sockets=sockets)
+        finally:
+            beside.should_exit = True
+            await task
+
+    with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+        runner.run(both())
 
 
 def uvicorn_config(

@@ -150,7 +150,7 @@ def _owngate_config(sim_port: int, port: int, api_key: str) -> str:
         f"     models: [{{name: {MODEL}}}], region: local, owner: bench}}\n"
         "tenants:\n"
         f"  - {{id: bench, api_key_hashes: ['{key_hash}'], models: ['*']}}\n"
-        "admin: {allow_loopback: true}\n"  # the benchmark reads /admin/status locally
+        "admin: {allow_loopback: true, listen: null}\n"  # reads /admin/status; no admin API
     )
 
 

@@ -124,7 +124,7 @@ def write_policy_config(
         f"     region: westeurope, retention: {zero}}}\n"
         "tenants:\n"
         f"  - {{id: bench, api_key_hashes: ['{key_hash}'], models: ['*']}}\n"
-        "admin: {allow_loopback: true}\n"  # the benchmark reads /admin/status locally
+        "admin: {allow_loopback: true, listen: null}\n"  # reads /admin/status; no admin API
     )
     return config
 

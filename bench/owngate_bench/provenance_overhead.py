@@ -171,7 +171,7 @@ def _config(sim_port: int, port: int, key_hash: str, provenance: str) -> str:
         f"     models: [{{name: {MODEL}}}], region: local, owner: bench}}\n"
         "tenants:\n"
         f"  - {{id: bench, api_key_hashes: ['{key_hash}'], models: ['*']}}\n"
-        "admin: {allow_loopback: true}\n"  # the benchmark reads /admin/status locally
+        "admin: {allow_loopback: true, listen: null}\n"  # reads /admin/status; no admin API
         f"{provenance}"
     )
 

@@ -91,7 +91,7 @@ def _config(sim_port: int, port: int, api_key: str) -> str:
             "tenants": [
                 {"id": "bench", "api_key_hashes": [hash_api_key(api_key)], "models": ["*"]}
             ],
-            "admin": {"allow_loopback": True},  # the benchmark reads /admin/status locally
+            "admin": {"allow_loopback": True, "listen": None},  # /admin/status; no admin API
         }
     )
 

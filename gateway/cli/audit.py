@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -29,6 +30,7 @@ from gateway.provenance import (
     verify_log,
     verify_receipt,
 )
+from gateway.provenance.audit.remote import is_url, mirror_log
 from gateway.provenance.audit.report import Invocation, audit_report
 from gateway.provenance.audit.report_html import render_html
 from gateway.provenance.audit.summary import Filters, summarise
@@ -116,7 +118,17 @@ def _add_verify(verbs: Any) -> None:
         "the consistency of successive checkpoints, and every completion->dispatch link. "
         "Exits 1 naming the first bad entry and why.",
     )
-    verify.add_argument("logdir", help="the log directory")
+    verify.add_argument(
+        "logdir",
+        help="the log directory, or the http(s) URL a log is served under as C2SP "
+        "tlog-tiles (e.g. http://127.0.0.1:9090/log/, owngate's admin API)",
+    )
+    verify.add_argument(
+        "--token",
+        default=_env("TOKEN"),
+        help="with a URL: the bearer token to send (an owngate admin token with the "
+        "auditor role; env OWNGATE_AUDIT_TOKEN)",
+    )
     _key_flag(verify, required=True)
     verify.add_argument(
         "--origin",
@@ -169,8 +181,21 @@ def _verify(args: argparse.Namespace) -> int:
     files = args.checkpoint or args._checkpoint_defaults
     trusted = [Path(name).read_bytes() for name in files]
     witnesses = [_witness_key(text) for text in args.witness_key or args._witness_defaults]
+    if is_url(args.logdir):
+        with tempfile.TemporaryDirectory(prefix="owngate-audit-") as copy:
+            mirror_log(args.logdir, Path(copy), token=args.token)
+            return _verified(args, copy, trusted, witnesses)
+    return _verified(args, args.logdir, trusted, witnesses)
+
+
+def _verified(
+    args: argparse.Namespace,
+    logdir: str,
+    trusted: list[bytes],
+    witnesses: list[CosignatureVerifier],
+) -> int:
     summary = verify_log(
-        args.logdir,
+        logdir,
         _keys(args),
         origin=args.origin,
         trusted_checkpoints=trusted,
@@ -242,7 +267,7 @@ def _add_prove(verbs: Any) -> None:
     prove.add_argument("request_id", help="the request id (as in the receipt)")
     prove.add_argument(
         "--record",
-        choices=("dispatch", "completion", "refusal"),
+        choices=("dispatch", "completion", "refusal", "admin"),
         default=_env("RECORD", "dispatch"),
         help="which record of the request (env OWNGATE_AUDIT_RECORD, default dispatch)",
     )

@@ -50,8 +50,9 @@ def register(subparsers: Any) -> None:
     which.add_argument(
         "--admin",
         action="store_true",
-        help="create an admin token for /admin/status and `owngate status`; put the digest "
-        "it prints in gateway.yaml under admin.token_hashes",
+        help="create an admin token for /admin/status, `owngate status` and the admin API; "
+        "put the digest it prints in gateway.yaml under admin.token_hashes (full access) or "
+        "admin.tokens with a role (docs/admin-api.md)",
     )
     new.add_argument(
         "--key-file",

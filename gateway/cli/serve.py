@@ -20,7 +20,11 @@ from gateway.cli._common import env_default, load_or_report
 from gateway.logs import configure_logging, get_logger
 
 if TYPE_CHECKING:
+    from socket import socket
+
+    from gateway.api.app import GatewayApp
     from gateway.config import GatewaySettings
+    from gateway.serving import BesideServer
     from gateway.workers import WorkerIdentity
 
 __all__ = ["register"]
@@ -107,7 +111,13 @@ def _serve(
 ) -> int:
     from gateway.api.fleet import FleetMetrics
     from gateway.app import AssemblyError, create_app
-    from gateway.serving import STARTUP_FAILURE, DrainingServer, bind_socket, uvicorn_config
+    from gateway.serving import (
+        STARTUP_FAILURE,
+        DrainingServer,
+        bind_socket,
+        run_beside,
+        uvicorn_config,
+    )
     from gateway.workers import for_worker
 
     try:
@@ -131,10 +141,19 @@ def _serve(
     except OSError as exc:
         print(f"error: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
         return EXIT_NOT_STARTED
+    try:
+        admin = _admin_server(app, config) if identity is None else None
+    except OSError as exc:
+        sock.close()
+        listen = config.admin.listen
+        where = f"{listen.host}:{listen.port}" if listen is not None else "?"
+        print(f"error: cannot listen on {where} (admin.listen): {exc}", file=sys.stderr)
+        return EXIT_NOT_STARTED
     get_logger("owngate").info(
         "starting",
         host=host,
         port=port,
+        admin=None if admin is None else f"{admin[0].config.host}:{admin[1].getsockname()[1]}",
         backends=len(config.backends),
         tenants=len(config.tenants),
         worker=identity.index if identity is not None else None,
@@ -149,7 +168,10 @@ def _serve(
         drained=app.drained,
     )
     try:
-        server.run(sockets=[sock])
+        if admin is None:
+            run_beside(server, [sock])
+        else:
+            run_beside(server, [sock], admin[0], [admin[1]])
     except SystemExit as exc:
         if exc.code != STARTUP_FAILURE:
             raise
@@ -158,9 +180,31 @@ def _serve(
         return EXIT_LOG_UNAVAILABLE
     finally:
         sock.close()
+        if admin is not None:
+            admin[1].close()
     if not server.started:
         return EXIT_NOT_STARTED
     if app.shutdown_error is not None:
         print(f"error: {app.shutdown_error}", file=sys.stderr)
         return EXIT_FINAL_CHECKPOINT
     return EXIT_OK
+
+
+def _admin_server(app: GatewayApp, config: GatewaySettings) -> tuple[BesideServer, socket] | None:
+    """The admin API's server and its bound socket (raises OSError when the port cannot be
+    bound), or None: `admin.listen` is null, or no admin access is configured (no
+    `admin.tokens`, `admin.token_hashes` or `allow_loopback`: it would answer only 401).
+    Under `serve --workers` no worker opens it (each holds its own state; docs/admin-api.md)."""
+    from gateway.app import admin_app
+    from gateway.serving import BesideServer, bind_socket, uvicorn_config
+
+    settings = config.admin
+    listen = settings.listen
+    if listen is None or not (settings.tokens or settings.token_hashes or settings.allow_loopback):
+        return None
+    sock = bind_socket(listen.host, listen.port)
+    options = uvicorn_config(
+        admin_app(app), config.listen, lifespan="off", timeout_graceful_shutdown=5
+    )
+    options.host = listen.host
+    return BesideServer(options), sock

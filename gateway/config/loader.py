@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from gateway.config.schema import GatewaySettings
 
-__all__ = ["ConfigError", "ConfigIssue", "load_config", "parse_config"]
+__all__ = ["ConfigError", "ConfigIssue", "load_config", "load_config_text", "parse_config"]
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -54,10 +54,17 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Gatew
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(source, [ConfigIssue("", None, f"cannot read: {exc.strerror}")]) from exc
+    return load_config_text(text, Path(path).parent, source=source, env=env)
+
+
+def load_config_text(
+    text: str, directory: Path, *, source: str, env: Mapping[str, str] | None = None
+) -> GatewaySettings:
+    """`load_config` of a config's text as if it were a file in `directory` (its keys
+    file is read from there): the admin API validates a candidate with it."""
     config = parse_config(text, source=source, env=os.environ if env is None else env)
     if config.keys_file is not None:
-        keys_path = Path(path).parent / config.keys_file
-        config = _merge_keys_file(config, keys_path, source)
+        config = _merge_keys_file(config, directory / config.keys_file, source)
     return config
 
 

@@ -16,7 +16,10 @@ from gateway.provenance.errors import KeyFormatError
 from gateway.provenance.formats.cosignature import CosignatureVerifier
 
 __all__ = [
+    "AdminListenSettings",
+    "AdminRole",
     "AdminSettings",
+    "AdminTokenSettings",
     "BackendKind",
     "BackendSettings",
     "BreakerSettings",
@@ -374,9 +377,51 @@ class TenantSettings(_Strict):
         return values
 
 
+class AdminListenSettings(_Strict):
+    """Where the admin API (gateway/admin/, FastAPI) listens: its own port, never the
+    public one."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=9090, ge=0, le=65535)
+
+
+AdminRole = Literal["operator", "security", "auditor"]
+
+
+class AdminTokenSettings(_Strict):
+    """One admin token of the admin API, stored as its digest, with the role it acts in."""
+
+    hash: str = Field(description="'sha256:<hex>' digest (`owngate keys new --admin`)")
+    role: AdminRole = Field(
+        description="operator (status, reload, drain), security (policies, keys) or "
+        "auditor (log, receipts, proofs: read-only)"
+    )
+
+    @field_validator("hash")
+    @classmethod
+    def _hash_shape(cls, value: str) -> str:
+        if not _KEY_HASH.match(value):
+            raise ValueError(
+                "admin.tokens[].hash holds a 'sha256:<64 hex>' digest made by "
+                "`owngate keys new --admin`, never a raw token"
+            )
+        return value
+
+
 class AdminSettings(_Strict):
     """Who may read the admin surface (`/admin/status`: backends, load, breakers, the
-    policy digest, shared state). Nobody, unless one of these is set."""
+    policy digest, shared state) and the admin API on `listen`. Nobody, unless one of
+    these is set."""
+
+    listen: AdminListenSettings | None = Field(
+        default=AdminListenSettings(),
+        description="the admin API's own listener (`owngate serve` opens it when some admin "
+        "access is configured); null turns it off",
+    )
+    tokens: tuple[AdminTokenSettings, ...] = Field(
+        default=(),
+        description="admin API tokens with a role each: [{hash: 'sha256:...', role: ...}]",
+    )
 
     token_hashes: tuple[str, ...] = Field(
         default=(),
@@ -424,6 +469,12 @@ class GatewaySettings(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> GatewaySettings:
+        admin = self.admin.listen
+        if admin is not None and admin.port != 0 and admin.port == self.listen.port:
+            raise ValueError(
+                f"admin.listen.port {admin.port} is the public listen.port: the admin API "
+                "needs a port of its own"
+            )
         _unique("backends", [b.id for b in self.backends])
         _unique("tenants", [t.id for t in self.tenants])
         served = {name for b in self.backends for m in b.models for name in (m.name, *m.aliases)}

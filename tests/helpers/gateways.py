@@ -25,7 +25,10 @@ TENANT_KEY = "og-test-tenant-key-0123456789"
 OTHER_KEY = "og-test-other-tenant-key-98765"
 ADMIN_TOKEN = "og-admin-test-token-0123456789"
 ADMIN_HEADERS = {"authorization": f"Bearer {ADMIN_TOKEN}"}
-ADMIN = {"token_hashes": [hash_api_key(ADMIN_TOKEN)]}  # the `admin` config of test gateways
+ADMIN = {
+    "token_hashes": [hash_api_key(ADMIN_TOKEN)],
+    "listen": None,
+}  # test gateways: no admin API port
 # A backend's facts that every EU, zero-retention policy of the tests admits.
 EU_ZERO: dict[str, Any] = {
     "region": "eu-west-1",

@@ -143,7 +143,16 @@ def test_admin_token_hashes_are_digests_never_tokens() -> None:
     with pytest.raises(ValidationError, match="never raw tokens"):
         GatewaySettings.model_validate({**base, "admin": {"token_hashes": [ADMIN_TOKEN]}})
     with pytest.raises(ValidationError):
-        GatewaySettings.model_validate({**base, "admin": {"tokens": ["x"]}})  # unknown key
+        GatewaySettings.model_validate({**base, "admin": {"token_list": ["x"]}})  # unknown key
+    with pytest.raises(ValidationError, match="never a raw token"):  # the admin API's tokens
+        GatewaySettings.model_validate(
+            {**base, "admin": {"tokens": [{"hash": ADMIN_TOKEN, "role": "operator"}]}}
+        )
+    digest = "sha256:" + "0" * 64
+    with pytest.raises(ValidationError):  # no such role
+        GatewaySettings.model_validate(
+            {**base, "admin": {"tokens": [{"hash": digest, "role": "root"}]}}
+        )
 
 
 def _headers(headers: Any) -> list[tuple[bytes, bytes]]:

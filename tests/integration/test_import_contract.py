@@ -56,6 +56,8 @@ def banned(package: str, source: str) -> str:
         ("gateway/routing", "from gateway.api.proxy import Proxy\n"),
         ("gateway/routing", "import fastapi\n"),
         ("gateway/api", "from gateway.app import assemble\n"),
+        ("gateway/api", "import fastapi\n"),
+        ("gateway/api", "from starlette.requests import Request\n"),
     ],
 )
 def test_a_forbidden_import_fails_the_lint(package: str, source: str) -> None:

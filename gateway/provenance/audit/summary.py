@@ -119,11 +119,13 @@ def summarise(
                 row.errors += 1
             if data["usage"] is not None:
                 row.tokens += data["usage"]["total_tokens"]
-        else:
+        elif record.type == "refusal":
             if not filters.accepts(record, None, data["tenant"]) or filters.backend:
                 continue
             summary.refused += 1
             summary.refusal_rules[data["rule"]] += 1
+        elif not filters.accepts(record, None, None):  # admin: no tenant, no backend
+            continue
         if keep_records:
             summary.records.append((index, record))
     return summary

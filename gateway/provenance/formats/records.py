@@ -44,6 +44,7 @@ __all__ = [
     "Retention",
     "TraceStep",
     "Usage",
+    "admin_record",
     "completion_record",
     "dispatch_record",
     "format_time",
@@ -52,8 +53,8 @@ __all__ = [
     "validate_record",
 ]
 
-RecordType = Literal["dispatch", "completion", "refusal"]
-RECORD_TYPES: tuple[RecordType, ...] = ("dispatch", "completion", "refusal")
+RecordType = Literal["dispatch", "completion", "refusal", "admin"]
+RECORD_TYPES: tuple[RecordType, ...] = ("dispatch", "completion", "refusal", "admin")
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +300,35 @@ def refusal_record(
         "rule": rule,
         "reason": reason,
         "request_commitment": request_commitment,
+    }
+
+
+def admin_record(
+    *,
+    request_id: str,
+    time: datetime,
+    role: str,
+    token: str,
+    action: str,
+    subject: str,
+    change_digest: str,
+) -> dict[str, object]:
+    """An admin API action (reload, drain, key create/revoke): who took it (`role`, and
+    `token`, the first 12 hex digits of the admin token's digest, or "loopback"), what
+    (`action` on `subject`), and the SHA-256 of the change (`change_digest`)."""
+    _text(request_id, "request_id", empty=False)
+    _text(subject, "subject")
+    _hex64(change_digest, "change_digest")
+    return {
+        "v": SCHEMA_VERSION,
+        "type": "admin",
+        "request_id": request_id,
+        "time": format_time(time),
+        "role": role,
+        "token": token,
+        "action": action,
+        "subject": subject,
+        "change_digest": change_digest,
     }
 
 

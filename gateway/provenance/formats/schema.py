@@ -43,7 +43,7 @@ _POLICY = {"id": str, "version": str, "digest": str}
 _TRACE = ListOf({"backend": str, "verdict": frozenset({"admitted", "excluded"}), "rule": str})
 _COMMON: dict[str, object] = {
     "v": frozenset({SCHEMA_VERSION}),
-    "type": frozenset({"dispatch", "completion", "refusal"}),
+    "type": frozenset({"dispatch", "completion", "refusal", "admin"}),
     "request_id": _NONEMPTY,
     "time": _TIME,
 }
@@ -84,6 +84,16 @@ RECORD_SCHEMAS: dict[str, dict[str, object]] = {
         "rule": str,
         "reason": str,
         "request_commitment": Optional(_HEX64),
+    },
+    # An action taken through the admin API (gateway/admin/): who (the role and the first
+    # 12 hex digits of the admin token's digest), what, and the digest of the change.
+    "admin": {
+        **_COMMON,
+        "role": frozenset({"operator", "security", "auditor", "admin"}),
+        "token": re.compile(r"[0-9a-f]{12}\Z|loopback\Z"),
+        "action": frozenset({"reload", "drain", "key_create", "key_revoke"}),
+        "subject": str,
+        "change_digest": _HEX64,
     },
 }
 

@@ -1,0 +1,323 @@
+"""The admin API app (FastAPI): its routes, its error format and what it is given.
+
+`create_admin_app(control)` builds it from an `AdminControl`: the gateway's `Runtime`
+(read on every request, so a config reload shows at once) and the actions as callables
+the composition root binds (gateway/app.py `admin_app`). Errors are OpenAI error objects,
+like everywhere else in owngate. Interactive docs are off (`docs_url=None`): FastAPI's
+Swagger UI loads its assets from a CDN and owngate serves nothing from one;
+`/openapi.json` is the schema (also in docs/admin-openapi.json).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+
+from gateway.admin.auth import Caller, require
+from gateway.admin.models import (
+    ActionResult,
+    ConfigCandidate,
+    ConfigStatus,
+    ConfigValidation,
+    CreatedKey,
+    Explained,
+    ExplainRequest,
+    KeyCreate,
+    KeyList,
+    KeyRow,
+    PolicyStatus,
+    Status,
+)
+from gateway.admin.requests import router as requests_router
+from gateway.admin.tiles import router as log_router
+from gateway.api.admin import status_report
+from gateway.api.runtime import Runtime
+from gateway.config.schema import GatewaySettings
+from gateway.errors import ErrorCode, GatewayError, error_body
+from gateway.policy.labels import InvalidLabel, one_label
+from gateway.policy.types import UnknownDataClass
+from gateway.provenance.formats.records import admin_record
+from gateway.tenants import add_key_hash, hash_api_key, new_api_key, remove_key_hash
+
+__all__ = ["AdminControl", "config_digest", "create_admin_app", "openapi_schema"]
+
+
+@dataclass(frozen=True, slots=True)
+class AdminControl:
+    """What the admin API reads and does: the running gateway, its readiness detail
+    (api/operations.py), and the actions (reload: True when a changed config or policy
+    set became active; drain: turn not-ready and let running requests finish; validate:
+    every problem `owngate serve` would refuse a candidate config for)."""
+
+    runtime: Runtime
+    readiness: Callable[[], dict[str, Any]]
+    reload: Callable[[], Awaitable[bool]]
+    drain: Callable[[], None]
+    validate: Callable[[str], list[str]]  # a candidate gateway.yaml's text -> its problems
+
+
+def config_digest(config: GatewaySettings) -> str:
+    """SHA-256 of a config (its JSON with sorted keys): which config is running."""
+    data = orjson.dumps(config.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(data).hexdigest()
+
+
+def create_admin_app(control: AdminControl) -> FastAPI:
+    """The admin API app acting on `control`."""
+    app = _routes()
+    app.state.control = control
+    return app
+
+
+def openapi_schema() -> dict[str, Any]:
+    """The admin API's OpenAPI schema (docs/admin-openapi.json holds it, checked by a
+    test), built without a gateway."""
+    return _routes().openapi()
+
+
+def _routes() -> FastAPI:
+    app = FastAPI(
+        title="owngate admin API",
+        version="1",
+        description="The control plane of an owngate gateway, on its own listener "
+        "(admin.listen). See docs/admin-api.md.",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+    )
+    app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
+    app.include_router(_v1)
+    app.include_router(requests_router)
+    app.include_router(log_router)
+    return app
+
+
+async def _control(request: Request) -> AdminControl:
+    control: AdminControl = request.app.state.control
+    return control
+
+
+# --- errors: the OpenAI error envelope --------------------------------------------------
+
+
+def _json_error(code: ErrorCode, message: str, status: int | None = None) -> Response:
+    return Response(
+        error_body(code, message),
+        status_code=status or code.status,
+        media_type="application/json",
+    )
+
+
+async def _gateway_error(request: Request, error: GatewayError) -> Response:
+    return _json_error(error.code, error.message, error.status)
+
+
+async def _http_error(request: Request, error: HTTPException) -> Response:
+    if error.status_code == 404:
+        return _json_error(ErrorCode.not_found, "Unknown admin path.")
+    if error.status_code == 405:
+        return _json_error(ErrorCode.method_not_allowed, "Method not allowed on this path.")
+    return _json_error(ErrorCode.invalid_request, str(error.detail), error.status_code)
+
+
+async def _invalid(request: Request, error: RequestValidationError) -> Response:
+    first = error.errors()[0] if error.errors() else {}
+    where = ".".join(str(part) for part in first.get("loc", ()))
+    return _json_error(ErrorCode.invalid_request, f"{where}: {first.get('msg', 'invalid')}")
+
+
+# --- the v1 endpoints --------------------------------------------------------------------
+
+_v1 = APIRouter(prefix="/admin/v1")
+_Operator = Annotated[Caller, Depends(require("operator"))]
+_Security = Annotated[Caller, Depends(require("security"))]
+_Reader = Annotated[Caller, Depends(require("operator", "security"))]
+_Control = Annotated[AdminControl, Depends(_control)]
+
+
+@_v1.get("/status", tags=["operator"], summary="Readiness and every backend's routing state")
+async def status(control: _Control, caller: _Operator) -> Status:
+    parts = control.runtime.parts
+    report = status_report(parts.registry, parts.scraper, parts.proxy)
+    ready = control.readiness()
+    return Status.model_validate(
+        {
+            **report,
+            "status": ready["status"],
+            "draining": ready["draining"],
+            "provenance": ready["provenance"],
+            "witnesses": ready["witnesses"],
+            "state": ready["state"],
+        }
+    )
+
+
+@_v1.get("/policies", tags=["security"], summary="The active policy set and its reload status")
+async def policies(control: _Control, caller: _Security) -> PolicyStatus:
+    return PolicyStatus.model_validate(control.runtime.policies.status())
+
+
+@_v1.post("/policies/explain", tags=["security"], summary="The decision and trace for a request")
+async def explain(body: ExplainRequest, control: _Control, caller: _Security) -> Explained:
+    try:
+        label = None if body.data_class is None else one_label([body.data_class])
+        decision = control.runtime.policies.current.decide(body.tenant, body.model, label)
+    except (InvalidLabel, UnknownDataClass) as exc:
+        raise GatewayError(ErrorCode.unknown_data_class, str(exc), param="data_class") from exc
+    return Explained.model_validate(decision.as_dict())
+
+
+@_v1.get("/config", tags=["operator", "security"], summary="The running config's digest")
+async def config(control: _Control, caller: _Reader) -> ConfigStatus:
+    runtime = control.runtime
+    reloader = runtime.reloader
+    reloads = reloader.status() if reloader is not None else {}
+    return ConfigStatus(
+        digest=config_digest(runtime.config),
+        source=reloads.get("path"),
+        loaded_at=reloads.get("loaded_at"),
+        last_reload_error=reloads.get("last_reload_error"),
+        reload_failures=reloads.get("reload_failures", 0),
+    )
+
+
+@_v1.post(
+    "/config/validate",
+    tags=["operator", "security"],
+    summary="Every problem a candidate gateway.yaml would be refused for (nothing changes)",
+)
+async def validate_config(
+    body: ConfigCandidate, control: _Control, caller: _Reader
+) -> ConfigValidation:
+    problems = await asyncio.to_thread(control.validate, body.yaml)
+    return ConfigValidation(valid=not problems, problems=problems)
+
+
+@_v1.post("/reload", tags=["operator"], summary="Reload gateway.yaml and the policy files")
+async def reload(control: _Control, caller: _Operator) -> ActionResult:
+    changed = await control.reload()
+    runtime = control.runtime
+    reloader = runtime.reloader
+    error = reloader.last_error if reloader is not None else None
+    error = error or runtime.policies.last_error
+    if error:  # nothing changed: no admin record
+        raise GatewayError(
+            ErrorCode.invalid_request, f"reload failed; the running config stays: {error}"
+        )
+    change = {"config": config_digest(runtime.config), "policy": runtime.policies.current.digest}
+    return await _act(control, caller, "reload", "config", change, changed=changed)
+
+
+@_v1.post("/drain", tags=["operator"], summary="Stop taking requests; finish running ones")
+async def drain(control: _Control, caller: _Operator) -> ActionResult:
+    change = {"draining": True, "running": len(control.runtime.serving)}
+    result = await _act(control, caller, "drain", "gateway", change, changed=True)
+    control.drain()
+    return result
+
+
+@_v1.get("/keys", tags=["security"], summary="Tenant API keys, by digest prefix")
+async def keys(control: _Control, caller: _Security) -> KeyList:
+    rows = [
+        KeyRow(tenant=tenant.id, hash_prefix=digest[7:19])
+        for tenant in control.runtime.config.tenants
+        for digest in tenant.api_key_hashes
+    ]
+    return KeyList(keys=rows)
+
+
+@_v1.post(
+    "/keys", tags=["security"], status_code=201, summary="Create a tenant API key (shown once)"
+)
+async def create_key(body: KeyCreate, control: _Control, caller: _Security) -> CreatedKey:
+    runtime = control.runtime
+    if body.tenant not in {t.id for t in runtime.config.tenants}:
+        raise GatewayError(ErrorCode.invalid_request, f"no tenant {body.tenant!r}", param="tenant")
+    path = _keys_file(runtime)
+    key = new_api_key()
+    digest = hash_api_key(key)
+    change = {"tenant": body.tenant, "hash": digest}
+    done = await _act(control, caller, "key_create", body.tenant, change, changed=True)
+    await asyncio.to_thread(add_key_hash, path, body.tenant, digest)
+    await control.reload()
+    return CreatedKey(**done.model_dump(), tenant=body.tenant, key=key, hash=digest)
+
+
+@_v1.delete(
+    "/keys/{digest}", tags=["security"], summary="Revoke a tenant API key by its SHA-256 digest"
+)
+async def revoke_key(digest: str, control: _Control, caller: _Security) -> ActionResult:
+    runtime = control.runtime
+    key_hash = "sha256:" + digest.removeprefix("sha256:")
+    owners = [t.id for t in runtime.config.tenants if key_hash in t.api_key_hashes]
+    if not owners:
+        raise GatewayError(ErrorCode.not_found, "no tenant has this key")
+    change = {"tenant": owners[0], "hash": key_hash}
+    done = await _act(control, caller, "key_revoke", owners[0], change, changed=True)
+    shared = await runtime.state.revoke_key(key_hash)  # refused now (every replica: Redis)
+    if runtime.config.keys_file is not None:
+        await asyncio.to_thread(remove_key_hash, _keys_file(runtime), key_hash)
+        await control.reload()
+    if not shared:  # Redis unreachable: only this replica (and the keys file) refuse it
+        raise GatewayError(
+            ErrorCode.backend_unavailable,
+            "the revocation was not stored in the shared state (Redis): other replicas "
+            "accept the key until they reload their config; retry",
+        )
+    return done
+
+
+def _keys_file(runtime: Runtime) -> Path:
+    if runtime.config.keys_file is None:
+        raise GatewayError(
+            ErrorCode.invalid_request, "no keys_file in the config: keys cannot be stored"
+        )
+    return runtime.config_dir / runtime.config.keys_file
+
+
+async def _act(
+    control: AdminControl,
+    caller: Caller,
+    action: str,
+    subject: str,
+    change: dict[str, Any],
+    *,
+    changed: bool,
+) -> ActionResult:
+    """Write the admin record of an action to the provenance log (when the gateway keeps
+    one): who (role, token digest prefix), what, and the SHA-256 of `change`. Raises
+    (503 provenance_unavailable) when the log cannot take it: the action is then not
+    taken, except a reload, whose record names what it made active."""
+    digest = hashlib.sha256(orjson.dumps(change, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    recorder = control.runtime.parts.recorder
+    index = None
+    if recorder is not None and recorder.opened:
+        record = admin_record(
+            request_id="adm_" + os.urandom(12).hex(),
+            time=datetime.now(UTC),
+            role=caller.role,
+            token=caller.token,
+            action=action,
+            subject=subject,
+            change_digest=digest,
+        )
+        try:
+            index = (await recorder.log.append(record)).index
+        except Exception as exc:
+            raise GatewayError(
+                ErrorCode.provenance_unavailable, f"the admin record was not logged: {exc}"
+            ) from exc
+    return ActionResult(action=action, changed=changed, change_digest=digest, log_index=index)

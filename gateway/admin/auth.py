@@ -1,0 +1,88 @@
+"""Who is calling the admin API, and whether their role may: Bearer admin tokens, stored
+as SHA-256 digests with a role (`admin.tokens`), or full access (`admin.token_hashes`,
+and loopback clients with `admin.allow_loopback`, the demo's setting).
+
+Roles: `operator` (status, reload, drain), `security` (policies, keys), `auditor` (the
+log, receipts, proofs: read-only). A request without a token or with an unknown one is
+401; a known token whose role may not use the endpoint is 403.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from gateway.api.admin import is_loopback
+from gateway.config.schema import AdminSettings
+from gateway.errors import ErrorCode, GatewayError
+
+__all__ = ["FULL_ACCESS", "Caller", "identify", "require"]
+
+FULL_ACCESS = "admin"  # admin.token_hashes and allow_loopback: every role's endpoints
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """An authenticated admin: the role it acts in, and `token`, the first 12 hex digits
+    of its token's digest ("loopback" for a tokenless loopback client): what the admin
+    records in the provenance log name as who acted."""
+
+    role: str
+    token: str
+
+
+def identify(request: Request, settings: AdminSettings) -> Caller:
+    """The caller of `request`, or `GatewayError` 401 (no token, a wrong one)."""
+    values = request.headers.getlist("authorization")
+    if len(values) > 1:
+        raise GatewayError(ErrorCode.invalid_api_key, "Send one Authorization header.")
+    if values:
+        scheme, _, token = values[0].partition(" ")
+        token = token.strip()
+        if scheme.lower() == "bearer" and token:
+            found = _lookup(token.encode(), settings)
+            if found is not None:
+                return found
+        raise GatewayError(ErrorCode.invalid_api_key, "Incorrect admin token.")
+    if settings.allow_loopback and is_loopback(request.scope):
+        return Caller(FULL_ACCESS, "loopback")
+    raise GatewayError(
+        ErrorCode.missing_api_key, "send the admin token as 'Authorization: Bearer TOKEN'"
+    )
+
+
+def _lookup(token: bytes, settings: AdminSettings) -> Caller | None:
+    """The caller whose stored digest `token` hashes to; every digest is compared, in
+    constant time, so the time taken does not say which one matched."""
+    digest = "sha256:" + hashlib.sha256(token).hexdigest()
+    found: Caller | None = None
+    for stored in settings.token_hashes:
+        if hmac.compare_digest(digest.encode(), stored.encode()):
+            found = Caller(FULL_ACCESS, digest[7:19])
+    for entry in settings.tokens:
+        if hmac.compare_digest(digest.encode(), entry.hash.encode()) and found is None:
+            found = Caller(entry.role, digest[7:19])
+    return found
+
+
+def require(*roles: str) -> Callable[[Request], Awaitable[Caller]]:
+    """A FastAPI dependency: the caller, if its role is one of `roles` (or full access);
+    401 or 403 otherwise. The settings are the running config's (a reload applies)."""
+    allowed = frozenset(roles)
+
+    async def check(request: Request) -> Caller:  # async: on the loop, not a thread
+        settings: AdminSettings = request.app.state.control.runtime.config.admin
+        caller = identify(request, settings)
+        if caller.role != FULL_ACCESS and caller.role not in allowed:
+            raise GatewayError(
+                ErrorCode.permission_denied,
+                f"the {caller.role} role may not use this endpoint (needs: "
+                f"{', '.join(sorted(allowed))})",
+            )
+        return caller
+
+    return check

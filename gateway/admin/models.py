@@ -1,0 +1,168 @@
+"""The admin API's request and response bodies (pydantic): what /openapi.json describes."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ActionResult",
+    "BackendStatus",
+    "BreakerStatus",
+    "ConfigCandidate",
+    "ConfigStatus",
+    "ConfigValidation",
+    "CreatedKey",
+    "ExplainRequest",
+    "Explained",
+    "KeyCreate",
+    "KeyList",
+    "KeyRow",
+    "PolicyStatus",
+    "QueueStatus",
+    "Status",
+    "TraceRow",
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BreakerStatus(_Model):
+    state: str
+    failures: int
+    opens: int
+    retry_in_s: float | None
+    last_error: str | None
+
+
+class BackendStatus(_Model):
+    """One backend as routing sees it (`/admin/status` shows the same)."""
+
+    id: str
+    kind: str
+    models: list[str]
+    available: bool
+    health: str
+    health_error: str | None
+    breaker: BreakerStatus
+    inflight: int
+    inflight_global: int
+    prefilling_tokens: int = Field(description="prefill backlog: prompt tokens in prefill")
+    slots: int | None
+    slots_from: str | None
+    running: int | None = Field(description="scraped: requests the backend runs")
+    waiting: int | None = Field(description="scraped: requests queued at the backend")
+    kv_usage: float | None = Field(description="scraped: KV-cache use, 0..1")
+    metrics_age_s: float | None
+    metrics_stale: bool
+    metrics_error: str | None
+    scores: dict[str, float] = Field(description="routing score per model (lower is better)")
+
+
+class QueueStatus(_Model):
+    waiting: int
+    size: int
+    max_wait_s: float
+    threshold: float
+
+
+class Status(_Model):
+    status: Literal["ready", "not ready"]
+    draining: bool
+    backends: list[BackendStatus]
+    queues: dict[str, QueueStatus]
+    provenance: dict[str, Any] | str
+    witnesses: dict[str, Any] | str
+    state: dict[str, Any]
+
+
+class PolicyStatus(_Model):
+    id: str
+    version: str
+    digest: str
+    builtin: bool = Field(description="no policy files configured: private backends only")
+    loaded_at: float = Field(description="Unix time the active set was loaded")
+    last_reload_error: str | None
+
+
+class ExplainRequest(_Model):
+    tenant: str
+    model: str
+    data_class: str | None = Field(default=None, description="as the x-data-class header")
+
+
+class TraceRow(_Model):
+    backend: str
+    verdict: str
+    rule: str
+    reason: str
+
+
+class Explained(_Model):
+    """A policy decision and its trace (the shape of `owngate policy explain --json`)."""
+
+    tenant: str
+    model: str
+    data_class: str | None
+    default_rule: str | None
+    private: list[str]
+    hosted: list[str]
+    fallback: str
+    saturation_threshold: float | None
+    fallback_rule: str
+    refusal: dict[str, str] | None
+    trace: list[TraceRow]
+    policy_id: str
+    policy_version: str
+    policy_digest: str
+
+
+class ConfigStatus(_Model):
+    digest: str = Field(description="SHA-256 of the running config (canonical JSON)")
+    source: str | None = Field(description="the config file, when served from one")
+    loaded_at: float | None
+    last_reload_error: str | None
+    reload_failures: int
+
+
+class ConfigCandidate(_Model):
+    yaml: str = Field(
+        description="the candidate gateway.yaml's text (its relative paths, "
+        "such as policy files and the keys file, are read from the running config's directory)"
+    )
+
+
+class ConfigValidation(_Model):
+    valid: bool
+    problems: list[str] = Field(description="every problem, as `owngate config validate` names it")
+
+
+class ActionResult(_Model):
+    """What an admin action did, and where the log recorded it (null: no log configured)."""
+
+    action: str
+    changed: bool
+    change_digest: str
+    log_index: int | None
+
+
+class KeyRow(_Model):
+    tenant: str
+    hash_prefix: str = Field(description="the first 12 hex digits of the key's digest")
+
+
+class KeyList(_Model):
+    keys: list[KeyRow]
+
+
+class KeyCreate(_Model):
+    tenant: str
+
+
+class CreatedKey(ActionResult):
+    tenant: str
+    key: str = Field(description="the new API key: shown once, only its digest is stored")
+    hash: str

@@ -1,0 +1,69 @@
+"""A request's records in the provenance log, each with its inclusion proof (auditor):
+`GET /admin/v1/log/requests/{request_id}`.
+
+Read from the log directory as an auditor would (`LogDirectory`): every record of the
+request that the latest checkpoint covers, and for each a C2SP tlog-proof against that
+checkpoint (the record itself as its extra line), which `owngate audit` and any
+tlog-proof client check offline. Finding a request scans the log (no index is kept):
+the endpoint runs in a worker thread, off the event loop.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, Field
+
+from gateway.admin.auth import Caller, require
+from gateway.admin.tiles import log_dir
+from gateway.errors import ErrorCode, GatewayError
+from gateway.provenance import LogDirectory, ProvenanceError, TlogProof
+from gateway.provenance.formats.merkle import inclusion_proof
+from gateway.provenance.formats.tiles import TILE_WIDTH, TileReader
+
+__all__ = ["ProvedRecord", "RequestRecords", "router"]
+
+router = APIRouter(prefix="/admin/v1/log", tags=["auditor"])
+_REQUEST_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+
+class ProvedRecord(BaseModel):
+    index: int
+    type: str
+    record: dict[str, Any]
+    proof: str = Field(description="c2sp.org/tlog-proof@v1 against the checkpoint")
+
+
+class RequestRecords(BaseModel):
+    request_id: str
+    size: int = Field(description="tree size of the checkpoint the proofs are against")
+    records: list[ProvedRecord]
+
+
+@router.get("/requests/{request_id}", summary="A request's records, each with its inclusion proof")
+def request_records(
+    request_id: str, request: Request, caller: Annotated[Caller, Depends(require("auditor"))]
+) -> RequestRecords:
+    if not _REQUEST_ID.fullmatch(request_id):
+        raise GatewayError(ErrorCode.not_found, "not a request id")
+    try:
+        log = LogDirectory(log_dir(request))
+        note = log.latest_note()
+        size = int(note.split(b"\n")[1])
+        found = log.find_request(request_id, size)
+        reader = TileReader(log.path, size)
+        proved = []
+        for index, record in found:
+            entry = log.bundle(index // TILE_WIDTH, size)[index % TILE_WIDTH]
+            hashes = tuple(inclusion_proof(index, size, reader.node))
+            proof = TlogProof(index, hashes, note, extra=entry).format()
+            proved.append(
+                ProvedRecord(index=index, type=record.type, record=record.data, proof=proof)
+            )
+    except (ProvenanceError, ValueError, IndexError) as exc:
+        raise GatewayError(ErrorCode.not_found, f"the log cannot be read: {exc}") from exc
+    if not proved:
+        raise GatewayError(ErrorCode.not_found, f"no record of {request_id!r} in the log yet")
+    return RequestRecords(request_id=request_id, size=size, records=proved)

@@ -1,0 +1,99 @@
+"""The provenance log over HTTP, exactly as C2SP tlog-tiles lays it out (auditor role):
+`GET /log/checkpoint`, `/log/tile/<L>/<N>[.p/<W>]` and `/log/tile/entries/<N>[.p/<W>]`,
+served from the log directory, so a tlog-tiles client (or `owngate audit verify URL`)
+audits a live replica without file access.
+
+Paths are parsed strictly before any file is touched: the level is 0..63, the index is
+in its canonical `x000/…/000` form, a partial width is 1..255; anything else is 404, so
+no request names a file outside the tile tree. Full tiles and bundles never change once
+written (`Cache-Control: immutable`); partial ones and the checkpoint do.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from gateway.admin.auth import Caller, require
+from gateway.api.runtime import Runtime
+from gateway.errors import ErrorCode, GatewayError
+from gateway.provenance.formats.layout import CHECKPOINT
+from gateway.provenance.formats.tiles import TILE_WIDTH, entries_path, index_path, tile_path
+
+__all__ = ["log_dir", "parse_tile_path", "router"]
+
+router = APIRouter(prefix="/log", tags=["log"])
+
+_TILE = re.compile(
+    r"tile/(entries|[0-9]|[1-5][0-9]|6[0-3])/((?:x[0-9]{3}/)*[0-9]{3})(?:\.p/([0-9]{1,3}))?"
+)
+_IMMUTABLE = "public, max-age=31536000, immutable"
+_CHANGING = "no-cache"
+_OCTETS = "application/octet-stream"
+_Auditor = Annotated[Caller, Depends(require("auditor"))]
+
+
+def parse_tile_path(path: str) -> tuple[str, bool] | None:
+    """The canonical relative file name of a tlog-tiles tile or bundle path and whether
+    it is a full one, or None when `path` is not exactly such a path."""
+    found = _TILE.fullmatch(path)
+    if found is None:
+        return None
+    level, digits, width_text = found.groups()
+    index = int(digits.replace("x", "").replace("/", ""))
+    if index_path(index) != digits:
+        return None  # not canonical (e.g. a needless x000/ group)
+    width = TILE_WIDTH
+    if width_text is not None:
+        width = int(width_text)
+        if not 0 < width < TILE_WIDTH or width_text != str(width):
+            return None
+    name = entries_path(index, width) if level == "entries" else tile_path(int(level), index, width)
+    return name, width == TILE_WIDTH
+
+
+def log_dir(request: Request) -> Path:
+    runtime: Runtime = request.app.state.control.runtime
+    settings = runtime.config.provenance
+    if settings is None:
+        raise GatewayError(ErrorCode.not_found, "this gateway keeps no provenance log")
+    return runtime.config_dir / settings.dir
+
+
+def _file(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise GatewayError(ErrorCode.not_found, f"no {what} in the log") from None
+
+
+@router.get(
+    "/checkpoint",
+    response_class=Response,
+    responses={200: {"content": {"text/plain; charset=utf-8": {}}}},
+    summary="The latest signed checkpoint (a signed note)",
+)
+def checkpoint(request: Request, caller: _Auditor) -> Response:
+    data = _file(log_dir(request) / CHECKPOINT, "checkpoint yet")
+    return Response(
+        data, media_type="text/plain; charset=utf-8", headers={"Cache-Control": _CHANGING}
+    )
+
+
+@router.get(
+    "/tile/{path:path}",
+    response_class=Response,
+    responses={200: {"content": {_OCTETS: {}}}, 404: {"description": "no such tile"}},
+    summary="A Merkle tile or an entry bundle (tlog-tiles)",
+)
+def tile(path: str, request: Request, caller: _Auditor) -> Response:
+    parsed = parse_tile_path(f"tile/{path}")
+    if parsed is None:
+        raise GatewayError(ErrorCode.not_found, "not a tlog-tiles tile path")
+    name, full = parsed
+    data = _file(log_dir(request) / name, f"tile {name}")
+    cache = _IMMUTABLE if full else _CHANGING
+    return Response(data, media_type=_OCTETS, headers={"Cache-Control": cache})

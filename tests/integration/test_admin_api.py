@@ -1,0 +1,374 @@
+"""The admin API (gateway/admin/) on its own listener of a real `owngate serve` process:
+roles (401/403/200 per endpoint), admin actions written to the provenance log (which
+`owngate audit verify` still accepts), the log as C2SP tlog-tiles over HTTP (strict
+paths, content types, caching), `owngate audit verify URL`, and the OpenAPI schema
+(served, and published in docs/admin-openapi.json)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from gateway.admin.app import openapi_schema
+from gateway.config import GatewaySettings
+from gateway.provenance import TlogProof, load_verifiers, verify_tlog_proof, write_signing_key
+from gateway.serving import ServerThread
+from gateway.sim import SimSettings, create_sim_app
+from gateway.tenants import hash_api_key
+from tests.helpers.gateways import backend, gateway_config
+from tests.helpers.net import free_port
+from tests.helpers.paths import REPO_ROOT
+from tests.helpers.processes import KEY, GatewayProcess
+from tests.helpers.provenance import records, run_audit
+from tests.helpers.raw_http import exchange
+
+TOKENS = {
+    "operator": "og-admin-operator-token-0123456789",
+    "security": "og-admin-security-token-0123456789",
+    "auditor": "og-admin-auditor-token-0123456789",
+    "admin": "og-admin-full-access-token-0123456789",
+}
+ORIGIN = "admin-api.test/log"
+
+
+def bearer(role: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {TOKENS[role]}"}
+
+
+class Served:
+    def __init__(self, process: GatewayProcess, admin_url: str, vkey: str, log: Path) -> None:
+        self.process = process
+        self.admin = admin_url
+        self.vkey = vkey
+        self.log = log
+
+    def get(self, path: str, role: str | None = None) -> httpx.Response:
+        headers = bearer(role) if role else {}
+        return httpx.get(f"{self.admin}{path}", headers=headers, timeout=10)
+
+    def post(self, path: str, role: str | None, body: Any = None) -> httpx.Response:
+        headers = bearer(role) if role else {}
+        return httpx.post(f"{self.admin}{path}", headers=headers, json=body, timeout=10)
+
+    def chat(self, key: str = KEY) -> httpx.Response:
+        return httpx.post(
+            f"{self.process.url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=10,
+        )
+
+    def size(self) -> int:
+        note = self.log / "checkpoint"
+        return int(note.read_text().split("\n")[1]) if note.exists() else 0
+
+    def wait_for_size(self, size: int) -> None:
+        deadline = time.monotonic() + 20
+        while self.size() < size:
+            assert time.monotonic() < deadline, f"the log did not reach {size} entries"
+            time.sleep(0.05)  # polling the checkpoint, bounded by the deadline
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    directory = tmp_path_factory.mktemp("admin-api")
+    sim = ServerThread(create_sim_app(SimSettings.for_kind("vllm", models=("m",)))).start()
+    vkey = write_signing_key(directory / "log.key", ORIGIN)
+    admin_port = free_port()
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "logging": {"format": "json", "level": "warning"},
+        "backends": [
+            {
+                "id": "gpu",
+                "kind": "vllm",
+                "base_url": sim.url,
+                "models": [{"name": "m"}],
+                "region": "eu-west-1",
+                "owner": "test",
+            }
+        ],
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+        "keys_file": "keys.yaml",
+        "provenance": {
+            "dir": "log",
+            "origin": ORIGIN,
+            "signing_key_file": "log.key",
+            "checkpoint_interval_ms": 20,
+        },
+        "admin": {
+            "listen": {"host": "127.0.0.1", "port": admin_port},
+            "token_hashes": [hash_api_key(TOKENS["admin"])],
+            "tokens": [
+                {"hash": hash_api_key(TOKENS[role]), "role": role}
+                for role in ("operator", "security", "auditor")
+            ],
+        },
+    }
+    process = GatewayProcess(config, directory).start()
+    try:
+        yield Served(process, f"http://127.0.0.1:{admin_port}", vkey, directory / "log")
+    finally:
+        code = process.stop()
+        sim.stop()
+    assert code == 0, process.output()  # both listeners closed, the log's last checkpoint signed
+
+
+# (method, path, body, the roles allowed besides full access)
+READS = [
+    ("GET", "/admin/v1/status", None, {"operator"}),
+    ("GET", "/admin/v1/policies", None, {"security"}),
+    ("POST", "/admin/v1/policies/explain", {"tenant": "acme", "model": "m"}, {"security"}),
+    ("GET", "/admin/v1/config", None, {"operator", "security"}),
+    ("POST", "/admin/v1/config/validate", {"yaml": "{}"}, {"operator", "security"}),
+    ("GET", "/admin/v1/keys", None, {"security"}),
+    ("GET", "/log/checkpoint", None, {"auditor"}),
+    ("GET", "/admin/v1/log/requests/nope", None, set()),  # auditor: 404, tested below
+]
+ACTIONS = [  # only refused here: the allowed role acts in the tests below
+    ("POST", "/admin/v1/reload", None, {"operator"}),
+    ("POST", "/admin/v1/drain", None, {"operator"}),
+    ("POST", "/admin/v1/keys", {"tenant": "acme"}, {"security"}),
+    ("DELETE", "/admin/v1/keys/" + "0" * 64, None, {"security"}),
+]
+
+
+def _call(served: Served, method: str, path: str, body: Any, role: str | None) -> httpx.Response:
+    headers = bearer(role) if role else {}
+    return httpx.request(method, f"{served.admin}{path}", headers=headers, json=body, timeout=10)
+
+
+def _error_code(response: httpx.Response) -> str:
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    code: str = error["code"]
+    return code
+
+
+@pytest.mark.parametrize(("method", "path", "body", "allowed"), READS + ACTIONS)
+def test_each_endpoint_answers_only_its_roles(
+    served: Served, method: str, path: str, body: Any, allowed: set[str]
+) -> None:
+    served.chat()  # something in the log: /log/checkpoint exists
+    served.wait_for_size(1)
+    missing = _call(served, method, path, body, None)
+    assert missing.status_code == 401 and _error_code(missing) == "missing_api_key"
+    wrong = httpx.request(
+        method, f"{served.admin}{path}", headers={"authorization": "Bearer nope"}, timeout=10
+    )
+    assert wrong.status_code == 401 and _error_code(wrong) == "invalid_api_key"
+    for role in ("operator", "security", "auditor"):
+        if (role in allowed and (method, path, body, allowed) in ACTIONS) or not allowed:
+            continue
+        answer = _call(served, method, path, body, role)
+        if role in allowed:
+            assert answer.status_code == 200, (role, answer.text)
+        else:
+            assert answer.status_code == 403, (role, answer.text)
+            assert _error_code(answer) == "permission_denied"
+    if (method, path, body, allowed) in READS and allowed:
+        assert _call(served, method, path, body, "admin").status_code == 200
+
+
+def test_status_names_every_backend_with_its_routing_state(served: Served) -> None:
+    status = served.get("/admin/v1/status", "operator").json()
+    assert status["status"] == "ready"
+    (gpu,) = status["backends"]
+    assert gpu["id"] == "gpu" and gpu["breaker"]["state"] == "closed"
+    assert {"inflight", "waiting", "kv_usage", "prefilling_tokens", "scores"} <= set(gpu)
+
+
+def test_policies_and_explain(served: Served) -> None:
+    policies = served.get("/admin/v1/policies", "security").json()
+    assert policies["builtin"] is True and policies["digest"]
+    explained = served.post(
+        "/admin/v1/policies/explain", "security", {"tenant": "acme", "model": "m"}
+    ).json()
+    assert explained["private"] == ["gpu"] and explained["policy_digest"] == policies["digest"]
+    assert explained["trace"][0]["backend"] == "gpu"
+    bad = served.post("/admin/v1/policies/explain", "security", {"tenant": "acme"})
+    assert bad.status_code == 400 and _error_code(bad) == "invalid_request"
+
+
+def test_actions_are_logged_and_the_log_still_verifies(served: Served) -> None:
+    before = served.get("/admin/v1/config", "operator").json()
+    reloaded = served.post("/admin/v1/reload", "operator").json()
+    assert reloaded["action"] == "reload" and reloaded["log_index"] is not None
+    created = served.post("/admin/v1/keys", "security", {"tenant": "acme"})
+    assert created.status_code == 201, created.text
+    key = created.json()["key"]
+    assert served.chat(key).status_code == 200  # active at once (the config was reloaded)
+    listed = served.get("/admin/v1/keys", "security").json()["keys"]
+    assert {"tenant": "acme", "hash_prefix": hash_api_key(key)[7:19]} in listed
+    assert key not in json.dumps(listed)
+    digest = hash_api_key(key).removeprefix("sha256:")
+    revoked = served.post("/admin/v1/keys/revoke-by-post", "security")
+    assert revoked.status_code in (404, 405)
+    revoked = httpx.delete(
+        f"{served.admin}/admin/v1/keys/{digest}", headers=bearer("security"), timeout=10
+    )
+    assert revoked.status_code == 200, revoked.text
+    assert served.chat(key).status_code == 401
+    # the key came and went: the same config runs again
+    assert served.get("/admin/v1/config", "operator").json()["digest"] == before["digest"]
+    last = revoked.json()["log_index"]
+    served.wait_for_size(last + 1)
+    admin = [r for r in records(served.log) if r["type"] == "admin"]
+    assert [r["action"] for r in admin][-3:] == ["reload", "key_create", "key_revoke"]
+    assert admin[-1]["role"] == "security"
+    assert admin[-1]["token"] == hash_api_key(TOKENS["security"])[7:19]
+    assert admin[-1]["change_digest"] == revoked.json()["change_digest"]
+    assert run_audit(["verify", str(served.log), "--key", served.vkey]) == 0
+    assert run_audit(["prove", str(served.log), admin[-1]["request_id"], "--record", "admin"]) == 0
+    assert run_audit(["show", str(served.log), "--records", "--tenant", "acme"]) == 0
+    url = f"{served.admin}/log/"
+    token = ["--token", TOKENS["auditor"]]
+    assert run_audit(["verify", url, "--key", served.vkey, *token, "--origin", ORIGIN]) == 0
+    assert run_audit(["verify", url, "--key", served.vkey]) == 2  # no token: 401
+
+
+def test_the_log_is_served_as_tlog_tiles(served: Served) -> None:
+    for _ in range(3):
+        served.chat()
+    served.wait_for_size(2)
+    note = served.get("/log/checkpoint", "auditor")
+    assert note.headers["content-type"] == "text/plain; charset=utf-8"
+    assert note.headers["cache-control"] == "no-cache"
+    size = int(note.text.split("\n")[1])
+    assert note.content == (served.log / "checkpoint").read_bytes() or size <= served.size()
+    width = size % 256
+    bundle = served.get(f"/log/tile/entries/000.p/{width}", "auditor")
+    if bundle.status_code == 200:  # the log may have grown past it: the full one then
+        assert bundle.headers["content-type"] == "application/octet-stream"
+        assert bundle.headers["cache-control"] == "no-cache"
+    tile = served.get(f"/log/tile/0/000.p/{width}", "auditor")
+    if tile.status_code == 200:
+        assert len(tile.content) == 32 * width
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/log/tile/../checkpoint",
+        "/log/tile/%2e%2e/%2e%2e/gateway.yaml",
+        "/log/tile/0/..%2f..%2fgateway.yaml",
+        "/log/tile/0/000.p/256",
+        "/log/tile/0/000.p/0",
+        "/log/tile/0/000.p/07",
+        "/log/tile/0/x000/000",
+        "/log/tile/64/000",
+        "/log/tile/entries/abc",
+        "/log/tile/0/999",
+        "/log/tile/0/0000",
+        "/log/tile/",
+        "/log/checkpoints/00000000000000000001",
+        "/log/wal",
+    ],
+)
+def test_bad_and_absent_tile_paths_are_404(served: Served, path: str) -> None:
+    """Sent byte for byte (an HTTP client would resolve the dot segments itself)."""
+    port = int(served.admin.rsplit(":", 1)[1])
+    head = f"GET {path} HTTP/1.1\r\nhost: a\r\nconnection: close\r\n"
+    head += f"authorization: Bearer {TOKENS['auditor']}\r\n\r\n"
+    (answer,) = exchange(port, head.encode(), half_close=False).final
+    assert answer.status == 404, (path, answer.describe())
+    assert json.loads(answer.body)["error"]["code"] == "not_found"
+
+
+def test_the_openapi_schema_is_served_and_published(served: Served) -> None:
+    schema = served.get("/openapi.json").json()
+    for path in ("/admin/v1/status", "/admin/v1/reload", "/admin/v1/keys", "/log/checkpoint"):
+        assert path in schema["paths"]
+    assert served.get("/docs").status_code == 404  # no CDN-served Swagger UI
+    published = json.loads((REPO_ROOT / "docs" / "admin-openapi.json").read_text())
+    assert published == schema == openapi_schema()
+
+
+def test_the_admin_port_is_never_the_public_port() -> None:
+    with pytest.raises(ValueError, match="port of its own"):
+        gateway_config(
+            [backend("b", "http://127.0.0.1:1", "m")],
+            listen={"port": 9999},
+            admin={"listen": {"port": 9999}},
+        )
+    backends = [backend("b", "http://127.0.0.1:1", "m")]
+    assert gateway_config(backends).admin.listen is None  # the tests' gateways open none
+    assert GatewaySettings.model_fields["admin"].default.listen.port == 9090
+
+
+def test_the_public_path_does_not_load_fastapi() -> None:
+    """The hot path stays raw ASGI: building and serving the public app imports no
+    framework; only the admin API (gateway/admin/) does."""
+    code = (
+        "import sys, gateway.app, gateway.cli.serve, gateway.api.app; "
+        "assert not {'fastapi', 'starlette'} & set(sys.modules), sorted(sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+
+def test_a_request_s_records_come_with_inclusion_proofs(served: Served) -> None:
+    answer = served.chat()
+    request_id = answer.headers["x-request-id"]
+    forbidden = served.get(f"/admin/v1/log/requests/{request_id}", "operator")
+    assert forbidden.status_code == 403
+    deadline = time.monotonic() + 20
+    while True:  # polling until a checkpoint covers both records, bounded by the deadline
+        found = served.get(f"/admin/v1/log/requests/{request_id}", "auditor")
+        if found.status_code == 200 and len(found.json()["records"]) == 2:
+            break
+        assert time.monotonic() < deadline, found.text
+        time.sleep(0.05)
+    verifier = load_verifiers([served.vkey])
+    for proved in found.json()["records"]:
+        proof = TlogProof.parse(proved["proof"])
+        assert proof.extra is not None and orjson.loads(proof.extra) == proved["record"]
+        verify_tlog_proof(proof, proof.extra, verifier, origin=ORIGIN)
+    assert [r["type"] for r in found.json()["records"]] == ["dispatch", "completion"]
+    absent = served.get("/admin/v1/log/requests/req_absent", "auditor")
+    assert absent.status_code == 404 and _error_code(absent) == "not_found"
+
+
+def test_a_failed_reload_is_400_and_keeps_the_running_config(served: Served) -> None:
+    path = served.process.path
+    good = path.read_text()
+    path.write_text(good.replace("checkpoint_interval_ms: 20", "checkpoint_interval_ms: -1"))
+    try:
+        failed = served.post("/admin/v1/reload", "operator")
+        assert failed.status_code == 400 and _error_code(failed) == "invalid_request"
+        assert "the running config stays" in failed.json()["error"]["message"]
+        assert served.get("/admin/v1/config", "operator").json()["last_reload_error"]
+    finally:
+        path.write_text(good)
+    assert served.post("/admin/v1/reload", "operator").status_code == 200
+    assert served.chat().status_code == 200
+
+
+def test_a_candidate_config_is_validated_without_changing_anything(served: Served) -> None:
+    good = served.process.path.read_text()
+    checked = served.post("/admin/v1/config/validate", "security", {"yaml": good})
+    assert checked.json() == {"valid": True, "problems": []}
+    bad = good.replace("checkpoint_interval_ms: 20", "checkpoint_interval_ms: -1")
+    bad = bad.replace("id: acme", "id: acme\n  models: [no-such-model]")
+    refused = served.post("/admin/v1/config/validate", "operator", {"yaml": bad}).json()
+    assert refused["valid"] is False and len(refused["problems"]) >= 1
+    assert any("checkpoint_interval_ms" in problem for problem in refused["problems"])
+    assert served.post("/admin/v1/config/validate", "auditor", {"yaml": good}).status_code == 403
+    assert served.get("/admin/v1/config", "operator").json()["last_reload_error"] is None
+
+
+def test_drain_takes_the_gateway_out_of_rotation(served: Served) -> None:
+    """Last: after it the gateway takes no more requests."""
+    drained = served.post("/admin/v1/drain", "operator")
+    assert drained.status_code == 200 and drained.json()["action"] == "drain"
+    assert httpx.get(f"{served.process.url}/readyz", timeout=10).status_code == 503
+    assert served.get("/admin/v1/status", "operator").json()["draining"] is True
