@@ -43,7 +43,17 @@ from gateway.upstream.hosted import hosted_api_key
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-__all__ = ["Assembly", "AssemblyError", "admin_app", "assemble", "create_app", "validate"]
+    from gateway.serving import BesideServer
+
+__all__ = [
+    "Assembly",
+    "AssemblyError",
+    "admin_app",
+    "admin_server",
+    "assemble",
+    "create_app",
+    "validate",
+]
 
 
 class AssemblyError(ValueError):
@@ -284,3 +294,18 @@ def _keys_assumed_set(config: GatewaySettings, environ: Mapping[str, str]) -> di
     placeholder (a value set here is still checked)."""
     named = {b.api_key_env for b in config.backends if b.api_key_env is not None}
     return {**environ, **{name: "unset-here" for name in named if not environ.get(name)}}
+
+
+def admin_server(app: GatewayApp) -> BesideServer:
+    """The server of `app`'s admin API (`admin_app`), to run beside the public listener
+    (`gateway.serving.run_beside`) on a socket the caller binds: `owngate serve` binds
+    `admin.listen`, the demo a free loopback port."""
+    from gateway.serving import BesideServer, uvicorn_config
+
+    config = app.config
+    options = uvicorn_config(
+        admin_app(app), config.listen, lifespan="off", timeout_graceful_shutdown=5
+    )
+    if config.admin.listen is not None:
+        options.host = config.admin.listen.host
+    return BesideServer(options)

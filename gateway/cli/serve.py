@@ -195,16 +195,12 @@ def _admin_server(app: GatewayApp, config: GatewaySettings) -> tuple[BesideServe
     bound), or None: `admin.listen` is null, or no admin access is configured (no
     `admin.tokens`, `admin.token_hashes` or `allow_loopback`: it would answer only 401).
     Under `serve --workers` no worker opens it (each holds its own state; docs/admin-api.md)."""
-    from gateway.app import admin_app
-    from gateway.serving import BesideServer, bind_socket, uvicorn_config
+    from gateway.app import admin_server
+    from gateway.serving import bind_socket
 
     settings = config.admin
     listen = settings.listen
     if listen is None or not (settings.tokens or settings.token_hashes or settings.allow_loopback):
         return None
     sock = bind_socket(listen.host, listen.port)
-    options = uvicorn_config(
-        admin_app(app), config.listen, lifespan="off", timeout_graceful_shutdown=5
-    )
-    options.host = listen.host
-    return BesideServer(options), sock
+    return admin_server(app), sock

@@ -1,5 +1,9 @@
 """`owngate demo`: the gateway, two simulated private backends and a simulated hosted
-provider in one process, with the bundled config. No Redis, GPU or network needed."""
+provider in one process, with the bundled config. No Redis, GPU or network needed.
+
+The admin API (docs/admin-api.md) runs beside it on a free loopback port (never a fixed
+one, so a demo does not collide with a gateway or another demo), with a fresh token per
+role, printed with the rest."""
 
 from __future__ import annotations
 
@@ -8,29 +12,38 @@ import logging
 import os
 import sys
 import tempfile
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import TextIO
 
 import uvicorn
 
-from gateway.app import create_app
+from gateway.app import admin_server, create_app
 from gateway.config import GatewaySettings, parse_config
 from gateway.logs import configure_logging
 from gateway.provenance import write_signing_key
-from gateway.serving import ServerThread, bind_socket, uvicorn_config
+from gateway.serving import ServerThread, bind_socket, run_beside, uvicorn_config
 from gateway.sim import SimSettings, create_sim_app
-from gateway.tenants import hash_api_key, new_api_key
+from gateway.tenants import hash_api_key, new_admin_token, new_api_key
 
 __all__ = ["demo_config", "run_demo"]
 
 
 DEMO_DIR = Path(str(resources.files("gateway.demo")))
+ADMIN_ROLES = ("operator", "security", "auditor")
 
 
 def demo_config(
-    urls: dict[str, str], key_hashes: tuple[str, str], log_dir: Path
+    urls: dict[str, str],
+    key_hashes: tuple[str, str],
+    log_dir: Path,
+    *,
+    admin_port: int,
+    admin_hashes: Mapping[str, str],
 ) -> GatewaySettings:
+    """The demo's gateway.yaml filled in: the simulators' `urls`, the tenant keys'
+    digests, the log in `log_dir`, the admin API's port and its token digest per role."""
     text = (DEMO_DIR / "gateway.yaml").read_text(encoding="utf-8")
     env = {
         "OWNGATE_DEMO_LOG_DIR": str(log_dir / "log"),
@@ -40,6 +53,8 @@ def demo_config(
         "OWNGATE_DEMO_HOSTED_URL": urls["hosted"] + "/v1",
         "OWNGATE_DEMO_KEY_HASH": key_hashes[0],
         "OWNGATE_DEMO_EU_KEY_HASH": key_hashes[1],
+        "OWNGATE_DEMO_ADMIN_PORT": str(admin_port),
+        **{f"OWNGATE_DEMO_{role.upper()}_TOKEN_HASH": admin_hashes[role] for role in ADMIN_ROLES},
     }
     return parse_config(text, source="gateway/demo/gateway.yaml", env=env)
 
@@ -49,6 +64,7 @@ def run_demo(host: str, port: int, out: TextIO = sys.stdout) -> int:
     # uvicorn's start/stop lines for four servers would bury the banner.
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
     key, eu_key = new_api_key(), new_api_key()
+    tokens = {role: new_admin_token() for role in ADMIN_ROLES}
     sims = {
         "vllm": SimSettings.for_kind(
             "vllm", models=("meta-llama/Llama-3.1-8B-Instruct", "bge-small"), seed=1
@@ -63,25 +79,34 @@ def run_demo(host: str, port: int, out: TextIO = sys.stdout) -> int:
         }
         log_dir = Path(tempfile.mkdtemp(prefix="owngate-demo-"))
         vkey = write_signing_key(log_dir / "log.key", "owngate-demo/log")
-        config = demo_config(urls, (hash_api_key(key), hash_api_key(eu_key)), log_dir)
         try:
-            sock = bind_socket(host, port)
+            sock = stack.enter_context(bind_socket(host, port))
         except OSError as exc:
             print(
                 f"error: cannot listen on {host}:{port}: {exc.strerror}; pick another with --port",
                 file=sys.stderr,
             )
             return 1
+        admin_sock = stack.enter_context(bind_socket("127.0.0.1", 0))
+        admin_port = admin_sock.getsockname()[1]
+        config = demo_config(
+            urls,
+            (hash_api_key(key), hash_api_key(eu_key)),
+            log_dir,
+            admin_port=admin_port,
+            admin_hashes={role: hash_api_key(token) for role, token in tokens.items()},
+        )
         url = f"http://{host}:{sock.getsockname()[1]}"
         audit = f"owngate audit verify {log_dir / 'log'} --key {vkey}"
         out.write(_banner(url, key, eu_key, urls, audit))
+        out.write(_admin_banner(f"http://127.0.0.1:{admin_port}", tokens, vkey))
         out.flush()
         # The simulated provider needs no key; LiteLLM wants one to be set.
         environ = {**os.environ, "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "demo")}
         app = create_app(config, environ=environ, config_dir=DEMO_DIR)
         server = uvicorn.Server(uvicorn_config(app, config.listen))
         with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled
-            server.run(sockets=[sock])
+            run_beside(server, [sock], admin_server(app), [admin_sock])
     return 0
 
 
@@ -116,6 +141,23 @@ Backends: owngate status --url {url}   (no admin token: the demo admits loopback
 Provenance: every request is in a signed log; the receipt is the x-owngate-receipt header.
   Verify the log (any time, and after Ctrl-C with its final checkpoint):
   {audit}
+"""
+
+
+def _admin_banner(url: str, tokens: Mapping[str, str], vkey: str) -> str:
+    auditor = tokens["auditor"]
+    return f"""
+Admin API (its own listener, loopback only) at {url}
+  schema: {url}/openapi.json   provenance log (C2SP tlog-tiles): {url}/log/
+  the web console is not built yet: use the API (docs/admin-api.md)
+  operator token (shown once): {tokens["operator"]}
+      curl -s {url}/admin/v1/status -H "Authorization: Bearer {tokens["operator"]}"
+  security token (shown once): {tokens["security"]}
+      curl -s {url}/admin/v1/policies -H "Authorization: Bearer {tokens["security"]}"
+  auditor token (shown once):  {auditor}
+      curl -s {url}/log/checkpoint -H "Authorization: Bearer {auditor}"
+  Verify the live log over HTTP:
+  owngate audit verify {url}/log/ --key {vkey} --token {auditor}
 Ctrl-C stops everything.
 
 """

@@ -103,9 +103,18 @@ def test_loopback_is_an_explicit_opt_in(start: Callable[..., Gateway]) -> None:
 def test_the_demo_opts_in_to_loopback(tmp_path: Path) -> None:
     urls = {name: "http://127.0.0.1:9" for name in ("vllm", "llamacpp", "hosted")}
     hashes = (hash_api_key("og-a"), hash_api_key("og-b"))
-    config = demo_config(urls, hashes, tmp_path)
+    roles = {"operator": "c", "security": "d", "auditor": "e"}
+    config = demo_config(
+        urls,
+        hashes,
+        tmp_path,
+        admin_port=0,
+        admin_hashes={role: "sha256:" + digit * 64 for role, digit in roles.items()},
+    )
     assert config.admin.allow_loopback is True
     assert config.admin.token_hashes == ()
+    assert config.admin.listen is not None and config.admin.listen.port == 0
+    assert {(t.role, t.hash[7]) for t in config.admin.tokens} == set(roles.items())
 
 
 @pytest.mark.parametrize(

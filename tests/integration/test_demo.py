@@ -1,4 +1,5 @@
-"""`owngate demo` starts, prints a working key and snippet, serves, and stops on Ctrl-C."""
+"""`owngate demo` starts, prints a working key and snippet and the admin API with a token
+per role, serves, and stops on Ctrl-C."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import threading
 import time
 
+import httpx
 import openai
 import pytest
 
@@ -68,6 +70,7 @@ def test_demo_end_to_end() -> None:
             )
         eu.close()
         assert "x-owngate-receipt" in reply_headers(url[1], key[1])
+        check_admin_api(banner)
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=20)
@@ -83,9 +86,32 @@ def test_demo_end_to_end() -> None:
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
-def reply_headers(url: str, key: str) -> dict[str, str]:
-    import httpx
+def check_admin_api(banner: str) -> None:
+    """The admin URL and role tokens the banner prints work, each within its role."""
+    admin = re.search(r"Admin API .* at (http://127\.0\.0\.1:\d+)\n", banner)
+    tokens = dict(
+        re.findall(r"(operator|security|auditor) token \(shown once\):\s+(og-admin-\S+)", banner)
+    )
+    assert admin and set(tokens) == {"operator", "security", "auditor"}, banner
+    assert f"{admin[1]}/openapi.json" in banner and f"{admin[1]}/log/" in banner
 
+    def get(path: str, role: str) -> httpx.Response:
+        headers = {"authorization": f"Bearer {tokens[role]}"}
+        return httpx.get(f"{admin[1]}{path}", headers=headers, timeout=10)
+
+    status = get("/admin/v1/status", "operator")
+    assert status.status_code == 200, status.text
+    assert {b["id"] for b in status.json()["backends"]} >= {"gpu-vllm", "cpu-llamacpp"}
+    refused = get("/admin/v1/status", "auditor")
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "permission_denied"
+    assert get("/admin/v1/policies", "security").status_code == 200
+    checkpoint = get("/log/checkpoint", "auditor")
+    assert checkpoint.status_code == 200
+    assert checkpoint.text.startswith("owngate-demo/log\n")
+
+
+def reply_headers(url: str, key: str) -> dict[str, str]:
     response = httpx.post(
         f"{url}/v1/chat/completions",
         headers={"authorization": f"Bearer {key}"},
