@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from tests.helpers.paths import REPO_ROOT
 from tests.helpers.processes import KEY, GatewayProcess
 from tests.helpers.provenance import records, run_audit
 from tests.helpers.raw_http import exchange
+from tests.helpers.waiting import until
 
 TOKENS = {
     "operator": "og-admin-operator-token-0123456789",
@@ -72,10 +72,7 @@ class Served:
         return int(note.read_text().split("\n")[1]) if note.exists() else 0
 
     def wait_for_size(self, size: int) -> None:
-        deadline = time.monotonic() + 20
-        while self.size() < size:
-            assert time.monotonic() < deadline, f"the log did not reach {size} entries"
-            time.sleep(0.05)  # polling the checkpoint, bounded by the deadline
+        until(lambda: self.size() >= size, f"the log's checkpoint at {size} entries", timeout=20)
 
 
 @pytest.fixture(scope="module")
@@ -321,13 +318,14 @@ def test_a_request_s_records_come_with_inclusion_proofs(served: Served) -> None:
     request_id = answer.headers["x-request-id"]
     forbidden = served.get(f"/admin/v1/log/requests/{request_id}", "operator")
     assert forbidden.status_code == 403
-    deadline = time.monotonic() + 20
-    while True:  # polling until a checkpoint covers both records, bounded by the deadline
+    found = served.get(f"/admin/v1/log/requests/{request_id}", "auditor")
+
+    def both_proved() -> bool:
+        nonlocal found
         found = served.get(f"/admin/v1/log/requests/{request_id}", "auditor")
-        if found.status_code == 200 and len(found.json()["records"]) == 2:
-            break
-        assert time.monotonic() < deadline, found.text
-        time.sleep(0.05)
+        return found.status_code == 200 and len(found.json()["records"]) == 2
+
+    until(both_proved, "a checkpoint covering both records", timeout=20, detail=lambda: found.text)
     verifier = load_verifiers([served.vkey])
     for proved in found.json()["records"]:
         proof = TlogProof.parse(proved["proof"])

@@ -35,6 +35,7 @@ from gateway.tenants import hash_api_key
 from tests.helpers.gateways import (
     ADMIN,
     EU_ZERO,
+    HOSTED_ONLY_POLICY,
     TENANT_KEY,
     Sim,
     backend,
@@ -52,18 +53,6 @@ ALERTS = OBSERVABILITY / "alerts.yml"
 ALERT_TESTS = OBSERVABILITY / "alerts.test.yml"
 ORIGIN = "gateway.example/log/observability"
 WITNESS = Cosigner(seeded_signer("witness.example/observability"))
-POLICY = """\
-apiVersion: policy.owngate.dev/v1
-kind: Policy
-metadata: {id: obs, version: "1"}
-spec:
-  tenants: [acme]
-  residency: {allow: [eu]}
-  retention: {max_days: zero}
-  fallback:
-    mode: when_private_unavailable
-    to: [{backend: hosted}]
-"""
 # What each `# TYPE` allows a PromQL expression to read, by the sample name's suffix.
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 
@@ -147,7 +136,7 @@ def live_metrics(start_sim: Callable[..., Sim], tmp_path: Path, witness_url: str
     private = start_sim("vllm", models=("m",), zero_latency=True)
     hosted = start_sim("vllm", models=("f",), zero_latency=True)
     (tmp_path / "policies").mkdir()
-    (tmp_path / "policies" / "obs.yaml").write_text(POLICY)
+    (tmp_path / "policies" / "obs.yaml").write_text(HOSTED_ONLY_POLICY)
     settings = {
         "logging": {"format": "json", "level": "warning", "access_log": False},
         "backends": [
