@@ -27,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from gateway.admin.auth import Caller, require
+from gateway.admin.cosignatures import router as cosignatures_router
 from gateway.admin.limits import BodyLimit
 from gateway.admin.models import (
     ActionResult,
@@ -133,6 +134,7 @@ def _routes(
     app.include_router(tenants_router)
     app.include_router(policy_tests_router)
     app.include_router(receipts_router)
+    app.include_router(cosignatures_router)
     app.include_router(requests_router)
     app.include_router(log_router)
     return app
