@@ -5,11 +5,12 @@ generated config, the built-in private-only policy set), owngate+policy (the sam
 generated trust-policy directory and more backends, see `owngate_bench.overhead_policy`),
 owngate+tracing (plain owngate with OpenTelemetry tracing on, exporting to a loopback
 sink, see `owngate_bench.overhead_tracing`) and LiteLLM's proxy (pinned release in its
-own virtualenv, one worker, no database) as separate processes, then runs each load point against each target in turn with a load
-generator in yet another process (`owngate_bench.loadgen`). Loads: chat at concurrency
-1/16/64 (req/s, latency), streams of 64 chunks at concurrency 16/64 (chunks/s, TTFT). CPU
-seconds of each server's process tree are read from /proc around every measured window:
-steadier than req/s on a shared machine. Once the servers are stopped, it times the policy
+own virtualenv, one worker, no database) as separate processes, then runs each load
+point against each target in turn with a load generator in yet another process
+(`owngate_bench.loadgen`). Loads: chat at concurrency 1/16/64 (req/s, latency), streams of
+64 chunks at concurrency 16/64 (chunks/s, TTFT). CPU seconds of each server's process
+tree are read from /proc around every measured window: steadier than req/s on a shared
+machine. Once the servers are stopped, it times the policy
 decisions (cached and uncached) of both owngate configs. It prints a table with ratios and
 the issue's targets with their margins, and writes JSON.
 
