@@ -26,7 +26,9 @@ __all__ = ["resource", "start"]
 
 def start(settings: TracingSettings) -> RequestTracer:
     """A tracer exporting to `settings.exporters` through batch processors."""
-    provider = TracerProvider(resource=resource())
+    # The gateway flushes it at shutdown, bounded (GatewayApp._flush_traces); an atexit
+    # flush of its own would be unbounded if that never ran.
+    provider = TracerProvider(resource=resource(), shutdown_on_exit=False)
     for name in settings.exporters:
         provider.add_span_processor(BatchSpanProcessor(_exporter(name, settings)))
     return RequestTracer(provider)

@@ -9,6 +9,7 @@ no prompt, key, label or header text the clients sent is anywhere in the exporte
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -92,17 +93,21 @@ def _attributes(pairs: Any) -> dict[str, Any]:
     return {kv.key: value(kv) for kv in pairs}
 
 
-def test_owngate_serve_exports_request_and_attempt_spans(
-    start_sim: Callable[..., Sim], receiver: Receiver, tmp_path: Path
-) -> None:
-    sim = start_sim("vllm", models=("m",), zero_latency=True)
-    config = {
+def _config(sim: Sim) -> dict[str, Any]:
+    return {
         "listen": {"host": "127.0.0.1", "port": free_port()},
         "logging": {"format": "json", "level": "warning", "access_log": False},
         "backends": [backend("gpu", sim.url, "m")],
         "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
         "admin": ADMIN,
     }
+
+
+def test_owngate_serve_exports_request_and_attempt_spans(
+    start_sim: Callable[..., Sim], receiver: Receiver, tmp_path: Path
+) -> None:
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    config = _config(sim)
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
         "OTEL_BSP_SCHEDULE_DELAY": "600000",  # only the shutdown flush sends them
@@ -169,3 +174,36 @@ def test_owngate_serve_exports_request_and_attempt_spans(
         ("chat m", 200, None),
         ("chat m", 400, "unknown_data_class"),
     ]
+
+
+def test_a_hanging_collector_fails_no_request_and_holds_shutdown_only_so_long(
+    start_sim: Callable[..., Sim], tmp_path: Path
+) -> None:
+    """A collector that takes the connection and never answers: export blocks on its
+    own thread (with a 10-minute OTLP timeout), requests are served regardless, and the
+    shutdown flush is given up after its bound, so the process exits cleanly long
+    before `stop` would kill it."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    with socket.socket() as hanging:
+        hanging.bind(("127.0.0.1", 0))
+        hanging.listen(16)  # connections complete in the kernel; none is ever read
+        env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{hanging.getsockname()[1]}",
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "600",
+            "OTEL_BSP_SCHEDULE_DELAY": "1",  # export (and hang) as soon as spans end
+        }
+        gateway = GatewayProcess(_config(sim), tmp_path / "gw", env=env).start()
+        chat = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+        try:
+            for _ in range(5):
+                answer = httpx.post(
+                    f"{gateway.url}/v1/chat/completions",
+                    json=chat,
+                    headers={"authorization": f"Bearer {KEY}"},
+                    timeout=30,
+                )
+                assert answer.status_code == 200, answer.text
+        finally:
+            code = gateway.stop(timeout_s=60)  # SIGKILL (code -9) if the flush held it
+        assert code == 0, gateway.output()
+        assert "traces not flushed" in gateway.output()
