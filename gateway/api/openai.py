@@ -61,9 +61,9 @@ class TenantSurface:
         """One request to a proxied path, answered whatever happens."""
         runtime = self._runtime
         exchange = Exchange(new_request_id(), time.perf_counter(), endpoint)
-        if runtime.tracer is not None:  # tracing on (gateway/tracing): the request's span
-            exchange.span = runtime.tracer.request(scope, endpoint, exchange.request_id)
         try:
+            if runtime.tracer is not None:  # tracing on (gateway/tracing): the request's span
+                exchange.span = runtime.tracer.request(scope, endpoint, exchange.request_id)
             if scope["method"] != "POST":
                 raise GatewayError(ErrorCode.method_not_allowed, f"{endpoint} accepts only POST")
             if not runtime.ready:

@@ -187,9 +187,10 @@ class Proxy:
         if traced is not None:
             traced.requested(doc)
         for attempt in plan:  # in flight from here: reported however it ends
-            outcome, reason = Outcome.ended, ""
-            span = None if traced is None else traced.attempt(attempt, exchange, plan.fallback)
+            outcome, reason, span = Outcome.ended, "", None
             try:
+                if traced is not None:  # tracing on: the attempt's span (gateway/tracing)
+                    span = traced.attempt(attempt, exchange, plan.fallback)
                 exchange.fallback = plan.fallback
                 relay: Callable[[], Awaitable[None]] = (
                     partial(

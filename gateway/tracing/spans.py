@@ -60,6 +60,7 @@ OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "e
 _MAX_TRACEPARENT = 256  # bytes: version 00 is 55; later versions may append fields
 _PROPAGATOR = TraceContextTextMapPropagator()
 _MAX_CACHED = 4096  # backend configs whose attributes are kept
+_METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
 
 
 class RequestTracer:
@@ -76,14 +77,14 @@ class RequestTracer:
 
     def request(self, scope: Scope, endpoint: str, request_id: bytes) -> RequestSpan:
         """The span of one request to a proxied path (`endpoint`: its name in `PROXIED`)."""
-        operation = OPERATIONS[endpoint]
+        operation, method = OPERATIONS[endpoint], scope["method"]
         span = self.tracer.start_span(
             operation,
             context=Context(),  # a root: a client's traceparent is only a link
             kind=SpanKind.SERVER,
             attributes={
                 "gen_ai.operation.name": operation,
-                "http.request.method": "POST",
+                "http.request.method": method if method in _METHODS else "_OTHER",
                 "http.route": scope["path"],  # one of the three proxied paths, matched exactly
                 "owngate.request_id": request_id.decode(),
             },

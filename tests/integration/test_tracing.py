@@ -255,6 +255,20 @@ def test_an_unknown_model_is_never_named(traced: Traced) -> None:
     assert request.attributes["error.type"] == "model_not_found"
 
 
+@pytest.mark.parametrize(("method", "recorded"), [("GET", "GET"), ("PROPFIND", "_OTHER")])
+def test_the_method_is_recorded_only_from_the_known_set(
+    traced: Traced, method: str, recorded: str
+) -> None:
+    answer = httpx.request(
+        method, f"{traced.gateway.url}/v1/chat/completions", headers=traced.gateway.headers
+    )
+    assert answer.status_code == 405
+    request, _ = traced.trace(1)
+    assert request.attributes is not None
+    assert request.attributes["http.request.method"] == recorded
+    assert request.attributes["error.type"] == "method_not_allowed"
+
+
 def test_tracing_off_imports_no_opentelemetry(tmp_path: Path) -> None:
     """Off (no OTEL_* variable): building the app and serving a request through it load
     no OpenTelemetry module, and the backend gets no traceparent."""

@@ -108,7 +108,12 @@ def _request_span(*headers: tuple[bytes, bytes]) -> ReadableSpan:
     spans = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(spans))
-    scope = {"type": "http", "path": "/v1/chat/completions", "headers": list(headers)}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "headers": list(headers),
+    }
     RequestTracer(provider).request(scope, "chat", b"req_1").end(Exchange(b"req_1", 0.0, "chat"))
     (span,) = spans.get_finished_spans()
     assert span.parent is None
