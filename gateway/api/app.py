@@ -4,8 +4,8 @@
 No web framework on the hot path: a dict maps paths to handlers (the tenant surface in
 api/openai.py, the operations surface in api/operations.py), the body is read once, and
 errors become OpenAI error objects in one place (`send_error`). This module owns what
-spans requests: the lifespan (the provenance log, shared state, health probes and
-policy watchers start and stop with it), installing a new assembly on a config reload,
+spans requests: the lifespan (the provenance log, shared state, health probes,
+policy watchers and, when on, the trace exporter start and stop with it), installing a new assembly on a config reload,
 SIGHUP, and the drain on shutdown.
 """
 
