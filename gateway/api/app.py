@@ -5,8 +5,8 @@ No web framework on the hot path: a dict maps paths to handlers (the tenant surf
 api/openai.py, the operations surface in api/operations.py), the body is read once, and
 errors become OpenAI error objects in one place (`send_error`). This module owns what
 spans requests: the lifespan (the provenance log, shared state, health probes,
-policy watchers and, when on, the trace exporter start and stop with it), installing a new assembly on a config reload,
-SIGHUP, and the drain on shutdown.
+policy watchers and, when on, the trace exporter start and stop with it), installing a
+new assembly on a config reload, SIGHUP, and the drain on shutdown.
 """
 
 from __future__ import annotations
