@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from gateway.admin.auth import Caller, require
+from gateway.admin.console_routes import router as console_router
 from gateway.admin.models import (
     ActionResult,
     ConfigCandidate,
@@ -102,6 +103,7 @@ def _routes() -> FastAPI:
     app.include_router(_v1)
     app.include_router(requests_router)
     app.include_router(log_router)
+    app.include_router(console_router)
     return app
 
 
