@@ -1,0 +1,116 @@
+"""Driving the web console in Debian's headless chromium (selenium 4), and keeping its
+screenshots as test artifacts.
+
+The browser is the system's (`prerequisites.browser()`: the `browser` marker), driven by
+the system's chromedriver; `SE_OFFLINE=true` keeps selenium-manager from downloading
+anything. Every wait is a bounded WebDriverWait on a condition, never a sleep.
+Screenshots go to `$OWNGATE_TEST_ARTIFACTS` when set, else `test-artifacts/console/` at
+the repository root (tests/README.md).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from selenium import webdriver
+from selenium.common.exceptions import TimeoutException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.helpers.paths import REPO_ROOT
+from tests.helpers.prerequisites import browser
+
+__all__ = ["Console", "artifacts_dir", "chromium"]
+
+WAIT_S = 15.0
+
+
+def artifacts_dir() -> Path:
+    """Where the console's screenshots go (made if absent)."""
+    configured = os.environ.get("OWNGATE_TEST_ARTIFACTS")
+    directory = Path(configured) if configured else REPO_ROOT / "test-artifacts" / "console"
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def chromium() -> webdriver.Chrome:
+    """Headless chromium (the system's), with its console log kept for `Console.errors`."""
+    binary, driver = browser()
+    os.environ["SE_OFFLINE"] = "true"  # selenium-manager: never download a browser or driver
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--window-size=1400,1800", "--disable-gpu"):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(driver), options=options)
+
+
+class Console:
+    """The console at `url` (…/console/) in `driver`."""
+
+    def __init__(self, driver: webdriver.Chrome, url: str) -> None:
+        self.driver = driver
+        self.url = url
+
+    def wait(self, condition: Callable[[Any], Any], what: str) -> Any:
+        try:
+            return WebDriverWait(self.driver, WAIT_S).until(condition)
+        except TimeoutException:
+            self.screenshot(f"timeout-{what.replace(' ', '-')[:40]}")
+            raise AssertionError(
+                f"waited {WAIT_S}s for {what}; the page shows:\n{self.text()[:2000]}"
+            ) from None
+
+    def find(self, css: str) -> WebElement:
+        return self.wait(lambda d: d.find_element(By.CSS_SELECTOR, css), css)
+
+    def text(self, css: str = "body") -> str:
+        return str(self.driver.find_element(By.CSS_SELECTOR, css).text)
+
+    def wait_text(self, css: str, predicate: Callable[[str], bool], what: str) -> str:
+        """The text of `css` once `predicate` holds for it."""
+
+        def ready(driver: Any) -> str | None:
+            found = driver.find_elements(By.CSS_SELECTOR, css)
+            texts = [element.text for element in found]
+            return next((text for text in texts if predicate(text)), None)
+
+        return str(self.wait(ready, what))
+
+    def login(self, token: str, page: str) -> None:
+        """A fresh tab state (no token), then the login form with `token`, then `page`."""
+        self.driver.get(self.url)
+        self.driver.execute_script("sessionStorage.clear()")
+        self.driver.get(self.url + "#" + page)
+        self.driver.refresh()
+        field = self.find("#token")
+        self.wait(lambda d: field.is_displayed(), "the login form")
+        field.send_keys(token)
+        self.find("#login-submit").click()
+        self.find(f'#page[data-page="{page}"]')
+
+    def go(self, page: str) -> None:
+        self.driver.get(self.url + "#" + page)
+        self.find(f'#page[data-page="{page}"]')
+
+    def screenshot(self, name: str) -> Path:
+        path = artifacts_dir() / f"{name}.png"
+        self.driver.save_screenshot(str(path))
+        return path
+
+    def errors(self) -> list[dict[str, Any]]:
+        """SEVERE entries in the browser's console log since the last call (a script
+        error, a failed load), less the API's 401/403 answers the pages show on purpose."""
+        entries: list[dict[str, Any]] = self.driver.get_log("browser")
+        return [
+            entry
+            for entry in entries
+            if entry["level"] == "SEVERE"
+            and not (entry.get("source") == "network" and " status of 403 " in entry["message"])
+        ]

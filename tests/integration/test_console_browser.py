@@ -1,0 +1,215 @@
+"""The web console (gateway/admin/console/) in a real browser: Debian's headless chromium
+driven by selenium against a real `owngate serve` with simulated backends and its admin
+listener, one token per role. For each role: log in, its page shows live data from the
+gateway, a page of another role shows 403 and the role it needs, hostile text stays
+text, and the browser's console log has no error. A screenshot per page is kept
+(tests/helpers/browser.py `artifacts_dir`). One browser and one gateway for the module."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from selenium.webdriver.common.by import By
+
+from gateway.provenance import write_signing_key
+from gateway.serving import ServerThread
+from gateway.sim import SimSettings, create_sim_app
+from gateway.tenants import hash_api_key
+from tests.helpers.browser import Console, chromium
+from tests.helpers.net import free_port
+from tests.helpers.processes import KEY, GatewayProcess
+from tests.helpers.waiting import until
+
+pytestmark = pytest.mark.browser
+
+TOKENS = {
+    "operator": "og-admin-console-operator-0123456789",
+    "security": "og-admin-console-security-0123456789",
+    "auditor": "og-admin-console-auditor-0123456789",
+}
+ORIGIN = "console.test/log"
+POLICY = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: eu-only, version: "1"}
+spec:
+  tenants: [acme]
+  residency: {allow: [eu]}
+  retention: {max_days: 30}
+  fallback: {mode: never}
+"""
+HOSTILE = '<img src=x onerror="window.__owned=1">'
+
+
+class Served:
+    def __init__(self, process: GatewayProcess, admin: str, log: Path) -> None:
+        self.process = process
+        self.admin = admin
+        self.console = f"{admin}/console/"
+        self.log = log
+
+    def chat(self, model: str) -> httpx.Response:
+        return httpx.post(
+            f"{self.process.url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {KEY}"},
+            json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
+            timeout=10,
+        )
+
+    def log_size(self) -> int:
+        note = self.log / "checkpoint"
+        return int(note.read_text().split("\n")[1]) if note.exists() else 0
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    directory = tmp_path_factory.mktemp("console")
+    (directory / "policies").mkdir()
+    (directory / "policies" / "eu.yaml").write_text(POLICY)
+    sims = [
+        ServerThread(create_sim_app(SimSettings.for_kind("vllm", models=("m",)))).start(),
+        ServerThread(create_sim_app(SimSettings.for_kind("llamacpp", models=("m", "us")))).start(),
+    ]
+    write_signing_key(directory / "log.key", ORIGIN)
+    admin_port = free_port()
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "logging": {"format": "json", "level": "warning"},
+        "backends": [
+            _backend("gpu-vllm", "vllm", sims[0].url, ["m"], "eu-west-1"),
+            _backend("cpu-llamacpp", "llamacpp", sims[1].url, ["m"], "eu-central-1"),
+            _backend("us-east", "vllm", sims[1].url, ["us"], "us-east-1"),
+        ],
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+        "keys_file": "keys.yaml",
+        "policies": {"paths": ["policies"]},
+        "provenance": {
+            "dir": "log",
+            "origin": ORIGIN,
+            "signing_key_file": "log.key",
+            "checkpoint_interval_ms": 20,
+        },
+        "admin": {
+            "listen": {"host": "127.0.0.1", "port": admin_port},
+            "tokens": [{"hash": hash_api_key(token), "role": role} for role, token in TOKENS.items()],
+        },
+    }
+    process = GatewayProcess(config, directory).start()
+    served = Served(process, f"http://127.0.0.1:{admin_port}", directory / "log")
+    try:
+        for _ in range(4):
+            assert served.chat("m").status_code == 200
+        assert served.chat("us").status_code == 403  # refused: the policy keeps acme in the EU
+        until(lambda: served.log_size() >= 10, "the log's checkpoint over the requests")
+        yield served
+    finally:
+        code = process.stop()
+        for sim in sims:
+            sim.stop()
+    assert code == 0, process.output()
+
+
+def _backend(id: str, kind: str, url: str, models: list[str], region: str) -> dict[str, object]:
+    return {
+        "id": id,
+        "kind": kind,
+        "base_url": url,
+        "models": [{"name": m} for m in models],
+        "region": region,
+        "owner": "test",
+        "retention": {"days": 0, "zero_data_retention": True},
+    }
+
+
+@pytest.fixture(scope="module")
+def console(served: Served) -> Iterator[Console]:
+    driver = chromium()
+    try:
+        yield Console(driver, served.console)
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(autouse=True)
+def no_browser_errors(console: Console) -> Iterator[None]:
+    """Every test ends with a clean browser console log: a script that throws, a module
+    that fails to load or an asset the CSP refuses is a SEVERE entry there."""
+    console.errors()  # what earlier tests left
+    yield
+    assert console.errors() == []
+
+
+def test_the_operator_sees_the_live_backends_and_reloads(console: Console) -> None:
+    console.login(TOKENS["operator"], "operator")
+    for backend in ("gpu-vllm", "cpu-llamacpp", "us-east"):
+        console.find(f'[data-backend="{backend}"]')
+    console.wait_text("#page", lambda t: "ready" in t and "3 backends" in t, "the summary")
+    console.wait_text(".chart h2", lambda t: t == "In-flight", "the in-flight chart")
+    console.screenshot("operator")
+    console.find("#action-reload").click()
+    console.wait(lambda d: d.switch_to.alert, "the confirm dialog").accept()
+    result = console.wait_text(
+        '[data-action-result="reload"]', lambda t: "logged at index" in t, "the reload result"
+    )
+    assert int(result.split("logged at index ")[1].split(",")[0]) > 0
+    console.screenshot("operator-reloaded")
+
+
+def test_the_operator_is_refused_the_auditor_page(console: Console) -> None:
+    console.go("auditor")
+    text = console.wait_text('[data-forbidden="auditor"]', lambda t: "403" in t, "the 403 page")
+    assert "needs the auditor role" in text
+    console.screenshot("operator-on-auditor-403")
+
+
+def test_the_security_page_shows_the_policy_and_explains(console: Console) -> None:
+    console.login(TOKENS["security"], "security")
+    console.find('[data-policy-id="eu-only"]')
+    console.find("#explain-tenant").send_keys("acme")
+    console.find("#explain-model").send_keys("us")
+    console.find("#explain-form button[type=submit]").click()
+    trace = console.wait_text("#explain-result", lambda t: "us-east" in t, "the explain trace")
+    assert "excluded" in trace or "refused" in trace, trace
+    console.screenshot("security")
+
+
+def test_hostile_text_shows_as_text(console: Console) -> None:
+    """A model name (client-controlled, echoed in the decision and its errors) that is
+    markup reaches the page as the text it is: no element is made, no handler runs."""
+    model = console.find("#explain-model")
+    model.clear()
+    model.send_keys(HOSTILE)
+    console.find("#explain-form button[type=submit]").click()
+    console.wait_text("#explain-result", lambda t: HOSTILE in t, "the hostile model as text")
+    assert console.driver.find_elements(By.CSS_SELECTOR, "#page img") == []
+    assert console.driver.execute_script("return window.__owned") is None
+
+
+def test_the_security_role_is_refused_the_operator_page(console: Console) -> None:
+    console.go("operator")
+    text = console.wait_text('[data-forbidden="operator"]', lambda t: "403" in t, "the 403 page")
+    assert "needs the operator role" in text
+
+
+def test_the_auditor_sees_the_log(console: Console, served: Served) -> None:
+    console.login(TOKENS["auditor"], "auditor")
+    size = console.wait_text("#log-size", lambda t: t.isdigit() and int(t) > 0, "the log size")
+    assert int(size) <= served.log_size()
+    console.screenshot("auditor")
+
+
+def test_the_auditor_is_refused_the_security_page(console: Console) -> None:
+    console.go("security")
+    text = console.wait_text('[data-forbidden="security"]', lambda t: "403" in t, "the 403 page")
+    assert "needs the security role" in text
+    console.screenshot("auditor-on-security-403")
+
+
+def test_a_script_error_is_caught(console: Console) -> None:
+    """The clean-log check above can fail: a script error on the page is a SEVERE entry."""
+    console.driver.execute_script("setTimeout(() => { throw new Error('broken page'); }, 0)")
+    entries = console.wait(lambda d: console.errors(), "the script error in the log")
+    assert any("broken page" in entry["message"] for entry in entries)
