@@ -11,6 +11,7 @@ the repository root (tests/README.md).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ class Console:
         try:
             return WebDriverWait(self.driver, WAIT_S).until(condition)
         except TimeoutException:
-            self.screenshot(f"timeout-{what.replace(' ', '-')[:40]}")
+            self.screenshot("timeout-" + re.sub(r"[^A-Za-z0-9]+", "-", what)[:40])
             raise AssertionError(
                 f"waited {WAIT_S}s for {what}; the page shows:\n{self.text()[:2000]}"
             ) from None

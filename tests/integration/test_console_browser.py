@@ -85,7 +85,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         ],
         "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
         "keys_file": "keys.yaml",
-        "policies": {"paths": ["policies"]},
+        "policy": {"paths": ["policies"]},
         "provenance": {
             "dir": "log",
             "origin": ORIGIN,
@@ -103,7 +103,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         for _ in range(4):
             assert served.chat("m").status_code == 200
         assert served.chat("us").status_code == 403  # refused: the policy keeps acme in the EU
-        until(lambda: served.log_size() >= 10, "the log's checkpoint over the requests")
+        # 4 dispatch and 4 completion records, 1 refusal
+        until(lambda: served.log_size() >= 9, "the log's checkpoint over the requests")
         yield served
     finally:
         code = process.stop()
@@ -147,7 +148,7 @@ def test_the_operator_sees_the_live_backends_and_reloads(console: Console) -> No
     for backend in ("gpu-vllm", "cpu-llamacpp", "us-east"):
         console.find(f'[data-backend="{backend}"]')
     console.wait_text("#page", lambda t: "ready" in t and "3 backends" in t, "the summary")
-    console.wait_text(".chart h2", lambda t: t == "In-flight", "the in-flight chart")
+    console.wait_text(".chart h3", lambda t: t == "In-flight", "the in-flight chart")
     console.screenshot("operator")
     console.find("#action-reload").click()
     console.wait(lambda d: d.switch_to.alert, "the confirm dialog").accept()
@@ -167,22 +168,24 @@ def test_the_operator_is_refused_the_auditor_page(console: Console) -> None:
 
 def test_the_security_page_shows_the_policy_and_explains(console: Console) -> None:
     console.login(TOKENS["security"], "security")
-    console.find('[data-policy-id="eu-only"]')
-    console.find("#explain-tenant").send_keys("acme")
-    console.find("#explain-model").send_keys("us")
-    console.find("#explain-form button[type=submit]").click()
+    console.find('[data-policy-id="owngate"]')  # the set (no PolicySet document: its default)
+    explain(console, "acme", "us")
     trace = console.wait_text("#explain-result", lambda t: "us-east" in t, "the explain trace")
-    assert "excluded" in trace or "refused" in trace, trace
+    assert "eu-only/residency" in trace, trace  # the rule that excluded it
     console.screenshot("security")
+
+
+def explain(console: Console, tenant: str, model: str) -> None:
+    for field, value in (("#explain-tenant", tenant), ("#explain-model", model)):
+        console.find(field).clear()
+        console.find(field).send_keys(value)
+    console.find("#explain-form button[type=submit]").click()
 
 
 def test_hostile_text_shows_as_text(console: Console) -> None:
     """A model name (client-controlled, echoed in the decision and its errors) that is
     markup reaches the page as the text it is: no element is made, no handler runs."""
-    model = console.find("#explain-model")
-    model.clear()
-    model.send_keys(HOSTILE)
-    console.find("#explain-form button[type=submit]").click()
+    explain(console, "acme", HOSTILE)
     console.wait_text("#explain-result", lambda t: HOSTILE in t, "the hostile model as text")
     assert console.driver.find_elements(By.CSS_SELECTOR, "#page img") == []
     assert console.driver.execute_script("return window.__owned") is None

@@ -24,8 +24,8 @@ function label(value, format) {
 export function lineChart(title, series, format) {
   const values = series.flatMap((s) => s.points.map((p) => p[1]).filter((v) => v !== null));
   const times = series.flatMap((s) => s.points.map((p) => p[0]));
-  const figure = h("figure", { class: "chart card", "data-chart": title });
-  figure.append(h("h2", {}, title));
+  const figure = h("figure", { class: "chart", "data-chart": title });
+  figure.append(h("h3", {}, title));
   if (!times.length) {
     figure.append(h("p", { class: "muted" }, "no samples yet"));
     return figure;

@@ -90,7 +90,7 @@ export function render(node, ctx) {
           + "restarted.", result, ctx)),
       result),
     card("Backends", backends),
-    chartsNode);
+    card("The last minutes, per backend", chartsNode));
   let timeline = null;
   return every(POLL_MS, async (stop) => {
     try {
