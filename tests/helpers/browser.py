@@ -45,8 +45,13 @@ def chromium() -> webdriver.Chrome:
     os.environ["SE_OFFLINE"] = "true"  # selenium-manager: never download a browser or driver
     options = webdriver.ChromeOptions()
     options.binary_location = binary
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                     "--window-size=1400,1800", "--disable-gpu"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1800",
+        "--disable-gpu",
+    ):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(service=Service(driver), options=options)
@@ -69,7 +74,8 @@ class Console:
             ) from None
 
     def find(self, css: str) -> WebElement:
-        return self.wait(lambda d: d.find_element(By.CSS_SELECTOR, css), css)
+        found: WebElement = self.wait(lambda d: d.find_element(By.CSS_SELECTOR, css), css)
+        return found
 
     def text(self, css: str = "body") -> str:
         return str(self.driver.find_element(By.CSS_SELECTOR, css).text)
@@ -108,7 +114,7 @@ class Console:
     def errors(self) -> list[dict[str, Any]]:
         """SEVERE entries in the browser's console log since the last call (a script
         error, a failed load), less the API's 401/403 answers the pages show on purpose."""
-        entries: list[dict[str, Any]] = self.driver.get_log("browser")
+        entries: list[dict[str, Any]] = self.driver.get_log("browser")  # type: ignore[no-untyped-call]  # selenium leaves it unannotated
         return [
             entry
             for entry in entries

@@ -108,6 +108,8 @@ def browser() -> tuple[str, str]:
         path = Path("/usr/bin") / name
         binary = str(path) if path.exists() else shutil.which(name)
         if binary is None:
-            missing("browser", f"{name} is not installed (apt-get install chromium chromium-driver)")
+            missing(
+                "browser", f"{name} is not installed (apt-get install chromium chromium-driver)"
+            )
         found.append(binary)
     return found[0], found[1]

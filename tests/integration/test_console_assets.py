@@ -87,9 +87,9 @@ def test_the_page_has_no_inline_script_or_style_and_nothing_from_elsewhere() -> 
     assert "<style" not in page and " style=" not in page
     assert not re.findall(r"\son[a-z]+\s*=", page, re.IGNORECASE)  # no inline handler
     every = "\n".join((ASSET_DIR / name).read_text() for name in ASSETS)
-    assert not re.findall(r"(?:https?:)?//[a-z0-9.-]+\.[a-z]{2,}/", every.replace(
-        "http://www.w3.org/2000/svg", ""
-    ))
+    assert not re.findall(
+        r"(?:https?:)?//[a-z0-9.-]+\.[a-z]{2,}/", every.replace("http://www.w3.org/2000/svg", "")
+    )
     # the scripts build the DOM from data as text: no markup sink anywhere
     scripts = "\n".join((ASSET_DIR / n).read_text() for n in ASSETS if n.endswith(".js"))
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):

@@ -94,7 +94,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         },
         "admin": {
             "listen": {"host": "127.0.0.1", "port": admin_port},
-            "tokens": [{"hash": hash_api_key(token), "role": role} for role, token in TOKENS.items()],
+            "tokens": [
+                {"hash": hash_api_key(token), "role": role} for role, token in TOKENS.items()
+            ],
         },
     }
     process = GatewayProcess(config, directory).start()
