@@ -203,6 +203,7 @@ def create_app(
     env = dict(os.environ if environ is None else environ)
     directory = config_dir or Path.cwd()
     app = GatewayApp(assemble(config, env, config_dir=directory, clock=clock), directory)
+    app.environ = env
     if config_file is not None:
 
         def reassemble(fresh: GatewaySettings, running: Assembly) -> Assembly:
@@ -239,7 +240,7 @@ def admin_app(app: GatewayApp) -> FastAPI:
             return [f"{exc.source}:{issue}" for issue in exc.issues]
         return validate(candidate, environ=env, config_dir=app.config_dir)
 
-    env = dict(os.environ)
+    env = app.environ  # what the running gateway was assembled with (the demo adds keys)
     control = AdminControl(
         runtime=app,
         readiness=Operations(app).readiness,
@@ -304,7 +305,7 @@ def admin_server(app: GatewayApp) -> BesideServer:
 
     config = app.config
     options = uvicorn_config(
-        admin_app(app), config.listen, lifespan="off", timeout_graceful_shutdown=5
+        admin_app(app), config.listen, lifespan="on", timeout_graceful_shutdown=5
     )
     if config.admin.listen is not None:
         options.host = config.admin.listen.host

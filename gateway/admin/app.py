@@ -11,9 +11,11 @@ Swagger UI loads its assets from a CDN and owngate serves nothing from one;
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +28,7 @@ from starlette.exceptions import HTTPException
 
 from gateway.admin.auth import Caller, require
 from gateway.admin.console_routes import router as console_router
+from gateway.admin.limits import BodyLimit
 from gateway.admin.models import (
     ActionResult,
     ConfigCandidate,
@@ -40,8 +43,12 @@ from gateway.admin.models import (
     PolicyStatus,
     Status,
 )
+from gateway.admin.policy_tests import router as policy_tests_router
 from gateway.admin.requests import router as requests_router
+from gateway.admin.tenants import router as tenants_router
 from gateway.admin.tiles import router as log_router
+from gateway.admin.timeline import Timeline
+from gateway.admin.timelines import router as timelines_router
 from gateway.api.admin import status_report
 from gateway.api.runtime import Runtime
 from gateway.config.schema import GatewaySettings
@@ -75,10 +82,27 @@ def config_digest(config: GatewaySettings) -> str:
 
 
 def create_admin_app(control: AdminControl) -> FastAPI:
-    """The admin API app acting on `control`."""
-    app = _routes()
+    """The admin API app acting on `control`; its lifespan runs the timelines' sampler
+    (admin.sample_interval_s and admin.history_s as the app is built)."""
+    app = _routes(lifespan=_sampling)
     app.state.control = control
+    settings = control.runtime.config.admin
+    app.state.timeline = Timeline(
+        control.runtime, interval_s=settings.sample_interval_s, history_s=settings.history_s
+    )
     return app
+
+
+@contextlib.asynccontextmanager
+async def _sampling(app: FastAPI) -> AsyncIterator[None]:
+    timeline: Timeline = app.state.timeline
+    task = asyncio.create_task(timeline.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def openapi_schema() -> dict[str, Any]:
@@ -87,8 +111,11 @@ def openapi_schema() -> dict[str, Any]:
     return _routes().openapi()
 
 
-def _routes() -> FastAPI:
+def _routes(
+    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
+) -> FastAPI:
     app = FastAPI(
+        lifespan=lifespan,
         title="owngate admin API",
         version="1",
         description="The control plane of an owngate gateway, on its own listener "
@@ -97,10 +124,14 @@ def _routes() -> FastAPI:
         redoc_url=None,
         openapi_url="/openapi.json",
     )
+    app.add_middleware(BodyLimit)
     app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.include_router(_v1)
+    app.include_router(timelines_router)
+    app.include_router(tenants_router)
+    app.include_router(policy_tests_router)
     app.include_router(requests_router)
     app.include_router(log_router)
     app.include_router(console_router)
@@ -215,7 +246,8 @@ async def reload(control: _Control, caller: _Operator) -> ActionResult:
     reloader = runtime.reloader
     error = reloader.last_error if reloader is not None else None
     error = error or runtime.policies.last_error
-    if error:  # nothing changed: no admin record
+    if error:  # nothing changed, and the record says why (the digest of the error)
+        await _act(control, caller, "reload", "config", {"error": error}, changed=False)
         raise GatewayError(
             ErrorCode.invalid_request, f"reload failed; the running config stays: {error}"
         )

@@ -153,10 +153,12 @@ class Proxy:
         try:
             decision = policy.decide(tenant.id, model, label)
         except UnknownDataClass as exc:
+            self._metrics.decided((exc.rule,))
             error = label_refused(policy, tenant.id, invalid or exc)
             raise Refused(
                 error.code, error.message, exc.decision, exc.rule, param=error.param
             ) from exc
+        self._metrics.decided(decision.exercised_rules())
         if invalid is not None and decision.refusal is None:  # "" names no class: never
             error = label_refused(policy, tenant.id, invalid)
             rule = f"{decision.policy_id}/data_classes"

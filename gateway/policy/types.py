@@ -108,6 +108,17 @@ class Decision:
         """Every backend that may see the request: private tier first, then fallbacks."""
         return self.private + self.hosted
 
+    def exercised_rules(self) -> frozenset[str]:
+        """The rules that took part in this decision: each that admitted or excluded a
+        backend, refused the request, or gave it a default data class (what policy test
+        coverage and the decisions-per-rule metric count)."""
+        rules = {t.rule for t in self.trace}
+        if self.refusal is not None:
+            rules.add(self.refusal.rule)
+        if self.default_rule is not None:
+            rules.add(self.default_rule)
+        return frozenset(rules)
+
     def as_dict(self) -> dict[str, object]:
         """A JSON-ready view (the shape `owngate policy explain --json` prints)."""
         return {

@@ -1,0 +1,184 @@
+"""The admin API's timelines: a bounded in-memory history of the running gateway, sampled
+every `admin.sample_interval_s` for the console's charts (`/admin/v1/timeline/...`).
+
+Each sample reads what the gateway already keeps: per backend the scraped queue, the
+in-flight count and the breaker (the `Runtime`'s registry and scraper), and from its
+Prometheus counters what happened since the previous sample: requests and errors per
+backend, TTFT p50/p99 estimated from the histogram's bucket deltas, policy decisions and
+refusals per rule; and the provenance log's size, newest checkpoint and the size every
+witness cosigned. Memory is fixed by the settings and the configured backends and rules:
+three deques of at most `history_s / sample_interval_s` samples (capped at
+`MAX_SAMPLES`), keyed only by backend and rule ids the config declares, never by a value
+a client sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.metrics import MetricWrapperBase
+
+from gateway.api.runtime import Runtime
+
+__all__ = ["MAX_SAMPLES", "Timeline", "bucket_quantile"]
+
+MAX_SAMPLES = 3600
+_ERROR_STATUS = 500  # an answer at or above it counts as an error of the backend
+
+
+def bucket_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """The `q` quantile (0..1) of observations counted in cumulative histogram `buckets`
+    (upper bound, count at or below it; ascending, the last +Inf), by linear
+    interpolation inside the bucket the rank falls in, as Prometheus'
+    `histogram_quantile` does: the first bucket starts at 0, and a rank in the +Inf
+    bucket gives the highest finite bound. None when nothing was counted."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank and count > below:
+            if math.isinf(upper):
+                return lower
+            return lower + (upper - lower) * (rank - below) / (count - below)
+        lower, below = upper, count
+    return lower
+
+
+@dataclass(slots=True)
+class _Totals:
+    """Counter totals at one sample (what the next sample subtracts)."""
+
+    requests: dict[str, float] = field(default_factory=dict)
+    errors: dict[str, float] = field(default_factory=dict)
+    ttft: dict[str, dict[float, float]] = field(default_factory=dict)  # backend → le → count
+    decisions: dict[str, float] = field(default_factory=dict)
+    refusals: dict[str, float] = field(default_factory=dict)
+
+
+class Timeline:
+    """The sampler and its three bounded histories (oldest sample first)."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        interval_s: float,
+        history_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.runtime = runtime
+        self.interval_s = interval_s
+        size = max(1, min(MAX_SAMPLES, math.ceil(history_s / interval_s)))
+        self.backends: deque[dict[str, Any]] = deque(maxlen=size)
+        self.policies: deque[dict[str, Any]] = deque(maxlen=size)
+        self.log: deque[dict[str, Any]] = deque(maxlen=size)
+        self._clock = clock
+        self._last = _Totals()  # the counters start at zero with the gateway
+
+    async def run(self) -> None:
+        """Sample every `interval_s` until cancelled (the admin app's lifespan)."""
+        while True:
+            self.sample()
+            await asyncio.sleep(self.interval_s)
+
+    def sample(self) -> None:
+        """Take one sample of each timeline."""
+        now = self._clock()
+        totals = self._totals()
+        last, self._last = self._last, totals
+        self.backends.append({"t": now, "backends": self._backends(totals, last)})
+        self.policies.append(
+            {
+                "t": now,
+                "decisions": _deltas(totals.decisions, last.decisions),
+                "refusals": _deltas(totals.refusals, last.refusals),
+            }
+        )
+        self.log.append({"t": now, **self._log()})
+
+    def _totals(self) -> _Totals:
+        parts = self.runtime.parts
+        metrics = parts.metrics
+        backends = set(parts.registry.backends)
+        rules = parts.policies.current.rules
+        totals = _Totals()
+        for labels, value in _samples(metrics.requests, "_total"):
+            backend = labels["backend"]
+            if backend in backends:
+                _add(totals.requests, backend, value)
+                if int(labels["status"]) >= _ERROR_STATUS:
+                    _add(totals.errors, backend, value)
+        for labels, value in _samples(metrics.ttft, "_bucket"):
+            backend = labels["backend"]
+            if backend in backends:
+                _add(totals.ttft.setdefault(backend, {}), float(labels["le"]), value)
+        for labels, value in _samples(metrics.decisions, "_total"):
+            if labels["rule"] in rules:
+                _add(totals.decisions, labels["rule"], value)
+        for labels, value in _samples(metrics.refusals, "_total"):
+            if labels["rule"] in rules:
+                _add(totals.refusals, labels["rule"], value)
+        return totals
+
+    def _backends(self, totals: _Totals, last: _Totals) -> dict[str, dict[str, Any]]:
+        parts = self.runtime.parts
+        requests = _deltas(totals.requests, last.requests)
+        errors = _deltas(totals.errors, last.errors)
+        rows: dict[str, dict[str, Any]] = {}
+        for backend_id, state in parts.registry.backends.items():
+            load = parts.scraper.load(backend_id)
+            done = requests.get(backend_id, 0)
+            failed = errors.get(backend_id, 0)
+            now = totals.ttft.get(backend_id, {})
+            before = last.ttft.get(backend_id, {})
+            buckets = [(le, count - before.get(le, 0.0)) for le, count in sorted(now.items())]
+            rows[backend_id] = {
+                "waiting": None if load is None else load.waiting,
+                "running": None if load is None else load.running,
+                "inflight": state.inflight,
+                "breaker": state.breaker.state.value,
+                "requests": done,
+                "errors": failed,
+                "error_rate": failed / done if done else None,
+                "ttft_p50_s": bucket_quantile(0.5, buckets),
+                "ttft_p99_s": bucket_quantile(0.99, buckets),
+            }
+        return rows
+
+    def _log(self) -> dict[str, int | None]:
+        recorder = self.runtime.parts.recorder
+        log = recorder.log if recorder is not None and recorder.opened else None
+        latest = None if log is None else log.latest_checkpoint()
+        cosigning = self.runtime.cosigning
+        sizes = [] if cosigning is None else [w.cosigned_size for w in cosigning.witnesses]
+        known = [size for size in sizes if size is not None]
+        return {
+            "entries": None if log is None else log.size,
+            "checkpoint_size": None if latest is None else latest.checkpoint.size,
+            # what every witness cosigned (the laggard's size): None until all have
+            "cosigned_size": min(known) if known and len(known) == len(sizes) else None,
+        }
+
+
+def _samples(metric: MetricWrapperBase, suffix: str) -> Iterable[tuple[Mapping[str, str], float]]:
+    for family in metric.collect():
+        for sample in family.samples:
+            if sample.name.endswith(suffix):
+                yield sample.labels, sample.value
+
+
+def _add(totals: dict[Any, float], key: Any, value: float) -> None:
+    totals[key] = totals.get(key, 0.0) + value
+
+
+def _deltas(now: Mapping[str, float], before: Mapping[str, float]) -> dict[str, int]:
+    """What each counter added since `before` (only those that moved)."""
+    moved = {key: int(value - before.get(key, 0.0)) for key, value in now.items()}
+    return {key: value for key, value in sorted(moved.items()) if value > 0}
