@@ -91,11 +91,12 @@ class Console:
         return str(self.wait(ready, what))
 
     def login(self, token: str, page: str) -> None:
-        """A fresh tab state (no token), then the login form with `token`, then `page`."""
-        self.driver.get(self.url)
-        self.driver.execute_script("sessionStorage.clear()")
+        """Log out if logged in (the button forgets the token), then log in with `token`
+        on `page`."""
         self.driver.get(self.url + "#" + page)
-        self.driver.refresh()
+        logout = self.driver.find_element(By.ID, "logout")
+        if logout.is_displayed():
+            logout.click()
         field = self.find("#token")
         self.wait(lambda d: field.is_displayed(), "the login form")
         field.send_keys(token)

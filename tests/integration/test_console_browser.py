@@ -41,6 +41,15 @@ spec:
   retention: {max_days: 30}
   fallback: {mode: never}
 """
+CASES = """\
+apiVersion: policy.owngate.dev/v1
+kind: PolicyTest
+metadata: {id: eu-only-cases}
+cases:
+  - name: a model only a US backend serves is refused by the residency rule
+    input: {tenant: acme, model: us}
+    expect: {refusal: eu-only/residency}
+"""
 HOSTILE = '<img src=x onerror="window.__owned=1">'
 
 
@@ -51,10 +60,10 @@ class Served:
         self.console = f"{admin}/console/"
         self.log = log
 
-    def chat(self, model: str) -> httpx.Response:
+    def chat(self, model: str, key: str = KEY) -> httpx.Response:
         return httpx.post(
             f"{self.process.url}/v1/chat/completions",
-            headers={"authorization": f"Bearer {KEY}"},
+            headers={"authorization": f"Bearer {key}"},
             json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
             timeout=10,
         )
@@ -67,8 +76,9 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     directory = tmp_path_factory.mktemp("console")
-    (directory / "policies").mkdir()
+    (directory / "policies" / "tests").mkdir(parents=True)
     (directory / "policies" / "eu.yaml").write_text(POLICY)
+    (directory / "policies" / "tests" / "eu.yaml").write_text(CASES)
     sims = [
         ServerThread(create_sim_app(SimSettings.for_kind("vllm", models=("m",)))).start(),
         ServerThread(create_sim_app(SimSettings.for_kind("llamacpp", models=("m", "us")))).start(),
@@ -151,7 +161,18 @@ def test_the_operator_sees_the_live_backends_and_reloads(console: Console) -> No
         console.find(f'[data-backend="{backend}"]')
     console.wait_text("#page", lambda t: "ready" in t and "3 backends" in t, "the summary")
     console.wait_text(".chart h3", lambda t: t == "In-flight", "the in-flight chart")
+    console.wait(
+        lambda d: sum(
+            int(e.text)
+            for e in d.find_elements(By.CSS_SELECTOR, "[data-requests]")
+            if e.text != "-"
+        ),
+        "the requests the backends served in the timeline's window",
+    )
     console.screenshot("operator")
+    console.find("#action-drain").click()  # dismissed: nothing is done
+    console.wait(lambda d: d.switch_to.alert, "the confirm dialog").dismiss()
+    assert console.text("#action-result") == ""
     console.find("#action-reload").click()
     console.wait(lambda d: d.switch_to.alert, "the confirm dialog").accept()
     result = console.wait_text(
@@ -174,7 +195,29 @@ def test_the_security_page_shows_the_policy_and_explains(console: Console) -> No
     explain(console, "acme", "us")
     trace = console.wait_text("#explain-result", lambda t: "us-east" in t, "the explain trace")
     assert "eu-only/residency" in trace, trace  # the rule that excluded it
+    console.find('[data-tenant="acme"]')
+    console.wait_text("[data-rule]", lambda t: t == "eu-only/residency", "the refusing rule")
+    console.find("#run-tests").click()
+    summary = console.wait_text("#test-summary", lambda t: "1 of 1" in t, "the policy tests")
+    assert summary.startswith("passed"), summary
     console.screenshot("security")
+
+
+def test_the_security_role_creates_and_revokes_a_key(console: Console, served: Served) -> None:
+    before = len(console.driver.find_elements(By.CSS_SELECTOR, "[data-key]"))
+    console.find("#key-create button[type=submit]").click()
+    key = console.wait_text("#new-key", lambda t: t.startswith("og-"), "the new key, shown once")
+    assert "shown once" in console.text("#key-created")
+    console.wait(
+        lambda d: len(d.find_elements(By.CSS_SELECTOR, "[data-key]")) == before + 1,
+        "the new key in the list",
+    )
+    assert served.chat("m", key).status_code == 200  # it works at once
+    console.screenshot("security-key-created")
+    console.find("#key-revoke button[type=submit]").click()  # the new key's digest is filled in
+    console.wait(lambda d: d.switch_to.alert, "the confirm dialog").accept()
+    console.wait_text("#key-created", lambda t: t.startswith("revoked"), "the revocation")
+    assert served.chat("m", key).status_code == 401
 
 
 def explain(console: Console, tenant: str, model: str) -> None:

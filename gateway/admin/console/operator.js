@@ -35,7 +35,7 @@ function backendsTable(status, timeline) {
     `${num(b.waiting)} / ${num(b.running)}`,
     percent(b.kv_usage),
     num(b.prefilling_tokens),
-    timeline ? num(served[b.id] || 0) : "-",
+    h("span", { "data-requests": b.id }, timeline ? num(served[b.id] || 0) : "-"),
     h("span", { class: "mono" }, scores(b)),
   ]);
   return table([["backend"], ["kind"], ["health"], ["breaker"], ["in-flight", { num: true }],

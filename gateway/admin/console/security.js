@@ -135,7 +135,7 @@ function keysCard(ctx, tenantsOf) {
     try {
       const keys = await get("/admin/v1/keys");
       show(list, table([["tenant"], ["key digest prefix"]], keys.keys.map((k) => [k.tenant,
-        h("code", {}, k.hash_prefix)]), "no keys"));
+        h("code", { "data-key": k.hash_prefix }, k.hash_prefix)]), "no keys"));
     } catch (error) {
       ctx.fail(list, error);
     }
