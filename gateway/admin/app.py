@@ -159,6 +159,9 @@ async def _gateway_error(request: Request, error: GatewayError) -> Response:
 
 
 async def _http_error(request: Request, error: HTTPException) -> Response:
+    cause = error.__cause__  # FastAPI wraps what reading the body raised (limits.py)
+    if isinstance(cause, GatewayError):
+        return await _gateway_error(request, cause)
     if error.status_code == 404:
         return _json_error(ErrorCode.not_found, "Unknown admin path.")
     if error.status_code == 405:

@@ -19,7 +19,7 @@ from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess
 from tests.helpers.waiting import until
 
-__all__ = ["ORIGIN", "TOKENS", "Served", "bearer", "serve_admin"]
+__all__ = ["CASES", "ORIGIN", "TOKENS", "Served", "bearer", "serve_admin"]
 
 TOKENS = {
     "operator": "og-admin-operator-token-0123456789",
@@ -28,6 +28,19 @@ TOKENS = {
     "admin": "og-admin-full-access-token-0123456789",
 }
 ORIGIN = "admin-api.test/log"
+# Policy test cases for the gateway's built-in policy set: one passes, one fails.
+CASES = """
+apiVersion: policy.owngate.dev/v1
+kind: PolicyTest
+metadata: {id: admin-cases}
+cases:
+  - name: private only
+    input: {tenant: acme, model: m}
+    expect: {private: [gpu], hosted: [], refusal: null}
+  - name: expects a hosted fallback that is not there
+    input: {tenant: acme, model: m}
+    expect: {hosted: [openai]}
+"""
 
 
 def bearer(role: str) -> dict[str, str]:

@@ -21,7 +21,7 @@ from gateway.admin.app import openapi_schema
 from gateway.config import GatewaySettings
 from gateway.provenance import TlogProof, load_verifiers, verify_tlog_proof
 from gateway.tenants import hash_api_key
-from tests.helpers.admin import ORIGIN, TOKENS, Served, bearer, serve_admin
+from tests.helpers.admin import CASES, ORIGIN, TOKENS, Served, bearer, serve_admin
 from tests.helpers.gateways import backend, gateway_config
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.provenance import records, run_audit
@@ -48,6 +48,8 @@ READS = [
     ("GET", "/admin/v1/timeline/backends", None, {"operator"}),
     ("GET", "/admin/v1/timeline/policies", None, {"security"}),
     ("GET", "/admin/v1/timeline/log", None, {"auditor"}),
+    ("GET", "/admin/v1/tenants", None, {"operator", "security"}),
+    ("POST", "/admin/v1/policies/test", {"cases_yaml": CASES}, {"security"}),
     ("GET", "/admin/v1/log/requests/nope", None, set()),  # auditor: 404, tested below
 ]
 ACTIONS = [  # only refused here: the allowed role acts in the tests below

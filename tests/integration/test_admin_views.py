@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
-from tests.helpers.admin import Served, serve_admin
+from tests.helpers.admin import CASES, Served, serve_admin
 from tests.helpers.waiting import until
 
 
@@ -62,7 +63,7 @@ def test_the_timelines_show_the_requests_sent(served: Served) -> None:
 
     until(lambda: decisions() >= 3, "the decisions in the policies timeline", timeout=20)
     rules = {r for s in newest("policies", "security")["samples"] for r in s["decisions"]}
-    assert rules and all(rule.startswith("builtin") or "/" in rule for rule in rules)
+    assert rules == {"builtin-private-only/private"}  # the rule that admitted gpu
 
     def logged() -> int:
         return newest("log", "auditor")["samples"][-1]["checkpoint_size"] or 0
@@ -70,3 +71,67 @@ def test_the_timelines_show_the_requests_sent(served: Served) -> None:
     until(lambda: logged() >= 6, "the 6 records in the log timeline", timeout=20)
     last = newest("log", "auditor")["samples"][-1]
     assert last["entries"] >= last["checkpoint_size"] and last["cosigned_size"] is None
+
+
+def test_tenants_show_their_limits_and_use(served: Served) -> None:
+    tenants = served.get("/admin/v1/tenants", "operator").json()["tenants"]
+    assert [t["id"] for t in tenants] == ["acme"]
+    acme = tenants[0]
+    assert acme["models"] == ["*"] and acme["keys"] == 1
+    unlimited = {"requests_per_minute": None, "tokens_per_minute": None}
+    assert acme["limits"] == {**unlimited, "concurrent_requests": None}
+    assert acme["use"] == {"inflight": None, "requests": None, "tokens": None, "scope": "process"}
+
+
+def test_policy_cases_run_against_the_running_set(served: Served) -> None:
+    report = served.post("/admin/v1/policies/test", "security", {"cases_yaml": CASES}).json()
+    assert (report["passed"], report["total"], report["failed"]) == (False, 2, 1)
+    first, second = report["cases"]
+    assert first == {"name": "admin-cases: private only", "passed": True, "problems": []}
+    assert second["passed"] is False and "hosted" in second["problems"][0]
+    assert 0 < report["coverage"] < 1
+    # the running set is the built-in one: it has no case files of its own
+    own = served.post("/admin/v1/policies/test", "security", {})
+    assert own.status_code == 400 and "no test cases" in own.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("cases_yaml", "named"),
+    [
+        ("cases: [unclosed", "not valid YAML"),
+        ("kind: Policy\napiVersion: policy.owngate.dev/v1\n", "expected kind PolicyTest"),
+        (CASES.replace("input: {tenant: acme", "input: {tenant: 7, tenant: acme", 1), "tenant"),
+        (CASES.replace("    input: {tenant: acme, model: m}\n", "", 1), "input"),
+    ],
+)
+def test_malformed_cases_are_a_400_naming_the_problem(
+    served: Served, cases_yaml: str, named: str
+) -> None:
+    answer = served.post("/admin/v1/policies/test", "security", {"cases_yaml": cases_yaml})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "invalid_request" and named in error["message"]
+
+
+def test_bodies_are_bounded(served: Served) -> None:
+    big = {"cases_yaml": "#" * (256 * 1024 + 1)}
+    over = served.post("/admin/v1/policies/test", "security", big)
+    assert over.status_code == 400 and over.json()["error"]["param"] is None
+    assert "cases_yaml" in over.json()["error"]["message"]
+    huge = served.post("/admin/v1/config/validate", "security", {"yaml": "#" * (1 << 21)})
+    assert huge.status_code == 413 and huge.json()["error"]["code"] == "request_too_large"
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: read up to the bound, no further
+        yield b'{"yaml": "'
+        for _ in range(40):
+            yield b"#" * 65536
+        yield b'"}'
+
+    streamed = httpx.post(
+        f"{served.admin}/admin/v1/config/validate",
+        headers={"authorization": "Bearer og-admin-security-token-0123456789"},
+        content=chunks(),
+        timeout=10,
+    )
+    assert streamed.status_code == 413, streamed.text
+    assert streamed.json()["error"]["code"] == "request_too_large"
