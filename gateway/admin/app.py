@@ -41,6 +41,7 @@ from gateway.admin.models import (
     KeyList,
     KeyRow,
     PolicyStatus,
+    PolicySummary,
     Status,
 )
 from gateway.admin.policy_tests import router as policy_tests_router
@@ -203,7 +204,24 @@ async def status(control: _Control, caller: _Operator) -> Status:
 
 @_v1.get("/policies", tags=["security"], summary="The active policy set and its reload status")
 async def policies(control: _Control, caller: _Security) -> PolicyStatus:
-    return PolicyStatus.model_validate(control.runtime.policies.status())
+    active = control.runtime.policies.current
+    summaries = [
+        PolicySummary(
+            id=policy.id,
+            version=policy.version,
+            tenants=sorted(policy.tenants),
+            data_classes=sorted(policy.classes),
+            rules=sorted(policy.rules),
+        )
+        for policy in map(active.compiled, active.policy_ids())
+    ]
+    return PolicyStatus.model_validate(
+        {
+            **control.runtime.policies.status(),
+            "policies": summaries,
+            "rules": sorted(active.rules),
+        }
+    )
 
 
 @_v1.post("/policies/explain", tags=["security"], summary="The decision and trace for a request")

@@ -195,8 +195,11 @@ def test_the_security_page_shows_the_policy_and_explains(console: Console) -> No
     explain(console, "acme", "us")
     trace = console.wait_text("#explain-result", lambda t: "us-east" in t, "the explain trace")
     assert "eu-only/residency" in trace, trace  # the rule that excluded it
-    console.find('[data-tenant="acme"]')
-    console.wait_text("[data-rule]", lambda t: t == "eu-only/residency", "the refusing rule")
+    # tenants -> the policy binding each -> its rules, with the refusal counted on its rule
+    assert console.text('[data-tenant-policy="acme"]') == "eu-only"
+    console.wait_text(
+        '[data-refusals="eu-only/residency"]', lambda t: t == "1", "the refusal on its rule"
+    )
     console.find("#run-tests").click()
     summary = console.wait_text("#test-summary", lambda t: "1 of 1" in t, "the policy tests")
     assert summary.startswith("passed"), summary

@@ -25,16 +25,25 @@ function policyCard(policy) {
       ? h("p", { class: "error" }, `last reload failed: ${policy.last_reload_error}`) : null);
 }
 
-function tenantsTable(tenants, explainFor) {
-  return table([["tenant"], ["models"], ["keys", { num: true }], ["limits"], ["use"], [""]],
-    tenants.map((t) => [
-      h("span", { class: "mono", "data-tenant": t.id }, t.id),
-      t.models.join(", "),
-      num(t.keys),
-      pairs(t.limits),
-      pairs(t.use),
-      h("button", { type: "button", onclick: () => explainFor(t) }, "Explain"),
-    ]), "no tenants");
+// The policy that binds a tenant (a tenant no policy binds is denied everything).
+function boundBy(policySet, tenant) {
+  const policy = policySet.policies.find((p) => p.tenants.includes(tenant));
+  return policy ? h("code", { "data-tenant-policy": tenant }, policy.id)
+    : h("span", { class: "bad", "data-tenant-policy": tenant }, "none: denied everything");
+}
+
+function tenantsTable(tenants, policySet, explainFor) {
+  return table([["tenant"], ["policy"], ["models"], ["keys", { num: true }], ["limits"],
+    ["use"], [""]],
+  tenants.map((t) => [
+    h("span", { class: "mono", "data-tenant": t.id }, t.id),
+    boundBy(policySet, t.id),
+    t.models.join(", "),
+    num(t.keys),
+    pairs(t.limits),
+    pairs(t.use),
+    h("button", { type: "button", onclick: () => explainFor(t) }, "Explain"),
+  ]), "no tenants");
 }
 
 function ruleTotals(samples, field) {
@@ -47,14 +56,25 @@ function ruleTotals(samples, field) {
   return totals;
 }
 
-function rulesCard(timeline) {
+// Every rule the set declares, by the policy declaring it (the set's own last), with the
+// decisions it took part in and the requests it refused over the timeline's window.
+function rulesCard(policySet, timeline) {
   const decisions = ruleTotals(timeline.samples, "decisions");
   const refusals = ruleTotals(timeline.samples, "refusals");
-  const rules = [...new Set([...Object.keys(decisions), ...Object.keys(refusals)])].sort();
+  const owned = new Set(policySet.policies.flatMap((p) => p.rules));
+  const groups = [...policySet.policies.map((p) => [p, p.rules]),
+    [null, policySet.rules.filter((rule) => !owned.has(rule))]];
+  const rows = groups.flatMap(([policy, rules]) => rules.map((rule) => [
+    policy ? h("code", {}, policy.id) : h("span", { class: "muted" }, "(the set)"),
+    policy ? policy.tenants.join(", ") : "-",
+    h("code", { "data-rule": rule }, rule),
+    num(decisions[rule] || 0),
+    h("span", { class: refusals[rule] ? "bad" : null, "data-refusals": rule },
+      num(refusals[rule] || 0)),
+  ]));
   return h("div", {},
-    table([["rule"], ["decisions", { num: true }], ["refusals", { num: true }]],
-      rules.map((rule) => [h("code", { "data-rule": rule }, rule), num(decisions[rule] || 0),
-        num(refusals[rule] || 0)]), "no decisions in the window"),
+    table([["policy"], ["tenants"], ["rule"], ["decisions", { num: true }],
+      ["refusals", { num: true }]], rows, "no rules"),
     h("div", { class: "grid" },
       lineChart("Decisions per rule", seriesOf(timeline.samples, (s) => s.decisions,
         (v) => v, 0)),
@@ -190,20 +210,22 @@ export function render(node, ctx) {
   const policy = h("div", {}, h("p", { class: "muted" }, "loading…"));
   const tenants = h("div", {});
   const rules = h("div", {});
+  let tenantsFilled = false;
   const explain = explainForm(ctx);
   const waiting = [];
   show(node,
     h("h1", {}, "Security"),
     card("Policy set", policy),
-    card("Tenants", tenants),
-    card("Decisions and refusals per rule", rules),
+    card("Tenants and the policy that binds each", tenants),
+    card("Policies, their rules, and decisions and refusals per rule", rules),
     card("Explain a decision", explain.node),
     testsCard(ctx),
     keysCard(ctx, (fn) => waiting.push(fn)));
-  let first = true;
   return every(POLL_MS, async (stop) => {
+    let policySet;
     try {
-      show(policy, policyCard(await get("/admin/v1/policies")));
+      policySet = await get("/admin/v1/policies");
+      show(policy, policyCard(policySet));
     } catch (error) {
       if (error.status === 401 || error.status === 403) {
         stop();
@@ -213,18 +235,18 @@ export function render(node, ctx) {
       }
       return;
     }
-    if (first) {
-      first = false;
-      try {
-        const found = (await get("/admin/v1/tenants")).tenants;
-        show(tenants, tenantsTable(found, explain.fill));
+    try {
+      const found = (await get("/admin/v1/tenants")).tenants;
+      show(tenants, tenantsTable(found, policySet, explain.fill));
+      if (!tenantsFilled) {
+        tenantsFilled = true;
         waiting.forEach((fn) => fn(found));
-      } catch (error) {
-        ctx.fail(tenants, error);
       }
+    } catch (error) {
+      ctx.fail(tenants, error);
     }
     try {
-      show(rules, rulesCard(await get("/admin/v1/timeline/policies")));
+      show(rules, rulesCard(policySet, await get("/admin/v1/timeline/policies")));
     } catch (error) {
       ctx.fail(rules, error);
     }
