@@ -45,6 +45,7 @@ from gateway.admin.models import (
     Status,
 )
 from gateway.admin.policy_tests import router as policy_tests_router
+from gateway.admin.receipts import router as receipts_router
 from gateway.admin.requests import router as requests_router
 from gateway.admin.tenants import router as tenants_router
 from gateway.admin.tiles import router as log_router
@@ -133,6 +134,7 @@ def _routes(
     app.include_router(timelines_router)
     app.include_router(tenants_router)
     app.include_router(policy_tests_router)
+    app.include_router(receipts_router)
     app.include_router(requests_router)
     app.include_router(log_router)
     app.include_router(console_router)
@@ -147,16 +149,18 @@ async def _control(request: Request) -> AdminControl:
 # --- errors: the OpenAI error envelope --------------------------------------------------
 
 
-def _json_error(code: ErrorCode, message: str, status: int | None = None) -> Response:
+def _json_error(
+    code: ErrorCode, message: str, status: int | None = None, param: str | None = None
+) -> Response:
     return Response(
-        error_body(code, message),
+        error_body(code, message, param),
         status_code=status or code.status,
         media_type="application/json",
     )
 
 
 async def _gateway_error(request: Request, error: GatewayError) -> Response:
-    return _json_error(error.code, error.message, error.status)
+    return _json_error(error.code, error.message, error.status, error.param)
 
 
 async def _http_error(request: Request, error: HTTPException) -> Response:

@@ -30,13 +30,14 @@ from gateway.provenance import (
     verify_log,
     verify_receipt,
 )
+from gateway.provenance.audit.receipt import check_receipt_in_log
 from gateway.provenance.audit.remote import is_url, mirror_log
 from gateway.provenance.audit.report import Invocation, audit_report
 from gateway.provenance.audit.report_html import render_html
 from gateway.provenance.audit.summary import Filters, summarise
 from gateway.provenance.formats.cosignature import CosignatureVerifier
 from gateway.provenance.formats.layout import list_cosigned
-from gateway.provenance.formats.merkle import inclusion_proof, leaf_hash, verify_inclusion
+from gateway.provenance.formats.merkle import inclusion_proof
 from gateway.provenance.formats.tiles import TileReader
 
 __all__ = ["register"]
@@ -345,25 +346,7 @@ def _receipt_verify(args: argparse.Namespace) -> int:
     )
     if args.log is None:
         return 0
-    log = LogDirectory(args.log)
-    signed = open_checkpoint(log.latest_note(), keys, origin=receipt.log)
-    size = signed.checkpoint.size
-    if receipt.index >= size:
-        print(
-            f"FAILED: the log's signed checkpoint covers {size} entries; the receipt's entry "
-            f"{receipt.index} is missing (rollback or not yet checkpointed)",
-            file=sys.stderr,
-        )
-        return 1
-    entry = log.bundle(receipt.index // 256, size)[receipt.index % 256]
-    if leaf_hash(entry) != receipt.dispatch_hash:
-        print(
-            f"FAILED: entry {receipt.index} of the log is not the record the receipt names",
-            file=sys.stderr,
-        )
-        return 1
-    proof = inclusion_proof(receipt.index, size, TileReader(log.path, size).node)
-    verify_inclusion(receipt.dispatch_hash, receipt.index, size, proof, signed.checkpoint.root)
+    size = check_receipt_in_log(LogDirectory(args.log), receipt, keys).size
     print(f"ok: entry {receipt.index} is in the checkpoint of size {size}")
     return 0
 

@@ -4,13 +4,17 @@ the policy test cases, receipt verification, witness cosignatures and the audit 
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.helpers.admin import CASES, Served, serve_admin
+from gateway.provenance import Receipt, load_signer, make_receipt, write_signing_key
+from tests.helpers.admin import CASES, ORIGIN, Served, serve_admin
 from tests.helpers.waiting import until
 
 
@@ -135,3 +139,56 @@ def test_bodies_are_bounded(served: Served) -> None:
     )
     assert streamed.status_code == 413, streamed.text
     assert streamed.json()["error"]["code"] == "request_too_large"
+
+
+def test_a_receipt_is_verified_with_its_record_in_the_log(served: Served, tmp_path: Path) -> None:
+    answer = served.chat()
+    header = answer.headers["x-owngate-receipt"]
+    envelope = json.loads(base64.b64decode(header))
+    request_id = answer.headers["x-request-id"]
+    found = served.get(f"/admin/v1/log/requests/{request_id}", "auditor")
+    until(
+        lambda: served.get(f"/admin/v1/log/requests/{request_id}", "auditor").status_code == 200,
+        "a checkpoint covering the request",
+        timeout=20,
+        detail=lambda: found.text,
+    )
+    for given in (header, envelope, json.dumps(envelope)):
+        verdict = served.post("/admin/v1/receipts/verify", "auditor", {"receipt": given}).json()
+        assert verdict["valid"] is True and verdict["problems"] == [], verdict
+        assert (verdict["request_id"], verdict["backend"], verdict["region"]) == (
+            request_id,
+            "gpu",
+            "eu-west-1",
+        )
+        assert verdict["policy"]["id"] == "builtin-private-only"
+        inclusion = verdict["inclusion"]
+        assert inclusion["checked"] is True and inclusion["checkpoint_size"] > verdict["log_index"]
+        assert inclusion["root"]
+    assert (
+        served.post("/admin/v1/receipts/verify", "operator", {"receipt": header}).status_code == 403
+    )
+
+    payload = json.loads(base64.b64decode(envelope["payload"]))
+    altered = {**envelope, "payload": _b64({**payload, "backend": "elsewhere"})}
+    write_signing_key(tmp_path / "other.key", ORIGIN)
+    forged = make_receipt(Receipt.from_payload(payload), load_signer(tmp_path / "other.key"))
+    for bad, problem in ((altered, "signature"), (forged.decode(), "trusted"), ("{", "JSON")):
+        verdict = served.post("/admin/v1/receipts/verify", "auditor", {"receipt": bad}).json()
+        assert verdict["valid"] is False and verdict["request_id"] is None, verdict
+        assert problem in verdict["problems"][0] and verdict["inclusion"]["checked"] is False
+    # signed by the log's own key, but naming what the log does not hold
+    log_key = load_signer(served.log.parent / "log.key")
+    absent = {**payload, "index": 10**6}
+    other = {**payload, "dispatch_hash": "00" * 32}
+    for receipt, problem in ((absent, "missing"), (other, "not the record")):
+        signed = make_receipt(Receipt.from_payload(receipt), log_key).decode()
+        verdict = served.post("/admin/v1/receipts/verify", "auditor", {"receipt": signed}).json()
+        assert verdict["valid"] is False and verdict["request_id"] == request_id, verdict
+        assert problem in verdict["problems"][0] and verdict["inclusion"]["checked"] is False
+    too_big = served.post("/admin/v1/receipts/verify", "auditor", {"receipt": "x" * 70000})
+    assert too_big.status_code == 400 and too_big.json()["error"]["param"] == "receipt"
+
+
+def _b64(value: dict[str, Any]) -> str:
+    return base64.b64encode(json.dumps(value).encode()).decode()
