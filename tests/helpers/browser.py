@@ -39,8 +39,9 @@ def artifacts_dir() -> Path:
     return directory
 
 
-def chromium() -> webdriver.Chrome:
-    """Headless chromium (the system's), with its console log kept for `Console.errors`."""
+def chromium(downloads: Path) -> webdriver.Chrome:
+    """Headless chromium (the system's), with its console log kept for `Console.errors`
+    and its downloads saved in `downloads`."""
     binary, driver = browser()
     os.environ["SE_OFFLINE"] = "true"  # selenium-manager: never download a browser or driver
     options = webdriver.ChromeOptions()
@@ -54,15 +55,21 @@ def chromium() -> webdriver.Chrome:
     ):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    options.add_experimental_option(
+        "prefs",
+        {"download.default_directory": str(downloads), "download.prompt_for_download": False},
+    )
     return webdriver.Chrome(service=Service(driver), options=options)
 
 
 class Console:
-    """The console at `url` (…/console/) in `driver`."""
+    """The console at `url` (…/console/) in `driver`, which saves downloads in
+    `downloads`."""
 
-    def __init__(self, driver: webdriver.Chrome, url: str) -> None:
+    def __init__(self, driver: webdriver.Chrome, url: str, downloads: Path) -> None:
         self.driver = driver
         self.url = url
+        self.downloads = downloads
 
     def wait(self, condition: Callable[[Any], Any], what: str) -> Any:
         try:

@@ -59,6 +59,7 @@ class Served:
         self.admin = admin
         self.console = f"{admin}/console/"
         self.log = log
+        self.receipts: list[str] = []  # the x-owngate-receipt headers the chats got
 
     def chat(self, model: str, key: str = KEY) -> httpx.Response:
         return httpx.post(
@@ -113,7 +114,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     served = Served(process, f"http://127.0.0.1:{admin_port}", directory / "log")
     try:
         for _ in range(4):
-            assert served.chat("m").status_code == 200
+            answer = served.chat("m")
+            assert answer.status_code == 200
+            served.receipts.append(answer.headers["x-owngate-receipt"])
         assert served.chat("us").status_code == 403  # refused: the policy keeps acme in the EU
         # 4 dispatch and 4 completion records, 1 refusal
         until(lambda: served.log_size() >= 9, "the log's checkpoint over the requests")
@@ -138,10 +141,11 @@ def _backend(id: str, kind: str, url: str, models: list[str], region: str) -> di
 
 
 @pytest.fixture(scope="module")
-def console(served: Served) -> Iterator[Console]:
-    driver = chromium()
+def console(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+    downloads = tmp_path_factory.mktemp("downloads")
+    driver = chromium(downloads)
     try:
-        yield Console(driver, served.console)
+        yield Console(driver, served.console, downloads)
     finally:
         driver.quit()
 
@@ -250,6 +254,34 @@ def test_the_auditor_sees_the_log(console: Console, served: Served) -> None:
     size = console.wait_text("#log-size", lambda t: t.isdigit() and int(t) > 0, "the log size")
     assert int(size) <= served.log_size()
     console.screenshot("auditor")
+
+
+def test_the_auditor_sees_where_requests_went_and_downloads_the_report(console: Console) -> None:
+    tenants = console.wait_text('[data-breakdown="tenant"]', lambda t: "acme" in t, "per tenant")
+    assert "acme 5" in tenants  # 4 served, 1 refused
+    regions = console.text('[data-breakdown="region"]')
+    assert "eu-" in regions and "us-east-1" not in regions  # the policy kept acme in the EU
+    console.screenshot("auditor-report")
+    console.find("#report-download").click()
+    report = console.downloads / "owngate-audit-report.html"
+    console.wait(lambda d: report.exists() and report.stat().st_size > 0, "the downloaded report")
+    assert report.read_text().lstrip().lower().startswith("<!doctype html")
+
+
+def test_the_auditor_verifies_a_receipt(console: Console, served: Served) -> None:
+    """The header as the client got it: which backend served it, its inclusion checked."""
+    field = console.find("#receipt")
+    field.send_keys(served.receipts[0])
+    console.find("#receipt-form button[type=submit]").click()
+    valid = console.wait_text("#receipt-valid", lambda t: t != "", "the verification")
+    assert valid == "valid receipt", console.text("#receipt-result")
+    assert console.text("#receipt-backend") in {"gpu-vllm", "cpu-llamacpp"}
+    assert console.text("#receipt-inclusion").startswith("checked against checkpoint size")
+    console.screenshot("auditor-receipt")
+    field.clear()
+    field.send_keys(served.receipts[1][:-8] + "AAAAAAA=")  # its signature altered
+    console.find("#receipt-form button[type=submit]").click()
+    console.wait_text("#receipt-valid", lambda t: t == "NOT valid", "the altered receipt refused")
 
 
 def test_the_auditor_is_refused_the_security_page(console: Console) -> None:

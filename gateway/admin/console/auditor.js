@@ -39,6 +39,14 @@ function witnessesView(found) {
     "no witnesses configured"));
 }
 
+// The policy a receipt's record names: {id, version, digest}, or {digest} alone when the
+// log does not hold the record.
+function policyOf(policy) {
+  if (!policy) return "-";
+  return h("span", {}, policy.id ? `${policy.id} version ${policy.version} ` : "",
+    h("code", {}, policy.digest || ""));
+}
+
 function verified(result) {
   const inclusion = result.inclusion || {};
   return h("div", { id: "receipt-result" },
@@ -52,7 +60,7 @@ function verified(result) {
       ["inclusion proof", h("span", { class: inclusion.checked ? "ok" : "bad",
         id: "receipt-inclusion" }, inclusion.checked
         ? `checked against checkpoint size ${num(inclusion.checkpoint_size)}` : "not checked")],
-      ["policy", result.policy ? h("code", {}, JSON.stringify(result.policy)) : "-"],
+      ["policy", policyOf(result.policy)],
     ]),
     result.problems.length ? h("ul", { class: "error" },
       result.problems.map((p) => h("li", {}, p))) : null);
