@@ -120,12 +120,8 @@ class Console:
         return path
 
     def errors(self) -> list[dict[str, Any]]:
-        """SEVERE entries in the browser's console log since the last call (a script
-        error, a failed load), less the API's 401/403 answers the pages show on purpose."""
+        """SEVERE entries in the browser's console log since the last call: a script
+        error, a module or asset that failed to load or that the CSP refused, an API call
+        that failed (the pages know a role's 403 from whoami and do not make the call)."""
         entries: list[dict[str, Any]] = self.driver.get_log("browser")  # type: ignore[no-untyped-call]  # selenium leaves it unannotated
-        return [
-            entry
-            for entry in entries
-            if entry["level"] == "SEVERE"
-            and not (entry.get("source") == "network" and " status of 403 " in entry["message"])
-        ]
+        return [entry for entry in entries if entry["level"] == "SEVERE"]

@@ -17,7 +17,7 @@ let who = null; // {role, may} from /admin/v1/whoami
 const $ = (id) => document.getElementById(id);
 
 // The 403 page: what the API (or whoami's `may`) said, and the role the page needs.
-export function forbidden(node, page, message) {
+function forbidden(node, page, message) {
   show(node, h("section", { class: "card forbidden", "data-forbidden": page },
     h("span", { class: "code" }, "403"),
     h("p", {}, `This page needs the ${page} role`,
@@ -26,7 +26,7 @@ export function forbidden(node, page, message) {
 }
 
 // An API error where a page shows it: 403 as the page above, 401 back to the login.
-export function failed(node, page, error) {
+function failed(node, page, error) {
   if (error instanceof ApiError && error.status === 401) {
     logout(error.message);
     return;
