@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException
 
 from gateway.admin.auth import Caller, require
 from gateway.admin.console_routes import router as console_router
+from gateway.admin.cosignatures import router as cosignatures_router
 from gateway.admin.limits import BodyLimit
 from gateway.admin.models import (
     ActionResult,
@@ -135,6 +136,7 @@ def _routes(
     app.include_router(tenants_router)
     app.include_router(policy_tests_router)
     app.include_router(receipts_router)
+    app.include_router(cosignatures_router)
     app.include_router(requests_router)
     app.include_router(log_router)
     app.include_router(console_router)

@@ -4,6 +4,7 @@ the provenance log in `log/`, and an admin token per role (`TOKENS`, `bearer`)."
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,7 +12,11 @@ from typing import Any
 
 import httpx
 
-from gateway.provenance import write_signing_key
+from gateway.provenance import load_signer, write_signing_key
+from gateway.provenance.formats.cosignature import Cosigner
+from gateway.provenance.testing import seeded_signer
+from gateway.provenance.witness.app import create_witness_app
+from gateway.provenance.witness.witness import Witness
 from gateway.serving import ServerThread
 from gateway.sim import SimSettings, create_sim_app
 from gateway.tenants import hash_api_key
@@ -19,7 +24,7 @@ from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess
 from tests.helpers.waiting import until
 
-__all__ = ["CASES", "ORIGIN", "TOKENS", "Served", "bearer", "serve_admin"]
+__all__ = ["CASES", "ORIGIN", "TOKENS", "WITNESS", "Served", "bearer", "serve_admin"]
 
 TOKENS = {
     "operator": "og-admin-operator-token-0123456789",
@@ -28,6 +33,7 @@ TOKENS = {
     "admin": "og-admin-full-access-token-0123456789",
 }
 ORIGIN = "admin-api.test/log"
+WITNESS = Cosigner(seeded_signer("witness.example/admin-api"))
 # Policy test cases for the gateway's built-in policy set: one passes, one fails.
 CASES = """
 apiVersion: policy.owngate.dev/v1
@@ -79,11 +85,28 @@ class Served:
 
 
 @contextmanager
-def serve_admin(directory: Path, **admin: Any) -> Iterator[Served]:
-    """The gateway in `directory` (`admin`: more admin settings); on exit it must stop
-    cleanly (both listeners closed, the log's last checkpoint signed)."""
+def serve_admin(directory: Path, *, witness: bool = False, **admin: Any) -> Iterator[Served]:
+    """The gateway in `directory` (`admin`: more admin settings; `witness`: a witness,
+    `WITNESS`, cosigns its checkpoints); on exit it must stop cleanly (both listeners
+    closed, the log's last checkpoint signed)."""
+    with contextlib.ExitStack() as stack:
+        vkey = write_signing_key(directory / "log.key", ORIGIN)
+        witnesses = []
+        if witness:
+            log_verifier = load_signer(directory / "log.key").verifier()
+            cosigning = Witness.open(directory / "witness.db", WITNESS, [log_verifier])
+            stack.callback(cosigning.close)
+            server = ServerThread(create_witness_app(cosigning)).start()
+            stack.callback(server.stop)
+            witnesses.append({"url": server.url, "vkey": WITNESS.vkey, "timeout_s": 2})
+        yield stack.enter_context(_serve(directory, vkey, witnesses, admin))
+
+
+@contextmanager
+def _serve(
+    directory: Path, vkey: str, witnesses: list[dict[str, Any]], admin: dict[str, Any]
+) -> Iterator[Served]:
     sim = ServerThread(create_sim_app(SimSettings.for_kind("vllm", models=("m",)))).start()
-    vkey = write_signing_key(directory / "log.key", ORIGIN)
     admin_port = free_port()
     config = {
         "listen": {"host": "127.0.0.1", "port": free_port()},
@@ -105,6 +128,7 @@ def serve_admin(directory: Path, **admin: Any) -> Iterator[Served]:
             "origin": ORIGIN,
             "signing_key_file": "log.key",
             "checkpoint_interval_ms": 20,
+            "witnesses": witnesses,
         },
         "admin": {
             "listen": {"host": "127.0.0.1", "port": admin_port},

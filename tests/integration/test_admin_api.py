@@ -50,6 +50,8 @@ READS = [
     ("GET", "/admin/v1/timeline/log", None, {"auditor"}),
     ("GET", "/admin/v1/tenants", None, {"operator", "security"}),
     ("POST", "/admin/v1/policies/test", {"cases_yaml": CASES}, {"security"}),
+    ("POST", "/admin/v1/receipts/verify", {"receipt": "{}"}, {"auditor"}),
+    ("GET", "/admin/v1/log/cosignatures", None, {"auditor"}),
     ("GET", "/admin/v1/log/requests/nope", None, set()),  # auditor: 404, tested below
 ]
 ACTIONS = [  # only refused here: the allowed role acts in the tests below

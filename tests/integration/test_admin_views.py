@@ -14,13 +14,14 @@ import httpx
 import pytest
 
 from gateway.provenance import Receipt, load_signer, make_receipt, write_signing_key
-from tests.helpers.admin import CASES, ORIGIN, Served, serve_admin
+from tests.helpers.admin import CASES, ORIGIN, WITNESS, Served, serve_admin
 from tests.helpers.waiting import until
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    with serve_admin(tmp_path_factory.mktemp("admin-views"), sample_interval_s=0.2) as gateway:
+    directory = tmp_path_factory.mktemp("admin-views")
+    with serve_admin(directory, witness=True, sample_interval_s=0.2) as gateway:
         yield gateway
 
 
@@ -74,7 +75,12 @@ def test_the_timelines_show_the_requests_sent(served: Served) -> None:
 
     until(lambda: logged() >= 6, "the 6 records in the log timeline", timeout=20)
     last = newest("log", "auditor")["samples"][-1]
-    assert last["entries"] >= last["checkpoint_size"] and last["cosigned_size"] is None
+    assert last["entries"] >= last["checkpoint_size"]
+
+    def cosigned() -> int:
+        return newest("log", "auditor")["samples"][-1]["cosigned_size"] or 0
+
+    until(lambda: cosigned() >= 6, "the witness's cosignature in the log timeline", timeout=20)
 
 
 def test_tenants_show_their_limits_and_use(served: Served) -> None:
@@ -192,3 +198,25 @@ def test_a_receipt_is_verified_with_its_record_in_the_log(served: Served, tmp_pa
 
 def _b64(value: dict[str, Any]) -> str:
     return base64.b64encode(json.dumps(value).encode()).decode()
+
+
+def test_witness_cosignatures_of_the_latest_checkpoint(served: Served) -> None:
+    assert served.chat().status_code == 200
+    served.wait_for_size(2)
+
+    def cosigned() -> dict[str, Any]:
+        found: dict[str, Any] = served.get("/admin/v1/log/cosignatures", "auditor").json()
+        return found
+
+    until(lambda: cosigned()["witnesses"][0]["valid"], "a cosignature", timeout=20)
+    found = cosigned()
+    checkpoint = found["checkpoint"]
+    assert checkpoint["text"].startswith(f"{ORIGIN}\n{checkpoint['size']}\n{checkpoint['root']}\n")
+    (witness,) = found["witnesses"]
+    assert (witness["name"], witness["key_id"]) == tuple(WITNESS.vkey.split("+")[:2])
+    assert witness["timestamp"] > 0 and 0 < witness["cosigned_size"] <= checkpoint["size"]
+    assert witness["lag"] == checkpoint["size"] - witness["cosigned_size"]
+    assert found["coverage"] == witness["cosigned_size"] / checkpoint["size"]
+    note = (served.log / "cosigned" / f"{witness['cosigned_size']:020d}").read_bytes()
+    assert note.decode().count("\n— witness.example/admin-api ") == 1
+    assert served.get("/admin/v1/log/cosignatures", "security").status_code == 403
