@@ -7,6 +7,7 @@ text, and the browser's console log has no error. A screenshot per page is kept
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,10 +15,13 @@ import httpx
 import pytest
 from selenium.webdriver.common.by import By
 
-from gateway.provenance import write_signing_key
+from gateway.provenance import load_signer, write_signing_key
+from gateway.provenance.witness.app import create_witness_app
+from gateway.provenance.witness.witness import Witness
 from gateway.serving import ServerThread
 from gateway.sim import SimSettings, create_sim_app
 from gateway.tenants import hash_api_key
+from tests.helpers.admin import ORIGIN, TOKENS, WITNESS
 from tests.helpers.browser import Console, chromium
 from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess
@@ -25,12 +29,7 @@ from tests.helpers.waiting import until
 
 pytestmark = pytest.mark.browser
 
-TOKENS = {
-    "operator": "og-admin-console-operator-0123456789",
-    "security": "og-admin-console-security-0123456789",
-    "auditor": "og-admin-console-auditor-0123456789",
-}
-ORIGIN = "console.test/log"
+ROLES = ("operator", "security", "auditor")
 POLICY = """\
 apiVersion: policy.owngate.dev/v1
 kind: Policy
@@ -80,19 +79,32 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     (directory / "policies" / "tests").mkdir(parents=True)
     (directory / "policies" / "eu.yaml").write_text(POLICY)
     (directory / "policies" / "tests" / "eu.yaml").write_text(CASES)
-    sims = [
-        ServerThread(create_sim_app(SimSettings.for_kind("vllm", models=("m",)))).start(),
-        ServerThread(create_sim_app(SimSettings.for_kind("llamacpp", models=("m", "us")))).start(),
-    ]
-    write_signing_key(directory / "log.key", ORIGIN)
+    with contextlib.ExitStack() as stack:
+        sims = [
+            stack.enter_context(ServerThread(create_sim_app(settings)))
+            for settings in (
+                SimSettings.for_kind("vllm", models=("m",)),
+                SimSettings.for_kind("llamacpp", models=("m", "us")),
+            )
+        ]
+        write_signing_key(directory / "log.key", ORIGIN)
+        log_verifier = load_signer(directory / "log.key").verifier()
+        witness = stack.enter_context(
+            Witness.open(directory / "witness.db", WITNESS, [log_verifier])
+        )
+        witness_url = stack.enter_context(ServerThread(create_witness_app(witness))).url
+        yield from _serve(directory, [sim.url for sim in sims], witness_url)
+
+
+def _serve(directory: Path, sims: list[str], witness: str) -> Iterator[Served]:
     admin_port = free_port()
     config = {
         "listen": {"host": "127.0.0.1", "port": free_port()},
         "logging": {"format": "json", "level": "warning"},
         "backends": [
-            _backend("gpu-vllm", "vllm", sims[0].url, ["m"], "eu-west-1"),
-            _backend("cpu-llamacpp", "llamacpp", sims[1].url, ["m"], "eu-central-1"),
-            _backend("us-east", "vllm", sims[1].url, ["us"], "us-east-1"),
+            _backend("gpu-vllm", "vllm", sims[0], ["m"], "eu-west-1"),
+            _backend("cpu-llamacpp", "llamacpp", sims[1], ["m"], "eu-central-1"),
+            _backend("us-east", "vllm", sims[1], ["us"], "us-east-1"),
         ],
         "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
         "keys_file": "keys.yaml",
@@ -102,12 +114,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             "origin": ORIGIN,
             "signing_key_file": "log.key",
             "checkpoint_interval_ms": 20,
+            "witnesses": [{"url": witness, "vkey": WITNESS.vkey, "timeout_s": 2}],
         },
         "admin": {
             "listen": {"host": "127.0.0.1", "port": admin_port},
-            "tokens": [
-                {"hash": hash_api_key(token), "role": role} for role, token in TOKENS.items()
-            ],
+            "tokens": [{"hash": hash_api_key(TOKENS[role]), "role": role} for role in ROLES],
         },
     }
     process = GatewayProcess(config, directory).start()
@@ -123,8 +134,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         yield served
     finally:
         code = process.stop()
-        for sim in sims:
-            sim.stop()
     assert code == 0, process.output()
 
 
@@ -253,6 +262,10 @@ def test_the_auditor_sees_the_log(console: Console, served: Served) -> None:
     console.login(TOKENS["auditor"], "auditor")
     size = console.wait_text("#log-size", lambda t: t.isdigit() and int(t) > 0, "the log size")
     assert int(size) <= served.log_size()
+    # the witness cosigns every checkpoint: coverage reaches all of it
+    console.wait_text("#witness-coverage", lambda t: t == "100.0%", "the witness coverage")
+    assert "witness.example/admin-api" in console.text("[data-witnesses]")
+    console.wait_text(".chart h3", lambda t: t == "Log size and checkpoints", "the log chart")
     console.screenshot("auditor")
 
 

@@ -29,7 +29,7 @@ function logChart(timeline) {
 }
 
 function witnessesView(found) {
-  return h("div", {},
+  return h("div", { "data-witnesses": "" },
     h("p", {}, "coverage ", h("strong", { id: "witness-coverage" }, percent(found.coverage)),
       found.checkpoint ? ` of checkpoint size ${found.checkpoint.size}` : " (no checkpoint)"),
     table([["witness"], ["key id"], ["cosigned size", { num: true }], ["lag", { num: true }],
