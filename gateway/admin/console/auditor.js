@@ -140,7 +140,7 @@ export function render(node, ctx) {
   const witnesses = h("div", {});
   show(node,
     h("h1", {}, "Auditors"),
-    h("div", { class: "grid" }, card("Latest checkpoint", checkpoint),
+    h("div", { class: "pair" }, card("Latest checkpoint", checkpoint),
       card("Log size over time", chart)),
     card("Witness coverage", witnesses),
     receiptCard(ctx),
