@@ -47,6 +47,7 @@ from gateway.admin.models import (
 )
 from gateway.admin.policy_tests import router as policy_tests_router
 from gateway.admin.receipts import router as receipts_router
+from gateway.admin.report import router as report_router
 from gateway.admin.requests import router as requests_router
 from gateway.admin.tenants import router as tenants_router
 from gateway.admin.tiles import router as log_router
@@ -89,6 +90,7 @@ def create_admin_app(control: AdminControl) -> FastAPI:
     (admin.sample_interval_s and admin.history_s as the app is built)."""
     app = _routes(lifespan=_sampling)
     app.state.control = control
+    app.state.report_lock = asyncio.Lock()  # one audit report computed at a time
     settings = control.runtime.config.admin
     app.state.timeline = Timeline(
         control.runtime, interval_s=settings.sample_interval_s, history_s=settings.history_s
@@ -137,6 +139,7 @@ def _routes(
     app.include_router(policy_tests_router)
     app.include_router(receipts_router)
     app.include_router(cosignatures_router)
+    app.include_router(report_router)
     app.include_router(requests_router)
     app.include_router(log_router)
     app.include_router(console_router)

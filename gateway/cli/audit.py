@@ -9,12 +9,13 @@ through the environment are separated by whitespace or commas.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -124,12 +125,7 @@ def _add_verify(verbs: Any) -> None:
         help="the log directory, or the http(s) URL a log is served under as C2SP "
         "tlog-tiles (e.g. http://127.0.0.1:9090/log/, owngate's admin API)",
     )
-    verify.add_argument(
-        "--token",
-        default=_env("TOKEN"),
-        help="with a URL: the bearer token to send (an owngate admin token with the "
-        "auditor role; env OWNGATE_AUDIT_TOKEN)",
-    )
+    _token_flag(verify)
     _key_flag(verify, required=True)
     verify.add_argument(
         "--origin",
@@ -178,15 +174,33 @@ def _add_verify(verbs: Any) -> None:
     )
 
 
+def _token_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--token",
+        default=_env("TOKEN"),
+        help="with a URL: the bearer token to send (an owngate admin token with the "
+        "auditor role; env OWNGATE_AUDIT_TOKEN)",
+    )
+
+
+@contextlib.contextmanager
+def _local_log(location: str, token: str | None) -> Iterator[str]:
+    """A log directory for `location`: itself, or for an http(s) URL serving a log as
+    C2SP tlog-tiles, a temporary copy of what its checkpoint covers."""
+    if not is_url(location):
+        yield location
+        return
+    with tempfile.TemporaryDirectory(prefix="owngate-audit-") as copy:
+        mirror_log(location, Path(copy), token=token)
+        yield copy
+
+
 def _verify(args: argparse.Namespace) -> int:
     files = args.checkpoint or args._checkpoint_defaults
     trusted = [Path(name).read_bytes() for name in files]
     witnesses = [_witness_key(text) for text in args.witness_key or args._witness_defaults]
-    if is_url(args.logdir):
-        with tempfile.TemporaryDirectory(prefix="owngate-audit-") as copy:
-            mirror_log(args.logdir, Path(copy), token=args.token)
-            return _verified(args, copy, trusted, witnesses)
-    return _verified(args, args.logdir, trusted, witnesses)
+    with _local_log(args.logdir, args.token) as logdir:
+        return _verified(args, logdir, trusted, witnesses)
 
 
 def _verified(
@@ -417,7 +431,8 @@ def _add_show(verbs: Any) -> None:
         description="Summarise the records of a log (up to its latest checkpoint). This does "
         "not verify the log: run `owngate audit verify` first.",
     )
-    show.add_argument("logdir", help="the log directory")
+    show.add_argument("logdir", help="the log directory, or its http(s) URL (as for verify)")
+    _token_flag(show)
     show.add_argument("--tenant", default=_env("TENANT"), help="env OWNGATE_AUDIT_TENANT")
     show.add_argument("--backend", default=_env("BACKEND"), help="env OWNGATE_AUDIT_BACKEND")
     show.add_argument(
@@ -446,9 +461,10 @@ def _show(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    log = LogDirectory(args.logdir)
-    size = _unverified_size(log.latest_note())
-    summary = summarise(log.records(size), filters, keep_records=args.records)
+    with _local_log(args.logdir, args.token) as logdir:
+        log = LogDirectory(logdir)
+        size = _unverified_size(log.latest_note())
+        summary = summarise(log.records(size), filters, keep_records=args.records)
     if args.json:
         result = summary.as_dict()
         if args.records:
@@ -487,9 +503,11 @@ def _add_report(verbs: Any) -> None:
         "dispatches per backend and region, requests per tenant over time, fallback and "
         "refusal rates, checkpoints and cosignatures, each with the command that reproduces "
         "it. A log that fails verification gets a report that says so, without figures, "
-        "and exit code 1. LOGDIR must be a log directory: URL sources are not supported yet.",
+        "and exit code 1. LOGDIR may be a URL serving the log as C2SP tlog-tiles, as for "
+        "verify.",
     )
-    report.add_argument("logdir", help="the log directory (URLs: not yet)")
+    report.add_argument("logdir", help="the log directory, or its http(s) URL (as for verify)")
+    _token_flag(report)
     _verify_flags(report)
     report.add_argument(
         "--html",
@@ -540,9 +558,6 @@ def _report(args: argparse.Namespace) -> int:
     if args.html is None and args.json is None:
         print("error: give --html FILE and/or --json FILE", file=sys.stderr)
         return 2
-    if args.logdir.startswith(("http://", "https://")):
-        print("error: URL sources are not supported yet: give a log directory", file=sys.stderr)
-        return 2
     witness_texts = args.witness_key or args._witness_defaults
     flags = [arg for key in args.key or args._key_defaults for arg in ("--key", key)]
     flags += [arg for text in witness_texts for arg in ("--witness-key", text)]
@@ -554,17 +569,18 @@ def _report(args: argparse.Namespace) -> int:
         flags += ["--min-witnesses", str(args.min_witnesses)]
     if args.accept_earlier_keys:
         flags.append("--accept-earlier-keys")
-    result = audit_report(
-        args.logdir,
-        _keys(args),
-        Invocation(args.logdir, tuple(flags)),
-        origin=args.origin,
-        trusted_checkpoints=[Path(name).read_bytes() for name in checkpoints],
-        witnesses=[_witness_key(text) for text in witness_texts],
-        min_witnesses=args.min_witnesses,
-        accept_earlier_keys=args.accept_earlier_keys,
-        now=time.time(),
-    )
+    with _local_log(args.logdir, args.token) as logdir:
+        result = audit_report(
+            logdir,
+            _keys(args),
+            Invocation(args.logdir, tuple(flags)),
+            origin=args.origin,
+            trusted_checkpoints=[Path(name).read_bytes() for name in checkpoints],
+            witnesses=[_witness_key(text) for text in witness_texts],
+            min_witnesses=args.min_witnesses,
+            accept_earlier_keys=args.accept_earlier_keys,
+            now=time.time(),
+        )
     if args.json is not None:
         _write(args.json, json.dumps(result, indent=2) + "\n")
     if args.html is not None:

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from gateway.provenance import Receipt, load_signer, make_receipt, write_signing_key
-from tests.helpers.admin import CASES, ORIGIN, WITNESS, Served, serve_admin
+from tests.helpers.admin import CASES, ORIGIN, TOKENS, WITNESS, Served, serve_admin
+from tests.helpers.provenance import run_audit
 from tests.helpers.waiting import until
 
 
@@ -220,3 +221,55 @@ def test_witness_cosignatures_of_the_latest_checkpoint(served: Served) -> None:
     note = (served.log / "cosigned" / f"{witness['cosigned_size']:020d}").read_bytes()
     assert note.decode().count("\n— witness.example/admin-api ") == 1
     assert served.get("/admin/v1/log/cosignatures", "security").status_code == 403
+
+
+def _report_now(served: Served) -> dict[str, Any]:
+    """The live log's report, once its checkpoint covers every entry written."""
+    served.wait_for_size(served.size())
+    answer = served.get("/admin/v1/log/report?format=json", "auditor")
+    assert answer.status_code == 200 and answer.headers["content-type"] == "application/json"
+    report: dict[str, Any] = answer.json()
+    return report
+
+
+def test_the_live_log_s_report(served: Served, tmp_path: Path) -> None:
+    for _ in range(2):
+        assert served.chat().status_code == 200
+    until(lambda: served.size() >= 4, "the requests' records checkpointed", timeout=20)
+    report = _report_now(served)
+    assert report["verification"]["ok"] is True, report["verification"]
+    url = f"{served.admin}/log/"
+    assert report["log"] == url
+    command = report["verification"]["command"]
+    assert command.startswith(f"owngate audit verify {url} --key {served.vkey}")
+    assert report["totals"]["dispatches"] >= 2
+    page = served.get("/admin/v1/log/report?format=html", "auditor")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    disposition = page.headers["content-disposition"]
+    assert disposition == 'attachment; filename="owngate-audit-report.html"'
+    assert "<svg" in page.text and 'src="http' not in page.text and 'href="http' not in page.text
+    assert served.get("/admin/v1/log/report", "operator").status_code == 403
+    assert served.get("/admin/v1/log/report?format=xml", "auditor").status_code == 400
+
+    # `owngate audit report URL` (the admin listener's /log/) gives the same figures
+    size = served.size()
+    flags = ["--key", served.vkey, "--origin", ORIGIN, "--token", TOKENS["auditor"]]
+    out, html = tmp_path / "report.json", tmp_path / "report.html"
+    assert run_audit(["report", url, *flags, "--json", str(out), "--html", str(html)]) == 0
+    assert TOKENS["auditor"] not in out.read_text() + html.read_text()  # never in a command
+    remote = json.loads(out.read_text())
+    assert remote["log"] == url and remote["verification"]["ok"] is True
+    local = tmp_path / "local.json"
+    directory = ["report", str(served.log), "--key", served.vkey, "--origin", ORIGIN]
+    assert run_audit([*directory, "--json", str(local)]) == 0
+    assert served.size() == size  # nothing logged in between: both saw the same log
+    mirrored = json.loads(local.read_text())
+    assert remote["totals"] == mirrored["totals"]
+    # the records' figures; tlog-tiles serves no checkpoint history and no cosigned/
+    for name in set(mirrored["figures"]) - {"checkpoints", "cosignatures"}:
+        figure = mirrored["figures"][name]
+        assert remote["figures"][name]["counts"] == figure["counts"], name
+        commands = [c.replace(str(served.log), url) for c in figure["commands"]]
+        assert remote["figures"][name]["commands"] == commands, name
+    assert html.read_text().startswith("<!DOCTYPE html>")
+    assert run_audit(["report", url, "--key", served.vkey, "--json", str(out)]) == 2  # no token
