@@ -91,7 +91,8 @@ function receiptCard(ctx) {
 
 function totalsTable(title, figure) {
   const totals = (figure && figure.totals) || {};
-  return h("div", { "data-breakdown": title }, h("h3", {}, title),
+  const heading = (figure && figure.title) || title;
+  return h("div", { "data-breakdown": title }, h("h3", {}, heading),
     table([[title], ["count", { num: true }]], Object.entries(totals).map(([key, count]) =>
       [h("code", {}, key), num(count)]), "none"));
 }
