@@ -100,12 +100,13 @@ def missing_deploy_tool(name: str) -> NoReturn:
     missing("deploy_tools", f"{name} is not installed: pip install {DEPLOY_TOOLS[name]}")
 
 
-def browser() -> tuple[str, str]:
-    """Debian's chromium and its chromedriver (`.ci/run` installs both): the `browser`
-    tests drive the system browser, never one selenium-manager would download."""
+def browser(directory: Path = Path("/usr/bin")) -> tuple[str, str]:
+    """Debian's chromium and its chromedriver in `directory`, else on PATH (`.ci/run`
+    installs both): the `browser` tests drive the system browser, never one
+    selenium-manager would download."""
     found = []
     for name in ("chromium", "chromedriver"):
-        path = Path("/usr/bin") / name
+        path = directory / name
         binary = str(path) if path.exists() else shutil.which(name)
         if binary is None:
             missing(
