@@ -26,9 +26,20 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from gateway.api.runtime import Runtime
 
-__all__ = ["MAX_SAMPLES", "Timeline", "bucket_quantile"]
+__all__ = ["BACKEND_FIELDS", "MAX_SAMPLES", "Timeline", "bucket_quantile"]
 
 MAX_SAMPLES = 3600
+BACKEND_FIELDS = (
+    "waiting",
+    "running",
+    "inflight",
+    "breaker",
+    "requests",
+    "errors",
+    "error_rate",
+    "ttft_p50_s",
+    "ttft_p99_s",
+)
 _ERROR_STATUS = 500  # an answer at or above it counts as an error of the backend
 
 
@@ -76,11 +87,47 @@ class Timeline:
         self.runtime = runtime
         self.interval_s = interval_s
         size = max(1, min(MAX_SAMPLES, math.ceil(history_s / interval_s)))
-        self.backends: deque[dict[str, Any]] = deque(maxlen=size)
-        self.policies: deque[dict[str, Any]] = deque(maxlen=size)
-        self.log: deque[dict[str, Any]] = deque(maxlen=size)
+        # Kept compact (a tuple per backend, only the rules that moved), as dicts on read.
+        self._backends: deque[tuple[float, dict[str, tuple[Any, ...]]]] = deque(maxlen=size)
+        self._policies: deque[tuple[float, dict[str, int], dict[str, int]]] = deque(maxlen=size)
+        self._log: deque[tuple[float, int | None, int | None, int | None]] = deque(maxlen=size)
         self._clock = clock
         self._last = _Totals()  # the counters start at zero with the gateway
+
+    @property
+    def capacity(self) -> int:
+        """The most samples each timeline keeps."""
+        return self._log.maxlen or 0
+
+    def backends(self, since: float | None = None) -> list[dict[str, Any]]:
+        """`{"t", "backends": {id: {waiting, running, inflight, breaker, requests, errors,
+        error_rate, ttft_p50_s, ttft_p99_s}}}` per sample after `since`, oldest first."""
+        return [
+            {
+                "t": t,
+                "backends": {
+                    b: dict(zip(BACKEND_FIELDS, row, strict=True)) for b, row in rows.items()
+                },
+            }
+            for t, rows in self._backends
+            if since is None or t > since
+        ]
+
+    def policies(self, since: float | None = None) -> list[dict[str, Any]]:
+        """`{"t", "decisions": {rule: n}, "refusals": {rule: n}}` per sample after `since`."""
+        return [
+            {"t": t, "decisions": decisions, "refusals": refusals}
+            for t, decisions, refusals in self._policies
+            if since is None or t > since
+        ]
+
+    def log(self, since: float | None = None) -> list[dict[str, Any]]:
+        """`{"t", "entries", "checkpoint_size", "cosigned_size"}` per sample after `since`."""
+        return [
+            {"t": t, "entries": entries, "checkpoint_size": size, "cosigned_size": cosigned}
+            for t, entries, size, cosigned in self._log
+            if since is None or t > since
+        ]
 
     async def run(self) -> None:
         """Sample every `interval_s` until cancelled (the admin app's lifespan)."""
@@ -93,15 +140,10 @@ class Timeline:
         now = self._clock()
         totals = self._totals()
         last, self._last = self._last, totals
-        self.backends.append({"t": now, "backends": self._backends(totals, last)})
-        self.policies.append(
-            {
-                "t": now,
-                "decisions": _deltas(totals.decisions, last.decisions),
-                "refusals": _deltas(totals.refusals, last.refusals),
-            }
-        )
-        self.log.append({"t": now, **self._log()})
+        self._backends.append((now, self._backend_rows(totals, last)))
+        decisions = _deltas(totals.decisions, last.decisions)
+        self._policies.append((now, decisions, _deltas(totals.refusals, last.refusals)))
+        self._log.append((now, *self._log_sizes()))
 
     def _totals(self) -> _Totals:
         parts = self.runtime.parts
@@ -127,11 +169,11 @@ class Timeline:
                 _add(totals.refusals, labels["rule"], value)
         return totals
 
-    def _backends(self, totals: _Totals, last: _Totals) -> dict[str, dict[str, Any]]:
+    def _backend_rows(self, totals: _Totals, last: _Totals) -> dict[str, tuple[Any, ...]]:
         parts = self.runtime.parts
         requests = _deltas(totals.requests, last.requests)
         errors = _deltas(totals.errors, last.errors)
-        rows: dict[str, dict[str, Any]] = {}
+        rows: dict[str, tuple[Any, ...]] = {}
         for backend_id, state in parts.registry.backends.items():
             load = parts.scraper.load(backend_id)
             done = requests.get(backend_id, 0)
@@ -139,32 +181,32 @@ class Timeline:
             now = totals.ttft.get(backend_id, {})
             before = last.ttft.get(backend_id, {})
             buckets = [(le, count - before.get(le, 0.0)) for le, count in sorted(now.items())]
-            rows[backend_id] = {
-                "waiting": None if load is None else load.waiting,
-                "running": None if load is None else load.running,
-                "inflight": state.inflight,
-                "breaker": state.breaker.state.value,
-                "requests": done,
-                "errors": failed,
-                "error_rate": failed / done if done else None,
-                "ttft_p50_s": bucket_quantile(0.5, buckets),
-                "ttft_p99_s": bucket_quantile(0.99, buckets),
-            }
+            rows[backend_id] = (  # in BACKEND_FIELDS' order
+                None if load is None else load.waiting,
+                None if load is None else load.running,
+                state.inflight,
+                state.breaker.state.value,
+                done,
+                failed,
+                failed / done if done else None,
+                bucket_quantile(0.5, buckets),
+                bucket_quantile(0.99, buckets),
+            )
         return rows
 
-    def _log(self) -> dict[str, int | None]:
+    def _log_sizes(self) -> tuple[int | None, int | None, int | None]:
         recorder = self.runtime.parts.recorder
         log = recorder.log if recorder is not None and recorder.opened else None
         latest = None if log is None else log.latest_checkpoint()
         cosigning = self.runtime.cosigning
         sizes = [] if cosigning is None else [w.cosigned_size for w in cosigning.witnesses]
         known = [size for size in sizes if size is not None]
-        return {
-            "entries": None if log is None else log.size,
-            "checkpoint_size": None if latest is None else latest.checkpoint.size,
+        return (
+            None if log is None else log.size,
+            None if latest is None else latest.checkpoint.size,
             # what every witness cosigned (the laggard's size): None until all have
-            "cosigned_size": min(known) if known and len(known) == len(sizes) else None,
-        }
+            min(known) if known and len(known) == len(sizes) else None,
+        )
 
 
 def _samples(metric: MetricWrapperBase, suffix: str) -> Iterable[tuple[Mapping[str, str], float]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 
 from gateway.admin.auth import FULL_ACCESS, Caller, authenticated, require
@@ -74,6 +74,9 @@ def _timeline(request: Request) -> Timeline:
 
 
 _Timeline = Annotated[Timeline, Depends(_timeline)]
+_Since = Annotated[
+    float | None, Query(description="only the samples taken after this Unix time (polling)")
+]
 
 
 @router.get("/whoami", tags=["any role"], summary="The caller's role and what it may use")
@@ -85,26 +88,32 @@ async def whoami(caller: Annotated[Caller, Depends(authenticated)]) -> WhoAmI:
 
 @router.get("/timeline/backends", tags=["operator"], summary="Per-backend samples over time")
 async def backends(
-    timeline: _Timeline, caller: Annotated[Caller, Depends(require("operator"))]
+    timeline: _Timeline,
+    caller: Annotated[Caller, Depends(require("operator"))],
+    since: _Since = None,
 ) -> BackendTimeline:
     return BackendTimeline.model_validate(
-        {"interval_s": timeline.interval_s, "samples": list(timeline.backends)}
+        {"interval_s": timeline.interval_s, "samples": timeline.backends(since)}
     )
 
 
 @router.get("/timeline/policies", tags=["security"], summary="Decisions and refusals per rule")
 async def policies(
-    timeline: _Timeline, caller: Annotated[Caller, Depends(require("security"))]
+    timeline: _Timeline,
+    caller: Annotated[Caller, Depends(require("security"))],
+    since: _Since = None,
 ) -> PolicyTimeline:
     return PolicyTimeline.model_validate(
-        {"interval_s": timeline.interval_s, "samples": list(timeline.policies)}
+        {"interval_s": timeline.interval_s, "samples": timeline.policies(since)}
     )
 
 
 @router.get("/timeline/log", tags=["auditor"], summary="Log size, checkpoints and cosignatures")
 async def log(
-    timeline: _Timeline, caller: Annotated[Caller, Depends(require("auditor"))]
+    timeline: _Timeline,
+    caller: Annotated[Caller, Depends(require("auditor"))],
+    since: _Since = None,
 ) -> LogTimeline:
     return LogTimeline.model_validate(
-        {"interval_s": timeline.interval_s, "samples": list(timeline.log)}
+        {"interval_s": timeline.interval_s, "samples": timeline.log(since)}
     )

@@ -158,7 +158,7 @@ class Proxy:
             raise Refused(
                 error.code, error.message, exc.decision, exc.rule, param=error.param
             ) from exc
-        self._metrics.decided(decision.exercised_rules())
+        self._metrics.decided(decision.rules)
         if invalid is not None and decision.refusal is None:  # "" names no class: never
             error = label_refused(policy, tenant.id, invalid)
             rule = f"{decision.policy_id}/data_classes"

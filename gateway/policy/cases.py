@@ -185,7 +185,7 @@ def _run(policy_set: PolicySet, case: Case) -> tuple[tuple[str, ...], frozenset[
             failures.append(f"unexpected error: {exc}")
         failures += [f"rule {r!r} was not exercised" for r in expect.rules if r not in exercised]
         return tuple(failures), exercised
-    exercised = decision.exercised_rules()
+    exercised = decision.rules
     if expect.error is not None:
         failures.append(f"expected error {expect.error}, got a decision")
     failures += _compare(expect, decision, exercised)

@@ -6,7 +6,7 @@ and the tests share one definition of each.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 __all__ = [
@@ -102,22 +102,24 @@ class Decision:
     # Set when the request carried no label and the policy gave it `data_class`: the rule
     # that did (`<policy>/default_data_class`, or `..._by_tenant.<tenant>`).
     default_rule: str | None = None
+    # The rules that took part: each that admitted or excluded a backend, refused the
+    # request, or gave it a default data class (what policy test coverage and the
+    # decisions-per-rule metric count). Computed once, with the decision: decisions are
+    # cached, so the request path only reads it.
+    rules: frozenset[str] = field(init=False, compare=False, repr=False)
 
-    @property
-    def eligible(self) -> tuple[str, ...]:
-        """Every backend that may see the request: private tier first, then fallbacks."""
-        return self.private + self.hosted
-
-    def exercised_rules(self) -> frozenset[str]:
-        """The rules that took part in this decision: each that admitted or excluded a
-        backend, refused the request, or gave it a default data class (what policy test
-        coverage and the decisions-per-rule metric count)."""
+    def __post_init__(self) -> None:
         rules = {t.rule for t in self.trace}
         if self.refusal is not None:
             rules.add(self.refusal.rule)
         if self.default_rule is not None:
             rules.add(self.default_rule)
-        return frozenset(rules)
+        object.__setattr__(self, "rules", frozenset(rules))
+
+    @property
+    def eligible(self) -> tuple[str, ...]:
+        """Every backend that may see the request: private tier first, then fallbacks."""
+        return self.private + self.hosted
 
     def as_dict(self) -> dict[str, object]:
         """A JSON-ready view (the shape `owngate policy explain --json` prints)."""

@@ -44,9 +44,10 @@ def test_the_history_is_bounded_by_the_settings() -> None:
     for _ in range(12):
         timeline.sample()
     for history in (timeline.backends, timeline.policies, timeline.log):
-        assert [s["t"] for s in history] == [7.0, 8.0, 9.0, 10.0, 11.0]  # the newest 10 s
+        assert [s["t"] for s in history()] == [7.0, 8.0, 9.0, 10.0, 11.0]  # the newest 10 s
+        assert [s["t"] for s in history(since=9.0)] == [10.0, 11.0]
     huge = Timeline(_app(), interval_s=0.1, history_s=86400)
-    assert huge.backends.maxlen == MAX_SAMPLES
+    assert huge.capacity == MAX_SAMPLES
 
 
 def test_samples_count_what_happened_in_their_interval() -> None:
@@ -62,7 +63,7 @@ def test_samples_count_what_happened_in_their_interval() -> None:
     metrics.decided([rules[0], "not-a-rule"])
     metrics.refusal(rules[0], "policy_denied")
     timeline.sample()
-    first = timeline.backends[-1]["backends"]
+    first = timeline.backends()[-1]["backends"]
     assert set(first) == {"gpu"}
     gpu = first["gpu"]
     assert (gpu["requests"], gpu["errors"], gpu["error_rate"]) == (5, 1, 0.2)
@@ -70,16 +71,16 @@ def test_samples_count_what_happened_in_their_interval() -> None:
     # buckets 0.25: 1, 0.5: 3, 1: 4 — rank 2 halfway into (0.25, 0.5], 3.96 into (0.5, 1]
     assert gpu["ttft_p50_s"] == pytest.approx(0.375)
     assert gpu["ttft_p99_s"] == pytest.approx(0.98)
-    policies = timeline.policies[-1]
+    policies = timeline.policies()[-1]
     assert policies["decisions"] == {rules[0]: 1} and policies["refusals"] == {rules[0]: 1}
-    assert timeline.log[-1] == {
-        "t": timeline.log[-1]["t"],
+    assert timeline.log()[-1] == {
+        "t": timeline.log()[-1]["t"],
         "entries": None,
         "checkpoint_size": None,
         "cosigned_size": None,
     }
     metrics.observe_request("chat", 200, "gpu", 0.1)
     timeline.sample()
-    second = timeline.backends[-1]["backends"]["gpu"]
+    second = timeline.backends()[-1]["backends"]["gpu"]
     assert (second["requests"], second["errors"], second["ttft_p50_s"]) == (1, 0, None)
-    assert timeline.policies[-1]["decisions"] == {}
+    assert timeline.policies()[-1]["decisions"] == {}
