@@ -186,6 +186,14 @@ def test_the_operator_sees_the_live_backends_and_reloads(console: Console) -> No
         ),
         "the requests the backends served in the timeline's window",
     )
+    # the charts grow as new samples come (polled with ?since=: only the newer ones)
+    first = int(console.find("#backend-charts[data-samples]").get_attribute("data-samples") or 0)
+    console.wait(
+        lambda d: (
+            int(d.find_element(By.ID, "backend-charts").get_attribute("data-samples")) > first
+        ),
+        "a newer sample added to the charts",
+    )
     console.screenshot("operator")
     console.find("#action-drain").click()  # dismissed: nothing is done
     console.wait(lambda d: d.switch_to.alert, "the confirm dialog").dismiss()

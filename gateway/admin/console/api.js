@@ -91,3 +91,18 @@ export function every(ms, fn) {
   tick();
   return stop;
 }
+
+// A timeline endpoint polled with `?since=` (only the samples newer than the last one
+// held): each call returns {interval_s, samples} over the last `windowS` seconds, and
+// the page keeps at most that window, however long it stays open.
+export function timeline(path, windowS = 600) {
+  let samples = [];
+  return async () => {
+    const last = samples.length ? samples[samples.length - 1].t : null;
+    const found = await get(last === null ? path : `${path}?since=${last}`);
+    samples = samples.concat(found.samples);
+    const newest = samples.length ? samples[samples.length - 1].t : 0;
+    samples = samples.filter((sample) => sample.t > newest - windowS);
+    return { interval_s: found.interval_s, samples };
+  };
+}

@@ -4,7 +4,7 @@
 // region and backend from `owngate audit report` of the live log, with the report's
 // self-contained HTML file as a download (fetched with the token, offered as a Blob).
 
-import { download, every, get, post } from "./api.js";
+import { download, every, get, post, timeline } from "./api.js";
 import { lineChart, seriesOf } from "./charts.js";
 import { card, h, num, percent, show, table, when } from "./dom.js";
 
@@ -139,6 +139,7 @@ export function render(node, ctx) {
   const checkpoint = h("div", {}, h("p", { class: "muted" }, "loading…"));
   const chart = h("div", {});
   const witnesses = h("div", {});
+  const logTimeline = timeline("/admin/v1/timeline/log");
   show(node,
     h("h1", {}, "Auditors"),
     h("div", { class: "pair" }, card("Latest checkpoint", checkpoint),
@@ -159,7 +160,7 @@ export function render(node, ctx) {
       return;
     }
     try {
-      show(chart, logChart(await get("/admin/v1/timeline/log")));
+      show(chart, logChart(await logTimeline()));
     } catch (error) {
       ctx.fail(chart, error);
     }

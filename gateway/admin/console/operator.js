@@ -2,7 +2,7 @@
 // last minutes per backend (/admin/v1/timeline/backends), and the drain and reload
 // actions, each behind a confirm dialog, showing what the action did and its log index.
 
-import { every, get, post } from "./api.js";
+import { every, get, post, timeline as poller } from "./api.js";
 import { lineChart, seriesOf } from "./charts.js";
 import { card, h, num, percent, show, table } from "./dom.js";
 
@@ -77,7 +77,7 @@ function action(name, path, question, resultNode, ctx) {
 export function render(node, ctx) {
   const summary = h("p", {});
   const backends = h("div", {}, h("p", { class: "muted" }, "loading…"));
-  const chartsNode = h("div", {});
+  const chartsNode = h("div", { id: "backend-charts" });
   const result = h("p", { id: "action-result" });
   show(node,
     h("h1", {}, "Operators"),
@@ -92,6 +92,7 @@ export function render(node, ctx) {
     card("Backends", backends),
     card("The last minutes, per backend", chartsNode));
   let timeline = null;
+  const backendsTimeline = poller("/admin/v1/timeline/backends");
   return every(POLL_MS, async (stop) => {
     try {
       const status = await get("/admin/v1/status");
@@ -109,7 +110,8 @@ export function render(node, ctx) {
       return;
     }
     try {
-      timeline = await get("/admin/v1/timeline/backends");
+      timeline = await backendsTimeline();
+      chartsNode.dataset.samples = String(timeline.samples.length);
       show(chartsNode, charts(timeline));
     } catch (error) {
       ctx.fail(chartsNode, error);

@@ -3,7 +3,7 @@
 // (tenant, model, data class -> eligible backends and the trace), the policy test cases,
 // and tenant key management (list, create: shown once, revoke).
 
-import { del, every, get, post } from "./api.js";
+import { del, every, get, post, timeline } from "./api.js";
 import { lineChart, seriesOf } from "./charts.js";
 import { card, h, num, percent, show, table, when } from "./dom.js";
 
@@ -211,6 +211,7 @@ export function render(node, ctx) {
   const tenants = h("div", {});
   const rules = h("div", {});
   let tenantsFilled = false;
+  const rulesTimeline = timeline("/admin/v1/timeline/policies");
   const explain = explainForm(ctx);
   const waiting = [];
   show(node,
@@ -246,7 +247,7 @@ export function render(node, ctx) {
       ctx.fail(tenants, error);
     }
     try {
-      show(rules, rulesCard(policySet, await get("/admin/v1/timeline/policies")));
+      show(rules, rulesCard(policySet, await rulesTimeline()));
     } catch (error) {
       ctx.fail(rules, error);
     }
