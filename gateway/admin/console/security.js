@@ -145,6 +145,19 @@ function testsCard(ctx) {
     "Runs the running policy set's configured test cases."), run, out);
 }
 
+// Copies `text` to the clipboard; where the browser refuses, says to copy it by hand.
+function copyButton(text) {
+  const button = h("button", { type: "button", onclick: async () => {
+    try {
+      await navigator.clipboard.writeText(text);
+      button.textContent = "Copied";
+    } catch (_) {
+      button.textContent = "Select the key and copy it by hand";
+    }
+  } }, "Copy");
+  return button;
+}
+
 function keysCard(ctx, tenantsOf) {
   const list = h("div", {});
   const created = h("div", { id: "key-created" });
@@ -173,8 +186,7 @@ function keysCard(ctx, tenantsOf) {
         h("pre", {}, key),
         h("p", {}, "Copy it now: it is shown once; only its digest ", h("code", {}, made.hash),
           " is stored. ",
-          h("button", { type: "button", onclick: () => navigator.clipboard
-            .writeText(made.key) }, "Copy"))));
+          copyButton(made.key))));
       digest.value = made.hash;
       refresh();
     } catch (error) {
