@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import json
 from typing import Annotated, Any
 
 import orjson
@@ -76,7 +77,8 @@ async def verify(
 
 def _envelope(receipt: dict[str, Any] | str) -> bytes:
     """The envelope's bytes, at most MAX_RECEIPT_BYTES; a header's base64 decoded."""
-    data = orjson.dumps(receipt) if isinstance(receipt, dict) else receipt.strip().encode()
+    # json, not orjson: a client's object may hold what orjson refuses (integers past 64 bits)
+    data = json.dumps(receipt).encode() if isinstance(receipt, dict) else receipt.strip().encode()
     if len(data) > MAX_RECEIPT_BYTES:
         raise GatewayError(
             ErrorCode.invalid_request,

@@ -18,7 +18,7 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,32 +141,28 @@ class Timeline:
         totals = self._totals()
         last, self._last = self._last, totals
         self._backends.append((now, self._backend_rows(totals, last)))
-        decisions = _deltas(totals.decisions, last.decisions)
-        self._policies.append((now, decisions, _deltas(totals.refusals, last.refusals)))
+        rules = self.runtime.parts.policies.current.rules  # declared ones only appear
+        decisions = _deltas(totals.decisions, last.decisions, rules)
+        refusals = _deltas(totals.refusals, last.refusals, rules)
+        self._policies.append((now, decisions, refusals))
         self._log.append((now, *self._log_sizes()))
 
     def _totals(self) -> _Totals:
-        parts = self.runtime.parts
-        metrics = parts.metrics
-        backends = set(parts.registry.backends)
-        rules = parts.policies.current.rules
+        """The counters now, by every label value they have: configured backend ids and
+        rule ids (the request path labels them with nothing else), including those a
+        reload removed, so one that returns does not count its past again."""
+        metrics = self.runtime.parts.metrics
         totals = _Totals()
         for labels, value in _samples(metrics.requests, "_total"):
-            backend = labels["backend"]
-            if backend in backends:
-                _add(totals.requests, backend, value)
-                if int(labels["status"]) >= _ERROR_STATUS:
-                    _add(totals.errors, backend, value)
+            _add(totals.requests, labels["backend"], value)
+            if int(labels["status"]) >= _ERROR_STATUS:
+                _add(totals.errors, labels["backend"], value)
         for labels, value in _samples(metrics.ttft, "_bucket"):
-            backend = labels["backend"]
-            if backend in backends:
-                _add(totals.ttft.setdefault(backend, {}), float(labels["le"]), value)
+            _add(totals.ttft.setdefault(labels["backend"], {}), float(labels["le"]), value)
         for labels, value in _samples(metrics.decisions, "_total"):
-            if labels["rule"] in rules:
-                _add(totals.decisions, labels["rule"], value)
+            _add(totals.decisions, labels["rule"], value)
         for labels, value in _samples(metrics.refusals, "_total"):
-            if labels["rule"] in rules:
-                _add(totals.refusals, labels["rule"], value)
+            _add(totals.refusals, labels["rule"], value)
         return totals
 
     def _backend_rows(self, totals: _Totals, last: _Totals) -> dict[str, tuple[Any, ...]]:
@@ -220,7 +216,13 @@ def _add(totals: dict[Any, float], key: Any, value: float) -> None:
     totals[key] = totals.get(key, 0.0) + value
 
 
-def _deltas(now: Mapping[str, float], before: Mapping[str, float]) -> dict[str, int]:
-    """What each counter added since `before` (only those that moved)."""
-    moved = {key: int(value - before.get(key, 0.0)) for key, value in now.items()}
+def _deltas(
+    now: Mapping[str, float], before: Mapping[str, float], keep: Container[str] | None = None
+) -> dict[str, int]:
+    """What each counter (of those in `keep`) added since `before`, only those that moved."""
+    moved = {
+        key: int(value - before.get(key, 0.0))
+        for key, value in now.items()
+        if keep is None or key in keep
+    }
     return {key: value for key, value in sorted(moved.items()) if value > 0}

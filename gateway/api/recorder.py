@@ -230,7 +230,7 @@ class Recorder:
             reason=refused.code.value,
             request_commitment=trail.request_commitment,
         )
-        await self._receipted(record, exchange, trail, "", refused.decision)
+        trail.refusal = await self._receipted(record, exchange, trail, "", refused.decision)
 
     def _decided(self, decision: Decision) -> tuple[PolicyRef, tuple[TraceStep, ...]]:
         """The policy reference and trace of a decision (decisions are cached: so is this)."""

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from gateway.provenance.writer.cosignature_collector import Cosigning
     from gateway.routing.registry import Registry
     from gateway.state import SharedState
+    from gateway.tracing.spans import RequestTracer
 
 __all__ = ["Runtime"]
 
@@ -47,6 +48,8 @@ class Runtime:
         self.reloader: ConfigReloader | None = None  # a config served from a file
         self.fleet: FleetMetrics | None = None  # `serve --workers`: /metrics sums them
         self.cosigning: Cosigning | None = None  # witnesses asked to cosign checkpoints
+        # Starts the spans of proxied requests; None: tracing off (gateway/tracing).
+        self.tracer: RequestTracer | None = None
 
     # The active parts, by name (handlers on the request path read `parts` once).
 

@@ -180,7 +180,9 @@ def test_a_receipt_is_verified_with_its_record_in_the_log(served: Served, tmp_pa
     altered = {**envelope, "payload": _b64({**payload, "backend": "elsewhere"})}
     write_signing_key(tmp_path / "other.key", ORIGIN)
     forged = make_receipt(Receipt.from_payload(payload), load_signer(tmp_path / "other.key"))
-    for bad, problem in ((altered, "signature"), (forged.decode(), "trusted"), ("{", "JSON")):
+    big = {**envelope, "payloadType": 10**30}  # what orjson cannot encode
+    bad_ones = ((altered, "signature"), (forged.decode(), "trusted"), ("{", "JSON"), (big, "DSSE"))
+    for bad, problem in bad_ones:
         verdict = served.post("/admin/v1/receipts/verify", "auditor", {"receipt": bad}).json()
         assert verdict["valid"] is False and verdict["request_id"] is None, verdict
         assert problem in verdict["problems"][0] and verdict["inclusion"]["checked"] is False
