@@ -27,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from gateway.admin.auth import Caller, require
+from gateway.admin.console_routes import router as console_router
 from gateway.admin.cosignatures import router as cosignatures_router
 from gateway.admin.limits import BodyLimit
 from gateway.admin.models import (
@@ -41,6 +42,7 @@ from gateway.admin.models import (
     KeyList,
     KeyRow,
     PolicyStatus,
+    PolicySummary,
     Status,
 )
 from gateway.admin.policy_tests import router as policy_tests_router
@@ -140,6 +142,7 @@ def _routes(
     app.include_router(report_router)
     app.include_router(requests_router)
     app.include_router(log_router)
+    app.include_router(console_router)
     return app
 
 
@@ -210,7 +213,24 @@ async def status(control: _Control, caller: _Operator) -> Status:
 
 @_v1.get("/policies", tags=["security"], summary="The active policy set and its reload status")
 async def policies(control: _Control, caller: _Security) -> PolicyStatus:
-    return PolicyStatus.model_validate(control.runtime.policies.status())
+    active = control.runtime.policies.current
+    summaries = [
+        PolicySummary(
+            id=policy.id,
+            version=policy.version,
+            tenants=sorted(policy.tenants),
+            data_classes=sorted(policy.classes),
+            rules=sorted(policy.rules),
+        )
+        for policy in map(active.compiled, active.policy_ids())
+    ]
+    return PolicyStatus.model_validate(
+        {
+            **control.runtime.policies.status(),
+            "policies": summaries,
+            "rules": sorted(active.rules),
+        }
+    )
 
 
 @_v1.post("/policies/explain", tags=["security"], summary="The decision and trace for a request")

@@ -20,6 +20,7 @@ __all__ = [
     "KeyList",
     "KeyRow",
     "PolicyStatus",
+    "PolicySummary",
     "QueueStatus",
     "Status",
     "TraceRow",
@@ -79,6 +80,16 @@ class Status(_Model):
     state: dict[str, Any]
 
 
+class PolicySummary(_Model):
+    """One policy of the active set: whom it binds and the rules it declares."""
+
+    id: str
+    version: str
+    tenants: list[str]
+    data_classes: list[str]
+    rules: list[str] = Field(description="the rule ids its decisions and refusals name")
+
+
 class PolicyStatus(_Model):
     id: str
     version: str
@@ -86,6 +97,11 @@ class PolicyStatus(_Model):
     builtin: bool = Field(description="no policy files configured: private backends only")
     loaded_at: float = Field(description="Unix time the active set was loaded")
     last_reload_error: str | None
+    policies: list[PolicySummary] = Field(description="the set's policies, by id")
+    rules: list[str] = Field(
+        description="every rule id the set declares (its policies' and the set's own: "
+        "default-deny for a tenant no policy binds, unknown-model)"
+    )
 
 
 class ExplainRequest(_Model):

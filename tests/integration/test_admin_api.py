@@ -303,3 +303,11 @@ def test_drain_takes_the_gateway_out_of_rotation(served: Served) -> None:
     assert drained.status_code == 200 and drained.json()["action"] == "drain"
     assert httpx.get(f"{served.process.url}/readyz", timeout=10).status_code == 503
     assert served.get("/admin/v1/status", "operator").json()["draining"] is True
+
+
+def test_policies_name_each_policy_with_its_tenants_and_rules(served: Served) -> None:
+    """What the console's tenants -> policies -> rules view reads."""
+    found = served.get("/admin/v1/policies", "security").json()
+    (policy,) = [p for p in found["policies"] if "acme" in p["tenants"]]
+    assert policy["rules"] and set(policy["rules"]) <= set(found["rules"])
+    assert {f"{found['id']}/default-deny", f"{found['id']}/unknown-model"} <= set(found["rules"])

@@ -98,6 +98,10 @@ def check_admin_api(banner: str) -> None:
     )
     assert admin and set(tokens) == {"operator", "security", "auditor"}, banner
     assert f"{admin[1]}/openapi.json" in banner and f"{admin[1]}/log/" in banner
+    console = re.search(r"web console: (http://127\.0\.0\.1:\d+/console/)\s", banner)
+    assert console and console[1] == f"{admin[1]}/console/", banner
+    page = httpx.get(console[1], timeout=10)
+    assert page.status_code == 200 and "owngate console" in page.text
 
     def get(path: str, role: str) -> httpx.Response:
         headers = {"authorization": f"Bearer {tokens[role]}"}

@@ -1,5 +1,6 @@
 """LiteLLM is pinned to a vetted release and stays off the private-backend path; the
-runtime wheel ships neither benchmarks nor code that installs packages."""
+runtime wheel ships neither benchmarks nor code that installs packages, and does ship the
+web console's assets."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
+from gateway.admin.console_routes import ASSETS
 from tests.helpers.paths import REPO_ROOT
 
 COMPROMISED = {"1.82.7", "1.82.8"}
@@ -90,6 +92,8 @@ def test_the_runtime_wheel_ships_no_benchmarks_and_installs_nothing(tmp_path: Pa
 
     assert {name.split("/")[0] for name in names} == {"gateway", "owngate-0.1.0.dist-info"}
     assert "gateway/cli/main.py" in sources  # the build did put the package in
+    console = {f"gateway/admin/console/{name}" for name in ASSETS}
+    assert console <= set(names), console - set(names)  # the web console ships in the wheel
     benchmarks = [n for n in names if "bench" in n.rsplit("/", 1)[-1] or "/bench/" in n]
     assert benchmarks == ["gateway/cli/bench.py"]  # the front end that says how to install
     naming_bench = sorted(name for name, text in sources.items() if "owngate_bench" in text)

@@ -28,7 +28,13 @@ from gateway.provenance.audit.report import Invocation, audit_report, bucket_sec
 from gateway.provenance.audit.report_html import render_html
 from gateway.provenance.formats.cosignature import Cosigner
 from gateway.provenance.formats.layout import cosigned_path
-from gateway.provenance.formats.records import BackendRef, Retention, TraceStep, refusal_record
+from gateway.provenance.formats.records import (
+    BackendRef,
+    Retention,
+    TraceStep,
+    admin_record,
+    refusal_record,
+)
 from gateway.provenance.testing import (
     EXAMPLE_HOSTED,
     EXAMPLE_POLICY,
@@ -76,6 +82,17 @@ def logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         await log_request(log, 70, backend=EXAMPLE_HOSTED, fallback_reason="private_saturated")
         await log_request(log, 95, tenant=EVIL_TENANT, backend=EVIL_BACKEND)
         await _refuse(log, 100, "hosted.deny", "acme-app")
+        await log.append(  # an admin action (the admin API's): no request, no tenant
+            admin_record(
+                request_id="adm_1",
+                time=datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=110),
+                role="operator",
+                token="0123456789ab",
+                action="reload",
+                subject="config",
+                change_digest="0" * 64,
+            )
+        )
         signed = await log.checkpoint()
         cosigned = cosigned_path(path, signed.checkpoint.size)
         cosigned.parent.mkdir()
@@ -113,11 +130,14 @@ def test_the_numbers_are_the_counts_of_the_records(logdir: Path) -> None:
     logged = records(logdir)
     dispatches = [r for r in logged if r["type"] == "dispatch"]
     refusals = [r for r in logged if r["type"] == "refusal"]
+    completions = [r for r in logged if r["type"] == "completion"]
+    assert [r for r in logged if r["type"] == "admin"]  # counted as an entry, not a request
     first: dict[str, dict[str, Any]] = {}
     for record in logged:
-        if record["type"] != "completion":
+        if record["type"] in ("dispatch", "refusal"):
             first.setdefault(record["request_id"], record)
     totals = report["totals"]
+    assert totals["completions"] == len(completions)
     assert totals["entries"] == len(logged) == report["verification"]["summary"]["size"]
     assert (totals["dispatches"], totals["refusals"], totals["requests"]) == (
         len(dispatches),

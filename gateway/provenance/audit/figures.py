@@ -117,7 +117,7 @@ _DEFINITIONS: dict[str, tuple[str, str, str]] = {
     "requests_by_tenant": (
         "Requests per tenant",
         "request ids with a dispatch or refusal record, at their first such record",
-        '[.records[] | select(.type!="completion")] | group_by(.request_id) | '
+        '[.records[] | select(.type=="dispatch" or .type=="refusal")] | group_by(.request_id) | '
         "map(min_by(.index)) | map({key: .tenant, bucket: BUCKET})",
     ),
     "fallbacks_by_reason": (
@@ -141,7 +141,7 @@ class _Fold:
         self.width = width
         self.tally: dict[str, Counter[tuple[str, int]]] = {name: Counter() for name in _SERIES}
         self.requests: set[str] = set()
-        self.entries = self.dispatches = self.refusals = self.fallbacks = 0
+        self.entries = self.dispatches = self.completions = self.refusals = self.fallbacks = 0
         self.first_time: str | None = None
         self.last_time: str | None = None
         self.wanted = set(times_of)
@@ -155,6 +155,8 @@ class _Fold:
         if index in self.wanted:
             self.times[index] = record.time
         if record.type == "completion":
+            self.completions += 1
+        if record.type not in ("dispatch", "refusal"):  # a completion, an admin action
             return
         moment = record_seconds(record.time)
         bucket = moment - moment % self.width
@@ -223,7 +225,7 @@ def figures(
     totals = {
         "entries": fold.entries,
         "dispatches": fold.dispatches,
-        "completions": fold.entries - fold.dispatches - fold.refusals,
+        "completions": fold.completions,
         "refusals": fold.refusals,
         "requests": len(fold.requests),
         "fallbacks": fold.fallbacks,
@@ -248,8 +250,8 @@ def _add_rates(found: dict[str, Any], dispatches: int, requests: int, run: Invoc
     )
     refusals["commands"].append(
         run.jq(
-            '([.records[] | select(.type!="completion") | .request_id] | unique | length) as $n'
-            ' | [.records[] | select(.type=="refusal") | {key: .rule}] | '
+            '([.records[] | select(.type=="dispatch" or .type=="refusal") | .request_id] | '
+            'unique | length) as $n | [.records[] | select(.type=="refusal") | {key: .rule}] | '
             f"group_by(.key) | {rate}"
         )
     )

@@ -1,0 +1,108 @@
+// Talking to the admin API: every call carries the token the user pasted into the login
+// form, kept in sessionStorage (this tab only; never localStorage, never a URL). An API
+// error (the OpenAI error object) becomes an ApiError with its status and message.
+
+const TOKEN = "owngate.console.token";
+
+export function token() {
+  return sessionStorage.getItem(TOKEN);
+}
+
+export function setToken(value) {
+  sessionStorage.setItem(TOKEN, value);
+}
+
+export function forget() {
+  sessionStorage.removeItem(TOKEN);
+}
+
+export class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+async function send(method, path, body) {
+  const headers = { Authorization: `Bearer ${token() || ""}` };
+  const init = { method, headers, cache: "no-store", credentials: "omit" };
+  if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const response = await fetch(path, init);
+  if (!response.ok) {
+    let code = null;
+    let message = response.statusText || `HTTP ${response.status}`;
+    try {
+      const error = (await response.json()).error;
+      code = error.code;
+      message = error.message;
+    } catch (_) {
+      // not an OpenAI error object: keep the status text
+    }
+    throw new ApiError(response.status, code, message);
+  }
+  return response;
+}
+
+// The JSON (or, for text/plain such as the checkpoint, the text) of a call.
+export async function call(method, path, body) {
+  const response = await send(method, path, body);
+  const type = response.headers.get("content-type") || "";
+  return type.includes("json") ? response.json() : response.text();
+}
+
+export const get = (path) => call("GET", path);
+export const post = (path, body) => call("POST", path, body === undefined ? {} : body);
+export const del = (path) => call("DELETE", path);
+
+// A file from the API, fetched with the token and offered as a download (a Blob URL:
+// the token never goes in a link).
+export async function download(path, filename) {
+  const blob = await (await send("GET", path)).blob();
+  const url = URL.createObjectURL(blob);
+  const link = document.createElement("a");
+  link.href = url;
+  link.download = filename;
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60000);
+}
+
+// Run `fn(stop)` now and every `ms` until the returned function (or `stop`) is called:
+// a page's polling. A run still in flight when the next is due is not doubled.
+export function every(ms, fn) {
+  let busy = false;
+  let timer = null;
+  const stop = () => clearInterval(timer);
+  const tick = async () => {
+    if (busy) return;
+    busy = true;
+    try {
+      await fn(stop);
+    } finally {
+      busy = false;
+    }
+  };
+  timer = setInterval(tick, ms);
+  tick();
+  return stop;
+}
+
+// A timeline endpoint polled with `?since=` (only the samples newer than the last one
+// held): each call returns {interval_s, samples} over the last `windowS` seconds, and
+// the page keeps at most that window, however long it stays open.
+export function timeline(path, windowS = 600) {
+  let samples = [];
+  return async () => {
+    const last = samples.length ? samples[samples.length - 1].t : null;
+    const found = await get(last === null ? path : `${path}?since=${last}`);
+    samples = samples.concat(found.samples);
+    const newest = samples.length ? samples[samples.length - 1].t : 0;
+    samples = samples.filter((sample) => sample.t > newest - windowS);
+    return { interval_s: found.interval_s, samples };
+  };
+}

@@ -1,0 +1,75 @@
+"""The web console's static assets (gateway/admin/console/), served by the admin app at
+`/console/`.
+
+The assets hold no data, so they need no token: the pages fetch everything from the
+admin API with the token the user pastes into the login form. Only the fixed set of
+names in `ASSETS` is served, looked up in a dict before any file is opened, so no path
+(`..`, an encoded one, an absolute one) can reach another file. Every answer carries a
+Content-Security-Policy allowing this origin's scripts and styles only (no inline
+script or style, no other origin: the console works offline and a hostile string that
+reached the DOM as markup could still run nothing), and is kept out of frames, caches
+and referrers. The routes are left out of the OpenAPI schema: they are not API.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final
+
+from fastapi import APIRouter
+from fastapi.responses import RedirectResponse, Response
+
+from gateway.errors import ErrorCode, GatewayError
+
+__all__ = ["ASSETS", "ASSET_DIR", "SECURITY_HEADERS", "router"]
+
+ASSET_DIR: Final = Path(__file__).parent / "console"
+
+# Every file the console has, and its media type: nothing else is ever read.
+ASSETS: Final = {
+    "index.html": "text/html; charset=utf-8",
+    "console.css": "text/css; charset=utf-8",
+    "app.js": "text/javascript; charset=utf-8",
+    "api.js": "text/javascript; charset=utf-8",
+    "dom.js": "text/javascript; charset=utf-8",
+    "charts.js": "text/javascript; charset=utf-8",
+    "operator.js": "text/javascript; charset=utf-8",
+    "security.js": "text/javascript; charset=utf-8",
+    "auditor.js": "text/javascript; charset=utf-8",
+}
+
+SECURITY_HEADERS: Final = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
+    "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+    "form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+router = APIRouter(prefix="/console", include_in_schema=False)
+
+
+@router.get("")
+async def console_root() -> RedirectResponse:
+    """`/console` → `/console/`: the page's relative asset paths need the slash."""
+    return RedirectResponse("/console/", status_code=308, headers=SECURITY_HEADERS)
+
+
+@router.get("/")
+async def console_page() -> Response:
+    return _asset("index.html")
+
+
+@router.get("/{name}")
+async def console_asset(name: str) -> Response:
+    return _asset(name)
+
+
+def _asset(name: str) -> Response:
+    media_type = ASSETS.get(name)
+    if media_type is None:
+        raise GatewayError(ErrorCode.not_found, "Unknown console asset.")
+    body = (ASSET_DIR / name).read_bytes()
+    return Response(body, media_type=media_type, headers=SECURITY_HEADERS)
