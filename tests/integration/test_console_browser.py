@@ -3,7 +3,9 @@ driven by selenium against a real `owngate serve` with simulated backends and it
 listener, one token per role. For each role: log in, its page shows live data from the
 gateway, a page of another role shows 403 and the role it needs, hostile text stays
 text, and the browser's console log has no error. A screenshot per page is kept
-(tests/helpers/browser.py `artifacts_dir`). One browser and one gateway for the module."""
+(tests/helpers/browser.py `artifacts_dir`). One browser and one gateway for the module;
+each test logs in with its role on a freshly loaded page, so none leans on the page an
+earlier test left behind."""
 
 from __future__ import annotations
 
@@ -208,6 +210,7 @@ def test_the_operator_sees_the_live_backends_and_reloads(console: Console) -> No
 
 
 def test_the_operator_is_refused_the_auditor_page(console: Console) -> None:
+    console.login(TOKENS["operator"], "operator")
     console.go("auditor")
     text = console.wait_text('[data-forbidden="auditor"]', lambda t: "403" in t, "the 403 page")
     assert "needs the auditor role" in text
@@ -232,6 +235,7 @@ def test_the_security_page_shows_the_policy_and_explains(console: Console) -> No
 
 
 def test_the_security_role_creates_and_revokes_a_key(console: Console, served: Served) -> None:
+    console.login(TOKENS["security"], "security")
     before = len(console.driver.find_elements(By.CSS_SELECTOR, "[data-key]"))
     console.find("#key-create button[type=submit]").click()
     key = console.wait_text("#new-key", lambda t: t.startswith("og-"), "the new key, shown once")
@@ -258,6 +262,7 @@ def explain(console: Console, tenant: str, model: str) -> None:
 def test_hostile_text_shows_as_text(console: Console) -> None:
     """A model name (client-controlled, echoed in the decision and its errors) that is
     markup reaches the page as the text it is: no element is made, no handler runs."""
+    console.login(TOKENS["security"], "security")
     explain(console, "acme", HOSTILE)
     console.wait_text("#explain-result", lambda t: HOSTILE in t, "the hostile model as text")
     assert console.driver.find_elements(By.CSS_SELECTOR, "#page img") == []
@@ -265,6 +270,7 @@ def test_hostile_text_shows_as_text(console: Console) -> None:
 
 
 def test_the_security_role_is_refused_the_operator_page(console: Console) -> None:
+    console.login(TOKENS["security"], "security")
     console.go("operator")
     text = console.wait_text('[data-forbidden="operator"]', lambda t: "403" in t, "the 403 page")
     assert "needs the operator role" in text
@@ -284,6 +290,7 @@ def test_the_auditor_sees_the_log(console: Console, served: Served) -> None:
 def test_the_auditor_sees_where_requests_went_and_downloads_the_report(
     console: Console, served: Served
 ) -> None:
+    console.login(TOKENS["auditor"], "auditor")
     tenants = console.wait_text('[data-breakdown="tenant"]', lambda t: "acme" in t, "per tenant")
     assert f"acme {served.logged}" in tenants
     regions = console.text('[data-breakdown="region"]')
@@ -297,6 +304,7 @@ def test_the_auditor_sees_where_requests_went_and_downloads_the_report(
 
 def test_the_auditor_verifies_a_receipt(console: Console, served: Served) -> None:
     """The header as the client got it: which backend served it, its inclusion checked."""
+    console.login(TOKENS["auditor"], "auditor")
     field = console.find("#receipt")
     field.send_keys(served.receipts[0])
     console.find("#receipt-form button[type=submit]").click()
@@ -312,6 +320,7 @@ def test_the_auditor_verifies_a_receipt(console: Console, served: Served) -> Non
 
 
 def test_the_auditor_is_refused_the_security_page(console: Console) -> None:
+    console.login(TOKENS["auditor"], "auditor")
     console.go("security")
     text = console.wait_text('[data-forbidden="security"]', lambda t: "403" in t, "the 403 page")
     assert "needs the security role" in text
