@@ -126,7 +126,7 @@ def _checked(
     problems: list[str] = []
     registry: Registry | None = None
     try:
-        registry = Registry.build(config, environ=dict(environ), clock=clock)
+        registry = Registry.build(config, environ=dict(environ), clock=clock, config_dir=config_dir)
     except ValueError as exc:
         problems += str(exc).splitlines()  # Registry.build: one problem per line
     tenants: dict[str, TenantEntry] = {}
@@ -158,7 +158,10 @@ def _keep_unchanged_backends(registry: Registry, previous: Registry, same_limits
     kept: dict[str, BackendState] = {}
     for backend_id, state in registry.backends.items():
         old = previous.backends.get(backend_id)
-        if old is not None and old.config == state.config:
+        same_tls = old is not None and (old.tls and old.tls.digest) == (
+            state.tls and state.tls.digest
+        )  # the same settings with new certificate files on disk: a new pool
+        if old is not None and old.config == state.config and same_tls:
             old.breaker.settings = state.breaker.settings  # routing.breaker may have changed
             kept[backend_id] = old
     if not kept:

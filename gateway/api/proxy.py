@@ -43,7 +43,7 @@ from gateway.routing.router import Outcome, Router
 from gateway.routing.scraper import MetricsScraper
 from gateway.state import SharedState
 from gateway.tenants import TenantEntry
-from gateway.upstream.http import DEFAULT_MAX_BODY
+from gateway.upstream.http import DEFAULT_MAX_BODY, Connection
 
 __all__ = ["Proxy"]
 
@@ -187,14 +187,17 @@ class Proxy:
             outcome, reason = Outcome.ended, ""
             try:
                 exchange.fallback = plan.fallback
-                relay: Callable[[], Awaitable[None]] = (
-                    partial(
-                        private.attempt, exchange, attempt, model, doc, body, upstream_path, send
+                relay: Callable[[], Awaitable[None]]
+                connection = None
+                if attempt.private:  # connected first: the dispatch record names its peer
+                    connection = await private.connect(exchange, attempt)
+                    relay = partial(
+                        private.attempt,
+                        *(exchange, attempt, model, doc, body, upstream_path, send, connection),
                     )
-                    if attempt.private
-                    else partial(hosted.attempt, exchange, attempt.route, doc, send)
-                )
-                await self._recorded(exchange, attempt.backend, relay)
+                else:
+                    relay = partial(hosted.attempt, exchange, attempt.route, doc, send)
+                await self._recorded(exchange, attempt.backend, relay, connection)
                 outcome = Outcome.served
                 if exchange.fallback is not None:
                     self._metrics.fallback(attempt.backend.id, exchange.fallback)
@@ -215,13 +218,29 @@ class Proxy:
         exchange: Exchange,
         backend: BackendState,
         attempt: Callable[[], Awaitable[None]],
+        connection: Connection | None = None,
     ) -> None:
         """One attempt, bracketed by its provenance records: the dispatch record is
         durable before the attempt sends anything, the completion record follows it.
+        The dispatch record names the TLS peer of `connection` (a private attempt's,
+        authenticated already), which goes back to its pool if the attempt never used it.
 
         A failed attempt's completion says the status its failure answers the client with
         if no other attempt serves (`_attempt_status`); so the last record of a request
         always has the status the client got."""
+        try:
+            await self._recorded_on(exchange, backend, attempt, connection)
+        finally:
+            if connection is not None:
+                connection.release()
+
+    async def _recorded_on(
+        self,
+        exchange: Exchange,
+        backend: BackendState,
+        attempt: Callable[[], Awaitable[None]],
+        connection: Connection | None,
+    ) -> None:
         recorder, trail = self.recorder, exchange.trail
         exchange.upstream_error = None  # this attempt's, not an earlier attempt's
         if recorder is None or trail is None:
@@ -229,7 +248,8 @@ class Proxy:
             return
         assert exchange.decision is not None
         waiting = time.perf_counter()
-        await recorder.dispatch(exchange, trail, exchange.decision, backend)
+        peer = None if connection is None else connection.peer
+        await recorder.dispatch(exchange, trail, exchange.decision, backend, peer)
         self._metrics.dispatch_wait.observe(time.perf_counter() - waiting)
         status, error = 0, None
         try:
