@@ -104,6 +104,7 @@ def _refused(gateway: Gateway, sim: Sim, before: int) -> str:
 
 def _status(gateway: Gateway) -> dict[str, Any]:
     """The backend `gpu` in /admin/status."""
+    entry: dict[str, Any]
     (entry,) = [b for b in admin_status(gateway.url)["backends"] if b["id"] == "gpu"]
     return entry
 
