@@ -87,7 +87,7 @@ class PrivateRelay:
         body: bytes,
         upstream_path: bytes,
         send: Send,
-        connection: Connection,
+        connection: Connection | None,
     ) -> None:
         """Serve the request from `attempt`'s backend on `connection` (from `connect`), or
         raise `TryNext` before any byte.

@@ -44,6 +44,7 @@ from gateway.routing.scraper import MetricsScraper
 from gateway.state import SharedState
 from gateway.tenants import TenantEntry
 from gateway.upstream.http import DEFAULT_MAX_BODY, Connection
+from gateway.upstream.tls import Peer
 
 __all__ = ["Proxy"]
 
@@ -187,17 +188,16 @@ class Proxy:
             outcome, reason = Outcome.ended, ""
             try:
                 exchange.fallback = plan.fallback
-                relay: Callable[[], Awaitable[None]]
-                connection = None
+                relay: Callable[[Connection | None], Awaitable[None]]
+                connect: Callable[[], Awaitable[Connection]] | None = None
                 if attempt.private:  # connected first: the dispatch record names its peer
-                    connection = await private.connect(exchange, attempt)
+                    connect = partial(private.connect, exchange, attempt)
                     relay = partial(
-                        private.attempt,
-                        *(exchange, attempt, model, doc, body, upstream_path, send, connection),
+                        private.attempt, exchange, attempt, model, doc, body, upstream_path, send
                     )
                 else:
-                    relay = partial(hosted.attempt, exchange, attempt.route, doc, send)
-                await self._recorded(exchange, attempt.backend, relay, connection)
+                    relay = partial(_hosted, hosted, exchange, attempt.route, doc, send)
+                await self._recorded(exchange, attempt.backend, relay, connect)
                 outcome = Outcome.served
                 if exchange.fallback is not None:
                     self._metrics.fallback(attempt.backend.id, exchange.fallback)
@@ -217,19 +217,36 @@ class Proxy:
         self,
         exchange: Exchange,
         backend: BackendState,
-        attempt: Callable[[], Awaitable[None]],
-        connection: Connection | None = None,
+        attempt: Callable[[Connection | None], Awaitable[None]],
+        connect: Callable[[], Awaitable[Connection]] | None = None,
     ) -> None:
         """One attempt, bracketed by its provenance records: the dispatch record is
         durable before the attempt sends anything, the completion record follows it.
-        The dispatch record names the TLS peer of `connection` (a private attempt's,
-        authenticated already), which goes back to its pool if the attempt never used it.
+        A private attempt connects first (`connect`), so that its dispatch record names
+        the TLS peer its connection authenticated; a connection that failed (refused,
+        a certificate refused, the breaker closed to it) is recorded as the attempt's
+        failure, like one that fails later. An unused connection goes back to its pool.
 
         A failed attempt's completion says the status its failure answers the client with
         if no other attempt serves (`_attempt_status`); so the last record of a request
         always has the status the client got."""
+        exchange.upstream_error = None  # this attempt's, not an earlier attempt's
+        connection: Connection | None = None
+        failed: TryNext | None = None
+        if connect is not None:
+            try:
+                connection = await connect()
+            except TryNext as exc:
+                failed = exc
+
+        async def run() -> None:
+            if failed is not None:
+                raise failed
+            await attempt(connection)
+
         try:
-            await self._recorded_on(exchange, backend, attempt, connection)
+            peer = None if connection is None else connection.peer
+            await self._recorded_on(exchange, backend, run, peer)
         finally:
             if connection is not None:
                 connection.release()
@@ -239,16 +256,14 @@ class Proxy:
         exchange: Exchange,
         backend: BackendState,
         attempt: Callable[[], Awaitable[None]],
-        connection: Connection | None,
+        peer: Peer | None,
     ) -> None:
         recorder, trail = self.recorder, exchange.trail
-        exchange.upstream_error = None  # this attempt's, not an earlier attempt's
         if recorder is None or trail is None:
             await attempt()
             return
         assert exchange.decision is not None
         waiting = time.perf_counter()
-        peer = None if connection is None else connection.peer
         await recorder.dispatch(exchange, trail, exchange.decision, backend, peer)
         self._metrics.dispatch_wait.observe(time.perf_counter() - waiting)
         status, error = 0, None
@@ -280,6 +295,18 @@ class Proxy:
 
     async def close(self) -> None:
         await self._hosted.close()
+
+
+async def _hosted(
+    hosted: HostedRelay,
+    exchange: Exchange,
+    route: Route,
+    doc: dict[str, Any],
+    send: Send,
+    _connection: Connection | None,
+) -> None:
+    """A hosted attempt (LiteLLM opens its own connections)."""
+    await hosted.attempt(exchange, route, doc, send)
 
 
 def _attempt_status(exc: TryNext) -> int:

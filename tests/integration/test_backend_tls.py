@@ -88,6 +88,11 @@ def _peer(tmp_path: Path, response: httpx.Response) -> dict[str, Any] | None:
 def _refused(gateway: Gateway, sim: Sim, before: int) -> str:
     """A request is refused without reaching the simulator; returns the breaker's reason
     (which /admin/status shows)."""
+    return _refusal(gateway, sim, before)[0]
+
+
+def _refusal(gateway: Gateway, sim: Sim, before: int) -> tuple[str, str]:
+    """`_refused`, and the refused request's id."""
     response = _chat(gateway)
     assert response.status_code == 503, response.text
     assert "gpu: tls" in response.json()["error"]["message"]
@@ -99,7 +104,7 @@ def _refused(gateway: Gateway, sim: Sim, before: int) -> str:
     assert 'owngate_upstream_errors_total{backend="gpu",kind="tls"} 1.0' in metrics
     reason: str = entry["breaker"]["last_error"]
     assert reason.startswith("tls: ")
-    return reason
+    return reason, response.headers["x-request-id"]
 
 
 def _status(gateway: Gateway) -> dict[str, Any]:
@@ -154,8 +159,13 @@ def test_a_key_not_pinned_gets_no_request(
     front = start_front(server_context(pki, presented))
     tls = {"ca_file": str(pki.directory / "ca.pem"), "pin_spki_sha256": [pinned.pin]}
     gateway = _gateway(start_gateway, tmp_path, front.url, tls)
-    reason = _refused(gateway, sim, 0)
+    reason, request_id = _refusal(gateway, sim, 0)
     assert reason == f"tls: certificate key {presented.pin} is not among tls.pin_spki_sha256"
+    # The refused attempt is logged like any failed one; its dispatch names no peer.
+    (refused,) = request_records(tmp_path / "log", request_id, "dispatch")
+    assert "peer" not in refused["backend"]
+    (completion,) = request_records(tmp_path / "log", request_id, "completion")
+    assert (completion["status"], completion["error"]) == (503, "gpu: tls")
 
 
 def test_an_expired_certificate_gets_no_request(
