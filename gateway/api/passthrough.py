@@ -69,6 +69,7 @@ class PrivateRelay:
         assert backend.pool is not None
         if not attempt.admit():
             raise TryNext(f"{backend.id}: circuit breaker open")
+        exchange.backend = backend.id
         try:
             return await backend.pool.connect()
         except UpstreamError as exc:
@@ -105,7 +106,6 @@ class PrivateRelay:
         headers = [(b"content-type", b"application/json"), (b"x-request-id", exchange.request_id)]
         if backend.auth_header is not None:
             headers.append((b"authorization", backend.auth_header))
-        exchange.backend = backend.id
         attempt.sending(len(out))
         # A timeout the request's own failover deadline cut short says nothing about the
         # backend: the attempt does not charge it to the breaker.

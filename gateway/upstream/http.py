@@ -12,6 +12,12 @@ A backend is trusted to serve, not to be well-behaved: `read()` stops at a byte 
 byte at a time resets the read timeout forever), dropping the connection either way; a
 byte that arrives after the response is complete is never handed to anyone, and the
 connection it came on is closed, never reused.
+
+An https backend is authenticated on every new connection before a request byte is
+written (`gateway.upstream.tls.BackendTLS`: its CA, name, pins, certificate facts); a
+certificate refused is `UpstreamError("tls")`, never a reason to retry in plain HTTP.
+`connect()` hands out a connection with its authenticated `peer`, so the caller can record
+who it is talking to before `request(connection=...)` sends on it.
 """
 
 from __future__ import annotations

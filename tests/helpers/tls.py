@@ -150,7 +150,8 @@ class TLSFront:
             async with asyncio.timeout(10):
                 await writer.start_tls(self.context)
         except (ssl.SSLError, OSError, TimeoutError):
-            self.failed += 1  # the TLS layer sent its alert and closed the connection
+            self.failed += 1
+            writer.transport.abort()  # what the TLS layer left of the connection
             return
         self.handshakes += 1
         try:
