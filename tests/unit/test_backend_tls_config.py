@@ -217,3 +217,19 @@ def test_a_rule_requiring_attested_facts_refuses_a_declared_only_backend() -> No
     assert (step.verdict, step.rule) == ("excluded", "p/require")
     assert "only declared in gateway.yaml" in step.reason
     assert _require_policy(attested=True).decide("t", "m", None).eligible == ("gpu-eu",)
+
+
+def test_a_reload_rebuilds_a_backend_whose_certificate_files_changed(tmp_path: Path) -> None:
+    from gateway.app import assemble
+
+    (tmp_path / "ca.pem").write_bytes(make_ca("one", now=NOW).cert_pem)
+    config = gateway_config(
+        [backend("gpu", "https://127.0.0.1:8443", "m", tls={"ca_file": "ca.pem"})]
+    )
+    first = assemble(config, {}, config_dir=tmp_path)
+    same = assemble(config, {}, config_dir=tmp_path, running=first)
+    assert same.registry.backends["gpu"] is first.registry.backends["gpu"]  # pool kept
+    (tmp_path / "ca.pem").write_bytes(make_ca("two", now=NOW).cert_pem)
+    rotated = assemble(config, {}, config_dir=tmp_path, running=same)
+    assert rotated.registry.backends["gpu"] is not first.registry.backends["gpu"]
+    assert rotated.registry.backends["gpu"].tls is not None
