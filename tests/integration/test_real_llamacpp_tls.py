@@ -50,6 +50,7 @@ def test_a_real_llama_server_behind_pinned_attested_tls(
                 identity="certificate",
             )
         ],
+        scrape={"interval_s": 60, "staleness_s": 120},  # one probe, at the start
         provenance={
             "dir": str(tmp_path / "log"),
             "origin": "test.owngate/tls-llama/1",
