@@ -266,9 +266,10 @@ def validate(
 
     `secrets=False` checks a config meant for another machine (a pod whose secrets are
     mounted there): a backend key variable unset here counts as set, and the provenance
-    key files and log directory are not looked at."""
+    key files, the backends' TLS files and the log directory are not looked at."""
     if not secrets:
         environ = _keys_assumed_set(config, environ)
+        config = _without_tls_files(config)
     problems: list[str] = []
     try:
         assemble(config, environ, config_dir=config_dir)
@@ -290,6 +291,16 @@ def validate(
             directory=config_dir / log.dir if secrets else None,
         )
     return problems
+
+
+def _without_tls_files(config: GatewaySettings) -> GatewaySettings:
+    """`config` with no backend naming a TLS file (CA, client certificate and key)."""
+    unread = {"ca_file": None, "client_cert_file": None, "client_key_file": None}
+    backends = tuple(
+        b if b.tls is None else b.model_copy(update={"tls": b.tls.model_copy(update=unread)})
+        for b in config.backends
+    )
+    return config.model_copy(update={"backends": backends})
 
 
 def _keys_assumed_set(config: GatewaySettings, environ: Mapping[str, str]) -> dict[str, str]:

@@ -233,3 +233,10 @@ def test_a_reload_rebuilds_a_backend_whose_certificate_files_changed(tmp_path: P
     rotated = assemble(config, {}, config_dir=tmp_path, running=same)
     assert rotated.registry.backends["gpu"] is not first.registry.backends["gpu"]
     assert rotated.registry.backends["gpu"].tls is not None
+
+
+def test_validation_without_secrets_does_not_read_tls_files(tmp_path: Path) -> None:
+    tls = {"ca_file": "ca.pem", "client_cert_file": "c.pem", "client_key_file": "k.pem"}
+    config = gateway_config([backend("gpu", "https://127.0.0.1:8443", "m", tls=tls)])
+    assert len(validate(config, environ={}, config_dir=tmp_path)) == 1  # the CA, first
+    assert validate(config, environ={}, config_dir=tmp_path, secrets=False) == []
