@@ -369,6 +369,11 @@ class Connection:
         self._conn: _Connection | None = conn
         self.peer = conn.peer
 
+    @property
+    def closed(self) -> bool:
+        """The backend closed it while it waited (a request on it reconnects)."""
+        return self._conn is not None and self._conn.closed
+
     def release(self) -> None:
         """Give it back unused (no-op once a request took it)."""
         conn, self._conn = self._conn, None

@@ -9,6 +9,7 @@ gateway.yaml declares; the dispatch record names the key of that connection.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,14 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.config.schema import BackendSettings
 from gateway.provenance import write_signing_key
+from gateway.upstream.http import HttpPool, UpstreamError
+from gateway.upstream.tls import backend_tls
 from tests.helpers.gateways import ADMIN_HEADERS, Gateway, Sim, admin_status, backend, served
 from tests.helpers.provenance import request_records
 from tests.helpers.tls import Pki, TLSFront, server_context
-from tests.helpers.waiting import until
+from tests.helpers.waiting import until, until_async
 
 ORIGIN = "test.owngate/tls/1"
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -303,3 +307,48 @@ def test_the_health_probe_uses_the_backend_tls_and_says_why_it_failed(
     metrics = httpx.get(f"{gateway.url}/metrics", headers=ADMIN_HEADERS, timeout=10).text
     assert 'owngate_backend_up{backend="gpu"} 0.0' in metrics
     assert served(sim) == 0
+
+
+def test_a_connection_leased_for_its_record_never_reconnects_to_another_key(
+    start_front: Callable[[Any], TLSFront], pki: Pki, tmp_path: Path
+) -> None:
+    # The dispatch record names the key of the connection the gateway leased; if the
+    # backend closes it before the request is written, the request may go on a new one
+    # only if that presents the same key.
+    first, second = pki.server(), pki.server()
+    front = start_front(server_context(pki, first))
+    settings = BackendSettings.model_validate(
+        backend("gpu", front.url, "m", tls={"ca_file": str(pki.directory / "ca.pem")})
+    )
+
+    async def run() -> None:
+        pool, _ = HttpPool.for_url(
+            front.url,
+            connect_timeout=5,
+            first_byte_timeout=5,
+            read_timeout=5,
+            max_connections=2,
+            tls=backend_tls(settings, "127.0.0.1", tmp_path),
+        )
+        try:
+            same = await pool.connect()
+            assert same.peer is not None and same.peer.spki_sha256 == first.pin
+            front.swap(server_context(pki, first))  # dropped; a new one has the same key
+            await until_async(lambda: same.closed, "the front to drop the connection")
+            response = await pool.request(b"GET", b"/health", [], b"", connection=same)
+            assert response.status == 200
+            await response.read()
+            other = await pool.connect()
+            front.swap(server_context(pki, second))
+            await until_async(lambda: other.closed, "the front to drop the connection")
+            with pytest.raises(UpstreamError) as caught:
+                await pool.request(b"GET", b"/health", [], b"", connection=other)
+            assert (caught.value.kind, caught.value.detail) == (
+                "tls",
+                "the backend presented another certificate on reconnecting",
+            )
+            assert pool.open_connections == 0
+        finally:
+            await pool.close()
+
+    asyncio.run(run())
