@@ -56,7 +56,6 @@ __all__ = [
 
 RecordType = Literal["dispatch", "completion", "refusal", "admin"]
 RECORD_TYPES: tuple[RecordType, ...] = ("dispatch", "completion", "refusal", "admin")
-_SPKI = re.compile(r"sha256//[A-Za-z0-9+/]{43}=\Z")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +79,9 @@ def _count(value: object, what: str) -> None:
 def _flag(value: object, what: str) -> None:
     if type(value) is not bool:
         raise RecordError(f"{what} must be a bool, not {value!r}")
+
+
+_SPKI = re.compile(r"sha256//[A-Za-z0-9+/]{43}=\Z")  # a key pin, as curl writes it
 
 
 def _hex64(value: object, what: str, *, optional: bool = False) -> None:
