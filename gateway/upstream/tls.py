@@ -180,12 +180,13 @@ def backend_tls(backend: BackendSettings, host: str, config_dir: Path) -> Backen
             key = config_dir / settings.client_key_file
             read.append(_read(backend.id, "client_cert_file", cert).hex())
             read.append(hashlib.sha256(_read(backend.id, "client_key_file", key)).hexdigest())
-            try:
-                context.load_cert_chain(cert, key)
-            except ssl.SSLError as exc:
+            try:  # an encrypted key fails here, never prompts for a passphrase
+                context.load_cert_chain(cert, key, password=_no_passphrase)
+            except (ssl.SSLError, _EncryptedKeyError) as exc:
+                why = "it is encrypted" if isinstance(exc, _EncryptedKeyError) else exc.reason
                 raise ValueError(
                     f"backend {backend.id}: tls.client_cert_file {cert} and client_key_file "
-                    f"{key}: not a PEM certificate and its unencrypted key ({exc.reason})"
+                    f"{key}: not a PEM certificate and its unencrypted key ({why})"
                 ) from exc
         pins = frozenset(settings.pin_spki_sha256)
         server_name = settings.server_name or host
@@ -196,6 +197,14 @@ def backend_tls(backend: BackendSettings, host: str, config_dir: Path) -> Backen
         declared = CertificateFacts(backend.region, backend.owner, terms)
     digest = hashlib.sha256("\n".join(read).encode()).hexdigest()
     return BackendTLS(backend.id, context, server_name, pins, declared, digest)
+
+
+class _EncryptedKeyError(Exception):
+    pass
+
+
+def _no_passphrase() -> bytes:
+    raise _EncryptedKeyError
 
 
 def _read(backend: str, key: str, path: Path) -> bytes:

@@ -240,3 +240,19 @@ def test_validation_without_secrets_does_not_read_tls_files(tmp_path: Path) -> N
     config = gateway_config([backend("gpu", "https://127.0.0.1:8443", "m", tls=tls)])
     assert len(validate(config, environ={}, config_dir=tmp_path)) == 1  # the CA, first
     assert validate(config, environ={}, config_dir=tmp_path, secrets=False) == []
+
+
+def test_an_encrypted_client_key_is_refused_without_a_prompt(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    client = issue(make_ca("ca", now=NOW), "gateway", now=NOW, client=True)
+    key = serialization.load_pem_private_key(client.key_pem, password=None)
+    locked = key.private_bytes(
+        Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"secret"),
+    )
+    (tmp_path / "c.pem").write_bytes(client.cert_pem)
+    (tmp_path / "k.pem").write_bytes(locked)
+    (problem,) = _problems(tmp_path, {"client_cert_file": "c.pem", "client_key_file": "k.pem"})
+    assert problem.endswith("not a PEM certificate and its unencrypted key (it is encrypted)")
