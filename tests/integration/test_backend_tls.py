@@ -106,6 +106,7 @@ def _refusal(gateway: Gateway, sim: Sim, before: int) -> tuple[str, str]:
     assert entry["available"] is False
     metrics = httpx.get(f"{gateway.url}/metrics", headers=ADMIN_HEADERS, timeout=10).text
     assert 'owngate_upstream_errors_total{backend="gpu",kind="tls"} 1.0' in metrics
+    assert 'owngate_backend_up{backend="gpu"} 0.0' in metrics
     reason: str = entry["breaker"]["last_error"]
     assert reason.startswith("tls: ")
     return reason, response.headers["x-request-id"]
