@@ -3,7 +3,7 @@
 `ca --out DIR` makes a CA (ca.pem, ca-key.pem); `issue` signs a backend's server
 certificate (its host, and the region/owner/retention facts as URI SANs for
 `identity: certificate`) or, with `--client`, the gateway's client certificate for mutual
-TLS. Each run prints the certificate's `tls.pin_spki_sha256` entry. Files are never
+TLS. `issue` prints the certificate's `tls.pin_spki_sha256` entry. Files are never
 overwritten; keys are written mode 0600. docs/backend-tls.md shows the same with
 cert-manager and step-ca.
 """
@@ -65,7 +65,7 @@ def _ca(args: argparse.Namespace) -> int:
     from gateway.pki import make_ca
 
     ca = make_ca(args.name, now=datetime.now(UTC), days=args.days)
-    return _write(Path(args.out), "ca", ca.cert_pem, ca.key_pem, ca.pin)
+    return _write(Path(args.out), "ca", ca.cert_pem, ca.key_pem, None)  # pins name leaves
 
 
 def _issue(args: argparse.Namespace) -> int:
@@ -93,7 +93,7 @@ def _issue(args: argparse.Namespace) -> int:
     return _write(Path(args.out), args.name, made.cert_pem, made.key_pem, made.pin)
 
 
-def _write(out: Path, stem: str, cert: bytes, key: bytes, pin: str) -> int:
+def _write(out: Path, stem: str, cert: bytes, key: bytes, pin: str | None) -> int:
     cert_path, key_path = out / f"{stem}.pem", out / f"{stem}-key.pem"
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -106,5 +106,6 @@ def _write(out: Path, stem: str, cert: bytes, key: bytes, pin: str) -> int:
         print(f"cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 1
     print(f"wrote {cert_path} and {key_path}", file=sys.stderr)
-    print(f"pin_spki_sha256: {pin}")
+    if pin is not None:
+        print(f"pin_spki_sha256: {pin}")
     return 0
