@@ -6,6 +6,7 @@ plain, precomputed tables that `gateway.routing.registry` builds from them.
 
 from __future__ import annotations
 
+import base64
 import re
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -318,7 +319,10 @@ class BackendTLSSettings(_Strict):
     @classmethod
     def _pin_shape(cls, pins: tuple[str, ...]) -> tuple[str, ...]:
         for pin in pins:
-            if not _PIN.match(pin):
+            if (
+                not _PIN.match(pin)
+                or base64.b64encode(base64.b64decode(pin[8:])).decode() != pin[8:]
+            ):
                 raise ValueError(
                     f"pin {pin!r} is not sha256// followed by the base64 of 32 bytes "
                     "(owngate backend cert prints it; see docs/backend-tls.md)"

@@ -37,6 +37,10 @@ def _config_text(**gpu: Any) -> str:
         ({"base_url": "http://gpu:80", "tls": {}}, "needs an https base_url"),
         ({"identity": "certificate"}, "identity: certificate needs tls.ca_file"),
         ({"tls": {"pin_spki_sha256": ["AAAA"]}}, "is not sha256// followed by the base64"),
+        (  # base64 that no digest encodes to: it could never match
+            {"tls": {"pin_spki_sha256": ["sha256//" + "A" * 42 + "B="]}},
+            "is not sha256// followed by the base64",
+        ),
         ({"tls": {"client_cert_file": "c.pem"}}, "client_cert_file and client_key_file go"),
         ({"tls": {"server_name": "bad name"}}, "server_name"),
         ({"tls": {"ca": "x"}}, "unknown key"),
