@@ -63,8 +63,8 @@ class PrivateRelay:
 
     async def connect(self, exchange: Exchange, attempt: Attempt) -> Connection:
         """The connection `attempt` will send on, its TLS peer authenticated (the dispatch
-        record names it), or `TryNext` with nothing recorded or sent: the breaker does not
-        admit the attempt, the backend cannot be reached, or its certificate is refused."""
+        record names it), or `TryNext` with nothing sent: the breaker does not admit the
+        attempt, the backend cannot be reached, or its certificate is refused."""
         backend = attempt.backend
         assert backend.pool is not None
         if not attempt.admit():
