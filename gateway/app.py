@@ -131,7 +131,7 @@ def _checked(
     problems: list[str] = []
     registry: Registry | None = None
     try:
-        registry = Registry.build(config, environ=dict(environ), clock=clock)
+        registry = Registry.build(config, environ=dict(environ), clock=clock, config_dir=config_dir)
     except ValueError as exc:
         problems += str(exc).splitlines()  # Registry.build: one problem per line
     tenants: dict[str, TenantEntry] = {}
@@ -163,7 +163,10 @@ def _keep_unchanged_backends(registry: Registry, previous: Registry, same_limits
     kept: dict[str, BackendState] = {}
     for backend_id, state in registry.backends.items():
         old = previous.backends.get(backend_id)
-        if old is not None and old.config == state.config:
+        same_tls = old is not None and (old.tls and old.tls.digest) == (
+            state.tls and state.tls.digest
+        )  # the same settings with new certificate files on disk: a new pool
+        if old is not None and old.config == state.config and same_tls:
             old.breaker.settings = state.breaker.settings  # routing.breaker may have changed
             kept[backend_id] = old
     if not kept:
@@ -269,9 +272,10 @@ def validate(
 
     `secrets=False` checks a config meant for another machine (a pod whose secrets are
     mounted there): a backend key variable unset here counts as set, and the provenance
-    key files and log directory are not looked at."""
+    key files, the backends' TLS files and the log directory are not looked at."""
     if not secrets:
         environ = _keys_assumed_set(config, environ)
+        config = _without_tls_files(config)
     problems: list[str] = []
     try:
         assemble(config, environ, config_dir=config_dir)
@@ -293,6 +297,16 @@ def validate(
             directory=config_dir / log.dir if secrets else None,
         )
     return problems
+
+
+def _without_tls_files(config: GatewaySettings) -> GatewaySettings:
+    """`config` with no backend naming a TLS file (CA, client certificate and key)."""
+    unread = {"ca_file": None, "client_cert_file": None, "client_key_file": None}
+    backends = tuple(
+        b if b.tls is None else b.model_copy(update={"tls": b.tls.model_copy(update=unread)})
+        for b in config.backends
+    )
+    return config.model_copy(update={"backends": backends})
 
 
 def _keys_assumed_set(config: GatewaySettings, environ: Mapping[str, str]) -> dict[str, str]:

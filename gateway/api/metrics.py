@@ -100,7 +100,8 @@ class GatewayMetrics:
         )
         self.upstream_errors = Counter(
             "owngate_upstream_errors",
-            "Failed exchanges with backends, by kind (connect, timeout, closed, protocol, status).",
+            "Failed exchanges with backends, by kind (connect, timeout, closed, protocol, "
+            "status, tls, ...).",
             ["backend", "kind"],
             registry=r,
         )

@@ -41,10 +41,11 @@ from gateway.api.metrics import GatewayMetrics
 from gateway.api.sse import StreamWatch
 from gateway.asgi import Send, send_bytes
 from gateway.errors import ErrorCode, GatewayError
+from gateway.logs import get_logger
 from gateway.routing.registry import BackendState, Route
 from gateway.routing.router import Attempt
 from gateway.upstream.errors import translate_upstream_error
-from gateway.upstream.http import UpstreamError, UpstreamResponse
+from gateway.upstream.http import Connection, UpstreamError, UpstreamResponse
 from gateway.upstream.openai_wire import include_usage
 
 __all__ = ["PrivateRelay"]
@@ -58,6 +59,25 @@ class PrivateRelay:
     def __init__(self, metrics: GatewayMetrics) -> None:
         self._metrics = metrics
         self._rewrites: dict[tuple[str, str], re.Pattern[bytes]] = {}
+        self._log = get_logger("owngate.upstream")
+
+    async def connect(self, exchange: Exchange, attempt: Attempt) -> Connection:
+        """The connection `attempt` will send on, its TLS peer authenticated (the dispatch
+        record names it), or `TryNext` with nothing sent: the breaker does not admit the
+        attempt, the backend cannot be reached, or its certificate is refused."""
+        backend = attempt.backend
+        assert backend.pool is not None
+        if not attempt.admit():
+            raise TryNext(f"{backend.id}: circuit breaker open")
+        exchange.backend = backend.id
+        try:
+            return await backend.pool.connect()
+        except UpstreamError as exc:
+            if exc.kind == "tls":  # no request goes to it: say why, where operators look
+                self._log.warning("backend refused: TLS", backend=backend.id, reason=exc.detail)
+            self._failed(exchange, backend, exc.kind)
+            attempt.upstream_failed(exc.kind, exc.detail)
+            raise TryNext(f"{backend.id}: {exc.kind}", _timeout_error(exc)) from exc
 
     async def attempt(
         self,
@@ -68,16 +88,16 @@ class PrivateRelay:
         body: bytes,
         upstream_path: bytes,
         send: Send,
+        connection: Connection | None,
     ) -> None:
-        """Serve the request from `attempt`'s backend, or raise `TryNext` before any byte.
+        """Serve the request from `attempt`'s backend on `connection` (from `connect`), or
+        raise `TryNext` before any byte.
 
         The attempt's failover deadline bounds the wait for the first byte; what happens
         is told to the attempt (breaker verdict, prefill, answers)."""
         route = attempt.route
         backend = route.backend
         assert backend.pool is not None
-        if not attempt.admit():
-            raise TryNext(f"{backend.id}: circuit breaker open")
         out = body if route.upstream_model == model else self._rename(doc, body, model, route)
         # The gateway counts a stream's tokens (budget, provenance record): ask for them.
         strip_usage = exchange.trail is not None and _streams_text(exchange, doc)
@@ -88,7 +108,6 @@ class PrivateRelay:
             headers.append((b"authorization", backend.auth_header))
         if exchange.traceparent is not None:  # tracing on: private backends join the trace
             headers.append((b"traceparent", exchange.traceparent))
-        exchange.backend = backend.id
         attempt.sending(len(out))
         # A timeout the request's own failover deadline cut short says nothing about the
         # backend: the attempt does not charge it to the breaker.
@@ -98,7 +117,12 @@ class PrivateRelay:
                 raise UpstreamError("timeout", "the request's failover deadline passed")
             first_byte_by = asyncio.get_running_loop().time() + wait
             response = await backend.pool.request(
-                b"POST", backend.base_path + upstream_path, headers, out, wait
+                b"POST",
+                backend.base_path + upstream_path,
+                headers,
+                out,
+                wait,
+                connection=connection,
             )
         except UpstreamError as exc:
             self._failed(exchange, backend, exc.kind)

@@ -43,7 +43,8 @@ from gateway.routing.router import Outcome, Router
 from gateway.routing.scraper import MetricsScraper
 from gateway.state import SharedState
 from gateway.tenants import TenantEntry
-from gateway.upstream.http import DEFAULT_MAX_BODY
+from gateway.upstream.http import DEFAULT_MAX_BODY, Connection
+from gateway.upstream.tls import Peer
 
 __all__ = ["Proxy"]
 
@@ -194,14 +195,16 @@ class Proxy:
                 if traced is not None:  # tracing on: the attempt's span (gateway/tracing)
                     span = traced.attempt(attempt, exchange, plan.fallback)
                 exchange.fallback = plan.fallback
-                relay: Callable[[], Awaitable[None]] = (
-                    partial(
+                relay: Callable[[Connection | None], Awaitable[None]]
+                connect: Callable[[], Awaitable[Connection]] | None = None
+                if attempt.private:  # connected first: the dispatch record names its peer
+                    connect = partial(private.connect, exchange, attempt)
+                    relay = partial(
                         private.attempt, exchange, attempt, model, doc, body, upstream_path, send
                     )
-                    if attempt.private
-                    else partial(hosted.attempt, exchange, attempt.route, doc, send)
-                )
-                await self._recorded(exchange, attempt.backend, relay)
+                else:
+                    relay = partial(_hosted, hosted, exchange, attempt.route, doc, send)
+                await self._recorded(exchange, attempt.backend, relay, connect)
                 outcome = Outcome.served
                 if exchange.fallback is not None:
                     self._metrics.fallback(attempt.backend.id, exchange.fallback)
@@ -223,22 +226,54 @@ class Proxy:
         self,
         exchange: Exchange,
         backend: BackendState,
-        attempt: Callable[[], Awaitable[None]],
+        attempt: Callable[[Connection | None], Awaitable[None]],
+        connect: Callable[[], Awaitable[Connection]] | None = None,
     ) -> None:
         """One attempt, bracketed by its provenance records: the dispatch record is
         durable before the attempt sends anything, the completion record follows it.
+        A private attempt connects first (`connect`), so that its dispatch record names
+        the TLS peer its connection authenticated; a connection that failed (refused,
+        a certificate refused, the breaker closed to it) is recorded as the attempt's
+        failure, like one that fails later. An unused connection goes back to its pool.
 
         A failed attempt's completion says the status its failure answers the client with
         if no other attempt serves (`_attempt_status`); so the last record of a request
         always has the status the client got."""
-        recorder, trail = self.recorder, exchange.trail
         exchange.upstream_error = None  # this attempt's, not an earlier attempt's
+        connection: Connection | None = None
+        failed: TryNext | None = None
+        if connect is not None:
+            try:
+                connection = await connect()
+            except TryNext as exc:
+                failed = exc
+
+        async def run() -> None:
+            if failed is not None:
+                raise failed
+            await attempt(connection)
+
+        try:
+            peer = None if connection is None else connection.peer
+            await self._recorded_on(exchange, backend, run, peer)
+        finally:
+            if connection is not None:
+                connection.release()
+
+    async def _recorded_on(
+        self,
+        exchange: Exchange,
+        backend: BackendState,
+        attempt: Callable[[], Awaitable[None]],
+        peer: Peer | None,
+    ) -> None:
+        recorder, trail = self.recorder, exchange.trail
         if recorder is None or trail is None:
             await attempt()
             return
         assert exchange.decision is not None
         waiting = time.perf_counter()
-        await recorder.dispatch(exchange, trail, exchange.decision, backend)
+        await recorder.dispatch(exchange, trail, exchange.decision, backend, peer)
         self._metrics.dispatch_wait.observe(time.perf_counter() - waiting)
         status, error = 0, None
         try:
@@ -271,6 +306,18 @@ class Proxy:
 
     async def close(self) -> None:
         await self._hosted.close()
+
+
+async def _hosted(
+    hosted: HostedRelay,
+    exchange: Exchange,
+    route: Route,
+    doc: dict[str, Any],
+    send: Send,
+    _connection: Connection | None,
+) -> None:
+    """A hosted attempt (LiteLLM opens its own connections)."""
+    await hosted.attempt(exchange, route, doc, send)
 
 
 def _attempt_status(exc: TryNext) -> int:

@@ -52,6 +52,7 @@ from gateway.provenance import (
     refusal_record,
 )
 from gateway.routing.registry import BackendState
+from gateway.upstream.tls import Peer
 
 __all__ = ["Recorder", "usage_of"]
 
@@ -112,10 +113,12 @@ class Recorder:
         trail: Trail,
         decision: Decision,
         backend: BackendState,
+        peer: Peer | None = None,
     ) -> None:
         """Make the dispatch record durable; only then may the body leave. The receipt is
         signed on the log's sealing thread from then on, while the request goes upstream
-        (`Trail.sealed_receipt` waits for it)."""
+        (`Trail.sealed_receipt` waits for it). `peer`: who the TLS connection the body
+        will go on authenticated (None: plain HTTP, or a hosted backend)."""
         request_id = exchange.request_id.decode()
         policy, trace = self._decided(decision)
         record = dispatch_record(
@@ -128,6 +131,8 @@ class Recorder:
             backend=self._backend_ref(backend),
             fallback_reason=exchange.fallback,
             request_commitment=trail.request_commitment,
+            peer_spki=None if peer is None else peer.spki_sha256,
+            attested=peer is not None and peer.attested,
         )
         entry = await self._receipted(record, exchange, trail, backend.id, decision)
         trail.dispatch = entry

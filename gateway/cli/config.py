@@ -6,7 +6,7 @@ registry, the tenant key index, the trust policies compiled against the backends
 key variables each backend names in this environment, and the provenance log's keys and
 directory (checked, never opened for writing). Every problem is printed in one run.
 `--without-secrets` skips what only the machine that serves has (key variables, signing
-keys, the log directory). Exit codes: 0 ok, 1 invalid, 2 usage.
+keys, backend TLS files, the log directory). Exit codes: 0 ok, 1 invalid, 2 usage.
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ def register(subparsers: Any) -> None:
         action="store_true",
         default=env_default("OWNGATE_VALIDATE_WITHOUT_SECRETS", "") not in ("", "0", "false"),
         help="check a config meant for another machine (a pod that mounts its secrets): "
-        "backend key variables unset here count as set, the provenance signing keys and "
-        "log directory are not looked at (env OWNGATE_VALIDATE_WITHOUT_SECRETS=1)",
+        "backend key variables unset here count as set, the provenance signing keys, the "
+        "backends' TLS files and the log directory are not looked at "
+        "(env OWNGATE_VALIDATE_WITHOUT_SECRETS=1)",
     )
     validate.set_defaults(handler=_validate)
     parser.set_defaults(handler=lambda _args: usage(parser))

@@ -32,6 +32,7 @@ _COMMANDS = (
     "policy",
     "audit",
     "witness",
+    "backend",
     "bench",
     "status",
 )

@@ -30,6 +30,7 @@ def facts_of(backend: BackendSettings) -> BackendFacts:
         training=backend.retention.training,
         models=frozenset(name for m in backend.models for name in (m.name, *m.aliases)),
         model_groups=tuple(frozenset((m.name, *m.aliases)) for m in backend.models),
+        attested=backend.identity == "certificate",
     )
 
 

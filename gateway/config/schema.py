@@ -6,6 +6,7 @@ plain, precomputed tables that `gateway.routing.registry` builds from them.
 
 from __future__ import annotations
 
+import base64
 import re
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -22,6 +23,7 @@ __all__ = [
     "AdminTokenSettings",
     "BackendKind",
     "BackendSettings",
+    "BackendTLSSettings",
     "BreakerSettings",
     "CapacitySettings",
     "FailoverSettings",
@@ -292,6 +294,48 @@ class ModelSettings(_Strict):
     )
 
 
+_PIN = re.compile(r"^sha256//[A-Za-z0-9+/]{43}=$")
+
+
+class BackendTLSSettings(_Strict):
+    """How the gateway authenticates a private backend over TLS (and itself to it).
+
+    Paths are relative to gateway.yaml's directory; `gateway.upstream.tls` reads them when
+    the gateway is assembled (so `config validate` names a missing or unreadable file).
+    A pin is `sha256//` + the standard base64 of SHA-256 over the DER SubjectPublicKeyInfo
+    of the backend's certificate, as `curl --pinnedpubkey` writes it."""
+
+    ca_file: str | None = Field(default=None, min_length=1, description="the only trusted roots")
+    client_cert_file: str | None = Field(default=None, min_length=1, description="mutual TLS")
+    client_key_file: str | None = Field(default=None, min_length=1, description="mutual TLS")
+    server_name: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$",
+        description="SNI and the name checked; default: base_url's host",
+    )
+    pin_spki_sha256: tuple[str, ...] = ()
+
+    @field_validator("pin_spki_sha256")
+    @classmethod
+    def _pin_shape(cls, pins: tuple[str, ...]) -> tuple[str, ...]:
+        for pin in pins:
+            if (
+                not _PIN.match(pin)
+                or base64.b64encode(base64.b64decode(pin[8:])).decode() != pin[8:]
+            ):
+                raise ValueError(
+                    f"pin {pin!r} is not sha256// followed by the base64 of 32 bytes "
+                    "(owngate backend cert prints it; see docs/backend-tls.md)"
+                )
+        return pins
+
+    @model_validator(mode="after")
+    def _key_pair(self) -> BackendTLSSettings:
+        if (self.client_cert_file is None) != (self.client_key_file is None):
+            raise ValueError("client_cert_file and client_key_file go together (mutual TLS)")
+        return self
+
+
 class BackendSettings(_Strict):
     id: Identifier
     kind: BackendKind
@@ -309,6 +353,13 @@ class BackendSettings(_Strict):
     )
     first_byte_timeout_s: float | None = Field(
         default=None, gt=0, description="before failover; default limits.first_byte_timeout_s"
+    )
+    tls: BackendTLSSettings | None = Field(
+        default=None, description="CA, mutual TLS, server name and key pins of an https backend"
+    )
+    identity: Literal["declared", "certificate"] = Field(
+        default="declared",
+        description="certificate: region, owner and retention must match the certificate's",
     )
 
     @field_validator("base_url")
@@ -333,6 +384,18 @@ class BackendSettings(_Strict):
     def _kind_rules(self) -> BackendSettings:
         if self.kind in PRIVATE_KINDS and self.base_url is None:
             raise ValueError(f"a {self.kind} backend needs base_url (the server root)")
+        if self.tls is not None or self.identity == "certificate":
+            if self.kind not in PRIVATE_KINDS:
+                raise ValueError("tls and identity apply to private backends only")
+            if urlsplit(self.base_url or "").scheme != "https":
+                raise ValueError(
+                    "a backend with tls or identity: certificate needs an https base_url"
+                )
+        if self.identity == "certificate" and (self.tls is None or self.tls.ca_file is None):
+            raise ValueError(
+                "identity: certificate needs tls.ca_file: facts count only from a certificate "
+                "issued by the organisation's own CA"
+            )
         if self.kind == "hosted":
             if self.api_key is not None:
                 raise ValueError(

@@ -210,4 +210,5 @@ def _facts(backend: BackendFacts) -> dict[str, Any]:
         "training": backend.training,
         "models": sorted(backend.models),
         "model_groups": sorted(sorted(group) for group in backend.model_groups if len(group) > 1),
+        **({"attested": True} if backend.attested else {}),  # digests of before stay as they were
     }

@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 # The order in which sections are checked; the first to fail names the exclusion.
-SECTIONS = ("models", "backends", "providers", "residency", "retention", "fallback")
+SECTIONS = ("models", "backends", "providers", "residency", "retention", "require", "fallback")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +61,8 @@ class Sections(Protocol):
     def residency(self) -> Residency | None: ...
     @property
     def retention(self) -> Retention | None: ...
+    @property
+    def require(self) -> tuple[str, ...] | None: ...
     @property
     def fallback(self) -> Fallback | None: ...
 
@@ -199,6 +201,12 @@ def _static_check(
         hit = _retention_check(f"{prefix}/retention", rules.retention, backend)
         if hit is not None:
             return hit, None
+    if rules.require and "attested_facts" in rules.require and not backend.attested:
+        return Exclusion(
+            f"{prefix}/require",
+            "require: attested_facts, but the backend's region, owner and retention are only "
+            "declared in gateway.yaml (not identity: certificate)",
+        ), None
     if rules.fallback is not None and backend.tier == "hosted":
         hit, rank = _fallback_check(f"{prefix}/fallback", rules.fallback, backend)
         return hit, None if hit is not None else rank

@@ -139,12 +139,18 @@ class Fallback(_Strict):
         return self
 
 
+# attested_facts: region, owner and retention must come from the backend's certificate
+# (gateway.yaml `identity: certificate`), not only from the operator's declaration.
+Requirement = Literal["attested_facts"]
+
+
 class Rules(_Strict):
     """The sections a data class may add; each only tightens the policy's own."""
 
     description: StrictStr = ""
     residency: Residency | None = None
     retention: Retention | None = None
+    require: tuple[Requirement, ...] | None = None
     providers: Lists | None = None
     backends: Lists | None = None
     models: Lists | None = None
@@ -156,6 +162,7 @@ class PolicySpec(_Strict):
     residency: Residency
     retention: Retention
     fallback: Fallback
+    require: tuple[Requirement, ...] | None = None
     providers: Lists | None = None
     backends: Lists | None = None
     models: Lists | None = None

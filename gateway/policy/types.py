@@ -48,6 +48,9 @@ class BackendFacts:
     # The names of each model it serves (a name and its aliases): a `models` rule judges
     # a model by all its names, so an alias never escapes a deny written for the name.
     model_groups: tuple[frozenset[str], ...] = ()
+    # region, owner and retention were checked against the backend's certificate on each
+    # connection (`identity: certificate`), not only declared: `require: [attested_facts]`
+    attested: bool = False
 
     def names_of(self, model: str) -> frozenset[str]:
         """Every name the backend serves `model` under (the name itself at least)."""

@@ -93,9 +93,13 @@ class Breaker:
         self.probing = False
         self.last_error = None
 
-    def failed(self, now: float, reason: str, epoch: int | None = None) -> None:
+    def failed(
+        self, now: float, reason: str, epoch: int | None = None, *, at_once: bool = False
+    ) -> None:
         """A request failed (connect, 5xx, timeout, broken off). `epoch`: the breaker's epoch
-        when the request began; an outcome from an earlier epoch is only noted."""
+        when the request began; an outcome from an earlier epoch is only noted. `at_once`:
+        a failure no retry mends (a certificate refused): open without counting to the
+        threshold."""
         self.last_error = reason
         if epoch is not None and epoch != self.epoch:
             return
@@ -103,7 +107,7 @@ class Breaker:
             self._open(now, grow=True)
         elif self.state is BreakerState.closed:
             self.failures += 1
-            if self.failures >= self.settings.failure_threshold:
+            if at_once or self.failures >= self.settings.failure_threshold:
                 self._open(now, grow=True)
 
     def abandoned(self, epoch: int | None = None) -> None:

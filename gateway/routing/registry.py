@@ -16,12 +16,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
 
 from gateway.config.schema import BackendSettings, BreakerSettings, GatewaySettings, LimitSettings
 from gateway.routing.breaker import Breaker
 from gateway.routing.filters.health import unavailable
 from gateway.routing.health import ProbeHealth
 from gateway.upstream.http import HttpPool
+from gateway.upstream.tls import BackendTLS, backend_tls
 
 __all__ = ["BackendState", "Registry", "Route"]
 
@@ -34,6 +37,7 @@ class BackendState:
     pool: HttpPool | None
     base_path: bytes
     auth_header: bytes | None
+    tls: BackendTLS | None = None  # an https backend's CA, client certificate and pins
     inflight: int = 0  # this gateway's requests to it now
     # Estimated prompt tokens of this gateway's requests to it that have no first byte
     # yet: the prefill work queued ahead of a new request (updated at dispatch and first
@@ -82,16 +86,21 @@ class Registry:
         *,
         clock: Callable[[], float] = time.monotonic,
         environ: dict[str, str] | None = None,
+        config_dir: Path | None = None,
     ) -> Registry:
         """The backends and routes of `config`. Raises ValueError naming every backend
-        whose key variable is unset or unusable, one per line."""
+        whose key variable is unset or unusable, or whose TLS files (relative to
+        `config_dir`, default the working directory) cannot be used, one per line."""
+        directory = Path.cwd() if config_dir is None else config_dir
         env = environ or {}
         breaker = config.routing.breaker
         problems: list[str] = []
         backends: dict[str, BackendState] = {}
         for backend in config.backends:
             try:
-                backends[backend.id] = _backend_state(backend, config.limits, breaker, env)
+                backends[backend.id] = _backend_state(
+                    backend, config.limits, breaker, env, directory
+                )
             except ValueError as exc:
                 problems.append(str(exc))
         routes: dict[str, list[Route]] = {}
@@ -144,11 +153,19 @@ class Registry:
 
 
 def _backend_state(
-    backend: BackendSettings, limits: LimitSettings, breaker: BreakerSettings, env: dict[str, str]
+    backend: BackendSettings,
+    limits: LimitSettings,
+    breaker: BreakerSettings,
+    env: dict[str, str],
+    config_dir: Path,
 ) -> BackendState:
     pool: HttpPool | None = None
     base_path = b""
+    tls: BackendTLS | None = None
     if backend.base_url is not None and backend.is_private:
+        parts = urlsplit(backend.base_url)
+        if parts.scheme == "https" and parts.hostname is not None:
+            tls = backend_tls(backend, parts.hostname, config_dir)
         pool, base_path = HttpPool.for_url(
             backend.base_url,
             connect_timeout=limits.connect_timeout_s,
@@ -158,6 +175,7 @@ def _backend_state(
             max_body=limits.max_response_bytes,
             response_timeout=limits.response_timeout_s,
             stream_timeout=limits.stream_timeout_s,
+            tls=tls,
         )
     key = backend.api_key
     if backend.api_key_env is not None and backend.is_private:
@@ -176,5 +194,6 @@ def _backend_state(
         pool=pool,
         base_path=base_path,
         auth_header=auth,
+        tls=tls,
         breaker=Breaker(backend.breaker or breaker),
     )

@@ -359,18 +359,19 @@ class Attempt:
             self._judged = True
             self.backend.breaker.succeeded()
 
-    def failed(self, reason: str) -> None:
-        """The verdict: the backend failed (a 5xx, broke off, hung)."""
+    def failed(self, reason: str, *, at_once: bool = False) -> None:
+        """The verdict: the backend failed (a 5xx, broke off, hung; `at_once`: its
+        certificate was refused, which opens the breaker without waiting for more)."""
         if not self._judged:
             self._judged = True
-            self.backend.breaker.failed(self._clock(), reason, self._epoch)
+            self.backend.breaker.failed(self._clock(), reason, self._epoch, at_once=at_once)
 
     def upstream_failed(self, kind: str, detail: str) -> None:
         """The exchange with the backend failed (`UpstreamError`'s kind and detail):
         the verdict, unless the failure was not the backend's."""
         if kind == "busy" or (kind == "timeout" and self._clipped):
             return
-        self.failed(f"{kind}: {detail}")
+        self.failed(f"{kind}: {detail}", at_once=kind == "tls")
 
     def end(self) -> None:
         """The attempt is over: a probe with no verdict hands the probe on; what is left

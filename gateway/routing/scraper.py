@@ -67,6 +67,7 @@ class _Target:
             first_byte_timeout=scrape.timeout_s,
             read_timeout=scrape.timeout_s,
             max_connections=2,
+            tls=state.tls,  # authenticated as requests are: a probe is no way around it
         )
         self.path = prefix + b"/metrics"
         self.health_path = prefix + b"/health"
@@ -199,8 +200,12 @@ class MetricsScraper:
             await response.read()
         except UpstreamError as exc:
             # A refused connection is an answer; no answer in time, or a broken one, is not.
-            refused = exc.kind == "connect" and not isinstance(exc.__cause__, TimeoutError)
-            self._probe_failed(target, f"/health: {exc.kind}", refused=refused)
+            # A certificate that is not this backend's is a refusal too, and says why.
+            refused = exc.kind == "tls" or (
+                exc.kind == "connect" and not isinstance(exc.__cause__, TimeoutError)
+            )
+            reason = f"/health: tls: {exc.detail}" if exc.kind == "tls" else f"/health: {exc.kind}"
+            self._probe_failed(target, reason, refused=refused)
             return
         if response.status != 200:
             self._probe_failed(target, f"/health answered HTTP {response.status}", refused=True)

@@ -12,6 +12,12 @@ A backend is trusted to serve, not to be well-behaved: `read()` stops at a byte 
 byte at a time resets the read timeout forever), dropping the connection either way; a
 byte that arrives after the response is complete is never handed to anyone, and the
 connection it came on is closed, never reused.
+
+An https backend is authenticated on every new connection before a request byte is
+written (`gateway.upstream.tls.BackendTLS`: its CA, name, pins, certificate facts); a
+certificate refused is `UpstreamError("tls")`, never a reason to retry in plain HTTP.
+`connect()` hands out a connection with its authenticated `peer`, so the caller can record
+who it is talking to before `request(connection=...)` sends on it.
 """
 
 from __future__ import annotations
@@ -26,13 +32,16 @@ from urllib.parse import urlsplit
 
 import httptools
 
-__all__ = ["DEFAULT_MAX_BODY", "HttpPool", "UpstreamError", "UpstreamResponse"]
+from gateway.upstream.tls import BackendTLS, Peer, TLSRejectedError, system_tls
+
+__all__ = ["DEFAULT_MAX_BODY", "Connection", "HttpPool", "UpstreamError", "UpstreamResponse"]
 
 _HIGH_WATER = 256 * 1024
 
 # busy: this gateway already has max_connections open to the backend (not a backend fault)
 # too_large: the answer passed the byte limit of `read()` (the connection was dropped)
-FailureKind = Literal["connect", "timeout", "closed", "protocol", "busy", "too_large"]
+# tls: the handshake failed, or the certificate is not one this backend may present
+FailureKind = Literal["connect", "timeout", "closed", "protocol", "busy", "too_large", "tls"]
 
 DEFAULT_MAX_BODY = 16 * 1024 * 1024  # `read()`'s limit unless the pool is given another
 
@@ -62,6 +71,7 @@ class _Connection(asyncio.Protocol):
         self.counted = True  # holds one of the pool's connection slots
         self.interim = False  # parsing a 1xx response, which precedes the real one
         self.close_delimited = False  # body ends when the backend closes the connection
+        self.peer: Peer | None = None  # who the TLS handshake authenticated (None: plain HTTP)
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -93,6 +103,15 @@ class _Connection(asyncio.Protocol):
             response.ended_by_close = True
             response._keep_alive = False
             response._wake()
+            return
+        if (
+            self.response is not None
+            and not self.response.complete
+            and isinstance(exc, ssl.SSLError)
+        ):
+            # e.g. TLS 1.3: a server that wanted a client certificate says so after the
+            # handshake, with an alert, before it reads the request.
+            self.response._fail(UpstreamError("tls", _ssl_reason(exc)))
             return
         if self.response is not None and not self.response.complete:
             got_bytes = self.response.status != 0
@@ -342,6 +361,36 @@ class UpstreamResponse:
         self._fail(UpstreamError("closed", "request cancelled"))
 
 
+class Connection:
+    """A connection `HttpPool.connect()` handed out and no request has used yet."""
+
+    def __init__(self, pool: HttpPool, conn: _Connection) -> None:
+        self._pool = pool
+        self._conn: _Connection | None = conn
+        self.peer = conn.peer
+
+    @property
+    def closed(self) -> bool:
+        """The backend closed it while it waited (a request on it reconnects)."""
+        return self._conn is not None and self._conn.closed
+
+    def release(self) -> None:
+        """Give it back unused (no-op once a request took it)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            if conn.closed:
+                self._pool._forget(conn)
+            else:
+                self._pool._put_idle(conn)
+
+
+def _ssl_reason(exc: ssl.SSLError) -> str:
+    """What a TLS failure says, briefly: the verification message or OpenSSL's reason."""
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        return f"certificate verify failed: {exc.verify_message}"
+    return str(exc.reason or exc.strerror or type(exc).__name__).lower().replace("_", " ")
+
+
 def _expire(waiter: asyncio.Future[None], what: str) -> None:
     if not waiter.done():
         waiter.set_exception(UpstreamError("timeout", what))
@@ -355,7 +404,7 @@ class HttpPool:
         host: str,
         port: int,
         *,
-        tls: bool = False,
+        tls: BackendTLS | bool = False,
         connect_timeout: float,
         first_byte_timeout: float,
         read_timeout: float,
@@ -366,12 +415,13 @@ class HttpPool:
     ) -> None:
         """`max_body` bounds what `read()` takes in; `response_timeout` is how long a
         whole answer read with `read()` may take from the request being sent;
-        `stream_timeout` the same for a stream (`UpstreamResponse.stream_deadline`)."""
+        `stream_timeout` the same for a stream (`UpstreamResponse.stream_deadline`).
+        `tls`: how to authenticate the backend (True: the system's roots and `host`)."""
         self.host = host
         self.port = port
         literal = f"[{host}]" if ":" in host else host
         self._host_header = f"{literal}:{port}".encode("ascii")
-        self._ssl = ssl.create_default_context() if tls else None
+        self.tls = tls if isinstance(tls, BackendTLS) else (system_tls(host) if tls else None)
         self._connect_timeout = connect_timeout
         self._first_byte_timeout = first_byte_timeout
         self._read_timeout = read_timeout
@@ -394,16 +444,20 @@ class HttpPool:
         max_body: int = DEFAULT_MAX_BODY,
         response_timeout: float | None = None,
         stream_timeout: float | None = None,
+        tls: BackendTLS | None = None,
     ) -> tuple[HttpPool, bytes]:
-        """A pool for an `http(s)://host[:port][/prefix]` URL, and the path prefix."""
+        """A pool for an `http(s)://host[:port][/prefix]` URL, and the path prefix; an
+        https URL is authenticated with `tls` (default: the system's roots)."""
         parts = urlsplit(base_url)
         if parts.hostname is None or parts.scheme not in ("http", "https"):
             raise ValueError(f"not an http(s) URL: {base_url!r}")
-        tls = parts.scheme == "https"
+        secure = parts.scheme == "https"
+        if tls is not None and not secure:
+            raise ValueError(f"TLS settings for a plain-HTTP URL: {base_url!r}")
         pool = cls(
             parts.hostname,
-            parts.port or (443 if tls else 80),
-            tls=tls,
+            parts.port or (443 if secure else 80),
+            tls=(tls or True) if secure else False,
             connect_timeout=connect_timeout,
             first_byte_timeout=first_byte_timeout,
             read_timeout=read_timeout,
@@ -435,13 +489,38 @@ class HttpPool:
         headers: Iterable[tuple[bytes, bytes]],
         body: bytes,
         first_byte_timeout: float | None = None,
+        *,
+        connection: Connection | None = None,
     ) -> UpstreamResponse:
         """Send a request; returns once the status line and headers have arrived (within
-        `first_byte_timeout`, default the pool's, else `UpstreamError("timeout")`)."""
+        `first_byte_timeout`, default the pool's, else `UpstreamError("timeout")`).
+
+        On `connection` (from `connect()`): the request goes to the peer it authenticated,
+        also if a stale pooled connection makes it reconnect (else `UpstreamError("tls")`)."""
         head = self._head(method, path, headers, len(body))
         wait = self._first_byte_timeout if first_byte_timeout is None else first_byte_timeout
         for attempt in range(2):
-            conn = await (self._acquire() if attempt == 0 else self._connect())
+            if attempt == 0 and connection is not None:
+                if connection._conn is None:
+                    raise ValueError("this connection was used or released already")
+                conn = connection._conn
+            elif attempt == 0:
+                conn = await self._acquire()
+            else:
+                conn = await self._connect()
+                if connection is not None and conn.peer != connection.peer:
+                    conn.abort()
+                    self._forget(conn)
+                    raise UpstreamError(
+                        "tls", "the backend presented another certificate on reconnecting"
+                    )
+            if connection is not None:
+                connection._conn = None  # consumed: the response owns it now
+            if conn.closed:  # closed while it waited (a leased one, for its dispatch record)
+                self._forget(conn)
+                if attempt == 0:
+                    continue
+                raise UpstreamError("closed", "backend closed the connection before answering")
             response = UpstreamResponse(conn, self._read_timeout)
             conn.response = response
             response.sent_at = asyncio.get_running_loop().time()
@@ -461,6 +540,12 @@ class HttpPool:
                 raise
             return response
         raise AssertionError("unreachable")
+
+    async def connect(self) -> Connection:
+        """A connection to send the next request on, its TLS peer already authenticated
+        (`Connection.peer`), so the caller can record who it is before sending. Hand it to
+        `request(connection=...)`, or back with `Connection.release()`."""
+        return Connection(self, await self._acquire())
 
     def _head(
         self, method: bytes, path: bytes, headers: Iterable[tuple[bytes, bytes]], length: int
@@ -490,20 +575,36 @@ class HttpPool:
         except TimeoutError as exc:
             raise UpstreamError("busy", "too many open connections to the backend") from exc
         self._open += 1
+        tls = self.tls
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(self), self.host, self.port, ssl=self._ssl
+                    lambda: _Connection(self),
+                    self.host,
+                    self.port,
+                    ssl=None if tls is None else tls.context,
+                    server_hostname=None if tls is None else tls.server_name,
                 )
         except TimeoutError as exc:
             self._release_slot()
             raise UpstreamError("connect", "connect timed out") from exc
+        except ssl.SSLError as exc:  # before OSError, its base class
+            self._release_slot()
+            raise UpstreamError("tls", _ssl_reason(exc)) from exc
         except OSError as exc:
             self._release_slot()
             raise UpstreamError("connect", exc.strerror or type(exc).__name__) from exc
         except BaseException:
             self._release_slot()  # cancelled (client gone, shutdown): give the slot back
             raise
+        if tls is not None:
+            assert conn.transport is not None
+            try:  # before a byte of any request is written
+                conn.peer = tls.check(conn.transport.get_extra_info("ssl_object"))
+            except TLSRejectedError as exc:
+                conn.abort()
+                self._forget(conn)
+                raise UpstreamError("tls", str(exc)) from exc
         return conn
 
     def _release_slot(self) -> None:

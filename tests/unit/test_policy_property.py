@@ -43,6 +43,7 @@ def backends(draw: st.DrawFn) -> tuple[BackendFacts, ...]:
                 zero_data_retention=draw(st.booleans()),
                 training=draw(st.booleans()),
                 models=frozenset(draw(st.lists(st.sampled_from(MODELS), min_size=1, max_size=3))),
+                attested=tier == "private" and draw(st.booleans()),
             )
         )
     return tuple(out)
@@ -87,6 +88,7 @@ def sections(base: bool) -> st.SearchStrategy[dict[str, Any]]:
         "providers": lists(PROVIDERS),
         "backends": lists([f"b{i}" for i in range(6)]),
         "models": lists(MODELS),
+        "require": st.sampled_from([[], ["attested_facts"]]),
     }
     required = {"residency": residency, "retention": retention, "fallback": fallback(base)}
     if base:
@@ -125,6 +127,8 @@ def violated(section: str, rules: dict[str, Any], backend: BackendFacts, model: 
     if section == "residency":
         region = backend.region
         return in_region(region, rule.get("deny", [])) or not in_region(region, rule["allow"])
+    if section == "require":
+        return "attested_facts" in rule and not backend.attested
     if section == "retention":
         limit, days = rule["max_days"], backend.retention_days
         too_long = (
@@ -148,7 +152,7 @@ def hits(target: dict[str, str], backend: BackendFacts) -> bool:
     return matches(backend.provider, [target["provider"]])
 
 
-SECTIONS = ("models", "backends", "providers", "residency", "retention", "fallback")
+SECTIONS = ("models", "backends", "providers", "residency", "retention", "require", "fallback")
 
 
 def check(

@@ -18,6 +18,7 @@ the schema on every request (tests/unit/test_provenance_units.py holds the two t
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -78,6 +79,9 @@ def _count(value: object, what: str) -> None:
 def _flag(value: object, what: str) -> None:
     if type(value) is not bool:
         raise RecordError(f"{what} must be a bool, not {value!r}")
+
+
+_SPKI = re.compile(r"sha256//[A-Za-z0-9+/]{43}=\Z")  # a key pin, as curl writes it
 
 
 def _hex64(value: object, what: str, *, optional: bool = False) -> None:
@@ -191,7 +195,11 @@ def dispatch_record(
     backend: BackendRef,
     fallback_reason: str | None,
     request_commitment: str,
+    peer_spki: str | None = None,
+    attested: bool = False,
 ) -> dict[str, object]:
+    """`peer_spki`: the key the backend presented on the connection that carried the
+    request (`sha256//` + base64), `attested`: its certificate stated the backend's facts."""
     _text(request_id, "request_id", empty=False)
     _text(tenant, "tenant")
     _text(model, "model")
@@ -200,7 +208,25 @@ def dispatch_record(
     if fallback_reason is not None:
         _text(fallback_reason, "fallback")
     _hex64(request_commitment, "request_commitment")
+    if peer_spki is not None and not _SPKI.match(peer_spki):
+        raise RecordError(f"peer_spki must be sha256// and 44 base64 digits, not {peer_spki!r}")
+    _flag(attested, "attested")
     r = backend.retention
+    ref: dict[str, object] = {
+        "id": backend.id,
+        "tier": backend.tier,
+        "kind": backend.kind,
+        "provider": backend.provider,
+        "owner": backend.owner,
+        "region": backend.region,
+        "retention": {
+            "days": r.days,
+            "zero_data_retention": r.zero_data_retention,
+            "training": r.training,
+        },
+    }
+    if peer_spki is not None:
+        ref["peer"] = {"spki_sha256": peer_spki, "attested": attested}
     return {
         "v": SCHEMA_VERSION,
         "type": "dispatch",
@@ -210,19 +236,7 @@ def dispatch_record(
         "model": model,
         "policy": _policy(policy),
         "trace": _trace(trace),
-        "backend": {
-            "id": backend.id,
-            "tier": backend.tier,
-            "kind": backend.kind,
-            "provider": backend.provider,
-            "owner": backend.owner,
-            "region": backend.region,
-            "retention": {
-                "days": r.days,
-                "zero_data_retention": r.zero_data_retention,
-                "training": r.training,
-            },
-        },
+        "backend": ref,
         "fallback": fallback_reason,
         "request_commitment": request_commitment,
     }

@@ -1,0 +1,111 @@
+"""`owngate backend cert ca|issue`: certificates for authenticated private backends.
+
+`ca --out DIR` makes a CA (ca.pem, ca-key.pem); `issue` signs a backend's server
+certificate (its host, and the region/owner/retention facts as URI SANs for
+`identity: certificate`) or, with `--client`, the gateway's client certificate for mutual
+TLS. `issue` prints the certificate's `tls.pin_spki_sha256` entry. Files are never
+overwritten; keys are written mode 0600. docs/backend-tls.md shows the same with
+cert-manager and step-ca.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gateway.cli._common import env_default, usage
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("backend", help="certificates for private backends (TLS)")
+    nouns = parser.add_subparsers(dest="noun", metavar="NOUN")
+    cert = nouns.add_parser(
+        "cert",
+        help="make a CA, and issue backend server and gateway client certificates",
+        description="Exit codes: 0 written, 1 failed (unreadable CA, a file already there, "
+        "a fact that breaks the owngate:<fact>:<value> grammar), 2 usage.",
+    )
+    verbs = cert.add_subparsers(dest="verb", metavar="VERB")
+    ca = verbs.add_parser("ca", help="make a CA: DIR/ca.pem and DIR/ca-key.pem")
+    ca.add_argument("--out", required=True, help="directory to write into")
+    ca.add_argument("--name", default="owngate backend CA", help="the CA's common name")
+    ca.add_argument("--days", type=float, default=3650, help="validity (default 3650)")
+    ca.set_defaults(handler=_ca)
+    issue = verbs.add_parser(
+        "issue",
+        help="issue a server (or --client) certificate: DIR/NAME.pem and DIR/NAME-key.pem",
+    )
+    issue.add_argument(
+        "--ca-cert", default=env_default("OWNGATE_CA_CERT", "ca.pem"), help="env OWNGATE_CA_CERT"
+    )
+    issue.add_argument(
+        "--ca-key", default=env_default("OWNGATE_CA_KEY", "ca-key.pem"), help="env OWNGATE_CA_KEY"
+    )
+    issue.add_argument("--name", required=True, help="the backend's host name or IP (SAN)")
+    issue.add_argument("--region", help="owngate:region:<REGION>, e.g. eu-west-1")
+    issue.add_argument("--owner", help="owngate:owner:<OWNER>")
+    issue.add_argument("--retention", help="owngate:retention:<none|Nd>[+training], e.g. none, 30d")
+    issue.add_argument(
+        "--client", action="store_true", help="the gateway's client certificate (mutual TLS)"
+    )
+    issue.add_argument("--days", type=float, default=90, help="validity (default 90)")
+    issue.add_argument("--out", required=True, help="directory to write into")
+    issue.set_defaults(handler=_issue)
+    parser.set_defaults(handler=lambda _args: usage(parser))
+    cert.set_defaults(handler=lambda _args: usage(cert))
+
+
+def _ca(args: argparse.Namespace) -> int:
+    from gateway.pki import make_ca
+
+    ca = make_ca(args.name, now=datetime.now(UTC), days=args.days)
+    return _write(Path(args.out), "ca", ca.cert_pem, ca.key_pem, None)  # pins name leaves
+
+
+def _issue(args: argparse.Namespace) -> int:
+    from gateway.pki import fact_uris, issue, load_issued
+
+    try:
+        ca = load_issued(Path(args.ca_cert).read_bytes(), Path(args.ca_key).read_bytes())
+    except OSError as exc:
+        print(f"cannot read the CA: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 1
+    except (ValueError, TypeError) as exc:
+        print(f"not a usable CA certificate and key: {exc}", file=sys.stderr)
+        return 1
+    try:
+        uris = fact_uris(args.region, args.owner, args.retention)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    if args.client and uris:
+        print("--client certificates state no backend facts", file=sys.stderr)
+        return 2
+    made = issue(
+        ca, args.name, now=datetime.now(UTC), days=args.days, client=args.client, uris=uris
+    )
+    return _write(Path(args.out), args.name, made.cert_pem, made.key_pem, made.pin)
+
+
+def _write(out: Path, stem: str, cert: bytes, key: bytes, pin: str | None) -> int:
+    cert_path, key_path = out / f"{stem}.pem", out / f"{stem}-key.pem"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(key)
+        with cert_path.open("xb") as handle:
+            handle.write(cert)
+    except OSError as exc:
+        print(f"cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 1
+    print(f"wrote {cert_path} and {key_path}", file=sys.stderr)
+    if pin is not None:
+        print(f"pin_spki_sha256: {pin}")
+    return 0

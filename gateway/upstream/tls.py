@@ -1,0 +1,214 @@
+"""TLS to a private backend: its client context, its key pins and the facts its certificate
+attests.
+
+A backend with `tls:` in gateway.yaml gets its own `ssl.SSLContext` (its CA file as the
+only roots, the gateway's client certificate for mutual TLS, TLS 1.2 or later, the
+hostname checked against `server_name`). After every handshake, and before a request byte
+is written, `BackendTLS.check` reads the certificate the backend presented on that
+connection: the SHA-256 of its SubjectPublicKeyInfo must be one of the pins (if any), and
+with `identity: certificate` the facts in its URI SANs must equal what gateway.yaml
+declares. What it returns (`Peer`) is what the dispatch record names.
+
+Pins are written `sha256//` + the standard base64 of the digest (with padding), as
+`curl --pinnedpubkey` takes them. Certificate facts are URI SANs (docs/backend-tls.md):
+
+    owngate:region:<name>          e.g. owngate:region:eu-west-1
+    owngate:owner:<name>           e.g. owngate:owner:acme
+    owngate:retention:<terms>      none | <days>d, optionally +training: none, 30d, 30d+training
+
+`<name>` is 1-63 of `A-Z a-z 0-9 . _ -`; each fact appears at most once. `none` is zero
+days with the zero-data-retention declaration; `0d` is zero days without it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import ssl
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from gateway.config.schema import BackendSettings
+
+__all__ = [
+    "BackendTLS",
+    "CertificateFacts",
+    "Peer",
+    "TLSRejectedError",
+    "backend_tls",
+    "facts_from_uris",
+    "retention_terms",
+    "spki_sha256",
+    "system_tls",
+]
+
+FACT_PREFIX = "owngate:"
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,63}$")
+_TERMS = re.compile(r"^(none|(0|[1-9][0-9]{0,5})d)(\+training)?$")
+_FACTS = ("region", "owner", "retention")
+
+
+class TLSRejectedError(Exception):
+    """The backend's certificate is not the one this backend may present."""
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """The authenticated identity of one connection: what the dispatch record names."""
+
+    spki_sha256: str  # sha256//base64 of the leaf certificate's SubjectPublicKeyInfo
+    attested: bool  # region, owner and retention were read from the certificate and matched
+
+
+@dataclass(frozen=True, slots=True)
+class CertificateFacts:
+    region: str | None = None
+    owner: str | None = None
+    retention: str | None = None
+
+
+def spki_sha256(der_certificate: bytes) -> str:
+    """The pin of a DER certificate: `sha256//` + base64(SHA-256(SubjectPublicKeyInfo))."""
+    cert = x509.load_der_x509_certificate(der_certificate)
+    spki = cert.public_key().public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+    return "sha256//" + base64.b64encode(hashlib.sha256(spki).digest()).decode("ascii")
+
+
+def retention_terms(days: int, zero_data_retention: bool, training: bool) -> str:
+    """The `owngate:retention:` value that states these retention terms."""
+    terms = "none" if zero_data_retention and days == 0 else f"{days}d"
+    return terms + ("+training" if training else "")
+
+
+def facts_from_uris(uris: Iterable[str]) -> CertificateFacts:
+    """The owngate facts among a certificate's URI SANs; ValueError on a malformed or
+    repeated one (an ambiguous certificate attests nothing)."""
+    found: dict[str, str] = {}
+    for uri in uris:
+        if not uri.startswith(FACT_PREFIX):
+            continue
+        fact, _, value = uri[len(FACT_PREFIX) :].partition(":")
+        if fact not in _FACTS:
+            raise ValueError(f"unknown certificate fact {uri!r}")
+        pattern = _TERMS if fact == "retention" else _NAME
+        if not pattern.match(value):
+            raise ValueError(f"malformed certificate fact {uri!r}")
+        if fact in found:
+            raise ValueError(f"the certificate states {fact} more than once")
+        found[fact] = value
+    return CertificateFacts(**found)
+
+
+@dataclass(frozen=True, slots=True)
+class BackendTLS:
+    """How to open and check a TLS connection to one backend."""
+
+    backend: str
+    context: ssl.SSLContext
+    server_name: str
+    pins: frozenset[str] = frozenset()
+    # identity: certificate: the declared facts the certificate must state
+    declared: CertificateFacts | None = None
+    digest: str = ""  # of the settings and the files read: a reload with new files differs
+
+    def check(self, ssl_object: ssl.SSLObject | None) -> Peer:
+        """The peer of a connection whose handshake just completed; raises
+        `TLSRejectedError` when its key is not pinned or its facts disagree."""
+        der = None if ssl_object is None else ssl_object.getpeercert(binary_form=True)
+        if ssl_object is None or der is None:
+            raise TLSRejectedError("the backend presented no certificate")
+        pin = spki_sha256(der)
+        if self.pins and pin not in self.pins:
+            raise TLSRejectedError(f"certificate key {pin} is not among tls.pin_spki_sha256")
+        if self.declared is None:
+            return Peer(pin, attested=False)
+        sans = (ssl_object.getpeercert() or {}).get("subjectAltName", ())
+        uris = [str(entry[1]) for entry in sans if len(entry) == 2 and entry[0] == "URI"]
+        try:
+            stated = facts_from_uris(uris)
+        except ValueError as exc:
+            raise TLSRejectedError(str(exc)) from exc
+        for fact in _FACTS:
+            want, got = getattr(self.declared, fact), getattr(stated, fact)
+            if got is None:
+                raise TLSRejectedError(f"the certificate states no {fact} (owngate:{fact}:...)")
+            if got != want:
+                raise TLSRejectedError(
+                    f"{fact} differs: the certificate says {got!r}, gateway.yaml says {want!r}"
+                )
+        return Peer(pin, attested=True)
+
+
+def system_tls(host: str) -> BackendTLS:
+    """An https backend without `tls:`: the system's roots, the URL's host checked."""
+    context = ssl.create_default_context()
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(["http/1.1"])
+    return BackendTLS(host, context, host)
+
+
+def backend_tls(backend: BackendSettings, host: str, config_dir: Path) -> BackendTLS:
+    """The TLS setup of an https backend (`host`: base_url's), its files read from
+    `config_dir`; ValueError naming the backend and the file that cannot be used."""
+    settings = backend.tls
+    own_ca = settings is not None and settings.ca_file is not None
+    # PROTOCOL_TLS_CLIENT checks the chain and the name and trusts no roots until told.
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT) if own_ca else ssl.create_default_context()
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(["http/1.1"])
+    read = [backend.model_dump_json(include={"tls", "identity", "region", "owner", "retention"})]
+    pins: frozenset[str] = frozenset()
+    server_name = host
+    if settings is not None:
+        if settings.ca_file is not None:
+            data = _read(backend.id, "ca_file", config_dir / settings.ca_file)
+            try:
+                context.load_verify_locations(cadata=data.decode("ascii"))
+            except (ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
+                raise ValueError(
+                    f"backend {backend.id}: tls.ca_file {config_dir / settings.ca_file}: "
+                    "holds no PEM certificate"
+                ) from exc
+            read.append(data.decode("ascii"))
+        if settings.client_cert_file is not None and settings.client_key_file is not None:
+            cert = config_dir / settings.client_cert_file
+            key = config_dir / settings.client_key_file
+            read.append(_read(backend.id, "client_cert_file", cert).hex())
+            read.append(hashlib.sha256(_read(backend.id, "client_key_file", key)).hexdigest())
+            try:  # an encrypted key fails here, never prompts for a passphrase
+                context.load_cert_chain(cert, key, password=_no_passphrase)
+            except (ssl.SSLError, _EncryptedKeyError) as exc:
+                why = "it is encrypted" if isinstance(exc, _EncryptedKeyError) else exc.reason
+                raise ValueError(
+                    f"backend {backend.id}: tls.client_cert_file {cert} and client_key_file "
+                    f"{key}: not a PEM certificate and its unencrypted key ({why})"
+                ) from exc
+        pins = frozenset(settings.pin_spki_sha256)
+        server_name = settings.server_name or host
+    declared = None
+    if backend.identity == "certificate":
+        r = backend.retention
+        terms = retention_terms(r.days, r.zero_data_retention, r.training)
+        declared = CertificateFacts(backend.region, backend.owner, terms)
+    digest = hashlib.sha256("\n".join(read).encode()).hexdigest()
+    return BackendTLS(backend.id, context, server_name, pins, declared, digest)
+
+
+class _EncryptedKeyError(Exception):
+    pass
+
+
+def _no_passphrase() -> bytes:
+    raise _EncryptedKeyError
+
+
+def _read(backend: str, key: str, path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"backend {backend}: tls.{key} {path}: {exc.strerror}") from exc

@@ -1,0 +1,180 @@
+"""Real TLS for tests: certificates made with `gateway.pki` (the code behind `owngate backend
+cert`), and `TLSFront`, a TLS-terminating TCP relay on loopback in front of a plain-HTTP
+server (a simulator, llama-server).
+
+The front takes each connection in plain TCP and starts TLS on it with whatever
+`TLSFront.context` is at that moment, so a test swaps the server's certificate mid-run by
+assigning a new context: connections made after that present the new certificate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from gateway.pki import Issued, fact_uris, issue, make_ca
+
+__all__ = ["Pki", "TLSFront", "server_context"]
+
+_BUFFER = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Pki:
+    """A test CA and where its files are written (`write`)."""
+
+    ca: Issued
+    directory: Path
+
+    @classmethod
+    def create(cls, directory: Path, name: str = "test CA") -> Pki:
+        directory.mkdir(parents=True, exist_ok=True)
+        pki = cls(make_ca(name, now=datetime.now(UTC), days=1), directory)
+        pki.write("ca", pki.ca)
+        return pki
+
+    def server(
+        self,
+        name: str = "127.0.0.1",
+        *,
+        region: str | None = None,
+        owner: str | None = None,
+        retention: str | None = None,
+        expired: bool = False,
+    ) -> Issued:
+        """A server certificate valid for a day (or one that expired days ago)."""
+        now = datetime.now(UTC)
+        start = now - timedelta(days=3) if expired else now
+        uris = fact_uris(region, owner, retention)
+        return issue(self.ca, name, now=now, not_before=start, days=1, uris=uris)
+
+    def client(self, name: str = "gateway") -> Issued:
+        return issue(self.ca, name, now=datetime.now(UTC), days=1, client=True)
+
+    def write(self, stem: str, issued: Issued) -> tuple[Path, Path]:
+        cert, key = self.directory / f"{stem}.pem", self.directory / f"{stem}-key.pem"
+        cert.write_bytes(issued.cert_pem)
+        key.write_bytes(issued.key_pem)
+        return cert, key
+
+
+def server_context(pki: Pki, issued: Issued, *, client_ca: Pki | None = None) -> ssl.SSLContext:
+    """A server context presenting `issued`; with `client_ca`, client certificates
+    signed by it are required (mutual TLS)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    stem = f"front-{issued.certificate.serial_number:x}"
+    cert, key = pki.write(stem, issued)
+    context.load_cert_chain(cert, key)
+    if client_ca is not None:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(cadata=client_ca.ca.cert_pem.decode("ascii"))
+    return context
+
+
+class TLSFront:
+    """A TLS-terminating relay on 127.0.0.1 to `target` (host, port), on its own event loop
+    in a daemon thread. `handshakes` counts completed TLS handshakes; `failed` those that
+    were refused."""
+
+    def __init__(self, target: tuple[str, int], context: ssl.SSLContext) -> None:
+        self.target = target
+        self.context = context
+        self.handshakes = 0
+        self.failed = 0
+        self._open: set[asyncio.StreamWriter] = set()
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.Server | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tls-front", daemon=True)
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def start(self) -> TLSFront:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise TimeoutError("the TLS front did not start")
+        return self
+
+    def swap(self, context: ssl.SSLContext) -> None:
+        """Present another certificate from now on: connections open now are dropped, so
+        the next request of a client that pools connections opens a new one."""
+        self.context = context
+
+        async def drop() -> None:
+            for writer in list(self._open):
+                writer.transport.abort()
+
+        asyncio.run_coroutine_threadsafe(drop(), self._loop).result(10)
+
+    def stop(self) -> None:
+        async def close() -> None:
+            for writer in list(self._open):
+                writer.transport.abort()
+            if self._server is not None:
+                self._server.close()
+                await self._server.wait_closed()
+
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+        self._loop.close()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def serve() -> None:
+            self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+            self.port = self._server.sockets[0].getsockname()[1]
+            self._ready.set()
+
+        self._loop.run_until_complete(serve())
+        self._loop.run_forever()
+        # What is left (relays of dropped connections) ends now.
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(10):
+                await writer.start_tls(self.context)
+        except (ssl.SSLError, OSError, TimeoutError):
+            self.failed += 1
+            writer.transport.abort()  # what the TLS layer left of the connection
+            return
+        self.handshakes += 1
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        self._open.add(writer)
+        try:
+            await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
+        finally:
+            self._open.discard(writer)
+            up_writer.transport.abort()
+            writer.transport.abort()
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(_BUFFER):
+            writer.write(data)
+            await writer.drain()
+    except (OSError, ssl.SSLError):
+        pass  # one side went away: the relay of this connection is over
+    finally:
+        with contextlib.suppress(OSError, ssl.SSLError):
+            writer.close()

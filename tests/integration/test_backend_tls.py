@@ -1,0 +1,355 @@
+"""Authenticated private backends over real TLS (issue 15, layers 1 and 2).
+
+A simulator sits behind `TLSFront` (tests/helpers/tls.py), a TLS-terminating relay on
+loopback with certificates made in the test by `gateway.pki`. The gateway must send a
+request only over a connection whose certificate chains to the backend's CA, names it,
+has not expired, matches its pins and (with `identity: certificate`) states the facts
+gateway.yaml declares; the dispatch record names the key of that connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.config.schema import BackendSettings
+from gateway.provenance import write_signing_key
+from gateway.upstream.http import HttpPool, UpstreamError
+from gateway.upstream.tls import backend_tls
+from tests.helpers.gateways import ADMIN_HEADERS, Gateway, Sim, admin_status, backend, served
+from tests.helpers.provenance import request_records
+from tests.helpers.tls import Pki, TLSFront, server_context
+from tests.helpers.waiting import until, until_async
+
+ORIGIN = "test.owngate/tls/1"
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+@pytest.fixture
+def sim(start_sim: Callable[..., Sim]) -> Sim:
+    return start_sim("vllm", models=("m",), zero_latency=True)
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    return Pki.create(tmp_path / "pki")
+
+
+@pytest.fixture
+def start_front(sim: Sim) -> Iterator[Callable[[Any], TLSFront]]:
+    started: list[TLSFront] = []
+
+    def start(context: Any) -> TLSFront:
+        front = TLSFront((sim.server.host, sim.server.port), context).start()
+        started.append(front)
+        return front
+
+    yield start
+    for front in started:
+        front.stop()
+
+
+def _gateway(
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    url: str,
+    tls: dict[str, Any],
+    scrape: dict[str, Any] | None = None,
+    **facts: Any,
+) -> Gateway:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    write_signing_key(tmp_path / "log.key", ORIGIN)
+    provenance = {
+        "dir": str(tmp_path / "log"),
+        "origin": ORIGIN,
+        "signing_key_file": str(tmp_path / "log.key"),
+        "checkpoint_interval_ms": 20,
+    }
+    # kind openai is not probed: every refusal is a request's, unless `scrape` is given.
+    kind = "openai" if scrape is None else "vllm"
+    gpu = backend("gpu", url, "m", kind=kind, tls=tls, **facts)
+    return start_gateway([gpu], provenance=provenance, scrape=scrape or {})
+
+
+def _chat(gateway: Gateway) -> httpx.Response:
+    return httpx.post(
+        f"{gateway.url}/v1/chat/completions", json=BODY, headers=gateway.headers, timeout=10
+    )
+
+
+def _peer(tmp_path: Path, response: httpx.Response) -> dict[str, Any] | None:
+    request_id = response.headers["x-request-id"]
+    dispatch = request_records(tmp_path / "log", request_id, "dispatch")[0]
+    peer: dict[str, Any] | None = dispatch["backend"].get("peer")
+    return peer
+
+
+def _refused(gateway: Gateway, sim: Sim, before: int) -> str:
+    """A request is refused without reaching the simulator; returns the breaker's reason
+    (which /admin/status shows)."""
+    return _refusal(gateway, sim, before)[0]
+
+
+def _refusal(gateway: Gateway, sim: Sim, before: int) -> tuple[str, str]:
+    """`_refused`, and the refused request's id."""
+    response = _chat(gateway)
+    assert response.status_code == 503, response.text
+    assert "gpu: tls" in response.json()["error"]["message"]
+    assert served(sim) == before
+    entry = _status(gateway)
+    assert entry["breaker"]["state"] == "open"  # at once: no retry mends a certificate
+    assert entry["available"] is False
+    metrics = httpx.get(f"{gateway.url}/metrics", headers=ADMIN_HEADERS, timeout=10).text
+    assert 'owngate_upstream_errors_total{backend="gpu",kind="tls"} 1.0' in metrics
+    assert 'owngate_backend_up{backend="gpu"} 0.0' in metrics
+    reason: str = entry["breaker"]["last_error"]
+    assert reason.startswith("tls: ")
+    return reason, response.headers["x-request-id"]
+
+
+def _status(gateway: Gateway) -> dict[str, Any]:
+    """The backend `gpu` in /admin/status."""
+    entry: dict[str, Any]
+    (entry,) = [b for b in admin_status(gateway.url)["backends"] if b["id"] == "gpu"]
+    return entry
+
+
+def test_the_record_names_the_key_the_backend_presented(
+    start_gateway: Callable[..., Gateway],
+    start_front: Callable[[Any], TLSFront],
+    sim: Sim,
+    pki: Pki,
+    tmp_path: Path,
+) -> None:
+    cert = pki.server()
+    front = start_front(server_context(pki, cert))
+    tls = {"ca_file": str(pki.directory / "ca.pem"), "pin_spki_sha256": [cert.pin]}
+    gateway = _gateway(start_gateway, tmp_path, front.url, tls)
+    response = _chat(gateway)
+    assert response.status_code == 200, response.text
+    assert served(sim) == 1
+    assert _peer(tmp_path, response) == {"spki_sha256": cert.pin, "attested": False}
+
+
+def test_a_certificate_from_another_ca_gets_no_request(
+    start_gateway: Callable[..., Gateway],
+    start_front: Callable[[Any], TLSFront],
+    sim: Sim,
+    pki: Pki,
+    tmp_path: Path,
+) -> None:
+    other = Pki.create(tmp_path / "other", "another CA")
+    front = start_front(server_context(other, other.server()))
+    gateway = _gateway(
+        start_gateway, tmp_path, front.url, {"ca_file": str(pki.directory / "ca.pem")}
+    )
+    reason = _refused(gateway, sim, 0)
+    assert "certificate verify failed: unable to get local issuer certificate" in reason
+    assert front.handshakes == 0
+
+
+def test_a_key_not_pinned_gets_no_request(
+    start_gateway: Callable[..., Gateway],
+    start_front: Callable[[Any], TLSFront],
+    sim: Sim,
+    pki: Pki,
+    tmp_path: Path,
+) -> None:
+    presented, pinned = pki.server(), pki.server()  # same CA, same name: only the key differs
+    front = start_front(server_context(pki, presented))
+    tls = {"ca_file": str(pki.directory / "ca.pem"), "pin_spki_sha256": [pinned.pin]}
+    gateway = _gateway(start_gateway, tmp_path, front.url, tls)
+    reason, request_id = _refusal(gateway, sim, 0)
+    assert reason == f"tls: certificate key {presented.pin} is not among tls.pin_spki_sha256"
+    # The refused attempt is logged like any failed one; its dispatch names no peer.
+    (refused,) = request_records(tmp_path / "log", request_id, "dispatch")
+    assert "peer" not in refused["backend"]
+    (completion,) = request_records(tmp_path / "log", request_id, "completion")
+    assert (completion["status"], completion["error"]) == (503, "gpu: tls")
+
+
+def test_an_expired_certificate_gets_no_request(
+    start_gateway: Callable[..., Gateway],
+    start_front: Callable[[Any], TLSFront],
+    sim: Sim,
+    pki: Pki,
+    tmp_path: Path,
+) -> None:
+    front = start_front(server_context(pki, pki.server(expired=True)))
+    gateway = _gateway(
+        start_gateway, tmp_path, front.url, {"ca_file": str(pki.directory / "ca.pem")}
+    )
+    assert "certificate has expired" in _refused(gateway, sim, 0)
+
+
+def test_a_certificate_for_another_name_gets_no_request_unless_server_name_says_so(
+    start_gateway: Callable[..., Gateway],
+    start_front: Callable[[Any], TLSFront],
+    sim: Sim,
+    pki: Pki,
+    tmp_path: Path,
+) -> None:
+    front = start_front(server_context(pki, pki.server("gpu-fra.internal")))
+    ca = str(pki.directory / "ca.pem")
+    gateway = _gateway(start_gateway, tmp_path / "a", front.url, {"ca_file": ca})
+    assert "IP address mismatch, certificate is not valid for '127.0.0.1'" in _refused(
+        gateway, sim, 0
+    )
+    named = _gateway(
+        start_gateway, tmp_path / "b", front.url, {"ca_file": ca, "server_name": "gpu-fra.internal"}
+    )
+    assert _chat(named).status_code == 200
+
+
+def test_mutual_tls_without_the_client_certificate_gets_no_request(
+    start_gateway: Callable[..., Gateway],
+    start_front: Callable[[Any], TLSFront],
+    sim: Sim,
+    pki: Pki,
+    tmp_path: Path,
+) -> None:
+    front = start_front(server_context(pki, pki.server(), client_ca=pki))
+    ca = str(pki.directory / "ca.pem")
+    anonymous = _gateway(start_gateway, tmp_path / "a", front.url, {"ca_file": ca})
+    # TLS 1.3: the server refuses the missing certificate after the client's handshake
+    # ended, by closing before it reads the request (an alert, if it sends one, is "tls").
+    response = _chat(anonymous)
+    assert response.status_code == 503
+    assert served(sim) == 0 and front.handshakes == 0 and front.failed >= 1
+    assert _status(anonymous)["breaker"]["last_error"] in (
+        "closed: backend closed the connection before answering",
+        "tls: tlsv13 alert certificate required",
+    )
+    cert, key = pki.write("gateway-client", pki.client())
+    tls = {"ca_file": ca, "client_cert_file": str(cert), "client_key_file": str(key)}
+    mutual = _gateway(start_gateway, tmp_path / "b", front.url, tls)
+    assert _chat(mutual).status_code == 200
+    assert served(sim) == 1
+
+
+def test_a_certificate_swapped_mid_run_shows_in_the_record_and_fails_the_pin(
+    start_gateway: Callable[..., Gateway],
+    start_front: Callable[[Any], TLSFront],
+    sim: Sim,
+    pki: Pki,
+    tmp_path: Path,
+) -> None:
+    first, second = pki.server(), pki.server()
+    front = start_front(server_context(pki, first))
+    ca = str(pki.directory / "ca.pem")
+    unpinned = _gateway(start_gateway, tmp_path / "a", front.url, {"ca_file": ca})
+    pinned = _gateway(
+        start_gateway, tmp_path / "b", front.url, {"ca_file": ca, "pin_spki_sha256": [first.pin]}
+    )
+    response = _chat(unpinned)
+    assert _peer(tmp_path / "a", response) == {"spki_sha256": first.pin, "attested": False}
+    assert _chat(pinned).status_code == 200
+    assert served(sim) == 2
+
+    front.swap(server_context(pki, second))  # open connections dropped: the next is new
+    response = _chat(unpinned)
+    assert response.status_code == 200
+    assert _peer(tmp_path / "a", response) == {"spki_sha256": second.pin, "attested": False}
+    reason = _refused(pinned, sim, 3)
+    assert second.pin in reason
+
+
+def test_facts_the_certificate_contradicts_exclude_the_backend_naming_both(
+    start_gateway: Callable[..., Gateway],
+    start_front: Callable[[Any], TLSFront],
+    sim: Sim,
+    pki: Pki,
+    tmp_path: Path,
+) -> None:
+    stated = pki.server(region="eu-central-1", owner="test", retention="0d")
+    front = start_front(server_context(pki, stated))
+    ca = str(pki.directory / "ca.pem")
+    declared = _gateway(
+        start_gateway, tmp_path / "a", front.url, {"ca_file": ca}, identity="certificate"
+    )  # gateway.yaml says eu-west-1 (tests.helpers.gateways.backend)
+    reason = _refused(declared, sim, 0)
+    assert "the certificate says 'eu-central-1', gateway.yaml says 'eu-west-1'" in reason
+
+    matching = _gateway(
+        start_gateway,
+        tmp_path / "b",
+        front.url,
+        {"ca_file": ca},
+        identity="certificate",
+        region="eu-central-1",
+    )
+    response = _chat(matching)
+    assert response.status_code == 200
+    assert _peer(tmp_path / "b", response) == {"spki_sha256": stated.pin, "attested": True}
+
+
+def test_the_health_probe_uses_the_backend_tls_and_says_why_it_failed(
+    start_gateway: Callable[..., Gateway],
+    start_front: Callable[[Any], TLSFront],
+    sim: Sim,
+    pki: Pki,
+    tmp_path: Path,
+) -> None:
+    presented, pinned = pki.server(), pki.server()
+    front = start_front(server_context(pki, presented))
+    tls = {"ca_file": str(pki.directory / "ca.pem"), "pin_spki_sha256": [pinned.pin]}
+    scrape = {"interval_s": 0.05, "timeout_s": 5, "staleness_s": 1}
+    gateway = _gateway(start_gateway, tmp_path, front.url, tls, scrape)
+
+    until(lambda: bool(_status(gateway)["health_error"]), "the probe to mark the backend down")
+    entry = _status(gateway)
+    assert entry["health_error"].startswith("/health: tls: certificate key ")
+    assert entry["metrics_error"].startswith("tls: certificate key ")
+    metrics = httpx.get(f"{gateway.url}/metrics", headers=ADMIN_HEADERS, timeout=10).text
+    assert 'owngate_backend_up{backend="gpu"} 0.0' in metrics
+    assert served(sim) == 0
+
+
+def test_a_connection_leased_for_its_record_never_reconnects_to_another_key(
+    start_front: Callable[[Any], TLSFront], pki: Pki, tmp_path: Path
+) -> None:
+    # The dispatch record names the key of the connection the gateway leased; if the
+    # backend closes it before the request is written, the request may go on a new one
+    # only if that presents the same key.
+    first, second = pki.server(), pki.server()
+    front = start_front(server_context(pki, first))
+    settings = BackendSettings.model_validate(
+        backend("gpu", front.url, "m", tls={"ca_file": str(pki.directory / "ca.pem")})
+    )
+
+    async def run() -> None:
+        pool, _ = HttpPool.for_url(
+            front.url,
+            connect_timeout=5,
+            first_byte_timeout=5,
+            read_timeout=5,
+            max_connections=2,
+            tls=backend_tls(settings, "127.0.0.1", tmp_path),
+        )
+        try:
+            same = await pool.connect()
+            assert same.peer is not None and same.peer.spki_sha256 == first.pin
+            front.swap(server_context(pki, first))  # dropped; a new one has the same key
+            await until_async(lambda: same.closed, "the front to drop the connection")
+            response = await pool.request(b"GET", b"/health", [], b"", connection=same)
+            assert response.status == 200
+            await response.read()
+            other = await pool.connect()
+            front.swap(server_context(pki, second))
+            await until_async(lambda: other.closed, "the front to drop the connection")
+            with pytest.raises(UpstreamError) as caught:
+                await pool.request(b"GET", b"/health", [], b"", connection=other)
+            assert (caught.value.kind, caught.value.detail) == (
+                "tls",
+                "the backend presented another certificate on reconnecting",
+            )
+            assert pool.open_connections == 0
+        finally:
+            await pool.close()
+
+    asyncio.run(run())

@@ -1,0 +1,261 @@
+"""Backend TLS without sockets: the `tls:` and `identity:` config keys and their checks at
+validation, the certificate-facts grammar, `owngate backend cert`, the dispatch record's
+`peer`, and `require: [attested_facts]` in policies (issue 15, layers 1 and 2)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+
+from gateway.app import validate
+from gateway.cli.main import main
+from gateway.config import ConfigError, parse_config
+from gateway.pki import fact_uris, issue, make_ca
+from gateway.policy import BackendFacts, PolicySet, parse_policies
+from gateway.provenance import RecordError, dispatch_record, validate_record
+from gateway.provenance.testing import EXAMPLE_BACKEND, EXAMPLE_POLICY
+from gateway.upstream.tls import facts_from_uris, retention_terms, spki_sha256
+from tests.helpers.gateways import backend, gateway_config
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _config_text(**gpu: Any) -> str:
+    data = {"backends": [{**backend("gpu", "https://gpu.internal:8443", "m"), **gpu}]}
+    return yaml.safe_dump(data)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "message"),
+    [
+        ({"base_url": "http://gpu:80", "tls": {}}, "needs an https base_url"),
+        ({"identity": "certificate"}, "identity: certificate needs tls.ca_file"),
+        ({"tls": {"pin_spki_sha256": ["AAAA"]}}, "is not sha256// followed by the base64"),
+        (  # base64 that no digest encodes to: it could never match
+            {"tls": {"pin_spki_sha256": ["sha256//" + "A" * 42 + "B="]}},
+            "is not sha256// followed by the base64",
+        ),
+        ({"tls": {"client_cert_file": "c.pem"}}, "client_cert_file and client_key_file go"),
+        ({"tls": {"server_name": "bad name"}}, "server_name"),
+        ({"tls": {"ca": "x"}}, "unknown key"),
+    ],
+)
+def test_tls_settings_are_checked_where_they_are_written(gpu: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(_config_text(**gpu))
+    assert any(
+        message in str(issue) and "backends[0]" in str(issue) for issue in caught.value.issues
+    )
+
+
+def _problems(tmp_path: Path, tls: dict[str, Any]) -> list[str]:
+    config = gateway_config([backend("gpu", "https://127.0.0.1:8443", "m", tls=tls)])
+    return validate(config, environ={}, config_dir=tmp_path)
+
+
+def test_validation_reads_the_tls_files_relative_to_the_config(tmp_path: Path) -> None:
+    ca = make_ca("ca", now=NOW)
+    client = issue(ca, "gateway", now=NOW, client=True)
+    (tmp_path / "ca.pem").write_bytes(ca.cert_pem)
+    (tmp_path / "c.pem").write_bytes(client.cert_pem)
+    (tmp_path / "c-key.pem").write_bytes(client.key_pem)
+    (tmp_path / "junk.pem").write_bytes(b"not a certificate\n")
+    pair = {"client_cert_file": "c.pem", "client_key_file": "c-key.pem"}
+    assert _problems(tmp_path, {"ca_file": "ca.pem", **pair}) == []
+    assert _problems(tmp_path, {"ca_file": "missing.pem"}) == [
+        f"backend gpu: tls.ca_file {tmp_path / 'missing.pem'}: No such file or directory"
+    ]
+    assert _problems(tmp_path, {"ca_file": "junk.pem"}) == [
+        f"backend gpu: tls.ca_file {tmp_path / 'junk.pem'}: holds no PEM certificate"
+    ]
+    swapped = {"client_cert_file": "c.pem", "client_key_file": "ca.pem"}
+    (problem,) = _problems(tmp_path, swapped)
+    assert problem.startswith(f"backend gpu: tls.client_cert_file {tmp_path / 'c.pem'} and")
+
+
+@pytest.mark.parametrize(
+    ("uris", "stated"),
+    [
+        ([], (None, None, None)),
+        (["https://example.org", "owngate:region:eu-west-1"], ("eu-west-1", None, None)),
+        (
+            ["owngate:region:eu-west-1", "owngate:owner:acme", "owngate:retention:none"],
+            ("eu-west-1", "acme", "none"),
+        ),
+        (["owngate:retention:30d+training"], (None, None, "30d+training")),
+    ],
+)
+def test_certificate_facts_grammar(uris: list[str], stated: tuple[str | None, ...]) -> None:
+    found = facts_from_uris(uris)
+    assert (found.region, found.owner, found.retention) == stated
+
+
+@pytest.mark.parametrize(
+    ("uris", "message"),
+    [
+        (["owngate:region:eu-west-1", "owngate:region:us-east-1"], "more than once"),
+        (["owngate:region:"], "malformed"),
+        (["owngate:region:eu west"], "malformed"),
+        (["owngate:retention:30"], "malformed"),
+        (["owngate:retention:030d"], "malformed"),
+        (["owngate:colour:blue"], "unknown certificate fact"),
+    ],
+)
+def test_ambiguous_or_malformed_facts_attest_nothing(uris: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        facts_from_uris(uris)
+
+
+def test_retention_terms_state_what_gateway_yaml_declares() -> None:
+    assert retention_terms(0, True, False) == "none"
+    assert retention_terms(0, False, False) == "0d"
+    assert retention_terms(30, False, True) == "30d+training"
+
+
+def test_backend_cert_issues_what_the_gateway_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["backend", "cert", "ca", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == ""  # a CA's key is not a pin
+    signer = ["backend", "cert", "issue", "--ca-cert", str(tmp_path / "ca.pem")]
+    signer += ["--ca-key", str(tmp_path / "ca-key.pem")]
+    argv = [*signer, "--name", "gpu-fra.internal"]
+    argv += ["--region", "eu-central-1", "--owner", "acme", "--retention", "none"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out.strip()
+    cert = x509.load_pem_x509_certificate((tmp_path / "gpu-fra.internal.pem").read_bytes())
+    assert printed == f"pin_spki_sha256: {spki_sha256(cert.public_bytes(Encoding.DER))}"
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["gpu-fra.internal"]
+    stated = facts_from_uris(sans.get_values_for_type(x509.UniformResourceIdentifier))
+    assert (stated.region, stated.owner, stated.retention) == ("eu-central-1", "acme", "none")
+    assert (tmp_path / "gpu-fra.internal-key.pem").stat().st_mode & 0o777 == 0o600
+    # Never overwritten; a fact outside the grammar is refused.
+    assert main([*argv, "--out", str(tmp_path)]) == 1
+    assert main([*argv[:-6], "--region", "eu west", "--out", str(tmp_path / "x")]) == 1
+    client = ["--name", "gateway", "--client", "--out", str(tmp_path)]
+    assert main([*signer, *client]) == 0
+    assert main([*signer, *client[:3], "--region", "eu-west-1", "--out", str(tmp_path)]) == 2
+
+
+def test_fact_uris_refuse_what_the_reader_would() -> None:
+    assert fact_uris("eu-west-1", None, "30d") == [
+        "owngate:region:eu-west-1",
+        "owngate:retention:30d",
+    ]
+    with pytest.raises(ValueError, match="malformed"):
+        fact_uris(None, "a:b", None)
+
+
+def _dispatch(**peer: Any) -> dict[str, object]:
+    return dispatch_record(
+        request_id="r",
+        time=NOW,
+        tenant="acme",
+        model="m",
+        policy=EXAMPLE_POLICY,
+        trace=[],
+        backend=EXAMPLE_BACKEND,
+        fallback_reason=None,
+        request_commitment="ab" * 32,
+        **peer,
+    )
+
+
+def test_the_dispatch_record_names_the_peer_and_old_records_stay_valid() -> None:
+    pin = "sha256//" + "A" * 43 + "="
+    record = _dispatch(peer_spki=pin, attested=True)
+    assert record["backend"]["peer"] == {"spki_sha256": pin, "attested": True}  # type: ignore[index]
+    validate_record(record)
+    old = _dispatch()
+    assert "peer" not in old["backend"]  # type: ignore[operator]
+    validate_record(old)
+    with pytest.raises(RecordError, match="peer_spki"):
+        _dispatch(peer_spki="ab" * 32)
+    tampered = {**record, "backend": {**record["backend"], "peer": {"spki_sha256": pin}}}  # type: ignore[dict-item]
+    with pytest.raises(RecordError, match="backend"):
+        validate_record(tampered)
+
+
+_REQUIRING = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: p}
+spec:
+  tenants: [t]
+  residency: {allow: ["*"]}
+  retention: {max_days: any, training: true}
+  fallback: {mode: never}
+  require: [attested_facts]
+"""
+
+
+def _require_policy(attested: bool) -> PolicySet:
+    gpu = BackendFacts(
+        id="gpu-eu",
+        tier="private",
+        kind="vllm",
+        provider="own",
+        region="eu-west-1",
+        owner="own",
+        retention_days=0,
+        zero_data_retention=True,
+        training=False,
+        models=frozenset({"m"}),
+        attested=attested,
+    )
+    return parse_policies([("p.yaml", _REQUIRING)], (gpu,))
+
+
+def test_a_rule_requiring_attested_facts_refuses_a_declared_only_backend() -> None:
+    refused = _require_policy(attested=False).decide("t", "m", None)
+    assert refused.eligible == ()
+    (step,) = [t for t in refused.trace if t.backend == "gpu-eu"]
+    assert (step.verdict, step.rule) == ("excluded", "p/require")
+    assert "only declared in gateway.yaml" in step.reason
+    assert _require_policy(attested=True).decide("t", "m", None).eligible == ("gpu-eu",)
+
+
+def test_a_reload_rebuilds_a_backend_whose_certificate_files_changed(tmp_path: Path) -> None:
+    from gateway.app import assemble
+
+    (tmp_path / "ca.pem").write_bytes(make_ca("one", now=NOW).cert_pem)
+    config = gateway_config(
+        [backend("gpu", "https://127.0.0.1:8443", "m", tls={"ca_file": "ca.pem"})]
+    )
+    first = assemble(config, {}, config_dir=tmp_path)
+    same = assemble(config, {}, config_dir=tmp_path, running=first)
+    assert same.registry.backends["gpu"] is first.registry.backends["gpu"]  # pool kept
+    (tmp_path / "ca.pem").write_bytes(make_ca("two", now=NOW).cert_pem)
+    rotated = assemble(config, {}, config_dir=tmp_path, running=same)
+    assert rotated.registry.backends["gpu"] is not first.registry.backends["gpu"]
+    assert rotated.registry.backends["gpu"].tls is not None
+
+
+def test_validation_without_secrets_does_not_read_tls_files(tmp_path: Path) -> None:
+    tls = {"ca_file": "ca.pem", "client_cert_file": "c.pem", "client_key_file": "k.pem"}
+    config = gateway_config([backend("gpu", "https://127.0.0.1:8443", "m", tls=tls)])
+    assert len(validate(config, environ={}, config_dir=tmp_path)) == 1  # the CA, first
+    assert validate(config, environ={}, config_dir=tmp_path, secrets=False) == []
+
+
+def test_an_encrypted_client_key_is_refused_without_a_prompt(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    client = issue(make_ca("ca", now=NOW), "gateway", now=NOW, client=True)
+    key = serialization.load_pem_private_key(client.key_pem, password=None)
+    locked = key.private_bytes(
+        Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"secret"),
+    )
+    (tmp_path / "c.pem").write_bytes(client.cert_pem)
+    (tmp_path / "k.pem").write_bytes(locked)
+    (problem,) = _problems(tmp_path, {"client_cert_file": "c.pem", "client_key_file": "k.pem"})
+    assert problem.endswith("not a PEM certificate and its unencrypted key (it is encrypted)")
