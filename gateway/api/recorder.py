@@ -125,6 +125,7 @@ class Recorder:
         )
         entry = await self._receipted(record, exchange, trail, backend.id, decision)
         trail.dispatch = entry
+        trail.attestation = trail.countersignature = None  # of this dispatch only
 
     async def _receipted(
         self,
@@ -190,6 +191,8 @@ class Recorder:
                 response_commitment=commit_digest("response", trail.salts.response, digest)
                 if status < 400 or trail.sent_bytes
                 else None,
+                attestation=trail.attestation,
+                upstream=trail.upstream,
             )
             written = self._log.append_soon(record, checked=True)
         except ProvenanceError as exc:

@@ -3,7 +3,9 @@
 A field's spec is one of: `str` (a string), `int` (an integer 0..2**53, not a bool),
 `bool`, a compiled regex (a string it matches), a frozenset (one of these values),
 `Optional(spec)`, `ListOf(spec)`, or a dict of field specs (an object with exactly those
-fields). `problem(record)` returns None for a valid record, else what is wrong first.
+fields, except that a field whose spec is `Omittable(spec)` may be absent: fields added
+after v1 shipped, so records written before them stay valid). `problem(record)` returns
+None for a valid record, else what is wrong first.
 docs/provenance.md documents each field.
 
 Each schema is also compiled once into nested predicates, so the common case (a valid
@@ -20,8 +22,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gateway.canonical import MAX_SAFE_INTEGER
+from gateway.provenance.formats.attestation import FAILURES
 
-__all__ = ["RECORD_SCHEMAS", "SCHEMA_VERSION", "ListOf", "Optional", "fields_problem", "problem"]
+__all__ = [
+    "RECORD_SCHEMAS",
+    "SCHEMA_VERSION",
+    "ListOf",
+    "Omittable",
+    "Optional",
+    "fields_problem",
+    "problem",
+]
 
 SCHEMA_VERSION = 1
 
@@ -36,14 +47,24 @@ class ListOf:
     spec: object
 
 
+@dataclass(frozen=True, slots=True)
+class Omittable:
+    """A field that may be absent from its object (present, it must match `spec`)."""
+
+    spec: object
+
+
 _NONEMPTY = re.compile(r"(?s).")
 _TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z\Z")
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+_BASE64 = re.compile(r"[A-Za-z0-9+/]{86}==\Z")  # an Ed25519 signature
+_UPSTREAM_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}\Z")
+_IDS = ListOf({"header": str, "value": _UPSTREAM_ID})
 _POLICY = {"id": str, "version": str, "digest": str}
 _TRACE = ListOf({"backend": str, "verdict": frozenset({"admitted", "excluded"}), "rule": str})
 _COMMON: dict[str, object] = {
     "v": frozenset({SCHEMA_VERSION}),
-    "type": frozenset({"dispatch", "completion", "refusal", "admin"}),
+    "type": frozenset({"dispatch", "completion", "refusal", "admin", "attestation"}),
     "request_id": _NONEMPTY,
     "time": _TIME,
 }
@@ -74,6 +95,19 @@ RECORD_SCHEMAS: dict[str, dict[str, object]] = {
         "usage": Optional({"prompt_tokens": int, "completion_tokens": int, "total_tokens": int}),
         "latency_ms": int,
         "response_commitment": Optional(_HEX64),
+        # A private backend marked `attest`: its sidecar's countersignature, or why none
+        # was accepted (formats/attestation.py).
+        "attestation": Omittable(
+            {
+                "key": _NONEMPTY,
+                "counter": Optional(int),
+                "time": Optional(_TIME),
+                "sig": Optional(_BASE64),
+                "failure": Optional(FAILURES),
+            }
+        ),
+        # A hosted provider's own ids for the answer (formats/upstream_ids.py).
+        "upstream": Omittable({"response_id": Optional(_UPSTREAM_ID), "request_ids": _IDS}),
     },
     "refusal": {
         **_COMMON,
@@ -94,6 +128,14 @@ RECORD_SCHEMAS: dict[str, dict[str, object]] = {
         "action": frozenset({"reload", "drain", "key_create", "key_revoke"}),
         "subject": str,
         "change_digest": _HEX64,
+    },
+    # The `owngate attest` sidecar's log entry: the statement it countersigned.
+    "attestation": {
+        **_COMMON,
+        "counter": int,
+        "key": _NONEMPTY,
+        "request_commitment": _HEX64,
+        "response_commitment": _HEX64,
     },
 }
 
@@ -125,8 +167,14 @@ def fields_problem(value: Mapping[str, object], fields: Mapping[str, object]) ->
         unknown = sorted(value.keys() - fields.keys())
         if unknown:
             return f"unknown field {unknown[0]!r}"
-        return f"missing field {sorted(fields.keys() - value.keys())[0]!r}"
+        missing = sorted(n for n in fields.keys() - value.keys() if not _omittable(fields[n]))
+        if missing:
+            return f"missing field {missing[0]!r}"
     for name, spec in fields.items():
+        if isinstance(spec, Omittable):
+            if name not in value:
+                continue
+            spec = spec.spec
         item = value[name]
         # The common scalar specs are tested inline: `audit verify` runs this per record.
         if spec is str:
@@ -181,13 +229,25 @@ def _compile(spec: object) -> Check:
     raise TypeError(f"unknown schema spec {spec!r}")
 
 
+def _omittable(spec: object) -> bool:
+    return isinstance(spec, Omittable)
+
+
 def _compile_fields(fields: Mapping[str, object]) -> Check:
     names = fields.keys()
-    checks = tuple((name, _compile(spec)) for name, spec in fields.items())
+    required = frozenset(name for name, spec in fields.items() if not _omittable(spec))
+    checks = tuple(
+        (name, _compile(spec.spec if isinstance(spec, Omittable) else spec))
+        for name, spec in fields.items()
+    )
 
     def check(value: object) -> bool:
-        if type(value) is not dict or value.keys() != names:
+        if type(value) is not dict:
             return False
+        if value.keys() != names:  # some omittable field absent (or a wrong set)
+            if not required <= value.keys() <= names:
+                return False
+            return all(valid(value[name]) for name, valid in checks if name in value)
         for name, valid in checks:  # noqa: SIM110 - faster than all() over a generator
             if not valid(value[name]):
                 return False
