@@ -47,10 +47,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn  # only needed when serving
-
     from gateway.attest import AttestApp, AttestSettings
-    from gateway.serving import STARTUP_FAILURE, bind_socket, uvicorn_config
+    from gateway.serving import STARTUP_FAILURE, DrainingServer, bind_socket, uvicorn_config
 
     missing = [f"--{n}" for n in ("backend", "key", "log") if not getattr(args, n)]
     host, _, port = args.listen.rpartition(":")
@@ -74,7 +72,9 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"owngate attest: cannot listen on {args.listen}: {exc}", file=sys.stderr)
         return 1
-    server = uvicorn.Server(uvicorn_config(AttestApp(settings)))
+    # uvicorn's graceful shutdown on SIGTERM/SIGINT (the log's final checkpoint in the
+    # lifespan shutdown), ending with 0 rather than the signal raised again.
+    server = DrainingServer(uvicorn_config(AttestApp(settings)), on_drain=lambda: None)
     print(
         f"owngate attest: countersigning {args.backend} on http://{args.listen}",
         file=sys.stderr,

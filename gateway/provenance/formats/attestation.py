@@ -31,7 +31,7 @@ from gateway.canonical import MAX_SAFE_INTEGER, canonical_json_of_plain
 from gateway.provenance.errors import MalformedError, RecordError, SignatureError
 from gateway.provenance.formats.commitments import Salts
 from gateway.provenance.formats.note import Signer, Verifier
-from gateway.provenance.formats.receipts import pae
+from gateway.provenance.formats.receipts import Receipt, countersignature_of, pae
 
 __all__ = [
     "ATTESTATION_PAYLOAD_TYPE",
@@ -46,6 +46,7 @@ __all__ = [
     "check_countersignature",
     "open_countersignature",
     "parse_salts",
+    "receipt_countersignature",
     "salts_value",
     "sign_statement",
     "statement_of_records",
@@ -296,3 +297,34 @@ def statement_of_records(
         response,
     )
     return statement, _b64(field["sig"], "signature")
+
+
+def receipt_countersignature(
+    envelope: bytes, receipt: Receipt, backend_keys: Mapping[str, Verifier]
+) -> Statement | None:
+    """The backend's statement a (verified) receipt carries, checked: signed by the key
+    given for the receipt's backend, for the receipt's request. None when no key is given
+    for that backend; SignatureError when one is and the countersignature is absent or
+    does not verify. Its response commitment opens with the receipt's response salt."""
+    verifier = backend_keys.get(receipt.backend)
+    if verifier is None:
+        return None
+    found = countersignature_of(envelope)
+    if found is None:
+        raise SignatureError(
+            f"backend {receipt.backend} is attested, but the receipt carries no countersignature"
+        )
+    counter = open_countersignature(found)
+    statement = counter.statement
+    if statement.key != str(verifier):
+        raise SignatureError(
+            f"the receipt's countersignature is by {statement.key}, not by backend "
+            f"{receipt.backend}'s key {verifier}"
+        )
+    verifier.verify(pae(ATTESTATION_PAYLOAD_TYPE, statement.payload()), counter.signature)
+    if statement.request_id != receipt.request_id:
+        raise SignatureError(
+            f"the countersignature is for request {statement.request_id!r}, not "
+            f"{receipt.request_id!r}"
+        )
+    return statement
