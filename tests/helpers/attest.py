@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.provenance import ProvenanceLog, load_signer, write_signing_key
+from gateway.provenance import LogEntry, ProvenanceLog, load_signer, write_signing_key
 from tests.helpers.net import free_port
 from tests.helpers.processes import ServerProcess, owngate_argv
 from tests.helpers.provenance import records
@@ -37,15 +37,16 @@ class Sidecar:
 
 
 def start_sidecar(
-    directory: Path, name: str, backend_url: str, *, log: Path | None = None
+    directory: Path, name: str, backend_url: str, *, log: Path | None = None, port: int = 0
 ) -> Sidecar:
     """`owngate attest` in front of `backend_url`, with a new key named `name` (kept if
-    it exists already: a restart) and its log in `directory/<name>-log` (or `log`)."""
+    it exists already: a restart) and its log in `directory/<name>-log` (or `log`), on
+    `port` (default: a free one)."""
     directory.mkdir(parents=True, exist_ok=True)
     key_file = directory / f"{name}.key"
     vkey = load_signer(key_file).vkey if key_file.exists() else write_signing_key(key_file, name)
     log = log or directory / f"{name}-log"
-    port = free_port()
+    port = port or free_port()
     argv = owngate_argv(
         "attest",
         "--listen",
@@ -69,14 +70,24 @@ def rewrite_log(
     edit: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
 ) -> None:
     """Write `edit(records of source)` as a new, validly signed log at `target`: what the
-    holder of the log's key can always do."""
+    holder of the log's key can always do. Each completion is linked anew to the latest
+    open dispatch of its request, so the links verify."""
     entries = edit(records(source))
 
     async def write() -> None:
         log = await ProvenanceLog.open(target, origin, load_signer(key_file))
+        opened: dict[str, LogEntry] = {}
         try:
             for record in entries:
-                await log.append(record)
+                if record["type"] == "completion":
+                    entry = opened.pop(record["request_id"])
+                    record = {
+                        **record,
+                        "dispatch": {"index": entry.index, "hash": entry.leaf_hash.hex()},
+                    }
+                written = await log.append(record)
+                if record["type"] == "dispatch":
+                    opened[record["request_id"]] = written
         finally:
             await log.close()
 

@@ -87,13 +87,14 @@ def check_attestations(
                 "changed after it was signed, or it was signed for another request)",
                 index,
             ) from exc
-        earlier = counters.setdefault((statement.key, statement.counter), statement.request_id)
-        if earlier != statement.request_id:
+        earlier = counters.get((statement.key, statement.counter))
+        if earlier is not None:
             raise _fail(
                 f"{who}: counter {statement.counter} of key {statement.key} was already used "
                 f"for request {earlier!r}: a replayed countersignature",
                 index,
             )
+        counters[(statement.key, statement.counter)] = statement.request_id
         summary.answers[backend] += 1
         summary.statements.setdefault(statement.key, {})[statement.request_id] = statement
     return summary
