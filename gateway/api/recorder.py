@@ -125,7 +125,8 @@ class Recorder:
         )
         entry = await self._receipted(record, exchange, trail, backend.id, decision)
         trail.dispatch = entry
-        trail.attestation = trail.countersignature = None  # of this dispatch only
+        # of this dispatch only
+        trail.attestation, trail.countersignature, trail.upstream = None, None, None
 
     async def _receipted(
         self,
