@@ -105,8 +105,8 @@ class AnthropicMock:
         elif body.get("stream") is True:
             await self._stream(body, receive, send)
         else:
-            message = orjson.dumps(self._message(body))
-            await respond(send, 200, message, headers=((b"request-id", REQUEST_ID),))
+            answer = orjson.dumps(self._message(body))
+            await respond(send, 200, answer, headers=((b"request-id", REQUEST_ID),))
             self.completed += 1
 
     def _problem(
