@@ -82,7 +82,7 @@ class PrivateRelay:
         if not attempt.admit():
             raise TryNext(f"{backend.id}: circuit breaker open")
         out = body if route.upstream_model == model else self._rename(doc, body, model, route)
-        attester = self._attester(backend) if exchange.trail is not None else None
+        attester = self._attester(backend)
         # The gateway counts a stream's tokens (budget, provenance record): ask for them;
         # not of an attested backend, whose countersigned body must be the client's.
         strip_usage = (
