@@ -20,6 +20,7 @@ from gateway.provenance import commit, load_signer, write_signing_key
 from tests.helpers.attest import Sidecar, rewrite_log, start_sidecar
 from tests.helpers.gateways import Gateway, Sim, backend
 from tests.helpers.provenance import completion_record, records, run_audit
+from tests.helpers.real_backend.server import LlamaServer
 
 ORIGIN = "gw.test/attest"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
@@ -322,3 +323,30 @@ def test_a_replayed_countersignature_is_caught(
     said = _failed(tmp_path, capsys, *keys)
     assert f"request {again!r} (backend gpu)" in said and "failure replayed" in said
     fresh.stop()
+
+
+@pytest.mark.real_backend
+def test_a_real_llamacpp_server_countersigns_through_its_sidecar(
+    real_llamacpp: LlamaServer,
+    start_gateway: Callable[..., Gateway],
+    sidecars: Callable[..., Sidecar],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The sidecar in front of a real llama.cpp `llama-server`: whole answers and streams
+    come back countersigned and the two logs agree."""
+    sidecar = sidecars("cpu-llama", real_llamacpp.base_url)
+    attested = backend(
+        "cpu-llama", sidecar.url, real_llamacpp.alias, kind="llamacpp", attest={"key": sidecar.vkey}
+    )
+    gateway = _gateway(start_gateway, tmp_path, [attested])
+    ids = [
+        _ask(gateway, model=real_llamacpp.alias, stream=stream).headers["x-request-id"]
+        for stream in (False, True)
+    ]
+    for request_id in ids:
+        assert completion_record(tmp_path / "log", request_id)["attestation"]["failure"] is None
+    assert sidecar.stop() == 0
+    keys = ("--backend-key", f"cpu-llama={sidecar.vkey}", "--attest-log", str(sidecar.log))
+    assert _audit(tmp_path, *keys) == 0
+    assert "backend cpu-llama: 2 answer(s) countersigned" in capsys.readouterr().out
