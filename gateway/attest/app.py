@@ -19,6 +19,7 @@ without a statement, so the gateway's probes and scrapes work through the sideca
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import os
@@ -122,6 +123,26 @@ class AttestApp:
                 ErrorCode.provenance_unavailable,
                 "the attestation log cannot be written; requests are refused until it can",
             )
+        # A client (the gateway) that leaves stops the relay: the backend connection is
+        # dropped and nothing is countersigned for an answer it did not receive.
+        watch = _Watch()
+        watcher = asyncio.create_task(watch.run(receive))
+        try:
+            await self._attested(scope, send, method, path, headers, body, watch)
+        finally:
+            watcher.cancel()
+
+    async def _attested(
+        self,
+        scope: Scope,
+        send: Send,
+        method: bytes,
+        path: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        watch: _Watch,
+    ) -> None:
+        """Relay one POST and countersign its answer (unless the client left)."""
         given = header(scope, b"x-request-id")
         request_id = (
             given
@@ -131,11 +152,15 @@ class AttestApp:
         headers.append((b"x-request-id", request_id))
         salts = parse_salts(header(scope, SALTS_HEADER)) or Salts.generate()
         request_commitment = commit("request", salts.request, body)
-        response = await self._send(method, self._base + path, headers, body)
+        response = watch.response = await self._send(method, self._base + path, headers, body)
         try:
+            if watch.left:
+                return
             content_type = response.header(b"content-type") or b"application/json"
             if response.status >= 400 or not content_type.startswith(_SSE):
                 data = await self._read(response)
+                if watch.left:
+                    return
                 extra: tuple[tuple[bytes, bytes], ...] = ()
                 if response.status < 400:
                     digest = commit("response", salts.response, data)
@@ -153,9 +178,14 @@ class AttestApp:
                 }
             )
             hashed = hashlib.sha256()
-            async for chunk in response.chunks(response.stream_deadline):
-                hashed.update(chunk)
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            try:
+                async for chunk in response.chunks(response.stream_deadline):
+                    hashed.update(chunk)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except UpstreamError:
+                if watch.left:
+                    return
+                raise  # the backend broke off: the connection closes, nothing is signed
             digest = commit_digest("response", salts.response, hashed.digest())
             envelope = self.notary.countersign(request_id.decode(), request_commitment, digest)
             line = SSE_PREFIX + base64.b64encode(envelope) + b"\n\n"
@@ -198,3 +228,20 @@ class AttestApp:
                 ErrorCode.upstream_error, f"the backend's answer broke off: {exc.kind}"
             ) from exc
         return data
+
+
+class _Watch:
+    """Whether the client left, and the backend answer to drop when it does."""
+
+    def __init__(self) -> None:
+        self.left = False
+        self.response: Any = None
+
+    async def run(self, receive: Receive) -> None:
+        """Wait for the disconnect (after a complete response uvicorn reports one too:
+        aborting a finished answer is a no-op)."""
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.left = True
+        if self.response is not None:
+            self.response.abort()

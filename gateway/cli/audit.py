@@ -273,7 +273,13 @@ def _verified(
     if attested is not None:
         for backend, count in attested.answers.items():
             sidecar = attested.cross_checked.get(backend)
+            unaccepted = attested.unaccepted.get(backend, 0)
             also = "" if sidecar is None else f"; its sidecar's log ({sidecar} entries) agrees"
+            if unaccepted:
+                also += (
+                    f" ({unaccepted} statement(s) of requests the gateway dispatched there "
+                    "hold no accepted countersignature in its log: see their records)"
+                )
             print(f"ok: backend {backend}: {count} answer(s) countersigned by its key{also}")
     return 0
 

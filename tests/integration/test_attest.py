@@ -273,7 +273,7 @@ def test_the_sidecar_log_and_the_gateway_log_must_agree(
 
     said = _failed(tmp_path, capsys, *keys, "--attest-log", str(sidecar.log))
     assert "the sidecar countersigned request 'attest-" in said
-    assert "which the gateway's log does not record as served by backend gpu" in said
+    assert "which the gateway's log never dispatched to backend gpu" in said
 
     hidden = tmp_path / "hidden"
     rewrite_log(
@@ -350,3 +350,28 @@ def test_a_real_llamacpp_server_countersigns_through_its_sidecar(
     keys = ("--backend-key", f"cpu-llama={sidecar.vkey}", "--attest-log", str(sidecar.log))
     assert _audit(tmp_path, *keys) == 0
     assert "backend cpu-llama: 2 answer(s) countersigned" in capsys.readouterr().out
+
+
+def test_nothing_is_countersigned_for_a_client_that_left(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    sidecars: Callable[..., Sidecar],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A client that leaves mid-stream: the gateway drops the sidecar's connection, the
+    sidecar drops the backend's and signs nothing; the logs still agree."""
+    slow = start_sim("vllm", models=("m",), decode_tokens_per_s=20.0)
+    sidecar = sidecars("gpu", slow.url)
+    gateway = _gateway(start_gateway, tmp_path, [_attested("gpu", sidecar)])
+    body = {**CHAT, "stream": True, "max_tokens": 400}  # some 20 s of decoding
+    with httpx.stream(
+        "POST", f"{gateway.url}/v1/chat/completions", json=body, headers=gateway.headers
+    ) as response:
+        request_id = response.headers["x-request-id"]
+        next(response.iter_raw())  # the first chunk, then the client leaves
+    assert completion_record(tmp_path / "log", request_id)["status"] == 499
+    assert sidecar.stop() == 0
+    assert records(sidecar.log) == []
+    keys = ("--backend-key", f"gpu={sidecar.vkey}", "--attest-log", str(sidecar.log))
+    assert _audit(tmp_path, *keys) == 0

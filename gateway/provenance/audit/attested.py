@@ -9,7 +9,10 @@ and the attestation's counter, time and key) and its signature checked with that
 backend's key: so a gateway that names the wrong backend, changes a commitment, or
 copies another request's countersignature is caught, and a counter used twice by one key
 is a replay. `cross_check` then compares the sidecar's own log (`owngate attest --log`,
-verified with the same backend key) with those statements, both ways.
+verified with the same backend key) with those statements, both ways: a statement for a
+request the gateway never dispatched to that backend is traffic that bypassed the
+gateway; one for a request it dispatched but holds no accepted countersignature for (the
+client left before the end, or the gateway refused it and recorded why) is counted.
 """
 
 from __future__ import annotations
@@ -39,7 +42,12 @@ class AttestedSummary:
 
     answers: dict[str, int] = field(default_factory=dict)  # backend id -> countersigned
     statements: dict[str, dict[str, Statement]] = field(default_factory=dict)  # key -> by id
+    dispatched: dict[str, set[str]] = field(default_factory=dict)  # backend id -> request ids
     cross_checked: dict[str, int] = field(default_factory=dict)  # backend id -> entries
+    # backend id -> statements its sidecar logged for requests the gateway dispatched to it
+    # but holds no accepted countersignature for (the client left before the end, or the
+    # gateway refused it: its record says which)
+    unaccepted: dict[str, int] = field(default_factory=dict)
 
 
 def _fail(reason: str, index: int | None = None) -> LogVerificationError:
@@ -52,8 +60,9 @@ def check_attestations(
     """Check the attestations of a verified log of `size` entries; raises
     LogVerificationError naming the first record that fails."""
     summary = AttestedSummary({backend: 0 for backend in backend_keys})
+    summary.dispatched = {backend: set() for backend in backend_keys}
     counters: dict[tuple[str, int], str] = {}
-    for index, dispatch, completion in _answers(LogDirectory(directory), size):
+    for index, dispatch, completion in _answers(LogDirectory(directory), size, summary):
         backend = dispatch.data["backend"]["id"]
         verifier = backend_keys.get(backend)
         if verifier is None:
@@ -100,13 +109,19 @@ def check_attestations(
     return summary
 
 
-def _answers(log: LogDirectory, size: int) -> Iterator[tuple[int, Record, Record]]:
+def _answers(
+    log: LogDirectory, size: int, summary: AttestedSummary
+) -> Iterator[tuple[int, Record, Record]]:
     """(index, dispatch, completion) of every completed answer (status below 400 with a
-    response commitment) in a log of `size` entries."""
+    response commitment) in a log of `size` entries; notes every request dispatched to a
+    backend of `summary`."""
     dispatches: dict[int, Record] = {}
     for index, record in log.records(size):
         if record.type == "dispatch":
             dispatches[index] = record
+            sent = summary.dispatched.get(record.data["backend"]["id"])
+            if sent is not None:
+                sent.add(record.request_id)
         elif record.type == "completion":
             dispatch = dispatches.pop(record.data["dispatch"]["index"], None)
             data = record.data
@@ -128,6 +143,8 @@ def cross_check(
     same statement. Returns the number of statements compared."""
     checked = verify_log(sidecar_log, [verifier], origin=origin)
     claimed = dict(summary.statements.get(str(verifier), {}))
+    dispatched = summary.dispatched.get(backend, set())
+    unaccepted = 0
     last = -1
     for index, record in LogDirectory(sidecar_log).records(checked.size):
         where = f"the sidecar log of backend {backend} ({checked.origin})"
@@ -142,11 +159,14 @@ def cross_check(
             )
         last = logged.counter
         ours = claimed.pop(logged.request_id, None)
+        if ours is None and logged.request_id in dispatched:
+            unaccepted += 1  # sent through the gateway, which recorded why it has none
+            continue
         if ours is None:
             raise _fail(
                 f"{where}: the sidecar countersigned request {logged.request_id!r} (counter "
-                f"{logged.counter}), which the gateway's log does not record as served by "
-                f"backend {backend} with that countersignature",
+                f"{logged.counter}), which the gateway's log never dispatched to backend "
+                f"{backend}: a request that did not come through this gateway",
                 index,
             )
         if ours != logged:
@@ -164,4 +184,5 @@ def cross_check(
             f"entry is missing from the sidecar's log ({len(claimed)} in all)"
         )
     summary.cross_checked[backend] = checked.size
+    summary.unaccepted[backend] = unaccepted
     return checked.size
