@@ -14,6 +14,7 @@ import pytest
 from gateway.api.attested import Attester, SseTail
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.trail import Trail
+from gateway.cli.main import main
 from gateway.provenance import Salts, commit
 from gateway.provenance.errors import RecordError
 from gateway.provenance.formats.attestation import (
@@ -202,3 +203,15 @@ def test_only_allow_listed_id_shaped_upstream_ids_are_kept() -> None:
     )
     assert ids == UpstreamIds(None, (("request-id", "req_1"),))
     assert UpstreamIds.of(None, [("server", "x")]) is None
+
+
+def test_the_sidecar_command_wants_its_backend_key_and_log(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("BACKEND", "KEY", "LOG", "LISTEN"):
+        monkeypatch.delenv(f"OWNGATE_ATTEST_{name}", raising=False)
+    assert main(["attest", "--backend", "http://127.0.0.1:8000"]) == 2
+    assert "--key, --log" in capsys.readouterr().err
+    assert (
+        main(["attest", "--listen", "nowhere", "--backend", "x", "--key", "k", "--log", "l"]) == 2
+    )
