@@ -38,6 +38,7 @@ from gateway.routing.registry import BackendState, Registry, Route
 from gateway.routing.scraper import MetricsScraper
 from gateway.state import SharedState, create_state
 from gateway.tenants import TenantEntry, index_keys
+from gateway.tracing import tracing_settings
 from gateway.upstream.hosted import hosted_api_key
 
 if TYPE_CHECKING:
@@ -81,13 +82,15 @@ def assemble(
     change keep their connection pools, in-flight counts and health.
 
     Raises `AssemblyError` (a ValueError) naming every problem, or the ValueError of a
-    shared-state setting checkable only here (built first)."""
+    shared-state setting or an `OTEL_*` variable checkable only here (built first)."""
     if running is None:
+        tracing = tracing_settings(environ)  # OpenTelemetry traces: off unless asked for
         metrics = GatewayMetrics()
         state = _shared_state(config.state)
         recorder = None if config.provenance is None else Recorder(config.provenance, config_dir)
     else:
         metrics, state, recorder = running.metrics, running.state, running.recorder
+        tracing = running.tracing
     registry, tenants, policies = _checked(config, environ, config_dir, clock)
     if running is not None:
         _keep_unchanged_backends(registry, running.registry, config.limits == running.config.limits)
@@ -111,7 +114,9 @@ def assemble(
         response_timeout_s=config.limits.response_timeout_s,
         recorder=recorder,
     )
-    return Assembly(config, registry, tenants, policies, scraper, proxy, metrics, state, recorder)
+    return Assembly(
+        config, registry, tenants, policies, scraper, proxy, metrics, state, recorder, tracing
+    )
 
 
 def _checked(
@@ -203,6 +208,7 @@ def create_app(
     env = dict(os.environ if environ is None else environ)
     directory = config_dir or Path.cwd()
     app = GatewayApp(assemble(config, env, config_dir=directory, clock=clock), directory)
+    app.environ = env
     if config_file is not None:
 
         def reassemble(fresh: GatewaySettings, running: Assembly) -> Assembly:
@@ -239,7 +245,7 @@ def admin_app(app: GatewayApp) -> FastAPI:
             return [f"{exc.source}:{issue}" for issue in exc.issues]
         return validate(candidate, environ=env, config_dir=app.config_dir)
 
-    env = dict(os.environ)
+    env = app.environ  # what the running gateway was assembled with (the demo adds keys)
     control = AdminControl(
         runtime=app,
         readiness=Operations(app).readiness,
@@ -271,7 +277,7 @@ def validate(
         assemble(config, environ, config_dir=config_dir)
     except AssemblyError as exc:
         problems += exc.problems
-    except ValueError as exc:  # a setting checked before the rest (shared state)
+    except ValueError as exc:  # a setting checked before the rest (shared state, OTEL_*)
         problems.append(str(exc))
         try:
             _checked(config, environ, config_dir, time.monotonic)
@@ -304,7 +310,7 @@ def admin_server(app: GatewayApp) -> BesideServer:
 
     config = app.config
     options = uvicorn_config(
-        admin_app(app), config.listen, lifespan="off", timeout_graceful_shutdown=5
+        admin_app(app), config.listen, lifespan="on", timeout_graceful_shutdown=5
     )
     if config.admin.listen is not None:
         options.host = config.admin.listen.host

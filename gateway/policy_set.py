@@ -57,6 +57,11 @@ class TrustPolicies:
     def configured(self) -> bool:
         return bool(self._paths)
 
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        """The policy files and directories (`policy.paths`, resolved)."""
+        return tuple(self._paths)
+
     def _compile(self) -> PolicySet:
         if not self._paths:
             return parse_policies([("<builtin>", _builtin_text(self._tenants))], self._facts)

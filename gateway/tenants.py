@@ -36,6 +36,7 @@ __all__ = [
     "new_api_key",
     "read_keys_file",
     "remove_key_hash",
+    "tenant_limits",
 ]
 
 KEY_PREFIX = "og-"
@@ -56,17 +57,22 @@ class TenantEntry:
         return self.all_models or model in self.models
 
 
+def tenant_limits(tenant: TenantSettings) -> TenantLimits:
+    """The limits the state enforces for a configured tenant."""
+    return TenantLimits(
+        requests_per_minute=tenant.limits.requests_per_minute,
+        tokens_per_minute=tenant.limits.tokens_per_minute,
+        concurrent=tenant.limits.concurrent_requests,
+    )
+
+
 def index_keys(tenants: Iterable[TenantSettings]) -> dict[str, TenantEntry]:
     """Each tenant API key digest (`sha256:<hex>`) to its tenant. Raises ValueError
     naming every digest listed for two tenants, one per line."""
     index: dict[str, TenantEntry] = {}
     problems: list[str] = []
     for tenant in tenants:
-        limits = TenantLimits(
-            requests_per_minute=tenant.limits.requests_per_minute,
-            tokens_per_minute=tenant.limits.tokens_per_minute,
-            concurrent=tenant.limits.concurrent_requests,
-        )
+        limits = tenant_limits(tenant)
         entry = TenantEntry(tenant.id, "*" in tenant.models, frozenset(tenant.models), limits)
         for key_hash in tenant.api_key_hashes:
             other = index.setdefault(key_hash, entry)

@@ -2,13 +2,15 @@
 
 `owngate bench overhead` starts a zero-latency vLLM simulator, owngate (one worker,
 generated config, the built-in private-only policy set), owngate+policy (the same with a
-generated trust-policy directory and more backends, see `owngate_bench.overhead_policy`)
-and LiteLLM's proxy (pinned release in its own virtualenv, one worker, no database) as
-separate processes, then runs each load point against each target in turn with a load
-generator in yet another process (`owngate_bench.loadgen`). Loads: chat at concurrency
-1/16/64 (req/s, latency), streams of 64 chunks at concurrency 16/64 (chunks/s, TTFT). CPU
-seconds of each server's process tree are read from /proc around every measured window:
-steadier than req/s on a shared machine. Once the servers are stopped, it times the policy
+generated trust-policy directory and more backends, see `owngate_bench.overhead_policy`),
+owngate+tracing (plain owngate with OpenTelemetry tracing on, exporting to a loopback
+sink, see `owngate_bench.overhead_tracing`) and LiteLLM's proxy (pinned release in its
+own virtualenv, one worker, no database) as separate processes, then runs each load
+point against each target in turn with a load generator in yet another process
+(`owngate_bench.loadgen`). Loads: chat at concurrency 1/16/64 (req/s, latency), streams of
+64 chunks at concurrency 16/64 (chunks/s, TTFT). CPU seconds of each server's process
+tree are read from /proc around every measured window: steadier than req/s on a shared
+machine. Once the servers are stopped, it times the policy
 decisions (cached and uncached) of both owngate configs. It prints a table with ratios and
 the issue's targets with their margins, and writes JSON.
 
@@ -38,6 +40,7 @@ from owngate_bench import litellm_proxy
 from owngate_bench.loadgen import LoadSpec, run_in_subprocess
 from owngate_bench.overhead_policy import HOSTED_KEY_ENV, decision_cost, write_policy_config
 from owngate_bench.overhead_report import evaluate_checks, policy_comparison, render
+from owngate_bench.overhead_tracing import TRACED, TraceSink, render_tracing, tracing_comparison
 from owngate_bench.services import HOST, Service, child_env, env_flag, free_port, owngate_argv
 
 __all__ = ["POINTS", "TARGETS", "Point", "add_arguments", "run"]
@@ -56,7 +59,7 @@ class Point:
         return 64 if self.stream else 16  # the simulator sends one chunk per token
 
 
-TARGETS = ("direct", "owngate", "owngate+policy", "litellm")
+TARGETS = ("direct", "owngate", "owngate+policy", TRACED, "litellm")
 OWNGATE_TARGETS = ("owngate", "owngate+policy")
 POINTS = (
     Point("chat c=1", stream=False, concurrency=1),
@@ -227,9 +230,10 @@ def _server_policy(service: Service) -> dict[str, Any] | None:
 
 @contextlib.contextmanager
 def _started(
-    plan: _Plan, rundir: Path, api_key: str, log: Callable[[str], None]
+    plan: _Plan, rundir: Path, api_key: str, log: Callable[[str], None], sink: TraceSink
 ) -> Iterator[tuple[Service, list[_Target]]]:
-    """Start the simulator and the targets side by side; stop them all on the way out."""
+    """Start the simulator and the targets side by side; stop them all on the way out.
+    Only owngate+tracing traces (to `sink`): OTEL_* variables of ours are not passed on."""
     targets = [_Target(name) for name in plan.targets]
     litellm_exe: Path | None = None
     if "litellm" in plan.targets:  # install first: the servers would only idle meanwhile
@@ -237,7 +241,7 @@ def _started(
             litellm_exe = litellm_proxy.ensure_venv(plan.litellm_venv, plan.litellm_version, log)
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
             next(t for t in targets if t.name == "litellm").error = f"no LiteLLM: {exc}"
-    env = child_env()
+    env = {k: v for k, v in child_env().items() if not k.startswith("OTEL_")}
     services: list[Service] = []
     try:
         sim_port = free_port()
@@ -249,6 +253,15 @@ def _started(
         for target in targets:
             if target.name == "direct":
                 target.service = sim
+            elif target.name == TRACED:  # plain owngate's config, tracing on
+                port = free_port()
+                config = rundir / "owngate-tracing.yaml"
+                config.write_text(_owngate_config(sim_port, port, api_key))
+                argv = owngate_argv("serve", "--config", str(config))
+                traced_env = {**env, **sink.environment()}
+                target.service = Service.start(target.name, argv, traced_env, rundir, port)
+                target.config = config
+                ready[target.name] = ("/v1/models", {"Authorization": f"Bearer {api_key}"}, 30.0)
             elif target.name in OWNGATE_TARGETS:
                 port = free_port()
                 gateway_env = env
@@ -406,13 +419,17 @@ def run(args: argparse.Namespace) -> int:
     machine = _machine()
     log(f"overhead benchmark: {', '.join(plan.targets)}; {plan.duration_s:g}s per point")
     try:
-        with _started(plan, rundir, api_key, log) as (sim, targets):
-            rows = _measure(plan, sim, targets, api_key, log)
+        # The sink outlives the gateways: their spans are flushed as they stop.
+        with TraceSink(HOST) as sink, _started(plan, rundir, api_key, log, sink) as running:
+            rows = _measure(plan, *running, api_key, log)
+        targets = running[1]
     except RuntimeError as exc:
         log(f"owngate bench overhead: {exc}")
         return 1
     decisions = _decisions(plan, targets, log)  # the servers are stopped: a quiet machine
     checks = evaluate_checks(rows, decisions)
+    tracing = tracing_comparison(rows)
+    sink_counts = {"exports": sink.exports, "bytes": sink.bytes}
     versions = {"owngate": __version__, "litellm": None}
     if "litellm" in plan.targets:
         versions["litellm"] = litellm_proxy.installed_version(plan.litellm_venv)
@@ -439,10 +456,11 @@ def run(args: argparse.Namespace) -> int:
             "vs_owngate": policy_comparison(rows),
         },
         "checks": checks,
+        "tracing": {"vs_owngate": tracing, "sink": sink_counts},
     }
     plan.json_path.parent.mkdir(parents=True, exist_ok=True)
     plan.json_path.write_text(json.dumps(report, indent=2) + "\n")
-    print(render(report))
+    print("\n".join([render(report), *render_tracing(tracing, sink_counts)]))
     print(f"\nwrote {plan.json_path} ({report['wall_s']:.0f}s in all)")
     return _exit_code(report, plan.check)
 
@@ -456,8 +474,8 @@ def _decisions(
 
     found: dict[str, Any] = {}
     for target in targets:
-        if target.config is None or target.service is None:
-            continue
+        if target.config is None or target.service is None or target.name == TRACED:
+            continue  # owngate+tracing decides as owngate does
         try:
             found[target.name] = decision_cost(target.config, plan.policy_calls)
         except (ConfigError, PolicyError, OSError, ValueError) as exc:

@@ -11,9 +11,11 @@ Swagger UI loads its assets from a CDN and owngate serves nothing from one;
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +27,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from gateway.admin.auth import Caller, require
+from gateway.admin.cosignatures import router as cosignatures_router
+from gateway.admin.limits import BodyLimit
 from gateway.admin.models import (
     ActionResult,
     ConfigCandidate,
@@ -39,8 +43,14 @@ from gateway.admin.models import (
     PolicyStatus,
     Status,
 )
+from gateway.admin.policy_tests import router as policy_tests_router
+from gateway.admin.receipts import router as receipts_router
+from gateway.admin.report import router as report_router
 from gateway.admin.requests import router as requests_router
+from gateway.admin.tenants import router as tenants_router
 from gateway.admin.tiles import router as log_router
+from gateway.admin.timeline import Timeline
+from gateway.admin.timelines import router as timelines_router
 from gateway.api.admin import status_report
 from gateway.api.runtime import Runtime
 from gateway.config.schema import GatewaySettings
@@ -74,10 +84,28 @@ def config_digest(config: GatewaySettings) -> str:
 
 
 def create_admin_app(control: AdminControl) -> FastAPI:
-    """The admin API app acting on `control`."""
-    app = _routes()
+    """The admin API app acting on `control`; its lifespan runs the timelines' sampler
+    (admin.sample_interval_s and admin.history_s as the app is built)."""
+    app = _routes(lifespan=_sampling)
     app.state.control = control
+    app.state.report_lock = asyncio.Lock()  # one audit report computed at a time
+    settings = control.runtime.config.admin
+    app.state.timeline = Timeline(
+        control.runtime, interval_s=settings.sample_interval_s, history_s=settings.history_s
+    )
     return app
+
+
+@contextlib.asynccontextmanager
+async def _sampling(app: FastAPI) -> AsyncIterator[None]:
+    timeline: Timeline = app.state.timeline
+    task = asyncio.create_task(timeline.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def openapi_schema() -> dict[str, Any]:
@@ -86,8 +114,11 @@ def openapi_schema() -> dict[str, Any]:
     return _routes().openapi()
 
 
-def _routes() -> FastAPI:
+def _routes(
+    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
+) -> FastAPI:
     app = FastAPI(
+        lifespan=lifespan,
         title="owngate admin API",
         version="1",
         description="The control plane of an owngate gateway, on its own listener "
@@ -96,10 +127,17 @@ def _routes() -> FastAPI:
         redoc_url=None,
         openapi_url="/openapi.json",
     )
+    app.add_middleware(BodyLimit)
     app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.include_router(_v1)
+    app.include_router(timelines_router)
+    app.include_router(tenants_router)
+    app.include_router(policy_tests_router)
+    app.include_router(receipts_router)
+    app.include_router(cosignatures_router)
+    app.include_router(report_router)
     app.include_router(requests_router)
     app.include_router(log_router)
     return app
@@ -113,19 +151,24 @@ async def _control(request: Request) -> AdminControl:
 # --- errors: the OpenAI error envelope --------------------------------------------------
 
 
-def _json_error(code: ErrorCode, message: str, status: int | None = None) -> Response:
+def _json_error(
+    code: ErrorCode, message: str, status: int | None = None, param: str | None = None
+) -> Response:
     return Response(
-        error_body(code, message),
+        error_body(code, message, param),
         status_code=status or code.status,
         media_type="application/json",
     )
 
 
 async def _gateway_error(request: Request, error: GatewayError) -> Response:
-    return _json_error(error.code, error.message, error.status)
+    return _json_error(error.code, error.message, error.status, error.param)
 
 
 async def _http_error(request: Request, error: HTTPException) -> Response:
+    cause = error.__cause__  # FastAPI wraps what reading the body raised (limits.py)
+    if isinstance(cause, GatewayError):
+        return await _gateway_error(request, cause)
     if error.status_code == 404:
         return _json_error(ErrorCode.not_found, "Unknown admin path.")
     if error.status_code == 405:
@@ -213,7 +256,8 @@ async def reload(control: _Control, caller: _Operator) -> ActionResult:
     reloader = runtime.reloader
     error = reloader.last_error if reloader is not None else None
     error = error or runtime.policies.last_error
-    if error:  # nothing changed: no admin record
+    if error:  # nothing changed, and the record says why (the digest of the error)
+        await _act(control, caller, "reload", "config", {"error": error}, changed=False)
         raise GatewayError(
             ErrorCode.invalid_request, f"reload failed; the running config stays: {error}"
         )

@@ -20,7 +20,7 @@ from gateway.api.admin import is_loopback
 from gateway.config.schema import AdminSettings
 from gateway.errors import ErrorCode, GatewayError
 
-__all__ = ["FULL_ACCESS", "Caller", "identify", "require"]
+__all__ = ["FULL_ACCESS", "Caller", "authenticated", "identify", "require"]
 
 FULL_ACCESS = "admin"  # admin.token_hashes and allow_loopback: every role's endpoints
 
@@ -69,14 +69,19 @@ def _lookup(token: bytes, settings: AdminSettings) -> Caller | None:
     return found
 
 
+async def authenticated(request: Request) -> Caller:
+    """A FastAPI dependency: the caller, whatever its role (401 without a valid token)."""
+    settings: AdminSettings = request.app.state.control.runtime.config.admin
+    return identify(request, settings)
+
+
 def require(*roles: str) -> Callable[[Request], Awaitable[Caller]]:
     """A FastAPI dependency: the caller, if its role is one of `roles` (or full access);
     401 or 403 otherwise. The settings are the running config's (a reload applies)."""
     allowed = frozenset(roles)
 
     async def check(request: Request) -> Caller:  # async: on the loop, not a thread
-        settings: AdminSettings = request.app.state.control.runtime.config.admin
-        caller = identify(request, settings)
+        caller = await authenticated(request)
         if caller.role != FULL_ACCESS and caller.role not in allowed:
             raise GatewayError(
                 ErrorCode.permission_denied,

@@ -4,9 +4,9 @@
 No web framework on the hot path: a dict maps paths to handlers (the tenant surface in
 api/openai.py, the operations surface in api/operations.py), the body is read once, and
 errors become OpenAI error objects in one place (`send_error`). This module owns what
-spans requests: the lifespan (the provenance log, shared state, health probes and
-policy watchers start and stop with it), installing a new assembly on a config reload,
-SIGHUP, and the drain on shutdown.
+spans requests: the lifespan (the provenance log, shared state, health probes,
+policy watchers and, when on, the trace exporter start and stop with it), installing a
+new assembly on a config reload, SIGHUP, and the drain on shutdown.
 """
 
 from __future__ import annotations
@@ -30,10 +30,13 @@ from gateway.logs import get_logger
 from gateway.provenance import ProvenanceError
 from gateway.provenance.witness.client import WitnessClient
 from gateway.provenance.writer.cosignature_collector import Cosigning
+from gateway.tracing import start_tracing
 
 __all__ = ["GatewayApp"]
 
 Handler = Callable[[Scope, Receive, Send, bytes], Awaitable[None]]
+
+TRACE_FLUSH_S = 5.0  # at shutdown, how long queued spans may take to export
 
 
 class GatewayApp(Runtime):
@@ -113,6 +116,8 @@ class GatewayApp(Runtime):
             await lifespan(receive, send, self._startup, self._shutdown)
 
     async def _startup(self) -> str | None:
+        if self.parts.tracing is not None and self.tracer is None:
+            self.tracer = start_tracing(self.parts.tracing)  # loads the SDK: tracing is on
         recorder = self.parts.recorder
         if recorder is not None:
             try:
@@ -147,7 +152,15 @@ class GatewayApp(Runtime):
             await self._close_log()
         finally:
             await self.state.close()  # whatever became of the log
+            await self._flush_traces()
         return self.shutdown_error
+
+    async def _flush_traces(self) -> None:
+        """Export the spans still queued, bounded by `TRACE_FLUSH_S`: a collector that
+        does not answer delays shutdown by that much at most."""
+        tracer, self.tracer = self.tracer, None
+        if tracer is not None and not await tracer.shutdown(TRACE_FLUSH_S):
+            get_logger("owngate").warning("traces not flushed", timeout_s=TRACE_FLUSH_S)
 
     def _start_cosigning(self) -> None:
         """Ask the configured witnesses to cosign each new checkpoint, in the background:

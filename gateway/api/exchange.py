@@ -15,6 +15,7 @@ from gateway.errors import GatewayError
 if TYPE_CHECKING:
     from gateway.api.trail import Trail
     from gateway.policy import Decision
+    from gateway.tracing.spans import RequestSpan
 
 __all__ = [
     "Exchange",
@@ -46,6 +47,7 @@ class Exchange:
     response_started: bool = False
     client_gone: bool = False
     upstream_error: str | None = None
+    error_code: str | None = None  # the `ErrorCode` the client got, if any
     data_class: str | None = None  # a declared class, "<unknown>" (refused) or None
     data_class_defaulted: bool = False  # no label: the policy's default_data_class applied
     policy: str = "-"  # "<id>@<version>"
@@ -53,6 +55,8 @@ class Exchange:
     fallback: str | None = None  # why a hosted backend served it: private_unavailable|saturated
     decision: Decision | None = None
     trail: Trail | None = None  # provenance state, when the log is on
+    span: RequestSpan | None = None  # its trace span, when tracing is on (gateway/tracing)
+    traceparent: bytes | None = None  # the current private attempt's, for its backend
     # Charges the tenant for the answer (tokens used) and frees its admission: run once,
     # before the client can see the answer end (`settle`), so a client's next request
     # is admitted against a budget that already holds this one.

@@ -10,7 +10,7 @@ and tests/integration/test_observability.py checks each one against a live gatew
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -133,6 +133,13 @@ class GatewayMetrics:
             ["backend", "result"],
             registry=r,
         )
+        self.decisions = Counter(
+            "owngate_policy_decisions",
+            "Policy decisions each rule took part in (admitted or excluded a backend, "
+            "refused, rejected a label, gave a default data class), by declared rule id.",
+            ["rule"],
+            registry=r,
+        )
         info = Gauge("owngate_build_info", "Build information.", ["version"], registry=r)
         info.labels(__version__).set(1)
         self._children: dict[tuple[object, ...], MetricWrapperBase] = {}
@@ -203,6 +210,12 @@ class GatewayMetrics:
     def refusal(self, rule: str, code: str) -> None:
         """A request was refused before dispatch by policy `rule` with error `code`."""
         self._child(self.refusals, rule, code).inc()  # type: ignore[attr-defined]
+
+    def decided(self, rules: Iterable[str]) -> None:
+        """A request was decided by the policy set; `rules`: the declared rule ids that
+        took part (never a client-supplied value)."""
+        for rule in rules:
+            self._child(self.decisions, rule).inc()  # type: ignore[attr-defined]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

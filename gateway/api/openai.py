@@ -62,6 +62,8 @@ class TenantSurface:
         runtime = self._runtime
         exchange = Exchange(new_request_id(), time.perf_counter(), endpoint)
         try:
+            if runtime.tracer is not None:  # tracing on (gateway/tracing): the request's span
+                exchange.span = runtime.tracer.request(scope, endpoint, exchange.request_id)
             if scope["method"] != "POST":
                 raise GatewayError(ErrorCode.method_not_allowed, f"{endpoint} accepts only POST")
             if not runtime.ready:
@@ -83,7 +85,7 @@ class TenantSurface:
                 runtime.serving.discard(asyncio.current_task())
                 await admission.release(_tokens_used(exchange))
         except GatewayError as error:
-            exchange.status = error.status
+            exchange.status, exchange.error_code = error.status, error.code.value
             if not exchange.response_started:
                 # The prompt may have left (and been logged): the receipt says where.
                 headers = await receipt_headers(exchange)
@@ -93,7 +95,7 @@ class TenantSurface:
                 raise
             await self._cut(exchange, send)
         except Exception:  # noqa: BLE001 - last resort: logged, answered 500, never passed on
-            exchange.status = 500
+            exchange.status, exchange.error_code = 500, ErrorCode.internal_error.value
             self._log.exception("unhandled error", request_id=exchange.request_id.decode())
             if not exchange.response_started:
                 internal = GatewayError(ErrorCode.internal_error, "internal gateway error")
@@ -111,7 +113,7 @@ class TenantSurface:
         error = GatewayError(
             ErrorCode.not_ready, "the gateway is shutting down and its drain deadline passed"
         )
-        exchange.status = error.status
+        exchange.status, exchange.error_code = error.status, error.code.value
         if not exchange.response_started:
             await send_error(send, error, exchange.request_id, await receipt_headers(exchange))
             return
@@ -142,6 +144,8 @@ class TenantSurface:
                 upstream_error=exchange.upstream_error,
                 duration_ms=round(elapsed * 1000, 3),
             )
+        if exchange.span is not None:
+            exchange.span.end(exchange)
 
     async def _admit(self, tenant: TenantEntry) -> Admission:
         """The tenant's rate limits (per process, or across replicas with Redis)."""

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from gateway.routing.scraper import MetricsScraper
     from gateway.state import SharedState
     from gateway.tenants import TenantEntry
+    from gateway.tracing import TracingSettings
 
 __all__ = ["Assembly"]
 
@@ -39,3 +40,6 @@ class Assembly:
     metrics: GatewayMetrics
     state: SharedState  # rate limits, revocations, other replicas' load
     recorder: Recorder | None  # the provenance log's writer; None without `provenance`
+    # OpenTelemetry traces as the OTEL_* variables configure them; None: off. Like the
+    # recorder, read once per process (the app's lifespan starts the SDK).
+    tracing: TracingSettings | None = None

@@ -95,6 +95,8 @@ class PrivateRelay:
             headers.append((SALTS_HEADER, salts_value(exchange.trail.salts)))
         if backend.auth_header is not None:
             headers.append((b"authorization", backend.auth_header))
+        if exchange.traceparent is not None:  # tracing on: private backends join the trace
+            headers.append((b"traceparent", exchange.traceparent))
         exchange.backend = backend.id
         attempt.sending(len(out))
         # A timeout the request's own failover deadline cut short says nothing about the

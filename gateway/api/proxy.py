@@ -153,10 +153,12 @@ class Proxy:
         try:
             decision = policy.decide(tenant.id, model, label)
         except UnknownDataClass as exc:
+            self._metrics.decided((exc.rule,))
             error = label_refused(policy, tenant.id, invalid or exc)
             raise Refused(
                 error.code, error.message, exc.decision, exc.rule, param=error.param
             ) from exc
+        self._metrics.decided(decision.rules)
         if invalid is not None and decision.refusal is None:  # "" names no class: never
             error = label_refused(policy, tenant.id, invalid)
             rule = f"{decision.policy_id}/data_classes"
@@ -183,9 +185,14 @@ class Proxy:
         plan = await self.router.plan(model, decision, doc, exchange.started_at)
         private, hosted = self._private, self._hosted
         last: TryNext | None = None
+        traced = exchange.span
+        if traced is not None:
+            traced.requested(doc)
         for attempt in plan:  # in flight from here: reported however it ends
-            outcome, reason = Outcome.ended, ""
+            outcome, reason, span = Outcome.ended, "", None
             try:
+                if traced is not None:  # tracing on: the attempt's span (gateway/tracing)
+                    span = traced.attempt(attempt, exchange, plan.fallback)
                 exchange.fallback = plan.fallback
                 relay: Callable[[], Awaitable[None]] = (
                     partial(
@@ -203,6 +210,8 @@ class Proxy:
                 last, outcome, reason = exc, Outcome.failed, exc.reason
             finally:
                 plan.report(attempt, outcome, reason)
+                if span is not None:
+                    span.end(outcome, reason, exchange)
         exchange.fallback = plan.fallback
         if last is not None:
             # Dispatched and failed: what the last attempt came to (its completion record
@@ -255,6 +264,8 @@ class Proxy:
         """The refusal record (nothing was dispatched): the decision's rule and trace, and
         the request commitment; the client gets the receipt of it."""
         self._metrics.refusal(refused.rule, refused.code.value)
+        if exchange.span is not None:
+            exchange.span.refused(refused)
         if self.recorder is not None and exchange.trail is not None:
             await self.recorder.refuse(exchange, exchange.trail, refused)
 

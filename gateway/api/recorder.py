@@ -42,6 +42,7 @@ from gateway.provenance import (
     Salts,
     TraceStep,
     Usage,
+    Verifier,
     commit,
     commit_digest,
     completion_record,
@@ -62,6 +63,7 @@ class Recorder:
 
     _log: ProvenanceLog  # set by `open`
     _signer: Any
+    verifiers: list[Verifier]  # set by `open`
 
     def __init__(self, settings: ProvenanceSettings, config_dir: Path) -> None:
         self._settings = settings
@@ -78,11 +80,12 @@ class Recorder:
         """Load the signing key and open the log (raises OSError or ProvenanceError)."""
         settings, config_dir = self._settings, self._config_dir
         signer = load_signer(config_dir / settings.signing_key_file)
+        previous = [load_signer(config_dir / f) for f in settings.previous_signing_key_files]
         self._log = await ProvenanceLog.open(
             config_dir / settings.dir,
             settings.origin,
             signer,
-            cosigners=[load_signer(config_dir / f) for f in settings.previous_signing_key_files],
+            cosigners=previous,
             settings=LogSettings(
                 group_commit_ms=settings.group_commit_ms,
                 checkpoint_every=settings.checkpoint_every,
@@ -90,6 +93,9 @@ class Recorder:
             ),
         )
         self._signer = signer
+        # The log's public keys (current and previous): what its receipts and
+        # checkpoints are checked against (the admin API's receipt verification).
+        self.verifiers = [signer.verifier(), *(key.verifier() for key in previous)]
         self.opened = True
 
     @property
@@ -228,7 +234,7 @@ class Recorder:
             reason=refused.code.value,
             request_commitment=trail.request_commitment,
         )
-        await self._receipted(record, exchange, trail, "", refused.decision)
+        trail.refusal = await self._receipted(record, exchange, trail, "", refused.decision)
 
     def _decided(self, decision: Decision) -> tuple[PolicyRef, tuple[TraceStep, ...]]:
         """The policy reference and trace of a decision (decisions are cached: so is this)."""

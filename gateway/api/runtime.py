@@ -11,6 +11,7 @@ the runtime, never the app, so nothing in `api/` refers back to the app.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from gateway.provenance.writer.cosignature_collector import Cosigning
     from gateway.routing.registry import Registry
     from gateway.state import SharedState
+    from gateway.tracing.spans import RequestTracer
 
 __all__ = ["Runtime"]
 
@@ -36,6 +38,9 @@ class Runtime:
     def __init__(self, parts: Assembly, config_dir: Path) -> None:
         self.parts = parts
         self.config_dir = config_dir  # anchors the config's relative paths
+        # The environment the parts were assembled with (backend keys; `create_app` sets
+        # it): a reload and the admin API's config validation read the same.
+        self.environ: Mapping[str, str] = {}
         self.ready = False  # startup complete and not draining: proxied requests are taken
         self.draining = False  # shutdown began (SIGTERM)
         self.cutting = False  # the drain deadline passed: what still runs is being cut
@@ -43,6 +48,8 @@ class Runtime:
         self.reloader: ConfigReloader | None = None  # a config served from a file
         self.fleet: FleetMetrics | None = None  # `serve --workers`: /metrics sums them
         self.cosigning: Cosigning | None = None  # witnesses asked to cosign checkpoints
+        # Starts the spans of proxied requests; None: tracing off (gateway/tracing).
+        self.tracer: RequestTracer | None = None
 
     # The active parts, by name (handlers on the request path read `parts` once).
 

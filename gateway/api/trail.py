@@ -31,6 +31,7 @@ class Trail:
     salts: Salts
     request_commitment: str
     dispatch: LogEntry | None = None
+    refusal: LogEntry | None = None  # the refusal record, when nothing was dispatched
     receipt: asyncio.Future[bytes] | None = None  # the DSSE envelope, being signed
     response_hash: Any = field(default_factory=hashlib.sha256)
     tail: bytes = b""

@@ -44,8 +44,8 @@ from gateway.upstream.http import HttpPool, UpstreamError
 __all__ = ["AttestApp", "AttestSettings"]
 
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}\Z")
-# What reaches the backend: the request's own framing and credentials, nothing else.
-_FORWARDED = frozenset({b"content-type", b"authorization", b"accept"})
+# What reaches the backend: the request's framing, credentials and trace context, no more.
+_FORWARDED = frozenset({b"content-type", b"authorization", b"accept", b"traceparent"})
 _SSE = b"text/event-stream"
 
 

@@ -9,12 +9,13 @@ through the environment are separated by whitespace or commas.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from gateway.provenance import (
     verify_receipt,
 )
 from gateway.provenance.audit.attested import AttestedSummary, check_attestations, cross_check
+from gateway.provenance.audit.receipt import check_receipt_in_log
 from gateway.provenance.audit.remote import is_url, mirror_log
 from gateway.provenance.audit.report import Invocation, audit_report
 from gateway.provenance.audit.report_html import render_html
@@ -38,7 +40,7 @@ from gateway.provenance.audit.summary import Filters, summarise
 from gateway.provenance.formats.attestation import receipt_countersignature
 from gateway.provenance.formats.cosignature import CosignatureVerifier
 from gateway.provenance.formats.layout import list_cosigned
-from gateway.provenance.formats.merkle import inclusion_proof, leaf_hash, verify_inclusion
+from gateway.provenance.formats.merkle import inclusion_proof
 from gateway.provenance.formats.records import parse_record
 from gateway.provenance.formats.tiles import TileReader
 
@@ -126,12 +128,7 @@ def _add_verify(verbs: Any) -> None:
         help="the log directory, or the http(s) URL a log is served under as C2SP "
         "tlog-tiles (e.g. http://127.0.0.1:9090/log/, owngate's admin API)",
     )
-    verify.add_argument(
-        "--token",
-        default=_env("TOKEN"),
-        help="with a URL: the bearer token to send (an owngate admin token with the "
-        "auditor role; env OWNGATE_AUDIT_TOKEN)",
-    )
+    _token_flag(verify)
     _key_flag(verify, required=True)
     verify.add_argument(
         "--origin",
@@ -200,15 +197,33 @@ def _add_verify(verbs: Any) -> None:
     )
 
 
+def _token_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--token",
+        default=_env("TOKEN"),
+        help="with a URL: the bearer token to send (an owngate admin token with the "
+        "auditor role; env OWNGATE_AUDIT_TOKEN)",
+    )
+
+
+@contextlib.contextmanager
+def _local_log(location: str, token: str | None) -> Iterator[str]:
+    """A log directory for `location`: itself, or for an http(s) URL serving a log as
+    C2SP tlog-tiles, a temporary copy of what its checkpoint covers."""
+    if not is_url(location):
+        yield location
+        return
+    with tempfile.TemporaryDirectory(prefix="owngate-audit-") as copy:
+        mirror_log(location, Path(copy), token=token)
+        yield copy
+
+
 def _verify(args: argparse.Namespace) -> int:
     files = args.checkpoint or args._checkpoint_defaults
     trusted = [Path(name).read_bytes() for name in files]
     witnesses = [_witness_key(text) for text in args.witness_key or args._witness_defaults]
-    if is_url(args.logdir):
-        with tempfile.TemporaryDirectory(prefix="owngate-audit-") as copy:
-            mirror_log(args.logdir, Path(copy), token=args.token)
-            return _verified(args, copy, trusted, witnesses)
-    return _verified(args, args.logdir, trusted, witnesses)
+    with _local_log(args.logdir, args.token) as logdir:
+        return _verified(args, logdir, trusted, witnesses)
 
 
 def _verified(
@@ -438,33 +453,18 @@ def _receipt_verify(args: argparse.Namespace) -> int:
         )
     if args.log is None:
         return 0
-    log = LogDirectory(args.log)
-    signed = open_checkpoint(log.latest_note(), keys, origin=receipt.log)
-    size = signed.checkpoint.size
-    if receipt.index >= size:
-        print(
-            f"FAILED: the log's signed checkpoint covers {size} entries; the receipt's entry "
-            f"{receipt.index} is missing (rollback or not yet checkpointed)",
-            file=sys.stderr,
-        )
-        return 1
-    entry = log.bundle(receipt.index // 256, size)[receipt.index % 256]
-    if leaf_hash(entry) != receipt.dispatch_hash:
-        print(
-            f"FAILED: entry {receipt.index} of the log is not the record the receipt names",
-            file=sys.stderr,
-        )
-        return 1
-    if statement is not None and parse_record(entry).data.get("request_commitment") != (
-        statement.request_commitment
+    inclusion = check_receipt_in_log(LogDirectory(args.log), receipt, keys)
+    size = inclusion.size
+    if (
+        statement is not None
+        and parse_record(inclusion.entry).data.get("request_commitment")
+        != statement.request_commitment
     ):
         print(
             f"FAILED: the countersigned request commitment differs from entry {receipt.index}'s",
             file=sys.stderr,
         )
         return 1
-    proof = inclusion_proof(receipt.index, size, TileReader(log.path, size).node)
-    verify_inclusion(receipt.dispatch_hash, receipt.index, size, proof, signed.checkpoint.root)
     print(f"ok: entry {receipt.index} is in the checkpoint of size {size}")
     return 0
 
@@ -535,7 +535,8 @@ def _add_show(verbs: Any) -> None:
         description="Summarise the records of a log (up to its latest checkpoint). This does "
         "not verify the log: run `owngate audit verify` first.",
     )
-    show.add_argument("logdir", help="the log directory")
+    show.add_argument("logdir", help="the log directory, or its http(s) URL (as for verify)")
+    _token_flag(show)
     show.add_argument("--tenant", default=_env("TENANT"), help="env OWNGATE_AUDIT_TENANT")
     show.add_argument("--backend", default=_env("BACKEND"), help="env OWNGATE_AUDIT_BACKEND")
     show.add_argument(
@@ -564,9 +565,10 @@ def _show(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    log = LogDirectory(args.logdir)
-    size = _unverified_size(log.latest_note())
-    summary = summarise(log.records(size), filters, keep_records=args.records)
+    with _local_log(args.logdir, args.token) as logdir:
+        log = LogDirectory(logdir)
+        size = _unverified_size(log.latest_note())
+        summary = summarise(log.records(size), filters, keep_records=args.records)
     if args.json:
         result = summary.as_dict()
         if args.records:
@@ -605,9 +607,11 @@ def _add_report(verbs: Any) -> None:
         "dispatches per backend and region, requests per tenant over time, fallback and "
         "refusal rates, checkpoints and cosignatures, each with the command that reproduces "
         "it. A log that fails verification gets a report that says so, without figures, "
-        "and exit code 1. LOGDIR must be a log directory: URL sources are not supported yet.",
+        "and exit code 1. LOGDIR may be a URL serving the log as C2SP tlog-tiles, as for "
+        "verify.",
     )
-    report.add_argument("logdir", help="the log directory (URLs: not yet)")
+    report.add_argument("logdir", help="the log directory, or its http(s) URL (as for verify)")
+    _token_flag(report)
     _verify_flags(report)
     report.add_argument(
         "--html",
@@ -658,9 +662,6 @@ def _report(args: argparse.Namespace) -> int:
     if args.html is None and args.json is None:
         print("error: give --html FILE and/or --json FILE", file=sys.stderr)
         return 2
-    if args.logdir.startswith(("http://", "https://")):
-        print("error: URL sources are not supported yet: give a log directory", file=sys.stderr)
-        return 2
     witness_texts = args.witness_key or args._witness_defaults
     flags = [arg for key in args.key or args._key_defaults for arg in ("--key", key)]
     flags += [arg for text in witness_texts for arg in ("--witness-key", text)]
@@ -672,17 +673,18 @@ def _report(args: argparse.Namespace) -> int:
         flags += ["--min-witnesses", str(args.min_witnesses)]
     if args.accept_earlier_keys:
         flags.append("--accept-earlier-keys")
-    result = audit_report(
-        args.logdir,
-        _keys(args),
-        Invocation(args.logdir, tuple(flags)),
-        origin=args.origin,
-        trusted_checkpoints=[Path(name).read_bytes() for name in checkpoints],
-        witnesses=[_witness_key(text) for text in witness_texts],
-        min_witnesses=args.min_witnesses,
-        accept_earlier_keys=args.accept_earlier_keys,
-        now=time.time(),
-    )
+    with _local_log(args.logdir, args.token) as logdir:
+        result = audit_report(
+            logdir,
+            _keys(args),
+            Invocation(args.logdir, tuple(flags)),
+            origin=args.origin,
+            trusted_checkpoints=[Path(name).read_bytes() for name in checkpoints],
+            witnesses=[_witness_key(text) for text in witness_texts],
+            min_witnesses=args.min_witnesses,
+            accept_earlier_keys=args.accept_earlier_keys,
+            now=time.time(),
+        )
     if args.json is not None:
         _write(args.json, json.dumps(result, indent=2) + "\n")
     if args.html is not None:

@@ -25,7 +25,7 @@ from gateway.policy import (
     UnknownDataClass,
     check_policies,
 )
-from gateway.policy.cases import TestReport, load_cases, run_cases
+from gateway.policy.cases import TestReport, default_case_paths, load_cases, run_cases
 from gateway.policy.labels import InvalidLabel, one_label
 
 __all__ = ["register"]
@@ -268,7 +268,7 @@ def _test(args: argparse.Namespace) -> int:
     )
     if policy_set is None:
         return 1
-    cases = args.paths or [str(Path(p) / "tests") for p in paths if Path(p).is_dir()]
+    cases = args.paths or default_case_paths(paths)
     suites, errors = load_cases(cases)
     _print_issues(errors, "error")
     if errors:

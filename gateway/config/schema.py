@@ -466,6 +466,19 @@ class AdminSettings(_Strict):
         "single-host demo only (a service-mesh sidecar forwards every client from "
         "127.0.0.6)",
     )
+    sample_interval_s: float = Field(
+        default=2.0,
+        ge=0.1,
+        le=60,
+        description="the admin API's timelines (/admin/v1/timeline/...): seconds between samples",
+    )
+    history_s: float = Field(
+        default=600,
+        ge=10,
+        le=86400,
+        description="the admin API's timelines: seconds of samples kept in memory (at most "
+        "history_s / sample_interval_s samples, capped at 3600)",
+    )
 
     @field_validator("token_hashes")
     @classmethod

@@ -26,7 +26,15 @@ from gateway.policy.schema import API_VERSION, Metadata
 from gateway.policy.source import Document, discover, read_documents, validate
 from gateway.policy.types import Decision, FallbackMode, PolicyIssue, UnknownDataClass
 
-__all__ = ["CaseResult", "PolicyTestDocument", "TestReport", "load_cases", "run_cases"]
+__all__ = [
+    "CaseResult",
+    "PolicyTestDocument",
+    "TestReport",
+    "default_case_paths",
+    "load_cases",
+    "parse_cases",
+    "run_cases",
+]
 
 
 class _Strict(BaseModel):
@@ -102,6 +110,12 @@ class TestReport:
         return len(self.exercised & self.rules) / len(self.rules) if self.rules else 1.0
 
 
+def default_case_paths(policy_paths: Sequence[Path | str]) -> list[Path]:
+    """Where the cases of a policy set are by default: `tests/` in each of its policy
+    directories (what `owngate policy test` reads when given no case paths)."""
+    return [Path(p) / "tests" for p in policy_paths if Path(p).is_dir()]
+
+
 def load_cases(
     paths: Sequence[Path | str],
 ) -> tuple[list[tuple[Document, PolicyTestDocument]], list[PolicyIssue]]:
@@ -113,21 +127,31 @@ def load_cases(
         except (OSError, UnicodeDecodeError) as exc:
             errors.append(PolicyIssue(str(file), None, None, "", f"cannot read: {exc}"))
             continue
-        documents, issues = read_documents(str(file), text)
+        found, issues = parse_cases(str(file), text)
+        suites += found
         errors += issues
-        for document in documents:
-            data = document.data
-            if not isinstance(data, dict) or data.get("kind") != "PolicyTest":
-                errors.append(document.issue(("kind",), "expected kind PolicyTest"))
-                continue
-            if data.get("apiVersion") != API_VERSION:
-                message = f"unsupported apiVersion (this owngate reads {API_VERSION})"
-                errors.append(document.issue(("apiVersion",), message))
-                continue
-            suite, issues = validate(document, PolicyTestDocument)
-            errors += issues
-            if suite is not None:
-                suites.append((document, suite))
+    return suites, errors
+
+
+def parse_cases(
+    file: str, text: str
+) -> tuple[list[tuple[Document, PolicyTestDocument]], list[PolicyIssue]]:
+    """The case suites of one case file's text (`file` names it in the issues)."""
+    suites: list[tuple[Document, PolicyTestDocument]] = []
+    documents, errors = read_documents(file, text)
+    for document in documents:
+        data = document.data
+        if not isinstance(data, dict) or data.get("kind") != "PolicyTest":
+            errors.append(document.issue(("kind",), "expected kind PolicyTest"))
+            continue
+        if data.get("apiVersion") != API_VERSION:
+            message = f"unsupported apiVersion (this owngate reads {API_VERSION})"
+            errors.append(document.issue(("apiVersion",), message))
+            continue
+        suite, issues = validate(document, PolicyTestDocument)
+        errors += issues
+        if suite is not None:
+            suites.append((document, suite))
     return suites, errors
 
 
@@ -161,11 +185,7 @@ def _run(policy_set: PolicySet, case: Case) -> tuple[tuple[str, ...], frozenset[
             failures.append(f"unexpected error: {exc}")
         failures += [f"rule {r!r} was not exercised" for r in expect.rules if r not in exercised]
         return tuple(failures), exercised
-    exercised = frozenset(t.rule for t in decision.trace)
-    if decision.refusal is not None:
-        exercised |= {decision.refusal.rule}
-    if decision.default_rule is not None:
-        exercised |= {decision.default_rule}
+    exercised = decision.rules
     if expect.error is not None:
         failures.append(f"expected error {expect.error}, got a decision")
     failures += _compare(expect, decision, exercised)

@@ -6,7 +6,7 @@ and the tests share one definition of each.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 __all__ = [
@@ -102,6 +102,19 @@ class Decision:
     # Set when the request carried no label and the policy gave it `data_class`: the rule
     # that did (`<policy>/default_data_class`, or `..._by_tenant.<tenant>`).
     default_rule: str | None = None
+    # The rules that took part: each that admitted or excluded a backend, refused the
+    # request, or gave it a default data class (what policy test coverage and the
+    # decisions-per-rule metric count). Computed once, with the decision: decisions are
+    # cached, so the request path only reads it.
+    rules: frozenset[str] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        rules = {t.rule for t in self.trace}
+        if self.refusal is not None:
+            rules.add(self.refusal.rule)
+        if self.default_rule is not None:
+            rules.add(self.default_rule)
+        object.__setattr__(self, "rules", frozenset(rules))
 
     @property
     def eligible(self) -> tuple[str, ...]:

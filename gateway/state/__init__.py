@@ -21,6 +21,7 @@ from gateway.state.types import (
     SharedState,
     StateStatus,
     TenantLimits,
+    TenantUse,
 )
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "SharedState",
     "StateStatus",
     "TenantLimits",
+    "TenantUse",
     "create_state",
 ]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.state.types import LimitName, RateLimited, TenantLimits
+from gateway.state.types import LimitName, RateLimited, TenantLimits, TenantUse
 
 __all__ = [
     "CONCURRENCY_RETRY_S",
@@ -146,6 +146,23 @@ class Ledger:
     def held(self, tenant: str) -> int:
         account = self._accounts.get(tenant)
         return 0 if account is None else account.held
+
+    def use(self, tenant: str, limits: TenantLimits) -> TenantUse:
+        """What `tenant` uses of `limits` now, as the GCRA state holds it: requests and
+        tokens not yet replenished (the use within the last minute's window) and slots
+        held; None for a limit that is not set (no use is kept of it)."""
+        account = self._accounts.get(tenant, _Account())
+        now = self._now()
+        rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
+        requests = None
+        if rpm is not None:
+            interval = request_interval_us(rpm)
+            requests = -(-max(0, account.requests_tat - now) // interval)  # ceiling
+        tokens = None
+        if tpm is not None:
+            tokens = max(0, account.tokens_tat - now) * tpm // WINDOW_US
+        inflight = None if limits.concurrent is None else account.held
+        return TenantUse(inflight=inflight, requests=requests, tokens=tokens)
 
     def held_by_tenant(self) -> dict[str, int]:
         """Tenants holding slots now, with their counts."""

@@ -10,7 +10,13 @@ import time
 from collections.abc import Callable
 
 from gateway.state.ledger import Ledger
-from gateway.state.types import Admission, PeersListener, StateStatus, TenantLimits
+from gateway.state.types import (
+    Admission,
+    PeersListener,
+    StateStatus,
+    TenantLimits,
+    TenantUse,
+)
 
 __all__ = ["MemoryState"]
 
@@ -74,6 +80,10 @@ class MemoryState:
 
     def is_revoked(self, key_hash: str) -> bool:
         return key_hash in self._revoked
+
+    def tenant_use(self, tenant: str, limits: TenantLimits) -> TenantUse:
+        """`tenant`'s use of `limits` in this process."""
+        return self._ledger.use(tenant, limits)
 
     def status(self) -> StateStatus:
         return StateStatus(

@@ -43,6 +43,7 @@ from gateway.state.types import (
     RateLimited,
     StateStatus,
     TenantLimits,
+    TenantUse,
 )
 
 __all__ = ["RedisKeys", "RedisState", "default_replica_id"]
@@ -216,6 +217,12 @@ class RedisState:
     @property
     def degraded_reason(self) -> str | None:
         return self._reason
+
+    def tenant_use(self, tenant: str, limits: TenantLimits) -> TenantUse:
+        """`tenant`'s use as this replica's ledger holds it: the requests and tokens it
+        admitted against its share of the limits, and the slots it holds (the totals
+        across replicas are in Redis)."""
+        return self._ledger.use(tenant, limits.share(self._replicas))
 
     def status(self) -> StateStatus:
         return StateStatus(

@@ -19,6 +19,7 @@ __all__ = [
     "SharedState",
     "StateStatus",
     "TenantLimits",
+    "TenantUse",
 ]
 
 LimitName = Literal["requests_per_minute", "tokens_per_minute", "concurrent"]
@@ -153,6 +154,16 @@ class Admission:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantUse:
+    """A tenant's current use of its limits (None: that limit is not set, so no use is
+    kept): requests and tokens within the last minute's window, slots held."""
+
+    inflight: int | None
+    requests: int | None
+    tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class StateStatus:
     """What the readiness detail and the metrics report about shared state."""
 
@@ -216,3 +227,5 @@ class SharedState(Protocol):
     def is_revoked(self, key_hash: str) -> bool: ...
 
     def status(self) -> StateStatus: ...
+
+    def tenant_use(self, tenant: str, limits: TenantLimits) -> TenantUse: ...

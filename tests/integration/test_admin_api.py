@@ -6,11 +6,11 @@ paths, content types, caching), `owngate audit verify URL`, and the OpenAPI sche
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,105 +19,20 @@ import pytest
 
 from gateway.admin.app import openapi_schema
 from gateway.config import GatewaySettings
-from gateway.provenance import TlogProof, load_verifiers, verify_tlog_proof, write_signing_key
-from gateway.serving import ServerThread
-from gateway.sim import SimSettings, create_sim_app
+from gateway.provenance import TlogProof, load_verifiers, verify_tlog_proof
 from gateway.tenants import hash_api_key
+from tests.helpers.admin import CASES, ORIGIN, TOKENS, Served, bearer, serve_admin
 from tests.helpers.gateways import backend, gateway_config
-from tests.helpers.net import free_port
 from tests.helpers.paths import REPO_ROOT
-from tests.helpers.processes import KEY, GatewayProcess
 from tests.helpers.provenance import records, run_audit
 from tests.helpers.raw_http import exchange
 from tests.helpers.waiting import until
 
-TOKENS = {
-    "operator": "og-admin-operator-token-0123456789",
-    "security": "og-admin-security-token-0123456789",
-    "auditor": "og-admin-auditor-token-0123456789",
-    "admin": "og-admin-full-access-token-0123456789",
-}
-ORIGIN = "admin-api.test/log"
-
-
-def bearer(role: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {TOKENS[role]}"}
-
-
-class Served:
-    def __init__(self, process: GatewayProcess, admin_url: str, vkey: str, log: Path) -> None:
-        self.process = process
-        self.admin = admin_url
-        self.vkey = vkey
-        self.log = log
-
-    def get(self, path: str, role: str | None = None) -> httpx.Response:
-        headers = bearer(role) if role else {}
-        return httpx.get(f"{self.admin}{path}", headers=headers, timeout=10)
-
-    def post(self, path: str, role: str | None, body: Any = None) -> httpx.Response:
-        headers = bearer(role) if role else {}
-        return httpx.post(f"{self.admin}{path}", headers=headers, json=body, timeout=10)
-
-    def chat(self, key: str = KEY) -> httpx.Response:
-        return httpx.post(
-            f"{self.process.url}/v1/chat/completions",
-            headers={"authorization": f"Bearer {key}"},
-            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
-            timeout=10,
-        )
-
-    def size(self) -> int:
-        note = self.log / "checkpoint"
-        return int(note.read_text().split("\n")[1]) if note.exists() else 0
-
-    def wait_for_size(self, size: int) -> None:
-        until(lambda: self.size() >= size, f"the log's checkpoint at {size} entries", timeout=20)
-
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    directory = tmp_path_factory.mktemp("admin-api")
-    sim = ServerThread(create_sim_app(SimSettings.for_kind("vllm", models=("m",)))).start()
-    vkey = write_signing_key(directory / "log.key", ORIGIN)
-    admin_port = free_port()
-    config = {
-        "listen": {"host": "127.0.0.1", "port": free_port()},
-        "logging": {"format": "json", "level": "warning"},
-        "backends": [
-            {
-                "id": "gpu",
-                "kind": "vllm",
-                "base_url": sim.url,
-                "models": [{"name": "m"}],
-                "region": "eu-west-1",
-                "owner": "test",
-            }
-        ],
-        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
-        "keys_file": "keys.yaml",
-        "provenance": {
-            "dir": "log",
-            "origin": ORIGIN,
-            "signing_key_file": "log.key",
-            "checkpoint_interval_ms": 20,
-        },
-        "admin": {
-            "listen": {"host": "127.0.0.1", "port": admin_port},
-            "token_hashes": [hash_api_key(TOKENS["admin"])],
-            "tokens": [
-                {"hash": hash_api_key(TOKENS[role]), "role": role}
-                for role in ("operator", "security", "auditor")
-            ],
-        },
-    }
-    process = GatewayProcess(config, directory).start()
-    try:
-        yield Served(process, f"http://127.0.0.1:{admin_port}", vkey, directory / "log")
-    finally:
-        code = process.stop()
-        sim.stop()
-    assert code == 0, process.output()  # both listeners closed, the log's last checkpoint signed
+    with serve_admin(tmp_path_factory.mktemp("admin-api")) as gateway:
+        yield gateway
 
 
 # (method, path, body, the roles allowed besides full access)
@@ -129,6 +44,14 @@ READS = [
     ("POST", "/admin/v1/config/validate", {"yaml": "{}"}, {"operator", "security"}),
     ("GET", "/admin/v1/keys", None, {"security"}),
     ("GET", "/log/checkpoint", None, {"auditor"}),
+    ("GET", "/admin/v1/whoami", None, {"operator", "security", "auditor"}),
+    ("GET", "/admin/v1/timeline/backends", None, {"operator"}),
+    ("GET", "/admin/v1/timeline/policies", None, {"security"}),
+    ("GET", "/admin/v1/timeline/log", None, {"auditor"}),
+    ("GET", "/admin/v1/tenants", None, {"operator", "security"}),
+    ("POST", "/admin/v1/policies/test", {"cases_yaml": CASES}, {"security"}),
+    ("POST", "/admin/v1/receipts/verify", {"receipt": "{}"}, {"auditor"}),
+    ("GET", "/admin/v1/log/cosignatures", None, {"auditor"}),
     ("GET", "/admin/v1/log/requests/nope", None, set()),  # auditor: 404, tested below
 ]
 ACTIONS = [  # only refused here: the allowed role acts in the tests below
@@ -343,7 +266,17 @@ def test_a_failed_reload_is_400_and_keeps_the_running_config(served: Served) -> 
     try:
         failed = served.post("/admin/v1/reload", "operator")
         assert failed.status_code == 400 and _error_code(failed) == "invalid_request"
-        assert "the running config stays" in failed.json()["error"]["message"]
+        message = failed.json()["error"]["message"]
+        assert "the running config stays" in message
+        # the failed attempt is an admin record too: its change digest is the error's
+        error = message.split("the running config stays: ", 1)[1]
+        digest = hashlib.sha256(orjson.dumps({"error": error})).hexdigest()
+
+        def recorded() -> bool:
+            admin = [r for r in records(served.log) if r["type"] == "admin"]
+            return bool(admin) and admin[-1]["change_digest"] == digest
+
+        until(recorded, "the failed reload's admin record in the log", timeout=20)
         assert served.get("/admin/v1/config", "operator").json()["last_reload_error"]
     finally:
         path.write_text(good)

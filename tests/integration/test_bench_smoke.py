@@ -1,8 +1,9 @@
 """The overhead benchmark end to end: a `--quick` run over real processes, JSON shape only.
 
 Timing is never asserted (CI machines are shared); only that every load point ran against
-the simulator, owngate and owngate+policy without errors, that owngate+policy enforced
-the generated policy set, and that the report has its documented shape.
+the simulator, owngate, owngate+policy and owngate+tracing without errors, that
+owngate+policy enforced the generated policy set, that owngate+tracing exported spans to
+the benchmark's sink, and that the report has its documented shape.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from owngate_bench.overhead_report import evaluate_checks, policy_comparison, render
+from owngate_bench.overhead_tracing import tracing_comparison
 from tests.helpers.paths import REPO_ROOT
 
 pytestmark = pytest.mark.bench
@@ -30,6 +32,7 @@ CHECK_IDS = [
     "policy_decision_p99",
 ]
 OWNGATES = ("owngate", "owngate+policy")
+TARGETS = ["direct", "owngate", "owngate+policy", "owngate+tracing"]
 
 
 def test_quick_run_writes_the_report(tmp_path: Path) -> None:
@@ -49,9 +52,9 @@ def test_quick_run_writes_the_report(tmp_path: Path) -> None:
     report: dict[str, Any] = json.loads(out.read_text())
 
     assert report["schema"] == "owngate.bench.overhead/1"
-    assert report["settings"]["targets"] == ["direct", "owngate", "owngate+policy"]
+    assert report["settings"]["targets"] == TARGETS
     assert report["machine"]["cpu_count"] >= 1
-    assert set(report["targets"]) == {"direct", "owngate", "owngate+policy"}
+    assert set(report["targets"]) == set(TARGETS)
     # each owngate enforced the policy set the bench meant it to: built-in vs generated
     assert report["targets"]["owngate"]["policy"]["builtin"] is True
     served = report["targets"]["owngate+policy"]["policy"]
@@ -65,16 +68,16 @@ def test_quick_run_writes_the_report(tmp_path: Path) -> None:
         (True, 64),
     ]
     for index, point in enumerate(report["points"]):
-        assert set(point["results"]) == {"direct", "owngate", "owngate+policy"}
+        assert set(point["results"]) == set(TARGETS)
         # the two owngates trade places from point to point: neither is always second
         pair = ["owngate+policy", "owngate"] if index % 2 else ["owngate", "owngate+policy"]
-        assert point["order"] == ["direct", *pair]
+        assert point["order"] == ["direct", *pair, "owngate+tracing"]
         for target, result in point["results"].items():
             where = f"{point['name']} {target}"
             assert result["requests"] > 0, where
             assert result["errors"] == 0, (where, result["error_samples"])
             assert result["latency_ms"]["p50"] > 0, where
-            expected_cpu = {"target", "machine"} | ({"sim"} if target in OWNGATES else set())
+            expected_cpu = {"target", "machine"} | ({"sim"} if target != "direct" else set())
             assert set(result["cpu_s"]) == expected_cpu, where
             if point["stream"]:
                 assert result["chunks"] >= 64 * result["requests"], where
@@ -103,6 +106,40 @@ def test_quick_run_writes_the_report(tmp_path: Path) -> None:
     for text in ("og/litellm", "pol/og", "added latency p50 ms", "owngate+policy vs owngate"):
         assert text in proc.stdout, text
     assert "policy decision cost" in proc.stdout
+
+    # tracing on beside off, at every point; spans reached the sink (flushed at the latest
+    # when the gateway stopped)
+    tracing = report["tracing"]
+    assert [row["name"] for row in tracing["vs_owngate"]] == [p["name"] for p in report["points"]]
+    for row in tracing["vs_owngate"]:
+        assert row["cpu_ms_per_req"]["on"] > 0 and row["cpu_ms_per_req"]["off"] > 0
+        assert row["cpu_ms_per_req"]["ratio"] > 0
+    assert tracing["sink"]["exports"] > 0 and tracing["sink"]["bytes"] > 0
+    assert "tracing on vs off" in proc.stdout
+
+
+def test_tracing_comparison_sets_on_beside_off() -> None:
+    def result(requests: int, cpu_s: float, rps: float) -> dict[str, Any]:
+        return {"requests": requests, "req_per_s": rps, "cpu_s": {"target": cpu_s}}
+
+    points = [
+        {
+            "name": "chat c=1",
+            "results": {
+                "owngate": result(1000, 0.3, 900),
+                "owngate+tracing": result(500, 0.2, 800),
+            },
+        },
+        {"name": "chat c=16", "results": {"owngate": result(10, 0.1, 5)}},  # not traced
+        {
+            "name": "stream c=16",
+            "results": {"owngate": result(10, 0.1, 5), "owngate+tracing": {"error": "down"}},
+        },
+    ]
+    (row,) = tracing_comparison(points)
+    assert row["name"] == "chat c=1"
+    assert row["cpu_ms_per_req"] == {"off": 0.3, "on": 0.4, "ratio": 0.4 / 0.3}
+    assert row["req_per_s"] == {"off": 900.0, "on": 800.0, "ratio": 800 / 900}
 
 
 def _point(stream: bool, concurrency: int, **results: dict[str, Any]) -> dict[str, Any]:

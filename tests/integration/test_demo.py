@@ -3,6 +3,8 @@ per role, serves, and stops on Ctrl-C."""
 
 from __future__ import annotations
 
+import json
+import os
 import queue
 import re
 import signal
@@ -40,6 +42,8 @@ def _read_banner(proc: subprocess.Popen[str], timeout: float = 30.0) -> str:
 def test_demo_end_to_end() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "demo", "--port", "0"],
+        # the demo sets a placeholder OPENAI_API_KEY for its own gateway only
+        env={k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -106,6 +110,26 @@ def check_admin_api(banner: str) -> None:
     assert refused.status_code == 403
     assert refused.json()["error"]["code"] == "permission_denied"
     assert get("/admin/v1/policies", "security").status_code == 200
+    # validated against the environment the demo's gateway runs with (its OPENAI_API_KEY)
+    hosted = {
+        "id": "openai",
+        "kind": "hosted",
+        "provider": "openai",
+        "api_key_env": "OPENAI_API_KEY",
+        "base_url": "http://127.0.0.1:9/v1",
+        "owner": "provider",
+        "region": "eu-west-1",
+        "retention": {"days": 0, "zero_data_retention": True},
+        "models": [{"name": "gpt-4o-mini", "provider_model": "openai/gpt-4o-mini"}],
+    }
+    candidate = {"backends": [hosted], "tenants": [{"id": "t", "models": ["*"]}]}
+    validated = httpx.post(
+        f"{admin[1]}/admin/v1/config/validate",
+        headers={"authorization": f"Bearer {tokens['operator']}"},
+        json={"yaml": json.dumps(candidate)},
+        timeout=10,
+    )
+    assert validated.json() == {"valid": True, "problems": []}, validated.text
     checkpoint = get("/log/checkpoint", "auditor")
     assert checkpoint.status_code == 200
     assert checkpoint.text.startswith("owngate-demo/log\n")

@@ -17,6 +17,7 @@ from gateway.state import (
     RateLimited,
     SharedState,
     TenantLimits,
+    TenantUse,
     create_state,
 )
 
@@ -250,3 +251,25 @@ def test_state_settings_are_checked_when_the_config_loads() -> None:
     ]:
         with pytest.raises(ConfigError, match=message):
             parse_config(base % bad)
+
+
+def test_tenant_use_is_what_the_limits_have_taken_in_the_window() -> None:
+    clock = Clock()
+    state = MemoryState(clock=clock)
+    limits = TenantLimits(requests_per_minute=6, tokens_per_minute=600, concurrent=2)
+    assert state.tenant_use("t1", limits) == TenantUse(inflight=0, requests=0, tokens=0)
+    assert state.tenant_use("t1", TenantLimits()) == TenantUse(None, None, None)
+
+    async def run() -> None:
+        first = await state.acquire("t1", limits)
+        await state.acquire("t1", limits)
+        await state.acquire("t2", limits)
+        assert state.tenant_use("t1", limits) == TenantUse(inflight=2, requests=2, tokens=0)
+        await first.release(tokens_used=300)
+        assert state.tenant_use("t1", limits) == TenantUse(inflight=1, requests=2, tokens=300)
+        clock.now += 15  # a quarter of the window: 1.5 requests' and 150 tokens' worth back
+        assert state.tenant_use("t1", limits) == TenantUse(inflight=1, requests=1, tokens=150)
+        clock.now += 60
+        assert state.tenant_use("t1", limits) == TenantUse(inflight=1, requests=0, tokens=0)
+
+    asyncio.run(run())

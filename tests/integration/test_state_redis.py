@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.state import RateLimited, SharedState, TenantLimits, create_state
+from gateway.state import RateLimited, SharedState, TenantLimits, TenantUse, create_state
 from gateway.state.redis_state import RedisKeys, RedisState
 from tests.helpers.net import free_port
 from tests.helpers.redis_server import RedisServer
@@ -380,5 +380,21 @@ def test_unreachable_at_start_is_degraded_not_fatal(tmp_path: Path) -> None:
             await admission.release()
         finally:
             await state.close()
+
+    asyncio.run(scenario())
+
+
+def test_tenant_use_is_this_replica_s_share(redis_server: RedisServer) -> None:
+    """`tenant_use` reads the replica's own ledger: what it admitted and holds."""
+    limits = TenantLimits(requests_per_minute=6, concurrent=10)  # 10 s a request: no drift
+
+    async def scenario() -> None:
+        async with replicas(redis_server, "a") as (a,):
+            held = [await a.acquire("acme", limits) for _ in range(3)]
+            use = a.tenant_use("acme", limits)
+            assert (use.inflight, use.requests, use.tokens) == (3, 3, None)
+            await held[0].release()
+            assert a.tenant_use("acme", limits).inflight == 2
+            assert a.tenant_use("other", limits) == TenantUse(inflight=0, requests=0, tokens=None)
 
     asyncio.run(scenario())

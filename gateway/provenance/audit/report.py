@@ -136,7 +136,7 @@ def audit_report(
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
         "generated_at": iso_time(int(now)),
-        "log": str(directory),
+        "log": run.logdir,
         "verification": {
             "ok": False,
             "error": None,

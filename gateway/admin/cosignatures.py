@@ -1,0 +1,127 @@
+"""Witness cosignatures of the log's latest checkpoint (auditor):
+`GET /admin/v1/log/cosignatures`.
+
+For each configured witness (`provenance.witnesses`): the newest size it cosigned for
+this gateway (what the cosigning reports, else the newest file in `cosigned/`), its
+cosignature line there checked against its key (`valid`), the line's timestamp, and how
+many entries it lags behind the latest checkpoint. `coverage` is the share of the latest
+checkpoint every witness has cosigned (the laggard's size over the checkpoint's). Reads
+at most one `cosigned/` file per witness, in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, Field
+
+from gateway.admin.auth import Caller, require
+from gateway.admin.tiles import log_dir
+from gateway.api.runtime import Runtime
+from gateway.errors import ErrorCode, GatewayError
+from gateway.provenance import ProvenanceError, Verifier, open_checkpoint
+from gateway.provenance.formats.cosignature import CosignatureVerifier, find_cosignature
+from gateway.provenance.formats.layout import CHECKPOINT, cosigned_path, list_cosigned
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/admin/v1/log", tags=["auditor"])
+
+
+class LatestCheckpoint(BaseModel):
+    size: int
+    root: str = Field(description="root hash, base64 (as in the checkpoint's text)")
+    text: str = Field(description="the signed checkpoint note")
+
+
+class WitnessCosignature(BaseModel):
+    name: str
+    key_id: str = Field(description="8 hex digits")
+    cosigned_size: int | None = Field(description="the newest size it cosigned")
+    timestamp: int | None = Field(description="its cosignature's time (POSIX seconds)")
+    lag: int | None = Field(description="entries the latest checkpoint has beyond it")
+    valid: bool = Field(description="its cosignature line on that checkpoint verifies")
+
+
+class Cosignatures(BaseModel):
+    checkpoint: LatestCheckpoint | None
+    witnesses: list[WitnessCosignature]
+    coverage: float | None = Field(
+        description="the smallest cosigned size over the checkpoint's size (null: no witnesses)"
+    )
+
+
+@router.get("/cosignatures", summary="Witness cosignatures of the latest checkpoint")
+async def cosignatures(
+    request: Request, caller: Annotated[Caller, Depends(require("auditor"))]
+) -> Cosignatures:
+    runtime: Runtime = request.app.state.control.runtime
+    directory = log_dir(request)  # 404 without a log
+    recorder = runtime.parts.recorder
+    if recorder is None or not recorder.opened:
+        raise GatewayError(ErrorCode.provenance_unavailable, "the provenance log is not open")
+    settings = runtime.config.provenance
+    keys = [w.vkey for w in settings.witnesses] if settings is not None else []
+    reported: dict[str, int | None] = {}
+    if runtime.cosigning is not None:
+        reported = {w.name: w.cosigned_size for w in runtime.cosigning.witnesses}
+    found = await asyncio.to_thread(_read, directory, recorder.verifiers, keys, reported)
+    return Cosignatures.model_validate(found)
+
+
+def _read(
+    directory: Path, verifiers: list[Verifier], keys: list[str], reported: dict[str, int | None]
+) -> dict[str, Any]:
+    checkpoint: dict[str, Any] | None = None
+    try:
+        signed = open_checkpoint((directory / CHECKPOINT).read_bytes(), verifiers)
+        checkpoint = {
+            "size": signed.checkpoint.size,
+            "root": base64.b64encode(signed.checkpoint.root).decode(),
+            "text": signed.note.decode(),
+        }
+    except FileNotFoundError:
+        pass  # nothing logged yet
+    newest = list_cosigned(directory)[-1:]
+    witnesses = []
+    for key in keys:
+        verifier = CosignatureVerifier(key)
+        size = reported.get(str(verifier))
+        if size is None and newest:
+            size = newest[0][0]
+        witnesses.append(_witness(directory, verifier, size, checkpoint))
+    coverage = None
+    if witnesses and checkpoint is not None and checkpoint["size"]:
+        sizes: list[int] = [w["cosigned_size"] or 0 for w in witnesses]
+        coverage = min(min(sizes), checkpoint["size"]) / checkpoint["size"]
+    return {"checkpoint": checkpoint, "witnesses": witnesses, "coverage": coverage}
+
+
+def _witness(
+    directory: Path,
+    verifier: CosignatureVerifier,
+    size: int | None,
+    checkpoint: dict[str, Any] | None,
+) -> dict[str, Any]:
+    cosignature = None
+    if size is not None:
+        try:
+            note = cosigned_path(directory, size).read_bytes()
+            cosignature = find_cosignature(note, verifier, now=time.time())
+        except (OSError, ProvenanceError):
+            cosignature = None
+    valid = cosignature is not None
+    cosigned = size if valid else None
+    return {
+        "name": verifier.name,
+        "key_id": f"{verifier.key_id:08x}",
+        "cosigned_size": cosigned,
+        "timestamp": None if cosignature is None else cosignature.timestamp,
+        "lag": None if cosigned is None or checkpoint is None else checkpoint["size"] - cosigned,
+        "valid": valid,
+    }

@@ -1,0 +1,81 @@
+"""The auditor's report of the live log (auditor): `GET /admin/v1/log/report?format=`.
+
+What `owngate audit report URL --key VKEY --origin ORIGIN` writes for this gateway's log
+served at `<admin URL>/log/`: the log verified with the log's own public keys, then its
+figures, each with the command that reproduces it against that URL (`--json`: the
+numbers; `html`: the self-contained file, as a download). Witness cosignatures are
+`/admin/v1/log/cosignatures` (tlog-tiles does not serve `cosigned/`, so the report's
+commands could not check them). Computed in a worker thread, one report at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import APIRouter, Depends, Query, Request, Response
+
+from gateway.admin.auth import Caller, require
+from gateway.admin.tiles import log_dir
+from gateway.api.runtime import Runtime
+from gateway.errors import ErrorCode, GatewayError
+from gateway.provenance.audit.report import Invocation, audit_report
+from gateway.provenance.audit.report_html import render_html
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/admin/v1/log", tags=["auditor"])
+_DOWNLOAD = 'attachment; filename="owngate-audit-report.html"'
+
+
+@router.get(
+    "/report",
+    response_class=Response,
+    responses={
+        200: {"content": {"application/json": {}, "text/html; charset=utf-8": {}}},
+    },
+    summary="The auditor's report of the live log (owngate audit report)",
+)
+async def report(
+    request: Request,
+    caller: Annotated[Caller, Depends(require("auditor"))],
+    format: Annotated[Literal["json", "html"], Query()] = "json",
+) -> Response:
+    runtime: Runtime = request.app.state.control.runtime
+    directory = log_dir(request)  # 404 without a log
+    recorder = runtime.parts.recorder
+    settings = runtime.config.provenance
+    if recorder is None or not recorder.opened or settings is None:
+        raise GatewayError(ErrorCode.provenance_unavailable, "the provenance log is not open")
+    verifiers = recorder.verifiers
+    flags = [arg for key in verifiers for arg in ("--key", key.vkey)]
+    run = Invocation(_served_at(request), (*flags, "--origin", settings.origin))
+    lock: asyncio.Lock = request.app.state.report_lock
+    async with lock:
+        result: dict[str, Any] = await asyncio.to_thread(
+            audit_report,
+            directory,
+            verifiers,
+            run,
+            origin=settings.origin,
+            accept_earlier_keys=False,
+            now=time.time(),
+        )
+    if format == "html":
+        html = await asyncio.to_thread(render_html, result)
+        return Response(
+            html,
+            media_type="text/html; charset=utf-8",
+            headers={"Content-Disposition": _DOWNLOAD},
+        )
+    return Response(orjson.dumps(result), media_type="application/json")
+
+
+def _served_at(request: Request) -> str:
+    """The URL the log is served under on this listener, from the socket's own address
+    (never the client's Host header)."""
+    host, port = request.scope.get("server") or ("127.0.0.1", 9090)
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}/log/"

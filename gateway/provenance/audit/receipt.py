@@ -1,0 +1,56 @@
+"""Checking a receipt against a log: that the log holds the record it names, under a
+signed checkpoint (what `owngate audit receipt verify --log` and the admin API's
+`POST /admin/v1/receipts/verify` both do).
+
+The receipt's own signature is `formats.receipts.verify_receipt`; this module takes the
+receipt it returned and the log directory, and raises a `ProvenanceError` naming what
+does not hold: the checkpoint's signature or origin, an entry the checkpoint does not
+cover yet (or no longer: a rollback), an entry that is not the receipt's record, a
+proof that does not reach the checkpoint's root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gateway.provenance.audit.reader import LogDirectory
+from gateway.provenance.errors import LogVerificationError
+from gateway.provenance.formats.checkpoint import open_checkpoint
+from gateway.provenance.formats.merkle import inclusion_proof, leaf_hash, verify_inclusion
+from gateway.provenance.formats.note import Verifier
+from gateway.provenance.formats.receipts import Receipt
+from gateway.provenance.formats.tiles import TILE_WIDTH, TileReader
+
+__all__ = ["ReceiptInclusion", "check_receipt_in_log"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptInclusion:
+    """The receipt's record, proved in the checkpoint of `size` entries with `root`."""
+
+    size: int
+    root: bytes
+    entry: bytes  # the record the receipt names, as the log holds it
+
+
+def check_receipt_in_log(
+    log: LogDirectory, receipt: Receipt, verifiers: Iterable[Verifier]
+) -> ReceiptInclusion:
+    """Check that `log`'s latest checkpoint, signed by one of `verifiers` for the
+    receipt's log, covers the receipt's entry, and that the entry is its record."""
+    signed = open_checkpoint(log.latest_note(), verifiers, origin=receipt.log)
+    size = signed.checkpoint.size
+    if receipt.index >= size:
+        raise LogVerificationError(
+            f"the log's signed checkpoint covers {size} entries; the receipt's entry "
+            f"{receipt.index} is missing (rollback or not yet checkpointed)"
+        )
+    entry = log.bundle(receipt.index // TILE_WIDTH, size)[receipt.index % TILE_WIDTH]
+    if leaf_hash(entry) != receipt.dispatch_hash:
+        raise LogVerificationError(
+            f"entry {receipt.index} of the log is not the record the receipt names"
+        )
+    proof = inclusion_proof(receipt.index, size, TileReader(log.path, size).node)
+    verify_inclusion(receipt.dispatch_hash, receipt.index, size, proof, signed.checkpoint.root)
+    return ReceiptInclusion(size, signed.checkpoint.root, entry)
