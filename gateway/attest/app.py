@@ -26,20 +26,26 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gateway.asgi import Receive, Scope, Send, header, lifespan, read_body, respond, send_error
 from gateway.attest.notary import Notary
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
-from gateway.provenance import ProvenanceLog, Salts, commit, commit_digest, load_signer
+from gateway.provenance import (
+    ProvenanceError,
+    ProvenanceLog,
+    Salts,
+    commit,
+    commit_digest,
+    load_signer,
+)
 from gateway.provenance.formats.attestation import (
     ATTEST_HEADER,
     SALTS_HEADER,
     SSE_PREFIX,
     parse_salts,
 )
-from gateway.upstream.http import HttpPool, UpstreamError
+from gateway.upstream.http import HttpPool, UpstreamError, UpstreamResponse
 
 __all__ = ["AttestApp", "AttestSettings"]
 
@@ -97,10 +103,8 @@ class AttestApp:
                 max_connections=s.max_connections,
                 max_body=s.max_body,
             )
-        except (OSError, ValueError) as exc:  # ProvenanceError is a ValueError's sibling
+        except (OSError, ValueError, ProvenanceError) as exc:  # key, log or backend URL
             return f"owngate attest: {exc}"
-        except Exception as exc:  # noqa: BLE001 - any key or log problem stops startup
-            return f"owngate attest: {type(exc).__name__}: {exc}"
         self.notary = Notary(signer, self._log)
         return None
 
@@ -212,7 +216,7 @@ class AttestApp:
 
     async def _send(
         self, method: bytes, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes
-    ) -> Any:
+    ) -> UpstreamResponse:
         try:
             return await self._pool.request(method, path, headers, body)
         except UpstreamError as exc:
@@ -220,9 +224,9 @@ class AttestApp:
                 ErrorCode.backend_unavailable, f"the backend did not answer: {exc.kind}"
             ) from exc
 
-    async def _read(self, response: Any) -> bytes:
+    async def _read(self, response: UpstreamResponse) -> bytes:
         try:
-            data: bytes = await response.read()
+            data = await response.read()
         except UpstreamError as exc:
             raise GatewayError(
                 ErrorCode.upstream_error, f"the backend's answer broke off: {exc.kind}"
@@ -235,7 +239,7 @@ class _Watch:
 
     def __init__(self) -> None:
         self.left = False
-        self.response: Any = None
+        self.response: UpstreamResponse | None = None
 
     async def run(self, receive: Receive) -> None:
         """Wait for the disconnect (after a complete response uvicorn reports one too:
