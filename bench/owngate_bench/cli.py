@@ -35,6 +35,11 @@ VERBS: dict[str, tuple[str, str]] = {
         "owngate with the provenance log off vs on, side by side, over a zero-latency "
         "and an LLM-shaped simulator (req/s, TTFT, CPU per request, ratios)",
     ),
+    "attest": (
+        "attest",
+        "what the owngate attest sidecar adds: direct vs via sidecar vs via gateway vs "
+        "via gateway + sidecar (p50 latency, sidecar CPU per request)",
+    ),
     "provenance-log": (
         "provenance_log",
         "the provenance log alone: fsync latency, append throughput with group commit, "

@@ -6,7 +6,8 @@ fallbacks, in the order and as often as the request's plan says
 relayed as the provider sends them); a failure before the client saw a byte raises
 `TryNext`, except a request LiteLLM or the provider refused as invalid (400, 413, 422):
 that is the client's 400 `upstream_bad_request`, as from a private backend, and no other
-backend is tried.
+backend is tried. The provider's own ids for the answer (its `id`, request-id headers from
+an allow-list) go into the completion record (`upstream`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gateway.api.exchange import (
 from gateway.api.metrics import GatewayMetrics
 from gateway.asgi import Send, send_bytes
 from gateway.errors import ErrorCode, GatewayError
+from gateway.provenance.formats.upstream_ids import UpstreamIds
 from gateway.routing.registry import BackendState, Route
 from gateway.upstream.errors import sanitize_upstream_message
 from gateway.upstream.hosted import HostedClient, HostedError, HostedResponse
@@ -101,6 +103,9 @@ class HostedRelay:
                     param=exc.param,
                 ) from exc
             raise TryNext(f"{backend.id}: {exc.message}") from exc
+        if exchange.trail is not None:
+            # For reconciling with the provider's usage export: it cannot countersign.
+            exchange.trail.upstream = UpstreamIds.of(*response.provider_ids)
         try:
             await self._relay(exchange, backend, response, send)
         finally:

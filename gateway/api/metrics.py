@@ -126,6 +126,14 @@ class GatewayMetrics:
             ["rule", "code"],
             registry=r,
         )
+        self.attestations = Counter(
+            "owngate_attestations",
+            "Answers of attested backends (`attest` in gateway.yaml), by backend and result: "
+            "ok, or why the sidecar's countersignature was not accepted (missing, malformed, "
+            "wrong_key, bad_signature, mismatch, replayed).",
+            ["backend", "result"],
+            registry=r,
+        )
         self.decisions = Counter(
             "owngate_policy_decisions",
             "Policy decisions each rule took part in (admitted or excluded a backend, "
@@ -192,6 +200,9 @@ class GatewayMetrics:
 
     def upstream_error(self, backend: str, kind: str) -> None:
         self._child(self.upstream_errors, backend, kind).inc()  # type: ignore[attr-defined]
+
+    def attestation(self, backend: str, result: str) -> None:
+        self._child(self.attestations, backend, result).inc()  # type: ignore[attr-defined]
 
     def fallback(self, backend: str, reason: str) -> None:
         """A hosted backend served a request as a fallback (`reason`: the plan's)."""

@@ -26,6 +26,7 @@ import asyncio
 import re
 from typing import Any
 
+from gateway.api.attested import Attester, SseTail
 from gateway.api.body import ask_for_usage, model_pattern, rewrite_model
 from gateway.api.exchange import (
     Exchange,
@@ -42,6 +43,7 @@ from gateway.api.sse import StreamWatch
 from gateway.asgi import Send, send_bytes
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
+from gateway.provenance.formats.attestation import ATTEST_HEADER, SALTS_HEADER, salts_value
 from gateway.routing.registry import BackendState, Route
 from gateway.routing.router import Attempt
 from gateway.upstream.errors import translate_upstream_error
@@ -59,6 +61,7 @@ class PrivateRelay:
     def __init__(self, metrics: GatewayMetrics) -> None:
         self._metrics = metrics
         self._rewrites: dict[tuple[str, str], re.Pattern[bytes]] = {}
+        self._attesters: dict[tuple[str, str], Attester] = {}
         self._log = get_logger("owngate.upstream")
 
     async def connect(self, exchange: Exchange, attempt: Attempt) -> Connection:
@@ -99,11 +102,17 @@ class PrivateRelay:
         backend = route.backend
         assert backend.pool is not None
         out = body if route.upstream_model == model else self._rename(doc, body, model, route)
-        # The gateway counts a stream's tokens (budget, provenance record): ask for them.
-        strip_usage = exchange.trail is not None and _streams_text(exchange, doc)
+        attester = self._attester(backend)
+        # The gateway counts a stream's tokens (budget, provenance record): ask for them;
+        # not of an attested backend, whose countersigned body must be the client's.
+        strip_usage = (
+            attester is None and exchange.trail is not None and _streams_text(exchange, doc)
+        )
         if strip_usage:
             out = ask_for_usage(out, doc)
         headers = [(b"content-type", b"application/json"), (b"x-request-id", exchange.request_id)]
+        if attester is not None and exchange.trail is not None:
+            headers.append((SALTS_HEADER, salts_value(exchange.trail.salts)))
         if backend.auth_header is not None:
             headers.append((b"authorization", backend.auth_header))
         if exchange.traceparent is not None:  # tracing on: private backends join the trace
@@ -133,7 +142,9 @@ class PrivateRelay:
         else:
             attempt.answered()
         try:
-            broke = await self._relay(exchange, attempt, response, send, first_byte_by, strip_usage)
+            broke = await self._relay(
+                exchange, attempt, response, send, first_byte_by, strip_usage, attester
+            )
         except UpstreamError as exc:
             attempt.upstream_failed(exc.kind, exc.detail)
             if exchange.response_started:
@@ -163,11 +174,12 @@ class PrivateRelay:
         send: Send,
         first_byte_by: float,
         strip_usage: bool,
+        attester: Attester | None,
     ) -> str | None:
         """Relay the answer; returns why a stream broke off after its first byte, if it did."""
         try:
             return await self._relay_body(
-                exchange, attempt, response, send, first_byte_by, strip_usage
+                exchange, attempt, response, send, first_byte_by, strip_usage, attester
             )
         finally:
             response.abort()  # no-op once the exchange completed and the connection is pooled
@@ -180,6 +192,7 @@ class PrivateRelay:
         send: Send,
         first_byte_by: float,
         strip_usage: bool,
+        attester: Attester | None,
     ) -> str | None:
         backend = attempt.backend
         status = response.status
@@ -200,12 +213,21 @@ class PrivateRelay:
             exchange.status = status
             exchange.response_started = True
             relayed(exchange, data, whole=True)
+            if attester is not None and exchange.trail is not None:
+                countersignature = response.header(ATTEST_HEADER)
+                attester.judge(exchange.trail, exchange.request_id.decode(), countersignature)
             headers = await receipt_headers(exchange)
             await send_bytes(send, status, data, exchange.request_id, content_type, headers)
             return None
-        return await self._relay_stream(
-            exchange, attempt, response, send, first_byte_by, StreamWatch(strip_usage=strip_usage)
+        watch = StreamWatch(strip_usage=strip_usage)
+        tail = SseTail() if attester is not None else None
+        broke = await self._relay_stream(
+            exchange, attempt, response, send, first_byte_by, watch, tail
         )
+        if attester is not None and tail is not None and exchange.trail is not None:
+            attester.judge(exchange.trail, exchange.request_id.decode(), tail.countersignature)
+        await end_stream(send, exchange)
+        return broke
 
     async def _read_whole(
         self, exchange: Exchange, backend: BackendState, response: UpstreamResponse
@@ -234,8 +256,12 @@ class PrivateRelay:
         send: Send,
         first_byte_by: float,
         watch: StreamWatch,
+        tail: SseTail | None,
     ) -> str | None:
+        """Relay a stream (without its countersignature comment, which `tail` takes);
+        the caller ends it."""
         backend, answered = attempt.backend, attempt.answered
+        feed = watch.feed if tail is None else lambda data: watch.feed(tail.feed(data))
         chunks = response.chunks(response.stream_deadline)
         try:  # the client sees nothing until the first chunk: until then, failover is open
             async with asyncio.timeout_at(first_byte_by):
@@ -248,12 +274,14 @@ class PrivateRelay:
         if first is not None:
             self._metrics.observe_ttft(exchange.endpoint, backend.id, first_chunk_seconds(exchange))
             answered()
-            await _relay_chunk(send, exchange, watch.feed(first))
+            await _relay_chunk(send, exchange, feed(first))
         broke = None
         try:
             async for data in chunks:
                 answered()  # alive: a busy server may answer /health late
-                await _relay_chunk(send, exchange, watch.feed(data))
+                await _relay_chunk(send, exchange, feed(data))
+            if tail is not None:
+                await _relay_chunk(send, exchange, watch.feed(tail.flush()))
             await _relay_chunk(send, exchange, watch.flush())
             if response.ended_by_close and not watch.done:
                 # No framing: the close ended the body, and before `[DONE]` the close is
@@ -271,8 +299,19 @@ class PrivateRelay:
             await break_stream(send, exchange, error)
         if watch.usage is not None and exchange.trail is not None:
             exchange.trail.reported(watch.usage)
-        await end_stream(send, exchange)
         return broke
+
+    def _attester(self, backend: BackendState) -> Attester | None:
+        """The attester of a backend marked `attest` (one per backend id and key, so the
+        counters it saw survive a reload that keeps them)."""
+        attest = backend.config.attest
+        if attest is None:
+            return None
+        key = (backend.id, attest.key)
+        found = self._attesters.get(key)
+        if found is None:
+            found = self._attesters[key] = Attester(backend.id, attest.key, self._metrics)
+        return found
 
     def _rename(self, doc: dict[str, Any], body: bytes, model: str, route: Route) -> bytes:
         key = (model, route.upstream_model)

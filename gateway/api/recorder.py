@@ -136,6 +136,8 @@ class Recorder:
         )
         entry = await self._receipted(record, exchange, trail, backend.id, decision)
         trail.dispatch = entry
+        # of this dispatch only
+        trail.attestation, trail.countersignature, trail.upstream = None, None, None
 
     async def _receipted(
         self,
@@ -201,6 +203,8 @@ class Recorder:
                 response_commitment=commit_digest("response", trail.salts.response, digest)
                 if status < 400 or trail.sent_bytes
                 else None,
+                attestation=trail.attestation,
+                upstream=trail.upstream,
             )
             written = self._log.append_soon(record, checked=True)
         except ProvenanceError as exc:

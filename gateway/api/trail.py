@@ -15,6 +15,9 @@ from typing import Any
 import orjson
 
 from gateway.provenance import LogEntry, RecordError, Salts, Usage
+from gateway.provenance.formats.attestation import Attestation
+from gateway.provenance.formats.receipts import attach_countersignature
+from gateway.provenance.formats.upstream_ids import UpstreamIds
 
 __all__ = ["Trail"]
 
@@ -38,6 +41,11 @@ class Trail:
     _usage: Usage | None = None
     _usage_read: bool = False
     _reported: Usage | None = None  # usage the backend reported out of the client's sight
+    # An attested backend's verdict (gateway/api/attested.py), for the completion record,
+    # and the countersignature it accepted, for the client's receipt.
+    attestation: Attestation | None = None
+    countersignature: bytes | None = None
+    upstream: UpstreamIds | None = None  # a hosted provider's ids for the answer
 
     def relayed(self, data: bytes) -> None:
         """A piece of a stream went to the client."""
@@ -66,13 +74,17 @@ class Trail:
 
     async def sealed_receipt(self) -> bytes | None:
         """The receipt of the current dispatch once signed (None if there is none, or its
-        signing failed: the recorder logged that)."""
+        signing failed: the recorder logged that), with the backend's countersignature
+        when one was accepted."""
         if self.receipt is None:
             return None
         try:
-            return await asyncio.shield(self.receipt)
+            receipt = await asyncio.shield(self.receipt)
         except Exception:  # noqa: BLE001 - Recorder._sealed logged it; the answer goes on
             return None
+        if self.countersignature is not None:
+            return attach_countersignature(receipt, self.countersignature)
+        return receipt
 
     def usage(self) -> Usage | None:
         """Token usage the backend reported for the answer seen so far (parsed once per

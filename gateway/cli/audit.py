@@ -31,14 +31,17 @@ from gateway.provenance import (
     verify_log,
     verify_receipt,
 )
+from gateway.provenance.audit.attested import AttestedSummary, check_attestations, cross_check
 from gateway.provenance.audit.receipt import check_receipt_in_log
 from gateway.provenance.audit.remote import is_url, mirror_log
 from gateway.provenance.audit.report import Invocation, audit_report
 from gateway.provenance.audit.report_html import render_html
 from gateway.provenance.audit.summary import Filters, summarise
+from gateway.provenance.formats.attestation import receipt_countersignature
 from gateway.provenance.formats.cosignature import CosignatureVerifier
 from gateway.provenance.formats.layout import list_cosigned
 from gateway.provenance.formats.merkle import inclusion_proof
+from gateway.provenance.formats.records import parse_record
 from gateway.provenance.formats.tiles import TileReader
 
 __all__ = ["register"]
@@ -166,9 +169,29 @@ def _add_verify(verbs: Any) -> None:
         "may be signed by keys you do not hold; their roots are still checked and the first "
         "trusted checkpoint covers their entries (env OWNGATE_AUDIT_ACCEPT_EARLIER_KEYS=1)",
     )
+    verify.add_argument(
+        "--backend-key",
+        action="append",
+        default=None,
+        metavar="ID=VKEY",
+        help="an attested backend's key (its `owngate attest` sidecar's verifier key): every "
+        "answer the log says backend ID served must carry a valid countersignature by it over "
+        "the same commitments; repeat per backend (env OWNGATE_AUDIT_BACKEND_KEY)",
+    )
+    verify.add_argument(
+        "--attest-log",
+        action="append",
+        default=None,
+        metavar="[ID=]DIR|URL",
+        help="a sidecar's own statement log (directory, or URL served as tlog-tiles), "
+        "cross-checked both ways against this log; ID= names its backend when several "
+        "--backend-key are given (env OWNGATE_AUDIT_ATTEST_LOG)",
+    )
     verify.add_argument("--json", action="store_true", help="print the summary as JSON")
     verify.set_defaults(
         handler=_guarded(_verify),
+        _backend_key_defaults=_env_list("BACKEND_KEY"),
+        _attest_log_defaults=_env_list("ATTEST_LOG"),
         _checkpoint_defaults=_env_list("CHECKPOINT"),
         _witness_defaults=_env_list("WITNESS_KEY"),
     )
@@ -218,6 +241,7 @@ def _verified(
         min_witnesses=args.min_witnesses,
         accept_earlier_keys=args.accept_earlier_keys,
     )
+    attested = _attested(args, logdir, summary.size)
     witnessed = summary.witnesses
     if args.json:
         result: dict[str, Any] = {
@@ -238,6 +262,8 @@ def _verified(
                 "min_witnesses": witnessed.min_witnesses,
                 "newest_by": witnessed.newest_by,
             }
+        if attested is not None:
+            result["attested"] = {"answers": attested.answers, "sidecars": attested.cross_checked}
         print(json.dumps(result))
         return 0
     earlier = (
@@ -259,7 +285,55 @@ def _verified(
             f"{witnessed.min_witnesses} witness(es) ({newest}); "
             f"{summary.size - witnessed.witnessed_size} signed entries not yet witnessed"
         )
+    if attested is not None:
+        for backend, count in attested.answers.items():
+            sidecar = attested.cross_checked.get(backend)
+            unaccepted = attested.unaccepted.get(backend, 0)
+            also = "" if sidecar is None else f"; its sidecar's log ({sidecar} entries) agrees"
+            if unaccepted:
+                also += (
+                    f" ({unaccepted} statement(s) of requests the gateway dispatched there "
+                    "hold no accepted countersignature in its log: see their records)"
+                )
+            print(f"ok: backend {backend}: {count} answer(s) countersigned by its key{also}")
     return 0
+
+
+def backend_keys(items: list[str]) -> dict[str, Verifier]:
+    """`ID=VKEY` items (a VKEY may be a file holding the key) as backend id -> verifier."""
+    keys: dict[str, Verifier] = {}
+    for item in items:
+        backend, sep, key = item.partition("=")
+        if not sep or not backend or not key:
+            raise ValueError(f"--backend-key wants ID=VKEY, not {item!r}")
+        found = load_verifiers([key])
+        if len(found) != 1:
+            raise ValueError(f"--backend-key {backend}: give exactly one key")
+        keys[backend] = found[0]
+    return keys
+
+
+def _attested(args: argparse.Namespace, logdir: str, size: int) -> AttestedSummary | None:
+    keys = backend_keys(args.backend_key or args._backend_key_defaults)
+    sidecars = args.attest_log or args._attest_log_defaults
+    if not keys:
+        if sidecars:
+            raise ValueError("--attest-log needs the sidecar's --backend-key ID=VKEY")
+        return None
+    summary = check_attestations(logdir, size, keys)
+    for item in sidecars:
+        backend, sep, where = item.partition("=")
+        if not sep or backend not in keys:
+            if len(keys) != 1:
+                raise ValueError(f"--attest-log {item!r}: name its backend, ID=DIR")
+            backend, where = next(iter(keys)), item
+        if is_url(where):
+            with tempfile.TemporaryDirectory(prefix="owngate-attest-") as copy:
+                mirror_log(where, Path(copy), token=None)
+                cross_check(summary, copy, backend, keys[backend])
+        else:
+            cross_check(summary, where, backend, keys[backend])
+    return summary
 
 
 def _witness_key(text: str) -> CosignatureVerifier:
@@ -342,13 +416,24 @@ def _add_receipt(verbs: Any) -> None:
     verify.add_argument("file", help="the receipt (DSSE envelope JSON)")
     _key_flag(verify, required=True)
     verify.add_argument("--log", default=_env("LOG"), help="log directory (env OWNGATE_AUDIT_LOG)")
-    verify.set_defaults(handler=_guarded(_receipt_verify))
+    verify.add_argument(
+        "--backend-key",
+        action="append",
+        default=None,
+        metavar="ID=VKEY",
+        help="an attested backend's key: a receipt naming backend ID must carry its valid "
+        "countersignature for this request (env OWNGATE_AUDIT_BACKEND_KEY)",
+    )
+    verify.set_defaults(
+        handler=_guarded(_receipt_verify), _backend_key_defaults=_env_list("BACKEND_KEY")
+    )
     receipt.set_defaults(handler=lambda _args: _usage(receipt))
 
 
 def _receipt_verify(args: argparse.Namespace) -> int:
     keys = _keys(args)
-    receipt = verify_receipt(Path(args.file).read_bytes(), keys)
+    envelope = Path(args.file).read_bytes()
+    receipt = verify_receipt(envelope, keys)
     names = (
         f"dispatch entry {receipt.index} to backend {receipt.backend}"
         if receipt.backend
@@ -358,9 +443,28 @@ def _receipt_verify(args: argparse.Namespace) -> int:
         f"ok: receipt for request {receipt.request_id} signed by the log {receipt.log}: "
         f"{names}, policy {receipt.policy_digest}"
     )
+    statement = receipt_countersignature(
+        envelope, receipt, backend_keys(args.backend_key or args._backend_key_defaults)
+    )
+    if statement is not None:
+        print(
+            f"ok: countersigned by backend {receipt.backend}'s key {statement.key} "
+            f"(counter {statement.counter})"
+        )
     if args.log is None:
         return 0
-    size = check_receipt_in_log(LogDirectory(args.log), receipt, keys).size
+    inclusion = check_receipt_in_log(LogDirectory(args.log), receipt, keys)
+    size = inclusion.size
+    if (
+        statement is not None
+        and parse_record(inclusion.entry).data.get("request_commitment")
+        != statement.request_commitment
+    ):
+        print(
+            f"FAILED: the countersigned request commitment differs from entry {receipt.index}'s",
+            file=sys.stderr,
+        )
+        return 1
     print(f"ok: entry {receipt.index} is in the checkpoint of size {size}")
     return 0
 

@@ -27,6 +27,7 @@ _COMMANDS = (
     "serve",
     "demo",
     "sim",
+    "attest",
     "config",
     "keys",
     "policy",

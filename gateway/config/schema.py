@@ -15,12 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gateway.provenance.errors import KeyFormatError
 from gateway.provenance.formats.cosignature import CosignatureVerifier
+from gateway.provenance.formats.note import Verifier
 
 __all__ = [
     "AdminListenSettings",
     "AdminRole",
     "AdminSettings",
     "AdminTokenSettings",
+    "AttestSettings",
     "BackendKind",
     "BackendSettings",
     "BackendTLSSettings",
@@ -336,6 +338,24 @@ class BackendTLSSettings(_Strict):
         return self
 
 
+class AttestSettings(_Strict):
+    """A backend behind `owngate attest`: every answer must carry that sidecar's
+    countersignature (docs/provenance.md, layer 3)."""
+
+    key: str = Field(
+        min_length=1, description="the sidecar's verifier key (name+hexid+base64, signed-note)"
+    )
+
+    @field_validator("key")
+    @classmethod
+    def _verifier_key(cls, value: str) -> str:
+        try:
+            Verifier(value)
+        except KeyFormatError as exc:
+            raise ValueError(f"attest.key is not a verifier key: {exc}") from exc
+        return value.strip()
+
+
 class BackendSettings(_Strict):
     id: Identifier
     kind: BackendKind
@@ -360,6 +380,9 @@ class BackendSettings(_Strict):
     identity: Literal["declared", "certificate"] = Field(
         default="declared",
         description="certificate: region, owner and retention must match the certificate's",
+    )
+    attest: AttestSettings | None = Field(
+        default=None, description="private backends behind `owngate attest`: its key"
     )
 
     @field_validator("base_url")
@@ -405,6 +428,15 @@ class BackendSettings(_Strict):
             missing = [m.name for m in self.models if not m.provider_model]
             if missing:
                 raise ValueError(f"hosted models need provider_model: {', '.join(missing)}")
+        if self.attest is not None:
+            if self.kind not in PRIVATE_KINDS:
+                raise ValueError("attest is for private backends (hosted ones cannot countersign)")
+            # The countersigned request must be the client's bytes: no model renaming.
+            if any(m.aliases for m in self.models):
+                raise ValueError(
+                    "an attested backend serves its models under their own names (no "
+                    "aliases): the body it countersigns must be the one the client sent"
+                )
         return self
 
     @property

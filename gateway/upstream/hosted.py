@@ -118,6 +118,7 @@ class HostedResponse:
         usage: dict[str, int] | None = None,
         ignored_fields: tuple[str, ...] = (),
         stream: _Stream | None = None,
+        provider_ids: tuple[object, list[tuple[str, str]]] = (None, []),
     ) -> None:
         self.status = 200
         self.content_type = content_type
@@ -125,6 +126,10 @@ class HostedResponse:
         self.usage = usage
         self.ignored_fields = ignored_fields
         self._stream = stream
+        # The provider's own ids for the answer, unchecked: the `id` of the answer (of a
+        # stream's first chunk) and its response headers (gateway/api/hosted_relay.py keeps
+        # only allow-listed, id-shaped ones).
+        self.provider_ids = provider_ids
 
     @property
     def is_stream(self) -> bool:
@@ -269,11 +274,20 @@ class HostedClient:
             encode = partial(openai_wire.encode_response, endpoint, result)
             body, usage = _encoded(self.provider, encode)
             return HostedResponse(
-                content_type=_JSON, body=body, usage=usage, ignored_fields=ignored
+                content_type=_JSON,
+                body=body,
+                usage=usage,
+                ignored_fields=ignored,
+                provider_ids=_provider_ids(result, result),
             )
         first = await self._first_chunk(result)
         stream = _Stream(result, first, endpoint, openai_wire.include_usage(doc), self.provider)
-        return HostedResponse(content_type=_SSE, ignored_fields=ignored, stream=stream)
+        return HostedResponse(
+            content_type=_SSE,
+            ignored_fields=ignored,
+            stream=stream,
+            provider_ids=_provider_ids(first, result),
+        )
 
     async def aclose(self) -> None:
         """Close this client's connections and LiteLLM's shared client cache: at shutdown.
@@ -345,6 +359,19 @@ class HostedClient:
             raise
         await _close_stream(stream)
         raise failure
+
+
+def _provider_ids(answer: Any, carrier: Any) -> tuple[object, list[tuple[str, str]]]:
+    """The `id` of `answer` and the provider's response headers LiteLLM keeps on
+    `carrier` (`_hidden_params["additional_headers"]`, named `llm_provider-<header>`)."""
+    hidden = getattr(carrier, "_hidden_params", None)
+    found = hidden.get("additional_headers") if isinstance(hidden, dict) else None
+    headers = [
+        (name.removeprefix("llm_provider-"), value)
+        for name, value in (found.items() if isinstance(found, dict) else ())
+        if isinstance(name, str) and name.startswith("llm_provider-") and isinstance(value, str)
+    ]
+    return getattr(answer, "id", None), headers
 
 
 def _encoded(provider: str, encode: Callable[[], T]) -> T:

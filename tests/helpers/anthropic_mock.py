@@ -27,7 +27,13 @@ from gateway.errors import GatewayError
 
 __all__ = ["AnthropicMock", "Received"]
 
-_SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+# Anthropic names each answer in a `request-id` header too (the gateway records it).
+REQUEST_ID: Final = b"req_mock0001"
+_SSE_HEADERS: Final = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"request-id", REQUEST_ID),
+]
 _ERROR_MESSAGES: Final = {
     "invalid_request_error": "There was an issue with the format or content of your request.",
     "authentication_error": "invalid x-api-key",
@@ -99,7 +105,8 @@ class AnthropicMock:
         elif body.get("stream") is True:
             await self._stream(body, receive, send)
         else:
-            await respond(send, 200, orjson.dumps(self._message(body)))
+            answer = orjson.dumps(self._message(body))
+            await respond(send, 200, answer, headers=((b"request-id", REQUEST_ID),))
             self.completed += 1
 
     def _problem(

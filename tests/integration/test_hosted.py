@@ -30,6 +30,7 @@ from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from gateway.config.schema import BackendSettings
+from gateway.provenance.formats.upstream_ids import UpstreamIds
 from gateway.serving import ServerThread
 from gateway.sim import Faults, SimApp, SimSettings, create_sim_app
 from gateway.upstream.hosted import HostedClient, HostedError, HostedResponse
@@ -257,6 +258,27 @@ def test_anthropic_chat_is_translated_both_ways(env: Servers) -> None:
     [message] = received.body["messages"]
     assert message["role"] == "user"
     assert message["content"] in ("hello there", [{"type": "text", "text": "hello there"}])
+
+
+def test_the_providers_own_ids_for_an_answer_are_kept(env: Servers) -> None:
+    """Hosted providers cannot countersign: their answer id and request-id header are
+    what an auditor reconciles with the provider's usage export (completion `upstream`)."""
+    anthropic = anthropic_client(env)
+    whole = run(anthropic, lambda: anthropic.send("chat", chat(), "public"))
+    assert whole.body is not None
+    # LiteLLM names a translated answer itself (Anthropic's msg_ id is not kept): the
+    # request-id header is what reconciles; the id is the one the client got.
+    assert UpstreamIds.of(*whole.provider_ids) == UpstreamIds(
+        orjson.loads(whole.body)["id"], (("request-id", "req_mock0001"),)
+    )
+    streamed = run(anthropic, lambda: anthropic.send("chat", chat(stream=True), "public"))
+    ids = UpstreamIds.of(*streamed.provider_ids)
+    assert ids is not None and ids.request_ids == (("request-id", "req_mock0001"),)
+    openai = openai_client(env)
+    answer = run(openai, lambda: openai.send("chat", chat(), "public"))
+    assert answer.body is not None
+    ids = UpstreamIds.of(*answer.provider_ids)
+    assert ids is not None and ids.response_id == orjson.loads(answer.body)["id"]
 
 
 def test_anthropic_stream_becomes_openai_chunks(env: Servers) -> None:

@@ -22,8 +22,17 @@ from gateway.provenance import (
     write_signing_key,
 )
 from gateway.serving import ServerThread
-from tests.helpers.gateways import OTHER_KEY, Gateway, Sim, backend, gateway_config, readiness
-from tests.helpers.provenance import records
+from tests.helpers.gateways import (
+    HOSTED_ONLY_POLICY,
+    OTHER_KEY,
+    Gateway,
+    Sim,
+    backend,
+    gateway_config,
+    hosted_backend,
+    readiness,
+)
+from tests.helpers.provenance import completion_record, records
 from tests.helpers.waiting import until
 
 CANARY = "CANARY-5c1b-provenance-never-stores-content"
@@ -244,3 +253,33 @@ def test_an_unwritable_log_refuses_requests_then_recovers_without_traffic(
     )
     assert receipt.index == 2  # the refused request left nothing in the log
     until(lambda: log.size == 4, "four records")
+
+
+def test_a_hosted_answer_records_the_providers_ids(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    """A hosted provider cannot countersign: its completion record keeps the answer's id
+    (and allow-listed request-id headers) to reconcile with the provider's usage export."""
+    hosted = start_sim("vllm", models=("f",), zero_latency=True)
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "hosted.yaml").write_text(HOSTED_ONLY_POLICY)
+    write_signing_key(tmp_path / "log.key", "gw.test/hosted")
+    gateway = start_gateway(
+        [hosted_backend("hosted", f"{hosted.url}/v1", "f")],
+        environ={"HOSTED_KEY": "sk-test"},
+        policy={"paths": [str(tmp_path / "policies")]},
+        provenance={
+            "dir": str(tmp_path / "log"),
+            "origin": "gw.test/hosted",
+            "signing_key_file": str(tmp_path / "log.key"),
+            "checkpoint_interval_ms": 20,
+        },
+    )
+    body = {"model": "f", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions", json=body, headers=gateway.headers, timeout=60
+    )
+    assert response.status_code == 200, response.text
+    record = completion_record(tmp_path / "log", response.headers["x-request-id"])
+    assert record["upstream"]["response_id"] == response.json()["id"]
+    assert "attestation" not in record

@@ -24,6 +24,8 @@ from gateway.provenance.formats.note import Signer, Verifier
 __all__ = [
     "RECEIPT_PAYLOAD_TYPE",
     "Receipt",
+    "attach_countersignature",
+    "countersignature_of",
     "make_receipt",
     "pae",
     "verify_receipt",
@@ -103,6 +105,25 @@ def make_receipt(receipt: Receipt, signer: Signer) -> bytes:
         "signatures": [{"keyid": str(signer), "sig": base64.b64encode(signature).decode()}],
     }
     return canonical_json_of_plain(envelope)
+
+
+def attach_countersignature(envelope: bytes, countersignature: bytes) -> bytes:
+    """The receipt with an attested backend's countersignature (its own DSSE envelope)
+    beside the gateway's: a member `attestation` of the receipt's JSON. It is signed by
+    the backend's key, not the gateway's: DSSE verifiers that do not know it ignore it."""
+    value = json.loads(envelope)
+    value["attestation"] = json.loads(countersignature)
+    return canonical_json_of_plain(value)
+
+
+def countersignature_of(envelope: bytes) -> bytes | None:
+    """The countersignature a receipt carries (canonical JSON bytes), or None."""
+    try:
+        value = json.loads(envelope)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MalformedError(f"receipt is not JSON: {exc}") from exc
+    found = value.get("attestation") if isinstance(value, dict) else None
+    return None if found is None else canonical_json_of_plain(found)
 
 
 def _decode(value: object, what: str) -> bytes:

@@ -26,7 +26,9 @@ from typing import Any, Literal
 
 from gateway.canonical import MAX_SAFE_INTEGER
 from gateway.provenance.errors import RecordError
+from gateway.provenance.formats.attestation import Attestation
 from gateway.provenance.formats.schema import SCHEMA_VERSION, problem
+from gateway.provenance.formats.upstream_ids import UpstreamIds
 
 _loads: Callable[[bytes], Any]
 try:  # orjson parses 3-5x faster, which `audit verify` feels; the stdlib parser suffices
@@ -54,8 +56,8 @@ __all__ = [
     "validate_record",
 ]
 
-RecordType = Literal["dispatch", "completion", "refusal", "admin"]
-RECORD_TYPES: tuple[RecordType, ...] = ("dispatch", "completion", "refusal", "admin")
+RecordType = Literal["dispatch", "completion", "refusal", "admin", "attestation"]
+RECORD_TYPES: tuple[RecordType, ...] = ("dispatch", "completion", "refusal", "admin", "attestation")
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +254,11 @@ def completion_record(
     usage: Usage | None,
     latency_ms: int,
     response_commitment: str | None,
+    attestation: Attestation | None = None,
+    upstream: UpstreamIds | None = None,
 ) -> dict[str, object]:
+    """`attestation`: an attested backend's countersignature (or why none was accepted);
+    `upstream`: a hosted provider's ids for the answer. Absent when None."""
     _text(request_id, "request_id", empty=False)
     if type(dispatch) is not LogEntry or len(dispatch.leaf_hash) != 32:
         raise RecordError("dispatch must be the LogEntry of the dispatch record")
@@ -264,7 +270,11 @@ def completion_record(
         raise RecordError("usage must be a Usage or None")
     _count(latency_ms, "latency_ms")
     _hex64(response_commitment, "response_commitment", optional=True)
-    return {
+    if attestation is not None and type(attestation) is not Attestation:
+        raise RecordError("attestation must be an Attestation or None")
+    if upstream is not None and type(upstream) is not UpstreamIds:
+        raise RecordError("upstream must be UpstreamIds or None")
+    record: dict[str, object] = {
         "v": SCHEMA_VERSION,
         "type": "completion",
         "request_id": request_id,
@@ -282,6 +292,11 @@ def completion_record(
         "latency_ms": latency_ms,
         "response_commitment": response_commitment,
     }
+    if attestation is not None:
+        record["attestation"] = attestation.field()
+    if upstream is not None:
+        record["upstream"] = upstream.field()
+    return record
 
 
 def refusal_record(

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gateway.canonical import MAX_SAFE_INTEGER
+from gateway.provenance.formats.attestation import FAILURES
 
 __all__ = [
     "RECORD_SCHEMAS",
@@ -57,11 +58,14 @@ _NONEMPTY = re.compile(r"(?s).")
 _TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z\Z")
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 _SPKI = re.compile(r"sha256//[A-Za-z0-9+/]{43}=\Z")  # as curl --pinnedpubkey writes a pin
+_BASE64 = re.compile(r"[A-Za-z0-9+/]{86}==\Z")  # an Ed25519 signature
+_UPSTREAM_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}\Z")
+_IDS = ListOf({"header": str, "value": _UPSTREAM_ID})
 _POLICY = {"id": str, "version": str, "digest": str}
 _TRACE = ListOf({"backend": str, "verdict": frozenset({"admitted", "excluded"}), "rule": str})
 _COMMON: dict[str, object] = {
     "v": frozenset({SCHEMA_VERSION}),
-    "type": frozenset({"dispatch", "completion", "refusal", "admin"}),
+    "type": frozenset({"dispatch", "completion", "refusal", "admin", "attestation"}),
     "request_id": _NONEMPTY,
     "time": _TIME,
 }
@@ -95,6 +99,19 @@ RECORD_SCHEMAS: dict[str, dict[str, object]] = {
         "usage": Optional({"prompt_tokens": int, "completion_tokens": int, "total_tokens": int}),
         "latency_ms": int,
         "response_commitment": Optional(_HEX64),
+        # A private backend marked `attest`: its sidecar's countersignature, or why none
+        # was accepted (formats/attestation.py).
+        "attestation": Omittable(
+            {
+                "key": _NONEMPTY,
+                "counter": Optional(int),
+                "time": Optional(_TIME),
+                "sig": Optional(_BASE64),
+                "failure": Optional(FAILURES),
+            }
+        ),
+        # A hosted provider's own ids for the answer (formats/upstream_ids.py).
+        "upstream": Omittable({"response_id": Optional(_UPSTREAM_ID), "request_ids": _IDS}),
     },
     "refusal": {
         **_COMMON,
@@ -115,6 +132,14 @@ RECORD_SCHEMAS: dict[str, dict[str, object]] = {
         "action": frozenset({"reload", "drain", "key_create", "key_revoke"}),
         "subject": str,
         "change_digest": _HEX64,
+    },
+    # The `owngate attest` sidecar's log entry: the statement it countersigned.
+    "attestation": {
+        **_COMMON,
+        "counter": int,
+        "key": _NONEMPTY,
+        "request_commitment": _HEX64,
+        "response_commitment": _HEX64,
     },
 }
 

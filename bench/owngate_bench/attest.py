@@ -1,0 +1,257 @@
+"""What the `owngate attest` sidecar costs: the same requests direct, via a sidecar, via a
+gateway, and via a gateway and a sidecar, side by side.
+
+`owngate bench attest` starts one zero-latency simulator (so the sidecar's and gateway's
+own work is what the latency shows), two sidecars in front of it (one taking requests
+directly, one behind a gateway: each sidecar's log then holds exactly one party's
+traffic) and two gateways with the provenance log on: `gateway` to the simulator,
+`gateway+sidecar` to the second sidecar, attested. Each target gets the same closed-loop
+load (whole answers, concurrency 1 by default: latency, not throughput), in turn, with
+the load generator in its own process. Reported: p50/p99 latency per target, the p50
+the sidecar adds (via sidecar - direct; gateway+sidecar - gateway) and the sidecar's CPU
+per request (from /proc). The issue's targets: <= 0.3 ms p50 added, <= 100 µs CPU per
+request. At the end the gateway's log is audited against the sidecar's (`owngate audit
+verify --backend-key --attest-log`). On a shared machine the figures move; the command
+prints how busy the machine was.
+
+Exit codes: 0 ran cleanly (targets are reported, not enforced); 1 a load point failed or
+the audit did not pass; 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from owngate_bench.loadgen import LoadSpec, run_in_subprocess
+from owngate_bench.services import (
+    HOST,
+    Service,
+    child_env,
+    free_port,
+    machine_busy_seconds,
+    owngate_argv,
+)
+
+__all__ = ["TARGETS", "add_arguments", "run"]
+
+MODEL = "bench-model"
+ORIGIN = "bench.owngate/attest"
+TARGETS = ("direct", "sidecar", "gateway", "gateway+sidecar")
+ADDED_P50_MS = 0.3
+SIDECAR_CPU_US = 100.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per target (5)")
+    parser.add_argument("--concurrency", type=int, default=1, help="clients at once (1)")
+    parser.add_argument("--stream", action="store_true", help="streamed answers instead")
+    parser.add_argument("--quick", action="store_true", help="a short run, for smoke tests")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _gateway_config(port: int, backend_url: str, key_hash: str, rundir: Path, name: str) -> str:
+    attest = ""
+    if name == "gateway+sidecar":
+        vkey = (rundir / "sidecar-gw.vkey").read_text().strip()
+        attest = f", attest: {{key: '{vkey}'}}"
+    return (
+        f"listen: {{host: {HOST}, port: {port}}}\n"
+        "logging: {format: json, level: warning, access_log: false}\n"
+        "backends:\n"
+        f"  - {{id: sim, kind: vllm, base_url: '{backend_url}',\n"
+        f"     models: [{{name: {MODEL}}}], region: local, owner: bench{attest}}}\n"
+        "tenants:\n"
+        f"  - {{id: bench, api_key_hashes: ['{key_hash}'], models: ['*']}}\n"
+        "admin: {allow_loopback: true, listen: null}\n"
+        "provenance:\n"
+        f"  dir: '{rundir / ('log-' + name.replace('+', '-'))}'\n"
+        f"  origin: {ORIGIN}/{name.replace('+', '-')}\n"
+        f"  signing_key_file: '{rundir / 'log.key'}'\n"
+    )
+
+
+@contextlib.contextmanager
+def _started(rundir: Path, api_key: str) -> Iterator[dict[str, Service]]:
+    """The simulator, the two sidecars and the two gateways, ready; stopped at the end."""
+    from gateway.provenance import write_signing_key  # the auditor's package, light
+
+    env = child_env()
+    services: dict[str, Service] = {}
+    write_signing_key(rundir / "log.key", ORIGIN)
+    key_hash = "sha256:" + hashlib.sha256(api_key.encode()).hexdigest()
+    try:
+        sim_port = free_port()
+        argv = ["sim", "--host", HOST, "--port", str(sim_port), "--model", MODEL]
+        sim = Service.start("sim", owngate_argv(*argv, "--zero-latency"), env, rundir, sim_port)
+        services["direct"] = sim
+        for name in ("sidecar", "sidecar-gw"):
+            vkey = write_signing_key(rundir / f"{name}.key", name)
+            (rundir / f"{name}.vkey").write_text(vkey + "\n")
+            port = free_port()
+            argv = ["attest", "--listen", f"{HOST}:{port}", "--backend", sim.url]
+            argv += ["--key", str(rundir / f"{name}.key"), "--log", str(rundir / f"{name}-log")]
+            services[name] = Service.start(name, owngate_argv(*argv), env, rundir, port)
+        for name, upstream in (("gateway", sim), ("gateway+sidecar", services["sidecar-gw"])):
+            port = free_port()
+            config = rundir / f"{name.replace('+', '-')}.yaml"
+            config.write_text(_gateway_config(port, upstream.url, key_hash, rundir, name))
+            argv = owngate_argv("serve", "--config", str(config))
+            services[name] = Service.start(name, argv, env, rundir, port)
+        auth = {"Authorization": f"Bearer {api_key}"}
+        for name, service in services.items():
+            service.wait_ready("/v1/models", auth if name.startswith("gateway") else {}, 30.0)
+            if name.startswith("gateway"):
+                service.wait_backend_available("sim", 30.0)
+        yield services
+    finally:
+        for service in reversed(services.values()):
+            service.stop()
+
+
+def _measure(
+    services: Mapping[str, Service], api_key: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    duration = 1.0 if args.quick else args.duration
+    for target in TARGETS:
+        service = services[target]
+        pids = {"target": service.proc.pid}
+        if target == "sidecar":
+            pids["sidecar"] = service.proc.pid
+        if target == "gateway+sidecar":
+            pids["sidecar"] = services["sidecar-gw"].proc.pid
+        spec = LoadSpec(
+            host=HOST,
+            port=service.port,
+            api_key=api_key,
+            model=MODEL,
+            stream=args.stream,
+            concurrency=args.concurrency,
+            duration_s=duration,
+            warmup_s=0.2 if args.quick else 1.0,
+            warmup_requests=50 if args.quick else 500,
+            cpu_pids=pids,
+        )
+        try:
+            results[target] = run_in_subprocess(spec, env=child_env())
+        except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+            results[target] = {"error": str(exc)[-2000:]}
+    return results
+
+
+def _figures(results: Mapping[str, Any]) -> dict[str, Any]:
+    """Per target: requests, p50/p99 latency (ms), sidecar CPU µs per request; and what
+    the sidecar adds."""
+    rows: dict[str, Any] = {}
+    for target, result in results.items():
+        if "error" in result or not result.get("requests"):
+            rows[target] = None
+            continue
+        requests = result["requests"]
+        sidecar_cpu = result["cpu_s"].get("sidecar")
+        rows[target] = {
+            "requests": requests,
+            "errors": result["errors"],
+            "p50_ms": result["latency_ms"]["p50"],
+            "p99_ms": result["latency_ms"]["p99"],
+            "sidecar_cpu_us_per_req": None if sidecar_cpu is None else 1e6 * sidecar_cpu / requests,
+        }
+
+    def added(over: str, base: str) -> float | None:
+        a, b = rows.get(over), rows.get(base)
+        return None if a is None or b is None else a["p50_ms"] - b["p50_ms"]
+
+    return {
+        "targets": rows,
+        "added_p50_ms": {
+            "sidecar": added("sidecar", "direct"),
+            "gateway+sidecar": added("gateway+sidecar", "gateway"),
+        },
+    }
+
+
+def _audit(rundir: Path) -> str | None:
+    """`owngate audit verify` of the attested gateway's log against its sidecar's log;
+    None when it passes, else what it said."""
+    from gateway.provenance import load_signer
+
+    argv = owngate_argv(
+        "audit",
+        "verify",
+        str(rundir / "log-gateway-sidecar"),
+        "--key",
+        load_signer(rundir / "log.key").vkey,
+        "--backend-key",
+        "sim=" + (rundir / "sidecar-gw.vkey").read_text().strip(),
+        "--attest-log",
+        str(rundir / "sidecar-gw-log"),
+    )
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    return None if done.returncode == 0 else (done.stderr or done.stdout)[-2000:]
+
+
+def _render(report: Mapping[str, Any]) -> str:
+    lines = [
+        f"owngate bench attest: concurrency {report['concurrency']}, "
+        f"{'streams' if report['stream'] else 'whole answers'}, zero-latency simulator; "
+        f"the machine was {report['machine_busy']:.0%} busy (shared machines move these)",
+        f"  {'target':<17} {'requests':>8} {'p50 ms':>8} {'p99 ms':>8} {'sidecar CPU/req':>16}",
+    ]
+    for target, row in report["targets"].items():
+        if row is None:
+            lines.append(f"  {target:<17} failed")
+            continue
+        cpu = row["sidecar_cpu_us_per_req"]
+        lines.append(
+            f"  {target:<17} {row['requests']:>8} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} "
+            f"{'-' if cpu is None else f'{cpu:,.0f} µs':>16}"
+        )
+    for name, value in report["added_p50_ms"].items():
+        shown = "-" if value is None else f"{value:+.3f} ms"
+        lines.append(f"  p50 added by the sidecar ({name}): {shown} (target <= {ADDED_P50_MS} ms)")
+    lines.append(f"  sidecar CPU target: <= {SIDECAR_CPU_US:.0f} µs per request")
+    audit = report["audit"]
+    lines.append("  audit: ok" if audit is None else f"  audit FAILED: {audit}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.concurrency < 1 or args.duration <= 0:
+        print("owngate bench attest: --concurrency >= 1 and --duration > 0", file=sys.stderr)
+        return 2
+    api_key = "sk-bench-" + secrets.token_hex(16)
+    with tempfile.TemporaryDirectory(prefix="owngate-bench-attest-") as tmp:
+        rundir = Path(tmp)
+        with _started(rundir, api_key) as services:
+            busy, started = machine_busy_seconds(), time.monotonic()
+            results = _measure(services, api_key, args)
+            busy = (machine_busy_seconds() - busy) / max(time.monotonic() - started, 1e-9)
+        audit = _audit(rundir)
+    report = {
+        "concurrency": args.concurrency,
+        "stream": args.stream,
+        "machine_busy": busy / max(_cores(), 1),
+        **_figures(results),
+        "audit": audit,
+    }
+    print(json.dumps(report) if args.json else _render(report))
+    failed = audit is not None or any(
+        row is None or row["errors"] for row in report["targets"].values()
+    )
+    return 1 if failed else 0
+
+
+def _cores() -> int:
+    return os.cpu_count() or 1

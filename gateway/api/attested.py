@@ -1,0 +1,161 @@
+"""The gateway's half of two-party receipts: checking an attested backend's
+countersignature (docs/provenance.md, layer 3).
+
+For a backend marked `attest` (gateway.yaml), the private relay sends the request's salts
+(`x-owngate-salts`) beside its request id, and reads back the sidecar's countersignature:
+the `x-owngate-attest` header of a whole answer, or the stream's final SSE comment
+`: owngate-attest <base64>`, which `SseTail` takes out of the stream (the client gets it
+inside its receipt instead, so the stream it sees is exactly the backend's, and so is the
+response commitment both sides sign). `Attester.judge` accepts it only when it is signed
+by the configured key over this request id and the gateway's own two commitments, with a
+counter this gateway has not seen from that key before; anything else is recorded as a
+failure (`sig` null, a `failure` code), counted in `owngate_attestations_total` and
+logged, never as a two-party statement. The answer itself still goes out: a stream was
+already relayed, and a whole answer is treated the same way.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import collections
+
+from gateway.api.metrics import GatewayMetrics
+from gateway.api.trail import Trail
+from gateway.logs import get_logger
+from gateway.provenance import Verifier, commit_digest
+from gateway.provenance.formats.attestation import (
+    MAX_ENVELOPE,
+    SSE_PREFIX,
+    Attestation,
+    AttestationFailure,
+    check_countersignature,
+)
+
+__all__ = ["Attester", "SseTail"]
+
+_MARKER = b"\n" + SSE_PREFIX
+_WINDOW = 65536  # counters remembered per key, to refuse a replayed one
+_MAX_TAIL = 2 * MAX_ENVELOPE  # the comment line (base64 of an envelope) and its framing
+
+
+class Attester:
+    """One attested backend's key and the counters seen from it."""
+
+    def __init__(self, backend: str, vkey: str, metrics: GatewayMetrics) -> None:
+        self.backend = backend
+        self._verifier = Verifier(vkey)
+        self._metrics = metrics
+        self._seen: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._events = get_logger("owngate.attest")
+
+    def judge(self, trail: Trail, request_id: str, encoded: bytes | None) -> None:
+        """Check the countersignature (base64 of the DSSE envelope, or None) against what
+        the trail committed to, and put the verdict in the trail."""
+        response = commit_digest("response", trail.salts.response, trail.response_hash.digest())
+        try:
+            envelope = None if encoded is None else _decode(encoded)
+            counter = check_countersignature(
+                envelope,
+                self._verifier,
+                request_id=request_id,
+                request_commitment=trail.request_commitment,
+                response_commitment=response,
+            )
+            self._fresh(counter.statement.counter)
+        except AttestationFailure as failure:
+            trail.attestation = Attestation(str(self._verifier), failure=failure.code)
+            self._metrics.attestation(self.backend, failure.code)
+            self._events.warning(
+                "countersignature not accepted",
+                request_id=request_id,
+                backend=self.backend,
+                failure=failure.code,
+                reason=str(failure),
+            )
+            return
+        trail.attestation = Attestation.accepted(counter)
+        trail.countersignature = envelope
+        self._metrics.attestation(self.backend, "ok")
+
+    def _fresh(self, counter: int) -> None:
+        """Refuse a counter seen before from this key, or one older than every counter
+        remembered (a replay too old to tell apart); remember it otherwise. Counters of
+        concurrent requests may arrive out of order: only a repeat is a replay."""
+        seen = self._seen
+        if counter in seen or (len(seen) >= _WINDOW and counter < next(iter(seen))):
+            raise AttestationFailure("replayed", f"counter {counter} was already used")
+        seen[counter] = None
+        if len(seen) > _WINDOW:
+            seen.popitem(last=False)
+
+
+def _decode(encoded: bytes) -> bytes:
+    try:
+        return base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise AttestationFailure("malformed", "the countersignature is not base64") from exc
+
+
+class SseTail:
+    """Takes the sidecar's final `: owngate-attest` comment out of a relayed stream.
+
+    The comment starts at a line start; bytes that could begin it (at most the prefix's
+    length, after a newline) are held back until they can be told apart. From the prefix
+    on, everything is kept here (bounded) and none of it is relayed: the sidecar sends
+    nothing after it. `countersignature` is the comment's value once the stream ended.
+    """
+
+    def __init__(self) -> None:
+        self._held = b""
+        self._line_start = True  # whether the byte before `_held` ended a line
+        self._tail: bytearray | None = None
+        self._overflow = False
+
+    def feed(self, data: bytes) -> bytes:
+        """Bytes from the backend in; the bytes to relay out."""
+        if self._tail is not None:
+            self._keep(data)
+            return b""
+        buffer = self._held + data if self._held else data
+        found = 0 if self._line_start and buffer.startswith(SSE_PREFIX) else -1
+        if found < 0:
+            found = buffer.find(_MARKER)
+            found = found + 1 if found >= 0 else -1
+        if found >= 0:
+            self._tail = bytearray()
+            self._held = b""
+            self._keep(buffer[found:])
+            return buffer[:found]
+        last = buffer.rfind(b"\n")
+        partial = buffer[last + 1 :] if last >= 0 or self._line_start else b""
+        if partial and SSE_PREFIX.startswith(partial):
+            self._held, self._line_start = partial, True
+            return buffer[: len(buffer) - len(partial)]
+        self._held = b""
+        if buffer:
+            self._line_start = buffer.endswith(b"\n")
+        return buffer
+
+    def _keep(self, data: bytes) -> None:
+        assert self._tail is not None
+        if len(self._tail) + len(data) > _MAX_TAIL:
+            self._overflow = True
+            return
+        self._tail += data
+
+    def flush(self) -> bytes:
+        """At the end of the stream: bytes held back that were not the comment after all."""
+        rest, self._held = self._held, b""
+        return rest
+
+    @property
+    def countersignature(self) -> bytes | None:
+        """The comment's base64 value; None when the stream had none (`b"-"`, which no
+        check accepts, when it had one that is not a single well-framed line)."""
+        if self._tail is None:
+            return None
+        line = bytes(self._tail)
+        if self._overflow or not line.endswith(b"\n\n"):
+            return b"-"
+        return line[len(SSE_PREFIX) : -2]

@@ -1,0 +1,11 @@
+"""`owngate attest`: the sidecar beside a private inference server that countersigns what
+it served (two-party receipts, docs/provenance.md "Layer 3").
+
+`Notary` numbers, signs and logs statements; `AttestApp` is the raw-ASGI relay that
+computes both commitments from the bytes it relays and hands the countersignature back.
+"""
+
+from gateway.attest.app import AttestApp, AttestSettings
+from gateway.attest.notary import Notary
+
+__all__ = ["AttestApp", "AttestSettings", "Notary"]

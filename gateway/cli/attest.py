@@ -1,0 +1,86 @@
+"""`owngate attest`: run the countersigning sidecar beside a private inference server.
+
+Every flag has an environment default `OWNGATE_ATTEST_<FLAG>`. Exit codes: 0 after a
+clean shutdown, 1 when the key or log cannot be opened, 2 on bad flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register", "run"]
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"OWNGATE_ATTEST_{name}", default)
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "attest",
+        help="run the sidecar that countersigns what a private backend served",
+        description="Relay requests to one inference server and countersign, for each, "
+        "the request id, the commitments to the request and response bodies, a counter "
+        "and the key id, with the backend host's Ed25519 key (`owngate keys new --signing "
+        "NAME --key-file FILE` makes one); keep the statements in an append-only log "
+        "(C2SP tlog, its own origin). Point the gateway's backend base_url at it and set "
+        "the backend's `attest: {key: VKEY}` (docs/provenance.md).",
+        epilog="Exit codes: 0 after a clean shutdown, 1 key or log not usable, 2 bad flags.",
+    )
+    add = parser.add_argument
+    add("--listen", default=_env("LISTEN", "127.0.0.1:8101"), help="HOST:PORT to listen on")
+    add("--backend", default=_env("BACKEND"), help="the inference server's root URL")
+    add("--key", default=_env("KEY"), help="the backend host's signing key file (0600)")
+    add("--log", default=_env("LOG"), help="directory of the sidecar's statement log")
+    add("--origin", default=_env("ORIGIN"), help="the log's origin line (default: key name)")
+    add(
+        "--max-body-bytes",
+        type=int,
+        default=int(_env("MAX_BODY_BYTES", str(16 * 1024 * 1024)) or 0),
+        help="largest request or whole response relayed (16 MiB)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gateway.attest import AttestApp, AttestSettings
+    from gateway.serving import STARTUP_FAILURE, DrainingServer, bind_socket, uvicorn_config
+
+    missing = [f"--{n}" for n in ("backend", "key", "log") if not getattr(args, n)]
+    host, _, port = args.listen.rpartition(":")
+    if missing or not host or not port.isdigit() or args.max_body_bytes <= 0:
+        print(
+            f"owngate attest: need --listen HOST:PORT, --backend, --key and --log "
+            f"({', '.join(missing) or 'bad --listen or --max-body-bytes'})",
+            file=sys.stderr,
+        )
+        return 2
+    settings = AttestSettings(
+        backend=args.backend,
+        key_file=Path(args.key),
+        log_dir=Path(args.log),
+        origin=args.origin,
+        max_body=args.max_body_bytes,
+    )
+    host = host.strip("[]")
+    try:
+        sock = bind_socket(host, int(port))
+    except OSError as exc:
+        print(f"owngate attest: cannot listen on {args.listen}: {exc}", file=sys.stderr)
+        return 1
+    # uvicorn's graceful shutdown on SIGTERM/SIGINT (the log's final checkpoint in the
+    # lifespan shutdown), ending with 0 rather than the signal raised again.
+    server = DrainingServer(uvicorn_config(AttestApp(settings)), on_drain=lambda: None)
+    print(
+        f"owngate attest: countersigning {args.backend} on http://{args.listen}",
+        file=sys.stderr,
+    )
+    try:
+        server.run(sockets=[sock])
+    except SystemExit as exc:  # uvicorn exits when the lifespan startup failed
+        return 1 if exc.code == STARTUP_FAILURE else int(exc.code or 0)
+    return 0

@@ -1,0 +1,188 @@
+"""Two-party checks: every answer a log says an attested backend served carries that
+backend's countersignature over the same commitments, and the backend's own log agrees.
+
+Run after `verify_log` (the records are then known to be the signed log's). For each
+completion record of an answer (status below 400, a response commitment) whose dispatch
+names a backend given with `backend_keys`, the statement is rebuilt from the two records
+(request id, the dispatch's request commitment, the completion's response commitment,
+and the attestation's counter, time and key) and its signature checked with that
+backend's key: so a gateway that names the wrong backend, changes a commitment, or
+copies another request's countersignature is caught, and a counter used twice by one key
+is a replay. `cross_check` then compares the sidecar's own log (`owngate attest --log`,
+verified with the same backend key) with those statements, both ways: a statement for a
+request the gateway never dispatched to that backend is traffic that bypassed the
+gateway; one for a request it dispatched but holds no accepted countersignature for (the
+client left before the end, or the gateway refused it and recorded why) is counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gateway.provenance.audit.reader import LogDirectory
+from gateway.provenance.audit.verify import verify_log
+from gateway.provenance.errors import LogVerificationError, MalformedError, SignatureError
+from gateway.provenance.formats.attestation import (
+    ATTESTATION_PAYLOAD_TYPE,
+    Statement,
+    statement_of_records,
+)
+from gateway.provenance.formats.note import Verifier
+from gateway.provenance.formats.receipts import pae
+from gateway.provenance.formats.records import Record
+
+__all__ = ["AttestedSummary", "check_attestations", "cross_check"]
+
+
+@dataclass(slots=True)
+class AttestedSummary:
+    """What the two-party checks found: statements per backend id, and those per key."""
+
+    answers: dict[str, int] = field(default_factory=dict)  # backend id -> countersigned
+    statements: dict[str, dict[str, Statement]] = field(default_factory=dict)  # key -> by id
+    dispatched: dict[str, set[str]] = field(default_factory=dict)  # backend id -> request ids
+    cross_checked: dict[str, int] = field(default_factory=dict)  # backend id -> entries
+    # backend id -> statements its sidecar logged for requests the gateway dispatched to it
+    # but holds no accepted countersignature for (the client left before the end, or the
+    # gateway refused it: its record says which)
+    unaccepted: dict[str, int] = field(default_factory=dict)
+
+
+def _fail(reason: str, index: int | None = None) -> LogVerificationError:
+    return LogVerificationError(reason if index is None else f"entry {index}: {reason}")
+
+
+def check_attestations(
+    directory: str | Path, size: int, backend_keys: Mapping[str, Verifier]
+) -> AttestedSummary:
+    """Check the attestations of a verified log of `size` entries; raises
+    LogVerificationError naming the first record that fails."""
+    summary = AttestedSummary({backend: 0 for backend in backend_keys})
+    summary.dispatched = {backend: set() for backend in backend_keys}
+    counters: dict[tuple[str, int], str] = {}
+    for index, dispatch, completion in _answers(LogDirectory(directory), size, summary):
+        backend = dispatch.data["backend"]["id"]
+        verifier = backend_keys.get(backend)
+        if verifier is None:
+            continue
+        who = f"request {completion.request_id!r} (backend {backend})"
+        try:
+            rebuilt = statement_of_records(dispatch.data, completion.data)
+        except MalformedError as exc:
+            raise _fail(f"{who}: its attestation is malformed: {exc}", index) from exc
+        if rebuilt is None:
+            given = completion.data.get("attestation")
+            why = "none" if given is None else f"the gateway recorded failure {given['failure']}"
+            raise _fail(
+                f"{who}: the log says backend {backend} served it, but the record carries no "
+                f"countersignature by {verifier} ({why}): not a two-party statement",
+                index,
+            )
+        statement, signature = rebuilt
+        if statement.key != str(verifier):
+            raise _fail(
+                f"{who}: countersigned by key {statement.key}, not by backend {backend}'s key "
+                f"{verifier}: the record names a backend other than the one that signed",
+                index,
+            )
+        try:
+            verifier.verify(pae(ATTESTATION_PAYLOAD_TYPE, statement.payload()), signature)
+        except SignatureError as exc:
+            raise _fail(
+                f"{who}: backend {backend}'s countersignature does not verify over the "
+                "request id and commitments this log records (the request or response was "
+                "changed after it was signed, or it was signed for another request)",
+                index,
+            ) from exc
+        earlier = counters.get((statement.key, statement.counter))
+        if earlier is not None:
+            raise _fail(
+                f"{who}: counter {statement.counter} of key {statement.key} was already used "
+                f"for request {earlier!r}: a replayed countersignature",
+                index,
+            )
+        counters[(statement.key, statement.counter)] = statement.request_id
+        summary.answers[backend] += 1
+        summary.statements.setdefault(statement.key, {})[statement.request_id] = statement
+    return summary
+
+
+def _answers(
+    log: LogDirectory, size: int, summary: AttestedSummary
+) -> Iterator[tuple[int, Record, Record]]:
+    """(index, dispatch, completion) of every completed answer (status below 400 with a
+    response commitment) in a log of `size` entries; notes every request dispatched to a
+    backend of `summary`."""
+    dispatches: dict[int, Record] = {}
+    for index, record in log.records(size):
+        if record.type == "dispatch":
+            dispatches[index] = record
+            sent = summary.dispatched.get(record.data["backend"]["id"])
+            if sent is not None:
+                sent.add(record.request_id)
+        elif record.type == "completion":
+            dispatch = dispatches.pop(record.data["dispatch"]["index"], None)
+            data = record.data
+            if dispatch is None or data["status"] >= 400 or data["response_commitment"] is None:
+                continue
+            yield index, dispatch, record
+
+
+def cross_check(
+    summary: AttestedSummary,
+    sidecar_log: str | Path,
+    backend: str,
+    verifier: Verifier,
+    *,
+    origin: str | None = None,
+) -> int:
+    """Verify a sidecar's log (signed by `verifier`, the key of `backend`) and compare its
+    statements with the gateway log's: every request one has, the other has, with the
+    same statement. Returns the number of statements compared."""
+    checked = verify_log(sidecar_log, [verifier], origin=origin)
+    claimed = dict(summary.statements.get(str(verifier), {}))
+    dispatched = summary.dispatched.get(backend, set())
+    unaccepted = 0
+    last = -1
+    for index, record in LogDirectory(sidecar_log).records(checked.size):
+        where = f"the sidecar log of backend {backend} ({checked.origin})"
+        if record.type != "attestation":
+            raise _fail(f"{where} holds a {record.type} record, not a statement", index)
+        logged = Statement.from_record(record.data)
+        if logged.key != str(verifier) or logged.counter <= last:
+            raise _fail(
+                f"{where}: statement of request {logged.request_id!r} has key {logged.key} and "
+                f"counter {logged.counter} (after {last}): not this key's increasing counter",
+                index,
+            )
+        last = logged.counter
+        ours = claimed.pop(logged.request_id, None)
+        if ours is None and logged.request_id in dispatched:
+            unaccepted += 1  # sent through the gateway, which recorded why it has none
+            continue
+        if ours is None:
+            raise _fail(
+                f"{where}: the sidecar countersigned request {logged.request_id!r} (counter "
+                f"{logged.counter}), which the gateway's log never dispatched to backend "
+                f"{backend}: a request that did not come through this gateway",
+                index,
+            )
+        if ours != logged:
+            raise _fail(
+                f"{where}: its statement of request {logged.request_id!r} differs from the "
+                "one the gateway's record carries",
+                index,
+            )
+    if claimed:
+        request_id, statement = min(claimed.items(), key=lambda item: item[1].counter)
+        raise _fail(
+            f"the gateway's log records request {request_id!r} as countersigned by backend "
+            f"{backend} (counter {statement.counter}), but the sidecar's log "
+            f"({checked.origin}, {checked.size} signed entries) has no such statement: an "
+            f"entry is missing from the sidecar's log ({len(claimed)} in all)"
+        )
+    summary.cross_checked[backend] = checked.size
+    summary.unaccepted[backend] = unaccepted
+    return checked.size

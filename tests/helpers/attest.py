@@ -1,0 +1,94 @@
+"""Two-party receipts in tests: `owngate attest` sidecars as processes, and logs rewritten
+the way a compromised gateway or backend host (holding its own key) could rewrite them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.provenance import LogEntry, ProvenanceLog, load_signer, write_signing_key
+from tests.helpers.net import free_port
+from tests.helpers.processes import ServerProcess, owngate_argv
+from tests.helpers.provenance import records
+
+__all__ = ["Sidecar", "rewrite_log", "start_sidecar"]
+
+
+@dataclass
+class Sidecar:
+    process: ServerProcess
+    vkey: str
+    key_file: Path
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return self.process.url
+
+    def stop(self) -> int:
+        """SIGTERM: it drains and signs a final checkpoint of its log; its exit code."""
+        self.process.proc.send_signal(signal.SIGTERM)
+        return self.process.proc.wait(timeout=30)
+
+
+def start_sidecar(
+    directory: Path, name: str, backend_url: str, *, log: Path | None = None, port: int = 0
+) -> Sidecar:
+    """`owngate attest` in front of `backend_url`, with a new key named `name` (kept if
+    it exists already: a restart) and its log in `directory/<name>-log` (or `log`), on
+    `port` (default: a free one)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    key_file = directory / f"{name}.key"
+    vkey = load_signer(key_file).vkey if key_file.exists() else write_signing_key(key_file, name)
+    log = log or directory / f"{name}-log"
+    port = port or free_port()
+    argv = owngate_argv(
+        "attest",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--backend",
+        backend_url,
+        "--key",
+        str(key_file),
+        "--log",
+        str(log),
+    )
+    process = ServerProcess(f"attest-{name}-{port}", argv, directory, port)
+    return Sidecar(process.wait_ready("/health"), vkey, key_file, log)
+
+
+def rewrite_log(
+    source: Path,
+    target: Path,
+    key_file: Path,
+    origin: str,
+    edit: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
+) -> None:
+    """Write `edit(records of source)` as a new, validly signed log at `target`: what the
+    holder of the log's key can always do. Each completion is linked anew to the latest
+    open dispatch of its request, so the links verify."""
+    entries = edit(records(source))
+
+    async def write() -> None:
+        log = await ProvenanceLog.open(target, origin, load_signer(key_file))
+        opened: dict[str, LogEntry] = {}
+        try:
+            for record in entries:
+                if record["type"] == "completion":
+                    entry = opened.pop(record["request_id"])
+                    record = {
+                        **record,
+                        "dispatch": {"index": entry.index, "hash": entry.leaf_hash.hex()},
+                    }
+                written = await log.append(record)
+                if record["type"] == "dispatch":
+                    opened[record["request_id"]] = written
+        finally:
+            await log.close()
+
+    asyncio.run(write())

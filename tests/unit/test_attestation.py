@@ -1,0 +1,217 @@
+"""Two-party statements in pieces: the statement format, the gateway's check of a
+countersignature, the SSE comment taken out of a stream, the completion record's
+`attestation` and `upstream` fields (and that records without them stay valid)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from gateway.api.attested import Attester, SseTail
+from gateway.api.metrics import GatewayMetrics
+from gateway.api.trail import Trail
+from gateway.cli.main import main
+from gateway.provenance import Salts, commit
+from gateway.provenance.errors import RecordError
+from gateway.provenance.formats.attestation import (
+    Attestation,
+    AttestationFailure,
+    Statement,
+    check_countersignature,
+    sign_statement,
+    statement_of_records,
+)
+from gateway.provenance.formats.records import LogEntry, completion_record, validate_record
+from gateway.provenance.formats.upstream_ids import UpstreamIds
+from gateway.provenance.testing import CountingRandom, seeded_signer
+
+SIGNER = seeded_signer("gpu-a")
+OTHER = seeded_signer("gpu-b")
+SALTS = Salts.generate(CountingRandom())
+REQUEST = b'{"model":"m","messages":[]}'
+RESPONSE = b'{"choices":[{"message":{"content":"hi"}}]}'
+NOW = "2026-01-01T00:00:00.000Z"
+
+
+def _statement(counter: int = 0, request_id: str = "req-1", key: str = str(SIGNER)) -> Statement:
+    return Statement(
+        request_id,
+        NOW,
+        counter,
+        key,
+        commit("request", SALTS.request, REQUEST),
+        commit("response", SALTS.response, RESPONSE),
+    )
+
+
+def _check(envelope: bytes | None, **changes: str) -> None:
+    expected = {
+        "request_id": "req-1",
+        "request_commitment": commit("request", SALTS.request, REQUEST),
+        "response_commitment": commit("response", SALTS.response, RESPONSE),
+        **changes,
+    }
+    check_countersignature(envelope, SIGNER.verifier(), **expected)
+
+
+def test_a_countersignature_over_the_same_commitments_is_accepted() -> None:
+    envelope = sign_statement(_statement(7), SIGNER)
+    _check(envelope)
+    assert json.loads(base64.b64decode(json.loads(envelope)["payload"]))["counter"] == 7
+
+
+@pytest.mark.parametrize(
+    ("envelope", "changes", "code"),
+    [
+        (None, {}, "missing"),
+        (b"{}", {}, "malformed"),
+        (b"x" * 5000, {}, "malformed"),
+        (sign_statement(_statement(key=str(OTHER)), OTHER), {}, "wrong_key"),
+        (sign_statement(_statement(), SIGNER), {"request_id": "req-2"}, "mismatch"),
+        (sign_statement(_statement(), SIGNER), {"response_commitment": "0" * 64}, "mismatch"),
+        (sign_statement(_statement(), SIGNER), {"request_commitment": "0" * 64}, "mismatch"),
+    ],
+)
+def test_a_countersignature_that_does_not_fit_is_refused(
+    envelope: bytes | None, changes: dict[str, str], code: str
+) -> None:
+    with pytest.raises(AttestationFailure) as failed:
+        _check(envelope, **changes)
+    assert failed.value.code == code
+
+
+def test_a_statement_changed_after_signing_fails_its_signature() -> None:
+    envelope = json.loads(sign_statement(_statement(1), SIGNER))
+    payload = json.loads(base64.b64decode(envelope["payload"]))
+    payload["counter"] = 2
+    envelope["payload"] = base64.b64encode(json.dumps(payload).encode()).decode()
+    with pytest.raises(AttestationFailure) as failed:
+        _check(json.dumps(envelope).encode())
+    assert failed.value.code == "bad_signature"
+
+
+def _trail(body: bytes = RESPONSE) -> Trail:
+    trail = Trail(SALTS, commit("request", SALTS.request, REQUEST))
+    trail.answered(body)
+    return trail
+
+
+def test_the_gateway_refuses_a_counter_it_has_seen_from_that_key() -> None:
+    attester = Attester("gpu", SIGNER.vkey, GatewayMetrics())
+    first, again = _trail(), _trail()
+    envelope = base64.b64encode(sign_statement(_statement(3), SIGNER))
+    attester.judge(first, "req-1", envelope)
+    attester.judge(again, "req-1", envelope)
+    assert first.attestation is not None and first.attestation.failure is None
+    assert first.countersignature is not None
+    assert again.attestation == Attestation(str(SIGNER), failure="replayed")
+    assert again.countersignature is None
+
+
+def test_the_gateway_checks_the_bytes_it_relayed() -> None:
+    attester = Attester("gpu", SIGNER.vkey, GatewayMetrics())
+    changed = _trail(RESPONSE + b" ")
+    attester.judge(changed, "req-1", base64.b64encode(sign_statement(_statement(), SIGNER)))
+    assert changed.attestation == Attestation(str(SIGNER), failure="mismatch")
+    unreadable = _trail()
+    attester.judge(unreadable, "req-1", b"not base64!")
+    assert unreadable.attestation == Attestation(str(SIGNER), failure="malformed")
+
+
+STREAM = b'data: {"choices":[]}\n\n: keep-alive\n\ndata: [DONE]\n\n'
+COMMENT = b": owngate-attest QUJD\n\n"
+
+
+@pytest.mark.parametrize("cut", range(len(STREAM + COMMENT) + 1))
+def test_the_attest_comment_is_taken_out_wherever_reads_split_it(cut: int) -> None:
+    whole = STREAM + COMMENT
+    tail = SseTail()
+    relayed = tail.feed(whole[:cut]) + tail.feed(whole[cut:]) + tail.flush()
+    assert relayed == STREAM
+    assert tail.countersignature == b"QUJD"
+
+
+def test_a_stream_without_the_comment_passes_whole() -> None:
+    tail = SseTail()
+    lookalike = b"data: x: owngate-attest no\n\n: owngate-att"
+    assert tail.feed(lookalike[:20]) + tail.feed(lookalike[20:]) + tail.flush() == lookalike
+    assert tail.countersignature is None
+
+
+def test_an_overlong_comment_is_not_a_countersignature() -> None:
+    tail = SseTail()
+    assert tail.feed(b"data: [DONE]\n\n: owngate-attest " + b"A" * 10_000 + b"\n\n") == (
+        b"data: [DONE]\n\n"
+    )
+    assert tail.countersignature == b"-"
+
+
+def _completion(**fields: object) -> dict[str, object]:
+    return completion_record(
+        request_id="req-1",
+        time=datetime(2026, 1, 1, tzinfo=UTC),
+        dispatch=LogEntry(0, hashlib.sha256(b"d").digest()),
+        status=200,
+        error=None,
+        usage=None,
+        latency_ms=3,
+        response_commitment=commit("response", SALTS.response, RESPONSE),
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def test_completion_records_with_and_without_the_new_fields_are_valid() -> None:
+    plain = _completion()
+    assert "attestation" not in plain and "upstream" not in plain
+    validate_record(plain)  # a record written before these fields existed
+    counter = check_countersignature(
+        sign_statement(_statement(5), SIGNER),
+        SIGNER.verifier(),
+        request_id="req-1",
+        request_commitment=commit("request", SALTS.request, REQUEST),
+        response_commitment=commit("response", SALTS.response, RESPONSE),
+    )
+    ids = UpstreamIds.of("chatcmpl-1", [("X-Request-Id", "req_abc")])
+    attested = _completion(attestation=Attestation.accepted(counter), upstream=ids)
+    validate_record(attested)
+    dispatch = {"request_commitment": commit("request", SALTS.request, REQUEST)}
+    rebuilt = statement_of_records(dispatch, attested)
+    assert rebuilt is not None and rebuilt[0] == _statement(5)
+    failed = _completion(attestation=Attestation(str(SIGNER), failure="missing"))
+    validate_record(failed)
+    assert statement_of_records(dispatch, failed) is None
+    broken = {**failed, "attestation": {**failed["attestation"], "failure": "other"}}  # type: ignore[dict-item]
+    with pytest.raises(RecordError, match="attestation"):
+        validate_record(broken)
+    with pytest.raises(RecordError):
+        Attestation(str(SIGNER), counter=1, failure="missing")
+
+
+def test_only_allow_listed_id_shaped_upstream_ids_are_kept() -> None:
+    ids = UpstreamIds.of(
+        "msg_01" + "x" * 200,  # too long: dropped
+        [
+            ("Request-Id", "req_1"),
+            ("x-request-id", "has space"),  # not an id: dropped
+            ("set-cookie", "secret"),  # not on the list
+            ("request-id", "req_2"),  # a repeat: the first kept
+        ],
+    )
+    assert ids == UpstreamIds(None, (("request-id", "req_1"),))
+    assert UpstreamIds.of(None, [("server", "x")]) is None
+
+
+def test_the_sidecar_command_wants_its_backend_key_and_log(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("BACKEND", "KEY", "LOG", "LISTEN"):
+        monkeypatch.delenv(f"OWNGATE_ATTEST_{name}", raising=False)
+    assert main(["attest", "--backend", "http://127.0.0.1:8000"]) == 2
+    assert "--key, --log" in capsys.readouterr().err
+    assert (
+        main(["attest", "--listen", "nowhere", "--backend", "x", "--key", "k", "--log", "l"]) == 2
+    )
