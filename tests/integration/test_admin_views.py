@@ -113,6 +113,7 @@ def test_policy_cases_run_against_the_running_set(served: Served) -> None:
         ("kind: Policy\napiVersion: policy.owngate.dev/v1\n", "expected kind PolicyTest"),
         (CASES.replace("input: {tenant: acme", "input: {tenant: 7, tenant: acme", 1), "tenant"),
         (CASES.replace("    input: {tenant: acme, model: m}\n", "", 1), "input"),
+        ("[" * 5000 + "]" * 5000, "nests too deep"),  # PyYAML's recursion: was a 500
     ],
 )
 def test_malformed_cases_are_a_400_naming_the_problem(
