@@ -18,7 +18,14 @@ from pydantic import ValidationError
 
 from gateway.config.schema import GatewaySettings
 
-__all__ = ["ConfigError", "ConfigIssue", "load_config", "load_config_text", "parse_config"]
+__all__ = [
+    "ConfigError",
+    "ConfigIssue",
+    "load_config",
+    "load_config_text",
+    "parse_config",
+    "referenced_variables",
+]
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -73,6 +80,11 @@ def load_config_text(
     if config.keys_file is not None:
         config = _merge_keys_file(config, directory / config.keys_file, source)
     return config
+
+
+def referenced_variables(text: str) -> set[str]:
+    """The environment variables a config's text names with `${VAR}`."""
+    return {match.group(1) for match in _ENV_REF.finditer(text)}
 
 
 def parse_config(
