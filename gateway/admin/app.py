@@ -89,6 +89,9 @@ def create_admin_app(control: AdminControl) -> FastAPI:
     app = _routes(lifespan=_sampling)
     app.state.control = control
     app.state.report_lock = asyncio.Lock()  # one audit report computed at a time
+    # One client YAML parsed at a time (config/validate, policies/test): seconds of CPU
+    # each in a worker thread, which takes the GIL from the loop serving tenants.
+    app.state.parse_lock = asyncio.Lock()
     settings = control.runtime.config.admin
     app.state.timeline = Timeline(
         control.runtime, interval_s=settings.sample_interval_s, history_s=settings.history_s
@@ -243,9 +246,10 @@ async def config(control: _Control, caller: _Reader) -> ConfigStatus:
     summary="Every problem a candidate gateway.yaml would be refused for (nothing changes)",
 )
 async def validate_config(
-    body: ConfigCandidate, control: _Control, caller: _Reader
+    body: ConfigCandidate, request: Request, control: _Control, caller: _Reader
 ) -> ConfigValidation:
-    problems = await asyncio.to_thread(control.validate, body.yaml)
+    async with request.app.state.parse_lock:
+        problems = await asyncio.to_thread(control.validate, body.yaml)
     return ConfigValidation(valid=not problems, problems=problems)
 
 
