@@ -134,6 +134,7 @@ def _routes(
     app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _internal)  # Starlette still logs and re-raises it
     app.include_router(_v1)
     app.include_router(timelines_router)
     app.include_router(tenants_router)
@@ -177,6 +178,11 @@ async def _http_error(request: Request, error: HTTPException) -> Response:
     if error.status_code == 405:
         return _json_error(ErrorCode.method_not_allowed, "Method not allowed on this path.")
     return _json_error(ErrorCode.invalid_request, str(error.detail), error.status_code)
+
+
+async def _internal(request: Request, error: Exception) -> Response:
+    """A fault of the admin API itself: the error object, never Starlette's plain text."""
+    return _json_error(ErrorCode.internal_error, "internal error of the admin API")
 
 
 async def _invalid(request: Request, error: RequestValidationError) -> Response:

@@ -1,6 +1,7 @@
-"""The admin API parses a client's YAML (a candidate config, policy test cases) one
-request at a time: each can cost seconds of CPU in a worker thread that competes with
-the event loop serving tenants, so parallel requests must not multiply it."""
+"""The admin API with a candidate config's validation (`AdminControl.validate`) under
+the test's control: a client's YAML (a candidate config, policy test cases) is parsed
+one request at a time (each can cost seconds of CPU in a worker thread that competes
+with the event loop serving tenants), and a fault is an OpenAI error object."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import asyncio
 import dataclasses
 import hashlib
 import threading
+from collections.abc import Callable
 
 import httpx
+from fastapi import FastAPI
 
 from gateway.admin.app import AdminControl
 from gateway.app import admin_app, create_app
@@ -31,7 +34,11 @@ class _Watched(asyncio.Lock):
         return await super().acquire()
 
 
-def test_a_policy_test_waits_for_a_running_config_validation() -> None:
+HEADERS = {"authorization": f"Bearer {TOKEN}"}
+
+
+def _admin(validate: Callable[[str], list[str]]) -> FastAPI:
+    """A gateway's admin app (TOKEN: full access) whose validation is `validate`."""
     digest = "sha256:" + hashlib.sha256(TOKEN.encode()).hexdigest()
     config = {
         "backends": [backend("gpu", "http://127.0.0.1:9", "m")],
@@ -39,6 +46,12 @@ def test_a_policy_test_waits_for_a_running_config_validation() -> None:
         "admin": {"token_hashes": [digest]},
     }
     admin = admin_app(create_app(GatewaySettings.model_validate(config)))
+    control: AdminControl = admin.state.control
+    admin.state.control = dataclasses.replace(control, validate=validate)
+    return admin
+
+
+def test_a_policy_test_waits_for_a_running_config_validation() -> None:
     inside, release = threading.Event(), threading.Event()
 
     def validate(text: str) -> list[str]:  # a slow parse, until the test releases it
@@ -46,22 +59,20 @@ def test_a_policy_test_waits_for_a_running_config_validation() -> None:
         release.wait(30)
         return []
 
-    control: AdminControl = admin.state.control
-    admin.state.control = dataclasses.replace(control, validate=validate)
+    admin = _admin(validate)
     lock = admin.state.parse_lock = _Watched()
-    headers = {"authorization": f"Bearer {TOKEN}"}
 
     async def run() -> None:
         transport = httpx.ASGITransport(admin)
         async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
             validating = asyncio.create_task(
-                client.post("/admin/v1/config/validate", json={"yaml": "{}"}, headers=headers)
+                client.post("/admin/v1/config/validate", json={"yaml": "{}"}, headers=HEADERS)
             )
             try:
                 await until_async(inside.is_set, "the validation running")
                 testing = asyncio.create_task(
                     client.post(
-                        "/admin/v1/policies/test", json={"cases_yaml": CASES}, headers=headers
+                        "/admin/v1/policies/test", json={"cases_yaml": CASES}, headers=HEADERS
                     )
                 )
                 await until_async(lambda: lock.asked == 2, "the policy test asking for the lock")
@@ -72,3 +83,19 @@ def test_a_policy_test_waits_for_a_running_config_validation() -> None:
             assert (await testing).status_code == 200
 
     asyncio.run(run())
+
+
+def test_a_fault_is_an_error_object() -> None:
+    def validate(text: str) -> list[str]:
+        raise RuntimeError("a bug")
+
+    async def run() -> httpx.Response:
+        transport = httpx.ASGITransport(_admin(validate), raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
+            body = {"yaml": "{}"}
+            return await client.post("/admin/v1/config/validate", json=body, headers=HEADERS)
+
+    answer = asyncio.run(run())
+    assert answer.status_code == 500
+    assert answer.json()["error"]["code"] == "internal_error"  # was Starlette's plain text
+    assert "a bug" not in answer.text
