@@ -29,7 +29,7 @@ from gateway.api.parts import Assembly
 from gateway.api.proxy import Proxy
 from gateway.api.recorder import Recorder
 from gateway.api.reload import ConfigReloader
-from gateway.config.loader import ConfigError, load_config_text
+from gateway.config.loader import ConfigError, load_config_text, referenced_variables
 from gateway.config.schema import GatewaySettings, StateSettings
 from gateway.policy import PolicyError
 from gateway.policy_set import TrustPolicies
@@ -245,8 +245,8 @@ def admin_app(app: GatewayApp) -> FastAPI:
         try:
             candidate = load_config_text(text, app.config_dir, source="candidate", env=env)
         except ConfigError as exc:
-            return [f"{exc.source}:{issue}" for issue in exc.issues]
-        return validate(candidate, environ=env, config_dir=app.config_dir)
+            return _unquoted([f"{exc.source}:{issue}" for issue in exc.issues], text, env)
+        return _unquoted(validate(candidate, environ=env, config_dir=app.config_dir), text, env)
 
     env = app.environ  # what the running gateway was assembled with (the demo adds keys)
     control = AdminControl(
@@ -257,6 +257,16 @@ def admin_app(app: GatewayApp) -> FastAPI:
         validate=check,
     )
     return create_admin_app(control)
+
+
+def _unquoted(problems: list[str], text: str, environ: Mapping[str, str]) -> list[str]:
+    """`problems` with the value of each variable `text` names (`${VAR}`) written as
+    `${VAR}`: a candidate config comes from an admin client, and a problem that quotes
+    an interpolated value (a path, a URL) would answer it a secret of the environment."""
+    values = {environ[n]: n for n in referenced_variables(text) if environ.get(n)}
+    for value in sorted(values, key=len, reverse=True):  # a value inside another: after it
+        problems = [p.replace(value, f"${{{values[value]}}}") for p in problems]
+    return problems
 
 
 def validate(

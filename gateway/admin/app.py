@@ -91,6 +91,9 @@ def create_admin_app(control: AdminControl) -> FastAPI:
     app = _routes(lifespan=_sampling)
     app.state.control = control
     app.state.report_lock = asyncio.Lock()  # one audit report computed at a time
+    # One client YAML parsed at a time (config/validate, policies/test): seconds of CPU
+    # each in a worker thread, which takes the GIL from the loop serving tenants.
+    app.state.parse_lock = asyncio.Lock()
     settings = control.runtime.config.admin
     app.state.timeline = Timeline(
         control.runtime, interval_s=settings.sample_interval_s, history_s=settings.history_s
@@ -133,6 +136,7 @@ def _routes(
     app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _internal)  # Starlette still logs and re-raises it
     app.include_router(_v1)
     app.include_router(timelines_router)
     app.include_router(tenants_router)
@@ -177,6 +181,11 @@ async def _http_error(request: Request, error: HTTPException) -> Response:
     if error.status_code == 405:
         return _json_error(ErrorCode.method_not_allowed, "Method not allowed on this path.")
     return _json_error(ErrorCode.invalid_request, str(error.detail), error.status_code)
+
+
+async def _internal(request: Request, error: Exception) -> Response:
+    """A fault of the admin API itself: the error object, never Starlette's plain text."""
+    return _json_error(ErrorCode.internal_error, "internal error of the admin API")
 
 
 async def _invalid(request: Request, error: RequestValidationError) -> Response:
@@ -263,9 +272,10 @@ async def config(control: _Control, caller: _Reader) -> ConfigStatus:
     summary="Every problem a candidate gateway.yaml would be refused for (nothing changes)",
 )
 async def validate_config(
-    body: ConfigCandidate, control: _Control, caller: _Reader
+    body: ConfigCandidate, request: Request, control: _Control, caller: _Reader
 ) -> ConfigValidation:
-    problems = await asyncio.to_thread(control.validate, body.yaml)
+    async with request.app.state.parse_lock:
+        problems = await asyncio.to_thread(control.validate, body.yaml)
     return ConfigValidation(valid=not problems, problems=problems)
 
 

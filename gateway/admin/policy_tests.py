@@ -63,7 +63,8 @@ async def test_policies(
             f"cases_yaml is over {MAX_CASES_BYTES} bytes",
             param="cases_yaml",
         )
-    report = await asyncio.to_thread(_run, runtime, text)
+    async with request.app.state.parse_lock:  # one at a time (gateway/admin/app.py)
+        report = await asyncio.to_thread(_run, runtime, text)
     return CasesReport(
         passed=not report.failed,
         total=len(report.results),

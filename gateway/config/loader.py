@@ -18,11 +18,25 @@ from pydantic import ValidationError
 
 from gateway.config.schema import GatewaySettings
 
-__all__ = ["ConfigError", "ConfigIssue", "load_config", "load_config_text", "parse_config"]
+__all__ = [
+    "ConfigError",
+    "ConfigIssue",
+    "load_config",
+    "load_config_text",
+    "parse_config",
+    "referenced_variables",
+]
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 Path_ = tuple[str | int, ...]
+# A config has hundreds of values; a few nested YAML aliases expand to billions (the
+# admin API validates a candidate config sent by a client: gateway/admin/app.py).
+_MAX_VALUES = 100_000
+
+
+class _TooLarge(Exception):
+    """The config expands to more than `_MAX_VALUES` values."""
 
 
 @dataclass(frozen=True)
@@ -68,11 +82,20 @@ def load_config_text(
     return config
 
 
+def referenced_variables(text: str) -> set[str]:
+    """The environment variables a config's text names with `${VAR}`."""
+    return {match.group(1) for match in _ENV_REF.finditer(text)}
+
+
 def parse_config(
     text: str, *, source: str = "<config>", env: Mapping[str, str] | None = None
 ) -> GatewaySettings:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError as exc:  # PyYAML composes recursively
+        raise ConfigError(
+            source, [ConfigIssue("", None, "not valid YAML: it nests too deep")]
+        ) from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
@@ -82,7 +105,13 @@ def parse_config(
         raise ConfigError(source, [ConfigIssue("", None, "the file is empty")])
     lines: dict[Path_, int] = {}
     issues: list[ConfigIssue] = []
-    data = _to_python(root, (), lines, issues, os.environ if env is None else env)
+    try:
+        data = _to_python(root, (), lines, issues, os.environ if env is None else env)
+    except _TooLarge as exc:  # aliases expanding
+        problem = f"it expands to more than {_MAX_VALUES} values (YAML aliases?)"
+        raise ConfigError(source, [ConfigIssue("", None, problem)]) from exc
+    except RecursionError as exc:
+        raise ConfigError(source, [ConfigIssue("", None, "it nests too deep")]) from exc
     try:
         config = GatewaySettings.model_validate(data)
     except ValidationError as exc:
@@ -107,6 +136,8 @@ def _to_python(
     env: Mapping[str, str],
 ) -> Any:
     lines[path] = node.start_mark.line + 1
+    if len(lines) > _MAX_VALUES:  # each value has its own path: aliases count every use
+        raise _TooLarge
     if isinstance(node, yaml.MappingNode):
         result: dict[str, Any] = {}
         for key_node, value_node in node.value:

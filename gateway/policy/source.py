@@ -22,6 +22,7 @@ __all__ = ["Document", "YamlPath", "discover", "read_documents", "render_path", 
 
 YamlPath = tuple[str | int, ...]
 _ALIAS = "YAML aliases are not allowed in policy files; write the value out"
+_TOO_DEEP = "not valid YAML: it nests too deep"
 Model = TypeVar("Model", bound=BaseModel)
 
 
@@ -74,6 +75,8 @@ def read_documents(file: str, text: str) -> tuple[list[Document], list[PolicyIss
     """Every document of a (possibly multi-document) YAML text."""
     try:
         roots = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+    except RecursionError:  # PyYAML composes recursively: a client's cases could nest deep
+        return [], [PolicyIssue(file, None, None, "", _TOO_DEEP)]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
@@ -87,7 +90,10 @@ def read_documents(file: str, text: str) -> tuple[list[Document], list[PolicyIss
             continue
         marks: dict[YamlPath, tuple[int, int]] = {}
         found: list[PolicyIssue] = []
-        data = _to_python(root, (), marks, found, file, set())
+        try:
+            data = _to_python(root, (), marks, found, file, set())
+        except RecursionError:
+            return [], [PolicyIssue(file, None, None, "", _TOO_DEEP)]
         issues += found
         if not any(issue.message == _ALIAS for issue in found):  # else nothing to validate
             documents.append(Document(file, data, marks))

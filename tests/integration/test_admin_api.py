@@ -293,6 +293,8 @@ def test_a_candidate_config_is_validated_without_changing_anything(served: Serve
     refused = served.post("/admin/v1/config/validate", "operator", {"yaml": bad}).json()
     assert refused["valid"] is False and len(refused["problems"]) >= 1
     assert any("checkpoint_interval_ms" in problem for problem in refused["problems"])
+    deep = served.post("/admin/v1/config/validate", "operator", {"yaml": "[" * 5000 + "]" * 5000})
+    assert deep.status_code == 200 and "nests too deep" in deep.json()["problems"][0]  # not a 500
     assert served.post("/admin/v1/config/validate", "auditor", {"yaml": good}).status_code == 403
     assert served.get("/admin/v1/config", "operator").json()["last_reload_error"] is None
 

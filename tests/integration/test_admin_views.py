@@ -113,6 +113,7 @@ def test_policy_cases_run_against_the_running_set(served: Served) -> None:
         ("kind: Policy\napiVersion: policy.owngate.dev/v1\n", "expected kind PolicyTest"),
         (CASES.replace("input: {tenant: acme", "input: {tenant: 7, tenant: acme", 1), "tenant"),
         (CASES.replace("    input: {tenant: acme, model: m}\n", "", 1), "input"),
+        ("[" * 5000 + "]" * 5000, "nests too deep"),  # PyYAML's recursion: was a 500
     ],
 )
 def test_malformed_cases_are_a_400_naming_the_problem(
@@ -181,7 +182,14 @@ def test_a_receipt_is_verified_with_its_record_in_the_log(served: Served, tmp_pa
     write_signing_key(tmp_path / "other.key", ORIGIN)
     forged = make_receipt(Receipt.from_payload(payload), load_signer(tmp_path / "other.key"))
     big = {**envelope, "payloadType": 10**30}  # what orjson cannot encode
-    bad_ones = ((altered, "signature"), (forged.decode(), "trusted"), ("{", "JSON"), (big, "DSSE"))
+    deep = "[" * 20000 + "]" * 20000  # past json's recursion limit: was a 500
+    bad_ones = (
+        (altered, "signature"),
+        (forged.decode(), "trusted"),
+        ("{", "JSON"),
+        (big, "DSSE"),
+        (deep, "JSON"),
+    )
     for bad, problem in bad_ones:
         verdict = served.post("/admin/v1/receipts/verify", "auditor", {"receipt": bad}).json()
         assert verdict["valid"] is False and verdict["request_id"] is None, verdict

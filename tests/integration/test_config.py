@@ -125,6 +125,26 @@ def test_invalid_yaml_reports_its_line() -> None:
     assert "not valid YAML" in issues[0] and issues[0].startswith("line ")
 
 
+def _alias_bomb(depth: int) -> str:
+    """YAML of `depth` levels of aliases, each naming the one before ten times."""
+    lines = ["l0: &l0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, depth)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (_alias_bomb(5), "expands to more than"),  # 230 bytes, 10^5 values (9 levels: 10^9)
+        ("a: " + "[" * 5000 + "]" * 5000, "nests too deep"),  # was a RecursionError
+    ],
+)
+def test_a_config_that_explodes_is_refused(text: str, expected: str) -> None:
+    # The admin API validates a client's candidate config with this (config/validate).
+    issues = _issues(text)
+    assert len(issues) == 1 and expected in issues[0]
+
+
 def test_keys_new_stores_only_the_hash(tmp_path: Path) -> None:
     config = tmp_path / "gateway.yaml"
     config.write_text(

@@ -36,3 +36,19 @@ def test_validate_reads_the_environ_the_gateway_was_assembled_with(
         ],
     }
     assert any("OTHER_KEY" in problem for problem in control.validate(json.dumps(missing)))
+
+
+def test_validate_never_answers_the_value_of_an_environment_variable() -> None:
+    # A candidate may name any variable of the gateway's environment (${VAR}); where a
+    # problem quotes the interpolated value, an admin token would read the secret.
+    data = {
+        "backends": [backend("gpu", "http://127.0.0.1:9", "m")],
+        "tenants": [{"id": "acme", "models": ["*"]}],
+    }
+    secret = "sk-hosted-secret-value"
+    app = create_app(GatewaySettings.model_validate(data), environ={"HOSTED_KEY": secret})
+    control: AdminControl = admin_app(app).state.control
+    candidate = {**data, "policy": {"paths": ["${HOSTED_KEY}"]}}
+    problems = control.validate(json.dumps(candidate))
+    assert problems and any("${HOSTED_KEY}" in problem for problem in problems)
+    assert not any(secret in problem for problem in problems)

@@ -143,7 +143,7 @@ def verify_receipt(envelope: bytes, verifiers: Iterable[Verifier]) -> Receipt:
     """
     try:
         value = json.loads(envelope)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # nested deep
         raise MalformedError(f"receipt is not JSON: {exc}") from exc
     if not isinstance(value, dict) or value.get("payloadType") != RECEIPT_PAYLOAD_TYPE:
         raise MalformedError(f"receipt is not a DSSE envelope of {RECEIPT_PAYLOAD_TYPE}")
