@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import threading
 from collections.abc import Callable
+from typing import Literal
 
 import httpx
 from fastapi import FastAPI
@@ -29,7 +30,7 @@ class _Watched(asyncio.Lock):
 
     asked = 0
 
-    async def acquire(self) -> bool:
+    async def acquire(self) -> Literal[True]:
         self.asked += 1
         return await super().acquire()
 
