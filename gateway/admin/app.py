@@ -283,9 +283,7 @@ async def validate_config(
 async def reload(control: _Control, caller: _Operator) -> ActionResult:
     changed = await control.reload()
     runtime = control.runtime
-    reloader = runtime.reloader
-    error = reloader.last_error if reloader is not None else None
-    error = error or runtime.policies.last_error
+    error = _reload_error(runtime)
     if error:  # nothing changed, and the record says why (the digest of the error)
         await _act(control, caller, "reload", "config", {"error": error}, changed=False)
         raise GatewayError(
@@ -323,11 +321,43 @@ async def create_key(body: KeyCreate, control: _Control, caller: _Security) -> C
     path = _keys_file(runtime)
     key = new_api_key()
     digest = hash_api_key(key)
-    change = {"tenant": body.tenant, "hash": digest}
-    done = await _act(control, caller, "key_create", body.tenant, change, changed=True)
-    await asyncio.to_thread(add_key_hash, path, body.tenant, digest)
+    try:
+        await asyncio.to_thread(add_key_hash, path, body.tenant, digest)
+    except OSError as exc:
+        raise GatewayError(
+            ErrorCode.internal_error, f"the keys file could not be written: {exc.strerror}"
+        ) from exc
     await control.reload()
+    # Shown only when it works: a config that did not reload (say, a broken gateway.yaml
+    # beside the keys file) would leave it refused, so the key is taken back, the failed
+    # attempt recorded and nothing shown.
+    if not _holds_key(control.runtime, body.tenant, digest):
+        error = _reload_error(control.runtime) or "the key is not active after the reload"
+        await asyncio.to_thread(remove_key_hash, path, digest)
+        await _act(control, caller, "key_create", body.tenant, {"error": error}, changed=False)
+        raise GatewayError(
+            ErrorCode.invalid_request, f"no key was created; the running config stays: {error}"
+        )
+    change = {"tenant": body.tenant, "hash": digest}
+    try:
+        done = await _act(control, caller, "key_create", body.tenant, change, changed=True)
+    except GatewayError:  # not logged: not taken
+        await asyncio.to_thread(remove_key_hash, path, digest)
+        await control.reload()
+        raise
     return CreatedKey(**done.model_dump(), tenant=body.tenant, key=key, hash=digest)
+
+
+def _holds_key(runtime: Runtime, tenant: str, key_hash: str) -> bool:
+    """Whether the running config gives `tenant` the key `key_hash`."""
+    return any(t.id == tenant and key_hash in t.api_key_hashes for t in runtime.config.tenants)
+
+
+def _reload_error(runtime: Runtime) -> str | None:
+    """Why the last reload of the config or the policy files failed (None: it did not)."""
+    reloader = runtime.reloader
+    error = reloader.last_error if reloader is not None else None
+    return error or runtime.policies.last_error
 
 
 @_v1.delete(

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,7 +21,7 @@ import pytest
 from gateway.admin.app import openapi_schema
 from gateway.config import GatewaySettings
 from gateway.provenance import TlogProof, load_verifiers, verify_tlog_proof
-from gateway.tenants import hash_api_key
+from gateway.tenants import hash_api_key, read_keys_file
 from tests.helpers.admin import CASES, ORIGIN, TOKENS, Served, bearer, serve_admin
 from tests.helpers.gateways import backend, gateway_config
 from tests.helpers.paths import REPO_ROOT
@@ -282,6 +283,41 @@ def test_a_failed_reload_is_400_and_keeps_the_running_config(served: Served) -> 
         path.write_text(good)
     assert served.post("/admin/v1/reload", "operator").status_code == 200
     assert served.chat().status_code == 200
+
+
+def test_a_key_the_config_cannot_take_is_not_created(served: Served) -> None:
+    """With a broken gateway.yaml beside the keys file the reload fails: no key is shown
+    (it would be refused), the keys file is as before, and the attempt is recorded."""
+    path = served.process.path
+    keys = path.parent / "keys.yaml"
+    good, stored = path.read_text(), _stored_hashes(keys)
+    path.write_text(good.replace("checkpoint_interval_ms: 20", "checkpoint_interval_ms: -1"))
+    try:
+        refused = served.post("/admin/v1/keys", "security", {"tenant": "acme"})
+        assert refused.status_code == 400 and _error_code(refused) == "invalid_request"
+        message = refused.json()["error"]["message"]
+        assert "no key was created" in message and "key" not in refused.json()
+        assert _stored_hashes(keys) == stored  # taken back
+        error = message.split("the running config stays: ", 1)[1]
+        digest = hashlib.sha256(orjson.dumps({"error": error})).hexdigest()
+
+        def recorded() -> bool:
+            admin = [r for r in records(served.log) if r["type"] == "admin"]
+            return (
+                bool(admin)
+                and admin[-1]["action"] == "key_create"
+                and (admin[-1]["change_digest"] == digest)
+            )
+
+        until(recorded, "the refused key's admin record in the log", timeout=20)
+    finally:
+        path.write_text(good)
+    assert served.post("/admin/v1/reload", "operator").status_code == 200
+
+
+def _stored_hashes(keys: Path) -> set[str]:
+    held = read_keys_file(keys) if keys.exists() else {}
+    return {digest for digests in held.values() for digest in digests}
 
 
 def test_a_candidate_config_is_validated_without_changing_anything(served: Served) -> None:
