@@ -31,6 +31,7 @@ from gateway.admin.console_routes import router as console_router
 from gateway.admin.cosignatures import router as cosignatures_router
 from gateway.admin.limits import BodyLimit
 from gateway.admin.models import (
+    MAX_CANDIDATE_BYTES,
     ActionResult,
     ConfigCandidate,
     ConfigStatus,
@@ -91,6 +92,7 @@ def create_admin_app(control: AdminControl) -> FastAPI:
     app = _routes(lifespan=_sampling)
     app.state.control = control
     app.state.report_lock = asyncio.Lock()  # one audit report computed at a time
+    app.state.report_waiting = 0  # and at most report.MAX_WAITING_REPORTS waiting for it
     # One client YAML parsed at a time (config/validate, policies/test): seconds of CPU
     # each in a worker thread, which takes the GIL from the loop serving tenants.
     app.state.parse_lock = asyncio.Lock()
@@ -274,6 +276,10 @@ async def config(control: _Control, caller: _Reader) -> ConfigStatus:
 async def validate_config(
     body: ConfigCandidate, request: Request, control: _Control, caller: _Reader
 ) -> ConfigValidation:
+    if len(body.yaml.encode()) > MAX_CANDIDATE_BYTES:
+        raise GatewayError(
+            ErrorCode.invalid_request, f"yaml is over {MAX_CANDIDATE_BYTES} bytes", param="yaml"
+        )
     async with request.app.state.parse_lock:
         problems = await asyncio.to_thread(control.validate, body.yaml)
     return ConfigValidation(valid=not problems, problems=problems)

@@ -144,10 +144,14 @@ class ConfigStatus(_Model):
     reload_failures: int
 
 
+MAX_CANDIDATE_BYTES = 256 * 1024  # a gateway.yaml; parsing one costs CPU in proportion
+
+
 class ConfigCandidate(_Model):
     yaml: str = Field(
+        max_length=MAX_CANDIDATE_BYTES,
         description="the candidate gateway.yaml's text (its relative paths, "
-        "such as policy files and the keys file, are read from the running config's directory)"
+        "such as policy files and the keys file, are read from the running config's directory)",
     )
 
 

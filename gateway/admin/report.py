@@ -28,6 +28,9 @@ __all__ = ["router"]
 
 router = APIRouter(prefix="/admin/v1/log", tags=["auditor"])
 _DOWNLOAD = 'attachment; filename="owngate-audit-report.html"'
+# One report is computed at a time (app.state.report_lock); this many may wait for it,
+# and one more is told to retry: queued requests would hold memory and a worker each.
+MAX_WAITING_REPORTS = 4
 
 
 @router.get(
@@ -43,6 +46,11 @@ async def report(
     caller: Annotated[Caller, Depends(require("auditor"))],
     format: Annotated[Literal["json", "html"], Query()] = "json",
 ) -> Response:
+    if request.app.state.report_waiting >= MAX_WAITING_REPORTS:
+        raise GatewayError(
+            ErrorCode.rate_limit_exceeded,
+            f"{MAX_WAITING_REPORTS} audit reports are already waiting; retry when they are done",
+        )
     runtime: Runtime = request.app.state.control.runtime
     directory = log_dir(request)  # 404 without a log
     recorder = runtime.parts.recorder
@@ -53,7 +61,12 @@ async def report(
     flags = [arg for key in verifiers for arg in ("--key", key.vkey)]
     run = Invocation(_served_at(request), (*flags, "--origin", settings.origin))
     lock: asyncio.Lock = request.app.state.report_lock
-    async with lock:
+    request.app.state.report_waiting += 1
+    try:
+        await lock.acquire()
+    finally:
+        request.app.state.report_waiting -= 1
+    try:
         result: dict[str, Any] = await asyncio.to_thread(
             audit_report,
             directory,
@@ -63,6 +76,8 @@ async def report(
             accept_earlier_keys=False,
             now=time.time(),
         )
+    finally:
+        lock.release()
     if format == "html":
         html = await asyncio.to_thread(render_html, result)
         return Response(

@@ -16,6 +16,8 @@ import httpx
 from fastapi import FastAPI
 
 from gateway.admin.app import AdminControl
+from gateway.admin.models import MAX_CANDIDATE_BYTES
+from gateway.admin.report import MAX_WAITING_REPORTS
 from gateway.app import admin_app, create_app
 from gateway.config import GatewaySettings
 from tests.helpers.admin import CASES
@@ -100,3 +102,37 @@ def test_a_fault_is_an_error_object() -> None:
     assert answer.status_code == 500
     assert answer.json()["error"]["code"] == "internal_error"  # was Starlette's plain text
     assert "a bug" not in answer.text
+
+
+def test_a_candidate_over_the_bound_is_refused_unparsed() -> None:
+    parsed: list[str] = []
+
+    def validate(text: str) -> list[str]:
+        parsed.append(text)
+        return []
+
+    async def run(size: int) -> httpx.Response:
+        transport = httpx.ASGITransport(_admin(validate))
+        async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
+            body = {"yaml": "#" * size}
+            return await client.post("/admin/v1/config/validate", json=body, headers=HEADERS)
+
+    assert asyncio.run(run(MAX_CANDIDATE_BYTES)).status_code == 200
+    refused = asyncio.run(run(MAX_CANDIDATE_BYTES + 1))
+    assert refused.status_code == 400 and "body.yaml" in refused.json()["error"]["message"]
+    assert len(parsed) == 1
+
+
+def test_reports_beyond_the_waiting_bound_are_told_to_retry() -> None:
+    admin = _admin(lambda text: [])
+    admin.state.report_waiting = MAX_WAITING_REPORTS  # as many as may wait already do
+
+    async def run() -> httpx.Response:
+        transport = httpx.ASGITransport(admin)
+        async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
+            return await client.get("/admin/v1/log/report", headers=HEADERS)
+
+    busy = asyncio.run(run())
+    assert busy.status_code == 429 and busy.json()["error"]["code"] == "rate_limit_exceeded"
+    admin.state.report_waiting = 0
+    assert asyncio.run(run()).status_code == 404  # then it is served (this gateway: no log)

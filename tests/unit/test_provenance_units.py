@@ -39,6 +39,7 @@ from gateway.provenance.formats.merkle import (
     verify_consistency,
     verify_inclusion,
 )
+from gateway.provenance.formats.receipts import MAX_SIGNATURES
 from gateway.provenance.formats.tiles import index_path, tile_path, tile_widths
 from gateway.provenance.formats.tree import TiledTree
 from gateway.provenance.testing import EXAMPLE_POLICY, CountingRandom, seeded_signer
@@ -195,6 +196,19 @@ def test_receipt_tampering_is_detected() -> None:
         verify_receipt(json.dumps(value).encode(), [signer.verifier()])
     with pytest.raises(MalformedError):
         verify_receipt(b"{}", [signer.verifier()])
+
+
+def test_a_receipt_with_a_flood_of_signatures_is_malformed() -> None:
+    """Unknown-key signatures are each tried against every trusted key: a receipt with
+    hundreds of them would buy the sender CPU; past MAX_SIGNATURES it is refused unread."""
+    signer = seeded_signer("gateway.example/log")
+    value = json.loads(make_receipt(_receipt(), signer))
+    decoy = {"sig": base64.b64encode(bytes(64)).decode()}
+    value["signatures"] += [decoy] * (MAX_SIGNATURES - 1)
+    assert verify_receipt(json.dumps(value).encode(), [signer.verifier()]) == _receipt()
+    value["signatures"].append(decoy)
+    with pytest.raises(MalformedError, match=f"over {MAX_SIGNATURES} signatures"):
+        verify_receipt(json.dumps(value).encode(), [signer.verifier()])
 
 
 def test_checkpoint_text_rules() -> None:

@@ -135,6 +135,11 @@ def _decode(value: object, what: str) -> bytes:
         raise MalformedError(f"receipt {what} is not valid base64") from exc
 
 
+# A receipt carries the gateway's signature (and one per earlier key at most, after a
+# rotation); anything far beyond that is an attempt to make verification expensive.
+MAX_SIGNATURES = 8
+
+
 def verify_receipt(envelope: bytes, verifiers: Iterable[Verifier]) -> Receipt:
     """Check a receipt envelope against trusted keys; returns its payload.
 
@@ -151,6 +156,8 @@ def verify_receipt(envelope: bytes, verifiers: Iterable[Verifier]) -> Receipt:
     signatures = value.get("signatures")
     if not isinstance(signatures, list) or not signatures:
         raise MalformedError("receipt envelope has no signatures")
+    if len(signatures) > MAX_SIGNATURES:  # each costs a verification against every key
+        raise MalformedError(f"receipt envelope has over {MAX_SIGNATURES} signatures")
     message = pae(RECEIPT_PAYLOAD_TYPE, payload)
     trusted = list(verifiers)
     verified = False
