@@ -61,7 +61,8 @@ function bodyView(requestBody, resolve) {
   const types = Object.keys(requestBody.content || {});
   const schema = jsonSchema(requestBody.content);
   return h("div", { class: "request-body" },
-    h("h4", {}, "Request body", requestBody.required ? " (required)" : "", ` · ${types.join(", ")}`),
+    h("h4", {}, "Request body", requestBody.required ? " (required)" : "",
+      ` · ${types.join(", ")}`),
     schema ? schemaView(schema, resolve) : null);
 }
 

@@ -70,10 +70,11 @@ function fields(schema, resolve, depth, seen) {
     const required = new Set(Array.isArray(target.required) ? target.required : []);
     return h("ul", { class: "schema" }, Object.entries(target.properties).map(([key, field]) => {
       const [, own] = resolve(field);
-      return h("li", {}, h("code", {}, key), " ", h("span", { class: "type" },
-        typeName(field, resolve)), required.has(key) ? h("strong", {}, " required") : null,
-      own && own.description ? ` — ${own.description}` : null, own ? limits(own) : null,
-      fields(field, resolve, depth + 1, inside));
+      return h("li", {}, h("code", {}, key), " ",
+        h("span", { class: "type" }, typeName(field, resolve)),
+        required.has(key) ? h("span", { class: "required" }, " required") : null,
+        own && own.description ? ` — ${own.description}` : null, own ? limits(own) : null,
+        fields(field, resolve, depth + 1, inside));
     }));
   }
   if (target.items) return fields(target.items, resolve, depth + 1, inside);
