@@ -3,9 +3,10 @@
 `create_admin_app(control)` builds it from an `AdminControl`: the gateway's `Runtime`
 (read on every request, so a config reload shows at once) and the actions as callables
 the composition root binds (gateway/app.py `admin_app`). Errors are OpenAI error objects,
-like everywhere else in owngate. Interactive docs are off (`docs_url=None`): FastAPI's
-Swagger UI loads its assets from a CDN and owngate serves nothing from one;
-`/openapi.json` is the schema (also in docs/admin-openapi.json).
+like everywhere else in owngate. `/openapi.json` is the schema (also in
+docs/admin-openapi.json). FastAPI's own docs are off (`docs_url=None`): its Swagger UI
+loads its assets from a CDN and owngate serves nothing from one; `/docs` redirects to
+the web console's API page instead (console_routes.py), drawn from this origin.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from gateway.admin.auth import Caller, require
+from gateway.admin.console_routes import docs_router
 from gateway.admin.console_routes import router as console_router
 from gateway.admin.cosignatures import router as cosignatures_router
 from gateway.admin.limits import BodyLimit
@@ -149,6 +151,7 @@ def _routes(
     app.include_router(requests_router)
     app.include_router(log_router)
     app.include_router(console_router)
+    app.include_router(docs_router)
     return app
 
 

@@ -9,6 +9,10 @@ Content-Security-Policy allowing this origin's scripts and styles only (no inlin
 script or style, no other origin: the console works offline and a hostile string that
 reached the DOM as markup could still run nothing), and is kept out of frames, caches
 and referrers. The routes are left out of the OpenAPI schema: they are not API.
+
+`GET /docs`, where a FastAPI app keeps its interactive docs, redirects to the console's
+API page (apidocs.js, drawn from `/openapi.json`): FastAPI's own Swagger UI would load
+its scripts and styles from a CDN.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from gateway.errors import ErrorCode, GatewayError
 
-__all__ = ["ASSETS", "ASSET_DIR", "SECURITY_HEADERS", "router"]
+__all__ = ["API_PAGE", "ASSETS", "ASSET_DIR", "SECURITY_HEADERS", "docs_router", "router"]
 
 ASSET_DIR: Final = Path(__file__).parent / "console"
 
@@ -36,7 +40,10 @@ ASSETS: Final = {
     "operator.js": "text/javascript; charset=utf-8",
     "security.js": "text/javascript; charset=utf-8",
     "auditor.js": "text/javascript; charset=utf-8",
+    "apidocs.js": "text/javascript; charset=utf-8",
+    "schema.js": "text/javascript; charset=utf-8",
 }
+API_PAGE: Final = "/console/#api"  # the interactive docs
 
 SECURITY_HEADERS: Final = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
@@ -49,6 +56,13 @@ SECURITY_HEADERS: Final = {
 }
 
 router = APIRouter(prefix="/console", include_in_schema=False)
+docs_router = APIRouter(include_in_schema=False)
+
+
+@docs_router.get("/docs")
+async def docs() -> RedirectResponse:
+    """`/docs` → the console's API page, on this origin (never a CDN's Swagger UI)."""
+    return RedirectResponse(API_PAGE, status_code=308, headers=SECURITY_HEADERS)
 
 
 @router.get("")

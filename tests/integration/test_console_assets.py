@@ -53,6 +53,18 @@ def test_console_without_a_slash_redirects_to_the_page(admin: ServerThread) -> N
     assert answer.headers["location"] == "/console/"
 
 
+def test_docs_redirects_to_the_consoles_api_page_on_this_origin(admin: ServerThread) -> None:
+    """FastAPI's `/docs` (Swagger UI from a CDN) is replaced by the console's API page."""
+    answer = httpx.get(f"{admin.url}/docs", timeout=10)
+    assert answer.status_code == 308
+    assert answer.headers["location"] == "/console/#api"  # a path: this origin, no CDN
+    assert answer.headers["content-security-policy"].startswith("default-src 'self';")
+    page = httpx.get(f"{admin.url}/docs", timeout=10, follow_redirects=True)
+    assert page.status_code == 200 and str(page.url) == f"{admin.url}/console/#api"
+    assert page.content == (ASSET_DIR / "index.html").read_bytes()
+    assert httpx.get(f"{admin.url}/redoc", timeout=10).status_code == 404
+
+
 @pytest.mark.parametrize(
     "path",
     [
@@ -99,4 +111,4 @@ def test_the_page_has_no_inline_script_or_style_and_nothing_from_elsewhere() -> 
 
 def test_the_console_is_not_in_the_api_schema(admin: ServerThread) -> None:
     schema = httpx.get(f"{admin.url}/openapi.json", timeout=10).json()
-    assert not [path for path in schema["paths"] if path.startswith("/console")]
+    assert not [path for path in schema["paths"] if path.startswith(("/console", "/docs"))]

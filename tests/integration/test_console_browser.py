@@ -2,7 +2,8 @@
 driven by selenium against a real `owngate serve` with simulated backends and its admin
 listener, one token per role. For each role: log in, its page shows live data from the
 gateway, a page of another role shows 403 and the role it needs, hostile text stays
-text, and the browser's console log has no error. A screenshot per page is kept
+text, and the browser's console log has no error; the API page (the interactive docs)
+documents and calls every operation. A screenshot per page is kept
 (tests/helpers/browser.py `artifacts_dir`). One browser and one gateway for the module;
 each test logs in with its role on a freshly loaded page, so none leans on the page an
 earlier test left behind."""
@@ -10,8 +11,10 @@ earlier test left behind."""
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -325,6 +328,81 @@ def test_the_auditor_is_refused_the_security_page(console: Console) -> None:
     text = console.wait_text('[data-forbidden="security"]', lambda t: "403" in t, "the 403 page")
     assert "needs the security role" in text
     console.screenshot("auditor-on-security-403")
+
+
+def operation(console: Console, name: str) -> str:
+    """The CSS selector of the API page's block for `name` ("GET /path"), opened."""
+    css = f'details[data-operation="{name}"]'
+    console.find(f"{css} > summary").click()
+    console.wait(lambda d: d.find_element(By.CSS_SELECTOR, css).get_attribute("open"), name)
+    return css
+
+
+def test_the_api_page_documents_every_operation_and_tries_them(
+    console: Console, served: Served
+) -> None:
+    """The interactive docs, drawn from /openapi.json by the console's own scripts: every
+    operation is there, its schemas resolved, and "try it" calls it with the token."""
+    console.login(TOKENS["auditor"], "api")
+    schema = httpx.get(f"{served.admin}/openapi.json", timeout=10).json()
+    count = sum(len(item) for item in schema["paths"].values())
+    console.find(f'[data-operations="{count}"]')
+    whoami = operation(console, "GET /admin/v1/whoami")
+    text = console.text(whoami)
+    assert "any role" in text and "The caller's role and what it may use" in text
+    assert "may" in console.text(f'{whoami} [data-response="200"]')  # WhoAmI, from its $ref
+    console.find(f"{whoami} button[type=submit]").click()
+    answer = console.wait_text(f"{whoami} [data-answer]", lambda t: t != "", "the answer")
+    assert '"role": "auditor"' in answer, answer
+    assert console.text(f"{whoami} [data-status]").startswith("200")
+    console.screenshot("api-whoami")
+    # a body prefilled from the schema (its required field), then sent as edited
+    verify = operation(console, "POST /admin/v1/receipts/verify")
+    body = console.find(f"{verify} textarea[data-body]")
+    assert json.loads(body.get_attribute("value") or "") == {"receipt": {}}
+    body.clear()
+    body.send_keys(json.dumps({"receipt": served.receipts[0]}))
+    console.find(f"{verify} button[type=submit]").click()
+    answer = console.wait_text(f"{verify} [data-answer]", lambda t: t != "", "the verification")
+    assert '"valid": true' in answer, answer
+    console.screenshot("api-receipt-verify")
+
+
+def test_docs_opens_the_api_page(console: Console, served: Served) -> None:
+    console.login(TOKENS["security"], "security")
+    assert console.find('#nav a[data-page="api"]').is_displayed()  # every role has it
+    console.driver.get(f"{served.admin}/docs")
+    console.find('#page[data-page="api"] [data-operation="GET /admin/v1/keys"]')
+    assert console.driver.current_url == served.console + "#api"
+
+
+def test_the_api_page_asks_before_a_change_and_shows_refusals(console: Console) -> None:
+    console.login(TOKENS["operator"], "api")
+    drain = operation(console, "POST /admin/v1/drain")
+    console.find(f"{drain} button[type=submit]").click()
+    console.wait(lambda d: d.switch_to.alert, "the confirm dialog").dismiss()
+    assert console.text(f"{drain} .try-result") == ""  # nothing sent
+    # a path parameter that would make another path is refused before anything is sent
+    records = operation(console, "GET /admin/v1/log/requests/{request_id}")
+    console.find(f'{records} input[data-param="request_id"]').send_keys("..")
+    console.find(f"{records} button[type=submit]").click()
+    console.wait_text(f"{records} .try-result", lambda t: "needs a value" in t, "the refusal")
+    # an operation of another role: the API's 403 shown as it answered
+    cosignatures = operation(console, "GET /admin/v1/log/cosignatures")
+    console.find(f"{cosignatures} button[type=submit]").click()
+    answer = console.wait_text(f"{cosignatures} [data-answer]", lambda t: t != "", "the 403")
+    assert '"code": "permission_denied"' in answer, answer
+    assert console.text(f"{cosignatures} [data-status]").startswith("403")
+    console.screenshot("api-operator-refused")
+    # the browser logs the 403 it fetched, and nothing else
+    entries: list[dict[str, Any]] = []
+
+    def logged(driver: Any) -> list[dict[str, Any]]:
+        entries.extend(console.errors())  # each call returns the entries since the last
+        return entries
+
+    console.wait(logged, "the 403 in the browser's log")
+    assert all("403" in entry["message"] for entry in entries), entries
 
 
 def test_a_script_error_is_caught(console: Console) -> None:

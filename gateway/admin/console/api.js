@@ -24,14 +24,21 @@ export class ApiError extends Error {
   }
 }
 
-async function send(method, path, body) {
+// One call with the token, `text` (JSON text, or undefined: no body) as its body: the
+// Response whatever its status. The API page's "try it" shows it as it is.
+export function exchange(method, path, text) {
   const headers = { Authorization: `Bearer ${token() || ""}` };
   const init = { method, headers, cache: "no-store", credentials: "omit" };
-  if (body !== undefined) {
+  if (text !== undefined) {
     headers["Content-Type"] = "application/json";
-    init.body = JSON.stringify(body);
+    init.body = text;
   }
-  const response = await fetch(path, init);
+  return fetch(path, init);
+}
+
+async function send(method, path, body) {
+  const response = await exchange(method, path, body === undefined ? undefined
+    : JSON.stringify(body));
   if (!response.ok) {
     let code = null;
     let message = response.statusText || `HTTP ${response.status}`;

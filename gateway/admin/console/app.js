@@ -1,15 +1,17 @@
-// The console's shell: login, the hash routes (#operator, #security, #auditor), and the
-// 403 page for a role that may not use a page. Each page module exports
+// The console's shell: login, the hash routes (#operator, #security, #auditor, and #api
+// for any role), and the 403 page for a role that may not use a page. Each page module exports
 // `render(node, context)` and returns a function that stops its polling.
 
 import { ApiError, forget, get, setToken, token } from "./api.js";
 import { h, show } from "./dom.js";
+import * as apidocs from "./apidocs.js";
 import * as auditor from "./auditor.js";
 import * as operator from "./operator.js";
 import * as security from "./security.js";
 
-const PAGES = { operator, security, auditor };
-const ROLES = Object.keys(PAGES);
+const PAGES = { operator, security, auditor, api: apidocs };
+const NAMES = Object.keys(PAGES);
+const ROLES = ["operator", "security", "auditor"]; // the pages whoami's `may` grants
 
 let stop = () => {};
 let who = null; // {role, may} from /admin/v1/whoami
@@ -69,7 +71,7 @@ function route() {
   stop = () => {};
   const wanted = location.hash.replace(/^#/, "");
   const mayUse = who && Array.isArray(who.may) ? who.may : ROLES;
-  const page = ROLES.includes(wanted) ? wanted : (mayUse[0] || "operator");
+  const page = NAMES.includes(wanted) ? wanted : (mayUse[0] || "operator");
   if (wanted !== page) {
     history.replaceState(null, "", `#${page}`);
   }
@@ -78,7 +80,7 @@ function route() {
   }
   const node = $("page");
   node.dataset.page = page;
-  if (who && Array.isArray(who.may) && !who.may.includes(page)) {
+  if (ROLES.includes(page) && who && Array.isArray(who.may) && !who.may.includes(page)) {
     forbidden(node, page, `Your token may use: ${who.may.join(", ") || "no page"}.`);
     return;
   }
