@@ -48,6 +48,7 @@ from gateway.admin.models import (
     PolicySummary,
     Status,
 )
+from gateway.admin.openapi import with_error_objects
 from gateway.admin.policy_tests import router as policy_tests_router
 from gateway.admin.receipts import router as receipts_router
 from gateway.admin.report import router as report_router
@@ -152,6 +153,7 @@ def _routes(
     app.include_router(log_router)
     app.include_router(console_router)
     app.include_router(docs_router)
+    with_error_objects(app)
     return app
 
 

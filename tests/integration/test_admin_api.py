@@ -212,6 +212,13 @@ def test_the_openapi_schema_is_served_and_published(served: Served) -> None:
     assert "/docs" not in schema["paths"]  # the console's API page (test_console_assets.py)
     published = json.loads((REPO_ROOT / "docs" / "admin-openapi.json").read_text())
     assert published == schema == openapi_schema()
+    # an invalid request is answered 400 with an OpenAI error object, and said so
+    validate = schema["paths"]["/admin/v1/config/validate"]["post"]["responses"]
+    assert "422" not in validate and "HTTPValidationError" not in json.dumps(schema)
+    error = validate["400"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+    answer = served.post("/admin/v1/config/validate", "operator", {"yaml": 1})
+    assert answer.status_code == 400
+    assert set(answer.json()) == set(schema["components"]["schemas"][error]["required"])
 
 
 def test_the_admin_port_is_never_the_public_port() -> None:
