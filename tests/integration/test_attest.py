@@ -160,7 +160,10 @@ def test_the_sidecar_is_the_backends_mutual_tls_endpoint(
     assert sidecar.url.startswith("https://")
     tls = {"ca_file": str(ca), "pin_spki_sha256": [cert.pin]}
     mutual = {**tls, "client_cert_file": str(client_cert), "client_key_file": str(client_key)}
-    facts = {"identity": "certificate", "retention": {"days": 0, "zero_data_retention": True}}
+    facts: dict[str, Any] = {
+        "identity": "certificate",
+        "retention": {"days": 0, "zero_data_retention": True},
+    }
 
     def gpu(tls: dict[str, Any]) -> dict[str, Any]:
         return backend("gpu", sidecar.url, "m", tls=tls, attest={"key": sidecar.vkey}, **facts)

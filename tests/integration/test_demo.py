@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.helpers.provenance import run_audit
 
@@ -66,7 +67,7 @@ def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         assert "curl -s" in banner and "from openai import OpenAI" in banner
         receipts: list[bytes] = []  # every receipt the demo handed out
         client = openai.OpenAI(base_url=f"{url[1]}/v1", api_key=key[1], max_retries=0)
-        hello = [{"role": "user", "content": "Hello!"}]
+        hello: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello!"}]
         for _ in range(3):  # the router may pick either private backend
             raw = client.chat.completions.with_raw_response.create(
                 model="llama-3.1-8b", messages=hello
