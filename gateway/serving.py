@@ -201,7 +201,8 @@ class ServerThread:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self._server.config.is_ssl else "http"
+        return f"{scheme}://{host}:{self.port}"
 
     def _run(self) -> None:
         try:

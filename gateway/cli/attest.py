@@ -1,13 +1,14 @@
 """`owngate attest`: run the countersigning sidecar beside a private inference server.
 
 Every flag has an environment default `OWNGATE_ATTEST_<FLAG>`. Exit codes: 0 after a
-clean shutdown, 1 when the key or log cannot be opened, 2 on bad flags.
+clean shutdown, 1 when the key, log or TLS files cannot be used, 2 on bad flags.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import ssl
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,12 @@ def register(subparsers: Any) -> None:
         "and the key id, with the backend host's Ed25519 key (`owngate keys new --signing "
         "NAME --key-file FILE` makes one); keep the statements in an append-only log "
         "(C2SP tlog, its own origin). Point the gateway's backend base_url at it and set "
-        "the backend's `attest: {key: VKEY}` (docs/provenance.md).",
-        epilog="Exit codes: 0 after a clean shutdown, 1 key or log not usable, 2 bad flags.",
+        "the backend's `attest: {key: VKEY}` (docs/provenance.md). With --tls-cert and "
+        "--tls-key it serves TLS, and with --client-ca it is the backend's mutual-TLS "
+        "endpoint: only a client certificate chaining to that CA (the gateway's) gets an "
+        "answer (docs/backend-tls.md).",
+        epilog="Exit codes: 0 after a clean shutdown, 1 key, log or TLS files not usable, 2 bad "
+        "flags.",
     )
     add = parser.add_argument
     add("--listen", default=_env("LISTEN", "127.0.0.1:8101"), help="HOST:PORT to listen on")
@@ -43,11 +48,18 @@ def register(subparsers: Any) -> None:
         default=int(_env("MAX_BODY_BYTES", str(16 * 1024 * 1024)) or 0),
         help="largest request or whole response relayed (16 MiB)",
     )
+    add("--tls-cert", default=_env("TLS_CERT"), help="serve TLS with this certificate (PEM)")
+    add("--tls-key", default=_env("TLS_KEY"), help="the certificate's unencrypted key (PEM)")
+    add(
+        "--client-ca",
+        default=_env("CLIENT_CA"),
+        help="require a client certificate chaining to this CA (PEM): mutual TLS",
+    )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.attest import AttestApp, AttestSettings
+    from gateway.attest import AttestApp, AttestSettings, listener_context, tls_options
     from gateway.serving import STARTUP_FAILURE, DrainingServer, bind_socket, uvicorn_config
 
     missing = [f"--{n}" for n in ("backend", "key", "log") if not getattr(args, n)]
@@ -59,6 +71,20 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if bool(args.tls_cert) != bool(args.tls_key) or (args.client_ca and not args.tls_cert):
+        print(
+            "owngate attest: --tls-cert and --tls-key go together, and --client-ca needs them",
+            file=sys.stderr,
+        )
+        return 2
+    tls: dict[str, Any] = {}
+    if args.tls_cert:
+        client_ca = Path(args.client_ca) if args.client_ca else None
+        try:
+            tls = tls_options(listener_context(Path(args.tls_cert), Path(args.tls_key), client_ca))
+        except (OSError, ssl.SSLError) as exc:
+            print(f"owngate attest: TLS files not usable: {exc}", file=sys.stderr)
+            return 1
     settings = AttestSettings(
         backend=args.backend,
         key_file=Path(args.key),
@@ -74,9 +100,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     # uvicorn's graceful shutdown on SIGTERM/SIGINT (the log's final checkpoint in the
     # lifespan shutdown), ending with 0 rather than the signal raised again.
-    server = DrainingServer(uvicorn_config(AttestApp(settings)), on_drain=lambda: None)
+    server = DrainingServer(uvicorn_config(AttestApp(settings), **tls), on_drain=lambda: None)
+    scheme = "https" if tls else "http"
+    mutual = " (mutual TLS)" if args.client_ca else ""
     print(
-        f"owngate attest: countersigning {args.backend} on http://{args.listen}",
+        f"owngate attest: countersigning {args.backend} on {scheme}://{args.listen}{mutual}",
         file=sys.stderr,
     )
     try:

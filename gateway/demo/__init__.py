@@ -1,6 +1,10 @@
 """`owngate demo`: the gateway, two simulated private backends and a simulated hosted
 provider in one process, with the bundled config. No Redis, GPU or network needed.
 
+The private backends run behind `owngate attest` sidecars over mutual TLS with a
+throwaway CA (`gateway.demo.attested`), so every answer they serve is a two-party
+statement; the banner prints the command that verifies the log as one.
+
 The admin API (docs/admin-api.md) and its web console (docs/console.md) run beside it on
 a free loopback port (never a fixed one, so a demo does not collide with a gateway or
 another demo), with a fresh token per role, printed with the rest."""
@@ -21,6 +25,7 @@ import uvicorn
 
 from gateway.app import admin_server, create_app
 from gateway.config import GatewaySettings, parse_config
+from gateway.demo.attested import PRIVATE, Sidecar, start_sidecars
 from gateway.logs import configure_logging
 from gateway.provenance import write_signing_key
 from gateway.serving import ServerThread, bind_socket, run_beside, uvicorn_config
@@ -35,27 +40,33 @@ ADMIN_ROLES = ("operator", "security", "auditor")
 
 
 def demo_config(
-    urls: dict[str, str],
+    hosted_url: str,
+    sidecars: Mapping[str, Sidecar],
     key_hashes: tuple[str, str],
     log_dir: Path,
     *,
     admin_port: int,
     admin_hashes: Mapping[str, str],
 ) -> GatewaySettings:
-    """The demo's gateway.yaml filled in: the simulators' `urls`, the tenant keys'
-    digests, the log in `log_dir`, the admin API's port and its token digest per role."""
+    """The demo's gateway.yaml filled in: the hosted simulator's URL, the private
+    backends' `sidecars` (URL, pin, key), the tenant keys' digests, the log and the PKI in
+    `log_dir`, the admin API's port and its token digest per role."""
     text = (DEMO_DIR / "gateway.yaml").read_text(encoding="utf-8")
     env = {
         "OWNGATE_DEMO_LOG_DIR": str(log_dir / "log"),
         "OWNGATE_DEMO_LOG_KEY": str(log_dir / "log.key"),
-        "OWNGATE_DEMO_VLLM_URL": urls["vllm"],
-        "OWNGATE_DEMO_LLAMACPP_URL": urls["llamacpp"],
-        "OWNGATE_DEMO_HOSTED_URL": urls["hosted"] + "/v1",
+        "OWNGATE_DEMO_PKI_DIR": str(log_dir / "pki"),
+        "OWNGATE_DEMO_HOSTED_URL": hosted_url + "/v1",
         "OWNGATE_DEMO_KEY_HASH": key_hashes[0],
         "OWNGATE_DEMO_EU_KEY_HASH": key_hashes[1],
         "OWNGATE_DEMO_ADMIN_PORT": str(admin_port),
         **{f"OWNGATE_DEMO_{role.upper()}_TOKEN_HASH": admin_hashes[role] for role in ADMIN_ROLES},
     }
+    for backend, sim in PRIVATE.items():
+        prefix = f"OWNGATE_DEMO_{sim.upper()}"
+        env[f"{prefix}_URL"] = sidecars[backend].url
+        env[f"{prefix}_PIN"] = sidecars[backend].pin
+        env[f"{prefix}_ATTEST_KEY"] = sidecars[backend].vkey
     return parse_config(text, source="gateway/demo/gateway.yaml", env=env)
 
 
@@ -66,10 +77,8 @@ def run_demo(host: str, port: int, out: TextIO = sys.stdout) -> int:
     key, eu_key = new_api_key(), new_api_key()
     tokens = {role: new_admin_token() for role in ADMIN_ROLES}
     sims = {
-        "vllm": SimSettings.for_kind(
-            "vllm", models=("meta-llama/Llama-3.1-8B-Instruct", "bge-small"), seed=1
-        ),
-        "llamacpp": SimSettings.for_kind("llamacpp", models=("llama-3.1-8b-q4_k_m",), seed=2),
+        "vllm": SimSettings.for_kind("vllm", models=("llama-3.1-8b", "bge-small"), seed=1),
+        "llamacpp": SimSettings.for_kind("llamacpp", models=("llama-3.1-8b",), seed=2),
         "hosted": SimSettings.for_kind("vllm", models=("gpt-4o-mini",), seed=3),
     }
     with contextlib.ExitStack() as stack:
@@ -79,6 +88,9 @@ def run_demo(host: str, port: int, out: TextIO = sys.stdout) -> int:
         }
         log_dir = Path(tempfile.mkdtemp(prefix="owngate-demo-"))
         vkey = write_signing_key(log_dir / "log.key", "owngate-demo/log")
+        # Entered after the simulators: the sidecars stop (and sign their logs' final
+        # checkpoints) before the servers they front.
+        sidecars = start_sidecars(stack, log_dir, urls)
         try:
             sock = stack.enter_context(bind_socket(host, port))
         except OSError as exc:
@@ -90,16 +102,17 @@ def run_demo(host: str, port: int, out: TextIO = sys.stdout) -> int:
         admin_sock = stack.enter_context(bind_socket("127.0.0.1", 0))
         admin_port = admin_sock.getsockname()[1]
         config = demo_config(
-            urls,
+            urls["hosted"],
+            sidecars,
             (hash_api_key(key), hash_api_key(eu_key)),
             log_dir,
             admin_port=admin_port,
             admin_hashes={role: hash_api_key(token) for role, token in tokens.items()},
         )
         url = f"http://{host}:{sock.getsockname()[1]}"
-        audit = f"owngate audit verify {log_dir / 'log'} --key {vkey}"
-        out.write(_banner(url, key, eu_key, urls, audit))
-        out.write(_admin_banner(f"http://127.0.0.1:{admin_port}", tokens, vkey))
+        log = log_dir / "log"
+        out.write(_banner(url, key, eu_key, urls, sidecars, log, vkey))
+        out.write(_admin_banner(f"http://127.0.0.1:{admin_port}", tokens, vkey, sidecars))
         out.flush()
         # The simulated provider needs no key; LiteLLM wants one to be set.
         environ = {**os.environ, "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "demo")}
@@ -110,12 +123,38 @@ def run_demo(host: str, port: int, out: TextIO = sys.stdout) -> int:
     return 0
 
 
-def _banner(url: str, key: str, eu_key: str, sims: dict[str, str], audit: str) -> str:
+def _backend_keys(sidecars: Mapping[str, Sidecar]) -> str:
+    return " \\\n    ".join(f"--backend-key {s.backend}={s.vkey}" for s in sidecars.values())
+
+
+def _audit(log: Path, vkey: str, sidecars: Mapping[str, Sidecar]) -> str:
+    """The command that verifies the demo's log as two-party: every answer a private
+    backend served countersigned by its sidecar, and each sidecar's log agreeing."""
+    logs = " \\\n    ".join(f"--attest-log {s.backend}={s.log}" for s in sidecars.values())
+    return (
+        f"owngate audit verify {log} --key {vkey} \\\n    {_backend_keys(sidecars)} \\\n    {logs}"
+    )
+
+
+def _banner(
+    url: str,
+    key: str,
+    eu_key: str,
+    sims: dict[str, str],
+    sidecars: Mapping[str, Sidecar],
+    log: Path,
+    vkey: str,
+) -> str:
+    gpu, cpu = sidecars["gpu-vllm"], sidecars["cpu-llamacpp"]
     return f"""
 owngate demo is running at {url}
   simulated private backends: gpu-vllm (vLLM-like, {sims["vllm"]}),
-                              cpu-llamacpp (llama.cpp-like, 4 slots, {sims["llamacpp"]})
+                              cpu-llamacpp (llama.cpp-like, 4 slots, {sims["llamacpp"]}),
+      each behind an `owngate attest` sidecar ({gpu.url}, {cpu.url}):
+      mutual TLS with a throwaway CA, the sidecar's key pinned, region/owner/retention
+      read from its certificate, every answer countersigned by the backend's own key
   simulated hosted provider:  openai ({sims["hosted"]}), reached through LiteLLM
+      (cannot countersign: its response and request ids are recorded instead)
   trust policies:             gateway/demo/policies/demo.yaml
   demo API key (shown once):  {key}
       tenant demo: private first; gpt-4o-mini (hosted only) allowed as a fallback
@@ -139,12 +178,17 @@ Models: curl -s {url}/v1/models -H "Authorization: Bearer {key}"
 Metrics: curl -s {url}/metrics
 Backends: owngate status --url {url}   (no admin token: the demo admits loopback clients)
 Provenance: every request is in a signed log; the receipt is the x-owngate-receipt header.
-  Verify the log (any time, and after Ctrl-C with its final checkpoint):
-  {audit}
+  Verify the log as two-party (after Ctrl-C, when each log has its final checkpoint):
+  {_audit(log, vkey, sidecars)}
+  Verify a receipt as two-party (the header, base64-decoded, in receipt.json):
+  owngate audit receipt verify receipt.json --key {vkey} --log {log} \\
+    {_backend_keys(sidecars)}
 """
 
 
-def _admin_banner(url: str, tokens: Mapping[str, str], vkey: str) -> str:
+def _admin_banner(
+    url: str, tokens: Mapping[str, str], vkey: str, sidecars: Mapping[str, Sidecar]
+) -> str:
     auditor = tokens["auditor"]
     return f"""
 Admin API (its own listener, loopback only) at {url}
@@ -157,7 +201,8 @@ Admin API (its own listener, loopback only) at {url}
   auditor token (shown once):  {auditor}
       curl -s {url}/log/checkpoint -H "Authorization: Bearer {auditor}"
   Verify the live log over HTTP:
-  owngate audit verify {url}/log/ --key {vkey} --token {auditor}
+  owngate audit verify {url}/log/ --key {vkey} --token {auditor} \\
+    {_backend_keys(sidecars)}
 Ctrl-C stops everything.
 
 """

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from tests.helpers.net import free_port
 from tests.helpers.processes import ServerProcess, owngate_argv
 from tests.helpers.provenance import records
 
-__all__ = ["Sidecar", "rewrite_log", "start_sidecar"]
+__all__ = ["Sidecar", "SidecarTLS", "rewrite_log", "start_sidecar"]
 
 
 @dataclass
@@ -36,12 +37,29 @@ class Sidecar:
         return self.process.proc.wait(timeout=30)
 
 
+@dataclass(frozen=True)
+class SidecarTLS:
+    """The sidecar as its backend's mutual-TLS endpoint: `server` (certificate and key
+    files) presented, client certificates chaining to `client_ca` required. `probe` is a
+    client context the readiness check connects with (one holding a client certificate)."""
+
+    server: tuple[Path, Path]
+    client_ca: Path
+    probe: ssl.SSLContext
+
+
 def start_sidecar(
-    directory: Path, name: str, backend_url: str, *, log: Path | None = None, port: int = 0
+    directory: Path,
+    name: str,
+    backend_url: str,
+    *,
+    log: Path | None = None,
+    port: int = 0,
+    tls: SidecarTLS | None = None,
 ) -> Sidecar:
     """`owngate attest` in front of `backend_url`, with a new key named `name` (kept if
     it exists already: a restart) and its log in `directory/<name>-log` (or `log`), on
-    `port` (default: a free one)."""
+    `port` (default: a free one); over mutual TLS with `tls`."""
     directory.mkdir(parents=True, exist_ok=True)
     key_file = directory / f"{name}.key"
     vkey = load_signer(key_file).vkey if key_file.exists() else write_signing_key(key_file, name)
@@ -58,8 +76,13 @@ def start_sidecar(
         "--log",
         str(log),
     )
-    process = ServerProcess(f"attest-{name}-{port}", argv, directory, port)
-    return Sidecar(process.wait_ready("/health"), vkey, key_file, log)
+    if tls is None:
+        process = ServerProcess(f"attest-{name}-{port}", argv, directory, port)
+        return Sidecar(process.wait_ready("/health"), vkey, key_file, log)
+    cert, key = tls.server
+    argv += ["--tls-cert", str(cert), "--tls-key", str(key), "--client-ca", str(tls.client_ca)]
+    process = ServerProcess(f"attest-{name}-{port}", argv, directory, port, scheme="https")
+    return Sidecar(process.wait_ready("/health", verify=tls.probe), vkey, key_file, log)
 
 
 def rewrite_log(

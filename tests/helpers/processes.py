@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import ssl
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -39,13 +40,18 @@ def owngate_argv(*args: str) -> list[str]:
 
 
 def _answers_200(
-    url: str, proc: subprocess.Popen[bytes], name: str, output: Callable[[], str]
+    url: str,
+    proc: subprocess.Popen[bytes],
+    name: str,
+    output: Callable[[], str],
+    verify: ssl.SSLContext | bool = True,
 ) -> bool:
-    """Whether GET `url` answers 200 now; fails the test at once when `proc` has exited."""
+    """Whether GET `url` answers 200 now (an https `url` over `verify`, httpx's TLS
+    setting); fails the test at once when `proc` has exited."""
     if proc.poll() is not None:
         raise AssertionError(f"{name} exited {proc.returncode}: {output()}")
     try:
-        return httpx.get(url, timeout=2).status_code == 200
+        return httpx.get(url, timeout=2, verify=verify).status_code == 200
     except httpx.TransportError:
         return False
 
@@ -162,9 +168,12 @@ class ServerProcess:
     stderr in `<directory>/<name>.log`; `proc` is the running process (signal it
     directly to end only the leader)."""
 
-    def __init__(self, name: str, argv: Sequence[str], directory: Path, port: int) -> None:
+    def __init__(
+        self, name: str, argv: Sequence[str], directory: Path, port: int, scheme: str = "http"
+    ) -> None:
         self.name = name
         self.port = port
+        self.scheme = scheme
         self.log = directory / f"{name}.log"
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
@@ -177,12 +186,15 @@ class ServerProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
-    def wait_ready(self, path: str, timeout_s: float = 30.0) -> ServerProcess:
-        """Wait until GET `path` answers 200; fails the test if it exits first."""
+    def wait_ready(
+        self, path: str, timeout_s: float = 30.0, verify: ssl.SSLContext | bool = True
+    ) -> ServerProcess:
+        """Wait until GET `path` answers 200 (over https: with `verify`, httpx's TLS
+        setting); fails the test if it exits first."""
         until(
-            lambda: _answers_200(f"{self.url}{path}", self.proc, self.name, self.output),
+            lambda: _answers_200(f"{self.url}{path}", self.proc, self.name, self.output, verify),
             f"{self.name} answering 200 at {path}",
             timeout=timeout_s,
             interval=0.05,

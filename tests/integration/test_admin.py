@@ -21,7 +21,9 @@ from gateway.api.admin import authorize
 from gateway.config import GatewaySettings
 from gateway.config.schema import AdminSettings
 from gateway.demo import demo_config
+from gateway.demo.attested import PRIVATE, Sidecar
 from gateway.errors import GatewayError
+from gateway.provenance import generate_signing_key
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import ADMIN_HEADERS, ADMIN_TOKEN, TENANT_KEY, Gateway, Sim, backend
 
@@ -101,11 +103,17 @@ def test_loopback_is_an_explicit_opt_in(start: Callable[..., Gateway]) -> None:
 
 
 def test_the_demo_opts_in_to_loopback(tmp_path: Path) -> None:
-    urls = {name: "http://127.0.0.1:9" for name in ("vllm", "llamacpp", "hosted")}
+    vkey = generate_signing_key("owngate-demo.internal/sidecar")[1]
+    pin = "sha256//" + "A" * 43 + "="
+    sidecars = {
+        backend: Sidecar(backend, "https://127.0.0.1:9", backend, pin, vkey, tmp_path)
+        for backend in PRIVATE
+    }
     hashes = (hash_api_key("og-a"), hash_api_key("og-b"))
     roles = {"operator": "c", "security": "d", "auditor": "e"}
     config = demo_config(
-        urls,
+        "http://127.0.0.1:9",
+        sidecars,
         hashes,
         tmp_path,
         admin_port=0,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import ssl
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,11 @@ import httpx
 import pytest
 
 from gateway.provenance import commit, load_signer, write_signing_key
-from tests.helpers.attest import Sidecar, rewrite_log, start_sidecar
-from tests.helpers.gateways import Gateway, Sim, backend
-from tests.helpers.provenance import completion_record, records, run_audit
+from tests.helpers.attest import Sidecar, SidecarTLS, rewrite_log, start_sidecar
+from tests.helpers.gateways import Gateway, Sim, backend, served
+from tests.helpers.provenance import completion_record, records, request_records, run_audit
 from tests.helpers.real_backend.server import LlamaServer
+from tests.helpers.tls import Pki
 
 ORIGIN = "gw.test/attest"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
@@ -137,6 +139,55 @@ def test_an_attested_answer_is_a_two_party_statement(
         "backend gpu: 2 answer(s) countersigned by its key; its sidecar's log (2 entries) agrees"
         in out
     )
+
+
+def test_the_sidecar_is_the_backends_mutual_tls_endpoint(
+    sim: Sim,
+    start_gateway: Callable[..., Gateway],
+    sidecars: Callable[..., Sidecar],
+    tmp_path: Path,
+) -> None:
+    """All three layers on one connection: the gateway reaches the sidecar over mutual
+    TLS with its key pinned, reads the backend's facts from its certificate, and gets each
+    answer countersigned; a gateway without the client certificate gets nothing."""
+    pki = Pki.create(tmp_path / "pki")
+    cert = pki.server(region="eu-west-1", owner="test", retention="none")
+    client_cert, client_key = pki.write("gateway", pki.client())
+    ca = pki.directory / "ca.pem"
+    probe = ssl.create_default_context(cafile=ca)
+    probe.load_cert_chain(client_cert, client_key)
+    sidecar = sidecars("gpu-a", sim.url, tls=SidecarTLS(pki.write("sidecar", cert), ca, probe))
+    assert sidecar.url.startswith("https://")
+    tls = {"ca_file": str(ca), "pin_spki_sha256": [cert.pin]}
+    mutual = {**tls, "client_cert_file": str(client_cert), "client_key_file": str(client_key)}
+    facts: dict[str, Any] = {
+        "identity": "certificate",
+        "retention": {"days": 0, "zero_data_retention": True},
+    }
+
+    def gpu(tls: dict[str, Any]) -> dict[str, Any]:
+        return backend("gpu", sidecar.url, "m", tls=tls, attest={"key": sidecar.vkey}, **facts)
+
+    gateway = _gateway(start_gateway, tmp_path, [gpu(mutual)])
+    request_id = _ask(gateway).headers["x-request-id"]
+    (dispatch,) = request_records(tmp_path / "log", request_id, "dispatch")
+    assert dispatch["backend"]["peer"] == {"spki_sha256": cert.pin, "attested": True}
+    attestation = completion_record(tmp_path / "log", request_id)["attestation"]
+    assert attestation["failure"] is None and attestation["key"] == _key_id(sidecar.vkey)
+    assert served(sim) == 1
+
+    # Without a client certificate the sidecar completes no exchange: not the gateway's
+    # request, not a direct one.
+    (tmp_path / "anonymous").mkdir()
+    anonymous = _gateway(start_gateway, tmp_path / "anonymous", [gpu(tls)])
+    refused = httpx.post(
+        f"{anonymous.url}/v1/chat/completions", json=CHAT, headers=anonymous.headers, timeout=30
+    )
+    assert refused.status_code == 503, refused.text
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{sidecar.url}/health", verify=ssl.create_default_context(cafile=ca))
+    assert served(sim) == 1
+    assert httpx.get(f"{sidecar.url}/health", verify=probe).status_code == 200
 
 
 def _failed(

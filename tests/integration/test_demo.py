@@ -1,8 +1,11 @@
 """`owngate demo` starts, prints a working key and snippet and the admin API with a token
-per role, serves, and stops on Ctrl-C."""
+per role, serves, and stops on Ctrl-C. Its private backends sit behind mutual-TLS `owngate
+attest` sidecars: every receipt it hands out for them, and its whole log, verify as
+two-party statements with the commands the banner prints."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import queue
@@ -12,10 +15,17 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from tests.helpers.provenance import run_audit
+
+PRIVATE = ("gpu-vllm", "cpu-llamacpp")
 
 
 def _read_banner(proc: subprocess.Popen[str], timeout: float = 30.0) -> str:
@@ -39,7 +49,7 @@ def _read_banner(proc: subprocess.Popen[str], timeout: float = 30.0) -> str:
     return text
 
 
-def test_demo_end_to_end() -> None:
+def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "demo", "--port", "0"],
         # the demo sets a placeholder OPENAI_API_KEY for its own gateway only
@@ -55,39 +65,108 @@ def test_demo_end_to_end() -> None:
         eu_key = re.search(r"EU tenant key \(shown once\):\s+(og-\S+)", banner)
         assert url and key and eu_key, banner
         assert "curl -s" in banner and "from openai import OpenAI" in banner
+        receipts: list[bytes] = []  # every receipt the demo handed out
         client = openai.OpenAI(base_url=f"{url[1]}/v1", api_key=key[1], max_retries=0)
-        reply = client.chat.completions.create(
-            model="llama-3.1-8b", messages=[{"role": "user", "content": "Hello!"}]
-        )
-        assert reply.choices[0].message.content
+        hello: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello!"}]
+        for _ in range(3):  # the router may pick either private backend
+            raw = client.chat.completions.with_raw_response.create(
+                model="llama-3.1-8b", messages=hello
+            )
+            assert raw.parse().choices[0].message.content
+            receipts.append(base64.b64decode(raw.headers["x-owngate-receipt"]))
         assert {m.id for m in client.models.list()} >= {"llama-3.1-8b", "gpt-4o-mini"}
         # Hosted only, and the demo tenant's policy allows it: served through LiteLLM.
-        hosted = client.chat.completions.create(
-            model="gpt-4o-mini", messages=[{"role": "user", "content": "Hello!"}]
+        hosted = client.chat.completions.with_raw_response.create(
+            model="gpt-4o-mini", messages=hello
         )
-        assert hosted.choices[0].message.content
+        assert hosted.parse().choices[0].message.content
+        receipts.append(base64.b64decode(hosted.headers["x-owngate-receipt"]))
         eu = openai.OpenAI(base_url=f"{url[1]}/v1", api_key=eu_key[1], max_retries=0)
         assert "gpt-4o-mini" not in {m.id for m in eu.models.list()}
-        with pytest.raises(openai.PermissionDeniedError, match="policy demo-eu/residency"):
-            eu.chat.completions.create(
-                model="gpt-4o-mini", messages=[{"role": "user", "content": "Hello!"}]
-            )
+        with pytest.raises(openai.PermissionDeniedError, match="policy demo-eu/residency") as no:
+            eu.chat.completions.create(model="gpt-4o-mini", messages=hello)
+        receipts.append(base64.b64decode(no.value.response.headers["x-owngate-receipt"]))
         eu.close()
-        assert "x-owngate-receipt" in reply_headers(url[1], key[1])
+        receipts.append(base64.b64decode(reply_headers(url[1], key[1])["x-owngate-receipt"]))
+        receipts.append(streamed_receipt(url[1], key[1]))
         check_admin_api(banner)
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
-    audit = re.search(r"owngate audit verify (\S+) --key (\S+)", banner)
+    audit = re.search(r"owngate audit verify (/\S+) --key (\S+)", banner)
     assert audit, banner
+    backend_keys = sorted(set(re.findall(r"--backend-key (\S+)", banner)))
+    attest_logs = re.findall(r"--attest-log (\S+)", banner)
+    assert [k.split("=")[0] for k in backend_keys] == sorted(PRIVATE), banner
+    assert sorted(a.split("=")[0] for a in attest_logs) == sorted(PRIVATE), banner
+    two_party = [arg for k in backend_keys for arg in ("--backend-key", k)]
+    served = check_receipts(tmp_path, receipts, audit[1], audit[2], two_party, capsys)
+    assert "openai" in served and served & set(PRIVATE), served
     verified = subprocess.run(
-        [sys.executable, "-m", "gateway", "audit", "verify", audit[1], "--key", audit[2]],
+        [sys.executable, "-m", "gateway", "audit", "verify", audit[1], "--key", audit[2]]
+        + two_party
+        + [arg for a in attest_logs for arg in ("--attest-log", a)],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert verified.returncode == 0, verified.stdout + verified.stderr
+    for backend in served & set(PRIVATE):
+        assert re.search(
+            rf"backend {backend}: \d+ answer\(s\) countersigned by its key; its sidecar's log "
+            r"\(\d+ entries\) agrees",
+            verified.stdout,
+        ), verified.stdout
+
+
+def check_receipts(
+    tmp_path: Path,
+    receipts: list[bytes],
+    log: str,
+    key: str,
+    backend_keys: list[str],
+    capsys: pytest.CaptureFixture[str],
+) -> set[str]:
+    """Every receipt verifies against the log; each one for a private backend as a
+    two-party statement (countersigned by that backend's sidecar key), the hosted one's
+    and the refusal's as the gateway's alone. The backends the receipts name."""
+    named: set[str] = set()
+    for number, receipt in enumerate(receipts):
+        path = tmp_path / f"{number}.receipt"
+        path.write_bytes(receipt)
+        capsys.readouterr()
+        assert (
+            run_audit(["receipt", "verify", str(path), "--key", key, "--log", log, *backend_keys])
+            == 0
+        )
+        out = capsys.readouterr().out
+        backend = re.search(r"dispatch entry \d+ to backend (\S+),", out)
+        if backend is None:
+            assert "refusal entry" in out, out
+            continue
+        named.add(backend[1])
+        countersigned = f"ok: countersigned by backend {backend[1]}'s key" in out
+        assert countersigned == (backend[1] in PRIVATE), out
+    return named
+
+
+def streamed_receipt(url: str, key: str) -> bytes:
+    """A streamed answer's receipt (its final SSE comment)."""
+    body: dict[str, Any] = {
+        "model": "llama-3.1-8b",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+    }
+    response = httpx.post(
+        f"{url}/v1/chat/completions",
+        headers={"authorization": f"Bearer {key}"},
+        json=body,
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    (line,) = [x for x in response.text.splitlines() if x.startswith(": owngate-receipt ")]
+    return base64.b64decode(line.removeprefix(": owngate-receipt "))
 
 
 def check_admin_api(banner: str) -> None:

@@ -15,11 +15,15 @@ import pytest
 
 import gateway.policy
 from gateway.cli import policy as policy_cli
+from gateway.provenance import generate_signing_key
 from tests.helpers.paths import REPO_ROOT
 
 CONFIG = str(REPO_ROOT / "deploy" / "gateway.example.yaml")
 POLICIES = str(REPO_ROOT / "policies")
 CASES = str(REPO_ROOT / "policies" / "tests")
+# What `owngate demo` fills in for its attested backends: a sidecar's key and a pin.
+DEMO_ATTEST_KEY = generate_signing_key("owngate-demo.internal/sidecar")[1]
+DEMO_PIN = "sha256//" + "A" * 43 + "="
 
 
 def owngate(*argv: str) -> int:
@@ -271,8 +275,13 @@ def test_check_warns_when_max_days_0_and_zero_decide_differently(
         (
             "gateway/demo/gateway.yaml",
             {
-                "OWNGATE_DEMO_VLLM_URL": "http://127.0.0.1:1",
-                "OWNGATE_DEMO_LLAMACPP_URL": "http://127.0.0.1:2",
+                "OWNGATE_DEMO_VLLM_URL": "https://127.0.0.1:1",
+                "OWNGATE_DEMO_LLAMACPP_URL": "https://127.0.0.1:2",
+                "OWNGATE_DEMO_PKI_DIR": "pki",
+                "OWNGATE_DEMO_VLLM_PIN": DEMO_PIN,
+                "OWNGATE_DEMO_LLAMACPP_PIN": DEMO_PIN,
+                "OWNGATE_DEMO_VLLM_ATTEST_KEY": DEMO_ATTEST_KEY,
+                "OWNGATE_DEMO_LLAMACPP_ATTEST_KEY": DEMO_ATTEST_KEY,
                 "OWNGATE_DEMO_HOSTED_URL": "http://127.0.0.1:3",
                 "OWNGATE_DEMO_LOG_DIR": "log",
                 "OWNGATE_DEMO_LOG_KEY": "log.key",

@@ -8,6 +8,7 @@ import base64
 import hashlib
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -215,3 +216,28 @@ def test_the_sidecar_command_wants_its_backend_key_and_log(
     assert (
         main(["attest", "--listen", "nowhere", "--backend", "x", "--key", "k", "--log", "l"]) == 2
     )
+
+
+@pytest.mark.parametrize(
+    ("tls", "code", "said"),
+    [
+        (["--tls-cert", "c.pem"], 2, "--tls-cert and --tls-key go together"),
+        (["--tls-key", "k.pem"], 2, "--tls-cert and --tls-key go together"),
+        (["--client-ca", "ca.pem"], 2, "--client-ca needs them"),
+        (["--tls-cert", "missing.pem", "--tls-key", "missing-key.pem"], 1, "TLS files not usable"),
+    ],
+)
+def test_the_sidecar_command_wants_its_tls_files_together_and_usable(
+    tls: list[str],
+    code: int,
+    said: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    for name in ("TLS_CERT", "TLS_KEY", "CLIENT_CA"):
+        monkeypatch.delenv(f"OWNGATE_ATTEST_{name}", raising=False)
+    monkeypatch.chdir(tmp_path)
+    base = ["attest", "--backend", "http://127.0.0.1:8000", "--key", "k", "--log", "l"]
+    assert main([*base, *tls]) == code  # refused before it opens a key or binds a port
+    assert said in capsys.readouterr().err
