@@ -99,6 +99,7 @@ def configure_logging(
         redact,
     ]
     factory: Any
+    _install_access_log(fmt, level, out)
     if fmt == "json":
         binary = getattr(out, "buffer", None)
         if binary is not None:  # a real file: write orjson's bytes straight through
@@ -124,6 +125,21 @@ def configure_logging(
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS[level])
+
+
+def _install_access_log(fmt: str, level: str, out: TextIO) -> None:
+    """The JSON access line gets its own encoder and writer (gateway/access_log.py); the
+    console format (the demo) and levels above info leave it to structlog."""
+    from gateway import access_log  # it builds on this module's `redact`
+
+    writer = None
+    if fmt == "json" and _LEVELS[level] <= logging.INFO:
+        binary = getattr(out, "buffer", None)
+        if binary is not None:
+            writer = access_log.AccessLog(binary.write, binary.flush)
+        else:
+            writer = access_log.AccessLog(lambda line: out.write(line.decode()), out.flush)
+    access_log.install(writer)
 
 
 _PLAIN = "%(levelname)s %(name)s: %(message)s"
