@@ -42,7 +42,8 @@ SENSITIVE_FIELDS = frozenset(
 _SECRET_PATTERN = re.compile(
     r"(?i)((?:bearer|basic)\s+)\S+|\bog-[A-Za-z0-9_-]{8,}|\bsk-[A-Za-z0-9_-]{8,}"
 )
-_SECRET_HINTS = ("earer", "EARER", "asic", "ASIC", "og-", "sk-")
+# What the (case-insensitive) pattern can match starts with one of these, in lowercase.
+_SECRET_HINTS = ("bearer", "basic", "og-", "sk-")
 _LEVELS = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
@@ -70,7 +71,8 @@ def _scrub(name: str, value: Any) -> Any:
     if _sensitive_name(name):
         return "[redacted]"
     if isinstance(value, str):
-        if any(hint in value for hint in _SECRET_HINTS):
+        lowered = value.lower()
+        if any(hint in lowered for hint in _SECRET_HINTS):
             return _SECRET_PATTERN.sub(_mask, value)
         return value
     if isinstance(value, dict):
