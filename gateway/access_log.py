@@ -35,6 +35,10 @@ __all__ = ["DEFAULT_LIMIT_BYTES", "FIELDS", "AccessLog", "current", "dropped_tot
 DEFAULT_LIMIT_BYTES: Final = 1 << 20
 """The buffer's bound: ~3,000 lines, a few seconds of a stalled reader at full load."""
 
+_BATCH_S: Final = 0.05
+"""How long the writer gathers lines after the first before writing them: one wake-up and
+one write per batch, not per line (a wake-up per line cost the loop as much as the
+encoding); a line reaches the stream at most this much later."""
 _CLOSE_WAIT_S: Final = 5.0
 """How long `close()` waits for the writer: a stalled stream must not hang the exit."""
 
@@ -92,7 +96,8 @@ class AccessLog:
         self._write, self._flush, self._limit = write, flush, limit_bytes
         self._pending = bytearray()  # whole lines; guarded by _lock
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._wake = threading.Event()  # set by the first line after a batch was taken
+        self._closed = threading.Event()  # cuts a batch's gathering short
         self._closing = False
         self.dropped = 0
         self._clock = _Clock()
@@ -130,6 +135,7 @@ class AccessLog:
         stalled stream; lines still unwritten then are counted as dropped)."""
         with self._lock:
             self._closing = True
+        self._closed.set()
         self._wake.set()
         self._thread.join(_CLOSE_WAIT_S)
         with self._lock:
@@ -139,6 +145,7 @@ class AccessLog:
     def _drain(self) -> None:
         while True:
             self._wake.wait()
+            self._closed.wait(_BATCH_S)
             self._wake.clear()  # before taking the lines: a later emit wakes us again
             with self._lock:
                 chunk, closing = bytes(self._pending), self._closing
