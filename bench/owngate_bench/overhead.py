@@ -40,7 +40,14 @@ from owngate_bench import litellm_proxy
 from owngate_bench.loadgen import LoadSpec, run_in_subprocess
 from owngate_bench.overhead_policy import HOSTED_KEY_ENV, decision_cost, write_policy_config
 from owngate_bench.overhead_report import evaluate_checks, policy_comparison, render
-from owngate_bench.overhead_tracing import TRACED, TraceSink, render_tracing, tracing_comparison
+from owngate_bench.overhead_tracing import (
+    TRACED,
+    TraceSink,
+    on_off_comparison,
+    render_on_off,
+    render_tracing,
+    tracing_comparison,
+)
 from owngate_bench.services import HOST, Service, child_env, env_flag, free_port, owngate_argv
 
 __all__ = ["POINTS", "TARGETS", "Point", "add_arguments", "run"]
@@ -59,7 +66,9 @@ class Point:
         return 64 if self.stream else 16  # the simulator sends one chunk per token
 
 
-TARGETS = ("direct", "owngate", "owngate+policy", TRACED, "litellm")
+ACCESS_LOGGED = "owngate+accesslog"
+"""Plain owngate's config with its JSON access log written (`level: info`)."""
+TARGETS = ("direct", "owngate", "owngate+policy", TRACED, ACCESS_LOGGED, "litellm")
 OWNGATE_TARGETS = ("owngate", "owngate+policy")
 POINTS = (
     Point("chat c=1", stream=False, concurrency=1),
@@ -143,11 +152,12 @@ def _key_hash(api_key: str) -> str:
     return "sha256:" + hashlib.sha256(api_key.encode()).hexdigest()
 
 
-def _owngate_config(sim_port: int, port: int, api_key: str) -> str:
+def _owngate_config(sim_port: int, port: int, api_key: str, level: str = "warning") -> str:
+    """Plain owngate; at `level: warning` its access lines (info) are not written."""
     key_hash = _key_hash(api_key)
     return (
         f"listen: {{host: {HOST}, port: {port}}}\n"
-        "logging: {format: json, level: warning}\n"
+        f"logging: {{format: json, level: {level}}}\n"
         "backends:\n"
         f"  - {{id: sim, kind: vllm, base_url: 'http://{HOST}:{sim_port}',\n"
         f"     models: [{{name: {MODEL}}}], region: local, owner: bench}}\n"
@@ -253,12 +263,14 @@ def _started(
         for target in targets:
             if target.name == "direct":
                 target.service = sim
-            elif target.name == TRACED:  # plain owngate's config, tracing on
-                port = free_port()
-                config = rundir / "owngate-tracing.yaml"
-                config.write_text(_owngate_config(sim_port, port, api_key))
+            elif target.name in (TRACED, ACCESS_LOGGED):  # plain owngate's config, one more
+                port = free_port()  # feature on: tracing, or the access log (to a file)
+                traced = target.name == TRACED
+                config = rundir / ("owngate-tracing.yaml" if traced else "owngate-accesslog.yaml")
+                level = "warning" if traced else "info"
+                config.write_text(_owngate_config(sim_port, port, api_key, level))
                 argv = owngate_argv("serve", "--config", str(config))
-                traced_env = {**env, **sink.environment()}
+                traced_env = {**env, **sink.environment()} if traced else env
                 target.service = Service.start(target.name, argv, traced_env, rundir, port)
                 target.config = config
                 ready[target.name] = ("/v1/models", {"Authorization": f"Bearer {api_key}"}, 30.0)
@@ -429,6 +441,7 @@ def run(args: argparse.Namespace) -> int:
     decisions = _decisions(plan, targets, log)  # the servers are stopped: a quiet machine
     checks = evaluate_checks(rows, decisions)
     tracing = tracing_comparison(rows)
+    access = on_off_comparison(rows, ACCESS_LOGGED)
     sink_counts = {"exports": sink.exports, "bytes": sink.bytes}
     versions = {"owngate": __version__, "litellm": None}
     if "litellm" in plan.targets:
@@ -457,10 +470,16 @@ def run(args: argparse.Namespace) -> int:
         },
         "checks": checks,
         "tracing": {"vs_owngate": tracing, "sink": sink_counts},
+        "access_log": {"vs_owngate": access},
     }
     plan.json_path.parent.mkdir(parents=True, exist_ok=True)
     plan.json_path.write_text(json.dumps(report, indent=2) + "\n")
-    print("\n".join([render(report), *render_tracing(tracing, sink_counts)]))
+    access_heading = (
+        "access log on vs off (owngate+accesslog ÷ owngate; one JSON line per request, "
+        "written to a file)"
+    )
+    tables = [*render_tracing(tracing, sink_counts), *render_on_off(access, access_heading)]
+    print("\n".join([render(report), *tables]))
     print(f"\nwrote {plan.json_path} ({report['wall_s']:.0f}s in all)")
     return _exit_code(report, plan.check)
 
@@ -474,8 +493,12 @@ def _decisions(
 
     found: dict[str, Any] = {}
     for target in targets:
-        if target.config is None or target.service is None or target.name == TRACED:
-            continue  # owngate+tracing decides as owngate does
+        if (
+            target.config is None
+            or target.service is None
+            or target.name in (TRACED, ACCESS_LOGGED)
+        ):
+            continue  # owngate+tracing and owngate+accesslog decide as owngate does
         try:
             found[target.name] = decision_cost(target.config, plan.policy_calls)
         except (ConfigError, PolicyError, OSError, ValueError) as exc:

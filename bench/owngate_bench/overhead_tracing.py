@@ -6,7 +6,8 @@ a loopback server in the benchmark's own process that reads each export and drop
 (a collector's cost is not the gateway's: its CPU is not counted). The sink counts what
 it received, so the report shows that spans did flow. `tracing_comparison(points)` sets
 the two side by side, point by point (server CPU per request, throughput) with the
-ratio; `render_tracing` prints it.
+ratio; `render_tracing` prints it. `on_off_comparison` and `render_on_off` do the same
+for any target that is plain owngate with one feature on (`owngate+accesslog`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["TRACED", "TraceSink", "render_tracing", "tracing_comparison"]
+__all__ = [
+    "TRACED",
+    "TraceSink",
+    "on_off_comparison",
+    "render_on_off",
+    "render_tracing",
+    "tracing_comparison",
+]
 
 TRACED = "owngate+tracing"
 _PLAIN = "owngate"
@@ -93,9 +101,15 @@ def _cpu_ms_per_req(result: Mapping[str, Any]) -> float | None:
 def tracing_comparison(points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per load point both ran: server CPU ms per request and req/s, tracing off and on,
     and the ratio on ÷ off."""
+    return on_off_comparison(points, TRACED)
+
+
+def on_off_comparison(points: Sequence[Mapping[str, Any]], target: str) -> list[dict[str, Any]]:
+    """Per load point both ran: server CPU ms per request and req/s of plain owngate (off)
+    and `target` (on), and the ratio on ÷ off."""
     rows: list[dict[str, Any]] = []
     for row in points:
-        off, on = _ok(row, _PLAIN), _ok(row, TRACED)
+        off, on = _ok(row, _PLAIN), _ok(row, target)
         if off is None or on is None:
             continue
         entry: dict[str, Any] = {"name": row["name"]}
@@ -112,6 +126,18 @@ def tracing_comparison(points: Sequence[Mapping[str, Any]]) -> list[dict[str, An
 
 def render_tracing(rows: Sequence[Mapping[str, Any]], sink: Mapping[str, int] | None) -> list[str]:
     """The comparison as table lines (none when the tracing target did not run)."""
+    heading = (
+        "tracing on vs off (owngate+tracing ÷ owngate; spans exported over OTLP/HTTP to a "
+        "loopback sink that drops them)"
+    )
+    out = render_on_off(rows, heading)
+    if out and sink is not None:
+        out.append(f"the sink received {sink['exports']:,} exports, {sink['bytes']:,} bytes")
+    return out
+
+
+def render_on_off(rows: Sequence[Mapping[str, Any]], heading: str) -> list[str]:
+    """An `on_off_comparison` as table lines under `heading` (none when it is empty)."""
     if not rows:
         return []
 
@@ -120,8 +146,7 @@ def render_tracing(rows: Sequence[Mapping[str, Any]], sink: Mapping[str, int] | 
 
     out = [
         "",
-        "tracing on vs off (owngate+tracing ÷ owngate; spans exported over OTLP/HTTP to a "
-        "loopback sink that drops them)",
+        heading,
         f"{'load':<12}{'cpu ms/req off':>16}{'on':>9}{'ratio':>8}"
         f"{'req/s off':>12}{'on':>9}{'ratio':>8}",
     ]
@@ -132,6 +157,4 @@ def render_tracing(rows: Sequence[Mapping[str, Any]], sink: Mapping[str, int] | 
             f"{num(cpu['ratio'], 3):>8}{num(rps['off'], 0):>12}{num(rps['on'], 0):>9}"
             f"{num(rps['ratio'], 3):>8}"
         )
-    if sink is not None:
-        out.append(f"the sink received {sink['exports']:,} exports, {sink['bytes']:,} bytes")
     return out

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from gateway.routing.scraper import MetricsScraper
     from gateway.state import SharedState
 
-from gateway import __version__
+from gateway import __version__, access_log
 
 __all__ = ["GatewayMetrics"]
 
@@ -141,6 +141,7 @@ class GatewayMetrics:
             ["rule"],
             registry=r,
         )
+        r.register(_AccessLogCollector())
         info = Gauge("owngate_build_info", "Build information.", ["version"], registry=r)
         info.labels(__version__).set(1)
         self._children: dict[tuple[object, ...], MetricWrapperBase] = {}
@@ -429,6 +430,17 @@ class _PolicyCollector(Collector):
         )
         failures.add_metric([], self._trust.reload_failures)
         yield failures
+
+
+class _AccessLogCollector(Collector):
+    def collect(self) -> Iterator[Metric]:
+        dropped = CounterMetricFamily(
+            "owngate_access_log_dropped",
+            "Access-log lines dropped: the log stream was too slow for the bounded buffer "
+            "(or gone).",
+        )
+        dropped.add_metric([], access_log.dropped_total())
+        yield dropped
 
 
 class _ConfigCollector(Collector):

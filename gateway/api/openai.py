@@ -17,6 +17,7 @@ import os
 import time
 from typing import Final
 
+from gateway import access_log
 from gateway.api.exchange import Exchange, end_stream, receipt_headers, send_error_event
 from gateway.api.runtime import Runtime
 from gateway.asgi import (
@@ -128,22 +129,26 @@ class TenantSurface:
         elapsed = time.perf_counter() - exchange.started_at
         parts.metrics.observe_request(exchange.endpoint, exchange.status, exchange.backend, elapsed)
         if parts.config.logging.access_log:
-            self._log.info(
-                "request",
-                request_id=exchange.request_id.decode(),
-                endpoint=exchange.endpoint,
-                tenant=exchange.tenant,
-                model=exchange.model,
-                data_class=exchange.data_class,
-                data_class_defaulted=exchange.data_class_defaulted,
-                policy=exchange.policy,
-                backend=exchange.backend,
-                fallback=exchange.fallback,
-                status=exchange.status,
-                stream=exchange.stream,
-                upstream_error=exchange.upstream_error,
-                duration_ms=round(elapsed * 1000, 3),
-            )
+            fields = {
+                "request_id": exchange.request_id.decode(),
+                "endpoint": exchange.endpoint,
+                "tenant": exchange.tenant,
+                "model": exchange.model,
+                "data_class": exchange.data_class,
+                "data_class_defaulted": exchange.data_class_defaulted,
+                "policy": exchange.policy,
+                "backend": exchange.backend,
+                "fallback": exchange.fallback,
+                "status": exchange.status,
+                "stream": exchange.stream,
+                "upstream_error": exchange.upstream_error,
+                "duration_ms": round(elapsed * 1000, 3),
+            }
+            writer = access_log.current()
+            if writer is not None:  # the JSON log: encoded here, written off the loop
+                writer.emit(fields)
+            else:
+                self._log.info("request", **fields)
         if exchange.span is not None:
             exchange.span.end(exchange)
 

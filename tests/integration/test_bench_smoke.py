@@ -1,9 +1,10 @@
 """The overhead benchmark end to end: a `--quick` run over real processes, JSON shape only.
 
 Timing is never asserted (CI machines are shared); only that every load point ran against
-the simulator, owngate, owngate+policy and owngate+tracing without errors, that
-owngate+policy enforced the generated policy set, that owngate+tracing exported spans to
-the benchmark's sink, and that the report has its documented shape.
+the simulator, owngate, owngate+policy, owngate+tracing and owngate+accesslog without
+errors, that owngate+policy enforced the generated policy set, that owngate+tracing
+exported spans to the benchmark's sink, that only owngate+accesslog wrote access lines,
+and that the report has its documented shape.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ CHECK_IDS = [
     "policy_decision_p99",
 ]
 OWNGATES = ("owngate", "owngate+policy")
-TARGETS = ["direct", "owngate", "owngate+policy", "owngate+tracing"]
+TARGETS = ["direct", "owngate", "owngate+policy", "owngate+tracing", "owngate+accesslog"]
 
 
 def test_quick_run_writes_the_report(tmp_path: Path) -> None:
@@ -71,7 +72,7 @@ def test_quick_run_writes_the_report(tmp_path: Path) -> None:
         assert set(point["results"]) == set(TARGETS)
         # the two owngates trade places from point to point: neither is always second
         pair = ["owngate+policy", "owngate"] if index % 2 else ["owngate", "owngate+policy"]
-        assert point["order"] == ["direct", *pair, "owngate+tracing"]
+        assert point["order"] == ["direct", *pair, "owngate+tracing", "owngate+accesslog"]
         for target, result in point["results"].items():
             where = f"{point['name']} {target}"
             assert result["requests"] > 0, where
@@ -116,6 +117,21 @@ def test_quick_run_writes_the_report(tmp_path: Path) -> None:
         assert row["cpu_ms_per_req"]["ratio"] > 0
     assert tracing["sink"]["exports"] > 0 and tracing["sink"]["bytes"] > 0
     assert "tracing on vs off" in proc.stdout
+
+    # the access log on beside off: only its target wrote one JSON line per request (the
+    # warm-up's too), flushed at the latest when it stopped
+    access = report["access_log"]["vs_owngate"]
+    assert [row["name"] for row in access] == [p["name"] for p in report["points"]]
+    assert "access log on vs off" in proc.stdout
+    rundir = tmp_path / "overhead-run"
+    measured = sum(p["results"]["owngate+accesslog"]["requests"] for p in report["points"])
+    assert _access_lines(rundir / "owngate+accesslog.log") >= measured
+    assert _access_lines(rundir / "owngate.log") == 0
+
+
+def _access_lines(log: Path) -> int:
+    lines = log.read_text().splitlines()
+    return sum(json.loads(line).get("event") == "request" for line in lines if line[:1] == "{")
 
 
 def test_tracing_comparison_sets_on_beside_off() -> None:

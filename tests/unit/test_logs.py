@@ -8,6 +8,7 @@ import logging
 
 import structlog
 
+from gateway import access_log
 from gateway.logs import configure_logging, get_logger, redact
 
 
@@ -50,9 +51,15 @@ def test_json_logs_go_through_redaction() -> None:
         get_logger("t").info("hello", prompt="do not log", model="m")
         logging.getLogger("uvicorn.error").warning("header was Bearer og-zzzzzzzzzzzz")
     finally:
+        access_log.install(None)
         structlog.configure(**saved)
         logging.getLogger().handlers[:] = handlers
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert lines[0]["prompt"] == "[redacted]"
     assert lines[0]["model"] == "m"
     assert "og-zzzzzzzzzzzz" not in lines[1]["event"]
+
+
+def test_redact_masks_secrets_in_any_letter_case() -> None:
+    out = redact(None, "info", {"a": "BeArEr tok-123456", "b": "key OG-ABCDEFGHIJKL", "c": "Sk-x"})
+    assert out == {"a": "BeArEr [redacted]", "b": "key [redacted]", "c": "Sk-x"}
