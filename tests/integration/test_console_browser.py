@@ -27,7 +27,7 @@ from gateway.serving import ServerThread
 from gateway.sim import SimSettings, create_sim_app
 from gateway.tenants import hash_api_key
 from tests.helpers.admin import ORIGIN, TOKENS, WITNESS
-from tests.helpers.browser import Console, chromium
+from tests.helpers.browser import Console, chromium, quit_browser
 from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess
 from tests.helpers.waiting import until
@@ -165,7 +165,7 @@ def console(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     try:
         yield Console(driver, served.console, downloads)
     finally:
-        driver.quit()
+        quit_browser(driver)
 
 
 @pytest.fixture(autouse=True)

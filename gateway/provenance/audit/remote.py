@@ -46,6 +46,7 @@ def mirror_log(
             with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
                 data: bytes = response.read(limit + 1)
         except urllib.error.HTTPError as exc:
+            exc.close()  # it holds the answer's connection open
             if exc.code == 404:
                 return None
             raise OSError(f"GET {base}{name}: HTTP {exc.code}") from exc
