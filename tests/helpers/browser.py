@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
@@ -88,7 +88,12 @@ class Console:
 
     def wait(self, condition: Callable[[Any], Any], what: str) -> Any:
         try:
-            return WebDriverWait(self.driver, WAIT_S).until(condition)
+            # An element replaced between finding it and reading it (a page re-rendering
+            # what it shows) is stale: the condition is simply asked again.
+            waiting = WebDriverWait(
+                self.driver, WAIT_S, ignored_exceptions=(StaleElementReferenceException,)
+            )
+            return waiting.until(condition)
         except TimeoutException:
             self.screenshot("timeout-" + re.sub(r"[^A-Za-z0-9]+", "-", what)[:40])
             raise AssertionError(
