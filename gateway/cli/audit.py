@@ -34,7 +34,7 @@ from gateway.provenance import (
 from gateway.provenance.audit.attested import AttestedSummary, check_attestations, cross_check
 from gateway.provenance.audit.receipt import check_receipt_in_log
 from gateway.provenance.audit.remote import is_url, mirror_log
-from gateway.provenance.audit.report import Invocation, audit_report
+from gateway.provenance.audit.report import Invocation, audit_report, verification_json
 from gateway.provenance.audit.report_html import render_html
 from gateway.provenance.audit.summary import Filters, summarise
 from gateway.provenance.formats.attestation import receipt_countersignature
@@ -244,24 +244,7 @@ def _verified(
     attested = _attested(args, logdir, summary.size)
     witnessed = summary.witnesses
     if args.json:
-        result: dict[str, Any] = {
-            "ok": True,
-            "origin": summary.origin,
-            "size": summary.size,
-            "root": summary.root.hex(),
-            "checkpoints": summary.checkpoints,
-            "signed_by": list(summary.signed_by),
-            "earlier_checkpoints": summary.earlier_checkpoints,
-            "unsigned_entries": summary.unsigned_entries,
-            "open_dispatches": summary.open_dispatches,
-        }
-        if witnessed is not None:
-            result["witnesses"] = {
-                "cosigned_checkpoints": witnessed.cosigned,
-                "witnessed_size": witnessed.witnessed_size,
-                "min_witnesses": witnessed.min_witnesses,
-                "newest_by": witnessed.newest_by,
-            }
+        result: dict[str, Any] = {"ok": True, **verification_json(summary)}
         if attested is not None:
             result["attested"] = {"answers": attested.answers, "sidecars": attested.cross_checked}
         print(json.dumps(result))

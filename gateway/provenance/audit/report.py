@@ -36,7 +36,7 @@ from gateway.provenance.formats.note import Verifier
 from gateway.provenance.formats.records import Record, parse_record
 from gateway.provenance.formats.tiles import TILE_WIDTH
 
-__all__ = ["REPORT_FORMAT", "Invocation", "audit_report", "bucket_seconds"]
+__all__ = ["REPORT_FORMAT", "Invocation", "audit_report", "bucket_seconds", "verification_json"]
 
 REPORT_FORMAT = "owngate-audit-report/1"
 
@@ -92,7 +92,7 @@ def _verified_figures(
     return totals, found
 
 
-def _summary(summary: LogSummary) -> dict[str, Any]:
+def verification_json(summary: LogSummary) -> dict[str, Any]:
     """The verification result, as `owngate audit verify --json` prints it."""
     result: dict[str, Any] = {
         "origin": summary.origin,
@@ -168,6 +168,6 @@ def audit_report(
     except (MalformedError, SignatureError) as exc:  # a file changed after verify_log
         verification["error"] = _CHANGED.format(exc)
         return report
-    verification.update(ok=True, summary=_summary(summary))
+    verification.update(ok=True, summary=verification_json(summary))
     report["totals"], report["figures"] = totals, found
     return report
