@@ -102,6 +102,9 @@ def test_the_cli_flag_and_its_environment_default(monkeypatch: pytest.MonkeyPatc
     sim_cli.register(parser.add_subparsers())
     args = parser.parse_args(["sim", "--zero-latency", "--token-interval", "0.02"])
     assert sim_cli.build_settings(args).token_interval_s == 0.02
+    assert sim_cli.build_settings(args).n_ctx == 8192  # vLLM's default kept
+    args = parser.parse_args(["sim", "--n-ctx", "65536"])
+    assert sim_cli.build_settings(args).n_ctx == 65536  # the body-size points' prompts fit
     monkeypatch.setenv("OWNGATE_SIM_TOKEN_INTERVAL", "0.05")
     parser = argparse.ArgumentParser(prog="owngate")
     sim_cli.register(parser.add_subparsers())
