@@ -94,6 +94,13 @@ def register(subparsers: Any) -> None:  # argparse's subparsers action has no pu
         "SSE event: fastest, less like a real server (off)",
     )
     add(
+        "--n-ctx",
+        type=int,
+        default=_env("N_CTX"),
+        help="context length of one sequence in tokens: prompt plus max_tokens past it is "
+        "answered 400 (default: vllm/sglang 8192, llamacpp 4096)",
+    )
+    add(
         "--token-interval",
         type=_non_negative,
         default=_env("TOKEN_INTERVAL") or "0",
@@ -194,6 +201,7 @@ def build_settings(args: argparse.Namespace) -> SimSettings:
         decode_tokens_per_s=base.decode_tokens_per_s
         if args.decode_tps is None
         else args.decode_tps,
+        n_ctx=base.n_ctx if args.n_ctx is None else args.n_ctx,
         coalesce_chunks=_switch(args.coalesce_chunks, "COALESCE_CHUNKS"),
         token_interval_s=args.token_interval,
     )
