@@ -146,3 +146,20 @@ def test_the_production_config_has_policy_log_score_routing_and_access_log(
     for model, ports in sims.items():
         serving = [b for b in private if any(m.name == model for m in b.models)]
         assert sorted(b.base_url for b in serving) == [f"http://127.0.0.1:{p}" for p in ports]
+
+
+def test_the_paced_verdict_says_when_the_relay_fell_behind() -> None:
+    def paced(us: float, reads: float) -> dict[str, Any]:
+        extra = {"cpu_us_per_chunk": us, "reads_per_request": reads, "chunks": 6400}
+        return _rep(100, 100, 100.0, 1.0, **extra)
+
+    def verdict(reads: float) -> dict[str, Any]:
+        points = [
+            _point("paced c=256", direct=paced(24, 65), **{"owngate+production": paced(15, reads)})
+        ]
+        return next(v for v in verdicts(points) if v["id"] == "production_chunk_paced")
+
+    behind = verdict(30)
+    assert behind["met"] is True  # 15 <= 20 us, but each chunk was not relayed on its own
+    assert behind["note"] == "reads per stream 30.0 (direct 65.0): fell behind, chunks coalesced"
+    assert verdict(64)["note"] == "reads per stream 64.0 (direct 65.0)"
