@@ -188,6 +188,10 @@ def test_quick_run_writes_the_report(tmp_path: Path) -> None:
         measured = sum(p["results"][target]["requests"] for p in report["points"])
         assert _access_lines(rundir / f"{target}.log") >= measured, target
     assert _access_lines(rundir / "owngate.log") == 0
+    # score routing spread production's requests over both simulators of each model
+    production = (rundir / "owngate+production.log").read_text().splitlines()
+    backends = {json.loads(line).get("backend") for line in production if line[:1] == "{"}
+    assert {"bench-model-a", "bench-model-b", "bench-paced-a", "bench-paced-b"} <= backends
     # production's provenance log: written (its records are verified by the provenance
     # tests; here only that the configuration had it on)
     assert any(p.is_file() and p.stat().st_size for p in (rundir / "production-log").rglob("*"))
