@@ -94,19 +94,12 @@ def register(subparsers: Any) -> None:  # argparse's subparsers action has no pu
         "SSE event: fastest, less like a real server (off)",
     )
     add(
-        "--n-ctx",
-        type=int,
-        default=_env("N_CTX"),
-        help="context length of one sequence in tokens: prompt plus max_tokens past it is "
-        "answered 400 (default: vllm/sglang 8192, llamacpp 4096)",
-    )
-    add(
         "--token-interval",
         type=_non_negative,
         default=_env("TOKEN_INTERVAL") or "0",
         metavar="SECONDS",
-        help="with --zero-latency, pace streams: one write per token, this long apart, "
-        "e.g. 0.02 for 50 tokens/s per stream (0: back to back)",
+        help="with --zero-latency, pace streams: one write per token, this long apart, as "
+        "a decoding server writes them (0: back to back)",
     )
     add(
         "--error-rate",
@@ -156,6 +149,13 @@ def register(subparsers: Any) -> None:  # argparse's subparsers action has no pu
         "llamacpp 40)",
     )
     add(
+        "--n-ctx",
+        type=int,
+        default=_env("N_CTX"),
+        help="context length of one sequence in tokens: prompt plus max_tokens past it is "
+        "answered 400 (default: vllm/sglang 8192, llamacpp 4096)",
+    )
+    add(
         "--api-key",
         default=_env("API_KEY"),
         help="require 'Authorization: Bearer KEY' as the real server would (default: none)",
@@ -195,13 +195,13 @@ def build_settings(args: argparse.Namespace) -> SimSettings:
     return dataclasses.replace(
         base,
         slots=base.slots if args.slots is None else args.slots,
+        n_ctx=base.n_ctx if args.n_ctx is None else args.n_ctx,
         prefill_tokens_per_s=(
             base.prefill_tokens_per_s if args.prefill_tps is None else args.prefill_tps
         ),
         decode_tokens_per_s=base.decode_tokens_per_s
         if args.decode_tps is None
         else args.decode_tps,
-        n_ctx=base.n_ctx if args.n_ctx is None else args.n_ctx,
         coalesce_chunks=_switch(args.coalesce_chunks, "COALESCE_CHUNKS"),
         token_interval_s=args.token_interval,
     )
