@@ -145,7 +145,7 @@ def test_the_production_config_has_policy_log_score_routing_and_access_log(
     private = [b for b in config.backends if b.kind != "hosted"]
     for model, ports in sims.items():
         serving = [b for b in private if any(m.name == model for m in b.models)]
-        assert sorted(b.base_url for b in serving) == [f"http://127.0.0.1:{p}" for p in ports]
+        assert sorted(str(b.base_url) for b in serving) == [f"http://127.0.0.1:{p}" for p in ports]
 
 
 def test_the_paced_verdict_says_when_the_relay_fell_behind() -> None:
