@@ -94,6 +94,14 @@ def register(subparsers: Any) -> None:  # argparse's subparsers action has no pu
         "SSE event: fastest, less like a real server (off)",
     )
     add(
+        "--token-interval",
+        type=_non_negative,
+        default=_env("TOKEN_INTERVAL") or "0",
+        metavar="SECONDS",
+        help="with --zero-latency, pace streams: one write per token, this long apart, as "
+        "a decoding server writes them (0: back to back)",
+    )
+    add(
         "--error-rate",
         type=_rate,
         default=_env("ERROR_RATE") or "0",
@@ -141,6 +149,13 @@ def register(subparsers: Any) -> None:  # argparse's subparsers action has no pu
         "llamacpp 40)",
     )
     add(
+        "--n-ctx",
+        type=int,
+        default=_env("N_CTX"),
+        help="context length of one sequence in tokens: prompt plus max_tokens past it is "
+        "answered 400 (default: vllm/sglang 8192, llamacpp 4096)",
+    )
+    add(
         "--api-key",
         default=_env("API_KEY"),
         help="require 'Authorization: Bearer KEY' as the real server would (default: none)",
@@ -180,6 +195,7 @@ def build_settings(args: argparse.Namespace) -> SimSettings:
     return dataclasses.replace(
         base,
         slots=base.slots if args.slots is None else args.slots,
+        n_ctx=base.n_ctx if args.n_ctx is None else args.n_ctx,
         prefill_tokens_per_s=(
             base.prefill_tokens_per_s if args.prefill_tps is None else args.prefill_tps
         ),
@@ -187,6 +203,7 @@ def build_settings(args: argparse.Namespace) -> SimSettings:
         if args.decode_tps is None
         else args.decode_tps,
         coalesce_chunks=_switch(args.coalesce_chunks, "COALESCE_CHUNKS"),
+        token_interval_s=args.token_interval,
     )
 
 
