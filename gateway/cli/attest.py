@@ -59,8 +59,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.attest import AttestApp, AttestSettings, listener_context, tls_options
-    from gateway.serving import STARTUP_FAILURE, DrainingServer, bind_socket, uvicorn_config
+    from gateway.attest import AttestSettings, listener_context, serve
+    from gateway.serving import bind_socket
 
     missing = [f"--{n}" for n in ("backend", "key", "log") if not getattr(args, n)]
     host, _, port = args.listen.rpartition(":")
@@ -77,11 +77,11 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    tls: dict[str, Any] = {}
+    context: ssl.SSLContext | None = None
     if args.tls_cert:
         client_ca = Path(args.client_ca) if args.client_ca else None
         try:
-            tls = tls_options(listener_context(Path(args.tls_cert), Path(args.tls_key), client_ca))
+            context = listener_context(Path(args.tls_cert), Path(args.tls_key), client_ca)
         except (OSError, ssl.SSLError) as exc:
             print(f"owngate attest: TLS files not usable: {exc}", file=sys.stderr)
             return 1
@@ -98,17 +98,16 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"owngate attest: cannot listen on {args.listen}: {exc}", file=sys.stderr)
         return 1
-    # uvicorn's graceful shutdown on SIGTERM/SIGINT (the log's final checkpoint in the
-    # lifespan shutdown), ending with 0 rather than the signal raised again.
-    server = DrainingServer(uvicorn_config(AttestApp(settings), **tls), on_drain=lambda: None)
-    scheme = "https" if tls else "http"
+    scheme = "https" if context is not None else "http"
     mutual = " (mutual TLS)" if args.client_ca else ""
     print(
         f"owngate attest: countersigning {args.backend} on {scheme}://{args.listen}{mutual}",
         file=sys.stderr,
     )
-    try:
-        server.run(sockets=[sock])
-    except SystemExit as exc:  # uvicorn exits when the lifespan startup failed
-        return 1 if exc.code == STARTUP_FAILURE else int(exc.code or 0)
+    # SIGTERM/SIGINT: stop listening, let running requests finish, sign the log's final
+    # checkpoint, exit 0.
+    failure = serve(settings, sock, context)
+    if failure is not None:
+        print(failure, file=sys.stderr)
+        return 1
     return 0
