@@ -48,6 +48,19 @@ def register(subparsers: Any) -> None:
         default=int(_env("MAX_BODY_BYTES", str(16 * 1024 * 1024)) or 0),
         help="largest request or whole response relayed (16 MiB)",
     )
+    add(
+        "--flush-ms",
+        type=float,
+        default=float(_env("FLUSH_MS", "200") or 0),
+        help="write statements to the log at least this often (200): a crash loses at most "
+        "this much of the log, which the audit's cross-check reports",
+    )
+    add(
+        "--checkpoint-ms",
+        type=float,
+        default=float(_env("CHECKPOINT_MS", "5000") or 0),
+        help="sign a log checkpoint this often while statements come in (5000)",
+    )
     add("--tls-cert", default=_env("TLS_CERT"), help="serve TLS with this certificate (PEM)")
     add("--tls-key", default=_env("TLS_KEY"), help="the certificate's unencrypted key (PEM)")
     add(
@@ -64,10 +77,11 @@ def run(args: argparse.Namespace) -> int:
 
     missing = [f"--{n}" for n in ("backend", "key", "log") if not getattr(args, n)]
     host, _, port = args.listen.rpartition(":")
-    if missing or not host or not port.isdigit() or args.max_body_bytes <= 0:
+    bad_numbers = args.max_body_bytes <= 0 or args.flush_ms < 0 or args.checkpoint_ms <= 0
+    if missing or not host or not port.isdigit() or bad_numbers:
         print(
             f"owngate attest: need --listen HOST:PORT, --backend, --key and --log "
-            f"({', '.join(missing) or 'bad --listen or --max-body-bytes'})",
+            f"({', '.join(missing) or 'a bad --listen or number'})",
             file=sys.stderr,
         )
         return 2
@@ -91,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         log_dir=Path(args.log),
         origin=args.origin,
         max_body=args.max_body_bytes,
+        flush_ms=args.flush_ms,
+        checkpoint_ms=args.checkpoint_ms,
     )
     host = host.strip("[]")
     try:
