@@ -22,7 +22,7 @@ from gateway.provenance import write_signing_key
 from gateway.provenance.formats.attestation import open_countersignature
 from tests.helpers.gateways import Sim
 from tests.helpers.provenance import records
-from tests.helpers.raw_http import WAIT_S, assert_refused, connect, exchange, parse, read_to_end
+from tests.helpers.raw_socket import WAIT_S, assert_refused, connect, exchange, parse, read_to_end
 
 SHORT = {"header_timeout_s": 0.5, "body_timeout_s": 0.5}
 CHAT = b'{"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}'

@@ -33,7 +33,7 @@ from gateway.serving import ServerThread, uvicorn_config
 from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
 from tests.helpers.net import free_port
 from tests.helpers.processes import GatewayProcess
-from tests.helpers.raw_http import WAIT_S, assert_refused, connect, exchange, parse, read_to_end
+from tests.helpers.raw_socket import WAIT_S, assert_refused, connect, exchange, parse, read_to_end
 
 SHORT = {"header_timeout_s": 0.5, "body_timeout_s": 0.5}
 CHAT = b'{"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}'
