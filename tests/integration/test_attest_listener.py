@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import select
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from gateway.config.schema import ListenSettings
 from gateway.provenance import write_signing_key
 from gateway.provenance.formats.attestation import open_countersignature
 from tests.helpers.gateways import Sim
+from tests.helpers.processes import owngate_argv
 from tests.helpers.provenance import records
 from tests.helpers.raw_socket import WAIT_S, assert_refused, connect, exchange, parse, read_to_end
 
@@ -224,3 +226,20 @@ def test_the_connection_cap_closes_extra_connections(
     finally:
         for sock in held:
             sock.close()
+
+
+def test_a_sidecar_whose_key_cannot_be_read_exits_1(tmp_path: Path) -> None:
+    argv = owngate_argv(
+        "attest",
+        "--listen",
+        "127.0.0.1:0",
+        "--backend",
+        "http://127.0.0.1:9",
+        "--key",
+        str(tmp_path / "missing.key"),
+        "--log",
+        str(tmp_path / "log"),
+    )
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1, done.stderr
+    assert "missing.key" in done.stderr
