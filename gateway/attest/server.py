@@ -54,8 +54,14 @@ class _Running:
             return failure
         limits = ListenerLimits.from_config(listen)
         listener = Listener(relay, limits, settings.max_body, listen.keepalive_timeout_s)
+        # A TLS handshake is bounded like a request head: the connection counts against
+        # the cap only once it is made, after the handshake.
         server = await asyncio.get_running_loop().create_server(
-            listener.protocol, sock=sock, ssl=context, backlog=2048
+            listener.protocol,
+            sock=sock,
+            ssl=context,
+            backlog=2048,
+            ssl_handshake_timeout=limits.header_timeout_s if context is not None else None,
         )
         return cls(relay, listener, server)
 

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import base64
 import select
+import ssl
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.attest import AttestSettings, AttestThread
+from gateway.attest import AttestSettings, AttestThread, listener_context
 from gateway.config.schema import ListenSettings
+from gateway.pki import issue, make_ca
 from gateway.provenance import write_signing_key
 from gateway.provenance.formats.attestation import open_countersignature
 from tests.helpers.gateways import Sim
@@ -47,7 +50,7 @@ def start_sidecar(
     started: list[AttestThread] = []
     sim = start_sim("vllm", models=("sim-model",), zero_latency=True)
 
-    def start(**listen: Any) -> AttestThread:
+    def start(tls: ssl.SSLContext | None = None, **listen: Any) -> AttestThread:
         key = tmp_path / f"sidecar{len(started)}.key"
         write_signing_key(key, "sidecar")
         settings = AttestSettings(
@@ -56,7 +59,8 @@ def start_sidecar(
             log_dir=tmp_path / f"log{len(started)}",
             max_body=MAX_BODY,
         )
-        sidecar = AttestThread(settings, listen=ListenSettings(**listen)).start()
+        sidecar = AttestThread(settings, ssl_context=tls, listen=ListenSettings(**listen))
+        sidecar.start()
         started.append(sidecar)
         return sidecar
 
@@ -243,3 +247,19 @@ def test_a_sidecar_whose_key_cannot_be_read_exits_1(tmp_path: Path) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 1, done.stderr
     assert "missing.key" in done.stderr
+
+
+def test_a_silent_tls_handshake_is_cut_at_the_header_timeout(
+    start_sidecar: Callable[..., AttestThread], tmp_path: Path
+) -> None:
+    """A client that opens a TLS connection and never says hello is closed like a silent
+    plain one (the connection counts against the cap only after its handshake)."""
+    now = datetime.now(UTC)
+    ca = make_ca("test CA", now=now, days=1)
+    issued = issue(ca, "sidecar.test", now=now, days=1)
+    cert, key = tmp_path / "sidecar.pem", tmp_path / "sidecar-key.pem"
+    cert.write_bytes(issued.cert_pem)
+    key.write_bytes(issued.key_pem)
+    sidecar = start_sidecar(tls=listener_context(cert, key), **SHORT)
+    with connect(sidecar) as sock:
+        assert read_to_end(sock) == b""  # closed within WAIT_S, not after 60 s
