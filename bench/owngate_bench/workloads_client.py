@@ -36,7 +36,7 @@ from typing import Any
 
 import httptools
 
-__all__ = ["ClientSpec", "prompt_text", "summarize"]
+__all__ = ["ClientSpec", "Result", "prompt_text", "summarize"]
 
 PERCENTILES = (50, 90, 99)
 _TEXT = (
@@ -83,7 +83,7 @@ def prompt_text(tokens: int, rng: random.Random) -> str:
 
 
 @dataclasses.dataclass
-class _Result:
+class Result:
     ok: bool = False
     error: str = ""
     ttft: float = 0.0
@@ -134,7 +134,7 @@ class _Response:
                 self.times.append(now)
 
 
-async def _one(spec: ClientSpec, body: bytes, result: _Result, sent: float) -> None:
+async def _one(spec: ClientSpec, body: bytes, result: Result, sent: float) -> None:
     reader, writer = await asyncio.open_connection(spec.host, spec.port)
     try:
         head = [
@@ -191,7 +191,7 @@ async def _run(spec: ClientSpec) -> dict[str, Any]:
         for _ in bodies
     ]
     limit = asyncio.Semaphore(spec.max_concurrency)
-    results = [_Result() for _ in bodies]
+    results = [Result() for _ in bodies]
 
     async def request(index: int) -> None:
         async with limit:
@@ -224,7 +224,7 @@ def _stats(name: str, values_s: Sequence[float]) -> dict[str, float]:
     return found
 
 
-def summarize(results: Sequence[_Result], duration_s: float) -> dict[str, Any]:
+def summarize(results: Sequence[Result], duration_s: float) -> dict[str, Any]:
     """vLLM's summary of one run (`vllm bench serve --save-result` names)."""
     done = [r for r in results if r.ok]
     tpot = [(r.e2el - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]

