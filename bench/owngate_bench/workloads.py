@@ -34,6 +34,7 @@ import json
 import math
 import os
 import secrets
+import signal
 import sys
 import time
 from pathlib import Path
@@ -43,7 +44,14 @@ from owngate_bench.loadgen import run_json_module
 from owngate_bench.services import HOST, child_env, env_flag, machine_busy_seconds, tree_cpu_seconds
 from owngate_bench.workloads_client import ClientSpec
 from owngate_bench.workloads_report import compare, render
-from owngate_bench.workloads_targets import BACKENDS, MODEL, TARGETS, backend, gateways
+from owngate_bench.workloads_targets import (
+    BACKENDS,
+    MODEL,
+    TARGETS,
+    backend,
+    gateways,
+    real_backend_helper,
+)
 
 __all__ = ["SEED_SUITES", "Suite", "add_arguments", "run", "suites"]
 
@@ -91,7 +99,7 @@ SEED_SUITES = (
 )
 SWEEP = Suite("sweep", 1024, 1024, 64, "chat 1k / 1k, open loop at a request rate")
 DEFAULTS = {  # backend -> scale, sweep rates (req/s)
-    "llamacpp": (16.0, "0.25,0.5,1"),
+    "llamacpp": (32.0, "0.25,0.5"),
     "sim-gh200": (4.0, "2,4,8"),
 }
 
@@ -113,20 +121,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scale",
         type=float,
         default=0.0,
-        help="divide the seeds' prompt and output lengths by this (llamacpp 16, sim-gh200 4)",
+        help="divide the seeds' prompt and output lengths by this (llamacpp 32, sim-gh200 4)",
     )
     parser.add_argument(
-        "--requests", type=int, default=3, help="requests per suite and repetition (3)"
+        "--requests", type=int, default=2, help="requests per suite and repetition (2)"
     )
     parser.add_argument(
-        "--rates", default="", help="sweep request rates, req/s (llamacpp 0.25,0.5,1; sim 2,4,8)"
+        "--rates", default="", help="sweep request rates, req/s (llamacpp 0.25,0.5; sim 2,4,8)"
     )
-    parser.add_argument("--sweep-requests", type=int, default=6, help="requests per sweep rate (6)")
+    parser.add_argument("--sweep-requests", type=int, default=4, help="requests per sweep rate (4)")
     parser.add_argument(
         "--routing",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="end with the real-server routing run (default: on for llamacpp, off with --quick)",
+    )
+    parser.add_argument(
+        "--llama-benchy",
+        type=Path,
+        default=env_flag("LLAMA_BENCHY", "") or None,
+        help="also drive the suites with this llama-benchy executable (its own venv: it "
+        "needs transformers; env OWNGATE_BENCH_LLAMA_BENCHY)",
     )
     parser.add_argument("--tiny", action="store_true", help="llamacpp: the tiny random model")
     parser.add_argument(
@@ -180,6 +195,8 @@ def _gateway_cpu(runs: list[dict[str, Any]]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # SIGTERM unwinds like Ctrl-C: the servers it started are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.reps < 1 or args.requests < 1 or args.sweep_requests < 1 or args.scale < 0:
         print("owngate bench workloads: --reps, --requests, --sweep-requests >= 1", file=sys.stderr)
         return 2
@@ -241,6 +258,21 @@ def run(args: argparse.Namespace) -> int:
                             f"ok {summary['completed']}/{count}"
                         )
                     results[suite.name].append(run_results)
+            benchy = None
+            if args.llama_benchy is not None:
+                from owngate_bench.workloads_benchy import benchy_run
+
+                tokenizer = (
+                    found.tokenizer
+                    or real_backend_helper().install(with_smollm2=True).smollm2_tokenizer_dir
+                )
+                urls = {t: (started[t].url if t in started else found.url) for t in TARGETS}
+                benchy_shapes = [
+                    (s.name, shapes[s.name]) for s, _, rate in plan if math.isinf(rate)
+                ]
+                benchy = benchy_run(
+                    args.llama_benchy, tokenizer, rundir, api_key, urls, benchy_shapes, reps, log
+                )
         for runs in results.values():
             _gateway_cpu(runs)
         routing_report = None
@@ -268,6 +300,10 @@ def run(args: argparse.Namespace) -> int:
             for suite, _, _ in plan
         ],
         "routing": routing_report,
+        "llama_benchy": benchy
+        if benchy is not None
+        else "not run: pass --llama-benchy PATH (llama-benchy needs transformers, kept out "
+        "of the dev lock; docs/performance.md has the install)",
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")

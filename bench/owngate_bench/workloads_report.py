@@ -138,6 +138,13 @@ def render(report: Mapping[str, Any]) -> str:
                 lines.append(f"  verdict {target}: {row['verdict']}")
     if report.get("routing"):
         lines += ["", *render_routing(report["routing"])]
+    benchy = report.get("llama_benchy")
+    if isinstance(benchy, dict):
+        from owngate_bench.workloads_benchy import render_benchy
+
+        lines += ["", *render_benchy(benchy)]
+    elif benchy:
+        lines += ["", f"llama-benchy: {benchy}"]
     return "\n".join(lines)
 
 

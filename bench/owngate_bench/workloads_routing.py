@@ -46,7 +46,7 @@ def routing_run(
     helper = real_backend_helper()
     installation = helper.install(with_smollm2=not tiny)
     model = installation.tiny_model if tiny else installation.smollm2_model
-    shape = {
+    shape: dict[str, Any] = {
         "input_len": max(16, round(1024 / scale)),
         "output_len": max(8, round(512 / scale)),
         "num_prompts": 16,

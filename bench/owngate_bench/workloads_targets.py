@@ -72,6 +72,7 @@ class Backend:
     kind: str  # owngate backend kind: llamacpp, vllm
     port: int
     describe: dict[str, Any]
+    tokenizer: Path | None = None  # directory with the served model's tokenizer.json
 
     @property
     def url(self) -> str:
@@ -130,6 +131,7 @@ def backend(
                 "threads": 1,
                 "pid": server.pid,
             },
+            installation.tiny_tokenizer_dir if tiny else installation.smollm2_tokenizer_dir,
         )
 
 
