@@ -43,7 +43,7 @@ from typing import Any
 from owngate_bench.loadgen import run_json_module
 from owngate_bench.services import HOST, child_env, env_flag, machine_busy_seconds, tree_cpu_seconds
 from owngate_bench.workloads_client import ClientSpec
-from owngate_bench.workloads_report import compare, render
+from owngate_bench.workloads_report import compare, pooled_cpu, render
 from owngate_bench.workloads_targets import (
     BACKENDS,
     MODEL,
@@ -143,6 +143,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also drive the suites with this llama-benchy executable (its own venv: it "
         "needs transformers; env OWNGATE_BENCH_LLAMA_BENCHY)",
     )
+    parser.add_argument(
+        "--vllm-client",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="drive the suites with the vllm-bench-serve-compatible client (on; "
+        "--no-vllm-client with --llama-benchy runs llama-benchy alone)",
+    )
     parser.add_argument("--tiny", action="store_true", help="llamacpp: the tiny random model")
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: the chat suite and one rate, 2 reps"
@@ -231,12 +238,20 @@ def run(args: argparse.Namespace) -> int:
 
     busy_before, wall_before = machine_busy_seconds(), time.monotonic()
     results: dict[str, list[dict[str, Any]]] = {suite.name: [] for suite, _, _ in plan}
-    shapes: dict[str, dict[str, Any]] = {}
+    shapes = {
+        suite.name: {
+            k: v
+            for k, v in json.loads(suite.spec(scale, count, rate, 0, {}, (0, 0)).to_json()).items()
+            if k in _SHAPE_KEYS
+        }
+        for suite, count, rate in plan
+    }
+    vllm_reps = reps if args.vllm_client else 0
     with backend(args.backend, rundir, tiny=args.tiny) as found:
         log(f"workloads: backend {found.describe}")
         with gateways(rundir, TARGETS, [found], api_key) as started:
             pids = {target: service.proc.pid for target, service in started.items()}
-            for rep in range(reps):
+            for rep in range(vllm_reps):
                 for index, (suite, count, rate) in enumerate(plan):
                     order = TARGETS[rep % len(TARGETS) :] + TARGETS[: rep % len(TARGETS)]
                     run_results: dict[str, Any] = {}
@@ -246,8 +261,6 @@ def run(args: argparse.Namespace) -> int:
                         # Fresh prompts per target (no prompt-cache hits), same arrivals.
                         seeds = (1000 * rep + 10 * index + TARGETS.index(target), 100 * rep + index)
                         spec = suite.spec(scale, count, rate, port, headers, seeds)
-                        shape = json.loads(spec.to_json())
-                        shapes[suite.name] = {k: shape[k] for k in _SHAPE_KEYS}
                         summary = _window(spec, pids)
                         run_results[target] = summary
                         log(
@@ -298,6 +311,7 @@ def run(args: argparse.Namespace) -> int:
                 "runs": results[suite.name],
             }
             for suite, _, _ in plan
+            if results[suite.name]
         ],
         "routing": routing_report,
         "llama_benchy": benchy
@@ -305,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
         else "not run: pass --llama-benchy PATH (llama-benchy needs transformers, kept out "
         "of the dev lock; docs/performance.md has the install)",
     }
+    report["pooled_cpu"] = pooled_cpu(report["suites"], TARGETS[1:])
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(render(report))

@@ -4,7 +4,10 @@ Every (suite, repetition) ran each target back to back, so ratios are taken per
 repetition (gateway ÷ direct of the same repetition) and summarised as their median and
 their range over the repetitions. The verdict of a suite reads "within noise" when the
 range of every ratio (TTFT p50, ITL p50, output throughput) covers 1.0, otherwise it
-names the metric that moved and by how much (the median ratio).
+names the metric that moved and by how much (the median ratio); a median within 5 % of
+1.0 never counts as moved. `pooled_cpu` divides the gateways' CPU summed over all suites
+by all their requests and streamed tokens: each window holds only a few 10 ms /proc
+ticks, so the per-suite figures are coarse.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["METRICS", "compare", "render", "render_routing"]
+__all__ = ["METRICS", "compare", "pooled_cpu", "render", "render_routing"]
 
 # (summary key, label, higher is better)
 METRICS = (
@@ -25,6 +28,9 @@ METRICS = (
 )
 # The ratios the verdict reads: p99s of a few requests are too noisy to decide on.
 VERDICT_KEYS = ("median_ttft_ms", "median_itl_ms", "output_throughput")
+# A ratio whose median is this close to 1.0 does not count as moved even when its range
+# misses 1.0 (an open-loop sweep's throughput is set by its arrivals: 1.00-1.01x).
+NEGLIGIBLE = 0.05
 
 
 def _median(values: Sequence[float]) -> float | None:
@@ -77,6 +83,33 @@ def compare(runs: Sequence[Mapping[str, Any]], targets: Sequence[str]) -> dict[s
     return found
 
 
+def pooled_cpu(suites: Sequence[Mapping[str, Any]], targets: Sequence[str]) -> dict[str, Any]:
+    """Per gateway target: net CPU ms per request and µs per streamed token over every
+    window of every suite."""
+    found: dict[str, Any] = {}
+    for target in targets:
+        windows = [
+            run[target]
+            for suite in suites
+            for run in suite["runs"]
+            if target in run and run[target].get("gateway_cpu_s") is not None
+        ]
+        requests = sum(w["completed"] for w in windows)
+        if not requests:
+            continue
+        seconds = sum(w["gateway_cpu_s"] for w in windows)
+        tokens = max(1, sum(w["total_output_tokens"] for w in windows))
+        found[target] = {
+            "requests": requests,
+            "tokens": tokens,
+            "cpu_s": seconds,
+            "gross_cpu_s": sum(w.get("gateway_cpu_gross_s", 0.0) for w in windows),
+            "cpu_ms_per_request": seconds / requests * 1e3,
+            "cpu_us_per_token": seconds / tokens * 1e6,
+        }
+    return found
+
+
 def _verdict(ratios: Mapping[str, Mapping[str, float]], reps: int) -> str:
     if reps < 2:
         return "one repetition: no spread to judge noise (use --reps 3)"
@@ -85,12 +118,15 @@ def _verdict(ratios: Mapping[str, Mapping[str, float]], reps: int) -> str:
         if key not in VERDICT_KEYS or key not in ratios:
             continue
         ratio = ratios[key]
-        if ratio["min"] <= 1.0 <= ratio["max"]:
+        if ratio["min"] <= 1.0 <= ratio["max"] or abs(ratio["median"] - 1.0) < NEGLIGIBLE:
             continue
         worse = (ratio["median"] < 1.0) if higher_better else (ratio["median"] > 1.0)
         moved.append(f"{label} {'worse' if worse else 'better'} ({ratio['median']:.3g}x)")
     if not moved:
-        return f"within noise: every ratio's range over {reps} repetitions covers 1.0"
+        return (
+            f"within noise: every ratio's range over {reps} repetitions covers 1.0 "
+            f"(or its median is within {NEGLIGIBLE:.0%} of it)"
+        )
     return "gateway ÷ direct outside noise: " + ", ".join(moved)
 
 
@@ -136,6 +172,16 @@ def render(report: Mapping[str, Any]) -> str:
         for target, row in suite["targets"].items():
             if "verdict" in row:
                 lines.append(f"  verdict {target}: {row['verdict']}")
+    pooled = report.get("pooled_cpu") or {}
+    if pooled:
+        lines.append("")
+        lines.append("gateway CPU over all suites (net of its idle CPU, from /proc):")
+        for target, row in pooled.items():
+            lines.append(
+                f"  {target:20} {row['cpu_ms_per_request']:.2f} ms per request, "
+                f"{row['cpu_us_per_token']:.0f} µs per streamed token "
+                f"({row['requests']} requests, {row['tokens']} tokens, {row['cpu_s']:.2f} s)"
+            )
     if report.get("routing"):
         lines += ["", *render_routing(report["routing"])]
     benchy = report.get("llama_benchy")
