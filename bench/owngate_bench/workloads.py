@@ -144,6 +144,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "needs transformers; env OWNGATE_BENCH_LLAMA_BENCHY)",
     )
     parser.add_argument(
+        "--suites",
+        default="",
+        help="comma-separated suites to run (default: all of "
+        + ", ".join(s.name for s in SEED_SUITES)
+        + ", and the sweep)",
+    )
+    parser.add_argument(
         "--vllm-client",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -232,6 +239,16 @@ def run(args: argparse.Namespace) -> int:
         for s in suites(args.quick)
     ]
     plan += [(dataclasses.replace(SWEEP, name=f"sweep-{r:g}"), sweep_requests, r) for r in rates]
+    if args.suites:
+        wanted = {name.strip() for name in args.suites.split(",") if name.strip()}
+        plan = [
+            p
+            for p in plan
+            if p[0].name in wanted or (p[0].name.startswith("sweep") and "sweep" in wanted)
+        ]
+        if not plan:
+            print(f"owngate bench workloads: no suite in {args.suites!r}", file=sys.stderr)
+            return 2
 
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)

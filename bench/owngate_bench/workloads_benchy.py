@@ -113,9 +113,10 @@ def benchy_run(
         rows: dict[str, Any] = {}
         for target in targets:
             ok = [run[target] for run in runs[name] if "error" not in run[target]]
-            row: dict[str, Any] = {
-                k: statistics.median(r[k] for r in ok) if ok else None for k, _, _ in METRICS
-            }
+            row: dict[str, Any] = {}
+            for key, _, _ in METRICS:
+                values = [r[key] for r in ok if r.get(key) is not None]
+                row[key] = statistics.median(values) if values else None
             row["failed"] = len(runs[name]) - len(ok)
             if target != "direct":
                 for key, _, _ in METRICS:
