@@ -43,6 +43,11 @@ METRICS = (
 )
 
 
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No access line per request on the benchmark's output."""
+
+
 @contextlib.contextmanager
 def _book(directory: Path) -> Iterator[str]:
     """A plain-text 'book' of common words on a loopback HTTP server; yields its URL."""
@@ -51,7 +56,7 @@ def _book(directory: Path) -> Iterator[str]:
     directory.mkdir(parents=True, exist_ok=True)
     lines = (" ".join(rng.choice(words) for _ in range(12)) + "." for _ in range(20_000))
     (directory / "book.txt").write_text("\n".join(lines) + "\n")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
+    handler = functools.partial(_QuietHandler, directory=str(directory))
     server = http.server.ThreadingHTTPServer((HOST, 0), handler)
     thread = threading.Thread(target=server.serve_forever, name="benchy-book", daemon=True)
     thread.start()
