@@ -8,7 +8,8 @@ what the backend here can serve, against three targets: the backend `direct`, pl
 `owngate`, and `owngate+production` (a configured trust-policy set and the signed
 provenance log; see `owngate_bench.workloads_targets`). The client is a `vllm bench
 serve`-compatible one (`owngate_bench.workloads_client`: Poisson arrivals, streamed,
-vLLM's metric names), in its own process.
+vLLM's metric names), in its own process; `--llama-benchy PATH` adds llama-benchy as a
+second driver (`owngate_bench.workloads_benchy`: its own virtualenv, offline).
 
 Interleaved: each repetition runs every suite against every target back to back,
 rotating which target goes first, so the ratios gateway ÷ direct compare neighbours in
