@@ -19,10 +19,11 @@ from typing import Any
 
 import pytest
 
+from gateway.config import load_config
 from owngate_bench.workloads_client import ClientSpec, Result, prompt_text, summarize
 from owngate_bench.workloads_report import compare
 from owngate_bench.workloads_routing import verdict as routing_verdict
-from owngate_bench.workloads_targets import TARGETS
+from owngate_bench.workloads_targets import TARGETS, Backend, gateway_config
 from tests.helpers.paths import REPO_ROOT
 
 pytestmark = pytest.mark.bench
@@ -150,3 +151,21 @@ def test_routing_verdict_needs_separated_ranges() -> None:
         "no strategy won"
     )
     assert routing_verdict({"score": [1.0, 1.2], "round_robin": [1.5, 3.0]}).startswith("score won")
+
+
+@pytest.mark.parametrize("strategy", ["score", "round_robin"])
+def test_gateway_configs_are_valid_and_say_what_they_name(tmp_path: Path, strategy: str) -> None:
+    backends = [Backend("llamacpp", 9001, {}), Backend("llamacpp", 9002, {})]
+    plain_path, plain_env = gateway_config(tmp_path, "owngate", backends, 8080, "k", strategy)
+    plain = load_config(plain_path, env=plain_env)
+    assert [b.kind for b in plain.backends] == ["llamacpp", "llamacpp"]
+    assert plain.routing.default.strategy == strategy
+    assert plain.provenance is None and plain.policy is None
+    production_path, env = gateway_config(
+        tmp_path, "owngate+production", backends[:1], 8081, "k", strategy
+    )
+    production = load_config(production_path, env=env)
+    assert production.provenance is not None and production.policy is not None
+    assert production.backends[0].kind == "llamacpp"
+    assert production.backends[0].base_url == "http://127.0.0.1:9001"
+    assert production.routing.default.strategy == strategy
