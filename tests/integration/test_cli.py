@@ -31,6 +31,7 @@ COMMANDS = [
     ["bench", "provenance-log"],
     ["bench", "policy"],
     ["bench", "state"],
+    ["bench", "workloads"],
     ["policy"],
     ["policy", "check"],
     ["policy", "explain"],
