@@ -40,6 +40,11 @@ VERBS: dict[str, tuple[str, str]] = {
         "what the owngate attest sidecar adds: direct vs via sidecar vs via gateway vs "
         "via gateway + sidecar (p50 latency, sidecar CPU per request)",
     ),
+    "instructions": (
+        "instructions",
+        "instructions per request (and per chunk) of owngate plain vs the production "
+        "configuration, counted by valgrind's callgrind: steady on a shared machine",
+    ),
     "provenance-log": (
         "provenance_log",
         "the provenance log alone: fsync latency, append throughput with group commit, "
