@@ -12,7 +12,8 @@ were durable at the snapshot and never holds an append back.
 
 `append_sealed(record, seal)` returns once the entry is durable, with a future for
 `seal(entry)`, run on the log's sealing thread (the gateway signs receipts there, beside
-the event loop: Ed25519 signing releases the GIL) while the request goes upstream.
+the event loop: Ed25519 signing releases the GIL) while the request goes upstream; with a
+`batch_seal` (`Sealer`), one signature covers a batch's receipts.
 
 If the disk refuses a write, `append` raises `LogUnavailableError` (the gateway answers
 503) and nothing of that batch is logged; the next append, or a probe each
@@ -36,7 +37,7 @@ from gateway.provenance.formats.tiles import MAX_ENTRY_SIZE
 from gateway.provenance.writer.checkpointer import Checkpointer, LogSettings
 from gateway.provenance.writer.outage import Outage
 from gateway.provenance.writer.queued import Queued
-from gateway.provenance.writer.sealer import Seal, Sealer, Sealing
+from gateway.provenance.writer.sealer import BatchSeal, Seal, Sealer, Sealing
 from gateway.provenance.writer.signal import Signal
 from gateway.provenance.writer.store import LogStore, Recovery, SignedNote
 from gateway.provenance.writer.worker import LoopWorker
@@ -55,11 +56,12 @@ class ProvenanceLog:
         worker: LoopWorker,
         settings: LogSettings,
         clock: Callable[[], float],
+        batch_seal: BatchSeal | None = None,
     ) -> None:
         self._store = store
         self._worker = worker  # the writer thread: appends and snapshots
         self._loop = asyncio.get_running_loop()
-        self._sealer = Sealer(self._loop)
+        self._sealer = Sealer(self._loop, batch_seal)
         self._settings = settings
         self._queue: list[Queued] = []
         self._wakeup = Signal(self._loop)  # the queue went from empty to not empty
@@ -91,6 +93,7 @@ class ProvenanceLog:
         cosigners: Sequence[Signer] = (),
         settings: LogSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
+        batch_seal: BatchSeal | None = None,
     ) -> ProvenanceLog:
         """Open or create the log in `directory`, recovering after a crash; `cosigners` also
         sign every checkpoint (e.g. the previous key during a rotation)."""
@@ -100,7 +103,7 @@ class ProvenanceLog:
         except BaseException:
             worker.shutdown(wait=False)
             raise
-        return cls(store, worker, settings or LogSettings(), clock)
+        return cls(store, worker, settings or LogSettings(), clock, batch_seal)
 
     @property
     def origin(self) -> str:
@@ -154,18 +157,16 @@ class ProvenanceLog:
 
     async def append(self, record: Mapping[str, object], *, checked: bool = False) -> LogEntry:
         """Validate, encode and durably append one record; returns its index and leaf hash.
-        `checked=True` skips the schema walk for a record straight from one of the `records`
-        builders, which check their inputs and so build only valid records. Raises
-        RecordError for a record outside the schema, LogUnavailableError when the log cannot
-        be written (nothing was logged)."""
+        `checked=True` skips the schema walk for a record from a `records` builder (they
+        build only valid records). Raises RecordError for a record outside the schema,
+        LogUnavailableError when the log cannot be written (nothing was logged)."""
         return await self._put(record, checked, awaited=True)
 
     def append_soon(
         self, record: Mapping[str, object], *, checked: bool = False
     ) -> asyncio.Future[LogEntry]:
-        """Queue a record without waiting for it: the returned future completes when it is
-        durable (or fails). For records nothing waits on, e.g. a request's completion after
-        its answer went out. Raises at once what `append` raises before queueing."""
+        """Queue a record nothing waits on (e.g. a completion): the future completes when it
+        is durable (or fails). Raises at once what `append` raises before queueing."""
         return self._put(record, checked, awaited=False)
 
     async def append_sealed(
@@ -356,8 +357,7 @@ class ProvenanceLog:
         the wait). A lone appender is committed at once; concurrent appenders fill the
         batch in well under the window. Appends that arrive during a commit join the next
         one, so holding a batch open longer than a write takes never pays: an append that
-        misses it waits at most one write more (on a fast disk a fraction of a millisecond;
-        on a slow one the configured window)."""
+        misses it waits at most one write more."""
         window = min(self._settings.group_commit_ms / 1000.0, self._write_time)
         target = min(self._last_batch, self._settings.max_batch)
         if window <= 0 or self._closing or not 0 < self._waiters < target:
