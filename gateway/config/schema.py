@@ -185,7 +185,7 @@ class ProvenanceSettings(_Strict):
     receipts_memory_bytes: int = Field(
         default=64 * 1024 * 1024,
         gt=0,
-        description="memory the receipts kept for lookup may take (about 1.2 KB each)",
+        description="memory the receipts kept for lookup may take (about 1.8 KB each)",
     )
     previous_signing_key_files: tuple[str, ...] = Field(
         default=(),

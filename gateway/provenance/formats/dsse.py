@@ -79,10 +79,17 @@ def signed_envelope(payload_type: str, payload: bytes, signer: Signer) -> dict[s
 
 
 def verify_signatures(
-    payload_type: str, payload: bytes, signatures: object, verifiers: Iterable[Verifier]
+    payload_type: str,
+    payload: bytes,
+    signatures: object,
+    verifiers: Iterable[Verifier],
+    *,
+    named: bool = False,
 ) -> None:
     """Raise unless a trusted key signed PAE(`payload_type`, `payload`); a signature naming
-    a trusted key that fails to verify is an error too. At most MAX_SIGNATURES are read."""
+    a trusted key that fails to verify is an error too. At most MAX_SIGNATURES are read.
+    `named`: only a signature whose `keyid` names a trusted key counts (v1 receipts also
+    let a signature without a known key id match any trusted key)."""
     if not isinstance(signatures, list) or not signatures:
         raise MalformedError("receipt envelope has no signatures")
     if len(signatures) > MAX_SIGNATURES:  # each costs a verification against every key
@@ -99,6 +106,8 @@ def verify_signatures(
         if named:
             named[0].verify(message, signature)  # raises SignatureError
             verified = True
+            continue
+        if named:
             continue
         for candidate in trusted:  # no or unknown key id: any trusted key may match
             try:

@@ -76,7 +76,7 @@ def verify_receipt(envelope: bytes, verifiers: Iterable[Verifier]) -> Receipt:
     if not isinstance(value, dict) or value.get("payloadType") != RECEIPT_PAYLOAD_TYPE:
         raise MalformedError(f"receipt is not a DSSE envelope of {RECEIPT_PAYLOAD_TYPE}")
     if is_batch_receipt(value):
-        return verify_batch_receipt(envelope, value, verifiers)
+        return verify_batch_receipt(value, verifiers)
     payload = decode_base64(value.get("payload"), "payload")
     verify_signatures(RECEIPT_PAYLOAD_TYPE, payload, value.get("signatures"), verifiers)
     return Receipt.from_payload(loads_strict(payload, "receipt payload"))
