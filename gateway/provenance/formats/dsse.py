@@ -84,11 +84,11 @@ def verify_signatures(
     signatures: object,
     verifiers: Iterable[Verifier],
     *,
-    named: bool = False,
+    by_key_id: bool = False,
 ) -> None:
     """Raise unless a trusted key signed PAE(`payload_type`, `payload`); a signature naming
     a trusted key that fails to verify is an error too. At most MAX_SIGNATURES are read.
-    `named`: only a signature whose `keyid` names a trusted key counts (v1 receipts also
+    `by_key_id`: only a signature whose `keyid` names a trusted key counts (v1 receipts also
     let a signature without a known key id match any trusted key)."""
     if not isinstance(signatures, list) or not signatures:
         raise MalformedError("receipt envelope has no signatures")
@@ -107,7 +107,7 @@ def verify_signatures(
             named[0].verify(message, signature)  # raises SignatureError
             verified = True
             continue
-        if named:
+        if by_key_id:
             continue
         for candidate in trusted:  # no or unknown key id: any trusted key may match
             try:
