@@ -61,7 +61,12 @@ from gateway.provenance.formats.commitments import (
 from gateway.provenance.formats.note import Signer, Verifier, open_note, sign_note
 from gateway.provenance.formats.proofs import TlogProof, verify_tlog_proof
 from gateway.provenance.formats.receipt_batch import seal_receipts
-from gateway.provenance.formats.receipts import Receipt, make_receipt, verify_receipt
+from gateway.provenance.formats.receipts import (
+    Receipt,
+    make_receipt,
+    receipt_version,
+    verify_receipt,
+)
 from gateway.provenance.formats.records import (
     BackendRef,
     LogEntry,
@@ -130,6 +135,7 @@ __all__ = [
     "open_checkpoint",
     "open_note",
     "parse_record",
+    "receipt_version",
     "refusal_record",
     "seal_receipts",
     "sign_checkpoint",

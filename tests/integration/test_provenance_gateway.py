@@ -38,11 +38,12 @@ from tests.helpers.waiting import until
 CANARY = "CANARY-5c1b-provenance-never-stores-content"
 
 
-@pytest.fixture
+@pytest.fixture(params=["batch", "single"])
 def logged(
-    start_sim: Callable[..., Sim], tmp_path: Path
+    start_sim: Callable[..., Sim], tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[tuple[Gateway, Sim, Path, str]]:
-    """A gateway with the provenance log on; yields (gateway, sim, log dir, verifier key)."""
+    """A gateway with the provenance log on, issuing batch (v2) or single (v1) receipts;
+    yields (gateway, sim, log dir, verifier key)."""
     from gateway.app import create_app
 
     vkey = write_signing_key(tmp_path / "log.key", "test.owngate/log/1")
@@ -54,6 +55,7 @@ def logged(
             "origin": "test.owngate/log/1",
             "signing_key_file": "log.key",
             "checkpoint_interval_ms": 50,
+            "receipts": request.param,
         },
     )
     app = create_app(config, environ={}, config_dir=tmp_path)
@@ -76,6 +78,8 @@ def test_every_request_is_logged_and_receipted(
     assert response.status_code == 200
     envelope = base64.b64decode(response.headers["x-owngate-receipt"])
     receipt = verify_receipt(envelope, verifiers)
+    form = "batch" if "batch" in orjson.loads(envelope) else "single"
+    assert form == gateway.app.config.provenance.receipts  # type: ignore[union-attr]
     assert receipt.request_id == response.headers["x-request-id"]
     assert receipt.backend == "gpu"
     assert receipt.policy_digest == gateway.app.policies.current.digest

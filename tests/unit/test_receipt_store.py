@@ -15,8 +15,8 @@ import tracemalloc
 import pytest
 
 from gateway.api.receipts import ReceiptStore
-from gateway.config.schema import ProvenanceSettings
 from gateway.canonical import canonical_json
+from gateway.config.schema import ProvenanceSettings
 from gateway.provenance import Receipt, Salts, seal_receipts
 from gateway.provenance.testing import CountingRandom, seeded_signer
 

@@ -38,6 +38,7 @@ __all__ = [
     "countersignature_of",
     "make_receipt",
     "pae",
+    "receipt_version",
     "verify_receipt",
 ]
 
@@ -63,6 +64,12 @@ def countersignature_of(envelope: bytes) -> bytes | None:
     value = loads_strict(envelope, "receipt")
     found = value.get("attestation") if isinstance(value, dict) else None
     return None if found is None else canonical_json_of_plain(found)
+
+
+def receipt_version(envelope: bytes) -> int:
+    """2 for a batch receipt, 1 otherwise (for display: `verify_receipt` checks it)."""
+    value = loads_strict(envelope, "receipt")
+    return 2 if isinstance(value, dict) and is_batch_receipt(value) else 1
 
 
 def verify_receipt(envelope: bytes, verifiers: Iterable[Verifier]) -> Receipt:
