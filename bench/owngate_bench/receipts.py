@@ -6,8 +6,13 @@ cost shows whole).
 Non-stream chat at concurrency 1 and 16 (`--concurrency`), each point measured against
 both gateways in turn, alternating which goes first, `--repeat` times. Reported per
 point: req/s and each gateway's CPU per request (all its threads: loop, writer, sealing,
-checkpoints; from /proc, steadier than req/s on a shared machine), and batch / single
-ratios; the medians over the runs end the table. Both logs are verified at the end, the
+checkpoints; from /proc, steadier than req/s on a shared machine); the medians over the
+runs, and the batch / single ratios, end the table.
+
+The sealing thread's own cost is a small part of a request's, under the noise of a
+shared machine, so it is measured alone too (`receipts_sealing`): a log in this process,
+appends at the same concurrencies, the CPU time (`time.thread_time`) the sealing thread
+spends per receipt in each mode. Both logs are verified at the end, the
 last receipt of each gateway too.
 
 Exit codes: 0 ran cleanly; 1 a load point failed or a log or receipt did not verify;
@@ -31,6 +36,7 @@ from typing import Any
 import httpx
 
 from owngate_bench.loadgen import LoadSpec, run_in_subprocess
+from owngate_bench.receipts_sealing import render_sealing, sealing_cost
 from owngate_bench.services import HOST, Service, child_env, env_flag, free_port, owngate_argv
 
 __all__ = ["add_arguments", "run"]
@@ -195,9 +201,12 @@ def run(args: argparse.Namespace) -> int:
         except ProvenanceError as exc:
             checks[f"log {mode}"] = f"FAILED: {exc}"
     summary_rows = _medians(rows, levels)
+    sealing = sealing_cost(levels, args.repeat, rundir / "sealing")
     print(_render(rows, summary_rows, checks))
+    print(render_sealing(sealing))
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"points": rows, "medians": summary_rows, "checks": checks}))
+    report = {"points": rows, "medians": summary_rows, "checks": checks, "sealing": sealing}
+    args.json.write_text(json.dumps(report))
     failed = any("FAILED" in text for text in checks.values()) or any(
         row[mode]["cpu_ms_per_req"] is None or row[mode]["errors"] for row in rows for mode in MODES
     )

@@ -96,7 +96,10 @@ class Recorder:
                 checkpoint_interval_ms=settings.checkpoint_interval_ms,
             ),
             # v2 receipts: each seal gives its receipt's payload, one signature per batch
-            batch_seal=functools.partial(seal_receipts, log=settings.origin, signer=signer)
+            # (a receipt alone in its batch is v1: the same one signature, less to carry)
+            batch_seal=functools.partial(
+                seal_receipts, log=settings.origin, signer=signer, lone_v1=True
+            )
             if batched
             else None,
         )

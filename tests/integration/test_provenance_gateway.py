@@ -32,7 +32,7 @@ from tests.helpers.gateways import (
     hosted_backend,
     readiness,
 )
-from tests.helpers.provenance import completion_record, records
+from tests.helpers.provenance import batch_receipts, completion_record, records
 from tests.helpers.waiting import until
 
 CANARY = "CANARY-5c1b-provenance-never-stores-content"
@@ -78,8 +78,8 @@ def test_every_request_is_logged_and_receipted(
     assert response.status_code == 200
     envelope = base64.b64decode(response.headers["x-owngate-receipt"])
     receipt = verify_receipt(envelope, verifiers)
-    form = "batch" if "batch" in orjson.loads(envelope) else "single"
-    assert form == gateway.app.config.provenance.receipts  # type: ignore[union-attr]
+    # one request at a time: alone in its batch, its receipt is v1 in either mode
+    assert "batch" not in orjson.loads(envelope) and "signatures" in orjson.loads(envelope)
     assert receipt.request_id == response.headers["x-request-id"]
     assert receipt.backend == "gpu"
     assert receipt.policy_digest == gateway.app.policies.current.digest
@@ -173,6 +173,31 @@ def test_every_request_is_logged_and_receipted(
         timeout=60,
     )
     assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+def test_concurrent_requests_share_signed_batches(
+    logged: tuple[Gateway, Sim, Path, str],
+) -> None:
+    """With `receipts: batch`, requests whose dispatch records share a committed batch get
+    batch receipts (v2), each verifying on its own; with `single`, never."""
+    gateway, _sim, log_dir, vkey = logged
+    verifiers = load_verifiers([vkey])
+    ask = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    url = f"{gateway.url}/v1/chat/completions"
+
+    def send() -> httpx.Response:
+        return httpx.post(url, headers=gateway.headers, json=ask, timeout=10)
+
+    if gateway.app.config.provenance.receipts == "single":  # type: ignore[union-attr]
+        with pytest.raises(AssertionError, match="no batch receipt"):
+            batch_receipts(send, rounds=2)
+        return
+    found = batch_receipts(send)
+    for answer, envelope in found:
+        assert verify_receipt(envelope, verifiers).request_id == answer.headers["x-request-id"]
+    statements = {orjson.loads(envelope)["batch"]["payload"] for _, envelope in found}
+    assert len(statements) < len(found)  # some share one signature
+    assert verify_log(log_dir, verifiers).size > 0
 
 
 def test_refusals_are_logged(start_sim: Callable[..., Sim], tmp_path: Path) -> None:

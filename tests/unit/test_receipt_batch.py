@@ -381,3 +381,17 @@ def test_the_log_signs_once_per_committed_batch(tmp_path: Path) -> None:
     assert counting.signed == batches < 24  # one signature per committed batch
     verifiers = [counting._signer.verifier()]
     assert [verify_receipt(r, verifiers).index for r in receipts] == list(range(24))
+
+
+def test_a_receipt_alone_in_its_batch_can_be_a_v1_receipt() -> None:
+    """The gateway's choice (`lone_v1`): a batch of one is signed as a v1 receipt, the same
+    one signature over the same payload, without a statement and path to carry."""
+    payloads = _payloads([10])
+    (lone,) = seal_receipts(payloads, LOG, SIGNER, lone_v1=True)
+    assert set(_value(lone)) == {"payload", "payloadType", "signatures"}
+    assert _value(lone)["payload"] == _b64(payloads[0][1])
+    assert verify_receipt(lone, VERIFIERS).index == 10
+    (batched,) = seal_receipts(payloads, LOG, SIGNER)
+    assert len(lone) < len(batched) and "batch" in _value(batched)
+    two = seal_receipts(_payloads([10, 12]), LOG, SIGNER, lone_v1=True)
+    assert all("batch" in _value(envelope) for envelope in two)

@@ -122,9 +122,17 @@ def _levels(leaves: list[bytes]) -> list[list[bytes]]:
     return levels
 
 
-def seal_receipts(payloads: Sequence[tuple[int, bytes]], log: str, signer: Signer) -> list[bytes]:
+def seal_receipts(
+    payloads: Sequence[tuple[int, bytes]], log: str, signer: Signer, *, lone_v1: bool = False
+) -> list[bytes]:
     """The v2 receipts (JCS bytes) of one committed batch: `payloads` holds each receipt's
-    (log index, JCS payload), in log order. One signature per MAX_BATCH_RECEIPTS."""
+    (log index, JCS payload), in log order. One signature per MAX_BATCH_RECEIPTS.
+    `lone_v1`: a receipt alone in its batch is signed as a v1 receipt instead, the same
+    one signature over the same payload, without the statement and path a batch of one
+    would add (~0.3 KB, and some 5-10 µs of the sealing thread per request)."""
+    if lone_v1 and len(payloads) == 1:
+        envelope = signed_envelope(RECEIPT_PAYLOAD_TYPE, payloads[0][1], signer)
+        return [canonical_json_of_plain(envelope)]
     receipts: list[bytes] = []
     for start in range(0, len(payloads), MAX_BATCH_RECEIPTS):
         receipts.extend(_seal_part(payloads[start : start + MAX_BATCH_RECEIPTS], log, signer))
