@@ -395,3 +395,36 @@ def test_a_receipt_alone_in_its_batch_can_be_a_v1_receipt() -> None:
     assert len(lone) < len(batched) and "batch" in _value(batched)
     two = seal_receipts(_payloads([10, 12]), LOG, SIGNER, lone_v1=True)
     assert all("batch" in _value(envelope) for envelope in two)
+
+
+def test_a_failing_seal_fails_its_own_receipt_and_a_failing_batch_seal_all(
+    tmp_path: Path,
+) -> None:
+    async def scenario(batch_fails: bool) -> list[bytes | BaseException]:
+        def batch(pairs: Any) -> list[bytes]:
+            if batch_fails:
+                raise RuntimeError("no key")
+            return seal_receipts(pairs, LOG, SIGNER)
+
+        directory = tmp_path / str(batch_fails)
+        log = await ProvenanceLog.open(directory, LOG, SIGNER, batch_seal=batch)
+
+        def seal(entry: LogEntry) -> bytes:
+            if entry.index == 1:
+                raise ValueError("unsealable")
+            return canonical_json(_receipt(entry.index).payload())
+
+        placed = await asyncio.gather(*(log.append_sealed(_refusal(n), seal) for n in range(4)))
+        results = await asyncio.gather(*(s for _, s in placed), return_exceptions=True)
+        assert log.size == 4  # durable whatever the seals did
+        await log.close()
+        return results
+
+    sealed = asyncio.run(scenario(batch_fails=False))
+    assert isinstance(sealed[1], ValueError)  # only its own receipt
+    for index in (0, 2, 3):
+        envelope = sealed[index]
+        assert isinstance(envelope, bytes) and verify_receipt(envelope, VERIFIERS).index == index
+    failed = asyncio.run(scenario(batch_fails=True))
+    assert isinstance(failed[1], ValueError)
+    assert all(isinstance(failed[n], RuntimeError) for n in (0, 2, 3))
