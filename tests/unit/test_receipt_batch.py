@@ -300,6 +300,9 @@ def test_oversized_paths_and_batches_are_refused_unread() -> None:
     value["batch"] = {**value["batch"], "signatures": value["batch"]["signatures"] * 9}
     with pytest.raises(MalformedError, match="over 8 signatures"):
         verify_receipt(_encode(value), VERIFIERS)
+    huge = honest.replace(b'"position":0', b'"position":' + b"9" * 5000)
+    with pytest.raises(MalformedError, match="not JSON"):  # past int()'s digit limit
+        verify_receipt(huge, VERIFIERS)
 
 
 def test_a_signature_under_another_key_id_is_refused() -> None:

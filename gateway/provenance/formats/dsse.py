@@ -51,8 +51,9 @@ def loads_strict(data: bytes, what: str) -> object:
     """JSON, refusing duplicated member names (MalformedError for anything not JSON)."""
     try:
         return json.loads(data, object_pairs_hook=_unique)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # nested deep
-        raise MalformedError(f"{what} is not JSON: {exc}") from exc
+    # ValueError: also a number over Python's 4,300-digit limit; RecursionError: nested deep
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError too
+        raise MalformedError(f"{what} is not JSON: {str(exc)[:200]}") from exc
 
 
 def decode_base64(value: object, what: str) -> bytes:
