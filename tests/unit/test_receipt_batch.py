@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import threading
 from collections.abc import Callable
@@ -28,10 +29,16 @@ from gateway.provenance import (
     Salts,
     SignatureError,
     Signer,
+    commit,
     make_receipt,
     refusal_record,
     seal_receipts,
     verify_receipt,
+)
+from gateway.provenance.formats.attestation import (
+    Statement,
+    receipt_countersignature,
+    sign_statement,
 )
 from gateway.provenance.formats.dsse import pae, signed_envelope
 from gateway.provenance.formats.merkle import leaf_hash, root_from_leaves, verify_inclusion
@@ -40,6 +47,7 @@ from gateway.provenance.formats.receipt_batch import (
     MAX_BATCH_RECEIPTS,
     MAX_PATH,
 )
+from gateway.provenance.formats.receipts import attach_countersignature
 from gateway.provenance.testing import EXAMPLE_POLICY, CountingRandom, seeded_signer
 
 LOG = "gateway.example/log/1"
@@ -431,3 +439,35 @@ def test_a_failing_seal_fails_its_own_receipt_and_a_failing_batch_seal_all(
     failed = asyncio.run(scenario(batch_fails=True))
     assert isinstance(failed[1], ValueError)
     assert all(isinstance(failed[n], RuntimeError) for n in (0, 2, 3))
+
+
+def test_a_batch_receipt_carries_an_attested_backends_countersignature() -> None:
+    """Receipts of attested backends keep their `attestation` member in the batch form,
+    verified as for v1: by the backend's key, for the receipt's request."""
+    backend = seeded_signer("gpu-a")
+    salts = Salts(SALTS(32), SALTS(32))
+    receipt = dataclasses.replace(_receipt(10), request_id="req-1", backend="gpu-a", salts=salts)
+    neighbour = _receipt(11)
+    payloads = [(r.index, canonical_json(r.payload())) for r in (receipt, neighbour)]
+    mine = seal_receipts(payloads, LOG, SIGNER)[0]
+    statement = Statement(
+        "req-1",
+        "2026-01-01T00:00:00.000Z",
+        3,
+        str(backend),
+        commit("request", salts.request, b"{}"),
+        commit("response", salts.response, b"{}"),
+    )
+    carried = attach_countersignature(mine, sign_statement(statement, backend))
+    assert "attestation" in _value(carried) and "batch" in _value(carried)
+    assert verify_receipt(carried, VERIFIERS) == receipt
+    keys = {"gpu-a": backend.verifier()}
+    found = receipt_countersignature(carried, receipt, keys)
+    assert found is not None and found.counter == 3
+    with pytest.raises(SignatureError, match="carries no countersignature"):
+        receipt_countersignature(mine, receipt, keys)
+    other = seeded_signer("gpu-a", seed=7)
+    theirs = dataclasses.replace(statement, key=str(other))
+    forged = attach_countersignature(mine, sign_statement(theirs, other))
+    with pytest.raises(SignatureError):
+        receipt_countersignature(forged, receipt, keys)
