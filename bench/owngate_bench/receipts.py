@@ -66,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="runs of every point; the summary takes medians (env OWNGATE_BENCH_REPEAT, 3)",
     )
     parser.add_argument(
+        "--quick",
+        action="store_true",
+        default=env_flag("QUICK", "").lower() in ("1", "true", "yes"),
+        help="a very short run for smoke tests; numbers mean little (env OWNGATE_BENCH_QUICK=1)",
+    )
+    parser.add_argument(
         "--json",
         type=Path,
         default=env_flag("JSON", ".bench/receipts.json"),
@@ -174,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
                         concurrency=concurrency,
                         duration_s=args.duration,
                         warmup_s=min(1.0, args.duration / 5),
-                        warmup_requests=500,
+                        warmup_requests=20 if args.quick else 500,
+                        max_requests=200 if args.quick else None,
                         cpu_pids={"gateway": gateway.proc.pid},
                     )
                     try:
@@ -201,7 +208,8 @@ def run(args: argparse.Namespace) -> int:
         except ProvenanceError as exc:
             checks[f"log {mode}"] = f"FAILED: {exc}"
     summary_rows = _medians(rows, levels)
-    sealing = sealing_cost(levels, args.repeat, rundir / "sealing")
+    appends = 64 if args.quick else 2048
+    sealing = sealing_cost(levels, args.repeat, rundir / "sealing", appends)
     print(_render(rows, summary_rows, checks))
     print(render_sealing(sealing))
     args.json.parent.mkdir(parents=True, exist_ok=True)

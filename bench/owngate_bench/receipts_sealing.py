@@ -25,7 +25,7 @@ ORIGIN = "bench.owngate/sealing"
 APPENDS = 2048  # per point and mode
 
 
-async def _point(directory: Path, mode: str, concurrency: int) -> dict[str, float]:
+async def _point(directory: Path, mode: str, concurrency: int, appends: int) -> dict[str, float]:
     from gateway.canonical import canonical_json_of_plain
     from gateway.provenance import (
         LogEntry,
@@ -80,7 +80,7 @@ async def _point(directory: Path, mode: str, concurrency: int) -> dict[str, floa
     )
 
     async def appender() -> None:
-        for _ in range(APPENDS // concurrency):
+        for _ in range(max(1, appends // concurrency)):
             _, sealing = await log.append_sealed(record, seal, checked=True)
             await sealing
 
@@ -92,7 +92,9 @@ async def _point(directory: Path, mode: str, concurrency: int) -> dict[str, floa
     return {"us_per_receipt": 1e6 * spent[0] / appended, "per_batch": appended / batches}
 
 
-def sealing_cost(levels: Sequence[int], repeat: int, directory: Path) -> list[dict[str, Any]]:
+def sealing_cost(
+    levels: Sequence[int], repeat: int, directory: Path, appends: int = APPENDS
+) -> list[dict[str, Any]]:
     """Median sealing CPU per receipt per (concurrency, mode), modes alternating."""
     found: dict[tuple[int, str], list[dict[str, float]]] = {}
     number = 0
@@ -101,7 +103,7 @@ def sealing_cost(levels: Sequence[int], repeat: int, directory: Path) -> list[di
             modes = ("single", "batch") if number % 2 == 0 else ("batch", "single")
             number += 1
             for mode in modes:
-                point = asyncio.run(_point(directory, mode, concurrency))
+                point = asyncio.run(_point(directory, mode, concurrency, appends))
                 found.setdefault((concurrency, mode), []).append(point)
     shutil.rmtree(directory, ignore_errors=True)
     return [
