@@ -195,6 +195,12 @@ def test_concurrent_requests_share_signed_batches(
     found = batch_receipts(send)
     for answer, envelope in found:
         assert verify_receipt(envelope, verifiers).request_id == answer.headers["x-request-id"]
+        looked_up = httpx.get(  # the lookup serves the same batch receipt
+            f"{gateway.url}/v1/provenance/receipts/{answer.headers['x-request-id']}",
+            headers=gateway.headers,
+            timeout=10,
+        )
+        assert looked_up.status_code == 200 and looked_up.content == envelope
     statements = {orjson.loads(envelope)["batch"]["payload"] for _, envelope in found}
     assert len(statements) < len(found)  # some share one signature
     assert verify_log(log_dir, verifiers).size > 0
