@@ -35,6 +35,11 @@ VERBS: dict[str, tuple[str, str]] = {
         "owngate with the provenance log off vs on, side by side, over a zero-latency "
         "and an LLM-shaped simulator (req/s, TTFT, CPU per request, ratios)",
     ),
+    "receipts": (
+        "receipts",
+        "provenance receipts signed per request (v1) vs per committed batch (v2), side "
+        "by side over a zero-latency simulator (req/s, CPU per request at c=1 and 16)",
+    ),
     "attest": (
         "attest",
         "what the owngate attest sidecar adds: direct vs via sidecar vs via gateway vs "
