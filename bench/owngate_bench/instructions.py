@@ -56,6 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=1, help="clients at once (1)")
     parser.add_argument("--stream", action="store_true", help="streams of --tokens chunks")
     parser.add_argument("--tokens", type=int, default=16, help="tokens per answer (16)")
+    parser.add_argument(
+        "--token-interval",
+        type=float,
+        default=0.0,
+        help="pace the simulators' streams: one write per token, this many seconds apart "
+        "(0: back to back, as fast as they go; 0.02 as a decoding server writes them)",
+    )
     parser.add_argument("--targets", default=",".join(TARGETS), help="comma-separated")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -186,6 +193,8 @@ def _measure(
 
 def _render(report: dict[str, Any]) -> str:
     shape = f"streams of {report['tokens']} tokens" if report["stream"] else "whole answers"
+    if report["stream"] and report["token_interval_s"]:
+        shape += f", one write per token {report['token_interval_s'] * 1000:g} ms apart"
     lines = [
         f"owngate bench instructions: {report['requests']} requests, concurrency "
         f"{report['concurrency']}, {shape}, zero-latency simulators (callgrind counts)",
@@ -208,10 +217,16 @@ def _render(report: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     targets = [t.strip() for t in str(args.targets).split(",") if t.strip()]
-    if not targets or set(targets) - set(TARGETS) or args.requests < 1 or args.concurrency < 1:
+    if (
+        not targets
+        or set(targets) - set(TARGETS)
+        or args.requests < 1
+        or args.concurrency < 1
+        or not args.token_interval >= 0
+    ):
         print(
             f"owngate bench instructions: --targets of {', '.join(TARGETS)}; "
-            "--requests and --concurrency >= 1",
+            "--requests and --concurrency >= 1, --token-interval >= 0",
             file=sys.stderr,
         )
         return 2
@@ -226,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
         "concurrency": args.concurrency,
         "stream": args.stream,
         "tokens": args.tokens,
+        "token_interval_s": args.token_interval,
         "targets": {},
     }
     with tempfile.TemporaryDirectory(prefix="owngate-bench-instructions-") as tmp:
@@ -238,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
                 argv = owngate_argv(
                     "sim", "--host", HOST, "--port", str(port), "--model", MODEL, "--zero-latency"
                 )
+                argv += ["--token-interval", str(args.token_interval)]
                 sims.append(Service.start(f"sim{index}", argv, env, rundir, port))
             for sim in sims:
                 sim.wait_ready("/health", {}, 30.0)
