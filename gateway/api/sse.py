@@ -79,25 +79,41 @@ class StreamWatch:
         self._edge = data[-_WIDTH:] if len(data) >= _WIDTH else edge[-_WIDTH:]
 
     def _lines(self, data: bytes) -> bytes:
+        """Hold back usage-only chunks (and the blank line ending each) from `data`.
+
+        Only a line that contains `"usage"` is looked at: the runs of whole lines between
+        such lines are passed on as they are, checked for `[DONE]` at a line start, so a
+        read of many events (a fast server's stream coalesced by TCP) costs a few
+        searches, not a Python step per line."""
         buffer = self._pending + data if self._pending else data
         kept: list[bytes] = []
         start = 0
+        if self._drop_blank:
+            start = self._skip_blank(buffer, 0)
         while True:
-            end = buffer.find(b"\n", start)
-            if end < 0:
+            hit = buffer.find(b'"usage"', start)
+            if hit < 0:  # none in the rest: its whole lines go on
+                end = buffer.rfind(b"\n", start) + 1
+                self._pass(buffer, start, end, kept)
+                start = max(start, end)
                 break
-            line = buffer[start : end + 1]
-            start = end + 1
-            if self._drop_blank:
-                self._drop_blank = False
-                if line in (b"\n", b"\r\n"):
-                    continue
+            line_start = max(start, buffer.rfind(b"\n", start, hit) + 1)
+            line_end = buffer.find(b"\n", hit) + 1
+            if not line_end:  # that line is not complete yet: hold it
+                self._pass(buffer, start, line_start, kept)
+                start = line_start
+                break
+            self._pass(buffer, start, line_start, kept)
+            line = buffer[line_start:line_end]
+            start = line_end
             if line.startswith(_DONE):
                 self.done = True
-            elif b'"usage"' in line and self._usage_only(line):
+                kept.append(line)
+            elif self._usage_only(line):
                 self._drop_blank = True
-                continue
-            kept.append(line)
+                start = self._skip_blank(buffer, start)
+            else:
+                kept.append(line)
         rest = buffer[start:]
         if len(rest) > self._max_line:  # not a usage chunk: stop holding it back
             kept.append(rest)
@@ -105,6 +121,24 @@ class StreamWatch:
             self._passing = True
         self._pending = rest
         return b"".join(kept)
+
+    def _pass(self, buffer: bytes, start: int, end: int, kept: list[bytes]) -> None:
+        """Pass on the whole lines `buffer[start:end]` (`start` begins a line)."""
+        if end <= start:
+            return
+        run = buffer[start:end]
+        if not self.done and (run.startswith(_DONE) or _LINE_DONE in run):
+            self.done = True
+        kept.append(run)
+
+    def _skip_blank(self, buffer: bytes, start: int) -> int:
+        """After a held-back usage chunk: past the blank line that ends its event, once
+        the next line is complete (whether blank or not, the wait for it ends)."""
+        end = buffer.find(b"\n", start) + 1
+        if not end:
+            return start
+        self._drop_blank = False
+        return end if buffer[start:end] in (b"\n", b"\r\n") else start
 
     def _usage_only(self, line: bytes) -> bool:
         """Whether `line` is a usage-only chunk (its counts are kept either way)."""

@@ -6,8 +6,12 @@ anywhere.
 
 from __future__ import annotations
 
+import itertools
+
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.api.body import ask_for_usage
 from gateway.api.sse import StreamWatch
@@ -99,3 +103,78 @@ def test_ask_for_usage(sent: bytes, options: dict[str, object] | None) -> None:
     else:
         old = doc["stream_options"] or {}
         assert got["stream_options"] == {**old, "include_usage": True}
+
+
+class _LineByLine(StreamWatch):
+    """The line-by-line scan `_lines` replaced, kept as the reference it must equal."""
+
+    def _lines(self, data: bytes) -> bytes:
+        buffer = self._pending + data if self._pending else data
+        kept: list[bytes] = []
+        start = 0
+        while True:
+            end = buffer.find(b"\n", start)
+            if end < 0:
+                break
+            line = buffer[start : end + 1]
+            start = end + 1
+            if self._drop_blank:
+                self._drop_blank = False
+                if line in (b"\n", b"\r\n"):
+                    continue
+            if line.startswith(b"data: [DONE]"):
+                self.done = True
+            elif b'"usage"' in line and self._usage_only(line):
+                self._drop_blank = True
+                continue
+            kept.append(line)
+        rest = buffer[start:]
+        if len(rest) > self._max_line:
+            kept.append(rest)
+            rest = b""
+            self._passing = True
+        self._pending = rest
+        return b"".join(kept)
+
+
+_PARTS = [
+    ROLE,
+    TOKEN,
+    FINISH,
+    USAGE,
+    USAGE.replace(b"\n\n", b"\r\n\r\n"),
+    USAGE.replace(b"[]", b'[{"index":0,"delta":{}}]'),  # usage beside choices: kept
+    USAGE[:-1],  # a usage chunk whose event has no blank line after it
+    b'data: {"usage": 1}\n\n',  # not usage counts: kept
+    b': a comment about "usage"\n',
+    b"\n",
+    DONE,
+    b"data: [DONE]",  # a last line without its newline
+    b"x" * 70 + b'"usage"' + b"y" * 10 + b"\n",  # a long line (max_line 64 below)
+]
+
+
+@given(
+    st.lists(st.sampled_from(_PARTS), max_size=12),
+    st.lists(st.integers(min_value=0, max_value=400), max_size=6),
+)
+@settings(max_examples=400, deadline=None)
+def test_the_usage_scan_equals_the_line_by_line_one(parts: list[bytes], cuts: list[int]) -> None:
+    stream = b"".join(parts)
+    bounds = sorted({min(c, len(stream)) for c in cuts} | {0, len(stream)})
+    reads = [stream[a:b] for a, b in itertools.pairwise(bounds)]
+    fast, reference = (
+        StreamWatch(strip_usage=True, max_line=64),
+        _LineByLine(strip_usage=True, max_line=64),
+    )
+    out_fast = b"".join(fast.feed(read) for read in reads) + fast.flush()
+    out_reference = b"".join(reference.feed(read) for read in reads) + reference.flush()
+    assert out_fast == out_reference
+    assert (fast.done, fast.usage) == (reference.done, reference.usage)
+
+
+def test_many_events_in_one_read_with_the_usage_chunk_last() -> None:
+    stream = ROLE + TOKEN * 200 + FINISH + USAGE + DONE
+    watch = StreamWatch(strip_usage=True)
+    assert watch.feed(stream) + watch.flush() == ROLE + TOKEN * 200 + FINISH + DONE
+    assert watch.done and watch.usage == COUNTS
