@@ -12,7 +12,11 @@ It prints, per load, req/s and gateway CPU ms per request for each worker count 
 the ratio to one worker, and where the machine's CPU went: on a machine with C cores the
 gateway can use at most C minus what the simulator and the load generator take, so
 req/s stops growing once the cores are full, while CPU per request (the steady figure
-on a shared machine) shows the cost of a worker. Writes JSON; bounded to about 2 min.
+on a shared machine) shows the cost of a worker. The verdict per load: "flat" when the
+CPU per request of every worker count is within `FLAT_WITHIN` (1.15x) of the first
+count's (issue 16: `serve --workers N` costs the same per request from 1 to N). Worker
+counts default to 1, 2, 4, those above the machine's cores left out (1, 2 on 2 cores).
+Writes JSON; bounded to about 2 min.
 
 Exit codes: 0 ran cleanly; 1 a run failed or returned errors; 2 usage.
 """
@@ -50,14 +54,21 @@ __all__ = ["add_arguments", "run"]
 MODEL = "bench-model"
 LOADS = (("chat c=64", False, 16), ("stream c=64", True, 64))  # name, stream, max_tokens
 CONCURRENCY = 64
+FLAT_WITHIN = 1.15  # CPU per request of N workers over one worker's, at most
+
+
+def default_workers(cpus: int | None) -> str:
+    """1,2,4 without the counts above the machine's cores (never fewer than 1,2)."""
+    return ",".join(str(n) for n in (1, 2, 4) if n <= max(2, cpus or 1))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's flags, each with an OWNGATE_BENCH_* environment default."""
     parser.add_argument(
         "--workers",
-        default=env_flag("WORKERS", "1,2,4"),
-        help="comma-separated worker counts (env OWNGATE_BENCH_WORKERS, 1,2,4)",
+        default=env_flag("WORKERS", default_workers(os.cpu_count())),
+        help="comma-separated worker counts (env OWNGATE_BENCH_WORKERS; 1,2,4 up to the "
+        "machine's cores: here " + default_workers(os.cpu_count()) + ")",
     )
     parser.add_argument(
         "--duration",
@@ -229,12 +240,48 @@ def _load_table(name: str, rows: dict[int, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def flatness(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per load: CPU/request of each worker count over the first count's, and the verdict."""
+    counts: list[int] = report["settings"]["workers"]
+    found = []
+    for name, _, _ in LOADS:
+        cpu = {}
+        for n in counts:
+            result = report["runs"].get(str(n), {}).get(name, {})
+            if "error" not in result and result.get("requests"):
+                cpu[n] = _cpu_ms_per_request(result)
+        base = cpu.get(counts[0])
+        ratios = {str(n): cpu[n] / base for n in counts[1:] if n in cpu and base}
+        worst = max(ratios.values(), default=None)
+        complete = base is not None and len(ratios) == len(counts) - 1 and len(counts) > 1
+        found.append(
+            {
+                "load": name,
+                "cpu_ms_per_request": {str(n): v for n, v in cpu.items()},
+                "ratio_to_first": ratios,
+                "within": FLAT_WITHIN,
+                "flat": (worst is not None and worst <= FLAT_WITHIN) if complete else None,
+            }
+        )
+    return found
+
+
 def render(report: dict[str, Any]) -> str:
     counts: list[int] = report["settings"]["workers"]
     cpus = report["machine"]["cpus"]
     lines = [f"owngate serve --workers N on {cpus} CPUs, {CONCURRENCY} connections"]
     for name, _, _ in LOADS:
         lines += ["", *_load_table(name, {n: report["runs"][str(n)].get(name, {}) for n in counts})]
+    lines += [
+        "",
+        f"CPU per request from {counts[0]} to {counts[-1]} workers (flat: within "
+        f"{FLAT_WITHIN:g}x of {counts[0]} worker{'s' if counts[0] > 1 else ''}):",
+    ]
+    for verdict in report.get("flatness") or flatness(report):
+        word = {True: "flat", False: "not flat", None: "not measured"}[verdict["flat"]]
+        figures = ", ".join(f"N={n} {ms:.3f} ms" for n, ms in verdict["cpu_ms_per_request"].items())
+        ratios = ", ".join(f"N={n} {r:.2f}x" for n, r in verdict["ratio_to_first"].items())
+        lines.append(f"  {verdict['load']}: {word} ({figures}; {ratios or 'no ratio'})")
     return "\n".join(lines)
 
 
@@ -266,6 +313,7 @@ def run(args: argparse.Namespace) -> int:
         "runs": runs,
         "wall_s": time.monotonic() - started,
     }
+    report["flatness"] = flatness(report)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     print(render(report))

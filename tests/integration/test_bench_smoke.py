@@ -10,6 +10,7 @@ and that the report has its documented shape.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -268,3 +269,10 @@ def test_scale_run_reaches_every_worker_count(tmp_path: Path) -> None:
         assert sorted(loads) == ["chat c=64", "stream c=64"], workers
         for name, result in loads.items():
             assert result["requests"] > 0 and result["errors"] == 0, (workers, name)
+    # the workers verdict: CPU per request of 2 workers over 1 worker's, per load
+    assert [v["load"] for v in report["flatness"]] == ["chat c=64", "stream c=64"]
+    for verdict in report["flatness"]:
+        assert sorted(verdict["cpu_ms_per_request"]) == ["1", "2"]
+        assert all(ms > 0 and math.isfinite(ms) for ms in verdict["cpu_ms_per_request"].values())
+        assert math.isfinite(verdict["ratio_to_first"]["2"]) and verdict["flat"] in (True, False)
+    assert "CPU per request from 1 to 2 workers" in proc.stdout
