@@ -26,6 +26,7 @@ verdict was not met); 2 usage.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -33,13 +34,14 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from owngate_bench.seedclient import SeedSpec, run_in_subprocess
 from owngate_bench.seedload_report import render, summarise
-from owngate_bench.seedload_targets import MODEL, NO_NGINX, TARGETS, started
-from owngate_bench.services import HOST, child_env, env_flag
+from owngate_bench.seedload_targets import MODEL, NO_NGINX, TARGETS, Target, started
+from owngate_bench.services import HOST, Service, child_env, env_flag
 
 __all__ = ["add_arguments", "run"]
 
@@ -164,6 +166,27 @@ def _spec(
     )
 
 
+def _start(
+    stack: contextlib.ExitStack,
+    settings: dict[str, Any],
+    rundir: Path,
+    api_key: str,
+    log: Callable[[str], None],
+) -> tuple[list[Service], list[Target]]:
+    """The servers, started in `stack`; up to 3 tries, as a busy machine's other programs
+    may take a port we picked before our server binds it."""
+    for attempt in range(1, 4):
+        try:
+            return stack.enter_context(
+                started(settings["targets"], settings["token_interval_s"], rundir, api_key, log)
+            )
+        except RuntimeError as exc:
+            if attempt == 3:
+                raise
+            log(f"  start failed ({str(exc)[:300]}); trying again on new ports")
+    raise AssertionError("unreachable")
+
+
 def _progress(rep: int, name: str, result: dict[str, Any]) -> str:
     if "error" in result:
         return f"  rep {rep} {name:<20} failed: {result['error'][-300:]}"
@@ -198,10 +221,8 @@ def run(args: argparse.Namespace) -> int:
     )
     reps: list[dict[str, Any]] = []
     try:
-        with started(settings["targets"], settings["token_interval_s"], rundir, api_key, log) as (
-            sims,
-            targets,
-        ):
+        with contextlib.ExitStack() as stack:
+            sims, targets = _start(stack, settings, rundir, api_key, log)
             running = [t for t in targets if t.service is not None]
             for rep in range(settings["reps"]):
                 shift = rep % len(running)

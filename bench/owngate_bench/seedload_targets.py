@@ -21,9 +21,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import os
 import secrets
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ TARGETS = ("direct", "nginx", "owngate", PRODUCTION)
 ORIGIN = "bench.owngate/seed-load"
 NO_NGINX = "nginx not installed"
 CAPACITY = 4096  # declared slots per backend: the paced simulator has no slot limit
+HOST_HEX = "0100007F"  # 127.0.0.1 as /proc/net/tcp writes it (little-endian)
 
 
 @dataclasses.dataclass
@@ -153,6 +156,61 @@ def _nginx_config(directory: Path, port: int, sim_port: int) -> Path:
     return config
 
 
+def _listening_inodes(port: int) -> set[str]:
+    """Inodes of the sockets listening on HOST:`port` (from /proc/net/tcp)."""
+    wanted = f"{HOST_HEX}:{port:04X}"
+    found = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[1] == wanted and fields[3] == "0A":  # 0A: LISTEN
+                found.add(fields[9])
+    return found
+
+
+def _tree(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                raw = (entry / "stat").read_bytes()
+                children.setdefault(int(raw[raw.rindex(b")") + 2 :].split()[1]), []).append(
+                    int(entry.name)
+                )
+    pids, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        pids.append(pid)
+        todo.extend(children.get(pid, ()))
+    return pids
+
+
+def owns_port(service: Service) -> bool:
+    """Whether the service's process tree holds the socket listening on its port: on a
+    busy machine another program may take a port between `free_port` and our bind, and
+    then answer our readiness check in our server's place."""
+    inodes = {f"socket:[{inode}]" for inode in _listening_inodes(service.port)}
+    for pid in _tree(service.proc.pid) if inodes else ():
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) in inodes:
+                        return True
+    return False
+
+
+def _check_owners(services: Sequence[Service], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    for service in services:
+        while not owns_port(service):
+            if service.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{service.name} does not hold port {service.port} (taken by another "
+                    f"program?): {service.log_tail(300)}"
+                )
+            time.sleep(0.1)
+
+
 def _start_sim(name: str, interval_s: float, rundir: Path, env: dict[str, str]) -> Service:
     port = free_port()
     argv = ["sim", "--kind", "vllm", "--zero-latency", "--token-interval", f"{interval_s:g}"]
@@ -216,6 +274,7 @@ def started(
                 for target in targets:
                     if target.service is service:
                         target.service, target.error = None, str(exc)[-1000:]
+        _check_owners([s for s in services if s in sims or any(t.service is s for t in targets)])
         for target in targets:
             if target.service is not None and target.name.startswith("owngate"):
                 for backend in ("sim", "sim-b") if target.name == PRODUCTION else ("sim",):
