@@ -129,32 +129,14 @@ class Inference:
                 body += encoder.end()
             await send({"type": "http.response.body", "body": body, "more_body": die})
             return
-        interval = self._settings.token_interval_s
-        if interval > 0.0:
-            await self._paced(encoder.role, [encoder.token(tokens[i]) for i in ids], interval, send)
-        else:  # one message per SSE event, as a real server writes them
-            if encoder.role:
-                await send({"type": "http.response.body", "body": encoder.role, "more_body": True})
-            token = encoder.token
-            for i in ids:
-                body = token(tokens[i])
-                await send({"type": "http.response.body", "body": body, "more_body": True})
+        # One message per SSE event, as a real server writes them.
+        if encoder.role:
+            await send({"type": "http.response.body", "body": encoder.role, "more_body": True})
+        token = encoder.token
+        for i in ids:
+            await send({"type": "http.response.body", "body": token(tokens[i]), "more_body": True})
         if not die:
             await send({"type": "http.response.body", "body": encoder.end()})
-
-    async def _paced(self, role: bytes, events: list[bytes], interval: float, send: Send) -> None:
-        """The role and first token in one write, then one write per token, each due
-        `interval` after the previous one was due (`SimSettings.token_interval_s`)."""
-        clock = self._clock
-        due = clock.now()
-        for index, event in enumerate(events):
-            if index:
-                due += interval
-                wait = due - clock.now()
-                if wait > 0.0:
-                    await clock.sleep(wait)
-            body = role + event if index == 0 else event
-            await send({"type": "http.response.body", "body": body, "more_body": True})
 
     # -- timed (engine) -----------------------------------------------------------------
 

@@ -77,10 +77,6 @@ class SimSettings:
     `zero_latency` skips every sleep and writes whole responses at once (benchmarks); its
     streams still write one ASGI message per SSE event, as real servers do, unless
     `coalesce_chunks` joins them into one message (the simulator's fastest mode).
-    `token_interval_s` > 0 paces those streams instead (zero-latency only, no engine, no
-    slot limit): the role and first token at once, then one write per token, each due
-    `token_interval_s` after the one before (a schedule, so a late wake-up does not slow
-    the stream down), as a server decoding at 1 / `token_interval_s` tokens/s per stream.
     `seed` fixes generated text, embeddings and fault draws. `api_key`, when set, makes
     the server answer 401 without `Authorization: Bearer <api_key>`.
     """
@@ -98,7 +94,6 @@ class SimSettings:
     embedding_dims: int = 16
     zero_latency: bool = False
     coalesce_chunks: bool = False
-    token_interval_s: float = 0.0
     seed: int = 0
     api_key: str | None = None
     faults: Faults = Faults()
@@ -118,12 +113,6 @@ class SimSettings:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not self.batch_slowdown >= 0.0:
             raise ValueError(f"batch_slowdown must be >= 0, got {self.batch_slowdown!r}")
-        if not (0.0 <= self.token_interval_s <= 60.0):
-            raise ValueError(
-                f"token_interval_s must be between 0 and 60, got {self.token_interval_s!r}"
-            )
-        if self.token_interval_s > 0.0 and self.coalesce_chunks:
-            raise ValueError("token_interval_s paces one write per token: not with coalesce_chunks")
         if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 0:
             raise ValueError(
                 f"prefix_cache_tokens must be >= 0 or None, got {self.prefix_cache_tokens!r}"
