@@ -94,6 +94,14 @@ def register(subparsers: Any) -> None:  # argparse's subparsers action has no pu
         "SSE event: fastest, less like a real server (off)",
     )
     add(
+        "--token-interval",
+        type=_non_negative,
+        default=_env("TOKEN_INTERVAL") or "0",
+        metavar="SECONDS",
+        help="with --zero-latency, pace streams: one write per token, this long apart, as "
+        "a decoding server writes them (0: back to back)",
+    )
+    add(
         "--error-rate",
         type=_rate,
         default=_env("ERROR_RATE") or "0",
@@ -187,6 +195,7 @@ def build_settings(args: argparse.Namespace) -> SimSettings:
         if args.decode_tps is None
         else args.decode_tps,
         coalesce_chunks=_switch(args.coalesce_chunks, "COALESCE_CHUNKS"),
+        token_interval_s=args.token_interval,
     )
 
 

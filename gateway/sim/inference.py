@@ -3,7 +3,9 @@
 Each accepted request draws its fate from the app's seeded RNG (ok, error, hang, die).
 In timed mode the request becomes an engine `Sequence` and a watcher task listens for
 `http.disconnect`: a client that goes away cancels the sequence and frees its slot at
-once. In zero-latency mode the whole response is built and written at once.
+once. In zero-latency mode the whole response is built and written at once, or, for a
+stream with `token_interval_s`, one token per write with that pause between writes (the
+pause is the only wait: no queue, no prefill).
 
 Dying is done the way an ASGI app can: return without completing the response, so the
 server closes the connection (uvicorn logs "ASGI callable returned without completing
@@ -97,7 +99,7 @@ class Inference:
                 await wait_disconnect(receive)
                 stats.cancelled += 1
             elif self._control.zero_latency:
-                await self._instant(request, fate is Fate.DIE, send)
+                await self._instant(request, fate is Fate.DIE, send, receive)
             else:
                 await self._watched(self._timed(request, fate is Fate.DIE, send), receive)
         finally:
@@ -105,7 +107,9 @@ class Inference:
 
     # -- zero latency -------------------------------------------------------------------
 
-    async def _instant(self, request: Completion | EmbeddingRequest, die: bool, send: Send) -> None:
+    async def _instant(
+        self, request: Completion | EmbeddingRequest, die: bool, send: Send, receive: Receive
+    ) -> None:
         if isinstance(request, EmbeddingRequest):
             self._engine.record_instant(request.prompt_tokens, 0)
             await self._finish(send, self._embedding(request), die)
@@ -123,6 +127,10 @@ class Inference:
         else:
             self._stats.completed += 1
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        if self._settings.token_interval_s > 0.0:
+            paced = self._paced(encoder, [tokens[i] for i in ids], die, send)
+            await self._watched(paced, receive)  # a client that leaves ends the pacing
+            return
         if self._settings.coalesce_chunks:
             body = encoder.role + encoder.tokens([tokens[i] for i in ids])
             if not die:
@@ -135,6 +143,21 @@ class Inference:
         token = encoder.token
         for i in ids:
             await send({"type": "http.response.body", "body": token(tokens[i]), "more_body": True})
+        if not die:
+            await send({"type": "http.response.body", "body": encoder.end()})
+
+    async def _paced(
+        self, encoder: ChunkEncoder, tokens: list[bytes], die: bool, send: Send
+    ) -> None:
+        """One write per token, `token_interval_s` apart (the role rides with the first)."""
+        interval, sleep = self._settings.token_interval_s, self._clock.sleep
+        pending = encoder.role
+        for index, token in enumerate(tokens):
+            if index:
+                await sleep(interval)
+            body = pending + encoder.token(token)
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+            pending = b""
         if not die:
             await send({"type": "http.response.body", "body": encoder.end()})
 

@@ -77,6 +77,10 @@ class SimSettings:
     `zero_latency` skips every sleep and writes whole responses at once (benchmarks); its
     streams still write one ASGI message per SSE event, as real servers do, unless
     `coalesce_chunks` joins them into one message (the simulator's fastest mode).
+    `token_interval_s` > 0 paces a zero-latency stream instead: one write per token (the
+    role rides with the first), then a sleep of `token_interval_s` before the next, as a
+    decoding server writes its tokens; late wake-ups make the gaps longer, never
+    bursts. Non-streaming answers stay immediate.
     `seed` fixes generated text, embeddings and fault draws. `api_key`, when set, makes
     the server answer 401 without `Authorization: Bearer <api_key>`.
     """
@@ -94,6 +98,7 @@ class SimSettings:
     embedding_dims: int = 16
     zero_latency: bool = False
     coalesce_chunks: bool = False
+    token_interval_s: float = 0.0
     seed: int = 0
     api_key: str | None = None
     faults: Faults = Faults()
@@ -111,6 +116,10 @@ class SimSettings:
         for name in ("prefill_tokens_per_s", "decode_tokens_per_s"):
             if not getattr(self, name) > 0.0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if not self.token_interval_s >= 0.0:
+            raise ValueError(f"token_interval_s must be >= 0, got {self.token_interval_s!r}")
+        if self.token_interval_s > 0.0 and self.coalesce_chunks:
+            raise ValueError("token_interval_s paces one write per token: not with coalesce_chunks")
         if not self.batch_slowdown >= 0.0:
             raise ValueError(f"batch_slowdown must be >= 0, got {self.batch_slowdown!r}")
         if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 0:
