@@ -40,13 +40,22 @@ from typing import Any
 
 from owngate_bench.seedclient import SeedSpec, run_in_subprocess
 from owngate_bench.seedload_report import render, summarise
-from owngate_bench.seedload_targets import MODEL, NO_NGINX, TARGETS, Target, started
-from owngate_bench.services import HOST, Service, child_env, env_flag
+from owngate_bench.seedload_targets import (
+    MODEL,
+    NO_NGINX,
+    PRODUCTION,
+    TARGETS,
+    Target,
+    started,
+)
+from owngate_bench.services import HOST, Service, child_env, env_flag, histogram_quantile
 
 __all__ = ["add_arguments", "run"]
 
 FULL_RATE = 200.0  # streams per second of the seeds' GH200
 TOKENS = 115  # per stream: 200 x 115 = 23,000 tokens/s
+# what the log adds to TTFT: the dispatch record made durable before the upstream send
+DISPATCH_WAIT = "owngate_provenance_dispatch_wait_seconds"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -187,6 +196,16 @@ def _start(
     raise AssertionError("unreachable")
 
 
+def _quantiles_ms(before: dict[float, float], after: dict[float, float]) -> dict[str, float]:
+    """p50/p99 (ms) of what the gateway's histogram observed between two reads."""
+    found = {}
+    for name, q in (("p50", 0.5), ("p99", 0.99)):
+        value = histogram_quantile(before, after, q)
+        if value is not None:
+            found[name] = 1000 * value
+    return found
+
+
 def _progress(rep: int, name: str, result: dict[str, Any]) -> str:
     if "error" in result:
         return f"  rep {rep} {name:<20} failed: {result['error'][-300:]}"
@@ -232,10 +251,15 @@ def run(args: argparse.Namespace) -> int:
                     pids = {"target": target.service.proc.pid}
                     pids.update({sim.name: sim.proc.pid for sim in sims})
                     spec = _spec(settings, target.service.port, api_key, pids, seed=rep)
+                    logged = target.name == PRODUCTION
+                    before = target.service.histogram(DISPATCH_WAIT) if logged else {}
                     try:
                         result = run_in_subprocess(spec, env=child_env())
                     except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
                         result = {"error": str(exc)[-2000:]}
+                    if logged and "error" not in result:
+                        after = target.service.histogram(DISPATCH_WAIT)
+                        result["dispatch_wait_ms"] = _quantiles_ms(before, after)
                     results[target.name] = result
                     log(_progress(rep + 1, target.name, result))
                 reps.append(results)

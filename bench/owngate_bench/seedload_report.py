@@ -43,6 +43,8 @@ def _run_figures(result: Mapping[str, Any], direct: Mapping[str, Any] | None) ->
         "send_lag_p99_ms": float(result["send_lag_ms"].get("p99", math.nan)),
         "errors": float(result["errors"]),
     }
+    for name, value in result.get("dispatch_wait_ms", {}).items():
+        figures[f"dispatch_wait_{name}_ms"] = float(value)
     if direct is not None and "error" not in direct:
         figures["ttft_p99_added_ms"] = figures["ttft_p99_ms"] - float(
             direct["ttft_ms"].get("p99", math.nan)
@@ -192,6 +194,13 @@ def render(report: Mapping[str, Any]) -> str:
             f"simulator(s) {_median([r['sim_cores'] for r in runs]):.2f} core, whole machine "
             f"{_median([r['machine_cores'] for r in runs]):.2f} cores busy (medians over runs)",
         ]
+    production = summary["targets"].get("owngate+production", {}).get("median", {})
+    if "dispatch_wait_p50_ms" in production:
+        lines.append(
+            "owngate+production waits for its dispatch record to be durable (group commit, "
+            f"fsync) before the upstream send: p50 {production['dispatch_wait_p50_ms']:.1f} ms, "
+            f"p99 {production.get('dispatch_wait_p99_ms', math.nan):.1f} ms of its TTFT"
+        )
     lines += ["", "verdicts:"]
     for verdict in summary["verdicts"]:
         word = {True: "met", False: "not met", None: "not measured"}[verdict["met"]]

@@ -77,6 +77,9 @@ def test_tiny_seed_load_run_writes_the_report(tmp_path: Path) -> None:
             assert medians[key] > 0 or name == "nginx", (name, key)
         if name != "direct":
             assert math.isfinite(medians["ttft_p99_added_ms"]), name
+    # what the log adds to TTFT, from the production gateway's own histogram
+    assert rep["owngate+production"]["dispatch_wait_ms"]["p50"] > 0
+    assert "dispatch_wait_ms" not in rep["owngate"]
     verdicts = {v["id"]: v for v in report["summary"]["verdicts"]}
     assert set(verdicts) == {"production_cores", "production_ttft_p99_added"}
     assert all(v["met"] in (True, False) for v in verdicts.values())
@@ -130,8 +133,9 @@ def _report(reps: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_summary_medians_added_ttft_projection_and_verdicts() -> None:
+    logged = {**_result(0.2, 11.0), "dispatch_wait_ms": {"p50": 0.7, "p99": 3.0}}
     reps = [
-        {"direct": _result(0.2, 10.0), "owngate+production": _result(0.2, 11.0)},  # +1 ms
+        {"direct": _result(0.2, 10.0), "owngate+production": logged},  # +1 ms
         {"direct": _result(0.2, 50.0), "owngate+production": _result(0.3, 51.5)},  # +1.5 ms
         {"direct": _result(0.2, 5.0), "owngate+production": _result(0.25, 9.0)},  # +4 ms
     ]
@@ -150,6 +154,7 @@ def test_summary_medians_added_ttft_projection_and_verdicts() -> None:
     text = render(report)
     assert "owngate+production" in text and "verdicts:" in text
     assert "<= 0.5: met (0.500, projected from 0.25 of the load" in text
+    assert "before the upstream send: p50 0.7 ms, p99 3.0 ms" in text  # the one rep with it
 
 
 def test_summary_says_when_the_client_could_not_drive_the_load() -> None:
