@@ -166,6 +166,9 @@ def test_summary_says_when_the_client_could_not_drive_the_load() -> None:
     (warning,) = report["summary"]["warnings"]
     assert "could not drive this load" in warning and "--scale" in warning
     assert "warning: the load generator could not drive" in render(report)
+    late = {**_result(0.2, 10.0), "send_lag_ms": {"p99": 40.0}}
+    (warning,) = _report([{"direct": late, "owngate+production": late}])["summary"]["warnings"]
+    assert "40.0 ms late" in warning and "the machine, not the client" in warning
 
 
 def _scale_report(chat: tuple[float, float], stream: tuple[float, float]) -> dict[str, Any]:
