@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from owngate_bench.scale import FLAT_WITHIN, default_workers, flatness
+from owngate_bench.scale import FLAT_WITHIN, default_workers, flatness, median_runs
 from owngate_bench.scale import render as render_scale
 from owngate_bench.seedload_report import render, summarise
 from tests.helpers.paths import REPO_ROOT
@@ -202,3 +202,16 @@ def test_scale_flatness_verdict() -> None:
     assert "chat c=64: flat (N=1 0.400 ms, N=2 0.440 ms; N=2 1.10x)" in text
     assert "stream c=64: not flat" in text
     assert default_workers(2) == "1,2" and default_workers(16) == "1,2,4"
+
+
+def test_scale_judges_the_median_repetition() -> None:
+    reps = [
+        _scale_report(chat=(0.40, 0.60), stream=(0.8, 0.8))["runs"],
+        _scale_report(chat=(0.50, 0.44), stream=(0.8, 0.8))["runs"],
+        _scale_report(chat=(0.45, 0.46), stream=(0.8, 0.8))["runs"],
+    ]
+    runs = median_runs(reps, [1, 2])
+    assert runs["1"]["chat c=64"]["cpu_s"]["target"] == pytest.approx(0.45)
+    assert runs["2"]["chat c=64"]["cpu_s"]["target"] == pytest.approx(0.46)
+    report = {"settings": {"workers": [1, 2]}, "runs": runs}
+    assert flatness(report)[0]["flat"] is True  # one noisy rep (1.5x) does not decide

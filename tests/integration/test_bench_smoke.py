@@ -251,7 +251,8 @@ def test_scale_run_reaches_every_worker_count(tmp_path: Path) -> None:
     without errors (it waits for every worker to answer ready before measuring)."""
     out = tmp_path / "scale.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OWNGATE_BENCH_")}
-    argv = ["bench", "scale", "--workers", "1,2", "--duration", "0.5", "--json", str(out)]
+    argv = ["bench", "scale", "--workers", "1,2", "--duration", "0.5", "--reps", "2"]
+    argv += ["--json", str(out)]
     proc = subprocess.run(
         [sys.executable, "-m", "gateway", *argv],
         cwd=REPO_ROOT,
@@ -265,6 +266,7 @@ def test_scale_run_reaches_every_worker_count(tmp_path: Path) -> None:
     report: dict[str, Any] = json.loads(out.read_text())
     assert report["schema"] == "owngate.bench.scale/1"
     assert sorted(report["runs"]) == ["1", "2"]
+    assert len(report["reps"]) == 2 and all(sorted(rep) == ["1", "2"] for rep in report["reps"])
     for workers, loads in report["runs"].items():
         assert sorted(loads) == ["chat c=64", "stream c=64"], workers
         for name, result in loads.items():
