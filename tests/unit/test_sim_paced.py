@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+from collections.abc import MutableMapping
 from typing import Any
 
 import orjson
@@ -46,7 +47,7 @@ async def _stream(
         await left.wait()
         return {"type": "http.disconnect"}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         if message["type"] == "http.response.body":
             writes.append((clock.now(), message["body"]))
             if leave_after is not None and len(writes) == leave_after:
