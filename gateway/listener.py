@@ -41,7 +41,7 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
 
 Every refusal is a JSON OpenAI error object with `connection: close`; then the write side
 is shut and what the client still sends is read and dropped for a bounded time
-(`_LINGER_S`, `_LINGER_BYTES`), because closing with unread bytes resets the connection
+(`LINGER_S`, `LINGER_BYTES`), because closing with unread bytes resets the connection
 and can destroy the answer before the client reads it. Refusals are counted and logged
 as one `listener limits enforced` line at most every `_LOG_EVERY_S`, never per event.
 
@@ -74,16 +74,26 @@ if TYPE_CHECKING:
     from gateway.config.schema import ListenSettings
 
 __all__ = [
+    "LINGER_BYTES",
+    "LINGER_S",
+    "NO_TRAILERS",
+    "NO_UPGRADE",
     "LimitedHttpProtocol",
     "ListenerLimits",
+    "Refusal",
+    "Refusals",
     "derived_max_connections",
+    "framing_message",
     "http_protocol",
+    "refusal_answer",
+    "too_long_message",
+    "too_many_message",
 ]
 
 _FD_HEADROOM = 64  # descriptors kept for log files, Redis, the listening socket, ...
 _MAX_DERIVED_CONNECTIONS = 4096  # a head in progress holds up to ~max_header_bytes
-_LINGER_S = 2.0  # after a refusal: how long what the client still sends is dropped
-_LINGER_BYTES = 1 << 20  # ... and how much of it, at most
+LINGER_S = 2.0  # after a refusal: how long what the client still sends is dropped
+LINGER_BYTES = 1 << 20  # ... and how much of it, at most
 _LOG_EVERY_S = 10.0
 
 
@@ -123,7 +133,7 @@ class ListenerLimits:
         )
 
 
-class _Refusals:
+class Refusals:
     """What one listener refused, by reason, logged at most every `_LOG_EVERY_S`: an
     attacker opening connections must not be able to flood the log."""
 
@@ -139,7 +149,7 @@ class _Refusals:
             self._log.warning("listener limits enforced", latest=reason, totals=dict(self.totals))
 
 
-class _Refusal(Exception):
+class Refusal(Exception):
     """Raised in a parser callback to stop parsing; `data_received` answers it."""
 
     def __init__(self, code: ErrorCode, reason: str, message: str) -> None:
@@ -153,7 +163,7 @@ def http_protocol(listen: ListenSettings) -> type[LimitedHttpProtocol]:
     """The protocol class for one server: `LimitedHttpProtocol` bound to the limits of
     `listen` and to its own refusal counts."""
     limits = ListenerLimits.from_config(listen)
-    namespace: dict[str, Any] = {"limits": limits, "refusals": _Refusals()}
+    namespace: dict[str, Any] = {"limits": limits, "refusals": Refusals()}
     return type("OwngateHttpProtocol", (LimitedHttpProtocol,), namespace)
 
 
@@ -161,7 +171,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with owngate's limits; use `http_protocol(listen)`."""
 
     limits: ClassVar[ListenerLimits]
-    refusals: ClassVar[_Refusals]
+    refusals: ClassVar[Refusals]
 
     def __init__(
         self,
@@ -220,7 +230,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
             refusal = exc.__context__
-            if isinstance(refusal, _Refusal):
+            if isinstance(refusal, Refusal):
                 self._refuse(refusal.code, refusal.reason, refusal.message)
             else:  # uvicorn's own callbacks rejected the head (e.g. an unparsable URL)
                 self._refuse(ErrorCode.invalid_request, "framing", "Invalid HTTP request.")
@@ -228,22 +238,24 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         except httptools.HttpParserUpgrade:
             # Refused in `on_headers_complete`; should the parser still stop here, the
             # bytes after the head must never be parsed as a request of their own.
-            self._refuse(ErrorCode.invalid_request, "upgrade", _NO_UPGRADE)
+            self._refuse(ErrorCode.invalid_request, "upgrade", NO_UPGRADE)
             return
         except httptools.HttpParserError as exc:
-            self._refuse(ErrorCode.invalid_request, "framing", _framing_message(exc))
+            self._refuse(ErrorCode.invalid_request, "framing", framing_message(exc))
             return
         if self._in_head:
             if self._head_begun:  # a head is still arriving
                 limit = self.limits.max_header_bytes
                 if self._head_bytes > limit:
-                    self._refuse(ErrorCode.headers_too_large, "header_bytes", _too_long(limit))
+                    self._refuse(
+                        ErrorCode.headers_too_large, "header_bytes", too_long_message(limit)
+                    )
                 elif self._head_timer is None:
                     self._head_timer = self.loop.call_later(
                         self.limits.header_timeout_s, self._head_late
                     )
         else:  # a body is still arriving
-            if in_body and self._framing_too_long():
+            if in_body and self._framingtoo_long_message():
                 return
             if self._body_timer is None:
                 self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
@@ -260,11 +272,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             # headers after the app has read them (a label or key "arriving" after the
             # policy looked). Dropping them would read a label sent there as "no label":
             # a request with trailer fields is refused (OpenAI clients send none).
-            raise _Refusal(
-                ErrorCode.invalid_request,
-                "trailers",
-                "Trailer fields are not accepted; send every header before the body.",
-            )
+            raise Refusal(ErrorCode.invalid_request, "trailers", NO_TRAILERS)
         super().on_header(name, value)
 
     def on_body(self, body: bytes) -> None:
@@ -274,21 +282,19 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         limits = self.limits
         if len(self.headers) > limits.max_headers:
-            raise _Refusal(
-                ErrorCode.headers_too_large,
-                "header_count",
-                f"The request has more than {limits.max_headers} header fields.",
+            raise Refusal(
+                ErrorCode.headers_too_large, "header_count", too_many_message(limits.max_headers)
             )
         if self.parser.should_upgrade():
             # The gateway speaks no other protocol (`ws="none"`). Served as plain HTTP, the
             # parser would stop at the head: its body would be read later as a request of
             # its own (one with its own key and labels, smuggled past a proxy in front).
-            raise _Refusal(ErrorCode.invalid_request, "upgrade", _NO_UPGRADE)
+            raise Refusal(ErrorCode.invalid_request, "upgrade", NO_UPGRADE)
         limit = limits.max_header_bytes
         # `_head_bytes` is exact for a head that spans reads, and an upper bound when
         # it ends inside a read (body bytes follow it): count exactly only then.
         if (self._head_bytes > limit or self._read_len > limit) and self._head_size() > limit:
-            raise _Refusal(ErrorCode.headers_too_large, "header_bytes", _too_long(limit))
+            raise Refusal(ErrorCode.headers_too_large, "header_bytes", too_long_message(limit))
         super().on_headers_complete()  # may raise too (a URL it cannot parse): still a head
         self._in_head = self._head_begun = False
         if self._head_timer is not None:
@@ -304,7 +310,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self._body_timer = None
         super().on_message_complete()
 
-    def _framing_too_long(self) -> bool:
+    def _framingtoo_long_message(self) -> bool:
         """Refuse (431) a chunked body whose bytes between body data grow past the head
         limit: a chunk-size line, its extensions or trailer fields the parser would
         otherwise buffer without bound. Body bytes start the count over, so many small
@@ -380,31 +386,38 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             scope[REFUSAL_SCOPE_KEY] = GatewayError(code, message)
             cycle.disconnected = True
             cycle.message_event.set()
-        self.transport.write(_answer(code, message, self.server_state.default_headers))
+        self.transport.write(refusal_answer(code, message, self.server_state.default_headers))
         self._linger()
 
     def _linger(self) -> None:
         """Send the answer and EOF, then drop what the client still sends (bounded):
         closing with unread bytes would reset the connection, and a reset can destroy
         the answer before the client reads it."""
-        self._linger_left = _LINGER_BYTES
+        self._linger_left = LINGER_BYTES
         self.flow.resume_reading()
         if self.transport.can_write_eof():
             self.transport.write_eof()
-        self._linger_timer = self.loop.call_later(_LINGER_S, self.transport.close)
+        self._linger_timer = self.loop.call_later(LINGER_S, self.transport.close)
 
 
-_NO_UPGRADE = (
+NO_UPGRADE = (
     "Protocol upgrades (Upgrade with Connection: upgrade, CONNECT) are not supported; "
     "send the request as plain HTTP/1.1."
 )
 
 
-def _too_long(limit: int) -> str:
+NO_TRAILERS = "Trailer fields are not accepted; send every header before the body."
+
+
+def too_many_message(limit: int) -> str:
+    return f"The request has more than {limit} header fields."
+
+
+def too_long_message(limit: int) -> str:
     return f"The request's header fields exceed {limit} bytes."
 
 
-def _framing_message(exc: httptools.HttpParserError) -> str:
+def framing_message(exc: httptools.HttpParserError) -> str:
     # llhttp's reasons are fixed strings ("Invalid header token"), never client bytes;
     # keep only what looks like one.
     reason = str(exc)
@@ -413,7 +426,9 @@ def _framing_message(exc: httptools.HttpParserError) -> str:
     return f"Invalid HTTP request received: {reason}."
 
 
-def _answer(code: ErrorCode, message: str, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+def refusal_answer(
+    code: ErrorCode, message: str, default_headers: list[tuple[bytes, bytes]]
+) -> bytes:
     body = error_body(code, message)
     lines = [STATUS_LINE[code.status]]
     lines.extend(name + b": " + value + b"\r\n" for name, value in default_headers)

@@ -28,7 +28,7 @@ from gateway.sim import SimSettings, create_sim_app
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import ADMIN, Gateway, Sim, backend, gateway_config
 from tests.helpers.net import free_port
-from tests.helpers.prerequisites import real_backend, redis_binary
+from tests.helpers.prerequisites import real_backend, real_smollm2, redis_binary
 from tests.helpers.processes import KEY, GatewayProcess
 from tests.helpers.raw_backend import Answer, RawBackend
 from tests.helpers.real_backend.server import LlamaServer, running_llama_server
@@ -128,6 +128,23 @@ def real_llamacpp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaSer
         yield server
 
 
+@pytest.fixture(scope="session")
+def real_smollm2_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    """A running llama-server with the real SmolLM2-135M-Instruct (F16), alias ``smollm2``,
+    one slot of 2048 tokens (marker `real_backend`; loading takes a few seconds)."""
+    installation = real_smollm2()
+    assert installation.smollm2_model is not None
+    with running_llama_server(
+        installation,
+        model=installation.smollm2_model,
+        alias="smollm2",
+        slots=1,
+        ctx_size=2048,
+        log_dir=tmp_path_factory.mktemp("llama-server-smollm2"),
+    ) as server:
+        yield server
+
+
 @pytest.fixture
 def process(
     start_sim: Callable[..., Sim], tmp_path: Path
@@ -165,7 +182,11 @@ def process(
 
 
 # A fixture that needs something outside the Python environment -> the marker of its group.
-MARKED_FIXTURES = {"redis_server": "redis", "real_llamacpp": "real_backend"}
+MARKED_FIXTURES = {
+    "redis_server": "redis",
+    "real_llamacpp": "real_backend",
+    "real_smollm2_server": "real_backend",
+}
 # Fixtures that open sockets or start processes: integration tests only (tests/README.md).
 INTEGRATION_FIXTURES = {
     "start_sim",
@@ -189,7 +210,8 @@ def _imports_owngate_bench(module: ModuleType) -> bool:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test using `redis_server` or `real_llamacpp` carries its group's marker, so
+    """Every test using `redis_server`, `real_llamacpp` or `real_smollm2_server` carries its
+    group's marker, so
     `-m "not <marker>"` deselects all of them (the marker's prerequisite may be absent);
     every test in a module that imports `owngate_bench` is a `bench` test; no unit test
     uses a fixture that opens a socket or starts a process."""

@@ -2,17 +2,20 @@
 gateway, and via a gateway and a sidecar, side by side.
 
 `owngate bench attest` starts one zero-latency simulator (so the sidecar's and gateway's
-own work is what the latency shows), two sidecars in front of it (one taking requests
-directly, one behind a gateway: each sidecar's log then holds exactly one party's
-traffic) and two gateways with the provenance log on: `gateway` to the simulator,
-`gateway+sidecar` to the second sidecar, attested. Each target gets the same closed-loop
-load (whole answers, concurrency 1 by default: latency, not throughput), in turn, with
-the load generator in its own process. Reported: p50/p99 latency per target, the p50
-the sidecar adds (via sidecar - direct; gateway+sidecar - gateway) and the sidecar's CPU
-per request (from /proc). The issue's targets: <= 0.3 ms p50 added, <= 100 µs CPU per
-request. At the end the gateway's log is audited against the sidecar's (`owngate audit
-verify --backend-key --attest-log`). On a shared machine the figures move; the command
-prints how busy the machine was.
+own work is what the latency shows) or, with `--backend real`, a real llama.cpp
+`llama-server` with the tiny test model (`--real-dir`, default `$OWNGATE_REAL_BACKEND_DIR`
+or `.real-backend/`, as `tests/helpers/real_backend/setup.sh` installs it; answers of
+REAL_MAX_TOKENS tokens). In front of it: two sidecars (one taking requests directly, one
+behind a gateway: each sidecar's log then holds exactly one party's traffic) and two
+gateways with the provenance log on: `gateway` to the backend, `gateway+sidecar` to the
+second sidecar, attested. Each target gets the same closed-loop load (whole answers,
+concurrency 1 by default: latency, not throughput), in turn, with the load generator in
+its own process. Reported: p50/p99 latency per target, the p50 the sidecar adds (via
+sidecar - direct; gateway+sidecar - gateway) and the sidecar's CPU per request (from
+/proc). The issue's targets: <= 0.3 ms p50 added, <= 100 µs CPU per request. At the end
+the gateway's log is audited against the sidecar's (`owngate audit verify --backend-key
+--attest-log`). On a shared machine the figures move; the command prints how busy the
+machine was.
 
 Exit codes: 0 ran cleanly (targets are reported, not enforced); 1 a load point failed or
 the audit did not pass; 2 usage.
@@ -48,6 +51,13 @@ __all__ = ["TARGETS", "add_arguments", "run"]
 
 MODEL = "bench-model"
 ORIGIN = "bench.owngate/attest"
+# Every process stays in the benchmark's session (its own process group still): where the
+# kernel schedules by session (Linux autogroup) and other sessions keep the CPUs busy,
+# each hop between processes in different sessions waited milliseconds for its group's
+# turn, which measured the scheduler rather than the sidecar (+0.7-1.0 ms p50 via sidecar
+# in separate sessions, +0.2-0.3 ms in one, the same build, same hour).
+_SESSION = {"own_session": False}
+REAL_MAX_TOKENS = 4  # a real server's answers: short, so the run measures the relay
 TARGETS = ("direct", "sidecar", "gateway", "gateway+sidecar")
 ADDED_P50_MS = 0.3
 SIDECAR_CPU_US = 100.0
@@ -59,6 +69,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream", action="store_true", help="streamed answers instead")
     parser.add_argument("--quick", action="store_true", help="a short run, for smoke tests")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--backend",
+        choices=("sim", "real"),
+        default="sim",
+        help="behind the sidecars: the zero-latency simulator (sim) or a real llama-server "
+        "with the tiny test model (real)",
+    )
+    parser.add_argument(
+        "--real-dir",
+        type=Path,
+        default=None,
+        help="where setup.sh installed llama-server (default: $OWNGATE_REAL_BACKEND_DIR, "
+        "else .real-backend)",
+    )
+
+
+def _real_dir(args: argparse.Namespace) -> Path:
+    if args.real_dir is not None:
+        return Path(args.real_dir)
+    return Path(os.environ.get("OWNGATE_REAL_BACKEND_DIR") or ".real-backend")
+
+
+def _backend(rundir: Path, args: argparse.Namespace, env: dict[str, str]) -> Service:
+    """The server behind everything: the zero-latency simulator, or llama-server."""
+    port = free_port()
+    if args.backend == "sim":
+        argv = owngate_argv("sim", "--host", HOST, "--port", str(port), "--model", MODEL)
+        return Service.start("sim", [*argv, "--zero-latency"], env, rundir, port, **_SESSION)
+    root = _real_dir(args)
+    binary = root / "bin" / "llama-server"
+    # The prebuilt finds its libraries beside the real file, not beside a link to it.
+    libs = str(binary.resolve().parent)
+    env = {
+        **env,
+        "LD_LIBRARY_PATH": os.pathsep.join(filter(None, (libs, env.get("LD_LIBRARY_PATH")))),
+    }
+    argv = [
+        str(binary),
+        *("--model", str(root / "models" / "tiny" / "tiny-llama.gguf"), "--alias", MODEL),
+        *("--host", HOST, "--port", str(port), "--parallel", str(max(1, args.concurrency))),
+        *("--ctx-size", str(512 * max(1, args.concurrency)), "--threads", "1"),
+        *("--device", "none", "--no-webui"),
+    ]
+    return Service.start("llama-server", argv, env, rundir, port, **_SESSION)
 
 
 def _gateway_config(port: int, backend_url: str, key_hash: str, rundir: Path, name: str) -> str:
@@ -83,8 +137,8 @@ def _gateway_config(port: int, backend_url: str, key_hash: str, rundir: Path, na
 
 
 @contextlib.contextmanager
-def _started(rundir: Path, api_key: str) -> Iterator[dict[str, Service]]:
-    """The simulator, the two sidecars and the two gateways, ready; stopped at the end."""
+def _started(rundir: Path, api_key: str, args: argparse.Namespace) -> Iterator[dict[str, Service]]:
+    """The backend, the two sidecars and the two gateways, ready; stopped at the end."""
     from gateway.provenance import write_signing_key  # the auditor's package, light
 
     env = child_env()
@@ -92,26 +146,23 @@ def _started(rundir: Path, api_key: str) -> Iterator[dict[str, Service]]:
     write_signing_key(rundir / "log.key", ORIGIN)
     key_hash = "sha256:" + hashlib.sha256(api_key.encode()).hexdigest()
     try:
-        sim_port = free_port()
-        argv = ["sim", "--host", HOST, "--port", str(sim_port), "--model", MODEL]
-        sim = Service.start("sim", owngate_argv(*argv, "--zero-latency"), env, rundir, sim_port)
-        services["direct"] = sim
+        sim = services["direct"] = _backend(rundir, args, env)
         for name in ("sidecar", "sidecar-gw"):
             vkey = write_signing_key(rundir / f"{name}.key", name)
             (rundir / f"{name}.vkey").write_text(vkey + "\n")
             port = free_port()
             argv = ["attest", "--listen", f"{HOST}:{port}", "--backend", sim.url]
             argv += ["--key", str(rundir / f"{name}.key"), "--log", str(rundir / f"{name}-log")]
-            services[name] = Service.start(name, owngate_argv(*argv), env, rundir, port)
+            services[name] = Service.start(name, owngate_argv(*argv), env, rundir, port, **_SESSION)
         for name, upstream in (("gateway", sim), ("gateway+sidecar", services["sidecar-gw"])):
             port = free_port()
             config = rundir / f"{name.replace('+', '-')}.yaml"
             config.write_text(_gateway_config(port, upstream.url, key_hash, rundir, name))
             argv = owngate_argv("serve", "--config", str(config))
-            services[name] = Service.start(name, argv, env, rundir, port)
+            services[name] = Service.start(name, argv, env, rundir, port, **_SESSION)
         auth = {"Authorization": f"Bearer {api_key}"}
         for name, service in services.items():
-            service.wait_ready("/v1/models", auth if name.startswith("gateway") else {}, 30.0)
+            service.wait_ready("/v1/models", auth if name.startswith("gateway") else {}, 60.0)
             if name.startswith("gateway"):
                 service.wait_backend_available("sim", 30.0)
         yield services
@@ -143,6 +194,7 @@ def _measure(
             warmup_s=0.2 if args.quick else 1.0,
             warmup_requests=50 if args.quick else 500,
             cpu_pids=pids,
+            max_tokens=REAL_MAX_TOKENS if args.backend == "real" else LoadSpec.max_tokens,
         )
         try:
             results[target] = run_in_subprocess(spec, env=child_env())
@@ -205,7 +257,7 @@ def _audit(rundir: Path) -> str | None:
 def _render(report: Mapping[str, Any]) -> str:
     lines = [
         f"owngate bench attest: concurrency {report['concurrency']}, "
-        f"{'streams' if report['stream'] else 'whole answers'}, zero-latency simulator; "
+        f"{'streams' if report['stream'] else 'whole answers'}, {report['backend_name']}; "
         f"the machine was {report['machine_busy']:.0%} busy (shared machines move these)",
         f"  {'target':<17} {'requests':>8} {'p50 ms':>8} {'p99 ms':>8} {'sidecar CPU/req':>16}",
     ]
@@ -231,10 +283,17 @@ def run(args: argparse.Namespace) -> int:
     if args.concurrency < 1 or args.duration <= 0:
         print("owngate bench attest: --concurrency >= 1 and --duration > 0", file=sys.stderr)
         return 2
+    if args.backend == "real" and not (_real_dir(args) / "bin" / "llama-server").exists():
+        print(
+            f"owngate bench attest: no llama-server in {_real_dir(args)}/bin (install it with "
+            "tests/helpers/real_backend/setup.sh, or pass --real-dir)",
+            file=sys.stderr,
+        )
+        return 2
     api_key = "sk-bench-" + secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="owngate-bench-attest-") as tmp:
         rundir = Path(tmp)
-        with _started(rundir, api_key) as services:
+        with _started(rundir, api_key, args) as services:
             busy, started = machine_busy_seconds(), time.monotonic()
             results = _measure(services, api_key, args)
             busy = (machine_busy_seconds() - busy) / max(time.monotonic() - started, 1e-9)
@@ -242,6 +301,10 @@ def run(args: argparse.Namespace) -> int:
     report = {
         "concurrency": args.concurrency,
         "stream": args.stream,
+        "backend": args.backend,
+        "backend_name": "zero-latency simulator"
+        if args.backend == "sim"
+        else f"llama-server (tiny model, {REAL_MAX_TOKENS} tokens)",
         "machine_busy": busy / max(_cores(), 1),
         **_figures(results),
         "audit": audit,

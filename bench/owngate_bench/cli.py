@@ -56,6 +56,12 @@ VERBS: dict[str, tuple[str, str]] = {
         "p50/p99 of a trust-policy decision, cached and uncached, on the shipped "
         "examples and a large synthetic set",
     ),
+    "workloads": (
+        "workloads",
+        "the seeds' workload suites (chat, RAG, office, long context, rate sweep) on a "
+        "real llama-server or a GH200-class simulator: direct vs owngate plain vs "
+        "production, interleaved repetitions, ratios and verdicts; real-server routing",
+    ),
     "state": (
         "state",
         "what shared state (memory, and Redis when given a URL) adds to each request's "

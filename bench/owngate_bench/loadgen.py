@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import math
 import random
@@ -32,66 +31,13 @@ from typing import Any, cast
 import httptools
 import orjson
 
+from owngate_bench.loadspec import LoadSpec
 from owngate_bench.services import machine_busy_seconds, tree_cpu_seconds
 
 __all__ = ["LoadSpec", "main", "percentiles", "run_in_subprocess"]
 
 _MAX_SAMPLES = 5  # error samples kept per run
 _SAMPLE_BYTES = 300
-
-
-@dataclasses.dataclass(frozen=True)
-class LoadSpec:
-    """One load point against one target."""
-
-    host: str
-    port: int
-    api_key: str
-    model: str
-    stream: bool
-    concurrency: int
-    duration_s: float
-    max_tokens: int = 16
-    # Each request asks for max_tokens +- this (uniform, seeded per connection): answers of
-    # varied length, as real ones are, so closed-loop clients do not run in lockstep.
-    max_tokens_spread: int = 0
-    path: str = "/v1/chat/completions"
-    max_requests: int | None = None
-    warmup_s: float = 0.5
-    warmup_requests: int = 2000
-    grace_s: float = 30.0  # how long in-flight requests may run past the deadline
-    cpu_pids: Mapping[str, int] = dataclasses.field(default_factory=dict)
-
-    @classmethod
-    def from_json(cls, raw: str | bytes) -> LoadSpec:
-        data = json.loads(raw)
-        if not isinstance(data, dict):
-            raise ValueError("load spec must be a JSON object")
-        names = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"unknown load spec keys: {', '.join(unknown)}")
-        return cls(**data)
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    def request_bytes(self, max_tokens: int | None = None) -> bytes:
-        payload: dict[str, Any] = {
-            "model": self.model,
-            "messages": [{"role": "user", "content": "hello"}],
-            "max_tokens": self.max_tokens if max_tokens is None else max_tokens,
-        }
-        if self.stream:
-            payload["stream"] = True
-        body = orjson.dumps(payload)
-        head = (
-            f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-            f"Authorization: Bearer {self.api_key}\r\nContent-Type: application/json\r\n"
-            f"Accept: {'text/event-stream' if self.stream else 'application/json'}\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        )
-        return head.encode("ascii") + body
 
 
 def percentiles(

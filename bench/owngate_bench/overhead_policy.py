@@ -18,6 +18,7 @@ each call, the garbage collector off while timing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ __all__ = [
     "POLICY_SET_ID",
     "decision_cost",
     "write_policy_config",
+    "write_policy_dir",
 ]
 
 HOSTED_KEY_ENV = "BENCH_HOSTED_KEY"
@@ -93,18 +95,15 @@ def write_policy_config(
     closed_port: int,
     model: str,
     key_hash: str,
+    more: Mapping[str, int] | None = None,
 ) -> Path:
     """Write `owngate-policy.yaml` and its `policies/` directory; return the config's path.
 
     `closed_port` should have nothing listening: the `us-east-1` backend there is
-    excluded by the policy and must never be reached.
+    excluded by the policy and must never be reached. `more` maps further models to the
+    ports of their simulators (backend `sim-MODEL`, EU, zero retention, like `sim`).
     """
-    policies = directory / POLICY_DIR
-    policies.mkdir(parents=True, exist_ok=True)
-    for stale in policies.glob("*.yaml"):
-        stale.unlink()
-    (policies / "policy-set.yaml").write_text(_POLICY_SET)
-    (policies / f"{POLICY_ID}.yaml").write_text(_POLICY)
+    write_policy_dir(directory)
     zero = "{days: 0, zero_data_retention: true}"
     config = directory / "owngate-policy.yaml"
     config.write_text(
@@ -115,7 +114,13 @@ def write_policy_config(
         f"  - {{id: sim, kind: vllm, base_url: 'http://{host}:{sim_port}',\n"
         f"     models: [{{name: {model}}}], region: eu-west-1, owner: bench,\n"
         f"     retention: {zero}}}\n"
-        f"  - {{id: sim-us, kind: vllm, base_url: 'http://{host}:{closed_port}',\n"
+        + "".join(
+            f"  - {{id: sim-{name}, kind: vllm, base_url: 'http://{host}:{other}',\n"
+            f"     models: [{{name: {name}}}], region: eu-west-1, owner: bench,\n"
+            f"     retention: {zero}}}\n"
+            for name, other in (more or {}).items()
+        )
+        + f"  - {{id: sim-us, kind: vllm, base_url: 'http://{host}:{closed_port}',\n"
         f"     models: [{{name: {model}}}], region: us-east-1, owner: bench,\n"
         f"     retention: {zero}}}\n"
         f"  - {{id: hosted-eu, kind: hosted, provider: openai, owner: openai,\n"
@@ -127,6 +132,18 @@ def write_policy_config(
         "admin: {allow_loopback: true, listen: null}\n"  # reads /admin/status; no admin API
     )
     return config
+
+
+def write_policy_dir(directory: Path) -> Path:
+    """Write the generated policy set into `directory/policies` (replacing what is there).
+    Its policy names `hosted-eu` as the fallback: a config using it must declare it."""
+    policies = directory / POLICY_DIR
+    policies.mkdir(parents=True, exist_ok=True)
+    for stale in policies.glob("*.yaml"):
+        stale.unlink()
+    (policies / "policy-set.yaml").write_text(_POLICY_SET)
+    (policies / f"{POLICY_ID}.yaml").write_text(_POLICY)
+    return policies
 
 
 def decision_cost(config_path: Path, calls: int) -> dict[str, Any]:

@@ -17,9 +17,24 @@ from typing import Any
 
 __all__ = ["DECISION_P99_BUDGET_US", "evaluate_checks", "policy_comparison", "render"]
 
-_COLUMNS = ("direct", "owngate", "owngate+policy", "litellm")
-_HEADERS = {"owngate+policy": "og+policy"}
+_COLUMNS = (
+    "direct",
+    "nginx",
+    "owngate",
+    "owngate+policy",
+    "owngate+tracing",
+    "owngate+accesslog",
+    "owngate+production",
+    "litellm",
+)
+_HEADERS = {
+    "owngate+policy": "og+policy",
+    "owngate+tracing": "og+trace",
+    "owngate+accesslog": "og+alog",
+    "owngate+production": "og+prod",
+}
 _POLICY = "owngate+policy"
+_PROD = "owngate+production"
 DECISION_P99_BUDGET_US = 20.0
 """The trust-policy issue's budget for one decision, cached or not (`owngate bench policy`)."""
 
@@ -190,7 +205,11 @@ def _num(value: float | None, digits: int = 0) -> str:
 
 
 def _cpu_per(result: Mapping[str, Any], stream: bool) -> float | None:
-    """Server CPU ms per request, or per 1,000 chunks for streams."""
+    """Server CPU ms per request, or per 1,000 chunks (= µs per chunk) for streams: the
+    median of the repetitions' own figures when the result has them."""
+    derived = result.get("cpu_us_per_chunk" if stream else "cpu_ms_per_req")
+    if derived is not None:
+        return float(derived)
     cpu = result.get("cpu_s", {}).get("target")
     count = result.get("chunks", 0) / 1000 if stream else result.get("requests", 0)
     return cpu * 1000 / count if cpu is not None and count else None
@@ -201,14 +220,16 @@ def _other_cpu(result: Mapping[str, Any]) -> float | None:
     cpu = result.get("cpu_s", {})
     if "machine" not in cpu or not result.get("elapsed_s"):
         return None
-    ours = cpu.get("target", 0.0) + cpu.get("sim", 0.0) + result.get("client_cpu_s", 0.0)
+    ours = sum(v for k, v in cpu.items() if k != "machine") + result.get("client_cpu_s", 0.0)
     return max(0.0, 100 * float(cpu["machine"] - ours) / float(result["elapsed_s"]))
 
 
-def _metrics(row: Mapping[str, Any]) -> list[tuple[str, dict[str, float | None], int]]:
+def _metrics(
+    row: Mapping[str, Any], columns: Sequence[str]
+) -> list[tuple[str, dict[str, float | None], int]]:
     """(label, {target: value}, decimals) lines of one load point."""
     stream = bool(row["stream"])
-    results = {t: _ok(row, t) for t in _COLUMNS}
+    results = {t: _ok(row, t) for t in columns}
     base = results["direct"]
     lat_key = "ttft_ms" if stream else "latency_ms"
     lines: list[tuple[str, dict[str, float | None], int]] = []
@@ -226,7 +247,7 @@ def _metrics(row: Mapping[str, Any]) -> list[tuple[str, dict[str, float | None],
         line(f"added {label} p50 ms", lambda r: r[lat_key]["p50"] - base[lat_key]["p50"], 2)
         lines[-1][1]["direct"] = None
     line(
-        "server cpu ms/1k chunks" if stream else "server cpu ms/req",
+        "server cpu us/chunk" if stream else "server cpu ms/req",
         lambda r: _cpu_per(r, stream),
         3,
     )
@@ -237,50 +258,64 @@ def _metrics(row: Mapping[str, Any]) -> list[tuple[str, dict[str, float | None],
     return lines
 
 
-def _ratio_cell(value: float | None) -> str:
-    return f"{'-' if value is None else f'{value:.3g}':>11}"
+def _ratio_cell(value: float | None, width: int = 11) -> str:
+    return f"{'-' if value is None else f'{value:.3g}':>{width}}"
+
+
+def _columns(report: Mapping[str, Any]) -> list[str]:
+    """The targets that ran, in the table's order (direct, owngate and policy always)."""
+    ran = {t for row in report["points"] for t in row["results"]}
+    return [t for t in _COLUMNS if t in ran or t in ("direct", "owngate", _POLICY)]
 
 
 def render(report: Mapping[str, Any]) -> str:
     """The side-by-side table, errors, the policy comparison and costs, and the checks."""
-    machine, versions = report["machine"], report["versions"]
+    machine, versions, settings = report["machine"], report["versions"], report["settings"]
+    reps = settings.get("reps", 1)
+    busy = ""
+    if "loadavg_at_start" in machine:
+        busy = f", load average {machine['loadavg_at_start'][0]:.2f} at start"
+        if "loadavg_at_end" in machine:
+            busy += f", {machine['loadavg_at_end'][0]:.2f} at end"
+    columns = _columns(report)
     out = [
-        f"owngate {versions['owngate']} overhead benchmark: {machine['cpu_count']} CPUs, "
-        f"Python {machine['python']}, litellm {versions.get('litellm') or '-'}, "
-        f"{report['settings']['duration_s']:g}s per point, one worker each",
-        "ratios og/... are owngate ÷ column, pol/og is owngate+policy ÷ owngate; "
-        "server cpu = the target's process tree (direct: the simulator)",
-        *(
-            ["QUICK RUN: too short for its numbers to mean much"]
-            if report["settings"]["quick"]
-            else []
-        ),
+        f"owngate {versions['owngate']} overhead benchmark: {machine['cpu_count']} CPUs"
+        f"{busy}, Python {machine['python']}, litellm {versions.get('litellm') or '-'}, "
+        f"{settings['duration_s']:g}s per point, one worker each, "
+        f"medians of {reps} interleaved repetition{'s' * (reps != 1)}",
+        "ratios: og/... = owngate ÷ column, pol/og = og+policy ÷ owngate, prod/og = "
+        "og+production ÷ owngate; server cpu = the target's process tree (direct: the "
+        "simulator); other cpu = the rest of the machine (other people's work)",
+        *(["QUICK RUN: too short for its numbers to mean much"] if settings["quick"] else []),
         "",
-        f"{'load':<12} {'metric':<24}"
-        + "".join(f"{_HEADERS.get(t, t):>11}" for t in _COLUMNS)
-        + f"{'og/direct':>11}{'og/litellm':>11}{'pol/og':>11}",
+        f"{'load':<16} {'metric':<24}"
+        + "".join(f"{_HEADERS.get(t, t):>10}" for t in columns)
+        + f"{'og/direct':>10}{'og/litellm':>11}{'pol/og':>8}{'prod/og':>8}",
     ]
     for row in report["points"]:
         name = row["name"]
-        for label, values, digits in _metrics(row):
-            og, pol = values["owngate"], values[_POLICY]
-            ratios = [_ratio(og, values[t]) for t in ("direct", "litellm")]
-            ratios.append(
-                _ratio(pol, og) if pol is not None and og is not None and og > 0 else None
-            )
+        for label, values, digits in _metrics(row, columns):
+            og = values.get("owngate")
+            ratios = [_ratio(og, values.get(t)) for t in ("direct", "litellm")]
+            for other in (_POLICY, _PROD):
+                mine = values.get(other)
+                ok = mine is not None and og is not None and og > 0 and mine > 0
+                ratios.append(_ratio(mine, og) if ok else None)
             if label.startswith(("added", "client", "other")):
                 ratios[:2] = [None, None]
-            if label.startswith(("client", "other")) or (pol is not None and pol <= 0):
-                ratios[2] = None
-            cells = "".join(f"{_num(values[t], digits):>11}" for t in _COLUMNS)
-            out.append(f"{name:<12} {label:<24}{cells}{''.join(map(_ratio_cell, ratios))}")
+            if label.startswith(("client", "other")):
+                ratios[2:] = [None, None]
+            cells = "".join(f"{_num(values[t], digits):>10}" for t in columns)
+            widths = (10, 11, 8, 8)
+            tail = "".join(_ratio_cell(r, w) for r, w in zip(ratios, widths, strict=True))
+            out.append(f"{name:<16} {label:<24}{cells}{tail}")
             name = ""
         for target, result in row["results"].items():
             if "error" in result:
-                out.append(f"{'':<12} {target} failed: {result['error'][:200]}")
+                out.append(f"{'':<16} {target} failed: {result['error'][:200]}")
             elif result.get("errors"):
                 kinds = ", ".join(f"{k}={v}" for k, v in result["error_kinds"].items())
-                out.append(f"{'':<12} {target}: {result['errors']} errors ({kinds})")
+                out.append(f"{'':<16} {target}: {result['errors']} errors ({kinds})")
     for target, entry in report["targets"].items():
         if "error" in entry:
             out.append(f"{target} did not run: {entry['error'][:500]}")

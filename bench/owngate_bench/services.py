@@ -113,8 +113,19 @@ class Service:
 
     @classmethod
     def start(
-        cls, name: str, argv: list[str], env: Mapping[str, str], logdir: Path, port: int
+        cls,
+        name: str,
+        argv: list[str],
+        env: Mapping[str, str],
+        logdir: Path,
+        port: int,
+        *,
+        own_session: bool = True,
     ) -> Service:
+        """Start `argv` in a process group of its own (stopped as a whole). With
+        `own_session` (the default) also in a session of its own; without it, it stays in
+        the benchmark's session, and so, where the kernel groups scheduling by session
+        (autogroup), in the benchmark's scheduling group, beside its load generator."""
         log = logdir / f"{name}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
@@ -123,7 +134,8 @@ class Service:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=dict(env),
-                start_new_session=True,
+                start_new_session=own_session,
+                process_group=None if own_session else 0,
             )
         return cls(name, proc, port, log)
 

@@ -1,13 +1,16 @@
 """`owngate attest`: the sidecar beside a private inference server that countersigns what
 it served (two-party receipts, docs/provenance.md "Layer 3").
 
-`Notary` numbers, signs and logs statements; `AttestApp` is the raw-ASGI relay that
+`Notary` numbers, signs and logs statements; `AttestRelay` relays a request to the backend,
 computes both commitments from the bytes it relays and hands the countersignature back;
-`listener_context` is its TLS when it is the backend's mutual-TLS endpoint.
+`gateway.attest.protocol` is its own HTTP/1.1 listener (the gateway listener's limits,
+without uvicorn or ASGI); `serve` and `AttestThread` run it; `listener_context` is its TLS
+when it is the backend's mutual-TLS endpoint.
 """
 
-from gateway.attest.app import AttestApp, AttestSettings
-from gateway.attest.listener import listener_context, tls_options
+from gateway.attest.app import AttestRelay, AttestSettings
+from gateway.attest.listener import listener_context
 from gateway.attest.notary import Notary
+from gateway.attest.server import AttestThread, serve
 
-__all__ = ["AttestApp", "AttestSettings", "Notary", "listener_context", "tls_options"]
+__all__ = ["AttestRelay", "AttestSettings", "AttestThread", "Notary", "listener_context", "serve"]

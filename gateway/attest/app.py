@@ -1,4 +1,4 @@
-"""The `owngate attest` relay: raw ASGI in front of one inference server.
+"""The `owngate attest` relay in front of one inference server.
 
 Every POST is relayed to the backend with the gateway's own upstream client
 (`gateway/upstream/http.py`); the sidecar hashes the body it received and the body it
@@ -15,11 +15,14 @@ A request without salts (not from a gateway: a client that bypassed it) gets fre
 it is countersigned and logged all the same, so the cross-check against the gateway's
 log shows it. Other methods (`GET /health`, `/metrics`, `/v1/models`) are relayed
 without a statement, so the gateway's probes and scrapes work through the sidecar.
+
+A client (the gateway) that leaves stops the relay: its connection (`protocol.Connection`)
+aborts the backend's answer, and nothing is countersigned for an answer it did not get.
+The HTTP side is `gateway/attest/protocol.py`; `gateway/attest/server.py` runs both.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import os
@@ -27,15 +30,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.asgi import Receive, Scope, Send, header, lifespan, read_body, respond, send_error
 from gateway.attest.notary import Notary
+from gateway.attest.protocol import Connection, Request
 from gateway.errors import ErrorCode, GatewayError
-from gateway.logs import get_logger
 from gateway.provenance import (
+    LogSettings,
     ProvenanceError,
     ProvenanceLog,
     Salts,
-    commit,
     commit_digest,
     load_signer,
 )
@@ -47,12 +49,15 @@ from gateway.provenance.formats.attestation import (
 )
 from gateway.upstream.http import HttpPool, UpstreamError, UpstreamResponse
 
-__all__ = ["AttestApp", "AttestSettings"]
+__all__ = ["AttestRelay", "AttestSettings"]
 
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}\Z")
 # What reaches the backend: the request's framing, credentials and trace context, no more.
 _FORWARDED = frozenset({b"content-type", b"authorization", b"accept", b"traceparent"})
 _SSE = b"text/event-stream"
+_JSON = b"application/json"
+_ATTEST_LINE = ATTEST_HEADER + b": "
+_sha256 = hashlib.sha256
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,37 +69,33 @@ class AttestSettings:
     max_body: int = 16 * 1024 * 1024
     connect_timeout: float = 5.0
     read_timeout: float = 600.0
-    max_connections: int = 1024
+    max_connections: int = 1024  # to the backend
+    # The log's cadence: statements nobody waits on are written together at least every
+    # `flush_ms` (a crash loses at most that much of the log, which the cross-check
+    # reports), a checkpoint is signed every `checkpoint_ms` while entries come in. Each
+    # write and checkpoint has a fixed cost (fsyncs, tiles, a signature): at the gateway's
+    # 50 ms / 1 s they cost the sidecar more CPU per request than the relay does.
+    flush_ms: float = 200.0
+    checkpoint_ms: float = 5000.0
 
 
-class AttestApp:
-    """The sidecar's ASGI app; the key and log open in the lifespan."""
+class AttestRelay:
+    """Relays and countersigns; `open()` loads the key and opens the log and the pool."""
 
-    notary: Notary  # set at startup
+    notary: Notary  # set by open()
     _pool: HttpPool
     _base: bytes
 
     def __init__(self, settings: AttestSettings) -> None:
         self._settings = settings
         self._log: ProvenanceLog | None = None
-        self._events = get_logger("owngate.attest")
+        self._pool_open = False
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await lifespan(receive, send, self._startup, self._shutdown)
-            return
-        if scope["type"] != "http":
-            return
-        try:
-            await self._relay(scope, receive, send)
-        except GatewayError as error:
-            await send_error(send, error, header(scope, b"x-request-id") or b"-")
-
-    async def _startup(self) -> str | None:
+    async def open(self) -> str | None:
+        """None when the sidecar can serve, else why not (key, log or backend URL)."""
         s = self._settings
         try:
             signer = load_signer(s.key_file)
-            self._log = await ProvenanceLog.open(s.log_dir, s.origin or signer.name, signer)
             self._pool, self._base = HttpPool.for_url(
                 s.backend,
                 connect_timeout=s.connect_timeout,
@@ -103,122 +104,117 @@ class AttestApp:
                 max_connections=s.max_connections,
                 max_body=s.max_body,
             )
-        except (OSError, ValueError, ProvenanceError) as exc:  # key, log or backend URL
+            self._pool_open = True
+            cadence = LogSettings(
+                deferred_flush_ms=s.flush_ms, checkpoint_interval_ms=s.checkpoint_ms
+            )
+            self._log = await ProvenanceLog.open(
+                s.log_dir, s.origin or signer.name, signer, settings=cadence
+            )
+        except (OSError, ValueError, ProvenanceError) as exc:
             return f"owngate attest: {exc}"
         self.notary = Notary(signer, self._log)
         return None
 
-    async def _shutdown(self) -> str | None:
+    async def close(self) -> None:
+        """Flush the log and sign its final checkpoint; close the backend connections."""
         if self._log is not None:
             await self._log.close()
-        await self._pool.close()
-        return None
+        if self._pool_open:
+            await self._pool.close()
 
-    async def _relay(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await read_body(scope, receive, self._settings.max_body)
-        path = scope.get("raw_path") or scope["path"].encode()
-        method = scope["method"].encode()
-        headers = [(k, v) for k, v in scope["headers"] if k in _FORWARDED]
-        if method != b"POST":
-            await self._plain(method, path, headers, body, send)
+    async def __call__(self, conn: Connection, request: Request) -> None:
+        if request.method != b"POST":
+            await self._plain(conn, request)
             return
         if not self.notary.writable:
             raise GatewayError(
                 ErrorCode.provenance_unavailable,
                 "the attestation log cannot be written; requests are refused until it can",
             )
-        # A client (the gateway) that leaves stops the relay: the backend connection is
-        # dropped and nothing is countersigned for an answer it did not receive.
-        watch = _Watch()
-        watcher = asyncio.create_task(watch.run(receive))
-        try:
-            await self._attested(scope, send, method, path, headers, body, watch)
-        finally:
-            watcher.cancel()
-
-    async def _attested(
-        self,
-        scope: Scope,
-        send: Send,
-        method: bytes,
-        path: bytes,
-        headers: list[tuple[bytes, bytes]],
-        body: bytes,
-        watch: _Watch,
-    ) -> None:
-        """Relay one POST and countersign its answer (unless the client left)."""
-        given = header(scope, b"x-request-id")
-        request_id = (
-            given
-            if given and _REQUEST_ID.match(given)
-            else b"attest-" + os.urandom(8).hex().encode()
-        )
+        headers = []
+        request_id = salts_value = None
+        for name, value in request.headers:
+            if name in _FORWARDED:
+                headers.append((name, value))
+            elif name == b"x-request-id":
+                if request_id is None:
+                    request_id = value
+            elif name == SALTS_HEADER and salts_value is None:
+                salts_value = value
+        if request_id is None or not _REQUEST_ID.match(request_id):
+            request_id = b"attest-" + os.urandom(8).hex().encode()
         headers.append((b"x-request-id", request_id))
-        salts = parse_salts(header(scope, SALTS_HEADER)) or Salts.generate()
-        request_commitment = commit("request", salts.request, body)
-        response = watch.response = await self._send(method, self._base + path, headers, body)
+        salts = parse_salts(salts_value) or Salts.generate()
+        body = request.body
+        request_commitment = commit_digest("request", salts.request, _sha256(body).digest())
+        response = conn.upstream = await self._send(request.method, request.target, headers, body)
         try:
-            if watch.left:
+            if conn.left:
                 return
-            content_type = response.header(b"content-type") or b"application/json"
+            content_type = response.header(b"content-type") or _JSON
             if response.status >= 400 or not content_type.startswith(_SSE):
                 data = await self._read(response)
-                if watch.left:
+                if conn.left:
                     return
-                extra: tuple[tuple[bytes, bytes], ...] = ()
+                extra = b""
                 if response.status < 400:
-                    digest = commit("response", salts.response, data)
-                    envelope = self.notary.countersign(
-                        request_id.decode(), request_commitment, digest
-                    )
-                    extra = ((ATTEST_HEADER, base64.b64encode(envelope)),)
-                await respond(send, response.status, data, content_type, extra)
+                    digest = commit_digest("response", salts.response, _sha256(data).digest())
+                    envelope = self.notary.countersign(request_id, request_commitment, digest)
+                    extra = _ATTEST_LINE + base64.b64encode(envelope) + b"\r\n"
+                conn.respond(response.status, data, content_type, extra)
                 return
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": response.status,
-                    "headers": [(b"content-type", content_type), (b"cache-control", b"no-cache")],
-                }
-            )
-            hashed = hashlib.sha256()
-            try:
-                async for chunk in response.chunks(response.stream_deadline):
-                    hashed.update(chunk)
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except UpstreamError:
-                if watch.left:
-                    return
-                raise  # the backend broke off: the connection closes, nothing is signed
-            digest = commit_digest("response", salts.response, hashed.digest())
-            envelope = self.notary.countersign(request_id.decode(), request_commitment, digest)
-            line = SSE_PREFIX + base64.b64encode(envelope) + b"\n\n"
-            await send({"type": "http.response.body", "body": line, "more_body": False})
+            await self._stream(conn, response, content_type, request_id, request_commitment, salts)
         finally:
             response.abort()  # no-op once the exchange completed and the connection is pooled
 
-    async def _plain(
+    async def _stream(
         self,
-        method: bytes,
-        path: bytes,
-        headers: list[tuple[bytes, bytes]],
-        body: bytes,
-        send: Send,
+        conn: Connection,
+        response: UpstreamResponse,
+        content_type: bytes,
+        request_id: bytes,
+        request_commitment: str,
+        salts: Salts,
     ) -> None:
+        conn.start_stream(response.status, content_type)
+        hashed = _sha256()
+        try:
+            async for chunk in response.chunks(response.stream_deadline):
+                hashed.update(chunk)
+                await conn.send_chunk(chunk)
+                if conn.left:
+                    return
+        except UpstreamError as exc:
+            if conn.left:
+                return
+            # The backend broke off: the connection closes, nothing is signed.
+            raise GatewayError(
+                ErrorCode.upstream_error, f"the backend's answer broke off: {exc.kind}"
+            ) from exc
+        if conn.left:
+            return
+        digest = commit_digest("response", salts.response, hashed.digest())
+        envelope = self.notary.countersign(request_id, request_commitment, digest)
+        conn.end_stream(SSE_PREFIX + base64.b64encode(envelope) + b"\n\n")
+
+    async def _plain(self, conn: Connection, request: Request) -> None:
         """Relay without a statement (probes, metrics, model lists)."""
-        response = await self._send(method, self._base + path, headers, body)
+        headers = [(k, v) for k, v in request.headers if k in _FORWARDED]
+        response = conn.upstream = await self._send(
+            request.method, request.target, headers, request.body
+        )
         try:
             data = await self._read(response)
         finally:
             response.abort()
-        content_type = response.header(b"content-type") or b"text/plain"
-        await respond(send, response.status, data, content_type)
+        conn.respond(response.status, data, response.header(b"content-type") or b"text/plain")
 
     async def _send(
-        self, method: bytes, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+        self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes
     ) -> UpstreamResponse:
         try:
-            return await self._pool.request(method, path, headers, body)
+            return await self._pool.request(method, self._base + target, headers, body)
         except UpstreamError as exc:
             raise GatewayError(
                 ErrorCode.backend_unavailable, f"the backend did not answer: {exc.kind}"
@@ -226,26 +222,8 @@ class AttestApp:
 
     async def _read(self, response: UpstreamResponse) -> bytes:
         try:
-            data = await response.read()
+            return await response.read()
         except UpstreamError as exc:
             raise GatewayError(
                 ErrorCode.upstream_error, f"the backend's answer broke off: {exc.kind}"
             ) from exc
-        return data
-
-
-class _Watch:
-    """Whether the client left, and the backend answer to drop when it does."""
-
-    def __init__(self) -> None:
-        self.left = False
-        self.response: UpstreamResponse | None = None
-
-    async def run(self, receive: Receive) -> None:
-        """Wait for the disconnect (after a complete response uvicorn reports one too:
-        aborting a finished answer is a no-op)."""
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        self.left = True
-        if self.response is not None:
-            self.response.abort()

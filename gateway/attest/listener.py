@@ -10,11 +10,9 @@ the gateway's side; HTTP/1.1 is offered by ALPN.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-__all__ = ["listener_context", "tls_options"]
+__all__ = ["listener_context"]
 
 
 def listener_context(
@@ -32,13 +30,3 @@ def listener_context(
         context.load_verify_locations(cafile=client_ca)
         context.verify_mode = ssl.CERT_REQUIRED
     return context
-
-
-def tls_options(context: ssl.SSLContext) -> dict[str, Any]:
-    """`uvicorn_config` overrides that serve with `context` (uvicorn's own ssl_* options
-    cannot set the minimum version)."""
-
-    def factory(_config: Any, _default: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
-        return context
-
-    return {"ssl_context_factory": factory}

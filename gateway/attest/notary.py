@@ -1,26 +1,63 @@
 """The sidecar's signing half: one counter, one key, one append-only log.
 
 Each statement gets the next counter value, is signed at once (the answer waits only for
-an Ed25519 signature, some 50 µs) and is queued for the sidecar's own log with group
+an Ed25519 signature, some 25-50 µs) and is queued for the sidecar's own log with group
 commit, in counter order. The log is the C2SP tlog the gateway writes (checkpoints,
 tiles), under the sidecar's own origin and key, so `owngate audit verify` reads it as is.
 The counter continues from the log's size after a restart; statements signed but lost in
 a crash before their group commit are missing from the log, which the cross-check
 (`owngate audit verify --attest-log`) reports rather than hides.
+
+Per request this is on the sidecar's hot path, so the statement is built without the
+`Statement` class's checks (its inputs are the relay's: a request id matching
+`[A-Za-z0-9._:-]{1,128}` and two hex digests) and its time is formatted from a per-second
+prefix; `tests/unit/test_attest_notary.py` checks the bytes equal `Statement.payload()`
+and `sign_statement`'s envelope.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 
+from gateway.canonical import canonical_json_of_plain
 from gateway.logs import get_logger
 from gateway.provenance import LogEntry, ProvenanceLog, Signer
-from gateway.provenance.formats.attestation import Statement, sign_statement
-from gateway.provenance.formats.records import format_time
+from gateway.provenance.formats.attestation import ATTESTATION_PAYLOAD_TYPE
+from gateway.provenance.formats.receipts import pae
 
-__all__ = ["Notary"]
+__all__ = ["Notary", "rfc3339_ms"]
+
+_PAE_PREFIX = pae(ATTESTATION_PAYLOAD_TYPE, b"")[: -len(b"0 ")]  # b"DSSEv1 N type "
+_ENVELOPE = (
+    b'{"payload":"%s","payloadType":"' + ATTESTATION_PAYLOAD_TYPE.encode() + b'",'
+    b'"signatures":[{"keyid":%s,"sig":"%s"}]}'
+)
+
+
+class _Clock:
+    """RFC 3339 UTC with milliseconds (`format_time`'s form) from `time.time_ns()`, the
+    date and time of day formatted once per second."""
+
+    __slots__ = ("_prefix", "_second")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._prefix = b""
+
+    def format(self, ns: int) -> bytes:
+        second, rest = divmod(ns, 1_000_000_000)
+        if second != self._second:
+            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)).encode()
+            self._second = second
+        return b"%s.%03dZ" % (self._prefix, rest // 1_000_000)
+
+
+def rfc3339_ms(ns: int) -> str:
+    """`ns` (nanoseconds since the epoch) as a statement time, e.g. 2026-01-31T12:00:00.250Z."""
+    return _Clock().format(ns).decode()
 
 
 class Notary:
@@ -31,12 +68,15 @@ class Notary:
         signer: Signer,
         log: ProvenanceLog,
         *,
-        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        now_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self._signer = signer
+        self._sign = signer.sign
         self._key = str(signer)
+        self._key_json = canonical_json_of_plain(self._key)
         self._log = log
-        self._now = now
+        self._now_ns = now_ns
+        self._clock = _Clock()
         self._next = log.size
         self._events = get_logger("owngate.attest")
 
@@ -46,24 +86,29 @@ class Notary:
         return self._log.last_error is None
 
     def countersign(
-        self, request_id: str, request_commitment: str, response_commitment: str
+        self, request_id: bytes, request_commitment: str, response_commitment: str
     ) -> bytes:
-        """The signed envelope of the next statement (also queued for the log)."""
-        statement = Statement(
-            request_id,
-            format_time(self._now()),
-            self._next,
-            self._key,
-            request_commitment,
-            response_commitment,
-        )
-        self._next += 1
-        envelope = sign_statement(statement, self._signer)
-        written = self._log.append_soon(statement.record(), checked=True)
-        written.add_done_callback(lambda done: self._logged(done, statement.counter))
-        return envelope
+        """The signed envelope (canonical JSON) of the next statement, also queued for the
+        log. `request_id` must match `[A-Za-z0-9._:-]{1,128}` (no JSON escaping needed)."""
+        counter = self._next
+        self._next = counter + 1
+        record = {
+            "v": 1,
+            "type": "attestation",
+            "request_id": request_id.decode("ascii"),
+            "time": self._clock.format(self._now_ns()).decode("ascii"),
+            "counter": counter,
+            "key": self._key,
+            "request_commitment": request_commitment,
+            "response_commitment": response_commitment,
+        }
+        payload = canonical_json_of_plain(record)
+        signature = self._sign(b"%s%d %s" % (_PAE_PREFIX, len(payload), payload))
+        written = self._log.append_soon(record, checked=True)
+        written.add_done_callback(self._logged)
+        return _ENVELOPE % (base64.b64encode(payload), self._key_json, base64.b64encode(signature))
 
-    def _logged(self, written: asyncio.Future[LogEntry], counter: int) -> None:
+    def _logged(self, written: asyncio.Future[LogEntry]) -> None:
         error = None if written.cancelled() else written.exception()
         if error is not None:
-            self._events.error("statement not logged", counter=counter, reason=type(error).__name__)
+            self._events.error("statement not logged", reason=type(error).__name__)

@@ -48,6 +48,19 @@ def register(subparsers: Any) -> None:
         default=int(_env("MAX_BODY_BYTES", str(16 * 1024 * 1024)) or 0),
         help="largest request or whole response relayed (16 MiB)",
     )
+    add(
+        "--flush-ms",
+        type=float,
+        default=float(_env("FLUSH_MS", "200") or 0),
+        help="write statements to the log at least this often (200): a crash loses at most "
+        "this much of the log, which the audit's cross-check reports",
+    )
+    add(
+        "--checkpoint-ms",
+        type=float,
+        default=float(_env("CHECKPOINT_MS", "5000") or 0),
+        help="sign a log checkpoint this often while statements come in (5000)",
+    )
     add("--tls-cert", default=_env("TLS_CERT"), help="serve TLS with this certificate (PEM)")
     add("--tls-key", default=_env("TLS_KEY"), help="the certificate's unencrypted key (PEM)")
     add(
@@ -59,15 +72,16 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.attest import AttestApp, AttestSettings, listener_context, tls_options
-    from gateway.serving import STARTUP_FAILURE, DrainingServer, bind_socket, uvicorn_config
+    from gateway.attest import AttestSettings, listener_context, serve
+    from gateway.serving import bind_socket
 
     missing = [f"--{n}" for n in ("backend", "key", "log") if not getattr(args, n)]
     host, _, port = args.listen.rpartition(":")
-    if missing or not host or not port.isdigit() or args.max_body_bytes <= 0:
+    bad_numbers = args.max_body_bytes <= 0 or args.flush_ms < 0 or args.checkpoint_ms <= 0
+    if missing or not host or not port.isdigit() or bad_numbers:
         print(
             f"owngate attest: need --listen HOST:PORT, --backend, --key and --log "
-            f"({', '.join(missing) or 'bad --listen or --max-body-bytes'})",
+            f"({', '.join(missing) or 'a bad --listen or number'})",
             file=sys.stderr,
         )
         return 2
@@ -77,11 +91,11 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    tls: dict[str, Any] = {}
+    context: ssl.SSLContext | None = None
     if args.tls_cert:
         client_ca = Path(args.client_ca) if args.client_ca else None
         try:
-            tls = tls_options(listener_context(Path(args.tls_cert), Path(args.tls_key), client_ca))
+            context = listener_context(Path(args.tls_cert), Path(args.tls_key), client_ca)
         except (OSError, ssl.SSLError) as exc:
             print(f"owngate attest: TLS files not usable: {exc}", file=sys.stderr)
             return 1
@@ -91,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         log_dir=Path(args.log),
         origin=args.origin,
         max_body=args.max_body_bytes,
+        flush_ms=args.flush_ms,
+        checkpoint_ms=args.checkpoint_ms,
     )
     host = host.strip("[]")
     try:
@@ -98,17 +114,16 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"owngate attest: cannot listen on {args.listen}: {exc}", file=sys.stderr)
         return 1
-    # uvicorn's graceful shutdown on SIGTERM/SIGINT (the log's final checkpoint in the
-    # lifespan shutdown), ending with 0 rather than the signal raised again.
-    server = DrainingServer(uvicorn_config(AttestApp(settings), **tls), on_drain=lambda: None)
-    scheme = "https" if tls else "http"
+    scheme = "https" if context is not None else "http"
     mutual = " (mutual TLS)" if args.client_ca else ""
     print(
         f"owngate attest: countersigning {args.backend} on {scheme}://{args.listen}{mutual}",
         file=sys.stderr,
     )
-    try:
-        server.run(sockets=[sock])
-    except SystemExit as exc:  # uvicorn exits when the lifespan startup failed
-        return 1 if exc.code == STARTUP_FAILURE else int(exc.code or 0)
+    # SIGTERM/SIGINT: stop listening, let running requests finish, sign the log's final
+    # checkpoint, exit 0.
+    failure = serve(settings, sock, context)
+    if failure is not None:
+        print(failure, file=sys.stderr)
+        return 1
     return 0

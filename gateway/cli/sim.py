@@ -149,6 +149,13 @@ def register(subparsers: Any) -> None:  # argparse's subparsers action has no pu
         "llamacpp 40)",
     )
     add(
+        "--n-ctx",
+        type=int,
+        default=_env("N_CTX"),
+        help="context length of one sequence in tokens: prompt plus max_tokens past it is "
+        "answered 400 (default: vllm/sglang 8192, llamacpp 4096)",
+    )
+    add(
         "--api-key",
         default=_env("API_KEY"),
         help="require 'Authorization: Bearer KEY' as the real server would (default: none)",
@@ -188,6 +195,7 @@ def build_settings(args: argparse.Namespace) -> SimSettings:
     return dataclasses.replace(
         base,
         slots=base.slots if args.slots is None else args.slots,
+        n_ctx=base.n_ctx if args.n_ctx is None else args.n_ctx,
         prefill_tokens_per_s=(
             base.prefill_tokens_per_s if args.prefill_tps is None else args.prefill_tps
         ),

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gateway.attest import AttestApp, AttestSettings, listener_context, tls_options
+from gateway.attest import AttestSettings, AttestThread, listener_context
 from gateway.pki import Issued, fact_uris, issue, make_ca
 from gateway.provenance import write_signing_key
-from gateway.serving import ServerThread
 
 __all__ = ["PRIVATE", "Sidecar", "start_sidecars"]
 
@@ -67,8 +66,8 @@ def start_sidecars(
         settings = AttestSettings(
             backend=sims[sim], key_file=signing_key, log_dir=attest / f"{backend}-log"
         )
-        options = tls_options(listener_context(cert, key, client_ca=ca_file))
-        server = stack.enter_context(ServerThread(AttestApp(settings), **options))
+        context = listener_context(cert, key, client_ca=ca_file)
+        server = stack.enter_context(AttestThread(settings, ssl_context=context))
         sidecars[backend] = Sidecar(
             backend, server.url, server_name, issued.pin, vkey, settings.log_dir
         )

@@ -326,6 +326,17 @@ class UpstreamResponse:
         if announced is not None and announced.isdigit() and int(announced) > limit:
             self.abort()
             raise UpstreamError("too_large", f"the backend announced more than {limit} bytes")
+        if self.complete and self._error is None and not self._paused:
+            # The whole answer came with its head (the common case for short answers):
+            # no generator, no wait.
+            data = b"".join(self._chunks)
+            self._chunks.clear()
+            self._buffered = 0
+            if len(data) > limit:
+                self.abort()
+                raise UpstreamError("too_large", f"the answer is over {limit} bytes")
+            self.release()
+            return data
         parts: list[bytes] = []
         size = 0
         async with contextlib.aclosing(self.chunks(deadline)) as chunks:

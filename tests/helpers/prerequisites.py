@@ -62,11 +62,20 @@ def real_backend() -> Installation:
     return installed
 
 
+def real_smollm2() -> Installation:
+    """The real llama-server with SmolLM2-135M-Instruct (F16) too, probed: it answers
+    "What is the capital of France?" with "Paris" (setup.sh --with-smollm2)."""
+    installed = _install(with_smollm2=True)
+    if isinstance(installed, RealBackendUnavailable):
+        missing("real_backend", f"the real llama-server with SmolLM2 is unavailable: {installed}")
+    return installed
+
+
 @functools.cache
-def _install() -> Installation | RealBackendUnavailable:
+def _install(*, with_smollm2: bool = False) -> Installation | RealBackendUnavailable:
     """Once per session: a failed install is not retried for each test."""
     try:
-        return install()
+        return install(with_smollm2=with_smollm2)
     except RealBackendUnavailable as exc:
         return exc
 

@@ -1,10 +1,12 @@
 """The overhead benchmark end to end: a `--quick` run over real processes, JSON shape only.
 
 Timing is never asserted (CI machines are shared); only that every load point ran against
-the simulator, owngate, owngate+policy, owngate+tracing and owngate+accesslog without
-errors, that owngate+policy enforced the generated policy set, that owngate+tracing
-exported spans to the benchmark's sink, that only owngate+accesslog wrote access lines,
-and that the report has its documented shape.
+the simulator, nginx (when installed), owngate, owngate+policy, owngate+tracing,
+owngate+accesslog and owngate+production without errors, that the owngates enforced the
+policy sets meant for them, that owngate+tracing exported spans to the benchmark's sink,
+that only owngate+accesslog and owngate+production wrote access lines, that the
+production configuration's provenance log holds records, that paced streams arrived a
+token per read, and that the report has its documented shape, verdicts included.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from owngate_bench.overhead_nginx import NGINX_MISSING, nginx_binary
+from owngate_bench.overhead_points import rotated
 from owngate_bench.overhead_report import evaluate_checks, policy_comparison, render
 from owngate_bench.overhead_tracing import tracing_comparison
 from tests.helpers.paths import REPO_ROOT
@@ -34,7 +38,30 @@ CHECK_IDS = [
     "policy_decision_p99",
 ]
 OWNGATES = ("owngate", "owngate+policy")
-TARGETS = ["direct", "owngate", "owngate+policy", "owngate+tracing", "owngate+accesslog"]
+ALL_OWNGATES = [*OWNGATES, "owngate+tracing", "owngate+accesslog", "owngate+production"]
+TARGETS = ["direct", "nginx", *ALL_OWNGATES]
+POINTS = [  # (stream, concurrency, shape, prompt bytes)
+    (False, 1, None, 0),
+    (False, 16, None, 0),
+    (False, 64, None, 0),
+    (True, 16, "coalesced", 0),
+    (True, 64, "coalesced", 0),
+    (True, 256, "paced", 0),
+    (False, 16, None, 1024),
+    (False, 16, None, 32 * 1024),
+    (False, 16, None, 100 * 1024),
+]
+VERDICT_IDS = [
+    "production_cpu_c16",
+    "production_cpu_c1",
+    "production_added_p50_c1",
+    "production_chunk_coalesced",
+    "production_chunk_paced",
+    "production_rps_vs_nginx",
+    "plain_cpu_c16",
+    "plain_chunk_coalesced",
+    *(f"body_{size}_vs_1kb:{t}" for t in ALL_OWNGATES for size in ("32kb", "100kb")),
+]
 
 
 def test_quick_run_writes_the_report(tmp_path: Path) -> None:
@@ -47,48 +74,61 @@ def test_quick_run_writes_the_report(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=90,  # a quick run takes ~10 s; this only bounds a hang
+        timeout=400,  # a quick run takes ~80 s on a shared 2-core machine; this bounds a hang
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report: dict[str, Any] = json.loads(out.read_text())
 
-    assert report["schema"] == "owngate.bench.overhead/1"
+    assert report["schema"] == "owngate.bench.overhead/2"
     assert report["settings"]["targets"] == TARGETS
+    assert report["settings"]["reps"] == 1  # --quick: one repetition unless --reps says
     assert report["machine"]["cpu_count"] >= 1
     assert set(report["targets"]) == set(TARGETS)
+    ran = list(TARGETS)
+    if nginx_binary() is None:  # nginx is optional: skipped, said so, not a failure
+        assert report["targets"]["nginx"] == {"error": NGINX_MISSING}
+        ran.remove("nginx")
     # each owngate enforced the policy set the bench meant it to: built-in vs generated
     assert report["targets"]["owngate"]["policy"]["builtin"] is True
     served = report["targets"]["owngate+policy"]["policy"]
     assert served["builtin"] is False
     assert served["id"] == "owngate-bench"
-    assert [(p["stream"], p["concurrency"]) for p in report["points"]] == [
-        (False, 1),
-        (False, 16),
-        (False, 64),
-        (True, 16),
-        (True, 64),
-    ]
+    assert report["targets"]["owngate+production"]["policy"] == served
+    assert [
+        (p["stream"], p["concurrency"], p["shape"], p["prompt_bytes"]) for p in report["points"]
+    ] == POINTS
     for index, point in enumerate(report["points"]):
-        assert set(point["results"]) == set(TARGETS)
-        # the two owngates trade places from point to point: neither is always second
-        pair = ["owngate+policy", "owngate"] if index % 2 else ["owngate", "owngate+policy"]
-        assert point["order"] == ["direct", *pair, "owngate+tracing", "owngate+accesslog"]
+        assert point["targets"] == ran
+        (rep,) = point["reps"]
+        assert rep["order"] == rotated(ran, index)  # no target always first
+        assert set(point["results"]) == set(ran)
         for target, result in point["results"].items():
             where = f"{point['name']} {target}"
+            assert result == {**rep["results"][target], "reps": 1}, where  # median of one
             assert result["requests"] > 0, where
             assert result["errors"] == 0, (where, result["error_samples"])
             assert result["latency_ms"]["p50"] > 0, where
             expected_cpu = {"target", "machine"} | ({"sim"} if target != "direct" else set())
+            if target == "owngate+production":
+                expected_cpu.add("sim2")  # score routing over two simulators
             assert set(result["cpu_s"]) == expected_cpu, where
+            assert result["cpu_ms_per_req"] >= 0, where
             if point["stream"]:
                 assert result["chunks"] >= 64 * result["requests"], where
                 assert result["ttft_ms"]["p99"] >= result["ttft_ms"]["p50"] > 0, where
+                assert result["cpu_us_per_chunk"] >= 0, where
+    paced = next(p for p in report["points"] if p["shape"] == "paced")
+    coalesced = next(p for p in report["points"] if p["shape"] == "coalesced")
+    # paced: one token per write, 20 ms apart, so the client reads them one by one; a
+    # gateway relaying coalesced streams gets several events per read
+    assert paced["results"]["direct"]["reads_per_request"] > 32
+    assert coalesced["results"]["owngate"]["reads_per_request"] < 64
 
     decisions = report["policy"]["decisions"]
     assert set(decisions) == set(OWNGATES)
     assert decisions["owngate+policy"]["set"]["digest"] == served["digest"]
-    assert decisions["owngate+policy"]["keys"] == 3  # no label and two data classes
+    assert decisions["owngate+policy"]["keys"] == 6  # 2 models x (no label, 2 data classes)
     for cost in decisions.values():
         assert cost["refused_keys"] == 0
         for mode in ("cached", "uncached"):
@@ -105,9 +145,29 @@ def test_quick_run_writes_the_report(tmp_path: Path) -> None:
     assert checks["chat_req_per_s"]["measured"] > 0
     assert checks["vs_litellm_chat"]["passed"] is None  # LiteLLM was skipped
     assert checks["policy_decision_p99"]["measured"] > 0
-    for text in ("og/litellm", "pol/og", "added latency p50 ms", "owngate+policy vs owngate"):
+    verdicts = {v["id"]: v for v in report["verdicts"]}
+    assert list(verdicts) == VERDICT_IDS
+    for ident, verdict in verdicts.items():
+        if ident == "production_rps_vs_nginx" and "nginx" not in ran:
+            assert verdict["met"] is None and "nginx" in verdict["why_not_measured"]
+            continue
+        assert verdict["measured"] is not None, verdict  # every point ran: all measured
+        measured, limit = verdict["measured"], verdict["threshold"]
+        met = measured <= limit if verdict["op"] == "<=" else measured >= limit
+        assert verdict["met"] is met, verdict
+    for text in (
+        "og/litellm",
+        "pol/og",
+        "prod/og",
+        "added latency p50 ms",
+        "server cpu us/chunk",
+        "owngate+policy vs owngate",
+        "policy decision cost",
+        "issue 16 targets",
+        "server CPU per relayed chunk",
+        "by prompt size",
+    ):
         assert text in proc.stdout, text
-    assert "policy decision cost" in proc.stdout
 
     # tracing on beside off, at every point; spans reached the sink (flushed at the latest
     # when the gateway stopped)
@@ -119,15 +179,23 @@ def test_quick_run_writes_the_report(tmp_path: Path) -> None:
     assert tracing["sink"]["exports"] > 0 and tracing["sink"]["bytes"] > 0
     assert "tracing on vs off" in proc.stdout
 
-    # the access log on beside off: only its target wrote one JSON line per request (the
-    # warm-up's too), flushed at the latest when it stopped
+    # the access log on beside off: only its target and production wrote one JSON line per
+    # request (the warm-up's too), flushed at the latest when they stopped
     access = report["access_log"]["vs_owngate"]
     assert [row["name"] for row in access] == [p["name"] for p in report["points"]]
     assert "access log on vs off" in proc.stdout
     rundir = tmp_path / "overhead-run"
-    measured = sum(p["results"]["owngate+accesslog"]["requests"] for p in report["points"])
-    assert _access_lines(rundir / "owngate+accesslog.log") >= measured
+    for target in ("owngate+accesslog", "owngate+production"):
+        measured = sum(p["results"][target]["requests"] for p in report["points"])
+        assert _access_lines(rundir / f"{target}.log") >= measured, target
     assert _access_lines(rundir / "owngate.log") == 0
+    # score routing spread production's requests over both simulators of each model
+    production = (rundir / "owngate+production.log").read_text().splitlines()
+    backends = {json.loads(line).get("backend") for line in production if line[:1] == "{"}
+    assert {"bench-model-a", "bench-model-b", "bench-paced-a", "bench-paced-b"} <= backends
+    # production's provenance log: written (its records are verified by the provenance
+    # tests; here only that the configuration had it on)
+    assert any(p.is_file() and p.stat().st_size for p in (rundir / "production-log").rglob("*"))
 
 
 def _access_lines(log: Path) -> int:

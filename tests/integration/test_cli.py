@@ -32,6 +32,7 @@ COMMANDS = [
     ["bench", "provenance-log"],
     ["bench", "policy"],
     ["bench", "state"],
+    ["bench", "workloads"],
     ["policy"],
     ["policy", "check"],
     ["policy", "explain"],

@@ -154,10 +154,14 @@ def test_chat_completion_shape(shared: Start, zero_latency: bool) -> None:
 
 
 @pytest.mark.parametrize(
-    ("zero_latency", "coalesce"), [(False, False), (True, False), (True, True)]
+    ("zero_latency", "coalesce", "interval"),
+    [(False, False, 0.0), (True, False, 0.0), (True, True, 0.0), (True, False, 0.001)],
 )
-def test_chat_stream_shape_and_usage(shared: Start, zero_latency: bool, coalesce: bool) -> None:
-    client = shared(fast(zero_latency=zero_latency, coalesce_chunks=coalesce)).openai
+def test_chat_stream_shape_and_usage(
+    shared: Start, zero_latency: bool, coalesce: bool, interval: float
+) -> None:
+    settings = fast(zero_latency=zero_latency, coalesce_chunks=coalesce, token_interval_s=interval)
+    client = shared(settings).openai
     chunks = list(
         client.chat.completions.create(
             model="sim-a",
@@ -584,6 +588,18 @@ def test_cli_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.faults == Faults(error_rate=0.25, slow_start_s=1.5, health_delay_s=2.5)
     assert args.handler is sim_cli.run
     assert sim_cli.build_settings(_parse(["--model", "x", "--no-zero-latency"])).models == ("x",)
+
+
+def test_cli_token_interval_paces_zero_latency_streams(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = sim_cli.build_settings(_parse(["--zero-latency", "--token-interval", "0.02"]))
+    assert settings.token_interval_s == 0.02
+    monkeypatch.setenv("OWNGATE_SIM_TOKEN_INTERVAL", "0.005")
+    assert sim_cli.build_settings(_parse(["--zero-latency"])).token_interval_s == 0.005
+    assert sim_cli.build_settings(_parse(["--token-interval", "0"])).token_interval_s == 0.0
+    with pytest.raises(SystemExit):
+        _parse(["--token-interval", "-1"])
+    with pytest.raises(ValueError, match="coalesce_chunks"):
+        sim_cli.build_settings(_parse(["--zero-latency", "--coalesce-chunks"]))
 
 
 def test_cli_rejects_bad_values(capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.upstream.http import HttpPool, UpstreamError
+from gateway.upstream.http import HttpPool, UpstreamError, UpstreamResponse
 from tests.helpers.waiting import until_async
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -242,3 +242,40 @@ def test_cancelled_connect_gives_its_slot_back() -> None:
         for filler in fillers:
             filler.close()
         listener.close()
+
+
+def test_a_whole_answer_in_one_read_is_read_at_once_and_held_to_the_limit() -> None:
+    """An answer whose body came with its head (`read()` takes it without waiting):
+    within the limit it is returned and the connection pooled; past it, too_large and
+    the connection dropped, as for an answer that arrives in pieces."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            request = await _read_request(reader)
+            size = 2048 if b"big" in request else 16
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (size, b"y" * size))
+            await writer.drain()
+
+    async def body(pool: HttpPool) -> None:
+        for _ in range(2):
+            response = await pool.request(b"POST", b"/", [], b"{}")
+            await _until_complete(response)
+            assert await response.read() == b"y" * 16
+            assert pool.open_connections == 1  # pooled and reused
+        response = await pool.request(b"POST", b"/", [], b"big")
+        await _until_complete(response)
+        with pytest.raises(UpstreamError) as info:
+            await response.read(limit=1024)
+        assert info.value.kind == "too_large"
+        assert pool.open_connections == 0
+
+    asyncio.run(_with_backend(handler, body))
+
+
+async def _until_complete(response: UpstreamResponse) -> None:
+    """Let the loop run until the body that came right after the head is in (bounded)."""
+    for _ in range(10_000):
+        if response.complete:
+            return
+        await asyncio.sleep(0)  # one loop iteration: the connection's reads run
+    raise AssertionError("the answer did not complete")

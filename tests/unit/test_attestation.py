@@ -241,3 +241,12 @@ def test_the_sidecar_command_wants_its_tls_files_together_and_usable(
     base = ["attest", "--backend", "http://127.0.0.1:8000", "--key", "k", "--log", "l"]
     assert main([*base, *tls]) == code  # refused before it opens a key or binds a port
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", [["--flush-ms", "-1"], ["--checkpoint-ms", "0"]])
+def test_the_sidecar_command_wants_a_sane_log_cadence(
+    flag: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["attest", "--backend", "http://127.0.0.1:8000", "--key", "k", "--log", "l"]
+    assert main([*base, *flag]) == 2  # refused before it opens a key or binds a port
+    assert "a bad --listen or number" in capsys.readouterr().err

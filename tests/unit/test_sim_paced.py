@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-from collections.abc import MutableMapping
 from typing import Any
 
 import orjson
 import pytest
 
+from gateway.asgi import Message
 from gateway.cli import sim as sim_cli
 from gateway.sim import SimSettings, VirtualClock, create_sim_app
 
@@ -47,7 +47,7 @@ async def _stream(
         await left.wait()
         return {"type": "http.disconnect"}
 
-    async def send(message: MutableMapping[str, Any]) -> None:
+    async def send(message: Message) -> None:
         if message["type"] == "http.response.body":
             writes.append((clock.now(), message["body"]))
             if leave_after is not None and len(writes) == leave_after:

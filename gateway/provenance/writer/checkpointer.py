@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -19,6 +18,7 @@ from gateway.provenance.errors import LogUnavailableError, ProvenanceError
 from gateway.provenance.formats.merkle import consistency_proof
 from gateway.provenance.formats.proofs import TlogProof
 from gateway.provenance.formats.tiles import TileReader
+from gateway.provenance.writer.worker import LoopWorker
 
 if TYPE_CHECKING:
     from gateway.provenance.writer.store import LogStore, SignedNote, Snapshot
@@ -69,8 +69,8 @@ class Checkpointer:
         self._settings = settings
         self._clock = clock
         self._wake = wake  # called when an export ends, so the committer re-evaluates
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="provenance-checkpoint")
         self._loop = asyncio.get_running_loop()
+        self._worker = LoopWorker(self._loop, "provenance-checkpoint")
         self._covered = store.size  # entries a finished or running export covers
         self._running: asyncio.Task[None] | None = None
         self._at = clock()  # when the last export started or ended
@@ -116,7 +116,7 @@ class Checkpointer:
 
     async def run(self, function: Callable[..., _T], *args: object) -> _T:
         """Run `function` on the checkpoint thread (e.g. read the stored tiles)."""
-        return await self._loop.run_in_executor(self._executor, function, *args)
+        return await self._worker.run(function, *args)
 
     async def inclusion_proof(self, index: int) -> TlogProof:
         """A C2SP tlog-proof for entry `index` against the latest checkpoint, read from the
@@ -152,7 +152,7 @@ class Checkpointer:
         return latest.checkpoint.size if latest else 0
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=True)
+        self._worker.shutdown(wait=True)
 
     async def _export(self, snapshot: Snapshot) -> None:
         try:

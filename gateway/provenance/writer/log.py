@@ -25,7 +25,6 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from gateway.canonical import canonical_json_of_plain
@@ -40,6 +39,7 @@ from gateway.provenance.writer.queued import Queued
 from gateway.provenance.writer.sealer import Seal, Sealer, Sealing
 from gateway.provenance.writer.signal import Signal
 from gateway.provenance.writer.store import LogStore, Recovery, SignedNote
+from gateway.provenance.writer.worker import LoopWorker
 
 __all__ = ["LogSettings", "ProvenanceLog"]
 
@@ -52,12 +52,12 @@ class ProvenanceLog:
     def __init__(
         self,
         store: LogStore,
-        executor: ThreadPoolExecutor,
+        worker: LoopWorker,
         settings: LogSettings,
         clock: Callable[[], float],
     ) -> None:
         self._store = store
-        self._executor = executor  # the writer thread: appends and snapshots
+        self._worker = worker  # the writer thread: appends and snapshots
         self._loop = asyncio.get_running_loop()
         self._sealer = Sealer(self._loop)
         self._settings = settings
@@ -70,6 +70,9 @@ class ProvenanceLog:
         self._write_time = 0.0
         self._waiters = 0  # awaited appends queued now
         self._deferred_until: float | None = None  # when unawaited queued records must go
+        # Wakes the committer at `_deferred_until` (a timer rather than a wake-up now: the
+        # records usually ride with the next awaited batch, and the timer is then cancelled).
+        self._deferred_timer: asyncio.TimerHandle | None = None
         self._closing = False
         self._aborting = False
         self._stopping: asyncio.Task[None] | None = None  # close() or abort(), once
@@ -91,16 +94,13 @@ class ProvenanceLog:
     ) -> ProvenanceLog:
         """Open or create the log in `directory`, recovering after a crash; `cosigners` also
         sign every checkpoint (e.g. the previous key during a rotation)."""
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="provenance-log")
-        loop = asyncio.get_running_loop()
+        worker = LoopWorker(asyncio.get_running_loop(), "provenance-log")
         try:
-            store = await loop.run_in_executor(
-                executor, LogStore.open, directory, origin, [signer, *cosigners]
-            )
+            store = await worker.run(LogStore.open, directory, origin, [signer, *cosigners])
         except BaseException:
-            executor.shutdown(wait=False)
+            worker.shutdown(wait=False)
             raise
-        return cls(store, executor, settings or LogSettings(), clock)
+        return cls(store, worker, settings or LogSettings(), clock)
 
     @property
     def origin(self) -> str:
@@ -215,8 +215,10 @@ class ProvenanceLog:
             if self._waiters >= self._last_batch:
                 self._filled.set()
         elif self._deferred_until is None:
-            self._deferred_until = self._loop.time() + self._settings.deferred_flush_ms / 1000
-            self._wakeup.set()  # the committer's sleep must now end by that deadline
+            deadline = self._loop.time() + self._settings.deferred_flush_ms / 1000
+            self._deferred_until = deadline
+            # the committer's sleep must now end by that deadline
+            self._deferred_timer = self._loop.call_at(deadline, self._wakeup.set)
         elif len(self._queue) >= self._settings.max_batch:
             self._wakeup.set()
         return future
@@ -266,10 +268,10 @@ class ProvenanceLog:
             await self._in_worker(self._store.close)
             self._checkpoints.shutdown()
             self._sealer.shutdown()
-            self._executor.shutdown(wait=True)
+            self._worker.shutdown(wait=True)
 
     async def _in_worker(self, function: Callable[..., _T], *args: object) -> _T:
-        return await self._loop.run_in_executor(self._executor, function, *args)
+        return await self._worker.run(function, *args)
 
     def _fail_queue(self, error: LogUnavailableError) -> None:
         for queued in [*self._outage.take(), *self._queue]:
@@ -311,6 +313,9 @@ class ProvenanceLog:
             del self._queue[: self._settings.max_batch]
             if not self._queue:
                 self._deferred_until = None
+                if self._deferred_timer is not None:
+                    self._deferred_timer.cancel()
+                    self._deferred_timer = None
             if batch:
                 await self._commit(batch)
             if self._checkpoints.due(self._size) and not self._aborting:

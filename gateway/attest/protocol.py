@@ -1,0 +1,215 @@
+"""The sidecar's HTTP/1.1 listener: one asyncio protocol per client connection, no
+uvicorn or ASGI.
+
+The sidecar relays one request at a time per connection and adds a signature: uvicorn's
+protocol and the ASGI messages around it cost more CPU per request than the rest of the
+sidecar together (docs/performance.md). `Connection` reads a request within the gateway
+listener's limits (`gateway/attest/reader.py`), hands it whole to the relay
+(`AttestRelay`) and writes what the relay answers straight to the transport: a whole
+answer (`respond`) or a chunked stream (`start_stream`, `send_chunk`, `end_stream`,
+which waits while the client reads slower than the backend sends).
+
+A client that leaves while its request runs: `left` turns true and the upstream answer
+the relay registered (`upstream`) is aborted, so the backend stops and nothing is signed.
+Pipelined requests wait their turn with reading paused. A connection idle between
+requests is closed after `keepalive_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+
+from gateway.attest.reader import Request, RequestReader
+from gateway.errors import ErrorCode, GatewayError
+from gateway.listener import ListenerLimits, Refusals
+from gateway.logs import get_logger
+from gateway.upstream.http import UpstreamResponse
+
+__all__ = ["Connection", "Listener", "Request"]
+
+
+def _status_line(status: int) -> bytes:
+    try:
+        reason = HTTPStatus(status).phrase.encode()
+    except ValueError:
+        reason = b""
+    return b"HTTP/1.1 %d %s\r\n" % (status, reason)
+
+
+_STATUS: dict[int, bytes] = {int(s): _status_line(int(s)) for s in HTTPStatus}
+
+Handler = Callable[["Connection", Request], Awaitable[None]]
+
+
+class Listener:
+    """What the connections of one listening socket share: the relay, the limits, the
+    refusal counts and the open connections (to drain them at shutdown)."""
+
+    def __init__(
+        self, handler: Handler, limits: ListenerLimits, max_body: int, keepalive_s: float
+    ) -> None:
+        self.handler = handler
+        self.limits = limits
+        self.max_body = max_body
+        self.keepalive_s = keepalive_s
+        self.refusals = Refusals()
+        self.connections: set[RequestReader] = set()
+        self.draining = False  # shutting down: no request after the running ones
+        self.errors = 0  # relay failures that were not GatewayErrors
+        self._events = get_logger("owngate.attest")
+
+    def failed(self, exc: Exception) -> None:
+        self.errors += 1
+        self._events.error("relay failed", reason=type(exc).__name__, detail=str(exc)[:200])
+
+    def protocol(self) -> Connection:
+        return Connection(self)
+
+    def close_idle(self) -> None:
+        """At shutdown: close every connection that is not running a request."""
+        for connection in list(self.connections):
+            if connection.task is None and not connection.reading:
+                connection.transport.close()
+
+
+class Connection(RequestReader):
+    """One client connection (see the module docstring)."""
+
+    def __init__(self, listener: Listener) -> None:
+        super().__init__(
+            listener.limits, listener.refusals, listener.max_body, listener.connections
+        )
+        self._listener = listener
+        self.left = False  # the client went away
+        self.upstream: UpstreamResponse | None = None  # aborted when the client leaves
+        self._pipeline: collections.deque[Request] = collections.deque()
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._active_at = 0.0  # loop time of the last request's end: the idle clock
+        self._writable: asyncio.Future[None] | None = None
+        self._write_paused = False
+        self._keep_alive = True
+        self._started = False  # the current request's answer has begun
+        self._answered = True  # ... and was written in full
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused:
+            return
+        super().connection_lost(exc)
+        self.left = True
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        if self.upstream is not None:
+            self.upstream.abort()
+        writable = self._writable
+        if writable is not None and not writable.done():
+            writable.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        writable = self._writable
+        if writable is not None and not writable.done():
+            writable.set_result(None)
+
+    def request_complete(self, request: Request) -> None:
+        if self.task is None:
+            self.task = self._loop.create_task(self._run(request))
+        else:  # pipelined: it waits its turn, and nothing more is read meanwhile
+            self._pipeline.append(request)
+            self.transport.pause_reading()
+
+    # running requests
+
+    async def _run(self, request: Request) -> None:
+        handler = self._listener.handler
+        while True:
+            self._keep_alive = request.keep_alive and not self._listener.draining
+            self._started = self._answered = False
+            try:
+                await handler(self, request)
+            except GatewayError as error:
+                if not self._started:
+                    self.respond(error.status, error.body(), b"application/json")
+            except Exception as exc:  # noqa: BLE001 - a relay bug must not hang the client
+                self._listener.failed(exc)
+                if not self._started:
+                    failure = GatewayError(ErrorCode.internal_error, "the sidecar failed")
+                    self.respond(failure.status, failure.body(), b"application/json")
+            self.upstream = None
+            if not self._answered or not self._keep_alive or self.left:
+                if not self.left:
+                    self.transport.close()
+                self.task = None
+                return
+            if not self._pipeline:
+                break
+            request = self._pipeline.popleft()
+            if not self._pipeline:
+                self.transport.resume_reading()
+        self.task = None
+        self._active_at = self._loop.time()
+        if self._idle_timer is None:
+            self._idle_timer = self._loop.call_later(self._listener.keepalive_s, self._idle_late)
+
+    # answering (called by the relay)
+
+    def respond(self, status: int, body: bytes, content_type: bytes, extra: bytes = b"") -> None:
+        """A whole answer; `extra` is more header lines, each ending in CRLF."""
+        if self.left:
+            return
+        head = b"%scontent-type: %s\r\ncontent-length: %d\r\n%s%s\r\n" % (
+            _STATUS.get(status) or _status_line(status),
+            content_type,
+            len(body),
+            extra,
+            b"" if self._keep_alive else b"connection: close\r\n",
+        )
+        self.transport.write(head + body)
+        self._started = self._answered = True
+
+    def start_stream(self, status: int, content_type: bytes) -> None:
+        """The head of a chunked answer; then `send_chunk` and `end_stream`."""
+        if self.left:
+            return
+        self._started = True
+        self.transport.write(
+            b"%scontent-type: %s\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n%s\r\n"
+            % (
+                _STATUS.get(status) or _status_line(status),
+                content_type,
+                b"" if self._keep_alive else b"connection: close\r\n",
+            )
+        )
+
+    async def send_chunk(self, data: bytes) -> None:
+        if self.left or not data:
+            return
+        self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        if self._write_paused:  # the client reads slower than the backend sends
+            self._writable = self._loop.create_future()
+            await self._writable
+            self._writable = None
+
+    def end_stream(self, last: bytes) -> None:
+        if self.left:
+            return
+        self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(last), last))
+        self._answered = True
+
+    def _idle_late(self) -> None:
+        """Close a connection idle since its last answer for `keepalive_s` (one timer per
+        idle stretch, re-armed for what is left while requests keep coming)."""
+        self._idle_timer = None
+        if self.task is not None or self._head_begun or self.left:
+            return
+        left = self._active_at + self._listener.keepalive_s - self._loop.time()
+        if left > 0:
+            self._idle_timer = self._loop.call_later(left, self._idle_late)
+            return
+        self.transport.close()

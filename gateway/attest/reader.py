@@ -1,0 +1,316 @@
+"""Reading HTTP/1.1 requests within the gateway listener's limits, for the sidecar's own
+listener (`gateway/attest/protocol.py`, which answers them).
+
+`RequestReader` is the asyncio protocol's reading half: httptools parsing, and the limits
+of the gateway's listener (`gateway/listener.py`, whose `ListenerLimits`, refusal
+answers and messages it shares), counted the same way:
+
+- `max_connections` open connections: one past it is closed before any byte is read;
+- `max_header_bytes` / `max_headers`: 431 `headers_too_large` (a head still arriving is
+  counted as its bytes come in, so memory stays bounded by the limit plus one read);
+- `header_timeout_s`: a head must be complete this long after the connection opened or
+  its first byte arrived (nothing sent: closed quietly; a partial head: 408);
+- `body_timeout_s`: the body must be complete this long after its head (408);
+- a body over `max_body` (declared or arriving): 413 `request_too_large`;
+- malformed framing or a target that is not a path: 400 `invalid_request` as an OpenAI
+  error object; chunk framing or trailer bytes past `max_header_bytes`: 431; trailer
+  fields and protocol upgrades: 400.
+
+Every refusal is a JSON error with `connection: close`, then the write side is shut and
+what the client still sends is dropped for a bounded time (`LINGER_S`, `LINGER_BYTES`);
+while an answer is being written the connection is closed instead. A request that passed
+goes to `request_complete` whole (`Request`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httptools
+
+from gateway.errors import ErrorCode
+from gateway.listener import (
+    LINGER_BYTES,
+    LINGER_S,
+    NO_TRAILERS,
+    NO_UPGRADE,
+    ListenerLimits,
+    Refusal,
+    Refusals,
+    framing_message,
+    refusal_answer,
+    too_long_message,
+    too_many_message,
+)
+
+__all__ = ["Request", "RequestReader"]
+
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+class Request:
+    """One complete request: method, target (path and query), headers (names in lower
+    case, in order), body, and whether the connection stays open after it."""
+
+    __slots__ = ("body", "headers", "keep_alive", "method", "target")
+
+    def __init__(
+        self,
+        method: bytes,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        keep_alive: bool,
+    ) -> None:
+        self.method = method
+        self.target = target
+        self.headers = headers
+        self.body = body
+        self.keep_alive = keep_alive
+
+
+class RequestReader(asyncio.Protocol):
+    """Parses requests on one connection within `limits`; a subclass answers them
+    (`request_complete`) and sets `task` while it does."""
+
+    transport: asyncio.Transport
+
+    def __init__(
+        self,
+        limits: ListenerLimits,
+        refusals: Refusals,
+        max_body: int,
+        connections: set[RequestReader],
+    ) -> None:
+        self._limits = limits
+        self._refusals = refusals
+        self._max_body = max_body
+        self._connections = connections
+        self._loop = asyncio.get_running_loop()
+        self.parser = httptools.HttpRequestParser(self)
+        self.task: asyncio.Task[None] | None = None  # answering a request
+        self._refused = False  # closed at once by the connection cap
+        self._in_head = True  # the next bytes belong to a request head
+        self._head_begun = False  # ... and some of them have arrived
+        self._head_bytes = 0  # bytes of reads that began inside the current head
+        self._read_len = 0  # length of the read being parsed
+        self._body_read = 0  # body bytes the current read delivered
+        self._framing = 0  # body-phase bytes since the last body bytes
+        self._target = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._body: list[bytes] = []
+        self._body_size = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._linger_left = -1  # bytes still dropped after a refusal; -1: not refused
+
+    def request_complete(self, request: Request) -> None:
+        raise NotImplementedError
+
+    @property
+    def reading(self) -> bool:
+        """Whether a request head has begun arriving."""
+        return self._head_begun
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        if len(self._connections) >= self._limits.max_connections:
+            self._refused = True
+            self._refusals.note("max_connections", self._loop.time())
+            transport.close()
+            return
+        self._connections.add(self)
+        self._head_timer = self._loop.call_later(self._limits.header_timeout_s, self._head_late)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connections.discard(self)
+        for timer in (self._head_timer, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self._body_timer = None
+
+    def data_received(self, data: bytes) -> None:
+        if self._linger_left >= 0:  # refused: drop what still comes, within bounds
+            self._linger_left -= len(data)
+            if self._linger_left < 0:
+                self.transport.close()
+            return
+        self._read_len = len(data)
+        in_body = not self._in_head
+        if in_body:
+            self._body_read = 0
+        else:
+            self._head_bytes += self._read_len
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            refusal = exc.__context__
+            if isinstance(refusal, Refusal):
+                self._refuse(refusal.code, refusal.reason, refusal.message)
+            else:
+                self._refuse(ErrorCode.invalid_request, "framing", "Invalid HTTP request.")
+            return
+        except httptools.HttpParserUpgrade:
+            self._refuse(ErrorCode.invalid_request, "upgrade", NO_UPGRADE)
+            return
+        except httptools.HttpParserError as exc:
+            self._refuse(ErrorCode.invalid_request, "framing", framing_message(exc))
+            return
+        if self._in_head:
+            if self._head_begun:  # a head is still arriving
+                limit = self._limits.max_header_bytes
+                if self._head_bytes > limit:
+                    self._refuse(
+                        ErrorCode.headers_too_large, "header_bytes", too_long_message(limit)
+                    )
+                elif self._head_timer is None:
+                    self._head_timer = self._loop.call_later(
+                        self._limits.header_timeout_s, self._head_late
+                    )
+        else:  # a body is still arriving
+            if in_body and self._framing_too_long():
+                return
+            if self._body_timer is None:
+                self._body_timer = self._loop.call_later(
+                    self._limits.body_timeout_s, self._body_late
+                )
+
+    # parser callbacks
+
+    def on_message_begin(self) -> None:
+        self._head_begun = True
+        self._target = b""
+        self._headers = []
+        self._body = []
+        self._body_size = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._target += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:  # a chunked body's trailer fields: refused, as the gateway does
+            raise Refusal(ErrorCode.invalid_request, "trailers", NO_TRAILERS)
+        self._headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        limits = self._limits
+        if len(self._headers) > limits.max_headers:
+            raise Refusal(
+                ErrorCode.headers_too_large, "header_count", too_many_message(limits.max_headers)
+            )
+        if self.parser.should_upgrade():
+            raise Refusal(ErrorCode.invalid_request, "upgrade", NO_UPGRADE)
+        limit = limits.max_header_bytes
+        if (self._head_bytes > limit or self._read_len > limit) and self._head_size() > limit:
+            raise Refusal(ErrorCode.headers_too_large, "header_bytes", too_long_message(limit))
+        if not self._target.startswith(b"/"):
+            raise Refusal(ErrorCode.invalid_request, "framing", "Invalid request target.")
+        expect_continue = False
+        for name, value in self._headers:
+            if name == b"content-length":
+                if value.isdigit() and (len(value) > 20 or int(value) > self._max_body):
+                    raise self._too_large()
+            elif name == b"expect" and value.lower() == b"100-continue":
+                expect_continue = True
+        self._in_head = self._head_begun = False
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        if expect_continue and self.task is None:
+            self.transport.write(_CONTINUE)
+
+    def on_body(self, body: bytes) -> None:
+        self._body_read += len(body)
+        self._body_size += len(body)
+        if self._body_size > self._max_body:
+            raise self._too_large()
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._in_head = True
+        self._head_bytes = 0
+        self._framing = 0
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        body = self._body
+        self.request_complete(
+            Request(
+                self.parser.get_method(),
+                self._target,
+                self._headers,
+                body[0] if len(body) == 1 else b"".join(body),
+                self.parser.should_keep_alive(),
+            )
+        )
+
+    # limits
+
+    def _too_large(self) -> Refusal:
+        limit = self._max_body
+        return Refusal(
+            ErrorCode.request_too_large,
+            "body_bytes",
+            f"The request body exceeds the limit of {limit} bytes.",
+        )
+
+    def _framing_too_long(self) -> bool:
+        """As the gateway's listener: chunk-size lines and trailers past the head limit."""
+        if self._body_read:
+            self._framing = self._read_len - self._body_read
+        else:
+            self._framing += self._read_len
+        limit = self._limits.max_header_bytes
+        if self._framing <= limit:
+            return False
+        self._refuse(
+            ErrorCode.headers_too_large,
+            "framing_bytes",
+            f"The request's chunk framing or trailer fields exceed {limit} bytes.",
+        )
+        return True
+
+    def _head_size(self) -> int:
+        size = len(self.parser.get_method()) + len(self._target) + 13
+        for name, value in self._headers:
+            size += len(name) + len(value) + 4
+        return size
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if not self._head_begun:  # nothing sent: close quietly
+            self._refusals.note("idle_timeout", self._loop.time())
+            self.transport.close()
+            return
+        self._refuse(
+            ErrorCode.request_timeout,
+            "header_timeout",
+            f"The request head did not arrive within {self._limits.header_timeout_s:g} s.",
+        )
+
+    def _body_late(self) -> None:
+        self._body_timer = None
+        self._refuse(
+            ErrorCode.request_timeout,
+            "body_timeout",
+            f"The request body did not arrive within {self._limits.body_timeout_s:g} s.",
+        )
+
+    def _refuse(self, code: ErrorCode, reason: str, message: str) -> None:
+        """Answer `code` (unless another answer is in progress) and close."""
+        self._refusals.note(reason, self._loop.time())
+        for timer in (self._head_timer, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self._body_timer = None
+        if self.task is not None:  # a second answer on the wire would corrupt the first
+            self.transport.close()
+            return
+        self.transport.write(refusal_answer(code, message, []))
+        self._linger_left = LINGER_BYTES
+        self.transport.resume_reading()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._loop.call_later(LINGER_S, self.transport.close)

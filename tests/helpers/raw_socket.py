@@ -1,0 +1,68 @@
+"""Raw-socket HTTP/1.1 for listener tests: send bytes, read everything until the server
+closes, parse the answer, check an OpenAI error refusal."""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any, Protocol
+
+__all__ = ["WAIT_S", "Server", "assert_refused", "connect", "exchange", "parse", "read_to_end"]
+
+WAIT_S = 10.0  # the most any test waits for the server's answer or close
+
+
+class Server(Protocol):
+    host: str
+    port: int
+
+
+def connect(server: Server) -> socket.socket:
+    return socket.create_connection((server.host, server.port), timeout=WAIT_S)
+
+
+def read_to_end(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (a reset counts as closed); a server
+    that keeps the connection open past WAIT_S fails the test (socket timeout)."""
+    data = bytearray()
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return bytes(data)
+        if not chunk:
+            return bytes(data)
+        data += chunk
+
+
+def parse(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, body
+
+
+def assert_refused(raw: bytes, status: int, code: str) -> dict[str, Any]:
+    """One OpenAI error object with `status` and `code`, and the connection closing."""
+    assert raw, "the server closed the connection without an answer"
+    got, headers, body = parse(raw)
+    assert got == status, raw[:300]
+    assert headers["content-type"] == "application/json"
+    assert headers["connection"] == "close"
+    assert headers["x-request-id"].startswith("req_")
+    assert int(headers["content-length"]) == len(body)  # nothing after the answer
+    error: dict[str, Any] = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == code
+    assert error["type"] == "invalid_request_error"
+    return error
+
+
+def exchange(server: Server, data: bytes) -> bytes:
+    with connect(server) as sock:
+        sock.sendall(data)
+        return read_to_end(sock)

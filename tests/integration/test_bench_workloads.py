@@ -1,0 +1,171 @@
+"""The workloads benchmark: a `--quick` run over the GH200-class simulator end to end,
+and its parts (the vLLM-compatible client's summary, ratios, verdicts) on fixed data.
+
+Timing is never asserted: the end-to-end run checks that every target answered every
+request, that the report has its documented shape, and that the gateways' CPU and the
+ratios were measured.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.config import load_config
+from owngate_bench.workloads_client import ClientSpec, Result, prompt_text, summarize
+from owngate_bench.workloads_report import compare
+from owngate_bench.workloads_routing import verdict as routing_verdict
+from owngate_bench.workloads_targets import TARGETS, Backend, gateway_config
+from tests.helpers.paths import REPO_ROOT
+
+pytestmark = pytest.mark.bench
+
+VLLM_KEYS = {
+    "completed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    *(
+        f"{s}_{m}_ms"
+        for s in ("mean", "median", "std", "p99")
+        for m in ("ttft", "tpot", "itl", "e2el")
+    ),
+}
+
+
+def test_quick_run_over_the_gh200_simulator(tmp_path: Path) -> None:
+    out = tmp_path / "workloads.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OWNGATE_BENCH_")}
+    argv = ["bench", "workloads", "--backend", "sim-gh200", "--quick", "--json", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", *argv],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,  # this run takes ~25 s; the timeout only bounds a hang
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report: dict[str, Any] = json.loads(out.read_text())
+    assert report["backend"] == "sim-gh200" and report["reps"] == 2
+    assert [s["name"] for s in report["suites"]] == ["chat", "sweep-8"]
+    for suite in report["suites"]:
+        assert set(suite["targets"]) == set(TARGETS)
+        for run in suite["runs"]:
+            for summary in run.values():
+                assert set(summary) >= VLLM_KEYS
+                assert (
+                    summary["failed"] == 0 and summary["completed"] == suite["shape"]["num_prompts"]
+                )
+        for target in ("owngate", "owngate+production"):
+            row = suite["targets"][target]
+            assert row["gateway_cpu_ms_per_request"] > 0
+            assert {"median_ttft_ms", "median_itl_ms", "output_throughput"} <= set(row["ratios"])
+            assert row["verdict"]
+    assert "verdict owngate+production:" in proc.stdout
+
+
+def test_prompts_are_fresh_and_about_the_asked_length() -> None:
+    rng = random.Random(1)
+    first, second = prompt_text(100, rng), prompt_text(100, rng)
+    assert first.split()[0] != second.split()[0]  # no shared cached prefix
+    assert len(first.split()) == 97
+
+
+def test_spec_round_trips_an_infinite_rate() -> None:
+    spec = ClientSpec("127.0.0.1", 1, "m", 10, 5, 2, math.inf, 1, seed=3, arrival_seed=4)
+    assert ClientSpec.from_json(spec.to_json()) == spec
+
+
+def test_summary_uses_vllms_definitions() -> None:
+    results = [
+        Result(ok=True, ttft=0.1, e2el=1.1, itl=[0.2, 0.3], prompt_tokens=10, output_tokens=3),
+        Result(ok=True, ttft=0.3, e2el=0.7, itl=[0.1, 0.1], prompt_tokens=20, output_tokens=3),
+        Result(error="status 500"),
+    ]
+    summary = summarize(results, duration_s=2.0)
+    assert set(summary) >= VLLM_KEYS
+    assert (summary["completed"], summary["failed"]) == (2, 1)
+    assert summary["total_output_tokens"] == 6 and summary["output_throughput"] == 3.0
+    assert summary["total_token_throughput"] == 18.0
+    assert summary["median_ttft_ms"] == pytest.approx(200.0)
+    assert summary["mean_tpot_ms"] == pytest.approx((500.0 + 200.0) / 2)  # (E2EL-TTFT)/(n-1)
+    assert summary["mean_itl_ms"] == pytest.approx(175.0)
+    assert summary["p99_itl_ms"] == pytest.approx(300.0)
+
+
+def _summary(
+    ttft: float, itl: float, throughput: float, cpu: float | None = None
+) -> dict[str, Any]:
+    found: dict[str, Any] = {
+        "completed": 4,
+        "failed": 0,
+        "total_output_tokens": 400,
+        "median_ttft_ms": ttft,
+        "p99_ttft_ms": ttft * 2,
+        "median_itl_ms": itl,
+        "p99_itl_ms": itl * 2,
+        "output_throughput": throughput,
+    }
+    if cpu is not None:
+        found.update(gateway_cpu_s=cpu, gateway_idle_cores=0.01)
+    return found
+
+
+def test_ratios_are_paired_per_repetition_and_noise_covers_one() -> None:
+    runs = [
+        {"direct": _summary(100, 10, 50), "owngate": _summary(105, 10.2, 49, cpu=0.02)},
+        {"direct": _summary(120, 11, 45), "owngate": _summary(110, 10.9, 46, cpu=0.02)},
+        {"direct": _summary(100, 10, 50), "owngate": _summary(101, 9.9, 50, cpu=0.02)},
+    ]
+    row = compare(runs, ("direct", "owngate"))["owngate"]
+    assert row["ratios"]["median_ttft_ms"]["median"] == pytest.approx(1.01)
+    assert row["ratios"]["median_ttft_ms"]["min"] == pytest.approx(110 / 120)
+    assert row["gateway_cpu_ms_per_request"] == pytest.approx(0.06 / 12 * 1e3)
+    assert row["verdict"].startswith("within noise")
+
+
+def test_a_consistent_slowdown_is_named() -> None:
+    runs = [
+        {"direct": _summary(100, 10, 50), "owngate": _summary(150, 10, 50, cpu=0.0)},
+        {"direct": _summary(100, 10, 50), "owngate": _summary(140, 10, 50, cpu=0.0)},
+    ]
+    verdict = compare(runs, ("direct", "owngate"))["owngate"]["verdict"]
+    assert "outside noise" in verdict and "TTFT p50 worse (1.45x)" in verdict
+    assert "ITL" not in verdict and "tok/s" not in verdict
+
+
+def test_routing_verdict_needs_separated_ranges() -> None:
+    assert routing_verdict({"score": [1.0, 2.0], "round_robin": [1.5, 3.0]}).startswith(
+        "no strategy won"
+    )
+    assert routing_verdict({"score": [1.0, 1.2], "round_robin": [1.5, 3.0]}).startswith("score won")
+
+
+@pytest.mark.parametrize("strategy", ["score", "round_robin"])
+def test_gateway_configs_are_valid_and_say_what_they_name(tmp_path: Path, strategy: str) -> None:
+    backends = [Backend("llamacpp", 9001, {}), Backend("llamacpp", 9002, {})]
+    plain_path, plain_env = gateway_config(tmp_path, "owngate", backends, 8080, "k", strategy)
+    plain = load_config(plain_path, env=plain_env)
+    assert [b.kind for b in plain.backends] == ["llamacpp", "llamacpp"]
+    assert plain.routing.default.strategy == strategy
+    assert plain.provenance is None and plain.policy is None
+    production_path, env = gateway_config(
+        tmp_path, "owngate+production", backends[:1], 8081, "k", strategy
+    )
+    production = load_config(production_path, env=env)
+    assert production.provenance is not None and production.policy is not None
+    assert production.backends[0].kind == "llamacpp"
+    assert production.backends[0].base_url == "http://127.0.0.1:9001"
+    assert production.routing.default.strategy == strategy

@@ -1,0 +1,81 @@
+"""The sidecar's fast statement path (`gateway.attest.notary`) writes exactly the bytes the
+reference `Statement` / `sign_statement` write, and logs exactly `Statement.record()`."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.attest.notary import Notary, rfc3339_ms
+from gateway.provenance import Signer
+from gateway.provenance.formats.attestation import Statement, open_countersignature, sign_statement
+from gateway.provenance.formats.records import format_time
+from gateway.provenance.testing import seeded_signer
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ID = st.text("ABCXYZabcxyz0189._:-", min_size=1, max_size=128)
+_HEX = st.text("0123456789abcdef", min_size=64, max_size=64)
+_NS = st.integers(min_value=0, max_value=4_102_444_800 * 10**9)  # up to 2100
+
+
+class _Log:
+    """What the notary uses of a ProvenanceLog: its size, health and `append_soon`."""
+
+    def __init__(self, size: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.size = size
+        self.last_error = None
+        self.records: list[dict[str, Any]] = []
+        self._loop = loop
+
+    def append_soon(self, record: dict[str, Any], *, checked: bool) -> asyncio.Future[Any]:
+        assert checked
+        self.records.append(record)
+        return self._loop.create_future()
+
+
+@given(_NS)
+def test_the_time_is_format_time_of_the_same_instant(ns: int) -> None:
+    moment = _EPOCH + timedelta(microseconds=ns // 1000)
+    assert rfc3339_ms(ns) == format_time(moment)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_ID, _HEX, _HEX, st.integers(0, 2**40), st.lists(_NS, min_size=1, max_size=3))
+def test_the_envelope_and_record_are_the_reference_ones(
+    request_id: str, request_commitment: str, response_commitment: str, size: int, times: list[int]
+) -> None:
+    signer = seeded_signer("gpu-a.example/attest", 3)
+    loop = asyncio.new_event_loop()
+    try:
+        _check(signer, _Log(size, loop), request_id, request_commitment, response_commitment, times)
+    finally:
+        loop.close()
+
+
+def _check(
+    signer: Signer,
+    log: _Log,
+    request_id: str,
+    request_commitment: str,
+    response_commitment: str,
+    times: list[int],
+) -> None:
+    clock = iter(sorted(times))
+    notary = Notary(signer, log, now_ns=lambda: next(clock))  # type: ignore[arg-type]
+    for number, ns in enumerate(sorted(times)):
+        envelope = notary.countersign(request_id.encode(), request_commitment, response_commitment)
+        statement = Statement(
+            request_id,
+            rfc3339_ms(ns),
+            log.size + number,
+            str(signer),
+            request_commitment,
+            response_commitment,
+        )
+        assert envelope == sign_statement(statement, signer)  # Ed25519 is deterministic
+        assert log.records[number] == statement.record()
+        assert open_countersignature(envelope).statement == statement
