@@ -42,7 +42,7 @@ from owngate_bench.seedclient import SeedSpec, run_in_subprocess
 from owngate_bench.seedload_report import render, summarise
 from owngate_bench.seedload_targets import (
     MODEL,
-    NO_NGINX,
+    NGINX_MISSING,
     PRODUCTION,
     TARGETS,
     Target,
@@ -283,6 +283,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nwrote {args.json} ({report['wall_s']:.0f}s in all)")
     broken = any(
         "error" in result or result["errors"] for results in reps for result in results.values()
-    ) or any(d.get("skipped") not in (None, NO_NGINX) for d in described.values())
+    ) or any(d.get("skipped") not in (None, NGINX_MISSING) for d in described.values())
     missed = args.check and any(v["met"] is not True for v in report["summary"]["verdicts"])
     return 1 if broken or missed else 0

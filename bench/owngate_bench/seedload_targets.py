@@ -3,17 +3,16 @@
 - two paced simulators (`owngate sim --zero-latency --token-interval S`): `sim` behind
   every target, `sim-b` the production configuration's second backend;
 - `direct`: the simulator itself;
-- `nginx`: one nginx worker as a bare reverse proxy to `sim` (keep-alive upstream,
-  `proxy_buffering off`, no access log), its config, pid and logs in the run directory;
-  skipped with a reason when `nginx` is not on PATH;
+- `nginx`: one nginx worker as a bare reverse proxy to `sim`, as `bench overhead`'s
+  (`owngate_bench.overhead_nginx`); skipped with a reason when nginx is not installed;
 - `owngate`: plain (the built-in policy set, no provenance log, no access log), as
   `bench overhead`'s `owngate`;
-- `owngate+production` (the name `bench overhead` uses for it): the issue's production
-  configuration, one worker: the generated policy set of `owngate_bench.overhead_policy`
-  (EU, zero retention, hosted EU fallback never used), the provenance log on (receipts,
-  fsync group commit, checkpoints), score routing over two private backends (`sim` and
-  `sim-b`, both EU, `capacity.max_concurrency` declared), and the JSON access log on,
-  as operators run it (written to the server's log file).
+- `owngate+production`: `bench overhead`'s production configuration
+  (`owngate_bench.overhead_production`), one worker: the generated policy set (EU, zero
+  retention, a hosted EU fallback never used), the provenance log on (receipts, fsync
+  group commit, checkpoints), score routing over two private backends (`sim` and `sim-b`,
+  `capacity.max_concurrency` declared) and the JSON access log on, as operators run it
+  (written to the server's log file).
 """
 
 from __future__ import annotations
@@ -23,24 +22,21 @@ import dataclasses
 import hashlib
 import os
 import secrets
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from owngate_bench.overhead_policy import HOSTED_KEY_ENV, write_policy_config
+from owngate_bench.overhead_nginx import NGINX_MISSING, nginx_argv, nginx_binary, write_nginx_config
+from owngate_bench.overhead_policy import HOSTED_KEY_ENV
+from owngate_bench.overhead_production import PRODUCTION, backend_ids, write_production_config
 from owngate_bench.services import HOST, Service, child_env, free_port, owngate_argv
 
-__all__ = ["MODEL", "NO_NGINX", "PRODUCTION", "TARGETS", "Target", "started"]
+__all__ = ["MODEL", "NGINX_MISSING", "PRODUCTION", "TARGETS", "Target", "started"]
 
 MODEL = "bench-model"
-PRODUCTION = "owngate+production"
 TARGETS = ("direct", "nginx", "owngate", PRODUCTION)
-ORIGIN = "bench.owngate/seed-load"
-NO_NGINX = "nginx not installed"
-CAPACITY = 4096  # declared slots per backend: the paced simulator has no slot limit
 HOST_HEX = "0100007F"  # 127.0.0.1 as /proc/net/tcp writes it (little-endian)
 
 
@@ -77,83 +73,6 @@ def _plain_config(sim_port: int, port: int, api_key: str) -> str:
         f"  - {{id: bench, api_key_hashes: ['{_key_hash(api_key)}'], models: ['*']}}\n"
         "admin: {allow_loopback: true, listen: null}\n"  # reads /admin/status; no admin API
     )
-
-
-def _production_config(rundir: Path, sim_ports: tuple[int, int], port: int, api_key: str) -> Path:
-    """The production configuration's gateway.yaml, its policies/ and its signing key."""
-    from gateway.provenance import write_signing_key  # the auditor's package, light
-
-    write_policy_config(  # writes policies/ (and a config of its own, unused here)
-        rundir,
-        host=HOST,
-        port=port,
-        sim_port=sim_ports[0],
-        closed_port=free_port(),
-        model=MODEL,
-        key_hash=_key_hash(api_key),
-    )
-    key_file = rundir / "log.key"
-    key_file.unlink(missing_ok=True)
-    (rundir / "log.vkey").write_text(write_signing_key(key_file, ORIGIN) + "\n")
-    logdir = rundir / "provenance-log"
-    if logdir.exists():
-        shutil.rmtree(logdir)  # a fresh log per run
-    zero = "{days: 0, zero_data_retention: true}"
-    backends = "".join(
-        f"  - {{id: {name}, kind: vllm, base_url: 'http://{HOST}:{sim_port}',\n"
-        f"     models: [{{name: {MODEL}}}], region: eu-west-1, owner: bench,\n"
-        f"     retention: {zero}, capacity: {{max_concurrency: {CAPACITY}}}}}\n"
-        for name, sim_port in zip(("sim", "sim-b"), sim_ports, strict=True)
-    )
-    config = rundir / "owngate-production.yaml"
-    config.write_text(
-        f"listen: {{host: {HOST}, port: {port}}}\n"
-        "logging: {format: json, level: info, access_log: true}\n"
-        "policy: {paths: [policies]}\n"
-        "routing: {default: {strategy: score}}\n"
-        "backends:\n"
-        f"{backends}"
-        f"  - {{id: hosted-eu, kind: hosted, provider: openai, owner: openai,\n"
-        f"     base_url: 'http://{HOST}:{sim_ports[0]}/v1', api_key_env: {HOSTED_KEY_ENV},\n"
-        f"     models: [{{name: {MODEL}, provider_model: openai/{MODEL}}}],\n"
-        f"     region: westeurope, retention: {zero}}}\n"
-        "tenants:\n"
-        f"  - {{id: bench, api_key_hashes: ['{_key_hash(api_key)}'], models: ['*']}}\n"
-        "admin: {allow_loopback: true, listen: null}\n"
-        f"provenance: {{dir: '{logdir}', origin: {ORIGIN}, signing_key_file: '{key_file}'}}\n"
-    )
-    return config
-
-
-def _nginx_config(directory: Path, port: int, sim_port: int) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    for temp in ("body", "proxy"):
-        (directory / temp).mkdir(exist_ok=True)
-    config = directory / "nginx.conf"
-    config.write_text(
-        "worker_processes 1;\n"
-        "daemon off;\n"
-        f"pid {directory}/nginx.pid;\n"
-        f"error_log {directory}/error.log warn;\n"
-        "events { worker_connections 16384; }\n"
-        "http {\n"
-        "  access_log off;\n"
-        f"  client_body_temp_path {directory}/body;\n"
-        f"  proxy_temp_path {directory}/proxy;\n"
-        f"  upstream sim {{ server {HOST}:{sim_port}; keepalive 1024; }}\n"
-        "  server {\n"
-        f"    listen {HOST}:{port};\n"
-        "    location / {\n"
-        "      proxy_pass http://sim;\n"
-        "      proxy_http_version 1.1;\n"
-        '      proxy_set_header Connection "";\n'
-        "      proxy_buffering off;\n"
-        "      proxy_read_timeout 300s;\n"
-        "    }\n"
-        "  }\n"
-        "}\n"
-    )
-    return config
 
 
 def _listening_inodes(port: int) -> set[str]:
@@ -211,6 +130,11 @@ def _check_owners(services: Sequence[Service], timeout: float = 15.0) -> None:
             time.sleep(0.1)
 
 
+def _pair(sims: Sequence[Service]) -> dict[str, list[int]]:
+    """The production configuration's two backends of MODEL: both paced simulators."""
+    return {MODEL: [sims[0].port, sims[1].port]}
+
+
 def _start_sim(name: str, interval_s: float, rundir: Path, env: dict[str, str]) -> Service:
     port = free_port()
     argv = ["sim", "--kind", "vllm", "--zero-latency", "--token-interval", f"{interval_s:g}"]
@@ -240,21 +164,21 @@ def started(
                 target.service = sims[0]
                 continue
             if target.name == "nginx":
-                exe = shutil.which("nginx")
+                exe = nginx_binary()
                 if exe is None:
-                    target.error = NO_NGINX
-                    log(f"  {NO_NGINX}: skipped")
+                    target.error = NGINX_MISSING
+                    log(f"  {NGINX_MISSING}")
                     continue
-                conf = _nginx_config(rundir / "nginx", port, sims[0].port)
-                argv = [exe, "-p", str(conf.parent), "-c", str(conf), "-e", "stderr"]
-                target.service = Service.start("nginx", argv, env, rundir, port)
+                conf = write_nginx_config(rundir, HOST, {port: sims[0].port})
+                target.service = Service.start("nginx", nginx_argv(exe, conf), env, rundir, port)
                 target.config = conf
                 ready["nginx"] = ("/v1/models", {})
             else:
                 gateway_env = env
                 if target.name == PRODUCTION:
-                    sim_ports = (sims[0].port, sims[1].port)
-                    config = _production_config(rundir, sim_ports, port, api_key)
+                    config = write_production_config(
+                        rundir, host=HOST, port=port, sims=_pair(sims), key_hash=_key_hash(api_key)
+                    )
                     gateway_env = {**env, HOSTED_KEY_ENV: "sk-bench-hosted-" + secrets.token_hex(8)}
                 else:
                     config = rundir / "owngate.yaml"
@@ -277,7 +201,8 @@ def started(
         _check_owners([s for s in services if s in sims or any(t.service is s for t in targets)])
         for target in targets:
             if target.service is not None and target.name.startswith("owngate"):
-                for backend in ("sim", "sim-b") if target.name == PRODUCTION else ("sim",):
+                production = target.name == PRODUCTION
+                for backend in backend_ids(_pair(sims)) if production else ["sim"]:
                     target.service.wait_backend_available(backend, 30.0)
         yield sims, targets
     finally:
