@@ -41,10 +41,20 @@ VERBS: dict[str, tuple[str, str]] = {
         "owngate with the provenance log off vs on, side by side, over a zero-latency "
         "and an LLM-shaped simulator (req/s, TTFT, CPU per request, ratios)",
     ),
+    "receipts": (
+        "receipts",
+        "provenance receipts signed per request (v1) vs per committed batch (v2), side "
+        "by side over a zero-latency simulator (req/s, CPU per request at c=1 and 16)",
+    ),
     "attest": (
         "attest",
         "what the owngate attest sidecar adds: direct vs via sidecar vs via gateway vs "
         "via gateway + sidecar (p50 latency, sidecar CPU per request)",
+    ),
+    "instructions": (
+        "instructions",
+        "instructions per request (and per chunk) of owngate plain vs the production "
+        "configuration, counted by valgrind's callgrind: steady on a shared machine",
     ),
     "provenance-log": (
         "provenance_log",

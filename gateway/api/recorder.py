@@ -24,6 +24,7 @@ from gateway.api.exchange import Exchange
 from gateway.api.receipts import ReceiptStore
 from gateway.api.refusal import Refused
 from gateway.api.trail import Trail
+from gateway.canonical import canonical_json_of_plain
 from gateway.config.facts import facts_of
 from gateway.config.schema import ProvenanceSettings
 from gateway.errors import ErrorCode, GatewayError
@@ -50,6 +51,7 @@ from gateway.provenance import (
     load_signer,
     make_receipt,
     refusal_record,
+    seal_receipts,
 )
 from gateway.routing.registry import BackendState
 from gateway.upstream.tls import Peer
@@ -82,6 +84,7 @@ class Recorder:
         settings, config_dir = self._settings, self._config_dir
         signer = load_signer(config_dir / settings.signing_key_file)
         previous = [load_signer(config_dir / f) for f in settings.previous_signing_key_files]
+        batched = settings.receipts == "batch"
         self._log = await ProvenanceLog.open(
             config_dir / settings.dir,
             settings.origin,
@@ -92,8 +95,15 @@ class Recorder:
                 checkpoint_every=settings.checkpoint_every,
                 checkpoint_interval_ms=settings.checkpoint_interval_ms,
             ),
+            # v2 receipts: each seal gives its receipt's payload, one signature per batch
+            # (a receipt alone in its batch is v1: the same one signature, less to carry)
+            batch_seal=functools.partial(
+                seal_receipts, log=settings.origin, signer=signer, lone_v1=True
+            )
+            if batched
+            else None,
         )
-        self._signer = signer
+        self._signer = signer if not batched else None
         # The log's public keys (current and previous): what its receipts and
         # checkpoints are checked against (the admin API's receipt verification).
         self.verifiers = [signer.verifier(), *(key.verifier() for key in previous)]
@@ -157,6 +167,8 @@ class Recorder:
             receipt = Receipt(
                 request_id, origin, entry.index, entry.leaf_hash, backend_id, digest, salts
             )
+            if signer is None:  # batch receipts: the log's batch seal signs the payloads
+                return canonical_json_of_plain(receipt.payload())
             return make_receipt(receipt, signer)
 
         try:

@@ -27,6 +27,7 @@ from gateway.provenance import (
     Verifier,
     load_verifiers,
     open_checkpoint,
+    receipt_version,
     verify_commitment,
     verify_log,
     verify_receipt,
@@ -422,8 +423,9 @@ def _receipt_verify(args: argparse.Namespace) -> int:
         if receipt.backend
         else f"refusal entry {receipt.index} (nothing was dispatched)"
     )
+    form = " (v2: its batch's signature and Merkle path)" if receipt_version(envelope) == 2 else ""
     print(
-        f"ok: receipt for request {receipt.request_id} signed by the log {receipt.log}: "
+        f"ok: receipt for request {receipt.request_id} signed by the log {receipt.log}{form}: "
         f"{names}, policy {receipt.policy_digest}"
     )
     statement = receipt_countersignature(

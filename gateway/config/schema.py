@@ -176,11 +176,16 @@ class ProvenanceSettings(_Strict):
     group_commit_ms: float = Field(default=2.0, ge=0)
     checkpoint_every: int = Field(default=10_000, gt=0)
     checkpoint_interval_ms: float = Field(default=1000.0, gt=0)
+    receipts: Literal["batch", "single"] = Field(
+        default="batch",
+        description="batch: one signature per committed batch, each receipt with its "
+        "inclusion path (v2); single: one signature per receipt (v1)",
+    )
     receipts_kept: int = Field(default=100_000, gt=0)
     receipts_memory_bytes: int = Field(
         default=64 * 1024 * 1024,
         gt=0,
-        description="memory the receipts kept for lookup may take (about 1.2 KB each)",
+        description="memory the receipts kept for lookup may take (about 1.8 KB each)",
     )
     previous_signing_key_files: tuple[str, ...] = Field(
         default=(),

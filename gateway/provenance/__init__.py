@@ -6,8 +6,9 @@ inclusion proofs. Only the standard library and `cryptography` are needed: an au
 install this package without the server. See docs/provenance.md.
 
 The gateway uses `ProvenanceLog` (writer), the record builders, `Salts` / `commit` and
-`make_receipt`; auditors use `verify_log`, `verify_receipt`, `verify_tlog_proof` and
-`verify_commitment`, all of which raise a `ProvenanceError` rather than return a bool.
+`seal_receipts` / `make_receipt`; auditors use `verify_log`, `verify_receipt`,
+`verify_tlog_proof` and `verify_commitment`, all of which raise a `ProvenanceError` rather
+than return a bool.
 
 The package is in wings, each a subpackage:
 
@@ -59,7 +60,13 @@ from gateway.provenance.formats.commitments import (
 )
 from gateway.provenance.formats.note import Signer, Verifier, open_note, sign_note
 from gateway.provenance.formats.proofs import TlogProof, verify_tlog_proof
-from gateway.provenance.formats.receipts import Receipt, make_receipt, verify_receipt
+from gateway.provenance.formats.receipt_batch import seal_receipts
+from gateway.provenance.formats.receipts import (
+    Receipt,
+    make_receipt,
+    receipt_version,
+    verify_receipt,
+)
 from gateway.provenance.formats.records import (
     BackendRef,
     LogEntry,
@@ -128,7 +135,9 @@ __all__ = [
     "open_checkpoint",
     "open_note",
     "parse_record",
+    "receipt_version",
     "refusal_record",
+    "seal_receipts",
     "sign_checkpoint",
     "sign_note",
     "validate_record",

@@ -37,6 +37,7 @@ from gateway.upstream.tls import BackendTLS, Peer, TLSRejectedError, system_tls
 __all__ = ["DEFAULT_MAX_BODY", "Connection", "HttpPool", "UpstreamError", "UpstreamResponse"]
 
 _HIGH_WATER = 256 * 1024
+_TIMER_SLACK_S = 0.001  # how early a loop may run a timer (uvloop: millisecond ticks)
 
 # busy: this gateway already has max_connections open to the backend (not a backend fault)
 # too_large: the answer passed the byte limit of `read()` (the connection was dropped)
@@ -216,6 +217,11 @@ class UpstreamResponse:
         self._buffered = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
+        # One timer per response, not one per read: a read sets `_due`, and the timer is
+        # moved only when that comes sooner than it fires (`_wait`, `_check_due`).
+        self._timer: asyncio.TimerHandle | None = None
+        self._due = 0.0  # event-loop time the current read gives up
+        self._due_what = ""
         self._error: UpstreamError | None = None
         self._released = False
         self.sent_at = 0.0  # event-loop time the request went out
@@ -258,14 +264,42 @@ class UpstreamResponse:
         self._wake()
 
     async def _wait(self, timeout: float, what: str) -> None:
+        """Wait for bytes, the end or an error, at most `timeout` seconds (then `timeout`).
+        A stream's reads come one after another, each with its own deadline; arming and
+        cancelling a timer for each would cost more than the read, so the response keeps
+        one timer, armed at the earliest deadline still pending and moved on when it fires
+        early (`_check_due`)."""
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(timeout, _expire, waiter, what)
+        due = self._due = loop.time() + timeout
+        self._due_what = what
+        timer = self._timer
+        if timer is None or timer.when() > due:
+            if timer is not None:
+                timer.cancel()
+            self._timer = loop.call_at(due, self._check_due)
         try:
             await waiter
         finally:
-            timer.cancel()
             self._waiter = None
+
+    def _check_due(self) -> None:
+        """The timer: fail a read that is past its deadline, or move on to it."""
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # nobody waits now: the next read arms the timer again
+        loop = waiter.get_loop()
+        # Timers may fire up to the loop's clock resolution early (1 ms on uvloop).
+        if loop.time() + _TIMER_SLACK_S >= self._due:
+            waiter.set_exception(UpstreamError("timeout", self._due_what))
+        else:
+            self._timer = loop.call_at(self._due, self._check_due)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     async def _wait_headers(self, timeout: float) -> None:
         while self.status == 0 and self._error is None:
@@ -353,6 +387,7 @@ class UpstreamResponse:
         if self._released:
             return
         self._released = True
+        self._disarm()
         conn = self._conn
         conn.response = None
         if self.complete and self._keep_alive and not conn.closed:
@@ -366,6 +401,7 @@ class UpstreamResponse:
         if self._released:
             return
         self._released = True
+        self._disarm()
         self._conn.response = None
         self._conn.abort()
         self._conn.pool._forget(self._conn)
@@ -400,11 +436,6 @@ def _ssl_reason(exc: ssl.SSLError) -> str:
     if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
         return f"certificate verify failed: {exc.verify_message}"
     return str(exc.reason or exc.strerror or type(exc).__name__).lower().replace("_", " ")
-
-
-def _expire(waiter: asyncio.Future[None], what: str) -> None:
-    if not waiter.done():
-        waiter.set_exception(UpstreamError("timeout", what))
 
 
 class HttpPool:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import errno
 import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 
 from gateway.cli import audit
@@ -16,12 +20,33 @@ from tests.helpers.waiting import until
 
 __all__ = [
     "FailingDisk",
+    "batch_receipts",
     "completion_record",
     "log_bytes",
     "records",
     "request_records",
     "run_audit",
 ]
+
+
+def batch_receipts(
+    send: Callable[[], httpx.Response], *, concurrency: int = 16, rounds: int = 10
+) -> list[tuple[httpx.Response, bytes]]:
+    """Answers with their batch (v2) receipts: requests sent `concurrency` at a time, so
+    that their dispatch records share committed batches (a receipt alone in its batch is
+    v1), until a round yields some; at most `rounds` rounds."""
+    with ThreadPoolExecutor(concurrency) as pool:
+        for _ in range(rounds):
+            answers = list(pool.map(lambda _: send(), range(concurrency)))
+            found = []
+            for answer in answers:
+                assert answer.status_code == 200, answer.text
+                envelope = base64.b64decode(answer.headers["x-owngate-receipt"])
+                if orjson.loads(envelope).get("batch") is not None:
+                    found.append((answer, envelope))
+            if found:
+                return found
+    raise AssertionError(f"no batch receipt in {rounds} rounds of {concurrency} requests")
 
 
 def run_audit(argv: list[str]) -> int:

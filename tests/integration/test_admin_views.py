@@ -13,9 +13,16 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.provenance import Receipt, load_signer, make_receipt, write_signing_key
+from gateway.canonical import canonical_json
+from gateway.provenance import (
+    Receipt,
+    load_signer,
+    make_receipt,
+    seal_receipts,
+    write_signing_key,
+)
 from tests.helpers.admin import CASES, ORIGIN, TOKENS, WITNESS, Served, serve_admin
-from tests.helpers.provenance import run_audit
+from tests.helpers.provenance import batch_receipts, run_audit
 from tests.helpers.waiting import until
 
 
@@ -150,9 +157,9 @@ def test_bodies_are_bounded(served: Served) -> None:
 
 
 def test_a_receipt_is_verified_with_its_record_in_the_log(served: Served, tmp_path: Path) -> None:
-    answer = served.chat()
-    header = answer.headers["x-owngate-receipt"]
-    envelope = json.loads(base64.b64decode(header))
+    answer, signed_receipt = batch_receipts(served.chat)[0]  # v2: with its batch's path
+    header = base64.b64encode(signed_receipt).decode()
+    envelope = json.loads(signed_receipt)
     request_id = answer.headers["x-request-id"]
     found = served.get(f"/admin/v1/log/requests/{request_id}", "auditor")
     until(
@@ -179,12 +186,14 @@ def test_a_receipt_is_verified_with_its_record_in_the_log(served: Served, tmp_pa
 
     payload = json.loads(base64.b64decode(envelope["payload"]))
     altered = {**envelope, "payload": _b64({**payload, "backend": "elsewhere"})}
+    lifted = {**envelope, "position": envelope["position"] + 1}
     write_signing_key(tmp_path / "other.key", ORIGIN)
     forged = make_receipt(Receipt.from_payload(payload), load_signer(tmp_path / "other.key"))
     big = {**envelope, "payloadType": 10**30}  # what orjson cannot encode
     deep = "[" * 20000 + "]" * 20000  # past json's recursion limit: was a 500
     bad_ones = (
-        (altered, "signature"),
+        (altered, "root hash"),
+        (lifted, "index"),
         (forged.decode(), "trusted"),
         ("{", "JSON"),
         (big, "DSSE"),
@@ -199,16 +208,21 @@ def test_a_receipt_is_verified_with_its_record_in_the_log(served: Served, tmp_pa
     absent = {**payload, "index": 10**6}
     other = {**payload, "dispatch_hash": "00" * 32}
     for receipt, problem in ((absent, "missing"), (other, "not the record")):
-        signed = make_receipt(Receipt.from_payload(receipt), log_key).decode()
-        verdict = served.post("/admin/v1/receipts/verify", "auditor", {"receipt": signed}).json()
-        assert verdict["valid"] is False and verdict["request_id"] == request_id, verdict
-        assert problem in verdict["problems"][0] and verdict["inclusion"]["checked"] is False
+        single = make_receipt(Receipt.from_payload(receipt), log_key).decode()
+        index = Receipt.from_payload(receipt).index
+        batched = seal_receipts([(index, canonical_json(receipt))], ORIGIN, log_key)[0].decode()
+        for signed in (single, batched):  # v1 and v2 receipts alike
+            verdict = served.post(
+                "/admin/v1/receipts/verify", "auditor", {"receipt": signed}
+            ).json()
+            assert verdict["valid"] is False and verdict["request_id"] == request_id, verdict
+            assert problem in verdict["problems"][0] and not verdict["inclusion"]["checked"]
     too_big = served.post("/admin/v1/receipts/verify", "auditor", {"receipt": "x" * 70000})
     assert too_big.status_code == 400 and too_big.json()["error"]["param"] == "receipt"
 
 
 def _b64(value: dict[str, Any]) -> str:
-    return base64.b64encode(json.dumps(value).encode()).decode()
+    return base64.b64encode(canonical_json(value)).decode()
 
 
 def test_witness_cosignatures_of_the_latest_checkpoint(served: Served) -> None:

@@ -32,17 +32,18 @@ from tests.helpers.gateways import (
     hosted_backend,
     readiness,
 )
-from tests.helpers.provenance import completion_record, records
+from tests.helpers.provenance import batch_receipts, completion_record, records
 from tests.helpers.waiting import until
 
 CANARY = "CANARY-5c1b-provenance-never-stores-content"
 
 
-@pytest.fixture
+@pytest.fixture(params=["batch", "single"])
 def logged(
-    start_sim: Callable[..., Sim], tmp_path: Path
+    start_sim: Callable[..., Sim], tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[tuple[Gateway, Sim, Path, str]]:
-    """A gateway with the provenance log on; yields (gateway, sim, log dir, verifier key)."""
+    """A gateway with the provenance log on, issuing batch (v2) or single (v1) receipts;
+    yields (gateway, sim, log dir, verifier key)."""
     from gateway.app import create_app
 
     vkey = write_signing_key(tmp_path / "log.key", "test.owngate/log/1")
@@ -54,6 +55,7 @@ def logged(
             "origin": "test.owngate/log/1",
             "signing_key_file": "log.key",
             "checkpoint_interval_ms": 50,
+            "receipts": request.param,
         },
     )
     app = create_app(config, environ={}, config_dir=tmp_path)
@@ -76,6 +78,8 @@ def test_every_request_is_logged_and_receipted(
     assert response.status_code == 200
     envelope = base64.b64decode(response.headers["x-owngate-receipt"])
     receipt = verify_receipt(envelope, verifiers)
+    # one request at a time: alone in its batch, its receipt is v1 in either mode
+    assert "batch" not in orjson.loads(envelope) and "signatures" in orjson.loads(envelope)
     assert receipt.request_id == response.headers["x-request-id"]
     assert receipt.backend == "gpu"
     assert receipt.policy_digest == gateway.app.policies.current.digest
@@ -169,6 +173,37 @@ def test_every_request_is_logged_and_receipted(
         timeout=60,
     )
     assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+def test_concurrent_requests_share_signed_batches(
+    logged: tuple[Gateway, Sim, Path, str],
+) -> None:
+    """With `receipts: batch`, requests whose dispatch records share a committed batch get
+    batch receipts (v2), each verifying on its own; with `single`, never."""
+    gateway, _sim, log_dir, vkey = logged
+    verifiers = load_verifiers([vkey])
+    ask = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    url = f"{gateway.url}/v1/chat/completions"
+
+    def send() -> httpx.Response:
+        return httpx.post(url, headers=gateway.headers, json=ask, timeout=10)
+
+    if gateway.app.config.provenance.receipts == "single":  # type: ignore[union-attr]
+        with pytest.raises(AssertionError, match="no batch receipt"):
+            batch_receipts(send, rounds=2)
+        return
+    found = batch_receipts(send)
+    for answer, envelope in found:
+        assert verify_receipt(envelope, verifiers).request_id == answer.headers["x-request-id"]
+        looked_up = httpx.get(  # the lookup serves the same batch receipt
+            f"{gateway.url}/v1/provenance/receipts/{answer.headers['x-request-id']}",
+            headers=gateway.headers,
+            timeout=10,
+        )
+        assert looked_up.status_code == 200 and looked_up.content == envelope
+    statements = {orjson.loads(envelope)["batch"]["payload"] for _, envelope in found}
+    assert len(statements) < len(found)  # some share one signature
+    assert verify_log(log_dir, verifiers).size > 0
 
 
 def test_refusals_are_logged(start_sim: Callable[..., Sim], tmp_path: Path) -> None:

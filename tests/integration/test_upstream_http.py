@@ -7,6 +7,7 @@ import contextlib
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -279,3 +280,75 @@ async def _until_complete(response: UpstreamResponse) -> None:
             return
         await asyncio.sleep(0)  # one loop iteration: the connection's reads run
     raise AssertionError("the answer did not complete")
+
+
+def _dripping(chunks: int, gap_s: float, then_stall: bool) -> Handler:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for _ in range(chunks):
+            writer.write(b"1\r\nx\r\n")
+            await writer.drain()
+            await asyncio.sleep(gap_s)
+        if then_stall:
+            await asyncio.Event().wait()  # stops sending, keeps the connection open
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    return handler
+
+
+def test_the_read_timeout_runs_from_the_last_bytes_not_the_first_read() -> None:
+    # 12 chunks 50 ms apart outlast a 300 ms read timeout in all; each read is in time,
+    # so the stream is cut only once the backend stops sending.
+    async def body(pool: HttpPool) -> None:
+        response = await pool.request(b"POST", b"/", [], b"{}")
+        received: list[bytes] = []
+
+        async def drain() -> None:
+            async for chunk in response.chunks():
+                received.append(chunk)
+
+        with pytest.raises(UpstreamError) as info:
+            await drain()
+        assert info.value.kind == "timeout"
+        assert info.value.detail == "backend stopped sending mid-response"
+        assert b"".join(received) == b"x" * 12
+        assert pool.open_connections == 0
+
+    asyncio.run(_with_backend(_dripping(12, 0.05, then_stall=True), body, read_timeout=0.3))
+
+
+def test_a_stream_arms_one_timer_not_one_per_read() -> None:
+    armed: list[str] = []  # the timers' callbacks, but the backend's own sleeps
+
+    def note(callback: Any) -> None:
+        name = getattr(callback, "__name__", repr(callback))
+        if name != "_set_result_unless_cancelled":  # asyncio.sleep, in the backend here
+            armed.append(name)
+
+    async def body(pool: HttpPool) -> None:
+        loop = asyncio.get_running_loop()
+        call_at, call_later = loop.call_at, loop.call_later
+
+        def counted_at(when: float, callback: Any, *args: Any, **kw: Any) -> asyncio.TimerHandle:
+            note(callback)
+            return call_at(when, callback, *args, **kw)
+
+        def counted_later(
+            delay: float, callback: Any, *args: Any, **kw: Any
+        ) -> asyncio.TimerHandle:
+            note(callback)
+            return call_later(delay, callback, *args, **kw)
+
+        response = await pool.request(b"POST", b"/", [], b"{}")
+        with (
+            mock.patch.object(loop, "call_at", counted_at),
+            mock.patch.object(loop, "call_later", counted_later),
+        ):
+            received = b"".join([chunk async for chunk in response.chunks()])
+        assert received == b"x" * 40
+        # a read that finds nothing buffered waits; 40 separate writes mean ~40 waits
+        assert len(armed) <= 2, armed
+
+    asyncio.run(_with_backend(_dripping(40, 0.005, then_stall=False), body))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import stat
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.canonical import canonical_json
 from gateway.provenance import (
     KeyFormatError,
     ProvenanceLog,
@@ -17,6 +19,7 @@ from gateway.provenance import (
     Verifier,
     load_signer,
     make_receipt,
+    seal_receipts,
     verify_tlog_proof,
     write_signing_key,
 )
@@ -45,6 +48,11 @@ def logdir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         log = await ProvenanceLog.open(path, ORIGIN, SIGNER)
         first = await log_request(log, 0, request_body=REQUEST_BODY, response_body=RESPONSE_BODY)
         receipt_file.write_bytes(make_receipt(first.receipt, SIGNER))
+        # the same receipt as a batch receipt (v2), in a batch with a neighbour's
+        neighbour = dataclasses.replace(first.receipt, request_id="req-x", index=99)
+        payloads = [(r.index, canonical_json(r.payload())) for r in (first.receipt, neighbour)]
+        batched = seal_receipts(payloads, ORIGIN, SIGNER)[0]
+        (path.parent / "receipt-v2.json").write_bytes(batched)
         for n in range(1, 4):
             await log_request(log, n)
         await log_request(log, 4, backend=EXAMPLE_HOSTED, fallback_reason="private_saturated")
@@ -72,15 +80,18 @@ def test_prove_prints_a_tlog_proof_that_verifies(
 def test_receipt_verify_alone_and_against_the_log(
     logdir: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path, receipt = logdir
-    assert run_audit(["receipt", "verify", str(receipt), "--key", SIGNER.vkey]) == 0
-    assert "ok: receipt for request req-0" in capsys.readouterr().out
-    argv = ["receipt", "verify", str(receipt), "--key", SIGNER.vkey, "--log", str(path)]
-    assert run_audit(argv) == 0
-    assert "ok: entry 0 is in the checkpoint of size 13" in capsys.readouterr().out
-    other = seeded_signer(ORIGIN, seed=9).vkey
-    assert run_audit(["receipt", "verify", str(receipt), "--key", other]) == 1
-    assert "not signed by a trusted key" in capsys.readouterr().err
+    path, single = logdir
+    for receipt, form in ((single, ""), (single.parent / "receipt-v2.json", " (v2: ")):
+        assert run_audit(["receipt", "verify", str(receipt), "--key", SIGNER.vkey]) == 0
+        assert f"ok: receipt for request req-0 signed by the log {ORIGIN}{form}" in (
+            capsys.readouterr().out
+        )
+        argv = ["receipt", "verify", str(receipt), "--key", SIGNER.vkey, "--log", str(path)]
+        assert run_audit(argv) == 0
+        assert "ok: entry 0 is in the checkpoint of size 13" in capsys.readouterr().out
+        other = seeded_signer(ORIGIN, seed=9).vkey
+        assert run_audit(["receipt", "verify", str(receipt), "--key", other]) == 1
+        assert "not signed by a trusted key" in capsys.readouterr().err
 
 
 def test_open_with_salt_or_with_receipt_and_log(

@@ -12,7 +12,8 @@ were durable at the snapshot and never holds an append back.
 
 `append_sealed(record, seal)` returns once the entry is durable, with a future for
 `seal(entry)`, run on the log's sealing thread (the gateway signs receipts there, beside
-the event loop: Ed25519 signing releases the GIL) while the request goes upstream.
+the event loop: Ed25519 signing releases the GIL) while the request goes upstream; with
+a `batch_seal`, one signature covers a batch's receipts (`Sealer`).
 
 If the disk refuses a write, `append` raises `LogUnavailableError` (the gateway answers
 503) and nothing of that batch is logged; the next append, or a probe each
@@ -36,7 +37,7 @@ from gateway.provenance.formats.tiles import MAX_ENTRY_SIZE
 from gateway.provenance.writer.checkpointer import Checkpointer, LogSettings
 from gateway.provenance.writer.outage import Outage
 from gateway.provenance.writer.queued import Queued
-from gateway.provenance.writer.sealer import Seal, Sealer, Sealing
+from gateway.provenance.writer.sealer import BatchSeal, Seal, Sealer, Sealing
 from gateway.provenance.writer.signal import Signal
 from gateway.provenance.writer.store import LogStore, Recovery, SignedNote
 from gateway.provenance.writer.worker import LoopWorker
@@ -55,23 +56,23 @@ class ProvenanceLog:
         worker: LoopWorker,
         settings: LogSettings,
         clock: Callable[[], float],
+        batch_seal: BatchSeal | None = None,
     ) -> None:
         self._store = store
         self._worker = worker  # the writer thread: appends and snapshots
         self._loop = asyncio.get_running_loop()
-        self._sealer = Sealer(self._loop)
+        self._sealer = Sealer(self._loop, batch_seal)
         self._settings = settings
         self._queue: list[Queued] = []
         self._wakeup = Signal(self._loop)  # the queue went from empty to not empty
         self._filled = Signal(self._loop)  # the queue reached the size of the last batch
         self._last_batch = 1  # awaited appends in the last batch
-        # How long a write takes as the committer sees it (moving average, seconds; 0 until
-        # the first): the longest it is worth holding a batch open for one more append.
-        self._write_time = 0.0
+        # A write's time as the committer sees it (moving average, s; 0 until the first):
+        self._write_time = 0.0  # the longest worth holding a batch open for one more append
         self._waiters = 0  # awaited appends queued now
         self._deferred_until: float | None = None  # when unawaited queued records must go
-        # Wakes the committer at `_deferred_until` (a timer rather than a wake-up now: the
-        # records usually ride with the next awaited batch, and the timer is then cancelled).
+        # Wakes the committer at `_deferred_until` (a timer, cancelled when the records ride
+        # with the next awaited batch, as they usually do, rather than a wake-up now).
         self._deferred_timer: asyncio.TimerHandle | None = None
         self._closing = False
         self._aborting = False
@@ -91,6 +92,7 @@ class ProvenanceLog:
         cosigners: Sequence[Signer] = (),
         settings: LogSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
+        batch_seal: BatchSeal | None = None,
     ) -> ProvenanceLog:
         """Open or create the log in `directory`, recovering after a crash; `cosigners` also
         sign every checkpoint (e.g. the previous key during a rotation)."""
@@ -100,7 +102,7 @@ class ProvenanceLog:
         except BaseException:
             worker.shutdown(wait=False)
             raise
-        return cls(store, worker, settings or LogSettings(), clock)
+        return cls(store, worker, settings or LogSettings(), clock, batch_seal)
 
     @property
     def origin(self) -> str:
@@ -154,18 +156,16 @@ class ProvenanceLog:
 
     async def append(self, record: Mapping[str, object], *, checked: bool = False) -> LogEntry:
         """Validate, encode and durably append one record; returns its index and leaf hash.
-        `checked=True` skips the schema walk for a record straight from one of the `records`
-        builders, which check their inputs and so build only valid records. Raises
-        RecordError for a record outside the schema, LogUnavailableError when the log cannot
-        be written (nothing was logged)."""
+        `checked=True` skips the schema walk for a record from a `records` builder (they
+        build only valid records). Raises RecordError for a record outside the schema,
+        LogUnavailableError when the log cannot be written (nothing was logged)."""
         return await self._put(record, checked, awaited=True)
 
     def append_soon(
         self, record: Mapping[str, object], *, checked: bool = False
     ) -> asyncio.Future[LogEntry]:
-        """Queue a record without waiting for it: the returned future completes when it is
-        durable (or fails). For records nothing waits on, e.g. a request's completion after
-        its answer went out. Raises at once what `append` raises before queueing."""
+        """Queue a record nothing waits on (e.g. a completion): the future completes when it
+        is durable (or fails). Raises at once what `append` raises before queueing."""
         return self._put(record, checked, awaited=False)
 
     async def append_sealed(
@@ -224,8 +224,7 @@ class ProvenanceLog:
         return future
 
     async def checkpoint(self) -> SignedNote:
-        """Sign a checkpoint now over every durable entry (returns the latest if none new).
-        A running export finishes first (`Checkpointer.now` waits for it)."""
+        """Sign a checkpoint now over all durable entries (the latest if none is new)."""
         snapshot = await self._in_worker(self._store.snapshot)
         return await self._checkpoints.now(snapshot)
 
@@ -234,8 +233,7 @@ class ProvenanceLog:
         return await self._checkpoints.inclusion_proof(index)
 
     async def consistency_proof(self, old: int, new: int) -> list[bytes]:
-        """The RFC 6962 consistency proof between two signed tree sizes (ValueError unless
-        `0 < old <= new <=` the latest checkpoint's); see `Checkpointer.consistency_proof`."""
+        """RFC 6962 consistency proof between signed sizes: `Checkpointer.consistency_proof`."""
         return await self._checkpoints.consistency_proof(old, new)
 
     async def close(self) -> None:
@@ -243,10 +241,9 @@ class ProvenanceLog:
         await self._stop(aborting=False)
 
     async def abort(self) -> None:
-        """Stop without a final checkpoint, releasing the directory. A batch already being
-        written completes; queued appends fail with LogUnavailableError. Entries made durable
-        since the last checkpoint stay in the write-ahead segment and the next `open`
-        recovers them, just as after a crash."""
+        """Stop without a final checkpoint, releasing the directory: a batch being written
+        completes, queued appends fail (LogUnavailableError); entries durable since the last
+        checkpoint stay in the write-ahead segment for the next `open`, as after a crash."""
         await self._stop(aborting=True)
 
     async def _stop(self, *, aborting: bool) -> None:
@@ -351,13 +348,10 @@ class ProvenanceLog:
 
     async def _gather_batch(self) -> None:
         """Wait for as many awaited appends as the last batch held, up to the group-commit
-        window or the time a write takes, whichever is shorter (records queued by
-        `append_soon` ride along but nobody waits on them: they neither start nor prolong
-        the wait). A lone appender is committed at once; concurrent appenders fill the
-        batch in well under the window. Appends that arrive during a commit join the next
-        one, so holding a batch open longer than a write takes never pays: an append that
-        misses it waits at most one write more (on a fast disk a fraction of a millisecond;
-        on a slow one the configured window)."""
+        window or the time a write takes, whichever is shorter (`append_soon` records ride
+        along, neither starting nor prolonging the wait). A lone appender is committed at
+        once; concurrent ones fill the batch in well under the window. Appends arriving
+        during a commit join the next, so an append that misses one waits one write more."""
         window = min(self._settings.group_commit_ms / 1000.0, self._write_time)
         target = min(self._last_batch, self._settings.max_batch)
         if window <= 0 or self._closing or not 0 < self._waiters < target:

@@ -1,0 +1,141 @@
+"""DSSE v1 envelopes as receipts use them: PAE, strict parsing, signature checks.
+
+Shared by the per-request receipt (`receipts`) and the batch receipt (`receipt_batch`).
+Parsing is strict where a lenient parser would let two verifiers disagree on what was
+signed: a JSON object with a duplicated member name is refused (parsers differ on which
+one wins), and base64 must be the canonical encoding of the bytes it decodes to (the
+unused low bits of the last character zero), so no two strings carry the same bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Iterable, Sequence
+
+from gateway.canonical import canonical_json
+from gateway.provenance.errors import MalformedError, SignatureError
+from gateway.provenance.formats.note import Signer, Verifier
+
+__all__ = [
+    "MAX_SIGNATURES",
+    "canonical_payload",
+    "decode_base64",
+    "loads_strict",
+    "pae",
+    "signed_envelope",
+    "sole_members",
+    "verify_signatures",
+]
+
+# An envelope carries the gateway's signature (and one per earlier key at most, after a
+# rotation); anything far beyond that is an attempt to make verification expensive.
+MAX_SIGNATURES = 8
+
+
+def pae(payload_type: str, payload: bytes) -> bytes:
+    """DSSE v1 pre-authentication encoding."""
+    kind = payload_type.encode("utf-8")
+    return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(payload), payload)
+
+
+def _unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        raise MalformedError("receipt JSON has a duplicated member name")
+    return value
+
+
+def loads_strict(data: bytes, what: str) -> object:
+    """JSON, refusing duplicated member names (MalformedError for anything not JSON)."""
+    try:
+        return json.loads(data, object_pairs_hook=_unique)
+    # ValueError: also a number over Python's 4,300-digit limit; RecursionError: nested deep
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError too
+        raise MalformedError(f"{what} is not JSON: {str(exc)[:200]}") from exc
+
+
+def decode_base64(value: object, what: str) -> bytes:
+    """Standard, padded base64 in its one canonical spelling."""
+    if not isinstance(value, str):
+        raise MalformedError(f"receipt {what} is not a string")
+    try:
+        decoded = base64.b64decode(value.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError) as exc:
+        raise MalformedError(f"receipt {what} is not valid base64") from exc
+    if base64.b64encode(decoded).decode("ascii") != value:
+        raise MalformedError(f"receipt {what} is not canonical base64")
+    return decoded
+
+
+def signed_envelope(payload_type: str, payload: bytes, signer: Signer) -> dict[str, object]:
+    """The DSSE envelope (as a dict, for the caller to encode) of `payload`."""
+    signature = signer.sign(pae(payload_type, payload))
+    return {
+        "payloadType": payload_type,
+        "payload": base64.b64encode(payload).decode(),
+        "signatures": [{"keyid": str(signer), "sig": base64.b64encode(signature).decode()}],
+    }
+
+
+def verify_signatures(
+    payload_type: str,
+    payload: bytes,
+    signatures: object,
+    verifiers: Iterable[Verifier],
+    *,
+    by_key_id: bool = False,
+) -> None:
+    """Raise unless a trusted key signed PAE(`payload_type`, `payload`); a signature naming
+    a trusted key that fails to verify is an error too. At most MAX_SIGNATURES are read.
+    `by_key_id`: only a signature whose `keyid` names a trusted key counts (v1 receipts also
+    let a signature without a known key id match any trusted key)."""
+    if not isinstance(signatures, list) or not signatures:
+        raise MalformedError("receipt envelope has no signatures")
+    if len(signatures) > MAX_SIGNATURES:  # each costs a verification against every key
+        raise MalformedError(f"receipt envelope has over {MAX_SIGNATURES} signatures")
+    message = pae(payload_type, payload)
+    trusted = list(verifiers)
+    verified = False
+    for item in signatures:
+        if not isinstance(item, dict):
+            raise MalformedError("receipt signature is not an object")
+        signature = decode_base64(item.get("sig"), "signature")
+        keyid = item.get("keyid")
+        named = [v for v in trusted if str(v) == keyid]
+        if named:
+            named[0].verify(message, signature)  # raises SignatureError
+            verified = True
+            continue
+        if by_key_id:
+            continue
+        for candidate in trusted:  # no or unknown key id: any trusted key may match
+            try:
+                candidate.verify(message, signature)
+            except SignatureError:
+                continue
+            verified = True
+            break
+    if not verified:
+        keys = ", ".join(str(v) for v in trusted) or "none"
+        raise SignatureError(f"receipt is not signed by a trusted key (trusted: {keys})")
+
+
+def canonical_payload(payload: bytes, what: str) -> object:
+    """The JSON value of a payload that must be its own JCS encoding."""
+    value = loads_strict(payload, what)
+    try:
+        canonical = canonical_json(value)
+    except (TypeError, ValueError) as exc:
+        raise MalformedError(f"{what} cannot be canonicalised: {exc}") from exc
+    if canonical != payload:
+        raise MalformedError(f"{what} is not canonical JSON (RFC 8785)")
+    return value
+
+
+def sole_members(value: object, required: Sequence[str], what: str) -> dict[str, object]:
+    """`value` as an object with exactly the members `required`."""
+    if not isinstance(value, dict) or set(value) != set(required):
+        raise MalformedError(f"{what} must have exactly the members {sorted(required)}")
+    return value

@@ -1,0 +1,73 @@
+"""A receipt's payload: what the log's signature binds, in either receipt form.
+
+`Receipt.payload()` is the JCS object of `application/vnd.owngate.receipt+json`: the log,
+the dispatch (or refusal) record's leaf index and hash, the backend, the policy digest and
+the two commitment salts. A per-request receipt (`receipts`) signs it directly; a batch
+receipt (`receipt_batch`) signs the Merkle root of a batch of them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gateway.provenance.errors import MalformedError
+from gateway.provenance.formats.commitments import Salts
+
+__all__ = ["RECEIPT_PAYLOAD_TYPE", "Receipt"]
+
+RECEIPT_PAYLOAD_TYPE = "application/vnd.owngate.receipt+json"
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")  # a SHA-256 hash or a 32-byte salt
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    request_id: str
+    log: str  # the log's checkpoint origin
+    index: int  # leaf index of the dispatch record
+    dispatch_hash: bytes  # RFC 6962 leaf hash of the dispatch record
+    backend: str
+    policy_digest: str
+    salts: Salts
+
+    def payload(self) -> dict[str, object]:
+        return {
+            "v": 1,
+            "request_id": self.request_id,
+            "log": self.log,
+            "index": self.index,
+            "dispatch_hash": self.dispatch_hash.hex(),
+            "backend": self.backend,
+            "policy_digest": self.policy_digest,
+            "salts": {"request": self.salts.request.hex(), "response": self.salts.response.hex()},
+        }
+
+    @classmethod
+    def from_payload(cls, value: object) -> Receipt:
+        expected = {"v", "request_id", "log", "index", "dispatch_hash", "backend"}
+        expected |= {"policy_digest", "salts"}
+        if not isinstance(value, dict) or set(value) != expected or value["v"] != 1:
+            raise MalformedError(f"receipt payload must have exactly {sorted(expected)}, v=1")
+        salts = value["salts"]
+        strings = ("request_id", "log", "backend", "policy_digest")
+        if (
+            not all(isinstance(value[name], str) for name in strings)
+            or not isinstance(value["index"], int)
+            or isinstance(value["index"], bool)
+            or value["index"] < 0
+            or not isinstance(value["dispatch_hash"], str)
+            or not _HEX64.match(value["dispatch_hash"])
+            or not isinstance(salts, dict)
+            or set(salts) != {"request", "response"}
+            or not all(isinstance(s, str) and _HEX64.match(s) for s in salts.values())
+        ):
+            raise MalformedError("receipt payload has a field of the wrong type")
+        return cls(
+            request_id=value["request_id"],
+            log=value["log"],
+            index=value["index"],
+            dispatch_hash=bytes.fromhex(value["dispatch_hash"]),
+            backend=value["backend"],
+            policy_digest=value["policy_digest"],
+            salts=Salts(bytes.fromhex(salts["request"]), bytes.fromhex(salts["response"])),
+        )

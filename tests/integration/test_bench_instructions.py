@@ -1,0 +1,68 @@
+"""`owngate bench instructions`: callgrind's counts of plain owngate and the production
+configuration. The run is checked for shape and for what must hold whatever the machine
+(the production configuration does strictly more work per request than plain owngate: a
+policy set, a signed record and a receipt); the counts themselves are not asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from owngate_bench.instructions import count_total
+from tests.helpers.paths import REPO_ROOT
+
+pytestmark = pytest.mark.bench
+
+_ANNOTATED = """\
+--------------------------------------------------------------------------------
+Profile data file 'callgrind.out.1' (creator: callgrind-3.19.0)
+Events recorded:  Ir
+--------------------------------------------------------------------------------
+Ir
+--------------------------------------------------------------------------------
+608,590,596 (100.0%)  PROGRAM TOTALS
+--------------------------------------------------------------------------------
+"""
+
+
+def test_count_total_reads_the_program_totals() -> None:
+    assert count_total(_ANNOTATED) == 608_590_596
+
+
+def test_count_total_refuses_output_without_totals() -> None:
+    with pytest.raises(ValueError, match="PROGRAM TOTALS"):
+        count_total("Ir\n 12 (50.0%) somewhere\n")
+
+
+def test_unknown_target_is_a_usage_error() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "bench", "instructions", "--targets", "nginx"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "--targets" in proc.stderr
+
+
+def test_a_short_run_counts_both_configurations() -> None:
+    argv = ["bench", "instructions", "--requests", "30", "--json"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", *argv],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,  # two gateways start under valgrind: ~30 s each here; bounds a hang
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["requests"] == 30 and report["concurrency"] == 1
+    plain, production = report["targets"]["owngate"], report["targets"]["owngate+production"]
+    assert plain["per_request"] == plain["instructions"] / 30 > 0
+    assert production["per_request"] > plain["per_request"]

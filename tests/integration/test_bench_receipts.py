@@ -1,0 +1,55 @@
+"""`owngate bench receipts --quick` end to end over real processes: report shape only.
+
+Timing is never asserted (the machine is shared); only that every point ran against the
+gateway issuing single (v1) and batch (v2) receipts without errors, that a receipt of
+each verified, that both logs verify, and that the sealing thread was measured alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.paths import REPO_ROOT
+
+pytestmark = pytest.mark.bench
+
+
+def test_quick_run_writes_the_side_by_side_report(tmp_path: Path) -> None:
+    out = tmp_path / "receipts.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OWNGATE_BENCH_")}
+    argv = ["bench", "receipts", "--quick", "--duration", "0.3", "--repeat", "1"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", *argv, "--concurrency", "1,4", "--json", str(out)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,  # ~20 s on a busy 2-core machine; this bounds a hang
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report: dict[str, Any] = json.loads(out.read_text())
+    assert [(p["concurrency"], p["order"]) for p in report["points"]] == [
+        (1, ["single", "batch"]),
+        (4, ["batch", "single"]),  # the modes trade places from point to point
+    ]
+    for point in report["points"]:
+        for mode in ("single", "batch"):
+            assert point[mode]["cpu_ms_per_req"] > 0 and not point[mode]["errors"], point
+    checks = report["checks"]
+    assert "v1 (single)" in checks["single"] and checks["single"].endswith("verified")
+    assert checks["batch"].endswith("verified")
+    assert checks["log single"].startswith("verified") and checks["log batch"].startswith(
+        "verified"
+    )
+    sealing = {(row["concurrency"], row["mode"]) for row in report["sealing"]}
+    assert sealing == {(c, m) for c in (1, 4) for m in ("single", "batch")}
+    assert all(row["us_per_receipt"] > 0 for row in report["sealing"])
+    assert "sealing thread alone" in proc.stdout
