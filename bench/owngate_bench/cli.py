@@ -30,6 +30,12 @@ VERBS: dict[str, tuple[str, str]] = {
         "owngate serve --workers 1/2/4 against the zero-latency simulator: req/s, "
         "CPU per request and where the cores went",
     ),
+    "seed-load": (
+        "seedload",
+        "the seeds' GH200 (200 streams/s, ~23,000 paced tokens/s, one write per token) "
+        "through direct / nginx / owngate / owngate+production, side by side: cores, TTFT, "
+        "ITL, verdicts",
+    ),
     "provenance": (
         "provenance_overhead",
         "owngate with the provenance log off vs on, side by side, over a zero-latency "

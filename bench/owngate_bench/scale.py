@@ -6,13 +6,19 @@ policy, no provenance), waits until every worker answers ready, and drives it wi
 closed-loop load generator (`owngate_bench.loadgen`, its own process): chat at concurrency
 64 and streams of 64 chunks at concurrency 64. CPU seconds of the gateway's process tree
 (supervisor and workers), of the simulator, of the load generator and of the whole machine
-are read around each measured window.
+are read around each measured window. `--reps` (3) repeats it, the worker counts
+interleaved (their order turns each time); per count and load the repetition with the
+median CPU per request is shown and judged.
 
 It prints, per load, req/s and gateway CPU ms per request for each worker count with
 the ratio to one worker, and where the machine's CPU went: on a machine with C cores the
 gateway can use at most C minus what the simulator and the load generator take, so
 req/s stops growing once the cores are full, while CPU per request (the steady figure
-on a shared machine) shows the cost of a worker. Writes JSON; bounded to about 2 min.
+on a shared machine) shows the cost of a worker. The verdict per load: "flat" when the
+CPU per request of every worker count is within `FLAT_WITHIN` (1.15x) of the first
+count's (issue 16: `serve --workers N` costs the same per request from 1 to N). Worker
+counts default to 1, 2, 4, those above the machine's cores left out (1, 2 on 2 cores).
+Writes JSON; bounded to about 2 min.
 
 Exit codes: 0 ran cleanly; 1 a run failed or returned errors; 2 usage.
 """
@@ -50,20 +56,34 @@ __all__ = ["add_arguments", "run"]
 MODEL = "bench-model"
 LOADS = (("chat c=64", False, 16), ("stream c=64", True, 64))  # name, stream, max_tokens
 CONCURRENCY = 64
+FLAT_WITHIN = 1.15  # CPU per request of N workers over one worker's, at most
+
+
+def default_workers(cpus: int | None) -> str:
+    """1,2,4 without the counts above the machine's cores (never fewer than 1,2)."""
+    return ",".join(str(n) for n in (1, 2, 4) if n <= max(2, cpus or 1))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's flags, each with an OWNGATE_BENCH_* environment default."""
     parser.add_argument(
         "--workers",
-        default=env_flag("WORKERS", "1,2,4"),
-        help="comma-separated worker counts (env OWNGATE_BENCH_WORKERS, 1,2,4)",
+        default=env_flag("WORKERS", default_workers(os.cpu_count())),
+        help="comma-separated worker counts (env OWNGATE_BENCH_WORKERS; 1,2,4 up to the "
+        "machine's cores: here " + default_workers(os.cpu_count()) + ")",
     )
     parser.add_argument(
         "--duration",
         type=float,
         default=env_flag("DURATION", "5"),
         help="measured seconds per load and worker count (env OWNGATE_BENCH_DURATION, 5)",
+    )
+    parser.add_argument(
+        "--reps",
+        type=int,
+        default=env_flag("REPS", "3"),
+        help="repetitions, worker counts interleaved in each; the run with the median CPU "
+        "per request is shown (env OWNGATE_BENCH_REPS, 3)",
     )
     parser.add_argument(
         "--json",
@@ -229,12 +249,69 @@ def _load_table(name: str, rows: dict[int, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def median_runs(reps: list[dict[str, Any]], counts: list[int]) -> dict[str, Any]:
+    """Per worker count and load, the repetition's result with the median CPU per request
+    (the lower middle one of an even number); a failed load only when every rep failed."""
+    found: dict[str, Any] = {}
+    for n in counts:
+        found[str(n)] = {}
+        for name, _, _ in LOADS:
+            results = [rep[str(n)][name] for rep in reps if name in rep.get(str(n), {})]
+            ok = [r for r in results if "error" not in r and r.get("requests")]
+            ok.sort(key=_cpu_ms_per_request)
+            if ok:
+                found[str(n)][name] = ok[(len(ok) - 1) // 2]
+            elif results:
+                found[str(n)][name] = results[0]
+    return found
+
+
+def flatness(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per load: CPU/request of each worker count over the first count's, and the verdict."""
+    counts: list[int] = report["settings"]["workers"]
+    found = []
+    for name, _, _ in LOADS:
+        cpu = {}
+        for n in counts:
+            result = report["runs"].get(str(n), {}).get(name, {})
+            if "error" not in result and result.get("requests"):
+                cpu[n] = _cpu_ms_per_request(result)
+        base = cpu.get(counts[0])
+        ratios = {str(n): cpu[n] / base for n in counts[1:] if n in cpu and base}
+        worst = max(ratios.values(), default=None)
+        complete = base is not None and len(ratios) == len(counts) - 1 and len(counts) > 1
+        found.append(
+            {
+                "load": name,
+                "cpu_ms_per_request": {str(n): v for n, v in cpu.items()},
+                "ratio_to_first": ratios,
+                "within": FLAT_WITHIN,
+                "flat": (worst is not None and worst <= FLAT_WITHIN) if complete else None,
+            }
+        )
+    return found
+
+
 def render(report: dict[str, Any]) -> str:
     counts: list[int] = report["settings"]["workers"]
     cpus = report["machine"]["cpus"]
-    lines = [f"owngate serve --workers N on {cpus} CPUs, {CONCURRENCY} connections"]
+    reps = report["settings"].get("reps", 1)
+    lines = [
+        f"owngate serve --workers N on {cpus} CPUs, {CONCURRENCY} connections; of {reps} "
+        "interleaved repetitions, the one with the median CPU per request"
+    ]
     for name, _, _ in LOADS:
         lines += ["", *_load_table(name, {n: report["runs"][str(n)].get(name, {}) for n in counts})]
+    lines += [
+        "",
+        f"CPU per request from {counts[0]} to {counts[-1]} workers (flat: within "
+        f"{FLAT_WITHIN:g}x of {counts[0]} worker{'s' if counts[0] > 1 else ''}):",
+    ]
+    for verdict in report.get("flatness") or flatness(report):
+        word = {True: "flat", False: "not flat", None: "not measured"}[verdict["flat"]]
+        figures = ", ".join(f"N={n} {ms:.3f} ms" for n, ms in verdict["cpu_ms_per_request"].items())
+        ratios = ", ".join(f"N={n} {r:.2f}x" for n, r in verdict["ratio_to_first"].items())
+        lines.append(f"  {verdict['load']}: {word} ({figures}; {ratios or 'no ratio'})")
     return "\n".join(lines)
 
 
@@ -243,35 +320,51 @@ def run(args: argparse.Namespace) -> int:
         counts = [int(n) for n in str(args.workers).split(",") if n.strip()]
     except ValueError:
         counts = []
-    if not counts or min(counts) < 1 or args.duration <= 0:
-        print("owngate bench scale: --workers takes counts >= 1, e.g. 1,2,4", file=sys.stderr)
+    if not counts or min(counts) < 1 or args.duration <= 0 or args.reps < 1:
+        print(
+            "owngate bench scale: --workers takes counts >= 1, e.g. 1,2,4; --reps >= 1",
+            file=sys.stderr,
+        )
         return 2
     api_key = "sk-bench-" + secrets.token_hex(16)
     rundir = Path(args.json).parent / "scale-run"
     rundir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    print(f"scale benchmark: workers {counts}, {args.duration:g}s per load", file=sys.stderr)
-    runs: dict[str, Any] = {}
+    print(
+        f"scale benchmark: workers {counts}, {args.duration:g}s per load, {args.reps} reps",
+        file=sys.stderr,
+    )
+    reps: list[dict[str, Any]] = []
     try:
         with _simulator(rundir) as sim:
-            for workers in counts:
-                runs[str(workers)] = _measure(sim, workers, rundir, api_key, args.duration)
+            for rep in range(args.reps):  # the order turns each time: neither count always first
+                order = counts if rep % 2 == 0 else counts[::-1]
+                runs = {str(n): _measure(sim, n, rundir, api_key, args.duration) for n in order}
+                reps.append({str(n): runs[str(n)] for n in counts})
     except RuntimeError as exc:
         print(f"owngate bench scale: {exc}", file=sys.stderr)
         return 1
     report = {
         "schema": "owngate.bench.scale/1",
         "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()},
-        "settings": {"workers": counts, "duration_s": args.duration, "concurrency": CONCURRENCY},
-        "runs": runs,
+        "settings": {
+            "workers": counts,
+            "duration_s": args.duration,
+            "concurrency": CONCURRENCY,
+            "reps": args.reps,
+        },
+        "runs": median_runs(reps, counts),
+        "reps": reps,
         "wall_s": time.monotonic() - started,
     }
+    report["flatness"] = flatness(report)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     print(render(report))
     print(f"\nwrote {args.json} ({report['wall_s']:.0f}s in all)")
     failed = any(
         "error" in result or result.get("errors")
+        for runs in reps
         for results in runs.values()
         for result in results.values()
     )

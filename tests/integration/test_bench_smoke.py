@@ -12,6 +12,7 @@ token per read, and that the report has its documented shape, verdicts included.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -318,7 +319,8 @@ def test_scale_run_reaches_every_worker_count(tmp_path: Path) -> None:
     without errors (it waits for every worker to answer ready before measuring)."""
     out = tmp_path / "scale.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OWNGATE_BENCH_")}
-    argv = ["bench", "scale", "--workers", "1,2", "--duration", "0.5", "--json", str(out)]
+    argv = ["bench", "scale", "--workers", "1,2", "--duration", "0.5", "--reps", "2"]
+    argv += ["--json", str(out)]
     proc = subprocess.run(
         [sys.executable, "-m", "gateway", *argv],
         cwd=REPO_ROOT,
@@ -332,7 +334,15 @@ def test_scale_run_reaches_every_worker_count(tmp_path: Path) -> None:
     report: dict[str, Any] = json.loads(out.read_text())
     assert report["schema"] == "owngate.bench.scale/1"
     assert sorted(report["runs"]) == ["1", "2"]
+    assert len(report["reps"]) == 2 and all(sorted(rep) == ["1", "2"] for rep in report["reps"])
     for workers, loads in report["runs"].items():
         assert sorted(loads) == ["chat c=64", "stream c=64"], workers
         for name, result in loads.items():
             assert result["requests"] > 0 and result["errors"] == 0, (workers, name)
+    # the workers verdict: CPU per request of 2 workers over 1 worker's, per load
+    assert [v["load"] for v in report["flatness"]] == ["chat c=64", "stream c=64"]
+    for verdict in report["flatness"]:
+        assert sorted(verdict["cpu_ms_per_request"]) == ["1", "2"]
+        assert all(ms > 0 and math.isfinite(ms) for ms in verdict["cpu_ms_per_request"].values())
+        assert math.isfinite(verdict["ratio_to_first"]["2"]) and verdict["flat"] in (True, False)
+    assert "CPU per request from 1 to 2 workers" in proc.stdout

@@ -27,6 +27,7 @@ COMMANDS = [
     ["bench", "overhead"],
     ["bench", "routing"],
     ["bench", "scale"],
+    ["bench", "seed-load"],
     ["bench", "provenance"],
     ["bench", "provenance-log"],
     ["bench", "policy"],
