@@ -57,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream", action="store_true", help="streams of --tokens chunks")
     parser.add_argument("--tokens", type=int, default=16, help="tokens per answer (16)")
     parser.add_argument(
+        "--prompt-kb", type=float, default=1.0, help="size of the request's prompt in KB (1)"
+    )
+    parser.add_argument(
         "--token-interval",
         type=float,
         default=0.0,
@@ -134,6 +137,13 @@ def _load(port: int, api_key: str, body: bytes, total: int, concurrency: int) ->
     return sum(received)
 
 
+def _prompt(kb: float) -> str:
+    """Words of a prompt of about `kb` KB (varied, as text is: a run of one repeated word
+    would flatter anything that compresses or caches)."""
+    words = [f"word{i % 997}" for i in range(int(kb * 1024) // 8 + 1)]
+    return " ".join(words)[: max(1, int(kb * 1024))]
+
+
 def _tool(name: str) -> str:
     found = shutil.which(name)
     if found is None:
@@ -158,7 +168,7 @@ def _measure(
         body = json.dumps(
             {
                 "model": MODEL,
-                "messages": [{"role": "user", "content": "hello " * 150}],
+                "messages": [{"role": "user", "content": _prompt(args.prompt_kb)}],
                 "max_tokens": args.tokens,
                 "stream": args.stream,
             }
@@ -197,7 +207,8 @@ def _render(report: dict[str, Any]) -> str:
         shape += f", one write per token {report['token_interval_s'] * 1000:g} ms apart"
     lines = [
         f"owngate bench instructions: {report['requests']} requests, concurrency "
-        f"{report['concurrency']}, {shape}, zero-latency simulators (callgrind counts)",
+        f"{report['concurrency']}, {shape}, {report['prompt_kb']:g} KB prompts, "
+        "zero-latency simulators (callgrind counts)",
         f"  {'target':<20} {'instructions/request':>22} {'per chunk':>12}",
     ]
     base = None
@@ -223,10 +234,11 @@ def run(args: argparse.Namespace) -> int:
         or args.requests < 1
         or args.concurrency < 1
         or not args.token_interval >= 0
+        or not 0 < args.prompt_kb <= 1024
     ):
         print(
             f"owngate bench instructions: --targets of {', '.join(TARGETS)}; "
-            "--requests and --concurrency >= 1, --token-interval >= 0",
+            "--requests and --concurrency >= 1, --token-interval >= 0, 0 < --prompt-kb <= 1024",
             file=sys.stderr,
         )
         return 2
@@ -242,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
         "stream": args.stream,
         "tokens": args.tokens,
         "token_interval_s": args.token_interval,
+        "prompt_kb": args.prompt_kb,
         "targets": {},
     }
     with tempfile.TemporaryDirectory(prefix="owngate-bench-instructions-") as tmp:
@@ -254,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
                 argv = owngate_argv(
                     "sim", "--host", HOST, "--port", str(port), "--model", MODEL, "--zero-latency"
                 )
-                argv += ["--token-interval", str(args.token_interval)]
+                argv += ["--token-interval", str(args.token_interval), "--n-ctx", "262144"]
                 sims.append(Service.start(f"sim{index}", argv, env, rundir, port))
             for sim in sims:
                 sim.wait_ready("/health", {}, 30.0)
