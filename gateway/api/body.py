@@ -123,8 +123,8 @@ def _unwrap(doc: Any) -> Any:
 def _repeated_keys(body: bytes) -> list[str]:
     """The decided-on names that appear twice in their object (`stream_options.x` for a
     name inside `stream_options`), decoded as JSON decodes them."""
-    if b"\\u" not in body and all(body.count(q) < 2 for q in _QUOTED):
-        return []  # no escapes, and no name written twice even as a value: no repeat
+    if _no_name_twice(body):
+        return []  # no name written twice, even as a value: no repeat
     seen: dict[str, int] = {}
     for spelled in _DECIDED_KEYS.findall(body):
         name = orjson.loads(spelled)
@@ -139,6 +139,47 @@ def _repeated_keys(body: bytes) -> list[str]:
     if isinstance(options, _Object):
         repeated += [f"stream_options.{n}" for n in _OPTION_KEYS if n in options.repeated]
     return repeated
+
+
+# A body with at most this many quotes has its strings walked in Python (one step per
+# string), which costs less than searching the whole body once per name; past it, the
+# searches (each a pass in C) are the cheaper proof.
+_WALK_QUOTES: Final = 256
+_NAMES: Final = frozenset(n.encode() for n in (*_TOP_KEYS, *_OPTION_KEYS))
+_LONGEST_ESCAPED: Final = 6 * max(len(n) for n in _NAMES)  # each character as \\uXXXX
+
+
+def _no_name_twice(body: bytes) -> bool:
+    """True when no decided-on name is written twice anywhere in `body` (a valid JSON
+    text), as a key or as a value, in any spelling; False when one may be (the exact check
+    decides). A repeated key needs two strings that decode to its name: a string that
+    could (a name with escapes) also answers False."""
+    if body.count(b'"') > _WALK_QUOTES:
+        return b"\\u" not in body and all(body.count(q) < 2 for q in _QUOTED)
+    seen: set[bytes] = set()
+    end = -1
+    while (start := body.find(b'"', end + 1)) >= 0:  # a quote outside strings opens one
+        end = body.find(b'"', start + 1)
+        while end > 0 and _escaped(body, end):  # `\\"` inside the string
+            end = body.find(b'"', end + 1)
+        if end < 0:
+            return False  # not the valid JSON it should be: the exact check says
+        text = body[start + 1 : end]
+        if text in _NAMES:
+            if text in seen:
+                return False
+            seen.add(text)
+        elif len(text) <= _LONGEST_ESCAPED and b"\\" in text:
+            return False  # perhaps a name spelled with escapes
+    return True
+
+
+def _escaped(body: bytes, quote: int) -> bool:
+    """Whether the quote at `quote` is escaped: an odd run of backslashes before it."""
+    run = quote - 1
+    while body[run] == 0x5C:
+        run -= 1
+    return (quote - 1 - run) % 2 == 1
 
 
 class _Object(dict[str, Any]):

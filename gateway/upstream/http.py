@@ -24,39 +24,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import ssl
-from collections.abc import AsyncGenerator, Iterable
-from typing import Literal, cast
+from collections.abc import Iterable
+from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
 
+from gateway.upstream.response import UpstreamError, UpstreamResponse
 from gateway.upstream.tls import BackendTLS, Peer, TLSRejectedError, system_tls
 
 __all__ = ["DEFAULT_MAX_BODY", "Connection", "HttpPool", "UpstreamError", "UpstreamResponse"]
 
-_HIGH_WATER = 256 * 1024
-_TIMER_SLACK_S = 0.001  # how early a loop may run a timer (uvloop: millisecond ticks)
-
-# busy: this gateway already has max_connections open to the backend (not a backend fault)
-# too_large: the answer passed the byte limit of `read()` (the connection was dropped)
-# tls: the handshake failed, or the certificate is not one this backend may present
-FailureKind = Literal["connect", "timeout", "closed", "protocol", "busy", "too_large", "tls"]
-
 DEFAULT_MAX_BODY = 16 * 1024 * 1024  # `read()`'s limit unless the pool is given another
-
-
-class UpstreamError(Exception):
-    """A backend could not be reached, timed out, or broke the connection."""
-
-    def __init__(self, kind: FailureKind, detail: str, *, sent_nothing: bool = False) -> None:
-        super().__init__(f"{kind}: {detail}")
-        self.kind: FailureKind = kind
-        self.detail = detail
-        # True when the failure happened before any response byte arrived on a
-        # connection that was reused: the server closed it while idle.
-        self.sent_nothing = sent_nothing
 
 
 class _Connection(asyncio.Protocol):
@@ -198,214 +178,6 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
-
-
-class UpstreamResponse:
-    """The response of one upstream request; body bytes arrive as `chunks()` yields."""
-
-    def __init__(self, conn: _Connection, read_timeout: float) -> None:
-        self._conn = conn
-        self._read_timeout = read_timeout
-        self.status = 0
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.complete = False
-        # The body had no length and no chunked framing: it ended when the backend closed
-        # the connection, which a backend that died mid-answer does too.
-        self.ended_by_close = False
-        self._keep_alive = False
-        self._chunks: collections.deque[bytes] = collections.deque()
-        self._buffered = 0
-        self._paused = False
-        self._waiter: asyncio.Future[None] | None = None
-        # One timer per response, not one per read: a read sets `_due`, and the timer is
-        # moved only when that comes sooner than it fires (`_wait`, `_check_due`).
-        self._timer: asyncio.TimerHandle | None = None
-        self._due = 0.0  # event-loop time the current read gives up
-        self._due_what = ""
-        self._error: UpstreamError | None = None
-        self._released = False
-        self.sent_at = 0.0  # event-loop time the request went out
-
-    @property
-    def response_deadline(self) -> float | None:
-        """When a whole answer must have ended (event-loop time; None: no deadline)."""
-        timeout = self._conn.pool.response_timeout
-        return None if timeout is None else self.sent_at + timeout
-
-    @property
-    def stream_deadline(self) -> float | None:
-        """When a stream must have ended (event-loop time; None: no deadline)."""
-        timeout = self._conn.pool.stream_timeout
-        return None if timeout is None else self.sent_at + timeout
-
-    def header(self, name: bytes) -> bytes | None:
-        for key, value in self.headers:
-            if key == name:
-                return value
-        return None
-
-    # fed by the connection
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def _push(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._buffered += len(data)
-        if self._buffered > _HIGH_WATER and not self._paused and self._conn.transport:
-            self._paused = True
-            self._conn.transport.pause_reading()
-        self._wake()
-
-    def _fail(self, error: UpstreamError) -> None:
-        if self._error is None:
-            self._error = error
-        self._wake()
-
-    async def _wait(self, timeout: float, what: str) -> None:
-        """Wait for bytes, the end or an error, at most `timeout` seconds (then `timeout`).
-        A stream's reads come one after another, each with its own deadline; arming and
-        cancelling a timer for each would cost more than the read, so the response keeps
-        one timer, armed at the earliest deadline still pending and moved on when it fires
-        early (`_check_due`)."""
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
-        due = self._due = loop.time() + timeout
-        self._due_what = what
-        timer = self._timer
-        if timer is None or timer.when() > due:
-            if timer is not None:
-                timer.cancel()
-            self._timer = loop.call_at(due, self._check_due)
-        try:
-            await waiter
-        finally:
-            self._waiter = None
-
-    def _check_due(self) -> None:
-        """The timer: fail a read that is past its deadline, or move on to it."""
-        self._timer = None
-        waiter = self._waiter
-        if waiter is None or waiter.done():
-            return  # nobody waits now: the next read arms the timer again
-        loop = waiter.get_loop()
-        # Timers may fire up to the loop's clock resolution early (1 ms on uvloop).
-        if loop.time() + _TIMER_SLACK_S >= self._due:
-            waiter.set_exception(UpstreamError("timeout", self._due_what))
-        else:
-            self._timer = loop.call_at(self._due, self._check_due)
-
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    async def _wait_headers(self, timeout: float) -> None:
-        while self.status == 0 and self._error is None:
-            try:
-                await self._wait(timeout, "no response from backend in time")
-            except UpstreamError:
-                self.abort()
-                raise
-        if self.status == 0 and self._error is not None:
-            self.abort()
-            raise self._error
-
-    async def chunks(self, deadline: float | None = None) -> AsyncGenerator[bytes, None]:
-        """Yield body bytes as they arrive; raises `UpstreamError` if the body breaks off,
-        or (`timeout`) if it has not ended by `deadline` (event-loop time), however
-        steadily it arrives."""
-        chunks = self._chunks
-        loop = asyncio.get_running_loop()
-        while True:
-            if deadline is not None and not self.complete and loop.time() >= deadline:
-                self.abort()
-                raise UpstreamError("timeout", "the answer did not end in time")
-            if chunks:
-                data = b"".join(chunks) if len(chunks) > 1 else chunks[0]
-                chunks.clear()
-                self._buffered = 0
-                if self._paused and self._conn.transport:
-                    self._paused = False
-                    self._conn.transport.resume_reading()
-                yield data
-                continue
-            if self.complete:
-                self.release()
-                return
-            if self._error is not None:
-                self.abort()
-                raise self._error
-            wait, what = self._read_timeout, "backend stopped sending mid-response"
-            if deadline is not None and deadline - loop.time() < wait:
-                wait, what = deadline - loop.time(), "the answer did not end in time"
-            try:
-                await self._wait(wait, what)
-            except UpstreamError:
-                self.abort()
-                raise
-
-    async def read(self, limit: int | None = None, *, deadline: float | None = None) -> bytes:
-        """The whole body, of at most `limit` bytes (default: the pool's `max_body`), by
-        `deadline` (event-loop time; default: `response_deadline`). Past the limit the
-        connection is dropped at once, without reading on (`UpstreamError("too_large")`),
-        also when `content-length` announces more; past the deadline, it is dropped too
-        (`UpstreamError("timeout")`)."""
-        if limit is None:
-            limit = self._conn.pool.max_body
-        if deadline is None:
-            deadline = self.response_deadline
-        announced = self.header(b"content-length")
-        if announced is not None and announced.isdigit() and int(announced) > limit:
-            self.abort()
-            raise UpstreamError("too_large", f"the backend announced more than {limit} bytes")
-        if self.complete and self._error is None and not self._paused:
-            # The whole answer came with its head (the common case for short answers):
-            # no generator, no wait.
-            data = b"".join(self._chunks)
-            self._chunks.clear()
-            self._buffered = 0
-            if len(data) > limit:
-                self.abort()
-                raise UpstreamError("too_large", f"the answer is over {limit} bytes")
-            self.release()
-            return data
-        parts: list[bytes] = []
-        size = 0
-        async with contextlib.aclosing(self.chunks(deadline)) as chunks:
-            async for chunk in chunks:
-                size += len(chunk)
-                if size > limit:
-                    self.abort()
-                    raise UpstreamError("too_large", f"the answer is over {limit} bytes")
-                parts.append(chunk)
-        return b"".join(parts)
-
-    def release(self) -> None:
-        """Return the connection to the pool if the exchange finished cleanly."""
-        if self._released:
-            return
-        self._released = True
-        self._disarm()
-        conn = self._conn
-        conn.response = None
-        if self.complete and self._keep_alive and not conn.closed:
-            conn.pool._put_idle(conn)
-        else:
-            conn.close()
-            conn.pool._forget(conn)
-
-    def abort(self) -> None:
-        """Drop the connection: the backend sees a disconnect and stops work on it."""
-        if self._released:
-            return
-        self._released = True
-        self._disarm()
-        self._conn.response = None
-        self._conn.abort()
-        self._conn.pool._forget(self._conn)
-        self._fail(UpstreamError("closed", "request cancelled"))
 
 
 class Connection:

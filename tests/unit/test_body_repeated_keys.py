@@ -1,0 +1,96 @@
+"""The proof that no decided-on key repeats: the string walk must agree with the passes it
+replaced for bodies of few quotes, whatever the body holds (escapes, names as values,
+nesting, repeats at any level)."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.api import body as body_module
+from gateway.api.body import _repeated_keys
+
+_NAMES = ["model", "stream", "stream_options", "include_usage", "messages", "x"]
+
+
+def _passes(body: bytes) -> list[str]:
+    """`_repeated_keys` with the former fast check: one search of the body per name."""
+    if b"\\u" not in body and all(body.count(q) < 2 for q in body_module._QUOTED):
+        return []
+    walk, body_module._WALK_QUOTES = body_module._WALK_QUOTES, -1  # always the passes
+    try:
+        return _repeated_keys(body)
+    finally:
+        body_module._WALK_QUOTES = walk
+
+
+def _escaped_name(name: str, every: bool) -> str:
+    return "".join(f"\\u{ord(c):04x}" if every or i == 0 else c for i, c in enumerate(name))
+
+
+_key = st.one_of(
+    st.sampled_from(_NAMES).map(json.dumps),
+    st.sampled_from(_NAMES).flatmap(
+        lambda n: st.booleans().map(lambda every: '"' + _escaped_name(n, every) + '"')
+    ),
+)
+_scalar = st.one_of(
+    st.sampled_from(_NAMES).map(json.dumps),
+    st.text(max_size=20).map(json.dumps),
+    st.text(max_size=20).map(lambda t: json.dumps(t, ensure_ascii=False)),
+    st.just('"a \\"quoted\\" \\\\\\" word"'),
+    st.just(json.dumps("long " * 20 + 'with a "quote" and \\"more\\"')),  # past 84 bytes
+    st.integers().map(str),
+    st.just("true"),
+    st.just("null"),
+)
+
+
+def _value(depth: int) -> st.SearchStrategy[str]:
+    if depth == 0:
+        return _scalar
+    return st.one_of(
+        _scalar,
+        st.lists(_value(depth - 1), max_size=3).map(lambda xs: "[" + ",".join(xs) + "]"),
+        _object(depth - 1),
+    )
+
+
+def _object(depth: int) -> st.SearchStrategy[str]:
+    pair = st.tuples(_key, _value(depth)).map(lambda kv: f"{kv[0]} : {kv[1]}")
+    return st.lists(pair, max_size=5).map(lambda ps: "{" + ",".join(ps) + "}")
+
+
+@given(_object(2))
+@settings(max_examples=600, deadline=None)
+def test_the_walk_agrees_with_the_passes(text: str) -> None:
+    body = text.encode()
+    orjson.loads(body)  # the walk is only ever given valid JSON (parse_body parses first)
+    assert _repeated_keys(body) == _passes(body)
+
+
+def test_a_name_repeated_as_a_top_level_key_is_found() -> None:
+    assert _repeated_keys(b'{"model":"a","messages":[],"model":"b"}') == ["model"]
+
+
+def test_a_repeat_spelled_with_escapes_is_found() -> None:
+    assert _repeated_keys(b'{"model":"a","m\\u006fdel":"b"}') == ["model"]
+
+
+def test_long_content_with_escapes_takes_the_walk() -> None:
+    content = "\u00e9t\u00e9 " * 500 + '"quoted"'  # escapes all along one long string
+    body = json.dumps({"model": "a", "messages": [{"role": "user", "content": content}]})
+    assert body.count('"') < body_module._WALK_QUOTES
+    assert body_module._no_name_twice(body.encode())
+
+
+def test_escaped_quotes_in_long_strings_do_not_hide_a_repeat() -> None:
+    # Were a `\\"` taken for the end of its string, the walk would fall out of step with
+    # the body between two of them and read the repeated keys as what lies between strings.
+    before, after = json.dumps("x" * 100 + '"'), json.dumps('"' + "y" * 100)
+    body = f'{{"a":{before},"model":1,"model":2,"b":{after}}}'.encode()
+    assert not body_module._no_name_twice(body)
+    assert _repeated_keys(body) == ["model"]
