@@ -11,8 +11,12 @@ which waits while the client reads slower than the backend sends).
 
 A client that leaves while its request runs: `left` turns true and the upstream answer
 the relay registered (`upstream`) is aborted, so the backend stops and nothing is signed.
-Pipelined requests wait their turn with reading paused. A connection idle between
-requests is closed after `keepalive_s`.
+Pipelined requests wait their turn with reading paused. A client that reads slower than
+it is answered holds its next request back: no request runs (and no answer is added to
+what the transport holds) while the transport has paused writing, and a client that
+reads nothing for `write_timeout_s` (a stream or a waiting request) is cut off, which
+aborts the backend's answer. A connection idle between requests is closed after
+`keepalive_s`.
 """
 
 from __future__ import annotations
@@ -49,12 +53,19 @@ class Listener:
     refusal counts and the open connections (to drain them at shutdown)."""
 
     def __init__(
-        self, handler: Handler, limits: ListenerLimits, max_body: int, keepalive_s: float
+        self,
+        handler: Handler,
+        limits: ListenerLimits,
+        max_body: int,
+        keepalive_s: float,
+        write_timeout_s: float = 600.0,
     ) -> None:
         self.handler = handler
         self.limits = limits
         self.max_body = max_body
         self.keepalive_s = keepalive_s
+        # How long a client may read nothing of what it is sent before it is cut off.
+        self.write_timeout_s = write_timeout_s
         self.refusals = Refusals()
         self.connections: set[RequestReader] = set()
         self.draining = False  # shutting down: no request after the running ones
@@ -129,6 +140,9 @@ class Connection(RequestReader):
     async def _run(self, request: Request) -> None:
         handler = self._listener.handler
         while True:
+            if self._write_paused and not await self._drained():
+                self.task = None
+                return
             self._keep_alive = request.keep_alive and not self._listener.draining
             self._started = self._answered = False
             try:
@@ -192,9 +206,25 @@ class Connection(RequestReader):
             return
         self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
         if self._write_paused:  # the client reads slower than the backend sends
-            self._writable = self._loop.create_future()
-            await self._writable
+            await self._drained()
+
+    async def _drained(self) -> bool:
+        """Wait until the transport takes writes again; a client that reads nothing for
+        `write_timeout_s` is cut off (`left`, False)."""
+        writable = self._writable = self._loop.create_future()
+        timer = self._loop.call_later(self._listener.write_timeout_s, _expire, writable)
+        try:
+            await writable
+        finally:
+            timer.cancel()
             self._writable = None
+        if self._write_paused and not self.left:
+            # close() would wait for the client to read what is buffered: never.
+            self.left = True
+            if self.upstream is not None:
+                self.upstream.abort()
+            self.transport.abort()
+        return not self.left
 
     def end_stream(self, last: bytes) -> None:
         if self.left:
@@ -213,3 +243,8 @@ class Connection(RequestReader):
             self._idle_timer = self._loop.call_later(left, self._idle_late)
             return
         self.transport.close()
+
+
+def _expire(writable: asyncio.Future[None]) -> None:
+    if not writable.done():
+        writable.set_result(None)

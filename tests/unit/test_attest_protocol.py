@@ -1,0 +1,159 @@
+"""The sidecar's connection (`gateway.attest.protocol.Connection`) over a fake transport:
+a client that does not read what it is sent must not make the sidecar run more requests
+and buffer their answers without bound, nor hold a request (and its backend connection)
+open forever."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gateway.attest.protocol import Connection, Listener, Request
+from gateway.listener import ListenerLimits
+
+WAIT_S = 5.0  # the most a test waits for anything
+_LIMITS = ListenerLimits(
+    max_header_bytes=32768,
+    max_headers=100,
+    header_timeout_s=30.0,
+    body_timeout_s=30.0,
+    max_connections=10,
+)
+_GET = b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n"
+
+
+class _Transport:
+    """What the connection uses of a transport; records writes, reading and closing."""
+
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.reading = True
+        self.closed = asyncio.Event()
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed.set()
+
+    def abort(self) -> None:
+        self.closed.set()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+
+Handler = Callable[[Connection, Request], Awaitable[None]]
+
+
+def _connect(handler: Handler, write_timeout_s: float = 30.0) -> tuple[Connection, _Transport]:
+    listener = Listener(handler, _LIMITS, 4096, keepalive_s=30.0, write_timeout_s=write_timeout_s)
+    connection = listener.protocol()
+    transport = _Transport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    return connection, transport
+
+
+async def _turns(count: int = 10) -> None:
+    """Let the loop run what is ready (the fake transport does no I/O: nothing else is)."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+def test_requests_wait_while_the_client_does_not_read_its_answers() -> None:
+    """Pipelined requests whose answers the client does not read (the transport paused
+    writing) are not run, so the answers cannot pile up in memory; they run once the
+    client reads again."""
+
+    async def main() -> None:
+        handled: list[bytes] = []
+        all_done = asyncio.Event()
+
+        async def handler(conn: Connection, request: Request) -> None:
+            handled.append(request.target)
+            conn.respond(200, b"x" * 1000, b"application/json")
+            if len(handled) == 3:
+                all_done.set()
+
+        connection, transport = _connect(handler)
+        connection.pause_writing()  # an earlier answer filled the client's buffers
+        connection.data_received(_GET * 3)
+        await _turns()
+        assert handled == []
+        assert not transport.reading
+        connection.resume_writing()
+        await asyncio.wait_for(all_done.wait(), WAIT_S)
+        assert len(handled) == 3
+
+    asyncio.run(main())
+
+
+def test_a_client_that_sends_but_never_reads_runs_one_request_at_a_time() -> None:
+    """Requests that come one by one (none pipelined behind a running one) do not each
+    run either while the client reads none of the answers."""
+
+    async def main() -> None:
+        handled: list[bytes] = []
+
+        async def handler(conn: Connection, request: Request) -> None:
+            handled.append(request.target)
+            conn.respond(200, b"x" * 1000, b"application/json")
+            conn.pause_writing()  # as the transport does past its high-water mark
+
+        connection, _ = _connect(handler)
+        for _ in range(5):
+            connection.data_received(_GET)
+            await _turns()
+        assert len(handled) == 1
+
+    asyncio.run(main())
+
+
+def test_a_client_that_stops_reading_a_stream_is_cut_off() -> None:
+    """A stream whose client stops reading waits at most the write timeout, then the
+    connection is dropped (and with it the backend's answer), instead of holding the
+    request open forever."""
+
+    async def main() -> None:
+        finished = asyncio.Event()
+
+        async def handler(conn: Connection, request: Request) -> None:
+            conn.start_stream(200, b"text/event-stream")
+            conn.pause_writing()
+            await conn.send_chunk(b"data: 1\n\n")
+            assert conn.left
+            finished.set()
+
+        connection, transport = _connect(handler, write_timeout_s=0.05)
+        connection.data_received(_GET)
+        await asyncio.wait_for(finished.wait(), WAIT_S)
+        await asyncio.wait_for(transport.closed.wait(), WAIT_S)
+
+    asyncio.run(main())
+
+
+def test_a_client_that_never_reads_is_cut_off_between_requests() -> None:
+    async def main() -> None:
+        async def handler(conn: Connection, request: Request) -> None:
+            conn.respond(200, b"x" * 1000, b"application/json")
+
+        connection, transport = _connect(handler, write_timeout_s=0.05)
+        connection.pause_writing()
+        connection.data_received(_GET)
+        await asyncio.wait_for(transport.closed.wait(), WAIT_S)
+        assert transport.written == b""
+
+    asyncio.run(main())
