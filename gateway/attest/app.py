@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.attest.notary import Notary
+from gateway.attest.notary import COUNTER_FILE, CounterFile, Notary
 from gateway.attest.protocol import Connection, Request
 from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance import (
@@ -90,6 +90,7 @@ class AttestRelay:
         self._settings = settings
         self._log: ProvenanceLog | None = None
         self._pool_open = False
+        self._notary: Notary | None = None
 
     async def open(self) -> str | None:
         """None when the sidecar can serve, else why not (key, log or backend URL)."""
@@ -111,15 +112,20 @@ class AttestRelay:
             self._log = await ProvenanceLog.open(
                 s.log_dir, s.origin or signer.name, signer, settings=cadence
             )
+            counters = CounterFile(Path(s.log_dir) / COUNTER_FILE)
+            self.notary = self._notary = Notary(signer, self._log, counters=counters)
         except (OSError, ValueError, ProvenanceError) as exc:
             return f"owngate attest: {exc}"
-        self.notary = Notary(signer, self._log)
         return None
 
     async def close(self) -> None:
         """Flush the log and sign its final checkpoint; close the backend connections."""
-        if self._log is not None:
-            await self._log.close()
+        try:
+            if self._log is not None:
+                await self._log.close()
+        finally:
+            if self._notary is not None:
+                self._notary.close()
         if self._pool_open:
             await self._pool.close()
 
