@@ -9,7 +9,11 @@ countersignature travels back as the `x-owngate-attest` header (a whole answer) 
 final SSE comment line `: owngate-attest <base64>` (a stream: HTTP trailers would be the
 natural place, but few clients and proxies pass them on, and the gateway's own listener
 refuses them). Only answers below 400 are countersigned: an error answer is not relayed
-to the gateway's client as served, and the gateway records none.
+to the gateway's client as served, and the gateway records none. Nor is an answer the
+backend ended by closing the connection (no content-length, not chunked): a backend that
+died mid-answer ends it the same way, so the sidecar cannot tell that it is whole. Such a
+stream is relayed with that framing (ended by the sidecar closing), so the gateway reads
+it as it would without the sidecar (`[DONE]` or a broken stream).
 
 A request without salts (not from a gateway: a client that bypassed it) gets fresh ones:
 it is countersigned and logged all the same, so the cross-check against the gateway's
@@ -164,7 +168,7 @@ class AttestRelay:
                 if conn.left:
                     return
                 extra = b""
-                if response.status < 400:
+                if response.status < 400 and not response.ended_by_close:
                     digest = commit_digest("response", salts.response, _sha256(data).digest())
                     envelope = self.notary.countersign(request_id, request_commitment, digest)
                     extra = _ATTEST_LINE + base64.b64encode(envelope) + b"\r\n"
@@ -183,7 +187,11 @@ class AttestRelay:
         request_commitment: str,
         salts: Salts,
     ) -> None:
-        conn.start_stream(response.status, content_type)
+        framed = (
+            response.header(b"content-length") is not None
+            or response.header(b"transfer-encoding") is not None
+        )
+        conn.start_stream(response.status, content_type, framed=framed)
         hashed = _sha256()
         try:
             async for chunk in response.chunks(response.stream_deadline):
@@ -199,6 +207,9 @@ class AttestRelay:
                 ErrorCode.upstream_error, f"the backend's answer broke off: {exc.kind}"
             ) from exc
         if conn.left:
+            return
+        if response.ended_by_close:  # maybe cut short: relayed as such, never countersigned
+            conn.end_stream(b"")
             return
         digest = commit_digest("response", salts.response, hashed.digest())
         envelope = self.notary.countersign(request_id, request_commitment, digest)

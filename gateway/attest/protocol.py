@@ -103,6 +103,7 @@ class Connection(RequestReader):
         self._write_paused = False
         self._keep_alive = True
         self._started = False  # the current request's answer has begun
+        self._chunked = True  # ... as a chunked stream (else ended by closing)
         self._answered = True  # ... and was written in full
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -145,6 +146,7 @@ class Connection(RequestReader):
                 return
             self._keep_alive = request.keep_alive and not self._listener.draining
             self._started = self._answered = False
+            self._chunked = True
             try:
                 await handler(self, request)
             except GatewayError as error:
@@ -187,16 +189,21 @@ class Connection(RequestReader):
         self.transport.write(head + body)
         self._started = self._answered = True
 
-    def start_stream(self, status: int, content_type: bytes) -> None:
-        """The head of a chunked answer; then `send_chunk` and `end_stream`."""
+    def start_stream(self, status: int, content_type: bytes, *, framed: bool = True) -> None:
+        """The head of a chunked answer; then `send_chunk` and `end_stream`. Not `framed`:
+        an answer that ends with the connection (as the backend's did)."""
         if self.left:
             return
         self._started = True
+        self._chunked = framed
+        if not framed:
+            self._keep_alive = False
         self.transport.write(
-            b"%scontent-type: %s\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n%s\r\n"
+            b"%scontent-type: %s\r\ncache-control: no-cache\r\n%s%s\r\n"
             % (
                 _STATUS.get(status) or _status_line(status),
                 content_type,
+                b"transfer-encoding: chunked\r\n" if framed else b"",
                 b"" if self._keep_alive else b"connection: close\r\n",
             )
         )
@@ -204,7 +211,7 @@ class Connection(RequestReader):
     async def send_chunk(self, data: bytes) -> None:
         if self.left or not data:
             return
-        self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.transport.write(b"%x\r\n%s\r\n" % (len(data), data) if self._chunked else data)
         if self._write_paused:  # the client reads slower than the backend sends
             await self._drained()
 
@@ -227,9 +234,13 @@ class Connection(RequestReader):
         return not self.left
 
     def end_stream(self, last: bytes) -> None:
+        """The last bytes; an answer that is not chunked ends when `_run` closes."""
         if self.left:
             return
-        self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(last), last))
+        if self._chunked:
+            self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(last), last))
+        elif last:
+            self.transport.write(last)
         self._answered = True
 
     def _idle_late(self) -> None:

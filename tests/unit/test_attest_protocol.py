@@ -7,62 +7,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from gateway.attest.protocol import Connection, Listener, Request
-from gateway.listener import ListenerLimits
+from tests.helpers.fake_transport import LIMITS, WAIT_S, FakeTransport
 
-WAIT_S = 5.0  # the most a test waits for anything
-_LIMITS = ListenerLimits(
-    max_header_bytes=32768,
-    max_headers=100,
-    header_timeout_s=30.0,
-    body_timeout_s=30.0,
-    max_connections=10,
-)
 _GET = b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n"
-
-
-class _Transport:
-    """What the connection uses of a transport; records writes, reading and closing."""
-
-    def __init__(self) -> None:
-        self.written = bytearray()
-        self.reading = True
-        self.closed = asyncio.Event()
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-    def can_write_eof(self) -> bool:
-        return True
-
-    def write_eof(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed.set()
-
-    def abort(self) -> None:
-        self.closed.set()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
-
 
 Handler = Callable[[Connection, Request], Awaitable[None]]
 
 
-def _connect(handler: Handler, write_timeout_s: float = 30.0) -> tuple[Connection, _Transport]:
-    listener = Listener(handler, _LIMITS, 4096, keepalive_s=30.0, write_timeout_s=write_timeout_s)
+def _connect(handler: Handler, write_timeout_s: float = 30.0) -> tuple[Connection, FakeTransport]:
+    listener = Listener(handler, LIMITS, 4096, keepalive_s=30.0, write_timeout_s=write_timeout_s)
     connection = listener.protocol()
-    transport = _Transport()
+    transport = FakeTransport()
     connection.connection_made(transport)  # type: ignore[arg-type]
     return connection, transport
 
