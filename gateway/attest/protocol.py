@@ -120,6 +120,9 @@ class Connection(RequestReader):
         if writable is not None and not writable.done():
             writable.set_result(None)
 
+    def held_back(self) -> bool:
+        return self.continue_owed or bool(self._pipeline)
+
     def pause_writing(self) -> None:
         self._write_paused = True
 
@@ -164,6 +167,7 @@ class Connection(RequestReader):
                 self.task = None
                 return
             if not self._pipeline:
+                self.send_continue()
                 break
             request = self._pipeline.popleft()
             if not self._pipeline:

@@ -11,6 +11,9 @@ answers and messages it shares), counted the same way:
 - `header_timeout_s`: a head must be complete this long after the connection opened or
   its first byte arrived (nothing sent: closed quietly; a partial head: 408);
 - `body_timeout_s`: the body must be complete this long after its head (408);
+  while the sidecar itself holds the next request back (`held_back`: reading paused while
+  a request waits its turn, `100 Continue` owed until the running request is answered),
+  either deadline starts over;
 - a body over `max_body` (declared or arriving): 413 `request_too_large`;
 - malformed framing or a target that is not a path: 400 `invalid_request` as an OpenAI
   error object; chunk framing or trailer bytes past `max_header_bytes`: 431; trailer
@@ -103,9 +106,14 @@ class RequestReader(asyncio.Protocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._linger_left = -1  # bytes still dropped after a refusal; -1: not refused
+        self.continue_owed = False  # `100 Continue` waits for the running request's answer
 
     def request_complete(self, request: Request) -> None:
         raise NotImplementedError
+
+    def held_back(self) -> bool:
+        """Whether the sidecar, not the client, holds the next request's bytes back."""
+        return self.continue_owed
 
     @property
     def reading(self) -> bool:
@@ -218,8 +226,11 @@ class RequestReader(asyncio.Protocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
-        if expect_continue and self.task is None:
-            self.transport.write(_CONTINUE)
+        if expect_continue:
+            if self.task is None:
+                self.transport.write(_CONTINUE)
+            else:  # after the running request's answer (`send_continue`)
+                self.continue_owed = True
 
     def on_body(self, body: bytes) -> None:
         self._body_read += len(body)
@@ -230,6 +241,7 @@ class RequestReader(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._in_head = True
+        self.continue_owed = False
         self._head_bytes = 0
         self._framing = 0
         if self._body_timer is not None:
@@ -245,6 +257,12 @@ class RequestReader(asyncio.Protocol):
                 self.parser.should_keep_alive(),
             )
         )
+
+    def send_continue(self) -> None:
+        """The `100 Continue` owed to a request that came while another ran."""
+        if self.continue_owed:
+            self.continue_owed = False
+            self.transport.write(_CONTINUE)
 
     # limits
 
@@ -280,6 +298,9 @@ class RequestReader(asyncio.Protocol):
 
     def _head_late(self) -> None:
         self._head_timer = None
+        if self._head_begun and self.held_back():
+            self._head_timer = self._loop.call_later(self._limits.header_timeout_s, self._head_late)
+            return
         if not self._head_begun:  # nothing sent: close quietly
             self._refusals.note("idle_timeout", self._loop.time())
             self.transport.close()
@@ -292,6 +313,9 @@ class RequestReader(asyncio.Protocol):
 
     def _body_late(self) -> None:
         self._body_timer = None
+        if self.held_back():
+            self._body_timer = self._loop.call_later(self._limits.body_timeout_s, self._body_late)
+            return
         self._refuse(
             ErrorCode.request_timeout,
             "body_timeout",

@@ -6,7 +6,10 @@ open forever."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
+
+import pytest
 
 from gateway.attest.protocol import Connection, Listener, Request
 from tests.helpers.fake_transport import LIMITS, WAIT_S, FakeTransport
@@ -112,5 +115,78 @@ def test_a_client_that_never_reads_is_cut_off_between_requests() -> None:
         connection.data_received(_GET)
         await asyncio.wait_for(transport.closed.wait(), WAIT_S)
         assert transport.written == b""
+
+    asyncio.run(main())
+
+
+def _blocking_handler(
+    release: asyncio.Event, handled: list[Request]
+) -> Callable[[Connection, Request], Awaitable[None]]:
+    async def handler(conn: Connection, request: Request) -> None:
+        handled.append(request)
+        if len(handled) == 1:
+            await release.wait()
+        conn.respond(200, b"answer %d" % len(handled), b"application/json")
+
+    return handler
+
+
+_EXPECT = b"POST /v1/x HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\nexpect: 100-continue\r\n\r\n"
+
+
+def test_a_request_that_expects_100_continue_behind_a_running_one_gets_it_in_turn() -> None:
+    """`100 Continue` for a request that came while another runs is sent once that one
+    is answered (not never: the client would wait for it until its body timed out)."""
+
+    async def main() -> None:
+        release, handled = asyncio.Event(), []
+        connection, transport = _connect(_blocking_handler(release, handled))
+        connection.data_received(_GET + _EXPECT)
+        await _turns()
+        assert b"100 Continue" not in transport.written  # not between the first's answer
+        release.set()
+        assert connection.task is not None
+        await asyncio.wait_for(asyncio.shield(connection.task), WAIT_S)
+        first, _, rest = bytes(transport.written).partition(b"answer 1")
+        assert first.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert rest == b"HTTP/1.1 100 Continue\r\n\r\n"
+        connection.data_received(b"abc")
+        await asyncio.wait_for(asyncio.shield(connection.task), WAIT_S)
+        assert [r.body for r in handled] == [b"", b"abc"]
+        assert transport.written.endswith(b"answer 2")
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("timer", ["_head_late", "_body_late"])
+def test_deadlines_start_over_while_the_sidecar_holds_the_next_request_back(timer: str) -> None:
+    """A head or body the sidecar does not read yet (a request waits its turn; `100
+    Continue` not sent yet) cannot be late: its deadline does not cut off the running
+    request (a stream may run for minutes)."""
+
+    async def main() -> None:
+        release, handled = asyncio.Event(), []
+        limits = dataclasses.replace(LIMITS, header_timeout_s=0.02, body_timeout_s=0.02)
+        listener = Listener(_blocking_handler(release, handled), limits, 4096, keepalive_s=30.0)
+        connection = listener.protocol()
+        transport = FakeTransport()
+        connection.connection_made(transport)  # type: ignore[arg-type]
+        fired = asyncio.Event()
+        late = getattr(connection, timer)
+
+        def watched() -> None:
+            late()
+            fired.set()
+
+        setattr(connection, timer, watched)
+        if timer == "_head_late":  # a second request waits its turn, a third's head began
+            connection.data_received(_GET + _GET + b"GET /v1/models HTTP/1.1\r\nho")
+        else:  # a second request waits for `100 Continue`
+            connection.data_received(_GET + _EXPECT)
+        await asyncio.wait_for(fired.wait(), WAIT_S)
+        assert not transport.closed.is_set()
+        release.set()
+        await asyncio.wait_for(asyncio.shield(connection.task), WAIT_S)  # type: ignore[arg-type]
+        assert bytes(transport.written).startswith(b"HTTP/1.1 200 OK\r\n")
 
     asyncio.run(main())
