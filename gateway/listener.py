@@ -273,6 +273,14 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             # policy looked). Dropping them would read a label sent there as "no label":
             # a request with trailer fields is refused (OpenAI clients send none).
             raise Refusal(ErrorCode.invalid_request, "trailers", NO_TRAILERS)
+        if len(self.headers) >= self.limits.max_headers:
+            # Each field is held as Python objects, ~25 times the bytes of a short one:
+            # count them as they come, not once a head that may never end has been held.
+            raise Refusal(
+                ErrorCode.headers_too_large,
+                "header_count",
+                too_many_message(self.limits.max_headers),
+            )
         super().on_header(name, value)
 
     def on_body(self, body: bytes) -> None:
@@ -281,10 +289,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         limits = self.limits
-        if len(self.headers) > limits.max_headers:
-            raise Refusal(
-                ErrorCode.headers_too_large, "header_count", too_many_message(limits.max_headers)
-            )
         if self.parser.should_upgrade():
             # The gateway speaks no other protocol (`ws="none"`). Served as plain HTTP, the
             # parser would stop at the head: its body would be read later as a request of

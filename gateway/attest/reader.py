@@ -200,14 +200,14 @@ class RequestReader(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self._in_head:  # a chunked body's trailer fields: refused, as the gateway does
             raise Refusal(ErrorCode.invalid_request, "trailers", NO_TRAILERS)
-        self._headers.append((name.lower(), value))
+        headers = self._headers
+        if len(headers) >= self._limits.max_headers:  # held as objects: refused as it grows
+            limit = self._limits.max_headers
+            raise Refusal(ErrorCode.headers_too_large, "header_count", too_many_message(limit))
+        headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         limits = self._limits
-        if len(self._headers) > limits.max_headers:
-            raise Refusal(
-                ErrorCode.headers_too_large, "header_count", too_many_message(limits.max_headers)
-            )
         if self.parser.should_upgrade():
             raise Refusal(ErrorCode.invalid_request, "upgrade", NO_UPGRADE)
         limit = limits.max_header_bytes

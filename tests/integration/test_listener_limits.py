@@ -588,3 +588,11 @@ def test_an_upgrade_request_is_refused_and_its_body_never_runs() -> None:
     assert status == 400 and json.loads(body)["error"]["code"] == "invalid_request"
     assert answer.count(b"HTTP/1.1 ") == 1  # one answer, never a second for the body
     assert paths == []
+
+
+def test_too_many_headers_are_refused_before_the_head_ends() -> None:
+    """Each header field is held as Python objects (~25 times its bytes for short fields):
+    the count is refused as it passes the limit, not once a head of 8,000 tiny fields
+    has been held (it may never end)."""
+    head = b"GET / HTTP/1.1\r\n" + b"x: y\r\n" * 150  # not ended: no blank line
+    assert parse(_feed([head], max_headers=100))[0] == 431

@@ -190,3 +190,18 @@ def test_deadlines_start_over_while_the_sidecar_holds_the_next_request_back(time
         assert bytes(transport.written).startswith(b"HTTP/1.1 200 OK\r\n")
 
     asyncio.run(main())
+
+
+def test_too_many_headers_are_refused_before_the_head_ends() -> None:
+    """As the gateway's listener: the count is refused as it passes the limit, not once a
+    head of thousands of tiny fields (each held as Python objects) has been held."""
+
+    async def main() -> None:
+        async def handler(conn: Connection, request: Request) -> None:
+            raise AssertionError("refused requests are never run")
+
+        connection, transport = _connect(handler)
+        connection.data_received(b"GET / HTTP/1.1\r\n" + b"x: y\r\n" * (LIMITS.max_headers + 50))
+        assert transport.written.startswith(b"HTTP/1.1 431 ")
+
+    asyncio.run(main())
