@@ -255,7 +255,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                         self.limits.header_timeout_s, self._head_late
                     )
         else:  # a body is still arriving
-            if in_body and self._framingtoo_long_message():
+            if in_body and self._framing_too_long():
                 return
             if self._body_timer is None:
                 self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
@@ -314,7 +314,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self._body_timer = None
         super().on_message_complete()
 
-    def _framingtoo_long_message(self) -> bool:
+    def _framing_too_long(self) -> bool:
         """Refuse (431) a chunked body whose bytes between body data grow past the head
         limit: a chunk-size line, its extensions or trailer fields the parser would
         otherwise buffer without bound. Body bytes start the count over, so many small
