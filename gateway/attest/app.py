@@ -17,8 +17,10 @@ it as it would without the sidecar (`[DONE]` or a broken stream).
 
 A request without salts (not from a gateway: a client that bypassed it) gets fresh ones:
 it is countersigned and logged all the same, so the cross-check against the gateway's
-log shows it. Other methods (`GET /health`, `/metrics`, `/v1/models`) are relayed
-without a statement, so the gateway's probes and scrapes work through the sidecar.
+log shows it. GET requests (`/health`, `/metrics`, `/v1/models`) are relayed without a
+statement, so the gateway's probes and scrapes work through the sidecar; other methods
+are refused (405): a gateway sends none, and the answer to a HEAD has no body whatever
+its content-length says, which the upstream client would wait for.
 
 A client (the gateway) that leaves stops the relay: its connection (`protocol.Connection`)
 aborts the backend's answer, and nothing is countersigned for an answer it did not get.
@@ -61,6 +63,7 @@ _FORWARDED = frozenset({b"content-type", b"authorization", b"accept", b"tracepar
 _SSE = b"text/event-stream"
 _JSON = b"application/json"
 _ATTEST_LINE = ATTEST_HEADER + b": "
+_NOT_ALLOWED = GatewayError(ErrorCode.method_not_allowed, "The sidecar relays GET and POST only.")
 _sha256 = hashlib.sha256
 
 
@@ -135,6 +138,10 @@ class AttestRelay:
 
     async def __call__(self, conn: Connection, request: Request) -> None:
         if request.method != b"POST":
+            if request.method != b"GET":
+                error = _NOT_ALLOWED
+                conn.respond(error.status, error.body(), _JSON, b"allow: GET, POST\r\n")
+                return
             await self._plain(conn, request)
             return
         if not self.notary.writable:

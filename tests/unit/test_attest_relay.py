@@ -7,6 +7,7 @@ sidecar."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from gateway.attest import AttestRelay, AttestSettings
 from gateway.attest.protocol import Listener
 from gateway.provenance import write_signing_key
 from tests.helpers.fake_transport import LIMITS, WAIT_S, FakeTransport
+from tests.helpers.raw_socket import parse
 
 _CHAT = b'{"model": "m", "messages": []}'
 _POST = (
@@ -23,15 +25,20 @@ _POST = (
 )
 
 
-async def _relay_once(tmp_path: Path, answer: bytes) -> bytes:
-    """What the sidecar writes to its client for one request whose backend sends `answer`
-    and then closes the connection."""
+async def _relay_once(
+    tmp_path: Path, answer: bytes, request: bytes = _POST, *, close: bool = True
+) -> bytes:
+    """What the sidecar writes to its client for one `request` whose backend sends
+    `answer` and then closes the connection (or, not `close`, keeps it open)."""
 
     async def backend(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
         writer.write(answer)
         await writer.drain()
-        writer.close()
+        if close:
+            writer.close()
+        else:
+            await reader.read()  # until the sidecar closes
 
     server = await asyncio.start_server(backend, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -45,7 +52,7 @@ async def _relay_once(tmp_path: Path, answer: bytes) -> bytes:
         connection = Listener(relay, LIMITS, 4096, keepalive_s=30.0).protocol()
         transport = FakeTransport()
         connection.connection_made(transport)  # type: ignore[arg-type]
-        connection.data_received(_POST)
+        connection.data_received(request)
         assert connection.task is not None
         await asyncio.wait_for(asyncio.shield(connection.task), WAIT_S)
         return bytes(transport.written)
@@ -79,3 +86,17 @@ def test_a_stream_ended_by_the_backend_closing_keeps_its_framing(tmp_path: Path)
     assert b"transfer-encoding" not in head.lower()
     assert b"connection: close" in head.lower()
     assert body == b"data: {}\n\n"
+
+
+@pytest.mark.parametrize("method", [b"HEAD", b"OPTIONS", b"DELETE"])
+def test_methods_other_than_get_and_post_are_refused(tmp_path: Path, method: bytes) -> None:
+    """The relay does not tell the answer's parser that the request was HEAD, which has
+    no body whatever its content-length says: a HEAD would hold a backend connection
+    until the read timeout. The sidecar relays what a gateway sends: GET and POST."""
+    request = method + b" /health HTTP/1.1\r\nhost: x\r\n\r\n"
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 10\r\n\r\n"
+    written = asyncio.run(_relay_once(tmp_path, answer, request, close=False))
+    status, headers, body = parse(written)
+    assert status == 405
+    assert headers["allow"] == "GET, POST"
+    assert json.loads(body)["error"]["code"] == "method_not_allowed"
