@@ -110,10 +110,15 @@ class Connection(RequestReader):
         if self._refused:
             return
         super().connection_lost(exc)
-        self.left = True
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
+        self.abandon()
+
+    def abandon(self) -> None:
+        """The client is gone, or will not get this answer whole: nothing more is written
+        or signed, and the backend's answer is aborted."""
+        self.left = True
         if self.upstream is not None:
             self.upstream.abort()
         writable = self._writable
@@ -231,9 +236,7 @@ class Connection(RequestReader):
             self._writable = None
         if self._write_paused and not self.left:
             # close() would wait for the client to read what is buffered: never.
-            self.left = True
-            if self.upstream is not None:
-                self.upstream.abort()
+            self.abandon()
             self.transport.abort()
         return not self.left
 

@@ -111,6 +111,9 @@ class RequestReader(asyncio.Protocol):
     def request_complete(self, request: Request) -> None:
         raise NotImplementedError
 
+    def abandon(self) -> None:
+        """The running request's answer will not reach the client whole: stop it."""
+
     def held_back(self) -> bool:
         """Whether the sidecar, not the client, holds the next request's bytes back."""
         return self.continue_owed
@@ -330,6 +333,7 @@ class RequestReader(asyncio.Protocol):
                 timer.cancel()
         self._head_timer = self._body_timer = None
         if self.task is not None:  # a second answer on the wire would corrupt the first
+            self.abandon()
             self.transport.close()
             return
         self.transport.write(refusal_answer(code, message, []))

@@ -205,3 +205,28 @@ def test_too_many_headers_are_refused_before_the_head_ends() -> None:
         assert transport.written.startswith(b"HTTP/1.1 431 ")
 
     asyncio.run(main())
+
+
+def test_a_request_cut_off_by_a_refusal_of_the_next_is_not_answered() -> None:
+    """A malformed request behind a running one closes the connection (a second answer
+    would corrupt the first): the running request counts as left then, so the relay
+    signs nothing for an answer the client will not get whole."""
+
+    async def main() -> None:
+        release, seen = asyncio.Event(), []
+
+        async def handler(conn: Connection, request: Request) -> None:
+            await release.wait()
+            seen.append(conn.left)
+            conn.respond(200, b"answer", b"application/json")
+
+        connection, transport = _connect(handler)
+        connection.data_received(_GET + b"GET / HTTP/1.1\r\nbad header\r\n\r\n")
+        assert transport.closed.is_set()
+        release.set()
+        assert connection.task is not None
+        await asyncio.wait_for(asyncio.shield(connection.task), WAIT_S)
+        assert seen == [True]
+        assert b"answer" not in transport.written
+
+    asyncio.run(main())
