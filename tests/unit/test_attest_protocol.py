@@ -139,7 +139,7 @@ def test_a_request_that_expects_100_continue_behind_a_running_one_gets_it_in_tur
     is answered (not never: the client would wait for it until its body timed out)."""
 
     async def main() -> None:
-        release, handled = asyncio.Event(), []
+        release, handled = asyncio.Event(), list[Request]()
         connection, transport = _connect(_blocking_handler(release, handled))
         connection.data_received(_GET + _EXPECT)
         await _turns()
@@ -165,7 +165,7 @@ def test_deadlines_start_over_while_the_sidecar_holds_the_next_request_back(time
     request (a stream may run for minutes)."""
 
     async def main() -> None:
-        release, handled = asyncio.Event(), []
+        release, handled = asyncio.Event(), list[Request]()
         limits = dataclasses.replace(LIMITS, header_timeout_s=0.02, body_timeout_s=0.02)
         listener = Listener(_blocking_handler(release, handled), limits, 4096, keepalive_s=30.0)
         connection = listener.protocol()
