@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import tracemalloc
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -228,5 +229,38 @@ def test_a_request_cut_off_by_a_refusal_of_the_next_is_not_answered() -> None:
         await asyncio.wait_for(asyncio.shield(connection.task), WAIT_S)
         assert seen == [True]
         assert b"answer" not in transport.written
+
+    asyncio.run(main())
+
+
+def test_a_body_in_tiny_chunks_is_held_at_about_its_size() -> None:
+    """Each chunk's data was kept as a bytes object of its own until the body ended: a
+    body sent as 2-byte chunks (within the framing limit per read) held ~22 bytes of
+    memory per body byte, ~370 MB for one 16 MiB body."""
+
+    async def main() -> None:
+        async def handler(conn: Connection, request: Request) -> None:
+            conn.respond(200, b"%d" % len(request.body), b"application/json")
+
+        listener = Listener(handler, LIMITS, 1 << 24, keepalive_s=30.0)
+        connection = listener.protocol()
+        transport = FakeTransport()
+        connection.connection_made(transport)  # type: ignore[arg-type]
+        connection.data_received(b"POST /v1/x HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n")
+        read = b"2\r\naa\r\n" * 6000  # 12,000 body bytes in 42,000: under the framing limit
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for _ in range(50):
+                connection.data_received(read)
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert transport.written == b""  # not refused: still arriving
+        assert held < 3 * 50 * 12_000
+        connection.data_received(b"0\r\n\r\n")
+        assert connection.task is not None
+        await asyncio.wait_for(asyncio.shield(connection.task), WAIT_S)
+        assert transport.written.endswith(b"\r\n\r\n600000")
 
     asyncio.run(main())
