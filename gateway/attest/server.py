@@ -58,7 +58,7 @@ class _Running:
             limits,
             settings.max_body,
             listen.keepalive_timeout_s,
-            write_timeout_s=settings.read_timeout,
+            write_timeout_s=limits.write_timeout_s,
         )
         # A TLS handshake is bounded like a request head: the connection counts against
         # the cap only once it is made, after the handshake.
