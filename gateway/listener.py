@@ -28,6 +28,10 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
   gateway itself holds the body back (reading paused by flow control, `100-continue`
   not yet sent) the deadline starts over. Past it: 408 `request_timeout` when no answer
   has started, else the connection is closed.
+- `write_timeout_s`: a client that reads nothing of what it is sent (the transport paused
+  writing: its buffers are full) this long is cut off, and the app sees it gone. uvicorn
+  waits for such a client without limit, and a stream's relay with it, holding its
+  backend connection.
 - framing errors (a malformed request line, header or chunked body) get 400
   `invalid_request` as an OpenAI error object instead of uvicorn's plain text.
 - chunked bodies: the bytes between body data (a chunk-size line, its extensions, the
@@ -118,6 +122,7 @@ class ListenerLimits:
     header_timeout_s: float
     body_timeout_s: float
     max_connections: int
+    write_timeout_s: float = 120.0
 
     @classmethod
     def from_config(cls, listen: ListenSettings) -> ListenerLimits:
@@ -130,6 +135,7 @@ class ListenerLimits:
             header_timeout_s=listen.header_timeout_s,
             body_timeout_s=listen.body_timeout_s,
             max_connections=cap,
+            write_timeout_s=listen.write_timeout_s,
         )
 
 
@@ -189,6 +195,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
         self._linger_left = -1  # bytes still dropped after a refusal; -1: not refused
         self._body_read = 0  # body bytes the current read delivered
         self._framing = 0  # body-phase bytes since the last body bytes: chunk lines, trailers
@@ -207,11 +214,22 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused:
             return
-        for timer in (self._head_timer, self._body_timer, self._linger_timer):
+        for timer in (self._head_timer, self._body_timer, self._linger_timer, self._write_timer):
             if timer is not None:
                 timer.cancel()
-        self._head_timer = self._body_timer = self._linger_timer = None
+        self._head_timer = self._body_timer = self._linger_timer = self._write_timer = None
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.limits.write_timeout_s, self._write_late)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
 
     def data_received(self, data: bytes) -> None:
         if self._linger_left >= 0:  # refused: drop what still comes, within bounds
@@ -255,7 +273,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                         self.limits.header_timeout_s, self._head_late
                     )
         else:  # a body is still arriving
-            if in_body and self._framingtoo_long_message():
+            if in_body and self._framing_too_long():
                 return
             if self._body_timer is None:
                 self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
@@ -273,6 +291,14 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             # policy looked). Dropping them would read a label sent there as "no label":
             # a request with trailer fields is refused (OpenAI clients send none).
             raise Refusal(ErrorCode.invalid_request, "trailers", NO_TRAILERS)
+        if len(self.headers) >= self.limits.max_headers:
+            # Each field is held as Python objects, ~25 times the bytes of a short one:
+            # count them as they come, not once a head that may never end has been held.
+            raise Refusal(
+                ErrorCode.headers_too_large,
+                "header_count",
+                too_many_message(self.limits.max_headers),
+            )
         super().on_header(name, value)
 
     def on_body(self, body: bytes) -> None:
@@ -281,10 +307,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         limits = self.limits
-        if len(self.headers) > limits.max_headers:
-            raise Refusal(
-                ErrorCode.headers_too_large, "header_count", too_many_message(limits.max_headers)
-            )
         if self.parser.should_upgrade():
             # The gateway speaks no other protocol (`ws="none"`). Served as plain HTTP, the
             # parser would stop at the head: its body would be read later as a request of
@@ -310,7 +332,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self._body_timer = None
         super().on_message_complete()
 
-    def _framingtoo_long_message(self) -> bool:
+    def _framing_too_long(self) -> bool:
         """Refuse (431) a chunked body whose bytes between body data grow past the head
         limit: a chunk-size line, its extensions or trailer fields the parser would
         otherwise buffer without bound. Body bytes start the count over, so many small
@@ -349,6 +371,13 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             "header_timeout",
             f"The request head did not arrive within {self.limits.header_timeout_s:g} s.",
         )
+
+    def _write_late(self) -> None:
+        """The client read nothing for `write_timeout_s`: close() would wait for it to
+        read what is buffered, so the connection is dropped."""
+        self._write_timer = None
+        self.refusals.note("write_timeout", self.loop.time())
+        self.transport.abort()
 
     def _body_late(self) -> None:
         self._body_timer = None

@@ -9,12 +9,18 @@ countersignature travels back as the `x-owngate-attest` header (a whole answer) 
 final SSE comment line `: owngate-attest <base64>` (a stream: HTTP trailers would be the
 natural place, but few clients and proxies pass them on, and the gateway's own listener
 refuses them). Only answers below 400 are countersigned: an error answer is not relayed
-to the gateway's client as served, and the gateway records none.
+to the gateway's client as served, and the gateway records none. Nor is an answer the
+backend ended by closing the connection (no content-length, not chunked): a backend that
+died mid-answer ends it the same way, so the sidecar cannot tell that it is whole. Such a
+stream is relayed with that framing (ended by the sidecar closing), so the gateway reads
+it as it would without the sidecar (`[DONE]` or a broken stream).
 
 A request without salts (not from a gateway: a client that bypassed it) gets fresh ones:
 it is countersigned and logged all the same, so the cross-check against the gateway's
-log shows it. Other methods (`GET /health`, `/metrics`, `/v1/models`) are relayed
-without a statement, so the gateway's probes and scrapes work through the sidecar.
+log shows it. GET requests (`/health`, `/metrics`, `/v1/models`) are relayed without a
+statement, so the gateway's probes and scrapes work through the sidecar; other methods
+are refused (405): a gateway sends none, and the answer to a HEAD has no body whatever
+its content-length says, which the upstream client would wait for.
 
 A client (the gateway) that leaves stops the relay: its connection (`protocol.Connection`)
 aborts the backend's answer, and nothing is countersigned for an answer it did not get.
@@ -30,7 +36,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.attest.notary import Notary
+from gateway.attest.notary import COUNTER_FILE, CounterFile, Notary
 from gateway.attest.protocol import Connection, Request
 from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance import (
@@ -57,6 +63,7 @@ _FORWARDED = frozenset({b"content-type", b"authorization", b"accept", b"tracepar
 _SSE = b"text/event-stream"
 _JSON = b"application/json"
 _ATTEST_LINE = ATTEST_HEADER + b": "
+_NOT_ALLOWED = GatewayError(ErrorCode.method_not_allowed, "The sidecar relays GET and POST only.")
 _sha256 = hashlib.sha256
 
 
@@ -90,6 +97,7 @@ class AttestRelay:
         self._settings = settings
         self._log: ProvenanceLog | None = None
         self._pool_open = False
+        self._notary: Notary | None = None
 
     async def open(self) -> str | None:
         """None when the sidecar can serve, else why not (key, log or backend URL)."""
@@ -111,20 +119,29 @@ class AttestRelay:
             self._log = await ProvenanceLog.open(
                 s.log_dir, s.origin or signer.name, signer, settings=cadence
             )
+            counters = CounterFile(Path(s.log_dir) / COUNTER_FILE)
+            self.notary = self._notary = Notary(signer, self._log, counters=counters)
         except (OSError, ValueError, ProvenanceError) as exc:
             return f"owngate attest: {exc}"
-        self.notary = Notary(signer, self._log)
         return None
 
     async def close(self) -> None:
         """Flush the log and sign its final checkpoint; close the backend connections."""
-        if self._log is not None:
-            await self._log.close()
+        try:
+            if self._log is not None:
+                await self._log.close()
+        finally:
+            if self._notary is not None:
+                self._notary.close()
         if self._pool_open:
             await self._pool.close()
 
     async def __call__(self, conn: Connection, request: Request) -> None:
         if request.method != b"POST":
+            if request.method != b"GET":
+                error = _NOT_ALLOWED
+                conn.respond(error.status, error.body(), _JSON, b"allow: GET, POST\r\n")
+                return
             await self._plain(conn, request)
             return
         if not self.notary.writable:
@@ -158,7 +175,7 @@ class AttestRelay:
                 if conn.left:
                     return
                 extra = b""
-                if response.status < 400:
+                if response.status < 400 and not response.ended_by_close:
                     digest = commit_digest("response", salts.response, _sha256(data).digest())
                     envelope = self.notary.countersign(request_id, request_commitment, digest)
                     extra = _ATTEST_LINE + base64.b64encode(envelope) + b"\r\n"
@@ -177,7 +194,11 @@ class AttestRelay:
         request_commitment: str,
         salts: Salts,
     ) -> None:
-        conn.start_stream(response.status, content_type)
+        framed = (
+            response.header(b"content-length") is not None
+            or response.header(b"transfer-encoding") is not None
+        )
+        conn.start_stream(response.status, content_type, framed=framed)
         hashed = _sha256()
         try:
             async for chunk in response.chunks(response.stream_deadline):
@@ -193,6 +214,9 @@ class AttestRelay:
                 ErrorCode.upstream_error, f"the backend's answer broke off: {exc.kind}"
             ) from exc
         if conn.left:
+            return
+        if response.ended_by_close:  # maybe cut short: relayed as such, never countersigned
+            conn.end_stream(b"")
             return
         digest = commit_digest("response", salts.response, hashed.digest())
         envelope = self.notary.countersign(request_id, request_commitment, digest)

@@ -4,9 +4,13 @@ Each statement gets the next counter value, is signed at once (the answer waits 
 an Ed25519 signature, some 25-50 µs) and is queued for the sidecar's own log with group
 commit, in counter order. The log is the C2SP tlog the gateway writes (checkpoints,
 tiles), under the sidecar's own origin and key, so `owngate audit verify` reads it as is.
-The counter continues from the log's size after a restart; statements signed but lost in
-a crash before their group commit are missing from the log, which the cross-check
-(`owngate audit verify --attest-log`) reports rather than hides.
+Statements signed but lost in a crash before their group commit are missing from the log,
+which the cross-check (`owngate audit verify --attest-log`) reports rather than hides; their
+counters were handed out all the same, so a counter is never taken from the log's size
+alone: `CounterFile` (`attest-counter` in the log's directory) reserves counters on disk a
+block at a time before they are used (one fsync per `COUNTER_BLOCK` statements), a restart
+after a crash goes on past the reserved block, and a clean stop records the exact next
+counter (no gap). A counter used twice would read as a replayed countersignature.
 
 Per request this is on the sidecar's hot path, so the statement is built without the
 `Statement` class's checks (its inputs are the relay's: a request id matching
@@ -19,16 +23,22 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from gateway.canonical import canonical_json_of_plain
 from gateway.logs import get_logger
 from gateway.provenance import LogEntry, ProvenanceLog, Signer
+from gateway.provenance.files import write_files_atomically
 from gateway.provenance.formats.attestation import ATTESTATION_PAYLOAD_TYPE
 from gateway.provenance.formats.receipts import pae
 
-__all__ = ["Notary", "rfc3339_ms"]
+__all__ = ["COUNTER_BLOCK", "COUNTER_FILE", "CounterFile", "Notary", "rfc3339_ms"]
+
+COUNTER_FILE = "attest-counter"  # in the log's directory
+COUNTER_BLOCK = 1 << 16  # counters reserved per fsync; a crash skips at most this many
 
 _PAE_PREFIX = pae(ATTESTATION_PAYLOAD_TYPE, b"")[: -len(b"0 ")]  # b"DSSEv1 N type "
 _ENVELOPE = (
@@ -60,8 +70,30 @@ def rfc3339_ms(ns: int) -> str:
     return _Clock().format(ns).decode()
 
 
+class CounterFile:
+    """The first counter not yet reserved, kept durably in one small file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> int:
+        """The reserved bound (0 when the file does not exist); ValueError when it is not
+        a number, which must stop the sidecar rather than restart the count."""
+        try:
+            text = self.path.read_bytes().strip()
+        except FileNotFoundError:
+            return 0
+        if not (text.isdigit() and len(text) <= 16):
+            raise ValueError(f"{self.path} does not hold a counter")
+        return int(text)
+
+    def write(self, bound: int) -> None:
+        write_files_atomically([(self.path, b"%d\n" % bound)], root=self.path.parent)
+
+
 class Notary:
-    """Countersigns statements and logs them; built on an open log."""
+    """Countersigns statements and logs them; built on an open log, with `counters` (a
+    `CounterFile`) so that no counter is used twice across restarts."""
 
     def __init__(
         self,
@@ -69,6 +101,7 @@ class Notary:
         log: ProvenanceLog,
         *,
         now_ns: Callable[[], int] = time.time_ns,
+        counters: CounterFile | None = None,
     ) -> None:
         self._signer = signer
         self._sign = signer.sign
@@ -78,6 +111,11 @@ class Notary:
         self._now_ns = now_ns
         self._clock = _Clock()
         self._next = log.size
+        self._counters = counters
+        self._reserved = sys.maxsize  # counters below it may be handed out
+        if counters is not None:
+            self._next = max(self._next, counters.read())
+            self._reserve()
         self._events = get_logger("owngate.attest")
 
     @property
@@ -91,6 +129,8 @@ class Notary:
         """The signed envelope (canonical JSON) of the next statement, also queued for the
         log. `request_id` must match `[A-Za-z0-9._:-]{1,128}` (no JSON escaping needed)."""
         counter = self._next
+        if counter >= self._reserved:
+            self._reserve()  # raises OSError when it cannot: nothing is signed then
         self._next = counter + 1
         record = {
             "v": 1,
@@ -107,6 +147,18 @@ class Notary:
         written = self._log.append_soon(record, checked=True)
         written.add_done_callback(self._logged)
         return _ENVELOPE % (base64.b64encode(payload), self._key_json, base64.b64encode(signature))
+
+    def close(self) -> None:
+        """At a clean stop, after the log's: the next start goes on at the exact counter."""
+        if self._counters is not None:
+            self._counters.write(self._next)
+            self._reserved = self._next
+
+    def _reserve(self) -> None:
+        assert self._counters is not None
+        bound = self._next + COUNTER_BLOCK
+        self._counters.write(bound)
+        self._reserved = bound
 
     def _logged(self, written: asyncio.Future[LogEntry]) -> None:
         error = None if written.cancelled() else written.exception()

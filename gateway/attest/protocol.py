@@ -11,8 +11,12 @@ which waits while the client reads slower than the backend sends).
 
 A client that leaves while its request runs: `left` turns true and the upstream answer
 the relay registered (`upstream`) is aborted, so the backend stops and nothing is signed.
-Pipelined requests wait their turn with reading paused. A connection idle between
-requests is closed after `keepalive_s`.
+Pipelined requests wait their turn with reading paused. A client that reads slower than
+it is answered holds its next request back: no request runs (and no answer is added to
+what the transport holds) while the transport has paused writing, and a client that
+reads nothing for `write_timeout_s` (a stream or a waiting request) is cut off, which
+aborts the backend's answer. A connection idle between requests is closed after
+`keepalive_s`.
 """
 
 from __future__ import annotations
@@ -49,12 +53,19 @@ class Listener:
     refusal counts and the open connections (to drain them at shutdown)."""
 
     def __init__(
-        self, handler: Handler, limits: ListenerLimits, max_body: int, keepalive_s: float
+        self,
+        handler: Handler,
+        limits: ListenerLimits,
+        max_body: int,
+        keepalive_s: float,
+        write_timeout_s: float = 600.0,
     ) -> None:
         self.handler = handler
         self.limits = limits
         self.max_body = max_body
         self.keepalive_s = keepalive_s
+        # How long a client may read nothing of what it is sent before it is cut off.
+        self.write_timeout_s = write_timeout_s
         self.refusals = Refusals()
         self.connections: set[RequestReader] = set()
         self.draining = False  # shutting down: no request after the running ones
@@ -92,21 +103,30 @@ class Connection(RequestReader):
         self._write_paused = False
         self._keep_alive = True
         self._started = False  # the current request's answer has begun
+        self._chunked = True  # ... as a chunked stream (else ended by closing)
         self._answered = True  # ... and was written in full
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused:
             return
         super().connection_lost(exc)
-        self.left = True
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
+        self.abandon()
+
+    def abandon(self) -> None:
+        """The client is gone, or will not get this answer whole: nothing more is written
+        or signed, and the backend's answer is aborted."""
+        self.left = True
         if self.upstream is not None:
             self.upstream.abort()
         writable = self._writable
         if writable is not None and not writable.done():
             writable.set_result(None)
+
+    def held_back(self) -> bool:
+        return self.continue_owed or bool(self._pipeline)
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -129,8 +149,12 @@ class Connection(RequestReader):
     async def _run(self, request: Request) -> None:
         handler = self._listener.handler
         while True:
+            if self._write_paused and not await self._drained():
+                self.task = None
+                return
             self._keep_alive = request.keep_alive and not self._listener.draining
             self._started = self._answered = False
+            self._chunked = True
             try:
                 await handler(self, request)
             except GatewayError as error:
@@ -148,6 +172,7 @@ class Connection(RequestReader):
                 self.task = None
                 return
             if not self._pipeline:
+                self.send_continue()
                 break
             request = self._pipeline.popleft()
             if not self._pipeline:
@@ -173,16 +198,21 @@ class Connection(RequestReader):
         self.transport.write(head + body)
         self._started = self._answered = True
 
-    def start_stream(self, status: int, content_type: bytes) -> None:
-        """The head of a chunked answer; then `send_chunk` and `end_stream`."""
+    def start_stream(self, status: int, content_type: bytes, *, framed: bool = True) -> None:
+        """The head of a chunked answer; then `send_chunk` and `end_stream`. Not `framed`:
+        an answer that ends with the connection (as the backend's did)."""
         if self.left:
             return
         self._started = True
+        self._chunked = framed
+        if not framed:
+            self._keep_alive = False
         self.transport.write(
-            b"%scontent-type: %s\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n%s\r\n"
+            b"%scontent-type: %s\r\ncache-control: no-cache\r\n%s%s\r\n"
             % (
                 _STATUS.get(status) or _status_line(status),
                 content_type,
+                b"transfer-encoding: chunked\r\n" if framed else b"",
                 b"" if self._keep_alive else b"connection: close\r\n",
             )
         )
@@ -190,16 +220,34 @@ class Connection(RequestReader):
     async def send_chunk(self, data: bytes) -> None:
         if self.left or not data:
             return
-        self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.transport.write(b"%x\r\n%s\r\n" % (len(data), data) if self._chunked else data)
         if self._write_paused:  # the client reads slower than the backend sends
-            self._writable = self._loop.create_future()
-            await self._writable
+            await self._drained()
+
+    async def _drained(self) -> bool:
+        """Wait until the transport takes writes again; a client that reads nothing for
+        `write_timeout_s` is cut off (`left`, False)."""
+        writable = self._writable = self._loop.create_future()
+        timer = self._loop.call_later(self._listener.write_timeout_s, _expire, writable)
+        try:
+            await writable
+        finally:
+            timer.cancel()
             self._writable = None
+        if self._write_paused and not self.left:
+            # close() would wait for the client to read what is buffered: never.
+            self.abandon()
+            self.transport.abort()
+        return not self.left
 
     def end_stream(self, last: bytes) -> None:
+        """The last bytes; an answer that is not chunked ends when `_run` closes."""
         if self.left:
             return
-        self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(last), last))
+        if self._chunked:
+            self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(last), last))
+        elif last:
+            self.transport.write(last)
         self._answered = True
 
     def _idle_late(self) -> None:
@@ -213,3 +261,8 @@ class Connection(RequestReader):
             self._idle_timer = self._loop.call_later(left, self._idle_late)
             return
         self.transport.close()
+
+
+def _expire(writable: asyncio.Future[None]) -> None:
+    if not writable.done():
+        writable.set_result(None)

@@ -11,6 +11,9 @@ answers and messages it shares), counted the same way:
 - `header_timeout_s`: a head must be complete this long after the connection opened or
   its first byte arrived (nothing sent: closed quietly; a partial head: 408);
 - `body_timeout_s`: the body must be complete this long after its head (408);
+  while the sidecar itself holds the next request back (`held_back`: reading paused while
+  a request waits its turn, `100 Continue` owed until the running request is answered),
+  either deadline starts over;
 - a body over `max_body` (declared or arriving): 413 `request_too_large`;
 - malformed framing or a target that is not a path: 400 `invalid_request` as an OpenAI
   error object; chunk framing or trailer bytes past `max_header_bytes`: 431; trailer
@@ -98,14 +101,26 @@ class RequestReader(asyncio.Protocol):
         self._framing = 0  # body-phase bytes since the last body bytes
         self._target = b""
         self._headers: list[tuple[bytes, bytes]] = []
-        self._body: list[bytes] = []
+        # The body: its first piece as it came (the common case: all of it, no copy), then
+        # one buffer. Never a list of pieces: a body of 2-byte chunks would hold ~22 bytes
+        # of memory per body byte.
+        self._body = b""
+        self._more: bytearray | None = None
         self._body_size = 0
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._linger_left = -1  # bytes still dropped after a refusal; -1: not refused
+        self.continue_owed = False  # `100 Continue` waits for the running request's answer
 
     def request_complete(self, request: Request) -> None:
         raise NotImplementedError
+
+    def abandon(self) -> None:
+        """The running request's answer will not reach the client whole: stop it."""
+
+    def held_back(self) -> bool:
+        """Whether the sidecar, not the client, holds the next request's bytes back."""
+        return self.continue_owed
 
     @property
     def reading(self) -> bool:
@@ -183,7 +198,8 @@ class RequestReader(asyncio.Protocol):
         self._head_begun = True
         self._target = b""
         self._headers = []
-        self._body = []
+        self._body = b""
+        self._more = None
         self._body_size = 0
 
     def on_url(self, url: bytes) -> None:
@@ -192,14 +208,14 @@ class RequestReader(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self._in_head:  # a chunked body's trailer fields: refused, as the gateway does
             raise Refusal(ErrorCode.invalid_request, "trailers", NO_TRAILERS)
-        self._headers.append((name.lower(), value))
+        headers = self._headers
+        if len(headers) >= self._limits.max_headers:  # held as objects: refused as it grows
+            limit = self._limits.max_headers
+            raise Refusal(ErrorCode.headers_too_large, "header_count", too_many_message(limit))
+        headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         limits = self._limits
-        if len(self._headers) > limits.max_headers:
-            raise Refusal(
-                ErrorCode.headers_too_large, "header_count", too_many_message(limits.max_headers)
-            )
         if self.parser.should_upgrade():
             raise Refusal(ErrorCode.invalid_request, "upgrade", NO_UPGRADE)
         limit = limits.max_header_bytes
@@ -218,33 +234,50 @@ class RequestReader(asyncio.Protocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
-        if expect_continue and self.task is None:
-            self.transport.write(_CONTINUE)
+        if expect_continue:
+            if self.task is None:
+                self.transport.write(_CONTINUE)
+            else:  # after the running request's answer (`send_continue`)
+                self.continue_owed = True
 
     def on_body(self, body: bytes) -> None:
         self._body_read += len(body)
         self._body_size += len(body)
         if self._body_size > self._max_body:
             raise self._too_large()
-        self._body.append(body)
+        if self._more is not None:
+            self._more += body
+        elif self._body:
+            self._more = bytearray(self._body)
+            self._more += body
+        else:
+            self._body = body
 
     def on_message_complete(self) -> None:
         self._in_head = True
+        self.continue_owed = False
         self._head_bytes = 0
         self._framing = 0
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
-        body = self._body
+        body, more = self._body, self._more
+        self._body, self._more = b"", None  # not held past the request (an idle connection)
         self.request_complete(
             Request(
                 self.parser.get_method(),
                 self._target,
                 self._headers,
-                body[0] if len(body) == 1 else b"".join(body),
+                body if more is None else bytes(more),
                 self.parser.should_keep_alive(),
             )
         )
+
+    def send_continue(self) -> None:
+        """The `100 Continue` owed to a request that came while another ran."""
+        if self.continue_owed:
+            self.continue_owed = False
+            self.transport.write(_CONTINUE)
 
     # limits
 
@@ -280,6 +313,9 @@ class RequestReader(asyncio.Protocol):
 
     def _head_late(self) -> None:
         self._head_timer = None
+        if self._head_begun and self.held_back():
+            self._head_timer = self._loop.call_later(self._limits.header_timeout_s, self._head_late)
+            return
         if not self._head_begun:  # nothing sent: close quietly
             self._refusals.note("idle_timeout", self._loop.time())
             self.transport.close()
@@ -292,6 +328,9 @@ class RequestReader(asyncio.Protocol):
 
     def _body_late(self) -> None:
         self._body_timer = None
+        if self.held_back():
+            self._body_timer = self._loop.call_later(self._limits.body_timeout_s, self._body_late)
+            return
         self._refuse(
             ErrorCode.request_timeout,
             "body_timeout",
@@ -306,6 +345,7 @@ class RequestReader(asyncio.Protocol):
                 timer.cancel()
         self._head_timer = self._body_timer = None
         if self.task is not None:  # a second answer on the wire would corrupt the first
+            self.abandon()
             self.transport.close()
             return
         self.transport.write(refusal_answer(code, message, []))

@@ -53,7 +53,13 @@ class _Running:
             await relay.close()
             return failure
         limits = ListenerLimits.from_config(listen)
-        listener = Listener(relay, limits, settings.max_body, listen.keepalive_timeout_s)
+        listener = Listener(
+            relay,
+            limits,
+            settings.max_body,
+            listen.keepalive_timeout_s,
+            write_timeout_s=limits.write_timeout_s,
+        )
         # A TLS handshake is bounded like a request head: the connection counts against
         # the cap only once it is made, after the handshake.
         server = await asyncio.get_running_loop().create_server(

@@ -7,6 +7,7 @@ clean shutdown, 1 when the key, log or TLS files cannot be used, 2 on bad flags.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import ssl
 import sys
@@ -77,7 +78,11 @@ def run(args: argparse.Namespace) -> int:
 
     missing = [f"--{n}" for n in ("backend", "key", "log") if not getattr(args, n)]
     host, _, port = args.listen.rpartition(":")
-    bad_numbers = args.max_body_bytes <= 0 or args.flush_ms < 0 or args.checkpoint_ms <= 0
+    bad_numbers = (
+        args.max_body_bytes <= 0
+        or not (math.isfinite(args.flush_ms) and args.flush_ms >= 0)
+        or not (math.isfinite(args.checkpoint_ms) and args.checkpoint_ms > 0)
+    )
     if missing or not host or not port.isdigit() or bad_numbers:
         print(
             f"owngate attest: need --listen HOST:PORT, --backend, --key and --log "

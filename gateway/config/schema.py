@@ -80,6 +80,12 @@ class ListenSettings(_Strict):
     keepalive_timeout_s: float = Field(
         default=30.0, gt=0, description="an idle keep-alive connection is closed after this"
     )
+    write_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="a client that reads nothing of its answer this long is cut off",
+    )
     max_connections: int | None = Field(
         default=None, gt=0, description="open client connections per process; none: derived"
     )

@@ -342,6 +342,32 @@ def test_the_sidecar_log_and_the_gateway_log_must_agree(
     assert "an entry is missing from the sidecar's log (1 in all)" in said
 
 
+def test_a_request_that_bypassed_the_gateway_with_a_dispatched_id_is_caught(
+    sim: Sim,
+    start_gateway: Callable[..., Gateway],
+    sidecars: Callable[..., Sidecar],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A client of the gateway knows its own request id: sent straight to a sidecar
+    without mutual TLS under that id, its request is countersigned and logged. The
+    cross-check must not take that statement for one of the gateway's that it did not
+    accept (the client left): the gateway dispatched that id there once, not twice."""
+    sidecar = sidecars("gpu", sim.url)
+    gateway = _gateway(start_gateway, tmp_path, [_attested("gpu", sidecar)])
+    (first,) = _served(gateway, tmp_path, "m")
+    bypass = httpx.post(
+        f"{sidecar.url}/v1/chat/completions", json=CHAT, headers={"x-request-id": first}, timeout=30
+    )
+    assert bypass.status_code == 200 and "x-owngate-attest" in bypass.headers
+    assert sidecar.stop() == 0
+    said = _failed(
+        tmp_path, capsys, "--backend-key", f"gpu={sidecar.vkey}", "--attest-log", str(sidecar.log)
+    )
+    assert f"the sidecar countersigned request {first!r} (counter 1)" in said
+    assert "more often than the gateway's log dispatched it to backend gpu (1)" in said
+
+
 def test_a_replayed_countersignature_is_caught(
     sim: Sim,
     start_gateway: Callable[..., Gateway],

@@ -320,6 +320,9 @@ class _Wire(asyncio.Transport):
             self.closed = True
             self.loop.call_soon(self.protocol.connection_lost, None)
 
+    def abort(self) -> None:
+        self.close()
+
     def is_closing(self) -> bool:
         return self.closed
 
@@ -588,3 +591,39 @@ def test_an_upgrade_request_is_refused_and_its_body_never_runs() -> None:
     assert status == 400 and json.loads(body)["error"]["code"] == "invalid_request"
     assert answer.count(b"HTTP/1.1 ") == 1  # one answer, never a second for the body
     assert paths == []
+
+
+def test_too_many_headers_are_refused_before_the_head_ends() -> None:
+    """Each header field is held as Python objects (~25 times its bytes for short fields):
+    the count is refused as it passes the limit, not once a head of 8,000 tiny fields
+    has been held (it may never end)."""
+    head = b"GET / HTTP/1.1\r\n" + b"x: y\r\n" * 150  # not ended: no blank line
+    assert parse(_feed([head], max_headers=100))[0] == 431
+
+
+def test_a_client_that_reads_nothing_of_a_stream_is_cut_off_at_the_write_timeout() -> None:
+    """uvicorn waits without limit for a client that reads nothing (writing paused): a
+    stream's relay, and the backend connection it holds, would wait forever. Past
+    `write_timeout_s` the connection is dropped and the app sees the client gone."""
+
+    async def run() -> list[str]:
+        seen: list[str] = []
+        done = asyncio.Event()
+
+        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"x", "more_body": True})
+            seen.append((await receive())["type"])
+            done.set()
+
+        protocol, wire, _ = _connection(app, write_timeout_s=0.05)
+        protocol.pause_writing()  # the client's buffers are full: it reads nothing
+        protocol.data_received(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        try:
+            await asyncio.wait_for(done.wait(), WAIT_S)
+            assert wire.closed  # by the protocol, not by the client
+        finally:
+            wire.close()  # (without the timeout the app waits until the client leaves)
+        return seen
+
+    assert asyncio.run(run()) == ["http.disconnect"]

@@ -243,7 +243,19 @@ def test_the_sidecar_command_wants_its_tls_files_together_and_usable(
     assert said in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag", [["--flush-ms", "-1"], ["--checkpoint-ms", "0"]])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--flush-ms", "-1"],
+        ["--checkpoint-ms", "0"],
+        # NaN passes every comparison's `not`: the log's committer would spin on a
+        # checkpoint that is never due; infinity overflows the flush timer
+        ["--flush-ms", "nan"],
+        ["--checkpoint-ms", "nan"],
+        ["--flush-ms", "inf"],
+        ["--checkpoint-ms", "inf"],
+    ],
+)
 def test_the_sidecar_command_wants_a_sane_log_cadence(
     flag: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:

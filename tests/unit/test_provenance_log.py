@@ -680,3 +680,15 @@ def test_records_kept_after_a_failed_write_are_bounded_and_fail_at_close(
 
     asyncio.run(scenario())
     assert verify_log(tmp_path, [_signer().verifier()]).size == 0
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["group_commit_ms", "deferred_flush_ms", "checkpoint_interval_ms", "probe_interval_ms"],
+)
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_the_cadence_must_be_finite(setting: str, value: float) -> None:
+    """NaN passed every `< 0` check: with a NaN checkpoint interval the committer computed
+    a sleep of 0 forever once an entry was unsigned, and the event loop never ran again."""
+    with pytest.raises(ValueError, match="finite"):
+        LogSettings(**{setting: value})  # type: ignore[arg-type]

@@ -111,3 +111,18 @@ def test_a_result_for_a_closed_loop_is_dropped() -> None:
     worker.shutdown()
     # the first delivery met a closed loop; the thread went on to the second call
     assert first.is_set() and second.is_set()
+
+
+def test_a_call_raising_stop_iteration_does_not_leave_its_caller_waiting() -> None:
+    """A future refuses StopIteration (TypeError in the loop's callback): the caller gets
+    an error all the same instead of waiting forever."""
+    asyncio.run(_a_call_raising_stop_iteration_does_not_leave_its_caller_waiting())
+
+
+async def _a_call_raising_stop_iteration_does_not_leave_its_caller_waiting() -> None:
+    worker = LoopWorker(asyncio.get_running_loop(), "test-worker")
+    try:
+        with pytest.raises(RuntimeError, match="StopIteration"):
+            await asyncio.wait_for(worker.run(next, iter(())), 5.0)
+    finally:
+        worker.shutdown()

@@ -10,9 +10,11 @@ backend's key: so a gateway that names the wrong backend, changes a commitment, 
 copies another request's countersignature is caught, and a counter used twice by one key
 is a replay. `cross_check` then compares the sidecar's own log (`owngate attest --log`,
 verified with the same backend key) with those statements, both ways: a statement for a
-request the gateway never dispatched to that backend is traffic that bypassed the
-gateway; one for a request it dispatched but holds no accepted countersignature for (the
-client left before the end, or the gateway refused it and recorded why) is counted.
+request the gateway never dispatched to that backend, or for one more often than it
+dispatched it there (a client that knows its request id, sending it straight to a
+sidecar without mutual TLS), is traffic that bypassed the gateway; one for a request it
+dispatched but holds no accepted countersignature for (the client left before the end,
+or the gateway refused it and recorded why) is counted.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class AttestedSummary:
 
     answers: dict[str, int] = field(default_factory=dict)  # backend id -> countersigned
     statements: dict[str, dict[str, Statement]] = field(default_factory=dict)  # key -> by id
-    dispatched: dict[str, set[str]] = field(default_factory=dict)  # backend id -> request ids
+    # backend id -> request id -> how often it was dispatched there
+    dispatched: dict[str, dict[str, int]] = field(default_factory=dict)
     cross_checked: dict[str, int] = field(default_factory=dict)  # backend id -> entries
     # backend id -> statements its sidecar logged for requests the gateway dispatched to it
     # but holds no accepted countersignature for (the client left before the end, or the
@@ -60,7 +63,7 @@ def check_attestations(
     """Check the attestations of a verified log of `size` entries; raises
     LogVerificationError naming the first record that fails."""
     summary = AttestedSummary({backend: 0 for backend in backend_keys})
-    summary.dispatched = {backend: set() for backend in backend_keys}
+    summary.dispatched = {backend: {} for backend in backend_keys}
     counters: dict[tuple[str, int], str] = {}
     for index, dispatch, completion in _answers(LogDirectory(directory), size, summary):
         backend = dispatch.data["backend"]["id"]
@@ -121,7 +124,7 @@ def _answers(
             dispatches[index] = record
             sent = summary.dispatched.get(record.data["backend"]["id"])
             if sent is not None:
-                sent.add(record.request_id)
+                sent[record.request_id] = sent.get(record.request_id, 0) + 1
         elif record.type == "completion":
             dispatch = dispatches.pop(record.data["dispatch"]["index"], None)
             data = record.data
@@ -143,7 +146,8 @@ def cross_check(
     same statement. Returns the number of statements compared."""
     checked = verify_log(sidecar_log, [verifier], origin=origin)
     claimed = dict(summary.statements.get(str(verifier), {}))
-    dispatched = summary.dispatched.get(backend, set())
+    dispatched = summary.dispatched.get(backend, {})
+    left = dict(dispatched)  # dispatches of each request id not yet met by a statement
     unaccepted = 0
     last = -1
     for index, record in LogDirectory(sidecar_log).records(checked.size):
@@ -158,17 +162,24 @@ def cross_check(
                 index,
             )
         last = logged.counter
-        ours = claimed.pop(logged.request_id, None)
-        if ours is None and logged.request_id in dispatched:
-            unaccepted += 1  # sent through the gateway, which recorded why it has none
-            continue
-        if ours is None:
+        times = left.get(logged.request_id, 0)
+        if not times:
+            sent = dispatched.get(logged.request_id, 0)
+            how = (
+                f"more often than the gateway's log dispatched it to backend {backend} ({sent})"
+                if sent
+                else f"which the gateway's log never dispatched to backend {backend}"
+            )
             raise _fail(
                 f"{where}: the sidecar countersigned request {logged.request_id!r} (counter "
-                f"{logged.counter}), which the gateway's log never dispatched to backend "
-                f"{backend}: a request that did not come through this gateway",
+                f"{logged.counter}), {how}: a request that did not come through this gateway",
                 index,
             )
+        left[logged.request_id] = times - 1
+        ours = claimed.pop(logged.request_id, None)
+        if ours is None:
+            unaccepted += 1  # sent through the gateway, which recorded why it has none
+            continue
         if ours != logged:
             raise _fail(
                 f"{where}: its statement of request {logged.request_id!r} differs from the "

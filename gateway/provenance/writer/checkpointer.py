@@ -10,6 +10,7 @@ same thread, so they never see a checkpoint half written.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -45,6 +46,14 @@ class LogSettings:
     max_retained: int = 4096
 
     def __post_init__(self) -> None:
+        timings = (
+            self.group_commit_ms,
+            self.deferred_flush_ms,
+            self.checkpoint_interval_ms,
+            self.probe_interval_ms,
+        )
+        if not all(math.isfinite(ms) for ms in timings):  # NaN passes every check below
+            raise ValueError("the log's timings must be finite numbers of milliseconds")
         if self.group_commit_ms < 0 or self.deferred_flush_ms < 0:
             raise ValueError("group_commit_ms and deferred_flush_ms must be >= 0")
         if self.checkpoint_interval_ms <= 0 or self.probe_interval_ms <= 0:

@@ -61,6 +61,10 @@ class LoopWorker:
             done, function, args = job
             try:
                 result = function(*args)
+            except StopIteration as exc:  # a future refuses it: the caller would never wake
+                error = RuntimeError(f"{function!r} raised StopIteration")
+                error.__cause__ = exc
+                self._deliver(_fail, done, error)
             except BaseException as exc:  # noqa: BLE001 - delivered to the caller, who raises it
                 self._deliver(_fail, done, exc)
             else:

@@ -1,0 +1,102 @@
+"""The relay (`gateway.attest.app.AttestRelay`) over a raw loopback backend: an answer the
+backend ends by closing the connection (no content-length, not chunked) may be one cut
+short by the backend dying, so it is never countersigned, and a stream keeps that
+framing, so the gateway applies its own check (`[DONE]`) as it would without the
+sidecar."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from gateway.attest import AttestRelay, AttestSettings
+from gateway.attest.protocol import Listener
+from gateway.provenance import write_signing_key
+from tests.helpers.fake_transport import LIMITS, WAIT_S, FakeTransport
+from tests.helpers.raw_socket import parse
+
+_CHAT = b'{"model": "m", "messages": []}'
+_POST = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    b"content-length: %d\r\n\r\n%s" % (len(_CHAT), _CHAT)
+)
+
+
+async def _relay_once(
+    tmp_path: Path, answer: bytes, request: bytes = _POST, *, close: bool = True
+) -> bytes:
+    """What the sidecar writes to its client for one `request` whose backend sends
+    `answer` and then closes the connection (or, not `close`, keeps it open)."""
+
+    async def backend(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer)
+        await writer.drain()
+        if close:
+            writer.close()
+        else:
+            await reader.read()  # until the sidecar closes
+
+    server = await asyncio.start_server(backend, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    key = tmp_path / "sidecar.key"
+    write_signing_key(key, "sidecar")
+    relay = AttestRelay(
+        AttestSettings(backend=f"http://127.0.0.1:{port}", key_file=key, log_dir=tmp_path / "log")
+    )
+    assert await relay.open() is None
+    try:
+        connection = Listener(relay, LIMITS, 4096, keepalive_s=30.0).protocol()
+        transport = FakeTransport()
+        connection.connection_made(transport)  # type: ignore[arg-type]
+        connection.data_received(request)
+        assert connection.task is not None
+        await asyncio.wait_for(asyncio.shield(connection.task), WAIT_S)
+        return bytes(transport.written)
+    finally:
+        await relay.close()
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{"choices": [{"mess',
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: {}\n\n",
+    ],
+    ids=["whole", "stream"],
+)
+def test_an_answer_ended_by_the_backend_closing_is_not_countersigned(
+    tmp_path: Path, answer: bytes
+) -> None:
+    written = asyncio.run(_relay_once(tmp_path, answer))
+    assert written.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"owngate-attest" not in written
+
+
+def test_a_stream_ended_by_the_backend_closing_keeps_its_framing(tmp_path: Path) -> None:
+    """No chunked end that would tell the gateway the stream is whole: it reads the close
+    as the backend's, and checks for `[DONE]` as it does without the sidecar."""
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: {}\n\n"
+    written = asyncio.run(_relay_once(tmp_path, answer))
+    head, _, body = written.partition(b"\r\n\r\n")
+    assert b"transfer-encoding" not in head.lower()
+    assert b"connection: close" in head.lower()
+    assert body == b"data: {}\n\n"
+
+
+@pytest.mark.parametrize("method", [b"HEAD", b"OPTIONS", b"DELETE"])
+def test_methods_other_than_get_and_post_are_refused(tmp_path: Path, method: bytes) -> None:
+    """The relay does not tell the answer's parser that the request was HEAD, which has
+    no body whatever its content-length says: a HEAD would hold a backend connection
+    until the read timeout. The sidecar relays what a gateway sends: GET and POST."""
+    request = method + b" /health HTTP/1.1\r\nhost: x\r\n\r\n"
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 10\r\n\r\n"
+    written = asyncio.run(_relay_once(tmp_path, answer, request, close=False))
+    status, headers, body = parse(written)
+    assert status == 405
+    assert headers["allow"] == "GET, POST"
+    assert json.loads(body)["error"]["code"] == "method_not_allowed"
