@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import orjson
 
@@ -78,10 +78,12 @@ _DECIDED_KEYS: Final = re.compile(
 
 def parse_body(body: bytes) -> dict[str, Any]:
     """The request document, once its decided-on fields are unambiguous (see above)."""
-    doc = _loads(body)
+    scan = _scan(body)
+    doc = _loads(body, _brackets(body, 0, len(body)) if scan is None else scan.brackets)
     if not isinstance(doc, dict):
         raise GatewayError(ErrorCode.invalid_request, "the request body must be a JSON object")
-    repeated = _repeated_keys(body)
+    once = _searched_once(body) if scan is None else scan.once
+    repeated = [] if once else _exact_repeats(body)
     if repeated:
         raise GatewayError(
             ErrorCode.invalid_request,
@@ -92,9 +94,9 @@ def parse_body(body: bytes) -> dict[str, Any]:
     return doc
 
 
-def _loads(body: bytes) -> Any:
-    # Fewer opening brackets than MAX_DEPTH cannot nest deeper: no need to look.
-    deep = body.count(b"{") + body.count(b"[") > MAX_DEPTH
+def _loads(body: bytes, brackets: int) -> Any:
+    # Fewer opening brackets (outside strings) than MAX_DEPTH cannot nest deeper.
+    deep = brackets > MAX_DEPTH
     try:
         if not deep:
             return orjson.loads(body)
@@ -123,8 +125,11 @@ def _unwrap(doc: Any) -> Any:
 def _repeated_keys(body: bytes) -> list[str]:
     """The decided-on names that appear twice in their object (`stream_options.x` for a
     name inside `stream_options`), decoded as JSON decodes them."""
-    if _no_name_twice(body):
-        return []  # no name written twice, even as a value: no repeat
+    return [] if _no_name_twice(body) else _exact_repeats(body)
+
+
+def _exact_repeats(body: bytes) -> list[str]:
+    """`_repeated_keys` for a body where a name may be written twice."""
     seen: dict[str, int] = {}
     for spelled in _DECIDED_KEYS.findall(body):
         name = orjson.loads(spelled)
@@ -141,37 +146,67 @@ def _repeated_keys(body: bytes) -> list[str]:
     return repeated
 
 
-# A body with at most this many quotes has its strings walked in Python (one step per
-# string), which costs less than searching the whole body once per name; past it, the
-# searches (each a pass in C) are the cheaper proof.
-_WALK_QUOTES: Final = 256
+# A body of at most this many strings is walked in Python (one step per string), which
+# costs less than searching the whole body once per name and counting its brackets; one
+# of more strings takes the searches.
+_WALK_STRINGS: Final = 256
 _NAMES: Final = frozenset(n.encode() for n in (*_TOP_KEYS, *_OPTION_KEYS))
 _LONGEST_ESCAPED: Final = 6 * max(len(n) for n in _NAMES)  # each character as \\uXXXX
 
 
-def _no_name_twice(body: bytes) -> bool:
-    """True when no decided-on name is written twice anywhere in `body` (a valid JSON
-    text), as a key or as a value, in any spelling; False when one may be (the exact check
-    decides). A repeated key needs two strings that decode to its name: a string that
-    could (a name with escapes) also answers False."""
-    if body.count(b'"') > _WALK_QUOTES:
-        return b"\\u" not in body and all(body.count(q) < 2 for q in _QUOTED)
+class _Scan(NamedTuple):
+    brackets: int  # `{` and `[` outside strings: no deeper nesting is possible
+    once: bool  # no decided-on name is written twice, in any spelling
+
+
+def _scan(body: bytes) -> _Scan | None:
+    """Walk the strings of `body`; None when it has more than `_WALK_STRINGS` (or a
+    string that does not end). Exact for a valid JSON text: outside its strings it has
+    no quote and no backslash, so each quote there opens a string. For any other text,
+    orjson refuses it whatever the scan says.
+
+    `once` is False when a name appears twice (as a key or as a value) or when a short
+    string has an escape (it may spell a name): the exact check decides then."""
     seen: set[bytes] = set()
-    end = -1
-    while (start := body.find(b'"', end + 1)) >= 0:  # a quote outside strings opens one
+    brackets, once, end = 0, True, -1
+    for _ in range(_WALK_STRINGS):
+        start = body.find(b'"', end + 1)
+        if start < 0:
+            break
+        brackets += _brackets(body, end + 1, start)
         end = body.find(b'"', start + 1)
         while end > 0 and _escaped(body, end):  # `\\"` inside the string
             end = body.find(b'"', end + 1)
         if end < 0:
-            return False  # not the valid JSON it should be: the exact check says
+            return None
         text = body[start + 1 : end]
+        if not once:
+            continue
         if text in _NAMES:
-            if text in seen:
-                return False
+            once = text not in seen
             seen.add(text)
         elif len(text) <= _LONGEST_ESCAPED and b"\\" in text:
-            return False  # perhaps a name spelled with escapes
-    return True
+            once = False  # perhaps a name spelled with escapes
+    else:
+        if body.find(b'"', end + 1) >= 0:
+            return None  # more strings than walked
+    return _Scan(brackets + _brackets(body, end + 1, len(body)), once)
+
+
+def _brackets(body: bytes, start: int, end: int) -> int:
+    return body.count(b"{", start, end) + body.count(b"[", start, end)
+
+
+def _no_name_twice(body: bytes) -> bool:
+    """True when no decided-on name is written twice anywhere in `body` (a valid JSON
+    text), as a key or as a value, in any spelling; False when one may be."""
+    scan = _scan(body)
+    return _searched_once(body) if scan is None else scan.once
+
+
+def _searched_once(body: bytes) -> bool:
+    """`_no_name_twice` by searching the whole body once per name and for escapes."""
+    return b"\\u" not in body and all(body.count(q) < 2 for q in _QUOTED)
 
 
 def _escaped(body: bytes, quote: int) -> bool:

@@ -21,7 +21,7 @@ def _passes(body: bytes) -> list[str]:
     """`_repeated_keys` with the former fast check: one search of the body per name."""
     if b"\\u" not in body and all(body.count(q) < 2 for q in body_module._QUOTED):
         return []
-    with mock.patch.object(body_module, "_WALK_QUOTES", -1):  # always the passes
+    with mock.patch.object(body_module, "_WALK_STRINGS", -1):  # always the passes
         return _repeated_keys(body)
 
 
@@ -81,7 +81,7 @@ def test_a_repeat_spelled_with_escapes_is_found() -> None:
 def test_long_content_with_escapes_takes_the_walk() -> None:
     content = "\u00e9t\u00e9 " * 500 + '"quoted"'  # escapes all along one long string
     body = json.dumps({"model": "a", "messages": [{"role": "user", "content": content}]})
-    assert body.count('"') < body_module._WALK_QUOTES
+    assert body.count('"') < body_module._WALK_STRINGS
     assert body_module._no_name_twice(body.encode())
 
 
@@ -92,3 +92,36 @@ def test_escaped_quotes_in_long_strings_do_not_hide_a_repeat() -> None:
     body = f'{{"a":{before},"model":1,"model":2,"b":{after}}}'.encode()
     assert not body_module._no_name_twice(body)
     assert _repeated_keys(body) == ["model"]
+
+
+def _outside_strings(body: bytes) -> int:
+    """Reference: `{` and `[` outside strings, one byte at a time."""
+    count, inside, escaped = 0, False, False
+    for byte in body:
+        if inside:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:
+                escaped = True
+            elif byte == 0x22:
+                inside = False
+        elif byte == 0x22:
+            inside = True
+        elif byte in (0x7B, 0x5B):
+            count += 1
+    return count
+
+
+@given(_object(3))
+@settings(max_examples=300, deadline=None)
+def test_the_scan_counts_the_brackets_outside_strings(text: str) -> None:
+    body = text.encode()
+    scan = body_module._scan(body)
+    if scan is not None:  # more strings than it walks: the caller counts them all
+        assert scan.brackets == _outside_strings(body)
+
+
+def test_brackets_in_a_string_do_not_count_as_nesting() -> None:
+    body = json.dumps({"model": "m", "messages": [{"content": "{[" * 500}]}).encode()
+    scan = body_module._scan(body)
+    assert scan is not None and scan.brackets == 3
