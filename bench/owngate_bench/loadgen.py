@@ -24,15 +24,17 @@ import resource
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import httptools
 import orjson
 
 from owngate_bench.loadspec import LoadSpec
 from owngate_bench.services import machine_busy_seconds, tree_cpu_seconds
+
+_S = TypeVar("_S")
 
 __all__ = ["LoadSpec", "main", "percentiles", "run_in_subprocess"]
 
@@ -75,6 +77,31 @@ def run_json_module(
         raise RuntimeError(f"{module} exited {proc.returncode}: {proc.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(proc.stdout)
     return result
+
+
+def json_module_main(
+    argv: Sequence[str] | None,
+    module: str,
+    description: str,
+    parse: Callable[[str], _S],
+    run: Callable[[_S], Any],
+    dumps: Callable[[Any], str] = json.dumps,
+) -> int:
+    """The child side of `run_json_module`: read a spec (JSON, from `--spec FILE` or
+    stdin), run it, print the result as one JSON object (`dumps`); exit 2 on an invalid
+    spec."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
+    parser.add_argument("--spec", default="-", help="the spec as JSON, a file ('-' = stdin)")
+    args = parser.parse_args(argv)
+    raw = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
+    try:
+        spec = parse(raw)
+    except (ValueError, TypeError) as exc:
+        print(f"invalid spec for {module}: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(dumps(run(spec)))
+    sys.stdout.write("\n")
+    return 0
 
 
 class _Phase:
@@ -334,20 +361,9 @@ def run_in_subprocess(spec: LoadSpec, *, env: Mapping[str, str] | None = None) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m owngate_bench.loadgen", description="Closed-loop load generator."
+    return json_module_main(
+        argv, "owngate_bench.loadgen", "Closed-loop load generator.", LoadSpec.from_json, run_spec
     )
-    parser.add_argument("--spec", default="-", help="LoadSpec JSON file ('-' = stdin)")
-    args = parser.parse_args(argv)
-    raw = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
-    try:
-        spec = LoadSpec.from_json(raw)
-    except (ValueError, TypeError) as exc:
-        print(f"invalid load spec: {exc}", file=sys.stderr)
-        return 2
-    json.dump(run_spec(spec), sys.stdout)
-    sys.stdout.write("\n")
-    return 0
 
 
 if __name__ == "__main__":

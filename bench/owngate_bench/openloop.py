@@ -20,11 +20,9 @@ on uvloop, as in `owngate_bench.loadgen`, so the client costs far less than the 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,7 +32,7 @@ import httptools
 import orjson
 
 from owngate_bench.arrivals import read_trace
-from owngate_bench.loadgen import run_json_module
+from owngate_bench.loadgen import json_module_main, run_json_module
 
 __all__ = ["ReplaySpec", "main", "replay", "replay_in_subprocess"]
 
@@ -261,20 +259,18 @@ def replay_in_subprocess(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m owngate_bench.openloop", description="Open-loop trace replay."
+    return json_module_main(
+        argv,
+        "owngate_bench.openloop",
+        "Open-loop trace replay.",
+        ReplaySpec.from_json,
+        replay,
+        _orjson_text,
     )
-    parser.add_argument("--spec", default="-", help="ReplaySpec JSON file ('-' = stdin)")
-    args = parser.parse_args(argv)
-    raw = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
-    try:
-        spec = ReplaySpec.from_json(raw)
-    except (ValueError, TypeError) as exc:
-        print(f"invalid replay spec: {exc}", file=sys.stderr)
-        return 2
-    sys.stdout.write(orjson.dumps(replay(spec)).decode())
-    sys.stdout.write("\n")
-    return 0
+
+
+def _orjson_text(result: Any) -> str:
+    return orjson.dumps(result).decode()
 
 
 if __name__ == "__main__":

@@ -19,24 +19,21 @@ reported as `unfinished`.
 
 from __future__ import annotations
 
-import argparse
 import array
 import asyncio
 import dataclasses
 import json
 import random
 import resource
-import sys
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, cast
 
 import httptools
 import orjson
 
 from owngate_bench.arrivals import arrival_times
-from owngate_bench.loadgen import percentiles, run_json_module
+from owngate_bench.loadgen import json_module_main, percentiles, run_json_module
 from owngate_bench.services import machine_busy_seconds, tree_cpu_seconds
 
 __all__ = ["SeedSpec", "main", "run_in_subprocess", "run_spec"]
@@ -344,20 +341,18 @@ def run_in_subprocess(spec: SeedSpec, *, env: Mapping[str, str] | None = None) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m owngate_bench.seedclient", description="Open-loop seed-load client."
+    return json_module_main(
+        argv,
+        "owngate_bench.seedclient",
+        "Open-loop seed-load client.",
+        SeedSpec.from_json,
+        run_spec,
+        _orjson_text,
     )
-    parser.add_argument("--spec", default="-", help="SeedSpec JSON file ('-' = stdin)")
-    args = parser.parse_args(argv)
-    raw = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
-    try:
-        spec = SeedSpec.from_json(raw)
-    except (ValueError, TypeError) as exc:
-        print(f"invalid seed spec: {exc}", file=sys.stderr)
-        return 2
-    sys.stdout.write(orjson.dumps(run_spec(spec)).decode())
-    sys.stdout.write("\n")
-    return 0
+
+
+def _orjson_text(result: Any) -> str:
+    return orjson.dumps(result).decode()
 
 
 if __name__ == "__main__":
