@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import json
 import os
@@ -15,6 +16,7 @@ from gateway.canonical import canonical_json
 from gateway.provenance import (
     KeyFormatError,
     ProvenanceLog,
+    Receipt,
     TlogProof,
     Verifier,
     load_signer,
@@ -92,6 +94,31 @@ def test_receipt_verify_alone_and_against_the_log(
         other = seeded_signer(ORIGIN, seed=9).vkey
         assert run_audit(["receipt", "verify", str(receipt), "--key", other]) == 1
         assert "not signed by a trusted key" in capsys.readouterr().err
+
+
+def test_receipt_verify_with_the_log_refuses_claims_its_record_contradicts(
+    logdir: tuple[Path, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A receipt the log's key signed, naming entry 0 by its hash, whose other claims are
+    not entry 0's (another request, backend or policy, or a refusal for a dispatch): the
+    log does not hold what it says, whatever the signature (a sealing bug, or a key that
+    signed what the log never wrote)."""
+    path, single = logdir
+    receipt = Receipt.from_payload(
+        json.loads(base64.b64decode(json.loads(single.read_bytes())["payload"]))
+    )
+    lies = {
+        "request_id": (dataclasses.replace(receipt, request_id="req-5"), "request"),
+        "backend": (dataclasses.replace(receipt, backend=EXAMPLE_HOSTED.id), "backend"),
+        "refusal": (dataclasses.replace(receipt, backend=""), "dispatch"),
+        "policy": (dataclasses.replace(receipt, policy_digest="sha256:" + "cd" * 32), "policy"),
+    }
+    for name, (lie, problem) in lies.items():
+        forged = tmp_path / f"{name}.json"
+        forged.write_bytes(make_receipt(lie, SIGNER))
+        argv = ["receipt", "verify", str(forged), "--key", SIGNER.vkey, "--log", str(path)]
+        assert run_audit(argv) == 1, name
+        assert problem in capsys.readouterr().err, name
 
 
 def test_open_with_salt_or_with_receipt_and_log(

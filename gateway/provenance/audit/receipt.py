@@ -20,6 +20,7 @@ from gateway.provenance.formats.checkpoint import open_checkpoint
 from gateway.provenance.formats.merkle import inclusion_proof, leaf_hash, verify_inclusion
 from gateway.provenance.formats.note import Verifier
 from gateway.provenance.formats.receipts import Receipt
+from gateway.provenance.formats.records import Record, parse_record
 from gateway.provenance.formats.tiles import TILE_WIDTH, TileReader
 
 __all__ = ["ReceiptInclusion", "check_receipt_in_log"]
@@ -51,6 +52,28 @@ def check_receipt_in_log(
         raise LogVerificationError(
             f"entry {receipt.index} of the log is not the record the receipt names"
         )
+    _check_claims(parse_record(entry), receipt)
     proof = inclusion_proof(receipt.index, size, TileReader(log.path, size).node)
     verify_inclusion(receipt.dispatch_hash, receipt.index, size, proof, signed.checkpoint.root)
     return ReceiptInclusion(size, signed.checkpoint.root, entry)
+
+
+def _check_claims(record: Record, receipt: Receipt) -> None:
+    """The receipt's claims are its record's: the request, a dispatch to its backend (a
+    refusal when the receipt names none) and the policy digest."""
+    kind = "refusal" if receipt.backend == "" else "dispatch"
+    found = {
+        "request": (record.request_id, receipt.request_id),
+        "record type": (record.type, kind),
+        "backend": (
+            record.data["backend"]["id"] if record.type == "dispatch" else "",
+            receipt.backend,
+        ),
+        "policy digest": (record.data.get("policy", {}).get("digest"), receipt.policy_digest),
+    }
+    for what, (logged, claimed) in found.items():
+        if logged != claimed:
+            raise LogVerificationError(
+                f"entry {receipt.index} is the receipt's record, but its {what} is "
+                f"{logged!r}, not the receipt's {claimed!r}"
+            )
