@@ -35,10 +35,10 @@ from gateway.provenance import (
 )
 from gateway.provenance.audit.receipt import check_receipt_in_log
 from gateway.provenance.formats.dsse import loads_strict
+from gateway.provenance.formats.receipts import MAX_RECEIPT_BYTES
 
 __all__ = ["MAX_RECEIPT_BYTES", "router"]
 
-MAX_RECEIPT_BYTES = 64 * 1024
 router = APIRouter(prefix="/admin/v1", tags=["auditor"])
 
 

@@ -33,7 +33,7 @@ from gateway.provenance import (
     verify_receipt,
 )
 from gateway.provenance.audit.attested import AttestedSummary, check_attestations, cross_check
-from gateway.provenance.audit.receipt import check_receipt_in_log
+from gateway.provenance.audit.receipt import check_receipt_in_log, read_receipt
 from gateway.provenance.audit.remote import is_url, mirror_log
 from gateway.provenance.audit.report import Invocation, audit_report, verification_json
 from gateway.provenance.audit.report_html import render_html
@@ -416,7 +416,7 @@ def _add_receipt(verbs: Any) -> None:
 
 def _receipt_verify(args: argparse.Namespace) -> int:
     keys = _keys(args)
-    envelope = Path(args.file).read_bytes()
+    envelope = read_receipt(args.file)
     receipt = verify_receipt(envelope, keys)
     names = (
         f"dispatch entry {receipt.index} to backend {receipt.backend}"
@@ -490,7 +490,7 @@ def _open(args: argparse.Namespace) -> int:
         if args.log is None or not (args.key or args._key_defaults):
             print("error: --receipt needs --log and --key", file=sys.stderr)
             return 2
-        receipt = verify_receipt(Path(args.receipt).read_bytes(), _keys(args))
+        receipt = verify_receipt(read_receipt(args.receipt), _keys(args))
         salts = receipt.salts
         salt_hex = (salts.request if args.kind == "request" else salts.response).hex()
         commitment = _commitment_from_log(args.log, receipt.request_id, args.kind, _keys(args))

@@ -117,6 +117,7 @@ def _variants(envelope: bytes) -> dict[str, dict[str, Any]]:
     found = {
         "as is": value,
         "a member more": {**value, "extra": 1},
+        "a countersignature past the size cap": {**value, "attestation": "x" * 70_000},
         "good, then a bad one of the same key": signatures([good, bad]),
         "bad, then good": signatures([bad, good]),
         "no key id": signatures([{"sig": good["sig"]}]),

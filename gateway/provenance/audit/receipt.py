@@ -13,17 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from gateway.provenance.audit.reader import LogDirectory
 from gateway.provenance.errors import LogVerificationError
 from gateway.provenance.formats.checkpoint import open_checkpoint
 from gateway.provenance.formats.merkle import inclusion_proof, leaf_hash, verify_inclusion
 from gateway.provenance.formats.note import Verifier
-from gateway.provenance.formats.receipts import Receipt
+from gateway.provenance.formats.receipts import MAX_RECEIPT_BYTES, Receipt
 from gateway.provenance.formats.records import Record, parse_record
 from gateway.provenance.formats.tiles import TILE_WIDTH, TileReader
 
-__all__ = ["ReceiptInclusion", "check_receipt_in_log"]
+__all__ = ["ReceiptInclusion", "check_receipt_in_log", "read_receipt"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,13 @@ class ReceiptInclusion:
     size: int
     root: bytes
     entry: bytes  # the record the receipt names, as the log holds it
+
+
+def read_receipt(path: str | Path) -> bytes:
+    """A receipt file (a client's), read no further than `verify_receipt` takes: one byte
+    past MAX_RECEIPT_BYTES, which it refuses unparsed."""
+    with Path(path).open("rb") as file:
+        return file.read(MAX_RECEIPT_BYTES + 1)
 
 
 def check_receipt_in_log(

@@ -31,6 +31,7 @@ from gateway.provenance.formats.receipt_batch import is_batch_receipt, verify_ba
 from gateway.provenance.formats.receipt_payload import RECEIPT_PAYLOAD_TYPE, Receipt
 
 __all__ = [
+    "MAX_RECEIPT_BYTES",
     "MAX_SIGNATURES",
     "RECEIPT_PAYLOAD_TYPE",
     "Receipt",
@@ -41,6 +42,11 @@ __all__ = [
     "receipt_version",
     "verify_receipt",
 ]
+
+
+# A receipt is 1-3 KB (v2 with a path of 10 hashes and a backend's countersignature):
+# anything far beyond that is refused unparsed, whoever hands it to a verifier.
+MAX_RECEIPT_BYTES = 64 * 1024
 
 
 def make_receipt(receipt: Receipt, signer: Signer) -> bytes:
@@ -75,10 +81,13 @@ def receipt_version(envelope: bytes) -> int:
 def verify_receipt(envelope: bytes, verifiers: Iterable[Verifier]) -> Receipt:
     """Check a receipt (v1 or v2) against trusted keys; returns its payload.
 
-    Raises MalformedError for a bad envelope, SignatureError unless a trusted key signed
-    it (a signature naming a trusted key that fails to verify is an error too) and, for
-    a v2 receipt, ProofError when its path does not lead to the signed root.
+    Raises MalformedError for a bad envelope (or one over MAX_RECEIPT_BYTES, unparsed),
+    SignatureError unless a trusted key signed it (a signature naming a trusted key that
+    fails to verify is an error too) and, for a v2 receipt, ProofError when its path does
+    not lead to the signed root.
     """
+    if len(envelope) > MAX_RECEIPT_BYTES:
+        raise MalformedError(f"receipt is over {MAX_RECEIPT_BYTES} bytes")
     value = loads_strict(envelope, "receipt")
     if not isinstance(value, dict) or value.get("payloadType") != RECEIPT_PAYLOAD_TYPE:
         raise MalformedError(f"receipt is not a DSSE envelope of {RECEIPT_PAYLOAD_TYPE}")
