@@ -489,3 +489,24 @@ def test_a_receipt_past_the_size_cap_is_refused_unparsed(
     path.write_bytes(padded)
     assert run_audit(["receipt", "verify", str(path), "--key", SIGNER.vkey]) == 1
     assert f"over {MAX_RECEIPT_BYTES} bytes" in capsys.readouterr().err
+
+
+def test_a_countersignature_json_cannot_encode_is_a_failed_check_not_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The `attestation` member is the receipt holder's to shape: an integer past 64 bits,
+    a lone surrogate or nesting past orjson's depth is a malformed countersignature (exit
+    1, FAILED), not an 'error: ... lone surrogate' exit 2 as if the auditor erred."""
+    backend = seeded_signer("gpu-a")
+    receipt = dataclasses.replace(_receipt(10), backend="gpu-a")
+    mine = seal_receipts([(10, canonical_json(receipt.payload()))], LOG, SIGNER)[0]
+    path = tmp_path / "receipt.json"
+    argv = ["receipt", "verify", str(path), "--key", SIGNER.vkey]
+    argv += ["--backend-key", f"gpu-a={backend.vkey}"]
+    deep: object = []
+    for _ in range(300):
+        deep = [deep]
+    for shape in ({"n": 10**30}, {"n": "\ud800"}, deep):
+        path.write_bytes(json.dumps({**_value(mine), "attestation": shape}).encode())
+        assert run_audit(argv) == 1
+        assert "FAILED: " in capsys.readouterr().err

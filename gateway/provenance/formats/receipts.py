@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from gateway.canonical import canonical_json_of_plain
+from gateway.canonical import canonical_json, canonical_json_of_plain
 from gateway.provenance.errors import MalformedError
 from gateway.provenance.formats.dsse import (
     MAX_SIGNATURES,
@@ -69,7 +69,12 @@ def countersignature_of(envelope: bytes) -> bytes | None:
     """The countersignature a receipt carries (canonical JSON bytes), or None."""
     value = loads_strict(envelope, "receipt")
     found = value.get("attestation") if isinstance(value, dict) else None
-    return None if found is None else canonical_json_of_plain(found)
+    if found is None:
+        return None
+    try:  # the holder's to shape: not plain by construction
+        return canonical_json(found)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise MalformedError(f"receipt's countersignature cannot be encoded: {exc}") from exc
 
 
 def receipt_version(envelope: bytes) -> int:
