@@ -5,8 +5,9 @@ signed checkpoint (what `owngate audit receipt verify --log` and the admin API's
 The receipt's own signature is `formats.receipts.verify_receipt`; this module takes the
 receipt it returned and the log directory, and raises a `ProvenanceError` naming what
 does not hold: the checkpoint's signature or origin, an entry the checkpoint does not
-cover yet (or no longer: a rollback), an entry that is not the receipt's record, a
-proof that does not reach the checkpoint's root.
+cover yet (or no longer: a rollback), an entry that is not the receipt's record (or
+says another request, backend or policy than the receipt), a proof that does not reach
+the checkpoint's root. `read_receipt` reads a receipt file within verify_receipt's cap.
 """
 
 from __future__ import annotations
