@@ -26,14 +26,17 @@ from gateway.provenance import (
     TlogProof,
     Verifier,
     load_verifiers,
-    open_checkpoint,
     receipt_version,
     verify_commitment,
     verify_log,
     verify_receipt,
 )
 from gateway.provenance.audit.attested import AttestedSummary, check_attestations, cross_check
-from gateway.provenance.audit.receipt import check_receipt_in_log, read_receipt
+from gateway.provenance.audit.receipt import (
+    check_receipt_in_log,
+    read_receipt,
+    receipt_commitment,
+)
 from gateway.provenance.audit.remote import is_url, mirror_log
 from gateway.provenance.audit.report import Invocation, audit_report, verification_json
 from gateway.provenance.audit.report_html import render_html
@@ -493,24 +496,13 @@ def _open(args: argparse.Namespace) -> int:
         receipt = verify_receipt(read_receipt(args.receipt), _keys(args))
         salts = receipt.salts
         salt_hex = (salts.request if args.kind == "request" else salts.response).hex()
-        commitment = _commitment_from_log(args.log, receipt.request_id, args.kind, _keys(args))
+        commitment = receipt_commitment(LogDirectory(args.log), receipt, args.kind, _keys(args))
     if salt_hex is None or commitment is None:
         print("error: give --salt and --commitment, or --receipt and --log", file=sys.stderr)
         return 2
     verify_commitment(args.kind, commitment, bytes.fromhex(salt_hex), body)
     print(f"ok: {args.body} with this salt opens the {args.kind} commitment {commitment}")
     return 0
-
-
-def _commitment_from_log(logdir: str, request_id: str, kind: str, keys: list[Verifier]) -> str:
-    log = LogDirectory(logdir)
-    size = open_checkpoint(log.latest_note(), keys).checkpoint.size
-    wanted = "request_commitment" if kind == "request" else "response_commitment"
-    for _, record in log.find_request(request_id, size):
-        value = record.data.get(wanted)
-        if isinstance(value, str):
-            return value
-    raise ProvenanceError(f"the log holds no {kind} commitment for request {request_id!r}")
 
 
 def _add_show(verbs: Any) -> None:
