@@ -26,12 +26,19 @@ from gateway.admin.auth import Caller, require
 from gateway.admin.tiles import log_dir
 from gateway.api.runtime import Runtime
 from gateway.errors import ErrorCode, GatewayError
-from gateway.provenance import LogDirectory, ProvenanceError, Verifier, verify_receipt
+from gateway.provenance import (
+    LogDirectory,
+    MalformedError,
+    ProvenanceError,
+    Verifier,
+    verify_receipt,
+)
 from gateway.provenance.audit.receipt import check_receipt_in_log
+from gateway.provenance.formats.dsse import loads_strict
+from gateway.provenance.formats.receipts import MAX_RECEIPT_BYTES
 
 __all__ = ["MAX_RECEIPT_BYTES", "router"]
 
-MAX_RECEIPT_BYTES = 64 * 1024
 router = APIRouter(prefix="/admin/v1", tags=["auditor"])
 
 
@@ -71,14 +78,26 @@ async def verify(
     directory = log_dir(request)  # 404 without a log
     if recorder is None or not recorder.opened:
         raise GatewayError(ErrorCode.provenance_unavailable, "the provenance log is not open")
+    if isinstance(body.receipt, dict):
+        # FastAPI's parse kept the last of duplicated member names; verify_receipt refuses
+        # them (parsers differ on which one wins), so the body as sent is read for them.
+        try:
+            loads_strict(await request.body(), "receipt")
+        except MalformedError as exc:
+            return ReceiptVerdict.model_validate(_refused(str(exc)))
     verdict = await asyncio.to_thread(_check, envelope, LogDirectory(directory), recorder.verifiers)
     return ReceiptVerdict.model_validate(verdict)
 
 
 def _envelope(receipt: dict[str, Any] | str) -> bytes:
     """The envelope's bytes, at most MAX_RECEIPT_BYTES; a header's base64 decoded."""
-    # json, not orjson: a client's object may hold what orjson refuses (integers past 64 bits)
-    data = json.dumps(receipt).encode() if isinstance(receipt, dict) else receipt.strip().encode()
+    # json, not orjson: a client's object may hold what orjson refuses (integers past 64 bits);
+    # a lone surrogate is kept (surrogatepass) for verify_receipt to refuse as not UTF-8
+    data = (
+        json.dumps(receipt).encode()
+        if isinstance(receipt, dict)
+        else receipt.strip().encode("utf-8", "surrogatepass")
+    )
     if len(data) > MAX_RECEIPT_BYTES:
         raise GatewayError(
             ErrorCode.invalid_request,
@@ -93,21 +112,28 @@ def _envelope(receipt: dict[str, Any] | str) -> bytes:
     return data
 
 
+_UNCHECKED = {"checked": False, "checkpoint_size": None, "root": None}
+
+
+def _refused(problem: str) -> dict[str, Any]:
+    """The verdict on a receipt that is not one the log's keys signed."""
+    return {
+        "valid": False,
+        "problems": [problem],
+        "request_id": None,
+        "backend": None,
+        "region": None,
+        "policy": None,
+        "log_index": None,
+        "inclusion": _UNCHECKED,
+    }
+
+
 def _check(envelope: bytes, log: LogDirectory, verifiers: list[Verifier]) -> dict[str, Any]:
-    unchecked = {"checked": False, "checkpoint_size": None, "root": None}
     try:
         receipt = verify_receipt(envelope, verifiers)
     except ProvenanceError as exc:
-        return {
-            "valid": False,
-            "problems": [str(exc)],
-            "request_id": None,
-            "backend": None,
-            "region": None,
-            "policy": None,
-            "log_index": None,
-            "inclusion": unchecked,
-        }
+        return _refused(str(exc))
     verdict: dict[str, Any] = {
         "valid": False,
         "problems": [],
@@ -116,7 +142,7 @@ def _check(envelope: bytes, log: LogDirectory, verifiers: list[Verifier]) -> dic
         "region": None,
         "policy": {"digest": receipt.policy_digest},
         "log_index": receipt.index,
-        "inclusion": unchecked,
+        "inclusion": _UNCHECKED,
     }
     try:
         proved = check_receipt_in_log(log, receipt, verifiers)

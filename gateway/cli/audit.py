@@ -26,14 +26,17 @@ from gateway.provenance import (
     TlogProof,
     Verifier,
     load_verifiers,
-    open_checkpoint,
     receipt_version,
     verify_commitment,
     verify_log,
     verify_receipt,
 )
 from gateway.provenance.audit.attested import AttestedSummary, check_attestations, cross_check
-from gateway.provenance.audit.receipt import check_receipt_in_log
+from gateway.provenance.audit.receipt import (
+    check_receipt_in_log,
+    read_receipt,
+    receipt_commitment,
+)
 from gateway.provenance.audit.remote import is_url, mirror_log
 from gateway.provenance.audit.report import Invocation, audit_report, verification_json
 from gateway.provenance.audit.report_html import render_html
@@ -416,7 +419,7 @@ def _add_receipt(verbs: Any) -> None:
 
 def _receipt_verify(args: argparse.Namespace) -> int:
     keys = _keys(args)
-    envelope = Path(args.file).read_bytes()
+    envelope = read_receipt(args.file)
     receipt = verify_receipt(envelope, keys)
     names = (
         f"dispatch entry {receipt.index} to backend {receipt.backend}"
@@ -490,27 +493,16 @@ def _open(args: argparse.Namespace) -> int:
         if args.log is None or not (args.key or args._key_defaults):
             print("error: --receipt needs --log and --key", file=sys.stderr)
             return 2
-        receipt = verify_receipt(Path(args.receipt).read_bytes(), _keys(args))
+        receipt = verify_receipt(read_receipt(args.receipt), _keys(args))
         salts = receipt.salts
         salt_hex = (salts.request if args.kind == "request" else salts.response).hex()
-        commitment = _commitment_from_log(args.log, receipt.request_id, args.kind, _keys(args))
+        commitment = receipt_commitment(LogDirectory(args.log), receipt, args.kind, _keys(args))
     if salt_hex is None or commitment is None:
         print("error: give --salt and --commitment, or --receipt and --log", file=sys.stderr)
         return 2
     verify_commitment(args.kind, commitment, bytes.fromhex(salt_hex), body)
     print(f"ok: {args.body} with this salt opens the {args.kind} commitment {commitment}")
     return 0
-
-
-def _commitment_from_log(logdir: str, request_id: str, kind: str, keys: list[Verifier]) -> str:
-    log = LogDirectory(logdir)
-    size = open_checkpoint(log.latest_note(), keys).checkpoint.size
-    wanted = "request_commitment" if kind == "request" else "response_commitment"
-    for _, record in log.find_request(request_id, size):
-        value = record.data.get(wanted)
-        if isinstance(value, str):
-            return value
-    raise ProvenanceError(f"the log holds no {kind} commitment for request {request_id!r}")
 
 
 def _add_show(verbs: Any) -> None:

@@ -21,7 +21,7 @@ from gateway.provenance import (
     seal_receipts,
     write_signing_key,
 )
-from tests.helpers.admin import CASES, ORIGIN, TOKENS, WITNESS, Served, serve_admin
+from tests.helpers.admin import CASES, ORIGIN, TOKENS, WITNESS, Served, bearer, serve_admin
 from tests.helpers.provenance import batch_receipts, run_audit
 from tests.helpers.waiting import until
 
@@ -224,6 +224,25 @@ def test_a_receipt_is_verified_with_its_record_in_the_log(served: Served, tmp_pa
             assert problem in verdict["problems"][0] and not verdict["inclusion"]["checked"]
     too_big = served.post("/admin/v1/receipts/verify", "auditor", {"receipt": "x" * 70000})
     assert too_big.status_code == 400 and too_big.json()["error"]["param"] == "receipt"
+
+
+def test_a_receipt_object_is_read_as_sent(served: Served) -> None:
+    """The receipt as a JSON object in the body: FastAPI's parse keeps the last of
+    duplicated member names (and passes lone surrogates); the verdict must be the CLI's,
+    which refuses duplicated names, and a lone surrogate is a malformed receipt, not a 500."""
+    _, signed = batch_receipts(served.chat)[0]
+    doubled = signed[:-1] + b',"payloadType":"application/vnd.owngate.receipt+json"}'
+    headers = {**bearer("auditor"), "content-type": "application/json"}
+    for body, problem in (
+        (b'{"receipt": ' + doubled + b"}", "duplicated member name"),
+        (b'{"receipt": "{\\ud800}"}', "not JSON"),
+    ):
+        answer = httpx.post(
+            f"{served.admin}/admin/v1/receipts/verify", headers=headers, content=body, timeout=10
+        )
+        assert answer.status_code == 200, answer.text
+        verdict = answer.json()
+        assert verdict["valid"] is False and problem in verdict["problems"][0], verdict
 
 
 def _b64(value: dict[str, Any]) -> str:

@@ -4,6 +4,7 @@ countersignature, the SSE comment taken out of a stream, the completion record's
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -16,13 +17,14 @@ from gateway.api.attested import Attester, SseTail
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.trail import Trail
 from gateway.cli.main import main
-from gateway.provenance import Salts, commit
+from gateway.provenance import Receipt, Salts, commit, make_receipt, verify_receipt
 from gateway.provenance.errors import RecordError
 from gateway.provenance.formats.attestation import (
     Attestation,
     AttestationFailure,
     Statement,
     check_countersignature,
+    receipt_countersignature,
     sign_statement,
     statement_of_records,
 )
@@ -262,3 +264,29 @@ def test_the_sidecar_command_wants_a_sane_log_cadence(
     base = ["attest", "--backend", "http://127.0.0.1:8000", "--key", "k", "--log", "l"]
     assert main([*base, *flag]) == 2  # refused before it opens a key or binds a port
     assert "a bad --listen or number" in capsys.readouterr().err
+
+
+def test_an_accepted_countersignature_reaches_the_receipt_whatever_else_its_envelope_held() -> None:
+    """The signature covers the statement, not the envelope around it: an attested backend
+    whose envelope carries an extra member JSON cannot re-encode (an integer past 64 bits,
+    a lone surrogate) still has it accepted, and the client's receipt must not then fail
+    to be built (it raised in `Trail.sealed_receipt`: a 500 after the answer was relayed)."""
+    log = seeded_signer("log")
+    receipt = Receipt("req-1", "log", 1, bytes(32), "gpu", "sha256:" + "ab" * 32, SALTS)
+    for extra in (10**30, "\ud800"):
+        attester = Attester("gpu", SIGNER.vkey, GatewayMetrics())
+        envelope = {**json.loads(sign_statement(_statement(5), SIGNER)), "x": extra}
+        trail = _trail()
+        attester.judge(trail, "req-1", base64.b64encode(json.dumps(envelope).encode()))
+        assert trail.attestation is not None and trail.attestation.failure is None
+
+        async def sealed(trail: Trail = trail) -> bytes | None:
+            signed: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+            signed.set_result(make_receipt(receipt, log))
+            trail.receipt = signed
+            return await trail.sealed_receipt()
+
+        carried = asyncio.run(sealed())
+        assert carried is not None and verify_receipt(carried, [log.verifier()]) == receipt
+        found = receipt_countersignature(carried, receipt, {"gpu": SIGNER.verifier()})
+        assert found is not None and found.counter == 5

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import json
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from gateway.canonical import canonical_json
 from gateway.provenance import (
     KeyFormatError,
     ProvenanceLog,
+    Receipt,
     TlogProof,
     Verifier,
     load_signer,
@@ -23,6 +26,8 @@ from gateway.provenance import (
     verify_tlog_proof,
     write_signing_key,
 )
+from gateway.provenance.formats.commitments import commit
+from gateway.provenance.formats.tiles import decode_bundle, encode_bundle
 from gateway.provenance.testing import (
     EXAMPLE_HOSTED,
     CountingRandom,
@@ -94,6 +99,31 @@ def test_receipt_verify_alone_and_against_the_log(
         assert "not signed by a trusted key" in capsys.readouterr().err
 
 
+def test_receipt_verify_with_the_log_refuses_claims_its_record_contradicts(
+    logdir: tuple[Path, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A receipt the log's key signed, naming entry 0 by its hash, whose other claims are
+    not entry 0's (another request, backend or policy, or a refusal for a dispatch): the
+    log does not hold what it says, whatever the signature (a sealing bug, or a key that
+    signed what the log never wrote)."""
+    path, single = logdir
+    receipt = Receipt.from_payload(
+        json.loads(base64.b64decode(json.loads(single.read_bytes())["payload"]))
+    )
+    lies = {
+        "request_id": (dataclasses.replace(receipt, request_id="req-5"), "request"),
+        "backend": (dataclasses.replace(receipt, backend=EXAMPLE_HOSTED.id), "backend"),
+        "refusal": (dataclasses.replace(receipt, backend=""), "dispatch"),
+        "policy": (dataclasses.replace(receipt, policy_digest="sha256:" + "cd" * 32), "policy"),
+    }
+    for name, (lie, problem) in lies.items():
+        forged = tmp_path / f"{name}.json"
+        forged.write_bytes(make_receipt(lie, SIGNER))
+        argv = ["receipt", "verify", str(forged), "--key", SIGNER.vkey, "--log", str(path)]
+        assert run_audit(argv) == 1, name
+        assert problem in capsys.readouterr().err, name
+
+
 def test_open_with_salt_or_with_receipt_and_log(
     logdir: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -115,6 +145,41 @@ def test_open_with_salt_or_with_receipt_and_log(
     argv = ["open", str(body), "--salt", salt, "--commitment", "00" * 32]
     assert run_audit(argv) == 1
     assert run_audit(["open", str(body)]) == 2
+
+
+def test_open_with_a_receipt_reads_the_commitments_its_records_prove(
+    logdir: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`open --receipt` takes the commitments from the record the receipt names (and its
+    completion), proved in the signed checkpoint: a copy of the log whose entries were
+    edited to commit to other bodies (with the salts the receipt carries) opens nothing."""
+    path, receipt_file = logdir
+    receipt = Receipt.from_payload(
+        json.loads(base64.b64decode(json.loads(receipt_file.read_bytes())["payload"]))
+    )
+    edited = tmp_path / "log"
+    shutil.copytree(path, edited)
+    lies = {
+        "request_commitment": ("request", commit("request", receipt.salts.request, b"other")),
+        "response_commitment": ("response", commit("response", receipt.salts.response, b"other")),
+    }
+    for bundle in (edited / "tile" / "entries").rglob("*"):  # every (partial) bundle 000
+        if bundle.is_file():
+            entries = decode_bundle(bundle.read_bytes())
+            for n, entry in enumerate(entries[:2]):  # req-0's dispatch and completion
+                record = json.loads(entry)
+                for field, (_, lie) in lies.items():
+                    if field in record:
+                        record[field] = lie
+                entries[n] = canonical_json(record)
+            bundle.chmod(0o644)
+            bundle.write_bytes(encode_bundle(entries))
+    other = tmp_path / "other.json"
+    other.write_bytes(b"other")
+    for kind, _ in lies.values():
+        argv = ["open", str(other), "--kind", kind, "--receipt", str(receipt_file)]
+        assert run_audit([*argv, "--log", str(edited), "--key", SIGNER.vkey]) == 1, kind
+        assert "FAILED: " in capsys.readouterr().err
 
 
 def test_show_summarises_backends_fallbacks_and_refusals(

@@ -199,8 +199,8 @@ def test_receipt_tampering_is_detected() -> None:
 
 
 def test_a_receipt_with_a_flood_of_signatures_is_malformed() -> None:
-    """Unknown-key signatures are each tried against every trusted key: a receipt with
-    hundreds of them would buy the sender CPU; past MAX_SIGNATURES it is refused unread."""
+    """Signatures naming no trusted key are not read, but a receipt with hundreds of them
+    still costs a parse and a scan: past MAX_SIGNATURES it is refused unread."""
     signer = seeded_signer("gateway.example/log")
     value = json.loads(make_receipt(_receipt(), signer))
     decoy = {"sig": base64.b64encode(bytes(64)).decode()}

@@ -47,8 +47,9 @@ from gateway.provenance.formats.receipt_batch import (
     MAX_BATCH_RECEIPTS,
     MAX_PATH,
 )
-from gateway.provenance.formats.receipts import attach_countersignature
+from gateway.provenance.formats.receipts import MAX_RECEIPT_BYTES, attach_countersignature
 from gateway.provenance.testing import EXAMPLE_POLICY, CountingRandom, seeded_signer
+from tests.helpers.provenance import run_audit
 
 LOG = "gateway.example/log/1"
 SIGNER = seeded_signer(LOG)
@@ -295,7 +296,7 @@ def test_non_canonical_encodings_are_refused() -> None:
 def test_oversized_paths_and_batches_are_refused_unread() -> None:
     (honest,) = _batch([10])
     value = _value(honest)
-    value["path"] = [None] * 100_000  # never decoded: refused by its length
+    value["path"] = [None] * 5_000  # never decoded: refused by its length
     with pytest.raises(MalformedError, match=f"at most {MAX_PATH} hashes"):
         verify_receipt(_encode(value), VERIFIERS)
     (forged,) = _signed_batch(
@@ -471,3 +472,41 @@ def test_a_batch_receipt_carries_an_attested_backends_countersignature() -> None
     forged = attach_countersignature(mine, sign_statement(theirs, other))
     with pytest.raises(SignatureError):
         receipt_countersignature(forged, receipt, keys)
+
+
+def test_a_receipt_past_the_size_cap_is_refused_unparsed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A genuine receipt is 1-3 KB; one padded past MAX_RECEIPT_BYTES (whitespace is
+    valid JSON) is refused before it is parsed, and the CLI reads no more of the file
+    than that: a client's receipt file cannot make the auditor's tools hold gigabytes."""
+    (honest,) = _batch([10])
+    padded = honest[:-1] + b" " * MAX_RECEIPT_BYTES + b"}"
+    assert verify_receipt(honest[:-1] + b" " * 1000 + b"}", VERIFIERS).index == 10
+    with pytest.raises(MalformedError, match=f"over {MAX_RECEIPT_BYTES} bytes"):
+        verify_receipt(padded, VERIFIERS)
+    path = tmp_path / "receipt.json"
+    path.write_bytes(padded)
+    assert run_audit(["receipt", "verify", str(path), "--key", SIGNER.vkey]) == 1
+    assert f"over {MAX_RECEIPT_BYTES} bytes" in capsys.readouterr().err
+
+
+def test_a_countersignature_json_cannot_encode_is_a_failed_check_not_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The `attestation` member is the receipt holder's to shape: an integer past 64 bits,
+    a lone surrogate or nesting past orjson's depth is a malformed countersignature (exit
+    1, FAILED), not an 'error: ... lone surrogate' exit 2 as if the auditor erred."""
+    backend = seeded_signer("gpu-a")
+    receipt = dataclasses.replace(_receipt(10), backend="gpu-a")
+    mine = seal_receipts([(10, canonical_json(receipt.payload()))], LOG, SIGNER)[0]
+    path = tmp_path / "receipt.json"
+    argv = ["receipt", "verify", str(path), "--key", SIGNER.vkey]
+    argv += ["--backend-key", f"gpu-a={backend.vkey}"]
+    deep: object = []
+    for _ in range(300):
+        deep = [deep]
+    for shape in ({"n": 10**30}, {"n": "\ud800"}, deep):
+        path.write_bytes(json.dumps({**_value(mine), "attestation": shape}).encode())
+        assert run_audit(argv) == 1
+        assert "FAILED: " in capsys.readouterr().err

@@ -12,8 +12,16 @@ import pytest
 from cryptography.exceptions import InvalidSignature
 
 from gateway.canonical import canonical_json
-from gateway.provenance import Receipt, Salts, make_receipt, seal_receipts
+from gateway.provenance import (
+    ProvenanceError,
+    Receipt,
+    Salts,
+    make_receipt,
+    seal_receipts,
+    verify_receipt,
+)
 from gateway.provenance.formats.merkle import leaf_hash
+from gateway.provenance.formats.receipt_batch import MAX_BATCH_RECEIPTS
 from gateway.provenance.testing import CountingRandom, seeded_signer
 from tests.helpers.paths import REPO_ROOT
 
@@ -77,3 +85,84 @@ def test_the_documented_recipe_refuses_forgeries() -> None:
     lying = f"{LOG}+{other_id}+{SIGNER.vkey.split('+')[2]}"
     with pytest.raises(InvalidSignature):
         verify(make_receipt(receipts[0], OTHER), lying)
+
+
+def _code_verdict(data: bytes) -> dict[str, object] | None:
+    try:
+        return verify_receipt(data, [SIGNER.verifier()]).payload()
+    except ProvenanceError:
+        return None
+
+
+def _recipe_verdict(verify: Any, data: bytes) -> dict[str, object] | None:
+    try:
+        claims: dict[str, object] = verify(data, SIGNER.vkey)
+    except Exception:  # noqa: BLE001 - any exception is the recipe's "refused"
+        return None
+    return claims
+
+
+def _variants(envelope: bytes) -> dict[str, dict[str, Any]]:
+    """What anyone holding `envelope` can make of it without the log's key."""
+    value = json.loads(envelope)
+    batched = "batch" in value
+    signed = value["batch"] if batched else value
+    good = signed["signatures"][0]
+    bad = {**good, "sig": base64.b64encode(bytes(64)).decode()}
+
+    def signatures(items: object, **extra: object) -> dict[str, Any]:
+        envelope = {**signed, "signatures": items, **extra}
+        return {**value, "batch": envelope} if batched else envelope
+
+    found = {
+        "as is": value,
+        "a member more": {**value, "extra": 1},
+        "a countersignature past the size cap": {**value, "attestation": "x" * 70_000},
+        "good, then a bad one of the same key": signatures([good, bad]),
+        "bad, then good": signatures([bad, good]),
+        "no key id": signatures([{"sig": good["sig"]}]),
+        "no key id, then good": signatures([{"sig": good["sig"]}, good]),
+        "unknown key id": signatures([{**good, "keyid": "other+00000000"}]),
+        "key id not a string": signatures([{**good, "keyid": 5}]),
+        "nine signatures": signatures([good] * 9),
+        "eight signatures": signatures([good] * 8),
+        "another's sig not canonical base64": signatures([good, {"keyid": "x", "sig": "AB=="}]),
+        "a signature not an object": signatures([good, 5]),
+        "a signature with a member more": signatures([{**good, "extra": 1}]),
+        "signatures an object": signatures({"0": good}),
+        "no signatures": signatures([]),
+    }
+    if batched:
+        found["envelope with a member more"] = signatures([good], extra=1)
+        found["signatures beside the batch"] = {**value, "signatures": [good]}
+        if value["position"] <= 1:
+            found["position a boolean"] = {**value, "position": bool(value["position"])}
+        found["position a float"] = {**value, "position": float(value["position"])}
+        if not value["path"]:
+            found["path a string"] = {**value, "path": ""}
+            found["path an object"] = {**value, "path": {}}
+    return found
+
+
+def test_the_recipe_and_verify_receipt_agree_on_every_variant() -> None:
+    """An auditor following the recipe gets owngate's verdict (and claims) for a receipt
+    and for whatever its holder can make of it: members added, signatures added, dropped
+    or reordered, types changed, in v1, in v2, and in a batch part of one receipt."""
+    verify = _recipe()["verify_receipt"]
+    receipts = [_receipt(n) for n in range(MAX_BATCH_RECEIPTS + 1)]
+    v2 = seal_receipts([(r.index, canonical_json(r.payload())) for r in receipts], LOG, SIGNER)
+    forms = {
+        "v1": make_receipt(receipts[0], SIGNER),
+        "v2 at 0": v2[0],
+        "v2 at 1": v2[1],
+        "v2 at 5": v2[5],
+        "v2 alone in its part": v2[-1],
+    }
+    differ = []
+    for form, envelope in forms.items():
+        for name, value in _variants(envelope).items():
+            data = json.dumps(value).encode()
+            code, recipe = _code_verdict(data), _recipe_verdict(verify, data)
+            if code != recipe:
+                differ.append(f"{form}, {name}: owngate {code}, recipe {recipe}")
+    assert not differ, "\n".join(differ)

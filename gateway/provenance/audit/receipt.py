@@ -5,24 +5,29 @@ signed checkpoint (what `owngate audit receipt verify --log` and the admin API's
 The receipt's own signature is `formats.receipts.verify_receipt`; this module takes the
 receipt it returned and the log directory, and raises a `ProvenanceError` naming what
 does not hold: the checkpoint's signature or origin, an entry the checkpoint does not
-cover yet (or no longer: a rollback), an entry that is not the receipt's record, a
-proof that does not reach the checkpoint's root.
+cover yet (or no longer: a rollback), an entry that is not the receipt's record (or
+says another request, backend or policy than the receipt), a proof that does not reach
+the checkpoint's root. `receipt_commitment` gives the commitment a receipt's salt opens,
+from records so proved (`owngate audit open --receipt`); `read_receipt` reads a receipt
+file within verify_receipt's cap.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from gateway.provenance.audit.reader import LogDirectory
 from gateway.provenance.errors import LogVerificationError
 from gateway.provenance.formats.checkpoint import open_checkpoint
 from gateway.provenance.formats.merkle import inclusion_proof, leaf_hash, verify_inclusion
 from gateway.provenance.formats.note import Verifier
-from gateway.provenance.formats.receipts import Receipt
+from gateway.provenance.formats.receipts import MAX_RECEIPT_BYTES, Receipt
+from gateway.provenance.formats.records import Record, parse_record
 from gateway.provenance.formats.tiles import TILE_WIDTH, TileReader
 
-__all__ = ["ReceiptInclusion", "check_receipt_in_log"]
+__all__ = ["ReceiptInclusion", "check_receipt_in_log", "read_receipt", "receipt_commitment"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +37,13 @@ class ReceiptInclusion:
     size: int
     root: bytes
     entry: bytes  # the record the receipt names, as the log holds it
+
+
+def read_receipt(path: str | Path) -> bytes:
+    """A receipt file (a client's), read no further than `verify_receipt` takes: one byte
+    past MAX_RECEIPT_BYTES, which it refuses unparsed."""
+    with Path(path).open("rb") as file:
+        return file.read(MAX_RECEIPT_BYTES + 1)
 
 
 def check_receipt_in_log(
@@ -51,6 +63,58 @@ def check_receipt_in_log(
         raise LogVerificationError(
             f"entry {receipt.index} of the log is not the record the receipt names"
         )
-    proof = inclusion_proof(receipt.index, size, TileReader(log.path, size).node)
-    verify_inclusion(receipt.dispatch_hash, receipt.index, size, proof, signed.checkpoint.root)
+    _check_claims(parse_record(entry), receipt)
+    _prove(log, receipt.index, receipt.dispatch_hash, size, signed.checkpoint.root)
     return ReceiptInclusion(size, signed.checkpoint.root, entry)
+
+
+def receipt_commitment(
+    log: LogDirectory, receipt: Receipt, kind: str, verifiers: Iterable[Verifier]
+) -> str:
+    """The commitment the receipt's salt of `kind` ("request" or "response") opens: the
+    request commitment of the record the receipt names, or the response commitment of
+    the completion record linking to it, each proved in the latest signed checkpoint."""
+    proved = check_receipt_in_log(log, receipt, verifiers)
+    if kind == "request":
+        found = parse_record(proved.entry).data.get("request_commitment")
+        if not isinstance(found, str):
+            raise LogVerificationError(f"entry {receipt.index} holds no request commitment")
+        return found
+    link = {"index": receipt.index, "hash": receipt.dispatch_hash.hex()}
+    for index, record in log.find_request(receipt.request_id, proved.size):
+        found = record.data.get("response_commitment")
+        if record.type == "completion" and record.data["dispatch"] == link and found:
+            entry = log.bundle(index // TILE_WIDTH, proved.size)[index % TILE_WIDTH]
+            _prove(log, index, leaf_hash(entry), proved.size, proved.root)
+            return str(found)
+    raise LogVerificationError(
+        f"the log holds no response commitment for entry {receipt.index} of request "
+        f"{receipt.request_id!r} (a completion with one, linking to it)"
+    )
+
+
+def _prove(log: LogDirectory, index: int, leaf: bytes, size: int, root: bytes) -> None:
+    """Raise unless the leaf at `index` is in the tree (`size`, `root`), by the log's tiles."""
+    proof = inclusion_proof(index, size, TileReader(log.path, size).node)
+    verify_inclusion(leaf, index, size, proof, root)
+
+
+def _check_claims(record: Record, receipt: Receipt) -> None:
+    """The receipt's claims are its record's: the request, a dispatch to its backend (a
+    refusal when the receipt names none) and the policy digest."""
+    kind = "refusal" if receipt.backend == "" else "dispatch"
+    found = {
+        "request": (record.request_id, receipt.request_id),
+        "record type": (record.type, kind),
+        "backend": (
+            record.data["backend"]["id"] if record.type == "dispatch" else "",
+            receipt.backend,
+        ),
+        "policy digest": (record.data.get("policy", {}).get("digest"), receipt.policy_digest),
+    }
+    for what, (logged, claimed) in found.items():
+        if logged != claimed:
+            raise LogVerificationError(
+                f"entry {receipt.index} is the receipt's record, but its {what} is "
+                f"{logged!r}, not the receipt's {claimed!r}"
+            )

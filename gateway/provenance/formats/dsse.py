@@ -80,43 +80,28 @@ def signed_envelope(payload_type: str, payload: bytes, signer: Signer) -> dict[s
 
 
 def verify_signatures(
-    payload_type: str,
-    payload: bytes,
-    signatures: object,
-    verifiers: Iterable[Verifier],
-    *,
-    by_key_id: bool = False,
+    payload_type: str, payload: bytes, signatures: object, verifiers: Iterable[Verifier]
 ) -> None:
-    """Raise unless a trusted key signed PAE(`payload_type`, `payload`); a signature naming
-    a trusted key that fails to verify is an error too. At most MAX_SIGNATURES are read.
-    `by_key_id`: only a signature whose `keyid` names a trusted key counts (v1 receipts also
-    let a signature without a known key id match any trusted key)."""
+    """Raise unless a trusted key signed PAE(`payload_type`, `payload`). A signature counts
+    only where its `keyid` names the trusted key (`name+hexid`) that made it, and each one
+    naming a trusted key must verify; the others are not read (a `keyid` is DSSE's hint,
+    which owngate always writes, so what is checked never depends on guessing). The list
+    holds 1 to MAX_SIGNATURES objects. docs/provenance.md's recipe checks the same."""
     if not isinstance(signatures, list) or not signatures:
         raise MalformedError("receipt envelope has no signatures")
-    if len(signatures) > MAX_SIGNATURES:  # each costs a verification against every key
+    if len(signatures) > MAX_SIGNATURES:  # refused unread
         raise MalformedError(f"receipt envelope has over {MAX_SIGNATURES} signatures")
+    items = [item for item in signatures if isinstance(item, dict)]
+    if len(items) != len(signatures):
+        raise MalformedError("receipt signature is not an object")
     message = pae(payload_type, payload)
     trusted = list(verifiers)
     verified = False
-    for item in signatures:
-        if not isinstance(item, dict):
-            raise MalformedError("receipt signature is not an object")
-        signature = decode_base64(item.get("sig"), "signature")
-        keyid = item.get("keyid")
-        named = [v for v in trusted if str(v) == keyid]
+    for item in items:
+        named = [v for v in trusted if str(v) == item.get("keyid")]
         if named:
-            named[0].verify(message, signature)  # raises SignatureError
+            named[0].verify(message, decode_base64(item.get("sig"), "signature"))  # or raises
             verified = True
-            continue
-        if by_key_id:
-            continue
-        for candidate in trusted:  # no or unknown key id: any trusted key may match
-            try:
-                candidate.verify(message, signature)
-            except SignatureError:
-                continue
-            verified = True
-            break
     if not verified:
         keys = ", ".join(str(v) for v in trusted) or "none"
         raise SignatureError(f"receipt is not signed by a trusted key (trusted: {keys})")

@@ -209,5 +209,5 @@ def verify_batch_receipt(value: dict[str, object], verifiers: Iterable[Verifier]
         )
     hashes = [decode_base64(item, f"path hash {n}") for n, item in enumerate(path)]
     verify_inclusion(leaf_hash(payload), position, statement.receipts, hashes, statement.root)
-    verify_signatures(BATCH_PAYLOAD_TYPE, signed, batch["signatures"], verifiers, by_key_id=True)
+    verify_signatures(BATCH_PAYLOAD_TYPE, signed, batch["signatures"], verifiers)
     return receipt

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from gateway.canonical import canonical_json_of_plain
+from gateway.canonical import canonical_json, canonical_json_of_plain
 from gateway.provenance.errors import MalformedError
 from gateway.provenance.formats.dsse import (
     MAX_SIGNATURES,
@@ -31,6 +31,7 @@ from gateway.provenance.formats.receipt_batch import is_batch_receipt, verify_ba
 from gateway.provenance.formats.receipt_payload import RECEIPT_PAYLOAD_TYPE, Receipt
 
 __all__ = [
+    "MAX_RECEIPT_BYTES",
     "MAX_SIGNATURES",
     "RECEIPT_PAYLOAD_TYPE",
     "Receipt",
@@ -41,6 +42,11 @@ __all__ = [
     "receipt_version",
     "verify_receipt",
 ]
+
+
+# A receipt is 1-3 KB (v2 with a path of 10 hashes and a backend's countersignature):
+# anything far beyond that is refused unparsed, whoever hands it to a verifier.
+MAX_RECEIPT_BYTES = 64 * 1024
 
 
 def make_receipt(receipt: Receipt, signer: Signer) -> bytes:
@@ -63,7 +69,12 @@ def countersignature_of(envelope: bytes) -> bytes | None:
     """The countersignature a receipt carries (canonical JSON bytes), or None."""
     value = loads_strict(envelope, "receipt")
     found = value.get("attestation") if isinstance(value, dict) else None
-    return None if found is None else canonical_json_of_plain(found)
+    if found is None:
+        return None
+    try:  # the holder's to shape: not plain by construction
+        return canonical_json(found)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise MalformedError(f"receipt's countersignature cannot be encoded: {exc}") from exc
 
 
 def receipt_version(envelope: bytes) -> int:
@@ -75,10 +86,13 @@ def receipt_version(envelope: bytes) -> int:
 def verify_receipt(envelope: bytes, verifiers: Iterable[Verifier]) -> Receipt:
     """Check a receipt (v1 or v2) against trusted keys; returns its payload.
 
-    Raises MalformedError for a bad envelope, SignatureError unless a trusted key signed
-    it (a signature naming a trusted key that fails to verify is an error too) and, for
-    a v2 receipt, ProofError when its path does not lead to the signed root.
+    Raises MalformedError for a bad envelope (or one over MAX_RECEIPT_BYTES, unparsed),
+    SignatureError unless a trusted key signed it (a signature naming a trusted key that
+    fails to verify is an error too) and, for a v2 receipt, ProofError when its path does
+    not lead to the signed root.
     """
+    if len(envelope) > MAX_RECEIPT_BYTES:
+        raise MalformedError(f"receipt is over {MAX_RECEIPT_BYTES} bytes")
     value = loads_strict(envelope, "receipt")
     if not isinstance(value, dict) or value.get("payloadType") != RECEIPT_PAYLOAD_TYPE:
         raise MalformedError(f"receipt is not a DSSE envelope of {RECEIPT_PAYLOAD_TYPE}")
