@@ -75,7 +75,9 @@ class Attester:
             )
             return
         trail.attestation = Attestation.accepted(counter)
-        trail.countersignature = envelope
+        # Rebuilt from what was verified, not the bytes received: members the signature
+        # does not cover (or a payload written another way) never reach the receipt.
+        trail.countersignature = counter.envelope()
         self._metrics.attestation(self.backend, "ok")
 
     def _fresh(self, counter: int) -> None:

@@ -4,6 +4,7 @@ countersignature, the SSE comment taken out of a stream, the completion record's
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -26,6 +27,7 @@ from gateway.provenance.formats.attestation import (
     sign_statement,
     statement_of_records,
 )
+from gateway.provenance.formats.receipts import Receipt, countersignature_of, make_receipt
 from gateway.provenance.formats.records import LogEntry, completion_record, validate_record
 from gateway.provenance.formats.upstream_ids import UpstreamIds
 from gateway.provenance.testing import CountingRandom, seeded_signer
@@ -121,6 +123,42 @@ def test_the_gateway_checks_the_bytes_it_relayed() -> None:
     unreadable = _trail()
     attester.judge(unreadable, "req-1", b"not base64!")
     assert unreadable.attestation == Attestation(str(SIGNER), failure="malformed")
+
+
+def _dressed(envelope: bytes) -> bytes:
+    """`envelope` with what its signature does not cover changed, as anyone on the path
+    between gateway and sidecar could: unsigned members (one no canonical encoder takes)
+    and its payload's JSON written another way, with a duplicate member that a
+    first-wins parser reads instead of the signed one."""
+    value = json.loads(envelope)
+    payload = base64.b64decode(value["payload"])
+    other = json.dumps({"response_commitment": "0" * 64}).encode()[:-1]
+    value["payload"] = base64.b64encode(other + b", " + payload[1:]).decode()
+    value["signatures"][0]["note"] = "unsigned"
+    value["extra"] = 2**70
+    return json.dumps(value).encode()
+
+
+def test_the_receipt_carries_only_what_the_backend_signed() -> None:
+    attester = Attester("gpu", SIGNER.vkey, GatewayMetrics())
+    trail = _trail()
+    signed = sign_statement(_statement(5), SIGNER)
+    attester.judge(trail, "req-1", base64.b64encode(_dressed(signed)))
+    assert trail.attestation is not None and trail.attestation.failure is None
+    assert trail.countersignature == signed  # rebuilt from what was verified
+    receipt = make_receipt(
+        Receipt("req-1", "log", 0, bytes(32), "gpu", "sha256:x", SALTS), seeded_signer("log")
+    )
+    sealed = asyncio.run(_sealed(trail, receipt))
+    assert countersignature_of(sealed) == signed
+
+
+async def _sealed(trail: Trail, receipt: bytes) -> bytes:
+    trail.receipt = asyncio.get_running_loop().create_future()
+    trail.receipt.set_result(receipt)
+    found = await trail.sealed_receipt()
+    assert found is not None
+    return found
 
 
 STREAM = b'data: {"choices":[]}\n\n: keep-alive\n\ndata: [DONE]\n\n'

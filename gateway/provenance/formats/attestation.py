@@ -148,20 +148,27 @@ class Countersignature:
     statement: Statement
     signature: bytes
 
+    def envelope(self) -> bytes:
+        """Its DSSE envelope, canonical JSON bytes: exactly what the signature covers
+        (the canonical payload), so a copy of it (the client's receipt) holds nothing
+        unsigned, whatever else the envelope it was read from carried."""
+        return canonical_json_of_plain(
+            {
+                "payloadType": ATTESTATION_PAYLOAD_TYPE,
+                "payload": base64.b64encode(self.statement.payload()).decode(),
+                "signatures": [
+                    {"keyid": self.statement.key, "sig": base64.b64encode(self.signature).decode()}
+                ],
+            }
+        )
+
 
 def sign_statement(statement: Statement, signer: Signer) -> bytes:
     """The DSSE envelope (canonical JSON bytes) of `statement`, signed by `signer`."""
     if statement.key != str(signer):
         raise ValueError("the statement must name the key that signs it")
-    payload = statement.payload()
-    signature = signer.sign(pae(ATTESTATION_PAYLOAD_TYPE, payload))
-    return canonical_json_of_plain(
-        {
-            "payloadType": ATTESTATION_PAYLOAD_TYPE,
-            "payload": base64.b64encode(payload).decode(),
-            "signatures": [{"keyid": statement.key, "sig": base64.b64encode(signature).decode()}],
-        }
-    )
+    signature = signer.sign(pae(ATTESTATION_PAYLOAD_TYPE, statement.payload()))
+    return Countersignature(statement, signature).envelope()
 
 
 def _b64(value: object, what: str) -> bytes:
