@@ -75,8 +75,8 @@ class Attester:
             )
             return
         trail.attestation = Attestation.accepted(counter)
-        # rebuilt from what was verified: extra members of the envelope received (the
-        # backend's to add, unsigned) never reach the client's receipt
+        # Rebuilt from what was verified, not the bytes received: members the signature
+        # does not cover (or a payload written another way) never reach the receipt.
         trail.countersignature = counter.envelope()
         self._metrics.attestation(self.backend, "ok")
 

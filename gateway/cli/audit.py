@@ -15,7 +15,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -211,14 +211,20 @@ def _token_flag(parser: argparse.ArgumentParser) -> None:
 
 
 @contextlib.contextmanager
-def _local_log(location: str, token: str | None) -> Iterator[str]:
+def _local_log(
+    location: str,
+    token: str | None,
+    verifiers: Sequence[Verifier] = (),
+    origin: str | None = None,
+) -> Iterator[str]:
     """A log directory for `location`: itself, or for an http(s) URL serving a log as
-    C2SP tlog-tiles, a temporary copy of what its checkpoint covers."""
+    C2SP tlog-tiles, a temporary copy of what its checkpoint covers (with `verifiers`,
+    one that checkpoint is signed by)."""
     if not is_url(location):
         yield location
         return
     with tempfile.TemporaryDirectory(prefix="owngate-audit-") as copy:
-        mirror_log(location, Path(copy), token=token)
+        mirror_log(location, Path(copy), token=token, verifiers=verifiers, origin=origin)
         yield copy
 
 
@@ -226,7 +232,7 @@ def _verify(args: argparse.Namespace) -> int:
     files = args.checkpoint or args._checkpoint_defaults
     trusted = [Path(name).read_bytes() for name in files]
     witnesses = [_witness_key(text) for text in args.witness_key or args._witness_defaults]
-    with _local_log(args.logdir, args.token) as logdir:
+    with _local_log(args.logdir, args.token, _keys(args), args.origin) as logdir:
         return _verified(args, logdir, trusted, witnesses)
 
 
@@ -316,7 +322,7 @@ def _attested(args: argparse.Namespace, logdir: str, size: int) -> AttestedSumma
             backend, where = next(iter(keys)), item
         if is_url(where):
             with tempfile.TemporaryDirectory(prefix="owngate-attest-") as copy:
-                mirror_log(where, Path(copy), token=None)
+                mirror_log(where, Path(copy), token=None, verifiers=[keys[backend]])
                 cross_check(summary, copy, backend, keys[backend])
         else:
             cross_check(summary, where, backend, keys[backend])
@@ -650,6 +656,7 @@ def _report(args: argparse.Namespace) -> int:
         flags += ["--min-witnesses", str(args.min_witnesses)]
     if args.accept_earlier_keys:
         flags.append("--accept-earlier-keys")
+    # Not verified while copying: a checkpoint the keys do not sign is the report's finding.
     with _local_log(args.logdir, args.token) as logdir:
         result = audit_report(
             logdir,

@@ -9,9 +9,11 @@ upstream work when the client goes away.
 
 A backend is trusted to serve, not to be well-behaved: `read()` stops at a byte limit
 (also when `content-length` announces more) and at a deadline (a body that drips one
-byte at a time resets the read timeout forever), dropping the connection either way; a
-byte that arrives after the response is complete is never handed to anyone, and the
-connection it came on is closed, never reused.
+byte at a time resets the read timeout forever), dropping the connection either way; the
+status line and headers stop at `MAX_HEAD` bytes (httptools gathers a header line whole
+before handing it over, so without a limit one endless header would grow until the
+first-byte timeout); a byte that arrives after the response is complete is never handed
+to anyone, and the connection it came on is closed, never reused.
 
 An https backend is authenticated on every new connection before a request byte is
 written (`gateway.upstream.tls.BackendTLS`: its CA, name, pins, certificate facts); a
@@ -34,9 +36,19 @@ import httptools
 from gateway.upstream.response import UpstreamError, UpstreamResponse
 from gateway.upstream.tls import BackendTLS, Peer, TLSRejectedError, system_tls
 
-__all__ = ["DEFAULT_MAX_BODY", "Connection", "HttpPool", "UpstreamError", "UpstreamResponse"]
+__all__ = [
+    "DEFAULT_MAX_BODY",
+    "MAX_HEAD",
+    "Connection",
+    "HttpPool",
+    "UpstreamError",
+    "UpstreamResponse",
+]
 
 DEFAULT_MAX_BODY = 16 * 1024 * 1024  # `read()`'s limit unless the pool is given another
+# A response's status line and headers (with any 1xx before it): inference servers send
+# well under 2 KiB, a countersignature header is under 6 KiB.
+MAX_HEAD = 64 * 1024
 
 
 class _Connection(asyncio.Protocol):
@@ -53,6 +65,7 @@ class _Connection(asyncio.Protocol):
         self.interim = False  # parsing a 1xx response, which precedes the real one
         self.close_delimited = False  # body ends when the backend closes the connection
         self.peer: Peer | None = None  # who the TLS handshake authenticated (None: plain HTTP)
+        self.head_bytes = 0  # bytes of the current response read before its headers ended
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -65,6 +78,7 @@ class _Connection(asyncio.Protocol):
             # step with its requests and no longer trustworthy.
             self._out_of_step()
             return
+        response = self.response
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -73,6 +87,13 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self.response._fail(UpstreamError("protocol", f"bad HTTP response: {exc}"))
             self.close()
+        if response.status == 0:  # every byte so far was head: bounded
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD:
+                response._fail(
+                    UpstreamError("protocol", f"response headers larger than {MAX_HEAD} bytes")
+                )
+                self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -336,7 +357,7 @@ class HttpPool:
                     continue
                 raise UpstreamError("closed", "backend closed the connection before answering")
             response = UpstreamResponse(conn, self._read_timeout)
-            conn.response = response
+            conn.response, conn.head_bytes = response, 0
             response.sent_at = asyncio.get_running_loop().time()
             assert conn.transport is not None
             conn.transport.write(head + body if len(body) < 65536 else head)

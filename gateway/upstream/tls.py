@@ -16,7 +16,8 @@ Pins are written `sha256//` + the standard base64 of the digest (with padding), 
     owngate:owner:<name>           e.g. owngate:owner:acme
     owngate:retention:<terms>      none | <days>d, optionally +training: none, 30d, 30d+training
 
-`<name>` is 1-63 of `A-Z a-z 0-9 . _ -`; each fact appears at most once. `none` is zero
+`<name>` is 1-63 of `A-Z a-z 0-9 . _ -`; each fact appears at most once, and the scheme
+only lowercase (any other case is the same scheme to other readers: ambiguous). `none` is zero
 days with the zero-data-retention declaration; `0d` is zero days without it.
 """
 
@@ -48,8 +49,8 @@ __all__ = [
 ]
 
 FACT_PREFIX = "owngate:"
-_NAME = re.compile(r"^[A-Za-z0-9._-]{1,63}$")
-_TERMS = re.compile(r"^(none|(0|[1-9][0-9]{0,5})d)(\+training)?$")
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,63}\Z")  # \Z: `$` would also end before a newline
+_TERMS = re.compile(r"(none|(0|[1-9][0-9]{0,5})d)(\+training)?\Z")
 _FACTS = ("region", "owner", "retention")
 
 
@@ -90,8 +91,10 @@ def facts_from_uris(uris: Iterable[str]) -> CertificateFacts:
     repeated one (an ambiguous certificate attests nothing)."""
     found: dict[str, str] = {}
     for uri in uris:
-        if not uri.startswith(FACT_PREFIX):
+        if uri[: len(FACT_PREFIX)].lower() != FACT_PREFIX:
             continue
+        if not uri.startswith(FACT_PREFIX):  # the same scheme to another reader (RFC 3986)
+            raise ValueError(f"certificate fact {uri!r}: write the scheme lowercase, owngate:")
         fact, _, value = uri[len(FACT_PREFIX) :].partition(":")
         if fact not in _FACTS:
             raise ValueError(f"unknown certificate fact {uri!r}")

@@ -304,6 +304,39 @@ def test_an_answer_changed_after_the_countersignature_is_caught(
     )
 
 
+def test_an_answer_logged_without_its_response_commitment_is_still_claimed(
+    sim: Sim,
+    start_gateway: Callable[..., Gateway],
+    sidecars: Callable[..., Sidecar],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A gateway that answered 200 but logs no response commitment and no attestation
+    (what it would write for an answer that came from somewhere else) still says backend
+    gpu served it: the record must carry gpu's countersignature like any other answer."""
+    sidecar = sidecars("gpu", sim.url)
+    gateway = _gateway(start_gateway, tmp_path, [_attested("gpu", sidecar)])
+    (_, second) = _served(gateway, tmp_path, "m", "m")
+
+    def hide(record: dict[str, Any]) -> dict[str, Any]:
+        hidden = {k: v for k, v in record.items() if k != "attestation"}
+        return {**hidden, "response_commitment": None}
+
+    forged = _forge(
+        tmp_path,
+        lambda entries: [
+            hide(r) if r["type"] == "completion" and r["request_id"] == second else r
+            for r in entries
+        ],
+    )
+    assert _audit(tmp_path, log=forged) == 0  # a well-formed log of its own
+    said = _failed(tmp_path, capsys, "--backend-key", f"gpu={sidecar.vkey}", log=forged)
+    assert (
+        f"request {second!r} (backend gpu): the log says backend gpu served it, but the record "
+        "carries no countersignature" in said
+    )
+
+
 def test_the_sidecar_log_and_the_gateway_log_must_agree(
     sim: Sim,
     start_gateway: Callable[..., Gateway],

@@ -28,6 +28,7 @@ from gateway.provenance.formats.attestation import (
     sign_statement,
     statement_of_records,
 )
+from gateway.provenance.formats.receipts import countersignature_of
 from gateway.provenance.formats.records import LogEntry, completion_record, validate_record
 from gateway.provenance.formats.upstream_ids import UpstreamIds
 from gateway.provenance.testing import CountingRandom, seeded_signer
@@ -49,6 +50,24 @@ def _statement(counter: int = 0, request_id: str = "req-1", key: str = str(SIGNE
         commit("request", SALTS.request, REQUEST),
         commit("response", SALTS.response, RESPONSE),
     )
+
+
+def _envelope_of(payload: bytes) -> bytes:
+    return json.dumps(
+        {
+            "payloadType": "application/vnd.owngate.attestation+json",
+            "payload": base64.b64encode(payload).decode(),
+            "signatures": [{"keyid": str(SIGNER), "sig": base64.b64encode(bytes(64)).decode()}],
+        }
+    ).encode()
+
+
+def _twice(envelope: bytes) -> bytes:
+    """`envelope` with its payload's `counter` member written twice."""
+    value = json.loads(envelope)
+    payload = base64.b64decode(value["payload"])
+    value["payload"] = base64.b64encode(b'{"counter":9,' + payload[1:]).decode()
+    return json.dumps(value).encode()
 
 
 def _check(envelope: bytes | None, **changes: str) -> None:
@@ -77,6 +96,11 @@ def test_a_countersignature_over_the_same_commitments_is_accepted() -> None:
         (sign_statement(_statement(), SIGNER), {"request_id": "req-2"}, "mismatch"),
         (sign_statement(_statement(), SIGNER), {"response_commitment": "0" * 64}, "mismatch"),
         (sign_statement(_statement(), SIGNER), {"request_commitment": "0" * 64}, "mismatch"),
+        # nested past Python's recursion limit, within MAX_ENVELOPE: the envelope, the payload
+        (b"[" * 4000, {}, "malformed"),
+        (_envelope_of(b"[" * 2900), {}, "malformed"),
+        # a member twice: parsers that keep the first and those that keep the last differ
+        (_twice(sign_statement(_statement(), SIGNER)), {}, "malformed"),
     ],
 )
 def test_a_countersignature_that_does_not_fit_is_refused(
@@ -123,6 +147,54 @@ def test_the_gateway_checks_the_bytes_it_relayed() -> None:
     unreadable = _trail()
     attester.judge(unreadable, "req-1", b"not base64!")
     assert unreadable.attestation == Attestation(str(SIGNER), failure="malformed")
+
+
+def _dressed(envelope: bytes) -> bytes:
+    """`envelope` with what its signature does not cover changed, as anyone on the path
+    between gateway and sidecar could: unsigned members (one no canonical encoder takes)
+    and its payload's JSON written another way."""
+    value = json.loads(envelope)
+    payload = json.loads(base64.b64decode(value["payload"]))
+    value["payload"] = base64.b64encode(json.dumps(payload, indent=1).encode()).decode()
+    value["signatures"][0]["note"] = "unsigned"
+    value["extra"] = 2**70
+    return json.dumps(value).encode()
+
+
+def test_the_receipt_carries_only_what_the_backend_signed() -> None:
+    attester = Attester("gpu", SIGNER.vkey, GatewayMetrics())
+    trail = _trail()
+    signed = sign_statement(_statement(5), SIGNER)
+    attester.judge(trail, "req-1", base64.b64encode(_dressed(signed)))
+    assert trail.attestation is not None and trail.attestation.failure is None
+    assert trail.countersignature == signed  # rebuilt from what was verified
+    receipt = make_receipt(
+        Receipt("req-1", "log", 0, bytes(32), "gpu", "sha256:x", SALTS), seeded_signer("log")
+    )
+    sealed = asyncio.run(_sealed(trail, receipt))
+    assert countersignature_of(sealed) == signed
+
+
+async def _sealed(trail: Trail, receipt: bytes) -> bytes:
+    trail.receipt = asyncio.get_running_loop().create_future()
+    trail.receipt.set_result(receipt)
+    found = await trail.sealed_receipt()
+    assert found is not None
+    return found
+
+
+def test_a_receipt_whose_countersignature_nests_deep_fails_cleanly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = seeded_signer("log")
+    receipt = make_receipt(Receipt("req-1", "log", 0, bytes(32), "gpu", "sha256:x", SALTS), log)
+    value = json.loads(receipt)
+    value["attestation"] = json.loads(_envelope_of(b"[" * 2900))
+    path = tmp_path / "receipt.json"
+    path.write_bytes(json.dumps(value).encode())
+    argv = ["audit", "receipt", "verify", str(path), "--key", log.vkey]
+    assert main([*argv, "--backend-key", f"gpu={SIGNER.vkey}"]) == 1
+    assert "FAILED: countersignature payload is not JSON" in capsys.readouterr().err
 
 
 STREAM = b'data: {"choices":[]}\n\n: keep-alive\n\ndata: [DONE]\n\n'

@@ -105,6 +105,13 @@ def test_certificate_facts_grammar(uris: list[str], stated: tuple[str | None, ..
         (["owngate:retention:30"], "malformed"),
         (["owngate:retention:030d"], "malformed"),
         (["owngate:colour:blue"], "unknown certificate fact"),
+        # `$` would let a trailing newline through: the value is the whole rest of the SAN
+        (["owngate:region:eu-west-1\n"], "malformed"),
+        (["owngate:retention:30d\n"], "malformed"),
+        # A URI scheme is case-insensitive (RFC 3986): another reader takes this for the
+        # region too, so the certificate is ambiguous, not one with a single region.
+        (["owngate:region:eu-west-1", "OWNGATE:region:us-east-1"], "lowercase"),
+        (["Owngate:region:us-east-1"], "lowercase"),
     ],
 )
 def test_ambiguous_or_malformed_facts_attest_nothing(uris: list[str], message: str) -> None:

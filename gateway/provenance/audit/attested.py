@@ -2,10 +2,11 @@
 backend's countersignature over the same commitments, and the backend's own log agrees.
 
 Run after `verify_log` (the records are then known to be the signed log's). For each
-completion record of an answer (status below 400, a response commitment) whose dispatch
-names a backend given with `backend_keys`, the statement is rebuilt from the two records
-(request id, the dispatch's request commitment, the completion's response commitment,
-and the attestation's counter, time and key) and its signature checked with that
+completion record of an answer (status below 400: the gateway always commits to what it
+relayed then, so one without a response commitment claims an answer it cannot show)
+whose dispatch names a backend given with `backend_keys`, the statement is rebuilt from
+the two records (request id, the dispatch's request commitment, the completion's response
+commitment, and the attestation's counter, time and key) and its signature checked with that
 backend's key: so a gateway that names the wrong backend, changes a commitment, or
 copies another request's countersignature is caught, and a counter used twice by one key
 is a replay. `cross_check` then compares the sidecar's own log (`owngate attest --log`,
@@ -115,9 +116,8 @@ def check_attestations(
 def _answers(
     log: LogDirectory, size: int, summary: AttestedSummary
 ) -> Iterator[tuple[int, Record, Record]]:
-    """(index, dispatch, completion) of every completed answer (status below 400 with a
-    response commitment) in a log of `size` entries; notes every request dispatched to a
-    backend of `summary`."""
+    """(index, dispatch, completion) of every completed answer (status below 400) in a
+    log of `size` entries; notes every request dispatched to a backend of `summary`."""
     dispatches: dict[int, Record] = {}
     for index, record in log.records(size):
         if record.type == "dispatch":
@@ -128,7 +128,7 @@ def _answers(
         elif record.type == "completion":
             dispatch = dispatches.pop(record.data["dispatch"]["index"], None)
             data = record.data
-            if dispatch is None or data["status"] >= 400 or data["response_commitment"] is None:
+            if dispatch is None or data["status"] >= 400:
                 continue
             yield index, dispatch, record
 

@@ -3,20 +3,25 @@
 directory laid out like a log directory, so `verify_log` audits it like a copied one.
 
 Standard library only (urllib): an auditor installs `gateway.provenance` and nothing else.
-The served checkpoint is fetched first, then exactly the tiles and bundles its tree size
-needs (tiles only grow, so later ones still hold it). tlog-tiles serves no checkpoint
-history: the copy's history is that one checkpoint; earlier ones an auditor holds are
-checked with `--checkpoint` as usual.
+The served checkpoint is fetched first and, given the log's keys, verified before
+anything else is (its tree size is the server's word until then: a hostile server could
+claim any size); then exactly the tiles and bundles its tree size needs are fetched
+(tiles only grow, so later ones still hold it), one at a time, so the first one missing
+ends the copy. tlog-tiles serves no checkpoint history: the copy's history is that one
+checkpoint; earlier ones an auditor holds are checked with `--checkpoint` as usual.
 """
 
 from __future__ import annotations
 
 import urllib.error
 import urllib.request
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from gateway.provenance.errors import MalformedError
+from gateway.provenance.formats.checkpoint import open_checkpoint
 from gateway.provenance.formats.layout import CHECKPOINT, history_path
+from gateway.provenance.formats.note import Verifier
 from gateway.provenance.formats.tiles import TILE_WIDTH, entries_path, tile_path
 
 __all__ = ["is_url", "mirror_log"]
@@ -30,11 +35,19 @@ def is_url(location: str) -> bool:
 
 
 def mirror_log(
-    url: str, directory: Path, *, token: str | None = None, timeout_s: float = 30.0
+    url: str,
+    directory: Path,
+    *,
+    token: str | None = None,
+    timeout_s: float = 30.0,
+    verifiers: Sequence[Verifier] = (),
+    origin: str | None = None,
 ) -> int:
     """Copy the log at `url` (the prefix under which `checkpoint` is served) into
-    `directory`; returns the checkpoint's tree size. Raises MalformedError when the
-    server lacks a file the checkpoint needs, OSError when it cannot be reached."""
+    `directory`; returns the checkpoint's tree size. With `verifiers` (and `origin`), the
+    served checkpoint must be signed by one of them before a tile is fetched (else
+    SignatureError or MalformedError). Raises MalformedError when the server lacks a file
+    the checkpoint needs, OSError when it cannot be reached."""
     if not is_url(url):
         raise ValueError(f"{url!r} is not an http:// or https:// URL")
     base = url.rstrip("/") + "/"
@@ -57,35 +70,39 @@ def mirror_log(
     note = fetch(CHECKPOINT)
     if note is None:
         raise MalformedError(f"{base}{CHECKPOINT} is not served")
-    size = _tree_size(note)
+    if verifiers:
+        size = open_checkpoint(note, verifiers, origin=origin).checkpoint.size
+    else:
+        size = _tree_size(note)
     _write(directory / CHECKPOINT, note)
     _write(history_path(directory, size), note)
+    for tile, bundle in _files(size):  # one at a time: never a list as long as the log
+        for name, limit in ((tile, _MAX_BYTES), (bundle, _MAX_BUNDLE)):
+            if name is None:
+                continue
+            data = fetch(name, limit)
+            if data is None and ".p/" in name:  # grown since: the full file holds it
+                name = name.partition(".p/")[0]
+                data = fetch(name, limit)
+            if data is None:
+                raise MalformedError(f"{base}{name} is not served (tree size {size})")
+            _write(directory / name, data)
+    return size
+
+
+def _files(size: int) -> Iterator[tuple[str, str | None]]:
+    """The tiles of a tree of `size` leaves, level by level, each with its entry bundle
+    (level 0) or None."""
     level, scale = 0, 1
     while size >= scale:  # bounded: scale grows 256-fold each level
         hashes = size // scale  # the hashes of this level
-        names = [
-            (tile_path(level, n), entries_path(n) if level == 0 else None)
-            for n in range(hashes // TILE_WIDTH)
-        ]
+        for n in range(hashes // TILE_WIDTH):
+            yield tile_path(level, n), entries_path(n) if level == 0 else None
         if hashes % TILE_WIDTH:
             n, width = hashes // TILE_WIDTH, hashes % TILE_WIDTH
-            names.append(
-                (tile_path(level, n, width), entries_path(n, width) if level == 0 else None)
-            )
-        for tile, bundle in names:
-            for name, limit in ((tile, _MAX_BYTES), (bundle, _MAX_BUNDLE)):
-                if name is None:
-                    continue
-                data = fetch(name, limit)
-                if data is None and ".p/" in name:  # grown since: the full file holds it
-                    name = name.partition(".p/")[0]
-                    data = fetch(name, limit)
-                if data is None:
-                    raise MalformedError(f"{base}{name} is not served (tree size {size})")
-                _write(directory / name, data)
+            yield tile_path(level, n, width), entries_path(n, width) if level == 0 else None
         level += 1
         scale *= TILE_WIDTH
-    return size
 
 
 def _tree_size(note: bytes) -> int:

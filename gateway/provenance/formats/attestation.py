@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Any
 from gateway.canonical import MAX_SAFE_INTEGER, canonical_json_of_plain
 from gateway.provenance.errors import MalformedError, RecordError, SignatureError
 from gateway.provenance.formats.commitments import Salts
+from gateway.provenance.formats.dsse import loads_strict
 from gateway.provenance.formats.note import Signer, Verifier
 from gateway.provenance.formats.receipts import Receipt, countersignature_of, pae
 
@@ -149,8 +149,9 @@ class Countersignature:
     signature: bytes
 
     def envelope(self) -> bytes:
-        """Its DSSE envelope (canonical JSON bytes), nothing else: what the gateway hands
-        on in a receipt, whatever else the envelope it received held."""
+        """Its DSSE envelope, canonical JSON bytes: exactly what the signature covers
+        (the canonical payload), so a copy of it (the client's receipt) holds nothing
+        unsigned, whatever else the envelope it was read from carried."""
         return canonical_json_of_plain(
             {
                 "payloadType": ATTESTATION_PAYLOAD_TYPE,
@@ -183,19 +184,18 @@ def open_countersignature(envelope: bytes) -> Countersignature:
     """Parse an envelope without verifying it (MalformedError if it is not one)."""
     if len(envelope) > MAX_ENVELOPE:
         raise MalformedError(f"countersignature is longer than {MAX_ENVELOPE} bytes")
-    try:
-        value = json.loads(envelope)
-        if not isinstance(value, dict) or value.get("payloadType") != ATTESTATION_PAYLOAD_TYPE:
-            raise MalformedError("not a DSSE envelope of " + ATTESTATION_PAYLOAD_TYPE)
-        signatures = value.get("signatures")
-        if not isinstance(signatures, list) or len(signatures) != 1:
-            raise MalformedError("a countersignature carries exactly one signature")
-        item = signatures[0]
-        if not isinstance(item, dict):
-            raise MalformedError("countersignature signature is not an object")
-        record = json.loads(_b64(value.get("payload"), "payload"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MalformedError(f"countersignature is not JSON: {exc}") from exc
+    # Strict: a member twice (read differently by other parsers), nesting past the
+    # recursion limit or a number past the digit limit is malformed, never an exception.
+    value = loads_strict(envelope, "countersignature")
+    if not isinstance(value, dict) or value.get("payloadType") != ATTESTATION_PAYLOAD_TYPE:
+        raise MalformedError("not a DSSE envelope of " + ATTESTATION_PAYLOAD_TYPE)
+    signatures = value.get("signatures")
+    if not isinstance(signatures, list) or len(signatures) != 1:
+        raise MalformedError("a countersignature carries exactly one signature")
+    item = signatures[0]
+    if not isinstance(item, dict):
+        raise MalformedError("countersignature signature is not an object")
+    record = loads_strict(_b64(value.get("payload"), "payload"), "countersignature payload")
     if not isinstance(record, dict):
         raise MalformedError("countersignature payload is not an object")
     statement = Statement.from_record(record)
