@@ -71,6 +71,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from gateway.asgi import REFUSAL_SCOPE_KEY
+from gateway.coalescing import HeadCoalescer
 from gateway.errors import ErrorCode, GatewayError, error_body
 from gateway.logs import get_logger
 
@@ -318,6 +319,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if (self._head_bytes > limit or self._read_len > limit) and self._head_size() > limit:
             raise Refusal(ErrorCode.headers_too_large, "header_bytes", too_long_message(limit))
         super().on_headers_complete()  # may raise too (a URL it cannot parse): still a head
+        # The head of the answer goes out with its first body bytes (gateway/coalescing.py).
+        self.cycle.transport = HeadCoalescer(self.transport, self.loop)  # type: ignore[assignment]
         self._in_head = self._head_begun = False
         if self._head_timer is not None:
             self._head_timer.cancel()

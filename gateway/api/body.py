@@ -179,13 +179,13 @@ def _scan(body: bytes) -> _Scan | None:
             end = body.find(b'"', end + 1)
         if end < 0:
             return None
+        if not once or end - start - 1 > _LONGEST_ESCAPED:
+            continue  # longer than any name, however escaped: neither copied nor hashed
         text = body[start + 1 : end]
-        if not once:
-            continue
         if text in _NAMES:
             once = text not in seen
             seen.add(text)
-        elif len(text) <= _LONGEST_ESCAPED and b"\\" in text:
+        elif b"\\" in text:
             once = False  # perhaps a name spelled with escapes
     else:
         if body.find(b'"', end + 1) >= 0:

@@ -3,7 +3,7 @@
 The salts in a receipt are never written to disk, so this store is the only place the
 gateway can hand a receipt out again. It is bounded twice, oldest first evicted: by count
 (`provenance.receipts_kept`) and by bytes (`provenance.receipts_memory_bytes`). A receipt
-is held as its signing future until the log's sealing thread signed it, then as the
+is held as its signing future until the log signed it, then as the
 envelope bytes alone (the future, its loop and callbacks are let go).
 
 The byte count charged per receipt is what it keeps alive: the request id, the envelope

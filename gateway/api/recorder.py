@@ -126,7 +126,7 @@ class Recorder:
         peer: Peer | None = None,
     ) -> None:
         """Make the dispatch record durable; only then may the body leave. The receipt is
-        signed on the log's sealing thread from then on, while the request goes upstream
+        signed by the log right after, while the request goes upstream
         (`Trail.sealed_receipt` waits for it). `peer`: who the TLS connection the body
         will go on authenticated (None: plain HTTP, or a hosted backend)."""
         request_id = exchange.request_id.decode()
@@ -157,8 +157,8 @@ class Recorder:
         backend_id: str,
         decision: Decision,
     ) -> LogEntry:
-        """Append `record` durably, then have the receipt naming it signed on the log's
-        sealing thread (`trail.receipt`, and kept for lookup)."""
+        """Append `record` durably, then have the receipt naming it signed by the log
+        once its batch is durable (`trail.receipt`, and kept for lookup)."""
         request_id = exchange.request_id.decode()
         origin, signer, salts = self._log.origin, self._signer, trail.salts
         digest = decision.policy_digest

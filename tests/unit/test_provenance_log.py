@@ -349,20 +349,29 @@ def _refusal(number: int) -> dict[str, object]:
     )
 
 
-def test_sealing_runs_on_its_own_thread_after_the_entry_is_durable(tmp_path: Path) -> None:
-    seen: list[tuple[str, int, int]] = []
+def test_seals_run_on_the_loop_once_durable_after_their_appenders_woke(tmp_path: Path) -> None:
+    seen: list[tuple[bool, int, int]] = []
+    order: list[tuple[str, int]] = []
 
     async def scenario() -> None:
         log = await _open(tmp_path)
 
         def seal(entry: LogEntry) -> bytes:
             # Durable already: the store counts it before any seal runs.
-            seen.append((threading.current_thread().name, entry.index, log.store.size))
+            seen.append(
+                (threading.current_thread() is threading.main_thread(), entry.index, log.store.size)
+            )
+            order.append(("seal", entry.index))
             return b"sealed-%d" % entry.index
 
-        placed = await asyncio.gather(*(log.append_sealed(_refusal(n), seal) for n in range(5)))
+        async def appender(number: int) -> tuple[LogEntry, bytes]:
+            entry, sealing = await log.append_sealed(_refusal(number), seal)
+            order.append(("woke", entry.index))
+            return entry, await sealing
+
+        placed = await asyncio.gather(*(appender(n) for n in range(5)))
         assert [e.index for e, _ in placed] == list(range(5))
-        assert [await s for _, s in placed] == [b"sealed-%d" % n for n in range(5)]
+        assert [sealed for _, sealed in placed] == [b"sealed-%d" % n for n in range(5)]
 
         def broken(entry: LogEntry) -> bytes:
             raise RuntimeError("no key")
@@ -371,35 +380,17 @@ def test_sealing_runs_on_its_own_thread_after_the_entry_is_durable(tmp_path: Pat
         assert (entry.index, log.size) == (5, 6)  # durable even though its seal fails
         with pytest.raises(RuntimeError, match="no key"):
             await sealing
+        assert (await log.append(_refusal(6))).index == 6  # a failed seal stops nothing
         await log.close()
 
     asyncio.run(scenario())
-    assert all(name.startswith("provenance-seal") for name, _, _ in seen)
+    # On the event loop's thread: no hand-off to a thread and back per batch.
+    assert [on_loop for on_loop, _, _ in seen] == [True] * 5
     assert all(size > index for _, index, size in seen)
-    assert verify_log(tmp_path, [_signer().verifier()]).size == 6
-
-
-def test_a_slow_seal_holds_back_neither_its_append_nor_the_next(tmp_path: Path) -> None:
-    release = threading.Event()
-
-    async def scenario() -> None:
-        log = await _open(tmp_path)
-
-        def slow(entry: LogEntry) -> bytes:
-            release.wait(10)
-            return b"late"
-
-        entry, sealing = await log.append_sealed(_refusal(0), slow)
-        later = await log.append(_refusal(1))  # the writer thread is not blocked
-        assert (entry.index, later.index, sealing.done()) == (0, 1, False)
-        release.set()
-        assert await sealing == b"late"
-        await log.close()
-
-    try:
-        asyncio.run(scenario())
-    finally:
-        release.set()
+    # Each appender was woken (its request free to go upstream) before its seal ran.
+    for index in range(5):
+        assert order.index(("woke", index)) < order.index(("seal", index))
+    assert verify_log(tmp_path, [_signer().verifier()]).size == 7
 
 
 def test_appends_go_on_while_a_checkpoint_is_written(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Batch receipts (v2): one Ed25519 signature per committed batch of the log.
 
-The sealing thread signs one *batch statement* per batch: a DSSE envelope of type
+The log signs one *batch statement* per committed batch: a DSSE envelope of type
 `application/vnd.owngate.receipt-batch+json` whose payload is the JCS object
 
     {"entries", "first", "log", "receipts", "root", "v": 1}
@@ -129,7 +129,7 @@ def seal_receipts(
     (log index, JCS payload), in log order. One signature per MAX_BATCH_RECEIPTS.
     `lone_v1`: a receipt alone in its batch is signed as a v1 receipt instead, the same
     one signature over the same payload, without the statement and path a batch of one
-    would add (~0.3 KB, and some 5-10 µs of the sealing thread per request)."""
+    would add (~0.3 KB, and some 5-10 µs of sealing per request)."""
     if lone_v1 and len(payloads) == 1:
         envelope = signed_envelope(RECEIPT_PAYLOAD_TYPE, payloads[0][1], signer)
         return [canonical_json_of_plain(envelope)]

@@ -11,9 +11,9 @@ write-ahead segment) and the log's checkpoint thread builds the tiles, signs and
 were durable at the snapshot and never holds an append back.
 
 `append_sealed(record, seal)` returns once the entry is durable, with a future for
-`seal(entry)`, run on the log's sealing thread (the gateway signs receipts there, beside
-the event loop: Ed25519 signing releases the GIL) while the request goes upstream; with
-a `batch_seal`, one signature covers a batch's receipts (`Sealer`).
+`seal(entry)`, run on the event loop once per batch right after its appenders were woken
+(the gateway signs receipts then, while the request goes upstream); with a `batch_seal`,
+one signature covers a batch's receipts (`Sealer`).
 
 If the disk refuses a write, `append` raises `LogUnavailableError` (the gateway answers
 503) and nothing of that batch is logged; the next append, or a probe each
@@ -37,7 +37,7 @@ from gateway.provenance.formats.tiles import MAX_ENTRY_SIZE
 from gateway.provenance.writer.checkpointer import Checkpointer, LogSettings
 from gateway.provenance.writer.outage import Outage
 from gateway.provenance.writer.queued import Queued
-from gateway.provenance.writer.sealer import BatchSeal, Seal, Sealer, Sealing
+from gateway.provenance.writer.sealer import BatchSeal, Seal, Sealer
 from gateway.provenance.writer.signal import Signal
 from gateway.provenance.writer.store import LogStore, Recovery, SignedNote
 from gateway.provenance.writer.worker import LoopWorker
@@ -61,7 +61,7 @@ class ProvenanceLog:
         self._store = store
         self._worker = worker  # the writer thread: appends and snapshots
         self._loop = asyncio.get_running_loop()
-        self._sealer = Sealer(self._loop, batch_seal)
+        self._sealer = Sealer(batch_seal)
         self._settings = settings
         self._queue: list[Queued] = []
         self._wakeup = Signal(self._loop)  # the queue went from empty to not empty
@@ -172,7 +172,7 @@ class ProvenanceLog:
         self, record: Mapping[str, object], seal: Seal, *, checked: bool = False
     ) -> tuple[LogEntry, asyncio.Future[bytes]]:
         """`append`, returning once the entry is durable, with a future for `seal(entry)`
-        (e.g. a receipt naming the entry), which runs on the sealing thread after that. If
+        (e.g. a receipt naming the entry), which runs on the event loop after that. If
         `seal` raises, the record is still durable and the future holds the error. If the
         append fails, so does the seal's future (with the same error)."""
         sealed: asyncio.Future[bytes] = self._loop.create_future()
@@ -264,7 +264,6 @@ class ProvenanceLog:
             await self._checkpoints.idle()
             await self._in_worker(self._store.close)
             self._checkpoints.shutdown()
-            self._sealer.shutdown()
             self._worker.shutdown(wait=True)
 
     async def _in_worker(self, function: Callable[..., _T], *args: object) -> _T:
@@ -359,13 +358,9 @@ class ProvenanceLog:
         self._filled.clear()
         await self._filled.wait(window)
 
-    def _write(self, pairs: list[tuple[bytes, bytes]], frames: bytes, seals: list[Sealing]) -> int:
-        """On the writer thread: make the batch durable (one synchronous write), then hand
-        the seals it asks for to the sealing thread (nothing waits for them here)."""
-        start = self._store.append_frames(pairs, frames)
-        if seals:
-            self._sealer.submit(start, seals)
-        return start
+    def _write(self, pairs: list[tuple[bytes, bytes]], frames: bytes) -> int:
+        """On the writer thread: make the batch durable (one synchronous write)."""
+        return self._store.append_frames(pairs, frames)
 
     async def _commit(self, batch: list[Queued]) -> None:
         pairs = [(queued.entry, queued.leaf) for queued in batch]
@@ -380,7 +375,7 @@ class ProvenanceLog:
         self._last_batch = max(1, awaited)
         began = time.perf_counter()
         try:
-            start = await self._in_worker(self._write, pairs, frames, seals)
+            start = await self._in_worker(self._write, pairs, frames)
         except Exception as exc:  # noqa: BLE001 - every waiter gets the error, none hangs
             error = self._outage.failed(exc, self._loop.time())
             for queued in batch:
@@ -396,3 +391,5 @@ class ProvenanceLog:
         for index, queued in enumerate(batch, start):
             if not queued.future.done():
                 queued.future.set_result(LogEntry(index, queued.leaf))
+        if seals:  # after the appenders' wake-ups: their requests go upstream first
+            self._loop.call_soon(self._sealer.seal, start, seals)

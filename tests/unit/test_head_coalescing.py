@@ -1,0 +1,117 @@
+"""A response's head goes out with its first body bytes (gateway/coalescing.py), driven
+through the listener's protocol with a recording transport (no socket)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.server import ServerState
+
+from gateway.coalescing import HeadCoalescer
+from gateway.config.schema import ListenSettings
+from gateway.listener import http_protocol
+from gateway.serving import uvicorn_config
+
+REQUEST = b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\n\r\n{}"
+
+
+class _Transport:
+    """What the protocol and its cycles call on a transport; writes are recorded."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        assert not self.closing, "written after close"
+        self.writes.append(bytes(data))
+
+    def close(self) -> None:
+        self.closing = True
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 5), "sockname": ("127.0.0.1", 80)}.get(name, default)
+
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+    def set_write_buffer_limits(self, *args: Any) -> None: ...
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+def _serve(app: Any, transport: _Transport) -> list[bytes]:
+    async def scenario() -> list[bytes]:
+        config = uvicorn_config(app, ListenSettings())
+        config.load()
+        protocol = http_protocol(ListenSettings())(
+            config=config,
+            server_state=ServerState(),
+            app_state={},
+            _loop=asyncio.get_running_loop(),
+        )
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        protocol.data_received(REQUEST)
+        await asyncio.gather(*protocol.tasks)  # the app's task for this request
+        assert protocol.cycle.response_complete
+        for _ in range(3):  # let a held head's end-of-turn flush run, should one be left
+            await asyncio.sleep(0)
+        protocol.connection_lost(None)
+        return transport.writes
+
+    return asyncio.run(scenario())
+
+
+def test_a_whole_answer_is_one_write() -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]}
+        )
+        await send({"type": "http.response.body", "body": b"hello"})
+
+    writes = _serve(app, _Transport())
+    assert len(writes) == 1
+    assert writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and writes[0].endswith(b"\r\n\r\nhello")
+
+
+def test_a_streams_head_goes_out_at_the_end_of_the_turn_without_waiting_for_a_chunk() -> None:
+    transport = _Transport()
+    before_first_chunk: list[bytes] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        start = {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"text/event-stream")],
+        }
+        await send(start)
+        for _ in range(3):
+            await asyncio.sleep(0)  # the first chunk is late: other turns of the loop pass
+        before_first_chunk.extend(transport.writes)
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    writes = _serve(app, transport)
+    assert len(before_first_chunk) == 1 and before_first_chunk[0].startswith(b"HTTP/1.1 200 OK")
+    assert b"".join(writes).endswith(b"data: 1\n\n\r\n0\r\n\r\n")
+
+
+def test_the_coalescer_keeps_order_and_writes_nothing_after_close() -> None:
+    async def scenario() -> list[bytes]:
+        transport = _Transport()
+        coalescer = HeadCoalescer(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
+        coalescer.write(b"head")
+        coalescer.write(b"body")
+        coalescer.write(b"more")
+        late = HeadCoalescer(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
+        late.write(b"held")
+        coalescer.close()
+        await asyncio.sleep(0)  # late's flush runs on a closed transport: dropped
+        return transport.writes
+
+    assert asyncio.run(scenario()) == [b"headbody", b"more"]
