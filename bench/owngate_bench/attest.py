@@ -272,11 +272,28 @@ def _render(report: Mapping[str, Any]) -> str:
         )
     for name, value in report["added_p50_ms"].items():
         shown = "-" if value is None else f"{value:+.3f} ms"
-        lines.append(f"  p50 added by the sidecar ({name}): {shown} (target <= {ADDED_P50_MS} ms)")
-    lines.append(f"  sidecar CPU target: <= {SIDECAR_CPU_US:.0f} µs per request")
+        lines.append(
+            f"  {_verdict(value, ADDED_P50_MS)} p50 added by the sidecar ({name}): {shown} "
+            f"(target <= {ADDED_P50_MS} ms)"
+        )
+    for name in ("sidecar", "gateway+sidecar"):
+        row = report["targets"].get(name)
+        cpu = None if row is None else row["sidecar_cpu_us_per_req"]
+        shown = "-" if cpu is None else f"{cpu:,.0f} µs"
+        lines.append(
+            f"  {_verdict(cpu, SIDECAR_CPU_US)} sidecar CPU per request ({name}): {shown} "
+            f"(target <= {SIDECAR_CPU_US:.0f} µs)"
+        )
     audit = report["audit"]
     lines.append("  audit: ok" if audit is None else f"  audit FAILED: {audit}")
     return "\n".join(lines)
+
+
+def _verdict(value: float | None, target: float) -> str:
+    """`met`, `NOT MET` or `n/a` (not measured), padded to one width."""
+    if value is None:
+        return "n/a    "
+    return "met    " if value <= target else "NOT MET"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from owngate_bench.attest import TARGETS
+from owngate_bench.attest import TARGETS, _render
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.prerequisites import real_backend
 
@@ -68,3 +68,24 @@ def test_quick_run_in_front_of_a_real_llama_server() -> None:
     assert report["backend"] == "real" and report["audit"] is None
     for target, row in report["targets"].items():
         assert row["requests"] > 0 and row["errors"] == 0, target
+
+
+def test_each_target_of_the_issue_gets_a_verdict_line() -> None:
+    def row(cpu: float | None) -> dict[str, object]:
+        return {"requests": 10, "p50_ms": 1.0, "p99_ms": 2.0, "sidecar_cpu_us_per_req": cpu}
+
+    report = {
+        "concurrency": 1,
+        "stream": False,
+        "backend_name": "zero-latency simulator",
+        "machine_busy": 0.5,
+        "targets": {"direct": row(None), "sidecar": row(95.0), "gateway+sidecar": row(140.0)},
+        "added_p50_ms": {"sidecar": 0.2, "gateway+sidecar": None},
+        "audit": None,
+    }
+    lines = _render(report).splitlines()
+    assert any(line.strip().startswith("met") and "(sidecar): +0.200 ms" in line for line in lines)
+    assert any(line.strip().startswith("n/a") and "(gateway+sidecar): -" in line for line in lines)
+    cpu = [line.strip() for line in lines if "sidecar CPU per request" in line]
+    assert cpu[0].startswith("met") and "95 µs" in cpu[0]
+    assert cpu[1].startswith("NOT MET") and "140 µs" in cpu[1]

@@ -129,6 +129,18 @@ def test_commitments_are_domain_separated_and_salted() -> None:
     assert "redacted" in repr(salts) and salts.request.hex() not in repr(salts)
 
 
+def test_a_requests_two_salts_come_from_one_read_of_the_random_source() -> None:
+    reads: list[int] = []
+
+    def random(size: int) -> bytes:
+        reads.append(size)
+        return bytes(range(size))
+
+    salts = Salts.generate(random)
+    assert reads == [64]  # one system call per request on the hot path, not two
+    assert (salts.request, salts.response) == (bytes(range(32)), bytes(range(32, 64)))
+
+
 def test_records_reject_unknown_fields_and_bad_types() -> None:
     good = {
         "v": 1,
