@@ -288,6 +288,43 @@ def test_facts_the_certificate_contradicts_exclude_the_backend_naming_both(
     assert _peer(tmp_path / "b", response) == {"spki_sha256": stated.pin, "attested": True}
 
 
+def test_a_zero_data_retention_flag_the_certificate_does_not_state_excludes_the_backend(
+    start_gateway: Callable[..., Gateway],
+    start_front: Callable[[Any], TLSFront],
+    sim: Sim,
+    pki: Pki,
+    tmp_path: Path,
+) -> None:
+    # gateway.yaml declares 30 days with zero data retention; a certificate that says only
+    # `30d` must not let the record call that claim attested.
+    ca = str(pki.directory / "ca.pem")
+    zdr = {"days": 30, "zero_data_retention": True}
+    silent = pki.server(region="eu-west-1", owner="test", retention="30d")
+    declared = _gateway(
+        start_gateway,
+        tmp_path / "a",
+        start_front(server_context(pki, silent)).url,
+        {"ca_file": ca},
+        identity="certificate",
+        retention=zdr,
+    )
+    reason = _refused(declared, sim, 0)
+    assert "the certificate says '30d', gateway.yaml says '30d+zdr'" in reason
+
+    stating = pki.server(region="eu-west-1", owner="test", retention="30d+zdr")
+    matching = _gateway(
+        start_gateway,
+        tmp_path / "b",
+        start_front(server_context(pki, stating)).url,
+        {"ca_file": ca},
+        identity="certificate",
+        retention=zdr,
+    )
+    response = _chat(matching)
+    assert response.status_code == 200, response.text
+    assert _peer(tmp_path / "b", response) == {"spki_sha256": stating.pin, "attested": True}
+
+
 def test_the_health_probe_uses_the_backend_tls_and_says_why_it_failed(
     start_gateway: Callable[..., Gateway],
     start_front: Callable[[Any], TLSFront],
