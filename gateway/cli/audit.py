@@ -37,7 +37,7 @@ from gateway.provenance.audit.receipt import (
     read_receipt,
     receipt_commitment,
 )
-from gateway.provenance.audit.remote import is_url, mirror_log
+from gateway.provenance.audit.remote import FetchLimits, is_url, mirror_log
 from gateway.provenance.audit.report import Invocation, audit_report, verification_json
 from gateway.provenance.audit.report_html import render_html
 from gateway.provenance.audit.summary import Filters, summarise
@@ -208,12 +208,32 @@ def _token_flag(parser: argparse.ArgumentParser) -> None:
         help="with a URL: the bearer token to send (an owngate admin token with the "
         "auditor role; env OWNGATE_AUDIT_TOKEN)",
     )
+    parser.add_argument(
+        "--max-download",
+        type=int,
+        default=_env("MAX_DOWNLOAD", str(FetchLimits().max_bytes)),  # type= converts it
+        metavar="BYTES",
+        help="with a URL: copy at most this many bytes in all (default 16 GiB; never more "
+        "than the checkpoint's tree size can hold; env OWNGATE_AUDIT_MAX_DOWNLOAD)",
+    )
+    parser.add_argument(
+        "--file-deadline",
+        type=float,
+        default=_env("FILE_DEADLINE", str(FetchLimits().file_deadline_s)),
+        metavar="SECONDS",
+        help="with a URL: each file must arrive whole within this (default 300; "
+        "env OWNGATE_AUDIT_FILE_DEADLINE)",
+    )
+
+
+def _limits(args: argparse.Namespace) -> FetchLimits:
+    return FetchLimits(file_deadline_s=args.file_deadline, max_bytes=args.max_download)
 
 
 @contextlib.contextmanager
 def _local_log(
     location: str,
-    token: str | None,
+    args: argparse.Namespace,
     verifiers: Sequence[Verifier] = (),
     origin: str | None = None,
 ) -> Iterator[str]:
@@ -224,7 +244,14 @@ def _local_log(
         yield location
         return
     with tempfile.TemporaryDirectory(prefix="owngate-audit-") as copy:
-        mirror_log(location, Path(copy), token=token, verifiers=verifiers, origin=origin)
+        mirror_log(
+            location,
+            Path(copy),
+            token=args.token,
+            verifiers=verifiers,
+            origin=origin,
+            limits=_limits(args),
+        )
         yield copy
 
 
@@ -232,7 +259,7 @@ def _verify(args: argparse.Namespace) -> int:
     files = args.checkpoint or args._checkpoint_defaults
     trusted = [Path(name).read_bytes() for name in files]
     witnesses = [_witness_key(text) for text in args.witness_key or args._witness_defaults]
-    with _local_log(args.logdir, args.token, _keys(args), args.origin) as logdir:
+    with _local_log(args.logdir, args, _keys(args), args.origin) as logdir:
         return _verified(args, logdir, trusted, witnesses)
 
 
@@ -322,7 +349,8 @@ def _attested(args: argparse.Namespace, logdir: str, size: int) -> AttestedSumma
             backend, where = next(iter(keys)), item
         if is_url(where):
             with tempfile.TemporaryDirectory(prefix="owngate-attest-") as copy:
-                mirror_log(where, Path(copy), token=None, verifiers=[keys[backend]])
+                limits = _limits(args)
+                mirror_log(where, Path(copy), verifiers=[keys[backend]], limits=limits)
                 cross_check(summary, copy, backend, keys[backend])
         else:
             cross_check(summary, where, backend, keys[backend])
@@ -548,7 +576,7 @@ def _show(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    with _local_log(args.logdir, args.token) as logdir:
+    with _local_log(args.logdir, args) as logdir:
         log = LogDirectory(logdir)
         size = _unverified_size(log.latest_note())
         summary = summarise(log.records(size), filters, keep_records=args.records)
@@ -657,7 +685,7 @@ def _report(args: argparse.Namespace) -> int:
     if args.accept_earlier_keys:
         flags.append("--accept-earlier-keys")
     # Not verified while copying: a checkpoint the keys do not sign is the report's finding.
-    with _local_log(args.logdir, args.token) as logdir:
+    with _local_log(args.logdir, args) as logdir:
         result = audit_report(
             logdir,
             _keys(args),
