@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from gateway.config.schema import BackendSettings
@@ -131,7 +132,12 @@ class BackendTLS:
         der = None if ssl_object is None else ssl_object.getpeercert(binary_form=True)
         if ssl_object is None or der is None:
             raise TLSRejectedError("the backend presented no certificate")
-        pin = spki_sha256(der)
+        try:
+            pin = spki_sha256(der)
+        except (ValueError, UnsupportedAlgorithm) as exc:  # e.g. an SM2 or GOST key
+            raise TLSRejectedError(
+                f"the backend's certificate cannot be read ({type(exc).__name__}: {exc})"
+            ) from exc
         if self.pins and pin not in self.pins:
             raise TLSRejectedError(f"certificate key {pin} is not among tls.pin_spki_sha256")
         if self.declared is None:
