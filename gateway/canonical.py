@@ -54,8 +54,8 @@ def canonical_json(value: object) -> bytes:
     if _fast_dumps is not None and is_plain(value):
         try:
             return _fast_dumps(value)
-        except TypeError as exc:  # the one thing is_plain leaves to orjson: lone surrogates
-            raise ValueError("string contains a lone surrogate, which JCS cannot encode") from exc
+        except TypeError as exc:  # what is_plain leaves to orjson: lone surrogates, depth
+            raise _refused(exc) from exc
     return reference_canonical_json(value)
 
 
@@ -67,7 +67,21 @@ def canonical_json_of_plain(value: object) -> bytes:
     try:
         return _fast_dumps(value)
     except TypeError as exc:
-        raise ValueError("string contains a lone surrogate, which JCS cannot encode") from exc
+        raise _refused(exc) from exc
+
+
+def _refused(exc: TypeError) -> ValueError:
+    """orjson's TypeError, named for its cause: it raises one type for all of them."""
+    reason = str(exc)
+    if "surrogate" in reason:
+        return ValueError("string contains a lone surrogate, which JCS cannot encode")
+    if "Recursion limit" in reason:
+        return ValueError("value is nested deeper than the encoder's limit of 254 levels")
+    if "64-bit" in reason:
+        return ValueError(
+            f"integer is outside the 64-bit range (JCS takes integers within +-2**53): {reason}"
+        )
+    return ValueError(f"value cannot be encoded as JCS: {reason}")
 
 
 def reference_canonical_json(value: object) -> bytes:

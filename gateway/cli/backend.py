@@ -50,7 +50,11 @@ def register(subparsers: Any) -> None:
     issue.add_argument("--name", required=True, help="the backend's host name or IP (SAN)")
     issue.add_argument("--region", help="owngate:region:<REGION>, e.g. eu-west-1")
     issue.add_argument("--owner", help="owngate:owner:<OWNER>")
-    issue.add_argument("--retention", help="owngate:retention:<none|Nd>[+training], e.g. none, 30d")
+    issue.add_argument(
+        "--retention",
+        help="owngate:retention:<none|Nd[+zdr]>[+training], e.g. none, 30d, 30d+zdr "
+        "(+zdr: zero_data_retention with days kept)",
+    )
     issue.add_argument(
         "--client", action="store_true", help="the gateway's client certificate (mutual TLS)"
     )

@@ -440,6 +440,10 @@ class HttpPool:
                 conn.abort()
                 self._forget(conn)
                 raise UpstreamError("tls", str(exc)) from exc
+            except BaseException:  # whatever else: the slot is given back, then it goes on
+                conn.abort()
+                self._forget(conn)
+                raise
         return conn
 
     def _release_slot(self) -> None:

@@ -14,11 +14,15 @@ Pins are written `sha256//` + the standard base64 of the digest (with padding), 
 
     owngate:region:<name>          e.g. owngate:region:eu-west-1
     owngate:owner:<name>           e.g. owngate:owner:acme
-    owngate:retention:<terms>      none | <days>d, optionally +training: none, 30d, 30d+training
+    owngate:retention:<terms>      none | <days>d[+zdr], then optionally +training:
+                                   none, 30d, 30d+zdr, 30d+training, 30d+zdr+training
 
 `<name>` is 1-63 of `A-Z a-z 0-9 . _ -`; each fact appears at most once, and the scheme
 only lowercase (any other case is the same scheme to other readers: ambiguous). `none` is zero
-days with the zero-data-retention declaration; `0d` is zero days without it.
+days with the zero-data-retention declaration; `0d` is zero days without it; `+zdr` states
+that declaration for days kept (`30d+zdr`). Retention must equal the declaration exactly, so a
+zero-data-retention flag the certificate does not state excludes the backend: the record's
+`attested: true` covers every retention term it carries.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from gateway.config.schema import BackendSettings
@@ -50,7 +55,8 @@ __all__ = [
 
 FACT_PREFIX = "owngate:"
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,63}\Z")  # \Z: `$` would also end before a newline
-_TERMS = re.compile(r"(none|(0|[1-9][0-9]{0,5})d)(\+training)?\Z")
+# `0d+zdr` is not a spelling: zero days with zero data retention is `none`, one per claim
+_TERMS = re.compile(r"(none|0d|[1-9][0-9]{0,5}d(\+zdr)?)(\+training)?\Z")
 _FACTS = ("region", "owner", "retention")
 
 
@@ -82,8 +88,9 @@ def spki_sha256(der_certificate: bytes) -> str:
 
 def retention_terms(days: int, zero_data_retention: bool, training: bool) -> str:
     """The `owngate:retention:` value that states these retention terms."""
-    terms = "none" if zero_data_retention and days == 0 else f"{days}d"
-    return terms + ("+training" if training else "")
+    if zero_data_retention and days == 0:
+        return "none" + ("+training" if training else "")
+    return f"{days}d" + ("+zdr" if zero_data_retention else "") + ("+training" if training else "")
 
 
 def facts_from_uris(uris: Iterable[str]) -> CertificateFacts:
@@ -125,7 +132,12 @@ class BackendTLS:
         der = None if ssl_object is None else ssl_object.getpeercert(binary_form=True)
         if ssl_object is None or der is None:
             raise TLSRejectedError("the backend presented no certificate")
-        pin = spki_sha256(der)
+        try:
+            pin = spki_sha256(der)
+        except (ValueError, UnsupportedAlgorithm) as exc:  # e.g. an SM2 or GOST key
+            raise TLSRejectedError(
+                f"the backend's certificate cannot be read ({type(exc).__name__}: {exc})"
+            ) from exc
         if self.pins and pin not in self.pins:
             raise TLSRejectedError(f"certificate key {pin} is not among tls.pin_spki_sha256")
         if self.declared is None:

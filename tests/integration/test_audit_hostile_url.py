@@ -17,7 +17,9 @@ import pytest
 
 from gateway.cli.main import main
 from gateway.provenance import Signer, sign_note
+from gateway.provenance.audit.remote import copy_budget
 from gateway.provenance.formats.layout import CHECKPOINT, history_path
+from gateway.provenance.formats.tiles import TILE_WIDTH
 from gateway.provenance.keys import generate_signing_key
 
 ORIGIN = "test.owngate/hostile/1"
@@ -29,6 +31,11 @@ class _Served:
         self.files: dict[str, bytes] = {}
         self.asked: list[str] = []
         self.url = ""
+        # name -> "head" or "body": that answer drips a byte at a time until `stop`
+        self.drip: dict[str, str] = {}
+        self.stop = threading.Event()
+        self.dripped = threading.Event()  # a dripping answer has sent a byte
+        self.any_tile = b""  # served for every tile path not in `files`, when set
 
 
 @pytest.fixture
@@ -40,10 +47,34 @@ def served() -> Iterator[_Served]:
             name = self.path.removeprefix("/log/")
             state.asked.append(name)
             data = state.files.get(name)
+            if data is None and state.any_tile and name.startswith("tile/"):
+                data = state.any_tile
+            if name in state.drip:
+                self._drip(state.drip[name])
+                return
             self.send_response(404 if data is None else 200)
             self.send_header("content-length", str(len(data or b"")))
             self.end_headers()
             self.wfile.write(data or b"")
+
+        def _drip(self, where: str) -> None:
+            """A byte, then another each time the server's pace allows, until the client
+            goes or the test stops it: each read gets a byte long before any read
+            timeout, so only a deadline for the whole file ends it."""
+            if where == "body":
+                self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-length: 1000000\r\n\r\n")
+                byte = b"x"
+            else:
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nx-slow: ")  # one header, never ended
+                byte = b"y"
+            try:
+                while not state.stop.is_set():
+                    self.wfile.write(byte)
+                    self.wfile.flush()
+                    state.dripped.set()
+                    state.stop.wait(0.01)  # the server's pace, not a wait for the client
+            except OSError:
+                return  # the client shut the connection: what the test wants
 
         def log_message(self, format: str, *args: object) -> None:
             pass
@@ -55,6 +86,7 @@ def served() -> Iterator[_Served]:
     try:
         yield state
     finally:
+        state.stop.set()
         server.shutdown()
         server.server_close()
         thread.join()
@@ -111,3 +143,52 @@ def test_a_signed_checkpoint_claiming_a_vast_log_stops_at_the_first_missing_tile
 
 
 _EMPTY = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # SHA-256("")
+
+
+@pytest.mark.parametrize("where", ["head", "body"])
+def test_a_server_dripping_a_file_is_cut_off_at_the_file_deadline(
+    served: _Served, where: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each read gets a byte well inside its 30 s timeout: before the per-file deadline
+    # this never ended (the test's `stop` ended it, and the audit then failed otherwise).
+    skey, vkey = generate_signing_key(ORIGIN)
+    served.files["checkpoint"] = _checkpoint(1, Signer.from_skey(skey))
+    served.drip["tile/0/000.p/1"] = where
+    argv = ["audit", "verify", served.url, "--key", vkey, "--file-deadline", "0.2"]
+    assert main(argv) == 2
+    said = capsys.readouterr().err
+    assert served.dripped.is_set()
+    assert f"GET {served.url}tile/0/000.p/1: not received whole within 0.2 s" in said
+    assert "--file-deadline" in said
+
+
+def test_a_claimed_tree_size_cannot_fill_the_disk(
+    served: _Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `show` has no key: the checkpoint's size is the server's word, and it serves a full
+    # tile under every name. The copy stops at the byte budget, naming it.
+    skey, _ = generate_signing_key(ORIGIN)
+    served.files["checkpoint"] = _checkpoint(VAST, Signer.from_skey(skey))
+    served.any_tile = bytes(TILE_WIDTH * 32)
+    assert main(["audit", "show", served.url, "--max-download", "100000"]) == 1
+    said = capsys.readouterr().err
+    assert f"{served.url} serves more than" in said and "(--max-download)" in said
+    assert len(served.asked) <= 100000 // len(served.any_tile) + 2
+
+
+def test_a_tile_longer_than_its_width_is_refused(
+    served: _Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    skey, vkey = generate_signing_key(ORIGIN)
+    served.files["checkpoint"] = _checkpoint(1, Signer.from_skey(skey))
+    served.files["tile/0/000.p/1"] = bytes(33)  # one hash is 32 bytes
+    assert main(["audit", "verify", served.url, "--key", vkey]) == 1
+    assert "tile/0/000.p/1 is larger than 32 bytes" in capsys.readouterr().err
+
+
+def test_the_budget_is_what_a_tree_size_can_hold() -> None:
+    entry = 2 + 0xFFFF  # a bundle's length prefix and largest entry
+    assert copy_budget(0) == 0
+    assert copy_budget(1) == TILE_WIDTH * (32 + entry)
+    assert copy_budget(TILE_WIDTH) == TILE_WIDTH * (32 + entry) + TILE_WIDTH * 32
+    assert copy_budget(TILE_WIDTH + 1) == 2 * TILE_WIDTH * (32 + entry) + TILE_WIDTH * 32

@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
+from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 
 from gateway.config.schema import BackendSettings
 from gateway.provenance import write_signing_key
@@ -288,6 +290,43 @@ def test_facts_the_certificate_contradicts_exclude_the_backend_naming_both(
     assert _peer(tmp_path / "b", response) == {"spki_sha256": stated.pin, "attested": True}
 
 
+def test_a_zero_data_retention_flag_the_certificate_does_not_state_excludes_the_backend(
+    start_gateway: Callable[..., Gateway],
+    start_front: Callable[[Any], TLSFront],
+    sim: Sim,
+    pki: Pki,
+    tmp_path: Path,
+) -> None:
+    # gateway.yaml declares 30 days with zero data retention; a certificate that says only
+    # `30d` must not let the record call that claim attested.
+    ca = str(pki.directory / "ca.pem")
+    zdr = {"days": 30, "zero_data_retention": True}
+    silent = pki.server(region="eu-west-1", owner="test", retention="30d")
+    declared = _gateway(
+        start_gateway,
+        tmp_path / "a",
+        start_front(server_context(pki, silent)).url,
+        {"ca_file": ca},
+        identity="certificate",
+        retention=zdr,
+    )
+    reason = _refused(declared, sim, 0)
+    assert "the certificate says '30d', gateway.yaml says '30d+zdr'" in reason
+
+    stating = pki.server(region="eu-west-1", owner="test", retention="30d+zdr")
+    matching = _gateway(
+        start_gateway,
+        tmp_path / "b",
+        start_front(server_context(pki, stating)).url,
+        {"ca_file": ca},
+        identity="certificate",
+        retention=zdr,
+    )
+    response = _chat(matching)
+    assert response.status_code == 200, response.text
+    assert _peer(tmp_path / "b", response) == {"spki_sha256": stating.pin, "attested": True}
+
+
 def test_the_health_probe_uses_the_backend_tls_and_says_why_it_failed(
     start_gateway: Callable[..., Gateway],
     start_front: Callable[[Any], TLSFront],
@@ -349,6 +388,55 @@ def test_a_connection_leased_for_its_record_never_reconnects_to_another_key(
                 "the backend presented another certificate on reconnecting",
             )
             assert pool.open_connections == 0
+        finally:
+            await pool.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        UnsupportedAlgorithm("Curve 1.2.156.10197.1.301 is not supported"),  # an SM2 key
+        ValueError("error parsing asn1 value"),
+    ],
+)
+def test_a_certificate_the_gateway_cannot_read_is_a_tls_refusal_that_frees_its_slot(
+    start_front: Callable[[Any], TLSFront],
+    pki: Pki,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    failure: Exception,
+) -> None:
+    # A trusted CA may issue a certificate whose key `cryptography` cannot parse (an SM2
+    # or GOST key); OpenSSL's handshake accepts it, reading its key does not. Injected at
+    # the parse seam: the leaf's DER as the check reads it.
+    front = start_front(server_context(pki, pki.server()))
+    settings = BackendSettings.model_validate(
+        backend("gpu", front.url, "m", tls={"ca_file": str(pki.directory / "ca.pem")})
+    )
+
+    def unreadable(der: bytes) -> x509.Certificate:
+        raise failure
+
+    monkeypatch.setattr(x509, "load_der_x509_certificate", unreadable)
+
+    async def run() -> None:
+        pool, _ = HttpPool.for_url(
+            front.url,
+            connect_timeout=5,
+            first_byte_timeout=5,
+            read_timeout=5,
+            max_connections=1,
+            tls=backend_tls(settings, "127.0.0.1", tmp_path),
+        )
+        try:
+            for _ in range(2):  # the second would wait for a leaked slot: "busy"
+                with pytest.raises(UpstreamError) as caught:
+                    await pool.connect()
+                assert caught.value.kind == "tls"
+                assert caught.value.detail.startswith("the backend's certificate cannot be read")
+                assert pool.open_connections == 0
         finally:
             await pool.close()
 

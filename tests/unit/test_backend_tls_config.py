@@ -89,6 +89,8 @@ def test_validation_reads_the_tls_files_relative_to_the_config(tmp_path: Path) -
             ("eu-west-1", "acme", "none"),
         ),
         (["owngate:retention:30d+training"], (None, None, "30d+training")),
+        (["owngate:retention:30d+zdr"], (None, None, "30d+zdr")),
+        (["owngate:retention:30d+zdr+training"], (None, None, "30d+zdr+training")),
     ],
 )
 def test_certificate_facts_grammar(uris: list[str], stated: tuple[str | None, ...]) -> None:
@@ -104,6 +106,9 @@ def test_certificate_facts_grammar(uris: list[str], stated: tuple[str | None, ..
         (["owngate:region:eu west"], "malformed"),
         (["owngate:retention:30"], "malformed"),
         (["owngate:retention:030d"], "malformed"),
+        # zero days with zero data retention is written `none`: one spelling per claim
+        (["owngate:retention:0d+zdr"], "malformed"),
+        (["owngate:retention:30d+training+zdr"], "malformed"),
         (["owngate:colour:blue"], "unknown certificate fact"),
         # `$` would let a trailing newline through: the value is the whole rest of the SAN
         (["owngate:region:eu-west-1\n"], "malformed"),
@@ -123,6 +128,9 @@ def test_retention_terms_state_what_gateway_yaml_declares() -> None:
     assert retention_terms(0, True, False) == "none"
     assert retention_terms(0, False, False) == "0d"
     assert retention_terms(30, False, True) == "30d+training"
+    # a zero-data-retention declaration with days kept is stated too, never dropped
+    assert retention_terms(30, True, False) == "30d+zdr"
+    assert retention_terms(30, True, True) == "30d+zdr+training"
 
 
 def test_backend_cert_issues_what_the_gateway_reads(
@@ -149,6 +157,14 @@ def test_backend_cert_issues_what_the_gateway_reads(
     client = ["--name", "gateway", "--client", "--out", str(tmp_path)]
     assert main([*signer, *client]) == 0
     assert main([*signer, *client[:3], "--region", "eu-west-1", "--out", str(tmp_path)]) == 2
+    # zero data retention with days kept is a claim the certificate can state
+    zdr = [*signer, "--name", "gpu-2.internal", "--retention", "30d+zdr", "--out"]
+    assert main([*zdr, str(tmp_path)]) == 0
+    cert = x509.load_pem_x509_certificate((tmp_path / "gpu-2.internal.pem").read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert facts_from_uris(sans.get_values_for_type(x509.UniformResourceIdentifier)).retention == (
+        "30d+zdr"
+    )
 
 
 def test_fact_uris_refuse_what_the_reader_would() -> None:

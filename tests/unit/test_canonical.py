@@ -223,3 +223,17 @@ def test_what_the_fast_path_cannot_prove_goes_to_the_reference() -> None:
         canonical_json_of_plain({"a": "\ud800"})
     with pytest.raises(ValueError, match="lone surrogate"):
         canonical_json({"a": "\ud800"})
+
+
+def test_what_the_fast_encoder_refuses_is_named_for_its_cause() -> None:
+    # orjson raises TypeError for each; only one of them is a lone surrogate.
+    deep: object = []
+    for _ in range(300):  # past orjson's 254 levels
+        deep = [deep]
+    for encode in (canonical_json, canonical_json_of_plain):
+        with pytest.raises(ValueError, match="nested deeper than") as caught:
+            encode({"a": deep})
+        assert "surrogate" not in str(caught.value)
+    with pytest.raises(ValueError, match="outside the 64-bit range") as caught:
+        canonical_json_of_plain({"a": 10**30})
+    assert "surrogate" not in str(caught.value)

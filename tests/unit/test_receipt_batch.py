@@ -506,7 +506,15 @@ def test_a_countersignature_json_cannot_encode_is_a_failed_check_not_a_usage_err
     deep: object = []
     for _ in range(300):
         deep = [deep]
-    for shape in ({"n": 10**30}, {"n": "\ud800"}, deep):
+    shapes: list[tuple[object, str]] = [
+        ({"n": 10**30}, "outside the I-JSON range"),
+        ({"n": "\ud800"}, "lone surrogate"),
+        (deep, "nested deeper than"),  # not reported as a lone surrogate
+    ]
+    for shape, cause in shapes:
         path.write_bytes(json.dumps({**_value(mine), "attestation": shape}).encode())
         assert run_audit(argv) == 1
-        assert "FAILED: " in capsys.readouterr().err
+        said = capsys.readouterr().err
+        assert "FAILED: " in said and cause in said, said
+        if cause != "lone surrogate":
+            assert "surrogate" not in said

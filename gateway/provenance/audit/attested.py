@@ -44,7 +44,9 @@ class AttestedSummary:
     """What the two-party checks found: statements per backend id, and those per key."""
 
     answers: dict[str, int] = field(default_factory=dict)  # backend id -> countersigned
-    statements: dict[str, dict[str, Statement]] = field(default_factory=dict)  # key -> by id
+    # key -> counter -> statement: the counter is unique per key (a counter used twice is a
+    # replay), a request id is not (one the log names twice needs two statements)
+    statements: dict[str, dict[int, Statement]] = field(default_factory=dict)
     # backend id -> request id -> how often it was dispatched there
     dispatched: dict[str, dict[str, int]] = field(default_factory=dict)
     cross_checked: dict[str, int] = field(default_factory=dict)  # backend id -> entries
@@ -109,7 +111,7 @@ def check_attestations(
             )
         counters[(statement.key, statement.counter)] = statement.request_id
         summary.answers[backend] += 1
-        summary.statements.setdefault(statement.key, {})[statement.request_id] = statement
+        summary.statements.setdefault(statement.key, {})[statement.counter] = statement
     return summary
 
 
@@ -143,7 +145,9 @@ def cross_check(
 ) -> int:
     """Verify a sidecar's log (signed by `verifier`, the key of `backend`) and compare its
     statements with the gateway log's: every request one has, the other has, with the
-    same statement. Returns the number of statements compared."""
+    same statement, each answer on its own (statements are matched by the key's counter,
+    so a request id the gateway's log names twice needs two). Returns the number of
+    statements compared."""
     checked = verify_log(sidecar_log, [verifier], origin=origin)
     claimed = dict(summary.statements.get(str(verifier), {}))
     dispatched = summary.dispatched.get(backend, {})
@@ -176,21 +180,21 @@ def cross_check(
                 index,
             )
         left[logged.request_id] = times - 1
-        ours = claimed.pop(logged.request_id, None)
+        ours = claimed.pop(logged.counter, None)
         if ours is None:
             unaccepted += 1  # sent through the gateway, which recorded why it has none
             continue
         if ours != logged:
             raise _fail(
-                f"{where}: its statement of request {logged.request_id!r} differs from the "
-                "one the gateway's record carries",
+                f"{where}: its statement of request {logged.request_id!r} (counter "
+                f"{logged.counter}) differs from the one the gateway's record carries",
                 index,
             )
     if claimed:
-        request_id, statement = min(claimed.items(), key=lambda item: item[1].counter)
+        statement = claimed[min(claimed)]
         raise _fail(
-            f"the gateway's log records request {request_id!r} as countersigned by backend "
-            f"{backend} (counter {statement.counter}), but the sidecar's log "
+            f"the gateway's log records request {statement.request_id!r} as countersigned "
+            f"by backend {backend} (counter {statement.counter}), but the sidecar's log "
             f"({checked.origin}, {checked.size} signed entries) has no such statement: an "
             f"entry is missing from the sidecar's log ({len(claimed)} in all)"
         )

@@ -9,25 +9,50 @@ claim any size); then exactly the tiles and bundles its tree size needs are fetc
 (tiles only grow, so later ones still hold it), one at a time, so the first one missing
 ends the copy. tlog-tiles serves no checkpoint history: the copy's history is that one
 checkpoint; earlier ones an auditor holds are checked with `--checkpoint` as usual.
+
+A hostile server is held to `FetchLimits`: each read waits at most `read_timeout_s`; each
+file, from connecting to its last byte, at most `file_deadline_s` (a watchdog shuts the
+connection's socket down, so a server dripping a byte just inside every read timeout,
+in the TLS handshake, the headers or the body, still ends); a hash tile is at most its
+width times 32 bytes and a bundle its width times 2 + 65535; and the whole copy at most
+`max_bytes`, and never more than the tiles and bundles of the checkpoint's tree size can
+hold, so a checkpoint that is only the server's word cannot fill the disk.
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import socket
+import threading
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gateway.provenance.errors import MalformedError
 from gateway.provenance.formats.checkpoint import open_checkpoint
 from gateway.provenance.formats.layout import CHECKPOINT, history_path
 from gateway.provenance.formats.note import Verifier
-from gateway.provenance.formats.tiles import TILE_WIDTH, entries_path, tile_path
+from gateway.provenance.formats.tiles import MAX_ENTRY_SIZE, TILE_WIDTH, entries_path, tile_path
 
-__all__ = ["is_url", "mirror_log"]
+__all__ = ["FetchLimits", "copy_budget", "is_url", "mirror_log"]
 
-_MAX_BYTES = 1 << 20  # a tile is 8 KiB, a bundle at most 256 * 64 KiB: refuse anything else
-_MAX_BUNDLE = TILE_WIDTH * (2 + 0xFFFF)
+_MAX_NOTE = 1 << 20  # a checkpoint: its lines and signatures
+_HASH = 32  # bytes per hash in a tile
+_ENTRY = 2 + MAX_ENTRY_SIZE  # bytes per entry in a bundle, at most: length prefix + entry
+
+
+@dataclass(frozen=True, slots=True)
+class FetchLimits:
+    """What a log server may take: seconds per read and per file, bytes in all."""
+
+    read_timeout_s: float = 30.0
+    file_deadline_s: float = 300.0
+    max_bytes: int = 16 << 30
 
 
 def is_url(location: str) -> bool:
@@ -39,55 +64,202 @@ def mirror_log(
     directory: Path,
     *,
     token: str | None = None,
-    timeout_s: float = 30.0,
     verifiers: Sequence[Verifier] = (),
     origin: str | None = None,
+    limits: FetchLimits = FetchLimits(),
+    clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Copy the log at `url` (the prefix under which `checkpoint` is served) into
     `directory`; returns the checkpoint's tree size. With `verifiers` (and `origin`), the
     served checkpoint must be signed by one of them before a tile is fetched (else
     SignatureError or MalformedError). Raises MalformedError when the server lacks a file
-    the checkpoint needs, OSError when it cannot be reached."""
+    the checkpoint needs or serves more than `limits` allow, OSError when it cannot be
+    reached or a file does not arrive whole within the deadline."""
     if not is_url(url):
         raise ValueError(f"{url!r} is not an http:// or https:// URL")
     base = url.rstrip("/") + "/"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    budget = _Budget(limits.max_bytes, "--max-download")
 
-    def fetch(name: str, limit: int = _MAX_BYTES) -> bytes | None:
+    def fetch(name: str, limit: int) -> bytes | None:
         request = urllib.request.Request(base + name, headers=headers)  # noqa: S310 - http(s) only, checked above
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
-                data: bytes = response.read(limit + 1)
-        except urllib.error.HTTPError as exc:
-            exc.close()  # it holds the answer's connection open
-            if exc.code == 404:
-                return None
-            raise OSError(f"GET {base}{name}: HTTP {exc.code}") from exc
+        data = _get(request, min(limit, budget.left), limits, clock)
+        if data is None:
+            return None
         if len(data) > limit:
             raise MalformedError(f"{name} is larger than {limit} bytes")
+        budget.spend(data, base)
         return data
 
-    note = fetch(CHECKPOINT)
+    note = fetch(CHECKPOINT, _MAX_NOTE)
     if note is None:
         raise MalformedError(f"{base}{CHECKPOINT} is not served")
     if verifiers:
         size = open_checkpoint(note, verifiers, origin=origin).checkpoint.size
     else:
         size = _tree_size(note)
+    needed = copy_budget(size)
+    if needed < budget.left:  # the server's files, not the auditor's cap, are the limit
+        budget = _Budget(needed, f"the most the tiles of tree size {size} can hold")
     _write(directory / CHECKPOINT, note)
     _write(history_path(directory, size), note)
     for tile, bundle in _files(size):  # one at a time: never a list as long as the log
-        for name, limit in ((tile, _MAX_BYTES), (bundle, _MAX_BUNDLE)):
+        for name, per_item in ((tile, _HASH), (bundle, _ENTRY)):
             if name is None:
                 continue
-            data = fetch(name, limit)
+            data = fetch(name, _width(name) * per_item)
             if data is None and ".p/" in name:  # grown since: the full file holds it
                 name = name.partition(".p/")[0]
-                data = fetch(name, limit)
+                data = fetch(name, TILE_WIDTH * per_item)
             if data is None:
                 raise MalformedError(f"{base}{name} is not served (tree size {size})")
             _write(directory / name, data)
     return size
+
+
+def copy_budget(size: int) -> int:
+    """The most bytes the tiles and entry bundles of a tree of `size` leaves can take: each
+    hash tile 32 bytes a hash, each bundle 2 + 65535 bytes an entry. (A partial file may
+    be served full, so each level's last tile is counted full.)"""
+    total, hashes = 0, size
+    while hashes:  # bounded: a level holds 256 times fewer hashes than the one below
+        total += -(-hashes // TILE_WIDTH) * TILE_WIDTH * _HASH
+        hashes //= TILE_WIDTH
+    return total + -(-size // TILE_WIDTH) * TILE_WIDTH * _ENTRY
+
+
+class _Budget:
+    """The bytes a copy may still take; `why` names the limit."""
+
+    def __init__(self, left: int, why: str) -> None:
+        self.left, self._limit, self._why = left, left, why
+
+    def spend(self, data: bytes, base: str) -> None:
+        if len(data) > self.left:
+            raise MalformedError(
+                f"{base} serves more than {self._limit} bytes in all ({self._why}): "
+                "the copy stops there"
+            )
+        self.left -= len(data)
+
+
+def _width(name: str) -> int:
+    """The width a tile or bundle path names (`.p/<W>`), else a full tile's."""
+    _, partial, width = name.partition(".p/")
+    return int(width) if partial else TILE_WIDTH
+
+
+def _get(
+    request: urllib.request.Request,
+    limit: int,
+    limits: FetchLimits,
+    clock: Callable[[], float],
+) -> bytes | None:
+    """The body of `request`, at most `limit` + 1 bytes of it (None on 404), all of it
+    within `limits.file_deadline_s` of `clock`, or OSError."""
+    watch = _Watch()
+    opener = urllib.request.build_opener(_Handler(watch), _SecureHandler(watch))
+    timer = threading.Timer(limits.file_deadline_s, watch.expire)
+    timer.daemon = True
+    deadline = clock() + limits.file_deadline_s
+    timer.start()
+    try:
+        with opener.open(request, timeout=limits.read_timeout_s) as response:
+            chunks: list[bytes] = []
+            got = 0
+            while got <= limit and not watch.expired:  # bounded: by `limit` bytes
+                chunk: bytes = response.read1(min(1 << 16, limit + 1 - got))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                got += len(chunk)
+                if clock() > deadline:
+                    watch.expire()
+    except urllib.error.HTTPError as exc:
+        exc.close()  # it holds the answer's connection open
+        if watch.expired:
+            raise _late(request, limits) from exc
+        if exc.code == 404:
+            return None
+        raise OSError(f"GET {request.full_url}: HTTP {exc.code}") from exc
+    except (OSError, http.client.HTTPException) as exc:
+        if watch.expired:
+            raise _late(request, limits) from exc
+        raise OSError(f"GET {request.full_url}: {exc}") from exc
+    finally:
+        timer.cancel()
+    if watch.expired:  # a socket shut down reads as the end: what came is not the file
+        raise _late(request, limits)
+    return b"".join(chunks)
+
+
+def _late(request: urllib.request.Request, limits: FetchLimits) -> OSError:
+    return OSError(
+        f"GET {request.full_url}: not received whole within {limits.file_deadline_s:g} s "
+        "(the per-file deadline, --file-deadline)"
+    )
+
+
+class _Watch:
+    """The socket of one GET, shut down when its deadline passes (which wakes a read
+    blocked on it, whatever the read timeout)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._socket: socket.socket | None = None
+        self.expired = False
+
+    def attach(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._socket = sock
+            if self.expired:
+                _shut(sock)
+
+    def expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            if self._socket is not None:
+                _shut(self._socket)
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already closed: nothing left to wake
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _watched(base: type[http.client.HTTPConnection], watch: _Watch) -> Any:
+    """`base` whose TCP socket is handed to `watch` as soon as it exists (so the TLS
+    handshake is under the deadline too)."""
+
+    class Watched(base):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._create_connection = self._connect_watched
+
+        def _connect_watched(self, *args: Any, **kwargs: Any) -> socket.socket:
+            sock = socket.create_connection(*args, **kwargs)
+            watch.attach(sock)
+            return sock
+
+    return Watched
+
+
+class _Handler(urllib.request.HTTPHandler):
+    def __init__(self, watch: _Watch) -> None:
+        super().__init__()
+        self._connection = _watched(http.client.HTTPConnection, watch)
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self._connection, req)
+
+
+class _SecureHandler(urllib.request.HTTPSHandler):
+    def __init__(self, watch: _Watch) -> None:
+        super().__init__()
+        self._connection = _watched(http.client.HTTPSConnection, watch)
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self._connection, req)  # the default context, as urlopen's
 
 
 def _files(size: int) -> Iterator[tuple[str, str | None]]:

@@ -1,0 +1,171 @@
+"""What the `owngate audit` verbs share: environment defaults, the key and URL flags, exit
+codes for failed checks, and the local copy of a log given as a URL."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from gateway.provenance import (
+    ProvenanceError,
+    Verifier,
+    load_verifiers,
+)
+from gateway.provenance.audit.remote import FetchLimits, is_url, mirror_log
+from gateway.provenance.formats.cosignature import CosignatureVerifier
+
+__all__ = [
+    "Handler",
+    "backend_keys",
+    "env",
+    "env_list",
+    "fetch_limits",
+    "guarded",
+    "key_flag",
+    "local_log",
+    "token_flag",
+    "trusted_keys",
+    "unverified_size",
+    "usage",
+    "witness_key",
+]
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"OWNGATE_AUDIT_{name}", default)
+
+
+def env_list(name: str) -> list[str]:
+    value = env(name) or ""
+    return [item for item in value.replace(",", " ").split() if item]
+
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def guarded(handler: Handler) -> Handler:
+    """Failed checks exit 1 with their reason; unreadable input exits 2."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except ProvenanceError as exc:
+            print(f"FAILED: {exc}", file=sys.stderr)
+            return 1
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def key_flag(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    defaults = env_list("KEY")
+    parser.add_argument(
+        "--key",
+        action="append",
+        default=None,
+        required=required and not defaults,
+        metavar="VKEY",
+        help="trusted verifier key (name+hexid+base64) or a file of them; repeat for "
+        "rotated keys (env OWNGATE_AUDIT_KEY)",
+    )
+    parser.set_defaults(_key_defaults=defaults)
+
+
+def trusted_keys(args: argparse.Namespace) -> list[Verifier]:
+    return load_verifiers(args.key or args._key_defaults)
+
+
+def token_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--token",
+        default=env("TOKEN"),
+        help="with a URL: the bearer token to send (an owngate admin token with the "
+        "auditor role; env OWNGATE_AUDIT_TOKEN)",
+    )
+    parser.add_argument(
+        "--max-download",
+        type=int,
+        default=env("MAX_DOWNLOAD", str(FetchLimits().max_bytes)),  # type= converts it
+        metavar="BYTES",
+        help="with a URL: copy at most this many bytes in all (default 16 GiB; never more "
+        "than the checkpoint's tree size can hold; env OWNGATE_AUDIT_MAX_DOWNLOAD)",
+    )
+    parser.add_argument(
+        "--file-deadline",
+        type=float,
+        default=env("FILE_DEADLINE", str(FetchLimits().file_deadline_s)),
+        metavar="SECONDS",
+        help="with a URL: each file must arrive whole within this (default 300; "
+        "env OWNGATE_AUDIT_FILE_DEADLINE)",
+    )
+
+
+def fetch_limits(args: argparse.Namespace) -> FetchLimits:
+    return FetchLimits(file_deadline_s=args.file_deadline, max_bytes=args.max_download)
+
+
+@contextlib.contextmanager
+def local_log(
+    location: str,
+    args: argparse.Namespace,
+    verifiers: Sequence[Verifier] = (),
+    origin: str | None = None,
+) -> Iterator[str]:
+    """A log directory for `location`: itself, or for an http(s) URL serving a log as
+    C2SP tlog-tiles, a temporary copy of what its checkpoint covers (with `verifiers`,
+    one that checkpoint is signed by)."""
+    if not is_url(location):
+        yield location
+        return
+    with tempfile.TemporaryDirectory(prefix="owngate-audit-") as copy:
+        mirror_log(
+            location,
+            Path(copy),
+            token=args.token,
+            verifiers=verifiers,
+            origin=origin,
+            limits=fetch_limits(args),
+        )
+        yield copy
+
+
+def backend_keys(items: list[str]) -> dict[str, Verifier]:
+    """`ID=VKEY` items (a VKEY may be a file holding the key) as backend id -> verifier."""
+    keys: dict[str, Verifier] = {}
+    for item in items:
+        backend, sep, key = item.partition("=")
+        if not sep or not backend or not key:
+            raise ValueError(f"--backend-key wants ID=VKEY, not {item!r}")
+        found = load_verifiers([key])
+        if len(found) != 1:
+            raise ValueError(f"--backend-key {backend}: give exactly one key")
+        keys[backend] = found[0]
+    return keys
+
+
+def witness_key(text: str) -> CosignatureVerifier:
+    """A witness key given directly, or the first key line of a file."""
+    if "+" not in text and Path(text).is_file():
+        lines = [line.strip() for line in Path(text).read_text().splitlines()]
+        text = next((line for line in lines if line and not line.startswith("#")), "")
+    return CosignatureVerifier(text)
+
+
+def unverified_size(note: bytes) -> int:
+    """Tree size of a checkpoint note before any key check (the verifier checks later)."""
+    lines = note.decode("utf-8", "replace").split("\n")
+    if len(lines) < 3 or not lines[1].isdecimal():
+        raise ProvenanceError("the log's checkpoint file is not a checkpoint")
+    return int(lines[1])

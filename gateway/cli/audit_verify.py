@@ -1,0 +1,202 @@
+"""`owngate audit verify`: every entry, tile, checkpoint signature and link of a log, and
+with `--backend-key` / `--attest-log` its two-party statements."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gateway.cli.audit_flags import (
+    backend_keys,
+    env,
+    env_list,
+    fetch_limits,
+    guarded,
+    key_flag,
+    local_log,
+    token_flag,
+    trusted_keys,
+    witness_key,
+)
+from gateway.provenance import (
+    verify_log,
+)
+from gateway.provenance.audit.attested import AttestedSummary, check_attestations, cross_check
+from gateway.provenance.audit.remote import is_url, mirror_log
+from gateway.provenance.audit.report import verification_json
+from gateway.provenance.formats.cosignature import CosignatureVerifier
+
+__all__ = ["add_verify"]
+
+
+def add_verify(verbs: Any) -> None:
+    verify = verbs.add_parser(
+        "verify",
+        help="check every entry, tile, checkpoint signature and link of a log",
+        description="Recompute every leaf and the tree, check every checkpoint signature and "
+        "the consistency of successive checkpoints, and every completion->dispatch link. "
+        "Exits 1 naming the first bad entry and why.",
+    )
+    verify.add_argument(
+        "logdir",
+        help="the log directory, or the http(s) URL a log is served under as C2SP "
+        "tlog-tiles (e.g. http://127.0.0.1:9090/log/, owngate's admin API)",
+    )
+    token_flag(verify)
+    key_flag(verify, required=True)
+    verify.add_argument(
+        "--origin",
+        default=env("ORIGIN"),
+        help="expected checkpoint origin line (env OWNGATE_AUDIT_ORIGIN)",
+    )
+    verify.add_argument(
+        "--checkpoint",
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="a checkpoint you saw before (from a receipt check, a witness or an earlier "
+        "audit); the log must still contain it, which detects rollback "
+        "(env OWNGATE_AUDIT_CHECKPOINT)",
+    )
+    verify.add_argument(
+        "--witness-key",
+        action="append",
+        default=None,
+        metavar="WVKEY",
+        help="a witness's cosignature verifier key (`owngate witness vkey`); also checks the "
+        "cosigned checkpoints in LOGDIR/cosigned/; repeat for several witnesses "
+        "(env OWNGATE_AUDIT_WITNESS_KEY)",
+    )
+    verify.add_argument(
+        "--min-witnesses",
+        type=int,
+        default=int(env("MIN_WITNESSES", "1") or "1"),
+        metavar="K",
+        help="some checkpoint must be cosigned by at least K of the witness keys "
+        "(env OWNGATE_AUDIT_MIN_WITNESSES, default 1)",
+    )
+    verify.add_argument(
+        "--accept-earlier-keys",
+        action="store_true",
+        default=env("ACCEPT_EARLIER_KEYS", "") in ("1", "true", "yes"),
+        help="after a key rotation: the checkpoints before the first one a given key signed "
+        "may be signed by keys you do not hold; their roots are still checked and the first "
+        "trusted checkpoint covers their entries (env OWNGATE_AUDIT_ACCEPT_EARLIER_KEYS=1)",
+    )
+    verify.add_argument(
+        "--backend-key",
+        action="append",
+        default=None,
+        metavar="ID=VKEY",
+        help="an attested backend's key (its `owngate attest` sidecar's verifier key): every "
+        "answer the log says backend ID served must carry a valid countersignature by it over "
+        "the same commitments; repeat per backend (env OWNGATE_AUDIT_BACKEND_KEY)",
+    )
+    verify.add_argument(
+        "--attest-log",
+        action="append",
+        default=None,
+        metavar="[ID=]DIR|URL",
+        help="a sidecar's own statement log (directory, or URL served as tlog-tiles), "
+        "cross-checked both ways against this log; ID= names its backend when several "
+        "--backend-key are given (env OWNGATE_AUDIT_ATTEST_LOG)",
+    )
+    verify.add_argument("--json", action="store_true", help="print the summary as JSON")
+    verify.set_defaults(
+        handler=guarded(_verify),
+        _backend_key_defaults=env_list("BACKEND_KEY"),
+        _attest_log_defaults=env_list("ATTEST_LOG"),
+        _checkpoint_defaults=env_list("CHECKPOINT"),
+        _witness_defaults=env_list("WITNESS_KEY"),
+    )
+
+
+def _verify(args: argparse.Namespace) -> int:
+    files = args.checkpoint or args._checkpoint_defaults
+    trusted = [Path(name).read_bytes() for name in files]
+    witnesses = [witness_key(text) for text in args.witness_key or args._witness_defaults]
+    with local_log(args.logdir, args, trusted_keys(args), args.origin) as logdir:
+        return _verified(args, logdir, trusted, witnesses)
+
+
+def _verified(
+    args: argparse.Namespace,
+    logdir: str,
+    trusted: list[bytes],
+    witnesses: list[CosignatureVerifier],
+) -> int:
+    summary = verify_log(
+        logdir,
+        trusted_keys(args),
+        origin=args.origin,
+        trusted_checkpoints=trusted,
+        witnesses=witnesses,
+        min_witnesses=args.min_witnesses,
+        accept_earlier_keys=args.accept_earlier_keys,
+    )
+    attested = _attested(args, logdir, summary.size)
+    witnessed = summary.witnesses
+    if args.json:
+        result: dict[str, Any] = {"ok": True, **verification_json(summary)}
+        if attested is not None:
+            result["attested"] = {"answers": attested.answers, "sidecars": attested.cross_checked}
+        print(json.dumps(result))
+        return 0
+    earlier = (
+        f" ({summary.earlier_checkpoints} earlier checkpoint(s) signed by keys not given)"
+        if summary.earlier_checkpoints
+        else ""
+    )
+    print(
+        f"ok: {summary.origin}: {summary.size} entries, {summary.checkpoints} checkpoints, "
+        f"signed by {', '.join(summary.signed_by)}{earlier}; "
+        f"{summary.open_dispatches} dispatch(es) without completion, "
+        f"{summary.unsigned_entries} entries not yet in a checkpoint"
+    )
+    if witnessed is not None:
+        newest = ", ".join(f"{name} at {size}" for name, size in witnessed.newest_by.items())
+        print(
+            f"ok: witnessed: {witnessed.cosigned} cosigned checkpoint(s); entries "
+            f"0..{witnessed.witnessed_size - 1} are cosigned by at least "
+            f"{witnessed.min_witnesses} witness(es) ({newest}); "
+            f"{summary.size - witnessed.witnessed_size} signed entries not yet witnessed"
+        )
+    if attested is not None:
+        for backend, count in attested.answers.items():
+            sidecar = attested.cross_checked.get(backend)
+            unaccepted = attested.unaccepted.get(backend, 0)
+            also = "" if sidecar is None else f"; its sidecar's log ({sidecar} entries) agrees"
+            if unaccepted:
+                also += (
+                    f" ({unaccepted} statement(s) of requests the gateway dispatched there "
+                    "hold no accepted countersignature in its log: see their records)"
+                )
+            print(f"ok: backend {backend}: {count} answer(s) countersigned by its key{also}")
+    return 0
+
+
+def _attested(args: argparse.Namespace, logdir: str, size: int) -> AttestedSummary | None:
+    keys = backend_keys(args.backend_key or args._backend_key_defaults)
+    sidecars = args.attest_log or args._attest_log_defaults
+    if not keys:
+        if sidecars:
+            raise ValueError("--attest-log needs the sidecar's --backend-key ID=VKEY")
+        return None
+    summary = check_attestations(logdir, size, keys)
+    for item in sidecars:
+        backend, sep, where = item.partition("=")
+        if not sep or backend not in keys:
+            if len(keys) != 1:
+                raise ValueError(f"--attest-log {item!r}: name its backend, ID=DIR")
+            backend, where = next(iter(keys)), item
+        if is_url(where):
+            with tempfile.TemporaryDirectory(prefix="owngate-attest-") as copy:
+                limits = fetch_limits(args)
+                mirror_log(where, Path(copy), verifiers=[keys[backend]], limits=limits)
+                cross_check(summary, copy, backend, keys[backend])
+        else:
+            cross_check(summary, where, backend, keys[backend])
+    return summary

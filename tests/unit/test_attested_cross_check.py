@@ -1,0 +1,134 @@
+"""The cross-check of a sidecar's log against the gateway's (`audit verify --backend-key
+--attest-log`) counts every answer on its own: a request id the gateway's log names twice
+needs two statements in the sidecar's log, and a sidecar log missing one of them fails."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from gateway.provenance import LogVerificationError, ProvenanceLog, Salts, commit, verify_log
+from gateway.provenance.audit.attested import check_attestations, cross_check
+from gateway.provenance.formats.attestation import (
+    Attestation,
+    Statement,
+    check_countersignature,
+    sign_statement,
+)
+from gateway.provenance.formats.records import completion_record, dispatch_record
+from gateway.provenance.testing import (
+    EXAMPLE_BACKEND,
+    EXAMPLE_POLICY,
+    CountingRandom,
+    seeded_signer,
+)
+
+GATEWAY = seeded_signer("gw.test/cross")
+SIDECAR = seeded_signer("gpu.test/attest")
+BACKEND = EXAMPLE_BACKEND.id
+REQUEST, RESPONSE = b'{"model":"m","messages":[]}', b'{"choices":[]}'
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _statement(counter: int, request_id: str, salts: Salts) -> Statement:
+    return Statement(
+        request_id,
+        "2026-01-01T00:00:00.000Z",
+        counter,
+        str(SIDECAR),
+        commit("request", salts.request, REQUEST),
+        commit("response", salts.response, RESPONSE),
+    )
+
+
+async def _gateway_log(path: Path, answers: list[tuple[str, Statement, Salts]]) -> None:
+    log = await ProvenanceLog.open(path, GATEWAY.name, GATEWAY)
+    try:
+        for number, (request_id, statement, salts) in enumerate(answers):
+            moment = EPOCH + timedelta(seconds=number)
+            dispatch = await log.append(
+                dispatch_record(
+                    request_id=request_id,
+                    time=moment,
+                    tenant="acme-app",
+                    model="m",
+                    policy=EXAMPLE_POLICY,
+                    trace=[],
+                    backend=EXAMPLE_BACKEND,
+                    fallback_reason=None,
+                    request_commitment=statement.request_commitment,
+                )
+            )
+            counter = check_countersignature(
+                sign_statement(statement, SIDECAR),
+                SIDECAR.verifier(),
+                request_id=request_id,
+                request_commitment=statement.request_commitment,
+                response_commitment=commit("response", salts.response, RESPONSE),
+            )
+            await log.append(
+                completion_record(
+                    request_id=request_id,
+                    time=moment,
+                    dispatch=dispatch,
+                    status=200,
+                    error=None,
+                    usage=None,
+                    latency_ms=1,
+                    response_commitment=statement.response_commitment,
+                    attestation=Attestation.accepted(counter),
+                )
+            )
+    finally:
+        await log.close()
+
+
+async def _sidecar_log(path: Path, statements: list[Statement]) -> None:
+    log = await ProvenanceLog.open(path, SIDECAR.name, SIDECAR)
+    try:
+        for statement in statements:
+            await log.append(statement.record())
+    finally:
+        await log.close()
+
+
+@pytest.fixture
+def answers() -> list[tuple[str, Statement, Salts]]:
+    """Two accepted answers under one request id (each its own countersignature), and
+    one under another."""
+    made = []
+    for counter, request_id in enumerate(("req-1", "req-1", "req-2")):
+        salts = Salts.generate(CountingRandom(f"answer/{counter}"))
+        made.append((request_id, _statement(counter, request_id, salts), salts))
+    return made
+
+
+def _cross_check(
+    tmp_path: Path, answers: list[tuple[str, Statement, Salts]], logged: list[Statement]
+) -> int:
+    asyncio.run(_gateway_log(tmp_path / "log", answers))
+    asyncio.run(_sidecar_log(tmp_path / "sidecar", logged))
+    size = verify_log(tmp_path / "log", [GATEWAY.verifier()]).size
+    summary = check_attestations(tmp_path / "log", size, {BACKEND: SIDECAR.verifier()})
+    assert summary.answers == {BACKEND: 3}
+    return cross_check(summary, tmp_path / "sidecar", BACKEND, SIDECAR.verifier())
+
+
+def test_every_answer_of_a_repeated_request_id_needs_its_own_statement(
+    tmp_path: Path, answers: list[tuple[str, Statement, Salts]]
+) -> None:
+    statements = [statement for _, statement, _ in answers]
+    assert _cross_check(tmp_path / "whole", answers, statements) == 3
+    for hidden in (0, 1):
+        kept = [s for s in statements if s.counter != hidden]
+        with pytest.raises(LogVerificationError) as caught:
+            _cross_check(tmp_path / f"hidden-{hidden}", answers, kept)
+        said = str(caught.value)
+        assert (
+            f"the gateway's log records request 'req-1' as countersigned by backend {BACKEND} "
+            f"(counter {hidden}), but the sidecar's log" in said
+        )
+        assert "an entry is missing from the sidecar's log (1 in all)" in said
