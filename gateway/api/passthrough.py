@@ -298,7 +298,7 @@ class PrivateRelay:
         attempt.first_byte()
         content_type = response.header(b"content-type") or _SSE
         await start_stream(send, exchange, response.status, content_type)
-        last = b"\n"  # the last byte the client got: what the gateway writes starts a line
+        last = b"\n"  # the last bytes the client got: what the gateway writes starts a line
         if first is not None:
             self._metrics.observe_ttft(exchange.endpoint, backend.id, first_chunk_seconds(exchange))
             answered()
@@ -307,7 +307,14 @@ class PrivateRelay:
         try:
             async for data in chunks:
                 answered()  # alive: a busy server may answer /health late
-                last = await _relay_chunk(send, exchange, feed(data)) or last
+                # `_relay_chunk` and `feed` written out: this runs once per relayed chunk
+                if tail is not None:
+                    data = tail.feed(data)
+                data = watch.feed(comments.feed(data))
+                if data:
+                    relayed(exchange, data)
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+                    last = data
             if tail is not None:
                 flushed = comments.feed(tail.flush())
                 last = await _relay_chunk(send, exchange, watch.feed(flushed)) or last
@@ -370,17 +377,16 @@ async def _read_bounded(response: UpstreamResponse) -> bytes:
 
 
 async def _relay_chunk(send: Send, exchange: Exchange, data: bytes) -> bytes:
-    """Send `data` on (committed to, as the client gets it); returns its last byte."""
-    if not data:
-        return b""
-    relayed(exchange, data)
-    await send({"type": "http.response.body", "body": data, "more_body": True})
-    return data[-1:]
+    """Send `data` on (committed to, as the client gets it); returns it."""
+    if data:
+        relayed(exchange, data)
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+    return data
 
 
 def _open(last: bytes) -> bool:
-    """Whether a stream whose last relayed byte is `last` ends in the middle of a line."""
-    return last not in (b"\n", b"\r")
+    """Whether a stream whose last relayed bytes are `last` ends in the middle of a line."""
+    return last[-1:] not in (b"\n", b"\r")
 
 
 def _streams_text(exchange: Exchange, doc: dict[str, Any]) -> bool:

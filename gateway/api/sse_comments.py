@@ -21,7 +21,8 @@ too (it means nothing to an SSE client, and it could hide the prefix beyond the 
 A removed line is dropped as it arrives, never buffered, however long it is.
 
 The common read (no `owngate-` in it, ending at a line end) costs one `bytes.find` and
-a look at its last byte; only reads with the marker, or ending mid-line, are walked.
+a look at its last byte; only reads with the marker, or ending mid-line, are walked
+(a Python step per line that holds the marker or starts the read's last partial line).
 """
 
 from __future__ import annotations
@@ -49,20 +50,24 @@ class CommentFilter:
         self._stream_start = True  # nothing relayed yet: a BOM may come first
         self._dropping = False  # inside a removed line whose end has not come yet
         self._skip_lf = False  # a removed line ended in CR at a read's end: its LF may follow
+        # None of the above, and past the stream's first line end: the usual read's state.
+        self._clean = False
 
     def feed(self, data: bytes) -> bytes:
         """Bytes from the backend in; the bytes to relay out."""
-        if (
-            not self._held
+        # Whole lines, none marked: the state stays clean. `find`, not `in`: a bytes `in`
+        # first tries its operand as an int (a raised and cleared TypeError, ~2x the cost).
+        if self._clean and data and data[-1] in _ENDS and data.find(_MARK) < 0:
+            return data
+        out = self._walk(data)
+        self._clean = (
+            self._line_start
+            and not self._stream_start
+            and not self._held
             and not self._dropping
             and not self._skip_lf
-            and data[-1:] in (b"\n", b"\r")
-            and _MARK not in data
-        ):
-            self._line_start = True
-            self._stream_start = False
-            return data
-        return self._walk(data)
+        )
+        return out
 
     def flush(self) -> bytes:
         """At the end of the stream: a held line start that was not a removed comment (a
