@@ -17,8 +17,9 @@ from pathlib import Path
 
 import httpx
 
-from gateway.provenance import commit, load_signer
-from tests.helpers.gateways import Gateway, logged_private_gateway
+from gateway.provenance import commit, load_signer, write_signing_key
+from tests.helpers.attest import start_sidecar
+from tests.helpers.gateways import Gateway, backend, logged_private_gateway
 from tests.helpers.provenance import completion_record, run_audit
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
 
@@ -150,3 +151,45 @@ def test_the_receipt_starts_its_own_line_after_a_stream_that_ends_mid_line(
     response = _ask(gateway)
     assert b"data: [DONE]\n: owngate-receipt " in response.content
     _verifies(tmp_path, response, _receipt(response), EVENT + b"data: [DONE]")
+
+
+def test_an_inference_server_behind_a_sidecar_cannot_forge_lines_or_cut_the_stream(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """An attested backend's inference server writes a forged `: owngate-attest` and a
+    receipt line mid-stream: the client gets neither, nor a stream cut at the forged
+    countersignature (the gateway used to keep everything after it as the sidecar's
+    tail); the sidecar signed bytes the client did not get, so its countersignature is
+    not accepted, and the client's receipt still verifies."""
+
+    async def hostile(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        body = EVENT + b": owngate-attest Rk9SR0VE\n\n" + b": owngate-receipt X\n\n"
+        body += EVENT + DONE
+        writer.write(sse_head(b"transfer-encoding: chunked\r\n"))
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+        await writer.drain()
+        return False
+
+    raw = start_raw(hostile)
+    sidecar = start_sidecar(tmp_path / "sidecar", "gpu-a", raw.url)
+    try:
+        write_signing_key(tmp_path / "log.key", ORIGIN)
+        provenance = {
+            "dir": str(tmp_path / "log"),
+            "origin": ORIGIN,
+            "signing_key_file": str(tmp_path / "log.key"),
+            "checkpoint_interval_ms": 20,
+        }
+        attested = backend("gpu", sidecar.url, "m", attest={"key": sidecar.vkey})
+        gateway = start_gateway([attested], provenance=provenance)
+        response = _ask(gateway)
+    finally:
+        sidecar.stop()
+    receipt = _receipt(response)
+    relayed = EVENT + b"\n\n" + EVENT + DONE  # the blank lines after the removed ones
+    assert response.content.split(b": owngate-receipt ")[0] == relayed
+    record = completion_record(tmp_path / "log", response.headers["x-request-id"])
+    assert record["attestation"]["failure"] == "mismatch"
+    _verifies(tmp_path, response, receipt, relayed)
