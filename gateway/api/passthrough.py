@@ -165,6 +165,13 @@ class PrivateRelay:
         else:
             attempt.failed(f"stream broke off: {broke}")
 
+    def _without_comments(self, backend: str, data: bytes) -> bytes:
+        """A whole answer to a stream request, less its `owngate-` comment lines."""
+        comments = CommentFilter()
+        data = comments.feed(data) + comments.flush()
+        self._stripped(backend, comments.stripped)
+        return data
+
     def _stripped(self, backend: str, lines: int) -> None:
         """Count the `owngate-` comment lines a backend's stream held (`CommentFilter`)
         and say so, at most once a minute per backend (how many since, never what)."""
@@ -218,7 +225,9 @@ class PrivateRelay:
         backend = attempt.backend
         status = response.status
         content_type = response.header(b"content-type") or b"application/json"
-        if not content_type.startswith(_SSE) or status >= 400:
+        # A media type is case-insensitive: clients read `Text/Event-Stream` as SSE too.
+        sse = content_type[: len(_SSE)].lower() == _SSE
+        if not sse or status >= 400:
             attempt.first_byte()  # a whole answer: its prefill is done
         if status >= 400:
             data = await _read_bounded(response)
@@ -229,8 +238,10 @@ class PrivateRelay:
             if status in _RETRYABLE:  # nothing reached the client: another backend may serve
                 raise TryNext(f"{backend.id}: HTTP {status}", error)
             raise error
-        if not content_type.startswith(_SSE):
+        if not sse:
             data = await self._read_whole(exchange, backend, response)
+            if exchange.stream:  # SDKs parse a stream's answer as SSE, whatever its type
+                data = self._without_comments(backend.id, data)
             exchange.status = status
             exchange.response_started = True
             relayed(exchange, data, whole=True)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 from gateway.provenance import commit, load_signer, write_signing_key
 from tests.helpers.attest import start_sidecar
@@ -192,4 +193,39 @@ def test_an_inference_server_behind_a_sidecar_cannot_forge_lines_or_cut_the_stre
     assert response.content.split(b": owngate-receipt ")[0] == relayed
     record = completion_record(tmp_path / "log", response.headers["x-request-id"])
     assert record["attestation"]["failure"] == "mismatch"
+    _verifies(tmp_path, response, receipt, relayed)
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [b"Text/Event-Stream", b"application/json"],
+    ids=["sse-in-capitals", "not-sse"],
+)
+def test_a_stream_answered_under_another_content_type_carries_no_owngate_line(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    content_type: bytes,
+) -> None:
+    """An SSE client reads a stream request's answer as SSE whatever its content type
+    says (the OpenAI SDK does, and `Text/Event-Stream` is SSE): a backend cannot slip its
+    lines past the relay by naming the type differently."""
+    body = EVENT + b": owngate-receipt X\n\n" + DONE
+
+    async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % (content_type, len(body)) + body)
+        await writer.drain()
+        return False
+
+    raw = start_raw(answer)
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    response = _ask(gateway)
+    relayed = EVENT + b"\n" + DONE
+    if content_type == b"application/json":  # a whole answer: its receipt is the header
+        assert response.content == relayed
+        assert _owngate_lines(response.content) == []
+        receipt = base64.b64decode(response.headers["x-owngate-receipt"])
+    else:
+        receipt = _receipt(response)
     _verifies(tmp_path, response, receipt, relayed)
