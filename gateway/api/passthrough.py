@@ -40,7 +40,7 @@ from gateway.api.exchange import (
 )
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.sse import StreamWatch
-from gateway.api.sse_comments import CommentFilter
+from gateway.api.sse_comments import CommentFilter, StripReports
 from gateway.asgi import Send, send_bytes
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
@@ -64,7 +64,7 @@ class PrivateRelay:
         self._metrics = metrics
         self._rewrites: dict[tuple[str, str], re.Pattern[bytes]] = {}
         self._attesters: dict[tuple[str, str], Attester] = {}
-        self._strip_log: dict[str, tuple[float | None, int]] = {}  # backend: logged at, since
+        self._strip_reports = StripReports(_STRIP_LOG_EVERY_S)
         self._log = get_logger("owngate.upstream")
 
     async def connect(self, exchange: Exchange, attempt: Attempt) -> Connection:
@@ -173,22 +173,16 @@ class PrivateRelay:
         return data
 
     def _stripped(self, backend: str, lines: int) -> None:
-        """Count the `owngate-` comment lines a backend's stream held (`CommentFilter`)
+        """Count the `owngate-` comment lines a backend's answer held (`CommentFilter`)
         and say so, at most once a minute per backend (how many since, never what)."""
         if not lines:
             return
         self._metrics.sse_comments_stripped(backend, lines)
-        now = asyncio.get_running_loop().time()
-        logged_at, unsaid = self._strip_log.get(backend, (None, 0))
-        if logged_at is not None and now - logged_at < _STRIP_LOG_EVERY_S:
-            self._strip_log[backend] = (logged_at, unsaid + lines)
-            return
-        self._strip_log[backend] = (now, 0)
-        self._log.warning(
-            "backend stream held owngate comment lines: removed",
-            backend=backend,
-            lines=lines + unsaid,
-        )
+        said = self._strip_reports.note(backend, lines, asyncio.get_running_loop().time())
+        if said:
+            self._log.warning(
+                "backend answer held owngate comment lines: removed", backend=backend, lines=said
+            )
 
     def _failed(self, exchange: Exchange, backend: BackendState, kind: str) -> None:
         self._metrics.upstream_error(backend.id, kind)

@@ -75,6 +75,7 @@ def test_injected_owngate_comments_never_reach_the_client(
     start_raw: Callable[[Answer], RawBackend],
     start_gateway: Callable[..., Gateway],
     tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     genuine: list[bytes] = []  # a receipt the gateway gave an earlier request
 
@@ -104,6 +105,9 @@ def test_injected_owngate_comments_never_reach_the_client(
     _verifies(tmp_path, second, receipt, second.content.split(b": owngate-receipt ")[0])
     metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
     assert 'owngate_sse_comments_stripped_total{backend="gpu"} 4.0' in metrics
+    said = [line for line in capsys.readouterr().out.splitlines() if "comment lines" in line]
+    assert len(said) == 1 and "backend=gpu" in said[0] and "lines=4" in said[0]
+    assert "owngate-" not in said[0] and base64.b64encode(genuine[0]).decode() not in said[0]
 
 
 def test_a_megabyte_comment_without_end_is_dropped_and_the_stream_ends_cleanly(
