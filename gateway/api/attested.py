@@ -6,12 +6,16 @@ For a backend marked `attest` (gateway.yaml), the private relay sends the reques
 the `x-owngate-attest` header of a whole answer, or the stream's final SSE comment
 `: owngate-attest <base64>`, which `SseTail` takes out of the stream (the client gets it
 inside its receipt instead, so the stream it sees is exactly the backend's, and so is the
-response commitment both sides sign). `Attester.judge` accepts it only when it is signed
-by the configured key over this request id and the gateway's own two commitments, with a
-counter this gateway has not seen from that key before; anything else is recorded as a
-failure (`sig` null, a `failure` code), counted in `owngate_attestations_total` and
-logged, never as a two-party statement. The answer itself still goes out: a stream was
-already relayed, and a whole answer is treated the same way.
+response commitment both sides sign). Only the comment that ends the stream is the
+sidecar's; any other `owngate-` line (the inference server's) is removed by the relay's
+`CommentFilter` (gateway/api/sse_comments.py), and then the bytes the sidecar signed are
+not the client's: its countersignature fails (`mismatch`). `Attester.judge` accepts
+a countersignature only when it is signed by the configured key over this request id and
+the gateway's own two commitments, with a counter this gateway has not seen from that
+key before; anything else is recorded as a failure (`sig` null, a `failure` code),
+counted in `owngate_attestations_total` and logged, never as a two-party statement. The
+answer itself still goes out: a stream was already relayed, and a whole answer is
+treated the same way.
 """
 
 from __future__ import annotations
@@ -104,47 +108,56 @@ class SseTail:
 
     The comment starts at a line start; bytes that could begin it (at most the prefix's
     length, after a newline) are held back until they can be told apart. From the prefix
-    on, everything is kept here (bounded) and none of it is relayed: the sidecar sends
-    nothing after it. `countersignature` is the comment's value once the stream ended.
+    on, bytes are kept here (bounded) while they can still be the stream's end: that one
+    line and the blank line after it, which is all the sidecar sends. A comment that turns
+    out not to be the end (bytes follow it, it holds a CR, it outgrows the bound) is not
+    the sidecar's: it goes back into the stream, where `CommentFilter` removes it as it
+    removes every `owngate-` line a backend writes, and the stream after it is relayed.
+    `countersignature` is the value of the comment that ended the stream.
     """
 
     def __init__(self) -> None:
         self._held = b""
         self._line_start = True  # whether the byte before `_held` ended a line
-        self._tail: bytearray | None = None
-        self._overflow = False
+        self._tail: bytes | None = None  # the comment that may end the stream, so far
+        self._released = False  # a comment was given back: not a well-framed last line
 
     def feed(self, data: bytes) -> bytes:
         """Bytes from the backend in; the bytes to relay out."""
         if self._tail is not None:
-            self._keep(data)
-            return b""
-        buffer = self._held + data if self._held else data
-        found = 0 if self._line_start and buffer.startswith(SSE_PREFIX) else -1
-        if found < 0:
-            found = buffer.find(_MARKER)
-            found = found + 1 if found >= 0 else -1
-        if found >= 0:
-            self._tail = bytearray()
+            buffer, found = self._tail + data, 0
+            self._tail = None
+        else:
+            buffer = self._held + data if self._held else data
             self._held = b""
-            self._keep(buffer[found:])
-            return buffer[:found]
-        last = buffer.rfind(b"\n")
-        partial = buffer[last + 1 :] if last >= 0 or self._line_start else b""
+            found = 0 if self._line_start and buffer.startswith(SSE_PREFIX) else -1
+            if found < 0:
+                found = buffer.find(_MARKER)
+                found = found + 1 if found >= 0 else -1
+            if found < 0:
+                return self._relay(buffer, 0, line_start=self._line_start)
+        out = [buffer[:found]]
+        while not _may_end(buffer, found):
+            self._released = True
+            following = buffer.find(_MARKER, found + 1)
+            if following < 0:
+                out.append(self._relay(buffer, found, line_start=False))
+                return b"".join(out)
+            out.append(buffer[found : following + 1])
+            found = following + 1
+        self._tail = buffer[found:]
+        return b"".join(out)
+
+    def _relay(self, buffer: bytes, start: int, *, line_start: bool) -> bytes:
+        """`buffer[start:]`, less a last partial line that may begin the comment (held)."""
+        last = buffer.rfind(b"\n", start)
+        partial = buffer[last + 1 :] if last >= 0 or line_start else b""
         if partial and SSE_PREFIX.startswith(partial):
             self._held, self._line_start = partial, True
-            return buffer[: len(buffer) - len(partial)]
-        self._held = b""
-        if buffer:
+            return buffer[start : len(buffer) - len(partial)]
+        if len(buffer) > start:
             self._line_start = buffer.endswith(b"\n")
-        return buffer
-
-    def _keep(self, data: bytes) -> None:
-        assert self._tail is not None
-        if len(self._tail) + len(data) > _MAX_TAIL:
-            self._overflow = True
-            return
-        self._tail += data
+        return buffer[start:]
 
     def flush(self) -> bytes:
         """At the end of the stream: bytes held back that were not the comment after all."""
@@ -154,10 +167,20 @@ class SseTail:
     @property
     def countersignature(self) -> bytes | None:
         """The comment's base64 value; None when the stream had none (`b"-"`, which no
-        check accepts, when it had one that is not a single well-framed line)."""
+        check accepts, when it had one that is not a single well-framed last line)."""
         if self._tail is None:
-            return None
-        line = bytes(self._tail)
-        if self._overflow or not line.endswith(b"\n\n"):
+            return b"-" if self._released else None
+        if not self._tail.endswith(b"\n\n"):
             return b"-"
-        return line[len(SSE_PREFIX) : -2]
+        return self._tail[len(SSE_PREFIX) : -2]
+
+
+def _may_end(buffer: bytes, at: int) -> bool:
+    """Whether `buffer[at:]` (from a comment's prefix) may still be the stream's end: one
+    line (LF-ended, no CR) and at most the blank line after it, within the bound."""
+    if len(buffer) - at > _MAX_TAIL:
+        return False
+    end = buffer.find(b"\n", at)
+    if end < 0:
+        return buffer.find(b"\r", at) < 0
+    return buffer.find(b"\r", at, end) < 0 and buffer[end + 1 :] in (b"", b"\n")

@@ -101,13 +101,20 @@ def relayed(exchange: Exchange, data: bytes, *, whole: bool = False) -> None:
             exchange.trail.relayed(data)
 
 
-async def end_stream(send: Send, exchange: Exchange) -> None:
+async def end_stream(send: Send, exchange: Exchange, *, line_open: bool = False) -> None:
     """End a relayed stream: its receipt as a final SSE comment line (which SSE clients
     ignore), in the same message that closes the body. The tenant is charged first
-    (`settle`)."""
+    (`settle`). `line_open`: the relayed bytes end mid-line, so a line end goes first
+    (the receipt line must start a line of its own, or no client would find it).
+
+    The receipt line is the only `owngate-` comment a client gets: the private relay
+    removes any a backend wrote (gateway/api/sse_comments.py), and a hosted stream is
+    encoded by the gateway, one JSON `data:` line per event."""
     await settle(exchange)
     receipt = await exchange.trail.sealed_receipt() if exchange.trail is not None else None
     line = b": owngate-receipt " + base64.b64encode(receipt) + b"\n\n" if receipt else b""
+    if line_open:
+        line = b"\n" + line
     await send({"type": "http.response.body", "body": line, "more_body": False})
 
 
@@ -132,24 +139,27 @@ def first_chunk_seconds(exchange: Exchange) -> float:
     return time.perf_counter() - exchange.started_at
 
 
-async def send_error_event(send: Send, error: GatewayError) -> None:
-    """End a started stream with an OpenAI error event (SDKs raise it) and a clean close."""
+async def send_error_event(send: Send, error: GatewayError, *, line_open: bool = False) -> None:
+    """End a started stream with an OpenAI error event (SDKs raise it) and a clean close;
+    `line_open`: what was sent before ends mid-line (a line end goes first)."""
     await send(
         {
             "type": "http.response.body",
-            "body": b"data: " + error.body() + b"\n\n",
+            "body": (b"\n" if line_open else b"") + b"data: " + error.body() + b"\n\n",
             "more_body": True,
         }
     )
 
 
-async def break_stream(send: Send, exchange: Exchange, error: GatewayError) -> None:
+async def break_stream(
+    send: Send, exchange: Exchange, error: GatewayError, *, line_open: bool = False
+) -> None:
     """A started stream failed: end it with `error`'s event. The request then counts as
     failed (metrics, access log, completion record) with the event's status and code,
     though the client's HTTP status line, sent before, said 200."""
     exchange.status = error.status
     exchange.upstream_error = error.code.value
-    await send_error_event(send, error)
+    await send_error_event(send, error, line_open=line_open)
 
 
 def watch_disconnect(receive: Receive, exchange: Exchange) -> asyncio.Task[None]:

@@ -134,6 +134,13 @@ class GatewayMetrics:
             ["backend", "result"],
             registry=r,
         )
+        self.stripped_comments = Counter(
+            "owngate_sse_comments_stripped",
+            "SSE comment lines starting `owngate-` that a private backend's stream held and "
+            "the gateway removed (only the gateway writes them), by backend.",
+            ["backend"],
+            registry=r,
+        )
         self.decisions = Counter(
             "owngate_policy_decisions",
             "Policy decisions each rule took part in (admitted or excluded a backend, "
@@ -204,6 +211,9 @@ class GatewayMetrics:
 
     def attestation(self, backend: str, result: str) -> None:
         self._child(self.attestations, backend, result).inc()  # type: ignore[attr-defined]
+
+    def sse_comments_stripped(self, backend: str, lines: int) -> None:
+        self._child(self.stripped_comments, backend).inc(lines)  # type: ignore[attr-defined]
 
     def fallback(self, backend: str, reason: str) -> None:
         """A hosted backend served a request as a fallback (`reason`: the plan's)."""

@@ -40,6 +40,7 @@ from gateway.api.exchange import (
 )
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.sse import StreamWatch
+from gateway.api.sse_comments import CommentFilter, StripReports
 from gateway.asgi import Send, send_bytes
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
@@ -55,6 +56,7 @@ __all__ = ["PrivateRelay"]
 _MAX_ERROR_BODY = 64 * 1024
 _RETRYABLE = frozenset({429, 500, 502, 503, 504})
 _SSE = b"text/event-stream"
+_STRIP_LOG_EVERY_S = 60.0
 
 
 class PrivateRelay:
@@ -62,6 +64,7 @@ class PrivateRelay:
         self._metrics = metrics
         self._rewrites: dict[tuple[str, str], re.Pattern[bytes]] = {}
         self._attesters: dict[tuple[str, str], Attester] = {}
+        self._strip_reports = StripReports(_STRIP_LOG_EVERY_S)
         self._log = get_logger("owngate.upstream")
 
     async def connect(self, exchange: Exchange, attempt: Attempt) -> Connection:
@@ -162,6 +165,25 @@ class PrivateRelay:
         else:
             attempt.failed(f"stream broke off: {broke}")
 
+    def _without_comments(self, backend: str, data: bytes) -> bytes:
+        """A whole answer to a stream request, less its `owngate-` comment lines."""
+        comments = CommentFilter()
+        data = comments.feed(data) + comments.flush()
+        self._stripped(backend, comments.stripped)
+        return data
+
+    def _stripped(self, backend: str, lines: int) -> None:
+        """Count the `owngate-` comment lines a backend's answer held (`CommentFilter`)
+        and say so, at most once a minute per backend (how many since, never what)."""
+        if not lines:
+            return
+        self._metrics.sse_comments_stripped(backend, lines)
+        said = self._strip_reports.note(backend, lines, asyncio.get_running_loop().time())
+        if said:
+            self._log.warning(
+                "backend answer held owngate comment lines: removed", backend=backend, lines=said
+            )
+
     def _failed(self, exchange: Exchange, backend: BackendState, kind: str) -> None:
         self._metrics.upstream_error(backend.id, kind)
         exchange.upstream_error = kind
@@ -197,7 +219,9 @@ class PrivateRelay:
         backend = attempt.backend
         status = response.status
         content_type = response.header(b"content-type") or b"application/json"
-        if not content_type.startswith(_SSE) or status >= 400:
+        # A media type is case-insensitive: clients read `Text/Event-Stream` as SSE too.
+        sse = content_type[: len(_SSE)].lower() == _SSE
+        if not sse or status >= 400:
             attempt.first_byte()  # a whole answer: its prefill is done
         if status >= 400:
             data = await _read_bounded(response)
@@ -208,8 +232,10 @@ class PrivateRelay:
             if status in _RETRYABLE:  # nothing reached the client: another backend may serve
                 raise TryNext(f"{backend.id}: HTTP {status}", error)
             raise error
-        if not content_type.startswith(_SSE):
+        if not sse:
             data = await self._read_whole(exchange, backend, response)
+            if exchange.stream:  # SDKs parse a stream's answer as SSE, whatever its type
+                data = self._without_comments(backend.id, data)
             exchange.status = status
             exchange.response_started = True
             relayed(exchange, data, whole=True)
@@ -221,12 +247,12 @@ class PrivateRelay:
             return None
         watch = StreamWatch(strip_usage=strip_usage)
         tail = SseTail() if attester is not None else None
-        broke = await self._relay_stream(
+        broke, line_open = await self._relay_stream(
             exchange, attempt, response, send, first_byte_by, watch, tail
         )
         if attester is not None and tail is not None and exchange.trail is not None:
             attester.judge(exchange.trail, exchange.request_id.decode(), tail.countersignature)
-        await end_stream(send, exchange)
+        await end_stream(send, exchange, line_open=line_open)
         return broke
 
     async def _read_whole(
@@ -257,11 +283,17 @@ class PrivateRelay:
         first_byte_by: float,
         watch: StreamWatch,
         tail: SseTail | None,
-    ) -> str | None:
-        """Relay a stream (without its countersignature comment, which `tail` takes);
-        the caller ends it."""
+    ) -> tuple[str | None, bool]:
+        """Relay a stream (without its countersignature comment, which `tail` takes, nor
+        any other `owngate-` comment line, which `CommentFilter` removes); the caller ends
+        it. Returns why it broke off, if it did, and whether the bytes relayed end in the
+        middle of a line."""
         backend, answered = attempt.backend, attempt.answered
-        feed = watch.feed if tail is None else lambda data: watch.feed(tail.feed(data))
+        comments = CommentFilter()
+
+        def feed(data: bytes) -> bytes:
+            return watch.feed(comments.feed(data if tail is None else tail.feed(data)))
+
         chunks = response.chunks(response.stream_deadline)
         try:  # the client sees nothing until the first chunk: until then, failover is open
             async with asyncio.timeout_at(first_byte_by):
@@ -271,18 +303,28 @@ class PrivateRelay:
         attempt.first_byte()
         content_type = response.header(b"content-type") or _SSE
         await start_stream(send, exchange, response.status, content_type)
+        last = b"\n"  # the last bytes the client got: what the gateway writes starts a line
         if first is not None:
             self._metrics.observe_ttft(exchange.endpoint, backend.id, first_chunk_seconds(exchange))
             answered()
-            await _relay_chunk(send, exchange, feed(first))
+            last = await _relay_chunk(send, exchange, feed(first)) or last
         broke = None
         try:
             async for data in chunks:
                 answered()  # alive: a busy server may answer /health late
-                await _relay_chunk(send, exchange, feed(data))
+                # `_relay_chunk` and `feed` written out: this runs once per relayed chunk
+                if tail is not None:
+                    data = tail.feed(data)
+                data = watch.feed(comments.feed(data))
+                if data:
+                    relayed(exchange, data)
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+                    last = data
             if tail is not None:
-                await _relay_chunk(send, exchange, watch.feed(tail.flush()))
-            await _relay_chunk(send, exchange, watch.flush())
+                flushed = comments.feed(tail.flush())
+                last = await _relay_chunk(send, exchange, watch.feed(flushed)) or last
+            last = await _relay_chunk(send, exchange, watch.feed(comments.flush())) or last
+            last = await _relay_chunk(send, exchange, watch.flush()) or last
             if response.ended_by_close and not watch.done:
                 # No framing: the close ended the body, and before `[DONE]` the close is
                 # the backend dying, not the stream ending.
@@ -296,10 +338,13 @@ class PrivateRelay:
                 ErrorCode.upstream_error if exc.kind != "timeout" else ErrorCode.upstream_timeout,
                 "the backend failed in the middle of the stream",
             )
-            await break_stream(send, exchange, error)
+            await break_stream(send, exchange, error, line_open=_open(last))
+            last = b"\n"
+        finally:
+            self._stripped(backend.id, comments.stripped)
         if watch.usage is not None and exchange.trail is not None:
             exchange.trail.reported(watch.usage)
-        return broke
+        return broke, _open(last)
 
     def _attester(self, backend: BackendState) -> Attester | None:
         """The attester of a backend marked `attest` (one per backend id and key, so the
@@ -336,10 +381,17 @@ async def _read_bounded(response: UpstreamResponse) -> bytes:
         return b""  # too large, slow or broken: the status code alone tells what happened
 
 
-async def _relay_chunk(send: Send, exchange: Exchange, data: bytes) -> None:
+async def _relay_chunk(send: Send, exchange: Exchange, data: bytes) -> bytes:
+    """Send `data` on (committed to, as the client gets it); returns it."""
     if data:
         relayed(exchange, data)
         await send({"type": "http.response.body", "body": data, "more_body": True})
+    return data
+
+
+def _open(last: bytes) -> bool:
+    """Whether a stream whose last relayed bytes are `last` ends in the middle of a line."""
+    return last[-1:] not in (b"\n", b"\r")
 
 
 def _streams_text(exchange: Exchange, doc: dict[str, Any]) -> bool:

@@ -15,6 +15,7 @@ import pytest
 
 from gateway.api.attested import Attester, SseTail
 from gateway.api.metrics import GatewayMetrics
+from gateway.api.sse_comments import CommentFilter
 from gateway.api.trail import Trail
 from gateway.cli.main import main
 from gateway.provenance import Receipt, Salts, commit, make_receipt, verify_receipt
@@ -217,11 +218,47 @@ def test_a_stream_without_the_comment_passes_whole() -> None:
     assert tail.countersignature is None
 
 
+def _relayed(tail: SseTail, stream: bytes, cuts: list[int]) -> bytes:
+    """What the private relay sends on: `tail`, then `CommentFilter`, read by read."""
+    comments = CommentFilter()
+    out, previous = [], 0
+    for cut in [*cuts, len(stream)]:
+        out.append(comments.feed(tail.feed(stream[previous:cut])))
+        previous = cut
+    return b"".join(out) + comments.feed(tail.flush()) + comments.flush()
+
+
 def test_an_overlong_comment_is_not_a_countersignature() -> None:
     tail = SseTail()
-    assert tail.feed(b"data: [DONE]\n\n: owngate-attest " + b"A" * 10_000 + b"\n\n") == (
-        b"data: [DONE]\n\n"
-    )
+    stream = b"data: [DONE]\n\n: owngate-attest " + b"A" * 10_000 + b"\n\n"
+    assert _relayed(tail, stream, [5000]) == b"data: [DONE]\n\n\n"
+    assert tail.countersignature == b"-"
+
+
+FORGED = b": owngate-attest Rk9SR0VE\n\n"  # the inference server's, before the sidecar's
+
+
+@pytest.mark.parametrize("cut", range(len(FORGED + STREAM + COMMENT) + 1))
+def test_an_earlier_attest_comment_is_removed_and_the_stream_goes_on(cut: int) -> None:
+    """A comment that is not the stream's last line is not the sidecar's: the stream after
+    it still reaches the client (it used to be swallowed as the tail), the comment does not,
+    and the countersignature is the last one's."""
+    tail = SseTail()
+    relayed = _relayed(tail, STREAM + FORGED + STREAM + COMMENT, [len(STREAM) + cut])
+    assert relayed == STREAM + b"\n" + STREAM
+    assert tail.countersignature == b"QUJD"
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [FORGED + b"data: x\n\n", b": owngate-attest Rk9S\r\rdata: x\n\n", FORGED + b"data"],
+    ids=["followed", "cr", "unended-after"],
+)
+def test_a_comment_that_does_not_end_the_stream_is_no_countersignature(forged: bytes) -> None:
+    tail = SseTail()
+    relayed = _relayed(tail, STREAM + forged, [len(STREAM) + 3])
+    assert b"owngate" not in relayed
+    assert relayed.startswith(STREAM) and b"data" in relayed[len(STREAM) :]
     assert tail.countersignature == b"-"
 
 

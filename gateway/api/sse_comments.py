@@ -1,0 +1,194 @@
+"""Keeping a backend's `owngate-` SSE comments out of a relayed stream.
+
+The gateway ends every stream it relays with its own comment line
+`: owngate-receipt <base64>` (gateway/api/exchange.py); an attested backend's sidecar
+ends its stream with `: owngate-attest <base64>`, which `SseTail` takes out first
+(gateway/api/attested.py). A backend could write such lines itself, earlier in the
+stream (another request's genuine receipt, a forged countersignature): `CommentFilter`
+removes every one, so the only `owngate-` comment a client sees is the gateway's own.
+
+What counts as one is what an SSE parser reads as a comment (the WHATWG event-stream
+grammar): a line that starts with `:`, lines ending in LF, CRLF or CR, and the first
+line possibly after a UTF-8 byte order mark (which a parser skips). The line is removed,
+with its line ending, when the comment's text, after any spaces and tabs, starts with
+`owngate-` (case as written: `: owngate-receipt`, `:owngate-attest`, `:\\t owngate-x`).
+Any other line, comments such as `: ping` included, passes untouched.
+
+A line can be split across reads at any byte. The start of a line that may still become
+such a comment (`:`, blanks, a prefix of `owngate-`) is held back until it can be told
+apart, at most `_MAX_HELD` bytes: a comment whose leading blanks run past that is removed
+too (it means nothing to an SSE client, and it could hide the prefix beyond the bound).
+A removed line is dropped as it arrives, never buffered, however long it is.
+
+The common read (no `owngate-` in it, ending at a line end) costs one `bytes.find` and
+a look at its last byte; only reads with the marker, or ending mid-line, are walked
+(a Python step per line that holds the marker or starts the read's last partial line).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+__all__ = ["CommentFilter", "StripReports"]
+
+_MARK: Final = b"owngate-"
+_BOM: Final = b"\xef\xbb\xbf"
+_MAX_HELD: Final = 64  # `:`, blanks, a prefix of `owngate-` (and a BOM at the start)
+_LINE_END: Final = re.compile(rb"[\r\n]")
+_BLANKS: Final = b" \t"
+_ENDS: Final = (10, 13)  # LF, CR
+
+
+class CommentFilter:
+    """One relayed stream's filter; `stripped` counts the lines it removed."""
+
+    def __init__(self) -> None:
+        self.stripped = 0
+        self._held = b""  # the start of a line that may still be an `owngate-` comment
+        self._line_start = True  # the next byte starts a line
+        self._stream_start = True  # nothing relayed yet: a BOM may come first
+        self._dropping = False  # inside a removed line whose end has not come yet
+        self._skip_lf = False  # a removed line ended in CR at a read's end: its LF may follow
+        # None of the above, and past the stream's first line end: the usual read's state.
+        self._clean = False
+
+    def feed(self, data: bytes) -> bytes:
+        """Bytes from the backend in; the bytes to relay out."""
+        # Whole lines, none marked: the state stays clean. `find`, not `in`: a bytes `in`
+        # first tries its operand as an int (a raised and cleared TypeError, ~2x the cost).
+        if self._clean and data and data[-1] in _ENDS and data.find(_MARK) < 0:
+            return data
+        out = self._walk(data)
+        self._clean = (
+            self._line_start
+            and not self._stream_start
+            and not self._held
+            and not self._dropping
+            and not self._skip_lf
+        )
+        return out
+
+    def flush(self) -> bytes:
+        """At the end of the stream: a held line start that was not a removed comment (a
+        removed one that never got its line end is gone)."""
+        rest, self._held = self._held, b""
+        if rest and _could_be_marked(rest, self._stream_start):
+            self.stripped += 1  # a comment start the stream ended inside: no client needs it
+            return b""
+        return rest
+
+    def _walk(self, data: bytes) -> bytes:
+        buffer = self._held + data if self._held else data
+        self._held = b""
+        pos = 0
+        if self._skip_lf and buffer:
+            self._skip_lf = False
+            if buffer[0] == 10:
+                pos = 1
+        if self._dropping:
+            pos = self._past_line(buffer, pos)
+            if self._dropping:
+                return b""
+        kept: list[bytes] = []
+        while pos < len(buffer):
+            start = pos
+            at_start = self._line_start
+            found = _LINE_END.search(buffer, pos)
+            end = found.end() if found is not None else len(buffer)
+            if at_start and buffer[pos] in b":\xef":
+                verdict = _verdict(buffer, pos, end, self._stream_start)
+                if verdict == "strip":
+                    self.stripped += 1
+                    self._dropping = True
+                    pos = self._past_line(buffer, pos)
+                    continue
+                if verdict == "hold":  # only when no line end came yet
+                    self._held = buffer[pos:]
+                    break
+            # A run of lines none of which can be removed: pass it on in one piece, up to
+            # the next line that starts with a marker's first byte.
+            pos = self._next_candidate(buffer, end)
+            kept.append(buffer[start:pos])
+            self._stream_start = False
+            self._line_start = buffer[pos - 1] in _ENDS
+        return b"".join(kept)
+
+    def _next_candidate(self, buffer: bytes, pos: int) -> int:
+        """Past the whole lines from `pos` (a line start) that hold no `owngate-` at all:
+        the start of the line that holds the next one, or of the last, partial, line."""
+        hit = buffer.find(_MARK, pos)
+        if hit < 0:  # the rest holds none: stop at the start of its last partial line
+            if buffer[-1] in _ENDS:
+                return len(buffer)
+            last = max(buffer.rfind(b"\n", pos), buffer.rfind(b"\r", pos))
+            return max(pos, last + 1)
+        last = max(buffer.rfind(b"\n", pos, hit), buffer.rfind(b"\r", pos, hit))
+        return max(pos, last + 1)
+
+    def _past_line(self, buffer: bytes, pos: int) -> int:
+        """Drop to the end of the removed line (its CRLF whole); `_dropping` stays set when
+        the read ends first."""
+        found = _LINE_END.search(buffer, pos)
+        if found is None:
+            self._line_start = False
+            return len(buffer)
+        self._dropping = False
+        self._line_start = True
+        self._stream_start = False
+        end = found.end()
+        if buffer[end - 1] == 13:  # CR: an LF right after belongs to it
+            if end == len(buffer):
+                self._skip_lf = True
+            elif buffer[end] == 10:
+                end += 1
+        return end
+
+
+class StripReports:
+    """When to say that backends' streams held `owngate-` lines: at most once per
+    `every_s` per backend, with how many were removed since it was last said."""
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        self._every_s = every_s
+        self._said: dict[str, tuple[float, int]] = {}  # backend: said at, removed since
+
+    def note(self, backend: str, lines: int, now: float) -> int:
+        """`lines` removed from `backend`'s stream at `now`: how many to report now (0:
+        stay quiet, they are added to the next report)."""
+        said = self._said.get(backend)
+        if said is not None and now - said[0] < self._every_s:
+            self._said[backend] = (said[0], said[1] + lines)
+            return 0
+        self._said[backend] = (now, 0)
+        return lines + (said[1] if said is not None else 0)
+
+
+def _verdict(buffer: bytes, pos: int, end: int, stream_start: bool) -> str:
+    """Whether the line `buffer[pos:end]` (from a line start; `end` is past its line end,
+    or the buffer's end when none came yet) is to be removed ("strip"), passed ("pass"),
+    or cannot be told yet ("hold")."""
+    complete = end > pos and buffer[end - 1] in _ENDS
+    line = buffer[pos:end]
+    if stream_start and line.startswith(_BOM):
+        line = line[len(_BOM) :]
+    if stream_start and not complete and _BOM.startswith(line):
+        return "hold"  # a BOM (or the start of one) and nothing after it yet
+    if not line.startswith(b":"):
+        return "pass"
+    text = line[1:].lstrip(_BLANKS)
+    if text.startswith(_MARK):
+        return "strip"
+    if complete or (text and not _MARK.startswith(text)):
+        return "pass"
+    if len(line) > _MAX_HELD:  # blanks past the bound: it may hide the marker beyond it
+        return "strip"
+    return "hold"
+
+
+def _could_be_marked(rest: bytes, stream_start: bool) -> bool:
+    """Whether a held line start, left at the end of the stream, is a comment that could
+    have become an `owngate-` one (a bare `:` or blanks after it are not worth keeping:
+    what the gateway writes next starts on a line of its own)."""
+    line = rest[len(_BOM) :] if stream_start and rest.startswith(_BOM) else rest
+    return line.startswith(b":") and bool(line[1:].strip(_BLANKS))

@@ -1,0 +1,235 @@
+"""A private backend cannot put an `owngate-` comment line in front of a client.
+
+The gateway ends each stream it relays with its own `: owngate-receipt <base64>` line. A
+hostile backend that writes such lines earlier (another request's genuine receipt, a
+forged countersignature, a comment too long to hold) gets them removed: the client sees
+exactly one, the gateway's, and the log commits to exactly the bytes the client got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.provenance import commit, load_signer, write_signing_key
+from tests.helpers.attest import start_sidecar
+from tests.helpers.gateways import Gateway, backend, logged_private_gateway
+from tests.helpers.provenance import completion_record, run_audit
+from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
+
+ORIGIN = "test.owngate/sse-comments"
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+EVENT = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+def _ask(gateway: Gateway) -> httpx.Response:
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions", json=CHAT, headers=gateway.headers, timeout=30
+    )
+    assert response.status_code == 200, response.text
+    return response
+
+
+def _owngate_lines(body: bytes) -> list[bytes]:
+    """The comment lines an SSE parser reads whose text starts with `owngate-`."""
+    lines = re.split(rb"\r\n|\r|\n", body)
+    return [line for line in lines if re.match(rb":[ \t]*owngate-", line)]
+
+
+def _receipt(response: httpx.Response) -> bytes:
+    """The client's receipt: the one `owngate-` line, which is the gateway's, last."""
+    (line,) = _owngate_lines(response.content)
+    assert line.startswith(b": owngate-receipt ")
+    assert response.content.endswith(line + b"\n\n")
+    return base64.b64decode(line.removeprefix(b": owngate-receipt "))
+
+
+def _verifies(tmp_path: Path, response: httpx.Response, receipt: bytes, seen: bytes) -> None:
+    """The receipt is this request's, the log holds it, and it commits to `seen`: the
+    backend's bytes exactly as the client got them (not the gateway's own error event,
+    receipt line, or the line end it puts before them)."""
+    assert response.content.startswith(seen)
+    request_id = response.headers["x-request-id"]
+    payload = json.loads(base64.b64decode(json.loads(receipt)["payload"]))
+    assert payload["request_id"] == request_id
+    record = completion_record(tmp_path / "log", request_id)
+    salt = bytes.fromhex(payload["salts"]["response"])
+    assert commit("response", salt, seen) == record["response_commitment"]
+    path = tmp_path / f"{request_id}.receipt"
+    path.write_bytes(receipt)
+    key = load_signer(tmp_path / "log.key").vkey
+    log = str(tmp_path / "log")
+    assert run_audit(["receipt", "verify", str(path), "--key", key, "--log", log]) == 0
+    assert run_audit(["verify", log, "--key", key]) == 0
+
+
+def test_injected_owngate_comments_never_reach_the_client(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    genuine: list[bytes] = []  # a receipt the gateway gave an earlier request
+
+    async def hostile(writer: asyncio.StreamWriter, _: Post) -> bool:
+        body = EVENT
+        if genuine:
+            body += b": owngate-receipt " + base64.b64encode(genuine[0]) + b"\n\n"
+            body += b":owngate-attest Y\r\n"
+            body += b"data: {}\r: owngate-receipt CR\r\r"
+            body += b": ping\n\n"
+            body += b":\towngate-anything else\n"
+        writer.write(sse_head() + body + DONE)
+        await writer.drain()
+        return False
+
+    raw = start_raw(hostile)
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    first = _ask(gateway)
+    genuine.append(_receipt(first))
+    second = _ask(gateway)
+
+    receipt = _receipt(second)  # exactly one: the gateway's, not the injected one
+    assert receipt != genuine[0]
+    assert b": ping\n\n" in second.content  # an ordinary comment passes untouched
+    assert b"data: {}\r\r" in second.content
+    assert second.content.startswith(EVENT)
+    _verifies(tmp_path, second, receipt, second.content.split(b": owngate-receipt ")[0])
+    metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    assert 'owngate_sse_comments_stripped_total{backend="gpu"} 4.0' in metrics
+    said = [line for line in capsys.readouterr().out.splitlines() if "comment lines" in line]
+    assert len(said) == 1 and "backend=gpu" in said[0] and "lines=4" in said[0]
+    assert "owngate-" not in said[0] and base64.b64encode(genuine[0]).decode() not in said[0]
+
+
+def test_a_megabyte_comment_without_end_is_dropped_and_the_stream_ends_cleanly(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    async def endless_comment(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(sse_head() + EVENT + b": owngate-receipt ")
+        for _ in range(256):  # 1 MiB of it, no line end, then the backend hangs up
+            writer.write(b"A" * 4096)
+            await writer.drain()
+        return False
+
+    raw = start_raw(endless_comment)
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    response = _ask(gateway)
+    assert len(response.content) < 4096  # none of it relayed
+    assert response.content.startswith(EVENT)
+    receipt = _receipt(response)
+    # The close before `[DONE]` is the backend dying: an error event, recorded as failed.
+    error = response.content.split(b": owngate-receipt ")[0][len(EVENT) :]
+    assert error.startswith(b"data: {") and b'"upstream_error"' in error
+    record = completion_record(tmp_path / "log", response.headers["x-request-id"])
+    assert record["status"] == 502
+    _verifies(tmp_path, response, receipt, EVENT)
+
+
+def test_the_receipt_starts_its_own_line_after_a_stream_that_ends_mid_line(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """A backend's last line without its line end would swallow the receipt line (the
+    client would find none): the gateway starts a line first."""
+
+    async def unended(writer: asyncio.StreamWriter, _: Post) -> bool:
+        writer.write(sse_head(b"transfer-encoding: chunked\r\n"))
+        body = EVENT + b"data: [DONE]"
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+        await writer.drain()
+        return False
+
+    raw = start_raw(unended)
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    response = _ask(gateway)
+    assert b"data: [DONE]\n: owngate-receipt " in response.content
+    _verifies(tmp_path, response, _receipt(response), EVENT + b"data: [DONE]")
+
+
+def test_an_inference_server_behind_a_sidecar_cannot_forge_lines_or_cut_the_stream(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """An attested backend's inference server writes a forged `: owngate-attest` and a
+    receipt line mid-stream: the client gets neither, nor a stream cut at the forged
+    countersignature (the gateway used to keep everything after it as the sidecar's
+    tail); the sidecar signed bytes the client did not get, so its countersignature is
+    not accepted, and the client's receipt still verifies."""
+
+    async def hostile(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        body = EVENT + b": owngate-attest Rk9SR0VE\n\n" + b": owngate-receipt X\n\n"
+        body += EVENT + DONE
+        writer.write(sse_head(b"transfer-encoding: chunked\r\n"))
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+        await writer.drain()
+        return False
+
+    raw = start_raw(hostile)
+    sidecar = start_sidecar(tmp_path / "sidecar", "gpu-a", raw.url)
+    try:
+        write_signing_key(tmp_path / "log.key", ORIGIN)
+        provenance = {
+            "dir": str(tmp_path / "log"),
+            "origin": ORIGIN,
+            "signing_key_file": str(tmp_path / "log.key"),
+            "checkpoint_interval_ms": 20,
+        }
+        attested = backend("gpu", sidecar.url, "m", attest={"key": sidecar.vkey})
+        gateway = start_gateway([attested], provenance=provenance)
+        response = _ask(gateway)
+    finally:
+        sidecar.stop()
+    receipt = _receipt(response)
+    relayed = EVENT + b"\n\n" + EVENT + DONE  # the blank lines after the removed ones
+    assert response.content.split(b": owngate-receipt ")[0] == relayed
+    record = completion_record(tmp_path / "log", response.headers["x-request-id"])
+    assert record["attestation"]["failure"] == "mismatch"
+    _verifies(tmp_path, response, receipt, relayed)
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [b"Text/Event-Stream", b"application/json"],
+    ids=["sse-in-capitals", "not-sse"],
+)
+def test_a_stream_answered_under_another_content_type_carries_no_owngate_line(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    content_type: bytes,
+) -> None:
+    """An SSE client reads a stream request's answer as SSE whatever its content type
+    says (the OpenAI SDK does, and `Text/Event-Stream` is SSE): a backend cannot slip its
+    lines past the relay by naming the type differently."""
+    body = EVENT + b": owngate-receipt X\n\n" + DONE
+
+    async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % (content_type, len(body)) + body)
+        await writer.drain()
+        return False
+
+    raw = start_raw(answer)
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    response = _ask(gateway)
+    relayed = EVENT + b"\n" + DONE
+    if content_type == b"application/json":  # a whole answer: its receipt is the header
+        assert response.content == relayed
+        assert _owngate_lines(response.content) == []
+        receipt = base64.b64decode(response.headers["x-owngate-receipt"])
+    else:
+        receipt = _receipt(response)
+    _verifies(tmp_path, response, receipt, relayed)

@@ -1,0 +1,193 @@
+"""`CommentFilter` (gateway/api/sse_comments.py): a backend's `owngate-` SSE comment lines
+never reach a client, however the stream is split into reads; every other byte does.
+
+The expected output is what an SSE parser (WHATWG event-stream grammar: lines end in LF,
+CRLF or CR, a comment starts with `:`, a BOM may open the stream) reads, less the
+comment lines whose text starts with `owngate-` after spaces and tabs.
+"""
+
+from __future__ import annotations
+
+import re
+import tracemalloc
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.api.sse_comments import CommentFilter, StripReports
+from gateway.upstream.openai_wire import encode_chunk
+
+_EVENT = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
+_DONE = b"data: [DONE]\n\n"
+
+# (backend stream, what the client must get)
+CASES = {
+    "receipt": (_EVENT + b": owngate-receipt X\n\n" + _DONE, _EVENT + b"\n" + _DONE),
+    "no-space": (_EVENT + b":owngate-attest Y\n" + _DONE, _EVENT + _DONE),
+    "tab-blanks": (b":\t owngate-receipt Z\n" + _DONE, _DONE),
+    "crlf": (
+        b"data: a\r\n: owngate-receipt X\r\ndata: b\r\n\r\n",
+        b"data: a\r\ndata: b\r\n\r\n",
+    ),
+    "cr": (b"data: a\r: owngate-receipt X\rdata: b\r\r", b"data: a\rdata: b\r\r"),
+    "first-line": (b": owngate-receipt X\n" + _DONE, _DONE),
+    "after-bom": (b"\xef\xbb\xbf: owngate-receipt X\n" + _DONE, _DONE),
+    "unended": (_EVENT + b": owngate-receipt X", _EVENT),
+    "unended-prefix": (_EVENT + b": owng", _EVENT),
+    "ping-untouched": (
+        b": ping\n\n" + _EVENT + b":\n" + _DONE,
+        b": ping\n\n" + _EVENT + b":\n" + _DONE,
+    ),
+    "not-a-comment": (
+        b'data: ": owngate-receipt X"\n\n data: owngate-x\nx: owngate-y\n',
+        b'data: ": owngate-receipt X"\n\n data: owngate-x\nx: owngate-y\n',
+    ),
+    "near-misses": (
+        b": owngate\n: owngateX\n:: owngate-x\n: own gate-x\n",
+        b": owngate\n: owngateX\n:: owngate-x\n: own gate-x\n",
+    ),
+    "mid-line": (b"data: x: owngate-receipt X\n", b"data: x: owngate-receipt X\n"),
+    "bom-only-first": (
+        b"data: a\n\xef\xbb\xbf: owngate-x\n",
+        b"data: a\n\xef\xbb\xbf: owngate-x\n",
+    ),
+}
+
+
+def _relay(stream: bytes, cuts: list[int]) -> tuple[bytes, int]:
+    comments = CommentFilter()
+    out, previous = [], 0
+    for cut in [*sorted(cuts), len(stream)]:
+        out.append(comments.feed(stream[previous:cut]))
+        previous = cut
+    out.append(comments.flush())
+    return b"".join(out), comments.stripped
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_each_case_at_every_split_position(name: str) -> None:
+    stream, expected = CASES[name]
+    assert _relay(stream, []) == (expected, _relay(stream, [])[1])
+    for cut in range(len(stream) + 1):
+        assert _relay(stream, [cut])[0] == expected, cut
+    for first in range(len(stream) + 1):  # two splits: every pair for short streams
+        for second in range(first, min(len(stream), first + 24) + 1):
+            assert _relay(stream, [first, second])[0] == expected, (first, second)
+
+
+@pytest.mark.parametrize("cut", range(len(b": owngate-receipt X\n") + 1))
+def test_a_receipt_split_at_any_byte_is_removed_and_counted(cut: int) -> None:
+    stream = _EVENT + b": owngate-receipt X\n" + _DONE
+    out, stripped = _relay(stream, [len(_EVENT) + cut])
+    assert out == _EVENT + _DONE
+    assert stripped == 1
+
+
+def test_a_crlf_split_between_cr_and_lf_keeps_the_event_whole() -> None:
+    # The LF after a removed line's CR belongs to that line: left alone it would be a
+    # blank line, ending the event early.
+    stream = b"data: a\n: owngate-x\r\ndata: b\n\n"
+    for cut in range(len(stream) + 1):
+        assert _relay(stream, [cut])[0] == b"data: a\ndata: b\n\n", cut
+
+
+def test_a_comment_whose_blanks_run_past_the_bound_is_removed() -> None:
+    hidden = b":" + b" " * 100 + b"owngate-receipt X\n"
+    assert _relay(_EVENT + hidden + _DONE, [len(_EVENT) + 50]) == (_EVENT + _DONE, 1)
+    short = b":" + b" " * 30 + b"ok\n"  # a short padded comment is an ordinary one
+    assert _relay(short, [10])[0] == short
+
+
+def test_a_megabyte_comment_without_end_is_dropped_as_it_comes_not_buffered() -> None:
+    pieces = [b": owngate-receipt "] + [b"A" * 4096] * 256  # 1 MiB, no line end
+    comments = CommentFilter()
+    assert comments.feed(_EVENT) == _EVENT
+    tracemalloc.start()
+    try:
+        out = [comments.feed(piece) for piece in pieces]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert out == [b""] * len(out)
+    assert peak < 64 * 1024  # nothing held: the pieces are dropped as they arrive
+    assert comments.feed(b"\n" + _DONE) == _DONE  # its line end: the stream goes on
+    assert comments.stripped == 1
+
+
+def test_the_usual_read_is_returned_as_is() -> None:
+    comments = CommentFilter()
+    assert comments.feed(_EVENT) is _EVENT
+    assert comments.feed(b": ping\n\n") == b": ping\n\n"
+
+
+def _reference(stream: bytes) -> bytes:
+    """Line by line, as the module docstring defines it."""
+    lines = re.findall(rb"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$", stream)
+    kept = []
+    for index, line in enumerate(lines):
+        body = line[3:] if index == 0 and line.startswith(b"\xef\xbb\xbf") else line
+        text = body[1:].lstrip(b" \t") if body.startswith(b":") else None
+        if text is not None and text.startswith(b"owngate-"):
+            continue
+        unended = not line.endswith((b"\n", b"\r"))
+        if text and unended and b"owngate-".startswith(text):  # ended inside a marker
+            continue
+        kept.append(line)
+    return b"".join(kept)
+
+
+_PIECES = [
+    b"data: x\n",
+    b"\n",
+    b"\r\n",
+    b"\r",
+    b": ping\n",
+    b": owngate-receipt X\n",
+    b":owngate-attest Y\r\n",
+    b":\t owngate-z\r",
+    b": own\n",
+    b"data: owngate-\n",
+    b"\xef\xbb\xbf",
+    b":",
+    b" ",
+    b"owngate-",
+    b"o",
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.sampled_from(_PIECES), max_size=10)
+    .map(b"".join)
+    .flatmap(
+        lambda stream: st.tuples(st.just(stream), st.lists(st.integers(0, len(stream)), max_size=5))
+    )
+)
+def test_any_stream_split_anywhere_matches_the_line_by_line_reading(
+    case: tuple[bytes, list[int]],
+) -> None:
+    stream, cuts = case
+    assert _relay(stream, cuts)[0] == _reference(stream)
+
+
+def test_a_hosted_stream_cannot_carry_a_comment_line() -> None:
+    """Hosted streams are encoded by the gateway: a provider's text, line ends and all,
+    stays inside one JSON `data:` line."""
+    text = "a\n: owngate-receipt X\r\n:owngate-attest Y\rb"
+    choices = [{"index": 0, "delta": {"content": text}}]
+    chunk = {"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": choices}
+    encoded, _ = encode_chunk("chat", chunk, with_usage=False)
+    assert encoded is not None
+    assert encoded.startswith(b"data: ") and encoded.endswith(b"\n\n")
+    assert b"\r" not in encoded and encoded.count(b"\n") == 2
+
+
+def test_removed_lines_are_reported_at_most_once_a_minute_per_backend() -> None:
+    reports = StripReports(every_s=60.0)
+    assert reports.note("gpu", 2, now=1000.0) == 2
+    assert reports.note("gpu", 3, now=1030.0) == 0  # quiet: added to the next report
+    assert reports.note("cpu", 1, now=1030.0) == 1  # each backend apart
+    assert reports.note("gpu", 1, now=1059.9) == 0
+    assert reports.note("gpu", 5, now=1060.0) == 5 + 3 + 1
+    assert reports.note("gpu", 1, now=1061.0) == 0
