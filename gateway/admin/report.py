@@ -6,12 +6,20 @@ figures, each with the command that reproduces it against that URL (`--json`: th
 numbers; `html`: the self-contained file, as a download). Witness cosignatures are
 `/admin/v1/log/cosignatures` (tlog-tiles does not serve `cosigned/`, so the report's
 commands could not check them). Computed in a worker thread, one report at a time.
+
+The log is live: a checkpoint written while the report reads it (its history file first,
+then the `checkpoint` file) can make one reading fail ("rollback", a changed entry).
+`read_live` reads again, at most `ATTEMPTS` times in all, when a reading failed and the
+log moved meanwhile (its checkpoint file or newest history entry changed); a failure on
+a log that did not move is the report's answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -23,11 +31,13 @@ from gateway.api.runtime import Runtime
 from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance.audit.report import Invocation, audit_report
 from gateway.provenance.audit.report_html import render_html
+from gateway.provenance.formats.layout import CHECKPOINT, list_history
 
-__all__ = ["router"]
+__all__ = ["ATTEMPTS", "log_state", "read_live", "router"]
 
 router = APIRouter(prefix="/admin/v1/log", tags=["auditor"])
 _DOWNLOAD = 'attachment; filename="owngate-audit-report.html"'
+ATTEMPTS = 3  # readings of a live log that moved while it was read, at most
 # One report is computed at a time (app.state.report_lock); this many may wait for it,
 # and one more is told to retry: queued requests would hold memory and a worker each.
 MAX_WAITING_REPORTS = 4
@@ -66,8 +76,11 @@ async def report(
         await lock.acquire()
     finally:
         request.app.state.report_waiting -= 1
-    try:
-        result: dict[str, Any] = await asyncio.to_thread(
+    log = recorder.log
+
+    async def reading() -> dict[str, Any]:
+        await log.exports_idle()  # start between two checkpoints where one can
+        found: dict[str, Any] = await asyncio.to_thread(
             audit_report,
             directory,
             verifiers,
@@ -76,6 +89,10 @@ async def report(
             accept_earlier_keys=False,
             now=time.time(),
         )
+        return found
+
+    try:
+        result = await read_live(reading, lambda: asyncio.to_thread(log_state, directory))
     finally:
         lock.release()
     if format == "html":
@@ -94,3 +111,28 @@ def _served_at(request: Request) -> str:
     host, port = request.scope.get("server") or ("127.0.0.1", 9090)
     host = f"[{host}]" if ":" in host else host
     return f"http://{host}:{port}/log/"
+
+
+def log_state(directory: Path) -> tuple[bytes, str]:
+    """What moves when a checkpoint is written: the checkpoint file and the newest
+    history entry's name."""
+    try:
+        checkpoint = (directory / CHECKPOINT).read_bytes()
+    except FileNotFoundError:
+        checkpoint = b""
+    history = list_history(directory)
+    return checkpoint, history[-1][1].name if history else ""
+
+
+async def read_live(
+    reading: Callable[[], Awaitable[dict[str, Any]]],
+    state: Callable[[], Awaitable[object]],
+) -> dict[str, Any]:
+    """`reading()`'s report; read again (`ATTEMPTS` in all) while it failed and `state()`
+    moved during it."""
+    for _ in range(ATTEMPTS - 1):
+        before = await state()
+        result = await reading()
+        if result["verification"]["ok"] or await state() == before:
+            return result
+    return await reading()
