@@ -29,6 +29,7 @@ The HTTP side is `gateway/attest/protocol.py`; `gateway/attest/server.py` runs b
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import os
@@ -39,6 +40,7 @@ from pathlib import Path
 from gateway.attest.notary import COUNTER_FILE, CounterFile, Notary
 from gateway.attest.protocol import Connection, Request
 from gateway.errors import ErrorCode, GatewayError
+from gateway.logs import get_logger
 from gateway.provenance import (
     LogSettings,
     ProvenanceError,
@@ -53,6 +55,7 @@ from gateway.provenance.formats.attestation import (
     SSE_PREFIX,
     parse_salts,
 )
+from gateway.sse_comments import CommentFilter, StripReports
 from gateway.upstream.http import HttpPool, UpstreamError, UpstreamResponse
 
 __all__ = ["AttestRelay", "AttestSettings"]
@@ -98,6 +101,8 @@ class AttestRelay:
         self._log: ProvenanceLog | None = None
         self._pool_open = False
         self._notary: Notary | None = None
+        self._strip_reports = StripReports()
+        self._events = get_logger("owngate.attest")
 
     async def open(self) -> str | None:
         """None when the sidecar can serve, else why not (key, log or backend URL)."""
@@ -200,12 +205,21 @@ class AttestRelay:
         )
         conn.start_stream(response.status, content_type, framed=framed)
         hashed = _sha256()
+        # The inference server's own `owngate-` comment lines are not relayed: the
+        # gateway would remove them, and the countersignature must be over what it relays.
+        comments = CommentFilter()
         try:
             async for chunk in response.chunks(response.stream_deadline):
-                hashed.update(chunk)
-                await conn.send_chunk(chunk)
+                data = comments.feed(chunk)
+                if data:
+                    hashed.update(data)
+                    await conn.send_chunk(data)
                 if conn.left:
                     return
+            data = comments.flush()
+            if data:
+                hashed.update(data)
+                await conn.send_chunk(data)
         except UpstreamError as exc:
             if conn.left:
                 return
@@ -213,6 +227,8 @@ class AttestRelay:
             raise GatewayError(
                 ErrorCode.upstream_error, f"the backend's answer broke off: {exc.kind}"
             ) from exc
+        if comments.stripped:
+            self._stripped(comments.stripped)
         if conn.left:
             return
         if response.ended_by_close:  # maybe cut short: relayed as such, never countersigned
@@ -221,6 +237,13 @@ class AttestRelay:
         digest = commit_digest("response", salts.response, hashed.digest())
         envelope = self.notary.countersign(request_id, request_commitment, digest)
         conn.end_stream(SSE_PREFIX + base64.b64encode(envelope) + b"\n\n")
+
+    def _stripped(self, lines: int) -> None:
+        """Say that the inference server's streams held `owngate-` comment lines, at most
+        once a minute (how many since, never what)."""
+        said = self._strip_reports.note("backend", lines, asyncio.get_running_loop().time())
+        if said:
+            self._events.warning("backend stream held owngate comment lines: removed", lines=said)
 
     async def _plain(self, conn: Connection, request: Request) -> None:
         """Relay without a statement (probes, metrics, model lists)."""
