@@ -8,12 +8,15 @@ the same digests from the same bytes) and countersigns the statement (`Notary`).
 countersignature travels back as the `x-owngate-attest` header (a whole answer) or as a
 final SSE comment line `: owngate-attest <base64>` (a stream: HTTP trailers would be the
 natural place, but few clients and proxies pass them on, and the gateway's own listener
-refuses them). Only answers below 400 are countersigned: an error answer is not relayed
-to the gateway's client as served, and the gateway records none. Nor is an answer the
-backend ended by closing the connection (no content-length, not chunked): a backend that
-died mid-answer ends it the same way, so the sidecar cannot tell that it is whole. Such a
-stream is relayed with that framing (ended by the sidecar closing), so the gateway reads
-it as it would without the sidecar (`[DONE]` or a broken stream).
+refuses them). The inference server's own `owngate-` comment lines are removed from a
+stream before it is hashed (`CommentFilter`, as the gateway does), so the countersigned
+body is the one the gateway relays to its client. Only answers below 400 are
+countersigned: an error answer is not relayed to the gateway's client as served, and the
+gateway records none. Nor is an answer the backend ended by closing the connection (no
+content-length, not chunked): a backend that died mid-answer ends it the same way, so
+the sidecar cannot tell that it is whole. Such a stream is relayed with that framing
+(ended by the sidecar closing), so the gateway reads it as it would without the sidecar
+(`[DONE]` or a broken stream).
 
 A request without salts (not from a gateway: a client that bypassed it) gets fresh ones:
 it is countersigned and logged all the same, so the cross-check against the gateway's
