@@ -8,7 +8,7 @@ the `x-owngate-attest` header of a whole answer, or the stream's final SSE comme
 inside its receipt instead, so the stream it sees is exactly the backend's, and so is the
 response commitment both sides sign). Only the comment that ends the stream is the
 sidecar's; any other `owngate-` line (the inference server's) is removed by the relay's
-`CommentFilter` (gateway/api/sse_comments.py), and then the bytes the sidecar signed are
+`CommentFilter` (gateway/sse_comments.py), and then the bytes the sidecar signed are
 not the client's: its countersignature fails (`mismatch`). `Attester.judge` accepts
 a countersignature only when it is signed by the configured key over this request id and
 the gateway's own two commitments, with a counter this gateway has not seen from that

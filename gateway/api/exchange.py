@@ -108,7 +108,7 @@ async def end_stream(send: Send, exchange: Exchange, *, line_open: bool = False)
     (the receipt line must start a line of its own, or no client would find it).
 
     The receipt line is the only `owngate-` comment a client gets: the private relay
-    removes any a backend wrote (gateway/api/sse_comments.py), and a hosted stream is
+    removes any a backend wrote (gateway/sse_comments.py), and a hosted stream is
     encoded by the gateway, one JSON `data:` line per event."""
     await settle(exchange)
     receipt = await exchange.trail.sealed_receipt() if exchange.trail is not None else None

@@ -40,13 +40,13 @@ from gateway.api.exchange import (
 )
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.sse import StreamWatch
-from gateway.api.sse_comments import CommentFilter, StripReports
 from gateway.asgi import Send, send_bytes
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
 from gateway.provenance.formats.attestation import ATTEST_HEADER, SALTS_HEADER, salts_value
 from gateway.routing.registry import BackendState, Route
 from gateway.routing.router import Attempt
+from gateway.sse_comments import CommentFilter, StripReports
 from gateway.upstream.errors import translate_upstream_error
 from gateway.upstream.http import Connection, UpstreamError, UpstreamResponse
 from gateway.upstream.openai_wire import include_usage

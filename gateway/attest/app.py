@@ -8,12 +8,15 @@ the same digests from the same bytes) and countersigns the statement (`Notary`).
 countersignature travels back as the `x-owngate-attest` header (a whole answer) or as a
 final SSE comment line `: owngate-attest <base64>` (a stream: HTTP trailers would be the
 natural place, but few clients and proxies pass them on, and the gateway's own listener
-refuses them). Only answers below 400 are countersigned: an error answer is not relayed
-to the gateway's client as served, and the gateway records none. Nor is an answer the
-backend ended by closing the connection (no content-length, not chunked): a backend that
-died mid-answer ends it the same way, so the sidecar cannot tell that it is whole. Such a
-stream is relayed with that framing (ended by the sidecar closing), so the gateway reads
-it as it would without the sidecar (`[DONE]` or a broken stream).
+refuses them). The inference server's own `owngate-` comment lines are removed from a
+stream before it is hashed (`CommentFilter`, as the gateway does), so the countersigned
+body is the one the gateway relays to its client. Only answers below 400 are
+countersigned: an error answer is not relayed to the gateway's client as served, and the
+gateway records none. Nor is an answer the backend ended by closing the connection (no
+content-length, not chunked): a backend that died mid-answer ends it the same way, so
+the sidecar cannot tell that it is whole. Such a stream is relayed with that framing
+(ended by the sidecar closing), so the gateway reads it as it would without the sidecar
+(`[DONE]` or a broken stream).
 
 A request without salts (not from a gateway: a client that bypassed it) gets fresh ones:
 it is countersigned and logged all the same, so the cross-check against the gateway's
@@ -29,6 +32,7 @@ The HTTP side is `gateway/attest/protocol.py`; `gateway/attest/server.py` runs b
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import os
@@ -39,6 +43,7 @@ from pathlib import Path
 from gateway.attest.notary import COUNTER_FILE, CounterFile, Notary
 from gateway.attest.protocol import Connection, Request
 from gateway.errors import ErrorCode, GatewayError
+from gateway.logs import get_logger
 from gateway.provenance import (
     LogSettings,
     ProvenanceError,
@@ -53,6 +58,7 @@ from gateway.provenance.formats.attestation import (
     SSE_PREFIX,
     parse_salts,
 )
+from gateway.sse_comments import CommentFilter, StripReports
 from gateway.upstream.http import HttpPool, UpstreamError, UpstreamResponse
 
 __all__ = ["AttestRelay", "AttestSettings"]
@@ -98,6 +104,8 @@ class AttestRelay:
         self._log: ProvenanceLog | None = None
         self._pool_open = False
         self._notary: Notary | None = None
+        self._strip_reports = StripReports()
+        self._events = get_logger("owngate.attest")
 
     async def open(self) -> str | None:
         """None when the sidecar can serve, else why not (key, log or backend URL)."""
@@ -200,12 +208,21 @@ class AttestRelay:
         )
         conn.start_stream(response.status, content_type, framed=framed)
         hashed = _sha256()
+        # The inference server's own `owngate-` comment lines are not relayed: the
+        # gateway would remove them, and the countersignature must be over what it relays.
+        comments = CommentFilter()
         try:
             async for chunk in response.chunks(response.stream_deadline):
-                hashed.update(chunk)
-                await conn.send_chunk(chunk)
+                data = comments.feed(chunk)
+                if data:
+                    hashed.update(data)
+                    await conn.send_chunk(data)
                 if conn.left:
                     return
+            data = comments.flush()
+            if data:
+                hashed.update(data)
+                await conn.send_chunk(data)
         except UpstreamError as exc:
             if conn.left:
                 return
@@ -213,6 +230,8 @@ class AttestRelay:
             raise GatewayError(
                 ErrorCode.upstream_error, f"the backend's answer broke off: {exc.kind}"
             ) from exc
+        if comments.stripped:
+            self._stripped(comments.stripped)
         if conn.left:
             return
         if response.ended_by_close:  # maybe cut short: relayed as such, never countersigned
@@ -221,6 +240,13 @@ class AttestRelay:
         digest = commit_digest("response", salts.response, hashed.digest())
         envelope = self.notary.countersign(request_id, request_commitment, digest)
         conn.end_stream(SSE_PREFIX + base64.b64encode(envelope) + b"\n\n")
+
+    def _stripped(self, lines: int) -> None:
+        """Say that the inference server's streams held `owngate-` comment lines, at most
+        once a minute (how many since, never what)."""
+        said = self._strip_reports.note("backend", lines, asyncio.get_running_loop().time())
+        if said:
+            self._events.warning("backend stream held owngate comment lines: removed", lines=said)
 
     async def _plain(self, conn: Connection, request: Request) -> None:
         """Relay without a statement (probes, metrics, model lists)."""

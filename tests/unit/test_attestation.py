@@ -15,7 +15,6 @@ import pytest
 
 from gateway.api.attested import Attester, SseTail
 from gateway.api.metrics import GatewayMetrics
-from gateway.api.sse_comments import CommentFilter
 from gateway.api.trail import Trail
 from gateway.cli.main import main
 from gateway.provenance import Receipt, Salts, commit, make_receipt, verify_receipt
@@ -33,6 +32,7 @@ from gateway.provenance.formats.receipts import countersignature_of
 from gateway.provenance.formats.records import LogEntry, completion_record, validate_record
 from gateway.provenance.formats.upstream_ids import UpstreamIds
 from gateway.provenance.testing import CountingRandom, seeded_signer
+from gateway.sse_comments import CommentFilter
 
 SIGNER = seeded_signer("gpu-a")
 OTHER = seeded_signer("gpu-b")

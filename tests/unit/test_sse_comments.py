@@ -1,4 +1,4 @@
-"""`CommentFilter` (gateway/api/sse_comments.py): a backend's `owngate-` SSE comment lines
+"""`CommentFilter` (gateway/sse_comments.py): a backend's `owngate-` SSE comment lines
 never reach a client, however the stream is split into reads; every other byte does.
 
 The expected output is what an SSE parser (WHATWG event-stream grammar: lines end in LF,
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.api.sse_comments import CommentFilter, StripReports
+from gateway.sse_comments import CommentFilter, StripReports
 from gateway.upstream.openai_wire import encode_chunk
 
 _EVENT = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'

@@ -6,6 +6,8 @@ ends its stream with `: owngate-attest <base64>`, which `SseTail` takes out firs
 (gateway/api/attested.py). A backend could write such lines itself, earlier in the
 stream (another request's genuine receipt, a forged countersignature): `CommentFilter`
 removes every one, so the only `owngate-` comment a client sees is the gateway's own.
+The `owngate attest` sidecar runs the same filter over its inference server's stream
+(gateway/attest/app.py), so what it countersigns is what the gateway relays.
 
 What counts as one is what an SSE parser reads as a comment (the WHATWG event-stream
 grammar): a line that starts with `:`, lines ending in LF, CRLF or CR, and the first
