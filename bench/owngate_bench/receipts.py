@@ -9,9 +9,9 @@ point: req/s and each gateway's CPU per request (all its threads: loop, writer, 
 checkpoints; from /proc, steadier than req/s on a shared machine); the medians over the
 runs, and the batch / single ratios, end the table.
 
-The sealing thread's own cost is a small part of a request's, under the noise of a
+Sealing's own cost is a small part of a request's, under the noise of a
 shared machine, so it is measured alone too (`receipts_sealing`): a log in this process,
-appends at the same concurrencies, the CPU time (`time.thread_time`) the sealing thread
+appends at the same concurrencies, the CPU time (`time.thread_time`) sealing
 spends per receipt in each mode. Both logs are verified at the end, the
 last receipt of each gateway too.
 

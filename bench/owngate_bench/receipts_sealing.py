@@ -1,11 +1,11 @@
-"""The sealing thread alone: CPU per receipt signed per request (v1) vs per batch (v2).
+"""Sealing alone: CPU per receipt signed per request (v1) vs per batch (v2).
 
 A provenance log in this process, on a temporary directory (real fsync group commit),
 takes `append_sealed` appends from N concurrent appenders; the seals are the gateway's
 (`Recorder`: a v1 envelope per entry, or the payload per entry and one `seal_receipts`
-per committed batch). `time.thread_time` around each seal call counts the sealing
-thread's CPU, so what other processes do on a shared machine does not enter it. The
-hand-off to the event loop (one per batch) is the same in both modes and not counted.
+per committed batch). `time.thread_time` around each seal call counts the CPU of
+sealing alone (it runs on the event loop, once per batch), so what other processes do on
+a shared machine does not enter it.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def sealing_cost(
 
 
 def render_sealing(rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["sealing thread alone (medians)   CPU us/receipt   receipts/batch", "-" * 64]
+    lines = ["sealing alone (medians)   CPU us/receipt   receipts/batch", "-" * 57]
     for row in rows:
         lines.append(
             f"c={row['concurrency']:<4} {row['mode']:<26} {row['us_per_receipt']:>14.1f}"

@@ -10,8 +10,9 @@ commands could not check them). Computed in a worker thread, one report at a tim
 The log is live: a checkpoint written while the report reads it (its history file first,
 then the `checkpoint` file) can make one reading fail ("rollback", a changed entry).
 `read_live` reads again, at most `ATTEMPTS` times in all, when a reading failed and the
-log moved meanwhile (its checkpoint file or newest history entry changed); a failure on
-a log that did not move is the report's answer.
+log moved meanwhile (`log_state`: its checkpoint file or newest history entry changed),
+as `owngate audit verify` does (`read_settled`); a failure on a log that did not move is
+the report's answer.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -29,15 +29,15 @@ from gateway.admin.auth import Caller, require
 from gateway.admin.tiles import log_dir
 from gateway.api.runtime import Runtime
 from gateway.errors import ErrorCode, GatewayError
+from gateway.provenance.audit.reader import READINGS, log_state
 from gateway.provenance.audit.report import Invocation, audit_report
 from gateway.provenance.audit.report_html import render_html
-from gateway.provenance.formats.layout import CHECKPOINT, list_history
 
-__all__ = ["ATTEMPTS", "log_state", "read_live", "router"]
+__all__ = ["ATTEMPTS", "read_live", "router"]
 
 router = APIRouter(prefix="/admin/v1/log", tags=["auditor"])
 _DOWNLOAD = 'attachment; filename="owngate-audit-report.html"'
-ATTEMPTS = 3  # readings of a live log that moved while it was read, at most
+ATTEMPTS = READINGS  # readings of a live log that moved while it was read, at most
 # One report is computed at a time (app.state.report_lock); this many may wait for it,
 # and one more is told to retry: queued requests would hold memory and a worker each.
 MAX_WAITING_REPORTS = 4
@@ -111,17 +111,6 @@ def _served_at(request: Request) -> str:
     host, port = request.scope.get("server") or ("127.0.0.1", 9090)
     host = f"[{host}]" if ":" in host else host
     return f"http://{host}:{port}/log/"
-
-
-def log_state(directory: Path) -> tuple[bytes, str]:
-    """What moves when a checkpoint is written: the checkpoint file and the newest
-    history entry's name."""
-    try:
-        checkpoint = (directory / CHECKPOINT).read_bytes()
-    except FileNotFoundError:
-        checkpoint = b""
-    history = list_history(directory)
-    return checkpoint, history[-1][1].name if history else ""
 
 
 async def read_live(

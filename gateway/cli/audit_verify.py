@@ -25,6 +25,7 @@ from gateway.provenance import (
     verify_log,
 )
 from gateway.provenance.audit.attested import AttestedSummary, check_attestations, cross_check
+from gateway.provenance.audit.reader import read_settled
 from gateway.provenance.audit.remote import is_url, mirror_log
 from gateway.provenance.audit.report import verification_json
 from gateway.provenance.formats.cosignature import CosignatureVerifier
@@ -128,14 +129,17 @@ def _verified(
     trusted: list[bytes],
     witnesses: list[CosignatureVerifier],
 ) -> int:
-    summary = verify_log(
+    summary = read_settled(  # a live gateway's log may take a checkpoint meanwhile
         logdir,
-        trusted_keys(args),
-        origin=args.origin,
-        trusted_checkpoints=trusted,
-        witnesses=witnesses,
-        min_witnesses=args.min_witnesses,
-        accept_earlier_keys=args.accept_earlier_keys,
+        lambda: verify_log(
+            logdir,
+            trusted_keys(args),
+            origin=args.origin,
+            trusted_checkpoints=trusted,
+            witnesses=witnesses,
+            min_witnesses=args.min_witnesses,
+            accept_earlier_keys=args.accept_earlier_keys,
+        ),
     )
     attested = _attested(args, logdir, summary.size)
     witnessed = summary.witnesses

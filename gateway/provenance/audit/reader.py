@@ -2,14 +2,20 @@
 
 Nothing here trusts the files: `verify` checks them. `LogDirectory` only knows where the
 tlog-tiles layout (and the write-ahead segments) keep things.
+
+A live gateway's log moves while it is read: a checkpoint writes its history file, then
+the `checkpoint` file, and a reading between the two sees a "rollback". `read_settled`
+reads again (`READINGS` in all) when a reading failed and the log moved meanwhile
+(`log_state`); a failure on a log that did not move is the answer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
-from gateway.provenance.errors import MalformedError, RecordError
+from gateway.provenance.errors import LogVerificationError, MalformedError, RecordError
 from gateway.provenance.formats.layout import CHECKPOINT, WAL, list_history
 from gateway.provenance.formats.merkle import HASH_SIZE
 from gateway.provenance.formats.records import Record, parse_record
@@ -22,7 +28,34 @@ from gateway.provenance.formats.tiles import (
 )
 from gateway.provenance.formats.wal import list_segments, scan_segment
 
-__all__ = ["LogDirectory"]
+__all__ = ["READINGS", "LogDirectory", "log_state", "read_settled"]
+
+READINGS = 3  # readings of a log that moved while it was read, at most
+_T = TypeVar("_T")
+
+
+def log_state(path: str | Path) -> tuple[bytes, str]:
+    """What moves when a checkpoint is written: the `checkpoint` file's bytes and the
+    newest history entry's name (empty when absent)."""
+    try:
+        checkpoint = (Path(path) / CHECKPOINT).read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        checkpoint = b""
+    history = list_history(Path(path))
+    return checkpoint, history[-1][1].name if history else ""
+
+
+def read_settled(path: str | Path, read: Callable[[], _T]) -> _T:
+    """`read()` of the log at `path`, again while it raised `LogVerificationError` and the
+    log moved during it (`READINGS` readings at most); the last reading's error stands."""
+    for _ in range(READINGS - 1):
+        before = log_state(path)
+        try:
+            return read()
+        except LogVerificationError:
+            if log_state(path) == before:
+                raise
+    return read()
 
 
 class LogDirectory:

@@ -1,19 +1,26 @@
-"""The admin report of the live log (gateway/admin/report.py): a checkpoint written while
-the report reads the log (its history file first, then its `checkpoint` file) must not
-turn a sound log into a FAILED report; a failure on a log that did not move stays one."""
+"""Reading a live log: a checkpoint written while the admin report
+(gateway/admin/report.py) or `owngate audit verify` reads the log (its history file
+first, then its `checkpoint` file) must not turn a sound log into a FAILED verdict; a
+failure on a log that did not move stays one."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
 
-from gateway.admin.report import ATTEMPTS, log_state, read_live
-from gateway.provenance import ProvenanceLog
+import pytest
+
+from gateway.admin.report import ATTEMPTS, read_live
+from gateway.cli import audit_verify
+from gateway.provenance import ProvenanceLog, verify_log
+from gateway.provenance.audit.reader import log_state
 from gateway.provenance.audit.report import Invocation, audit_report
 from gateway.provenance.formats.layout import CHECKPOINT
 from gateway.provenance.testing import log_request, seeded_signer
+from tests.helpers.provenance import run_audit
 
 ORIGIN = "gateway.example/log/live"
 SIGNER = seeded_signer(ORIGIN)
@@ -87,3 +94,59 @@ def test_a_log_that_keeps_moving_is_read_a_bounded_number_of_times() -> None:
 
     report = asyncio.run(read_live(reading, moving))
     assert report["verification"]["ok"] is False and readings == ATTEMPTS
+
+
+def _half_exported(path: Path) -> bytes:
+    """A log whose second checkpoint is half written (its history file, not yet the
+    `checkpoint` file); returns what the `checkpoint` file holds once it is done."""
+
+    async def build() -> bytes:
+        log = await ProvenanceLog.open(path, ORIGIN, SIGNER)
+        await log_request(log, 1)
+        await log.checkpoint()
+        earlier = (path / CHECKPOINT).read_bytes()
+        await log_request(log, 2)
+        await log.checkpoint()
+        await log.close()
+        later = (path / CHECKPOINT).read_bytes()
+        (path / CHECKPOINT).write_bytes(earlier)
+        return later
+
+    return asyncio.run(build())
+
+
+def test_audit_verify_of_a_live_log_reads_it_again_when_a_checkpoint_landed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    later = _half_exported(tmp_path)
+    assert run_audit(["verify", str(tmp_path), "--key", SIGNER.vkey]) == 1  # "rollback"
+    assert "rollback" in capsys.readouterr().err
+    readings = 0
+
+    def verify_then_finish_the_export(*args: Any, **kwargs: Any) -> Any:
+        nonlocal readings
+        readings += 1
+        try:
+            return verify_log(*args, **kwargs)
+        finally:
+            (tmp_path / CHECKPOINT).write_bytes(later)
+
+    monkeypatch.setattr(audit_verify, "verify_log", verify_then_finish_the_export)
+    assert run_audit(["verify", str(tmp_path), "--key", SIGNER.vkey, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["size"] == 4 and readings == 2
+
+
+def test_audit_verify_reports_a_rollback_that_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _half_exported(tmp_path)  # never finished: an old checkpoint file served for good
+    readings = 0
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal readings
+        readings += 1
+        return verify_log(*args, **kwargs)
+
+    monkeypatch.setattr(audit_verify, "verify_log", counted)
+    assert run_audit(["verify", str(tmp_path), "--key", SIGNER.vkey]) == 1
+    assert "rollback" in capsys.readouterr().err and readings == 1
