@@ -19,6 +19,7 @@ from gateway.cli.audit_flags import (
     trusted_keys,
     witness_key,
 )
+from gateway.provenance.audit.reader import read_settled
 from gateway.provenance.audit.report import Invocation, audit_report
 from gateway.provenance.audit.report_html import render_html
 
@@ -101,16 +102,20 @@ def _report(args: argparse.Namespace) -> int:
         flags.append("--accept-earlier-keys")
     # Not verified while copying: a checkpoint the keys do not sign is the report's finding.
     with local_log(args.logdir, args) as logdir:
-        result = audit_report(
+        result = read_settled(  # a live gateway's log may take a checkpoint meanwhile
             logdir,
-            trusted_keys(args),
-            Invocation(args.logdir, tuple(flags)),
-            origin=args.origin,
-            trusted_checkpoints=[Path(name).read_bytes() for name in checkpoints],
-            witnesses=[witness_key(text) for text in witness_texts],
-            min_witnesses=args.min_witnesses,
-            accept_earlier_keys=args.accept_earlier_keys,
-            now=time.time(),
+            lambda: audit_report(
+                logdir,
+                trusted_keys(args),
+                Invocation(args.logdir, tuple(flags)),
+                origin=args.origin,
+                trusted_checkpoints=[Path(name).read_bytes() for name in checkpoints],
+                witnesses=[witness_key(text) for text in witness_texts],
+                min_witnesses=args.min_witnesses,
+                accept_earlier_keys=args.accept_earlier_keys,
+                now=time.time(),
+            ),
+            failed=lambda found: not found["verification"]["ok"],
         )
     if args.json is not None:
         _write(args.json, json.dumps(result, indent=2) + "\n")

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gateway.admin.report import ATTEMPTS, read_live
+from gateway.cli import audit_report as audit_report_cli
 from gateway.cli import audit_verify
 from gateway.provenance import ProvenanceLog, verify_log
 from gateway.provenance.audit.reader import log_state
@@ -150,3 +151,27 @@ def test_audit_verify_reports_a_rollback_that_stays(
     monkeypatch.setattr(audit_verify, "verify_log", counted)
     assert run_audit(["verify", str(tmp_path), "--key", SIGNER.vkey]) == 1
     assert "rollback" in capsys.readouterr().err and readings == 1
+
+
+def test_audit_report_of_a_live_log_reads_it_again_when_a_checkpoint_landed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logdir = tmp_path / "log"
+    later = _half_exported(logdir)
+    out = tmp_path / "report.json"
+    argv = ["report", str(logdir), "--key", SIGNER.vkey, "--json", str(out)]
+    assert run_audit(argv) == 1  # one reading, mid-export: "rollback"
+    assert "rollback" in json.loads(out.read_text())["verification"]["error"]
+    readings = 0
+
+    def report_then_finish_the_export(*args: Any, **kwargs: Any) -> Any:
+        nonlocal readings
+        readings += 1
+        try:
+            return audit_report(*args, **kwargs)
+        finally:
+            (logdir / CHECKPOINT).write_bytes(later)
+
+    monkeypatch.setattr(audit_report_cli, "audit_report", report_then_finish_the_export)
+    assert run_audit(argv) == 0
+    assert json.loads(out.read_text())["verification"]["ok"] is True and readings == 2

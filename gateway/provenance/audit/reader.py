@@ -45,16 +45,22 @@ def log_state(path: str | Path) -> tuple[bytes, str]:
     return checkpoint, history[-1][1].name if history else ""
 
 
-def read_settled(path: str | Path, read: Callable[[], _T]) -> _T:
-    """`read()` of the log at `path`, again while it raised `LogVerificationError` and the
-    log moved during it (`READINGS` readings at most); the last reading's error stands."""
+def read_settled(
+    path: str | Path, read: Callable[[], _T], failed: Callable[[_T], bool] = lambda _: False
+) -> _T:
+    """`read()` of the log at `path`, again while it raised `LogVerificationError` (or gave
+    a result `failed` says is a failure) and the log moved during it (`READINGS` readings
+    at most); the last reading's error or result stands."""
     for _ in range(READINGS - 1):
         before = log_state(path)
         try:
-            return read()
+            result = read()
         except LogVerificationError:
             if log_state(path) == before:
                 raise
+            continue
+        if not failed(result) or log_state(path) == before:
+            return result
     return read()
 
 
