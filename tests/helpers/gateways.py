@@ -138,6 +138,18 @@ def logged_private_gateway(
 ) -> Gateway:
     """A gateway in front of one private backend `gpu` at `url` serving `m`, with the
     provenance log on in `tmp_path / "log"` (key `tmp_path / "log.key"`)."""
+    return logged_gateway(start_gateway, tmp_path, [backend("gpu", url, "m")], origin, **extra)
+
+
+def logged_gateway(
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    backends: list[dict[str, Any]],
+    origin: str,
+    **extra: Any,
+) -> Gateway:
+    """A gateway in front of `backends`, with the provenance log on in `tmp_path / "log"`
+    (key `tmp_path / "log.key"`, a checkpoint every 20 ms)."""
     write_signing_key(tmp_path / "log.key", origin)
     provenance = {
         "dir": str(tmp_path / "log"),
@@ -145,7 +157,7 @@ def logged_private_gateway(
         "signing_key_file": str(tmp_path / "log.key"),
         "checkpoint_interval_ms": 20,
     }
-    return start_gateway([backend("gpu", url, "m")], provenance=provenance, **extra)
+    return start_gateway(backends, provenance=provenance, **extra)
 
 
 def served(sim: Sim) -> int:

@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.provenance import commit, load_signer, write_signing_key
+from gateway.provenance import commit, load_signer
 from tests.helpers.attest import Sidecar, SidecarTLS, rewrite_log, start_sidecar
-from tests.helpers.gateways import Gateway, Sim, backend, served
+from tests.helpers.gateways import Gateway, Sim, backend, logged_gateway, served
 from tests.helpers.provenance import completion_record, records, request_records, run_audit
 from tests.helpers.real_backend.server import LlamaServer
 from tests.helpers.tls import Pki
@@ -52,14 +52,7 @@ def sidecars(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
 def _gateway(
     start_gateway: Callable[..., Gateway], tmp_path: Path, backends: list[dict[str, Any]]
 ) -> Gateway:
-    write_signing_key(tmp_path / "log.key", ORIGIN)
-    provenance = {
-        "dir": str(tmp_path / "log"),
-        "origin": ORIGIN,
-        "signing_key_file": str(tmp_path / "log.key"),
-        "checkpoint_interval_ms": 20,
-    }
-    return start_gateway(backends, provenance=provenance)
+    return logged_gateway(start_gateway, tmp_path, backends, ORIGIN)
 
 
 def _attested(id: str, sidecar: Sidecar, key: str | None = None) -> dict[str, Any]:

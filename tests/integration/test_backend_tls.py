@@ -362,14 +362,7 @@ def test_a_connection_leased_for_its_record_never_reconnects_to_another_key(
     )
 
     async def run() -> None:
-        pool, _ = HttpPool.for_url(
-            front.url,
-            connect_timeout=5,
-            first_byte_timeout=5,
-            read_timeout=5,
-            max_connections=2,
-            tls=backend_tls(settings, "127.0.0.1", tmp_path),
-        )
+        pool = _pool(front.url, settings, tmp_path, max_connections=2)
         try:
             same = await pool.connect()
             assert same.peer is not None and same.peer.spki_sha256 == first.pin
@@ -422,14 +415,7 @@ def test_a_certificate_the_gateway_cannot_read_is_a_tls_refusal_that_frees_its_s
     monkeypatch.setattr(x509, "load_der_x509_certificate", unreadable)
 
     async def run() -> None:
-        pool, _ = HttpPool.for_url(
-            front.url,
-            connect_timeout=5,
-            first_byte_timeout=5,
-            read_timeout=5,
-            max_connections=1,
-            tls=backend_tls(settings, "127.0.0.1", tmp_path),
-        )
+        pool = _pool(front.url, settings, tmp_path, max_connections=1)
         try:
             for _ in range(2):  # the second would wait for a leaked slot: "busy"
                 with pytest.raises(UpstreamError) as caught:
@@ -441,3 +427,16 @@ def test_a_certificate_the_gateway_cannot_read_is_a_tls_refusal_that_frees_its_s
             await pool.close()
 
     asyncio.run(run())
+
+
+def _pool(url: str, settings: BackendSettings, tmp_path: Path, *, max_connections: int) -> HttpPool:
+    """The upstream pool to `url` with the backend's TLS context, 5 s timeouts."""
+    pool, _ = HttpPool.for_url(
+        url,
+        connect_timeout=5,
+        first_byte_timeout=5,
+        read_timeout=5,
+        max_connections=max_connections,
+        tls=backend_tls(settings, "127.0.0.1", tmp_path),
+    )
+    return pool

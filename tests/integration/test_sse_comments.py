@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.provenance import commit, load_signer, write_signing_key
+from gateway.provenance import commit, load_signer
 from tests.helpers.attest import start_sidecar
-from tests.helpers.gateways import Gateway, backend, logged_private_gateway
+from tests.helpers.gateways import Gateway, backend, logged_gateway, logged_private_gateway
 from tests.helpers.provenance import completion_record, run_audit
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
 
@@ -181,15 +181,8 @@ def test_an_inference_server_behind_a_sidecar_cannot_forge_lines_or_cut_the_stre
     raw = start_raw(hostile)
     sidecar = start_sidecar(tmp_path / "sidecar", "gpu-a", raw.url)
     try:
-        write_signing_key(tmp_path / "log.key", ORIGIN)
-        provenance = {
-            "dir": str(tmp_path / "log"),
-            "origin": ORIGIN,
-            "signing_key_file": str(tmp_path / "log.key"),
-            "checkpoint_interval_ms": 20,
-        }
         attested = backend("gpu", sidecar.url, "m", attest={"key": sidecar.vkey})
-        gateway = start_gateway([attested], provenance=provenance)
+        gateway = logged_gateway(start_gateway, tmp_path, [attested], ORIGIN)
         response = _ask(gateway)
     finally:
         sidecar.stop()
