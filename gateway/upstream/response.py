@@ -340,6 +340,9 @@ class UpstreamResponse:
         conn = self._conn
         conn.response = None
         if self.complete and self._keep_alive and not conn.closed:
+            # A full sink may have paused reading on the body's last read (`pump()`): a
+            # pooled connection that reads nothing would never see its next answer.
+            self._resume()
             conn.pool._put_idle(conn)
         else:
             conn.close()

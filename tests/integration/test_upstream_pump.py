@@ -172,3 +172,34 @@ def test_reads_of_one_loop_turn_reach_the_sink_as_one_piece() -> None:
         assert len(received) < 5, received  # 50 chunks, one read: not 50 sink calls
 
     asyncio.run(_with_backend(handler, body))
+
+
+def test_a_sink_full_at_the_body_s_end_leaves_the_pooled_connection_reading() -> None:
+    # The last read (its data and the body's end together) fills the client's buffers:
+    # the pump pauses reading, waits for the drain, then finds the body complete. The
+    # connection goes back to the pool; paused, its next answer would never be read (a
+    # first-byte timeout charged to a healthy backend).
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for answer in (b"3\r\nabc\r\n0\r\n\r\n", b"2\r\nok\r\n0\r\n\r\n"):
+            await _read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + answer)
+            await writer.drain()
+
+    async def body(pool: HttpPool) -> None:
+        response = await pool.request(b"POST", b"/", [], b"{}")
+        received: list[bytes] = []
+
+        def sink(data: bytes) -> bool:
+            received.append(data)
+            return False  # the client's buffers are full after every piece
+
+        await asyncio.wait_for(response.pump(sink, _ready), 5)
+        assert b"".join(received) == b"abc"
+        assert len(pool._idle) == 1
+        transport = pool._idle[0].transport
+        assert transport is not None
+        assert transport.is_reading()  # pooled, and reading again
+        again = await pool.request(b"POST", b"/", [], b"{}")
+        assert await again.read() == b"ok"
+
+    asyncio.run(_with_backend(handler, body, first_byte_timeout=1.0))
