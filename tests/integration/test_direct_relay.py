@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -141,7 +142,9 @@ def test_a_client_that_reads_nothing_stops_the_gateway_reading_the_backend(
         # Socket buffers on both sides hold a few MB at most; the gateway itself, the
         # bytes in its client connection's write buffer: about its high-water mark.
         assert flood.written < _FLOOD_BYTES // 2
-        transport = writers[0]._cycle.transport
-        assert transport._transport.get_write_buffer_size() < 1 << 20  # type: ignore[attr-defined]
+        cycle = writers[0]._cycle()
+        assert cycle is not None
+        coalescer: Any = cycle.transport
+        assert coalescer._transport.get_write_buffer_size() < 1 << 20
     finally:
         client.close()
