@@ -13,11 +13,15 @@ again. Servers without it (the test client, another ASGI server) get the ASGI pa
 It writes what uvicorn's `send` writes for a body message (one chunk of chunked
 transfer coding, through the cycle's transport, so a held head still goes first) and
 keeps uvicorn's state as it is: the response stays started and unfinished until the
-relay's last `send`.
+relay's last `send`. It holds its cycle weakly: the cycle's scope holds it, and a strong
+reference back would leave every request a reference cycle that only the cyclic garbage
+collector frees (a long stream's, promoted to the oldest generation while it runs, only
+by a full collection).
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
@@ -36,14 +40,16 @@ class BodyWriter:
     __slots__ = ("_cycle",)
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
-        self._cycle = cycle
+        # Weak: the request's task holds its cycle while the app runs (see the module).
+        self._cycle = weakref.ref(cycle)
 
     def ready(self) -> bool:
         """Whether the response's head went out, with chunked framing, and its body has
         not ended: only then is a chunk written here what `send` would write."""
-        cycle = self._cycle
+        cycle = self._cycle()
         return (
-            cycle.response_started
+            cycle is not None
+            and cycle.response_started
             and cycle.chunked_encoding is True
             and not cycle.response_complete
             and not cycle.disconnected
@@ -53,8 +59,8 @@ class BodyWriter:
     def write(self, data: bytes) -> bool:
         """Write `data` (not empty: an empty chunk ends the body) as one chunk; False
         when the client is gone and nothing was written."""
-        cycle = self._cycle
-        if cycle.disconnected:
+        cycle = self._cycle()
+        if cycle is None or cycle.disconnected:
             return False
         cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
         return True
@@ -62,11 +68,14 @@ class BodyWriter:
     @property
     def write_paused(self) -> bool:
         """The client's buffers are full: write no more until `drain()` returns."""
-        return self._cycle.flow.write_paused
+        cycle = self._cycle()
+        return cycle is not None and cycle.flow.write_paused
 
     async def drain(self) -> None:
         """Wait until the client may be written to again (or is gone)."""
-        await self._cycle.flow.drain()
+        cycle = self._cycle()
+        if cycle is not None:
+            await cycle.flow.drain()
 
 
 def body_writer(scope: Scope) -> BodyWriter | None:

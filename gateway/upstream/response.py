@@ -112,12 +112,19 @@ class UpstreamResponse:
             self._sink_due = True
             loop = self._sink_loop
             assert loop is not None
+            # The read timeout starts over at the read, not at its hand-on: a loop runs a
+            # turn's due timers before the callbacks its reads scheduled.
+            due = loop.time() + self._read_timeout
+            deadline = self._sink_deadline
+            if deadline is not None and deadline < due:
+                due, self._due_what = deadline, "the answer did not end in time"
+            self._due = due
             loop.call_soon(self._to_sink)
 
     def _to_sink(self) -> None:
         """`pump()`'s sink takes what arrived in this turn of the loop, in one piece (what
         a zero-delay backend writes back to back is relayed in as few writes as it was
-        read); the read timeout starts over."""
+        read)."""
         self._sink_due = False
         sink, loop, chunks = self._sink, self._sink_loop, self._chunks
         if sink is None or loop is None or not chunks:
@@ -125,11 +132,6 @@ class UpstreamResponse:
         data = b"".join(chunks) if len(chunks) > 1 else chunks[0]
         chunks.clear()
         self._buffered = 0
-        due = loop.time() + self._read_timeout
-        deadline = self._sink_deadline
-        if deadline is not None and deadline < due:
-            due, self._due_what = deadline, "the answer did not end in time"
-        self._due = due
         try:
             more = sink(data)
         except Exception as exc:  # noqa: BLE001 - not lost: `pump()` raises it, in its task
@@ -340,6 +342,9 @@ class UpstreamResponse:
         conn = self._conn
         conn.response = None
         if self.complete and self._keep_alive and not conn.closed:
+            # A full sink may have paused reading on the body's last read (`pump()`): a
+            # pooled connection that reads nothing would never see its next answer.
+            self._resume()
             conn.pool._put_idle(conn)
         else:
             conn.close()

@@ -4,11 +4,13 @@ the limits of `chunks()` (read timeout, deadline, failures) and flow control."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import pytest
 
 from gateway.upstream.http import HttpPool, UpstreamError
+from tests.helpers.waiting import until_async
 from tests.integration.test_upstream_http import _dripping, _read_request, _with_backend
 
 Sink = Callable[[bytes], bool]
@@ -172,3 +174,68 @@ def test_reads_of_one_loop_turn_reach_the_sink_as_one_piece() -> None:
         assert len(received) < 5, received  # 50 chunks, one read: not 50 sink calls
 
     asyncio.run(_with_backend(handler, body))
+
+
+def test_a_sink_full_at_the_body_s_end_leaves_the_pooled_connection_reading() -> None:
+    # The last read (its data and the body's end together) fills the client's buffers:
+    # the pump pauses reading, waits for the drain, then finds the body complete. The
+    # connection goes back to the pool; paused, its next answer would never be read (a
+    # first-byte timeout charged to a healthy backend).
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for answer in (b"3\r\nabc\r\n0\r\n\r\n", b"2\r\nok\r\n0\r\n\r\n"):
+            await _read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + answer)
+            await writer.drain()
+
+    async def body(pool: HttpPool) -> None:
+        response = await pool.request(b"POST", b"/", [], b"{}")
+        received: list[bytes] = []
+
+        def sink(data: bytes) -> bool:
+            received.append(data)
+            return False  # the client's buffers are full after every piece
+
+        await asyncio.wait_for(response.pump(sink, _ready), 5)
+        assert b"".join(received) == b"abc"
+        assert len(pool._idle) == 1
+        transport = pool._idle[0].transport
+        assert transport is not None
+        assert transport.is_reading()  # pooled, and reading again
+        again = await pool.request(b"POST", b"/", [], b"{}")
+        assert await again.read() == b"ok"
+
+    asyncio.run(_with_backend(handler, body, first_byte_timeout=1.0))
+
+
+def test_a_read_that_came_in_time_is_not_cut_by_a_timer_that_runs_before_its_hand_on() -> None:
+    # The loop runs a turn's due timers before the callbacks its reads scheduled (uvloop:
+    # timers, then `call_soon` callbacks; asyncio: I/O callbacks, then timers, then what
+    # they scheduled). A read that arrived before the read timeout ran out, but is handed
+    # on only after the timer looked, must count: `chunks()` woke its waiter at the read.
+    writers: list[asyncio.StreamWriter] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\na\r\n")
+        await writer.drain()
+        writers.append(writer)
+        await asyncio.Event().wait()  # the test writes the rest
+
+    async def body(pool: HttpPool) -> None:
+        loop = asyncio.get_running_loop()
+        response = await pool.request(b"POST", b"/", [], b"{}")
+        received: list[bytes] = []
+        pumping = asyncio.create_task(response.pump(_collect(received, []), _ready))
+        await until_async(lambda: received == [b"a"] and bool(writers), "the first read")
+        # The rest reaches the socket in time; the loop is busy (this task) until the read
+        # timeout has run out, so the read and the timer come in the same turn.
+        writers[0].write(b"1\r\nb\r\n")  # not the end yet: that would wake the pump
+        due = response._due
+        while loop.time() < due:  # blocking the loop (no await) is the point
+            time.sleep(0.001)  # noqa: ASYNC251
+        await until_async(lambda: len(received) == 2 or pumping.done(), "the second read")
+        writers[0].write(b"0\r\n\r\n")
+        await asyncio.wait_for(pumping, 5)
+        assert received == [b"a", b"b"]
+
+    asyncio.run(_with_backend(handler, body, read_timeout=0.3))

@@ -5,6 +5,8 @@ protocol with a recording transport (no socket)."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -189,3 +191,40 @@ def test_write_paused_follows_the_client_s_buffers_and_drain_waits_for_them() ->
 
     asyncio.run(scenario())
     assert states == [False, True, "drained"]
+
+
+def test_a_finished_request_s_cycle_is_freed_without_the_garbage_collector() -> None:
+    # The writer lives in its cycle's scope: were it to hold the cycle, every request
+    # would leave a reference cycle (cycle, scope, writer) that only the cyclic GC frees,
+    # and a long stream's would be promoted to the oldest generation while it runs.
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send(SSE)
+        assert body_writer(scope) is not None
+        await send(END)
+
+    async def scenario() -> weakref.ref[Any]:
+        config = uvicorn_config(app, ListenSettings())
+        config.load()
+        protocol = http_protocol(ListenSettings())(
+            config=config,
+            server_state=ServerState(),
+            app_state={},
+            _loop=asyncio.get_running_loop(),
+        )
+        protocol.connection_made(_Transport())  # type: ignore[arg-type]
+        protocol.data_received(GET)
+        await asyncio.gather(*protocol.tasks)
+        first = weakref.ref(protocol.cycle)
+        protocol.data_received(GET)  # the next request's cycle takes its place
+        await asyncio.gather(*protocol.tasks)
+        for _ in range(3):  # a held head's end-of-turn flush
+            await asyncio.sleep(0)
+        protocol.connection_lost(None)
+        return first
+
+    gc.disable()
+    try:
+        first = asyncio.run(scenario())
+        assert first() is None, gc.get_referrers(first())
+    finally:
+        gc.enable()
