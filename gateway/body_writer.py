@@ -57,11 +57,13 @@ class BodyWriter:
         )
 
     def write(self, data: bytes) -> bool:
-        """Write `data` (not empty: an empty chunk ends the body) as one chunk; False
-        when the client is gone and nothing was written."""
+        """Write `data` as one chunk; False when the client is gone and nothing was
+        written. Empty `data` writes nothing: an empty chunk would end the body."""
         cycle = self._cycle()
         if cycle is None or cycle.disconnected:
             return False
+        if not data:
+            return True
         cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
         return True
 

@@ -82,6 +82,7 @@ def test_chunks_written_directly_read_as_the_body_send_would_have_sent() -> None
         await send(SSE)
         seen.append(writer.ready())
         assert writer.write(b"data: 1\n\n") and writer.write(b"data: 2\n\n")
+        assert writer.write(b"")  # nothing written: an empty chunk would end the body
         await send({"type": "http.response.body", "body": b"data: 3\n\n", "more_body": True})
         await send(END)
         seen.append(writer.ready())  # the body ended: never again
