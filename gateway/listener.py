@@ -71,6 +71,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from gateway.asgi import REFUSAL_SCOPE_KEY
+from gateway.body_writer import BODY_WRITER_SCOPE_KEY, BodyWriter
 from gateway.coalescing import HeadCoalescer
 from gateway.errors import ErrorCode, GatewayError, error_body
 from gateway.logs import get_logger
@@ -321,6 +322,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()  # may raise too (a URL it cannot parse): still a head
         # The head of the answer goes out with its first body bytes (gateway/coalescing.py).
         self.cycle.transport = HeadCoalescer(self.transport, self.loop)  # type: ignore[assignment]
+        # A stream's relay may write its chunks without `send` (gateway/body_writer.py).
+        self.cycle.scope[BODY_WRITER_SCOPE_KEY] = BodyWriter(self.cycle)  # type: ignore[typeddict-unknown-key]
         self._in_head = self._head_begun = False
         if self._head_timer is not None:
             self._head_timer.cancel()

@@ -56,6 +56,8 @@ def write_production_config(
         "logging: {format: json, level: info, access_log: true}",
         f"policy: {{paths: [{POLICY_DIR}]}}",
         "routing: {default: {strategy: score}}",
+        # room for the seed load's ~460 open streams over two backends (default: 256 each)
+        "limits: {max_connections_per_backend: 1024}",
         f"provenance: {{dir: '{logdir}', origin: {ORIGIN}, signing_key_file: '{key_file}'}}",
         "backends:",
     ]

@@ -66,6 +66,8 @@ def _plain_config(sim_port: int, port: int, api_key: str) -> str:
     return (
         f"listen: {{host: {HOST}, port: {port}}}\n"
         "logging: {format: json, level: warning, access_log: false}\n"
+        # ~460 streams open at once on its one backend (default: 256 connections, then 503)
+        "limits: {max_connections_per_backend: 1024}\n"
         "backends:\n"
         f"  - {{id: sim, kind: vllm, base_url: 'http://{HOST}:{sim_port}',\n"
         f"     models: [{{name: {MODEL}}}], region: local, owner: bench}}\n"

@@ -14,6 +14,7 @@ from gateway.errors import GatewayError
 
 if TYPE_CHECKING:
     from gateway.api.trail import Trail
+    from gateway.body_writer import BodyWriter
     from gateway.policy import Decision
     from gateway.tracing.spans import RequestSpan
 
@@ -57,6 +58,9 @@ class Exchange:
     trail: Trail | None = None  # provenance state, when the log is on
     span: RequestSpan | None = None  # its trace span, when tracing is on (gateway/tracing)
     traceparent: bytes | None = None  # the current private attempt's, for its backend
+    # Writes a started stream's chunks straight to the client (gateway/body_writer.py),
+    # when the server provides one; else every chunk goes through `send`.
+    writer: BodyWriter | None = None
     # Charges the tenant for the answer (tokens used) and frees its admission: run once,
     # before the client can see the answer end (`settle`), so a client's next request
     # is admitted against a budget that already holds this one.

@@ -30,6 +30,7 @@ from gateway.asgi import (
     send_error,
     send_json,
 )
+from gateway.body_writer import body_writer
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
 from gateway.state import Admission, RateLimited
@@ -62,6 +63,7 @@ class TenantSurface:
         """One request to a proxied path, answered whatever happens."""
         runtime = self._runtime
         exchange = Exchange(new_request_id(), time.perf_counter(), endpoint)
+        exchange.writer = body_writer(scope)
         try:
             if runtime.tracer is not None:  # tracing on (gateway/tracing): the request's span
                 exchange.span = runtime.tracer.request(scope, endpoint, exchange.request_id)

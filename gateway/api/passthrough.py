@@ -309,17 +309,36 @@ class PrivateRelay:
             answered()
             last = await _relay_chunk(send, exchange, feed(first)) or last
         broke = None
+        writer = exchange.writer
+
+        def sink(data: bytes) -> bool:
+            """One read to the client, written from the backend connection's callback
+            (`UpstreamResponse.pump`); whether the client can take more now."""
+            nonlocal last
+            answered()  # alive: a busy server may answer /health late
+            if tail is not None:
+                data = tail.feed(data)
+            data = watch.feed(comments.feed(data))
+            if data and writer is not None and writer.write(data):  # else: the client left
+                relayed(exchange, data)
+                last = data
+            return writer is None or not writer.write_paused
+
         try:
-            async for data in chunks:
-                answered()  # alive: a busy server may answer /health late
-                # `_relay_chunk` and `feed` written out: this runs once per relayed chunk
-                if tail is not None:
-                    data = tail.feed(data)
-                data = watch.feed(comments.feed(data))
-                if data:
-                    relayed(exchange, data)
-                    await send({"type": "http.response.body", "body": data, "more_body": True})
-                    last = data
+            if writer is not None and writer.ready():
+                await chunks.aclose()
+                await response.pump(sink, writer.drain, response.stream_deadline)
+            else:  # no writer (another ASGI server): every chunk goes by `send`
+                async for data in chunks:
+                    answered()
+                    # `_relay_chunk` and `feed` written out: this runs once per chunk
+                    if tail is not None:
+                        data = tail.feed(data)
+                    data = watch.feed(comments.feed(data))
+                    if data:
+                        relayed(exchange, data)
+                        await send({"type": "http.response.body", "body": data, "more_body": True})
+                        last = data
             if tail is not None:
                 flushed = comments.feed(tail.flush())
                 last = await _relay_chunk(send, exchange, watch.feed(flushed)) or last

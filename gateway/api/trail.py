@@ -34,7 +34,10 @@ class Trail:
     refusal: LogEntry | None = None  # the refusal record, when nothing was dispatched
     receipt: asyncio.Future[bytes] | None = None  # the DSSE envelope, being signed
     response_hash: Any = field(default_factory=hashlib.sha256)
-    tail: bytes = b""
+    # The stream's last pieces, at least its last `_TAIL` bytes when it has them (`tail`);
+    # joined and trimmed only past twice that, not copied for each piece.
+    _pieces: list[bytes] = field(default_factory=list)
+    _held: int = 0
     whole: bytes | None = None
     prompt_bytes: int = 0  # the request body's size, for the token estimate
     sent_bytes: int = 0  # response bytes relayed to the client
@@ -51,8 +54,17 @@ class Trail:
         """A piece of a stream went to the client."""
         self.response_hash.update(data)
         self.sent_bytes += len(data)
-        self.tail = (self.tail + data)[-_TAIL:]
+        self._pieces.append(data)
+        self._held += len(data)
+        if self._held > 2 * _TAIL:
+            kept = b"".join(self._pieces)[-_TAIL:]
+            self._pieces, self._held = [kept], len(kept)
         self._usage_read = False
+
+    @property
+    def tail(self) -> bytes:
+        """The stream's last `_TAIL` bytes relayed (fewer when it is shorter)."""
+        return b"".join(self._pieces)[-_TAIL:]
 
     def answered(self, data: bytes) -> None:
         """A whole (non-stream) answer went to the client."""

@@ -1,8 +1,8 @@
 """The response half of the upstream HTTP/1.1 client (`gateway/upstream/http.py`).
 
 `UpstreamResponse` is what `HttpPool.request` returns: the status and headers once they
-arrived, then the body as `chunks()` yields it or `read()` gathers it, fed by the
-connection's parser (`_push`, `_wake`, `_fail`). It applies the client's limits to a
+arrived, then the body as `chunks()` yields it, `read()` gathers it or `pump()` hands it
+on, fed by the connection's parser (`_push`, `_wake`, `_fail`). It applies the client's limits to a
 backend that is trusted to serve, not to behave: a read timeout between reads (one timer
 per response, moved only when a read's deadline comes sooner), a deadline for the whole
 answer, a byte limit for `read()`, flow control past `_HIGH_WATER` buffered bytes; and it
@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -68,6 +68,13 @@ class UpstreamResponse:
         self._error: UpstreamError | None = None
         self._released = False
         self.sent_at = 0.0  # event-loop time the request went out
+        # `pump()`: while it waits, reads go straight to its sink from `_push`
+        self._sink: Callable[[bytes], bool] | None = None
+        self._sink_loop: asyncio.AbstractEventLoop | None = None
+        self._sink_deadline: float | None = None
+        self._sink_due = False  # a call of `_to_sink` is scheduled
+        self._sink_full = False  # the sink could take no more: reading paused
+        self._sink_error: Exception | None = None
 
     @property
     def response_deadline(self) -> float | None:
@@ -99,7 +106,53 @@ class UpstreamResponse:
         if self._buffered > _HIGH_WATER and not self._paused and self._conn.transport:
             self._paused = True
             self._conn.transport.pause_reading()
-        self._wake()
+        if self._sink is None:
+            self._wake()
+        elif not self._sink_due:  # `pump()`: its sink takes the turn's reads at its end
+            self._sink_due = True
+            loop = self._sink_loop
+            assert loop is not None
+            # The read timeout starts over at the read, not at its hand-on: a loop runs a
+            # turn's due timers before the callbacks its reads scheduled.
+            due = loop.time() + self._read_timeout
+            deadline = self._sink_deadline
+            if deadline is not None and deadline < due:
+                due, self._due_what = deadline, "the answer did not end in time"
+            self._due = due
+            loop.call_soon(self._to_sink)
+
+    def _to_sink(self) -> None:
+        """`pump()`'s sink takes what arrived in this turn of the loop, in one piece (what
+        a zero-delay backend writes back to back is relayed in as few writes as it was
+        read)."""
+        self._sink_due = False
+        sink, loop, chunks = self._sink, self._sink_loop, self._chunks
+        if sink is None or loop is None or not chunks:
+            return  # the pump stopped waiting: it hands on what is left itself
+        data = b"".join(chunks) if len(chunks) > 1 else chunks[0]
+        chunks.clear()
+        self._buffered = 0
+        try:
+            more = sink(data)
+        except Exception as exc:  # noqa: BLE001 - not lost: `pump()` raises it, in its task
+            self._sink_error, more = exc, False
+        if more:
+            self._resume()
+        else:
+            self._sink = None
+            self._sink_full = True
+            self._pause()
+            self._wake()
+
+    def _pause(self) -> None:
+        if not self._paused and self._conn.transport:
+            self._paused = True
+            self._conn.transport.pause_reading()
+
+    def _resume(self) -> None:
+        if self._paused and self._conn.transport:
+            self._paused = False
+            self._conn.transport.resume_reading()
 
     def _fail(self, error: UpstreamError) -> None:
         if self._error is None:
@@ -189,6 +242,61 @@ class UpstreamResponse:
                 self.abort()
                 raise
 
+    async def pump(
+        self,
+        sink: Callable[[bytes], bool],
+        drain: Callable[[], Awaitable[None]],
+        deadline: float | None = None,
+    ) -> None:
+        """Hand the body to `sink` as it arrives, until it ends; the limits of `chunks()`.
+
+        While the pump waits, the reads of each turn of the loop go to `sink` from a
+        callback the connection's read schedules (`_push`, `_to_sink`): no task wake-up,
+        future, timer or generator step per read.
+        For a stream paced one token per write, those were most of the Python a relayed
+        chunk cost. `sink(data)` returns whether it can take more now; when it cannot
+        (the client's buffers are full), reading from the backend pauses until `drain()`
+        returns. An exception from `sink` ends the pump and is raised here, as are the
+        body's own failures (`UpstreamError`); the caller drops the connection then."""
+        loop = asyncio.get_running_loop()
+        chunks = self._chunks
+        while True:
+            if deadline is not None and not self.complete and loop.time() >= deadline:
+                self.abort()
+                raise UpstreamError("timeout", "the answer did not end in time")
+            if chunks:  # arrived while nobody took them: hand them on first
+                data = b"".join(chunks) if len(chunks) > 1 else chunks[0]
+                chunks.clear()
+                self._buffered = 0
+                if not sink(data):
+                    self._pause()
+                    await drain()
+                continue
+            if self.complete:
+                self.release()
+                return
+            if self._error is not None:
+                self.abort()
+                raise self._error
+            self._resume()
+            wait, what = self._read_timeout, "backend stopped sending mid-response"
+            if deadline is not None and deadline - loop.time() < wait:
+                wait, what = deadline - loop.time(), "the answer did not end in time"
+            self._sink, self._sink_loop, self._sink_deadline = sink, loop, deadline
+            try:
+                await self._wait(wait, what)
+            except UpstreamError:
+                self.abort()
+                raise
+            finally:
+                self._sink = None
+            error, self._sink_error = self._sink_error, None
+            if error is not None:
+                raise error
+            if self._sink_full:
+                self._sink_full = False
+                await drain()
+
     async def read(self, limit: int | None = None, *, deadline: float | None = None) -> bytes:
         """The whole body, of at most `limit` bytes (default: the pool's `max_body`), by
         `deadline` (event-loop time; default: `response_deadline`). Past the limit the
@@ -234,6 +342,9 @@ class UpstreamResponse:
         conn = self._conn
         conn.response = None
         if self.complete and self._keep_alive and not conn.closed:
+            # A full sink may have paused reading on the body's last read (`pump()`): a
+            # pooled connection that reads nothing would never see its next answer.
+            self._resume()
             conn.pool._put_idle(conn)
         else:
             conn.close()

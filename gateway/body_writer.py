@@ -1,0 +1,86 @@
+"""A started stream's body written straight to the client's connection.
+
+Through ASGI, each relayed chunk of a stream is a message dict and a `send` coroutine
+(uvicorn's, with its flow-control check and chunk framing) awaited by the relay's task,
+which a read from the backend had to wake first. For a stream paced one token per
+write, that Python is about as much as the system calls a chunk needs. The listener
+(gateway/listener.py) puts a `BodyWriter` for each request in its scope under
+`BODY_WRITER_SCOPE_KEY`; the private relay (`gateway/api/passthrough.py`) uses it, once
+the stream's head went out through `send`, to write each chunk from the backend
+connection's read callback (`UpstreamResponse.pump`), and ends the stream through `send`
+again. Servers without it (the test client, another ASGI server) get the ASGI path.
+
+It writes what uvicorn's `send` writes for a body message (one chunk of chunked
+transfer coding, through the cycle's transport, so a held head still goes first) and
+keeps uvicorn's state as it is: the response stays started and unfinished until the
+relay's last `send`. It holds its cycle weakly: the cycle's scope holds it, and a strong
+reference back would leave every request a reference cycle that only the cyclic garbage
+collector frees (a long stream's, promoted to the oldest generation while it runs, only
+by a full collection).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    from gateway.asgi import Scope
+
+__all__ = ["BODY_WRITER_SCOPE_KEY", "BodyWriter", "body_writer"]
+
+BODY_WRITER_SCOPE_KEY: Final = "owngate.body_writer"
+
+
+class BodyWriter:
+    """Writes body chunks of one request's response; `ready()` says when it may."""
+
+    __slots__ = ("_cycle",)
+
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        # Weak: the request's task holds its cycle while the app runs (see the module).
+        self._cycle = weakref.ref(cycle)
+
+    def ready(self) -> bool:
+        """Whether the response's head went out, with chunked framing, and its body has
+        not ended: only then is a chunk written here what `send` would write."""
+        cycle = self._cycle()
+        return (
+            cycle is not None
+            and cycle.response_started
+            and cycle.chunked_encoding is True
+            and not cycle.response_complete
+            and not cycle.disconnected
+            and cycle.scope["method"] != "HEAD"
+        )
+
+    def write(self, data: bytes) -> bool:
+        """Write `data` as one chunk; False when the client is gone and nothing was
+        written. Empty `data` writes nothing: an empty chunk would end the body."""
+        cycle = self._cycle()
+        if cycle is None or cycle.disconnected:
+            return False
+        if not data:
+            return True
+        cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        return True
+
+    @property
+    def write_paused(self) -> bool:
+        """The client's buffers are full: write no more until `drain()` returns."""
+        cycle = self._cycle()
+        return cycle is not None and cycle.flow.write_paused
+
+    async def drain(self) -> None:
+        """Wait until the client may be written to again (or is gone)."""
+        cycle = self._cycle()
+        if cycle is not None:
+            await cycle.flow.drain()
+
+
+def body_writer(scope: Scope) -> BodyWriter | None:
+    """The request's `BodyWriter`, when its server provides one."""
+    writer: Any = scope.get(BODY_WRITER_SCOPE_KEY)
+    return writer if isinstance(writer, BodyWriter) else None

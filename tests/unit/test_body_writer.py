@@ -1,0 +1,231 @@
+"""`BodyWriter` (gateway/body_writer.py): a started stream's chunks written straight to
+the connection, exactly as uvicorn's `send` frames them, driven through the listener's
+protocol with a recording transport (no socket)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httptools
+from uvicorn.server import ServerState
+
+from gateway.body_writer import BodyWriter, body_writer
+from gateway.config.schema import ListenSettings
+from gateway.listener import http_protocol
+from gateway.serving import uvicorn_config
+from tests.unit.test_head_coalescing import _Transport
+
+GET = b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n"
+HEAD = b"HEAD /x HTTP/1.1\r\nhost: t\r\n\r\n"
+SSE = {
+    "type": "http.response.start",
+    "status": 200,
+    "headers": [(b"content-type", b"text/event-stream")],
+}
+END = {"type": "http.response.body", "body": b"", "more_body": False}
+
+App = Callable[[Any, Any, Any], Awaitable[None]]
+
+
+def _serve(app: App, request: bytes = GET, transport: _Transport | None = None) -> bytes:
+    """What the connection writes while `app` answers `request`."""
+    transport = transport or _Transport()
+
+    async def scenario() -> bytes:
+        config = uvicorn_config(app, ListenSettings())
+        config.load()
+        protocol = http_protocol(ListenSettings())(
+            config=config,
+            server_state=ServerState(),
+            app_state={},
+            _loop=asyncio.get_running_loop(),
+        )
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        protocol.data_received(request)
+        await asyncio.gather(*protocol.tasks)
+        for _ in range(3):  # a held head's end-of-turn flush, should one be left
+            await asyncio.sleep(0)
+        protocol.connection_lost(None)
+        return b"".join(transport.writes)
+
+    return asyncio.run(scenario())
+
+
+def _body(wire: bytes) -> tuple[int, bytes]:
+    """The status and the de-chunked body an HTTP client reads from `wire`."""
+    got: dict[str, Any] = {"body": b""}
+
+    class Reader:
+        def on_body(self, body: bytes) -> None:
+            got["body"] += body
+
+        def on_message_complete(self) -> None:
+            got["complete"] = True
+
+    parser = httptools.HttpResponseParser(Reader())
+    parser.feed_data(wire)
+    assert got.get("complete"), wire
+    return parser.get_status_code(), got["body"]
+
+
+def test_chunks_written_directly_read_as_the_body_send_would_have_sent() -> None:
+    seen: list[bool] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        writer = body_writer(scope)
+        assert isinstance(writer, BodyWriter)
+        seen.append(writer.ready())  # before the head: not yet
+        await send(SSE)
+        seen.append(writer.ready())
+        assert writer.write(b"data: 1\n\n") and writer.write(b"data: 2\n\n")
+        assert writer.write(b"")  # nothing written: an empty chunk would end the body
+        await send({"type": "http.response.body", "body": b"data: 3\n\n", "more_body": True})
+        await send(END)
+        seen.append(writer.ready())  # the body ended: never again
+
+    wire = _serve(app)
+    assert seen == [False, True, False]
+    assert _body(wire) == (200, b"data: 1\n\ndata: 2\n\ndata: 3\n\n")
+    assert wire.count(b"HTTP/1.1 200 OK") == 1  # the held head went out first, once
+
+
+def test_not_ready_for_an_answer_with_a_length_or_to_a_head_request() -> None:
+    seen: list[bool] = []
+
+    async def sized(scope: Any, receive: Any, send: Any) -> None:
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}
+        )
+        seen.append(body_writer(scope).ready())  # type: ignore[union-attr]
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def head(scope: Any, receive: Any, send: Any) -> None:
+        await send(SSE)
+        seen.append(body_writer(scope).ready())  # type: ignore[union-attr]
+        await send(END)
+
+    _serve(sized)
+    _serve(head, HEAD)
+    assert seen == [False, False]
+
+
+def test_a_client_that_left_gets_nothing_written() -> None:
+    transport = _Transport()
+    outcome: list[bool] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send(SSE)
+        writer = body_writer(scope)
+        assert writer is not None
+        assert (await receive())["type"] == "http.request"
+        protocol_lost.set()
+        await client_gone.wait()
+        before = len(transport.writes)
+        outcome.append(writer.write(b"data: late\n\n"))
+        outcome.append(len(transport.writes) == before)
+
+    protocol_lost = asyncio.Event()
+    client_gone = asyncio.Event()
+
+    async def scenario() -> None:
+        config = uvicorn_config(app, ListenSettings())
+        config.load()
+        protocol = http_protocol(ListenSettings())(
+            config=config,
+            server_state=ServerState(),
+            app_state={},
+            _loop=asyncio.get_running_loop(),
+        )
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        protocol.data_received(GET)
+        await protocol_lost.wait()
+        protocol.connection_lost(None)
+        client_gone.set()
+        await asyncio.gather(*protocol.tasks)
+
+    asyncio.run(scenario())
+    assert outcome == [False, True]
+
+
+def test_write_paused_follows_the_client_s_buffers_and_drain_waits_for_them() -> None:
+    states: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send(SSE)
+        writer = body_writer(scope)
+        assert writer is not None
+        states.append(writer.write_paused)
+        paused.set()
+        await resumed.wait()
+        states.append(writer.write_paused)
+        await asyncio.wait_for(writer.drain(), 5)
+        states.append("drained")
+        await send(END)
+
+    paused = asyncio.Event()
+    resumed = asyncio.Event()
+
+    async def scenario() -> None:
+        config = uvicorn_config(app, ListenSettings())
+        config.load()
+        protocol = http_protocol(ListenSettings())(
+            config=config,
+            server_state=ServerState(),
+            app_state={},
+            _loop=asyncio.get_running_loop(),
+        )
+        protocol.connection_made(_Transport())  # type: ignore[arg-type]
+        protocol.data_received(GET)
+        await paused.wait()
+        protocol.pause_writing()
+        resumed.set()
+        for _ in range(5):  # the app reads write_paused and waits in drain()
+            await asyncio.sleep(0)
+        assert "drained" not in states
+        protocol.resume_writing()
+        await asyncio.gather(*protocol.tasks)
+        protocol.connection_lost(None)
+
+    asyncio.run(scenario())
+    assert states == [False, True, "drained"]
+
+
+def test_a_finished_request_s_cycle_is_freed_without_the_garbage_collector() -> None:
+    # The writer lives in its cycle's scope: were it to hold the cycle, every request
+    # would leave a reference cycle (cycle, scope, writer) that only the cyclic GC frees,
+    # and a long stream's would be promoted to the oldest generation while it runs.
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send(SSE)
+        assert body_writer(scope) is not None
+        await send(END)
+
+    async def scenario() -> weakref.ref[Any]:
+        config = uvicorn_config(app, ListenSettings())
+        config.load()
+        protocol = http_protocol(ListenSettings())(
+            config=config,
+            server_state=ServerState(),
+            app_state={},
+            _loop=asyncio.get_running_loop(),
+        )
+        protocol.connection_made(_Transport())  # type: ignore[arg-type]
+        protocol.data_received(GET)
+        await asyncio.gather(*protocol.tasks)
+        first = weakref.ref(protocol.cycle)
+        protocol.data_received(GET)  # the next request's cycle takes its place
+        await asyncio.gather(*protocol.tasks)
+        for _ in range(3):  # a held head's end-of-turn flush
+            await asyncio.sleep(0)
+        protocol.connection_lost(None)
+        return first
+
+    gc.disable()
+    try:
+        first = asyncio.run(scenario())
+        assert first() is None, gc.get_referrers(first())
+    finally:
+        gc.enable()
