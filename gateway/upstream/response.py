@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Literal
 
@@ -71,6 +72,9 @@ class UpstreamResponse:
         # `pump()`: while it waits, reads go straight to its sink from `_push`
         self._sink: Callable[[bytes], bool] | None = None
         self._sink_loop: asyncio.AbstractEventLoop | None = None
+        # the pump's own context: the sink runs in it, not in the connection's (whichever
+        # request opened the connection), so what it logs or traces is this request's
+        self._sink_context: contextvars.Context | None = None
         self._sink_deadline: float | None = None
         self._sink_due = False  # a call of `_to_sink` is scheduled
         self._sink_full = False  # the sink could take no more: reading paused
@@ -119,7 +123,7 @@ class UpstreamResponse:
             if deadline is not None and deadline < due:
                 due, self._due_what = deadline, "the answer did not end in time"
             self._due = due
-            loop.call_soon(self._to_sink)
+            loop.call_soon(self._to_sink, context=self._sink_context)
 
     def _to_sink(self) -> None:
         """`pump()`'s sink takes what arrived in this turn of the loop, in one piece (what
@@ -282,6 +286,8 @@ class UpstreamResponse:
             wait, what = self._read_timeout, "backend stopped sending mid-response"
             if deadline is not None and deadline - loop.time() < wait:
                 wait, what = deadline - loop.time(), "the answer did not end in time"
+            if self._sink_context is None:
+                self._sink_context = contextvars.copy_context()
             self._sink, self._sink_loop, self._sink_deadline = sink, loop, deadline
             try:
                 await self._wait(wait, what)

@@ -4,6 +4,7 @@ the limits of `chunks()` (read timeout, deadline, failures) and flow control."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Callable
 
@@ -239,3 +240,23 @@ def test_a_read_that_came_in_time_is_not_cut_by_a_timer_that_runs_before_its_han
         assert received == [b"a", b"b"]
 
     asyncio.run(_with_backend(handler, body, read_timeout=0.3))
+
+
+def test_the_sink_runs_in_the_pump_s_context_not_the_connection_s() -> None:
+    # The connection's callbacks run in the context it was opened in (another request's,
+    # once pooled); what the sink logs or traces must be this request's.
+    request: contextvars.ContextVar[str] = contextvars.ContextVar("request", default="none")
+
+    async def body(pool: HttpPool) -> None:
+        response = await pool.request(b"POST", b"/", [], b"{}")  # opened with "none"
+        request.set("this one")
+        seen: list[str] = []
+
+        def sink(data: bytes) -> bool:
+            seen.append(request.get())
+            return True
+
+        await response.pump(sink, _ready)
+        assert seen and set(seen) == {"this one"}, seen
+
+    asyncio.run(_with_backend(_dripping(10, 0.005, then_stall=False), body))
