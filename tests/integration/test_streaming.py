@@ -87,3 +87,29 @@ def test_non_stream_disconnect_cancels_too(
         until(lambda: sim.app.stats.in_flight == 1, "one request at the backend", timeout=5.0)
     until(lambda: sim.app.stats.in_flight == 0, "the upstream request dropped", timeout=5.0)
     assert sim.app.stats.cancelled == 1
+
+
+def test_a_client_that_leaves_with_a_request_pipelined_behind_a_stream_cancels_it(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    # uvicorn tracks only the newest request of a connection: on a disconnect it marked
+    # the queued one gone, not the stream being answered, which then ran to its end.
+    sim = start_sim(decode_tokens_per_s=20.0, prefill_tokens_per_s=1e6)
+    gateway = start_gateway([backend("gpu", sim.url, "sim-model")])
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"authorization: Bearer " + TENANT_KEY.encode() + b"\r\n"
+        b"content-length: %d\r\n\r\n" % len(_stream_body(400))
+    ) + _stream_body(400)
+    with socket.create_connection(("127.0.0.1", gateway.server.port), timeout=10) as sock:
+        sock.sendall(request + request)  # the second waits its turn behind the stream
+        received = b""
+        while b"data: {" not in received:  # the stream is running
+            chunk = sock.recv(65536)
+            assert chunk, "gateway closed the stream"
+            received += chunk
+        until(lambda: sim.app.stats.in_flight == 1, "one request at the backend", timeout=5.0)
+    until(lambda: sim.app.stats.in_flight == 0, "the upstream request dropped", timeout=5.0)
+    assert sim.app.stats.cancelled == 1
+    assert sim.app.stats.completed == 0
+    assert gateway.app.registry.backends["gpu"].inflight == 0
