@@ -92,8 +92,9 @@ def test_non_stream_disconnect_cancels_too(
 def test_a_client_that_leaves_with_a_request_pipelined_behind_a_stream_cancels_it(
     start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
 ) -> None:
-    # uvicorn tracks only the newest request of a connection: on a disconnect it marked
-    # the queued one gone, not the stream being answered, which then ran to its end.
+    # uvicorn keeps only a connection's newest request as its current cycle, so a review
+    # suspected that a disconnect would leave the stream being answered running on: the
+    # stream's backend work must stop as when nothing is queued behind it.
     sim = start_sim(decode_tokens_per_s=20.0, prefill_tokens_per_s=1e6)
     gateway = start_gateway([backend("gpu", sim.url, "sim-model")])
     request = (
