@@ -32,6 +32,9 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
   writing: its buffers are full) this long is cut off, and the app sees it gone. uvicorn
   waits for such a client without limit, and a stream's relay with it, holding its
   backend connection.
+- a started stream's body may be written without `send`: each request's scope holds a
+  `BodyWriter` (`gateway/body_writer.py`, key `owngate.body_writer`) for the private
+  relay's per-chunk writes, framed as `send` frames them.
 - framing errors (a malformed request line, header or chunked body) get 400
   `invalid_request` as an OpenAI error object instead of uvicorn's plain text.
 - chunked bodies: the bytes between body data (a chunk-size line, its extensions, the
