@@ -24,6 +24,7 @@ __all__ = [
     "break_stream",
     "end_stream",
     "first_chunk_seconds",
+    "line_open",
     "receipt_headers",
     "relayed",
     "send_error_event",
@@ -46,6 +47,9 @@ class Exchange:
     status: int = 0
     stream: bool = False
     response_started: bool = False
+    # The last bytes relayed to the client (a reference, not a copy): whether a stream's
+    # relayed bytes end mid-line, for what the gateway writes after them (`line_open`).
+    last_relayed: bytes = b"\n"
     client_gone: bool = False
     upstream_error: str | None = None
     error_code: str | None = None  # the `ErrorCode` the client got, if any
@@ -97,7 +101,9 @@ async def receipt_headers(exchange: Exchange) -> tuple[tuple[bytes, bytes], ...]
 
 
 def relayed(exchange: Exchange, data: bytes, *, whole: bool = False) -> None:
-    """Feed relayed response bytes to the provenance trail (hash, usage)."""
+    """Feed relayed response bytes to the provenance trail (hash, usage); called with
+    every piece the client gets."""
+    exchange.last_relayed = data
     if exchange.trail is not None:
         if whole:
             exchange.trail.answered(data)
@@ -139,6 +145,13 @@ async def start_stream(send: Send, exchange: Exchange, status: int, content_type
     )
 
 
+def line_open(exchange: Exchange) -> bool:
+    """Whether the bytes relayed to the client so far end in the middle of a line (what
+    the gateway writes next must start with a line end, or it joins the backend's line)."""
+    last = exchange.last_relayed
+    return bool(last) and last[-1:] not in (b"\n", b"\r")
+
+
 def first_chunk_seconds(exchange: Exchange) -> float:
     return time.perf_counter() - exchange.started_at
 
@@ -163,6 +176,7 @@ async def break_stream(
     though the client's HTTP status line, sent before, said 200."""
     exchange.status = error.status
     exchange.upstream_error = error.code.value
+    exchange.last_relayed = b"\n"  # the event ends its line, whatever came before
     await send_error_event(send, error, line_open=line_open)
 
 

@@ -18,7 +18,13 @@ import time
 from typing import Final
 
 from gateway import access_log
-from gateway.api.exchange import Exchange, end_stream, receipt_headers, send_error_event
+from gateway.api.exchange import (
+    Exchange,
+    end_stream,
+    line_open,
+    receipt_headers,
+    send_error_event,
+)
 from gateway.api.runtime import Runtime
 from gateway.asgi import (
     Receive,
@@ -121,7 +127,9 @@ class TenantSurface:
             await send_error(send, error, exchange.request_id, await receipt_headers(exchange))
             return
         if exchange.stream:
-            await send_error_event(send, error)
+            # The relayed bytes may end mid-line (the backend was cut mid-write): the
+            # event starts a line of its own, as when the backend breaks off.
+            await send_error_event(send, error, line_open=line_open(exchange))
             await end_stream(send, exchange)
         else:
             await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -1,0 +1,186 @@
+"""What the log commits to is what the client got, on the relay's unhappy paths.
+
+Each test drives a real gateway (provenance on) in front of a scripted raw backend and
+opens the completion record's response commitment with the client's own bytes: a
+failover (two dispatches, one answer), a client that leaves mid-stream (499), a stream
+whose chunked framing breaks, and a stream cut by the drain deadline mid-line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gateway.provenance import commit
+from tests.helpers.gateways import Gateway, backend, logged_gateway, logged_private_gateway
+from tests.helpers.provenance import completion_record, records
+from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
+from tests.helpers.waiting import until
+
+ORIGIN = "test.owngate/log-truth"
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+EVENT = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+def _salt(receipt: bytes) -> tuple[str, bytes]:
+    """The request id and response salt a receipt carries."""
+    payload = json.loads(base64.b64decode(json.loads(receipt)["payload"]))
+    return payload["request_id"], bytes.fromhex(payload["salts"]["response"])
+
+
+def _stream_receipt(body: bytes) -> bytes:
+    line = body.rsplit(b"\n: owngate-receipt ", 1)[1]
+    return base64.b64decode(line.removesuffix(b"\n\n"))
+
+
+def test_a_failover_records_both_attempts_and_the_receipt_opens_the_served_one(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    posts: list[int] = []
+
+    async def first_fails(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        posts.append(1)
+        if len(posts) == 1:
+            writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
+        else:
+            writer.write(sse_head() + EVENT + DONE)
+        await writer.drain()
+        return False
+
+    one, two = start_raw(first_fails), start_raw(first_fails)
+    backends = [backend("a", one.url, "m"), backend("b", two.url, "m")]
+    gateway = logged_gateway(start_gateway, tmp_path, backends, ORIGIN)
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions", json=CHAT, headers=gateway.headers, timeout=30
+    )
+    assert response.status_code == 200
+    seen = response.content.split(b": owngate-receipt ")[0]
+    assert seen == EVENT + DONE
+    request_id, salt = _salt(_stream_receipt(response.content))
+    assert request_id == response.headers["x-request-id"]
+    found: list[dict[str, Any]] = []
+
+    def both_covered() -> bool:  # a checkpoint may cover the first attempt's alone
+        found[:] = [r for r in records(tmp_path / "log") if r["request_id"] == request_id]
+        return [r["type"] for r in found].count("completion") == 2
+
+    until(both_covered, "both completion records signed")
+    kinds = [r["type"] for r in found]
+    assert kinds == ["dispatch", "completion", "dispatch", "completion"], kinds
+    failed, served = found[1], found[3]
+    assert failed["status"] == 503 and failed["response_commitment"] is None
+    assert served["status"] == 200
+    assert served["response_commitment"] == commit("response", salt, seen)
+    assert found[0]["backend"]["id"] != found[2]["backend"]["id"]
+
+
+def test_a_client_that_leaves_mid_stream_is_recorded_with_what_it_was_sent(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    left = threading.Event()
+
+    async def hangs(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(sse_head() + EVENT)
+        await writer.drain()
+        await asyncio.get_running_loop().run_in_executor(None, left.wait, 30)
+        return False
+
+    raw = start_raw(hangs)
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    body = json.dumps(CHAT).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"authorization: Bearer {gateway.key}\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection((gateway.server.host, gateway.server.port), 10) as client:
+        client.sendall(head + body)
+        got = b""
+        while EVENT not in got:
+            got += client.recv(65536)
+    left.set()
+    request_id = got.split(b"x-request-id: ")[1].split(b"\r\n")[0].decode()
+    record = completion_record(tmp_path / "log", request_id)
+    assert record["status"] == 499
+    receipt = httpx.get(
+        f"{gateway.url}/v1/provenance/receipts/{request_id}", headers=gateway.headers, timeout=10
+    ).content
+    _, salt = _salt(receipt)
+    assert record["response_commitment"] == commit("response", salt, EVENT)
+
+
+def test_a_stream_whose_chunked_framing_breaks_commits_to_what_came_before(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    async def broken(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(sse_head(b"transfer-encoding: chunked\r\n"))
+        writer.write(b"%x\r\n%s\r\n" % (len(EVENT), EVENT) + b"zz-not-a-size\r\n")
+        await writer.drain()
+        return False
+
+    raw = start_raw(broken)
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions", json=CHAT, headers=gateway.headers, timeout=30
+    )
+    assert response.content.startswith(EVENT + b"data: {")
+    request_id, salt = _salt(_stream_receipt(response.content))
+    record = completion_record(tmp_path / "log", request_id)
+    assert record["status"] == 502
+    assert record["response_commitment"] == commit("response", salt, EVENT)
+
+
+def test_a_stream_cut_by_the_drain_deadline_mid_line_gets_its_error_on_a_line_of_its_own(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """The drain deadline cuts a stream whose relayed bytes end mid-line: the error event
+    starts a line of its own (glued to the backend's partial line, no client would read
+    it), as when the backend breaks off; the record commits to the backend's bytes."""
+    partial = b'data: {"id":"c","cho'
+    released = threading.Event()
+    asks_usage = {**CHAT, "stream_options": {"include_usage": True}}  # nothing held back
+
+    async def unfinished(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(sse_head() + EVENT + partial)
+        await writer.drain()
+        await asyncio.get_running_loop().run_in_executor(None, released.wait, 30)
+        return False
+
+    raw = start_raw(unfinished)
+    gateway = logged_private_gateway(
+        start_gateway, tmp_path, raw.url, ORIGIN, limits={"drain_timeout_s": 0.001}
+    )
+    got = b""
+    url = f"{gateway.url}/v1/chat/completions"
+    try:
+        with httpx.stream("POST", url, json=asks_usage, headers=gateway.headers, timeout=30) as r:
+            chunks = r.iter_bytes()
+            while not got.endswith(partial):
+                got += next(chunks)
+            (task,) = list(gateway.app.serving)  # the request: its loop is the server's
+            task.get_loop().call_soon_threadsafe(gateway.app.begin_drain)
+            got += b"".join(chunks)
+    finally:
+        released.set()
+    assert got.startswith(EVENT + partial + b"\ndata: {"), got
+    assert b'"not_ready"' in got
+    request_id, salt = _salt(_stream_receipt(got))
+    record = completion_record(tmp_path / "log", request_id)
+    assert record["status"] == 503
+    assert record["response_commitment"] == commit("response", salt, EVENT + partial)
