@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gateway.asgi import Receive, Send
+from gateway.asgi import Receive, Send, send_bytes
 from gateway.errors import GatewayError
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ __all__ = [
     "receipt_headers",
     "relayed",
     "send_error_event",
+    "send_whole",
     "settle",
     "start_stream",
     "watch_disconnect",
@@ -98,6 +99,25 @@ async def receipt_headers(exchange: Exchange) -> tuple[tuple[bytes, bytes], ...]
     if receipt is None:
         return ()
     return ((b"x-owngate-receipt", base64.b64encode(receipt)),)
+
+
+async def send_whole(
+    send: Send, exchange: Exchange, status: int, data: bytes, content_type: bytes
+) -> None:
+    """Send a whole answer, already fed to the trail (`relayed`), with its receipt header.
+
+    The receipt may still be being signed: a request cancelled while it waits (the client
+    left, the drain deadline cut it) sent nothing of the answer, so the trail forgets it
+    (its completion record commits to no response) and the response counts as not
+    started (a cut answers 503 instead, with the receipt)."""
+    try:
+        headers = await receipt_headers(exchange)
+    except asyncio.CancelledError:
+        exchange.response_started = False
+        if exchange.trail is not None:
+            exchange.trail.unsent()
+        raise
+    await send_bytes(send, status, data, exchange.request_id, content_type, headers)
 
 
 def relayed(exchange: Exchange, data: bytes, *, whole: bool = False) -> None:

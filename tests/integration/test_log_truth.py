@@ -14,11 +14,14 @@ import json
 import socket
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
+from gateway.api.trail import Trail
 from gateway.provenance import commit
 from tests.helpers.gateways import Gateway, backend, logged_gateway, logged_private_gateway
 from tests.helpers.provenance import completion_record, records
@@ -184,3 +187,104 @@ def test_a_stream_cut_by_the_drain_deadline_mid_line_gets_its_error_on_a_line_of
     record = completion_record(tmp_path / "log", request_id)
     assert record["status"] == 503
     assert record["response_commitment"] == commit("response", salt, EVENT + partial)
+
+
+def test_a_whole_answer_cut_before_it_went_out_is_not_recorded_as_sent(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The drain deadline cuts a whole answer while its receipt is still being signed
+    (held here until the cut): nothing of the answer went out, so the client gets the
+    503 (with its receipt) and the record commits to nothing, not to the answer."""
+    answer = b'{"id":"c","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}'
+    signing, released = threading.Event(), threading.Event()
+    sealed = Trail.sealed_receipt
+
+    async def held(trail: Trail) -> bytes | None:
+        if not signing.is_set():  # the answer's: held; the 503's (after the cut): not
+            signing.set()
+            await asyncio.get_running_loop().run_in_executor(None, released.wait, 30)
+        return await sealed(trail)
+
+    monkeypatch.setattr(Trail, "sealed_receipt", held)
+
+    async def whole(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % len(answer) + answer)
+        await writer.drain()
+        return False
+
+    raw = start_raw(whole)
+    gateway = logged_private_gateway(
+        start_gateway, tmp_path, raw.url, ORIGIN, limits={"drain_timeout_s": 0.001}
+    )
+    url = f"{gateway.url}/v1/chat/completions"
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            asked = pool.submit(
+                httpx.post, url, json={**CHAT, "stream": False}, headers=gateway.headers, timeout=30
+            )
+            assert signing.wait(30)
+            (task,) = list(gateway.app.serving)  # the request: its loop is the server's
+            task.get_loop().call_soon_threadsafe(gateway.app.begin_drain)
+            response = asked.result(30)
+        finally:
+            released.set()
+    assert response.status_code == 503, response.content
+    assert response.json()["error"]["code"] == "not_ready"
+    request_id, _ = _salt(base64.b64decode(response.headers["x-owngate-receipt"]))
+    record = completion_record(tmp_path / "log", request_id)
+    assert record["status"] == 503
+    assert record["response_commitment"] is None
+
+
+def test_a_whole_answer_whose_client_left_before_it_went_out_is_not_recorded_as_sent(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The client leaves while its answer's receipt is being signed: it got nothing, and
+    the 499 record commits to nothing."""
+    signing, released = threading.Event(), threading.Event()
+    sealed = Trail.sealed_receipt
+
+    async def held(trail: Trail) -> bytes | None:
+        signing.set()
+        await asyncio.get_running_loop().run_in_executor(None, released.wait, 30)
+        return await sealed(trail)
+
+    monkeypatch.setattr(Trail, "sealed_receipt", held)
+
+    async def whole(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        answer = b'{"id":"c","choices":[]}'
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % len(answer) + answer)
+        await writer.drain()
+        return False
+
+    raw = start_raw(whole)
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    body = json.dumps({**CHAT, "stream": False}).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"authorization: Bearer {gateway.key}\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode()
+    try:
+        with socket.create_connection((gateway.server.host, gateway.server.port), 10) as client:
+            client.sendall(head + body)
+            assert signing.wait(30)
+        until(lambda: not gateway.app.serving, "the request ended")
+    finally:
+        released.set()
+    (record,) = [r for r in records_when_one(tmp_path / "log") if r["type"] == "completion"]
+    assert record["status"] == 499
+    assert record["response_commitment"] is None
+
+
+def records_when_one(log: Path) -> list[dict[str, Any]]:
+    """The log's records once a checkpoint covers a completion."""
+    until(lambda: any(r["type"] == "completion" for r in records(log)), "a completion")
+    return records(log)
