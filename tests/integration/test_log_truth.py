@@ -22,8 +22,16 @@ import httpx
 import pytest
 
 from gateway.api.trail import Trail
-from gateway.provenance import commit
-from tests.helpers.gateways import Gateway, backend, logged_gateway, logged_private_gateway
+from gateway.provenance import commit, write_signing_key
+from tests.helpers.gateways import (
+    HOSTED_ONLY_POLICY,
+    Gateway,
+    Sim,
+    backend,
+    hosted_backend,
+    logged_gateway,
+    logged_private_gateway,
+)
 from tests.helpers.provenance import completion_record, records
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
 from tests.helpers.waiting import until
@@ -288,3 +296,74 @@ def records_when_one(log: Path) -> list[dict[str, Any]]:
     """The log's records once a checkpoint covers a completion."""
     until(lambda: any(r["type"] == "completion" for r in records(log)), "a completion")
     return records(log)
+
+
+def _hosted_gateway(
+    start_gateway: Callable[..., Gateway], tmp_path: Path, url: str, model: str
+) -> Gateway:
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "hosted.yaml").write_text(HOSTED_ONLY_POLICY)
+    write_signing_key(tmp_path / "log.key", ORIGIN)
+    return start_gateway(
+        [hosted_backend("hosted", url, model)],
+        environ={"HOSTED_KEY": "sk-test"},
+        policy={"paths": [str(tmp_path / "policies")]},
+        provenance={
+            "dir": str(tmp_path / "log"),
+            "origin": ORIGIN,
+            "signing_key_file": str(tmp_path / "log.key"),
+            "checkpoint_interval_ms": 20,
+        },
+    )
+
+
+def test_hosted_answers_commit_to_what_the_gateway_encoded_for_the_client(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    hosted = start_sim("vllm", models=("f",), zero_latency=True)
+    gateway = _hosted_gateway(start_gateway, tmp_path, f"{hosted.url}/v1", "f")
+    url = f"{gateway.url}/v1/chat/completions"
+    ask = {"model": "f", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    whole = httpx.post(url, json=ask, headers=gateway.headers, timeout=60)
+    assert whole.status_code == 200, whole.text
+    request_id, salt = _salt(base64.b64decode(whole.headers["x-owngate-receipt"]))
+    record = completion_record(tmp_path / "log", request_id)
+    assert record["response_commitment"] == commit("response", salt, whole.content)
+    streamed = httpx.post(url, json={**ask, "stream": True}, headers=gateway.headers, timeout=60)
+    seen = streamed.content.split(b": owngate-receipt ")[0]
+    assert seen.endswith(DONE) and b'"usage"' not in seen
+    request_id, salt = _salt(_stream_receipt(streamed.content))
+    record = completion_record(tmp_path / "log", request_id)
+    assert record["status"] == 200 and record["usage"] is not None  # reported, held back
+    assert record["response_commitment"] == commit("response", salt, seen)
+
+
+def test_a_hosted_stream_the_provider_breaks_off_commits_to_what_came_before(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """The provider's chunked stream breaks off (no last chunk) after one event: the
+    client gets that event and an error event, and the record (502) commits to the
+    event alone."""
+    chunk = b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"f",'
+    chunk += b'"choices":[{"index":0,"delta":{"role":"assistant","content":"hi"}}]}\n\n'
+
+    async def cut(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(sse_head(b"transfer-encoding: chunked\r\n"))
+        writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        await writer.drain()
+        return False
+
+    raw = start_raw(cut)
+    gateway = _hosted_gateway(start_gateway, tmp_path, f"{raw.url}/v1", "f")
+    ask = {"model": "f", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    streamed = httpx.post(
+        f"{gateway.url}/v1/chat/completions", json=ask, headers=gateway.headers, timeout=60
+    )
+    event, error = streamed.content.split(b": owngate-receipt ")[0].split(b"\n\n")[:2]
+    assert b'"content":"hi"' in event and b'"upstream_error"' in error
+    request_id, salt = _salt(_stream_receipt(streamed.content))
+    record = completion_record(tmp_path / "log", request_id)
+    assert record["status"] == 502
+    assert record["response_commitment"] == commit("response", salt, event + b"\n\n")
