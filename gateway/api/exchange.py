@@ -48,6 +48,7 @@ class Exchange:
     status: int = 0
     stream: bool = False
     response_started: bool = False
+    streaming: bool = False  # the response is a relayed stream (`start_stream`)
     # The last bytes relayed to the client (a reference, not a copy): whether a stream's
     # relayed bytes end mid-line, for what the gateway writes after them (`line_open`).
     last_relayed: bytes = b"\n"
@@ -151,7 +152,7 @@ async def end_stream(send: Send, exchange: Exchange, *, line_open: bool = False)
 async def start_stream(send: Send, exchange: Exchange, status: int, content_type: bytes) -> None:
     """Send the headers of a relayed SSE stream; from here on errors go in-band."""
     exchange.status = status
-    exchange.response_started = True
+    exchange.response_started = exchange.streaming = True
     await send(
         {
             "type": "http.response.start",

@@ -126,7 +126,7 @@ class TenantSurface:
         if not exchange.response_started:
             await send_error(send, error, exchange.request_id, await receipt_headers(exchange))
             return
-        if exchange.stream:
+        if exchange.streaming:  # a stream, whether or not the request asked for one
             # The relayed bytes may end mid-line (the backend was cut mid-write): the
             # event starts a line of its own, as when the backend breaks off.
             await send_error_event(send, error, line_open=line_open(exchange))
