@@ -108,7 +108,9 @@ class TenantSurface:
             self._log.exception("unhandled error", request_id=exchange.request_id.decode())
             if not exchange.response_started:
                 internal = GatewayError(ErrorCode.internal_error, "internal gateway error")
-                await send_error(send, internal, exchange.request_id)
+                # Like any error once a dispatch was logged: its receipt says where.
+                headers = await receipt_headers(exchange)
+                await send_error(send, internal, exchange.request_id, headers)
         finally:
             runtime.serving.discard(asyncio.current_task())
             self._finish(exchange)

@@ -408,3 +408,39 @@ def test_a_stream_answering_a_whole_request_cut_by_the_drain_deadline_ends_with_
     record = completion_record(tmp_path / "log", request_id)
     assert record["status"] == 503
     assert record["response_commitment"] == commit("response", salt, EVENT)
+
+
+def test_an_attempt_that_hits_a_gateway_fault_is_recorded_with_the_500_the_client_got(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An unexpected error in the relay (a gateway bug: here, translating the backend's
+    error raises): the client gets 500 internal_error with its receipt, and so says the
+    record (it said status 0, which no client ever gets)."""
+
+    def faulty(*_args: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("gateway.api.passthrough.translate_upstream_error", faulty)
+
+    async def not_found(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+        await writer.drain()
+        return False
+
+    raw = start_raw(not_found)
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        json={**CHAT, "stream": False},
+        headers=gateway.headers,
+        timeout=30,
+    )
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "internal_error"
+    request_id, _ = _salt(base64.b64decode(response.headers["x-owngate-receipt"]))
+    record = completion_record(tmp_path / "log", request_id)
+    assert (record["status"], record["error"]) == (500, "internal_error")
+    assert record["response_commitment"] is None
