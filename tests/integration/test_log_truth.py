@@ -22,7 +22,9 @@ import httpx
 import pytest
 
 from gateway.api.trail import Trail
-from gateway.provenance import commit, write_signing_key
+from gateway.provenance import commit, load_signer, write_signing_key
+from gateway.provenance.formats.receipts import countersignature_of
+from tests.helpers.attest import start_sidecar
 from tests.helpers.gateways import (
     HOSTED_ONLY_POLICY,
     Gateway,
@@ -32,7 +34,7 @@ from tests.helpers.gateways import (
     logged_gateway,
     logged_private_gateway,
 )
-from tests.helpers.provenance import completion_record, records
+from tests.helpers.provenance import completion_record, records, run_audit
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
 from tests.helpers.waiting import until
 
@@ -197,15 +199,18 @@ def test_a_stream_cut_by_the_drain_deadline_mid_line_gets_its_error_on_a_line_of
     assert record["response_commitment"] == commit("response", salt, EVENT + partial)
 
 
+@pytest.mark.parametrize("attested", [False, True], ids=["plain", "attested"])
 def test_a_whole_answer_cut_before_it_went_out_is_not_recorded_as_sent(
     start_raw: Callable[[Answer], RawBackend],
     start_gateway: Callable[..., Gateway],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    attested: bool,
 ) -> None:
     """The drain deadline cuts a whole answer while its receipt is still being signed
     (held here until the cut): nothing of the answer went out, so the client gets the
-    503 (with its receipt) and the record commits to nothing, not to the answer."""
+    503 (with its receipt) and the record commits to nothing, not to the answer; nor does
+    it, or the receipt, carry an attested backend's countersignature of that answer."""
     answer = b'{"id":"c","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}'
     signing, released = threading.Event(), threading.Event()
     sealed = Trail.sealed_receipt
@@ -225,27 +230,48 @@ def test_a_whole_answer_cut_before_it_went_out_is_not_recorded_as_sent(
         return False
 
     raw = start_raw(whole)
-    gateway = logged_private_gateway(
-        start_gateway, tmp_path, raw.url, ORIGIN, limits={"drain_timeout_s": 0.001}
-    )
-    url = f"{gateway.url}/v1/chat/completions"
-    with ThreadPoolExecutor(1) as pool:
-        try:
-            asked = pool.submit(
-                httpx.post, url, json={**CHAT, "stream": False}, headers=gateway.headers, timeout=30
-            )
-            assert signing.wait(30)
-            (task,) = list(gateway.app.serving)  # the request: its loop is the server's
-            task.get_loop().call_soon_threadsafe(gateway.app.begin_drain)
-            response = asked.result(30)
-        finally:
-            released.set()
+    sidecar = start_sidecar(tmp_path / "sidecar", "gpu-a", raw.url) if attested else None
+    try:
+        served = backend(
+            "gpu",
+            raw.url if sidecar is None else sidecar.url,
+            "m",
+            **({} if sidecar is None else {"attest": {"key": sidecar.vkey}}),
+        )
+        gateway = logged_gateway(
+            start_gateway, tmp_path, [served], ORIGIN, limits={"drain_timeout_s": 0.001}
+        )
+        url = f"{gateway.url}/v1/chat/completions"
+        with ThreadPoolExecutor(1) as pool:
+            try:
+                asked = pool.submit(
+                    httpx.post,
+                    url,
+                    json={**CHAT, "stream": False},
+                    headers=gateway.headers,
+                    timeout=30,
+                )
+                assert signing.wait(30)
+                (task,) = list(gateway.app.serving)  # the request: its loop is the server's
+                task.get_loop().call_soon_threadsafe(gateway.app.begin_drain)
+                response = asked.result(30)
+            finally:
+                released.set()
+    finally:
+        if sidecar is not None:
+            sidecar.stop()
     assert response.status_code == 503, response.content
     assert response.json()["error"]["code"] == "not_ready"
-    request_id, _ = _salt(base64.b64decode(response.headers["x-owngate-receipt"]))
+    receipt = base64.b64decode(response.headers["x-owngate-receipt"])
+    assert countersignature_of(receipt) is None
+    request_id, _ = _salt(receipt)
     record = completion_record(tmp_path / "log", request_id)
     assert record["status"] == 503
     assert record["response_commitment"] is None
+    assert record.get("attestation") is None
+    key, log = load_signer(tmp_path / "log.key").vkey, str(tmp_path / "log")
+    backend_keys = [] if sidecar is None else ["--backend-key", f"gpu={sidecar.vkey}"]
+    assert run_audit(["verify", log, "--key", key, *backend_keys]) == 0
 
 
 def test_a_whole_answer_whose_client_left_before_it_went_out_is_not_recorded_as_sent(
