@@ -232,12 +232,10 @@ def test_a_whole_answer_cut_before_it_went_out_is_not_recorded_as_sent(
     raw = start_raw(whole)
     sidecar = start_sidecar(tmp_path / "sidecar", "gpu-a", raw.url) if attested else None
     try:
-        served = backend(
-            "gpu",
-            raw.url if sidecar is None else sidecar.url,
-            "m",
-            **({} if sidecar is None else {"attest": {"key": sidecar.vkey}}),
-        )
+        if sidecar is None:
+            served = backend("gpu", raw.url, "m")
+        else:
+            served = backend("gpu", sidecar.url, "m", attest={"key": sidecar.vkey})
         gateway = logged_gateway(
             start_gateway, tmp_path, [served], ORIGIN, limits={"drain_timeout_s": 0.001}
         )
