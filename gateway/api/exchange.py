@@ -23,8 +23,8 @@ __all__ = [
     "TryNext",
     "break_stream",
     "end_stream",
+    "event_break",
     "first_chunk_seconds",
-    "line_open",
     "receipt_headers",
     "relayed",
     "send_error_event",
@@ -49,8 +49,10 @@ class Exchange:
     stream: bool = False
     response_started: bool = False
     streaming: bool = False  # the response is a relayed stream (`start_stream`)
-    # The last bytes relayed to the client (a reference, not a copy): whether a stream's
-    # relayed bytes end mid-line, for what the gateway writes after them (`line_open`).
+    # The last two pieces relayed to the client (references, not copies): whether a
+    # stream's relayed bytes end inside an event, for what the gateway writes after them
+    # (`event_break`).
+    relayed_before: bytes = b""
     last_relayed: bytes = b"\n"
     client_gone: bool = False
     upstream_error: str | None = None
@@ -124,7 +126,7 @@ async def send_whole(
 def relayed(exchange: Exchange, data: bytes, *, whole: bool = False) -> None:
     """Feed relayed response bytes to the provenance trail (hash, usage); called with
     every piece the client gets."""
-    exchange.last_relayed = data
+    exchange.relayed_before, exchange.last_relayed = exchange.last_relayed, data
     if exchange.trail is not None:
         if whole:
             exchange.trail.answered(data)
@@ -166,39 +168,45 @@ async def start_stream(send: Send, exchange: Exchange, status: int, content_type
     )
 
 
-def line_open(exchange: Exchange) -> bool:
-    """Whether the bytes relayed to the client so far end in the middle of a line (what
-    the gateway writes next must start with a line end, or it joins the backend's line)."""
-    last = exchange.last_relayed
-    return bool(last) and last[-1:] not in (b"\n", b"\r")
+def event_break(exchange: Exchange) -> bytes:
+    """What goes before an event the gateway adds to a relayed stream, so that it is an
+    event of its own: nothing after a blank line (or before any byte), else the line end
+    and blank line that end the backend's event. Joined to the backend's event, an SSE
+    client would read one broken event, never the gateway's."""
+    tail = exchange.last_relayed
+    if len(tail) < 4:
+        tail = (exchange.relayed_before[-4:] + tail)[-4:]
+    if tail[-1:] not in (b"\n", b"\r"):
+        return b"\n\n"  # mid-line: end the line, then the event
+    line = tail[:-2] if tail.endswith(b"\r\n") else tail[:-1]
+    return b"" if line[-1:] in (b"", b"\n", b"\r") else b"\n"
 
 
 def first_chunk_seconds(exchange: Exchange) -> float:
     return time.perf_counter() - exchange.started_at
 
 
-async def send_error_event(send: Send, error: GatewayError, *, line_open: bool = False) -> None:
+async def send_error_event(send: Send, error: GatewayError, *, before: bytes = b"") -> None:
     """End a started stream with an OpenAI error event (SDKs raise it) and a clean close;
-    `line_open`: what was sent before ends mid-line (a line end goes first)."""
+    `before`: what ends the event the stream was in (`event_break`)."""
     await send(
         {
             "type": "http.response.body",
-            "body": (b"\n" if line_open else b"") + b"data: " + error.body() + b"\n\n",
+            "body": before + b"data: " + error.body() + b"\n\n",
             "more_body": True,
         }
     )
 
 
-async def break_stream(
-    send: Send, exchange: Exchange, error: GatewayError, *, line_open: bool = False
-) -> None:
+async def break_stream(send: Send, exchange: Exchange, error: GatewayError) -> None:
     """A started stream failed: end it with `error`'s event. The request then counts as
     failed (metrics, access log, completion record) with the event's status and code,
     though the client's HTTP status line, sent before, said 200."""
     exchange.status = error.status
     exchange.upstream_error = error.code.value
-    exchange.last_relayed = b"\n"  # the event ends its line, whatever came before
-    await send_error_event(send, error, line_open=line_open)
+    before = event_break(exchange)
+    exchange.relayed_before, exchange.last_relayed = b"", b"\n\n"  # an event boundary
+    await send_error_event(send, error, before=before)
 
 
 def watch_disconnect(receive: Receive, exchange: Exchange) -> asyncio.Task[None]:

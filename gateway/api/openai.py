@@ -21,7 +21,7 @@ from gateway import access_log
 from gateway.api.exchange import (
     Exchange,
     end_stream,
-    line_open,
+    event_break,
     receipt_headers,
     send_error_event,
 )
@@ -129,9 +129,9 @@ class TenantSurface:
             await send_error(send, error, exchange.request_id, await receipt_headers(exchange))
             return
         if exchange.streaming:  # a stream, whether or not the request asked for one
-            # The relayed bytes may end mid-line (the backend was cut mid-write): the
-            # event starts a line of its own, as when the backend breaks off.
-            await send_error_event(send, error, line_open=line_open(exchange))
+            # The relayed bytes may end inside an event (the backend was cut mid-write):
+            # the error is an event of its own, as when the backend breaks off.
+            await send_error_event(send, error, before=event_break(exchange))
             await end_stream(send, exchange)
         else:
             await send({"type": "http.response.body", "body": b"", "more_body": False})

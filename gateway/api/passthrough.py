@@ -356,7 +356,7 @@ class PrivateRelay:
                 ErrorCode.upstream_error if exc.kind != "timeout" else ErrorCode.upstream_timeout,
                 "the backend failed in the middle of the stream",
             )
-            await break_stream(send, exchange, error, line_open=_open(last))
+            await break_stream(send, exchange, error)
             last = b"\n"
         finally:
             self._stripped(backend.id, comments.stripped)

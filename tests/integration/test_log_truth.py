@@ -191,7 +191,7 @@ def test_a_stream_cut_by_the_drain_deadline_mid_line_gets_its_error_on_a_line_of
             got += b"".join(chunks)
     finally:
         released.set()
-    assert got.startswith(EVENT + partial + b"\ndata: {"), got
+    assert got.startswith(EVENT + partial + b"\n\ndata: {"), got
     assert b'"not_ready"' in got
     request_id, salt = _salt(_stream_receipt(got))
     record = completion_record(tmp_path / "log", request_id)
@@ -468,3 +468,48 @@ def test_an_attempt_that_hits_a_gateway_fault_is_recorded_with_the_500_the_clien
     record = completion_record(tmp_path / "log", request_id)
     assert (record["status"], record["error"]) == (500, "internal_error")
     assert record["response_commitment"] is None
+
+
+def _events(body: bytes) -> list[bytes]:
+    """The events an SSE parser dispatches (their lines joined), comments left out."""
+    events = []
+    for block in body.replace(b"\r\n", b"\n").split(b"\n\n"):
+        lines = [line for line in block.split(b"\n") if line and not line.startswith(b":")]
+        if lines:
+            events.append(b"\n".join(lines))
+    return events
+
+
+@pytest.mark.parametrize(
+    "before",
+    [b'data: {"id":"c","choices":[]}\n', b'data: {"id":"c","cho'],
+    ids=["event-open", "line-open"],
+)
+def test_the_error_event_ending_a_broken_stream_is_an_event_of_its_own(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    before: bytes,
+) -> None:
+    """The backend dies inside an event (its last line ended, or not): the gateway's
+    error event must not join that event, or an SSE client reads one broken event and
+    never the error the record (502) says the stream ended with."""
+
+    async def dies(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(sse_head() + EVENT + before)
+        await writer.drain()
+        return False
+
+    raw = start_raw(dies)
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    asks_usage = {**CHAT, "stream_options": {"include_usage": True}}  # nothing held back
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions", json=asks_usage, headers=gateway.headers, timeout=30
+    )
+    events = _events(response.content)
+    assert events[0] == EVENT.strip()
+    assert json.loads(events[-1].removeprefix(b"data: "))["error"]["code"] == "upstream_error"
+    request_id, salt = _salt(_stream_receipt(response.content))
+    record = completion_record(tmp_path / "log", request_id)
+    assert record["status"] == 502
+    assert record["response_commitment"] == commit("response", salt, EVENT + before)
