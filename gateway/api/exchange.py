@@ -179,7 +179,10 @@ def event_break(exchange: Exchange) -> bytes:
     if tail[-1:] not in (b"\n", b"\r"):
         return b"\n\n"  # mid-line: end the line, then the event
     line = tail[:-2] if tail.endswith(b"\r\n") else tail[:-1]
-    return b"" if line[-1:] in (b"", b"\n", b"\r") else b"\n"
+    if line[-1:] in (b"", b"\n", b"\r"):
+        return b""
+    # After a lone CR, an LF would join it as one CRLF line end: a blank line needs two.
+    return b"\n\n" if tail.endswith(b"\r") else b"\n"
 
 
 def first_chunk_seconds(exchange: Exchange) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -73,10 +74,14 @@ def hosted_gateway(
 
 
 def sse_events(body: bytes) -> list[bytes]:
-    """The events an SSE parser dispatches (their lines joined), comments left out."""
-    events = []
-    for block in body.replace(b"\r\n", b"\n").split(b"\n\n"):
-        lines = [line for line in block.split(b"\n") if line and not line.startswith(b":")]
-        if lines:
+    """The events an SSE parser dispatches (their lines joined), comments left out: lines
+    end in CRLF, LF or CR, and a blank line ends an event."""
+    events: list[bytes] = []
+    lines: list[bytes] = []
+    for line in re.split(rb"\r\n|\r|\n", body):
+        if not line and lines:
             events.append(b"\n".join(lines))
+            lines = []
+        elif line and not line.startswith(b":"):
+            lines.append(line)
     return events

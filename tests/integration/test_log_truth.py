@@ -200,8 +200,12 @@ def test_a_hosted_stream_the_provider_breaks_off_commits_to_what_came_before(
 
 @pytest.mark.parametrize(
     "before",
-    [b'data: {"id":"c","choices":[]}\n', b'data: {"id":"c","cho'],
-    ids=["event-open", "line-open"],
+    [
+        b'data: {"id":"c","choices":[]}\n',
+        b'data: {"id":"c","choices":[]}\r',
+        b'data: {"id":"c","cho',
+    ],
+    ids=["event-open", "event-open-cr", "line-open"],
 )
 def test_the_error_event_ending_a_broken_stream_is_an_event_of_its_own(
     start_raw: Callable[[Answer], RawBackend],
