@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gateway.asgi import Receive, Send
+from gateway.asgi import Receive, Send, send_bytes
 from gateway.errors import GatewayError
 
 if TYPE_CHECKING:
@@ -23,10 +23,12 @@ __all__ = [
     "TryNext",
     "break_stream",
     "end_stream",
+    "event_break",
     "first_chunk_seconds",
     "receipt_headers",
     "relayed",
     "send_error_event",
+    "send_whole",
     "settle",
     "start_stream",
     "watch_disconnect",
@@ -46,6 +48,12 @@ class Exchange:
     status: int = 0
     stream: bool = False
     response_started: bool = False
+    streaming: bool = False  # the response is a relayed stream (`start_stream`)
+    # The last two pieces relayed to the client (references, not copies): whether a
+    # stream's relayed bytes end inside an event, for what the gateway writes after them
+    # (`event_break`).
+    relayed_before: bytes = b""
+    last_relayed: bytes = b"\n"
     client_gone: bool = False
     upstream_error: str | None = None
     error_code: str | None = None  # the `ErrorCode` the client got, if any
@@ -96,8 +104,29 @@ async def receipt_headers(exchange: Exchange) -> tuple[tuple[bytes, bytes], ...]
     return ((b"x-owngate-receipt", base64.b64encode(receipt)),)
 
 
+async def send_whole(
+    send: Send, exchange: Exchange, status: int, data: bytes, content_type: bytes
+) -> None:
+    """Send a whole answer, already fed to the trail (`relayed`), with its receipt header.
+
+    The receipt may still be being signed: a request cancelled while it waits (the client
+    left, the drain deadline cut it) sent nothing of the answer, so the trail forgets it
+    (its completion record commits to no response) and the response counts as not
+    started (a cut answers 503 instead, with the receipt)."""
+    try:
+        headers = await receipt_headers(exchange)
+    except asyncio.CancelledError:
+        exchange.response_started = False
+        if exchange.trail is not None:
+            exchange.trail.unsent()
+        raise
+    await send_bytes(send, status, data, exchange.request_id, content_type, headers)
+
+
 def relayed(exchange: Exchange, data: bytes, *, whole: bool = False) -> None:
-    """Feed relayed response bytes to the provenance trail (hash, usage)."""
+    """Feed relayed response bytes to the provenance trail (hash, usage); called with
+    every piece the client gets."""
+    exchange.relayed_before, exchange.last_relayed = exchange.last_relayed, data
     if exchange.trail is not None:
         if whole:
             exchange.trail.answered(data)
@@ -125,7 +154,7 @@ async def end_stream(send: Send, exchange: Exchange, *, line_open: bool = False)
 async def start_stream(send: Send, exchange: Exchange, status: int, content_type: bytes) -> None:
     """Send the headers of a relayed SSE stream; from here on errors go in-band."""
     exchange.status = status
-    exchange.response_started = True
+    exchange.response_started = exchange.streaming = True
     await send(
         {
             "type": "http.response.start",
@@ -139,31 +168,48 @@ async def start_stream(send: Send, exchange: Exchange, status: int, content_type
     )
 
 
+def event_break(exchange: Exchange) -> bytes:
+    """What goes before an event the gateway adds to a relayed stream, so that it is an
+    event of its own: nothing after a blank line (or before any byte), else the line end
+    and blank line that end the backend's event. Joined to the backend's event, an SSE
+    client would read one broken event, never the gateway's."""
+    tail = exchange.last_relayed
+    if len(tail) < 4:
+        tail = (exchange.relayed_before[-4:] + tail)[-4:]
+    if tail[-1:] not in (b"\n", b"\r"):
+        return b"\n\n"  # mid-line: end the line, then the event
+    line = tail[:-2] if tail.endswith(b"\r\n") else tail[:-1]
+    if line[-1:] in (b"", b"\n", b"\r"):
+        return b""
+    # After a lone CR, an LF would join it as one CRLF line end: a blank line needs two.
+    return b"\n\n" if tail.endswith(b"\r") else b"\n"
+
+
 def first_chunk_seconds(exchange: Exchange) -> float:
     return time.perf_counter() - exchange.started_at
 
 
-async def send_error_event(send: Send, error: GatewayError, *, line_open: bool = False) -> None:
+async def send_error_event(send: Send, error: GatewayError, *, before: bytes = b"") -> None:
     """End a started stream with an OpenAI error event (SDKs raise it) and a clean close;
-    `line_open`: what was sent before ends mid-line (a line end goes first)."""
+    `before`: what ends the event the stream was in (`event_break`)."""
     await send(
         {
             "type": "http.response.body",
-            "body": (b"\n" if line_open else b"") + b"data: " + error.body() + b"\n\n",
+            "body": before + b"data: " + error.body() + b"\n\n",
             "more_body": True,
         }
     )
 
 
-async def break_stream(
-    send: Send, exchange: Exchange, error: GatewayError, *, line_open: bool = False
-) -> None:
+async def break_stream(send: Send, exchange: Exchange, error: GatewayError) -> None:
     """A started stream failed: end it with `error`'s event. The request then counts as
     failed (metrics, access log, completion record) with the event's status and code,
     though the client's HTTP status line, sent before, said 200."""
     exchange.status = error.status
     exchange.upstream_error = error.code.value
-    await send_error_event(send, error, line_open=line_open)
+    before = event_break(exchange)
+    exchange.relayed_before, exchange.last_relayed = b"", b"\n\n"  # an event boundary
+    await send_error_event(send, error, before=before)
 
 
 def watch_disconnect(receive: Receive, exchange: Exchange) -> asyncio.Task[None]:

@@ -22,12 +22,12 @@ from gateway.api.exchange import (
     break_stream,
     end_stream,
     first_chunk_seconds,
-    receipt_headers,
     relayed,
+    send_whole,
     start_stream,
 )
 from gateway.api.metrics import GatewayMetrics
-from gateway.asgi import Send, send_bytes
+from gateway.asgi import Send
 from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance.formats.upstream_ids import UpstreamIds
 from gateway.routing.registry import BackendState, Route
@@ -127,14 +127,7 @@ class HostedRelay:
             exchange.status = 200
             exchange.response_started = True
             relayed(exchange, response.body, whole=True)
-            await send_bytes(
-                send,
-                200,
-                response.body,
-                exchange.request_id,
-                response.content_type,
-                await receipt_headers(exchange),
-            )
+            await send_whole(send, exchange, 200, response.body, response.content_type)
             return
         await start_stream(send, exchange, 200, b"text/event-stream")
         first = True

@@ -18,7 +18,13 @@ import time
 from typing import Final
 
 from gateway import access_log
-from gateway.api.exchange import Exchange, end_stream, receipt_headers, send_error_event
+from gateway.api.exchange import (
+    Exchange,
+    end_stream,
+    event_break,
+    receipt_headers,
+    send_error_event,
+)
 from gateway.api.runtime import Runtime
 from gateway.asgi import (
     Receive,
@@ -102,7 +108,9 @@ class TenantSurface:
             self._log.exception("unhandled error", request_id=exchange.request_id.decode())
             if not exchange.response_started:
                 internal = GatewayError(ErrorCode.internal_error, "internal gateway error")
-                await send_error(send, internal, exchange.request_id)
+                # Like any error once a dispatch was logged: its receipt says where.
+                headers = await receipt_headers(exchange)
+                await send_error(send, internal, exchange.request_id, headers)
         finally:
             runtime.serving.discard(asyncio.current_task())
             self._finish(exchange)
@@ -120,8 +128,10 @@ class TenantSurface:
         if not exchange.response_started:
             await send_error(send, error, exchange.request_id, await receipt_headers(exchange))
             return
-        if exchange.stream:
-            await send_error_event(send, error)
+        if exchange.streaming:  # a stream, whether or not the request asked for one
+            # The relayed bytes may end inside an event (the backend was cut mid-write):
+            # the error is an event of its own, as when the backend breaks off.
+            await send_error_event(send, error, before=event_break(exchange))
             await end_stream(send, exchange)
         else:
             await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -34,13 +34,13 @@ from gateway.api.exchange import (
     break_stream,
     end_stream,
     first_chunk_seconds,
-    receipt_headers,
     relayed,
+    send_whole,
     start_stream,
 )
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.sse import StreamWatch
-from gateway.asgi import Send, send_bytes
+from gateway.asgi import Send
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
 from gateway.provenance.formats.attestation import ATTEST_HEADER, SALTS_HEADER, salts_value
@@ -242,8 +242,7 @@ class PrivateRelay:
             if attester is not None and exchange.trail is not None:
                 countersignature = response.header(ATTEST_HEADER)
                 attester.judge(exchange.trail, exchange.request_id.decode(), countersignature)
-            headers = await receipt_headers(exchange)
-            await send_bytes(send, status, data, exchange.request_id, content_type, headers)
+            await send_whole(send, exchange, status, data, content_type)
             return None
         watch = StreamWatch(strip_usage=strip_usage)
         tail = SseTail() if attester is not None else None
@@ -357,7 +356,7 @@ class PrivateRelay:
                 ErrorCode.upstream_error if exc.kind != "timeout" else ErrorCode.upstream_timeout,
                 "the backend failed in the middle of the stream",
             )
-            await break_stream(send, exchange, error, line_open=_open(last))
+            await break_stream(send, exchange, error)
             last = b"\n"
         finally:
             self._stripped(backend.id, comments.stripped)

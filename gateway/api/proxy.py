@@ -292,6 +292,11 @@ class Proxy:
                 else (503, "cut: the gateway shut down before the answer ended")
             )
             raise
+        except Exception:
+            # A fault of the gateway's own: the client gets 500 internal_error (the app's
+            # last resort), so the record says that, not the status 0 no client gets.
+            status, error = ErrorCode.internal_error.status, ErrorCode.internal_error.value
+            raise
         finally:
             recorder.complete(exchange, trail, status=status, error=error)
 

@@ -73,6 +73,15 @@ class Trail:
         self.whole = data
         self._usage_read = False
 
+    def unsent(self) -> None:
+        """The whole answer fed to `answered` did not go out after all (cancelled before
+        it was sent): nothing was sent, and no countersignature of it is the client's
+        (the sidecar's statement then counts as one the client left before, as for a
+        stream). Its usage stays: the backend reported it."""
+        self.response_hash = hashlib.sha256()
+        self.sent_bytes = 0
+        self.attestation = self.countersignature = None
+
     def reported(self, counts: Mapping[str, int]) -> None:
         """Usage the backend reported in a chunk the client did not ask for (held back)."""
         try:

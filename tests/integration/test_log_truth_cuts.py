@@ -1,0 +1,276 @@
+"""What the log says when the gateway ends a request itself: the drain deadline cutting a
+stream or a whole answer, a client leaving before its answer went out, a fault of the
+gateway's own. The record's status and commitment are what the client got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.api.trail import Trail
+from gateway.provenance import commit, load_signer
+from gateway.provenance.formats.receipts import countersignature_of
+from tests.helpers.attest import start_sidecar
+from tests.helpers.gateways import (
+    Gateway,
+    backend,
+    logged_gateway,
+    logged_private_gateway,
+)
+from tests.helpers.log_truth import (
+    CHAT,
+    EVENT,
+    ORIGIN,
+    records_when_one,
+    salt_of,
+    stream_receipt,
+)
+from tests.helpers.provenance import completion_record, run_audit
+from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
+from tests.helpers.waiting import until
+
+
+def test_a_stream_cut_by_the_drain_deadline_mid_line_gets_its_error_on_a_line_of_its_own(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """The drain deadline cuts a stream whose relayed bytes end mid-line: the error event
+    starts a line of its own (glued to the backend's partial line, no client would read
+    it), as when the backend breaks off; the record commits to the backend's bytes."""
+    partial = b'data: {"id":"c","cho'
+    released = threading.Event()
+    asks_usage = {**CHAT, "stream_options": {"include_usage": True}}  # nothing held back
+
+    async def unfinished(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(sse_head() + EVENT + partial)
+        await writer.drain()
+        await asyncio.get_running_loop().run_in_executor(None, released.wait, 30)
+        return False
+
+    raw = start_raw(unfinished)
+    gateway = logged_private_gateway(
+        start_gateway, tmp_path, raw.url, ORIGIN, limits={"drain_timeout_s": 0.001}
+    )
+    got = b""
+    url = f"{gateway.url}/v1/chat/completions"
+    try:
+        with httpx.stream("POST", url, json=asks_usage, headers=gateway.headers, timeout=30) as r:
+            chunks = r.iter_bytes()
+            while not got.endswith(partial):
+                got += next(chunks)
+            (task,) = list(gateway.app.serving)  # the request: its loop is the server's
+            task.get_loop().call_soon_threadsafe(gateway.app.begin_drain)
+            got += b"".join(chunks)
+    finally:
+        released.set()
+    assert got.startswith(EVENT + partial + b"\n\ndata: {"), got
+    assert b'"not_ready"' in got
+    request_id, salt = salt_of(stream_receipt(got))
+    record = completion_record(tmp_path / "log", request_id)
+    assert record["status"] == 503
+    assert record["response_commitment"] == commit("response", salt, EVENT + partial)
+
+
+@pytest.mark.parametrize("attested", [False, True], ids=["plain", "attested"])
+def test_a_whole_answer_cut_before_it_went_out_is_not_recorded_as_sent(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    attested: bool,
+) -> None:
+    """The drain deadline cuts a whole answer while its receipt is still being signed
+    (held here until the cut): nothing of the answer went out, so the client gets the
+    503 (with its receipt) and the record commits to nothing, not to the answer; nor does
+    it, or the receipt, carry an attested backend's countersignature of that answer."""
+    answer = b'{"id":"c","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}'
+    signing, released = threading.Event(), threading.Event()
+    sealed = Trail.sealed_receipt
+
+    async def held(trail: Trail) -> bytes | None:
+        if not signing.is_set():  # the answer's: held; the 503's (after the cut): not
+            signing.set()
+            await asyncio.get_running_loop().run_in_executor(None, released.wait, 30)
+        return await sealed(trail)
+
+    monkeypatch.setattr(Trail, "sealed_receipt", held)
+
+    async def whole(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % len(answer) + answer)
+        await writer.drain()
+        return False
+
+    raw = start_raw(whole)
+    sidecar = start_sidecar(tmp_path / "sidecar", "gpu-a", raw.url) if attested else None
+    try:
+        if sidecar is None:
+            served = backend("gpu", raw.url, "m")
+        else:
+            served = backend("gpu", sidecar.url, "m", attest={"key": sidecar.vkey})
+        gateway = logged_gateway(
+            start_gateway, tmp_path, [served], ORIGIN, limits={"drain_timeout_s": 0.001}
+        )
+        url = f"{gateway.url}/v1/chat/completions"
+        with ThreadPoolExecutor(1) as pool:
+            try:
+                asked = pool.submit(
+                    httpx.post,
+                    url,
+                    json={**CHAT, "stream": False},
+                    headers=gateway.headers,
+                    timeout=30,
+                )
+                assert signing.wait(30)
+                (task,) = list(gateway.app.serving)  # the request: its loop is the server's
+                task.get_loop().call_soon_threadsafe(gateway.app.begin_drain)
+                response = asked.result(30)
+            finally:
+                released.set()
+    finally:
+        if sidecar is not None:
+            sidecar.stop()
+    assert response.status_code == 503, response.content
+    assert response.json()["error"]["code"] == "not_ready"
+    receipt = base64.b64decode(response.headers["x-owngate-receipt"])
+    assert countersignature_of(receipt) is None
+    request_id, _ = salt_of(receipt)
+    record = completion_record(tmp_path / "log", request_id)
+    assert record["status"] == 503
+    assert record["response_commitment"] is None
+    assert record.get("attestation") is None
+    key, log = load_signer(tmp_path / "log.key").vkey, str(tmp_path / "log")
+    backend_keys = [] if sidecar is None else ["--backend-key", f"gpu={sidecar.vkey}"]
+    assert run_audit(["verify", log, "--key", key, *backend_keys]) == 0
+
+
+def test_a_whole_answer_whose_client_left_before_it_went_out_is_not_recorded_as_sent(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The client leaves while its answer's receipt is being signed: it got nothing, and
+    the 499 record commits to nothing."""
+    signing, released = threading.Event(), threading.Event()
+    sealed = Trail.sealed_receipt
+
+    async def held(trail: Trail) -> bytes | None:
+        signing.set()
+        await asyncio.get_running_loop().run_in_executor(None, released.wait, 30)
+        return await sealed(trail)
+
+    monkeypatch.setattr(Trail, "sealed_receipt", held)
+
+    async def whole(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        answer = b'{"id":"c","choices":[]}'
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % len(answer) + answer)
+        await writer.drain()
+        return False
+
+    raw = start_raw(whole)
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    body = json.dumps({**CHAT, "stream": False}).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"authorization: Bearer {gateway.key}\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode()
+    try:
+        with socket.create_connection((gateway.server.host, gateway.server.port), 10) as client:
+            client.sendall(head + body)
+            assert signing.wait(30)
+        until(lambda: not gateway.app.serving, "the request ended")
+    finally:
+        released.set()
+    (record,) = [r for r in records_when_one(tmp_path / "log") if r["type"] == "completion"]
+    assert record["status"] == 499
+    assert record["response_commitment"] is None
+
+
+def test_a_stream_answering_a_whole_request_cut_by_the_drain_deadline_ends_with_its_error(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """A backend streams its answer to a request that did not ask for a stream (relayed
+    as the stream it is). Cut by the drain deadline, the client gets what any cut stream
+    gets: the error event and its receipt, as the record (503) says."""
+    released = threading.Event()
+
+    async def streams(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(sse_head() + EVENT)
+        await writer.drain()
+        await asyncio.get_running_loop().run_in_executor(None, released.wait, 30)
+        return False
+
+    raw = start_raw(streams)
+    gateway = logged_private_gateway(
+        start_gateway, tmp_path, raw.url, ORIGIN, limits={"drain_timeout_s": 0.001}
+    )
+    got = b""
+    url = f"{gateway.url}/v1/chat/completions"
+    whole = {**CHAT, "stream": False}
+    try:
+        with httpx.stream("POST", url, json=whole, headers=gateway.headers, timeout=30) as r:
+            chunks = r.iter_bytes()
+            while not got.endswith(EVENT):
+                got += next(chunks)
+            (task,) = list(gateway.app.serving)  # the request: its loop is the server's
+            task.get_loop().call_soon_threadsafe(gateway.app.begin_drain)
+            got += b"".join(chunks)
+    finally:
+        released.set()
+    assert got.startswith(EVENT + b"data: {"), got
+    assert b'"not_ready"' in got
+    request_id, salt = salt_of(stream_receipt(got))
+    record = completion_record(tmp_path / "log", request_id)
+    assert record["status"] == 503
+    assert record["response_commitment"] == commit("response", salt, EVENT)
+
+
+def test_an_attempt_that_hits_a_gateway_fault_is_recorded_with_the_500_the_client_got(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An unexpected error in the relay (a gateway bug: here, translating the backend's
+    error raises): the client gets 500 internal_error with its receipt, and so says the
+    record (it said status 0, which no client ever gets)."""
+
+    def faulty(*_args: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("gateway.api.passthrough.translate_upstream_error", faulty)
+
+    async def not_found(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+        await writer.drain()
+        return False
+
+    raw = start_raw(not_found)
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        json={**CHAT, "stream": False},
+        headers=gateway.headers,
+        timeout=30,
+    )
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "internal_error"
+    request_id, _ = salt_of(base64.b64decode(response.headers["x-owngate-receipt"]))
+    record = completion_record(tmp_path / "log", request_id)
+    assert (record["status"], record["error"]) == (500, "internal_error")
+    assert record["response_commitment"] is None
