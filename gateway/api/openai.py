@@ -12,6 +12,7 @@ its metrics.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import time
@@ -108,9 +109,12 @@ class TenantSurface:
             self._log.exception("unhandled error", request_id=exchange.request_id.decode())
             if not exchange.response_started:
                 internal = GatewayError(ErrorCode.internal_error, "internal gateway error")
-                # Like any error once a dispatch was logged: its receipt says where.
-                headers = await receipt_headers(exchange)
-                await send_error(send, internal, exchange.request_id, headers)
+                # Like any error once a dispatch was logged: its receipt says where (the
+                # fault may be in what gives it, then the 500 goes out without one).
+                receipt: tuple[tuple[bytes, bytes], ...] = ()
+                with contextlib.suppress(Exception):
+                    receipt = await receipt_headers(exchange)
+                await send_error(send, internal, exchange.request_id, receipt)
         finally:
             runtime.serving.discard(asyncio.current_task())
             self._finish(exchange)

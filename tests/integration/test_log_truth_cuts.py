@@ -274,3 +274,40 @@ def test_an_attempt_that_hits_a_gateway_fault_is_recorded_with_the_500_the_clien
     record = completion_record(tmp_path / "log", request_id)
     assert (record["status"], record["error"]) == (500, "internal_error")
     assert record["response_commitment"] is None
+
+
+def test_a_fault_in_giving_the_receipt_still_answers_an_openai_500(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The last-resort 500 fetches the receipt; should that fail too (the fault is in what
+    gives it), the client still gets the OpenAI error object, without a receipt, not the
+    server's plain-text 500."""
+
+    def faulty(*_args: object) -> None:
+        raise RuntimeError("a bug")
+
+    async def no_receipt(*_args: object) -> bytes:
+        raise RuntimeError("another bug")
+
+    monkeypatch.setattr("gateway.api.passthrough.translate_upstream_error", faulty)
+    monkeypatch.setattr("gateway.api.trail.Trail.sealed_receipt", no_receipt)
+
+    async def not_found(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+        await writer.drain()
+        return False
+
+    raw = start_raw(not_found)
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        json={**CHAT, "stream": False},
+        headers=gateway.headers,
+        timeout=30,
+    )
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "internal_error"
+    assert "x-owngate-receipt" not in response.headers
