@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from gateway.api import GatewayApp
 from gateway.config import GatewaySettings
@@ -101,6 +102,26 @@ def backend(
         "owner": "test",
         **extra,
     }
+
+
+# Two pydantic warnings that LiteLLM's own code triggers while streaming, and that
+# LiteLLM silences with global filters when it is imported (litellm/__init__.py). pytest
+# restores the filters for each test (`filterwarnings = ["error"]`), so a module whose
+# tests send requests to a hosted backend restates them (`pytestmark`); as errors they
+# would be raised inside LiteLLM and break the stream.
+LITELLM_WARNINGS = [
+    # Lazy schema builds for LiteLLM's TypedDicts (`ChatCompletionThinkingBlock`, ...; on
+    # a request it refuses, `_DeviceCode` of the GitHub Copilot module it then imports).
+    pytest.mark.filterwarnings(
+        "ignore:Items? '[A-Za-z_]+'.* on TypedDict class '[A-Za-z_]+' (is|are) using the "
+        "`ReadOnly` qualifier:UserWarning"
+    ),
+    # LiteLLM's stream handler reads `model_fields` / `model_computed_fields` on instances.
+    pytest.mark.filterwarnings(
+        "ignore:Accessing the '[a-z_]+' attribute on the instance is deprecated"
+        ":pydantic.warnings.PydanticDeprecatedSince211"
+    ),
+]
 
 
 def hosted_backend(id: str, url: str, *models: str, **facts: Any) -> dict[str, Any]:

@@ -36,30 +36,14 @@ from gateway.sim import Faults, SimApp, SimSettings, create_sim_app
 from gateway.upstream.hosted import HostedClient, HostedError, HostedResponse
 from gateway.upstream.litellm_runtime import load_litellm
 from tests.helpers.anthropic_mock import AnthropicMock
-from tests.helpers.gateways import Gateway
+from tests.helpers.gateways import LITELLM_WARNINGS, Gateway
 from tests.helpers.net import free_port
 from tests.helpers.raw_backend import Post, RawBackend
 from tests.helpers.waiting import until
 
 T = TypeVar("T")
 
-# Two pydantic warnings that LiteLLM's own code triggers while streaming, and that
-# LiteLLM silences with global filters when it is imported (litellm/__init__.py). pytest
-# restores the filters for each test, so they are restated here; as errors they would be
-# raised inside LiteLLM and break the stream.
-pytestmark = [
-    # Lazy schema builds for LiteLLM's TypedDicts (`ChatCompletionThinkingBlock`, ...; on
-    # a request it refuses, `_DeviceCode` of the GitHub Copilot module it then imports).
-    pytest.mark.filterwarnings(
-        "ignore:Items? '[A-Za-z_]+'.* on TypedDict class '[A-Za-z_]+' (is|are) using the "
-        "`ReadOnly` qualifier:UserWarning"
-    ),
-    # LiteLLM's stream handler reads `model_fields` / `model_computed_fields` on instances.
-    pytest.mark.filterwarnings(
-        "ignore:Accessing the '[a-z_]+' attribute on the instance is deprecated"
-        ":pydantic.warnings.PydanticDeprecatedSince211"
-    ),
-]
+pytestmark = LITELLM_WARNINGS
 
 OPENAI_KEY = "sk-openai-from-env-0123456789"
 ANTHROPIC_KEY = "sk-ant-from-env-0123456789"

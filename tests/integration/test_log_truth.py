@@ -23,6 +23,7 @@ import pytest
 
 from gateway.provenance import commit
 from tests.helpers.gateways import (
+    LITELLM_WARNINGS,
     Gateway,
     Sim,
     backend,
@@ -42,6 +43,8 @@ from tests.helpers.log_truth import (
 from tests.helpers.provenance import completion_record, records
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
 from tests.helpers.waiting import until
+
+pytestmark = LITELLM_WARNINGS  # some of these tests stream from a hosted backend
 
 
 def test_a_failover_records_both_attempts_and_the_receipt_opens_the_served_one(
