@@ -133,11 +133,8 @@ class UpstreamResponse:
         sink, loop, chunks = self._sink, self._sink_loop, self._chunks
         if sink is None or loop is None or not chunks:
             return  # the pump stopped waiting: it hands on what is left itself
-        data = b"".join(chunks) if len(chunks) > 1 else chunks[0]
-        chunks.clear()
-        self._buffered = 0
         try:
-            more = sink(data)
+            more = sink(self._take())
         except Exception as exc:  # noqa: BLE001 - not lost: `pump()` raises it, in its task
             self._sink_error, more = exc, False
         if more:
@@ -157,6 +154,34 @@ class UpstreamResponse:
         if self._paused and self._conn.transport:
             self._paused = False
             self._conn.transport.resume_reading()
+
+    def _take(self) -> bytes:
+        """What is buffered, in one piece, and the buffer emptied."""
+        chunks = self._chunks
+        data = b"".join(chunks) if len(chunks) > 1 else chunks[0]
+        chunks.clear()
+        self._buffered = 0
+        return data
+
+    def _ended(self) -> bool:
+        """With nothing buffered: True when the body ended (the connection goes back to
+        the pool); raises the error that broke it off (the connection dropped)."""
+        if self.complete:
+            self.release()
+            return True
+        if self._error is not None:
+            self.abort()
+            raise self._error
+        return False
+
+    def _next_wait(
+        self, loop: asyncio.AbstractEventLoop, deadline: float | None
+    ) -> tuple[float, str]:
+        """How long the next read may take, and what its timeout says."""
+        wait, what = self._read_timeout, "backend stopped sending mid-response"
+        if deadline is not None and deadline - loop.time() < wait:
+            wait, what = deadline - loop.time(), "the answer did not end in time"
+        return wait, what
 
     def _fail(self, error: UpstreamError) -> None:
         if self._error is None:
@@ -223,23 +248,13 @@ class UpstreamResponse:
                 self.abort()
                 raise UpstreamError("timeout", "the answer did not end in time")
             if chunks:
-                data = b"".join(chunks) if len(chunks) > 1 else chunks[0]
-                chunks.clear()
-                self._buffered = 0
-                if self._paused and self._conn.transport:
-                    self._paused = False
-                    self._conn.transport.resume_reading()
+                data = self._take()
+                self._resume()
                 yield data
                 continue
-            if self.complete:
-                self.release()
+            if self._ended():
                 return
-            if self._error is not None:
-                self.abort()
-                raise self._error
-            wait, what = self._read_timeout, "backend stopped sending mid-response"
-            if deadline is not None and deadline - loop.time() < wait:
-                wait, what = deadline - loop.time(), "the answer did not end in time"
+            wait, what = self._next_wait(loop, deadline)
             try:
                 await self._wait(wait, what)
             except UpstreamError:
@@ -269,23 +284,14 @@ class UpstreamResponse:
                 self.abort()
                 raise UpstreamError("timeout", "the answer did not end in time")
             if chunks:  # arrived while nobody took them: hand them on first
-                data = b"".join(chunks) if len(chunks) > 1 else chunks[0]
-                chunks.clear()
-                self._buffered = 0
-                if not sink(data):
+                if not sink(self._take()):
                     self._pause()
                     await drain()
                 continue
-            if self.complete:
-                self.release()
+            if self._ended():
                 return
-            if self._error is not None:
-                self.abort()
-                raise self._error
             self._resume()
-            wait, what = self._read_timeout, "backend stopped sending mid-response"
-            if deadline is not None and deadline - loop.time() < wait:
-                wait, what = deadline - loop.time(), "the answer did not end in time"
+            wait, what = self._next_wait(loop, deadline)
             if self._sink_context is None:
                 self._sink_context = contextvars.copy_context()
             self._sink, self._sink_loop, self._sink_deadline = sink, loop, deadline
