@@ -240,15 +240,13 @@ def test_a_stream_answering_a_whole_request_cut_by_the_drain_deadline_ends_with_
     assert record["response_commitment"] == commit("response", salt, EVENT)
 
 
-def test_an_attempt_that_hits_a_gateway_fault_is_recorded_with_the_500_the_client_got(
+def _faulty_answer(
     start_raw: Callable[[Answer], RawBackend],
     start_gateway: Callable[..., Gateway],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """An unexpected error in the relay (a gateway bug: here, translating the backend's
-    error raises): the client gets 500 internal_error with its receipt, and so says the
-    record (it said status 0, which no client ever gets)."""
+) -> httpx.Response:
+    """A gateway bug in the relay (translating the backend's 404 raises): the answer."""
 
     def faulty(*_args: object) -> None:
         raise RuntimeError("a bug")
@@ -270,6 +268,19 @@ def test_an_attempt_that_hits_a_gateway_fault_is_recorded_with_the_500_the_clien
     )
     assert response.status_code == 500
     assert response.json()["error"]["code"] == "internal_error"
+    return response
+
+
+def test_an_attempt_that_hits_a_gateway_fault_is_recorded_with_the_500_the_client_got(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An unexpected error in the relay (a gateway bug): the client gets 500
+    internal_error with its receipt, and so says the record (it said status 0, which no
+    client ever gets)."""
+    response = _faulty_answer(start_raw, start_gateway, tmp_path, monkeypatch)
     request_id, _ = salt_of(base64.b64decode(response.headers["x-owngate-receipt"]))
     record = completion_record(tmp_path / "log", request_id)
     assert (record["status"], record["error"]) == (500, "internal_error")
@@ -286,28 +297,9 @@ def test_a_fault_in_giving_the_receipt_still_answers_an_openai_500(
     gives it), the client still gets the OpenAI error object, without a receipt, not the
     server's plain-text 500."""
 
-    def faulty(*_args: object) -> None:
-        raise RuntimeError("a bug")
-
     async def no_receipt(*_args: object) -> bytes:
         raise RuntimeError("another bug")
 
-    monkeypatch.setattr("gateway.api.passthrough.translate_upstream_error", faulty)
     monkeypatch.setattr("gateway.api.trail.Trail.sealed_receipt", no_receipt)
-
-    async def not_found(writer: asyncio.StreamWriter, _post: Post) -> bool:
-        writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
-        await writer.drain()
-        return False
-
-    raw = start_raw(not_found)
-    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
-    response = httpx.post(
-        f"{gateway.url}/v1/chat/completions",
-        json={**CHAT, "stream": False},
-        headers=gateway.headers,
-        timeout=30,
-    )
-    assert response.status_code == 500
-    assert response.json()["error"]["code"] == "internal_error"
+    response = _faulty_answer(start_raw, start_gateway, tmp_path, monkeypatch)
     assert "x-owngate-receipt" not in response.headers

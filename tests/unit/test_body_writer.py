@@ -15,7 +15,7 @@ from uvicorn.server import ServerState
 
 from gateway.body_writer import BodyWriter, body_writer
 from gateway.config.schema import ListenSettings
-from gateway.listener import http_protocol
+from gateway.listener import LimitedHttpProtocol, http_protocol
 from gateway.serving import uvicorn_config
 from tests.unit.test_head_coalescing import _Transport
 
@@ -31,19 +31,21 @@ END = {"type": "http.response.body", "body": b"", "more_body": False}
 App = Callable[[Any, Any, Any], Awaitable[None]]
 
 
+def _protocol(app: App) -> LimitedHttpProtocol:
+    """The listener's protocol for one connection to `app`, on the running loop."""
+    config = uvicorn_config(app, ListenSettings())
+    config.load()
+    return http_protocol(ListenSettings())(
+        config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop()
+    )
+
+
 def _serve(app: App, request: bytes = GET, transport: _Transport | None = None) -> bytes:
     """What the connection writes while `app` answers `request`."""
     transport = transport or _Transport()
 
     async def scenario() -> bytes:
-        config = uvicorn_config(app, ListenSettings())
-        config.load()
-        protocol = http_protocol(ListenSettings())(
-            config=config,
-            server_state=ServerState(),
-            app_state={},
-            _loop=asyncio.get_running_loop(),
-        )
+        protocol = _protocol(app)
         protocol.connection_made(transport)  # type: ignore[arg-type]
         protocol.data_received(request)
         await asyncio.gather(*protocol.tasks)
@@ -132,14 +134,7 @@ def test_a_client_that_left_gets_nothing_written() -> None:
     client_gone = asyncio.Event()
 
     async def scenario() -> None:
-        config = uvicorn_config(app, ListenSettings())
-        config.load()
-        protocol = http_protocol(ListenSettings())(
-            config=config,
-            server_state=ServerState(),
-            app_state={},
-            _loop=asyncio.get_running_loop(),
-        )
+        protocol = _protocol(app)
         protocol.connection_made(transport)  # type: ignore[arg-type]
         protocol.data_received(GET)
         await protocol_lost.wait()
@@ -170,14 +165,7 @@ def test_write_paused_follows_the_client_s_buffers_and_drain_waits_for_them() ->
     resumed = asyncio.Event()
 
     async def scenario() -> None:
-        config = uvicorn_config(app, ListenSettings())
-        config.load()
-        protocol = http_protocol(ListenSettings())(
-            config=config,
-            server_state=ServerState(),
-            app_state={},
-            _loop=asyncio.get_running_loop(),
-        )
+        protocol = _protocol(app)
         protocol.connection_made(_Transport())  # type: ignore[arg-type]
         protocol.data_received(GET)
         await paused.wait()
@@ -204,14 +192,7 @@ def test_a_finished_request_s_cycle_is_freed_without_the_garbage_collector() -> 
         await send(END)
 
     async def scenario() -> weakref.ref[Any]:
-        config = uvicorn_config(app, ListenSettings())
-        config.load()
-        protocol = http_protocol(ListenSettings())(
-            config=config,
-            server_state=ServerState(),
-            app_state={},
-            _loop=asyncio.get_running_loop(),
-        )
+        protocol = _protocol(app)
         protocol.connection_made(_Transport())  # type: ignore[arg-type]
         protocol.data_received(GET)
         await asyncio.gather(*protocol.tasks)
