@@ -19,6 +19,15 @@ def _stream_body(max_tokens: int) -> bytes:
     )
 
 
+def _raw_stream_request(max_tokens: int) -> bytes:
+    """A stream request as raw HTTP/1.1, for tests that hold the socket themselves."""
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"authorization: Bearer " + TENANT_KEY.encode() + b"\r\n"
+        b"content-length: %d\r\n\r\n" % len(_stream_body(max_tokens))
+    ) + _stream_body(max_tokens)
+
+
 def test_chunks_arrive_while_the_backend_is_still_generating(
     start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
 ) -> None:
@@ -51,11 +60,7 @@ def test_client_disconnect_cancels_the_upstream_request(
 ) -> None:
     sim = start_sim(decode_tokens_per_s=20.0, prefill_tokens_per_s=1e6)
     gateway = start_gateway([backend("gpu", sim.url, "sim-model")])
-    request = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        b"authorization: Bearer " + TENANT_KEY.encode() + b"\r\n"
-        b"content-length: %d\r\n\r\n" % len(_stream_body(400))
-    ) + _stream_body(400)
+    request = _raw_stream_request(400)
     with socket.create_connection(("127.0.0.1", gateway.server.port), timeout=10) as sock:
         sock.sendall(request)
         received = b""
@@ -97,11 +102,7 @@ def test_a_client_that_leaves_with_a_request_pipelined_behind_a_stream_cancels_i
     # stream's backend work must stop as when nothing is queued behind it.
     sim = start_sim(decode_tokens_per_s=20.0, prefill_tokens_per_s=1e6)
     gateway = start_gateway([backend("gpu", sim.url, "sim-model")])
-    request = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        b"authorization: Bearer " + TENANT_KEY.encode() + b"\r\n"
-        b"content-length: %d\r\n\r\n" % len(_stream_body(400))
-    ) + _stream_body(400)
+    request = _raw_stream_request(400)
     with socket.create_connection(("127.0.0.1", gateway.server.port), timeout=10) as sock:
         sock.sendall(request + request)  # the second waits its turn behind the stream
         received = b""
