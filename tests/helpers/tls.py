@@ -88,6 +88,10 @@ class TLSFront:
         self.handshakes = 0
         self.failed = 0
         self._open: set[asyncio.StreamWriter] = set()
+        # Bumped by `swap`: a connection accepted before it is dropped even if it was still
+        # being set up (handshake, upstream connect) when `swap` ran, since the client may
+        # count it open from its own end of the handshake.
+        self._generation = 0
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
         self._ready = threading.Event()
@@ -110,6 +114,7 @@ class TLSFront:
         self.context = context
 
         async def drop() -> None:
+            self._generation += 1
             for writer in list(self._open):
                 writer.transport.abort()
 
@@ -146,6 +151,7 @@ class TLSFront:
         self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        generation = self._generation
         try:
             async with asyncio.timeout(10):
                 await writer.start_tls(self.context)
@@ -158,6 +164,10 @@ class TLSFront:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
         except OSError:
             writer.close()
+            return
+        if generation != self._generation:  # swapped while it was being set up: dropped
+            up_writer.transport.abort()
+            writer.transport.abort()
             return
         self._open.add(writer)
         try:
