@@ -55,25 +55,30 @@ def test_chunks_arrive_while_the_backend_is_still_generating(
     assert len(spread) > 10
 
 
-def test_client_disconnect_cancels_the_upstream_request(
-    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
-) -> None:
-    sim = start_sim(decode_tokens_per_s=20.0, prefill_tokens_per_s=1e6)
-    gateway = start_gateway([backend("gpu", sim.url, "sim-model")])
-    request = _raw_stream_request(400)
+def _leave_mid_stream(sim: Sim, gateway: Gateway, requests: int) -> None:
+    """Send `requests` stream requests at once on one connection (the later ones wait
+    their turn behind the first), leave once the first stream runs: the backend's work
+    must be dropped within moments."""
     with socket.create_connection(("127.0.0.1", gateway.server.port), timeout=10) as sock:
-        sock.sendall(request)
+        sock.sendall(_raw_stream_request(400) * requests)
         received = b""
         while b"data: {" not in received:  # the stream is running
             chunk = sock.recv(65536)
             assert chunk, "gateway closed the stream"
             received += chunk
         until(lambda: sim.app.stats.in_flight == 1, "one request at the backend", timeout=5.0)
-    # The client is gone: the gateway must drop the upstream request within moments.
     until(lambda: sim.app.stats.in_flight == 0, "the upstream request dropped", timeout=5.0)
     assert sim.app.stats.cancelled == 1
     assert sim.app.stats.completed == 0
     assert gateway.app.registry.backends["gpu"].inflight == 0
+
+
+def test_client_disconnect_cancels_the_upstream_request(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    sim = start_sim(decode_tokens_per_s=20.0, prefill_tokens_per_s=1e6)
+    gateway = start_gateway([backend("gpu", sim.url, "sim-model")])
+    _leave_mid_stream(sim, gateway, 1)
 
 
 def test_non_stream_disconnect_cancels_too(
@@ -102,16 +107,4 @@ def test_a_client_that_leaves_with_a_request_pipelined_behind_a_stream_cancels_i
     # stream's backend work must stop as when nothing is queued behind it.
     sim = start_sim(decode_tokens_per_s=20.0, prefill_tokens_per_s=1e6)
     gateway = start_gateway([backend("gpu", sim.url, "sim-model")])
-    request = _raw_stream_request(400)
-    with socket.create_connection(("127.0.0.1", gateway.server.port), timeout=10) as sock:
-        sock.sendall(request + request)  # the second waits its turn behind the stream
-        received = b""
-        while b"data: {" not in received:  # the stream is running
-            chunk = sock.recv(65536)
-            assert chunk, "gateway closed the stream"
-            received += chunk
-        until(lambda: sim.app.stats.in_flight == 1, "one request at the backend", timeout=5.0)
-    until(lambda: sim.app.stats.in_flight == 0, "the upstream request dropped", timeout=5.0)
-    assert sim.app.stats.cancelled == 1
-    assert sim.app.stats.completed == 0
-    assert gateway.app.registry.backends["gpu"].inflight == 0
+    _leave_mid_stream(sim, gateway, 2)
