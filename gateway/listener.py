@@ -42,6 +42,10 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
   trailer field as it buffers a header; a request that carries trailer fields at all is
   400 `invalid_request` (uvicorn would add them to the request's headers after the app
   read them: a data-class label could arrive after the policy looked).
+- a request that asked for `100 Continue` and is answered before the gateway asked for
+  its body (an early 401, 413) gets `connection: close` and the connection ends with the
+  answer (`gateway/expect_continue.py`): the client sends no body then, and its next
+  request would otherwise be read as that body.
 - protocol upgrades (`Upgrade` with `Connection: upgrade`, `CONNECT`) are 400
   `invalid_request`: the parser stops at such a head, and its body would otherwise be
   parsed later as a request of its own.
@@ -77,6 +81,7 @@ from gateway.asgi import REFUSAL_SCOPE_KEY
 from gateway.body_writer import BODY_WRITER_SCOPE_KEY, BodyWriter
 from gateway.coalescing import HeadCoalescer
 from gateway.errors import ErrorCode, GatewayError, error_body
+from gateway.expect_continue import close_unless_continued
 from gateway.logs import get_logger
 
 if TYPE_CHECKING:
@@ -327,6 +332,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self.cycle.transport = HeadCoalescer(self.transport, self.loop)  # type: ignore[assignment]
         # A stream's relay may write its chunks without `send` (gateway/body_writer.py).
         self.cycle.scope[BODY_WRITER_SCOPE_KEY] = BodyWriter(self.cycle)  # type: ignore[typeddict-unknown-key]
+        if self.cycle.waiting_for_100_continue:  # rare: no cost for other requests
+            close_unless_continued(self.cycle)
         self._in_head = self._head_begun = False
         if self._head_timer is not None:
             self._head_timer.cancel()
