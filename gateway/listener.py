@@ -424,6 +424,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if busy:  # a second answer on the wire would corrupt the first
             self.transport.close()
             return
+        if cycle is not None and isinstance(cycle.transport, HeadCoalescer):
+            # What the cycle wrote last may still be held for this turn (the head of an
+            # answer to HEAD, a `100 Continue`): it goes first, never after the refusal.
+            cycle.transport.flush()
         if not self._in_head:
             # The app waits for this body: it reads a disconnect now, what it sends is
             # dropped, and the scope tells it what the client got.
