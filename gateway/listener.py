@@ -46,6 +46,10 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
   its body (an early 401, 413) gets `connection: close` and the connection ends with the
   answer (`gateway/expect_continue.py`): the client sends no body then, and its next
   request would otherwise be read as that body.
+- pipelining: at most `MAX_PIPELINED` requests queued behind the one being answered; a
+  connection that sends more is closed (an answer cannot overtake those queued). uvicorn
+  parses every request of a read and reads again after each answer, so one connection
+  could queue requests without end.
 - protocol upgrades (`Upgrade` with `Connection: upgrade`, `CONNECT`) are 400
   `invalid_request`: the parser stops at such a head, and its body would otherwise be
   parsed later as a request of its own.
@@ -90,8 +94,10 @@ if TYPE_CHECKING:
 __all__ = [
     "LINGER_BYTES",
     "LINGER_S",
+    "MAX_PIPELINED",
     "NO_TRAILERS",
     "NO_UPGRADE",
+    "TOO_MANY_PIPELINED",
     "LimitedHttpProtocol",
     "ListenerLimits",
     "Refusal",
@@ -108,6 +114,7 @@ _FD_HEADROOM = 64  # descriptors kept for log files, Redis, the listening socket
 _MAX_DERIVED_CONNECTIONS = 4096  # a head in progress holds up to ~max_header_bytes
 LINGER_S = 2.0  # after a refusal: how long what the client still sends is dropped
 LINGER_BYTES = 1 << 20  # ... and how much of it, at most
+MAX_PIPELINED = 16  # requests a connection may queue behind the one being answered
 _LOG_EVERY_S = 10.0
 
 
@@ -322,6 +329,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             # parser would stop at the head: its body would be read later as a request of
             # its own (one with its own key and labels, smuggled past a proxy in front).
             raise Refusal(ErrorCode.invalid_request, "upgrade", NO_UPGRADE)
+        if len(self.pipeline) >= MAX_PIPELINED:
+            # uvicorn queues a request that arrives while another is answered and pauses
+            # reading, but parses every request of the read in hand and reads again after
+            # each answer: one connection could queue requests without end. Those queued
+            # wait their turn: closing is the only answer that cannot overtake theirs.
+            raise Refusal(ErrorCode.invalid_request, "pipelined", TOO_MANY_PIPELINED)
         limit = limits.max_header_bytes
         # `_head_bytes` is exact for a head that spans reads, and an upper bound when
         # it ends inside a read (body bytes follow it): count exactly only then.
@@ -453,6 +466,9 @@ NO_UPGRADE = (
     "Protocol upgrades (Upgrade with Connection: upgrade, CONNECT) are not supported; "
     "send the request as plain HTTP/1.1."
 )
+
+
+TOO_MANY_PIPELINED = f"More than {MAX_PIPELINED} requests were sent ahead of their answers."
 
 
 NO_TRAILERS = "Trailer fields are not accepted; send every header before the body."

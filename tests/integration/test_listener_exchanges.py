@@ -9,14 +9,17 @@ for, and a refusal must never overtake an answer still held for coalescing
 
 from __future__ import annotations
 
+import select
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from gateway.app import create_app
+from gateway.listener import MAX_PIPELINED
 from gateway.serving import ServerThread
 from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
-from tests.helpers.raw_socket import connect, parse, read_to_end
+from tests.helpers.raw_socket import WAIT_S, connect, parse, read_to_end
 
 CHAT = b'{"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}'
 
@@ -79,3 +82,48 @@ def test_a_100_continue_request_that_is_read_is_served_and_kept_alive(
         raw = read_to_end(sock)
     assert raw.count(b"HTTP/1.1 200 OK") == 2
     assert b"connection: close" in raw.split(b"HTTP/1.1 200 OK")[2]
+
+
+def _pipeline(server: ServerThread, total: int) -> tuple[int, int]:
+    """Send small pipelined requests, up to `total` bytes, reading what comes back, until
+    the server closes; returns (bytes sent, answers received)."""
+    request = b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n"
+    batch = request * 2000
+    sent, answered = 0, 0
+    deadline = time.monotonic() + WAIT_S
+    with connect(server) as sock:
+        while sent < total and time.monotonic() < deadline:
+            readable, writable, _ = select.select([sock], [sock], [], 1.0)
+            if readable:
+                try:
+                    data = sock.recv(1 << 20)
+                except ConnectionResetError:
+                    break
+                if not data:
+                    break
+                answered += data.count(b"HTTP/1.1 200 OK")
+            if writable:
+                try:
+                    sent += sock.send(batch)
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+    return sent, answered
+
+
+def test_pipelined_requests_are_bounded_per_connection(gateway: ServerThread) -> None:
+    """uvicorn parses every request in a read and queues each behind the one running, and
+    reads again after each answer: one connection sending small requests without end
+    queued hundreds of thousands of them (600 MB in seconds, the loop starved). Past
+    `MAX_PIPELINED` queued requests the connection is closed."""
+    sent, answered = _pipeline(gateway, 50_000_000)
+    assert sent < 5_000_000, f"{sent} bytes of pipelined requests read, {answered} answered"
+    assert answered <= MAX_PIPELINED + 1
+
+
+def test_a_few_pipelined_requests_are_all_answered(gateway: ServerThread) -> None:
+    request = b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n"
+    last = b"GET /healthz HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n"
+    with connect(gateway) as sock:
+        sock.sendall(request * (MAX_PIPELINED - 1) + last)
+        raw = read_to_end(sock)
+    assert raw.count(b"HTTP/1.1 200 OK") == MAX_PIPELINED
