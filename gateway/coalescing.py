@@ -8,8 +8,11 @@ the cycle's first write (the head) is held until its next write (the body, in th
 turn of the event loop for every answer the gateway sends whole) or until the end of the
 loop's turn (a stream's head, whose first chunk may be seconds away), whichever comes
 first. Bytes keep their order: anything else the cycle writes or closes goes after the
-held head, and the listener's own answers (refusals) are never written while a cycle's
-answer has started (`LimitedHttpProtocol._refuse` closes instead).
+held head. The listener's own answers (refusals) are never written into an answer in
+progress (`LimitedHttpProtocol._refuse` closes instead), and they flush first what the
+cycle still holds: the head of an answer to HEAD (no body write carries it) or a
+`100 Continue` (a cycle's first write too). uvloop reads a socket, and so may refuse the
+next bytes, before it runs the turn's callbacks.
 """
 
 from __future__ import annotations

@@ -42,6 +42,14 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
   trailer field as it buffers a header; a request that carries trailer fields at all is
   400 `invalid_request` (uvicorn would add them to the request's headers after the app
   read them: a data-class label could arrive after the policy looked).
+- a request that asked for `100 Continue` and is answered before the gateway asked for
+  its body (an early 401, 413) gets `connection: close` and the connection ends with the
+  answer (`gateway/expect_continue.py`): the client sends no body then, and its next
+  request would otherwise be read as that body.
+- pipelining: at most `MAX_PIPELINED` requests queued behind the one being answered; a
+  connection that sends more is closed (an answer cannot overtake those queued). uvicorn
+  parses every request of a read and reads again after each answer, so one connection
+  could queue requests without end.
 - protocol upgrades (`Upgrade` with `Connection: upgrade`, `CONNECT`) are 400
   `invalid_request`: the parser stops at such a head, and its body would otherwise be
   parsed later as a request of its own.
@@ -77,6 +85,7 @@ from gateway.asgi import REFUSAL_SCOPE_KEY
 from gateway.body_writer import BODY_WRITER_SCOPE_KEY, BodyWriter
 from gateway.coalescing import HeadCoalescer
 from gateway.errors import ErrorCode, GatewayError, error_body
+from gateway.expect_continue import close_unless_continued
 from gateway.logs import get_logger
 
 if TYPE_CHECKING:
@@ -85,8 +94,10 @@ if TYPE_CHECKING:
 __all__ = [
     "LINGER_BYTES",
     "LINGER_S",
+    "MAX_PIPELINED",
     "NO_TRAILERS",
     "NO_UPGRADE",
+    "TOO_MANY_PIPELINED",
     "LimitedHttpProtocol",
     "ListenerLimits",
     "Refusal",
@@ -103,6 +114,7 @@ _FD_HEADROOM = 64  # descriptors kept for log files, Redis, the listening socket
 _MAX_DERIVED_CONNECTIONS = 4096  # a head in progress holds up to ~max_header_bytes
 LINGER_S = 2.0  # after a refusal: how long what the client still sends is dropped
 LINGER_BYTES = 1 << 20  # ... and how much of it, at most
+MAX_PIPELINED = 16  # requests a connection may queue behind the one being answered
 _LOG_EVERY_S = 10.0
 
 
@@ -317,6 +329,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             # parser would stop at the head: its body would be read later as a request of
             # its own (one with its own key and labels, smuggled past a proxy in front).
             raise Refusal(ErrorCode.invalid_request, "upgrade", NO_UPGRADE)
+        if len(self.pipeline) >= MAX_PIPELINED:
+            # uvicorn queues a request that arrives while another is answered and pauses
+            # reading, but parses every request of the read in hand and reads again after
+            # each answer: one connection could queue requests without end. Those queued
+            # wait their turn: closing is the only answer that cannot overtake theirs.
+            raise Refusal(ErrorCode.invalid_request, "pipelined", TOO_MANY_PIPELINED)
         limit = limits.max_header_bytes
         # `_head_bytes` is exact for a head that spans reads, and an upper bound when
         # it ends inside a read (body bytes follow it): count exactly only then.
@@ -327,6 +345,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self.cycle.transport = HeadCoalescer(self.transport, self.loop)  # type: ignore[assignment]
         # A stream's relay may write its chunks without `send` (gateway/body_writer.py).
         self.cycle.scope[BODY_WRITER_SCOPE_KEY] = BodyWriter(self.cycle)  # type: ignore[typeddict-unknown-key]
+        if self.cycle.waiting_for_100_continue:  # rare: no cost for other requests
+            close_unless_continued(self.cycle)
         self._in_head = self._head_begun = False
         if self._head_timer is not None:
             self._head_timer.cancel()
@@ -417,6 +437,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if busy:  # a second answer on the wire would corrupt the first
             self.transport.close()
             return
+        if cycle is not None and isinstance(cycle.transport, HeadCoalescer):
+            # What the cycle wrote last may still be held for this turn (the head of an
+            # answer to HEAD, a `100 Continue`): it goes first, never after the refusal.
+            cycle.transport.flush()
         if not self._in_head:
             # The app waits for this body: it reads a disconnect now, what it sends is
             # dropped, and the scope tells it what the client got.
@@ -442,6 +466,9 @@ NO_UPGRADE = (
     "Protocol upgrades (Upgrade with Connection: upgrade, CONNECT) are not supported; "
     "send the request as plain HTTP/1.1."
 )
+
+
+TOO_MANY_PIPELINED = f"More than {MAX_PIPELINED} requests were sent ahead of their answers."
 
 
 NO_TRAILERS = "Trailer fields are not accepted; send every header before the body."
