@@ -8,9 +8,11 @@ the same digests from the same bytes) and countersigns the statement (`Notary`).
 countersignature travels back as the `x-owngate-attest` header (a whole answer) or as a
 final SSE comment line `: owngate-attest <base64>` (a stream: HTTP trailers would be the
 natural place, but few clients and proxies pass them on, and the gateway's own listener
-refuses them). The inference server's own `owngate-` comment lines are removed from a
-stream before it is hashed (`CommentFilter`, as the gateway does), so the countersigned
-body is the one the gateway relays to its client. Only answers below 400 are
+refuses them), always on a line of its own (after a last line the backend left unended,
+an LF goes first, relayed and hashed as part of the body). The inference server's own
+`owngate-` comment lines are removed from a stream before it is hashed (`CommentFilter`,
+as the gateway does), so the countersigned body is the one the gateway relays to its
+client. Only answers below 400 are
 countersigned: an error answer is not relayed to the gateway's client as served, and the
 gateway records none. Nor is an answer the backend ended by closing the connection (no
 content-length, not chunked): a backend that died mid-answer ends it the same way, so
@@ -211,17 +213,20 @@ class AttestRelay:
         # The inference server's own `owngate-` comment lines are not relayed: the
         # gateway would remove them, and the countersignature must be over what it relays.
         comments = CommentFilter()
+        last = b""  # the last byte relayed
         try:
             async for chunk in response.chunks(response.stream_deadline):
                 data = comments.feed(chunk)
                 if data:
                     hashed.update(data)
+                    last = data[-1:]
                     await conn.send_chunk(data)
                 if conn.left:
                     return
             data = comments.flush()
             if data:
                 hashed.update(data)
+                last = data[-1:]
                 await conn.send_chunk(data)
         except UpstreamError as exc:
             if conn.left:
@@ -237,9 +242,14 @@ class AttestRelay:
         if response.ended_by_close:  # maybe cut short: relayed as such, never countersigned
             conn.end_stream(b"")
             return
+        # The comment starts a line of its own: glued to a last line the backend left
+        # unended, it would be that line's text (a `data:` line carrying the signature).
+        # The line end goes first, relayed and committed to like the backend's bytes.
+        line_end = b"\n" if last and last not in b"\r\n" else b""
+        hashed.update(line_end)
         digest = commit_digest("response", salts.response, hashed.digest())
         envelope = self.notary.countersign(request_id, request_commitment, digest)
-        conn.end_stream(SSE_PREFIX + base64.b64encode(envelope) + b"\n\n")
+        conn.end_stream(line_end + SSE_PREFIX + base64.b64encode(envelope) + b"\n\n")
 
     def _stripped(self, lines: int) -> None:
         """Say that the inference server's streams held `owngate-` comment lines, at most
