@@ -14,7 +14,8 @@ an LF goes first, relayed and hashed as part of the body). The inference server'
 as the gateway does), so the countersigned body is the one the gateway relays to its
 client. Only answers below 400 are
 countersigned: an error answer is not relayed to the gateway's client as served, and the
-gateway records none. Nor is an answer the backend ended by closing the connection (no
+gateway records none. A 204 or 304 is relayed as a whole answer (it has no body, so
+no stream may follow its head). Nor is an answer the backend ended by closing the connection (no
 content-length, not chunked): a backend that died mid-answer ends it the same way, so
 the sidecar cannot tell that it is whole. Such a stream is relayed with that framing
 (ended by the sidecar closing), so the gateway reads it as it would without the sidecar
@@ -69,6 +70,7 @@ _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}\Z")
 # What reaches the backend: the request's framing, credentials and trace context, no more.
 _FORWARDED = frozenset({b"content-type", b"authorization", b"accept", b"traceparent"})
 _SSE = b"text/event-stream"
+_NO_BODY = frozenset({204, 304})  # statuses whose answer has no body whatever its headers
 _JSON = b"application/json"
 _ATTEST_LINE = ATTEST_HEADER + b": "
 _NOT_ALLOWED = GatewayError(ErrorCode.method_not_allowed, "The sidecar relays GET and POST only.")
@@ -180,7 +182,8 @@ class AttestRelay:
             if conn.left:
                 return
             content_type = response.header(b"content-type") or _JSON
-            if response.status >= 400 or not content_type.startswith(_SSE):
+            whole = response.status >= 400 or response.status in _NO_BODY
+            if whole or not content_type.startswith(_SSE):
                 data = await self._read(response)
                 if conn.left:
                     return
