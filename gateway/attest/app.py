@@ -12,14 +12,13 @@ refuses them), always on a line of its own (after a last line the backend left u
 an LF goes first, relayed and hashed as part of the body). The inference server's own
 `owngate-` comment lines are removed from a stream before it is hashed (`CommentFilter`,
 as the gateway does), so the countersigned body is the one the gateway relays to its
-client. Only answers below 400 are
-countersigned: an error answer is not relayed to the gateway's client as served, and the
-gateway records none. A 204 or 304 is relayed as a whole answer (it has no body, so
-no stream may follow its head). Nor is an answer the backend ended by closing the connection (no
-content-length, not chunked): a backend that died mid-answer ends it the same way, so
-the sidecar cannot tell that it is whole. Such a stream is relayed with that framing
-(ended by the sidecar closing), so the gateway reads it as it would without the sidecar
-(`[DONE]` or a broken stream).
+client. Only answers below 400 are countersigned: an error answer is not relayed to the
+gateway's client as served, and the gateway records none. A 204 or 304 is relayed as a
+whole answer (it has no body, so no stream may follow its head). Nor is an answer the
+backend ended by closing the connection (no content-length, not chunked): a backend
+that died mid-answer ends it the same way, so the sidecar cannot tell that it is whole.
+Such a stream is relayed with that framing (ended by the sidecar closing), so the
+gateway reads it as it would without the sidecar (`[DONE]` or a broken stream).
 
 A request without salts (not from a gateway: a client that bypassed it) gets fresh ones:
 it is countersigned and logged all the same, so the cross-check against the gateway's
