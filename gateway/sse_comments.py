@@ -13,8 +13,10 @@ What counts as one is what an SSE parser reads as a comment (the WHATWG event-st
 grammar): a line that starts with `:`, lines ending in LF, CRLF or CR, and the first
 line possibly after a UTF-8 byte order mark (which a parser skips). The line is removed,
 with its line ending, when the comment's text, after any spaces and tabs, starts with
-`owngate-` (case as written: `: owngate-receipt`, `:owngate-attest`, `:\\t owngate-x`).
-Any other line, comments such as `: ping` included, passes untouched.
+`owngate-` in any ASCII case (`: owngate-receipt`, `:owngate-attest`, `:\\t owngate-x`,
+`: OWNGATE-Receipt`: a client whose parser matches the prefix without regard to case must
+not be handed a backend's line either). Any other line, comments such as `: ping`
+included, passes untouched.
 
 A line can be split across reads at any byte. The start of a line that may still become
 such a comment (`:`, blanks, a prefix of `owngate-`) is held back until it can be told
@@ -22,9 +24,10 @@ apart, at most `_MAX_HELD` bytes: a comment whose leading blanks run past that i
 too (it means nothing to an SSE client, and it could hide the prefix beyond the bound).
 A removed line is dropped as it arrives, never buffered, however long it is.
 
-The common read (no `owngate-` in it, ending at a line end) costs one `bytes.find` and
-a look at its last byte; only reads with the marker, or ending mid-line, are walked
-(a Python step per line that holds the marker or starts the read's last partial line).
+The common read (no `owngate-` in it, ending at a line end) costs one `bytes.lower` (the
+ASCII case fold), one `bytes.find` and a look at its last byte; only reads with the
+marker, or ending mid-line, are walked (a Python step per line that holds the marker or
+starts the read's last partial line).
 """
 
 from __future__ import annotations
@@ -57,9 +60,9 @@ class CommentFilter:
 
     def feed(self, data: bytes) -> bytes:
         """Bytes from the backend in; the bytes to relay out."""
-        # Whole lines, none marked: the state stays clean. `find`, not `in`: a bytes `in`
-        # first tries its operand as an int (a raised and cleared TypeError, ~2x the cost).
-        if self._clean and data and data[-1] in _ENDS and data.find(_MARK) < 0:
+        # Whole lines, none marked in any case: the state stays clean. `find`, not `in`: a
+        # bytes `in` first tries its operand as an int (a raised and cleared TypeError).
+        if self._clean and data and data[-1] in _ENDS and data.lower().find(_MARK) < 0:
             return data
         out = self._walk(data)
         self._clean = (
@@ -83,6 +86,7 @@ class CommentFilter:
     def _walk(self, data: bytes) -> bytes:
         buffer = self._held + data if self._held else data
         self._held = b""
+        folded = buffer.lower()  # what decides; the bytes relayed are `buffer`'s
         pos = 0
         if self._skip_lf and buffer:
             self._skip_lf = False
@@ -99,7 +103,7 @@ class CommentFilter:
             found = _LINE_END.search(buffer, pos)
             end = found.end() if found is not None else len(buffer)
             if at_start and buffer[pos] in b":\xef":
-                verdict = _verdict(buffer, pos, end, self._stream_start)
+                verdict = _verdict(folded, pos, end, self._stream_start)
                 if verdict == "strip":
                     self.stripped += 1
                     self._dropping = True
@@ -110,15 +114,16 @@ class CommentFilter:
                     break
             # A run of lines none of which can be removed: pass it on in one piece, up to
             # the next line that starts with a marker's first byte.
-            pos = self._next_candidate(buffer, end)
+            pos = self._next_candidate(folded, end)
             kept.append(buffer[start:pos])
             self._stream_start = False
             self._line_start = buffer[pos - 1] in _ENDS
         return b"".join(kept)
 
     def _next_candidate(self, buffer: bytes, pos: int) -> int:
-        """Past the whole lines from `pos` (a line start) that hold no `owngate-` at all:
-        the start of the line that holds the next one, or of the last, partial, line."""
+        """Past the whole lines from `pos` (a line start) that hold no `owngate-` at all
+        (`buffer` case-folded): the start of the line that holds the next one, or of the
+        last, partial, line."""
         hit = buffer.find(_MARK, pos)
         if hit < 0:  # the rest holds none: stop at the start of its last partial line
             if buffer[-1] in _ENDS:
@@ -168,8 +173,8 @@ class StripReports:
 
 def _verdict(buffer: bytes, pos: int, end: int, stream_start: bool) -> str:
     """Whether the line `buffer[pos:end]` (from a line start; `end` is past its line end,
-    or the buffer's end when none came yet) is to be removed ("strip"), passed ("pass"),
-    or cannot be told yet ("hold")."""
+    or the buffer's end when none came yet; `buffer` case-folded) is to be removed
+    ("strip"), passed ("pass"), or cannot be told yet ("hold")."""
     complete = end > pos and buffer[end - 1] in _ENDS
     line = buffer[pos:end]
     if stream_start and line.startswith(_BOM):

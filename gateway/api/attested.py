@@ -38,7 +38,7 @@ from gateway.provenance.formats.attestation import (
 
 __all__ = ["Attester", "SseTail"]
 
-_MARKER = b"\n" + SSE_PREFIX
+_LINE_ENDS = b"\r\n"  # SSE ends a line with LF, CRLF or a bare CR
 _WINDOW = 65536  # counters remembered per key, to refuse a replayed one
 _MAX_TAIL = 2 * MAX_ENVELOPE  # the comment line (base64 of an envelope) and its framing
 
@@ -106,10 +106,12 @@ def _decode(encoded: bytes) -> bytes:
 class SseTail:
     """Takes the sidecar's final `: owngate-attest` comment out of a relayed stream.
 
-    The comment starts at a line start; bytes that could begin it (at most the prefix's
-    length, after a newline) are held back until they can be told apart. From the prefix
-    on, bytes are kept here (bounded) while they can still be the stream's end: that one
-    line and the blank line after it, which is all the sidecar sends. A comment that turns
+    The comment starts at a line start (after LF, CRLF or a bare CR: the backend's stream
+    may end its last line with any of the three); bytes that could begin it (at most the
+    prefix's length, after a line end) are held back until they can be told apart. From
+    the prefix on, bytes are kept here (bounded) while they can still be the stream's end:
+    that one line and the blank line after it, which is all the sidecar sends (always LF:
+    a comment with a CR in it is not the sidecar's). A comment that turns
     out not to be the end (bytes follow it, it holds a CR, it outgrows the bound) is not
     the sidecar's: it goes back into the stream, where `CommentFilter` removes it as it
     removes every `owngate-` line a backend writes, and the stream after it is relayed.
@@ -132,31 +134,30 @@ class SseTail:
             self._held = b""
             found = 0 if self._line_start and buffer.startswith(SSE_PREFIX) else -1
             if found < 0:
-                found = buffer.find(_MARKER)
-                found = found + 1 if found >= 0 else -1
+                found = _find_comment(buffer, 1)
             if found < 0:
                 return self._relay(buffer, 0, line_start=self._line_start)
         out = [buffer[:found]]
         while not _may_end(buffer, found):
             self._released = True
-            following = buffer.find(_MARKER, found + 1)
+            following = _find_comment(buffer, found + 1)
             if following < 0:
                 out.append(self._relay(buffer, found, line_start=False))
                 return b"".join(out)
-            out.append(buffer[found : following + 1])
-            found = following + 1
+            out.append(buffer[found:following])
+            found = following
         self._tail = buffer[found:]
         return b"".join(out)
 
     def _relay(self, buffer: bytes, start: int, *, line_start: bool) -> bytes:
         """`buffer[start:]`, less a last partial line that may begin the comment (held)."""
-        last = buffer.rfind(b"\n", start)
+        last = max(buffer.rfind(b"\n", start), buffer.rfind(b"\r", start))
         partial = buffer[last + 1 :] if last >= 0 or line_start else b""
         if partial and SSE_PREFIX.startswith(partial):
             self._held, self._line_start = partial, True
             return buffer[start : len(buffer) - len(partial)]
         if len(buffer) > start:
-            self._line_start = buffer.endswith(b"\n")
+            self._line_start = buffer[-1] in _LINE_ENDS
         return buffer[start:]
 
     def flush(self) -> bytes:
@@ -173,6 +174,15 @@ class SseTail:
         if not self._tail.endswith(b"\n\n"):
             return b"-"
         return self._tail[len(SSE_PREFIX) : -2]
+
+
+def _find_comment(buffer: bytes, start: int) -> int:
+    """Where the first `SSE_PREFIX` at a line start (after an LF or a bare CR, the line
+    ends SSE allows besides CRLF, whose LF precedes it) at or past `start` begins, or -1."""
+    at = buffer.find(SSE_PREFIX, start)
+    while at >= 0 and buffer[at - 1] not in _LINE_ENDS:
+        at = buffer.find(SSE_PREFIX, at + 1)
+    return at
 
 
 def _may_end(buffer: bytes, at: int) -> bool:

@@ -8,15 +8,17 @@ the same digests from the same bytes) and countersigns the statement (`Notary`).
 countersignature travels back as the `x-owngate-attest` header (a whole answer) or as a
 final SSE comment line `: owngate-attest <base64>` (a stream: HTTP trailers would be the
 natural place, but few clients and proxies pass them on, and the gateway's own listener
-refuses them). The inference server's own `owngate-` comment lines are removed from a
-stream before it is hashed (`CommentFilter`, as the gateway does), so the countersigned
-body is the one the gateway relays to its client. Only answers below 400 are
-countersigned: an error answer is not relayed to the gateway's client as served, and the
-gateway records none. Nor is an answer the backend ended by closing the connection (no
-content-length, not chunked): a backend that died mid-answer ends it the same way, so
-the sidecar cannot tell that it is whole. Such a stream is relayed with that framing
-(ended by the sidecar closing), so the gateway reads it as it would without the sidecar
-(`[DONE]` or a broken stream).
+refuses them), always on a line of its own (after a last line the backend left unended,
+an LF goes first, relayed and hashed as part of the body). The inference server's own
+`owngate-` comment lines are removed from a stream before it is hashed (`CommentFilter`,
+as the gateway does), so the countersigned body is the one the gateway relays to its
+client. Only answers below 400 are countersigned: an error answer is not relayed to the
+gateway's client as served, and the gateway records none. A 204 or 304 is relayed as a
+whole answer (it has no body, so no stream may follow its head). Nor is an answer the
+backend ended by closing the connection (no content-length, not chunked): a backend
+that died mid-answer ends it the same way, so the sidecar cannot tell that it is whole.
+Such a stream is relayed with that framing (ended by the sidecar closing), so the
+gateway reads it as it would without the sidecar (`[DONE]` or a broken stream).
 
 A request without salts (not from a gateway: a client that bypassed it) gets fresh ones:
 it is countersigned and logged all the same, so the cross-check against the gateway's
@@ -67,6 +69,7 @@ _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}\Z")
 # What reaches the backend: the request's framing, credentials and trace context, no more.
 _FORWARDED = frozenset({b"content-type", b"authorization", b"accept", b"traceparent"})
 _SSE = b"text/event-stream"
+_NO_BODY = frozenset({204, 304})  # statuses whose answer has no body whatever its headers
 _JSON = b"application/json"
 _ATTEST_LINE = ATTEST_HEADER + b": "
 _NOT_ALLOWED = GatewayError(ErrorCode.method_not_allowed, "The sidecar relays GET and POST only.")
@@ -178,7 +181,8 @@ class AttestRelay:
             if conn.left:
                 return
             content_type = response.header(b"content-type") or _JSON
-            if response.status >= 400 or not content_type.startswith(_SSE):
+            whole = response.status >= 400 or response.status in _NO_BODY
+            if whole or not content_type.startswith(_SSE):
                 data = await self._read(response)
                 if conn.left:
                     return
@@ -211,17 +215,20 @@ class AttestRelay:
         # The inference server's own `owngate-` comment lines are not relayed: the
         # gateway would remove them, and the countersignature must be over what it relays.
         comments = CommentFilter()
+        last = b""  # the last byte relayed
         try:
             async for chunk in response.chunks(response.stream_deadline):
                 data = comments.feed(chunk)
                 if data:
                     hashed.update(data)
+                    last = data[-1:]
                     await conn.send_chunk(data)
                 if conn.left:
                     return
             data = comments.flush()
             if data:
                 hashed.update(data)
+                last = data[-1:]
                 await conn.send_chunk(data)
         except UpstreamError as exc:
             if conn.left:
@@ -237,9 +244,14 @@ class AttestRelay:
         if response.ended_by_close:  # maybe cut short: relayed as such, never countersigned
             conn.end_stream(b"")
             return
+        # The comment starts a line of its own: glued to a last line the backend left
+        # unended, it would be that line's text (a `data:` line carrying the signature).
+        # The line end goes first, relayed and committed to like the backend's bytes.
+        line_end = b"\n" if last and last not in b"\r\n" else b""
+        hashed.update(line_end)
         digest = commit_digest("response", salts.response, hashed.digest())
         envelope = self.notary.countersign(request_id, request_commitment, digest)
-        conn.end_stream(SSE_PREFIX + base64.b64encode(envelope) + b"\n\n")
+        conn.end_stream(line_end + SSE_PREFIX + base64.b64encode(envelope) + b"\n\n")
 
     def _stripped(self, lines: int) -> None:
         """Say that the inference server's streams held `owngate-` comment lines, at most

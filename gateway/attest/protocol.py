@@ -11,12 +11,12 @@ which waits while the client reads slower than the backend sends).
 
 A client that leaves while its request runs: `left` turns true and the upstream answer
 the relay registered (`upstream`) is aborted, so the backend stops and nothing is signed.
-Pipelined requests wait their turn with reading paused. A client that reads slower than
-it is answered holds its next request back: no request runs (and no answer is added to
-what the transport holds) while the transport has paused writing, and a client that
-reads nothing for `write_timeout_s` (a stream or a waiting request) is cut off, which
-aborts the backend's answer. A connection idle between requests is closed after
-`keepalive_s`.
+Pipelined requests wait their turn with reading paused, at most `MAX_PIPELINED` of them.
+A client that reads slower than it is answered holds its next request back: no request
+runs (and no answer is added to what the transport holds) while the transport has
+paused writing, and a client that reads nothing for `write_timeout_s` (a stream or a
+waiting request) is cut off, which aborts the backend's answer. A connection idle
+between requests is closed after `keepalive_s`.
 """
 
 from __future__ import annotations
@@ -28,11 +28,17 @@ from http import HTTPStatus
 
 from gateway.attest.reader import Request, RequestReader
 from gateway.errors import ErrorCode, GatewayError
-from gateway.listener import ListenerLimits, Refusals
+from gateway.listener import ListenerLimits, Refusal, Refusals
 from gateway.logs import get_logger
 from gateway.upstream.http import UpstreamResponse
 
-__all__ = ["Connection", "Listener", "Request"]
+__all__ = ["MAX_PIPELINED", "Connection", "Listener", "Request"]
+
+# Requests that may wait behind the running one. A read's requests are all parsed at
+# once (httptools cannot stop mid-read), and each costs some 25 bytes of objects per
+# byte of an empty header: past this many the connection is closed, as for any request
+# that cannot be answered in turn. The gateway sends one request at a time.
+MAX_PIPELINED = 16
 
 
 def _status_line(status: int) -> bytes:
@@ -141,6 +147,12 @@ class Connection(RequestReader):
         if self.task is None:
             self.task = self._loop.create_task(self._run(request))
         else:  # pipelined: it waits its turn, and nothing more is read meanwhile
+            if len(self._pipeline) >= MAX_PIPELINED:
+                raise Refusal(
+                    ErrorCode.invalid_request,
+                    "pipelined",
+                    f"More than {MAX_PIPELINED} requests were sent ahead of their answers.",
+                )
             self._pipeline.append(request)
             self.transport.pause_reading()
 

@@ -2,12 +2,14 @@
 attests.
 
 A backend with `tls:` in gateway.yaml gets its own `ssl.SSLContext` (its CA file as the
-only roots, the gateway's client certificate for mutual TLS, TLS 1.2 or later, the
-hostname checked against `server_name`). After every handshake, and before a request byte
-is written, `BackendTLS.check` reads the certificate the backend presented on that
-connection: the SHA-256 of its SubjectPublicKeyInfo must be one of the pins (if any), and
-with `identity: certificate` the facts in its URI SANs must equal what gateway.yaml
-declares. What it returns (`Peer`) is what the dispatch record names.
+only roots, the gateway's client certificate for mutual TLS, TLS 1.2 or later without
+renegotiation (`gateway/tls_options.py`), the hostname checked against `server_name`).
+After every handshake, and before a request byte is written, `BackendTLS.check` reads the
+certificate the backend presented on that connection: the SHA-256 of its
+SubjectPublicKeyInfo must be one of the pins (if any), and with `identity: certificate`
+the facts in its URI SANs must equal what gateway.yaml declares (refused renegotiation
+keeps that certificate the connection's). What it returns (`Peer`) is what the dispatch
+record names.
 
 Pins are written `sha256//` + the standard base64 of the digest (with padding), as
 `curl --pinnedpubkey` takes them. Certificate facts are URI SANs (docs/backend-tls.md):
@@ -40,6 +42,7 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from gateway.config.schema import BackendSettings
+from gateway.tls_options import client_context, harden
 
 __all__ = [
     "BackendTLS",
@@ -161,8 +164,7 @@ class BackendTLS:
 
 def system_tls(host: str) -> BackendTLS:
     """An https backend without `tls:`: the system's roots, the URL's host checked."""
-    context = ssl.create_default_context()
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context = client_context()
     context.set_alpn_protocols(["http/1.1"])
     return BackendTLS(host, context, host)
 
@@ -173,8 +175,7 @@ def backend_tls(backend: BackendSettings, host: str, config_dir: Path) -> Backen
     settings = backend.tls
     own_ca = settings is not None and settings.ca_file is not None
     # PROTOCOL_TLS_CLIENT checks the chain and the name and trusts no roots until told.
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT) if own_ca else ssl.create_default_context()
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context = harden(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)) if own_ca else client_context()
     context.set_alpn_protocols(["http/1.1"])
     read = [backend.model_dump_json(include={"tls", "identity", "region", "owner", "retention"})]
     pins: frozenset[str] = frozenset()

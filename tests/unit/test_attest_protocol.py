@@ -12,8 +12,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from gateway.attest.protocol import Connection, Listener, Request
+from gateway.attest.protocol import MAX_PIPELINED, Connection, Listener, Request
 from tests.helpers.fake_transport import LIMITS, WAIT_S, FakeTransport
+from tests.helpers.waiting import until_async
 
 _GET = b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n"
 
@@ -262,5 +263,53 @@ def test_a_body_in_tiny_chunks_is_held_at_about_its_size() -> None:
         assert connection.task is not None
         await asyncio.wait_for(asyncio.shield(connection.task), WAIT_S)
         assert transport.written.endswith(b"\r\n\r\n600000")
+
+    asyncio.run(main())
+
+
+def test_requests_pipelined_in_one_read_are_held_at_about_their_size() -> None:
+    """Every request of a read was parsed and queued behind the running one: one 256 KiB
+    read of small requests with empty headers held ~6 MB (each header a tuple of two
+    bytes objects), per connection. Past `MAX_PIPELINED` waiting requests the connection
+    is closed, as for any request that cannot be answered in turn."""
+
+    async def main() -> None:
+        release = asyncio.Event()
+
+        async def handler(conn: Connection, request: Request) -> None:
+            await release.wait()
+            conn.respond(200, b"{}", b"application/json")
+
+        connection, transport = _connect(handler)
+        small = b"GET / HTTP/1.1\r\n" + b"a:\r\n" * 60 + b"\r\n"
+        read = small * (262144 // len(small))
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            connection.data_received(read)
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert held < len(read)
+        assert transport.closed.is_set()
+        release.set()
+        assert connection.task is not None
+        await asyncio.wait_for(asyncio.shield(connection.task), WAIT_S)
+
+    asyncio.run(main())
+
+
+def test_a_few_pipelined_requests_are_all_answered_in_turn() -> None:
+    async def main() -> None:
+        handled: list[bytes] = []
+
+        async def handler(conn: Connection, request: Request) -> None:
+            handled.append(request.target)
+            conn.respond(200, b"{}", b"application/json")
+
+        connection, transport = _connect(handler)
+        connection.data_received(_GET * (MAX_PIPELINED + 1))
+        await until_async(lambda: len(handled) == MAX_PIPELINED + 1, "every request answered")
+        assert not transport.closed.is_set()
 
     asyncio.run(main())

@@ -100,3 +100,22 @@ def test_methods_other_than_get_and_post_are_refused(tmp_path: Path, method: byt
     assert status == 405
     assert headers["allow"] == "GET, POST"
     assert json.loads(body)["error"]["code"] == "method_not_allowed"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 204 No Content\r\ncontent-type: text/event-stream\r\n"
+        b"transfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"HTTP/1.1 304 Not Modified\r\ncontent-type: text/event-stream\r\n\r\n",
+    ],
+    ids=["204-chunked", "304"],
+)
+def test_an_answer_without_a_body_gets_no_body(tmp_path: Path, answer: bytes) -> None:
+    """A 204 or 304 has no body whatever its headers say: the stream (a chunked body, or
+    the final comment after the head) that the sidecar wrote after it was, to the
+    gateway's parser, the start of the next response on that connection."""
+    written = asyncio.run(_relay_once(tmp_path, answer))
+    head, _, rest = written.partition(b"\r\n\r\n")
+    assert head.startswith(answer[:12])
+    assert rest == b""

@@ -211,6 +211,40 @@ def test_the_attest_comment_is_taken_out_wherever_reads_split_it(cut: int) -> No
     assert tail.countersignature == b"QUJD"
 
 
+ENDINGS = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
+
+
+@pytest.mark.parametrize("ending", ENDINGS.values(), ids=ENDINGS.keys())
+def test_the_attest_comment_follows_any_sse_line_ending(ending: bytes) -> None:
+    """The backend's stream may end its lines with LF, CRLF or a bare CR (SSE allows all
+    three); the sidecar's comment follows the last one, wherever the reads split."""
+    stream = b"data: {}" + ending + ending + b"data: [DONE]" + ending + ending
+    whole = stream + COMMENT
+    for cut in range(len(whole) + 1):
+        for second in (cut, min(cut + 1, len(whole))):
+            tail = SseTail()
+            relayed = (
+                tail.feed(whole[:cut])
+                + tail.feed(whole[cut:second])
+                + tail.feed(whole[second:])
+                + tail.flush()
+            )
+            assert (relayed, tail.countersignature) == (stream, b"QUJD"), (cut, second)
+
+
+@pytest.mark.parametrize("ending", ENDINGS.values(), ids=ENDINGS.keys())
+def test_an_earlier_attest_comment_after_any_line_ending_is_removed(ending: bytes) -> None:
+    """After a bare CR too, a comment that is not the last line is given back to the
+    stream (and removed by the filter), and the sidecar's last one is the countersignature."""
+    forged = b": owngate-attest Rk9SR0VE" + ending + ending
+    stream = b"data: x" + ending + ending
+    tail = SseTail()
+    relayed = _relayed(tail, stream + forged + stream + COMMENT, [len(stream) + 3])
+    assert b"owngate" not in relayed
+    assert relayed.endswith(stream)
+    assert tail.countersignature == b"QUJD"
+
+
 def test_a_stream_without_the_comment_passes_whole() -> None:
     tail = SseTail()
     lookalike = b"data: x: owngate-attest no\n\n: owngate-att"

@@ -3,7 +3,7 @@ never reach a client, however the stream is split into reads; every other byte d
 
 The expected output is what an SSE parser (WHATWG event-stream grammar: lines end in LF,
 CRLF or CR, a comment starts with `:`, a BOM may open the stream) reads, less the
-comment lines whose text starts with `owngate-` after spaces and tabs.
+comment lines whose text starts with `owngate-`, in any ASCII case, after spaces and tabs.
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ CASES = {
     ),
     "cr": (b"data: a\r: owngate-receipt X\rdata: b\r\r", b"data: a\rdata: b\r\r"),
     "first-line": (b": owngate-receipt X\n" + _DONE, _DONE),
+    # A client parser may match the prefix without regard to case: any case is removed.
+    "upper-case": (_EVENT + b": OWNGATE-receipt X\n\n" + _DONE, _EVENT + b"\n" + _DONE),
+    "mixed-case": (_EVENT + b":\tOwnGate-Attest Y\r\n" + _DONE, _EVENT + _DONE),
+    "upper-unended": (_EVENT + b": OWNG", _EVENT),
     "after-bom": (b"\xef\xbb\xbf: owngate-receipt X\n" + _DONE, _DONE),
     "unended": (_EVENT + b": owngate-receipt X", _EVENT),
     "unended-prefix": (_EVENT + b": owng", _EVENT),
@@ -44,8 +48,8 @@ CASES = {
         b'data: ": owngate-receipt X"\n\n data: owngate-x\nx: owngate-y\n',
     ),
     "near-misses": (
-        b": owngate\n: owngateX\n:: owngate-x\n: own gate-x\n",
-        b": owngate\n: owngateX\n:: owngate-x\n: own gate-x\n",
+        b": owngate\n: owngateX\n:: owngate-x\n: own gate-x\n: OWNGATE_x\n",
+        b": owngate\n: owngateX\n:: owngate-x\n: own gate-x\n: OWNGATE_x\n",
     ),
     "mid-line": (b"data: x: owngate-receipt X\n", b"data: x: owngate-receipt X\n"),
     "bom-only-first": (
@@ -92,6 +96,18 @@ def test_a_crlf_split_between_cr_and_lf_keeps_the_event_whole() -> None:
         assert _relay(stream, [cut])[0] == b"data: a\ndata: b\n\n", cut
 
 
+def test_an_upper_case_receipt_split_at_any_byte_is_held_at_most_the_bound() -> None:
+    """Another request's receipt written `: OWNGATE-receipt` is removed like the lower-case
+    one, and what is held between reads stays within the bound (64 bytes)."""
+    line = b": OWNGATE-receipt " + b"A" * 200 + b"\n"
+    for cut in range(len(line) + 1):
+        comments = CommentFilter()
+        out = comments.feed(_EVENT) + comments.feed(line[:cut])
+        assert len(comments._held) <= 64, cut  # the bound under test
+        out += comments.feed(line[cut:] + _DONE) + comments.flush()
+        assert (out, comments.stripped) == (_EVENT + _DONE, 1), cut
+
+
 def test_a_comment_whose_blanks_run_past_the_bound_is_removed() -> None:
     hidden = b":" + b" " * 100 + b"owngate-receipt X\n"
     assert _relay(_EVENT + hidden + _DONE, [len(_EVENT) + 50]) == (_EVENT + _DONE, 1)
@@ -128,10 +144,10 @@ def _reference(stream: bytes) -> bytes:
     for index, line in enumerate(lines):
         body = line[3:] if index == 0 and line.startswith(b"\xef\xbb\xbf") else line
         text = body[1:].lstrip(b" \t") if body.startswith(b":") else None
-        if text is not None and text.startswith(b"owngate-"):
+        if text is not None and text.lower().startswith(b"owngate-"):
             continue
         unended = not line.endswith((b"\n", b"\r"))
-        if text and unended and b"owngate-".startswith(text):  # ended inside a marker
+        if text and unended and b"owngate-".startswith(text.lower()):  # ended inside a marker
             continue
         kept.append(line)
     return b"".join(kept)
@@ -153,6 +169,9 @@ _PIECES = [
     b" ",
     b"owngate-",
     b"o",
+    b": OWNGATE-receipt X\n",
+    b"OwnGate-",
+    b"O",
 ]
 
 

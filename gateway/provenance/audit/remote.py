@@ -38,6 +38,7 @@ from gateway.provenance.formats.checkpoint import open_checkpoint
 from gateway.provenance.formats.layout import CHECKPOINT, history_path
 from gateway.provenance.formats.note import Verifier
 from gateway.provenance.formats.tiles import MAX_ENTRY_SIZE, TILE_WIDTH, entries_path, tile_path
+from gateway.tls_options import client_context
 
 __all__ = ["FetchLimits", "copy_budget", "is_url", "mirror_log"]
 
@@ -255,11 +256,12 @@ class _Handler(urllib.request.HTTPHandler):
 
 class _SecureHandler(urllib.request.HTTPSHandler):
     def __init__(self, watch: _Watch) -> None:
-        super().__init__()
+        self.tls = client_context()  # the system's roots, as urlopen's
+        super().__init__(context=self.tls)
         self._connection = _watched(http.client.HTTPSConnection, watch)
 
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(self._connection, req)  # the default context, as urlopen's
+        return self.do_open(self._connection, req, context=self.tls)
 
 
 def _files(size: int) -> Iterator[tuple[str, str | None]]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from urllib.parse import urlsplit
@@ -24,6 +23,7 @@ from gateway.provenance.errors import MalformedError
 from gateway.provenance.formats.cosignature import CosignatureVerifier, attach_cosignatures
 from gateway.provenance.witness.app import STATUS
 from gateway.provenance.witness.witness import AddCheckpoint, WitnessCode, WitnessError
+from gateway.tls_options import client_context
 
 __all__ = ["MAX_RESPONSE", "Prover", "WitnessClient", "request_cosignature"]
 
@@ -94,7 +94,7 @@ async def _exchange(url: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
     authority = host if parts.port is None else f"{host}:{parts.port}"
     path = parts.path.rstrip("/") + "/add-checkpoint"
     reader, writer = await asyncio.open_connection(
-        parts.hostname, port, ssl=ssl.create_default_context() if secure else None
+        parts.hostname, port, ssl=client_context() if secure else None
     )
     try:
         head = (
