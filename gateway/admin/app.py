@@ -1,9 +1,9 @@
-"""The admin API app (FastAPI): its routes, its error format and what it is given.
+"""The admin API app (FastAPI): its routes and what it is given.
 
 `create_admin_app(control)` builds it from an `AdminControl`: the gateway's `Runtime`
 (read on every request, so a config reload shows at once) and the actions as callables
 the composition root binds (gateway/app.py `admin_app`). Errors are OpenAI error objects,
-like everywhere else in owngate. `/openapi.json` is the schema (also in
+like everywhere else in owngate (errors.py). `/openapi.json` is the schema (also in
 docs/admin-openapi.json). FastAPI's own docs are off (`docs_url=None`): its Swagger UI
 loads its assets from a CDN and owngate serves nothing from one; `/docs` redirects to
 the web console's API page instead (console_routes.py), drawn from this origin.
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
@@ -31,6 +31,7 @@ from gateway.admin.auth import Caller, require
 from gateway.admin.console_routes import docs_router
 from gateway.admin.console_routes import router as console_router
 from gateway.admin.cosignatures import router as cosignatures_router
+from gateway.admin.errors import _gateway_error, _http_error, _internal, _invalid
 from gateway.admin.limits import BodyLimit
 from gateway.admin.models import (
     MAX_CANDIDATE_BYTES,
@@ -60,7 +61,7 @@ from gateway.admin.timelines import router as timelines_router
 from gateway.api.admin import status_report
 from gateway.api.runtime import Runtime
 from gateway.config.schema import GatewaySettings
-from gateway.errors import ErrorCode, GatewayError, error_body
+from gateway.errors import ErrorCode, GatewayError
 from gateway.policy.labels import InvalidLabel, one_label
 from gateway.policy.types import UnknownDataClass
 from gateway.provenance.formats.records import admin_record
@@ -160,45 +161,6 @@ def _routes(
 async def _control(request: Request) -> AdminControl:
     control: AdminControl = request.app.state.control
     return control
-
-
-# --- errors: the OpenAI error envelope --------------------------------------------------
-
-
-def _json_error(
-    code: ErrorCode, message: str, status: int | None = None, param: str | None = None
-) -> Response:
-    return Response(
-        error_body(code, message, param),
-        status_code=status or code.status,
-        media_type="application/json",
-    )
-
-
-async def _gateway_error(request: Request, error: GatewayError) -> Response:
-    return _json_error(error.code, error.message, error.status, error.param)
-
-
-async def _http_error(request: Request, error: HTTPException) -> Response:
-    cause = error.__cause__  # FastAPI wraps what reading the body raised (limits.py)
-    if isinstance(cause, GatewayError):
-        return await _gateway_error(request, cause)
-    if error.status_code == 404:
-        return _json_error(ErrorCode.not_found, "Unknown admin path.")
-    if error.status_code == 405:
-        return _json_error(ErrorCode.method_not_allowed, "Method not allowed on this path.")
-    return _json_error(ErrorCode.invalid_request, str(error.detail), error.status_code)
-
-
-async def _internal(request: Request, error: Exception) -> Response:
-    """A fault of the admin API itself: the error object, never Starlette's plain text."""
-    return _json_error(ErrorCode.internal_error, "internal error of the admin API")
-
-
-async def _invalid(request: Request, error: RequestValidationError) -> Response:
-    first = error.errors()[0] if error.errors() else {}
-    where = ".".join(str(part) for part in first.get("loc", ()))
-    return _json_error(ErrorCode.invalid_request, f"{where}: {first.get('msg', 'invalid')}")
 
 
 # --- the v1 endpoints --------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 FastAPI lists a `422` with its own `HTTPValidationError` body for every operation that
 takes a body or parameters, but the admin app answers a request that does not validate
-with 400 and an OpenAI error object (app.py `_invalid`), like every owngate error. The
+with 400 and an OpenAI error object (errors.py `_invalid`), like every owngate error. The
 schema says so instead: each `422` becomes a `400` whose body is `ErrorResponse`, and
 FastAPI's validation schemas, then unused, are dropped.
 """

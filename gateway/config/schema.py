@@ -1,23 +1,48 @@
 """The schema of `gateway.yaml`: frozen pydantic models that forbid unknown keys.
 
-Only the loader and the startup path touch these models; the request path reads the
-plain, precomputed tables that `gateway.routing.registry` builds from them.
+`GatewaySettings` is the whole file; this module holds it and the small top-level sections
+(listen, logging, limits, scrape, health, policy, state, tenants). The larger sections have
+modules of their own, re-exported here: `backends`, `routing`, `admin`, `provenance` (and
+`base`, the strict base model). Only the loader and the startup path touch these models;
+the request path reads the plain, precomputed tables that `gateway.routing.registry` builds
+from them.
 """
 
 from __future__ import annotations
 
-import base64
-import re
-from typing import Annotated, Literal
-from urllib.parse import urlsplit
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from gateway.provenance.errors import KeyFormatError
-from gateway.provenance.formats.cosignature import CosignatureVerifier
-from gateway.provenance.formats.note import Verifier
+from gateway.config.admin import (
+    AdminListenSettings,
+    AdminRole,
+    AdminSettings,
+    AdminTokenSettings,
+)
+from gateway.config.backends import (
+    PRIVATE_KINDS,
+    AttestSettings,
+    BackendKind,
+    BackendSettings,
+    BackendTLSSettings,
+    CapacitySettings,
+    ModelSettings,
+    RetentionSettings,
+)
+from gateway.config.base import _KEY_HASH, Identifier, _Strict
+from gateway.config.provenance import ProvenanceSettings, WitnessSettings
+from gateway.config.routing import (
+    BreakerSettings,
+    FailoverSettings,
+    PoolSettings,
+    QueueSettings,
+    RoutingSettings,
+    WeightSettings,
+)
 
 __all__ = [
+    "PRIVATE_KINDS",
     "AdminListenSettings",
     "AdminRole",
     "AdminSettings",
@@ -45,20 +70,9 @@ __all__ = [
     "ScrapeSettings",
     "StateSettings",
     "TenantSettings",
+    "WeightSettings",
     "WitnessSettings",
 ]
-
-BackendKind = Literal["vllm", "llamacpp", "sglang", "openai", "hosted"]
-PRIVATE_KINDS: frozenset[str] = frozenset({"vllm", "llamacpp", "sglang", "openai"})
-
-_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
-_KEY_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
-
-Identifier = Annotated[str, Field(pattern=_ID)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ListenSettings(_Strict):
@@ -147,121 +161,6 @@ class PolicySettings(_Strict):
     reload_interval_s: float = Field(default=1.0, gt=0)
 
 
-class WitnessSettings(_Strict):
-    """A witness that cosigns the log's checkpoints (`owngate witness serve`, or any
-    C2SP tlog-witness): its submission URL prefix and its cosignature verifier key."""
-
-    url: str = Field(min_length=1, description="prefix; add-checkpoint is POSTed under it")
-    vkey: str = Field(min_length=1, description="printed by `owngate witness vkey`")
-    timeout_s: float = Field(default=5.0, gt=0)
-
-    @field_validator("url")
-    @classmethod
-    def _witness_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("a witness url must be an absolute http(s) URL")
-        return value
-
-    @field_validator("vkey")
-    @classmethod
-    def _witness_vkey(cls, value: str) -> str:
-        try:
-            CosignatureVerifier(value)
-        except KeyFormatError as exc:
-            raise ValueError(str(exc)) from exc
-        return value
-
-
-class ProvenanceSettings(_Strict):
-    """The signed provenance log of this gateway (one log per replica, its own origin)."""
-
-    dir: str = Field(min_length=1, description="log directory, relative to gateway.yaml")
-    origin: str = Field(min_length=1, description="the log's origin line, e.g. host/log/1")
-    signing_key_file: str = Field(min_length=1, description="written by keys new --signing")
-    group_commit_ms: float = Field(default=2.0, ge=0)
-    checkpoint_every: int = Field(default=10_000, gt=0)
-    checkpoint_interval_ms: float = Field(default=1000.0, gt=0)
-    receipts: Literal["batch", "single"] = Field(
-        default="batch",
-        description="batch: one signature per committed batch, each receipt with its "
-        "inclusion path (v2); single: one signature per receipt (v1)",
-    )
-    receipts_kept: int = Field(default=100_000, gt=0)
-    receipts_memory_bytes: int = Field(
-        default=64 * 1024 * 1024,
-        gt=0,
-        description="memory the receipts kept for lookup may take (about 1.8 KB each)",
-    )
-    previous_signing_key_files: tuple[str, ...] = Field(
-        default=(),
-        description="old keys that also sign every checkpoint during a key rotation",
-    )
-    witnesses: tuple[WitnessSettings, ...] = Field(
-        default=(), description="C2SP tlog-witnesses asked to cosign each new checkpoint"
-    )
-    witness_retry_max_s: float = Field(
-        default=60.0, gt=0, description="longest wait between retries to a failing witness"
-    )
-
-
-class WeightSettings(_Strict):
-    """Scorer weights of the `score` strategy (see gateway/routing/picker.py)."""
-
-    queue: float = Field(default=1.0, ge=0)
-    kv: float = Field(default=0.3, ge=0)
-    affinity: float = Field(default=0.5, ge=0)
-    prefill: float = Field(default=1.0, ge=0)
-
-
-class QueueSettings(_Strict):
-    """The gateway's bounded wait queue of one pool when every private backend is saturated
-    (waiting requests per slot above `threshold`) and the policy allows no fallback."""
-
-    threshold: float = Field(default=1.0, gt=0, description="waiting requests per slot")
-    size: int = Field(default=256, ge=0, description="waiters at most; 0 turns the queue off")
-    max_wait_s: float = Field(default=30.0, gt=0)
-
-
-class PoolSettings(_Strict):
-    strategy: Literal["score", "least_inflight", "round_robin"] = "score"
-    weights: WeightSettings = WeightSettings()
-    queue: QueueSettings = QueueSettings()
-
-
-class BreakerSettings(_Strict):
-    """The circuit breaker of a backend (gateway/routing/breaker.py)."""
-
-    failure_threshold: int = Field(default=3, gt=0, description="consecutive failures to open")
-    cooldown_s: float = Field(default=1.0, gt=0, description="first open period")
-    max_cooldown_s: float = Field(default=30.0, gt=0, description="cap of the doubling")
-
-    @model_validator(mode="after")
-    def _cap_covers_cooldown(self) -> BreakerSettings:
-        if self.max_cooldown_s < self.cooldown_s:
-            raise ValueError("max_cooldown_s must be at least cooldown_s")
-        return self
-
-
-class FailoverSettings(_Strict):
-    """Retries on the next eligible backend, before the client has seen a byte."""
-
-    max_attempts: int = Field(default=3, gt=0, description="private attempts per request")
-    deadline_s: float = Field(
-        default=300.0, gt=0, description="from arrival to the first byte, all attempts together"
-    )
-
-
-class RoutingSettings(_Strict):
-    """How the eligible backends of a request are ordered: a default and per-model pools."""
-
-    default: PoolSettings = PoolSettings()
-    pools: dict[str, PoolSettings] = Field(default_factory=dict)
-    affinity_prefix_bytes: int = Field(default=4096, ge=64)
-    breaker: BreakerSettings = BreakerSettings()
-    failover: FailoverSettings = FailoverSettings()
-
-
 class StateSettings(_Strict):
     """Shared state (docs/state.md): per process, or on Redis shared by every replica."""
 
@@ -281,178 +180,6 @@ class StateSettings(_Strict):
         if self.lease_ttl_s < 3 * self.sync_interval_s:
             raise ValueError("state.lease_ttl_s must cover at least three sync intervals")
         return self
-
-
-class RetentionSettings(_Strict):
-    """What the operator declares about how a backend keeps request data."""
-
-    days: int = Field(default=0, ge=0)
-    training: bool = False
-    zero_data_retention: bool = False
-    evidence: str = ""
-
-
-class CapacitySettings(_Strict):
-    """Hints for routing; measured load corrects them."""
-
-    max_concurrency: int | None = Field(default=None, gt=0)
-    context_tokens: int | None = Field(default=None, gt=0)
-
-
-class ModelSettings(_Strict):
-    name: str = Field(min_length=1, description="The model name the backend itself serves")
-    aliases: tuple[str, ...] = ()
-    provider_model: str | None = Field(
-        default=None, description="LiteLLM model string for hosted backends, e.g. openai/gpt-4o"
-    )
-
-
-_PIN = re.compile(r"^sha256//[A-Za-z0-9+/]{43}=$")
-
-
-class BackendTLSSettings(_Strict):
-    """How the gateway authenticates a private backend over TLS (and itself to it).
-
-    Paths are relative to gateway.yaml's directory; `gateway.upstream.tls` reads them when
-    the gateway is assembled (so `config validate` names a missing or unreadable file).
-    A pin is `sha256//` + the standard base64 of SHA-256 over the DER SubjectPublicKeyInfo
-    of the backend's certificate, as `curl --pinnedpubkey` writes it."""
-
-    ca_file: str | None = Field(default=None, min_length=1, description="the only trusted roots")
-    client_cert_file: str | None = Field(default=None, min_length=1, description="mutual TLS")
-    client_key_file: str | None = Field(default=None, min_length=1, description="mutual TLS")
-    server_name: str | None = Field(
-        default=None,
-        pattern=r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$",
-        description="SNI and the name checked; default: base_url's host",
-    )
-    pin_spki_sha256: tuple[str, ...] = ()
-
-    @field_validator("pin_spki_sha256")
-    @classmethod
-    def _pin_shape(cls, pins: tuple[str, ...]) -> tuple[str, ...]:
-        for pin in pins:
-            if (
-                not _PIN.match(pin)
-                or base64.b64encode(base64.b64decode(pin[8:])).decode() != pin[8:]
-            ):
-                raise ValueError(
-                    f"pin {pin!r} is not sha256// followed by the base64 of 32 bytes "
-                    "(owngate backend cert prints it; see docs/backend-tls.md)"
-                )
-        return pins
-
-    @model_validator(mode="after")
-    def _key_pair(self) -> BackendTLSSettings:
-        if (self.client_cert_file is None) != (self.client_key_file is None):
-            raise ValueError("client_cert_file and client_key_file go together (mutual TLS)")
-        return self
-
-
-class AttestSettings(_Strict):
-    """A backend behind `owngate attest`: every answer must carry that sidecar's
-    countersignature (docs/provenance.md, layer 3)."""
-
-    key: str = Field(
-        min_length=1, description="the sidecar's verifier key (name+hexid+base64, signed-note)"
-    )
-
-    @field_validator("key")
-    @classmethod
-    def _verifier_key(cls, value: str) -> str:
-        try:
-            Verifier(value)
-        except KeyFormatError as exc:
-            raise ValueError(f"attest.key is not a verifier key: {exc}") from exc
-        return value.strip()
-
-
-class BackendSettings(_Strict):
-    id: Identifier
-    kind: BackendKind
-    base_url: str | None = None
-    models: tuple[ModelSettings, ...] = Field(min_length=1)
-    region: str = Field(min_length=1)
-    owner: str = Field(min_length=1)
-    retention: RetentionSettings = RetentionSettings()
-    capacity: CapacitySettings = CapacitySettings()
-    api_key: str | None = Field(default=None, repr=False)
-    api_key_env: str | None = None
-    provider: str | None = None
-    breaker: BreakerSettings | None = Field(
-        default=None, description="this backend's circuit breaker; default routing.breaker"
-    )
-    first_byte_timeout_s: float | None = Field(
-        default=None, gt=0, description="before failover; default limits.first_byte_timeout_s"
-    )
-    tls: BackendTLSSettings | None = Field(
-        default=None, description="CA, mutual TLS, server name and key pins of an https backend"
-    )
-    identity: Literal["declared", "certificate"] = Field(
-        default="declared",
-        description="certificate: region, owner and retention must match the certificate's",
-    )
-    attest: AttestSettings | None = Field(
-        default=None, description="private backends behind `owngate attest`: its key"
-    )
-
-    @field_validator("base_url")
-    @classmethod
-    def _url_shape(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        if not value.isascii() or not value.isprintable() or " " in value:
-            raise ValueError("base_url must be plain ASCII without spaces or control characters")
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("base_url must be an absolute http(s) URL")
-        try:
-            parts.port  # noqa: B018 - raises on a port out of range
-        except ValueError as exc:
-            raise ValueError(f"base_url has an invalid port: {exc}") from exc
-        if parts.query or parts.fragment:
-            raise ValueError("base_url must not carry a query or fragment")
-        return value.rstrip("/")
-
-    @model_validator(mode="after")
-    def _kind_rules(self) -> BackendSettings:
-        if self.kind in PRIVATE_KINDS and self.base_url is None:
-            raise ValueError(f"a {self.kind} backend needs base_url (the server root)")
-        if self.tls is not None or self.identity == "certificate":
-            if self.kind not in PRIVATE_KINDS:
-                raise ValueError("tls and identity apply to private backends only")
-            if urlsplit(self.base_url or "").scheme != "https":
-                raise ValueError(
-                    "a backend with tls or identity: certificate needs an https base_url"
-                )
-        if self.identity == "certificate" and (self.tls is None or self.tls.ca_file is None):
-            raise ValueError(
-                "identity: certificate needs tls.ca_file: facts count only from a certificate "
-                "issued by the organisation's own CA"
-            )
-        if self.kind == "hosted":
-            if self.api_key is not None:
-                raise ValueError(
-                    "hosted backends take credentials from the environment (api_key_env), "
-                    "never from the config file"
-                )
-            missing = [m.name for m in self.models if not m.provider_model]
-            if missing:
-                raise ValueError(f"hosted models need provider_model: {', '.join(missing)}")
-        if self.attest is not None:
-            if self.kind not in PRIVATE_KINDS:
-                raise ValueError("attest is for private backends (hosted ones cannot countersign)")
-            # The countersigned request must be the client's bytes: no model renaming.
-            if any(m.aliases for m in self.models):
-                raise ValueError(
-                    "an attested backend serves its models under their own names (no "
-                    "aliases): the body it countersigns must be the one the client sent"
-                )
-        return self
-
-    @property
-    def is_private(self) -> bool:
-        return self.kind in PRIVATE_KINDS
 
 
 class RateLimitSettings(_Strict):
@@ -479,89 +206,6 @@ class TenantSettings(_Strict):
                 raise ValueError(
                     "api_key_hashes hold 'sha256:<64 hex>' digests made by "
                     "`owngate keys new`, never raw keys"
-                )
-        return values
-
-
-class AdminListenSettings(_Strict):
-    """Where the admin API (gateway/admin/, FastAPI) listens: its own port, never the
-    public one."""
-
-    host: str = "127.0.0.1"
-    port: int = Field(default=9090, ge=0, le=65535)
-
-
-AdminRole = Literal["operator", "security", "auditor"]
-
-
-class AdminTokenSettings(_Strict):
-    """One admin token of the admin API, stored as its digest, with the role it acts in."""
-
-    hash: str = Field(description="'sha256:<hex>' digest (`owngate keys new --admin`)")
-    role: AdminRole = Field(
-        description="operator (status, reload, drain), security (policies, keys) or "
-        "auditor (log, receipts, proofs: read-only)"
-    )
-
-    @field_validator("hash")
-    @classmethod
-    def _hash_shape(cls, value: str) -> str:
-        if not _KEY_HASH.match(value):
-            raise ValueError(
-                "admin.tokens[].hash holds a 'sha256:<64 hex>' digest made by "
-                "`owngate keys new --admin`, never a raw token"
-            )
-        return value
-
-
-class AdminSettings(_Strict):
-    """Who may read the admin surface (`/admin/status`: backends, load, breakers, the
-    policy digest, shared state) and the admin API on `listen`. Nobody, unless one of
-    these is set."""
-
-    listen: AdminListenSettings | None = Field(
-        default=AdminListenSettings(),
-        description="the admin API's own listener (`owngate serve` opens it when some admin "
-        "access is configured); null turns it off",
-    )
-    tokens: tuple[AdminTokenSettings, ...] = Field(
-        default=(),
-        description="admin API tokens with a role each: [{hash: 'sha256:...', role: ...}]",
-    )
-
-    token_hashes: tuple[str, ...] = Field(
-        default=(),
-        description="'sha256:<hex>' digests of admin tokens (`owngate keys new --admin`), "
-        "sent as 'Authorization: Bearer TOKEN'; several allow a rotation",
-    )
-    allow_loopback: bool = Field(
-        default=False,
-        description="also admit clients on a loopback address without a token: for a "
-        "single-host demo only (a service-mesh sidecar forwards every client from "
-        "127.0.0.6)",
-    )
-    sample_interval_s: float = Field(
-        default=2.0,
-        ge=0.1,
-        le=60,
-        description="the admin API's timelines (/admin/v1/timeline/...): seconds between samples",
-    )
-    history_s: float = Field(
-        default=600,
-        ge=10,
-        le=86400,
-        description="the admin API's timelines: seconds of samples kept in memory (at most "
-        "history_s / sample_interval_s samples, capped at 3600)",
-    )
-
-    @field_validator("token_hashes")
-    @classmethod
-    def _hash_shape(cls, values: tuple[str, ...]) -> tuple[str, ...]:
-        for value in values:
-            if not _KEY_HASH.match(value):
-                raise ValueError(
-                    "admin.token_hashes hold 'sha256:<64 hex>' digests made by "
-                    "`owngate keys new --admin`, never raw tokens"
                 )
         return values
 

@@ -20,22 +20,17 @@ here raises for Redis trouble; `acquire` raises only `RateLimited`.
 from __future__ import annotations
 
 import asyncio
-import os
-import re
-import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from gateway.logs import get_logger
 from gateway.state import lua
 from gateway.state.ledger import CONCURRENCY_RETRY_S, Ledger
+from gateway.state.redis_keys import _NAME, RedisKeys, _client, _per_tenant, default_replica_id
 from gateway.state.types import (
     Admission,
     LimitName,
@@ -48,44 +43,12 @@ from gateway.state.types import (
 
 __all__ = ["RedisKeys", "RedisState", "default_replica_id"]
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _FAILURES = (RedisError, OSError, TimeoutError)
 _REFUSED: dict[int, LimitName] = {
     1: "concurrent",
     2: "requests_per_minute",
     3: "tokens_per_minute",
 }
-
-
-class RedisKeys:
-    """Every key owngate writes, under one `{prefix}` hash tag (one Cluster slot)."""
-
-    def __init__(self, prefix: str) -> None:
-        if not _NAME.match(prefix):
-            raise ValueError(f"key prefix {prefix!r} must match {_NAME.pattern}")
-        tag = "{" + prefix + "}"
-        self._tag = tag
-        self.leases = f"{tag}:leases"
-        self.inflight = f"{tag}:inflight"
-        self.revoked = f"{tag}:revoked"
-        self.revoked_version = f"{tag}:revoked:version"
-
-    def slots(self, tenant: str) -> str:
-        return f"{self._tag}:slots:{tenant}"
-
-    def held(self, tenant: str) -> str:
-        return f"{self._tag}:held:{tenant}"
-
-    def requests(self, tenant: str) -> str:
-        return f"{self._tag}:rpm:{tenant}"
-
-    def tokens(self, tenant: str) -> str:
-        return f"{self._tag}:tpm:{tenant}"
-
-
-def default_replica_id() -> str:
-    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:64] or "host"
-    return f"{host}-{os.getpid()}-{os.urandom(3).hex()}"
 
 
 class RedisState:
@@ -505,21 +468,6 @@ class RedisState:
         if push:
             await self._revoke_script(keys=[keys.revoked, keys.revoked_version], args=sorted(push))
             self._pending -= push
-
-
-def _client(url: str, timeout_s: float, name: str) -> aioredis.Redis:
-    pool = aioredis.ConnectionPool.from_url(
-        url,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 0),  # a failed call falls back at once; the sync retries
-        client_name=f"owngate:{name}",
-    )
-    return aioredis.Redis.from_pool(pool)
-
-
-def _per_tenant(keys: RedisKeys, tenants: list[str]) -> list[str]:
-    return [key for tenant in tenants for key in (keys.slots(tenant), keys.held(tenant))]
 
 
 def _flat(pairs: Sequence[tuple[str, int]]) -> list[str | int]:

@@ -1,0 +1,203 @@
+"""`gateway.yaml`'s `backends:` entries: a backend's kind, URL, models, declared facts
+(region, owner, retention), capacity hints, and how the gateway trusts it: TLS (CA, mutual
+TLS, key pins), certificate identity and `owngate attest` countersignatures."""
+
+from __future__ import annotations
+
+import base64
+import re
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator, model_validator
+
+from gateway.config.base import Identifier, _Strict
+from gateway.config.routing import BreakerSettings
+from gateway.provenance.errors import KeyFormatError
+from gateway.provenance.formats.note import Verifier
+
+__all__ = [
+    "PRIVATE_KINDS",
+    "AttestSettings",
+    "BackendKind",
+    "BackendSettings",
+    "BackendTLSSettings",
+    "CapacitySettings",
+    "ModelSettings",
+    "RetentionSettings",
+]
+
+BackendKind = Literal["vllm", "llamacpp", "sglang", "openai", "hosted"]
+PRIVATE_KINDS: frozenset[str] = frozenset({"vllm", "llamacpp", "sglang", "openai"})
+
+
+class RetentionSettings(_Strict):
+    """What the operator declares about how a backend keeps request data."""
+
+    days: int = Field(default=0, ge=0)
+    training: bool = False
+    zero_data_retention: bool = False
+    evidence: str = ""
+
+
+class CapacitySettings(_Strict):
+    """Hints for routing; measured load corrects them."""
+
+    max_concurrency: int | None = Field(default=None, gt=0)
+    context_tokens: int | None = Field(default=None, gt=0)
+
+
+class ModelSettings(_Strict):
+    name: str = Field(min_length=1, description="The model name the backend itself serves")
+    aliases: tuple[str, ...] = ()
+    provider_model: str | None = Field(
+        default=None, description="LiteLLM model string for hosted backends, e.g. openai/gpt-4o"
+    )
+
+
+_PIN = re.compile(r"^sha256//[A-Za-z0-9+/]{43}=$")
+
+
+class BackendTLSSettings(_Strict):
+    """How the gateway authenticates a private backend over TLS (and itself to it).
+
+    Paths are relative to gateway.yaml's directory; `gateway.upstream.tls` reads them when
+    the gateway is assembled (so `config validate` names a missing or unreadable file).
+    A pin is `sha256//` + the standard base64 of SHA-256 over the DER SubjectPublicKeyInfo
+    of the backend's certificate, as `curl --pinnedpubkey` writes it."""
+
+    ca_file: str | None = Field(default=None, min_length=1, description="the only trusted roots")
+    client_cert_file: str | None = Field(default=None, min_length=1, description="mutual TLS")
+    client_key_file: str | None = Field(default=None, min_length=1, description="mutual TLS")
+    server_name: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$",
+        description="SNI and the name checked; default: base_url's host",
+    )
+    pin_spki_sha256: tuple[str, ...] = ()
+
+    @field_validator("pin_spki_sha256")
+    @classmethod
+    def _pin_shape(cls, pins: tuple[str, ...]) -> tuple[str, ...]:
+        for pin in pins:
+            if (
+                not _PIN.match(pin)
+                or base64.b64encode(base64.b64decode(pin[8:])).decode() != pin[8:]
+            ):
+                raise ValueError(
+                    f"pin {pin!r} is not sha256// followed by the base64 of 32 bytes "
+                    "(owngate backend cert prints it; see docs/backend-tls.md)"
+                )
+        return pins
+
+    @model_validator(mode="after")
+    def _key_pair(self) -> BackendTLSSettings:
+        if (self.client_cert_file is None) != (self.client_key_file is None):
+            raise ValueError("client_cert_file and client_key_file go together (mutual TLS)")
+        return self
+
+
+class AttestSettings(_Strict):
+    """A backend behind `owngate attest`: every answer must carry that sidecar's
+    countersignature (docs/provenance.md, layer 3)."""
+
+    key: str = Field(
+        min_length=1, description="the sidecar's verifier key (name+hexid+base64, signed-note)"
+    )
+
+    @field_validator("key")
+    @classmethod
+    def _verifier_key(cls, value: str) -> str:
+        try:
+            Verifier(value)
+        except KeyFormatError as exc:
+            raise ValueError(f"attest.key is not a verifier key: {exc}") from exc
+        return value.strip()
+
+
+class BackendSettings(_Strict):
+    id: Identifier
+    kind: BackendKind
+    base_url: str | None = None
+    models: tuple[ModelSettings, ...] = Field(min_length=1)
+    region: str = Field(min_length=1)
+    owner: str = Field(min_length=1)
+    retention: RetentionSettings = RetentionSettings()
+    capacity: CapacitySettings = CapacitySettings()
+    api_key: str | None = Field(default=None, repr=False)
+    api_key_env: str | None = None
+    provider: str | None = None
+    breaker: BreakerSettings | None = Field(
+        default=None, description="this backend's circuit breaker; default routing.breaker"
+    )
+    first_byte_timeout_s: float | None = Field(
+        default=None, gt=0, description="before failover; default limits.first_byte_timeout_s"
+    )
+    tls: BackendTLSSettings | None = Field(
+        default=None, description="CA, mutual TLS, server name and key pins of an https backend"
+    )
+    identity: Literal["declared", "certificate"] = Field(
+        default="declared",
+        description="certificate: region, owner and retention must match the certificate's",
+    )
+    attest: AttestSettings | None = Field(
+        default=None, description="private backends behind `owngate attest`: its key"
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _url_shape(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.isascii() or not value.isprintable() or " " in value:
+            raise ValueError("base_url must be plain ASCII without spaces or control characters")
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("base_url must be an absolute http(s) URL")
+        try:
+            parts.port  # noqa: B018 - raises on a port out of range
+        except ValueError as exc:
+            raise ValueError(f"base_url has an invalid port: {exc}") from exc
+        if parts.query or parts.fragment:
+            raise ValueError("base_url must not carry a query or fragment")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _kind_rules(self) -> BackendSettings:
+        if self.kind in PRIVATE_KINDS and self.base_url is None:
+            raise ValueError(f"a {self.kind} backend needs base_url (the server root)")
+        if self.tls is not None or self.identity == "certificate":
+            if self.kind not in PRIVATE_KINDS:
+                raise ValueError("tls and identity apply to private backends only")
+            if urlsplit(self.base_url or "").scheme != "https":
+                raise ValueError(
+                    "a backend with tls or identity: certificate needs an https base_url"
+                )
+        if self.identity == "certificate" and (self.tls is None or self.tls.ca_file is None):
+            raise ValueError(
+                "identity: certificate needs tls.ca_file: facts count only from a certificate "
+                "issued by the organisation's own CA"
+            )
+        if self.kind == "hosted":
+            if self.api_key is not None:
+                raise ValueError(
+                    "hosted backends take credentials from the environment (api_key_env), "
+                    "never from the config file"
+                )
+            missing = [m.name for m in self.models if not m.provider_model]
+            if missing:
+                raise ValueError(f"hosted models need provider_model: {', '.join(missing)}")
+        if self.attest is not None:
+            if self.kind not in PRIVATE_KINDS:
+                raise ValueError("attest is for private backends (hosted ones cannot countersign)")
+            # The countersigned request must be the client's bytes: no model renaming.
+            if any(m.aliases for m in self.models):
+                raise ValueError(
+                    "an attested backend serves its models under their own names (no "
+                    "aliases): the body it countersigns must be the one the client sent"
+                )
+        return self
+
+    @property
+    def is_private(self) -> bool:
+        return self.kind in PRIVATE_KINDS

@@ -1,0 +1,73 @@
+"""`gateway.yaml`'s `provenance:` section: the signed provenance log of this gateway and
+the witnesses that cosign its checkpoints."""
+
+from __future__ import annotations
+
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator
+
+from gateway.config.base import _Strict
+from gateway.provenance.errors import KeyFormatError
+from gateway.provenance.formats.cosignature import CosignatureVerifier
+
+__all__ = ["ProvenanceSettings", "WitnessSettings"]
+
+
+class WitnessSettings(_Strict):
+    """A witness that cosigns the log's checkpoints (`owngate witness serve`, or any
+    C2SP tlog-witness): its submission URL prefix and its cosignature verifier key."""
+
+    url: str = Field(min_length=1, description="prefix; add-checkpoint is POSTed under it")
+    vkey: str = Field(min_length=1, description="printed by `owngate witness vkey`")
+    timeout_s: float = Field(default=5.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _witness_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("a witness url must be an absolute http(s) URL")
+        return value
+
+    @field_validator("vkey")
+    @classmethod
+    def _witness_vkey(cls, value: str) -> str:
+        try:
+            CosignatureVerifier(value)
+        except KeyFormatError as exc:
+            raise ValueError(str(exc)) from exc
+        return value
+
+
+class ProvenanceSettings(_Strict):
+    """The signed provenance log of this gateway (one log per replica, its own origin)."""
+
+    dir: str = Field(min_length=1, description="log directory, relative to gateway.yaml")
+    origin: str = Field(min_length=1, description="the log's origin line, e.g. host/log/1")
+    signing_key_file: str = Field(min_length=1, description="written by keys new --signing")
+    group_commit_ms: float = Field(default=2.0, ge=0)
+    checkpoint_every: int = Field(default=10_000, gt=0)
+    checkpoint_interval_ms: float = Field(default=1000.0, gt=0)
+    receipts: Literal["batch", "single"] = Field(
+        default="batch",
+        description="batch: one signature per committed batch, each receipt with its "
+        "inclusion path (v2); single: one signature per receipt (v1)",
+    )
+    receipts_kept: int = Field(default=100_000, gt=0)
+    receipts_memory_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        gt=0,
+        description="memory the receipts kept for lookup may take (about 1.8 KB each)",
+    )
+    previous_signing_key_files: tuple[str, ...] = Field(
+        default=(),
+        description="old keys that also sign every checkpoint during a key rotation",
+    )
+    witnesses: tuple[WitnessSettings, ...] = Field(
+        default=(), description="C2SP tlog-witnesses asked to cosign each new checkpoint"
+    )
+    witness_retry_max_s: float = Field(
+        default=60.0, gt=0, description="longest wait between retries to a failing witness"
+    )

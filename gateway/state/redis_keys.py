@@ -1,0 +1,66 @@
+"""Where shared state lives in Redis: every key under one `{prefix}` hash tag, the names
+replicas go by, and the connections `RedisState` (gateway/state/redis_state.py) opens.
+
+Imports redis-py: imported only when `state.backend` is `redis`. docs/state.md lists the
+keys and what each holds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+__all__ = ["RedisKeys", "default_replica_id"]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+class RedisKeys:
+    """Every key owngate writes, under one `{prefix}` hash tag (one Cluster slot)."""
+
+    def __init__(self, prefix: str) -> None:
+        if not _NAME.match(prefix):
+            raise ValueError(f"key prefix {prefix!r} must match {_NAME.pattern}")
+        tag = "{" + prefix + "}"
+        self._tag = tag
+        self.leases = f"{tag}:leases"
+        self.inflight = f"{tag}:inflight"
+        self.revoked = f"{tag}:revoked"
+        self.revoked_version = f"{tag}:revoked:version"
+
+    def slots(self, tenant: str) -> str:
+        return f"{self._tag}:slots:{tenant}"
+
+    def held(self, tenant: str) -> str:
+        return f"{self._tag}:held:{tenant}"
+
+    def requests(self, tenant: str) -> str:
+        return f"{self._tag}:rpm:{tenant}"
+
+    def tokens(self, tenant: str) -> str:
+        return f"{self._tag}:tpm:{tenant}"
+
+
+def default_replica_id() -> str:
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:64] or "host"
+    return f"{host}-{os.getpid()}-{os.urandom(3).hex()}"
+
+
+def _client(url: str, timeout_s: float, name: str) -> aioredis.Redis:
+    pool = aioredis.ConnectionPool.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),  # a failed call falls back at once; the sync retries
+        client_name=f"owngate:{name}",
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
+def _per_tenant(keys: RedisKeys, tenants: list[str]) -> list[str]:
+    return [key for tenant in tenants for key in (keys.slots(tenant), keys.held(tenant))]
