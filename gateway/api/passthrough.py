@@ -7,7 +7,8 @@ the dispatcher can offer the request to the next eligible backend: a refused or 
 connection, a 5xx, or no first byte within the attempt's first-byte budget (the
 backend's `first_byte_timeout_s`, cut to what the request's failover deadline leaves).
 A stream's response headers are held back until its first chunk arrives, so a backend
-that answers headers and then hangs can still be failed over. What happens is told to
+that answers headers and then hangs, or ends the stream with no byte, can still be failed
+over. What happens is told to
 the routing `Attempt` (gateway/routing/router.py): whether the breaker admits it, its
 verdict (judged by how the answer ended), its first byte (the end of its prefill), and
 each answer (headers below 500, stream chunks), the health probes' evidence that the
@@ -299,14 +300,15 @@ class PrivateRelay:
                 first = await anext(chunks, None)
         except TimeoutError as exc:
             raise UpstreamError("timeout", "no first chunk from backend in time") from exc
+        if first is None:  # a 200 and no body at all: nothing reached the client either
+            raise UpstreamError("closed", "the stream ended before its first byte")
         attempt.first_byte()
         content_type = response.header(b"content-type") or _SSE
         await start_stream(send, exchange, response.status, content_type)
         last = b"\n"  # the last bytes the client got: what the gateway writes starts a line
-        if first is not None:
-            self._metrics.observe_ttft(exchange.endpoint, backend.id, first_chunk_seconds(exchange))
-            answered()
-            last = await _relay_chunk(send, exchange, feed(first)) or last
+        self._metrics.observe_ttft(exchange.endpoint, backend.id, first_chunk_seconds(exchange))
+        answered()
+        last = await _relay_chunk(send, exchange, feed(first)) or last
         broke = None
         writer = exchange.writer
 
