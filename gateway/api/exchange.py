@@ -28,6 +28,7 @@ __all__ = [
     "receipt_headers",
     "relayed",
     "send_error_event",
+    "send_relayed",
     "send_whole",
     "settle",
     "start_stream",
@@ -132,6 +133,20 @@ def relayed(exchange: Exchange, data: bytes, *, whole: bool = False) -> None:
             exchange.trail.answered(data)
         else:
             exchange.trail.relayed(data)
+
+
+async def send_relayed(send: Send, exchange: Exchange, data: bytes) -> None:
+    """Send a piece of a started stream through `send`, and feed it to the trail once it
+    was handed to the client's connection: a send cancelled while it waited for the
+    client to take more (the client left meanwhile), or one the server dropped because
+    the client had gone (uvicorn returns without writing), sent nothing, so the record
+    commits to nothing of it, as the direct relay commits to what `BodyWriter.write`
+    wrote."""
+    await send({"type": "http.response.body", "body": data, "more_body": True})
+    writer = exchange.writer
+    if exchange.client_gone or (writer is not None and writer.gone):
+        return
+    relayed(exchange, data)
 
 
 async def end_stream(send: Send, exchange: Exchange, *, line_open: bool = False) -> None:

@@ -23,6 +23,7 @@ from gateway.api.exchange import (
     end_stream,
     first_chunk_seconds,
     relayed,
+    send_relayed,
     send_whole,
     start_stream,
 )
@@ -137,8 +138,7 @@ class HostedRelay:
                     first = False
                     elapsed = first_chunk_seconds(exchange)
                     self._metrics.observe_ttft(exchange.endpoint, backend.id, elapsed)
-                relayed(exchange, data)
-                await send({"type": "http.response.body", "body": data, "more_body": True})
+                await send_relayed(send, exchange, data)
         except HostedError as exc:
             if exchange.client_gone:
                 raise asyncio.CancelledError from exc

@@ -36,6 +36,7 @@ from gateway.api.exchange import (
     end_stream,
     first_chunk_seconds,
     relayed,
+    send_relayed,
     send_whole,
     start_stream,
 )
@@ -337,8 +338,7 @@ class PrivateRelay:
                         data = tail.feed(data)
                     data = watch.feed(comments.feed(data))
                     if data:
-                        relayed(exchange, data)
-                        await send({"type": "http.response.body", "body": data, "more_body": True})
+                        await send_relayed(send, exchange, data)
                         last = data
             if tail is not None:
                 flushed = comments.feed(tail.flush())
@@ -402,10 +402,9 @@ async def _read_bounded(response: UpstreamResponse) -> bytes:
 
 
 async def _relay_chunk(send: Send, exchange: Exchange, data: bytes) -> bytes:
-    """Send `data` on (committed to, as the client gets it); returns it."""
+    """Send `data` on (committed to once handed to the client); returns it."""
     if data:
-        relayed(exchange, data)
-        await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send_relayed(send, exchange, data)
     return data
 
 
