@@ -22,6 +22,7 @@ __all__ = [
     "Exchange",
     "TryNext",
     "break_stream",
+    "client_left",
     "end_stream",
     "event_break",
     "first_chunk_seconds",
@@ -143,10 +144,18 @@ async def send_relayed(send: Send, exchange: Exchange, data: bytes) -> None:
     commits to nothing of it, as the direct relay commits to what `BodyWriter.write`
     wrote."""
     await send({"type": "http.response.body", "body": data, "more_body": True})
-    writer = exchange.writer
-    if exchange.client_gone or (writer is not None and writer.gone):
-        return
-    relayed(exchange, data)
+    if not client_left(exchange):
+        relayed(exchange, data)
+
+
+def client_left(exchange: Exchange) -> bool:
+    """Whether the client has gone: the disconnect watcher said so (`watch_disconnect`),
+    or, before it ran, the client's connection did (then `client_gone` is set here: a
+    relay that fails now ends as a client that left, 499, not as a failure it never saw)."""
+    if not exchange.client_gone:
+        writer = exchange.writer
+        exchange.client_gone = writer is not None and writer.gone
+    return exchange.client_gone
 
 
 async def end_stream(send: Send, exchange: Exchange, *, line_open: bool = False) -> None:

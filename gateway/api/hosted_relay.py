@@ -20,6 +20,7 @@ from gateway.api.exchange import (
     Exchange,
     TryNext,
     break_stream,
+    client_left,
     end_stream,
     first_chunk_seconds,
     relayed,
@@ -140,7 +141,7 @@ class HostedRelay:
                     self._metrics.observe_ttft(exchange.endpoint, backend.id, elapsed)
                 await send_relayed(send, exchange, data)
         except HostedError as exc:
-            if exchange.client_gone:
+            if client_left(exchange):
                 raise asyncio.CancelledError from exc
             self._metrics.upstream_error(backend.id, exc.kind)
             code = ErrorCode.upstream_timeout if exc.kind == "timeout" else ErrorCode.upstream_error

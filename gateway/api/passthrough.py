@@ -33,6 +33,7 @@ from gateway.api.exchange import (
     Exchange,
     TryNext,
     break_stream,
+    client_left,
     end_stream,
     first_chunk_seconds,
     relayed,
@@ -350,7 +351,7 @@ class PrivateRelay:
                 # the backend dying, not the stream ending.
                 raise UpstreamError("closed", "the stream ended without data: [DONE]")
         except UpstreamError as exc:
-            if exchange.client_gone:
+            if client_left(exchange):
                 raise asyncio.CancelledError from exc
             self._metrics.upstream_error(backend.id, exc.kind)
             broke = exc.kind
