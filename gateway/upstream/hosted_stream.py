@@ -10,6 +10,10 @@ finish reason (OpenAI's `finish_reason`, Anthropic's `stop_reason`): the wrapper
 `received_finish_reason` or `intermittent_finish_reason` when it has them, and in any
 case a finish reason on a chunk LiteLLM did not make up. A stream that ends without one
 raises `HostedError("protocol")` in place of the made-up chunk, before `[DONE]`.
+
+Likewise LiteLLM's end-of-stream usage chunk: when the provider reported no usage, it
+counts the tokens itself. That estimate is neither relayed nor kept as the provider's
+usage (the completion record's `usage` is what the provider reported, or null).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from gateway.upstream import openai_wire
 from gateway.upstream.hosted_errors import HostedError, hosted_error
 from gateway.upstream.openai_wire import Endpoint
 
-__all__ = ["ProviderStream", "close_stream", "encoded", "made_up_end"]
+__all__ = ["ProviderStream", "close_stream", "encoded", "made_up_end", "made_up_usage"]
 
 T = TypeVar("T")
 
@@ -60,6 +64,13 @@ class ProviderStream:
             if made_up_end(self._source):
                 break  # LiteLLM's own last chunk: the provider closed the stream unfinished
             self._finished = self._finished or _has_finish_reason(chunk)
+            if made_up_usage(self._source):  # neither sent on nor recorded
+                data, _ = encoded(
+                    self._provider,
+                    partial(openai_wire.encode_chunk, self._endpoint, chunk, with_usage=False),
+                )
+                yield data, None
+                continue
             encode = partial(
                 openai_wire.encode_chunk, self._endpoint, chunk, with_usage=self._with_usage
             )
@@ -80,14 +91,31 @@ class ProviderStream:
 def made_up_end(source: Any) -> bool:
     """Whether the chunk LiteLLM's stream `source` just returned is one it made up: its
     source ran dry and the provider never gave a finish reason."""
-    wrapper = source if hasattr(source, "sent_last_chunk") else None
-    if wrapper is None:  # a text-completion stream wraps a chat stream
-        wrapper = getattr(source, "completion_stream", None)
+    wrapper = _wrapper(source)
     return (
         getattr(wrapper, "sent_last_chunk", None) is True
         and getattr(wrapper, "received_finish_reason", None) is None
         and getattr(wrapper, "intermittent_finish_reason", None) is None
     )
+
+
+def made_up_usage(source: Any) -> bool:
+    """Whether the chunk LiteLLM's stream `source` just returned is its end-of-stream
+    usage chunk (`sent_stream_usage` is set as it returns it) and the provider reported
+    no usage: LiteLLM then counted the tokens itself, an estimate the provider never
+    stated."""
+    wrapper = _wrapper(source)
+    if getattr(wrapper, "sent_stream_usage", None) is not True:
+        return False
+    chunks = getattr(wrapper, "chunks", None)
+    return not any(getattr(c, "usage", None) for c in chunks or ())
+
+
+def _wrapper(source: Any) -> Any:
+    """LiteLLM's `CustomStreamWrapper` of `source` (a text-completion stream wraps one)."""
+    if hasattr(source, "sent_last_chunk"):
+        return source
+    return getattr(source, "completion_stream", None)
 
 
 def _has_finish_reason(chunk: Any) -> bool:

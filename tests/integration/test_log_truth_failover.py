@@ -1,7 +1,8 @@
 """What the log says when an answer fails before the client saw a byte of it, or is cut
 short by its provider: a private stream that ends before its first byte is failed over
-like a refused connection (or answered with an OpenAI error, never a 200), and a hosted
-stream its provider closed before finishing is recorded (and shown) as broken off.
+like a refused connection (or answered with an OpenAI error, never a 200), a hosted
+stream its provider closed before finishing is recorded (and shown) as broken off, and
+token counts LiteLLM made up for a provider that reported none are not the record's.
 """
 
 from __future__ import annotations
@@ -235,3 +236,37 @@ def test_a_hosted_stream_closed_before_its_first_chunk_gets_an_openai_503(
     assert response.json()["error"]["code"] == "backend_unavailable"
     record = completion_record(tmp_path / "log", response.headers["x-request-id"])
     assert record["status"] == 503 and record["response_commitment"] is None
+
+
+@pytest.mark.parametrize("asks_usage", [False, True], ids=["plain", "asks-usage"])
+def test_usage_litellm_counted_itself_is_neither_recorded_nor_sent_as_the_providers(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    asks_usage: bool,
+) -> None:
+    """The provider finishes its stream but reports no usage: LiteLLM ends the stream
+    with a usage chunk of its own counting. The record says no usage was reported (it
+    said LiteLLM's estimate, as the provider's), and a client that asked for usage gets
+    no chunk claiming it."""
+    finish = _PROVIDER_CHUNK.replace(
+        b'"delta":{"role":"assistant","content":"hi"}}', b'"delta":{},"finish_reason":"stop"}'
+    )
+
+    async def no_usage(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(sse_head() + _PROVIDER_CHUNK + finish + DONE)
+        await writer.drain()
+        return False
+
+    raw = start_raw(no_usage)
+    gateway = hosted_gateway(start_gateway, tmp_path, f"{raw.url}/v1", "m")
+    ask = {**CHAT, "stream_options": {"include_usage": True}} if asks_usage else CHAT
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions", json=ask, headers=gateway.headers, timeout=60
+    )
+    seen = response.content.split(b": owngate-receipt ")[0]
+    assert seen.endswith(DONE) and b'"usage"' not in seen, seen
+    request_id, salt = salt_of(stream_receipt(response.content))
+    record = completion_record(tmp_path / "log", request_id)
+    assert record["status"] == 200 and record["usage"] is None
+    assert record["response_commitment"] == commit("response", salt, seen)
