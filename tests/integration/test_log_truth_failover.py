@@ -270,3 +270,47 @@ def test_usage_litellm_counted_itself_is_neither_recorded_nor_sent_as_the_provid
     record = completion_record(tmp_path / "log", request_id)
     assert record["status"] == 200 and record["usage"] is None
     assert record["response_commitment"] == commit("response", salt, seen)
+
+
+def test_a_whole_hosted_answer_without_usage_is_not_recorded_or_sent_with_zero_usage(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """The provider's answer has no `usage`: LiteLLM gives it zero counts, which the
+    client got and the record kept as the provider's (and the tenant's budget was
+    charged nothing for it). Neither says usage now: the record's is null."""
+    answer = json.dumps(
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "hi"},
+                    "finish_reason": "stop",
+                }
+            ],
+        }
+    ).encode()
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+
+    async def no_usage(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(head % len(answer) + answer)
+        await writer.drain()
+        return False
+
+    raw = start_raw(no_usage)
+    gateway = hosted_gateway(start_gateway, tmp_path, f"{raw.url}/v1", "m")
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        json={**CHAT, "stream": False},
+        headers=gateway.headers,
+        timeout=60,
+    )
+    assert response.status_code == 200, response.content
+    assert "usage" not in response.json()
+    record = completion_record(tmp_path / "log", response.headers["x-request-id"])
+    assert record["usage"] is None
