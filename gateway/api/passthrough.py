@@ -8,11 +8,10 @@ connection, a 5xx, or no first byte within the attempt's first-byte budget (the
 backend's `first_byte_timeout_s`, cut to what the request's failover deadline leaves).
 A stream's response headers are held back until its first chunk arrives, so a backend
 that answers headers and then hangs, or ends the stream with no byte, can still be failed
-over. What happens is told to
-the routing `Attempt` (gateway/routing/router.py): whether the breaker admits it, its
-verdict (judged by how the answer ended), its first byte (the end of its prefill), and
-each answer (headers below 500, stream chunks), the health probes' evidence that the
-backend is alive.
+over. What happens is told to the routing `Attempt` (gateway/routing/router.py): whether
+the breaker admits it, its verdict (judged by how the answer ended), its first byte (the
+end of its prefill), and each answer (headers below 500, stream chunks), the health
+probes' evidence that the backend is alive.
 
 What a backend sends back is bounded: a whole answer by `limits.max_response_bytes`
 (502, and the connection dropped as soon as it is passed) and `limits.response_timeout_s`
