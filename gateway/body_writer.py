@@ -68,6 +68,12 @@ class BodyWriter:
         return True
 
     @property
+    def gone(self) -> bool:
+        """The client has disconnected: nothing more reaches it (`send` drops it too)."""
+        cycle = self._cycle()
+        return cycle is None or cycle.disconnected
+
+    @property
     def write_paused(self) -> bool:
         """The client's buffers are full: write no more until `drain()` returns."""
         cycle = self._cycle()

@@ -22,12 +22,14 @@ __all__ = [
     "Exchange",
     "TryNext",
     "break_stream",
+    "client_left",
     "end_stream",
     "event_break",
     "first_chunk_seconds",
     "receipt_headers",
     "relayed",
     "send_error_event",
+    "send_relayed",
     "send_whole",
     "settle",
     "start_stream",
@@ -132,6 +134,28 @@ def relayed(exchange: Exchange, data: bytes, *, whole: bool = False) -> None:
             exchange.trail.answered(data)
         else:
             exchange.trail.relayed(data)
+
+
+async def send_relayed(send: Send, exchange: Exchange, data: bytes) -> None:
+    """Send a piece of a started stream through `send`, and feed it to the trail once it
+    was handed to the client's connection: a send cancelled while it waited for the
+    client to take more (the client left meanwhile), or one the server dropped because
+    the client had gone (uvicorn returns without writing), sent nothing, so the record
+    commits to nothing of it, as the direct relay commits to what `BodyWriter.write`
+    wrote."""
+    await send({"type": "http.response.body", "body": data, "more_body": True})
+    if not client_left(exchange):
+        relayed(exchange, data)
+
+
+def client_left(exchange: Exchange) -> bool:
+    """Whether the client has gone: the disconnect watcher said so (`watch_disconnect`),
+    or, before it ran, the client's connection did (then `client_gone` is set here: a
+    relay that fails now ends as a client that left, 499, not as a failure it never saw)."""
+    if not exchange.client_gone:
+        writer = exchange.writer
+        exchange.client_gone = writer is not None and writer.gone
+    return exchange.client_gone
 
 
 async def end_stream(send: Send, exchange: Exchange, *, line_open: bool = False) -> None:

@@ -20,9 +20,11 @@ from gateway.api.exchange import (
     Exchange,
     TryNext,
     break_stream,
+    client_left,
     end_stream,
     first_chunk_seconds,
     relayed,
+    send_relayed,
     send_whole,
     start_stream,
 )
@@ -137,10 +139,9 @@ class HostedRelay:
                     first = False
                     elapsed = first_chunk_seconds(exchange)
                     self._metrics.observe_ttft(exchange.endpoint, backend.id, elapsed)
-                relayed(exchange, data)
-                await send({"type": "http.response.body", "body": data, "more_body": True})
+                await send_relayed(send, exchange, data)
         except HostedError as exc:
-            if exchange.client_gone:
+            if client_left(exchange):
                 raise asyncio.CancelledError from exc
             self._metrics.upstream_error(backend.id, exc.kind)
             code = ErrorCode.upstream_timeout if exc.kind == "timeout" else ErrorCode.upstream_error

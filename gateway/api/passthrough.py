@@ -7,11 +7,11 @@ the dispatcher can offer the request to the next eligible backend: a refused or 
 connection, a 5xx, or no first byte within the attempt's first-byte budget (the
 backend's `first_byte_timeout_s`, cut to what the request's failover deadline leaves).
 A stream's response headers are held back until its first chunk arrives, so a backend
-that answers headers and then hangs can still be failed over. What happens is told to
-the routing `Attempt` (gateway/routing/router.py): whether the breaker admits it, its
-verdict (judged by how the answer ended), its first byte (the end of its prefill), and
-each answer (headers below 500, stream chunks), the health probes' evidence that the
-backend is alive.
+that answers headers and then hangs, or ends the stream with no byte, can still be failed
+over. What happens is told to the routing `Attempt` (gateway/routing/router.py): whether
+the breaker admits it, its verdict (judged by how the answer ended), its first byte (the
+end of its prefill), and each answer (headers below 500, stream chunks), the health
+probes' evidence that the backend is alive.
 
 What a backend sends back is bounded: a whole answer by `limits.max_response_bytes`
 (502, and the connection dropped as soon as it is passed) and `limits.response_timeout_s`
@@ -32,9 +32,11 @@ from gateway.api.exchange import (
     Exchange,
     TryNext,
     break_stream,
+    client_left,
     end_stream,
     first_chunk_seconds,
     relayed,
+    send_relayed,
     send_whole,
     start_stream,
 )
@@ -299,14 +301,15 @@ class PrivateRelay:
                 first = await anext(chunks, None)
         except TimeoutError as exc:
             raise UpstreamError("timeout", "no first chunk from backend in time") from exc
+        if first is None:  # a 200 and no body at all: nothing reached the client either
+            raise UpstreamError("closed", "the stream ended before its first byte")
         attempt.first_byte()
         content_type = response.header(b"content-type") or _SSE
         await start_stream(send, exchange, response.status, content_type)
         last = b"\n"  # the last bytes the client got: what the gateway writes starts a line
-        if first is not None:
-            self._metrics.observe_ttft(exchange.endpoint, backend.id, first_chunk_seconds(exchange))
-            answered()
-            last = await _relay_chunk(send, exchange, feed(first)) or last
+        self._metrics.observe_ttft(exchange.endpoint, backend.id, first_chunk_seconds(exchange))
+        answered()
+        last = await _relay_chunk(send, exchange, feed(first)) or last
         broke = None
         writer = exchange.writer
 
@@ -335,8 +338,7 @@ class PrivateRelay:
                         data = tail.feed(data)
                     data = watch.feed(comments.feed(data))
                     if data:
-                        relayed(exchange, data)
-                        await send({"type": "http.response.body", "body": data, "more_body": True})
+                        await send_relayed(send, exchange, data)
                         last = data
             if tail is not None:
                 flushed = comments.feed(tail.flush())
@@ -348,7 +350,7 @@ class PrivateRelay:
                 # the backend dying, not the stream ending.
                 raise UpstreamError("closed", "the stream ended without data: [DONE]")
         except UpstreamError as exc:
-            if exchange.client_gone:
+            if client_left(exchange):
                 raise asyncio.CancelledError from exc
             self._metrics.upstream_error(backend.id, exc.kind)
             broke = exc.kind
@@ -400,10 +402,9 @@ async def _read_bounded(response: UpstreamResponse) -> bytes:
 
 
 async def _relay_chunk(send: Send, exchange: Exchange, data: bytes) -> bytes:
-    """Send `data` on (committed to, as the client gets it); returns it."""
+    """Send `data` on (committed to once handed to the client); returns it."""
     if data:
-        relayed(exchange, data)
-        await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send_relayed(send, exchange, data)
     return data
 
 

@@ -8,22 +8,25 @@ SSE events relayed chunk by chunk as the provider sends them.
 
 LiteLLM is imported on the first call (`gateway.upstream.litellm_runtime`), offline and
 silent. Every failure comes out as `HostedError` with one of four kinds and a message
-that carries no URL, key or content. For streams the first chunk is awaited inside
-`send()`, so a provider that fails before answering fails there, where the gateway can
-still try another backend; a failure after that is raised from `chunks()`.
+that carries no URL, key or content (gateway/upstream/hosted_errors.py). For streams
+the first chunk is awaited inside `send()`, so a provider that fails (or closes the stream
+empty) before answering fails there, where the gateway can still try another backend; a
+failure after that, a stream the provider closed before finishing it included
+(gateway/upstream/hosted_stream.py), is raised from `chunks()`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from functools import partial
 from types import ModuleType
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final
 
 from gateway.config.schema import BackendSettings
 from gateway.upstream import openai_wire
+from gateway.upstream.hosted_errors import HostedError, HostedErrorKind, hosted_error, local_reason
+from gateway.upstream.hosted_stream import ProviderStream, close_stream, encoded, made_up_end
 from gateway.upstream.litellm_runtime import aclose_litellm_clients, aload_litellm
 from gateway.upstream.openai_wire import Endpoint
 
@@ -37,9 +40,6 @@ __all__ = [
     "local_reason",
 ]
 
-HostedErrorKind = Literal["connect", "timeout", "status", "protocol"]
-T = TypeVar("T")
-
 _CALLS: Final[dict[str, str]] = {
     "chat": "acompletion",
     "completions": "atext_completion",
@@ -47,67 +47,17 @@ _CALLS: Final[dict[str, str]] = {
 }
 _JSON: Final = b"application/json"
 _SSE: Final = b"text/event-stream"
-_ERROR_TYPE = re.compile(r"""["']type["']\s*:\s*["']([a-z_]{1,40})["']""")
-# Error `type` values of the Anthropic and OpenAI APIs (their "Errors" references). Only
-# these are repeated in messages: a provider that quotes the request back could otherwise
-# put a word of the prompt where a type is expected.
-_KNOWN_ERROR_TYPES: Final = frozenset(
-    {
-        "invalid_request_error",
-        "authentication_error",
-        "permission_error",
-        "not_found_error",
-        "request_too_large",
-        "rate_limit_error",
-        "api_error",
-        "overloaded_error",
-        "billing_error",
-        "timeout_error",
-        "server_error",
-        "insufficient_quota",
-        "tokens_exceeded_error",
-    }
-)
-_CHAIN_LIMIT = 16
-# `litellm.BadRequestError: ` and `AnthropicException - `, repeated as LiteLLM nests them.
-_LITELLM_PREFIX = re.compile(r"^(?:\s*(?:litellm\.\w+:|\w*Exception\s+-))+\s*")
-_QUOTED = re.compile(r"""[\[\]{}'"`=]|Received\b|Traceback\b""")
-_SENTENCE_END = re.compile(r"(?<=\.)\s|\n")
-_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S*", re.IGNORECASE)
-
-
-class HostedError(Exception):
-    """A hosted provider could not be reached, timed out, refused, or answered badly.
-
-    `message` names the provider and, for `status`, the HTTP status and the provider's
-    error type (`overloaded_error`), or why LiteLLM refused the request before sending it
-    (a client error: `status` 400, the message says "not sent"); it never holds URLs, keys
-    or request content.
-    """
-
-    def __init__(
-        self,
-        kind: HostedErrorKind,
-        message: str,
-        *,
-        status: int | None = None,
-        param: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.kind: HostedErrorKind = kind
-        self.status = status
-        self.message = message
-        self.param = param  # the request field at fault, when known
 
 
 class HostedResponse:
     """A provider's answer: `body` when complete, `chunks()` for both shapes.
 
     Streams: `chunks()` yields one `data: {...}\\n\\n` event per provider chunk and ends
-    with `data: [DONE]\\n\\n`; call `aclose()` when the client goes away (it closes the
-    provider connection, which stops the provider's work) and after the relay in any case.
-    `usage` holds the token counts once the provider reported them, even when the client
-    did not ask for the usage chunk. `ignored_fields` names request fields not sent.
+    with `data: [DONE]\\n\\n` once the provider finished it (else `HostedError`); call
+    `aclose()` when the client goes away (it closes the provider connection, which stops
+    the provider's work) and after the relay in any case. `usage` holds the token counts
+    once the provider reported them, even when the client did not ask for the usage
+    chunk. `ignored_fields` names request fields not sent.
     """
 
     def __init__(
@@ -117,7 +67,7 @@ class HostedResponse:
         body: bytes | None = None,
         usage: dict[str, int] | None = None,
         ignored_fields: tuple[str, ...] = (),
-        stream: _Stream | None = None,
+        stream: ProviderStream | None = None,
         provider_ids: tuple[object, list[tuple[str, str]]] = (None, []),
     ) -> None:
         self.status = 200
@@ -154,49 +104,6 @@ class HostedResponse:
         """Stop the provider call and release its connection; safe to call repeatedly."""
         if self._stream is not None:
             await self._stream.aclose()
-
-
-class _Stream:
-    """A LiteLLM stream whose first chunk has already arrived."""
-
-    def __init__(
-        self, source: Any, first: Any, endpoint: Endpoint, with_usage: bool, provider: str
-    ) -> None:
-        self._source = source
-        self._pending: list[Any] = [] if first is None else [first]
-        self._endpoint = endpoint
-        self._with_usage = with_usage
-        self._provider = provider
-        self._closed = False
-
-    async def events(self) -> AsyncIterator[tuple[bytes | None, dict[str, int] | None]]:
-        while not self._closed:
-            if self._pending:
-                chunk = self._pending.pop()
-            else:
-                failure: HostedError | None = None
-                try:
-                    chunk = await anext(self._source)
-                except StopAsyncIteration:
-                    break
-                except Exception as exc:  # noqa: BLE001 - every failure becomes a HostedError
-                    if self._closed:
-                        return  # aclose() from another task broke the read: not an error
-                    failure = hosted_error(exc, self._provider)
-                if failure is not None:
-                    raise failure  # outside `except`: LiteLLM's exception is not its context
-            encode = partial(
-                openai_wire.encode_chunk, self._endpoint, chunk, with_usage=self._with_usage
-            )
-            yield _encoded(self._provider, encode)
-        if not self._closed:
-            yield openai_wire.DONE, None
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        await _close_stream(self._source)
 
 
 def hosted_api_key(backend: BackendSettings, environ: Mapping[str, str]) -> str | None:
@@ -272,7 +179,7 @@ class HostedClient:
             raise failure
         if not params.get("stream"):
             encode = partial(openai_wire.encode_response, endpoint, result)
-            body, usage = _encoded(self.provider, encode)
+            body, usage = encoded(self.provider, encode)
             return HostedResponse(
                 content_type=_JSON,
                 body=body,
@@ -281,7 +188,9 @@ class HostedClient:
                 provider_ids=_provider_ids(result, result),
             )
         first = await self._first_chunk(result)
-        stream = _Stream(result, first, endpoint, openai_wire.include_usage(doc), self.provider)
+        stream = ProviderStream(
+            result, first, endpoint, openai_wire.include_usage(doc), self.provider
+        )
         return HostedResponse(
             content_type=_SSE,
             ignored_fields=ignored,
@@ -348,16 +257,22 @@ class HostedClient:
         return {"client": self._text_client[1]}
 
     async def _first_chunk(self, stream: Any) -> Any:
+        """The stream's first chunk; `HostedError` when the provider failed, or closed the
+        stream without a chunk of its own (LiteLLM's made-up end, `made_up_end`), before
+        anything was relayed: another backend may serve."""
         try:
-            return await anext(stream)
+            first = await anext(stream)
+            if not made_up_end(stream):
+                return first
+            failure = HostedError("protocol", f"{self.provider} closed the stream unanswered")
         except StopAsyncIteration:
-            return None
+            failure = HostedError("protocol", f"{self.provider} closed the stream unanswered")
         except Exception as exc:  # noqa: BLE001 - every LiteLLM failure becomes a HostedError
             failure = hosted_error(exc, self.provider)
         except BaseException:
-            await _close_stream(stream)  # cancelled: the provider must stop too
+            await close_stream(stream)  # cancelled: the provider must stop too
             raise
-        await _close_stream(stream)
+        await close_stream(stream)
         raise failure
 
 
@@ -372,109 +287,3 @@ def _provider_ids(answer: Any, carrier: Any) -> tuple[object, list[tuple[str, st
         if isinstance(name, str) and name.startswith("llm_provider-") and isinstance(value, str)
     ]
     return getattr(answer, "id", None), headers
-
-
-def _encoded(provider: str, encode: Callable[[], T]) -> T:
-    """Run an `openai_wire` encoder; an answer it cannot encode is a protocol error."""
-    try:
-        return encode()
-    except TypeError:  # not an object, or not JSON-encodable (orjson's error is a TypeError)
-        failure = HostedError("protocol", f"{provider} answered in a shape LiteLLM did not map")
-    raise failure
-
-
-async def _close_stream(stream: Any) -> None:
-    """Close a LiteLLM stream, which closes the provider connection under it.
-
-    Chat streams (`CustomStreamWrapper`) have `aclose()`; a text-completion stream
-    (`TextCompletionStreamWrapper`) does not, and wraps a chat stream that does.
-    """
-    inner = stream if hasattr(stream, "aclose") else getattr(stream, "completion_stream", None)
-    if inner is not None:
-        await inner.aclose()
-
-
-def hosted_error(
-    exc: BaseException, provider: str, *, secrets: tuple[str, ...] = ()
-) -> HostedError:
-    """Classify a LiteLLM failure by what actually happened on the wire.
-
-    LiteLLM's own exception class is not enough: a refused connection surfaces as
-    `InternalServerError` (500) and Anthropic's 529 as 500 too, so the cause chain is
-    read: transport errors decide `connect` / `timeout`, and the innermost HTTP status
-    (the provider's own) decides `status`. A 4xx that LiteLLM raised itself (its
-    `BadRequestError` for a request it will not send) keeps LiteLLM's reason, cut down to
-    its first sentence without anything quoted (`local_reason`) and with `secrets` (the
-    key, the base URL) removed.
-    """
-    # Both are loaded with LiteLLM already; imported here to stay off the gateway's path.
-    import httpx
-    import openai
-
-    chain = list(_causes(exc))
-    connect = (httpx.ConnectError, httpx.ConnectTimeout, ConnectionRefusedError)
-    if any(isinstance(e, connect) for e in chain):
-        return HostedError("connect", f"could not connect to {provider}")
-    timeout = (TimeoutError, httpx.TimeoutException, openai.APITimeoutError)
-    if any(isinstance(e, timeout) for e in chain):
-        return HostedError("timeout", f"{provider} did not answer in time")
-    status = _wire_status(chain)
-    if status is not None:
-        types = [t for e in chain for t in _ERROR_TYPE.findall(str(e)) if t in _KNOWN_ERROR_TYPES]
-        detail = f" ({types[0]})" if types else ""
-        return HostedError("status", f"{provider} answered HTTP {status}{detail}", status=status)
-    local = _status(getattr(exc, "status_code", None))
-    if local is not None and local < 500:  # LiteLLM refused the request before sending it
-        message = f"the request is not valid for {provider} (HTTP {local}, not sent)"
-        reason = local_reason(str(exc), secrets)
-        return HostedError("status", f"{message}: {reason}" if reason else message, status=local)
-    return HostedError("protocol", f"{provider} call failed ({type(exc).__name__})")
-
-
-def local_reason(text: str, secrets: tuple[str, ...] = ()) -> str:
-    """The reason in a LiteLLM exception message, safe to show the client.
-
-    LiteLLM writes `litellm.BadRequestError: AnthropicException - <reason> ... Received
-    Messages=[...]` and quotes the request (dicts, lists, quoted values) in the reason.
-    Kept: the reason's first sentence, up to the first bracket, brace or quote; without
-    URLs, `secrets`, control characters; at most 200 characters.
-    """
-    for secret in secrets:
-        text = text.replace(secret, "(redacted)")
-    text = _LITELLM_PREFIX.sub("", text)
-    text = _QUOTED.split(text, maxsplit=1)[0]
-    text = _SENTENCE_END.split(text, maxsplit=1)[0]
-    text = _URL.sub("(redacted)", text)
-    text = "".join(c if c.isprintable() else " " for c in text)
-    return " ".join(text.split())[:200].strip(" -:,;")
-
-
-def _causes(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    link: BaseException | None = exc
-    while link is not None and id(link) not in seen and len(seen) < _CHAIN_LIMIT:
-        seen.add(id(link))
-        yield link
-        link = link.__cause__ or (None if link.__suppress_context__ else link.__context__)
-
-
-def _wire_status(chain: list[BaseException]) -> int | None:
-    """The status of an HTTP response that really arrived, innermost (the provider's) first.
-
-    Only httpx's and the OpenAI SDK's status errors are trusted: LiteLLM's wrappers also
-    carry a `status_code`, but it is 500 for its own failures (a refused connection, a
-    bug) as much as for a provider's 5xx.
-    """
-    import httpx
-
-    for link in reversed(chain):
-        if isinstance(link, httpx.HTTPStatusError):
-            return link.response.status_code
-        status = _status(getattr(link, "status_code", None))
-        if status is not None and type(link).__module__.startswith("openai"):
-            return status
-    return None
-
-
-def _status(value: object) -> int | None:
-    return value if isinstance(value, int) and 400 <= value <= 599 else None

@@ -289,6 +289,8 @@ def encode_response(endpoint: Endpoint, result: Any) -> tuple[bytes, dict[str, i
         return orjson.dumps(doc), usage
     if usage is not None:
         doc["usage"] = _usage_body(doc["usage"])
+    else:  # LiteLLM's zeros where the provider reported none: not the provider's counts
+        doc.pop("usage", None)
     for choice in doc.get("choices") or ():
         if endpoint == "chat" and isinstance(choice.get("message"), dict):
             choice["message"].setdefault("content", None)

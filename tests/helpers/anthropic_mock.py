@@ -10,7 +10,9 @@ reference (docs.anthropic.com: "Messages", "Streaming Messages", "Errors").
 Tests read `received` (what arrived, headers lower-cased) and the counters, and set
 `error` to make every request fail with an Anthropic error body, e.g.
 `mock.error = (529, "overloaded_error")`; `error_message` replaces the standard text (a
-real provider sometimes quotes the request back in it). Run it with
+real provider sometimes quotes the request back in it). `cut_after = N` ends every
+stream's body after its first N text deltas, cleanly framed but without `message_delta`
+and `message_stop` (a provider that closed the stream early). Run it with
 `gateway.serving.ServerThread`.
 """
 
@@ -63,6 +65,7 @@ class AnthropicMock:
     event_delay_s: float = 0.0
     error: tuple[int, str] | None = None
     error_message: str | None = None
+    cut_after: int | None = None
     received: list[Received] = field(default_factory=list)
     completed: int = 0
     disconnects: int = 0
@@ -73,6 +76,7 @@ class AnthropicMock:
         self.event_delay_s = 0.0
         self.error = None
         self.error_message = None
+        self.cut_after = None
         self.received.clear()
         self.completed = 0
         self.disconnects = 0
@@ -171,6 +175,9 @@ class AnthropicMock:
         )
         await _event(send, "ping", {"type": "ping"})
         for i, word in enumerate(words):
+            if i == self.cut_after:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
             if self.event_delay_s:
                 await asyncio.sleep(self.event_delay_s)
             delta = {"type": "text_delta", "text": word if i == 0 else f" {word}"}

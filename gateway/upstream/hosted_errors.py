@@ -1,0 +1,151 @@
+"""How a hosted provider's failure is told: `HostedError` (one of four kinds, a message
+without URL, key or content) and `hosted_error`, which classifies a LiteLLM exception by
+what happened on the wire (gateway/upstream/hosted.py raises them).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Final, Literal
+
+__all__ = ["HostedError", "HostedErrorKind", "hosted_error", "local_reason"]
+
+HostedErrorKind = Literal["connect", "timeout", "status", "protocol"]
+_ERROR_TYPE = re.compile(r"""["']type["']\s*:\s*["']([a-z_]{1,40})["']""")
+# Error `type` values of the Anthropic and OpenAI APIs (their "Errors" references). Only
+# these are repeated in messages: a provider that quotes the request back could otherwise
+# put a word of the prompt where a type is expected.
+_KNOWN_ERROR_TYPES: Final = frozenset(
+    {
+        "invalid_request_error",
+        "authentication_error",
+        "permission_error",
+        "not_found_error",
+        "request_too_large",
+        "rate_limit_error",
+        "api_error",
+        "overloaded_error",
+        "billing_error",
+        "timeout_error",
+        "server_error",
+        "insufficient_quota",
+        "tokens_exceeded_error",
+    }
+)
+_CHAIN_LIMIT = 16
+# `litellm.BadRequestError: ` and `AnthropicException - `, repeated as LiteLLM nests them.
+_LITELLM_PREFIX = re.compile(r"^(?:\s*(?:litellm\.\w+:|\w*Exception\s+-))+\s*")
+_QUOTED = re.compile(r"""[\[\]{}'"`=]|Received\b|Traceback\b""")
+_SENTENCE_END = re.compile(r"(?<=\.)\s|\n")
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S*", re.IGNORECASE)
+
+
+class HostedError(Exception):
+    """A hosted provider could not be reached, timed out, refused, or answered badly.
+
+    `message` names the provider and, for `status`, the HTTP status and the provider's
+    error type (`overloaded_error`), or why LiteLLM refused the request before sending it
+    (a client error: `status` 400, the message says "not sent"); it never holds URLs, keys
+    or request content.
+    """
+
+    def __init__(
+        self,
+        kind: HostedErrorKind,
+        message: str,
+        *,
+        status: int | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind: HostedErrorKind = kind
+        self.status = status
+        self.message = message
+        self.param = param  # the request field at fault, when known
+
+
+def hosted_error(
+    exc: BaseException, provider: str, *, secrets: tuple[str, ...] = ()
+) -> HostedError:
+    """Classify a LiteLLM failure by what actually happened on the wire.
+
+    LiteLLM's own exception class is not enough: a refused connection surfaces as
+    `InternalServerError` (500) and Anthropic's 529 as 500 too, so the cause chain is
+    read: transport errors decide `connect` / `timeout`, and the innermost HTTP status
+    (the provider's own) decides `status`. A 4xx that LiteLLM raised itself (its
+    `BadRequestError` for a request it will not send) keeps LiteLLM's reason, cut down to
+    its first sentence without anything quoted (`local_reason`) and with `secrets` (the
+    key, the base URL) removed.
+    """
+    # Both are loaded with LiteLLM already; imported here to stay off the gateway's path.
+    import httpx
+    import openai
+
+    chain = list(_causes(exc))
+    connect = (httpx.ConnectError, httpx.ConnectTimeout, ConnectionRefusedError)
+    if any(isinstance(e, connect) for e in chain):
+        return HostedError("connect", f"could not connect to {provider}")
+    timeout = (TimeoutError, httpx.TimeoutException, openai.APITimeoutError)
+    if any(isinstance(e, timeout) for e in chain):
+        return HostedError("timeout", f"{provider} did not answer in time")
+    status = _wire_status(chain)
+    if status is not None:
+        types = [t for e in chain for t in _ERROR_TYPE.findall(str(e)) if t in _KNOWN_ERROR_TYPES]
+        detail = f" ({types[0]})" if types else ""
+        return HostedError("status", f"{provider} answered HTTP {status}{detail}", status=status)
+    local = _status(getattr(exc, "status_code", None))
+    if local is not None and local < 500:  # LiteLLM refused the request before sending it
+        message = f"the request is not valid for {provider} (HTTP {local}, not sent)"
+        reason = local_reason(str(exc), secrets)
+        return HostedError("status", f"{message}: {reason}" if reason else message, status=local)
+    return HostedError("protocol", f"{provider} call failed ({type(exc).__name__})")
+
+
+def local_reason(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """The reason in a LiteLLM exception message, safe to show the client.
+
+    LiteLLM writes `litellm.BadRequestError: AnthropicException - <reason> ... Received
+    Messages=[...]` and quotes the request (dicts, lists, quoted values) in the reason.
+    Kept: the reason's first sentence, up to the first bracket, brace or quote; without
+    URLs, `secrets`, control characters; at most 200 characters.
+    """
+    for secret in secrets:
+        text = text.replace(secret, "(redacted)")
+    text = _LITELLM_PREFIX.sub("", text)
+    text = _QUOTED.split(text, maxsplit=1)[0]
+    text = _SENTENCE_END.split(text, maxsplit=1)[0]
+    text = _URL.sub("(redacted)", text)
+    text = "".join(c if c.isprintable() else " " for c in text)
+    return " ".join(text.split())[:200].strip(" -:,;")
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen and len(seen) < _CHAIN_LIMIT:
+        seen.add(id(link))
+        yield link
+        link = link.__cause__ or (None if link.__suppress_context__ else link.__context__)
+
+
+def _wire_status(chain: list[BaseException]) -> int | None:
+    """The status of an HTTP response that really arrived, innermost (the provider's) first.
+
+    Only httpx's and the OpenAI SDK's status errors are trusted: LiteLLM's wrappers also
+    carry a `status_code`, but it is 500 for its own failures (a refused connection, a
+    bug) as much as for a provider's 5xx.
+    """
+    import httpx
+
+    for link in reversed(chain):
+        if isinstance(link, httpx.HTTPStatusError):
+            return link.response.status_code
+        status = _status(getattr(link, "status_code", None))
+        if status is not None and type(link).__module__.startswith("openai"):
+            return status
+    return None
+
+
+def _status(value: object) -> int | None:
+    return value if isinstance(value, int) and 400 <= value <= 599 else None

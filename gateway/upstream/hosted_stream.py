@@ -1,0 +1,147 @@
+"""A hosted provider's stream as LiteLLM yields it, encoded as OpenAI SSE events, and
+whether the provider finished it (gateway/upstream/hosted.py makes it).
+
+LiteLLM ends every stream the same way, whether the provider finished it or closed the
+connection in the middle: when its source runs dry without a finish reason, it makes up
+a last chunk with `finish_reason: "stop"` (`CustomStreamWrapper.finish_reason_handler`).
+Relayed, that chunk and `data: [DONE]` would tell the client (and the provenance record)
+that a cut answer was complete. So a stream is finished only when the provider gave a
+finish reason (OpenAI's `finish_reason`, Anthropic's `stop_reason`): the wrapper's
+`received_finish_reason` or `intermittent_finish_reason` when it has them, and in any
+case a finish reason on a chunk LiteLLM did not make up. A stream that ends without one
+raises `HostedError("protocol")` in place of the made-up chunk, before `[DONE]`.
+
+Likewise LiteLLM's end-of-stream usage chunk: when the provider reported no usage, it
+counts the tokens itself. That estimate is neither relayed nor kept as the provider's
+usage (the completion record's `usage` is what the provider reported, or null).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from functools import partial
+from typing import Any, TypeVar
+
+from gateway.upstream import openai_wire
+from gateway.upstream.hosted_errors import HostedError, hosted_error
+from gateway.upstream.openai_wire import Endpoint
+
+__all__ = ["ProviderStream", "close_stream", "encoded", "made_up_end", "made_up_usage"]
+
+T = TypeVar("T")
+
+
+class ProviderStream:
+    """A LiteLLM stream whose first chunk has already arrived."""
+
+    def __init__(
+        self, source: Any, first: Any, endpoint: Endpoint, with_usage: bool, provider: str
+    ) -> None:
+        self._source = source
+        self._pending: list[Any] = [] if first is None else [first]
+        self._endpoint = endpoint
+        self._with_usage = with_usage
+        self._provider = provider
+        self._closed = False
+        self._finished = False  # a finish reason came from the provider
+
+    async def events(self) -> AsyncIterator[tuple[bytes | None, dict[str, int] | None]]:
+        while not self._closed:
+            if self._pending:
+                chunk = self._pending.pop()
+            else:
+                failure: HostedError | None = None
+                try:
+                    chunk = await anext(self._source)
+                except StopAsyncIteration:
+                    break
+                except Exception as exc:  # noqa: BLE001 - every failure becomes a HostedError
+                    if self._closed:
+                        return  # aclose() from another task broke the read: not an error
+                    failure = hosted_error(exc, self._provider)
+                if failure is not None:
+                    raise failure  # outside `except`: LiteLLM's exception is not its context
+            if made_up_end(self._source):
+                break  # LiteLLM's own last chunk: the provider closed the stream unfinished
+            self._finished = self._finished or _has_finish_reason(chunk)
+            if made_up_usage(self._source):  # neither sent on nor recorded
+                data, _ = encoded(
+                    self._provider,
+                    partial(openai_wire.encode_chunk, self._endpoint, chunk, with_usage=False),
+                )
+                yield data, None
+                continue
+            encode = partial(
+                openai_wire.encode_chunk, self._endpoint, chunk, with_usage=self._with_usage
+            )
+            yield encoded(self._provider, encode)
+        if self._closed:
+            return
+        if not self._finished:
+            raise HostedError("protocol", f"{self._provider} closed the stream before it finished")
+        yield openai_wire.DONE, None
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await close_stream(self._source)
+
+
+def made_up_end(source: Any) -> bool:
+    """Whether the chunk LiteLLM's stream `source` just returned is one it made up: its
+    source ran dry and the provider never gave a finish reason."""
+    wrapper = _wrapper(source)
+    return (
+        getattr(wrapper, "sent_last_chunk", None) is True
+        and getattr(wrapper, "received_finish_reason", None) is None
+        and getattr(wrapper, "intermittent_finish_reason", None) is None
+    )
+
+
+def made_up_usage(source: Any) -> bool:
+    """Whether the chunk LiteLLM's stream `source` just returned is its end-of-stream
+    usage chunk (`sent_stream_usage` is set as it returns it) and the provider reported
+    no usage: LiteLLM then counted the tokens itself, an estimate the provider never
+    stated."""
+    wrapper = _wrapper(source)
+    if getattr(wrapper, "sent_stream_usage", None) is not True:
+        return False
+    chunks = getattr(wrapper, "chunks", None)
+    return not any(getattr(c, "usage", None) for c in chunks or ())
+
+
+def _wrapper(source: Any) -> Any:
+    """LiteLLM's `CustomStreamWrapper` of `source` (a text-completion stream wraps one)."""
+    if hasattr(source, "sent_last_chunk"):
+        return source
+    return getattr(source, "completion_stream", None)
+
+
+def _has_finish_reason(chunk: Any) -> bool:
+    choices = chunk.get("choices") if isinstance(chunk, dict) else getattr(chunk, "choices", None)
+    for choice in choices or ():
+        reason = choice.get("finish_reason") if isinstance(choice, dict) else None
+        if reason or getattr(choice, "finish_reason", None):
+            return True
+    return False
+
+
+def encoded(provider: str, encode: Callable[[], T]) -> T:
+    """Run an `openai_wire` encoder; an answer it cannot encode is a protocol error."""
+    try:
+        return encode()
+    except TypeError:  # not an object, or not JSON-encodable (orjson's error is a TypeError)
+        failure = HostedError("protocol", f"{provider} answered in a shape LiteLLM did not map")
+    raise failure
+
+
+async def close_stream(stream: Any) -> None:
+    """Close a LiteLLM stream, which closes the provider connection under it.
+
+    Chat streams (`CustomStreamWrapper`) have `aclose()`; a text-completion stream
+    (`TextCompletionStreamWrapper`) does not, and wraps a chat stream that does.
+    """
+    inner = stream if hasattr(stream, "aclose") else getattr(stream, "completion_stream", None)
+    if inner is not None:
+        await inner.aclose()
