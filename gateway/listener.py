@@ -73,113 +73,36 @@ app, best of 300 batches), about 1% of the gateway's CPU per proxied request.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import os
-import resource
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.asgi import REFUSAL_SCOPE_KEY
 from gateway.body_writer import BODY_WRITER_SCOPE_KEY, BodyWriter
 from gateway.coalescing import HeadCoalescer
-from gateway.errors import ErrorCode, GatewayError, error_body
+from gateway.errors import ErrorCode, GatewayError
 from gateway.expect_continue import close_unless_continued
-from gateway.logs import get_logger
+from gateway.listener_limits import (
+    LINGER_BYTES,
+    LINGER_S,
+    MAX_PIPELINED,
+    NO_TRAILERS,
+    NO_UPGRADE,
+    TOO_MANY_PIPELINED,
+    ListenerLimits,
+    Refusal,
+    Refusals,
+    framing_message,
+    refusal_answer,
+    too_long_message,
+    too_many_message,
+)
 
 if TYPE_CHECKING:
     from gateway.config.schema import ListenSettings
 
-__all__ = [
-    "LINGER_BYTES",
-    "LINGER_S",
-    "MAX_PIPELINED",
-    "NO_TRAILERS",
-    "NO_UPGRADE",
-    "TOO_MANY_PIPELINED",
-    "LimitedHttpProtocol",
-    "ListenerLimits",
-    "Refusal",
-    "Refusals",
-    "derived_max_connections",
-    "framing_message",
-    "http_protocol",
-    "refusal_answer",
-    "too_long_message",
-    "too_many_message",
-]
-
-_FD_HEADROOM = 64  # descriptors kept for log files, Redis, the listening socket, ...
-_MAX_DERIVED_CONNECTIONS = 4096  # a head in progress holds up to ~max_header_bytes
-LINGER_S = 2.0  # after a refusal: how long what the client still sends is dropped
-LINGER_BYTES = 1 << 20  # ... and how much of it, at most
-MAX_PIPELINED = 16  # requests a connection may queue behind the one being answered
-_LOG_EVERY_S = 10.0
-
-
-def derived_max_connections(open_files_limit: int) -> int:
-    """The default connection cap for a process whose open-file (soft) limit is
-    `open_files_limit` (negative: unlimited). A client connection may hold one backend
-    connection while its request runs, so clients get half of what the headroom leaves;
-    with the common limit of 1024 that is 480. At most 4096 whatever the limit (containers
-    often allow 2^20 files): each connection whose head is arriving holds up to
-    `max_header_bytes`, about 150 MB for 4096 full 32 KB heads."""
-    if open_files_limit < 0:
-        return _MAX_DERIVED_CONNECTIONS
-    return max(1, min((open_files_limit - _FD_HEADROOM) // 2, _MAX_DERIVED_CONNECTIONS))
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ListenerLimits:
-    """The limits one listener enforces (see the module docstring)."""
-
-    max_header_bytes: int
-    max_headers: int
-    header_timeout_s: float
-    body_timeout_s: float
-    max_connections: int
-    write_timeout_s: float = 120.0
-
-    @classmethod
-    def from_config(cls, listen: ListenSettings) -> ListenerLimits:
-        cap = listen.max_connections
-        if cap is None:
-            cap = derived_max_connections(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-        return cls(
-            max_header_bytes=listen.max_header_bytes,
-            max_headers=listen.max_headers,
-            header_timeout_s=listen.header_timeout_s,
-            body_timeout_s=listen.body_timeout_s,
-            max_connections=cap,
-            write_timeout_s=listen.write_timeout_s,
-        )
-
-
-class Refusals:
-    """What one listener refused, by reason, logged at most every `_LOG_EVERY_S`: an
-    attacker opening connections must not be able to flood the log."""
-
-    def __init__(self) -> None:
-        self.totals: dict[str, int] = {}
-        self._next_log = 0.0
-        self._log = get_logger("owngate.listener")
-
-    def note(self, reason: str, now: float) -> None:
-        self.totals[reason] = self.totals.get(reason, 0) + 1
-        if now >= self._next_log:
-            self._next_log = now + _LOG_EVERY_S
-            self._log.warning("listener limits enforced", latest=reason, totals=dict(self.totals))
-
-
-class Refusal(Exception):
-    """Raised in a parser callback to stop parsing; `data_received` answers it."""
-
-    def __init__(self, code: ErrorCode, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
-        self.message = message
+__all__ = ["LimitedHttpProtocol", "http_protocol"]
 
 
 def http_protocol(listen: ListenSettings) -> type[LimitedHttpProtocol]:
@@ -460,46 +383,3 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self._linger_timer = self.loop.call_later(LINGER_S, self.transport.close)
-
-
-NO_UPGRADE = (
-    "Protocol upgrades (Upgrade with Connection: upgrade, CONNECT) are not supported; "
-    "send the request as plain HTTP/1.1."
-)
-
-
-TOO_MANY_PIPELINED = f"More than {MAX_PIPELINED} requests were sent ahead of their answers."
-
-
-NO_TRAILERS = "Trailer fields are not accepted; send every header before the body."
-
-
-def too_many_message(limit: int) -> str:
-    return f"The request has more than {limit} header fields."
-
-
-def too_long_message(limit: int) -> str:
-    return f"The request's header fields exceed {limit} bytes."
-
-
-def framing_message(exc: httptools.HttpParserError) -> str:
-    # llhttp's reasons are fixed strings ("Invalid header token"), never client bytes;
-    # keep only what looks like one.
-    reason = str(exc)
-    if not (reason.isascii() and reason.isprintable() and len(reason) <= 80):
-        reason = "malformed"
-    return f"Invalid HTTP request received: {reason}."
-
-
-def refusal_answer(
-    code: ErrorCode, message: str, default_headers: list[tuple[bytes, bytes]]
-) -> bytes:
-    body = error_body(code, message)
-    lines = [STATUS_LINE[code.status]]
-    lines.extend(name + b": " + value + b"\r\n" for name, value in default_headers)
-    lines.append(b"content-type: application/json\r\n")
-    lines.append(b"content-length: %d\r\n" % len(body))
-    lines.append(b"x-request-id: req_" + os.urandom(12).hex().encode() + b"\r\n")
-    lines.append(b"connection: close\r\n\r\n")
-    lines.append(body)
-    return b"".join(lines)

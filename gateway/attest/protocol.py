@@ -28,7 +28,7 @@ from http import HTTPStatus
 
 from gateway.attest.reader import Request, RequestReader
 from gateway.errors import ErrorCode, GatewayError
-from gateway.listener import ListenerLimits, Refusal, Refusals
+from gateway.listener_limits import ListenerLimits, Refusal, Refusals
 from gateway.logs import get_logger
 from gateway.upstream.http import UpstreamResponse
 

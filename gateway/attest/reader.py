@@ -2,8 +2,8 @@
 listener (`gateway/attest/protocol.py`, which answers them).
 
 `RequestReader` is the asyncio protocol's reading half: httptools parsing, and the limits
-of the gateway's listener (`gateway/listener.py`, whose `ListenerLimits`, refusal
-answers and messages it shares), counted the same way:
+of the gateway's listener (`gateway/listener.py`; its `ListenerLimits`, refusal
+answers and messages, in `gateway/listener_limits.py`, are shared), counted the same way:
 
 - `max_connections` open connections: one past it is closed before any byte is read;
 - `max_header_bytes` / `max_headers`: 431 `headers_too_large` (a head still arriving is
@@ -32,7 +32,7 @@ import asyncio
 import httptools
 
 from gateway.errors import ErrorCode
-from gateway.listener import (
+from gateway.listener_limits import (
     LINGER_BYTES,
     LINGER_S,
     NO_TRAILERS,

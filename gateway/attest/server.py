@@ -22,7 +22,7 @@ import uvloop
 from gateway.attest.app import AttestRelay, AttestSettings
 from gateway.attest.protocol import Listener
 from gateway.config.schema import ListenSettings
-from gateway.listener import ListenerLimits
+from gateway.listener_limits import ListenerLimits
 from gateway.serving import bind_socket
 
 __all__ = ["DRAIN_S", "AttestThread", "serve"]

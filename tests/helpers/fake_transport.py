@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gateway.listener import ListenerLimits
+from gateway.listener_limits import ListenerLimits
 
 __all__ = ["LIMITS", "WAIT_S", "FakeTransport"]
 

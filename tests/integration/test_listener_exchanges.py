@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from gateway.app import create_app
-from gateway.listener import MAX_PIPELINED
+from gateway.listener_limits import MAX_PIPELINED
 from gateway.serving import ServerThread
 from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
 from tests.helpers.raw_socket import WAIT_S, connect, parse, read_to_end

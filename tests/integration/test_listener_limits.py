@@ -28,7 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.app import create_app
 from gateway.config.schema import ListenSettings
 from gateway.errors import ErrorCode
-from gateway.listener import ListenerLimits, derived_max_connections, http_protocol
+from gateway.listener import http_protocol
+from gateway.listener_limits import ListenerLimits, derived_max_connections
 from gateway.serving import ServerThread, uvicorn_config
 from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
 from tests.helpers.net import free_port
