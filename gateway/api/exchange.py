@@ -114,7 +114,10 @@ async def send_whole(
     The receipt may still be being signed: a request cancelled while it waits (the client
     left, the drain deadline cut it) sent nothing of the answer, so the trail forgets it
     (its completion record commits to no response) and the response counts as not
-    started (a cut answers 503 instead, with the receipt)."""
+    started (a cut answers 503 instead, with the receipt). A client whose connection was
+    lost before the answer went out (before the disconnect watcher ran) got nothing
+    either: the server drops what is sent after that, so the trail forgets the answer and
+    the exchange ends as a client that left (499)."""
     try:
         headers = await receipt_headers(exchange)
     except asyncio.CancelledError:
@@ -123,6 +126,8 @@ async def send_whole(
             exchange.trail.unsent()
         raise
     await send_bytes(send, status, data, exchange.request_id, content_type, headers)
+    if client_left(exchange) and exchange.trail is not None:
+        exchange.trail.unsent()
 
 
 def relayed(exchange: Exchange, data: bytes, *, whole: bool = False) -> None:
