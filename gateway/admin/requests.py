@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
 from gateway.admin.auth import Caller, require
-from gateway.admin.tiles import log_dir
+from gateway.admin.tiles import log_dir, log_problem
 from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance import LogDirectory, ProvenanceError, TlogProof
 from gateway.provenance.formats.merkle import inclusion_proof
@@ -48,8 +48,9 @@ def request_records(
 ) -> RequestRecords:
     if not _REQUEST_ID.fullmatch(request_id):
         raise GatewayError(ErrorCode.not_found, "not a request id")
+    directory = log_dir(request)  # 404 without a log
     try:
-        log = LogDirectory(log_dir(request))
+        log = LogDirectory(directory)
         note = log.latest_note()
         size = int(note.split(b"\n")[1])
         found = log.find_request(request_id, size)
@@ -63,7 +64,9 @@ def request_records(
                 ProvedRecord(index=index, type=record.type, record=record.data, proof=proof)
             )
     except (ProvenanceError, ValueError, IndexError) as exc:
-        raise GatewayError(ErrorCode.not_found, f"the log cannot be read: {exc}") from exc
+        raise GatewayError(
+            ErrorCode.not_found, f"the log cannot be read: {log_problem(exc, directory)}"
+        ) from exc
     if not proved:
         raise GatewayError(ErrorCode.not_found, f"no record of {request_id!r} in the log yet")
     return RequestRecords(request_id=request_id, size=size, records=proved)

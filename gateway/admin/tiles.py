@@ -25,7 +25,7 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance.formats.layout import CHECKPOINT
 from gateway.provenance.formats.tiles import TILE_WIDTH, entries_path, index_path, tile_path
 
-__all__ = ["log_dir", "parse_tile_path", "router"]
+__all__ = ["log_dir", "log_problem", "parse_tile_path", "router"]
 
 router = APIRouter(prefix="/log", tags=["log"])
 
@@ -63,6 +63,13 @@ def log_dir(request: Request) -> Path:
     if settings is None:
         raise GatewayError(ErrorCode.not_found, "this gateway keeps no provenance log")
     return runtime.config_dir / settings.dir
+
+
+def log_problem(error: Exception, directory: Path) -> str:
+    """Why reading the log at `directory` failed, as an admin client is told it: the
+    error's text with the directory's path on this host written as `log` (a reader's
+    error names its files: the gateway's layout is not the client's business)."""
+    return str(error).replace(str(directory), "log")
 
 
 def _file(path: Path, what: str) -> bytes:
