@@ -164,7 +164,10 @@ def uvicorn_config(
 ) -> uvicorn.Config:
     """The uvicorn settings owngate uses everywhere: httptools with the connection limits
     of `listen` (`gateway.listener`; defaults when None), uvloop, no websockets, no
-    access log."""
+    access log, and no proxy headers: the client is the socket's peer, never what an
+    `X-Forwarded-For` says (uvicorn would believe it from any peer under
+    `FORWARDED_ALLOW_IPS=*`, making a remote client a loopback one to
+    `admin.allow_loopback`)."""
     limits = listen if listen is not None else ListenSettings()
     options: dict[str, Any] = {
         "http": http_protocol(limits),
@@ -174,6 +177,7 @@ def uvicorn_config(
         "access_log": False,
         "log_config": None,
         "server_header": False,
+        "proxy_headers": False,
         "date_header": False,
         "backlog": 2048,
         "timeout_keep_alive": limits.keepalive_timeout_s,

@@ -95,7 +95,7 @@ def create_admin_app(control: AdminControl) -> FastAPI:
     (admin.sample_interval_s and admin.history_s as the app is built)."""
     app = _routes(lifespan=_sampling)
     app.state.control = control
-    app.state.report_lock = asyncio.Lock()  # one audit report computed at a time
+    app.state.report_lock = asyncio.Lock()  # one log scan (report, request lookup) at a time
     app.state.report_waiting = 0  # and at most report.MAX_WAITING_REPORTS waiting for it
     # One client YAML parsed at a time (config/validate, policies/test): seconds of CPU
     # each in a worker thread, which takes the GIL from the loop serving tenants.

@@ -23,7 +23,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.admin.auth import Caller, require
-from gateway.admin.tiles import log_dir
+from gateway.admin.tiles import log_dir, log_problem
 from gateway.api.runtime import Runtime
 from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance import (
@@ -147,7 +147,7 @@ def _check(envelope: bytes, log: LogDirectory, verifiers: list[Verifier]) -> dic
     try:
         proved = check_receipt_in_log(log, receipt, verifiers)
     except (ProvenanceError, OSError, ValueError, IndexError) as exc:
-        verdict["problems"] = [f"the log does not hold it: {exc}"]
+        verdict["problems"] = [f"the log does not hold it: {log_problem(exc, log.path)}"]
         return verdict
     record = orjson.loads(proved.entry)  # the log's own record, proved: trusted from here
     backend = record.get("backend") if isinstance(record.get("backend"), dict) else {}

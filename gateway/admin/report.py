@@ -5,7 +5,8 @@ served at `<admin URL>/log/`: the log verified with the log's own public keys, t
 figures, each with the command that reproduces it against that URL (`--json`: the
 numbers; `html`: the self-contained file, as a download). Witness cosignatures are
 `/admin/v1/log/cosignatures` (tlog-tiles does not serve `cosigned/`, so the report's
-commands could not check them). Computed in a worker thread, one report at a time.
+commands could not check them). Computed in a worker thread, one log scan at a time
+(`scanning`: a report or a request lookup, requests.py): each reads the whole log.
 
 The log is live: a checkpoint written while the report reads it (its history file first,
 then the `checkpoint` file) can make one reading fail ("rollback", a changed entry).
@@ -18,8 +19,9 @@ the report's answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -33,14 +35,39 @@ from gateway.provenance.audit.reader import READINGS, log_state
 from gateway.provenance.audit.report import Invocation, audit_report
 from gateway.provenance.audit.report_html import render_html
 
-__all__ = ["ATTEMPTS", "read_live", "router"]
+__all__ = ["ATTEMPTS", "MAX_WAITING_REPORTS", "read_live", "router", "scanning"]
 
 router = APIRouter(prefix="/admin/v1/log", tags=["auditor"])
 _DOWNLOAD = 'attachment; filename="owngate-audit-report.html"'
 ATTEMPTS = READINGS  # readings of a live log that moved while it was read, at most
-# One report is computed at a time (app.state.report_lock); this many may wait for it,
-# and one more is told to retry: queued requests would hold memory and a worker each.
+# One log scan (a report, a request lookup) runs at a time (app.state.report_lock); this
+# many may wait for it, and one more is told to retry: queued requests would hold memory
+# and a worker each.
 MAX_WAITING_REPORTS = 4
+
+
+@contextlib.asynccontextmanager
+async def scanning(request: Request) -> AsyncIterator[None]:
+    """Hold the admin app's one log scan (429 `rate_limit_exceeded` when
+    `MAX_WAITING_REPORTS` already wait for it): a scan reads the whole log in a worker
+    thread, and several at once would take the GIL from the loop serving tenants."""
+    state = request.app.state
+    if state.report_waiting >= MAX_WAITING_REPORTS:
+        raise GatewayError(
+            ErrorCode.rate_limit_exceeded,
+            f"{MAX_WAITING_REPORTS} log scans (audit reports, request lookups) are already "
+            "waiting; retry when they are done",
+        )
+    lock: asyncio.Lock = state.report_lock
+    state.report_waiting += 1
+    try:
+        await lock.acquire()
+    finally:
+        state.report_waiting -= 1
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 @router.get(
@@ -56,11 +83,11 @@ async def report(
     caller: Annotated[Caller, Depends(require("auditor"))],
     format: Annotated[Literal["json", "html"], Query()] = "json",
 ) -> Response:
-    if request.app.state.report_waiting >= MAX_WAITING_REPORTS:
-        raise GatewayError(
-            ErrorCode.rate_limit_exceeded,
-            f"{MAX_WAITING_REPORTS} audit reports are already waiting; retry when they are done",
-        )
+    async with scanning(request):  # before anything else: past the bound, 429 at once
+        return await _report(request, format)
+
+
+async def _report(request: Request, format: str) -> Response:
     runtime: Runtime = request.app.state.control.runtime
     directory = log_dir(request)  # 404 without a log
     recorder = runtime.parts.recorder
@@ -70,12 +97,6 @@ async def report(
     verifiers = recorder.verifiers
     flags = [arg for key in verifiers for arg in ("--key", key.vkey)]
     run = Invocation(_served_at(request), (*flags, "--origin", settings.origin))
-    lock: asyncio.Lock = request.app.state.report_lock
-    request.app.state.report_waiting += 1
-    try:
-        await lock.acquire()
-    finally:
-        request.app.state.report_waiting -= 1
     log = recorder.log
 
     async def reading() -> dict[str, Any]:
@@ -91,10 +112,7 @@ async def report(
         )
         return found
 
-    try:
-        result = await read_live(reading, lambda: asyncio.to_thread(log_state, directory))
-    finally:
-        lock.release()
+    result = await read_live(reading, lambda: asyncio.to_thread(log_state, directory))
     if format == "html":
         html = await asyncio.to_thread(render_html, result)
         return Response(

@@ -5,19 +5,23 @@ Read from the log directory as an auditor would (`LogDirectory`): every record o
 request that the latest checkpoint covers, and for each a C2SP tlog-proof against that
 checkpoint (the record itself as its extra line), which `owngate audit` and any
 tlog-proof client check offline. Finding a request scans the log (no index is kept):
-the endpoint runs in a worker thread, off the event loop.
+in a worker thread, off the event loop, and one scan at a time with the audit report's
+(report.py `scanning`; past its waiting bound, 429).
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
 from gateway.admin.auth import Caller, require
-from gateway.admin.tiles import log_dir
+from gateway.admin.report import scanning
+from gateway.admin.tiles import log_dir, log_problem
 from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance import LogDirectory, ProvenanceError, TlogProof
 from gateway.provenance.formats.merkle import inclusion_proof
@@ -43,13 +47,18 @@ class RequestRecords(BaseModel):
 
 
 @router.get("/requests/{request_id}", summary="A request's records, each with its inclusion proof")
-def request_records(
+async def request_records(
     request_id: str, request: Request, caller: Annotated[Caller, Depends(require("auditor"))]
 ) -> RequestRecords:
     if not _REQUEST_ID.fullmatch(request_id):
         raise GatewayError(ErrorCode.not_found, "not a request id")
+    async with scanning(request):  # one log scan at a time, as a report
+        return await asyncio.to_thread(_records, log_dir(request), request_id)
+
+
+def _records(directory: Path, request_id: str) -> RequestRecords:
     try:
-        log = LogDirectory(log_dir(request))
+        log = LogDirectory(directory)
         note = log.latest_note()
         size = int(note.split(b"\n")[1])
         found = log.find_request(request_id, size)
@@ -63,7 +72,9 @@ def request_records(
                 ProvedRecord(index=index, type=record.type, record=record.data, proof=proof)
             )
     except (ProvenanceError, ValueError, IndexError) as exc:
-        raise GatewayError(ErrorCode.not_found, f"the log cannot be read: {exc}") from exc
+        raise GatewayError(
+            ErrorCode.not_found, f"the log cannot be read: {log_problem(exc, directory)}"
+        ) from exc
     if not proved:
         raise GatewayError(ErrorCode.not_found, f"no record of {request_id!r} in the log yet")
     return RequestRecords(request_id=request_id, size=size, records=proved)

@@ -4,7 +4,9 @@ served from the log directory, so a tlog-tiles client (or `owngate audit verify 
 audits a live replica without file access.
 
 Paths are parsed strictly before any file is touched: the level is 0..63, the index is
-in its canonical `x000/…/000` form, a partial width is 1..255; anything else is 404, so
+in its canonical `x000/…/000` form of at most 7 groups (every uint64 index; a longer
+one would cost a conversion of thousands of digits, which Python refuses past 4300),
+a partial width is 1..255; anything else is 404, so
 no request names a file outside the tile tree. Full tiles and bundles never change once
 written (`Cache-Control: immutable`); partial ones and the checkpoint do.
 """
@@ -23,12 +25,12 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance.formats.layout import CHECKPOINT
 from gateway.provenance.formats.tiles import TILE_WIDTH, entries_path, index_path, tile_path
 
-__all__ = ["log_dir", "parse_tile_path", "router"]
+__all__ = ["log_dir", "log_problem", "parse_tile_path", "router"]
 
 router = APIRouter(prefix="/log", tags=["log"])
 
 _TILE = re.compile(
-    r"tile/(entries|[0-9]|[1-5][0-9]|6[0-3])/((?:x[0-9]{3}/)*[0-9]{3})(?:\.p/([0-9]{1,3}))?"
+    r"tile/(entries|[0-9]|[1-5][0-9]|6[0-3])/((?:x[0-9]{3}/){0,6}[0-9]{3})(?:\.p/([0-9]{1,3}))?"
 )
 _IMMUTABLE = "public, max-age=31536000, immutable"
 _CHANGING = "no-cache"
@@ -61,6 +63,13 @@ def log_dir(request: Request) -> Path:
     if settings is None:
         raise GatewayError(ErrorCode.not_found, "this gateway keeps no provenance log")
     return runtime.config_dir / settings.dir
+
+
+def log_problem(error: Exception, directory: Path) -> str:
+    """Why reading the log at `directory` failed, as an admin client is told it: the
+    error's text with the directory's path on this host written as `log` (a reader's
+    error names its files: the gateway's layout is not the client's business)."""
+    return str(error).replace(str(directory), "log")
 
 
 def _file(path: Path, what: str) -> bytes:

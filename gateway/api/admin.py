@@ -8,6 +8,11 @@ it answers only admins (`authorize`, the one check): a client that sends
 loopback address. The source address alone is never enough by default: a service-mesh
 sidecar forwards every remote client from 127.0.0.6. With neither set the surface is
 off (403).
+
+"A loopback client" is the socket's own peer (owngate's servers take no proxy headers:
+`gateway.serving.uvicorn_config`), and a request that names a client in a forwarding
+header (`Forwarded`, `X-Forwarded-For`, `X-Real-IP`) is never one: a proxy on this host
+forwarded it from elsewhere.
 """
 
 from __future__ import annotations
@@ -31,9 +36,14 @@ if TYPE_CHECKING:
 __all__ = ["authorize", "backend_detail", "is_loopback", "send_status", "status_report"]
 
 
+_FORWARDING = frozenset((b"forwarded", b"x-forwarded-for", b"x-real-ip"))
+
+
 def is_loopback(scope: Scope) -> bool:
+    """Whether the peer of `scope`'s connection is on a loopback address and the request
+    was not forwarded to it by a proxy (it names no client in a forwarding header)."""
     client = scope.get("client")
-    if not client:
+    if not client or any(name in _FORWARDING for name, _ in scope["headers"]):
         return False
     try:
         return ipaddress.ip_address(client[0]).is_loopback

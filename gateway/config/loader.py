@@ -226,7 +226,18 @@ def _merge_keys_file(config: GatewaySettings, keys_path: Path, source: str) -> G
 
     try:
         stored = read_keys_file(keys_path)
-    except (ValueError, yaml.YAMLError) as exc:
+    except RecursionError as exc:  # PyYAML composes recursively
+        issue = ConfigIssue("", None, "not valid YAML: it nests too deep")
+        raise ConfigError(str(keys_path), [issue]) from exc
+    except yaml.YAMLError as exc:
+        # Where and what, never PyYAML's text: it quotes the line it stopped at, and a
+        # candidate config (the admin API's config/validate) may name any readable file.
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        issue = ConfigIssue("", line, f"not valid YAML: {problem}")
+        raise ConfigError(str(keys_path), [issue]) from exc
+    except ValueError as exc:
         raise ConfigError(str(keys_path), [ConfigIssue("", None, str(exc))]) from exc
     known = {t.id for t in config.tenants}
     unknown = sorted(set(stored) - known)

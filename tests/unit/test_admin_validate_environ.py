@@ -5,6 +5,7 @@ the process environment alone."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +53,24 @@ def test_validate_never_answers_the_value_of_an_environment_variable() -> None:
     problems = control.validate(json.dumps(candidate))
     assert problems and any("${HOSTED_KEY}" in problem for problem in problems)
     assert not any(secret in problem for problem in problems)
+
+
+def test_validate_never_answers_a_line_of_a_file_the_candidate_names(tmp_path: Path) -> None:
+    # A candidate may name any file the gateway can read as its keys_file; PyYAML's
+    # error quotes the line it stopped at, which would answer an admin token that line.
+    secret = "AKIA-SECRET-VALUE-0123"
+    credentials = tmp_path / "credentials"
+    credentials.write_text(f"[default]\naws_secret_access_key = {secret}: x\n")
+    data = {
+        "backends": [backend("gpu", "http://127.0.0.1:9", "m")],
+        "tenants": [{"id": "acme", "models": ["*"]}],
+    }
+    control: AdminControl = admin_app(
+        create_app(GatewaySettings.model_validate(data))
+    ).state.control
+    problems = control.validate(json.dumps({**data, "keys_file": str(credentials)}))
+    assert problems == [
+        f"{credentials}:line 2: <root>: not valid YAML: expected '<document start>', "
+        "but found '<block mapping start>'"
+    ]
+    assert not any("AKIA" in problem for problem in problems)
