@@ -187,6 +187,16 @@ class BackendSettings(_Strict):
             missing = [m.name for m in self.models if not m.provider_model]
             if missing:
                 raise ValueError(f"hosted models need provider_model: {', '.join(missing)}")
+        # A name the backend serves twice would route to two of its models, and a policy's
+        # `models` rule judges the name by one of them: `deny: [x]` escaped by asking `y`
+        # when `y` is both a model of its own and an alias of `x`.
+        names = [name for m in self.models for name in (m.name, *m.aliases)]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(
+                f"backend serves {', '.join(map(repr, twice))} more than once (as a model's "
+                "name or alias): each name it serves must name one model"
+            )
         if self.attest is not None:
             if self.kind not in PRIVATE_KINDS:
                 raise ValueError("attest is for private backends (hosted ones cannot countersign)")

@@ -536,6 +536,28 @@ def test_a_models_verdict_is_per_backend_when_backends_alias_a_model_differently
     assert excluded(decision) == {by_models: rule, "plain-us": us}
 
 
+@pytest.mark.parametrize(
+    "models",
+    [
+        # `y` a model of its own and an alias of `x`: the plan for `y` held the route to
+        # upstream `x` too, while `models: {deny: [x]}` judged `y` by the first group only.
+        [{"name": "y"}, {"name": "x", "aliases": ["y"]}],
+        [{"name": "x", "aliases": ["y"]}, {"name": "z", "aliases": ["y"]}],
+        [{"name": "x", "aliases": ["x"]}],
+    ],
+)
+def test_a_backend_serves_each_name_for_one_model_only(models: list[dict[str, Any]]) -> None:
+    from pydantic import ValidationError
+
+    from gateway.config.schema import BackendSettings
+    from tests.helpers.gateways import backend
+
+    spec = backend("gpu", "http://127.0.0.1:9", "m")
+    spec["models"] = models
+    with pytest.raises(ValidationError, match="more than once"):
+        BackendSettings.model_validate(spec)
+
+
 def test_gateway_yaml_facts_group_a_models_name_with_its_aliases() -> None:
     from gateway.config.facts import facts_of
     from gateway.config.schema import BackendSettings
