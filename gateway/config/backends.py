@@ -144,6 +144,18 @@ class BackendSettings(_Strict):
         default=None, description="private backends behind `owngate attest`: its key"
     )
 
+    @field_validator("region", "owner", "provider")
+    @classmethod
+    def _plain_fact(cls, value: str | None) -> str | None:
+        # Policies match these facts by name: `region: "us-east-1 "` (or one with a
+        # zero-width space) would escape `residency.deny: [us]` unseen in a review.
+        if value is not None and (value != value.strip() or not value.isprintable()):
+            raise ValueError(
+                f"{value!r} has spaces at its ends or invisible/control characters; "
+                "policies match this name as written"
+            )
+        return value
+
     @field_validator("base_url")
     @classmethod
     def _url_shape(cls, value: str | None) -> str | None:

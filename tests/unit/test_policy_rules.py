@@ -558,6 +558,29 @@ def test_a_backend_serves_each_name_for_one_model_only(models: list[dict[str, An
         BackendSettings.model_validate(spec)
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("region", "us-east-1 "),
+        ("region", "us-east-1\u200b"),
+        ("owner", " openai"),
+        ("provider", "openai\t"),
+    ],
+)
+def test_declared_facts_policies_match_are_plain_names(key: str, value: str) -> None:
+    """A region or provider no policy entry can match escaped every deny written for it
+    (`residency.deny: [us]` let `us-east-1 ` through); gateway.yaml refuses it."""
+    from pydantic import ValidationError
+
+    from gateway.config.schema import BackendSettings
+    from tests.helpers.gateways import backend
+
+    spec = backend("gpu", "http://127.0.0.1:9", "m")
+    spec[key] = value
+    with pytest.raises(ValidationError, match="spaces at its ends or invisible"):
+        BackendSettings.model_validate(spec)
+
+
 def test_gateway_yaml_facts_group_a_models_name_with_its_aliases() -> None:
     from gateway.config.facts import facts_of
     from gateway.config.schema import BackendSettings
