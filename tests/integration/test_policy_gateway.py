@@ -6,7 +6,10 @@ LiteLLM (an OpenAI-shaped provider), so the fallback path runs for real without 
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ import pytest
 
 from tests.helpers.gateways import EU_ZERO, Gateway, Sim, backend, hosted_backend, readiness, served
 from tests.helpers.net import free_port
+from tests.helpers.raw_backend import Answer, Post, RawBackend
 from tests.helpers.waiting import until
 
 POLICIES = """\
@@ -184,6 +188,58 @@ def test_reload_swaps_atomically_and_keeps_the_last_good_set(
         if line.startswith("owngate_policy_reload_failures_total ")
     ]
     assert failures and float(failures[0].split()[1]) >= 1
+
+
+def test_a_failover_after_a_policy_reload_is_checked_against_the_new_set(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """The first backend hangs, the policy is reloaded to deny the other, then the first
+    answers 503: the failover must not go to the backend the active set now denies (it
+    did: the plan was made once, from the decision of the set before)."""
+    release = threading.Event()
+
+    async def hang_then_503(writer: asyncio.StreamWriter, post: Post) -> bool:
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 30)
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
+        await writer.drain()
+        return False
+
+    raws = {name: start_raw(hang_then_503) for name in ("gpu-a", "gpu-b")}
+    policy = tmp_path / "policies" / "p.yaml"
+    policy.parent.mkdir()
+    text = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: p, version: "VERSION"}
+spec:
+  tenants: [acme]
+  residency: {allow: ["*"]}
+  retention: {max_days: any}
+  fallback: {mode: never}
+"""
+    policy.write_text(text.replace("VERSION", "1"))
+    gateway = start_gateway(
+        [backend(name, raw.url, "m") for name, raw in raws.items()],
+        policy={"paths": [str(policy.parent)], "reload_interval_s": 0.05},
+        routing={"failover": {"max_attempts": 2}},
+    )
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        answer = pool.submit(chat, gateway)
+        until(lambda: any(raw.posts for raw in raws.values()), "the first attempt")
+        first = next(name for name, raw in raws.items() if raw.posts)
+        other = next(name for name in raws if name != first)
+        policy.write_text(text.replace("VERSION", "2") + f"  backends: {{deny: [{other}]}}\n")
+        until(
+            lambda: gateway.app.policies.current.compiled("p").version == "2",
+            "the reload",
+            timeout=5.0,
+        )
+        release.set()
+        response = answer.result(timeout=30)
+    assert response.status_code == 503, response.text
+    assert not raws[other].posts, "the failover reached a backend the active policy denies"
 
 
 def test_a_missing_provider_key_stops_the_gateway_starting(start_sim: Callable[..., Sim]) -> None:
