@@ -175,9 +175,10 @@ class Proxy:
 
     def _withdrawn(self, decided: _Decided, attempt: Attempt) -> str | None:
         """Why the policy set active now no longer admits `attempt`'s backend, if a reload
-        since the decision took it away (a request may wait in a queue and fail over for
-        a while): every attempt is checked against both sets, never only the older."""
-        current = self._trust.current
+        since the decision (of the policies, or of gateway.yaml: the new config's set)
+        took it away; a request may wait in a queue and fail over for a while. Every
+        attempt is checked against both sets, never only the older."""
+        current = self._trust.latest()
         if current is decided.policy:
             return None
         decision = decided.decision

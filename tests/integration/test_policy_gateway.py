@@ -15,8 +15,19 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
-from tests.helpers.gateways import EU_ZERO, Gateway, Sim, backend, hosted_backend, readiness, served
+from gateway.config import load_config
+from tests.helpers.gateways import (
+    EU_ZERO,
+    Gateway,
+    Sim,
+    backend,
+    gateway_config,
+    hosted_backend,
+    readiness,
+    served,
+)
 from tests.helpers.net import free_port
 from tests.helpers.raw_backend import Answer, Post, RawBackend
 from tests.helpers.waiting import until
@@ -240,6 +251,65 @@ spec:
         response = answer.result(timeout=30)
     assert response.status_code == 503, response.text
     assert not raws[other].posts, "the failover reached a backend the active policy denies"
+
+
+def test_a_failover_after_a_config_reload_is_checked_against_the_new_config(
+    start_raw: Callable[[Answer], RawBackend], tmp_path: Path
+) -> None:
+    """The same across a gateway.yaml reload: the request in flight finishes on the old
+    config's parts, but its failover must not reach a backend the new config's declared
+    facts put outside the policy (here: moved to us-east-1 under `residency: [eu]`)."""
+    from gateway.app import create_app
+    from gateway.serving import ServerThread
+
+    release = threading.Event()
+
+    async def hang_then_503(writer: asyncio.StreamWriter, post: Post) -> bool:
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 30)
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
+        await writer.drain()
+        return False
+
+    raws = {name: start_raw(hang_then_503) for name in ("gpu-a", "gpu-b")}
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(
+        POLICIES.replace("{mode}", "never").replace("{to}", "").replace("zero", "any")
+    )
+
+    def config(moved: str | None) -> dict[str, Any]:
+        backends = [
+            backend(name, raw.url, "m", region="us-east-1" if name == moved else "eu-west-1")
+            for name, raw in raws.items()
+        ]
+        return gateway_config(
+            backends, policy={"paths": ["policies"]}, routing={"failover": {"max_attempts": 2}}
+        ).model_dump(mode="json", exclude_none=True)
+
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config(None)))
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    server = ServerThread(app).start()
+    try:
+        gateway = Gateway(app, server)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            answer = pool.submit(chat, gateway)
+            until(lambda: any(raw.posts for raw in raws.values()), "the first attempt")
+            first = next(name for name, raw in raws.items() if raw.posts)
+            other = next(name for name in raws if name != first)
+            path.with_suffix(".tmp").write_text(yaml.safe_dump(config(other)))
+            path.with_suffix(".tmp").replace(path)
+            until(
+                lambda: app.parts.registry.backends[other].config.region == "us-east-1",
+                "the reload",
+                timeout=10.0,
+            )
+            release.set()
+            response = answer.result(timeout=30)
+    finally:
+        release.set()
+        server.stop()
+    assert response.status_code == 503, response.text
+    assert not raws[other].posts, "the failover reached a backend the new config excludes"
 
 
 def test_a_missing_provider_key_stops_the_gateway_starting(start_sim: Callable[..., Sim]) -> None:
