@@ -201,6 +201,19 @@ def test_reload_swaps_atomically_and_keeps_the_last_good_set(
     assert failures and float(failures[0].split()[1]) >= 1
 
 
+def held_503(release: threading.Event) -> Answer:
+    """A raw backend's answer: wait for `release` (30 s at most), then 503, so that the
+    request fails over to its next attempt."""
+
+    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 30)
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
+        await writer.drain()
+        return False
+
+    return answer
+
+
 def test_a_failover_after_a_policy_reload_is_checked_against_the_new_set(
     start_raw: Callable[[Answer], RawBackend],
     start_gateway: Callable[..., Gateway],
@@ -210,13 +223,7 @@ def test_a_failover_after_a_policy_reload_is_checked_against_the_new_set(
     answers 503: the failover must not go to the backend the active set now denies (it
     did: the plan was made once, from the decision of the set before)."""
     release = threading.Event()
-
-    async def hang_then_503(writer: asyncio.StreamWriter, post: Post) -> bool:
-        await asyncio.get_running_loop().run_in_executor(None, release.wait, 30)
-        writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
-        await writer.drain()
-        return False
-
+    hang_then_503 = held_503(release)
     raws = {name: start_raw(hang_then_503) for name in ("gpu-a", "gpu-b")}
     policy = tmp_path / "policies" / "p.yaml"
     policy.parent.mkdir()
@@ -253,6 +260,42 @@ spec:
     assert not raws[other].posts, "the failover reached a backend the active policy denies"
 
 
+def test_a_fallback_after_a_reload_to_never_reaches_no_hosted_backend(
+    start_raw: Callable[[Answer], RawBackend],
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """The private backend hangs, the policy is reloaded to `fallback: never`, then the
+    private backend answers 503: the hosted fallback of the plan made before must not run."""
+    release = threading.Event()
+    hang_then_503 = held_503(release)
+    private = start_raw(hang_then_503)
+    hosted_sim = start_sim("vllm", models=("m",), zero_latency=True)
+    policies = write_policy(tmp_path / "policies", "when_private_unavailable")
+    gateway = start_gateway(
+        [backend("gpu-eu", private.url, "m", **EU_ZERO), hosted(hosted_sim)],
+        policy={"paths": [str(policies)], "reload_interval_s": 0.05},
+        environ={"HOSTED_KEY": "test-key"},
+    )
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            answer = pool.submit(chat, gateway)
+            until(lambda: bool(private.posts), "the private attempt")
+            write_policy(policies, "never")
+            until(
+                lambda: gateway.app.policies.current.decide("acme", "m", None).fallback == "never",
+                "the reload",
+                timeout=5.0,
+            )
+            release.set()
+            response = answer.result(timeout=30)
+    finally:
+        release.set()
+    assert response.status_code == 503, response.text
+    assert served(hosted_sim) == 0, "the fallback reached hosted after fallback: never"
+
+
 def test_a_failover_after_a_config_reload_is_checked_against_the_new_config(
     start_raw: Callable[[Answer], RawBackend], tmp_path: Path
 ) -> None:
@@ -263,13 +306,7 @@ def test_a_failover_after_a_config_reload_is_checked_against_the_new_config(
     from gateway.serving import ServerThread
 
     release = threading.Event()
-
-    async def hang_then_503(writer: asyncio.StreamWriter, post: Post) -> bool:
-        await asyncio.get_running_loop().run_in_executor(None, release.wait, 30)
-        writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
-        await writer.drain()
-        return False
-
+    hang_then_503 = held_503(release)
     raws = {name: start_raw(hang_then_503) for name in ("gpu-a", "gpu-b")}
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "p.yaml").write_text(
