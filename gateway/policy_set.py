@@ -52,6 +52,17 @@ class TrustPolicies:
         self.current: PolicySet = self._compile()
         self._stamp = self._fingerprint()
         self._pending: tuple[tuple[str, int, int], ...] | None = None  # a change settling
+        # The policies of the config a gateway.yaml reload installed after this one's: the
+        # requests still running on this config check their attempts against them too.
+        self.successor: TrustPolicies | None = None
+
+    def latest(self) -> PolicySet:
+        """The set active now in the newest config (this one's, unless a config reload
+        has replaced it: then its successor's)."""
+        trust = self
+        while trust.successor is not None:
+            trust = trust.successor
+        return trust.current
 
     @property
     def configured(self) -> bool:

@@ -71,6 +71,8 @@ class GatewayApp(Runtime):
         parts they were decided with (returned: the requests running now). Running watchers
         (health probes, policy files) move to the new parts."""
         running = set(self.serving)
+        if self.parts.policies is not parts.policies:  # requests still running: see Proxy
+            self.parts.policies.successor = parts.policies
         self.parts = parts
         parts.registry.set_peer_inflight(self._peers)
         parts.metrics.watch_policies(parts.policies)

@@ -21,7 +21,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.api.body import parse_body
 from gateway.api.exchange import Exchange, TryNext, watch_disconnect
@@ -35,11 +35,11 @@ from gateway.api.trail import Trail
 from gateway.asgi import Receive, Scope, Send
 from gateway.config.schema import RoutingSettings
 from gateway.errors import ErrorCode, GatewayError
-from gateway.policy import Decision, UnknownDataClass
+from gateway.policy import Decision, PolicySet, UnknownDataClass
 from gateway.policy_set import TrustPolicies
 from gateway.provenance import Salts
 from gateway.routing.registry import BackendState, Registry, Route
-from gateway.routing.router import Outcome, Router
+from gateway.routing.router import Attempt, Outcome, Router
 from gateway.routing.scraper import MetricsScraper
 from gateway.state import SharedState
 from gateway.tenants import TenantEntry
@@ -116,14 +116,14 @@ class Proxy:
             # only to read the usage back
             exchange.trail = Trail(Salts.generate(), "", prompt_bytes=len(body))
         try:
-            decision = self._decide(exchange, tenant, model, scope)
+            decided = self._decide(exchange, tenant, model, scope)
         except Refused as refused:
             await self._refused(exchange, refused)
             raise
-        exchange.decision = decision
+        exchange.decision = decided.decision
         watcher = watch_disconnect(receive, exchange)
         try:
-            await self._dispatch(exchange, decision, model, doc, body, upstream_path, send)
+            await self._dispatch(exchange, decided, model, doc, body, upstream_path, send)
         except Refused as refused:  # nothing was dispatched (`_dispatch` says so)
             await self._refused(exchange, refused)
             raise
@@ -138,8 +138,8 @@ class Proxy:
 
     def _decide(
         self, exchange: Exchange, tenant: TenantEntry, model: str, scope: Scope
-    ) -> Decision:
-        policy = self._trust.current  # one read: this request sees one policy set
+    ) -> _Decided:
+        policy = self._trust.current  # one read: the decision is this set's
         exchange.policy = f"{policy.id}@{policy.version}"
         exchange.policy_digest = policy.digest
         exchange.data_class = UNKNOWN  # until the label proves to be a declared class
@@ -171,18 +171,37 @@ class Proxy:
             raise Refused(
                 ErrorCode.policy_denied, refusal.message, decision, refusal.rule, param="model"
             )
-        return decision
+        return _Decided(decision, policy, label)
+
+    def _withdrawn(self, decided: _Decided, attempt: Attempt) -> str | None:
+        """Why the policy set active now no longer admits `attempt`'s backend, if a reload
+        since the decision (of the policies, or of gateway.yaml: the new config's set)
+        took it away; a request may wait in a queue and fail over for a while. Every
+        attempt is checked against both sets, never only the older."""
+        current = self._trust.latest()
+        if current is decided.policy:
+            return None
+        decision = decided.decision
+        try:
+            now = current.decide(decision.tenant, decision.model, decided.label)
+        except UnknownDataClass:
+            now = None
+        admitted = () if now is None else now.private if attempt.private else now.hosted
+        if attempt.backend.id in admitted:
+            return None
+        return f"{attempt.backend.id}: no longer admitted by policy set {current.version}"
 
     async def _dispatch(
         self,
         exchange: Exchange,
-        decision: Decision,
+        decided: _Decided,
         model: str,
         doc: dict[str, Any],
         body: bytes,
         upstream_path: bytes,
         send: Send,
     ) -> None:
+        decision = decided.decision
         plan = await self.router.plan(model, decision, doc, exchange.started_at)
         private, hosted = self._private, self._hosted
         last: TryNext | None = None
@@ -190,6 +209,10 @@ class Proxy:
         if traced is not None:
             traced.requested(doc)
         for attempt in plan:  # in flight from here: reported however it ends
+            withdrawn = self._withdrawn(decided, attempt)
+            if withdrawn is not None:  # not dispatched: no record, the next one may serve
+                plan.report(attempt, Outcome.failed, withdrawn)
+                continue
             outcome, reason, span = Outcome.ended, "", None
             try:
                 if traced is not None:  # tracing on: the attempt's span (gateway/tracing)
@@ -323,6 +346,14 @@ async def _hosted(
 ) -> None:
     """A hosted attempt (LiteLLM opens its own connections)."""
     await hosted.attempt(exchange, route, doc, send)
+
+
+class _Decided(NamedTuple):
+    """A request's decision, the policy set that made it and the label it was made for."""
+
+    decision: Decision
+    policy: PolicySet
+    label: str | None
 
 
 def _attempt_status(exc: TryNext) -> int:

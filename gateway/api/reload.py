@@ -8,9 +8,10 @@ detail, as a failed policy reload is. A valid file is assembled completely by th
 composition root's `assemble` (backend registry, tenant keys, trust policies, scraper,
 proxy) and swapped in whole by the app's `install`: the reloader gets both as callables
 and knows nothing of the app. A request is decided and routed by the parts active once
-its body is read, and finishes on them; the connections of a removed or changed backend
-close once the requests that were running at the swap are done (bounded by
-`limits.drain_timeout_s`). Unchanged backends keep their connection pools, in-flight
+its body is read, and finishes on them (each further attempt also checked against the
+new config's policies, `TrustPolicies.successor`); the connections of a removed or
+changed backend close once the requests that were running at the swap are done
+(bounded by `limits.drain_timeout_s`). Unchanged backends keep their connection pools, in-flight
 counts and health. Settings only a restart can change (`listen`, `provenance`, `state`,
 `logging`) keep their running values, and the log says "needs restart".
 """

@@ -144,6 +144,18 @@ class BackendSettings(_Strict):
         default=None, description="private backends behind `owngate attest`: its key"
     )
 
+    @field_validator("region", "owner", "provider")
+    @classmethod
+    def _plain_fact(cls, value: str | None) -> str | None:
+        # Policies match these facts by name: `region: "us-east-1 "` (or one with a
+        # zero-width space) would escape `residency.deny: [us]` unseen in a review.
+        if value is not None and (value != value.strip() or not value.isprintable()):
+            raise ValueError(
+                f"{value!r} has spaces at its ends or invisible/control characters; "
+                "policies match this name as written"
+            )
+        return value
+
     @field_validator("base_url")
     @classmethod
     def _url_shape(cls, value: str | None) -> str | None:
@@ -187,6 +199,16 @@ class BackendSettings(_Strict):
             missing = [m.name for m in self.models if not m.provider_model]
             if missing:
                 raise ValueError(f"hosted models need provider_model: {', '.join(missing)}")
+        # A name the backend serves twice would route to two of its models, and a policy's
+        # `models` rule judges the name by one of them: `deny: [x]` escaped by asking `y`
+        # when `y` is both a model of its own and an alias of `x`.
+        names = [name for m in self.models for name in (m.name, *m.aliases)]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(
+                f"backend serves {', '.join(map(repr, twice))} more than once (as a model's "
+                "name or alias): each name it serves must name one model"
+            )
         if self.attest is not None:
             if self.kind not in PRIVATE_KINDS:
                 raise ValueError("attest is for private backends (hosted ones cannot countersign)")

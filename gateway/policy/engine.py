@@ -152,12 +152,16 @@ class PolicySet:
         hosted: list[tuple[tuple[int, ...], int, str]] = []
         for backend in candidates:
             bid = backend.id
-            if base_models is not None:
-                entry: TraceEntry | None = base_models[bid]
-            else:
+            # Sections in their order, the policy's then the class's. A `models` verdict is
+            # per backend: backends may serve one name under different aliases, so the
+            # model's entries name only the backends it excludes.
+            entry = None if base_models is None else base_models.get(bid)
+            if entry is None:
                 entry = base.static_entries[bid]
-                if entry is None and extra is not None:
-                    entry = extra_models[bid] if extra_models else extra.static_entries[bid]
+            if entry is None and extra is not None:
+                entry = None if extra_models is None else extra_models.get(bid)
+                if entry is None:
+                    entry = extra.static_entries[bid]
             if entry is None:
                 if backend.tier == "private":
                     private.append(bid)

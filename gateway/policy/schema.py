@@ -12,6 +12,7 @@ import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -48,7 +49,20 @@ DEFAULT_DATA_CLASS_HEADER = "x-data-class"
 PolicyId = Annotated[StrictStr, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
 DataClassName = Annotated[StrictStr, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")]
 TenantId = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
-Pattern = Annotated[StrictStr, Field(min_length=1, max_length=200)]
+
+
+def _pattern(value: str) -> str:
+    # A name or glob with spaces at its ends or an invisible character matches no backend:
+    # a deny entry written so would protect nothing, silently (`check` only warns).
+    if value != value.strip() or not value.isprintable():
+        raise ValueError(
+            f"{value!r} has spaces at its ends or invisible/control characters, so it would "
+            "match nothing; write the name or glob plainly"
+        )
+    return value
+
+
+Pattern = Annotated[StrictStr, Field(min_length=1, max_length=200), AfterValidator(_pattern)]
 
 
 def _max_days(value: Any) -> int | str:

@@ -6,15 +6,30 @@ LiteLLM (an OpenAI-shaped provider), so the fallback path runs for real without 
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 
-from tests.helpers.gateways import EU_ZERO, Gateway, Sim, backend, hosted_backend, readiness, served
+from gateway.config import load_config
+from tests.helpers.gateways import (
+    EU_ZERO,
+    Gateway,
+    Sim,
+    backend,
+    gateway_config,
+    hosted_backend,
+    readiness,
+    served,
+)
 from tests.helpers.net import free_port
+from tests.helpers.raw_backend import Answer, Post, RawBackend
 from tests.helpers.waiting import until
 
 POLICIES = """\
@@ -184,6 +199,154 @@ def test_reload_swaps_atomically_and_keeps_the_last_good_set(
         if line.startswith("owngate_policy_reload_failures_total ")
     ]
     assert failures and float(failures[0].split()[1]) >= 1
+
+
+def held_503(release: threading.Event) -> Answer:
+    """A raw backend's answer: wait for `release` (30 s at most), then 503, so that the
+    request fails over to its next attempt."""
+
+    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 30)
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
+        await writer.drain()
+        return False
+
+    return answer
+
+
+def test_a_failover_after_a_policy_reload_is_checked_against_the_new_set(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """The first backend hangs, the policy is reloaded to deny the other, then the first
+    answers 503: the failover must not go to the backend the active set now denies (it
+    did: the plan was made once, from the decision of the set before)."""
+    release = threading.Event()
+    hang_then_503 = held_503(release)
+    raws = {name: start_raw(hang_then_503) for name in ("gpu-a", "gpu-b")}
+    policy = tmp_path / "policies" / "p.yaml"
+    policy.parent.mkdir()
+    text = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: p, version: "VERSION"}
+spec:
+  tenants: [acme]
+  residency: {allow: ["*"]}
+  retention: {max_days: any}
+  fallback: {mode: never}
+"""
+    policy.write_text(text.replace("VERSION", "1"))
+    gateway = start_gateway(
+        [backend(name, raw.url, "m") for name, raw in raws.items()],
+        policy={"paths": [str(policy.parent)], "reload_interval_s": 0.05},
+        routing={"failover": {"max_attempts": 2}},
+    )
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        answer = pool.submit(chat, gateway)
+        until(lambda: any(raw.posts for raw in raws.values()), "the first attempt")
+        first = next(name for name, raw in raws.items() if raw.posts)
+        other = next(name for name in raws if name != first)
+        policy.write_text(text.replace("VERSION", "2") + f"  backends: {{deny: [{other}]}}\n")
+        until(
+            lambda: gateway.app.policies.current.compiled("p").version == "2",
+            "the reload",
+            timeout=5.0,
+        )
+        release.set()
+        response = answer.result(timeout=30)
+    assert response.status_code == 503, response.text
+    assert not raws[other].posts, "the failover reached a backend the active policy denies"
+
+
+def test_a_fallback_after_a_reload_to_never_reaches_no_hosted_backend(
+    start_raw: Callable[[Answer], RawBackend],
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """The private backend hangs, the policy is reloaded to `fallback: never`, then the
+    private backend answers 503: the hosted fallback of the plan made before must not run."""
+    release = threading.Event()
+    hang_then_503 = held_503(release)
+    private = start_raw(hang_then_503)
+    hosted_sim = start_sim("vllm", models=("m",), zero_latency=True)
+    policies = write_policy(tmp_path / "policies", "when_private_unavailable")
+    gateway = start_gateway(
+        [backend("gpu-eu", private.url, "m", **EU_ZERO), hosted(hosted_sim)],
+        policy={"paths": [str(policies)], "reload_interval_s": 0.05},
+        environ={"HOSTED_KEY": "test-key"},
+    )
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            answer = pool.submit(chat, gateway)
+            until(lambda: bool(private.posts), "the private attempt")
+            write_policy(policies, "never")
+            until(
+                lambda: gateway.app.policies.current.decide("acme", "m", None).fallback == "never",
+                "the reload",
+                timeout=5.0,
+            )
+            release.set()
+            response = answer.result(timeout=30)
+    finally:
+        release.set()
+    assert response.status_code == 503, response.text
+    assert served(hosted_sim) == 0, "the fallback reached hosted after fallback: never"
+
+
+def test_a_failover_after_a_config_reload_is_checked_against_the_new_config(
+    start_raw: Callable[[Answer], RawBackend], tmp_path: Path
+) -> None:
+    """The same across a gateway.yaml reload: the request in flight finishes on the old
+    config's parts, but its failover must not reach a backend the new config's declared
+    facts put outside the policy (here: moved to us-east-1 under `residency: [eu]`)."""
+    from gateway.app import create_app
+    from gateway.serving import ServerThread
+
+    release = threading.Event()
+    hang_then_503 = held_503(release)
+    raws = {name: start_raw(hang_then_503) for name in ("gpu-a", "gpu-b")}
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(
+        POLICIES.replace("{mode}", "never").replace("{to}", "").replace("zero", "any")
+    )
+
+    def config(moved: str | None) -> dict[str, Any]:
+        backends = [
+            backend(name, raw.url, "m", region="us-east-1" if name == moved else "eu-west-1")
+            for name, raw in raws.items()
+        ]
+        return gateway_config(
+            backends, policy={"paths": ["policies"]}, routing={"failover": {"max_attempts": 2}}
+        ).model_dump(mode="json", exclude_none=True)
+
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config(None)))
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    server = ServerThread(app).start()
+    try:
+        gateway = Gateway(app, server)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            answer = pool.submit(chat, gateway)
+            until(lambda: any(raw.posts for raw in raws.values()), "the first attempt")
+            first = next(name for name, raw in raws.items() if raw.posts)
+            other = next(name for name in raws if name != first)
+            path.with_suffix(".tmp").write_text(yaml.safe_dump(config(other)))
+            path.with_suffix(".tmp").replace(path)
+            until(
+                lambda: app.parts.registry.backends[other].config.region == "us-east-1",
+                "the reload",
+                timeout=10.0,
+            )
+            release.set()
+            response = answer.result(timeout=30)
+    finally:
+        release.set()
+        server.stop()
+    assert response.status_code == 503, response.text
+    assert not raws[other].posts, "the failover reached a backend the new config excludes"
 
 
 def test_a_missing_provider_key_stops_the_gateway_starting(start_sim: Callable[..., Sim]) -> None:

@@ -3,6 +3,7 @@ data classes, deny by default, refusals and the decision cache."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -506,6 +507,78 @@ def test_a_models_rule_judges_a_model_by_all_its_names(
     assert (decision.private == ("gpu",)) is eligible, decision.trace
     if not eligible:
         assert excluded(decision) == {"gpu": "p/models"}
+
+
+@pytest.mark.parametrize("in_class", [False, True])
+@pytest.mark.parametrize(
+    ("models", "admitted", "by_models"),
+    [({"deny": ["llama3"]}, ("plain-eu",), "gpu"), ({"allow": ["llama3"]}, ("gpu",), "plain-eu")],
+)
+def test_a_models_verdict_is_per_backend_when_backends_alias_a_model_differently(
+    models: dict[str, Any], admitted: tuple[str, ...], by_models: str, in_class: bool
+) -> None:
+    """One backend serves `llama-3.1-8b` also as `llama3`, others only by its name: a rule
+    naming the alias judges each backend alone (the decision used to raise KeyError), and
+    a backend the rule passes still faces every other section (here residency)."""
+    plain = facts("plain-us", region="us-east-1", models=("llama-3.1-8b",))
+    declared = (_aliased("gpu"), plain, replace(plain, id="plain-eu", region="eu-west-1"))
+    spec: dict[str, Any] = {"residency": {"allow": ["eu"]}}
+    if in_class:
+        spec["data_classes"] = {"phi": {"models": models}}
+    else:
+        spec["models"] = models
+    label = "phi" if in_class else None
+    decision = policy_set(declared, **spec).decide("t", "llama-3.1-8b", label)
+    assert decision.private == admitted
+    rule = "p/data_classes.phi/models" if in_class else "p/models"
+    # The policy's models rule comes before its residency, a data class's after both.
+    us = rule if by_models == "plain-eu" and not in_class else "p/residency"
+    assert excluded(decision) == {by_models: rule, "plain-us": us}
+
+
+@pytest.mark.parametrize(
+    "models",
+    [
+        # `y` a model of its own and an alias of `x`: the plan for `y` held the route to
+        # upstream `x` too, while `models: {deny: [x]}` judged `y` by the first group only.
+        [{"name": "y"}, {"name": "x", "aliases": ["y"]}],
+        [{"name": "x", "aliases": ["y"]}, {"name": "z", "aliases": ["y"]}],
+        [{"name": "x", "aliases": ["x"]}],
+    ],
+)
+def test_a_backend_serves_each_name_for_one_model_only(models: list[dict[str, Any]]) -> None:
+    from pydantic import ValidationError
+
+    from gateway.config.schema import BackendSettings
+    from tests.helpers.gateways import backend
+
+    spec = backend("gpu", "http://127.0.0.1:9", "m")
+    spec["models"] = models
+    with pytest.raises(ValidationError, match="more than once"):
+        BackendSettings.model_validate(spec)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("region", "us-east-1 "),
+        ("region", "us-east-1\u200b"),
+        ("owner", " openai"),
+        ("provider", "openai\t"),
+    ],
+)
+def test_declared_facts_policies_match_are_plain_names(key: str, value: str) -> None:
+    """A region or provider no policy entry can match escaped every deny written for it
+    (`residency.deny: [us]` let `us-east-1 ` through); gateway.yaml refuses it."""
+    from pydantic import ValidationError
+
+    from gateway.config.schema import BackendSettings
+    from tests.helpers.gateways import backend
+
+    spec = backend("gpu", "http://127.0.0.1:9", "m")
+    spec[key] = value
+    with pytest.raises(ValidationError, match="spaces at its ends or invisible"):
+        BackendSettings.model_validate(spec)
 
 
 def test_gateway_yaml_facts_group_a_models_name_with_its_aliases() -> None:

@@ -130,6 +130,21 @@ def test_the_valid_policy_loads_clean() -> None:
             "p.yaml:9:5: spec.residency.deny: YAML aliases are not allowed",
         ),
         (("kind: Policy", "kind: Polcy"), "p.yaml:2:1: kind: unknown kind 'Polcy'"),
+        # A name or glob that can match nothing must not load: a deny entry written so
+        # would protect nothing (these loaded, and excluded no backend).
+        (
+            ("allow: [eu]", 'allow: [eu]\n    deny: ["us "]'),
+            "p.yaml:9:12: spec.residency.deny[0]: 'us ' has spaces at its ends",
+        ),
+        (
+            ("  residency:\n", '  providers: {deny: [" openai"]}\n  residency:\n'),
+            "spec.providers.deny[0]: ' openai' has spaces at its ends",
+        ),
+        (
+            ("  residency:\n", '  backends: {deny: ["\\u200bopenai"]}\n  residency:\n'),
+            "spec.backends.deny[0]: '\\u200bopenai' has spaces at its ends or invisible",
+        ),
+        (("- backend: azure-eu", "- backend: 'azure-eu\t'"), "spec.fallback.to[0].backend"),
         (("allow: [eu]", "allow: [eu"), "p.yaml:9:12: not valid YAML: expected ',' or ']'"),
     ],
 )
