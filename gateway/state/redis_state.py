@@ -44,6 +44,9 @@ from gateway.state.types import (
 __all__ = ["RedisKeys", "RedisState", "default_replica_id"]
 
 _FAILURES = (RedisError, OSError, TimeoutError)
+# A reply of the wrong shape (another program's data under our keys, a proxy, a bug):
+# the sync treats it as Redis failing, so the loop keeps probing and says why.
+_MALFORMED = (ValueError, TypeError, IndexError, KeyError)
 _REFUSED: dict[int, LimitName] = {
     1: "concurrent",
     2: "requests_per_minute",
@@ -403,6 +406,10 @@ class RedisState:
         except _FAILURES as exc:
             self._failed("sync", exc, self._sync_timeout_s)
             return
+        except _MALFORMED as exc:  # never end the loop: revocations would stop arriving
+            self._log.error("malformed reply from redis", exc_info=exc)
+            self._failed("sync reply", exc, self._sync_timeout_s)
+            return
         self._recovered()
 
     async def _heartbeat(self) -> None:
@@ -475,7 +482,9 @@ def _flat(pairs: Sequence[tuple[str, int]]) -> list[str | int]:
 
 
 def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """A name Redis returned; bytes that are not UTF-8 (not ours) become U+FFFD, which
+    matches no key digest or backend id, rather than an error."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _describe(exc: BaseException, timeout_s: float) -> str:

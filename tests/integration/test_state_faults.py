@@ -1,0 +1,81 @@
+"""RedisState against hostile or broken data in a real redis-server (its own port): what
+Redis holds or answers must never stop revocations from reaching a replica, and no
+usage number a backend reports may break the shared token accounting."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.state.redis_state import RedisKeys, RedisState
+from tests.helpers.redis_server import RedisServer
+from tests.helpers.waiting import until_async
+
+pytestmark = pytest.mark.redis
+
+SYNC_S = 0.05
+WAIT_S = 15.0
+KEYS = RedisKeys("test")
+
+
+@asynccontextmanager
+async def replicas(server: RedisServer, *names: str) -> AsyncIterator[list[RedisState]]:
+    """Started replicas with generous timeouts (a loaded machine must not fall back)."""
+    states = [
+        RedisState(
+            server.url, replica_id=name, key_prefix="test", timeout_s=5.0, sync_interval_s=SYNC_S
+        )
+        for name in names
+    ]
+    try:
+        for state in states:
+            await state.start()
+            assert state.healthy, state.degraded_reason
+        yield states
+    finally:
+        for state in states:
+            await state.close()
+
+
+async def write_raw(server: RedisServer, command: str, *args: bytes | str) -> None:
+    raw = aioredis.Redis.from_url(server.url)
+    try:
+        await raw.execute_command(command, *args)
+    finally:
+        await raw.aclose()
+
+
+@pytest.mark.parametrize(
+    ("command", "args"),
+    [
+        ("SADD", (KEYS.revoked, b"\xff\xfe not text")),  # a member that is not UTF-8
+        ("HSET", (KEYS.inflight, b"a|\xff", b"1")),  # a live replica's backend, not UTF-8
+    ],
+    ids=["revoked-member", "inflight-field"],
+)
+def test_garbage_in_redis_never_stops_revocations(
+    redis_server: RedisServer, command: str, args: tuple[bytes | str, ...]
+) -> None:
+    """Bytes in Redis that are no text must not end the sync loop: replica b would then
+    never see another revocation (and never heal). The revocation made on a after the
+    garbage appeared still reaches b, and both stay healthy."""
+    revoked = "sha256:" + "c" * 64
+
+    async def scenario() -> None:
+        async with replicas(redis_server, "a", "b") as (a, b):
+            await write_raw(redis_server, command, *args)
+            await write_raw(redis_server, "SET", KEYS.revoked_version, "1")  # make b read it
+            assert await a.revoke_key(revoked)
+            await until_async(
+                lambda: b.is_revoked(revoked),
+                "revocation seen by b",
+                timeout=WAIT_S,
+                detail=lambda: b.status(),
+            )
+            assert a.healthy and b.healthy, (a.status(), b.status())
+
+    asyncio.run(scenario())
