@@ -29,7 +29,7 @@ from redis.exceptions import RedisError
 
 from gateway.logs import get_logger
 from gateway.state import lua
-from gateway.state.ledger import CONCURRENCY_RETRY_S, Ledger
+from gateway.state.ledger import CONCURRENCY_RETRY_S, MAX_DEBT_US, Ledger
 from gateway.state.redis_keys import _NAME, RedisKeys, _client, _per_tenant, default_replica_id
 from gateway.state.types import (
     Admission,
@@ -327,7 +327,13 @@ class RedisState:
             await self._call(
                 self._release_script,
                 [keys.slots(tenant), keys.held(tenant), keys.tokens(tenant)],
-                [self.replica_id, slot or "", limits.tokens_per_minute or 0, tokens_used],
+                [
+                    self.replica_id,
+                    slot or "",
+                    limits.tokens_per_minute or 0,
+                    tokens_used,
+                    MAX_DEBT_US,
+                ],
             )
         except _FAILURES as exc:
             self._failed("release", exc)

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.state import RateLimited, TenantLimits
 from gateway.state.redis_state import RedisKeys, RedisState
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.waiting import until_async
@@ -77,5 +78,28 @@ def test_garbage_in_redis_never_stops_revocations(
                 detail=lambda: b.status(),
             )
             assert a.healthy and b.healthy, (a.status(), b.status())
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("tokens", [2**53, 10**15])
+def test_huge_reported_usage_is_charged_on_every_replica(
+    redis_server: RedisServer, tokens: int
+) -> None:
+    """A backend may report up to 2**53 tokens (the most a usage record holds). Charging
+    them must not fail on Redis (which would leave the debt on one replica only and
+    turn shared state degraded): the tenant is refused on the other replica too."""
+    limits = TenantLimits(tokens_per_minute=1000)
+
+    async def scenario() -> None:
+        async with replicas(redis_server, "a", "b") as (a, b):
+            admission = await a.acquire("acme", limits)
+            await admission.release(tokens)
+            assert a.healthy, a.status()
+            assert a.status().errors == 0
+            with pytest.raises(RateLimited) as caught:
+                await b.acquire("acme", limits)
+            assert caught.value.limit == "tokens_per_minute"
+            assert caught.value.retry_after_s > 60.0
 
     asyncio.run(scenario())
