@@ -71,7 +71,8 @@ def register(subparsers: Any) -> None:
         help="stop accepting a tenant API key",
         description="Revoke a tenant API key, given as the key or as its 'sha256:<hex>' "
         "digest. With 'state: redis' in the config the revocation is stored in Redis and "
-        "every running replica refuses the key within one sync interval; the digest is "
+        "every running replica that reaches Redis refuses the key within one sync "
+        "interval (a degraded one once it reaches Redis again); the digest is "
         "also removed from the keys_file (atomically), so restarted gateways do not accept "
         "it either. Without Redis only the keys_file changes: running gateways refuse the "
         "key after a config reload (SIGHUP) or a restart. Exit codes: 0 revoked, 1 failed "
@@ -166,8 +167,8 @@ def _store_revocation(config: GatewaySettings, key_hash: str) -> bool:
     saved, reason = asyncio.run(_revoke_in_redis(config, key_hash))
     if saved:
         print(
-            f"revoked {key_hash} in Redis: every running replica refuses it within "
-            f"{config.state.sync_interval_s:g} s",
+            f"revoked {key_hash} in Redis: every running replica that reaches Redis "
+            f"refuses it within {config.state.sync_interval_s:g} s",
             file=sys.stderr,
         )
     else:

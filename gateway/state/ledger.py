@@ -11,7 +11,9 @@ Lua scripts on Redis (`gateway.state.lua`) compute exactly the same numbers.
 - tokens per minute `T`: tokens are known only when a response completes, so a
   completion moves `tat` by `tokens * 60 s / T` (rounded) and an admission only checks
   that some budget is left: `tat - now < 60 s`. Refused: retry after
-  `tat - now - 60 s` (plus 1 us).
+  `tat - now - 60 s` (plus 1 us). The debt is capped at `MAX_DEBT_US` (30 days): usage
+  is what a backend reports, and the cap keeps every time an exact double in Lua and
+  every expiry within what Redis accepts.
 - concurrent `C`: admitted while fewer than `C` are held.
 """
 
@@ -24,6 +26,7 @@ from gateway.state.types import LimitName, RateLimited, TenantLimits, TenantUse
 
 __all__ = [
     "CONCURRENCY_RETRY_S",
+    "MAX_DEBT_US",
     "WINDOW_US",
     "Ledger",
     "request_interval_us",
@@ -35,6 +38,9 @@ __all__ = [
 WINDOW_US = 60_000_000
 # A slot frees whenever some request of the tenant ends; nothing better to promise.
 CONCURRENCY_RETRY_S = 1.0
+# The furthest a tenant's token budget may run ahead of the clock (30 days), whatever
+# usage a backend reports.
+MAX_DEBT_US = 30 * 24 * 3600 * 1_000_000
 
 
 def request_interval_us(per_minute: int) -> int:
@@ -134,7 +140,8 @@ class Ledger:
             return
         account = self._account(tenant)
         now = self._now()
-        account.tokens_tat = max(account.tokens_tat, now) + tokens_cost_us(tokens, tpm)
+        tat = max(account.tokens_tat, now) + tokens_cost_us(tokens, tpm)
+        account.tokens_tat = min(tat, now + MAX_DEBT_US)
 
     def hold(self, tenant: str) -> None:
         self._account(tenant).held += 1

@@ -102,7 +102,7 @@ return {1}
 )
 
 # KEYS: slots of the tenant, held counts of the tenant, tpm TAT
-# ARGV: replica, slot field ('' = none), tpm (0 = none), tokens used
+# ARGV: replica, slot field ('' = none), tpm (0 = none), tokens used, most debt (us)
 RELEASE = (
     _COMMON
     + """
@@ -115,6 +115,7 @@ if tpm > 0 and tokens > 0 then
   local now = now_us()
   local cost = math.floor((tokens * 60000000 + math.floor(tpm / 2)) / tpm)
   local tat = math.max(tonumber(redis.call('GET', KEYS[3])) or now, now) + cost
+  tat = math.min(tat, now + tonumber(ARGV[5]))
   redis.call('SET', KEYS[3], us(tat), 'PX', math.floor((tat - now) / 1000) + 1)
 end
 return 1

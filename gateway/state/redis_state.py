@@ -29,7 +29,7 @@ from redis.exceptions import RedisError
 
 from gateway.logs import get_logger
 from gateway.state import lua
-from gateway.state.ledger import CONCURRENCY_RETRY_S, Ledger
+from gateway.state.ledger import CONCURRENCY_RETRY_S, MAX_DEBT_US, Ledger
 from gateway.state.redis_keys import _NAME, RedisKeys, _client, _per_tenant, default_replica_id
 from gateway.state.types import (
     Admission,
@@ -44,6 +44,9 @@ from gateway.state.types import (
 __all__ = ["RedisKeys", "RedisState", "default_replica_id"]
 
 _FAILURES = (RedisError, OSError, TimeoutError)
+# A reply of the wrong shape (another program's data under our keys, a proxy, a bug):
+# the sync treats it as Redis failing, so the loop keeps probing and says why.
+_MALFORMED = (ValueError, TypeError, IndexError, KeyError)
 _REFUSED: dict[int, LimitName] = {
     1: "concurrent",
     2: "requests_per_minute",
@@ -324,7 +327,13 @@ class RedisState:
             await self._call(
                 self._release_script,
                 [keys.slots(tenant), keys.held(tenant), keys.tokens(tenant)],
-                [self.replica_id, slot or "", limits.tokens_per_minute or 0, tokens_used],
+                [
+                    self.replica_id,
+                    slot or "",
+                    limits.tokens_per_minute or 0,
+                    tokens_used,
+                    MAX_DEBT_US,
+                ],
             )
         except _FAILURES as exc:
             self._failed("release", exc)
@@ -403,6 +412,10 @@ class RedisState:
         except _FAILURES as exc:
             self._failed("sync", exc, self._sync_timeout_s)
             return
+        except _MALFORMED as exc:  # never end the loop: revocations would stop arriving
+            self._log.error("malformed reply from redis", exc_info=exc)
+            self._failed("sync reply", exc, self._sync_timeout_s)
+            return
         self._recovered()
 
     async def _heartbeat(self) -> None:
@@ -475,7 +488,9 @@ def _flat(pairs: Sequence[tuple[str, int]]) -> list[str | int]:
 
 
 def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """A name Redis returned; bytes that are not UTF-8 (not ours) become U+FFFD, which
+    matches no key digest or backend id, rather than an error."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _describe(exc: BaseException, timeout_s: float) -> str:

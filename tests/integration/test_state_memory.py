@@ -56,6 +56,7 @@ RPM = "requests_per_minute"
 TPM = "tokens_per_minute"
 BURST_60: list[Step] = [Admit()] * 60
 MANY: list[Step] = [Admit()] * 500
+DAYS_30 = 30 * 24 * 3600.0
 CASES: dict[str, tuple[TenantLimits, list[Step]]] = {
     "rpm burst then one per interval": (
         TenantLimits(requests_per_minute=3),
@@ -95,6 +96,12 @@ CASES: dict[str, tuple[TenantLimits, list[Step]]] = {
     "one response over the whole tpm budget": (
         TenantLimits(tokens_per_minute=1000),
         [Admit(), Release(3000), Admit(TPM, 120.000001), Advance(120.000001), Admit()],
+    ),
+    # usage is the backend's word: the debt stops at 30 days (as on Redis), and a
+    # refusal's wait is then 30 days less the minute's budget
+    "tpm debt is capped at 30 days": (
+        TenantLimits(tokens_per_minute=1000),
+        [Admit(), Release(2**53), Admit(TPM, DAYS_30 - 60 + 1e-6), Advance(DAYS_30), Admit()],
     ),
     # at the budget's edge the wait is a microsecond, reported as the 1 ms floor
     "tpm replenishes continuously": (

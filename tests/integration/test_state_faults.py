@@ -1,0 +1,101 @@
+"""RedisState against hostile or broken data in a real redis-server (its own port): what
+Redis holds or answers must never stop revocations from reaching a replica, and no
+usage number a backend reports may break the shared token accounting."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.state import RateLimited, TenantLimits
+from gateway.state.redis_state import RedisKeys, RedisState
+from tests.helpers.redis_server import RedisServer
+from tests.helpers.waiting import until_async
+
+pytestmark = pytest.mark.redis
+
+SYNC_S = 0.05
+WAIT_S = 15.0
+KEYS = RedisKeys("test")
+
+
+@asynccontextmanager
+async def replicas(server: RedisServer, *names: str) -> AsyncIterator[list[RedisState]]:
+    """Started replicas with generous timeouts (a loaded machine must not fall back)."""
+    states = [
+        RedisState(
+            server.url, replica_id=name, key_prefix="test", timeout_s=5.0, sync_interval_s=SYNC_S
+        )
+        for name in names
+    ]
+    try:
+        for state in states:
+            await state.start()
+            assert state.healthy, state.degraded_reason
+        yield states
+    finally:
+        for state in states:
+            await state.close()
+
+
+async def plant_garbage(server: RedisServer, where: str) -> None:
+    """Bytes that are not UTF-8 where a replica reads names, then a version bump so that
+    every replica reads the revoked set again."""
+    raw = aioredis.Redis.from_url(server.url)
+    try:
+        if where == "revoked-member":
+            await raw.sadd(KEYS.revoked, b"\xff\xfe not text")
+        else:  # a backend of the live replica a, as another program might write it
+            await raw.hset(KEYS.inflight, b"a|\xff", b"1")
+        await raw.set(KEYS.revoked_version, "1")
+    finally:
+        await raw.aclose()
+
+
+@pytest.mark.parametrize("where", ["revoked-member", "inflight-field"])
+def test_garbage_in_redis_never_stops_revocations(redis_server: RedisServer, where: str) -> None:
+    """Bytes in Redis that are no text must not end the sync loop: replica b would then
+    never see another revocation (and never heal). The revocation made on a after the
+    garbage appeared still reaches b, and both stay healthy."""
+    revoked = "sha256:" + "c" * 64
+
+    async def scenario() -> None:
+        async with replicas(redis_server, "a", "b") as (a, b):
+            await plant_garbage(redis_server, where)
+            assert await a.revoke_key(revoked)
+            await until_async(
+                lambda: b.is_revoked(revoked),
+                "revocation seen by b",
+                timeout=WAIT_S,
+                detail=lambda: b.status(),
+            )
+            assert a.healthy and b.healthy, (a.status(), b.status())
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("tokens", [2**53, 10**15])
+def test_huge_reported_usage_is_charged_on_every_replica(
+    redis_server: RedisServer, tokens: int
+) -> None:
+    """A backend may report up to 2**53 tokens (the most a usage record holds). Charging
+    them must not fail on Redis (which would leave the debt on one replica only and
+    turn shared state degraded): the tenant is refused on the other replica too."""
+    limits = TenantLimits(tokens_per_minute=1000)
+
+    async def scenario() -> None:
+        async with replicas(redis_server, "a", "b") as (a, b):
+            admission = await a.acquire("acme", limits)
+            await admission.release(tokens)
+            assert a.healthy, a.status()
+            assert a.status().errors == 0
+            with pytest.raises(RateLimited) as caught:
+                await b.acquire("acme", limits)
+            assert caught.value.limit == "tokens_per_minute"
+            assert caught.value.retry_after_s > 60.0
+
+    asyncio.run(scenario())
