@@ -7,11 +7,17 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+from gateway.state.redis_state import RedisState
 from tests.helpers.net import free_port
 
-__all__ = ["RedisServer"]
+__all__ = ["LEASE_TTL_S", "SYNC_S", "RedisServer", "replica", "replicas"]
+
+LEASE_TTL_S = 3.0  # a replica's lease on its in-flight counts, in these tests
+SYNC_S = 0.05  # how often a replica syncs revocations and in-flight counts, in these tests
 
 
 class RedisServer:
@@ -56,3 +62,35 @@ class RedisServer:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=5)
+
+
+def replica(
+    server: RedisServer, name: str, lease_ttl_s: float = LEASE_TTL_S, timeout_s: float = 5.0
+) -> RedisState:
+    """A replica's shared state on `server` (key prefix `test`). Generous timeouts, so a
+    loaded test machine does not fall back where a test checks the shared path; the
+    outage test sets the production-like one."""
+    return RedisState(
+        server.url,
+        replica_id=name,
+        key_prefix="test",
+        timeout_s=timeout_s,
+        sync_interval_s=SYNC_S,
+        lease_ttl_s=lease_ttl_s,
+    )
+
+
+@asynccontextmanager
+async def replicas(
+    server: RedisServer, *names: str, timeout_s: float = 5.0
+) -> AsyncIterator[list[RedisState]]:
+    """Started replicas (`replica`), each healthy; closed on the way out."""
+    states = [replica(server, name, timeout_s=timeout_s) for name in names]
+    try:
+        for state in states:
+            await state.start()
+            assert state.healthy, state.degraded_reason
+        yield states
+    finally:
+        for state in states:
+            await state.close()

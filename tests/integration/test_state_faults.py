@@ -5,41 +5,19 @@ usage number a backend reports may break the shared token accounting."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import pytest
 import redis.asyncio as aioredis
 
 from gateway.state import RateLimited, TenantLimits
-from gateway.state.redis_state import RedisKeys, RedisState
-from tests.helpers.redis_server import RedisServer
+from gateway.state.redis_state import RedisKeys
+from tests.helpers.redis_server import RedisServer, replicas
 from tests.helpers.waiting import until_async
 
 pytestmark = pytest.mark.redis
 
-SYNC_S = 0.05
 WAIT_S = 15.0
 KEYS = RedisKeys("test")
-
-
-@asynccontextmanager
-async def replicas(server: RedisServer, *names: str) -> AsyncIterator[list[RedisState]]:
-    """Started replicas with generous timeouts (a loaded machine must not fall back)."""
-    states = [
-        RedisState(
-            server.url, replica_id=name, key_prefix="test", timeout_s=5.0, sync_interval_s=SYNC_S
-        )
-        for name in names
-    ]
-    try:
-        for state in states:
-            await state.start()
-            assert state.healthy, state.degraded_reason
-        yield states
-    finally:
-        for state in states:
-            await state.close()
 
 
 async def plant_garbage(server: RedisServer, where: str) -> None:

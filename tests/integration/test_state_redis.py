@@ -7,55 +7,22 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
 from gateway.state import RateLimited, SharedState, TenantLimits, TenantUse, create_state
-from gateway.state.redis_state import RedisKeys, RedisState
+from gateway.state.redis_state import RedisKeys
 from tests.helpers.net import free_port
-from tests.helpers.redis_server import RedisServer
+from tests.helpers.redis_server import RedisServer, replica, replicas
 from tests.helpers.waiting import until_async
 
 pytestmark = pytest.mark.redis
 
-LEASE_TTL_S = 3.0
 CRASH_LEASE_TTL_S = 0.6  # the crash test waits this out
-SYNC_S = 0.05
 WAIT_S = 15.0  # how long a replica may take to see what another did
-
-
-def replica(
-    server: RedisServer, name: str, lease_ttl_s: float = LEASE_TTL_S, timeout_s: float = 5.0
-) -> RedisState:
-    """Generous timeouts, so a loaded test machine does not fall back where a test
-    checks the shared path; the outage test sets the production-like one."""
-    return RedisState(
-        server.url,
-        replica_id=name,
-        key_prefix="test",
-        timeout_s=timeout_s,
-        sync_interval_s=SYNC_S,
-        lease_ttl_s=lease_ttl_s,
-    )
-
-
-@asynccontextmanager
-async def replicas(
-    server: RedisServer, *names: str, timeout_s: float = 5.0
-) -> AsyncIterator[list[RedisState]]:
-    states = [replica(server, name, timeout_s=timeout_s) for name in names]
-    try:
-        for state in states:
-            await state.start()
-            assert state.healthy, state.degraded_reason
-        yield states
-    finally:
-        for state in states:
-            await state.close()
 
 
 async def slot_owners(server: RedisServer, tenant: str) -> list[str]:
