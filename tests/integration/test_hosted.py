@@ -453,6 +453,39 @@ def test_a_dripping_answer_times_out_at_the_response_deadline(litellm: ModuleTyp
         raw.stop()
 
 
+@pytest.mark.parametrize(("code", "status"), [(400, 400), (401, 401), ("invalid_api_key", 500)])
+def test_an_error_object_in_a_200_answer_is_the_providers_not_repeated(
+    litellm: ModuleType, code: object, status: int
+) -> None:
+    # OpenRouter-style: HTTP 200, `{"error": {...}}`. LiteLLM carries the provider's text,
+    # which may quote the prompt and the key, in an exception that looks like its own
+    # refusal of the request ("not sent"): that text must not reach the client.
+    text = f"Your prompt {CANARY} was refused; key provided: sk-...abcd"
+    answer = orjson.dumps(
+        {"error": {"message": text, "type": "invalid_request_error", "code": code}}
+    )
+
+    async def refuse(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % len(answer) + answer)
+        await writer.drain()
+        return False
+
+    raw = RawBackend(refuse).start()
+    try:
+        backend = hosted_backend(f"{raw.url}/v1", "openai/gpt-sim", "SIM_OPENAI_KEY")
+        client = HostedClient(backend, environ=ENV, timeout_s=5.0)
+        with pytest.raises(HostedError) as caught:
+            run(client, lambda: client.send("chat", chat(f"my secret is {CANARY}"), "public"))
+    finally:
+        raw.stop()
+    error = caught.value
+    assert (error.kind, error.status) == ("status", status)
+    assert error.message == f"openai answered HTTP 200 with an error (code {status})"
+    for leak in (CANARY, "abcd", "refused", "not sent"):
+        assert leak not in error.message
+
+
 def test_stream_that_breaks_off_raises_from_chunks(env: Servers) -> None:
     env.sim.control.faults = Faults(die_mid_stream_rate=1.0)
     client = openai_client(env)
