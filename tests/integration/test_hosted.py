@@ -365,6 +365,32 @@ def test_the_key_comes_only_from_the_named_environment_variable(env: Servers) ->
     assert env.anthropic.received[-1].headers["x-api-key"] == "sk-wrong"
 
 
+@pytest.mark.parametrize(
+    ("provider_model", "variable"),
+    [
+        ("openai/gpt-sim", "OPENAI_BASE_URL"),
+        ("openai/gpt-sim", "OPENAI_API_BASE"),
+        ("gpt-sim", "OPENAI_BASE_URL"),
+        ("anthropic/claude-mock-1", "ANTHROPIC_BASE_URL"),
+        ("anthropic/claude-mock-1", "ANTHROPIC_API_BASE"),
+    ],
+)
+def test_a_provider_url_variable_cannot_redirect_a_backend_without_base_url(
+    env: Servers, provider_model: str, variable: str
+) -> None:
+    # Without `base_url` LiteLLM takes the provider's URL from these variables, and sends
+    # the backend's key there: the gateway refuses to build such a backend.
+    environ = {**ENV, variable: f"{env.sim_url}/v1"}
+    backend = hosted_backend(None, provider_model, "SIM_OPENAI_KEY")
+    with pytest.raises(ValueError, match=variable) as refused:
+        HostedClient(backend, environ=environ, timeout_s=1)
+    assert "set base_url" in str(refused.value) and env.sim_url not in str(refused.value)
+    pinned = hosted_backend(f"{env.sim_url}/v1", provider_model, "SIM_OPENAI_KEY")
+    HostedClient(pinned, environ=environ, timeout_s=1)  # base_url set: the config decides
+    azure = hosted_backend(None, "azure/gpt-eu", "SIM_OPENAI_KEY")  # no default URL
+    HostedClient(azure, environ={**environ, "AZURE_API_BASE": env.sim_url}, timeout_s=1)
+
+
 # -- errors --------------------------------------------------------------------------------
 
 
