@@ -24,6 +24,10 @@ What is switched off, and why (LiteLLM 1.108.7, read from its source):
   messages); `disable_hf_tokenizer_download` (token counting would otherwise download
   tokenizers from the Hugging Face Hub); `modify_params=False`,
   `route_all_chat_openai_to_responses=False` (no environment-driven rewriting).
+- Warnings: pydantic's serializer warnings are ignored. LiteLLM dumps a provider's answer
+  through its pydantic models; one of an unexpected shape makes pydantic warn with the
+  offending value (`input_value='...'`, the answer's text, cut in the middle) on stderr,
+  outside the gateway's redacting log pipeline.
 - Logging: the `LiteLLM`, `LiteLLM Router` and `LiteLLM Proxy` loggers lose their handler,
   stop propagating, sit above CRITICAL and drop every record through a filter, so neither
   LiteLLM's debug output (which holds full request bodies) nor its error lines reach the
@@ -47,6 +51,7 @@ import importlib
 import logging
 import os
 import re
+import warnings
 from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import Any, Final
@@ -137,6 +142,10 @@ def load_litellm() -> ModuleType:
     os.environ.update(FORCED_ENVIRONMENT)
     for name in _REMOVED_ENVIRONMENT:
         os.environ.pop(name, None)
+    # Process-wide: this process's own serializer warnings would quote values as well.
+    warnings.filterwarnings(
+        "ignore", message="Pydantic serializer warnings", category=UserWarning, module="pydantic"
+    )
     litellm = importlib.import_module("litellm")
     for name, value in _SETTINGS.items():
         setattr(litellm, name, value)

@@ -774,6 +774,54 @@ def test_litellm_is_imported_on_first_call_without_stalling_the_loop() -> None:
     assert float(pause) > 0, done.stdout
 
 
+_ODD_ANSWER_SCRIPT = """
+import asyncio, sys
+from gateway.config.schema import BackendSettings
+from gateway.upstream.hosted import HostedClient, HostedError
+
+backend = BackendSettings.model_validate({"id": "h", "kind": "hosted", "region": "us",
+    "owner": "o", "base_url": sys.argv[1], "api_key_env": "K",
+    "models": [{"name": "g", "provider_model": "openai/g"}]})
+client = HostedClient(backend, environ={"K": "sk-test"}, timeout_s=5)
+
+async def main():
+    try:
+        await client.send("chat", {"messages": [{"role": "user", "content": "hi"}]}, "g")
+    except HostedError as exc:
+        print("error kind:", exc.kind)
+    await client.aclose()
+
+asyncio.run(main())
+"""
+
+
+def test_an_answer_of_an_odd_shape_puts_none_of_its_text_on_stderr() -> None:
+    # Python's default warning filters, as `owngate serve` runs: pydantic's serializer
+    # warning for LiteLLM's dump of this answer quotes the value (`input_value=...`).
+    text = f"the answer is {CANARY} and more of the provider's words"
+    answer = orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion", "choices": text})
+
+    async def odd(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % len(answer) + answer)
+        await writer.drain()
+        return False
+
+    raw = RawBackend(odd).start()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _ODD_ANSWER_SCRIPT, f"{raw.url}/v1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        raw.stop()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "error kind: protocol\n"
+    assert CANARY[:12] not in done.stderr and "provider's words" not in done.stderr, done.stderr
+
+
 def test_the_network_guard_refuses_public_hosts(no_network: list[str]) -> None:
     with pytest.raises(OSError, match="blocked"):
         socket.create_connection(("192.0.2.1", 443), timeout=1)  # TEST-NET-1, RFC 5737
