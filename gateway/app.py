@@ -40,6 +40,7 @@ from gateway.state import SharedState, create_state
 from gateway.tenants import TenantEntry, index_keys
 from gateway.tracing import tracing_settings
 from gateway.upstream.hosted import hosted_api_key
+from gateway.upstream.litellm_runtime import check_base_url_environment
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -143,6 +144,9 @@ def _checked(
         if backend.kind == "hosted":
             try:
                 hosted_api_key(backend, environ)  # what HostedClient reads when it is built
+                if backend.base_url is None:
+                    models = [m.provider_model or "" for m in backend.models]
+                    check_base_url_environment(backend.id, models, environ)
             except ValueError as exc:
                 problems.append(str(exc))
     policies: TrustPolicies | None = None

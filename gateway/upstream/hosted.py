@@ -27,7 +27,11 @@ from gateway.config.schema import BackendSettings
 from gateway.upstream import openai_wire
 from gateway.upstream.hosted_errors import HostedError, HostedErrorKind, hosted_error, local_reason
 from gateway.upstream.hosted_stream import ProviderStream, close_stream, encoded, made_up_end
-from gateway.upstream.litellm_runtime import aclose_litellm_clients, aload_litellm
+from gateway.upstream.litellm_runtime import (
+    aclose_litellm_clients,
+    aload_litellm,
+    check_base_url_environment,
+)
 from gateway.upstream.openai_wire import Endpoint
 
 __all__ = [
@@ -141,6 +145,8 @@ class HostedClient:
         first = next(iter(self._models.values()), "")
         self.provider = backend.provider or first.split("/", 1)[0] or "provider"
         self._api_base = backend.base_url
+        if backend.base_url is None:
+            check_base_url_environment(backend.id, self._models.values(), environ)
         self._api_key = hosted_api_key(backend, environ)
         self._timeout_s = timeout_s
         self._response_timeout_s = response_timeout_s

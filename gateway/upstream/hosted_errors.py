@@ -94,6 +94,10 @@ def hosted_error(
         types = [t for e in chain for t in _ERROR_TYPE.findall(str(e)) if t in _KNOWN_ERROR_TYPES]
         detail = f" ({types[0]})" if types else ""
         return HostedError("status", f"{provider} answered HTTP {status}{detail}", status=status)
+    in_body = _in_body_status(chain)
+    if in_body is not None:  # an error object in a 200 answer: the provider's text, unshown
+        message = f"{provider} answered HTTP 200 with an error (code {in_body})"
+        return HostedError("status", message, status=in_body)
     local = _status(getattr(exc, "status_code", None))
     if local is not None and local < 500:  # LiteLLM refused the request before sending it
         message = f"the request is not valid for {provider} (HTTP {local}, not sent)"
@@ -149,3 +153,17 @@ def _wire_status(chain: list[BaseException]) -> int | None:
 
 def _status(value: object) -> int | None:
     return value if isinstance(value, int) and 400 <= value <= 599 else None
+
+
+def _in_body_status(chain: list[BaseException]) -> int | None:
+    """The `code` of an error object a provider answered with HTTP 200 (OpenRouter does).
+
+    LiteLLM 1.108.7 (`convert_to_model_response_object`) raises a bare `Exception` with
+    the object's `code` as `status_code` and its `message`, the provider's own text that
+    may quote the prompt or the key, which its wrappers then repeat. It is the innermost
+    link, from no library's module: a refusal LiteLLM makes itself ends in one of its own.
+    """
+    innermost = chain[-1]
+    if type(innermost) is not Exception or not hasattr(innermost, "status_code"):
+        return None
+    return _status(innermost.status_code) or 500

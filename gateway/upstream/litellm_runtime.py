@@ -24,12 +24,23 @@ What is switched off, and why (LiteLLM 1.108.7, read from its source):
   messages); `disable_hf_tokenizer_download` (token counting would otherwise download
   tokenizers from the Hugging Face Hub); `modify_params=False`,
   `route_all_chat_openai_to_responses=False` (no environment-driven rewriting).
+- Warnings: pydantic's serializer warnings are ignored. LiteLLM dumps a provider's answer
+  through its pydantic models; one of an unexpected shape makes pydantic warn with the
+  offending value (`input_value='...'`, the answer's text, cut in the middle) on stderr,
+  outside the gateway's redacting log pipeline.
 - Logging: the `LiteLLM`, `LiteLLM Router` and `LiteLLM Proxy` loggers lose their handler,
   stop propagating, sit above CRITICAL and drop every record through a filter, so neither
   LiteLLM's debug output (which holds full request bodies) nor its error lines reach the
   gateway's logs even if something later lowers their level.
 
 These values are forced, not defaulted: an operator's `LITELLM_LOG=DEBUG` would log prompts.
+
+Where a hosted backend has no `base_url`, LiteLLM (and the OpenAI SDK under it) takes the
+provider's URL from the environment (`OPENAI_BASE_URL`, `OPENAI_API_BASE`,
+`ANTHROPIC_BASE_URL`, `ANTHROPIC_API_BASE`, `MISTRAL_API_BASE`, ...) and sends the
+backend's key there. `check_base_url_environment` refuses such a backend while one of
+those variables is set: where hosted traffic goes is the config's to say. (Azure has no
+default URL: `AZURE_API_BASE` is how it is told, and stays allowed.)
 """
 
 from __future__ import annotations
@@ -39,10 +50,19 @@ import functools
 import importlib
 import logging
 import os
+import re
+import warnings
+from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import Any, Final
 
-__all__ = ["FORCED_ENVIRONMENT", "aclose_litellm_clients", "aload_litellm", "load_litellm"]
+__all__ = [
+    "FORCED_ENVIRONMENT",
+    "aclose_litellm_clients",
+    "aload_litellm",
+    "check_base_url_environment",
+    "load_litellm",
+]
 
 FORCED_ENVIRONMENT: Final[dict[str, str]] = {
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
@@ -76,6 +96,42 @@ _SETTINGS: Final[dict[str, Any]] = {
 }
 
 
+# `<PROVIDER>_API_BASE`, `<PROVIDER>_BASE_URL`, `<PROVIDER>_API_BASE_URL`: LiteLLM's names
+# (`litellm/main.py`, `get_llm_provider_logic.py`) for a provider's URL.
+_BASE_URL_SUFFIX: Final = re.compile(r"_(?:API_BASE|BASE_URL|API_BASE_URL)$")
+# Providers without a default URL: their variable is how LiteLLM is told where to go
+# (`AZURE_API_BASE`, as deploy/gateway.example.yaml relies on), not an override.
+_NO_DEFAULT_URL: Final = ("AZURE",)
+
+
+def check_base_url_environment(
+    backend_id: str, provider_models: Iterable[str], environ: Mapping[str, str]
+) -> None:
+    """Raise ValueError when a hosted backend without `base_url` would be redirected by a
+    provider URL variable set in `environ` (call it only for such a backend). Providers
+    without a default URL (Azure) are left to their variable."""
+    providers: set[str] = set()
+    for model in provider_models:
+        prefix = model.split("/", 1)[0].upper().replace("-", "_") if "/" in model else ""
+        if not prefix.startswith(_NO_DEFAULT_URL):
+            providers.add(prefix)
+        if "OPENAI" in prefix or not prefix:  # OpenAI-style and unprefixed: OpenAI's names
+            providers.add("OPENAI")
+    found = sorted(
+        name
+        for name, value in environ.items()
+        if value
+        and _BASE_URL_SUFFIX.sub("", name.upper()) in providers - {""}
+        and _BASE_URL_SUFFIX.search(name.upper())
+    )
+    if found:
+        raise ValueError(
+            f"backend {backend_id!r}: environment variable {', '.join(found)} would redirect "
+            "this hosted backend (LiteLLM reads it when base_url is not set): set base_url "
+            "in the config, or unset the variable"
+        )
+
+
 def _drop_record(record: logging.LogRecord) -> bool:
     return False
 
@@ -86,6 +142,10 @@ def load_litellm() -> ModuleType:
     os.environ.update(FORCED_ENVIRONMENT)
     for name in _REMOVED_ENVIRONMENT:
         os.environ.pop(name, None)
+    # Process-wide: this process's own serializer warnings would quote values as well.
+    warnings.filterwarnings(
+        "ignore", message="Pydantic serializer warnings", category=UserWarning, module="pydantic"
+    )
     litellm = importlib.import_module("litellm")
     for name, value in _SETTINGS.items():
         setattr(litellm, name, value)

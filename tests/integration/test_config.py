@@ -303,6 +303,20 @@ def test_config_validate_names_every_problem_serve_refuses(
     assert not (refused.parent / "log").exists()
 
 
+def test_serve_refuses_a_provider_url_variable_that_would_redirect_a_hosted_backend(
+    refused: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (refused.parent / "policies" / "acme.yaml").write_text(POLICY)
+    write_signing_key(refused.parent / "log.key", "example.com/log")
+    monkeypatch.setenv("OG_TEST_ANTHROPIC_KEY", "sk-a")
+    monkeypatch.setenv("OG_TEST_MISTRAL_KEY", "sk-m")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:1")  # no base_url in config
+    assert _validate(str(refused)) == 1
+    err = capsys.readouterr().err
+    assert "  backend 'anthropic': environment variable ANTHROPIC_BASE_URL would redirect" in err
+    assert "backend 'mistral'" not in err
+
+
 def test_config_validate_checks_the_log_without_opening_it(
     refused: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

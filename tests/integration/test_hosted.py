@@ -365,6 +365,32 @@ def test_the_key_comes_only_from_the_named_environment_variable(env: Servers) ->
     assert env.anthropic.received[-1].headers["x-api-key"] == "sk-wrong"
 
 
+@pytest.mark.parametrize(
+    ("provider_model", "variable"),
+    [
+        ("openai/gpt-sim", "OPENAI_BASE_URL"),
+        ("openai/gpt-sim", "OPENAI_API_BASE"),
+        ("gpt-sim", "OPENAI_BASE_URL"),
+        ("anthropic/claude-mock-1", "ANTHROPIC_BASE_URL"),
+        ("anthropic/claude-mock-1", "ANTHROPIC_API_BASE"),
+    ],
+)
+def test_a_provider_url_variable_cannot_redirect_a_backend_without_base_url(
+    env: Servers, provider_model: str, variable: str
+) -> None:
+    # Without `base_url` LiteLLM takes the provider's URL from these variables, and sends
+    # the backend's key there: the gateway refuses to build such a backend.
+    environ = {**ENV, variable: f"{env.sim_url}/v1"}
+    backend = hosted_backend(None, provider_model, "SIM_OPENAI_KEY")
+    with pytest.raises(ValueError, match=variable) as refused:
+        HostedClient(backend, environ=environ, timeout_s=1)
+    assert "set base_url" in str(refused.value) and env.sim_url not in str(refused.value)
+    pinned = hosted_backend(f"{env.sim_url}/v1", provider_model, "SIM_OPENAI_KEY")
+    HostedClient(pinned, environ=environ, timeout_s=1)  # base_url set: the config decides
+    azure = hosted_backend(None, "azure/gpt-eu", "SIM_OPENAI_KEY")  # no default URL
+    HostedClient(azure, environ={**environ, "AZURE_API_BASE": env.sim_url}, timeout_s=1)
+
+
 # -- errors --------------------------------------------------------------------------------
 
 
@@ -451,6 +477,39 @@ def test_a_dripping_answer_times_out_at_the_response_deadline(litellm: ModuleTyp
         assert written[0] < len(body)  # the call was cancelled mid-body
     finally:
         raw.stop()
+
+
+@pytest.mark.parametrize(("code", "status"), [(400, 400), (401, 401), ("invalid_api_key", 500)])
+def test_an_error_object_in_a_200_answer_is_the_providers_not_repeated(
+    litellm: ModuleType, code: object, status: int
+) -> None:
+    # OpenRouter-style: HTTP 200, `{"error": {...}}`. LiteLLM carries the provider's text,
+    # which may quote the prompt and the key, in an exception that looks like its own
+    # refusal of the request ("not sent"): that text must not reach the client.
+    text = f"Your prompt {CANARY} was refused; key provided: sk-...abcd"
+    answer = orjson.dumps(
+        {"error": {"message": text, "type": "invalid_request_error", "code": code}}
+    )
+
+    async def refuse(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % len(answer) + answer)
+        await writer.drain()
+        return False
+
+    raw = RawBackend(refuse).start()
+    try:
+        backend = hosted_backend(f"{raw.url}/v1", "openai/gpt-sim", "SIM_OPENAI_KEY")
+        client = HostedClient(backend, environ=ENV, timeout_s=5.0)
+        with pytest.raises(HostedError) as caught:
+            run(client, lambda: client.send("chat", chat(f"my secret is {CANARY}"), "public"))
+    finally:
+        raw.stop()
+    error = caught.value
+    assert (error.kind, error.status) == ("status", status)
+    assert error.message == f"openai answered HTTP 200 with an error (code {status})"
+    for leak in (CANARY, "abcd", "refused", "not sent"):
+        assert leak not in error.message
 
 
 def test_stream_that_breaks_off_raises_from_chunks(env: Servers) -> None:
@@ -713,6 +772,54 @@ def test_litellm_is_imported_on_first_call_without_stalling_the_loop() -> None:
     # is, not where the import ran.)
     assert int(ticks) >= 2, done.stdout
     assert float(pause) > 0, done.stdout
+
+
+_ODD_ANSWER_SCRIPT = """
+import asyncio, sys
+from gateway.config.schema import BackendSettings
+from gateway.upstream.hosted import HostedClient, HostedError
+
+backend = BackendSettings.model_validate({"id": "h", "kind": "hosted", "region": "us",
+    "owner": "o", "base_url": sys.argv[1], "api_key_env": "K",
+    "models": [{"name": "g", "provider_model": "openai/g"}]})
+client = HostedClient(backend, environ={"K": "sk-test"}, timeout_s=5)
+
+async def main():
+    try:
+        await client.send("chat", {"messages": [{"role": "user", "content": "hi"}]}, "g")
+    except HostedError as exc:
+        print("error kind:", exc.kind)
+    await client.aclose()
+
+asyncio.run(main())
+"""
+
+
+def test_an_answer_of_an_odd_shape_puts_none_of_its_text_on_stderr() -> None:
+    # Python's default warning filters, as `owngate serve` runs: pydantic's serializer
+    # warning for LiteLLM's dump of this answer quotes the value (`input_value=...`).
+    text = f"the answer is {CANARY} and more of the provider's words"
+    answer = orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion", "choices": text})
+
+    async def odd(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % len(answer) + answer)
+        await writer.drain()
+        return False
+
+    raw = RawBackend(odd).start()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _ODD_ANSWER_SCRIPT, f"{raw.url}/v1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        raw.stop()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "error kind: protocol\n"
+    assert CANARY[:12] not in done.stderr and "provider's words" not in done.stderr, done.stderr
 
 
 def test_the_network_guard_refuses_public_hosts(no_network: list[str]) -> None:
