@@ -195,7 +195,12 @@ class HostedClient:
             )
         first = await self._first_chunk(result)
         stream = ProviderStream(
-            result, first, endpoint, openai_wire.include_usage(doc), self.provider
+            result,
+            first,
+            endpoint,
+            openai_wire.include_usage(doc),
+            self.provider,
+            secrets=self._secrets(),
         )
         return HostedResponse(
             content_type=_SSE,
@@ -274,7 +279,7 @@ class HostedClient:
         except StopAsyncIteration:
             failure = HostedError("protocol", f"{self.provider} closed the stream unanswered")
         except Exception as exc:  # noqa: BLE001 - every LiteLLM failure becomes a HostedError
-            failure = hosted_error(exc, self.provider)
+            failure = hosted_error(exc, self.provider, secrets=self._secrets())
         except BaseException:
             await close_stream(stream)  # cancelled: the provider must stop too
             raise

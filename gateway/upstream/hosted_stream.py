@@ -35,9 +35,17 @@ class ProviderStream:
     """A LiteLLM stream whose first chunk has already arrived."""
 
     def __init__(
-        self, source: Any, first: Any, endpoint: Endpoint, with_usage: bool, provider: str
+        self,
+        source: Any,
+        first: Any,
+        endpoint: Endpoint,
+        with_usage: bool,
+        provider: str,
+        *,
+        secrets: tuple[str, ...] = (),  # never in a failure's message: the key, the base URL
     ) -> None:
         self._source = source
+        self._secrets = secrets
         self._pending: list[Any] = [] if first is None else [first]
         self._endpoint = endpoint
         self._with_usage = with_usage
@@ -58,7 +66,7 @@ class ProviderStream:
                 except Exception as exc:  # noqa: BLE001 - every failure becomes a HostedError
                     if self._closed:
                         return  # aclose() from another task broke the read: not an error
-                    failure = hosted_error(exc, self._provider)
+                    failure = hosted_error(exc, self._provider, secrets=self._secrets)
                 if failure is not None:
                     raise failure  # outside `except`: LiteLLM's exception is not its context
             if made_up_end(self._source):
