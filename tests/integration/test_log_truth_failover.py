@@ -314,3 +314,41 @@ def test_a_whole_hosted_answer_without_usage_is_not_recorded_or_sent_with_zero_u
     assert "usage" not in response.json()
     record = completion_record(tmp_path / "log", response.headers["x-request-id"])
     assert record["usage"] is None
+
+
+@pytest.mark.parametrize(
+    "junk",
+    [b"this is not an event stream\n\n", b"data: not json\n\n", b"data: {}\n\ndata: [DONE]\n\n"],
+    ids=["text", "not-json", "no-choices"],
+)
+def test_a_hosted_stream_of_junk_is_never_recorded_as_a_complete_answer(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    junk: bytes,
+) -> None:
+    """The provider answers 200 with an event stream holding no chunk of an answer: the
+    client never gets a 200 whose stream ends as if finished, and the record never says
+    the provider served it."""
+
+    async def nonsense(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(sse_head() + junk)
+        await writer.drain()
+        return False
+
+    raw = start_raw(nonsense)
+    gateway = hosted_gateway(start_gateway, tmp_path, f"{raw.url}/v1", "m")
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        json={**CHAT, "stream": True},
+        headers=gateway.headers,
+        timeout=60,
+    )
+    record = completion_record(tmp_path / "log", response.headers["x-request-id"])
+    if response.status_code == 200:  # a stream was started: it must end as broken off
+        assert b"data: [DONE]" not in response.content, response.content
+        assert b'"finish_reason":"stop"' not in response.content, response.content
+        assert record["status"] >= 500, record
+    else:
+        assert response.status_code >= 500, response.content
+        assert record["status"] == response.status_code
