@@ -451,4 +451,4 @@ def test_owngate_status_prints_the_table_and_json(
 def test_is_loopback_knows_the_loopback_addresses(
     client: tuple[Any, ...] | None, allowed: bool
 ) -> None:
-    assert is_loopback({"type": "http", "client": client}) is allowed
+    assert is_loopback({"type": "http", "client": client, "headers": []}) is allowed
