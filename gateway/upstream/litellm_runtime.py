@@ -105,6 +105,16 @@ _BASE_URL_SUFFIX: Final = re.compile(r"_(?:API_BASE|BASE_URL|API_BASE_URL)$")
 # Providers without a default URL: their variable is how LiteLLM is told where to go
 # (`AZURE_API_BASE`, as deploy/gateway.example.yaml relies on), not an override.
 _NO_DEFAULT_URL: Final = ("AZURE",)
+# Variables LiteLLM reads under a shorter name than the provider prefix: `fireworks_ai/`
+# takes FIREWORKS_API_BASE, `vertex_ai/` VERTEXAI_API_BASE, `huggingface/` HF_API_BASE.
+_SHORT_NAMES: Final = {"HUGGINGFACE": ("HF",)}
+
+
+def _variable_names(prefix: str) -> set[str]:
+    """The provider names LiteLLM may read a URL variable of `prefix`'s provider under."""
+    names = {prefix, prefix.replace("_", ""), prefix.removesuffix("_AI")}
+    names.update(_SHORT_NAMES.get(prefix, ()))
+    return names
 
 
 def check_base_url_environment(
@@ -119,7 +129,7 @@ def check_base_url_environment(
         prefix = model.split("/", 1)[0].upper().replace("-", "_") if "/" in model else ""
         unprefixed = unprefixed or not prefix
         if prefix and not prefix.startswith(_NO_DEFAULT_URL):
-            providers.add(prefix)
+            providers.update(_variable_names(prefix))
         if "OPENAI" in prefix:  # OpenAI-style: OpenAI's names too
             providers.add("OPENAI")
     found = []

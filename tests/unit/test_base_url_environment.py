@@ -19,6 +19,11 @@ from gateway.upstream.litellm_runtime import check_base_url_environment
         ("gpt-4o", "OPENAI_BASE_URL"),
         ("openai/gpt-4o", "OPENAI_API_BASE"),
         ("anthropic/claude-3-haiku-20240307", "ANTHROPIC_API_BASE"),
+        # Providers whose variable LiteLLM names shorter than their prefix.
+        ("fireworks_ai/accounts/fireworks/models/llama", "FIREWORKS_API_BASE"),
+        ("vertex_ai/gemini-2.0-flash", "VERTEXAI_API_BASE"),
+        ("vertex_ai/gemini-2.0-flash", "VERTEX_API_BASE"),
+        ("huggingface/meta-llama/Llama-3-8B", "HF_API_BASE"),
     ],
 )
 def test_a_provider_url_variable_is_refused(provider_model: str, variable: str) -> None:
