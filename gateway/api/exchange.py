@@ -176,13 +176,19 @@ async def end_stream(send: Send, exchange: Exchange, *, line_open: bool = False)
 
     The receipt line is the only `owngate-` comment a client gets: the private relay
     removes any a backend wrote (gateway/sse_comments.py), and a hosted stream is
-    encoded by the gateway, one JSON `data:` line per event."""
+    encoded by the gateway, one JSON `data:` line per event.
+
+    A client whose connection was lost before the end went out (before the disconnect
+    watcher ran) got neither the end nor the receipt: the stream ends as one whose client
+    left (`CancelledError`, recorded 499 with what it was sent), never as one that ended."""
     await settle(exchange)
     receipt = await exchange.trail.sealed_receipt() if exchange.trail is not None else None
     line = b": owngate-receipt " + base64.b64encode(receipt) + b"\n\n" if receipt else b""
     if line_open:
         line = b"\n" + line
     await send({"type": "http.response.body", "body": line, "more_body": False})
+    if client_left(exchange):
+        raise asyncio.CancelledError  # the proxy absorbs it: its client left (499)
 
 
 async def start_stream(send: Send, exchange: Exchange, status: int, content_type: bytes) -> None:

@@ -1,7 +1,8 @@
 """A whole answer the server drops because its client had already gone (uvicorn's `send`
 returns without writing once the connection is lost) is not committed to: the trail
 forgets it and the exchange ends as a client that left (gateway/api/exchange.py
-`send_whole`). Driven through the listener's protocol with a recording transport, the
+`send_whole`); a stream whose end is dropped so ends too (`end_stream`), and both are
+recorded 499. Driven through the listener's protocol with a recording transport, the
 connection lost in the same loop turn as the answer, before any disconnect watcher ran."""
 
 from __future__ import annotations
@@ -12,7 +13,14 @@ import hashlib
 from types import SimpleNamespace
 from typing import Any, cast
 
-from gateway.api.exchange import Exchange, relayed, send_whole
+from gateway.api.exchange import (
+    Exchange,
+    end_stream,
+    relayed,
+    send_relayed,
+    send_whole,
+    start_stream,
+)
 from gateway.api.proxy import Proxy
 from gateway.api.trail import Trail
 from gateway.body_writer import body_writer
@@ -135,3 +143,61 @@ def test_the_record_of_a_whole_answer_dropped_for_a_client_that_left_says_499() 
     # The signed log must say what the client got: nothing, the client having left, not
     # a 200 whose response commitment is empty.
     assert _recorded_answer(leave_first=True) == [(499, "client closed the request")]
+
+
+def _recorded_stream(*, leave_first: bool) -> tuple[list[tuple[int, str | None]], int]:
+    """The completion records of a relayed stream whose client's connection is lost (with
+    `leave_first`) after its first chunk went out and before its end, all in one loop
+    turn; and the bytes its trail committed to."""
+    recorder = _Recorder()
+    proxy = SimpleNamespace(
+        recorder=recorder, _metrics=SimpleNamespace(dispatch_wait=SimpleNamespace(observe=id))
+    )
+    sent: list[int] = []
+
+    async def scenario() -> None:
+        protocol: Any = None
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            exchange = Exchange(b"req_1", 0.0, "chat", writer=body_writer(scope))
+            exchange.trail = Trail(Salts.generate(), "")
+            exchange.decision = cast("Decision", object())
+
+            async def attempt() -> None:
+                await start_stream(send, exchange, 200, b"text/event-stream")
+                await send_relayed(send, exchange, CHUNK)
+                if leave_first:
+                    protocol.connection_lost(None)
+                await send_relayed(send, exchange, CHUNK)
+                await end_stream(send, exchange)
+
+            backend = cast("BackendState", SimpleNamespace(id="b"))
+            with contextlib.suppress(asyncio.CancelledError):  # the proxy absorbs it (499)
+                await Proxy._recorded_on(cast("Proxy", proxy), exchange, backend, attempt, None)
+            assert exchange.trail is not None
+            sent.append(exchange.trail.sent_bytes)
+
+        protocol = _protocol(app)
+        protocol.connection_made(_Transport())
+        protocol.data_received(GET)
+        await asyncio.gather(*protocol.tasks)
+        if not leave_first:
+            protocol.connection_lost(None)
+
+    asyncio.run(scenario())
+    return recorder.completed, sent[0]
+
+
+CHUNK = b'data: {"choices":[]}\n\n'
+
+
+def test_the_record_of_a_stream_that_ended_says_its_status() -> None:
+    assert _recorded_stream(leave_first=False) == ([(200, None)], 2 * len(CHUNK))
+
+
+def test_the_record_of_a_stream_whose_client_left_before_its_end_says_499() -> None:
+    # The client got the first chunk and then nothing: not a stream that ended (200).
+    assert _recorded_stream(leave_first=True) == (
+        [(499, "client closed the request")],
+        len(CHUNK),
+    )
