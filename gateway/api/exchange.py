@@ -117,7 +117,9 @@ async def send_whole(
     started (a cut answers 503 instead, with the receipt). A client whose connection was
     lost before the answer went out (before the disconnect watcher ran) got nothing
     either: the server drops what is sent after that, so the trail forgets the answer and
-    the exchange ends as a client that left (499)."""
+    the exchange ends as a client that left: `CancelledError`, as a relayed stream's does
+    (`client_left`), so that the completion record says 499, not the status the client
+    never got."""
     try:
         headers = await receipt_headers(exchange)
     except asyncio.CancelledError:
@@ -126,8 +128,11 @@ async def send_whole(
             exchange.trail.unsent()
         raise
     await send_bytes(send, status, data, exchange.request_id, content_type, headers)
-    if client_left(exchange) and exchange.trail is not None:
-        exchange.trail.unsent()
+    if client_left(exchange):
+        exchange.response_started = False
+        if exchange.trail is not None:
+            exchange.trail.unsent()
+        raise asyncio.CancelledError  # the proxy absorbs it: its client left (499)
 
 
 def relayed(exchange: Exchange, data: bytes, *, whole: bool = False) -> None:
@@ -171,13 +176,19 @@ async def end_stream(send: Send, exchange: Exchange, *, line_open: bool = False)
 
     The receipt line is the only `owngate-` comment a client gets: the private relay
     removes any a backend wrote (gateway/sse_comments.py), and a hosted stream is
-    encoded by the gateway, one JSON `data:` line per event."""
+    encoded by the gateway, one JSON `data:` line per event.
+
+    A client whose connection was lost before the end went out (before the disconnect
+    watcher ran) got neither the end nor the receipt: the stream ends as one whose client
+    left (`CancelledError`, recorded 499 with what it was sent), never as one that ended."""
     await settle(exchange)
     receipt = await exchange.trail.sealed_receipt() if exchange.trail is not None else None
     line = b": owngate-receipt " + base64.b64encode(receipt) + b"\n\n" if receipt else b""
     if line_open:
         line = b"\n" + line
     await send({"type": "http.response.body", "body": line, "more_body": False})
+    if client_left(exchange):
+        raise asyncio.CancelledError  # the proxy absorbs it: its client left (499)
 
 
 async def start_stream(send: Send, exchange: Exchange, status: int, content_type: bytes) -> None:

@@ -39,7 +39,10 @@ Where a hosted backend has no `base_url`, LiteLLM (and the OpenAI SDK under it) 
 provider's URL from the environment (`OPENAI_BASE_URL`, `OPENAI_API_BASE`,
 `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_BASE`, `MISTRAL_API_BASE`, ...) and sends the
 backend's key there. `check_base_url_environment` refuses such a backend while one of
-those variables is set: where hosted traffic goes is the config's to say. (Azure has no
+those variables is set: where hosted traffic goes is the config's to say. A model named
+without a provider prefix (`gpt-4o`, `claude-sonnet-4-5`) is resolved by LiteLLM from its
+model lists, to OpenAI, Anthropic or another provider: every provider's variable counts
+for it. (Azure has no
 default URL: `AZURE_API_BASE` is how it is told, and stays allowed.)
 """
 
@@ -102,6 +105,16 @@ _BASE_URL_SUFFIX: Final = re.compile(r"_(?:API_BASE|BASE_URL|API_BASE_URL)$")
 # Providers without a default URL: their variable is how LiteLLM is told where to go
 # (`AZURE_API_BASE`, as deploy/gateway.example.yaml relies on), not an override.
 _NO_DEFAULT_URL: Final = ("AZURE",)
+# Variables LiteLLM reads under a shorter name than the provider prefix: `fireworks_ai/`
+# takes FIREWORKS_API_BASE, `vertex_ai/` VERTEXAI_API_BASE, `huggingface/` HF_API_BASE.
+_SHORT_NAMES: Final = {"HUGGINGFACE": ("HF",)}
+
+
+def _variable_names(prefix: str) -> set[str]:
+    """The provider names LiteLLM may read a URL variable of `prefix`'s provider under."""
+    names = {prefix, prefix.replace("_", ""), prefix.removesuffix("_AI")}
+    names.update(_SHORT_NAMES.get(prefix, ()))
+    return names
 
 
 def check_base_url_environment(
@@ -111,19 +124,25 @@ def check_base_url_environment(
     provider URL variable set in `environ` (call it only for such a backend). Providers
     without a default URL (Azure) are left to their variable."""
     providers: set[str] = set()
+    unprefixed = False  # LiteLLM infers the provider from its model lists (`claude-...`)
     for model in provider_models:
         prefix = model.split("/", 1)[0].upper().replace("-", "_") if "/" in model else ""
-        if not prefix.startswith(_NO_DEFAULT_URL):
-            providers.add(prefix)
-        if "OPENAI" in prefix or not prefix:  # OpenAI-style and unprefixed: OpenAI's names
+        unprefixed = unprefixed or not prefix
+        if prefix and not prefix.startswith(_NO_DEFAULT_URL):
+            providers.update(_variable_names(prefix))
+        if "OPENAI" in prefix:  # OpenAI-style: OpenAI's names too
             providers.add("OPENAI")
-    found = sorted(
-        name
-        for name, value in environ.items()
-        if value
-        and _BASE_URL_SUFFIX.sub("", name.upper()) in providers - {""}
-        and _BASE_URL_SUFFIX.search(name.upper())
-    )
+    found = []
+    for name, value in environ.items():
+        upper = name.upper()
+        if not value or not _BASE_URL_SUFFIX.search(upper):
+            continue
+        provider = _BASE_URL_SUFFIX.sub("", upper)
+        # An unprefixed model may be any provider's (whichever list holds the name): every
+        # provider variable may redirect it, but Azure's, which it never resolves to.
+        if provider in providers or (unprefixed and not provider.startswith(_NO_DEFAULT_URL)):
+            found.append(name)
+    found.sort()
     if found:
         raise ValueError(
             f"backend {backend_id!r}: environment variable {', '.join(found)} would redirect "

@@ -391,6 +391,28 @@ def test_a_provider_url_variable_cannot_redirect_a_backend_without_base_url(
     HostedClient(azure, environ={**environ, "AZURE_API_BASE": env.sim_url}, timeout_s=1)
 
 
+def test_an_unprefixed_model_is_refused_under_its_providers_variable(env: Servers) -> None:
+    # LiteLLM resolves `claude-sonnet-4-5` to Anthropic from its model lists, and would
+    # send the key to ANTHROPIC_API_BASE: an unprefixed name counts every provider's.
+    assert load_litellm().get_llm_provider("claude-sonnet-4-5")[1] == "anthropic"
+    environ = {**ENV, "ANTHROPIC_API_BASE": f"{env.sim_url}/v1"}
+    backend = hosted_backend(None, "claude-sonnet-4-5", "SIM_OPENAI_KEY")
+    with pytest.raises(ValueError, match="ANTHROPIC_API_BASE"):
+        HostedClient(backend, environ=environ, timeout_s=1)
+
+
+def test_a_providers_short_variable_name_is_refused_too(env: Servers) -> None:
+    # LiteLLM takes `fireworks_ai/`'s URL from FIREWORKS_API_BASE (not FIREWORKS_AI_...).
+    model = "fireworks_ai/accounts/fireworks/models/llama-v3p1-8b-instruct"
+    base = f"{env.sim_url}/v1"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FIREWORKS_API_BASE", base)
+        assert load_litellm().get_llm_provider(model, api_key="k")[3] == base
+    backend = hosted_backend(None, model, "SIM_OPENAI_KEY")
+    with pytest.raises(ValueError, match="FIREWORKS_API_BASE"):
+        HostedClient(backend, environ={**ENV, "FIREWORKS_API_BASE": base}, timeout_s=1)
+
+
 # -- errors --------------------------------------------------------------------------------
 
 

@@ -1,26 +1,39 @@
 """A whole answer the server drops because its client had already gone (uvicorn's `send`
 returns without writing once the connection is lost) is not committed to: the trail
 forgets it and the exchange ends as a client that left (gateway/api/exchange.py
-`send_whole`). Driven through the listener's protocol with a recording transport, the
+`send_whole`); a stream whose end is dropped so ends too (`end_stream`), and both are
+recorded 499. Driven through the listener's protocol with a recording transport, the
 connection lost in the same loop turn as the answer, before any disconnect watcher ran."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
-from gateway.api.exchange import Exchange, relayed, send_whole
+from gateway.api.exchange import (
+    Exchange,
+    end_stream,
+    relayed,
+    send_relayed,
+    send_whole,
+    start_stream,
+)
+from gateway.api.proxy import Proxy
 from gateway.api.trail import Trail
 from gateway.body_writer import body_writer
+from gateway.policy import Decision
 from gateway.provenance import Salts
+from gateway.routing.registry import BackendState
 from tests.unit.test_body_writer import GET, _protocol
 from tests.unit.test_head_coalescing import _Transport
 
 ANSWER = b'{"id":"chatcmpl-1","choices":[]}'
 
 
-def _answer(*, leave_first: bool) -> tuple[Exchange, bytes]:
+def _answer(*, leave_first: bool) -> tuple[Exchange, bytes, Exchange | None]:
     """Serve one whole answer; with `leave_first` the client's connection is lost just
     before the answer is sent. The exchange and what the connection wrote."""
     transport = _Transport()
@@ -36,7 +49,10 @@ def _answer(*, leave_first: bool) -> tuple[Exchange, bytes]:
             relayed(exchange, ANSWER, whole=True)
             if leave_first:
                 protocol.connection_lost(None)
-            await send_whole(send, exchange, 200, ANSWER, b"application/json")
+            try:
+                await send_whole(send, exchange, 200, ANSWER, b"application/json")
+            except asyncio.CancelledError:  # a client that left: the proxy absorbs it
+                seen["cancelled"] = exchange
 
         protocol = _protocol(app)
         protocol.connection_made(transport)
@@ -46,20 +62,142 @@ def _answer(*, leave_first: bool) -> tuple[Exchange, bytes]:
             protocol.connection_lost(None)
 
     asyncio.run(scenario())
-    return seen["exchange"], b"".join(transport.writes)
+    return seen["exchange"], b"".join(transport.writes), seen.get("cancelled")
 
 
 def test_a_whole_answer_that_went_out_is_committed_to() -> None:
-    exchange, written = _answer(leave_first=False)
+    exchange, written, cancelled = _answer(leave_first=False)
     assert written.endswith(ANSWER)
     assert exchange.trail is not None and exchange.trail.sent_bytes == len(ANSWER)
-    assert not exchange.client_gone
+    assert not exchange.client_gone and cancelled is None
 
 
 def test_a_whole_answer_dropped_for_a_client_that_left_is_not_committed_to() -> None:
-    exchange, written = _answer(leave_first=True)
+    exchange, written, cancelled = _answer(leave_first=True)
     assert ANSWER not in written  # the server wrote nothing of it
     assert exchange.trail is not None
     assert exchange.trail.sent_bytes == 0
     assert exchange.trail.response_hash.digest() == hashlib.sha256(b"").digest()
     assert exchange.client_gone  # recorded as a client that left (499)
+    assert cancelled is exchange and not exchange.response_started
+
+
+class _Recorder:
+    """What `Proxy._recorded_on` uses of the recorder: the completion's status kept."""
+
+    def __init__(self) -> None:
+        self.completed: list[tuple[int, str | None]] = []
+
+    async def dispatch(self, *args: object) -> None:
+        return None
+
+    def complete(self, exchange: Exchange, trail: Trail, *, status: int, error: str | None) -> None:
+        self.completed.append((status, error))
+
+
+def _recorded_answer(*, leave_first: bool) -> list[tuple[int, str | None]]:
+    """The completion records of one whole answer sent inside `Proxy._recorded_on` (the
+    bracket every attempt runs in); with `leave_first`, the client's connection is lost
+    just before the answer is sent."""
+    recorder = _Recorder()
+    proxy = SimpleNamespace(
+        recorder=recorder, _metrics=SimpleNamespace(dispatch_wait=SimpleNamespace(observe=id))
+    )
+
+    async def scenario() -> None:
+        protocol: Any = None
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            exchange = Exchange(b"req_1", 0.0, "chat", writer=body_writer(scope))
+            exchange.trail = Trail(Salts.generate(), "")
+            exchange.decision = cast("Decision", object())
+
+            async def attempt() -> None:
+                exchange.status = 200
+                exchange.response_started = True
+                relayed(exchange, ANSWER, whole=True)
+                if leave_first:
+                    protocol.connection_lost(None)
+                await send_whole(send, exchange, 200, ANSWER, b"application/json")
+
+            backend = cast("BackendState", SimpleNamespace(id="b"))
+            with contextlib.suppress(asyncio.CancelledError):  # the proxy absorbs it (499)
+                await Proxy._recorded_on(cast("Proxy", proxy), exchange, backend, attempt, None)
+
+        protocol = _protocol(app)
+        protocol.connection_made(_Transport())
+        protocol.data_received(GET)
+        await asyncio.gather(*protocol.tasks)
+        if not leave_first:
+            protocol.connection_lost(None)
+
+    asyncio.run(scenario())
+    return recorder.completed
+
+
+def test_the_record_of_a_whole_answer_that_went_out_says_its_status() -> None:
+    assert _recorded_answer(leave_first=False) == [(200, None)]
+
+
+def test_the_record_of_a_whole_answer_dropped_for_a_client_that_left_says_499() -> None:
+    # The signed log must say what the client got: nothing, the client having left, not
+    # a 200 whose response commitment is empty.
+    assert _recorded_answer(leave_first=True) == [(499, "client closed the request")]
+
+
+def _recorded_stream(*, leave_first: bool) -> tuple[list[tuple[int, str | None]], int]:
+    """The completion records of a relayed stream whose client's connection is lost (with
+    `leave_first`) after its first chunk went out and before its end, all in one loop
+    turn; and the bytes its trail committed to."""
+    recorder = _Recorder()
+    proxy = SimpleNamespace(
+        recorder=recorder, _metrics=SimpleNamespace(dispatch_wait=SimpleNamespace(observe=id))
+    )
+    sent: list[int] = []
+
+    async def scenario() -> None:
+        protocol: Any = None
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            exchange = Exchange(b"req_1", 0.0, "chat", writer=body_writer(scope))
+            exchange.trail = Trail(Salts.generate(), "")
+            exchange.decision = cast("Decision", object())
+
+            async def attempt() -> None:
+                await start_stream(send, exchange, 200, b"text/event-stream")
+                await send_relayed(send, exchange, CHUNK)
+                if leave_first:
+                    protocol.connection_lost(None)
+                await send_relayed(send, exchange, CHUNK)
+                await end_stream(send, exchange)
+
+            backend = cast("BackendState", SimpleNamespace(id="b"))
+            with contextlib.suppress(asyncio.CancelledError):  # the proxy absorbs it (499)
+                await Proxy._recorded_on(cast("Proxy", proxy), exchange, backend, attempt, None)
+            assert exchange.trail is not None
+            sent.append(exchange.trail.sent_bytes)
+
+        protocol = _protocol(app)
+        protocol.connection_made(_Transport())
+        protocol.data_received(GET)
+        await asyncio.gather(*protocol.tasks)
+        if not leave_first:
+            protocol.connection_lost(None)
+
+    asyncio.run(scenario())
+    return recorder.completed, sent[0]
+
+
+CHUNK = b'data: {"choices":[]}\n\n'
+
+
+def test_the_record_of_a_stream_that_ended_says_its_status() -> None:
+    assert _recorded_stream(leave_first=False) == ([(200, None)], 2 * len(CHUNK))
+
+
+def test_the_record_of_a_stream_whose_client_left_before_its_end_says_499() -> None:
+    # The client got the first chunk and then nothing: not a stream that ended (200).
+    assert _recorded_stream(leave_first=True) == (
+        [(499, "client closed the request")],
+        len(CHUNK),
+    )
