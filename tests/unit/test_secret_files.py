@@ -1,0 +1,99 @@
+"""Secret files against a careless operator or another local user: a signing key file that
+is damaged, huge, binary or not a file is refused with an error naming the file and never
+quoting it; a link planted in the log directory never makes a log write land elsewhere."""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import threading
+from pathlib import Path
+
+import pytest
+
+from gateway.provenance import KeyFormatError, load_signer, write_signing_key
+from gateway.provenance.writer.preflight import preflight
+
+
+def _secret_of(path: Path) -> str:
+    """The base64 field of a signer key file (algorithm byte and seed)."""
+    return path.read_text().strip().rsplit("+", 1)[1]
+
+
+def _private(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    path.chmod(0o600)
+    return path
+
+
+def test_a_damaged_key_file_is_refused_without_quoting_the_secret(tmp_path: Path) -> None:
+    # A seed whose base64 has '+' in it: a key line that lost its name field splits the
+    # secret at that '+', and its first part is read as the key id.
+    seed = next(s for s in (bytes([i]) * 32 for i in range(256)) if "+" in _b64(s)[4:])
+    key = tmp_path / "log.key"
+    write_signing_key(key, "example.com/log", random=lambda n: seed[:n])
+    line = key.read_text().strip()
+    hex_id, secret = line.split("+", 4)[3:]
+    assert "+" in secret
+    damaged = _private(tmp_path / "damaged.key", f"PRIVATE+KEY+{hex_id}+{secret}\n".encode())
+    with pytest.raises(KeyFormatError) as info:
+        load_signer(damaged)
+    message = str(info.value)
+    assert str(damaged) in message
+    assert secret.split("+")[0] not in message  # what was read as the key id
+
+
+def _b64(seed: bytes) -> str:
+    return base64.b64encode(b"\x01" + seed).decode()
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"\xff\xfe\x00binary\n", "not ASCII text"),
+        (b"PRIVATE+KEY+" + b"A" * 10_000_000, "larger than a signing key file"),
+        (b"", "must start with PRIVATE+KEY+"),
+    ],
+    ids=["binary", "huge", "empty"],
+)
+def test_a_key_file_that_is_not_a_key_is_a_key_format_error_naming_it(
+    tmp_path: Path, content: bytes, why: str
+) -> None:
+    key = _private(tmp_path / "log.key", content)
+    with pytest.raises(KeyFormatError, match=re.escape(why)) as info:
+        load_signer(key)
+    assert str(key) in str(info.value)
+    [problem] = preflight("example.com/log", [key], directory=None)
+    assert problem.startswith(f"signing key {key}") and why in problem
+
+
+def test_a_fifo_named_as_the_key_is_refused_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "log.key"
+    os.mkfifo(fifo, 0o600)
+    raised: list[Exception] = []
+
+    def load() -> None:
+        try:
+            load_signer(fifo)
+        except (KeyFormatError, OSError) as exc:  # handed to the test below
+            raised.append(exc)
+
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    loader.join(timeout=30)
+    if loader.is_alive():  # waiting on the FIFO: release it, then fail
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        loader.join(timeout=30)
+        pytest.fail("load_signer waited for a writer to open the FIFO")
+    assert len(raised) == 1 and isinstance(raised[0], KeyFormatError)
+    assert "not a regular file" in str(raised[0])
+
+
+def test_a_symlinked_key_file_still_loads(tmp_path: Path) -> None:
+    """Kubernetes mounts secrets as symlinks: following them stays allowed."""
+    key = tmp_path / "data" / "log.key"
+    key.parent.mkdir()
+    vkey = write_signing_key(key, "example.com/log")
+    (tmp_path / "log.key").symlink_to(key)
+    assert load_signer(tmp_path / "log.key").vkey == vkey
