@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gateway.provenance import KeyFormatError, load_signer, write_signing_key
+from gateway.provenance.files import write_files_atomically
 from gateway.provenance.writer.preflight import preflight
 
 
@@ -97,3 +98,28 @@ def test_a_symlinked_key_file_still_loads(tmp_path: Path) -> None:
     vkey = write_signing_key(key, "example.com/log")
     (tmp_path / "log.key").symlink_to(key)
     assert load_signer(tmp_path / "log.key").vkey == vkey
+
+
+def test_a_temporary_name_planted_as_a_link_never_redirects_a_log_write(
+    tmp_path: Path,
+) -> None:
+    """Another user who can write in the log directory plants `checkpoint.tmp` pointing at
+    the signing key: the checkpoint must not be written into the key."""
+    key = tmp_path / "log.key"
+    write_signing_key(key, "example.com/log")
+    before = key.read_bytes()
+    log = tmp_path / "log"
+    log.mkdir()
+    (log / "checkpoint.tmp").symlink_to(key)
+    write_files_atomically([(log / "checkpoint", b"example.com/log\n1\n")], root=log)
+    assert key.read_bytes() == before
+    assert not (log / "checkpoint").is_symlink()
+    assert (log / "checkpoint").read_bytes() == b"example.com/log\n1\n"
+    assert _secret_of(key) not in (log / "checkpoint").read_text()
+
+
+def test_a_temporary_file_left_by_a_crash_is_replaced(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.tmp").write_bytes(b"half a checkpoint from before a crash")
+    write_files_atomically([(tmp_path / "checkpoint", b"whole\n")], root=tmp_path)
+    assert (tmp_path / "checkpoint").read_bytes() == b"whole\n"
+    assert not (tmp_path / "checkpoint.tmp").exists()
