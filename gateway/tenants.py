@@ -14,6 +14,7 @@ import hashlib
 import os
 import re
 import secrets
+import stat
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -154,8 +155,14 @@ def _write_keys_file(path: Path, stored: dict[str, list[str]]) -> None:
     body = "# Written by `owngate keys`: SHA-256 digests of tenant API keys.\n"
     body += yaml.safe_dump({"tenants": stored}, sort_keys=True)
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:  # the replacement keeps the file's mode, so a gateway that read it still can
+        mode: int | None = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        mode = None  # a new file stays mkstemp's 0600
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(body)
             handle.flush()
