@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from gateway.config.schema import TenantSettings
+from gateway.small_files import read_small_file
 from gateway.state.types import TenantLimits
 
 __all__ = [
@@ -43,6 +44,8 @@ __all__ = [
 KEY_PREFIX = "og-"
 ADMIN_TOKEN_PREFIX = "og-admin-"  # noqa: S105 - a prefix, not a secret
 _HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
+# About 75 bytes a key: room for 200,000 keys, and a bound on what a wrong path costs.
+_MAX_KEYS_FILE = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +116,13 @@ def key_hash_of(key_or_hash: str) -> str:
 def read_keys_file(path: Path) -> dict[str, list[str]]:
     """Read `{tenants: {TENANT: [sha256:...]}}`; a missing file holds no keys."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = read_small_file(path, _MAX_KEYS_FILE)
     except FileNotFoundError:
         return {}
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None  # never the bytes it holds
     data = yaml.safe_load(text) or {}
     tenants = data.get("tenants", {}) if isinstance(data, dict) else None
     if not isinstance(tenants, dict):
