@@ -79,6 +79,20 @@ def test_validation_reads_the_tls_files_relative_to_the_config(tmp_path: Path) -
     assert problem.startswith(f"backend gpu: tls.client_cert_file {tmp_path / 'c.pem'} and")
 
 
+def test_a_tls_file_that_is_huge_or_not_a_file_is_refused_unread(tmp_path: Path) -> None:
+    """`/dev/zero`, a FIFO or a multi-gigabyte file named by mistake (or by an admin API
+    candidate config) is refused before it is read, never read whole or waited on."""
+    with (tmp_path / "huge.pem").open("wb") as handle:
+        handle.truncate(64 * 1024 * 1024)  # sparse: no disk used
+    (tmp_path / "dir.pem").mkdir()
+    assert _problems(tmp_path, {"ca_file": "huge.pem"}) == [
+        f"backend gpu: tls.ca_file {tmp_path / 'huge.pem'}: larger than 4194304 bytes"
+    ]
+    assert _problems(tmp_path, {"ca_file": "dir.pem"}) == [
+        f"backend gpu: tls.ca_file {tmp_path / 'dir.pem'}: not a regular file"
+    ]
+
+
 @pytest.mark.parametrize(
     ("uris", "stated"),
     [
