@@ -99,12 +99,21 @@ def _issue(args: argparse.Namespace) -> int:
 
 def _write(out: Path, stem: str, cert: bytes, key: bytes, pin: str | None) -> int:
     cert_path, key_path = out / f"{stem}.pem", out / f"{stem}-key.pem"
+    new = os.O_WRONLY | os.O_CREAT | os.O_EXCL  # O_EXCL: no overwrite, no planted link
     try:
         out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as handle:
+        # Both names are taken before either is written: a certificate already there
+        # leaves no new key behind (which would then block every retry).
+        key_fd = os.open(key_path, new, 0o600)
+        try:
+            cert_fd = os.open(cert_path, new, 0o644)
+        except OSError:
+            os.close(key_fd)
+            key_path.unlink()
+            raise
+        with os.fdopen(key_fd, "wb") as handle:
             handle.write(key)
-        with cert_path.open("xb") as handle:
+        with os.fdopen(cert_fd, "wb") as handle:
             handle.write(cert)
     except OSError as exc:
         print(f"cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)

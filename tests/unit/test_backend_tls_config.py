@@ -181,6 +181,19 @@ def test_backend_cert_issues_what_the_gateway_reads(
     )
 
 
+def test_backend_cert_leaves_no_new_key_beside_a_certificate_already_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["backend", "cert", "ca", "--out", str(tmp_path)]) == 0
+    (tmp_path / "gpu.internal.pem").write_bytes(b"an older certificate\n")
+    signer = ["--ca-cert", str(tmp_path / "ca.pem"), "--ca-key", str(tmp_path / "ca-key.pem")]
+    argv = ["backend", "cert", "issue", *signer, "--name", "gpu.internal"]
+    assert main([*argv, "--out", str(tmp_path)]) == 1
+    assert "gpu.internal.pem: File exists" in capsys.readouterr().err
+    assert not (tmp_path / "gpu.internal-key.pem").exists()  # a retry elsewhere is not blocked
+    assert (tmp_path / "gpu.internal.pem").read_bytes() == b"an older certificate\n"
+
+
 def test_fact_uris_refuse_what_the_reader_would() -> None:
     assert fact_uris("eu-west-1", None, "30d") == [
         "owngate:region:eu-west-1",
