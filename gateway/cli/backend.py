@@ -21,6 +21,8 @@ from gateway.cli._common import env_default, usage
 
 __all__ = ["register"]
 
+_MAX_PEM = 1024 * 1024  # a CA certificate or key is a few kB: a bound on a wrong path
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("backend", help="certificates for private backends (TLS)")
@@ -74,14 +76,21 @@ def _ca(args: argparse.Namespace) -> int:
 
 def _issue(args: argparse.Namespace) -> int:
     from gateway.pki import fact_uris, issue, load_issued
+    from gateway.small_files import read_small_file
 
     try:
-        ca = load_issued(Path(args.ca_cert).read_bytes(), Path(args.ca_key).read_bytes())
+        ca = load_issued(
+            read_small_file(Path(args.ca_cert), _MAX_PEM),
+            read_small_file(Path(args.ca_key), _MAX_PEM),
+        )
     except OSError as exc:
         print(f"cannot read the CA: {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 1
     except (ValueError, TypeError) as exc:
-        print(f"not a usable CA certificate and key: {exc}", file=sys.stderr)
+        print(
+            f"{args.ca_cert} and {args.ca_key}: not a usable CA certificate and key ({exc})",
+            file=sys.stderr,
+        )
         return 1
     try:
         uris = fact_uris(args.region, args.owner, args.retention)

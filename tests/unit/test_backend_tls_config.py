@@ -194,6 +194,24 @@ def test_backend_cert_leaves_no_new_key_beside_a_certificate_already_there(
     assert (tmp_path / "gpu.internal.pem").read_bytes() == b"an older certificate\n"
 
 
+def test_backend_cert_reads_a_ca_file_bounded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["backend", "cert", "ca", "--out", str(tmp_path)]) == 0
+    huge = tmp_path / "huge-key.pem"
+    with huge.open("wb") as handle:
+        handle.truncate(64 * 1024 * 1024)  # sparse: no disk used
+    signer = ["--ca-cert", str(tmp_path / "ca.pem"), "--ca-key", str(huge)]
+    argv = ["backend", "cert", "issue", *signer, "--name", "gpu.internal"]
+    assert main([*argv, "--out", str(tmp_path)]) == 1
+    assert f"cannot read the CA: {huge}: larger than" in capsys.readouterr().err
+    (tmp_path / "junk-key.pem").write_bytes(b"not a key\n")
+    signer[-1] = str(tmp_path / "junk-key.pem")
+    argv = ["backend", "cert", "issue", *signer, "--name", "gpu.internal"]
+    assert main([*argv, "--out", str(tmp_path)]) == 1
+    assert f"{tmp_path / 'junk-key.pem'}: not a usable CA" in capsys.readouterr().err
+
+
 def test_fact_uris_refuse_what_the_reader_would() -> None:
     assert fact_uris("eu-west-1", None, "30d") == [
         "owngate:region:eu-west-1",
