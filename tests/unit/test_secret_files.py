@@ -5,6 +5,7 @@ quoting it; a link planted in the log directory never makes a log write land els
 from __future__ import annotations
 
 import base64
+import errno
 import os
 import re
 import threading
@@ -14,7 +15,9 @@ import pytest
 
 from gateway.provenance import KeyFormatError, load_signer, write_signing_key
 from gateway.provenance.files import write_files_atomically
+from gateway.provenance.formats.wal import segment_path
 from gateway.provenance.writer.preflight import preflight
+from gateway.provenance.writer.segment_writer import SegmentWriter
 
 
 def _secret_of(path: Path) -> str:
@@ -123,3 +126,21 @@ def test_a_temporary_file_left_by_a_crash_is_replaced(tmp_path: Path) -> None:
     write_files_atomically([(tmp_path / "checkpoint", b"whole\n")], root=tmp_path)
     assert (tmp_path / "checkpoint").read_bytes() == b"whole\n"
     assert not (tmp_path / "checkpoint.tmp").exists()
+
+
+def test_a_segment_name_planted_as_a_link_is_refused_not_written_through(
+    tmp_path: Path,
+) -> None:
+    """The next WAL segment's name is predictable: a link planted there must make the
+    append fail, not truncate and overwrite what it points at."""
+    key = tmp_path / "log.key"
+    write_signing_key(key, "example.com/log")
+    before = key.read_bytes()
+    wal = tmp_path / "wal"
+    wal.mkdir()
+    planted = segment_path(wal, 0)
+    planted.symlink_to(key)
+    with pytest.raises(OSError, match="Too many levels of symbolic links") as info:
+        SegmentWriter(planted, valid_bytes=0)
+    assert info.value.errno == errno.ELOOP
+    assert key.read_bytes() == before
