@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.cli.main import main
 from gateway.provenance import KeyFormatError, load_signer, write_signing_key
 from gateway.provenance.files import write_files_atomically
 from gateway.provenance.formats.wal import segment_path
@@ -144,3 +145,14 @@ def test_a_segment_name_planted_as_a_link_is_refused_not_written_through(
         SegmentWriter(planted, valid_bytes=0)
     assert info.value.errno == errno.ELOOP
     assert key.read_bytes() == before
+
+
+def test_keys_new_signing_into_a_missing_directory_is_an_error_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "missing" / "log.key"
+    argv = ["keys", "new", "--signing", "example.com/log", "--key-file", str(target)]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no verifier key for a key that was not written
+    assert f"error: cannot write {target}: No such file or directory" in captured.err
