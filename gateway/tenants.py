@@ -14,6 +14,7 @@ import hashlib
 import os
 import re
 import secrets
+import stat
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from gateway.config.schema import TenantSettings
+from gateway.small_files import read_small_file
 from gateway.state.types import TenantLimits
 
 __all__ = [
@@ -42,6 +44,8 @@ __all__ = [
 KEY_PREFIX = "og-"
 ADMIN_TOKEN_PREFIX = "og-admin-"  # noqa: S105 - a prefix, not a secret
 _HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
+# About 75 bytes a key: room for 200,000 keys, and a bound on what a wrong path costs.
+_MAX_KEYS_FILE = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,9 +116,13 @@ def key_hash_of(key_or_hash: str) -> str:
 def read_keys_file(path: Path) -> dict[str, list[str]]:
     """Read `{tenants: {TENANT: [sha256:...]}}`; a missing file holds no keys."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = read_small_file(path, _MAX_KEYS_FILE)
     except FileNotFoundError:
         return {}
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None  # never the bytes it holds
     data = yaml.safe_load(text) or {}
     tenants = data.get("tenants", {}) if isinstance(data, dict) else None
     if not isinstance(tenants, dict):
@@ -154,8 +162,14 @@ def _write_keys_file(path: Path, stored: dict[str, list[str]]) -> None:
     body = "# Written by `owngate keys`: SHA-256 digests of tenant API keys.\n"
     body += yaml.safe_dump({"tenants": stored}, sort_keys=True)
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:  # the replacement keeps the file's mode, so a gateway that read it still can
+        mode: int | None = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        mode = None  # a new file stays mkstemp's 0600
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(body)
             handle.flush()

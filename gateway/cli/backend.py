@@ -21,6 +21,8 @@ from gateway.cli._common import env_default, usage
 
 __all__ = ["register"]
 
+_MAX_PEM = 1024 * 1024  # a CA certificate or key is a few kB: a bound on a wrong path
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("backend", help="certificates for private backends (TLS)")
@@ -74,14 +76,21 @@ def _ca(args: argparse.Namespace) -> int:
 
 def _issue(args: argparse.Namespace) -> int:
     from gateway.pki import fact_uris, issue, load_issued
+    from gateway.small_files import read_small_file
 
     try:
-        ca = load_issued(Path(args.ca_cert).read_bytes(), Path(args.ca_key).read_bytes())
+        ca = load_issued(
+            read_small_file(Path(args.ca_cert), _MAX_PEM),
+            read_small_file(Path(args.ca_key), _MAX_PEM),
+        )
     except OSError as exc:
         print(f"cannot read the CA: {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 1
     except (ValueError, TypeError) as exc:
-        print(f"not a usable CA certificate and key: {exc}", file=sys.stderr)
+        print(
+            f"{args.ca_cert} and {args.ca_key}: not a usable CA certificate and key ({exc})",
+            file=sys.stderr,
+        )
         return 1
     try:
         uris = fact_uris(args.region, args.owner, args.retention)
@@ -99,12 +108,21 @@ def _issue(args: argparse.Namespace) -> int:
 
 def _write(out: Path, stem: str, cert: bytes, key: bytes, pin: str | None) -> int:
     cert_path, key_path = out / f"{stem}.pem", out / f"{stem}-key.pem"
+    new = os.O_WRONLY | os.O_CREAT | os.O_EXCL  # O_EXCL: no overwrite, no planted link
     try:
         out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as handle:
+        # Both names are taken before either is written: a certificate already there
+        # leaves no new key behind (which would then block every retry).
+        key_fd = os.open(key_path, new, 0o600)
+        try:
+            cert_fd = os.open(cert_path, new, 0o644)
+        except OSError:
+            os.close(key_fd)
+            key_path.unlink()
+            raise
+        with os.fdopen(key_fd, "wb") as handle:
             handle.write(key)
-        with cert_path.open("xb") as handle:
+        with os.fdopen(cert_fd, "wb") as handle:
             handle.write(cert)
     except OSError as exc:
         print(f"cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)

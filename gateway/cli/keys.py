@@ -222,6 +222,9 @@ def _new_signing_key(path: str, name: str) -> int:
     except (FileExistsError, KeyFormatError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a missing or read-only directory: the operator's to fix
+        print(f"error: cannot write {path}: {exc.strerror}", file=sys.stderr)
+        return 1
     print(vkey)
     print(
         f"wrote the signing key to {path} (mode 0600); give auditors the verifier key above",

@@ -226,6 +226,10 @@ def _merge_keys_file(config: GatewaySettings, keys_path: Path, source: str) -> G
 
     try:
         stored = read_keys_file(keys_path)
+    except OSError as exc:  # a ConfigError, so a reload keeps the running config (and its
+        # watcher) instead of dying on an unreadable file
+        issue = ConfigIssue("", None, f"cannot read: {exc.strerror}")
+        raise ConfigError(str(keys_path), [issue]) from exc
     except RecursionError as exc:  # PyYAML composes recursively
         issue = ConfigIssue("", None, "not valid YAML: it nests too deep")
         raise ConfigError(str(keys_path), [issue]) from exc

@@ -36,6 +36,16 @@ def make_directories(path: Path, *, stop: Path) -> None:
         fsync_directory(directory.parent)
 
 
+def _create_temporary(temporary: Path) -> int:
+    """A new, empty file at `temporary`: one left by a crash is removed first, and what is
+    there is never written through (O_EXCL refuses a symlink, even a dangling one, or a
+    hard link planted in its place), so a writable log directory cannot turn a write into
+    one of another file (say, the signing key)."""
+    temporary.unlink(missing_ok=True)  # removes a link itself, never its target
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    return os.open(temporary, flags, 0o644)
+
+
 def write_files_atomically(files: Iterable[tuple[Path, bytes]], *, root: Path) -> None:
     """Write each (path, data) durably; directories are created under `root` as needed.
 
@@ -47,7 +57,7 @@ def write_files_atomically(files: Iterable[tuple[Path, bytes]], *, root: Path) -
         for path, data in files:
             make_directories(path.parent, stop=root)
             temporary = path.with_name(path.name + _TMP_SUFFIX)
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = _create_temporary(temporary)
             staged.append((temporary, path))
             try:
                 view = memoryview(data)

@@ -8,6 +8,7 @@ The matching verifier key string is what auditors get.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +16,9 @@ from gateway.provenance.errors import KeyFormatError
 from gateway.provenance.formats.note import Signer, Verifier, valid_key_name
 
 __all__ = ["generate_signing_key", "load_signer", "load_verifiers", "write_signing_key"]
+
+# A key line is about 100 bytes; a file this large is something else named by mistake.
+_MAX_KEY_FILE = 4096
 
 
 def generate_signing_key(
@@ -58,14 +62,36 @@ def write_signing_key(
 
 
 def load_signer(path: str | os.PathLike[str]) -> Signer:
-    """Read a signing key file written by `write_signing_key` (or Go's note.GenerateKey)."""
+    """Read a signing key file written by `write_signing_key` (or Go's note.GenerateKey).
+
+    Raises OSError when the file cannot be opened, KeyFormatError (naming the file, never
+    quoting it) when it is not a regular file, is readable by group or others, is larger
+    than a key file or does not hold a signer key. At most `_MAX_KEY_FILE` bytes are read,
+    and a FIFO or device named by mistake is refused, never waited on.
+    """
     target = Path(path)
-    mode = target.stat().st_mode
-    if mode & 0o077:
-        raise KeyFormatError(
-            f"{target} is readable by group or others (mode {mode & 0o777:o}); chmod 600 it"
-        )
-    return Signer.from_skey(target.read_text(encoding="ascii"))
+    # O_NONBLOCK: opening a FIFO for reading must not wait for a writer.
+    fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)  # of the file opened: no swap between check and read
+        if not stat.S_ISREG(info.st_mode):
+            raise KeyFormatError(f"{target} is not a regular file")
+        if info.st_mode & 0o077:
+            raise KeyFormatError(
+                f"{target} is readable by group or others "
+                f"(mode {info.st_mode & 0o777:o}); chmod 600 it"
+            )
+        data = os.read(fd, _MAX_KEY_FILE + 1)
+    finally:
+        os.close(fd)
+    if len(data) > _MAX_KEY_FILE:
+        raise KeyFormatError(f"{target} is larger than a signing key file")
+    try:
+        return Signer.from_skey(data.decode("ascii"))
+    except UnicodeDecodeError:
+        raise KeyFormatError(f"{target} is not a signing key file (not ASCII text)") from None
+    except KeyFormatError as exc:
+        raise KeyFormatError(f"{target}: {exc}") from None
 
 
 def load_verifiers(keys: list[str]) -> list[Verifier]:

@@ -42,6 +42,7 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from gateway.config.schema import BackendSettings
+from gateway.small_files import read_small_file
 from gateway.tls_options import client_context, harden
 
 __all__ = [
@@ -61,6 +62,8 @@ _NAME = re.compile(r"[A-Za-z0-9._-]{1,63}\Z")  # \Z: `$` would also end before a
 # `0d+zdr` is not a spelling: zero days with zero data retention is `none`, one per claim
 _TERMS = re.compile(r"(none|0d|[1-9][0-9]{0,5}d(\+zdr)?)(\+training)?\Z")
 _FACTS = ("region", "owner", "retention")
+# A CA bundle (Mozilla's is about 220 kB), a certificate chain or a key: far below this.
+_MAX_TLS_FILE = 4 * 1024 * 1024
 
 
 class TLSRejectedError(Exception):
@@ -225,6 +228,6 @@ def _no_passphrase() -> bytes:
 
 def _read(backend: str, key: str, path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        return read_small_file(path, _MAX_TLS_FILE)
     except OSError as exc:
         raise ValueError(f"backend {backend}: tls.{key} {path}: {exc.strerror}") from exc

@@ -79,6 +79,20 @@ def test_validation_reads_the_tls_files_relative_to_the_config(tmp_path: Path) -
     assert problem.startswith(f"backend gpu: tls.client_cert_file {tmp_path / 'c.pem'} and")
 
 
+def test_a_tls_file_that_is_huge_or_not_a_file_is_refused_unread(tmp_path: Path) -> None:
+    """`/dev/zero`, a FIFO or a multi-gigabyte file named by mistake (or by an admin API
+    candidate config) is refused before it is read, never read whole or waited on."""
+    with (tmp_path / "huge.pem").open("wb") as handle:
+        handle.truncate(64 * 1024 * 1024)  # sparse: no disk used
+    (tmp_path / "dir.pem").mkdir()
+    assert _problems(tmp_path, {"ca_file": "huge.pem"}) == [
+        f"backend gpu: tls.ca_file {tmp_path / 'huge.pem'}: larger than 4194304 bytes"
+    ]
+    assert _problems(tmp_path, {"ca_file": "dir.pem"}) == [
+        f"backend gpu: tls.ca_file {tmp_path / 'dir.pem'}: not a regular file"
+    ]
+
+
 @pytest.mark.parametrize(
     ("uris", "stated"),
     [
@@ -165,6 +179,37 @@ def test_backend_cert_issues_what_the_gateway_reads(
     assert facts_from_uris(sans.get_values_for_type(x509.UniformResourceIdentifier)).retention == (
         "30d+zdr"
     )
+
+
+def test_backend_cert_leaves_no_new_key_beside_a_certificate_already_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["backend", "cert", "ca", "--out", str(tmp_path)]) == 0
+    (tmp_path / "gpu.internal.pem").write_bytes(b"an older certificate\n")
+    signer = ["--ca-cert", str(tmp_path / "ca.pem"), "--ca-key", str(tmp_path / "ca-key.pem")]
+    argv = ["backend", "cert", "issue", *signer, "--name", "gpu.internal"]
+    assert main([*argv, "--out", str(tmp_path)]) == 1
+    assert "gpu.internal.pem: File exists" in capsys.readouterr().err
+    assert not (tmp_path / "gpu.internal-key.pem").exists()  # a retry elsewhere is not blocked
+    assert (tmp_path / "gpu.internal.pem").read_bytes() == b"an older certificate\n"
+
+
+def test_backend_cert_reads_a_ca_file_bounded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["backend", "cert", "ca", "--out", str(tmp_path)]) == 0
+    huge = tmp_path / "huge-key.pem"
+    with huge.open("wb") as handle:
+        handle.truncate(64 * 1024 * 1024)  # sparse: no disk used
+    signer = ["--ca-cert", str(tmp_path / "ca.pem"), "--ca-key", str(huge)]
+    argv = ["backend", "cert", "issue", *signer, "--name", "gpu.internal"]
+    assert main([*argv, "--out", str(tmp_path)]) == 1
+    assert f"cannot read the CA: {huge}: larger than" in capsys.readouterr().err
+    (tmp_path / "junk-key.pem").write_bytes(b"not a key\n")
+    signer[-1] = str(tmp_path / "junk-key.pem")
+    argv = ["backend", "cert", "issue", *signer, "--name", "gpu.internal"]
+    assert main([*argv, "--out", str(tmp_path)]) == 1
+    assert f"{tmp_path / 'junk-key.pem'}: not a usable CA" in capsys.readouterr().err
 
 
 def test_fact_uris_refuse_what_the_reader_would() -> None:

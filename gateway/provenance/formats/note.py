@@ -69,7 +69,10 @@ def _split_key(text: str, parts: int, what: str) -> list[str]:
 
 def _parse_id(hex_id: str, what: str) -> int:
     if len(hex_id) != 8 or any(c not in "0123456789abcdefABCDEF" for c in hex_id):
-        raise KeyFormatError(f"{what} key id {hex_id!r} is not 8 hex digits")
+        # A signer's is never quoted: in a damaged signer key this field can hold part
+        # of the secret (base64 has '+', the field separator).
+        shown = f" {hex_id!r}" if what == "verifier" else ""
+        raise KeyFormatError(f"{what} key id{shown} is not 8 hex digits")
     return int(hex_id, 16)
 
 

@@ -41,8 +41,8 @@ def preflight(
             load_signer(key_file)
         except OSError as exc:
             problems.append(f"signing key {key_file}: cannot read: {exc.strerror}")
-        except (ProvenanceError, UnicodeDecodeError) as exc:
-            problems.append(f"signing key {key_file}: {exc}")
+        except ProvenanceError as exc:  # names the file itself
+            problems.append(f"signing key {exc}")
     for vkey in witness_keys:
         try:
             CosignatureVerifier(vkey)

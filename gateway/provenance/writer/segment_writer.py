@@ -32,7 +32,10 @@ class SegmentWriter:
         self.valid_bytes = valid_bytes
         self._needs_truncate = False
         existed = path.exists()
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_DSYNC, 0o644)
+        # O_NOFOLLOW: a link planted at a segment's (predictable) name would have this
+        # truncate and overwrite its target, say the signing key; such an open fails.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_DSYNC | getattr(os, "O_NOFOLLOW", 0)
+        self._fd = os.open(path, flags, 0o644)
         try:
             if existed:
                 os.ftruncate(self._fd, valid_bytes)

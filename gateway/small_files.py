@@ -1,0 +1,39 @@
+"""Reading a small file an operator (or an admin API candidate config) names: bounded.
+
+A key, certificate or key-hash file is a regular file of at most a few megabytes. A FIFO
+named by mistake must not block the reader for ever waiting for a writer, and
+`/dev/zero` or a multi-gigabyte file must not be read whole into memory: both are refused
+with an `OSError` whose `strerror` says why, as an unreadable file's does.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+__all__ = ["read_small_file"]
+
+
+def read_small_file(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file at `path` (symlinks followed), at most `limit` of
+    them; OSError when it cannot be opened, is not a regular file or is larger."""
+    # O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:  # bounded: each read returns at least one byte or ends it
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+    return b"".join(chunks)
