@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -31,37 +32,58 @@ from tests.unit.test_body_writer import GET, _protocol
 from tests.unit.test_head_coalescing import _Transport
 
 ANSWER = b'{"id":"chatcmpl-1","choices":[]}'
+CHUNK = b'data: {"choices":[]}\n\n'
+
+Leave = Callable[[], None]
+Handler = Callable[[Exchange, Any, Leave], Awaitable[None]]
 
 
-def _answer(*, leave_first: bool) -> tuple[Exchange, bytes, Exchange | None]:
-    """Serve one whole answer; with `leave_first` the client's connection is lost just
-    before the answer is sent. The exchange and what the connection wrote."""
-    transport = _Transport()
-    seen: dict[str, Exchange] = {}
+def _serve(handle: Handler, transport: _Transport | None = None) -> None:
+    """Serve one GET through the listener's protocol: `handle(exchange, send, leave)`
+    answers it (`leave()` loses the client's connection there and then, in the answer's
+    loop turn; otherwise it is lost after the answer)."""
 
     async def scenario() -> None:
         protocol: Any = None
+        left: list[bool] = []
+
+        def leave() -> None:
+            left.append(True)
+            protocol.connection_lost(None)
 
         async def app(scope: Any, receive: Any, send: Any) -> None:
             exchange = Exchange(b"req_1", 0.0, "chat", writer=body_writer(scope))
             exchange.trail = Trail(Salts.generate(), "")
-            seen["exchange"] = exchange
-            relayed(exchange, ANSWER, whole=True)
-            if leave_first:
-                protocol.connection_lost(None)
-            try:
-                await send_whole(send, exchange, 200, ANSWER, b"application/json")
-            except asyncio.CancelledError:  # a client that left: the proxy absorbs it
-                seen["cancelled"] = exchange
+            await handle(exchange, send, leave)
 
         protocol = _protocol(app)
-        protocol.connection_made(transport)
+        protocol.connection_made(transport or _Transport())
         protocol.data_received(GET)
         await asyncio.gather(*protocol.tasks)
-        if not leave_first:
+        if not left:
             protocol.connection_lost(None)
 
     asyncio.run(scenario())
+
+
+def _answer(*, leave_first: bool) -> tuple[Exchange, bytes, Exchange | None]:
+    """Serve one whole answer; with `leave_first` the client's connection is lost just
+    before the answer is sent. The exchange, what the connection wrote, and the exchange
+    again if sending it was cancelled."""
+    transport = _Transport()
+    seen: dict[str, Exchange] = {}
+
+    async def handle(exchange: Exchange, send: Any, leave: Leave) -> None:
+        seen["exchange"] = exchange
+        relayed(exchange, ANSWER, whole=True)
+        if leave_first:
+            leave()
+        try:
+            await send_whole(send, exchange, 200, ANSWER, b"application/json")
+        except asyncio.CancelledError:  # a client that left: the proxy absorbs it
+            seen["cancelled"] = exchange
+
+    _serve(handle, transport)
     return seen["exchange"], b"".join(transport.writes), seen.get("cancelled")
 
 
@@ -95,44 +117,61 @@ class _Recorder:
         self.completed.append((status, error))
 
 
-def _recorded_answer(*, leave_first: bool) -> list[tuple[int, str | None]]:
-    """The completion records of one whole answer sent inside `Proxy._recorded_on` (the
-    bracket every attempt runs in); with `leave_first`, the client's connection is lost
-    just before the answer is sent."""
+def _recorded(
+    steps: Callable[[Exchange, Any, Leave], Awaitable[None]],
+) -> tuple[list[tuple[int, str | None]], int]:
+    """The completion records of one attempt whose `steps` run inside
+    `Proxy._recorded_on` (the bracket every attempt runs in), and the bytes its trail
+    committed to."""
     recorder = _Recorder()
     proxy = SimpleNamespace(
         recorder=recorder, _metrics=SimpleNamespace(dispatch_wait=SimpleNamespace(observe=id))
     )
+    sent: list[int] = []
 
-    async def scenario() -> None:
-        protocol: Any = None
+    async def handle(exchange: Exchange, send: Any, leave: Leave) -> None:
+        exchange.decision = cast("Decision", object())
+        backend = cast("BackendState", SimpleNamespace(id="b"))
+        with contextlib.suppress(asyncio.CancelledError):  # the proxy absorbs it (499)
+            await Proxy._recorded_on(
+                cast("Proxy", proxy), exchange, backend, lambda: steps(exchange, send, leave), None
+            )
+        assert exchange.trail is not None
+        sent.append(exchange.trail.sent_bytes)
 
-        async def app(scope: Any, receive: Any, send: Any) -> None:
-            exchange = Exchange(b"req_1", 0.0, "chat", writer=body_writer(scope))
-            exchange.trail = Trail(Salts.generate(), "")
-            exchange.decision = cast("Decision", object())
+    _serve(handle)
+    return recorder.completed, sent[0]
 
-            async def attempt() -> None:
-                exchange.status = 200
-                exchange.response_started = True
-                relayed(exchange, ANSWER, whole=True)
-                if leave_first:
-                    protocol.connection_lost(None)
-                await send_whole(send, exchange, 200, ANSWER, b"application/json")
 
-            backend = cast("BackendState", SimpleNamespace(id="b"))
-            with contextlib.suppress(asyncio.CancelledError):  # the proxy absorbs it (499)
-                await Proxy._recorded_on(cast("Proxy", proxy), exchange, backend, attempt, None)
+def _recorded_answer(*, leave_first: bool) -> list[tuple[int, str | None]]:
+    """The completion records of one whole answer; with `leave_first`, the client's
+    connection is lost just before the answer is sent."""
 
-        protocol = _protocol(app)
-        protocol.connection_made(_Transport())
-        protocol.data_received(GET)
-        await asyncio.gather(*protocol.tasks)
-        if not leave_first:
-            protocol.connection_lost(None)
+    async def steps(exchange: Exchange, send: Any, leave: Leave) -> None:
+        exchange.status = 200
+        exchange.response_started = True
+        relayed(exchange, ANSWER, whole=True)
+        if leave_first:
+            leave()
+        await send_whole(send, exchange, 200, ANSWER, b"application/json")
 
-    asyncio.run(scenario())
-    return recorder.completed
+    return _recorded(steps)[0]
+
+
+def _recorded_stream(*, leave_first: bool) -> tuple[list[tuple[int, str | None]], int]:
+    """The completion records of a relayed stream whose client's connection is lost (with
+    `leave_first`) after its first chunk went out and before its end, all in one loop
+    turn; and the bytes its trail committed to."""
+
+    async def steps(exchange: Exchange, send: Any, leave: Leave) -> None:
+        await start_stream(send, exchange, 200, b"text/event-stream")
+        await send_relayed(send, exchange, CHUNK)
+        if leave_first:
+            leave()
+        await send_relayed(send, exchange, CHUNK)
+        await end_stream(send, exchange)
+
+    return _recorded(steps)
 
 
 def test_the_record_of_a_whole_answer_that_went_out_says_its_status() -> None:
@@ -143,52 +182,6 @@ def test_the_record_of_a_whole_answer_dropped_for_a_client_that_left_says_499() 
     # The signed log must say what the client got: nothing, the client having left, not
     # a 200 whose response commitment is empty.
     assert _recorded_answer(leave_first=True) == [(499, "client closed the request")]
-
-
-def _recorded_stream(*, leave_first: bool) -> tuple[list[tuple[int, str | None]], int]:
-    """The completion records of a relayed stream whose client's connection is lost (with
-    `leave_first`) after its first chunk went out and before its end, all in one loop
-    turn; and the bytes its trail committed to."""
-    recorder = _Recorder()
-    proxy = SimpleNamespace(
-        recorder=recorder, _metrics=SimpleNamespace(dispatch_wait=SimpleNamespace(observe=id))
-    )
-    sent: list[int] = []
-
-    async def scenario() -> None:
-        protocol: Any = None
-
-        async def app(scope: Any, receive: Any, send: Any) -> None:
-            exchange = Exchange(b"req_1", 0.0, "chat", writer=body_writer(scope))
-            exchange.trail = Trail(Salts.generate(), "")
-            exchange.decision = cast("Decision", object())
-
-            async def attempt() -> None:
-                await start_stream(send, exchange, 200, b"text/event-stream")
-                await send_relayed(send, exchange, CHUNK)
-                if leave_first:
-                    protocol.connection_lost(None)
-                await send_relayed(send, exchange, CHUNK)
-                await end_stream(send, exchange)
-
-            backend = cast("BackendState", SimpleNamespace(id="b"))
-            with contextlib.suppress(asyncio.CancelledError):  # the proxy absorbs it (499)
-                await Proxy._recorded_on(cast("Proxy", proxy), exchange, backend, attempt, None)
-            assert exchange.trail is not None
-            sent.append(exchange.trail.sent_bytes)
-
-        protocol = _protocol(app)
-        protocol.connection_made(_Transport())
-        protocol.data_received(GET)
-        await asyncio.gather(*protocol.tasks)
-        if not leave_first:
-            protocol.connection_lost(None)
-
-    asyncio.run(scenario())
-    return recorder.completed, sent[0]
-
-
-CHUNK = b'data: {"choices":[]}\n\n'
 
 
 def test_the_record_of_a_stream_that_ended_says_its_status() -> None:
