@@ -18,7 +18,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-__all__ = ["Answer", "Post", "RawBackend", "sse_head"]
+__all__ = ["Answer", "Post", "RawBackend", "json_answer", "sse_head"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,19 @@ Answer = Callable[[asyncio.StreamWriter, Post], Awaitable[bool]]
 def sse_head(framing: bytes = b"connection: close\r\n") -> bytes:
     """Response headers of an SSE stream; `framing` as given (none: the close ends it)."""
     return b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n" + framing + b"\r\n"
+
+
+def json_answer(body: bytes) -> Answer:
+    """An answer that writes `body` whole as a 200 `application/json` response, with its
+    content-length, and then closes the connection."""
+
+    async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % len(body) + body)
+        await writer.drain()
+        return False
+
+    return answer
 
 
 class RawBackend:

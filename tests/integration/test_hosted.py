@@ -38,7 +38,7 @@ from gateway.upstream.litellm_runtime import load_litellm
 from tests.helpers.anthropic_mock import AnthropicMock
 from tests.helpers.gateways import LITELLM_WARNINGS, Gateway
 from tests.helpers.net import free_port
-from tests.helpers.raw_backend import Post, RawBackend
+from tests.helpers.raw_backend import Post, RawBackend, json_answer
 from tests.helpers.waiting import until
 
 T = TypeVar("T")
@@ -513,11 +513,7 @@ def test_an_error_object_in_a_200_answer_is_the_providers_not_repeated(
         {"error": {"message": text, "type": "invalid_request_error", "code": code}}
     )
 
-    async def refuse(writer: asyncio.StreamWriter, _post: Post) -> bool:
-        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-        writer.write(head % len(answer) + answer)
-        await writer.drain()
-        return False
+    refuse = json_answer(answer)
 
     raw = RawBackend(refuse).start()
     try:
@@ -823,11 +819,7 @@ def test_an_answer_of_an_odd_shape_puts_none_of_its_text_on_stderr() -> None:
     text = f"the answer is {CANARY} and more of the provider's words"
     answer = orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion", "choices": text})
 
-    async def odd(writer: asyncio.StreamWriter, _post: Post) -> bool:
-        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-        writer.write(head % len(answer) + answer)
-        await writer.drain()
-        return False
+    odd = json_answer(answer)
 
     raw = RawBackend(odd).start()
     try:

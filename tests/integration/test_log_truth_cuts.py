@@ -36,7 +36,7 @@ from tests.helpers.log_truth import (
     stream_receipt,
 )
 from tests.helpers.provenance import completion_record, run_audit
-from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
+from tests.helpers.raw_backend import Answer, Post, RawBackend, json_answer, sse_head
 from tests.helpers.waiting import until
 
 
@@ -106,11 +106,7 @@ def test_a_whole_answer_cut_before_it_went_out_is_not_recorded_as_sent(
 
     monkeypatch.setattr(Trail, "sealed_receipt", held)
 
-    async def whole(writer: asyncio.StreamWriter, _post: Post) -> bool:
-        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-        writer.write(head % len(answer) + answer)
-        await writer.drain()
-        return False
+    whole = json_answer(answer)
 
     raw = start_raw(whole)
     sidecar = start_sidecar(tmp_path / "sidecar", "gpu-a", raw.url) if attested else None
@@ -173,12 +169,8 @@ def test_a_whole_answer_whose_client_left_before_it_went_out_is_not_recorded_as_
 
     monkeypatch.setattr(Trail, "sealed_receipt", held)
 
-    async def whole(writer: asyncio.StreamWriter, _post: Post) -> bool:
-        answer = b'{"id":"c","choices":[]}'
-        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-        writer.write(head % len(answer) + answer)
-        await writer.drain()
-        return False
+    answer = b'{"id":"c","choices":[]}'
+    whole = json_answer(answer)
 
     raw = start_raw(whole)
     gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)

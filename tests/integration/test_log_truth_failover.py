@@ -38,7 +38,7 @@ from tests.helpers.log_truth import (
     stream_receipt,
 )
 from tests.helpers.provenance import completion_record, records
-from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
+from tests.helpers.raw_backend import Answer, Post, RawBackend, json_answer, sse_head
 from tests.helpers.waiting import until
 
 pytestmark = LITELLM_WARNINGS  # some of these tests stream from a hosted backend
@@ -295,12 +295,7 @@ def test_a_whole_hosted_answer_without_usage_is_not_recorded_or_sent_with_zero_u
             ],
         }
     ).encode()
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-
-    async def no_usage(writer: asyncio.StreamWriter, _post: Post) -> bool:
-        writer.write(head % len(answer) + answer)
-        await writer.drain()
-        return False
+    no_usage = json_answer(answer)
 
     raw = start_raw(no_usage)
     gateway = hosted_gateway(start_gateway, tmp_path, f"{raw.url}/v1", "m")
