@@ -7,13 +7,24 @@ come from `test_witness`.
 
 from __future__ import annotations
 
+import base64
+from pathlib import Path
+
 import pytest
 
-from gateway.provenance import Checkpoint, MalformedError
+from gateway.provenance import Checkpoint, MalformedError, verify_log
+from gateway.provenance.formats.cosignature import ALG_COSIGNATURE_V1, Cosignature
+from gateway.provenance.formats.layout import cosigned_path
+from gateway.provenance.formats.note import key_id
 from gateway.provenance.witness.witness import Witness
 from tests.integration.test_witness import (  # the fixtures are used by name
+    COSIGNER,
+    LOG_SIGNER,
+    NOW,
+    WITNESS_SIGNER,
     RealLog,
     _Refusal,
+    make_log,
     real_log,
     witness,
 )
@@ -39,3 +50,37 @@ def test_a_checkpoint_size_past_uint64_is_malformed() -> None:
         with pytest.raises(MalformedError, match="2\\^64"):
             Checkpoint.parse(f"example.com/log\n{size}\n{root}\n")
     assert Checkpoint.parse(f"example.com/log\n{2**64 - 1}\n{root}\n").size == 2**64 - 1
+
+
+# --- a log directory that counts one witness twice ---------------------------------------------
+
+
+def _renamed_vkey(name: str) -> str:
+    """The witness's public key published under another name (its key id follows)."""
+    key = bytes([ALG_COSIGNATURE_V1]) + WITNESS_SIGNER.public_key
+    return f"{name}+{key_id(name, key):08x}+{base64.b64encode(key).decode()}"
+
+
+def test_one_witness_key_under_two_names_is_not_a_quorum_of_two(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "log")
+    note, size = log.notes[3], log.sizes[3]
+    text = note.decode().split("\n\n")[0] + "\n"
+    honest = COSIGNER.cosign(text, NOW)
+    # The signed message names neither witness nor key id: the log's operator copies the
+    # one real cosignature under a second name given to the same key, and it verifies.
+    alias = _renamed_vkey("other.example/w2")
+    alias_id = int(alias.split("+")[1], 16)
+    copied = Cosignature("other.example/w2", alias_id, honest.timestamp, honest.signature)
+    path = cosigned_path(log.directory, size)
+    path.parent.mkdir()
+    path.write_bytes(note + honest.line().encode() + copied.line().encode())
+    trusted = [LOG_SIGNER.verifier()]
+    for keys in (
+        [COSIGNER.vkey, alias],  # two names, one key
+        [COSIGNER.vkey, COSIGNER.vkey],  # one key given twice
+        [COSIGNER.vkey, WITNESS_SIGNER.vkey],  # as 0x04 and as its plain 0x01 note key
+    ):
+        with pytest.raises(ValueError, match="same public key"):
+            verify_log(log.directory, trusted, witnesses=keys, min_witnesses=2, now=NOW)
+    summary = verify_log(log.directory, trusted, witnesses=[COSIGNER.vkey], now=NOW)
+    assert summary.witnesses is not None and summary.witnesses.witnessed_size == size
