@@ -7,6 +7,7 @@ come from `test_witness`.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from gateway.provenance import Checkpoint, MalformedError, verify_log
 from gateway.provenance.formats.cosignature import ALG_COSIGNATURE_V1, Cosignature
 from gateway.provenance.formats.layout import cosigned_path
 from gateway.provenance.formats.note import key_id
+from gateway.provenance.witness.client import MAX_RESPONSE, request_cosignature
 from gateway.provenance.witness.witness import Witness
 from tests.integration.test_witness import (  # the fixtures are used by name
     COSIGNER,
@@ -23,6 +25,7 @@ from tests.integration.test_witness import (  # the fixtures are used by name
     NOW,
     WITNESS_SIGNER,
     RealLog,
+    _answer_once,
     _Refusal,
     make_log,
     real_log,
@@ -84,3 +87,64 @@ def test_one_witness_key_under_two_names_is_not_a_quorum_of_two(tmp_path: Path) 
             verify_log(log.directory, trusted, witnesses=keys, min_witnesses=2, now=NOW)
     summary = verify_log(log.directory, trusted, witnesses=[COSIGNER.vkey], now=NOW)
     assert summary.witnesses is not None and summary.witnesses.witnessed_size == size
+
+
+# --- a hostile witness, as the gateway's client meets it ---------------------------------------
+
+
+def test_a_huge_chunk_is_refused_before_it_is_read(real_log: RealLog) -> None:
+    # readexactly(size) buffers all of it: a terabyte chunk header let a witness grow the
+    # gateway's memory for as long as the timeout allowed. The size is checked first.
+    reply = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffff\r\n" + b"a" * 1000
+
+    async def scenario() -> None:
+        server, url = await _answer_once(reply)
+        async with server:
+            with _Refusal("unavailable") as caught:
+                await request_cosignature(url, 0, [], real_log.notes[1], timeout=5)
+        assert f"larger than {MAX_RESPONSE} bytes" in str(caught.error)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    "head",
+    [b"-5", b"+a", b"0x10", b"1_0", b"f" * 17],
+    ids=["negative", "plus", "0x", "underscore", "17-digits"],
+)
+def test_chunk_sizes_are_plain_hex(real_log: RealLog, head: bytes) -> None:
+    reply = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + head + b"\r\nabc\r\n"
+
+    async def scenario() -> None:
+        server, url = await _answer_once(reply)
+        async with server:
+            with _Refusal("unavailable") as caught:
+                await request_cosignature(url, 0, [], real_log.notes[1], timeout=5)
+        assert "malformed chunk size" in str(caught.error)
+
+    asyncio.run(scenario())
+
+
+def test_an_answer_without_length_is_read_to_its_end(real_log: RealLog) -> None:
+    text = real_log.notes[1].decode().split("\n\n")[0] + "\n"
+    line = COSIGNER.cosign(text, NOW).line().encode()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (await reader.readline()) not in (b"\r\n", b""):
+            pass
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + line[:10])
+        await writer.drain()
+        # The rest comes later: a client that took the first read for the whole answer
+        # failed here (the wait only makes that old failure likely; the fix needs none).
+        await asyncio.sleep(0.05)
+        writer.write(line[10:])
+        await writer.drain()
+        writer.close()
+
+    async def scenario() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        async with server:
+            assert await request_cosignature(url, 0, [], real_log.notes[1], timeout=5) == line
+
+    asyncio.run(scenario())
