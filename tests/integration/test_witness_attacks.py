@@ -14,11 +14,16 @@ from pathlib import Path
 import pytest
 
 from gateway.provenance import Checkpoint, MalformedError, verify_log
-from gateway.provenance.formats.cosignature import ALG_COSIGNATURE_V1, Cosignature
+from gateway.provenance.formats.cosignature import (
+    ALG_COSIGNATURE_V1,
+    Cosignature,
+    attach_cosignatures,
+)
 from gateway.provenance.formats.layout import cosigned_path
 from gateway.provenance.formats.note import key_id
 from gateway.provenance.witness.client import MAX_RESPONSE, request_cosignature
 from gateway.provenance.witness.witness import Witness
+from gateway.provenance.writer.cosignature_collector import merge_cosigned
 from tests.integration.test_witness import (  # the fixtures are used by name
     COSIGNER,
     LOG_SIGNER,
@@ -148,3 +153,36 @@ def test_an_answer_without_length_is_read_to_its_end(real_log: RealLog) -> None:
             assert await request_cosignature(url, 0, [], real_log.notes[1], timeout=5) == line
 
     asyncio.run(scenario())
+
+
+# --- cosignatures piling up in cosigned/ ------------------------------------------------------
+
+
+def test_cosigning_one_size_again_and_again_keeps_the_log_auditable(tmp_path: Path) -> None:
+    # Each gateway restart asks every witness to cosign the newest checkpoint again and
+    # gets a line with a new timestamp. Merged as new lines, the file passed the 100
+    # signature lines a note may hold after enough restarts, and verify failed on it.
+    log = make_log(tmp_path / "log")
+    note, size = log.notes[3], log.sizes[3]
+    text = note.decode().split("\n\n")[0] + "\n"
+    path = cosigned_path(log.directory, size)
+    path.parent.mkdir()
+    stored = None
+    for restart in range(120):
+        answer = note + COSIGNER.cosign(text, NOW - 120 + restart).line().encode()
+        stored = merge_cosigned(note, stored, answer)
+    assert stored == note + COSIGNER.cosign(text, NOW - 1).line().encode()
+    path.write_bytes(stored)
+    summary = verify_log(log.directory, [LOG_SIGNER.verifier()], witnesses=[COSIGNER.vkey], now=NOW)
+    assert summary.witnesses is not None and summary.witnesses.witnessed_size == size
+    # An older answer arriving late does not replace the newer line.
+    late = note + COSIGNER.cosign(text, NOW - 500).line().encode()
+    assert merge_cosigned(note, stored, late) == stored
+
+
+def test_a_witness_answering_many_lines_adds_one(real_log: RealLog) -> None:
+    note = real_log.notes[2]
+    text = note.decode().split("\n\n")[0] + "\n"
+    answer = b"".join(COSIGNER.cosign(text, NOW - n).line().encode() for n in range(150))
+    cosigned = attach_cosignatures(note, answer, COSIGNER.vkey, now=NOW)
+    assert cosigned == note + COSIGNER.cosign(text, NOW).line().encode()

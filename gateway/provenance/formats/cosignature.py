@@ -269,11 +269,13 @@ def verify_cosignature(
 def attach_cosignatures(
     note: bytes, lines: bytes, witness: str | CosignatureVerifier, *, now: float
 ) -> bytes:
-    """`note` with the witness's verified cosignature lines from `lines` appended.
+    """`note` with the witness's newest verified cosignature line from `lines` appended.
 
     `lines` is a witness's add-checkpoint answer; lines by other keys are dropped (the
     spec tells clients to ignore them) and SignatureError is raised unless at least one
-    valid cosignature by `witness` is among them.
+    valid cosignature by `witness` is among them (every line by it must verify). Only the
+    newest is kept: a witness answering with many lines cannot fill the note past the
+    signature lines a reader accepts.
     """
     verifier = _as_verifier(witness)
     if not lines.endswith(b"\n"):
@@ -282,11 +284,18 @@ def attach_cosignatures(
         answer = lines.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise MalformedError("the witness answer is not valid UTF-8") from exc
-    kept: list[str] = []
+    text, _ = _split_note(note)
+    newest: Cosignature | None = None
     for line in answer[:-1].split("\n"):
         sig = _parse_signature_line(line)
-        if verifier.matches(sig.name, sig.key_id):
-            kept.append(line + "\n")
-    combined = note + "".join(kept).encode("utf-8")
-    verify_cosignature(combined, verifier, now=now)
+        if not verifier.matches(sig.name, sig.key_id):
+            continue
+        cosignature = Cosignature.from_note_signature(sig)
+        verifier.verify(text, cosignature)
+        if newest is None or cosignature.timestamp > newest.timestamp:
+            newest = cosignature
+    if newest is None:
+        raise SignatureError(f"the witness answer has no cosignature by witness {verifier}")
+    combined = note + newest.line().encode("utf-8")
+    verify_cosignature(combined, verifier, now=now)  # and not dated in the future
     return combined
