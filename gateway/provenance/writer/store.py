@@ -35,7 +35,15 @@ from gateway.provenance.errors import (
 )
 from gateway.provenance.files import fsync_directory, make_directories, write_files_atomically
 from gateway.provenance.formats.checkpoint import Checkpoint, sign_checkpoint
-from gateway.provenance.formats.layout import CHECKPOINT, LOCK, WAL, history_path, list_history
+from gateway.provenance.formats.layout import (
+    CHECKPOINT,
+    HISTORY,
+    LOCK,
+    WAL,
+    history_path,
+    list_cosigned,
+    list_history,
+)
 from gateway.provenance.formats.merkle import inclusion_proof
 from gateway.provenance.formats.note import Signer
 from gateway.provenance.formats.tiles import (
@@ -131,6 +139,7 @@ class LogStore:
         try:
             store._recover()
             store.checkpoint()
+            store._publish_latest()
             store.clean_up([], None)  # every segment is covered now, torn leftovers included
         except (ProvenanceError, OSError):
             store.close()
@@ -139,6 +148,7 @@ class LogStore:
 
     def _recover(self) -> None:
         history = list_history(self.directory)
+        signed = 0
         if history:
             size, path = history[-1]
             checkpoint = Checkpoint.parse(_note_text(path.read_bytes(), path))
@@ -148,9 +158,26 @@ class LogStore:
                 )
             if checkpoint.size != size:
                 raise LogCorruptedError(f"{path} holds a checkpoint of size {checkpoint.size}")
+            signed = size
+        _check_no_later_tree(self.directory, signed, has_history=bool(history))
+        if history:
             self._tree = _restore_tree(self.directory, checkpoint)
             self._latest = SignedNote(checkpoint, path.read_bytes())
         self._replay_segments()
+
+    def _publish_latest(self) -> None:
+        """Make the checkpoint file the newest signed checkpoint: a crash between writing
+        the history file and the checkpoint file left the older one there."""
+        latest = self._latest
+        if latest is None:
+            return
+        path = self.directory / CHECKPOINT
+        try:
+            if path.is_file() and path.read_bytes() == latest.note:
+                return
+            write_files_atomically([(path, latest.note)], root=self.directory)
+        except OSError as exc:
+            raise _unavailable("write a checkpoint to", exc) from exc
 
     def _replay_segments(self) -> None:
         segments = list_segments(self.directory / WAL)
@@ -326,6 +353,33 @@ def _note_text(data: bytes, path: Path) -> str:
     if split < 0:
         raise LogCorruptedError(f"{path} is not a signed note")
     return text[: split + 1]
+
+
+def _check_no_later_tree(directory: Path, signed: int, *, has_history: bool) -> None:
+    """Refuse to go on from size `signed` (the newest history file) when the directory shows
+    that the log signed more: a checkpoint file or a cosigned checkpoint of a larger size,
+    or, with no history at all, a checkpoint file or tiles. Appending would then sign a
+    tree that does not extend the one published. A crash never leaves this (history is
+    written before the checkpoint file and the cosignatures); lost files do."""
+    served: int | None = None
+    path = directory / CHECKPOINT
+    if path.exists():
+        served = Checkpoint.parse(_note_text(path.read_bytes(), path)).size
+    if not has_history and (served is not None or (directory / "tile").exists()):
+        raise LogCorruptedError(
+            f"{directory} holds a checkpoint file or tiles but no {HISTORY}/: the signed "
+            "history is missing; refusing to start a new tree over a published one"
+        )
+    cosigned = list_cosigned(directory)
+    for what, size in (
+        ("checkpoint", served),
+        ("cosigned/", cosigned[-1][0] if cosigned else None),
+    ):
+        if size is not None and size > signed:
+            raise LogCorruptedError(
+                f"{directory}: {what} holds a checkpoint of size {size}, but {HISTORY}/ "
+                f"ends at size {signed}: a signed checkpoint is missing; refusing to roll back"
+            )
 
 
 def _restore_tree(directory: Path, checkpoint: Checkpoint) -> TiledTree:
