@@ -12,7 +12,9 @@ import base64
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
+from gateway.config.provenance import ProvenanceSettings
 from gateway.provenance import Checkpoint, MalformedError, verify_log
 from gateway.provenance.formats.cosignature import (
     ALG_COSIGNATURE_V1,
@@ -186,3 +188,15 @@ def test_a_witness_answering_many_lines_adds_one(real_log: RealLog) -> None:
     answer = b"".join(COSIGNER.cosign(text, NOW - n).line().encode() for n in range(150))
     cosigned = attach_cosignatures(note, answer, COSIGNER.vkey, now=NOW)
     assert cosigned == note + COSIGNER.cosign(text, NOW).line().encode()
+
+
+def test_the_gateway_config_refuses_one_witness_listed_twice() -> None:
+    section = {"dir": "log", "origin": "gateway.example/log/1", "signing_key_file": "k"}
+    one = {"url": "http://127.0.0.1:7380", "vkey": COSIGNER.vkey}
+    for other in (
+        {"url": "http://127.0.0.1:7381", "vkey": _renamed_vkey("other.example/w2")},
+        {"url": "http://127.0.0.1:7381", "vkey": WITNESS_SIGNER.vkey},
+    ):
+        with pytest.raises(ValidationError, match="same public key"):
+            ProvenanceSettings.model_validate({**section, "witnesses": [one, other]})
+    assert len(ProvenanceSettings.model_validate({**section, "witnesses": [one]}).witnesses) == 1
