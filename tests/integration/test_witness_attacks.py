@@ -200,3 +200,31 @@ def test_the_gateway_config_refuses_one_witness_listed_twice() -> None:
         with pytest.raises(ValidationError, match="same public key"):
             ProvenanceSettings.model_validate({**section, "witnesses": [one, other]})
     assert len(ProvenanceSettings.model_validate({**section, "witnesses": [one]}).witnesses) == 1
+
+
+def test_numbers_in_a_witness_answer_are_bounded_and_plain(real_log: RealLog) -> None:
+    # A 409 body of 5000 digits made int() raise ValueError out of request_cosignature,
+    # which promises WitnessError.
+    line = COSIGNER.cosign(real_log.notes[1].decode().split("\n\n")[0] + "\n", NOW).line()
+    replies = [
+        (b"HTTP/1.1 409 Conflict\r\nContent-Length: 5001\r\n\r\n" + b"9" * 5000 + b"\n", None),
+        (b"HTTP/1.1 409 Conflict\r\nContent-Length: 4\r\n\r\n1_0\n", None),
+        (b"HTTP/1.1 409 Conflict\r\nContent-Length: 3\r\n\r\n10\n", 10),
+    ]
+
+    async def scenario() -> None:
+        for reply, known in replies:
+            server, url = await _answer_once(reply)
+            async with server:
+                with _Refusal("conflict") as caught:
+                    await request_cosignature(url, 0, [], real_log.notes[1], timeout=5)
+            assert caught.error is not None and caught.error.known_size == known
+        # A status line without a reason phrase is valid HTTP/1.1.
+        bare = f"HTTP/1.1 200\r\nContent-Length: {len(line.encode())}\r\n\r\n{line}"
+        server, url = await _answer_once(bare.encode())
+        async with server:
+            assert await request_cosignature(url, 0, [], real_log.notes[1], timeout=5) == (
+                line.encode()
+            )
+
+    asyncio.run(scenario())

@@ -34,6 +34,12 @@ _CODES: dict[int, WitnessCode] = {status: code for code, status in STATUS.items(
 Prover = Callable[[int, int], Awaitable[Sequence[bytes]]]
 
 
+def _is_number(text: str, digits: int) -> bool:
+    """ASCII decimal of at most `digits` digits: int() takes it, without surprises (it
+    also takes '٣', '1_0' and ' 7', and raises ValueError past 4300 digits)."""
+    return 0 < len(text) <= digits and text.isascii() and text.isdigit()
+
+
 async def _line(reader: asyncio.StreamReader) -> bytes:
     try:
         return await reader.readline()
@@ -43,8 +49,8 @@ async def _line(reader: asyncio.StreamReader) -> bytes:
 
 async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
     status_line = (await _line(reader)).decode("latin-1")
-    parts = status_line.split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+    parts = status_line.rstrip("\r\n").split(" ", 2)  # the reason phrase may be absent
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not _is_number(parts[1], 3):
         raise MalformedError(f"not an HTTP/1.x status line: {status_line.strip()[:80]!r}")
     headers: dict[str, str] = {}
     for _ in range(100):  # a witness answer has a handful of headers
@@ -83,11 +89,7 @@ async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> b
         return await _read_chunked(reader)
     length = headers.get("content-length")
     if length is not None:
-        if (
-            not (length.isascii() and length.isdigit())
-            or len(length) > 9
-            or int(length) > MAX_RESPONSE
-        ):
+        if not _is_number(length, 9) or int(length) > MAX_RESPONSE:
             raise MalformedError(f"witness answer has a bad or too large length {length[:40]!r}")
         return await reader.readexactly(int(length))
     body = bytearray()  # we sent Connection: close: the answer ends where the stream does
@@ -137,7 +139,7 @@ def _interpret(url: str, status: int, content: bytes) -> bytes:
         return content
     code = _CODES.get(status)
     if code == "conflict":
-        known = int(text) if text.isdecimal() else None
+        known = int(text) if _is_number(text, 20) else None  # a uint64
         raise WitnessError(
             "conflict", f"witness {url}: 409, it last cosigned size {text}", known_size=known
         )
