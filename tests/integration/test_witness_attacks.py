@@ -15,7 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.config.provenance import ProvenanceSettings
-from gateway.provenance import Checkpoint, MalformedError, verify_log
+from gateway.provenance import Checkpoint, MalformedError, sign_checkpoint, verify_log
 from gateway.provenance.formats.cosignature import (
     ALG_COSIGNATURE_V1,
     Cosignature,
@@ -23,13 +23,16 @@ from gateway.provenance.formats.cosignature import (
 )
 from gateway.provenance.formats.layout import cosigned_path
 from gateway.provenance.formats.note import key_id
+from gateway.provenance.testing import seeded_signer
 from gateway.provenance.witness.client import MAX_RESPONSE, request_cosignature
-from gateway.provenance.witness.witness import Witness
+from gateway.provenance.witness.state import TreeHead
+from gateway.provenance.witness.witness import AddCheckpoint, Witness
 from gateway.provenance.writer.cosignature_collector import merge_cosigned
 from tests.integration.test_witness import (  # the fixtures are used by name
     COSIGNER,
     LOG_SIGNER,
     NOW,
+    ORIGIN,
     WITNESS_SIGNER,
     RealLog,
     _answer_once,
@@ -52,6 +55,28 @@ def test_an_old_size_past_uint64_is_malformed_not_a_crash(
     with _Refusal("malformed"):
         witness.submit(b"old " + b"9" * 5000 + b"\n\n" + real_log.notes[1])
     assert witness.latest(real_log.checkpoint(1).origin) is None
+
+
+def test_padded_proofs_and_foreign_signatures_change_nothing(
+    witness: Witness, real_log: RealLog
+) -> None:
+    # Regression guard for the operator's cheap tricks; these held before this suite.
+    witness.add_checkpoint(0, [], real_log.notes[1])  # size 2
+    proof = real_log.proof(2, 10)
+    for padded in ([*proof, bytes(32)], [*proof, proof[-1]], [bytes(32), *proof]):
+        with _Refusal("inconsistent"):
+            witness.add_checkpoint(2, padded, real_log.notes[3])
+    for body in (  # CRLF line ends and a size with a leading zero are not the format
+        AddCheckpoint(2, tuple(proof), real_log.notes[3]).encode().replace(b"\n", b"\r\n", 1),
+        b"old 02\n\n" + real_log.notes[3],
+    ):
+        with _Refusal("malformed"):
+            witness.submit(body)
+    assert witness.latest(ORIGIN) == TreeHead(2, real_log.checkpoint(1).root)
+    # A second signature by a key the witness does not know is ignored, per the spec.
+    both = sign_checkpoint(real_log.checkpoint(3), [seeded_signer("x.example/k"), LOG_SIGNER])
+    witness.add_checkpoint(2, proof, both)
+    assert witness.latest(ORIGIN) == TreeHead(10, real_log.checkpoint(3).root)
 
 
 def test_a_checkpoint_size_past_uint64_is_malformed() -> None:
