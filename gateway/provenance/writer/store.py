@@ -27,33 +27,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.provenance.errors import (
-    LogCorruptedError,
-    LogUnavailableError,
-    MalformedError,
-    ProvenanceError,
-)
+from gateway.provenance.errors import LogCorruptedError, LogUnavailableError, ProvenanceError
 from gateway.provenance.files import fsync_directory, make_directories, write_files_atomically
 from gateway.provenance.formats.checkpoint import Checkpoint, sign_checkpoint
-from gateway.provenance.formats.layout import (
-    CHECKPOINT,
-    HISTORY,
-    LOCK,
-    WAL,
-    history_path,
-    list_cosigned,
-    list_history,
-)
+from gateway.provenance.formats.layout import CHECKPOINT, LOCK, WAL, history_path, list_history
 from gateway.provenance.formats.merkle import inclusion_proof
 from gateway.provenance.formats.note import Signer
-from gateway.provenance.formats.tiles import (
-    TILE_WIDTH,
-    TileReader,
-    entries_path,
-    tile_widths,
-)
+from gateway.provenance.formats.tiles import TileReader
 from gateway.provenance.formats.tree import TiledTree
 from gateway.provenance.formats.wal import list_segments, scan_segment, segment_path
+from gateway.provenance.writer.recovery import check_no_later_tree, note_text, restore_tree
 from gateway.provenance.writer.segment_writer import SegmentWriter
 
 __all__ = ["LogStore", "Recovery", "SignedNote", "Snapshot"]
@@ -151,7 +134,7 @@ class LogStore:
         signed = 0
         if history:
             size, path = history[-1]
-            checkpoint = Checkpoint.parse(_note_text(path.read_bytes(), path))
+            checkpoint = Checkpoint.parse(note_text(path.read_bytes(), path))
             if checkpoint.origin != self.origin:
                 raise LogCorruptedError(
                     f"{self.directory} holds the log {checkpoint.origin!r}, not {self.origin!r}"
@@ -159,9 +142,9 @@ class LogStore:
             if checkpoint.size != size:
                 raise LogCorruptedError(f"{path} holds a checkpoint of size {checkpoint.size}")
             signed = size
-        _check_no_later_tree(self.directory, signed, has_history=bool(history))
+        check_no_later_tree(self.directory, signed, has_history=bool(history))
         if history:
-            self._tree = _restore_tree(self.directory, checkpoint)
+            self._tree = restore_tree(self.directory, checkpoint)
             self._latest = SignedNote(checkpoint, path.read_bytes())
         self._replay_segments()
 
@@ -342,60 +325,3 @@ class LogStore:
             self._segment.close(cut=False)  # the last segment: recovery cuts a torn tail
             self._segment = None
         os.close(self._lock_fd)
-
-
-def _note_text(data: bytes, path: Path) -> str:
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise LogCorruptedError(f"{path} is not UTF-8") from exc
-    split = text.rfind("\n\n")
-    if split < 0:
-        raise LogCorruptedError(f"{path} is not a signed note")
-    return text[: split + 1]
-
-
-def _check_no_later_tree(directory: Path, signed: int, *, has_history: bool) -> None:
-    """Refuse to go on from size `signed` (the newest history file) when the directory shows
-    that the log signed more: a checkpoint file or a cosigned checkpoint of a larger size,
-    or, with no history at all, a checkpoint file or tiles. Appending would then sign a
-    tree that does not extend the one published. A crash never leaves this (history is
-    written before the checkpoint file and the cosignatures); lost files do."""
-    served: int | None = None
-    path = directory / CHECKPOINT
-    if path.exists():
-        served = Checkpoint.parse(_note_text(path.read_bytes(), path)).size
-    if not has_history and (served is not None or (directory / "tile").exists()):
-        raise LogCorruptedError(
-            f"{directory} holds a checkpoint file or tiles but no {HISTORY}/: the signed "
-            "history is missing; refusing to start a new tree over a published one"
-        )
-    cosigned = list_cosigned(directory)
-    for what, size in (
-        ("checkpoint", served),
-        ("cosigned/", cosigned[-1][0] if cosigned else None),
-    ):
-        if size is not None and size > signed:
-            raise LogCorruptedError(
-                f"{directory}: {what} holds a checkpoint of size {size}, but {HISTORY}/ "
-                f"ends at size {signed}: a signed checkpoint is missing; refusing to roll back"
-            )
-
-
-def _restore_tree(directory: Path, checkpoint: Checkpoint) -> TiledTree:
-    size = checkpoint.size
-    reader = TileReader(directory, size)
-    try:
-        tiles = {level: reader.tile(level, index) for level, index, _ in tile_widths(size)}
-        bundle = b""
-        if size % TILE_WIDTH:
-            name = entries_path(size // TILE_WIDTH, size % TILE_WIDTH)
-            bundle = (directory / name).read_bytes()
-        tree = TiledTree.restore(size, reader.node, tiles, bundle)
-    except (MalformedError, FileNotFoundError) as exc:
-        raise LogCorruptedError(f"cannot rebuild the tree at size {size}: {exc}") from exc
-    if tree.root() != checkpoint.root:
-        raise LogCorruptedError(f"tiles do not hash to the checkpoint root at size {size}")
-    if len(tree.bundle) != size % TILE_WIDTH:
-        raise LogCorruptedError(f"the partial entry bundle at size {size} has the wrong length")
-    return tree
