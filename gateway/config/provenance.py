@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 
 from gateway.config.base import _Strict
 from gateway.provenance.errors import KeyFormatError
-from gateway.provenance.formats.cosignature import CosignatureVerifier
+from gateway.provenance.formats.cosignature import CosignatureVerifier, distinct_witnesses
 
 __all__ = ["ProvenanceSettings", "WitnessSettings"]
 
@@ -71,3 +71,11 @@ class ProvenanceSettings(_Strict):
     witness_retry_max_s: float = Field(
         default=60.0, gt=0, description="longest wait between retries to a failing witness"
     )
+
+    @field_validator("witnesses")
+    @classmethod
+    def _distinct_witnesses(cls, value: tuple[WitnessSettings, ...]) -> tuple[WitnessSettings, ...]:
+        # One key listed twice would be asked twice, racing itself, and shown as two
+        # witnesses in the readiness detail and metrics.
+        distinct_witnesses([CosignatureVerifier(witness.vkey) for witness in value])
+        return value

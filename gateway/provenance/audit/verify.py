@@ -41,7 +41,7 @@ from gateway.provenance.errors import (
     SignatureError,
 )
 from gateway.provenance.formats.checkpoint import Checkpoint, SignedCheckpoint, open_checkpoint
-from gateway.provenance.formats.cosignature import CosignatureVerifier
+from gateway.provenance.formats.cosignature import CosignatureVerifier, distinct_witnesses
 from gateway.provenance.formats.merkle import (
     HASH_SIZE,
     consistency_proof,
@@ -284,7 +284,8 @@ def verify_log(
     """Verify a whole log directory; raises LogVerificationError naming the first problem.
 
     `witnesses` (cosignature verifier keys) also checks `cosigned/`: every line by one of
-    them must verify, and some checkpoint must carry `min_witnesses` of them. `now` (POSIX
+    them must verify, and some checkpoint must carry `min_witnesses` of them; two keys that
+    are one public key are a ValueError (one witness would count twice). `now` (POSIX
     seconds, default the clock) refuses cosignatures from the future.
     """
     if not verifiers:
@@ -292,6 +293,7 @@ def verify_log(
     witness_keys = [
         w if isinstance(w, CosignatureVerifier) else CosignatureVerifier(w) for w in witnesses
     ]
+    distinct_witnesses(witness_keys)
     if witness_keys and not 1 <= min_witnesses <= len(witness_keys):
         raise ValueError(f"min_witnesses must be 1..{len(witness_keys)} (the witness keys given)")
     try:

@@ -15,7 +15,11 @@ from gateway.provenance.errors import MalformedError
 from gateway.provenance.formats.merkle import HASH_SIZE
 from gateway.provenance.formats.note import Note, Signer, Verifier, open_note, sign_note
 
-__all__ = ["Checkpoint", "SignedCheckpoint", "open_checkpoint", "sign_checkpoint"]
+__all__ = ["MAX_TREE_SIZE", "Checkpoint", "SignedCheckpoint", "open_checkpoint", "sign_checkpoint"]
+
+#: tree sizes are uint64 (C2SP tlog-checkpoint); a longer decimal is refused before int(),
+#: which raises ValueError past 4300 digits.
+MAX_TREE_SIZE = 2**64 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,8 +34,8 @@ class Checkpoint:
             raise MalformedError("checkpoint origin must be one non-empty line")
         if self.origin.startswith("DSSEv1"):
             raise MalformedError("checkpoint origin must not start with DSSEv1 (receipt domain)")
-        if self.size < 0:
-            raise MalformedError("checkpoint size is negative")
+        if not 0 <= self.size <= MAX_TREE_SIZE:
+            raise MalformedError("checkpoint size is outside 0..2^64-1")
         if len(self.root) != HASH_SIZE:
             raise MalformedError("checkpoint root hash is not 32 bytes")
         for line in self.extensions:
@@ -51,6 +55,8 @@ class Checkpoint:
         origin, size_text, root_text, *extensions = lines[:-1]
         if not size_text.isdecimal() or not size_text.isascii():
             raise MalformedError(f"checkpoint size {size_text!r} is not a decimal number")
+        if len(size_text) > len(str(MAX_TREE_SIZE)):
+            raise MalformedError("checkpoint size is outside 0..2^64-1")
         if size_text != str(int(size_text)):
             raise MalformedError(f"checkpoint size {size_text!r} has leading zeroes")
         try:

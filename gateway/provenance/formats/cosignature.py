@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidSignature
@@ -46,6 +47,7 @@ __all__ = [
     "Cosigner",
     "attach_cosignatures",
     "cosigned_message",
+    "distinct_witnesses",
     "find_cosignature",
     "parse_cosignature_line",
     "verify_cosignature",
@@ -142,7 +144,7 @@ class CosignatureVerifier:
     key, whose key id is then recomputed for 0x04.
     """
 
-    __slots__ = ("_public", "key_id", "name", "vkey")
+    __slots__ = ("_public", "key_id", "name", "public_key", "vkey")
 
     def __init__(self, vkey: str) -> None:
         vkey = vkey.strip()
@@ -165,6 +167,9 @@ class CosignatureVerifier:
         self.key_id = key_id(name, bytes([ALG_COSIGNATURE_V1]) + key[1:])
         cosigning = base64.b64encode(bytes([ALG_COSIGNATURE_V1]) + key[1:]).decode()
         self.vkey = f"{name}+{self.key_id:08x}+{cosigning}"
+        # The signed message names neither the key nor the witness: a line by this key
+        # verifies under any name given to the same public key (see `distinct_witnesses`).
+        self.public_key = key[1:]
         self._public = Ed25519PublicKey.from_public_bytes(key[1:])
 
     def matches(self, name: str, key_id: int) -> bool:
@@ -183,6 +188,24 @@ class CosignatureVerifier:
 
     def __str__(self) -> str:
         return f"{self.name}+{self.key_id:08x}"
+
+
+def distinct_witnesses(witnesses: Sequence[CosignatureVerifier]) -> None:
+    """Raise ValueError when two of `witnesses` are one public key.
+
+    A quorum counts witnesses, and a cosignature/v1 signs neither the witness's name nor its
+    key id: whoever holds a cosigned note can copy a line under a second name given to the
+    same key, and it verifies. One key given twice (or once as 0x01, once as 0x04) would
+    likewise count twice.
+    """
+    seen: dict[bytes, CosignatureVerifier] = {}
+    for witness in witnesses:
+        first = seen.setdefault(witness.public_key, witness)
+        if first is not witness:
+            raise ValueError(
+                f"witness keys {first} and {witness} are the same public key: "
+                "one witness cannot count twice towards a quorum"
+            )
 
 
 def _as_verifier(witness: str | CosignatureVerifier) -> CosignatureVerifier:
@@ -246,11 +269,13 @@ def verify_cosignature(
 def attach_cosignatures(
     note: bytes, lines: bytes, witness: str | CosignatureVerifier, *, now: float
 ) -> bytes:
-    """`note` with the witness's verified cosignature lines from `lines` appended.
+    """`note` with the witness's newest verified cosignature line from `lines` appended.
 
     `lines` is a witness's add-checkpoint answer; lines by other keys are dropped (the
     spec tells clients to ignore them) and SignatureError is raised unless at least one
-    valid cosignature by `witness` is among them.
+    valid cosignature by `witness` is among them (every line by it must verify). Only the
+    newest is kept: a witness answering with many lines cannot fill the note past the
+    signature lines a reader accepts.
     """
     verifier = _as_verifier(witness)
     if not lines.endswith(b"\n"):
@@ -259,11 +284,18 @@ def attach_cosignatures(
         answer = lines.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise MalformedError("the witness answer is not valid UTF-8") from exc
-    kept: list[str] = []
+    text, _ = _split_note(note)
+    newest: Cosignature | None = None
     for line in answer[:-1].split("\n"):
         sig = _parse_signature_line(line)
-        if verifier.matches(sig.name, sig.key_id):
-            kept.append(line + "\n")
-    combined = note + "".join(kept).encode("utf-8")
-    verify_cosignature(combined, verifier, now=now)
+        if not verifier.matches(sig.name, sig.key_id):
+            continue
+        cosignature = Cosignature.from_note_signature(sig)
+        verifier.verify(text, cosignature)
+        if newest is None or cosignature.timestamp > newest.timestamp:
+            newest = cosignature
+    if newest is None:
+        raise SignatureError(f"the witness answer has no cosignature by witness {verifier}")
+    combined = note + newest.line().encode("utf-8")
+    verify_cosignature(combined, verifier, now=now)  # and not dated in the future
     return combined

@@ -28,9 +28,16 @@ from gateway.tls_options import client_context
 __all__ = ["MAX_RESPONSE", "Prover", "WitnessClient", "request_cosignature"]
 
 MAX_RESPONSE = 64 * 1024
+_HEX = b"0123456789abcdefABCDEF"
 _CODES: dict[int, WitnessCode] = {status: code for code, status in STATUS.items()}
 #: builds the consistency proof from the first size to the second (0 < first < second).
 Prover = Callable[[int, int], Awaitable[Sequence[bytes]]]
+
+
+def _is_number(text: str, digits: int) -> bool:
+    """ASCII decimal of at most `digits` digits: int() takes it, without surprises (it
+    also takes '٣', '1_0' and ' 7', and raises ValueError past 4300 digits)."""
+    return 0 < len(text) <= digits and text.isascii() and text.isdigit()
 
 
 async def _line(reader: asyncio.StreamReader) -> bytes:
@@ -42,9 +49,9 @@ async def _line(reader: asyncio.StreamReader) -> bytes:
 
 async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
     status_line = (await _line(reader)).decode("latin-1")
-    parts = status_line.split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-        raise MalformedError(f"not an HTTP/1.x status line: {status_line.strip()!r}")
+    parts = status_line.rstrip("\r\n").split(" ", 2)  # the reason phrase may be absent
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not _is_number(parts[1], 3):
+        raise MalformedError(f"not an HTTP/1.x status line: {status_line.strip()[:80]!r}")
     headers: dict[str, str] = {}
     for _ in range(100):  # a witness answer has a handful of headers
         line = (await _line(reader)).decode("latin-1")
@@ -55,19 +62,26 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]
     raise MalformedError("more than 100 response headers")
 
 
+def _too_large() -> MalformedError:
+    return MalformedError(f"witness answer is larger than {MAX_RESPONSE} bytes")
+
+
 async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
     body = bytearray()
-    while len(body) <= MAX_RESPONSE:  # bounded: each round adds a chunk or returns
+    while True:  # bounded: each round adds at least one byte (at most MAX_RESPONSE) or ends
         size_line = (await _line(reader)).split(b";")[0].strip()
-        try:
-            size = int(size_line, 16)
-        except ValueError as exc:
-            raise MalformedError("malformed chunk size in the witness answer") from exc
+        if not size_line or len(size_line) > 16 or size_line.strip(_HEX):
+            raise MalformedError("malformed chunk size in the witness answer")
+        size = int(size_line, 16)
         if size == 0:
             return bytes(body)
+        # Checked before reading: readexactly buffers all `size` bytes, so a chunk header
+        # of a terabyte from a hostile witness would grow the gateway's memory until the
+        # timeout.
+        if size > MAX_RESPONSE - len(body):
+            raise _too_large()
         body += await reader.readexactly(size)
         await reader.readexactly(2)  # the chunk's CRLF
-    raise MalformedError(f"witness answer is larger than {MAX_RESPONSE} bytes")
 
 
 async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
@@ -75,13 +89,16 @@ async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> b
         return await _read_chunked(reader)
     length = headers.get("content-length")
     if length is not None:
-        if not length.isdigit() or int(length) > MAX_RESPONSE:
-            raise MalformedError(f"witness answer has a bad or too large length {length!r}")
+        if not _is_number(length, 9) or int(length) > MAX_RESPONSE:
+            raise MalformedError(f"witness answer has a bad or too large length {length[:40]!r}")
         return await reader.readexactly(int(length))
-    body = await reader.read(MAX_RESPONSE + 1)  # we sent Connection: close
-    if len(body) > MAX_RESPONSE:
-        raise MalformedError(f"witness answer is larger than {MAX_RESPONSE} bytes")
-    return body
+    body = bytearray()  # we sent Connection: close: the answer ends where the stream does
+    while len(body) <= MAX_RESPONSE:  # bounded: each round adds at least one byte or ends
+        part = await reader.read(MAX_RESPONSE + 1 - len(body))
+        if not part:
+            return bytes(body)
+        body += part
+    raise _too_large()
 
 
 async def _exchange(url: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -122,7 +139,7 @@ def _interpret(url: str, status: int, content: bytes) -> bytes:
         return content
     code = _CODES.get(status)
     if code == "conflict":
-        known = int(text) if text.isdecimal() else None
+        known = int(text) if _is_number(text, 20) else None  # a uint64
         raise WitnessError(
             "conflict", f"witness {url}: 409, it last cosigned size {text}", known_size=known
         )

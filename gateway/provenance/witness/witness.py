@@ -32,7 +32,12 @@ from types import TracebackType
 from typing import Literal
 
 from gateway.provenance.errors import MalformedError, ProofError, ProvenanceError, SignatureError
-from gateway.provenance.formats.checkpoint import Checkpoint, SignedCheckpoint, open_checkpoint
+from gateway.provenance.formats.checkpoint import (
+    MAX_TREE_SIZE,
+    Checkpoint,
+    SignedCheckpoint,
+    open_checkpoint,
+)
 from gateway.provenance.formats.cosignature import Cosigner
 from gateway.provenance.formats.merkle import EMPTY_ROOT, HASH_SIZE, verify_consistency
 from gateway.provenance.formats.note import Verifier
@@ -47,7 +52,8 @@ __all__ = [
 ]
 
 MAX_PROOF_LINES = 63
-_OLD_LINE = re.compile(r"old (0|[1-9][0-9]*)\Z")
+# At most 20 digits: a uint64 (checked below), and never a number int() refuses.
+_OLD_LINE = re.compile(r"old (0|[1-9][0-9]{0,19})\Z")
 
 WitnessCode = Literal[
     "malformed", "untrusted", "unknown_log", "conflict", "inconsistent", "unavailable"
@@ -108,7 +114,10 @@ class AddCheckpoint:
             if len(item) != HASH_SIZE:
                 raise WitnessError("malformed", f"proof line {number} is not a 32-byte hash")
             proof.append(item)
-        return cls(int(match.group(1)), tuple(proof), note)
+        old_size = int(match.group(1))
+        if old_size > MAX_TREE_SIZE:
+            raise WitnessError("malformed", "old size is larger than 2^64-1")
+        return cls(old_size, tuple(proof), note)
 
 
 def _origin(note: bytes) -> str:

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from gateway.provenance.errors import ProvenanceError
+from gateway.provenance.errors import MalformedError, ProvenanceError
 from gateway.provenance.files import write_files_atomically
+from gateway.provenance.formats.cosignature import parse_cosignature_line
 from gateway.provenance.formats.layout import COSIGNED, cosigned_path, list_cosigned
 from gateway.provenance.witness.client import WitnessClient
 from gateway.provenance.writer.log import ProvenanceLog
@@ -46,18 +47,29 @@ __all__ = [
 
 
 def merge_cosigned(note: bytes, stored: bytes | None, cosigned: bytes) -> bytes:
-    """`note` with the witness lines of `stored` (an earlier file) and `cosigned`, once each.
+    """`note` with the witness lines of `stored` (an earlier file) and `cosigned`: the
+    newest cosignature of each witness key, in the order the witnesses first came.
 
-    Both are `note` with lines appended; a stored file for another note is replaced.
+    Both are `note` with lines appended; a stored file for another note is replaced. One
+    line per witness, however often it cosigned this size again (each gateway restart asks
+    once more): a note holds at most MAX_SIGNATURES signature lines, and past that an
+    auditor cannot read the file at all.
     """
-    lines: list[str] = []
+    newest: dict[tuple[str, int] | str, tuple[int, str]] = {}  # witness -> (time, line)
     for source in (stored, cosigned):
         if source is None or not source.startswith(note):
             continue
-        for line in source[len(note) :].decode("utf-8").splitlines(keepends=True):
-            if line not in lines:
-                lines.append(line)
-    return note + "".join(lines).encode("utf-8")
+        for line in source[len(note) :].decode("utf-8").splitlines():
+            try:
+                cosignature = parse_cosignature_line(line)
+            except MalformedError:
+                newest.setdefault(line, (0, line))  # not ours to judge: kept once, as it was
+                continue
+            key = (cosignature.name, cosignature.key_id)
+            if key not in newest or cosignature.timestamp > newest[key][0]:
+                newest[key] = (cosignature.timestamp, line)
+    lines = [line for _, line in newest.values()]
+    return note + "".join(f"{line}\n" for line in lines).encode("utf-8")
 
 
 class EventLog(Protocol):

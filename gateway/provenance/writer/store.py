@@ -27,25 +27,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.provenance.errors import (
-    LogCorruptedError,
-    LogUnavailableError,
-    MalformedError,
-    ProvenanceError,
-)
+from gateway.provenance.errors import LogCorruptedError, LogUnavailableError, ProvenanceError
 from gateway.provenance.files import fsync_directory, make_directories, write_files_atomically
 from gateway.provenance.formats.checkpoint import Checkpoint, sign_checkpoint
 from gateway.provenance.formats.layout import CHECKPOINT, LOCK, WAL, history_path, list_history
 from gateway.provenance.formats.merkle import inclusion_proof
 from gateway.provenance.formats.note import Signer
-from gateway.provenance.formats.tiles import (
-    TILE_WIDTH,
-    TileReader,
-    entries_path,
-    tile_widths,
-)
+from gateway.provenance.formats.tiles import TileReader
 from gateway.provenance.formats.tree import TiledTree
 from gateway.provenance.formats.wal import list_segments, scan_segment, segment_path
+from gateway.provenance.writer.recovery import check_no_later_tree, note_text, restore_tree
 from gateway.provenance.writer.segment_writer import SegmentWriter
 
 __all__ = ["LogStore", "Recovery", "SignedNote", "Snapshot"]
@@ -131,6 +122,7 @@ class LogStore:
         try:
             store._recover()
             store.checkpoint()
+            store._publish_latest()
             store.clean_up([], None)  # every segment is covered now, torn leftovers included
         except (ProvenanceError, OSError):
             store.close()
@@ -139,18 +131,36 @@ class LogStore:
 
     def _recover(self) -> None:
         history = list_history(self.directory)
+        signed = 0
         if history:
             size, path = history[-1]
-            checkpoint = Checkpoint.parse(_note_text(path.read_bytes(), path))
+            checkpoint = Checkpoint.parse(note_text(path.read_bytes(), path))
             if checkpoint.origin != self.origin:
                 raise LogCorruptedError(
                     f"{self.directory} holds the log {checkpoint.origin!r}, not {self.origin!r}"
                 )
             if checkpoint.size != size:
                 raise LogCorruptedError(f"{path} holds a checkpoint of size {checkpoint.size}")
-            self._tree = _restore_tree(self.directory, checkpoint)
+            signed = size
+        check_no_later_tree(self.directory, signed, has_history=bool(history))
+        if history:
+            self._tree = restore_tree(self.directory, checkpoint)
             self._latest = SignedNote(checkpoint, path.read_bytes())
         self._replay_segments()
+
+    def _publish_latest(self) -> None:
+        """Make the checkpoint file the newest signed checkpoint: a crash between writing
+        the history file and the checkpoint file left the older one there."""
+        latest = self._latest
+        if latest is None:
+            return
+        path = self.directory / CHECKPOINT
+        try:
+            if path.is_file() and path.read_bytes() == latest.note:
+                return
+            write_files_atomically([(path, latest.note)], root=self.directory)
+        except OSError as exc:
+            raise _unavailable("write a checkpoint to", exc) from exc
 
     def _replay_segments(self) -> None:
         segments = list_segments(self.directory / WAL)
@@ -315,33 +325,3 @@ class LogStore:
             self._segment.close(cut=False)  # the last segment: recovery cuts a torn tail
             self._segment = None
         os.close(self._lock_fd)
-
-
-def _note_text(data: bytes, path: Path) -> str:
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise LogCorruptedError(f"{path} is not UTF-8") from exc
-    split = text.rfind("\n\n")
-    if split < 0:
-        raise LogCorruptedError(f"{path} is not a signed note")
-    return text[: split + 1]
-
-
-def _restore_tree(directory: Path, checkpoint: Checkpoint) -> TiledTree:
-    size = checkpoint.size
-    reader = TileReader(directory, size)
-    try:
-        tiles = {level: reader.tile(level, index) for level, index, _ in tile_widths(size)}
-        bundle = b""
-        if size % TILE_WIDTH:
-            name = entries_path(size // TILE_WIDTH, size % TILE_WIDTH)
-            bundle = (directory / name).read_bytes()
-        tree = TiledTree.restore(size, reader.node, tiles, bundle)
-    except (MalformedError, FileNotFoundError) as exc:
-        raise LogCorruptedError(f"cannot rebuild the tree at size {size}: {exc}") from exc
-    if tree.root() != checkpoint.root:
-        raise LogCorruptedError(f"tiles do not hash to the checkpoint root at size {size}")
-    if len(tree.bundle) != size % TILE_WIDTH:
-        raise LogCorruptedError(f"the partial entry bundle at size {size} has the wrong length")
-    return tree

@@ -1,0 +1,76 @@
+"""What a reopened log rebuilds from its files, and what it refuses to go on from.
+
+`LogStore.open` takes the newest history checkpoint (`checkpoints/`), checks that nothing in
+the directory shows a larger signed tree (`check_no_later_tree`), and rebuilds the tree's
+right edge from the tiles, checking the root (`restore_tree`). Appending from less than
+the log published would sign a tree that does not extend it: a fork.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gateway.provenance.errors import LogCorruptedError, MalformedError
+from gateway.provenance.formats.checkpoint import Checkpoint
+from gateway.provenance.formats.layout import CHECKPOINT, HISTORY, list_cosigned
+from gateway.provenance.formats.tiles import TILE_WIDTH, TileReader, entries_path, tile_widths
+from gateway.provenance.formats.tree import TiledTree
+
+__all__ = ["check_no_later_tree", "note_text", "restore_tree"]
+
+
+def note_text(data: bytes, path: Path) -> str:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LogCorruptedError(f"{path} is not UTF-8") from exc
+    split = text.rfind("\n\n")
+    if split < 0:
+        raise LogCorruptedError(f"{path} is not a signed note")
+    return text[: split + 1]
+
+
+def check_no_later_tree(directory: Path, signed: int, *, has_history: bool) -> None:
+    """Refuse to go on from size `signed` (the newest history file) when the directory shows
+    that the log signed more: a checkpoint file or a cosigned checkpoint of a larger size,
+    or, with no history at all, a checkpoint file or tiles. Appending would then sign a
+    tree that does not extend the one published. A crash never leaves this (history is
+    written before the checkpoint file and the cosignatures); lost files do."""
+    served: int | None = None
+    path = directory / CHECKPOINT
+    if path.exists():
+        served = Checkpoint.parse(note_text(path.read_bytes(), path)).size
+    if not has_history and (served is not None or (directory / "tile").exists()):
+        raise LogCorruptedError(
+            f"{directory} holds a checkpoint file or tiles but no {HISTORY}/: the signed "
+            "history is missing; refusing to start a new tree over a published one"
+        )
+    cosigned = list_cosigned(directory)
+    for what, size in (
+        ("checkpoint", served),
+        ("cosigned/", cosigned[-1][0] if cosigned else None),
+    ):
+        if size is not None and size > signed:
+            raise LogCorruptedError(
+                f"{directory}: {what} holds a checkpoint of size {size}, but {HISTORY}/ "
+                f"ends at size {signed}: a signed checkpoint is missing; refusing to roll back"
+            )
+
+
+def restore_tree(directory: Path, checkpoint: Checkpoint) -> TiledTree:
+    size = checkpoint.size
+    reader = TileReader(directory, size)
+    try:
+        tiles = {level: reader.tile(level, index) for level, index, _ in tile_widths(size)}
+        bundle = b""
+        if size % TILE_WIDTH:
+            name = entries_path(size // TILE_WIDTH, size % TILE_WIDTH)
+            bundle = (directory / name).read_bytes()
+        tree = TiledTree.restore(size, reader.node, tiles, bundle)
+    except (MalformedError, FileNotFoundError) as exc:
+        raise LogCorruptedError(f"cannot rebuild the tree at size {size}: {exc}") from exc
+    if tree.root() != checkpoint.root:
+        raise LogCorruptedError(f"tiles do not hash to the checkpoint root at size {size}")
+    if len(tree.bundle) != size % TILE_WIDTH:
+        raise LogCorruptedError(f"the partial entry bundle at size {size} has the wrong length")
+    return tree
