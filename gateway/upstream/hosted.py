@@ -145,8 +145,9 @@ class HostedClient:
         first = next(iter(self._models.values()), "")
         self.provider = backend.provider or first.split("/", 1)[0] or "provider"
         self._api_base = backend.base_url
-        if backend.base_url is None:
-            check_base_url_environment(backend.id, self._models.values(), environ)
+        check_base_url_environment(
+            backend.id, self._models.values(), environ, has_base_url=backend.base_url is not None
+        )
         self._api_key = hosted_api_key(backend, environ)
         self._timeout_s = timeout_s
         self._response_timeout_s = response_timeout_s
