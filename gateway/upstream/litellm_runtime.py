@@ -23,7 +23,9 @@ What is switched off, and why (LiteLLM 1.108.7, read from its source):
   `redact_messages_in_exceptions` (no prompt text in its logging payloads or exception
   messages); `disable_hf_tokenizer_download` (token counting would otherwise download
   tokenizers from the Hugging Face Hub); `modify_params=False`,
-  `route_all_chat_openai_to_responses=False` (no environment-driven rewriting).
+  `route_all_chat_openai_to_responses=False` (no environment-driven rewriting);
+  `user_url_validation=True`, `user_url_allowed_hosts=[]` (LiteLLM's own refusal of
+  content-part URLs on non-public addresses stays on, behind gateway/upstream/media_urls.py).
 - Warnings: pydantic's serializer warnings are ignored. LiteLLM dumps a provider's answer
   through its pydantic models; one of an unexpected shape makes pydantic warn with the
   offending value (`input_value='...'`, the answer's text, cut in the middle) on stderr,
@@ -90,6 +92,10 @@ _SETTINGS: Final[dict[str, Any]] = {
     "modify_params": False,
     "drop_params": False,  # asked for per call, where the gateway means it
     "route_all_chat_openai_to_responses": False,
+    # Its guard on URLs an adapter downloads (image_url, ...): no private addresses, no
+    # host let through (gateway/upstream/media_urls.py checks them before LiteLLM does).
+    "user_url_validation": True,
+    "user_url_allowed_hosts": [],
 }
 
 
