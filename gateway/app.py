@@ -144,9 +144,9 @@ def _checked(
         if backend.kind == "hosted":
             try:
                 hosted_api_key(backend, environ)  # what HostedClient reads when it is built
-                if backend.base_url is None:
-                    models = [m.provider_model or "" for m in backend.models]
-                    check_base_url_environment(backend.id, models, environ)
+                models = [m.provider_model or "" for m in backend.models]
+                has_base_url = backend.base_url is not None
+                check_base_url_environment(backend.id, models, environ, has_base_url=has_base_url)
             except ValueError as exc:
                 problems.append(str(exc))
     policies: TrustPolicies | None = None

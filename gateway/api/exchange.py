@@ -64,6 +64,8 @@ class Exchange:
     policy: str = "-"  # "<id>@<version>"
     policy_digest: str = "-"
     fallback: str | None = None  # why a hosted backend served it: private_unavailable|saturated
+    # With `fallback`: each eligible private backend's state that allowed it (the plan's).
+    fallback_basis: tuple[tuple[str, str], ...] = ()
     decision: Decision | None = None
     trail: Trail | None = None  # provenance state, when the log is on
     span: RequestSpan | None = None  # its trace span, when tracing is on (gateway/tracing)
@@ -80,12 +82,17 @@ class Exchange:
 class TryNext(Exception):
     """This backend failed before the client saw a byte; the next candidate may serve.
 
-    `error` is what the client should see if no other candidate serves either."""
+    `error` is what the client should see if no other candidate serves either; `busy`:
+    the backend was up but had no room (a 429, the gateway's own connection limit), which
+    does not make a private backend unavailable for the fallback (gateway/routing/router.py)."""
 
-    def __init__(self, reason: str, error: GatewayError | None = None) -> None:
+    def __init__(
+        self, reason: str, error: GatewayError | None = None, *, busy: bool = False
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.error = error
+        self.busy = busy
 
 
 async def settle(exchange: Exchange) -> None:

@@ -85,7 +85,9 @@ class PrivateRelay:
                 self._log.warning("backend refused: TLS", backend=backend.id, reason=exc.detail)
             self._failed(exchange, backend, exc.kind)
             attempt.upstream_failed(exc.kind, exc.detail)
-            raise TryNext(f"{backend.id}: {exc.kind}", _timeout_error(exc)) from exc
+            raise TryNext(
+                f"{backend.id}: {exc.kind}", _timeout_error(exc), busy=exc.kind == "busy"
+            ) from exc
 
     async def attempt(
         self,
@@ -141,7 +143,9 @@ class PrivateRelay:
         except UpstreamError as exc:
             self._failed(exchange, backend, exc.kind)
             attempt.upstream_failed(exc.kind, exc.detail)
-            raise TryNext(f"{backend.id}: {exc.kind}", _timeout_error(exc)) from exc
+            raise TryNext(
+                f"{backend.id}: {exc.kind}", _timeout_error(exc), busy=exc.kind == "busy"
+            ) from exc
         if response.status >= 500:
             attempt.failed(f"HTTP {response.status}")
         else:
@@ -156,7 +160,9 @@ class PrivateRelay:
                 raise
             # Broke off before the client saw a byte: another backend may serve it.
             self._failed(exchange, backend, exc.kind)
-            raise TryNext(f"{backend.id}: {exc.kind}", _timeout_error(exc)) from exc
+            raise TryNext(
+                f"{backend.id}: {exc.kind}", _timeout_error(exc), busy=exc.kind == "busy"
+            ) from exc
         except GatewayError:
             attempt.succeeded()  # a 4xx, translated for the client: the backend is answering
             raise
@@ -232,7 +238,7 @@ class PrivateRelay:
             pool = backend.pool
             error = translate_upstream_error(status, data, (pool.host,) if pool else ())
             if status in _RETRYABLE:  # nothing reached the client: another backend may serve
-                raise TryNext(f"{backend.id}: HTTP {status}", error)
+                raise TryNext(f"{backend.id}: HTTP {status}", error, busy=status == 429)
             raise error
         if not sse:
             data = await self._read_whole(exchange, backend, response)

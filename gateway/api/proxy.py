@@ -39,7 +39,7 @@ from gateway.policy import Decision, PolicySet, UnknownDataClass
 from gateway.policy_set import TrustPolicies
 from gateway.provenance import Salts
 from gateway.routing.registry import BackendState, Registry, Route
-from gateway.routing.router import Attempt, Outcome, Router
+from gateway.routing.router import Attempt, Outcome, Plan, Router
 from gateway.routing.scraper import MetricsScraper
 from gateway.state import SharedState
 from gateway.tenants import TenantEntry
@@ -213,11 +213,11 @@ class Proxy:
             if withdrawn is not None:  # not dispatched: no record, the next one may serve
                 plan.report(attempt, Outcome.failed, withdrawn)
                 continue
-            outcome, reason, span = Outcome.ended, "", None
+            outcome, reason, busy, span = Outcome.ended, "", False, None
             try:
                 if traced is not None:  # tracing on: the attempt's span (gateway/tracing)
                     span = traced.attempt(attempt, exchange, plan.fallback)
-                exchange.fallback = plan.fallback
+                exchange.fallback, exchange.fallback_basis = plan.fallback, plan.basis
                 relay: Callable[[Connection | None], Awaitable[None]]
                 connect: Callable[[], Awaitable[Connection]] | None = None
                 if attempt.private:  # connected first: the dispatch record names its peer
@@ -233,9 +233,9 @@ class Proxy:
                     self._metrics.fallback(attempt.backend.id, exchange.fallback)
                 return
             except TryNext as exc:
-                last, outcome, reason = exc, Outcome.failed, exc.reason
+                last, outcome, reason, busy = exc, Outcome.failed, exc.reason, exc.busy
             finally:
-                plan.report(attempt, outcome, reason)
+                plan.report(attempt, outcome, reason, busy=busy)
                 if span is not None:
                     span.end(outcome, reason, exchange)
         exchange.fallback = plan.fallback
@@ -243,7 +243,7 @@ class Proxy:
             # Dispatched and failed: what the last attempt came to (its completion record
             # says the same), never a refusal.
             raise _attempt_error(last, model, plan.reasons)
-        raise _nothing_served(decision, model, plan.private, plan.hosted, plan.reasons)
+        raise _nothing_served(decision, model, plan)
 
     async def _recorded(
         self,
@@ -373,21 +373,21 @@ def _attempt_error(last: TryNext, model: str, failures: list[str]) -> GatewayErr
     )
 
 
-def _nothing_served(
-    decision: Decision, model: str, private: list[Route], hosted: list[Route], failures: list[str]
-) -> Refused:
+def _nothing_served(decision: Decision, model: str, plan: Plan) -> Refused:
     """Nothing was dispatched: no backend the policy admits was available, and its
-    fallback rule allows no hosted one (or none is configured)."""
-    details = "; ".join(failures)
-    if not private:
+    fallback rule allows no hosted one (or none is configured, or the fallback was
+    withheld: a private backend was not shown unavailable, e.g. the deadline passed)."""
+    details = "; ".join(plan.reasons)
+    if not plan.private:
         state = "no eligible private backend"
     else:
         state = f"private pool unavailable: {details}" if details else "private pool unavailable"
-    reason = (
-        f"{state}, fallback forbidden"
-        if decision.fallback == "never"
-        else f"{state}, no compliant hosted backend"
-    )
+    if decision.fallback == "never":
+        reason = f"{state}, fallback forbidden"
+    elif plan.withheld is not None:  # the details say why the hosted fallback was withheld
+        reason = f"private pool did not serve: {details}"
+    else:
+        reason = f"{state}, no compliant hosted backend"
     rule = decision.fallback_rule
     return Refused(
         ErrorCode.no_compliant_backend,

@@ -3,20 +3,33 @@
 Reads `GET /admin/status` with the admin token (`--token`, env OWNGATE_ADMIN_TOKEN; see
 gateway/api/admin.py). Exit codes: 0 the status was printed, 1 the gateway could not be
 reached or refused, 2 usage.
+
+The token goes to `--url` and nowhere else: redirects are not followed (urllib would
+resend the `Authorization` header to wherever one points) and no proxy from the
+environment is used. Over https the server's certificate is checked against the
+system's roots or `--cacert`, in a context hardened as every owngate client's
+(gateway/tls_options.py: TLS 1.2 or later, no renegotiation). The answer is read up to
+`MAX_STATUS_BYTES`; a longer one is refused, and an error answer's excerpt is printed
+with its control characters replaced.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import ssl
 import sys
 import urllib.error
 import urllib.request
 from typing import Any
 
 from gateway.cli._common import env_default
+from gateway.tls_options import harden
 
-__all__ = ["format_table", "register"]
+__all__ = ["MAX_STATUS_BYTES", "format_table", "register", "tls_context"]
+
+MAX_STATUS_BYTES = 8 * 1024 * 1024
+_EXCERPT_BYTES = 300
 
 _COLUMNS = (
     "BACKEND",
@@ -55,6 +68,12 @@ def register(subparsers: Any) -> None:
         "list); none: only a gateway with admin.allow_loopback answers",
     )
     parser.add_argument(
+        "--cacert",
+        default=env_default("OWNGATE_STATUS_CACERT", "") or None,
+        help="PEM file of the CA that signed the gateway's certificate, for an https --url "
+        "(env OWNGATE_STATUS_CACERT; default: the system's roots)",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         default=env_default("OWNGATE_STATUS_JSON", "") not in ("", "0"),
@@ -75,12 +94,22 @@ def _status(args: argparse.Namespace) -> int:
     if args.token:
         request.add_header("Authorization", f"Bearer {args.token}")
     try:
-        with urllib.request.urlopen(request, timeout=args.timeout) as response:  # noqa: S310
-            report = json.load(response)
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}),  # the token goes to --url, not to a proxy
+            urllib.request.HTTPSHandler(context=tls_context(args.cacert)),
+            _NoRedirects,
+        )
+        with opener.open(request, timeout=args.timeout) as response:
+            data = response.read(MAX_STATUS_BYTES + 1)
+        if len(data) > MAX_STATUS_BYTES:
+            raise ValueError(f"the answer is larger than {MAX_STATUS_BYTES} bytes")
+        report = json.loads(data)
     except urllib.error.HTTPError as exc:
-        detail = exc.read()[:300].decode("utf-8", "replace")
+        detail = _printable(exc.read(_EXCERPT_BYTES))
         exc.close()
-        print(f"owngate status: {url} answered HTTP {exc.code}: {detail}", file=sys.stderr)
+        redirect = " (redirects are not followed)" if 300 <= exc.code < 400 else ""
+        answered = f"{url} answered HTTP {exc.code}{redirect}"
+        print(f"owngate status: {answered}: {detail}", file=sys.stderr)
         return 1
     except (urllib.error.URLError, OSError, ValueError) as exc:
         print(f"owngate status: cannot read {url}: {exc}", file=sys.stderr)
@@ -90,6 +119,24 @@ def _status(args: argparse.Namespace) -> int:
     else:
         print(format_table(report))
     return 0
+
+
+def tls_context(cafile: str | None) -> ssl.SSLContext:
+    """The client context for an https gateway: `cafile`'s CA (or the system's roots),
+    the name checked, TLS 1.2 or later, no renegotiation."""
+    return harden(ssl.create_default_context(cafile=cafile))
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error: following it would send the admin token elsewhere."""
+
+    def redirect_request(self, *_args: Any, **_kwargs: Any) -> None:
+        return None
+
+
+def _printable(data: bytes) -> str:
+    text = data.decode("utf-8", "replace")
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def format_table(report: dict[str, Any]) -> str:

@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from gateway.config.base import Identifier, _Strict
 from gateway.config.routing import BreakerSettings
+from gateway.plain_names import plain_name_problem
 from gateway.provenance.errors import KeyFormatError
 from gateway.provenance.formats.note import Verifier
 
@@ -53,6 +54,16 @@ class ModelSettings(_Strict):
     provider_model: str | None = Field(
         default=None, description="LiteLLM model string for hosted backends, e.g. openai/gpt-4o"
     )
+
+    @field_validator("name", "aliases")
+    @classmethod
+    def _plain_names(cls, value: str | tuple[str, ...]) -> str | tuple[str, ...]:
+        # Policies match these names (`models.deny`): a look-alike letter escapes them.
+        for name in (value,) if isinstance(value, str) else value:
+            problem = plain_name_problem(name)
+            if problem is not None:
+                raise ValueError(f"{problem}; policies match this name as written")
+        return value
 
 
 _PIN = re.compile(r"^sha256//[A-Za-z0-9+/]{43}=$")
@@ -148,12 +159,11 @@ class BackendSettings(_Strict):
     @classmethod
     def _plain_fact(cls, value: str | None) -> str | None:
         # Policies match these facts by name: `region: "us-east-1 "` (or one with a
-        # zero-width space) would escape `residency.deny: [us]` unseen in a review.
-        if value is not None and (value != value.strip() or not value.isprintable()):
-            raise ValueError(
-                f"{value!r} has spaces at its ends or invisible/control characters; "
-                "policies match this name as written"
-            )
+        # zero-width space, or a Cyrillic look-alike letter) would escape
+        # `residency.deny: [us]` unseen in a review (gateway/plain_names.py).
+        problem = None if value is None else plain_name_problem(value)
+        if problem is not None:
+            raise ValueError(f"{problem}; policies match this name as written")
         return value
 
     @field_validator("base_url")

@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.plain_names import plain_name_problem
 from gateway.policy.types import FallbackMode
 
 __all__ = [
@@ -52,13 +53,12 @@ TenantId = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}
 
 
 def _pattern(value: str) -> str:
-    # A name or glob with spaces at its ends or an invisible character matches no backend:
-    # a deny entry written so would protect nothing, silently (`check` only warns).
-    if value != value.strip() or not value.isprintable():
-        raise ValueError(
-            f"{value!r} has spaces at its ends or invisible/control characters, so it would "
-            "match nothing; write the name or glob plainly"
-        )
+    # A name or glob with spaces at its ends, an invisible character or a look-alike
+    # letter (`gpt-4o` with a Cyrillic o) matches no backend: a deny entry written so
+    # would protect nothing, silently (`check` only warns). gateway/plain_names.py.
+    problem = plain_name_problem(value)
+    if problem is not None:
+        raise ValueError(f"{problem}, so it would match nothing; write it plainly")
     return value
 
 

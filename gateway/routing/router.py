@@ -6,10 +6,10 @@
    its hosted fallbacks in its order;
 2. the picker (gateway/routing/picker.py) orders the private ones (strategy, scorers);
 3. health (gateway/routing/filters/health.py) skips the ones that are down, noting why;
-4. the fallback mode of the decision: `never`; `when_private_unavailable`: hosted after
-   every private attempt failed or none was up; `when_private_saturated`: hosted first
-   too when every private backend up is over the policy's `saturation_threshold`
-   (waiting requests per slot, gateway/routing/load.py).
+4. the fallback mode of the decision: `never`; `when_private_unavailable`: hosted only
+   once every eligible private backend is unavailable for this request (see below);
+   `when_private_saturated`: hosted first too when every private backend up is over the
+   policy's `saturation_threshold` (waiting requests per slot, gateway/routing/load.py).
 5. When every private backend is over the pool's `routing.*.queue.threshold` and the
    policy allows no saturated fallback, the request waits in the pool's bounded queue
    (gateway/routing/saturation.py) before its first attempt, then the backends are
@@ -18,10 +18,20 @@
 The `Plan` then yields `Attempt`s in order: hosted first when saturated (at most 3);
 private, at most `routing.failover.max_attempts` and none once
 `routing.failover.deadline_s` from arrival has passed; hosted last when the fallback
-mode allows (at most 3). Each attempt counts as in flight on its backend from the
-moment it is yielded, with no await since the saturation check (so a burst cannot all
-see a backend idle while their dispatch records are written), and ends with one
-`Plan.report(attempt, outcome)`: it lets the backend's in-flight and prefill counts go,
+mode allows (at most 3) and every eligible private backend was unavailable for this
+request: down before the first attempt (health, breaker), or tried and failed (refused,
+broken or timed-out connection, a 5xx, its breaker open, no longer admitted after a
+reload). A private backend that was never tried (the attempts or the deadline ran out
+first) or that answered "busy" (a 429, the gateway's own connection limit) was not
+shown unavailable: the request is not sent to a hosted provider then (busy counts
+under `when_private_saturated`, whose policy accepts a saturated private tier), and the
+client gets the last attempt's error. `Plan.basis` says, for the dispatch record of a
+fallback, what state each eligible private backend was in (`FallbackBasis`).
+
+Each attempt counts as in flight on its backend from the moment it is yielded, with no
+await since the saturation check (so a burst cannot all see a backend idle while their
+dispatch records are written), and ends with one `Plan.report(attempt, outcome)`
+(`Attempt`: gateway/routing/attempt.py): it lets the backend's in-flight and prefill counts go,
 tells the breaker of a probe that ended with no verdict, remembers the prefix's backend
 when the attempt served, and lets one waiter of each pool the backend serves go. What
 the relay learns mid-attempt it tells the attempt (`admit`, `first_byte`, `answered`,
@@ -38,7 +48,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from gateway.config.schema import RoutingSettings
-from gateway.routing.breaker import Pass
+from gateway.routing.attempt import Attempt
 from gateway.routing.filters.health import available_routes
 from gateway.routing.filters.trust import eligible_hosted, eligible_private
 from gateway.routing.load import queue_per_slot
@@ -46,13 +56,12 @@ from gateway.routing.picker import LoadOf, Picker
 from gateway.routing.registry import BackendState, Registry, Route
 from gateway.routing.saturation import SaturationQueue
 from gateway.routing.scorers.affinity import prefix_span
-from gateway.routing.scorers.prefill import prefill_tokens
 from gateway.state import SharedState
 
 if TYPE_CHECKING:
     from gateway.policy import Decision
 
-__all__ = ["HOSTED_MAX_ATTEMPTS", "Attempt", "Outcome", "Plan", "Router"]
+__all__ = ["HOSTED_MAX_ATTEMPTS", "Attempt", "FallbackBasis", "Outcome", "Plan", "Router"]
 
 HOSTED_MAX_ATTEMPTS = 3  # per hosted pass (private: routing.failover.max_attempts)
 
@@ -63,6 +72,18 @@ class Outcome(enum.Enum):
     served = "served"  # the client got this backend's answer (or its error, relayed)
     failed = "failed"  # failed before the client saw a byte: the next attempt may serve
     ended = "ended"  # ended otherwise (the client left, the gateway shut down, an error)
+
+
+# What each eligible private backend came to, as a fallback's dispatch record states it:
+# (backend id, state), state one of "down" (skipped before any attempt), "failed" (tried
+# and failed), "busy" (tried, answered busy), "saturated" (up, over the threshold).
+FallbackBasis = tuple[tuple[str, str], ...]
+
+# The states that let `when_private_unavailable` (and `when_private_saturated`) fall back.
+_UNAVAILABLE = {
+    "when_private_unavailable": frozenset({"down", "failed"}),
+    "when_private_saturated": frozenset({"down", "failed", "busy"}),
+}
 
 
 class Router:
@@ -143,6 +164,7 @@ class Router:
             prefix_bytes,
             hosted_first=hosted_first,
             hosted_last=fallback_allowed and not saturated,
+            mode=mode,
         )
 
     def score(self, model: str, backend: BackendState) -> float:
@@ -192,11 +214,17 @@ class Plan:
     serve it. `private` and `hosted` are the eligible backends (`private` ordered, down
     ones included); `fallback` says why a hosted backend is tried (`private_saturated`,
     `private_unavailable`; None for a private attempt or once the saturated fallback
-    failed) and is current at each attempt and once the plan is spent."""
+    failed) and is current at each attempt and once the plan is spent; `basis` is the
+    state of each eligible private backend that allowed it, and `withheld` why a hosted
+    fallback the policy allows was not used (a private backend was not shown
+    unavailable)."""
 
     __slots__ = (
+        "_mode",
         "_router",
+        "_states",
         "_up",
+        "basis",
         "deadline",
         "fallback",
         "hosted",
@@ -206,6 +234,7 @@ class Plan:
         "prefix_bytes",
         "private",
         "reasons",
+        "withheld",
     )
 
     def __init__(
@@ -221,8 +250,17 @@ class Plan:
         *,
         hosted_first: bool,
         hosted_last: bool,
+        mode: str,
     ) -> None:
         self._router = router
+        self._mode = mode
+        up_ids = {route.backend.id for route in up}
+        # Per eligible private backend: what it came to so far (absent: not tried yet).
+        self._states: dict[str, str] = {
+            route.backend.id: "down" for route in private if route.backend.id not in up_ids
+        }
+        self.basis: FallbackBasis = ()
+        self.withheld: str | None = None
         self.private = private
         self._up = up  # the private ones up, in the order to try them
         self.hosted = hosted
@@ -237,8 +275,9 @@ class Plan:
     def __iter__(self) -> Iterator[Attempt]:
         if self.hosted_first:
             self.fallback = "private_saturated"
+            self.basis = self._basis("saturated")
             yield from self._hosted()
-            self.fallback = None
+            self.fallback, self.basis = None, ()
         router = self._router
         picker = router.picker
         for route in self._up[: router._failover.max_attempts]:
@@ -249,8 +288,32 @@ class Plan:
             holds = picker.holds(self.prefix, route.backend.id)
             yield self._attempt(route, self.prefix_bytes if holds else 0, private=True)
         if self.hosted_last:
+            withheld = self._not_unavailable()
+            if withheld:
+                self.withheld = f"hosted fallback withheld: {withheld}"
+                self.reasons.append(self.withheld)
+                return
             self.fallback = "private_unavailable"
+            self.basis = self._basis("failed")  # each one is down, failed or busy by now
             yield from self._hosted()
+
+    def _not_unavailable(self) -> str:
+        """The eligible private backends not shown unavailable to this request, and why;
+        "" when every one was (the fallback mode then allows hosted)."""
+        allowed = _UNAVAILABLE.get(self._mode, frozenset())
+        states = self._states
+        left = [
+            f"{r.backend.id} {states.get(r.backend.id, 'not tried')}"
+            for r in self.private
+            if states.get(r.backend.id) not in allowed
+        ]
+        return ", ".join(left)
+
+    def _basis(self, default: str) -> FallbackBasis:
+        """Each eligible private backend's state, in the plan's order (`default` for one
+        not yet tried)."""
+        states = self._states
+        return tuple((r.backend.id, states.get(r.backend.id, default)) for r in self.private)
 
     def _hosted(self) -> Iterator[Attempt]:
         for route in self.hosted[:HOSTED_MAX_ATTEMPTS]:
@@ -262,120 +325,18 @@ class Plan:
         router._enter(route.backend)  # in flight from now: see the module docstring
         return attempt
 
-    def report(self, attempt: Attempt, outcome: Outcome, reason: str = "") -> None:
-        """`attempt` is over (call it once, however it ended; `reason`: why it failed)."""
+    def report(
+        self, attempt: Attempt, outcome: Outcome, reason: str = "", *, busy: bool = False
+    ) -> None:
+        """`attempt` is over (call it once, however it ended; `reason`: why it failed,
+        `busy`: the backend was up but had no room, a 429 or the gateway's own
+        connection limit, which does not make a private backend unavailable)."""
         if outcome is Outcome.failed:
             self.reasons.append(reason)
+            if attempt.private:
+                self._states[attempt.backend.id] = "busy" if busy else "failed"
         attempt.end()
         router = self._router
         if outcome is Outcome.served and attempt.private:
             router.picker.served(self.prefix, attempt.backend.id)
         router._leave(attempt.backend)
-
-
-class Attempt:
-    """One backend's try at a request. The relay tells routing through it what happened
-    mid-attempt; the plan's `report` ends it.
-
-    Breaker rules: a private attempt is `admit`ted by the backend's breaker (a half-open
-    breaker admits one probe) and judged at most once: a 5xx at the headers, a failure
-    before or during the answer, or how the answer ended (`succeeded`, `failed`). A
-    failure that was not the backend's is not charged (`upstream_failed`: `busy`, this
-    gateway's own connection limit; a timeout that the failover deadline cut short). A
-    verdict from before the breaker's last change (its epoch) is only noted; a probe
-    that ends with no verdict hands the probe on."""
-
-    __slots__ = (
-        "_clipped",
-        "_clock",
-        "_epoch",
-        "_judged",
-        "_prefilling",
-        "_probe",
-        "backend",
-        "cached_bytes",
-        "deadline",
-        "private",
-        "route",
-    )
-
-    def __init__(
-        self,
-        route: Route,
-        cached_bytes: int,
-        deadline: float,
-        clock: Callable[[], float],
-        private: bool,
-    ) -> None:
-        self.route = route
-        self.backend = route.backend
-        self.cached_bytes = cached_bytes  # of the prompt, what its prefix cache should hold
-        self.deadline = deadline
-        self.private = private
-        self._clock = clock
-        self._epoch = 0
-        self._probe = False
-        self._judged = False  # whether the breaker heard how this attempt went
-        self._clipped = False  # its first-byte wait was cut short by the deadline
-        self._prefilling = 0  # prompt tokens it added to its backend's prefill count
-
-    def admit(self) -> bool:
-        """Whether the backend's breaker lets this attempt send."""
-        breaker = self.backend.breaker
-        grant = breaker.begin(self._clock())
-        if grant is None:
-            return False
-        self._probe = grant is Pass.probe
-        self._epoch = breaker.epoch  # handed back with the verdict
-        return True
-
-    def first_byte_wait(self, budget: float) -> float:
-        """How long to wait for the first byte: the backend's `budget`, cut to what the
-        request's failover deadline leaves (possibly <= 0)."""
-        left = self.deadline - time.perf_counter()
-        if left < budget:
-            self._clipped = True
-            return left
-        return budget
-
-    def sending(self, body_bytes: int) -> None:
-        """The request (`body_bytes` long) goes out: count its prefill at the backend."""
-        self._prefilling = prefill_tokens(body_bytes, self.cached_bytes)
-        self.backend.prefilling += self._prefilling
-
-    def first_byte(self) -> None:
-        """The backend's first byte (or a whole answer): its prefill is over."""
-        self.backend.prefilling -= self._prefilling
-        self._prefilling = 0
-
-    def answered(self) -> None:
-        """The backend answered (headers below 500, a stream chunk): alive, whatever its
-        `/health` says (gateway/routing/health.py)."""
-        self.backend.answered += 1
-
-    def succeeded(self) -> None:
-        """The verdict: a real answer."""
-        if not self._judged:
-            self._judged = True
-            self.backend.breaker.succeeded()
-
-    def failed(self, reason: str, *, at_once: bool = False) -> None:
-        """The verdict: the backend failed (a 5xx, broke off, hung; `at_once`: its
-        certificate was refused, which opens the breaker without waiting for more)."""
-        if not self._judged:
-            self._judged = True
-            self.backend.breaker.failed(self._clock(), reason, self._epoch, at_once=at_once)
-
-    def upstream_failed(self, kind: str, detail: str) -> None:
-        """The exchange with the backend failed (`UpstreamError`'s kind and detail):
-        the verdict, unless the failure was not the backend's."""
-        if kind == "busy" or (kind == "timeout" and self._clipped):
-            return
-        self.failed(f"{kind}: {detail}", at_once=kind == "tls")
-
-    def end(self) -> None:
-        """The attempt is over: a probe with no verdict hands the probe on; what is left
-        of its prefill count goes."""
-        if self._probe and not self._judged:
-            self.backend.breaker.abandoned(self._epoch)
-        self.first_byte()

@@ -32,6 +32,7 @@ from gateway.upstream.litellm_runtime import (
     aload_litellm,
     check_base_url_environment,
 )
+from gateway.upstream.media_urls import Resolver, check_media_urls, system_resolver
 from gateway.upstream.openai_wire import Endpoint
 
 __all__ = [
@@ -135,9 +136,11 @@ class HostedClient:
         environ: Mapping[str, str],
         timeout_s: float,
         response_timeout_s: float | None = None,
+        resolve: Resolver = system_resolver,
     ) -> None:
         """`timeout_s` bounds each wait on the provider (LiteLLM's `timeout`);
-        `response_timeout_s` a whole (non-stream) answer, however steadily it arrives."""
+        `response_timeout_s` a whole (non-stream) answer, however steadily it arrives;
+        `resolve` looks up the hosts of URLs in content parts (gateway/upstream/media_urls.py)."""
         if backend.kind != "hosted":
             raise ValueError(f"backend {backend.id!r} is {backend.kind}, not hosted")
         self.backend_id = backend.id
@@ -145,10 +148,12 @@ class HostedClient:
         first = next(iter(self._models.values()), "")
         self.provider = backend.provider or first.split("/", 1)[0] or "provider"
         self._api_base = backend.base_url
-        if backend.base_url is None:
-            check_base_url_environment(backend.id, self._models.values(), environ)
+        check_base_url_environment(
+            backend.id, self._models.values(), environ, has_base_url=backend.base_url is not None
+        )
         self._api_key = hosted_api_key(backend, environ)
         self._timeout_s = timeout_s
+        self._resolve = resolve
         self._response_timeout_s = response_timeout_s
         self._text_client: tuple[asyncio.AbstractEventLoop, Any] | None = None
 
@@ -164,6 +169,9 @@ class HostedClient:
             raise ValueError(f"backend {self.backend_id!r} does not serve {upstream_model!r}")
         try:
             params, ignored = openai_wire.request_params(endpoint, doc)
+            if endpoint == "chat":  # URLs an adapter would fetch from here
+                provider = provider_model.split("/", 1)[0] if "/" in provider_model else ""
+                await check_media_urls(params, provider or self.provider, self._resolve)
         except openai_wire.InvalidField as exc:
             message = f"the request is not valid for {self.provider} (not sent): {exc}"
             raise HostedError("status", message, status=400, param=exc.param) from None

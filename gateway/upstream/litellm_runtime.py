@@ -23,7 +23,9 @@ What is switched off, and why (LiteLLM 1.108.7, read from its source):
   `redact_messages_in_exceptions` (no prompt text in its logging payloads or exception
   messages); `disable_hf_tokenizer_download` (token counting would otherwise download
   tokenizers from the Hugging Face Hub); `modify_params=False`,
-  `route_all_chat_openai_to_responses=False` (no environment-driven rewriting).
+  `route_all_chat_openai_to_responses=False` (no environment-driven rewriting);
+  `user_url_validation=True`, `user_url_allowed_hosts=[]` (LiteLLM's own refusal of
+  content-part URLs on non-public addresses stays on, behind gateway/upstream/media_urls.py).
 - Warnings: pydantic's serializer warnings are ignored. LiteLLM dumps a provider's answer
   through its pydantic models; one of an unexpected shape makes pydantic warn with the
   offending value (`input_value='...'`, the answer's text, cut in the middle) on stderr,
@@ -35,15 +37,9 @@ What is switched off, and why (LiteLLM 1.108.7, read from its source):
 
 These values are forced, not defaulted: an operator's `LITELLM_LOG=DEBUG` would log prompts.
 
-Where a hosted backend has no `base_url`, LiteLLM (and the OpenAI SDK under it) takes the
-provider's URL from the environment (`OPENAI_BASE_URL`, `OPENAI_API_BASE`,
-`ANTHROPIC_BASE_URL`, `ANTHROPIC_API_BASE`, `MISTRAL_API_BASE`, ...) and sends the
-backend's key there. `check_base_url_environment` refuses such a backend while one of
-those variables is set: where hosted traffic goes is the config's to say. A model named
-without a provider prefix (`gpt-4o`, `claude-sonnet-4-5`) is resolved by LiteLLM from its
-model lists, to OpenAI, Anthropic or another provider: every provider's variable counts
-for it. (Azure has no
-default URL: `AZURE_API_BASE` is how it is told, and stays allowed.)
+Where a hosted backend has no `base_url`, LiteLLM reads the provider's URL from the
+environment: `check_base_url_environment` (gateway/upstream/provider_environment.py,
+re-exported here) refuses a backend such a variable would redirect.
 """
 
 from __future__ import annotations
@@ -53,11 +49,11 @@ import functools
 import importlib
 import logging
 import os
-import re
 import warnings
-from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import Any, Final
+
+from gateway.upstream.provider_environment import check_base_url_environment
 
 __all__ = [
     "FORCED_ENVIRONMENT",
@@ -96,59 +92,11 @@ _SETTINGS: Final[dict[str, Any]] = {
     "modify_params": False,
     "drop_params": False,  # asked for per call, where the gateway means it
     "route_all_chat_openai_to_responses": False,
+    # Its guard on URLs an adapter downloads (image_url, ...): no private addresses, no
+    # host let through (gateway/upstream/media_urls.py checks them before LiteLLM does).
+    "user_url_validation": True,
+    "user_url_allowed_hosts": [],
 }
-
-
-# `<PROVIDER>_API_BASE`, `<PROVIDER>_BASE_URL`, `<PROVIDER>_API_BASE_URL`: LiteLLM's names
-# (`litellm/main.py`, `get_llm_provider_logic.py`) for a provider's URL.
-_BASE_URL_SUFFIX: Final = re.compile(r"_(?:API_BASE|BASE_URL|API_BASE_URL)$")
-# Providers without a default URL: their variable is how LiteLLM is told where to go
-# (`AZURE_API_BASE`, as deploy/gateway.example.yaml relies on), not an override.
-_NO_DEFAULT_URL: Final = ("AZURE",)
-# Variables LiteLLM reads under a shorter name than the provider prefix: `fireworks_ai/`
-# takes FIREWORKS_API_BASE, `vertex_ai/` VERTEXAI_API_BASE, `huggingface/` HF_API_BASE.
-_SHORT_NAMES: Final = {"HUGGINGFACE": ("HF",)}
-
-
-def _variable_names(prefix: str) -> set[str]:
-    """The provider names LiteLLM may read a URL variable of `prefix`'s provider under."""
-    names = {prefix, prefix.replace("_", ""), prefix.removesuffix("_AI")}
-    names.update(_SHORT_NAMES.get(prefix, ()))
-    return names
-
-
-def check_base_url_environment(
-    backend_id: str, provider_models: Iterable[str], environ: Mapping[str, str]
-) -> None:
-    """Raise ValueError when a hosted backend without `base_url` would be redirected by a
-    provider URL variable set in `environ` (call it only for such a backend). Providers
-    without a default URL (Azure) are left to their variable."""
-    providers: set[str] = set()
-    unprefixed = False  # LiteLLM infers the provider from its model lists (`claude-...`)
-    for model in provider_models:
-        prefix = model.split("/", 1)[0].upper().replace("-", "_") if "/" in model else ""
-        unprefixed = unprefixed or not prefix
-        if prefix and not prefix.startswith(_NO_DEFAULT_URL):
-            providers.update(_variable_names(prefix))
-        if "OPENAI" in prefix:  # OpenAI-style: OpenAI's names too
-            providers.add("OPENAI")
-    found = []
-    for name, value in environ.items():
-        upper = name.upper()
-        if not value or not _BASE_URL_SUFFIX.search(upper):
-            continue
-        provider = _BASE_URL_SUFFIX.sub("", upper)
-        # An unprefixed model may be any provider's (whichever list holds the name): every
-        # provider variable may redirect it, but Azure's, which it never resolves to.
-        if provider in providers or (unprefixed and not provider.startswith(_NO_DEFAULT_URL)):
-            found.append(name)
-    found.sort()
-    if found:
-        raise ValueError(
-            f"backend {backend_id!r}: environment variable {', '.join(found)} would redirect "
-            "this hosted backend (LiteLLM reads it when base_url is not set): set base_url "
-            "in the config, or unset the variable"
-        )
 
 
 def _drop_record(record: logging.LogRecord) -> bool:

@@ -558,6 +558,9 @@ def test_a_backend_serves_each_name_for_one_model_only(models: list[dict[str, An
         BackendSettings.model_validate(spec)
 
 
+_NOT_PLAIN = r"spaces at its ends|U\+[0-9A-F]{4} "
+
+
 @pytest.mark.parametrize(
     ("key", "value"),
     [
@@ -565,6 +568,9 @@ def test_a_backend_serves_each_name_for_one_model_only(models: list[dict[str, An
         ("region", "us-east-1\u200b"),
         ("owner", " openai"),
         ("provider", "openai\t"),
+        ("region", "\u0435u-west-1"),  # a Cyrillic e: escapes `residency.deny: [eu*]`
+        ("provider", "\u043epenai"),  # a Cyrillic o
+        ("owner", "acme\u2010corp"),  # U+2010 HYPHEN
     ],
 )
 def test_declared_facts_policies_match_are_plain_names(key: str, value: str) -> None:
@@ -577,8 +583,27 @@ def test_declared_facts_policies_match_are_plain_names(key: str, value: str) -> 
 
     spec = backend("gpu", "http://127.0.0.1:9", "m")
     spec[key] = value
-    with pytest.raises(ValidationError, match="spaces at its ends or invisible"):
+    with pytest.raises(ValidationError, match=_NOT_PLAIN):
         BackendSettings.model_validate(spec)
+
+
+@pytest.mark.parametrize("name", ["gpt-4\u043e", "llama\u200b", " m"])
+def test_model_names_policies_match_are_plain_names(name: str) -> None:
+    """`models.deny: [gpt-4o]` must match the configured model: a name with a look-alike
+    letter (or an alias so written) would escape it."""
+    from pydantic import ValidationError
+
+    from gateway.config.schema import BackendSettings
+    from tests.helpers.gateways import backend
+
+    for spec in (
+        backend("gpu", "http://127.0.0.1:9", name),
+        backend("gpu", "http://127.0.0.1:9", "m"),
+    ):
+        if name not in spec["models"][0]["name"]:
+            spec["models"][0]["aliases"] = [name]
+        with pytest.raises(ValidationError, match=_NOT_PLAIN):
+            BackendSettings.model_validate(spec)
 
 
 def test_gateway_yaml_facts_group_a_models_name_with_its_aliases() -> None:

@@ -142,7 +142,21 @@ def test_the_valid_policy_loads_clean() -> None:
         ),
         (
             ("  residency:\n", '  backends: {deny: ["\\u200bopenai"]}\n  residency:\n'),
-            "spec.backends.deny[0]: '\\u200bopenai' has spaces at its ends or invisible",
+            "spec.backends.deny[0]: '\\u200bopenai' has U+200B ZERO WIDTH SPACE at position 0",
+        ),
+        # A look-alike letter: `gpt-4o` with U+043E CYRILLIC SMALL LETTER O (this loaded,
+        # and never matched the model it was meant to deny).
+        (
+            ("  residency:\n", '  models: {deny: ["gpt-4\\u043e"]}\n  residency:\n'),
+            "p.yaml:7:19: spec.models.deny[0]: 'gpt-4\u043e' has U+043E CYRILLIC SMALL LETTER O",
+        ),
+        (
+            ("allow: [eu]", 'allow: ["\\u0435u"]'),
+            "spec.residency.allow[0]: '\u0435u' has U+0435 CYRILLIC SMALL LETTER IE at position 0",
+        ),
+        (
+            ("- backend: azure-eu", '- provider: "\\uff4fpenai"'),
+            "spec.fallback.to[0].provider: '\uff4fpenai' has U+FF4F FULLWIDTH LATIN SMALL",
         ),
         (("- backend: azure-eu", "- backend: 'azure-eu\t'"), "spec.fallback.to[0].backend"),
         (("allow: [eu]", "allow: [eu"), "p.yaml:9:12: not valid YAML: expected ',' or ']'"),

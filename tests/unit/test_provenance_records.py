@@ -127,6 +127,11 @@ def _dispatch(**change: Any) -> dict[str, object]:
         ({"fallback_reason": 1}, "fallback must be a string"),
         ({"trace": [("gpu", "admitted", "allow")]}, "trace steps must be TraceStep"),
         ({"backend": {"id": "gpu"}}, "backend must be a BackendRef"),
+        ({"fallback_basis": [("gpu", "failed")]}, "fallback_basis needs a fallback reason"),
+        (
+            {"fallback_reason": "private_unavailable", "fallback_basis": [("gpu", "slow")]},
+            "fallback_basis state must be one of",
+        ),
     ],
 )
 def test_dispatch_builder_refuses_what_the_schema_would(
@@ -134,6 +139,23 @@ def test_dispatch_builder_refuses_what_the_schema_would(
 ) -> None:
     with pytest.raises(RecordError, match=message):
         _dispatch(**change)
+
+
+def test_a_fallback_basis_is_part_of_the_record_and_checked_by_the_schema() -> None:
+    record = _dispatch(
+        fallback_reason="private_unavailable",
+        fallback_basis=[("gpu", "down"), ("gpu-2", "failed")],
+    )
+    assert record["fallback_basis"] == [
+        {"backend": "gpu", "state": "down"},
+        {"backend": "gpu-2", "state": "failed"},
+    ]
+    assert problem(record) is None
+    assert parse_record(canonical_json(record)).data == record
+    assert "fallback_basis" not in _dispatch()  # a record without it still reads
+    bad = copy.deepcopy(record)
+    bad["fallback_basis"][0]["state"] = "slow"  # type: ignore[index]
+    assert problem(bad) is not None
 
 
 def test_reference_types_check_themselves() -> None:

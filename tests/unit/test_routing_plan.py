@@ -47,12 +47,15 @@ def plan(r: Router, fallback: str, age_s: float = 0.0, threshold: float | None =
     return asyncio.run(r.plan("m", allowed, {}, time.perf_counter() - age_s))
 
 
-def fail_all(p: Plan) -> list[tuple[str, str | None]]:
-    """Every attempt fails: (backend, fallback reason) of each, in order."""
+def fail_all(p: Plan, busy: tuple[str, ...] = ()) -> list[tuple[str, str | None]]:
+    """Every attempt fails (those in `busy` with a 429, the others a 503): (backend,
+    fallback reason) of each, in order."""
     tried = []
     for attempt in p:
-        tried.append((attempt.backend.id, p.fallback))
-        p.report(attempt, Outcome.failed, f"{attempt.backend.id}: HTTP 503")
+        backend_id = attempt.backend.id
+        tried.append((backend_id, p.fallback))
+        status = 429 if backend_id in busy else 503
+        p.report(attempt, Outcome.failed, f"{backend_id}: HTTP {status}", busy=status == 429)
     return tried
 
 
@@ -115,11 +118,81 @@ def test_plan_order(
     assert [b.inflight for b in backends.values()] == [0] * 6  # every attempt let go
 
 
-def test_no_private_attempt_once_the_failover_deadline_passed() -> None:
+def test_no_attempt_once_the_failover_deadline_passed() -> None:
+    """The private backends are up, only the time ran out: they were not shown
+    unavailable, so the request does not go to a hosted provider either."""
     r, _ = router(failover={"deadline_s": 1.0})
     p = plan(r, "when_private_unavailable", age_s=2.0)
-    assert fail_all(p) == [("h0", U), ("h1", U), ("h2", U)]
-    assert p.reasons[0] == "failover deadline passed"
+    assert fail_all(p) == []
+    assert p.reasons == [
+        "failover deadline passed",
+        "hosted fallback withheld: b0 not tried, b1 not tried",
+    ]
+    assert (p.fallback, p.withheld) == (None, p.reasons[1])
+
+
+H3 = [("h0", U), ("h1", U), ("h2", U)]
+
+
+@pytest.mark.parametrize(
+    ("fallback", "routing", "down", "busy", "tried", "withheld", "basis"),
+    [
+        (  # max_attempts ran out while b1 was up and untried: no hosted fallback
+            "when_private_unavailable",
+            {"failover": {"max_attempts": 1}},
+            (),
+            (),
+            [("b0", None)],
+            "b1 not tried",
+            (),
+        ),
+        (  # b0 down, b1 failed: every eligible private backend was unavailable
+            "when_private_unavailable",
+            {"failover": {"max_attempts": 1}},
+            ("b0",),
+            (),
+            [("b1", None), *H3],
+            None,
+            (("b0", "down"), ("b1", "failed")),
+        ),
+        (  # a 429 is a busy backend, not an unavailable one
+            "when_private_unavailable",
+            {},
+            (),
+            ("b0",),
+            [("b0", None), ("b1", None)],
+            "b0 busy",
+            (),
+        ),
+        (  # ... which the saturated mode accepts
+            "when_private_saturated",
+            {},
+            (),
+            ("b0",),
+            [("b0", None), ("b1", None), *H3],
+            None,
+            (("b0", "busy"), ("b1", "failed")),
+        ),
+    ],
+)
+def test_hosted_fallback_only_once_every_private_backend_was_unavailable(
+    fallback: str,
+    routing: dict[str, Any],
+    down: tuple[str, ...],
+    busy: tuple[str, ...],
+    tried: list[tuple[str, str | None]],
+    withheld: str | None,
+    basis: tuple[tuple[str, str], ...],
+) -> None:
+    r, registry = router(**routing)
+    for backend_id in down:
+        registry.backends[backend_id].unhealthy_until = 1.0
+    threshold = 1.0 if fallback == "when_private_saturated" else None
+    p = plan(r, fallback, threshold=threshold)
+    assert fail_all(p, busy) == tried
+    assert p.withheld == (None if withheld is None else f"hosted fallback withheld: {withheld}")
+    assert p.basis == basis
+    assert [b.inflight for b in registry.backends.values()] == [0] * 6
 
 
 def test_an_attempt_counts_in_flight_until_reported() -> None:

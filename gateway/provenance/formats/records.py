@@ -27,7 +27,7 @@ from typing import Any, Literal
 from gateway.canonical import MAX_SAFE_INTEGER
 from gateway.provenance.errors import RecordError
 from gateway.provenance.formats.attestation import Attestation
-from gateway.provenance.formats.schema import SCHEMA_VERSION, problem
+from gateway.provenance.formats.schema import BASIS_STATES, SCHEMA_VERSION, problem
 from gateway.provenance.formats.upstream_ids import UpstreamIds
 
 _loads: Callable[[bytes], Any]
@@ -199,9 +199,12 @@ def dispatch_record(
     request_commitment: str,
     peer_spki: str | None = None,
     attested: bool = False,
+    fallback_basis: Sequence[tuple[str, str]] | None = None,
 ) -> dict[str, object]:
     """`peer_spki`: the key the backend presented on the connection that carried the
-    request (`sha256//` + base64), `attested`: its certificate stated the backend's facts."""
+    request (`sha256//` + base64), `attested`: its certificate stated the backend's facts;
+    `fallback_basis` (with `fallback_reason`): each eligible private backend's state
+    (`BASIS_STATES`) that allowed the fallback, as `fallback_basis` in the record."""
     _text(request_id, "request_id", empty=False)
     _text(tenant, "tenant")
     _text(model, "model")
@@ -209,6 +212,7 @@ def dispatch_record(
         raise RecordError("backend must be a BackendRef")
     if fallback_reason is not None:
         _text(fallback_reason, "fallback")
+    basis = None if fallback_basis is None else _basis(fallback_basis, fallback_reason)
     _hex64(request_commitment, "request_commitment")
     if peer_spki is not None and not _SPKI.match(peer_spki):
         raise RecordError(f"peer_spki must be sha256// and 44 base64 digits, not {peer_spki!r}")
@@ -229,7 +233,7 @@ def dispatch_record(
     }
     if peer_spki is not None:
         ref["peer"] = {"spki_sha256": peer_spki, "attested": attested}
-    return {
+    record: dict[str, object] = {
         "v": SCHEMA_VERSION,
         "type": "dispatch",
         "request_id": request_id,
@@ -242,6 +246,21 @@ def dispatch_record(
         "fallback": fallback_reason,
         "request_commitment": request_commitment,
     }
+    if basis is not None:
+        record["fallback_basis"] = basis
+    return record
+
+
+def _basis(basis: Sequence[tuple[str, str]], reason: str | None) -> list[object]:
+    if reason is None:
+        raise RecordError("fallback_basis needs a fallback reason")
+    states: list[object] = []
+    for backend, state in basis:
+        _text(backend, "fallback_basis backend", empty=False)
+        if state not in BASIS_STATES:
+            raise RecordError(f"fallback_basis state must be one of {sorted(BASIS_STATES)}")
+        states.append({"backend": backend, "state": state})
+    return states
 
 
 def completion_record(

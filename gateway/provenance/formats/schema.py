@@ -25,6 +25,7 @@ from gateway.canonical import MAX_SAFE_INTEGER
 from gateway.provenance.formats.attestation import FAILURES
 
 __all__ = [
+    "BASIS_STATES",
     "RECORD_SCHEMAS",
     "SCHEMA_VERSION",
     "ListOf",
@@ -35,6 +36,9 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
+# A fallback dispatch's `fallback_basis`: what each eligible private backend came to
+# (down before any attempt, tried and failed, tried and busy, up but saturated).
+BASIS_STATES = frozenset({"down", "failed", "busy", "saturated"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +93,8 @@ RECORD_SCHEMAS: dict[str, dict[str, object]] = {
             "peer": Omittable({"spki_sha256": _SPKI, "attested": bool}),
         },
         "fallback": Optional(str),
+        # With a fallback: each eligible private backend's state that allowed it.
+        "fallback_basis": Omittable(ListOf({"backend": _NONEMPTY, "state": BASIS_STATES})),
         "request_commitment": _HEX64,
     },
     "completion": {

@@ -1,0 +1,142 @@
+"""URLs in a hosted request's content parts: only those no gateway-side fetch can abuse.
+
+A chat message's non-text parts (`image_url`, `audio_url`, `video_url`, `file`,
+`document`, ...) may carry a URL. Some LiteLLM adapters download it from the gateway's
+host before calling the provider (Anthropic, Bedrock, Vertex/Gemini: through LiteLLM's
+`safe_get`, which refuses non-public addresses while `litellm.user_url_validation` is on,
+and owngate pins it on; GigaChat: a plain download, TLS unchecked, whose bytes are then
+uploaded to the provider). Others hand a `gs://` or `s3://` URL to the provider, which
+reads it with the gateway's own cloud credentials. A client could so make the gateway
+reach its own network (cloud metadata at 169.254.169.254, the admin listener on
+loopback, internal hosts) and ship what it read to a hosted provider.
+
+`check_media_urls` therefore admits, in a hosted request, only:
+- `data:` URLs (the content itself), anywhere;
+- `http(s)` URLs whose host is, or resolves only to, public addresses (Python's
+  `ip.is_global`, not multicast, and not the cloud fabric addresses LiteLLM also blocks),
+  except for providers whose adapter downloads without LiteLLM's guard (`gigachat`),
+  which get `data:` URLs only.
+Any other scheme (`file:`, `gs:`, `s3:`, `ftp:`) is refused. The client gets 400 naming
+the part (`messages[0].content[1]`), never the URL. Text parts are not looked at: a
+URL in prose is text. At most `MAX_URLS` URLs per request, each host resolved within
+`RESOLVE_TIMEOUT_S` (unresolvable: refused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import re
+import socket
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from gateway.upstream.openai_wire import InvalidField
+
+__all__ = ["MAX_URLS", "RESOLVE_TIMEOUT_S", "Resolver", "check_media_urls", "system_resolver"]
+
+MAX_URLS: Final = 64
+RESOLVE_TIMEOUT_S: Final = 5.0
+# Providers whose LiteLLM adapter downloads a URL without LiteLLM's address guard.
+_UNGUARDED: Final = frozenset({"gigachat"})
+_SCHEME: Final = re.compile(r"\s*([A-Za-z][A-Za-z0-9+.\-]*):")
+# Public by `is_global`, yet reachable only from inside a cloud (as LiteLLM's list).
+_FABRIC: Final = (
+    ipaddress.ip_network("168.63.129.16/32"),  # Azure Wire Server
+    ipaddress.ip_network("192.0.0.0/24"),
+)
+_MAX_DEPTH: Final = 6
+
+# host, port -> the addresses it resolves to
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    """The addresses `host` resolves to, as the OS resolver says."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
+
+
+async def check_media_urls(
+    params: dict[str, Any], provider: str, resolve: Resolver = system_resolver
+) -> None:
+    """Raise `InvalidField` for a URL in `params["messages"]` (LiteLLM arguments) that
+    `provider`'s adapter, or the provider with the gateway's credentials, must not fetch."""
+    found = list(_urls(params.get("messages")))
+    if len(found) > MAX_URLS:
+        raise InvalidField("messages", f"content parts with at most {MAX_URLS} URLs")
+    guarded = provider.lower() not in _UNGUARDED
+    for where, url in found:
+        match = _SCHEME.match(url)
+        scheme = match.group(1).lower() if match else ""
+        if scheme == "data":
+            continue
+        if not guarded:
+            raise InvalidField(where, f"a `data:` URL (the {provider} adapter downloads URLs)")
+        if scheme not in ("http", "https") or not await _public(url, scheme, resolve):
+            raise InvalidField(
+                where,
+                "a `data:` URL or an http(s) URL whose host resolves only to public "
+                "addresses (a hosted provider would have it fetched from the gateway)",
+            )
+
+
+def _urls(messages: Any) -> Iterator[tuple[str, str]]:
+    """(where, value) of each string with a URL scheme in a non-text content part."""
+    if not isinstance(messages, list):
+        return
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") not in ("text", None):
+                yield from _strings(f"messages[{i}].content[{j}]", part, 0)
+
+
+def _strings(where: str, value: Any, depth: int) -> Iterator[tuple[str, str]]:
+    if isinstance(value, str):
+        if _SCHEME.match(value):
+            yield where, value
+    elif depth >= _MAX_DEPTH:
+        raise InvalidField(where, f"nested at most {_MAX_DEPTH} deep")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if key != "type":
+                yield from _strings(where, item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(where, item, depth + 1)
+
+
+async def _public(url: str, scheme: str, resolve: Resolver) -> bool:
+    """Whether `url`'s host is, or resolves only to, public addresses."""
+    try:
+        parts = urlsplit(url.strip())
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return False
+    if not host:
+        return False
+    try:
+        addresses = [str(ipaddress.ip_address(host))]
+    except ValueError:
+        try:
+            async with asyncio.timeout(RESOLVE_TIMEOUT_S):
+                addresses = await resolve(host, port or (443 if scheme == "https" else 80))
+        except (OSError, TimeoutError, UnicodeError):
+            return False
+    return bool(addresses) and all(_is_public(a) for a in addresses)
+
+
+def _is_public(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if not ip.is_global or ip.is_multicast:
+        return False
+    return not any(ip in net for net in _FABRIC)

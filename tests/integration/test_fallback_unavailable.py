@@ -1,0 +1,159 @@
+"""`when_private_unavailable` over real sockets: a hosted provider gets the request only
+once every eligible private backend was unavailable for it, and the fallback's dispatch
+record says what each came to (docs/policies.md, "What unavailable means").
+
+Private backends are scripted raw backends (their `/health` answers 200, so they are up);
+the hosted one is a simulator reached through LiteLLM, so nothing leaves loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers.gateways import (
+    EU_ZERO,
+    LITELLM_WARNINGS,
+    Gateway,
+    Sim,
+    backend,
+    hosted_backend,
+    logged_gateway,
+    served,
+)
+from tests.helpers.log_truth import CHAT, ORIGIN
+from tests.helpers.provenance import records
+from tests.helpers.raw_backend import Answer, Post, RawBackend
+from tests.helpers.waiting import until
+
+pytestmark = LITELLM_WARNINGS
+
+POLICY = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: eu, version: "1"}
+spec:
+  tenants: [acme]
+  residency: {allow: [eu]}
+  retention: {max_days: zero}
+  fallback:
+    mode: when_private_unavailable
+    to: [{backend: hosted}]
+"""
+
+
+def status_answer(status: bytes) -> Answer:
+    """Every completion gets `status` with an OpenAI error body."""
+    body = b'{"error": {"message": "no", "type": "x", "param": null, "code": null}}'
+
+    async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        head = b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % (status, len(body)) + body)
+        await writer.drain()
+        return False
+
+    return answer
+
+
+Start = Callable[..., tuple[Gateway, Sim, list[RawBackend]]]
+
+
+@pytest.fixture
+def setup(
+    start_raw: Callable[[Answer], RawBackend],
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> Start:
+    """(gateway, hosted sim, private raw backends a and b), round robin (a first)."""
+
+    def build(a: Answer, b: Answer, **routing: Any) -> tuple[Gateway, Sim, list[RawBackend]]:
+        raws = [start_raw(a), start_raw(b)]
+        hosted = start_sim("vllm", models=("m",), zero_latency=True)
+        policies = tmp_path / "policies"
+        policies.mkdir()
+        (policies / "policy.yaml").write_text(POLICY)
+        backends = [
+            backend("a", raws[0].url, "m", **EU_ZERO),
+            backend("b", raws[1].url, "m", **EU_ZERO),
+            hosted_backend("hosted", f"{hosted.url}/v1", "m"),
+        ]
+        gateway = logged_gateway(
+            start_gateway,
+            tmp_path,
+            backends,
+            ORIGIN,
+            policy={"paths": [str(policies)]},
+            routing={"default": {"strategy": "round_robin"}, **routing},
+            environ={"HOSTED_KEY": "k"},
+        )
+        return gateway, hosted, raws
+
+    return build
+
+
+def post(gateway: Gateway) -> httpx.Response:
+    url = f"{gateway.url}/v1/chat/completions"
+    return httpx.post(url, json=CHAT, headers=gateway.headers, timeout=30)
+
+
+def test_no_fallback_while_a_private_backend_was_never_tried(setup: Start) -> None:
+    """max_attempts 1: a fails, b is up and untried; the data stays in."""
+    gateway, hosted, raws = setup(
+        status_answer(b"503 Service Unavailable"),
+        status_answer(b"503 Service Unavailable"),
+        failover={"max_attempts": 1},
+    )
+    response = post(gateway)
+    assert response.status_code == 503, response.text
+    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+    assert served(hosted) == 0
+    assert [len(raw.posts) for raw in raws] == [1, 0]
+
+
+def test_a_busy_private_backend_is_not_unavailable(setup: Start) -> None:
+    """Both private backends answer 429: saturation, which this mode does not accept."""
+    busy = status_answer(b"429 Too Many Requests")
+    gateway, hosted, raws = setup(busy, busy)
+    response = post(gateway)
+    assert response.status_code == 503, response.text  # a private 429 reads as overloaded
+    assert response.json()["error"]["code"] == "backend_unavailable"
+    assert served(hosted) == 0
+    assert [len(raw.posts) for raw in raws] == [1, 1]
+
+
+def test_the_fallback_record_says_what_each_private_backend_came_to(
+    setup: Start, tmp_path: Path
+) -> None:
+    failing = status_answer(b"503 Service Unavailable")
+    gateway, hosted, _ = setup(failing, failing)
+    response = post(gateway)
+    assert response.status_code == 200, response.text
+    assert served(hosted) == 1
+    request_id = response.headers["x-request-id"]
+    found: list[dict[str, Any]] = []
+
+    def logged() -> bool:
+        found[:] = [
+            r
+            for r in records(tmp_path / "log")
+            if r["request_id"] == request_id and r["type"] == "dispatch"
+        ]
+        return len(found) == 3
+
+    until(logged, "the three dispatch records signed")
+    assert [(r["backend"]["id"], r["fallback"]) for r in found] == [
+        ("a", None),
+        ("b", None),
+        ("hosted", "private_unavailable"),
+    ]
+    assert "fallback_basis" not in found[0] and "fallback_basis" not in found[1]
+    assert found[2]["fallback_basis"] == [
+        {"backend": "a", "state": "failed"},
+        {"backend": "b", "state": "failed"},
+    ]

@@ -1,0 +1,132 @@
+"""A content-part URL is not fetched from the gateway's network on a hosted call.
+
+LiteLLM's GigaChat adapter downloads an `image_url` itself (no address guard, TLS
+unchecked) and uploads the bytes to the provider: a client could so read a loopback or
+internal service through the gateway. A loopback server stands for both the internal
+service (`/secret.png`) and the provider (`/files`, `/chat/completions`); it records
+every request. LiteLLM's own guard covers Anthropic: the gateway refuses first either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.config.schema import BackendSettings
+from gateway.upstream.hosted import HostedClient
+from gateway.upstream.hosted_errors import HostedError
+from tests.helpers.gateways import LITELLM_WARNINGS
+
+pytestmark = LITELLM_WARNINGS
+
+_ANSWER = orjson.dumps(
+    {
+        "id": "c1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "GigaChat",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+)
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    hits: list[str]
+
+    def do_GET(self) -> None:
+        self.hits.append(f"GET {self.path}")
+        self._answer(b"image/png", b"\x89PNG\r\n\x1a\nsecret")
+
+    def do_POST(self) -> None:
+        self.hits.append(f"POST {self.path}")
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        body = b'{"id": "file-1"}' if self.path.endswith("/files") else _ANSWER
+        self._answer(b"application/json", body)
+
+    def _answer(self, content_type: bytes, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("content-type", content_type.decode())
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: Any) -> None:
+        """Quiet."""
+
+
+@pytest.fixture
+def loopback() -> Iterator[tuple[str, list[str]]]:
+    hits: list[str] = []
+    handler = type("Handler", (_Recorder,), {"hits": hits})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", hits
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+def gigachat(url: str) -> HostedClient:
+    backend = BackendSettings.model_validate(
+        {
+            "id": "giga",
+            "kind": "hosted",
+            "provider": "gigachat",
+            "base_url": url,
+            "models": [{"name": "public", "provider_model": "gigachat/GigaChat"}],
+            "region": "eu",
+            "owner": "gigachat",
+            "api_key_env": "GIGA_KEY",
+        }
+    )
+    return HostedClient(backend, environ={"GIGA_KEY": "k"}, timeout_s=10.0)
+
+
+def chat(image_url: str) -> dict[str, Any]:
+    part = {"type": "image_url", "image_url": {"url": image_url}}
+    content = [{"type": "text", "text": "describe"}, part]
+    return {"model": "public", "messages": [{"role": "user", "content": content}]}
+
+
+def test_an_internal_url_is_refused_before_any_adapter_fetches_it(
+    loopback: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, hits = loopback
+    # LiteLLM reads GigaChat's token from the process environment: no OAuth round trip.
+    monkeypatch.setenv("GIGACHAT_ACCESS_TOKEN", "token")
+    client = gigachat(url)
+
+    async def send() -> None:
+        await client.send("chat", chat(f"{url}/secret.png"), "public")
+
+    with pytest.raises(HostedError) as refused:
+        asyncio.run(send())
+    assert refused.value.status == 400
+    assert refused.value.param == "messages[0].content[1]"
+    assert "secret.png" not in refused.value.message
+    assert hits == []  # neither the internal service nor the provider saw anything
+
+
+def test_a_data_url_still_reaches_the_provider(
+    loopback: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, hits = loopback
+    monkeypatch.setenv("GIGACHAT_ACCESS_TOKEN", "token")
+    client = gigachat(url)
+
+    async def send() -> int:
+        response = await client.send("chat", chat("data:image/png;base64,iVBORw0KGgo="), "public")
+        return len(response.body or b"")
+
+    assert asyncio.run(send()) > 0
+    assert [h.split(" ")[0] for h in hits] == ["POST", "POST"]  # upload, then the chat
