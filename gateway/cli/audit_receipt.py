@@ -19,6 +19,7 @@ from gateway.cli.audit_flags import (
 )
 from gateway.provenance import (
     LogDirectory,
+    commit,
     receipt_version,
     verify_commitment,
     verify_receipt,
@@ -30,6 +31,7 @@ from gateway.provenance.audit.receipt import (
     receipt_commitment,
 )
 from gateway.provenance.formats.attestation import receipt_countersignature
+from gateway.provenance.formats.stream_body import committed_bodies
 
 __all__ = ["add_open", "add_receipt"]
 
@@ -102,7 +104,11 @@ def add_open(verbs: Any) -> None:
         description="Recompute SHA-256(domain || salt || SHA-256(body)) and compare it with "
         "a commitment, given directly or read from the log via a receipt.",
     )
-    opener.add_argument("body", help="the request or response body file, as sent/received")
+    opener.add_argument(
+        "body",
+        help="the request or response body file, as sent/received (a stream as received: "
+        "the gateway's receipt line and what it wrote before it are taken off)",
+    )
     opener.add_argument(
         "--kind",
         choices=("request", "response"),
@@ -140,6 +146,20 @@ def _open(args: argparse.Namespace) -> int:
     if salt_hex is None or commitment is None:
         print("error: give --salt and --commitment, or --receipt and --log", file=sys.stderr)
         return 2
-    verify_commitment(args.kind, commitment, bytes.fromhex(salt_hex), body)
-    print(f"ok: {args.body} with this salt opens the {args.kind} commitment {commitment}")
+    salt = bytes.fromhex(salt_hex)
+    if args.kind == "request":
+        verify_commitment(args.kind, commitment, salt, body)
+        print(f"ok: {args.body} with this salt opens the request commitment {commitment}")
+        return 0
+    # A stream as the client received it: the gateway's own trailing lines (its receipt
+    # line, and before it a line end or error event it wrote) are not committed to.
+    bodies = committed_bodies(body)
+    for candidate in bodies:
+        if commit("response", salt, candidate) == commitment:
+            break
+    else:
+        verify_commitment("response", commitment, salt, bodies[0])  # raises, naming both
+    kept = "" if candidate == body else f" (its first {len(candidate)} bytes: the stream "
+    kept += "less what the gateway wrote after the backend's bytes)" if kept else ""
+    print(f"ok: {args.body}{kept} with this salt opens the response commitment {commitment}")
     return 0
