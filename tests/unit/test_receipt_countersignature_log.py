@@ -174,3 +174,39 @@ def test_a_countersignature_over_another_request_body_fails(
     )
     assert _verify(tmp_path, receipt, other) == 1
     assert "countersigned request commitment differs" in capsys.readouterr().err
+
+
+def test_a_dispatch_whose_completion_is_not_checkpointed_yet_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only the dispatch is in the log (the completion comes after the answer): the
+    countersignature cannot be checked yet, which is a failure, named as such."""
+
+    async def build() -> Receipt:
+        log = await ProvenanceLog.open(tmp_path / "log", LOG.name, LOG)
+        dispatch = await log.append(
+            dispatch_record(
+                request_id="req-1",
+                time=MOMENT,
+                tenant="acme",
+                model="m",
+                policy=EXAMPLE_POLICY,
+                trace=[TraceStep(EXAMPLE_BACKEND.id, "admitted", "tenant.allow")],
+                backend=EXAMPLE_BACKEND,
+                fallback_reason=None,
+                request_commitment=commit("request", SALTS.request, REQUEST),
+            )
+        )
+        await log.close()
+        return Receipt(
+            "req-1",
+            LOG.name,
+            dispatch.index,
+            dispatch.leaf_hash,
+            EXAMPLE_BACKEND.id,
+            EXAMPLE_POLICY.digest,
+            SALTS,
+        )
+
+    assert _verify(tmp_path, asyncio.run(build()), _statement(7, SERVED)) == 1
+    assert "holds no completion of entry 0 yet" in capsys.readouterr().err

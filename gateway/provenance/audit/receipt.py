@@ -117,14 +117,23 @@ def check_countersignature_in_log(
             f"the countersigned request commitment differs from entry {receipt.index}'s"
         )
     link = {"index": receipt.index, "hash": receipt.dispatch_hash.hex()}
+    completions = 0
     for index, record in log.find_request(receipt.request_id, proved.size):
         if record.type != "completion" or record.data["dispatch"] != link:
             continue
+        completions += 1
         logged = statement_of_records(dispatch.data, record.data)
         if logged is not None and logged[0] == statement:
             entry = log.bundle(index // TILE_WIDTH, proved.size)[index % TILE_WIDTH]
             _prove(log, index, leaf_hash(entry), proved.size, proved.root)
             return index
+    if not completions:
+        raise LogVerificationError(
+            f"the log's checkpoint of size {proved.size} holds no completion of entry "
+            f"{receipt.index} yet, so the countersignature cannot be checked against it "
+            "(the completion is written after the answer: verify again after the next "
+            "checkpoint)"
+        )
     raise LogVerificationError(
         f"the log holds no completion of entry {receipt.index} that accepted the receipt's "
         f"countersignature (counter {statement.counter}): the log says the backend "
