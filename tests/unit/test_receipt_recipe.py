@@ -4,6 +4,7 @@ as written against owngate's receipts, v1 and v2, and against forgeries of both.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 from typing import Any
@@ -16,6 +17,7 @@ from gateway.provenance import (
     ProvenanceError,
     Receipt,
     Salts,
+    commit,
     make_receipt,
     seal_receipts,
     verify_receipt,
@@ -192,3 +194,17 @@ def test_the_documented_recipe_refuses_a_verifier_key_whose_id_is_not_its_own() 
     name, _, key = SIGNER.vkey.split("+", 2)
     with pytest.raises(AssertionError, match="key id"):
         _recipe()["verify_receipt"](make_receipt(_receipt(3), SIGNER), f"{name}+00000000+{key}")
+
+
+def test_the_documented_commitment_formula_is_owngates() -> None:
+    """docs/provenance.md, "Commitments, not content": raw salt bytes (hex-decoded from
+    the receipt), the body's raw digest, the domain with its NUL byte; hex out."""
+    salts = {"request": SALTS(32).hex(), "response": SALTS(32).hex()}
+    body = b'{"choices":[]}'
+    for kind in ("request", "response"):
+        documented = hashlib.sha256(
+            f"owngate/provenance/v1/{kind}-commitment\0".encode()
+            + bytes.fromhex(salts[kind])
+            + hashlib.sha256(body).digest()
+        ).hexdigest()
+        assert documented == commit(kind, bytes.fromhex(salts[kind]), body)
