@@ -57,6 +57,14 @@ def add_receipt(verbs: Any) -> None:
         help="an attested backend's key: a receipt naming backend ID must carry its valid "
         "countersignature for this request (env OWNGATE_AUDIT_BACKEND_KEY)",
     )
+    verify.add_argument(
+        "--response",
+        default=env("RESPONSE"),
+        metavar="FILE",
+        help="the response body as the client received it (a stream as received): the "
+        "backend's countersignature must commit to it, with the receipt's response salt; "
+        "needs --backend-key for the receipt's backend (env OWNGATE_AUDIT_RESPONSE)",
+    )
     verify.set_defaults(
         handler=guarded(_receipt_verify), _backend_key_defaults=env_list("BACKEND_KEY")
     )
@@ -85,6 +93,26 @@ def _receipt_verify(args: argparse.Namespace) -> int:
             f"ok: countersigned by backend {receipt.backend}'s key {statement.key} "
             f"(counter {statement.counter})"
         )
+    if args.response is not None:
+        if statement is None:
+            print(
+                "error: --response checks the backend's countersignature: give --backend-key "
+                f"for backend {receipt.backend or '(none: a refusal)'} (for the log's own "
+                "commitment: owngate audit open --receipt --log)",
+                file=sys.stderr,
+            )
+            return 2
+        body = Path(args.response).read_bytes()
+        salt = receipt.salts.response
+        if _opening(statement.response_commitment, salt, body) is None:
+            print(
+                f"FAILED: {args.response} is not the response the backend countersigned "
+                "(its response commitment does not open with these bytes and the receipt's "
+                "response salt)",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"ok: the backend countersigned {args.response} as this request's response")
     if args.log is None:
         return 0
     log = LogDirectory(args.log)
@@ -153,13 +181,21 @@ def _open(args: argparse.Namespace) -> int:
         return 0
     # A stream as the client received it: the gateway's own trailing lines (its receipt
     # line, and before it a line end or error event it wrote) are not committed to.
-    bodies = committed_bodies(body)
-    for candidate in bodies:
-        if commit("response", salt, candidate) == commitment:
-            break
-    else:
-        verify_commitment("response", commitment, salt, bodies[0])  # raises, naming both
+    candidate = _opening(commitment, salt, body)
+    if candidate is None:
+        verify_commitment("response", commitment, salt, body)  # raises, naming both
+        candidate = body
     kept = "" if candidate == body else f" (its first {len(candidate)} bytes: the stream "
     kept += "less what the gateway wrote after the backend's bytes)" if kept else ""
     print(f"ok: {args.body}{kept} with this salt opens the response commitment {commitment}")
     return 0
+
+
+def _opening(commitment: str, salt: bytes, received: bytes) -> bytes | None:
+    """The bytes, of those a client received, that open a response commitment: all of
+    them, or for a stream as received, less what the gateway wrote after the backend's
+    bytes (`committed_bodies`). None when none opens it."""
+    for candidate in committed_bodies(received):
+        if commit("response", salt, candidate) == commitment:
+            return candidate
+    return None

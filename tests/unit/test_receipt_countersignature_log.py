@@ -11,6 +11,7 @@ open (`audit open --receipt`), so the two must name the same statement.
 from __future__ import annotations
 
 import asyncio
+import base64
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -210,3 +211,45 @@ def test_a_dispatch_whose_completion_is_not_checkpointed_yet_says_so(
 
     assert _verify(tmp_path, asyncio.run(build()), _statement(7, SERVED)) == 1
     assert "holds no completion of entry 0 yet" in capsys.readouterr().err
+
+
+def _response_check(tmp_path: Path, carried: Statement, received: bytes, *keys: str) -> int:
+    """`receipt verify --response` without the log: what a client alone can check."""
+    receipt = Receipt(
+        "req-1", LOG.name, 0, bytes(32), EXAMPLE_BACKEND.id, EXAMPLE_POLICY.digest, SALTS
+    )
+    envelope = attach_countersignature(make_receipt(receipt, LOG), sign_statement(carried, BACKEND))
+    (tmp_path / "receipt.json").write_bytes(envelope)
+    (tmp_path / "received").write_bytes(received)
+    argv = ["audit", "receipt", "verify", str(tmp_path / "receipt.json"), "--key", LOG.vkey]
+    return main([*argv, *keys, "--response", str(tmp_path / "received")])
+
+
+KEY = ("--backend-key", f"{EXAMPLE_BACKEND.id}={BACKEND.vkey}")
+
+
+def test_the_client_checks_its_own_bytes_against_the_countersignature(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _response_check(tmp_path, _statement(7, SERVED), SERVED, *KEY) == 0
+    assert "the backend countersigned" in capsys.readouterr().out
+    # a countersignature over another answer, for the same request: its bytes do not open it
+    assert _response_check(tmp_path, _statement(8, OTHER), SERVED, *KEY) == 1
+    assert "is not the response the backend countersigned" in capsys.readouterr().err
+
+
+def test_a_stream_as_received_is_checked_without_the_gateways_receipt_line(
+    tmp_path: Path,
+) -> None:
+    stream = b'data: {"choices":[]}\n\ndata: [DONE]\n\n'
+    received = stream + b": owngate-receipt " + base64.b64encode(b"{}") + b"\n\n"
+    assert _response_check(tmp_path, _statement(7, stream), received, *KEY) == 0
+    changed = received.replace(b"choices", b"chOices")
+    assert _response_check(tmp_path, _statement(7, stream), changed, *KEY) == 1
+
+
+def test_the_response_check_needs_the_backends_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _response_check(tmp_path, _statement(7, SERVED), SERVED) == 2
+    assert "give --backend-key" in capsys.readouterr().err
