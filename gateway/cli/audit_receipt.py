@@ -19,17 +19,19 @@ from gateway.cli.audit_flags import (
 )
 from gateway.provenance import (
     LogDirectory,
+    commit,
     receipt_version,
     verify_commitment,
     verify_receipt,
 )
 from gateway.provenance.audit.receipt import (
+    check_countersignature_in_log,
     check_receipt_in_log,
     read_receipt,
     receipt_commitment,
 )
 from gateway.provenance.formats.attestation import receipt_countersignature
-from gateway.provenance.formats.records import parse_record
+from gateway.provenance.formats.stream_body import committed_bodies
 
 __all__ = ["add_open", "add_receipt"]
 
@@ -54,6 +56,14 @@ def add_receipt(verbs: Any) -> None:
         metavar="ID=VKEY",
         help="an attested backend's key: a receipt naming backend ID must carry its valid "
         "countersignature for this request (env OWNGATE_AUDIT_BACKEND_KEY)",
+    )
+    verify.add_argument(
+        "--response",
+        default=env("RESPONSE"),
+        metavar="FILE",
+        help="the response body as the client received it (a stream as received): the "
+        "backend's countersignature must commit to it, with the receipt's response salt; "
+        "needs --backend-key for the receipt's backend (env OWNGATE_AUDIT_RESPONSE)",
     )
     verify.set_defaults(
         handler=guarded(_receipt_verify), _backend_key_defaults=env_list("BACKEND_KEY")
@@ -83,21 +93,35 @@ def _receipt_verify(args: argparse.Namespace) -> int:
             f"ok: countersigned by backend {receipt.backend}'s key {statement.key} "
             f"(counter {statement.counter})"
         )
+    if args.response is not None:
+        if statement is None:
+            print(
+                "error: --response checks the backend's countersignature: give --backend-key "
+                f"for backend {receipt.backend or '(none: a refusal)'} (for the log's own "
+                "commitment: owngate audit open --receipt --log)",
+                file=sys.stderr,
+            )
+            return 2
+        body = Path(args.response).read_bytes()
+        salt = receipt.salts.response
+        if _opening(statement.response_commitment, salt, body) is None:
+            print(
+                f"FAILED: {args.response} is not the response the backend countersigned "
+                "(its response commitment does not open with these bytes and the receipt's "
+                "response salt)",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"ok: the backend countersigned {args.response} as this request's response")
     if args.log is None:
         return 0
-    inclusion = check_receipt_in_log(LogDirectory(args.log), receipt, keys)
+    log = LogDirectory(args.log)
+    inclusion = check_receipt_in_log(log, receipt, keys)
     size = inclusion.size
-    if (
-        statement is not None
-        and parse_record(inclusion.entry).data.get("request_commitment")
-        != statement.request_commitment
-    ):
-        print(
-            f"FAILED: the countersigned request commitment differs from entry {receipt.index}'s",
-            file=sys.stderr,
-        )
-        return 1
     print(f"ok: entry {receipt.index} is in the checkpoint of size {size}")
+    if statement is not None:
+        index = check_countersignature_in_log(log, receipt, statement, inclusion)
+        print(f"ok: entry {index}, its completion, recorded this countersignature")
     return 0
 
 
@@ -108,7 +132,11 @@ def add_open(verbs: Any) -> None:
         description="Recompute SHA-256(domain || salt || SHA-256(body)) and compare it with "
         "a commitment, given directly or read from the log via a receipt.",
     )
-    opener.add_argument("body", help="the request or response body file, as sent/received")
+    opener.add_argument(
+        "body",
+        help="the request or response body file, as sent/received (a stream as received: "
+        "the gateway's receipt line and what it wrote before it are taken off)",
+    )
     opener.add_argument(
         "--kind",
         choices=("request", "response"),
@@ -146,6 +174,28 @@ def _open(args: argparse.Namespace) -> int:
     if salt_hex is None or commitment is None:
         print("error: give --salt and --commitment, or --receipt and --log", file=sys.stderr)
         return 2
-    verify_commitment(args.kind, commitment, bytes.fromhex(salt_hex), body)
-    print(f"ok: {args.body} with this salt opens the {args.kind} commitment {commitment}")
+    salt = bytes.fromhex(salt_hex)
+    if args.kind == "request":
+        verify_commitment(args.kind, commitment, salt, body)
+        print(f"ok: {args.body} with this salt opens the request commitment {commitment}")
+        return 0
+    # A stream as the client received it: the gateway's own trailing lines (its receipt
+    # line, and before it a line end or error event it wrote) are not committed to.
+    candidate = _opening(commitment, salt, body)
+    if candidate is None:
+        verify_commitment("response", commitment, salt, body)  # raises, naming both
+        candidate = body
+    kept = "" if candidate == body else f" (its first {len(candidate)} bytes: the stream "
+    kept += "less what the gateway wrote after the backend's bytes)" if kept else ""
+    print(f"ok: {args.body}{kept} with this salt opens the response commitment {commitment}")
     return 0
+
+
+def _opening(commitment: str, salt: bytes, received: bytes) -> bytes | None:
+    """The bytes, of those a client received, that open a response commitment: all of
+    them, or for a stream as received, less what the gateway wrote after the backend's
+    bytes (`committed_bodies`). None when none opens it."""
+    for candidate in committed_bodies(received):
+        if commit("response", salt, candidate) == commitment:
+            return candidate
+    return None

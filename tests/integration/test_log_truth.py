@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from gateway.provenance import commit
+from gateway.provenance.formats.stream_body import committed_bodies
 from tests.helpers.gateways import (
     LITELLM_WARNINGS,
     Gateway,
@@ -238,6 +239,38 @@ def test_the_error_event_ending_a_broken_stream_is_an_event_of_its_own(
     record = completion_record(tmp_path / "log", request_id)
     assert record["status"] == 502
     assert record["response_commitment"] == commit("response", salt, EVENT + before)
+    # what a client holds is enough: `audit open` takes the gateway's tail off itself
+    assert EVENT + before in committed_bodies(response.content)
+
+
+def test_a_stream_whose_last_line_is_unended_commits_to_the_backends_bytes(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """The backend ends its stream (chunked, last chunk sent) inside `data: [DONE]`: the
+    gateway writes an LF before its receipt line, and commits to the backend's bytes
+    without it, which the client's bytes still open (`committed_bodies`)."""
+    relayed = EVENT + b"data: [DONE]"
+
+    async def unended(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(sse_head(b"transfer-encoding: chunked\r\n"))
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(relayed), relayed))
+        await writer.drain()
+        return False
+
+    raw = start_raw(unended)
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    asks_usage = {**CHAT, "stream_options": {"include_usage": True}}  # nothing held back
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions", json=asks_usage, headers=gateway.headers, timeout=30
+    )
+    assert response.content.startswith(relayed + b"\n: owngate-receipt ")
+    request_id, salt = salt_of(stream_receipt(response.content))
+    record = completion_record(tmp_path / "log", request_id)
+    assert record["status"] == 200
+    assert record["response_commitment"] == commit("response", salt, relayed)
+    assert relayed in committed_bodies(response.content)
 
 
 def test_a_stream_past_its_deadline_commits_to_what_came_before_its_504_event(

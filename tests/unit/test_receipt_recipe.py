@@ -4,6 +4,7 @@ as written against owngate's receipts, v1 and v2, and against forgeries of both.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 from typing import Any
@@ -16,6 +17,7 @@ from gateway.provenance import (
     ProvenanceError,
     Receipt,
     Salts,
+    commit,
     make_receipt,
     seal_receipts,
     verify_receipt,
@@ -80,10 +82,10 @@ def test_the_documented_recipe_refuses_forgeries() -> None:
         verify(v2[0][:-1] + b',"position":0}', SIGNER.vkey)
     with pytest.raises((AssertionError, InvalidSignature)):
         verify(v2[0], OTHER.vkey)  # another key of the same name
-    # a key id that matches, a signature by another key: the signature check refuses it
-    _, other_id, _ = OTHER.vkey.split("+")
-    lying = f"{LOG}+{other_id}+{SIGNER.vkey.split('+')[2]}"
-    with pytest.raises(InvalidSignature):
+    # a verifier key naming another key's id: refused before any signature is read
+    _, other_id, _ = OTHER.vkey.split("+", 2)
+    lying = f"{LOG}+{other_id}+{SIGNER.vkey.split('+', 2)[2]}"
+    with pytest.raises(AssertionError, match="key id"):
         verify(make_receipt(receipts[0], OTHER), lying)
 
 
@@ -166,3 +168,43 @@ def test_the_recipe_and_verify_receipt_agree_on_every_variant() -> None:
             if code != recipe:
                 differ.append(f"{form}, {name}: owngate {code}, recipe {recipe}")
     assert not differ, "\n".join(differ)
+
+
+def _signer_whose_key_has_a_plus() -> Any:
+    """A log key whose verifier key's base64 holds a "+" (about half of all keys do)."""
+    for seed in range(1, 65):  # bounded: each seed misses with probability ~1/2
+        signer = seeded_signer(LOG, seed=seed)
+        if "+" in signer.vkey.split("+", 2)[2]:
+            return signer
+    raise AssertionError("no seed in 1..64 gives a key with a '+' in its base64")
+
+
+def test_the_documented_recipe_reads_a_verifier_key_whose_base64_has_a_plus() -> None:
+    """`name+hexid+base64`: the base64 part may itself contain "+", so the key splits
+    on the first two only (as Go's sumdb/note does); a plain split refused such keys."""
+    signer = _signer_whose_key_has_a_plus()
+    verify = _recipe()["verify_receipt"]
+    receipts = [_receipt(n) for n in (3, 4)]
+    v2 = seal_receipts([(r.index, canonical_json(r.payload())) for r in receipts], LOG, signer)
+    assert verify(v2[0], signer.vkey) == receipts[0].payload()
+    assert verify(make_receipt(receipts[1], signer), signer.vkey) == receipts[1].payload()
+
+
+def test_the_documented_recipe_refuses_a_verifier_key_whose_id_is_not_its_own() -> None:
+    name, _, key = SIGNER.vkey.split("+", 2)
+    with pytest.raises(AssertionError, match="key id"):
+        _recipe()["verify_receipt"](make_receipt(_receipt(3), SIGNER), f"{name}+00000000+{key}")
+
+
+def test_the_documented_commitment_formula_is_owngates() -> None:
+    """docs/provenance.md, "Commitments, not content": raw salt bytes (hex-decoded from
+    the receipt), the body's raw digest, the domain with its NUL byte; hex out."""
+    salts = {"request": SALTS(32).hex(), "response": SALTS(32).hex()}
+    body = b'{"choices":[]}'
+    for kind in ("request", "response"):
+        documented = hashlib.sha256(
+            f"owngate/provenance/v1/{kind}-commitment\0".encode()
+            + bytes.fromhex(salts[kind])
+            + hashlib.sha256(body).digest()
+        ).hexdigest()
+        assert documented == commit(kind, bytes.fromhex(salts[kind]), body)

@@ -8,8 +8,9 @@ does not hold: the checkpoint's signature or origin, an entry the checkpoint doe
 cover yet (or no longer: a rollback), an entry that is not the receipt's record (or
 says another request, backend or policy than the receipt), a proof that does not reach
 the checkpoint's root. `receipt_commitment` gives the commitment a receipt's salt opens,
-from records so proved (`owngate audit open --receipt`); `read_receipt` reads a receipt
-file within verify_receipt's cap.
+from records so proved (`owngate audit open --receipt`); `check_countersignature_in_log`
+that the backend's countersignature a receipt carries is the one the log recorded for
+its answer; `read_receipt` reads a receipt file within verify_receipt's cap.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from gateway.provenance.audit.reader import LogDirectory
 from gateway.provenance.errors import LogVerificationError
+from gateway.provenance.formats.attestation import Statement, statement_of_records
 from gateway.provenance.formats.checkpoint import open_checkpoint
 from gateway.provenance.formats.merkle import inclusion_proof, leaf_hash, verify_inclusion
 from gateway.provenance.formats.note import Verifier
@@ -27,7 +29,13 @@ from gateway.provenance.formats.receipts import MAX_RECEIPT_BYTES, Receipt
 from gateway.provenance.formats.records import Record, parse_record
 from gateway.provenance.formats.tiles import TILE_WIDTH, TileReader
 
-__all__ = ["ReceiptInclusion", "check_receipt_in_log", "read_receipt", "receipt_commitment"]
+__all__ = [
+    "ReceiptInclusion",
+    "check_countersignature_in_log",
+    "check_receipt_in_log",
+    "read_receipt",
+    "receipt_commitment",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +98,46 @@ def receipt_commitment(
     raise LogVerificationError(
         f"the log holds no response commitment for entry {receipt.index} of request "
         f"{receipt.request_id!r} (a completion with one, linking to it)"
+    )
+
+
+def check_countersignature_in_log(
+    log: LogDirectory, receipt: Receipt, statement: Statement, proved: ReceiptInclusion
+) -> int:
+    """The index of the completion record, proved in the same checkpoint, that accepted
+    exactly `statement` (the backend's countersignature the receipt carries, already
+    verified) for the receipt's dispatch: the request commitment is the dispatch's, the
+    response commitment the completion's (the one `audit open --receipt` opens with the
+    client's bytes), and the counter, time and key the ones the log recorded. The
+    countersignature travels beside the log's signature in a receipt, unsigned by the
+    log, so without this a receipt could carry a statement about another answer."""
+    dispatch = parse_record(proved.entry)
+    if dispatch.data.get("request_commitment") != statement.request_commitment:
+        raise LogVerificationError(
+            f"the countersigned request commitment differs from entry {receipt.index}'s"
+        )
+    link = {"index": receipt.index, "hash": receipt.dispatch_hash.hex()}
+    completions = 0
+    for index, record in log.find_request(receipt.request_id, proved.size):
+        if record.type != "completion" or record.data["dispatch"] != link:
+            continue
+        completions += 1
+        logged = statement_of_records(dispatch.data, record.data)
+        if logged is not None and logged[0] == statement:
+            entry = log.bundle(index // TILE_WIDTH, proved.size)[index % TILE_WIDTH]
+            _prove(log, index, leaf_hash(entry), proved.size, proved.root)
+            return index
+    if not completions:
+        raise LogVerificationError(
+            f"the log's checkpoint of size {proved.size} holds no completion of entry "
+            f"{receipt.index} yet, so the countersignature cannot be checked against it "
+            "(the completion is written after the answer: verify again after the next "
+            "checkpoint)"
+        )
+    raise LogVerificationError(
+        f"the log holds no completion of entry {receipt.index} that accepted the receipt's "
+        f"countersignature (counter {statement.counter}): the log says the backend "
+        "countersigned another answer, or none"
     )
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from gateway.canonical import MAX_SAFE_INTEGER
+from gateway.canonical import MAX_SAFE_INTEGER, canonical_json_of_plain
 from gateway.provenance.errors import RecordError
 from gateway.provenance.formats.attestation import Attestation
 from gateway.provenance.formats.schema import BASIS_STATES, SCHEMA_VERSION, problem
@@ -402,11 +402,27 @@ def validate_record(value: Mapping[str, object]) -> Record:
 
 
 def parse_record(entry: bytes) -> Record:
-    """Parse one log entry (canonical JSON bytes) into a schema-checked record."""
+    """Parse one log entry (canonical JSON bytes) into a schema-checked record.
+
+    The entry must be its record's own RFC 8785 encoding, byte for byte, as the writer
+    makes it: JSON parsers differ on a member written twice (this one keeps the last,
+    others the first or refuse), so an entry that is not canonical could say one thing to
+    owngate's audit and another to an independent verifier."""
     try:
         value = _loads(entry)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RecordError(f"entry is not JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise RecordError("entry is JSON but not an object")
-    return validate_record(value)
+    record = validate_record(value)
+    try:
+        canonical = canonical_json_of_plain(value)
+    except ValueError as exc:
+        raise RecordError(f"entry cannot be encoded as RFC 8785 JSON: {exc}") from exc
+    if canonical != entry:
+        raise RecordError(
+            "entry is not its record's RFC 8785 canonical encoding (a member written "
+            "twice, whitespace, member order or escapes differ): parsers could read it "
+            "differently"
+        )
+    return record

@@ -1,0 +1,50 @@
+"""The bytes a stream's response commitment covers, recovered from the stream as the
+client received it (docs/provenance.md, "The body a client commits to").
+
+A relayed SSE stream reaches the client as the backend's bytes (less the `owngate-`
+comment lines the gateway removed), then what the gateway writes itself, which the
+commitment does not cover: its receipt line `: owngate-receipt <base64>` and the blank
+line after it, last; before it, an LF when the backend's bytes ended mid-line; and, on a
+stream that broke off, its error event `data: {"error": ...}` and blank line, and before
+that what ends the backend's unfinished event (nothing, an LF, or two).
+
+Which of those line ends were the gateway's the received bytes cannot always tell (a
+backend's `data: x` and the gateway's LF read exactly like a backend's `data: x\\n`), so
+`committed_bodies` gives every candidate, the most likely first: each is the received
+bytes with some of the gateway's trailing additions taken off, never anything else, so
+a commitment that opens with one of them covers bytes the client received, up to where
+the gateway's own additions begin. A body without a receipt line is its own candidate.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["committed_bodies"]
+
+_RECEIPT_LINE = re.compile(rb": owngate-receipt [A-Za-z0-9+/]*={0,2}\n\n\Z")
+_ERROR_EVENT = re.compile(rb'data: \{"error":\{[^\r\n]*\}\}\n\n\Z')
+_LINE_ENDS = (b"\n", b"\r")
+
+
+def committed_bodies(received: bytes) -> tuple[bytes, ...]:
+    """The bodies a response commitment may cover, given the bytes a client received:
+    `received` itself unless it ends with the gateway's receipt line; else the bytes
+    before that line, without the line end and error event the gateway may have
+    written before it (docs/provenance.md, "The body a client commits to")."""
+    found = _RECEIPT_LINE.search(received)
+    start = found.start() if found is not None else 0
+    if found is None or (start and received[start - 1 : start] not in _LINE_ENDS):
+        return (received,)
+    body = received[:start]
+    candidates = [body]
+    # An LF the gateway wrote so its line starts a line: after bytes ending mid-line.
+    if body.endswith(b"\n") and body[:-1] and body[-2:-1] not in _LINE_ENDS:
+        candidates.append(body[:-1])
+    event = _ERROR_EVENT.search(body)
+    if event is not None and body[event.start() - 1 : event.start()] in (b"", b"\n"):
+        before = body[: event.start()]  # then what ended the backend's event: "", LF, 2 LF
+        candidates += [
+            before[: len(before) - cut] for cut in (0, 1, 2) if before.endswith(b"\n" * cut)
+        ]
+    return tuple(dict.fromkeys(candidates))

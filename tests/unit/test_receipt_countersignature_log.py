@@ -1,0 +1,255 @@
+"""`owngate audit receipt verify --log --backend-key`: the backend's countersignature a
+receipt carries must be the one the log's completion record accepted for that answer.
+
+The countersignature sits beside the log's signature in a receipt (the log does not sign
+it), so a receipt can carry any statement the backend's key ever signed for the request
+id: another answer's (a second dispatch of the same request, or one the gateway swapped
+for a different answer to the client). The completion record is what the client's bytes
+open (`audit open --receipt`), so the two must name the same statement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from gateway.cli.main import main
+from gateway.provenance import ProvenanceLog, Receipt, Salts, commit, make_receipt
+from gateway.provenance.formats.attestation import (
+    Attestation,
+    Statement,
+    open_countersignature,
+    sign_statement,
+)
+from gateway.provenance.formats.receipts import attach_countersignature
+from gateway.provenance.formats.records import TraceStep, completion_record, dispatch_record
+from gateway.provenance.testing import (
+    EXAMPLE_BACKEND,
+    EXAMPLE_POLICY,
+    CountingRandom,
+    seeded_signer,
+)
+
+LOG = seeded_signer("example.com/log")
+BACKEND = seeded_signer("gpu-host")
+SALTS = Salts.generate(CountingRandom("countersigned"))
+REQUEST = b'{"model":"m","messages":[]}'
+SERVED = b'{"choices":[{"message":{"content":"served"}}]}'
+OTHER = b'{"choices":[{"message":{"content":"something else"}}]}'
+MOMENT = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _statement(counter: int, response: bytes) -> Statement:
+    return Statement(
+        "req-1",
+        "2026-01-01T00:00:00.100Z",
+        counter,
+        str(BACKEND),
+        commit("request", SALTS.request, REQUEST),
+        commit("response", SALTS.response, response),
+    )
+
+
+def _log(path: Path, accepted: Attestation) -> Receipt:
+    """A log holding one attested request whose completion recorded `accepted`."""
+
+    async def build() -> Receipt:
+        log = await ProvenanceLog.open(path, LOG.name, LOG)
+        dispatch = await log.append(
+            dispatch_record(
+                request_id="req-1",
+                time=MOMENT,
+                tenant="acme",
+                model="m",
+                policy=EXAMPLE_POLICY,
+                trace=[TraceStep(EXAMPLE_BACKEND.id, "admitted", "tenant.allow")],
+                backend=EXAMPLE_BACKEND,
+                fallback_reason=None,
+                request_commitment=commit("request", SALTS.request, REQUEST),
+            )
+        )
+        await log.append(
+            completion_record(
+                request_id="req-1",
+                time=MOMENT,
+                dispatch=dispatch,
+                status=200,
+                error=None,
+                usage=None,
+                latency_ms=100,
+                response_commitment=commit("response", SALTS.response, SERVED),
+                attestation=accepted,
+            )
+        )
+        await log.close()
+        return Receipt(
+            "req-1",
+            LOG.name,
+            dispatch.index,
+            dispatch.leaf_hash,
+            EXAMPLE_BACKEND.id,
+            EXAMPLE_POLICY.digest,
+            SALTS,
+        )
+
+    return asyncio.run(build())
+
+
+def _accepted(statement: Statement) -> Attestation:
+    return Attestation.accepted(open_countersignature(sign_statement(statement, BACKEND)))
+
+
+def _verify(tmp_path: Path, receipt: Receipt, carried: Statement) -> int:
+    envelope = attach_countersignature(make_receipt(receipt, LOG), sign_statement(carried, BACKEND))
+    path = tmp_path / "receipt.json"
+    path.write_bytes(envelope)
+    return main(
+        [
+            "audit",
+            "receipt",
+            "verify",
+            str(path),
+            "--key",
+            LOG.vkey,
+            "--log",
+            str(tmp_path / "log"),
+            "--backend-key",
+            f"{EXAMPLE_BACKEND.id}={BACKEND.vkey}",
+        ]
+    )
+
+
+def test_the_countersignature_the_log_recorded_verifies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    genuine = _statement(7, SERVED)
+    receipt = _log(tmp_path / "log", _accepted(genuine))
+    assert _verify(tmp_path, receipt, genuine) == 0
+    assert "ok: entry 1, its completion, recorded this countersignature" in (
+        capsys.readouterr().out
+    )
+
+
+@pytest.mark.parametrize(
+    "carried",
+    [
+        _statement(8, OTHER),  # the backend's statement about another answer
+        _statement(8, SERVED),  # the same bytes, another statement (a replay)
+    ],
+    ids=["another-answer", "another-counter"],
+)
+def test_a_countersignature_the_log_did_not_record_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], carried: Statement
+) -> None:
+    receipt = _log(tmp_path / "log", _accepted(_statement(7, SERVED)))
+    assert _verify(tmp_path, receipt, carried) == 1
+    assert "accepted the receipt's countersignature" in capsys.readouterr().err
+
+
+def test_a_countersignature_the_log_refused_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The gateway recorded `mismatch` (the backend signed other bytes than the client
+    got) yet handed the client that countersignature: the receipt must not pass as a
+    two-party statement."""
+    receipt = _log(tmp_path / "log", Attestation(str(BACKEND), failure="mismatch"))
+    assert _verify(tmp_path, receipt, _statement(7, OTHER)) == 1
+    assert "accepted the receipt's countersignature" in capsys.readouterr().err
+
+
+def test_a_countersignature_over_another_request_body_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    receipt = _log(tmp_path / "log", _accepted(_statement(7, SERVED)))
+    other = Statement(
+        "req-1",
+        "2026-01-01T00:00:00.100Z",
+        7,
+        str(BACKEND),
+        commit("request", SALTS.request, b'{"model":"m","messages":["x"]}'),
+        commit("response", SALTS.response, SERVED),
+    )
+    assert _verify(tmp_path, receipt, other) == 1
+    assert "countersigned request commitment differs" in capsys.readouterr().err
+
+
+def test_a_dispatch_whose_completion_is_not_checkpointed_yet_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only the dispatch is in the log (the completion comes after the answer): the
+    countersignature cannot be checked yet, which is a failure, named as such."""
+
+    async def build() -> Receipt:
+        log = await ProvenanceLog.open(tmp_path / "log", LOG.name, LOG)
+        dispatch = await log.append(
+            dispatch_record(
+                request_id="req-1",
+                time=MOMENT,
+                tenant="acme",
+                model="m",
+                policy=EXAMPLE_POLICY,
+                trace=[TraceStep(EXAMPLE_BACKEND.id, "admitted", "tenant.allow")],
+                backend=EXAMPLE_BACKEND,
+                fallback_reason=None,
+                request_commitment=commit("request", SALTS.request, REQUEST),
+            )
+        )
+        await log.close()
+        return Receipt(
+            "req-1",
+            LOG.name,
+            dispatch.index,
+            dispatch.leaf_hash,
+            EXAMPLE_BACKEND.id,
+            EXAMPLE_POLICY.digest,
+            SALTS,
+        )
+
+    assert _verify(tmp_path, asyncio.run(build()), _statement(7, SERVED)) == 1
+    assert "holds no completion of entry 0 yet" in capsys.readouterr().err
+
+
+def _response_check(tmp_path: Path, carried: Statement, received: bytes, *keys: str) -> int:
+    """`receipt verify --response` without the log: what a client alone can check."""
+    receipt = Receipt(
+        "req-1", LOG.name, 0, bytes(32), EXAMPLE_BACKEND.id, EXAMPLE_POLICY.digest, SALTS
+    )
+    envelope = attach_countersignature(make_receipt(receipt, LOG), sign_statement(carried, BACKEND))
+    (tmp_path / "receipt.json").write_bytes(envelope)
+    (tmp_path / "received").write_bytes(received)
+    argv = ["audit", "receipt", "verify", str(tmp_path / "receipt.json"), "--key", LOG.vkey]
+    return main([*argv, *keys, "--response", str(tmp_path / "received")])
+
+
+KEY = ("--backend-key", f"{EXAMPLE_BACKEND.id}={BACKEND.vkey}")
+
+
+def test_the_client_checks_its_own_bytes_against_the_countersignature(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _response_check(tmp_path, _statement(7, SERVED), SERVED, *KEY) == 0
+    assert "the backend countersigned" in capsys.readouterr().out
+    # a countersignature over another answer, for the same request: its bytes do not open it
+    assert _response_check(tmp_path, _statement(8, OTHER), SERVED, *KEY) == 1
+    assert "is not the response the backend countersigned" in capsys.readouterr().err
+
+
+def test_a_stream_as_received_is_checked_without_the_gateways_receipt_line(
+    tmp_path: Path,
+) -> None:
+    stream = b'data: {"choices":[]}\n\ndata: [DONE]\n\n'
+    received = stream + b": owngate-receipt " + base64.b64encode(b"{}") + b"\n\n"
+    assert _response_check(tmp_path, _statement(7, stream), received, *KEY) == 0
+    changed = received.replace(b"choices", b"chOices")
+    assert _response_check(tmp_path, _statement(7, stream), changed, *KEY) == 1
+
+
+def test_the_response_check_needs_the_backends_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _response_check(tmp_path, _statement(7, SERVED), SERVED) == 2
+    assert "give --backend-key" in capsys.readouterr().err
