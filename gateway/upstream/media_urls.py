@@ -19,25 +19,39 @@ loopback, internal hosts) and ship what it read to a hosted provider.
 Any other scheme (`file:`, `gs:`, `s3:`, `ftp:`) is refused. The client gets 400 naming
 the part (`messages[0].content[1]`), never the URL. Text parts are not looked at: a
 URL in prose is text. At most `MAX_URLS` URLs per request, each host resolved within
-`RESOLVE_TIMEOUT_S` (unresolvable: refused).
+`RESOLVE_TIMEOUT_S` for all of them together (unresolvable, or not in time: refused),
+each distinct host once. Lookups run on `MAX_LOOKUPS` threads of their own: a client
+sending hosts that resolve slowly delays only other clients' URL checks, never the
+gateway's lookups of its own backends (the event loop's default executor).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import re
 import socket
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 from urllib.parse import urlsplit
 
 from gateway.upstream.openai_wire import InvalidField
 
-__all__ = ["MAX_URLS", "RESOLVE_TIMEOUT_S", "Resolver", "check_media_urls", "system_resolver"]
+__all__ = [
+    "MAX_LOOKUPS",
+    "MAX_URLS",
+    "RESOLVE_TIMEOUT_S",
+    "Resolver",
+    "check_media_urls",
+    "system_resolver",
+]
 
 MAX_URLS: Final = 64
-RESOLVE_TIMEOUT_S: Final = 5.0
+RESOLVE_TIMEOUT_S: Final = 5.0  # for all of a request's lookups together
+MAX_LOOKUPS: Final = 4  # threads resolving clients' URL hosts, for the whole process
+_LOOKUPS: Final = ThreadPoolExecutor(MAX_LOOKUPS, thread_name_prefix="owngate-url-dns")
 # Providers whose LiteLLM adapter downloads a URL without LiteLLM's address guard.
 _UNGUARDED: Final = frozenset({"gigachat"})
 _SCHEME: Final = re.compile(r"\s*([A-Za-z][A-Za-z0-9+.\-]*):")
@@ -53,8 +67,9 @@ Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 
 async def system_resolver(host: str, port: int) -> list[str]:
-    """The addresses `host` resolves to, as the OS resolver says."""
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    """The addresses `host` resolves to, as the OS resolver says (on `_LOOKUPS`' threads)."""
+    lookup = functools.partial(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+    infos = await asyncio.get_running_loop().run_in_executor(_LOOKUPS, lookup)
     return [str(info[4][0]) for info in infos]
 
 
@@ -67,6 +82,8 @@ async def check_media_urls(
     if len(found) > MAX_URLS:
         raise InvalidField("messages", f"content parts with at most {MAX_URLS} URLs")
     guarded = provider.lower() not in _UNGUARDED
+    deadline = asyncio.get_running_loop().time() + RESOLVE_TIMEOUT_S
+    looked_up: dict[tuple[str, int], list[str] | None] = {}
     for where, url in found:
         match = _SCHEME.match(url)
         scheme = match.group(1).lower() if match else ""
@@ -74,7 +91,10 @@ async def check_media_urls(
             continue
         if not guarded:
             raise InvalidField(where, f"a `data:` URL (the {provider} adapter downloads URLs)")
-        if scheme not in ("http", "https") or not await _public(url, scheme, resolve):
+        public = scheme in ("http", "https") and await _public(
+            url, scheme, resolve, deadline, looked_up
+        )
+        if not public:
             raise InvalidField(
                 where,
                 "a `data:` URL or an http(s) URL whose host resolves only to public "
@@ -110,8 +130,15 @@ def _strings(where: str, value: Any, depth: int) -> Iterator[tuple[str, str]]:
             yield from _strings(where, item, depth + 1)
 
 
-async def _public(url: str, scheme: str, resolve: Resolver) -> bool:
-    """Whether `url`'s host is, or resolves only to, public addresses."""
+async def _public(
+    url: str,
+    scheme: str,
+    resolve: Resolver,
+    deadline: float,
+    looked_up: dict[tuple[str, int], list[str] | None],
+) -> bool:
+    """Whether `url`'s host is, or resolves only to, public addresses (looked up by
+    `deadline`, once per host and port: `looked_up` holds the answers, None for none)."""
     try:
         parts = urlsplit(url.strip())
         host, port = parts.hostname, parts.port
@@ -122,11 +149,17 @@ async def _public(url: str, scheme: str, resolve: Resolver) -> bool:
     try:
         addresses = [str(ipaddress.ip_address(host))]
     except ValueError:
-        try:
-            async with asyncio.timeout(RESOLVE_TIMEOUT_S):
-                addresses = await resolve(host, port or (443 if scheme == "https" else 80))
-        except (OSError, TimeoutError, UnicodeError):
+        key = (host, port or (443 if scheme == "https" else 80))
+        if key not in looked_up:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    looked_up[key] = await resolve(*key)
+            except (OSError, TimeoutError, UnicodeError):
+                looked_up[key] = None
+        found = looked_up[key]
+        if found is None:
             return False
+        addresses = found
     return bool(addresses) and all(_is_public(a) for a in addresses)
 
 

@@ -4,10 +4,12 @@ No DNS: hosts resolve through a table (IP literals are never looked up)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from typing import Any
 
 import pytest
 
+from gateway.upstream import media_urls
 from gateway.upstream.media_urls import MAX_URLS, check_media_urls
 from gateway.upstream.openai_wire import InvalidField
 
@@ -102,3 +104,52 @@ def test_the_number_of_urls_is_bounded() -> None:
     params = {"messages": [{"role": "user", "content": [part] * (MAX_URLS + 1)}]}
     with pytest.raises(InvalidField, match=f"at most {MAX_URLS}"):
         check(params)
+
+
+def several_images(*urls: str) -> dict[str, Any]:
+    parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    return {"messages": [{"role": "user", "content": parts}]}
+
+
+def test_each_host_is_looked_up_once() -> None:
+    asked: list[str] = []
+
+    async def counting(host: str, port: int) -> list[str]:
+        asked.append(host)
+        return await resolve(host, port)
+
+    params = several_images(*(f"https://images.example/{n}.png" for n in range(20)))
+    asyncio.run(check_media_urls(params, "anthropic", counting))
+    assert asked == ["images.example"]
+
+
+def test_the_lookup_budget_is_for_the_whole_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each lookup alone is well within the budget; together they are not. A client must
+    not hold a request (and the lookup threads) for MAX_URLS x the budget."""
+    monkeypatch.setattr(media_urls, "RESOLVE_TIMEOUT_S", 0.5)
+
+    async def slow(host: str, _port: int) -> list[str]:
+        await asyncio.sleep(0.2)
+        return ["93.184.216.34"]
+
+    params = several_images(*(f"https://host{n}.example/a.png" for n in range(10)))
+    with pytest.raises(InvalidField, match=r"content\[\d\]"):
+        asyncio.run(check_media_urls(params, "anthropic", slow))
+
+
+def test_client_hosts_are_never_resolved_on_the_loops_default_executor() -> None:
+    """The loop's default executor also resolves the gateway's own backends: clients'
+    slow hosts must not be able to fill it."""
+    used: list[object] = []
+
+    class Recording(concurrent.futures.ThreadPoolExecutor):
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            used.append(fn)
+            return super().submit(fn, *args, **kwargs)
+
+    async def main() -> list[str]:
+        asyncio.get_running_loop().set_default_executor(Recording(1))
+        return await media_urls.system_resolver("127.0.0.1", 80)
+
+    assert asyncio.run(main()) == ["127.0.0.1"]
+    assert used == []
