@@ -146,6 +146,15 @@ class Registry:
                 return True
         return False
 
+    def tls_files(self) -> tuple[Path, ...]:
+        """The TLS files (CA, client certificate and key) its backends were built from."""
+        return tuple(path for b in self.backends.values() if b.tls for path in b.tls.files)
+
+    def tls_changed(self) -> list[str]:
+        """The backends whose TLS files now read differently from when they were built:
+        a reload must rebuild them even when gateway.yaml did not change."""
+        return [b.id for b in self.backends.values() if b.tls and b.tls.files_changed()]
+
     async def close(self) -> None:
         for backend in self.backends.values():
             if backend.pool is not None:

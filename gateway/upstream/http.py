@@ -429,6 +429,12 @@ class HttpPool:
         except OSError as exc:
             self._release_slot()
             raise UpstreamError("connect", exc.strerror or type(exc).__name__) from exc
+        except UnicodeDecodeError as exc:
+            # The event loop's end of the handshake reads `getpeercert()`, whose dict
+            # decodes the certificate's URIs (SAN, OCSP, CRL) as UTF-8: a trusted CA's
+            # certificate with another byte in one is refused like one that cannot be read.
+            self._release_slot()
+            raise UpstreamError("tls", f"the backend's certificate cannot be read ({exc})") from exc
         except BaseException:
             self._release_slot()  # cancelled (client gone, shutdown): give the slot back
             raise

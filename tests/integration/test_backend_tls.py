@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,13 @@ from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 
 from gateway.config.schema import BackendSettings
+from gateway.pki import issue
 from gateway.provenance import write_signing_key
 from gateway.upstream.http import HttpPool, UpstreamError
 from gateway.upstream.tls import backend_tls
 from tests.helpers.gateways import ADMIN_HEADERS, Gateway, Sim, admin_status, backend, served
 from tests.helpers.provenance import request_records
-from tests.helpers.tls import Pki, TLSFront, server_context
+from tests.helpers.tls import Pki, TLSFront, patched, server_context
 from tests.helpers.waiting import until, until_async
 
 ORIGIN = "test.owngate/tls/1"
@@ -385,6 +387,48 @@ def test_a_connection_leased_for_its_record_never_reconnects_to_another_key(
             await pool.close()
 
     asyncio.run(run())
+
+
+def test_a_certificate_fact_that_is_not_text_is_a_tls_refusal(
+    start_gateway: Callable[..., Gateway],
+    start_front: Callable[[Any], TLSFront],
+    sim: Sim,
+    pki: Pki,
+    tmp_path: Path,
+) -> None:
+    # A URI SAN is an IA5String; a CA (or a step-ca template copying what the requester
+    # asked for) can still put a byte above 0x7f in one, and OpenSSL's handshake accepts
+    # it. Reading it must refuse the backend like any unreadable certificate, never fail
+    # the request as the gateway's own error with the breaker left closed.
+    stated = pki.server(region="eu-west-1", owner="test", retention="0d")
+    hostile = patched(pki, stated, b"owngate:owner:test", b"owngate:owner:t\xffst")
+    front = start_front(server_context(pki, hostile))
+    tls = {"ca_file": str(pki.directory / "ca.pem")}
+    gateway = _gateway(start_gateway, tmp_path, front.url, tls, identity="certificate")
+    reason = _refused(gateway, sim, 0)
+    assert reason.startswith("tls: the backend's certificate cannot be read (")
+    assert reason.isascii() and reason.isprintable()
+
+
+def test_a_certificate_fact_quoted_in_a_refusal_is_escaped_and_bounded(
+    start_gateway: Callable[..., Gateway],
+    start_front: Callable[[Any], TLSFront],
+    sim: Sim,
+    pki: Pki,
+    tmp_path: Path,
+) -> None:
+    # The certificate's URI reaches the breaker's reason (/admin/status), the log and the
+    # client's error: an escape sequence or a newline in it must arrive escaped, and a
+    # SAN of kilobytes must not.
+    long = "owngate:region:" + "\x1b[31m\n" + "x" * 4000
+    hostile = issue(pki.ca, "127.0.0.1", now=datetime.now(UTC), days=1, uris=[long])
+    front = start_front(server_context(pki, hostile))
+    tls = {"ca_file": str(pki.directory / "ca.pem")}
+    gateway = _gateway(start_gateway, tmp_path, front.url, tls, identity="certificate")
+    reason = _refused(gateway, sim, 0)
+    assert reason.startswith("tls: malformed certificate fact 'owngate:region:\\x1b[31m\\n")
+    assert "\x1b" not in reason and "\n" not in reason
+    assert len(reason) < 200
 
 
 @pytest.mark.parametrize(
