@@ -79,6 +79,14 @@ class BackendTLSSettings(_Strict):
     @field_validator("pin_spki_sha256")
     @classmethod
     def _pin_shape(cls, pins: tuple[str, ...]) -> tuple[str, ...]:
+        if not pins:
+            # Written and empty (a template whose list came out empty, say): "no pin"
+            # would accept any key the CA certified, silently. An empty key set denies
+            # elsewhere; here it is refused, and leaving the key out says "no pin".
+            raise ValueError(
+                "pin_spki_sha256 is empty: list the keys the backend may present, or leave "
+                "the key out to accept any key its CA certified"
+            )
         for pin in pins:
             if (
                 not _PIN.match(pin)

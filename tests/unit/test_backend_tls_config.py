@@ -41,6 +41,8 @@ def _config_text(**gpu: Any) -> str:
             {"tls": {"pin_spki_sha256": ["sha256//" + "A" * 42 + "B="]}},
             "is not sha256// followed by the base64",
         ),
+        # an empty list written out is not "no pin" in disguise
+        ({"tls": {"pin_spki_sha256": []}}, "pin_spki_sha256 is empty"),
         ({"tls": {"client_cert_file": "c.pem"}}, "client_cert_file and client_key_file go"),
         ({"tls": {"server_name": "bad name"}}, "server_name"),
         ({"tls": {"ca": "x"}}, "unknown key"),
