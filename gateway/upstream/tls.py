@@ -41,6 +41,7 @@ from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from gateway.config.backends import FACT_NAME
 from gateway.config.schema import BackendSettings
 from gateway.small_files import read_small_file
 from gateway.tls_options import client_context, harden
@@ -58,7 +59,6 @@ __all__ = [
 ]
 
 FACT_PREFIX = "owngate:"
-_NAME = re.compile(r"[A-Za-z0-9._-]{1,63}\Z")  # \Z: `$` would also end before a newline
 # `0d+zdr` is not a spelling: zero days with zero data retention is `none`, one per claim
 _TERMS = re.compile(r"(none|0d|[1-9][0-9]{0,5}d(\+zdr)?)(\+training)?\Z")
 _FACTS = ("region", "owner", "retention")
@@ -113,7 +113,7 @@ def facts_from_uris(uris: Iterable[str]) -> CertificateFacts:
         fact, _, value = uri[len(FACT_PREFIX) :].partition(":")
         if fact not in _FACTS:
             raise ValueError(f"unknown certificate fact {_shown(uri)}")
-        pattern = _TERMS if fact == "retention" else _NAME
+        pattern = _TERMS if fact == "retention" else FACT_NAME
         if not pattern.match(value):
             raise ValueError(f"malformed certificate fact {_shown(uri)}")
         if fact in found:
