@@ -13,9 +13,12 @@ and knows nothing of the app. A request is decided and routed by the parts activ
 its body is read, and finishes on them (each further attempt also checked against the
 new config's policies, `TrustPolicies.successor`); the connections of a removed or
 changed backend close once the requests that were running at the swap are done
-(bounded by `limits.drain_timeout_s`). Unchanged backends keep their connection pools, in-flight
-counts and health. Settings only a restart can change (`listen`, `provenance`, `state`,
-`logging`) keep their running values, and the log says "needs restart".
+(bounded by `limits.drain_timeout_s`); those of a backend whose TLS changed take the new
+TLS settings at once (`Registry.hand_over_tls`: no connection a new CA file refuses is
+opened or reused for a request that was running). Unchanged backends keep their
+connection pools, in-flight counts and health. Settings only a restart can change
+(`listen`, `provenance`, `state`, `logging`) keep their running values, and the log says
+"needs restart".
 """
 
 from __future__ import annotations
@@ -130,6 +133,9 @@ class ConfigReloader:
             return self._failed(str(exc).splitlines()[0], exc)
         await parts.scraper.scrape_once()  # know the new backends' health before routing
         requests = self._install(parts)
+        # Requests running now finish on the old parts: their next connection to a
+        # backend whose TLS changed is made (and checked) with the new files.
+        running.registry.hand_over_tls(parts.registry)
         self._succeeded()
         self._log.info(
             "config reloaded", **_changes(running.config, fresh), tls_files_changed=tls_changed

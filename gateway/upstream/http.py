@@ -65,6 +65,7 @@ class _Connection(asyncio.Protocol):
         self.interim = False  # parsing a 1xx response, which precedes the real one
         self.close_delimited = False  # body ends when the backend closes the connection
         self.peer: Peer | None = None  # who the TLS handshake authenticated (None: plain HTTP)
+        self.tls = pool.tls  # the settings it is authenticated with (`HttpPool.retrust`)
         self.head_bytes = 0  # bytes of the current response read before its headers ended
 
     # asyncio.Protocol
@@ -450,13 +451,33 @@ class HttpPool:
                 conn.abort()
                 self._forget(conn)
                 raise
+        conn.tls = tls
+        if tls is not self.tls:  # `retrust` while it was being made: the old settings' own
+            conn.abort()
+            self._forget(conn)
+            raise UpstreamError("tls", "the backend's TLS settings were reloaded while connecting")
         return conn
+
+    def retrust(self, tls: BackendTLS) -> None:
+        """Authenticate new connections with `tls` from now on (a reload replaced this
+        backend's TLS settings or files), and close the idle ones, which were
+        authenticated under the old. A connection a request holds now finishes that
+        request; none is handed out again."""
+        self.tls = tls
+        while self._idle:
+            conn = self._idle.pop()
+            conn.close()
+            self._forget(conn)
 
     def _release_slot(self) -> None:
         self._open -= 1
         self._limit.release()
 
     def _put_idle(self, conn: _Connection) -> None:
+        if conn.tls is not self.tls:  # authenticated under settings a reload replaced
+            conn.close()
+            self._forget(conn)
+            return
         self._idle.append(conn)
 
     def _forget(self, conn: _Connection) -> None:

@@ -146,3 +146,36 @@ def test_a_reload_with_nothing_changed_keeps_the_backend(
             await _closed(app)
 
     asyncio.run(run())
+
+
+def test_requests_running_at_the_reload_no_longer_trust_the_withdrawn_ca(
+    front: tuple[TLSFront, Pki], tmp_path: Path
+) -> None:
+    # A request that began before the reload finishes on the old registry (its plan holds
+    # the old backend): a failover attempt of it connects, or takes an idle connection,
+    # from the old pool. Neither may trust the CA the reload withdrew.
+    app = _app(tmp_path, front[0].url)
+    assert app.reloader is not None
+    reloader = app.reloader
+    old = app.parts.registry
+    pool = old.backends["gpu"].pool
+    assert pool is not None
+
+    async def run() -> None:
+        try:
+            idle = await pool.connect()  # authenticated under the old CA, then idle
+            held = await pool.connect()  # held by a request across the reload
+            idle.release()
+            _withdraw_the_old_ca(tmp_path)
+            assert await reloader.reload()
+            assert pool.open_connections == 1  # the idle one is closed; the held one not
+            held.release()  # its request ended: closed, not pooled for the next
+            assert pool.open_connections == 0
+            with pytest.raises(UpstreamError) as caught:
+                await pool.connect()
+            assert caught.value.kind == "tls"
+            assert "certificate verify failed" in caught.value.detail
+        finally:
+            await _closed(app, old)
+
+    asyncio.run(run())
