@@ -20,6 +20,7 @@ import yaml
 from gateway.api.app import GatewayApp
 from gateway.app import create_app
 from gateway.config.loader import load_config
+from gateway.tenants import hash_api_key
 from gateway.upstream.http import UpstreamError
 from tests.helpers.gateways import ADMIN, TENANT_KEY, Sim, backend
 from tests.helpers.tls import Pki, TLSFront, server_context
@@ -41,19 +42,26 @@ def front(sim: Sim, tmp_path: Path) -> Iterator[tuple[TLSFront, Pki]]:
     started.stop()
 
 
-def _app(tmp_path: Path, url: str) -> GatewayApp:
-    from gateway.tenants import hash_api_key
-
-    ca = tmp_path / "ca.pem"
-    ca.write_bytes((tmp_path / "old" / "ca.pem").read_bytes())
+def _write_config(tmp_path: Path, url: str, **gpu: Any) -> Path:
+    """gateway.yaml with one backend `gpu` at `url`, trusting tmp_path/ca.pem."""
+    tls = {"ca_file": "ca.pem"}
     config = {
         "logging": {"format": "json", "level": "warning"},
-        "backends": [backend("gpu", url, "m", kind="openai", tls={"ca_file": "ca.pem"})],
+        "backends": [backend("gpu", url, "m", kind="openai", tls=tls, **gpu)],
         "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": []}],
         "admin": ADMIN,
     }
     path = tmp_path / "gateway.yaml"
-    path.write_text(yaml.safe_dump(config))
+    partial = path.with_suffix(".tmp")
+    partial.write_text(yaml.safe_dump(config))
+    partial.replace(path)
+    return path
+
+
+def _app(tmp_path: Path, url: str, **gpu: Any) -> GatewayApp:
+    """A gateway app reloading tmp_path/gateway.yaml, trusting the CA `old` at first."""
+    (tmp_path / "ca.pem").write_bytes((tmp_path / "old" / "ca.pem").read_bytes())
+    path = _write_config(tmp_path, url, **gpu)
     return create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
 
 
@@ -179,3 +187,38 @@ def test_requests_running_at_the_reload_no_longer_trust_the_withdrawn_ca(
             await _closed(app, old)
 
     asyncio.run(run())
+
+
+def test_requests_running_at_the_reload_still_need_the_facts_they_were_decided_on(
+    sim: Sim, tmp_path: Path
+) -> None:
+    # Decided while gpu had `identity: certificate` (a policy may have required it), a
+    # running request's failover must still find the certificate stating those facts,
+    # also after a reload that dropped the requirement: only what both settings accept.
+    pki = Pki.create(tmp_path / "old", "old CA")
+    silent = pki.server()  # chains, names 127.0.0.1, states no facts
+    front = TLSFront((sim.server.host, sim.server.port), server_context(pki, silent)).start()
+    try:
+        attested = {"identity": "certificate", "retention": {"days": 0}}
+        app = _app(tmp_path, front.url, **attested)
+        assert app.reloader is not None
+        reloader = app.reloader
+        old = app.parts.registry
+        pool = old.backends["gpu"].pool
+        assert pool is not None
+
+        async def run() -> None:
+            try:
+                assert not await _connects(app, front)  # states no region
+                _write_config(tmp_path, front.url)  # identity: declared
+                assert await reloader.reload()
+                assert await _connects(app, front)  # new requests: declared facts only
+                with pytest.raises(UpstreamError) as caught:
+                    await pool.connect()
+                assert caught.value.detail.startswith("the certificate states no region")
+            finally:
+                await _closed(app, old)
+
+        asyncio.run(run())
+    finally:
+        front.stop()
