@@ -90,7 +90,8 @@ async def _connects(app: GatewayApp, front: TLSFront) -> bool:
 
 
 def _withdraw_the_old_ca(tmp_path: Path) -> None:
-    new = Pki.create(tmp_path / "new", "new CA")
+    # a longer name: another size, so the poll sees it also where mtimes are coarse
+    new = Pki.create(tmp_path / "new", "the replacement CA")
     partial = tmp_path / "ca.pem.tmp"
     partial.write_bytes(new.ca.cert_pem)
     partial.replace(tmp_path / "ca.pem")  # atomic, as a deploy tool does it
