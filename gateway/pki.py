@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gateway.upstream.tls import FACT_PREFIX, facts_from_uris, spki_sha256
@@ -81,7 +81,8 @@ def issue(
     `name`, plus `uris`), or with `client` the gateway's for mutual TLS."""
     key = ec.generate_private_key(ec.SECP256R1())
     ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
-    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+        raise ValueError(f"a {type(ca_key).__name__} CA key: owngate signs with ECDSA or RSA keys")
     ca_cert = ca.certificate
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
@@ -105,11 +106,20 @@ def issue(
 
 
 def load_issued(cert_pem: bytes, key_pem: bytes) -> Issued:
-    """A CA read from its files (ValueError if they do not parse or do not match)."""
+    """A CA read from its files (ValueError if they do not parse, do not match, are not a
+    CA's, or its key is neither ECDSA nor RSA)."""
     cert = x509.load_pem_x509_certificate(cert_pem)
     key = serialization.load_pem_private_key(key_pem, password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+        raise ValueError(f"a {type(key).__name__} CA key: owngate signs with ECDSA or RSA keys")
     if cert.public_key() != key.public_key():
         raise ValueError("the key does not belong to the certificate")
+    try:
+        is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        is_ca = False
+    if not is_ca:
+        raise ValueError("the certificate is not a CA's (basicConstraints CA:TRUE)")
     return Issued(cert_pem, key_pem)
 
 

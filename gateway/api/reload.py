@@ -1,8 +1,10 @@
 """Reloading gateway.yaml in a running gateway, without dropping a connection.
 
-SIGHUP (and a poll of the file's and the keys file's mtime) loads the file again through
-the same strict loader as startup. A file that fails validation, or whose trust policies
-no longer compile against its backends, leaves the running config untouched: the failure
+SIGHUP (and a poll of the file's, the keys file's and the backends' TLS files' mtimes)
+loads the file again through the same strict loader as startup; a backend whose CA or
+client certificate file changed on disk is rebuilt even when gateway.yaml did not change.
+A file that fails validation, or whose trust policies no longer compile against its
+backends, leaves the running config untouched: the failure
 is logged, counted (`owngate_config_reload_failures_total`) and shown in the readiness
 detail, as a failed policy reload is. A valid file is assembled completely by the
 composition root's `assemble` (backend registry, tenant keys, trust policies, scraper,
@@ -11,9 +13,12 @@ and knows nothing of the app. A request is decided and routed by the parts activ
 its body is read, and finishes on them (each further attempt also checked against the
 new config's policies, `TrustPolicies.successor`); the connections of a removed or
 changed backend close once the requests that were running at the swap are done
-(bounded by `limits.drain_timeout_s`). Unchanged backends keep their connection pools, in-flight
-counts and health. Settings only a restart can change (`listen`, `provenance`, `state`,
-`logging`) keep their running values, and the log says "needs restart".
+(bounded by `limits.drain_timeout_s`); those of a backend whose TLS changed take the new
+TLS settings at once (`Registry.hand_over_tls`: no connection a new CA file refuses is
+opened or reused for a request that was running). Unchanged backends keep their
+connection pools, in-flight counts and health. Settings only a restart can change
+(`listen`, `provenance`, `state`, `logging`) keep their running values, and the log says
+"needs restart".
 """
 
 from __future__ import annotations
@@ -75,9 +80,10 @@ class ConfigReloader:
 
     def _fingerprint(self) -> tuple[tuple[int, int], ...]:
         files = [self.path]
-        keys_file = self._current().config.keys_file
-        if keys_file is not None:
-            files.append(self.path.parent / keys_file)
+        current = self._current()
+        if current.config.keys_file is not None:
+            files.append(self.path.parent / current.config.keys_file)
+        files += current.registry.tls_files()  # a CA or client certificate rotated on disk
         stamps = []
         for file in files:
             try:
@@ -114,7 +120,10 @@ class ConfigReloader:
         except ConfigError as exc:
             return self._failed(f"{len(exc.issues)} problem(s); first: {exc.issues[0]}", exc)
         fresh = self._pin_restart_only(running.config, fresh)
-        if fresh == running.config:
+        # The same file, but a backend's CA or client certificate replaced on disk (a CA
+        # withdrawn, a key rotated): its backend is rebuilt like a changed one.
+        tls_changed = running.registry.tls_changed()
+        if fresh == running.config and not tls_changed:
             running.policies.reload()  # only the policy files may have changed
             self._succeeded()
             return False
@@ -124,8 +133,13 @@ class ConfigReloader:
             return self._failed(str(exc).splitlines()[0], exc)
         await parts.scraper.scrape_once()  # know the new backends' health before routing
         requests = self._install(parts)
+        # Requests running now finish on the old parts: their next connection to a
+        # backend whose TLS changed is made (and checked) with the new files.
+        running.registry.hand_over_tls(parts.registry)
         self._succeeded()
-        self._log.info("config reloaded", **_changes(running.config, fresh))
+        self._log.info(
+            "config reloaded", **_changes(running.config, fresh), tls_files_changed=tls_changed
+        )
         retiring = [
             b
             for b in running.registry.backends.values()

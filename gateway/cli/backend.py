@@ -11,9 +11,12 @@ cert-manager and step-ca.
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import math
 import os
+import re
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,33 @@ from gateway.cli._common import env_default, usage
 __all__ = ["register"]
 
 _MAX_PEM = 1024 * 1024  # a CA certificate or key is a few kB: a bound on a wrong path
+# What `--name` may be besides an IP address: a host name (tls.server_name's pattern). It
+# is also the files' name: no `/`, no `..` to climb out of --out, nothing invisible.
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?\Z")
+_MAX_DAYS = 36500.0  # past this, dates leave what certificates (and datetime) can write
+
+
+def _name(value: str) -> str:
+    """`--name`: a host name or an IP address."""
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        if not _HOST.match(value) or ".." in value:
+            raise argparse.ArgumentTypeError(
+                f"{value!r} is not a host name (letters, digits, '.' and '-') or an IP address"
+            ) from None
+    return value
+
+
+def _days(value: str) -> float:
+    """`--days`: a validity above zero, at most `_MAX_DAYS`."""
+    try:
+        days = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of days") from None
+    if not (math.isfinite(days) and 0 < days <= _MAX_DAYS):
+        raise argparse.ArgumentTypeError(f"days must be above 0 and at most {_MAX_DAYS:g}")
+    return days
 
 
 def register(subparsers: Any) -> None:
@@ -37,7 +67,7 @@ def register(subparsers: Any) -> None:
     ca = verbs.add_parser("ca", help="make a CA: DIR/ca.pem and DIR/ca-key.pem")
     ca.add_argument("--out", required=True, help="directory to write into")
     ca.add_argument("--name", default="owngate backend CA", help="the CA's common name")
-    ca.add_argument("--days", type=float, default=3650, help="validity (default 3650)")
+    ca.add_argument("--days", type=_days, default=3650, help="validity (default 3650)")
     ca.set_defaults(handler=_ca)
     issue = verbs.add_parser(
         "issue",
@@ -49,7 +79,9 @@ def register(subparsers: Any) -> None:
     issue.add_argument(
         "--ca-key", default=env_default("OWNGATE_CA_KEY", "ca-key.pem"), help="env OWNGATE_CA_KEY"
     )
-    issue.add_argument("--name", required=True, help="the backend's host name or IP (SAN)")
+    issue.add_argument(
+        "--name", required=True, type=_name, help="the backend's host name or IP (SAN)"
+    )
     issue.add_argument("--region", help="owngate:region:<REGION>, e.g. eu-west-1")
     issue.add_argument("--owner", help="owngate:owner:<OWNER>")
     issue.add_argument(
@@ -60,7 +92,9 @@ def register(subparsers: Any) -> None:
     issue.add_argument(
         "--client", action="store_true", help="the gateway's client certificate (mutual TLS)"
     )
-    issue.add_argument("--days", type=float, default=90, help="validity (default 90)")
+    issue.add_argument(
+        "--days", type=_days, default=90, help="validity (default 90; within the CA's)"
+    )
     issue.add_argument("--out", required=True, help="directory to write into")
     issue.set_defaults(handler=_issue)
     parser.set_defaults(handler=lambda _args: usage(parser))
@@ -100,9 +134,16 @@ def _issue(args: argparse.Namespace) -> int:
     if args.client and uris:
         print("--client certificates state no backend facts", file=sys.stderr)
         return 2
-    made = issue(
-        ca, args.name, now=datetime.now(UTC), days=args.days, client=args.client, uris=uris
-    )
+    now = datetime.now(UTC)
+    expires = ca.certificate.not_valid_after_utc
+    if now + timedelta(days=args.days) > expires:
+        print(
+            f"the CA expires {expires:%Y-%m-%d %H:%M} UTC, before --days {args.days:g} "
+            "would end: a certificate cannot outlive its CA (ask for fewer days)",
+            file=sys.stderr,
+        )
+        return 1
+    made = issue(ca, args.name, now=now, days=args.days, client=args.client, uris=uris)
     return _write(Path(args.out), args.name, made.cert_pem, made.key_pem, made.pin)
 
 

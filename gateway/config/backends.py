@@ -18,6 +18,8 @@ from gateway.provenance.errors import KeyFormatError
 from gateway.provenance.formats.note import Verifier
 
 __all__ = [
+    "FACT_NAME",
+    "MAX_FACT_DAYS",
     "PRIVATE_KINDS",
     "AttestSettings",
     "BackendKind",
@@ -67,6 +69,10 @@ class ModelSettings(_Strict):
 
 
 _PIN = re.compile(r"^sha256//[A-Za-z0-9+/]{43}=$")
+# What a certificate can state as `owngate:region:` or `owngate:owner:` (docs/backend-tls.md;
+# gateway/upstream/tls.py reads them with it), and the most days `owngate:retention:` can.
+FACT_NAME = re.compile(r"[A-Za-z0-9._-]{1,63}\Z")  # \Z: `$` would also end before a newline
+MAX_FACT_DAYS = 999999
 
 
 class BackendTLSSettings(_Strict):
@@ -90,6 +96,14 @@ class BackendTLSSettings(_Strict):
     @field_validator("pin_spki_sha256")
     @classmethod
     def _pin_shape(cls, pins: tuple[str, ...]) -> tuple[str, ...]:
+        if not pins:
+            # Written and empty (a template whose list came out empty, say): "no pin"
+            # would accept any key the CA certified, silently. An empty key set denies
+            # elsewhere; here it is refused, and leaving the key out says "no pin".
+            raise ValueError(
+                "pin_spki_sha256 is empty: list the keys the backend may present, or leave "
+                "the key out to accept any key its CA certified"
+            )
         for pin in pins:
             if (
                 not _PIN.match(pin)
@@ -200,6 +214,8 @@ class BackendSettings(_Strict):
                 "identity: certificate needs tls.ca_file: facts count only from a certificate "
                 "issued by the organisation's own CA"
             )
+        if self.identity == "certificate":
+            self._statable()
         if self.kind == "hosted":
             if self.api_key is not None:
                 raise ValueError(
@@ -229,6 +245,23 @@ class BackendSettings(_Strict):
                     "aliases): the body it countersigns must be the one the client sent"
                 )
         return self
+
+    def _statable(self) -> None:
+        """With `identity: certificate`, the declared facts must be ones a certificate can
+        state: a typo such as `owner: Acme Corp` would otherwise be found only at the first
+        connection, as a backend that never serves."""
+        for fact in ("region", "owner"):
+            value = getattr(self, fact)
+            if not FACT_NAME.match(value):
+                raise ValueError(
+                    f"identity: certificate, but no certificate can state {fact} {value!r} "
+                    f"(owngate:{fact}: takes 1-63 of A-Z a-z 0-9 . _ -)"
+                )
+        if self.retention.days > MAX_FACT_DAYS:
+            raise ValueError(
+                f"identity: certificate, but no certificate can state retention.days "
+                f"{self.retention.days} (owngate:retention: takes at most {MAX_FACT_DAYS}d)"
+            )
 
     @property
     def is_private(self) -> bool:

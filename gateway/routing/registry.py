@@ -146,6 +146,31 @@ class Registry:
                 return True
         return False
 
+    def tls_files(self) -> tuple[Path, ...]:
+        """The TLS files (CA, client certificate and key) its backends were built from."""
+        return tuple(path for b in self.backends.values() if b.tls for path in b.tls.files)
+
+    def tls_changed(self) -> list[str]:
+        """The backends whose TLS files now read differently from when they were built:
+        a reload must rebuild them even when gateway.yaml did not change."""
+        return [b.id for b in self.backends.values() if b.tls and b.tls.files_changed()]
+
+    def hand_over_tls(self, successor: Registry) -> None:
+        """After a reload installed `successor`: every backend of this (retiring) registry
+        that `successor` rebuilt with other TLS settings or files, at the same origin,
+        authenticates its new connections with the successor's and drops its idle ones
+        (`HttpPool.retrust`). Requests that began before the reload finish on this
+        registry; a failover attempt among them must not open or reuse a connection the
+        new files refuse (a CA withdrawn by replacing `ca.pem` is withdrawn at once)."""
+        for backend in self.backends.values():
+            new = successor.backends.get(backend.id)
+            if new is None or new is backend or backend.tls is None or new.tls is None:
+                continue
+            if backend.pool is None or new.pool is None or backend.tls.digest == new.tls.digest:
+                continue
+            if (backend.pool.host, backend.pool.port) == (new.pool.host, new.pool.port):
+                backend.pool.retrust(new.tls)
+
     async def close(self) -> None:
         for backend in self.backends.values():
             if backend.pool is not None:

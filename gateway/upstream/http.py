@@ -28,13 +28,11 @@ import asyncio
 import collections
 import ssl
 from collections.abc import Iterable
-from typing import cast
 from urllib.parse import urlsplit
 
-import httptools
-
+from gateway.upstream.connection import MAX_HEAD, _Connection, ssl_reason
 from gateway.upstream.response import UpstreamError, UpstreamResponse
-from gateway.upstream.tls import BackendTLS, Peer, TLSRejectedError, system_tls
+from gateway.upstream.tls import BackendTLS, TLSRejectedError, system_tls
 
 __all__ = [
     "DEFAULT_MAX_BODY",
@@ -46,159 +44,6 @@ __all__ = [
 ]
 
 DEFAULT_MAX_BODY = 16 * 1024 * 1024  # `read()`'s limit unless the pool is given another
-# A response's status line and headers (with any 1xx before it): inference servers send
-# well under 2 KiB, a countersignature header is under 6 KiB.
-MAX_HEAD = 64 * 1024
-
-
-class _Connection(asyncio.Protocol):
-    """One TCP connection; parses responses and feeds the current `UpstreamResponse`."""
-
-    def __init__(self, pool: HttpPool) -> None:
-        self.pool = pool
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.response: UpstreamResponse | None = None
-        self.closed = False
-        self.reused = False
-        self.counted = True  # holds one of the pool's connection slots
-        self.interim = False  # parsing a 1xx response, which precedes the real one
-        self.close_delimited = False  # body ends when the backend closes the connection
-        self.peer: Peer | None = None  # who the TLS handshake authenticated (None: plain HTTP)
-        self.head_bytes = 0  # bytes of the current response read before its headers ended
-
-    # asyncio.Protocol
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        if self.response is None or self.response.complete:
-            # Bytes nobody asked for (after the response ended): the connection is out of
-            # step with its requests and no longer trustworthy.
-            self._out_of_step()
-            return
-        response = self.response
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self.response._fail(UpstreamError("protocol", "unexpected upgrade"))
-            self.close()
-        except httptools.HttpParserError as exc:
-            self.response._fail(UpstreamError("protocol", f"bad HTTP response: {exc}"))
-            self.close()
-        if response.status == 0:  # every byte so far was head: bounded
-            self.head_bytes += len(data)
-            if self.head_bytes > MAX_HEAD:
-                response._fail(
-                    UpstreamError("protocol", f"response headers larger than {MAX_HEAD} bytes")
-                )
-                self.abort()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        response = self.response
-        if response is not None and not response.complete and self.close_delimited:
-            # No content-length and not chunked: the close is the end of the body (or the
-            # backend died: only the content can tell, see `ended_by_close`).
-            response.complete = True
-            response.ended_by_close = True
-            response._keep_alive = False
-            response._wake()
-            return
-        if (
-            self.response is not None
-            and not self.response.complete
-            and isinstance(exc, ssl.SSLError)
-        ):
-            # e.g. TLS 1.3: a server that wanted a client certificate says so after the
-            # handshake, with an alert, before it reads the request.
-            self.response._fail(UpstreamError("tls", _ssl_reason(exc)))
-            return
-        if self.response is not None and not self.response.complete:
-            got_bytes = self.response.status != 0
-            self.response._fail(
-                UpstreamError(
-                    "closed",
-                    "backend closed the connection mid-response"
-                    if got_bytes
-                    else "backend closed the connection before answering",
-                    sent_nothing=self.reused and not got_bytes,
-                )
-            )
-
-    def pause_writing(self) -> None:  # request bodies are bounded; nothing to throttle
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
-    # httptools callbacks
-    def on_message_begin(self) -> None:
-        response = self.response
-        if response is None or response.complete:
-            # A second response to one request (in the same read as the first): the
-            # connection is out of step; what follows is parsed only to be dropped.
-            self._out_of_step()
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        response = self.response
-        if response is None or response.complete:
-            return  # part of a message after the response: dropped
-        response.headers.append((name.lower(), value))
-
-    def on_headers_complete(self) -> None:
-        response = self.response
-        if response is None or response.complete:
-            return
-        status = self.parser.get_status_code()
-        if 100 <= status < 200:
-            if status == 101:
-                response._fail(UpstreamError("protocol", "backend switched protocols"))
-                self.abort()
-                return
-            # 100 Continue / 103 Early Hints: the real response follows on this connection.
-            self.interim = True
-            response.headers.clear()
-            return
-        response.status = status
-        has_length = any(
-            name in (b"content-length", b"transfer-encoding") for name, _ in response.headers
-        )
-        self.close_delimited = not has_length and status not in (204, 304)
-        response._wake()
-
-    def on_body(self, body: bytes) -> None:
-        response = self.response
-        if response is None or response.complete:
-            return  # never appended to an answer that already ended
-        response._push(body)
-
-    def on_message_complete(self) -> None:
-        response = self.response
-        if response is None or response.complete:
-            return
-        if self.interim:
-            self.interim = False
-            return
-        response.complete = True
-        response._keep_alive = self.parser.should_keep_alive()
-        response._wake()
-
-    def _out_of_step(self) -> None:
-        if self.response is not None:
-            self.response._keep_alive = False
-        self.abort()
-
-    def close(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
-
-    def abort(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.abort()
 
 
 class Connection:
@@ -222,13 +67,6 @@ class Connection:
                 self._pool._forget(conn)
             else:
                 self._pool._put_idle(conn)
-
-
-def _ssl_reason(exc: ssl.SSLError) -> str:
-    """What a TLS failure says, briefly: the verification message or OpenSSL's reason."""
-    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
-        return f"certificate verify failed: {exc.verify_message}"
-    return str(exc.reason or exc.strerror or type(exc).__name__).lower().replace("_", " ")
 
 
 class HttpPool:
@@ -257,6 +95,9 @@ class HttpPool:
         literal = f"[{host}]" if ":" in host else host
         self._host_header = f"{literal}:{port}".encode("ascii")
         self.tls = tls if isinstance(tls, BackendTLS) else (system_tls(host) if tls else None)
+        # After `retrust`: the settings the pool was built with, which the requests still
+        # using it were decided under; a new connection must satisfy them too.
+        self._built_with: BackendTLS | None = None
         self._connect_timeout = connect_timeout
         self._first_byte_timeout = first_byte_timeout
         self._read_timeout = read_timeout
@@ -425,17 +266,27 @@ class HttpPool:
             raise UpstreamError("connect", "connect timed out") from exc
         except ssl.SSLError as exc:  # before OSError, its base class
             self._release_slot()
-            raise UpstreamError("tls", _ssl_reason(exc)) from exc
+            raise UpstreamError("tls", ssl_reason(exc)) from exc
         except OSError as exc:
             self._release_slot()
             raise UpstreamError("connect", exc.strerror or type(exc).__name__) from exc
+        except UnicodeDecodeError as exc:
+            # The event loop's end of the handshake reads `getpeercert()`, whose dict
+            # decodes the certificate's URIs (SAN, OCSP, CRL) as UTF-8: a trusted CA's
+            # certificate with another byte in one is refused like one that cannot be read.
+            self._release_slot()
+            raise UpstreamError("tls", f"the backend's certificate cannot be read ({exc})") from exc
         except BaseException:
             self._release_slot()  # cancelled (client gone, shutdown): give the slot back
             raise
         if tls is not None:
             assert conn.transport is not None
+            ssl_object = conn.transport.get_extra_info("ssl_object")
             try:  # before a byte of any request is written
-                conn.peer = tls.check(conn.transport.get_extra_info("ssl_object"))
+                conn.peer = tls.check(ssl_object)
+                if self._built_with is not None and self._built_with is not tls:
+                    # the pins and facts the running requests' records are about
+                    conn.peer = self._built_with.check(ssl_object)
             except TLSRejectedError as exc:
                 conn.abort()
                 self._forget(conn)
@@ -444,13 +295,37 @@ class HttpPool:
                 conn.abort()
                 self._forget(conn)
                 raise
+        conn.tls = tls
+        if tls is not self.tls:  # `retrust` while it was being made: the old settings' own
+            conn.abort()
+            self._forget(conn)
+            raise UpstreamError("tls", "the backend's TLS settings were reloaded while connecting")
         return conn
+
+    def retrust(self, tls: BackendTLS) -> None:
+        """Authenticate new connections with `tls` from now on (a reload replaced this
+        backend's TLS settings or files), and close the idle ones, which were
+        authenticated under the old. A connection a request holds now finishes that
+        request; none is handed out again. A new connection must also pass the pins and
+        certificate facts the pool was built with (the requests still using it were
+        decided under them): only what both the old and the new settings accept."""
+        if self._built_with is None:
+            self._built_with = self.tls
+        self.tls = tls
+        while self._idle:
+            conn = self._idle.pop()
+            conn.close()
+            self._forget(conn)
 
     def _release_slot(self) -> None:
         self._open -= 1
         self._limit.release()
 
     def _put_idle(self, conn: _Connection) -> None:
+        if conn.tls is not self.tls:  # authenticated under settings a reload replaced
+            conn.close()
+            self._forget(conn)
+            return
         self._idle.append(conn)
 
     def _forget(self, conn: _Connection) -> None:

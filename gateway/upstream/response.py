@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from gateway.upstream.http import _Connection
+    from gateway.upstream.connection import _Connection
 
 __all__ = ["FailureKind", "UpstreamError", "UpstreamResponse"]
 

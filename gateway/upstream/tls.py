@@ -41,6 +41,7 @@ from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from gateway.config.backends import FACT_NAME
 from gateway.config.schema import BackendSettings
 from gateway.small_files import read_small_file
 from gateway.tls_options import client_context, harden
@@ -58,10 +59,11 @@ __all__ = [
 ]
 
 FACT_PREFIX = "owngate:"
-_NAME = re.compile(r"[A-Za-z0-9._-]{1,63}\Z")  # \Z: `$` would also end before a newline
 # `0d+zdr` is not a spelling: zero days with zero data retention is `none`, one per claim
 _TERMS = re.compile(r"(none|0d|[1-9][0-9]{0,5}d(\+zdr)?)(\+training)?\Z")
 _FACTS = ("region", "owner", "retention")
+# A URI quoted in an error (the breaker's reason, /admin/status, the log): cut to this
+_SHOWN = 80
 # A CA bundle (Mozilla's is about 220 kB), a certificate chain or a key: far below this.
 _MAX_TLS_FILE = 4 * 1024 * 1024
 
@@ -87,9 +89,7 @@ class CertificateFacts:
 
 def spki_sha256(der_certificate: bytes) -> str:
     """The pin of a DER certificate: `sha256//` + base64(SHA-256(SubjectPublicKeyInfo))."""
-    cert = x509.load_der_x509_certificate(der_certificate)
-    spki = cert.public_key().public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
-    return "sha256//" + base64.b64encode(hashlib.sha256(spki).digest()).decode("ascii")
+    return _pin(x509.load_der_x509_certificate(der_certificate))
 
 
 def retention_terms(days: int, zero_data_retention: bool, training: bool) -> str:
@@ -107,17 +107,26 @@ def facts_from_uris(uris: Iterable[str]) -> CertificateFacts:
         if uri[: len(FACT_PREFIX)].lower() != FACT_PREFIX:
             continue
         if not uri.startswith(FACT_PREFIX):  # the same scheme to another reader (RFC 3986)
-            raise ValueError(f"certificate fact {uri!r}: write the scheme lowercase, owngate:")
+            raise ValueError(
+                f"certificate fact {_shown(uri)}: write the scheme lowercase, owngate:"
+            )
         fact, _, value = uri[len(FACT_PREFIX) :].partition(":")
         if fact not in _FACTS:
-            raise ValueError(f"unknown certificate fact {uri!r}")
-        pattern = _TERMS if fact == "retention" else _NAME
+            raise ValueError(f"unknown certificate fact {_shown(uri)}")
+        pattern = _TERMS if fact == "retention" else FACT_NAME
         if not pattern.match(value):
-            raise ValueError(f"malformed certificate fact {uri!r}")
+            raise ValueError(f"malformed certificate fact {_shown(uri)}")
         if fact in found:
             raise ValueError(f"the certificate states {fact} more than once")
         found[fact] = value
     return CertificateFacts(**found)
+
+
+def _shown(uri: str) -> str:
+    """A certificate's URI as an error quotes it: ASCII with every other character escaped
+    (no control character, escape sequence or look-alike reaches a log or a terminal),
+    and at most `_SHOWN` characters of it (a SAN may be kilobytes long)."""
+    return ascii(uri[:_SHOWN]) + ("..." if len(uri) > _SHOWN else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +140,16 @@ class BackendTLS:
     # identity: certificate: the declared facts the certificate must state
     declared: CertificateFacts | None = None
     digest: str = ""  # of the settings and the files read: a reload with new files differs
+    files: tuple[Path, ...] = ()  # the files read (CA, client certificate and key)
+    files_digest: str = ""  # of their contents, as read
+
+    def files_changed(self) -> bool:
+        """Whether the files now read differently from when this was built (a file gone
+        or unreadable counts as changed: the reload that follows names the problem)."""
+        try:
+            return _files_digest(self.backend, self.files) != self.files_digest
+        except ValueError:
+            return True
 
     def check(self, ssl_object: ssl.SSLObject | None) -> Peer:
         """The peer of a connection whose handshake just completed; raises
@@ -138,18 +157,24 @@ class BackendTLS:
         der = None if ssl_object is None else ssl_object.getpeercert(binary_form=True)
         if ssl_object is None or der is None:
             raise TLSRejectedError("the backend presented no certificate")
+        # Read with `cryptography` from the DER, key and facts alike: `getpeercert()`'s
+        # dict raises UnicodeDecodeError on a URI (SAN, OCSP, CRL) that is not UTF-8.
         try:
-            pin = spki_sha256(der)
-        except (ValueError, UnsupportedAlgorithm) as exc:  # e.g. an SM2 or GOST key
-            raise TLSRejectedError(
-                f"the backend's certificate cannot be read ({type(exc).__name__}: {exc})"
-            ) from exc
+            certificate = x509.load_der_x509_certificate(der)
+            pin = _pin(certificate)
+            uris = [] if self.declared is None else _uris(certificate)
+        except (
+            ValueError,  # also a SAN that does not parse (a URI that is not IA5String)
+            UnsupportedAlgorithm,  # e.g. an SM2 or GOST key
+            x509.DuplicateExtension,
+            x509.UnsupportedGeneralNameType,
+        ) as exc:
+            why = _bounded(f"{type(exc).__name__}: {exc}")
+            raise TLSRejectedError(f"the backend's certificate cannot be read ({why})") from exc
         if self.pins and pin not in self.pins:
             raise TLSRejectedError(f"certificate key {pin} is not among tls.pin_spki_sha256")
         if self.declared is None:
             return Peer(pin, attested=False)
-        sans = (ssl_object.getpeercert() or {}).get("subjectAltName", ())
-        uris = [str(entry[1]) for entry in sans if len(entry) == 2 and entry[0] == "URI"]
         try:
             stated = facts_from_uris(uris)
         except ValueError as exc:
@@ -163,6 +188,26 @@ class BackendTLS:
                     f"{fact} differs: the certificate says {got!r}, gateway.yaml says {want!r}"
                 )
         return Peer(pin, attested=True)
+
+
+def _pin(certificate: x509.Certificate) -> str:
+    spki = certificate.public_key().public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+    return "sha256//" + base64.b64encode(hashlib.sha256(spki).digest()).decode("ascii")
+
+
+def _uris(certificate: x509.Certificate) -> list[str]:
+    """The certificate's URI SANs (none without the extension)."""
+    try:
+        sans = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return []
+    return [str(uri) for uri in sans.value.get_values_for_type(x509.UniformResourceIdentifier)]
+
+
+def _bounded(text: str) -> str:
+    """`text` for an error message: ASCII, escaped where not printable, at most 200 characters."""
+    shown = ascii(text)[1:-1]
+    return shown if len(shown) <= 200 else shown[:200] + "..."
 
 
 def system_tls(host: str) -> BackendTLS:
@@ -180,12 +225,15 @@ def backend_tls(backend: BackendSettings, host: str, config_dir: Path) -> Backen
     # PROTOCOL_TLS_CLIENT checks the chain and the name and trusts no roots until told.
     context = harden(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)) if own_ca else client_context()
     context.set_alpn_protocols(["http/1.1"])
-    read = [backend.model_dump_json(include={"tls", "identity", "region", "owner", "retention"})]
+    files: list[Path] = []
+    read: list[str] = []  # each file's SHA-256, taken from the bytes read before loading it
     pins: frozenset[str] = frozenset()
     server_name = host
     if settings is not None:
         if settings.ca_file is not None:
-            data = _read(backend.id, "ca_file", config_dir / settings.ca_file)
+            files.append(config_dir / settings.ca_file)
+            data = _read(backend.id, "ca_file", files[-1])
+            read.append(hashlib.sha256(data).hexdigest())
             try:
                 context.load_verify_locations(cadata=data.decode("ascii"))
             except (ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
@@ -193,11 +241,11 @@ def backend_tls(backend: BackendSettings, host: str, config_dir: Path) -> Backen
                     f"backend {backend.id}: tls.ca_file {config_dir / settings.ca_file}: "
                     "holds no PEM certificate"
                 ) from exc
-            read.append(data.decode("ascii"))
         if settings.client_cert_file is not None and settings.client_key_file is not None:
             cert = config_dir / settings.client_cert_file
             key = config_dir / settings.client_key_file
-            read.append(_read(backend.id, "client_cert_file", cert).hex())
+            files += (cert, key)
+            read.append(hashlib.sha256(_read(backend.id, "client_cert_file", cert)).hexdigest())
             read.append(hashlib.sha256(_read(backend.id, "client_key_file", key)).hexdigest())
             try:  # an encrypted key fails here, never prompts for a passphrase
                 context.load_cert_chain(cert, key, password=_no_passphrase)
@@ -214,8 +262,16 @@ def backend_tls(backend: BackendSettings, host: str, config_dir: Path) -> Backen
         r = backend.retention
         terms = retention_terms(r.days, r.zero_data_retention, r.training)
         declared = CertificateFacts(backend.region, backend.owner, terms)
-    digest = hashlib.sha256("\n".join(read).encode()).hexdigest()
-    return BackendTLS(backend.id, context, server_name, pins, declared, digest)
+    # Digested as read before loading: a file replaced between the two reads makes the
+    # next reload see a change, never miss one.
+    contents = hashlib.sha256("\n".join(read).encode()).hexdigest()
+    settings_json = backend.model_dump_json(
+        include={"tls", "identity", "region", "owner", "retention"}
+    )
+    digest = hashlib.sha256(f"{settings_json}\n{contents}".encode()).hexdigest()
+    return BackendTLS(
+        backend.id, context, server_name, pins, declared, digest, tuple(files), contents
+    )
 
 
 class _EncryptedKeyError(Exception):
@@ -224,6 +280,12 @@ class _EncryptedKeyError(Exception):
 
 def _no_passphrase() -> bytes:
     raise _EncryptedKeyError
+
+
+def _files_digest(backend: str, files: Iterable[Path]) -> str:
+    """SHA-256 over the SHA-256 of each file's contents, in order."""
+    parts = [hashlib.sha256(_read(backend, "file", path)).hexdigest() for path in files]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def _read(backend: str, key: str, path: Path) -> bytes:

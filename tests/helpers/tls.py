@@ -19,7 +19,7 @@ from pathlib import Path
 
 from gateway.pki import Issued, fact_uris, issue, make_ca
 
-__all__ = ["Pki", "TLSFront", "server_context"]
+__all__ = ["Pki", "TLSFront", "patched", "server_context"]
 
 _BUFFER = 64 * 1024
 
@@ -61,6 +61,48 @@ class Pki:
         cert.write_bytes(issued.cert_pem)
         key.write_bytes(issued.key_pem)
         return cert, key
+
+
+def patched(pki: Pki, issued: Issued, old: bytes, new: bytes) -> Issued:
+    """`issued` with the bytes `old` of its to-be-signed part replaced by `new` (as long),
+    signed again by `pki`'s CA: a certificate `cryptography`'s builder refuses to write
+    (a URI SAN that is not ASCII, say) that a CA can still issue and OpenSSL accept."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    assert len(old) == len(new)
+    certificate = issued.certificate
+    tbs = certificate.tbs_certificate_bytes
+    assert tbs.count(old) == 1
+    tbs = tbs.replace(old, new)
+    ca_key = serialization.load_pem_private_key(pki.ca.key_pem, password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    signature = ca_key.sign(tbs, ec.ECDSA(hashes.SHA256()))
+    der = certificate.public_bytes(serialization.Encoding.DER)
+    # Certificate ::= SEQUENCE { tbsCertificate, signatureAlgorithm, signatureValue }
+    body = der[_header_length(der) :]
+    original_tbs = certificate.tbs_certificate_bytes
+    assert body.startswith(original_tbs)
+    rest = body[len(original_tbs) :]
+    algorithm = rest[: _header_length(rest) + rest[1]]  # a short AlgorithmIdentifier
+    value = _der(0x03, b"\x00" + signature)
+    cert_der = _der(0x30, tbs + algorithm + value)
+    pem = x509.load_der_x509_certificate(cert_der).public_bytes(serialization.Encoding.PEM)
+    return Issued(pem, issued.key_pem)
+
+
+def _header_length(der: bytes) -> int:
+    """The length of a DER element's tag and length octets."""
+    return 2 if der[1] < 0x80 else 2 + (der[1] & 0x7F)
+
+
+def _der(tag: int, content: bytes) -> bytes:
+    size = len(content)
+    if size < 0x80:
+        return bytes([tag, size]) + content
+    octets = size.to_bytes((size.bit_length() + 7) // 8, "big")
+    return bytes([tag, 0x80 | len(octets)]) + octets + content
 
 
 def server_context(pki: Pki, issued: Issued, *, client_ca: Pki | None = None) -> ssl.SSLContext:

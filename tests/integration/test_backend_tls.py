@@ -10,7 +10,9 @@ gateway.yaml declares; the dispatch record names the key of that connection.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +22,14 @@ from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 
 from gateway.config.schema import BackendSettings
+from gateway.pki import issue
 from gateway.provenance import write_signing_key
 from gateway.upstream.http import HttpPool, UpstreamError
 from gateway.upstream.tls import backend_tls
+from tests.helpers.clock import FakeClock
 from tests.helpers.gateways import ADMIN_HEADERS, Gateway, Sim, admin_status, backend, served
 from tests.helpers.provenance import request_records
-from tests.helpers.tls import Pki, TLSFront, server_context
+from tests.helpers.tls import Pki, TLSFront, patched, server_context
 from tests.helpers.waiting import until, until_async
 
 ORIGIN = "test.owngate/tls/1"
@@ -62,6 +66,7 @@ def _gateway(
     url: str,
     tls: dict[str, Any],
     scrape: dict[str, Any] | None = None,
+    clock: Callable[[], float] = time.monotonic,
     **facts: Any,
 ) -> Gateway:
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -75,7 +80,7 @@ def _gateway(
     # kind openai is not probed: every refusal is a request's, unless `scrape` is given.
     kind = "openai" if scrape is None else "vllm"
     gpu = backend("gpu", url, "m", kind=kind, tls=tls, **facts)
-    return start_gateway([gpu], provenance=provenance, scrape=scrape or {})
+    return start_gateway([gpu], provenance=provenance, scrape=scrape or {}, clock=clock)
 
 
 def _chat(gateway: Gateway) -> httpx.Response:
@@ -187,6 +192,33 @@ def test_an_expired_certificate_gets_no_request(
         start_gateway, tmp_path, front.url, {"ca_file": str(pki.directory / "ca.pem")}
     )
     assert "certificate has expired" in _refused(gateway, sim, 0)
+
+
+def test_a_backend_refused_for_its_certificate_serves_again_once_it_presents_a_good_one(
+    start_gateway: Callable[..., Gateway],
+    start_front: Callable[[Any], TLSFront],
+    sim: Sim,
+    pki: Pki,
+    tmp_path: Path,
+) -> None:
+    # Expired, then renewed: the breaker keeps it out for its cooldown, then its probe
+    # request closes the breaker, and the record names the renewed certificate's key.
+    clock = FakeClock()
+    front = start_front(server_context(pki, pki.server(expired=True)))
+    tls = {"ca_file": str(pki.directory / "ca.pem")}
+    gateway = _gateway(start_gateway, tmp_path, front.url, tls, clock=clock)
+    assert "certificate has expired" in _refused(gateway, sim, 0)
+    renewed = pki.server()
+    front.swap(server_context(pki, renewed))
+    assert _chat(gateway).status_code == 503  # the cooldown has not passed
+    assert served(sim) == 0
+    clock.now += 60.0  # past routing.breaker.max_cooldown_s
+    response = _chat(gateway)
+    assert response.status_code == 200, response.text
+    assert served(sim) == 1
+    assert _peer(tmp_path, response) == {"spki_sha256": renewed.pin, "attested": False}
+    breaker = _status(gateway)["breaker"]
+    assert (breaker["state"], breaker["last_error"]) == ("closed", None)
 
 
 def test_a_certificate_for_another_name_gets_no_request_unless_server_name_says_so(
@@ -385,6 +417,48 @@ def test_a_connection_leased_for_its_record_never_reconnects_to_another_key(
             await pool.close()
 
     asyncio.run(run())
+
+
+def test_a_certificate_fact_that_is_not_text_is_a_tls_refusal(
+    start_gateway: Callable[..., Gateway],
+    start_front: Callable[[Any], TLSFront],
+    sim: Sim,
+    pki: Pki,
+    tmp_path: Path,
+) -> None:
+    # A URI SAN is an IA5String; a CA (or a step-ca template copying what the requester
+    # asked for) can still put a byte above 0x7f in one, and OpenSSL's handshake accepts
+    # it. Reading it must refuse the backend like any unreadable certificate, never fail
+    # the request as the gateway's own error with the breaker left closed.
+    stated = pki.server(region="eu-west-1", owner="test", retention="0d")
+    hostile = patched(pki, stated, b"owngate:owner:test", b"owngate:owner:t\xffst")
+    front = start_front(server_context(pki, hostile))
+    tls = {"ca_file": str(pki.directory / "ca.pem")}
+    gateway = _gateway(start_gateway, tmp_path, front.url, tls, identity="certificate")
+    reason = _refused(gateway, sim, 0)
+    assert reason.startswith("tls: the backend's certificate cannot be read (")
+    assert reason.isascii() and reason.isprintable()
+
+
+def test_a_certificate_fact_quoted_in_a_refusal_is_escaped_and_bounded(
+    start_gateway: Callable[..., Gateway],
+    start_front: Callable[[Any], TLSFront],
+    sim: Sim,
+    pki: Pki,
+    tmp_path: Path,
+) -> None:
+    # The certificate's URI reaches the breaker's reason (/admin/status), the log and the
+    # client's error: an escape sequence or a newline in it must arrive escaped, and a
+    # SAN of kilobytes must not.
+    long = "owngate:region:" + "\x1b[31m\n" + "x" * 4000
+    hostile = issue(pki.ca, "127.0.0.1", now=datetime.now(UTC), days=1, uris=[long])
+    front = start_front(server_context(pki, hostile))
+    tls = {"ca_file": str(pki.directory / "ca.pem")}
+    gateway = _gateway(start_gateway, tmp_path, front.url, tls, identity="certificate")
+    reason = _refused(gateway, sim, 0)
+    assert reason.startswith("tls: malformed certificate fact 'owngate:region:\\x1b[31m\\n")
+    assert "\x1b" not in reason and "\n" not in reason
+    assert len(reason) < 200
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,25 @@ def _config_text(**gpu: Any) -> str:
             {"tls": {"pin_spki_sha256": ["sha256//" + "A" * 42 + "B="]}},
             "is not sha256// followed by the base64",
         ),
+        # facts no certificate can state: a backend that would never serve, found at load
+        (
+            {"identity": "certificate", "tls": {"ca_file": "ca.pem"}, "owner": "Acme Corp"},
+            "no certificate can state owner 'Acme Corp'",
+        ),
+        (
+            {"identity": "certificate", "tls": {"ca_file": "ca.pem"}, "region": "eu/west"},
+            "no certificate can state region 'eu/west'",
+        ),
+        (
+            {
+                "identity": "certificate",
+                "tls": {"ca_file": "ca.pem"},
+                "retention": {"days": 1000000},
+            },
+            "no certificate can state retention.days 1000000",
+        ),
+        # an empty list written out is not "no pin" in disguise
+        ({"tls": {"pin_spki_sha256": []}}, "pin_spki_sha256 is empty"),
         ({"tls": {"client_cert_file": "c.pem"}}, "client_cert_file and client_key_file go"),
         ({"tls": {"server_name": "bad name"}}, "server_name"),
         ({"tls": {"ca": "x"}}, "unknown key"),

@@ -1,0 +1,184 @@
+"""One keep-alive HTTP/1.1 connection to a backend, as `HttpPool` (gateway/upstream/http.py)
+holds it: the asyncio protocol that parses responses with `httptools` and feeds the
+current `UpstreamResponse`, within the bounds http.py's docstring describes (the head at
+`MAX_HEAD` bytes, bytes after a response's end drop the connection), and who its TLS
+handshake authenticated (`peer`) under which settings (`tls`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import TYPE_CHECKING, cast
+
+import httptools
+
+from gateway.upstream.response import UpstreamError, UpstreamResponse
+from gateway.upstream.tls import Peer
+
+if TYPE_CHECKING:
+    from gateway.upstream.http import HttpPool
+
+__all__ = ["MAX_HEAD", "ssl_reason"]
+
+# A response's status line and headers (with any 1xx before it): inference servers send
+# well under 2 KiB, a countersignature header is under 6 KiB.
+MAX_HEAD = 64 * 1024
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection; parses responses and feeds the current `UpstreamResponse`."""
+
+    def __init__(self, pool: HttpPool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.response: UpstreamResponse | None = None
+        self.closed = False
+        self.reused = False
+        self.counted = True  # holds one of the pool's connection slots
+        self.interim = False  # parsing a 1xx response, which precedes the real one
+        self.close_delimited = False  # body ends when the backend closes the connection
+        self.peer: Peer | None = None  # who the TLS handshake authenticated (None: plain HTTP)
+        self.tls = pool.tls  # the settings it is authenticated with (`HttpPool.retrust`)
+        self.head_bytes = 0  # bytes of the current response read before its headers ended
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.response is None or self.response.complete:
+            # Bytes nobody asked for (after the response ended): the connection is out of
+            # step with its requests and no longer trustworthy.
+            self._out_of_step()
+            return
+        response = self.response
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.response._fail(UpstreamError("protocol", "unexpected upgrade"))
+            self.close()
+        except httptools.HttpParserError as exc:
+            self.response._fail(UpstreamError("protocol", f"bad HTTP response: {exc}"))
+            self.close()
+        if response.status == 0:  # every byte so far was head: bounded
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD:
+                response._fail(
+                    UpstreamError("protocol", f"response headers larger than {MAX_HEAD} bytes")
+                )
+                self.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        response = self.response
+        if response is not None and not response.complete and self.close_delimited:
+            # No content-length and not chunked: the close is the end of the body (or the
+            # backend died: only the content can tell, see `ended_by_close`).
+            response.complete = True
+            response.ended_by_close = True
+            response._keep_alive = False
+            response._wake()
+            return
+        if (
+            self.response is not None
+            and not self.response.complete
+            and isinstance(exc, ssl.SSLError)
+        ):
+            # e.g. TLS 1.3: a server that wanted a client certificate says so after the
+            # handshake, with an alert, before it reads the request.
+            self.response._fail(UpstreamError("tls", ssl_reason(exc)))
+            return
+        if self.response is not None and not self.response.complete:
+            got_bytes = self.response.status != 0
+            self.response._fail(
+                UpstreamError(
+                    "closed",
+                    "backend closed the connection mid-response"
+                    if got_bytes
+                    else "backend closed the connection before answering",
+                    sent_nothing=self.reused and not got_bytes,
+                )
+            )
+
+    def pause_writing(self) -> None:  # request bodies are bounded; nothing to throttle
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        response = self.response
+        if response is None or response.complete:
+            # A second response to one request (in the same read as the first): the
+            # connection is out of step; what follows is parsed only to be dropped.
+            self._out_of_step()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        response = self.response
+        if response is None or response.complete:
+            return  # part of a message after the response: dropped
+        response.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        response = self.response
+        if response is None or response.complete:
+            return
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:
+            if status == 101:
+                response._fail(UpstreamError("protocol", "backend switched protocols"))
+                self.abort()
+                return
+            # 100 Continue / 103 Early Hints: the real response follows on this connection.
+            self.interim = True
+            response.headers.clear()
+            return
+        response.status = status
+        has_length = any(
+            name in (b"content-length", b"transfer-encoding") for name, _ in response.headers
+        )
+        self.close_delimited = not has_length and status not in (204, 304)
+        response._wake()
+
+    def on_body(self, body: bytes) -> None:
+        response = self.response
+        if response is None or response.complete:
+            return  # never appended to an answer that already ended
+        response._push(body)
+
+    def on_message_complete(self) -> None:
+        response = self.response
+        if response is None or response.complete:
+            return
+        if self.interim:
+            self.interim = False
+            return
+        response.complete = True
+        response._keep_alive = self.parser.should_keep_alive()
+        response._wake()
+
+    def _out_of_step(self) -> None:
+        if self.response is not None:
+            self.response._keep_alive = False
+        self.abort()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+def ssl_reason(exc: ssl.SSLError) -> str:
+    """What a TLS failure says, briefly: the verification message or OpenSSL's reason."""
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        return f"certificate verify failed: {exc.verify_message}"
+    return str(exc.reason or exc.strerror or type(exc).__name__).lower().replace("_", " ")

@@ -1,0 +1,115 @@
+"""`owngate backend cert issue` refuses what it would write wrongly: a name that is no host
+name (it is also the files' name), a validity that is no period or outlives the CA, a CA
+file that is not a CA's; and it signs with an organisation's RSA CA, not only its own
+ECDSA ones (issue 15, layer 2)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.x509.oid import NameOID
+
+from gateway.cli.main import main
+
+
+@pytest.fixture
+def signer(tmp_path: Path) -> list[str]:
+    """`backend cert issue` with a fresh CA of `owngate backend cert ca` (3650 days)."""
+    assert main(["backend", "cert", "ca", "--out", str(tmp_path / "pki")]) == 0
+    ca, key = str(tmp_path / "pki" / "ca.pem"), str(tmp_path / "pki" / "ca-key.pem")
+    return ["backend", "cert", "issue", "--ca-cert", ca, "--ca-key", key]
+
+
+def _usage_error(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["../escaped", "a/b", "gpu..internal", "bad name", "gpu\x1b[31m", "-gpu", "", "gpu."],
+)
+def test_a_name_that_is_no_host_name_is_refused_and_nothing_written(
+    signer: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    out = tmp_path / "out" / "deeper"
+    _usage_error([*signer, f"--name={name}", "--out", str(out)])
+    assert "is not a host name" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["gpu-fra.internal", "10.0.0.7", "::1", "gateway"])
+def test_host_names_and_addresses_are_names(signer: list[str], tmp_path: Path, name: str) -> None:
+    assert main([*signer, "--name", name, "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / f"{name}.pem").is_file()
+
+
+@pytest.mark.parametrize("days", ["nan", "inf", "-5", "0", "1e9", "ninety"])
+def test_a_validity_that_is_no_period_is_a_usage_error(
+    signer: list[str], tmp_path: Path, days: str
+) -> None:
+    _usage_error([*signer, "--name", "gpu.internal", "--days", days, "--out", str(tmp_path)])
+    _usage_error(["backend", "cert", "ca", "--days", days, "--out", str(tmp_path / "ca")])
+    assert not (tmp_path / "gpu.internal.pem").exists()
+
+
+def test_a_certificate_that_would_outlive_its_ca_is_refused(
+    signer: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [*signer, "--name", "gpu.internal", "--out", str(tmp_path)]
+    assert main([*argv, "--days", "4000"]) == 1
+    assert "the CA expires" in capsys.readouterr().err
+    assert not (tmp_path / "gpu.internal.pem").exists()
+    assert main([*argv, "--days", "3000"]) == 0
+
+
+def test_a_leaf_certificate_is_not_taken_for_a_ca(
+    signer: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*signer, "--name", "gpu.internal", "--out", str(tmp_path)]) == 0
+    leaf = ["--ca-cert", str(tmp_path / "gpu.internal.pem")]
+    leaf += ["--ca-key", str(tmp_path / "gpu.internal-key.pem")]
+    argv = ["backend", "cert", "issue", *leaf, "--name", "other.internal"]
+    assert main([*argv, "--out", str(tmp_path)]) == 1
+    assert "not a CA's" in capsys.readouterr().err
+    assert not (tmp_path / "other.internal.pem").exists()
+
+
+def test_an_organisations_rsa_ca_signs_what_chains_to_it(tmp_path: Path) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "acme RSA CA")])
+    now = datetime.now(UTC)
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=365))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    (tmp_path / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "ca-key.pem").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    signer = ["--ca-cert", str(tmp_path / "ca.pem"), "--ca-key", str(tmp_path / "ca-key.pem")]
+    argv = ["backend", "cert", "issue", *signer, "--name", "gpu.internal"]
+    assert main([*argv, "--region", "eu-west-1", "--out", str(tmp_path)]) == 0
+    issued = x509.load_pem_x509_certificate((tmp_path / "gpu.internal.pem").read_bytes())
+    assert issued.issuer == name
+    assert isinstance(issued.signature_hash_algorithm, hashes.SHA256)
+    key.public_key().verify(
+        issued.signature, issued.tbs_certificate_bytes, padding.PKCS1v15(), hashes.SHA256()
+    )
