@@ -17,6 +17,7 @@ from gateway.provenance import (
     load_verifiers,
 )
 from gateway.provenance.audit.remote import FetchLimits, is_url, mirror_log
+from gateway.provenance.formats.attestation import one_key_per_backend
 from gateway.provenance.formats.cosignature import CosignatureVerifier
 
 __all__ = [
@@ -151,7 +152,10 @@ def backend_keys(items: list[str]) -> dict[str, Verifier]:
         found = load_verifiers([key])
         if len(found) != 1:
             raise ValueError(f"--backend-key {backend}: give exactly one key")
+        if backend in keys:
+            raise ValueError(f"--backend-key {backend} is given twice: give it one key")
         keys[backend] = found[0]
+    one_key_per_backend(keys)
     return keys
 
 

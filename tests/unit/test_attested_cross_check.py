@@ -5,12 +5,21 @@ needs two statements in the sidecar's log, and a sidecar log missing one of them
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from gateway.provenance import LogVerificationError, ProvenanceLog, Salts, commit, verify_log
+from gateway.cli.audit_flags import backend_keys
+from gateway.provenance import (
+    BackendRef,
+    LogVerificationError,
+    ProvenanceLog,
+    Salts,
+    commit,
+    verify_log,
+)
 from gateway.provenance.audit.attested import check_attestations, cross_check
 from gateway.provenance.formats.attestation import (
     Attestation,
@@ -44,7 +53,11 @@ def _statement(counter: int, request_id: str, salts: Salts) -> Statement:
     )
 
 
-async def _gateway_log(path: Path, answers: list[tuple[str, Statement, Salts]]) -> None:
+async def _gateway_log(
+    path: Path,
+    answers: list[tuple[str, Statement, Salts]],
+    backend: BackendRef = EXAMPLE_BACKEND,
+) -> None:
     log = await ProvenanceLog.open(path, GATEWAY.name, GATEWAY)
     try:
         for number, (request_id, statement, salts) in enumerate(answers):
@@ -57,7 +70,7 @@ async def _gateway_log(path: Path, answers: list[tuple[str, Statement, Salts]]) 
                     model="m",
                     policy=EXAMPLE_POLICY,
                     trace=[],
-                    backend=EXAMPLE_BACKEND,
+                    backend=backend,
                     fallback_reason=None,
                     request_commitment=statement.request_commitment,
                 )
@@ -132,3 +145,27 @@ def test_every_answer_of_a_repeated_request_id_needs_its_own_statement(
             f"(counter {hidden}), but the sidecar's log" in said
         )
         assert "an entry is missing from the sidecar's log (1 in all)" in said
+
+
+def test_one_key_given_for_two_backends_is_refused(
+    tmp_path: Path, answers: list[tuple[str, Statement, Salts]]
+) -> None:
+    """A statement names its key, not its backend: with one key for backends A and B, a
+    gateway's log could say B served what A's sidecar countersigned, and pass."""
+    other = dataclasses.replace(EXAMPLE_BACKEND, id="gpu-other")
+    asyncio.run(_gateway_log(tmp_path / "log", answers, other))  # A's statements, "B" named
+    size = verify_log(tmp_path / "log", [GATEWAY.verifier()]).size
+    keys = {BACKEND: SIDECAR.verifier(), "gpu-other": SIDECAR.verifier()}
+    with pytest.raises(ValueError, match=f"backends {BACKEND} and gpu-other are given one key"):
+        check_attestations(tmp_path / "log", size, keys)
+    vkey = SIDECAR.verifier().vkey
+    with pytest.raises(ValueError, match="are given one key"):
+        backend_keys([f"{BACKEND}={vkey}", f"gpu-other={vkey}"])
+
+
+def test_a_backend_given_two_keys_is_refused() -> None:
+    """`--backend-key ID=K1 --backend-key ID=K2` is ambiguous: the last one would win."""
+    first, second = SIDECAR.verifier().vkey, seeded_signer("gpu.test/attest", 2).verifier().vkey
+    with pytest.raises(ValueError, match=f"--backend-key {BACKEND} is given twice"):
+        backend_keys([f"{BACKEND}={first}", f"{BACKEND}={second}"])
+    assert list(backend_keys([f"{BACKEND}={first}"])) == [BACKEND]

@@ -30,6 +30,7 @@ from gateway.provenance.errors import LogVerificationError, MalformedError, Sign
 from gateway.provenance.formats.attestation import (
     ATTESTATION_PAYLOAD_TYPE,
     Statement,
+    one_key_per_backend,
     statement_of_records,
 )
 from gateway.provenance.formats.note import Verifier
@@ -64,7 +65,9 @@ def check_attestations(
     directory: str | Path, size: int, backend_keys: Mapping[str, Verifier]
 ) -> AttestedSummary:
     """Check the attestations of a verified log of `size` entries; raises
-    LogVerificationError naming the first record that fails."""
+    LogVerificationError naming the first record that fails, ValueError when two backends
+    are given one key."""
+    one_key_per_backend(backend_keys)
     summary = AttestedSummary({backend: 0 for backend in backend_keys})
     summary.dispatched = {backend: {} for backend in backend_keys}
     counters: dict[tuple[str, int], str] = {}

@@ -44,6 +44,7 @@ __all__ = [
     "Countersignature",
     "Statement",
     "check_countersignature",
+    "one_key_per_backend",
     "open_countersignature",
     "parse_salts",
     "receipt_countersignature",
@@ -303,6 +304,21 @@ def statement_of_records(
         response,
     )
     return statement, _b64(field["sig"], "signature")
+
+
+def one_key_per_backend(backend_keys: Mapping[str, Verifier]) -> None:
+    """Raise ValueError when two backends are given one key (the same key id): a statement
+    names its key, not its backend, so with one key for A and B a log could say B served
+    what A's sidecar countersigned (and their counters would collide). Each sidecar needs
+    its own key."""
+    seen: dict[str, str] = {}
+    for backend, verifier in backend_keys.items():
+        earlier = seen.setdefault(str(verifier), backend)
+        if earlier != backend:
+            raise ValueError(
+                f"backends {earlier} and {backend} are given one key ({verifier}): a "
+                "countersignature could not tell them apart; give each sidecar its own key"
+            )
 
 
 def receipt_countersignature(
