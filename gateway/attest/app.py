@@ -22,10 +22,16 @@ gateway reads it as it would without the sidecar (`[DONE]` or a broken stream).
 
 A request without salts (not from a gateway: a client that bypassed it) gets fresh ones:
 it is countersigned and logged all the same, so the cross-check against the gateway's
-log shows it. GET requests (`/health`, `/metrics`, `/v1/models`) are relayed without a
-statement, so the gateway's probes and scrapes work through the sidecar; other methods
-are refused (405): a gateway sends none, and the answer to a HEAD has no body whatever
-its content-length says, which the upstream client would wait for.
+log shows it. Only what a gateway sends is relayed (`RELAYED`, the path before any
+query): POSTs to the three OpenAI endpoints, countersigned, and the GETs of its probes
+and scrapes (`/health`, `/metrics`, `/v1/models`, llama.cpp's `/props` and `/slots`),
+without a statement. The server behind the sidecar listens where only the sidecar
+reaches it, so any other path (a server's admin endpoints: SGLang's
+`/update_weights_from_disk`, vLLM's `/sleep`, llama.cpp's `POST /props` or slot saves)
+would be a way to change what the server serves, whose answers the sidecar would then
+countersign: 404. Other methods are refused (405): a gateway sends none, and the answer
+to a HEAD has no body whatever its content-length says, which the upstream client would
+wait for.
 
 A client (the gateway) that leaves stops the relay: its connection (`protocol.Connection`)
 aborts the backend's answer, and nothing is countersigned for an answer it did not get.
@@ -63,7 +69,14 @@ from gateway.provenance.formats.attestation import (
 from gateway.sse_comments import CommentFilter, StripReports
 from gateway.upstream.http import HttpPool, UpstreamError, UpstreamResponse
 
-__all__ = ["AttestRelay", "AttestSettings"]
+__all__ = ["RELAYED", "AttestRelay", "AttestSettings"]
+
+# What a gateway sends a private backend (gateway/api/openai.py, gateway/routing/
+# scraper.py), by method: the only paths the sidecar relays.
+RELAYED: dict[bytes, frozenset[bytes]] = {
+    b"POST": frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"}),
+    b"GET": frozenset({b"/health", b"/metrics", b"/v1/models", b"/props", b"/slots"}),
+}
 
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}\Z")
 # What reaches the backend: the request's framing, credentials and trace context, no more.
@@ -73,6 +86,7 @@ _NO_BODY = frozenset({204, 304})  # statuses whose answer has no body whatever i
 _JSON = b"application/json"
 _ATTEST_LINE = ATTEST_HEADER + b": "
 _NOT_ALLOWED = GatewayError(ErrorCode.method_not_allowed, "The sidecar relays GET and POST only.")
+_NOT_RELAYED = GatewayError(ErrorCode.not_found, "The sidecar relays only a gateway's requests.")
 _sha256 = hashlib.sha256
 
 
@@ -148,11 +162,16 @@ class AttestRelay:
             await self._pool.close()
 
     async def __call__(self, conn: Connection, request: Request) -> None:
-        if request.method != b"POST":
-            if request.method != b"GET":
-                error = _NOT_ALLOWED
-                conn.respond(error.status, error.body(), _JSON, b"allow: GET, POST\r\n")
-                return
+        paths = RELAYED.get(request.method)
+        if paths is None:
+            error = _NOT_ALLOWED
+            conn.respond(error.status, error.body(), _JSON, b"allow: GET, POST\r\n")
+            return
+        if request.target.partition(b"?")[0] not in paths:
+            error = _NOT_RELAYED
+            conn.respond(error.status, error.body(), _JSON)
+            return
+        if request.method == b"GET":
             await self._plain(conn, request)
             return
         if not self.notary.writable:

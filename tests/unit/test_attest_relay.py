@@ -119,3 +119,53 @@ def test_an_answer_without_a_body_gets_no_body(tmp_path: Path, answer: bytes) ->
     head, _, rest = written.partition(b"\r\n\r\n")
     assert head.startswith(answer[:12])
     assert rest == b""
+
+
+@pytest.mark.parametrize(
+    "request_line",
+    [
+        b"POST /update_weights_from_disk HTTP/1.1",  # SGLang: load other weights
+        b"POST /sleep?level=1 HTTP/1.1",  # vLLM dev endpoints
+        b"POST /slots/0?action=save HTTP/1.1",  # llama.cpp: writes a file on the host
+        b"POST /props HTTP/1.1",  # llama.cpp: changes the server's settings
+        b"POST /v1/chat/completions/../../load_lora_adapter HTTP/1.1",
+        b"GET /v1/chat/completions HTTP/1.1",  # an inference path, but not as a gateway sends
+        b"GET /server_info HTTP/1.1",
+    ],
+)
+def test_only_the_gateways_requests_are_relayed(tmp_path: Path, request_line: bytes) -> None:
+    """The server behind the sidecar listens on loopback: the sidecar is the only way in,
+    and it relays what a gateway sends, nothing else. An admin endpoint reached through
+    it would change the model it serves, and then the sidecar would countersign answers
+    of a server someone else reconfigured."""
+    request = request_line + (
+        b"\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+        % (len(_CHAT), _CHAT)
+    )
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+    written = asyncio.run(_relay_once(tmp_path, answer, request, close=False))
+    status, _, body = parse(written)
+    assert status == 404
+    assert json.loads(body)["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize(
+    "request_line",
+    [
+        b"POST /v1/chat/completions HTTP/1.1",
+        b"POST /v1/completions HTTP/1.1",
+        b"POST /v1/embeddings HTTP/1.1",
+        *(b"GET %s HTTP/1.1" % p for p in (b"/health", b"/metrics", b"/v1/models")),
+        *(b"GET %s HTTP/1.1" % p for p in (b"/props", b"/slots", b"/metrics?x=1")),
+    ],
+)
+def test_the_gateways_requests_are_relayed(tmp_path: Path, request_line: bytes) -> None:
+    request = request_line + (
+        b"\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+        % (len(_CHAT), _CHAT)
+    )
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+    written = asyncio.run(_relay_once(tmp_path, answer, request))
+    status, headers, body = parse(written)
+    assert (status, body) == (200, b"{}")
+    assert ("x-owngate-attest" in headers) == request_line.startswith(b"POST")
