@@ -201,7 +201,8 @@ class AttestRelay:
                 return
             content_type = response.header(b"content-type") or _JSON
             whole = response.status >= 400 or response.status in _NO_BODY
-            if whole or not content_type.startswith(_SSE):
+            # As the gateway tells a stream (passthrough.py): a media type has no case.
+            if whole or content_type[: len(_SSE)].lower() != _SSE:
                 data = await self._read(response)
                 if conn.left:
                     return

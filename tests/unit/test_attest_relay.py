@@ -7,14 +7,18 @@ sidecar."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from pathlib import Path
 
+import httptools
 import pytest
 
+from gateway.api.attested import SseTail
 from gateway.attest import AttestRelay, AttestSettings
 from gateway.attest.protocol import Listener
-from gateway.provenance import write_signing_key
+from gateway.provenance import Salts, commit, load_signer, write_signing_key
+from gateway.provenance.formats.attestation import check_countersignature, salts_value
 from tests.helpers.fake_transport import LIMITS, WAIT_S, FakeTransport
 from tests.helpers.raw_socket import parse
 
@@ -169,3 +173,54 @@ def test_the_gateways_requests_are_relayed(tmp_path: Path, request_line: bytes) 
     status, headers, body = parse(written)
     assert (status, body) == (200, b"{}")
     assert ("x-owngate-attest" in headers) == request_line.startswith(b"POST")
+
+
+def _body_of(written: bytes) -> tuple[dict[str, str], bytes]:
+    """The headers and the de-chunked body of one answer the sidecar wrote."""
+    got: dict[str, object] = {"headers": {}, "body": b""}
+
+    class _Parsed:
+        def on_header(self, name: bytes, value: bytes) -> None:
+            got["headers"][name.decode().lower()] = value.decode()  # type: ignore[index]
+
+        def on_body(self, body: bytes) -> None:
+            got["body"] += body  # type: ignore[operator]
+
+    httptools.HttpResponseParser(_Parsed()).feed_data(written)
+    return got["headers"], got["body"]  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("media_type", [b"Text/Event-Stream", b"TEXT/EVENT-STREAM; charset=utf-8"])
+def test_a_stream_is_one_whatever_the_case_of_its_media_type(
+    tmp_path: Path, media_type: bytes
+) -> None:
+    """A media type is case-insensitive, and the gateway relays `Text/Event-Stream` as a
+    stream, where it takes the countersignature from the final comment: the sidecar
+    must stream it too, or the gateway finds no countersignature (`missing`), and a
+    backend's own last comment line would be the one it reads."""
+    salts = Salts.generate()
+    request = _POST.replace(
+        b"host: x\r\n",
+        b"host: x\r\nx-request-id: req-case\r\nx-owngate-salts: %s\r\n" % (salts_value(salts)),
+    )
+    events = b"data: {}\n\ndata: [DONE]\n\n"
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s" % (
+        media_type,
+        len(events),
+        events,
+    )
+    written = asyncio.run(_relay_once(tmp_path, answer, request))
+    headers, body = _body_of(written)
+    assert "x-owngate-attest" not in headers
+    tail = SseTail()
+    relayed = tail.feed(body) + tail.flush()
+    assert relayed == events
+    assert tail.countersignature is not None
+    key = load_signer(tmp_path / "sidecar.key").verifier()
+    check_countersignature(
+        base64.b64decode(tail.countersignature),
+        key,
+        request_id="req-case",
+        request_commitment=commit("request", salts.request, _CHAT),
+        response_commitment=commit("response", salts.response, events),
+    )
