@@ -57,7 +57,11 @@ async def _gateway_log(
     path: Path,
     answers: list[tuple[str, Statement, Salts]],
     backend: BackendRef = EXAMPLE_BACKEND,
+    *,
+    status: int = 200,
 ) -> None:
+    """Each answer dispatched and completed with `status`: countersigned below 400, else
+    without a countersignature (the client left, the gateway recorded why)."""
     log = await ProvenanceLog.open(path, GATEWAY.name, GATEWAY)
     try:
         for number, (request_id, statement, salts) in enumerate(answers):
@@ -87,12 +91,12 @@ async def _gateway_log(
                     request_id=request_id,
                     time=moment,
                     dispatch=dispatch,
-                    status=200,
-                    error=None,
+                    status=status,
+                    error=None if status < 400 else "client_gone",
                     usage=None,
                     latency_ms=1,
                     response_commitment=statement.response_commitment,
-                    attestation=Attestation.accepted(counter),
+                    attestation=Attestation.accepted(counter) if status < 400 else None,
                 )
             )
     finally:
@@ -169,3 +173,30 @@ def test_a_backend_given_two_keys_is_refused() -> None:
     with pytest.raises(ValueError, match=f"--backend-key {BACKEND} is given twice"):
         backend_keys([f"{BACKEND}={first}", f"{BACKEND}={second}"])
     assert list(backend_keys([f"{BACKEND}={first}"])) == [BACKEND]
+
+
+def test_a_statement_over_a_request_the_gateway_did_not_dispatch_is_caught(
+    tmp_path: Path, answers: list[tuple[str, Statement, Salts]]
+) -> None:
+    """A request the gateway dispatched but holds no countersignature for (the client
+    left: 499) may have a statement in the sidecar's log, counted; but only over the
+    request the gateway dispatched. One over another body under that request id (a
+    client that knows its own id and salts sending something else straight to a
+    sidecar without mutual TLS, a body changed on the way) is a request that did not
+    come through the gateway."""
+    asyncio.run(_gateway_log(tmp_path / "log", answers, status=499))
+    size = verify_log(tmp_path / "log", [GATEWAY.verifier()]).size
+    summary = check_attestations(tmp_path / "log", size, {BACKEND: SIDECAR.verifier()})
+    assert summary.answers == {BACKEND: 0}
+    statements = [statement for _, statement, _ in answers]
+    asyncio.run(_sidecar_log(tmp_path / "same", statements))
+    assert cross_check(summary, tmp_path / "same", BACKEND, SIDECAR.verifier()) == 3
+    assert summary.unaccepted == {BACKEND: 3}
+    other = dataclasses.replace(statements[2], request_commitment="ab" * 32)
+    asyncio.run(_sidecar_log(tmp_path / "other", [*statements[:2], other]))
+    with pytest.raises(LogVerificationError) as caught:
+        cross_check(summary, tmp_path / "other", BACKEND, SIDECAR.verifier())
+    assert (
+        "the sidecar countersigned request 'req-2' (counter 2) over a request body the "
+        f"gateway's log never dispatched to backend {BACKEND}" in str(caught.value)
+    )
