@@ -76,7 +76,7 @@ def _receipt_verify(args: argparse.Namespace) -> int:
         f"{names}, policy {receipt.policy_digest}"
     )
     statement = receipt_countersignature(
-        envelope, receipt, backend_keys(args.backend_key or args._backend_key_defaults)
+        envelope, receipt, backend_keys(args.backend_key or args._backend_key_defaults, keys)
     )
     if statement is not None:
         print(

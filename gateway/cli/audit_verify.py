@@ -183,7 +183,7 @@ def _verified(
 
 
 def _attested(args: argparse.Namespace, logdir: str, size: int) -> AttestedSummary | None:
-    keys = backend_keys(args.backend_key or args._backend_key_defaults)
+    keys = backend_keys(args.backend_key or args._backend_key_defaults, trusted_keys(args))
     sidecars = args.attest_log or args._attest_log_defaults
     if not keys:
         if sidecars:

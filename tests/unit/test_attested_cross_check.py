@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from gateway.cli.audit_flags import backend_keys
+from gateway.cli.main import main
 from gateway.provenance import (
     BackendRef,
     LogVerificationError,
     ProvenanceLog,
     Salts,
+    Signer,
     commit,
     verify_log,
 )
@@ -42,12 +45,12 @@ REQUEST, RESPONSE = b'{"model":"m","messages":[]}', b'{"choices":[]}'
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def _statement(counter: int, request_id: str, salts: Salts) -> Statement:
+def _statement(counter: int, request_id: str, salts: Salts, signer: Signer = SIDECAR) -> Statement:
     return Statement(
         request_id,
         "2026-01-01T00:00:00.000Z",
         counter,
-        str(SIDECAR),
+        str(signer),
         commit("request", salts.request, REQUEST),
         commit("response", salts.response, RESPONSE),
     )
@@ -59,6 +62,7 @@ async def _gateway_log(
     backend: BackendRef = EXAMPLE_BACKEND,
     *,
     status: int = 200,
+    signer: Signer = SIDECAR,
 ) -> None:
     """Each answer dispatched and completed with `status`: countersigned below 400, else
     without a countersignature (the client left, the gateway recorded why)."""
@@ -80,8 +84,8 @@ async def _gateway_log(
                 )
             )
             counter = check_countersignature(
-                sign_statement(statement, SIDECAR),
-                SIDECAR.verifier(),
+                sign_statement(statement, signer),
+                signer.verifier(),
                 request_id=request_id,
                 request_commitment=statement.request_commitment,
                 response_commitment=commit("response", salts.response, RESPONSE),
@@ -164,15 +168,15 @@ def test_one_key_given_for_two_backends_is_refused(
         check_attestations(tmp_path / "log", size, keys)
     vkey = SIDECAR.verifier().vkey
     with pytest.raises(ValueError, match="are given one key"):
-        backend_keys([f"{BACKEND}={vkey}", f"gpu-other={vkey}"])
+        backend_keys([f"{BACKEND}={vkey}", f"gpu-other={vkey}"], [])
 
 
 def test_a_backend_given_two_keys_is_refused() -> None:
     """`--backend-key ID=K1 --backend-key ID=K2` is ambiguous: the last one would win."""
     first, second = SIDECAR.verifier().vkey, seeded_signer("gpu.test/attest", 2).verifier().vkey
     with pytest.raises(ValueError, match=f"--backend-key {BACKEND} is given twice"):
-        backend_keys([f"{BACKEND}={first}", f"{BACKEND}={second}"])
-    assert list(backend_keys([f"{BACKEND}={first}"])) == [BACKEND]
+        backend_keys([f"{BACKEND}={first}", f"{BACKEND}={second}"], [])
+    assert list(backend_keys([f"{BACKEND}={first}"], [])) == [BACKEND]
 
 
 def test_a_statement_over_a_request_the_gateway_did_not_dispatch_is_caught(
@@ -200,3 +204,25 @@ def test_a_statement_over_a_request_the_gateway_did_not_dispatch_is_caught(
         "the sidecar countersigned request 'req-2' (counter 2) over a request body the "
         f"gateway's log never dispatched to backend {BACKEND}" in str(caught.value)
     )
+
+
+def test_the_gateways_own_key_is_no_backend_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A backend "countersigned" with the gateway's own log key is the gateway's word
+    twice: whoever holds the log key writes both. An auditor given the same key for the
+    log and a backend (a copy-paste slip, or a gateway operator who set it up so) would
+    read its log as two-party statements."""
+    salts = Salts.generate(CountingRandom("own"))
+    forged = [("req-1", _statement(0, "req-1", salts, GATEWAY), salts)]
+    asyncio.run(_gateway_log(tmp_path / "log", forged, signer=GATEWAY))
+    vkey = GATEWAY.verifier().vkey
+    base = ["audit", "verify", str(tmp_path / "log"), "--key", vkey]
+    assert main(base) == 0
+    capsys.readouterr()
+    assert main([*base, "--backend-key", f"{BACKEND}={vkey}"]) == 2
+    said = capsys.readouterr().err
+    assert f"--backend-key {BACKEND} is a key of the log itself" in said
+    # The same key under another name (a name is the holder's to choose).
+    renamed = Signer.from_seed("gpu.test/renamed", hashlib.sha256(b"gw.test/cross/1").digest())
+    assert main([*base, "--backend-key", f"{BACKEND}={renamed.verifier().vkey}"]) == 2
