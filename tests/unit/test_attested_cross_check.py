@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -226,3 +227,26 @@ def test_the_gateways_own_key_is_no_backend_key(
     # The same key under another name (a name is the holder's to choose).
     renamed = Signer.from_seed("gpu.test/renamed", hashlib.sha256(b"gw.test/cross/1").digest())
     assert main([*base, "--backend-key", f"{BACKEND}={renamed.verifier().vkey}"]) == 2
+
+
+def test_a_backend_key_under_an_id_the_log_does_not_use_is_pointed_out(
+    tmp_path: Path, answers: list[tuple[str, Statement, Salts]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--backend-key` holds the answers of one backend id to the rule: under a mistyped
+    id (or one the log spells otherwise) it checks nothing and the audit passes. It
+    still passes, but says so, and names the private backends it took no key for."""
+    asyncio.run(_gateway_log(tmp_path / "log", answers))
+    vkey = SIDECAR.verifier().vkey
+    argv = ["audit", "verify", str(tmp_path / "log"), "--key", GATEWAY.verifier().vkey]
+    assert main([*argv, "--backend-key", f"vllm-eu1={vkey}"]) == 0
+    said = capsys.readouterr().out
+    assert (
+        "ok: backend vllm-eu1: 0 answer(s) countersigned by its key (the log dispatched "
+        "nothing to it: is the id right?)" in said
+    )
+    assert (
+        "note: answers of private backends given no --backend-key, the gateway's word "
+        f"alone: {BACKEND!r} (3)" in said
+    )
+    assert main([*argv, "--backend-key", f"{BACKEND}={vkey}", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["attested"]["unkeyed"] == {}

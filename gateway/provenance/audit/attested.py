@@ -57,6 +57,9 @@ class AttestedSummary:
     # but holds no accepted countersignature for (the client left before the end, or the
     # gateway refused it: its record says which)
     unaccepted: dict[str, int] = field(default_factory=dict)
+    # private backend id -> answers, for the backends given no key: the gateway's word
+    # alone (an id mistyped in --backend-key, or a backend the log names otherwise)
+    unkeyed: dict[str, int] = field(default_factory=dict)
 
 
 def _fail(reason: str, index: int | None = None) -> LogVerificationError:
@@ -77,6 +80,8 @@ def check_attestations(
         backend = dispatch.data["backend"]["id"]
         verifier = backend_keys.get(backend)
         if verifier is None:
+            if dispatch.data["backend"]["tier"] == "private":
+                summary.unkeyed[backend] = summary.unkeyed.get(backend, 0) + 1
             continue
         who = f"request {completion.request_id!r} (backend {backend})"
         try:
