@@ -347,3 +347,15 @@ def test_two_attested_backends_with_one_key_are_refused() -> None:
     )
     two[1]["attest"] = {"key": other}
     assert len(parse_config(yaml.safe_dump({"backends": two})).backends) == 2
+
+
+def test_an_attested_backends_base_url_is_the_sidecars_root() -> None:
+    """The sidecar relays only the paths a gateway sends (`/v1/chat/completions`,
+    `/health`, ...): under a path prefix every request and probe would get its 404."""
+    vkey = seeded_signer("gpu.test/attest").verifier().vkey
+    prefixed = backend("gpu", "http://10.0.0.1:8101/api", "m", attest={"key": vkey})
+    with pytest.raises(ConfigError) as caught:
+        parse_config(yaml.safe_dump({"backends": [prefixed]}))
+    assert any("the sidecar's root" in str(issue) for issue in caught.value.issues)
+    root = backend("gpu", "http://10.0.0.1:8101/", "m", attest={"key": vkey})
+    assert parse_config(yaml.safe_dump({"backends": [root]})).backends[0].attest is not None
