@@ -171,7 +171,7 @@ def backend_keys(items: list[str], log_keys: Sequence[Verifier]) -> dict[str, Ve
 
 def _public_key(verifier: Verifier) -> bytes:
     """The key bytes of a verifier key (`name+hexid+base64`), whatever its name."""
-    return base64.b64decode(verifier.vkey.rsplit("+", 1)[1])
+    return base64.b64decode(verifier.vkey.split("+", 2)[2])  # the base64 may hold "+"
 
 
 def witness_key(text: str) -> CosignatureVerifier:

@@ -250,3 +250,13 @@ def test_a_backend_key_under_an_id_the_log_does_not_use_is_pointed_out(
     )
     assert main([*argv, "--backend-key", f"{BACKEND}={vkey}", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["attested"]["unkeyed"] == {}
+
+
+def test_a_backend_key_whose_base64_holds_a_plus_is_read_whole() -> None:
+    """A verifier key is `name+hexid+base64`, and standard base64 has `+` in it too."""
+    plus = seeded_signer("gpu.test/attest", 2).verifier()
+    assert "+" in plus.vkey.split("+", 2)[2]
+    keys = backend_keys([f"{BACKEND}={plus.vkey}"], [GATEWAY.verifier()])
+    assert {backend: key.vkey for backend, key in keys.items()} == {BACKEND: plus.vkey}
+    with pytest.raises(ValueError, match="is a key of the log itself"):
+        backend_keys([f"{BACKEND}={plus.vkey}"], [plus])
