@@ -29,6 +29,7 @@ from gateway.provenance.audit.receipt import (
     receipt_commitment,
 )
 from gateway.provenance.formats.attestation import receipt_countersignature
+from gateway.provenance.formats.commitments import BodyKind
 from gateway.provenance.formats.records import parse_record
 
 __all__ = ["add_open", "add_receipt"]
@@ -55,6 +56,15 @@ def add_receipt(verbs: Any) -> None:
         help="an attested backend's key: a receipt naming backend ID must carry its valid "
         "countersignature for this request (env OWNGATE_AUDIT_BACKEND_KEY)",
     )
+    for kind in ("request", "response"):
+        verify.add_argument(
+            f"--{kind}-body",
+            default=env(f"{kind.upper()}_BODY"),
+            metavar="FILE",
+            help=f"the {kind} body as the client {'sent' if kind == 'request' else 'got'} it: "
+            f"the backend's countersignature must commit to exactly it (needs --backend-key; "
+            f"env OWNGATE_AUDIT_{kind.upper()}_BODY)",
+        )
     verify.set_defaults(
         handler=guarded(_receipt_verify), _backend_key_defaults=env_list("BACKEND_KEY")
     )
@@ -78,11 +88,29 @@ def _receipt_verify(args: argparse.Namespace) -> int:
     statement = receipt_countersignature(
         envelope, receipt, backend_keys(args.backend_key or args._backend_key_defaults, keys)
     )
+    bodies = {"request": args.request_body, "response": args.response_body}
+    if any(bodies.values()) and statement is None:
+        print(
+            "error: --request-body and --response-body check the backend's countersignature: "
+            f"give --backend-key {receipt.backend}=VKEY",
+            file=sys.stderr,
+        )
+        return 2
     if statement is not None:
         print(
             f"ok: countersigned by backend {receipt.backend}'s key {statement.key} "
             f"(counter {statement.counter})"
         )
+        # The client's own bytes against what the backend signed, with the receipt's salts.
+        checks: tuple[tuple[BodyKind, bytes, str], ...] = (
+            ("request", receipt.salts.request, statement.request_commitment),
+            ("response", receipt.salts.response, statement.response_commitment),
+        )
+        for kind, salt, committed in checks:
+            name = bodies[kind]
+            if name:
+                verify_commitment(kind, committed, salt, Path(name).read_bytes())
+                print(f"ok: the backend countersigned this {kind} body ({name})")
     if args.log is None:
         return 0
     inclusion = check_receipt_in_log(LogDirectory(args.log), receipt, keys)
