@@ -117,10 +117,18 @@ def test_an_attested_answer_is_a_two_party_statement(
         assert commit("response", salt, seen) == record["response_commitment"]
         path = tmp_path / f"{request_id}.receipt"
         path.write_bytes(receipt)
+        (tmp_path / f"{request_id}.request").write_bytes(response.request.content)
+        (tmp_path / f"{request_id}.response").write_bytes(seen)
         receipt_check = ["receipt", "verify", str(path), "--key", _log_vkey(tmp_path)]
         receipt_check += ["--backend-key", f"gpu={sidecar.vkey}", "--log", str(tmp_path / "log")]
+        receipt_check += ["--request-body", str(tmp_path / f"{request_id}.request")]
+        receipt_check += ["--response-body", str(tmp_path / f"{request_id}.response")]
         assert run_audit(receipt_check) == 0
-        assert "countersigned by backend gpu's key" in capsys.readouterr().out
+        said = capsys.readouterr().out
+        assert "countersigned by backend gpu's key" in said
+        # The client alone (its receipt and its bytes) sees the backend signed exactly them.
+        assert "ok: the backend countersigned this request body" in said
+        assert "ok: the backend countersigned this response body" in said
 
     assert sidecar.stop() == 0
     assert (
