@@ -18,7 +18,9 @@ whole answer (it has no body, so no stream may follow its head). Nor is an answe
 backend ended by closing the connection (no content-length, not chunked): a backend
 that died mid-answer ends it the same way, so the sidecar cannot tell that it is whole.
 Such a stream is relayed with that framing (ended by the sidecar closing), so the
-gateway reads it as it would without the sidecar (`[DONE]` or a broken stream).
+gateway reads it as it would without the sidecar (`[DONE]` or a broken stream). Nor is a
+stream with no body at all: the gateway takes a stream that ends before its first byte
+for a failure to try elsewhere, and the comment alone would be that first byte.
 
 A request without salts (not from a gateway: a client that bypassed it) gets fresh ones:
 it is countersigned and logged all the same, so the cross-check against the gateway's
@@ -236,8 +238,10 @@ class AttestRelay:
         # gateway would remove them, and the countersignature must be over what it relays.
         comments = CommentFilter()
         last = b""  # the last byte relayed
+        received = False  # whether the backend sent any body byte
         try:
             async for chunk in response.chunks(response.stream_deadline):
+                received = received or bool(chunk)
                 data = comments.feed(chunk)
                 if data:
                     hashed.update(data)
@@ -262,6 +266,9 @@ class AttestRelay:
         if conn.left:
             return
         if response.ended_by_close:  # maybe cut short: relayed as such, never countersigned
+            conn.end_stream(b"")
+            return
+        if not received:  # no body at all: the gateway tries elsewhere, as without the sidecar
             conn.end_stream(b"")
             return
         # The comment starts a line of its own: glued to a last line the backend left

@@ -224,3 +224,23 @@ def test_a_stream_is_one_whatever_the_case_of_its_media_type(
         request_commitment=commit("request", salts.request, _CHAT),
         response_commitment=commit("response", salts.response, events),
     )
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [b"content-length: 0\r\n\r\n", b"transfer-encoding: chunked\r\n\r\n0\r\n\r\n"],
+    ids=["length", "chunked"],
+)
+def test_a_stream_without_a_body_is_not_countersigned(tmp_path: Path, framing: bytes) -> None:
+    """Without the sidecar, a stream that ends before its first byte is the gateway's to
+    try elsewhere (`the stream ended before its first byte`). The sidecar's comment alone
+    would be that first byte: the client would get an empty 200 stream instead, a
+    countersigned nothing. The sidecar ends it as empty as it came, and whole: one
+    chunked end, nothing after it (which the gateway reads as a connection out of step)."""
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n" + framing
+    written = asyncio.run(_relay_once(tmp_path, answer))
+    assert written.endswith(b"\r\n\r\n0\r\n\r\n")
+    assert written.count(b"0\r\n\r\n") == 1
+    headers, body = _body_of(written)
+    assert headers["transfer-encoding"] == "chunked"
+    assert body == b""
