@@ -244,3 +244,32 @@ def test_a_stream_without_a_body_is_not_countersigned(tmp_path: Path, framing: b
     headers, body = _body_of(written)
     assert headers["transfer-encoding"] == "chunked"
     assert body == b""
+
+
+@pytest.mark.parametrize(
+    ("status_line", "framing", "signed"),
+    [
+        (b"HTTP/1.1 200 OK", b"content-length: 2\r\n", True),
+        (b"HTTP/1.1 200 OK", b"", False),  # ended by closing: never countersigned
+        (b"HTTP/1.1 500 Internal Server Error", b"content-length: 2\r\n", False),
+    ],
+    ids=["answer", "ended-by-close", "error"],
+)
+def test_a_backends_own_attest_header_never_reaches_the_gateway(
+    tmp_path: Path, status_line: bytes, framing: bytes, signed: bool
+) -> None:
+    """The server behind the sidecar cannot hand the gateway a countersignature of its
+    own (a replayed one, a second one beside the sidecar's): the sidecar writes its own
+    head, with at most its own `x-owngate-attest`."""
+    forged = base64.b64encode(b'{"payloadType":"forged"}')
+    answer = (
+        status_line
+        + b"\r\ncontent-type: application/json\r\nx-owngate-attest: "
+        + forged
+        + b"\r\n"
+        + framing
+        + b"\r\n{}"
+    )
+    written = asyncio.run(_relay_once(tmp_path, answer))
+    assert forged not in written
+    assert written.lower().count(b"x-owngate-attest:") == int(signed)
