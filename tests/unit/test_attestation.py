@@ -457,3 +457,19 @@ def test_an_id_litellm_made_up_is_not_recorded_as_the_providers() -> None:
         assert UpstreamIds.of(*_provider_ids(answer, answer)) == UpstreamIds(
             kept, (("request-id", "req_1"),)
         )
+
+
+@pytest.mark.parametrize("name", ["MAX_BODY_BYTES", "FLUSH_MS", "CHECKPOINT_MS"])
+def test_a_bad_number_in_the_sidecars_environment_is_a_usage_error(
+    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 2 naming the flag, not a traceback (also from `owngate --help`, which builds
+    every command's parser)."""
+    monkeypatch.setenv(f"OWNGATE_ATTEST_{name}", "abc")
+    base = ["attest", "--backend", "http://127.0.0.1:8000", "--key", "k", "--log", "l"]
+    with pytest.raises(SystemExit) as caught:
+        main(base)
+    assert caught.value.code == 2
+    assert f"--{name.lower().replace('_', '-')}" in capsys.readouterr().err
+    monkeypatch.setenv(f"OWNGATE_ATTEST_{name}", "-1")
+    assert main(base) == 2  # parsed, then refused as before
