@@ -50,7 +50,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.attest.notary import COUNTER_FILE, CounterFile, Notary
+from gateway.attest.notary import COUNTER_FILE, CounterFile, Notary, last_logged_counter
 from gateway.attest.protocol import Connection, Request
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
@@ -147,7 +147,8 @@ class AttestRelay:
                 s.log_dir, s.origin or signer.name, signer, settings=cadence
             )
             counters = CounterFile(Path(s.log_dir) / COUNTER_FILE)
-            self.notary = self._notary = Notary(signer, self._log, counters=counters)
+            logged = last_logged_counter(Path(s.log_dir), self._log.size)
+            self.notary = self._notary = Notary(signer, self._log, counters=counters, logged=logged)
         except (OSError, ValueError, ProvenanceError) as exc:
             return f"owngate attest: {exc}"
         return None
