@@ -18,14 +18,22 @@ whole answer (it has no body, so no stream may follow its head). Nor is an answe
 backend ended by closing the connection (no content-length, not chunked): a backend
 that died mid-answer ends it the same way, so the sidecar cannot tell that it is whole.
 Such a stream is relayed with that framing (ended by the sidecar closing), so the
-gateway reads it as it would without the sidecar (`[DONE]` or a broken stream).
+gateway reads it as it would without the sidecar (`[DONE]` or a broken stream). Nor is a
+stream with no body at all: the gateway takes a stream that ends before its first byte
+for a failure to try elsewhere, and the comment alone would be that first byte.
 
 A request without salts (not from a gateway: a client that bypassed it) gets fresh ones:
 it is countersigned and logged all the same, so the cross-check against the gateway's
-log shows it. GET requests (`/health`, `/metrics`, `/v1/models`) are relayed without a
-statement, so the gateway's probes and scrapes work through the sidecar; other methods
-are refused (405): a gateway sends none, and the answer to a HEAD has no body whatever
-its content-length says, which the upstream client would wait for.
+log shows it. Only what a gateway sends is relayed (`RELAYED`, the path before any
+query): POSTs to the three OpenAI endpoints, countersigned, and the GETs of its probes
+and scrapes (`/health`, `/metrics`, `/v1/models`, llama.cpp's `/props` and `/slots`),
+without a statement. The server behind the sidecar listens where only the sidecar
+reaches it, so any other path (a server's admin endpoints: SGLang's
+`/update_weights_from_disk`, vLLM's `/sleep`, llama.cpp's `POST /props` or slot saves)
+would be a way to change what the server serves, whose answers the sidecar would then
+countersign: 404. Other methods are refused (405): a gateway sends none, and the answer
+to a HEAD has no body whatever its content-length says, which the upstream client would
+wait for.
 
 A client (the gateway) that leaves stops the relay: its connection (`protocol.Connection`)
 aborts the backend's answer, and nothing is countersigned for an answer it did not get.
@@ -42,7 +50,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.attest.notary import COUNTER_FILE, CounterFile, Notary
+from gateway.attest.notary import COUNTER_FILE, CounterFile, Notary, last_logged_counter
 from gateway.attest.protocol import Connection, Request
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
@@ -63,7 +71,14 @@ from gateway.provenance.formats.attestation import (
 from gateway.sse_comments import CommentFilter, StripReports
 from gateway.upstream.http import HttpPool, UpstreamError, UpstreamResponse
 
-__all__ = ["AttestRelay", "AttestSettings"]
+__all__ = ["RELAYED", "AttestRelay", "AttestSettings"]
+
+# What a gateway sends a private backend (gateway/api/openai.py, gateway/routing/
+# scraper.py), by method: the only paths the sidecar relays.
+RELAYED: dict[bytes, frozenset[bytes]] = {
+    b"POST": frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"}),
+    b"GET": frozenset({b"/health", b"/metrics", b"/v1/models", b"/props", b"/slots"}),
+}
 
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}\Z")
 # What reaches the backend: the request's framing, credentials and trace context, no more.
@@ -73,6 +88,7 @@ _NO_BODY = frozenset({204, 304})  # statuses whose answer has no body whatever i
 _JSON = b"application/json"
 _ATTEST_LINE = ATTEST_HEADER + b": "
 _NOT_ALLOWED = GatewayError(ErrorCode.method_not_allowed, "The sidecar relays GET and POST only.")
+_NOT_RELAYED = GatewayError(ErrorCode.not_found, "The sidecar relays only a gateway's requests.")
 _sha256 = hashlib.sha256
 
 
@@ -131,7 +147,8 @@ class AttestRelay:
                 s.log_dir, s.origin or signer.name, signer, settings=cadence
             )
             counters = CounterFile(Path(s.log_dir) / COUNTER_FILE)
-            self.notary = self._notary = Notary(signer, self._log, counters=counters)
+            logged = last_logged_counter(Path(s.log_dir), self._log.size)
+            self.notary = self._notary = Notary(signer, self._log, counters=counters, logged=logged)
         except (OSError, ValueError, ProvenanceError) as exc:
             return f"owngate attest: {exc}"
         return None
@@ -148,11 +165,16 @@ class AttestRelay:
             await self._pool.close()
 
     async def __call__(self, conn: Connection, request: Request) -> None:
-        if request.method != b"POST":
-            if request.method != b"GET":
-                error = _NOT_ALLOWED
-                conn.respond(error.status, error.body(), _JSON, b"allow: GET, POST\r\n")
-                return
+        paths = RELAYED.get(request.method)
+        if paths is None:
+            error = _NOT_ALLOWED
+            conn.respond(error.status, error.body(), _JSON, b"allow: GET, POST\r\n")
+            return
+        if request.target.partition(b"?")[0] not in paths:
+            error = _NOT_RELAYED
+            conn.respond(error.status, error.body(), _JSON)
+            return
+        if request.method == b"GET":
             await self._plain(conn, request)
             return
         if not self.notary.writable:
@@ -182,7 +204,8 @@ class AttestRelay:
                 return
             content_type = response.header(b"content-type") or _JSON
             whole = response.status >= 400 or response.status in _NO_BODY
-            if whole or not content_type.startswith(_SSE):
+            # As the gateway tells a stream (passthrough.py): a media type has no case.
+            if whole or content_type[: len(_SSE)].lower() != _SSE:
                 data = await self._read(response)
                 if conn.left:
                     return
@@ -216,8 +239,10 @@ class AttestRelay:
         # gateway would remove them, and the countersignature must be over what it relays.
         comments = CommentFilter()
         last = b""  # the last byte relayed
+        received = False  # whether the backend sent any body byte
         try:
             async for chunk in response.chunks(response.stream_deadline):
+                received = received or bool(chunk)
                 data = comments.feed(chunk)
                 if data:
                     hashed.update(data)
@@ -242,6 +267,9 @@ class AttestRelay:
         if conn.left:
             return
         if response.ended_by_close:  # maybe cut short: relayed as such, never countersigned
+            conn.end_stream(b"")
+            return
+        if not received:  # no body at all: the gateway tries elsewhere, as without the sidecar
             conn.end_stream(b"")
             return
         # The comment starts a line of its own: glued to a last line the backend left

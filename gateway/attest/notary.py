@@ -10,7 +10,8 @@ counters were handed out all the same, so a counter is never taken from the log'
 alone: `CounterFile` (`attest-counter` in the log's directory) reserves counters on disk a
 block at a time before they are used (one fsync per `COUNTER_BLOCK` statements), a restart
 after a crash goes on past the reserved block, and a clean stop records the exact next
-counter (no gap). A counter used twice would read as a replayed countersignature.
+counter (no gap). Without that file a start goes on past the last counter the log holds
+(`last_logged_counter`). A counter used twice would read as a replayed countersignature.
 
 Per request this is on the sidecar's hot path, so the statement is built without the
 `Statement` class's checks (its inputs are the relay's: a request id matching
@@ -31,11 +32,21 @@ from pathlib import Path
 from gateway.canonical import canonical_json_of_plain
 from gateway.logs import get_logger
 from gateway.provenance import LogEntry, ProvenanceLog, Signer
+from gateway.provenance.audit.reader import LogDirectory
 from gateway.provenance.files import write_files_atomically
 from gateway.provenance.formats.attestation import ATTESTATION_PAYLOAD_TYPE
 from gateway.provenance.formats.receipts import pae
+from gateway.provenance.formats.records import parse_record
+from gateway.provenance.formats.tiles import TILE_WIDTH
 
-__all__ = ["COUNTER_BLOCK", "COUNTER_FILE", "CounterFile", "Notary", "rfc3339_ms"]
+__all__ = [
+    "COUNTER_BLOCK",
+    "COUNTER_FILE",
+    "CounterFile",
+    "Notary",
+    "last_logged_counter",
+    "rfc3339_ms",
+]
 
 COUNTER_FILE = "attest-counter"  # in the log's directory
 COUNTER_BLOCK = 1 << 16  # counters reserved per fsync; a crash skips at most this many
@@ -70,6 +81,20 @@ def rfc3339_ms(ns: int) -> str:
     return _Clock().format(ns).decode()
 
 
+def last_logged_counter(log_dir: Path, size: int) -> int:
+    """The counter of the last statement in the sidecar's open log of `size` entries (its
+    tiles are written when it opens), -1 when it has none. ValueError when that entry is
+    not a statement: the sidecar must not start counting on a log it cannot read."""
+    if size == 0:
+        return -1
+    bundle = LogDirectory(log_dir).bundle((size - 1) // TILE_WIDTH, size)
+    data = parse_record(bundle[(size - 1) % TILE_WIDTH]).data
+    counter = data.get("counter") if data.get("type") == "attestation" else None
+    if type(counter) is not int:
+        raise ValueError(f"{log_dir}: its last entry is not a statement")
+    return counter
+
+
 class CounterFile:
     """The first counter not yet reserved, kept durably in one small file."""
 
@@ -93,7 +118,8 @@ class CounterFile:
 
 class Notary:
     """Countersigns statements and logs them; built on an open log, with `counters` (a
-    `CounterFile`) so that no counter is used twice across restarts."""
+    `CounterFile`) so that no counter is used twice across restarts, and `logged`, the
+    last counter the log holds (`last_logged_counter`), in case that file is gone."""
 
     def __init__(
         self,
@@ -102,6 +128,7 @@ class Notary:
         *,
         now_ns: Callable[[], int] = time.time_ns,
         counters: CounterFile | None = None,
+        logged: int = -1,
     ) -> None:
         self._signer = signer
         self._sign = signer.sign
@@ -110,7 +137,9 @@ class Notary:
         self._log = log
         self._now_ns = now_ns
         self._clock = _Clock()
-        self._next = log.size
+        # Past the log's size and the last counter it holds (`logged`: crashes leave gaps,
+        # so the size alone is below it), and past what the counter file reserved.
+        self._next = max(log.size, logged + 1)
         self._counters = counters
         self._reserved = sys.maxsize  # counters below it may be handed out
         if counters is not None:

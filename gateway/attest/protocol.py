@@ -256,8 +256,10 @@ class Connection(RequestReader):
         """The last bytes; an answer that is not chunked ends when `_run` closes."""
         if self.left:
             return
-        if self._chunked:
-            self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(last), last))
+        if self._chunked:  # a chunk of size 0 is the end: only the end when nothing is left
+            self.transport.write(
+                b"%x\r\n%s\r\n0\r\n\r\n" % (len(last), last) if last else b"0\r\n\r\n"
+            )
         elif last:
             self.transport.write(last)
         self._answered = True

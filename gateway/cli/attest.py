@@ -38,6 +38,9 @@ def register(subparsers: Any) -> None:
         "flags.",
     )
     add = parser.add_argument
+    # Number defaults are the environment's strings: argparse converts them with `type`,
+    # so a bad OWNGATE_ATTEST_* value is a usage error (exit 2) like a bad flag, and never
+    # a traceback in every `owngate` command that builds this parser.
     add("--listen", default=_env("LISTEN", "127.0.0.1:8101"), help="HOST:PORT to listen on")
     add("--backend", default=_env("BACKEND"), help="the inference server's root URL")
     add("--key", default=_env("KEY"), help="the backend host's signing key file (0600)")
@@ -46,20 +49,20 @@ def register(subparsers: Any) -> None:
     add(
         "--max-body-bytes",
         type=int,
-        default=int(_env("MAX_BODY_BYTES", str(16 * 1024 * 1024)) or 0),
+        default=_env("MAX_BODY_BYTES", str(16 * 1024 * 1024)),
         help="largest request or whole response relayed (16 MiB)",
     )
     add(
         "--flush-ms",
         type=float,
-        default=float(_env("FLUSH_MS", "200") or 0),
+        default=_env("FLUSH_MS", "200"),
         help="write statements to the log at least this often (200): a crash loses at most "
         "this much of the log, which the audit's cross-check reports",
     )
     add(
         "--checkpoint-ms",
         type=float,
-        default=float(_env("CHECKPOINT_MS", "5000") or 0),
+        default=_env("CHECKPOINT_MS", "5000"),
         help="sign a log checkpoint this often while statements come in (5000)",
     )
     add("--tls-cert", default=_env("TLS_CERT"), help="serve TLS with this certificate (PEM)")

@@ -4,6 +4,7 @@ codes for failed checks, and the local copy of a log given as a URL."""
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import os
 import sys
@@ -17,6 +18,7 @@ from gateway.provenance import (
     load_verifiers,
 )
 from gateway.provenance.audit.remote import FetchLimits, is_url, mirror_log
+from gateway.provenance.formats.attestation import one_key_per_backend
 from gateway.provenance.formats.cosignature import CosignatureVerifier
 
 __all__ = [
@@ -141,8 +143,12 @@ def local_log(
         yield copy
 
 
-def backend_keys(items: list[str]) -> dict[str, Verifier]:
-    """`ID=VKEY` items (a VKEY may be a file holding the key) as backend id -> verifier."""
+def backend_keys(items: list[str], log_keys: Sequence[Verifier]) -> dict[str, Verifier]:
+    """`ID=VKEY` items (a VKEY may be a file holding the key) as backend id -> verifier.
+    ValueError for an ID given twice, one key for two IDs, or a key of the log itself
+    (`log_keys`, under any name): a backend "countersigning" with the log's key is the
+    gateway's word twice."""
+    own = {_public_key(verifier) for verifier in log_keys}
     keys: dict[str, Verifier] = {}
     for item in items:
         backend, sep, key = item.partition("=")
@@ -151,8 +157,21 @@ def backend_keys(items: list[str]) -> dict[str, Verifier]:
         found = load_verifiers([key])
         if len(found) != 1:
             raise ValueError(f"--backend-key {backend}: give exactly one key")
+        if backend in keys:
+            raise ValueError(f"--backend-key {backend} is given twice: give it one key")
+        if _public_key(found[0]) in own:
+            raise ValueError(
+                f"--backend-key {backend} is a key of the log itself: whoever signs the log "
+                "would sign its countersignatures too; give the sidecar's own key"
+            )
         keys[backend] = found[0]
+    one_key_per_backend(keys)
     return keys
+
+
+def _public_key(verifier: Verifier) -> bytes:
+    """The key bytes of a verifier key (`name+hexid+base64`), whatever its name."""
+    return base64.b64decode(verifier.vkey.split("+", 2)[2])  # the base64 may hold "+"
 
 
 def witness_key(text: str) -> CosignatureVerifier:

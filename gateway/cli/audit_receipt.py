@@ -58,12 +58,21 @@ def add_receipt(verbs: Any) -> None:
         "countersignature for this request (env OWNGATE_AUDIT_BACKEND_KEY)",
     )
     verify.add_argument(
-        "--response",
-        default=env("RESPONSE"),
+        "--request-body",
+        default=env("REQUEST_BODY"),
         metavar="FILE",
-        help="the response body as the client received it (a stream as received): the "
-        "backend's countersignature must commit to it, with the receipt's response salt; "
-        "needs --backend-key for the receipt's backend (env OWNGATE_AUDIT_RESPONSE)",
+        help="the request body as the client sent it: the backend's countersignature must "
+        "commit to exactly it (needs --backend-key; env OWNGATE_AUDIT_REQUEST_BODY)",
+    )
+    verify.add_argument(
+        "--response-body",
+        "--response",
+        dest="response_body",
+        default=env("RESPONSE_BODY") or env("RESPONSE"),
+        metavar="FILE",
+        help="the response body as the client got it (a stream as received, the gateway's "
+        "receipt line included or not): the backend's countersignature must commit to it "
+        "(needs --backend-key; env OWNGATE_AUDIT_RESPONSE_BODY)",
     )
     verify.set_defaults(
         handler=guarded(_receipt_verify), _backend_key_defaults=env_list("BACKEND_KEY")
@@ -86,33 +95,37 @@ def _receipt_verify(args: argparse.Namespace) -> int:
         f"{names}, policy {receipt.policy_digest}"
     )
     statement = receipt_countersignature(
-        envelope, receipt, backend_keys(args.backend_key or args._backend_key_defaults)
+        envelope, receipt, backend_keys(args.backend_key or args._backend_key_defaults, keys)
     )
+    if (args.request_body or args.response_body) and statement is None:
+        print(
+            "error: --request-body and --response-body check the backend's countersignature: "
+            f"give --backend-key {receipt.backend or '(none: a refusal)'}=VKEY (for the log's "
+            "own commitments: owngate audit open --receipt --log)",
+            file=sys.stderr,
+        )
+        return 2
     if statement is not None:
         print(
             f"ok: countersigned by backend {receipt.backend}'s key {statement.key} "
             f"(counter {statement.counter})"
         )
-    if args.response is not None:
-        if statement is None:
-            print(
-                "error: --response checks the backend's countersignature: give --backend-key "
-                f"for backend {receipt.backend or '(none: a refusal)'} (for the log's own "
-                "commitment: owngate audit open --receipt --log)",
-                file=sys.stderr,
-            )
-            return 2
-        body = Path(args.response).read_bytes()
-        salt = receipt.salts.response
-        if _opening(statement.response_commitment, salt, body) is None:
-            print(
-                f"FAILED: {args.response} is not the response the backend countersigned "
-                "(its response commitment does not open with these bytes and the receipt's "
-                "response salt)",
-                file=sys.stderr,
-            )
-            return 1
-        print(f"ok: the backend countersigned {args.response} as this request's response")
+        # The client's own bytes against what the backend signed, with the receipt's salts.
+        if args.request_body:
+            body = Path(args.request_body).read_bytes()
+            verify_commitment("request", statement.request_commitment, receipt.salts.request, body)
+            print(f"ok: the backend countersigned this request body ({args.request_body})")
+        if args.response_body:
+            body = Path(args.response_body).read_bytes()
+            if _opening(statement.response_commitment, receipt.salts.response, body) is None:
+                print(
+                    "FAILED: the body and salt do not open this response commitment: "
+                    f"{args.response_body} is not the response the backend countersigned "
+                    "(as received, nor with the gateway's receipt line taken off a stream)",
+                    file=sys.stderr,
+                )
+                return 1
+            print(f"ok: the backend countersigned this response body ({args.response_body})")
     if args.log is None:
         return 0
     log = LogDirectory(args.log)

@@ -146,7 +146,11 @@ def _verified(
     if args.json:
         result: dict[str, Any] = {"ok": True, **verification_json(summary)}
         if attested is not None:
-            result["attested"] = {"answers": attested.answers, "sidecars": attested.cross_checked}
+            result["attested"] = {
+                "answers": attested.answers,
+                "sidecars": attested.cross_checked,
+                "unkeyed": attested.unkeyed,
+            }
         print(json.dumps(result))
         return 0
     earlier = (
@@ -178,12 +182,21 @@ def _verified(
                     f" ({unaccepted} statement(s) of requests the gateway dispatched there "
                     "hold no accepted countersignature in its log: see their records)"
                 )
+            if not attested.dispatched.get(backend):
+                also += " (the log dispatched nothing to it: is the id right?)"
             print(f"ok: backend {backend}: {count} answer(s) countersigned by its key{also}")
+        if attested.unkeyed:
+            # The log's ids, quoted: a compromised gateway's log is not to write to a terminal.
+            named = ", ".join(f"{b!r} ({n})" for b, n in sorted(attested.unkeyed.items()))
+            print(
+                f"note: answers of private backends given no --backend-key, the gateway's word "
+                f"alone: {named}"
+            )
     return 0
 
 
 def _attested(args: argparse.Namespace, logdir: str, size: int) -> AttestedSummary | None:
-    keys = backend_keys(args.backend_key or args._backend_key_defaults)
+    keys = backend_keys(args.backend_key or args._backend_key_defaults, trusted_keys(args))
     sidecars = args.attest_log or args._attest_log_defaults
     if not keys:
         if sidecars:

@@ -244,6 +244,12 @@ class BackendSettings(_Strict):
                     "an attested backend serves its models under their own names (no "
                     "aliases): the body it countersigns must be the one the client sent"
                 )
+            # The sidecar relays only the paths a gateway sends, from its root.
+            if urlsplit(self.base_url or "").path.strip("/"):
+                raise ValueError(
+                    "an attested backend's base_url is the sidecar's root (no path): it "
+                    "relays only the paths a gateway sends, /v1/chat/completions and the like"
+                )
         return self
 
     def _statable(self) -> None:

@@ -40,6 +40,7 @@ from gateway.config.routing import (
     RoutingSettings,
     WeightSettings,
 )
+from gateway.provenance.formats.note import Verifier
 
 __all__ = [
     "PRIVATE_KINDS",
@@ -240,6 +241,7 @@ class GatewaySettings(_Strict):
             )
         _unique("backends", [b.id for b in self.backends])
         _unique("tenants", [t.id for t in self.tenants])
+        _one_key_each(self.backends)
         served = {name for b in self.backends for m in b.models for name in (m.name, *m.aliases)}
         for tenant in self.tenants:
             for name in tenant.models:
@@ -248,6 +250,22 @@ class GatewaySettings(_Strict):
                         f"tenant {tenant.id!r} allows model {name!r}, which no backend serves"
                     )
         return self
+
+
+def _one_key_each(backends: tuple[BackendSettings, ...]) -> None:
+    """A countersignature names its key, not its backend: two attested backends with one
+    key would each accept the other's answers (docs/provenance.md, layer 3)."""
+    seen: dict[str, str] = {}
+    for b in backends:
+        if b.attest is None:
+            continue
+        key = str(Verifier(b.attest.key))  # name+id: the statement's `key`
+        earlier = seen.setdefault(key, b.id)
+        if earlier != b.id:
+            raise ValueError(
+                f"backends {earlier!r} and {b.id!r} have one attest.key ({key}): each "
+                "sidecar needs its own key, or one backend's answers pass for the other's"
+            )
 
 
 def _unique(what: str, ids: list[str]) -> None:

@@ -117,10 +117,18 @@ def test_an_attested_answer_is_a_two_party_statement(
         assert commit("response", salt, seen) == record["response_commitment"]
         path = tmp_path / f"{request_id}.receipt"
         path.write_bytes(receipt)
+        (tmp_path / f"{request_id}.request").write_bytes(response.request.content)
+        (tmp_path / f"{request_id}.response").write_bytes(seen)
         receipt_check = ["receipt", "verify", str(path), "--key", _log_vkey(tmp_path)]
         receipt_check += ["--backend-key", f"gpu={sidecar.vkey}", "--log", str(tmp_path / "log")]
+        receipt_check += ["--request-body", str(tmp_path / f"{request_id}.request")]
+        receipt_check += ["--response-body", str(tmp_path / f"{request_id}.response")]
         assert run_audit(receipt_check) == 0
-        assert "countersigned by backend gpu's key" in capsys.readouterr().out
+        said = capsys.readouterr().out
+        assert "countersigned by backend gpu's key" in said
+        # The client alone (its receipt and its bytes) sees the backend signed exactly them.
+        assert "ok: the backend countersigned this request body" in said
+        assert "ok: the backend countersigned this response body" in said
 
     assert sidecar.stop() == 0
     assert (
@@ -216,17 +224,12 @@ def test_a_backend_that_did_not_countersign_is_not_claimed(
 ) -> None:
     """Tamper case 1, gateway claims backend A but B countersigned: forged (a record
     rewritten to name A) and live (a base_url that leads to B's sidecar)."""
-    sim = start_sim("vllm", models=("m", "n", "w"), zero_latency=True)
+    sim = start_sim("vllm", models=("m", "n"), zero_latency=True)
     a, b = sidecars("gpu-a", sim.url), sidecars("gpu-b", sim.url)
-    # `wrong` is declared as A, but its base_url leads to B's sidecar (a typo, a DNS change).
     gateway = _gateway(
         start_gateway,
         tmp_path,
-        [
-            _attested("a", a),
-            backend("b", b.url, "n", attest={"key": b.vkey}),
-            backend("wrong", b.url, "w", attest={"key": a.vkey}),
-        ],
+        [_attested("a", a), backend("b", b.url, "n", attest={"key": b.vkey})],
     )
     _, via_b = _served(gateway, tmp_path, "m", "n")
     keys = ("--backend-key", f"a={a.vkey}", "--backend-key", f"b={b.vkey}")
@@ -250,19 +253,25 @@ def test_a_backend_that_did_not_countersign_is_not_claimed(
         "not by backend a's key" in said
     )
 
-    (misrouted,) = _served(gateway, tmp_path, "w")
-    assert completion_record(tmp_path / "log", misrouted)["attestation"] == {
+    # Another gateway declares A, but A's base_url leads to B's sidecar (a typo, a DNS
+    # change). (One gateway cannot hold both: two attested backends with one key are
+    # refused, since either one's answers would pass for the other's.)
+    wrong = tmp_path / "misrouted"
+    wrong.mkdir()
+    misrouting = _gateway(start_gateway, wrong, [backend("a", b.url, "m", attest={"key": a.vkey})])
+    (misrouted,) = _served(misrouting, wrong, "m")
+    assert completion_record(wrong / "log", misrouted)["attestation"] == {
         "key": _key_id(a.vkey),
         "counter": None,
         "time": None,
         "sig": None,
         "failure": "wrong_key",
     }
-    metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
-    assert 'owngate_attestations_total{backend="wrong",result="wrong_key"} 1.0' in metrics
-    said = _failed(tmp_path, capsys, "--backend-key", f"wrong={a.vkey}")
+    metrics = httpx.get(f"{misrouting.url}/metrics", timeout=10).text
+    assert 'owngate_attestations_total{backend="a",result="wrong_key"} 1.0' in metrics
+    said = _failed(wrong, capsys, "--backend-key", f"a={a.vkey}")
     assert (
-        f"request {misrouted!r} (backend wrong): the log says backend wrong served it, but the "
+        f"request {misrouted!r} (backend a): the log says backend a served it, but the "
         f"record carries no countersignature by {_key_id(a.vkey)} (the gateway recorded failure "
         "wrong_key)" in said
     )

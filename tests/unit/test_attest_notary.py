@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.attest import AttestRelay, AttestSettings
-from gateway.attest.notary import Notary, rfc3339_ms
+from gateway.attest.notary import COUNTER_BLOCK, COUNTER_FILE, Notary, rfc3339_ms
 from gateway.provenance import Signer, write_signing_key
 from gateway.provenance.formats.attestation import Statement, open_countersignature, sign_statement
 from gateway.provenance.formats.records import format_time
@@ -117,3 +117,37 @@ def test_a_restart_after_a_crash_never_reuses_a_counter(tmp_path: Path) -> None:
     assert min(third) > max(second)
     fourth = asyncio.run(clean(1))
     assert fourth == [third[-1] + 1]  # after a clean stop the counter goes on without a gap
+
+
+def test_without_its_counter_file_a_sidecar_goes_on_past_its_last_logged_counter(
+    tmp_path: Path,
+) -> None:
+    """The counter file is what keeps counters unique across a crash; a sidecar whose
+    file is gone (deleted, a volume that did not keep it) started again from the log's
+    size, below counters its log already holds after an earlier crash's gap: the log
+    then holds a counter going backwards and, later, one used twice, which the audit
+    reads as replays. It now goes on past the last counter its log holds."""
+    key = tmp_path / "sidecar.key"
+    write_signing_key(key, "sidecar")
+    settings = AttestSettings(backend="http://127.0.0.1:9", key_file=key, log_dir=tmp_path / "log")
+    commitment = "ab" * 32
+
+    async def run(count: int, *, crash: bool) -> list[int]:
+        relay = AttestRelay(settings)
+        assert await relay.open() is None
+        envelopes = [relay.notary.countersign(b"r", commitment, commitment) for _ in range(count)]
+        assert relay._log is not None
+        if crash:
+            await relay._log.abort()
+            await relay._pool.close()
+        else:
+            await relay.close()
+        return [open_countersignature(e).statement.counter for e in envelopes]
+
+    asyncio.run(run(2, crash=False))  # counters 0, 1, logged
+    asyncio.run(run(0, crash=True))  # a crash: the next start skips the reserved block
+    logged = asyncio.run(run(1, crash=False))  # logged past the gap
+    assert logged[0] >= COUNTER_BLOCK
+    (tmp_path / "log" / COUNTER_FILE).unlink()
+    after = asyncio.run(run(1, crash=False))
+    assert after == [logged[0] + 1]

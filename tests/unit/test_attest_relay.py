@@ -7,14 +7,18 @@ sidecar."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from pathlib import Path
 
+import httptools
 import pytest
 
+from gateway.api.attested import SseTail
 from gateway.attest import AttestRelay, AttestSettings
 from gateway.attest.protocol import Listener
-from gateway.provenance import write_signing_key
+from gateway.provenance import Salts, commit, load_signer, write_signing_key
+from gateway.provenance.formats.attestation import check_countersignature, salts_value
 from tests.helpers.fake_transport import LIMITS, WAIT_S, FakeTransport
 from tests.helpers.raw_socket import parse
 
@@ -119,3 +123,153 @@ def test_an_answer_without_a_body_gets_no_body(tmp_path: Path, answer: bytes) ->
     head, _, rest = written.partition(b"\r\n\r\n")
     assert head.startswith(answer[:12])
     assert rest == b""
+
+
+@pytest.mark.parametrize(
+    "request_line",
+    [
+        b"POST /update_weights_from_disk HTTP/1.1",  # SGLang: load other weights
+        b"POST /sleep?level=1 HTTP/1.1",  # vLLM dev endpoints
+        b"POST /slots/0?action=save HTTP/1.1",  # llama.cpp: writes a file on the host
+        b"POST /props HTTP/1.1",  # llama.cpp: changes the server's settings
+        b"POST /v1/chat/completions/../../load_lora_adapter HTTP/1.1",
+        b"GET /v1/chat/completions HTTP/1.1",  # an inference path, but not as a gateway sends
+        b"GET /server_info HTTP/1.1",
+    ],
+)
+def test_only_the_gateways_requests_are_relayed(tmp_path: Path, request_line: bytes) -> None:
+    """The server behind the sidecar listens on loopback: the sidecar is the only way in,
+    and it relays what a gateway sends, nothing else. An admin endpoint reached through
+    it would change the model it serves, and then the sidecar would countersign answers
+    of a server someone else reconfigured."""
+    request = request_line + (
+        b"\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+        % (len(_CHAT), _CHAT)
+    )
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+    written = asyncio.run(_relay_once(tmp_path, answer, request, close=False))
+    status, _, body = parse(written)
+    assert status == 404
+    assert json.loads(body)["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize(
+    "request_line",
+    [
+        b"POST /v1/chat/completions HTTP/1.1",
+        b"POST /v1/completions HTTP/1.1",
+        b"POST /v1/embeddings HTTP/1.1",
+        *(b"GET %s HTTP/1.1" % p for p in (b"/health", b"/metrics", b"/v1/models")),
+        *(b"GET %s HTTP/1.1" % p for p in (b"/props", b"/slots", b"/metrics?x=1")),
+    ],
+)
+def test_the_gateways_requests_are_relayed(tmp_path: Path, request_line: bytes) -> None:
+    request = request_line + (
+        b"\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+        % (len(_CHAT), _CHAT)
+    )
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+    written = asyncio.run(_relay_once(tmp_path, answer, request))
+    status, headers, body = parse(written)
+    assert (status, body) == (200, b"{}")
+    assert ("x-owngate-attest" in headers) == request_line.startswith(b"POST")
+
+
+def _body_of(written: bytes) -> tuple[dict[str, str], bytes]:
+    """The headers and the de-chunked body of one answer the sidecar wrote."""
+    got: dict[str, object] = {"headers": {}, "body": b""}
+
+    class _Parsed:
+        def on_header(self, name: bytes, value: bytes) -> None:
+            got["headers"][name.decode().lower()] = value.decode()  # type: ignore[index]
+
+        def on_body(self, body: bytes) -> None:
+            got["body"] += body  # type: ignore[operator]
+
+    httptools.HttpResponseParser(_Parsed()).feed_data(written)
+    return got["headers"], got["body"]  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("media_type", [b"Text/Event-Stream", b"TEXT/EVENT-STREAM; charset=utf-8"])
+def test_a_stream_is_one_whatever_the_case_of_its_media_type(
+    tmp_path: Path, media_type: bytes
+) -> None:
+    """A media type is case-insensitive, and the gateway relays `Text/Event-Stream` as a
+    stream, where it takes the countersignature from the final comment: the sidecar
+    must stream it too, or the gateway finds no countersignature (`missing`), and a
+    backend's own last comment line would be the one it reads."""
+    salts = Salts.generate()
+    request = _POST.replace(
+        b"host: x\r\n",
+        b"host: x\r\nx-request-id: req-case\r\nx-owngate-salts: %s\r\n" % (salts_value(salts)),
+    )
+    events = b"data: {}\n\ndata: [DONE]\n\n"
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s" % (
+        media_type,
+        len(events),
+        events,
+    )
+    written = asyncio.run(_relay_once(tmp_path, answer, request))
+    headers, body = _body_of(written)
+    assert "x-owngate-attest" not in headers
+    tail = SseTail()
+    relayed = tail.feed(body) + tail.flush()
+    assert relayed == events
+    assert tail.countersignature is not None
+    key = load_signer(tmp_path / "sidecar.key").verifier()
+    check_countersignature(
+        base64.b64decode(tail.countersignature),
+        key,
+        request_id="req-case",
+        request_commitment=commit("request", salts.request, _CHAT),
+        response_commitment=commit("response", salts.response, events),
+    )
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [b"content-length: 0\r\n\r\n", b"transfer-encoding: chunked\r\n\r\n0\r\n\r\n"],
+    ids=["length", "chunked"],
+)
+def test_a_stream_without_a_body_is_not_countersigned(tmp_path: Path, framing: bytes) -> None:
+    """Without the sidecar, a stream that ends before its first byte is the gateway's to
+    try elsewhere (`the stream ended before its first byte`). The sidecar's comment alone
+    would be that first byte: the client would get an empty 200 stream instead, a
+    countersigned nothing. The sidecar ends it as empty as it came, and whole: one
+    chunked end, nothing after it (which the gateway reads as a connection out of step)."""
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n" + framing
+    written = asyncio.run(_relay_once(tmp_path, answer))
+    assert written.endswith(b"\r\n\r\n0\r\n\r\n")
+    assert written.count(b"0\r\n\r\n") == 1
+    headers, body = _body_of(written)
+    assert headers["transfer-encoding"] == "chunked"
+    assert body == b""
+
+
+@pytest.mark.parametrize(
+    ("status_line", "framing", "signed"),
+    [
+        (b"HTTP/1.1 200 OK", b"content-length: 2\r\n", True),
+        (b"HTTP/1.1 200 OK", b"", False),  # ended by closing: never countersigned
+        (b"HTTP/1.1 500 Internal Server Error", b"content-length: 2\r\n", False),
+    ],
+    ids=["answer", "ended-by-close", "error"],
+)
+def test_a_backends_own_attest_header_never_reaches_the_gateway(
+    tmp_path: Path, status_line: bytes, framing: bytes, signed: bool
+) -> None:
+    """The server behind the sidecar cannot hand the gateway a countersignature of its
+    own (a replayed one, a second one beside the sidecar's): the sidecar writes its own
+    head, with at most its own `x-owngate-attest`."""
+    forged = base64.b64encode(b'{"payloadType":"forged"}')
+    answer = (
+        status_line
+        + b"\r\ncontent-type: application/json\r\nx-owngate-attest: "
+        + forged
+        + b"\r\n"
+        + framing
+        + b"\r\n{}"
+    )
+    written = asyncio.run(_relay_once(tmp_path, answer))
+    assert forged not in written
+    assert written.lower().count(b"x-owngate-attest:") == int(signed)

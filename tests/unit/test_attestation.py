@@ -8,6 +8,7 @@ import asyncio
 import base64
 import hashlib
 import json
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from gateway.provenance.formats.records import LogEntry, completion_record, vali
 from gateway.provenance.formats.upstream_ids import UpstreamIds
 from gateway.provenance.testing import CountingRandom, seeded_signer
 from gateway.sse_comments import CommentFilter
+from gateway.upstream.hosted import _provider_ids
 
 SIGNER = seeded_signer("gpu-a")
 OTHER = seeded_signer("gpu-b")
@@ -433,3 +435,41 @@ def test_an_accepted_countersignature_reaches_the_receipt_whatever_else_its_enve
         assert carried is not None and verify_receipt(carried, [log.verifier()]) == receipt
         found = receipt_countersignature(carried, receipt, {"gpu": SIGNER.verifier()})
         assert found is not None and found.counter == 5
+
+
+def test_an_id_litellm_made_up_is_not_recorded_as_the_providers() -> None:
+    """LiteLLM names an answer `chatcmpl-<random UUID>` when the provider's has no id, or
+    one it does not carry over (Anthropic's `msg_...`): an auditor would look for it in
+    the provider's usage export in vain. It is recorded as missing; the provider's own
+    ids (OpenAI's `chatcmpl-` and 29 letters, vLLM's UUID without hyphens) are kept."""
+
+    class Answer:
+        def __init__(self, id: str | None) -> None:
+            self.id = id
+            self._hidden_params = {"additional_headers": {"llm_provider-request-id": "req_1"}}
+
+    made_up = Answer("chatcmpl-" + str(uuid.UUID(bytes=bytes(range(16)), version=4)))
+    assert UpstreamIds.of(*_provider_ids(made_up, made_up)) == UpstreamIds(
+        None, (("request-id", "req_1"),)
+    )
+    for kept in ("chatcmpl-B9MBs8CjcvOU2jLn4n570S5qMJKcT", "chatcmpl-" + "0f" * 16, "msg_01XF"):
+        answer = Answer(kept)
+        assert UpstreamIds.of(*_provider_ids(answer, answer)) == UpstreamIds(
+            kept, (("request-id", "req_1"),)
+        )
+
+
+@pytest.mark.parametrize("name", ["MAX_BODY_BYTES", "FLUSH_MS", "CHECKPOINT_MS"])
+def test_a_bad_number_in_the_sidecars_environment_is_a_usage_error(
+    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 2 naming the flag, not a traceback (also from `owngate --help`, which builds
+    every command's parser)."""
+    monkeypatch.setenv(f"OWNGATE_ATTEST_{name}", "abc")
+    base = ["attest", "--backend", "http://127.0.0.1:8000", "--key", "k", "--log", "l"]
+    with pytest.raises(SystemExit) as caught:
+        main(base)
+    assert caught.value.code == 2
+    assert f"--{name.lower().replace('_', '-')}" in capsys.readouterr().err
+    monkeypatch.setenv(f"OWNGATE_ATTEST_{name}", "-1")
+    assert main(base) == 2  # parsed, then refused as before

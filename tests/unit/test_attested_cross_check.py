@@ -5,12 +5,25 @@ needs two statements in the sidecar's log, and a sidecar log missing one of them
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from gateway.provenance import LogVerificationError, ProvenanceLog, Salts, commit, verify_log
+from gateway.cli.audit_flags import backend_keys
+from gateway.cli.main import main
+from gateway.provenance import (
+    BackendRef,
+    LogVerificationError,
+    ProvenanceLog,
+    Salts,
+    Signer,
+    commit,
+    verify_log,
+)
 from gateway.provenance.audit.attested import check_attestations, cross_check
 from gateway.provenance.formats.attestation import (
     Attestation,
@@ -33,18 +46,27 @@ REQUEST, RESPONSE = b'{"model":"m","messages":[]}', b'{"choices":[]}'
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def _statement(counter: int, request_id: str, salts: Salts) -> Statement:
+def _statement(counter: int, request_id: str, salts: Salts, signer: Signer = SIDECAR) -> Statement:
     return Statement(
         request_id,
         "2026-01-01T00:00:00.000Z",
         counter,
-        str(SIDECAR),
+        str(signer),
         commit("request", salts.request, REQUEST),
         commit("response", salts.response, RESPONSE),
     )
 
 
-async def _gateway_log(path: Path, answers: list[tuple[str, Statement, Salts]]) -> None:
+async def _gateway_log(
+    path: Path,
+    answers: list[tuple[str, Statement, Salts]],
+    backend: BackendRef = EXAMPLE_BACKEND,
+    *,
+    status: int = 200,
+    signer: Signer = SIDECAR,
+) -> None:
+    """Each answer dispatched and completed with `status`: countersigned below 400, else
+    without a countersignature (the client left, the gateway recorded why)."""
     log = await ProvenanceLog.open(path, GATEWAY.name, GATEWAY)
     try:
         for number, (request_id, statement, salts) in enumerate(answers):
@@ -57,14 +79,14 @@ async def _gateway_log(path: Path, answers: list[tuple[str, Statement, Salts]]) 
                     model="m",
                     policy=EXAMPLE_POLICY,
                     trace=[],
-                    backend=EXAMPLE_BACKEND,
+                    backend=backend,
                     fallback_reason=None,
                     request_commitment=statement.request_commitment,
                 )
             )
             counter = check_countersignature(
-                sign_statement(statement, SIDECAR),
-                SIDECAR.verifier(),
+                sign_statement(statement, signer),
+                signer.verifier(),
                 request_id=request_id,
                 request_commitment=statement.request_commitment,
                 response_commitment=commit("response", salts.response, RESPONSE),
@@ -74,12 +96,12 @@ async def _gateway_log(path: Path, answers: list[tuple[str, Statement, Salts]]) 
                     request_id=request_id,
                     time=moment,
                     dispatch=dispatch,
-                    status=200,
-                    error=None,
+                    status=status,
+                    error=None if status < 400 else "client_gone",
                     usage=None,
                     latency_ms=1,
                     response_commitment=statement.response_commitment,
-                    attestation=Attestation.accepted(counter),
+                    attestation=Attestation.accepted(counter) if status < 400 else None,
                 )
             )
     finally:
@@ -132,3 +154,109 @@ def test_every_answer_of_a_repeated_request_id_needs_its_own_statement(
             f"(counter {hidden}), but the sidecar's log" in said
         )
         assert "an entry is missing from the sidecar's log (1 in all)" in said
+
+
+def test_one_key_given_for_two_backends_is_refused(
+    tmp_path: Path, answers: list[tuple[str, Statement, Salts]]
+) -> None:
+    """A statement names its key, not its backend: with one key for backends A and B, a
+    gateway's log could say B served what A's sidecar countersigned, and pass."""
+    other = dataclasses.replace(EXAMPLE_BACKEND, id="gpu-other")
+    asyncio.run(_gateway_log(tmp_path / "log", answers, other))  # A's statements, "B" named
+    size = verify_log(tmp_path / "log", [GATEWAY.verifier()]).size
+    keys = {BACKEND: SIDECAR.verifier(), "gpu-other": SIDECAR.verifier()}
+    with pytest.raises(ValueError, match=f"backends {BACKEND} and gpu-other are given one key"):
+        check_attestations(tmp_path / "log", size, keys)
+    vkey = SIDECAR.verifier().vkey
+    with pytest.raises(ValueError, match="are given one key"):
+        backend_keys([f"{BACKEND}={vkey}", f"gpu-other={vkey}"], [])
+
+
+def test_a_backend_given_two_keys_is_refused() -> None:
+    """`--backend-key ID=K1 --backend-key ID=K2` is ambiguous: the last one would win."""
+    first, second = SIDECAR.verifier().vkey, seeded_signer("gpu.test/attest", 2).verifier().vkey
+    with pytest.raises(ValueError, match=f"--backend-key {BACKEND} is given twice"):
+        backend_keys([f"{BACKEND}={first}", f"{BACKEND}={second}"], [])
+    assert list(backend_keys([f"{BACKEND}={first}"], [])) == [BACKEND]
+
+
+def test_a_statement_over_a_request_the_gateway_did_not_dispatch_is_caught(
+    tmp_path: Path, answers: list[tuple[str, Statement, Salts]]
+) -> None:
+    """A request the gateway dispatched but holds no countersignature for (the client
+    left: 499) may have a statement in the sidecar's log, counted; but only over the
+    request the gateway dispatched. One over another body under that request id (a
+    client that knows its own id and salts sending something else straight to a
+    sidecar without mutual TLS, a body changed on the way) is a request that did not
+    come through the gateway."""
+    asyncio.run(_gateway_log(tmp_path / "log", answers, status=499))
+    size = verify_log(tmp_path / "log", [GATEWAY.verifier()]).size
+    summary = check_attestations(tmp_path / "log", size, {BACKEND: SIDECAR.verifier()})
+    assert summary.answers == {BACKEND: 0}
+    statements = [statement for _, statement, _ in answers]
+    asyncio.run(_sidecar_log(tmp_path / "same", statements))
+    assert cross_check(summary, tmp_path / "same", BACKEND, SIDECAR.verifier()) == 3
+    assert summary.unaccepted == {BACKEND: 3}
+    other = dataclasses.replace(statements[2], request_commitment="ab" * 32)
+    asyncio.run(_sidecar_log(tmp_path / "other", [*statements[:2], other]))
+    with pytest.raises(LogVerificationError) as caught:
+        cross_check(summary, tmp_path / "other", BACKEND, SIDECAR.verifier())
+    assert (
+        "the sidecar countersigned request 'req-2' (counter 2) over a request body the "
+        f"gateway's log never dispatched to backend {BACKEND}" in str(caught.value)
+    )
+
+
+def test_the_gateways_own_key_is_no_backend_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A backend "countersigned" with the gateway's own log key is the gateway's word
+    twice: whoever holds the log key writes both. An auditor given the same key for the
+    log and a backend (a copy-paste slip, or a gateway operator who set it up so) would
+    read its log as two-party statements."""
+    salts = Salts.generate(CountingRandom("own"))
+    forged = [("req-1", _statement(0, "req-1", salts, GATEWAY), salts)]
+    asyncio.run(_gateway_log(tmp_path / "log", forged, signer=GATEWAY))
+    vkey = GATEWAY.verifier().vkey
+    base = ["audit", "verify", str(tmp_path / "log"), "--key", vkey]
+    assert main(base) == 0
+    capsys.readouterr()
+    assert main([*base, "--backend-key", f"{BACKEND}={vkey}"]) == 2
+    said = capsys.readouterr().err
+    assert f"--backend-key {BACKEND} is a key of the log itself" in said
+    # The same key under another name (a name is the holder's to choose).
+    renamed = Signer.from_seed("gpu.test/renamed", hashlib.sha256(b"gw.test/cross/1").digest())
+    assert main([*base, "--backend-key", f"{BACKEND}={renamed.verifier().vkey}"]) == 2
+
+
+def test_a_backend_key_under_an_id_the_log_does_not_use_is_pointed_out(
+    tmp_path: Path, answers: list[tuple[str, Statement, Salts]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--backend-key` holds the answers of one backend id to the rule: under a mistyped
+    id (or one the log spells otherwise) it checks nothing and the audit passes. It
+    still passes, but says so, and names the private backends it took no key for."""
+    asyncio.run(_gateway_log(tmp_path / "log", answers))
+    vkey = SIDECAR.verifier().vkey
+    argv = ["audit", "verify", str(tmp_path / "log"), "--key", GATEWAY.verifier().vkey]
+    assert main([*argv, "--backend-key", f"vllm-eu1={vkey}"]) == 0
+    said = capsys.readouterr().out
+    assert (
+        "ok: backend vllm-eu1: 0 answer(s) countersigned by its key (the log dispatched "
+        "nothing to it: is the id right?)" in said
+    )
+    assert (
+        "note: answers of private backends given no --backend-key, the gateway's word "
+        f"alone: {BACKEND!r} (3)" in said
+    )
+    assert main([*argv, "--backend-key", f"{BACKEND}={vkey}", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["attested"]["unkeyed"] == {}
+
+
+def test_a_backend_key_whose_base64_holds_a_plus_is_read_whole() -> None:
+    """A verifier key is `name+hexid+base64`, and standard base64 has `+` in it too."""
+    plus = seeded_signer("gpu.test/attest", 2).verifier()
+    assert "+" in plus.vkey.split("+", 2)[2]
+    keys = backend_keys([f"{BACKEND}={plus.vkey}"], [GATEWAY.verifier()])
+    assert {backend: key.vkey for backend, key in keys.items()} == {BACKEND: plus.vkey}
+    with pytest.raises(ValueError, match="is a key of the log itself"):
+        backend_keys([f"{BACKEND}={plus.vkey}"], [plus])

@@ -19,7 +19,7 @@ from gateway.config import ConfigError, parse_config
 from gateway.pki import fact_uris, issue, make_ca
 from gateway.policy import BackendFacts, PolicySet, parse_policies
 from gateway.provenance import RecordError, dispatch_record, validate_record
-from gateway.provenance.testing import EXAMPLE_BACKEND, EXAMPLE_POLICY
+from gateway.provenance.testing import EXAMPLE_BACKEND, EXAMPLE_POLICY, seeded_signer
 from gateway.upstream.tls import facts_from_uris, retention_terms, spki_sha256
 from tests.helpers.gateways import backend, gateway_config
 
@@ -346,3 +346,35 @@ def test_an_encrypted_client_key_is_refused_without_a_prompt(tmp_path: Path) -> 
     (tmp_path / "k.pem").write_bytes(locked)
     (problem,) = _problems(tmp_path, {"client_cert_file": "c.pem", "client_key_file": "k.pem"})
     assert problem.endswith("not a PEM certificate and its unencrypted key (it is encrypted)")
+
+
+def test_two_attested_backends_with_one_key_are_refused() -> None:
+    """A countersignature names its key, not its backend: with one key for two backends,
+    a request meant for one and answered by the other (a typo, a DNS change) would pass
+    the gateway's check and the audit (issue 15, layer 3)."""
+    vkey = seeded_signer("gpu.test/attest").verifier().vkey
+    other = seeded_signer("gpu.test/attest", 2).verifier().vkey
+    two = [
+        backend("gpu-a", "http://10.0.0.1:8101", "m", attest={"key": vkey}),
+        backend("gpu-b", "http://10.0.0.2:8101", "m", attest={"key": " " + vkey}),
+    ]
+    with pytest.raises(ConfigError) as caught:
+        parse_config(yaml.safe_dump({"backends": two}))
+    assert any(
+        "backends 'gpu-a' and 'gpu-b' have one attest.key" in str(issue)
+        for issue in caught.value.issues
+    )
+    two[1]["attest"] = {"key": other}
+    assert len(parse_config(yaml.safe_dump({"backends": two})).backends) == 2
+
+
+def test_an_attested_backends_base_url_is_the_sidecars_root() -> None:
+    """The sidecar relays only the paths a gateway sends (`/v1/chat/completions`,
+    `/health`, ...): under a path prefix every request and probe would get its 404."""
+    vkey = seeded_signer("gpu.test/attest").verifier().vkey
+    prefixed = backend("gpu", "http://10.0.0.1:8101/api", "m", attest={"key": vkey})
+    with pytest.raises(ConfigError) as caught:
+        parse_config(yaml.safe_dump({"backends": [prefixed]}))
+    assert any("the sidecar's root" in str(issue) for issue in caught.value.issues)
+    root = backend("gpu", "http://10.0.0.1:8101/", "m", attest={"key": vkey})
+    assert parse_config(yaml.safe_dump({"backends": [root]})).backends[0].attest is not None

@@ -13,9 +13,11 @@ is a replay. `cross_check` then compares the sidecar's own log (`owngate attest 
 verified with the same backend key) with those statements, both ways: a statement for a
 request the gateway never dispatched to that backend, or for one more often than it
 dispatched it there (a client that knows its request id, sending it straight to a
-sidecar without mutual TLS), is traffic that bypassed the gateway; one for a request it
-dispatched but holds no accepted countersignature for (the client left before the end,
-or the gateway refused it and recorded why) is counted.
+sidecar without mutual TLS), or over a request body it did not dispatch there under that
+id (the statement's request commitment is no dispatch's), is traffic that bypassed the
+gateway; one for a request it dispatched, over that body, but holds no accepted
+countersignature for (the client left before the end, or the gateway refused it and
+recorded why) is counted.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from gateway.provenance.errors import LogVerificationError, MalformedError, Sign
 from gateway.provenance.formats.attestation import (
     ATTESTATION_PAYLOAD_TYPE,
     Statement,
+    one_key_per_backend,
     statement_of_records,
 )
 from gateway.provenance.formats.note import Verifier
@@ -47,13 +50,16 @@ class AttestedSummary:
     # key -> counter -> statement: the counter is unique per key (a counter used twice is a
     # replay), a request id is not (one the log names twice needs two statements)
     statements: dict[str, dict[int, Statement]] = field(default_factory=dict)
-    # backend id -> request id -> how often it was dispatched there
-    dispatched: dict[str, dict[str, int]] = field(default_factory=dict)
+    # backend id -> request id -> the request commitment of each dispatch there
+    dispatched: dict[str, dict[str, list[str | None]]] = field(default_factory=dict)
     cross_checked: dict[str, int] = field(default_factory=dict)  # backend id -> entries
     # backend id -> statements its sidecar logged for requests the gateway dispatched to it
     # but holds no accepted countersignature for (the client left before the end, or the
     # gateway refused it: its record says which)
     unaccepted: dict[str, int] = field(default_factory=dict)
+    # private backend id -> answers, for the backends given no key: the gateway's word
+    # alone (an id mistyped in --backend-key, or a backend the log names otherwise)
+    unkeyed: dict[str, int] = field(default_factory=dict)
 
 
 def _fail(reason: str, index: int | None = None) -> LogVerificationError:
@@ -64,7 +70,9 @@ def check_attestations(
     directory: str | Path, size: int, backend_keys: Mapping[str, Verifier]
 ) -> AttestedSummary:
     """Check the attestations of a verified log of `size` entries; raises
-    LogVerificationError naming the first record that fails."""
+    LogVerificationError naming the first record that fails, ValueError when two backends
+    are given one key."""
+    one_key_per_backend(backend_keys)
     summary = AttestedSummary({backend: 0 for backend in backend_keys})
     summary.dispatched = {backend: {} for backend in backend_keys}
     counters: dict[tuple[str, int], str] = {}
@@ -72,6 +80,8 @@ def check_attestations(
         backend = dispatch.data["backend"]["id"]
         verifier = backend_keys.get(backend)
         if verifier is None:
+            if dispatch.data["backend"]["tier"] == "private":
+                summary.unkeyed[backend] = summary.unkeyed.get(backend, 0) + 1
             continue
         who = f"request {completion.request_id!r} (backend {backend})"
         try:
@@ -126,7 +136,7 @@ def _answers(
             dispatches[index] = record
             sent = summary.dispatched.get(record.data["backend"]["id"])
             if sent is not None:
-                sent[record.request_id] = sent.get(record.request_id, 0) + 1
+                sent.setdefault(record.request_id, []).append(record.data["request_commitment"])
         elif record.type == "completion":
             dispatch = dispatches.pop(record.data["dispatch"]["index"], None)
             data = record.data
@@ -151,7 +161,8 @@ def cross_check(
     checked = verify_log(sidecar_log, [verifier], origin=origin)
     claimed = dict(summary.statements.get(str(verifier), {}))
     dispatched = summary.dispatched.get(backend, {})
-    left = dict(dispatched)  # dispatches of each request id not yet met by a statement
+    # the dispatches of each request id not yet met by a statement (their commitments)
+    left = {request_id: list(sent) for request_id, sent in dispatched.items()}
     unaccepted = 0
     last = -1
     for index, record in LogDirectory(sidecar_log).records(checked.size):
@@ -166,20 +177,24 @@ def cross_check(
                 index,
             )
         last = logged.counter
-        times = left.get(logged.request_id, 0)
-        if not times:
-            sent = dispatched.get(logged.request_id, 0)
+        pending = left.get(logged.request_id, [])
+        if logged.request_commitment not in pending:
+            sent = len(dispatched.get(logged.request_id, ()))
             how = (
-                f"more often than the gateway's log dispatched it to backend {backend} ({sent})"
+                f"over a request body the gateway's log never dispatched to backend {backend} "
+                f"under that id ({sent} dispatch(es) there, none left with that commitment)"
+                if pending
+                else f"more often than the gateway's log dispatched it to backend {backend} "
+                f"({sent})"
                 if sent
                 else f"which the gateway's log never dispatched to backend {backend}"
             )
             raise _fail(
                 f"{where}: the sidecar countersigned request {logged.request_id!r} (counter "
-                f"{logged.counter}), {how}: a request that did not come through this gateway",
+                f"{logged.counter}) {how}: a request that did not come through this gateway",
                 index,
             )
-        left[logged.request_id] = times - 1
+        pending.remove(logged.request_commitment)
         ours = claimed.pop(logged.counter, None)
         if ours is None:
             unaccepted += 1  # sent through the gateway, which recorded why it has none

@@ -44,6 +44,7 @@ __all__ = [
     "Countersignature",
     "Statement",
     "check_countersignature",
+    "one_key_per_backend",
     "open_countersignature",
     "parse_salts",
     "receipt_countersignature",
@@ -64,6 +65,10 @@ _SALTS = re.compile(rb"([0-9a-f]{64})\.([0-9a-f]{64})\Z")
 MAX_ENVELOPE = 4096  # a countersignature is ~600 bytes: anything longer is not one
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 _TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z\Z")
+# A signed-note key id, `name+hexid`, as `str(Signer)` writes it: a name without blanks or
+# '+' (and nothing unprintable, bounded) and the 8 hex digits. Text from the wire that
+# reaches the gateway's log and the auditor's terminal: nothing else is a key.
+_KEY = re.compile(r"[^\s+]{1,256}\+[0-9a-f]{8}\Z")
 _FIELDS = frozenset(
     {"v", "type", "request_id", "time", "counter", "key"}
     | {"request_commitment", "response_commitment"}
@@ -101,8 +106,8 @@ class Statement:
             raise RecordError("statement time must be RFC 3339 UTC with milliseconds")
         if type(self.counter) is not int or not 0 <= self.counter <= MAX_SAFE_INTEGER:
             raise RecordError("statement counter must be an integer 0..2**53")
-        if type(self.key) is not str or not self.key:
-            raise RecordError("statement key must be a non-empty string")
+        if type(self.key) is not str or not _KEY.match(self.key) or not self.key.isprintable():
+            raise RecordError("statement key must be a key id, name+8 hex digits")
         for name in ("request_commitment", "response_commitment"):
             value = getattr(self, name)
             if type(value) is not str or not _HEX64.match(value):
@@ -294,15 +299,33 @@ def statement_of_records(
     response = completion.get("response_commitment")
     if response is None:
         raise MalformedError("an attested completion has no response commitment")
-    statement = Statement(
-        completion["request_id"],
-        field["time"],
-        field["counter"],
-        field["key"],
-        dispatch["request_commitment"],
-        response,
-    )
+    try:
+        statement = Statement(
+            completion["request_id"],
+            field["time"],
+            field["counter"],
+            field["key"],
+            dispatch["request_commitment"],
+            response,
+        )
+    except RecordError as exc:
+        raise MalformedError(str(exc)) from exc
     return statement, _b64(field["sig"], "signature")
+
+
+def one_key_per_backend(backend_keys: Mapping[str, Verifier]) -> None:
+    """Raise ValueError when two backends are given one key (the same key id): a statement
+    names its key, not its backend, so with one key for A and B a log could say B served
+    what A's sidecar countersigned (and their counters would collide). Each sidecar needs
+    its own key."""
+    seen: dict[str, str] = {}
+    for backend, verifier in backend_keys.items():
+        earlier = seen.setdefault(str(verifier), backend)
+        if earlier != backend:
+            raise ValueError(
+                f"backends {earlier} and {backend} are given one key ({verifier}): a "
+                "countersignature could not tell them apart; give each sidecar its own key"
+            )
 
 
 def receipt_countersignature(
