@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
 from gateway.errors import ErrorCode, GatewayError
+
+if TYPE_CHECKING:
+    from gateway.body_budget import Held
 
 __all__ = [
     "JSON",
@@ -65,28 +68,34 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int = sys.maxsize) -> bytes:
-    """The whole request body, at most `limit` bytes.
+async def read_body(
+    scope: Scope, receive: Receive, limit: int = sys.maxsize, held: Held | None = None
+) -> bytes:
+    """The whole request body, at most `limit` bytes, reserved in `held` (the process's
+    `BodyBudget`, gateway/body_budget.py) before it is read: its declared length at once,
+    a chunked body as it arrives.
 
     Raises `GatewayError`: 413 `request_too_large` past the limit (before reading when the
-    declared length says so); when the body never completed, the listener's answer (see
-    `REFUSAL_SCOPE_KEY`) or 400 `invalid_request` "client disconnected"."""
+    declared length says so); 429 `rate_limit_exceeded` past the budget (the same);
+    when the body never completed, the listener's answer (see `REFUSAL_SCOPE_KEY`) or 400
+    `invalid_request` "client disconnected"."""
     declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
     # A declared length too long to be a number we accept is refused without int():
     # Python refuses to convert integers of more than 4300 digits.
-    if (
-        declared is not None
-        and declared.isdigit()
-        and (len(declared) > len(str(limit)) or int(declared) > limit)
-    ):
-        raise _too_large(limit)
+    if declared is not None and declared.isdigit():
+        if len(declared) > len(str(limit)) or int(declared) > limit:
+            raise _too_large(limit)
+        if held is not None:
+            held.cover(int(declared))
     message = await receive()
     if message["type"] == "http.disconnect":
         raise _body_lost(scope)
     body: bytes = message.get("body", b"")
+    if len(body) > limit:
+        raise _too_large(limit)
+    if held is not None:
+        held.cover(len(body))
     if not message.get("more_body", False):
-        if len(body) > limit:
-            raise _too_large(limit)
         return body
     parts = [body]
     size = len(body)
@@ -98,6 +107,8 @@ async def read_body(scope: Scope, receive: Receive, limit: int = sys.maxsize) ->
         size += len(chunk)
         if size > limit:
             raise _too_large(limit)
+        if held is not None:
+            held.cover(size)
         parts.append(chunk)
     return b"".join(parts)
 

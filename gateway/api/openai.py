@@ -83,8 +83,10 @@ class TenantSurface:
             exchange.tenant = tenant.id
             admission = await self._admit(tenant)
             exchange.charge = lambda: admission.release(_tokens_used(exchange))
+            limits = runtime.parts.config.limits
+            held = runtime.bodies.hold(limits.max_held_body_bytes)
             try:
-                body = await read_body(scope, receive, runtime.parts.config.limits.max_body_bytes)
+                body = await read_body(scope, receive, limits.max_body_bytes, held)
                 # The parts active now, not at arrival: a config reload while the body was
                 # arriving binds this request's decision and plan, as it binds later ones.
                 proxy = runtime.parts.proxy
@@ -93,6 +95,7 @@ class TenantSurface:
                 # The answer is over: a drain deadline from now on must not cut (and write
                 # to) a finished response, nor interrupt the release.
                 runtime.serving.discard(asyncio.current_task())
+                held.release()
                 await admission.release(_tokens_used(exchange))
         except GatewayError as error:
             exchange.status, exchange.error_code = error.status, error.code.value

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.api.parts import Assembly
+from gateway.body_budget import BodyBudget
 
 if TYPE_CHECKING:
     from gateway.api.fleet import FleetMetrics
@@ -45,6 +46,7 @@ class Runtime:
         self.draining = False  # shutdown began (SIGTERM)
         self.cutting = False  # the drain deadline passed: what still runs is being cut
         self.serving: set[asyncio.Task[Any]] = set()  # the tasks of proxied requests
+        self.bodies = BodyBudget()  # request bodies held now (limits.max_held_body_bytes)
         self.reloader: ConfigReloader | None = None  # a config served from a file
         self.fleet: FleetMetrics | None = None  # `serve --workers`: /metrics sums them
         self.cosigning: Cosigning | None = None  # witnesses asked to cosign checkpoints

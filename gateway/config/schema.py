@@ -114,6 +114,11 @@ class LoggingSettings(_Strict):
 
 class LimitSettings(_Strict):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    max_held_body_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        gt=0,
+        description="request bodies one process holds at once (gateway/body_budget.py)",
+    )
     connect_timeout_s: float = Field(default=3.0, gt=0)
     first_byte_timeout_s: float = Field(default=120.0, gt=0)
     read_timeout_s: float = Field(default=120.0, gt=0)
@@ -130,6 +135,15 @@ class LimitSettings(_Strict):
     drain_timeout_s: float = Field(
         default=540.0, gt=0, description="on SIGTERM, how long open streams may finish"
     )
+
+    @model_validator(mode="after")
+    def _one_body_fits_the_budget(self) -> LimitSettings:
+        if self.max_held_body_bytes < self.max_body_bytes:
+            raise ValueError(
+                "limits.max_held_body_bytes must be at least limits.max_body_bytes "
+                "(else a body within the limit could never be taken)"
+            )
+        return self
 
 
 class ScrapeSettings(_Strict):

@@ -1,0 +1,67 @@
+"""Request bodies held at once, per process: one budget across every tenant's requests.
+
+`limits.max_body_bytes` bounds one request body; the gateway holds each body (and what is
+parsed from it) until its request ends, through retries and a stream's whole relay. With
+`listen.max_connections` connections each sending a body just under the limit, that
+would be 4,096 x 8 MiB = 32 GiB by default. `BodyBudget` bounds the sum: a request
+reserves its declared `content-length` before any of its body is read (a chunked body:
+its bytes as they arrive) and gives them back when it ends. A reservation that would
+take the process past `limits.max_held_body_bytes` is refused with 429
+`rate_limit_exceeded` and `retry-after: 1`, before more of the body is read; a client
+retries it as it retries a rate limit.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from gateway.errors import ErrorCode, GatewayError
+
+__all__ = ["BodyBudget", "Held"]
+
+RETRY_AFTER: Final = (b"retry-after", b"1")
+
+
+class BodyBudget:
+    """Bytes of request bodies reserved now by this process's requests."""
+
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        self.held = 0
+
+    def hold(self, limit: int) -> Held:
+        """A reservation of nothing yet, for one request, under `limit` bytes in all."""
+        return Held(self, limit)
+
+
+class Held:
+    """One request's share of a `BodyBudget`: grows with its body, released once."""
+
+    __slots__ = ("_budget", "_limit", "size")
+
+    def __init__(self, budget: BodyBudget, limit: int) -> None:
+        self._budget = budget
+        self._limit = limit
+        self.size = 0
+
+    def cover(self, size: int) -> None:
+        """Hold at least `size` bytes; raises `GatewayError` (429) past the budget."""
+        more = size - self.size
+        if more <= 0:
+            return
+        budget = self._budget
+        if budget.held + more > self._limit:
+            raise GatewayError(
+                ErrorCode.rate_limit_exceeded,
+                "The gateway holds as many request bodies as it may at once "
+                "(limits.max_held_body_bytes); retry shortly.",
+                headers=(RETRY_AFTER,),
+            )
+        budget.held += more
+        self.size = size
+
+    def release(self) -> None:
+        """Give the bytes back (again: nothing)."""
+        self._budget.held -= self.size
+        self.size = 0
