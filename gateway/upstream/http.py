@@ -12,7 +12,9 @@ A backend is trusted to serve, not to be well-behaved: `read()` stops at a byte 
 byte at a time resets the read timeout forever), dropping the connection either way; the
 status line and headers stop at `MAX_HEAD` bytes (httptools gathers a header line whole
 before handing it over, so without a limit one endless header would grow until the
-first-byte timeout); a byte that arrives after the response is complete is never handed
+first-byte timeout), and so do the bytes between two body bytes (chunk framing, and a
+chunked body's trailer fields, which are never kept: bytes that keep arriving without a
+body byte would otherwise be read until the read timeout, and trailers kept); a byte that arrives after the response is complete is never handed
 to anyone, and the connection it came on is closed, never reused.
 
 An https backend is authenticated on every new connection before a request byte is
@@ -65,7 +67,9 @@ class _Connection(asyncio.Protocol):
         self.interim = False  # parsing a 1xx response, which precedes the real one
         self.close_delimited = False  # body ends when the backend closes the connection
         self.peer: Peer | None = None  # who the TLS handshake authenticated (None: plain HTTP)
-        self.head_bytes = 0  # bytes of the current response read before its headers ended
+        # bytes of the current response read since its last body byte (its head at first,
+        # then chunk framing and trailers): at most `MAX_HEAD` in a row
+        self.quiet_bytes = 0
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -79,6 +83,7 @@ class _Connection(asyncio.Protocol):
             self._out_of_step()
             return
         response = self.response
+        self.quiet_bytes += len(data)  # `on_body` starts it over
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -87,13 +92,16 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self.response._fail(UpstreamError("protocol", f"bad HTTP response: {exc}"))
             self.close()
-        if response.status == 0:  # every byte so far was head: bounded
-            self.head_bytes += len(data)
-            if self.head_bytes > MAX_HEAD:
-                response._fail(
-                    UpstreamError("protocol", f"response headers larger than {MAX_HEAD} bytes")
-                )
-                self.abort()
+        if self.quiet_bytes > MAX_HEAD and not response.complete:
+            what = (
+                "response headers larger than"
+                if response.status == 0
+                else "chunk framing or trailers: more than"
+            )
+            response._fail(
+                UpstreamError("protocol", f"{what} {MAX_HEAD} bytes without a body byte")
+            )
+            self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -143,8 +151,8 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         response = self.response
-        if response is None or response.complete:
-            return  # part of a message after the response: dropped
+        if response is None or response.complete or response.status != 0:
+            return  # part of a message after the response, or a trailer: dropped
         response.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
@@ -169,6 +177,7 @@ class _Connection(asyncio.Protocol):
         response._wake()
 
     def on_body(self, body: bytes) -> None:
+        self.quiet_bytes = 0
         response = self.response
         if response is None or response.complete:
             return  # never appended to an answer that already ended
@@ -357,7 +366,7 @@ class HttpPool:
                     continue
                 raise UpstreamError("closed", "backend closed the connection before answering")
             response = UpstreamResponse(conn, self._read_timeout)
-            conn.response, conn.head_bytes = response, 0
+            conn.response, conn.quiet_bytes = response, 0
             response.sent_at = asyncio.get_running_loop().time()
             assert conn.transport is not None
             conn.transport.write(head + body if len(body) < 65536 else head)
