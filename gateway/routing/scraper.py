@@ -38,6 +38,7 @@ from gateway.routing.signals import (
     load_from_metrics,
     metric_names,
     slots_total_from_props,
+    slots_total_from_slots,
 )
 from gateway.upstream.http import HttpPool, UpstreamError
 
@@ -268,8 +269,8 @@ class MetricsScraper:
                 continue
             if isinstance(doc, dict):
                 slots = slots_total_from_props(doc)
-            elif isinstance(doc, list) and doc:
-                slots = len(doc)
+            elif isinstance(doc, list):
+                slots = slots_total_from_slots(doc)
             if slots is not None:
                 break
         if slots is not None:
