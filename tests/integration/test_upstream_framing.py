@@ -10,7 +10,9 @@ import pytest
 from gateway.upstream.http import MAX_HEAD, HttpPool, UpstreamError
 from tests.integration.test_upstream_http import Handler, _read_request, _with_backend
 
-_CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+_CHUNKED_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+)
 _WRITES = 1024  # of 64 KiB each: 64 MiB, if nobody stops it
 
 

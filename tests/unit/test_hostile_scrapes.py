@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.routing.load import demand_and_slots, queue_per_slot
+from gateway.routing.load import demand_and_slots
 from gateway.routing.prometheus import parse_metrics
 from gateway.routing.scorers.queue import queue_score
+from gateway.routing.scraper import MAX_KEPT_BYTES, filter_exposition
 from gateway.routing.signals import (
     MAX_LEARNED_SLOTS,
     BackendKind,
@@ -73,3 +74,31 @@ def test_a_learned_slot_count_is_bounded(props: dict[str, object], expected: int
 def test_a_slot_count_from_the_slots_list_is_bounded(length: int, expected: int | None) -> None:
     # A 16 MiB `/slots` of `[0,0,...]` is four million slots.
     assert slots_total_from_slots([{"id": n} for n in range(length)]) == expected
+
+
+# --- what a scrape may cost: the lines read are bounded, found without splitting it ---
+
+WANTED = frozenset({"a", "b"})
+
+
+def test_the_lines_read_are_bounded() -> None:
+    line = b'a{engine="' + b"x" * 1000 + b'"} 1\n'
+    fits = line * (MAX_KEPT_BYTES // len(line))
+    assert filter_exposition(fits, WANTED) == fits.decode()
+    with pytest.raises(ValueError, match="more than"):
+        filter_exposition(fits + line, WANTED)
+    # one label value of megabytes: refused before the parser sees it
+    with pytest.raises(ValueError, match="more than"):
+        filter_exposition(b'a{engine="' + b"x" * 4 * MAX_KEPT_BYTES + b'"} 1\n', WANTED)
+
+
+def test_other_lines_cost_nothing_and_are_never_decoded() -> None:
+    other = b'other_metric{label="\xff"} 1\n' * (MAX_KEPT_BYTES // 8)
+    assert filter_exposition(other + b"b 2\n" + other + b"a 1", WANTED) == "b 2\na 1\n"
+
+
+def test_a_line_ends_at_a_newline_only() -> None:
+    # U+2028 may stand in a label value; str.splitlines() would have cut the line there.
+    body = 'a{model_name="x\u2028b 99"} 1\n'.encode()
+    samples = parse_metrics(filter_exposition(body, WANTED))
+    assert [(s.name, s.value) for group in samples.values() for s in group] == [("a", 1.0)]
