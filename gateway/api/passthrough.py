@@ -26,6 +26,8 @@ import asyncio
 import re
 from typing import Any
 
+import orjson
+
 from gateway.api.attested import Attester, SseTail
 from gateway.api.body import ask_for_usage, model_pattern, rewrite_model
 from gateway.api.exchange import (
@@ -259,9 +261,13 @@ class PrivateRelay:
     async def _read_whole(
         self, exchange: Exchange, backend: BackendState, response: UpstreamResponse
     ) -> bytes:
-        """A whole answer, within `limits.max_response_bytes` and `response_timeout_s`."""
+        """A whole answer, within `limits.max_response_bytes` and `response_timeout_s`.
+
+        A JSON answer whose body ended with the connection (no length, not chunked) and
+        does not parse was cut short by a backend that died: `UpstreamError("closed")`,
+        as for a framed body that broke off (nothing reached the client: failover)."""
         try:
-            return await response.read()
+            data = await response.read()
         except UpstreamError as exc:
             if exc.kind != "too_large":
                 raise  # timed out or broke off: the caller may try another backend
@@ -274,6 +280,14 @@ class PrivateRelay:
                 f"the backend's answer is larger than the gateway relays ({limit} bytes, "
                 "limits.max_response_bytes)",
             ) from exc
+        if response.ended_by_close and _is_json(response.header(b"content-type")):
+            try:
+                orjson.loads(data)
+            except orjson.JSONDecodeError:
+                raise UpstreamError(
+                    "closed", "the answer ended with the connection, cut short"
+                ) from None
+        return data
 
     async def _relay_stream(
         self,
@@ -406,6 +420,11 @@ async def _relay_chunk(send: Send, exchange: Exchange, data: bytes) -> bytes:
     if data:
         await send_relayed(send, exchange, data)
     return data
+
+
+def _is_json(content_type: bytes | None) -> bool:
+    """Whether an answer of `content_type` is JSON (none given: the relay's default)."""
+    return content_type is None or b"json" in content_type.lower()
 
 
 def _open(last: bytes) -> bool:

@@ -200,3 +200,33 @@ def test_a_hosted_answer_over_the_limit_is_502_too(
     assert response.status_code == 502
     assert error_code(response) == "upstream_error"
     assert len(provider.app.captured("/v1/chat/completions")) == 1  # no retry elsewhere
+
+
+@pytest.mark.parametrize("cut", [True, False], ids=["cut", "whole"])
+def test_a_json_answer_ended_by_the_close_counts_only_when_it_parses(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    cut: bool,
+) -> None:
+    # No length and not chunked (an HTTP/1.0 server, `connection: close`): the close ends
+    # the body, and a backend that dies mid-answer closes too. A JSON answer that does not
+    # parse was cut: nothing reached the client yet, so it is a failed attempt (failover),
+    # never a 200 with half an answer, recorded as served.
+    async def close_delimited(writer: asyncio.StreamWriter, _: Post) -> bool:
+        writer.write(b"HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n")
+        writer.write(ANSWER[: len(ANSWER) // 2] if cut else ANSWER)
+        await writer.drain()
+        return False
+
+    raw = start_raw(close_delimited)
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    response = post(gateway)
+    record = completion_record(tmp_path / "log", response.headers["x-request-id"])
+    if cut:
+        assert response.status_code == 503  # its only backend failed: none left to try
+        assert "gpu: closed" in response.json()["error"]["message"]
+        assert record["status"] == 503 and record["response_commitment"] is None
+    else:
+        assert (response.status_code, response.content) == (200, ANSWER)
+        assert record["status"] == 200
