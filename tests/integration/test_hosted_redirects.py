@@ -1,0 +1,105 @@
+"""A hosted provider's redirect is never followed: where a prompt may go is the policy's
+to say (a backend's `base_url`, its region and retention terms), not the provider's.
+
+LiteLLM's HTTP clients and the OpenAI SDK's follow redirects by default: a provider (or
+whoever answers at its URL) that answered 307 had the gateway send the prompt on to any
+host it named, an internal one included, and relay that host's answer to the client as
+the provider's. Now a 3xx is a failed call (the next backend serves, else 503), and
+the target never hears of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.helpers.gateways import HOSTED_ONLY_POLICY, LITELLM_WARNINGS, Gateway, hosted_backend
+from tests.helpers.raw_backend import Answer, Post, RawBackend, json_answer
+
+pytestmark = LITELLM_WARNINGS
+
+ANSWER = orjson.dumps(
+    {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "hello"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+)
+PROMPT = "the secret prompt"
+REQUESTS = {
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}]}),
+    "chat-stream": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": PROMPT}], "stream": True},
+    ),
+    "completions": ("/v1/completions", {"prompt": PROMPT}),
+}
+PROVIDERS = {
+    "openai": {},
+    "anthropic": {
+        "provider": "anthropic",
+        "models": [{"name": "m", "provider_model": "anthropic/claude-mock-1"}],
+    },
+}
+
+
+@pytest.mark.parametrize("status", [307, 302])
+@pytest.mark.parametrize(
+    ("provider", "request_name"),
+    [
+        ("openai", "chat"),
+        ("openai", "chat-stream"),
+        ("openai", "completions"),
+        ("anthropic", "chat"),
+        ("anthropic", "chat-stream"),
+    ],
+)
+def test_a_provider_redirect_is_not_followed(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    status: int,
+    provider: str,
+    request_name: str,
+) -> None:
+    elsewhere = start_raw(json_answer(ANSWER))  # an internal host, another region's API
+
+    async def redirect(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        location = elsewhere.url.encode() + b"/v1/chat/completions"
+        writer.write(
+            b"HTTP/1.1 %d Moved\r\nlocation: %s\r\ncontent-length: 0\r\n\r\n" % (status, location)
+        )
+        await writer.drain()
+        return False
+
+    redirector = start_raw(redirect)
+    (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
+    hosted: dict[str, Any] = {**hosted_backend("hosted", redirector.url + "/v1", "m")}
+    hosted.update(PROVIDERS[provider])
+    gateway = start_gateway(
+        [hosted], policy={"paths": [str(tmp_path)]}, environ={"HOSTED_KEY": "test-key"}
+    )
+    path, body = REQUESTS[request_name]
+    response = httpx.post(
+        gateway.url + path, json={"model": "m", **body}, headers=gateway.headers, timeout=60
+    )
+    assert len(redirector.posts) == 1
+    assert elsewhere.connections == 0  # the prompt went nowhere the policy did not name
+    # its only backend failed, and the client is told why
+    assert response.status_code == 503, response.text
+    assert f"answered HTTP {status} (a redirect: not followed)" in response.text
