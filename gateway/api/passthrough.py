@@ -59,6 +59,11 @@ __all__ = ["PrivateRelay"]
 
 _MAX_ERROR_BODY = 64 * 1024
 _RETRYABLE = frozenset({429, 500, 502, 503, 504})
+# Refusals that blame the backend's configuration, not the request: the gateway's key
+# (401, 403), a model or endpoint it does not serve (404). They fail the attempt (its
+# breaker) and another backend may serve; counted as answers, a backend that refused
+# everything at once would draw traffic and never be taken out.
+_BACKEND_FAULTS = frozenset({401, 403, 404})
 _SSE = b"text/event-stream"
 _STRIP_LOG_EVERY_S = 60.0
 
@@ -144,7 +149,7 @@ class PrivateRelay:
             self._failed(exchange, backend, exc.kind)
             attempt.upstream_failed(exc.kind, exc.detail)
             raise TryNext(f"{backend.id}: {exc.kind}", _timeout_error(exc)) from exc
-        if response.status >= 500:
+        if response.status >= 500 or response.status in _BACKEND_FAULTS:
             attempt.failed(f"HTTP {response.status}")
         else:
             attempt.answered()
@@ -233,7 +238,8 @@ class PrivateRelay:
             exchange.upstream_error = f"status {status}"
             pool = backend.pool
             error = translate_upstream_error(status, data, (pool.host,) if pool else ())
-            if status in _RETRYABLE:  # nothing reached the client: another backend may serve
+            if status in _RETRYABLE or status in _BACKEND_FAULTS:
+                # nothing reached the client: another backend may serve
                 raise TryNext(f"{backend.id}: HTTP {status}", error)
             raise error
         if not sse:

@@ -230,3 +230,35 @@ def test_a_json_answer_ended_by_the_close_counts_only_when_it_parses(
     else:
         assert (response.status_code, response.content) == (200, ANSWER)
         assert record["status"] == 200
+
+
+@pytest.mark.parametrize("status", [401, 403, 404])
+def test_a_backend_refusing_every_request_is_failed_over_not_a_black_hole(
+    start_raw: Callable[[Answer], RawBackend],
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    status: int,
+) -> None:
+    # A backend without the model (404: vLLM's served name differs), or that refuses the
+    # gateway's key (401/403), answers at once: counted as a success, it never opened its
+    # breaker, and a fast answer drew more traffic, every request it got failing without
+    # failover. It blames the backend's configuration, not the request: another serves.
+    async def refuse(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        body = b'{"error": {"message": "The model `m` does not exist."}}'
+        writer.write(
+            b"HTTP/1.1 %d Nope\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+            % (status, len(body))
+            + body
+        )
+        await writer.drain()
+        return False
+
+    raw = start_raw(refuse)
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    gateway = start_gateway(
+        [backend("broken", raw.url, "m"), backend("good", sim.url, "m")],
+        routing={"pools": {"m": {"strategy": "round_robin"}}},
+    )
+    statuses = [post(gateway).status_code for _ in range(6)]
+    assert statuses == [200] * 6
+    assert 1 <= len(raw.posts) <= 3  # its breaker opened (3 failures in a row)
