@@ -233,7 +233,7 @@ class PrivateRelay:
         if not sse or status >= 400:
             attempt.first_byte()  # a whole answer: its prefill is done
         if status >= 400:
-            data = await _read_bounded(response)
+            data = await _read_bounded(response, first_byte_by)
             self._metrics.upstream_error(backend.id, "status")
             exchange.upstream_error = f"status {status}"
             pool = backend.pool
@@ -413,10 +413,15 @@ def _timeout_error(exc: UpstreamError) -> GatewayError | None:
     return GatewayError(ErrorCode.upstream_timeout, "the backend did not answer in time")
 
 
-async def _read_bounded(response: UpstreamResponse) -> bytes:
-    """An error body: its message is shown, so 64 KiB is plenty; bounded in time too."""
+async def _read_bounded(response: UpstreamResponse, by: float) -> bytes:
+    """An error body: its message is shown, so 64 KiB is plenty; read by `by` (the
+    attempt's first-byte deadline: a body that trickles in must not hold the failover
+    past the request's deadline, up to the whole answer's `response_timeout_s`)."""
+    deadline = response.response_deadline
     try:
-        return await response.read(_MAX_ERROR_BODY)
+        return await response.read(
+            _MAX_ERROR_BODY, deadline=by if deadline is None else min(by, deadline)
+        )
     except UpstreamError:
         return b""  # too large, slow or broken: the status code alone tells what happened
 

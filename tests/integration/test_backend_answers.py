@@ -262,3 +262,36 @@ def test_a_backend_refusing_every_request_is_failed_over_not_a_black_hole(
     statuses = [post(gateway).status_code for _ in range(6)]
     assert statuses == [200] * 6
     assert 1 <= len(raw.posts) <= 3  # its breaker opened (3 failures in a row)
+
+
+def test_a_dripping_error_body_does_not_hold_the_failover(
+    start_raw: Callable[[Answer], RawBackend],
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+) -> None:
+    # A 503's body is read only to show its message: within the attempt's first-byte
+    # budget (the failover deadline's share), not the whole answer's response_timeout_s.
+    length, written = 40, [0]
+
+    async def drip_503(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(b"HTTP/1.1 503 Busy\r\ncontent-length: %d\r\n\r\n" % length)
+        for _ in range(length):
+            await writer.drain()
+            writer.write(b" ")
+            written[0] += 1
+            await asyncio.sleep(0.25)  # the fault itself: an error body that trickles in
+        return False
+
+    raw = start_raw(drip_503)
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    gateway = start_gateway(
+        [
+            backend("dripping", raw.url, "m", first_byte_timeout_s=1.0),
+            backend("good", sim.url, "m"),
+        ],
+        routing={"pools": {"m": {"strategy": "round_robin"}}},
+        limits={"response_timeout_s": 60.0, "read_timeout_s": 5.0},
+    )
+    assert [post(gateway).status_code for _ in range(2)] == [200, 200]
+    assert raw.finished.wait(30)
+    assert written[0] < length  # the gateway hung up: the backend stopped mid-body

@@ -41,7 +41,7 @@ ANSWER = orjson.dumps(
     }
 )
 PROMPT = "the secret prompt"
-REQUESTS = {
+REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
     "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}]}),
     "chat-stream": (
         "/v1/chat/completions",
@@ -49,7 +49,7 @@ REQUESTS = {
     ),
     "completions": ("/v1/completions", {"prompt": PROMPT}),
 }
-PROVIDERS = {
+PROVIDERS: dict[str, dict[str, Any]] = {
     "openai": {},
     "anthropic": {
         "provider": "anthropic",
