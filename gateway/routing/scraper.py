@@ -1,7 +1,7 @@
 """Scrape each private backend's `/metrics` and keep its latest load signals.
 
 One background task per gateway scrapes every vLLM, llama.cpp and SGLang backend every
-`scrape.interval_s`, concurrently, over a small connection pool of its own (so a slow
+`scrape.interval_s`, each on its own schedule, over a small connection pool of its own (so a slow
 scrape never takes a connection from requests). Only the lines of the metrics we read
 are parsed. A reading older than `scrape.staleness_s` is reported as unknown (None),
 never as idle; a failed scrape leaves the last reading to age out.
@@ -126,17 +126,24 @@ class MetricsScraper:
         return self._settings.interval_s
 
     async def run(self) -> None:
-        """Scrape forever; cancel the task to stop."""
+        """Scrape forever, each backend on its own schedule (one that answers slowly, or
+        never, costs its own rounds up to `timeout_s` a read, never the others': in one
+        shared round their readings would wait for it, and go stale); cancel to stop."""
         if not self._targets:
             return
         try:
-            while True:
-                started = self._clock()
-                await self.scrape_once()
-                elapsed = self._clock() - started
-                await asyncio.sleep(max(0.0, self._settings.interval_s - elapsed))
+            async with asyncio.TaskGroup() as group:
+                for target in self._targets:
+                    group.create_task(self._run_target(target))
         finally:
             await self.close()
+
+    async def _run_target(self, target: _Target) -> None:
+        while True:
+            started = self._clock()
+            await self._scrape_bounded(target)  # logs and outlives any failure
+            elapsed = self._clock() - started
+            await asyncio.sleep(max(0.0, self._settings.interval_s - elapsed))
 
     async def close(self) -> None:
         for target in self._targets:

@@ -194,3 +194,46 @@ def test_a_scrape_is_read_up_to_its_limit_only() -> None:
     failure = asyncio.run(scrape())
     assert (failure or "").startswith("too_large"), failure
     assert written[0] <= MAX_SCRAPE_BYTES + 4 * 1024 * 1024  # the limit, and socket buffers
+
+
+def test_a_backend_that_never_answers_does_not_age_the_others_readings() -> None:
+    # Each backend is scraped on its own schedule: one that accepts and never answers
+    # costs its own rounds scrape.timeout_s per read (/health, then /metrics), never the
+    # others' (whose readings would otherwise go stale, i.e. unknown, every round).
+    settings = ScrapeSettings(interval_s=0.05, timeout_s=2.0, staleness_s=1.5)
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.read()  # until the scraper hangs up
+        finally:
+            writer.close()
+
+    async def watch(sim_url: str) -> tuple[list[float], str | None]:
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        config = gateway_config([backend("silent", url, "m"), backend("good", sim_url, "m")])
+        registry = Registry.build(config, environ={})
+        scraper = MetricsScraper(registry.backends.values(), settings)
+        stale: list[float] = []  # the good backend's age whenever its reading was unknown
+
+        def silent_timed_out() -> bool:
+            age = scraper.age("good")
+            if age is not None and scraper.load("good") is None:
+                stale.append(age)
+            return scraper.failure("silent") is not None
+
+        running = asyncio.create_task(scraper.run())
+        try:
+            # The silent backend's /metrics timed out: 4 s into its first round.
+            await until_async(silent_timed_out, "a timeout", timeout=30)
+            return stale, scraper.failure("silent")
+        finally:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+            server.close()
+
+    sim_settings = SimSettings.for_kind("vllm", models=("m",))
+    with ServerThread(create_sim_app(sim_settings)) as sim:
+        stale, failure = asyncio.run(watch(sim.url))
+    assert (failure or "").startswith("timeout")
+    assert stale == []
