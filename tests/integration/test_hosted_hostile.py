@@ -56,6 +56,7 @@ PROVIDERS: dict[str, dict[str, Any]] = {
         "provider": "anthropic",
         "models": [{"name": "m", "provider_model": "anthropic/claude-mock-1"}],
     },
+    "azure": {"provider": "azure", "models": [{"name": "m", "provider_model": "azure/gpt-eu"}]},
 }
 
 
@@ -67,6 +68,7 @@ PROVIDERS: dict[str, dict[str, Any]] = {
         ("openai", "chat-stream"),
         ("openai", "completions"),
         ("anthropic", "chat"),
+        ("azure", "chat"),
         ("anthropic", "chat-stream"),
     ],
 )
