@@ -26,8 +26,7 @@ import asyncio
 import re
 from typing import Any
 
-import orjson
-
+from gateway.api.answer_reads import check_whole, read_error_body
 from gateway.api.attested import Attester, SseTail
 from gateway.api.body import ask_for_usage, model_pattern, rewrite_model
 from gateway.api.exchange import (
@@ -57,7 +56,6 @@ from gateway.upstream.openai_wire import include_usage
 
 __all__ = ["PrivateRelay"]
 
-_MAX_ERROR_BODY = 64 * 1024
 _RETRYABLE = frozenset({429, 500, 502, 503, 504})
 # Refusals that blame the backend's configuration, not the request: the gateway's key
 # (401, 403), a model or endpoint it does not serve (404). They fail the attempt (its
@@ -233,7 +231,7 @@ class PrivateRelay:
         if not sse or status >= 400:
             attempt.first_byte()  # a whole answer: its prefill is done
         if status >= 400:
-            data = await _read_bounded(response, first_byte_by)
+            data = await read_error_body(response, first_byte_by)
             self._metrics.upstream_error(backend.id, "status")
             exchange.upstream_error = f"status {status}"
             pool = backend.pool
@@ -286,13 +284,7 @@ class PrivateRelay:
                 f"the backend's answer is larger than the gateway relays ({limit} bytes, "
                 "limits.max_response_bytes)",
             ) from exc
-        if response.ended_by_close and _is_json(response.header(b"content-type")):
-            try:
-                orjson.loads(data)
-            except orjson.JSONDecodeError:
-                raise UpstreamError(
-                    "closed", "the answer ended with the connection, cut short"
-                ) from None
+        check_whole(response, data)
         return data
 
     async def _relay_stream(
@@ -413,29 +405,11 @@ def _timeout_error(exc: UpstreamError) -> GatewayError | None:
     return GatewayError(ErrorCode.upstream_timeout, "the backend did not answer in time")
 
 
-async def _read_bounded(response: UpstreamResponse, by: float) -> bytes:
-    """An error body: its message is shown, so 64 KiB is plenty; read by `by` (the
-    attempt's first-byte deadline: a body that trickles in must not hold the failover
-    past the request's deadline, up to the whole answer's `response_timeout_s`)."""
-    deadline = response.response_deadline
-    try:
-        return await response.read(
-            _MAX_ERROR_BODY, deadline=by if deadline is None else min(by, deadline)
-        )
-    except UpstreamError:
-        return b""  # too large, slow or broken: the status code alone tells what happened
-
-
 async def _relay_chunk(send: Send, exchange: Exchange, data: bytes) -> bytes:
     """Send `data` on (committed to once handed to the client); returns it."""
     if data:
         await send_relayed(send, exchange, data)
     return data
-
-
-def _is_json(content_type: bytes | None) -> bool:
-    """Whether an answer of `content_type` is JSON (none given: the relay's default)."""
-    return content_type is None or b"json" in content_type.lower()
 
 
 def _open(last: bytes) -> bool:
