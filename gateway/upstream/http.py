@@ -16,7 +16,8 @@ first-byte timeout), and so do the bytes between two body bytes (chunk framing, 
 chunked body's trailer fields, which are never kept: bytes that keep arriving without a
 body byte would otherwise be read until the read timeout, and trailers kept); a byte
 that arrives after the response is complete is never handed to anyone, and the
-connection it came on is closed, never reused.
+connection it came on is closed, never reused (also when it is still unread in the
+socket as the next request takes the connection: `unread`).
 
 An https backend is authenticated on every new connection before a request byte is
 written (`gateway.upstream.tls.BackendTLS`: its CA, name, pins, certificate facts); a
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import select
 import ssl
 from collections.abc import Iterable
 from typing import cast
@@ -194,6 +196,25 @@ class _Connection(asyncio.Protocol):
         response.complete = True
         response._keep_alive = self.parser.should_keep_alive()
         response._wake()
+
+    def unread(self) -> bool:
+        """Whether bytes (or the backend's close) wait unread on this idle connection.
+
+        The loop reads a socket only between its turns: bytes a backend wrote after a
+        complete response (a second response nobody asked for) may still wait in the
+        socket when the next request takes the connection, and would be parsed as that
+        request's answer (another request's, another tenant's). A connection with bytes
+        waiting is out of step: it is not reused. Only a reused connection is asked: a
+        new TLS one may hold the server's session tickets, and no earlier answer."""
+        sock = None if self.transport is None else self.transport.get_extra_info("socket")
+        if sock is None:
+            return False  # no socket to look at (a test transport)
+        try:
+            poller = select.poll()
+            poller.register(sock.fileno(), select.POLLIN)
+            return bool(poller.poll(0))
+        except (OSError, ValueError):
+            return True  # cannot tell: not worth the risk
 
     def _out_of_step(self) -> None:
         if self.response is not None:
@@ -361,6 +382,8 @@ class HttpPool:
                     )
             if connection is not None:
                 connection._conn = None  # consumed: the response owns it now
+            if conn.reused and not conn.closed and conn.unread():
+                conn.abort()  # out of step: what waits in it is no answer to this request
             if conn.closed:  # closed while it waited (a leased one, for its dispatch record)
                 self._forget(conn)
                 if attempt == 0:

@@ -4,10 +4,12 @@ framing and trailers, bounded as the head is (`MAX_HEAD` in a row without a body
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
 from gateway.upstream.http import MAX_HEAD, HttpPool, UpstreamError
+from tests.helpers.raw_backend import Post, RawBackend
 from tests.integration.test_upstream_http import Handler, _read_request, _with_backend
 
 _CHUNKED_HEAD = (
@@ -89,3 +91,52 @@ def test_framing_between_body_bytes_is_not_held_against_the_answer() -> None:
         assert await response.read() == b"x" * chunks
 
     asyncio.run(_with_backend(handler, body))
+
+
+def test_a_response_nobody_asked_for_never_answers_the_next_request() -> None:
+    # The classic response-queue desync: a backend (a bug, a retry) writes a second
+    # response after the first, while the connection sits idle in the pool. If the next
+    # request takes the connection before the loop has read those bytes, they would be
+    # parsed as its answer: one request's (one tenant's) answer given to another. A
+    # pooled connection with bytes waiting is out of step: dropped, never reused.
+    first_read, forged_written = threading.Event(), threading.Event()
+
+    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
+        body = b'{"answer": %d}' % post.connection
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        if not first_read.is_set():
+            await asyncio.to_thread(first_read.wait, 10)
+            forged = b'{"answer": "FORGED"}'
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(forged), forged))
+            await writer.drain()
+            forged_written.set()
+        return True
+
+    raw = RawBackend(answer).start()
+
+    async def two_requests() -> list[bytes]:
+        pool = HttpPool(
+            "127.0.0.1",
+            raw.port,
+            connect_timeout=5.0,
+            first_byte_timeout=5.0,
+            read_timeout=5.0,
+            max_connections=4,
+        )
+        try:
+            first = await (await pool.request(b"POST", b"/", [], b"{}")).read()
+            first_read.set()
+            # The loop is held while the forged answer arrives: it sits unread in the
+            # socket, as it does when the loop is busy with other requests.
+            assert forged_written.wait(10)
+            second = await (await pool.request(b"POST", b"/", [], b"{}")).read()
+            return [first, second]
+        finally:
+            await pool.close()
+
+    try:
+        answers = asyncio.run(two_requests())
+    finally:
+        raw.stop()
+    assert answers == [b'{"answer": 0}', b'{"answer": 1}']  # the second on a new connection
