@@ -113,6 +113,7 @@ def assemble(
         state=state,
         max_response_bytes=config.limits.max_response_bytes,
         response_timeout_s=config.limits.response_timeout_s,
+        stream_timeout_s=config.limits.stream_timeout_s,
         recorder=recorder,
     )
     return Assembly(

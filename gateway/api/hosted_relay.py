@@ -53,8 +53,13 @@ class HostedRelay:
         *,
         max_response_bytes: int = DEFAULT_MAX_BODY,
         response_timeout_s: float | None = None,
+        stream_timeout_s: float | None = None,
     ) -> None:
+        """`stream_timeout_s`: how long a stream may run from the call (None: unbounded,
+        as `limits.stream_timeout_s` is by default); past it, it ends with an
+        `upstream_timeout` error event and the provider call is closed."""
         self._metrics = metrics
+        self._stream_timeout_s = stream_timeout_s
         # LiteLLM reads a whole answer before the gateway sees it: the limit keeps an
         # oversized one from the client, not from this process's memory.
         self._max_response_bytes = max_response_bytes
@@ -87,6 +92,8 @@ class HostedRelay:
         (its in-flight count is the plan's, gateway/routing/router.py)."""
         backend = route.backend
         exchange.backend = backend.id
+        timeout = self._stream_timeout_s
+        ends_by = None if timeout is None else asyncio.get_running_loop().time() + timeout
         try:
             response = await self._client(backend).send(
                 exchange.endpoint,  # type: ignore[arg-type]
@@ -109,12 +116,17 @@ class HostedRelay:
             # For reconciling with the provider's usage export: it cannot countersign.
             exchange.trail.upstream = UpstreamIds.of(*response.provider_ids)
         try:
-            await self._relay(exchange, backend, response, send)
+            await self._relay(exchange, backend, response, send, ends_by)
         finally:
             await response.aclose()
 
     async def _relay(
-        self, exchange: Exchange, backend: BackendState, response: HostedResponse, send: Send
+        self,
+        exchange: Exchange,
+        backend: BackendState,
+        response: HostedResponse,
+        send: Send,
+        ends_by: float | None,
     ) -> None:
         if not response.is_stream:
             assert response.body is not None
@@ -134,18 +146,25 @@ class HostedRelay:
         await start_stream(send, exchange, 200, b"text/event-stream")
         first = True
         try:
-            async for data in response.chunks():
-                if first:
-                    first = False
-                    elapsed = first_chunk_seconds(exchange)
-                    self._metrics.observe_ttft(exchange.endpoint, backend.id, elapsed)
-                await send_relayed(send, exchange, data)
-        except HostedError as exc:
+            async with asyncio.timeout_at(ends_by):
+                async for data in response.chunks():
+                    if first:
+                        first = False
+                        elapsed = first_chunk_seconds(exchange)
+                        self._metrics.observe_ttft(exchange.endpoint, backend.id, elapsed)
+                    await send_relayed(send, exchange, data)
+        except (HostedError, TimeoutError) as exc:
             if client_left(exchange):
                 raise asyncio.CancelledError from exc
-            self._metrics.upstream_error(backend.id, exc.kind)
-            code = ErrorCode.upstream_timeout if exc.kind == "timeout" else ErrorCode.upstream_error
-            await break_stream(send, exchange, GatewayError(code, "the provider failed mid-stream"))
+            kind = exc.kind if isinstance(exc, HostedError) else "timeout"
+            self._metrics.upstream_error(backend.id, kind)
+            message = (
+                "the provider failed mid-stream"
+                if isinstance(exc, HostedError)
+                else "the provider's stream did not end in time (limits.stream_timeout_s)"
+            )
+            code = ErrorCode.upstream_timeout if kind == "timeout" else ErrorCode.upstream_error
+            await break_stream(send, exchange, GatewayError(code, message))
         if response.usage is not None and exchange.trail is not None:
             exchange.trail.reported(response.usage)  # also when the client did not ask for it
         await end_stream(send, exchange)

@@ -26,6 +26,7 @@ import asyncio
 import re
 from typing import Any
 
+from gateway.api.answer_reads import check_whole, read_error_body
 from gateway.api.attested import Attester, SseTail
 from gateway.api.body import ask_for_usage, model_pattern, rewrite_model
 from gateway.api.exchange import (
@@ -55,8 +56,12 @@ from gateway.upstream.openai_wire import include_usage
 
 __all__ = ["PrivateRelay"]
 
-_MAX_ERROR_BODY = 64 * 1024
 _RETRYABLE = frozenset({429, 500, 502, 503, 504})
+# Refusals that blame the backend's configuration, not the request: the gateway's key
+# (401, 403), a model or endpoint it does not serve (404). They fail the attempt (its
+# breaker) and another backend may serve; counted as answers, a backend that refused
+# everything at once would draw traffic and never be taken out.
+_BACKEND_FAULTS = frozenset({401, 403, 404})
 _SSE = b"text/event-stream"
 _STRIP_LOG_EVERY_S = 60.0
 
@@ -146,7 +151,7 @@ class PrivateRelay:
             raise TryNext(
                 f"{backend.id}: {exc.kind}", _timeout_error(exc), busy=exc.kind == "busy"
             ) from exc
-        if response.status >= 500:
+        if response.status >= 500 or response.status in _BACKEND_FAULTS:
             attempt.failed(f"HTTP {response.status}")
         else:
             attempt.answered()
@@ -232,12 +237,13 @@ class PrivateRelay:
         if not sse or status >= 400:
             attempt.first_byte()  # a whole answer: its prefill is done
         if status >= 400:
-            data = await _read_bounded(response)
+            data = await read_error_body(response, first_byte_by)
             self._metrics.upstream_error(backend.id, "status")
             exchange.upstream_error = f"status {status}"
             pool = backend.pool
             error = translate_upstream_error(status, data, (pool.host,) if pool else ())
-            if status in _RETRYABLE:  # nothing reached the client: another backend may serve
+            if status in _RETRYABLE or status in _BACKEND_FAULTS:
+                # nothing reached the client: another backend may serve
                 raise TryNext(f"{backend.id}: HTTP {status}", error, busy=status == 429)
             raise error
         if not sse:
@@ -265,9 +271,13 @@ class PrivateRelay:
     async def _read_whole(
         self, exchange: Exchange, backend: BackendState, response: UpstreamResponse
     ) -> bytes:
-        """A whole answer, within `limits.max_response_bytes` and `response_timeout_s`."""
+        """A whole answer, within `limits.max_response_bytes` and `response_timeout_s`.
+
+        A JSON answer whose body ended with the connection (no length, not chunked) and
+        does not parse was cut short by a backend that died: `UpstreamError("closed")`,
+        as for a framed body that broke off (nothing reached the client: failover)."""
         try:
-            return await response.read()
+            data = await response.read()
         except UpstreamError as exc:
             if exc.kind != "too_large":
                 raise  # timed out or broke off: the caller may try another backend
@@ -280,6 +290,8 @@ class PrivateRelay:
                 f"the backend's answer is larger than the gateway relays ({limit} bytes, "
                 "limits.max_response_bytes)",
             ) from exc
+        check_whole(response, data)
+        return data
 
     async def _relay_stream(
         self,
@@ -397,14 +409,6 @@ def _timeout_error(exc: UpstreamError) -> GatewayError | None:
     if exc.kind != "timeout":
         return None
     return GatewayError(ErrorCode.upstream_timeout, "the backend did not answer in time")
-
-
-async def _read_bounded(response: UpstreamResponse) -> bytes:
-    """An error body: its message is shown, so 64 KiB is plenty; bounded in time too."""
-    try:
-        return await response.read(_MAX_ERROR_BODY)
-    except UpstreamError:
-        return b""  # too large, slow or broken: the status code alone tells what happened
 
 
 async def _relay_chunk(send: Send, exchange: Exchange, data: bytes) -> bytes:

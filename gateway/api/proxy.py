@@ -63,6 +63,7 @@ class Proxy:
         state: SharedState,
         max_response_bytes: int = DEFAULT_MAX_BODY,
         response_timeout_s: float | None = None,
+        stream_timeout_s: float | None = None,
         recorder: Recorder | None = None,
     ) -> None:
         self.recorder = recorder  # None: no provenance log configured
@@ -80,6 +81,7 @@ class Proxy:
             registry.backends.values(),
             max_response_bytes=max_response_bytes,
             response_timeout_s=response_timeout_s,
+            stream_timeout_s=stream_timeout_s,
         )
 
     async def forward(

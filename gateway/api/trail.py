@@ -22,6 +22,7 @@ from gateway.provenance.formats.upstream_ids import UpstreamIds
 __all__ = ["Trail"]
 
 _TAIL = 4096  # bytes of a stream kept to find its usage chunk
+_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 
 @dataclass(slots=True)
@@ -149,12 +150,13 @@ def _usage(data: bytes) -> Usage | None:
             continue
         usage = doc.get("usage") if isinstance(doc, dict) else None
         if isinstance(usage, dict):
+            counts = [usage.get(name, 0) for name in _COUNTS]
+            # Counts as the backend wrote them, or none: "3", 3.9 or true is no count
+            # (`type`, not `isinstance`: a bool is an int to Python).
+            if not all(type(count) is int for count in counts):
+                return None
             try:
-                return Usage(
-                    int(usage.get("prompt_tokens", 0)),
-                    int(usage.get("completion_tokens", 0)),
-                    int(usage.get("total_tokens", 0)),
-                )
-            except (TypeError, ValueError, RecordError):  # e.g. negative counts
+                return Usage(*counts)
+            except RecordError:  # negative, or past 2**53
                 return None
     return None

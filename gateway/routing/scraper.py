@@ -1,7 +1,7 @@
 """Scrape each private backend's `/metrics` and keep its latest load signals.
 
 One background task per gateway scrapes every vLLM, llama.cpp and SGLang backend every
-`scrape.interval_s`, concurrently, over a small connection pool of its own (so a slow
+`scrape.interval_s`, each on its own schedule, over a small connection pool of its own (so a slow
 scrape never takes a connection from requests). Only the lines of the metrics we read
 are parsed. A reading older than `scrape.staleness_s` is reported as unknown (None),
 never as idle; a failed scrape leaves the last reading to age out.
@@ -38,12 +38,17 @@ from gateway.routing.signals import (
     load_from_metrics,
     metric_names,
     slots_total_from_props,
+    slots_total_from_slots,
 )
 from gateway.upstream.http import HttpPool, UpstreamError
 
-__all__ = ["MetricsScraper", "Reading", "filter_exposition"]
+__all__ = ["MAX_KEPT_BYTES", "MAX_SCRAPE_BYTES", "MetricsScraper", "Reading", "filter_exposition"]
 
 SCRAPED_KINDS: frozenset[str] = frozenset({"vllm", "llamacpp", "sglang"})
+# What a scrape may be: vLLM's whole /metrics is tens of KiB, the lines read a few per
+# engine or scheduler (SGLang with every TP rank of 64 schedulers: ~35 KiB).
+MAX_SCRAPE_BYTES = 4 * 1024 * 1024  # a /metrics, /health, /props or /slots answer
+MAX_KEPT_BYTES = 256 * 1024  # the sample lines of the metrics read
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +72,7 @@ class _Target:
             first_byte_timeout=scrape.timeout_s,
             read_timeout=scrape.timeout_s,
             max_connections=2,
+            max_body=MAX_SCRAPE_BYTES,
             tls=state.tls,  # authenticated as requests are: a probe is no way around it
         )
         self.path = prefix + b"/metrics"
@@ -120,17 +126,24 @@ class MetricsScraper:
         return self._settings.interval_s
 
     async def run(self) -> None:
-        """Scrape forever; cancel the task to stop."""
+        """Scrape forever, each backend on its own schedule (one that answers slowly, or
+        never, costs its own rounds up to `timeout_s` a read, never the others': in one
+        shared round their readings would wait for it, and go stale); cancel to stop."""
         if not self._targets:
             return
         try:
-            while True:
-                started = self._clock()
-                await self.scrape_once()
-                elapsed = self._clock() - started
-                await asyncio.sleep(max(0.0, self._settings.interval_s - elapsed))
+            async with asyncio.TaskGroup() as group:
+                for target in self._targets:
+                    group.create_task(self._run_target(target))
         finally:
             await self.close()
+
+    async def _run_target(self, target: _Target) -> None:
+        while True:
+            started = self._clock()
+            await self._scrape_bounded(target)  # logs and outlives any failure
+            elapsed = self._clock() - started
+            await asyncio.sleep(max(0.0, self._settings.interval_s - elapsed))
 
     async def close(self) -> None:
         for target in self._targets:
@@ -268,8 +281,8 @@ class MetricsScraper:
                 continue
             if isinstance(doc, dict):
                 slots = slots_total_from_props(doc)
-            elif isinstance(doc, list) and doc:
-                slots = len(doc)
+            elif isinstance(doc, list):
+                slots = slots_total_from_slots(doc)
             if slots is not None:
                 break
         if slots is not None:
@@ -295,17 +308,30 @@ class MetricsScraper:
         self._failures[target.id] = reason
 
 
-def filter_exposition(body: bytes, names: frozenset[str]) -> str:
-    """Keep only the sample lines of the wanted metrics (comments and others dropped)."""
-    kept = []
-    for line in body.decode("utf-8").splitlines():
-        if not line or line[0] == "#":
-            continue
-        end = len(line)
-        for stop in ("{", " "):
-            pos = line.find(stop)
-            if pos != -1 and pos < end:
-                end = pos
-        if line[:end] in names:
-            kept.append(line)
-    return "\n".join(kept) + "\n"
+def filter_exposition(body: bytes, names: frozenset[str], limit: int = MAX_KEPT_BYTES) -> str:
+    """Keep only the sample lines of the wanted metrics (comments and others dropped), in
+    their order; `ValueError` when they take more than `limit` bytes.
+
+    The body is searched for each name at a line start, not split into lines: a scrape
+    costs a few scans of it at C speed, and only the lines kept (a few per engine or
+    scheduler) are decoded and parsed in Python. A backend that fills its `/metrics` with
+    wanted lines, or one line with a label value of megabytes, would otherwise hold the
+    gateway's event loop for seconds every `scrape.interval_s` (the parser's cost)."""
+    found: list[tuple[int, bytes]] = []
+    size = 0
+    text = b"\n" + body
+    for name in names:
+        needle = b"\n" + name.encode()
+        after = len(needle)
+        pos = text.find(needle)
+        while pos >= 0:
+            end = text.find(b"\n", pos + after)
+            line = text[pos + 1 : end if end >= 0 else len(text)]
+            if line[after - 1 : after] in (b"{", b" "):
+                size += len(line) + 1
+                if size > limit:
+                    raise ValueError(f"the metrics read take more than {limit} bytes")
+                found.append((pos, line))
+            pos = -1 if end < 0 else text.find(needle, end)
+    found.sort()
+    return b"".join(line + b"\n" for _, line in found).decode("utf-8")

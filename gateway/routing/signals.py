@@ -23,7 +23,12 @@ by default only attention-TP rank 0 reports, but with
 ``--enable-metrics-for-all-schedulers`` every tensor/pipeline/expert rank repeats the
 same numbers, so series that differ only in those labels are merged by taking their
 maximum before summing (``dp_rank`` groups are real, separate queues). A NaN in any
-series makes that signal unknown.
+series makes that signal unknown, and so does a value no server could report: a
+negative or infinite count or KV use. A backend is trusted to serve, not to measure
+itself honestly: a huge running count (read as its slot count) with a queue of minus as
+much would make it look idle under any load and draw every request of its model.
+A learned slot count (``/props``, ``/slots``) past ``MAX_LEARNED_SLOTS`` is unknown too;
+``capacity.max_concurrency`` in gateway.yaml overrides what a backend says.
 
 ``slots_total`` is not in any of these scrapes today (SGLang dropped its
 ``max_running_requests`` gauge, vLLM never had one), so it is ``None`` here; the
@@ -53,14 +58,19 @@ from typing import Literal, NamedTuple
 from gateway.routing.prometheus import Sample
 
 __all__ = [
+    "MAX_LEARNED_SLOTS",
     "BackendKind",
     "BackendLoad",
     "load_from_metrics",
     "metric_names",
     "slots_total_from_props",
+    "slots_total_from_slots",
 ]
 
 BackendKind = Literal["vllm", "llamacpp", "sglang"]
+
+# llama-server's `--parallel` in practice is a few to a few dozen; each slot holds a context.
+MAX_LEARNED_SLOTS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,9 +145,14 @@ def load_from_metrics(kind: BackendKind, samples: Mapping[str, Sequence[Sample]]
 def slots_total_from_props(props: Mapping[str, object]) -> int | None:
     """llama.cpp's slot count from its ``/props`` JSON (``total_slots``), or ``None``."""
     value = props.get("total_slots")
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_LEARNED_SLOTS:
         return value
     return None
+
+
+def slots_total_from_slots(slots: Sequence[object]) -> int | None:
+    """llama.cpp's slot count from its ``/slots`` JSON (one entry a slot), or ``None``."""
+    return len(slots) if 0 < len(slots) <= MAX_LEARNED_SLOTS else None
 
 
 def _merge_replicas(series: Sequence[Sample], replica_labels: frozenset[str]) -> list[float]:
@@ -155,8 +170,10 @@ def _merge_replicas(series: Sequence[Sample], replica_labels: frozenset[str]) ->
 
 
 def _sum(values: Sequence[float]) -> float | None:
-    total = sum(values)
-    return None if not values or math.isnan(total) else float(total)
+    """The total, or None: no series, or one that is NaN, negative or infinite."""
+    if not values or not all(0.0 <= value < math.inf for value in values):
+        return None  # `NaN <= x` is False too
+    return float(sum(values))
 
 
 def _mean(values: Sequence[float]) -> float | None:

@@ -1,13 +1,15 @@
 """One keep-alive HTTP/1.1 connection to a backend, as `HttpPool` (gateway/upstream/http.py)
 holds it: the asyncio protocol that parses responses with `httptools` and feeds the
 current `UpstreamResponse`, within the bounds http.py's docstring describes (the head at
-`MAX_HEAD` bytes, bytes after a response's end drop the connection), and who its TLS
+`MAX_HEAD` bytes and so the bytes between two body bytes, bytes after a response's end
+drop the connection), and who its TLS
 handshake authenticated (`peer`) under which settings (`tls`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import select
 import ssl
 from typing import TYPE_CHECKING, cast
 
@@ -41,7 +43,9 @@ class _Connection(asyncio.Protocol):
         self.close_delimited = False  # body ends when the backend closes the connection
         self.peer: Peer | None = None  # who the TLS handshake authenticated (None: plain HTTP)
         self.tls = pool.tls  # the settings it is authenticated with (`HttpPool.retrust`)
-        self.head_bytes = 0  # bytes of the current response read before its headers ended
+        # bytes of the current response read since its last body byte (its head at first,
+        # then chunk framing and trailers): at most `MAX_HEAD` in a row
+        self.quiet_bytes = 0
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -55,6 +59,7 @@ class _Connection(asyncio.Protocol):
             self._out_of_step()
             return
         response = self.response
+        self.quiet_bytes += len(data)  # `on_body` starts it over
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -63,13 +68,16 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self.response._fail(UpstreamError("protocol", f"bad HTTP response: {exc}"))
             self.close()
-        if response.status == 0:  # every byte so far was head: bounded
-            self.head_bytes += len(data)
-            if self.head_bytes > MAX_HEAD:
-                response._fail(
-                    UpstreamError("protocol", f"response headers larger than {MAX_HEAD} bytes")
-                )
-                self.abort()
+        if self.quiet_bytes > MAX_HEAD and not response.complete:
+            what = (
+                "response headers larger than"
+                if response.status == 0
+                else "chunk framing or trailers: more than"
+            )
+            response._fail(
+                UpstreamError("protocol", f"{what} {MAX_HEAD} bytes without a body byte")
+            )
+            self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -119,8 +127,8 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         response = self.response
-        if response is None or response.complete:
-            return  # part of a message after the response: dropped
+        if response is None or response.complete or response.status != 0:
+            return  # part of a message after the response, or a trailer: dropped
         response.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
@@ -145,6 +153,7 @@ class _Connection(asyncio.Protocol):
         response._wake()
 
     def on_body(self, body: bytes) -> None:
+        self.quiet_bytes = 0
         response = self.response
         if response is None or response.complete:
             return  # never appended to an answer that already ended
@@ -160,6 +169,25 @@ class _Connection(asyncio.Protocol):
         response.complete = True
         response._keep_alive = self.parser.should_keep_alive()
         response._wake()
+
+    def unread(self) -> bool:
+        """Whether bytes (or the backend's close) wait unread on this idle connection.
+
+        The loop reads a socket only between its turns: bytes a backend wrote after a
+        complete response (a second response nobody asked for) may still wait in the
+        socket when the next request takes the connection, and would be parsed as that
+        request's answer (another request's, another tenant's). A connection with bytes
+        waiting is out of step: it is not reused. Only a reused connection is asked: a
+        new TLS one may hold the server's session tickets, and no earlier answer."""
+        sock = None if self.transport is None else self.transport.get_extra_info("socket")
+        if sock is None:
+            return False  # no socket to look at (a test transport)
+        try:
+            poller = select.poll()
+            poller.register(sock.fileno(), select.POLLIN)
+            return bool(poller.poll(0))
+        except (OSError, ValueError):
+            return True  # cannot tell: not worth the risk
 
     def _out_of_step(self) -> None:
         if self.response is not None:

@@ -32,6 +32,7 @@ from gateway.upstream.litellm_runtime import (
     aclose_litellm_clients,
     aload_litellm,
     check_base_url_environment,
+    no_redirect_http_client,
 )
 from gateway.upstream.media_urls import Resolver, check_media_urls, system_resolver
 from gateway.upstream.openai_wire import Endpoint
@@ -279,7 +280,11 @@ class HostedClient:
             import openai  # loaded with LiteLLM already
 
             client = openai.AsyncOpenAI(
-                api_key=key, base_url=base, max_retries=0, timeout=self._timeout_s
+                api_key=key,
+                base_url=base,
+                max_retries=0,
+                timeout=self._timeout_s,
+                http_client=no_redirect_http_client(),  # the policy says where, not a 307
             )
             self._text_client = (loop, client)
         return {"client": self._text_client[1]}

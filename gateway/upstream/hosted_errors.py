@@ -73,10 +73,10 @@ def hosted_error(
     LiteLLM's own exception class is not enough: a refused connection surfaces as
     `InternalServerError` (500) and Anthropic's 529 as 500 too, so the cause chain is
     read: transport errors decide `connect` / `timeout`, and the innermost HTTP status
-    (the provider's own) decides `status`. A 4xx that LiteLLM raised itself (its
-    `BadRequestError` for a request it will not send) keeps LiteLLM's reason, cut down to
-    its first sentence without anything quoted (`local_reason`) and with `secrets` (the
-    key, the base URL) removed.
+    (the provider's own; a redirect, which is never followed, too) decides `status`. A
+    4xx that LiteLLM raised itself (its `BadRequestError` for a request it will not send)
+    keeps LiteLLM's reason, cut down to its first sentence without anything quoted
+    (`local_reason`) and with `secrets` (the key, the base URL) removed.
     """
     # Both are loaded with LiteLLM already; imported here to stay off the gateway's path.
     import httpx
@@ -93,6 +93,8 @@ def hosted_error(
     if status is not None:
         types = [t for e in chain for t in _ERROR_TYPE.findall(str(e)) if t in _KNOWN_ERROR_TYPES]
         detail = f" ({types[0]})" if types else ""
+        if status < 400:  # the HTTP clients are told not to follow (litellm_runtime)
+            detail = " (a redirect: not followed)"
         return HostedError("status", f"{provider} answered HTTP {status}{detail}", status=status)
     in_body = _in_body_status(chain)
     if in_body is not None:  # an error object in a 200 answer: the provider's text, unshown
@@ -145,14 +147,15 @@ def _wire_status(chain: list[BaseException]) -> int | None:
     for link in reversed(chain):
         if isinstance(link, httpx.HTTPStatusError):
             return link.response.status_code
-        status = _status(getattr(link, "status_code", None))
+        status = _status(getattr(link, "status_code", None), lowest=300)
         if status is not None and type(link).__module__.startswith("openai"):
             return status
     return None
 
 
-def _status(value: object) -> int | None:
-    return value if isinstance(value, int) and 400 <= value <= 599 else None
+def _status(value: object, lowest: int = 400) -> int | None:
+    """`value` if it is an HTTP status from `lowest` (an error; 300: a redirect too) to 599."""
+    return value if isinstance(value, int) and lowest <= value <= 599 else None
 
 
 def _in_body_status(chain: list[BaseException]) -> int | None:

@@ -12,8 +12,12 @@ A backend is trusted to serve, not to be well-behaved: `read()` stops at a byte 
 byte at a time resets the read timeout forever), dropping the connection either way; the
 status line and headers stop at `MAX_HEAD` bytes (httptools gathers a header line whole
 before handing it over, so without a limit one endless header would grow until the
-first-byte timeout); a byte that arrives after the response is complete is never handed
-to anyone, and the connection it came on is closed, never reused.
+first-byte timeout), and so do the bytes between two body bytes (chunk framing, and a
+chunked body's trailer fields, which are never kept: bytes that keep arriving without a
+body byte would otherwise be read until the read timeout, and trailers kept); a byte
+that arrives after the response is complete is never handed to anyone, and the
+connection it came on is closed, never reused (also when it is still unread in the
+socket as the next request takes the connection: `unread`).
 
 An https backend is authenticated on every new connection before a request byte is
 written (`gateway.upstream.tls.BackendTLS`: its CA, name, pins, certificate facts); a
@@ -192,13 +196,15 @@ class HttpPool:
                     )
             if connection is not None:
                 connection._conn = None  # consumed: the response owns it now
+            if conn.reused and not conn.closed and conn.unread():
+                conn.abort()  # out of step: what waits in it is no answer to this request
             if conn.closed:  # closed while it waited (a leased one, for its dispatch record)
                 self._forget(conn)
                 if attempt == 0:
                     continue
                 raise UpstreamError("closed", "backend closed the connection before answering")
             response = UpstreamResponse(conn, self._read_timeout)
-            conn.response, conn.head_bytes = response, 0
+            conn.response, conn.quiet_bytes = response, 0
             response.sent_at = asyncio.get_running_loop().time()
             assert conn.transport is not None
             conn.transport.write(head + body if len(body) < 65536 else head)

@@ -37,6 +37,16 @@ What is switched off, and why (LiteLLM 1.108.7, read from its source):
 
 These values are forced, not defaulted: an operator's `LITELLM_LOG=DEBUG` would log prompts.
 
+Redirects are never followed. LiteLLM's HTTP handlers and the OpenAI SDK clients it makes
+follow them by default, so a provider (or whoever answers at its URL) that answered 307
+had the prompt sent on to any host it named, internal ones included, and that host's
+answer relayed as the provider's: where a prompt may go is the policy's to say (the
+backend's `base_url`). `load_litellm` makes every client LiteLLM creates for a call
+(`AsyncHTTPHandler`, `HTTPHandler`, the OpenAI-family clients' httpx client) stop at a
+3xx, which LiteLLM then raises as the provider's status: a failed call (502). The OpenAI
+client `gateway.upstream.hosted` makes itself is given one that does not follow either
+(`no_redirect_http_client`).
+
 Where a hosted backend has no `base_url`, LiteLLM reads the provider's URL from the
 environment: `check_base_url_environment` (gateway/upstream/provider_environment.py,
 re-exported here) refuses a backend such a variable would redirect.
@@ -61,6 +71,7 @@ __all__ = [
     "aload_litellm",
     "check_base_url_environment",
     "load_litellm",
+    "no_redirect_http_client",
 ]
 
 FORCED_ENVIRONMENT: Final[dict[str, str]] = {
@@ -118,6 +129,7 @@ def load_litellm() -> ModuleType:
         setattr(litellm, name, value)
     for name in _CALLBACK_LISTS:
         setattr(litellm, name, [])
+    _refuse_redirects()
     for name in _LOGGERS:
         logger = logging.getLogger(name)
         for handler in list(logger.handlers):
@@ -126,6 +138,50 @@ def load_litellm() -> ModuleType:
         logger.propagate = False
         logger.addFilter(_drop_record)
     return litellm
+
+
+def _refuse_redirects() -> None:
+    """Make the HTTP clients LiteLLM creates stop at a redirect (see the module's notes)."""
+    handlers = importlib.import_module("litellm.llms.custom_httpx.http_handler")
+    for handler in (handlers.AsyncHTTPHandler, handlers.HTTPHandler):
+        create = handler.create_client
+        if getattr(create, "_owngate_no_redirects", False):
+            continue
+
+        @functools.wraps(create)
+        def create_client(self: Any, *args: Any, _create: Any = create, **kwargs: Any) -> Any:
+            self.follow_redirects = False
+            return _no_redirects(_create(self, *args, **kwargs))
+
+        create_client._owngate_no_redirects = True  # type: ignore[attr-defined]
+        handler.create_client = create_client
+    openai_llm = importlib.import_module("litellm.llms.openai.common_utils").BaseOpenAILLM
+    for name in ("_get_async_http_client", "_get_sync_http_client"):
+        make = getattr(openai_llm, name)
+        if getattr(make, "_owngate_no_redirects", False):
+            continue
+
+        @functools.wraps(make)
+        def make_client(*args: Any, _make: Any = make, **kwargs: Any) -> Any:
+            return _no_redirects(_make(*args, **kwargs))
+
+        make_client._owngate_no_redirects = True  # type: ignore[attr-defined]
+        setattr(openai_llm, name, staticmethod(make_client))
+
+
+def _no_redirects(client: Any) -> Any:
+    """`client` (an httpx client, or None: the SDK's default, made by it), set to stop at a
+    redirect."""
+    if client is not None:
+        client.follow_redirects = False
+    return client
+
+
+def no_redirect_http_client() -> Any:
+    """An httpx client for an OpenAI SDK client that does not follow redirects."""
+    import openai  # loaded with LiteLLM already
+
+    return openai.DefaultAsyncHttpxClient(follow_redirects=False)
 
 
 async def aload_litellm() -> ModuleType:

@@ -329,7 +329,8 @@ def usage_of(value: Any) -> dict[str, int] | None:
     if not isinstance(value, dict):
         return None
     counts = {k: value.get(k) for k in _USAGE_COUNTS}
-    if not all(isinstance(v, int) for v in counts.values()) or not any(counts.values()):
+    # `type`, not `isinstance`: `true` is no count (a bool is an int to Python).
+    if not all(type(v) is int for v in counts.values()) or not any(counts.values()):
         return None
     return {k: int(v) for k, v in counts.items() if v is not None}
 

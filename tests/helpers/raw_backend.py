@@ -61,6 +61,11 @@ class RawBackend:
         self.port = 0
 
     @property
+    def connections(self) -> int:
+        """Connections accepted so far (GETs included, which `posts` does not list)."""
+        return self._connections
+
+    @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 

@@ -200,3 +200,98 @@ def test_a_hosted_answer_over_the_limit_is_502_too(
     assert response.status_code == 502
     assert error_code(response) == "upstream_error"
     assert len(provider.app.captured("/v1/chat/completions")) == 1  # no retry elsewhere
+
+
+@pytest.mark.parametrize("cut", [True, False], ids=["cut", "whole"])
+def test_a_json_answer_ended_by_the_close_counts_only_when_it_parses(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    cut: bool,
+) -> None:
+    # No length and not chunked (an HTTP/1.0 server, `connection: close`): the close ends
+    # the body, and a backend that dies mid-answer closes too. A JSON answer that does not
+    # parse was cut: nothing reached the client yet, so it is a failed attempt (failover),
+    # never a 200 with half an answer, recorded as served.
+    async def close_delimited(writer: asyncio.StreamWriter, _: Post) -> bool:
+        writer.write(b"HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n")
+        writer.write(ANSWER[: len(ANSWER) // 2] if cut else ANSWER)
+        await writer.drain()
+        return False
+
+    raw = start_raw(close_delimited)
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    response = post(gateway)
+    record = completion_record(tmp_path / "log", response.headers["x-request-id"])
+    if cut:
+        assert response.status_code == 503  # its only backend failed: none left to try
+        assert "gpu: closed" in response.json()["error"]["message"]
+        assert record["status"] == 503 and record["response_commitment"] is None
+    else:
+        assert (response.status_code, response.content) == (200, ANSWER)
+        assert record["status"] == 200
+
+
+@pytest.mark.parametrize("status", [401, 403, 404])
+def test_a_backend_refusing_every_request_is_failed_over_not_a_black_hole(
+    start_raw: Callable[[Answer], RawBackend],
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    status: int,
+) -> None:
+    # A backend without the model (404: vLLM's served name differs), or that refuses the
+    # gateway's key (401/403), answers at once: counted as a success, it never opened its
+    # breaker, and a fast answer drew more traffic, every request it got failing without
+    # failover. It blames the backend's configuration, not the request: another serves.
+    async def refuse(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        body = b'{"error": {"message": "The model `m` does not exist."}}'
+        writer.write(
+            b"HTTP/1.1 %d Nope\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+            % (status, len(body))
+            + body
+        )
+        await writer.drain()
+        return False
+
+    raw = start_raw(refuse)
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    gateway = start_gateway(
+        [backend("broken", raw.url, "m"), backend("good", sim.url, "m")],
+        routing={"pools": {"m": {"strategy": "round_robin"}}},
+    )
+    statuses = [post(gateway).status_code for _ in range(6)]
+    assert statuses == [200] * 6
+    assert 1 <= len(raw.posts) <= 3  # its breaker opened (3 failures in a row)
+
+
+def test_a_dripping_error_body_does_not_hold_the_failover(
+    start_raw: Callable[[Answer], RawBackend],
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+) -> None:
+    # A 503's body is read only to show its message: within the attempt's first-byte
+    # budget (the failover deadline's share), not the whole answer's response_timeout_s.
+    length, written = 40, [0]
+
+    async def drip_503(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(b"HTTP/1.1 503 Busy\r\ncontent-length: %d\r\n\r\n" % length)
+        for _ in range(length):
+            await writer.drain()
+            writer.write(b" ")
+            written[0] += 1
+            await asyncio.sleep(0.25)  # the fault itself: an error body that trickles in
+        return False
+
+    raw = start_raw(drip_503)
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    gateway = start_gateway(
+        [
+            backend("dripping", raw.url, "m", first_byte_timeout_s=1.0),
+            backend("good", sim.url, "m"),
+        ],
+        routing={"pools": {"m": {"strategy": "round_robin"}}},
+        limits={"response_timeout_s": 60.0, "read_timeout_s": 5.0},
+    )
+    assert [post(gateway).status_code for _ in range(2)] == [200, 200]
+    assert raw.finished.wait(30)
+    assert written[0] < length  # the gateway hung up: the backend stopped mid-body

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import socket
 from collections.abc import Callable
 
 import httpx
@@ -13,7 +14,7 @@ from pydantic import ValidationError
 from gateway.config.schema import ScrapeSettings
 from gateway.routing.breaker import BreakerState
 from gateway.routing.registry import Registry
-from gateway.routing.scraper import MetricsScraper, filter_exposition
+from gateway.routing.scraper import MAX_SCRAPE_BYTES, MetricsScraper, filter_exposition
 from gateway.serving import ServerThread
 from gateway.sim import Faults, SimSettings, create_sim_app
 from tests.helpers.clock import FakeClock
@@ -150,3 +151,89 @@ def test_health_probes_drive_the_breaker_and_llamacpp_slots_are_learned() -> Non
         load = scraper.load("cpu")
         assert load is not None and load.slots_total == 5
         assert registry.backends["sized"].learned_slots is None  # configured: not asked
+
+
+def test_a_scrape_is_read_up_to_its_limit_only() -> None:
+    # A /metrics that never ends: reading stops at MAX_SCRAPE_BYTES, not at the 16 MiB an
+    # answer may take, and the parser never sees it.
+    written = [0]
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # a small send buffer: what it managed to write is close to what the scraper read
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if head.startswith(b"GET /health"):
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                    continue
+                writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+                piece = b"vllm:num_requests_running 1\n" * 2048
+                for _ in range(1024):  # 56 MiB, if nobody stops it
+                    writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    await writer.drain()
+                    written[0] += len(piece)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the scraper hung up: what the test wants
+        finally:
+            writer.close()
+
+    async def scrape() -> str | None:
+        server = await asyncio.start_server(endless, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        registry = Registry.build(gateway_config([backend("gpu", url, "m")]), environ={})
+        settings = ScrapeSettings(interval_s=1.0, timeout_s=60.0, staleness_s=120.0)
+        scraper = MetricsScraper(registry.backends.values(), settings)
+        try:
+            await scraper.scrape_once()
+        finally:
+            await scraper.close()
+            server.close()
+        return scraper.failure("gpu")
+
+    failure = asyncio.run(scrape())
+    assert (failure or "").startswith("too_large"), failure
+    assert written[0] <= MAX_SCRAPE_BYTES + 4 * 1024 * 1024  # the limit, and socket buffers
+
+
+def test_a_backend_that_never_answers_does_not_age_the_others_readings() -> None:
+    # Each backend is scraped on its own schedule: one that accepts and never answers
+    # costs its own rounds scrape.timeout_s per read (/health, then /metrics), never the
+    # others' (whose readings would otherwise go stale, i.e. unknown, every round).
+    settings = ScrapeSettings(interval_s=0.05, timeout_s=2.0, staleness_s=1.5)
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.read()  # until the scraper hangs up
+        finally:
+            writer.close()
+
+    async def watch(sim_url: str) -> tuple[list[float], str | None]:
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        config = gateway_config([backend("silent", url, "m"), backend("good", sim_url, "m")])
+        registry = Registry.build(config, environ={})
+        scraper = MetricsScraper(registry.backends.values(), settings)
+        stale: list[float] = []  # the good backend's age whenever its reading was unknown
+
+        def silent_timed_out() -> bool:
+            age = scraper.age("good")
+            if age is not None and scraper.load("good") is None:
+                stale.append(age)
+            return scraper.failure("silent") is not None
+
+        running = asyncio.create_task(scraper.run())
+        try:
+            # The silent backend's /metrics timed out: 4 s into its first round.
+            await until_async(silent_timed_out, "a timeout", timeout=30)
+            return stale, scraper.failure("silent")
+        finally:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+            server.close()
+
+    sim_settings = SimSettings.for_kind("vllm", models=("m",))
+    with ServerThread(create_sim_app(sim_settings)) as sim:
+        stale, failure = asyncio.run(watch(sim.url))
+    assert (failure or "").startswith("timeout")
+    assert stale == []

@@ -32,9 +32,11 @@ def test_public_surface() -> None:
     assert sorted(signals.__all__) == [
         "BackendKind",
         "BackendLoad",
+        "MAX_LEARNED_SLOTS",
         "load_from_metrics",
         "metric_names",
         "slots_total_from_props",
+        "slots_total_from_slots",
     ]
 
 

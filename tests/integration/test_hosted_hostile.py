@@ -1,0 +1,155 @@
+"""A hosted provider is held to what the gateway decides: where a prompt goes (its
+redirect is never followed) and how long a stream may run (`limits.stream_timeout_s`).
+
+Where a prompt may go is the policy's to say (a backend's `base_url`, its region and
+retention terms), not the provider's. LiteLLM's HTTP clients and the OpenAI SDK's follow
+redirects by default: a provider (or whoever answers at its URL) that answered 307 had
+the gateway send the prompt on to any host it named, an internal one included, and relay
+that host's answer to the client as the provider's. Now a 3xx is a failed call (the next
+backend serves, else 503), and the target never hears of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.helpers.gateways import HOSTED_ONLY_POLICY, LITELLM_WARNINGS, Gateway, hosted_backend
+from tests.helpers.raw_backend import Answer, Post, RawBackend, json_answer
+
+pytestmark = LITELLM_WARNINGS
+
+ANSWER = orjson.dumps(
+    {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "hello"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+)
+PROMPT = "the secret prompt"
+REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}]}),
+    "chat-stream": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": PROMPT}], "stream": True},
+    ),
+    "completions": ("/v1/completions", {"prompt": PROMPT}),
+}
+PROVIDERS: dict[str, dict[str, Any]] = {
+    "openai": {},
+    "anthropic": {
+        "provider": "anthropic",
+        "models": [{"name": "m", "provider_model": "anthropic/claude-mock-1"}],
+    },
+    "azure": {"provider": "azure", "models": [{"name": "m", "provider_model": "azure/gpt-eu"}]},
+}
+
+
+@pytest.mark.parametrize("status", [307, 302])
+@pytest.mark.parametrize(
+    ("provider", "request_name"),
+    [
+        ("openai", "chat"),
+        ("openai", "chat-stream"),
+        ("openai", "completions"),
+        ("anthropic", "chat"),
+        ("azure", "chat"),
+        ("anthropic", "chat-stream"),
+    ],
+)
+def test_a_provider_redirect_is_not_followed(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    status: int,
+    provider: str,
+    request_name: str,
+) -> None:
+    elsewhere = start_raw(json_answer(ANSWER))  # an internal host, another region's API
+
+    async def redirect(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        location = elsewhere.url.encode() + b"/v1/chat/completions"
+        writer.write(
+            b"HTTP/1.1 %d Moved\r\nlocation: %s\r\ncontent-length: 0\r\n\r\n" % (status, location)
+        )
+        await writer.drain()
+        return False
+
+    redirector = start_raw(redirect)
+    (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
+    hosted: dict[str, Any] = {**hosted_backend("hosted", redirector.url + "/v1", "m")}
+    hosted.update(PROVIDERS[provider])
+    gateway = start_gateway(
+        [hosted], policy={"paths": [str(tmp_path)]}, environ={"HOSTED_KEY": "test-key"}
+    )
+    path, body = REQUESTS[request_name]
+    response = httpx.post(
+        gateway.url + path, json={"model": "m", **body}, headers=gateway.headers, timeout=60
+    )
+    assert len(redirector.posts) == 1
+    assert elsewhere.connections == 0  # the prompt went nowhere the policy did not name
+    # its only backend failed, and the client is told why
+    assert response.status_code == 503, response.text
+    assert f"answered HTTP {status} (a redirect: not followed)" in response.text
+
+
+CHUNK = orjson.dumps(
+    {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}],
+    }
+)
+
+
+def test_a_provider_stream_ends_at_the_stream_timeout(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    # `limits.stream_timeout_s` bounds every stream: a provider that keeps one going
+    # (a chunk well within the read timeout, forever) is cut there as a private one is.
+    chunks, written = 400, [0]
+
+    async def endless(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n")
+        for _ in range(chunks):
+            writer.write(b"data: " + CHUNK + b"\n\n")
+            await writer.drain()
+            written[0] += 1
+            await asyncio.sleep(0.05)  # the fault itself: a stream that never ends
+        return False
+
+    provider = start_raw(endless)
+    (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
+    gateway = start_gateway(
+        [hosted_backend("hosted", provider.url + "/v1", "m")],
+        policy={"paths": [str(tmp_path)]},
+        environ={"HOSTED_KEY": "test-key"},
+        limits={"stream_timeout_s": 1.0},
+    )
+    path, body = REQUESTS["chat-stream"]
+    response = httpx.post(
+        gateway.url + path, json={"model": "m", **body}, headers=gateway.headers, timeout=60
+    )
+    events = [e for e in response.text.split("\n\n") if e.startswith("data: {")]
+    assert orjson.loads(events[-1][6:])["error"]["code"] == "upstream_timeout"
+    assert provider.finished.wait(30)
+    assert written[0] < chunks  # the gateway hung up: the provider stopped mid-stream

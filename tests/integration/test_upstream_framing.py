@@ -1,0 +1,142 @@
+"""The upstream client against a backend that sends bytes no body is made of: chunked
+framing and trailers, bounded as the head is (`MAX_HEAD` in a row without a body byte)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from gateway.upstream.http import MAX_HEAD, HttpPool, UpstreamError
+from tests.helpers.raw_backend import Post, RawBackend
+from tests.integration.test_upstream_http import Handler, _read_request, _with_backend
+
+_CHUNKED_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+_WRITES = 1024  # of 64 KiB each: 64 MiB, if nobody stops it
+
+
+def _endless(after_body: bytes, piece: bytes, written: list[int]) -> Handler:
+    """A chunked answer: `{}`, then `after_body`, then `piece` written again and again."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(_CHUNKED_HEAD + b"2\r\n{}\r\n" + after_body)
+        for _ in range(_WRITES):
+            writer.write(piece)
+            await writer.drain()
+            written[0] += len(piece)
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("after_body", "piece"),
+    [
+        # the last chunk, then trailer fields that never end: each one was kept
+        (b"0\r\n", b"x-t: " + b"a" * 57 + b"\r\n"),
+        # the last chunk, then one trailer line that never ends (httptools gathers it whole)
+        (b"0\r\nx-long: ", b"a" * 64),
+    ],
+    ids=["many-trailers", "endless-trailer-line"],
+)
+def test_trailers_past_the_head_limit_drop_the_connection(after_body: bytes, piece: bytes) -> None:
+    # A read timeout (120 s by default) is no bound: bytes keep arriving, none of them body.
+    written = [0]
+    piece *= 1024  # 64 KiB a write
+
+    async def body(pool: HttpPool) -> None:
+        response = await pool.request(b"POST", b"/", [], b"{}")
+        with pytest.raises(UpstreamError) as info:
+            await response.read()
+        assert info.value.kind == "protocol"
+        assert "without a body byte" in info.value.detail
+        assert len(response.headers) < 10  # trailers are never kept
+        assert pool.open_connections == 0
+
+    handler = _endless(after_body, piece, written)
+    asyncio.run(_with_backend(handler, body, first_byte_timeout=600.0, read_timeout=600.0))
+    assert written[0] < 16 * 1024 * 1024  # the limit, plus what socket buffers held
+
+
+def test_a_chunk_size_line_that_never_ends_drops_the_connection() -> None:
+    written = [0]
+    handler = _endless(b"1;ext=", b"e" * 65536, written)  # a chunk extension without end
+
+    async def body(pool: HttpPool) -> None:
+        response = await pool.request(b"POST", b"/", [], b"{}")
+        with pytest.raises(UpstreamError) as info:
+            await response.read()
+        assert info.value.kind == "protocol"
+        assert pool.open_connections == 0
+
+    asyncio.run(_with_backend(handler, body, first_byte_timeout=600.0, read_timeout=600.0))
+    assert written[0] < 16 * 1024 * 1024
+
+
+def test_framing_between_body_bytes_is_not_held_against_the_answer() -> None:
+    # One-byte chunks are five bytes of framing per body byte: the limit counts the bytes
+    # since the last body byte, not the framing of the whole answer.
+    chunks = 4 * MAX_HEAD // 6
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(_CHUNKED_HEAD + b"1\r\nx\r\n" * chunks + b"0\r\nx-trailer: ok\r\n\r\n")
+        await writer.drain()
+
+    async def body(pool: HttpPool) -> None:
+        response = await pool.request(b"POST", b"/", [], b"{}")
+        assert await response.read() == b"x" * chunks
+
+    asyncio.run(_with_backend(handler, body))
+
+
+def test_a_response_nobody_asked_for_never_answers_the_next_request() -> None:
+    # The classic response-queue desync: a backend (a bug, a retry) writes a second
+    # response after the first, while the connection sits idle in the pool. If the next
+    # request takes the connection before the loop has read those bytes, they would be
+    # parsed as its answer: one request's (one tenant's) answer given to another. A
+    # pooled connection with bytes waiting is out of step: dropped, never reused.
+    first_read, forged_written = threading.Event(), threading.Event()
+
+    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
+        body = b'{"answer": %d}' % post.connection
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        if not first_read.is_set():
+            await asyncio.to_thread(first_read.wait, 10)
+            forged = b'{"answer": "FORGED"}'
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(forged), forged))
+            await writer.drain()
+            forged_written.set()
+        return True
+
+    raw = RawBackend(answer).start()
+
+    async def two_requests() -> list[bytes]:
+        pool = HttpPool(
+            "127.0.0.1",
+            raw.port,
+            connect_timeout=5.0,
+            first_byte_timeout=5.0,
+            read_timeout=5.0,
+            max_connections=4,
+        )
+        try:
+            first = await (await pool.request(b"POST", b"/", [], b"{}")).read()
+            first_read.set()
+            # The loop is held while the forged answer arrives: it sits unread in the
+            # socket, as it does when the loop is busy with other requests.
+            assert forged_written.wait(10)
+            second = await (await pool.request(b"POST", b"/", [], b"{}")).read()
+            return [first, second]
+        finally:
+            await pool.close()
+
+    try:
+        answers = asyncio.run(two_requests())
+    finally:
+        raw.stop()
+    assert answers == [b'{"answer": 0}', b'{"answer": 1}']  # the second on a new connection

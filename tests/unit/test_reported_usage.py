@@ -1,0 +1,51 @@
+"""Token usage a backend reports is taken only as it must be written: whole numbers
+0..2**53 under their own names. Anything else (a string, a float, a bool, a negative or
+huge number) is no usage: the completion record carries none, and the tenant's budget is
+charged the byte estimate, never a count the backend did not write as one."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from gateway.api.sse import StreamWatch
+from gateway.api.trail import Trail
+from gateway.provenance import Salts, Usage
+
+GOOD = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+BAD = [
+    {"prompt_tokens": "3", "completion_tokens": 1, "total_tokens": 4},  # a string
+    {"prompt_tokens": 3.9, "completion_tokens": 1, "total_tokens": 4},  # a float
+    {"prompt_tokens": True, "completion_tokens": 1, "total_tokens": 4},  # a bool
+    {"prompt_tokens": -3, "completion_tokens": 1, "total_tokens": 4},
+    {"prompt_tokens": 2**60, "completion_tokens": 1, "total_tokens": 4},
+    {"prompt_tokens": [3], "completion_tokens": 1, "total_tokens": 4},
+]
+
+
+def answered(usage: object) -> Trail:
+    trail = Trail(Salts.generate(), "")
+    trail.answered(orjson.dumps({"choices": [], "usage": usage}))
+    return trail
+
+
+def test_a_whole_answer_s_usage_is_read() -> None:
+    assert answered(GOOD).usage() == Usage(3, 1, 4)
+
+
+@pytest.mark.parametrize("usage", BAD, ids=["str", "float", "bool", "negative", "huge", "list"])
+def test_counts_not_written_as_counts_are_no_usage(usage: dict[str, object]) -> None:
+    trail = answered(usage)
+    assert trail.usage() is None
+    assert trail.charged_tokens() == -(-trail.sent_bytes // 4)  # the estimate
+
+
+@pytest.mark.parametrize("usage", BAD, ids=["str", "float", "bool", "negative", "huge", "list"])
+def test_a_held_back_usage_chunk_s_counts_are_checked_too(usage: dict[str, object]) -> None:
+    watch = StreamWatch(strip_usage=True)
+    chunk = b"data: " + orjson.dumps({"choices": [], "usage": usage}) + b"\n\n"
+    watch.feed(chunk)
+    trail = Trail(Salts.generate(), "")
+    if watch.usage is not None:
+        trail.reported(watch.usage)
+    assert trail.usage() is None
