@@ -2,7 +2,8 @@
 
 It checks, and raises `LogVerificationError` at the first failure:
 
-1. every checkpoint in the history is signed by a trusted key, for the same origin;
+1. every checkpoint in the history is signed by a trusted key, for the same origin (a key
+   retired by a rotation never signs alone again: `audit.rotation`);
 2. the served `checkpoint` is the newest one (an older one is a rollback), and every
    checkpoint the auditor already holds is covered (or the log was rolled back);
 3. every entry: its leaf hash equals the stored level-0 tile hash (else the first edited,
@@ -33,6 +34,7 @@ from pathlib import Path
 
 from gateway.provenance.audit.cosigned import WitnessSummary, check_cosigned
 from gateway.provenance.audit.reader import LogDirectory
+from gateway.provenance.audit.rotation import check_rotation_order
 from gateway.provenance.errors import (
     LogVerificationError,
     MalformedError,
@@ -301,6 +303,7 @@ def verify_log(
     except MalformedError as exc:
         raise _fail(str(exc)) from exc
     history, earlier = _open_history(log, verifiers, origin, accept_earlier_keys)
+    check_rotation_order(history, earlier)
     _check_latest(log, history)
     newest = history[-1].checkpoint
     held = _check_trusted(trusted_checkpoints, verifiers, newest.origin, newest.size)
