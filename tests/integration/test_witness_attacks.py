@@ -19,6 +19,7 @@ from gateway.provenance import Checkpoint, MalformedError, sign_checkpoint, veri
 from gateway.provenance.formats.cosignature import (
     ALG_COSIGNATURE_V1,
     Cosignature,
+    Cosigner,
     attach_cosignatures,
 )
 from gateway.provenance.formats.layout import cosigned_path
@@ -119,6 +120,23 @@ def test_one_witness_key_under_two_names_is_not_a_quorum_of_two(tmp_path: Path) 
             verify_log(log.directory, trusted, witnesses=keys, min_witnesses=2, now=NOW)
     summary = verify_log(log.directory, trusted, witnesses=[COSIGNER.vkey], now=NOW)
     assert summary.witnesses is not None and summary.witnesses.witnessed_size == size
+
+
+def test_the_log_key_given_as_a_witness_key_is_refused(tmp_path: Path) -> None:
+    # The log's operator cosigns its own checkpoints with the log key (a valid
+    # cosignature/v1 by that key); an auditor who passes the log's key as a witness key,
+    # as its 0x01 verifier key or in 0x04 form, used to count the log as its own witness.
+    log = make_log(tmp_path / "log")
+    note, size = log.notes[3], log.sizes[3]
+    text = note.decode().split("\n\n")[0] + "\n"
+    self_cosigner = Cosigner(LOG_SIGNER)
+    path = cosigned_path(log.directory, size)
+    path.parent.mkdir()
+    path.write_bytes(note + self_cosigner.cosign(text, NOW).line().encode())
+    trusted = [LOG_SIGNER.verifier()]
+    for key in (LOG_SIGNER.verifier().vkey, self_cosigner.vkey):
+        with pytest.raises(ValueError, match="the log's own key"):
+            verify_log(log.directory, trusted, witnesses=[key], now=NOW)
 
 
 # --- a hostile witness, as the gateway's client meets it ---------------------------------------
