@@ -61,3 +61,19 @@ def test_a_rotation_without_overlap_and_a_second_rotation_verify(tmp_path: Path)
     assert verify_log(tmp_path, keys).size == 8
     # Only the newest key, told the log rotated: the earlier checkpoints are skipped.
     assert verify_log(tmp_path, [third.verifier()], accept_earlier_keys=True).size == 8
+
+
+def test_a_checkpoint_saved_before_the_rotation_needs_the_old_key(tmp_path: Path) -> None:
+    # docs/provenance.md, "Auditing with independent tools": yesterday's checkpoint,
+    # signed by the old key, proves today's log extends it only with the old key given.
+    old, new = seeded_signer(ORIGIN, 1), seeded_signer(ORIGIN, 2)
+    _phase(tmp_path, old, [], 0)
+    yesterday = (tmp_path / "checkpoint").read_bytes()
+    _phase(tmp_path, new, [old], 1)
+    _phase(tmp_path, new, [], 2)
+    with pytest.raises(LogVerificationError, match="trusted checkpoint #1"):
+        verify_log(
+            tmp_path, [new.verifier()], accept_earlier_keys=True, trusted_checkpoints=[yesterday]
+        )
+    both = [old.verifier(), new.verifier()]
+    assert verify_log(tmp_path, both, trusted_checkpoints=[yesterday]).size == 6
