@@ -4,6 +4,7 @@ the policy test cases, receipt verification, witness cosignatures and the audit 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import Iterator
@@ -15,12 +16,14 @@ import pytest
 
 from gateway.canonical import canonical_json
 from gateway.provenance import (
+    ProvenanceLog,
     Receipt,
     load_signer,
     make_receipt,
     seal_receipts,
     write_signing_key,
 )
+from gateway.provenance.testing import log_request, seeded_signer
 from tests.helpers.admin import CASES, ORIGIN, TOKENS, WITNESS, Served, bearer, serve_admin
 from tests.helpers.provenance import batch_receipts, run_audit
 from tests.helpers.waiting import until
@@ -315,3 +318,25 @@ def test_the_live_log_s_report(served: Served, tmp_path: Path) -> None:
         assert remote["figures"][name]["commands"] == commands, name
     assert html.read_text().startswith("<!DOCTYPE html>")
     assert run_audit(["report", url, "--key", served.vkey, "--json", str(out)]) == 2  # no token
+
+
+def test_the_live_report_of_a_log_whose_key_was_rotated(tmp_path: Path) -> None:
+    # docs/provenance.md, "Keys": once the rotation is done the gateway loads only the new
+    # key; the log's first checkpoints carry only the retired one. The live report said
+    # "VERIFICATION FAILED" for that honest log (no signature by a trusted key).
+    retired = seeded_signer(ORIGIN, 7)
+
+    async def before_the_rotation() -> None:
+        log = await ProvenanceLog.open(tmp_path / "log", ORIGIN, retired)
+        await log_request(log, 0)
+        await log.close()
+
+    asyncio.run(before_the_rotation())
+    with serve_admin(tmp_path) as served:
+        assert served.chat().status_code == 200
+        served.wait_for_size(4)
+        report = served.get("/admin/v1/log/report?format=json", "auditor").json()
+    verification = report["verification"]
+    assert verification["ok"] is True, verification
+    assert verification["summary"]["earlier_checkpoints"] >= 1
+    assert "--accept-earlier-keys" in verification["command"]

@@ -266,7 +266,11 @@ def test_state_survives_a_restart(tmp_path: Path, real_log: RealLog) -> None:
             open_witness(state)
     saved = json.loads(state.read_text())
     root = base64.b64encode(real_log.checkpoint(2).root).decode()
-    assert saved == {"v": 1, "logs": {ORIGIN: {"size": 6, "root": root}}}
+    key = [str(LOG_SIGNER)]  # the log's keys that signed, for key rotations
+    assert saved == {
+        "v": 1,
+        "logs": {ORIGIN: {"size": 6, "root": root, "keys": key, "seen": key}},
+    }
     with open_witness(state, clock=NOW + 60) as second:
         assert second.latest(ORIGIN) == TreeHead(6, real_log.checkpoint(2).root)
         with _Refusal("conflict"):

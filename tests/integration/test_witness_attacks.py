@@ -19,6 +19,7 @@ from gateway.provenance import Checkpoint, MalformedError, sign_checkpoint, veri
 from gateway.provenance.formats.cosignature import (
     ALG_COSIGNATURE_V1,
     Cosignature,
+    Cosigner,
     attach_cosignatures,
 )
 from gateway.provenance.formats.layout import cosigned_path
@@ -79,6 +80,47 @@ def test_padded_proofs_and_foreign_signatures_change_nothing(
     assert witness.latest(ORIGIN) == TreeHead(10, real_log.checkpoint(3).root)
 
 
+def test_a_key_retired_by_a_rotation_gets_no_cosignature(tmp_path: Path, real_log: RealLog) -> None:
+    # The rotation A, A+B, B with both keys still listed for the origin (the witness must
+    # trust B before the overlap): someone who kept A could have the witness cosign an
+    # extension signed by A alone, which every client trusting A and B would then accept.
+    old, new = LOG_SIGNER, seeded_signer(ORIGIN, 2)
+    with Witness.open(
+        tmp_path / "w.json", COSIGNER, [old.verifier(), new.verifier()], clock=lambda: NOW
+    ) as rotating:
+        rotating.add_checkpoint(0, [], sign_checkpoint(real_log.checkpoint(1), [old]))
+        overlap = sign_checkpoint(real_log.checkpoint(2), [new, old])
+        rotating.add_checkpoint(2, real_log.proof(2, 6), overlap)
+        rotating.add_checkpoint(6, [], sign_checkpoint(real_log.checkpoint(2), [new]))
+        retired = sign_checkpoint(real_log.checkpoint(3), [old])
+        with _Refusal("untrusted"):
+            rotating.add_checkpoint(6, real_log.proof(6, 10), retired)
+        assert rotating.latest(ORIGIN) == TreeHead(6, real_log.checkpoint(2).root)
+    # The refusal survives a restart (the keys are in the state file), and B still signs.
+    with Witness.open(
+        tmp_path / "w.json", COSIGNER, [old.verifier(), new.verifier()], clock=lambda: NOW
+    ) as restarted:
+        with _Refusal("untrusted"):
+            restarted.add_checkpoint(6, real_log.proof(6, 10), retired)
+        current = sign_checkpoint(real_log.checkpoint(3), [new])
+        restarted.add_checkpoint(6, real_log.proof(6, 10), current)
+        assert restarted.latest(ORIGIN) == TreeHead(10, real_log.checkpoint(3).root)
+
+
+def test_a_straight_hand_over_to_a_new_key_is_cosigned(tmp_path: Path, real_log: RealLog) -> None:
+    old, new, newer = LOG_SIGNER, seeded_signer(ORIGIN, 2), seeded_signer(ORIGIN, 3)
+    keys = [old.verifier(), new.verifier(), newer.verifier()]
+    with Witness.open(tmp_path / "w.json", COSIGNER, keys, clock=lambda: NOW) as rotating:
+        rotating.add_checkpoint(0, [], sign_checkpoint(real_log.checkpoint(1), [old]))
+        after = sign_checkpoint(real_log.checkpoint(2), [new])  # a key never seen: accepted
+        rotating.add_checkpoint(2, real_log.proof(2, 6), after)
+        going_back = sign_checkpoint(real_log.checkpoint(3), [old])
+        with _Refusal("untrusted"):
+            rotating.add_checkpoint(6, real_log.proof(6, 10), going_back)
+        third = sign_checkpoint(real_log.checkpoint(3), [newer])
+        rotating.add_checkpoint(6, real_log.proof(6, 10), third)
+
+
 def test_a_checkpoint_size_past_uint64_is_malformed() -> None:
     root = "A" * 43 + "="
     for size in ("9" * 5000, str(2**64)):
@@ -119,6 +161,23 @@ def test_one_witness_key_under_two_names_is_not_a_quorum_of_two(tmp_path: Path) 
             verify_log(log.directory, trusted, witnesses=keys, min_witnesses=2, now=NOW)
     summary = verify_log(log.directory, trusted, witnesses=[COSIGNER.vkey], now=NOW)
     assert summary.witnesses is not None and summary.witnesses.witnessed_size == size
+
+
+def test_the_log_key_given_as_a_witness_key_is_refused(tmp_path: Path) -> None:
+    # The log's operator cosigns its own checkpoints with the log key (a valid
+    # cosignature/v1 by that key); an auditor who passes the log's key as a witness key,
+    # as its 0x01 verifier key or in 0x04 form, used to count the log as its own witness.
+    log = make_log(tmp_path / "log")
+    note, size = log.notes[3], log.sizes[3]
+    text = note.decode().split("\n\n")[0] + "\n"
+    self_cosigner = Cosigner(LOG_SIGNER)
+    path = cosigned_path(log.directory, size)
+    path.parent.mkdir()
+    path.write_bytes(note + self_cosigner.cosign(text, NOW).line().encode())
+    trusted = [LOG_SIGNER.verifier()]
+    for key in (LOG_SIGNER.verifier().vkey, self_cosigner.vkey):
+        with pytest.raises(ValueError, match="the log's own key"):
+            verify_log(log.directory, trusted, witnesses=[key], now=NOW)
 
 
 # --- a hostile witness, as the gateway's client meets it ---------------------------------------

@@ -19,7 +19,7 @@ from gateway.provenance.formats.cosignature import CosignatureVerifier, find_cos
 from gateway.provenance.formats.layout import list_cosigned
 from gateway.provenance.formats.note import Verifier, _split_note
 
-__all__ = ["WitnessSummary", "check_cosigned"]
+__all__ = ["WitnessSummary", "check_cosigned", "witnesses_not_the_log"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,23 @@ class WitnessSummary:
     witnessed_size: int  # largest size cosigned by at least `min_witnesses` witnesses
     min_witnesses: int
     newest_by: dict[str, int]  # witness -> largest size it cosigned
+
+
+def witnesses_not_the_log(
+    witnesses: Sequence[CosignatureVerifier], verifiers: Sequence[Verifier]
+) -> None:
+    """Raise ValueError when a witness key is one of the log's keys (as 0x01 or 0x04).
+
+    Whoever signs the log could then cosign it too: an auditor who passes the log's own
+    key as `--witness-key` would see the log "witnessed" by its operator.
+    """
+    log_keys = {verifier.public_key: verifier for verifier in verifiers}
+    for witness in witnesses:
+        if witness.public_key in log_keys:
+            raise ValueError(
+                f"witness key {witness} is the log's own key {log_keys[witness.public_key]}: "
+                "whoever signs the log could cosign it, so it witnesses nothing"
+            )
 
 
 def _fail(reason: str) -> LogVerificationError:

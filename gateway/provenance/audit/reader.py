@@ -160,9 +160,22 @@ class LogDirectory:
                 raise RecordError(f"entry {index}: {exc}") from exc
 
     def unsigned_entries(self, size: int) -> list[bytes]:
-        """Entries in the write-ahead segments beyond `size` (not yet in a checkpoint)."""
+        """Entries in the write-ahead segments beyond `size` (not yet in a checkpoint).
+
+        Raises LogVerificationError when a segment starts past the entries before it: the
+        entries in between were durable once and are gone (the writer refuses to open
+        such a log, so the audit must not call it fine).
+        """
         found: list[bytes] = []
         for first, path in list_segments(self.path / WAL):
+            if first > size + len(found):
+                raise LogVerificationError(
+                    f"write-ahead segment wal/{path.name} starts at entry {first}, but the "
+                    f"log holds entries only up to {size + len(found) - 1}: entries "
+                    f"{size + len(found)}..{first - 1} are missing (deleted before a "
+                    "checkpoint covered them)",
+                    index=size + len(found),
+                )
             scan = scan_segment(path, first)
             for offset, (entry, _) in enumerate(scan.entries):
                 if first + offset >= size + len(found):

@@ -2,7 +2,8 @@
 
 It checks, and raises `LogVerificationError` at the first failure:
 
-1. every checkpoint in the history is signed by a trusted key, for the same origin;
+1. every checkpoint in the history is signed by a trusted key, for the same origin (a key
+   retired by a rotation never signs alone again: `audit.rotation`);
 2. the served `checkpoint` is the newest one (an older one is a rollback), and every
    checkpoint the auditor already holds is covered (or the log was rolled back);
 3. every entry: its leaf hash equals the stored level-0 tile hash (else the first edited,
@@ -31,8 +32,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.provenance.audit.cosigned import WitnessSummary, check_cosigned
+from gateway.provenance.audit.cosigned import (
+    WitnessSummary,
+    check_cosigned,
+    witnesses_not_the_log,
+)
 from gateway.provenance.audit.reader import LogDirectory
+from gateway.provenance.audit.rotation import check_rotation_order
 from gateway.provenance.errors import (
     LogVerificationError,
     MalformedError,
@@ -285,7 +291,8 @@ def verify_log(
 
     `witnesses` (cosignature verifier keys) also checks `cosigned/`: every line by one of
     them must verify, and some checkpoint must carry `min_witnesses` of them; two keys that
-    are one public key are a ValueError (one witness would count twice). `now` (POSIX
+    are one public key, or a witness key that is one of `verifiers`, are a ValueError (one
+    witness would count twice; the log would witness itself). `now` (POSIX
     seconds, default the clock) refuses cosignatures from the future.
     """
     if not verifiers:
@@ -294,6 +301,7 @@ def verify_log(
         w if isinstance(w, CosignatureVerifier) else CosignatureVerifier(w) for w in witnesses
     ]
     distinct_witnesses(witness_keys)
+    witnesses_not_the_log(witness_keys, verifiers)
     if witness_keys and not 1 <= min_witnesses <= len(witness_keys):
         raise ValueError(f"min_witnesses must be 1..{len(witness_keys)} (the witness keys given)")
     try:
@@ -301,6 +309,7 @@ def verify_log(
     except MalformedError as exc:
         raise _fail(str(exc)) from exc
     history, earlier = _open_history(log, verifiers, origin, accept_earlier_keys)
+    check_rotation_order(history, earlier)
     _check_latest(log, history)
     newest = history[-1].checkpoint
     held = _check_trusted(trusted_checkpoints, verifiers, newest.origin, newest.size)

@@ -79,7 +79,7 @@ def _parse_id(hex_id: str, what: str) -> int:
 class Verifier:
     """An Ed25519 note verifier, built from a verifier key string."""
 
-    __slots__ = ("_public", "key_id", "name", "vkey")
+    __slots__ = ("_public", "key_id", "name", "public_key", "vkey")
 
     def __init__(self, vkey: str) -> None:
         vkey = vkey.strip()
@@ -97,6 +97,7 @@ class Verifier:
         self.name = name
         self.key_id = expected
         self.vkey = vkey
+        self.public_key = key[1:]
         self._public = Ed25519PublicKey.from_public_bytes(key[1:])
 
     def verify(self, message: bytes, signature: bytes) -> None:

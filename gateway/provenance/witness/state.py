@@ -1,6 +1,7 @@
 """A witness's memory: the latest tree (size, root hash) it cosigned for each log origin.
 
-Kept in one JSON file, `{"v": 1, "logs": {origin: {"size": N, "root": base64}}}`, replaced
+Kept in one JSON file, `{"v": 1, "logs": {origin: {"size": N, "root": base64, "keys": [..],
+"seen": [..]}}}` (the log keys that signed, for rotations; absent in older files), replaced
 atomically on every change (temporary file, fsync, rename, fsync of the directory), so
 after a crash it holds the old state or the new one, never a mix, and a restarted witness
 keeps refusing rollbacks. An exclusive `flock` on `<state>.lock` keeps a second witness
@@ -16,7 +17,7 @@ import fcntl
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType, TracebackType
 
@@ -39,11 +40,26 @@ class TreeHead:
 
     size: int
     root: bytes
+    # The log's keys (`name+hexid`) that signed a checkpoint it cosigned: `keys` those that
+    # appeared last (a rotation's new key), `seen` all of them. Not part of the tree head.
+    keys: tuple[str, ...] = field(default=(), compare=False)
+    seen: tuple[str, ...] = field(default=(), compare=False)
+
+
+def _key_list(origin: str, value: object, path: Path) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(key, str) for key in value):
+        raise MalformedError(f"{path}: log {origin!r} has 'keys' or 'seen' that is not a list")
+    return tuple(sorted(set(value)))
 
 
 def _parse_head(origin: str, value: object, path: Path) -> TreeHead:
-    if not isinstance(value, dict) or set(value) != {"size", "root"}:
-        raise MalformedError(f"{path}: log {origin!r} needs exactly 'size' and 'root'")
+    if not isinstance(value, dict) or set(value) not in (
+        {"size", "root"},
+        {"size", "root", "keys", "seen"},
+    ):
+        raise MalformedError(
+            f"{path}: log {origin!r} needs exactly 'size' and 'root' (and 'keys', 'seen')"
+        )
     size, root = value["size"], value["root"]
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise MalformedError(f"{path}: log {origin!r} has a size that is not an integer >= 0")
@@ -55,7 +71,9 @@ def _parse_head(origin: str, value: object, path: Path) -> TreeHead:
         raise MalformedError(f"{path}: log {origin!r} has a root that is not base64") from exc
     if len(digest) != HASH_SIZE:
         raise MalformedError(f"{path}: log {origin!r} has a root that is not a 32-byte hash")
-    return TreeHead(size, digest)
+    keys = _key_list(origin, value.get("keys", []), path)
+    seen = _key_list(origin, value.get("seen", []), path)
+    return TreeHead(size, digest, keys, seen)
 
 
 def _load(path: Path) -> dict[str, TreeHead]:
@@ -76,10 +94,11 @@ def _load(path: Path) -> dict[str, TreeHead]:
 
 
 def _encode(heads: Mapping[str, TreeHead]) -> bytes:
-    logs = {
-        origin: {"size": head.size, "root": base64.b64encode(head.root).decode()}
-        for origin, head in sorted(heads.items())
-    }
+    logs: dict[str, dict[str, object]] = {}
+    for origin, head in sorted(heads.items()):
+        logs[origin] = {"size": head.size, "root": base64.b64encode(head.root).decode()}
+        if head.seen:
+            logs[origin].update(keys=list(head.keys), seen=list(head.seen))
     return json.dumps({"v": STATE_VERSION, "logs": logs}, indent=1, sort_keys=True).encode()
 
 

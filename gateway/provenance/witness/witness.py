@@ -5,7 +5,8 @@ remembers the latest tree it cosigned (`witness.state`). `add_checkpoint` follow
 spec's add-checkpoint rules, in its order:
 
 1. origin not configured: `unknown_log` (HTTP 404); no valid signature by a key trusted
-   for that origin: `untrusted` (403); unparseable request or note: `malformed` (400);
+   for that origin, or only by a key a rotation retired (`_next_head`): `untrusted` (403);
+   unparseable request or note: `malformed` (400);
 2. old size larger than the checkpoint's size (a rollback): `malformed` (400);
 3. old size not the size the witness last cosigned: `conflict` (409), which carries the
    size it knows, so a log that lost track can ask again;
@@ -131,6 +132,28 @@ def _origin(note: bytes) -> str:
     return origin
 
 
+def _next_head(known: TreeHead | None, new: Checkpoint, signers: set[str]) -> TreeHead:
+    """The head to record for `new`, signed by `signers`; refuses a retired key.
+
+    A key rotation goes A, A+B, B (docs/provenance.md, "Keys"). Once B has signed a
+    checkpoint this witness cosigned, one signed only by A (or by any key seen before and
+    not B) is what someone who kept the retired key would send: `untrusted`. A key never
+    seen before is a new rotation and is accepted.
+    """
+    if known is None or not known.seen:  # a new log, or a state from before keys were kept
+        return TreeHead(new.size, new.root, tuple(sorted(signers)), tuple(sorted(signers)))
+    fresh = signers - set(known.seen)
+    if not fresh and not signers & set(known.keys):
+        raise WitnessError(
+            "untrusted",
+            f"checkpoint of {new.origin!r} is signed only by {', '.join(sorted(signers))}, "
+            f"but the witness already cosigned one by the newer key "
+            f"{', '.join(known.keys)}: a key retired by a rotation does not sign alone again",
+        )
+    keys = tuple(sorted(fresh)) if fresh else known.keys
+    return TreeHead(new.size, new.root, keys, tuple(sorted(signers | set(known.seen))))
+
+
 class Witness:
     """The cosigning core; use `Witness.open` (it locks and loads the state file)."""
 
@@ -200,8 +223,9 @@ class Witness:
                     known_size=known_size,
                 )
             self._check_extension(known, new, proof)
-            head = TreeHead(new.size, new.root)
-            if head != known:
+            signers = {f"{s.name}+{s.key_id:08x}" for s in signed.signatures.verified}
+            head = _next_head(known, new, signers)
+            if known is None or head != known or (head.keys, head.seen) != (known.keys, known.seen):
                 try:
                     self._state.update(new.origin, head)
                 except OSError as exc:

@@ -1,0 +1,79 @@
+"""A key retired by a rotation must not sign the log alone again (audit.rotation).
+
+The rotation in docs/provenance.md ("Keys") goes A, A+B, B. Someone who kept the old key
+A (and not B) can append entries and sign a checkpoint with A alone; an auditor given
+both keys used to accept it, since every checkpoint needed only one trusted signature.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from gateway.provenance import LogVerificationError, ProvenanceLog, Signer, verify_log
+from gateway.provenance.testing import log_request, seeded_signer
+
+ORIGIN = "test.owngate/rotation-order"
+
+
+def _phase(directory: Path, signer: Signer, cosigners: Sequence[Signer], request: int) -> None:
+    async def run() -> None:
+        log = await ProvenanceLog.open(directory, ORIGIN, signer, cosigners=cosigners)
+        await log_request(log, request)
+        await log.close()
+
+    asyncio.run(run())
+
+
+def test_a_checkpoint_by_the_retired_key_alone_after_the_rotation_is_refused(
+    tmp_path: Path,
+) -> None:
+    old, new = seeded_signer(ORIGIN, 1), seeded_signer(ORIGIN, 2)
+    keys = [old.verifier(), new.verifier()]
+    _phase(tmp_path, old, [], 0)  # before: A
+    _phase(tmp_path, new, [old], 1)  # the overlap: A+B
+    _phase(tmp_path, new, [], 2)  # after: B
+    assert verify_log(tmp_path, keys).size == 6  # the documented rotation verifies
+    _phase(tmp_path, old, [], 3)  # the retired key signs alone again
+    with pytest.raises(LogVerificationError, match="retired by a rotation"):
+        verify_log(tmp_path, keys)
+
+
+def test_going_back_to_the_old_key_after_the_overlap_is_refused(tmp_path: Path) -> None:
+    old, new = seeded_signer(ORIGIN, 1), seeded_signer(ORIGIN, 2)
+    _phase(tmp_path, old, [], 0)
+    _phase(tmp_path, new, [old], 1)
+    _phase(tmp_path, old, [], 2)  # A only, after B had signed
+    with pytest.raises(LogVerificationError, match="retired by a rotation"):
+        verify_log(tmp_path, [old.verifier(), new.verifier()])
+
+
+def test_a_rotation_without_overlap_and_a_second_rotation_verify(tmp_path: Path) -> None:
+    first, second, third = (seeded_signer(ORIGIN, n) for n in (1, 2, 3))
+    _phase(tmp_path, first, [], 0)
+    _phase(tmp_path, second, [], 1)  # straight hand-over (no overlap)
+    _phase(tmp_path, third, [second], 2)
+    _phase(tmp_path, third, [], 3)
+    keys = [first.verifier(), second.verifier(), third.verifier()]
+    assert verify_log(tmp_path, keys).size == 8
+    # Only the newest key, told the log rotated: the earlier checkpoints are skipped.
+    assert verify_log(tmp_path, [third.verifier()], accept_earlier_keys=True).size == 8
+
+
+def test_a_checkpoint_saved_before_the_rotation_needs_the_old_key(tmp_path: Path) -> None:
+    # docs/provenance.md, "Auditing with independent tools": yesterday's checkpoint,
+    # signed by the old key, proves today's log extends it only with the old key given.
+    old, new = seeded_signer(ORIGIN, 1), seeded_signer(ORIGIN, 2)
+    _phase(tmp_path, old, [], 0)
+    yesterday = (tmp_path / "checkpoint").read_bytes()
+    _phase(tmp_path, new, [old], 1)
+    _phase(tmp_path, new, [], 2)
+    with pytest.raises(LogVerificationError, match="trusted checkpoint #1"):
+        verify_log(
+            tmp_path, [new.verifier()], accept_earlier_keys=True, trusted_checkpoints=[yesterday]
+        )
+    both = [old.verifier(), new.verifier()]
+    assert verify_log(tmp_path, both, trusted_checkpoints=[yesterday]).size == 6
