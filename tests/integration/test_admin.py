@@ -103,10 +103,16 @@ def test_loopback_is_an_explicit_opt_in(start: Callable[..., Gateway]) -> None:
 
 
 def test_the_demo_opts_in_to_loopback(tmp_path: Path) -> None:
-    vkey = generate_signing_key("owngate-demo.internal/sidecar")[1]
     pin = "sha256//" + "A" * 43 + "="
-    sidecars = {
-        backend: Sidecar(backend, "https://127.0.0.1:9", backend, pin, vkey, tmp_path)
+    sidecars = {  # each sidecar its own key (one key for two backends is refused)
+        backend: Sidecar(
+            backend,
+            "https://127.0.0.1:9",
+            backend,
+            pin,
+            generate_signing_key(f"owngate-demo.internal/{backend}")[1],
+            tmp_path,
+        )
         for backend in PRIVATE
     }
     hashes = (hash_api_key("og-a"), hash_api_key("og-b"))

@@ -22,7 +22,10 @@ CONFIG = str(REPO_ROOT / "deploy" / "gateway.example.yaml")
 POLICIES = str(REPO_ROOT / "policies")
 CASES = str(REPO_ROOT / "policies" / "tests")
 # What `owngate demo` fills in for its attested backends: a sidecar's key and a pin.
-DEMO_ATTEST_KEY = generate_signing_key("owngate-demo.internal/sidecar")[1]
+# one key per attested backend (one key for two is refused)
+DEMO_ATTEST_KEYS = {
+    name: generate_signing_key(f"owngate-demo.internal/{name}")[1] for name in ("vllm", "llamacpp")
+}
 DEMO_PIN = "sha256//" + "A" * 43 + "="
 
 
@@ -280,8 +283,8 @@ def test_check_warns_when_max_days_0_and_zero_decide_differently(
                 "OWNGATE_DEMO_PKI_DIR": "pki",
                 "OWNGATE_DEMO_VLLM_PIN": DEMO_PIN,
                 "OWNGATE_DEMO_LLAMACPP_PIN": DEMO_PIN,
-                "OWNGATE_DEMO_VLLM_ATTEST_KEY": DEMO_ATTEST_KEY,
-                "OWNGATE_DEMO_LLAMACPP_ATTEST_KEY": DEMO_ATTEST_KEY,
+                "OWNGATE_DEMO_VLLM_ATTEST_KEY": DEMO_ATTEST_KEYS["vllm"],
+                "OWNGATE_DEMO_LLAMACPP_ATTEST_KEY": DEMO_ATTEST_KEYS["llamacpp"],
                 "OWNGATE_DEMO_HOSTED_URL": "http://127.0.0.1:3",
                 "OWNGATE_DEMO_LOG_DIR": "log",
                 "OWNGATE_DEMO_LOG_KEY": "log.key",
