@@ -1,6 +1,7 @@
 """Reloading gateway.yaml in a running gateway, without dropping a connection.
 
-SIGHUP (and a poll of the file's and the keys file's mtime) loads the file again through
+SIGHUP (and a poll of the file's and the keys file's mtime and size, once a change has
+held still for a whole poll interval) loads the file again through
 the same strict loader as startup. A file that fails validation, or whose trust policies
 no longer compile against its backends, leaves the running config untouched: the failure
 is logged, counted (`owngate_config_reload_failures_total`) and shown in the readiness
@@ -72,6 +73,7 @@ class ConfigReloader:
         self.last_error: str | None = None
         self.loaded_at = clock()
         self._stamp = self._fingerprint()
+        self._pending: tuple[tuple[int, int], ...] | None = None  # a change settling
 
     def _fingerprint(self) -> tuple[tuple[int, int], ...]:
         files = [self.path]
@@ -89,11 +91,27 @@ class ConfigReloader:
         return tuple(stamps)
 
     async def watch(self) -> None:
-        """Poll the files; reload when one changes. Cancel to stop."""
+        """Poll the files every `interval_s` (`poll`). Cancel to stop."""
         while True:
             await asyncio.sleep(self.interval_s)
-            if self._fingerprint() != self._stamp:
-                await self.reload()
+            await self.poll()
+
+    async def poll(self) -> bool:
+        """One look at the files: reload once a change has held still for a whole poll
+        interval (the same size and mtime twice in a row), as the policy files' poll does.
+        A gateway.yaml caught half written can still be valid YAML and a valid config, and
+        a weaker one: cut before its `policy:` section it means the built-in policy, cut
+        inside a tenant's `limits` it means no limit. True if a changed config became
+        active."""
+        stamp = self._fingerprint()
+        if stamp == self._stamp:
+            self._pending = None
+            return False
+        if stamp != self._pending:
+            self._pending = stamp  # changed since the last look: maybe still being written
+            return False
+        self._pending = None
+        return await self.reload()
 
     def trigger(self) -> None:
         """Reload soon (SIGHUP): on the event loop, after any reload already running."""

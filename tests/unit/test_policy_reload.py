@@ -67,3 +67,20 @@ def test_an_unchanged_file_is_not_reloaded(tmp_path: Path) -> None:
     )
     trust = TrustPolicies(config, tmp_path)
     assert [trust.poll() for _ in range(3)] == [False, False, False]
+
+
+def test_a_policy_file_too_large_to_be_one_is_refused(tmp_path: Path) -> None:
+    """A policy path pointing at a huge file (a log, an image) would be read whole and
+    parsed on the event loop for minutes: refused, and the last good set stays."""
+    policy = tmp_path / "p.yaml"
+    write(policy, HEAD.replace("VERSION", "1") + TAIL, 1_000_000_000)
+    config = gateway_config(
+        [backend("gpu", "http://127.0.0.1:9", "m")], policy={"paths": ["p.yaml"]}
+    )
+    trust = TrustPolicies(config, tmp_path)
+    padding = "#" * 99 + "\n"
+    huge = HEAD.replace("VERSION", "2") + TAIL + padding * 11_000  # over the 1 MiB bound
+    write(policy, huge, 2_000_000_000)
+    assert not trust.reload()
+    assert trust.current.compiled("p").version == "1"
+    assert trust.last_error is not None and "larger than" in trust.last_error

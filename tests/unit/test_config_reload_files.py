@@ -1,0 +1,126 @@
+"""What the gateway.yaml watcher does with a file caught being written or replaced by
+something that is not a config: it keeps the running config, and keeps watching.
+
+A file caught half written is never loaded: the poll reloads only once a change has held
+still for a whole interval. (A file cut before its `policy:` section is still a valid
+config, under the built-in policy: every private backend for every tenant, whatever the
+policy files restricted.)"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from pathlib import Path
+
+import yaml
+
+from gateway.app import create_app
+from gateway.config import ConfigError, load_config
+from tests.helpers.gateways import backend, gateway_config
+
+POLICY = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: p, version: "1"}
+spec:
+  tenants: [acme]
+  residency: {allow: ["*"]}
+  retention: {max_days: any, training: true}
+  fallback: {mode: never}
+"""
+POLICY_SECTION = "policy:\n  paths: [policies]\n"
+
+
+def write(path: Path, text: str, mtime_ns: int) -> None:
+    path.write_text(text)
+    os.utime(path, ns=(mtime_ns, mtime_ns))  # each write its own stamp, whatever the clock
+
+
+def config_text(concurrent: int) -> str:
+    """The config with its `policy:` section last, as an operator might order it."""
+    data = gateway_config([backend("gpu", "http://127.0.0.1:9", "m")]).model_dump(
+        mode="json", exclude_none=True
+    )
+    data["tenants"][0]["limits"] = {"concurrent_requests": concurrent}
+    return yaml.safe_dump(data) + POLICY_SECTION
+
+
+def test_a_half_written_config_is_never_loaded(tmp_path: Path) -> None:
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(POLICY)
+    path = tmp_path / "gateway.yaml"
+    write(path, config_text(1), 1_000_000_000)
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None and app.policies.configured
+
+    async def edit() -> list[bool]:
+        looks: list[bool] = []
+        complete = config_text(2)
+        # The editor is caught after the tenants, before the `policy:` section ...
+        write(path, complete.removesuffix(POLICY_SECTION), 2_000_000_000)
+        looks.append(await reloader.poll())
+        assert app.policies.configured, "the built-in policy replaced the policy files"
+        # ... and finishes before the next look.
+        write(path, complete, 3_000_000_000)
+        for _ in range(3):
+            looks.append(await reloader.poll())
+            assert app.policies.configured
+        return looks
+
+    assert asyncio.run(edit()) == [False, False, True, False]
+    assert app.parts.config.tenants[0].limits.concurrent_requests == 2
+    assert app.policies.current.id != "builtin-private-only"
+
+
+def test_a_config_replaced_by_a_fifo_is_refused_at_once(tmp_path: Path) -> None:
+    """Opening a FIFO for reading waits for a writer: on the event loop, for ever."""
+    fifo = tmp_path / "gateway.yaml"
+    os.mkfifo(fifo)
+    outcome: list[BaseException | None] = []
+
+    def load() -> None:
+        try:
+            load_config(fifo)
+            outcome.append(None)
+        except ConfigError as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=load, daemon=True)
+    reader.start()
+    reader.join(timeout=5.0)
+    blocked = reader.is_alive()
+    if blocked:  # let the old reader go: a writer that closes at once gives it EOF
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(timeout=5.0)
+    assert not blocked, "load_config waited on the FIFO"
+    assert isinstance(outcome[0], ConfigError)
+    assert "not a regular file" in str(outcome[0])
+
+
+def test_a_config_that_is_not_utf8_keeps_the_watcher_running(tmp_path: Path) -> None:
+    """A file cut inside a multi-byte character (or any non-UTF-8 byte) is a failed
+    reload, reported; the next good file is still picked up by the same watcher."""
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(POLICY)
+    path = tmp_path / "gateway.yaml"
+    write(path, config_text(1), 1_000_000_000)
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None
+
+    async def edit() -> list[bool]:
+        looks: list[bool] = []
+        cut = config_text(2).encode().replace(b"acme", "acm\u00e9".encode()[:-1], 1)
+        path.write_bytes(cut)
+        os.utime(path, ns=(2_000_000_000, 2_000_000_000))
+        looks += [await reloader.poll(), await reloader.poll()]
+        assert reloader.last_error is not None and "UTF-8" in reloader.last_error
+        write(path, config_text(3), 3_000_000_000)
+        looks += [await reloader.poll(), await reloader.poll()]
+        return looks
+
+    assert asyncio.run(edit()) == [False, False, False, True]
+    assert app.parts.config.tenants[0].limits.concurrent_requests == 3
+    assert reloader.reload_failures == 1
