@@ -48,9 +48,11 @@ class TrustPolicies:
         self.last_error: str | None = None
         self.reload_failures = 0
         self.loaded_at = clock()
+        # The files' stamp before they are read, never after: a writer finishing between
+        # the two would leave what was read (maybe half a file) active for good.
+        self._stamp = self._fingerprint()
         # Raises PolicyError: the server refuses to start without valid policies.
         self.current: PolicySet = self._compile()
-        self._stamp = self._fingerprint()
         self._pending: tuple[tuple[str, int, int], ...] | None = None  # a change settling
         # The policies of the config a gateway.yaml reload installed after this one's: the
         # requests still running on this config check their attempts against them too.

@@ -72,7 +72,10 @@ class ConfigReloader:
         self.reload_failures = 0
         self.last_error: str | None = None
         self.loaded_at = clock()
-        self._stamp = self._fingerprint()
+        # No file's stamp: the running config was read before this watcher existed (by
+        # `serve`, maybe while an editor was writing it, maybe a worker restarted mid-edit),
+        # so the first settled look reloads, and keeps it only if the file says otherwise.
+        self._stamp: tuple[tuple[int, int], ...] = ()
         self._pending: tuple[tuple[int, int], ...] | None = None  # a change settling
 
     def _fingerprint(self) -> tuple[tuple[int, int], ...]:

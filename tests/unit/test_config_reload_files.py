@@ -124,3 +124,27 @@ def test_a_config_that_is_not_utf8_keeps_the_watcher_running(tmp_path: Path) -> 
     assert asyncio.run(edit()) == [False, False, False, True]
     assert app.parts.config.tenants[0].limits.concurrent_requests == 3
     assert reloader.reload_failures == 1
+
+
+def test_a_config_read_half_written_at_start_is_replaced_once_the_file_settles(
+    tmp_path: Path,
+) -> None:
+    """A worker (re)started by `serve --workers` while an editor writes gateway.yaml reads
+    half of it; the write ends before the watcher exists. The watcher must still load the
+    finished file, not take its stamp for the one that was read."""
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(POLICY)
+    path = tmp_path / "gateway.yaml"
+    complete = config_text(2)
+    write(path, complete.removesuffix(POLICY_SECTION), 1_000_000_000)
+    read_at_start = load_config(path)  # cut before `policy:`: the built-in policy
+    write(path, complete, 2_000_000_000)  # ... and the editor finishes
+    app = create_app(read_at_start, environ={}, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None and not app.policies.configured
+
+    async def looks() -> list[bool]:
+        return [await reloader.poll() for _ in range(3)]
+
+    assert asyncio.run(looks()) == [False, True, False]
+    assert app.policies.configured

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from gateway.policy import PolicySet
 from gateway.policy_set import TrustPolicies
 from tests.helpers.gateways import backend, gateway_config
 
@@ -84,3 +88,31 @@ def test_a_policy_file_too_large_to_be_one_is_refused(tmp_path: Path) -> None:
     assert not trust.reload()
     assert trust.current.compiled("p").version == "1"
     assert trust.last_error is not None and "larger than" in trust.last_error
+
+
+def test_a_policy_file_finished_while_it_was_compiled_is_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files' stamp is taken before they are read: a writer that finishes between
+    the read and the stamp would otherwise leave the half it read active for good."""
+    import gateway.policy_set
+
+    policy = tmp_path / "p.yaml"
+    write(policy, HEAD.replace("VERSION", "1"), 1_000_000_000)  # caught half written
+    config = gateway_config(
+        [backend("gpu", "http://127.0.0.1:9", "m")], policy={"paths": ["p.yaml"]}
+    )
+    real = gateway.policy_set.load_policies
+
+    def read_then_finished(*args: Any, **kwargs: Any) -> PolicySet:
+        read = real(*args, **kwargs)
+        write(policy, HEAD.replace("VERSION", "2") + TAIL, 2_000_000_000)
+        return read
+
+    monkeypatch.setattr(gateway.policy_set, "load_policies", read_then_finished)
+    trust = TrustPolicies(config, tmp_path)
+    monkeypatch.setattr(gateway.policy_set, "load_policies", real)
+    assert trust.current.compiled("p").version == "1"
+    assert [trust.poll() for _ in range(3)] == [False, True, False]
+    assert trust.current.compiled("p").version == "2"
+    assert trust.current.decide("acme", "m", "phi").fallback == "never"
