@@ -63,7 +63,8 @@ class ConfigReloader:
         self._current = current
         self._assemble = assemble
         self._install = install
-        self._prepare = prepare  # what `serve` does to a loaded file (per-worker log, ...)
+        # What `serve` does to a loaded file (per-worker log, ...); runs on a worker thread.
+        self._prepare = prepare
         self.interval_s = interval_s
         self._clock = clock
         self._log = get_logger("owngate.config")
@@ -131,7 +132,9 @@ class ConfigReloader:
         running = self._current()
         self._stamp = self._fingerprint()
         try:
-            fresh = self._prepare(load_config(self.path))
+            # Off the event loop: a keys file of 20,000 keys takes seconds to parse, and
+            # every stream in flight would stall for them. The lock keeps reloads in order.
+            fresh = await asyncio.to_thread(self._load)
         except ConfigError as exc:
             return self._failed(f"{len(exc.issues)} problem(s); first: {exc.issues[0]}", exc)
         fresh = self._pin_restart_only(running.config, fresh)
@@ -157,6 +160,9 @@ class ConfigReloader:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
+
+    def _load(self) -> GatewaySettings:
+        return self._prepare(load_config(self.path))
 
     async def _retire(
         self,

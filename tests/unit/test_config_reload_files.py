@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from gateway.app import create_app
-from gateway.config import ConfigError, load_config
+from gateway.config import ConfigError, GatewaySettings, load_config
 from tests.helpers.gateways import backend, gateway_config
 
 POLICY = """\
@@ -148,3 +148,33 @@ def test_a_config_read_half_written_at_start_is_replaced_once_the_file_settles(
 
     assert asyncio.run(looks()) == [False, True, False]
     assert app.policies.configured
+
+
+def test_a_reload_reads_and_parses_the_file_off_the_event_loop(tmp_path: Path) -> None:
+    """Parsing a large keys file takes seconds: on the event loop, every stream in flight
+    would stall for them. `prepare` runs right after the parse: it waits for the loop to
+    answer, which it can only do if the reload is not holding it."""
+    path = tmp_path / "gateway.yaml"
+    write(path, config_text(1).removesuffix(POLICY_SECTION), 1_000_000_000)
+    loop_answered = threading.Event()
+    held: list[bool] = []
+
+    def prepare(config: GatewaySettings) -> GatewaySettings:
+        held.append(not loop_answered.wait(timeout=5.0))
+        return config
+
+    app = create_app(
+        load_config(path), environ={}, config_dir=tmp_path, config_file=path, prepare=prepare
+    )
+    reloader = app.reloader
+    assert reloader is not None
+
+    async def answer() -> None:
+        await asyncio.sleep(0)
+        loop_answered.set()
+
+    async def both() -> None:
+        await asyncio.gather(reloader.reload(), answer())
+
+    asyncio.run(both())
+    assert held == [False], "the reload held the event loop while it parsed"
