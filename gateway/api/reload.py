@@ -10,7 +10,9 @@ composition root's `assemble` (backend registry, tenant keys, trust policies, sc
 proxy) and swapped in whole by the app's `install`: the reloader gets both as callables
 and knows nothing of the app. A request is decided and routed by the parts active once
 its body is read, and finishes on them (each further attempt also checked against the
-new config's policies, `TrustPolicies.successor`); the connections of a removed or
+new config's policies, `TrustPolicies.successor`; a policy change the running set loaded
+while the new config was being built is read again before the swap, never undone); the
+connections of a removed or
 changed backend close once the requests that were running at the swap are done
 (bounded by `limits.drain_timeout_s`). Unchanged backends keep their connection pools, in-flight
 counts and health. Settings only a restart can change (`listen`, `provenance`, `state`,
@@ -142,11 +144,16 @@ class ConfigReloader:
             running.policies.reload()  # only the policy files may have changed
             self._succeeded()
             return False
+        read = running.policies.current
         try:
-            parts = self._assemble(fresh, running)
+            parts = self._assemble(fresh, running)  # reads the policy files
         except (PolicyError, ValueError) as exc:
             return self._failed(str(exc).splitlines()[0], exc)
         await parts.scraper.scrape_once()  # know the new backends' health before routing
+        if running.policies.current is not read:
+            # The running set's watcher loaded a policy change during the probe: the files
+            # read above are older than what is enforced now; never install them over it.
+            parts.policies.reload()
         requests = self._install(parts)
         self._succeeded()
         self._log.info("config reloaded", **_changes(running.config, fresh))

@@ -178,3 +178,51 @@ def test_a_reload_reads_and_parses_the_file_off_the_event_loop(tmp_path: Path) -
 
     asyncio.run(both())
     assert held == [False], "the reload held the event loop while it parsed"
+
+
+def test_policies_reloaded_while_a_config_was_being_built_are_not_undone(
+    tmp_path: Path,
+) -> None:
+    """A config reload compiles the policy files, then probes the backends (seconds,
+    for a slow one) before it installs what it built. A policy change the running set
+    loaded meanwhile (its watcher does not stop) must not be replaced by the older read."""
+    (tmp_path / "policies").mkdir()
+    policy = tmp_path / "policies" / "p.yaml"
+    policy.write_text(POLICY)
+    probed, answer = asyncio.Event(), asyncio.Event()
+
+    async def slow_backend(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        probed.set()
+        await answer.wait()
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def scenario() -> str:
+        server = await asyncio.start_server(slow_backend, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+
+        def text(concurrent: int) -> str:
+            data = gateway_config(
+                [backend("gpu", f"http://127.0.0.1:{port}", "m")],
+                scrape={"timeout_s": 10.0, "staleness_s": 20.0},
+            ).model_dump(mode="json", exclude_none=True)
+            data["tenants"][0]["limits"] = {"concurrent_requests": concurrent}
+            return yaml.safe_dump(data) + POLICY_SECTION
+
+        path = tmp_path / "gateway.yaml"
+        write(path, text(1), 1_000_000_000)
+        app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+        assert app.reloader is not None
+        write(path, text(2), 2_000_000_000)
+        reloading = asyncio.create_task(app.reloader.reload())
+        await asyncio.wait_for(probed.wait(), 10.0)  # built, probing before the swap
+        write(policy, POLICY.replace('version: "1"', 'version: "2"'), 3_000_000_000)
+        assert app.policies.reload()  # what the running set's watcher does meanwhile
+        answer.set()
+        assert await asyncio.wait_for(reloading, 15.0)
+        server.close()
+        assert app.parts.config.tenants[0].limits.concurrent_requests == 2
+        return app.policies.current.compiled("p").version
+
+    assert asyncio.run(scenario()) == "2"
