@@ -12,10 +12,9 @@ and knows nothing of the app. A request is decided and routed by the parts activ
 its body is read, and finishes on them (each further attempt also checked against the
 new config's policies, `TrustPolicies.successor`; a policy change the running set loaded
 while the new config was being built is read again before the swap, never undone); the
-connections of a removed or
-changed backend close once the requests that were running at the swap are done
-(bounded by `limits.drain_timeout_s`). Unchanged backends keep their connection pools, in-flight
-counts and health. Settings only a restart can change (`listen`, `provenance`, `state`,
+connections of a removed or changed backend close once the requests that were running at
+the swap are done (bounded by `limits.drain_timeout_s`). Unchanged backends keep their
+connection pools, in-flight counts and health. Settings only a restart can change (`listen`, `provenance`, `state`,
 `logging`) keep their running values, and the log says "needs restart".
 """
 
@@ -72,6 +71,7 @@ class ConfigReloader:
         self._log = get_logger("owngate.config")
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()  # reloads and retirements under way
+        self._queued = False  # a triggered reload waits for the lock
         self.reload_failures = 0
         self.last_error: str | None = None
         self.loaded_at = clock()
@@ -120,10 +120,20 @@ class ConfigReloader:
         return await self.reload()
 
     def trigger(self) -> None:
-        """Reload soon (SIGHUP): on the event loop, after any reload already running."""
-        task = asyncio.create_task(self.reload())
+        """Reload soon (SIGHUP): on the event loop, after any reload already running. A
+        storm of signals queues at most one reload: one still waiting for the lock reads
+        the files after every signal that came before it started."""
+        if self._queued:
+            return
+        self._queued = True
+        task = asyncio.create_task(self._triggered())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _triggered(self) -> None:
+        async with self._lock:
+            self._queued = False  # a signal from now on may follow what this one reads
+            await self._reload()
 
     async def reload(self) -> bool:
         """Load the file again; True if a changed config became active."""

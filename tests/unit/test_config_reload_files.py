@@ -226,3 +226,33 @@ def test_policies_reloaded_while_a_config_was_being_built_are_not_undone(
         return app.policies.current.compiled("p").version
 
     assert asyncio.run(scenario()) == "2"
+
+
+def test_a_storm_of_sighups_queues_one_reload(tmp_path: Path) -> None:
+    """Each SIGHUP queued a whole reload (seconds each with a large keys file): a storm of
+    them kept the gateway reparsing for as long. One waiting reload covers the signals
+    that came before it starts; a signal during a reload still gets one after it."""
+    path = tmp_path / "gateway.yaml"
+    write(path, config_text(1).removesuffix(POLICY_SECTION), 1_000_000_000)
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None
+    write(path, "tenants: [", 2_000_000_000)  # invalid: every reload counts a failure
+
+    async def storm() -> list[int]:
+        counts = []
+        for _ in range(100):
+            reloader.trigger()
+        await asyncio.sleep(0)  # the triggered reload takes the lock
+        await reloader.reload()  # queued behind the triggered ones: all ran when it returns
+        counts.append(reloader.reload_failures)
+        running = asyncio.create_task(reloader.reload())
+        await asyncio.sleep(0)  # it holds the lock now, reading the file on a thread
+        reloader.trigger()  # a signal during a reload: one more after it
+        await asyncio.sleep(0)  # queued for the lock before the next line's
+        await reloader.reload()
+        await running
+        counts.append(reloader.reload_failures)
+        return counts
+
+    assert asyncio.run(storm()) == [2, 5]
