@@ -14,8 +14,9 @@ new config's policies, `TrustPolicies.successor`; a policy change the running se
 while the new config was being built is read again before the swap, never undone); the
 connections of a removed or changed backend close once the requests that were running at
 the swap are done (bounded by `limits.drain_timeout_s`). Unchanged backends keep their
-connection pools, in-flight counts and health. Settings only a restart can change (`listen`, `provenance`, `state`,
-`logging`) keep their running values, and the log says "needs restart".
+connection pools, in-flight counts and health. Settings only a restart can change
+(`listen`, `provenance`, `state`, `logging`) keep their running values, and the log says
+"needs restart".
 """
 
 from __future__ import annotations
