@@ -1,0 +1,95 @@
+"""`serve --workers N` when the workers disagree on the config. The supervisor, with
+stand-in worker programs: a worker that can no longer start (gateway.yaml turned invalid
+after the others started: their reloads refuse it and they keep serving) must not stop
+the workers that serve. The merged metrics show workers enforcing different policy sets."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.api.fleet import merge_expositions
+from gateway.workers import INDEX_ENV, Supervisor
+
+# Worker 1 serves until SIGTERM; worker 2 dies at once, as `serve` does on an invalid file.
+WORKER = f"""
+import os, signal, sys, time
+index = os.environ[{INDEX_ENV!r}]
+with open(sys.argv[1], "a") as starts:
+    starts.write(index + "\\n")
+if index == "2":
+    sys.exit(2)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+for _ in range(1200):  # bounded: 120 s
+    time.sleep(0.1)
+sys.exit(1)
+"""
+
+
+def test_a_worker_that_cannot_start_does_not_stop_the_others(tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    starts.touch()
+    supervisor = Supervisor(
+        [sys.executable, "-c", WORKER, str(starts)],
+        2,
+        "127.0.0.1",
+        0,
+        drain_timeout_s=5.0,
+        quick_death_s=1.0,
+        backoff_s=0.1,  # the fifth quick death of worker 2 comes 3 s after worker 1 started
+    )
+    enough = threading.Event()
+
+    def watch() -> None:  # stop once worker 2 was started past the 5 quick deaths allowed
+        for _ in range(600):  # bounded: 60 s
+            if starts.read_text().split().count("2") >= 6 or enough.is_set():
+                break
+            enough.wait(0.1)
+        supervisor._on_signal(signal.SIGTERM, None)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    code = supervisor.run()
+    enough.set()
+    watcher.join(timeout=5.0)
+    started = starts.read_text().split()
+    assert started.count("2") >= 6, f"the supervisor gave up: exit {code}, starts {started}"
+    assert started.count("1") == 1  # never stopped nor restarted
+    assert code == 1  # worker 2 did not exit 0
+
+
+def test_workers_that_all_keep_dying_at_start_stop_the_supervisor(tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    starts.touch()
+    always_dies = WORKER.replace('if index == "2":', "if True:")
+    supervisor = Supervisor(
+        [sys.executable, "-c", always_dies, str(starts)],
+        2,
+        "127.0.0.1",
+        0,
+        drain_timeout_s=5.0,
+        quick_death_s=1.0,
+        backoff_s=0.05,
+    )
+    assert supervisor.run() == 1
+    assert len(starts.read_text().split()) <= 10
+
+
+def test_workers_enforcing_different_policy_sets_show_in_the_merged_metrics() -> None:
+    """A worker whose policy reload failed keeps its set: `/metrics` on any worker shows
+    one `owngate_policy_info` series per set, so an alert can see the workers disagree."""
+    one = (
+        "# TYPE owngate_policy_info gauge\n"
+        'owngate_policy_info{id="p",version="2",digest="sha256:bb"} 1\n'
+    )
+    two = one.replace('version="2",digest="sha256:bb"', 'version="1",digest="sha256:aa"')
+    merged = [
+        (s.labels["version"], s.value)
+        for f in text_string_to_metric_families(merge_expositions([one, two, one]).decode())
+        for s in f.samples
+    ]
+    assert sorted(merged) == [("1", 1.0), ("2", 1.0)]
