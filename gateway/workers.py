@@ -122,6 +122,12 @@ class Supervisor:
         self._argv = list(argv)  # `owngate serve ...` without --host/--port/--workers
         self.count = count
         self.host = host
+        if port != 0:
+            # SO_REUSEPORT lets any process of this user join the port, a gateway already
+            # serving on it included (an old deployment left running, with its own older
+            # config): the kernel would split the traffic between the two. A plain bind
+            # fails while anything listens there; it must, before the port is shared.
+            bind_socket(host, port, listen=False).close()
         self._reserved = bind_socket(host, port, reuse_port=True, listen=False)
         self.port: int = self._reserved.getsockname()[1]
         self._drain_timeout_s = drain_timeout_s

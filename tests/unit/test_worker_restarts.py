@@ -10,9 +10,11 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.api.fleet import merge_expositions
+from gateway.serving import bind_socket
 from gateway.workers import INDEX_ENV, Supervisor
 
 # Worker 1 serves until SIGTERM; worker 2 dies at once, as `serve` does on an invalid file.
@@ -93,3 +95,17 @@ def test_workers_enforcing_different_policy_sets_show_in_the_merged_metrics() ->
         for s in f.samples
     ]
     assert sorted(merged) == [("1", 1.0), ("2", 1.0)]
+
+
+def test_workers_never_join_a_port_another_gateway_serves() -> None:
+    """SO_REUSEPORT would let a second `serve --workers` (a new deployment started while
+    the old one still runs, with its older policy) join the port: the kernel would split
+    the clients between the two configs. It must fail as a plain bind does."""
+    serving = bind_socket("127.0.0.1", 0, reuse_port=True)  # the other gateway's worker
+    port = serving.getsockname()[1]
+    try:
+        with pytest.raises(OSError):
+            supervisor = Supervisor([sys.executable, "-c", "pass"], 2, "127.0.0.1", port, 5.0)
+            supervisor._reserved.close()
+    finally:
+        serving.close()
