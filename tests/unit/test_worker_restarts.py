@@ -104,8 +104,7 @@ def test_workers_never_join_a_port_another_gateway_serves() -> None:
     serving = bind_socket("127.0.0.1", 0, reuse_port=True)  # the other gateway's worker
     port = serving.getsockname()[1]
     try:
-        with pytest.raises(OSError):
-            supervisor = Supervisor([sys.executable, "-c", "pass"], 2, "127.0.0.1", port, 5.0)
-            supervisor._reserved.close()
+        with pytest.raises(OSError, match="in use"):
+            Supervisor([sys.executable, "-c", "pass"], 2, "127.0.0.1", port, 5.0)
     finally:
         serving.close()
