@@ -95,6 +95,7 @@ def test_a_policy_file_finished_while_it_was_compiled_is_loaded(
 ) -> None:
     """The files' stamp is taken before they are read: a writer that finishes between
     the read and the stamp would otherwise leave the half it read active for good."""
+    import gateway.policy.loader
     import gateway.policy_set
 
     policy = tmp_path / "p.yaml"
@@ -102,7 +103,7 @@ def test_a_policy_file_finished_while_it_was_compiled_is_loaded(
     config = gateway_config(
         [backend("gpu", "http://127.0.0.1:9", "m")], policy={"paths": ["p.yaml"]}
     )
-    real = gateway.policy_set.load_policies
+    real = gateway.policy.loader.load_policies
 
     def read_then_finished(*args: Any, **kwargs: Any) -> PolicySet:
         read = real(*args, **kwargs)
