@@ -25,7 +25,7 @@ from gateway.logs import get_logger
 from gateway.policy import BackendFacts, PolicyError, PolicySet, parse_policies
 from gateway.policy.loader import load_policies
 
-__all__ = ["BUILTIN_POLICY_ID", "TrustPolicies"]
+__all__ = ["BUILTIN_POLICY_ID", "TrustPolicies", "policy_stamps"]
 
 BUILTIN_POLICY_ID = "builtin-private-only"
 
@@ -106,17 +106,7 @@ class TrustPolicies:
         return changed
 
     def _fingerprint(self) -> tuple[tuple[str, int, int], ...]:
-        stamps = []
-        for path in self._paths:
-            candidates = sorted(path.rglob("*.y*ml")) if path.is_dir() else [path]
-            candidates = [c for c in candidates if not c.name.startswith(".")]
-            for file in candidates:
-                try:
-                    info = file.stat()
-                except OSError:
-                    continue
-                stamps.append((str(file), info.st_mtime_ns, info.st_size))
-        return tuple(stamps)
+        return policy_stamps(self._paths)
 
     def poll(self) -> bool:
         """One look at the policy files: reload once a change has held still for a whole
@@ -153,6 +143,21 @@ class TrustPolicies:
             "loaded_at": self.loaded_at,
             "last_reload_error": self.last_error,
         }
+
+
+def policy_stamps(paths: Sequence[Path]) -> tuple[tuple[str, int, int], ...]:
+    """Each policy file's (name, mtime, size) under `paths`: a change shows as a new value."""
+    stamps = []
+    for path in paths:
+        candidates = sorted(path.rglob("*.y*ml")) if path.is_dir() else [path]
+        candidates = [c for c in candidates if not c.name.startswith(".")]
+        for file in candidates:
+            try:
+                info = file.stat()
+            except OSError:
+                continue
+            stamps.append((str(file), info.st_mtime_ns, info.st_size))
+    return tuple(stamps)
 
 
 def _builtin_text(tenants: Sequence[str]) -> str:

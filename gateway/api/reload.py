@@ -31,6 +31,7 @@ from gateway.config.loader import ConfigError, load_config
 from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.policy import PolicyError
+from gateway.policy_set import policy_stamps
 
 if TYPE_CHECKING:
     from gateway.api.parts import Assembly
@@ -79,15 +80,16 @@ class ConfigReloader:
         # No file's stamp: the running config was read before this watcher existed (by
         # `serve`, maybe while an editor was writing it, maybe a worker restarted mid-edit),
         # so the first settled look reloads, and keeps it only if the file says otherwise.
-        self._stamp: tuple[tuple[int, int], ...] = ()
-        self._pending: tuple[tuple[int, int], ...] | None = None  # a change settling
+        self._retry_paths: tuple[Path, ...] = ()  # the policy files of a refused config
+        self._stamp: tuple[object, ...] = ()
+        self._pending: tuple[object, ...] | None = None  # a change settling
 
-    def _fingerprint(self) -> tuple[tuple[int, int], ...]:
+    def _fingerprint(self) -> tuple[object, ...]:
         files = [self.path]
         keys_file = self._current().config.keys_file
         if keys_file is not None:
             files.append(self.path.parent / keys_file)
-        stamps = []
+        stamps: list[object] = []
         for file in files:
             try:
                 info = file.stat()
@@ -95,6 +97,10 @@ class ConfigReloader:
                 stamps.append((-1, -1))
                 continue
             stamps.append((info.st_mtime_ns, info.st_size))
+        # After a config refused for its policy files (missing, invalid: a deploy that
+        # writes gateway.yaml before them), their change retries it; without this the
+        # process, or one worker of several, kept the old config until gateway.yaml changed.
+        stamps.append(policy_stamps(self._retry_paths))
         return tuple(stamps)
 
     async def watch(self) -> None:
@@ -156,9 +162,13 @@ class ConfigReloader:
             self._succeeded()
             return False
         read = running.policies.current
+        paths = tuple(self.path.parent / p for p in (fresh.policy.paths if fresh.policy else ()))
+        policy_files = policy_stamps(paths)  # before they are read, never after
         try:
             parts = self._assemble(fresh, running)  # reads the policy files
         except (PolicyError, ValueError) as exc:
+            self._retry_paths = paths
+            self._stamp = (*self._stamp[:-1], policy_files)
             return self._failed(str(exc).splitlines()[0], exc)
         await parts.scraper.scrape_once()  # know the new backends' health before routing
         if running.policies.current is not read:
@@ -211,6 +221,9 @@ class ConfigReloader:
         return fresh.model_copy(update=kept) if kept else fresh
 
     def _succeeded(self) -> None:
+        if self._retry_paths:  # the policy files of the refused config no longer matter
+            self._retry_paths = ()
+            self._stamp = (*self._stamp[:-1], ())
         self.last_error = None
         self.loaded_at = self._clock()
 

@@ -256,3 +256,34 @@ def test_a_storm_of_sighups_queues_one_reload(tmp_path: Path) -> None:
         return counts
 
     assert asyncio.run(storm()) == [2, 5]
+
+
+def test_a_config_refused_for_missing_policy_files_is_retried_when_they_arrive(
+    tmp_path: Path,
+) -> None:
+    """A deploy that writes gateway.yaml (naming new policy files) before the files: the
+    reload is refused, and must be retried once they are there. It was not: the process
+    (or one worker of several, the others having read later) kept the old config until
+    gateway.yaml itself changed again."""
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(POLICY)
+    path = tmp_path / "gateway.yaml"
+    write(path, config_text(1), 1_000_000_000)
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None
+    moved = config_text(2).replace("paths: [policies]", "paths: [policies-v2]")
+
+    async def deploy() -> list[bool]:
+        write(path, moved, 2_000_000_000)
+        looks = [await reloader.poll() for _ in range(3)]  # refused: no policies-v2 yet
+        assert reloader.last_error is not None and "policies-v2" in reloader.last_error
+        (tmp_path / "policies-v2").mkdir()
+        write(tmp_path / "policies-v2" / "p.yaml", POLICY, 3_000_000_000)
+        looks += [await reloader.poll() for _ in range(3)]
+        return looks
+
+    assert asyncio.run(deploy()) == [False, False, False, False, True, False]
+    assert reloader.last_error is None
+    assert app.parts.config.tenants[0].limits.concurrent_requests == 2
+    assert reloader.reload_failures == 1
