@@ -54,6 +54,8 @@ class TrustPolicies:
         # Raises PolicyError: the server refuses to start without valid policies.
         self.current: PolicySet = self._compile()
         self._pending: tuple[tuple[str, int, int], ...] | None = None  # a change settling
+        self._reads = 0  # reads of the files started; `current` is from read `_applied`
+        self._applied = 0
         # The policies of the config a gateway.yaml reload installed after this one's: the
         # requests still running on this config check their attempts against them too.
         self.successor: TrustPolicies | None = None
@@ -82,9 +84,30 @@ class TrustPolicies:
 
     def reload(self) -> bool:
         """Compile the files again; swap only if every file is valid. True if swapped."""
+        self._reads += 1
+        return self._apply(self._reads, self._compiled())
+
+    async def reload_off_loop(self) -> bool:
+        """`reload`, the files read and compiled on a worker thread (a large policy set
+        takes seconds: the event loop, and every stream on it, would stall for them)."""
+        self._reads += 1
+        read = self._reads
+        return self._apply(read, await asyncio.to_thread(self._compiled))
+
+    def _compiled(self) -> PolicySet | PolicyError:
         try:
-            fresh = self._compile()
+            return self._compile()
         except PolicyError as exc:
+            return exc
+
+    def _apply(self, read: int, outcome: PolicySet | PolicyError) -> bool:
+        """Make the outcome of read number `read` count, unless a later read's already
+        does: a read that started earlier (on a thread) never undoes a later one."""
+        if read < self._applied:
+            return False
+        self._applied = read
+        if isinstance(outcome, PolicyError):
+            exc = outcome
             self.reload_failures += 1
             first = exc.issues[0] if exc.issues else None
             self.last_error = f"{len(exc.issues)} problem(s); first: {first}"
@@ -95,6 +118,7 @@ class TrustPolicies:
                 problems=[str(issue) for issue in exc.issues[:20]],
             )
             return False
+        fresh = outcome
         changed = fresh.digest != self.current.digest
         self.current = fresh  # one reference swap: requests see the old set or the new
         self.last_error = None
@@ -114,6 +138,12 @@ class TrustPolicies:
         written, which may still parse as a weaker policy, is never loaded. True if it
         reloaded. (Write policy files atomically all the same: a temporary file renamed
         over the old one.)"""
+        if not self._due():
+            return False
+        self.reload()
+        return True
+
+    def _due(self) -> bool:
         stamp = self._fingerprint()
         if stamp == self._stamp:
             self._pending = None
@@ -122,16 +152,16 @@ class TrustPolicies:
             self._pending = stamp  # changed since the last look: maybe still being written
             return False
         self._stamp, self._pending = stamp, None
-        self.reload()
         return True
 
     async def watch(self) -> None:
-        """Poll the policy files every `reload_interval_s` (`poll`). Cancel to stop."""
+        """`poll` every `reload_interval_s`, compiling off the event loop. Cancel to stop."""
         if not self._paths:
             return
         while True:
             await asyncio.sleep(self.reload_interval_s)
-            self.poll()
+            if self._due():
+                await self.reload_off_loop()
 
     def status(self) -> dict[str, Any]:
         policy = self.current

@@ -158,7 +158,7 @@ class ConfigReloader:
             return self._failed(f"{len(exc.issues)} problem(s); first: {exc.issues[0]}", exc)
         fresh = self._pin_restart_only(running.config, fresh)
         if fresh == running.config:
-            running.policies.reload()  # only the policy files may have changed
+            await running.policies.reload_off_loop()  # only the policy files may have changed
             self._succeeded()
             return False
         read = running.policies.current

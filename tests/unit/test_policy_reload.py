@@ -1,10 +1,14 @@
-"""A policy file caught half written is never loaded: the poll reloads only once a change
-has held still for a whole interval. (A file cut before a class's `fallback: never` line
-still parses, as a weaker policy.)"""
+"""Reloading the policy files: a file caught half written is never loaded (the poll
+reloads only once a change has held still for a whole interval; a file cut before a
+class's `fallback: never` line still parses, as a weaker policy), a file too large is
+refused, the watcher compiles off the event loop, and reads apply in the order they
+started."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +121,88 @@ def test_a_policy_file_finished_while_it_was_compiled_is_loaded(
     assert [trust.poll() for _ in range(3)] == [False, True, False]
     assert trust.current.compiled("p").version == "2"
     assert trust.current.decide("acme", "m", "phi").fallback == "never"
+
+
+def test_the_watcher_compiles_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A policy set of a few hundred kilobytes takes seconds to compile: on the event
+    loop, every stream in flight would stall for them. The compile waits for the loop to
+    answer, which it can only do if the watcher is not holding it."""
+    import gateway.policy.loader
+    import gateway.policy_set
+
+    policy = tmp_path / "p.yaml"
+    write(policy, HEAD.replace("VERSION", "1") + TAIL, 1_000_000_000)
+    config = gateway_config(
+        [backend("gpu", "http://127.0.0.1:9", "m")],
+        policy={"paths": ["p.yaml"], "reload_interval_s": 0.01},
+    )
+    trust = TrustPolicies(config, tmp_path)
+    real = gateway.policy.loader.load_policies
+    compiling, loop_answered = threading.Event(), threading.Event()
+    held: list[bool] = []
+
+    def slow(*args: Any, **kwargs: Any) -> PolicySet:
+        compiling.set()
+        held.append(not loop_answered.wait(timeout=5.0))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gateway.policy_set, "load_policies", slow)
+
+    async def change() -> None:
+        watcher = asyncio.create_task(trust.watch())
+        write(policy, HEAD.replace("VERSION", "2") + TAIL, 2_000_000_000)
+        for _ in range(1000):  # bounded: 10 s
+            if compiling.is_set():
+                break
+            await asyncio.sleep(0.01)
+        loop_answered.set()  # runs only while the loop is free during the compile
+        for _ in range(1000):
+            if trust.current.compiled("p").version == "2":
+                break
+            await asyncio.sleep(0.01)
+        watcher.cancel()
+
+    asyncio.run(change())
+    assert held == [False], "the watcher held the event loop while it compiled"
+    assert trust.current.compiled("p").version == "2"
+
+
+def test_a_read_that_started_earlier_never_undoes_a_later_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watcher compiles on a thread; SIGHUP (or a config reload) meanwhile reads the
+    files again on the loop. The thread's read, older, must not be applied after it."""
+    import gateway.policy.loader
+    import gateway.policy_set
+
+    policy = tmp_path / "p.yaml"
+    write(policy, HEAD.replace("VERSION", "1") + TAIL, 1_000_000_000)
+    config = gateway_config(
+        [backend("gpu", "http://127.0.0.1:9", "m")], policy={"paths": ["p.yaml"]}
+    )
+    trust = TrustPolicies(config, tmp_path)
+    real = gateway.policy.loader.load_policies
+    read, finish = threading.Event(), threading.Event()
+
+    def held_on_thread(*args: Any, **kwargs: Any) -> PolicySet:
+        compiled = real(*args, **kwargs)
+        if threading.current_thread() is not threading.main_thread():
+            read.set()
+            finish.wait(timeout=10.0)
+        return compiled
+
+    monkeypatch.setattr(gateway.policy_set, "load_policies", held_on_thread)
+
+    async def race() -> bool:
+        write(policy, HEAD.replace("VERSION", "2") + TAIL, 2_000_000_000)
+        older = asyncio.create_task(trust.reload_off_loop())
+        assert await asyncio.to_thread(read.wait, 10.0)
+        write(policy, HEAD.replace("VERSION", "3") + TAIL, 3_000_000_000)
+        assert trust.reload()  # SIGHUP: version 3
+        finish.set()
+        return await older
+
+    assert asyncio.run(race()) is False
+    assert trust.current.compiled("p").version == "3"
