@@ -162,9 +162,7 @@ class Supervisor:
         env[INDEX_ENV] = str(index)
         env[RUNTIME_ENV] = str(self._runtime)
         argv = [*self._argv, "--host", self.host, "--port", str(self.port), "--workers", "1"]
-        proc = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=_stop_with_parent
-        )
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=_prepare_worker)
         return _Worker(index, proc, time.monotonic(), quick_deaths)
 
     def _watch(self) -> int:
@@ -241,9 +239,13 @@ class Supervisor:
         return 1 if failed else 0
 
 
-def _stop_with_parent() -> None:
+def _prepare_worker() -> None:
     """In a new worker, before it runs: SIGTERM it if the supervisor dies (Linux), so a
-    killed supervisor never leaves workers holding the port."""
+    killed supervisor never leaves workers holding the port; and ignore SIGHUP until its
+    app handles it (a signal's default action ends the process: a reload the supervisor
+    forwards while a worker starts would kill it). The app's first look at the config
+    file after start reloads it, so no reload asked for meanwhile is lost."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # kept across exec, unlike a handler
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -5,6 +5,7 @@ the workers that serve. The merged metrics show workers enforcing different poli
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 import threading
@@ -108,3 +109,46 @@ def test_workers_never_join_a_port_another_gateway_serves() -> None:
             Supervisor([sys.executable, "-c", "pass"], 2, "127.0.0.1", port, 5.0)
     finally:
         serving.close()
+
+
+def test_a_worker_ignores_sighup_until_its_app_handles_it(tmp_path: Path) -> None:
+    """SIGHUP's default action ends a process: the supervisor forwards every reload to
+    the workers, and one still starting (imports, the log, the first backend probe) was
+    killed by it, a restart that counts as a quick death. It must be ignored until the
+    app's own handler replaces the disposition."""
+    seen = tmp_path / "seen"
+    program = (
+        "import signal, sys, time\n"
+        "ignored = signal.getsignal(signal.SIGHUP) == signal.SIG_IGN\n"
+        "open(sys.argv[1], 'w').write(str(ignored))\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "for _ in range(600):\n"
+        "    time.sleep(0.1)\n"
+    )
+    supervisor = Supervisor([sys.executable, "-c", program, str(seen)], 1, "127.0.0.1", 0, 5.0)
+
+    def stop_once_seen() -> None:
+        for _ in range(300):  # bounded: 30 s
+            if seen.exists() and seen.read_text():
+                break
+            threading.Event().wait(0.1)
+        supervisor._on_signal(signal.SIGTERM, None)
+
+    threading.Thread(target=stop_once_seen, daemon=True).start()
+    assert supervisor.run() == 0
+    assert seen.read_text() == "True"
+
+
+def test_serve_ignores_sighup_before_it_loads_the_config(tmp_path: Path) -> None:
+    """A single `owngate serve` too: a reload asked for while it starts must not end it."""
+    from gateway.cli import serve
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        args = argparse.Namespace(
+            config=str(tmp_path / "missing.yaml"), workers=1, host=None, port=-1
+        )
+        assert serve.run(args) == serve.EXIT_NOT_STARTED  # stops at the config
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
