@@ -160,8 +160,19 @@ class TrustPolicies:
             return
         while True:
             await asyncio.sleep(self.reload_interval_s)
-            if self._due():
-                await self.reload_off_loop()
+            try:
+                if self._due():
+                    await self.reload_off_loop()
+            except Exception as exc:  # noqa: BLE001 - a failed reload, reported: dead, the
+                # watcher would apply no later change (a tightened policy never enforced)
+                self.reload_failures += 1
+                self.last_error = f"unexpected error: {type(exc).__name__}"
+                self._log.error(
+                    "policy reload failed; keeping the last good policy set",
+                    active=self.current.id,
+                    error=self.last_error,
+                    problems=str(exc).splitlines()[:20],
+                )
 
     def status(self) -> dict[str, Any]:
         policy = self.current

@@ -107,7 +107,12 @@ class ConfigReloader:
         """Poll the files every `interval_s` (`poll`). Cancel to stop."""
         while True:
             await asyncio.sleep(self.interval_s)
-            await self.poll()
+            try:
+                await self.poll()
+            except Exception as exc:  # noqa: BLE001 - a failed reload, reported: the watcher
+                # must outlive any one bug; dead, it would apply no later change (a key
+                # revoked in the keys file would be accepted until a restart)
+                self._failed(f"unexpected error: {type(exc).__name__}", exc)
 
     async def poll(self) -> bool:
         """One look at the files: reload once a change has held still for a whole poll

@@ -287,3 +287,43 @@ def test_a_config_refused_for_missing_policy_files_is_retried_when_they_arrive(
     assert reloader.last_error is None
     assert app.parts.config.tenants[0].limits.concurrent_requests == 2
     assert reloader.reload_failures == 1
+
+
+def test_the_watcher_outlives_an_unexpected_error(tmp_path: Path) -> None:
+    """A bug in one reload (here: `prepare` raising) ended the watcher task, silently: no
+    later change of the files was applied, a key removed from the keys file stayed valid
+    until a restart. It is a failed reload, reported, and the next change is applied."""
+    path = tmp_path / "gateway.yaml"
+    write(path, config_text(1).removesuffix(POLICY_SECTION), 1_000_000_000)
+    calls: list[int] = []
+
+    def prepare(config: GatewaySettings) -> GatewaySettings:
+        calls.append(config.tenants[0].limits.concurrent_requests or 0)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        return config
+
+    app = create_app(
+        load_config(path), environ={}, config_dir=tmp_path, config_file=path, prepare=prepare
+    )
+    reloader = app.reloader
+    assert reloader is not None
+    reloader.interval_s = 0.01
+
+    async def edits() -> None:
+        watcher = asyncio.create_task(reloader.watch())
+        write(path, config_text(2).removesuffix(POLICY_SECTION), 2_000_000_000)
+        for _ in range(1000):  # bounded: 10 s
+            if reloader.reload_failures:
+                break
+            await asyncio.sleep(0.01)
+        write(path, config_text(3).removesuffix(POLICY_SECTION), 3_000_000_000)
+        for _ in range(1000):
+            if app.parts.config.tenants[0].limits.concurrent_requests == 3:
+                break
+            await asyncio.sleep(0.01)
+        watcher.cancel()
+
+    asyncio.run(edits())
+    assert reloader.reload_failures == 1
+    assert app.parts.config.tenants[0].limits.concurrent_requests == 3

@@ -206,3 +206,48 @@ def test_a_read_that_started_earlier_never_undoes_a_later_one(
 
     assert asyncio.run(race()) is False
     assert trust.current.compiled("p").version == "3"
+
+
+def test_the_watcher_outlives_an_unexpected_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in one compile ended the watcher task, silently: no later policy change
+    (an emergency tightening) was enforced. It is a failed reload, and the next applies."""
+    import gateway.policy.loader
+    import gateway.policy_set
+
+    policy = tmp_path / "p.yaml"
+    write(policy, HEAD.replace("VERSION", "1") + TAIL, 1_000_000_000)
+    config = gateway_config(
+        [backend("gpu", "http://127.0.0.1:9", "m")],
+        policy={"paths": ["p.yaml"], "reload_interval_s": 0.01},
+    )
+    trust = TrustPolicies(config, tmp_path)
+    real = gateway.policy.loader.load_policies
+    calls: list[int] = []
+
+    def buggy_once(*args: Any, **kwargs: Any) -> PolicySet:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gateway.policy_set, "load_policies", buggy_once)
+
+    async def edits() -> None:
+        watcher = asyncio.create_task(trust.watch())
+        write(policy, HEAD.replace("VERSION", "2") + TAIL, 2_000_000_000)
+        for _ in range(1000):  # bounded: 10 s
+            if calls:
+                break
+            await asyncio.sleep(0.01)
+        write(policy, HEAD.replace("VERSION", "3") + TAIL, 3_000_000_000)
+        for _ in range(1000):
+            if trust.current.compiled("p").version == "3":
+                break
+            await asyncio.sleep(0.01)
+        watcher.cancel()
+
+    asyncio.run(edits())
+    assert trust.reload_failures == 1
+    assert trust.current.compiled("p").version == "3"
