@@ -25,7 +25,7 @@ from gateway.logs import get_logger
 from gateway.policy import BackendFacts, PolicyError, PolicySet, parse_policies
 from gateway.policy.loader import load_policies
 
-__all__ = ["BUILTIN_POLICY_ID", "TrustPolicies"]
+__all__ = ["BUILTIN_POLICY_ID", "TrustPolicies", "policy_stamps"]
 
 BUILTIN_POLICY_ID = "builtin-private-only"
 
@@ -48,10 +48,14 @@ class TrustPolicies:
         self.last_error: str | None = None
         self.reload_failures = 0
         self.loaded_at = clock()
+        # The files' stamp before they are read, never after: a writer finishing between
+        # the two would leave what was read (maybe half a file) active for good.
+        self._stamp = self._fingerprint()
         # Raises PolicyError: the server refuses to start without valid policies.
         self.current: PolicySet = self._compile()
-        self._stamp = self._fingerprint()
         self._pending: tuple[tuple[str, int, int], ...] | None = None  # a change settling
+        self._reads = 0  # reads of the files started; `current` is from read `_applied`
+        self._applied = 0
         # The policies of the config a gateway.yaml reload installed after this one's: the
         # requests still running on this config check their attempts against them too.
         self.successor: TrustPolicies | None = None
@@ -80,9 +84,30 @@ class TrustPolicies:
 
     def reload(self) -> bool:
         """Compile the files again; swap only if every file is valid. True if swapped."""
+        self._reads += 1
+        return self._apply(self._reads, self._compiled())
+
+    async def reload_off_loop(self) -> bool:
+        """`reload`, the files read and compiled on a worker thread (a large policy set
+        takes seconds: the event loop, and every stream on it, would stall for them)."""
+        self._reads += 1
+        read = self._reads
+        return self._apply(read, await asyncio.to_thread(self._compiled))
+
+    def _compiled(self) -> PolicySet | PolicyError:
         try:
-            fresh = self._compile()
+            return self._compile()
         except PolicyError as exc:
+            return exc
+
+    def _apply(self, read: int, outcome: PolicySet | PolicyError) -> bool:
+        """Make the outcome of read number `read` count, unless a later read's already
+        does: a read that started earlier (on a thread) never undoes a later one."""
+        if read < self._applied:
+            return False
+        self._applied = read
+        if isinstance(outcome, PolicyError):
+            exc = outcome
             self.reload_failures += 1
             first = exc.issues[0] if exc.issues else None
             self.last_error = f"{len(exc.issues)} problem(s); first: {first}"
@@ -93,6 +118,7 @@ class TrustPolicies:
                 problems=[str(issue) for issue in exc.issues[:20]],
             )
             return False
+        fresh = outcome
         changed = fresh.digest != self.current.digest
         self.current = fresh  # one reference swap: requests see the old set or the new
         self.last_error = None
@@ -104,17 +130,7 @@ class TrustPolicies:
         return changed
 
     def _fingerprint(self) -> tuple[tuple[str, int, int], ...]:
-        stamps = []
-        for path in self._paths:
-            candidates = sorted(path.rglob("*.y*ml")) if path.is_dir() else [path]
-            candidates = [c for c in candidates if not c.name.startswith(".")]
-            for file in candidates:
-                try:
-                    info = file.stat()
-                except OSError:
-                    continue
-                stamps.append((str(file), info.st_mtime_ns, info.st_size))
-        return tuple(stamps)
+        return policy_stamps(self._paths)
 
     def poll(self) -> bool:
         """One look at the policy files: reload once a change has held still for a whole
@@ -122,6 +138,12 @@ class TrustPolicies:
         written, which may still parse as a weaker policy, is never loaded. True if it
         reloaded. (Write policy files atomically all the same: a temporary file renamed
         over the old one.)"""
+        if not self._due():
+            return False
+        self.reload()
+        return True
+
+    def _due(self) -> bool:
         stamp = self._fingerprint()
         if stamp == self._stamp:
             self._pending = None
@@ -130,16 +152,27 @@ class TrustPolicies:
             self._pending = stamp  # changed since the last look: maybe still being written
             return False
         self._stamp, self._pending = stamp, None
-        self.reload()
         return True
 
     async def watch(self) -> None:
-        """Poll the policy files every `reload_interval_s` (`poll`). Cancel to stop."""
+        """`poll` every `reload_interval_s`, compiling off the event loop. Cancel to stop."""
         if not self._paths:
             return
         while True:
             await asyncio.sleep(self.reload_interval_s)
-            self.poll()
+            try:
+                if self._due():
+                    await self.reload_off_loop()
+            except Exception as exc:  # noqa: BLE001 - a failed reload, reported: dead, the
+                # watcher would apply no later change (a tightened policy never enforced)
+                self.reload_failures += 1
+                self.last_error = f"unexpected error: {type(exc).__name__}"
+                self._log.error(
+                    "policy reload failed; keeping the last good policy set",
+                    active=self.current.id,
+                    error=self.last_error,
+                    problems=str(exc).splitlines()[:20],
+                )
 
     def status(self) -> dict[str, Any]:
         policy = self.current
@@ -151,6 +184,21 @@ class TrustPolicies:
             "loaded_at": self.loaded_at,
             "last_reload_error": self.last_error,
         }
+
+
+def policy_stamps(paths: Sequence[Path]) -> tuple[tuple[str, int, int], ...]:
+    """Each policy file's (name, mtime, size) under `paths`: a change shows as a new value."""
+    stamps = []
+    for path in paths:
+        candidates = sorted(path.rglob("*.y*ml")) if path.is_dir() else [path]
+        candidates = [c for c in candidates if not c.name.startswith(".")]
+        for file in candidates:
+            try:
+                info = file.stat()
+            except OSError:
+                continue
+            stamps.append((str(file), info.st_mtime_ns, info.st_size))
+    return tuple(stamps)
 
 
 def _builtin_text(tenants: Sequence[str]) -> str:

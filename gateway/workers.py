@@ -9,7 +9,9 @@ supervisor
 
 - restarts a worker that dies (after a backoff that grows while it keeps dying at once;
   `_MAX_QUICK_DEATHS` deaths in a row right after starting stop everything with exit 1,
-  as a config that cannot start would);
+  as a config that cannot start would, unless another worker is up and serving: then the
+  config was valid once and the running workers keep serving it, as a reload that fails
+  keeps it, while the dead one is retried every 5 s);
 - forwards SIGHUP (config and policy reload) to every worker;
 - on SIGTERM or SIGINT forwards SIGTERM, waits for every worker to drain
   (`limits.drain_timeout_s`, plus a margin) and exits 0 when all of them exited 0.
@@ -114,13 +116,23 @@ class Supervisor:
         drain_timeout_s: float,
         *,
         environ: Mapping[str, str] | None = None,
+        quick_death_s: float = _QUICK_DEATH_S,
+        backoff_s: float = 0.2,
     ) -> None:
         self._argv = list(argv)  # `owngate serve ...` without --host/--port/--workers
         self.count = count
         self.host = host
+        if port != 0:
+            # SO_REUSEPORT lets any process of this user join the port, a gateway already
+            # serving on it included (an old deployment left running, with its own older
+            # config): the kernel would split the traffic between the two. A plain bind
+            # fails while anything listens there; it must, before the port is shared.
+            bind_socket(host, port, listen=False).close()
         self._reserved = bind_socket(host, port, reuse_port=True, listen=False)
         self.port: int = self._reserved.getsockname()[1]
         self._drain_timeout_s = drain_timeout_s
+        self._quick_death_s = quick_death_s  # a worker dead this soon did not really start
+        self._backoff_s = backoff_s  # the first wait before restarting one; doubles, to 5 s
         self._env = dict(os.environ if environ is None else environ)
         self._runtime = Path(tempfile.mkdtemp(prefix="owngate-workers-"))
         self._workers: dict[int, _Worker] = {}
@@ -150,9 +162,7 @@ class Supervisor:
         env[INDEX_ENV] = str(index)
         env[RUNTIME_ENV] = str(self._runtime)
         argv = [*self._argv, "--host", self.host, "--port", str(self.port), "--workers", "1"]
-        proc = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=_stop_with_parent
-        )
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=_prepare_worker)
         return _Worker(index, proc, time.monotonic(), quick_deaths)
 
     def _watch(self) -> int:
@@ -176,13 +186,34 @@ class Supervisor:
 
     def _restart(self, worker: _Worker, code: int) -> _Worker | None:
         lived = time.monotonic() - worker.started
-        quick = worker.quick_deaths + 1 if lived < _QUICK_DEATH_S else 0
+        quick = worker.quick_deaths + 1 if lived < self._quick_death_s else 0
         if quick >= _MAX_QUICK_DEATHS:
-            self._log.error("worker keeps dying at start; stopping", worker=worker.index, code=code)
-            return None
+            if not self._others_serving(worker.index):
+                self._log.error(
+                    "worker keeps dying at start; stopping", worker=worker.index, code=code
+                )
+                return None
+            # gateway.yaml turned invalid after the others started (or the worker cannot
+            # start for a reason of its own): stopping them would turn a config mistake,
+            # which their reloads refuse, into an outage.
+            self._log.error(
+                "worker keeps dying at start; the others keep serving, retrying it",
+                worker=worker.index,
+                code=code,
+            )
         self._log.warning("worker died; restarting it", worker=worker.index, code=code)
-        time.sleep(min(0.2 * 2**quick, 5.0) if quick else 0.0)
+        time.sleep(min(self._backoff_s * 2 ** min(quick, 10), 5.0) if quick else 0.0)
         return self._start(worker.index, quick)
+
+    def _others_serving(self, index: int) -> bool:
+        """Whether a worker other than `index` is alive and has outlived a quick death."""
+        now = time.monotonic()
+        return any(
+            other.index != index
+            and other.proc.poll() is None
+            and now - other.started >= self._quick_death_s
+            for other in self._workers.values()
+        )
 
     def _forward(self, sig: int) -> None:
         for worker in self._workers.values():
@@ -208,9 +239,13 @@ class Supervisor:
         return 1 if failed else 0
 
 
-def _stop_with_parent() -> None:
+def _prepare_worker() -> None:
     """In a new worker, before it runs: SIGTERM it if the supervisor dies (Linux), so a
-    killed supervisor never leaves workers holding the port."""
+    killed supervisor never leaves workers holding the port; and ignore SIGHUP until its
+    app handles it (a signal's default action ends the process: a reload the supervisor
+    forwards while a worker starts would kill it). The app's first look at the config
+    file after start reloads it, so no reload asked for meanwhile is lost."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # kept across exec, unlike a handler
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -1,21 +1,23 @@
 """Reloading gateway.yaml in a running gateway, without dropping a connection.
 
-SIGHUP (and a poll of the file's, the keys file's and the backends' TLS files' mtimes)
-loads the file again through the same strict loader as startup; a backend whose CA or
-client certificate file changed on disk is rebuilt even when gateway.yaml did not change.
-A file that fails validation, or whose trust policies no longer compile against its
-backends, leaves the running config untouched: the failure
+SIGHUP (and a poll of the file's, the keys file's and the backends' TLS files' mtimes
+and sizes, once a change has held still for a whole poll interval) loads the file again
+through the same strict loader as startup; a backend whose CA or client certificate file
+changed on disk is rebuilt even when gateway.yaml did not change. A file that fails
+validation, or whose trust policies no longer compile against its backends, leaves the
+running config untouched: the failure
 is logged, counted (`owngate_config_reload_failures_total`) and shown in the readiness
 detail, as a failed policy reload is. A valid file is assembled completely by the
 composition root's `assemble` (backend registry, tenant keys, trust policies, scraper,
 proxy) and swapped in whole by the app's `install`: the reloader gets both as callables
 and knows nothing of the app. A request is decided and routed by the parts active once
 its body is read, and finishes on them (each further attempt also checked against the
-new config's policies, `TrustPolicies.successor`); the connections of a removed or
-changed backend close once the requests that were running at the swap are done
-(bounded by `limits.drain_timeout_s`); those of a backend whose TLS changed take the new
-TLS settings at once (`Registry.hand_over_tls`: no connection a new CA file refuses is
-opened or reused for a request that was running). Unchanged backends keep their
+new config's policies, `TrustPolicies.successor`; a policy change the running set loaded
+while the new config was being built is read again before the swap, never undone); the
+connections of a removed or changed backend close once the requests that were running at
+the swap are done (bounded by `limits.drain_timeout_s`); those of a backend whose TLS
+changed take the new TLS settings at once (`Registry.hand_over_tls`: no connection a new
+CA file refuses is opened or reused for a request that was running). Unchanged backends keep their
 connection pools, in-flight counts and health. Settings only a restart can change
 (`listen`, `provenance`, `state`, `logging`) keep their running values, and the log says
 "needs restart".
@@ -33,6 +35,7 @@ from gateway.config.loader import ConfigError, load_config
 from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.policy import PolicyError
+from gateway.policy_set import policy_stamps
 
 if TYPE_CHECKING:
     from gateway.api.parts import Assembly
@@ -67,24 +70,31 @@ class ConfigReloader:
         self._current = current
         self._assemble = assemble
         self._install = install
-        self._prepare = prepare  # what `serve` does to a loaded file (per-worker log, ...)
+        # What `serve` does to a loaded file (per-worker log, ...); runs on a worker thread.
+        self._prepare = prepare
         self.interval_s = interval_s
         self._clock = clock
         self._log = get_logger("owngate.config")
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()  # reloads and retirements under way
+        self._queued = False  # a triggered reload waits for the lock
         self.reload_failures = 0
         self.last_error: str | None = None
         self.loaded_at = clock()
-        self._stamp = self._fingerprint()
+        # No file's stamp: the running config was read before this watcher existed (by
+        # `serve`, maybe while an editor was writing it, maybe a worker restarted mid-edit),
+        # so the first settled look reloads, and keeps it only if the file says otherwise.
+        self._retry_paths: tuple[Path, ...] = ()  # the policy files of a refused config
+        self._stamp: tuple[object, ...] = ()
+        self._pending: tuple[object, ...] | None = None  # a change settling
 
-    def _fingerprint(self) -> tuple[tuple[int, int], ...]:
+    def _fingerprint(self) -> tuple[object, ...]:
         files = [self.path]
         current = self._current()
         if current.config.keys_file is not None:
             files.append(self.path.parent / current.config.keys_file)
         files += current.registry.tls_files()  # a CA or client certificate rotated on disk
-        stamps = []
+        stamps: list[object] = []
         for file in files:
             try:
                 info = file.stat()
@@ -92,20 +102,55 @@ class ConfigReloader:
                 stamps.append((-1, -1))
                 continue
             stamps.append((info.st_mtime_ns, info.st_size))
+        # After a config refused for its policy files (missing, invalid: a deploy that
+        # writes gateway.yaml before them), their change retries it; without this the
+        # process, or one worker of several, kept the old config until gateway.yaml changed.
+        stamps.append(policy_stamps(self._retry_paths))
         return tuple(stamps)
 
     async def watch(self) -> None:
-        """Poll the files; reload when one changes. Cancel to stop."""
+        """Poll the files every `interval_s` (`poll`). Cancel to stop."""
         while True:
             await asyncio.sleep(self.interval_s)
-            if self._fingerprint() != self._stamp:
-                await self.reload()
+            try:
+                await self.poll()
+            except Exception as exc:  # noqa: BLE001 - a failed reload, reported: the watcher
+                # must outlive any one bug; dead, it would apply no later change (a key
+                # revoked in the keys file would be accepted until a restart)
+                self._failed(f"unexpected error: {type(exc).__name__}", exc)
+
+    async def poll(self) -> bool:
+        """One look at the files: reload once a change has held still for a whole poll
+        interval (the same size and mtime twice in a row), as the policy files' poll does.
+        A gateway.yaml caught half written can still be valid YAML and a valid config, and
+        a weaker one: cut before its `policy:` section it means the built-in policy, cut
+        inside a tenant's `limits` it means no limit. True if a changed config became
+        active."""
+        stamp = self._fingerprint()
+        if stamp == self._stamp:
+            self._pending = None
+            return False
+        if stamp != self._pending:
+            self._pending = stamp  # changed since the last look: maybe still being written
+            return False
+        self._pending = None
+        return await self.reload()
 
     def trigger(self) -> None:
-        """Reload soon (SIGHUP): on the event loop, after any reload already running."""
-        task = asyncio.create_task(self.reload())
+        """Reload soon (SIGHUP): on the event loop, after any reload already running. A
+        storm of signals queues at most one reload: one still waiting for the lock reads
+        the files after every signal that came before it started."""
+        if self._queued:
+            return
+        self._queued = True
+        task = asyncio.create_task(self._triggered())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _triggered(self) -> None:
+        async with self._lock:
+            self._queued = False  # a signal from now on may follow what this one reads
+            await self._reload()
 
     async def reload(self) -> bool:
         """Load the file again; True if a changed config became active."""
@@ -116,7 +161,9 @@ class ConfigReloader:
         running = self._current()
         self._stamp = self._fingerprint()
         try:
-            fresh = self._prepare(load_config(self.path))
+            # Off the event loop: a keys file of 20,000 keys takes seconds to parse, and
+            # every stream in flight would stall for them. The lock keeps reloads in order.
+            fresh = await asyncio.to_thread(self._load)
         except ConfigError as exc:
             return self._failed(f"{len(exc.issues)} problem(s); first: {exc.issues[0]}", exc)
         fresh = self._pin_restart_only(running.config, fresh)
@@ -124,14 +171,23 @@ class ConfigReloader:
         # withdrawn, a key rotated): its backend is rebuilt like a changed one.
         tls_changed = running.registry.tls_changed()
         if fresh == running.config and not tls_changed:
-            running.policies.reload()  # only the policy files may have changed
+            await running.policies.reload_off_loop()  # only the policy files may have changed
             self._succeeded()
             return False
+        read = running.policies.current
+        paths = tuple(self.path.parent / p for p in (fresh.policy.paths if fresh.policy else ()))
+        policy_files = policy_stamps(paths)  # before they are read, never after
         try:
-            parts = self._assemble(fresh, running)
+            parts = self._assemble(fresh, running)  # reads the policy files
         except (PolicyError, ValueError) as exc:
+            self._retry_paths = paths
+            self._stamp = (*self._stamp[:-1], policy_files)
             return self._failed(str(exc).splitlines()[0], exc)
         await parts.scraper.scrape_once()  # know the new backends' health before routing
+        if running.policies.current is not read:
+            # The running set's watcher loaded a policy change during the probe: the files
+            # read above are older than what is enforced now; never install them over it.
+            parts.policies.reload()
         requests = self._install(parts)
         # Requests running now finish on the old parts: their next connection to a
         # backend whose TLS changed is made (and checked) with the new files.
@@ -150,6 +206,9 @@ class ConfigReloader:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
+
+    def _load(self) -> GatewaySettings:
+        return self._prepare(load_config(self.path))
 
     async def _retire(
         self,
@@ -180,6 +239,9 @@ class ConfigReloader:
         return fresh.model_copy(update=kept) if kept else fresh
 
     def _succeeded(self) -> None:
+        if self._retry_paths:  # the policy files of the refused config no longer matter
+            self._retry_paths = ()
+            self._stamp = (*self._stamp[:-1], ())
         self.last_error = None
         self.loaded_at = self._clock()
 

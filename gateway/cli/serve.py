@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +93,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from gateway.workers import for_worker, supervise, worker_identity
 
+    _ignore_sighup_until_served()
     if args.workers < 1:
         print("error: --workers must be at least 1", file=sys.stderr)
         return EXIT_USAGE
@@ -104,6 +107,15 @@ def run(args: argparse.Namespace) -> int:
     if identity is None and args.workers > 1:
         return supervise(args.config, args.workers, host, port, config)
     return _serve(args.config, for_worker(identity)(config), host, port, identity)
+
+
+def _ignore_sighup_until_served() -> None:
+    """SIGHUP's default action ends the process: a reload asked for while the gateway
+    starts (a deploy script's `kill -HUP` right after starting it) must not stop it. The
+    app handles SIGHUP once it serves; its first look at the config file after start
+    reloads it, so the request is not lost. (The supervisor of `--workers` sets its own.)"""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def _serve(

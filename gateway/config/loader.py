@@ -17,8 +17,10 @@ import yaml
 from pydantic import ValidationError
 
 from gateway.config.schema import GatewaySettings
+from gateway.small_files import read_small_file
 
 __all__ = [
+    "MAX_CONFIG_BYTES",
     "ConfigError",
     "ConfigIssue",
     "load_config",
@@ -33,6 +35,10 @@ Path_ = tuple[str | int, ...]
 # A config has hundreds of values; a few nested YAML aliases expand to billions (the
 # admin API validates a candidate config sent by a client: gateway/admin/app.py).
 _MAX_VALUES = 100_000
+# gateway.yaml is read whole and parsed on the event loop at a reload: a path replaced by
+# a FIFO must not block it for ever, nor `/dev/zero` or a huge file exhaust memory or hold
+# the loop for minutes (room for the 100,000 values above, each a key hash).
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
 
 
 class _TooLarge(Exception):
@@ -65,9 +71,14 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Gatew
     """Read and validate a config file; raises `ConfigError` listing every problem."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = read_small_file(Path(path), MAX_CONFIG_BYTES)
     except OSError as exc:
         raise ConfigError(source, [ConfigIssue("", None, f"cannot read: {exc.strerror}")]) from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:  # a ConfigError, so the reload watcher lives on
+        problem = f"not UTF-8 text (byte {exc.start})"
+        raise ConfigError(source, [ConfigIssue("", None, problem)]) from None
     return load_config_text(text, Path(path).parent, source=source, env=env)
 
 

@@ -16,8 +16,14 @@ from gateway.policy.lint import lint
 from gateway.policy.schema import API_VERSION, PolicyDocument, PolicySetDocument
 from gateway.policy.source import Document, discover, read_documents, validate
 from gateway.policy.types import BackendFacts, PolicyError, PolicyIssue
+from gateway.small_files import read_small_file
 
-__all__ = ["check_policies", "check_sources", "load_policies", "parse_policies"]
+__all__ = ["MAX_POLICY_FILE", "check_policies", "check_sources", "load_policies", "parse_policies"]
+
+# A policy file is a few kilobytes; it is read whole and parsed on the gateway's event
+# loop at every reload. A larger one (a path pointing at a log, a disk image) would hold
+# the loop for minutes and fill memory: refused, and the last good set stays active.
+MAX_POLICY_FILE = 1024 * 1024
 
 CheckResult = tuple[PolicySet | None, list[PolicyIssue], list[PolicyIssue]]
 
@@ -61,7 +67,7 @@ def check_policies(
     sources: list[tuple[str, str]] = []
     for file in files:
         try:
-            sources.append((str(file), file.read_text(encoding="utf-8")))
+            sources.append((str(file), read_small_file(file, MAX_POLICY_FILE).decode("utf-8")))
         except (OSError, UnicodeDecodeError) as exc:
             errors.append(PolicyIssue(str(file), None, None, "", f"cannot read: {exc}"))
     if not files and not errors:

@@ -1,0 +1,329 @@
+"""What the gateway.yaml watcher does with a file caught being written or replaced by
+something that is not a config: it keeps the running config, and keeps watching.
+
+A file caught half written is never loaded: the poll reloads only once a change has held
+still for a whole interval. (A file cut before its `policy:` section is still a valid
+config, under the built-in policy: every private backend for every tenant, whatever the
+policy files restricted.)"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from pathlib import Path
+
+import yaml
+
+from gateway.app import create_app
+from gateway.config import ConfigError, GatewaySettings, load_config
+from tests.helpers.gateways import backend, gateway_config
+
+POLICY = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: p, version: "1"}
+spec:
+  tenants: [acme]
+  residency: {allow: ["*"]}
+  retention: {max_days: any, training: true}
+  fallback: {mode: never}
+"""
+POLICY_SECTION = "policy:\n  paths: [policies]\n"
+
+
+def write(path: Path, text: str, mtime_ns: int) -> None:
+    path.write_text(text)
+    os.utime(path, ns=(mtime_ns, mtime_ns))  # each write its own stamp, whatever the clock
+
+
+def config_text(concurrent: int) -> str:
+    """The config with its `policy:` section last, as an operator might order it."""
+    data = gateway_config([backend("gpu", "http://127.0.0.1:9", "m")]).model_dump(
+        mode="json", exclude_none=True
+    )
+    data["tenants"][0]["limits"] = {"concurrent_requests": concurrent}
+    return yaml.safe_dump(data) + POLICY_SECTION
+
+
+def test_a_half_written_config_is_never_loaded(tmp_path: Path) -> None:
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(POLICY)
+    path = tmp_path / "gateway.yaml"
+    write(path, config_text(1), 1_000_000_000)
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None and app.policies.configured
+
+    async def edit() -> list[bool]:
+        looks: list[bool] = []
+        complete = config_text(2)
+        # The editor is caught after the tenants, before the `policy:` section ...
+        write(path, complete.removesuffix(POLICY_SECTION), 2_000_000_000)
+        looks.append(await reloader.poll())
+        assert app.policies.configured, "the built-in policy replaced the policy files"
+        # ... and finishes before the next look.
+        write(path, complete, 3_000_000_000)
+        for _ in range(3):
+            looks.append(await reloader.poll())
+            assert app.policies.configured
+        return looks
+
+    assert asyncio.run(edit()) == [False, False, True, False]
+    assert app.parts.config.tenants[0].limits.concurrent_requests == 2
+    assert app.policies.current.id != "builtin-private-only"
+
+
+def test_a_config_replaced_by_a_fifo_is_refused_at_once(tmp_path: Path) -> None:
+    """Opening a FIFO for reading waits for a writer: on the event loop, for ever."""
+    fifo = tmp_path / "gateway.yaml"
+    os.mkfifo(fifo)
+    outcome: list[BaseException | None] = []
+
+    def load() -> None:
+        try:
+            load_config(fifo)
+            outcome.append(None)
+        except ConfigError as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=load, daemon=True)
+    reader.start()
+    reader.join(timeout=5.0)
+    blocked = reader.is_alive()
+    if blocked:  # let the old reader go: a writer that closes at once gives it EOF
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(timeout=5.0)
+    assert not blocked, "load_config waited on the FIFO"
+    assert isinstance(outcome[0], ConfigError)
+    assert "not a regular file" in str(outcome[0])
+
+
+def test_a_config_that_is_not_utf8_keeps_the_watcher_running(tmp_path: Path) -> None:
+    """A file cut inside a multi-byte character (or any non-UTF-8 byte) is a failed
+    reload, reported; the next good file is still picked up by the same watcher."""
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(POLICY)
+    path = tmp_path / "gateway.yaml"
+    write(path, config_text(1), 1_000_000_000)
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None
+
+    async def edit() -> list[bool]:
+        looks: list[bool] = []
+        cut = config_text(2).encode().replace(b"acme", "acm\u00e9".encode()[:-1], 1)
+        path.write_bytes(cut)
+        os.utime(path, ns=(2_000_000_000, 2_000_000_000))
+        looks += [await reloader.poll(), await reloader.poll()]
+        assert reloader.last_error is not None and "UTF-8" in reloader.last_error
+        write(path, config_text(3), 3_000_000_000)
+        looks += [await reloader.poll(), await reloader.poll()]
+        return looks
+
+    assert asyncio.run(edit()) == [False, False, False, True]
+    assert app.parts.config.tenants[0].limits.concurrent_requests == 3
+    assert reloader.reload_failures == 1
+
+
+def test_a_config_read_half_written_at_start_is_replaced_once_the_file_settles(
+    tmp_path: Path,
+) -> None:
+    """A worker (re)started by `serve --workers` while an editor writes gateway.yaml reads
+    half of it; the write ends before the watcher exists. The watcher must still load the
+    finished file, not take its stamp for the one that was read."""
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(POLICY)
+    path = tmp_path / "gateway.yaml"
+    complete = config_text(2)
+    write(path, complete.removesuffix(POLICY_SECTION), 1_000_000_000)
+    read_at_start = load_config(path)  # cut before `policy:`: the built-in policy
+    write(path, complete, 2_000_000_000)  # ... and the editor finishes
+    app = create_app(read_at_start, environ={}, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None and not app.policies.configured
+
+    async def looks() -> list[bool]:
+        return [await reloader.poll() for _ in range(3)]
+
+    assert asyncio.run(looks()) == [False, True, False]
+    assert app.policies.configured
+
+
+def test_a_reload_reads_and_parses_the_file_off_the_event_loop(tmp_path: Path) -> None:
+    """Parsing a large keys file takes seconds: on the event loop, every stream in flight
+    would stall for them. `prepare` runs right after the parse: it waits for the loop to
+    answer, which it can only do if the reload is not holding it."""
+    path = tmp_path / "gateway.yaml"
+    write(path, config_text(1).removesuffix(POLICY_SECTION), 1_000_000_000)
+    loop_answered = threading.Event()
+    held: list[bool] = []
+
+    def prepare(config: GatewaySettings) -> GatewaySettings:
+        held.append(not loop_answered.wait(timeout=5.0))
+        return config
+
+    app = create_app(
+        load_config(path), environ={}, config_dir=tmp_path, config_file=path, prepare=prepare
+    )
+    reloader = app.reloader
+    assert reloader is not None
+
+    async def answer() -> None:
+        await asyncio.sleep(0)
+        loop_answered.set()
+
+    async def both() -> None:
+        await asyncio.gather(reloader.reload(), answer())
+
+    asyncio.run(both())
+    assert held == [False], "the reload held the event loop while it parsed"
+
+
+def test_policies_reloaded_while_a_config_was_being_built_are_not_undone(
+    tmp_path: Path,
+) -> None:
+    """A config reload compiles the policy files, then probes the backends (seconds,
+    for a slow one) before it installs what it built. A policy change the running set
+    loaded meanwhile (its watcher does not stop) must not be replaced by the older read."""
+    (tmp_path / "policies").mkdir()
+    policy = tmp_path / "policies" / "p.yaml"
+    policy.write_text(POLICY)
+    probed, answer = asyncio.Event(), asyncio.Event()
+
+    async def slow_backend(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        probed.set()
+        await answer.wait()
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def scenario() -> str:
+        server = await asyncio.start_server(slow_backend, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+
+        def text(concurrent: int) -> str:
+            data = gateway_config(
+                [backend("gpu", f"http://127.0.0.1:{port}", "m")],
+                scrape={"timeout_s": 10.0, "staleness_s": 20.0},
+            ).model_dump(mode="json", exclude_none=True)
+            data["tenants"][0]["limits"] = {"concurrent_requests": concurrent}
+            return yaml.safe_dump(data) + POLICY_SECTION
+
+        path = tmp_path / "gateway.yaml"
+        write(path, text(1), 1_000_000_000)
+        app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+        assert app.reloader is not None
+        write(path, text(2), 2_000_000_000)
+        reloading = asyncio.create_task(app.reloader.reload())
+        await asyncio.wait_for(probed.wait(), 10.0)  # built, probing before the swap
+        write(policy, POLICY.replace('version: "1"', 'version: "2"'), 3_000_000_000)
+        assert app.policies.reload()  # what the running set's watcher does meanwhile
+        answer.set()
+        assert await asyncio.wait_for(reloading, 15.0)
+        server.close()
+        assert app.parts.config.tenants[0].limits.concurrent_requests == 2
+        return app.policies.current.compiled("p").version
+
+    assert asyncio.run(scenario()) == "2"
+
+
+def test_a_storm_of_sighups_queues_one_reload(tmp_path: Path) -> None:
+    """Each SIGHUP queued a whole reload (seconds each with a large keys file): a storm of
+    them kept the gateway reparsing for as long. One waiting reload covers the signals
+    that came before it starts; a signal during a reload still gets one after it."""
+    path = tmp_path / "gateway.yaml"
+    write(path, config_text(1).removesuffix(POLICY_SECTION), 1_000_000_000)
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None
+    write(path, "tenants: [", 2_000_000_000)  # invalid: every reload counts a failure
+
+    async def storm() -> list[int]:
+        counts = []
+        for _ in range(100):
+            reloader.trigger()
+        await asyncio.sleep(0)  # the triggered reload takes the lock
+        await reloader.reload()  # queued behind the triggered ones: all ran when it returns
+        counts.append(reloader.reload_failures)
+        running = asyncio.create_task(reloader.reload())
+        await asyncio.sleep(0)  # it holds the lock now, reading the file on a thread
+        reloader.trigger()  # a signal during a reload: one more after it
+        await asyncio.sleep(0)  # queued for the lock before the next line's
+        await reloader.reload()
+        await running
+        counts.append(reloader.reload_failures)
+        return counts
+
+    assert asyncio.run(storm()) == [2, 5]
+
+
+def test_a_config_refused_for_missing_policy_files_is_retried_when_they_arrive(
+    tmp_path: Path,
+) -> None:
+    """A deploy that writes gateway.yaml (naming new policy files) before the files: the
+    reload is refused, and must be retried once they are there. It was not: the process
+    (or one worker of several, the others having read later) kept the old config until
+    gateway.yaml itself changed again."""
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(POLICY)
+    path = tmp_path / "gateway.yaml"
+    write(path, config_text(1), 1_000_000_000)
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None
+    moved = config_text(2).replace("paths: [policies]", "paths: [policies-v2]")
+
+    async def deploy() -> list[bool]:
+        write(path, moved, 2_000_000_000)
+        looks = [await reloader.poll() for _ in range(3)]  # refused: no policies-v2 yet
+        assert reloader.last_error is not None and "policies-v2" in reloader.last_error
+        (tmp_path / "policies-v2").mkdir()
+        write(tmp_path / "policies-v2" / "p.yaml", POLICY, 3_000_000_000)
+        looks += [await reloader.poll() for _ in range(3)]
+        return looks
+
+    assert asyncio.run(deploy()) == [False, False, False, False, True, False]
+    assert reloader.last_error is None
+    assert app.parts.config.tenants[0].limits.concurrent_requests == 2
+    assert reloader.reload_failures == 1
+
+
+def test_the_watcher_outlives_an_unexpected_error(tmp_path: Path) -> None:
+    """A bug in one reload (here: `prepare` raising) ended the watcher task, silently: no
+    later change of the files was applied, a key removed from the keys file stayed valid
+    until a restart. It is a failed reload, reported, and the next change is applied."""
+    path = tmp_path / "gateway.yaml"
+    write(path, config_text(1).removesuffix(POLICY_SECTION), 1_000_000_000)
+    calls: list[int] = []
+
+    def prepare(config: GatewaySettings) -> GatewaySettings:
+        calls.append(config.tenants[0].limits.concurrent_requests or 0)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        return config
+
+    app = create_app(
+        load_config(path), environ={}, config_dir=tmp_path, config_file=path, prepare=prepare
+    )
+    reloader = app.reloader
+    assert reloader is not None
+    reloader.interval_s = 0.01
+
+    async def edits() -> None:
+        watcher = asyncio.create_task(reloader.watch())
+        write(path, config_text(2).removesuffix(POLICY_SECTION), 2_000_000_000)
+        for _ in range(1000):  # bounded: 10 s
+            if reloader.reload_failures:
+                break
+            await asyncio.sleep(0.01)
+        write(path, config_text(3).removesuffix(POLICY_SECTION), 3_000_000_000)
+        for _ in range(1000):
+            if app.parts.config.tenants[0].limits.concurrent_requests == 3:
+                break
+            await asyncio.sleep(0.01)
+        watcher.cancel()
+
+    asyncio.run(edits())
+    assert reloader.reload_failures == 1
+    assert app.parts.config.tenants[0].limits.concurrent_requests == 3

@@ -1,0 +1,163 @@
+"""`serve --workers N` when the workers disagree on the config. The supervisor, with
+stand-in worker programs: a worker that can no longer start (gateway.yaml turned invalid
+after the others started: their reloads refuse it and they keep serving) must not stop
+the workers that serve. The merged metrics show workers enforcing different policy sets."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.api.fleet import merge_expositions
+from gateway.serving import bind_socket
+from gateway.workers import INDEX_ENV, Supervisor
+
+# Worker 1 serves until SIGTERM; worker 2 dies at once, as `serve` does on an invalid file.
+WORKER = f"""
+import os, signal, sys, time
+index = os.environ[{INDEX_ENV!r}]
+with open(sys.argv[1], "a") as starts:
+    starts.write(index + "\\n")
+if index == "2":
+    sys.exit(2)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+for _ in range(1200):  # bounded: 120 s
+    time.sleep(0.1)
+sys.exit(1)
+"""
+
+
+def test_a_worker_that_cannot_start_does_not_stop_the_others(tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    starts.touch()
+    supervisor = Supervisor(
+        [sys.executable, "-c", WORKER, str(starts)],
+        2,
+        "127.0.0.1",
+        0,
+        drain_timeout_s=5.0,
+        quick_death_s=1.0,
+        backoff_s=0.1,  # the fifth quick death of worker 2 comes 3 s after worker 1 started
+    )
+    enough = threading.Event()
+
+    def watch() -> None:  # stop once worker 2 was started past the 5 quick deaths allowed
+        for _ in range(600):  # bounded: 60 s
+            if starts.read_text().split().count("2") >= 6 or enough.is_set():
+                break
+            enough.wait(0.1)
+        supervisor._on_signal(signal.SIGTERM, None)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    code = supervisor.run()
+    enough.set()
+    watcher.join(timeout=5.0)
+    started = starts.read_text().split()
+    assert started.count("2") >= 6, f"the supervisor gave up: exit {code}, starts {started}"
+    assert started.count("1") == 1  # never stopped nor restarted
+    assert code == 1  # worker 2 did not exit 0
+
+
+def test_workers_that_all_keep_dying_at_start_stop_the_supervisor(tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    starts.touch()
+    always_dies = WORKER.replace('if index == "2":', "if True:")
+    supervisor = Supervisor(
+        [sys.executable, "-c", always_dies, str(starts)],
+        2,
+        "127.0.0.1",
+        0,
+        drain_timeout_s=5.0,
+        quick_death_s=5.0,  # every death is quick, however slow the machine
+        backoff_s=0.05,
+    )
+    stopped = threading.Event()
+
+    def bound() -> None:  # never hang the suite: stop it after 60 s whatever happens
+        if not stopped.wait(60.0):
+            supervisor._on_signal(signal.SIGTERM, None)
+
+    threading.Thread(target=bound, daemon=True).start()
+    code = supervisor.run()
+    stopped.set()
+    assert code == 1
+    assert len(starts.read_text().split()) <= 10  # it gave up; it was not stopped at 60 s
+
+
+def test_workers_enforcing_different_policy_sets_show_in_the_merged_metrics() -> None:
+    """A worker whose policy reload failed keeps its set: `/metrics` on any worker shows
+    one `owngate_policy_info` series per set, so an alert can see the workers disagree."""
+    one = (
+        "# TYPE owngate_policy_info gauge\n"
+        'owngate_policy_info{id="p",version="2",digest="sha256:bb"} 1\n'
+    )
+    two = one.replace('version="2",digest="sha256:bb"', 'version="1",digest="sha256:aa"')
+    merged = [
+        (s.labels["version"], s.value)
+        for f in text_string_to_metric_families(merge_expositions([one, two, one]).decode())
+        for s in f.samples
+    ]
+    assert sorted(merged) == [("1", 1.0), ("2", 1.0)]
+
+
+def test_workers_never_join_a_port_another_gateway_serves() -> None:
+    """SO_REUSEPORT would let a second `serve --workers` (a new deployment started while
+    the old one still runs, with its older policy) join the port: the kernel would split
+    the clients between the two configs. It must fail as a plain bind does."""
+    serving = bind_socket("127.0.0.1", 0, reuse_port=True)  # the other gateway's worker
+    port = serving.getsockname()[1]
+    try:
+        with pytest.raises(OSError, match="in use"):
+            Supervisor([sys.executable, "-c", "pass"], 2, "127.0.0.1", port, 5.0)
+    finally:
+        serving.close()
+
+
+def test_a_worker_ignores_sighup_until_its_app_handles_it(tmp_path: Path) -> None:
+    """SIGHUP's default action ends a process: the supervisor forwards every reload to
+    the workers, and one still starting (imports, the log, the first backend probe) was
+    killed by it, a restart that counts as a quick death. It must be ignored until the
+    app's own handler replaces the disposition."""
+    seen = tmp_path / "seen"
+    program = (
+        "import signal, sys, time\n"
+        "ignored = signal.getsignal(signal.SIGHUP) == signal.SIG_IGN\n"
+        "open(sys.argv[1], 'w').write(str(ignored))\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "for _ in range(600):\n"
+        "    time.sleep(0.1)\n"
+    )
+    supervisor = Supervisor([sys.executable, "-c", program, str(seen)], 1, "127.0.0.1", 0, 5.0)
+
+    def stop_once_seen() -> None:
+        for _ in range(300):  # bounded: 30 s
+            if seen.exists() and seen.read_text():
+                break
+            threading.Event().wait(0.1)
+        supervisor._on_signal(signal.SIGTERM, None)
+
+    threading.Thread(target=stop_once_seen, daemon=True).start()
+    assert supervisor.run() == 0
+    assert seen.read_text() == "True"
+
+
+def test_serve_ignores_sighup_before_it_loads_the_config(tmp_path: Path) -> None:
+    """A single `owngate serve` too: a reload asked for while it starts must not end it."""
+    from gateway.cli import serve
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        args = argparse.Namespace(
+            config=str(tmp_path / "missing.yaml"), workers=1, host=None, port=-1
+        )
+        assert serve.run(args) == serve.EXIT_NOT_STARTED  # stops at the config
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
