@@ -113,11 +113,16 @@ def _list_check(rule: str, section: str, what: str, lists: Lists, value: str) ->
     return None
 
 
-def _models_check(rule: str, lists: Lists, model: str, names: frozenset[str]) -> Exclusion | None:
-    """A model is judged by every name it is served under (`names`: its name and aliases):
-    denied when any of them matches a deny entry, allowed when any matches the allow list.
-    So `deny: [llama-3.1-8b]` also holds for a client asking by the alias `llama3`."""
-    for name in sorted(names, key=lambda n: (n != model, n)):  # the requested name first
+def _models_check(
+    rule: str, lists: Lists, model: str, names: frozenset[str], everywhere: frozenset[str]
+) -> Exclusion | None:
+    """A model is judged by every name it is served under: denied when any name it has on
+    any backend serving the requested name (`everywhere`) matches a deny entry, allowed
+    when any name it has on the backend judged (`names`: its name and aliases there)
+    matches the allow list. So `deny: [llama-3.1-8b]` also holds for a client asking by
+    the alias `llama3`, on every backend that serves `llama3`, whatever that backend
+    calls the model; an allow entry admits only the backends that serve it by that name."""
+    for name in sorted(everywhere, key=lambda n: (n != model, n)):  # the requested name first
         denied = Globs(lists.deny).first_match(name)
         if denied is not None:
             also = "" if name == model else f" (the same model as {name!r})"
@@ -232,6 +237,12 @@ def compile_scope(
         static[backend.id] = ranked(exclusion)
         if rank is not None:
             ranks[backend.id] = rank
+    # Every name each public name is served under, on any backend: a deny entry naming
+    # one of them holds on every backend serving the public name.
+    everywhere: dict[str, set[str]] = {}
+    for backend in backends:
+        for model in backend.models:
+            everywhere.setdefault(model, set()).update(backend.names_of(model))
     by_names: dict[tuple[str, frozenset[str]], Exclusion | None] = {}
     model_verdicts: dict[str, Exclusion | None] = {}  # an exclusion on any backend wins
     model_entries: dict[str, dict[str, TraceEntry]] = {}
@@ -242,7 +253,15 @@ def compile_scope(
                 by_names[model, names] = (
                     None
                     if rules.models is None
-                    else ranked(_models_check(f"{prefix}/models", rules.models, model, names))
+                    else ranked(
+                        _models_check(
+                            f"{prefix}/models",
+                            rules.models,
+                            model,
+                            names,
+                            frozenset(everywhere[model]),
+                        )
+                    )
                 )
             verdict = by_names[model, names]
             model_verdicts[model] = model_verdicts.get(model) or verdict

@@ -16,8 +16,9 @@ Deliberately literal readings (where the docs leave room, the stricter one):
 - the data-class label comes from the policy set's header only (every copy, every
   comma-separated value, stripped, lower case, all naming one class); a label in the
   body is no label;
-- a `models` rule judges the model by every name it is served under on the backend
-  judged (its name and aliases there).
+- a `models` rule judges the model by every name it is served under: a deny entry
+  matching any name of it on any backend serving the name asked for excludes it on every
+  such backend; an allow entry admits the backends that serve it by a name it matches.
 """
 
 from __future__ import annotations
@@ -115,22 +116,26 @@ def _names_on(backend: Mapping[str, Any], model: str) -> list[str] | None:
     return None
 
 
-def _lists(rule: Mapping[str, Any], values: Sequence[str]) -> bool:
+def _lists(rule: Mapping[str, Any], values: Sequence[str], denied: Sequence[str] = ()) -> bool:
     """allow/deny: deny wins; a missing allow allows everything; `allow: []` nothing."""
-    if any(_glob(v, rule.get("deny", [])) for v in values):
+    if any(_glob(v, rule.get("deny", [])) for v in (*values, *denied)):
         return False
     allow = rule.get("allow")
     return allow is None or any(_glob(v, allow) for v in values)
 
 
 def _passes(
-    section: str, rules: Mapping[str, Any], facts: dict[str, Any], names: list[str]
+    section: str,
+    rules: Mapping[str, Any],
+    facts: dict[str, Any],
+    names: list[str],
+    everywhere: list[str],
 ) -> bool:
     rule = rules.get(section)
     if rule is None:  # "Leaving a whole section out imposes no constraint"
         return True
     if section == "models":
-        return _lists(rule, names)
+        return _lists(rule, names, everywhere)
     if section == "backends":
         return _lists(rule, [facts["id"]])
     if section == "providers":
@@ -203,9 +208,10 @@ def allowed(
         mode = min(mode, theirs, key=MODES.index)  # "the more restrictive"
     private: set[str] = set()
     hosted: set[str] = set()
+    everywhere = [n for b in serving for n in _names_on(b, model) or []]
     for backend in serving:
         facts, names = _facts(backend), _names_on(backend, model) or []
-        if all(_passes(s, scope, facts, names) for scope in scopes for s in SECTIONS):
+        if all(_passes(s, r, facts, names, everywhere) for r in scopes for s in SECTIONS):
             (hosted if facts["hosted"] else private).add(facts["id"])
     if mode == "never":
         hosted.clear()

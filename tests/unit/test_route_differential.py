@@ -32,7 +32,7 @@ from gateway.state import MemoryState
 from gateway.tenants import hash_api_key, index_keys
 from tests.helpers.route_oracle import Verdict, allowed
 
-NAMES = ["m1", "M1", "llama-3.1-8b", "gpt-4o", "openai/gpt-4o", "m1:latest"]
+NAMES = ["m1", "M1", "gpt-4o", "openai/gpt-4o", "m1:latest"]
 PROVIDERS = ["openai", "azure", "Mistral", "own"]
 REGIONS = ["eu-west-1", "westeurope", "us-east-1", "eu-west-2", "fr", "dc-1"]
 RESIDENCY = ["eu", "us", "uk", "fr", "ie", "eu-*", "*", "dc-1", "WestEurope"]
@@ -97,7 +97,7 @@ def backends(draw: st.DrawFn) -> list[dict[str, Any]]:
 
 
 def _lists(values: list[str]) -> st.SearchStrategy[dict[str, Any]]:
-    patterns = [*values, "*", "b*", "h?", "M*", "*gpt*"]
+    patterns = [*values, *values, "*", "b*", "h?", "M*", "*gpt*"]
     return st.fixed_dictionaries(
         {}, optional={"allow": _unique_subset(patterns), "deny": _unique_subset(patterns, 2)}
     )
@@ -121,10 +121,11 @@ def fallback(draw: st.DrawFn, base: bool) -> dict[str, Any]:
 def sections(base: bool) -> st.SearchStrategy[dict[str, Any]]:
     required = {
         "residency": st.fixed_dictionaries(
-            {"allow": _unique_subset(RESIDENCY)}, optional={"deny": _unique_subset(RESIDENCY, 2)}
+            {"allow": st.one_of(st.just(["*"]), _unique_subset(RESIDENCY))},
+            optional={"deny": _unique_subset(RESIDENCY, 2)},
         ),
         "retention": st.fixed_dictionaries(
-            {"max_days": st.sampled_from(["zero", "any", 0, 7, 30])},
+            {"max_days": st.sampled_from(["any", "zero", "any", 0, 7, 30])},
             optional={"training": st.booleans()},
         ),
         "fallback": fallback(base),
@@ -135,8 +136,9 @@ def sections(base: bool) -> st.SearchStrategy[dict[str, Any]]:
         "models": _lists(NAMES),
         "require": st.sampled_from([[], ["attested_facts"]]),
     }
-    if base:
-        return st.fixed_dictionaries(required, optional=optional)
+    if base:  # `models` always: the names a client may play with are the point here
+        models = optional.pop("models")
+        return st.fixed_dictionaries({**required, "models": models}, optional=optional)
     return st.fixed_dictionaries({}, optional={**optional, **required})
 
 
