@@ -28,6 +28,7 @@ from gateway.policy import PolicySet, UnknownDataClass, parse_policies
 from gateway.policy.labels import InvalidLabel
 from gateway.routing.registry import Registry
 from gateway.routing.router import HOSTED_MAX_ATTEMPTS, Outcome, Router
+from gateway.routing.signals import BackendLoad
 from gateway.state import MemoryState
 from gateway.tenants import hash_api_key, index_keys
 from tests.helpers.route_oracle import Verdict, allowed
@@ -173,6 +174,7 @@ def gateway_choice(
     tenant_id: str,
     model: str,
     headers: list[Any],
+    saturated: bool,
 ) -> tuple[bool, Any, list[str]]:
     """(refused, the decision, the backends the plan tries in order) as the request path
     (gateway/api/proxy.py `forward`, `_decide`, `_dispatch`) takes these steps."""
@@ -188,7 +190,8 @@ def gateway_choice(
         return True, None, []
     if decision.refusal is not None:
         return True, decision, []
-    router = Router(registry, config.routing, lambda _id: None, 1.0, MemoryState(), _no_gauge)
+    load = BackendLoad(running=1, waiting=64, kv_usage=None, slots_total=1) if saturated else None
+    router = Router(registry, config.routing, lambda _id: load, 1.0, MemoryState(), _no_gauge)
     plan = asyncio.run(router.plan(model, decision, {}, time.perf_counter()))
     tried = []
     for attempt in plan:
@@ -201,7 +204,9 @@ def _no_gauge(_backend: str, _value: int) -> None:
     return None
 
 
-def assert_agrees(verdict: Verdict, refused: bool, decision: Any, tried: list[str]) -> None:
+def assert_agrees(
+    verdict: Verdict, saturated: bool, refused: bool, decision: Any, tried: list[str]
+) -> None:
     assert refused == (verdict.refused is not None), (verdict, decision)
     if refused:
         assert tried == []
@@ -211,11 +216,13 @@ def assert_agrees(verdict: Verdict, refused: bool, decision: Any, tried: list[st
     assert decision.fallback == verdict.mode
     assert set(tried) <= verdict.anywhere  # the promise: nowhere else, ever
     private = [b for b in tried if b in verdict.private]
-    assert sorted(private) == sorted(verdict.private)  # every private one first
-    hosted = tried[len(private) :]
-    assert set(hosted) <= verdict.hosted and tried[: len(private)] == private
-    if verdict.mode != "never":
-        assert len(hosted) == min(HOSTED_MAX_ATTEMPTS, len(verdict.hosted))
+    hosted = [b for b in tried if b not in verdict.private]
+    assert sorted(private) == sorted(verdict.private)  # each private one, once
+    assert len(set(hosted)) == len(hosted) == min(HOSTED_MAX_ATTEMPTS, len(verdict.hosted))
+    if saturated and verdict.mode == "when_private_saturated" and private:
+        assert tried == hosted + private  # hosted first, then the private tier
+    else:
+        assert tried == private + hosted  # hosted only once every private one failed
 
 
 @settings(
@@ -247,7 +254,8 @@ def test_no_request_reaches_a_backend_the_documentation_forbids(
         {
             "backends": declared,
             "tenants": tenants,
-            "routing": {"failover": {"max_attempts": 10}},
+            # Every private backend tried; no queue: saturation falls back or goes on.
+            "routing": {"failover": {"max_attempts": 10}, "default": {"queue": {"size": 0}}},
         }
     )
     documents = [
@@ -271,5 +279,6 @@ def test_no_request_reaches_a_backend_the_documentation_forbids(
         headers = data.draw(label_headers(header), label="headers")
         tenant = data.draw(st.sampled_from(tenants), label="tenant")
         verdict = allowed(declared, tenant, spec, model, headers, header)
-        choice = gateway_choice(config, registry, policy, tenant["id"], model, headers)
-        assert_agrees(verdict, *choice)
+        saturated = data.draw(st.booleans(), label="saturated")
+        choice = gateway_choice(config, registry, policy, tenant["id"], model, headers, saturated)
+        assert_agrees(verdict, saturated, *choice)
