@@ -149,9 +149,9 @@ def policies(draw: st.DrawFn) -> dict[str, Any]:
     spec["tenants"] = ["t"]
     classes = draw(_unique_subset(["phi", "pii"], 2))
     spec["data_classes"] = {c: draw(sections(base=False)) for c in classes}
-    if classes and draw(st.booleans()):
+    if draw(st.booleans()) and classes:
         spec["default_data_class"] = draw(st.sampled_from(classes))
-    if classes and draw(st.booleans()):
+    if draw(st.booleans()) and classes:
         spec["default_data_class_by_tenant"] = {"t": draw(st.sampled_from(classes))}
     return spec
 
@@ -184,7 +184,7 @@ def gateway_choice(
     # ASGI servers lower-case header names; values are bytes, read as latin-1.
     scope = {"headers": [(k.lower().encode(), v.encode()) for k, v in headers]}
     try:
-        label = read_label(scope, policy.data_class_header.encode())  # type: ignore[arg-type]
+        label = read_label(scope, policy.data_class_header.encode())
         decision = policy.decide(tenant.id, model, label)
     except (InvalidLabel, UnknownDataClass):
         return True, None, []
@@ -246,7 +246,7 @@ def test_no_request_reaches_a_backend_the_documentation_forbids(
 ) -> None:
     served = sorted({n for b in declared for m in b["models"] for n in (m["name"], *m["aliases"])})
     tenant_models = data.draw(st.one_of(st.just(["*"]), _unique_subset(served)), label="models")
-    tenants = [
+    tenants: list[dict[str, Any]] = [
         {"id": "t", "models": tenant_models, "api_key_hashes": [hash_api_key("og-t-key")]},
         {"id": "nobody", "models": ["*"], "api_key_hashes": [hash_api_key("og-nobody-key")]},
     ]
