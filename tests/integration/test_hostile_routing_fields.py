@@ -36,6 +36,7 @@ from tests.helpers.net import free_port
 pytestmark = LITELLM_WARNINGS
 
 NEVER_KEY = "og-test-never-key-0123456789"
+CLINIC_KEY = "og-test-clinic-key-012345678"
 POLICIES = """\
 apiVersion: policy.owngate.dev/v1
 kind: Policy
@@ -56,6 +57,19 @@ spec:
   residency: {allow: ["*"]}
   retention: {max_days: any}
   fallback: {mode: never}
+---
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: clinic}
+spec:
+  tenants: [clinic]
+  residency: {allow: [eu]}
+  retention: {max_days: zero}
+  fallback: {mode: when_private_unavailable, to: [{backend: hosted-eu}]}
+  data_classes:
+    phi: {fallback: {mode: never}}
+    deidentified: {}
+  default_data_class: phi
 """
 # Fields LiteLLM's keyword arguments, its proxy, or an OpenAI-compatible server read as
 # where to send a call, with what key, or what to answer without calling anyone.
@@ -105,6 +119,7 @@ def rig(
         tenants=[
             {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["*"]},
             {"id": "never", "api_key_hashes": [hash_api_key(NEVER_KEY)], "models": ["*"]},
+            {"id": "clinic", "api_key_hashes": [hash_api_key(CLINIC_KEY)], "models": ["*"]},
         ],
     )
     return gateway, provider, decoy
@@ -122,11 +137,17 @@ def hostile_fields(decoy_url: str) -> st.SearchStrategy[dict[str, Any]]:
         st.builds(lambda t: [{"model": t, "api_base": t}], target),
         st.just("from the client, not the provider"),
         st.just({"authorization": "Bearer client-key", "x-forwarded-host": "decoy"}),
+        # A label sent in the body is no label: it neither loosens nor tightens.
+        st.just({"x-data-class": "deidentified", "data_class": "deidentified"}),
+        st.just("deidentified"),
     )
     fields = st.dictionaries(st.sampled_from(ROUTING_FIELDS), value, min_size=1, max_size=4)
-    # `store: true` asks the provider to keep the request: a retention the policy checked.
+    # `store: true` asks the provider to keep the request: a retention the policy checked;
+    # `user` (an OpenAI field, sent) is no data-class label either.
     return st.builds(
-        lambda f, store: {**f, **store}, fields, st.sampled_from([{}, {"store": True}])
+        lambda f, extra: {**f, **extra},
+        fields,
+        st.sampled_from([{}, {"store": True}, {"user": "deidentified"}]),
     )
 
 
@@ -164,7 +185,15 @@ def test_no_body_field_or_model_prefix_moves_a_hosted_call(
     key, label = data.draw(
         st.one_of(
             st.just((TENANT_KEY, None)),
-            st.sampled_from([(TENANT_KEY, "phi"), (TENANT_KEY, "PHI, phi"), (NEVER_KEY, None)]),
+            st.sampled_from(
+                [
+                    (TENANT_KEY, "phi"),
+                    (TENANT_KEY, "PHI, phi"),
+                    (NEVER_KEY, None),
+                    (CLINIC_KEY, None),  # no header: phi by default, whatever the body says
+                    (CLINIC_KEY, "deidentified, phi"),
+                ]
+            ),
         ),
         label="tenant",
     )
