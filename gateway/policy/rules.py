@@ -117,9 +117,9 @@ def _models_check(
     rule: str, lists: Lists, model: str, names: frozenset[str], everywhere: frozenset[str]
 ) -> Exclusion | None:
     """A model is judged by every name it is served under: denied when any name it has on
-    any backend serving the requested name (`everywhere`) matches a deny entry, allowed
-    when any name it has on the backend judged (`names`: its name and aliases there)
-    matches the allow list. So `deny: [llama-3.1-8b]` also holds for a client asking by
+    any backend (`everywhere`, `_same_model`) matches a deny entry, allowed when any name
+    it has on the backend judged (`names`: its name and aliases there) matches the allow
+    list. So `deny: [llama-3.1-8b]` also holds for a client asking by
     the alias `llama3`, on every backend that serves `llama3`, whatever that backend
     calls the model; an allow entry admits only the backends that serve it by that name."""
     for name in sorted(everywhere, key=lambda n: (n != model, n)):  # the requested name first
@@ -132,6 +132,29 @@ def _models_check(
         if all(allow.first_match(name) is None for name in names):
             return Exclusion(rule, f"model {model!r} is not in models.allow {_quote(lists.allow)}")
     return None
+
+
+def _same_model(backends: Sequence[BackendFacts]) -> dict[str, frozenset[str]]:
+    """Each public name -> every name of the model it names, on any backend: a backend's
+    name for a model and its aliases are one model, and a public name is one model on
+    every backend serving it (the router balances between them), so the relation closes
+    over both. A deny entry matching any of them holds wherever the name is served."""
+    parent: dict[str, str] = {}
+
+    def root(name: str) -> str:
+        while parent.setdefault(name, name) != name:
+            parent[name] = parent[parent[name]]  # halve the path as it is walked
+            name = parent[name]
+        return name
+
+    for backend in backends:
+        for model in sorted(backend.models):
+            for other in backend.names_of(model):
+                parent[root(other)] = root(model)
+    members: dict[str, set[str]] = {}
+    for name in list(parent):
+        members.setdefault(root(name), set()).add(name)
+    return {name: frozenset(members[root(name)]) for name in parent}
 
 
 def _residency_check(rule: str, residency: Residency, region: str) -> Exclusion | None:
@@ -237,12 +260,7 @@ def compile_scope(
         static[backend.id] = ranked(exclusion)
         if rank is not None:
             ranks[backend.id] = rank
-    # Every name each public name is served under, on any backend: a deny entry naming
-    # one of them holds on every backend serving the public name.
-    everywhere: dict[str, set[str]] = {}
-    for backend in backends:
-        for model in backend.models:
-            everywhere.setdefault(model, set()).update(backend.names_of(model))
+    everywhere = _same_model(backends)
     by_names: dict[tuple[str, frozenset[str]], Exclusion | None] = {}
     model_verdicts: dict[str, Exclusion | None] = {}  # an exclusion on any backend wins
     model_entries: dict[str, dict[str, TraceEntry]] = {}
@@ -259,7 +277,7 @@ def compile_scope(
                             rules.models,
                             model,
                             names,
-                            frozenset(everywhere[model]),
+                            everywhere[model],
                         )
                     )
                 )

@@ -17,8 +17,9 @@ Deliberately literal readings (where the docs leave room, the stricter one):
   comma-separated value, stripped, lower case, all naming one class); a label in the
   body is no label;
 - a `models` rule judges the model by every name it is served under: a deny entry
-  matching any name of it on any backend serving the name asked for excludes it on every
-  such backend; an allow entry admits the backends that serve it by a name it matches.
+  matching any name of it (on any backend serving the name asked for, and on through
+  the names those backends give it) excludes every backend serving the name asked for;
+  an allow entry admits the backends that serve it by a name it matches.
 """
 
 from __future__ import annotations
@@ -116,6 +117,21 @@ def _names_on(backend: Mapping[str, Any], model: str) -> list[str] | None:
     return None
 
 
+def _same_model(backends: Sequence[Mapping[str, Any]], model: str) -> list[str]:
+    """Every name of the model `model` names: its names and aliases on each backend serving
+    it, and so on through each of those names ("one public name may be served by several
+    backends": it is one model)."""
+    found, todo = {model}, [model]
+    while todo:
+        name = todo.pop()
+        for backend in backends:
+            for other in _names_on(backend, name) or ():
+                if other not in found:
+                    found.add(other)
+                    todo.append(other)
+    return sorted(found)
+
+
 def _lists(rule: Mapping[str, Any], values: Sequence[str], denied: Sequence[str] = ()) -> bool:
     """allow/deny: deny wins; a missing allow allows everything; `allow: []` nothing."""
     if any(_glob(v, rule.get("deny", [])) for v in (*values, *denied)):
@@ -208,7 +224,7 @@ def allowed(
         mode = min(mode, theirs, key=MODES.index)  # "the more restrictive"
     private: set[str] = set()
     hosted: set[str] = set()
-    everywhere = [n for b in serving for n in _names_on(b, model) or []]
+    everywhere = _same_model(backends, model)
     for backend in serving:
         facts, names = _facts(backend), _names_on(backend, model) or []
         if all(_passes(s, r, facts, names, everywhere) for r in scopes for s in SECTIONS):

@@ -72,10 +72,8 @@ def policies(models: dict[str, Any]) -> PolicySet:
 @pytest.mark.parametrize("asked", ["llama-3.1-8b", LLAMA, "llama-3.1-8b-q4_k_m"])
 @pytest.mark.parametrize("deny", [LLAMA, "meta-llama/*", "META-LLAMA/LLAMA-3.1-8B-INSTRUCT"])
 def test_a_deny_for_a_models_name_holds_on_every_backend_serving_it(asked: str, deny: str) -> None:
+    # `llama-3.1-8b-q4_k_m` too: cpu-llamacpp serves it as `llama-3.1-8b`, the same model.
     decision = policies({"deny": [deny]}).decide("t", asked, None)
-    if asked == "llama-3.1-8b-q4_k_m":  # no backend calls that one the denied name
-        assert decision.private == ("cpu-llamacpp",)
-        return
     assert (decision.private, decision.hosted) == ((), ())
     assert decision.refusal is not None and decision.refusal.rule == "p/models"
     assert {t.rule for t in decision.trace} == {"p/models"}
@@ -86,3 +84,27 @@ def test_an_allow_for_a_models_name_admits_only_the_backends_serving_it_by_that_
     # model's name has not allowed the quantized llama.cpp build or Azure's deployment).
     decision = policies({"allow": [LLAMA]}).decide("t", "llama-3.1-8b", None)
     assert (decision.private, decision.hosted) == (("gpu-vllm",), ())
+
+
+def test_a_deny_follows_a_model_through_every_backend_that_renames_it() -> None:
+    # gpu-a calls `x` also `y`; gpu-b serves `y` (the same public name, so the same
+    # model) also as `z`: a client asking for `z` asks for `x`.
+    chain = [
+        {**BACKENDS[0], "id": "gpu-a", "models": [{"name": "x", "aliases": ["y"]}]},
+        {**BACKENDS[1], "id": "gpu-b", "models": [{"name": "y", "aliases": ["z"]}]},
+    ]
+    config = GatewaySettings.model_validate({"backends": chain})
+    spec = {
+        "tenants": ["t"],
+        "residency": {"allow": ["eu"]},
+        "retention": {"max_days": "any"},
+        "models": {"deny": ["x"]},
+        "fallback": {"mode": "never"},
+    }
+    document = {"apiVersion": "policy.owngate.dev/v1", "kind": "Policy", "metadata": {"id": "p"}}
+    text = yaml.safe_dump({**document, "spec": spec})
+    policy = parse_policies([("p.yaml", text)], backend_facts(config))
+    for asked in ("x", "y", "z"):
+        decision = policy.decide("t", asked, None)
+        assert decision.private == (), asked
+        assert decision.refusal is not None and decision.refusal.rule == "p/models"
