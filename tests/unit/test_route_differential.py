@@ -17,20 +17,23 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.api.labels import read_label
+from gateway.config import load_config
 from gateway.config.facts import backend_facts
-from gateway.config.schema import GatewaySettings
-from gateway.policy import PolicySet, UnknownDataClass, parse_policies
+from gateway.config.schema import GatewaySettings, RoutingSettings
+from gateway.policy import PolicySet, UnknownDataClass, load_policies, parse_policies
 from gateway.policy.labels import InvalidLabel
 from gateway.routing.registry import Registry
 from gateway.routing.router import HOSTED_MAX_ATTEMPTS, Outcome, Router
 from gateway.routing.signals import BackendLoad
 from gateway.state import MemoryState
 from gateway.tenants import hash_api_key, index_keys
+from tests.helpers.paths import REPO_ROOT
 from tests.helpers.route_oracle import Verdict, allowed
 
 NAMES = ["m1", "M1", "gpt-4o", "openai/gpt-4o", "m1:latest"]
@@ -178,7 +181,9 @@ def gateway_choice(
 ) -> tuple[bool, Any, list[str]]:
     """(refused, the decision, the backends the plan tries in order) as the request path
     (gateway/api/proxy.py `forward`, `_decide`, `_dispatch`) takes these steps."""
-    tenant = next(e for e in index_keys(config.tenants).values() if e.id == tenant_id)
+    (settings,) = (t for t in config.tenants if t.id == tenant_id)
+    key = {"api_key_hashes": (hash_api_key(f"og-{tenant_id}-key"),)}  # the tenant's entry
+    (tenant,) = index_keys([settings.model_copy(update=key)]).values()
     if not tenant.may_use(model) or registry.routes.get(model) is None:
         return True, None, []
     # ASGI servers lower-case header names; values are bytes, read as latin-1.
@@ -282,3 +287,48 @@ def test_no_request_reaches_a_backend_the_documentation_forbids(
         saturated = data.draw(st.booleans(), label="saturated")
         choice = gateway_choice(config, registry, policy, tenant["id"], model, headers, saturated)
         assert_agrees(verdict, saturated, *choice)
+
+
+EXAMPLE = REPO_ROOT / "deploy" / "gateway.example.yaml"
+EXAMPLE_LABELS: list[list[tuple[str, str]]] = [
+    [],
+    [("x-data-class", "phi")],
+    [("X-Data-Class", "deidentified")],
+    [("x-data-class", "confidential")],
+    [("x-data-class", "PHI, phi")],
+    [("x-data-class", "deidentified"), ("x-data-class", "phi")],
+    [("x-data-class", "")],
+    [("x-label", "deidentified")],
+]
+
+
+@pytest.mark.parametrize("saturated", [False, True])
+def test_the_shipped_example_routes_as_its_documentation_says(saturated: bool) -> None:
+    """deploy/gateway.example.yaml and policies/, every tenant, every served name and its
+    hostile variants, every label: the gateway and the oracle agree."""
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    # Every private backend tried; no queue: saturation falls back or goes on.
+    routing = {"failover": {"max_attempts": 10}, "default": {"queue": {"size": 0}}}
+    config = load_config(EXAMPLE, env={})
+    config = config.model_copy(update={"routing": RoutingSettings.model_validate(routing)})
+    policy = load_policies([REPO_ROOT / "policies"], backend_facts(config))
+    specs = {}
+    for path in sorted((REPO_ROOT / "policies").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc["kind"] == "Policy":
+                specs.update(dict.fromkeys(doc["spec"]["tenants"], doc["spec"]))
+    registry = Registry.build(config, environ=_example_keys(raw), clock=lambda: 0.0)
+    names = sorted(registry.routes)
+    requested = sorted({*names, *(f(n) for n in names for f in MUTATIONS[:-1])})
+    for tenant in raw["tenants"]:
+        for model in requested:
+            for headers in EXAMPLE_LABELS:
+                verdict = allowed(raw["backends"], tenant, specs.get(tenant["id"]), model, headers)
+                choice = gateway_choice(
+                    config, registry, policy, tenant["id"], model, headers, saturated
+                )
+                assert_agrees(verdict, saturated, *choice)
+
+
+def _example_keys(raw: dict[str, Any]) -> dict[str, str]:
+    return {b["api_key_env"]: "k" for b in raw["backends"] if "api_key_env" in b}
