@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -45,7 +46,7 @@ HEADERS = ["x-data-class", "x-label"]
 LABELS = ["phi", " PHI", "pii", "Pii ", "", " ", "phi,pii", "phi, phi", "other", "phi\t"]
 # Distinct strings a client may send for a configured name `n` (a look-alike letter, a
 # fullwidth one, a provider prefix LiteLLM routes by, an encoding, a NUL, ...).
-MUTATIONS = [
+MUTATIONS: list[Callable[[str], str]] = [
     str.upper,
     str.title,
     lambda n: f" {n}",
