@@ -83,9 +83,11 @@ COUNTRIES: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {**_COUNTRIES, "gb": ("uk", *_COUNTRIES["uk"]), "uk": ("gb", *_COUNTRIES["uk"])}
 )
 
-# Groups of countries: each stands for its own code plus every member's expansion.
+# Groups of countries: each stands for its own code plus every member's expansion. The
+# EEA is the EU plus three: a backend declared `region: eu` is in it too (`deny: [eea]`
+# must hold for it).
 GROUPS: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {"eu": _EU_MEMBERS, "eea": (*_EU_MEMBERS, "is", "li", "no")}
+    {"eu": _EU_MEMBERS, "eea": ("eu", *_EU_MEMBERS, "is", "li", "no")}
 )
 
 

@@ -113,11 +113,16 @@ def _list_check(rule: str, section: str, what: str, lists: Lists, value: str) ->
     return None
 
 
-def _models_check(rule: str, lists: Lists, model: str, names: frozenset[str]) -> Exclusion | None:
-    """A model is judged by every name it is served under (`names`: its name and aliases):
-    denied when any of them matches a deny entry, allowed when any matches the allow list.
-    So `deny: [llama-3.1-8b]` also holds for a client asking by the alias `llama3`."""
-    for name in sorted(names, key=lambda n: (n != model, n)):  # the requested name first
+def _models_check(
+    rule: str, lists: Lists, model: str, names: frozenset[str], everywhere: frozenset[str]
+) -> Exclusion | None:
+    """A model is judged by every name it is served under: denied when any name it has on
+    any backend (`everywhere`, `_same_model`) matches a deny entry, allowed when any name
+    it has on the backend judged (`names`: its name and aliases there) matches the allow
+    list. So `deny: [llama-3.1-8b]` also holds for a client asking by
+    the alias `llama3`, on every backend that serves `llama3`, whatever that backend
+    calls the model; an allow entry admits only the backends that serve it by that name."""
+    for name in sorted(everywhere, key=lambda n: (n != model, n)):  # the requested name first
         denied = Globs(lists.deny).first_match(name)
         if denied is not None:
             also = "" if name == model else f" (the same model as {name!r})"
@@ -127,6 +132,29 @@ def _models_check(rule: str, lists: Lists, model: str, names: frozenset[str]) ->
         if all(allow.first_match(name) is None for name in names):
             return Exclusion(rule, f"model {model!r} is not in models.allow {_quote(lists.allow)}")
     return None
+
+
+def _same_model(backends: Sequence[BackendFacts]) -> dict[str, frozenset[str]]:
+    """Each public name -> every name of the model it names, on any backend: a backend's
+    name for a model and its aliases are one model, and a public name is one model on
+    every backend serving it (the router balances between them), so the relation closes
+    over both. A deny entry matching any of them holds wherever the name is served."""
+    parent: dict[str, str] = {}
+
+    def root(name: str) -> str:
+        while parent.setdefault(name, name) != name:
+            parent[name] = parent[parent[name]]  # halve the path as it is walked
+            name = parent[name]
+        return name
+
+    for backend in backends:
+        for model in sorted(backend.models):
+            for other in backend.names_of(model):
+                parent[root(other)] = root(model)
+    members: dict[str, set[str]] = {}
+    for name in list(parent):
+        members.setdefault(root(name), set()).add(name)
+    return {name: frozenset(members[root(name)]) for name in parent}
 
 
 def _residency_check(rule: str, residency: Residency, region: str) -> Exclusion | None:
@@ -232,6 +260,7 @@ def compile_scope(
         static[backend.id] = ranked(exclusion)
         if rank is not None:
             ranks[backend.id] = rank
+    everywhere = _same_model(backends)
     by_names: dict[tuple[str, frozenset[str]], Exclusion | None] = {}
     model_verdicts: dict[str, Exclusion | None] = {}  # an exclusion on any backend wins
     model_entries: dict[str, dict[str, TraceEntry]] = {}
@@ -242,7 +271,15 @@ def compile_scope(
                 by_names[model, names] = (
                     None
                     if rules.models is None
-                    else ranked(_models_check(f"{prefix}/models", rules.models, model, names))
+                    else ranked(
+                        _models_check(
+                            f"{prefix}/models",
+                            rules.models,
+                            model,
+                            names,
+                            everywhere[model],
+                        )
+                    )
                 )
             verdict = by_names[model, names]
             model_verdicts[model] = model_verdicts.get(model) or verdict

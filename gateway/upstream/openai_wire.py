@@ -41,7 +41,10 @@ DONE: Final = b"data: [DONE]\n\n"
 
 # From the OpenAI API reference: "Create chat completion", "Create completion" (legacy),
 # "Create embeddings". `model` is set by the gateway and `stream` from the document's
-# boolean; `metadata` is left out because LiteLLM reads it as its own logging metadata.
+# boolean; `metadata` is left out because LiteLLM reads it as its own logging metadata,
+# and `store` because it asks the provider to keep the prompt and the answer (OpenAI's and
+# Azure's stored completions, retrievable with the gateway's key): the client would
+# lengthen the retention the policy checked against the backend's declaration.
 _SAMPLING: Final = frozenset(
     {
         "frequency_penalty",
@@ -73,7 +76,6 @@ _FIELDS: Final[dict[str, frozenset[str]]] = {
         "response_format",
         "safety_identifier",
         "service_tier",
-        "store",
         "tool_choice",
         "tools",
         "top_logprobs",
@@ -95,7 +97,7 @@ _TYPES: Final[dict[str, tuple[type, ...]]] = {
     ),
     "dimensions": (int,),
     "logprobs": (bool, int),  # a boolean for chat, an integer for completions
-    **dict.fromkeys(("echo", "parallel_tool_calls", "store"), (bool,)),
+    **dict.fromkeys(("echo", "parallel_tool_calls"), (bool,)),
     **dict.fromkeys(
         (
             "user",

@@ -1,0 +1,45 @@
+"""What of a client's request reaches LiteLLM for a hosted provider (gateway/upstream/
+openai_wire.py `request_params`): the allow-list, checked without LiteLLM or a network."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.upstream.openai_wire import request_params
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("store", [True, False])
+def test_a_client_cannot_ask_the_provider_to_store_the_request(store: bool) -> None:
+    # `store: true` makes OpenAI (and Azure OpenAI) keep the prompt and the answer as a
+    # stored completion, listed and read back with the gateway's provider key: longer
+    # than the retention the policy checked against the backend's declaration.
+    params, ignored = request_params("chat", {"model": "m", "messages": MESSAGES, "store": store})
+    assert "store" not in params
+    assert ignored == ("store",)
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "api_base",
+        "base_url",
+        "api_key",
+        "custom_llm_provider",
+        "model_list",
+        "fallbacks",
+        "mock_response",
+        "extra_headers",
+        "extra_body",
+        "metadata",
+        "litellm_params",
+        "headers",
+    ],
+)
+@pytest.mark.parametrize("endpoint", ["chat", "completions", "embeddings"])
+def test_routing_fields_never_become_litellm_arguments(endpoint: str, field: str) -> None:
+    doc = {"model": "m", "messages": MESSAGES, "prompt": "hi", "input": "hi", field: "x"}
+    params, ignored = request_params(endpoint, doc)  # type: ignore[arg-type]
+    assert field not in params and field in ignored
+    assert "model" not in params  # the gateway sets it: the backend's provider_model
