@@ -16,7 +16,9 @@ loopback, internal hosts) and ship what it read to a hosted provider.
   `ip.is_global`, not multicast, and not the cloud fabric addresses LiteLLM also blocks),
   except for providers whose adapter downloads without LiteLLM's guard (`gigachat`),
   which get `data:` URLs only.
-Any other scheme (`file:`, `gs:`, `s3:`, `ftp:`) is refused. The client gets 400 naming
+Any other scheme (`file:`, `gs:`, `s3:`, `ftp:`) is refused, and so is a reference to a
+file stored in the provider account (`file_id`, `file_uri`): the account, and so its files,
+is shared by every tenant. The client gets 400 naming
 the part (`messages[0].content[1]`), never the URL. Text parts are not looked at: a
 URL in prose is text. At most `MAX_URLS` URLs per request, each host resolved within
 `RESOLVE_TIMEOUT_S` for all of them together (unresolvable, or not in time: refused),
@@ -61,6 +63,10 @@ _FABRIC: Final = (
     ipaddress.ip_network("192.0.0.0/24"),
 )
 _MAX_DEPTH: Final = 6
+# Keys naming a file kept in the provider account (OpenAI and Anthropic `file_id`, Gemini's
+# `file_uri`): one account serves every tenant, so one tenant could have another's upload
+# read into its own answer.
+_STORED: Final = frozenset({"file_id", "fileId", "file_uri", "fileUri"})
 
 # host, port -> the addresses it resolves to
 Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -123,6 +129,13 @@ def _strings(where: str, value: Any, depth: int) -> Iterator[tuple[str, str]]:
         raise InvalidField(where, f"nested at most {_MAX_DEPTH} deep")
     elif isinstance(value, dict):
         for key, item in value.items():
+            if key in _STORED and item is not None:
+                raise InvalidField(
+                    where,
+                    "inline content or a URL, not a reference to a file stored at the "
+                    f"provider (`{key}`): it would be read with the gateway's credentials, "
+                    "which every tenant shares",
+                )
             if key != "type":
                 yield from _strings(where, item, depth + 1)
     elif isinstance(value, list):

@@ -88,9 +88,11 @@ def test_urls_in_other_part_types_count_too() -> None:
         params = {"messages": [{"role": "user", "content": [part]}]}
         with pytest.raises(InvalidField):
             check(params)
-    # an id or a media type is no URL
-    ok = {"type": "file", "file": {"file_id": "file-abc123", "filename": "a.pdf"}}
+    # a media type or a file name is no URL (a file id is refused: see below)
+    ok = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
     check({"messages": [{"role": "user", "content": [ok]}]})
+    named = {"type": "file", "file": {"file_data": "data:application/pdf;base64,AA"}}
+    check({"messages": [{"role": "user", "content": [{**named, "filename": "a.pdf"}]}]})
 
 
 def test_a_provider_whose_adapter_downloads_unguarded_takes_data_urls_only() -> None:
@@ -153,3 +155,29 @@ def test_client_hosts_are_never_resolved_on_the_loops_default_executor() -> None
 
     assert asyncio.run(main()) == ["127.0.0.1"]
     assert used == []
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "file", "file": {"file_id": "file-another-tenants-upload"}},  # OpenAI
+        {"type": "document", "source": {"type": "file", "file_id": "file_011abc"}},  # Anthropic
+        {"type": "file", "file": {"file_uri": "https://generativelanguage.googleapis.com/f/1"}},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA", "fileId": "x"}},
+    ],
+    ids=["openai-file-id", "anthropic-file-id", "gemini-file-uri", "nested-fileId"],
+)
+def test_files_stored_at_the_provider_are_refused(part: dict[str, Any]) -> None:
+    """One provider account serves every tenant: a file id would read another tenant's
+    upload into this tenant's answer."""
+    params = {"messages": [{"role": "user", "content": [part]}]}
+    with pytest.raises(InvalidField, match=r"messages\[0\]\.content\[0\].*stored at the provider"):
+        check(params)
+
+
+def test_a_file_given_inline_passes() -> None:
+    part = {
+        "type": "file",
+        "file": {"file_data": "data:application/pdf;base64,AA", "filename": "a"},
+    }
+    check({"messages": [{"role": "user", "content": [part]}]})
