@@ -743,9 +743,10 @@ from gateway.upstream.litellm_runtime import aload_litellm
 def imported():
     return any(m == "litellm" or m.startswith("litellm.") for m in sys.modules)
 
-probe = bind_socket("127.0.0.1", 0)
+# Bound, never listening, held for the whole run: connecting is refused, and no other
+# process (another test run beside this one) can take the port in between.
+probe = bind_socket("127.0.0.1", 0, listen=False)
 url = "http://127.0.0.1:%d/v1" % probe.getsockname()[1]
-probe.close()
 backend = BackendSettings.model_validate({"id": "h", "kind": "hosted", "region": "us", "owner": "o",
     "base_url": url, "api_key_env": "K", "models": [{"name": "g", "provider_model": "openai/g"}]})
 client = HostedClient(backend, environ={"K": "sk-test"}, timeout_s=2)

@@ -37,6 +37,7 @@ from gateway.provenance.audit.cosigned import (
     check_cosigned,
     witnesses_not_the_log,
 )
+from gateway.provenance.audit.links import RecordLinks
 from gateway.provenance.audit.reader import LogDirectory
 from gateway.provenance.audit.rotation import check_rotation_order
 from gateway.provenance.errors import (
@@ -55,7 +56,7 @@ from gateway.provenance.formats.merkle import (
     verify_consistency,
 )
 from gateway.provenance.formats.note import Note, Verifier, _parse_signature_line, _split_note
-from gateway.provenance.formats.records import Record, parse_record
+from gateway.provenance.formats.records import parse_record
 from gateway.provenance.formats.tiles import TILE_WIDTH, TileReader, tile_path
 from gateway.provenance.formats.tree import TiledTree
 
@@ -174,40 +175,6 @@ def _check_trusted(
             )
         held.append(signed)
     return held
-
-
-class _Links:
-    """Completion -> dispatch links: dispatches stay open until their completion."""
-
-    def __init__(self) -> None:
-        self.open: dict[int, tuple[str, bytes]] = {}
-
-    def check(self, index: int, record: Record, leaf: bytes) -> None:
-        if record.type == "dispatch":
-            self.open[index] = (record.request_id, leaf)
-            return
-        if record.type != "completion":
-            return
-        link = record.data["dispatch"]
-        target, target_hash = link["index"], bytes.fromhex(link["hash"])
-        if target >= index:
-            raise _fail(f"completion links to entry {target}, which is not earlier", index)
-        found = self.open.pop(target, None)
-        if found is None:
-            raise _fail(
-                f"completion links to entry {target}, which is not an open dispatch record "
-                "(not a dispatch, or already completed)",
-                index,
-            )
-        request_id, dispatch_hash = found
-        if request_id != record.request_id:
-            raise _fail(
-                f"completion of request {record.request_id!r} links to the dispatch of "
-                f"request {request_id!r} at entry {target}",
-                index,
-            )
-        if dispatch_hash != target_hash:
-            raise _fail(f"completion's link hash differs from entry {target}'s hash", index)
 
 
 def _compare_files(log: LogDirectory, files: list[tuple[str, bytes]], index: int | None) -> None:
@@ -329,7 +296,7 @@ def verify_log(
     history_sizes = {signed.checkpoint.size for signed in history}
 
     tree = TiledTree()
-    links = _Links()
+    links = RecordLinks()
     _check_roots(tree, expected_roots, history_sizes, log)
     for bundle_index in range((newest.size + TILE_WIDTH - 1) // TILE_WIDTH):
         first = bundle_index * TILE_WIDTH

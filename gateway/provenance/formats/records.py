@@ -7,7 +7,8 @@ Three record types, each one log entry, RFC 8785 canonical JSON:
 * `refusal`    a request the policy refused (nothing was sent anywhere).
 
 Records carry salted commitments to bodies, never content. `docs/provenance.md` documents
-every field; `parse_record` rejects unknown fields and wrong types, so the schema is closed.
+every field; `parse_record` (gateway/provenance/formats/record_parser.py, re-exported here)
+rejects unknown fields and wrong types, so the schema is closed.
 
 The builders check what they are given (the reference types on construction, the rest per
 call) and raise RecordError for anything the schema would refuse, so what they return is
@@ -17,24 +18,24 @@ the schema on every request (tests/unit/test_provenance_units.py holds the two t
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Literal
 
-from gateway.canonical import MAX_SAFE_INTEGER, canonical_json_of_plain
+from gateway.canonical import MAX_SAFE_INTEGER
 from gateway.provenance.errors import RecordError
 from gateway.provenance.formats.attestation import Attestation
-from gateway.provenance.formats.schema import BASIS_STATES, SCHEMA_VERSION, problem
+from gateway.provenance.formats.record_parser import (
+    RECORD_TYPES,
+    Record,
+    RecordType,
+    parse_record,
+    validate_record,
+)
+from gateway.provenance.formats.schema import BASIS_STATES, SCHEMA_VERSION
 from gateway.provenance.formats.upstream_ids import UpstreamIds
-
-_loads: Callable[[bytes], Any]
-try:  # orjson parses 3-5x faster, which `audit verify` feels; the stdlib parser suffices
-    from orjson import loads as _loads
-except ImportError:  # pragma: no cover - an auditor's minimal install
-    _loads = json.loads
 
 __all__ = [
     "RECORD_TYPES",
@@ -55,9 +56,6 @@ __all__ = [
     "refusal_record",
     "validate_record",
 ]
-
-RecordType = Literal["dispatch", "completion", "refusal", "admin", "attestation"]
-RECORD_TYPES: tuple[RecordType, ...] = ("dispatch", "completion", "refusal", "admin", "attestation")
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,51 +376,3 @@ def admin_record(
         "subject": subject,
         "change_digest": change_digest,
     }
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """A parsed, schema-checked record; `data` is the whole JSON object."""
-
-    type: RecordType
-    request_id: str
-    time: str
-    data: dict[str, Any]
-
-
-def validate_record(value: Mapping[str, object]) -> Record:
-    """Check a record against schema v1; raises RecordError naming the first problem."""
-    if not isinstance(value, Mapping):
-        raise RecordError("a record must be a JSON object")
-    found = problem(value)
-    if found is not None:
-        raise RecordError(found)
-    data: dict[str, Any] = value if isinstance(value, dict) else dict(value)
-    return Record(data["type"], data["request_id"], data["time"], data)
-
-
-def parse_record(entry: bytes) -> Record:
-    """Parse one log entry (canonical JSON bytes) into a schema-checked record.
-
-    The entry must be its record's own RFC 8785 encoding, byte for byte, as the writer
-    makes it: JSON parsers differ on a member written twice (this one keeps the last,
-    others the first or refuse), so an entry that is not canonical could say one thing to
-    owngate's audit and another to an independent verifier."""
-    try:
-        value = _loads(entry)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RecordError(f"entry is not JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise RecordError("entry is JSON but not an object")
-    record = validate_record(value)
-    try:
-        canonical = canonical_json_of_plain(value)
-    except ValueError as exc:
-        raise RecordError(f"entry cannot be encoded as RFC 8785 JSON: {exc}") from exc
-    if canonical != entry:
-        raise RecordError(
-            "entry is not its record's RFC 8785 canonical encoding (a member written "
-            "twice, whitespace, member order or escapes differ): parsers could read it "
-            "differently"
-        )
-    return record
