@@ -36,6 +36,7 @@ from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.policy import PolicyError
 from gateway.policy_set import policy_stamps
+from gateway.settling import Settling
 
 if TYPE_CHECKING:
     from gateway.api.parts import Assembly
@@ -94,7 +95,7 @@ class ConfigReloader:
         # (seconds for a large keys file, beside the first requests) would change nothing.
         self._retry_paths: tuple[Path, ...] = ()  # the policy files of a refused config
         self._stamp: tuple[object, ...] = ()
-        self._pending: tuple[object, ...] | None = None  # a change settling
+        self._settling = Settling()
         if read_at is not None and self._unchanged_since(read_at - _MTIME_SLACK_S):
             self._stamp = self._fingerprint()
 
@@ -153,14 +154,8 @@ class ConfigReloader:
         a weaker one: cut before its `policy:` section it means the built-in policy, cut
         inside a tenant's `limits` it means no limit. True if a changed config became
         active."""
-        stamp = self._fingerprint()
-        if stamp == self._stamp:
-            self._pending = None
+        if not self._settling.settled(self._fingerprint(), self._stamp):
             return False
-        if stamp != self._pending:
-            self._pending = stamp  # changed since the last look: maybe still being written
-            return False
-        self._pending = None
         return await self.reload()
 
     def trigger(self) -> None:
