@@ -190,10 +190,14 @@ class HttpPool:
             else:
                 conn = await self._connect()
                 if connection is not None and conn.peer != connection.peer:
+                    # A key the settings accept (a replica behind the same name, a renewed
+                    # certificate), only not the one the request's record names: the
+                    # leased connection was lost, which opens no breaker at once as a
+                    # refused certificate ("tls") does.
                     conn.abort()
                     self._forget(conn)
                     raise UpstreamError(
-                        "tls", "the backend presented another certificate on reconnecting"
+                        "closed", "the backend presented another certificate on reconnecting"
                     )
             if connection is not None:
                 connection._conn = None  # consumed: the response owns it now
