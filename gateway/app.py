@@ -204,6 +204,7 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
     config_file: Path | None = None,
     prepare: Callable[[GatewaySettings], GatewaySettings] = lambda config: config,
+    config_read_at: float | None = None,
 ) -> GatewayApp:
     """The gateway ASGI app for a validated config (raises what `assemble` raises).
 
@@ -211,7 +212,9 @@ def create_app(
     directory); `environ` supplies `${...}`-free secrets such as backend keys (default: the
     process environment); `clock` is what backend health, breakers and scrape ages read
     (monotonic seconds). With `config_file`, the app reloads that file on SIGHUP and when
-    it (or its keys file) changes, each loaded config passed through `prepare` first.
+    it (or its keys file) changes, each loaded config passed through `prepare` first;
+    `config_read_at` (`time.time()` when reading `config` began) spares the first look
+    at the file a reload when nothing was written to it since well before then.
     """
     env = dict(os.environ if environ is None else environ)
     directory = config_dir or Path.cwd()
@@ -228,6 +231,7 @@ def create_app(
             assemble=reassemble,
             install=app.install,
             prepare=prepare,
+            read_at=config_read_at,
         )
         app.reloader = reloader
         app.metrics.watch_config(lambda: reloader.reload_failures)

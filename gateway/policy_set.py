@@ -24,6 +24,7 @@ from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.policy import BackendFacts, PolicyError, PolicySet, parse_policies
 from gateway.policy.loader import load_policies
+from gateway.settling import Settling
 
 __all__ = ["BUILTIN_POLICY_ID", "TrustPolicies", "policy_stamps"]
 
@@ -53,7 +54,7 @@ class TrustPolicies:
         self._stamp = self._fingerprint()
         # Raises PolicyError: the server refuses to start without valid policies.
         self.current: PolicySet = self._compile()
-        self._pending: tuple[tuple[str, int, int], ...] | None = None  # a change settling
+        self._settling = Settling()  # a change seen, until it holds still
         self._reads = 0  # reads of the files started; `current` is from read `_applied`
         self._applied = 0
         # The policies of the config a gateway.yaml reload installed after this one's: the
@@ -145,13 +146,9 @@ class TrustPolicies:
 
     def _due(self) -> bool:
         stamp = self._fingerprint()
-        if stamp == self._stamp:
-            self._pending = None
+        if not self._settling.settled(stamp, self._stamp):
             return False
-        if stamp != self._pending:
-            self._pending = stamp  # changed since the last look: maybe still being written
-            return False
-        self._stamp, self._pending = stamp, None
+        self._stamp = stamp
         return True
 
     async def watch(self) -> None:

@@ -57,11 +57,12 @@ from gateway.upstream.openai_wire import include_usage
 __all__ = ["PrivateRelay"]
 
 _RETRYABLE = frozenset({429, 500, 502, 503, 504})
-# Refusals that blame the backend's configuration, not the request: the gateway's key
-# (401, 403), a model or endpoint it does not serve (404). They fail the attempt (its
-# breaker) and another backend may serve; counted as answers, a backend that refused
-# everything at once would draw traffic and never be taken out.
-_BACKEND_FAULTS = frozenset({401, 403, 404})
+# Refusals of this request by this backend: the gateway's key (401, 403), a model or an
+# endpoint it does not serve (404, 501). Another backend may serve: the attempt fails
+# over (a black hole otherwise, every request it got ending there). They are no verdict
+# on the backend's health (its breaker): the endpoint is the client's choice, and one
+# tenant's requests to an endpoint a backend lacks must not take it out for every tenant.
+_REFUSALS = frozenset({401, 403, 404, 501})
 _SSE = b"text/event-stream"
 _STRIP_LOG_EVERY_S = 60.0
 
@@ -151,7 +152,7 @@ class PrivateRelay:
             raise TryNext(
                 f"{backend.id}: {exc.kind}", _timeout_error(exc), busy=exc.kind == "busy"
             ) from exc
-        if response.status >= 500 or response.status in _BACKEND_FAULTS:
+        if response.status >= 500 and response.status not in _REFUSALS:
             attempt.failed(f"HTTP {response.status}")
         else:
             attempt.answered()
@@ -242,7 +243,7 @@ class PrivateRelay:
             exchange.upstream_error = f"status {status}"
             pool = backend.pool
             error = translate_upstream_error(status, data, (pool.host,) if pool else ())
-            if status in _RETRYABLE or status in _BACKEND_FAULTS:
+            if status in _RETRYABLE or status in _REFUSALS:
                 # nothing reached the client: another backend may serve
                 raise TryNext(f"{backend.id}: HTTP {status}", error, busy=status == 429)
             raise error

@@ -36,6 +36,7 @@ from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.policy import PolicyError
 from gateway.policy_set import policy_stamps
+from gateway.settling import Settling
 
 if TYPE_CHECKING:
     from gateway.api.parts import Assembly
@@ -43,6 +44,10 @@ if TYPE_CHECKING:
     from gateway.routing.registry import BackendState
 
 __all__ = ["RESTART_ONLY", "ConfigReloader"]
+
+# How long before the reading began a file must have been last written for the first
+# look not to reload it: coarse file systems keep mtimes in whole seconds (FAT: two).
+_MTIME_SLACK_S = 2.0
 
 RESTART_ONLY = ("listen", "provenance", "state", "logging")
 
@@ -65,6 +70,7 @@ class ConfigReloader:
         prepare: Callable[[GatewaySettings], GatewaySettings] = lambda config: config,
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.time,
+        read_at: float | None = None,
     ) -> None:
         self.path = path
         self._current = current
@@ -83,19 +89,41 @@ class ConfigReloader:
         self.loaded_at = clock()
         # No file's stamp: the running config was read before this watcher existed (by
         # `serve`, maybe while an editor was writing it, maybe a worker restarted mid-edit),
-        # so the first settled look reloads, and keeps it only if the file says otherwise.
+        # so the first settled look reloads, and keeps it only if the file says otherwise;
+        # unless every file was last written well before `read_at` (`clock` time when
+        # the reading began): then what was read is what they hold, and a second parse
+        # (seconds for a large keys file, beside the first requests) would change nothing.
         self._retry_paths: tuple[Path, ...] = ()  # the policy files of a refused config
         self._stamp: tuple[object, ...] = ()
-        self._pending: tuple[object, ...] | None = None  # a change settling
+        self._settling = Settling()
+        if read_at is not None and self._unchanged_since(read_at - _MTIME_SLACK_S):
+            self._stamp = self._fingerprint()
 
-    def _fingerprint(self) -> tuple[object, ...]:
+    def _files(self) -> list[Path]:
         files = [self.path]
         current = self._current()
         if current.config.keys_file is not None:
             files.append(self.path.parent / current.config.keys_file)
         files += current.registry.tls_files()  # a CA or client certificate rotated on disk
+        return files
+
+    def _unchanged_since(self, when: float) -> bool:
+        """Whether every watched file was last modified before `when` (seconds), and every
+        policy file and directory too (the first look's reload reads them again as well,
+        and their own watcher took its stamp only after reading them)."""
+        config = self._current().config
+        policies = [self.path.parent / p for p in (config.policy.paths if config.policy else ())]
+        limit = int(when * 1e9)
+        try:
+            files = [f.stat().st_mtime_ns for f in (*self._files(), *policies)]
+        except OSError:
+            return False
+        files += [mtime for _, mtime, _ in policy_stamps(policies)]
+        return all(mtime < limit for mtime in files)
+
+    def _fingerprint(self) -> tuple[object, ...]:
         stamps: list[object] = []
-        for file in files:
+        for file in self._files():
             try:
                 info = file.stat()
             except OSError:
@@ -126,14 +154,8 @@ class ConfigReloader:
         a weaker one: cut before its `policy:` section it means the built-in policy, cut
         inside a tenant's `limits` it means no limit. True if a changed config became
         active."""
-        stamp = self._fingerprint()
-        if stamp == self._stamp:
-            self._pending = None
+        if not self._settling.settled(self._fingerprint(), self._stamp):
             return False
-        if stamp != self._pending:
-            self._pending = stamp  # changed since the last look: maybe still being written
-            return False
-        self._pending = None
         return await self.reload()
 
     def trigger(self) -> None:

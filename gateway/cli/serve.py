@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -97,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("error: --workers must be at least 1", file=sys.stderr)
         return EXIT_USAGE
+    read_at = time.time()  # before the files are read (`create_app`'s config_read_at)
     config = load_or_report(args.config)
     if config is None:
         return EXIT_NOT_STARTED
@@ -106,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     identity = worker_identity(os.environ)
     if identity is None and args.workers > 1:
         return supervise(args.config, args.workers, host, port, config)
-    return _serve(args.config, for_worker(identity)(config), host, port, identity)
+    return _serve(args.config, for_worker(identity)(config), host, port, identity, read_at)
 
 
 def _ignore_sighup_until_served() -> None:
@@ -119,7 +121,12 @@ def _ignore_sighup_until_served() -> None:
 
 
 def _serve(
-    path: str, config: GatewaySettings, host: str, port: int, identity: WorkerIdentity | None
+    path: str,
+    config: GatewaySettings,
+    host: str,
+    port: int,
+    identity: WorkerIdentity | None,
+    read_at: float | None = None,
 ) -> int:
     from gateway.api.fleet import FleetMetrics
     from gateway.app import AssemblyError, create_app
@@ -138,6 +145,7 @@ def _serve(
             config_dir=Path(path).parent,
             config_file=Path(path),
             prepare=for_worker(identity),
+            config_read_at=read_at,
         )
     except AssemblyError as exc:  # fail closed: no valid policies or keys, no traffic
         print(f"error: not starting; {len(exc.problems)} problem(s):", file=sys.stderr)

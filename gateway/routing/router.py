@@ -20,12 +20,12 @@ private, at most `routing.failover.max_attempts` and none once
 `routing.failover.deadline_s` from arrival has passed; hosted last when the fallback
 mode allows (at most 3) and every eligible private backend was unavailable for this
 request: down before the first attempt (health, breaker), or tried and failed (refused,
-broken or timed-out connection, a 5xx, its breaker open, no longer admitted after a
-reload). A private backend that was never tried (the attempts or the deadline ran out
-first) or that answered "busy" (a 429, the gateway's own connection limit) was not
-shown unavailable: the request is not sent to a hosted provider then (busy counts
-under `when_private_saturated`, whose policy accepts a saturated private tier), and the
-client gets the last attempt's error. `Plan.basis` says, for the dispatch record of a
+broken or timed-out connection, a 5xx, a 401, 403 or 404, its breaker open, no longer
+admitted after a reload). A private backend that was never tried (the attempts or the
+deadline ran out first) or that answered "busy" (a 429, the gateway's own connection
+limit) was not shown unavailable: the request is not sent to a hosted provider then
+(busy counts under `when_private_saturated`, whose policy accepts a saturated private
+tier), and the client gets the last attempt's error. `Plan.basis` says, for the dispatch record of a
 fallback, what state each eligible private backend was in (`FallbackBasis`).
 
 Each attempt counts as in flight on its backend from the moment it is yielded, with no

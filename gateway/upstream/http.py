@@ -48,6 +48,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_BODY = 16 * 1024 * 1024  # `read()`'s limit unless the pool is given another
+_RETRUSTED_TRIES = 3  # connections made again when reloads replace the TLS settings meanwhile
 
 
 class Connection:
@@ -189,10 +190,14 @@ class HttpPool:
             else:
                 conn = await self._connect()
                 if connection is not None and conn.peer != connection.peer:
+                    # A key the settings accept (a replica behind the same name, a renewed
+                    # certificate), only not the one the request's record names: the
+                    # leased connection was lost, which opens no breaker at once as a
+                    # refused certificate ("tls") does.
                     conn.abort()
                     self._forget(conn)
                     raise UpstreamError(
-                        "tls", "the backend presented another certificate on reconnecting"
+                        "closed", "the backend presented another certificate on reconnecting"
                     )
             if connection is not None:
                 connection._conn = None  # consumed: the response owns it now
@@ -250,6 +255,19 @@ class HttpPool:
         return await self._connect()
 
     async def _connect(self) -> _Connection:
+        """A new connection, authenticated under the settings current when it is handed
+        out: one made while a reload replaced them (`retrust`) is dropped and made again,
+        since the backend did nothing wrong (a `tls` failure would open its breaker)."""
+        for _ in range(_RETRUSTED_TRIES):
+            tls = self.tls
+            conn = await self._connect_under(tls)
+            if tls is self.tls:
+                return conn
+            conn.abort()  # authenticated under settings a reload retired meanwhile
+            self._forget(conn)
+        raise UpstreamError("connect", "the backend's TLS settings kept changing while connecting")
+
+    async def _connect_under(self, tls: BackendTLS | None) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout):
@@ -257,7 +275,6 @@ class HttpPool:
         except TimeoutError as exc:
             raise UpstreamError("busy", "too many open connections to the backend") from exc
         self._open += 1
-        tls = self.tls
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _, conn = await loop.create_connection(
@@ -302,10 +319,6 @@ class HttpPool:
                 self._forget(conn)
                 raise
         conn.tls = tls
-        if tls is not self.tls:  # `retrust` while it was being made: the old settings' own
-            conn.abort()
-            self._forget(conn)
-            raise UpstreamError("tls", "the backend's TLS settings were reloaded while connecting")
         return conn
 
     def retrust(self, tls: BackendTLS) -> None:
