@@ -53,7 +53,7 @@ __all__ = [
 MAX_URLS: Final = 64
 RESOLVE_TIMEOUT_S: Final = 5.0  # for all of a request's lookups together
 MAX_LOOKUPS: Final = 4  # threads resolving clients' URL hosts, for the whole process
-_LOOKUPS: Final = ThreadPoolExecutor(MAX_LOOKUPS, thread_name_prefix="owngate-url-dns")
+_lookups: ThreadPoolExecutor | None = None  # made on the first lookup (nothing at import)
 # Providers whose LiteLLM adapter downloads a URL without LiteLLM's address guard.
 _UNGUARDED: Final = frozenset({"gigachat"})
 _SCHEME: Final = re.compile(r"\s*([A-Za-z][A-Za-z0-9+.\-]*):")
@@ -73,9 +73,13 @@ Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 
 async def system_resolver(host: str, port: int) -> list[str]:
-    """The addresses `host` resolves to, as the OS resolver says (on `_LOOKUPS`' threads)."""
+    """The addresses `host` resolves to, as the OS resolver says (on `MAX_LOOKUPS` threads
+    of this module's own, made on the first lookup)."""
+    global _lookups  # one pool per process, made when first needed
+    if _lookups is None:
+        _lookups = ThreadPoolExecutor(MAX_LOOKUPS, thread_name_prefix="owngate-url-dns")
     lookup = functools.partial(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
-    infos = await asyncio.get_running_loop().run_in_executor(_LOOKUPS, lookup)
+    infos = await asyncio.get_running_loop().run_in_executor(_lookups, lookup)
     return [str(info[4][0]) for info in infos]
 
 
