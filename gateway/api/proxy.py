@@ -24,7 +24,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from gateway.api.body import parse_body
-from gateway.api.exchange import Exchange, TryNext, watch_disconnect
+from gateway.api.exchange import Exchange, TryNext, cut_status, watch_disconnect
 from gateway.api.hosted_relay import HostedRelay
 from gateway.api.labels import UNKNOWN, InvalidLabel, excerpt, label_refused, read_label
 from gateway.api.metrics import GatewayMetrics
@@ -298,20 +298,7 @@ class Proxy:
             return
         assert exchange.decision is not None
         waiting = time.perf_counter()
-        appending = asyncio.ensure_future(
-            recorder.dispatch(exchange, trail, exchange.decision, backend, peer)
-        )
-        try:
-            await asyncio.shield(appending)
-        except asyncio.CancelledError:
-            # Cancelled (the client left, or shutdown) while the record was being made
-            # durable: the write lands all the same, and a dispatch in the log needs its
-            # completion. Wait for it (bounded by the log's own write), then complete it.
-            await asyncio.wait([appending])
-            if not appending.cancelled() and appending.exception() is None:
-                status, error = _cut(exchange)
-                recorder.complete(exchange, trail, status=status, error=error)
-            raise
+        await recorder.dispatch(exchange, trail, exchange.decision, backend, peer)
         self._metrics.dispatch_wait.observe(time.perf_counter() - waiting)
         status, error = 0, None
         try:
@@ -324,7 +311,7 @@ class Proxy:
             status, error = exc.status, exc.code.value
             raise
         except asyncio.CancelledError:
-            status, error = _cut(exchange)
+            status, error = cut_status(exchange)
             raise
         except Exception:
             # A fault of the gateway's own: the client gets 500 internal_error (the app's
@@ -365,14 +352,6 @@ class _Decided(NamedTuple):
     decision: Decision
     policy: PolicySet
     label: str | None
-
-
-def _cut(exchange: Exchange) -> tuple[int, str]:
-    """The status and error of an attempt its task was cancelled in: its client left
-    (499), or the gateway shut down before the answer ended (503)."""
-    if exchange.client_gone:
-        return 499, "client closed the request"
-    return 503, "cut: the gateway shut down before the answer ended"
 
 
 def _attempt_status(exc: TryNext) -> int:
