@@ -331,9 +331,13 @@ def test_a_client_that_leaves_while_its_dispatch_is_written_gets_a_completion_re
     monkeypatch.setattr(segment_writer, "os", disk)
     noticed = threading.Event()  # the gateway saw the client leave
 
+    def saw_it_leave(watcher: asyncio.Task[None]) -> None:
+        if not watcher.cancelled():  # it returned: the disconnect came
+            noticed.set()
+
     def watched(receive: Receive, exchange: Exchange) -> asyncio.Task[None]:
         watcher = watch_disconnect(receive, exchange)
-        watcher.add_done_callback(lambda task: task.cancelled() or noticed.set())
+        watcher.add_done_callback(saw_it_leave)
         return watcher
 
     monkeypatch.setattr("gateway.api.proxy.watch_disconnect", watched)
