@@ -16,8 +16,8 @@ CI runs a fixed seed and a bounded number of cases. For a longer search set
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-import functools
 import json
 import os
 import random
@@ -37,7 +37,7 @@ from gateway.provenance.formats.stream_body import committed_bodies
 from tests.helpers.gateways import Gateway, backend, logged_gateway
 from tests.helpers.log_truth import ORIGIN
 from tests.helpers.provenance import records, run_audit
-from tests.helpers.raw_backend import Answer, RawBackend
+from tests.helpers.raw_backend import Answer, Post, RawBackend
 from tests.helpers.truth_fuzz import (
     BackendPlan,
     Got,
@@ -67,6 +67,7 @@ _LIMITS = {
     "read_timeout_s": 0.5,
     "response_timeout_s": 5,
     "stream_timeout_s": 5,
+    "drain_timeout_s": 0.3,
 }
 _LONGEST_S = 2 * (1 + 5) + 2  # both attempts at their longest, and the receipt's signing
 
@@ -78,6 +79,7 @@ class _Request:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("drain", [False, True], ids=["faults", "faults-then-drain"])
 @pytest.mark.parametrize("seed", _SEEDS)
 def test_randomized_faults_leave_a_log_that_says_what_each_client_saw(
     start_raw: Callable[[Answer], RawBackend],
@@ -85,7 +87,11 @@ def test_randomized_faults_leave_a_log_that_says_what_each_client_saw(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     seed: int,
+    drain: bool,
 ) -> None:
+    """`drain`: the gateway begins to drain while a backend answers a case the seed
+    picks (what still runs past `drain_timeout_s` is cut: 503), and later requests get
+    503 not_ready."""
     rng = random.Random(seed)
     plans = {case: {n: backend_plan(rng) for n in ("a", "b")} for case in range(_CASES)}
     clients = {case: client_plan(rng) for case in range(_CASES)}
@@ -98,7 +104,19 @@ def test_randomized_faults_leave_a_log_that_says_what_each_client_saw(
         return trail
 
     monkeypatch.setattr(Recorder, "start", keeping)
-    raws = {n: start_raw(functools.partial(serve, plans, n)) for n in ("a", "b")}
+    drain_at = rng.randrange(_CASES) if drain else None
+    started: list[Gateway] = []
+
+    def answering(name: str) -> Answer:
+        async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
+            if request_case(post.body) == drain_at:
+                for task in list(started[0].app.serving)[:1]:  # its loop is the gateway's
+                    task.get_loop().call_soon_threadsafe(started[0].app.begin_drain)
+            return await serve(plans, name, writer, post)
+
+        return answer
+
+    raws = {n: start_raw(answering(n)) for n in ("a", "b")}
     gateway = logged_gateway(
         start_gateway,
         tmp_path,
@@ -107,6 +125,7 @@ def test_randomized_faults_leave_a_log_that_says_what_each_client_saw(
         limits=_LIMITS,
         routing={"breaker": {"failure_threshold": 1000}},
     )
+    started.append(gateway)
     host, port = gateway.server.host, gateway.server.port
 
     def one(case: int) -> Got:
@@ -163,7 +182,8 @@ def _check(
     if len({r["request_id"] for r in mine}) > 1:
         return [f"one request, several ids: {mine}"]
     if not mine:
-        return [] if got.left and got.status is None else ["no record"]
+        draining = got.status == 503 and b'"not_ready"' in got.body  # refused before a record
+        return [] if draining or (got.left and got.status is None) else ["no record"]
     request_id = got.headers.get(b"x-request-id", mine[0]["request_id"].encode()).decode()
     if request_id != mine[0]["request_id"]:
         return [f"the client's request id {request_id} is not its records'"]
