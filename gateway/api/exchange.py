@@ -23,6 +23,7 @@ __all__ = [
     "TryNext",
     "break_stream",
     "client_left",
+    "cut_status",
     "end_stream",
     "event_break",
     "first_chunk_seconds",
@@ -163,6 +164,14 @@ async def send_relayed(send: Send, exchange: Exchange, data: bytes) -> None:
     await send({"type": "http.response.body", "body": data, "more_body": True})
     if not client_left(exchange):
         relayed(exchange, data)
+
+
+def cut_status(exchange: Exchange) -> tuple[int, str]:
+    """The status and error of an attempt whose task was cancelled: its client left
+    (499), or the gateway shut down before the answer ended (503)."""
+    if exchange.client_gone:
+        return 499, "client closed the request"
+    return 503, "cut: the gateway shut down before the answer ended"
 
 
 def client_left(exchange: Exchange) -> bool:

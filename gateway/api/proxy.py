@@ -24,7 +24,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from gateway.api.body import parse_body
-from gateway.api.exchange import Exchange, TryNext, watch_disconnect
+from gateway.api.exchange import Exchange, TryNext, cut_status, watch_disconnect
 from gateway.api.hosted_relay import HostedRelay
 from gateway.api.labels import UNKNOWN, InvalidLabel, excerpt, label_refused, read_label
 from gateway.api.metrics import GatewayMetrics
@@ -311,11 +311,7 @@ class Proxy:
             status, error = exc.status, exc.code.value
             raise
         except asyncio.CancelledError:
-            status, error = (
-                (499, "client closed the request")
-                if exchange.client_gone
-                else (503, "cut: the gateway shut down before the answer ended")
-            )
+            status, error = cut_status(exchange)
             raise
         except Exception:
             # A fault of the gateway's own: the client gets 500 internal_error (the app's

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gateway.api.exchange import Exchange
+from gateway.api.exchange import Exchange, cut_status
 from gateway.api.receipts import ReceiptStore
 from gateway.api.refusal import Refused
 from gateway.api.trail import Trail
@@ -128,7 +128,30 @@ class Recorder:
         """Make the dispatch record durable; only then may the body leave. The receipt is
         signed by the log right after, while the request goes upstream
         (`Trail.sealed_receipt` waits for it). `peer`: who the TLS connection the body
-        will go on authenticated (None: plain HTTP, or a hosted backend)."""
+        will go on authenticated (None: plain HTTP, or a hosted backend).
+
+        Cancelled meanwhile (the client left, or a shutdown), the record still lands once
+        queued, and a dispatch in the log needs its completion: the append is waited for
+        (the log's own write bounds it) and, if it landed, completed as cut (499 or 503,
+        nothing sent) before the cancellation goes on."""
+        appending = asyncio.ensure_future(self._dispatch(exchange, trail, decision, backend, peer))
+        try:
+            await asyncio.shield(appending)
+        except asyncio.CancelledError:
+            await asyncio.wait([appending])
+            if not appending.cancelled() and appending.exception() is None:
+                status, error = cut_status(exchange)
+                self.complete(exchange, trail, status=status, error=error)
+            raise
+
+    async def _dispatch(
+        self,
+        exchange: Exchange,
+        trail: Trail,
+        decision: Decision,
+        backend: BackendState,
+        peer: Peer | None,
+    ) -> None:
         request_id = exchange.request_id.decode()
         policy, trace = self._decided(decision)
         record = dispatch_record(

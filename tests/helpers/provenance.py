@@ -16,6 +16,7 @@ import orjson
 
 from gateway.cli import audit
 from gateway.provenance import LogDirectory
+from gateway.provenance.formats.tiles import TILE_WIDTH
 from tests.helpers.waiting import until
 
 __all__ = [
@@ -63,7 +64,8 @@ def records(log_dir: Path) -> list[dict[str, Any]]:
     directory = LogDirectory(log_dir)
     note = directory.latest_note()
     total = int(note.decode().split("\n")[1]) if note else 0
-    return [orjson.loads(entry) for entry in directory.bundle(0, total)] if total else []
+    bundles = (total + TILE_WIDTH - 1) // TILE_WIDTH  # a bundle holds TILE_WIDTH entries
+    return [orjson.loads(e) for b in range(bundles) for e in directory.bundle(b, total)]
 
 
 def request_records(

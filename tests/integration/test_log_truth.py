@@ -208,8 +208,12 @@ def test_a_hosted_stream_the_provider_breaks_off_commits_to_what_came_before(
         b'data: {"id":"c","choices":[]}\n',
         b'data: {"id":"c","choices":[]}\r',
         b'data: {"id":"c","cho',
+        # a blank line whose last line end is a lone CR (the backend's CRLF cut after
+        # its CR, or CR line ends): the event has ended, the gateway adds nothing
+        b'data: {"id":"c","choices":[]}\r\n\r',
+        b'data: {"id":"c","choices":[]}\r\r',
     ],
-    ids=["event-open", "event-open-cr", "line-open"],
+    ids=["event-open", "event-open-cr", "line-open", "ended-crlf-cr", "ended-cr-cr"],
 )
 def test_the_error_event_ending_a_broken_stream_is_an_event_of_its_own(
     start_raw: Callable[[Answer], RawBackend],

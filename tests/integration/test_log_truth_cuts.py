@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import socket
 import threading
 from collections.abc import Callable
@@ -17,9 +18,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.api.exchange import Exchange, watch_disconnect
 from gateway.api.trail import Trail
+from gateway.asgi import Receive
 from gateway.provenance import commit, load_signer
 from gateway.provenance.formats.receipts import countersignature_of
+from gateway.provenance.writer import segment_writer
 from tests.helpers.attest import start_sidecar
 from tests.helpers.gateways import (
     Gateway,
@@ -35,7 +39,7 @@ from tests.helpers.log_truth import (
     salt_of,
     stream_receipt,
 )
-from tests.helpers.provenance import completion_record, run_audit
+from tests.helpers.provenance import completion_record, records, run_audit
 from tests.helpers.raw_backend import Answer, Post, RawBackend, json_answer, sse_head
 from tests.helpers.waiting import until
 
@@ -295,3 +299,69 @@ def test_a_fault_in_giving_the_receipt_still_answers_an_openai_500(
     monkeypatch.setattr("gateway.api.trail.Trail.sealed_receipt", no_receipt)
     response = _faulty_answer(start_raw, start_gateway, tmp_path, monkeypatch)
     assert "x-owngate-receipt" not in response.headers
+
+
+class _HeldDisk:
+    """`os` for the write-ahead segment: once `holding` is set, the next write waits for
+    `released` (in the log's worker thread: the event loop runs on)."""
+
+    def __init__(self) -> None:
+        self.holding, self.writing, self.released = (threading.Event() for _ in range(3))
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        if self.holding.is_set() and not self.writing.is_set():
+            self.writing.set()
+            self.released.wait(30)
+        return os.pwrite(fd, data, offset)
+
+
+def test_a_client_that_leaves_while_its_dispatch_is_written_gets_a_completion_record(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The client leaves while its dispatch record is being made durable: the write
+    lands all the same, so the log holds the dispatch, and it must hold its completion
+    too (499, nothing sent), not a dispatch left open for ever."""
+    disk = _HeldDisk()
+    monkeypatch.setattr(segment_writer, "os", disk)
+    noticed = threading.Event()  # the gateway saw the client leave
+
+    def saw_it_leave(watcher: asyncio.Task[None]) -> None:
+        if not watcher.cancelled():  # it returned: the disconnect came
+            noticed.set()
+
+    def watched(receive: Receive, exchange: Exchange) -> asyncio.Task[None]:
+        watcher = watch_disconnect(receive, exchange)
+        watcher.add_done_callback(saw_it_leave)
+        return watcher
+
+    monkeypatch.setattr("gateway.api.proxy.watch_disconnect", watched)
+    raw = start_raw(json_answer(b'{"id":"c","choices":[]}'))
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    body = json.dumps({**CHAT, "stream": False}).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"authorization: Bearer {gateway.key}\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode()
+    disk.holding.set()
+    try:
+        with socket.create_connection((gateway.server.host, gateway.server.port), 10) as client:
+            client.sendall(head + body)
+            assert disk.writing.wait(30)  # the dispatch record is being written
+        assert noticed.wait(30)
+    finally:
+        disk.released.set()
+    until(lambda: not gateway.app.serving, "the request ended")
+    gateway.server.stop()  # the final checkpoint
+    found = records(tmp_path / "log")
+    assert [r["type"] for r in found] == ["dispatch", "completion"]
+    assert found[1]["status"] == 499
+    assert found[1]["response_commitment"] is None
+    assert raw.posts == []  # the backend was never asked
+    key = load_signer(tmp_path / "log.key").vkey
+    assert run_audit(["verify", str(tmp_path / "log"), "--key", key]) == 0

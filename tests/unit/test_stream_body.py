@@ -35,6 +35,9 @@ CASES = {
     "broken-in-event": (EVENT + b'data: {"choices":[]}\n', b"\n" + ERROR + RECEIPT),
     "broken-after-cr": (EVENT + b'data: {"choices":[]}\r', b"\n\n" + ERROR + RECEIPT),
     "broken-mid-line": (EVENT + b'data: {"cho', b"\n\n" + ERROR + RECEIPT),
+    # the backend's event ended by a blank line whose last line end is a lone CR
+    "broken-after-crlf-cr": (EVENT.replace(b"\n", b"\r\n")[:-1], ERROR + RECEIPT),
+    "broken-after-cr-cr": (EVENT.replace(b"\n", b"\r"), ERROR + RECEIPT),
     "whole-answer": (b'{"choices":[]}', b""),
     "no-receipt-line": (EVENT + b"data: [DONE]\n\n", b""),
 }

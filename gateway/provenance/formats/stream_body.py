@@ -42,7 +42,8 @@ def committed_bodies(received: bytes) -> tuple[bytes, ...]:
     if body.endswith(b"\n") and body[:-1] and body[-2:-1] not in _LINE_ENDS:
         candidates.append(body[:-1])
     event = _ERROR_EVENT.search(body)
-    if event is not None and body[event.start() - 1 : event.start()] in (b"", b"\n"):
+    # after a blank line the gateway writes nothing, and one may end in a lone CR
+    if event is not None and body[event.start() - 1 : event.start()] in (b"", *_LINE_ENDS):
         before = body[: event.start()]  # then what ended the backend's event: "", LF, 2 LF
         candidates += [
             before[: len(before) - cut] for cut in (0, 1, 2) if before.endswith(b"\n" * cut)
