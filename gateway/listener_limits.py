@@ -107,11 +107,18 @@ class Refusals:
 class Refusal(Exception):
     """Raised in a parser callback to stop parsing; `data_received` answers it."""
 
-    def __init__(self, code: ErrorCode, reason: str, message: str) -> None:
+    def __init__(
+        self,
+        code: ErrorCode,
+        reason: str,
+        message: str,
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
+        self.headers = headers  # more header fields for the answer (`retry-after`)
 
 
 NO_UPGRADE = (

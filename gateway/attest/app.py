@@ -99,6 +99,9 @@ class AttestSettings:
     log_dir: Path
     origin: str | None = None  # the log's origin line; default: the key's name
     max_body: int = 16 * 1024 * 1024
+    # Request bodies held at once by every connection together (gateway/body_budget.py):
+    # past it a request is refused 429 with `retry-after: 1` before its body is read.
+    max_held_body: int = 256 * 1024 * 1024
     connect_timeout: float = 5.0
     read_timeout: float = 600.0
     max_connections: int = 1024  # to the backend

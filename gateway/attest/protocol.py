@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import sys
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
 from gateway.attest.reader import Request, RequestReader
+from gateway.body_budget import BodyBudget
 from gateway.errors import ErrorCode, GatewayError
 from gateway.listener_limits import ListenerLimits, Refusal, Refusals
 from gateway.logs import get_logger
@@ -56,7 +58,8 @@ Handler = Callable[["Connection", Request], Awaitable[None]]
 
 class Listener:
     """What the connections of one listening socket share: the relay, the limits, the
-    refusal counts and the open connections (to drain them at shutdown)."""
+    refusal counts, the open connections (to drain them at shutdown) and the request
+    bodies they hold together (`bodies`, at most `max_held_body` bytes)."""
 
     def __init__(
         self,
@@ -65,8 +68,11 @@ class Listener:
         max_body: int,
         keepalive_s: float,
         write_timeout_s: float = 600.0,
+        max_held_body: int = sys.maxsize,
     ) -> None:
         self.handler = handler
+        self.bodies = BodyBudget()
+        self.max_held_body = max_held_body
         self.limits = limits
         self.max_body = max_body
         self.keepalive_s = keepalive_s
@@ -97,7 +103,12 @@ class Connection(RequestReader):
 
     def __init__(self, listener: Listener) -> None:
         super().__init__(
-            listener.limits, listener.refusals, listener.max_body, listener.connections
+            listener.limits,
+            listener.refusals,
+            listener.max_body,
+            listener.connections,
+            listener.bodies,
+            listener.max_held_body,
         )
         self._listener = listener
         self.left = False  # the client went away
@@ -116,6 +127,10 @@ class Connection(RequestReader):
         if self._refused:
             return
         super().connection_lost(exc)
+        for waiting in self._pipeline:  # never run: their bodies are given back now
+            if waiting.held is not None:
+                waiting.held.release()
+        self._pipeline.clear()
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
@@ -162,6 +177,8 @@ class Connection(RequestReader):
         handler = self._listener.handler
         while True:
             if self._write_paused and not await self._drained():
+                if request.held is not None:  # cut off before it ran
+                    request.held.release()
                 self.task = None
                 return
             self._keep_alive = request.keep_alive and not self._listener.draining
@@ -177,6 +194,9 @@ class Connection(RequestReader):
                 if not self._started:
                     failure = GatewayError(ErrorCode.internal_error, "the sidecar failed")
                     self.respond(failure.status, failure.body(), b"application/json")
+            finally:  # answered, refused, failed or abandoned: its body is not held now
+                if request.held is not None:
+                    request.held.release()
             self.upstream = None
             if not self._answered or not self._keep_alive or self.left:
                 if not self.left:

@@ -15,6 +15,11 @@ answers and messages, in `gateway/listener_limits.py`, are shared), counted the 
   a request waits its turn, `100 Continue` owed until the running request is answered),
   either deadline starts over;
 - a body over `max_body` (declared or arriving): 413 `request_too_large`;
+- bodies held at once by all connections together, over `max_held` (`BodyBudget`,
+  gateway/body_budget.py, as the gateway's `limits.max_held_body_bytes`): 429
+  `rate_limit_exceeded` with `retry-after: 1`, counted from a body's declared length
+  before any of it is read (a chunked body: as it arrives); a request's bytes are given
+  back when its answer ends (`Request.held`), or when the connection ends first;
 - malformed framing or a target that is not a path: 400 `invalid_request` as an OpenAI
   error object; chunk framing or trailer bytes past `max_header_bytes`: 431; trailer
   fields and protocol upgrades: 400.
@@ -28,10 +33,12 @@ goes to `request_complete` whole (`Request`).
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import httptools
 
-from gateway.errors import ErrorCode
+from gateway.body_budget import BodyBudget, Held
+from gateway.errors import ErrorCode, GatewayError
 from gateway.listener_limits import (
     LINGER_BYTES,
     LINGER_S,
@@ -53,9 +60,10 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 class Request:
     """One complete request: method, target (path and query), headers (names in lower
-    case, in order), body, and whether the connection stays open after it."""
+    case, in order), body, whether the connection stays open after it, and its share of
+    the listener's `BodyBudget` (released by whoever answers it)."""
 
-    __slots__ = ("body", "headers", "keep_alive", "method", "target")
+    __slots__ = ("body", "headers", "held", "keep_alive", "method", "target")
 
     def __init__(
         self,
@@ -64,12 +72,14 @@ class Request:
         headers: list[tuple[bytes, bytes]],
         body: bytes,
         keep_alive: bool,
+        held: Held | None = None,
     ) -> None:
         self.method = method
         self.target = target
         self.headers = headers
         self.body = body
         self.keep_alive = keep_alive
+        self.held = held
 
 
 class RequestReader(asyncio.Protocol):
@@ -84,8 +94,13 @@ class RequestReader(asyncio.Protocol):
         refusals: Refusals,
         max_body: int,
         connections: set[RequestReader],
+        bodies: BodyBudget | None = None,
+        max_held: int = sys.maxsize,
     ) -> None:
         self._limits = limits
+        self._bodies = bodies or BodyBudget()
+        self._max_held = max_held
+        self._held: Held | None = None  # the body being read's share of `bodies`
         self._refusals = refusals
         self._max_body = max_body
         self._connections = connections
@@ -141,6 +156,7 @@ class RequestReader(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._connections.discard(self)
+        self._release()
         for timer in (self._head_timer, self._body_timer):
             if timer is not None:
                 timer.cancel()
@@ -163,7 +179,7 @@ class RequestReader(asyncio.Protocol):
         except httptools.HttpParserCallbackError as exc:
             refusal = exc.__context__
             if isinstance(refusal, Refusal):
-                self._refuse(refusal.code, refusal.reason, refusal.message)
+                self._refuse(refusal.code, refusal.reason, refusal.message, refusal.headers)
             else:
                 self._refuse(ErrorCode.invalid_request, "framing", "Invalid HTTP request.")
             return
@@ -195,6 +211,8 @@ class RequestReader(asyncio.Protocol):
     # parser callbacks
 
     def on_message_begin(self) -> None:
+        self._release()
+        self._held = self._bodies.hold(self._max_held)
         self._head_begun = True
         self._target = b""
         self._headers = []
@@ -228,6 +246,8 @@ class RequestReader(asyncio.Protocol):
             if name == b"content-length":
                 if value.isdigit() and (len(value) > 20 or int(value) > self._max_body):
                     raise self._too_large()
+                if value.isdigit():  # held before any of it is read
+                    self._cover(int(value))
             elif name == b"expect" and value.lower() == b"100-continue":
                 expect_continue = True
         self._in_head = self._head_begun = False
@@ -245,6 +265,7 @@ class RequestReader(asyncio.Protocol):
         self._body_size += len(body)
         if self._body_size > self._max_body:
             raise self._too_large()
+        self._cover(self._body_size)
         if self._more is not None:
             self._more += body
         elif self._body:
@@ -263,6 +284,7 @@ class RequestReader(asyncio.Protocol):
             self._body_timer = None
         body, more = self._body, self._more
         self._body, self._more = b"", None  # not held past the request (an idle connection)
+        held, self._held = self._held, None  # the request's now: released with its answer
         self.request_complete(
             Request(
                 self.parser.get_method(),
@@ -270,6 +292,7 @@ class RequestReader(asyncio.Protocol):
                 self._headers,
                 body if more is None else bytes(more),
                 self.parser.should_keep_alive(),
+                held,
             )
         )
 
@@ -280,6 +303,25 @@ class RequestReader(asyncio.Protocol):
             self.transport.write(_CONTINUE)
 
     # limits
+
+    def _cover(self, size: int) -> None:
+        """Hold `size` bytes of the body being read against the listener's budget."""
+        held = self._held
+        if held is None:
+            return
+        try:
+            held.cover(size)
+        except GatewayError as exc:
+            message = (
+                "The sidecar holds as many request bodies as it may at once "
+                "(--max-held-body-bytes); retry shortly."
+            )
+            raise Refusal(exc.code, "held_body_bytes", message, tuple(exc.headers)) from None
+
+    def _release(self) -> None:
+        if self._held is not None:
+            self._held.release()
+            self._held = None
 
     def _too_large(self) -> Refusal:
         limit = self._max_body
@@ -337,9 +379,16 @@ class RequestReader(asyncio.Protocol):
             f"The request body did not arrive within {self._limits.body_timeout_s:g} s.",
         )
 
-    def _refuse(self, code: ErrorCode, reason: str, message: str) -> None:
+    def _refuse(
+        self,
+        code: ErrorCode,
+        reason: str,
+        message: str,
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+    ) -> None:
         """Answer `code` (unless another answer is in progress) and close."""
         self._refusals.note(reason, self._loop.time())
+        self._release()  # the refused body is not kept: its bytes are dropped from now on
         for timer in (self._head_timer, self._body_timer):
             if timer is not None:
                 timer.cancel()
@@ -348,7 +397,7 @@ class RequestReader(asyncio.Protocol):
             self.abandon()
             self.transport.close()
             return
-        self.transport.write(refusal_answer(code, message, []))
+        self.transport.write(refusal_answer(code, message, list(headers)))
         self._linger_left = LINGER_BYTES
         self.transport.resume_reading()
         if self.transport.can_write_eof():

@@ -59,6 +59,7 @@ class _Running:
             settings.max_body,
             listen.keepalive_timeout_s,
             write_timeout_s=limits.write_timeout_s,
+            max_held_body=settings.max_held_body,
         )
         # A TLS handshake is bounded like a request head: the connection counts against
         # the cap only once it is made, after the handshake.

@@ -53,6 +53,13 @@ def register(subparsers: Any) -> None:
         help="largest request or whole response relayed (16 MiB)",
     )
     add(
+        "--max-held-body-bytes",
+        type=int,
+        default=_env("MAX_HELD_BODY_BYTES", str(256 * 1024 * 1024)),
+        help="request bodies held at once by all connections together (256 MiB, at least "
+        "--max-body-bytes): past it a request is refused 429 with retry-after: 1",
+    )
+    add(
         "--flush-ms",
         type=float,
         default=_env("FLUSH_MS", "200"),
@@ -83,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     host, _, port = args.listen.rpartition(":")
     bad_numbers = (
         args.max_body_bytes <= 0
+        or args.max_held_body_bytes < args.max_body_bytes
         or not (math.isfinite(args.flush_ms) and args.flush_ms >= 0)
         or not (math.isfinite(args.checkpoint_ms) and args.checkpoint_ms > 0)
     )
@@ -113,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         log_dir=Path(args.log),
         origin=args.origin,
         max_body=args.max_body_bytes,
+        max_held_body=args.max_held_body_bytes,
         flush_ms=args.flush_ms,
         checkpoint_ms=args.checkpoint_ms,
     )

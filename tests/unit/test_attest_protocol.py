@@ -313,3 +313,50 @@ def test_a_few_pipelined_requests_are_all_answered_in_turn() -> None:
         assert not transport.closed.is_set()
 
     asyncio.run(main())
+
+
+def test_bodies_of_requests_that_never_run_are_given_back_when_the_client_leaves() -> None:
+    """Pipelined requests wait behind a running one holding their bodies against the
+    listener's budget (`--max-held-body-bytes`); a client that leaves before they run gets
+    them given back, and the running one's when its handler ends."""
+
+    async def main() -> None:
+        release, handled = asyncio.Event(), list[Request]()
+        listener = Listener(
+            _blocking_handler(release, handled), LIMITS, 4096, keepalive_s=30.0, max_held_body=100
+        )
+        connection = listener.protocol()
+        connection.connection_made(FakeTransport())  # type: ignore[arg-type]
+        post = b"POST /v1/x HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n0123456789"
+        connection.data_received(post * 3)
+        await _turns()
+        assert len(handled) == 1
+        assert listener.bodies.held == 30
+        task = connection.task
+        connection.connection_lost(None)
+        assert listener.bodies.held == 10  # the running request's, until its handler ends
+        release.set()
+        await asyncio.wait_for(asyncio.shield(task), WAIT_S)  # type: ignore[arg-type]
+        assert listener.bodies.held == 0
+
+    asyncio.run(main())
+
+
+def test_the_body_of_a_request_cut_off_before_it_runs_is_given_back() -> None:
+    """A client that reads none of its earlier answers is cut off before its next request
+    runs (`write_timeout_s`): that request's body is not held any longer."""
+
+    async def main() -> None:
+        async def handler(conn: Connection, request: Request) -> None:
+            raise AssertionError("a request cut off before its turn never runs")
+
+        connection, transport = _connect(handler, write_timeout_s=0.01)
+        connection.pause_writing()  # an earlier answer filled the client's buffers
+        connection.data_received(b"POST /v1/x HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}")
+        task = connection.task
+        assert connection._listener.bodies.held == 2
+        await asyncio.wait_for(asyncio.shield(task), WAIT_S)  # type: ignore[arg-type]
+        assert transport.closed.is_set()
+        assert connection._listener.bodies.held == 0
+
+    asyncio.run(main())

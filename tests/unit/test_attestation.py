@@ -401,6 +401,8 @@ def test_the_sidecar_command_wants_its_tls_files_together_and_usable(
         ["--checkpoint-ms", "nan"],
         ["--flush-ms", "inf"],
         ["--checkpoint-ms", "inf"],
+        # the bodies held at once must hold at least one whole body
+        ["--max-body-bytes", "4096", "--max-held-body-bytes", "4095"],
     ],
 )
 def test_the_sidecar_command_wants_a_sane_log_cadence(
