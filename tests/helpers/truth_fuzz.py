@@ -12,6 +12,7 @@ got (after the transfer framing), which the test holds the log's records to.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import random
@@ -33,6 +34,7 @@ __all__ = [
     "answer_body",
     "backend_plan",
     "client_plan",
+    "hosted_plan",
     "play",
     "request_case",
     "serve",
@@ -58,6 +60,8 @@ class BackendPlan:
     cut: int | None  # cut the wire after this many thousandths of it
     reset: bool
     keep: bool  # keep the connection open for the gateway's next request
+    finish: bool = False  # a finish_reason in the last content chunk (a hosted provider's)
+    garble: int | None = None  # this stream chunk (index) is not JSON
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,14 @@ def backend_plan(rng: random.Random) -> BackendPlan:
     )
 
 
+def hosted_plan(rng: random.Random) -> BackendPlan:
+    """A hosted provider's answer (an OpenAI-compatible server behind LiteLLM): the faults
+    of `backend_plan`, and a finish reason or none, and a chunk that is not JSON."""
+    plan = backend_plan(rng)
+    garble = rng.randint(0, plan.chunks - 1) if rng.random() < 0.15 else None
+    return dataclasses.replace(plan, finish=rng.random() < 0.7, garble=garble)
+
+
 def client_plan(rng: random.Random) -> ClientPlan:
     return ClientPlan(
         stream=rng.random() < 0.6,
@@ -123,7 +135,13 @@ def answer_body(plan: BackendPlan, case: int, name: str, with_usage: bool = True
         answer: dict[str, object] = {
             "id": f"c{case}",
             "object": "chat.completion",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    **({"finish_reason": "stop"} if plan.finish else {}),
+                }
+            ],
         }
         if plan.usage != "absent":
             answer["usage"] = usage
@@ -133,7 +151,13 @@ def answer_body(plan: BackendPlan, case: int, name: str, with_usage: bool = True
     events = []
     for i in range(plan.chunks):
         delta = {"content": _content(case, name, i)}
-        chunk = {"id": f"c{case}", "choices": [{"index": 0, "delta": delta}]}
+        choice: dict[str, object] = {"index": 0, "delta": delta}
+        if plan.finish and i == plan.chunks - 1:
+            choice["finish_reason"] = "stop"
+        chunk = {"id": f"c{case}", "object": "chat.completion.chunk", "choices": [choice]}
+        if plan.garble == i:
+            events.append(b'data: {"id":"c%d","choices":[{"ind' % case + end + end)
+            continue
         events.append(b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + end + end)
     if not with_usage:
         pass

@@ -10,6 +10,14 @@ its response commitment opens against the client's exact bytes (docs/provenance.
 got, no attempt that failed claims bytes, nothing is answered 500 or hangs; at the end
 every dispatch has its completion and `owngate audit verify` passes.
 
+`attested`: each backend behind its own `owngate attest` sidecar (a process), so the faults
+happen between backend and sidecar. Also: an accepted countersignature is in the sidecar's
+log with the record's response commitment (which opens on the client's bytes), is never on
+an answer the client got cut or as an error, and `owngate audit verify --backend-key
+--attest-log` passes exactly when every answer below 400 has an accepted one. `hosted`: one
+hosted provider instead (the scripted server behind LiteLLM, as OpenAI-compatible), with a
+finish reason or none and a chunk that is not JSON too.
+
 CI runs a fixed seed and a bounded number of cases. For a longer search set
 `OWNGATE_TRUTH_FUZZ_CASES` (cases per seed) and `OWNGATE_TRUTH_FUZZ_SEEDS` (comma-separated).
 """
@@ -22,7 +30,7 @@ import json
 import os
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -34,7 +42,15 @@ from gateway.api.trail import Trail
 from gateway.provenance import commit, load_signer
 from gateway.provenance.formats.commitments import Salts
 from gateway.provenance.formats.stream_body import committed_bodies
-from tests.helpers.gateways import Gateway, backend, logged_gateway
+from tests.helpers.attest import Sidecar, start_sidecar
+from tests.helpers.gateways import (
+    HOSTED_ONLY_POLICY,
+    LITELLM_WARNINGS,
+    Gateway,
+    backend,
+    hosted_backend,
+    logged_gateway,
+)
 from tests.helpers.log_truth import ORIGIN
 from tests.helpers.provenance import records, run_audit
 from tests.helpers.raw_backend import Answer, Post, RawBackend
@@ -44,17 +60,23 @@ from tests.helpers.truth_fuzz import (
     answer_body,
     backend_plan,
     client_plan,
+    hosted_plan,
     play,
     request_case,
     serve,
 )
 from tests.helpers.waiting import until
 
-_CASES = int(os.environ.get("OWNGATE_TRUTH_FUZZ_CASES", "40"))
+pytestmark = LITELLM_WARNINGS  # the hosted kind streams through LiteLLM
+# Cases per seed; CI's: 40 plain, 20 attested or hosted (their sidecars and LiteLLM cost).
+_CASES = {
+    k: int(os.environ.get("OWNGATE_TRUTH_FUZZ_CASES", "40" if k == "plain" else "20"))
+    for k in ("plain", "attested", "hosted")
+}
 _SEEDS = [int(s) for s in os.environ.get("OWNGATE_TRUTH_FUZZ_SEEDS", "20261203").split(",")]
 # Clients at once: 1 in CI (each case's outcome then depends on its seed alone).
 _CONCURRENCY = int(os.environ.get("OWNGATE_TRUTH_FUZZ_CONCURRENCY", "1"))
-_MARK = re.compile(rb"case-(\d+)-([ab])-")
+_MARK = re.compile(rb"case-(\d+)-([a-z]+)-")
 _ERROR_EVENT = re.compile(rb'data: \{"error":\{[^\r\n]*\}\}\n\n')
 _ERROR_STATUS = {"upstream_error": 502, "upstream_timeout": 504, "not_ready": 503}
 _REFUSAL_STATUS = {"policy_denied": 403, "no_compliant_backend": 503, "unknown_data_class": 400}
@@ -78,23 +100,40 @@ class _Request:
     salts: Salts
 
 
+@pytest.fixture
+def sidecars() -> Iterator[list[Sidecar]]:
+    """Sidecars a test started: killed at the end if it did not stop them."""
+    started: list[Sidecar] = []
+    yield started
+    for sidecar in started:
+        sidecar.process.kill()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("drain", [False, True], ids=["faults", "faults-then-drain"])
+@pytest.mark.parametrize(
+    ("drain", "kind"),
+    [(False, "plain"), (True, "plain"), (False, "attested"), (True, "attested"), (False, "hosted")],
+    ids=["faults", "faults-then-drain", "attested", "attested-then-drain", "hosted"],
+)
 @pytest.mark.parametrize("seed", _SEEDS)
 def test_randomized_faults_leave_a_log_that_says_what_each_client_saw(
     start_raw: Callable[[Answer], RawBackend],
     start_gateway: Callable[..., Gateway],
+    sidecars: list[Sidecar],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     seed: int,
     drain: bool,
+    kind: str,
 ) -> None:
     """`drain`: the gateway begins to drain while a backend answers a case the seed
     picks (what still runs past `drain_timeout_s` is cut: 503), and later requests get
-    503 not_ready."""
+    503 not_ready. `kind`: private backends, each behind its own sidecar (attested), or one
+    hosted provider through LiteLLM."""
     rng = random.Random(seed)
-    plans = {case: {n: backend_plan(rng) for n in ("a", "b")} for case in range(_CASES)}
-    clients = {case: client_plan(rng) for case in range(_CASES)}
+    names, plan = (("hosted",), hosted_plan) if kind == "hosted" else (("a", "b"), backend_plan)
+    plans = {case: {n: plan(rng) for n in names} for case in range(_CASES[kind])}
+    clients = {case: client_plan(rng) for case in range(_CASES[kind])}
     requests: dict[str, _Request] = {}  # request commitment -> its case, and its salts
     start = Recorder.start
 
@@ -104,7 +143,7 @@ def test_randomized_faults_leave_a_log_that_says_what_each_client_saw(
         return trail
 
     monkeypatch.setattr(Recorder, "start", keeping)
-    drain_at = rng.randrange(_CASES) if drain else None
+    drain_at = rng.randrange(_CASES[kind]) if drain else None
     started: list[Gateway] = []
 
     def answering(name: str) -> Answer:
@@ -116,14 +155,29 @@ def test_randomized_faults_leave_a_log_that_says_what_each_client_saw(
 
         return answer
 
-    raws = {n: start_raw(answering(n)) for n in ("a", "b")}
+    raws = {n: start_raw(answering(n)) for n in names}
+    hosted: dict[str, Any] = {}
+    if kind == "attested":
+        sidecars += [start_sidecar(tmp_path / "attest", n, raw.url) for n, raw in raws.items()]
+        backends = [backend(s.key_file.stem, s.url, "m", attest={"key": s.vkey}) for s in sidecars]
+    elif kind == "hosted":
+        backends = [hosted_backend("hosted", f"{raws['hosted'].url}/v1", "m")]
+        (tmp_path / "policies").mkdir()
+        (tmp_path / "policies" / "hosted.yaml").write_text(HOSTED_ONLY_POLICY)
+        hosted = {
+            "environ": {"HOSTED_KEY": "sk-test"},
+            "policy": {"paths": [str(tmp_path / "policies")]},
+        }
+    else:
+        backends = [backend(n, raw.url, "m") for n, raw in raws.items()]
     gateway = logged_gateway(
         start_gateway,
         tmp_path,
-        [backend(n, raw.url, "m") for n, raw in raws.items()],
+        backends,
         ORIGIN,
         limits=_LIMITS,
         routing={"breaker": {"failure_threshold": 1000}},
+        **hosted,
     )
     started.append(gateway)
     host, port = gateway.server.host, gateway.server.port
@@ -132,12 +186,12 @@ def test_randomized_faults_leave_a_log_that_says_what_each_client_saw(
         return play(host, port, gateway.key, case, clients[case], _CLIENT_LIMIT_S)
 
     with ThreadPoolExecutor(_CONCURRENCY) as pool:
-        got = dict(zip(range(_CASES), pool.map(one, range(_CASES)), strict=True))
+        got = dict(zip(range(_CASES[kind]), pool.map(one, range(_CASES[kind])), strict=True))
     until(lambda: not gateway.app.serving, "every request ended", timeout=_LONGEST_S)
     gateway.server.stop()  # the final checkpoint
     log = records(tmp_path / "log")
     problems = _every_dispatch_completed(log)
-    for case in range(_CASES):
+    for case in range(_CASES[kind]):
         ids = {r["request_id"] for r in log if _case_of(r, requests) == case}
         mine = [r for r in log if r["request_id"] in ids]
         where = f"case {case} ({plans[case]}, {clients[case]}, got {got[case].describe()})"
@@ -147,6 +201,8 @@ def test_randomized_faults_leave_a_log_that_says_what_each_client_saw(
     key = load_signer(tmp_path / "log.key").vkey
     if run_audit(["verify", str(tmp_path / "log"), "--key", key]) != 0:
         problems.append("owngate audit verify failed")
+    if kind == "attested":
+        problems += _attested_problems(log, got, requests, sidecars, key, tmp_path / "log")
     assert not problems, f"seed {seed}:\n" + "\n".join(problems)
 
 
@@ -211,6 +267,8 @@ def _check(
         if last["status"] != 499:
             return problems  # all of it went out before the gateway saw the client leave
         tails = _more_that_went_out(got.body, plans[served], case, served)
+        if served == "hosted":
+            return problems  # LiteLLM's rendering, not the provider's bytes: no tails known
         if commitment is not None and not any(
             commitment == commit("response", salt, got.body + tail) for tail in tails
         ):
@@ -241,3 +299,54 @@ def _more_that_went_out(seen: bytes, plan: BackendPlan, case: int, name: str) ->
         if full.startswith(seen):
             tails += [full[len(seen) : n] for n in range(len(seen) + 1, len(full) + 1)]
     return tails
+
+
+def _attested_problems(
+    log: list[dict[str, Any]],
+    got: dict[int, Got],
+    requests: dict[str, _Request],
+    sidecars: list[Sidecar],
+    key: str,
+    directory: Path,
+) -> list[str]:
+    """What is wrong with the countersignatures in `log` (see the module's docstring)."""
+    problems = [f"sidecar {s.key_file.stem} exited {code}" for s in sidecars if (code := s.stop())]
+    statements = {
+        (r["key"], r["counter"]): r
+        for s in sidecars
+        for r in records(s.log)
+        if r["type"] == "attestation"
+    }
+    unsigned = 0
+    for record in log:
+        attestation = record.get("attestation") if record["type"] == "completion" else None
+        if attestation is None:
+            continue
+        if attestation["failure"] is not None:
+            unsigned += record["status"] < 400
+            continue
+        case = _case_of(log[record["dispatch"]["index"]], requests)
+        where = f"case {case} ({got[case].describe() if case is not None else '?'})"
+        statement = statements.get((attestation["key"], attestation["counter"]))
+        if statement is None:
+            problems.append(f"{where}: an accepted countersignature not in its sidecar's log")
+        elif statement["response_commitment"] != record["response_commitment"]:
+            problems.append(f"{where}: the statement commits to another response")
+        client = got[case] if case is not None else None
+        cut = client is not None and not client.left and not client.complete
+        error = client is not None and _ERROR_EVENT.search(client.body) is not None
+        if record["status"] >= 400 or cut or error:
+            problems.append(f"{where}: a cut or error answer ({record['status']}) countersigned")
+    audit = ["verify", str(directory), "--key", key]
+    for sidecar in sidecars:
+        name = sidecar.key_file.stem
+        audit += [
+            "--backend-key",
+            f"{name}={sidecar.vkey}",
+            "--attest-log",
+            f"{name}={sidecar.log}",
+        ]
+    passed = run_audit(audit) == 0
+    if passed != (unsigned == 0):
+        problems.append(f"audit verify --backend-key passed: {passed}, {unsigned} unsigned answers")
+    return problems
