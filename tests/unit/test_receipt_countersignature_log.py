@@ -26,7 +26,11 @@ from gateway.provenance.formats.attestation import (
     sign_statement,
 )
 from gateway.provenance.formats.receipts import attach_countersignature
-from gateway.provenance.formats.records import TraceStep, completion_record, dispatch_record
+from gateway.provenance.formats.records import (
+    TraceStep,
+    completion_record,
+    dispatch_record,
+)
 from gateway.provenance.testing import (
     EXAMPLE_BACKEND,
     EXAMPLE_POLICY,
@@ -41,6 +45,21 @@ REQUEST = b'{"model":"m","messages":[]}'
 SERVED = b'{"choices":[{"message":{"content":"served"}}]}'
 OTHER = b'{"choices":[{"message":{"content":"something else"}}]}'
 MOMENT = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _dispatch() -> dict[str, object]:
+    """The dispatch of request req-1 to the example backend, as the gateway writes it."""
+    return dispatch_record(
+        request_id="req-1",
+        time=MOMENT,
+        tenant="acme",
+        model="m",
+        policy=EXAMPLE_POLICY,
+        trace=[TraceStep(EXAMPLE_BACKEND.id, "admitted", "tenant.allow")],
+        backend=EXAMPLE_BACKEND,
+        fallback_reason=None,
+        request_commitment=commit("request", SALTS.request, REQUEST),
+    )
 
 
 def _statement(counter: int, response: bytes) -> Statement:
@@ -59,19 +78,7 @@ def _log(path: Path, accepted: Attestation) -> Receipt:
 
     async def build() -> Receipt:
         log = await ProvenanceLog.open(path, LOG.name, LOG)
-        dispatch = await log.append(
-            dispatch_record(
-                request_id="req-1",
-                time=MOMENT,
-                tenant="acme",
-                model="m",
-                policy=EXAMPLE_POLICY,
-                trace=[TraceStep(EXAMPLE_BACKEND.id, "admitted", "tenant.allow")],
-                backend=EXAMPLE_BACKEND,
-                fallback_reason=None,
-                request_commitment=commit("request", SALTS.request, REQUEST),
-            )
-        )
+        dispatch = await log.append(_dispatch())
         await log.append(
             completion_record(
                 request_id="req-1",
@@ -185,19 +192,7 @@ def test_a_dispatch_whose_completion_is_not_checkpointed_yet_says_so(
 
     async def build() -> Receipt:
         log = await ProvenanceLog.open(tmp_path / "log", LOG.name, LOG)
-        dispatch = await log.append(
-            dispatch_record(
-                request_id="req-1",
-                time=MOMENT,
-                tenant="acme",
-                model="m",
-                policy=EXAMPLE_POLICY,
-                trace=[TraceStep(EXAMPLE_BACKEND.id, "admitted", "tenant.allow")],
-                backend=EXAMPLE_BACKEND,
-                fallback_reason=None,
-                request_commitment=commit("request", SALTS.request, REQUEST),
-            )
-        )
+        dispatch = await log.append(_dispatch())
         await log.close()
         return Receipt(
             "req-1",
