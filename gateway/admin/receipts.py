@@ -4,10 +4,13 @@
 The receipt as the client got it (the DSSE envelope as a JSON object or its text, or
 the base64 of the `x-owngate-receipt` header; at most `MAX_RECEIPT_BYTES`) is checked
 as `owngate audit receipt verify --log` checks it: its signature by one of the log's
-keys (`verify_receipt`), then that the log's latest signed checkpoint covers the record
-it names, with an inclusion proof (`check_receipt_in_log`). A forged or altered receipt,
-or one the log does not hold, is an answer (`valid: false` and the problem), not an
-error. Runs in a worker thread: the proof reads tiles from disk.
+keys (`verify_receipt`: the current and previous signing keys and the
+`retired_verifier_keys` of the config), then that the log's latest signed checkpoint
+covers the record it names, with an inclusion proof (`check_receipt_in_log`), and that
+the key that signed it was the log's key when its entry was written
+(`check_receipt_key`: a key a rotation retired signs no receipt after its retirement).
+A forged or altered receipt, or one the log does not hold, is an answer (`valid: false`
+and the problem), not an error. Runs in a worker thread: the proof reads tiles from disk.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from gateway.provenance import (
     verify_receipt,
 )
 from gateway.provenance.audit.receipt import check_receipt_in_log
+from gateway.provenance.audit.receipt_keys import check_receipt_key
 from gateway.provenance.formats.dsse import loads_strict
 from gateway.provenance.formats.receipts import MAX_RECEIPT_BYTES
 
@@ -85,7 +89,9 @@ async def verify(
             loads_strict(await request.body(), "receipt")
         except MalformedError as exc:
             return ReceiptVerdict.model_validate(_refused(str(exc)))
-    verdict = await asyncio.to_thread(_check, envelope, LogDirectory(directory), recorder.verifiers)
+    # the keys a rotation retired too: the receipts they signed before it still verify
+    keys = [*recorder.verifiers, *recorder.retired_verifiers]
+    verdict = await asyncio.to_thread(_check, envelope, LogDirectory(directory), keys)
     return ReceiptVerdict.model_validate(verdict)
 
 
@@ -148,6 +154,11 @@ def _check(envelope: bytes, log: LogDirectory, verifiers: list[Verifier]) -> dic
         proved = check_receipt_in_log(log, receipt, verifiers)
     except (ProvenanceError, OSError, ValueError, IndexError) as exc:
         verdict["problems"] = [f"the log does not hold it: {log_problem(exc, log.path)}"]
+        return verdict
+    try:
+        check_receipt_key(log, envelope, receipt, verifiers)
+    except (ProvenanceError, OSError) as exc:
+        verdict["problems"] = [f"not signed by the log's key for its entry: {exc}"]
         return verdict
     record = orjson.loads(proved.entry)  # the log's own record, proved: trusted from here
     backend = record.get("backend") if isinstance(record.get("backend"), dict) else {}

@@ -67,6 +67,7 @@ class Recorder:
     _log: ProvenanceLog  # set by `open`
     _signer: Any
     verifiers: list[Verifier]  # set by `open`
+    retired_verifiers: list[Verifier]  # set by `open`
 
     def __init__(self, settings: ProvenanceSettings, config_dir: Path) -> None:
         self._settings = settings
@@ -107,6 +108,8 @@ class Recorder:
         # The log's public keys (current and previous): what its receipts and
         # checkpoints are checked against (the admin API's receipt verification).
         self.verifiers = [signer.verifier(), *(key.verifier() for key in previous)]
+        # Keys a rotation retired: receipts they signed before it (admin receipt check).
+        self.retired_verifiers = [Verifier(vkey) for vkey in settings.retired_verifier_keys]
         self.opened = True
 
     @property

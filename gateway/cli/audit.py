@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.cli.audit_flags import usage
+from gateway.cli.audit_proof import add_proof
 from gateway.cli.audit_prove import add_prove
 from gateway.cli.audit_receipt import add_open, add_receipt
 from gateway.cli.audit_report import add_report
@@ -30,6 +31,7 @@ def register(subparsers: Any) -> None:
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     add_verify(verbs)
     add_prove(verbs)
+    add_proof(verbs)
     add_receipt(verbs)
     add_open(verbs)
     add_show(verbs)

@@ -30,6 +30,7 @@ from gateway.provenance.audit.receipt import (
     read_receipt,
     receipt_commitment,
 )
+from gateway.provenance.audit.receipt_keys import check_receipt_key
 from gateway.provenance.formats.attestation import receipt_countersignature
 from gateway.provenance.formats.stream_body import committed_bodies
 
@@ -132,6 +133,7 @@ def _receipt_verify(args: argparse.Namespace) -> int:
     inclusion = check_receipt_in_log(log, receipt, keys)
     size = inclusion.size
     print(f"ok: entry {receipt.index} is in the checkpoint of size {size}")
+    check_receipt_key(log, envelope, receipt, keys)
     if statement is not None:
         index = check_countersignature_in_log(log, receipt, statement, inclusion)
         print(f"ok: entry {index}, its completion, recorded this countersignature")

@@ -105,11 +105,22 @@ def add_verify(verbs: Any) -> None:
         "cross-checked both ways against this log; ID= names its backend when several "
         "--backend-key are given (env OWNGATE_AUDIT_ATTEST_LOG)",
     )
+    verify.add_argument(
+        "--attest-checkpoint",
+        action="append",
+        default=None,
+        metavar="[ID=]FILE",
+        help="a checkpoint of a sidecar's log you saw before (its /log/checkpoint, saved at "
+        "an earlier audit): its --attest-log must still contain it, which detects a rollback "
+        "of the sidecar's log; ID= names its backend when several --backend-key are given "
+        "(env OWNGATE_AUDIT_ATTEST_CHECKPOINT)",
+    )
     verify.add_argument("--json", action="store_true", help="print the summary as JSON")
     verify.set_defaults(
         handler=guarded(_verify),
         _backend_key_defaults=env_list("BACKEND_KEY"),
         _attest_log_defaults=env_list("ATTEST_LOG"),
+        _attest_checkpoint_defaults=env_list("ATTEST_CHECKPOINT"),
         _checkpoint_defaults=env_list("CHECKPOINT"),
         _witness_defaults=env_list("WITNESS_KEY"),
     )
@@ -198,22 +209,40 @@ def _verified(
 def _attested(args: argparse.Namespace, logdir: str, size: int) -> AttestedSummary | None:
     keys = backend_keys(args.backend_key or args._backend_key_defaults, trusted_keys(args))
     sidecars = args.attest_log or args._attest_log_defaults
+    seen = args.attest_checkpoint or args._attest_checkpoint_defaults
     if not keys:
-        if sidecars:
+        if sidecars or seen:
             raise ValueError("--attest-log needs the sidecar's --backend-key ID=VKEY")
         return None
+    trusted: dict[str, list[bytes]] = {}
+    for item in seen:
+        backend, where = _backend_of(item, keys, "--attest-checkpoint")
+        trusted.setdefault(backend, []).append(Path(where).read_bytes())
     summary = check_attestations(logdir, size, keys)
     for item in sidecars:
-        backend, sep, where = item.partition("=")
-        if not sep or backend not in keys:
-            if len(keys) != 1:
-                raise ValueError(f"--attest-log {item!r}: name its backend, ID=DIR")
-            backend, where = next(iter(keys)), item
+        backend, where = _backend_of(item, keys, "--attest-log")
+        held = trusted.pop(backend, [])
         if is_url(where):
             with tempfile.TemporaryDirectory(prefix="owngate-attest-") as copy:
                 limits = fetch_limits(args)
                 mirror_log(where, Path(copy), verifiers=[keys[backend]], limits=limits)
-                cross_check(summary, copy, backend, keys[backend])
+                cross_check(summary, copy, backend, keys[backend], trusted_checkpoints=held)
         else:
-            cross_check(summary, where, backend, keys[backend])
+            cross_check(summary, where, backend, keys[backend], trusted_checkpoints=held)
+    if trusted:
+        raise ValueError(
+            f"--attest-checkpoint for backend {min(trusted)} needs its --attest-log: the "
+            "checkpoint is checked against the sidecar's log"
+        )
     return summary
+
+
+def _backend_of(item: str, keys: dict[str, Any], flag: str) -> tuple[str, str]:
+    """(backend id, location) of an `[ID=]WHERE` flag value; the ID may be left out when
+    one backend key is given."""
+    backend, sep, where = item.partition("=")
+    if not sep or backend not in keys:
+        if len(keys) != 1:
+            raise ValueError(f"{flag} {item!r}: name its backend, ID={where or item}")
+        backend, where = next(iter(keys)), item
+    return backend, where

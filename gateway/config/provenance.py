@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 from gateway.config.base import _Strict
 from gateway.provenance.errors import KeyFormatError
 from gateway.provenance.formats.cosignature import CosignatureVerifier, distinct_witnesses
+from gateway.provenance.formats.note import Verifier
 
 __all__ = ["ProvenanceSettings", "WitnessSettings"]
 
@@ -65,12 +66,27 @@ class ProvenanceSettings(_Strict):
         default=(),
         description="old keys that also sign every checkpoint during a key rotation",
     )
+    retired_verifier_keys: tuple[str, ...] = Field(
+        default=(),
+        description="verifier keys of signing keys a rotation retired: the admin API's "
+        "receipt check accepts the receipts they signed before their retirement",
+    )
     witnesses: tuple[WitnessSettings, ...] = Field(
         default=(), description="C2SP tlog-witnesses asked to cosign each new checkpoint"
     )
     witness_retry_max_s: float = Field(
         default=60.0, gt=0, description="longest wait between retries to a failing witness"
     )
+
+    @field_validator("retired_verifier_keys")
+    @classmethod
+    def _retired_keys(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for vkey in value:
+            try:
+                Verifier(vkey)
+            except KeyFormatError as exc:
+                raise ValueError(str(exc)) from exc
+        return value
 
     @field_validator("witnesses")
     @classmethod

@@ -21,12 +21,16 @@ import yaml
 from gateway.provenance import (
     LogVerificationError,
     SignatureError,
+    load_signer,
     load_verifiers,
+    make_receipt,
     open_checkpoint,
     verify_log,
     verify_receipt,
     write_signing_key,
 )
+from tests.helpers.gateways import ADMIN, ADMIN_HEADERS
+from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess
 from tests.helpers.provenance import run_audit
 
@@ -106,3 +110,58 @@ def test_rotate_the_signing_key_through_a_gateway(
     # A verifier with only A can never accept the B-only tail.
     with pytest.raises(LogVerificationError, match="no signature by a trusted key"):
         verify_log(logdir, key_a, accept_earlier_keys=True)
+
+
+def test_receipts_signed_before_a_rotation_verify_after_it(
+    process: Callable[..., GatewayProcess], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After the rotation (B alone), a receipt A signed before it still verifies, in the
+    admin API (A among `retired_verifier_keys`) as with `owngate audit receipt verify
+    --log --key A --key B`; a receipt A signs for an entry written after its retirement
+    (whoever kept A) is refused by both."""
+    vkey_a = write_signing_key(tmp_path / "a.key", ORIGIN)
+    vkey_b = write_signing_key(tmp_path / "b.key", ORIGIN)
+    gateway = process(provenance={"dir": "log", "origin": ORIGIN, "signing_key_file": "a.key"})
+    old_receipts = _serve(gateway, 2)
+    _reconfigure(gateway, signing_key_file="b.key", previous_signing_key_files=["a.key"])
+    _serve(gateway, 1)
+    _reconfigure(gateway, signing_key_file="b.key")
+    new_receipts = _serve(gateway, 2)
+    # A, retired, signs what B signed: a receipt of an entry written after the rotation
+    late = verify_receipt(new_receipts[-1], load_verifiers([vkey_b]))
+    forged = make_receipt(late, load_signer(tmp_path / "a.key"))
+    files = {}
+    for name, envelope in (("old", old_receipts[0]), ("new", new_receipts[0]), ("late", forged)):
+        files[name] = tmp_path / f"{name}.json"
+        files[name].write_bytes(envelope)
+
+    keys = ["--key", vkey_a, "--key", vkey_b, "--log", str(tmp_path / "log")]
+    assert run_audit(["receipt", "verify", str(files["old"]), *keys]) == 0
+    assert run_audit(["receipt", "verify", str(files["new"]), *keys]) == 0
+    capsys.readouterr()
+    assert run_audit(["receipt", "verify", str(files["late"]), *keys]) == 1
+    assert "a key retired by a rotation signed it" in capsys.readouterr().err
+
+    admin_port = free_port()
+    config = yaml.safe_load(gateway.path.read_text())
+    config["admin"] = {**ADMIN, "listen": {"host": "127.0.0.1", "port": admin_port}}
+    gateway.path.write_text(yaml.safe_dump(config))
+    _reconfigure(gateway, signing_key_file="b.key", retired_verifier_keys=[vkey_a])
+    gateway.start()
+    try:
+        url = f"http://127.0.0.1:{admin_port}/admin/v1/receipts/verify"
+
+        def verdict(envelope: bytes) -> dict[str, object]:
+            body = {"receipt": envelope.decode()}
+            answer = httpx.post(url, headers=ADMIN_HEADERS, json=body, timeout=10)
+            assert answer.status_code == 200, answer.text
+            found: dict[str, object] = answer.json()
+            return found
+
+        for envelope in (*old_receipts, *new_receipts):
+            assert verdict(envelope)["valid"] is True, verdict(envelope)
+        refused = verdict(forged)
+        assert refused["valid"] is False, refused
+        assert "a key retired by a rotation signed it" in str(refused["problems"])
+    finally:
+        gateway.stop()

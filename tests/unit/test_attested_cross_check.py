@@ -260,3 +260,48 @@ def test_a_backend_key_whose_base64_holds_a_plus_is_read_whole() -> None:
     assert {backend: key.vkey for backend, key in keys.items()} == {BACKEND: plus.vkey}
     with pytest.raises(ValueError, match="is a key of the log itself"):
         backend_keys([f"{BACKEND}={plus.vkey}"], [plus])
+
+
+def test_a_rolled_back_sidecar_log_is_caught_against_a_checkpoint_seen_before(
+    tmp_path: Path, answers: list[tuple[str, Statement, Salts]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The sidecar countersigned a request that bypassed the gateway after the last answer
+    the gateway's log carries; its log is then rolled back to before that statement (its
+    newer checkpoints and entries removed). Nothing in the gateway's log binds that tail,
+    so the cross-check alone passes; a checkpoint of the sidecar's log seen before (an
+    earlier audit, a monitor) must still be in it, and the rollback is caught."""
+    asyncio.run(_gateway_log(tmp_path / "log", answers))
+    statements = [statement for _, statement, _ in answers]
+    salts = Salts.generate(CountingRandom("bypass"))
+    bypass = _statement(3, "req-bypass", salts)
+    asyncio.run(_sidecar_log(tmp_path / "sidecar", [*statements, bypass]))
+    seen = (tmp_path / "sidecar" / "checkpoint").read_bytes()  # size 4, the auditor saved it
+    (tmp_path / "seen.checkpoint").write_bytes(seen)
+    asyncio.run(_sidecar_log(tmp_path / "rolled", statements))  # the same log, cut at 3
+    size = verify_log(tmp_path / "log", [GATEWAY.verifier()]).size
+    summary = check_attestations(tmp_path / "log", size, {BACKEND: SIDECAR.verifier()})
+    with pytest.raises(LogVerificationError, match="did not come through this gateway"):
+        cross_check(summary, tmp_path / "sidecar", BACKEND, SIDECAR.verifier())
+    # the gap: the rolled-back log agrees with every statement the gateway's log carries
+    assert cross_check(summary, tmp_path / "rolled", BACKEND, SIDECAR.verifier()) == 3
+    with pytest.raises(LogVerificationError) as caught:
+        cross_check(
+            summary, tmp_path / "rolled", BACKEND, SIDECAR.verifier(), trusted_checkpoints=[seen]
+        )
+    assert f"the sidecar log of backend {BACKEND}: rollback: " in str(caught.value)
+    vkey = SIDECAR.verifier().vkey
+    argv = ["audit", "verify", str(tmp_path / "log"), "--key", GATEWAY.verifier().vkey]
+    argv += ["--backend-key", f"{BACKEND}={vkey}", "--attest-log", str(tmp_path / "rolled")]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main([*argv, "--attest-checkpoint", str(tmp_path / "seen.checkpoint")]) == 1
+    assert "rollback: the log's newest checkpoint has size 3" in capsys.readouterr().err
+    named = f"{BACKEND}={tmp_path / 'seen.checkpoint'}"
+    assert main([*argv, "--attest-checkpoint", named]) == 1
+    # a checkpoint the log still covers passes; one for a sidecar log not given is a usage error
+    (tmp_path / "old.checkpoint").write_bytes((tmp_path / "rolled" / "checkpoint").read_bytes())
+    assert main([*argv, "--attest-checkpoint", str(tmp_path / "old.checkpoint")]) == 0
+    capsys.readouterr()
+    no_log = [*argv[:-2], "--attest-checkpoint", str(tmp_path / "seen.checkpoint")]
+    assert main(no_log) == 2
+    assert "needs its --attest-log" in capsys.readouterr().err

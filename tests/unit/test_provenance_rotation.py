@@ -13,7 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from gateway.provenance import LogVerificationError, ProvenanceLog, Signer, verify_log
+from gateway.provenance import (
+    LogDirectory,
+    LogVerificationError,
+    ProvenanceLog,
+    Signer,
+    make_receipt,
+    verify_log,
+    verify_receipt,
+)
+from gateway.provenance.audit.receipt_keys import check_receipt_key
 from gateway.provenance.testing import log_request, seeded_signer
 
 ORIGIN = "test.owngate/rotation-order"
@@ -77,3 +86,35 @@ def test_a_checkpoint_saved_before_the_rotation_needs_the_old_key(tmp_path: Path
         )
     both = [old.verifier(), new.verifier()]
     assert verify_log(tmp_path, both, trusted_checkpoints=[yesterday]).size == 6
+
+
+def test_a_receipt_verifies_with_the_key_the_log_had_when_its_entry_was_written(
+    tmp_path: Path,
+) -> None:
+    """`check_receipt_key` (receipt verify --log, the admin API): each phase's receipts
+    verify with their own key, the overlap's with B; A signing a receipt for an entry
+    written after the rotation (the same payload, re-signed) is refused, and so is B
+    signing one for an entry written before it."""
+    old, new = seeded_signer(ORIGIN, 1), seeded_signer(ORIGIN, 2)
+    keys = [old.verifier(), new.verifier()]
+    receipts = {}
+
+    async def run(number: int, signer: Signer, cosigners: Sequence[Signer]) -> None:
+        log = await ProvenanceLog.open(tmp_path, ORIGIN, signer, cosigners=cosigners)
+        logged = await log_request(log, number)
+        receipts[number] = (logged.receipt, make_receipt(logged.receipt, signer))
+        await log.close()
+
+    for number, (signer, cosigners) in enumerate(((old, []), (new, [old]), (new, []))):
+        asyncio.run(run(number, signer, cosigners))
+    log = LogDirectory(tmp_path)
+    for _, envelope in receipts.values():
+        check_receipt_key(log, envelope, verify_receipt(envelope, keys), keys)
+    late, _ = receipts[2]
+    forged = make_receipt(late, old)
+    with pytest.raises(LogVerificationError, match="a key retired by a rotation signed it"):
+        check_receipt_key(log, forged, verify_receipt(forged, keys), keys)
+    early, _ = receipts[0]
+    backdated = make_receipt(early, new)
+    with pytest.raises(LogVerificationError, match="not the log's key when the entry"):
+        check_receipt_key(log, backdated, verify_receipt(backdated, keys), keys)

@@ -22,7 +22,7 @@ recorded why) is counted.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,13 +152,24 @@ def cross_check(
     verifier: Verifier,
     *,
     origin: str | None = None,
+    trusted_checkpoints: Iterable[bytes] = (),
 ) -> int:
     """Verify a sidecar's log (signed by `verifier`, the key of `backend`) and compare its
     statements with the gateway log's: every request one has, the other has, with the
     same statement, each answer on its own (statements are matched by the key's counter,
     so a request id the gateway's log names twice needs two). Returns the number of
-    statements compared."""
-    checked = verify_log(sidecar_log, [verifier], origin=origin)
+    statements compared.
+
+    `trusted_checkpoints`: checkpoints of the sidecar's log seen before (by the auditor, a
+    witness, a monitor); the log must still hold each (`verify_log`), which catches a
+    rollback of its tail. Without one, statements after the last one the gateway's log
+    carries can be cut from the sidecar's log unseen: nothing else binds them."""
+    try:
+        checked = verify_log(
+            sidecar_log, [verifier], origin=origin, trusted_checkpoints=trusted_checkpoints
+        )
+    except LogVerificationError as exc:
+        raise _fail(f"the sidecar log of backend {backend}: {exc}") from exc
     claimed = dict(summary.statements.get(str(verifier), {}))
     dispatched = summary.dispatched.get(backend, {})
     # the dispatches of each request id not yet met by a statement (their commitments)

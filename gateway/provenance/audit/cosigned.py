@@ -15,11 +15,21 @@ from dataclasses import dataclass
 from gateway.provenance.audit.reader import LogDirectory
 from gateway.provenance.errors import LogVerificationError, MalformedError, SignatureError
 from gateway.provenance.formats.checkpoint import Checkpoint, SignedCheckpoint, open_checkpoint
-from gateway.provenance.formats.cosignature import CosignatureVerifier, find_cosignature
+from gateway.provenance.formats.cosignature import (
+    CosignatureVerifier,
+    distinct_witnesses,
+    find_cosignature,
+)
 from gateway.provenance.formats.layout import list_cosigned
 from gateway.provenance.formats.note import Verifier, _split_note
 
-__all__ = ["WitnessSummary", "check_cosigned", "witnesses_not_the_log"]
+__all__ = [
+    "WitnessSummary",
+    "check_cosigned",
+    "check_witness_policy",
+    "cosigners",
+    "witnesses_not_the_log",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +57,27 @@ def witnesses_not_the_log(
             )
 
 
+def check_witness_policy(
+    witnesses: Sequence[CosignatureVerifier], verifiers: Sequence[Verifier], min_witnesses: int
+) -> None:
+    """Raise ValueError for a witness policy that would count wrong: two keys that are one
+    public key, a witness key of the log's own, or a quorum outside 1..len(witnesses).
+    `verify_log` and `check_tlog_proof` both apply it."""
+    distinct_witnesses(witnesses)
+    witnesses_not_the_log(witnesses, verifiers)
+    if witnesses and not 1 <= min_witnesses <= len(witnesses):
+        raise ValueError(f"min_witnesses must be 1..{len(witnesses)} (the witness keys given)")
+
+
+def cosigners(
+    note: bytes, witnesses: Sequence[CosignatureVerifier], now: float
+) -> list[CosignatureVerifier]:
+    """The witnesses that validly cosigned `note`. Raises SignatureError when a line by one
+    of them does not verify or is dated in the future, MalformedError for a bad note: a
+    witness's bad line fails the check, it is not skipped."""
+    return [w for w in witnesses if find_cosignature(note, w, now=now) is not None]
+
+
 def _fail(reason: str) -> LogVerificationError:
     return LogVerificationError(reason)
 
@@ -70,15 +101,13 @@ def check_cosigned(
         name = f"cosigned/{path.name}"
         data = path.read_bytes()
         checkpoint = _cosigned_checkpoint(name, data, size, by_size, verifiers, newest)
-        count = 0
-        for witness in witnesses:
-            try:
-                cosignature = find_cosignature(data, witness, now=now)
-            except (SignatureError, MalformedError) as exc:
-                raise _fail(f"{name}: {exc}") from exc
-            if cosignature is not None:
-                count += 1
-                newest_by[str(witness)] = max(size, newest_by.get(str(witness), 0))
+        try:
+            signed_by = cosigners(data, witnesses, now)
+        except (SignatureError, MalformedError) as exc:
+            raise _fail(f"{name}: {exc}") from exc
+        count = len(signed_by)
+        for witness in signed_by:
+            newest_by[str(witness)] = max(size, newest_by.get(str(witness), 0))
         most = max(most, count)
         if count >= min_witnesses:
             witnessed = max(witnessed, size)

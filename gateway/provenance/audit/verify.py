@@ -35,7 +35,7 @@ from pathlib import Path
 from gateway.provenance.audit.cosigned import (
     WitnessSummary,
     check_cosigned,
-    witnesses_not_the_log,
+    check_witness_policy,
 )
 from gateway.provenance.audit.links import RecordLinks
 from gateway.provenance.audit.reader import LogDirectory
@@ -48,7 +48,7 @@ from gateway.provenance.errors import (
     SignatureError,
 )
 from gateway.provenance.formats.checkpoint import Checkpoint, SignedCheckpoint, open_checkpoint
-from gateway.provenance.formats.cosignature import CosignatureVerifier, distinct_witnesses
+from gateway.provenance.formats.cosignature import CosignatureVerifier
 from gateway.provenance.formats.merkle import (
     HASH_SIZE,
     consistency_proof,
@@ -267,10 +267,7 @@ def verify_log(
     witness_keys = [
         w if isinstance(w, CosignatureVerifier) else CosignatureVerifier(w) for w in witnesses
     ]
-    distinct_witnesses(witness_keys)
-    witnesses_not_the_log(witness_keys, verifiers)
-    if witness_keys and not 1 <= min_witnesses <= len(witness_keys):
-        raise ValueError(f"min_witnesses must be 1..{len(witness_keys)} (the witness keys given)")
+    check_witness_policy(witness_keys, verifiers, min_witnesses)
     try:
         log = LogDirectory(directory)
     except MalformedError as exc:

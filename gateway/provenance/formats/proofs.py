@@ -16,13 +16,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gateway.provenance.errors import MalformedError
-from gateway.provenance.formats.checkpoint import SignedCheckpoint, open_checkpoint
-from gateway.provenance.formats.merkle import leaf_hash, verify_inclusion
+from gateway.provenance.formats.checkpoint import MAX_TREE_SIZE, SignedCheckpoint, open_checkpoint
+from gateway.provenance.formats.merkle import HASH_SIZE, leaf_hash, verify_inclusion
 from gateway.provenance.formats.note import Verifier
 
 __all__ = ["PROOF_HEADER", "TlogProof", "verify_tlog_proof"]
 
 PROOF_HEADER = "c2sp.org/tlog-proof@v1"
+_MAX_HASHES = 64  # an audit path in a tree of at most 2^64 - 1 leaves
 
 
 def _b64(text: str, what: str) -> bytes:
@@ -63,13 +64,25 @@ class TlogProof:
         if position >= len(lines) or not lines[position].startswith("index "):
             raise MalformedError("tlog-proof: missing index line")
         index_text = lines[position][len("index ") :]
-        if not index_text.isdecimal() or str(int(index_text)) != index_text:
-            raise MalformedError(f"tlog-proof: index {index_text!r} is not a plain decimal")
-        hashes = []
+        if (
+            not index_text.isascii()
+            or not index_text.isdecimal()
+            or len(index_text) > len(str(MAX_TREE_SIZE))
+            or str(int(index_text)) != index_text
+        ):
+            raise MalformedError(f"tlog-proof: index {index_text[:30]!r} is not a plain decimal")
+        if int(index_text) >= MAX_TREE_SIZE:
+            raise MalformedError("tlog-proof: index is outside 0..2^64-2")
+        hashes: list[bytes] = []
         for number, line in enumerate(lines[position + 1 :]):
             if not line:
                 raise MalformedError("tlog-proof: empty line inside the inclusion proof")
-            hashes.append(_b64(line, f"proof hash {number}"))
+            if len(hashes) == _MAX_HASHES:
+                raise MalformedError(f"tlog-proof: more than {_MAX_HASHES} proof hashes")
+            item = _b64(line, f"proof hash {number}")
+            if len(item) != HASH_SIZE:
+                raise MalformedError(f"tlog-proof: proof hash {number} is not {HASH_SIZE} bytes")
+            hashes.append(item)
         return cls(int(index_text), tuple(hashes), checkpoint.encode("utf-8"), extra)
 
 

@@ -1,0 +1,124 @@
+"""`owngate audit proof verify`: check a C2SP tlog-proof file (from `owngate audit prove`,
+`GET /v1/provenance/proofs/{id}` or the admin API) offline, with the log's key."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from gateway.cli.audit_flags import (
+    env,
+    env_list,
+    guarded,
+    key_flag,
+    trusted_keys,
+    usage,
+    witness_key,
+)
+from gateway.provenance import ProofError, verify_receipt
+from gateway.provenance.audit.proof import MAX_PROOF_BYTES, check_tlog_proof
+from gateway.provenance.audit.receipt import read_receipt
+
+__all__ = ["add_proof"]
+
+
+def add_proof(verbs: Any) -> None:
+    proof = verbs.add_parser("proof", help="check a C2SP tlog-proof file")
+    actions = proof.add_subparsers(dest="action", metavar="ACTION")
+    verify = actions.add_parser(
+        "verify",
+        help="check that a .tlog-proof proves its entry is in a signed checkpoint",
+        description="Check a c2sp.org/tlog-proof@v1 file: its checkpoint's signature by a "
+        "trusted key, the inclusion proof of the entry at its index against that "
+        "checkpoint's root, and with --witness-key the witnesses' cosignatures. The entry "
+        "is --entry, or the receipt's record (--receipt), else the proof's extra line.",
+    )
+    verify.add_argument("file", help="the proof (.tlog-proof)")
+    key_flag(verify, required=True)
+    verify.add_argument(
+        "--origin",
+        default=env("ORIGIN"),
+        help="expected checkpoint origin line (env OWNGATE_AUDIT_ORIGIN)",
+    )
+    verify.add_argument(
+        "--entry",
+        default=env("ENTRY"),
+        metavar="FILE",
+        help="the entry's bytes (a record as the log holds it): the proof must be of exactly "
+        "it, and its extra line, when it has one, must be it (env OWNGATE_AUDIT_ENTRY)",
+    )
+    verify.add_argument(
+        "--receipt",
+        default=env("RECEIPT"),
+        metavar="FILE",
+        help="a receipt signed by --key: the proof must be of the record it names, at its "
+        "index, in its log (env OWNGATE_AUDIT_RECEIPT)",
+    )
+    verify.add_argument(
+        "--witness-key",
+        action="append",
+        default=None,
+        metavar="WVKEY",
+        help="a witness's cosignature verifier key; the proof's checkpoint must carry "
+        "--min-witnesses of them (env OWNGATE_AUDIT_WITNESS_KEY)",
+    )
+    verify.add_argument(
+        "--min-witnesses",
+        type=int,
+        default=int(env("MIN_WITNESSES", "1") or "1"),
+        metavar="K",
+        help="cosignatures needed, of the witness keys given "
+        "(env OWNGATE_AUDIT_MIN_WITNESSES, default 1)",
+    )
+    verify.set_defaults(handler=guarded(_proof_verify), _witness_defaults=env_list("WITNESS_KEY"))
+    proof.set_defaults(handler=lambda _args: usage(proof))
+
+
+def _read(path: str, limit: int) -> bytes:
+    with Path(path).open("rb") as file:
+        return file.read(limit + 1)  # one byte more, which the check refuses
+
+
+def _proof_verify(args: argparse.Namespace) -> int:
+    keys = trusted_keys(args)
+    witnesses = [witness_key(text) for text in args.witness_key or args._witness_defaults]
+    origin, leaf, index = args.origin, None, None
+    if args.receipt is not None:
+        receipt = verify_receipt(read_receipt(args.receipt), keys)
+        if origin is not None and origin != receipt.log:
+            raise ValueError(f"--origin {origin!r} is not the receipt's log {receipt.log!r}")
+        origin, leaf, index = receipt.log, receipt.dispatch_hash, receipt.index
+        print(f"ok: receipt for request {receipt.request_id} signed by the log {receipt.log}")
+    entry = None if args.entry is None else _read(args.entry, MAX_PROOF_BYTES)
+    proved = check_tlog_proof(
+        _read(args.file, MAX_PROOF_BYTES),
+        keys,
+        origin=origin,
+        entry=entry,
+        leaf=leaf,
+        witnesses=witnesses,
+        min_witnesses=args.min_witnesses,
+        now=time.time(),
+    )
+    if index is not None and proved.index != index:
+        raise ProofError(
+            f"the proof is of entry {proved.index}, the receipt names entry {index}: another entry"
+        )
+    checkpoint = proved.checkpoint
+    what = "its extra line" if proved.from_extra else "the entry given"
+    if proved.entry is None:
+        what = "the receipt's record"
+    print(
+        f"ok: entry {proved.index} ({what}, leaf hash {proved.leaf.hex()}) is in the "
+        f"checkpoint of {checkpoint.origin!r} of size {checkpoint.size}, signed by "
+        f"{', '.join(proved.signed_by)}"
+    )
+    if witnesses:
+        print(
+            f"ok: that checkpoint is cosigned by {len(proved.cosigned_by)} of the "
+            f"{len(witnesses)} witness key(s) (at least {args.min_witnesses} needed): "
+            f"{', '.join(proved.cosigned_by)}"
+        )
+    return 0

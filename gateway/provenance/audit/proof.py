@@ -1,0 +1,112 @@
+"""Checking a C2SP tlog-proof file (`owngate audit proof verify`): that one entry is in a
+checkpoint signed by a trusted log key, and, with witness keys, that enough witnesses
+cosigned that checkpoint.
+
+The entry is the one given (its bytes, or its leaf hash from a receipt), else the proof's
+`extra` line: the spec leaves extra data unauthenticated, and it proves something only
+because its leaf hash must lead to the signed root. When both are there they must agree.
+The witness rule is `verify_log`'s (`check_witness_policy`, `cosigners`): every line by a
+given witness must verify, and at least `min_witnesses` of them must have cosigned.
+
+A proof is one checkpoint: it cannot show that the log never forked or rolled back since,
+nor whether the key that signed it had been retired by a rotation (that takes the log's
+history: `verify_log`). Give only the keys you trust now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.provenance.audit.cosigned import check_witness_policy, cosigners
+from gateway.provenance.errors import MalformedError, ProofError, SignatureError
+from gateway.provenance.formats.checkpoint import Checkpoint, open_checkpoint
+from gateway.provenance.formats.cosignature import CosignatureVerifier
+from gateway.provenance.formats.merkle import leaf_hash, verify_inclusion
+from gateway.provenance.formats.note import Verifier
+from gateway.provenance.formats.proofs import TlogProof
+
+__all__ = ["MAX_PROOF_BYTES", "ProvedEntry", "check_tlog_proof"]
+
+#: an entry (at most 64 KiB, base64) and a checkpoint with at most 100 signature lines fit
+MAX_PROOF_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ProvedEntry:
+    """What a proof showed: entry `index` (leaf hash `leaf`) in `checkpoint`."""
+
+    index: int
+    leaf: bytes
+    entry: bytes | None  # the entry's bytes, when given or carried as the extra line
+    from_extra: bool  # the entry came from the proof's own extra line
+    checkpoint: Checkpoint
+    signed_by: tuple[str, ...]  # trusted log keys whose signature verified
+    cosigned_by: tuple[str, ...]  # witnesses whose cosignature verified
+
+
+def check_tlog_proof(
+    data: bytes,
+    verifiers: Sequence[Verifier],
+    *,
+    origin: str | None = None,
+    entry: bytes | None = None,
+    leaf: bytes | None = None,
+    witnesses: Sequence[CosignatureVerifier] = (),
+    min_witnesses: int = 1,
+    now: float,
+) -> ProvedEntry:
+    """Raise a ProvenanceError unless `data`, a tlog-proof, proves its entry is in a
+    checkpoint signed by one of `verifiers` (and cosigned by `min_witnesses` of
+    `witnesses`, when given).
+
+    `entry` (the entry's bytes) or `leaf` (its RFC 6962 leaf hash, e.g. a receipt's
+    `dispatch_hash`) name the entry; a proof's extra line must then be that entry. With
+    neither, the extra line is the entry; a proof without one is a ValueError (nothing to
+    prove). `now` (POSIX seconds) refuses cosignatures dated in the future.
+    """
+    if not verifiers:
+        raise ValueError("a tlog-proof check needs at least one trusted log key")
+    check_witness_policy(witnesses, verifiers, min_witnesses)
+    if len(data) > MAX_PROOF_BYTES:
+        raise MalformedError(f"tlog-proof: longer than {MAX_PROOF_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MalformedError("tlog-proof: not valid UTF-8") from exc
+    proof = TlogProof.parse(text)
+    if entry is not None and proof.extra is not None and entry != proof.extra:
+        raise ProofError("the proof's extra line is not the entry given: another entry")
+    proved = entry if entry is not None else proof.extra
+    hashed = None if proved is None else leaf_hash(proved)
+    if leaf is not None and hashed is not None and hashed != leaf:
+        raise ProofError(
+            "the entry's leaf hash is not the one given (the receipt's dispatch_hash): "
+            "another entry"
+        )
+    target = leaf if leaf is not None else hashed
+    if target is None:
+        raise ValueError(
+            "the proof has no extra line holding its entry: give the entry (or a receipt "
+            "naming its leaf hash) to say what it proves"
+        )
+    signed = open_checkpoint(proof.checkpoint, verifiers, origin=origin)
+    checkpoint = signed.checkpoint
+    verify_inclusion(target, proof.index, checkpoint.size, proof.hashes, checkpoint.root)
+    witnessed: list[CosignatureVerifier] = []
+    if witnesses:
+        witnessed = cosigners(proof.checkpoint, witnesses, now)
+        if len(witnessed) < min_witnesses:
+            raise SignatureError(
+                f"the proof's checkpoint is cosigned by {len(witnessed)} of the "
+                f"{len(witnesses)} given witness key(s), fewer than {min_witnesses}"
+            )
+    return ProvedEntry(
+        index=proof.index,
+        leaf=target,
+        entry=proved,
+        from_extra=entry is None and proof.extra is not None,
+        checkpoint=checkpoint,
+        signed_by=tuple(f"{s.name}+{s.key_id:08x}" for s in signed.signatures.verified),
+        cosigned_by=tuple(str(w) for w in witnessed),
+    )

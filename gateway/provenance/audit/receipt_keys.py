@@ -1,0 +1,72 @@
+"""Which log key may have signed a receipt, after key rotations: the one the log was
+signed with when its entry was written.
+
+A rotation goes A, A+B, B (docs/provenance.md, "Keys"), and the log's history holds every
+checkpoint with the keys that signed it. A receipt is signed at dispatch, before the next
+checkpoint, by the key the gateway then signed with; that key signs the checkpoint that
+first covers the receipt's entry (the overlap checkpoints carry both keys). So a receipt
+is accepted when a key that signed it also signed the first checkpoint in the history
+covering its entry: receipts signed by A before the rotation keep verifying, with A given
+as a trusted key, long after A is retired, and one signed by A for an entry first covered
+by a checkpoint B alone signed (written after A's retirement, by whoever kept A) is
+refused. `owngate audit receipt verify --log` and the admin API's receipt check both
+apply it. That history checkpoints themselves follow the rotation order is `verify_log`'s
+check (`audit.rotation`), over the whole history.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+from gateway.provenance.audit.reader import LogDirectory
+from gateway.provenance.errors import LogVerificationError, SignatureError
+from gateway.provenance.formats.checkpoint import open_checkpoint
+from gateway.provenance.formats.layout import list_history
+from gateway.provenance.formats.note import Verifier
+from gateway.provenance.formats.receipt_payload import Receipt
+from gateway.provenance.formats.receipts import verify_receipt
+
+__all__ = ["check_receipt_key", "receipt_signers"]
+
+
+def receipt_signers(envelope: bytes, verifiers: Sequence[Verifier]) -> list[Verifier]:
+    """The keys of `verifiers` whose signature on the receipt verifies (each alone)."""
+    found = []
+    for verifier in verifiers:
+        try:
+            verify_receipt(envelope, [verifier])
+        except SignatureError:
+            continue  # not signed by this key (a bad signature by it failed verify_receipt)
+        found.append(verifier)
+    return found
+
+
+def check_receipt_key(
+    log: LogDirectory, envelope: bytes, receipt: Receipt, verifiers: Sequence[Verifier]
+) -> None:
+    """Raise LogVerificationError unless a key of `verifiers` that signed the receipt (one
+    `verify_receipt` accepted) signed the first checkpoint of the log's history that covers
+    the receipt's entry; without a history file covering it, the latest checkpoint."""
+    signers = {str(verifier) for verifier in receipt_signers(envelope, verifiers)}
+    history = list_history(log.path)
+    position = bisect.bisect_right([size for size, _ in history], receipt.index)
+    if position < len(history):
+        size, path = history[position]
+        note, where = path.read_bytes(), f"the checkpoint of size {size} (its history file)"
+    else:
+        note, where = log.latest_note(), "the log's latest checkpoint"
+    try:
+        signed = open_checkpoint(note, verifiers, origin=receipt.log)
+    except SignatureError as exc:
+        raise LogVerificationError(
+            f"{where}, the first to cover entry {receipt.index}, is signed by no trusted key: {exc}"
+        ) from exc
+    keys = {f"{s.name}+{s.key_id:08x}" for s in signed.signatures.verified}
+    if not signers & keys:
+        raise LogVerificationError(
+            f"the receipt is signed by {', '.join(sorted(signers))}, but {where}, the first "
+            f"to cover entry {receipt.index}, is signed by {', '.join(sorted(keys))}: the "
+            "receipt's key was not the log's key when the entry was written (a key retired "
+            "by a rotation signed it after its retirement)"
+        )
