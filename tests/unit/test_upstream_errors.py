@@ -11,6 +11,7 @@ import pytest
 
 from gateway.errors import ErrorCode
 from gateway.upstream.errors import translate_upstream_error
+from gateway.upstream.hosted_errors import local_reason
 
 # Generous: the message takes milliseconds; the quadratic search took hours on this one.
 DEADLINE_S = 60.0
@@ -35,6 +36,29 @@ def test_a_hostile_message_is_read_in_time(unit: str) -> None:
         check=True,
     )
     assert 0 < int(done.stdout) < 400
+
+
+def test_a_hosted_refusal_reason_is_read_in_time() -> None:
+    # LiteLLM's reason for refusing a request it will not send goes through the same kind
+    # of URL search, which was quadratic on `a-a-a-...` too (~1.4 s at 8,000 characters).
+    script = (
+        "import sys; from gateway.upstream.hosted_errors import local_reason; "
+        "print(len(local_reason(sys.stdin.read())))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        input="a-" * 32_000,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        check=True,
+    )
+    assert 0 < int(done.stdout) <= 200
+
+
+def test_urls_lose_their_whole_scheme_run() -> None:
+    # The search starts where a run of scheme characters starts: `-ftp://` goes whole.
+    assert local_reason("see xhttp://h/x and -ftp://a/b now") == "see (redacted) and (redacted) now"
 
 
 def test_a_message_shows_no_control_or_bidi_characters() -> None:
