@@ -4,6 +4,16 @@ The gateway never logs prompts, outputs, API keys or auth headers. Call sites on
 metadata; `redact` is the last processor before rendering and is the safety net: it
 drops fields whose names mean content or secrets and masks bearer tokens and owngate
 keys wherever they appear in a string.
+
+It also keeps a string that someone outside chose (a backend's or a witness's words in a
+failure, an exception's message) from being written verbatim: every string value is cut
+to `MAX_FIELD_CHARS` (a traceback to `MAX_EXCEPTION_CHARS`) and every character that is
+not printable (line breaks, terminal escapes, bidi overrides, other invisibles) is
+written as its Python escape (`\\n`, `\\x1b`, `\\u202e`), in the JSON and the console
+format alike, so one line of the log is one event and shows what it holds. A traceback
+keeps its line breaks (the console format prints it as lines), every line after its first
+indented, so no line of it can pass for an event of its own. The stdlib handler's
+lines (uvicorn, libraries) get the same treatment.
 """
 
 from __future__ import annotations
@@ -17,7 +27,14 @@ from typing import Any, Literal, TextIO
 import orjson
 import structlog
 
-__all__ = ["SENSITIVE_FIELDS", "configure_logging", "get_logger", "redact"]
+__all__ = [
+    "MAX_EXCEPTION_CHARS",
+    "MAX_FIELD_CHARS",
+    "SENSITIVE_FIELDS",
+    "configure_logging",
+    "get_logger",
+    "redact",
+]
 
 SENSITIVE_FIELDS = frozenset(
     {
@@ -38,6 +55,11 @@ SENSITIVE_FIELDS = frozenset(
         "choices",
     }
 )
+
+MAX_FIELD_CHARS = 4096
+"""The characters of one string value a log line keeps; the rest is cut, and counted."""
+MAX_EXCEPTION_CHARS = 32768
+"""The characters of a traceback (`exception`) a log line keeps."""
 
 _SECRET_PATTERN = re.compile(
     r"(?i)((?:bearer|basic)\s+)\S+|\bog-[A-Za-z0-9_-]{8,}|\bsk-[A-Za-z0-9_-]{8,}"
@@ -73,8 +95,10 @@ def _scrub(name: str, value: Any) -> Any:
     if isinstance(value, str):
         lowered = value.lower()
         if any(hint in lowered for hint in _SECRET_HINTS):
-            return _SECRET_PATTERN.sub(_mask, value)
-        return value
+            value = _SECRET_PATTERN.sub(_mask, value)
+        if name == "exception":  # format_exc_info's traceback
+            return _plain(value, MAX_EXCEPTION_CHARS, lines=True)
+        return _plain(value)
     if isinstance(value, dict):
         return {k: _scrub(str(k), v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -84,6 +108,27 @@ def _scrub(name: str, value: Any) -> Any:
 
 def _mask(match: re.Match[str]) -> str:
     return (match.group(1) or "") + "[redacted]"
+
+
+def _plain(text: str, limit: int = MAX_FIELD_CHARS, *, lines: bool = False) -> str:
+    """`text` as a log writes it: at most `limit` characters (then how many were cut),
+    every character that is not printable written as its Python escape (`lines`: line
+    breaks kept, as in a traceback, each line after the first indented). Printable text
+    of up to `limit` characters, what nearly every value is, comes back as it is after
+    two C-speed checks."""
+    cut = len(text) - limit
+    if cut > 0:
+        text = text[:limit]
+    if not text.isprintable():
+        text = "".join(
+            char
+            if char.isprintable() or (lines and char == "\n")
+            else char.encode("unicode_escape").decode("ascii")
+            for char in text
+        )
+    if lines:  # no line of a traceback can pass for a log line of its own
+        text = text.replace("\n", "\n  ")
+    return text + f"...[{cut} more characters]" if cut > 0 else text
 
 
 def configure_logging(
@@ -123,7 +168,7 @@ def configure_logging(
     # Libraries that log through stdlib (uvicorn's error log) get the same masking, and
     # the same JSON lines in production.
     handler = logging.StreamHandler(out)
-    handler.setFormatter(_JsonFormatter() if fmt == "json" else _RedactingFormatter(_PLAIN))
+    handler.setFormatter(_JsonFormatter() if fmt == "json" else _RedactingFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS[level])
@@ -144,24 +189,27 @@ def _install_access_log(fmt: str, level: str, out: TextIO) -> None:
     access_log.install(writer)
 
 
-_PLAIN = "%(levelname)s %(name)s: %(message)s"
-
-
 class _RedactingFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        return _SECRET_PATTERN.sub(_mask, super().format(record))
+        message = _plain(_SECRET_PATTERN.sub(_mask, record.getMessage()))
+        line = f"{record.levelname} {record.name}: {message}"
+        if record.exc_info:
+            trace = _SECRET_PATTERN.sub(_mask, self.formatException(record.exc_info))
+            line += "\n" + _plain(trace, MAX_EXCEPTION_CHARS, lines=True)
+        return line
 
 
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry = {
-            "event": _SECRET_PATTERN.sub(_mask, record.getMessage()),
+            "event": _plain(_SECRET_PATTERN.sub(_mask, record.getMessage())),
             "level": record.levelname.lower(),
             "logger": record.name,
             "timestamp": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
         }
         if record.exc_info:
-            entry["exception"] = _SECRET_PATTERN.sub(_mask, self.formatException(record.exc_info))
+            trace = _SECRET_PATTERN.sub(_mask, self.formatException(record.exc_info))
+            entry["exception"] = _plain(trace, MAX_EXCEPTION_CHARS, lines=True)
         return orjson.dumps(entry).decode()
 
 

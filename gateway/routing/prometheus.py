@@ -50,6 +50,7 @@ _FLOAT_RE = re.compile(
 _TIMESTAMP_RE = re.compile(r"-?\d+\Z")
 _TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped"})
 _EMPTY_LABELS: Mapping[str, str] = MappingProxyType({})
+_QUOTED = 40  # characters of a value, timestamp or label name an error quotes
 
 
 class Sample(NamedTuple):
@@ -126,9 +127,9 @@ def _parse_sample(line: str) -> Sample:
     if not 1 <= len(fields) <= 2:
         raise ValueError("expected a value and an optional timestamp")
     if not _FLOAT_RE.match(fields[0]):
-        raise ValueError(f"invalid value {fields[0]!r}")
+        raise ValueError(f"invalid value {_excerpt(fields[0], _QUOTED)}")
     if len(fields) == 2 and not _TIMESTAMP_RE.match(fields[1]):
-        raise ValueError(f"invalid timestamp {fields[1]!r}")
+        raise ValueError(f"invalid timestamp {_excerpt(fields[1], _QUOTED)}")
     return Sample(name, labels, float(fields[0]))
 
 
@@ -144,7 +145,7 @@ def _parse_labels(line: str, pos: int) -> tuple[dict[str, str], int]:
             raise ValueError("malformed label set")
         key, raw_value = match.group(1), match.group(2)
         if key in labels:
-            raise ValueError(f"duplicate label {key!r}")
+            raise ValueError(f"duplicate label {_excerpt(key, _QUOTED)}")
         labels[key] = _unescape(raw_value) if "\\" in raw_value else raw_value
         pos = match.end()
         if pos < len(line) and line[pos] == ",":
@@ -159,11 +160,14 @@ def _unescape(raw: str) -> str:
     def replace(match: re.Match[str]) -> str:
         char = match.group(1)
         if char not in _ESCAPES:
-            raise ValueError(f"invalid escape \\{char} in a label value")
+            raise ValueError(f"invalid escape \\{ascii(char)[1:-1]} in a label value")
         return _ESCAPES[char]
 
     return _ESCAPE_RE.sub(replace, raw)
 
 
 def _excerpt(line: str, limit: int = 80) -> str:
+    """`line` as an error quotes it: at most `limit` characters, "..." when cut, as `repr`
+    writes it (controls, escape sequences and bidi overrides escaped): a backend's
+    `/metrics` is its word, and the error goes to the log and `/admin/status`."""
     return repr(line if len(line) <= limit else line[:limit] + "...")

@@ -4,7 +4,8 @@ A private backend's error response (or a hosted provider's error text) becomes t
 gateway's OpenAI-format error: the status says which code the client gets
 (`translate_upstream_error`), and the backend's own message is shown only after
 `sanitize_upstream_message` took out what would tell the client about the deployment
-(URLs, host:port pairs, the backend's host names), bounded to 300 characters.
+(URLs, host:port pairs, the backend's host names), bounded to 300 characters, each
+character that is not printable written as a space.
 """
 
 from __future__ import annotations
@@ -21,18 +22,27 @@ _URL = re.compile(r"\b(?:https?|wss?)://[^\s\"'<>]+", re.IGNORECASE)
 _HOST_PORT = re.compile(
     r"\[[0-9a-fA-F:.]+\](?::\d+)?"  # [IPv6]:port
     r"|\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b"  # IPv4[:port]
-    r"|\b[\w-]+(?:\.[\w-]+)*:\d{1,5}\b"  # name:port
+    # name:port: the whole run of name characters before the colon, tried once per run
+    # and never backtracked into. Tried at every `\b` of `a-a-a-...` and scanned to its
+    # end from each, the search was quadratic (a 16 KB message held the event loop for
+    # ~40 s; an error body is read up to 64 KiB).
+    r"|(?<![\w.-])[\w.-]++:\d{1,5}\b"
     r"|\blocalhost\b"
 )
+_READ_CHARS = 2048
 
 
 def sanitize_upstream_message(message: str, hosts: tuple[str, ...] = ()) -> str:
     """Strip URLs, host:port pairs and the backend's own host names from a backend's
     error text; bound its length."""
+    if len(message) > _READ_CHARS:  # 300 are shown: the searches need not read 64 KiB
+        head, space, _ = message[:_READ_CHARS].rpartition(" ")
+        message = head if space else message[:_READ_CHARS]  # a word cut in half goes
     cleaned = _HOST_PORT.sub("[backend]", _URL.sub("[backend]", message))
     for host in hosts:
         cleaned = cleaned.replace(host, "[backend]")
-    return cleaned[:300]
+    # What is not printable (line breaks, terminal escapes, bidi overrides) is a space.
+    return "".join(c if c.isprintable() else " " for c in cleaned[:300])
 
 
 def translate_upstream_error(status: int, data: bytes, hosts: tuple[str, ...] = ()) -> GatewayError:

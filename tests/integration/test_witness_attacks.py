@@ -24,11 +24,12 @@ from gateway.provenance.formats.cosignature import (
 )
 from gateway.provenance.formats.layout import cosigned_path
 from gateway.provenance.formats.note import key_id
-from gateway.provenance.testing import seeded_signer
-from gateway.provenance.witness.client import MAX_RESPONSE, request_cosignature
+from gateway.provenance.testing import log_request, seeded_signer
+from gateway.provenance.witness.client import MAX_RESPONSE, WitnessClient, request_cosignature
 from gateway.provenance.witness.state import TreeHead
 from gateway.provenance.witness.witness import AddCheckpoint, Witness
-from gateway.provenance.writer.cosignature_collector import merge_cosigned
+from gateway.provenance.writer.cosignature_collector import Cosigning, merge_cosigned
+from gateway.provenance.writer.log import ProvenanceLog
 from tests.integration.test_witness import (  # the fixtures are used by name
     COSIGNER,
     LOG_SIGNER,
@@ -310,5 +311,65 @@ def test_numbers_in_a_witness_answer_are_bounded_and_plain(real_log: RealLog) ->
             assert await request_cosignature(url, 0, [], real_log.notes[1], timeout=5) == (
                 line.encode()
             )
+
+    asyncio.run(scenario())
+
+
+# --- what a hostile witness's words can reach -------------------------------------------------
+
+_HOSTILE = "\x1b[2J\u202e\r\n" + "\x1b[31mw" * 6000  # ~60 KB: terminal escapes, bidi, lines
+_HOSTILE_ANSWERS = {
+    "409-body": f"HTTP/1.1 409 Conflict\r\nContent-Length: {len(_HOSTILE.encode())}\r\n\r\n"
+    + _HOSTILE,
+    "500-body": f"HTTP/1.1 500 Oops\r\nContent-Length: {len(_HOSTILE.encode())}\r\n\r\n" + _HOSTILE,
+    "key-name": "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n\u2014 "
+    + _HOSTILE.replace("\r\n", "").replace(" ", "")
+    + " !!!\n",
+}
+
+
+@pytest.mark.parametrize("reply", _HOSTILE_ANSWERS.values(), ids=_HOSTILE_ANSWERS.keys())
+def test_a_witness_failure_is_logged_and_shown_bounded_and_escaped(
+    tmp_path: Path, reply: str
+) -> None:
+    # The failure's text quoted the witness's answer: a 409's whole body (64 KiB), 200
+    # characters of another status's body, a key name of any length, with its line breaks,
+    # terminal escapes and bidi overrides, into the log (every retry) and `last_error`
+    # (the readiness detail, /admin/status).
+    events: list[dict[str, object]] = []
+
+    class Events:
+        def info(self, event: str, **fields: object) -> None:
+            events.append(fields)
+
+        def warning(self, event: str, **fields: object) -> None:
+            events.append(fields)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (await reader.readline()) not in (b"\r\n", b""):
+            pass
+        writer.write(reply.encode())  # to every connection: a retry meets the same witness
+        await writer.drain()
+        writer.close()
+
+    async def scenario() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
+        log = await ProvenanceLog.open(tmp_path, ORIGIN, LOG_SIGNER)
+        try:
+            async with server:
+                for n in range(3):
+                    await log_request(log, n)
+                latest = await log.checkpoint()
+                client = WitnessClient(url, COSIGNER.vkey, timeout=5)
+                cosigning = Cosigning(log, tmp_path, [client], events=Events())
+                status = cosigning.witnesses[0]
+                assert not await cosigning.cosign_once(client, status, latest)
+        finally:
+            await log.close()
+        shown = [status.last_error, *(e["error"] for e in events)]
+        for text in shown:
+            assert isinstance(text, str) and 0 < len(text) < 500
+            assert text.isascii() and text.isprintable()
 
     asyncio.run(scenario())

@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import json
 import logging
+from typing import Literal
 
+import pytest
 import structlog
 
 from gateway import access_log
@@ -63,3 +65,49 @@ def test_json_logs_go_through_redaction() -> None:
 def test_redact_masks_secrets_in_any_letter_case() -> None:
     out = redact(None, "info", {"a": "BeArEr tok-123456", "b": "key OG-ABCDEFGHIJKL", "c": "Sk-x"})
     assert out == {"a": "BeArEr [redacted]", "b": "key [redacted]", "c": "Sk-x"}
+
+
+_HOSTILE = '\n{"event":"forged"}\r\x1b[2J\u202egnp.exe\x00' + "x" * 1_000_000
+
+
+def _logged(fmt: Literal["json", "console"]) -> str:
+    stream = io.StringIO()
+    saved, handlers = structlog.get_config(), logging.getLogger().handlers[:]
+    configure_logging(fmt, "info", stream=stream)
+    try:
+        # a backend's or witness's words in a failure, through structlog and through stdlib
+        get_logger("t").warning("backend failed", reason=_HOSTILE, problems=[_HOSTILE])
+        logging.getLogger("uvicorn.error").warning("said %s", _HOSTILE)
+        try:
+            raise ValueError(_HOSTILE)
+        except ValueError:
+            get_logger("t").exception("crashed")
+            logging.getLogger("uvicorn.error").exception("crashed")
+    finally:
+        access_log.install(None)
+        structlog.configure(**saved)
+        logging.getLogger().handlers[:] = handlers
+    return stream.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_no_string_reaches_a_log_line_verbatim_or_unbounded(
+    fmt: Literal["json", "console"],
+) -> None:
+    out = _logged(fmt)
+    # 1 MB in each of five fields was written whole; a line break or an escape sequence
+    # in it split the console line or reached the terminal, a bidi override the reader.
+    assert len(out) < 200_000
+    assert "\x1b" not in out and "\u202e" not in out and "\x00" not in out and "\r" not in out
+    assert "[2J" in out and "more characters]" in out  # escaped and cut, not dropped
+    if fmt == "json":
+        lines = [json.loads(line) for line in out.splitlines()]
+        assert [line["event"] for line in lines if line["event"] == "forged"] == []
+        assert len(lines) == 4
+    else:  # only tracebacks span lines; the forged line never starts one
+        assert not any(line.startswith('{"event":"forged"}') for line in out.splitlines())
+
+
+def test_printable_short_values_are_kept_as_they_are() -> None:
+    out = redact(None, "info", {"reason": "HTTP 503 ünïcode", "n": 3, "l": ["a b"]})
+    assert out == {"reason": "HTTP 503 ünïcode", "n": 3, "l": ["a b"]}

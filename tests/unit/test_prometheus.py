@@ -304,6 +304,27 @@ def test_error_excerpt_is_bounded() -> None:
     assert len(str(info.value)) < 200
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "vllm:num_requests_waiting " + "\u202e\x1b[2J9" * 50_000,  # the value
+        "vllm:num_requests_waiting 1 " + "\x1b[31m" * 50_000,  # the timestamp
+        "vllm:num_requests_waiting{" + ("a" * 100_000 + '="1",') * 2 + "} 1",  # a label name
+        'vllm:num_requests_waiting{a="\\\x1b[2J"} 1',  # an escape
+        'vllm:num_requests_waiting{a="\\\u202e"} 1',
+    ],
+    ids=["value", "timestamp", "duplicate-label", "escape-ansi", "escape-bidi"],
+)
+def test_what_an_error_quotes_of_a_line_is_bounded_and_escaped(line: str) -> None:
+    # A hostile backend's /metrics line: the scraper logs the error and /admin/status
+    # shows it. A value of 250 KiB was quoted whole, an ESC or a bidi override raw.
+    with pytest.raises(ValueError, match=r"^line 1: ") as info:
+        parse_metrics(line)
+    message = str(info.value)
+    assert len(message) < 300
+    assert message.isprintable() and message.isascii()
+
+
 # --- property tests --------------------------------------------------------------------
 
 metric_names = st.from_regex(r"[a-zA-Z_:][a-zA-Z0-9_:]{0,30}", fullmatch=True)

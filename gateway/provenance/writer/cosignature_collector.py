@@ -184,7 +184,7 @@ class Cosigning:
             # cosigned file could not be written (OSError). All are retried.
             status.failures += 1
             status.consecutive_failures += 1
-            status.last_error = str(exc)
+            status.last_error = error = _shown_error(exc)
             if self._events is not None:
                 self._events.warning(
                     "witness cosignature failed",
@@ -193,7 +193,7 @@ class Cosigning:
                     size=size,
                     attempt=status.consecutive_failures,
                     retry_in_s=self._backoff(status.consecutive_failures),
-                    error=str(exc),
+                    error=error,
                 )
             return False
         if status.consecutive_failures and self._events is not None:
@@ -216,3 +216,18 @@ def _write_merged(directory: Path, path: Path, note: bytes, cosigned: bytes) -> 
     with contextlib.suppress(FileNotFoundError):
         stored = path.read_bytes()
     write_files_atomically([(path, merge_cosigned(note, stored, cosigned))], root=directory)
+
+
+_ERROR_CHARS = 300
+"""How much of a witness failure's text is logged and shown (`last_error`)."""
+
+
+def _shown_error(exc: BaseException, limit: int = _ERROR_CHARS) -> str:
+    """A witness failure as the log and the readiness detail show it. Its text quotes
+    the witness's answer (a refusal's body, a malformed signature line, a key name: up
+    to 64 KiB that a hostile witness chooses, every retry): at most `limit` characters,
+    ASCII, every other character escaped, so no line break, terminal escape or bidi
+    override of the witness's reaches a log verbatim."""
+    text = str(exc)
+    shown = ascii(text[:limit])[1:-1]
+    return shown + "..." if len(text) > limit else shown
