@@ -141,6 +141,13 @@ class GatewayMetrics:
             ["backend"],
             registry=r,
         )
+        self.over_bound = Counter(
+            "owngate_usage_over_bound",
+            "Answers whose reported token usage exceeded what the request justified; the "
+            "tenant was charged the bound instead (docs/state.md), by backend.",
+            ["backend"],
+            registry=r,
+        )
         self.decisions = Counter(
             "owngate_policy_decisions",
             "Policy decisions each rule took part in (admitted or excluded a backend, "
@@ -214,6 +221,9 @@ class GatewayMetrics:
 
     def sse_comments_stripped(self, backend: str, lines: int) -> None:
         self._child(self.stripped_comments, backend).inc(lines)  # type: ignore[attr-defined]
+
+    def usage_over_bound(self, backend: str) -> None:
+        self._child(self.over_bound, backend).inc()  # type: ignore[attr-defined]
 
     def fallback(self, backend: str, reason: str) -> None:
         """A hosted backend served a request as a fallback (`reason`: the plan's)."""

@@ -147,6 +147,16 @@ class TenantSurface:
         parts = self._runtime.parts
         elapsed = time.perf_counter() - exchange.started_at
         parts.metrics.observe_request(exchange.endpoint, exchange.status, exchange.backend, elapsed)
+        bound = None if exchange.trail is None else exchange.trail.usage_bound()
+        if bound is not None:  # the backend reported more than the request justified
+            parts.metrics.usage_over_bound(exchange.backend)
+            self._log.warning(
+                "backend usage over bound: charged the bound",
+                request_id=exchange.request_id.decode(),
+                tenant=exchange.tenant,
+                backend=exchange.backend,
+                bound=bound,
+            )
         if parts.config.logging.access_log:
             fields = {
                 "request_id": exchange.request_id.decode(),

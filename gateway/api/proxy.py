@@ -117,6 +117,8 @@ class Proxy:
         elif tenant.limits.tokens_per_minute is not None:
             # only to read the usage back
             exchange.trail = Trail(Salts.generate(), "", prompt_bytes=len(body))
+        if exchange.trail is not None:
+            exchange.trail.ask = doc  # what bounds the tokens charged (usage_bound.py)
         try:
             decided = self._decide(exchange, tenant, model, scope)
         except Refused as refused:

@@ -244,6 +244,7 @@ class Recorder:
                 else None,
                 attestation=trail.attestation,
                 upstream=trail.upstream,
+                usage_bound=trail.usage_bound(),
             )
             written = self._log.append_soon(record, checked=True)
         except ProvenanceError as exc:

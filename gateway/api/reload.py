@@ -8,8 +8,9 @@ validation, or whose trust policies no longer compile against its backends, leav
 running config untouched: the failure
 is logged, counted (`owngate_config_reload_failures_total`) and shown in the readiness
 detail, as a failed policy reload is. A valid file is assembled completely by the
-composition root's `assemble` (backend registry, tenant keys, trust policies, scraper,
-proxy) and swapped in whole by the app's `install`: the reloader gets both as callables
+composition root's `assemble` (backend registry and TLS contexts, tenant keys, trust
+policies, scraper, proxy) on a worker thread, as it is read and parsed there, and swapped
+in whole by the app's `install` on the event loop: the reloader gets both as callables
 and knows nothing of the app. A request is decided and routed by the parts active once
 its body is read, and finishes on them (each further attempt also checked against the
 new config's policies, `TrustPolicies.successor`; a policy change the running set loaded
@@ -200,16 +201,23 @@ class ConfigReloader:
         paths = tuple(self.path.parent / p for p in (fresh.policy.paths if fresh.policy else ()))
         policy_files = policy_stamps(paths)  # before they are read, never after
         try:
-            parts = self._assemble(fresh, running)  # reads the policy files
+            # Off the event loop too: compiling a large policy set and building the
+            # backends' TLS contexts (reading CA, certificate and key files) would stall
+            # every stream in flight. The lock keeps reloads in order; the swap below
+            # stays on the loop, between two requests' reads of the parts.
+            parts = await asyncio.to_thread(self._assemble, fresh, running)
         except (PolicyError, ValueError) as exc:
             self._retry_paths = paths
             self._stamp = (*self._stamp[:-1], policy_files)
             return self._failed(str(exc).splitlines()[0], exc)
         await parts.scraper.scrape_once()  # know the new backends' health before routing
-        if running.policies.current is not read:
-            # The running set's watcher loaded a policy change during the probe: the files
-            # read above are older than what is enforced now; never install them over it.
-            parts.policies.reload()
+        while running.policies.current is not read:
+            # The running set's watcher loaded a policy change while the new config was
+            # built or probed: the files read for it may be older than what is enforced
+            # now; never install them over it. Read them again (off the loop) until no
+            # change was loaded meanwhile; nothing awaits between the last look and the swap.
+            read = running.policies.current
+            await parts.policies.reload_off_loop()
         requests = self._install(parts)
         # Requests running now finish on the old parts: their next connection to a
         # backend whose TLS changed is made (and checked) with the new files.

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from gateway.api.usage_bound import over_bound
 from gateway.provenance import LogEntry, RecordError, Salts, Usage
 from gateway.provenance.formats.attestation import Attestation
 from gateway.provenance.formats.receipts import attach_countersignature
@@ -40,7 +41,9 @@ class Trail:
     _pieces: list[bytes] = field(default_factory=list)
     _held: int = 0
     whole: bytes | None = None
-    prompt_bytes: int = 0  # the request body's size, for the token estimate
+    prompt_bytes: int = 0  # the request body's size, for the token estimate and bound
+    # The parsed request, for the bound on the tokens charged (gateway/api/usage_bound.py).
+    ask: Mapping[str, Any] | None = None
     sent_bytes: int = 0  # response bytes relayed to the client
     _usage: Usage | None = None
     _usage_read: bool = False
@@ -118,16 +121,32 @@ class Trail:
             self._usage_read = True
         return self._usage
 
+    def usage_bound(self) -> int | None:
+        """The bound the reported usage was cut to when it exceeds what the request and
+        the answer justify (gateway/api/usage_bound.py); None when it does not, or when
+        none was reported."""
+        usage = self.usage()
+        if usage is None:
+            return None
+        answer_bytes = len(self.whole) if self.whole is not None else self.sent_bytes
+        return over_bound(_reported_tokens(usage), self.ask, self.prompt_bytes, answer_bytes)
+
     def charged_tokens(self) -> int:
-        """Tokens to charge to the tenant's budget: the reported usage; for an answer
-        without usage, an estimate that errs high: a token per 4 bytes of the request
-        body plus one per 4 bytes relayed (SSE framing included); 0 if nothing was."""
+        """Tokens to charge to the tenant's budget: the reported usage, never past the
+        bound the request justifies (`usage_bound`); for an answer without usage, an
+        estimate that errs high: a token per 4 bytes of the request body plus one per 4
+        bytes relayed (SSE framing included); 0 if nothing was."""
         usage = self.usage()
         if usage is not None:
-            return max(usage.total_tokens, usage.prompt_tokens + usage.completion_tokens)
+            bound = self.usage_bound()
+            return _reported_tokens(usage) if bound is None else bound
         if self.sent_bytes == 0:
             return 0
         return -(-self.prompt_bytes // 4) + -(-self.sent_bytes // 4)
+
+
+def _reported_tokens(usage: Usage) -> int:
+    return max(usage.total_tokens, usage.prompt_tokens + usage.completion_tokens)
 
 
 def _usage(data: bytes) -> Usage | None:

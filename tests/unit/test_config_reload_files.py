@@ -20,6 +20,8 @@ import yaml
 from gateway.api import reload as reload_module
 from gateway.app import create_app
 from gateway.config import ConfigError, GatewaySettings, load_config
+from gateway.policy import PolicySet
+from gateway.policy_set import TrustPolicies
 from tests.helpers.gateways import backend, gateway_config
 
 POLICY = """\
@@ -391,3 +393,42 @@ def test_a_policy_file_written_after_the_config_was_read_is_read_again(
     # reload (which reads them again) is what catches one caught half written at start.
     looks = _reloads(tmp_path, monkeypatch, time.time(), then=POLICY)
     assert looks == [False, False, False, True]
+
+
+def test_a_reload_assembles_the_new_config_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compiling a large policy set and building TLS contexts take long: on the event
+    loop, every stream in flight would stall for them. The new config's policy compile is
+    made to wait until a task on the loop has run while it was compiling: it can only run
+    if the reload is not holding the loop. The swap still happens, on the loop."""
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(POLICY)
+    path = tmp_path / "gateway.yaml"
+    write(path, config_text(1), 1_000_000_000)
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None
+    compiling, loop_ran = threading.Event(), threading.Event()
+    held: list[bool] = []
+    compile_policies = TrustPolicies._compile
+
+    def slow_compile(self: TrustPolicies) -> PolicySet:
+        compiling.set()
+        held.append(not loop_ran.wait(timeout=10.0))
+        return compile_policies(self)
+
+    monkeypatch.setattr(TrustPolicies, "_compile", slow_compile)
+    write(path, config_text(2), 2_000_000_000)
+
+    async def loop_task() -> None:
+        # Waits for the compile on a thread of its own, then runs on the loop again.
+        assert await asyncio.to_thread(compiling.wait, 10.0), "the compile never started"
+        loop_ran.set()
+
+    async def both() -> list[bool]:
+        return await asyncio.gather(reloader.reload(), loop_task())  # type: ignore[return-value]
+
+    reloaded, _ = asyncio.run(both())
+    assert held == [False], "the reload held the event loop while it assembled"
+    assert reloaded and app.parts.config.tenants[0].limits.concurrent_requests == 2

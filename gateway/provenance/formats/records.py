@@ -273,9 +273,12 @@ def completion_record(
     response_commitment: str | None,
     attestation: Attestation | None = None,
     upstream: UpstreamIds | None = None,
+    usage_bound: int | None = None,
 ) -> dict[str, object]:
     """`attestation`: an attested backend's countersignature (or why none was accepted);
-    `upstream`: a hosted provider's ids for the answer. Absent when None."""
+    `upstream`: a hosted provider's ids for the answer; `usage_bound`: the tokens the
+    tenant was charged instead of `usage`, which exceeded what the request justified.
+    Absent when None."""
     _text(request_id, "request_id", empty=False)
     if type(dispatch) is not LogEntry or len(dispatch.leaf_hash) != 32:
         raise RecordError("dispatch must be the LogEntry of the dispatch record")
@@ -291,6 +294,10 @@ def completion_record(
         raise RecordError("attestation must be an Attestation or None")
     if upstream is not None and type(upstream) is not UpstreamIds:
         raise RecordError("upstream must be UpstreamIds or None")
+    if usage_bound is not None:
+        if usage is None:
+            raise RecordError("usage_bound bounds a reported usage: usage must be given")
+        _count(usage_bound, "usage_bound")
     record: dict[str, object] = {
         "v": SCHEMA_VERSION,
         "type": "completion",
@@ -313,6 +320,8 @@ def completion_record(
         record["attestation"] = attestation.field()
     if upstream is not None:
         record["upstream"] = upstream.field()
+    if usage_bound is not None:
+        record["usage_bound"] = usage_bound
     return record
 
 

@@ -118,6 +118,9 @@ RECORD_SCHEMAS: dict[str, dict[str, object]] = {
         ),
         # A hosted provider's own ids for the answer (formats/upstream_ids.py).
         "upstream": Omittable({"response_id": Optional(_UPSTREAM_ID), "request_ids": _IDS}),
+        # The tokens charged instead of `usage`, which exceeded what the request justified
+        # (gateway/api/usage_bound.py); absent when the usage was within it, or none.
+        "usage_bound": Omittable(int),
     },
     "refusal": {
         **_COMMON,

@@ -1,0 +1,152 @@
+"""A backend's reported usage is charged only up to what the request justifies
+(gateway/api/usage_bound.py): a hostile or broken backend reporting 2**53 tokens no
+longer puts the tenant 30 days in debt. The completion record keeps the usage as the
+backend reported it and says which bound was charged instead (`usage_bound`)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.api.trail import Trail
+from gateway.api.usage_bound import (
+    COMPLETION_ALLOWANCE,
+    MEDIA_ALLOWANCE,
+    PROMPT_ALLOWANCE,
+    over_bound,
+    tokens_bound,
+)
+from gateway.canonical import canonical_json
+from gateway.provenance import LogEntry, RecordError, Salts, Usage, completion_record
+from gateway.provenance.formats.record_parser import parse_record
+from gateway.provenance.formats.schema import problem
+
+CHAT = [{"role": "user", "content": "hi"}]
+IMAGE = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+HUGE = {"prompt_tokens": 2**53, "completion_tokens": 2**53, "total_tokens": 2**53}
+
+
+@pytest.mark.parametrize(
+    ("ask", "body_bytes", "answer_bytes", "bound"),
+    [
+        # a limit bounds each choice's output; the answer's bytes plus the allowance too
+        ({"max_tokens": 5}, 100, 300, 100 + PROMPT_ALLOWANCE + 5),
+        ({"max_completion_tokens": 7, "max_tokens": 5}, 100, 300, 100 + PROMPT_ALLOWANCE + 7),
+        ({"max_tokens": 5, "n": 3}, 100, 300, 100 + PROMPT_ALLOWANCE + 15),
+        ({"max_tokens": 5, "best_of": 4, "n": 2}, 100, 300, 100 + PROMPT_ALLOWANCE + 20),
+        (
+            {"max_tokens": 10**9},
+            100,
+            300,
+            100 + PROMPT_ALLOWANCE + 300 + COMPLETION_ALLOWANCE,
+        ),
+        # no limit: the answer's bytes, plus tokens that leave none
+        ({}, 100, 300, 100 + PROMPT_ALLOWANCE + 300 + COMPLETION_ALLOWANCE),
+        (None, 100, 300, 100 + PROMPT_ALLOWANCE + 300 + COMPLETION_ALLOWANCE),
+        ({"n": 2}, 100, 300, 100 + PROMPT_ALLOWANCE + 300 + 2 * COMPLETION_ALLOWANCE),
+        # numbers that are not whole numbers set nothing
+        (
+            {"max_tokens": True, "n": "9", "best_of": -3},
+            100,
+            300,
+            100 + PROMPT_ALLOWANCE + 300 + COMPLETION_ALLOWANCE,
+        ),
+        # each non-text content part may become many tokens from a short URL
+        (
+            {"max_tokens": 5, "messages": [{"role": "user", "content": [IMAGE, IMAGE]}]},
+            100,
+            300,
+            100 + PROMPT_ALLOWANCE + 2 * MEDIA_ALLOWANCE + 5,
+        ),
+        (
+            {"max_tokens": 5, "messages": [{"content": [{"type": "text", "text": "x"}]}]},
+            100,
+            300,
+            100 + PROMPT_ALLOWANCE + 5,
+        ),
+        # never past what a record can hold
+        ({"max_tokens": 2**60, "n": 2**60}, 100, 2**60, 2**53),
+    ],
+)
+def test_the_bound_each_request_justifies(
+    ask: dict[str, Any] | None, body_bytes: int, answer_bytes: int, bound: int
+) -> None:
+    assert tokens_bound(ask, body_bytes, answer_bytes) == bound
+
+
+def test_media_parts_are_counted_only_when_the_usage_needs_them() -> None:
+    ask = {"max_tokens": 5, "messages": [{"role": "user", "content": [IMAGE]}]}
+    plain = 100 + PROMPT_ALLOWANCE + 5
+    assert over_bound(plain, ask, 100, 300) is None
+    assert over_bound(plain + MEDIA_ALLOWANCE, ask, 100, 300) is None
+    assert over_bound(plain + MEDIA_ALLOWANCE + 1, ask, 100, 300) == plain + MEDIA_ALLOWANCE
+
+
+def _whole(usage: dict[str, int], ask: dict[str, Any], body_bytes: int = 50) -> Trail:
+    trail = Trail(Salts.generate(), "", prompt_bytes=body_bytes, ask=ask)
+    trail.answered(orjson.dumps({"choices": [], "usage": usage}))
+    return trail
+
+
+def test_an_absurd_usage_is_charged_the_bound_and_still_reported() -> None:
+    trail = _whole(HUGE, {"model": "m", "messages": CHAT, "max_tokens": 5})
+    bound = 50 + PROMPT_ALLOWANCE + 5
+    assert trail.usage() == Usage(2**53, 2**53, 2**53)  # as the backend reported it
+    assert trail.usage_bound() == bound
+    assert trail.charged_tokens() == bound
+
+
+def test_an_honest_usage_is_charged_as_reported() -> None:
+    usage = {"prompt_tokens": 9, "completion_tokens": 5, "total_tokens": 14}
+    trail = _whole(usage, {"model": "m", "messages": CHAT, "max_tokens": 5})
+    assert trail.usage_bound() is None
+    assert trail.charged_tokens() == 14
+
+
+def test_a_stream_is_bounded_by_the_bytes_it_relayed() -> None:
+    trail = Trail(Salts.generate(), "", prompt_bytes=50, ask={"model": "m", "stream": True})
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+    trail.relayed(event)
+    trail.relayed(b"data: " + orjson.dumps({"choices": [], "usage": HUGE}) + b"\n\n")
+    bound = 50 + PROMPT_ALLOWANCE + trail.sent_bytes + COMPLETION_ALLOWANCE
+    assert trail.usage_bound() == bound
+    assert trail.charged_tokens() == bound
+
+
+def test_a_usage_held_back_from_the_client_is_bounded_too() -> None:
+    trail = Trail(Salts.generate(), "", prompt_bytes=50, ask={"max_tokens": 3})
+    trail.relayed(b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n')
+    trail.reported(HUGE)
+    assert trail.charged_tokens() == 50 + PROMPT_ALLOWANCE + 3
+
+
+def _completion(**change: Any) -> dict[str, object]:
+    arguments: dict[str, Any] = {
+        "request_id": "req-1",
+        "time": datetime(2026, 1, 31, tzinfo=UTC),
+        "dispatch": LogEntry(7, b"\x01" * 32),
+        "status": 200,
+        "error": None,
+        "usage": Usage(2**53, 2**53, 2**53),
+        "latency_ms": 3,
+        "response_commitment": "ab" * 32,
+    }
+    return completion_record(**{**arguments, **change})
+
+
+def test_the_record_keeps_the_reported_usage_and_names_the_bound_charged() -> None:
+    record = _completion(usage_bound=4101)
+    assert record["usage"] == HUGE
+    assert record["usage_bound"] == 4101
+    assert problem(record) is None
+    assert parse_record(canonical_json(record)).data == record
+    assert "usage_bound" not in _completion()  # absent when the usage was within it
+    bad = dict(record, usage_bound="4101")
+    assert problem(bad) is not None
+    with pytest.raises(RecordError, match="usage must be given"):
+        _completion(usage=None, usage_bound=4101)
+    with pytest.raises(RecordError, match="usage_bound must be an integer"):
+        _completion(usage_bound=-1)
