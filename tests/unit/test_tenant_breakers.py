@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from gateway.config.schema import BreakerSettings, RoutingSettings
 from gateway.routing.breaker import Breaker
@@ -83,9 +84,13 @@ HTTP_500 = ("http", "HTTP 500")
 def test_one_tenants_failures_take_the_backend_out_for_that_tenant_only() -> None:
     router, registry, _ = setup(TENANTS)
     gpu = registry.backends["gpu"]
-    for _ in range(3):  # acme's input makes the backend answer 500
-        assert tried(router, "acme", HTTP_500) == ["gpu", "h"]
+    with capture_logs() as logs:
+        for _ in range(3):  # acme's input makes the backend answer 500
+            assert tried(router, "acme", HTTP_500) == ["gpu", "h"]
     assert state(gpu.breaker) == "closed"
+    assert [(e["event"], e["backend"], e["tenant"], e["reason"]) for e in logs] == [
+        ("backend circuit breaker opened for one tenant", "gpu", "acme", "HTTP 500")
+    ]
     assert tried(router, "globex") == ["gpu"]  # not sent to the hosted fallback
     assert tried(router, "acme") == ["h"]  # acme's own requests skip it while it cools
     [(tenant, own)] = gpu.tenant_breakers.items()
