@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from gateway.cli.status import format_table
 from gateway.config.schema import BreakerSettings, RoutingSettings
 from gateway.routing.breaker import Breaker
 from gateway.routing.registry import Registry
@@ -177,3 +178,10 @@ def test_the_tenant_map_is_bounded_and_idle_entries_expire() -> None:
     assert breakers.get("t0") is None and breakers.get(f"t{MAX_TENANTS + 49}") is not None
     breakers.failed("late", SETTINGS, IDLE_S + 10.0, "HTTP 500", 0)
     assert [tenant for tenant, _ in breakers.items()] == ["late"]
+
+
+def test_owngate_status_names_a_tenant_the_backend_is_closed_to() -> None:
+    scoped = {"tenant": "acme", "state": "open", "failures": 0, "retry_in_s": 2.0}
+    breaker = {"state": "closed", "tenants": [{**scoped, "last_error": "HTTP 500"}]}
+    table = format_table({"backends": [{"id": "gpu", "breaker": breaker}]})
+    assert table.endswith("problems:\n  gpu: open for tenant acme only: HTTP 500")
