@@ -23,6 +23,7 @@ __all__ = [
     "PolicySummary",
     "QueueStatus",
     "Status",
+    "TenantBreakerStatus",
     "TraceRow",
 ]
 
@@ -31,12 +32,25 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class TenantBreakerStatus(_Model):
+    """A backend's breaker scoped to one tenant, whose requests alone made it fail."""
+
+    tenant: str
+    state: str
+    failures: int
+    retry_in_s: float | None
+    last_error: str | None
+
+
 class BreakerStatus(_Model):
     state: str
     failures: int
     opens: int
     retry_in_s: float | None
     last_error: str | None
+    tenants: list[TenantBreakerStatus] = Field(
+        default=[], description="breakers scoped to one tenant, with failures on record"
+    )
 
 
 class BackendStatus(_Model):

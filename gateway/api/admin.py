@@ -162,6 +162,7 @@ def _backend(
             "opens": breaker.opens,
             "retry_in_s": retry_in,
             "last_error": breaker.last_error,
+            "tenants": _tenant_breakers(backend, now),
         },
         "inflight": backend.inflight,
         "inflight_global": backend.global_inflight,
@@ -178,6 +179,24 @@ def _backend(
         if backend.config.is_private
         else {},
     }
+
+
+def _tenant_breakers(backend: BackendState, now: float) -> list[dict[str, Any]]:
+    """The breakers scoped to one tenant (gateway/routing/tenant_breakers.py) that hold
+    failures: each tenant's requests alone made the backend fail (tenant ids from the
+    configuration; the reason is the gateway's own words)."""
+    return [
+        {
+            "tenant": tenant,
+            "state": breaker.state.value,
+            "failures": breaker.failures,
+            "retry_in_s": round(max(0.0, breaker.open_until - now), 3)
+            if breaker.state is BreakerState.open
+            else None,
+            "last_error": breaker.last_error,
+        }
+        for tenant, breaker in backend.tenant_breakers.items()
+    ]
 
 
 def backend_detail(

@@ -280,6 +280,12 @@ class _BackendLoadCollector(Collector):
             "Times the backend's circuit breaker opened (failures or a failed /health probe).",
             labels=["backend"],
         )
+        scoped = GaugeMetricFamily(
+            "owngate_backend_tenant_breakers_open",
+            "Tenants whose own requests made the backend fail and which it admits no "
+            "request of now (its circuit breakers scoped to one tenant); others still use it.",
+            labels=["backend"],
+        )
         up = GaugeMetricFamily(
             "owngate_backend_up",
             "1 while routing may send the private backend requests; 0 while its health "
@@ -291,12 +297,14 @@ class _BackendLoadCollector(Collector):
             "Concurrency slots: capacity.max_concurrency, or learned from llama.cpp /props.",
             labels=["backend"],
         )
+        now = self._registry.clock()
         for backend_id, state in self._registry.backends.items():
             if state.config.is_private:  # hosted providers are not judged by a breaker
                 current = state.breaker.state.value
                 for name in _BREAKER_STATES:
                     breaker.add_metric([backend_id, name], 1.0 if name == current else 0.0)
                 opens.add_metric([backend_id], state.breaker.opens)
+                scoped.add_metric([backend_id], state.tenant_breakers.open_count(now))
                 up.add_metric([backend_id], 0.0 if self._registry.is_down(state) else 1.0)
             known = state.config.capacity.max_concurrency or state.learned_slots
             if known:
@@ -315,6 +323,7 @@ class _BackendLoadCollector(Collector):
         yield age
         yield breaker
         yield opens
+        yield scoped
         yield up
         yield slots
 

@@ -82,7 +82,7 @@ class PrivateRelay:
         backend = attempt.backend
         assert backend.pool is not None
         if not attempt.admit():
-            raise TryNext(f"{backend.id}: circuit breaker open")
+            raise TryNext(f"{backend.id}: {attempt.closed_to}")
         exchange.backend = backend.id
         try:
             return await backend.pool.connect()

@@ -155,6 +155,12 @@ def format_table(report: dict[str, Any]) -> str:
         for b in report.get("backends", [])
         if b.get("health_error") or (b.get("breaker") or {}).get("state") != "closed"
     ]
+    problems += [
+        f"  {b['id']}: open for tenant {t.get('tenant')} only: {t.get('last_error')}"
+        for b in report.get("backends", [])
+        for t in (b.get("breaker") or {}).get("tenants") or ()
+        if t.get("state") != "closed"
+    ]
     if problems:
         lines += ["", "problems:", *problems]
     queues = {name: q for name, q in report.get("queues", {}).items() if q.get("waiting")}

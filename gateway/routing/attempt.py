@@ -7,11 +7,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from gateway.logs import get_logger
 from gateway.routing.breaker import Pass
 from gateway.routing.registry import Route
 from gateway.routing.scorers.prefill import prefill_tokens
 
 __all__ = ["Attempt"]
+
+# Failure kinds no request's input causes: the backend could not be reached or its
+# certificate was refused before a request was read. They count on the backend's breaker
+# whichever tenant's request met them (gateway/routing/tenant_breakers.py).
+_BACKEND_SIDE = frozenset({"connect", "tls"})
 
 
 class Attempt:
@@ -24,7 +30,13 @@ class Attempt:
     failure that was not the backend's is not charged (`upstream_failed`: `busy`, this
     gateway's own connection limit; a timeout that the failover deadline cut short). A
     verdict from before the breaker's last change (its epoch) is only noted; a probe
-    that ends with no verdict hands the probe on."""
+    that ends with no verdict hands the probe on.
+
+    With `tenant` (breakers tell tenants apart: gateway/routing/tenant_breakers.py) the
+    tenant's own breaker on the backend must admit the attempt too, and a failure its
+    input may have caused (a 5xx, a timeout, an answer broken off; not `connect` or
+    `tls`) is charged to both: the tenant's opens at the threshold, the backend's only
+    once the failures in a row came from two tenants."""
 
     __slots__ = (
         "_clipped",
@@ -33,11 +45,15 @@ class Attempt:
         "_judged",
         "_prefilling",
         "_probe",
+        "_tenant_epoch",
+        "_tenant_probe",
         "backend",
         "cached_bytes",
+        "closed_to",
         "deadline",
         "private",
         "route",
+        "tenant",
     )
 
     def __init__(
@@ -47,24 +63,44 @@ class Attempt:
         deadline: float,
         clock: Callable[[], float],
         private: bool,
+        tenant: str | None = None,
     ) -> None:
         self.route = route
         self.backend = route.backend
         self.cached_bytes = cached_bytes  # of the prompt, what its prefix cache should hold
         self.deadline = deadline
         self.private = private
+        self.tenant = tenant  # a configured tenant id, or None: one breaker for all
+        self.closed_to = "circuit breaker open"  # why `admit` said no
         self._clock = clock
         self._epoch = 0
         self._probe = False
+        self._tenant_epoch = 0  # of the tenant's breaker (0: none yet, as a new one's)
+        self._tenant_probe = False
         self._judged = False  # whether the breaker heard how this attempt went
         self._clipped = False  # its first-byte wait was cut short by the deadline
         self._prefilling = 0  # prompt tokens it added to its backend's prefill count
 
     def admit(self) -> bool:
-        """Whether the backend's breaker lets this attempt send."""
+        """Whether the backend's breaker (and the tenant's own on it) lets this attempt
+        send; `closed_to` says why not."""
+        now = self._clock()
         breaker = self.backend.breaker
-        grant = breaker.begin(self._clock())
-        if grant is None:
+        if not breaker.available(now):
+            return False
+        own = None if self.tenant is None else self.backend.tenant_breakers.get(self.tenant)
+        if own is not None:
+            own_grant = own.begin(now)
+            if own_grant is None:
+                self.closed_to = "circuit breaker open for this tenant's requests"
+                return False
+            self._tenant_probe = own_grant is Pass.probe
+            self._tenant_epoch = own.epoch
+        grant = breaker.begin(now)  # available just now, nothing awaited since
+        if grant is None:  # pragma: no cover - `available` said it would admit
+            if self._tenant_probe and self.tenant is not None:
+                self.backend.tenant_breakers.abandoned(self.tenant, self._tenant_epoch)
+            self._tenant_probe = False
             return False
         self._probe = grant is Pass.probe
         self._epoch = breaker.epoch  # handed back with the verdict
@@ -99,24 +135,42 @@ class Attempt:
         if not self._judged:
             self._judged = True
             self.backend.breaker.succeeded()
+            if self.tenant is not None:
+                self.backend.tenant_breakers.succeeded(self.tenant)
 
-    def failed(self, reason: str, *, at_once: bool = False) -> None:
+    def failed(self, reason: str, *, at_once: bool = False, backend_side: bool = False) -> None:
         """The verdict: the backend failed (a 5xx, broke off, hung; `at_once`: its
-        certificate was refused, which opens the breaker without waiting for more)."""
-        if not self._judged:
-            self._judged = True
-            self.backend.breaker.failed(self._clock(), reason, self._epoch, at_once=at_once)
+        certificate was refused, which opens the breaker without waiting for more;
+        `backend_side`: no request's input causes this failure, as connecting)."""
+        if self._judged:
+            return
+        self._judged = True
+        backend, now = self.backend, self._clock()
+        tenant = None if backend_side else self.tenant
+        if tenant is not None:
+            settings = backend.breaker.settings
+            if backend.tenant_breakers.failed(tenant, settings, now, reason, self._tenant_epoch):
+                get_logger("owngate.routing").warning(
+                    "backend circuit breaker opened for one tenant",
+                    backend=backend.id,
+                    tenant=tenant,  # a configured tenant id
+                    reason=reason,  # the gateway's own words, never the backend's body
+                )
+        backend.breaker.failed(now, reason, self._epoch, at_once=at_once, tenant=tenant)
 
     def upstream_failed(self, kind: str, detail: str) -> None:
         """The exchange with the backend failed (`UpstreamError`'s kind and detail):
         the verdict, unless the failure was not the backend's."""
         if kind == "busy" or (kind == "timeout" and self._clipped):
             return
-        self.failed(f"{kind}: {detail}", at_once=kind == "tls")
+        self.failed(f"{kind}: {detail}", at_once=kind == "tls", backend_side=kind in _BACKEND_SIDE)
 
     def end(self) -> None:
         """The attempt is over: a probe with no verdict hands the probe on; what is left
         of its prefill count goes."""
-        if self._probe and not self._judged:
-            self.backend.breaker.abandoned(self._epoch)
+        if not self._judged:
+            if self._probe:
+                self.backend.breaker.abandoned(self._epoch)
+            if self._tenant_probe and self.tenant is not None:
+                self.backend.tenant_breakers.abandoned(self.tenant, self._tenant_epoch)
         self.first_byte()

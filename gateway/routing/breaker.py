@@ -4,9 +4,13 @@ States and moves (the clock is injected; nothing here does I/O):
 
 - **closed**: requests flow. `failure_threshold` consecutive failures (connect errors,
   5xx, timeouts before the first byte, answers broken off; the relay reports them
-  through its `Attempt`, gateway/routing/router.py) open it, and so does the scraper
+  through its `Attempt`, gateway/routing/attempt.py) open it, and so does the scraper
   when the backend's `/health` probes mark it down (`probe_failed`: several failures in
-  a row, never for the last backend up; gateway/routing/health.py).
+  a row, never for the last backend up; gateway/routing/health.py). With several
+  tenants, a run of failures that all came from one tenant's requests (answers, not
+  connections: what that tenant's input could cause) does not open it: that tenant's
+  own breaker opens instead (gateway/routing/tenant_breakers.py). A run opens it once
+  it holds failures of two tenants, or one no tenant caused (connect, TLS).
 - **open**: no requests for the cooldown: `cooldown_s`, doubled on every reopening in a
   row, at most `max_cooldown_s`.
 - **half-open**: once the cooldown is over, exactly one probe is let through: either a
@@ -59,6 +63,9 @@ class Breaker:
     probing: bool = False  # a half-open probe request is in flight
     last_error: str | None = None
     epoch: int = 0  # bumped at each opening and each probe granted
+    # The one tenant whose requests made every failure of the current run, or None once
+    # a second tenant's failed, or one no tenant caused (only read while `failures`).
+    run_tenant: str | None = None
 
     def available(self, now: float) -> bool:
         """Whether a request may be routed here now (no state change)."""
@@ -94,12 +101,21 @@ class Breaker:
         self.last_error = None
 
     def failed(
-        self, now: float, reason: str, epoch: int | None = None, *, at_once: bool = False
+        self,
+        now: float,
+        reason: str,
+        epoch: int | None = None,
+        *,
+        at_once: bool = False,
+        tenant: str | None = None,
     ) -> None:
         """A request failed (connect, 5xx, timeout, broken off). `epoch`: the breaker's epoch
         when the request began; an outcome from an earlier epoch is only noted. `at_once`:
         a failure no retry mends (a certificate refused): open without counting to the
-        threshold."""
+        threshold. `tenant`: whose request it was, when its input may have caused the
+        failure and tenants are told apart; a run of one tenant's failures alone counts
+        but does not open the breaker (a half-open probe's failure reopens it whoever
+        sent it)."""
         self.last_error = reason
         if epoch is not None and epoch != self.epoch:
             return
@@ -107,7 +123,10 @@ class Breaker:
             self._open(now, grow=True)
         elif self.state is BreakerState.closed:
             self.failures += 1
-            if at_once or self.failures >= self.settings.failure_threshold:
+            if self.failures == 1 or tenant != self.run_tenant:
+                self.run_tenant = tenant if self.failures == 1 else None
+            one_tenant = self.run_tenant is not None
+            if at_once or (self.failures >= self.settings.failure_threshold and not one_tenant):
                 self._open(now, grow=True)
 
     def abandoned(self, epoch: int | None = None) -> None:

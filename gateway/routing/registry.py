@@ -5,7 +5,8 @@ does dict lookups here. `routes` maps each public model name (names and aliases)
 backends serving it; each `BackendState` carries what the gateway knows about its
 backend now: in-flight and prefill counts (kept by the router's plans,
 gateway/routing/router.py), the other replicas' in-flight count (shared state), its
-circuit breaker (gateway/routing/breaker.py) and its `/health` probe record
+circuit breakers (gateway/routing/breaker.py, and per tenant
+gateway/routing/tenant_breakers.py) and its `/health` probe record
 (gateway/routing/health.py). Which backends a request is offered, and in which order, is
 the router's business; `Registry.is_down()` and `Registry.last_up()` answer the status
 page and the health probes (is a backend the last one up for a model?).
@@ -23,6 +24,7 @@ from gateway.config.schema import BackendSettings, BreakerSettings, GatewaySetti
 from gateway.routing.breaker import Breaker
 from gateway.routing.filters.health import unavailable
 from gateway.routing.health import ProbeHealth
+from gateway.routing.tenant_breakers import TenantBreakers
 from gateway.upstream.http import HttpPool
 from gateway.upstream.tls import BackendTLS, backend_tls
 
@@ -46,6 +48,8 @@ class BackendState:
     peer_inflight: int = 0  # other replicas' (shared state), as of the last sync
     # passive health: failed exchanges open it, half-open probes close it
     breaker: Breaker = field(default_factory=lambda: Breaker(BreakerSettings()))
+    # passive health per tenant: what one tenant's requests alone made it fail
+    tenant_breakers: TenantBreakers = field(default_factory=TenantBreakers)
     learned_slots: int | None = None  # llama.cpp's slot count (/props), when not configured
     unhealthy_until: float = 0.0  # active health: marked down by its /health probes
     health_error: str | None = None
@@ -78,6 +82,10 @@ class Registry:
     routes: dict[str, tuple[Route, ...]]
     owners: dict[str, str] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
+    # Whether breakers tell tenants apart (more than one tenant configured that may use
+    # some model): see gateway/routing/tenant_breakers.py. One: its failures open the
+    # backend's breaker, as they always did.
+    per_tenant: bool = False
 
     @classmethod
     def build(
@@ -119,6 +127,7 @@ class Registry:
             routes={name: tuple(r) for name, r in routes.items()},
             owners=owners,
             clock=clock,
+            per_tenant=sum(bool(t.models) for t in config.tenants) > 1,
         )
 
     def set_peer_inflight(self, others: Mapping[str, int]) -> None:

@@ -5,7 +5,9 @@
 1. trust (gateway/routing/filters/trust.py): only the decision's private backends, and
    its hosted fallbacks in its order;
 2. the picker (gateway/routing/picker.py) orders the private ones (strategy, scorers);
-3. health (gateway/routing/filters/health.py) skips the ones that are down, noting why;
+3. health (gateway/routing/filters/health.py) skips the ones that are down, noting why
+   (with several tenants configured, also those whose breaker scoped to the request's
+   tenant is open: gateway/routing/tenant_breakers.py);
 4. the fallback mode of the decision: `never`; `when_private_unavailable`: hosted only
    once every eligible private backend is unavailable for this request (see below);
    `when_private_saturated`: hosted first too when every private backend up is over the
@@ -142,7 +144,10 @@ class Router:
         private = picker.order(model, private, prefix)
         hosted = eligible_hosted(by_id, decision)
         reasons: list[str] = []
-        up = available_routes(private, self._registry.clock(), reasons)
+        # Breakers tell tenants apart (gateway/routing/tenant_breakers.py) when several
+        # are configured: one tenant's failing requests take a backend out for itself.
+        tenant = decision.tenant if self._registry.per_tenant else None
+        up = available_routes(private, self._registry.clock(), reasons, tenant)
         mode = decision.fallback
         fallback_allowed = mode != "never" and bool(hosted)
         saturated = (
@@ -165,6 +170,7 @@ class Router:
             hosted_first=hosted_first,
             hosted_last=fallback_allowed and not saturated,
             mode=mode,
+            tenant=tenant,
         )
 
     def score(self, model: str, backend: BackendState) -> float:
@@ -234,6 +240,7 @@ class Plan:
         "prefix_bytes",
         "private",
         "reasons",
+        "tenant",
         "withheld",
     )
 
@@ -251,8 +258,10 @@ class Plan:
         hosted_first: bool,
         hosted_last: bool,
         mode: str,
+        tenant: str | None = None,
     ) -> None:
         self._router = router
+        self.tenant = tenant  # whose breakers the private attempts answer to, if per tenant
         self._mode = mode
         up_ids = {route.backend.id for route in up}
         # Per eligible private backend: what it came to so far (absent: not tried yet).
@@ -321,7 +330,8 @@ class Plan:
 
     def _attempt(self, route: Route, cached_bytes: int, *, private: bool) -> Attempt:
         router = self._router
-        attempt = Attempt(route, cached_bytes, self.deadline, router._registry.clock, private)
+        clock, tenant = router._registry.clock, self.tenant if private else None
+        attempt = Attempt(route, cached_bytes, self.deadline, clock, private, tenant)
         router._enter(route.backend)  # in flight from now: see the module docstring
         return attempt
 
