@@ -137,6 +137,10 @@ def _routes(
         docs_url=None,
         redoc_url=None,
         openapi_url="/openapi.json",
+        # Starlette answers `/admin/v1/status/` with a redirect to a URL built from the
+        # client's `Host` header (`Host: evil.example` named that host) and no error
+        # object: a path the API does not define is a 404 like any other.
+        redirect_slashes=False,
     )
     app.add_middleware(BodyLimit)
     app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
