@@ -1,12 +1,11 @@
 """The admin API app (FastAPI): its routes and what it is given.
 
 `create_admin_app(control)` builds it from an `AdminControl`: the gateway's `Runtime`
-(read on every request, so a config reload shows at once) and the actions as callables
-the composition root binds (gateway/app.py `admin_app`). Errors are OpenAI error objects,
-like everywhere else in owngate (errors.py). `/openapi.json` is the schema (also in
-docs/admin-openapi.json). FastAPI's own docs are off (`docs_url=None`): its Swagger UI
-loads its assets from a CDN and owngate serves nothing from one; `/docs` redirects to
-the web console's API page instead (console_routes.py), drawn from this origin.
+(read on every request, so a reload shows at once) and the actions the composition root
+binds (gateway/app.py `admin_app`). Errors are OpenAI error objects (errors.py); a path it
+lacks is a 404, never Starlette's trailing-slash redirect (to the client's `Host`).
+`/openapi.json` is the schema (docs/admin-openapi.json). FastAPI's docs are off: its
+Swagger UI loads assets from a CDN; `/docs` redirects to the console's API page instead.
 """
 
 from __future__ import annotations
@@ -137,6 +136,7 @@ def _routes(
         docs_url=None,
         redoc_url=None,
         openapi_url="/openapi.json",
+        redirect_slashes=False,  # `/x/` redirected to the client's `Host` (docstring)
     )
     app.add_middleware(BodyLimit)
     app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]

@@ -7,7 +7,8 @@ sidecar together (docs/performance.md). `Connection` reads a request within the 
 listener's limits (`gateway/attest/reader.py`), hands it whole to the relay
 (`AttestRelay`) and writes what the relay answers straight to the transport: a whole
 answer (`respond`) or a chunked stream (`start_stream`, `send_chunk`, `end_stream`,
-which waits while the client reads slower than the backend sends).
+which waits while the client reads slower than the backend sends). An answer to HEAD
+(the relay refuses it) is its head alone, as HTTP requires.
 
 A client that leaves while its request runs: `left` turns true and the upstream answer
 the relay registered (`upstream`) is aborted, so the backend stops and nothing is signed.
@@ -122,6 +123,7 @@ class Connection(RequestReader):
         self._started = False  # the current request's answer has begun
         self._chunked = True  # ... as a chunked stream (else ended by closing)
         self._answered = True  # ... and was written in full
+        self._bodiless = False  # ... answers HEAD: a head alone (RFC 9110, 9.3.2)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused:
@@ -184,6 +186,7 @@ class Connection(RequestReader):
             self._keep_alive = request.keep_alive and not self._listener.draining
             self._started = self._answered = False
             self._chunked = True
+            self._bodiless = request.method == b"HEAD"
             try:
                 await handler(self, request)
             except GatewayError as error:
@@ -227,7 +230,9 @@ class Connection(RequestReader):
             extra,
             b"" if self._keep_alive else b"connection: close\r\n",
         )
-        self.transport.write(head + body)
+        # An answer to HEAD (the relay's 405) says its length but carries no body: a
+        # client reads none, and body bytes would be the start of its next answer.
+        self.transport.write(head if self._bodiless else head + body)
         self._started = self._answered = True
 
     def start_stream(self, status: int, content_type: bytes, *, framed: bool = True) -> None:

@@ -145,6 +145,14 @@ class _Connection(asyncio.Protocol):
             self.interim = True
             response.headers.clear()
             return
+        if not 200 <= status <= 599:
+            # The parser takes any three digits. A status under 100 cannot be relayed (no
+            # status line for it: the client's connection dropped with a 500 logged), and
+            # 000 would read as "no answer yet" (`status == 0`) until the first-byte
+            # timeout; 600 and up is no HTTP status either.
+            response._fail(UpstreamError("protocol", f"backend answered status {status:03d}"))
+            self.abort()
+            return
         response.status = status
         has_length = any(
             name in (b"content-length", b"transfer-encoding") for name, _ in response.headers

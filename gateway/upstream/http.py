@@ -14,7 +14,8 @@ status line and headers stop at `MAX_HEAD` bytes (httptools gathers a header lin
 before handing it over, so without a limit one endless header would grow until the
 first-byte timeout), and so do the bytes between two body bytes (chunk framing, and a
 chunked body's trailer fields, which are never kept: bytes that keep arriving without a
-body byte would otherwise be read until the read timeout, and trailers kept); a byte
+body byte would otherwise be read until the read timeout, and trailers kept); a final
+status outside 200-599 (the parser takes any three digits) fails the attempt; a byte
 that arrives after the response is complete is never handed to anyone, and the
 connection it came on is closed, never reused (also when it is still unread in the
 socket as the next request takes the connection: `unread`).

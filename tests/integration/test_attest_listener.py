@@ -210,6 +210,21 @@ def test_malformed_framing_gets_a_json_400(
     assert _logged(tmp_path) == []
 
 
+def test_an_answer_to_head_has_no_body(start_sidecar: Callable[..., AttestThread]) -> None:
+    # The relay answers HEAD 405. With its body written, a client on the connection (a
+    # proxy that pools it for other clients) read those bytes as the start of the next
+    # request's answer.
+    sidecar = start_sidecar()
+    raw = exchange(
+        sidecar,
+        b"HEAD /health HTTP/1.1\r\nhost: x\r\n\r\n"
+        b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 405 ")
+    assert rest.startswith(b"HTTP/1.1 200 "), rest[:80]  # right after the head
+
+
 def test_the_connection_cap_closes_extra_connections(
     start_sidecar: Callable[..., AttestThread],
 ) -> None:

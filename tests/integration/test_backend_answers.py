@@ -295,3 +295,29 @@ def test_a_dripping_error_body_does_not_hold_the_failover(
     assert [post(gateway).status_code for _ in range(2)] == [200, 200]
     assert raw.finished.wait(30)
     assert written[0] < length  # the gateway hung up: the backend stopped mid-body
+
+
+@pytest.mark.parametrize("status", [b"000", b"099"])
+def test_a_status_under_100_is_a_failed_attempt_with_an_openai_error(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    status: bytes,
+) -> None:
+    # 099 used to reach uvicorn as the answer's status: it has no status line for it, so
+    # the client's connection dropped without an answer while a 500 was logged; 000
+    # left the request waiting for the first-byte timeout.
+    async def odd_status(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        head = b"HTTP/1.1 %s X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % (status, len(ANSWER)) + ANSWER)
+        await writer.drain()
+        return False
+
+    raw = start_raw(odd_status)
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    response = post(gateway)
+    assert response.status_code == 503
+    assert error_code(response) == "backend_unavailable"
+    assert "protocol" in response.json()["error"]["message"]
+    record = completion_record(tmp_path / "log", response.headers["x-request-id"])
+    assert record["status"] == 503

@@ -140,3 +140,23 @@ def test_a_response_nobody_asked_for_never_answers_the_next_request() -> None:
     finally:
         raw.stop()
     assert answers == [b'{"answer": 0}', b'{"answer": 1}']  # the second on a new connection
+
+
+@pytest.mark.parametrize("status", [b"000", b"099", b"600", b"999"])
+def test_a_status_that_is_no_http_status_is_a_protocol_failure(status: bytes) -> None:
+    # The parser takes any three digits. 099 was handed on as a status (the gateway then
+    # failed to write a status line for it: the client's connection dropped, a 500
+    # logged), 000 read as "no answer yet" until the first-byte timeout.
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 %s X\r\ncontent-length: 2\r\n\r\n{}" % status)
+        await writer.drain()
+
+    async def body(pool: HttpPool) -> None:
+        with pytest.raises(UpstreamError) as info:
+            await pool.request(b"POST", b"/", [], b"{}")
+        assert info.value.kind == "protocol"
+        assert status.decode() in info.value.detail
+        assert pool.open_connections == 0
+
+    asyncio.run(_with_backend(handler, body))

@@ -103,7 +103,11 @@ def test_methods_other_than_get_and_post_are_refused(tmp_path: Path, method: byt
     status, headers, body = parse(written)
     assert status == 405
     assert headers["allow"] == "GET, POST"
-    assert json.loads(body)["error"]["code"] == "method_not_allowed"
+    if method == b"HEAD":  # its head alone: body bytes would start the next answer
+        assert body == b""
+        assert int(headers["content-length"]) > 0
+    else:
+        assert json.loads(body)["error"]["code"] == "method_not_allowed"
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,114 @@
+"""Request smuggling against owngate's own listeners, over raw sockets: every framing a
+proxy in front might read differently from the gateway is refused, never guessed at.
+
+Each request is followed on its connection by a second one (`GET /smuggled`): whatever
+the framing, exactly one answer comes back (a 400 OpenAI error object with
+`connection: close`), so nothing the client hid in a body is ever parsed as a request
+of its own. Run against the gateway's public listener (`gateway/listener.py`) and the
+`owngate attest` sidecar's (`gateway/attest/reader.py`), which parse alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.app import create_app
+from gateway.attest import AttestSettings, AttestThread
+from gateway.config.schema import ListenSettings
+from gateway.provenance import write_signing_key
+from gateway.serving import ServerThread
+from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
+from tests.helpers.raw_socket import Server, assert_refused, exchange
+
+BODY = b'{"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}'
+SMUGGLED = b"GET /smuggled HTTP/1.1\r\nhost: x\r\n\r\n"
+CHUNKED = b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)
+
+
+def _post(fields: bytes, body: bytes) -> bytes:
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+        b"authorization: Bearer " + TENANT_KEY.encode() + b"\r\n"
+        b"content-type: application/json\r\n" + fields + b"\r\n" + body
+    )
+
+
+def _chunked(body: bytes) -> bytes:
+    return _post(b"transfer-encoding: chunked\r\n", body)
+
+
+AMBIGUOUS = {
+    "cl-and-te": _post(b"content-length: 5\r\ntransfer-encoding: chunked\r\n", CHUNKED),
+    "te-and-cl": _post(b"transfer-encoding: chunked\r\ncontent-length: 5\r\n", CHUNKED),
+    "two-lengths": _post(b"content-length: %d\r\ncontent-length: 3\r\n" % len(BODY), BODY),
+    "same-length-twice": _post(b"content-length: 70\r\ncontent-length: 70\r\n", BODY),
+    "length-list": _post(b"content-length: 70, 70\r\n", BODY),
+    "length-plus": _post(b"content-length: +70\r\n", BODY),
+    "length-negative": _post(b"content-length: -1\r\n", BODY),
+    "chunked-then-identity": _post(b"transfer-encoding: chunked, identity\r\n", CHUNKED),
+    "identity-only": _post(b"transfer-encoding: identity\r\n", BODY),
+    "chunked-twice": _post(
+        b"transfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n", CHUNKED
+    ),
+    "te-space-before-colon": _post(b"transfer-encoding : chunked\r\n", CHUNKED),
+    "te-obs-fold": _post(b"transfer-encoding:\r\n chunked\r\n", CHUNKED),
+    "obs-fold": _post(b"content-length: %d\r\nx-data-class: public\r\n phi\r\n" % len(BODY), BODY),
+    "chunk-size-plus": _chunked(b"+%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)),
+    "chunk-size-0x": _chunked(b"0x%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)),
+    "chunk-size-space": _chunked(b"%x \r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)),
+    "chunk-size-overflow": _chunked(b"1" + b"0" * 24 + b"\r\nabc"),
+    "chunk-bare-lf": _chunked(b"%x\n%s\n0\n\n" % (len(BODY), BODY)),
+    "chunk-data-too-long": _chunked(b"%x\r\n%sXX\r\n0\r\n\r\n" % (len(BODY), BODY)),
+    "bare-lf-head": _post(b"content-length: %d\r\n" % len(BODY), BODY).replace(b"\r\n", b"\n"),
+    "bare-cr-head": _post(b"content-length: %d\r\n" % len(BODY), BODY).replace(
+        b"host: x\r\n", b"host: x\r"
+    ),
+    "nul-in-value": _post(b"content-length: %d\r\nx-data-class: ph\x00i\r\n" % len(BODY), BODY),
+    "esc-in-value": _post(b"content-length: %d\r\nx-a: \x1b[31m\r\n" % len(BODY), BODY),
+    "del-in-value": _post(b"content-length: %d\r\nx-a: a\x7f\r\n" % len(BODY), BODY),
+    "space-in-name": _post(b"content-length: %d\r\nx a: b\r\n" % len(BODY), BODY),
+    "h2c-upgrade": b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: upgrade, http2-settings\r\n"
+    b"upgrade: h2c\r\nhttp2-settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n",
+    "connect": b"CONNECT evil.example:443 HTTP/1.1\r\nhost: evil.example\r\n\r\n",
+}
+
+
+@pytest.fixture
+def public(start_sim: Callable[..., Sim]) -> Iterator[ServerThread]:
+    sim = start_sim("vllm", models=("sim-model",), zero_latency=True)
+    config = gateway_config([backend("gpu", sim.url, "sim-model")])
+    server = ServerThread(create_app(config, environ={}), listen=config.listen).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def sidecar(start_sim: Callable[..., Sim], tmp_path: Path) -> Iterator[AttestThread]:
+    sim = start_sim("vllm", models=("sim-model",), zero_latency=True)
+    write_signing_key(tmp_path / "sidecar.key", "sidecar")
+    settings = AttestSettings(backend=sim.url, key_file=tmp_path / "sidecar.key", log_dir=tmp_path)
+    server = AttestThread(settings, listen=ListenSettings())
+    server.start()
+    yield server
+    server.stop()
+
+
+def _one_refusal(server: Server, request: bytes) -> None:
+    raw = exchange(server, request + SMUGGLED)
+    assert raw.count(b"HTTP/1.1 ") == 1, raw[:400]  # the smuggled request never ran
+    assert_refused(raw, 400, "invalid_request")
+
+
+@pytest.mark.parametrize("request_bytes", AMBIGUOUS.values(), ids=AMBIGUOUS.keys())
+def test_the_public_listener_refuses_ambiguous_framing(
+    public: ServerThread, request_bytes: bytes
+) -> None:
+    _one_refusal(public, request_bytes)
+
+
+@pytest.mark.parametrize("request_bytes", AMBIGUOUS.values(), ids=AMBIGUOUS.keys())
+def test_the_sidecar_refuses_ambiguous_framing(sidecar: AttestThread, request_bytes: bytes) -> None:
+    _one_refusal(sidecar, request_bytes.replace(b"/v1/chat/completions", b"/v1/completions"))
