@@ -153,3 +153,39 @@ def test_a_provider_stream_ends_at_the_stream_timeout(
     assert orjson.loads(events[-1][6:])["error"]["code"] == "upstream_timeout"
     assert provider.finished.wait(30)
     assert written[0] < chunks  # the gateway hung up: the provider stopped mid-stream
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {}),
+        ("/v1/completions", {"prompt": None}),
+        ("/v1/embeddings", {}),
+        ("/v1/chat/completions", {}),
+    ],
+)
+def test_a_request_missing_its_required_field_is_a_400_naming_it(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    path: str,
+    body: dict[str, Any],
+) -> None:
+    # A text completion without `prompt` made LiteLLM fail on its own (APIConnectionError):
+    # the client got 503 backend_unavailable, as if the provider were down, and the next
+    # backend was tried. It is the client's mistake: 400, the field named, nothing sent.
+    provider = start_raw(json_answer(ANSWER))
+    (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
+    gateway = start_gateway(
+        [hosted_backend("hosted", provider.url + "/v1", "m")],
+        policy={"paths": [str(tmp_path)]},
+        environ={"HOSTED_KEY": "test-key"},
+    )
+    response = httpx.post(
+        gateway.url + path, json={"model": "m", **body}, headers=gateway.headers, timeout=60
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    required = {"/v1/completions": "prompt", "/v1/embeddings": "input"}
+    assert error["param"] == required.get(path, "messages")
+    assert provider.posts == []
