@@ -56,11 +56,11 @@ def test_a_missing_required_field_is_the_clients_error(
     # LiteLLM calls a text completion without `prompt` and fails on its own
     # (APIConnectionError): that read as the provider failing (503, the next backend
     # tried). The field is the client's to send: a 400 naming it, nothing sent.
-    doc = {"model": "m", "messages": MESSAGES, "prompt": "hi", "input": "hi"}
+    doc: dict[str, object] = {"model": "m", "messages": MESSAGES, "prompt": "hi", "input": "hi"}
     if value == "absent":
         del doc[required]
     else:
         doc[required] = None
     with pytest.raises(InvalidField) as refused:
-        request_params(endpoint, doc)  # type: ignore[arg-type]
+        request_params(endpoint, doc)  # type: ignore[arg-type]  # a str, not the Literal
     assert refused.value.param == required
