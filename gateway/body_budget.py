@@ -1,7 +1,9 @@
 """Request bodies held at once, per process: one budget across every tenant's requests.
 
 `limits.max_body_bytes` bounds one request body; the gateway holds each body (and what is
-parsed from it) until its request ends, through retries and a stream's whole relay. With
+parsed from it) until its request ends, through retries and a stream's whole relay. The
+budget counts the body's bytes only: the objects parsed from a body of tiny values take
+up to about 24 times as much (docs/security.md, Out of scope). With
 `listen.max_connections` connections each sending a body just under the limit, that
 would be 4,096 x 8 MiB = 32 GiB by default. `BodyBudget` bounds the sum: a request
 reserves its declared `content-length` before any of its body is read (a chunked body:

@@ -86,6 +86,14 @@ _FIELDS: Final[dict[str, frozenset[str]]] = {
     "embeddings": frozenset({"input", "dimensions", "encoding_format", "user"}),
 }
 _HANDLED: Final = frozenset({"model", "stream", "stream_options"})
+# The field each endpoint requires (the same reference). LiteLLM 1.108.7 calls a text
+# completion without `prompt` and fails on its own (`APIConnectionError`), which read as
+# the provider failing: 503 and the next backend tried, for the client's mistake.
+_REQUIRED: Final[dict[str, str]] = {
+    "chat": "messages",
+    "completions": "prompt",
+    "embeddings": "input",
+}
 
 # The JSON type of each field, from the same reference; `None` (null) is always allowed.
 # bool is not a number here, though Python makes it an int.
@@ -185,13 +193,17 @@ def request_params(
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     """LiteLLM arguments for the client's document, and the names of fields left out.
 
-    Raises `InvalidField` for a field of the wrong JSON type or a malformed message.
+    Raises `InvalidField` for a field of the wrong JSON type, a malformed message, or a
+    missing required field (`messages`, `prompt`, `input`).
     Streams always ask the provider for usage (`stream_options.include_usage`): the
     gateway accounts for tokens either way, and `encode_chunk` keeps the usage chunk
     from clients that did not ask for it.
     """
     allowed = _FIELDS[endpoint]
     params = {k: v for k, v in doc.items() if k in allowed and v is not None}
+    required = _REQUIRED[endpoint]
+    if required not in params:
+        raise InvalidField(required, "given (the field is required)")
     for name, value in params.items():
         _check_type(name, value, _TYPES.get(name))
     _check_shapes(params)

@@ -12,6 +12,8 @@ backend serves, else 503), and the target never hears of it.
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,8 +22,15 @@ import httpx
 import orjson
 import pytest
 
-from tests.helpers.gateways import HOSTED_ONLY_POLICY, LITELLM_WARNINGS, Gateway, hosted_backend
-from tests.helpers.raw_backend import Answer, Post, RawBackend, json_answer
+from tests.helpers.gateways import (
+    HOSTED_ONLY_POLICY,
+    LITELLM_WARNINGS,
+    TENANT_KEY,
+    Gateway,
+    hosted_backend,
+)
+from tests.helpers.raw_backend import Answer, Post, RawBackend, json_answer, sse_head
+from tests.helpers.waiting import until
 
 pytestmark = LITELLM_WARNINGS
 
@@ -153,3 +162,119 @@ def test_a_provider_stream_ends_at_the_stream_timeout(
     assert orjson.loads(events[-1][6:])["error"]["code"] == "upstream_timeout"
     assert provider.finished.wait(30)
     assert written[0] < chunks  # the gateway hung up: the provider stopped mid-stream
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {}),
+        ("/v1/completions", {"prompt": None}),
+        ("/v1/embeddings", {}),
+        ("/v1/chat/completions", {}),
+    ],
+)
+def test_a_request_missing_its_required_field_is_a_400_naming_it(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    path: str,
+    body: dict[str, Any],
+) -> None:
+    # A text completion without `prompt` made LiteLLM fail on its own (APIConnectionError):
+    # the client got 503 backend_unavailable, as if the provider were down, and the next
+    # backend was tried. It is the client's mistake: 400, the field named, nothing sent.
+    provider = start_raw(json_answer(ANSWER))
+    (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
+    gateway = start_gateway(
+        [hosted_backend("hosted", provider.url + "/v1", "m")],
+        policy={"paths": [str(tmp_path)]},
+        environ={"HOSTED_KEY": "test-key"},
+    )
+    response = httpx.post(
+        gateway.url + path, json={"model": "m", **body}, headers=gateway.headers, timeout=60
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    required = {"/v1/completions": "prompt", "/v1/embeddings": "input"}
+    assert error["param"] == required.get(path, "messages")
+    assert provider.posts == []
+
+
+_FLOOD_BYTES = 64 << 20  # what the provider would write, were it never held back
+
+
+def _event(n: int) -> bytes:
+    """A chunked-framed SSE event of 16 KiB of text, each one different (LiteLLM fails a
+    stream that repeats one chunk 100 times)."""
+    text = (b"%d " % n) * (16384 // len(b"%d " % n))
+    chunk = orjson.loads(CHUNK)
+    chunk["choices"][0]["delta"]["content"] = text.decode()
+    event = b"data: " + orjson.dumps(chunk) + b"\n\n"
+    return b"%x\r\n%b\r\n" % (len(event), event)
+
+
+def test_a_client_that_reads_nothing_holds_back_a_hosted_stream(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A fast provider streams 64 MB to a client that reads none of it: the relay waits for
+    # the client's buffers to drain (uvicorn's flow control) before it asks LiteLLM for
+    # the next chunk, so the provider is held back by TCP, not buffered in the gateway.
+    flood: dict[str, Any] = {"written": 0, "blocked": False, "finished": False}
+
+    async def fast(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(sse_head(b"transfer-encoding: chunked\r\n"))
+        n = 0
+        while flood["written"] < _FLOOD_BYTES:
+            chunk = _event(n)
+            n += 1
+            writer.write(chunk)
+            flood["written"] += len(chunk)
+            flood["blocked"] = True
+            await writer.drain()
+            flood["blocked"] = False
+        flood["finished"] = True
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return False
+
+    from uvicorn.protocols.http.flow_control import FlowControl
+
+    draining = threading.Event()  # the relay waits for the client's buffers
+    drain = FlowControl.drain
+
+    async def noted_drain(self: FlowControl) -> None:
+        draining.set()
+        await drain(self)
+
+    monkeypatch.setattr(FlowControl, "drain", noted_drain)
+    provider = start_raw(fast)
+    (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
+    gateway = start_gateway(
+        [hosted_backend("hosted", provider.url + "/v1", "m")],
+        policy={"paths": [str(tmp_path)]},
+        environ={"HOSTED_KEY": "test-key"},
+    )
+    body = orjson.dumps({"model": "m", **REQUESTS["chat-stream"][1]})
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    try:
+        client.connect(("127.0.0.1", gateway.server.port))
+        client.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\n"
+            b"authorization: Bearer %b\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%b" % (TENANT_KEY.encode(), len(body), body)
+        )
+        until(
+            lambda: flood["finished"] or (draining.is_set() and flood["blocked"]),
+            "the provider held back, or done",
+            timeout=300,
+            detail=lambda: flood,
+        )
+        assert not flood["finished"], "the gateway read the whole stream for a client reading none"
+        # Socket buffers on both sides hold a few MB at most.
+        assert flood["written"] < _FLOOD_BYTES // 2
+    finally:
+        client.close()

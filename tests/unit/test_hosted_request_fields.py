@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.upstream.openai_wire import request_params
+from gateway.upstream.openai_wire import InvalidField, request_params
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -43,3 +43,24 @@ def test_routing_fields_never_become_litellm_arguments(endpoint: str, field: str
     params, ignored = request_params(endpoint, doc)  # type: ignore[arg-type]
     assert field not in params and field in ignored
     assert "model" not in params  # the gateway sets it: the backend's provider_model
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "required"),
+    [("chat", "messages"), ("completions", "prompt"), ("embeddings", "input")],
+)
+@pytest.mark.parametrize("value", ["absent", None])
+def test_a_missing_required_field_is_the_clients_error(
+    endpoint: str, required: str, value: object
+) -> None:
+    # LiteLLM calls a text completion without `prompt` and fails on its own
+    # (APIConnectionError): that read as the provider failing (503, the next backend
+    # tried). The field is the client's to send: a 400 naming it, nothing sent.
+    doc: dict[str, object] = {"model": "m", "messages": MESSAGES, "prompt": "hi", "input": "hi"}
+    if value == "absent":
+        del doc[required]
+    else:
+        doc[required] = None
+    with pytest.raises(InvalidField) as refused:
+        request_params(endpoint, doc)  # type: ignore[arg-type]  # a str, not the Literal
+    assert refused.value.param == required
