@@ -20,7 +20,8 @@ Anthropic's and Gemini's search tools):
 A client that asked for one of these is refused (`RefusedField`: 400 naming the field),
 not served without it: an answer without the web search, the audio or the stored copy the
 client asked for would not be what it asked for, and nothing would tell it so. Only tools
-of type `function` and `custom` (both run by the client, not the provider) are sent.
+of type `function` and `custom` (both run by the client, not the provider), with no keys
+beyond the API's, and legacy `functions` with a `name`, are sent.
 `store: false` (the default) and null values ask for nothing and pass.
 """
 
@@ -48,6 +49,13 @@ _SEARCH = "the provider's web search sends text from the prompt to a search serv
 _AUDIO = "the provider may keep spoken output as state, outside zero-retention terms"
 _TOOL = "the provider itself would run it (search, fetch, execute, call a server)"
 _STORE = "it asks the provider to keep the prompt and the answer"
+# LiteLLM's Gemini adapter drops a tool's `type` and reads a lone other key as a built-in
+# tool (`{"type": "custom", "googleSearch": {}}` is Google Search), and takes a legacy
+# `functions` entry without a `name` the same way: a tool has the API's keys only.
+_TOOL_KEYS: Final = frozenset({"type", "function", "custom"})
+_FUNCTION_KEYS: Final = frozenset({"name", "description", "parameters", "strict"})
+_TOOL_SHAPE = "a tool has only `type` and its `function` (or `custom`) definition"
+_FUNCTION_SHAPE = "a function has a string `name` and only `description` and `parameters`"
 
 
 def refuse_provider_actions(doc: Mapping[str, Any]) -> None:
@@ -64,6 +72,16 @@ def refuse_provider_actions(doc: Mapping[str, Any]) -> None:
         raise RefusedField("store", _STORE)
     tools = doc.get("tools")
     for i, tool in enumerate(tools if isinstance(tools, list) else ()):
-        kind = tool.get("type") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict):
+            continue  # a malformed tool: `openai_wire` names it
+        kind = tool.get("type")
         if isinstance(kind, str) and kind not in CLIENT_TOOL_TYPES:
             raise RefusedField(f"tools[{i}].type", _TOOL)
+        if not tool.keys() <= _TOOL_KEYS:
+            raise RefusedField(f"tools[{i}]", _TOOL_SHAPE)
+    functions = doc.get("functions")
+    for i, function in enumerate(functions if isinstance(functions, list) else ()):
+        if isinstance(function, dict) and not (
+            isinstance(function.get("name"), str) and function.keys() <= _FUNCTION_KEYS
+        ):
+            raise RefusedField(f"functions[{i}]", _FUNCTION_SHAPE)

@@ -135,6 +135,11 @@ def _tool(kind: str, **more: Any) -> dict[str, Any]:
         (_tool("code_interpreter"), "tools[1].type"),
         (_tool("computer_use_preview"), "tools[1].type"),
         (_tool("mcp", server_url="http://decoy.example/mcp"), "tools[1].type"),
+        # Gemini's adapter drops `type` and reads a lone other key as its built-in tool.
+        ({"tools": [{"type": "custom", "googleSearch": {}}]}, "tools[0]"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}, "x": 1}]}, "tools[0]"),
+        ({"functions": [{"googleSearch": {}}]}, "functions[0]"),
+        ({"functions": [{"name": "f", "url_context": {}}]}, "functions[0]"),
     ],
 )
 def test_a_provider_action_is_refused_on_the_hosted_attempt(
@@ -163,9 +168,11 @@ def test_client_run_tools_and_unstored_requests_still_reach_the_provider(
         {"type": "custom", "custom": {"name": "g"}},
     ]
     body = {**ASK, "tools": tools, "store": False, "web_search_options": None, "audio": None}
+    body["functions"] = [{"name": "h", "description": "d", "parameters": {"type": "object"}}]
     answer = post(gateway, orjson.dumps(body))
     assert answer.status_code == 200, answer.text
     (sent,) = provider.app.captured("/v1/chat/completions")
     forwarded = orjson.loads(sent.body)
     assert forwarded["tools"] == tools
+    assert forwarded["functions"] == body["functions"]
     assert not {"store", "web_search_options", "audio"} & forwarded.keys()
