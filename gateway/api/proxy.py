@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from gateway.api.body import parse_body
+from gateway.api.control_fields import refuse_control_fields
 from gateway.api.exchange import Exchange, TryNext, cut_status, watch_disconnect
 from gateway.api.hosted_relay import HostedRelay
 from gateway.api.labels import UNKNOWN, InvalidLabel, excerpt, label_refused, read_label
@@ -95,6 +96,7 @@ class Proxy:
         send: Send,
     ) -> None:
         doc = parse_body(body)
+        refuse_control_fields(doc)  # a router's own arguments: where, with whose key
         model = doc.get("model")
         if not isinstance(model, str) or not model:
             raise GatewayError(

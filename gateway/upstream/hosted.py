@@ -27,6 +27,7 @@ from typing import Any, Final
 from gateway.config.schema import BackendSettings
 from gateway.upstream import openai_wire
 from gateway.upstream.hosted_errors import HostedError, HostedErrorKind, hosted_error, local_reason
+from gateway.upstream.hosted_fields import RefusedField, refuse_provider_actions
 from gateway.upstream.hosted_stream import ProviderStream, close_stream, encoded, made_up_end
 from gateway.upstream.litellm_runtime import (
     aclose_litellm_clients,
@@ -178,11 +179,13 @@ class HostedClient:
         if provider_model is None:
             raise ValueError(f"backend {self.backend_id!r} does not serve {upstream_model!r}")
         try:
+            if endpoint == "chat":  # what the provider would do beyond answering
+                refuse_provider_actions(doc)
             params, ignored = openai_wire.request_params(endpoint, doc)
             if endpoint == "chat":  # URLs an adapter would fetch from here
                 provider = provider_model.split("/", 1)[0] if "/" in provider_model else ""
                 await check_media_urls(params, provider or self.provider, self._resolve)
-        except openai_wire.InvalidField as exc:
+        except (openai_wire.InvalidField, RefusedField) as exc:
             message = f"the request is not valid for {self.provider} (not sent): {exc}"
             raise HostedError("status", message, status=400, param=exc.param) from None
         litellm = await aload_litellm()

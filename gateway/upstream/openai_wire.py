@@ -44,7 +44,9 @@ DONE: Final = b"data: [DONE]\n\n"
 # boolean; `metadata` is left out because LiteLLM reads it as its own logging metadata,
 # and `store` because it asks the provider to keep the prompt and the answer (OpenAI's and
 # Azure's stored completions, retrievable with the gateway's key): the client would
-# lengthen the retention the policy checked against the backend's declaration.
+# lengthen the retention the policy checked against the backend's declaration (`store:
+# true`, `web_search_options`, `audio` and built-in tools are refused before this:
+# gateway/upstream/hosted_fields.py).
 _SAMPLING: Final = frozenset(
     {
         "frequency_penalty",

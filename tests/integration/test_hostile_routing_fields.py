@@ -7,6 +7,8 @@ A second simulator stands for the place a client would like the call to go
 (`api_base`, `base_url`, `model_list`, `extra_body`, ...): it must receive nothing, the
 provider must receive only the configured model with the configured key, and a
 `fallback: never` tenant's requests (and `phi` ones) must reach no hosted provider at all.
+Most such fields are now refused outright (400, for every backend); `metadata`, an OpenAI
+field, still passes to private backends and is left out of hosted calls.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway.api.control_fields import CONTROL_FIELDS, CONTROL_PREFIXES
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import (
     EU_ZERO,
@@ -213,6 +216,13 @@ def test_no_body_field_or_model_prefix_moves_a_hosted_call(
     sent = provider.app.captured("/v1/chat/completions")[before:]
     assert decoy.app.captured() == [], "a client field moved the call"
     may_go_hosted = key == TENANT_KEY and label is None and model in ("m",)
+    # A router's control field is refused for every backend (gateway/api/control_fields.py)
+    # and `store: true` on the hosted attempt (gateway/upstream/hosted_fields.py): 400.
+    control = any(f in CONTROL_FIELDS or f.startswith(CONTROL_PREFIXES) for f in fields)
+    if control or (may_go_hosted and fields.get("store") is True):
+        assert sent == [], (fields, response.text)
+        assert response.status_code == 400, response.text
+        return
     if not may_go_hosted:
         # A refusal, an unknown model, or the private backend (down, so 503) that serves
         # `openai/gpt-4o`: never the provider.

@@ -1,0 +1,90 @@
+"""Body fields that are a router's control channel, not the OpenAI API: refused for every
+backend.
+
+LiteLLM reads its keyword arguments as where to send a call and with what credentials
+(`api_base`, `base_url`, `api_key`, `custom_llm_provider`, `aws_region_name`,
+`vertex_location`, ...), as other places to try (`fallbacks`, `model_list`,
+`user_config`), as headers to add (`extra_headers`) or as an answer to make up
+(`mock_response`). A LiteLLM proxy turns the JSON body of a request into those keyword
+arguments, so a private `kind: openai` backend that is such a proxy would send the prompt
+wherever the client said, while the gateway's log says the private backend served it.
+
+The gateway forwards private request bodies byte for byte (it does not rewrite them), so
+such a field is refused, not removed: a 400 `invalid_request` naming it, before any
+policy decision, for private and hosted backends alike (a hosted call never sent them:
+gateway/upstream/openai_wire.py allow-lists its fields). The names are matched as the
+backend reads them, after JSON unescaping (`"api\\u005fbase"` is `api_base`).
+
+OpenAI's own request fields are not here, however a router reads them: `metadata` and
+`user` are the API's and pass (docs/security.md says what that leaves open).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from gateway.api.labels import excerpt
+from gateway.errors import ErrorCode, GatewayError
+
+__all__ = ["CONTROL_FIELDS", "CONTROL_PREFIXES", "refuse_control_fields"]
+
+# LiteLLM 1.x `completion()` / Router / proxy arguments that choose a destination, a
+# credential, a retry or fallback, extra headers or body, or a made-up answer; none is a
+# field of the OpenAI API.
+CONTROL_FIELDS: Final = frozenset(
+    {
+        "api_base",
+        "base_url",
+        "api_key",
+        "api_version",
+        "api_type",
+        "custom_llm_provider",
+        "deployment_id",
+        "organization",
+        "region_name",
+        "model_list",
+        "user_config",
+        "fallbacks",
+        "context_window_fallbacks",
+        "content_policy_fallbacks",
+        "num_retries",
+        "max_retries",
+        "extra_headers",
+        "extra_body",
+        "extra_query",
+        "headers",
+        "tags",
+        "tenant_id",
+        "client_id",
+        "client_secret",
+        "proxy_server_request",
+        "secret_fields",
+    }
+)
+# Families of the same: LiteLLM's own (`litellm_params`, `litellm_metadata`, ...), made-up
+# answers (`mock_response`, `mock_tool_calls`, `mock_testing_fallbacks`, ...), and each
+# cloud's location and credentials (`aws_region_name`, `aws_bedrock_runtime_endpoint`,
+# `vertex_project`, `vertex_location`, `vertex_credentials`, `azure_...`, `watsonx_...`).
+CONTROL_PREFIXES: Final = (
+    "litellm_",
+    "mock_",
+    "aws_",
+    "vertex_",
+    "vertexai_",
+    "azure_",
+    "watsonx_",
+)
+
+
+def refuse_control_fields(doc: Mapping[str, Any]) -> None:
+    """Raise 400 `invalid_request` naming the first top-level control field in `doc`."""
+    for name in doc:
+        if name in CONTROL_FIELDS or name.startswith(CONTROL_PREFIXES):
+            name = excerpt(name)  # a prefix matches a name of any length and characters
+            raise GatewayError(
+                ErrorCode.invalid_request,
+                f"`{name}` is not an OpenAI request field: the gateway decides where a "
+                "request goes, with which credentials, and what answers it",
+                param=name,
+            )

@@ -1,0 +1,178 @@
+"""Body fields that would widen where a prompt goes or what is kept are refused, not
+dropped: the client gets a 400 naming the field, the backend gets nothing, and the signed
+log says what happened (gateway/api/control_fields.py, gateway/upstream/hosted_fields.py).
+
+- A router's control arguments (`api_base`, `fallbacks`, `mock_response`, `litellm_*`,
+  `aws_region_name`, ...) for every backend: a private `kind: openai` backend may be a
+  LiteLLM proxy, which would honour them. Refused before the policy decides, like a
+  malformed body: nothing is dispatched and nothing is recorded.
+- A hosted provider's own actions (`web_search_options`, built-in tools, `audio`,
+  `store: true`): refused on the hosted attempt, before LiteLLM is called; the attempt is
+  recorded with the 400 the client got, as any request a hosted adapter refuses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.helpers.gateways import LITELLM_WARNINGS, Gateway, Sim, logged_private_gateway, served
+from tests.helpers.log_truth import hosted_gateway
+from tests.helpers.provenance import completion_record, records, request_records
+
+pytestmark = LITELLM_WARNINGS
+
+ASK: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def post(gateway: Gateway, body: bytes) -> httpx.Response:
+    return httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        content=body,
+        headers={**gateway.headers, "content-type": "application/json"},
+        timeout=60,
+    )
+
+
+# -- a router's control arguments, for every backend -----------------------------------------
+
+
+@pytest.fixture
+def private(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> tuple[Gateway, Sim]:
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    return logged_private_gateway(start_gateway, tmp_path, sim.url, "example.com/fields"), sim
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        (b'"api_base": "http://decoy.example/v1"', "api_base"),
+        (b'"base_url": "http://decoy.example/v1"', "base_url"),
+        (b'"api\\u005fbase": "http://decoy.example/v1"', "api_base"),  # as the backend reads it
+        (b'"api_key": "sk-client"', "api_key"),
+        (b'"custom_llm_provider": "openai"', "custom_llm_provider"),
+        (b'"fallbacks": ["gpt-4o"]', "fallbacks"),
+        (b'"mock_response": "made up"', "mock_response"),
+        (b'"extra_headers": {"x": "1"}', "extra_headers"),
+        (b'"extra_body": {"api_base": "http://decoy.example"}', "extra_body"),
+        (b'"litellm_params": {"api_base": "http://decoy.example"}', "litellm_params"),
+        (b'"user_config": {"model_list": []}', "user_config"),
+        (b'"aws_region_name": "us-east-1"', "aws_region_name"),
+        (b'"vertex_location": "us-central1"', "vertex_location"),
+    ],
+)
+def test_a_routers_control_field_is_refused_and_nothing_leaves(
+    private: tuple[Gateway, Sim], tmp_path: Path, extra: bytes, param: str
+) -> None:
+    gateway, sim = private
+    body = orjson.dumps(ASK)[:-1] + b", " + extra + b"}"
+    refused = post(gateway, body)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_request", param)
+    assert "decoy" not in refused.text and "sk-client" not in refused.text
+    assert served(sim) == 0
+    # Nothing was dispatched, so nothing is recorded (as for a malformed body): the next
+    # request's records are covered by a checkpoint, and none is the refused one's.
+    ok = post(gateway, orjson.dumps(ASK))
+    assert ok.status_code == 200, ok.text
+    completion_record(tmp_path / "log", ok.headers["x-request-id"])
+    ids = {r["request_id"] for r in records(tmp_path / "log")}
+    assert refused.headers["x-request-id"] not in ids
+
+
+def test_a_long_control_field_name_is_not_echoed_whole(private: tuple[Gateway, Sim]) -> None:
+    gateway, _ = private
+    name = "litellm_" + "x" * 5000
+    refused = post(gateway, orjson.dumps({**ASK, name: 1}))
+    assert refused.status_code == 400, refused.text
+    assert len(refused.content) < 1000
+
+
+def test_openai_fields_still_reach_a_private_backend(private: tuple[Gateway, Sim]) -> None:
+    gateway, sim = private
+    body = {**ASK, "metadata": {"app": "x"}, "user": "u1", "top_k": 3, "store": True}
+    answer = post(gateway, orjson.dumps(body))
+    assert answer.status_code == 200, answer.text
+    (sent,) = sim.app.captured("/v1/chat/completions")
+    assert orjson.loads(sent.body) == body  # byte pass-through, untouched
+
+
+# -- a hosted provider's own actions -----------------------------------------------------------
+
+
+@pytest.fixture
+def hosted(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> tuple[Gateway, Sim]:
+    provider = start_sim("vllm", models=("m",), zero_latency=True)
+    return hosted_gateway(start_gateway, tmp_path, f"{provider.url}/v1", "m"), provider
+
+
+def _tool(kind: str, **more: Any) -> dict[str, Any]:
+    return {"tools": [{"type": "function", "function": {"name": "f"}}, {"type": kind, **more}]}
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"web_search_options": {}}, "web_search_options"),
+        ({"web_search_options": {"search_context_size": "high"}}, "web_search_options"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"store": True}, "store"),
+        (_tool("web_search_preview"), "tools[1].type"),
+        (_tool("web_search"), "tools[1].type"),
+        (_tool("web_search_20250305", name="web_search"), "tools[1].type"),
+        (_tool("file_search", vector_store_ids=["vs_1"]), "tools[1].type"),
+        (_tool("code_interpreter"), "tools[1].type"),
+        (_tool("computer_use_preview"), "tools[1].type"),
+        (_tool("mcp", server_url="http://decoy.example/mcp"), "tools[1].type"),
+        # Gemini's adapter drops `type` and reads a lone other key as its built-in tool.
+        ({"tools": [{"type": "custom", "googleSearch": {}}]}, "tools[0]"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}, "x": 1}]}, "tools[0]"),
+        ({"functions": [{"googleSearch": {}}]}, "functions[0]"),
+        ({"functions": [{"name": "f", "url_context": {}}]}, "functions[0]"),
+    ],
+)
+def test_a_provider_action_is_refused_on_the_hosted_attempt(
+    hosted: tuple[Gateway, Sim], tmp_path: Path, extra: dict[str, Any], param: str
+) -> None:
+    gateway, provider = hosted
+    refused = post(gateway, orjson.dumps({**ASK, **extra}))
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("upstream_bad_request", param)
+    assert "not sent" in error["message"] and "decoy" not in refused.text
+    assert served(provider) == 0
+    # Recorded as the attempt it was, with the status the client got.
+    request_id = refused.headers["x-request-id"]
+    assert completion_record(tmp_path / "log", request_id)["status"] == 400
+    (dispatch,) = request_records(tmp_path / "log", request_id, "dispatch")
+    assert dispatch["backend"]["id"] == "hosted"
+
+
+def test_client_run_tools_and_unstored_requests_still_reach_the_provider(
+    hosted: tuple[Gateway, Sim],
+) -> None:
+    gateway, provider = hosted
+    tools = [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
+        {"type": "custom", "custom": {"name": "g"}},
+    ]
+    body = {**ASK, "tools": tools, "store": False, "web_search_options": None, "audio": None}
+    body["functions"] = [{"name": "h", "description": "d", "parameters": {"type": "object"}}]
+    answer = post(gateway, orjson.dumps(body))
+    assert answer.status_code == 200, answer.text
+    (sent,) = provider.app.captured("/v1/chat/completions")
+    forwarded = orjson.loads(sent.body)
+    assert forwarded["tools"] == tools
+    assert forwarded["functions"] == body["functions"]
+    assert not {"store", "web_search_options", "audio"} & forwarded.keys()
