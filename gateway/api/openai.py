@@ -95,7 +95,7 @@ class TenantSurface:
             finally:
                 # The answer is over: a drain deadline from now on must not cut (and write
                 # to) a finished response, nor interrupt the release.
-                runtime.serving.discard(task)  # type: ignore[arg-type]
+                runtime.serving.discard(task)
                 held.release()
                 await admission.release(_tokens_used(exchange))
         except GatewayError as error:
@@ -120,7 +120,7 @@ class TenantSurface:
                     receipt = await receipt_headers(exchange)
                 await send_error(send, internal, exchange.request_id, receipt)
         finally:
-            runtime.serving.discard(task)  # type: ignore[arg-type]
+            runtime.serving.discard(task)
             self._finish(exchange)
 
     async def _cut(self, exchange: Exchange, send: Send) -> None:
