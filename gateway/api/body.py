@@ -185,7 +185,7 @@ def _scan(body: bytes) -> _Scan | None:
         if text in _NAMES:
             once = text not in seen
             seen.add(text)
-        elif b"\\" in text:
+        elif text.find(b"\\") >= 0:  # not `in`: a bytes `in` first tries an int (see find)
             once = False  # perhaps a name spelled with escapes
     else:
         if body.find(b'"', end + 1) >= 0:

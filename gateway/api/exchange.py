@@ -282,4 +282,5 @@ def watch_disconnect(receive: Receive, exchange: Exchange) -> asyncio.Task[None]
                     task.cancel()
                 return
 
-    return asyncio.create_task(watch())
+    # Named: a task without a name formats one ("Task-N") when it is made.
+    return asyncio.create_task(watch(), name="owngate-disconnect-watch")

@@ -69,6 +69,7 @@ class TenantSurface:
     ) -> None:
         """One request to a proxied path, answered whatever happens."""
         runtime = self._runtime
+        task = asyncio.current_task()  # one look-up: the set holds it until the answer ends
         exchange = Exchange(new_request_id(), time.perf_counter(), endpoint)
         exchange.writer = body_writer(scope)
         try:
@@ -78,7 +79,7 @@ class TenantSurface:
                 raise GatewayError(ErrorCode.method_not_allowed, f"{endpoint} accepts only POST")
             if not runtime.ready:
                 raise GatewayError(ErrorCode.not_ready, "the gateway is not ready")
-            runtime.serving.add(asyncio.current_task())  # type: ignore[arg-type]
+            runtime.serving.add(task)  # type: ignore[arg-type]
             tenant = self.authenticate(scope)
             exchange.tenant = tenant.id
             admission = await self._admit(tenant)
@@ -94,7 +95,7 @@ class TenantSurface:
             finally:
                 # The answer is over: a drain deadline from now on must not cut (and write
                 # to) a finished response, nor interrupt the release.
-                runtime.serving.discard(asyncio.current_task())
+                runtime.serving.discard(task)
                 held.release()
                 await admission.release(_tokens_used(exchange))
         except GatewayError as error:
@@ -119,7 +120,7 @@ class TenantSurface:
                     receipt = await receipt_headers(exchange)
                 await send_error(send, internal, exchange.request_id, receipt)
         finally:
-            runtime.serving.discard(asyncio.current_task())
+            runtime.serving.discard(task)
             self._finish(exchange)
 
     async def _cut(self, exchange: Exchange, send: Send) -> None:

@@ -57,10 +57,12 @@ class BackendState:
     # Answers relayed from it (response headers below 500, stream chunks): evidence that
     # it is alive which the health probes read (a busy server may answer /health late).
     answered: int = 0
+    # `config.id`, read a dozen times per request by the router and relays: an attribute,
+    # not a property (a Python call each); `config` is frozen and never replaced.
+    id: str = field(init=False)
 
-    @property
-    def id(self) -> str:
-        return self.config.id
+    def __post_init__(self) -> None:
+        self.id = self.config.id
 
     @property
     def global_inflight(self) -> int:

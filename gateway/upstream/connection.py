@@ -46,6 +46,9 @@ class _Connection(asyncio.Protocol):
         # bytes of the current response read since its last body byte (its head at first,
         # then chunk framing and trailers): at most `MAX_HEAD` in a row
         self.quiet_bytes = 0
+        # The body bytes of the read being parsed: the parser calls `on_body` once per HTTP
+        # chunk (a stream's every event), the response takes them once per read.
+        self._body: list[bytes] = []
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -60,13 +63,19 @@ class _Connection(asyncio.Protocol):
             return
         response = self.response
         self.quiet_bytes += len(data)  # `on_body` starts it over
+        error = None
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self.response._fail(UpstreamError("protocol", "unexpected upgrade"))
-            self.close()
+            error = UpstreamError("protocol", "unexpected upgrade")
         except httptools.HttpParserError as exc:
-            self.response._fail(UpstreamError("protocol", f"bad HTTP response: {exc}"))
+            error = UpstreamError("protocol", f"bad HTTP response: {exc}")
+        body = self._body
+        if body:  # what the read carried of the body, handed on before any failure
+            self._body = []
+            response._push(body[0] if len(body) == 1 else b"".join(body))
+        if error is not None:
+            response._fail(error)
             self.close()
         if self.quiet_bytes > MAX_HEAD and not response.complete:
             what = (
@@ -165,7 +174,7 @@ class _Connection(asyncio.Protocol):
         response = self.response
         if response is None or response.complete:
             return  # never appended to an answer that already ended
-        response._push(body)
+        self._body.append(body)  # `data_received` hands the read's body on in one piece
 
     def on_message_complete(self) -> None:
         response = self.response

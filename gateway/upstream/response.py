@@ -111,7 +111,11 @@ class UpstreamResponse:
             self._paused = True
             self._conn.transport.pause_reading()
         if self._sink is None:
-            self._wake()
+            # `_wake()` written out: this runs once per HTTP chunk of the body (a stream's
+            # every event, however many arrived in one read)
+            waiter = self._waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
         elif not self._sink_due:  # `pump()`: its sink takes the turn's reads at its end
             self._sink_due = True
             loop = self._sink_loop
