@@ -1,16 +1,22 @@
 """Request bodies held at once, per process: one budget across every tenant's requests.
 
-`limits.max_body_bytes` bounds one request body; the gateway holds each body (and what is
-parsed from it) until its request ends, through retries and a stream's whole relay. The
-budget counts the body's bytes only: the objects parsed from a body of tiny values take
-up to about 24 times as much (docs/security.md, Out of scope). With
-`listen.max_connections` connections each sending a body just under the limit, that
-would be 4,096 x 8 MiB = 32 GiB by default. `BodyBudget` bounds the sum: a request
+`limits.max_body_bytes` bounds one request body; the gateway holds each body, and what is
+parsed from it, until its request ends, through retries and a stream's whole relay. With
+`listen.max_connections` connections each sending a body just under the limit, the bytes
+alone would be 4,096 x 8 MiB = 32 GiB by default, and a body of tiny values (`[{},{},...]`)
+parses into up to about 32 times its size. `BodyBudget` bounds the sum: a request
 reserves its declared `content-length` before any of its body is read (a chunked body:
-its bytes as they arrive) and gives them back when it ends. A reservation that would
-take the process past `limits.max_held_body_bytes` is refused with 429
-`rate_limit_exceeded` and `retry-after: 1`, before more of the body is read; a client
-retries it as it retries a rate limit.
+its bytes as they arrive); once the body is whole and before it is parsed, the gateway
+grows the reservation to an upper bound of what the request will hold for it
+(`gateway.api.body.held_bound`: the body, a rewritten copy, the parsed document). All of
+it is given back when the request ends. A reservation that would take the process past
+`limits.max_held_body_bytes` is refused with 429 `rate_limit_exceeded` and
+`retry-after: 1`, before more of the body is read or any of it parsed; a client retries
+it as it retries a rate limit. One larger than the whole budget could never be taken:
+413 `request_too_large`.
+
+The attest sidecar (`owngate attest`) uses the same budget for bytes only: it hashes and
+relays bodies and never parses them.
 """
 
 from __future__ import annotations
@@ -48,10 +54,18 @@ class Held:
         self.size = 0
 
     def cover(self, size: int) -> None:
-        """Hold at least `size` bytes; raises `GatewayError` (429) past the budget."""
+        """Hold at least `size` bytes; raises `GatewayError`: 429 past the budget, 413 past
+        all of it (no retry could succeed)."""
         more = size - self.size
         if more <= 0:
             return
+        if size > self._limit:  # more than the whole budget: retrying cannot help
+            raise GatewayError(
+                ErrorCode.request_too_large,
+                "The request body would take more memory, once parsed, than the gateway "
+                "may hold for request bodies (limits.max_held_body_bytes); send a smaller "
+                "one.",
+            )
         budget = self._budget
         if budget.held + more > self._limit:
             raise GatewayError(

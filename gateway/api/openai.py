@@ -19,6 +19,7 @@ import time
 from typing import Final
 
 from gateway import access_log
+from gateway.api.body import held_bound
 from gateway.api.exchange import (
     Exchange,
     end_stream,
@@ -88,6 +89,9 @@ class TenantSurface:
             held = runtime.bodies.hold(limits.max_held_body_bytes)
             try:
                 body = await read_body(scope, receive, limits.max_body_bytes, held)
+                # What parsing it may take, held until the request ends: reserved before
+                # the parse, so a body of tiny values cannot grow the process unseen.
+                held.cover(held_bound(body))
                 # The parts active now, not at arrival: a config reload while the body was
                 # arriving binds this request's decision and plan, as it binds later ones.
                 proxy = runtime.parts.proxy

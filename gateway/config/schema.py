@@ -115,9 +115,10 @@ class LoggingSettings(_Strict):
 class LimitSettings(_Strict):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     max_held_body_bytes: int = Field(
-        default=256 * 1024 * 1024,
+        default=1024 * 1024 * 1024,
         gt=0,
-        description="request bodies one process holds at once (gateway/body_budget.py)",
+        description="request bodies and what is parsed from them, held at once by one "
+        "process (an upper bound; gateway/body_budget.py)",
     )
     connect_timeout_s: float = Field(default=3.0, gt=0)
     first_byte_timeout_s: float = Field(default=120.0, gt=0)

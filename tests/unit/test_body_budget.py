@@ -35,3 +35,16 @@ def test_one_body_within_its_limit_must_fit_the_budget() -> None:
     with pytest.raises(pydantic.ValidationError, match="max_held_body_bytes"):
         LimitSettings(max_body_bytes=1024, max_held_body_bytes=1023)
     assert LimitSettings().max_held_body_bytes >= LimitSettings().max_body_bytes
+
+
+def test_more_than_the_whole_budget_is_too_large_not_a_wait() -> None:
+    budget = BodyBudget()
+    held = budget.hold(100)
+    with pytest.raises(GatewayError) as refused:
+        held.cover(101)  # no retry could take it: 413, not 429
+    assert refused.value.code is ErrorCode.request_too_large and refused.value.status == 413
+    assert budget.held == 0
+
+
+def test_the_default_budget_counts_parsed_bodies() -> None:
+    assert LimitSettings().max_held_body_bytes == 1024 * 1024 * 1024
