@@ -128,6 +128,13 @@ def _receipt_verify(args: argparse.Namespace) -> int:
                 return 1
             print(f"ok: the backend countersigned this response body ({args.response_body})")
     if args.log is None:
+        if len(keys) > 1:
+            # Which key was the log's when the entry was written takes its history.
+            print(
+                f"note: {len(keys)} keys given and no --log: whether the key that signed this "
+                "receipt was still the log's key when its entry was written (not retired by "
+                "a rotation) is not checked; add --log LOGDIR"
+            )
         return 0
     log = LogDirectory(args.log)
     inclusion = check_receipt_in_log(log, receipt, keys)

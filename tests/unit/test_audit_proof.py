@@ -15,8 +15,9 @@ import pytest
 
 from gateway.provenance import ProvenanceError, ProvenanceLog, TlogProof, make_receipt
 from gateway.provenance.audit.proof import check_tlog_proof
+from gateway.provenance.formats.checkpoint import Checkpoint, sign_checkpoint
 from gateway.provenance.formats.cosignature import Cosigner
-from gateway.provenance.formats.merkle import inclusion_proof
+from gateway.provenance.formats.merkle import inclusion_proof, leaf_hash
 from gateway.provenance.formats.note import Verifier, _split_note
 from gateway.provenance.formats.tiles import TileReader, decode_bundle, entries_path
 from gateway.provenance.testing import log_request, seeded_signer
@@ -249,3 +250,30 @@ def test_a_proof_from_an_independent_log_verifies(tmp_path: Path) -> None:
         (tmp_path / "t.tlog-proof").write_text(wrong.format())
         assert _verify(tmp_path / "t.tlog-proof", key=TESSERA_VKEY) == 1
     assert Verifier(TESSERA_VKEY).name == "example.com/log/testdata"
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        b'{"request_id":"r","type":"admin","request_id":"s"}',  # a member written twice
+        b'{"v": 1}',  # whitespace: not its own RFC 8785 encoding
+        b'{"type":"completion"}',  # JSON, not a schema-v1 record
+    ],
+)
+def test_a_json_entry_that_is_no_valid_record_fails(
+    entry: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A proof whose entry is JSON is read as a record, so it is held to what `audit
+    verify` holds every entry to. Before, `proof verify` said ok to a one-entry tree the
+    log's key signed over a record with a duplicated member (which parsers read
+    differently) while `audit verify` on that log refused it; found by an independent
+    verifier written from the docs. An entry that is not JSON (another log's) is only
+    proved included (`test_a_proof_from_an_independent_log_verifies`)."""
+    root = leaf_hash(entry)
+    note = sign_checkpoint(Checkpoint(ORIGIN, 1, root), [SIGNER])
+    path = tmp_path / "one.tlog-proof"
+    path.write_text(TlogProof(0, (), note, extra=entry).format())
+    assert _verify(path) == 1
+    assert "entry 0: not a valid schema-v1 record" in capsys.readouterr().err
+    (tmp_path / "entry").write_bytes(entry)
+    assert _verify(path, "--entry", str(tmp_path / "entry")) == 1

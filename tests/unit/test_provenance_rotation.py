@@ -24,6 +24,7 @@ from gateway.provenance import (
 )
 from gateway.provenance.audit.receipt_keys import check_receipt_key
 from gateway.provenance.testing import log_request, seeded_signer
+from tests.helpers.provenance import run_audit
 
 ORIGIN = "test.owngate/rotation-order"
 
@@ -118,3 +119,28 @@ def test_a_receipt_verifies_with_the_key_the_log_had_when_its_entry_was_written(
     backdated = make_receipt(early, new)
     with pytest.raises(LogVerificationError, match="not the log's key when the entry"):
         check_receipt_key(log, backdated, verify_receipt(backdated, keys), keys)
+
+
+def test_receipt_verify_with_both_keys_and_no_log_says_the_rotation_rule_was_not_applied(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without the log's history no verifier can tell a receipt the retired key signed
+    before the rotation from one it signed after (an independent verifier given both keys
+    accepts both, as owngate does). `receipt verify` passed such a forgery with a bare
+    `ok`; given more than one key and no --log it now says what it did not check."""
+    old, new = seeded_signer(ORIGIN, 1), seeded_signer(ORIGIN, 2)
+
+    async def run() -> bytes:
+        log = await ProvenanceLog.open(tmp_path / "log", ORIGIN, new)
+        logged = await log_request(log, 0)
+        await log.close()
+        return make_receipt(logged.receipt, old)  # the retired key, after its retirement
+
+    (tmp_path / "r.json").write_bytes(asyncio.run(run()))
+    keys = ["--key", old.vkey, "--key", new.vkey]
+    assert run_audit(["receipt", "verify", str(tmp_path / "r.json"), *keys]) == 0
+    assert "no --log: whether the key that signed this receipt" in capsys.readouterr().out
+    assert run_audit(["receipt", "verify", str(tmp_path / "r.json"), "--key", old.vkey]) == 0
+    assert "no --log" not in capsys.readouterr().out  # one key: nothing to choose between
+    logged = [*keys, "--log", str(tmp_path / "log")]
+    assert run_audit(["receipt", "verify", str(tmp_path / "r.json"), *logged]) == 1

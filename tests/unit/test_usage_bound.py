@@ -150,3 +150,43 @@ def test_the_record_keeps_the_reported_usage_and_names_the_bound_charged() -> No
         _completion(usage=None, usage_bound=4101)
     with pytest.raises(RecordError, match="usage_bound must be an integer"):
         _completion(usage_bound=-1)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"usage": None}, "without a reported usage"),  # a bound on nothing reported
+        ({"usage_bound": 10**6}, "not below the reported usage 12"),  # charged above the claim
+        ({"usage_bound": 12}, "not below the reported usage 12"),  # at it: nothing was cut
+        # the reported usage is the larger of total and prompt + completion
+        (
+            {
+                "usage": {"prompt_tokens": 9, "completion_tokens": 9, "total_tokens": 1},
+                "usage_bound": 18,
+            },
+            "not below the reported usage 18",
+        ),
+    ],
+)
+def test_a_usage_bound_the_usage_did_not_exceed_is_refused(
+    change: dict[str, object], why: str
+) -> None:
+    """`usage_bound` is in a record only when the reported usage exceeded it
+    (docs/provenance.md): a log (signed by whoever holds the key) whose completion says the
+    tenant was charged a bound above what the backend claimed, or a bound on no usage at
+    all, contradicts itself, and `audit verify` (parse_record) refuses it. Found by an
+    independent verifier written from the docs, which `audit verify` disagreed with."""
+    usage = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
+    record = dict(_completion(usage=Usage(5, 7, 12)), usage_bound=11)
+    assert problem(record) is None  # 12 reported, 11 charged: consistent
+    bad = {**record, "usage": usage, **change}
+    found = problem(bad)
+    assert found is not None and why in found, found
+    with pytest.raises(RecordError, match="usage_bound"):
+        parse_record(canonical_json(bad))
+    if change.get("usage") is None and "usage" in change:
+        return  # the builder refuses a bound without usage by its own message (above)
+    reported = bad["usage"]
+    assert isinstance(reported, dict)
+    with pytest.raises(RecordError, match="not below the reported usage"):
+        _completion(usage=Usage(**reported), usage_bound=bad["usage_bound"])

@@ -240,3 +240,18 @@ def test_invalid_signature_message_names_the_key() -> None:
     note = TEXT + "\n" + _signature_lines()[0].replace("ZInNIu", "ZInNIv")
     with pytest.raises(SignatureError, match=r"invalid signature for key PeterNeumann\+c74f20a3"):
         open_note(note.encode(), [Verifier(vkey)])
+
+
+def test_every_line_by_a_known_key_must_verify_a_repeat_too() -> None:
+    """C2SP signed-note: a line whose name and key id match a known key MUST be verified,
+    and one that fails rejects the note. Go's sumdb/note skips a repeated known key
+    unread, and so did owngate: a checkpoint with the log's valid line followed by a line
+    under the same name and key id from another key (all a key-id collision buys) passed,
+    while the same lines in the other order failed. The very line twice still verifies."""
+    vkey = _note_lines("verifier key:")[0]
+    line = _signature_lines()[0]
+    forged = line.replace("ZInNIu", "ZInNIv")  # same name and key id, another signature
+    assert open_note((TEXT + "\n" + line + line).encode(), [Verifier(vkey)]).verified
+    for lines in (line + forged, forged + line):
+        with pytest.raises(SignatureError, match=r"invalid signature for key PeterNeumann"):
+            open_note((TEXT + "\n" + lines).encode(), [Verifier(vkey)])

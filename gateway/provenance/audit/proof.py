@@ -15,16 +15,18 @@ history: `verify_log`). Give only the keys you trust now.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.provenance.audit.cosigned import check_witness_policy, cosigners
-from gateway.provenance.errors import MalformedError, ProofError, SignatureError
+from gateway.provenance.errors import MalformedError, ProofError, RecordError, SignatureError
 from gateway.provenance.formats.checkpoint import Checkpoint, open_checkpoint
 from gateway.provenance.formats.cosignature import CosignatureVerifier
 from gateway.provenance.formats.merkle import leaf_hash, verify_inclusion
 from gateway.provenance.formats.note import Verifier
 from gateway.provenance.formats.proofs import TlogProof
+from gateway.provenance.formats.record_parser import parse_record
 
 __all__ = ["MAX_PROOF_BYTES", "ProvedEntry", "check_tlog_proof"]
 
@@ -43,6 +45,22 @@ class ProvedEntry:
     checkpoint: Checkpoint
     signed_by: tuple[str, ...]  # trusted log keys whose signature verified
     cosigned_by: tuple[str, ...]  # witnesses whose cosignature verified
+
+
+def _check_record(entry: bytes, index: int) -> None:
+    """An entry that is JSON is read as a provenance record, so it must be one: schema v1
+    in its own RFC 8785 encoding, as `verify_log` holds every entry (a member written
+    twice, which parsers read differently, or a usage_bound no usage exceeded, is
+    refused). An entry that is not JSON at all (another log's, such as Tessera's test
+    log) is only proved included."""
+    try:
+        json.loads(entry)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return
+    try:
+        parse_record(entry)
+    except RecordError as exc:
+        raise ProofError(f"entry {index}: not a valid schema-v1 record: {exc}") from exc
 
 
 def check_tlog_proof(
@@ -93,6 +111,8 @@ def check_tlog_proof(
     signed = open_checkpoint(proof.checkpoint, verifiers, origin=origin)
     checkpoint = signed.checkpoint
     verify_inclusion(target, proof.index, checkpoint.size, proof.hashes, checkpoint.root)
+    if proved is not None:
+        _check_record(proved, proof.index)
     witnessed: list[CosignatureVerifier] = []
     if witnesses:
         witnessed = cosigners(proof.checkpoint, witnesses, now)

@@ -254,6 +254,7 @@ def open_note(data: bytes, verifiers: Iterable[Verifier]) -> Note:
     verified: list[NoteSignature] = []
     unverified: list[NoteSignature] = []
     seen: set[tuple[str, int]] = set()
+    checked: set[str] = set()
     for line in lines:
         sig = _parse_signature_line(line)
         verifier = known.get((sig.name, sig.key_id))
@@ -261,11 +262,16 @@ def open_note(data: bytes, verifiers: Iterable[Verifier]) -> Note:
             if sig not in unverified:
                 unverified.append(sig)
             continue
-        if (sig.name, sig.key_id) in seen:
-            continue
-        seen.add((sig.name, sig.key_id))
+        if line in checked:
+            continue  # the very line again: verified already
+        checked.add(line)
+        # Every line by a known key must verify (C2SP signed-note), a repeat too: Go's
+        # sumdb/note skips repeats unread, so a valid line followed by a forged one under
+        # the same name and key id would pass, and what passes would depend on line order.
         verifier.verify(message, sig.signature)
-        verified.append(sig)
+        if (sig.name, sig.key_id) not in seen:
+            seen.add((sig.name, sig.key_id))
+            verified.append(sig)
     if not verified:
         names = ", ".join(f"{s.name}+{s.key_id:08x}" for s in unverified) or "none"
         trusted = ", ".join(str(v) for v in known.values()) or "none"

@@ -34,7 +34,7 @@ from gateway.provenance.formats.record_parser import (
     parse_record,
     validate_record,
 )
-from gateway.provenance.formats.schema import BASIS_STATES, SCHEMA_VERSION
+from gateway.provenance.formats.schema import BASIS_STATES, SCHEMA_VERSION, usage_bound_problem
 from gateway.provenance.formats.upstream_ids import UpstreamIds
 
 __all__ = [
@@ -298,6 +298,13 @@ def completion_record(
         if usage is None:
             raise RecordError("usage_bound bounds a reported usage: usage must be given")
         _count(usage_bound, "usage_bound")
+        counts = {
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+        }
+        found = usage_bound_problem({**counts, "total_tokens": usage.total_tokens}, usage_bound)
+        if found is not None:
+            raise RecordError(found)
     record: dict[str, object] = {
         "v": SCHEMA_VERSION,
         "type": "completion",

@@ -33,6 +33,7 @@ __all__ = [
     "Optional",
     "fields_problem",
     "problem",
+    "usage_bound_problem",
 ]
 
 SCHEMA_VERSION = 1
@@ -278,7 +279,28 @@ def problem(record: Mapping[str, object]) -> str | None:
     schema = RECORD_SCHEMAS.get(kind) if isinstance(kind, str) else None
     if schema is None:
         return f"record type {kind!r} is not one of {', '.join(RECORD_SCHEMAS)}"
-    if _CHECKS[kind](record):  # type: ignore[index]
-        return None
-    found = fields_problem(record, schema)
-    return None if found is None else f"{kind} record: {found}"
+    if not _CHECKS[kind](record):  # type: ignore[index]
+        found = fields_problem(record, schema)
+        if found is not None:
+            return f"{kind} record: {found}"
+    if kind == "completion" and "usage_bound" in record:
+        return usage_bound_problem(record["usage"], record["usage_bound"])  # type: ignore[arg-type]
+    return None
+
+
+def usage_bound_problem(usage: Mapping[str, int] | None, bound: int) -> str | None:
+    """What is wrong with a completion's `usage_bound` next to its `usage`, else None.
+
+    The bound is recorded only when the reported usage, `max(total_tokens, prompt_tokens +
+    completion_tokens)`, exceeded it (docs/provenance.md): a bound without a usage, or
+    one at or above the usage, says the tenant was charged what the backend never claimed.
+    """
+    if usage is None:
+        return "completion record: usage_bound without a reported usage (it bounds one)"
+    reported = max(usage["total_tokens"], usage["prompt_tokens"] + usage["completion_tokens"])
+    if bound >= reported:
+        return (
+            f"completion record: usage_bound {bound} is not below the reported usage "
+            f"{reported} (it is recorded only when the usage exceeded it)"
+        )
+    return None
