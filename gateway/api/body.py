@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from types import EllipsisType
 from typing import Any, Final, NamedTuple
 
 import orjson
@@ -32,11 +33,13 @@ from gateway.errors import ErrorCode, GatewayError
 __all__ = [
     "MAX_DEPTH",
     "PER_VALUE",
+    "BodyScan",
     "ask_for_usage",
     "held_bound",
     "model_pattern",
     "parse_body",
     "rewrite_model",
+    "scan_body",
 ]
 
 _INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
@@ -87,25 +90,32 @@ the process's resident memory (allocator rounding): tests/unit/test_held_bound.p
 _NOT_BEFORE_A_VALUE: Final = bytes(b for b in range(256) if b not in b"{[,")
 
 
-def held_bound(body: bytes) -> int:
+def held_bound(body: bytes, scan: BodyScan | None) -> int:
     """An upper bound of the memory a request holds for `body` until it ends: the body, one
     rewritten copy (`rewrite_model`, `ask_for_usage`), and the document parsed from it.
+    `scan` is `scan_body(body)`.
 
-    Every JSON value and object member follows a `[`, `{` or `,`, so `PER_VALUE` times
-    their count covers the objects; a string's characters take at most 1 byte each in
-    CPython when the body is ASCII without `\\u` escapes, at most 4 otherwise. Counted on
-    the raw bytes (brackets and commas inside strings too) in C-level passes, before any
-    parsing: about a third of the parse's time for an 8 MiB body. Not counted: what the
-    parse needs while it runs and frees when it returns (orjson's 12 bytes per body byte,
-    the exact repeat check), which one process needs for one body at a time."""
-    chars = 1 if body.isascii() and b"\\u" not in body else 4
-    values = len(body.translate(None, _NOT_BEFORE_A_VALUE))  # one pass, not three counts
+    Every JSON value and object member follows a `[`, `{` or `,` outside strings, so
+    `PER_VALUE` times their count covers the objects; a string's characters take at most
+    1 byte each in CPython when the body is ASCII without escapes, at most 4 otherwise. A
+    body of few strings is counted outside them (its walk, `scan`); one of more strings in
+    one C-level pass over all of it (brackets and commas inside strings too): about a third
+    of the parse's time for an 8 MiB body. Not counted: what the parse needs while it runs
+    and frees when it returns (orjson's 12 bytes per body byte, the exact repeat check),
+    which one process needs for one body at a time."""
+    chars = 1 if body.isascii() and body.find(b"\\") < 0 else 4  # find: memchr, not `in`
+    if scan is None:
+        values = len(body.translate(None, _NOT_BEFORE_A_VALUE))  # one pass, not three counts
+    else:
+        values = scan.brackets + scan.commas
     return len(body) * (2 + chars) + PER_VALUE * values
 
 
-def parse_body(body: bytes) -> dict[str, Any]:
-    """The request document, once its decided-on fields are unambiguous (see above)."""
-    scan = _scan(body)
+def parse_body(body: bytes, scan: BodyScan | EllipsisType | None = ...) -> dict[str, Any]:
+    """The request document, once its decided-on fields are unambiguous (see above).
+    `scan` is `scan_body(body)` when the caller has it already."""
+    if scan is ...:
+        scan = scan_body(body)
     doc = _loads(body, _brackets(body, 0, len(body)) if scan is None else scan.brackets)
     if not isinstance(doc, dict):
         raise GatewayError(ErrorCode.invalid_request, "the request body must be a JSON object")
@@ -181,12 +191,15 @@ _NAMES: Final = frozenset(n.encode() for n in (*_TOP_KEYS, *_OPTION_KEYS))
 _LONGEST_ESCAPED: Final = 6 * max(len(n) for n in _NAMES)  # each character as \\uXXXX
 
 
-class _Scan(NamedTuple):
+class BodyScan(NamedTuple):
+    """What one walk of a body's strings found (`scan_body`)."""
+
     brackets: int  # `{` and `[` outside strings: no deeper nesting is possible
+    commas: int  # `,` outside strings: with the brackets, no more values are possible
     once: bool  # no decided-on name is written twice, in any spelling
 
 
-def _scan(body: bytes) -> _Scan | None:
+def scan_body(body: bytes) -> BodyScan | None:
     """Walk the strings of `body`; None when it has more than `_WALK_STRINGS` (or a
     string that does not end). Exact for a valid JSON text: outside its strings it has
     no quote and no backslash, so each quote there opens a string. For any other text,
@@ -195,12 +208,13 @@ def _scan(body: bytes) -> _Scan | None:
     `once` is False when a name appears twice (as a key or as a value) or when a short
     string has an escape (it may spell a name): the exact check decides then."""
     seen: set[bytes] = set()
-    brackets, once, end = 0, True, -1
+    brackets, commas, once, end = 0, 0, True, -1
     for _ in range(_WALK_STRINGS):
         start = body.find(b'"', end + 1)
         if start < 0:
             break
         brackets += _brackets(body, end + 1, start)
+        commas += body.count(b",", end + 1, start)
         end = body.find(b'"', start + 1)
         while end > 0 and _escaped(body, end):  # `\\"` inside the string
             end = body.find(b'"', end + 1)
@@ -217,7 +231,10 @@ def _scan(body: bytes) -> _Scan | None:
     else:
         if body.find(b'"', end + 1) >= 0:
             return None  # more strings than walked
-    return _Scan(brackets + _brackets(body, end + 1, len(body)), once)
+    size = len(body)
+    return BodyScan(
+        brackets + _brackets(body, end + 1, size), commas + body.count(b",", end + 1, size), once
+    )
 
 
 def _brackets(body: bytes, start: int, end: int) -> int:
@@ -227,7 +244,7 @@ def _brackets(body: bytes, start: int, end: int) -> int:
 def _no_name_twice(body: bytes) -> bool:
     """True when no decided-on name is written twice anywhere in `body` (a valid JSON
     text), as a key or as a value, in any spelling; False when one may be."""
-    scan = _scan(body)
+    scan = scan_body(body)
     return _searched_once(body) if scan is None else scan.once
 
 

@@ -19,7 +19,7 @@ import time
 from typing import Final
 
 from gateway import access_log
-from gateway.api.body import held_bound
+from gateway.api.body import held_bound, scan_body
 from gateway.api.exchange import (
     Exchange,
     end_stream,
@@ -91,11 +91,14 @@ class TenantSurface:
                 body = await read_body(scope, receive, limits.max_body_bytes, held)
                 # What parsing it may take, held until the request ends: reserved before
                 # the parse, so a body of tiny values cannot grow the process unseen.
-                held.cover(held_bound(body))
+                scan = scan_body(body)
+                held.cover(held_bound(body, scan))
                 # The parts active now, not at arrival: a config reload while the body was
                 # arriving binds this request's decision and plan, as it binds later ones.
                 proxy = runtime.parts.proxy
-                await proxy.forward(exchange, tenant, scope, body, upstream_path, receive, send)
+                await proxy.forward(
+                    exchange, tenant, scope, body, scan, upstream_path, receive, send
+                )
             finally:
                 # The answer is over: a drain deadline from now on must not cut (and write
                 # to) a finished response, nor interrupt the release.

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any, NamedTuple
 
-from gateway.api.body import parse_body
+from gateway.api.body import BodyScan, parse_body
 from gateway.api.control_fields import refuse_control_fields
 from gateway.api.exchange import Exchange, TryNext, cut_status, watch_disconnect
 from gateway.api.hosted_relay import HostedRelay
@@ -91,11 +91,12 @@ class Proxy:
         tenant: TenantEntry,
         scope: Scope,
         body: bytes,
+        scan: BodyScan | None,
         upstream_path: bytes,
         receive: Receive,
         send: Send,
     ) -> None:
-        doc = parse_body(body)
+        doc = parse_body(body, scan)  # scan: `scan_body(body)`
         refuse_control_fields(doc)  # a router's own arguments: where, with whose key
         model = doc.get("model")
         if not isinstance(model, str) or not model:

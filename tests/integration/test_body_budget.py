@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from gateway.api.app import GatewayApp
-from gateway.api.body import held_bound
+from gateway.api.body import held_bound, scan_body
 from gateway.app import create_app
 from gateway.serving import ServerThread
 from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
@@ -118,7 +118,11 @@ def test_a_body_of_tiny_values_is_charged_what_parsing_it_holds(
         _wait_held(app, len(slow))
         # 40,000 + 600 bytes fit; 40,000 + what 600 bytes of `{}` parse into do not.
         small = _tiny_values(600)
-        assert held_bound(small) + len(slow) > BUDGET >= held_bound(small)
+        assert (
+            held_bound(small, scan_body(small)) + len(slow)
+            > BUDGET
+            >= held_bound(small, scan_body(small))
+        )
         refused = httpx.post(url, content=small, headers=headers, timeout=WAIT_S)
         assert refused.status_code == 429, refused.text
         assert refused.headers["retry-after"] == "1"

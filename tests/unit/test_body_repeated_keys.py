@@ -94,8 +94,8 @@ def test_escaped_quotes_in_long_strings_do_not_hide_a_repeat() -> None:
     assert _repeated_keys(body) == ["model"]
 
 
-def _outside_strings(body: bytes) -> int:
-    """Reference: `{` and `[` outside strings, one byte at a time."""
+def _outside_strings(body: bytes, counted: bytes = b"{[") -> int:
+    """Reference: the bytes `counted` outside strings, one byte at a time."""
     count, inside, escaped = 0, False, False
     for byte in body:
         if inside:
@@ -107,7 +107,7 @@ def _outside_strings(body: bytes) -> int:
                 inside = False
         elif byte == 0x22:
             inside = True
-        elif byte in (0x7B, 0x5B):
+        elif byte in counted:
             count += 1
     return count
 
@@ -116,12 +116,13 @@ def _outside_strings(body: bytes) -> int:
 @settings(max_examples=300, deadline=None)
 def test_the_scan_counts_the_brackets_outside_strings(text: str) -> None:
     body = text.encode()
-    scan = body_module._scan(body)
+    scan = body_module.scan_body(body)
     if scan is not None:  # more strings than it walks: the caller counts them all
         assert scan.brackets == _outside_strings(body)
+        assert scan.commas == _outside_strings(body, b",")
 
 
 def test_brackets_in_a_string_do_not_count_as_nesting() -> None:
-    body = json.dumps({"model": "m", "messages": [{"content": "{[" * 500}]}).encode()
-    scan = body_module._scan(body)
-    assert scan is not None and scan.brackets == 3
+    body = json.dumps({"model": "m", "messages": [{"content": "{[," * 500}]}).encode()
+    scan = body_module.scan_body(body)
+    assert scan is not None and scan.brackets == 3 and scan.commas == 1

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.api.body import MAX_DEPTH, held_bound, parse_body
+from gateway.api.body import MAX_DEPTH, held_bound, parse_body, scan_body
 from gateway.config.schema import LimitSettings
 from gateway.errors import GatewayError
 
@@ -32,6 +32,14 @@ def _array(make: Callable[[], bytes], size: int = SIZE) -> bytes:
         parts.append(part)
         total += len(part) + 1
     return b"[" + b",".join(parts) + b"]"
+
+
+def _bound(body: bytes) -> int:
+    """The smaller of the two ways `held_bound` counts: outside the strings a walk found
+    (few strings), or every bracket and comma (many): each must cover alone."""
+    walked = scan_body(body)
+    whole = held_bound(body, None)
+    return whole if walked is None else min(whole, held_bound(body, walked))
 
 
 def _names() -> Iterator[bytes]:
@@ -107,7 +115,7 @@ def _held(value: bytes) -> int:
 def test_the_bound_covers_what_hostile_shapes_hold(name: str) -> None:
     value = SHAPES[name]
     body = b'{"model":"m","x":' + value + b"}"
-    assert _held(value) <= held_bound(body)
+    assert _held(value) <= _bound(body)
 
 
 PROSE = (
@@ -124,8 +132,17 @@ def test_max_size_prose_bodies_fit_the_default_budget_many_times() -> None:
     text = PROSE * (limits.max_body_bytes // len(PROSE) - 1)
     body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": text}]})
     assert len(body) <= limits.max_body_bytes
-    # Commas inside strings count as values: this prose counts at about 8 times its size.
-    assert held_bound(body) * 8 <= limits.max_held_body_bytes
+    assert held_bound(body, scan_body(body)) * 8 <= limits.max_held_body_bytes
+
+
+def test_prose_is_charged_for_its_characters_not_for_its_commas() -> None:
+    # A chat body of few strings is counted outside them: its commas make no objects.
+    text = PROSE * 200
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": text}]})
+    assert held_bound(body, scan_body(body)) <= 4 * len(body)
+    # With a newline escaped, its characters may be up to 4 bytes: still no comma counted.
+    escaped = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": text + "\n"}]})
+    assert held_bound(escaped, scan_body(escaped)) <= 7 * len(escaped)
 
 
 _JSON = st.recursive(
@@ -146,7 +163,7 @@ _JSON = st.recursive(
 def test_the_bound_covers_generated_documents(values: list[Any], ascii_only: bool) -> None:
     value = json.dumps(values, ensure_ascii=ascii_only).encode()
     body = b'{"model":"m","x":' + value + b"}"
-    assert _held(value) <= held_bound(body)
+    assert _held(value) <= _bound(body)
 
 
 @pytest.mark.parametrize("item", [b"{}", b'{"a":{}}', b'{"model":1}', b'{"model":1,"model":1}'])
