@@ -1,8 +1,9 @@
 """The one error type of owngate and its mapping to HTTP status and the OpenAI error envelope.
 
 Every failure a client can see is a `GatewayError` with a code from the closed set
-`ErrorCode`. The code fixes the HTTP status and the OpenAI `type`; the message is for
-humans and must never carry prompt content, keys or backend URLs.
+`ErrorCode`. The code fixes the HTTP status and the OpenAI `type` (one exception: a rate
+limit's `type` names the limit, `requests` or `tokens`, as OpenAI's does); the message is
+for humans and must never carry prompt content, keys or backend URLs.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class GatewayError(Exception):
         param: str | None = None,
         status: int | None = None,
         headers: tuple[tuple[bytes, bytes], ...] = (),
+        error_type: str | None = None,
     ) -> None:
         super().__init__(message)
         self.code: Final = code
@@ -97,16 +99,22 @@ class GatewayError(Exception):
         self.param: Final = param
         self.status: Final = status if status is not None else code.status
         self.headers: Final = headers
+        self.error_type: Final = error_type if error_type is not None else code.type
 
     def body(self) -> bytes:
-        return error_body(self.code, self.message, self.param)
+        return error_body(self.code, self.message, self.param, error_type=self.error_type)
 
     def __repr__(self) -> str:
         return f"GatewayError({self.code.name}, {self.message!r})"
 
 
-def error_body(code: ErrorCode, message: str, param: str | None = None) -> bytes:
-    """Encode the OpenAI error envelope `{"error": {message, type, param, code}}`."""
+def error_body(
+    code: ErrorCode, message: str, param: str | None = None, *, error_type: str | None = None
+) -> bytes:
+    """Encode the OpenAI error envelope `{"error": {message, type, param, code}}`.
+
+    `type` is the code's own unless `error_type` names another (a rate limit's kind)."""
+    kind = error_type if error_type is not None else code.type
     return orjson.dumps(
-        {"error": {"message": message, "type": code.type, "param": param, "code": code.value}}
+        {"error": {"message": message, "type": kind, "param": param, "code": code.value}}
     )

@@ -9,6 +9,7 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
+from gateway.api.labels import excerpt
 from gateway.errors import ErrorCode, GatewayError, error_body
 
 __all__ = ["_gateway_error", "_http_error", "_internal", "_invalid"]
@@ -45,6 +46,10 @@ async def _internal(request: Request, error: Exception) -> Response:
 
 
 async def _invalid(request: Request, error: RequestValidationError) -> Response:
+    """400 naming where the body went wrong. The location can hold a key the caller chose
+    (an unknown field's name) and the message a value it sent: each is quoted as a
+    bounded, escaped `excerpt`."""
     first = error.errors()[0] if error.errors() else {}
-    where = ".".join(str(part) for part in first.get("loc", ()))
-    return _json_error(ErrorCode.invalid_request, f"{where}: {first.get('msg', 'invalid')}")
+    where = excerpt(".".join(str(part) for part in first.get("loc", ())))
+    reason = excerpt(str(first.get("msg", "invalid")), 200)
+    return _json_error(ErrorCode.invalid_request, f"{where}: {reason}")

@@ -3,19 +3,19 @@
 Label children are cached per label tuple so the request path pays a dict lookup and
 an observe, not prometheus_client's label resolution. What the gateway already knows
 (backend health and breakers, shared state, the policy set, the provenance log, the
-witnesses) is read by collectors at scrape time, costing requests nothing. The names are
-a contract: deploy/observability/ (the Grafana dashboard and the alert rules) uses them,
-and tests/integration/test_observability.py checks each one against a live gateway.
+witnesses) is read by collectors at scrape time (metric_collectors.py), costing requests
+nothing. The names are a contract: deploy/observability/ (the Grafana dashboard and the
+alert rules) uses them, and tests/integration/test_observability.py checks each one
+against a live gateway.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -26,7 +26,16 @@ if TYPE_CHECKING:
     from gateway.routing.scraper import MetricsScraper
     from gateway.state import SharedState
 
-from gateway import __version__, access_log
+from gateway import __version__
+from gateway.api.metric_collectors import (
+    AccessLogCollector,
+    BackendLoadCollector,
+    ConfigCollector,
+    CosigningCollector,
+    PolicyCollector,
+    ProvenanceCollector,
+    StateCollector,
+)
 
 __all__ = ["GatewayMetrics"]
 
@@ -155,7 +164,7 @@ class GatewayMetrics:
             ["rule"],
             registry=r,
         )
-        r.register(_AccessLogCollector())
+        r.register(AccessLogCollector())
         info = Gauge("owngate_build_info", "Build information.", ["version"], registry=r)
         info.labels(__version__).set(1)
         self._children: dict[tuple[object, ...], MetricWrapperBase] = {}
@@ -172,29 +181,29 @@ class GatewayMetrics:
 
     def watch_policies(self, trust: TrustPolicies) -> None:
         """Publish the active policy set and its failed reloads, read at scrape time."""
-        self._watch("policies", _PolicyCollector(trust))
+        self._watch("policies", PolicyCollector(trust))
 
     def watch_backends(self, registry: Registry, scraper: MetricsScraper) -> None:
         """Publish each backend's scraped load, read fresh at every /metrics scrape."""
-        self._watch("backends", _BackendLoadCollector(registry, scraper))
+        self._watch("backends", BackendLoadCollector(registry, scraper))
 
     def watch_config(self, failures: Callable[[], int]) -> None:
         """Publish the failed reloads of gateway.yaml (`failures()`, read at each scrape)."""
-        self._watch("config", _ConfigCollector(failures))
+        self._watch("config", ConfigCollector(failures))
 
     def watch_state(self, state: SharedState, registry: Callable[[], Registry]) -> None:
         """Publish shared-state health and the other replicas' in-flight counts, read at
         scrape time (`registry` gives the registry in use, which a reload replaces)."""
-        self.registry.register(_StateCollector(state, registry))
+        self.registry.register(StateCollector(state, registry))
 
     def watch_provenance(self, recorder: Recorder) -> None:
         """Publish the provenance log's readiness, size and newest checkpoint, read at
         scrape time."""
-        self.registry.register(_ProvenanceCollector(recorder))
+        self.registry.register(ProvenanceCollector(recorder))
 
     def watch_cosigning(self, cosigning: Cosigning) -> None:
         """Publish each witness's cosigning progress and failures, read at scrape time."""
-        self.registry.register(_CosigningCollector(cosigning))
+        self.registry.register(CosigningCollector(cosigning))
 
     def _child(self, metric: MetricWrapperBase, *labels: str) -> MetricWrapperBase:
         key = (id(metric), *labels)
@@ -241,245 +250,3 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-_LOAD_GAUGES = {
-    "running": "Requests the backend reports running (its /metrics).",
-    "waiting": "Requests the backend reports queued (its /metrics).",
-    "kv_usage": "KV-cache use the backend reports, 0..1 (its /metrics).",
-}
-
-
-_BREAKER_STATES = ("closed", "open", "half_open")
-
-
-class _BackendLoadCollector(Collector):
-    """Scraped backend load as gauges; a backend whose reading is stale is left out."""
-
-    def __init__(self, registry: Registry, scraper: MetricsScraper) -> None:
-        self._registry = registry
-        self._scraper = scraper
-
-    def collect(self) -> Iterator[Metric]:
-        families = {
-            field: GaugeMetricFamily(f"owngate_backend_{field}", text, labels=["backend"])
-            for field, text in _LOAD_GAUGES.items()
-        }
-        age = GaugeMetricFamily(
-            "owngate_backend_metrics_age_seconds",
-            "Seconds since the backend's /metrics were last read successfully.",
-            labels=["backend"],
-        )
-        breaker = GaugeMetricFamily(
-            "owngate_backend_breaker_state",
-            "The backend's circuit breaker: 1 for its current state (closed, open, half_open).",
-            labels=["backend", "state"],
-        )
-        opens = CounterMetricFamily(
-            "owngate_backend_breaker_opens",
-            "Times the backend's circuit breaker opened (failures or a failed /health probe).",
-            labels=["backend"],
-        )
-        scoped = GaugeMetricFamily(
-            "owngate_backend_tenant_breakers_open",
-            "Tenants whose own requests made the backend fail and which it admits no "
-            "request of now (its circuit breakers scoped to one tenant); others still use it.",
-            labels=["backend"],
-        )
-        up = GaugeMetricFamily(
-            "owngate_backend_up",
-            "1 while routing may send the private backend requests; 0 while its health "
-            "probe marks it down or its circuit breaker admits none.",
-            labels=["backend"],
-        )
-        slots = GaugeMetricFamily(
-            "owngate_backend_slots",
-            "Concurrency slots: capacity.max_concurrency, or learned from llama.cpp /props.",
-            labels=["backend"],
-        )
-        now = self._registry.clock()
-        for backend_id, state in self._registry.backends.items():
-            if state.config.is_private:  # hosted providers are not judged by a breaker
-                current = state.breaker.state.value
-                for name in _BREAKER_STATES:
-                    breaker.add_metric([backend_id, name], 1.0 if name == current else 0.0)
-                opens.add_metric([backend_id], state.breaker.opens)
-                scoped.add_metric([backend_id], state.tenant_breakers.open_count(now))
-                up.add_metric([backend_id], 0.0 if self._registry.is_down(state) else 1.0)
-            known = state.config.capacity.max_concurrency or state.learned_slots
-            if known:
-                slots.add_metric([backend_id], known)
-            seconds = self._scraper.age(backend_id)
-            if seconds is not None:
-                age.add_metric([backend_id], seconds)
-            load = self._scraper.load(backend_id)
-            if load is None:
-                continue
-            for field, family in families.items():
-                value = getattr(load, field)
-                if value is not None:
-                    family.add_metric([backend_id], value)
-        yield from families.values()
-        yield age
-        yield breaker
-        yield opens
-        yield scoped
-        yield up
-        yield slots
-
-
-class _StateCollector(Collector):
-    """Shared state (docs/state.md): healthy or on local fallback, and what it shares."""
-
-    def __init__(self, state: SharedState, registry: Callable[[], Registry]) -> None:
-        self._state = state
-        self._registry = registry
-
-    def collect(self) -> Iterator[Metric]:
-        status = self._state.status()
-        healthy = GaugeMetricFamily(
-            "owngate_state_healthy",
-            "1 while shared state works (memory, or Redis answering); 0 while limits and "
-            "routing fall back to this replica's local state.",
-            labels=["backend"],
-        )
-        healthy.add_metric([status.backend], 1 if status.healthy else 0)
-        yield healthy
-        yield GaugeMetricFamily(
-            "owngate_state_replicas",
-            "Live gateway replicas sharing state, as of the last sync (this one included).",
-            value=status.replicas,
-        )
-        yield CounterMetricFamily(
-            "owngate_state_fallbacks",
-            "Decisions made on local state because the shared store was unavailable.",
-            value=status.fallbacks,
-        )
-        yield CounterMetricFamily(
-            "owngate_state_errors",
-            "Shared-store calls that failed or timed out.",
-            value=status.errors,
-        )
-        yield GaugeMetricFamily(
-            "owngate_state_pending_revocations",
-            "Key revocations made here that the shared store has not stored yet.",
-            value=status.pending_revocations,
-        )
-        peers = GaugeMetricFamily(
-            "owngate_backend_peer_inflight",
-            "Requests the other gateway replicas have in flight to each backend, as of the "
-            "last shared-state sync.",
-            labels=["backend"],
-        )
-        for backend in self._registry().backends.values():
-            peers.add_metric([backend.id], backend.peer_inflight)
-        yield peers
-
-
-class _CosigningCollector(Collector):
-    """Witness cosignatures on the provenance log's checkpoints (docs/provenance.md)."""
-
-    def __init__(self, cosigning: Cosigning) -> None:
-        self._cosigning = cosigning
-
-    def collect(self) -> Iterator[Metric]:
-        size = GaugeMetricFamily(
-            "owngate_witness_cosigned_size",
-            "Tree size of the newest checkpoint each witness cosigned (absent until one).",
-            labels=["witness"],
-        )
-        up = GaugeMetricFamily(
-            "owngate_witness_up", "0 while the witness's last attempt failed.", labels=["witness"]
-        )
-        done = CounterMetricFamily(
-            "owngate_witness_cosignatures", "Checkpoints cosigned.", labels=["witness"]
-        )
-        failed = CounterMetricFamily(
-            "owngate_witness_failures",
-            "Failed cosigning attempts (down, timeout, refused, bad answer).",
-            labels=["witness"],
-        )
-        for witness in self._cosigning.witnesses:
-            if witness.cosigned_size is not None:
-                size.add_metric([witness.name], witness.cosigned_size)
-            up.add_metric([witness.name], 0 if witness.consecutive_failures else 1)
-            done.add_metric([witness.name], witness.cosignatures)
-            failed.add_metric([witness.name], witness.failures)
-        yield from (size, up, done, failed)
-
-
-class _ProvenanceCollector(Collector):
-    """The provenance log (docs/provenance.md): whether requests can be recorded (without
-    that they are refused), how many entries it holds, and its newest signed checkpoint
-    (what witnesses cosign: `owngate_witness_cosigned_size` trails it while they lag)."""
-
-    def __init__(self, recorder: Recorder) -> None:
-        self._recorder = recorder
-
-    def collect(self) -> Iterator[Metric]:
-        recorder = self._recorder
-        opened = recorder.opened
-        log = recorder.log if opened else None
-        yield GaugeMetricFamily(
-            "owngate_provenance_ready",
-            "1 while the provenance log is open and writable; 0 before it opens and while "
-            "a write or checkpoint fails (proxied requests are refused then).",
-            value=1 if log is not None and log.last_error is None else 0,
-        )
-        if log is None:
-            return
-        yield GaugeMetricFamily(
-            "owngate_provenance_entries", "Entries made durable in the log.", value=log.size
-        )
-        latest = log.latest_checkpoint()
-        if latest is not None:
-            yield GaugeMetricFamily(
-                "owngate_provenance_checkpoint_size",
-                "Tree size of the newest signed checkpoint.",
-                value=latest.checkpoint.size,
-            )
-
-
-class _PolicyCollector(Collector):
-    def __init__(self, trust: TrustPolicies) -> None:
-        self._trust = trust
-
-    def collect(self) -> Iterator[Metric]:
-        policy = self._trust.current
-        info = GaugeMetricFamily(
-            "owngate_policy_info",
-            "The active trust-policy set (1), by id, version and digest.",
-            labels=["id", "version", "digest"],
-        )
-        info.add_metric([policy.id, policy.version, policy.digest], 1)
-        yield info
-        failures = CounterMetricFamily(
-            "owngate_policy_reload_failures",
-            "Policy reloads that failed validation (the last good set stayed active).",
-        )
-        failures.add_metric([], self._trust.reload_failures)
-        yield failures
-
-
-class _AccessLogCollector(Collector):
-    def collect(self) -> Iterator[Metric]:
-        dropped = CounterMetricFamily(
-            "owngate_access_log_dropped",
-            "Access-log lines dropped: the log stream was too slow for the bounded buffer "
-            "(or gone).",
-        )
-        dropped.add_metric([], access_log.dropped_total())
-        yield dropped
-
-
-class _ConfigCollector(Collector):
-    def __init__(self, failures: Callable[[], int]) -> None:
-        self._failures = failures
-
-    def collect(self) -> Iterator[Metric]:
-        failures = CounterMetricFamily(
-            "owngate_config_reload_failures",
-            "gateway.yaml reloads that failed (the running config stayed active).",
-        )
-        failures.add_metric([], self._failures())
-        yield failures

@@ -198,6 +198,7 @@ class TenantSurface:
                 ErrorCode.rate_limit_exceeded,
                 exc.message,
                 headers=((b"retry-after", exc.retry_after_header),),
+                error_type=exc.error_type,
             ) from exc
 
     def authenticate(self, scope: Scope) -> TenantEntry:

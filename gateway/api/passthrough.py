@@ -8,10 +8,10 @@ connection, a 5xx, or no first byte within the attempt's first-byte budget (the
 backend's `first_byte_timeout_s`, cut to what the request's failover deadline leaves).
 A stream's response headers are held back until its first chunk arrives, so a backend
 that answers headers and then hangs, or ends the stream with no byte, can still be failed
-over. What happens is told to the routing `Attempt` (gateway/routing/router.py): whether
-the breaker admits it, its verdict (judged by how the answer ended), its first byte (the
-end of its prefill), and each answer (headers below 500, stream chunks), the health
-probes' evidence that the backend is alive.
+over (stream_relay.py relays a stream). What happens is told to the routing `Attempt`
+(gateway/routing/router.py): whether the breaker admits it, its verdict (judged by how
+the answer ended), its first byte (the end of its prefill), and each answer (headers
+below 500, stream chunks), the health probes' evidence that the backend is alive.
 
 What a backend sends back is bounded: a whole answer by `limits.max_response_bytes`
 (502, and the connection dropped as soon as it is passed) and `limits.response_timeout_s`
@@ -29,20 +29,10 @@ from typing import Any
 from gateway.api.answer_reads import check_whole, read_error_body
 from gateway.api.attested import Attester, SseTail
 from gateway.api.body import ask_for_usage, model_pattern, rewrite_model
-from gateway.api.exchange import (
-    Exchange,
-    TryNext,
-    break_stream,
-    client_left,
-    end_stream,
-    first_chunk_seconds,
-    relayed,
-    send_relayed,
-    send_whole,
-    start_stream,
-)
+from gateway.api.exchange import Exchange, TryNext, end_stream, relayed, send_whole
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.sse import StreamWatch
+from gateway.api.stream_relay import StreamRelay
 from gateway.asgi import Send
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
@@ -74,6 +64,7 @@ class PrivateRelay:
         self._attesters: dict[tuple[str, str], Attester] = {}
         self._strip_reports = StripReports(_STRIP_LOG_EVERY_S)
         self._log = get_logger("owngate.upstream")
+        self._streams = StreamRelay(metrics, self._stripped)
 
     async def connect(self, exchange: Exchange, attempt: Attempt) -> Connection:
         """The connection `attempt` will send on, its TLS peer authenticated (the dispatch
@@ -261,7 +252,7 @@ class PrivateRelay:
             return None
         watch = StreamWatch(strip_usage=strip_usage)
         tail = SseTail() if attester is not None else None
-        broke, line_open = await self._relay_stream(
+        broke, line_open = await self._streams.relay(
             exchange, attempt, response, send, first_byte_by, watch, tail
         )
         if attester is not None and tail is not None and exchange.trail is not None:
@@ -294,97 +285,6 @@ class PrivateRelay:
         check_whole(response, data)
         return data
 
-    async def _relay_stream(
-        self,
-        exchange: Exchange,
-        attempt: Attempt,
-        response: UpstreamResponse,
-        send: Send,
-        first_byte_by: float,
-        watch: StreamWatch,
-        tail: SseTail | None,
-    ) -> tuple[str | None, bool]:
-        """Relay a stream (without its countersignature comment, which `tail` takes, nor
-        any other `owngate-` comment line, which `CommentFilter` removes); the caller ends
-        it. Returns why it broke off, if it did, and whether the bytes relayed end in the
-        middle of a line."""
-        backend, answered = attempt.backend, attempt.answered
-        comments = CommentFilter()
-
-        def feed(data: bytes) -> bytes:
-            return watch.feed(comments.feed(data if tail is None else tail.feed(data)))
-
-        chunks = response.chunks(response.stream_deadline)
-        try:  # the client sees nothing until the first chunk: until then, failover is open
-            async with asyncio.timeout_at(first_byte_by):
-                first = await anext(chunks, None)
-        except TimeoutError as exc:
-            raise UpstreamError("timeout", "no first chunk from backend in time") from exc
-        if first is None:  # a 200 and no body at all: nothing reached the client either
-            raise UpstreamError("closed", "the stream ended before its first byte")
-        attempt.first_byte()
-        content_type = response.header(b"content-type") or _SSE
-        await start_stream(send, exchange, response.status, content_type)
-        last = b"\n"  # the last bytes the client got: what the gateway writes starts a line
-        self._metrics.observe_ttft(exchange.endpoint, backend.id, first_chunk_seconds(exchange))
-        answered()
-        last = await _relay_chunk(send, exchange, feed(first)) or last
-        broke = None
-        writer = exchange.writer
-
-        def sink(data: bytes) -> bool:
-            """One read to the client, written from the backend connection's callback
-            (`UpstreamResponse.pump`); whether the client can take more now."""
-            nonlocal last
-            answered()  # alive: a busy server may answer /health late
-            if tail is not None:
-                data = tail.feed(data)
-            data = watch.feed(comments.feed(data))
-            if data and writer is not None and writer.write(data):  # else: the client left
-                relayed(exchange, data)
-                last = data
-            return writer is None or not writer.write_paused
-
-        try:
-            if writer is not None and writer.ready():
-                await chunks.aclose()
-                await response.pump(sink, writer.drain, response.stream_deadline)
-            else:  # no writer (another ASGI server): every chunk goes by `send`
-                async for data in chunks:
-                    answered()
-                    # `_relay_chunk` and `feed` written out: this runs once per chunk
-                    if tail is not None:
-                        data = tail.feed(data)
-                    data = watch.feed(comments.feed(data))
-                    if data:
-                        await send_relayed(send, exchange, data)
-                        last = data
-            if tail is not None:
-                flushed = comments.feed(tail.flush())
-                last = await _relay_chunk(send, exchange, watch.feed(flushed)) or last
-            last = await _relay_chunk(send, exchange, watch.feed(comments.flush())) or last
-            last = await _relay_chunk(send, exchange, watch.flush()) or last
-            if response.ended_by_close and not watch.done:
-                # No framing: the close ended the body, and before `[DONE]` the close is
-                # the backend dying, not the stream ending.
-                raise UpstreamError("closed", "the stream ended without data: [DONE]")
-        except UpstreamError as exc:
-            if client_left(exchange):
-                raise asyncio.CancelledError from exc
-            self._metrics.upstream_error(backend.id, exc.kind)
-            broke = exc.kind
-            error = GatewayError(
-                ErrorCode.upstream_error if exc.kind != "timeout" else ErrorCode.upstream_timeout,
-                "the backend failed in the middle of the stream",
-            )
-            await break_stream(send, exchange, error)
-            last = b"\n"
-        finally:
-            self._stripped(backend.id, comments.stripped)
-        if watch.usage is not None and exchange.trail is not None:
-            exchange.trail.reported(watch.usage)
-        return broke, _open(last)
-
     def _attester(self, backend: BackendState) -> Attester | None:
         """The attester of a backend marked `attest` (one per backend id and key, so the
         counters it saw survive a reload that keeps them)."""
@@ -410,18 +310,6 @@ def _timeout_error(exc: UpstreamError) -> GatewayError | None:
     if exc.kind != "timeout":
         return None
     return GatewayError(ErrorCode.upstream_timeout, "the backend did not answer in time")
-
-
-async def _relay_chunk(send: Send, exchange: Exchange, data: bytes) -> bytes:
-    """Send `data` on (committed to once handed to the client); returns it."""
-    if data:
-        await send_relayed(send, exchange, data)
-    return data
-
-
-def _open(last: bytes) -> bool:
-    """Whether a stream whose last relayed bytes are `last` ends in the middle of a line."""
-    return last[-1:] not in (b"\n", b"\r")
 
 
 def _streams_text(exchange: Exchange, doc: dict[str, Any]) -> bool:

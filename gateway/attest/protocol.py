@@ -28,7 +28,8 @@ import sys
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
-from gateway.attest.reader import Request, RequestReader
+from gateway.attest.reader import RequestReader
+from gateway.attest.request import Request
 from gateway.body_budget import BodyBudget
 from gateway.errors import ErrorCode, GatewayError
 from gateway.listener_limits import ListenerLimits, Refusal, Refusals

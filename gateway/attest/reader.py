@@ -27,7 +27,7 @@ answers and messages, in `gateway/listener_limits.py`, are shared), counted the 
 Every refusal is a JSON error with `connection: close`, then the write side is shut and
 what the client still sends is dropped for a bounded time (`LINGER_S`, `LINGER_BYTES`);
 while an answer is being written the connection is closed instead. A request that passed
-goes to `request_complete` whole (`Request`).
+goes to `request_complete` whole (`Request`, gateway/attest/request.py).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import sys
 
 import httptools
 
+from gateway.attest.request import Request
 from gateway.body_budget import BodyBudget, Held
 from gateway.errors import ErrorCode, GatewayError
 from gateway.listener_limits import (
@@ -53,33 +54,9 @@ from gateway.listener_limits import (
     too_many_message,
 )
 
-__all__ = ["Request", "RequestReader"]
+__all__ = ["RequestReader"]
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-
-
-class Request:
-    """One complete request: method, target (path and query), headers (names in lower
-    case, in order), body, whether the connection stays open after it, and its share of
-    the listener's `BodyBudget` (released by whoever answers it)."""
-
-    __slots__ = ("body", "headers", "held", "keep_alive", "method", "target")
-
-    def __init__(
-        self,
-        method: bytes,
-        target: bytes,
-        headers: list[tuple[bytes, bytes]],
-        body: bytes,
-        keep_alive: bool,
-        held: Held | None = None,
-    ) -> None:
-        self.method = method
-        self.target = target
-        self.headers = headers
-        self.body = body
-        self.keep_alive = keep_alive
-        self.held = held
 
 
 class RequestReader(asyncio.Protocol):

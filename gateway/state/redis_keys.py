@@ -1,5 +1,6 @@
 """Where shared state lives in Redis: every key under one `{prefix}` hash tag, the names
-replicas go by, and the connections `RedisState` (gateway/state/redis_state.py) opens.
+replicas go by, the connections `RedisState` (gateway/state/redis_state.py) opens, and
+how their failures and the names Redis returns are read.
 
 Imports redis-py: imported only when `state.backend` is `redis`. docs/state.md lists the
 keys and what each holds.
@@ -10,14 +11,18 @@ from __future__ import annotations
 import os
 import re
 import socket
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
 
-__all__ = ["RedisKeys", "default_replica_id"]
+__all__ = ["FAILURES", "RedisKeys", "default_replica_id", "describe_failure", "text"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+# What a call to Redis raises when Redis is away, slow or broken: never the caller's bug.
+FAILURES = (RedisError, OSError, TimeoutError)
 
 
 class RedisKeys:
@@ -64,3 +69,15 @@ def _client(url: str, timeout_s: float, name: str) -> aioredis.Redis:
 
 def _per_tenant(keys: RedisKeys, tenants: list[str]) -> list[str]:
     return [key for tenant in tenants for key in (keys.slots(tenant), keys.held(tenant))]
+
+
+def text(value: Any) -> str:
+    """A name Redis returned; bytes that are not UTF-8 (not ours) become U+FFFD, which
+    matches no key digest or backend id, rather than an error."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def describe_failure(exc: BaseException, timeout_s: float) -> str:
+    if isinstance(exc, TimeoutError) and not str(exc):
+        return f"no answer within {timeout_s * 1000:.0f} ms"
+    return f"{type(exc).__name__}: {exc}"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from owngate_bench.provenance_overhead import render, render_verdicts, verdicts
+from owngate_bench.provenance_report import render, render_verdicts, verdicts
 from owngate_bench.services import histogram_quantile
 from tests.helpers.paths import REPO_ROOT
 

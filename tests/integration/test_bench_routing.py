@@ -24,7 +24,7 @@ import pytest
 
 from gateway.config import parse_config
 from gateway.sim import SimSettings
-from owngate_bench import routing
+from owngate_bench import routing, routing_scenarios
 from owngate_bench.arrivals import CHAT, RAG, TraceSpec, arrival_times, build_trace
 from owngate_bench.routing_report import (
     evaluate_targets,
@@ -96,7 +96,7 @@ def test_quick_run_writes_the_report(tmp_path: Path) -> None:
 
 
 def test_sim_host_serves_a_heterogeneous_pool() -> None:
-    (hetero, *_) = routing.scenarios(2.0)
+    (hetero, *_) = routing_scenarios.scenarios(2.0)
     body = build_trace(TraceSpec(mix=((CHAT, 1.0),), rate=50.0, duration_s=0.5))[0].body
     body["max_tokens"] = 4
     with SimHost(hetero.backends, "127.0.0.1", sample_s=0.005) as host:
@@ -161,17 +161,17 @@ def test_capacity_model() -> None:
     )
     # 4 slots, 10 output tokens: 0.4 admissions per step of 0.25 s decode + 0.4 * 100 /
     # 1000 s prefill, 0.4 requests done per 0.29 s.
-    assert routing.capacity(settings, 100, 10) == pytest.approx(0.4 / 0.29)
+    assert routing_scenarios.capacity(settings, 100, 10) == pytest.approx(0.4 / 0.29)
     # A KV cache holding only two prompts limits the batch to two.
     small = dataclasses.replace(settings, kv_capacity_tokens=2 * 105)
-    assert routing.capacity(small, 100, 10) == pytest.approx(0.2 / (0.15 + 0.02))
+    assert routing_scenarios.capacity(small, 100, 10) == pytest.approx(0.2 / (0.15 + 0.02))
 
 
 def test_generated_gateway_config_is_valid() -> None:
-    (hetero, *_) = routing.scenarios(2.0)
+    (hetero, *_) = routing_scenarios.scenarios(2.0)
     ports = {name: 9000 + i for i, (name, _) in enumerate(hetero.backends)}
     key_hash = "sha256:" + "0" * 64
-    for arm in routing.ARMS.values():
+    for arm in routing_scenarios.ARMS.values():
         text = routing.gateway_config(hetero, arm, ports, 8080, key_hash, 2.0)
         config = parse_config(text, env={})
         assert config.routing.default.strategy == arm.strategy

@@ -60,6 +60,7 @@ def test_requests_per_minute(
     assert statuses == [200, 200, 429]
     refused = post(gateway)
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert refused.json()["error"]["type"] == "requests"
     assert int(refused.headers["retry-after"]) >= 1
     assert sim.app.stats.completed == 2  # refused requests never reach a backend
 
@@ -72,6 +73,10 @@ def test_tokens_per_minute_are_charged_from_usage(
     refused = post(gateway)
     assert refused.status_code == 429
     assert "retry-after" in refused.headers
+    # OpenAI's shape for a TPM refusal: the type names the limit that was hit.
+    error = refused.json()["error"]
+    assert (error["type"], error["code"]) == ("tokens", "rate_limit_exceeded")
+    assert "tokens per min" in error["message"]
 
 
 def test_concurrent_requests(

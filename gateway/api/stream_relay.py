@@ -1,0 +1,147 @@
+"""Relaying a private backend's stream to the client, read by read (passthrough.py opens
+the attempt and hands the stream here once its answer is a 2xx `text/event-stream`).
+
+The client sees nothing until the first chunk arrives within the attempt's first-byte
+budget (until then the dispatcher may still fail over); after it, every read goes on as
+it came, less the attester's countersignature comment (`SseTail`), any other `owngate-`
+comment line (`CommentFilter`) and a usage chunk the client did not ask for
+(`StreamWatch`). A backend failing mid-stream ends it with an error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from gateway.api.attested import SseTail
+from gateway.api.exchange import (
+    Exchange,
+    break_stream,
+    client_left,
+    first_chunk_seconds,
+    relayed,
+    send_relayed,
+    start_stream,
+)
+from gateway.api.metrics import GatewayMetrics
+from gateway.api.sse import StreamWatch
+from gateway.asgi import Send
+from gateway.errors import ErrorCode, GatewayError
+from gateway.routing.router import Attempt
+from gateway.sse_comments import CommentFilter
+from gateway.upstream.http import UpstreamError, UpstreamResponse
+
+__all__ = ["StreamRelay"]
+
+_SSE = b"text/event-stream"
+
+
+class StreamRelay:
+    """Relays one stream; `stripped(backend, lines)` counts the comment lines removed."""
+
+    def __init__(self, metrics: GatewayMetrics, stripped: Callable[[str, int], None]) -> None:
+        self._metrics = metrics
+        self._stripped = stripped
+
+    async def relay(
+        self,
+        exchange: Exchange,
+        attempt: Attempt,
+        response: UpstreamResponse,
+        send: Send,
+        first_byte_by: float,
+        watch: StreamWatch,
+        tail: SseTail | None,
+    ) -> tuple[str | None, bool]:
+        """Relay a stream (without its countersignature comment, which `tail` takes, nor
+        any other `owngate-` comment line, which `CommentFilter` removes); the caller ends
+        it. Returns why it broke off, if it did, and whether the bytes relayed end in the
+        middle of a line."""
+        backend, answered = attempt.backend, attempt.answered
+        comments = CommentFilter()
+
+        def feed(data: bytes) -> bytes:
+            return watch.feed(comments.feed(data if tail is None else tail.feed(data)))
+
+        chunks = response.chunks(response.stream_deadline)
+        try:  # the client sees nothing until the first chunk: until then, failover is open
+            async with asyncio.timeout_at(first_byte_by):
+                first = await anext(chunks, None)
+        except TimeoutError as exc:
+            raise UpstreamError("timeout", "no first chunk from backend in time") from exc
+        if first is None:  # a 200 and no body at all: nothing reached the client either
+            raise UpstreamError("closed", "the stream ended before its first byte")
+        attempt.first_byte()
+        content_type = response.header(b"content-type") or _SSE
+        await start_stream(send, exchange, response.status, content_type)
+        last = b"\n"  # the last bytes the client got: what the gateway writes starts a line
+        self._metrics.observe_ttft(exchange.endpoint, backend.id, first_chunk_seconds(exchange))
+        answered()
+        last = await _relay_chunk(send, exchange, feed(first)) or last
+        broke = None
+        writer = exchange.writer
+
+        def sink(data: bytes) -> bool:
+            """One read to the client, written from the backend connection's callback
+            (`UpstreamResponse.pump`); whether the client can take more now."""
+            nonlocal last
+            answered()  # alive: a busy server may answer /health late
+            if tail is not None:
+                data = tail.feed(data)
+            data = watch.feed(comments.feed(data))
+            if data and writer is not None and writer.write(data):  # else: the client left
+                relayed(exchange, data)
+                last = data
+            return writer is None or not writer.write_paused
+
+        try:
+            if writer is not None and writer.ready():
+                await chunks.aclose()
+                await response.pump(sink, writer.drain, response.stream_deadline)
+            else:  # no writer (another ASGI server): every chunk goes by `send`
+                async for data in chunks:
+                    answered()
+                    # `_relay_chunk` and `feed` written out: this runs once per chunk
+                    if tail is not None:
+                        data = tail.feed(data)
+                    data = watch.feed(comments.feed(data))
+                    if data:
+                        await send_relayed(send, exchange, data)
+                        last = data
+            if tail is not None:
+                flushed = comments.feed(tail.flush())
+                last = await _relay_chunk(send, exchange, watch.feed(flushed)) or last
+            last = await _relay_chunk(send, exchange, watch.feed(comments.flush())) or last
+            last = await _relay_chunk(send, exchange, watch.flush()) or last
+            if response.ended_by_close and not watch.done:
+                # No framing: the close ended the body, and before `[DONE]` the close is
+                # the backend dying, not the stream ending.
+                raise UpstreamError("closed", "the stream ended without data: [DONE]")
+        except UpstreamError as exc:
+            if client_left(exchange):
+                raise asyncio.CancelledError from exc
+            self._metrics.upstream_error(backend.id, exc.kind)
+            broke = exc.kind
+            error = GatewayError(
+                ErrorCode.upstream_error if exc.kind != "timeout" else ErrorCode.upstream_timeout,
+                "the backend failed in the middle of the stream",
+            )
+            await break_stream(send, exchange, error)
+            last = b"\n"
+        finally:
+            self._stripped(backend.id, comments.stripped)
+        if watch.usage is not None and exchange.trail is not None:
+            exchange.trail.reported(watch.usage)
+        return broke, _open(last)
+
+
+async def _relay_chunk(send: Send, exchange: Exchange, data: bytes) -> bytes:
+    """Send `data` on (committed to once handed to the client); returns it."""
+    if data:
+        await send_relayed(send, exchange, data)
+    return data
+
+
+def _open(last: bytes) -> bool:
+    """Whether a stream whose last relayed bytes are `last` ends in the middle of a line."""
+    return last[-1:] not in (b"\n", b"\r")

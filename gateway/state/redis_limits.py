@@ -1,0 +1,162 @@
+"""Tenant limits across replicas on Redis, for `RedisState` (redis_state.py).
+
+Each admission is one EVALSHA (`lua.ACQUIRE`: concurrency, requests and tokens checked
+and charged atomically), each completion at most one (`lua.RELEASE`), and both together
+with waiting for a connection take at most `timeout_s`. With Redis away or failing the
+call, the local `Ledger` decides instead, over this replica's share of each limit
+(`RedisHealth.replicas`). Only `RateLimited` is raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+
+from gateway.state import lua
+from gateway.state.ledger import CONCURRENCY_RETRY_S, MAX_DEBT_US, Ledger
+from gateway.state.redis_health import RedisHealth
+from gateway.state.redis_keys import FAILURES, RedisKeys
+from gateway.state.redis_slots import HeldSlots
+from gateway.state.types import Admission, LimitName, RateLimited, TenantLimits
+
+__all__ = ["RedisLimits"]
+
+_REFUSED: dict[int, LimitName] = {
+    1: "concurrent",
+    2: "requests_per_minute",
+    3: "tokens_per_minute",
+}
+
+
+class RedisLimits:
+    """Admits requests against tenant limits shared by every replica (the `Admission`'s
+    releaser: its `release` comes back here)."""
+
+    def __init__(
+        self,
+        client: Redis,
+        keys: RedisKeys,
+        health: RedisHealth,
+        ledger: Ledger,
+        slots: HeldSlots,
+        *,
+        replica_id: str,
+        timeout_s: float,
+        ttl_ms: int,
+        max_connections: int,
+    ) -> None:
+        self._keys = keys
+        self._health = health
+        self._ledger = ledger
+        self._slots = slots
+        self._replica_id = replica_id
+        self._timeout_s = timeout_s
+        self._ttl_ms = ttl_ms
+        # At most `max_connections` request calls at once, first come first served (an
+        # asyncio.Semaphore is fair; redis-py's blocking pool lets late callers barge):
+        # a burst queues for a few warm connections rather than opening one each. The
+        # sync has connections of its own, so request traffic never starves the lease.
+        self._gate = asyncio.Semaphore(max_connections)
+        self._acquire_script = client.register_script(lua.ACQUIRE)
+        self._release_script = client.register_script(lua.RELEASE)
+
+    async def acquire(self, tenant: str, limits: TenantLimits) -> Admission:
+        """Admit one request of `tenant` across all replicas or raise `RateLimited`."""
+        if limits.unlimited:
+            return Admission(None, tenant, limits, held=False, shared=False)
+        if not self._health.healthy:
+            return self._admit_locally(tenant, limits)
+        # A slot is held (and counted by a resync) from before Redis answers.
+        slot = self._slots.take(tenant, calling=True) if limits.concurrent is not None else None
+        keys = self._keys
+        try:
+            reply = await self._call(
+                self._acquire_script,
+                [
+                    keys.leases,
+                    keys.slots(tenant),
+                    keys.held(tenant),
+                    keys.requests(tenant),
+                    keys.tokens(tenant),
+                ],
+                [
+                    self._replica_id,
+                    self._ttl_ms,
+                    limits.concurrent or 0,
+                    limits.requests_per_minute or 0,
+                    limits.tokens_per_minute or 0,
+                    round(CONCURRENCY_RETRY_S * 1_000_000),
+                    slot or "",
+                ],
+            )
+        except FAILURES as exc:
+            self._slots.drop(tenant, slot)
+            self._health.failed("admission", exc)
+            return self._admit_locally(tenant, limits)
+        except asyncio.CancelledError:
+            self._slots.drop(tenant, slot)
+            self._health.resync = True  # Redis may have added the slot
+            raise
+        finally:
+            self._slots.end_call(slot)
+        code = int(reply[0])
+        if code == 1:
+            self._ledger.count_request(tenant, limits.share(self._health.replicas))
+            return Admission(self, tenant, limits, held=slot is not None, shared=True, slot=slot)
+        self._slots.drop(tenant, slot)
+        if code == -1:  # our lease ran out (Redis restarted, or this loop stalled)
+            self._health.resync = True
+            return self._admit_locally(tenant, limits)
+        which = _REFUSED[int(reply[1])]
+        raise RateLimited(tenant, which, limits.value(which) or 0, int(reply[2]) / 1_000_000)
+
+    async def _call(self, script: AsyncScript, keys: list[str], args: list[str | int]) -> Any:
+        """One request-path EVALSHA: waiting for a turn and Redis's answer together
+        take at most `timeout_s`."""
+        async with asyncio.timeout(self._timeout_s), self._gate:
+            return await script(keys=keys, args=args)
+
+    def _admit_locally(self, tenant: str, limits: TenantLimits) -> Admission:
+        self._health.fallbacks += 1
+        local = limits.share(self._health.replicas)
+        refusal = self._ledger.check(tenant, local)
+        if refusal is not None:
+            raise refusal
+        self._ledger.count_request(tenant, local)
+        slot = self._slots.take(tenant, calling=False) if limits.concurrent is not None else None
+        return Admission(self, tenant, limits, held=slot is not None, shared=False, slot=slot)
+
+    async def _release(self, admission: Admission, tokens_used: int) -> None:
+        tenant, limits, slot = admission.tenant, admission.limits, admission.slot
+        self._ledger.charge_tokens(tenant, limits.share(self._health.replicas), tokens_used)
+        self._slots.drop(tenant, slot)  # first: a resync from now on leaves it out
+        charge = limits.tokens_per_minute is not None and tokens_used > 0
+        if not self._health.healthy or not (slot or charge):
+            if slot is not None:
+                self._health.resync = True  # Redis may hold the slot until the next resync
+            return
+        keys = self._keys
+        if slot is not None:
+            self._slots.calling(slot, tenant)
+        try:
+            await self._call(
+                self._release_script,
+                [keys.slots(tenant), keys.held(tenant), keys.tokens(tenant)],
+                [
+                    self._replica_id,
+                    slot or "",
+                    limits.tokens_per_minute or 0,
+                    tokens_used,
+                    MAX_DEBT_US,
+                ],
+            )
+        except FAILURES as exc:
+            self._health.failed("release", exc)
+        except asyncio.CancelledError:
+            self._health.resync = True
+            raise
+        finally:
+            self._slots.end_call(slot)
