@@ -11,7 +11,9 @@ tenant is charged the reported usage only up to a bound the request itself justi
                        (the larger of max_tokens, max_completion_tokens)
                        and never more than
                        answer bytes + choices * COMPLETION_ALLOWANCE
-    choices          = the larger of n and best_of (1 when neither is set)
+    choices          = the larger of n and best_of (1 when neither is set), times
+                       the prompts of a text completion's batch (`prompt` an array of
+                       strings or of token arrays: one answer per prompt each)
 
 Why each term holds for an honest backend: a prompt token is at least one byte of the
 text the client sent (JSON escapes only add bytes), plus what the backend adds that the
@@ -58,7 +60,7 @@ def prompt_bound(ask: Mapping[str, Any] | None, body_bytes: int) -> int:
 
 def completion_bound(ask: Mapping[str, Any] | None, answer_bytes: int) -> int:
     """The most output tokens an answer of `answer_bytes` bytes to `ask` justifies."""
-    choices = max(1, _count(ask, "n"), _count(ask, "best_of"))
+    choices = max(1, _count(ask, "n"), _count(ask, "best_of")) * _prompts(ask)
     bound = answer_bytes + choices * COMPLETION_ALLOWANCE
     limit = max(_count(ask, name, -1) for name in ("max_tokens", "max_completion_tokens"))
     return bound if limit < 0 else min(bound, choices * limit)
@@ -88,6 +90,16 @@ def _count(ask: Mapping[str, Any] | None, name: str, absent: int = 0) -> int:
     number here, though Python makes it an int)."""
     value = None if ask is None else ask.get(name)
     return value if type(value) is int and value >= 0 else absent
+
+
+def _prompts(ask: Mapping[str, Any] | None) -> int:
+    """The prompts of a text completion: an array holding anything but token ids is a
+    batch, each entry answered on its own (at most its length: a backend refuses the
+    rest); one otherwise (a string, or one prompt's token ids)."""
+    prompt = None if ask is None else ask.get("prompt")
+    if not isinstance(prompt, list) or all(type(p) is int for p in prompt):
+        return 1
+    return len(prompt)
 
 
 def _media_parts(ask: Mapping[str, Any] | None) -> int:

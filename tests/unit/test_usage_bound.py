@@ -190,3 +190,18 @@ def test_a_usage_bound_the_usage_did_not_exceed_is_refused(
     assert isinstance(reported, dict)
     with pytest.raises(RecordError, match="not below the reported usage"):
         _completion(usage=Usage(**reported), usage_bound=bad["usage_bound"])
+
+
+@pytest.mark.parametrize(
+    ("prompt", "prompts"),
+    [(["a"] * 300, 300), ([[1, 2]] * 40, 40), ("a", 1), ([1, 2, 3, 4], 1), ([], 1)],
+)
+def test_a_batch_of_prompts_is_answered_once_per_prompt(prompt: Any, prompts: int) -> None:
+    # /v1/completions with `prompt` an array: each prompt gets its own `n` choices of up
+    # to `max_tokens`. An honest backend's usage for 300 prompts of 100 tokens each was
+    # charged (and signed) as the bound for one: the client paid a 300th of its tokens.
+    ask = {"prompt": prompt, "max_tokens": 100, "n": 2}
+    body_bytes = len(orjson.dumps(ask))
+    honest = body_bytes + prompts * 2 * 100
+    assert over_bound(honest, ask, body_bytes, 10**6) is None
+    assert over_bound(honest + PROMPT_ALLOWANCE + 1, ask, body_bytes, 10**6) is not None
