@@ -60,6 +60,45 @@ CONTROL_FIELDS: Final = frozenset(
         "client_secret",
         "proxy_server_request",
         "secret_fields",
+        # read by LiteLLM 1.x `completion()` too (its main.py's kwargs): TLS checking of
+        # the call, a LiteLLM proxy to send it to, headers, an Azure deployment
+        "ssl_verify",
+        "use_litellm_proxy",
+        "use_xai_oauth",
+        "provider_specific_header",
+        "azure",
+        "engine",
+        # a prompt other than the client's: a stored prompt, a template, dropped fields
+        "prompt_id",
+        "prompt_label",
+        "prompt_variables",
+        "prompt_version",
+        "initial_prompt_value",
+        "final_prompt_value",
+        "roles",
+        "bos_token",
+        "eos_token",
+        "hf_model_name",
+        "drop_params",
+        "additional_drop_params",
+        "allowed_openai_params",
+        "model_file_id_mapping",
+        "include_server_side_tool_invocations",
+        "_skip_mcp_handler",
+        # an answer from the router's cache, and the router's own accounting
+        "cache",
+        "preset_cache_key",
+        "base_model",
+        "model_info",
+        "input_cost_per_token",
+        "output_cost_per_token",
+        "input_cost_per_second",
+        "output_cost_per_second",
+        "cost_per_second",
+        "rpm",
+        "tpm",
+        "cooldown_time",
+        "retry_strategy",
     }
 )
 # Families of the same: LiteLLM's own (`litellm_params`, `litellm_metadata`, ...), made-up
@@ -74,6 +113,7 @@ CONTROL_PREFIXES: Final = (
     "vertexai_",
     "azure_",
     "watsonx_",
+    "gigachat_",  # `gigachat_auth_url`: where the router sends its GigaChat credentials
 )
 
 

@@ -7,21 +7,26 @@ tenant is charged the reported usage only up to a bound the request itself justi
     bound = prompt bound + completion bound            (at most 2**53)
     prompt bound     = request body bytes + PROMPT_ALLOWANCE
                        + MEDIA_ALLOWANCE per non-text content part of a chat message
-    completion bound = choices * limit                  when the client set a limit
-                       (the larger of max_tokens, max_completion_tokens)
-                       and never more than
-                       answer bytes + choices * COMPLETION_ALLOWANCE
-    choices          = the larger of n and best_of (1 when neither is set)
+    completion bound = answer bytes + choices * COMPLETION_ALLOWANCE
+                       or, when the client set a limit (the larger of max_tokens,
+                       max_completion_tokens), answer bytes + choices * limit when
+                       that is less
+    choices          = the larger of n and best_of (1 when neither is set), times
+                       the prompts of a text completion's batch (`prompt` an array of
+                       strings or of token arrays: one answer per prompt each)
 
 Why each term holds for an honest backend: a prompt token is at least one byte of the
 text the client sent (JSON escapes only add bytes), plus what the backend adds that the
 body does not carry: a chat template's role markers and default system prompt
 (`PROMPT_ALLOWANCE`), and an image, audio or video part that it fetches or decodes into
-many tokens from a short URL or a small file (`MEDIA_ALLOWANCE` each). A backend never
-generates more than the limit the client set per choice. An output token is at least one
-byte of the answer relayed (a whole answer's body, or a stream's relayed bytes), except
-tokens that leave no text: end-of-sequence and other special tokens, and a hosted
-reasoning model's hidden reasoning (`COMPLETION_ALLOWANCE` per choice).
+many tokens from a short URL or a small file (`MEDIA_ALLOWANCE` each). An output token is
+at least one byte of the answer relayed (a whole answer's body, or a stream's relayed
+bytes), except tokens that leave no text: end-of-sequence and other special tokens, and a
+hosted reasoning model's hidden reasoning (`COMPLETION_ALLOWANCE` per choice, or the
+client's limit per choice when less). The limit bounds only those: the answer's bytes
+count whatever the limit, since a backend may read another field over it (llama.cpp's
+`n_predict` wins over `max_tokens`: `{"max_tokens": 1, "n_predict": -1}` generated
+without end and was charged one output token).
 
 What the bound does not know: a media part that becomes more than `MEDIA_ALLOWANCE`
 tokens (a long video), or hidden reasoning past `COMPLETION_ALLOWANCE` without a limit
@@ -58,10 +63,10 @@ def prompt_bound(ask: Mapping[str, Any] | None, body_bytes: int) -> int:
 
 def completion_bound(ask: Mapping[str, Any] | None, answer_bytes: int) -> int:
     """The most output tokens an answer of `answer_bytes` bytes to `ask` justifies."""
-    choices = max(1, _count(ask, "n"), _count(ask, "best_of"))
-    bound = answer_bytes + choices * COMPLETION_ALLOWANCE
+    choices = max(1, _count(ask, "n"), _count(ask, "best_of")) * _prompts(ask)
     limit = max(_count(ask, name, -1) for name in ("max_tokens", "max_completion_tokens"))
-    return bound if limit < 0 else min(bound, choices * limit)
+    no_text = COMPLETION_ALLOWANCE if limit < 0 else min(COMPLETION_ALLOWANCE, limit)
+    return answer_bytes + choices * no_text
 
 
 def tokens_bound(ask: Mapping[str, Any] | None, body_bytes: int, answer_bytes: int) -> int:
@@ -88,6 +93,16 @@ def _count(ask: Mapping[str, Any] | None, name: str, absent: int = 0) -> int:
     number here, though Python makes it an int)."""
     value = None if ask is None else ask.get(name)
     return value if type(value) is int and value >= 0 else absent
+
+
+def _prompts(ask: Mapping[str, Any] | None) -> int:
+    """The prompts of a text completion: an array holding anything but token ids is a
+    batch, each entry answered on its own (at most its length: a backend refuses the
+    rest); one otherwise (a string, or one prompt's token ids)."""
+    prompt = None if ask is None else ask.get("prompt")
+    if not isinstance(prompt, list) or all(type(p) is int for p in prompt):
+        return 1
+    return len(prompt)
 
 
 def _media_parts(ask: Mapping[str, Any] | None) -> int:

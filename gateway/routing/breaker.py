@@ -16,7 +16,11 @@ States and moves (the clock is injected; nothing here does I/O):
 - **half-open**: once the cooldown is over, exactly one probe is let through: either a
   real request (`begin` answers `Pass.probe` to one caller) or the scraper's next
   `/health` probe. Success closes the breaker; failure reopens it. A real probe that
-  ends with no verdict (the client left) hands the probe to the next caller.
+  ends with no verdict (the client left) hands the probe to the next caller. With
+  several tenants, the failure of a probe that one tenant's input may have caused
+  hands the probe on too (that tenant's own breaker counts it): one tenant timing a
+  failing request to each cooldown's end would otherwise keep the backend open for
+  everyone. A second tenant's failed probe, or one no tenant caused, reopens it.
 
 Every opening and every probe granted starts a new epoch; `begin`'s caller reads
 `epoch` and hands it back with the outcome, so a request that began before the last
@@ -66,6 +70,8 @@ class Breaker:
     # The one tenant whose requests made every failure of the current run, or None once
     # a second tenant's failed, or one no tenant caused (only read while `failures`).
     run_tenant: str | None = None
+    # The one tenant whose requests failed every probe since the breaker last opened.
+    probe_tenant: str | None = None
 
     def available(self, now: float) -> bool:
         """Whether a request may be routed here now (no state change)."""
@@ -98,6 +104,7 @@ class Breaker:
         self.failures = 0
         self.trips = 0
         self.probing = False
+        self.probe_tenant = None
         self.last_error = None
 
     def failed(
@@ -114,12 +121,16 @@ class Breaker:
         a failure no retry mends (a certificate refused): open without counting to the
         threshold. `tenant`: whose request it was, when its input may have caused the
         failure and tenants are told apart; a run of one tenant's failures alone counts
-        but does not open the breaker (a half-open probe's failure reopens it whoever
-        sent it)."""
+        but does not open the breaker; nor does a run of one tenant's failed half-open
+        probes (each hands the probe on)."""
         self.last_error = reason
         if epoch is not None and epoch != self.epoch:
             return
         if self.state is BreakerState.half_open:
+            if tenant is not None and self.probe_tenant in (None, tenant):
+                self.probe_tenant = tenant  # its input may be the cause: the next probes
+                self.probing = False
+                return
             self._open(now, grow=True)
         elif self.state is BreakerState.closed:
             self.failures += 1
@@ -161,6 +172,7 @@ class Breaker:
         self.state = BreakerState.open
         self.failures = 0
         self.probing = False
+        self.probe_tenant = None
         self.opens += 1
         self.epoch += 1
         cooldown = self.cooldown() if grow else self.settings.cooldown_s

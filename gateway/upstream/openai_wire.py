@@ -248,6 +248,12 @@ def _check_shapes(params: dict[str, Any]) -> None:
             isinstance(function, dict) and isinstance(function.get("name"), str)
         ):
             raise InvalidField(f"{where}.function", "an object with a string `name`")
+    # LiteLLM's Gemini adapter raised TypeError on an entry that is not an object (a
+    # string, a number): read as the provider failing, it counted on the hosted
+    # backend's breaker, shared by every tenant, for the client's malformed request.
+    for i, function in enumerate(params.get("functions") or ()):
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise InvalidField(f"functions[{i}]", "an object with a string `name`")
 
 
 def _check_messages(messages: Any) -> None:

@@ -66,6 +66,14 @@ def private(
         (b'"user_config": {"model_list": []}', "user_config"),
         (b'"aws_region_name": "us-east-1"', "aws_region_name"),
         (b'"vertex_location": "us-central1"', "vertex_location"),
+        # LiteLLM `completion()` arguments the first list missed (its main.py's kwargs)
+        (b'"ssl_verify": false', "ssl_verify"),
+        (b'"use_litellm_proxy": true', "use_litellm_proxy"),
+        (b'"gigachat_auth_url": "http://decoy.example/oauth"', "gigachat_auth_url"),
+        (b'"provider_specific_header": {"extra_headers": {"x": "1"}}', "provider_specific_header"),
+        (b'"prompt_id": "stored"', "prompt_id"),
+        (b'"preset_cache_key": "k"', "preset_cache_key"),
+        (b'"input_cost_per_token": 0', "input_cost_per_token"),
     ],
 )
 def test_a_routers_control_field_is_refused_and_nothing_leaves(

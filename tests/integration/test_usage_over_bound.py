@@ -68,7 +68,7 @@ def test_an_absurd_whole_answer_usage_is_charged_the_request_s_bound(
     assert second.status_code == 200, second.text
     record = completion_record(tmp_path / "log", first.headers["x-request-id"])
     assert record["usage"] == HUGE  # as the backend reported it
-    assert record["usage_bound"] == len(body) + PROMPT_ALLOWANCE + 5
+    assert record["usage_bound"] == len(body) + PROMPT_ALLOWANCE + len(answer) + 5
     until(
         lambda: _over_bound(gateway) == 'owngate_usage_over_bound_total{backend="gpu"} 2.0',
         "both answers counted over their bound",

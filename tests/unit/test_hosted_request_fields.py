@@ -64,3 +64,14 @@ def test_a_missing_required_field_is_the_clients_error(
     with pytest.raises(InvalidField) as refused:
         request_params(endpoint, doc)  # type: ignore[arg-type]  # a str, not the Literal
     assert refused.value.param == required
+
+
+@pytest.mark.parametrize("entry", ["function_x", 1, ["a"], None])
+def test_a_legacy_function_that_is_not_an_object_is_the_clients_error(entry: object) -> None:
+    # LiteLLM's Gemini adapter raised TypeError on such an entry (`"function" in tool`
+    # is a substring test on a string): a provider failure to the gateway, counted on
+    # the hosted backend's breaker that every tenant shares.
+    doc = {"model": "m", "messages": MESSAGES, "functions": [{"name": "f"}, entry]}
+    with pytest.raises(InvalidField) as refused:
+        request_params("chat", doc)
+    assert refused.value.param == "functions[1]"

@@ -185,3 +185,30 @@ def test_owngate_status_names_a_tenant_the_backend_is_closed_to() -> None:
     breaker = {"state": "closed", "tenants": [{**scoped, "last_error": "HTTP 500"}]}
     table = format_table({"backends": [{"id": "gpu", "breaker": breaker}]})
     assert table.endswith("problems:\n  gpu: open for tenant acme only: HTTP 500")
+
+
+def test_one_tenant_failing_each_probe_does_not_keep_the_backend_open_for_all() -> None:
+    # The backend's breaker opened for a reason no tenant chose (it restarted); once the
+    # cooldown is over, acme times a failing request to be its probe, cooldown after
+    # cooldown. Reopened for everyone by each, globex would go to hosted `h` for good.
+    router, registry, clock = setup(TENANTS)
+    gpu = registry.backends["gpu"]
+    for _ in range(3):
+        tried(router, "globex", ("connect", "connection refused"))
+    assert state(gpu.breaker) == "open"
+    clock.now += 1.0
+    assert tried(router, "acme", HTTP_500) == ["gpu", "h"]  # acme's probe fails
+    assert tried(router, "globex") == ["gpu"]  # the probe was handed on: globex's closes it
+    assert state(gpu.breaker) == "closed"
+
+
+def test_two_tenants_failed_probes_or_one_no_tenant_caused_reopen_it() -> None:
+    breaker = Breaker(SETTINGS)
+    breaker.failed(0.0, "connect: refused", at_once=True)
+    for tenant, reopened in (("acme", False), ("acme", False), ("globex", True)):
+        assert breaker.begin(1.0 + breaker.cooldown()) is not None  # the probe
+        breaker.failed(1.0, "HTTP 500", breaker.epoch, tenant=tenant)
+        assert (state(breaker) == "open") is reopened
+    assert breaker.begin(100.0) is not None
+    breaker.failed(100.0, "connect: refused", breaker.epoch)
+    assert state(breaker) == "open"

@@ -33,10 +33,10 @@ HUGE = {"prompt_tokens": 2**53, "completion_tokens": 2**53, "total_tokens": 2**5
     ("ask", "body_bytes", "answer_bytes", "bound"),
     [
         # a limit bounds each choice's output; the answer's bytes plus the allowance too
-        ({"max_tokens": 5}, 100, 300, 100 + PROMPT_ALLOWANCE + 5),
-        ({"max_completion_tokens": 7, "max_tokens": 5}, 100, 300, 100 + PROMPT_ALLOWANCE + 7),
-        ({"max_tokens": 5, "n": 3}, 100, 300, 100 + PROMPT_ALLOWANCE + 15),
-        ({"max_tokens": 5, "best_of": 4, "n": 2}, 100, 300, 100 + PROMPT_ALLOWANCE + 20),
+        ({"max_tokens": 5}, 100, 300, 100 + PROMPT_ALLOWANCE + 300 + 5),
+        ({"max_completion_tokens": 7, "max_tokens": 5}, 100, 300, 100 + PROMPT_ALLOWANCE + 300 + 7),
+        ({"max_tokens": 5, "n": 3}, 100, 300, 100 + PROMPT_ALLOWANCE + 300 + 15),
+        ({"max_tokens": 5, "best_of": 4, "n": 2}, 100, 300, 100 + PROMPT_ALLOWANCE + 300 + 20),
         (
             {"max_tokens": 10**9},
             100,
@@ -59,13 +59,13 @@ HUGE = {"prompt_tokens": 2**53, "completion_tokens": 2**53, "total_tokens": 2**5
             {"max_tokens": 5, "messages": [{"role": "user", "content": [IMAGE, IMAGE]}]},
             100,
             300,
-            100 + PROMPT_ALLOWANCE + 2 * MEDIA_ALLOWANCE + 5,
+            100 + PROMPT_ALLOWANCE + 2 * MEDIA_ALLOWANCE + 300 + 5,
         ),
         (
             {"max_tokens": 5, "messages": [{"content": [{"type": "text", "text": "x"}]}]},
             100,
             300,
-            100 + PROMPT_ALLOWANCE + 5,
+            100 + PROMPT_ALLOWANCE + 300 + 5,
         ),
         # never past what a record can hold
         ({"max_tokens": 2**60, "n": 2**60}, 100, 2**60, 2**53),
@@ -79,7 +79,7 @@ def test_the_bound_each_request_justifies(
 
 def test_media_parts_are_counted_only_when_the_usage_needs_them() -> None:
     ask = {"max_tokens": 5, "messages": [{"role": "user", "content": [IMAGE]}]}
-    plain = 100 + PROMPT_ALLOWANCE + 5
+    plain = 100 + PROMPT_ALLOWANCE + 300 + 5
     assert over_bound(plain, ask, 100, 300) is None
     assert over_bound(plain + MEDIA_ALLOWANCE, ask, 100, 300) is None
     assert over_bound(plain + MEDIA_ALLOWANCE + 1, ask, 100, 300) == plain + MEDIA_ALLOWANCE
@@ -93,7 +93,8 @@ def _whole(usage: dict[str, int], ask: dict[str, Any], body_bytes: int = 50) -> 
 
 def test_an_absurd_usage_is_charged_the_bound_and_still_reported() -> None:
     trail = _whole(HUGE, {"model": "m", "messages": CHAT, "max_tokens": 5})
-    bound = 50 + PROMPT_ALLOWANCE + 5
+    assert trail.whole is not None
+    bound = 50 + PROMPT_ALLOWANCE + len(trail.whole) + 5
     assert trail.usage() == Usage(2**53, 2**53, 2**53)  # as the backend reported it
     assert trail.usage_bound() == bound
     assert trail.charged_tokens() == bound
@@ -120,7 +121,7 @@ def test_a_usage_held_back_from_the_client_is_bounded_too() -> None:
     trail = Trail(Salts.generate(), "", prompt_bytes=50, ask={"max_tokens": 3})
     trail.relayed(b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n')
     trail.reported(HUGE)
-    assert trail.charged_tokens() == 50 + PROMPT_ALLOWANCE + 3
+    assert trail.charged_tokens() == 50 + PROMPT_ALLOWANCE + trail.sent_bytes + 3
 
 
 def _completion(**change: Any) -> dict[str, object]:
@@ -190,3 +191,28 @@ def test_a_usage_bound_the_usage_did_not_exceed_is_refused(
     assert isinstance(reported, dict)
     with pytest.raises(RecordError, match="not below the reported usage"):
         _completion(usage=Usage(**reported), usage_bound=bad["usage_bound"])
+
+
+@pytest.mark.parametrize(
+    ("prompt", "prompts"),
+    [(["a"] * 300, 300), ([[1, 2]] * 40, 40), ("a", 1), ([1, 2, 3, 4], 1), ([], 1)],
+)
+def test_a_batch_of_prompts_is_answered_once_per_prompt(prompt: Any, prompts: int) -> None:
+    # /v1/completions with `prompt` an array: each prompt gets its own `n` choices of up
+    # to `max_tokens`. An honest backend's usage for 300 prompts of 100 tokens each was
+    # charged (and signed) as the bound for one: the client paid a 300th of its tokens.
+    ask = {"prompt": prompt, "max_tokens": 100, "n": 2}
+    body_bytes, answer_bytes = len(orjson.dumps(ask)), prompts * 2 * 100  # a byte a token
+    honest = body_bytes + prompts * 2 * 100
+    assert over_bound(honest, ask, body_bytes, answer_bytes) is None
+    assert over_bound(2**53, ask, body_bytes, answer_bytes) is not None
+
+
+def test_a_limit_the_backend_reads_past_still_counts_the_answers_bytes() -> None:
+    # llama.cpp reads `n_predict` over `max_tokens`: this asks for one output token and
+    # gets an unbounded generation. Bounded by the limit alone, the 10,000 tokens it
+    # relayed were charged (and signed) as 1.
+    ask = {"prompt": "x", "max_tokens": 1, "n_predict": -1}
+    honest = 20 + 10_000
+    assert over_bound(honest, ask, 20, 40_000) is None
+    assert over_bound(2**53, ask, 20, 40_000) == 20 + PROMPT_ALLOWANCE + 40_000 + 1
