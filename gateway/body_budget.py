@@ -16,7 +16,8 @@ it as it retries a rate limit. One larger than the whole budget could never be t
 413 `request_too_large`.
 
 The attest sidecar (`owngate attest`) uses the same budget for bytes only: it hashes and
-relays bodies and never parses them.
+relays bodies and never parses them; and a second one for the whole answers it holds
+(`--max-held-answer-bytes`, gateway/attest/app.py).
 """
 
 from __future__ import annotations

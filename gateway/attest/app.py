@@ -35,6 +35,13 @@ countersign: 404. Other methods are refused (405): a gateway sends none, and the
 to a HEAD has no body whatever its content-length says, which the upstream client would
 wait for.
 
+A whole answer (not a stream) is held while it is read, hashed and written: the whole
+answers of all connections together are bounded (`--max-held-answer-bytes`, `answers`,
+a `BodyBudget`), each counted from its declared length before any of it is read (else
+its bytes as they arrive) until its client has taken it (`Connection.answer`). One that
+would pass the budget is dropped, never countersigned, and its client gets 429
+`rate_limit_exceeded` with `retry-after: 1` (the gateway takes it for a busy backend).
+
 A client (the gateway) that leaves stops the relay: its connection (`protocol.Connection`)
 aborts the backend's answer, and nothing is countersigned for an answer it did not get.
 The HTTP side is `gateway/attest/protocol.py`; `gateway/attest/server.py` runs both.
@@ -52,6 +59,7 @@ from pathlib import Path
 
 from gateway.attest.notary import COUNTER_FILE, CounterFile, Notary, last_logged_counter
 from gateway.attest.protocol import Connection, Request
+from gateway.body_budget import RETRY_AFTER, BodyBudget, Held
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
 from gateway.provenance import (
@@ -102,6 +110,10 @@ class AttestSettings:
     # Request bodies held at once by every connection together (gateway/body_budget.py):
     # past it a request is refused 429 with `retry-after: 1` before its body is read.
     max_held_body: int = 256 * 1024 * 1024
+    # Whole answers (not streams) held at once by every connection together, from their
+    # declared length (else as they arrive) until the client has taken them: past it the
+    # answer is dropped and the request refused 429 with `retry-after: 1`.
+    max_held_answer: int = 256 * 1024 * 1024
     connect_timeout: float = 5.0
     read_timeout: float = 600.0
     max_connections: int = 1024  # to the backend
@@ -127,6 +139,7 @@ class AttestRelay:
         self._pool_open = False
         self._notary: Notary | None = None
         self._strip_reports = StripReports()
+        self.answers = BodyBudget()  # whole answers held at once, by all connections
         self._events = get_logger("owngate.attest")
 
     async def open(self) -> str | None:
@@ -209,7 +222,7 @@ class AttestRelay:
             whole = response.status >= 400 or response.status in _NO_BODY
             # As the gateway tells a stream (passthrough.py): a media type has no case.
             if whole or content_type[: len(_SSE)].lower() != _SSE:
-                data = await self._read(response)
+                data = await self._read(conn, response)
                 if conn.left:
                     return
                 extra = b""
@@ -298,7 +311,7 @@ class AttestRelay:
             request.method, request.target, headers, request.body
         )
         try:
-            data = await self._read(response)
+            data = await self._read(conn, response)
         finally:
             response.abort()
         conn.respond(response.status, data, response.header(b"content-type") or b"text/plain")
@@ -313,10 +326,37 @@ class AttestRelay:
                 ErrorCode.backend_unavailable, f"the backend did not answer: {exc.kind}"
             ) from exc
 
-    async def _read(self, response: UpstreamResponse) -> bytes:
+    async def _read(self, conn: Connection, response: UpstreamResponse) -> bytes:
+        """The whole answer, held against `answers` (its declared length before any of it
+        is read, else its bytes as they arrive); the connection gives the bytes back once
+        its client has taken the answer, or the request ended without it."""
+        held = conn.answer = self.answers.hold(self._settings.max_held_answer)
+        announced = response.header(b"content-length")
         try:
-            return await response.read()
+            # A length over the per-answer limit is read()'s to refuse (502, as before).
+            size = int(announced) if announced and announced.isdigit() else -1
+            if 0 <= size <= self._settings.max_body:
+                _cover(held, size)
+            return await response.read(reserve=lambda taken: _cover(held, taken))
         except UpstreamError as exc:
             raise GatewayError(
                 ErrorCode.upstream_error, f"the backend's answer broke off: {exc.kind}"
             ) from exc
+
+
+def _cover(held: Held, size: int) -> None:
+    """Hold `size` bytes of a whole answer against the sidecar's budget."""
+    try:
+        held.cover(size)
+    except GatewayError as exc:
+        if exc.code is ErrorCode.rate_limit_exceeded:
+            raise GatewayError(
+                ErrorCode.rate_limit_exceeded,
+                "The sidecar holds as many whole answers as it may at once "
+                "(--max-held-answer-bytes); retry shortly.",
+                headers=(RETRY_AFTER,),
+            ) from None
+        raise GatewayError(  # larger than the whole budget: no retry could succeed
+            ErrorCode.upstream_error,
+            "The backend's answer is larger than the sidecar may hold (--max-held-answer-bytes).",
+        ) from None

@@ -15,9 +15,12 @@ the relay registered (`upstream`) is aborted, so the backend stops and nothing i
 Pipelined requests wait their turn with reading paused, at most `MAX_PIPELINED` of them.
 A client that reads slower than it is answered holds its next request back: no request
 runs (and no answer is added to what the transport holds) while the transport has
-paused writing, and a client that reads nothing for `write_timeout_s` (a stream or a
-waiting request) is cut off, which aborts the backend's answer. A connection idle
-between requests is closed after `keepalive_s`.
+paused writing, and a client that reads nothing for `write_timeout_s` (a stream, a
+waiting request, or a whole answer still in the transport's buffer) is cut off, which
+aborts the backend's answer. A whole answer's share of the relay's answer budget
+(`answer`, `--max-held-answer-bytes`) is given back when its request ends, or, while
+the transport still holds some of it unread, once the client reads it, leaves or is cut
+off. A connection idle between requests is closed after `keepalive_s`.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from http import HTTPStatus
 
 from gateway.attest.reader import RequestReader
 from gateway.attest.request import Request
-from gateway.body_budget import BodyBudget
+from gateway.body_budget import BodyBudget, Held
 from gateway.errors import ErrorCode, GatewayError
 from gateway.listener_limits import ListenerLimits, Refusal, Refusals
 from gateway.logs import get_logger
@@ -115,6 +118,11 @@ class Connection(RequestReader):
         self._listener = listener
         self.left = False  # the client went away
         self.upstream: UpstreamResponse | None = None  # aborted when the client leaves
+        # The running request's whole answer's share of the relay's budget: given back when
+        # the request ends, or, while the transport still holds unread bytes of it, once
+        # the client reads them (or is cut off after `write_timeout_s`).
+        self.answer: Held | None = None
+        self._unread_timer: asyncio.TimerHandle | None = None
         self._pipeline: collections.deque[Request] = collections.deque()
         self._idle_timer: asyncio.TimerHandle | None = None
         self._active_at = 0.0  # loop time of the last request's end: the idle clock
@@ -138,6 +146,8 @@ class Connection(RequestReader):
             self._idle_timer.cancel()
             self._idle_timer = None
         self.abandon()
+        if self.task is None:  # else the request's end gives its answer back
+            self._give_answer_back()
 
     def abandon(self) -> None:
         """The client is gone, or will not get this answer whole: nothing more is written
@@ -157,6 +167,8 @@ class Connection(RequestReader):
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        if self._unread_timer is not None:  # the client took the last answer
+            self._give_answer_back()
         writable = self._writable
         if writable is not None and not writable.done():
             writable.set_result(None)
@@ -182,6 +194,7 @@ class Connection(RequestReader):
             if self._write_paused and not await self._drained():
                 if request.held is not None:  # cut off before it ran
                     request.held.release()
+                self._give_answer_back()  # the earlier answer it never read
                 self.task = None
                 return
             self._keep_alive = request.keep_alive and not self._listener.draining
@@ -192,7 +205,8 @@ class Connection(RequestReader):
                 await handler(self, request)
             except GatewayError as error:
                 if not self._started:
-                    self.respond(error.status, error.body(), b"application/json")
+                    extra = b"".join(b"%s: %s\r\n" % header for header in error.headers)
+                    self.respond(error.status, error.body(), b"application/json", extra)
             except Exception as exc:  # noqa: BLE001 - a relay bug must not hang the client
                 self._listener.failed(exc)
                 if not self._started:
@@ -201,6 +215,7 @@ class Connection(RequestReader):
             finally:  # answered, refused, failed or abandoned: its body is not held now
                 if request.held is not None:
                     request.held.release()
+                self._answer_written()
             self.upstream = None
             if not self._answered or not self._keep_alive or self.left:
                 if not self.left:
@@ -289,6 +304,35 @@ class Connection(RequestReader):
         elif last:
             self.transport.write(last)
         self._answered = True
+
+    def _answer_written(self) -> None:
+        """The request ended: its whole answer's bytes are given back, unless the transport
+        still holds some the client has not read (paused writing): then once it reads them,
+        or is cut off if it reads nothing for `write_timeout_s`."""
+        if self.answer is None:
+            return
+        if self._write_paused and not self.left:
+            self._unread_timer = self._loop.call_later(
+                self._listener.write_timeout_s, self._unread_late
+            )
+            return
+        self._give_answer_back()
+
+    def _give_answer_back(self) -> None:
+        if self._unread_timer is not None:
+            self._unread_timer.cancel()
+            self._unread_timer = None
+        if self.answer is not None:
+            self.answer.release()
+            self.answer = None
+
+    def _unread_late(self) -> None:
+        """The client read nothing of its answer for `write_timeout_s`: cut off (close()
+        would wait for it to read what is buffered: never)."""
+        self._unread_timer = None
+        self.abandon()
+        self.transport.abort()
+        self._give_answer_back()
 
     def _idle_late(self) -> None:
         """Close a connection idle since its last answer for `keepalive_s` (one timer per

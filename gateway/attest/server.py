@@ -146,6 +146,11 @@ class AttestThread:
         assert self._running is not None
         return self._running.listener
 
+    @property
+    def relay(self) -> AttestRelay:
+        assert self._running is not None
+        return self._running.relay
+
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._loop.run_until_complete(self._main())

@@ -60,6 +60,14 @@ def register(subparsers: Any) -> None:
         "--max-body-bytes): past it a request is refused 429 with retry-after: 1",
     )
     add(
+        "--max-held-answer-bytes",
+        type=int,
+        default=_env("MAX_HELD_ANSWER_BYTES", str(256 * 1024 * 1024)),
+        help="whole (not streamed) answers held at once by all connections together (256 "
+        "MiB, at least --max-body-bytes): past it a request is refused 429 with "
+        "retry-after: 1, its answer dropped and not countersigned",
+    )
+    add(
         "--flush-ms",
         type=float,
         default=_env("FLUSH_MS", "200"),
@@ -91,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     bad_numbers = (
         args.max_body_bytes <= 0
         or args.max_held_body_bytes < args.max_body_bytes
+        or args.max_held_answer_bytes < args.max_body_bytes
         or not (math.isfinite(args.flush_ms) and args.flush_ms >= 0)
         or not (math.isfinite(args.checkpoint_ms) and args.checkpoint_ms > 0)
     )
@@ -122,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         origin=args.origin,
         max_body=args.max_body_bytes,
         max_held_body=args.max_held_body_bytes,
+        max_held_answer=args.max_held_answer_bytes,
         flush_ms=args.flush_ms,
         checkpoint_ms=args.checkpoint_ms,
     )

@@ -313,12 +313,19 @@ class UpstreamResponse:
                 self._sink_full = False
                 await drain()
 
-    async def read(self, limit: int | None = None, *, deadline: float | None = None) -> bytes:
+    async def read(
+        self,
+        limit: int | None = None,
+        *,
+        deadline: float | None = None,
+        reserve: Callable[[int], None] | None = None,
+    ) -> bytes:
         """The whole body, of at most `limit` bytes (default: the pool's `max_body`), by
         `deadline` (event-loop time; default: `response_deadline`). Past the limit the
         connection is dropped at once, without reading on (`UpstreamError("too_large")`),
         also when `content-length` announces more; past the deadline, it is dropped too
-        (`UpstreamError("timeout")`)."""
+        (`UpstreamError("timeout")`). `reserve(size)` is told the bytes taken in so far
+        before each piece is kept; what it raises ends the read (the caller aborts)."""
         if limit is None:
             limit = self._conn.pool.max_body
         if deadline is None:
@@ -336,6 +343,8 @@ class UpstreamResponse:
             if len(data) > limit:
                 self.abort()
                 raise UpstreamError("too_large", f"the answer is over {limit} bytes")
+            if reserve is not None:
+                reserve(len(data))
             self.release()
             return data
         parts: list[bytes] = []
@@ -346,6 +355,8 @@ class UpstreamResponse:
                 if size > limit:
                     self.abort()
                     raise UpstreamError("too_large", f"the answer is over {limit} bytes")
+                if reserve is not None:
+                    reserve(size)
                 parts.append(chunk)
         return b"".join(parts)
 

@@ -403,6 +403,8 @@ def test_the_sidecar_command_wants_its_tls_files_together_and_usable(
         ["--checkpoint-ms", "inf"],
         # the bodies held at once must hold at least one whole body
         ["--max-body-bytes", "4096", "--max-held-body-bytes", "4095"],
+        # ... and the whole answers held at once at least one whole answer
+        ["--max-body-bytes", "4096", "--max-held-answer-bytes", "4095"],
     ],
 )
 def test_the_sidecar_command_wants_a_sane_log_cadence(
@@ -461,7 +463,9 @@ def test_an_id_litellm_made_up_is_not_recorded_as_the_providers() -> None:
         )
 
 
-@pytest.mark.parametrize("name", ["MAX_BODY_BYTES", "FLUSH_MS", "CHECKPOINT_MS"])
+@pytest.mark.parametrize(
+    "name", ["MAX_BODY_BYTES", "MAX_HELD_ANSWER_BYTES", "FLUSH_MS", "CHECKPOINT_MS"]
+)
 def test_a_bad_number_in_the_sidecars_environment_is_a_usage_error(
     name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
