@@ -87,6 +87,7 @@ The most one parsed value was measured to take is 226 bytes with tracemalloc (an
 of one member under a new name, nested; orjson 3.13, CPython 3.11), about 10% more in
 the process's resident memory (allocator rounding): tests/unit/test_held_bound.py."""
 
+_COUNT_OUTSIDE: Final = 16 * 1024  # bytes of body from which the walk counts commas too
 _NOT_BEFORE_A_VALUE: Final = bytes(b for b in range(256) if b not in b"{[,")
 
 
@@ -98,13 +99,14 @@ def held_bound(body: bytes, scan: BodyScan | None) -> int:
     Every JSON value and object member follows a `[`, `{` or `,` outside strings, so
     `PER_VALUE` times their count covers the objects; a string's characters take at most
     1 byte each in CPython when the body is ASCII without escapes, at most 4 otherwise. A
-    body of few strings is counted outside them (its walk, `scan`); one of more strings in
-    one C-level pass over all of it (brackets and commas inside strings too): about a third
-    of the parse's time for an 8 MiB body. Not counted: what the parse needs while it runs
+    body of few strings over `_COUNT_OUTSIDE` bytes is counted outside them (its walk,
+    `scan`); any other in one C-level pass over all of it (brackets and commas inside
+    strings too): cheaper than counting in the walk below that size, and about a third of
+    the parse's time for an 8 MiB body. Not counted: what the parse needs while it runs
     and frees when it returns (orjson's 12 bytes per body byte, the exact repeat check),
     which one process needs for one body at a time."""
     chars = 1 if body.isascii() and body.find(b"\\") < 0 else 4  # find: memchr, not `in`
-    if scan is None:
+    if scan is None or scan.commas < 0:
         values = len(body.translate(None, _NOT_BEFORE_A_VALUE))  # one pass, not three counts
     else:
         values = scan.brackets + scan.commas
@@ -195,7 +197,7 @@ class BodyScan(NamedTuple):
     """What one walk of a body's strings found (`scan_body`)."""
 
     brackets: int  # `{` and `[` outside strings: no deeper nesting is possible
-    commas: int  # `,` outside strings: with the brackets, no more values are possible
+    commas: int  # `,` outside strings (with the brackets, no more values); -1: not counted
     once: bool  # no decided-on name is written twice, in any spelling
 
 
@@ -209,12 +211,14 @@ def scan_body(body: bytes) -> BodyScan | None:
     string has an escape (it may spell a name): the exact check decides then."""
     seen: set[bytes] = set()
     brackets, commas, once, end = 0, 0, True, -1
+    outside = len(body) >= _COUNT_OUTSIDE  # commas too (`held_bound`): worth it when long
     for _ in range(_WALK_STRINGS):
         start = body.find(b'"', end + 1)
         if start < 0:
             break
         brackets += _brackets(body, end + 1, start)
-        commas += body.count(b",", end + 1, start)
+        if outside:
+            commas += body.count(b",", end + 1, start)
         end = body.find(b'"', start + 1)
         while end > 0 and _escaped(body, end):  # `\\"` inside the string
             end = body.find(b'"', end + 1)
@@ -232,9 +236,8 @@ def scan_body(body: bytes) -> BodyScan | None:
         if body.find(b'"', end + 1) >= 0:
             return None  # more strings than walked
     size = len(body)
-    return BodyScan(
-        brackets + _brackets(body, end + 1, size), commas + body.count(b",", end + 1, size), once
-    )
+    commas = commas + body.count(b",", end + 1, size) if outside else -1
+    return BodyScan(brackets + _brackets(body, end + 1, size), commas, once)
 
 
 def _brackets(body: bytes, start: int, end: int) -> int:

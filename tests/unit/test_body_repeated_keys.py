@@ -119,10 +119,10 @@ def test_the_scan_counts_the_brackets_outside_strings(text: str) -> None:
     scan = body_module.scan_body(body)
     if scan is not None:  # more strings than it walks: the caller counts them all
         assert scan.brackets == _outside_strings(body)
-        assert scan.commas == _outside_strings(body, b",")
+        assert scan.commas == (_outside_strings(body, b",") if len(body) >= 16 * 1024 else -1)
 
 
 def test_brackets_in_a_string_do_not_count_as_nesting() -> None:
-    body = json.dumps({"model": "m", "messages": [{"content": "{[," * 500}]}).encode()
+    body = json.dumps({"model": "m", "messages": [{"content": "{[," * 6000}]}).encode()
     scan = body_module.scan_body(body)
     assert scan is not None and scan.brackets == 3 and scan.commas == 1
