@@ -58,6 +58,7 @@ class RawBackend:
         self._server: asyncio.Server | None = None
         self._connections = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
         self.port = 0
 
     @property
@@ -82,9 +83,14 @@ class RawBackend:
         async def close() -> None:
             assert self._server is not None
             self._server.close()
+            # A close waits for the write buffer to drain: one the gateway stopped reading
+            # (a flood held back) never would, and the socket would outlive the loop.
+            for writer in self._writers:
+                writer.transport.abort()
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            await asyncio.sleep(0)  # the aborts close their sockets on the next loop turn
 
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -95,6 +101,7 @@ class RawBackend:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
+        self._writers.add(writer)
         connection = self._connections
         self._connections += 1
         # A small send buffer: what the backend managed to write is close to what the
