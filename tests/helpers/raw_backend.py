@@ -48,6 +48,14 @@ def json_answer(body: bytes) -> Answer:
     return answer
 
 
+def _closed(writer: asyncio.StreamWriter) -> bool:
+    """Whether the connection's socket is closed already. A close that waited for its write
+    buffer ends without marking the transport lost, and an abort of it then fails (its loop
+    is gone), so an abort is only for a socket still open."""
+    sock = writer.get_extra_info("socket")
+    return sock is None or sock.fileno() == -1
+
+
 class RawBackend:
     def __init__(self, answer: Answer) -> None:
         self._answer = answer
@@ -86,7 +94,8 @@ class RawBackend:
             # A close waits for the write buffer to drain: one the gateway stopped reading
             # (a flood held back) never would, and the socket would outlive the loop.
             for writer in self._writers:
-                writer.transport.abort()
+                if not _closed(writer):
+                    writer.transport.abort()
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -137,3 +146,4 @@ class RawBackend:
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
+            self._writers.discard(writer)
