@@ -131,7 +131,7 @@ def _lines(fmt: Literal["json", "console"], log: Callable[[Any], None], *, file:
     return binary.getvalue().decode() if file else text.getvalue()
 
 
-_HOSTILE_KEY = '\n{"event":"forged"}\r\x1b[2J\u202egnp.exe\x00' + "k" * 1_000_000
+_HOSTILE_KEY = '\n{"event":"forged"}\r\x1b[2J\u202egnp.exe\x00\ud800' + "k" * 1_000_000
 
 
 @pytest.mark.parametrize("fmt", ["json", "console"])
