@@ -131,7 +131,9 @@ def _name(key: Any) -> str:
     what its sensitivity is judged on, whole, before `_key` cuts it."""
     if type(key) is str:
         return key
-    return str(key) if isinstance(key, int) else repr(key)
+    if isinstance(key, int):  # str() raises past 4,300 digits
+        return str(key) if key in _INT_RANGE else f"[an integer of {key.bit_length()} bits]"
+    return repr(key)
 
 
 def _key(name: str, budget: list[int]) -> str:

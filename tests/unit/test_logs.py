@@ -164,13 +164,15 @@ def test_values_the_json_encoder_refuses_are_written_not_raised(
     def log(logger: Any) -> None:
         # gateway/workers.py logs its failed workers' exit codes by worker index.
         logger.error("workers exited with errors", codes={0: 1, 2: -9})
+        logger.warning("odd keys", by={10**5000: 1, ("t", 1): 2})
         logger.warning("odd values", big=2**70, raw=b"\n" * 10_000, kinds={"a\x1b"})
 
     out = _lines(fmt, log, file=file)  # orjson raised TypeError: the call itself failed
-    assert len(out.splitlines()) == 2 and len(out) < 2 * MAX_FIELD_CHARS
+    assert len(out.splitlines()) == 3 and len(out) < 2 * MAX_FIELD_CHARS
     if fmt == "json":
-        codes, odd = [json.loads(line) for line in out.splitlines()]
+        codes, keys, odd = [json.loads(line) for line in out.splitlines()]
         assert codes["codes"] == {"0": 1, "2": -9}
+        assert keys["by"] == {"[an integer of 16610 bits]": 1, "('t', 1)": 2}
         assert odd["big"] == "[an integer of 71 bits]"
         assert odd["raw"].startswith("b'\\n\\n") and odd["raw"].endswith("more characters]")
         assert odd["kinds"] == ["a\\x1b"]
