@@ -4,9 +4,12 @@ Through structlog the line cost ~50 µs of event-loop CPU (the generic `redact` 
 every field took most of it, then a flushed write per line). Its fields are a fixed set
 of gateway-made values (ids, config names, enums, numbers; `Exchange.model` is a
 configured name or "<unknown>", never the client's string), so this writer encodes the
-line with one `orjson.dumps` and checks the encoded bytes once for anything secret-shaped
-(and its field names against `FIELDS`); only a hit (never expected) re-encodes through
-`gateway.logs.redact`, so the redaction guarantee is the structured log's. The line is
+line with one `orjson.dumps` and checks the encoded bytes once for anything secret-shaped,
+for anything but short plain ASCII (a non-ASCII byte, a JSON escape, more than
+`PLAIN_LINE_BYTES`: a policy version is any string its author wrote, bidi overrides and
+megabytes included) and its field names against `FIELDS`; only a hit (never expected)
+re-encodes through `gateway.logs.redact`, which cuts and escapes, so the redaction and
+bounding guarantees are the structured log's. The line is
 byte-for-byte the shape structlog wrote: the fields, then `event`, `level`, `timestamp`
 (ISO 8601, UTC, `Z`).
 
@@ -30,11 +33,22 @@ import orjson
 
 from gateway.logs import redact
 
-__all__ = ["DEFAULT_LIMIT_BYTES", "FIELDS", "AccessLog", "current", "dropped_total", "install"]
+__all__ = [
+    "DEFAULT_LIMIT_BYTES",
+    "FIELDS",
+    "PLAIN_LINE_BYTES",
+    "AccessLog",
+    "current",
+    "dropped_total",
+    "install",
+]
 
 DEFAULT_LIMIT_BYTES: Final = 1 << 20
 """The buffer's bound: ~3,000 lines, a few seconds of a stalled reader at full load."""
 
+PLAIN_LINE_BYTES: Final = 2048
+"""The longest line written as encoded; a longer one (only a value nobody expected makes
+one: a line is ~350 bytes) goes through `redact`, which cuts every value."""
 _BATCH_S: Final = 0.05
 """How long the writer gathers lines after the first before writing them: one wake-up and
 one write per batch, not per line (a wake-up per line cost the loop as much as the
@@ -120,6 +134,9 @@ class AccessLog:
             or lowered.find(b"basic") >= 0
             or lowered.find(b"og-") >= 0
             or lowered.find(b"sk-") >= 0
+            or len(line) > PLAIN_LINE_BYTES
+            or not line.isascii()  # a bidi override, a look-alike, an invisible
+            or line.find(b"\\") >= 0  # a JSON escape: a control character, a quote
             or not FIELDS.issuperset(fields)
         ):
             line = orjson.dumps(redact(None, "info", fields), option=orjson.OPT_APPEND_NEWLINE)

@@ -14,6 +14,16 @@ format alike, so one line of the log is one event and shows what it holds. A tra
 keeps its line breaks (the console format prints it as lines), every line after its first
 indented, so no line of it can pass for an event of its own. The stdlib handler's
 lines (uvicorn, libraries) get the same treatment.
+
+The names are treated as the values are: a key of a logged dict, at any depth, and a
+field's own name are written as strings (an int key as its digits: orjson refuses any
+other), cut to `MAX_KEY_CHARS` and escaped. The whole of one event's strings, keys
+included, is bounded by `MAX_EVENT_CHARS` (a traceback apart): a dict or a list keeps the
+items that fit, then says how many more there were, and one nested deeper than
+`MAX_DEPTH` is written as a note of its size. What is not a string, a number, a bool,
+None, a dict, a list, a tuple or a set (bytes, an exception, any object) is written as its
+`repr`, cut and escaped like a string; an integer past 64 bits as a note of its size (the
+JSON encoder raises on both, so the line, and the call that logged it, would fail).
 """
 
 from __future__ import annotations
@@ -28,8 +38,11 @@ import orjson
 import structlog
 
 __all__ = [
+    "MAX_DEPTH",
+    "MAX_EVENT_CHARS",
     "MAX_EXCEPTION_CHARS",
     "MAX_FIELD_CHARS",
+    "MAX_KEY_CHARS",
     "SENSITIVE_FIELDS",
     "configure_logging",
     "get_logger",
@@ -60,6 +73,16 @@ MAX_FIELD_CHARS = 4096
 """The characters of one string value a log line keeps; the rest is cut, and counted."""
 MAX_EXCEPTION_CHARS = 32768
 """The characters of a traceback (`exception`) a log line keeps."""
+MAX_KEY_CHARS = 128
+"""The characters of one name (a field's, or a key of a logged dict at any depth) kept."""
+MAX_EVENT_CHARS = 16 * MAX_FIELD_CHARS
+"""About the characters one event's fields take in a line (names and values, the traceback
+apart; each string counted with its quotes and separator, any other value as the 24 the
+longest number takes): past them, strings are cut to nothing and containers to a count."""
+MAX_DEPTH = 8
+"""How deep in nested dicts and lists a log line goes; deeper ones are counted, not shown."""
+_INT_RANGE = range(-(2**63), 2**64)  # what orjson encodes; it raises on any other int
+_SCALAR_CHARS = 24  # the most a number writes (-1.2345678901234567e-308); bool, None less
 
 _SECRET_PATTERN = re.compile(
     r"(?i)((?:bearer|basic)\s+)\S+|\bog-[A-Za-z0-9_-]{8,}|\bsk-[A-Za-z0-9_-]{8,}"
@@ -75,8 +98,18 @@ _LEVELS = {
 
 
 def redact(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    for name in list(event):
-        event[name] = _scrub(name, event[name])
+    budget = [MAX_EVENT_CHARS]
+    names = list(event)
+    if all(type(name) is str and _plain_key(name) for name in names):
+        for name in names:
+            event[name] = _scrub(name, event[name], budget, 0)
+        return event
+    # A name nobody wrote in a call (a dict spread into the call): rebuilt, order kept.
+    fields = [(name, event[name]) for name in names]
+    event.clear()
+    for name, value in fields:
+        raw = _name(name)
+        event[_key(raw, budget)] = _scrub(raw, value, budget, 0)
     return event
 
 
@@ -89,21 +122,68 @@ def _sensitive_name(name: str) -> bool:
     )
 
 
-def _scrub(name: str, value: Any) -> Any:
+def _plain_key(name: str) -> bool:
+    return len(name) <= MAX_KEY_CHARS and name.isprintable()
+
+
+def _name(key: Any) -> str:
+    """A dict key as a string (an int as its digits, anything else but a str its repr):
+    what its sensitivity is judged on, whole, before `_key` cuts it."""
+    if type(key) is str:
+        return key
+    if isinstance(key, int):  # str() raises past 4,300 digits
+        return str(key) if key in _INT_RANGE else f"[an integer of {key.bit_length()} bits]"
+    return repr(key)
+
+
+def _key(name: str, budget: list[int]) -> str:
+    """A dict key or field name (`_name`) as a line writes it: cut and escaped."""
+    if not _plain_key(name):
+        name = _plain(name, MAX_KEY_CHARS)
+    budget[0] -= len(name) + 4  # quotes, colon, separator
+    return name
+
+
+def _scrub(name: str, value: Any, budget: list[int], depth: int) -> Any:
     if _sensitive_name(name):
         return "[redacted]"
     if isinstance(value, str):
         lowered = value.lower()
         if any(hint in lowered for hint in _SECRET_HINTS):
             value = _SECRET_PATTERN.sub(_mask, value)
-        if name == "exception":  # format_exc_info's traceback
+        if name == "exception" and depth == 0:  # format_exc_info's traceback
             return _plain(value, MAX_EXCEPTION_CHARS, lines=True)
-        return _plain(value)
+        text = _plain(value, max(0, min(MAX_FIELD_CHARS, budget[0])))
+        budget[0] -= len(text) + 3  # quotes, separator
+        return text
+    budget[0] -= _SCALAR_CHARS
+    if value is None or isinstance(value, (bool, float)):
+        return value
+    if isinstance(value, int):
+        return value if value in _INT_RANGE else f"[an integer of {value.bit_length()} bits]"
     if isinstance(value, dict):
-        return {k: _scrub(str(k), v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_scrub("", v) for v in value]
-    return value
+        if depth >= MAX_DEPTH:
+            return f"[a dict of {len(value)} items, nested too deep]"
+        out: dict[str, Any] = {}
+        for count, (key, item) in enumerate(value.items()):
+            if budget[0] <= 0:
+                out["..."] = f"[{len(value) - count} more items]"
+                break
+            raw = _name(key)
+            out[_key(raw, budget)] = _scrub(raw, item, budget, depth + 1)
+        return out
+    if isinstance(value, (list, tuple, set, frozenset)):
+        if depth >= MAX_DEPTH:
+            return f"[{len(value)} items, nested too deep]"
+        items: list[Any] = []
+        for count, item in enumerate(value):
+            if budget[0] <= 0:
+                items.append(f"...[{len(value) - count} more items]")
+                break
+            items.append(_scrub("", item, budget, depth + 1))
+        return items
+    # bytes, an exception, any object: its repr, as the renderers would write it, bounded
+    return _scrub(name, repr(value), budget, depth)
 
 
 def _mask(match: re.Match[str]) -> str:
@@ -213,8 +293,8 @@ class _JsonFormatter(logging.Formatter):
         return orjson.dumps(entry).decode()
 
 
-def _dumps_text(obj: Any, **_kw: Any) -> str:
-    return orjson.dumps(obj).decode()
+def _dumps_text(obj: Any, **kw: Any) -> str:
+    return orjson.dumps(obj, **kw).decode()  # kw: structlog's `default` (repr)
 
 
 def get_logger(name: str) -> Any:

@@ -93,6 +93,21 @@ def test_secret_shaped_values_are_masked(changes: dict[str, Any], leaks: str) ->
     assert entry["status"] == 200 and entry["event"] == "request"
 
 
+@pytest.mark.parametrize(
+    "policy",
+    [
+        "p@2026\u202e" + "x" * 100_000,  # a policy version is any string its author wrote
+        'p@1\u2028{"event":"forged"}',  # a JSON line break orjson writes as it is
+        "p@1\x1b[2J",  # written as \u001b by orjson: plain JSON, raw to a terminal tool
+    ],
+)
+def test_a_value_that_is_not_short_plain_ascii_is_cut_and_escaped(policy: str) -> None:
+    entry = _written(policy=policy)  # written as encoded: 100 KB, the override raw
+    shown = entry["policy"]
+    assert len(shown) < 4200 and shown.isascii() and shown.isprintable()
+    assert shown.startswith("p@") and entry["status"] == 200
+
+
 def test_content_named_fields_never_reach_the_line() -> None:
     entry = _written(messages=[{"content": "hi"}], prompt="hi")
     assert entry["messages"] == entry["prompt"] == "[redacted]"

@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 import json
 import logging
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import pytest
 import structlog
 
 from gateway import access_log
-from gateway.logs import configure_logging, get_logger, redact
+from gateway.logs import MAX_FIELD_CHARS, configure_logging, get_logger, redact
 
 
 def test_redact_drops_content_fields_and_masks_secrets() -> None:
@@ -111,3 +112,85 @@ def test_no_string_reaches_a_log_line_verbatim_or_unbounded(
 def test_printable_short_values_are_kept_as_they_are() -> None:
     out = redact(None, "info", {"reason": "HTTP 503 ünïcode", "n": 3, "l": ["a b"]})
     assert out == {"reason": "HTTP 503 ünïcode", "n": 3, "l": ["a b"]}
+
+
+def _lines(fmt: Literal["json", "console"], log: Callable[[Any], None], *, file: bool) -> str:
+    """What `log(logger)` writes with `configure_logging(fmt)`; `file`: to a stream with a
+    binary `buffer` (stderr in production: orjson's bytes written straight through)."""
+    text = io.StringIO()
+    binary = io.BytesIO()
+    stream = io.TextIOWrapper(binary, encoding="utf-8", write_through=True) if file else text
+    saved, handlers = structlog.get_config(), logging.getLogger().handlers[:]
+    configure_logging(fmt, "info", stream=stream)
+    try:
+        log(get_logger("t"))
+    finally:
+        access_log.install(None)
+        structlog.configure(**saved)
+        logging.getLogger().handlers[:] = handlers
+    return binary.getvalue().decode() if file else text.getvalue()
+
+
+_HOSTILE_KEY = '\n{"event":"forged"}\r\x1b[2J\u202egnp.exe\x00\ud800' + "k" * 1_000_000
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+@pytest.mark.parametrize("file", [False, True])
+def test_no_key_reaches_a_log_line_verbatim_or_unbounded(
+    fmt: Literal["json", "console"], file: bool
+) -> None:
+    # A dict logged whole (say, a parsed body field or a backend's JSON), keyed by what
+    # someone outside chose, and a field named so (a dict spread into the call).
+    # A secret's name past the cut is judged whole: its value stays out.
+    nested = {_HOSTILE_KEY: {_HOSTILE_KEY: "v", "x" * 200 + "_token": "plain-secret"}}
+    out = _lines(fmt, lambda log: log.warning("seen", d=nested, **{_HOSTILE_KEY: 1}), file=file)
+    # Keys were left as they came: 1 MB each, the bidi override and (console, top level)
+    # the line break written raw.
+    assert len(out) < 2000  # three keys of at most 128 characters, escaped, and the rest
+    assert "\x1b" not in out and "\u202e" not in out and "\x00" not in out and "\r" not in out
+    assert "[2J" in out and "more characters]" in out and "plain-secret" not in out
+    if fmt == "json":
+        (line,) = [json.loads(line) for line in out.splitlines()]
+        assert line["event"] == "seen"
+    else:
+        assert len(out.splitlines()) == 1
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+@pytest.mark.parametrize("file", [False, True])
+def test_values_the_json_encoder_refuses_are_written_not_raised(
+    fmt: Literal["json", "console"], file: bool
+) -> None:
+    def log(logger: Any) -> None:
+        # gateway/workers.py logs its failed workers' exit codes by worker index.
+        logger.error("workers exited with errors", codes={0: 1, 2: -9})
+        logger.warning("odd keys", by={10**5000: 1, ("t", 1): 2})
+        logger.warning("odd values", big=2**70, raw=b"\n" * 10_000, kinds={"a\x1b"})
+
+    out = _lines(fmt, log, file=file)  # orjson raised TypeError: the call itself failed
+    assert len(out.splitlines()) == 3 and len(out) < 2 * MAX_FIELD_CHARS
+    if fmt == "json":
+        codes, keys, odd = [json.loads(line) for line in out.splitlines()]
+        assert codes["codes"] == {"0": 1, "2": -9}
+        assert keys["by"] == {"[an integer of 16610 bits]": 1, "('t', 1)": 2}
+        assert odd["big"] == "[an integer of 71 bits]"
+        assert odd["raw"].startswith("b'\\n\\n") and odd["raw"].endswith("more characters]")
+        assert odd["kinds"] == ["a\\x1b"]
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_a_line_is_bounded_however_many_or_deep_its_items(
+    fmt: Literal["json", "console"],
+) -> None:
+    deep: list[Any] = []
+    for _ in range(5000):  # past the interpreter's recursion limit
+        deep = [deep]
+
+    def log(logger: Any) -> None:
+        logger.warning("many", items=["ab"] * 1_000_000, by={str(i): i for i in range(100_000)})
+        logger.warning("deep", nested=deep)
+
+    out = _lines(fmt, log, file=False)  # 7 MB written; then a RecursionError
+    assert len(out) < 200_000  # gateway.logs.MAX_EVENT_CHARS (64 Ki) and the escaping
+    assert "more items]" in out and "nested too deep]" in out
+    assert len(out.splitlines()) == 2
