@@ -23,11 +23,20 @@ import httpx
 import pytest
 
 from gateway.api.app import GatewayApp
-from tests.helpers.gateways import TENANT_KEY, Gateway, logged_private_gateway
+from tests.helpers.gateways import (
+    LITELLM_WARNINGS,
+    TENANT_KEY,
+    Gateway,
+    Sim,
+    logged_private_gateway,
+)
+from tests.helpers.log_truth import hosted_gateway
 from tests.helpers.provenance import completion_record, records
 from tests.helpers.raw_backend import Answer, Post, RawBackend
 from tests.helpers.raw_socket import WAIT_S, connect, parse
 from tests.helpers.waiting import until, until_async
+
+pytestmark = LITELLM_WARNINGS  # one test's answer comes from a hosted backend
 
 BUDGET = 100_000
 HELD = 60_000  # the answer held open mid-read
@@ -272,3 +281,30 @@ def test_a_slow_reader_holds_its_answer_until_it_has_taken_it(
             got += chunk
         assert got == _json(script.big)
         _held(gateway.app, 0)  # taken: given back
+
+
+def test_a_hosted_answer_past_the_budget_is_refused(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    hosted = start_sim("vllm", models=("f",), zero_latency=True)
+    limits = {"max_response_bytes": BUDGET, "max_held_answer_bytes": BUDGET}
+    gateway = hosted_gateway(start_gateway, tmp_path, f"{hosted.url}/v1", "f", limits=limits)
+    url = f"{gateway.url}/v1/chat/completions"
+    ask = {"model": "f", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    # Other requests' answers, held now: no hosted answer (over 100 bytes) fits beside
+    # them. Taken while the gateway serves nothing, so its loop does not touch the count.
+    others = gateway.app.answers.hold(BUDGET)
+    others.cover(BUDGET - 100)
+    try:
+        refused = httpx.post(url, json=ask, headers=gateway.headers, timeout=60)
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+        assert refused.headers["retry-after"] == "1"
+        record = completion_record(tmp_path / "log", refused.headers["x-request-id"])
+        assert record["status"] == 429 and record["response_commitment"] is None
+        assert gateway.app.answers.held == BUDGET - 100  # the refusal kept nothing
+    finally:
+        others.release()
+    served = httpx.post(url, json=ask, headers=gateway.headers, timeout=60)
+    assert served.status_code == 200, served.text
+    _held(gateway.app, 0)
