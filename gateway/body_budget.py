@@ -15,8 +15,10 @@ it is given back when the request ends. A reservation that would take the proces
 it as it retries a rate limit. One larger than the whole budget could never be taken:
 413 `request_too_large`.
 
-The attest sidecar (`owngate attest`) uses the same budget for bytes only: it hashes and
-relays bodies and never parses them; and a second one for the whole answers it holds
+The gateway uses a second one for the whole answers (and backend error bodies) it holds
+(`limits.max_held_answer_bytes`, gateway/api/answer_reads.py). The attest sidecar
+(`owngate attest`) uses the same budget for bytes only: it hashes and relays bodies and
+never parses them; and a second one for the whole answers it holds
 (`--max-held-answer-bytes`, gateway/attest/app.py).
 """
 

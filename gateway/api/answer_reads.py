@@ -1,34 +1,90 @@
-"""Reading a private backend's answer when nothing of it has reached the client yet: an
-error body (for its message only) and the check that a whole answer is whole.
+"""Reading a private backend's answer when nothing of it has reached the client yet: a
+whole answer and an error body (for its message only), each held against the process's
+budget for whole answers, and the check that a whole answer is whole.
 
 A backend is trusted to serve, not to be well-behaved: an error body is read up to
 64 KiB and only by the attempt's first-byte deadline (one that trickles in must not hold
 the failover past the request's deadline); a JSON answer whose body ended with the
 connection (no length, not chunked) is whole only if it parses, as a backend that died
 mid-answer closes the connection too.
+
+Every whole answer the gateway holds (and every error body it reads) is counted against
+`limits.max_held_answer_bytes`, one budget for all requests of the process (`answers` of
+the `Runtime`, a `BodyBudget`; the request's share is `Exchange.answer`): its declared
+`content-length` before any of it is read, else its bytes as they arrive. An answer that
+would take the process past it is dropped (the backend connection with it) and the
+client gets 429 `rate_limit_exceeded` with `retry-after: 1`, as for request bodies past
+`limits.max_held_body_bytes`: the gateway is full, the backend did nothing wrong, so no
+other backend is tried and its breaker is not charged. An error body past it is dropped
+too; its status alone tells what happened then, as for one over 64 KiB.
 """
 
 from __future__ import annotations
 
 import orjson
 
+from gateway.body_budget import RETRY_AFTER, Held
+from gateway.errors import ErrorCode, GatewayError
 from gateway.upstream.http import UpstreamError, UpstreamResponse
 
-__all__ = ["MAX_ERROR_BODY", "check_whole", "read_error_body"]
+__all__ = ["MAX_ERROR_BODY", "check_whole", "cover_answer", "read_error_body", "read_held"]
 
 MAX_ERROR_BODY = 64 * 1024  # its message is shown: plenty
 
 
-async def read_error_body(response: UpstreamResponse, by: float) -> bytes:
+def cover_answer(held: Held, size: int) -> None:
+    """Hold `size` bytes of the request's whole answer; `GatewayError` past the budget:
+    429 `rate_limit_exceeded` with `retry-after: 1` (another request's answer may have
+    been given back by then), 502 `upstream_error` past all of it (no retry could help;
+    `limits.max_held_answer_bytes` is at least `max_response_bytes`, so only an answer
+    the gateway would refuse anyway gets there)."""
+    try:
+        held.cover(size)
+    except GatewayError as exc:
+        if exc.code is ErrorCode.rate_limit_exceeded:
+            raise GatewayError(
+                ErrorCode.rate_limit_exceeded,
+                "The gateway holds as many whole answers as it may at once "
+                "(limits.max_held_answer_bytes); retry shortly.",
+                headers=(RETRY_AFTER,),
+            ) from None
+        raise GatewayError(
+            ErrorCode.upstream_error,
+            "The backend's answer is larger than the gateway may hold "
+            "(limits.max_held_answer_bytes).",
+        ) from None
+
+
+async def read_held(
+    response: UpstreamResponse, held: Held | None, limit: int, deadline: float | None = None
+) -> bytes:
+    """`response.read(limit, deadline=deadline)`, each byte held against `held` (None: not
+    counted): a declared length within `limit` before anything is read, else the bytes
+    as they arrive. Raises what `cover_answer` raises; the caller aborts the response."""
+    if held is None:
+        return await response.read(limit, deadline=deadline)
+    announced = response.header(b"content-length")
+    if announced is not None and announced.isdigit():
+        size = int(announced)
+        if size <= limit:
+            cover_answer(held, size)  # larger: read() refuses it, reading nothing
+    return await response.read(
+        limit, deadline=deadline, reserve=lambda taken: cover_answer(held, taken)
+    )
+
+
+async def read_error_body(response: UpstreamResponse, by: float, held: Held | None) -> bytes:
     """An error answer's body, read by `by` (event-loop time) and within the whole
-    answer's `response_timeout_s`; empty when too large, slow or broken (the status
-    alone tells what happened then)."""
+    answer's `response_timeout_s`, held against `held`; empty when too large, slow or
+    broken, or past the budget for whole answers (the status alone tells what happened
+    then)."""
     deadline = response.response_deadline
     try:
-        return await response.read(
-            MAX_ERROR_BODY, deadline=by if deadline is None else min(by, deadline)
+        return await read_held(
+            response, held, MAX_ERROR_BODY, by if deadline is None else min(by, deadline)
         )
-    except UpstreamError:
+    except (UpstreamError, GatewayError):
+        response.abort()  # a refused one is read no further
         return b""
 
 

@@ -14,6 +14,7 @@ from gateway.errors import GatewayError
 
 if TYPE_CHECKING:
     from gateway.api.trail import Trail
+    from gateway.body_budget import Held
     from gateway.body_writer import BodyWriter
     from gateway.policy import Decision
     from gateway.tracing.spans import RequestSpan
@@ -78,6 +79,9 @@ class Exchange:
     # before the client can see the answer end (`settle`), so a client's next request
     # is admitted against a budget that already holds this one.
     charge: Callable[[], Awaitable[None]] | None = None
+    # Its share of the process's budget for whole answers (`limits.max_held_answer_bytes`,
+    # gateway/api/answer_reads.py), given back when the request ends; None: not counted.
+    answer: Held | None = None
 
 
 class TryNext(Exception):

@@ -7,7 +7,9 @@ relayed as the provider sends them); a failure before the client saw a byte rais
 `TryNext`, except a request LiteLLM or the provider refused as invalid (400, 413, 422):
 that is the client's 400 `upstream_bad_request`, as from a private backend, and no other
 backend is tried. The provider's own ids for the answer (its `id`, request-id headers from
-an allow-list) go into the completion record (`upstream`).
+an allow-list) go into the completion record (`upstream`). A whole answer is held
+against `limits.max_held_answer_bytes` as a private one is (gateway/api/answer_reads.py),
+once LiteLLM has read it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gateway.api.answer_reads import cover_answer
 from gateway.api.exchange import (
     Exchange,
     TryNext,
@@ -118,6 +121,8 @@ class HostedRelay:
         try:
             await self._relay(exchange, backend, response, send, ends_by)
         finally:
+            if exchange.answer is not None and not exchange.response_started:
+                exchange.answer.release()  # nothing of it went out: not held for the client
             await response.aclose()
 
     async def _relay(
@@ -138,6 +143,10 @@ class HostedRelay:
                     "the provider's answer is larger than the gateway relays "
                     f"({self._max_response_bytes} bytes, limits.max_response_bytes)",
                 )
+            if exchange.answer is not None:
+                # Read whole by LiteLLM already; held by the gateway until its client has
+                # taken it. Past the budget for whole answers: 429, no other backend tried.
+                cover_answer(exchange.answer, len(response.body))
             exchange.status = 200
             exchange.response_started = True
             relayed(exchange, response.body, whole=True)

@@ -38,6 +38,7 @@ from gateway.asgi import (
     send_error,
     send_json,
 )
+from gateway.body_budget import Held
 from gateway.body_writer import body_writer
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
@@ -87,6 +88,7 @@ class TenantSurface:
             exchange.charge = lambda: admission.release(_tokens_used(exchange))
             limits = runtime.parts.config.limits
             held = runtime.bodies.hold(limits.max_held_body_bytes)
+            answer = exchange.answer = runtime.answers.hold(limits.max_held_answer_bytes)
             try:
                 body = await read_body(scope, receive, limits.max_body_bytes, held)
                 # What parsing it may take, held until the request ends: reserved before
@@ -104,7 +106,10 @@ class TenantSurface:
                 # to) a finished response, nor interrupt the release.
                 runtime.serving.discard(task)
                 held.release()
-                await admission.release(_tokens_used(exchange))
+                try:
+                    await admission.release(_tokens_used(exchange))
+                finally:
+                    await _answer_taken(exchange, answer)
         except GatewayError as error:
             exchange.status, exchange.error_code = error.status, error.code.value
             if not exchange.response_started:
@@ -282,6 +287,20 @@ class TenantSurface:
             await send_bytes(send, 200, proof.format().encode(), request_id, b"text/plain")
         except GatewayError as error:
             await send_error(send, error, request_id)
+
+
+async def _answer_taken(exchange: Exchange, answer: Held) -> None:
+    """Give the request's share of the budget for whole answers back (`answer`), once its
+    client has taken the answer: a client that reads slower than it is answered leaves
+    the answer in its connection's write buffer, which holds it until the client has
+    read all but the buffer's low-water mark, it leaves, or `listen.write_timeout_s`
+    cuts it off."""
+    try:
+        writer = exchange.writer
+        if answer.size and writer is not None and writer.write_paused:
+            await writer.drain()
+    finally:
+        answer.release()
 
 
 def _tokens_used(exchange: Exchange) -> int:

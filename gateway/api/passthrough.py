@@ -15,7 +15,9 @@ below 500, stream chunks), the health probes' evidence that the backend is alive
 
 What a backend sends back is bounded: a whole answer by `limits.max_response_bytes`
 (502, and the connection dropped as soon as it is passed) and `limits.response_timeout_s`
-(504), an error body by 64 KiB, a stream by `limits.stream_timeout_s` if set. A stream
+(504), an error body by 64 KiB, a stream by `limits.stream_timeout_s` if set; whole
+answers and error bodies of all requests together by `limits.max_held_answer_bytes`
+(gateway/api/answer_reads.py: 429, the connection dropped). A stream
 the gateway needs the usage of (a token budget, the provenance log) asks the backend for
 its usage chunk when the client did not, and keeps that chunk from the client.
 """
@@ -26,7 +28,7 @@ import asyncio
 import re
 from typing import Any
 
-from gateway.api.answer_reads import check_whole, read_error_body
+from gateway.api.answer_reads import check_whole, read_error_body, read_held
 from gateway.api.attested import Attester, SseTail
 from gateway.api.body import ask_for_usage, model_pattern, rewrite_model
 from gateway.api.exchange import Exchange, TryNext, end_stream, relayed, send_whole
@@ -210,6 +212,8 @@ class PrivateRelay:
             )
         finally:
             response.abort()  # no-op once the exchange completed and the connection is pooled
+            if exchange.answer is not None and not exchange.response_started:
+                exchange.answer.release()  # nothing of it went out: not held for the client
 
     async def _relay_body(
         self,
@@ -229,7 +233,7 @@ class PrivateRelay:
         if not sse or status >= 400:
             attempt.first_byte()  # a whole answer: its prefill is done
         if status >= 400:
-            data = await read_error_body(response, first_byte_by)
+            data = await read_error_body(response, first_byte_by, exchange.answer)
             self._metrics.upstream_error(backend.id, "status")
             exchange.upstream_error = f"status {status}"
             pool = backend.pool
@@ -268,15 +272,17 @@ class PrivateRelay:
         A JSON answer whose body ended with the connection (no length, not chunked) and
         does not parse was cut short by a backend that died: `UpstreamError("closed")`,
         as for a framed body that broke off (nothing reached the client: failover)."""
+        limit = backend.pool.max_body if backend.pool else 0
         try:
-            data = await response.read()
+            # Past the budget for whole answers: `GatewayError` 429, no failover, the
+            # backend's breaker not charged (the caller counts it a success).
+            data = await read_held(response, exchange.answer, limit)
         except UpstreamError as exc:
             if exc.kind != "too_large":
                 raise  # timed out or broke off: the caller may try another backend
             # Not the backend's failure (a client can ask for a huge answer), nor one that
             # another backend would answer differently: no failover, no breaker.
             self._failed(exchange, backend, exc.kind)
-            limit = backend.pool.max_body if backend.pool else 0
             raise GatewayError(
                 ErrorCode.upstream_error,
                 f"the backend's answer is larger than the gateway relays ({limit} bytes, "

@@ -47,6 +47,7 @@ class Runtime:
         self.cutting = False  # the drain deadline passed: what still runs is being cut
         self.serving: set[asyncio.Task[Any]] = set()  # the tasks of proxied requests
         self.bodies = BodyBudget()  # request bodies held now (limits.max_held_body_bytes)
+        self.answers = BodyBudget()  # whole answers held now (limits.max_held_answer_bytes)
         self.reloader: ConfigReloader | None = None  # a config served from a file
         self.fleet: FleetMetrics | None = None  # `serve --workers`: /metrics sums them
         self.cosigning: Cosigning | None = None  # witnesses asked to cosign checkpoints

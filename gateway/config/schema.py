@@ -126,6 +126,12 @@ class LimitSettings(_Strict):
     max_response_bytes: int = Field(
         default=16 * 1024 * 1024, gt=0, description="a backend's whole (non-stream) answer"
     )
+    max_held_answer_bytes: int = Field(
+        default=1024 * 1024 * 1024,
+        gt=0,
+        description="whole answers (and backend error bodies) held at once by one process, "
+        "until their clients have taken them (gateway/api/answer_reads.py)",
+    )
     response_timeout_s: float = Field(
         default=600.0, gt=0, description="a whole answer, from sending the request to its end"
     )
@@ -138,11 +144,16 @@ class LimitSettings(_Strict):
     )
 
     @model_validator(mode="after")
-    def _one_body_fits_the_budget(self) -> LimitSettings:
+    def _one_body_and_answer_fit_their_budgets(self) -> LimitSettings:
         if self.max_held_body_bytes < self.max_body_bytes:
             raise ValueError(
                 "limits.max_held_body_bytes must be at least limits.max_body_bytes "
                 "(else a body within the limit could never be taken)"
+            )
+        if self.max_held_answer_bytes < self.max_response_bytes:
+            raise ValueError(
+                "limits.max_held_answer_bytes must be at least limits.max_response_bytes "
+                "(else an answer within the limit could never be taken)"
             )
         return self
 

@@ -55,7 +55,7 @@ def records_when_one(log: Path) -> list[dict[str, Any]]:
 
 
 def hosted_gateway(
-    start_gateway: Callable[..., Gateway], tmp_path: Path, url: str, model: str
+    start_gateway: Callable[..., Gateway], tmp_path: Path, url: str, model: str, **extra: Any
 ) -> Gateway:
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "hosted.yaml").write_text(HOSTED_ONLY_POLICY)
@@ -70,6 +70,7 @@ def hosted_gateway(
             "signing_key_file": str(tmp_path / "log.key"),
             "checkpoint_interval_ms": 20,
         },
+        **extra,
     )
 
 

@@ -27,6 +27,7 @@ import yaml
 
 from gateway.cli.main import main as owngate
 from gateway.config import ConfigError, load_config
+from gateway.config.schema import LimitSettings
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.prerequisites import deploy_tool, kubernetes_validate, missing_deploy_tool
 
@@ -673,3 +674,23 @@ def test_memory_requests_hold_the_receipts_each_config_keeps() -> None:
     limits = (gateway["resources"]["limits"]["memory"], dev["resources"]["limits"]["memory"])
     assert all(_bytes(limit) >= 2 * (_RESIDENT + k8s) for limit in limits)
     assert _bytes(service["mem_limit"]) >= 2 * (_RESIDENT + compose)
+
+
+def test_what_requests_in_flight_may_hold_fits_each_memory_limit() -> None:
+    """docs/deploy.md, "Memory": a replica with LiteLLM, its receipts, both budgets full
+    (request bodies and what is parsed from them; whole answers) and one parse in
+    progress (up to about 50 times the body limit) fit each shipped setup's memory
+    limit; and each budget takes one body or answer within its own limit."""
+    (gateway,) = _statefulset()["spec"]["template"]["spec"]["containers"]
+    service = _yaml(COMPOSE)["services"]["owngate"]
+    setups = {
+        "k8s": (_yaml(BASE / "gateway.yaml"), gateway["resources"]["limits"]["memory"]),
+        "compose": (_yaml(COMPOSE_CONFIG), service["mem_limit"]),
+    }
+    for name, (config, memory) in setups.items():
+        limits = LimitSettings.model_validate(config["limits"])  # the defaults filled in
+        assert "max_held_answer_bytes" in config["limits"], name  # sized, not the 1 GiB default
+        held = limits.max_held_body_bytes + limits.max_held_answer_bytes
+        parse = 50 * limits.max_body_bytes
+        receipts = config["provenance"]["receipts_memory_bytes"]
+        assert _RESIDENT + receipts + held + parse <= _bytes(memory), name
