@@ -19,8 +19,9 @@ decision, as it refuses a router's control fields (gateway/api/control_fields.py
 - **other weights**: a LoRA adapter chosen in the body (llama.cpp's `lora`, SGLang's
   `lora_path`) serves the request with weights the log does not name: the model is the
   `model` field's, as configured;
-- **the server's code, files or network**: vLLM's `prompt_embeds` (a serialized tensor
-  the server deserializes: GHSA-mrw7-hf4f-83pf), `logits_processors` (classes imported by
+- **the server's code, files or network**: vLLM's `prompt_embeds` and content parts of
+  type `image_embeds` / `audio_embeds` (serialized tensors the server deserializes:
+  GHSA-mrw7-hf4f-83pf, GHSA-pmqf-x6x8-p7qw), `logits_processors` (classes imported by
   name), `kv_transfer_params` and SGLang's `bootstrap_host` (hosts the server connects
   to for KV cache), SGLang's `custom_logit_processor` (serialized Python), fields naming a
   path or file (`*_path`: `lora_path`, a fork's `save_kvcache_path`);
@@ -92,6 +93,8 @@ SERVER_FIELDS: Final[Mapping[str, str]] = {
     "lora": _WEIGHTS,
     "id_slot": _PLACE,
 }
+# A content part (vLLM's `image_embeds`, `audio_embeds`) that is a serialized tensor.
+_TENSOR: Final = "_embeds"
 # A field naming a path or a file on the server, by any server's name for it.
 SERVER_SUFFIXES: Final = ("_path", "_paths", "_file", "_files", "_dir", "filename")
 # Arguments of the chat template renderer itself (transformers' `apply_chat_template`,
@@ -121,10 +124,11 @@ RENDERER_ARGUMENTS: Final = frozenset(
 )
 
 
-def refuse_server_fields(doc: Mapping[str, Any]) -> None:
-    """Raise 400 `invalid_request` naming the first top-level field of `doc` that an
-    inference server reads past the bound, the configured weights, or its own files, or
-    the first renderer argument in its `chat_template_kwargs`."""
+def refuse_server_fields(doc: Mapping[str, Any], body: bytes) -> None:
+    """Raise 400 `invalid_request` naming the first top-level field of `doc` (parsed from
+    `body`) that an inference server reads past the bound, the configured weights, or
+    its own files, the first renderer argument in its `chat_template_kwargs`, or the
+    first content part carrying a serialized tensor."""
     for name in doc:
         why = SERVER_FIELDS.get(name)
         if why is None and name.endswith(SERVER_SUFFIXES):
@@ -144,5 +148,35 @@ def refuse_server_fields(doc: Mapping[str, Any]) -> None:
                 raise GatewayError(
                     ErrorCode.invalid_request,
                     f"`{param}` is not accepted: it {_PROMPT} (docs/security.md)",
+                    param=param,
+                )
+    # Only a body that spells `_embeds`, or may spell it escaped, is walked: the hot path
+    # looks at no message.
+    if b"_embeds" in body or b"\\u" in body:
+        _refuse_tensor_parts(doc)
+
+
+def _refuse_tensor_parts(doc: Mapping[str, Any]) -> None:
+    """Raise 400 naming the first chat content part that is a serialized tensor (vLLM's
+    `image_embeds`, `audio_embeds`: `{"type": "image_embeds", ...}`, or a part holding
+    such a key without a type), which the server deserializes (GHSA-pmqf-x6x8-p7qw)."""
+    messages = doc.get("messages")
+    if not isinstance(messages, list):
+        return
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if not isinstance(part, dict):
+                continue
+            kind = part.get("type")
+            if any(key.endswith(_TENSOR) for key in part) or (
+                isinstance(kind, str) and kind.endswith(_TENSOR)
+            ):
+                param = f"messages[{i}].content[{j}]"
+                raise GatewayError(
+                    ErrorCode.invalid_request,
+                    f"`{param}` is not accepted: a serialized tensor {_SERVER} (docs/security.md)",
                     param=param,
                 )

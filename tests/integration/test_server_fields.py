@@ -59,6 +59,15 @@ def post(gateway: Gateway, path: str, body: bytes) -> httpx.Response:
         ),
         ("/v1/embeddings", {"chat_template": LOOP}, "chat_template"),
         ("/v1/chat/completions", {"id_slot": 0}, "id_slot"),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_embeds", "image_embeds": "gASV"}]}
+                ]
+            },
+            "messages[0].content[0]",
+        ),
     ],
 )
 def test_a_server_field_is_refused_and_nothing_leaves(

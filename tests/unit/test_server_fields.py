@@ -15,6 +15,13 @@ from gateway.api.control_fields import refuse_control_fields
 from gateway.errors import ErrorCode, GatewayError
 
 ASK: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+IMAGE = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+
+
+def refuse(doc: dict[str, Any]) -> None:
+    refuse_control_fields(doc, orjson.dumps(doc))
+
+
 LOOP = "{% for i in range(1000) %}{% for m in messages %}{{ m.content }}{% endfor %}{% endfor %}"
 
 
@@ -62,7 +69,7 @@ LOOP = "{% for i in range(1000) %}{% for m in messages %}{{ m.content }}{% endfo
 )
 def test_a_server_field_is_refused_naming_it(fields: dict[str, Any], param: str, why: str) -> None:
     with pytest.raises(GatewayError) as raised:
-        refuse_control_fields({**ASK, **fields})
+        refuse({**ASK, **fields})
     assert raised.value.code is ErrorCode.invalid_request
     assert raised.value.param == param
     assert why in str(raised.value)
@@ -71,14 +78,14 @@ def test_a_server_field_is_refused_naming_it(fields: dict[str, Any], param: str,
 def test_names_are_matched_as_the_backend_reads_them() -> None:
     body = orjson.dumps(ASK)[:-1] + b', "chat\\u005ftemplate": "{{ x }}"}'
     with pytest.raises(GatewayError) as raised:
-        refuse_control_fields(parse_body(body, None))
+        refuse_control_fields(parse_body(body, None), body)
     assert raised.value.param == "chat_template"
 
 
 def test_a_long_server_field_name_is_cut_in_the_error() -> None:
     name = "x" * 5000 + "_path"
     with pytest.raises(GatewayError) as raised:
-        refuse_control_fields({**ASK, name: 1})
+        refuse({**ASK, name: 1})
     assert len(str(raised.value)) < 1000
 
 
@@ -99,4 +106,40 @@ def test_a_long_server_field_name_is_cut_in_the_error() -> None:
     ],
 )
 def test_fields_that_tune_sampling_pass(fields: dict[str, Any]) -> None:
-    refuse_control_fields({**ASK, **fields})
+    refuse({**ASK, **fields})
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "image_embeds", "image_embeds": "gASV"},
+        {"type": "audio_embeds", "audio_embeds": "gASV"},
+        {"image_embeds": {"image_grid_thw": "gASV"}},  # a part without a type, by its key
+    ],
+)
+def test_a_serialized_tensor_in_a_content_part_is_refused(part: dict[str, Any]) -> None:
+    # vLLM deserializes it (torch.load) into the model's input: GHSA-pmqf-x6x8-p7qw.
+    doc = {"model": "m", "messages": [{"role": "user", "content": [IMAGE, part]}]}
+    with pytest.raises(GatewayError) as raised:
+        refuse(doc)
+    assert raised.value.param == "messages[0].content[1]"
+
+
+def test_an_escaped_tensor_part_is_found_too() -> None:
+    body = (
+        b'{"model": "m", "messages": [{"role": "user", "content": '
+        b'[{"type": "image\\u005fembeds", "image\\u005fembeds": "gASV"}]}]}'
+    )
+    assert b"_embeds" not in body
+    with pytest.raises(GatewayError) as raised:
+        refuse_control_fields(parse_body(body, None), body)
+    assert raised.value.param == "messages[0].content[0]"
+
+
+def test_media_parts_pass() -> None:
+    refuse(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": [IMAGE, {"type": "text", "text": "x"}]}],
+        }
+    )
