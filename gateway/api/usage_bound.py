@@ -147,7 +147,8 @@ def _choices(ask: Mapping[str, Any] | None, name: str) -> int:
     if type(value) is str:
         value = value.strip().lstrip("+").replace("_", "")
         if value.isascii() and value.isdigit():
-            return int(value)
+            # past 2**53 choices the bound is its cap anyway; int() refuses 4,300 digits
+            return int(value) if len(value) < 17 else MAX_SAFE_INTEGER
         try:
             value = float(value)
         except ValueError:

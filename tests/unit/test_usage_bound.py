@@ -277,6 +277,11 @@ def test_choices_count_every_field_as_the_servers_read_it(
     assert tokens_bound(limited, 100, 300) == 100 + PROMPT_ALLOWANCE + 300 + choices * 7
 
 
+def test_a_count_of_more_digits_than_int_reads_is_the_cap_not_an_error() -> None:
+    # Python's int() refuses 4,300 digits; the bound of any answer must never raise.
+    assert tokens_bound({"n": "9" * 5000, "max_tokens": 7}, 100, 300) == 2**53
+
+
 def test_each_media_item_of_a_llamacpp_prompt_object_is_counted() -> None:
     one = {"prompt_string": "<__media__><__media__>", "multimodal_data": ["AAAA", "BBBB"]}
     ask = {"max_tokens": 1, "prompt": one}
