@@ -95,8 +95,12 @@ SERVER_FIELDS: Final[Mapping[str, str]] = {
     "lora": _WEIGHTS,
     "id_slot": _PLACE,
 }
-# A content part (vLLM's `image_embeds`, `audio_embeds`) that is a serialized tensor.
+# A content part (vLLM's `image_embeds`, `audio_embeds`) that is a serialized tensor, and
+# an image's or video's own tiling (SGLang), and what a body holding either must spell
+# (or a JSON escape that could spell it).
 _TENSOR: Final = "_embeds"
+_TILING: Final = ("max_dynamic_patch", "min_dynamic_patch")
+_PART_NEEDLES: Final = (b"_embeds", b"dynamic_patch", b"\\u")
 # A field naming a path or a file on the server, by any server's name for it.
 SERVER_SUFFIXES: Final = ("_path", "_paths", "_file", "_files", "_dir", "filename")
 # Arguments of the chat template renderer itself (transformers' `apply_chat_template`,
@@ -152,16 +156,18 @@ def refuse_server_fields(doc: Mapping[str, Any], body: bytes) -> None:
                     f"`{param}` is not accepted: it {_PROMPT} (docs/security.md)",
                     param=param,
                 )
-    # Only a body that spells `_embeds`, or may spell it escaped, is walked: the hot path
-    # looks at no message.
-    if b"_embeds" in body or b"\\u" in body:
-        _refuse_tensor_parts(doc)
+    # Only a body that spells a refused part's name, or may spell it escaped, is walked:
+    # the hot path looks at no message.
+    if any(needle in body for needle in _PART_NEEDLES):
+        _refuse_content_parts(doc)
 
 
-def _refuse_tensor_parts(doc: Mapping[str, Any]) -> None:
+def _refuse_content_parts(doc: Mapping[str, Any]) -> None:
     """Raise 400 naming the first chat content part that is a serialized tensor (vLLM's
     `image_embeds`, `audio_embeds`: `{"type": "image_embeds", ...}`, or a part holding
-    such a key without a type), which the server deserializes (GHSA-pmqf-x6x8-p7qw)."""
+    such a key without a type), which the server deserializes (GHSA-pmqf-x6x8-p7qw), or
+    whose image or video sets its own tiling (SGLang's `max_dynamic_patch` in an
+    `image_url` or `video_url`: a tile is hundreds of tokens, past `MEDIA_ALLOWANCE`)."""
     messages = doc.get("messages")
     if not isinstance(messages, list):
         return
@@ -170,15 +176,28 @@ def _refuse_tensor_parts(doc: Mapping[str, Any]) -> None:
         if not isinstance(content, list):
             continue
         for j, part in enumerate(content):
-            if not isinstance(part, dict):
-                continue
-            kind = part.get("type")
-            if any(key.endswith(_TENSOR) for key in part) or (
-                isinstance(kind, str) and kind.endswith(_TENSOR)
-            ):
-                param = f"messages[{i}].content[{j}]"
+            found = _part_problem(part) if isinstance(part, dict) else None
+            if found is not None:
+                param, why = f"messages[{i}].content[{j}]{found[0]}", found[1]
                 raise GatewayError(
                     ErrorCode.invalid_request,
-                    f"`{param}` is not accepted: a serialized tensor {_SERVER} (docs/security.md)",
+                    f"`{param}` is not accepted: it {why} (docs/security.md)",
                     param=param,
                 )
+
+
+def _part_problem(part: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(where in the part, why) for a content part the server would expand or
+    deserialize, else None."""
+    kind = part.get("type")
+    if any(key.endswith(_TENSOR) for key in part) or (
+        isinstance(kind, str) and kind.endswith(_TENSOR)
+    ):
+        return "", f"is a serialized tensor, which {_SERVER}"
+    for media in ("image_url", "video_url"):
+        inner = part.get(media)
+        if isinstance(inner, dict):
+            for key in _TILING:
+                if key in inner:
+                    return f".{media}.{key}", _PROMPT
+    return None

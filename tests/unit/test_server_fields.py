@@ -126,6 +126,16 @@ def test_a_serialized_tensor_in_a_content_part_is_refused(part: dict[str, Any]) 
     assert raised.value.param == "messages[0].content[1]"
 
 
+@pytest.mark.parametrize("media", ["image_url", "video_url"])
+def test_a_part_that_sets_its_own_tiling_is_refused(media: str) -> None:
+    # SGLang reads `max_dynamic_patch` per image or video: each tile is hundreds of tokens.
+    part = {"type": media, media: {"url": "https://example.com/a", "max_dynamic_patch": 4096}}
+    with pytest.raises(GatewayError) as raised:
+        refuse({"model": "m", "messages": [{"role": "user", "content": ["x", part]}]})
+    assert raised.value.param == f"messages[0].content[1].{media}.max_dynamic_patch"
+    assert "prompt" in str(raised.value)
+
+
 def test_an_escaped_tensor_part_is_found_too() -> None:
     body = (
         b'{"model": "m", "messages": [{"role": "user", "content": '
