@@ -14,7 +14,8 @@ tenant is charged the reported usage only up to a bound the request itself justi
                        and min_tokens; none unless max_tokens or
                        max_completion_tokens is set, and none when any of the first
                        three is set to anything but a whole number (llama.cpp reads
-                       -1, a string or a bool as no limit at all)
+                       -1 as no limit; builds that fall back on a wrong type read a
+                       string or a bool as absent)
     choices          = the largest of n, best_of and n_cmpl (1 when none is set;
                        "3", 3.0 and true count, as pydantic reads them), times the
                        prompts of a text completion's batch (`prompt` an array of
@@ -36,11 +37,12 @@ count whatever the limit, since a backend may read another field over it (llama.
 `{"max_tokens": 1, "n_predict": -1}` generated without end and was charged one output
 token). So the limit is the largest of the fields any backend reads as one, and there is
 none when a backend may read none of them (vLLM and SGLang ignore `n_predict`) or read one
-as "no limit": with `{"max_tokens": 1, "n_predict": 100000}` and a `logit_bias` forcing a
-control token that renders as no text, llama.cpp may generate 100,000 tokens that the
-bound counted as one. Requests that have the server build more prompt than their bytes (a
-client's `chat_template`, per-request media processing, sessions) are refused before they
-reach a backend (gateway/api/server_fields.py).
+as "no limit": llama.cpp b10434 answered `{"max_tokens": 1, "n_predict": 60,
+"logit_bias": {"1": 100}}` (SmolLM2's `<|im_start|>`, a control token that renders as no
+text) with 60 completion tokens and an empty message, so with `n_predict` 100,000 the
+bound counted one token of 100,000. Requests that have the server build more prompt than
+their bytes (a client's `chat_template`, per-request media processing, sessions) are
+refused before they reach a backend (gateway/api/server_fields.py).
 
 What the bound does not know: a media part that becomes more than `MEDIA_ALLOWANCE`
 tokens (a long video), or hidden reasoning or tokens without text (a `logit_bias` forcing
@@ -116,7 +118,8 @@ _LIMIT_FIELDS: Final = ("max_tokens", "max_completion_tokens", "n_predict")
 def _limit(ask: Mapping[str, Any] | None) -> int | None:
     """The most output tokens per choice any backend may read `ask` as allowing, or None
     when some backend may read it as no limit: a limit field that is not a whole number
-    (llama.cpp reads -1 as none, and a string or a bool as absent), or neither
+    (llama.cpp reads -1 as none; builds that fall back on a wrong type read a string or
+    a bool as absent), or neither
     `max_tokens` nor `max_completion_tokens` set (vLLM and SGLang read no other)."""
     if ask is None:
         return None
