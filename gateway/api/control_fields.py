@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from gateway.api.labels import excerpt
+from gateway.api.server_fields import refuse_server_fields
 from gateway.errors import ErrorCode, GatewayError
 
 __all__ = ["CONTROL_FIELDS", "CONTROL_PREFIXES", "refuse_control_fields"]
@@ -117,8 +118,11 @@ CONTROL_PREFIXES: Final = (
 )
 
 
-def refuse_control_fields(doc: Mapping[str, Any]) -> None:
-    """Raise 400 `invalid_request` naming the first top-level control field in `doc`."""
+def refuse_control_fields(doc: Mapping[str, Any], body: bytes) -> None:
+    """Raise 400 `invalid_request` naming the first top-level control field in `doc`
+    (parsed from `body`), then the first field an inference server reads past the token
+    bound, the configured weights or its own code and files
+    (gateway/api/server_fields.py)."""
     for name in doc:
         if name in CONTROL_FIELDS or name.startswith(CONTROL_PREFIXES):
             name = excerpt(name)  # a prefix matches a name of any length and characters
@@ -128,3 +132,4 @@ def refuse_control_fields(doc: Mapping[str, Any]) -> None:
                 "request goes, with which credentials, and what answers it",
                 param=name,
             )
+    refuse_server_fields(doc, body)

@@ -97,7 +97,7 @@ class Proxy:
         send: Send,
     ) -> None:
         doc = parse_body(body, scan)  # scan: `scan_body(body)`
-        refuse_control_fields(doc)  # a router's own arguments: where, with whose key
+        refuse_control_fields(doc, body)  # a router's and an inference server's own fields
         model = doc.get("model")
         if not isinstance(model, str) or not model:
             raise GatewayError(

@@ -8,29 +8,47 @@ tenant is charged the reported usage only up to a bound the request itself justi
     prompt bound     = request body bytes + PROMPT_ALLOWANCE
                        + MEDIA_ALLOWANCE per non-text content part of a chat message
     completion bound = answer bytes + choices * COMPLETION_ALLOWANCE
-                       or, when the client set a limit (the larger of max_tokens,
-                       max_completion_tokens), answer bytes + choices * limit when
-                       that is less
-    choices          = the larger of n and best_of (1 when neither is set), times
-                       the prompts of a text completion's batch (`prompt` an array of
-                       strings or of token arrays: one answer per prompt each)
+                       or, when the client set a limit every backend reads,
+                       answer bytes + choices * limit when that is less
+    limit            = the largest of max_tokens, max_completion_tokens, n_predict
+                       and min_tokens; none unless max_tokens or
+                       max_completion_tokens is set, and none when any of the first
+                       three is set to anything but a whole number (llama.cpp reads
+                       -1 as no limit; builds that fall back on a wrong type read a
+                       string or a bool as absent)
+    choices          = the largest of n, best_of and n_cmpl (1 when none is set;
+                       "3", 3.0 and true count, as pydantic reads them), times the
+                       prompts of a text completion's batch (`prompt` an array of
+                       strings, token arrays or llama.cpp's prompt objects: one
+                       answer per prompt each)
 
 Why each term holds for an honest backend: a prompt token is at least one byte of the
 text the client sent (JSON escapes only add bytes), plus what the backend adds that the
 body does not carry: a chat template's role markers and default system prompt
 (`PROMPT_ALLOWANCE`), and an image, audio or video part that it fetches or decodes into
-many tokens from a short URL or a small file (`MEDIA_ALLOWANCE` each). An output token is
+many tokens from a short URL or a small file (`MEDIA_ALLOWANCE` each, as is each item of a
+llama.cpp prompt object's `multimodal_data`). An output token is
 at least one byte of the answer relayed (a whole answer's body, or a stream's relayed
 bytes), except tokens that leave no text: end-of-sequence and other special tokens, and a
 hosted reasoning model's hidden reasoning (`COMPLETION_ALLOWANCE` per choice, or the
 client's limit per choice when less). The limit bounds only those: the answer's bytes
 count whatever the limit, since a backend may read another field over it (llama.cpp's
-`n_predict` wins over `max_tokens`: `{"max_tokens": 1, "n_predict": -1}` generated
-without end and was charged one output token).
+`n_predict` wins over `max_completion_tokens`, which wins over `max_tokens`:
+`{"max_tokens": 1, "n_predict": -1}` generated without end and was charged one output
+token). So the limit is the largest of the fields any backend reads as one, and there is
+none when a backend may read none of them (vLLM and SGLang ignore `n_predict`) or read one
+as "no limit": llama.cpp b10434 answered `{"max_tokens": 1, "n_predict": 60,
+"logit_bias": {"1": 100}}` (SmolLM2's `<|im_start|>`, a control token that renders as no
+text) with 60 completion tokens and an empty message, so with `n_predict` 100,000 the
+bound counted one token of 100,000. Requests that have the server build more prompt than
+their bytes (a client's `chat_template`, per-request media processing, sessions) are
+refused before they reach a backend (gateway/api/server_fields.py).
 
 What the bound does not know: a media part that becomes more than `MEDIA_ALLOWANCE`
-tokens (a long video), or hidden reasoning past `COMPLETION_ALLOWANCE` without a limit
-set, is charged the bound; the completion record then says so (`usage_bound`).
+tokens (a long video), or hidden reasoning or tokens without text (a `logit_bias` forcing
+a control token, `ignore_eos`) past `COMPLETION_ALLOWANCE` without a limit set, on a model
+whose context is longer than that, is charged the bound; the completion record then says
+so (`usage_bound`).
 """
 
 from __future__ import annotations
@@ -63,9 +81,9 @@ def prompt_bound(ask: Mapping[str, Any] | None, body_bytes: int) -> int:
 
 def completion_bound(ask: Mapping[str, Any] | None, answer_bytes: int) -> int:
     """The most output tokens an answer of `answer_bytes` bytes to `ask` justifies."""
-    choices = max(1, _count(ask, "n"), _count(ask, "best_of")) * _prompts(ask)
-    limit = max(_count(ask, name, -1) for name in ("max_tokens", "max_completion_tokens"))
-    no_text = COMPLETION_ALLOWANCE if limit < 0 else min(COMPLETION_ALLOWANCE, limit)
+    choices = max(1, *(_choices(ask, name) for name in _CHOICE_FIELDS)) * _prompts(ask)
+    limit = _limit(ask)
+    no_text = COMPLETION_ALLOWANCE if limit is None else min(COMPLETION_ALLOWANCE, limit)
     return answer_bytes + choices * no_text
 
 
@@ -88,11 +106,59 @@ def over_bound(
     return bound if reported > bound else None
 
 
-def _count(ask: Mapping[str, Any] | None, name: str, absent: int = 0) -> int:
-    """A whole-number request field, `absent` when it is missing or not one (a bool is no
-    number here, though Python makes it an int)."""
+# Fields a backend reads as the number of choices per prompt: OpenAI's `n`, vLLM's
+# `best_of`, llama.cpp's `n_cmpl` (read over `n`).
+_CHOICE_FIELDS: Final = ("n", "best_of", "n_cmpl")
+# Fields a backend reads as the most output tokens per choice: llama.cpp reads the first
+# present of `n_predict`, `max_completion_tokens`, `max_tokens`; vLLM and SGLang
+# `max_completion_tokens`, else `max_tokens`, and generate at least `min_tokens`.
+_LIMIT_FIELDS: Final = ("max_tokens", "max_completion_tokens", "n_predict")
+
+
+def _limit(ask: Mapping[str, Any] | None) -> int | None:
+    """The most output tokens per choice any backend may read `ask` as allowing, or None
+    when some backend may read it as no limit: a limit field that is not a whole number
+    (llama.cpp reads -1 as none; builds that fall back on a wrong type read a string or
+    a bool as absent), or neither
+    `max_tokens` nor `max_completion_tokens` set (vLLM and SGLang read no other)."""
+    if ask is None:
+        return None
+    limit = None
+    for name in _LIMIT_FIELDS:
+        value = ask.get(name)
+        if value is None:
+            continue
+        if type(value) is not int or value < 0:
+            return None
+        limit = value if limit is None else max(limit, value)
+    if ask.get("max_tokens") is None and ask.get("max_completion_tokens") is None:
+        return None
+    floor = ask.get("min_tokens")
+    if limit is not None and type(floor) is int and floor > limit:
+        limit = floor
+    return limit
+
+
+def _choices(ask: Mapping[str, Any] | None, name: str) -> int:
+    """A request field as the most choices a backend may read it as, 0 when it is none:
+    pydantic (vLLM, SGLang) reads `3.0`, `"3"` and `true` as whole numbers."""
     value = None if ask is None else ask.get(name)
-    return value if type(value) is int and value >= 0 else absent
+    if type(value) is int:
+        return max(value, 0)
+    if type(value) is bool:
+        return int(value)
+    if type(value) is str:
+        value = value.strip().lstrip("+").replace("_", "")
+        if value.isascii() and value.isdigit():
+            # past 2**53 choices the bound is its cap anyway; int() refuses 4,300 digits
+            return int(value) if len(value) < 17 else MAX_SAFE_INTEGER
+        try:
+            value = float(value)
+        except ValueError:
+            return 0
+    if type(value) is float and value.is_integer():
+        return max(int(value), 0)
+    return 0
 
 
 def _prompts(ask: Mapping[str, Any] | None) -> int:
@@ -106,19 +172,35 @@ def _prompts(ask: Mapping[str, Any] | None) -> int:
 
 
 def _media_parts(ask: Mapping[str, Any] | None) -> int:
-    """Content parts of chat messages that are not text (at most `_MEDIA_COUNTED`)."""
-    messages = None if ask is None else ask.get("messages")
-    if not isinstance(messages, list):
+    """Content parts of chat messages that are not text, and media items of llama.cpp
+    prompt objects (`{"prompt_string": ..., "multimodal_data": [...]}`), at most
+    `_MEDIA_COUNTED` looked at."""
+    if ask is None:
         return 0
     found = seen = 0
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list):
+    for holder, key in _media_holders(ask):
+        items = holder.get(key) if isinstance(holder, dict) else None
+        if not isinstance(items, list):
             continue
-        for part in content:
+        for item in items:
             seen += 1
             if seen > _MEDIA_COUNTED:
                 return found
-            if isinstance(part, dict) and part.get("type") not in ("text", None):
+            if key == "multimodal_data" or (
+                isinstance(item, dict) and item.get("type") not in ("text", None)
+            ):
                 found += 1
     return found
+
+
+def _media_holders(ask: Mapping[str, Any]) -> list[tuple[Any, str]]:
+    """Where media may sit: each chat message's `content`, and each llama.cpp prompt
+    object's `multimodal_data` (the prompt itself, or entries of a batch)."""
+    messages = ask.get("messages")
+    holders: list[tuple[Any, str]] = []
+    if isinstance(messages, list):
+        holders += [(message, "content") for message in messages]
+    prompt = ask.get("prompt")
+    prompts = prompt if isinstance(prompt, list) else [prompt]
+    holders += [(entry, "multimodal_data") for entry in prompts]
+    return holders

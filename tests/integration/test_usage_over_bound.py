@@ -111,3 +111,44 @@ def test_an_absurd_stream_usage_is_charged_the_request_s_bound(
     assert record["usage"] == HUGE
     relayed = sum(len(event) for event in events)  # no limit set: the bytes relayed
     assert record["usage_bound"] == len(body) + PROMPT_ALLOWANCE + relayed + COMPLETION_ALLOWANCE
+
+
+def test_a_limit_llamacpp_reads_over_max_tokens_is_charged_in_full(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    # llama.cpp reads `n_predict` over `max_tokens`; a `logit_bias` forcing a control token
+    # makes every one of its 100,000 tokens leave no text. Its honest usage was cut to
+    # the bound of one output token: charged about 4,300 tokens, and signed as over the
+    # bound, while the tenant's budget is 50,000 a minute.
+    usage = {"prompt_tokens": 9, "completion_tokens": 100_000, "total_tokens": 100_009}
+    answer = json.dumps(
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": ""}}],
+            "usage": usage,
+        }
+    ).encode()
+    raw = start_raw(json_answer(answer))
+    tenants = [{**TENANTS[0], "limits": {"tokens_per_minute": 50_000}}]
+    gateway = logged_private_gateway(
+        start_gateway, tmp_path, raw.url, "example.test/usage", tenants=tenants
+    )
+    ask = {
+        "model": "m",
+        "max_tokens": 1,
+        "n_predict": 100_000,
+        "logit_bias": {"151644": 100},
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    first = _post(gateway, json.dumps(ask).encode())
+    assert first.status_code == 200, first.text
+    record = completion_record(tmp_path / "log", first.headers["x-request-id"])
+    assert record["usage"] == usage
+    assert "usage_bound" not in record  # within what the request allows: not cut
+    # Charged the 100,009 tokens: the tenant is in debt until its budget refills.
+    second = _post(gateway, json.dumps(ask).encode())
+    assert second.status_code == 429, second.text
+    assert second.json()["error"]["type"] == "tokens"

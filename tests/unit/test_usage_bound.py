@@ -47,9 +47,9 @@ HUGE = {"prompt_tokens": 2**53, "completion_tokens": 2**53, "total_tokens": 2**5
         ({}, 100, 300, 100 + PROMPT_ALLOWANCE + 300 + COMPLETION_ALLOWANCE),
         (None, 100, 300, 100 + PROMPT_ALLOWANCE + 300 + COMPLETION_ALLOWANCE),
         ({"n": 2}, 100, 300, 100 + PROMPT_ALLOWANCE + 300 + 2 * COMPLETION_ALLOWANCE),
-        # numbers that are not whole numbers set nothing
+        # a limit that is not a whole number is no limit; a negative count is none
         (
-            {"max_tokens": True, "n": "9", "best_of": -3},
+            {"max_tokens": True, "best_of": -3},
             100,
             300,
             100 + PROMPT_ALLOWANCE + 300 + COMPLETION_ALLOWANCE,
@@ -215,4 +215,76 @@ def test_a_limit_the_backend_reads_past_still_counts_the_answers_bytes() -> None
     ask = {"prompt": "x", "max_tokens": 1, "n_predict": -1}
     honest = 20 + 10_000
     assert over_bound(honest, ask, 20, 40_000) is None
-    assert over_bound(2**53, ask, 20, 40_000) == 20 + PROMPT_ALLOWANCE + 40_000 + 1
+    # And n_predict -1 is no limit at all: tokens that leave no text are bounded by the
+    # allowance, not by the max_tokens llama.cpp did not read.
+    assert (
+        over_bound(2**53, ask, 20, 40_000) == 20 + PROMPT_ALLOWANCE + 40_000 + COMPLETION_ALLOWANCE
+    )
+
+
+# -- fields other than OpenAI's that the servers read as a limit or a count ------------------
+
+NO_TEXT = 10_000  # tokens a `logit_bias` forced to a control token: they leave no text
+
+
+@pytest.mark.parametrize(
+    ("ask", "limit"),
+    [
+        # llama.cpp reads n_predict over max_completion_tokens over max_tokens
+        ({"max_tokens": 1, "n_predict": 100_000}, 100_000),
+        ({"max_tokens": 1, "max_completion_tokens": 3, "n_predict": 2}, 3),
+        # -1 is no limit to llama.cpp, and a string or a bool is as if absent
+        ({"max_tokens": 1, "n_predict": -1}, COMPLETION_ALLOWANCE),
+        ({"max_tokens": 1, "n_predict": "5"}, COMPLETION_ALLOWANCE),
+        ({"max_completion_tokens": 5, "max_tokens": -1}, COMPLETION_ALLOWANCE),
+        ({"max_tokens": 5, "max_completion_tokens": 2.5}, COMPLETION_ALLOWANCE),
+        # vLLM and SGLang read no n_predict: without max_tokens they have no limit
+        ({"n_predict": 5}, COMPLETION_ALLOWANCE),
+        # null is as if absent to every server
+        ({"max_tokens": 5, "n_predict": None}, 5),
+        ({"max_completion_tokens": 5}, 5),
+        # at least min_tokens are generated
+        ({"max_tokens": 1, "min_tokens": 50}, 50),
+        ({"max_tokens": 50, "min_tokens": "x"}, 50),
+    ],
+)
+def test_the_limit_is_the_largest_any_server_reads(ask: dict[str, Any], limit: int) -> None:
+    # `{"max_tokens": 1, "n_predict": 100000}` to llama.cpp, with a logit_bias forcing a
+    # control token (no text): 100,000 tokens, and the bound counted one of them.
+    assert tokens_bound(ask, 100, 300) == 100 + PROMPT_ALLOWANCE + 300 + limit
+    if limit > NO_TEXT:
+        assert over_bound(100 + NO_TEXT, ask, 100, 0) is None
+
+
+@pytest.mark.parametrize(
+    ("ask", "choices"),
+    [
+        ({"n_cmpl": 4}, 4),  # llama.cpp: completions per prompt, read over `n`
+        ({"n": 1, "n_cmpl": 4}, 4),
+        ({"n": "3"}, 3),  # pydantic (vLLM, SGLang) reads these as whole numbers
+        ({"n": " +3 "}, 3),
+        ({"n": 3.0}, 3),
+        ({"best_of": "1e1"}, 10),
+        ({"n": True}, 1),
+        ({"n": "x", "best_of": 2.5}, 1),
+        ({"n_cmpl": 2, "prompt": ["a", "b", "c"]}, 6),
+    ],
+)
+def test_choices_count_every_field_as_the_servers_read_it(
+    ask: dict[str, Any], choices: int
+) -> None:
+    limited = {**ask, "max_tokens": 7}
+    assert tokens_bound(limited, 100, 300) == 100 + PROMPT_ALLOWANCE + 300 + choices * 7
+
+
+def test_a_count_of_more_digits_than_int_reads_is_the_cap_not_an_error() -> None:
+    # Python's int() refuses 4,300 digits; the bound of any answer must never raise.
+    assert tokens_bound({"n": "9" * 5000, "max_tokens": 7}, 100, 300) == 2**53
+
+
+def test_each_media_item_of_a_llamacpp_prompt_object_is_counted() -> None:
+    one = {"prompt_string": "<__media__><__media__>", "multimodal_data": ["AAAA", "BBBB"]}
+    ask = {"max_tokens": 1, "prompt": one}
+    assert tokens_bound(ask, 100, 0) == 100 + PROMPT_ALLOWANCE + 2 * MEDIA_ALLOWANCE + 1
+    batch = {"max_tokens": 1, "prompt": [one, "text", one]}
+    assert tokens_bound(batch, 100, 0) == 100 + PROMPT_ALLOWANCE + 4 * MEDIA_ALLOWANCE + 3

@@ -1,0 +1,203 @@
+"""Body fields of the inference servers' own APIs that no tenant may send: refused for
+every backend.
+
+vLLM, SGLang and llama.cpp read fields beyond OpenAI's (their request models and
+llama.cpp's `params_from_json_cmpl`). Most tune sampling and are bounded by the request's
+own bytes and limits (gateway/api/usage_bound.py counts `n_predict`, `n_cmpl`,
+`min_tokens` there). These are not, and the gateway forwards private bodies byte for byte,
+so it refuses them with a 400 `invalid_request` naming the field, before any policy
+decision, as it refuses a router's control fields (gateway/api/control_fields.py):
+
+- **a prompt the body does not bound**: the server builds more prompt tokens than the
+  request has bytes, past the bound the tenant's token budget is charged (a client's
+  `chat_template` is a Jinja program: a loop repeats the messages a thousand times;
+  `chat_template_kwargs` overriding the renderer's own arguments: `chat_template`,
+  `tokenize`, `padding` to a `max_length`; per-request media processing that turns one
+  image into more tokens than `MEDIA_ALLOWANCE`: vLLM's `mm_processor_kwargs` and
+  `media_io_kwargs` (every frame of a video), SGLang's
+  `images_config`, `max_dynamic_patch`; an SGLang session that prepends earlier
+  requests' context, another tenant's included);
+- **other weights**: a LoRA adapter chosen in the body (llama.cpp's `lora`, SGLang's
+  `lora_path`) serves the request with weights the log does not name: the model is the
+  `model` field's, as configured;
+- **the server's code, files or network**: vLLM's `prompt_embeds` and content parts of
+  type `image_embeds` / `audio_embeds` (serialized tensors the server deserializes:
+  GHSA-mrw7-hf4f-83pf, GHSA-pmqf-x6x8-p7qw), `logits_processors` (classes imported by
+  name), `kv_transfer_params` and SGLang's `bootstrap_host` (hosts the server connects
+  to for KV cache), SGLang's `custom_logit_processor` (serialized Python), fields naming a
+  path or file (`*_path`: `lora_path`, a fork's `save_kvcache_path`);
+- **another request's place on the server**: client-chosen request ids (`request_id`,
+  SGLang's `rid`: a duplicate collides with another tenant's request), scheduling
+  (`priority`, a data-parallel rank, llama.cpp's `id_slot`), which would let one tenant
+  take a backend away from the others (docs/security.md).
+
+Names are matched as the backend reads them, after JSON unescaping. The list is of what
+these servers read at the versions named in docs/security.md; a field a server adds later
+passes until it is added here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from gateway.api.labels import excerpt
+from gateway.errors import ErrorCode, GatewayError
+
+__all__ = [
+    "RENDERER_ARGUMENTS",
+    "SERVER_FIELDS",
+    "SERVER_SUFFIXES",
+    "refuse_server_fields",
+]
+
+_PROMPT: Final = (
+    "has the server build a prompt the request's bytes do not bound, past the tokens its "
+    "tenant is charged"
+)
+_WEIGHTS: Final = (
+    "serves the request with weights other than the configured model's (an adapter chosen "
+    "in the body)"
+)
+_SERVER: Final = "reaches the inference server's code, files or network"
+_PLACE: Final = (
+    "takes another request's place on the inference server (its id, queue position or slot)"
+)
+
+SERVER_FIELDS: Final[Mapping[str, str]] = {
+    # vLLM (ChatCompletionRequest, CompletionRequest, EmbeddingChatRequest extras)
+    "chat_template": _PROMPT,
+    "mm_processor_kwargs": _PROMPT,
+    "media_io_kwargs": _PROMPT,  # per-request decoding: {"video": {"num_frames": -1}}
+    "prompt_embeds": _SERVER,
+    "logits_processors": _SERVER,
+    "kv_transfer_params": _SERVER,
+    "vllm_xargs": _SERVER,
+    "request_id": _PLACE,
+    "priority": _PLACE,
+    # SGLang (ChatCompletionRequest, CompletionRequest extras)
+    "images_config": _PROMPT,
+    "max_dynamic_patch": _PROMPT,
+    "min_dynamic_patch": _PROMPT,
+    "session_id": _PROMPT,
+    "session_params": _PROMPT,
+    "lora_path": _WEIGHTS,
+    "custom_logit_processor": _SERVER,
+    "custom_params": _SERVER,
+    "bootstrap_host": _SERVER,
+    "bootstrap_port": _SERVER,
+    "bootstrap_room": _SERVER,
+    "rid": _PLACE,
+    "routed_dp_rank": _PLACE,
+    "data_parallel_rank": _PLACE,
+    "disagg_prefill_dp_rank": _PLACE,
+    # llama.cpp server (params_from_json_cmpl)
+    "lora": _WEIGHTS,
+    "id_slot": _PLACE,
+}
+# A content part (vLLM's `image_embeds`, `audio_embeds`) that is a serialized tensor, and
+# an image's or video's own tiling (SGLang), and what a body holding either must spell
+# (or a JSON escape that could spell it).
+_TENSOR: Final = "_embeds"
+_TILING: Final = ("max_dynamic_patch", "min_dynamic_patch")
+_PART_NEEDLES: Final = (b"_embeds", b"dynamic_patch", b"\\u")
+# A field naming a path or a file on the server, by any server's name for it.
+SERVER_SUFFIXES: Final = ("_path", "_paths", "_file", "_files", "_dir", "filename")
+# Arguments of the chat template renderer itself (transformers' `apply_chat_template`,
+# which vLLM and SGLang call with `chat_template_kwargs` spread into it): a client's
+# value replaces the server's template, tokenizes in the request's thread
+# (GHSA-69j4-grxj-j64p), or pads the prompt to any length. A template's own variables
+# (`enable_thinking`, `thinking`, `reasoning_effort`) pass.
+RENDERER_ARGUMENTS: Final = frozenset(
+    {
+        "chat_template",
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        "processor_kwargs",
+    }
+)
+
+
+def refuse_server_fields(doc: Mapping[str, Any], body: bytes) -> None:
+    """Raise 400 `invalid_request` naming the first top-level field of `doc` (parsed from
+    `body`) that an inference server reads past the bound, the configured weights, or
+    its own files, the first renderer argument in its `chat_template_kwargs`, or the
+    first content part carrying a serialized tensor."""
+    for name in doc:
+        why = SERVER_FIELDS.get(name)
+        if why is None and name.endswith(SERVER_SUFFIXES):
+            why = _SERVER
+        if why is not None:
+            shown = excerpt(name)  # a suffix matches a name of any length and characters
+            raise GatewayError(
+                ErrorCode.invalid_request,
+                f"`{shown}` is not accepted: it {why} (docs/security.md)",
+                param=shown,
+            )
+    kwargs = doc.get("chat_template_kwargs")
+    if isinstance(kwargs, dict):
+        for key in kwargs:
+            if key in RENDERER_ARGUMENTS:
+                param = f"chat_template_kwargs.{key}"
+                raise GatewayError(
+                    ErrorCode.invalid_request,
+                    f"`{param}` is not accepted: it {_PROMPT} (docs/security.md)",
+                    param=param,
+                )
+    # Only a body that spells a refused part's name, or may spell it escaped, is walked:
+    # the hot path looks at no message.
+    if any(needle in body for needle in _PART_NEEDLES):
+        _refuse_content_parts(doc)
+
+
+def _refuse_content_parts(doc: Mapping[str, Any]) -> None:
+    """Raise 400 naming the first chat content part that is a serialized tensor (vLLM's
+    `image_embeds`, `audio_embeds`: `{"type": "image_embeds", ...}`, or a part holding
+    such a key without a type), which the server deserializes (GHSA-pmqf-x6x8-p7qw), or
+    whose image or video sets its own tiling (SGLang's `max_dynamic_patch` in an
+    `image_url` or `video_url`: a tile is hundreds of tokens, past `MEDIA_ALLOWANCE`)."""
+    messages = doc.get("messages")
+    if not isinstance(messages, list):
+        return
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            found = _part_problem(part) if isinstance(part, dict) else None
+            if found is not None:
+                param, why = f"messages[{i}].content[{j}]{found[0]}", found[1]
+                raise GatewayError(
+                    ErrorCode.invalid_request,
+                    f"`{param}` is not accepted: it {why} (docs/security.md)",
+                    param=param,
+                )
+
+
+def _part_problem(part: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(where in the part, why) for a content part the server would expand or
+    deserialize, else None."""
+    kind = part.get("type")
+    if any(key.endswith(_TENSOR) for key in part) or (
+        isinstance(kind, str) and kind.endswith(_TENSOR)
+    ):
+        return "", f"is a serialized tensor, which {_SERVER}"
+    for media in ("image_url", "video_url"):
+        inner = part.get(media)
+        if isinstance(inner, dict):
+            for key in _TILING:
+                if key in inner:
+                    return f".{media}.{key}", _PROMPT
+    return None

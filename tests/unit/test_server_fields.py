@@ -1,0 +1,156 @@
+"""An inference server's own body fields that evade the token bound, pick other weights,
+or reach the server's code, files or network are refused for every backend
+(gateway/api/server_fields.py, through `refuse_control_fields`), with a 400 naming the
+field; the fields that only tune sampling, or that the bound counts, pass."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.api.body import parse_body
+from gateway.api.control_fields import refuse_control_fields
+from gateway.errors import ErrorCode, GatewayError
+
+ASK: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+IMAGE = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+
+
+def refuse(doc: dict[str, Any]) -> None:
+    refuse_control_fields(doc, orjson.dumps(doc))
+
+
+LOOP = "{% for i in range(1000) %}{% for m in messages %}{{ m.content }}{% endfor %}{% endfor %}"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "why"),
+    [
+        # a prompt the body does not bound: the tenant would be charged a fraction of it
+        ({"chat_template": LOOP}, "chat_template", "prompt"),
+        (
+            {"chat_template_kwargs": {"chat_template": LOOP}},
+            "chat_template_kwargs.chat_template",
+            "prompt",
+        ),
+        (
+            {"chat_template_kwargs": {"padding": "max_length", "max_length": 10**6}},
+            "chat_template_kwargs.padding",
+            "prompt",
+        ),
+        ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs.tokenize", "prompt"),
+        ({"mm_processor_kwargs": {"min_pixels": 10**9}}, "mm_processor_kwargs", "prompt"),
+        ({"media_io_kwargs": {"video": {"num_frames": -1}}}, "media_io_kwargs", "prompt"),
+        ({"images_config": {"max_pixels": 10**9}}, "images_config", "prompt"),
+        ({"max_dynamic_patch": 10**4}, "max_dynamic_patch", "prompt"),
+        ({"session_params": {"id": "another-tenants-session"}}, "session_params", "prompt"),
+        # other weights than the configured model's
+        ({"lora": [{"id": 0, "scale": 1.0}]}, "lora", "weights"),
+        ({"lora_path": "sql-adapter"}, "lora_path", "weights"),
+        # the server's code, files or network
+        ({"prompt_embeds": "gASV"}, "prompt_embeds", "code, files or network"),
+        ({"logits_processors": ["os.system"]}, "logits_processors", "code, files or network"),
+        (
+            {"kv_transfer_params": {"remote_host": "10.0.0.1"}},
+            "kv_transfer_params",
+            "code, files or network",
+        ),
+        ({"bootstrap_host": "10.0.0.1"}, "bootstrap_host", "code, files or network"),
+        ({"custom_logit_processor": "gASV"}, "custom_logit_processor", "code, files or network"),
+        ({"save_kvcache_path": "/etc/passwd"}, "save_kvcache_path", "code, files or network"),
+        ({"filename": "slot.bin"}, "filename", "code, files or network"),
+        # another request's place on the server
+        ({"request_id": "someone-elses"}, "request_id", "place"),
+        ({"rid": "someone-elses"}, "rid", "place"),
+        ({"priority": -100}, "priority", "place"),
+        ({"id_slot": 0}, "id_slot", "place"),
+    ],
+)
+def test_a_server_field_is_refused_naming_it(fields: dict[str, Any], param: str, why: str) -> None:
+    with pytest.raises(GatewayError) as raised:
+        refuse({**ASK, **fields})
+    assert raised.value.code is ErrorCode.invalid_request
+    assert raised.value.param == param
+    assert why in str(raised.value)
+
+
+def test_names_are_matched_as_the_backend_reads_them() -> None:
+    body = orjson.dumps(ASK)[:-1] + b', "chat\\u005ftemplate": "{{ x }}"}'
+    with pytest.raises(GatewayError) as raised:
+        refuse_control_fields(parse_body(body, None), body)
+    assert raised.value.param == "chat_template"
+
+
+def test_a_long_server_field_name_is_cut_in_the_error() -> None:
+    name = "x" * 5000 + "_path"
+    with pytest.raises(GatewayError) as raised:
+        refuse({**ASK, name: 1})
+    assert len(str(raised.value)) < 1000
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        # sampling, and fields the bound counts (gateway/api/usage_bound.py)
+        {"top_k": 3, "min_p": 0.1, "repetition_penalty": 1.1, "ignore_eos": True},
+        {"n_predict": 5, "n_cmpl": 2, "min_tokens": 1, "max_tokens": 5},
+        {"echo": True, "prompt_logprobs": 2, "truncate_prompt_tokens": 10, "n_probs": 3},
+        {"add_generation_prompt": False, "continue_final_message": True},
+        {"documents": [{"title": "t", "text": "x"}], "cache_salt": "s", "cache_prompt": True},
+        {"grammar": 'root ::= "a"', "json_schema": {}, "guided_regex": "a+"},
+        # a template's own variables
+        {"chat_template_kwargs": {"enable_thinking": False, "thinking": True}},
+        {"chat_template_kwargs": None},
+        {"metadata": {"path": "/x"}, "user": "u1"},  # OpenAI's own fields
+    ],
+)
+def test_fields_that_tune_sampling_pass(fields: dict[str, Any]) -> None:
+    refuse({**ASK, **fields})
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "image_embeds", "image_embeds": "gASV"},
+        {"type": "audio_embeds", "audio_embeds": "gASV"},
+        {"image_embeds": {"image_grid_thw": "gASV"}},  # a part without a type, by its key
+    ],
+)
+def test_a_serialized_tensor_in_a_content_part_is_refused(part: dict[str, Any]) -> None:
+    # vLLM deserializes it (torch.load) into the model's input: GHSA-pmqf-x6x8-p7qw.
+    doc = {"model": "m", "messages": [{"role": "user", "content": [IMAGE, part]}]}
+    with pytest.raises(GatewayError) as raised:
+        refuse(doc)
+    assert raised.value.param == "messages[0].content[1]"
+
+
+@pytest.mark.parametrize("media", ["image_url", "video_url"])
+def test_a_part_that_sets_its_own_tiling_is_refused(media: str) -> None:
+    # SGLang reads `max_dynamic_patch` per image or video: each tile is hundreds of tokens.
+    part = {"type": media, media: {"url": "https://example.com/a", "max_dynamic_patch": 4096}}
+    with pytest.raises(GatewayError) as raised:
+        refuse({"model": "m", "messages": [{"role": "user", "content": ["x", part]}]})
+    assert raised.value.param == f"messages[0].content[1].{media}.max_dynamic_patch"
+    assert "prompt" in str(raised.value)
+
+
+def test_an_escaped_tensor_part_is_found_too() -> None:
+    body = (
+        b'{"model": "m", "messages": [{"role": "user", "content": '
+        b'[{"type": "image\\u005fembeds", "image\\u005fembeds": "gASV"}]}]}'
+    )
+    assert b"_embeds" not in body
+    with pytest.raises(GatewayError) as raised:
+        refuse_control_fields(parse_body(body, None), body)
+    assert raised.value.param == "messages[0].content[0]"
+
+
+def test_media_parts_pass() -> None:
+    refuse(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": [IMAGE, {"type": "text", "text": "x"}]}],
+        }
+    )
