@@ -8,6 +8,7 @@ after the gap as "not yet in a checkpoint".
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from pathlib import Path
 
@@ -57,3 +58,39 @@ def test_a_gap_in_the_write_ahead_segments_fails_verify_and_report(
     code = run_audit(["report", str(tmp_path), "--key", SIGNER.vkey, "--json", str(report)])
     verification = json.loads(report.read_text())["verification"]
     assert code == 1 and verification["ok"] is False and verification["index"] == 2
+
+
+def _frames(segment: Path) -> list[bytes]:
+    """A segment's frames (`uint16 length ‖ record ‖ leaf hash`), each as written."""
+    data, frames = segment.read_bytes(), []
+    while data:
+        size = 2 + int.from_bytes(data[:2], "big") + 32
+        frames.append(data[:size])
+        data = data[size:]
+    return frames
+
+
+def test_a_frame_taken_out_of_the_write_ahead_segment_fails_verify_before_it_is_signed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each frame checks only itself, so a segment with a whole frame taken out (or a
+    record rewritten with its own hash) still reads as entries 2.. in order, and the next
+    start replays and signs them: request 1's completion at entry 2 then links to itself
+    and the signed log fails `verify`. `verify` passed the segment before that start; it
+    now holds the unsigned entries to the record and link checks of the signed ones."""
+    _crashed_log(tmp_path)
+    [(first, segment)] = list_segments(tmp_path / "wal")
+    frames = _frames(segment)
+    assert first == 2 and len(frames) == 6
+    segment.write_bytes(b"".join(frames[1:]))  # request 1's dispatch (entry 2) taken out
+    assert run_audit(["verify", str(tmp_path), "--key", SIGNER.vkey]) == 1
+    err = capsys.readouterr().err
+    assert "entry 2: completion links to entry 2, which is not earlier" in err, err
+    assert "not yet in a checkpoint: the next start signs it" in err
+    # a record that is not one, in a frame whose hash is its own
+    broken = b'{"v":1}'
+    segment.write_bytes(
+        len(broken).to_bytes(2, "big") + broken + hashlib.sha256(b"\x00" + broken).digest()
+    )
+    assert run_audit(["verify", str(tmp_path), "--key", SIGNER.vkey]) == 1
+    assert "entry 2: not a valid schema-v1 record" in capsys.readouterr().err
