@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
-from gateway.provenance import ProvenanceLog
+from gateway.provenance import LogCorruptedError, ProvenanceLog
 from gateway.provenance.formats.wal import list_segments
 from gateway.provenance.testing import log_request, seeded_signer
 from tests.helpers.provenance import run_audit
@@ -94,3 +95,34 @@ def test_a_frame_taken_out_of_the_write_ahead_segment_fails_verify_before_it_is_
     )
     assert run_audit(["verify", str(tmp_path), "--key", SIGNER.vkey]) == 1
     assert "entry 2: not a valid schema-v1 record" in capsys.readouterr().err
+
+
+def test_the_writer_refuses_to_sign_a_segment_with_a_frame_taken_out(tmp_path: Path) -> None:
+    """Recovery replayed such a segment unread and signed it: a checkpoint over request
+    1's completion linking to itself at entry 2, a log its own writer made that fails
+    `verify`. It is damage, refused at open as damage elsewhere is; an intact segment
+    and a torn tail (the last frame cut short) still replay."""
+    _crashed_log(tmp_path / "log")
+    [(_, segment)] = list_segments(tmp_path / "log" / "wal")
+    frames = _frames(segment)
+    for name, data, replayed in (
+        ("intact", b"".join(frames), 6),
+        ("torn", b"".join(frames)[:-7], 5),
+        ("taken out", b"".join(frames[1:]), None),
+        ("rewritten", b"".join(frames[:1] + frames[2:3] + frames[1:2] + frames[3:]), None),
+    ):
+        copy = tmp_path / name
+        shutil.copytree(tmp_path / "log", copy)
+        (copy / "wal" / segment.name).write_bytes(data)
+
+        async def reopen(copy: Path = copy) -> int:
+            log = await ProvenanceLog.open(copy, ORIGIN, SIGNER)
+            await log.close()
+            return log.recovery.replayed
+
+        if replayed is None:
+            with pytest.raises(LogCorruptedError, match=r"entry \d in the write-ahead segment"):
+                asyncio.run(reopen())
+        else:
+            assert asyncio.run(reopen()) == replayed
+            assert run_audit(["verify", str(copy), "--key", SIGNER.vkey]) == 0
