@@ -17,7 +17,7 @@ from gateway.cli.audit_flags import (
     usage,
     witness_key,
 )
-from gateway.provenance import ProofError, verify_receipt
+from gateway.provenance import verify_receipt
 from gateway.provenance.audit.proof import MAX_PROOF_BYTES, check_tlog_proof
 from gateway.provenance.audit.receipt import read_receipt
 
@@ -98,14 +98,11 @@ def _proof_verify(args: argparse.Namespace) -> int:
         origin=origin,
         entry=entry,
         leaf=leaf,
+        index=index,
         witnesses=witnesses,
         min_witnesses=args.min_witnesses,
         now=time.time(),
     )
-    if index is not None and proved.index != index:
-        raise ProofError(
-            f"the proof is of entry {proved.index}, the receipt names entry {index}: another entry"
-        )
     checkpoint = proved.checkpoint
     what = "its extra line" if proved.from_extra else "the entry given"
     if proved.entry is None:

@@ -31,10 +31,19 @@ from gateway.provenance.audit.receipt import (
     receipt_commitment,
 )
 from gateway.provenance.audit.receipt_keys import check_receipt_key
+from gateway.provenance.errors import MalformedError
 from gateway.provenance.formats.attestation import receipt_countersignature
+from gateway.provenance.formats.receipts import countersignature_of
 from gateway.provenance.formats.stream_body import committed_bodies
 
 __all__ = ["add_open", "add_receipt"]
+
+
+def _carries_countersignature(envelope: bytes) -> bool:
+    try:
+        return countersignature_of(envelope) is not None
+    except MalformedError:
+        return True  # something under its name, unreadable: still not checked
 
 
 def add_receipt(verbs: Any) -> None:
@@ -98,6 +107,12 @@ def _receipt_verify(args: argparse.Namespace) -> int:
     statement = receipt_countersignature(
         envelope, receipt, backend_keys(args.backend_key or args._backend_key_defaults, keys)
     )
+    if statement is None and _carries_countersignature(envelope):
+        print(
+            f"note: the receipt carries a countersignature, not checked: give --backend-key "
+            f"{receipt.backend}=VKEY (the backend's sidecar key) to check it; until then this "
+            "receipt is the gateway's word alone"
+        )
     if (args.request_body or args.response_body) and statement is None:
         print(
             "error: --request-body and --response-body check the backend's countersignature: "

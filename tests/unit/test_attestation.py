@@ -19,7 +19,7 @@ from gateway.api.metrics import GatewayMetrics
 from gateway.api.trail import Trail
 from gateway.cli.main import main
 from gateway.provenance import Receipt, Salts, commit, make_receipt, verify_receipt
-from gateway.provenance.errors import RecordError
+from gateway.provenance.errors import MalformedError, RecordError
 from gateway.provenance.formats.attestation import (
     Attestation,
     AttestationFailure,
@@ -439,6 +439,39 @@ def test_an_accepted_countersignature_reaches_the_receipt_whatever_else_its_enve
         assert carried is not None and verify_receipt(carried, [log.verifier()]) == receipt
         found = receipt_countersignature(carried, receipt, {"gpu": SIGNER.verifier()})
         assert found is not None and found.counter == 5
+
+
+def test_a_receipts_countersignature_holding_what_its_signature_does_not_cover_is_refused() -> None:
+    """The gateway writes a receipt's `attestation` afresh (canonical payload and base64,
+    one signature, no other member), so anything else in it was added by whoever held
+    the receipt, unsigned: `audit receipt verify --backend-key` refuses it, as it refuses
+    a receipt with members or encodings of its own other than the log signed. It
+    accepted them, and the auditor's copy then carried text neither party signed."""
+    log = seeded_signer("log")
+    receipt = Receipt("req-1", "log", 1, bytes(32), "gpu", "sha256:" + "ab" * 32, SALTS)
+    genuine = json.loads(sign_statement(_statement(5), SIGNER))
+    keys = {"gpu": SIGNER.verifier()}
+
+    def carried(attestation: dict[str, object]) -> bytes:
+        value = json.loads(make_receipt(receipt, log))
+        return json.dumps({**value, "attestation": attestation}).encode()
+
+    found = receipt_countersignature(carried(genuine), receipt, keys)
+    assert found is not None and found.counter == 5  # the genuine one, re-encoded: fine
+    payload = base64.b64decode(genuine["payload"])
+    sig = genuine["signatures"][0]["sig"]
+    loose = base64.b64encode(json.dumps(json.loads(payload), indent=1).encode()).decode()
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    low_bits = sig[:-3] + alphabet[alphabet.index(sig[-3]) ^ 1] + sig[-2:]  # unused bits
+    assert base64.b64decode(low_bits) == base64.b64decode(sig) and low_bits != sig
+    for forged in (
+        {**genuine, "note": "served in eu-west-1"},  # a member nobody signed
+        {**genuine, "signatures": [{**genuine["signatures"][0], "note": "x"}]},
+        {**genuine, "payload": loose},  # the signed statement, not its JCS bytes
+        {**genuine, "signatures": [{**genuine["signatures"][0], "sig": low_bits}]},
+    ):
+        with pytest.raises(MalformedError, match="not the envelope the gateway writes"):
+            receipt_countersignature(carried(forged), receipt, keys)
 
 
 def test_an_id_litellm_made_up_is_not_recorded_as_the_providers() -> None:

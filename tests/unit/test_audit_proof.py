@@ -173,6 +173,34 @@ def test_another_entry_or_receipt_fails(
     assert "FAILED" in capsys.readouterr().err
 
 
+def test_a_genuine_proof_of_another_request_names_the_entry_the_receipt_names(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A receipt and a proof, both genuine, of two requests (the proof `GET
+    /v1/provenance/proofs` served for one, checked against the other's receipt): refused
+    as proofs of two entries. It was refused as a proof whose hashes do not reach the
+    root, which reads as a forged proof."""
+
+    async def build() -> None:
+        log = await ProvenanceLog.open(tmp_path / "log", ORIGIN, SIGNER)
+        for n in range(5):
+            written = await log_request(log, n)
+            if n == 2:
+                (tmp_path / "receipt.json").write_bytes(make_receipt(written.receipt, SIGNER))
+        await log.close()
+
+    asyncio.run(build())
+    text = _captured(lambda: run_audit(["prove", str(tmp_path / "log"), "req-3"]))
+    proof = TlogProof.parse(text)
+    assert proof.index == 6
+    for shape in (proof, TlogProof(proof.index, proof.hashes, proof.checkpoint)):
+        (tmp_path / "req-3.tlog-proof").write_text(shape.format())
+        receipt = str(tmp_path / "receipt.json")  # req-2's: entry 4
+        assert _verify(tmp_path / "req-3.tlog-proof", "--receipt", receipt) == 1
+        err = capsys.readouterr().err
+        assert "the proof is of entry 6, the receipt names entry 4: another entry" in err, err
+
+
 def test_wrong_key_or_origin_fails(
     proved: tuple[Path, bytes], capsys: pytest.CaptureFixture[str]
 ) -> None:

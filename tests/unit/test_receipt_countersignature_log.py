@@ -248,3 +248,28 @@ def test_the_response_check_needs_the_backends_key(
 ) -> None:
     assert _response_check(tmp_path, _statement(7, SERVED), SERVED) == 2
     assert "give --backend-key" in capsys.readouterr().err
+
+
+def test_a_countersignature_checked_by_no_key_is_pointed_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --backend-key the countersignature a receipt carries is not read: the
+    verdict is the log's alone, and the output says so (it printed the same `ok` lines
+    as for a receipt without one, which an auditor could take for a two-party check)."""
+    genuine = _statement(7, SERVED)
+    receipt = _log(tmp_path / "log", _accepted(genuine))
+    envelope = attach_countersignature(make_receipt(receipt, LOG), sign_statement(genuine, BACKEND))
+    (tmp_path / "receipt.json").write_bytes(envelope)
+    argv = ["audit", "receipt", "verify", str(tmp_path / "receipt.json"), "--key", LOG.vkey]
+    assert main([*argv, "--log", str(tmp_path / "log")]) == 0
+    out = capsys.readouterr().out
+    assert "note: the receipt carries a countersignature, not checked" in out, out
+    assert f"--backend-key {EXAMPLE_BACKEND.id}=VKEY" in out
+    (tmp_path / "plain.json").write_bytes(make_receipt(receipt, LOG))
+    assert (
+        main(["audit", "receipt", "verify", str(tmp_path / "plain.json"), "--key", LOG.vkey]) == 0
+    )
+    assert "countersignature" not in capsys.readouterr().out
+    backend = f"{EXAMPLE_BACKEND.id}={BACKEND.vkey}"
+    assert main([*argv, "--backend-key", backend]) == 0
+    assert "not checked" not in capsys.readouterr().out

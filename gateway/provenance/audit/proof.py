@@ -70,6 +70,7 @@ def check_tlog_proof(
     origin: str | None = None,
     entry: bytes | None = None,
     leaf: bytes | None = None,
+    index: int | None = None,
     witnesses: Sequence[CosignatureVerifier] = (),
     min_witnesses: int = 1,
     now: float,
@@ -79,7 +80,9 @@ def check_tlog_proof(
     `witnesses`, when given).
 
     `entry` (the entry's bytes) or `leaf` (its RFC 6962 leaf hash, e.g. a receipt's
-    `dispatch_hash`) name the entry; a proof's extra line must then be that entry. With
+    `dispatch_hash`) name the entry; a proof's extra line must then be that entry, and
+    the proof must be at `index` when given (a receipt's: checked first, so another
+    entry's proof is named as such, not as a hash that misses the root). With
     neither, the extra line is the entry; a proof without one is a ValueError (nothing to
     prove). `now` (POSIX seconds) refuses cosignatures dated in the future.
     """
@@ -93,6 +96,10 @@ def check_tlog_proof(
     except UnicodeDecodeError as exc:
         raise MalformedError("tlog-proof: not valid UTF-8") from exc
     proof = TlogProof.parse(text)
+    if index is not None and proof.index != index:
+        raise ProofError(
+            f"the proof is of entry {proof.index}, the receipt names entry {index}: another entry"
+        )
     if entry is not None and proof.extra is not None and entry != proof.extra:
         raise ProofError("the proof's extra line is not the entry given: another entry")
     proved = entry if entry is not None else proof.extra

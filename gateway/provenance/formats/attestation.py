@@ -344,6 +344,13 @@ def receipt_countersignature(
             f"backend {receipt.backend} is attested, but the receipt carries no countersignature"
         )
     counter = open_countersignature(found)
+    if found != counter.envelope():
+        # The gateway writes exactly this envelope; anything else around the signature
+        # (another member, a non-canonical payload or base64) is unsigned, added later.
+        raise MalformedError(
+            "the receipt's countersignature is not the envelope the gateway writes: it "
+            "holds members or encodings the backend's signature does not cover"
+        )
     statement = counter.statement
     if statement.key != str(verifier):
         raise SignatureError(

@@ -37,6 +37,7 @@ from gateway.provenance.formats.tiles import TileReader
 from gateway.provenance.formats.tree import TiledTree
 from gateway.provenance.formats.wal import list_segments, scan_segment, segment_path
 from gateway.provenance.writer.recovery import check_no_later_tree, note_text, restore_tree
+from gateway.provenance.writer.replay_check import ReplayCheck
 from gateway.provenance.writer.segment_writer import SegmentWriter
 
 __all__ = ["LogStore", "Recovery", "SignedNote", "Snapshot"]
@@ -165,6 +166,7 @@ class LogStore:
     def _replay_segments(self) -> None:
         segments = list_segments(self.directory / WAL)
         replayed = torn = 0
+        check = ReplayCheck(self.directory, self._tree.size)
         for position, (first, path) in enumerate(segments):
             if first > self._tree.size:
                 raise LogCorruptedError(
@@ -180,6 +182,7 @@ class LogStore:
             for offset, (entry, leaf) in enumerate(scan.entries):
                 if first + offset < self._tree.size:
                     continue  # already covered by the checkpoint (crash before cleanup)
+                check.check(first + offset, entry, leaf, path.name)
                 self._pending.extend(self._tree.append(entry, leaf))
                 replayed += 1
         self._size = self._tree.size
