@@ -25,6 +25,16 @@ URL in prose is text. At most `MAX_URLS` URLs per request, each host resolved wi
 each distinct host once. Lookups run on `MAX_LOOKUPS` threads of their own: a client
 sending hosts that resolve slowly delays only other clients' URL checks, never the
 gateway's lookups of its own backends (the event loop's default executor).
+
+An embeddings request has no content parts, but its `input` strings are read the same way
+by some adapters: Vertex's multimodal embeddings send a string containing `gs://` as a
+Cloud Storage object to embed, Gemini's a `gs://` URL or a Files API name (`files/...`)
+as a stored file, Bedrock's Nova and Marengo an `s3://` URL as an S3 object; each is read
+with the gateway's credentials, from an account every tenant shares. `check_embedding_input`
+refuses such a string, and any `input` that is not one of the API's shapes (a string, or
+an array of strings, of integers or of integer arrays: an object in the array is a
+multimodal instance or a file block to those adapters), naming the item (`input[2]`).
+A string that only mentions `gs://` in prose is refused too, as Vertex would read it.
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ __all__ = [
     "MAX_URLS",
     "RESOLVE_TIMEOUT_S",
     "Resolver",
+    "check_embedding_input",
     "check_media_urls",
     "system_resolver",
 ]
@@ -67,6 +78,22 @@ _MAX_DEPTH: Final = 6
 # `file_uri`): one account serves every tenant, so one tenant could have another's upload
 # read into its own answer.
 _STORED: Final = frozenset({"file_id", "fileId", "file_uri", "fileUri"})
+
+# An embeddings `input` string an adapter reads as an object in the provider account:
+# Vertex multimodal (`"gs://" in text`, as LiteLLM writes it), Gemini (`gs://`, `files/`,
+# the Files API URI), Bedrock Nova and Marengo (`s3://`); at the start in any case. A
+# plain search (memchr-fast) and a match on a bounded head: linear in the string's length.
+_GCS: Final = "gs://"
+_STORED_PREFIX: Final = re.compile(
+    r"gs://|s3://|files/|https?://generativelanguage\.googleapis\.com/[^/]*/files/",
+    re.IGNORECASE,
+)
+_HEAD: Final = 256
+_INPUT_SHAPE = "a string, or an array of strings, of integers or of arrays of integers"
+_STORED_WHY = (
+    "text or tokens, not a reference to a stored object (`gs://`, `s3://`, `files/`): the "
+    "provider would read it with the gateway's credentials, which every tenant shares"
+)
 
 # host, port -> the addresses it resolves to
 Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -110,6 +137,27 @@ async def check_media_urls(
                 "a `data:` URL or an http(s) URL whose host resolves only to public "
                 "addresses (a hosted provider would have it fetched from the gateway)",
             )
+
+
+def check_embedding_input(params: dict[str, Any]) -> None:
+    """Raise `InvalidField` for an embeddings `input` (LiteLLM arguments) of a shape the
+    API does not have, or with a string an adapter would read as a stored object."""
+    value = params.get("input")
+    items = value if isinstance(value, list) else [value]
+    for i, item in enumerate(items):
+        where = f"input[{i}]" if isinstance(value, list) else "input"
+        if isinstance(item, str):
+            if item.find(_GCS) >= 0 or _STORED_PREFIX.match(item.lstrip()[:_HEAD]):
+                raise InvalidField(where, _STORED_WHY)
+        elif not _tokens(item):
+            raise InvalidField(where, _INPUT_SHAPE)
+
+
+def _tokens(value: Any) -> bool:
+    """Whether `value` is a token id, or an array of them (JSON's `true` is not one)."""
+    if isinstance(value, list):
+        return all(type(v) is int for v in value)
+    return type(value) is int
 
 
 def _urls(messages: Any) -> Iterator[tuple[str, str]]:

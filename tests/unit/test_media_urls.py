@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.upstream import media_urls
-from gateway.upstream.media_urls import MAX_URLS, check_media_urls
+from gateway.upstream.media_urls import MAX_URLS, check_embedding_input, check_media_urls
 from gateway.upstream.openai_wire import InvalidField
 
 HOSTS = {
@@ -181,3 +181,44 @@ def test_a_file_given_inline_passes() -> None:
         "file": {"file_data": "data:application/pdf;base64,AA", "filename": "a"},
     }
     check({"messages": [{"role": "user", "content": [part]}]})
+
+
+# -- embeddings `input`: text and tokens, never a stored object -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "param"),
+    [
+        ("gs://bucket/scan.png", "input"),
+        ("  GS://bucket/scan.png", "input"),  # case and leading space: refused all the same
+        ("a caption gs://bucket/scan.png", "input"),  # Vertex reads any string holding it
+        (["ok", " s3://bucket/report.pdf"], "input[1]"),
+        (["files/abc123"], "input[0]"),
+        ("https://generativelanguage.googleapis.com/v1beta/files/abc123", "input"),
+        ([{"image": {"gcsUri": "gs://bucket/scan.png"}}], "input[0]"),
+        ([{"type": "file", "file": {"file_data": "data:image/png;base64,AAAA"}}], "input[0]"),
+        ([True, 2], "input[0]"),  # JSON's true is no token
+        ([[1, [2]]], "input[0]"),
+        ([1.5], "input[0]"),
+    ],
+)
+def test_an_embeddings_input_that_is_no_text_or_tokens_is_refused(value: Any, param: str) -> None:
+    with pytest.raises(InvalidField) as refused:
+        check_embedding_input({"input": value})
+    assert refused.value.param == param
+    assert "bucket" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "plain text",
+        "see https://example.com/files/x and s3 buckets",  # a URL in prose is text
+        "data:image/png;base64,iVBORw0KGgo=",  # the content itself
+        ["a", "b"],
+        [1, 2, 3],
+        [[1, 2], [3]],
+    ],
+)
+def test_text_and_tokens_pass_as_embeddings_input(value: Any) -> None:
+    check_embedding_input({"input": value})
