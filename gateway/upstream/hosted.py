@@ -39,6 +39,7 @@ from gateway.upstream.media_urls import (
     Resolver,
     check_embedding_input,
     check_media_urls,
+    check_prompt,
     system_resolver,
 )
 from gateway.upstream.openai_wire import Endpoint
@@ -192,6 +193,8 @@ class HostedClient:
                 await check_media_urls(params, provider or self.provider, self._resolve)
             elif endpoint == "embeddings":  # objects an adapter would read from the account
                 check_embedding_input(params)
+            else:  # each prompt item becomes a chat message's content for chat providers
+                check_prompt(params)
         except (openai_wire.InvalidField, RefusedField) as exc:
             message = f"the request is not valid for {self.provider} (not sent): {exc}"
             raise HostedError("status", message, status=400, param=exc.param) from None

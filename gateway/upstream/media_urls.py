@@ -35,6 +35,9 @@ refuses such a string, and any `input` that is not one of the API's shapes (a st
 an array of strings, of integers or of integer arrays: an object in the array is a
 multimodal instance or a file block to those adapters), naming the item (`input[2]`).
 A string that only mentions `gs://` in prose is refused too, as Vertex would read it.
+A text completion's `prompt` must have the same shapes (`check_prompt`): LiteLLM turns
+each item of a prompt array into a user message for a chat provider, content parts and
+all.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ __all__ = [
     "Resolver",
     "check_embedding_input",
     "check_media_urls",
+    "check_prompt",
     "system_resolver",
 ]
 
@@ -142,12 +146,25 @@ async def check_media_urls(
 def check_embedding_input(params: dict[str, Any]) -> None:
     """Raise `InvalidField` for an embeddings `input` (LiteLLM arguments) of a shape the
     API does not have, or with a string an adapter would read as a stored object."""
-    value = params.get("input")
+    _check_text_or_tokens("input", params.get("input"), stored=True)
+
+
+def check_prompt(params: dict[str, Any]) -> None:
+    """Raise `InvalidField` for a text completion `prompt` (LiteLLM arguments) of a shape
+    the API does not have: LiteLLM makes each item of a prompt array the content of a user
+    message for a chat provider, so an array of content parts there would be fetched or
+    read as a chat message's parts are, past `check_media_urls`."""
+    _check_text_or_tokens("prompt", params.get("prompt"), stored=False)
+
+
+def _check_text_or_tokens(name: str, value: Any, *, stored: bool) -> None:
+    """Each item of `value` a string or tokens; with `stored`, no string naming an object
+    kept in the provider account."""
     items = value if isinstance(value, list) else [value]
     for i, item in enumerate(items):
-        where = f"input[{i}]" if isinstance(value, list) else "input"
+        where = f"{name}[{i}]" if isinstance(value, list) else name
         if isinstance(item, str):
-            if item.find(_GCS) >= 0 or _STORED_PREFIX.match(item.lstrip()[:_HEAD]):
+            if stored and (item.find(_GCS) >= 0 or _STORED_PREFIX.match(item.lstrip()[:_HEAD])):
                 raise InvalidField(where, _STORED_WHY)
         elif not _tokens(item):
             raise InvalidField(where, _INPUT_SHAPE)

@@ -203,3 +203,49 @@ def test_text_and_tokens_still_reach_the_embeddings_provider(
 
     assert b"embedding" in asyncio.run(send())
     assert hits == ["POST /embeddings"]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "param"),
+    [
+        # LiteLLM makes each item of a prompt array a user message's content: an array of
+        # content parts there reached the GigaChat adapter, which downloaded the URL.
+        (
+            ["describe", [{"type": "image_url", "image_url": {"url": "{url}/secret.png"}}]],
+            "prompt[1]",
+        ),
+        (["describe", [{"type": "file", "file": {"file_id": "file-of-another"}}]], "prompt[1]"),
+        ([{"type": "text", "text": "describe"}], "prompt[0]"),
+    ],
+)
+def test_a_text_completion_prompt_is_text_or_tokens_never_content_parts(
+    loopback: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch, prompt: Any, param: str
+) -> None:
+    url, hits = loopback
+    monkeypatch.setenv("GIGACHAT_ACCESS_TOKEN", "token")
+    client = gigachat(url)
+    given = orjson.loads(orjson.dumps(prompt).replace(b"{url}", url.encode()))
+
+    async def send() -> None:
+        await client.send("completions", {"model": "public", "prompt": given}, "public")
+
+    with pytest.raises(HostedError) as refused:
+        asyncio.run(send())
+    assert (refused.value.status, refused.value.param) == (400, param)
+    assert hits == []  # neither the internal service nor the provider saw anything
+
+
+@pytest.mark.parametrize("prompt", ["describe gs://bucket/x", ["one", "two"]])
+def test_a_text_prompt_still_reaches_the_provider(
+    loopback: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch, prompt: Any
+) -> None:
+    url, hits = loopback
+    monkeypatch.setenv("GIGACHAT_ACCESS_TOKEN", "token")
+    client = gigachat(url)
+
+    async def send() -> bytes:
+        response = await client.send("completions", {"model": "public", "prompt": prompt}, "public")
+        return response.body or b""
+
+    assert b"text_completion" in asyncio.run(send())
+    assert hits and all(hit == "POST /chat/completions" for hit in hits)

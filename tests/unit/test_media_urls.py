@@ -10,7 +10,12 @@ from typing import Any
 import pytest
 
 from gateway.upstream import media_urls
-from gateway.upstream.media_urls import MAX_URLS, check_embedding_input, check_media_urls
+from gateway.upstream.media_urls import (
+    MAX_URLS,
+    check_embedding_input,
+    check_media_urls,
+    check_prompt,
+)
 from gateway.upstream.openai_wire import InvalidField
 
 HOSTS = {
@@ -222,3 +227,21 @@ def test_an_embeddings_input_that_is_no_text_or_tokens_is_refused(value: Any, pa
 )
 def test_text_and_tokens_pass_as_embeddings_input(value: Any) -> None:
     check_embedding_input({"input": value})
+
+
+@pytest.mark.parametrize(
+    ("value", "passes"),
+    [
+        ("describe gs://bucket/x", True),  # a prompt's text is text: never a stored object
+        (["a", "b"], True),
+        ([[1, 2], [3]], True),
+        (["a", [{"type": "image_url", "image_url": {"url": "http://10.0.0.7/"}}]], False),
+        ([{"type": "text", "text": "a"}], False),
+    ],
+)
+def test_a_prompt_is_text_or_tokens(value: Any, passes: bool) -> None:
+    if passes:
+        check_prompt({"prompt": value})
+        return
+    with pytest.raises(InvalidField, match="a string, or an array"):
+        check_prompt({"prompt": value})
