@@ -60,7 +60,8 @@ _OPEN, _CLOSE = b"[" * _WRAP, b"]" * _WRAP
 
 _TOP_KEYS: Final = ("model", "stream", "stream_options")
 _OPTION_KEYS: Final = ("include_usage",)
-_LONGEST_NAME: Final = max(len(n) for n in (*_TOP_KEYS, *_OPTION_KEYS))
+_TOP_LENGTHS: Final = frozenset(len(n) for n in _TOP_KEYS)
+_OPTION_LENGTHS: Final = frozenset(len(n) for n in _OPTION_KEYS)
 
 
 def _spellings(name: str) -> bytes:
@@ -149,18 +150,18 @@ def parse_body(body: bytes, scan: BodyScan | EllipsisType | None = ...) -> dict[
 
 def _folded_name(doc: dict[str, Any]) -> str | None:
     """The decided-on name a key of `doc` (or of its `stream_options`) spells in another
-    case, if one does. `casefold` folds every character Go's matching folds (and a few
-    more, such as ligatures: refused too); it never shortens a name, so longer keys are
-    not folded at all."""
+    case, if one does. Go folds one character to one (`simple folding`), so only keys as
+    long as a name can match it; `casefold` folds every character Go folds to an ASCII
+    letter (U+017F, U+212A), and only keys of a name's length are folded at all."""
     for name in doc:
-        short = len(name) <= _LONGEST_NAME
-        if short and name not in _TOP_KEYS and (folded := name.casefold()) in _TOP_KEYS:
-            return folded
+        if len(name) in _TOP_LENGTHS and name not in _TOP_KEYS and name.casefold() in _TOP_KEYS:
+            return name.casefold()
     options = doc.get("stream_options")
     for name in options if isinstance(options, dict) else ():
-        short = len(name) <= _LONGEST_NAME
-        if short and name not in _OPTION_KEYS and (folded := name.casefold()) in _OPTION_KEYS:
-            return f"stream_options.{folded}"
+        if len(name) in _OPTION_LENGTHS and name not in _OPTION_KEYS:
+            folded = name.casefold()
+            if folded in _OPTION_KEYS:
+                return f"stream_options.{folded}"
     return None
 
 
