@@ -17,8 +17,10 @@ loopback, internal hosts) and ship what it read to a hosted provider.
   except for providers whose adapter downloads without LiteLLM's guard (`gigachat`),
   which get `data:` URLs only.
 Any other scheme (`file:`, `gs:`, `s3:`, `ftp:`) is refused, and so is a reference to a
-file stored in the provider account (`file_id`, `file_uri`): the account, and so its files,
-is shared by every tenant. The client gets 400 naming
+file stored in the provider account (`file_id`, `file_uri`, or a Gemini Files API URI,
+`https://generativelanguage.googleapis.com/v1beta/files/...`, which LiteLLM's Gemini
+adapter hands over as a stored file though its host is public): the account, and so its
+files, is shared by every tenant. The client gets 400 naming
 the part (`messages[0].content[1]`), never the URL. Text parts are not looked at: a
 URL in prose is text. At most `MAX_URLS` URLs per request, each host resolved within
 `RESOLVE_TIMEOUT_S` for all of them together (unresolvable, or not in time: refused),
@@ -93,6 +95,11 @@ _STORED_PREFIX: Final = re.compile(
     re.IGNORECASE,
 )
 _HEAD: Final = 256
+_STORED_PART = (
+    "inline content or a URL, not a reference to a file stored at the provider (a Gemini "
+    "Files API URI): it would be read with the gateway's credentials, which every tenant "
+    "shares"
+)
 _INPUT_SHAPE = "a string, or an array of strings, of integers or of arrays of integers"
 _STORED_WHY = (
     "text or tokens, not a reference to a stored object (`gs://`, `s3://`, `files/`): the "
@@ -130,6 +137,8 @@ async def check_media_urls(
         scheme = match.group(1).lower() if match else ""
         if scheme == "data":
             continue
+        if _STORED_PREFIX.match(url.lstrip()[:_HEAD]):  # a public host, a shared file
+            raise InvalidField(where, _STORED_PART)
         if not guarded:
             raise InvalidField(where, f"a `data:` URL (the {provider} adapter downloads URLs)")
         public = scheme in ("http", "https") and await _public(

@@ -23,7 +23,11 @@ HOSTS = {
     "intranet.example": ["10.0.0.7"],
     "split.example": ["93.184.216.34", "127.0.0.1"],  # one public answer is not enough
     "localhost": ["127.0.0.1", "::1"],
+    "generativelanguage.googleapis.com": ["142.250.74.10"],
 }
+
+
+_GEMINI_FILE = "https://generativelanguage.googleapis.com/v1beta/files/another-tenants-upload"
 
 
 async def resolve(host: str, _port: int) -> list[str]:
@@ -175,6 +179,22 @@ def test_client_hosts_are_never_resolved_on_the_loops_default_executor() -> None
 def test_files_stored_at_the_provider_are_refused(part: dict[str, Any]) -> None:
     """One provider account serves every tenant: a file id would read another tenant's
     upload into this tenant's answer."""
+    params = {"messages": [{"role": "user", "content": [part]}]}
+    with pytest.raises(InvalidField, match=r"messages\[0\]\.content\[0\].*stored at the provider"):
+        check(params)
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        # LiteLLM's Gemini adapter passes a Files API URI as `file_data.file_uri`: a file
+        # stored in the account every tenant shares, though its host is public.
+        {"type": "image_url", "image_url": {"url": _GEMINI_FILE}},
+        {"type": "image_url", "image_url": " " + _GEMINI_FILE.upper()},
+        {"type": "file", "file": {"file_data": _GEMINI_FILE}},
+    ],
+)
+def test_a_gemini_files_api_uri_is_a_stored_file_not_a_public_url(part: dict[str, Any]) -> None:
     params = {"messages": [{"role": "user", "content": [part]}]}
     with pytest.raises(InvalidField, match=r"messages\[0\]\.content\[0\].*stored at the provider"):
         check(params)
