@@ -8,7 +8,12 @@ fields must mean one thing, to the gateway and to whatever reads the body after 
   `stream_options` (whether the client gets the usage chunk), and `include_usage` inside
   `stream_options`, may each appear once in their object: a repeat, however its name is
   spelled (`"mod\\u0065l"` is `model`), is refused, since a backend could read the copy
-  the gateway did not. Repeats of other names are forwarded as they are.
+  the gateway did not. Repeats of other names are forwarded as they are. Nor may such a
+  name appear in another case (`"Model"`, `"\\u017ftream"`): Go's encoding/json (Ollama,
+  LocalAI and other servers behind a `kind: openai` backend) matches names without regard
+  to case, folding U+017F (long s) to `s` and U+212A (Kelvin) to `k`, and reads the last
+  match, so `{"model": "a", "Model": "b"}` would be served as `b` while the gateway
+  decided, and logged, `a`.
 - `stream` is `true`, `false` or `null`; `stream_options` an object or `null`, with a
   boolean or `null` `include_usage`. A string `"true"` that a backend might read as true
   while the gateway reads it as false is refused.
@@ -55,6 +60,8 @@ _OPEN, _CLOSE = b"[" * _WRAP, b"]" * _WRAP
 
 _TOP_KEYS: Final = ("model", "stream", "stream_options")
 _OPTION_KEYS: Final = ("include_usage",)
+_TOP_LENGTHS: Final = frozenset(len(n) for n in _TOP_KEYS)
+_OPTION_LENGTHS: Final = frozenset(len(n) for n in _OPTION_KEYS)
 
 
 def _spellings(name: str) -> bytes:
@@ -129,8 +136,33 @@ def parse_body(body: bytes, scan: BodyScan | EllipsisType | None = ...) -> dict[
             f"the request body repeats the `{repeated[0]}` key",
             param=repeated[0],
         )
+    folded = _folded_name(doc)
+    if folded is not None:
+        raise GatewayError(
+            ErrorCode.invalid_request,
+            f"the request body holds the `{folded}` key in another case (a backend may read "
+            "names without regard to case)",
+            param=folded,
+        )
     _check_stream_fields(doc)
     return doc
+
+
+def _folded_name(doc: dict[str, Any]) -> str | None:
+    """The decided-on name a key of `doc` (or of its `stream_options`) spells in another
+    case, if one does. Go folds one character to one (`simple folding`), so only keys as
+    long as a name can match it; `casefold` folds every character Go folds to an ASCII
+    letter (U+017F, U+212A), and only keys of a name's length are folded at all."""
+    for name in doc:
+        if len(name) in _TOP_LENGTHS and name not in _TOP_KEYS and name.casefold() in _TOP_KEYS:
+            return name.casefold()
+    options = doc.get("stream_options")
+    for name in options if isinstance(options, dict) else ():
+        if len(name) in _OPTION_LENGTHS and name not in _OPTION_KEYS:
+            folded = name.casefold()
+            if folded in _OPTION_KEYS:
+                return f"stream_options.{folded}"
+    return None
 
 
 def _loads(body: bytes, brackets: int) -> Any:

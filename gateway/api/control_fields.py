@@ -9,6 +9,12 @@ LiteLLM reads its keyword arguments as where to send a call and with what creden
 arguments, so a private `kind: openai` backend that is such a proxy would send the prompt
 wherever the client said, while the gateway's log says the private backend served it.
 
+Private inference servers have such a channel too: in a disaggregated deployment (prefill
+and decode on different servers) the router in front sets where the KV cache comes from
+(vLLM's `kv_transfer_params`, SGLang's `bootstrap_host`), and a client that set it would
+have the backend connect to a host of its choosing and build the answer from a KV cache
+read there, not from the prompt the log commits to.
+
 The gateway forwards private request bodies byte for byte (it does not rewrite them), so
 such a field is refused, not removed: a 400 `invalid_request` naming it, before any
 policy decision, for private and hosted backends alike (a hosted call never sent them:
@@ -100,6 +106,18 @@ CONTROL_FIELDS: Final = frozenset(
         "tpm",
         "cooldown_time",
         "retry_strategy",
+        # An inference server's own disaggregation channel, set by the prefill/decode
+        # router in front of it, never by a client: vLLM's `kv_transfer_params`
+        # (`remote_host`, `remote_port`: the KV connector connects there and reads the
+        # prompt's KV cache from it) and SGLang's `bootstrap_host`/`bootstrap_port` (the
+        # KV sender or receiver it pairs with); SGLang's `custom_logit_processor` is
+        # serialized Python the server runs when it allows custom processors.
+        "kv_transfer_params",
+        "bootstrap_host",
+        "bootstrap_port",
+        "bootstrap_room",
+        "bootstrap_pair_key",
+        "custom_logit_processor",
     }
 )
 # Families of the same: LiteLLM's own (`litellm_params`, `litellm_metadata`, ...), made-up

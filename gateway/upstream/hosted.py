@@ -35,7 +35,13 @@ from gateway.upstream.litellm_runtime import (
     check_base_url_environment,
     no_redirect_http_client,
 )
-from gateway.upstream.media_urls import Resolver, check_media_urls, system_resolver
+from gateway.upstream.media_urls import (
+    Resolver,
+    check_embedding_input,
+    check_media_urls,
+    check_prompt,
+    system_resolver,
+)
 from gateway.upstream.openai_wire import Endpoint
 
 __all__ = [
@@ -185,6 +191,10 @@ class HostedClient:
             if endpoint == "chat":  # URLs an adapter would fetch from here
                 provider = provider_model.split("/", 1)[0] if "/" in provider_model else ""
                 await check_media_urls(params, provider or self.provider, self._resolve)
+            elif endpoint == "embeddings":  # objects an adapter would read from the account
+                check_embedding_input(params)
+            else:  # each prompt item becomes a chat message's content for chat providers
+                check_prompt(params)
         except (openai_wire.InvalidField, RefusedField) as exc:
             message = f"the request is not valid for {self.provider} (not sent): {exc}"
             raise HostedError("status", message, status=400, param=exc.param) from None

@@ -17,14 +17,29 @@ loopback, internal hosts) and ship what it read to a hosted provider.
   except for providers whose adapter downloads without LiteLLM's guard (`gigachat`),
   which get `data:` URLs only.
 Any other scheme (`file:`, `gs:`, `s3:`, `ftp:`) is refused, and so is a reference to a
-file stored in the provider account (`file_id`, `file_uri`): the account, and so its files,
-is shared by every tenant. The client gets 400 naming
+file stored in the provider account (`file_id`, `file_uri`, or a Gemini Files API URI,
+`https://generativelanguage.googleapis.com/v1beta/files/...`, which LiteLLM's Gemini
+adapter hands over as a stored file though its host is public): the account, and so its
+files, is shared by every tenant. The client gets 400 naming
 the part (`messages[0].content[1]`), never the URL. Text parts are not looked at: a
 URL in prose is text. At most `MAX_URLS` URLs per request, each host resolved within
 `RESOLVE_TIMEOUT_S` for all of them together (unresolvable, or not in time: refused),
 each distinct host once. Lookups run on `MAX_LOOKUPS` threads of their own: a client
 sending hosts that resolve slowly delays only other clients' URL checks, never the
 gateway's lookups of its own backends (the event loop's default executor).
+
+An embeddings request has no content parts, but its `input` strings are read the same way
+by some adapters: Vertex's multimodal embeddings send a string containing `gs://` as a
+Cloud Storage object to embed, Gemini's a `gs://` URL or a Files API name (`files/...`)
+as a stored file, Bedrock's Nova and Marengo an `s3://` URL as an S3 object; each is read
+with the gateway's credentials, from an account every tenant shares. `check_embedding_input`
+refuses such a string, and any `input` that is not one of the API's shapes (a string, or
+an array of strings, of integers or of integer arrays: an object in the array is a
+multimodal instance or a file block to those adapters), naming the item (`input[2]`).
+A string that only mentions `gs://` in prose is refused too, as Vertex would read it.
+A text completion's `prompt` must have the same shapes (`check_prompt`): LiteLLM turns
+each item of a prompt array into a user message for a chat provider, content parts and
+all.
 """
 
 from __future__ import annotations
@@ -46,7 +61,9 @@ __all__ = [
     "MAX_URLS",
     "RESOLVE_TIMEOUT_S",
     "Resolver",
+    "check_embedding_input",
     "check_media_urls",
+    "check_prompt",
     "system_resolver",
 ]
 
@@ -67,6 +84,27 @@ _MAX_DEPTH: Final = 6
 # `file_uri`): one account serves every tenant, so one tenant could have another's upload
 # read into its own answer.
 _STORED: Final = frozenset({"file_id", "fileId", "file_uri", "fileUri"})
+
+# An embeddings `input` string an adapter reads as an object in the provider account:
+# Vertex multimodal (`"gs://" in text`, as LiteLLM writes it), Gemini (`gs://`, `files/`,
+# the Files API URI), Bedrock Nova and Marengo (`s3://`); at the start in any case. A
+# plain search (memchr-fast) and a match on a bounded head: linear in the string's length.
+_GCS: Final = "gs://"
+_STORED_PREFIX: Final = re.compile(
+    r"gs://|s3://|files/|https?://generativelanguage\.googleapis\.com/[^/]*/files/",
+    re.IGNORECASE,
+)
+_HEAD: Final = 256
+_STORED_PART = (
+    "inline content or a URL, not a reference to a file stored at the provider (a Gemini "
+    "Files API URI): it would be read with the gateway's credentials, which every tenant "
+    "shares"
+)
+_INPUT_SHAPE = "a string, or an array of strings, of integers or of arrays of integers"
+_STORED_WHY = (
+    "text or tokens, not a reference to a stored object (`gs://`, `s3://`, `files/`): the "
+    "provider would read it with the gateway's credentials, which every tenant shares"
+)
 
 # host, port -> the addresses it resolves to
 Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -99,6 +137,8 @@ async def check_media_urls(
         scheme = match.group(1).lower() if match else ""
         if scheme == "data":
             continue
+        if _STORED_PREFIX.match(url.lstrip()[:_HEAD]):  # a public host, a shared file
+            raise InvalidField(where, _STORED_PART)
         if not guarded:
             raise InvalidField(where, f"a `data:` URL (the {provider} adapter downloads URLs)")
         public = scheme in ("http", "https") and await _public(
@@ -110,6 +150,40 @@ async def check_media_urls(
                 "a `data:` URL or an http(s) URL whose host resolves only to public "
                 "addresses (a hosted provider would have it fetched from the gateway)",
             )
+
+
+def check_embedding_input(params: dict[str, Any]) -> None:
+    """Raise `InvalidField` for an embeddings `input` (LiteLLM arguments) of a shape the
+    API does not have, or with a string an adapter would read as a stored object."""
+    _check_text_or_tokens("input", params.get("input"), stored=True)
+
+
+def check_prompt(params: dict[str, Any]) -> None:
+    """Raise `InvalidField` for a text completion `prompt` (LiteLLM arguments) of a shape
+    the API does not have: LiteLLM makes each item of a prompt array the content of a user
+    message for a chat provider, so an array of content parts there would be fetched or
+    read as a chat message's parts are, past `check_media_urls`."""
+    _check_text_or_tokens("prompt", params.get("prompt"), stored=False)
+
+
+def _check_text_or_tokens(name: str, value: Any, *, stored: bool) -> None:
+    """Each item of `value` a string or tokens; with `stored`, no string naming an object
+    kept in the provider account."""
+    items = value if isinstance(value, list) else [value]
+    for i, item in enumerate(items):
+        where = f"{name}[{i}]" if isinstance(value, list) else name
+        if isinstance(item, str):
+            if stored and (item.find(_GCS) >= 0 or _STORED_PREFIX.match(item.lstrip()[:_HEAD])):
+                raise InvalidField(where, _STORED_WHY)
+        elif not _tokens(item):
+            raise InvalidField(where, _INPUT_SHAPE)
+
+
+def _tokens(value: Any) -> bool:
+    """Whether `value` is a token id, or an array of them (JSON's `true` is not one)."""
+    if isinstance(value, list):
+        return all(type(v) is int for v in value)
+    return type(value) is int
 
 
 def _urls(messages: Any) -> Iterator[tuple[str, str]]:

@@ -74,6 +74,13 @@ def private(
         (b'"prompt_id": "stored"', "prompt_id"),
         (b'"preset_cache_key": "k"', "preset_cache_key"),
         (b'"input_cost_per_token": 0', "input_cost_per_token"),
+        # an inference server's disaggregation channel: where its KV cache comes from
+        (
+            b'"kv_transfer_params": {"do_remote_prefill": true, "remote_host": "decoy.example"}',
+            "kv_transfer_params",
+        ),
+        (b'"bootstrap_host": "decoy.example", "bootstrap_room": 1', "bootstrap_host"),
+        (b'"custom_logit_processor": "gASV..."', "custom_logit_processor"),
     ],
 )
 def test_a_routers_control_field_is_refused_and_nothing_leaves(

@@ -1,4 +1,5 @@
-"""A content-part URL is not fetched from the gateway's network on a hosted call.
+"""A content-part URL is not fetched from the gateway's network on a hosted call, and an
+embeddings `input` is not read as an object stored in the provider account.
 
 LiteLLM's GigaChat adapter downloads an `image_url` itself (no address guard, TLS
 unchecked) and uploads the bytes to the provider: a client could so read a loopback or
@@ -38,6 +39,15 @@ _ANSWER = orjson.dumps(
     }
 )
 
+_EMBEDDING = orjson.dumps(
+    {
+        "object": "list",
+        "model": "text-embedding-3-small",
+        "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}],
+        "usage": {"prompt_tokens": 1, "total_tokens": 1},
+    }
+)
+
 
 class _Recorder(http.server.BaseHTTPRequestHandler):
     hits: list[str]
@@ -50,6 +60,8 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         self.hits.append(f"POST {self.path}")
         self.rfile.read(int(self.headers.get("content-length") or 0))
         body = b'{"id": "file-1"}' if self.path.endswith("/files") else _ANSWER
+        if self.path.endswith("/embeddings"):
+            body = _EMBEDDING
         self._answer(b"application/json", body)
 
     def _answer(self, content_type: bytes, body: bytes) -> None:
@@ -130,3 +142,110 @@ def test_a_data_url_still_reaches_the_provider(
 
     assert asyncio.run(send()) > 0
     assert [h.split(" ")[0] for h in hits] == ["POST", "POST"]  # upload, then the chat
+
+
+def embedder(url: str) -> HostedClient:
+    backend = BackendSettings.model_validate(
+        {
+            "id": "embed",
+            "kind": "hosted",
+            "provider": "openai",
+            "base_url": url,
+            "models": [{"name": "public", "provider_model": "openai/text-embedding-3-small"}],
+            "region": "eu",
+            "owner": "openai",
+            "api_key_env": "EMBED_KEY",
+        }
+    )
+    return HostedClient(backend, environ={"EMBED_KEY": "k"}, timeout_s=10.0)
+
+
+@pytest.mark.parametrize(
+    ("given", "param"),
+    [
+        # Vertex multimodal embeddings read a string holding `gs://` as a Cloud Storage
+        # object, Gemini's `files/...` as a stored file, Bedrock Nova's `s3://` as an S3
+        # object: each with the gateway's credentials, which every tenant shares.
+        ("gs://another-tenant/scan.png", "input"),
+        (["a caption", "gs://another-tenant/scan.png"], "input[1]"),
+        (["s3://another-tenant/report.pdf"], "input[0]"),
+        ("files/abc123", "input"),
+        # An object in the array is a multimodal instance to Vertex, a file block to Gemini.
+        (["x", {"image": {"gcsUri": "gs://another-tenant/scan.png"}}], "input[1]"),
+    ],
+)
+def test_an_embeddings_input_naming_a_stored_object_is_refused_before_the_provider(
+    loopback: tuple[str, list[str]], given: Any, param: str
+) -> None:
+    url, hits = loopback
+    client = embedder(url)
+
+    async def send() -> None:
+        await client.send("embeddings", {"model": "public", "input": given}, "public")
+
+    with pytest.raises(HostedError) as refused:
+        asyncio.run(send())
+    assert (refused.value.status, refused.value.param) == (400, param)
+    assert "another-tenant" not in refused.value.message
+    assert hits == []  # the provider was never called
+
+
+@pytest.mark.parametrize("given", ["a caption", ["a", "b"], [1, 2, 3], [[1, 2], [3]]])
+def test_text_and_tokens_still_reach_the_embeddings_provider(
+    loopback: tuple[str, list[str]], given: Any
+) -> None:
+    url, hits = loopback
+    client = embedder(url)
+
+    async def send() -> bytes:
+        response = await client.send("embeddings", {"model": "public", "input": given}, "public")
+        return response.body or b""
+
+    assert b"embedding" in asyncio.run(send())
+    assert hits == ["POST /embeddings"]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "param"),
+    [
+        # LiteLLM makes each item of a prompt array a user message's content: an array of
+        # content parts there reached the GigaChat adapter, which downloaded the URL.
+        (
+            ["describe", [{"type": "image_url", "image_url": {"url": "{url}/secret.png"}}]],
+            "prompt[1]",
+        ),
+        (["describe", [{"type": "file", "file": {"file_id": "file-of-another"}}]], "prompt[1]"),
+        ([{"type": "text", "text": "describe"}], "prompt[0]"),
+    ],
+)
+def test_a_text_completion_prompt_is_text_or_tokens_never_content_parts(
+    loopback: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch, prompt: Any, param: str
+) -> None:
+    url, hits = loopback
+    monkeypatch.setenv("GIGACHAT_ACCESS_TOKEN", "token")
+    client = gigachat(url)
+    given = orjson.loads(orjson.dumps(prompt).replace(b"{url}", url.encode()))
+
+    async def send() -> None:
+        await client.send("completions", {"model": "public", "prompt": given}, "public")
+
+    with pytest.raises(HostedError) as refused:
+        asyncio.run(send())
+    assert (refused.value.status, refused.value.param) == (400, param)
+    assert hits == []  # neither the internal service nor the provider saw anything
+
+
+@pytest.mark.parametrize("prompt", ["describe gs://bucket/x", ["one", "two"]])
+def test_a_text_prompt_still_reaches_the_provider(
+    loopback: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch, prompt: Any
+) -> None:
+    url, hits = loopback
+    monkeypatch.setenv("GIGACHAT_ACCESS_TOKEN", "token")
+    client = gigachat(url)
+
+    async def send() -> bytes:
+        response = await client.send("completions", {"model": "public", "prompt": prompt}, "public")
+        return response.body or b""
+
+    assert b"text_completion" in asyncio.run(send())
+    assert hits and all(hit == "POST /chat/completions" for hit in hits)

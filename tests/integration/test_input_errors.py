@@ -58,6 +58,28 @@ def test_a_repeated_decided_key_is_refused(body: bytes, param: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        # A server that matches names without regard to case (Go's encoding/json: Ollama,
+        # LocalAI, behind a `kind: openai` backend) reads the last of these as `model`.
+        (b'{"model": "a", "Model": "b"}', "model"),
+        (b'{"MODEL": "b", "model": "a"}', "model"),
+        (b'{"model": "a", "mod\\u0045l": "b"}', "model"),  # `modEl`, escaped
+        (b'{"model": "a", "Stream": true}', "stream"),
+        (b'{"model": "a", "\xc5\xbftream": true}', "stream"),  # U+017F folds to `s` in Go
+        (b'{"model": "a", "Stream_Options": {"include_usage": true}}', "stream_options"),
+        (
+            b'{"model": "a", "stream_options": {"include_usage": false, "Include_Usage": true}}',
+            "stream_options.include_usage",
+        ),
+    ],
+)
+def test_a_decided_key_in_another_case_is_refused(body: bytes, param: str) -> None:
+    error = refused(body)
+    assert (error.code.value, error.param) == ("invalid_request", param)
+
+
+@pytest.mark.parametrize(
     "body",
     [
         # The same name in different objects, or nested: nothing the gateway reads.
@@ -66,6 +88,9 @@ def test_a_repeated_decided_key_is_refused(body: bytes, param: str) -> None:
         # The name as a value, and quoted inside a string.
         b'{"model": "a", "messages": [{"role": "model", "content": "\\"model\\": \\"b\\""}]}',
         b'{"model": "a", "temperature": 1, "temperature": 2}',  # not decided on: forwarded
+        # Other names in any case, and decided-on names in another case where the gateway
+        # reads nothing (nested, or `include_usage` outside `stream_options`).
+        b'{"model": "a", "Temperature": 1, "Include_Usage": 1, "x": {"Model": 1, "STREAM": 2}}',
     ],
 )
 def test_names_the_gateway_does_not_decide_on_pass(body: bytes) -> None:
@@ -160,6 +185,13 @@ def _post(gateway: Gateway, body: bytes, **headers: str) -> httpx.Response:
     [
         (b'{"model": "sim-model", "x": ' + nested(1000) + b', "model": "embed-model"}', None),
         (b'{"model": "sim-model", "mod\\u0065l": "embed-model", "messages": []}', None),
+        # A server matching names without case would serve `embed-model` (and the log
+        # would say `sim-model`): the body reaches no backend.
+        (
+            b'{"model": "sim-model", "Model": "embed-model", '
+            b'"messages": [{"role": "user", "content": "hi"}]}',
+            None,
+        ),
         (b'{"model": "sim-model", "stream": "true", "messages": []}', None),
         # An alias with an escaped key is re-encoded: orjson.dumps refuses depth > 254.
         (b'{"mod\\u0065l": "chat", "x": ' + nested(300) + b"}", None),

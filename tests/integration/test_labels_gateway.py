@@ -191,6 +191,27 @@ def test_copies_naming_the_same_class_are_that_class(setup: Build, labels: list[
     assert served(private_up) == 1
 
 
+@pytest.mark.parametrize(
+    "label",
+    [
+        "\u0440hi",  # a Cyrillic er for the p
+        "phi\u200b",  # a zero-width space after it
+        "\uff50\uff48\uff49",  # fullwidth letters
+        "phi;q=1",
+        "phi public",
+        '"phi"',
+    ],
+)
+def test_a_look_alike_of_a_class_is_refused_never_read_as_no_label(
+    setup: Build, label: str
+) -> None:
+    # Sent as UTF-8 bytes. No label would let this tenant's request fall back to hosted
+    # (the private tier is down); a look-alike of `phi` is neither `phi` nor no label.
+    gateway, private, hosted_sim = setup(private_up=False)
+    refused_label(chat(gateway, [label.encode().decode("latin-1")]))
+    assert served(hosted_sim) == 0 and served(private) == 0
+
+
 def test_default_data_class_makes_an_unlabelled_request_phi(setup: Build) -> None:
     gateway, _private, hosted_sim = setup(private_up=False, spec="  default_data_class: phi\n")
     with capture_logs() as logs:

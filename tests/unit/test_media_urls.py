@@ -10,7 +10,12 @@ from typing import Any
 import pytest
 
 from gateway.upstream import media_urls
-from gateway.upstream.media_urls import MAX_URLS, check_media_urls
+from gateway.upstream.media_urls import (
+    MAX_URLS,
+    check_embedding_input,
+    check_media_urls,
+    check_prompt,
+)
 from gateway.upstream.openai_wire import InvalidField
 
 HOSTS = {
@@ -18,7 +23,11 @@ HOSTS = {
     "intranet.example": ["10.0.0.7"],
     "split.example": ["93.184.216.34", "127.0.0.1"],  # one public answer is not enough
     "localhost": ["127.0.0.1", "::1"],
+    "generativelanguage.googleapis.com": ["142.250.74.10"],
 }
+
+
+_GEMINI_FILE = "https://generativelanguage.googleapis.com/v1beta/files/another-tenants-upload"
 
 
 async def resolve(host: str, _port: int) -> list[str]:
@@ -175,9 +184,84 @@ def test_files_stored_at_the_provider_are_refused(part: dict[str, Any]) -> None:
         check(params)
 
 
+@pytest.mark.parametrize(
+    "part",
+    [
+        # LiteLLM's Gemini adapter passes a Files API URI as `file_data.file_uri`: a file
+        # stored in the account every tenant shares, though its host is public.
+        {"type": "image_url", "image_url": {"url": _GEMINI_FILE}},
+        {"type": "image_url", "image_url": " " + _GEMINI_FILE.upper()},
+        {"type": "file", "file": {"file_data": _GEMINI_FILE}},
+    ],
+)
+def test_a_gemini_files_api_uri_is_a_stored_file_not_a_public_url(part: dict[str, Any]) -> None:
+    params = {"messages": [{"role": "user", "content": [part]}]}
+    with pytest.raises(InvalidField, match=r"messages\[0\]\.content\[0\].*stored at the provider"):
+        check(params)
+
+
 def test_a_file_given_inline_passes() -> None:
     part = {
         "type": "file",
         "file": {"file_data": "data:application/pdf;base64,AA", "filename": "a"},
     }
     check({"messages": [{"role": "user", "content": [part]}]})
+
+
+# -- embeddings `input`: text and tokens, never a stored object -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "param"),
+    [
+        ("gs://bucket/scan.png", "input"),
+        ("  GS://bucket/scan.png", "input"),  # case and leading space: refused all the same
+        ("a caption gs://bucket/scan.png", "input"),  # Vertex reads any string holding it
+        (["ok", " s3://bucket/report.pdf"], "input[1]"),
+        (["files/abc123"], "input[0]"),
+        ("https://generativelanguage.googleapis.com/v1beta/files/abc123", "input"),
+        ([{"image": {"gcsUri": "gs://bucket/scan.png"}}], "input[0]"),
+        ([{"type": "file", "file": {"file_data": "data:image/png;base64,AAAA"}}], "input[0]"),
+        ([True, 2], "input[0]"),  # JSON's true is no token
+        ([[1, [2]]], "input[0]"),
+        ([1.5], "input[0]"),
+    ],
+)
+def test_an_embeddings_input_that_is_no_text_or_tokens_is_refused(value: Any, param: str) -> None:
+    with pytest.raises(InvalidField) as refused:
+        check_embedding_input({"input": value})
+    assert refused.value.param == param
+    assert "bucket" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "plain text",
+        "see https://example.com/files/x and s3 buckets",  # a URL in prose is text
+        "data:image/png;base64,iVBORw0KGgo=",  # the content itself
+        ["a", "b"],
+        [1, 2, 3],
+        [[1, 2], [3]],
+    ],
+)
+def test_text_and_tokens_pass_as_embeddings_input(value: Any) -> None:
+    check_embedding_input({"input": value})
+
+
+@pytest.mark.parametrize(
+    ("value", "passes"),
+    [
+        ("describe gs://bucket/x", True),  # a prompt's text is text: never a stored object
+        (["a", "b"], True),
+        ([[1, 2], [3]], True),
+        (["a", [{"type": "image_url", "image_url": {"url": "http://10.0.0.7/"}}]], False),
+        ([{"type": "text", "text": "a"}], False),
+    ],
+)
+def test_a_prompt_is_text_or_tokens(value: Any, passes: bool) -> None:
+    if passes:
+        check_prompt({"prompt": value})
+        return
+    with pytest.raises(InvalidField, match="a string, or an array"):
+        check_prompt({"prompt": value})
