@@ -13,7 +13,9 @@ Private inference servers have such a channel too: in a disaggregated deployment
 and decode on different servers) the router in front sets where the KV cache comes from
 (vLLM's `kv_transfer_params`, SGLang's `bootstrap_host`), and a client that set it would
 have the backend connect to a host of its choosing and build the answer from a KV cache
-read there, not from the prompt the log commits to.
+read there, not from the prompt the log commits to. Those, and the rest of the inference
+servers' own fields no tenant may send, are listed in gateway/api/server_fields.py, which
+`refuse_control_fields` calls.
 
 The gateway forwards private request bodies byte for byte (it does not rewrite them), so
 such a field is refused, not removed: a 400 `invalid_request` naming it, before any
@@ -106,18 +108,6 @@ CONTROL_FIELDS: Final = frozenset(
         "tpm",
         "cooldown_time",
         "retry_strategy",
-        # An inference server's own disaggregation channel, set by the prefill/decode
-        # router in front of it, never by a client: vLLM's `kv_transfer_params`
-        # (`remote_host`, `remote_port`: the KV connector connects there and reads the
-        # prompt's KV cache from it) and SGLang's `bootstrap_host`/`bootstrap_port` (the
-        # KV sender or receiver it pairs with); SGLang's `custom_logit_processor` is
-        # serialized Python the server runs when it allows custom processors.
-        "kv_transfer_params",
-        "bootstrap_host",
-        "bootstrap_port",
-        "bootstrap_room",
-        "bootstrap_pair_key",
-        "custom_logit_processor",
     }
 )
 # Families of the same: LiteLLM's own (`litellm_params`, `litellm_metadata`, ...), made-up

@@ -87,6 +87,7 @@ SERVER_FIELDS: Final[Mapping[str, str]] = {
     "bootstrap_host": _SERVER,
     "bootstrap_port": _SERVER,
     "bootstrap_room": _SERVER,
+    "bootstrap_pair_key": _SERVER,
     "rid": _PLACE,
     "routed_dp_rank": _PLACE,
     "data_parallel_rank": _PLACE,
