@@ -36,6 +36,8 @@ from gateway.upstream.litellm_runtime import (
     no_redirect_http_client,
 )
 from gateway.upstream.media_urls import Resolver, check_media_urls, system_resolver
+from gateway.upstream.openai_request import request_params
+from gateway.upstream.openai_shapes import InvalidField
 from gateway.upstream.openai_wire import Endpoint
 
 __all__ = [
@@ -181,11 +183,11 @@ class HostedClient:
         try:
             if endpoint == "chat":  # what the provider would do beyond answering
                 refuse_provider_actions(doc)
-            params, ignored = openai_wire.request_params(endpoint, doc)
+            params, ignored = request_params(endpoint, doc)
             if endpoint == "chat":  # URLs an adapter would fetch from here
                 provider = provider_model.split("/", 1)[0] if "/" in provider_model else ""
                 await check_media_urls(params, provider or self.provider, self._resolve)
-        except (openai_wire.InvalidField, RefusedField) as exc:
+        except (InvalidField, RefusedField) as exc:
             message = f"the request is not valid for {self.provider} (not sent): {exc}"
             raise HostedError("status", message, status=400, param=exc.param) from None
         litellm = await aload_litellm()

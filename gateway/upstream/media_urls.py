@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from gateway.upstream.openai_wire import InvalidField
+from gateway.upstream.openai_shapes import InvalidField
 
 __all__ = [
     "MAX_LOOKUPS",

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.upstream import media_urls
 from gateway.upstream.media_urls import MAX_URLS, check_media_urls
-from gateway.upstream.openai_wire import InvalidField
+from gateway.upstream.openai_shapes import InvalidField
 
 HOSTS = {
     "images.example": ["93.184.216.34"],
