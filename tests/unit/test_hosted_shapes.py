@@ -1,0 +1,316 @@
+"""The request shapes a hosted call forwards (gateway/upstream/openai_shapes.py), table-driven:
+each malformed shape is `InvalidField` naming the field, each documented shape passes.
+
+Every malformed shape here made LiteLLM 1.108.7 raise before sending (`TypeError`,
+`KeyError`, `AttributeError` wrapped as its `APIConnectionError`, 500, for the Anthropic,
+OpenAI or Gemini adapter: read as the provider failing, 502/503 and the next backend
+tried), or was sent on to the provider as it came. No LiteLLM, no network.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from typing import Any
+
+import pytest
+
+from gateway.upstream.openai_request import request_params
+from gateway.upstream.openai_shapes import InvalidField
+
+CANARY = "CANARY-shape-7c1e"
+USER = {"role": "user", "content": "hi"}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+def user(*parts: Any) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": list(parts)}]
+
+
+def after_assistant(message: dict[str, Any]) -> list[dict[str, Any]]:
+    return [USER, {"role": "assistant", "content": None, "tool_calls": [CALL]}, message]
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [USER], **fields}
+
+
+MALFORMED_CHAT: list[tuple[dict[str, Any], str]] = [
+    (chat(tool_choice="function"), "tool_choice"),
+    (chat(tool_choice=CANARY), "tool_choice"),
+    (chat(tool_choice={"type": "function"}), "tool_choice.function"),
+    (chat(tool_choice={"type": "function", "function": "f"}), "tool_choice.function"),
+    (chat(tool_choice={"type": "function", "function": {"name": 5}}), "tool_choice.function"),
+    (chat(tool_choice={"function": {"name": "f"}}), "tool_choice.type"),
+    (chat(tool_choice={}), "tool_choice.type"),
+    (chat(tool_choice={"type": "custom"}), "tool_choice.custom"),
+    (chat(tool_choice={"type": "allowed_tools", "allowed_tools": 1}), "tool_choice.allowed_tools"),
+    (chat(messages=user({"type": "text", "text": 5})), "messages[0].content[0].text"),
+    (chat(messages=user({"type": "text"})), "messages[0].content[0].text"),
+    (
+        chat(messages=user({"type": "image_url", "image_url": 1})),
+        "messages[0].content[0].image_url",
+    ),
+    (chat(messages=user({"type": "image_url"})), "messages[0].content[0].image_url"),
+    (
+        chat(messages=user({"type": "image_url", "image_url": {"url": 5}})),
+        "messages[0].content[0].image_url",
+    ),
+    (
+        chat(messages=user({"type": "image_url", "image_url": {"url": "data:,", "detail": 5}})),
+        "messages[0].content[0].image_url.detail",
+    ),
+    (
+        chat(messages=user({"type": "video_url", "video_url": 1})),
+        "messages[0].content[0].video_url",
+    ),
+    (
+        chat(messages=user({"type": "input_audio", "input_audio": 1})),
+        "messages[0].content[0].input_audio",
+    ),
+    (
+        chat(messages=user({"type": "input_audio", "input_audio": {"data": 5, "format": "wav"}})),
+        "messages[0].content[0].input_audio",
+    ),
+    (chat(messages=user({"type": "file", "file": 1})), "messages[0].content[0].file"),
+    (chat(messages=user({"type": "file", "file": {}})), "messages[0].content[0].file"),
+    (
+        chat(messages=user({"type": "file", "file": {"file_data": 5}})),
+        "messages[0].content[0].file.file_data",
+    ),
+    (
+        chat(messages=[{"role": "system", "content": [{"type": "text", "text": 5}]}]),
+        "messages[0].content[0].text",
+    ),
+    (
+        chat(messages=[USER, {"role": "assistant", "content": [{"type": "refusal"}]}]),
+        "messages[1].content[0].refusal",
+    ),
+    (chat(messages=[{**USER, "name": 5}]), "messages[0].name"),
+    (chat(messages=[USER, {"role": "assistant", "tool_calls": 5}]), "messages[1].tool_calls"),
+    (chat(messages=[USER, {"role": "assistant", "tool_calls": [5]}]), "messages[1].tool_calls[0]"),
+    (
+        chat(messages=[USER, {"role": "assistant", "tool_calls": [{**CALL, "id": 5}]}]),
+        "messages[1].tool_calls[0]",
+    ),
+    (
+        chat(messages=[USER, {"role": "assistant", "tool_calls": [{**CALL, "function": 5}]}]),
+        "messages[1].tool_calls[0].function",
+    ),
+    (
+        chat(
+            messages=[
+                USER,
+                {
+                    "role": "assistant",
+                    "tool_calls": [{**CALL, "function": {"name": "f", "arguments": {}}}],
+                },
+            ]
+        ),
+        "messages[1].tool_calls[0].function",
+    ),
+    (
+        chat(messages=[USER, {"role": "assistant", "content": None, "function_call": {}}]),
+        "messages[1].function_call",
+    ),
+    (chat(messages=after_assistant({"role": "tool", "content": "x"})), "messages[2].tool_call_id"),
+    (
+        chat(messages=after_assistant({"role": "tool", "content": "x", "tool_call_id": 5})),
+        "messages[2].tool_call_id",
+    ),
+    (chat(messages=[USER, {"role": "function", "content": "x"}]), "messages[1].name"),
+    (chat(tools=[5]), "tools[0]"),
+    (chat(tools=[{"type": "function"}]), "tools[0].function"),
+    (
+        chat(tools=[{"type": "function", "function": {"name": "f", "parameters": 5}}]),
+        "tools[0].function.parameters",
+    ),
+    (
+        chat(tools=[{"type": "function", "function": {"name": "f", "parameters": "x"}}]),
+        "tools[0].function.parameters",
+    ),
+    (
+        chat(tools=[{"type": "function", "function": {"name": "f", "description": 5}}]),
+        "tools[0].function.description",
+    ),
+    (
+        chat(tools=[{"type": "function", "function": {"name": "f", "strict": "yes"}}]),
+        "tools[0].function.strict",
+    ),
+    (
+        chat(
+            tools=[
+                {
+                    "type": "function",
+                    "function": {"name": "f", "parameters": {"type": "object", "properties": 5}},
+                }
+            ]
+        ),
+        "tools[0].function.parameters.properties",
+    ),
+    (chat(tools=[{"type": "custom"}]), "tools[0].custom"),
+    (chat(tools=[{"type": "custom", "custom": 5}]), "tools[0].custom"),
+    (chat(functions=[{"name": "f", "parameters": 5}]), "functions[0].parameters"),
+    (chat(functions=[{"name": "f"}], function_call="any"), "function_call"),
+    (chat(functions=[{"name": "f"}], function_call={"name": 5}), "function_call"),
+    (chat(response_format={"type": "json_schema"}), "response_format.json_schema"),
+    (
+        chat(response_format={"type": "json_schema", "json_schema": 5}),
+        "response_format.json_schema",
+    ),
+    (
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}),
+        "response_format.json_schema.schema",
+    ),
+    (chat(modalities=[5]), "modalities"),
+    (chat(logit_bias={"50256": "ban"}), "logit_bias"),
+    (chat(logit_bias={"50256": True}), "logit_bias"),
+]
+
+
+@pytest.mark.parametrize(("doc", "param"), MALFORMED_CHAT)
+def test_a_malformed_chat_shape_is_refused_naming_its_field(
+    doc: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(InvalidField) as refused:
+        request_params("chat", doc)
+    assert refused.value.param == param
+    assert CANARY not in str(refused.value)  # the field is named, its value never repeated
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "field", "value"),
+    [
+        ("completions", "prompt", [5, "a"]),
+        ("completions", "prompt", [{"a": 1}]),
+        ("completions", "prompt", []),
+        ("completions", "prompt", [None]),
+        ("completions", "prompt", [1.5]),
+        ("completions", "prompt", [True]),
+        ("completions", "prompt", [[1], []]),
+        ("completions", "prompt", [[1], 2]),
+        ("embeddings", "input", [1, "a"]),
+        ("embeddings", "input", [[1.5]]),
+        ("embeddings", "input", [{}]),
+        ("embeddings", "input", []),
+        ("embeddings", "input", [None]),
+    ],
+)
+def test_a_malformed_prompt_or_input_is_refused(endpoint: str, field: str, value: Any) -> None:
+    with pytest.raises(InvalidField) as refused:
+        request_params(endpoint, {"model": "m", field: value})  # type: ignore[arg-type]
+    assert refused.value.param == field
+
+
+VALID_CHAT: list[dict[str, Any]] = [
+    chat(tool_choice="none"),
+    chat(tool_choice="auto"),
+    chat(tool_choice="required"),
+    chat(tool_choice={"type": "function", "function": {"name": "f"}}),
+    chat(tool_choice={"type": "custom", "custom": {"name": "c"}}),
+    chat(tool_choice={"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}}),
+    chat(
+        messages=user(
+            {"type": "text", "text": "look"},
+            {"type": "image_url", "image_url": "https://images.example/a.png"},
+            {"type": "image_url", "image_url": {"url": "data:,", "detail": "low"}},
+            {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+            {"type": "file", "file": {"file_data": "data:,", "filename": "a.pdf"}},
+            {"type": "video_url", "video_url": {"url": "https://videos.example/a.mp4"}},
+        )
+    ),
+    chat(
+        messages=[
+            {"role": "system", "content": [{"type": "text", "text": "terse"}], "name": "ops"},
+            USER,
+            {"role": "assistant", "content": None, "tool_calls": [CALL]},
+            {"role": "tool", "content": "42", "tool_call_id": "call_1"},
+            {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]},
+            {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": ""}},
+            {"role": "function", "content": "1", "name": "f"},
+            {"role": "assistant", "content": "ok", "tool_calls": None, "name": None},
+        ]
+    ),
+    chat(
+        tools=[
+            {
+                "type": "function",
+                "function": {
+                    "name": "f",
+                    "description": "d",
+                    "parameters": {"type": "object", "properties": {}, "required": []},
+                    "strict": True,
+                },
+            },
+            {"type": "custom", "custom": {"name": "c", "format": {"type": "text"}}},
+        ]
+    ),
+    chat(functions=[{"name": "f", "parameters": {}}], function_call="auto"),
+    chat(functions=[{"name": "f"}], function_call={"name": "f"}),
+    chat(response_format={"type": "json_object"}),
+    chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+    chat(modalities=["text"], logit_bias={"50256": -100, "1": 0.5}, stop=["\n"]),
+]
+
+
+@pytest.mark.parametrize("doc", VALID_CHAT)
+def test_documented_chat_shapes_pass(doc: dict[str, Any]) -> None:
+    params, _ = request_params("chat", doc)
+    assert params["messages"] == doc["messages"]
+
+
+@pytest.mark.parametrize("value", ["a", ["a", "b"], [1, 2], [[1, 2], [3]]])
+@pytest.mark.parametrize(
+    ("endpoint", "field"), [("completions", "prompt"), ("embeddings", "input")]
+)
+def test_documented_prompts_and_inputs_pass(endpoint: str, field: str, value: Any) -> None:
+    params, _ = request_params(endpoint, {"model": "m", field: value})  # type: ignore[arg-type]
+    assert params[field] == value
+
+
+# -- a seeded walk over malformed shapes --------------------------------------------------
+
+_JUNK: list[Any] = [None, 5, -1, 1.5, True, "", CANARY * 50, [], [5], [CANARY], {}, {"x": CANARY}]
+
+
+def _paths(value: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every key or index path inside `value`."""
+    found: list[tuple[Any, ...]] = []
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, inner in items:
+        found.append((*at, key))
+        found.extend(_paths(inner, (*at, key)))
+    return found
+
+
+def _mutated(rng: random.Random) -> dict[str, Any]:
+    doc = copy.deepcopy(rng.choice(VALID_CHAT))
+    for _ in range(rng.randint(1, 3)):
+        path = rng.choice([p for p in _paths(doc) if p[0] != "model"])
+        parent = doc
+        for key in path[:-1]:
+            parent = parent[key]
+        parent[path[-1]] = copy.deepcopy(rng.choice(_JUNK))
+    return doc
+
+
+def test_a_seeded_walk_of_malformed_shapes_names_fields_without_their_values() -> None:
+    # Whatever a mutation breaks, the answer is a pass or a refusal whose message is
+    # short and holds none of the client's values (the canary in the junk).
+    rng = random.Random(20261203)
+    refusals: list[tuple[str, str]] = []
+    for _ in range(400):
+        try:
+            request_params("chat", _mutated(rng))
+        except InvalidField as exc:  # anything else fails the test
+            refusals.append((str(exc), exc.param))
+    assert len(refusals) > 200  # the walk did break shapes
+    for message, param in refusals:
+        assert CANARY not in message and len(message) < 200, message
+        assert CANARY not in param and len(param) < 80, param
