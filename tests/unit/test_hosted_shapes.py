@@ -9,7 +9,6 @@ tried), or was sent on to the provider as it came. No LiteLLM, no network.
 
 from __future__ import annotations
 
-import copy
 import random
 from typing import Any
 
@@ -17,22 +16,11 @@ import pytest
 
 from gateway.upstream.openai_request import request_params
 from gateway.upstream.openai_shapes import InvalidField
-
-CANARY = "CANARY-shape-7c1e"
-USER = {"role": "user", "content": "hi"}
-CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-
-
-def user(*parts: Any) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": list(parts)}]
+from tests.helpers.hosted_shapes import CALL, CANARY, USER, VALID_CHAT, chat, mutated, user
 
 
 def after_assistant(message: dict[str, Any]) -> list[dict[str, Any]]:
     return [USER, {"role": "assistant", "content": None, "tool_calls": [CALL]}, message]
-
-
-def chat(**fields: Any) -> dict[str, Any]:
-    return {"model": "m", "messages": [USER], **fields}
 
 
 MALFORMED_CHAT: list[tuple[dict[str, Any], str]] = [
@@ -202,57 +190,6 @@ def test_a_malformed_prompt_or_input_is_refused(endpoint: str, field: str, value
     assert refused.value.param == field
 
 
-VALID_CHAT: list[dict[str, Any]] = [
-    chat(tool_choice="none"),
-    chat(tool_choice="auto"),
-    chat(tool_choice="required"),
-    chat(tool_choice={"type": "function", "function": {"name": "f"}}),
-    chat(tool_choice={"type": "custom", "custom": {"name": "c"}}),
-    chat(tool_choice={"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}}),
-    chat(
-        messages=user(
-            {"type": "text", "text": "look"},
-            {"type": "image_url", "image_url": "https://images.example/a.png"},
-            {"type": "image_url", "image_url": {"url": "data:,", "detail": "low"}},
-            {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
-            {"type": "file", "file": {"file_data": "data:,", "filename": "a.pdf"}},
-            {"type": "video_url", "video_url": {"url": "https://videos.example/a.mp4"}},
-        )
-    ),
-    chat(
-        messages=[
-            {"role": "system", "content": [{"type": "text", "text": "terse"}], "name": "ops"},
-            USER,
-            {"role": "assistant", "content": None, "tool_calls": [CALL]},
-            {"role": "tool", "content": "42", "tool_call_id": "call_1"},
-            {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]},
-            {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": ""}},
-            {"role": "function", "content": "1", "name": "f"},
-            {"role": "assistant", "content": "ok", "tool_calls": None, "name": None},
-        ]
-    ),
-    chat(
-        tools=[
-            {
-                "type": "function",
-                "function": {
-                    "name": "f",
-                    "description": "d",
-                    "parameters": {"type": "object", "properties": {}, "required": []},
-                    "strict": True,
-                },
-            },
-            {"type": "custom", "custom": {"name": "c", "format": {"type": "text"}}},
-        ]
-    ),
-    chat(functions=[{"name": "f", "parameters": {}}], function_call="auto"),
-    chat(functions=[{"name": "f"}], function_call={"name": "f"}),
-    chat(response_format={"type": "json_object"}),
-    chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
-    chat(modalities=["text"], logit_bias={"50256": -100, "1": 0.5}, stop=["\n"]),
-]
-
-
 @pytest.mark.parametrize("doc", VALID_CHAT)
 def test_documented_chat_shapes_pass(doc: dict[str, Any]) -> None:
     params, _ = request_params("chat", doc)
@@ -268,38 +205,6 @@ def test_documented_prompts_and_inputs_pass(endpoint: str, field: str, value: An
     assert params[field] == value
 
 
-# -- a seeded walk over malformed shapes --------------------------------------------------
-
-_JUNK: list[Any] = [None, 5, -1, 1.5, True, "", CANARY * 50, [], [5], [CANARY], {}, {"x": CANARY}]
-
-
-def _paths(value: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Every key or index path inside `value`."""
-    found: list[tuple[Any, ...]] = []
-    items = (
-        value.items()
-        if isinstance(value, dict)
-        else enumerate(value)
-        if isinstance(value, list)
-        else ()
-    )
-    for key, inner in items:
-        found.append((*at, key))
-        found.extend(_paths(inner, (*at, key)))
-    return found
-
-
-def _mutated(rng: random.Random) -> dict[str, Any]:
-    doc = copy.deepcopy(rng.choice(VALID_CHAT))
-    for _ in range(rng.randint(1, 3)):
-        path = rng.choice([p for p in _paths(doc) if p[0] != "model"])
-        parent = doc
-        for key in path[:-1]:
-            parent = parent[key]
-        parent[path[-1]] = copy.deepcopy(rng.choice(_JUNK))
-    return doc
-
-
 def test_a_seeded_walk_of_malformed_shapes_names_fields_without_their_values() -> None:
     # Whatever a mutation breaks, the answer is a pass or a refusal whose message is
     # short and holds none of the client's values (the canary in the junk).
@@ -307,7 +212,7 @@ def test_a_seeded_walk_of_malformed_shapes_names_fields_without_their_values() -
     refusals: list[tuple[str, str]] = []
     for _ in range(400):
         try:
-            request_params("chat", _mutated(rng))
+            request_params("chat", mutated(rng))
         except InvalidField as exc:  # anything else fails the test
             refusals.append((str(exc), exc.param))
     assert len(refusals) > 200  # the walk did break shapes
