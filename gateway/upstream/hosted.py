@@ -227,7 +227,6 @@ class HostedClient:
         """LiteLLM's call: its result, or `HostedError`."""
         litellm = await aload_litellm()
         call = getattr(litellm, _CALLS[endpoint])
-        failure: HostedError | None = None
         try:
             options = self._options(provider_model)
             if endpoint == "completions":
