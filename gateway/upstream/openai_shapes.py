@@ -237,9 +237,12 @@ def _check_messages(messages: list[Any]) -> None:
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
             if not isinstance(kind, str) or (known is not None and kind not in known):
+                # The role is named only when it is one of the API's: any other is the
+                # client's text, never repeated.
+                sender = f"a {role}" if known is not None else "its role"
                 raise InvalidField(
                     f"{where}.content[{j}]",
-                    f"a content part object with a `type` a {role} may send",
+                    f"a content part object with a `type` {sender} may send",
                 )
             _check_part(f"{where}.content[{j}]", kind, part)
 

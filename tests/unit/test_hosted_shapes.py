@@ -166,6 +166,16 @@ def test_a_malformed_chat_shape_is_refused_naming_its_field(
     assert CANARY not in str(refused.value)  # the field is named, its value never repeated
 
 
+def test_a_role_of_the_clients_own_is_never_repeated() -> None:
+    # A part without a string `type` under a role the API does not have: the message
+    # named the role, the client's string of any length (100 KB here), in the 400.
+    role = CANARY * 5000
+    with pytest.raises(InvalidField) as refused:
+        request_params("chat", chat(messages=[{"role": role, "content": [5]}]))
+    assert refused.value.param == "messages[0].content[0]"
+    assert CANARY not in str(refused.value) and len(str(refused.value)) < 200
+
+
 @pytest.mark.parametrize(
     ("endpoint", "field", "value"),
     [
