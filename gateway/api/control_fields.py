@@ -20,7 +20,7 @@ servers' own fields no tenant may send, are listed in gateway/api/server_fields.
 The gateway forwards private request bodies byte for byte (it does not rewrite them), so
 such a field is refused, not removed: a 400 `invalid_request` naming it, before any
 policy decision, for private and hosted backends alike (a hosted call never sent them:
-gateway/upstream/openai_wire.py allow-lists its fields). The names are matched as the
+gateway/upstream/openai_request.py allow-lists its fields). The names are matched as the
 backend reads them, after JSON unescaping (`"api\\u005fbase"` is `api_base`).
 
 OpenAI's own request fields are not here, however a router reads them: `metadata` and

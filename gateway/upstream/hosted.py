@@ -29,6 +29,7 @@ from gateway.upstream import openai_wire
 from gateway.upstream.hosted_errors import HostedError, HostedErrorKind, hosted_error, local_reason
 from gateway.upstream.hosted_fields import RefusedField, refuse_provider_actions
 from gateway.upstream.hosted_stream import ProviderStream, close_stream, encoded, made_up_end
+from gateway.upstream.hosted_transport import Outbound, watching
 from gateway.upstream.litellm_runtime import (
     aclose_litellm_clients,
     aload_litellm,
@@ -39,9 +40,10 @@ from gateway.upstream.media_urls import (
     Resolver,
     check_embedding_input,
     check_media_urls,
-    check_prompt,
     system_resolver,
 )
+from gateway.upstream.openai_request import request_params
+from gateway.upstream.openai_shapes import InvalidField
 from gateway.upstream.openai_wire import Endpoint
 
 __all__ = [
@@ -187,33 +189,20 @@ class HostedClient:
         try:
             if endpoint == "chat":  # what the provider would do beyond answering
                 refuse_provider_actions(doc)
-            params, ignored = openai_wire.request_params(endpoint, doc)
+            params, ignored = request_params(endpoint, doc)
             if endpoint == "chat":  # URLs an adapter would fetch from here
                 provider = provider_model.split("/", 1)[0] if "/" in provider_model else ""
                 await check_media_urls(params, provider or self.provider, self._resolve)
             elif endpoint == "embeddings":  # objects an adapter would read from the account
                 check_embedding_input(params)
-            else:  # each prompt item becomes a chat message's content for chat providers
-                check_prompt(params)
-        except (openai_wire.InvalidField, RefusedField) as exc:
+        except (InvalidField, RefusedField) as exc:
             message = f"the request is not valid for {self.provider} (not sent): {exc}"
             raise HostedError("status", message, status=400, param=exc.param) from None
-        litellm = await aload_litellm()
-        call = getattr(litellm, _CALLS[endpoint])
-        failure: HostedError | None = None
-        try:
-            options = self._options(provider_model)
-            if endpoint == "completions":
-                options.update(self._text_completion_client(litellm, provider_model))
-            whole = None if params.get("stream") else self._response_timeout_s
-            async with asyncio.timeout(whole):  # a TimeoutError is classified `timeout`
-                result = await call(**params, **options)
-        except Exception as exc:  # noqa: BLE001 - every LiteLLM failure becomes a HostedError
-            failure = hosted_error(exc, self.provider, secrets=self._secrets())
-        if failure is not None:
-            # Raised outside `except`, so LiteLLM's exception (provider text that may quote
-            # the prompt, URLs) is neither its cause nor its context.
-            raise failure
+        # Watched: whether an HTTP request began tells LiteLLM's own failure to translate
+        # the request (the client's) from the provider's (gateway/upstream/hosted_transport.py).
+        with watching() as outbound:
+            result = await self._call(endpoint, params, provider_model, outbound)
+            first = await self._first_chunk(result, outbound) if params.get("stream") else None
         if not params.get("stream"):
             encode = partial(openai_wire.encode_response, endpoint, result)
             body, usage = encoded(self.provider, encode)
@@ -224,7 +213,6 @@ class HostedClient:
                 ignored_fields=ignored,
                 provider_ids=_provider_ids(result, result),
             )
-        first = await self._first_chunk(result)
         stream = ProviderStream(
             result,
             first,
@@ -239,6 +227,28 @@ class HostedClient:
             stream=stream,
             provider_ids=_provider_ids(first, result),
         )
+
+    async def _call(
+        self, endpoint: Endpoint, params: dict[str, Any], provider_model: str, outbound: Outbound
+    ) -> Any:
+        """LiteLLM's call: its result, or `HostedError`."""
+        litellm = await aload_litellm()
+        call = getattr(litellm, _CALLS[endpoint])
+        try:
+            options = self._options(provider_model)
+            if endpoint == "completions":
+                options.update(self._text_completion_client(litellm, provider_model))
+            whole = None if params.get("stream") else self._response_timeout_s
+            async with asyncio.timeout(whole):  # a TimeoutError is classified `timeout`
+                return await call(**params, **options)
+        except Exception as exc:  # noqa: BLE001 - every LiteLLM failure becomes a HostedError
+            failure = self._failure(exc, outbound)
+        # Raised outside `except`, so LiteLLM's exception (provider text that may quote the
+        # prompt, URLs) is neither its cause nor its context.
+        raise failure
+
+    def _failure(self, exc: BaseException, outbound: Outbound) -> HostedError:
+        return hosted_error(exc, self.provider, secrets=self._secrets(), sent=outbound.reached)
 
     async def aclose(self) -> None:
         """Close this client's connections and LiteLLM's shared client cache: at shutdown.
@@ -302,7 +312,7 @@ class HostedClient:
             self._text_client = (loop, client)
         return {"client": self._text_client[1]}
 
-    async def _first_chunk(self, stream: Any) -> Any:
+    async def _first_chunk(self, stream: Any, outbound: Outbound) -> Any:
         """The stream's first chunk; `HostedError` when the provider failed, or closed the
         stream without a chunk of its own (LiteLLM's made-up end, `made_up_end`), before
         anything was relayed: another backend may serve."""
@@ -314,7 +324,7 @@ class HostedClient:
         except StopAsyncIteration:
             failure = HostedError("protocol", f"{self.provider} closed the stream unanswered")
         except Exception as exc:  # noqa: BLE001 - every LiteLLM failure becomes a HostedError
-            failure = hosted_error(exc, self.provider, secrets=self._secrets())
+            failure = self._failure(exc, outbound)  # a stream may send on its first read
         except BaseException:
             await close_stream(stream)  # cancelled: the provider must stop too
             raise

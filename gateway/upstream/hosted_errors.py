@@ -34,6 +34,12 @@ _KNOWN_ERROR_TYPES: Final = frozenset(
     }
 )
 _CHAIN_LIMIT = 16
+# What an adapter raises on data it cannot translate (`_untranslatable`), and the modules
+# whose exceptions mean a request was (being) sent.
+_DATA_ERRORS: Final = (TypeError, LookupError, AttributeError, ValueError)
+_TRANSPORT_MODULES: Final = frozenset(
+    {"httpx", "httpx2", "httpcore", "h11", "h2", "aiohttp", "ssl", "openai", "anyio"}
+)
 # `litellm.BadRequestError: ` and `AnthropicException - `, repeated as LiteLLM nests them.
 _LITELLM_PREFIX = re.compile(r"^(?:\s*(?:litellm\.\w+:|\w*Exception\s+-))+\s*")
 _QUOTED = re.compile(r"""[\[\]{}'"`=]|Received\b|Traceback\b""")
@@ -69,7 +75,7 @@ class HostedError(Exception):
 
 
 def hosted_error(
-    exc: BaseException, provider: str, *, secrets: tuple[str, ...] = ()
+    exc: BaseException, provider: str, *, secrets: tuple[str, ...] = (), sent: bool = True
 ) -> HostedError:
     """Classify a LiteLLM failure by what actually happened on the wire.
 
@@ -80,6 +86,11 @@ def hosted_error(
     4xx that LiteLLM raised itself (its `BadRequestError` for a request it will not send)
     keeps LiteLLM's reason, cut down to its first sentence without anything quoted
     (`local_reason`) and with `secrets` (the key, the base URL) removed.
+
+    `sent=False`: no HTTP request of the call began (gateway/upstream/hosted_transport.py).
+    A failure that would otherwise be `protocol` and that ends in an adapter's own data
+    error (`_untranslatable`) is then the client's request that LiteLLM could not
+    translate for the provider: `status` 400, "not sent", naming only the error's class.
     """
     # Both are loaded with LiteLLM already; imported here to stay off the gateway's path.
     import httpx
@@ -108,6 +119,13 @@ def hosted_error(
         message = f"the request is not valid for {provider} (HTTP {local}, not sent)"
         reason = local_reason(str(exc), secrets)
         return HostedError("status", f"{message}: {reason}" if reason else message, status=local)
+    untranslatable = None if sent else _untranslatable(chain)
+    if untranslatable is not None:
+        message = (
+            f"the request is not valid for {provider} (not sent: its adapter could not "
+            f"translate it, {untranslatable})"
+        )
+        return HostedError("status", message, status=400)
     return HostedError("protocol", f"{provider} call failed ({type(exc).__name__})")
 
 
@@ -127,6 +145,27 @@ def local_reason(text: str, secrets: tuple[str, ...] = ()) -> str:
     text = _URL.sub("(redacted)", text)
     text = "".join(c if c.isprintable() else " " for c in text)
     return " ".join(text.split())[:200].strip(" -:,;")
+
+
+def _untranslatable(chain: list[BaseException]) -> str | None:
+    """The class name of the data error a request's translation ended in, or None.
+
+    The innermost link decides: Python's own `TypeError`, `LookupError`, `AttributeError`,
+    `ValueError` (a JSON or pydantic validation error among them) or a bare `Exception`
+    (LiteLLM raises those for input it cannot convert). An error of any other class, one
+    of an HTTP or TLS library anywhere in the chain, or an `OSError`, is none: a provider's
+    or the gateway's own, not the request's.
+    """
+    if any(isinstance(e, OSError) or _from_transport(e) for e in chain):
+        return None
+    innermost = chain[-1]
+    if type(innermost) is Exception or isinstance(innermost, _DATA_ERRORS):
+        return type(innermost).__name__[:40]
+    return None
+
+
+def _from_transport(exc: BaseException) -> bool:
+    return type(exc).__module__.partition(".")[0] in _TRANSPORT_MODULES
 
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:

@@ -73,7 +73,7 @@ def refuse_provider_actions(doc: Mapping[str, Any]) -> None:
     tools = doc.get("tools")
     for i, tool in enumerate(tools if isinstance(tools, list) else ()):
         if not isinstance(tool, dict):
-            continue  # a malformed tool: `openai_wire` names it
+            continue  # a malformed tool: `openai_shapes` names it
         kind = tool.get("type")
         if isinstance(kind, str) and kind not in CLIENT_TOOL_TYPES:
             raise RefusedField(f"tools[{i}].type", _TOOL)

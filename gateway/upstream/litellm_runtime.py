@@ -47,6 +47,10 @@ backend's `base_url`). `load_litellm` makes every client LiteLLM creates for a c
 client `gateway.upstream.hosted` makes itself is given one that does not follow either
 (`no_redirect_http_client`).
 
+Every HTTP request LiteLLM begins marks the hosted call it belongs to
+(gateway/upstream/hosted_transport.py), so that an adapter's failure before anything was
+sent reads as the client's request, not as the provider failing.
+
 Where a hosted backend has no `base_url`, LiteLLM reads the provider's URL from the
 environment: `check_base_url_environment` (gateway/upstream/provider_environment.py,
 re-exported here) refuses a backend such a variable would redirect.
@@ -63,6 +67,7 @@ import warnings
 from types import ModuleType
 from typing import Any, Final
 
+from gateway.upstream.hosted_transport import install_transport_marks
 from gateway.upstream.provider_environment import check_base_url_environment
 
 __all__ = [
@@ -130,6 +135,7 @@ def load_litellm() -> ModuleType:
     for name in _CALLBACK_LISTS:
         setattr(litellm, name, [])
     _refuse_redirects()
+    install_transport_marks()  # a refusal before sending told from a provider's failure
     for name in _LOGGERS:
         logger = logging.getLogger(name)
         for handler in list(logger.handlers):

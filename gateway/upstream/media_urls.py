@@ -33,13 +33,12 @@ by some adapters: Vertex's multimodal embeddings send a string containing `gs://
 Cloud Storage object to embed, Gemini's a `gs://` URL or a Files API name (`files/...`)
 as a stored file, Bedrock's Nova and Marengo an `s3://` URL as an S3 object; each is read
 with the gateway's credentials, from an account every tenant shares. `check_embedding_input`
-refuses such a string, and any `input` that is not one of the API's shapes (a string, or
-an array of strings, of integers or of integer arrays: an object in the array is a
-multimodal instance or a file block to those adapters), naming the item (`input[2]`).
-A string that only mentions `gs://` in prose is refused too, as Vertex would read it.
-A text completion's `prompt` must have the same shapes (`check_prompt`): LiteLLM turns
-each item of a prompt array into a user message for a chat provider, content parts and
-all.
+refuses such a string, naming the item (`input[2]`). A string that only mentions `gs://`
+in prose is refused too, as Vertex would read it. The shapes themselves (an `input` or a
+text completion's `prompt` is a string, or an array of strings, of integers or of integer
+arrays: an object in the array is a multimodal instance or a file block to those
+adapters, and LiteLLM turns each item of a prompt array into a user message for a chat
+provider, content parts and all) are checked before, by gateway/upstream/openai_shapes.py.
 """
 
 from __future__ import annotations
@@ -54,7 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from gateway.upstream.openai_wire import InvalidField
+from gateway.upstream.openai_shapes import InvalidField
 
 __all__ = [
     "MAX_LOOKUPS",
@@ -63,7 +62,6 @@ __all__ = [
     "Resolver",
     "check_embedding_input",
     "check_media_urls",
-    "check_prompt",
     "system_resolver",
 ]
 
@@ -100,7 +98,6 @@ _STORED_PART = (
     "Files API URI): it would be read with the gateway's credentials, which every tenant "
     "shares"
 )
-_INPUT_SHAPE = "a string, or an array of strings, of integers or of arrays of integers"
 _STORED_WHY = (
     "text or tokens, not a reference to a stored object (`gs://`, `s3://`, `files/`): the "
     "provider would read it with the gateway's credentials, which every tenant shares"
@@ -153,37 +150,16 @@ async def check_media_urls(
 
 
 def check_embedding_input(params: dict[str, Any]) -> None:
-    """Raise `InvalidField` for an embeddings `input` (LiteLLM arguments) of a shape the
-    API does not have, or with a string an adapter would read as a stored object."""
-    _check_text_or_tokens("input", params.get("input"), stored=True)
-
-
-def check_prompt(params: dict[str, Any]) -> None:
-    """Raise `InvalidField` for a text completion `prompt` (LiteLLM arguments) of a shape
-    the API does not have: LiteLLM makes each item of a prompt array the content of a user
-    message for a chat provider, so an array of content parts there would be fetched or
-    read as a chat message's parts are, past `check_media_urls`."""
-    _check_text_or_tokens("prompt", params.get("prompt"), stored=False)
-
-
-def _check_text_or_tokens(name: str, value: Any, *, stored: bool) -> None:
-    """Each item of `value` a string or tokens; with `stored`, no string naming an object
-    kept in the provider account."""
+    """Raise `InvalidField` for an embeddings `input` (LiteLLM arguments) holding a string an
+    adapter would read as an object stored in the provider account. Its shape (text or
+    tokens, never objects) was checked already (gateway/upstream/openai_shapes.py)."""
+    value = params.get("input")
     items = value if isinstance(value, list) else [value]
     for i, item in enumerate(items):
-        where = f"{name}[{i}]" if isinstance(value, list) else name
-        if isinstance(item, str):
-            if stored and (item.find(_GCS) >= 0 or _STORED_PREFIX.match(item.lstrip()[:_HEAD])):
-                raise InvalidField(where, _STORED_WHY)
-        elif not _tokens(item):
-            raise InvalidField(where, _INPUT_SHAPE)
-
-
-def _tokens(value: Any) -> bool:
-    """Whether `value` is a token id, or an array of them (JSON's `true` is not one)."""
-    if isinstance(value, list):
-        return all(type(v) is int for v in value)
-    return type(value) is int
+        if not isinstance(item, str):
+            continue
+        if item.find(_GCS) >= 0 or _STORED_PREFIX.match(item.lstrip()[:_HEAD]):
+            raise InvalidField(f"input[{i}]" if isinstance(value, list) else "input", _STORED_WHY)
 
 
 def _urls(messages: Any) -> Iterator[tuple[str, str]]:

@@ -1,11 +1,12 @@
 """What of a client's request reaches LiteLLM for a hosted provider (gateway/upstream/
-openai_wire.py `request_params`): the allow-list, checked without LiteLLM or a network."""
+openai_request.py `request_params`): the allow-list, checked without LiteLLM or a network."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.upstream.openai_wire import InvalidField, request_params
+from gateway.upstream.openai_request import request_params
+from gateway.upstream.openai_shapes import InvalidField
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

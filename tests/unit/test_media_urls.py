@@ -14,9 +14,8 @@ from gateway.upstream.media_urls import (
     MAX_URLS,
     check_embedding_input,
     check_media_urls,
-    check_prompt,
 )
-from gateway.upstream.openai_wire import InvalidField
+from gateway.upstream.openai_shapes import InvalidField, check_shapes
 
 HOSTS = {
     "images.example": ["93.184.216.34"],
@@ -220,17 +219,29 @@ def test_a_file_given_inline_passes() -> None:
         (["ok", " s3://bucket/report.pdf"], "input[1]"),
         (["files/abc123"], "input[0]"),
         ("https://generativelanguage.googleapis.com/v1beta/files/abc123", "input"),
-        ([{"image": {"gcsUri": "gs://bucket/scan.png"}}], "input[0]"),
-        ([{"type": "file", "file": {"file_data": "data:image/png;base64,AAAA"}}], "input[0]"),
-        ([True, 2], "input[0]"),  # JSON's true is no token
-        ([[1, [2]]], "input[0]"),
-        ([1.5], "input[0]"),
     ],
 )
-def test_an_embeddings_input_that_is_no_text_or_tokens_is_refused(value: Any, param: str) -> None:
+def test_an_embeddings_input_naming_a_stored_object_is_refused(value: Any, param: str) -> None:
     with pytest.raises(InvalidField) as refused:
         check_embedding_input({"input": value})
     assert refused.value.param == param
+    assert "bucket" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [{"image": {"gcsUri": "gs://bucket/scan.png"}}],
+        [{"type": "file", "file": {"file_data": "data:image/png;base64,AAAA"}}],
+        [True, 2],  # JSON's true is no token
+        [[1, [2]]],
+        [1.5],
+    ],
+)
+def test_an_embeddings_input_that_is_no_text_or_tokens_is_refused(value: Any) -> None:
+    with pytest.raises(InvalidField) as refused:
+        check_shapes("embeddings", {"input": value})
+    assert refused.value.param == "input[0]"
     assert "bucket" not in str(refused.value)
 
 
@@ -261,7 +272,7 @@ def test_text_and_tokens_pass_as_embeddings_input(value: Any) -> None:
 )
 def test_a_prompt_is_text_or_tokens(value: Any, passes: bool) -> None:
     if passes:
-        check_prompt({"prompt": value})
+        check_shapes("completions", {"prompt": value})
         return
-    with pytest.raises(InvalidField, match="a string, or an array"):
-        check_prompt({"prompt": value})
+    with pytest.raises(InvalidField, match="a string, or a non-empty array"):
+        check_shapes("completions", {"prompt": value})

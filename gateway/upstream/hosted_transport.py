@@ -1,0 +1,111 @@
+"""Whether a hosted call reached an HTTP transport: a LiteLLM adapter's own failure, before
+anything could be sent, told from a provider's.
+
+LiteLLM translates an OpenAI request into the provider's format before it sends it. An
+adapter that meets a shape it cannot translate raises `TypeError`, `KeyError`,
+`AttributeError`, `ValueError` or a bare `Exception`, which LiteLLM 1.108.7 wraps as its
+`APIConnectionError` (status 500): by its class, a provider that could not be reached.
+gateway/upstream/openai_shapes.py checks the shapes it knows an adapter fails on; this is
+the defence behind it. `watching()` gives a call an `Outbound`, and every HTTP request
+begun while it is watched (by httpx's or httpx2's `send`, the OpenAI SDK's client, or
+aiohttp's `ClientSession._request`, the funnels every LiteLLM provider call goes through)
+marks it `reached` before anything is written. `hosted_error(..., sent=False)` then reads
+such a failure as the client's request that could not be sent (400), not the provider
+failing (gateway/upstream/hosted_errors.py).
+
+The marks err towards "sent": a request marks it when begun, whether or not a byte left,
+and a call LiteLLM made through some other library than these would read as sent
+whenever it failed: the provider's failure, as before. The wrappers are installed once,
+when LiteLLM is loaded (gateway/upstream/litellm_runtime.py); outside a watched call they
+only read a context variable.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Final
+
+__all__ = ["Outbound", "install_transport_marks", "watching"]
+
+# (module, class, method): where a request leaves for the network. httpx is LiteLLM's;
+# httpx2 the OpenAI SDK's (which takes either); aiohttp LiteLLM's default transport under
+# httpx and its own handler for some providers.
+_FUNNELS: Final = (
+    ("httpx", "AsyncClient", "send"),
+    ("httpx", "Client", "send"),
+    ("httpx2", "AsyncClient", "send"),
+    ("httpx2", "Client", "send"),
+    ("aiohttp", "ClientSession", "_request"),
+)
+_MARK: Final = "_owngate_marks_outbound"
+
+
+class Outbound:
+    """One watched hosted call: `reached` once any HTTP request of it began."""
+
+    __slots__ = ("reached",)
+
+    def __init__(self) -> None:
+        self.reached = False
+
+
+# The call being watched in this context (tasks LiteLLM starts inherit it).
+_WATCHED: ContextVar[Outbound | None] = ContextVar("owngate_hosted_outbound", default=None)
+
+
+@contextmanager
+def watching() -> Iterator[Outbound]:
+    """Watch the HTTP requests made in this block (and the tasks it starts)."""
+    outbound = Outbound()
+    token = _WATCHED.set(outbound)
+    try:
+        yield outbound
+    finally:
+        _WATCHED.reset(token)
+
+
+def _mark() -> None:
+    outbound = _WATCHED.get()
+    if outbound is not None:
+        outbound.reached = True
+
+
+def install_transport_marks() -> None:
+    """Wrap each funnel so that it marks the watched call first; idempotent. A library
+    that is not installed has nothing to wrap."""
+    for module_name, class_name, method_name in _FUNNELS:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        owner = getattr(module, class_name)
+        method = getattr(owner, method_name)
+        if getattr(method, _MARK, False):
+            continue
+        setattr(owner, method_name, _marking(method))
+
+
+def _marking(method: Any) -> Any:
+    if inspect.iscoroutinefunction(method):
+
+        @functools.wraps(method)
+        async def marked_async(*args: Any, **kwargs: Any) -> Any:
+            _mark()
+            return await method(*args, **kwargs)
+
+        wrapper: Any = marked_async
+    else:
+
+        @functools.wraps(method)
+        def marked(*args: Any, **kwargs: Any) -> Any:
+            _mark()
+            return method(*args, **kwargs)
+
+        wrapper = marked
+    setattr(wrapper, _MARK, True)
+    return wrapper
