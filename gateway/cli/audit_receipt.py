@@ -103,8 +103,7 @@ def _receipt_verify(args: argparse.Namespace) -> int:
         print(
             "error: --request-body and --response-body check the backend's countersignature: "
             f"give --backend-key {shown(receipt.backend) or '(none: a refusal)'}=VKEY (for the "
-            "log's "
-            "own commitments: owngate audit open --receipt --log)",
+            "log's own commitments: owngate audit open --receipt --log)",
             file=sys.stderr,
         )
         return 2
