@@ -18,6 +18,7 @@ from gateway.provenance import (
     load_verifiers,
 )
 from gateway.provenance.audit.remote import FetchLimits, is_url, mirror_log
+from gateway.provenance.audit.shown import MAX_SHOWN_MESSAGE, shown
 from gateway.provenance.formats.attestation import one_key_per_backend
 from gateway.provenance.formats.cosignature import CosignatureVerifier
 
@@ -51,16 +52,17 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def guarded(handler: Handler) -> Handler:
-    """Failed checks exit 1 with their reason; unreadable input exits 2."""
+    """Failed checks exit 1 with their reason; unreadable input exits 2. The reason is
+    printed through `shown`: it may quote what the artefact under audit says."""
 
     def run(args: argparse.Namespace) -> int:
         try:
             return handler(args)
         except ProvenanceError as exc:
-            print(f"FAILED: {exc}", file=sys.stderr)
+            print(f"FAILED: {shown(exc, MAX_SHOWN_MESSAGE)}", file=sys.stderr)
             return 1
         except (OSError, ValueError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {shown(exc, MAX_SHOWN_MESSAGE)}", file=sys.stderr)
             return 2
 
     return run

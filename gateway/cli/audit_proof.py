@@ -20,6 +20,7 @@ from gateway.cli.audit_flags import (
 from gateway.provenance import verify_receipt
 from gateway.provenance.audit.proof import MAX_PROOF_BYTES, check_tlog_proof
 from gateway.provenance.audit.receipt import read_receipt
+from gateway.provenance.audit.shown import quoted, shown
 
 __all__ = ["add_proof"]
 
@@ -88,9 +89,14 @@ def _proof_verify(args: argparse.Namespace) -> int:
     if args.receipt is not None:
         receipt = verify_receipt(read_receipt(args.receipt), keys)
         if origin is not None and origin != receipt.log:
-            raise ValueError(f"--origin {origin!r} is not the receipt's log {receipt.log!r}")
+            raise ValueError(
+                f"--origin {quoted(origin)} is not the receipt's log {quoted(receipt.log)}"
+            )
         origin, leaf, index = receipt.log, receipt.dispatch_hash, receipt.index
-        print(f"ok: receipt for request {receipt.request_id} signed by the log {receipt.log}")
+        print(
+            f"ok: receipt for request {shown(receipt.request_id)} signed by the log "
+            f"{shown(receipt.log)}"
+        )
     entry = None if args.entry is None else _read(args.entry, MAX_PROOF_BYTES)
     proved = check_tlog_proof(
         _read(args.file, MAX_PROOF_BYTES),
@@ -109,13 +115,13 @@ def _proof_verify(args: argparse.Namespace) -> int:
         what = "the receipt's record"
     print(
         f"ok: entry {proved.index} ({what}, leaf hash {proved.leaf.hex()}) is in the "
-        f"checkpoint of {checkpoint.origin!r} of size {checkpoint.size}, signed by "
-        f"{', '.join(proved.signed_by)}"
+        f"checkpoint of {quoted(checkpoint.origin)} of size {checkpoint.size}, signed by "
+        f"{', '.join(shown(name) for name in proved.signed_by)}"
     )
     if witnesses:
         print(
             f"ok: that checkpoint is cosigned by {len(proved.cosigned_by)} of the "
             f"{len(witnesses)} witness key(s) (at least {args.min_witnesses} needed): "
-            f"{', '.join(proved.cosigned_by)}"
+            f"{', '.join(shown(name) for name in proved.cosigned_by)}"
         )
     return 0

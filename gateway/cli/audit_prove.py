@@ -15,6 +15,7 @@ from gateway.provenance import (
     LogDirectory,
     TlogProof,
 )
+from gateway.provenance.audit.shown import quoted
 from gateway.provenance.formats.layout import list_cosigned
 from gateway.provenance.formats.merkle import inclusion_proof
 from gateway.provenance.formats.tiles import TileReader
@@ -53,7 +54,10 @@ def _prove(args: argparse.Namespace) -> int:
     size = unverified_size(note)
     matches = [(i, r) for i, r in log.find_request(args.request_id, size) if r.type == args.record]
     if not matches:
-        print(f"error: no {args.record} record of {args.request_id!r} in the log", file=sys.stderr)
+        print(
+            f"error: no {args.record} record of {quoted(args.request_id)} in the log",
+            file=sys.stderr,
+        )
         return 1
     index, _ = matches[0]
     if args.cosigned:

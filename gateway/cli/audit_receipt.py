@@ -31,6 +31,7 @@ from gateway.provenance.audit.receipt import (
     receipt_commitment,
 )
 from gateway.provenance.audit.receipt_keys import check_receipt_key
+from gateway.provenance.audit.shown import shown
 from gateway.provenance.errors import MalformedError
 from gateway.provenance.formats.attestation import receipt_countersignature
 from gateway.provenance.formats.receipts import countersignature_of
@@ -95,14 +96,14 @@ def _receipt_verify(args: argparse.Namespace) -> int:
     envelope = read_receipt(args.file)
     receipt = verify_receipt(envelope, keys)
     names = (
-        f"dispatch entry {receipt.index} to backend {receipt.backend}"
+        f"dispatch entry {receipt.index} to backend {shown(receipt.backend)}"
         if receipt.backend
         else f"refusal entry {receipt.index} (nothing was dispatched)"
     )
     form = " (v2: its batch's signature and Merkle path)" if receipt_version(envelope) == 2 else ""
     print(
-        f"ok: receipt for request {receipt.request_id} signed by the log {receipt.log}{form}: "
-        f"{names}, policy {receipt.policy_digest}"
+        f"ok: receipt for request {shown(receipt.request_id)} signed by the log "
+        f"{shown(receipt.log)}{form}: {names}, policy {shown(receipt.policy_digest)}"
     )
     statement = receipt_countersignature(
         envelope, receipt, backend_keys(args.backend_key or args._backend_key_defaults, keys)
@@ -110,20 +111,20 @@ def _receipt_verify(args: argparse.Namespace) -> int:
     if statement is None and _carries_countersignature(envelope):
         print(
             f"note: the receipt carries a countersignature, not checked: give --backend-key "
-            f"{receipt.backend}=VKEY (the backend's sidecar key) to check it; until then this "
+            f"{shown(receipt.backend)}=VKEY (the backend's sidecar key) to check it; until then this "
             "receipt is the gateway's word alone"
         )
     if (args.request_body or args.response_body) and statement is None:
         print(
             "error: --request-body and --response-body check the backend's countersignature: "
-            f"give --backend-key {receipt.backend or '(none: a refusal)'}=VKEY (for the log's "
-            "own commitments: owngate audit open --receipt --log)",
+            f"give --backend-key {shown(receipt.backend) or '(none: a refusal)'}=VKEY (for the "
+            "log's own commitments: owngate audit open --receipt --log)",
             file=sys.stderr,
         )
         return 2
     if statement is not None:
         print(
-            f"ok: countersigned by backend {receipt.backend}'s key {statement.key} "
+            f"ok: countersigned by backend {shown(receipt.backend)}'s key {shown(statement.key)} "
             f"(counter {statement.counter})"
         )
         # The client's own bytes against what the backend signed, with the receipt's salts.

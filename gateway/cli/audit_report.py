@@ -22,6 +22,7 @@ from gateway.cli.audit_flags import (
 from gateway.provenance.audit.reader import read_settled
 from gateway.provenance.audit.report import Invocation, audit_report
 from gateway.provenance.audit.report_html import render_html
+from gateway.provenance.audit.shown import MAX_SHOWN_MESSAGE, shown
 
 __all__ = ["add_report"]
 
@@ -123,6 +124,7 @@ def _report(args: argparse.Namespace) -> int:
         _write(args.html, render_html(result))
     verification = result["verification"]
     if not verification["ok"]:
-        print(f"FAILED: {verification['error']} (the report says so)", file=sys.stderr)
+        failure = shown(verification["error"], MAX_SHOWN_MESSAGE)
+        print(f"FAILED: {failure} (the report says so)", file=sys.stderr)
         return 1
     return 0

@@ -18,6 +18,7 @@ from gateway.cli.audit_flags import (
 from gateway.provenance import (
     LogDirectory,
 )
+from gateway.provenance.audit.shown import shown
 from gateway.provenance.audit.summary import Filters, summarise
 
 __all__ = ["add_show"]
@@ -78,7 +79,8 @@ def _show(args: argparse.Namespace) -> int:
     rows: list[tuple[str, ...]] = [header]
     for r in summary.backends.values():
         counts = (r.dispatched, r.fallbacks, r.completed, r.errors)
-        rows.append((r.backend, r.region, r.tier, *(str(n) for n in counts)))
+        names = (shown(r.backend), shown(r.region), shown(r.tier))
+        rows.append((*names, *(str(n) for n in counts)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
@@ -88,7 +90,7 @@ def _show(args: argparse.Namespace) -> int:
         ("refusal", summary.refusal_rules),
     ):
         for reason, count in counter.most_common():
-            print(f"{title}: {count} x {reason}")
+            print(f"{title}: {count} x {shown(reason)}")
     for index, record in summary.records:
         print(f"{index}: {json.dumps(record.data, sort_keys=True)}")
     return 0

@@ -28,6 +28,7 @@ from gateway.provenance.audit.attested import AttestedSummary, check_attestation
 from gateway.provenance.audit.reader import read_settled
 from gateway.provenance.audit.remote import is_url, mirror_log
 from gateway.provenance.audit.report import verification_json
+from gateway.provenance.audit.shown import quoted, shown
 from gateway.provenance.formats.cosignature import CosignatureVerifier
 
 __all__ = ["add_verify"]
@@ -170,13 +171,14 @@ def _verified(
         else ""
     )
     print(
-        f"ok: {summary.origin}: {summary.size} entries, {summary.checkpoints} checkpoints, "
-        f"signed by {', '.join(summary.signed_by)}{earlier}; "
+        f"ok: {shown(summary.origin)}: {summary.size} entries, {summary.checkpoints} "
+        f"checkpoints, signed by {', '.join(shown(name) for name in summary.signed_by)}"
+        f"{earlier}; "
         f"{summary.open_dispatches} dispatch(es) without completion, "
         f"{summary.unsigned_entries} entries not yet in a checkpoint"
     )
     if witnessed is not None:
-        newest = ", ".join(f"{name} at {size}" for name, size in witnessed.newest_by.items())
+        newest = ", ".join(f"{shown(name)} at {size}" for name, size in witnessed.newest_by.items())
         print(
             f"ok: witnessed: {witnessed.cosigned} cosigned checkpoint(s); entries "
             f"0..{witnessed.witnessed_size - 1} are cosigned by at least "
@@ -195,10 +197,10 @@ def _verified(
                 )
             if not attested.dispatched.get(backend):
                 also += " (the log dispatched nothing to it: is the id right?)"
-            print(f"ok: backend {backend}: {count} answer(s) countersigned by its key{also}")
+            print(f"ok: backend {shown(backend)}: {count} answer(s) countersigned by its key{also}")
         if attested.unkeyed:
             # The log's ids, quoted: a compromised gateway's log is not to write to a terminal.
-            named = ", ".join(f"{b!r} ({n})" for b, n in sorted(attested.unkeyed.items()))
+            named = ", ".join(f"{quoted(b)} ({n})" for b, n in sorted(attested.unkeyed.items()))
             print(
                 f"note: answers of private backends given no --backend-key, the gateway's word "
                 f"alone: {named}"
@@ -231,7 +233,7 @@ def _attested(args: argparse.Namespace, logdir: str, size: int) -> AttestedSumma
             cross_check(summary, where, backend, keys[backend], trusted_checkpoints=held)
     if trusted:
         raise ValueError(
-            f"--attest-checkpoint for backend {min(trusted)} needs its --attest-log: the "
+            f"--attest-checkpoint for backend {shown(min(trusted))} needs its --attest-log: the "
             "checkpoint is checked against the sidecar's log"
         )
     return summary
@@ -243,6 +245,6 @@ def _backend_of(item: str, keys: dict[str, Any], flag: str) -> tuple[str, str]:
     backend, sep, where = item.partition("=")
     if not sep or backend not in keys:
         if len(keys) != 1:
-            raise ValueError(f"{flag} {item!r}: name its backend, ID={where or item}")
+            raise ValueError(f"{flag} {quoted(item)}: name its backend, ID={shown(where or item)}")
         backend, where = next(iter(keys)), item
     return backend, where

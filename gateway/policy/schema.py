@@ -9,6 +9,7 @@ false) is not taken for the country code, a quoted `"30"` is not taken for a num
 from __future__ import annotations
 
 import datetime
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -79,14 +80,23 @@ def _threshold(value: Any) -> float:
     raise ValueError("saturation_threshold is a number greater than 0")
 
 
+# A version reaches every dispatch and refusal record, the owngate_policy_info metric's
+# label, logs and `policy explain`: a bounded plain name, like the ids beside it.
+_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+-]{0,63}\Z")
+
+
 def _version(value: Any) -> str:
-    if isinstance(value, str) and value.strip():
-        return value
     if isinstance(value, datetime.date):  # YAML reads an unquoted 2025-06-01 as a date
-        return value.isoformat()
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    raise ValueError("version is a non-empty string (quote it) or a whole number")
+        value = value.isoformat()
+    elif isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if isinstance(value, str) and _VERSION.match(value):
+        return value
+    # The value is not quoted back: it may be what a terminal should not be sent.
+    raise ValueError(
+        "version is 1-64 letters, digits and . _ : + - (starting with a letter or digit; "
+        "quote it) or a whole number"
+    )
 
 
 MaxDays = Annotated[int | str, PlainValidator(_max_days)]

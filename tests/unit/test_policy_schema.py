@@ -386,3 +386,33 @@ def test_default_data_classes_load_and_change_the_digest() -> None:
 def test_a_default_data_class_must_be_defined(edit: tuple[str, str], expected: str) -> None:
     found = errors(DEFAULTS.replace(*edit))
     assert len(found) == 1 and found[0].startswith(expected), found
+
+
+@pytest.mark.parametrize(
+    "version",
+    [
+        '"3\\e[2K\\rok"',  # YAML's escapes: ESC and CR in a double-quoted string
+        '"4\\u202e"',
+        '"v1 beta"',
+        '" 1"',
+        '""',
+        "-1",
+        '"' + "1" * 65 + '"',
+    ],
+)
+def test_a_version_is_a_bounded_plain_name(version: str) -> None:
+    """It reaches every record, a metric label and the logs: refused, with file and line
+    and without quoting it back, unless it is 1-64 of letters, digits and `._:+-`."""
+    text = VALID.replace("id: eu-health", f"id: eu-health\n  version: {version}")
+    found = errors(text)
+    assert_prefixes(found, "p.yaml:5:3: metadata.version: version is 1-64 letters, digits")
+    assert "\x1b" not in found[0] and "\u202e" not in found[0]
+
+
+@pytest.mark.parametrize(
+    ("version", "loaded"),
+    [("'3'", "3"), ("2025-06-01", "2025-06-01"), ("7", "7"), ("v1.2.0+build_5", "v1.2.0+build_5")],
+)
+def test_a_plain_version_loads(version: str, loaded: str) -> None:
+    text = VALID.replace("id: eu-health", f"id: eu-health\n  version: {version}")
+    assert parse_policies([("p.yaml", text)], BACKENDS).compiled("eu-health").version == loaded

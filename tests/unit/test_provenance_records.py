@@ -51,7 +51,7 @@ _traces = st.lists(
 
 @settings(max_examples=150, deadline=None)
 @given(
-    request_id=st.text(min_size=1, max_size=12),
+    request_id=st.from_regex(r"[A-Za-z0-9._:-]{1,12}", fullmatch=True),
     tenant=_text,
     model=_text,
     backend=_refs,
@@ -121,6 +121,10 @@ def _dispatch(**change: Any) -> dict[str, object]:
     ("change", "message"),
     [
         ({"request_id": ""}, "request_id must be a non-empty string"),
+        # Receipts carry it and auditors print it: the gateway's req_ + 24 hex, or the like.
+        ({"request_id": "req 1"}, "request_id must be 1-128 of A-Za-z0-9._:-"),
+        ({"request_id": "req-1\x1b[2K"}, "request_id must be 1-128 of A-Za-z0-9._:-"),
+        ({"request_id": "r" * 129}, "request_id must be 1-128 of A-Za-z0-9._:-"),
         ({"tenant": 3}, "tenant must be a string"),
         ({"request_commitment": "AB" * 32}, "request_commitment must be 64 lowercase hex"),
         ({"request_commitment": "ab" * 31}, "request_commitment must be 64 lowercase hex"),

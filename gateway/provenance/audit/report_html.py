@@ -3,7 +3,9 @@
 The page holds its CSS and its charts (inline SVG drawn here, with `<title>` tooltips):
 no script, no external asset, no link, so it opens offline and can be archived as is.
 Every value taken from the log (tenant ids, backend ids, regions, rules, reasons, the
-failure text, witness names) is attacker-influenced and passes through `html.escape`.
+failure text, witness names) is attacker-influenced and passes through `html.escape`,
+after `shown` (audit/shown.py) escaped what is not printable: a bidirectional override or
+a line separator in a backend id would reorder or break what the reader sees.
 A log that failed verification gets a page that says so first and shows no figures.
 """
 
@@ -13,6 +15,8 @@ import html
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
+
+from gateway.provenance.audit.shown import shown
 
 __all__ = ["render_html"]
 
@@ -36,7 +40,7 @@ padding:1em}.failed{background:#fde8e8;border:4px solid #d62728;padding:1em;font
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    return html.escape(shown(value, None), quote=True)  # a file: escaped, not shortened
 
 
 def _seconds(iso: str) -> int:

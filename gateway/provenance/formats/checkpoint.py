@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from gateway.provenance.errors import MalformedError
 from gateway.provenance.formats.merkle import HASH_SIZE
 from gateway.provenance.formats.note import Note, Signer, Verifier, open_note, sign_note
+from gateway.provenance.formats.receipt_payload import MAX_ORIGIN, plain_origin
 
 __all__ = ["MAX_TREE_SIZE", "Checkpoint", "SignedCheckpoint", "open_checkpoint", "sign_checkpoint"]
 
@@ -32,6 +33,13 @@ class Checkpoint:
     def __post_init__(self) -> None:
         if not self.origin or "\n" in self.origin:
             raise MalformedError("checkpoint origin must be one non-empty line")
+        if not plain_origin(self.origin):
+            # A note has no C0 control (note.py); nor may the origin hold DEL, C1, a
+            # bidirectional override or a line separator: an auditor's terminal shows it.
+            raise MalformedError(
+                f"checkpoint origin must be 1-{MAX_ORIGIN} printable characters (no control "
+                "or format character, no space but the ASCII one)"
+            )
         if self.origin.startswith("DSSEv1"):
             raise MalformedError("checkpoint origin must not start with DSSEv1 (receipt domain)")
         if not 0 <= self.size <= MAX_TREE_SIZE:

@@ -14,10 +14,23 @@ from dataclasses import dataclass
 from gateway.provenance.errors import MalformedError
 from gateway.provenance.formats.commitments import Salts
 
-__all__ = ["RECEIPT_PAYLOAD_TYPE", "Receipt"]
+__all__ = ["MAX_ORIGIN", "RECEIPT_PAYLOAD_TYPE", "REQUEST_ID", "Receipt", "plain_origin"]
 
 RECEIPT_PAYLOAD_TYPE = "application/vnd.owngate.receipt+json"
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")  # a SHA-256 hash or a 32-byte salt
+# A request id: the gateway's `req_` (a request) or `adm_` (an admin action) and 24 hex
+# digits, a sidecar's own `attest-` and 16; the form a sidecar accepts of x-request-id.
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
+# A receipt's backend: a backend id as gateway.yaml allows it, or "" for a refusal.
+_BACKEND = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,62})?\Z")
+MAX_ORIGIN = 255  # characters of a log's origin line
+
+
+def plain_origin(origin: str) -> bool:
+    """A log origin as owngate writes and reads one: 1..`MAX_ORIGIN` printable characters
+    (`str.isprintable`: no control or format character, no line separator, no space but
+    the ASCII one), so that what names a log cannot drive the terminal that shows it."""
+    return 0 < len(origin) <= MAX_ORIGIN and origin.isprintable()
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +75,16 @@ class Receipt:
             or not all(isinstance(s, str) and _HEX64.match(s) for s in salts.values())
         ):
             raise MalformedError("receipt payload has a field of the wrong type")
+        # Shown to an auditor and matched against the log: each in its documented form,
+        # not quoted here (what does not verify is not to be printed).
+        if not REQUEST_ID.match(value["request_id"]):
+            raise MalformedError("receipt request_id is not 1-128 of A-Za-z0-9._:-")
+        if not plain_origin(value["log"]):
+            raise MalformedError(
+                f"receipt log is not an origin of 1-{MAX_ORIGIN} printable characters"
+            )
+        if not _BACKEND.match(value["backend"]):
+            raise MalformedError("receipt backend is not a backend id (or empty: a refusal)")
         return cls(
             request_id=value["request_id"],
             log=value["log"],

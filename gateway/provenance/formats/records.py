@@ -27,6 +27,7 @@ from typing import Literal
 from gateway.canonical import MAX_SAFE_INTEGER
 from gateway.provenance.errors import RecordError
 from gateway.provenance.formats.attestation import Attestation
+from gateway.provenance.formats.receipt_payload import REQUEST_ID
 from gateway.provenance.formats.record_parser import (
     RECORD_TYPES,
     Record,
@@ -69,6 +70,8 @@ class LogEntry:
 def _text(value: object, what: str, *, empty: bool = True) -> None:
     if type(value) is not str or not (empty or value):
         raise RecordError(f"{what} must be a{'' if empty else ' non-empty'} string, not {value!r}")
+    if what == "request_id" and not REQUEST_ID.match(value):  # the id receipts carry
+        raise RecordError(f"request_id must be 1-128 of A-Za-z0-9._:-, not {value!r:.80}")
 
 
 def _count(value: object, what: str) -> None:

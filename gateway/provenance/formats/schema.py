@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from gateway.canonical import MAX_SAFE_INTEGER
 from gateway.provenance.formats.attestation import FAILURES
+from gateway.provenance.formats.receipt_payload import REQUEST_ID
 
 __all__ = [
     "BASIS_STATES",
@@ -71,7 +72,7 @@ _TRACE = ListOf({"backend": str, "verdict": frozenset({"admitted", "excluded"}),
 _COMMON: dict[str, object] = {
     "v": frozenset({SCHEMA_VERSION}),
     "type": frozenset({"dispatch", "completion", "refusal", "admin", "attestation"}),
-    "request_id": _NONEMPTY,
+    "request_id": REQUEST_ID,
     "time": _TIME,
 }
 RECORD_SCHEMAS: dict[str, dict[str, object]] = {
