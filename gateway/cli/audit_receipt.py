@@ -111,8 +111,8 @@ def _receipt_verify(args: argparse.Namespace) -> int:
     if statement is None and _carries_countersignature(envelope):
         print(
             f"note: the receipt carries a countersignature, not checked: give --backend-key "
-            f"{shown(receipt.backend)}=VKEY (the backend's sidecar key) to check it; until then this "
-            "receipt is the gateway's word alone"
+            f"{shown(receipt.backend)}=VKEY (the backend's sidecar key) to check it; until then "
+            "this receipt is the gateway's word alone"
         )
     if (args.request_body or args.response_body) and statement is None:
         print(
