@@ -134,7 +134,7 @@ def test_every_request_is_logged_and_receipted(
     until(
         lambda: httpx.get(proof_url, headers=gateway.headers, timeout=10).status_code == 200,
         "an inclusion proof",
-        timeout=5.0,
+        timeout=30.0,
         interval=0.05,
     )
     proof = httpx.get(proof_url, headers=gateway.headers, timeout=10)

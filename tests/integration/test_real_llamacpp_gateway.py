@@ -74,7 +74,7 @@ def test_gateway_reads_the_real_metrics(gateway: Gateway) -> None:
     until(
         lambda: readiness(gateway.url)["backends"]["cpu-llama"]["metrics_age_s"] is not None,
         "a first scrape of cpu-llama",
-        timeout=5.0,
+        timeout=30.0,
         interval=0.05,
     )
     detail = readiness(gateway.url)["backends"]["cpu-llama"]

@@ -372,7 +372,7 @@ def test_queueing_shows_waiting_requests(sim: Start) -> None:
         burst = loop.create_task(_concurrent_chats(s.url, 3, 20))
         # The loop runs the burst while this waits (sent, then queued at the simulator).
         what = "a request running and one waiting"
-        waited = until_async(observe, what, timeout=5.0, interval=0.005)
+        waited = until_async(observe, what, timeout=30.0, interval=0.005)
         loop.run_until_complete(waited)
         statuses = loop.run_until_complete(burst)
     finally:
@@ -402,7 +402,7 @@ def test_llamacpp_slots_and_props(sim: Start) -> None:
     s = sim(fast("llamacpp", decode_tokens_per_s=100.0))
     body = {"messages": HELLO, "stream": True, "max_tokens": 500}
     with s.http.stream("POST", CHAT, json=body):
-        until(lambda: s.app.engine.running == 1, "one running", timeout=3.0, interval=0.005)
+        until(lambda: s.app.engine.running == 1, "one running", timeout=30.0, interval=0.005)
         slots = s.http.get("/slots").json()
         props = s.http.get("/props").json()
     assert props["total_slots"] == 4
@@ -428,13 +428,13 @@ def test_disconnect_frees_the_slot(sim: Start) -> None:
     until(
         lambda: s.app.engine.running == 0 and s.app.stats.cancelled == 1,
         "the request cancelled",
-        timeout=2.0,
+        timeout=30.0,
         interval=0.005,
     )
     start = time.perf_counter()
     assert s.http.post(CHAT, json={"messages": HELLO, "max_tokens": 2}).status_code == 200
     assert time.perf_counter() - start < 1.0
-    until(lambda: s.app.stats.in_flight == 0, "none in flight", timeout=3.0, interval=0.005)
+    until(lambda: s.app.stats.in_flight == 0, "none in flight", timeout=30.0, interval=0.005)
     assert s.app.engine.generation_tokens_total < 1000
 
 
@@ -461,7 +461,7 @@ def test_slow_start_then_ready(sim: Start) -> None:
     chat = s.http.post(CHAT, json={"messages": HELLO})
     assert (health.status_code, health.json()) == (503, loading)
     assert (chat.status_code, chat.json()) == (503, loading)
-    until(lambda: s.http.get("/health").status_code == 200, "healthy", timeout=3.0, interval=0.005)
+    until(lambda: s.http.get("/health").status_code == 200, "healthy", timeout=30.0, interval=0.005)
     assert s.http.post(CHAT, json={"messages": HELLO}).status_code == 200
     s.app.start_loading(5.0)  # a restart, flipped at run time
     assert s.http.get("/health").status_code == 503
@@ -500,7 +500,7 @@ def test_hang_fault_waits_for_the_client_to_leave(sim: Start) -> None:
     until(
         lambda: s.app.stats.cancelled == 1 and s.app.stats.in_flight == 0,
         "the request cancelled, none in flight",
-        timeout=3.0,
+        timeout=30.0,
         interval=0.005,
     )
     assert s.app.stats.hangs == 1

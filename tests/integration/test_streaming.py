@@ -66,8 +66,8 @@ def _leave_mid_stream(sim: Sim, gateway: Gateway, requests: int) -> None:
             chunk = sock.recv(65536)
             assert chunk, "gateway closed the stream"
             received += chunk
-        until(lambda: sim.app.stats.in_flight == 1, "one request at the backend", timeout=5.0)
-    until(lambda: sim.app.stats.in_flight == 0, "the upstream request dropped", timeout=5.0)
+        until(lambda: sim.app.stats.in_flight == 1, "one request at the backend", timeout=30.0)
+    until(lambda: sim.app.stats.in_flight == 0, "the upstream request dropped", timeout=30.0)
     assert sim.app.stats.cancelled == 1
     assert sim.app.stats.completed == 0
     assert gateway.app.registry.backends["gpu"].inflight == 0
@@ -94,8 +94,8 @@ def test_non_stream_disconnect_cancels_too(
             + b"\r\ncontent-length: %d\r\n\r\n" % len(body)
             + body
         )
-        until(lambda: sim.app.stats.in_flight == 1, "one request at the backend", timeout=5.0)
-    until(lambda: sim.app.stats.in_flight == 0, "the upstream request dropped", timeout=5.0)
+        until(lambda: sim.app.stats.in_flight == 1, "one request at the backend", timeout=30.0)
+    until(lambda: sim.app.stats.in_flight == 0, "the upstream request dropped", timeout=30.0)
     assert sim.app.stats.cancelled == 1
 
 

@@ -86,7 +86,7 @@ def test_concurrent_requests(
     first: list[int] = []
     thread = threading.Thread(target=lambda: first.append(post(gateway).status_code))
     thread.start()
-    until(lambda: sim.app.stats.in_flight > 0, "the first request at the backend", timeout=5.0)
+    until(lambda: sim.app.stats.in_flight > 0, "the first request at the backend", timeout=30.0)
     assert post(gateway).status_code == 429
     thread.join(timeout=30)
     assert first == [200]
