@@ -326,7 +326,9 @@ def test_revocations_reach_every_replica(redis_server: RedisServer) -> None:
             assert a.status().pending_revocations == 0
         async with replicas(redis_server, "late") as (late,):
             await until_async(
-                lambda: late.is_revoked(first) and late.is_revoked(second), "re-stored", timeout=30.0
+                lambda: late.is_revoked(first) and late.is_revoked(second),
+                "re-stored",
+                timeout=30.0,
             )
 
     asyncio.run(scenario())
