@@ -16,24 +16,40 @@ Anthropic's and Gemini's search tools):
   multi-turn audio), which a zero-retention agreement does not remove.
 - `store: true`: OpenAI and Azure OpenAI keep the prompt and the answer as a stored
   completion, readable with the gateway's key by anyone who holds it.
+- Prompt caches the client asks for: a non-null `cache_control` (or Bedrock's
+  `cachePoint`) on the request, on any message or anything inside one (content parts,
+  tool calls), on a tool or its `function`/`custom` definition; `prompt_cache_retention`
+  other than `in_memory`. LiteLLM 1.108.7 forwards `cache_control` to Anthropic (`"ttl":
+  "1h"` keeps the prompt an hour), to Bedrock as a `cachePoint`, and for Gemini and
+  Vertex creates a context cache (a stored `cachedContents` resource in the gateway's
+  account) whose `ttl` is whatever the client wrote, years included. OpenAI's `"24h"`
+  keeps the prompt's cache a day. The policy checked the backend's declared retention,
+  not the client's: a backend declared zero-retention would keep the prompt anyway.
+  (`prompt_cache_retention` is not forwarded; it is refused because dropping it would
+  go unseen.) `prompt_cache_key` only routes to a cache and passes.
 
 A client that asked for one of these is refused (`RefusedField`: 400 naming the field),
 not served without it: an answer without the web search, the audio or the stored copy the
 client asked for would not be what it asked for, and nothing would tell it so. Only tools
 of type `function` and `custom` (both run by the client, not the provider), with no keys
 beyond the API's, and legacy `functions` with a `name`, are sent.
-`store: false` (the default) and null values ask for nothing and pass.
+`store: false` (the default), `prompt_cache_retention: "in_memory"` (the default) and null
+values ask for nothing and pass.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-__all__ = ["CLIENT_TOOL_TYPES", "RefusedField", "refuse_provider_actions"]
+__all__ = ["CACHE_MARKERS", "CLIENT_TOOL_TYPES", "RefusedField", "refuse_provider_actions"]
 
 # Tools the provider only describes to the model; the client runs them.
 CLIENT_TOOL_TYPES: Final = frozenset({"function", "custom"})
+# The keys by which a chat request asks a provider to keep its prompt as a cache
+# (Anthropic's and LiteLLM's `cache_control`, Bedrock Converse's `cachePoint`).
+CACHE_MARKERS: Final = ("cache_control", "cachePoint")
 
 
 class RefusedField(ValueError):
@@ -49,6 +65,11 @@ _SEARCH = "the provider's web search sends text from the prompt to a search serv
 _AUDIO = "the provider may keep spoken output as state, outside zero-retention terms"
 _TOOL = "the provider itself would run it (search, fetch, execute, call a server)"
 _STORE = "it asks the provider to keep the prompt and the answer"
+_CACHE = "it asks the provider to keep the prompt as a cache, past the retention checked"
+# A marker's path names structure only: keys of this form, at most this deep; past that
+# (a key of the client's own, deep nesting) the message holding it is named.
+_PLAIN_KEY: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
+_MAX_PATH: Final = 6
 # LiteLLM's Gemini adapter drops a tool's `type` and reads a lone other key as a built-in
 # tool (`{"type": "custom", "googleSearch": {}}` is Google Search), and takes a legacy
 # `functions` entry without a `name` the same way: a tool has the API's keys only.
@@ -70,6 +91,7 @@ def refuse_provider_actions(doc: Mapping[str, Any]) -> None:
         raise RefusedField("modalities", _AUDIO)
     if doc.get("store") is True:
         raise RefusedField("store", _STORE)
+    _refuse_prompt_caches(doc)
     tools = doc.get("tools")
     for i, tool in enumerate(tools if isinstance(tools, list) else ()):
         if not isinstance(tool, dict):
@@ -85,3 +107,82 @@ def refuse_provider_actions(doc: Mapping[str, Any]) -> None:
             isinstance(function.get("name"), str) and function.keys() <= _FUNCTION_KEYS
         ):
             raise RefusedField(f"functions[{i}]", _FUNCTION_SHAPE)
+
+
+def _refuse_prompt_caches(doc: Mapping[str, Any]) -> None:
+    """`RefusedField` for the first cache marker (`CACHE_MARKERS`) of the request, its
+    messages or its tools, or a `prompt_cache_retention` longer than in memory."""
+    if doc.get("prompt_cache_retention") not in (None, "in_memory"):
+        raise RefusedField("prompt_cache_retention", _CACHE)
+    for key in CACHE_MARKERS:
+        if doc.get(key) is not None:
+            raise RefusedField(key, _CACHE)
+    messages = doc.get("messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else ()):
+        found = _marker_in(message)
+        if found is not None:
+            raise RefusedField(_path(f"messages[{i}]", found), _CACHE)
+    tools = doc.get("tools")
+    for i, tool in enumerate(tools if isinstance(tools, list) else ()):
+        # A tool and its definition, not the definition's `parameters`: a JSON schema may
+        # name a property `cache_control`. LiteLLM reads both places (Anthropic, Bedrock).
+        for where, obj in ((f"tools[{i}]", tool), *_definitions(f"tools[{i}]", tool)):
+            for key in CACHE_MARKERS:
+                if isinstance(obj, dict) and obj.get(key) is not None:
+                    raise RefusedField(f"{where}.{key}", _CACHE)
+
+
+def _definitions(where: str, tool: Any) -> list[tuple[str, Any]]:
+    if not isinstance(tool, dict):
+        return []
+    return [(f"{where}.{kind}", tool.get(kind)) for kind in CLIENT_TOOL_TYPES]
+
+
+# A path inside a message, innermost step first: (key or index, the path above it).
+_Steps = tuple[str | int, "_Steps"] | None
+
+
+def _marker_in(message: Any) -> tuple[str | int, ...] | None:
+    """The path, inside `message`, to its first non-null cache marker, at any depth.
+
+    Iterative and linear in the message's size (each node holds its step and a link to
+    its parent's path), so a deeply nested message costs no stack and no copies. A
+    message's keys are the API's structure, its text is in string values (not walked)."""
+    stack: list[tuple[_Steps, Any]] = [(None, message)]
+    while stack:
+        steps, node = stack.pop()
+        if isinstance(node, dict):
+            for key in CACHE_MARKERS:
+                if node.get(key) is not None:
+                    return _unwound((key, steps))
+            children: list[tuple[str | int, Any]] = list(node.items())
+        elif isinstance(node, list):
+            children = list(enumerate(node))
+        else:
+            continue
+        stack.extend(((k, steps), v) for k, v in reversed(children) if isinstance(v, dict | list))
+    return None
+
+
+def _unwound(steps: _Steps) -> tuple[str | int, ...]:
+    parts: list[str | int] = []
+    while steps is not None:
+        step, steps = steps
+        parts.append(step)
+    return tuple(reversed(parts))
+
+
+def _path(message: str, parts: tuple[str | int, ...]) -> str:
+    """`messages[0].content[1].cache_control`; the message alone when a key on the way
+    is not a plain name or the path is deep (the client's text is never repeated)."""
+    if len(parts) > _MAX_PATH:
+        return message
+    where = message
+    for part in parts:
+        if isinstance(part, int):
+            where += f"[{part}]"
+        elif _PLAIN_KEY.fullmatch(part):
+            where += f".{part}"
+        else:
+            return message
+    return where

@@ -25,7 +25,11 @@ What is switched off, and why (LiteLLM 1.108.7, read from its source):
   tokenizers from the Hugging Face Hub); `modify_params=False`,
   `route_all_chat_openai_to_responses=False` (no environment-driven rewriting);
   `user_url_validation=True`, `user_url_allowed_hosts=[]` (LiteLLM's own refusal of
-  content-part URLs on non-public addresses stays on, behind gateway/upstream/media_urls.py).
+  content-part URLs on non-public addresses stays on, behind gateway/upstream/media_urls.py);
+  `disable_anthropic_gemini_context_caching_transform=True` (a `cache_control` marker
+  never becomes a Gemini or Vertex context cache, a stored `cachedContents` resource whose
+  lifetime the request names; gateway/upstream/hosted_fields.py refuses such markers
+  before LiteLLM sees them, this is behind it).
 - Warnings: pydantic's serializer warnings are ignored. LiteLLM dumps a provider's answer
   through its pydantic models; one of an unexpected shape makes pydantic warn with the
   offending value (`input_value='...'`, the answer's text, cut in the middle) on stderr,
@@ -112,6 +116,8 @@ _SETTINGS: Final[dict[str, Any]] = {
     # host let through (gateway/upstream/media_urls.py checks them before LiteLLM does).
     "user_url_validation": True,
     "user_url_allowed_hosts": [],
+    # No context cache created from a request's `cache_control` (Gemini, Vertex).
+    "disable_anthropic_gemini_context_caching_transform": True,
 }
 
 

@@ -26,7 +26,8 @@ __all__ = ["request_params"]
 # and `store` because it asks the provider to keep the prompt and the answer (OpenAI's and
 # Azure's stored completions, retrievable with the gateway's key): the client would
 # lengthen the retention the policy checked against the backend's declaration (`store:
-# true`, `web_search_options`, `audio` and built-in tools are refused before this:
+# true`, `web_search_options`, `audio`, built-in tools and prompt caches (`cache_control`
+# in messages and tools, `prompt_cache_retention`) are refused before this:
 # gateway/upstream/hosted_fields.py).
 _SAMPLING: Final = frozenset(
     {

@@ -1,0 +1,156 @@
+"""A client cannot lengthen how long a hosted provider keeps its prompt: a prompt cache it
+asks for is refused on the hosted attempt, before LiteLLM is called
+(gateway/upstream/hosted_fields.py).
+
+The policy admits the Anthropic mock for its declared zero-day, zero-data-retention
+terms. LiteLLM forwards `cache_control` to Anthropic as written, so `{"type":
+"ephemeral", "ttl": "1h"}` on a content part had the provider keep the prompt an hour;
+`prompt_cache_retention: "24h"` (OpenAI's day-long cache) was dropped without a word.
+Now both are 400 naming where they were, the provider gets nothing and the signed log
+has the attempt with the status the client got; the same request without the marker is
+served, and what reaches the provider carries no cache marker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.app import create_app
+from gateway.provenance import write_signing_key
+from gateway.serving import ServerThread
+from gateway.upstream.litellm_runtime import load_litellm
+from tests.helpers.anthropic_mock import AnthropicMock
+from tests.helpers.gateways import EU_ZERO, LITELLM_WARNINGS, TENANT_KEY, gateway_config
+from tests.helpers.provenance import completion_record, request_records
+
+pytestmark = LITELLM_WARNINGS
+
+ANTHROPIC_KEY = "sk-ant-retention-0123456789"
+POLICY = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: zero, version: "1"}
+spec:
+  tenants: [acme]
+  residency: {allow: [eu]}
+  retention: {max_days: zero}
+  fallback:
+    mode: when_private_unavailable
+    to: [{backend: claude}]
+"""
+HOUR = {"type": "ephemeral", "ttl": "1h"}
+DOCUMENT = {"type": "text", "text": "a long contract to keep for an hour"}
+
+
+@dataclass
+class Stack:
+    url: str
+    anthropic: AnthropicMock
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("retention")
+    (root / "policies").mkdir()
+    (root / "policies" / "zero.yaml").write_text(POLICY)
+    write_signing_key(root / "log.key", "test.owngate/retention")
+    anthropic = AnthropicMock(api_key=ANTHROPIC_KEY)
+    with ServerThread(anthropic) as claude_server:
+        claude = {
+            "id": "claude",
+            "kind": "hosted",
+            "provider": "anthropic",
+            "base_url": claude_server.url,
+            "api_key_env": "MOCK_ANTHROPIC_KEY",
+            "owner": "anthropic",
+            "models": [{"name": "m", "provider_model": "anthropic/claude-mock-1"}],
+            **EU_ZERO,
+        }
+        config = gateway_config(
+            [claude],
+            policy={"paths": [str(root / "policies")]},
+            provenance={
+                "dir": str(root / "log"),
+                "origin": "test.owngate/retention",
+                "signing_key_file": str(root / "log.key"),
+                "checkpoint_interval_ms": 20,
+            },
+        )
+        app = create_app(config, environ={"MOCK_ANTHROPIC_KEY": ANTHROPIC_KEY})
+        with ServerThread(app) as gateway:
+            yield Stack(gateway.url, anthropic, root / "log")
+
+
+def chat(stack: Stack, **fields: Any) -> httpx.Response:
+    stack.anthropic.reset()
+    return httpx.post(
+        f"{stack.url}/v1/chat/completions",
+        json={"model": "m", "max_tokens": 8, **fields},
+        headers={"authorization": f"Bearer {TENANT_KEY}"},
+        timeout=120,  # the first hosted request imports LiteLLM
+    )
+
+
+def user(*parts: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": list(parts)}]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"messages": user({**DOCUMENT, "cache_control": HOUR})},
+         "messages[0].content[0].cache_control"),
+        ({"messages": [{"role": "system", "content": [{**DOCUMENT, "cache_control": HOUR}]},
+                       {"role": "user", "content": "hi"}]},
+         "messages[0].content[0].cache_control"),
+        ({"messages": user(DOCUMENT), "tools": [{"type": "function", "function": {
+            "name": "f", "parameters": {"type": "object"}, "cache_control": HOUR}}]},
+         "tools[0].function.cache_control"),
+        ({"messages": user(DOCUMENT), "prompt_cache_retention": "24h"},
+         "prompt_cache_retention"),
+    ],
+)  # fmt: skip
+def test_a_prompt_cache_is_refused_and_the_provider_gets_nothing(
+    stack: Stack, fields: dict[str, Any], param: str
+) -> None:
+    refused = chat(stack, **fields)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "upstream_bad_request",
+        param,
+    )
+    assert "not sent" in error["message"] and "keep the prompt" in error["message"]
+    assert stack.anthropic.received == []
+    request_id = refused.headers["x-request-id"]
+    assert completion_record(stack.log, request_id)["status"] == 400
+    (dispatch,) = request_records(stack.log, request_id, "dispatch")
+    assert dispatch["backend"]["id"] == "claude"
+
+
+def test_the_same_request_without_a_cache_is_served_without_one(stack: Stack) -> None:
+    answer = chat(
+        stack,
+        messages=user({**DOCUMENT, "cache_control": None}),
+        prompt_cache_retention="in_memory",
+    )
+    assert answer.status_code == 200, answer.text
+    (received,) = stack.anthropic.received
+    assert "cache_control" not in str(received.body)
+    assert received.body["messages"][0]["content"][0]["text"] == DOCUMENT["text"]
+
+
+def test_litellm_makes_no_context_cache_of_a_marked_message() -> None:
+    # Behind the refusal: LiteLLM as the gateway configures it never reads a marker as
+    # a Gemini/Vertex context cache to create (a stored resource with the client's ttl).
+    litellm = load_litellm()
+    marked = {"role": "user", "content": [{**DOCUMENT, "cache_control": HOUR}]}
+    assert litellm.utils.is_cached_message(marked) is False
