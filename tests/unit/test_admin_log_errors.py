@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
+import pytest
 
 from gateway.admin.receipts import _check
 from gateway.app import admin_app, create_app
@@ -60,3 +62,40 @@ def test_a_receipt_the_log_cannot_prove_names_no_host_path(tmp_path: Path) -> No
     verdict = _check(make_receipt(receipt, signer), LogDirectory(tmp_path), [signer.verifier()])
     assert verdict["valid"] is False
     assert verdict["problems"] == ["the log does not hold it: log has no checkpoint file"]
+
+
+@pytest.mark.parametrize("request_id", ["req_0123", "attest-0a1b", "tenant:job.7"])
+def test_a_request_lookup_takes_the_request_id_form_of_the_log(
+    tmp_path: Path, request_id: str
+) -> None:
+    """What a record or a sidecar takes as a request id (`:` too) is looked up in the log;
+    anything else is not a request id, before the log is read."""
+    assert _lookup(tmp_path, request_id) == "the log cannot be read: log has no checkpoint file"
+
+
+@pytest.mark.parametrize("request_id", ["a b", "x" * 129, "r\u00e9q", "req%1b"])
+def test_a_request_lookup_refuses_what_is_not_a_request_id(tmp_path: Path, request_id: str) -> None:
+    assert _lookup(tmp_path, request_id) == "not a request id"
+
+
+def _lookup(tmp_path: Path, request_id: str) -> str:
+    (tmp_path / "log").mkdir()  # no checkpoint yet
+    config = {
+        "backends": [backend("gpu", "http://127.0.0.1:9", "m")],
+        "provenance": {"dir": "log", "origin": ORIGIN, "signing_key_file": "log.key"},
+        "admin": {"token_hashes": ["sha256:" + hashlib.sha256(TOKEN.encode()).hexdigest()]},
+    }
+    app = admin_app(create_app(GatewaySettings.model_validate(config), config_dir=tmp_path))
+
+    async def run() -> httpx.Response:
+        transport = httpx.ASGITransport(app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://admin") as http:
+            return await http.get(
+                f"/admin/v1/log/requests/{quote(request_id)}",
+                headers={"authorization": f"Bearer {TOKEN}"},
+            )
+
+    answer = asyncio.run(run())
+    assert answer.status_code == 404, answer.text
+    message: str = answer.json()["error"]["message"]
+    return message
