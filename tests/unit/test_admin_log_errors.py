@@ -26,22 +26,7 @@ ORIGIN = "admin-errors.test/log"
 
 
 def test_a_request_lookup_on_an_unreadable_log_names_no_host_path(tmp_path: Path) -> None:
-    (tmp_path / "log").mkdir()  # no checkpoint yet
-    config = {
-        "backends": [backend("gpu", "http://127.0.0.1:9", "m")],
-        "provenance": {"dir": "log", "origin": ORIGIN, "signing_key_file": "log.key"},
-        "admin": {"token_hashes": ["sha256:" + hashlib.sha256(TOKEN.encode()).hexdigest()]},
-    }
-    app = admin_app(create_app(GatewaySettings.model_validate(config), config_dir=tmp_path))
-
-    async def run() -> httpx.Response:
-        transport = httpx.ASGITransport(app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://admin") as http:
-            return await http.get(
-                "/admin/v1/log/requests/req-1", headers={"authorization": f"Bearer {TOKEN}"}
-            )
-
-    answer = asyncio.run(run())
+    answer = _lookup(tmp_path, "req-1")
     assert answer.status_code == 404, answer.text
     message = answer.json()["error"]["message"]
     assert message == "the log cannot be read: log has no checkpoint file"
@@ -70,16 +55,23 @@ def test_a_request_lookup_takes_the_request_id_form_of_the_log(
 ) -> None:
     """What a record or a sidecar takes as a request id (`:` too) is looked up in the log;
     anything else is not a request id, before the log is read."""
-    assert _lookup(tmp_path, request_id) == "the log cannot be read: log has no checkpoint file"
+    answer = _lookup(tmp_path, request_id)
+    assert answer.status_code == 404, answer.text
+    assert answer.json()["error"]["message"] == (
+        "the log cannot be read: log has no checkpoint file"
+    )
 
 
 @pytest.mark.parametrize("request_id", ["a b", "x" * 129, "r\u00e9q", "req%1b"])
 def test_a_request_lookup_refuses_what_is_not_a_request_id(tmp_path: Path, request_id: str) -> None:
-    assert _lookup(tmp_path, request_id) == "not a request id"
+    answer = _lookup(tmp_path, request_id)
+    assert answer.status_code == 404, answer.text
+    assert answer.json()["error"]["message"] == "not a request id"
 
 
-def _lookup(tmp_path: Path, request_id: str) -> str:
-    (tmp_path / "log").mkdir()  # no checkpoint yet
+def _lookup(tmp_path: Path, request_id: str) -> httpx.Response:
+    """The admin API's answer to a lookup of `request_id` in a log with no checkpoint yet."""
+    (tmp_path / "log").mkdir()
     config = {
         "backends": [backend("gpu", "http://127.0.0.1:9", "m")],
         "provenance": {"dir": "log", "origin": ORIGIN, "signing_key_file": "log.key"},
@@ -95,7 +87,4 @@ def _lookup(tmp_path: Path, request_id: str) -> str:
                 headers={"authorization": f"Bearer {TOKEN}"},
             )
 
-    answer = asyncio.run(run())
-    assert answer.status_code == 404, answer.text
-    message: str = answer.json()["error"]["message"]
-    return message
+    return asyncio.run(run())
