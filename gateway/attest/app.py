@@ -58,7 +58,7 @@ from pathlib import Path
 
 from gateway.attest.notary import COUNTER_FILE, CounterFile, Notary, last_logged_counter
 from gateway.attest.protocol import Connection, Request
-from gateway.body_budget import RETRY_AFTER, BodyBudget, Held
+from gateway.body_budget import BodyBudget, Held, hold_answer
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
 from gateway.provenance import (
@@ -346,17 +346,4 @@ class AttestRelay:
 
 def _cover(held: Held, size: int) -> None:
     """Hold `size` bytes of a whole answer against the sidecar's budget."""
-    try:
-        held.cover(size)
-    except GatewayError as exc:
-        if exc.code is ErrorCode.rate_limit_exceeded:
-            raise GatewayError(
-                ErrorCode.rate_limit_exceeded,
-                "The sidecar holds as many whole answers as it may at once "
-                "(--max-held-answer-bytes); retry shortly.",
-                headers=(RETRY_AFTER,),
-            ) from None
-        raise GatewayError(  # larger than the whole budget: no retry could succeed
-            ErrorCode.upstream_error,
-            "The backend's answer is larger than the sidecar may hold (--max-held-answer-bytes).",
-        ) from None
+    hold_answer(held, size, holder="sidecar", setting="--max-held-answer-bytes")
