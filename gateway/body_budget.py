@@ -19,7 +19,8 @@ The gateway uses a second one for the whole answers (and backend error bodies) i
 (`limits.max_held_answer_bytes`, gateway/api/answer_reads.py). The attest sidecar
 (`owngate attest`) uses the same budget for bytes only: it hashes and relays bodies and
 never parses them; and a second one for the whole answers it holds
-(`--max-held-answer-bytes`, gateway/attest/app.py).
+(`--max-held-answer-bytes`, gateway/attest/app.py); `hold_answer` words its refusals
+for both.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Final
 
 from gateway.errors import ErrorCode, GatewayError
 
-__all__ = ["BodyBudget", "Held"]
+__all__ = ["BodyBudget", "Held", "hold_answer"]
 
 RETRY_AFTER: Final = (b"retry-after", b"1")
 
@@ -84,3 +85,24 @@ class Held:
         """Give the bytes back (again: nothing)."""
         self._budget.held -= self.size
         self.size = 0
+
+
+def hold_answer(held: Held, size: int, *, holder: str, setting: str) -> None:
+    """Hold `size` bytes of a backend's whole answer: 429 `rate_limit_exceeded` with
+    `retry-after: 1` past the budget (another answer may have been given back by then),
+    502 `upstream_error` past all of it (no retry could help). `holder` (the gateway, the
+    sidecar) and `setting` (the limit that bounds it) are named in the message."""
+    try:
+        held.cover(size)
+    except GatewayError as exc:
+        if exc.code is ErrorCode.rate_limit_exceeded:
+            raise GatewayError(
+                ErrorCode.rate_limit_exceeded,
+                f"The {holder} holds as many whole answers as it may at once ({setting}); "
+                "retry shortly.",
+                headers=(RETRY_AFTER,),
+            ) from None
+        raise GatewayError(
+            ErrorCode.upstream_error,
+            f"The backend's answer is larger than the {holder} may hold ({setting}).",
+        ) from None

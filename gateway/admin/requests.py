@@ -4,15 +4,15 @@
 Read from the log directory as an auditor would (`LogDirectory`): every record of the
 request that the latest checkpoint covers, and for each a C2SP tlog-proof against that
 checkpoint (the record itself as its extra line), which `owngate audit` and any
-tlog-proof client check offline. Finding a request scans the log (no index is kept):
-in a worker thread, off the event loop, and one scan at a time with the audit report's
-(report.py `scanning`; past its waiting bound, 429).
+tlog-proof client check offline. The id is looked up only in the form a record's
+request_id has (receipt_payload.py `REQUEST_ID`); any other is not found. Finding a
+request scans the log (no index is kept): in a worker thread, off the event loop, and one
+scan at a time with the audit report's (report.py `scanning`; past its waiting bound, 429).
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,12 +25,12 @@ from gateway.admin.tiles import log_dir, log_problem
 from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance import LogDirectory, ProvenanceError, TlogProof
 from gateway.provenance.formats.merkle import inclusion_proof
+from gateway.provenance.formats.receipt_payload import REQUEST_ID
 from gateway.provenance.formats.tiles import TILE_WIDTH, TileReader
 
 __all__ = ["ProvedRecord", "RequestRecords", "router"]
 
 router = APIRouter(prefix="/admin/v1/log", tags=["auditor"])
-_REQUEST_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
 class ProvedRecord(BaseModel):
@@ -50,7 +50,7 @@ class RequestRecords(BaseModel):
 async def request_records(
     request_id: str, request: Request, caller: Annotated[Caller, Depends(require("auditor"))]
 ) -> RequestRecords:
-    if not _REQUEST_ID.fullmatch(request_id):
+    if not REQUEST_ID.match(request_id):  # the form a record's request_id has
         raise GatewayError(ErrorCode.not_found, "not a request id")
     async with scanning(request):  # one log scan at a time, as a report
         return await asyncio.to_thread(_records, log_dir(request), request_id)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import orjson
 
-from gateway.body_budget import RETRY_AFTER, Held
-from gateway.errors import ErrorCode, GatewayError
+from gateway.body_budget import Held, hold_answer
+from gateway.errors import GatewayError
 from gateway.upstream.http import UpstreamError, UpstreamResponse
 
 __all__ = ["MAX_ERROR_BODY", "check_whole", "cover_answer", "read_error_body", "read_held"]
@@ -38,21 +38,7 @@ def cover_answer(held: Held, size: int) -> None:
     been given back by then), 502 `upstream_error` past all of it (no retry could help;
     `limits.max_held_answer_bytes` is at least `max_response_bytes`, so only an answer
     the gateway would refuse anyway gets there)."""
-    try:
-        held.cover(size)
-    except GatewayError as exc:
-        if exc.code is ErrorCode.rate_limit_exceeded:
-            raise GatewayError(
-                ErrorCode.rate_limit_exceeded,
-                "The gateway holds as many whole answers as it may at once "
-                "(limits.max_held_answer_bytes); retry shortly.",
-                headers=(RETRY_AFTER,),
-            ) from None
-        raise GatewayError(
-            ErrorCode.upstream_error,
-            "The backend's answer is larger than the gateway may hold "
-            "(limits.max_held_answer_bytes).",
-        ) from None
+    hold_answer(held, size, holder="gateway", setting="limits.max_held_answer_bytes")
 
 
 async def read_held(

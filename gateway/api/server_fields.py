@@ -43,6 +43,7 @@ from typing import Any, Final
 
 from gateway.api.labels import excerpt
 from gateway.errors import ErrorCode, GatewayError
+from gateway.upstream.openai_shapes import content_parts
 
 __all__ = [
     "RENDERER_ARGUMENTS",
@@ -169,22 +170,15 @@ def _refuse_content_parts(doc: Mapping[str, Any]) -> None:
     such a key without a type), which the server deserializes (GHSA-pmqf-x6x8-p7qw), or
     whose image or video sets its own tiling (SGLang's `max_dynamic_patch` in an
     `image_url` or `video_url`: a tile is hundreds of tokens, past `MEDIA_ALLOWANCE`)."""
-    messages = doc.get("messages")
-    if not isinstance(messages, list):
-        return
-    for i, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list):
-            continue
-        for j, part in enumerate(content):
-            found = _part_problem(part) if isinstance(part, dict) else None
-            if found is not None:
-                param, why = f"messages[{i}].content[{j}]{found[0]}", found[1]
-                raise GatewayError(
-                    ErrorCode.invalid_request,
-                    f"`{param}` is not accepted: it {why} (docs/security.md)",
-                    param=param,
-                )
+    for where, part in content_parts(doc.get("messages")):
+        found = _part_problem(part)
+        if found is not None:
+            param, why = f"{where}{found[0]}", found[1]
+            raise GatewayError(
+                ErrorCode.invalid_request,
+                f"`{param}` is not accepted: it {why} (docs/security.md)",
+                param=param,
+            )
 
 
 def _part_problem(part: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -53,13 +53,12 @@ import asyncio
 import base64
 import hashlib
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.attest.notary import COUNTER_FILE, CounterFile, Notary, last_logged_counter
 from gateway.attest.protocol import Connection, Request
-from gateway.body_budget import RETRY_AFTER, BodyBudget, Held
+from gateway.body_budget import BodyBudget, Held, hold_answer
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
 from gateway.provenance import (
@@ -76,6 +75,7 @@ from gateway.provenance.formats.attestation import (
     SSE_PREFIX,
     parse_salts,
 )
+from gateway.provenance.formats.receipt_payload import REQUEST_ID
 from gateway.sse_comments import CommentFilter, StripReports
 from gateway.upstream.http import HttpPool, UpstreamError, UpstreamResponse
 
@@ -88,7 +88,6 @@ RELAYED: dict[bytes, frozenset[bytes]] = {
     b"GET": frozenset({b"/health", b"/metrics", b"/v1/models", b"/props", b"/slots"}),
 }
 
-_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}\Z")
 # What reaches the backend: the request's framing, credentials and trace context, no more.
 _FORWARDED = frozenset({b"content-type", b"authorization", b"accept", b"traceparent"})
 _SSE = b"text/event-stream"
@@ -208,7 +207,8 @@ class AttestRelay:
                     request_id = value
             elif name == SALTS_HEADER and salts_value is None:
                 salts_value = value
-        if request_id is None or not _REQUEST_ID.match(request_id):
+        # Kept only in the form a record's request_id has (each byte one character).
+        if request_id is None or not REQUEST_ID.match(request_id.decode("latin-1")):
             request_id = b"attest-" + os.urandom(8).hex().encode()
         headers.append((b"x-request-id", request_id))
         salts = parse_salts(salts_value) or Salts.generate()
@@ -346,17 +346,4 @@ class AttestRelay:
 
 def _cover(held: Held, size: int) -> None:
     """Hold `size` bytes of a whole answer against the sidecar's budget."""
-    try:
-        held.cover(size)
-    except GatewayError as exc:
-        if exc.code is ErrorCode.rate_limit_exceeded:
-            raise GatewayError(
-                ErrorCode.rate_limit_exceeded,
-                "The sidecar holds as many whole answers as it may at once "
-                "(--max-held-answer-bytes); retry shortly.",
-                headers=(RETRY_AFTER,),
-            ) from None
-        raise GatewayError(  # larger than the whole budget: no retry could succeed
-            ErrorCode.upstream_error,
-            "The backend's answer is larger than the sidecar may hold (--max-held-answer-bytes).",
-        ) from None
+    hold_answer(held, size, holder="sidecar", setting="--max-held-answer-bytes")

@@ -14,10 +14,10 @@ counter (no gap). Without that file a start goes on past the last counter the lo
 (`last_logged_counter`). A counter used twice would read as a replayed countersignature.
 
 Per request this is on the sidecar's hot path, so the statement is built without the
-`Statement` class's checks (its inputs are the relay's: a request id matching
-`[A-Za-z0-9._:-]{1,128}` and two hex digests) and its time is formatted from a per-second
-prefix; `tests/unit/test_attest_notary.py` checks the bytes equal `Statement.payload()`
-and `sign_statement`'s envelope.
+`Statement` class's checks (its inputs are the relay's: a request id in a record's form,
+receipt_payload.py `REQUEST_ID`, and two hex digests) and its time is formatted from a
+per-second prefix; `tests/unit/test_attest_notary.py` checks the bytes equal
+`Statement.payload()` and `sign_statement`'s envelope.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ class Notary:
         self, request_id: bytes, request_commitment: str, response_commitment: str
     ) -> bytes:
         """The signed envelope (canonical JSON) of the next statement, also queued for the
-        log. `request_id` must match `[A-Za-z0-9._:-]{1,128}` (no JSON escaping needed)."""
+        log. `request_id` must match `REQUEST_ID` (A-Za-z0-9._:-: no JSON escaping needed)."""
         counter = self._next
         if counter >= self._reserved:
             self._reserve()  # raises OSError when it cannot: nothing is signed then

@@ -7,6 +7,7 @@ import os
 import sys
 
 from gateway.config import ConfigError, GatewaySettings, load_config
+from gateway.provenance.audit.shown import MAX_SHOWN_MESSAGE, shown
 
 __all__ = ["env_default", "load_or_report", "usage"]
 
@@ -16,11 +17,13 @@ def env_default(name: str, default: str) -> str:
 
 
 def load_or_report(path: str) -> GatewaySettings | None:
-    """Load a config; print every problem to stderr and return None when it is invalid."""
+    """Load a config; print every problem to stderr and return None when it is invalid.
+    Each line of the report is `shown`: a problem may quote the keys file (its tenants)."""
     try:
         return load_config(path)
     except ConfigError as exc:
-        print(exc, file=sys.stderr)
+        lines = str(exc).split("\n")  # the lines it is made of, not str.splitlines's
+        print("\n".join(shown(line, MAX_SHOWN_MESSAGE) for line in lines), file=sys.stderr)
         return None
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from gateway.cli._common import env_default, load_or_report, usage
 from gateway.config import GatewaySettings
+from gateway.provenance.audit.shown import MAX_SHOWN_MESSAGE, shown
 from gateway.tenants import (
     add_key_hash,
     hash_api_key,
@@ -172,7 +173,9 @@ def _store_revocation(config: GatewaySettings, key_hash: str) -> bool:
             file=sys.stderr,
         )
     else:
-        print(f"error: could not store the revocation in Redis ({reason})", file=sys.stderr)
+        # The reason may quote Redis's own error text: shown escaped and bounded.
+        why = shown(reason, MAX_SHOWN_MESSAGE)
+        print(f"error: could not store the revocation in Redis ({why})", file=sys.stderr)
     return saved
 
 

@@ -27,6 +27,7 @@ from gateway.policy import (
 )
 from gateway.policy.cases import TestReport, default_case_paths, load_cases, run_cases
 from gateway.policy.labels import InvalidLabel, one_label
+from gateway.provenance.audit.shown import MAX_SHOWN_MESSAGE, shown
 
 __all__ = ["register"]
 
@@ -149,8 +150,9 @@ def _print_issues(issues: Sequence[PolicyIssue], severity: str) -> None:
         location = issue.file
         if issue.line is not None:
             location += f":{issue.line}" + (f":{issue.column}" if issue.column else "")
-        subject = f"{issue.path}: " if issue.path else ""
-        print(f"{location}: {severity}: {subject}{issue.message}", file=sys.stderr)
+        subject = f"{shown(issue.path)}: " if issue.path else ""
+        message = shown(issue.message, MAX_SHOWN_MESSAGE)
+        print(f"{shown(location)}: {severity}: {subject}{message}", file=sys.stderr)
 
 
 def _load(
@@ -290,9 +292,11 @@ def _print_report(report: TestReport) -> None:
     for result in report.results:
         where = f"{result.file}:{result.line}" if result.line else result.file
         status = "PASS" if result.passed else "FAIL"
-        print(f"{status} {where}: {result.suite}: {result.name}")
+        # What a case file says (its name, expected values) is shown escaped: a name
+        # holding `\r` or ESC could print over a FAIL line.
+        print(f"{status} {shown(where)}: {shown(result.suite)}: {shown(result.name)}")
         for failure in result.failures:
-            print(f"     {failure}")
+            print(f"     {shown(failure, MAX_SHOWN_MESSAGE)}")
     passed = len(report.results) - report.failed
     print(f"{passed} passed, {report.failed} failed")
     covered = report.exercised & report.rules

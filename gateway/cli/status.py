@@ -9,13 +9,16 @@ resend the `Authorization` header to wherever one points) and no proxy from the
 environment is used. Over https the server's certificate is checked against the
 system's roots or `--cacert`, in a context hardened as every owngate client's
 (gateway/tls_options.py: TLS 1.2 or later, no renegotiation). The answer is read up to
-`MAX_STATUS_BYTES`; a longer one is refused, and an error answer's excerpt is printed
-with its control characters replaced.
+`MAX_STATUS_BYTES`; a longer one is refused. What the answer says (backend ids, health
+and breaker errors, an error answer's excerpt, a malformed status line) is printed through
+`shown` (gateway/provenance/audit/shown.py): control and format characters escaped as
+`\\x1b`, each value bounded, so a backend or a server on the way cannot drive the terminal.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import ssl
 import sys
@@ -24,6 +27,7 @@ import urllib.request
 from typing import Any
 
 from gateway.cli._common import env_default
+from gateway.provenance.audit.shown import MAX_SHOWN_MESSAGE, shown
 from gateway.tls_options import harden
 
 __all__ = ["MAX_STATUS_BYTES", "format_table", "register", "tls_context"]
@@ -105,14 +109,16 @@ def _status(args: argparse.Namespace) -> int:
             raise ValueError(f"the answer is larger than {MAX_STATUS_BYTES} bytes")
         report = json.loads(data)
     except urllib.error.HTTPError as exc:
-        detail = _printable(exc.read(_EXCERPT_BYTES))
+        detail = shown(exc.read(_EXCERPT_BYTES).decode("utf-8", "replace"), None)
         exc.close()
         redirect = " (redirects are not followed)" if 300 <= exc.code < 400 else ""
         answered = f"{url} answered HTTP {exc.code}{redirect}"
         print(f"owngate status: {answered}: {detail}", file=sys.stderr)
         return 1
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        print(f"owngate status: cannot read {url}: {exc}", file=sys.stderr)
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+        # An HTTPException (BadStatusLine) quotes what the server sent.
+        problem = shown(exc, MAX_SHOWN_MESSAGE)
+        print(f"owngate status: cannot read {shown(url)}: {problem}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
@@ -134,43 +140,31 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None
 
 
-def _printable(data: bytes) -> str:
-    text = data.decode("utf-8", "replace")
-    return "".join(c if c.isprintable() else "?" for c in text)
-
-
 def format_table(report: dict[str, Any]) -> str:
     """The report as aligned text: one row per backend, then the pools' wait queues, then
     the gateway's readiness when it is not ready."""
     rows: list[tuple[str, ...]] = [_COLUMNS]
     for backend in report.get("backends", []):
-        rows.append(_row(backend))
+        rows.append(tuple(shown(cell) for cell in _row(backend)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
     lines = [
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
         for row in rows
     ]
-    problems = [
-        f"  {b['id']}: {b.get('health_error') or (b.get('breaker') or {}).get('last_error')}"
-        for b in report.get("backends", [])
-        if b.get("health_error") or (b.get("breaker") or {}).get("state") != "closed"
-    ]
-    problems += [
-        f"  {b['id']}: open for tenant {t.get('tenant')} only: {t.get('last_error')}"
-        for b in report.get("backends", [])
-        for t in (b.get("breaker") or {}).get("tenants") or ()
-        if t.get("state") != "closed"
-    ]
+    problems = _problems(report.get("backends", []))
     if problems:
         lines += ["", "problems:", *problems]
     queues = {name: q for name, q in report.get("queues", {}).items() if q.get("waiting")}
     if queues:
         lines += ["", "waiting in gateway queues:"]
-        lines += [f"  {name}: {q['waiting']}/{q['size']}" for name, q in sorted(queues.items())]
+        lines += [
+            f"  {shown(name)}: {shown(q['waiting'])}/{shown(q['size'])}"
+            for name, q in sorted(queues.items())
+        ]
     readiness = report.get("readiness") or {}
     if readiness.get("status", "ready") != "ready":
         draining = " (draining)" if readiness.get("draining") else ""
-        lines += ["", f"gateway: {readiness['status']}{draining}"]
+        lines += ["", f"gateway: {shown(readiness['status'])}{draining}"]
     return "\n".join(lines)
 
 
@@ -196,6 +190,32 @@ def _row(backend: dict[str, Any]) -> tuple[str, ...]:
         "-" if age is None else f"{age:.1f}s" + (" stale" if backend.get("metrics_stale") else ""),
         " ".join(f"{v:.2f}" for v in sorted(set(scores.values()), reverse=True)) or "-",
     )
+
+
+def _problems(backends: list[dict[str, Any]]) -> list[str]:
+    """A line for each backend that is down or whose breaker is not closed, and for each
+    tenant a backend's breaker is open for."""
+    lines = []
+    for backend in backends:
+        breaker = backend.get("breaker") or {}
+        name = shown(backend["id"])
+        if backend.get("health_error") or breaker.get("state") != "closed":
+            lines.append(
+                f"  {name}: {_error(backend.get('health_error') or breaker.get('last_error'))}"
+            )
+    for backend in backends:
+        for tenant in (backend.get("breaker") or {}).get("tenants") or ():
+            if tenant.get("state") != "closed":
+                lines.append(
+                    f"  {shown(backend['id'])}: open for tenant {shown(tenant.get('tenant'))} "
+                    f"only: {_error(tenant.get('last_error'))}"
+                )
+    return lines
+
+
+def _error(value: object) -> str:
+    """A health or breaker error as the report gives it, one bounded printable line."""
+    return shown(value, MAX_SHOWN_MESSAGE)
 
 
 def _number(value: object) -> str:

@@ -10,7 +10,9 @@ Each `--log` is a log's verifier key (or a file of them) whose name is the log's
 Exit codes: 0 ok (serve: clean shutdown), 1 runtime failure (unreadable key, state in
 use or corrupt), 2 usage error. Every flag has an environment default
 `OWNGATE_WITNESS_<FLAG>`; `OWNGATE_WITNESS_LOG` lists keys separated by commas or spaces.
-uvicorn is imported only when `serve` runs.
+uvicorn is imported only when `serve` runs. What it prints of the key files (the witness's
+verifier key, the origins it witnesses, a file's problem) goes through `shown`
+(gateway/provenance/audit/shown.py): a key name is any text without space or '+', ESC too.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 import sys
 from typing import Any
 
+from gateway.provenance.audit.shown import MAX_SHOWN_MESSAGE, shown
 from gateway.provenance.errors import ProvenanceError
 from gateway.provenance.formats.cosignature import Cosigner
 from gateway.provenance.keys import load_signer, load_verifiers
@@ -127,9 +130,9 @@ def _vkey(args: argparse.Namespace) -> int:
     try:
         cosigner = Cosigner(load_signer(args.key))
     except (ProvenanceError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {shown(exc, MAX_SHOWN_MESSAGE)}", file=sys.stderr)
         return 1
-    print(cosigner.vkey)
+    print(shown(cosigner.vkey, None))  # the whole key: the file holding it is bounded
     return 0
 
 
@@ -142,7 +145,7 @@ def _serve(args: argparse.Namespace) -> int:
             return 2
         witness = Witness.open(args.state, cosigner, logs)
     except (ProvenanceError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {shown(exc, MAX_SHOWN_MESSAGE)}", file=sys.stderr)
         return 1
     with witness:
         import uvicorn  # only here: the provenance package and auditors never need it
@@ -150,8 +153,9 @@ def _serve(args: argparse.Namespace) -> int:
         from gateway.serving import uvicorn_config
 
         app = create_witness_app(witness, prefix=args.prefix)
+        origins = ", ".join(shown(origin) for origin in witness.origins)
         print(
-            f"witness {cosigner.vkey}\ncosigning for: {', '.join(witness.origins)}\n"
+            f"witness {shown(cosigner.vkey, None)}\ncosigning for: {origins}\n"
             f"listening on {args.host}:{args.port}{args.prefix.rstrip('/')}/add-checkpoint",
             file=sys.stderr,
             flush=True,

@@ -53,7 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from gateway.upstream.openai_shapes import InvalidField
+from gateway.upstream.openai_shapes import InvalidField, content_parts
 
 __all__ = [
     "MAX_LOOKUPS",
@@ -164,15 +164,9 @@ def check_embedding_input(params: dict[str, Any]) -> None:
 
 def _urls(messages: Any) -> Iterator[tuple[str, str]]:
     """(where, value) of each string with a URL scheme in a non-text content part."""
-    if not isinstance(messages, list):
-        return
-    for i, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list):
-            continue
-        for j, part in enumerate(content):
-            if isinstance(part, dict) and part.get("type") not in ("text", None):
-                yield from _strings(f"messages[{i}].content[{j}]", part, 0)
+    for where, part in content_parts(messages):
+        if part.get("type") not in ("text", None):
+            yield from _strings(where, part, 0)
 
 
 def _strings(where: str, value: Any, depth: int) -> Iterator[tuple[str, str]]:

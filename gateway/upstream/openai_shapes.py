@@ -18,11 +18,12 @@ transport was reached, as the client's 400 (gateway/upstream/hosted_transport.py
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Final
 
 from gateway.upstream.openai_wire import Endpoint
 
-__all__ = ["USER_CONTENT_TYPES", "InvalidField", "check_shapes"]
+__all__ = ["USER_CONTENT_TYPES", "InvalidField", "check_shapes", "content_parts"]
 
 # The content part types LiteLLM 1.108.7 accepts in a user message
 # (`litellm.types.llms.openai.ValidUserMessageContentTypes`; a test compares them): it
@@ -107,6 +108,21 @@ def check_shapes(endpoint: Endpoint, params: dict[str, Any]) -> None:
     ):
         raise InvalidField("function_call", '"none", "auto" or an object with a string `name`')
     _check_messages(params["messages"])
+
+
+def content_parts(messages: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(`messages[i].content[j]`, part) for each object part of each chat message whose
+    content is an array; anything of another shape is passed over, never an error (what
+    walks a request before its shapes are checked, or for a backend they are not)."""
+    if not isinstance(messages, list):
+        return
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if isinstance(part, dict):
+                yield f"messages[{i}].content[{j}]", part
 
 
 def _is_number(value: Any) -> bool:

@@ -92,6 +92,13 @@ def completion_record(log_dir: Path, request_id: str) -> dict[str, Any]:
     return request_records(log_dir, request_id, "completion")[0]
 
 
+def assert_never_logged(log_dir: Path, request_id: str, later_id: str) -> None:
+    """`request_id` has no record in the log once a checkpoint covers the completion of
+    `later_id`, a request sent after it and served."""
+    completion_record(log_dir, later_id)
+    assert request_id not in {record["request_id"] for record in records(log_dir)}
+
+
 def log_bytes(log_dir: Path) -> bytes:
     """Every byte of every file of the log, in path order."""
     return b"".join(p.read_bytes() for p in sorted(log_dir.rglob("*")) if p.is_file())

@@ -88,20 +88,25 @@ def loopback() -> Iterator[tuple[str, list[str]]]:
     thread.join(timeout=10)
 
 
-def gigachat(url: str) -> HostedClient:
+def hosted(url: str, provider: str, provider_model: str) -> HostedClient:
+    """A hosted backend of `provider` at `url` (the recording server) serving `public`."""
     backend = BackendSettings.model_validate(
         {
-            "id": "giga",
+            "id": provider,
             "kind": "hosted",
-            "provider": "gigachat",
+            "provider": provider,
             "base_url": url,
-            "models": [{"name": "public", "provider_model": "gigachat/GigaChat"}],
+            "models": [{"name": "public", "provider_model": provider_model}],
             "region": "eu",
-            "owner": "gigachat",
-            "api_key_env": "GIGA_KEY",
+            "owner": provider,
+            "api_key_env": "HOSTED_KEY",
         }
     )
-    return HostedClient(backend, environ={"GIGA_KEY": "k"}, timeout_s=10.0)
+    return HostedClient(backend, environ={"HOSTED_KEY": "k"}, timeout_s=10.0)
+
+
+def gigachat(url: str) -> HostedClient:
+    return hosted(url, "gigachat", "gigachat/GigaChat")
 
 
 def chat(image_url: str) -> dict[str, Any]:
@@ -145,19 +150,7 @@ def test_a_data_url_still_reaches_the_provider(
 
 
 def embedder(url: str) -> HostedClient:
-    backend = BackendSettings.model_validate(
-        {
-            "id": "embed",
-            "kind": "hosted",
-            "provider": "openai",
-            "base_url": url,
-            "models": [{"name": "public", "provider_model": "openai/text-embedding-3-small"}],
-            "region": "eu",
-            "owner": "openai",
-            "api_key_env": "EMBED_KEY",
-        }
-    )
-    return HostedClient(backend, environ={"EMBED_KEY": "k"}, timeout_s=10.0)
+    return hosted(url, "openai", "openai/text-embedding-3-small")
 
 
 @pytest.mark.parametrize(

@@ -98,6 +98,25 @@ def test_test_fails_on_a_wrong_expectation_and_on_low_coverage(
     assert f"{cases}:1:1: error: cases: required key is missing" in capsys.readouterr().err
 
 
+def test_test_prints_what_a_case_file_says_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A case's name and expected values are the case file's text: a `\\r` or ESC in them
+    could print a PASS over the FAIL line, so they are shown escaped (`shown`)."""
+    cases = tmp_path / "cases.yaml"
+    cases.write_text(
+        "apiVersion: policy.owngate.dev/v1\nkind: PolicyTest\nmetadata: {id: forged}\ncases:\n"
+        '  - name: "x\\r\\e[2KPASS all"\n'
+        "    input: {tenant: clinic-eu, model: llama-3.1-8b}\n"
+        '    expect: {refusal: "eu-health/\\e[8mnope"}\n'
+    )
+    assert owngate("policy", "test", str(cases), "--policies", POLICIES) == 1
+    out = capsys.readouterr().out
+    assert [c for line in out.split("\n") for c in line if not c.isprintable()] == []
+    assert f"FAIL {cases}:5: forged: x\\x0d\\x1b[2KPASS all" in out
+    assert "refusal: expected eu-health/\\x1b[8mnope" in out
+
+
 def test_check_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(

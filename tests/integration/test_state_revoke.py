@@ -5,6 +5,8 @@ keys listed in gateway.yaml itself and an unreachable Redis are reported, not ig
 
 from __future__ import annotations
 
+import socketserver
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -126,3 +128,35 @@ def test_unreachable_redis_fails_but_still_cleans_the_file(
     err = capsys.readouterr().err
     assert "could not store the revocation in Redis" in err
     assert read_keys_file(config_path.parent / "keys.yaml") == {"beta": []}
+
+
+class _ForgingRedis(socketserver.BaseRequestHandler):
+    """Answers every command with an error whose text would clear the operator's screen."""
+
+    def handle(self) -> None:
+        while data := self.request.recv(65536):
+            commands = data.count(b"\r\n*") + data.startswith(b"*")
+            self.request.sendall(b"-ERR \x1b[2J\x1b]0;owned\x07\r\n" * commands)
+
+
+def test_what_redis_answers_is_printed_escaped(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doomed = new_key(config_path, "beta", capsys)
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), _ForgingRedis) as server:
+        server.daemon_threads = True
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        config = yaml.safe_load(config_path.read_text())
+        url = f"redis://127.0.0.1:{server.server_address[1]}/0"
+        config["state"] = {"backend": "redis", "url": url}
+        config_path.write_text(yaml.safe_dump(config))
+        try:
+            assert main(["keys", "revoke", doomed, "--config", str(config_path)]) == 1
+        finally:
+            server.shutdown()
+            thread.join(timeout=10)
+    err = capsys.readouterr().err
+    assert "could not store the revocation in Redis" in err
+    assert "\\x1b[2J\\x1b]0;owned\\x07" in err
+    assert [c for line in err.split("\n") for c in line if not c.isprintable()] == []

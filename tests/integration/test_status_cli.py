@@ -105,6 +105,22 @@ def test_an_error_answer_is_printed_short_and_without_control_characters(
     assert len(err) < 1000
 
 
+def test_a_malformed_status_line_is_printed_escaped(
+    serve: Callable[[Reply], Server], capsys: pytest.CaptureFixture[str]
+) -> None:
+    def forged(handler: http.server.BaseHTTPRequestHandler) -> tuple[int, dict[str, str], bytes]:
+        handler.wfile.write(b"\x1b[2J\x1b]0;owned\x07ok: all backends up\r\n\r\n")
+        handler.close_connection = True
+        return 200, {}, b""
+
+    gateway = serve(forged)
+    assert status(gateway.url) == 1
+    err = capsys.readouterr().err
+    assert "cannot read" in err
+    assert "\\x1b[2J\\x1b]0;owned\\x07ok: all backends up" in err
+    assert [c for c in err if not c.isprintable() and c != "\n"] == []
+
+
 def test_https_with_the_gateways_ca(
     serve: Callable[[Reply], Server], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

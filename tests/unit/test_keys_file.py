@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gateway.cli.main import main
 from gateway.config.loader import ConfigError, load_config
 from gateway.tenants import add_key_hash, hash_api_key, read_keys_file, remove_key_hash
 from tests.helpers.gateways import backend
@@ -74,3 +75,21 @@ def test_a_keys_file_that_is_not_text_is_refused_without_its_bytes(tmp_path: Pat
         load_config(_config(tmp_path, "keys.yaml"))
     assert "not UTF-8 text" in str(info.value)
     assert "0xc3" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("tenants", "expected"),
+    [({"\x1b[2J\rteam": []}, "\\x1b[2J\\x0dteam"), ({"team\u202e": "x"}, "team\\u202e")],
+)
+def test_the_cli_prints_a_keys_file_problem_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tenants: dict[str, object], expected: str
+) -> None:
+    """A tenant named in the keys file (unknown to the config, or with no list of digests)
+    is quoted in the config error, which `owngate keys` prints escaped (`shown`)."""
+    (tmp_path / "keys.yaml").write_text(yaml.safe_dump({"tenants": tenants}))
+    config = str(_config(tmp_path, "keys.yaml"))
+    assert main(["keys", "revoke", hash_api_key("og-one"), "--config", config]) == 1
+    err = capsys.readouterr().err
+    assert "keys.yaml" in err
+    assert [c for line in err.split("\n") for c in line if not c.isprintable()] == []
+    assert expected in err
