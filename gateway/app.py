@@ -338,13 +338,16 @@ def _keys_assumed_set(config: GatewaySettings, environ: Mapping[str, str]) -> di
 def admin_server(app: GatewayApp) -> BesideServer:
     """The server of `app`'s admin API (`admin_app`), to run beside the public listener
     (`gateway.serving.run_beside`) on a socket the caller binds: `owngate serve` binds
-    `admin.listen`, the demo a free loopback port."""
+    `admin.listen`, the demo a free loopback port. It has the public listener's limits,
+    with at most `ADMIN_MAX_CONNECTIONS` connections (or `listen.max_connections` when
+    lower): both count against one open-file limit."""
+    from gateway.listener_limits import ADMIN_MAX_CONNECTIONS
     from gateway.serving import BesideServer, uvicorn_config
 
     config = app.config
-    options = uvicorn_config(
-        admin_app(app), config.listen, lifespan="on", timeout_graceful_shutdown=5
-    )
+    cap = min(config.listen.max_connections or ADMIN_MAX_CONNECTIONS, ADMIN_MAX_CONNECTIONS)
+    listen = config.listen.model_copy(update={"max_connections": cap})
+    options = uvicorn_config(admin_app(app), listen, lifespan="on", timeout_graceful_shutdown=5)
     if config.admin.listen is not None:
         options.host = config.admin.listen.host
     return BesideServer(options)

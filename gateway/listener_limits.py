@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from gateway.config.schema import ListenSettings
 
 __all__ = [
+    "ADMIN_MAX_CONNECTIONS",
     "LINGER_BYTES",
     "LINGER_S",
     "MAX_PIPELINED",
@@ -48,6 +49,11 @@ LINGER_S = 2.0  # after a refusal: how long what the client still sends is dropp
 LINGER_BYTES = 1 << 20  # ... and how much of it, at most
 MAX_PIPELINED = 16  # requests a connection may queue behind the one being answered
 _LOG_EVERY_S = 10.0
+# The admin API's listener (`admin.listen`) runs in the same process with the public
+# listener's limits, but at most this many connections: with the public cap (derived from
+# the same open-file limit) it held as many again, taking the descriptors left for backend
+# connections. A control plane has a few callers (a console opens some 6 at once).
+ADMIN_MAX_CONNECTIONS = 32
 
 
 def derived_max_connections(open_files_limit: int) -> int:

@@ -1,16 +1,24 @@
 """A bound on admin API request bodies, before any of them is read into memory.
 
-FastAPI reads a whole body before it validates it; this ASGI middleware refuses one
-whose Content-Length is over `limit` (413 `request_too_large`) without reading it, and
-stops reading a body sent without one at `limit` bytes. The per-field bounds (a
-receipt, a cases file) are in the request models; this keeps every body, of every
-endpoint, to a size the process can hold.
+FastAPI reads a whole body, and parses it as JSON, before it runs an endpoint's
+dependencies, the admin token check among them; this ASGI middleware refuses one whose
+Content-Length is over `limit` (413 `request_too_large`) without reading it, and stops
+reading a body sent without one at `limit` bytes. A request that carries a body is
+authenticated first (`identify`: 401 without a valid token, or loopback access where
+allowed), also before any of it is read: anyone who reaches the admin listener could
+otherwise have it hold `limit` bytes per connection, sent slowly, and parse each, with
+no token at all. Which role may use the endpoint is still the endpoint's to check (403).
+The per-field bounds (a receipt, a cases file) are in the request models; this keeps
+every body, of every endpoint, to a size the process can hold.
 """
 
 from __future__ import annotations
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.admin.auth import identify
+from gateway.config.schema import AdminSettings
 from gateway.errors import ErrorCode, GatewayError, error_body
 
 __all__ = ["MAX_BODY_BYTES", "BodyLimit"]
@@ -29,8 +37,15 @@ class BodyLimit:
             return
         declared = [v for k, v in scope["headers"] if k == b"content-length"]
         if declared and (not declared[0].isdigit() or int(declared[0]) > self.limit):
-            await _too_large(send, self.limit)
+            await _refuse(send, GatewayError(ErrorCode.request_too_large, _message(self.limit)))
             return
+        if _has_body(scope, declared):
+            settings: AdminSettings = scope["app"].state.control.runtime.config.admin
+            try:
+                identify(Request(scope), settings)
+            except GatewayError as refused:  # no body is read for a caller without a token
+                await _refuse(send, refused)
+                return
         received = 0
 
         async def bounded() -> Message:
@@ -48,12 +63,19 @@ def _message(limit: int) -> str:
     return f"the request body is over {limit} bytes"
 
 
-async def _too_large(send: Send, limit: int) -> None:
-    body = error_body(ErrorCode.request_too_large, _message(limit))
+def _has_body(scope: Scope, declared: list[bytes]) -> bool:
+    """Whether the request carries a body: a length over 0, or chunked framing."""
+    if declared:
+        return int(declared[0]) > 0  # digits: checked above
+    return any(k == b"transfer-encoding" for k, _ in scope["headers"])
+
+
+async def _refuse(send: Send, error: GatewayError) -> None:
+    body = error_body(error.code, error.message, error.param)
     await send(
         {
             "type": "http.response.start",
-            "status": ErrorCode.request_too_large.status,
+            "status": error.status,
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),

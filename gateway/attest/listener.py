@@ -6,16 +6,31 @@ bypasses the gateway gets an answer countersigned in its name, and the gateway p
 sidecar's key (`tls.pin_spki_sha256`, docs/backend-tls.md). TLS 1.2 is the minimum and
 renegotiation is refused, as on the gateway's side (`gateway/tls_options.py`); HTTP/1.1
 is offered by ALPN.
+
+`TlsAcceptor` accepts its connections: one counts against the connection cap from the
+moment it is accepted, its handshake included, and past the cap it is closed at once.
+With the handshake left to `create_server(ssl=...)`, the cap saw a connection only once
+its handshake was done, so peers that connect and never say hello (no certificate needed
+for that, `--client-ca` or not) held a descriptor each for the whole handshake timeout,
+as many as they could open: the sidecar ran out of descriptors for its backend, its log
+and its honest clients.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import socket
 import ssl
 from pathlib import Path
 
+from gateway.attest.protocol import Listener
 from gateway.tls_options import harden
 
-__all__ = ["listener_context"]
+__all__ = ["TlsAcceptor", "listener_context"]
+
+_ACCEPTS_PER_WAKE = 128  # connections taken per wake-up of the listening socket
+_ACCEPT_RETRY_S = 0.5  # how long accepting pauses when accept() fails (no descriptors)
 
 
 def listener_context(
@@ -32,3 +47,77 @@ def listener_context(
         context.load_verify_locations(cafile=client_ca)
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+class TlsAcceptor:
+    """Accepts the connections of a TLS listening socket for `listener` (see the module
+    docstring). Each handshake runs as a task in `listener.handshakes` for at most
+    `handshake_timeout_s`; a connection whose handshake succeeds is a `Connection` of
+    `listener` (made by the loop's `connect_accepted_socket`, as `create_server` would),
+    one whose handshake fails or times out is closed."""
+
+    def __init__(
+        self,
+        listener: Listener,
+        sock: socket.socket,
+        context: ssl.SSLContext,
+        handshake_timeout_s: float,
+    ) -> None:
+        self._listener = listener
+        self._sock = sock
+        self._context = context
+        self._timeout = handshake_timeout_s
+        self._loop = asyncio.get_running_loop()
+        self._retry: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    def start(self) -> None:
+        self._retry = None
+        if self._closed:
+            return
+        self._sock.setblocking(False)
+        self._loop.add_reader(self._sock.fileno(), self._accept)
+
+    def close(self) -> None:
+        """Stop accepting, and end the handshakes still running."""
+        self._closed = True
+        if self._retry is not None:
+            self._retry.cancel()
+        if self._sock.fileno() >= 0:
+            self._loop.remove_reader(self._sock.fileno())
+        self._sock.close()
+        for handshake in list(self._listener.handshakes):
+            handshake.cancel()
+
+    def _accept(self) -> None:
+        listener = self._listener
+        cap = listener.limits.max_connections
+        for _ in range(_ACCEPTS_PER_WAKE):
+            try:
+                conn, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError:
+                # Out of descriptors (or buffers): accepting again at once would spin.
+                # What is open stays served; accepting resumes a little later.
+                listener.refusals.note("accept_failed", self._loop.time())
+                self._loop.remove_reader(self._sock.fileno())
+                self._retry = self._loop.call_later(_ACCEPT_RETRY_S, self.start)
+                return
+            if len(listener.handshakes) + len(listener.connections) >= cap:
+                listener.refusals.note("max_connections", self._loop.time())
+                conn.close()
+                continue
+            task = self._loop.create_task(self._handshake(conn))
+            listener.handshakes.add(task)
+            task.add_done_callback(listener.handshakes.discard)
+
+    async def _handshake(self, conn: socket.socket) -> None:
+        # The socket is the loop's from here on: it closes it whatever happens.
+        with contextlib.suppress(OSError):  # refused, timed out, or the peer left
+            await self._loop.connect_accepted_socket(
+                self._listener.protocol,
+                conn,
+                ssl=self._context,
+                ssl_handshake_timeout=self._timeout,
+            )

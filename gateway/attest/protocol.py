@@ -85,6 +85,8 @@ class Listener:
         self.write_timeout_s = write_timeout_s
         self.refusals = Refusals()
         self.connections: set[RequestReader] = set()
+        # TLS handshakes running (`gateway.attest.listener.TlsAcceptor`): under the cap too
+        self.handshakes: set[asyncio.Task[None]] = set()
         self.draining = False  # shutting down: no request after the running ones
         self.errors = 0  # relay failures that were not GatewayErrors
         self._events = get_logger("owngate.attest")

@@ -20,6 +20,7 @@ from types import TracebackType
 import uvloop
 
 from gateway.attest.app import AttestRelay, AttestSettings
+from gateway.attest.listener import TlsAcceptor
 from gateway.attest.protocol import Listener
 from gateway.config.schema import ListenSettings
 from gateway.listener_limits import ListenerLimits
@@ -33,7 +34,9 @@ DRAIN_S = 20.0  # how long running requests may take to finish at shutdown
 class _Running:
     """One started sidecar on the running loop."""
 
-    def __init__(self, relay: AttestRelay, listener: Listener, server: asyncio.Server) -> None:
+    def __init__(
+        self, relay: AttestRelay, listener: Listener, server: asyncio.Server | TlsAcceptor
+    ) -> None:
         self.relay = relay
         self.listener = listener
         self.server = server
@@ -61,15 +64,16 @@ class _Running:
             write_timeout_s=limits.write_timeout_s,
             max_held_body=settings.max_held_body,
         )
-        # A TLS handshake is bounded like a request head: the connection counts against
-        # the cap only once it is made, after the handshake.
-        server = await asyncio.get_running_loop().create_server(
-            listener.protocol,
-            sock=sock,
-            ssl=context,
-            backlog=2048,
-            ssl_handshake_timeout=limits.header_timeout_s if context is not None else None,
-        )
+        # A TLS handshake is bounded like a request head, and counts against the cap from
+        # the moment its connection is accepted (`TlsAcceptor`).
+        server: asyncio.Server | TlsAcceptor
+        if context is None:
+            server = await asyncio.get_running_loop().create_server(
+                listener.protocol, sock=sock, backlog=2048
+            )
+        else:
+            server = TlsAcceptor(listener, sock, context, limits.header_timeout_s)
+            server.start()
         return cls(relay, listener, server)
 
     async def stop(self, drain_s: float = DRAIN_S) -> None:

@@ -28,6 +28,7 @@ from tests.helpers.gateways import Sim
 from tests.helpers.processes import owngate_argv
 from tests.helpers.provenance import records
 from tests.helpers.raw_socket import WAIT_S, assert_refused, connect, exchange, parse, read_to_end
+from tests.helpers.waiting import until
 
 SHORT = {"header_timeout_s": 0.5, "body_timeout_s": 0.5}
 CHAT = b'{"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}'
@@ -264,17 +265,73 @@ def test_a_sidecar_whose_key_cannot_be_read_exits_1(tmp_path: Path) -> None:
     assert "missing.key" in done.stderr
 
 
-def test_a_silent_tls_handshake_is_cut_at_the_header_timeout(
-    start_sidecar: Callable[..., AttestThread], tmp_path: Path
-) -> None:
-    """A client that opens a TLS connection and never says hello is closed like a silent
-    plain one (the connection counts against the cap only after its handshake)."""
+def _tls(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """The sidecar's server context, and a client context that trusts it."""
     now = datetime.now(UTC)
     ca = make_ca("test CA", now=now, days=1)
     issued = issue(ca, "sidecar.test", now=now, days=1)
     cert, key = tmp_path / "sidecar.pem", tmp_path / "sidecar-key.pem"
     cert.write_bytes(issued.cert_pem)
     key.write_bytes(issued.key_pem)
-    sidecar = start_sidecar(tls=listener_context(cert, key), **SHORT)
+    ca_file = tmp_path / "ca.pem"
+    ca_file.write_bytes(ca.cert_pem)
+    client = ssl.create_default_context(cafile=ca_file)
+    return listener_context(cert, key), client
+
+
+def test_a_silent_tls_handshake_is_cut_at_the_header_timeout(
+    start_sidecar: Callable[..., AttestThread], tmp_path: Path
+) -> None:
+    """A client that opens a TLS connection and never says hello is closed like a silent
+    plain one."""
+    sidecar = start_sidecar(tls=_tls(tmp_path)[0], **SHORT)
     with connect(sidecar) as sock:
         assert read_to_end(sock) == b""  # closed within WAIT_S, not after 60 s
+
+
+def test_tls_handshakes_count_against_the_connection_cap(
+    start_sidecar: Callable[..., AttestThread], tmp_path: Path
+) -> None:
+    """A connection whose handshake has not happened holds a descriptor like any other:
+    past the cap it is closed at once. It used to count only once its handshake was
+    done, so peers that never said hello held as many descriptors as they could open,
+    each for the whole handshake timeout."""
+    server, client = _tls(tmp_path)
+    sidecar = start_sidecar(tls=server, max_connections=4, header_timeout_s=60)
+    silent = [connect(sidecar) for _ in range(24)]
+    try:
+        for sock in silent:
+            sock.setblocking(False)
+        closed: set[int] = set()
+
+        def closed_by_the_sidecar() -> bool:
+            for number, sock in enumerate(silent):
+                if number not in closed and select.select([sock], [], [], 0)[0]:
+                    try:
+                        ended = sock.recv(1) == b""
+                    except OSError:
+                        ended = True
+                    if ended:
+                        closed.add(number)
+            return len(closed) >= 20
+
+        until(closed_by_the_sidecar, "all but 4 silent connections closed", timeout=WAIT_S)
+        assert len(closed) == 20  # the 4 under the cap wait for their hello
+        for number in sorted(set(range(len(silent))) - closed)[:1]:
+            silent[number].close()  # one place under the cap is free again
+
+        def served() -> bool:
+            try:
+                with (
+                    connect(sidecar) as raw,
+                    client.wrap_socket(raw, server_hostname="sidecar.test") as sock,
+                ):
+                    sock.sendall(b"GET /health HTTP/1.1\r\nconnection: close\r\n\r\n")
+                    return read_to_end(sock).startswith(b"HTTP/1.1 200 ")
+            except OSError:  # the sidecar has not seen the close yet: still at the cap
+                return False
+
+        until(served, "a TLS client served once a place is free", timeout=WAIT_S)
+    finally:
+        for sock in silent:
+            sock.close()
