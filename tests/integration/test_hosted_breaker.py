@@ -32,6 +32,7 @@ from tests.helpers.gateways import (
     hosted_backend,
     served,
 )
+from tests.helpers.net import free_port
 from tests.helpers.raw_backend import Answer, Post, RawBackend
 
 pytestmark = LITELLM_WARNINGS
@@ -70,18 +71,25 @@ DOWN = b'{"error": {"message": "unavailable", "type": "server_error"}}'
 INVALID = b'{"error": {"message": "bad request", "type": "invalid_request_error"}}'
 
 
+RATE_LIMITED = b'{"error": {"message": "slow down", "type": "rate_limit_error"}}'
+
+
 @dataclass
 class Flaky:
-    """What the scripted provider answers: 503 while `down`, 400 while `invalid`."""
+    """What the scripted provider answers: 503 while `down`, 400 while `invalid`, 429
+    while `limited`."""
 
     down: bool = False
     invalid: bool = False
+    limited: bool = False
 
     async def __call__(self, writer: asyncio.StreamWriter, _post: Post) -> bool:
         if self.down:
             head, body = b"HTTP/1.1 503 Service Unavailable", DOWN
         elif self.invalid:
             head, body = b"HTTP/1.1 400 Bad Request", INVALID
+        elif self.limited:
+            head, body = b"HTTP/1.1 429 Too Many Requests", RATE_LIMITED
         else:
             head, body = b"HTTP/1.1 200 OK", ANSWER
         writer.write(
@@ -101,32 +109,44 @@ class Setup:
     clock: FakeClock
 
 
+Start = Callable[..., Setup]
+
+
 @pytest.fixture
-def setup(
+def start(
     start_raw: Callable[[Answer], RawBackend],
     start_sim: Callable[..., Sim],
     start_gateway: Callable[..., Gateway],
     tmp_path: Path,
-) -> Setup:
-    flaky = Flaky()
-    raw = start_raw(flaky)
-    backup = start_sim("vllm", models=("m",), zero_latency=True)
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    (policies / "policy.yaml").write_text(POLICY)
-    clock = FakeClock()
-    gateway = start_gateway(
-        [
-            hosted_backend("flaky", f"{raw.url}/v1", "m"),
-            hosted_backend("backup", f"{backup.url}/v1", "m"),
-        ],
-        policy={"paths": [str(policies)]},
-        environ={"HOSTED_KEY": "k"},
-        tenants=[ACME, GLOBEX],
-        clock=clock,
-        routing={"breaker": {"failure_threshold": 3, "cooldown_s": 60, "max_cooldown_s": 60}},
-    )
-    return Setup(gateway, flaky, raw, backup, clock)
+) -> Start:
+    def build(flaky_url: str | None = None) -> Setup:
+        """`flaky_url`: where `flaky` is instead of the scripted raw backend."""
+        flaky = Flaky()
+        raw = start_raw(flaky)
+        backup = start_sim("vllm", models=("m",), zero_latency=True)
+        policies = tmp_path / "policies"
+        policies.mkdir()
+        (policies / "policy.yaml").write_text(POLICY)
+        clock = FakeClock()
+        gateway = start_gateway(
+            [
+                hosted_backend("flaky", flaky_url or f"{raw.url}/v1", "m"),
+                hosted_backend("backup", f"{backup.url}/v1", "m"),
+            ],
+            policy={"paths": [str(policies)]},
+            environ={"HOSTED_KEY": "k"},
+            tenants=[ACME, GLOBEX],
+            clock=clock,
+            routing={"breaker": {"failure_threshold": 3, "cooldown_s": 60, "max_cooldown_s": 60}},
+        )
+        return Setup(gateway, flaky, raw, backup, clock)
+
+    return build
+
+
+@pytest.fixture
+def setup(start: Start) -> Setup:
+    return start()
 
 
 def chat(gateway: Gateway, key: str, **fields: Any) -> httpx.Response:
@@ -216,4 +236,32 @@ def test_one_tenants_malformed_requests_never_open_it(setup: Setup) -> None:
     ]
     setup.flaky.invalid = False
     response = chat(gateway, OTHER_KEY)
+    assert (response.status_code, response.json()["id"]) == (200, "chatcmpl-flaky")
+
+
+def test_a_provider_that_refuses_connections_opens_it_for_everyone(start: Start) -> None:
+    """A refused connection is no tenant's doing: one tenant's requests open the
+    provider's breaker for every tenant."""
+    s = start(flaky_url=f"http://127.0.0.1:{free_port()}/v1")
+    for _ in range(3):
+        response = chat(s.gateway, TENANT_KEY)
+        assert response.status_code == 200, response.text  # the backup's answer
+    state = breaker(s.gateway, "flaky")
+    assert (state["state"], state["last_error"]) == ("open", "connect: could not connect to openai")
+    assert chat(s.gateway, OTHER_KEY).status_code == 200
+    assert served(s.backup) == 4
+    assert breaker(s.gateway, "flaky")["state"] == "open"
+
+
+def test_a_rate_limiting_provider_is_not_taken_out(setup: Setup) -> None:
+    """A 429 fails the request over but is no verdict: the provider is up."""
+    setup.flaky.limited = True
+    for key in (TENANT_KEY, OTHER_KEY) * 2:  # past failure_threshold, from two tenants
+        response = chat(setup.gateway, key)
+        assert response.status_code == 200, response.text  # the backup's answer
+    assert len(setup.raw.posts) == 4 and served(setup.backup) == 4
+    state = breaker(setup.gateway, "flaky")
+    assert (state["state"], state["failures"], state["tenants"]) == ("closed", 0, [])
+    setup.flaky.limited = False
+    response = chat(setup.gateway, OTHER_KEY)
     assert (response.status_code, response.json()["id"]) == (200, "chatcmpl-flaky")
