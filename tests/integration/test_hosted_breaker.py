@@ -33,7 +33,7 @@ from tests.helpers.gateways import (
     served,
 )
 from tests.helpers.net import free_port
-from tests.helpers.raw_backend import Answer, Post, RawBackend
+from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
 
 pytestmark = LITELLM_WARNINGS
 
@@ -67,6 +67,24 @@ ANSWER = orjson.dumps(
         "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
     }
 )
+CHUNK = orjson.dumps(
+    {
+        "id": "chatcmpl-flaky",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": "half"}}],
+    }
+)
+LAST = orjson.dumps(
+    {
+        "id": "chatcmpl-flaky",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": " from flaky"}, "finish_reason": "stop"}],
+    }
+)
 DOWN = b'{"error": {"message": "unavailable", "type": "server_error"}}'
 INVALID = b'{"error": {"message": "bad request", "type": "invalid_request_error"}}'
 
@@ -77,13 +95,21 @@ RATE_LIMITED = b'{"error": {"message": "slow down", "type": "rate_limit_error"}}
 @dataclass
 class Flaky:
     """What the scripted provider answers: 503 while `down`, 400 while `invalid`, 429
-    while `limited`."""
+    while `limited`; a stream (two chunks), or its first chunk alone while `breaks_off`."""
 
     down: bool = False
     invalid: bool = False
     limited: bool = False
+    breaks_off: bool = False  # a stream: its first chunk, then the connection closes
 
-    async def __call__(self, writer: asyncio.StreamWriter, _post: Post) -> bool:
+    async def __call__(self, writer: asyncio.StreamWriter, post: Post) -> bool:
+        if orjson.loads(post.body).get("stream") and not (
+            self.down or self.invalid or self.limited
+        ):
+            end = b"" if self.breaks_off else b"data: " + LAST + b"\n\ndata: [DONE]\n\n"
+            writer.write(sse_head() + b"data: " + CHUNK + b"\n\n" + end)
+            await writer.drain()
+            return False
         if self.down:
             head, body = b"HTTP/1.1 503 Service Unavailable", DOWN
         elif self.invalid:
@@ -265,3 +291,26 @@ def test_a_rate_limiting_provider_is_not_taken_out(setup: Setup) -> None:
     setup.flaky.limited = False
     response = chat(setup.gateway, OTHER_KEY)
     assert (response.status_code, response.json()["id"]) == (200, "chatcmpl-flaky")
+
+
+def test_streams_that_break_off_for_two_tenants_open_it(setup: Setup) -> None:
+    """A stream the provider breaks off after its first chunk is its failure (the client
+    got an error event): three in a row, from two tenants, open the breaker; a stream
+    that ends whole is a success."""
+    gateway = setup.gateway
+    setup.flaky.breaks_off = True
+    for key in (TENANT_KEY, OTHER_KEY, TENANT_KEY):
+        response = chat(gateway, key, stream=True)
+        assert response.status_code == 200, response.text
+        assert b'"error"' in response.content  # ended with an error event
+    state = breaker(gateway, "flaky")
+    assert (state["state"], state["last_error"]) == ("open", "stream broke off: protocol")
+    response = chat(gateway, OTHER_KEY, stream=True)  # straight to the backup
+    assert response.status_code == 200 and b'"error"' not in response.content
+    assert (len(setup.raw.posts), served(setup.backup)) == (3, 1)
+    setup.flaky.breaks_off = False  # the provider is back: a whole stream closes it
+    setup.clock.now += 61
+    response = chat(gateway, TENANT_KEY, stream=True)
+    assert response.status_code == 200 and b'"error"' not in response.content
+    assert b"from flaky" in response.content and len(setup.raw.posts) == 4
+    assert breaker(gateway, "flaky")["state"] == "closed"
