@@ -14,13 +14,15 @@ once LiteLLM has read it.
 A provider has circuit breakers as a private backend has (gateway/routing/attempt.py,
 the same classes and `routing.breaker` settings; with several tenants, per tenant too):
 the attempt is admitted by them first, and judged only by what the provider did
-(`_judge`). Its failures: no connection (refused, TLS: whichever tenant's request met
-it), a timeout, a 5xx (an error object in a 200 answer with a 5xx code too), a protocol
-failure, a stream that broke off. Not failures, and no verdict: a 429 (the provider is
-up and rate-limits: the next request may go, its breaker does not keep requests away), a
-400, 413 or 422 (the client's, whether the provider answered it or LiteLLM refused to
-send it), 401, 403, 404, a redirect, and the gateway's own limits (answer budget, size,
-`limits.stream_timeout_s`). A real answer closes the breakers.
+(`_judge`). Its failures: no connection (refused, TLS), a timeout, a 5xx (an error
+object in a 200 answer with a 5xx code too), a protocol failure, a stream that broke
+off; each charged to the tenant too (with several tenants configured, the provider's
+breaker opens once a run of them holds two tenants' failures). Not failures, and no
+verdict: a 429 (the provider is up and rate-limits: the next request may go, its breaker
+does not keep requests away), a 400, 413 or 422 (the client's, whether the provider
+answered it or LiteLLM refused to send it), 401, 403, 404, a redirect, and the gateway's
+own limits (answer budget, size, `limits.stream_timeout_s`). A real answer closes the
+breakers.
 """
 
 from __future__ import annotations
@@ -209,10 +211,16 @@ class HostedRelay:
 
 def _judge(attempt: Attempt, exc: HostedError) -> None:
     """Tell the attempt's breakers what `exc`, the provider call's failure, says of the
-    provider (see the module docstring): a connection failure whichever tenant met it; a
-    timeout, protocol failure or 5xx charged to the tenant too (its input may be the
-    cause); any other status is no verdict."""
+    provider (see the module docstring): a connection failure, timeout, protocol failure
+    or 5xx is a failure charged to the tenant too; any other status is no verdict.
+
+    Unlike a private backend's, a hosted `connect` failure is not taken as one no tenant
+    can cause: some adapters fetch a content part's URL from the gateway before calling
+    the provider (LiteLLM's Bedrock image fetch lets the `httpx.ConnectError` through), so
+    a client naming a public host that refuses connections makes the call fail the
+    same way. One tenant's such failures open its own breaker, two tenants' the
+    provider's."""
     if exc.kind != "status":
-        attempt.upstream_failed(exc.kind, exc.message)  # `connect`: backend-side
+        attempt.failed(f"{exc.kind}: {exc.message}")
     elif exc.status is not None and exc.status >= 500:
         attempt.failed(exc.message)
