@@ -10,6 +10,19 @@ backend is tried. The provider's own ids for the answer (its `id`, request-id he
 an allow-list) go into the completion record (`upstream`). A whole answer is held
 against `limits.max_held_answer_bytes` as a private one is (gateway/api/answer_reads.py),
 once LiteLLM has read it.
+
+A provider has circuit breakers as a private backend has (gateway/routing/attempt.py,
+the same classes and `routing.breaker` settings; with several tenants, per tenant too):
+the attempt is admitted by them first, and judged only by what the provider did
+(`_judge`). Its failures: no connection (refused, TLS), a timeout, a 5xx (an error
+object in a 200 answer with a 5xx code too), a protocol failure, a stream that broke
+off; each charged to the tenant too (with several tenants configured, the provider's
+breaker opens once a run of them holds two tenants' failures). Not failures, and no
+verdict: a 429 (the provider is up and rate-limits: the next request may go, its breaker
+does not keep requests away), a 400, 413 or 422 (the client's, whether the provider
+answered it or LiteLLM refused to send it), 401, 403, 404, a redirect, and the gateway's
+own limits (answer budget, size, `limits.stream_timeout_s`). A real answer closes the
+breakers.
 """
 
 from __future__ import annotations
@@ -35,7 +48,8 @@ from gateway.api.metrics import GatewayMetrics
 from gateway.asgi import Send
 from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance.formats.upstream_ids import UpstreamIds
-from gateway.routing.registry import BackendState, Route
+from gateway.routing.attempt import Attempt
+from gateway.routing.registry import BackendState
 from gateway.upstream.errors import sanitize_upstream_message
 from gateway.upstream.hosted import HostedClient, HostedError, HostedResponse
 from gateway.upstream.http import DEFAULT_MAX_BODY
@@ -89,24 +103,30 @@ class HostedRelay:
         return client
 
     async def attempt(
-        self, exchange: Exchange, route: Route, doc: dict[str, Any], send: Send
+        self, exchange: Exchange, attempt: Attempt, doc: dict[str, Any], send: Send
     ) -> None:
-        """Serve the request from `route`'s provider, or raise `TryNext` before any byte
-        (its in-flight count is the plan's, gateway/routing/router.py)."""
-        backend = route.backend
+        """Serve the request from `attempt`'s provider, or raise `TryNext` before any byte
+        (its in-flight count is the plan's, gateway/routing/router.py): also when the
+        provider's breaker does not admit it."""
+        backend = attempt.backend
         exchange.backend = backend.id
+        if not attempt.admit():
+            raise TryNext(f"{backend.id}: {attempt.closed_to}")
         timeout = self._stream_timeout_s
         ends_by = None if timeout is None else asyncio.get_running_loop().time() + timeout
         try:
             response = await self._client(backend).send(
                 exchange.endpoint,  # type: ignore[arg-type]
                 doc,
-                route.upstream_model,
+                attempt.route.upstream_model,
             )
         except HostedError as exc:
-            self._metrics.upstream_error(backend.id, exc.kind)
             exchange.upstream_error = exc.kind
-            if exc.kind == "status" and exc.status in _CLIENT_ERRORS:
+            client_error = exc.kind == "status" and exc.status in _CLIENT_ERRORS
+            if not client_error:  # the provider's failures, never a client's mistake
+                self._metrics.upstream_error(backend.id, exc.kind)
+            _judge(attempt, exc)
+            if client_error:
                 # The request itself is at fault (LiteLLM would not send it, or the
                 # provider refused it): the client's error, not another backend's job.
                 raise GatewayError(
@@ -115,11 +135,13 @@ class HostedRelay:
                     param=exc.param,
                 ) from exc
             raise TryNext(f"{backend.id}: {exc.message}") from exc
+        if not response.is_stream:
+            attempt.succeeded()  # a whole answer: what the gateway does with it is its own
         if exchange.trail is not None:
             # For reconciling with the provider's usage export: it cannot countersign.
             exchange.trail.upstream = UpstreamIds.of(*response.provider_ids)
         try:
-            await self._relay(exchange, backend, response, send, ends_by)
+            await self._relay(exchange, attempt, response, send, ends_by)
         finally:
             if exchange.answer is not None and not exchange.response_started:
                 exchange.answer.release()  # nothing of it went out: not held for the client
@@ -128,11 +150,12 @@ class HostedRelay:
     async def _relay(
         self,
         exchange: Exchange,
-        backend: BackendState,
+        attempt: Attempt,
         response: HostedResponse,
         send: Send,
         ends_by: float | None,
     ) -> None:
+        backend = attempt.backend
         if not response.is_stream:
             assert response.body is not None
             if len(response.body) > self._max_response_bytes:
@@ -162,10 +185,13 @@ class HostedRelay:
                         elapsed = first_chunk_seconds(exchange)
                         self._metrics.observe_ttft(exchange.endpoint, backend.id, elapsed)
                     await send_relayed(send, exchange, data)
+            attempt.succeeded()  # judged by how the stream ended
         except (HostedError, TimeoutError) as exc:
             if client_left(exchange):
                 raise asyncio.CancelledError from exc
             kind = exc.kind if isinstance(exc, HostedError) else "timeout"
+            if isinstance(exc, HostedError):  # not the gateway's own stream_timeout_s
+                attempt.failed(f"stream broke off: {kind}")
             self._metrics.upstream_error(backend.id, kind)
             message = (
                 "the provider failed mid-stream"
@@ -181,3 +207,20 @@ class HostedRelay:
     async def close(self) -> None:
         for client in self._clients.values():
             await client.aclose()
+
+
+def _judge(attempt: Attempt, exc: HostedError) -> None:
+    """Tell the attempt's breakers what `exc`, the provider call's failure, says of the
+    provider (see the module docstring): a connection failure, timeout, protocol failure
+    or 5xx is a failure charged to the tenant too; any other status is no verdict.
+
+    Unlike a private backend's, a hosted `connect` failure is not taken as one no tenant
+    can cause: some adapters fetch a content part's URL from the gateway before calling
+    the provider (LiteLLM's Bedrock image fetch lets the `httpx.ConnectError` through), so
+    a client naming a public host that refuses connections makes the call fail the
+    same way. One tenant's such failures open its own breaker, two tenants' the
+    provider's."""
+    if exc.kind != "status":
+        attempt.failed(f"{exc.kind}: {exc.message}")
+    elif exc.status is not None and exc.status >= 500:
+        attempt.failed(exc.message)

@@ -88,12 +88,12 @@ class BackendLoadCollector(Collector):
         )
         now = self._registry.clock()
         for backend_id, state in self._registry.backends.items():
-            if state.config.is_private:  # hosted providers are not judged by a breaker
-                current = state.breaker.state.value
-                for name in _BREAKER_STATES:
-                    breaker.add_metric([backend_id, name], 1.0 if name == current else 0.0)
-                opens.add_metric([backend_id], state.breaker.opens)
-                scoped.add_metric([backend_id], state.tenant_breakers.open_count(now))
+            current = state.breaker.state.value  # hosted providers have breakers too
+            for name in _BREAKER_STATES:
+                breaker.add_metric([backend_id, name], 1.0 if name == current else 0.0)
+            opens.add_metric([backend_id], state.breaker.opens)
+            scoped.add_metric([backend_id], state.tenant_breakers.open_count(now))
+            if state.config.is_private:  # the private pool's alerts read it
                 up.add_metric([backend_id], 0.0 if self._registry.is_down(state) else 1.0)
             known = state.config.capacity.max_concurrency or state.learned_slots
             if known:

@@ -39,7 +39,7 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.policy import Decision, PolicySet, UnknownDataClass
 from gateway.policy_set import TrustPolicies
 from gateway.provenance import Salts
-from gateway.routing.registry import BackendState, Registry, Route
+from gateway.routing.registry import BackendState, Registry
 from gateway.routing.router import Attempt, Outcome, Plan, Router
 from gateway.routing.scraper import MetricsScraper
 from gateway.state import SharedState
@@ -233,7 +233,7 @@ class Proxy:
                         private.attempt, exchange, attempt, model, doc, body, upstream_path, send
                     )
                 else:
-                    relay = partial(_hosted, hosted, exchange, attempt.route, doc, send)
+                    relay = partial(_hosted, hosted, exchange, attempt, doc, send)
                 await self._recorded(exchange, attempt.backend, relay, connect)
                 outcome = Outcome.served
                 if exchange.fallback is not None:
@@ -342,13 +342,13 @@ class Proxy:
 async def _hosted(
     hosted: HostedRelay,
     exchange: Exchange,
-    route: Route,
+    attempt: Attempt,
     doc: dict[str, Any],
     send: Send,
     _connection: Connection | None,
 ) -> None:
     """A hosted attempt (LiteLLM opens its own connections)."""
-    await hosted.attempt(exchange, route, doc, send)
+    await hosted.attempt(exchange, attempt, doc, send)
 
 
 class _Decided(NamedTuple):

@@ -24,8 +24,8 @@ class Attempt:
     """One backend's try at a request. The relay tells routing through it what happened
     mid-attempt; the plan's `report` ends it.
 
-    Breaker rules: a private attempt is `admit`ted by the backend's breaker (a half-open
-    breaker admits one probe) and judged at most once: a 5xx at the headers, a failure
+    Breaker rules: an attempt, private or hosted, is `admit`ted by the backend's breaker
+    (a half-open breaker admits one probe) and judged at most once: a 5xx at the headers, a failure
     before or during the answer, or how the answer ended (`succeeded`, `failed`). A
     failure that was not the backend's is not charged (`upstream_failed`: `busy`, this
     gateway's own connection limit; a timeout that the failover deadline cut short). A
@@ -36,7 +36,8 @@ class Attempt:
     tenant's own breaker on the backend must admit the attempt too, and a failure its
     input may have caused (a 5xx, a timeout, an answer broken off; not `connect` or
     `tls`) is charged to both: the tenant's opens at the threshold, the backend's only
-    once the failures in a row came from two tenants."""
+    once the failures in a row came from two tenants. What counts as a hosted provider's
+    failure is the hosted relay's to say (gateway/api/hosted_relay.py)."""
 
     __slots__ = (
         "_clipped",

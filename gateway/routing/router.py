@@ -27,8 +27,12 @@ admitted after a reload). A private backend that was never tried (the attempts o
 deadline ran out first) or that answered "busy" (a 429, the gateway's own connection
 limit) was not shown unavailable: the request is not sent to a hosted provider then
 (busy counts under `when_private_saturated`, whose policy accepts a saturated private
-tier), and the client gets the last attempt's error. `Plan.basis` says, for the dispatch record of a
-fallback, what state each eligible private backend was in (`FallbackBasis`).
+tier), and the client gets the last attempt's error. A hosted provider has breakers as a
+private backend has (the backend's and, with several tenants, each tenant's): one that
+admits no request now is skipped when the hosted pass comes, its reason noted, and the
+next one tried (the skipped ones do not count among the 3). `Plan.basis` says, for the
+dispatch record of a fallback, what state each eligible private backend was in
+(`FallbackBasis`).
 
 Each attempt counts as in flight on its backend from the moment it is yielded, with no
 await since the saturation check (so a burst cannot all see a backend idle while their
@@ -47,6 +51,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Iterator
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from gateway.config.schema import RoutingSettings
@@ -261,7 +266,7 @@ class Plan:
         tenant: str | None = None,
     ) -> None:
         self._router = router
-        self.tenant = tenant  # whose breakers the private attempts answer to, if per tenant
+        self.tenant = tenant  # whose breakers its attempts answer to, if per tenant
         self._mode = mode
         up_ids = {route.backend.id for route in up}
         # Per eligible private backend: what it came to so far (absent: not tried yet).
@@ -325,13 +330,18 @@ class Plan:
         return tuple((r.backend.id, states.get(r.backend.id, default)) for r in self.private)
 
     def _hosted(self) -> Iterator[Attempt]:
-        for route in self.hosted[:HOSTED_MAX_ATTEMPTS]:
+        # A provider whose breaker (or the tenant's own on it) admits no request now is
+        # skipped, its reason noted, as a private backend is: checked when the hosted
+        # pass comes, not at planning, and not counted among the attempts.
+        clock, reasons, tenant = self._router._registry.clock, self.reasons, self.tenant
+        up = (r for r in self.hosted if available_routes((r,), clock(), reasons, tenant))
+        for route in islice(up, HOSTED_MAX_ATTEMPTS):
             yield self._attempt(route, 0, private=False)
 
     def _attempt(self, route: Route, cached_bytes: int, *, private: bool) -> Attempt:
         router = self._router
-        clock, tenant = router._registry.clock, self.tenant if private else None
-        attempt = Attempt(route, cached_bytes, self.deadline, clock, private, tenant)
+        clock = router._registry.clock
+        attempt = Attempt(route, cached_bytes, self.deadline, clock, private, self.tenant)
         router._enter(route.backend)  # in flight from now: see the module docstring
         return attempt
 

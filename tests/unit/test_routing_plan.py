@@ -206,3 +206,14 @@ def test_an_attempt_counts_in_flight_until_reported() -> None:
     p.report(attempt, Outcome.served)
     assert (backends["b0"].inflight, backends["b0"].prefilling) == (0, 0)
     assert p.reasons == []
+
+
+def test_a_hosted_backend_whose_breaker_is_open_is_skipped_and_not_counted() -> None:
+    """Hosted providers have breakers as private backends do: one open is skipped when the
+    hosted pass comes (its reason noted), and the next three are tried."""
+    r, registry = router()
+    for backend_id in ("b0", "b1", "h0"):
+        registry.backends[backend_id].breaker.probe_failed(0.0, "down")
+    p = plan(r, "when_private_unavailable")
+    assert fail_all(p) == [(h, "private_unavailable") for h in ("h1", "h2", "h3")]
+    assert "h0: failed moments ago" in p.reasons
