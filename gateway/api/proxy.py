@@ -72,9 +72,7 @@ class Proxy:
         self._metrics = metrics
         self._trust = trust
         self._private = PrivateRelay(metrics)
-        self.router = Router(
-            registry, routing, scraper.load, scraper.interval_s, state, metrics.set_inflight
-        )
+        self.router = Router(registry, routing, scraper.load, scraper.interval_s, state)
         self._hosted = HostedRelay(
             metrics,
             environ,
