@@ -126,7 +126,7 @@ class Proxy:
             await self._refused(exchange, refused)
             raise
         exchange.decision = decided.decision
-        watcher = watch_disconnect(receive, exchange)
+        unwatch = watch_disconnect(receive, exchange)
         try:
             await self._dispatch(exchange, decided, model, doc, body, upstream_path, send)
         except Refused as refused:  # nothing was dispatched (`_dispatch` says so)
@@ -139,7 +139,7 @@ class Proxy:
                 raise
             exchange.status = 499  # client closed the request (nginx's convention)
         finally:
-            watcher.cancel()
+            unwatch()
 
     def _decide(
         self, exchange: Exchange, tenant: TenantEntry, model: str, scope: Scope
