@@ -17,19 +17,26 @@ relay's last `send`. It holds its cycle weakly: the cycle's scope holds it, and 
 reference back would leave every request a reference cycle that only the cyclic garbage
 collector frees (a long stream's, promoted to the oldest generation while it runs, only
 by a full collection).
+
+It also tells the proxy when the client's connection is lost (`watch`): the listener
+calls `lost()` where uvicorn would wake a `receive` waiting for `http.disconnect`, so a
+request needs no task of its own blocked in `receive` to learn it (a task per request,
+created, woken and cancelled). The callback is dropped when the request ends (`unwatch`)
+or once called, so it holds the request's task no longer than the request runs.
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, cast
 
 if TYPE_CHECKING:
     from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
     from gateway.asgi import Scope
 
-__all__ = ["BODY_WRITER_SCOPE_KEY", "BodyWriter", "body_writer"]
+__all__ = ["BODY_WRITER_SCOPE_KEY", "BodyWriter", "body_writer", "client_lost"]
 
 BODY_WRITER_SCOPE_KEY: Final = "owngate.body_writer"
 
@@ -37,11 +44,35 @@ BODY_WRITER_SCOPE_KEY: Final = "owngate.body_writer"
 class BodyWriter:
     """Writes body chunks of one request's response; `ready()` says when it may."""
 
-    __slots__ = ("_cycle",)
+    __slots__ = ("_cycle", "_on_gone")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
         # Weak: the request's task holds its cycle while the app runs (see the module).
         self._cycle = weakref.ref(cycle)
+        self._on_gone: Callable[[], object] | None = None
+
+    def watch(self, on_gone: Callable[[], object]) -> bool:
+        """Call `on_gone` once if the client disconnects before the response ends (call
+        after the body was read); False, registering nothing, when it is gone already.
+        Like a `receive` after the body, it reads the connection again if reading was
+        paused (a large body's last read, a pipelined request): else its loss is not seen."""
+        cycle = self._cycle()
+        if cycle is None or cycle.disconnected:
+            return False
+        self._on_gone = on_gone
+        if not cycle.response_complete:
+            cycle.flow.resume_reading()
+        return True
+
+    def unwatch(self) -> None:
+        """Stop watching (the request is over)."""
+        self._on_gone = None
+
+    def lost(self) -> None:
+        """The client disconnected: call the watcher, once."""
+        on_gone, self._on_gone = self._on_gone, None
+        if on_gone is not None:
+            on_gone()
 
     def ready(self) -> bool:
         """Whether the response's head went out, with chunked framing, and its body has
@@ -84,6 +115,15 @@ class BodyWriter:
         cycle = self._cycle()
         if cycle is not None:
             await cycle.flow.drain()
+
+
+def client_lost(cycle: RequestResponseCycle | None) -> None:
+    """Tell the request of `cycle` that its client is gone, if uvicorn marked it so (the
+    listener's `connection_lost`, and a refusal of the body it waits for)."""
+    if cycle is not None and cycle.disconnected:
+        writer = body_writer(cast("Scope", cycle.scope))
+        if writer is not None:
+            writer.lost()
 
 
 def body_writer(scope: Scope) -> BodyWriter | None:

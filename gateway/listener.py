@@ -79,7 +79,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.asgi import REFUSAL_SCOPE_KEY
-from gateway.body_writer import BODY_WRITER_SCOPE_KEY, BodyWriter
+from gateway.body_writer import BODY_WRITER_SCOPE_KEY, BodyWriter, client_lost
 from gateway.coalescing import HeadCoalescer
 from gateway.errors import ErrorCode, GatewayError
 from gateway.expect_continue import close_unless_continued
@@ -159,6 +159,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                 timer.cancel()
         self._head_timer = self._body_timer = self._linger_timer = self._write_timer = None
         super().connection_lost(exc)
+        client_lost(self.cycle)  # the proxy's disconnect watch (gateway/body_writer.py)
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -371,6 +372,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             scope[REFUSAL_SCOPE_KEY] = GatewayError(code, message)
             cycle.disconnected = True
             cycle.message_event.set()
+            client_lost(cycle)
         self.transport.write(refusal_answer(code, message, self.server_state.default_headers))
         self._linger()
 

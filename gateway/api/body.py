@@ -223,6 +223,7 @@ def _exact_repeats(body: bytes) -> list[str]:
 _WALK_STRINGS: Final = 256
 _NAMES: Final = frozenset(n.encode() for n in (*_TOP_KEYS, *_OPTION_KEYS))
 _LONGEST_ESCAPED: Final = 6 * max(len(n) for n in _NAMES)  # each character as \\uXXXX
+_SHORT_GAP: Final = 64  # bytes between two strings copied to be counted at the end
 
 
 class BodyScan(NamedTuple):
@@ -242,17 +243,25 @@ def scan_body(body: bytes) -> BodyScan | None:
     `once` is False when a name appears twice (as a key or as a value) or when a short
     string has an escape (it may spell a name): the exact check decides then."""
     seen: set[bytes] = set()
+    # The short stretches between strings (`":"`, `",["`...) are gathered and counted in
+    # one piece at the end: two or three counts per string cost more than the copy.
+    gaps: list[bytes] = []
     brackets, commas, once, end = 0, 0, True, -1
     outside = len(body) >= _COUNT_OUTSIDE  # commas too (`held_bound`): worth it when long
+    escapes = body.find(b"\\") >= 0  # else no string has one: no search per string
     for _ in range(_WALK_STRINGS):
         start = body.find(b'"', end + 1)
         if start < 0:
             break
-        brackets += _brackets(body, end + 1, start)
-        if outside:
-            commas += body.count(b",", end + 1, start)
+        if start - end > _SHORT_GAP:  # counted where it is: copies stay small
+            brackets += _brackets(body, end + 1, start)
+            if outside:
+                commas += body.count(b",", end + 1, start)
+        else:
+            gaps.append(body[end + 1 : start])
         end = body.find(b'"', start + 1)
-        while end > 0 and _escaped(body, end):  # `\\"` inside the string
+        # `\\"` inside the string (the index first: a call only after a backslash)
+        while end > 0 and body[end - 1] == 0x5C and _escaped(body, end):
             end = body.find(b'"', end + 1)
         if end < 0:
             return None
@@ -262,14 +271,17 @@ def scan_body(body: bytes) -> BodyScan | None:
         if text in _NAMES:
             once = text not in seen
             seen.add(text)
-        elif text.find(b"\\") >= 0:  # not `in`: a bytes `in` first tries an int (see find)
+        elif escapes and text.find(b"\\") >= 0:  # not `in`: it first tries an int (see find)
             once = False  # perhaps a name spelled with escapes
     else:
         if body.find(b'"', end + 1) >= 0:
             return None  # more strings than walked
     size = len(body)
-    commas = commas + body.count(b",", end + 1, size) if outside else -1
-    return BodyScan(brackets + _brackets(body, end + 1, size), commas, once)
+    between = b"".join(gaps)
+    brackets += _brackets(body, end + 1, size) + _brackets(between, 0, len(between))
+    if outside:
+        commas += body.count(b",", end + 1, size) + between.count(b",")
+    return BodyScan(brackets, commas if outside else -1, once)
 
 
 def _brackets(body: bytes, start: int, end: int) -> int:

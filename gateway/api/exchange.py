@@ -272,19 +272,37 @@ async def break_stream(send: Send, exchange: Exchange, error: GatewayError) -> N
     await send_error_event(send, error, before=before)
 
 
-def watch_disconnect(receive: Receive, exchange: Exchange) -> asyncio.Task[None]:
+def watch_disconnect(receive: Receive, exchange: Exchange) -> Callable[[], object]:
     """Cancel the current task when the client disconnects (the relay then drops the
-    backend connection, which stops the backend's work)."""
+    backend connection, which stops the backend's work); returns what stops watching.
+
+    On owngate's listener the connection's loss calls back (`BodyWriter.watch`): no task
+    per request. Elsewhere (the test client, another ASGI server) a task awaits
+    `receive` for `http.disconnect`."""
     task = asyncio.current_task()
+
+    def gone() -> None:
+        exchange.client_gone = True
+        if task is not None:
+            task.cancel()
+
+    writer = exchange.writer
+    if writer is not None:
+        if writer.watch(gone):
+            return writer.unwatch
+        gone()  # already gone: cancelled at the request's next await
+        return _watching_nothing
 
     async def watch() -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                exchange.client_gone = True
-                if task is not None:
-                    task.cancel()
+                gone()
                 return
 
     # Named: a task without a name formats one ("Task-N") when it is made.
-    return asyncio.create_task(watch(), name="owngate-disconnect-watch")
+    return asyncio.create_task(watch(), name="owngate-disconnect-watch").cancel
+
+
+def _watching_nothing() -> None:
+    return None

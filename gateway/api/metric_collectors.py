@@ -43,7 +43,10 @@ _BREAKER_STATES = ("closed", "open", "half_open")
 
 
 class BackendLoadCollector(Collector):
-    """Scraped backend load as gauges; a backend whose reading is stale is left out."""
+    """Scraped backend load as gauges (a backend whose reading is stale is left out), and
+    what the gateway itself knows of each backend: its breaker, health, slots, and the
+    requests it has in flight to it (`BackendState.inflight`, kept by the router: read
+    here rather than set in a gauge twice per request)."""
 
     def __init__(self, registry: Registry, scraper: MetricsScraper) -> None:
         self._registry = registry
@@ -86,8 +89,14 @@ class BackendLoadCollector(Collector):
             "Concurrency slots: capacity.max_concurrency, or learned from llama.cpp /props.",
             labels=["backend"],
         )
+        inflight = GaugeMetricFamily(
+            "owngate_backend_inflight",
+            "Requests the gateway has in flight to each backend.",
+            labels=["backend"],
+        )
         now = self._registry.clock()
         for backend_id, state in self._registry.backends.items():
+            inflight.add_metric([backend_id], state.inflight)
             current = state.breaker.state.value  # hosted providers have breakers too
             for name in _BREAKER_STATES:
                 breaker.add_metric([backend_id, name], 1.0 if name == current else 0.0)
@@ -109,6 +118,7 @@ class BackendLoadCollector(Collector):
                 if value is not None:
                     family.add_metric([backend_id], value)
         yield from families.values()
+        yield inflight
         yield age
         yield breaker
         yield opens

@@ -2,11 +2,11 @@
 
 Label children are cached per label tuple so the request path pays a dict lookup and
 an observe, not prometheus_client's label resolution. What the gateway already knows
-(backend health and breakers, shared state, the policy set, the provenance log, the
-witnesses) is read by collectors at scrape time (metric_collectors.py), costing requests
-nothing. The names are a contract: deploy/observability/ (the Grafana dashboard and the
-alert rules) uses them, and tests/integration/test_observability.py checks each one
-against a live gateway.
+(backend health and breakers, in-flight counts, shared state, the policy set, the
+provenance log, the witnesses) is read by collectors at scrape time
+(metric_collectors.py), costing requests nothing. The names are a contract:
+deploy/observability/ (the Grafana dashboard and the alert rules) uses them, and
+tests/integration/test_observability.py checks each one against a live gateway.
 """
 
 from __future__ import annotations
@@ -99,12 +99,6 @@ class GatewayMetrics:
             "Streams: time from request received to the first body chunk relayed.",
             ["endpoint", "backend"],
             buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.inflight = Gauge(
-            "owngate_backend_inflight",
-            "Requests the gateway has in flight to each backend.",
-            ["backend"],
             registry=r,
         )
         self.upstream_errors = Counter(
@@ -218,9 +212,6 @@ class GatewayMetrics:
 
     def observe_ttft(self, endpoint: str, backend: str, seconds: float) -> None:
         self._child(self.ttft, endpoint, backend).observe(seconds)  # type: ignore[attr-defined]
-
-    def set_inflight(self, backend: str, value: int) -> None:
-        self._child(self.inflight, backend).set(value)  # type: ignore[attr-defined]
 
     def upstream_error(self, backend: str, kind: str) -> None:
         self._child(self.upstream_errors, backend, kind).inc()  # type: ignore[attr-defined]

@@ -72,9 +72,7 @@ class Proxy:
         self._metrics = metrics
         self._trust = trust
         self._private = PrivateRelay(metrics)
-        self.router = Router(
-            registry, routing, scraper.load, scraper.interval_s, state, metrics.set_inflight
-        )
+        self.router = Router(registry, routing, scraper.load, scraper.interval_s, state)
         self._hosted = HostedRelay(
             metrics,
             environ,
@@ -128,7 +126,7 @@ class Proxy:
             await self._refused(exchange, refused)
             raise
         exchange.decision = decided.decision
-        watcher = watch_disconnect(receive, exchange)
+        unwatch = watch_disconnect(receive, exchange)
         try:
             await self._dispatch(exchange, decided, model, doc, body, upstream_path, send)
         except Refused as refused:  # nothing was dispatched (`_dispatch` says so)
@@ -141,7 +139,7 @@ class Proxy:
                 raise
             exchange.status = 499  # client closed the request (nginx's convention)
         finally:
-            watcher.cancel()
+            unwatch()
 
     def _decide(
         self, exchange: Exchange, tenant: TenantEntry, model: str, scope: Scope

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -103,16 +103,15 @@ class Router:
         load_of: LoadOf,
         poll_s: float,
         state: SharedState,
-        on_inflight: Callable[[str, int], None],
     ) -> None:
         """`load_of`: a backend's fresh scraped load (gateway/routing/scraper.py), `poll_s`
         how often a waiter re-checks saturation (the scrape interval); `state` keeps the
-        in-flight counts every replica sees, `on_inflight` the in-flight gauge."""
+        in-flight counts every replica sees (this replica's are `BackendState.inflight`,
+        which /metrics reads at scrape time as `owngate_backend_inflight`)."""
         self._registry = registry
         self._load_of = load_of
         self._poll_s = poll_s
         self._state = state  # no I/O here: the state syncs in the background
-        self._on_inflight = on_inflight
         self.picker = Picker(routing, load_of)
         self._affinity_bytes = routing.affinity_prefix_bytes
         self._failover = routing.failover
@@ -210,12 +209,10 @@ class Router:
     def _enter(self, backend: BackendState) -> None:
         backend.inflight += 1
         self._state.backend_started(backend.id)
-        self._on_inflight(backend.id, backend.inflight)
 
     def _leave(self, backend: BackendState) -> None:
         backend.inflight -= 1
         self._state.backend_finished(backend.id)
-        self._on_inflight(backend.id, backend.inflight)
         for queue in self._queues_of.get(backend.id, ()):
             queue.release()
 

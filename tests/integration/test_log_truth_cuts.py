@@ -329,16 +329,14 @@ def test_a_client_that_leaves_while_its_dispatch_is_written_gets_a_completion_re
     too (499, nothing sent), not a dispatch left open for ever."""
     disk = _HeldDisk()
     monkeypatch.setattr(segment_writer, "os", disk)
-    noticed = threading.Event()  # the gateway saw the client leave
+    watched_exchanges: list[Exchange] = []
 
-    def saw_it_leave(watcher: asyncio.Task[None]) -> None:
-        if not watcher.cancelled():  # it returned: the disconnect came
-            noticed.set()
+    def watched(receive: Receive, exchange: Exchange) -> Callable[[], object]:
+        watched_exchanges.append(exchange)
+        return watch_disconnect(receive, exchange)
 
-    def watched(receive: Receive, exchange: Exchange) -> asyncio.Task[None]:
-        watcher = watch_disconnect(receive, exchange)
-        watcher.add_done_callback(saw_it_leave)
-        return watcher
+    def noticed() -> bool:  # the gateway saw the client leave
+        return any(exchange.client_gone for exchange in watched_exchanges)
 
     monkeypatch.setattr("gateway.api.proxy.watch_disconnect", watched)
     raw = start_raw(json_answer(b'{"id":"c","choices":[]}'))
@@ -353,7 +351,7 @@ def test_a_client_that_leaves_while_its_dispatch_is_written_gets_a_completion_re
         with socket.create_connection((gateway.server.host, gateway.server.port), 10) as client:
             client.sendall(head + body)
             assert disk.writing.wait(30)  # the dispatch record is being written
-        assert noticed.wait(30)
+        until(noticed, "the gateway saw the client leave", timeout=30)
     finally:
         disk.released.set()
     until(lambda: not gateway.app.serving, "the request ended")

@@ -44,7 +44,7 @@ def order(registry: Registry, strategy: str) -> list[str]:
 def first_planned(registry: Registry, strategy: str) -> str:
     """The backend the router's plan offers a request for `m` to first."""
     routing = RoutingSettings(default=PoolSettings(strategy=strategy))  # type: ignore[arg-type]
-    router = Router(registry, routing, lambda _id: None, 1.0, MemoryState(), lambda _id, _n: None)
+    router = Router(registry, routing, lambda _id: None, 1.0, MemoryState())
     allowed = decision(tuple(registry.backends))
     plan = asyncio.run(router.plan("m", allowed, {}, time.perf_counter()))
     attempt = next(iter(plan))

@@ -5,6 +5,7 @@ nesting, repeats at any level)."""
 from __future__ import annotations
 
 import json
+import sys
 from unittest import mock
 
 import orjson
@@ -126,3 +127,45 @@ def test_brackets_in_a_string_do_not_count_as_nesting() -> None:
     body = json.dumps({"model": "m", "messages": [{"content": "{[," * 6000}]}).encode()
     scan = body_module.scan_body(body)
     assert scan is not None and scan.brackets == 3 and scan.commas == 1
+
+
+def _padded(text: str) -> str:
+    """`text` with whitespace and an array of numbers after each `:` and `,`, so that
+    the stretches between strings run past the walk's short-gap copy (64 bytes)."""
+    return text.replace(":", ": " + " " * 70).replace(",", ", [" + "1," * 40 + "1], ")
+
+
+@given(_object(3).map(_padded), st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_long_stretches_between_strings_are_counted_where_they_are(
+    text: str, long_body: bool
+) -> None:
+    body = text.encode()
+    if long_body:  # commas counted too
+        body = body[:-1] + (b',"pad":' + b" " * 16 * 1024 + b"}" if len(body) > 2 else b"}")
+    scan = body_module.scan_body(body)
+    if scan is not None:
+        assert scan.brackets == _outside_strings(body)
+        assert scan.commas == (_outside_strings(body, b",") if len(body) >= 16 * 1024 else -1)
+
+
+def test_the_scan_does_not_search_or_count_per_short_stretch() -> None:
+    """The stretches between strings are counted in one piece: the C-level searches and
+    counts of a scan grow by two per string (its quotes), not by five."""
+
+    def calls(strings: int) -> int:
+        body = json.dumps({f"k{i}": f"v{i}" for i in range(strings)}).encode()
+        made: list[str] = []
+
+        def profile(_frame: object, event: str, arg: object) -> None:
+            if event == "c_call" and isinstance(getattr(arg, "__self__", None), bytes):
+                made.append(getattr(arg, "__name__", "?"))
+
+        sys.setprofile(profile)
+        try:
+            body_module.scan_body(body)
+        finally:
+            sys.setprofile(None)
+        return len(made)
+
+    assert calls(40) - calls(20) == 2 * 40  # 20 more pairs: 40 more strings, two quotes each

@@ -197,17 +197,13 @@ def gateway_choice(
     if decision.refusal is not None:
         return True, decision, []
     load = BackendLoad(running=1, waiting=64, kv_usage=None, slots_total=1) if saturated else None
-    router = Router(registry, config.routing, lambda _id: load, 1.0, MemoryState(), _no_gauge)
+    router = Router(registry, config.routing, lambda _id: load, 1.0, MemoryState())
     plan = asyncio.run(router.plan(model, decision, {}, time.perf_counter()))
     tried = []
     for attempt in plan:
         tried.append(attempt.backend.id)
         plan.report(attempt, Outcome.failed, "scripted failure")
     return False, decision, tried
-
-
-def _no_gauge(_backend: str, _value: int) -> None:
-    return None
 
 
 def assert_agrees(

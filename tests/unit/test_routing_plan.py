@@ -35,11 +35,7 @@ def router(**routing: Any) -> tuple[Router, Registry]:
     )
     registry = Registry.build(config, environ={"HOSTED_KEY": "k"}, clock=lambda: 0.0)
     settings = RoutingSettings.model_validate({"default": {"strategy": "round_robin"}, **routing})
-    return Router(registry, settings, lambda _id: None, 1.0, MemoryState(), _no_gauge), registry
-
-
-def _no_gauge(_backend: str, _inflight: int) -> None:
-    """The in-flight gauge (none here)."""
+    return Router(registry, settings, lambda _id: None, 1.0, MemoryState()), registry
 
 
 def plan(r: Router, fallback: str, age_s: float = 0.0, threshold: float | None = None) -> Plan:

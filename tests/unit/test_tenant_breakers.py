@@ -45,9 +45,7 @@ def setup(tenants: list[dict[str, Any]]) -> tuple[Router, Registry, FakeClock]:
         tenants=tenants,
     )
     registry = Registry.build(config, environ={"HOSTED_KEY": "k"}, clock=clock)
-    router = Router(
-        registry, RoutingSettings(), lambda _id: None, 1.0, MemoryState(), lambda _b, _n: None
-    )
+    router = Router(registry, RoutingSettings(), lambda _id: None, 1.0, MemoryState())
     return router, registry, clock
 
 
