@@ -34,6 +34,9 @@ class _Connection(asyncio.Protocol):
     def __init__(self, pool: HttpPool) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
+        # The loop it runs on, set by the pool once connected: a response asks it, not
+        # `asyncio.get_running_loop()`, whose fork check is a `getpid` system call each time.
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.response: UpstreamResponse | None = None
         self.closed = False

@@ -211,7 +211,7 @@ class HttpPool:
                 raise UpstreamError("closed", "backend closed the connection before answering")
             response = UpstreamResponse(conn, self._read_timeout)
             conn.response, conn.quiet_bytes = response, 0
-            response.sent_at = asyncio.get_running_loop().time()
+            response.sent_at = response.loop.time()
             assert conn.transport is not None
             conn.transport.write(head + body if len(body) < 65536 else head)
             if len(body) >= 65536:
@@ -320,6 +320,7 @@ class HttpPool:
                 self._forget(conn)
                 raise
         conn.tls = tls
+        conn.loop = loop
         return conn
 
     def retrust(self, tls: BackendTLS) -> None:
