@@ -213,9 +213,10 @@ class HttpPool:
             conn.response, conn.quiet_bytes = response, 0
             response.sent_at = response.loop.time()
             assert conn.transport is not None
-            conn.transport.write(head + body if len(body) < 65536 else head)
-            if len(body) >= 65536:
-                conn.transport.write(body)
+            if body:  # one writev, and the body is not copied behind its head
+                conn.transport.writelines((head, body))
+            else:
+                conn.transport.write(head)
             try:
                 await response._wait_headers(wait)
             except UpstreamError as exc:
