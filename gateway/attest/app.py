@@ -53,6 +53,7 @@ import asyncio
 import base64
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +76,7 @@ from gateway.provenance.formats.attestation import (
     SSE_PREFIX,
     parse_salts,
 )
+from gateway.provenance.formats.commitments import SALT_SIZE
 from gateway.provenance.formats.receipt_payload import REQUEST_ID
 from gateway.sse_comments import CommentFilter, StripReports
 from gateway.upstream.http import HttpPool, UpstreamError, UpstreamResponse
@@ -97,6 +99,9 @@ _ATTEST_LINE = ATTEST_HEADER + b": "
 _NOT_ALLOWED = GatewayError(ErrorCode.method_not_allowed, "The sidecar relays GET and POST only.")
 _NOT_RELAYED = GatewayError(ErrorCode.not_found, "The sidecar relays only a gateway's requests.")
 _sha256 = hashlib.sha256
+# Random bytes for a request without salts or a valid id (not from a gateway): both salts
+# and an 8-byte id, one `getrandom` per request whatever is missing.
+_FRESH = 2 * SALT_SIZE + 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +137,11 @@ class AttestRelay:
     _pool: HttpPool
     _base: bytes
 
-    def __init__(self, settings: AttestSettings) -> None:
+    def __init__(
+        self, settings: AttestSettings, *, random: Callable[[int], bytes] = os.urandom
+    ) -> None:
         self._settings = settings
+        self._random = random
         self._log: ProvenanceLog | None = None
         self._pool_open = False
         self._notary: Notary | None = None
@@ -207,11 +215,16 @@ class AttestRelay:
                     request_id = value
             elif name == SALTS_HEADER and salts_value is None:
                 salts_value = value
+        salts = parse_salts(salts_value)
         # Kept only in the form a record's request_id has (each byte one character).
         if request_id is None or not REQUEST_ID.match(request_id.decode("latin-1")):
-            request_id = b"attest-" + os.urandom(8).hex().encode()
+            fresh = self._random(_FRESH)  # the salts too if they are missing: one system call
+            request_id = b"attest-" + fresh[2 * SALT_SIZE :].hex().encode()
+            if salts is None:
+                salts = Salts(fresh[:SALT_SIZE], fresh[SALT_SIZE : 2 * SALT_SIZE])
+        elif salts is None:
+            salts = Salts.generate(self._random)
         headers.append((b"x-request-id", request_id))
-        salts = parse_salts(salts_value) or Salts.generate()
         body = request.body
         request_commitment = commit_digest("request", salts.request, _sha256(body).digest())
         response = conn.upstream = await self._send(request.method, request.target, headers, body)

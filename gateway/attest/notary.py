@@ -173,7 +173,7 @@ class Notary:
         }
         payload = canonical_json_of_plain(record)
         signature = self._sign(b"%s%d %s" % (_PAE_PREFIX, len(payload), payload))
-        written = self._log.append_soon(record, checked=True)
+        written = self._log.append_soon(record, checked=True, encoded=payload)
         written.add_done_callback(self._logged)
         return _ENVELOPE % (base64.b64encode(payload), self._key_json, base64.b64encode(signature))
 

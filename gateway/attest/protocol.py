@@ -250,7 +250,10 @@ class Connection(RequestReader):
         )
         # An answer to HEAD (the relay's 405) says its length but carries no body: a
         # client reads none, and body bytes would be the start of its next answer.
-        self.transport.write(head if self._bodiless else head + body)
+        if self._bodiless or not body:
+            self.transport.write(head)
+        else:  # one writev, and the body is not copied behind its head
+            self.transport.writelines((head, body))
         self._started = self._answered = True
 
     def start_stream(self, status: int, content_type: bytes, *, framed: bool = True) -> None:

@@ -34,6 +34,9 @@ class _Connection(asyncio.Protocol):
     def __init__(self, pool: HttpPool) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
+        # The loop it runs on, set by the pool once connected: a response asks it, not
+        # `asyncio.get_running_loop()`, whose fork check is a `getpid` system call each time.
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.response: UpstreamResponse | None = None
         self.closed = False
@@ -46,6 +49,7 @@ class _Connection(asyncio.Protocol):
         # bytes of the current response read since its last body byte (its head at first,
         # then chunk framing and trailers): at most `MAX_HEAD` in a row
         self.quiet_bytes = 0
+        self._poller: select.poll | None = None  # `unread()`'s, made at its first call
         # The body bytes of the read being parsed: the parser calls `on_body` once per HTTP
         # chunk (a stream's every event), the response takes them once per read.
         self._body: list[bytes] = []
@@ -196,12 +200,18 @@ class _Connection(asyncio.Protocol):
         request's answer (another request's, another tenant's). A connection with bytes
         waiting is out of step: it is not reused. Only a reused connection is asked: a
         new TLS one may hold the server's session tickets, and no earlier answer."""
-        sock = None if self.transport is None else self.transport.get_extra_info("socket")
-        if sock is None:
-            return False  # no socket to look at (a test transport)
+        poller = self._poller
+        if poller is None:  # registered once per connection, asked before each reuse
+            sock = None if self.transport is None else self.transport.get_extra_info("socket")
+            if sock is None:
+                return False  # no socket to look at (a test transport)
+            try:
+                poller = select.poll()
+                poller.register(sock.fileno(), select.POLLIN)
+            except (OSError, ValueError):
+                return True  # cannot tell: not worth the risk
+            self._poller = poller
         try:
-            poller = select.poll()
-            poller.register(sock.fileno(), select.POLLIN)
             return bool(poller.poll(0))
         except (OSError, ValueError):
             return True  # cannot tell: not worth the risk

@@ -211,11 +211,12 @@ class HttpPool:
                 raise UpstreamError("closed", "backend closed the connection before answering")
             response = UpstreamResponse(conn, self._read_timeout)
             conn.response, conn.quiet_bytes = response, 0
-            response.sent_at = asyncio.get_running_loop().time()
+            response.sent_at = response.loop.time()
             assert conn.transport is not None
-            conn.transport.write(head + body if len(body) < 65536 else head)
-            if len(body) >= 65536:
-                conn.transport.write(body)
+            if body:  # one writev, and the body is not copied behind its head
+                conn.transport.writelines((head, body))
+            else:
+                conn.transport.write(head)
             try:
                 await response._wait_headers(wait)
             except UpstreamError as exc:
@@ -320,6 +321,7 @@ class HttpPool:
                 self._forget(conn)
                 raise
         conn.tls = tls
+        conn.loop = loop
         return conn
 
     def retrust(self, tls: BackendTLS) -> None:

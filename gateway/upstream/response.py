@@ -49,6 +49,7 @@ class UpstreamResponse:
 
     def __init__(self, conn: _Connection, read_timeout: float) -> None:
         self._conn = conn
+        self._loop = conn.loop
         self._read_timeout = read_timeout
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
@@ -79,6 +80,17 @@ class UpstreamResponse:
         self._sink_due = False  # a call of `_to_sink` is scheduled
         self._sink_full = False  # the sink could take no more: reading paused
         self._sink_error: Exception | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the response runs on: its connection's, which the pool sets
+        once per connection, else (a connection made elsewhere) the running loop.
+        `asyncio.get_running_loop()` checks for a fork with a `getpid` system call on
+        every call, which was twice per request."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     @property
     def response_deadline(self) -> float | None:
@@ -198,7 +210,7 @@ class UpstreamResponse:
         cancelling a timer for each would cost more than the read, so the response keeps
         one timer, armed at the earliest deadline still pending and moved on when it fires
         early (`_check_due`)."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         waiter = self._waiter = loop.create_future()
         due = self._due = loop.time() + timeout
         self._due_what = what
@@ -246,7 +258,7 @@ class UpstreamResponse:
         or (`timeout`) if it has not ended by `deadline` (event-loop time), however
         steadily it arrives."""
         chunks = self._chunks
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         while True:
             if deadline is not None and not self.complete and loop.time() >= deadline:
                 self.abort()
@@ -281,7 +293,7 @@ class UpstreamResponse:
         (the client's buffers are full), reading from the backend pauses until `drain()`
         returns. An exception from `sink` ends the pump and is raised here, as are the
         body's own failures (`UpstreamError`); the caller drops the connection then."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         chunks = self._chunks
         while True:
             if deadline is not None and not self.complete and loop.time() >= deadline:

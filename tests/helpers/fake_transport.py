@@ -4,6 +4,7 @@ written, whether reading is paused and whether it was closed."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 from gateway.listener_limits import ListenerLimits
@@ -25,11 +26,17 @@ class FakeTransport:
 
     def __init__(self) -> None:
         self.written = bytearray()
+        self.pieces: list[bytes] = []  # what was handed to write(), as handed
         self.reading = True
         self.closed = asyncio.Event()
 
     def write(self, data: bytes) -> None:
         self.written += data
+        self.pieces.append(data)
+
+    def writelines(self, data: Iterable[bytes]) -> None:
+        for piece in data:
+            self.write(piece)
 
     def pause_reading(self) -> None:
         self.reading = False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -394,3 +395,55 @@ def test_many_small_response_headers_count_towards_the_limit() -> None:
         assert info.value.kind == "protocol"
 
     asyncio.run(_with_backend(handler, body, first_byte_timeout=600.0, read_timeout=600.0))
+
+
+def test_a_request_on_a_pooled_connection_asks_no_running_loop() -> None:
+    """`asyncio.get_running_loop()` makes a `getpid` system call each time (its fork
+    check): a request on a pooled connection takes the loop the connection keeps."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await _read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            await writer.drain()
+
+    async def body(pool: HttpPool) -> None:
+        response = await pool.request(b"POST", b"/", [], b"{}")
+        assert await response.read() == b"ok"  # the connection is made and pooled
+        with mock.patch.object(
+            asyncio, "get_running_loop", side_effect=AssertionError("asked")
+        ) as asked:
+            for _ in range(2):
+                response = await pool.request(b"POST", b"/", [], b"{}")
+                assert await response.read() == b"ok"
+        assert asked.call_count == 0
+        assert pool.open_connections == 1
+
+    asyncio.run(_with_backend(handler, body))
+
+
+def test_a_pooled_connection_registers_its_socket_for_the_unread_check_once() -> None:
+    """Before each reuse the connection is polled for bytes nobody asked for; the poll
+    object is made and the socket registered once per connection, not per request."""
+    made: list[object] = []
+    real_poll = select.poll
+
+    def poll() -> Any:
+        made.append(real_poll())
+        return made[-1]
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await _read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            await writer.drain()
+
+    async def body(pool: HttpPool) -> None:
+        with mock.patch.object(select, "poll", poll):
+            for _ in range(4):
+                response = await pool.request(b"POST", b"/", [], b"{}")
+                assert await response.read() == b"ok"
+        assert pool.open_connections == 1
+        assert len(made) == 1  # three reuses, one poll object
+
+    asyncio.run(_with_backend(handler, body))

@@ -4,6 +4,8 @@ reference `Statement` / `sign_statement` write, and logs exactly `Statement.reco
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 from gateway.attest import AttestRelay, AttestSettings
 from gateway.attest.notary import COUNTER_BLOCK, COUNTER_FILE, Notary, rfc3339_ms
 from gateway.provenance import Signer, write_signing_key
+from gateway.provenance.audit.reader import LogDirectory
 from gateway.provenance.formats.attestation import Statement, open_countersignature, sign_statement
 from gateway.provenance.formats.records import format_time
 from gateway.provenance.testing import seeded_signer
@@ -31,11 +34,15 @@ class _Log:
         self.size = size
         self.last_error = None
         self.records: list[dict[str, Any]] = []
+        self.encoded: list[bytes] = []
         self._loop = loop
 
-    def append_soon(self, record: dict[str, Any], *, checked: bool) -> asyncio.Future[Any]:
+    def append_soon(
+        self, record: dict[str, Any], *, checked: bool, encoded: bytes = b""
+    ) -> asyncio.Future[Any]:
         assert checked
         self.records.append(record)
+        self.encoded.append(encoded)
         return self._loop.create_future()
 
 
@@ -80,7 +87,30 @@ def _check(
         )
         assert envelope == sign_statement(statement, signer)  # Ed25519 is deterministic
         assert log.records[number] == statement.record()
+        # the statement is encoded once: the log is handed the bytes that were signed
+        assert log.encoded[number] == statement.payload()
         assert open_countersignature(envelope).statement == statement
+
+
+def test_the_log_holds_the_signed_payloads_byte_for_byte(tmp_path: Path) -> None:
+    """The notary hands the log the statement bytes it signed: each entry of the
+    sidecar's log is exactly the payload of the countersignature its client got."""
+    key = tmp_path / "sidecar.key"
+    write_signing_key(key, "sidecar")
+    settings = AttestSettings(backend="http://127.0.0.1:9", key_file=key, log_dir=tmp_path / "log")
+
+    async def countersign(count: int) -> list[bytes]:
+        relay = AttestRelay(settings)
+        assert await relay.open() is None
+        envelopes = [
+            relay.notary.countersign(b"r-%d" % n, "ab" * 32, "cd" * 32) for n in range(count)
+        ]
+        await relay.close()
+        return envelopes
+
+    envelopes = asyncio.run(countersign(3))
+    entries = LogDirectory(tmp_path / "log").bundle(0, 3)
+    assert entries == [base64.b64decode(json.loads(e)["payload"]) for e in envelopes]
 
 
 def test_a_restart_after_a_crash_never_reuses_a_counter(tmp_path: Path) -> None:

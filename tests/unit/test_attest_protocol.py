@@ -360,3 +360,27 @@ def test_the_body_of_a_request_cut_off_before_it_runs_is_given_back() -> None:
         assert connection._listener.bodies.held == 0
 
     asyncio.run(main())
+
+
+def test_a_whole_answer_goes_out_behind_its_head_without_a_copy() -> None:
+    """The answer's body is handed to the transport as it came (one writev with the head),
+    not copied into a buffer behind the head: a copy costs as much as the body is long."""
+
+    async def main() -> None:
+        body = b'{"answer": "%s"}' % (b"x" * 100_000)
+        done = asyncio.Event()
+
+        async def handler(conn: Connection, request: Request) -> None:
+            conn.respond(200, body, b"application/json")
+            done.set()
+
+        connection, transport = _connect(handler)
+        connection.data_received(_GET)
+        await asyncio.wait_for(done.wait(), WAIT_S)
+        assert transport.pieces[-1] is body
+        head = bytes(transport.written[: -len(body)])
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"content-length: %d\r\n" % len(body) in head
+        assert transport.written.endswith(b"\r\n\r\n" + body)
+
+    asyncio.run(main())

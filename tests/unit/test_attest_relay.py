@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import httptools
@@ -30,7 +32,12 @@ _POST = (
 
 
 async def _relay_once(
-    tmp_path: Path, answer: bytes, request: bytes = _POST, *, close: bool = True
+    tmp_path: Path,
+    answer: bytes,
+    request: bytes = _POST,
+    *,
+    close: bool = True,
+    random: Callable[[int], bytes] = os.urandom,
 ) -> bytes:
     """What the sidecar writes to its client for one `request` whose backend sends
     `answer` and then closes the connection (or, not `close`, keeps it open)."""
@@ -49,7 +56,8 @@ async def _relay_once(
     key = tmp_path / "sidecar.key"
     write_signing_key(key, "sidecar")
     relay = AttestRelay(
-        AttestSettings(backend=f"http://127.0.0.1:{port}", key_file=key, log_dir=tmp_path / "log")
+        AttestSettings(backend=f"http://127.0.0.1:{port}", key_file=key, log_dir=tmp_path / "log"),
+        random=random,
     )
     assert await relay.open() is None
     try:
@@ -277,3 +285,23 @@ def test_a_backends_own_attest_header_never_reaches_the_gateway(
     written = asyncio.run(_relay_once(tmp_path, answer))
     assert forged not in written
     assert written.lower().count(b"x-owngate-attest:") == int(signed)
+
+
+def test_a_request_without_salts_or_id_takes_both_from_one_system_call(tmp_path: Path) -> None:
+    """A client that bypassed the gateway sends neither: its salts and its request id
+    come from one `getrandom` (the first 64 bytes the salts, the last 8 the id)."""
+    taken: list[bytes] = []
+
+    def random(size: int) -> bytes:
+        taken.append(os.urandom(size))
+        return taken[-1]
+
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+    written = asyncio.run(_relay_once(tmp_path, answer, random=random))
+    status, headers, _ = parse(written)
+    assert status == 200
+    assert [len(piece) for piece in taken] == [72]
+    envelope = json.loads(base64.b64decode(headers["x-owngate-attest"]))
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    assert statement["request_id"] == "attest-" + taken[0][64:].hex()
+    assert statement["request_commitment"] == commit("request", taken[0][:32], _CHAT)

@@ -162,11 +162,13 @@ class ProvenanceLog:
         return await self._put(record, checked, awaited=True)
 
     def append_soon(
-        self, record: Mapping[str, object], *, checked: bool = False
+        self, record: Mapping[str, object], *, checked: bool = False, encoded: bytes = b""
     ) -> asyncio.Future[LogEntry]:
         """Queue a record nothing waits on (e.g. a completion): the future completes when it
-        is durable (or fails). Raises at once what `append` raises before queueing."""
-        return self._put(record, checked, awaited=False)
+        is durable (or fails). Raises at once what `append` raises before queueing.
+        `encoded`: `canonical_json_of_plain(record)` that the caller made already (a
+        statement it signed), logged as given, with `checked`."""
+        return self._put(record, checked, awaited=False, encoded=encoded)
 
     async def append_sealed(
         self, record: Mapping[str, object], seal: Seal, *, checked: bool = False
@@ -196,13 +198,14 @@ class ProvenanceLog:
         awaited: bool,
         seal: Seal | None = None,
         sealed: asyncio.Future[bytes] | None = None,
+        encoded: bytes = b"",
     ) -> asyncio.Future[LogEntry]:
         if self._closing or self._task.done():
             raise LogUnavailableError("the provenance log is closed")
         if not checked:
             validate_record(record)
         try:  # a valid record is plain JSON, for which the fast encoder is exact
-            entry = canonical_json_of_plain(record)
+            entry = encoded if encoded and checked else canonical_json_of_plain(record)
         except (TypeError, ValueError) as exc:
             raise RecordError(f"record cannot be canonicalised: {exc}") from exc
         if len(entry) > MAX_ENTRY_SIZE:
