@@ -32,7 +32,7 @@ import logging
 import re
 import sys
 from collections.abc import MutableMapping
-from typing import Any, Literal, TextIO
+from typing import Any, Final, Literal, TextIO
 
 import orjson
 import structlog
@@ -97,17 +97,27 @@ _LEVELS = {
 }
 
 
+# The fields every line has, added by the logging pipeline itself.
+_OWN_FIELDS: Final = ("event", "level", "timestamp", "logger")
+
+
 def redact(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     budget = [MAX_EVENT_CHARS]
     names = list(event)
+    # The line's own fields (structlog adds them after the caller's) are scrubbed first, so
+    # a caller's large fields use up the budget after them, never them.
+    own = {name: _scrub(name, event[name], budget, 0) for name in _OWN_FIELDS if name in event}
     if all(type(name) is str and _plain_key(name) for name in names):
         for name in names:
-            event[name] = _scrub(name, event[name], budget, 0)
+            event[name] = own[name] if name in own else _scrub(name, event[name], budget, 0)
         return event
     # A name nobody wrote in a call (a dict spread into the call): rebuilt, order kept.
     fields = [(name, event[name]) for name in names]
     event.clear()
     for name, value in fields:
+        if type(name) is str and name in own:
+            event[name] = own[name]
+            continue
         raw = _name(name)
         event[_key(raw, budget)] = _scrub(raw, value, budget, 0)
     return event

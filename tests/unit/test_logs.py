@@ -194,3 +194,16 @@ def test_a_line_is_bounded_however_many_or_deep_its_items(
     assert len(out) < 200_000  # gateway.logs.MAX_EVENT_CHARS (64 Ki) and the escaping
     assert "more items]" in out and "nested too deep]" in out
     assert len(out.splitlines()) == 2
+
+
+def test_a_line_past_its_size_keeps_its_event_level_and_time() -> None:
+    # structlog adds event, level and timestamp after the caller's fields: a caller's
+    # large fields used up the line's budget first and left them cut to nothing, so
+    # filters and alerts on the level missed the line.
+    def log(logger: Any) -> None:
+        logger.error("reload refused", problems=["p" * 3000] * 40)
+
+    (line,) = _lines("json", log, file=False).splitlines()
+    record = json.loads(line)
+    assert (record["event"], record["level"]) == ("reload refused", "error")
+    assert record["timestamp"] and "more characters" not in record["timestamp"]
