@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import socket
 import ssl
 from pathlib import Path
@@ -31,6 +32,8 @@ __all__ = ["TlsAcceptor", "listener_context"]
 
 _ACCEPTS_PER_WAKE = 128  # connections taken per wake-up of the listening socket
 _ACCEPT_RETRY_S = 0.5  # how long accepting pauses when accept() fails (no descriptors)
+# What accept() fails with when the process or system is out of room: pause, do not spin.
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 def listener_context(
@@ -97,7 +100,12 @@ class TlsAcceptor:
                 conn, _ = self._sock.accept()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return
-            except OSError:
+            except OSError as exc:
+                if exc.errno not in _OUT_OF_RESOURCES:
+                    # A network error of one pending connection (Linux's accept() passes
+                    # them on: EPROTO, ENETDOWN, ...): that connection is lost, not the
+                    # listener's ability to accept.
+                    continue
                 # Out of descriptors (or buffers): accepting again at once would spin.
                 # What is open stays served; accepting resumes a little later.
                 listener.refusals.note("accept_failed", self._loop.time())
