@@ -119,7 +119,10 @@ def redact(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> Mutab
             event[name] = own[name]
             continue
         raw = _name(name)
-        event[_key(raw, budget)] = _scrub(raw, value, budget, 0)
+        shown = _key(raw, budget)
+        if shown in event:  # the same once cut or escaped: both kept
+            shown = f"{shown}#{len(event)}"
+        event[shown] = _scrub(raw, value, budget, 0)
     return event
 
 
@@ -180,7 +183,10 @@ def _scrub(name: str, value: Any, budget: list[int], depth: int) -> Any:
                 out["..."] = f"[{len(value) - count} more items]"
                 break
             raw = _name(key)
-            out[_key(raw, budget)] = _scrub(raw, item, budget, depth + 1)
+            shown = _key(raw, budget)
+            if shown in out:  # the same once cut or escaped (1 and "1"): both kept
+                shown = f"{shown}#{count}"
+            out[shown] = _scrub(raw, item, budget, depth + 1)
         return out
     if isinstance(value, (list, tuple, set, frozenset)):
         if depth >= MAX_DEPTH:

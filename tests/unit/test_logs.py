@@ -207,3 +207,16 @@ def test_a_line_past_its_size_keeps_its_event_level_and_time() -> None:
     record = json.loads(line)
     assert (record["event"], record["level"]) == ("reload refused", "error")
     assert record["timestamp"] and "more characters" not in record["timestamp"]
+
+
+def test_keys_that_are_the_same_once_cut_or_escaped_are_both_kept() -> None:
+    # 1 and "1", or two long keys alike in their first characters, wrote one key: the
+    # second value hid the first.
+    long = "k" * 500
+
+    def log(logger: Any) -> None:
+        logger.warning("keys", seen={1: "first", "1": "second", long + "a": "x", long + "b": "y"})
+
+    (line,) = _lines("json", log, file=False).splitlines()
+    seen = json.loads(line)["seen"]
+    assert sorted(v for v in seen.values()) == ["first", "second", "x", "y"]
