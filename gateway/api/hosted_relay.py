@@ -13,7 +13,8 @@ once LiteLLM has read it.
 
 A provider has circuit breakers as a private backend has (gateway/routing/attempt.py,
 the same classes and `routing.breaker` settings; with several tenants, per tenant too):
-the attempt is admitted by them first, and judged only by what the provider did
+the plan admits the attempt by them before its dispatch record (one not admitted is
+skipped, not dispatched), and it is judged only by what the provider did
 (`_judge`). Its failures: no connection (refused, TLS), a timeout, a 5xx (an error
 object in a 200 answer with a 5xx code too), a protocol failure, a stream that broke
 off; each charged to the tenant too (with several tenants configured, the provider's
@@ -106,12 +107,10 @@ class HostedRelay:
         self, exchange: Exchange, attempt: Attempt, doc: dict[str, Any], send: Send
     ) -> None:
         """Serve the request from `attempt`'s provider, or raise `TryNext` before any byte
-        (its in-flight count is the plan's, gateway/routing/router.py): also when the
-        provider's breaker does not admit it."""
+        (its in-flight count is the plan's, gateway/routing/router.py). The plan admitted
+        the attempt (its breakers) before its dispatch record was written."""
         backend = attempt.backend
         exchange.backend = backend.id
-        if not attempt.admit():
-            raise TryNext(f"{backend.id}: {attempt.closed_to}")
         timeout = self._stream_timeout_s
         ends_by = None if timeout is None else asyncio.get_running_loop().time() + timeout
         try:

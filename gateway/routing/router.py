@@ -30,7 +30,9 @@ limit) was not shown unavailable: the request is not sent to a hosted provider t
 tier), and the client gets the last attempt's error. A hosted provider has breakers as a
 private backend has (the backend's and, with several tenants, each tenant's): one that
 admits no request now is skipped when the hosted pass comes, its reason noted, and the
-next one tried (the skipped ones do not count among the 3). `Plan.basis` says, for the
+next one tried (the skipped ones do not count among the 3, and have no dispatch record).
+A hosted attempt is admitted by its breakers as it is yielded, before its dispatch record
+is written (a private one in the relay's `connect`, also before it). `Plan.basis` says, for the
 dispatch record of a fallback, what state each eligible private backend was in
 (`FallbackBasis`).
 
@@ -329,11 +331,23 @@ class Plan:
     def _hosted(self) -> Iterator[Attempt]:
         # A provider whose breaker (or the tenant's own on it) admits no request now is
         # skipped, its reason noted, as a private backend is: checked when the hosted
-        # pass comes, not at planning, and not counted among the attempts.
+        # pass comes, not at planning, and not counted among the attempts. Admitted here,
+        # as it is yielded (nothing awaited since the check), so the dispatch record is
+        # written only for an attempt that holds its pass (a half-open breaker's probe).
+        admitted = (a for r in self.hosted if (a := self._admitted(r)) is not None)
+        yield from islice(admitted, HOSTED_MAX_ATTEMPTS)
+
+    def _admitted(self, route: Route) -> Attempt | None:
+        """A hosted attempt on `route` its breakers admitted, or None (the reason noted)."""
         clock, reasons, tenant = self._router._registry.clock, self.reasons, self.tenant
-        up = (r for r in self.hosted if available_routes((r,), clock(), reasons, tenant))
-        for route in islice(up, HOSTED_MAX_ATTEMPTS):
-            yield self._attempt(route, 0, private=False)
+        if not available_routes((route,), clock(), reasons, tenant):
+            return None
+        attempt = Attempt(route, 0, self.deadline, clock, False, tenant)
+        if not attempt.admit():  # pragma: no cover - `available_routes` said it would
+            reasons.append(f"{route.backend.id}: {attempt.closed_to}")
+            return None
+        self._router._enter(route.backend)  # in flight from now: see the module docstring
+        return attempt
 
     def _attempt(self, route: Route, cached_bytes: int, *, private: bool) -> Attempt:
         router = self._router

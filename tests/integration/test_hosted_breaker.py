@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ import httpx
 import orjson
 import pytest
 
+from gateway.api.recorder import Recorder
+from gateway.provenance import write_signing_key
 from gateway.tenants import hash_api_key
 from tests.helpers.clock import FakeClock
 from tests.helpers.gateways import (
@@ -33,9 +36,13 @@ from tests.helpers.gateways import (
     served,
 )
 from tests.helpers.net import free_port
+from tests.helpers.provenance import request_records
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
+from tests.helpers.waiting import until, until_async
 
 pytestmark = LITELLM_WARNINGS
+
+ORIGIN = "owngate.test/hosted-breaker"
 
 POLICY = """\
 apiVersion: policy.owngate.dev/v1
@@ -95,14 +102,17 @@ RATE_LIMITED = b'{"error": {"message": "slow down", "type": "rate_limit_error"}}
 @dataclass
 class Flaky:
     """What the scripted provider answers: 503 while `down`, 400 while `invalid`, 429
-    while `limited`; a stream (two chunks), or its first chunk alone while `breaks_off`."""
+    while `limited`; a stream (two chunks), or its first chunk alone while `breaks_off`;
+    nothing yet while `held`."""
 
     down: bool = False
     invalid: bool = False
     limited: bool = False
     breaks_off: bool = False  # a stream: its first chunk, then the connection closes
+    held: bool = False  # answers wait until the test lets them go
 
     async def __call__(self, writer: asyncio.StreamWriter, post: Post) -> bool:
+        await until_async(lambda: not self.held, "the test to let flaky answer")
         if orjson.loads(post.body).get("stream") and not (
             self.down or self.invalid or self.limited
         ):
@@ -145,8 +155,9 @@ def start(
     start_gateway: Callable[..., Gateway],
     tmp_path: Path,
 ) -> Start:
-    def build(flaky_url: str | None = None) -> Setup:
-        """`flaky_url`: where `flaky` is instead of the scripted raw backend."""
+    def build(flaky_url: str | None = None, provenance: bool = False) -> Setup:
+        """`flaky_url`: where `flaky` is instead of the scripted raw backend;
+        `provenance`: the log on in `tmp_path / "log"`."""
         flaky = Flaky()
         raw = start_raw(flaky)
         backup = start_sim("vllm", models=("m",), zero_latency=True)
@@ -154,6 +165,15 @@ def start(
         policies.mkdir()
         (policies / "policy.yaml").write_text(POLICY)
         clock = FakeClock()
+        log: dict[str, Any] = {}
+        if provenance:
+            write_signing_key(tmp_path / "log.key", ORIGIN)
+            log["provenance"] = {
+                "dir": str(tmp_path / "log"),
+                "origin": ORIGIN,
+                "signing_key_file": str(tmp_path / "log.key"),
+                "checkpoint_interval_ms": 20,
+            }
         gateway = start_gateway(
             [
                 hosted_backend("flaky", flaky_url or f"{raw.url}/v1", "m"),
@@ -164,6 +184,7 @@ def start(
             tenants=[ACME, GLOBEX],
             clock=clock,
             routing={"breaker": {"failure_threshold": 3, "cooldown_s": 60, "max_cooldown_s": 60}},
+            **log,
         )
         return Setup(gateway, flaky, raw, backup, clock)
 
@@ -319,3 +340,46 @@ def test_streams_that_break_off_for_two_tenants_open_it(setup: Setup) -> None:
     assert response.status_code == 200 and b'"error"' not in response.content
     assert b"from flaky" in response.content and len(setup.raw.posts) == 4
     assert breaker(gateway, "flaky")["state"] == "closed"
+
+
+def test_a_half_open_provider_refused_to_a_request_is_skipped_with_no_dispatch_record(
+    start: Start, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Two requests reach the hosted pass while `flaky`'s breaker is half-open: the first
+    holds its one probe; the second skips `flaky` (no dispatch record to it, so the log
+    never says a prompt went where nothing was sent) and `backup` serves it. The first
+    request's dispatch record is held until the second's is being written, so both are
+    in the hosted pass at once, and `flaky` answers the probe only once `backup` served
+    the other one."""
+    s, log = start(provenance=True), tmp_path / "log"
+    fail_from_two_tenants(s)
+    s.flaky.down = False  # back: the probe succeeds
+    s.clock.now += 61  # past the cooldown: half-open, one probe
+    dispatched: list[str] = []
+    original = Recorder.dispatch
+
+    async def dispatch(self: Recorder, *args: Any, **kwargs: Any) -> None:
+        dispatched.append(args[3].id)  # (exchange, trail, decision, backend)
+        if len(dispatched) == 1:  # the first request's: held until the second's starts
+            await until_async(lambda: len(dispatched) > 1, "the second request's dispatch")
+        await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Recorder, "dispatch", dispatch)
+    s.flaky.held = True  # the probe stays out until the other request is served
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(chat, s.gateway, OTHER_KEY)
+        until(lambda: len(dispatched) == 1, "the first request's dispatch record")
+        second = pool.submit(chat, s.gateway, TENANT_KEY)
+        until(lambda: served(s.backup) == 4, "the request flaky did not admit, served")
+        s.flaky.held = False
+        responses = [first.result(), second.result()]
+    assert [r.status_code for r in responses] == [200, 200], [r.text for r in responses]
+    answers = ["flaky" if r.json()["id"] == "chatcmpl-flaky" else "backup" for r in responses]
+    ids = [r.headers["x-request-id"] for r in responses]
+    # Each request's dispatch records name only the backend that answered it: the refused
+    # admission was a skip, not a dispatch to a provider that received nothing.
+    dispatches = [[d["backend"]["id"] for d in request_records(log, i, "dispatch")] for i in ids]
+    assert dispatches == [[answer] for answer in answers]
+    assert answers == ["flaky", "backup"]  # the first held the probe: it closed the breaker
+    assert len(s.raw.posts) == 4 and served(s.backup) == 4
+    assert breaker(s.gateway, "flaky")["state"] == "closed"
