@@ -21,9 +21,10 @@ off; each charged to the tenant too (with several tenants configured, the provid
 breaker opens once a run of them holds two tenants' failures). Not failures, and no
 verdict: a 429 (the provider is up and rate-limits: the next request may go, its breaker
 does not keep requests away), a 400, 413 or 422 (the client's, whether the provider
-answered it or LiteLLM refused to send it), 401, 403, 404, a redirect, and the gateway's
-own limits (answer budget, size, `limits.stream_timeout_s`). A real answer closes the
-breakers.
+answered it or LiteLLM refused to send it), 401, 403, 404, a redirect, a failure before
+anything was sent (`untranslated`: the next backend is tried, and the client gets its
+400 only if none serves), and the gateway's own limits (answer budget, size,
+`limits.stream_timeout_s`). A real answer closes the breakers.
 """
 
 from __future__ import annotations
@@ -121,6 +122,8 @@ class HostedRelay:
             )
         except HostedError as exc:
             exchange.upstream_error = exc.kind
+            if exc.kind == "untranslated":
+                raise _untranslated(backend.id, exc, self._metrics) from exc
             client_error = exc.kind == "status" and exc.status in _CLIENT_ERRORS
             if not client_error:  # the provider's failures, never a client's mistake
                 self._metrics.upstream_error(backend.id, exc.kind)
@@ -208,6 +211,19 @@ class HostedRelay:
             await client.aclose()
 
 
+def _untranslated(backend: str, exc: HostedError, metrics: GatewayMetrics) -> TryNext:
+    """LiteLLM failed before sending anything (`untranslated`): the client's request this
+    adapter cannot translate, or the gateway's own misconfiguration (a malformed
+    credential) failing the same way on every request. No verdict on the provider, so a
+    client's input never charges a breaker; counted as `kind="untranslated"` so that a
+    misconfigured backend shows; and the next backend may serve. If none does, the
+    client gets this 400 (a request every adapter refuses is the client's)."""
+    metrics.upstream_error(backend, exc.kind)
+    message = sanitize_upstream_message(exc.message)
+    error = GatewayError(ErrorCode.upstream_bad_request, message, param=exc.param)
+    return TryNext(f"{backend}: {exc.message}", error)
+
+
 def _judge(attempt: Attempt, exc: HostedError) -> None:
     """Tell the attempt's breakers what `exc`, the provider call's failure, says of the
     provider (see the module docstring): a connection failure, timeout, protocol failure
@@ -219,7 +235,7 @@ def _judge(attempt: Attempt, exc: HostedError) -> None:
     a client naming a public host that refuses connections makes the call fail the
     same way. One tenant's such failures open its own breaker, two tenants' the
     provider's."""
-    if exc.kind != "status":
+    if exc.kind not in ("status", "untranslated"):
         attempt.failed(f"{exc.kind}: {exc.message}")
     elif exc.status is not None and exc.status >= 500:
         attempt.failed(exc.message)

@@ -7,7 +7,7 @@ variable the config names, and returns a `HostedResponse`: OpenAI JSON bytes, or
 SSE events relayed chunk by chunk as the provider sends them.
 
 LiteLLM is imported on the first call (`gateway.upstream.litellm_runtime`), offline and
-silent. Every failure comes out as `HostedError` with one of four kinds and a message
+silent. Every failure comes out as `HostedError` with one of five kinds and a message
 that carries no URL, key or content (gateway/upstream/hosted_errors.py). For streams
 the first chunk is awaited inside `send()`, so a provider that fails (or closes the stream
 empty) before answering fails there, where the gateway can still try another backend; a

@@ -1,4 +1,4 @@
-"""How a hosted provider's failure is told: `HostedError` (one of four kinds, a message
+"""How a hosted provider's failure is told: `HostedError` (one of five kinds, a message
 without URL, key or content) and `hosted_error`, which classifies a LiteLLM exception by
 what happened on the wire (gateway/upstream/hosted.py raises them).
 """
@@ -11,7 +11,8 @@ from typing import Final, Literal
 
 __all__ = ["HostedError", "HostedErrorKind", "hosted_error", "local_reason"]
 
-HostedErrorKind = Literal["connect", "timeout", "status", "protocol"]
+# `untranslated`: failed before any HTTP request began, in a data error (`_untranslatable`).
+HostedErrorKind = Literal["connect", "timeout", "status", "protocol", "untranslated"]
 _ERROR_TYPE = re.compile(r"""["']type["']\s*:\s*["']([a-z_]{1,40})["']""")
 # Error `type` values of the Anthropic and OpenAI APIs (their "Errors" references). Only
 # these are repeated in messages: a provider that quotes the request back could otherwise
@@ -56,7 +57,9 @@ class HostedError(Exception):
     `message` names the provider and, for `status`, the HTTP status and the provider's
     error type (`overloaded_error`), or why LiteLLM refused the request before sending it
     (a client error: `status` 400, the message says "not sent"); it never holds URLs, keys
-    or request content.
+    or request content. `untranslated` (`status` 400, "not sent"): LiteLLM failed before
+    sending anything, which is the client's request or the gateway's own configuration
+    (a malformed credential), not the provider; another backend may still serve.
     """
 
     def __init__(
@@ -88,9 +91,12 @@ def hosted_error(
     (`local_reason`) and with `secrets` (the key, the base URL) removed.
 
     `sent=False`: no HTTP request of the call began (gateway/upstream/hosted_transport.py).
-    A failure that would otherwise be `protocol` and that ends in an adapter's own data
-    error (`_untranslatable`) is then the client's request that LiteLLM could not
-    translate for the provider: `status` 400, "not sent", naming only the error's class.
+    A failure that would otherwise be `protocol` and that ends in a data error
+    (`_untranslatable`) is then `untranslated` (`status` 400, "not sent", naming only the
+    error's class): the client's request that this adapter could not translate, or the
+    gateway's own misconfiguration failing the same way (LiteLLM's Vertex credentials
+    read raises a bare `Exception`). Neither is the provider's failure; the caller tries
+    the next backend and gives the client the 400 only if none serves.
     """
     # Both are loaded with LiteLLM already; imported here to stay off the gateway's path.
     import httpx
@@ -125,7 +131,7 @@ def hosted_error(
             f"the request is not valid for {provider} (not sent: its adapter could not "
             f"translate it, {untranslatable})"
         )
-        return HostedError("status", message, status=400)
+        return HostedError("untranslated", message, status=400)
     return HostedError("protocol", f"{provider} call failed ({type(exc).__name__})")
 
 

@@ -10,12 +10,15 @@ the defence behind it. `watching()` gives a call an `Outbound`, and every HTTP r
 begun while it is watched (by httpx's or httpx2's `send`, the OpenAI SDK's client, or
 aiohttp's `ClientSession._request`, the funnels every LiteLLM provider call goes through)
 marks it `reached` before anything is written. `hosted_error(..., sent=False)` then reads
-such a failure as the client's request that could not be sent (400), not the provider
-failing (gateway/upstream/hosted_errors.py).
+such a failure as `untranslated` (gateway/upstream/hosted_errors.py): not the provider
+failing, so no breaker verdict; the next backend is tried, and the client gets 400 if
+none serves.
 
-The marks err towards "sent": a request marks it when begun, whether or not a byte left,
-and a call LiteLLM made through some other library than these would read as sent
-whenever it failed: the provider's failure, as before. The wrappers are installed once,
+A request marks the call when it begins, whether or not a byte left. A call LiteLLM
+makes through some other library than these (`requests` for google-auth's token
+refresh, boto3) marks nothing: its failure reads as NOT sent, and if it ends in a data
+error, as `untranslated`; so such a failure is never charged to the provider's breaker,
+but it still fails over like the provider's. The wrappers are installed once,
 when LiteLLM is loaded (gateway/upstream/litellm_runtime.py); outside a watched call they
 only read a context variable.
 """

@@ -7,7 +7,9 @@ as `APIConnectionError`, 500). The gateway read that as the provider failing: th
 got 502/503 instead of a 400 naming the field, and the request went on to the next
 hosted backend the policy lists. Now the shapes are checked before LiteLLM sees them
 (gateway/upstream/openai_shapes.py), and a failure LiteLLM raises before any HTTP request
-began is the client's 400 too (gateway/upstream/hosted_transport.py).
+began (gateway/upstream/hosted_transport.py) is no provider's failure: the next backend
+may serve it (its adapter may translate the shape), and if none does, it is the client's
+400.
 
 Two tenants share the hosted backends: `claude` (the Anthropic mock, first) and `spare`
 (a simulator through LiteLLM's OpenAI adapter). After each of acme's malformed requests,
@@ -170,13 +172,6 @@ SHAPES: dict[str, tuple[tuple[str, dict[str, Any]], str | None]] = {
         "response_format.json_schema",
     ),
     "prompt of mixed types": (("/v1/completions", {"prompt": [5, CANARY]}), "prompt[1]"),
-    # A documented shape the Anthropic adapter cannot translate (token ids): LiteLLM
-    # raises before any request begins, and that is the client's 400 as well.
-    "token prompt for anthropic": (("/v1/completions", {"prompt": [1, 2, 3]}), None),
-    "token prompt for anthropic, streamed": (
-        ("/v1/completions", {"prompt": [[1, 2], [3]], "stream": True}),
-        None,
-    ),
 }
 
 
@@ -276,19 +271,84 @@ def test_an_answer_that_cannot_be_read_is_still_the_providers_failure(
 
 def test_no_malformed_shape_reaches_another_backend_or_a_breaker(stack: Stack) -> None:
     # A seeded walk of broken chat documents (tests/helpers/hosted_shapes.py): each is the
-    # first provider's answer or the client's 400, never a failure that tries the next
-    # backend (the spare gets nothing) or could count against a provider.
+    # first provider's answer or the client's 400, never a failure that could count
+    # against a provider. The next backend gets only what the first never received (a
+    # shape its adapter could not translate, sent nowhere), and answers it.
     rng = random.Random(1203)
-    spare_before = stack.spare_requests()
     statuses: list[int] = []
     for _ in range(150):
         doc = mutated(rng)
+        spare_before, first_before = stack.spare_requests(), len(stack.anthropic.received)
         response = post(stack, TENANT_KEY, "/v1/chat/completions", doc)
         statuses.append(response.status_code)
         assert response.status_code in (200, 400), (doc, response.text)
         assert CANARY not in response.text or response.status_code == 200, response.text
+        if stack.spare_requests() != spare_before:
+            assert len(stack.anthropic.received) == first_before, doc
+            assert response.status_code == 200, (doc, response.text)
     assert statuses.count(400) > 50  # the walk did break shapes
-    assert stack.spare_requests() == spare_before
     for backend in admin_status(stack.url)["backends"]:
         assert backend["breaker"]["state"] == "closed", backend
         assert backend["breaker"]["tenants"] == [], backend
+
+
+# -- not sent: no verdict on the provider, but the next backend may serve -----------------
+
+
+def _breakers_untouched(stack: Stack) -> None:
+    for backend in admin_status(stack.url)["backends"]:
+        assert backend["breaker"]["state"] == "closed", backend
+        assert backend["breaker"]["tenants"] == [], backend
+
+
+@pytest.mark.parametrize("doc", [{"prompt": [1, 2, 3]}, {"prompt": [[1, 2], [3]], "stream": True}])
+def test_a_shape_one_adapter_cannot_translate_goes_to_the_next(
+    stack: Stack, doc: dict[str, Any]
+) -> None:
+    # Token-id prompts are OpenAI's own shape, which LiteLLM's Anthropic adapter cannot
+    # translate (it raises before any request begins): the spare (OpenAI) serves them,
+    # and the Anthropic backend's breaker holds nothing.
+    stack.anthropic.reset()
+    spare_before = stack.spare_requests()
+    for _ in range(4):  # past a breaker's failure_threshold (3 by default)
+        response = post(stack, TENANT_KEY, "/v1/completions", doc)
+        assert response.status_code == 200, response.text
+    assert stack.anthropic.received == []
+    assert stack.spare_requests() == spare_before + 4
+    _breakers_untouched(stack)
+
+
+def test_a_backend_failing_before_it_sends_fails_over_and_keeps_its_breaker(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The gateway's own misconfiguration fails before any request is sent, the way a
+    # client's untranslatable input does (LiteLLM's Vertex credentials read raises a bare
+    # `Exception` on a malformed key). It was the client's 400 with no failover: every
+    # request to such a backend failed. Now the next backend serves, and no breaker is
+    # charged; only when every backend fails so is it the client's 400.
+    broken: set[str] = {"claude"}
+    options = HostedClient._options
+
+    def misconfigured(client: HostedClient, provider_model: str) -> dict[str, Any]:
+        if client.backend_id in broken:
+            raise Exception("Unable to load credentials")  # as LiteLLM raises it
+        return options(client, provider_model)
+
+    monkeypatch.setattr(HostedClient, "_options", misconfigured)
+    stack.anthropic.reset()
+    spare_before = stack.spare_requests()
+    for _ in range(4):  # past a breaker's failure_threshold (3 by default)
+        response = post(stack, TENANT_KEY, *chat())
+        assert response.status_code == 200, response.text
+    assert stack.anthropic.received == []
+    assert stack.spare_requests() == spare_before + 4
+    _breakers_untouched(stack)
+    broken.add("spare")  # nothing left to serve: the client's 400, naming the class only
+    response = post(stack, TENANT_KEY, *chat())
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "upstream_bad_request", error
+    assert "not sent" in error["message"] and "could not translate" in error["message"]
+    assert "credentials" not in error["message"], error["message"]
+    assert stack.spare_requests() == spare_before + 4
+    _breakers_untouched(stack)
