@@ -14,8 +14,8 @@ may serve it (its adapter may translate the shape), and if none does, it is the 
 Two tenants share the hosted backends: `claude` (the Anthropic mock, first) and `spare`
 (a simulator through LiteLLM's OpenAI adapter). After each of acme's malformed requests,
 neither provider got anything, no breaker holds a failure, and globex is served.
-Hosted attempts have no circuit breaker in this tree (gateway/routing/router.py gives
-them none): the breaker assertions say it stays so for these requests.
+Hosted providers have circuit breakers (tests/integration/test_hosted_breaker.py): the
+breaker assertions say none of these requests is counted on them.
 """
 
 from __future__ import annotations
