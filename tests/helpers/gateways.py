@@ -140,6 +140,21 @@ def hosted_backend(id: str, url: str, *models: str, **facts: Any) -> dict[str, A
     }
 
 
+def anthropic_backend(id: str, url: str, **facts: Any) -> dict[str, Any]:
+    """A hosted backend on LiteLLM's Anthropic adapter at `url` (tests/helpers/
+    anthropic_mock.py), keyed by the `MOCK_ANTHROPIC_KEY` variable, serving `m` as
+    `anthropic/claude-mock-1`; EU and zero retention unless `facts` say otherwise."""
+    return hosted_backend(
+        id,
+        url,
+        provider="anthropic",
+        api_key_env="MOCK_ANTHROPIC_KEY",
+        owner="anthropic",
+        models=[{"name": "m", "provider_model": "anthropic/claude-mock-1"}],
+        **facts,
+    )
+
+
 def gateway_config(backends: list[dict[str, Any]], **extra: Any) -> GatewaySettings:
     data: dict[str, Any] = {
         "logging": {"format": "json", "level": "warning"},

@@ -26,7 +26,12 @@ from gateway.provenance import write_signing_key
 from gateway.serving import ServerThread
 from gateway.upstream.litellm_runtime import load_litellm
 from tests.helpers.anthropic_mock import AnthropicMock
-from tests.helpers.gateways import EU_ZERO, LITELLM_WARNINGS, TENANT_KEY, gateway_config
+from tests.helpers.gateways import (
+    LITELLM_WARNINGS,
+    TENANT_KEY,
+    anthropic_backend,
+    gateway_config,
+)
 from tests.helpers.provenance import completion_record, request_records
 
 pytestmark = LITELLM_WARNINGS
@@ -63,16 +68,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     write_signing_key(root / "log.key", "test.owngate/retention")
     anthropic = AnthropicMock(api_key=ANTHROPIC_KEY)
     with ServerThread(anthropic) as claude_server:
-        claude = {
-            "id": "claude",
-            "kind": "hosted",
-            "provider": "anthropic",
-            "base_url": claude_server.url,
-            "api_key_env": "MOCK_ANTHROPIC_KEY",
-            "owner": "anthropic",
-            "models": [{"name": "m", "provider_model": "anthropic/claude-mock-1"}],
-            **EU_ZERO,
-        }
+        claude = anthropic_backend("claude", claude_server.url)
         config = gateway_config(
             [claude],
             policy={"paths": [str(root / "policies")]},

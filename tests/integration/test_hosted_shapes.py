@@ -38,11 +38,11 @@ from gateway.tenants import hash_api_key
 from gateway.upstream.hosted import HostedClient, HostedError
 from tests.helpers.anthropic_mock import AnthropicMock
 from tests.helpers.gateways import (
-    EU_ZERO,
     LITELLM_WARNINGS,
     OTHER_KEY,
     TENANT_KEY,
     admin_status,
+    anthropic_backend,
     gateway_config,
     hosted_backend,
 )
@@ -87,16 +87,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     anthropic = AnthropicMock(api_key=ANTHROPIC_KEY)
     spare = create_sim_app(SimSettings.for_kind("vllm", models=("m",), zero_latency=True))
     with ServerThread(anthropic) as claude_server, ServerThread(spare) as spare_server:
-        claude = {
-            "id": "claude",
-            "kind": "hosted",
-            "provider": "anthropic",
-            "base_url": claude_server.url,
-            "api_key_env": "MOCK_ANTHROPIC_KEY",
-            "owner": "anthropic",
-            "models": [{"name": "m", "provider_model": "anthropic/claude-mock-1"}],
-            **EU_ZERO,
-        }
+        claude = anthropic_backend("claude", claude_server.url)
         config = gateway_config(
             [claude, hosted_backend("spare", f"{spare_server.url}/v1", "m")],
             policy={"paths": [str(policies)]},
