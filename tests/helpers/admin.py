@@ -20,7 +20,7 @@ from gateway.provenance.witness.witness import Witness
 from gateway.serving import ServerThread
 from gateway.sim import SimSettings, create_sim_app
 from gateway.tenants import hash_api_key
-from tests.helpers.net import free_port
+from tests.helpers.net import free_ports
 from tests.helpers.processes import KEY, GatewayProcess
 from tests.helpers.waiting import until
 
@@ -107,9 +107,9 @@ def _serve(
     directory: Path, vkey: str, witnesses: list[dict[str, Any]], admin: dict[str, Any]
 ) -> Iterator[Served]:
     sim = ServerThread(create_sim_app(SimSettings.for_kind("vllm", models=("m",)))).start()
-    admin_port = free_port()
+    admin_port, port = free_ports(2)  # distinct: two free_port calls once gave the same
     config = {
-        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "listen": {"host": "127.0.0.1", "port": port},
         "logging": {"format": "json", "level": "warning"},
         "backends": [
             {

@@ -16,3 +16,20 @@ def free_port() -> int:
             port = int(sock.getsockname()[1])
         if port != REDIS_DEFAULT_PORT:
             return port
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports nothing listens on now: each is held bound until all
+    are picked (two `free_port` calls may hand out the same port once released)."""
+    socks: list[socket.socket] = []
+    try:
+        while len(socks) < count:
+            sock = socket.socket()
+            socks.append(sock)
+            sock.bind(("127.0.0.1", 0))
+            if sock.getsockname()[1] == REDIS_DEFAULT_PORT:
+                socks.pop().close()
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
