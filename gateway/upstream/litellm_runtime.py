@@ -55,6 +55,10 @@ Every HTTP request LiteLLM begins marks the hosted call it belongs to
 (gateway/upstream/hosted_transport.py), so that an adapter's failure before anything was
 sent reads as the client's request, not as the provider failing.
 
+A chat or text completion LiteLLM serves through a Responses API (its bridge) asks the
+provider to store nothing: `"store": false`, which that API does not default to
+(gateway/upstream/responses_bridge.py).
+
 Where a hosted backend has no `base_url`, LiteLLM reads the provider's URL from the
 environment: `check_base_url_environment` (gateway/upstream/provider_environment.py,
 re-exported here) refuses a backend such a variable would redirect.
@@ -73,6 +77,7 @@ from typing import Any, Final
 
 from gateway.upstream.hosted_transport import install_transport_marks
 from gateway.upstream.provider_environment import check_base_url_environment
+from gateway.upstream.responses_bridge import install_unstored_bridge
 
 __all__ = [
     "FORCED_ENVIRONMENT",
@@ -142,6 +147,7 @@ def load_litellm() -> ModuleType:
         setattr(litellm, name, [])
     _refuse_redirects()
     install_transport_marks()  # a refusal before sending told from a provider's failure
+    install_unstored_bridge()  # a chat call LiteLLM sends to a Responses API: `store: false`
     for name in _LOGGERS:
         logger = logging.getLogger(name)
         for handler in list(logger.handlers):
