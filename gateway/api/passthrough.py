@@ -9,9 +9,10 @@ backend's `first_byte_timeout_s`, cut to what the request's failover deadline le
 A stream's response headers are held back until its first chunk arrives, so a backend
 that answers headers and then hangs, or ends the stream with no byte, can still be failed
 over (stream_relay.py relays a stream). What happens is told to the routing `Attempt`
-(gateway/routing/router.py): whether the breaker admits it, its verdict (judged by how
-the answer ended), its first byte (the end of its prefill), and each answer (headers
-below 500, stream chunks), the health probes' evidence that the backend is alive.
+(gateway/routing/router.py, whose plan had its breakers admit it): its verdict (judged
+by how the answer ended), its first byte (the end of its prefill), and each answer
+(headers below 500, stream chunks), the health probes' evidence that the backend is
+alive.
 
 What a backend sends back is bounded: a whole answer by `limits.max_response_bytes`
 (502, and the connection dropped as soon as it is passed) and `limits.response_timeout_s`
@@ -69,13 +70,12 @@ class PrivateRelay:
         self._streams = StreamRelay(metrics, self._stripped)
 
     async def connect(self, exchange: Exchange, attempt: Attempt) -> Connection:
-        """The connection `attempt` will send on, its TLS peer authenticated (the dispatch
-        record names it), or `TryNext` with nothing sent: the breaker does not admit the
-        attempt, the backend cannot be reached, or its certificate is refused."""
+        """The connection `attempt` (its breakers admitted it: the plan does that, before
+        the dispatch record) will send on, its TLS peer authenticated (the dispatch record
+        names it), or `TryNext` with nothing sent: the backend cannot be reached, or its
+        certificate is refused."""
         backend = attempt.backend
         assert backend.pool is not None
-        if not attempt.admit():
-            raise TryNext(f"{backend.id}: {attempt.closed_to}")
         exchange.backend = backend.id
         try:
             return await backend.pool.connect()

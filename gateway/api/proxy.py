@@ -260,9 +260,10 @@ class Proxy:
         """One attempt, bracketed by its provenance records: the dispatch record is
         durable before the attempt sends anything, the completion record follows it.
         A private attempt connects first (`connect`), so that its dispatch record names
-        the TLS peer its connection authenticated; a connection that failed (refused,
-        a certificate refused, the breaker closed to it) is recorded as the attempt's
-        failure, like one that fails later. An unused connection goes back to its pool.
+        the TLS peer its connection authenticated; a connection that failed (refused, a
+        certificate refused) is recorded as the attempt's failure, like one that fails
+        later (a backend whose breaker admits no attempt is skipped by the plan, before
+        this: no record). An unused connection goes back to its pool.
 
         A failed attempt's completion says the status its failure answers the client with
         if no other attempt serves (`_attempt_status`); so the last record of a request

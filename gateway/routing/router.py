@@ -21,19 +21,22 @@ The `Plan` then yields `Attempt`s in order: hosted first when saturated (at most
 private, at most `routing.failover.max_attempts` and none once
 `routing.failover.deadline_s` from arrival has passed; hosted last when the fallback
 mode allows (at most 3) and every eligible private backend was unavailable for this
-request: down before the first attempt (health, breaker), or tried and failed (refused,
-broken or timed-out connection, a 5xx, a 401, 403 or 404, its breaker open, no longer
-admitted after a reload). A private backend that was never tried (the attempts or the
-deadline ran out first) or that answered "busy" (a 429, the gateway's own connection
-limit) was not shown unavailable: the request is not sent to a hosted provider then
+request: down before it was tried (health or breaker at planning, or its breaker
+admitting no request when its turn came), or tried and failed (refused, broken or
+timed-out connection, a 5xx, a 401, 403 or 404, no longer admitted after a reload). A
+private backend that was never tried (the attempts or the deadline ran out first) or
+that answered "busy" (a 429, the gateway's own connection limit) was not shown
+unavailable: the request is not sent to a hosted provider then
 (busy counts under `when_private_saturated`, whose policy accepts a saturated private
 tier), and the client gets the last attempt's error. A hosted provider has breakers as a
-private backend has (the backend's and, with several tenants, each tenant's): one that
-admits no request now is skipped when the hosted pass comes, its reason noted, and the
-next one tried (the skipped ones do not count among the 3, and have no dispatch record).
-A hosted attempt is admitted by its breakers as it is yielded, before its dispatch record
-is written (a private one in the relay's `connect`, also before it). `Plan.basis` says, for the
-dispatch record of a fallback, what state each eligible private backend was in
+private backend has (the backend's and, with several tenants, each tenant's). Every
+attempt, private or hosted, is admitted by its breakers as it is yielded, before its
+dispatch record is written: a backend that admits no request when its turn comes (its
+breaker opened since planning, or is half-open with its probe held by another request)
+is skipped, its reason noted, and the next one tried. A skipped one has no dispatch
+record and does not count among the attempts (`routing.failover.max_attempts`, or the 3
+hosted ones); a skipped private backend is "down" for the fallback. `Plan.basis` says,
+for the dispatch record of a fallback, what state each eligible private backend was in
 (`FallbackBasis`).
 
 Each attempt counts as in flight on its backend from the moment it is yielded, with no
@@ -84,7 +87,7 @@ class Outcome(enum.Enum):
 
 
 # What each eligible private backend came to, as a fallback's dispatch record states it:
-# (backend id, state), state one of "down" (skipped before any attempt), "failed" (tried
+# (backend id, state), state one of "down" (skipped, not tried), "failed" (tried
 # and failed), "busy" (tried, answered busy), "saturated" (up, over the threshold).
 FallbackBasis = tuple[tuple[str, str], ...]
 
@@ -291,15 +294,7 @@ class Plan:
             self.basis = self._basis("saturated")
             yield from self._hosted()
             self.fallback, self.basis = None, ()
-        router = self._router
-        picker = router.picker
-        for route in self._up[: router._failover.max_attempts]:
-            if time.perf_counter() >= self.deadline:
-                self.reasons.append("failover deadline passed")
-                break
-            # The part of the prompt the backend's prefix cache should hold is no prefill.
-            holds = picker.holds(self.prefix, route.backend.id)
-            yield self._attempt(route, self.prefix_bytes if holds else 0, private=True)
+        yield from islice(self._private(), self._router._failover.max_attempts)
         if self.hosted_last:
             withheld = self._not_unavailable()
             if withheld:
@@ -328,31 +323,47 @@ class Plan:
         states = self._states
         return tuple((r.backend.id, states.get(r.backend.id, default)) for r in self.private)
 
+    def _private(self) -> Iterator[Attempt]:
+        # As `_hosted`: a backend up at planning whose breaker (or the tenant's own on it)
+        # admits no request when its turn comes (another request opened it meanwhile, or
+        # holds its half-open probe) is skipped, its reason noted and its state "down"
+        # (not tried: no dispatch record), and not counted among the attempts.
+        picker = self._router.picker
+        for route in self._up:
+            if time.perf_counter() >= self.deadline:
+                self.reasons.append("failover deadline passed")
+                return
+            # The part of the prompt the backend's prefix cache should hold is no prefill.
+            holds = picker.holds(self.prefix, route.backend.id)
+            attempt = self._admitted(route, self.prefix_bytes if holds else 0, private=True)
+            if attempt is not None:
+                yield attempt
+
     def _hosted(self) -> Iterator[Attempt]:
         # A provider whose breaker (or the tenant's own on it) admits no request now is
         # skipped, its reason noted, as a private backend is: checked when the hosted
-        # pass comes, not at planning, and not counted among the attempts. Admitted here,
-        # as it is yielded (nothing awaited since the check), so the dispatch record is
-        # written only for an attempt that holds its pass (a half-open breaker's probe).
+        # pass comes, not at planning, and not counted among the attempts.
         admitted = (a for r in self.hosted if (a := self._admitted(r)) is not None)
         yield from islice(admitted, HOSTED_MAX_ATTEMPTS)
 
-    def _admitted(self, route: Route) -> Attempt | None:
-        """A hosted attempt on `route` its breakers admitted, or None (the reason noted)."""
-        clock, reasons, tenant = self._router._registry.clock, self.reasons, self.tenant
-        if not available_routes((route,), clock(), reasons, tenant):
-            return None
-        attempt = Attempt(route, 0, self.deadline, clock, False, tenant)
-        if not attempt.admit():  # pragma: no cover - `available_routes` said it would
-            reasons.append(f"{route.backend.id}: {attempt.closed_to}")
-            return None
-        self._router._enter(route.backend)  # in flight from now: see the module docstring
-        return attempt
-
-    def _attempt(self, route: Route, cached_bytes: int, *, private: bool) -> Attempt:
+    def _admitted(
+        self, route: Route, cached_bytes: int = 0, *, private: bool = False
+    ) -> Attempt | None:
+        """An attempt on `route` its breakers admitted, or None (the reason noted). Admitted
+        as it is yielded (nothing awaited since the check), so a dispatch record is
+        written only for an attempt that holds its pass (a half-open breaker's probe). A
+        hosted route goes through the health filter here (its reason names the
+        provider's last error); a private one went through it at planning."""
         router = self._router
-        clock = router._registry.clock
-        attempt = Attempt(route, cached_bytes, self.deadline, clock, private, self.tenant)
+        clock, reasons, tenant = router._registry.clock, self.reasons, self.tenant
+        if not private and not available_routes((route,), clock(), reasons, tenant):
+            return None
+        attempt = Attempt(route, cached_bytes, self.deadline, clock, private, tenant)
+        if not attempt.admit():
+            reasons.append(f"{route.backend.id}: {attempt.closed_to}")
+            if private:
+                self._states[route.backend.id] = "down"
+            return None
         router._enter(route.backend)  # in flight from now: see the module docstring
         return attempt
 

@@ -175,8 +175,9 @@ def _check_response_format(response_format: dict[str, Any] | None) -> None:
     schema = response_format.get("json_schema")
     if not isinstance(schema, dict):
         raise InvalidField("response_format.json_schema", "an object")
-    _check_keys("response_format.json_schema", schema, name=str, description=str)
-    _check_keys("response_format.json_schema", schema, schema=dict, strict=bool)
+    _check_keys("response_format.json_schema", schema, name=str, description=str, strict=bool)
+    if "schema" in schema:
+        _check_schema("response_format.json_schema.schema", schema["schema"])
 
 
 def _check_keys(where: str, obj: dict[str, Any], **types: type) -> None:
@@ -188,14 +189,35 @@ def _check_keys(where: str, obj: dict[str, Any], **types: type) -> None:
 
 
 def _check_function(where: str, function: Any) -> None:
-    """A function definition: a string `name`; `description` a string, `parameters` an
-    object whose `properties` are an object, `strict` a boolean."""
+    """A function definition: a string `name`; `description` a string, `parameters` a
+    JSON Schema (`_check_schema`), `strict` a boolean."""
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
         raise InvalidField(where, "an object with a string `name`")
-    _check_keys(where, function, description=str, parameters=dict, strict=bool)
-    parameters = function.get("parameters")
-    if isinstance(parameters, dict):
-        _check_keys(f"{where}.parameters", parameters, properties=dict, required=list)
+    _check_keys(where, function, description=str, strict=bool)
+    if "parameters" in function:
+        _check_schema(f"{where}.parameters", function["parameters"])
+
+
+def _check_schema(where: str, schema: Any) -> None:
+    """A JSON Schema given where the API takes one (a function's `parameters`, a response
+    format's `schema`): an object; its `properties`, if given, an object whose values are
+    schemas (objects or booleans), its `required` an array. Null is none of these: where
+    the schema needs an object or an array, a null is refused as OpenAI refuses it
+    (`_check_keys` passes null over, as an absent optional field), rather than sent on to
+    be refused by the provider or to break an adapter that walks the schema. Only this
+    level is checked: deeper, the schema is the provider's to judge."""
+    if not isinstance(schema, dict):
+        raise InvalidField(where, "a JSON Schema object")
+    if "properties" in schema:
+        properties = schema["properties"]
+        if not isinstance(properties, dict) or not all(
+            isinstance(value, dict | bool) for value in properties.values()
+        ):
+            raise InvalidField(
+                f"{where}.properties", "an object of JSON Schemas (objects or booleans)"
+            )
+    if "required" in schema and not isinstance(schema["required"], list):
+        raise InvalidField(f"{where}.required", "an array")
 
 
 def _check_tools(tools: list[Any] | None) -> None:

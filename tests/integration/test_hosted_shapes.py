@@ -154,6 +154,14 @@ SHAPES: dict[str, tuple[tuple[str, dict[str, Any]], str | None]] = {
         "tools[0].function.parameters",
     ),
     "custom tool without its definition": (chat(tools=[{"type": "custom"}]), "tools[0].custom"),
+    "tool parameters with null properties": (
+        chat(
+            tools=[
+                {"type": "function", "function": {"name": "f", "parameters": {"properties": None}}}
+            ]
+        ),
+        "tools[0].function.parameters.properties",
+    ),
     "tool_calls not an array": (
         chat(messages=[USER, {"role": "assistant", "content": None, "tool_calls": 5}]),
         "messages[1].tool_calls",

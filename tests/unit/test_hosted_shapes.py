@@ -18,6 +18,13 @@ from gateway.upstream.openai_request import request_params
 from gateway.upstream.openai_shapes import InvalidField
 from tests.helpers.hosted_shapes import CALL, CANARY, USER, VALID_CHAT, chat, mutated, user
 
+PARAMETERS = "tools[0].function.parameters"
+
+
+def tool(parameters: Any) -> dict[str, Any]:
+    """A function tool `f` with these `parameters`."""
+    return {"type": "function", "function": {"name": "f", "parameters": parameters}}
+
 
 def after_assistant(message: dict[str, Any]) -> list[dict[str, Any]]:
     return [USER, {"role": "assistant", "content": None, "tool_calls": [CALL]}, message]
@@ -136,6 +143,31 @@ MALFORMED_CHAT: list[tuple[dict[str, Any], str]] = [
         ),
         "tools[0].function.parameters.properties",
     ),
+    # Null where the JSON Schema needs an object (or an array): OpenAI refuses it; it was
+    # sent on to the provider (or broke an adapter that walks the schema).
+    (chat(tools=[tool({"type": "object", "properties": None})]), f"{PARAMETERS}.properties"),
+    (chat(tools=[tool({"type": "object", "properties": {"a": None}})]), f"{PARAMETERS}.properties"),
+    (chat(tools=[tool({"type": "object", "properties": {"a": 5}})]), f"{PARAMETERS}.properties"),
+    (chat(tools=[tool({"type": "object", "required": None})]), f"{PARAMETERS}.required"),
+    (chat(tools=[tool(None)]), PARAMETERS),
+    (chat(functions=[{"name": "f", "parameters": None}]), "functions[0].parameters"),
+    (
+        chat(functions=[{"name": "f", "parameters": {"properties": None}}]),
+        "functions[0].parameters.properties",
+    ),
+    (
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": None}}),
+        "response_format.json_schema.schema",
+    ),
+    (
+        chat(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"properties": None}},
+            }
+        ),
+        "response_format.json_schema.schema.properties",
+    ),
     (chat(tools=[{"type": "custom"}]), "tools[0].custom"),
     (chat(tools=[{"type": "custom", "custom": 5}]), "tools[0].custom"),
     (chat(functions=[{"name": "f", "parameters": 5}]), "functions[0].parameters"),
@@ -205,6 +237,23 @@ def test_a_malformed_prompt_or_input_is_refused(endpoint: str, field: str, value
 def test_documented_chat_shapes_pass(doc: dict[str, Any]) -> None:
     params, _ = request_params("chat", doc)
     assert params["messages"] == doc["messages"]
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        {},
+        {"type": "object", "properties": {"a": {"type": "string"}, "b": True}, "required": ["a"]},
+        {"type": "object", "description": None},  # a keyword the check does not read
+    ],
+)
+def test_json_schemas_pass(parameters: dict[str, Any]) -> None:
+    schema = {"name": "x", "schema": parameters}
+    doc = chat(
+        tools=[tool(parameters)], response_format={"type": "json_schema", "json_schema": schema}
+    )
+    params, _ = request_params("chat", doc)
+    assert params["tools"] == doc["tools"]
 
 
 @pytest.mark.parametrize("value", ["a", ["a", "b"], [1, 2], [[1, 2], [3]]])

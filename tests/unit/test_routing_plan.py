@@ -213,3 +213,17 @@ def test_a_hosted_backend_whose_breaker_is_open_is_skipped_and_not_counted() -> 
     p = plan(r, "when_private_unavailable")
     assert fail_all(p) == [(h, "private_unavailable") for h in ("h1", "h2", "h3")]
     assert "h0: failed moments ago" in p.reasons
+
+
+def test_a_private_backend_whose_breaker_opened_after_planning_is_skipped_and_not_counted() -> None:
+    """b0 was up at planning; by its turn its breaker is open (another request's failures):
+    it is skipped as a hosted one would be (no attempt, so no dispatch record; its reason
+    noted), it does not spend the one attempt `max_attempts` allows, and it counts as
+    down for the fallback."""
+    r, registry = router(failover={"max_attempts": 1})
+    p = plan(r, "when_private_unavailable")
+    registry.backends["b0"].breaker.probe_failed(0.0, "down")  # open for its cooldown
+    assert fail_all(p) == [("b1", None), *H3]
+    assert p.reasons[:2] == ["b0: circuit breaker open", "b1: HTTP 503"]
+    assert p.basis == (("b0", "down"), ("b1", "failed"))
+    assert [b.inflight for b in registry.backends.values()] == [0] * 6
