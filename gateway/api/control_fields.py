@@ -21,7 +21,8 @@ The gateway forwards private request bodies byte for byte (it does not rewrite t
 such a field is refused, not removed: a 400 `invalid_request` naming it, before any
 policy decision, for private and hosted backends alike (a hosted call never sent them:
 gateway/upstream/openai_request.py allow-lists its fields). The names are matched as the
-backend reads them, after JSON unescaping (`"api\\u005fbase"` is `api_base`).
+backend reads them, after JSON unescaping (`"api\\u005fbase"` is `api_base`), and in any
+case (`"API_BASE"`: a router written in Go matches names without regard to case).
 
 OpenAI's own request fields are not here, however a router reads them: `metadata` and
 `user` are the API's and pass (docs/security.md says what that leaves open). Every other
@@ -274,9 +275,15 @@ def refuse_control_fields(doc: Mapping[str, Any], body: bytes) -> None:
     """Raise 400 `invalid_request` naming the first top-level control field in `doc`
     (parsed from `body`), then the first field an inference server reads past the token
     bound, the configured weights or its own code and files
-    (gateway/api/server_fields.py)."""
+    (gateway/api/server_fields.py).
+
+    A name matches in any case (`"FALLBACKS"`, `"Api_Ba\\u017fe"`): a router written in Go
+    (encoding/json and its look-alikes match names without regard to case, folding
+    U+017F and U+212A to `s` and `k`) reads it as the field, and a `kind: openai`
+    backend may be such a router."""
     for name in doc:
-        if name in CONTROL_FIELDS or name.startswith(CONTROL_PREFIXES):
+        folded = name if name.isascii() and name.islower() else name.casefold()
+        if folded in CONTROL_FIELDS or folded.startswith(CONTROL_PREFIXES):
             name = excerpt(name)  # a prefix matches a name of any length and characters
             raise GatewayError(
                 ErrorCode.invalid_request,

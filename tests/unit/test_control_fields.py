@@ -19,6 +19,7 @@ import pytest
 
 from gateway.api.body import parse_body
 from gateway.api.control_fields import refuse_control_fields
+from gateway.api.labels import excerpt
 from gateway.errors import ErrorCode, GatewayError
 from gateway.upstream.litellm_runtime import load_litellm
 
@@ -92,3 +93,22 @@ def test_a_litellm_argument_that_moves_the_call_is_refused_naming_it(name: str) 
 def test_openai_and_sampling_fields_pass(fields: dict[str, Any]) -> None:
     body = orjson.dumps({"model": "m", "messages": [], **fields})
     refuse_control_fields(parse_body(body), body)
+
+
+@pytest.mark.parametrize(
+    "spelled",
+    [
+        "FALLBACKS",
+        "Api_Base",
+        "api_ba\u017fe",  # long s: Go folds it to `s`
+        "LITELLM_PARAMS",
+        "\u212aeepalive_seconds",  # Kelvin sign: `k`
+    ],
+)
+def test_a_control_field_in_another_case_is_refused(spelled: str) -> None:
+    # A router written in Go (encoding/json) reads `"FALLBACKS"` as `fallbacks`.
+    body = orjson.dumps({"model": "m", "messages": [], spelled: ["elsewhere/m"]})
+    with pytest.raises(GatewayError) as refused:
+        refuse_control_fields(parse_body(body), body)
+    assert refused.value.code is ErrorCode.invalid_request
+    assert refused.value.param == excerpt(spelled)
