@@ -157,6 +157,7 @@ CONTROL_FIELDS: Final = frozenset(
         "user_provider_credentials",
         "user_api_key_auth_metadata",
         "workspace_id",
+        "anthropic-workspace-id",
         "bedrock_tags",
         "fireworks_forward_user_id",
         # ... and the rest of its own: how it calls, logs, budgets and prices the call
@@ -246,7 +247,6 @@ CONTROL_PREFIXES: Final = (
     "nvcf_",
     "agentcore_",
     "anthropic_",
-    "anthropic-",
     "openai_",
     "github_copilot_",
     "token_exchange_",
@@ -270,6 +270,22 @@ CONTROL_PREFIXES: Final = (
     "_",
 )
 
+# The prefixes by their first word (up to the first `_`; "" for `_`): a name is compared
+# with the few sharing its first word, not with every prefix (a dozen names a request).
+_PREFIXES_BY_WORD: Final[Mapping[str, tuple[str, ...]]] = {
+    word: tuple(p for p in CONTROL_PREFIXES if p.partition("_")[0] == word)
+    for word in {p.partition("_")[0] for p in CONTROL_PREFIXES}
+}
+assert all(p.find("_") >= 0 for p in CONTROL_PREFIXES)
+
+
+def _is_control(name: str) -> bool:
+    """Whether `name` (case-folded) is a control field or starts with a control prefix."""
+    if name in CONTROL_FIELDS:
+        return True
+    prefixes = _PREFIXES_BY_WORD.get(name.partition("_")[0])
+    return prefixes is not None and name.startswith(prefixes)
+
 
 def refuse_control_fields(doc: Mapping[str, Any], body: bytes) -> None:
     """Raise 400 `invalid_request` naming the first top-level control field in `doc`
@@ -282,8 +298,7 @@ def refuse_control_fields(doc: Mapping[str, Any], body: bytes) -> None:
     U+017F and U+212A to `s` and `k`) reads it as the field, and a `kind: openai`
     backend may be such a router."""
     for name in doc:
-        folded = name if name.isascii() and name.islower() else name.casefold()
-        if folded in CONTROL_FIELDS or folded.startswith(CONTROL_PREFIXES):
+        if _is_control(name if name.isascii() and name.islower() else name.casefold()):
             name = excerpt(name)  # a prefix matches a name of any length and characters
             raise GatewayError(
                 ErrorCode.invalid_request,
