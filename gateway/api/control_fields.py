@@ -21,10 +21,14 @@ The gateway forwards private request bodies byte for byte (it does not rewrite t
 such a field is refused, not removed: a 400 `invalid_request` naming it, before any
 policy decision, for private and hosted backends alike (a hosted call never sent them:
 gateway/upstream/openai_request.py allow-lists its fields). The names are matched as the
-backend reads them, after JSON unescaping (`"api\\u005fbase"` is `api_base`).
+backend reads them, after JSON unescaping (`"api\\u005fbase"` is `api_base`), and in any
+case (`"API_BASE"`: a router written in Go matches names without regard to case).
 
 OpenAI's own request fields are not here, however a router reads them: `metadata` and
-`user` are the API's and pass (docs/security.md says what that leaves open).
+`user` are the API's and pass (docs/security.md says what that leaves open). Every other
+argument LiteLLM reads from a request is: its `completion()` parameters and the names its
+proxy refuses in a request body, as tests/unit/test_control_fields.py reads them from the
+pinned LiteLLM (a name added by an upgrade fails that test until it is listed here).
 """
 
 from __future__ import annotations
@@ -108,6 +112,103 @@ CONTROL_FIELDS: Final = frozenset(
         "tpm",
         "cooldown_time",
         "retry_strategy",
+        # LiteLLM 1.108.7's other `completion()` parameters (`all_litellm_params` in its
+        # types/utils.py) that move the call: another model when the prompt is too long,
+        # or any model for a name (`context_window_fallback_dict`, `model_alias_map`), a
+        # region or a deployment (`data_residency`, `allowed_model_region`, `order`,
+        # `weight`, `routing_strategy`, `fastest_response`: every deployment at once),
+        # more places to try, a client or session of the caller's, guardrail services
+        # that get the prompt, prompt caching (a retention of its own)
+        "context_window_fallback_dict",
+        "model_alias_map",
+        "custom_prompt_dict",
+        "data_residency",
+        "allowed_model_region",
+        "order",
+        "weight",
+        "routing_strategy",
+        "fastest_response",
+        "silent_model",
+        "tag_regex",
+        "enable_tag_filtering",
+        "max_fallbacks",
+        "fallback_depth",
+        "attempted_targets",
+        "retry_policy",
+        "use_chat_completions_api",
+        "use_in_pass_through",
+        "allm_passthrough_route",
+        "provider_affinity_header",
+        "configurable_clientside_auth_params",
+        "client",
+        "use_client",
+        "shared_session",
+        "guardrails",
+        "enable_prompt_caching",
+        "caching",
+        "caching_groups",
+        "cache_key",
+        "ttl",
+        # ... and credentials and hosts its proxy refuses in a request body (auth_utils.py,
+        # `_BANNED_REQUEST_BODY_PARAMS`): another endpoint for the call, the provider
+        # account, TLS, the caller's own provider keys
+        "deployment_url",
+        "use_ssl",
+        "user_provider_credentials",
+        "user_api_key_auth_metadata",
+        "workspace_id",
+        "anthropic-workspace-id",
+        "bedrock_tags",
+        "fireworks_forward_user_id",
+        # ... and the rest of its own: how it calls, logs, budgets and prices the call
+        "acompletion",
+        "aembedding",
+        "atext_completion",
+        "aimg_generation",
+        "text_completion",
+        "async_call",
+        "self",
+        "id",
+        "model_config",
+        "verbose",
+        "rust",
+        "logger_fn",
+        "no-log",
+        "turn_off_message_logging",
+        "log_client_error_tracebacks",
+        "complete_response",
+        "completion_call_id",
+        "stream_response",
+        "stream_chunk_size",
+        "force_timeout",
+        "request_timeout",
+        "client_side_timeout",
+        "keepalive_seconds",
+        "allow_client_keepalive_override",
+        "max_agentic_loops",
+        "max_budget",
+        "budget_duration",
+        "max_parallel_requests",
+        "max_file_size_mb",
+        "itpm",
+        "otpm",
+        "default_api_key_rpm_limit",
+        "default_api_key_tpm_limit",
+        "merge_reasoning_content_in_choices",
+        "ensure_alternating_roles",
+        "user_continue_message",
+        "assistant_continue_message",
+        "supports_system_message",
+        "enable_json_schema_validation",
+        "disable_add_transform_inline_image_block",
+        "search_tool_name",
+        "prompt_environment",
+        "output_vector_size",
+        "tiered_pricing",
+        "cost_per_query",
+        "citation_cost_per_token",
+        "search_context_cost_per_query",
+        "google_maps_grounding_cost_per_query",
     }
 )
 # Families of the same: LiteLLM's own (`litellm_params`, `litellm_metadata`, ...), made-up
@@ -123,16 +224,81 @@ CONTROL_PREFIXES: Final = (
     "azure_",
     "watsonx_",
     "gigachat_",  # `gigachat_auth_url`: where the router sends its GigaChat credentials
+    # where it logs the prompt and the answer, with whose keys (LiteLLM's proxy refuses
+    # these too: `langfuse_host`, `langsmith_base_url`, `posthog_api_url`, ...)
+    "langfuse_",
+    "langsmith_",
+    "lunary_",
+    "humanloop_",
+    "braintrust_",
+    "arize_",
+    "posthog_",
+    "signoz_",
+    "newrelic_",
+    "dd_",
+    "wandb_",
+    "weave_",
+    "slack_",
+    "gcs_",
+    "s3_",
+    # provider endpoints and identities (`sagemaker_base_url`, `nvcf_function_id`,
+    # `anthropic_issuer_url`, `token_exchange_endpoint`, `openai_service_account_id`, ...)
+    "sagemaker_",
+    "nvcf_",
+    "agentcore_",
+    "anthropic_",
+    "openai_",
+    "github_copilot_",
+    "token_exchange_",
+    # routers that pick the model (`auto_router_default_model`, ...) and timeouts
+    "auto_router_",
+    "complexity_router_",
+    "quality_router_",
+    "adaptive_router_",
+    "stream_timeout",
+    "timeout_by_",
+    # its prices (the router's accounting: `input_cost_per_token_batches`, ...)
+    "input_cost_",
+    "output_cost_",
+    "cache_creation_input_",
+    "cache_read_input_",
+    "ocr_cost_",
+    "annotation_cost_",
+    "regional_",
+    # its private state (`_router_weights`, `_litellm_addressed_response_id`, ...); no
+    # OpenAI field starts with `_`
+    "_",
 )
+
+# The prefixes by their first word (up to the first `_`; "" for `_`): a name is compared
+# with the few sharing its first word, not with every prefix (a dozen names a request).
+_PREFIXES_BY_WORD: Final[Mapping[str, tuple[str, ...]]] = {
+    word: tuple(p for p in CONTROL_PREFIXES if p.partition("_")[0] == word)
+    for word in {p.partition("_")[0] for p in CONTROL_PREFIXES}
+}
+assert all(p.find("_") >= 0 for p in CONTROL_PREFIXES)
+
+
+def _is_control(name: str) -> bool:
+    """Whether `name` (case-folded) is a control field or starts with a control prefix."""
+    if name in CONTROL_FIELDS:
+        return True
+    prefixes = _PREFIXES_BY_WORD.get(name.partition("_")[0])
+    return prefixes is not None and name.startswith(prefixes)
 
 
 def refuse_control_fields(doc: Mapping[str, Any], body: bytes) -> None:
     """Raise 400 `invalid_request` naming the first top-level control field in `doc`
     (parsed from `body`), then the first field an inference server reads past the token
     bound, the configured weights or its own code and files
-    (gateway/api/server_fields.py)."""
+    (gateway/api/server_fields.py).
+
+    A name matches in any case (`"FALLBACKS"`, `"Api_Ba\\u017fe"`): a router written in Go
+    (encoding/json and its look-alikes match names without regard to case, folding
+    U+017F and U+212A to `s` and `k`) reads it as the field, and a `kind: openai`
+    backend may be such a router."""
     for name in doc:
-        if name in CONTROL_FIELDS or name.startswith(CONTROL_PREFIXES):
+        if _is_control(name if name.isascii() and name.islower() else name.casefold()):
             name = excerpt(name)  # a prefix matches a name of any length and characters
             raise GatewayError(
                 ErrorCode.invalid_request,

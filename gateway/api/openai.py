@@ -96,7 +96,9 @@ class TenantSurface:
                 scan = scan_body(body)
                 held.cover(held_bound(body, scan))
                 # The parts active now, not at arrival: a config reload while the body was
-                # arriving binds this request's decision and plan, as it binds later ones.
+                # arriving binds this request's decision and plan, as it binds later ones;
+                # and its tenant (a key removed or revoked, models taken away meanwhile).
+                tenant = self._reauthenticated(scope, tenant)
                 proxy = runtime.parts.proxy
                 await proxy.forward(
                     exchange, tenant, scope, body, scan, upstream_path, receive, send
@@ -230,6 +232,21 @@ class TenantSurface:
         tenant = parts.tenants.get(digest)
         if tenant is None or parts.state.is_revoked(digest):
             raise GatewayError(ErrorCode.invalid_api_key, "Incorrect API key provided.")
+        return tenant
+
+    def _reauthenticated(self, scope: Scope, admitted: TenantEntry) -> TenantEntry:
+        """The request's tenant as the config and revocations active now say, once its body
+        is in (`admitted`: as they said at its head). A body may take
+        `listen.body_timeout_s` to arrive: a key removed or revoked meanwhile is refused
+        (401), and the tenant's models are those of the config that decides. A key moved
+        to another tenant is refused too: the rate limits admitted the old one."""
+        tenant = self.authenticate(scope)
+        if tenant.id != admitted.id:
+            raise GatewayError(
+                ErrorCode.invalid_api_key,
+                "The API key was given to another tenant while the request arrived; send "
+                "the request again.",
+            )
         return tenant
 
     async def models(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:

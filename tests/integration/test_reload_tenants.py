@@ -1,0 +1,121 @@
+"""A gateway.yaml reload binds the tenant of a request whose body was still arriving.
+
+The head (with the API key) is read, authenticated and admitted before the body; a body
+may take `listen.body_timeout_s` to come. The decision and the plan are made with the
+config active once the body is in (tests/integration/test_config_reload.py), and so is the
+tenant: a key the reload removed, a model it took from the tenant, is refused, not served
+by the config that was active at the head.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gateway.app import create_app
+from gateway.config import load_config
+from gateway.serving import ServerThread
+from gateway.tenants import hash_api_key
+from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
+from tests.helpers.waiting import until
+
+ACME = {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["*"]}
+OTHER_KEY_HASH = hash_api_key("og-test-a-new-key-for-acme-0123")
+
+
+def write_config(path: Path, url: str, tenants: list[dict[str, Any]]) -> None:
+    config = gateway_config([backend("gpu", url, "m", "n")], tenants=tenants).model_dump(
+        mode="json", exclude_none=True
+    )
+    path.with_suffix(".tmp").write_text(yaml.safe_dump(config))
+    path.with_suffix(".tmp").replace(path)  # atomic, as a deploy tool would write it
+
+
+def across(app: Any, server: ServerThread, change: Callable[[], None]) -> tuple[int, str]:
+    """Send a chat request whose head is read (authenticated, admitted) before `change`
+    runs and whose body completes after it; the status and error code it gets."""
+    body = json.dumps(
+        {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+    ).encode()
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n"
+        f"authorization: Bearer {TENANT_KEY}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode()
+    with socket.create_connection((server.host, server.port), timeout=30) as sock:
+        sock.sendall(head + body[:10])
+        # Authenticated and admitted: its body is being read (the declared length is
+        # reserved in the body budget once the head passed).
+        until(lambda: app.bodies.held > 0, "the head read and authenticated")
+        change()
+        sock.sendall(body[10:])
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head_bytes, _, payload = answer.partition(b"\r\n\r\n")
+    status = int(head_bytes.split(b" ", 2)[1])
+    error = json.loads(payload).get("error") if status >= 400 else None
+    return status, "" if error is None else error["code"]
+
+
+@pytest.mark.parametrize(
+    ("after", "code"),
+    [
+        # The key was rotated out (leaked, say): its request must not be served.
+        ([{**ACME, "api_key_hashes": [OTHER_KEY_HASH]}], (401, "invalid_api_key")),
+        # The tenant may no longer use `m`.
+        ([{**ACME, "models": ["n"]}], (404, "model_not_found")),
+        # The key is another tenant's now: the rate limits admitted it as acme's.
+        (
+            [{**ACME, "api_key_hashes": [OTHER_KEY_HASH]}, {**ACME, "id": "beta"}],
+            (401, "invalid_api_key"),
+        ),
+    ],
+    ids=["key-removed", "model-taken-away", "key-moved"],
+)
+def test_a_reload_while_the_body_arrives_binds_the_requests_tenant(
+    start_sim: Callable[..., Sim],
+    tmp_path: Path,
+    after: list[dict[str, Any]],
+    code: tuple[int, str],
+) -> None:
+    sim = start_sim("vllm", models=("m", "n"), zero_latency=True)
+    path = tmp_path / "gateway.yaml"
+    write_config(path, sim.url, [ACME])
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    server = ServerThread(app).start()
+
+    def reload() -> None:
+        arrival = app.parts
+        write_config(path, sim.url, after)
+        until(lambda: app.parts is not arrival, "the reload", timeout=30.0)
+
+    try:
+        assert across(app, server, reload) == code
+    finally:
+        server.stop()
+    assert sim.app.captured("/v1/chat/completions") == []
+
+
+def test_a_key_revoked_while_the_body_arrives_is_refused(
+    start_sim: Callable[..., Sim], tmp_path: Path
+) -> None:
+    sim = start_sim("vllm", models=("m", "n"), zero_latency=True)
+    app = create_app(gateway_config([backend("gpu", sim.url, "m")]), environ={})
+    server = ServerThread(app).start()
+
+    def revoke() -> None:  # `owngate keys revoke` / the admin API: the state's set
+        assert asyncio.run(app.parts.state.revoke_key(hash_api_key(TENANT_KEY)))
+
+    try:
+        assert across(app, server, revoke) == (401, "invalid_api_key")
+    finally:
+        server.stop()
+    assert sim.app.captured("/v1/chat/completions") == []

@@ -1,0 +1,114 @@
+"""`refuse_control_fields`: every argument LiteLLM reads from a request, other than the
+OpenAI API's own fields, is refused, as the installed LiteLLM names them.
+
+A private `kind: openai` backend may be a LiteLLM proxy or SDK server, which turns the
+JSON body into `completion()` keyword arguments: a name the gateway lets through moves
+the call (`context_window_fallback_dict` calls another model when the prompt is long,
+`model_alias_map` any model for a name), sends the prompt to a logging host
+(`langfuse_host`) or the call to another endpoint (`deployment_url`), while the log says
+the private backend served it. The lists are read from LiteLLM itself (the version the
+lock file pins), so an upgrade that adds one fails here until it is listed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.api.body import parse_body
+from gateway.api.control_fields import refuse_control_fields
+from gateway.api.labels import excerpt
+from gateway.errors import ErrorCode, GatewayError
+from gateway.upstream.litellm_runtime import load_litellm
+
+# OpenAI request fields that LiteLLM also lists as its own: the API's, so they pass (what
+# that leaves open is in docs/security.md).
+_OPENAI_FIELDS = frozenset({"metadata"})
+
+
+def _litellm_request_arguments() -> set[str]:
+    """The `completion()` parameters LiteLLM owns (`all_litellm_params`) and the names its
+    proxy refuses in a request body, top level or in `metadata` (`auth_utils`)."""
+    load_litellm()  # offline, quiet: what the gateway itself imports
+    from litellm.proxy.auth import auth_utils
+    from litellm.types.utils import all_litellm_params
+
+    banned = (
+        *auth_utils._BANNED_REQUEST_BODY_PARAMS,
+        *auth_utils._BANNED_METADATA_PARAMS,
+    )
+    return {*all_litellm_params, *banned}
+
+
+def _refused(name: str) -> bool:
+    """Whether a body with `name` at the top level is refused as `invalid_request`."""
+    body = orjson.dumps({"model": "m", name: 1})
+    try:
+        refuse_control_fields(parse_body(body), body)
+    except GatewayError as exc:
+        return exc.code is ErrorCode.invalid_request
+    return False
+
+
+def test_every_litellm_argument_but_openais_own_is_refused() -> None:
+    names = _litellm_request_arguments()
+    assert len(names) > 300  # the lists were found (1.108.7: 408 names)
+    passed = sorted(n for n in names - _OPENAI_FIELDS if not _refused(n))
+    assert passed == [], f"LiteLLM reads these from a request; the gateway passes them: {passed}"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "context_window_fallback_dict",
+        "model_alias_map",
+        "data_residency",
+        "fastest_response",
+        "langfuse_host",
+        "deployment_url",
+        "sagemaker_base_url",
+        "_router_weights",
+    ],
+)
+def test_a_litellm_argument_that_moves_the_call_is_refused_naming_it(name: str) -> None:
+    body = orjson.dumps({"model": "m", "messages": [], name: {"m": "elsewhere"}})
+    with pytest.raises(GatewayError) as refused:
+        refuse_control_fields(parse_body(body), body)
+    assert refused.value.code is ErrorCode.invalid_request
+    assert refused.value.param == name
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"metadata": {"app": "x"}},
+        {"user": "u1"},
+        {"cache_salt": "tenant-a"},  # vLLM's prefix-cache isolation: the server's own answer
+        {"service_tier": "flex", "prompt_cache_key": "k", "safety_identifier": "h"},
+        {"top_k": 3, "min_p": 0.1, "repetition_penalty": 1.1},
+    ],
+)
+def test_openai_and_sampling_fields_pass(fields: dict[str, Any]) -> None:
+    body = orjson.dumps({"model": "m", "messages": [], **fields})
+    refuse_control_fields(parse_body(body), body)
+
+
+@pytest.mark.parametrize(
+    "spelled",
+    [
+        "FALLBACKS",
+        "Api_Base",
+        "api_ba\u017fe",  # long s: Go folds it to `s`
+        "LITELLM_PARAMS",
+        "\u212aeepalive_seconds",  # Kelvin sign: `k`
+    ],
+)
+def test_a_control_field_in_another_case_is_refused(spelled: str) -> None:
+    # A router written in Go (encoding/json) reads `"FALLBACKS"` as `fallbacks`.
+    body = orjson.dumps({"model": "m", "messages": [], spelled: ["elsewhere/m"]})
+    with pytest.raises(GatewayError) as refused:
+        refuse_control_fields(parse_body(body), body)
+    assert refused.value.code is ErrorCode.invalid_request
+    assert refused.value.param == excerpt(spelled)
