@@ -134,11 +134,15 @@ def _receipt_verify(args: argparse.Namespace) -> int:
             print(f"ok: the backend countersigned this request body ({args.request_body})")
         if args.response_body:
             body = Path(args.response_body).read_bytes()
-            if _opening(statement.response_commitment, receipt.salts.response, body) is None:
+            # A countersigned answer is whole: the gateway wrote nothing after the
+            # backend's bytes but its receipt line (no error event, no line end).
+            whole = committed_bodies(body)[0]
+            if commit("response", receipt.salts.response, whole) != statement.response_commitment:
                 print(
                     "FAILED: the body and salt do not open this response commitment: "
                     f"{args.response_body} is not the response the backend countersigned "
-                    "(as received, nor with the gateway's receipt line taken off a stream)",
+                    "(as received, nor with the gateway's receipt line, and nothing else, "
+                    "taken off a stream)",
                     file=sys.stderr,
                 )
                 return 1

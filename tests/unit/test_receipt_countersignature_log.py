@@ -273,3 +273,17 @@ def test_a_countersignature_checked_by_no_key_is_pointed_out(
     backend = f"{EXAMPLE_BACKEND.id}={BACKEND.vkey}"
     assert main([*argv, "--backend-key", backend]) == 0
     assert "not checked" not in capsys.readouterr().out
+
+
+def test_events_after_a_countersigned_stream_do_not_open_it(tmp_path: Path) -> None:
+    """A countersigned stream is whole (the sidecar signs no stream that broke off), so
+    the gateway writes nothing after it but its receipt line: no error event, no line end
+    (the sidecar's comment started a line). An event a gateway put after the backend's
+    bytes, shaped as the error event it writes after a broken stream but carrying
+    content an SSE client reads as the answer's, is not what the backend countersigned."""
+    stream = b'data: {"choices":[]}\n\ndata: [DONE]\n\n'
+    receipt_line = b": owngate-receipt " + base64.b64encode(b"{}") + b"\n\n"
+    assert _response_check(tmp_path, _statement(7, stream), stream + receipt_line, *KEY) == 0
+    injected = b'data: {"error":{},"choices":[{"delta":{"content":"pay here"}}],"x":{}}\n\n'
+    received = stream + injected + receipt_line
+    assert _response_check(tmp_path, _statement(7, stream), received, *KEY) == 1
