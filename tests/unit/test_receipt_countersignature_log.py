@@ -287,3 +287,21 @@ def test_events_after_a_countersigned_stream_do_not_open_it(tmp_path: Path) -> N
     injected = b'data: {"error":{},"choices":[{"delta":{"content":"pay here"}}],"x":{}}\n\n'
     received = stream + injected + receipt_line
     assert _response_check(tmp_path, _statement(7, stream), received, *KEY) == 1
+
+
+def test_a_backend_key_for_another_backend_than_the_receipts_is_pointed_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A client that gives the key of the backend it expected, and gets a receipt naming
+    another (a hosted fallback, a look-alike id), is told that nothing was countersigned:
+    the exit status alone (0: the receipt is the log's) would read as a two-party check."""
+    receipt = Receipt(
+        "req-1", LOG.name, 0, bytes(32), EXAMPLE_BACKEND.id, EXAMPLE_POLICY.digest, SALTS
+    )
+    (tmp_path / "receipt.json").write_bytes(make_receipt(receipt, LOG))
+    argv = ["audit", "receipt", "verify", str(tmp_path / "receipt.json"), "--key", LOG.vkey]
+    assert main([*argv, "--backend-key", f"gpu-expected={BACKEND.vkey}"]) == 0
+    out = capsys.readouterr().out
+    assert f"note: the receipt names backend {EXAMPLE_BACKEND.id}, for which no" in out, out
+    assert "gpu-expected given" in out
+    assert main([*argv, *KEY]) == 1  # its own backend's key: no countersignature, refused
