@@ -129,6 +129,8 @@ class AttestSettings:
     # 50 ms / 1 s they cost the sidecar more CPU per request than the relay does.
     flush_ms: float = 200.0
     checkpoint_ms: float = 5000.0
+    # `--client-pin`: the keys a client certificate may have (with `--client-ca`)
+    client_pins: frozenset[str] = frozenset()
 
 
 class AttestRelay:

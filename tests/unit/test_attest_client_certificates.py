@@ -4,7 +4,8 @@ the same CA, as `owngate backend cert issue` makes it (extended key usage server
 alone), is refused: another backend host cannot reach a sidecar with its own
 certificate. One whose extended key usage also allows clientAuth (step-ca's default leaf
 template), or that has none, is admitted: so `--client-ca` should name a CA that issues
-only the gateway's client certificates (docs/backend-tls.md)."""
+only the gateway's client certificates, or the sidecar pin the gateway's key
+(`--client-pin`, tests/integration/test_attest_client_pin.py; docs/backend-tls.md)."""
 
 from __future__ import annotations
 
