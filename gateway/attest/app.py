@@ -25,10 +25,11 @@ for a failure to try elsewhere, and the comment alone would be that first byte.
 A request without salts (not from a gateway: a client that bypassed it) gets fresh ones:
 it is countersigned and logged all the same, so the cross-check against the gateway's
 log shows it. Only what a gateway sends is relayed (`RELAYED`, the path before any
-query): POSTs to the three OpenAI endpoints, countersigned, and the GETs of its probes
-and scrapes (`/health`, `/metrics`, `/v1/models`, llama.cpp's `/props` and `/slots`),
-without a statement. The server behind the sidecar listens where only the sidecar
-reaches it, so any other path (a server's admin endpoints: SGLang's
+query; a POST with a query is not one): POSTs to the three OpenAI endpoints,
+countersigned (the statement covers the body, and a gateway sends no query), and the
+GETs of its probes and scrapes (`/health`, `/metrics`, `/v1/models`, llama.cpp's
+`/props` and `/slots`), without a statement. The server behind the sidecar listens
+where only the sidecar reaches it, so any other path (a server's admin endpoints: SGLang's
 `/update_weights_from_disk`, vLLM's `/sleep`, llama.cpp's `POST /props` or slot saves)
 would be a way to change what the server serves, whose answers the sidecar would then
 countersign: 404. Other methods are refused (405): a gateway sends none, and the answer
@@ -128,6 +129,8 @@ class AttestSettings:
     # 50 ms / 1 s they cost the sidecar more CPU per request than the relay does.
     flush_ms: float = 200.0
     checkpoint_ms: float = 5000.0
+    # `--client-pin`: the keys a client certificate may have (with `--client-ca`)
+    client_pins: frozenset[str] = frozenset()
 
 
 class AttestRelay:
@@ -193,7 +196,10 @@ class AttestRelay:
             error = _NOT_ALLOWED
             conn.respond(error.status, error.body(), _JSON, b"allow: GET, POST\r\n")
             return
-        if request.target.partition(b"?")[0] not in paths:
+        path, query, _ = request.target.partition(b"?")
+        # A countersigned request is its body: a query (even an empty one), which a
+        # gateway never sends and the statement would not cover, is not relayed with one.
+        if path not in paths or (query and request.method == b"POST"):
             error = _NOT_RELAYED
             conn.respond(error.status, error.body(), _JSON)
             return

@@ -30,6 +30,7 @@ import collections
 import sys
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
+from typing import cast
 
 from gateway.attest.reader import RequestReader
 from gateway.attest.request import Request
@@ -38,8 +39,17 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.listener_limits import ListenerLimits, Refusal, Refusals
 from gateway.logs import get_logger
 from gateway.upstream.http import UpstreamResponse
+from gateway.upstream.tls import spki_sha256
 
 __all__ = ["MAX_PIPELINED", "Connection", "Listener", "Request"]
+
+
+def _client_pin(transport: asyncio.BaseTransport) -> str | None:
+    """The pin of the client certificate a TLS connection presented (None: none)."""
+    ssl_object = transport.get_extra_info("ssl_object")
+    der = None if ssl_object is None else ssl_object.getpeercert(binary_form=True)
+    return None if der is None else spki_sha256(der)
+
 
 # Requests that may wait behind the running one. A read's requests are all parsed at
 # once (httptools cannot stop mid-read), and each costs some 25 bytes of objects per
@@ -74,8 +84,13 @@ class Listener:
         keepalive_s: float,
         write_timeout_s: float = 600.0,
         max_held_body: int = sys.maxsize,
+        client_pins: frozenset[str] = frozenset(),
     ) -> None:
         self.handler = handler
+        # `--client-pin`: the key (SPKI SHA-256, as pins are written) of the client
+        # certificate must be one of these, besides chaining to `--client-ca`; empty: any
+        # certificate of that CA good for client authentication.
+        self.client_pins = client_pins
         self.bodies = BodyBudget()
         self.max_held_body = max_held_body
         self.limits = limits
@@ -135,6 +150,17 @@ class Connection(RequestReader):
         self._chunked = True  # ... as a chunked stream (else ended by closing)
         self._answered = True  # ... and was written in full
         self._bodiless = False  # ... answers HEAD: a head alone (RFC 9110, 9.3.2)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        pins = self._listener.client_pins
+        if pins and _client_pin(transport) not in pins:
+            # Before a byte is read: another certificate of the CA (a backend host's
+            # own, issued for client authentication too) gets nothing relayed.
+            self._refused = True
+            self._listener.refusals.note("client_not_pinned", self._loop.time())
+            cast(asyncio.Transport, transport).abort()
+            return
+        super().connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused:

@@ -63,6 +63,7 @@ class _Running:
             listen.keepalive_timeout_s,
             write_timeout_s=limits.write_timeout_s,
             max_held_body=settings.max_held_body,
+            client_pins=settings.client_pins,
         )
         # A TLS handshake is bounded like a request head, and counts against the cap from
         # the moment its connection is accepted (`TlsAcceptor`).

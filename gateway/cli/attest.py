@@ -7,6 +7,7 @@ clean shutdown, 1 when the key, log or TLS files cannot be used, 2 on bad flags.
 from __future__ import annotations
 
 import argparse
+import base64
 import math
 import os
 import ssl
@@ -87,7 +88,35 @@ def register(subparsers: Any) -> None:
         default=_env("CLIENT_CA"),
         help="require a client certificate chaining to this CA (PEM): mutual TLS",
     )
+    add(
+        "--client-pin",
+        action="append",
+        default=None,
+        metavar="sha256//BASE64",
+        help="with --client-ca, also require the client certificate's key to be this one "
+        "(repeat for several; env OWNGATE_ATTEST_CLIENT_PIN, comma-separated): only the "
+        "gateway's certificate, not any other of the CA",
+    )
     parser.set_defaults(handler=run)
+
+
+def _pins(args: argparse.Namespace) -> frozenset[str] | None:
+    """The `--client-pin` values, or None when one is not `sha256//` + base64 of 32 bytes."""
+    given = args.client_pin or [p for p in (_env("CLIENT_PIN") or "").split(",") if p.strip()]
+    pins = frozenset(pin.strip() for pin in given)
+    for pin in pins:
+        digest = pin.removeprefix("sha256//")
+        try:
+            raw = base64.b64decode(digest, validate=True)
+        except ValueError:
+            return None
+        if (
+            not pin.startswith("sha256//")
+            or len(raw) != 32
+            or base64.b64encode(raw).decode() != digest
+        ):
+            return None
+    return pins
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,6 +145,14 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    pins = _pins(args)
+    if pins is None or (pins and not args.client_ca):
+        print(
+            "owngate attest: --client-pin is sha256// and the base64 of a key's SHA-256 "
+            "(as pin_spki_sha256), and needs --client-ca",
+            file=sys.stderr,
+        )
+        return 2
     context: ssl.SSLContext | None = None
     if args.tls_cert:
         client_ca = Path(args.client_ca) if args.client_ca else None
@@ -134,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
         max_held_answer=args.max_held_answer_bytes,
         flush_ms=args.flush_ms,
         checkpoint_ms=args.checkpoint_ms,
+        client_pins=pins,
     )
     host = host.strip("[]")
     try:
@@ -143,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     scheme = "https" if context is not None else "http"
     mutual = " (mutual TLS)" if args.client_ca else ""
+    mutual += f", {len(pins)} client key(s) pinned" if pins else ""
     print(
         f"owngate attest: countersigning {args.backend} on {scheme}://{args.listen}{mutual}",
         file=sys.stderr,

@@ -105,9 +105,16 @@ def _receipt_verify(args: argparse.Namespace) -> int:
         f"ok: receipt for request {shown(receipt.request_id)} signed by the log "
         f"{shown(receipt.log)}{form}: {names}, policy {shown(receipt.policy_digest)}"
     )
-    statement = receipt_countersignature(
-        envelope, receipt, backend_keys(args.backend_key or args._backend_key_defaults, keys)
-    )
+    attested = backend_keys(args.backend_key or args._backend_key_defaults, keys)
+    statement = receipt_countersignature(envelope, receipt, attested)
+    if attested and receipt.backend not in attested:
+        # A key for another backend checks nothing here: say so, as `audit verify` does
+        # for a key under an id its log never dispatched to.
+        print(
+            f"note: the receipt names backend {shown(receipt.backend) or '(none: a refusal)'}, "
+            f"for which no --backend-key is given ({', '.join(map(shown, sorted(attested)))}"
+            " given): its answer is the gateway's word alone"
+        )
     if statement is None and _carries_countersignature(envelope):
         print(
             f"note: the receipt carries a countersignature, not checked: give --backend-key "
@@ -134,11 +141,15 @@ def _receipt_verify(args: argparse.Namespace) -> int:
             print(f"ok: the backend countersigned this request body ({args.request_body})")
         if args.response_body:
             body = Path(args.response_body).read_bytes()
-            if _opening(statement.response_commitment, receipt.salts.response, body) is None:
+            # A countersigned answer is whole: the gateway wrote nothing after the
+            # backend's bytes but its receipt line (no error event, no line end).
+            whole = committed_bodies(body)[0]
+            if commit("response", receipt.salts.response, whole) != statement.response_commitment:
                 print(
                     "FAILED: the body and salt do not open this response commitment: "
                     f"{args.response_body} is not the response the backend countersigned "
-                    "(as received, nor with the gateway's receipt line taken off a stream)",
+                    "(as received, nor with the gateway's receipt line, and nothing else, "
+                    "taken off a stream)",
                     file=sys.stderr,
                 )
                 return 1

@@ -147,6 +147,9 @@ def test_an_answer_without_a_body_gets_no_body(tmp_path: Path, answer: bytes) ->
         b"POST /v1/chat/completions/../../load_lora_adapter HTTP/1.1",
         b"GET /v1/chat/completions HTTP/1.1",  # an inference path, but not as a gateway sends
         b"GET /server_info HTTP/1.1",
+        # the statement covers the body, not a query a gateway never sends
+        b"POST /v1/chat/completions?model=other HTTP/1.1",
+        b"POST /v1/embeddings? HTTP/1.1",
     ],
 )
 def test_only_the_gateways_requests_are_relayed(tmp_path: Path, request_line: bytes) -> None:

@@ -365,6 +365,9 @@ def test_the_sidecar_command_wants_its_backend_key_and_log(
     )
 
 
+_MUTUAL = ["--tls-cert", "c.pem", "--tls-key", "k.pem", "--client-ca", "ca.pem"]
+
+
 @pytest.mark.parametrize(
     ("tls", "code", "said"),
     [
@@ -372,6 +375,10 @@ def test_the_sidecar_command_wants_its_backend_key_and_log(
         (["--tls-key", "k.pem"], 2, "--tls-cert and --tls-key go together"),
         (["--client-ca", "ca.pem"], 2, "--client-ca needs them"),
         (["--tls-cert", "missing.pem", "--tls-key", "missing-key.pem"], 1, "TLS files not usable"),
+        # a pin without --client-ca would pin nothing; a pin of another shape no key has
+        (["--client-pin", "sha256//" + "A" * 43 + "="], 2, "needs --client-ca"),
+        (["--client-pin", "sha256//AAAA", *_MUTUAL], 2, "--client-pin is sha256//"),
+        (["--client-pin", "AAAA" * 10 + "AAA=", *_MUTUAL], 2, "--client-pin is sha256//"),
     ],
 )
 def test_the_sidecar_command_wants_its_tls_files_together_and_usable(
@@ -382,7 +389,7 @@ def test_the_sidecar_command_wants_its_tls_files_together_and_usable(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    for name in ("TLS_CERT", "TLS_KEY", "CLIENT_CA"):
+    for name in ("TLS_CERT", "TLS_KEY", "CLIENT_CA", "CLIENT_PIN"):
         monkeypatch.delenv(f"OWNGATE_ATTEST_{name}", raising=False)
     monkeypatch.chdir(tmp_path)
     base = ["attest", "--backend", "http://127.0.0.1:8000", "--key", "k", "--log", "l"]

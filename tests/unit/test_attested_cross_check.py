@@ -172,6 +172,22 @@ def test_one_key_given_for_two_backends_is_refused(
         backend_keys([f"{BACKEND}={vkey}", f"gpu-other={vkey}"], [])
 
 
+def test_one_public_key_under_two_names_does_not_let_one_backend_pass_for_the_other(
+    tmp_path: Path, answers: list[tuple[str, Statement, Salts]]
+) -> None:
+    """The same public key under another name is another key id: the statement names the
+    key it was signed under (`name+hexid`, inside what is signed), so A's statements do
+    not pass as B's, whose key id differs, though the key's bytes are the same."""
+    other = dataclasses.replace(EXAMPLE_BACKEND, id="gpu-other")
+    asyncio.run(_gateway_log(tmp_path / "log", answers, other))  # A's statements, "B" named
+    size = verify_log(tmp_path / "log", [GATEWAY.verifier()]).size
+    renamed = Signer.from_seed("gpu.test/renamed", hashlib.sha256(b"gpu.test/attest/1").digest())
+    assert renamed.verifier().vkey.split("+", 2)[2] == SIDECAR.verifier().vkey.split("+", 2)[2]
+    keys = {BACKEND: SIDECAR.verifier(), "gpu-other": renamed.verifier()}
+    with pytest.raises(LogVerificationError, match="not by backend gpu-other's key"):
+        check_attestations(tmp_path / "log", size, keys)
+
+
 def test_a_backend_given_two_keys_is_refused() -> None:
     """`--backend-key ID=K1 --backend-key ID=K2` is ambiguous: the last one would win."""
     first, second = SIDECAR.verifier().vkey, seeded_signer("gpu.test/attest", 2).verifier().vkey

@@ -150,6 +150,14 @@ def test_certificate_facts_grammar(uris: list[str], stated: tuple[str | None, ..
         # region too, so the certificate is ambiguous, not one with a single region.
         (["owngate:region:eu-west-1", "OWNGATE:region:us-east-1"], "lowercase"),
         (["Owngate:region:us-east-1"], "lowercase"),
+        # the same fact twice, even with one value: a SAN list is not a set to every reader
+        (["owngate:region:eu-west-1", "owngate:region:eu-west-1"], "more than once"),
+        (["owngate:REGION:us-east-1"], "unknown certificate fact"),
+        # a look-alike letter (Cyrillic e), an escape, a second value: no fact reads so
+        (["owngate:region:eu-w\u0435st-1"], "malformed"),
+        (["owngate:region:eu%2Dwest-1"], "malformed"),
+        (["owngate:region:eu-west-1:us-east-1"], "malformed"),
+        (["owngate:owner:acme/other"], "malformed"),
     ],
 )
 def test_ambiguous_or_malformed_facts_attest_nothing(uris: list[str], message: str) -> None:

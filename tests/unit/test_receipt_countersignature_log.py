@@ -273,3 +273,35 @@ def test_a_countersignature_checked_by_no_key_is_pointed_out(
     backend = f"{EXAMPLE_BACKEND.id}={BACKEND.vkey}"
     assert main([*argv, "--backend-key", backend]) == 0
     assert "not checked" not in capsys.readouterr().out
+
+
+def test_events_after_a_countersigned_stream_do_not_open_it(tmp_path: Path) -> None:
+    """A countersigned stream is whole (the sidecar signs no stream that broke off), so
+    the gateway writes nothing after it but its receipt line: no error event, no line end
+    (the sidecar's comment started a line). An event a gateway put after the backend's
+    bytes, shaped as the error event it writes after a broken stream but carrying
+    content an SSE client reads as the answer's, is not what the backend countersigned."""
+    stream = b'data: {"choices":[]}\n\ndata: [DONE]\n\n'
+    receipt_line = b": owngate-receipt " + base64.b64encode(b"{}") + b"\n\n"
+    assert _response_check(tmp_path, _statement(7, stream), stream + receipt_line, *KEY) == 0
+    injected = b'data: {"error":{},"choices":[{"delta":{"content":"pay here"}}],"x":{}}\n\n'
+    received = stream + injected + receipt_line
+    assert _response_check(tmp_path, _statement(7, stream), received, *KEY) == 1
+
+
+def test_a_backend_key_for_another_backend_than_the_receipts_is_pointed_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A client that gives the key of the backend it expected, and gets a receipt naming
+    another (a hosted fallback, a look-alike id), is told that nothing was countersigned:
+    the exit status alone (0: the receipt is the log's) would read as a two-party check."""
+    receipt = Receipt(
+        "req-1", LOG.name, 0, bytes(32), EXAMPLE_BACKEND.id, EXAMPLE_POLICY.digest, SALTS
+    )
+    (tmp_path / "receipt.json").write_bytes(make_receipt(receipt, LOG))
+    argv = ["audit", "receipt", "verify", str(tmp_path / "receipt.json"), "--key", LOG.vkey]
+    assert main([*argv, "--backend-key", f"gpu-expected={BACKEND.vkey}"]) == 0
+    out = capsys.readouterr().out
+    assert f"note: the receipt names backend {EXAMPLE_BACKEND.id}, for which no" in out, out
+    assert "gpu-expected given" in out
+    assert main([*argv, *KEY]) == 1  # its own backend's key: no countersignature, refused

@@ -9,7 +9,10 @@ the two records (request id, the dispatch's request commitment, the completion's
 commitment, and the attestation's counter, time and key) and its signature checked with that
 backend's key: so a gateway that names the wrong backend, changes a commitment, or
 copies another request's countersignature is caught, and a counter used twice by one key
-is a replay. `cross_check` then compares the sidecar's own log (`owngate attest --log`,
+is a replay. A completion of an error status (a stream whose client left as its end went
+out, 499, or that a drain cut, 503) may carry the countersignature the gateway accepted
+for it too: that is a claim about the backend as well, checked the same way, though no
+error needs one. `cross_check` then compares the sidecar's own log (`owngate attest --log`,
 verified with the same backend key) with those statements, both ways: a statement for a
 request the gateway never dispatched to that backend, or for one more often than it
 dispatched it there (a client that knows its request id, sending it straight to a
@@ -76,11 +79,12 @@ def check_attestations(
     summary = AttestedSummary({backend: 0 for backend in backend_keys})
     summary.dispatched = {backend: {} for backend in backend_keys}
     counters: dict[tuple[str, int], str] = {}
-    for index, dispatch, completion in _answers(LogDirectory(directory), size, summary):
+    for index, dispatch, completion in _completions(LogDirectory(directory), size, summary):
         backend = dispatch.data["backend"]["id"]
+        answer = completion.data["status"] < 400
         verifier = backend_keys.get(backend)
         if verifier is None:
-            if dispatch.data["backend"]["tier"] == "private":
+            if answer and dispatch.data["backend"]["tier"] == "private":
                 summary.unkeyed[backend] = summary.unkeyed.get(backend, 0) + 1
             continue
         who = f"request {completion.request_id!r} (backend {backend})"
@@ -88,6 +92,8 @@ def check_attestations(
             rebuilt = statement_of_records(dispatch.data, completion.data)
         except MalformedError as exc:
             raise _fail(f"{who}: its attestation is malformed: {exc}", index) from exc
+        if rebuilt is None and not answer:
+            continue  # an error the backend did not countersign: no claim about it
         if rebuilt is None:
             given = completion.data.get("attestation")
             why = "none" if given is None else f"the gateway recorded failure {given['failure']}"
@@ -120,16 +126,17 @@ def check_attestations(
                 index,
             )
         counters[(statement.key, statement.counter)] = statement.request_id
-        summary.answers[backend] += 1
+        if answer:
+            summary.answers[backend] += 1
         summary.statements.setdefault(statement.key, {})[statement.counter] = statement
     return summary
 
 
-def _answers(
+def _completions(
     log: LogDirectory, size: int, summary: AttestedSummary
 ) -> Iterator[tuple[int, Record, Record]]:
-    """(index, dispatch, completion) of every completed answer (status below 400) in a
-    log of `size` entries; notes every request dispatched to a backend of `summary`."""
+    """(index, dispatch, completion) of every completed dispatch in a log of `size`
+    entries; notes every request dispatched to a backend of `summary`."""
     dispatches: dict[int, Record] = {}
     for index, record in log.records(size):
         if record.type == "dispatch":
@@ -139,10 +146,8 @@ def _answers(
                 sent.setdefault(record.request_id, []).append(record.data["request_commitment"])
         elif record.type == "completion":
             dispatch = dispatches.pop(record.data["dispatch"]["index"], None)
-            data = record.data
-            if dispatch is None or data["status"] >= 400:
-                continue
-            yield index, dispatch, record
+            if dispatch is not None:
+                yield index, dispatch, record
 
 
 def cross_check(
