@@ -238,6 +238,7 @@ class Plan:
         "deadline",
         "fallback",
         "hosted",
+        "hosted_down",
         "hosted_first",
         "hosted_last",
         "prefix",
@@ -284,6 +285,9 @@ class Plan:
         self.prefix_bytes = prefix_bytes  # how much of the request body that key covers
         self.hosted_first = hosted_first  # hosted before private (saturated)
         self.hosted_last = hosted_last  # hosted once private failed or was down
+        # Set by the caller when an attempt showed no hosted backend can be called now
+        # (LiteLLM failed to load): the hosted attempts left are skipped, not dispatched.
+        self.hosted_down = False
 
     def __iter__(self) -> Iterator[Attempt]:
         if self.hosted_first:
@@ -340,6 +344,9 @@ class Plan:
     def _admitted(self, route: Route) -> Attempt | None:
         """A hosted attempt on `route` its breakers admitted, or None (the reason noted)."""
         clock, reasons, tenant = self._router._registry.clock, self.reasons, self.tenant
+        if self.hosted_down:
+            reasons.append(f"{route.backend.id}: hosted provider unavailable (not tried)")
+            return None
         if not available_routes((route,), clock(), reasons, tenant):
             return None
         attempt = Attempt(route, 0, self.deadline, clock, False, tenant)
