@@ -25,6 +25,13 @@ answered it or LiteLLM refused to send it), 401, 403, 404, a redirect, a failure
 anything was sent (`untranslated`: the next backend is tried, and the client gets its
 400 only if none serves), and the gateway's own limits (answer budget, size,
 `limits.stream_timeout_s`). A real answer closes the breakers.
+
+LiteLLM failing to load (`HostedUnavailable`) is the gateway's own failure and no
+provider's: no verdict, counted as `kind="litellm_load"` and logged
+(gateway/api/hosted_signals.py), and `TryNext` marked `hosted_down`, so that the plan
+tries no other hosted backend for the request (each would fail the same way); a private
+one may still serve. If none does, the client gets 503 `backend_unavailable` naming
+the backends "hosted provider unavailable", as for providers that cannot be reached.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from gateway.api.exchange import (
     send_whole,
     start_stream,
 )
+from gateway.api.hosted_signals import HostedSignals
 from gateway.api.metrics import GatewayMetrics
 from gateway.asgi import Send
 from gateway.errors import ErrorCode, GatewayError
@@ -53,7 +61,12 @@ from gateway.provenance.formats.upstream_ids import UpstreamIds
 from gateway.routing.attempt import Attempt
 from gateway.routing.registry import BackendState
 from gateway.upstream.errors import sanitize_upstream_message
-from gateway.upstream.hosted import HostedClient, HostedError, HostedResponse
+from gateway.upstream.hosted import (
+    HostedClient,
+    HostedError,
+    HostedResponse,
+    HostedUnavailable,
+)
 from gateway.upstream.http import DEFAULT_MAX_BODY
 
 __all__ = ["HostedRelay"]
@@ -78,6 +91,7 @@ class HostedRelay:
         as `limits.stream_timeout_s` is by default); past it, it ends with an
         `upstream_timeout` error event and the provider call is closed."""
         self._metrics = metrics
+        self._signals = HostedSignals(metrics)
         self._stream_timeout_s = stream_timeout_s
         # LiteLLM reads a whole answer before the gateway sees it: the limit keeps an
         # oversized one from the client, not from this process's memory.
@@ -114,16 +128,23 @@ class HostedRelay:
         exchange.backend = backend.id
         timeout = self._stream_timeout_s
         ends_by = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        self._metrics.hosted_attempt(backend.id)
         try:
             response = await self._client(backend).send(
                 exchange.endpoint,  # type: ignore[arg-type]
                 doc,
                 attempt.route.upstream_model,
             )
+        except HostedUnavailable as exc:  # no verdict: no provider was called
+            exchange.upstream_error = "litellm_load"
+            self._signals.load_failed(backend.id, exc.error_class, _now())
+            reason = f"{backend.id}: hosted provider unavailable"
+            raise TryNext(reason, hosted_down=True) from exc
         except HostedError as exc:
             exchange.upstream_error = exc.kind
             if exc.kind == "untranslated":
-                raise _untranslated(backend.id, exc, self._metrics) from exc
+                self._signals.untranslated(backend.id, exc.error_class, _now())
+                raise _untranslated(backend.id, exc) from exc
             client_error = exc.kind == "status" and exc.status in _CLIENT_ERRORS
             if not client_error:  # the provider's failures, never a client's mistake
                 self._metrics.upstream_error(backend.id, exc.kind)
@@ -211,17 +232,21 @@ class HostedRelay:
             await client.aclose()
 
 
-def _untranslated(backend: str, exc: HostedError, metrics: GatewayMetrics) -> TryNext:
+def _untranslated(backend: str, exc: HostedError) -> TryNext:
     """LiteLLM failed before sending anything (`untranslated`): the client's request this
     adapter cannot translate, or the gateway's own misconfiguration (a malformed
     credential) failing the same way on every request. No verdict on the provider, so a
-    client's input never charges a breaker; counted as `kind="untranslated"` so that a
-    misconfigured backend shows; and the next backend may serve. If none does, the
-    client gets this 400 (a request every adapter refuses is the client's)."""
-    metrics.upstream_error(backend, exc.kind)
+    client's input never charges a breaker; counted as `kind="untranslated"` and logged
+    (`HostedSignals.untranslated`) so that a misconfigured backend shows; and the next
+    backend may serve. If none does, the client gets this 400 (a request every adapter
+    refuses is the client's)."""
     message = sanitize_upstream_message(exc.message)
     error = GatewayError(ErrorCode.upstream_bad_request, message, param=exc.param)
     return TryNext(f"{backend}: {exc.message}", error)
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time()
 
 
 def _judge(attempt: Attempt, exc: HostedError) -> None:

@@ -108,6 +108,13 @@ class GatewayMetrics:
             ["backend", "kind"],
             registry=r,
         )
+        self.hosted_attempts = Counter(
+            "owngate_hosted_attempts",
+            "Calls the gateway made to hosted providers (one per attempt, however it "
+            "ended), by backend: the base for a hosted backend's share of failures.",
+            ["backend"],
+            registry=r,
+        )
         self.dispatch_wait = Histogram(
             "owngate_provenance_dispatch_wait_seconds",
             "Time a request waited for its dispatch record to be durable before it was "
@@ -215,6 +222,9 @@ class GatewayMetrics:
 
     def upstream_error(self, backend: str, kind: str) -> None:
         self._child(self.upstream_errors, backend, kind).inc()  # type: ignore[attr-defined]
+
+    def hosted_attempt(self, backend: str) -> None:
+        self._child(self.hosted_attempts, backend).inc()  # type: ignore[attr-defined]
 
     def attestation(self, backend: str, result: str) -> None:
         self._child(self.attestations, backend, result).inc()  # type: ignore[attr-defined]

@@ -239,6 +239,7 @@ class Proxy:
                 return
             except TryNext as exc:
                 last, outcome, reason, busy = exc, Outcome.failed, exc.reason, exc.busy
+                plan.hosted_down |= exc.hosted_down  # LiteLLM did not load: no hosted is tried
             finally:
                 plan.report(attempt, outcome, reason, busy=busy)
                 if span is not None:

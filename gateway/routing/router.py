@@ -241,6 +241,7 @@ class Plan:
         "deadline",
         "fallback",
         "hosted",
+        "hosted_down",
         "hosted_first",
         "hosted_last",
         "prefix",
@@ -287,6 +288,9 @@ class Plan:
         self.prefix_bytes = prefix_bytes  # how much of the request body that key covers
         self.hosted_first = hosted_first  # hosted before private (saturated)
         self.hosted_last = hosted_last  # hosted once private failed or was down
+        # Set by the caller when an attempt showed no hosted backend can be called now
+        # (LiteLLM failed to load): the hosted attempts left are skipped, not dispatched.
+        self.hosted_down = False
 
     def __iter__(self) -> Iterator[Attempt]:
         if self.hosted_first:
@@ -356,6 +360,9 @@ class Plan:
         provider's last error); a private one went through it at planning."""
         router = self._router
         clock, reasons, tenant = router._registry.clock, self.reasons, self.tenant
+        if not private and self.hosted_down:
+            reasons.append(f"{route.backend.id}: hosted provider unavailable (not tried)")
+            return None
         if not private and not available_routes((route,), clock(), reasons, tenant):
             return None
         attempt = Attempt(route, cached_bytes, self.deadline, clock, private, tenant)

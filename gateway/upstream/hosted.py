@@ -7,11 +7,13 @@ variable the config names, and returns a `HostedResponse`: OpenAI JSON bytes, or
 SSE events relayed chunk by chunk as the provider sends them.
 
 LiteLLM is imported on the first call (`gateway.upstream.litellm_runtime`), offline and
-silent. Every failure comes out as `HostedError` with one of five kinds and a message
-that carries no URL, key or content (gateway/upstream/hosted_errors.py). For streams
-the first chunk is awaited inside `send()`, so a provider that fails (or closes the stream
-empty) before answering fails there, where the gateway can still try another backend; a
-failure after that, a stream the provider closed before finishing it included
+silent; if that import fails, the call raises `HostedUnavailable` (nothing was sent, and
+the next call tries the import again). Every other failure comes out as `HostedError`
+with one of five kinds and a message that carries no URL, key or content
+(gateway/upstream/hosted_errors.py). For streams the first chunk is awaited inside
+`send()`, so a provider that fails (or closes the stream empty) before answering fails
+there, where the gateway can still try another backend; a failure after that, a stream
+the provider closed before finishing it included
 (gateway/upstream/hosted_stream.py), is raised from `chunks()`.
 """
 
@@ -26,7 +28,13 @@ from typing import Any, Final
 
 from gateway.config.schema import BackendSettings
 from gateway.upstream import openai_wire
-from gateway.upstream.hosted_errors import HostedError, HostedErrorKind, hosted_error, local_reason
+from gateway.upstream.hosted_errors import (
+    HostedError,
+    HostedErrorKind,
+    HostedUnavailable,
+    hosted_error,
+    local_reason,
+)
 from gateway.upstream.hosted_fields import RefusedField, refuse_provider_actions
 from gateway.upstream.hosted_stream import ProviderStream, close_stream, encoded, made_up_end
 from gateway.upstream.hosted_transport import Outbound, watching
@@ -51,6 +59,7 @@ __all__ = [
     "HostedError",
     "HostedErrorKind",
     "HostedResponse",
+    "HostedUnavailable",
     "hosted_api_key",
     "hosted_error",
     "local_reason",
@@ -231,8 +240,12 @@ class HostedClient:
     async def _call(
         self, endpoint: Endpoint, params: dict[str, Any], provider_model: str, outbound: Outbound
     ) -> Any:
-        """LiteLLM's call: its result, or `HostedError`."""
-        litellm = await aload_litellm()
+        """LiteLLM's call: its result, `HostedError`, or `HostedUnavailable` when LiteLLM
+        could not be loaded."""
+        try:
+            litellm = await aload_litellm()
+        except Exception as exc:  # whatever the import raised: the gateway's own failure
+            raise HostedUnavailable(type(exc).__name__[:80]) from exc
         call = getattr(litellm, _CALLS[endpoint])
         try:
             options = self._options(provider_model)

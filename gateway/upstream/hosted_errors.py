@@ -1,6 +1,7 @@
 """How a hosted provider's failure is told: `HostedError` (one of five kinds, a message
 without URL, key or content) and `hosted_error`, which classifies a LiteLLM exception by
-what happened on the wire (gateway/upstream/hosted.py raises them).
+what happened on the wire (gateway/upstream/hosted.py raises them); `HostedUnavailable`
+when the gateway's own LiteLLM could not be loaded, which is no provider's failure.
 """
 
 from __future__ import annotations
@@ -9,7 +10,13 @@ import re
 from collections.abc import Iterator
 from typing import Final, Literal
 
-__all__ = ["HostedError", "HostedErrorKind", "hosted_error", "local_reason"]
+__all__ = [
+    "HostedError",
+    "HostedErrorKind",
+    "HostedUnavailable",
+    "hosted_error",
+    "local_reason",
+]
 
 # `untranslated`: failed before any HTTP request began, in a data error (`_untranslatable`).
 HostedErrorKind = Literal["connect", "timeout", "status", "protocol", "untranslated"]
@@ -60,6 +67,8 @@ class HostedError(Exception):
     or request content. `untranslated` (`status` 400, "not sent"): LiteLLM failed before
     sending anything, which is the client's request or the gateway's own configuration
     (a malformed credential), not the provider; another backend may still serve.
+    `error_class`: for `untranslated`, the class name of the error the translation ended
+    in (`TypeError`, `Exception`), for the operator's log; code names it, never a client.
     """
 
     def __init__(
@@ -69,12 +78,25 @@ class HostedError(Exception):
         *,
         status: int | None = None,
         param: str | None = None,
+        error_class: str | None = None,
     ) -> None:
         super().__init__(message)
         self.kind: HostedErrorKind = kind
         self.status = status
         self.message = message
         self.param = param  # the request field at fault, when known
+        self.error_class = error_class
+
+
+class HostedUnavailable(Exception):
+    """LiteLLM could not be loaded (imported and configured): no hosted backend can be
+    called, and nothing was sent. The gateway's own failure, the same for every hosted
+    backend; `error_class` is the class name of what the load raised (`ImportError`),
+    for the operator's log. The message is the gateway's own words only."""
+
+    def __init__(self, error_class: str) -> None:
+        super().__init__(f"LiteLLM failed to load ({error_class})")
+        self.error_class = error_class
 
 
 def hosted_error(
@@ -131,7 +153,7 @@ def hosted_error(
             f"the request is not valid for {provider} (not sent: its adapter could not "
             f"translate it, {untranslatable})"
         )
-        return HostedError("untranslated", message, status=400)
+        return HostedError("untranslated", message, status=400, error_class=untranslatable)
     return HostedError("protocol", f"{provider} call failed ({type(exc).__name__})")
 
 

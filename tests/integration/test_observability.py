@@ -215,7 +215,8 @@ def test_every_metric_the_dashboard_and_the_rules_read_is_exported(live_metrics:
 
 def test_the_dashboard_and_the_rules_cover_what_the_issue_names() -> None:
     """Backend down, breaker open, fallback rate, policy reload failures, provenance not
-    ready, witness lagging, Redis degraded; and the dashboard's panels."""
+    ready, witness lagging, Redis degraded, a hosted backend failing before it sends; and
+    the dashboard's panels."""
     alerts = {where.removeprefix("rule "): names for where, names in rule_reads().items()}
     assert {
         "OwngateBackendDown": "owngate_backend_up",
@@ -225,6 +226,7 @@ def test_the_dashboard_and_the_rules_cover_what_the_issue_names() -> None:
         "OwngateProvenanceNotReady": "owngate_provenance_ready",
         "OwngateWitnessLagging": "owngate_witness_cosigned_size",
         "OwngateRedisDegraded": "owngate_state_healthy",
+        "OwngateHostedFailsBeforeSending": "owngate_hosted_attempts_total",
     }.items() <= {(alert, name) for alert, names in alerts.items() for name in names}
     dashboard = set().union(*dashboard_reads().values())
     assert {

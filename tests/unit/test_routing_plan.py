@@ -227,3 +227,30 @@ def test_a_private_backend_whose_breaker_opened_after_planning_is_skipped_and_no
     assert p.reasons[:2] == ["b0: circuit breaker open", "b1: HTTP 503"]
     assert p.basis == (("b0", "down"), ("b1", "failed"))
     assert [b.inflight for b in registry.backends.values()] == [0] * 6
+
+
+def test_once_no_hosted_backend_can_be_called_the_rest_are_skipped_and_private_still_tried() -> (
+    None
+):
+    """LiteLLM failing to load fails every hosted backend alike: the caller marks the plan
+    `hosted_down` and the hosted attempts left are skipped (not admitted, not in flight),
+    their reason noted; private backends after them (hosted first: saturated) still go."""
+    r, registry = router()
+    registry.set_peer_inflight({b: 3 for b in PRIVATE})  # saturated: hosted first
+    p = plan(r, "when_private_saturated", threshold=1.0)
+    tried = []
+    for attempt in p:
+        tried.append(attempt.backend.id)
+        p.report(attempt, Outcome.failed, f"{attempt.backend.id}: failed")
+        if attempt.backend.id == "h0":
+            p.hosted_down = True
+    assert tried == ["h0", "b0", "b1"]
+    assert p.reasons == [
+        "h0: failed",
+        "h1: hosted provider unavailable (not tried)",
+        "h2: hosted provider unavailable (not tried)",
+        "h3: hosted provider unavailable (not tried)",
+        "b0: failed",
+        "b1: failed",
+    ]
+    assert [b.inflight for b in registry.backends.values()] == [0] * 6
