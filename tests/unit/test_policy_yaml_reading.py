@@ -1,8 +1,8 @@
 """Policy files are read as the plain data they show, or refused: an empty value is not a
 key left out (`allow:` is not "allow everything"), an explicit YAML tag is an error
 (never a crash, never ignored), a whole number is written in decimal digits (YAML 1.1's
-`010`, `0x1e`, `1_000`, `1:30` are not), and a date or time stays the text
-written."""
+`010`, `0x1e`, `1_000`, `1:30` are not), a date or time stays the text written, and
+`require` is part of the digest and of a policy's default version."""
 
 from __future__ import annotations
 
@@ -140,6 +140,22 @@ def test_a_timestamp_version_is_the_text_written() -> None:
     policy_set = parse_policies([("p.yaml", text)], BACKENDS)
     # YAML reads it as a datetime, which printed back as 2025-06-01T10:00:00+00:00.
     assert policy_set.compiled("p").version == "2025-06-01T10:00:00Z"
+
+
+def test_require_changes_the_digest_and_the_default_version() -> None:
+    unversioned = POLICY.replace('  version: "1"\n', "")
+    tenants = "  tenants: [t]\n"
+    required = unversioned.replace(tenants, tenants + "  require: [attested_facts]\n")
+    plain = parse_policies([("p.yaml", unversioned)], BACKENDS)
+    strict = parse_policies([("p.yaml", required)], BACKENDS)
+    assert plain.decide("t", "m", None).eligible != strict.decide("t", "m", None).eligible
+    # Two policies that decide differently must never be recorded as the same one.
+    assert plain.digest != strict.digest
+    assert plain.version != strict.version
+    assert plain.compiled("p").version != strict.compiled("p").version
+    # `require: []` requires nothing, as leaving it out does: the same digest.
+    empty = unversioned.replace("  tenants: [t]\n", "  tenants: [t]\n  require: []\n")
+    assert parse_policies([("p.yaml", empty)], BACKENDS).digest == plain.digest
 
 
 def test_a_reload_onto_a_tagged_file_keeps_the_last_good_set_and_says_why(
