@@ -89,6 +89,7 @@ def lint(
 
 
 Warn = Callable[[YamlPath, str], None]
+_GLOB = frozenset("*?[")  # what makes a residency entry a shell pattern
 
 
 def _warner(document: Document, warnings: list[PolicyIssue]) -> Warn:
@@ -101,6 +102,16 @@ def _warner(document: Document, warnings: list[PolicyIssue]) -> Warn:
 def _entries(path: YamlPath, rules: Sections, backends: Sequence[BackendFacts], warn: Warn) -> None:
     regions = sorted({b.region.lower() for b in backends})
     if rules.residency is not None:
+        for i, entry in enumerate(rules.residency.allow):
+            spans = _countries_of_glob(entry)
+            if len(spans) > 1:
+                examples = ", ".join(f"{spans[c]} in {c}" for c in sorted(spans))
+                warn(
+                    (*path, "residency", "allow", i),
+                    f"{entry!r} is a region glob, not a jurisdiction: it allows regions of "
+                    f"{len(spans)} countries ({examples}); to mean a jurisdiction, name its "
+                    "code (eu, de, ...), which lists its regions one by one",
+                )
         for key, entries in (("allow", rules.residency.allow), ("deny", rules.residency.deny)):
             for i, entry in enumerate(entries):
                 patterns = jurisdictions.expand(entry)
@@ -136,6 +147,26 @@ def _entries(path: YamlPath, rules: Sections, backends: Sequence[BackendFacts], 
                     (*path, "fallback", "to", i),
                     "matches only private backends; fallback.to chooses hosted backends",
                 )
+
+
+def _countries_of_glob(entry: str) -> dict[str, str]:
+    """Country code -> the first region of the built-in table a residency glob covers
+    there (`eu-*` covers eu-west-2, London, and eu-central-2, Zurich). Empty for a
+    jurisdiction code, a plain region name, and `*` (written to mean everywhere)."""
+    if jurisdictions.is_jurisdiction(entry) or entry.strip("*") == "" or not _GLOB & set(entry):
+        return {}
+    glob = Globs((entry,))
+    spans: dict[str, str] = {}
+    for country, regions in jurisdictions.COUNTRIES.items():
+        if country == "gb":  # the same regions as uk, under ISO's code
+            continue
+        hit = next(
+            (r for r in regions if not jurisdictions.is_jurisdiction(r) and glob.first_match(r)),
+            None,
+        )
+        if hit is not None:
+            spans[country] = hit
+    return spans
 
 
 def _reachability(
