@@ -26,7 +26,7 @@ from gateway.policy import BackendFacts, PolicyError, PolicySet, parse_policies
 from gateway.policy.loader import load_policies
 from gateway.settling import Settling
 
-__all__ = ["BUILTIN_POLICY_ID", "TrustPolicies", "policy_stamps"]
+__all__ = ["BUILTIN_POLICY_ID", "TrustPolicies", "builtin_source", "policy_stamps"]
 
 BUILTIN_POLICY_ID = "builtin-private-only"
 
@@ -80,7 +80,7 @@ class TrustPolicies:
 
     def _compile(self) -> PolicySet:
         if not self._paths:
-            return parse_policies([("<builtin>", _builtin_text(self._tenants))], self._facts)
+            return parse_policies([builtin_source(self._tenants)], self._facts)
         return load_policies(self._paths, self._facts)
 
     def reload(self) -> bool:
@@ -196,6 +196,12 @@ def policy_stamps(paths: Sequence[Path]) -> tuple[tuple[str, int, int], ...]:
                 continue
             stamps.append((str(file), info.st_mtime_ns, info.st_size))
     return tuple(stamps)
+
+
+def builtin_source(tenants: Sequence[str]) -> tuple[str, str]:
+    """The set a gateway.yaml without a `policy` section enforces, as (name, YAML text):
+    `owngate policy` decides with it too, so it agrees with the gateway."""
+    return "<builtin>", _builtin_text(tenants)
 
 
 def _builtin_text(tenants: Sequence[str]) -> str:
