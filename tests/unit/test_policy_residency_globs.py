@@ -57,3 +57,32 @@ def test_an_eu_glob_admits_london_and_check_says_so() -> None:
 def test_codes_names_star_and_one_country_globs_are_not_warned_about(allow: str) -> None:
     _admitted, warnings = check(allow)
     assert not [w for w in warnings if "region glob" in w], warnings
+
+
+def test_a_deny_code_cannot_see_a_region_the_table_does_not_place() -> None:
+    virginia = BackendFacts(
+        "box", "private", "vllm", "own", "virginia", "own", 0, True, False, frozenset({"m"})
+    )
+    text = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: p}
+spec:
+  tenants: [t]
+  residency: {allow: ["*"], deny: [us]}
+  retention: {max_days: any}
+  fallback: {mode: never}
+"""
+    policy_set, errors, warnings = check_sources([("p.yaml", text)], (*BACKENDS, virginia), ("t",))
+    assert policy_set is not None, errors
+    # `deny: [us]` excludes us-east-1 but not a box declared `region: virginia`.
+    assert policy_set.decide("t", "m", None).private == ("dublin", "london", "box")
+    (warning,) = [str(w) for w in warnings]
+    assert warning.startswith(
+        "p.yaml:6:36: spec.residency.deny[0]: residency.allow admits box ('virginia'), whose "
+        "region the built-in table does not place in any jurisdiction"
+    )
+    # Denied by name as well: nothing left to warn about.
+    named = text.replace("deny: [us]", "deny: [us, virginia]")
+    _set, _errors, warnings = check_sources([("p.yaml", named)], (*BACKENDS, virginia), ("t",))
+    assert warnings == []
