@@ -24,6 +24,7 @@ from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.policy import BackendFacts, PolicyError, PolicySet, parse_policies
 from gateway.policy.loader import load_policies
+from gateway.policy.source import is_yaml_name
 from gateway.settling import Settling
 
 __all__ = ["BUILTIN_POLICY_ID", "TrustPolicies", "builtin_source", "policy_stamps"]
@@ -187,7 +188,9 @@ def policy_stamps(paths: Sequence[Path]) -> tuple[tuple[str, int, int], ...]:
     """Each policy file's (name, mtime, size) under `paths`: a change shows as a new value."""
     stamps = []
     for path in paths:
-        candidates = sorted(path.rglob("*.y*ml")) if path.is_dir() else [path]
+        candidates = (
+            sorted(c for c in path.rglob("*") if is_yaml_name(c)) if path.is_dir() else [path]
+        )
         candidates = [c for c in candidates if not c.name.startswith(".")]
         for file in candidates:
             try:

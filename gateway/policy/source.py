@@ -25,7 +25,15 @@ from pydantic import BaseModel, ValidationError
 
 from gateway.policy.types import PolicyIssue
 
-__all__ = ["Document", "YamlPath", "discover", "read_documents", "render_path", "validate"]
+__all__ = [
+    "Document",
+    "YamlPath",
+    "discover",
+    "is_yaml_name",
+    "read_documents",
+    "render_path",
+    "validate",
+]
 
 YamlPath = tuple[str | int, ...]
 _ALIAS = "YAML aliases are not allowed in policy files; write the value out"
@@ -69,7 +77,7 @@ class Document:
 def discover(
     paths: Iterable[Path], *, skip_tests: bool = True
 ) -> tuple[list[Path], list[PolicyIssue]]:
-    """Files named directly, plus `*.yaml`/`*.yml` under directories (minus `tests/`
+    """Files named directly, plus `*.yaml`/`*.yml` (any case) under directories (minus `tests/`
     folders, which hold test cases, unless `skip_tests` is false, and hidden entries:
     a Kubernetes ConfigMap volume keeps a second copy of every file in `..<timestamp>/`)."""
     found: list[Path] = []
@@ -80,9 +88,9 @@ def discover(
         elif path.is_dir():
             files = sorted(
                 p
-                for pattern in ("*.yaml", "*.yml")
-                for p in path.rglob(pattern)
-                if p.is_file()
+                for p in path.rglob("*")
+                if is_yaml_name(p)
+                and p.is_file()
                 and not any(part.startswith(".") for part in p.relative_to(path).parts)
                 and not (skip_tests and "tests" in p.relative_to(path).parts[:-1])
             )
@@ -92,6 +100,13 @@ def discover(
         else:
             issues.append(PolicyIssue(str(path), None, None, "", "no such file or directory"))
     return list(dict.fromkeys(found)), issues
+
+
+def is_yaml_name(path: Path) -> bool:
+    """Whether a file in a policy directory is read: `.yaml` or `.yml` in any letter case
+    (`EU.YAML` too: a file a case-insensitive filesystem or a reviewer takes for YAML is
+    never skipped on Linux alone)."""
+    return path.suffix.lower() in (".yaml", ".yml")
 
 
 def read_documents(file: str, text: str) -> tuple[list[Document], list[PolicyIssue]]:

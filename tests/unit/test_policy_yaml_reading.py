@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy import BackendFacts, check_sources, parse_policies
-from gateway.policy_set import TrustPolicies
+from gateway.policy import BackendFacts, check_policies, check_sources, parse_policies
+from gateway.policy_set import TrustPolicies, policy_stamps
 from tests.helpers.gateways import backend, gateway_config
 
 M = frozenset({"m"})
@@ -177,3 +177,17 @@ def test_a_reload_onto_a_tagged_file_keeps_the_last_good_set_and_says_why(
     assert trust.current is before
     assert trust.reload_failures == 1
     assert trust.last_error is not None and "YAML tags" in trust.last_error
+
+
+@pytest.mark.parametrize("name", ["eu.YAML", "eu.Yml", "eu.yaml"])
+def test_a_yaml_file_in_any_letter_case_is_loaded_and_watched(tmp_path: Path, name: str) -> None:
+    # `EU.YAML` was skipped on Linux (and read on a case-insensitive filesystem): its
+    # tenants had no policy here, and a PolicySet in it (the data-class header) was
+    # silently not applied.
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / name).write_text(POLICY)
+    policy_set, errors, _warnings = check_policies([policies], BACKENDS, ("t",))
+    assert errors == [] and policy_set is not None
+    assert policy_set.policy_for("t") == "p"
+    assert [Path(stamp[0]).name for stamp in policy_stamps([policies])] == [name]
