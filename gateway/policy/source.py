@@ -217,13 +217,9 @@ def _explicit_tag(node: yaml.Node) -> bool:
     if isinstance(node, yaml.SequenceNode):
         return bool(node.tag != _SEQ)
     assert isinstance(node, yaml.ScalarNode)
-    loader = yaml.SafeLoader("")
-    try:
-        resolve = cast(_Resolve, loader.resolve)  # untyped in the stubs
-        plain = node.style is None  # quoted and block scalars resolve as strings
-        return bool(node.tag != resolve(yaml.ScalarNode, node.value, (plain, not plain)))
-    finally:
-        loader.dispose()
+    resolve = cast(_Resolve, yaml.resolver.Resolver().resolve)  # SafeLoader's; untyped stubs
+    plain = node.style is None  # quoted and block scalars resolve as strings
+    return bool(node.tag != resolve(yaml.ScalarNode, node.value, (plain, not plain)))
 
 
 def _issues(document: Document, exc: ValidationError) -> list[PolicyIssue]:
