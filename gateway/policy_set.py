@@ -24,9 +24,10 @@ from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.policy import BackendFacts, PolicyError, PolicySet, parse_policies
 from gateway.policy.loader import load_policies
+from gateway.policy.source import is_yaml_name
 from gateway.settling import Settling
 
-__all__ = ["BUILTIN_POLICY_ID", "TrustPolicies", "policy_stamps"]
+__all__ = ["BUILTIN_POLICY_ID", "TrustPolicies", "builtin_source", "policy_stamps"]
 
 BUILTIN_POLICY_ID = "builtin-private-only"
 
@@ -80,7 +81,7 @@ class TrustPolicies:
 
     def _compile(self) -> PolicySet:
         if not self._paths:
-            return parse_policies([("<builtin>", _builtin_text(self._tenants))], self._facts)
+            return parse_policies([builtin_source(self._tenants)], self._facts)
         return load_policies(self._paths, self._facts)
 
     def reload(self) -> bool:
@@ -187,7 +188,9 @@ def policy_stamps(paths: Sequence[Path]) -> tuple[tuple[str, int, int], ...]:
     """Each policy file's (name, mtime, size) under `paths`: a change shows as a new value."""
     stamps = []
     for path in paths:
-        candidates = sorted(path.rglob("*.y*ml")) if path.is_dir() else [path]
+        candidates = (
+            sorted(c for c in path.rglob("*") if is_yaml_name(c)) if path.is_dir() else [path]
+        )
         candidates = [c for c in candidates if not c.name.startswith(".")]
         for file in candidates:
             try:
@@ -196,6 +199,12 @@ def policy_stamps(paths: Sequence[Path]) -> tuple[tuple[str, int, int], ...]:
                 continue
             stamps.append((str(file), info.st_mtime_ns, info.st_size))
     return tuple(stamps)
+
+
+def builtin_source(tenants: Sequence[str]) -> tuple[str, str]:
+    """The set a gateway.yaml without a `policy` section enforces, as (name, YAML text):
+    `owngate policy` decides with it too, so it agrees with the gateway."""
+    return "<builtin>", _builtin_text(tenants)
 
 
 def _builtin_text(tenants: Sequence[str]) -> str:

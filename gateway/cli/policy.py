@@ -24,9 +24,11 @@ from gateway.policy import (
     PolicySet,
     UnknownDataClass,
     check_policies,
+    check_sources,
 )
 from gateway.policy.cases import TestReport, default_case_paths, load_cases, run_cases
 from gateway.policy.labels import InvalidLabel, one_label
+from gateway.policy_set import BUILTIN_POLICY_ID, builtin_source
 from gateway.provenance.audit.shown import MAX_SHOWN_MESSAGE, shown
 
 __all__ = ["register"]
@@ -52,7 +54,7 @@ def register(subparsers: Any) -> None:
         default=_env_paths("OWNGATE_POLICY_PATHS"),
         metavar="PATH",
         help="policy files or directories (env OWNGATE_POLICY_PATHS; default: the config's "
-        "policy.paths, else ./policies)",
+        "policy.paths, else the gateway's built-in set)",
     )
     check.add_argument(
         "--strict",
@@ -132,7 +134,8 @@ def _policies_flag(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="PATH",
         help="policy file or directory, repeatable (env OWNGATE_POLICY_PATHS, "
-        f"{os.pathsep}-separated; default: the config's policy.paths, else ./policies)",
+        f"{os.pathsep}-separated; default: the config's policy.paths, else the gateway's "
+        "built-in set)",
     )
 
 
@@ -159,24 +162,34 @@ def _load(
     paths: Sequence[str], config_path: str
 ) -> tuple[PolicySet | None, list[str], list[PolicyIssue], GatewaySettings | None]:
     """Load the config, then the policies: the paths given, else the config's
-    `policy.paths` (relative to the config file), else ./policies."""
+    `policy.paths` (relative to the config file), else the built-in set that the
+    gateway enforces for a config without a `policy` section (never some other files:
+    what these commands decide must be what the gateway does)."""
     config = load_or_report(config_path)
     if config is None:
         return None, [], [], None
-    if not paths:
-        if config.policy is not None:
-            base = Path(config_path).parent
-            paths = [str(base / p) for p in config.policy.paths]
-        else:
-            paths = ["policies"]
     facts = list(backend_facts(config))
     tenants = [t.id for t in config.tenants]
+    models = {t.id: t.models for t in config.tenants}
+    if not paths and config.policy is None:
+        print(
+            f"note: {shown(config_path)} has no policy section, so the gateway enforces its "
+            f"built-in set ({BUILTIN_POLICY_ID}: private backends only, never a hosted one); "
+            "deciding with that set. Name policy files (PATH or --policies) to use them.",
+            file=sys.stderr,
+        )
+        source = builtin_source(tenants)
+        policy_set, errors, warnings = check_sources(
+            [source], facts, tenants, tenants_source=config_path, tenant_models=models
+        )
+        _print_issues(errors, "error")
+        return policy_set, [source[0]], warnings, config
+    if not paths:
+        assert config.policy is not None
+        base = Path(config_path).parent
+        paths = [str(base / p) for p in config.policy.paths]
     policy_set, errors, warnings = check_policies(
-        paths,
-        facts,
-        tenants,
-        tenants_source=config_path,
-        tenant_models={t.id: t.models for t in config.tenants},
+        paths, facts, tenants, tenants_source=config_path, tenant_models=models
     )
     _print_issues(errors, "error")
     return policy_set, list(paths), warnings, config

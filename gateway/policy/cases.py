@@ -1,7 +1,8 @@
 """Policy test cases, as OPA has them: input → expected decision, plus rule coverage.
 
 A case file (`kind: PolicyTest`, usually under `policies/tests/`) lists cases, each an
-input (tenant, model, data class) and the parts of the decision it expects: the
+input (tenant, model, data class: read as the gateway reads its header, so `phi, PHI`
+is `phi` and `phi,public` is refused) and the parts of the decision it expects: the
 eligible private and hosted backends in order, the refusal rule (or `null` for none),
 the fallback mode and rule, the data class decided for (a policy's default when the
 input has none), which rule excluded or admitted given backends, rule ids that must
@@ -22,6 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
 from gateway.policy.engine import PolicySet
+from gateway.policy.labels import InvalidLabel, one_label
 from gateway.policy.schema import API_VERSION, Metadata
 from gateway.policy.source import Document, discover, read_documents, validate
 from gateway.policy.types import Decision, FallbackMode, PolicyIssue, UnknownDataClass
@@ -178,7 +180,13 @@ def _run(policy_set: PolicySet, case: Case) -> tuple[tuple[str, ...], frozenset[
         if rule not in policy_set.rules
     ]
     try:
-        decision = policy_set.decide(given.tenant, given.model, given.data_class)
+        # Read as the gateway reads the header (gateway/api/proxy.py): values that agree
+        # are one class; values that disagree or a blank one name no class ("").
+        label = None if given.data_class is None else one_label([given.data_class])
+    except InvalidLabel:
+        label = ""
+    try:
+        decision = policy_set.decide(given.tenant, given.model, label)
     except UnknownDataClass as exc:
         exercised = frozenset({exc.rule})
         if expect.error != "unknown_data_class":

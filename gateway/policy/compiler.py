@@ -2,9 +2,10 @@
 
 The normalized form is what the digest covers: every default filled in, names lower
 case, allow/deny lists sorted and de-duplicated (they are sets), `fallback.to` kept in
-order (it is a sequence), descriptions dropped (they do not change a decision), and the
-expansion of every jurisdiction code used, so the digest pins what `eu` meant to the
-owngate that loaded it. Key order and formatting of the files cannot change it.
+order (it is a sequence), descriptions dropped (they do not change a decision), `require`
+where it requires something, and the expansion of every jurisdiction code used, so the
+digest pins what `eu` meant to the owngate that loaded it. Key order and formatting of
+the files cannot change it.
 """
 
 from __future__ import annotations
@@ -162,6 +163,8 @@ def _sections(rules: Sections) -> dict[str, Any]:
             "max_days": rules.retention.max_days,
             "training": rules.retention.training,
         }
+    if rules.require:  # `require: []` requires nothing, as leaving it out does
+        out["require"] = sorted(set(rules.require))
     if rules.fallback is not None:
         out["fallback"] = _fallback(rules.fallback)
     return out

@@ -4,7 +4,9 @@ None of these makes a set invalid (the configured backends change more often tha
 policies do), but each usually means a typo or a policy that will refuse more than its
 author expects: a residency entry or allow/deny entry that names no configured backend,
 a fallback that can find no compliant hosted backend, a data class that loosens (and is
-therefore ignored), a tenant with no policy.
+therefore ignored), a tenant with no policy, a residency glob that reads like a
+jurisdiction and spans countries (`eu-*` covers London and Zurich), and a deny by
+jurisdiction code that cannot see a region the built-in table does not place.
 
 Two foot-guns get the real engine run over them, since they send traffic somewhere its
 author did not mean it to go without a single refusal to notice:
@@ -28,7 +30,7 @@ from gateway.policy import jurisdictions
 from gateway.policy.compiler import compile_set
 from gateway.policy.engine import PolicySet
 from gateway.policy.rules import Globs, Sections, target_matches
-from gateway.policy.schema import PolicyDocument, Retention
+from gateway.policy.schema import PolicyDocument, Residency, Retention
 from gateway.policy.source import Document, YamlPath
 from gateway.policy.types import FALLBACK_MODES, BackendFacts, PolicyIssue
 
@@ -89,6 +91,7 @@ def lint(
 
 
 Warn = Callable[[YamlPath, str], None]
+_GLOB = frozenset("*?[")  # what makes a residency entry a shell pattern
 
 
 def _warner(document: Document, warnings: list[PolicyIssue]) -> Warn:
@@ -101,6 +104,17 @@ def _warner(document: Document, warnings: list[PolicyIssue]) -> Warn:
 def _entries(path: YamlPath, rules: Sections, backends: Sequence[BackendFacts], warn: Warn) -> None:
     regions = sorted({b.region.lower() for b in backends})
     if rules.residency is not None:
+        for i, entry in enumerate(rules.residency.allow):
+            spans = _countries_of_glob(entry)
+            if len(spans) > 1:
+                examples = ", ".join(f"{spans[c]} in {c}" for c in sorted(spans))
+                warn(
+                    (*path, "residency", "allow", i),
+                    f"{entry!r} is a region glob, not a jurisdiction: it allows regions of "
+                    f"{len(spans)} countries ({examples}); to mean a jurisdiction, name its "
+                    "code (eu, de, ...), which lists its regions one by one",
+                )
+        _unplaced(path, rules.residency, backends, warn)
         for key, entries in (("allow", rules.residency.allow), ("deny", rules.residency.deny)):
             for i, entry in enumerate(entries):
                 patterns = jurisdictions.expand(entry)
@@ -136,6 +150,63 @@ def _entries(path: YamlPath, rules: Sections, backends: Sequence[BackendFacts], 
                     (*path, "fallback", "to", i),
                     "matches only private backends; fallback.to chooses hosted backends",
                 )
+
+
+def _unplaced(
+    path: YamlPath, residency: Residency, backends: Sequence[BackendFacts], warn: Warn
+) -> None:
+    """Warn at the first jurisdiction code in `residency.deny` when a backend the allow
+    list admits is declared in a region the built-in table does not place (`virginia`,
+    `dc-1`): no code can deny it, so `deny: [us]` does not hold for it."""
+    codes = [i for i, entry in enumerate(residency.deny) if jurisdictions.is_jurisdiction(entry)]
+    if not codes:
+        return
+    placed = _placed_regions()
+
+    def covered(region: str, entries: Sequence[str]) -> bool:
+        return any(jurisdictions.region_matches(region, jurisdictions.expand(e)) for e in entries)
+
+    unplaced = [
+        b
+        for b in backends
+        if b.region.lower() not in placed
+        and covered(b.region, residency.allow)
+        and not covered(b.region, residency.deny)
+    ]
+    if unplaced:
+        named = ", ".join(f"{b.id} ({b.region!r})" for b in unplaced)
+        warn(
+            (*path, "residency", "deny", codes[0]),
+            f"residency.allow admits {named}, whose region the built-in table does not place "
+            "in any jurisdiction, so no code in residency.deny can exclude it; deny the region "
+            "by name, or declare a region name the table lists",
+        )
+
+
+def _placed_regions() -> frozenset[str]:
+    """Every region name and code the jurisdiction table places somewhere."""
+    names = {*jurisdictions.COUNTRIES, *jurisdictions.GROUPS}
+    return frozenset(names.union(*jurisdictions.COUNTRIES.values()))
+
+
+def _countries_of_glob(entry: str) -> dict[str, str]:
+    """Country code -> the first region of the built-in table a residency glob covers
+    there (`eu-*` covers eu-west-2, London, and eu-central-2, Zurich). Empty for a
+    jurisdiction code, a plain region name, and `*` (written to mean everywhere)."""
+    if jurisdictions.is_jurisdiction(entry) or entry.strip("*") == "" or not _GLOB & set(entry):
+        return {}
+    glob = Globs((entry,))
+    spans: dict[str, str] = {}
+    for country, regions in jurisdictions.COUNTRIES.items():
+        if country == "gb":  # the same regions as uk, under ISO's code
+            continue
+        hit = next(
+            (r for r in regions if not jurisdictions.is_jurisdiction(r) and glob.first_match(r)),
+            None,
+        )
+        if hit is not None:
+            spans[country] = hit
+    return spans
 
 
 def _reachability(

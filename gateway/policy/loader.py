@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel
 
 from gateway.policy.compiler import compile_set
 from gateway.policy.engine import PolicySet
@@ -25,6 +28,7 @@ __all__ = ["MAX_POLICY_FILE", "check_policies", "check_sources", "load_policies"
 # the loop for minutes and fill memory: refused, and the last good set stays active.
 MAX_POLICY_FILE = 1024 * 1024
 
+Doc = TypeVar("Doc", bound=BaseModel)
 CheckResult = tuple[PolicySet | None, list[PolicyIssue], list[PolicyIssue]]
 
 
@@ -105,12 +109,12 @@ def check_sources(
         for document in documents:
             kind = _kind(document, errors)
             if kind == "Policy":
-                policy, issues = validate(document, PolicyDocument)
+                policy, issues = _validate(document, PolicyDocument)
                 errors += issues
                 if policy is not None:
                     policies.append((document, policy))
             elif kind == "PolicySet":
-                set_doc, issues = validate(document, PolicySetDocument)
+                set_doc, issues = _validate(document, PolicySetDocument)
                 errors += issues
                 if set_doc is not None:
                     set_docs.append((document, set_doc))
@@ -129,6 +133,38 @@ def check_sources(
         return policy_set, [], []
     warnings = lint(policies, policy_set, backends, tenants, tenants_source, tenant_models)
     return policy_set, [], warnings
+
+
+_NULL = (
+    "has no value (YAML reads an empty value as null): write the value, [] for an empty "
+    "list, or leave the key out; an empty `allow:` is not `allow: []` (which allows nothing)"
+)
+
+
+def _validate(document: Document, model: type[Doc]) -> tuple[Doc | None, list[PolicyIssue]]:
+    """`validate`, refusing every key written with no value. Leaving a key out means its
+    default, and for `allow` the default is "everything": a key written empty (`allow:`
+    with its entries commented out, `allow: ~`) reads as a restriction, so it is refused
+    rather than taken for the key left out."""
+    nulls = [document.issue(path, _NULL) for path in _null_paths(document.data, ())]
+    found, issues = validate(document, model)
+    where = {issue.path for issue in nulls}
+    issues = nulls + [issue for issue in issues if issue.path not in where]
+    return (found if not issues else None), issues
+
+
+def _null_paths(data: object, path: tuple[str | int, ...]) -> list[tuple[str | int, ...]]:
+    if isinstance(data, dict):
+        found: list[tuple[str | int, ...]] = []
+        for key, value in data.items():
+            if value is None:
+                found.append((*path, key))
+            else:
+                found += _null_paths(value, (*path, key))
+        return found
+    if isinstance(data, list):
+        return [p for i, item in enumerate(data) for p in _null_paths(item, (*path, i))]
+    return []
 
 
 def _kind(document: Document, errors: list[PolicyIssue]) -> str | None:

@@ -4,25 +4,56 @@ Follows `gateway.config.loader`: compose the YAML, convert it while recording th
 of every key and item, validate with pydantic, then turn each validation error into a
 `PolicyIssue` at the deepest part of its path that exists in the file. Unlike
 gateway.yaml, policy files take no `${ENV}` interpolation: a policy means what it says.
+
+For the same reason a policy file is read as plain data only: no aliases, no explicit
+tags (`!!str 0`, `!!python/...`, `!!set`, a custom `!tag`), and whole numbers only in
+plain decimal digits (YAML 1.1, which PyYAML reads, takes `010` for 8, `0x1e` for 30,
+`1_000` for 1000 and `1:30` for 90, where YAML 1.2 tools and reviewers read them
+otherwise). A date or time (`version: 2025-06-01`) is kept as the text written.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from gateway.policy.types import PolicyIssue
 
-__all__ = ["Document", "YamlPath", "discover", "read_documents", "render_path", "validate"]
+__all__ = [
+    "Document",
+    "YamlPath",
+    "discover",
+    "is_yaml_name",
+    "read_documents",
+    "render_path",
+    "validate",
+]
 
 YamlPath = tuple[str | int, ...]
 _ALIAS = "YAML aliases are not allowed in policy files; write the value out"
 _TOO_DEEP = "not valid YAML: it nests too deep"
+_TAG = (
+    "YAML tags (!!str, !!int, !!set, !!python/..., !custom) are not allowed in policy files; "
+    "write the value plainly (quote a string)"
+)
+_NUMBER = (
+    "write numbers in plain decimal digits (quote a name): YAML 1.1 reads 010 as 8, "
+    "0x1e as 30, 1_000 as 1000 and 1:30 as 90, where YAML 1.2 tools read them otherwise"
+)
+# A document with one of these problems holds a value that is not what the file says:
+# it is not validated further (its other errors would be about a stand-in value).
+_UNREADABLE = frozenset({_ALIAS, _TAG, _NUMBER})
+_MAP, _SEQ = "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_TIMESTAMP = "tag:yaml.org,2002:timestamp"
+_Resolve = Callable[[type[yaml.Node], str, tuple[bool, bool]], str]
+_DECIMAL = re.compile(r"[-+]?(?:0|[1-9][0-9]*)\Z")
 Model = TypeVar("Model", bound=BaseModel)
 
 
@@ -46,7 +77,7 @@ class Document:
 def discover(
     paths: Iterable[Path], *, skip_tests: bool = True
 ) -> tuple[list[Path], list[PolicyIssue]]:
-    """Files named directly, plus `*.yaml`/`*.yml` under directories (minus `tests/`
+    """Files named directly, plus `*.yaml`/`*.yml` (any case) under directories (minus `tests/`
     folders, which hold test cases, unless `skip_tests` is false, and hidden entries:
     a Kubernetes ConfigMap volume keeps a second copy of every file in `..<timestamp>/`)."""
     found: list[Path] = []
@@ -57,9 +88,9 @@ def discover(
         elif path.is_dir():
             files = sorted(
                 p
-                for pattern in ("*.yaml", "*.yml")
-                for p in path.rglob(pattern)
-                if p.is_file()
+                for p in path.rglob("*")
+                if is_yaml_name(p)
+                and p.is_file()
                 and not any(part.startswith(".") for part in p.relative_to(path).parts)
                 and not (skip_tests and "tests" in p.relative_to(path).parts[:-1])
             )
@@ -69,6 +100,13 @@ def discover(
         else:
             issues.append(PolicyIssue(str(path), None, None, "", "no such file or directory"))
     return list(dict.fromkeys(found)), issues
+
+
+def is_yaml_name(path: Path) -> bool:
+    """Whether a file in a policy directory is read: `.yaml` or `.yml` in any letter case
+    (`EU.YAML` too: a file a case-insensitive filesystem or a reviewer takes for YAML is
+    never skipped on Linux alone)."""
+    return path.suffix.lower() in (".yaml", ".yml")
 
 
 def read_documents(file: str, text: str) -> tuple[list[Document], list[PolicyIssue]]:
@@ -95,7 +133,7 @@ def read_documents(file: str, text: str) -> tuple[list[Document], list[PolicyIss
         except RecursionError:
             return [], [PolicyIssue(file, None, None, "", _TOO_DEEP)]
         issues += found
-        if not any(issue.message == _ALIAS for issue in found):  # else nothing to validate
+        if not any(issue.message in _UNREADABLE for issue in found):  # else nothing to validate
             documents.append(Document(file, data, marks))
     if not documents and not issues:
         issues.append(PolicyIssue(file, None, None, "", "the file is empty"))
@@ -134,6 +172,10 @@ def _to_python(
         issues.append(PolicyIssue(file, line, column, render_path(path), _ALIAS))
         return None
     seen.add(id(node))
+    if _explicit_tag(node):
+        line, column = marks[path]
+        issues.append(PolicyIssue(file, line, column, render_path(path), _TAG))
+        return None
     if isinstance(node, yaml.MappingNode):
         result: dict[str, Any] = {}
         for key_node, value_node in node.value:
@@ -152,11 +194,32 @@ def _to_python(
             for i, item in enumerate(node.value)
         ]
     assert isinstance(node, yaml.ScalarNode)
+    if node.tag == _TIMESTAMP:
+        return node.value  # `2025-06-01 10:00:00` stays as written (a datetime would not)
+    if (node.tag == _INT and not _DECIMAL.match(node.value)) or (
+        node.tag == _FLOAT and ("_" in node.value or ":" in node.value)
+    ):
+        line, column = marks[path]
+        issues.append(PolicyIssue(file, line, column, render_path(path), _NUMBER))
+        return None
     loader = yaml.SafeLoader("")
     try:
         return loader.construct_object(node, deep=True)
     finally:
         loader.dispose()
+
+
+def _explicit_tag(node: yaml.Node) -> bool:
+    """Whether the file gave `node` a tag that changes what it reads as (`!!str 0`,
+    `!!set {}`, `!custom x`): any tag but the one the value has without it."""
+    if isinstance(node, yaml.MappingNode):
+        return bool(node.tag != _MAP)
+    if isinstance(node, yaml.SequenceNode):
+        return bool(node.tag != _SEQ)
+    assert isinstance(node, yaml.ScalarNode)
+    resolve = cast(_Resolve, yaml.resolver.Resolver().resolve)  # SafeLoader's; untyped stubs
+    plain = node.style is None  # quoted and block scalars resolve as strings
+    return bool(node.tag != resolve(yaml.ScalarNode, node.value, (plain, not plain)))
 
 
 def _issues(document: Document, exc: ValidationError) -> list[PolicyIssue]:
