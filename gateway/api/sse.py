@@ -8,12 +8,15 @@ usage the client did not ask for (`stream_options.include_usage`), it also holds
 usage-only chunk (`"choices": []` and a `usage` object, as OpenAI sends it): the client
 gets the stream it asked for, the gateway gets the counts. Only then are lines buffered,
 and a partial line only up to `max_line` bytes (a usage chunk is a few hundred bytes:
-a longer line is passed on as it comes).
+a longer line is passed on as it comes). When the client asked for usage itself, nothing
+is held back, but the counts of each `data:` line holding `"usage"` are still noted
+(lines ending in LF, CRLF or CR, `data:` with or without its space), wherever it comes in
+the stream: the completion record states what the client was shown.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import orjson
 
@@ -25,6 +28,7 @@ _DONE: Final = b"data: [DONE]"  # how vLLM, SGLang and llama.cpp end a stream
 _LINE_DONE: Final = b"\n" + _DONE  # at the start of a line: never inside a JSON string
 _WIDTH: Final = len(_LINE_DONE)
 _MAX_LINE: Final = 64 * 1024
+_USAGE: Final = b'"usage"'
 
 
 class StreamWatch:
@@ -33,16 +37,24 @@ class StreamWatch:
     def __init__(self, *, strip_usage: bool, max_line: int = _MAX_LINE) -> None:
         self.strip_usage = strip_usage
         self.done = False  # `data: [DONE]` arrived at the start of a line
-        self.usage: dict[str, int] | None = None  # strip mode: the last counts reported
+        self.usage: dict[str, int] | None = None  # the last counts reported
         self._max_line = max_line
         self._edge = b"\n"  # the last bytes seen, to find `[DONE]` split across reads
         self._pending = b""  # strip mode: the start of a line not yet complete
         self._passing = False  # strip mode: inside an over-long line, passed on as it comes
         self._drop_blank = False  # strip mode: the blank line ending a dropped event
+        # Not strip mode: the stream's unfinished last line, and how much of it was
+        # searched for `"usage"` already (`_note_usage`).
+        self._line = bytearray()
+        self._searched = 0
 
     def feed(self, data: bytes) -> bytes:
         """Bytes from the backend in; the bytes to relay out (possibly fewer, or none)."""
-        if not self.strip_usage or (
+        if not self.strip_usage:
+            self._see_done(data)
+            self._note_usage(data)
+            return data
+        if (
             # whole lines, none of them a usage chunk: nothing to hold back (the usual read)
             not self._pending
             and not self._passing
@@ -66,6 +78,9 @@ class StreamWatch:
         rest, self._pending = self._pending, b""
         if rest.startswith(_DONE):
             self.done = True
+        if self._line.find(_USAGE) >= 0:  # not strip mode: a last usage line left open
+            self._counts(bytes(self._line).rstrip(b"\r"))
+        self._line.clear()
         return rest
 
     def _see_done(self, data: bytes) -> None:
@@ -142,18 +157,76 @@ class StreamWatch:
         self._drop_blank = False
         return end if buffer[start:end] in (b"\n", b"\r\n") else start
 
-    def _usage_only(self, line: bytes) -> bool:
-        """Whether `line` is a usage-only chunk (its counts are kept either way)."""
+    def _note_usage(self, data: bytes) -> None:
+        """Not strip mode: note the counts of every complete line holding `"usage"`, the
+        bytes passed on as they came. Only the unfinished last line is kept between
+        reads (at most `max_line` bytes), and searched for `"usage"` only once."""
+        line = self._line
+        if not line and data.find(_USAGE) < 0:  # the usual read: nothing to parse
+            if data[-1:] not in (b"\n", b"\r"):
+                self._keep(data)
+            return
+        line += data
+        start = 0
+        while True:
+            hit = line.find(_USAGE, max(start, self._searched))
+            if hit < 0:  # none in the rest: keep its unfinished last line
+                cut = _line_start(line, len(line), start)
+                searched = max(0, len(line) - cut - len(_USAGE) + 1)
+                break
+            end = _line_end(line, hit)
+            if end < 0:  # that line is not complete yet: keep it, found
+                cut = _line_start(line, hit, start)
+                searched = hit - cut
+                break
+            self._counts(bytes(line[_line_start(line, hit, start) : end]).rstrip(b"\r\n"))
+            start = end
+        del line[:cut]
+        self._searched = searched
+        if len(line) > self._max_line:  # no usage chunk is that long: let it go
+            line.clear()
+            self._searched = 0
+
+    def _keep(self, data: bytes) -> None:
+        """Keep the unfinished last line of `data` (`_note_usage`), searched already."""
+        cut = _line_start(data, len(data))
+        if len(data) - cut <= self._max_line:
+            self._line += data[cut:]
+            self._searched = max(0, len(self._line) - len(_USAGE) + 1)
+
+    def _counts(self, line: bytes) -> dict[str, Any] | None:
+        """The event of a `data:` line holding a usage object with counts, whose counts
+        it notes (`usage`); None for any other line."""
         if not line.startswith(b"data:"):
-            return False
+            return None
         try:
             doc = orjson.loads(line[5:])
         except orjson.JSONDecodeError:
-            return False
+            return None
         if not isinstance(doc, dict):
-            return False
+            return None
         counts = usage_of(doc.get("usage"))
         if counts is None:
-            return False
+            return None
         self.usage = counts
-        return doc.get("choices") == []
+        return doc
+
+    def _usage_only(self, line: bytes) -> bool:
+        """Whether `line` is a usage-only chunk (its counts are kept either way)."""
+        doc = self._counts(line)
+        return doc is not None and doc.get("choices") == []
+
+
+def _line_start(data: bytes | bytearray, at: int, floor: int = 0) -> int:
+    """Where the line holding `data[at]` begins: after the last line end (LF or CR) in
+    `data[floor:at]`, or `floor`."""
+    return max(data.rfind(b"\n", floor, at), data.rfind(b"\r", floor, at), floor - 1) + 1
+
+
+def _line_end(data: bytes | bytearray, at: int) -> int:
+    """Where the line holding `data[at]` ends (after its LF or CR; the LF of a CRLF then
+    reads as a blank line, which holds no usage); -1 while it has not ended."""
+    lf, cr = data.find(b"\n", at), data.find(b"\r", at)
+    if lf < 0 and cr < 0:
+        return -1
+    return (lf if cr < 0 or 0 <= lf < cr else cr) + 1
