@@ -26,6 +26,7 @@ __all__ = ["Trail"]
 _TAIL = 4096  # bytes of a stream kept to find its usage chunk
 _COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
 _LINE_ENDS = re.compile(rb"\r\n|\r|\n")
+_JSON_OBJECT = re.compile(rb"[ \t\r\n]*\{")  # a JSON answer, whitespace before it allowed
 
 
 @dataclass(slots=True)
@@ -159,7 +160,7 @@ def _usage(data: bytes) -> Usage | None:
     # A stream's `data:` lines, with or without the space, ending in LF, CRLF or CR.
     candidates = (
         [data]
-        if data[:1] == b"{"
+        if _JSON_OBJECT.match(data)
         else [
             line[5:]
             for line in reversed(_LINE_ENDS.split(data))

@@ -12,10 +12,12 @@ client got.
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import json
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +28,11 @@ from gateway.provenance import write_signing_key
 from gateway.serving import ServerThread
 from tests.helpers.anthropic_mock import AnthropicMock
 from tests.helpers.gateways import (
+    EU_ZERO,
     HOSTED_ONLY_POLICY,
     LITELLM_WARNINGS,
     Gateway,
+    Sim,
     anthropic_backend,
     backend,
     hosted_backend,
@@ -194,6 +198,14 @@ STREAMS: dict[str, tuple[tuple[bytes, ...], dict[str, Any]]] = {
         (_whole(200, ANSWER.replace(b'"prompt_tokens":3', b'"prompt_tokens":"3"'), JSON),),
         WHOLE,
     ),
+    "whole-leading-space": ((_whole(200, b"\n  " + ANSWER, JSON),), WHOLE),
+    "whole-201": ((_whole(201, ANSWER, JSON),), WHOLE),
+    "whole-204": ((_whole(204, b""),), WHOLE),
+    "whole-302": ((_whole(302, b"moved", b"location: http://127.0.0.1:9/x"),), WHOLE),
+    "stream-206": (
+        (sse_head().replace(b"200 OK", b"206 Partial Content"), EVENT, DONE),
+        CHAT,
+    ),
     "whole-400": ((_whole(400, b'{"error":{"message":"bad"}}', JSON),), WHOLE),
     "whole-404": ((_whole(404, b'{"error":{"message":"no"}}', JSON),), WHOLE),
     "whole-500": ((_whole(500, b'{"error":{"message":"down"}}', JSON),), WHOLE),
@@ -347,3 +359,64 @@ def test_the_log_says_what_the_client_received_from_a_translated_provider(
     _settled(tmp_path / "log", vkey, request_id)
     later = _later_receipt(gateway, request_id)
     assert audit(received, tmp_path / "log", vkey, later_receipt=later) == []
+
+
+def test_a_fallback_to_a_hosted_provider_is_logged_as_what_the_client_got(
+    start_raw: Callable[[Answer], RawBackend],
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """The private backend answers 503, the policy falls back to a hosted provider: the
+    receipt names the hosted dispatch, whose completion is the request's last record."""
+    down = start_raw(_writes(_whole(503, b"")))
+    hosted = start_sim("vllm", models=("m",), zero_latency=True)
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "hosted.yaml").write_text(HOSTED_ONLY_POLICY)
+    gateway, vkey = _logged(
+        start_gateway,
+        tmp_path,
+        [
+            backend("gpu", down.url, "m", **EU_ZERO),
+            hosted_backend("hosted", f"{hosted.url}/v1", "m"),
+        ],
+        environ={"HOSTED_KEY": "sk-test"},
+        policy={"paths": [str(tmp_path / "policies")]},
+    )
+    ask = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    for stream in (False, True):
+        received = _ask(gateway, {**ask, "stream": stream})
+        assert received.status == 200, received.body
+        request_id = received.headers["x-request-id"]
+        _settled(tmp_path / "log", vkey, request_id)
+        mine = [json.loads(e) for e in log_records(tmp_path / "log", vkey)]
+        kinds = [r["type"] for r in mine if r["request_id"] == request_id]
+        assert kinds == ["dispatch", "completion"] * 2, kinds  # the 503, then the provider
+        later = _later_receipt(gateway, request_id)
+        assert audit(received, tmp_path / "log", vkey, later_receipt=later) == []
+
+
+def test_receipts_of_concurrent_requests_open_what_each_client_got(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    """Requests at once share committed batches: their receipts are v2 (a batch statement
+    and a path), which the docs' recipe checks; each opens its own client's bytes."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    gateway, vkey = _logged(start_gateway, tmp_path, [backend("gpu", sim.url, "m")])
+    asks = [CHAT, ASKS_USAGE, WHOLE, {**CHAT, "n": 2}] * 4
+    batched = 0
+    for _ in range(10):  # rounds, until some receipts came in a batch
+        with ThreadPoolExecutor(len(asks)) as pool:
+            answers = list(pool.map(lambda ask: _ask(gateway, ask), asks))
+        for received in answers:
+            assert received.status == 200, received.body
+            request_id = received.headers["x-request-id"]
+            _settled(tmp_path / "log", vkey, request_id)
+            assert audit(received, tmp_path / "log", vkey) == []
+            batched += b'"batch"' in base64.b64decode(
+                received.headers.get("x-owngate-receipt", "")
+                or received.body.rsplit(b": owngate-receipt ", 1)[1].strip()
+            )
+        if batched:
+            break
+    assert batched, "no batch receipt in 10 rounds"

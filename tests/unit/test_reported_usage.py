@@ -66,3 +66,10 @@ def test_a_relayed_usage_chunk_is_read_in_any_sse_line_form(line: bytes) -> None
     trail = Trail(Salts.generate(), "")
     trail.relayed(b'data: {"choices":[]}\n\n' + line % orjson.dumps(GOOD) + b"data: [DONE]\n\n")
     assert trail.usage() == Usage(3, 1, 4)
+
+
+def test_a_whole_answer_s_usage_is_read_after_leading_whitespace() -> None:
+    """JSON may start with whitespace (RFC 8259): the client's parser reads the usage."""
+    trail = Trail(Salts.generate(), "")
+    trail.answered(b"\r\n \t" + orjson.dumps({"choices": [], "usage": GOOD}))
+    assert trail.usage() == Usage(3, 1, 4)
