@@ -18,6 +18,7 @@ import json
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +176,7 @@ STREAMS: dict[str, tuple[tuple[bytes, ...], dict[str, Any]]] = {
         _chunked(EVENT.replace(b'"hi"', b'"%s"' % (b"x" * (2 << 20))), DONE),
         CHAT,
     ),
+    "cr-done-close": ((sse_head(), EVENT.replace(b"\n", b"\r"), DONE.replace(b"\n", b"\r")), CHAT),
     "malformed-event": (_chunked(EVENT, b"data: {not json\n\n", DONE), CHAT),
     "done-missing-chunked": (_chunked(EVENT, USAGE_CHUNK), CHAT),
     "done-missing-close": ((sse_head(), EVENT), CHAT),
@@ -231,45 +233,6 @@ def test_the_log_says_what_the_client_received_from_a_private_backend(
     assert audit(received, tmp_path / "log", vkey, later_receipt=later) == []
 
 
-def test_a_client_that_left_mid_stream_is_logged_with_what_it_was_handed(
-    start_raw: Callable[[Answer], RawBackend],
-    start_gateway: Callable[..., Gateway],
-    tmp_path: Path,
-) -> None:
-    """The client reads the first event and closes; the backend holds its stream open
-    until then. The record says 499 and commits to that event."""
-    left = threading.Event()
-
-    async def hangs(writer: asyncio.StreamWriter, _post: Post) -> bool:
-        writer.write(sse_head() + EVENT)
-        await writer.drain()
-        await asyncio.get_running_loop().run_in_executor(None, left.wait, 30)
-        return False
-
-    raw = start_raw(hangs)
-    gateway, vkey = _logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
-    request = json.dumps(CHAT).encode()
-    got = b""
-    with httpx.stream(
-        "POST",
-        f"{gateway.url}/v1/chat/completions",
-        content=request,
-        headers={**gateway.headers, "content-type": "application/json"},
-        timeout=60,
-    ) as response:
-        for piece in response.iter_raw():
-            got += piece
-            if got.endswith(b"\n\n"):
-                break
-        headers = dict(response.headers)
-    left.set()
-    received = Received(response.status_code, headers, got, request)
-    request_id = headers["x-request-id"]
-    _settled(tmp_path / "log", vkey, request_id)
-    later = _later_receipt(gateway, request_id)
-    assert audit(received, tmp_path / "log", vkey, later_receipt=later, left=True) == []
-
-
 def _chunk(choices: bytes, usage: bytes = b"") -> bytes:
     head = b'data: {"id":"chatcmpl-x","object":"chat.completion.chunk","created":1,"model":"f",'
     return head + b'"choices":' + choices + (b',"usage":' + usage if usage else b"") + b"}\n\n"
@@ -300,6 +263,14 @@ HOSTED: dict[str, tuple[tuple[bytes, ...], dict[str, Any]]] = {
     "stream-done-missing": (_chunked(HOSTED_EVENT, HOSTED_END), HOSTED_ASK),
     "stream-dies": (_chunked(HOSTED_EVENT, last=False), HOSTED_ASK),
     "whole": ((_whole(200, HOSTED_ANSWER, JSON),), {**HOSTED_ASK, "stream": False}),
+    "whole-no-usage": (
+        (_whole(200, HOSTED_ANSWER.split(b',"usage"')[0] + b"}", JSON),),
+        {**HOSTED_ASK, "stream": False},
+    ),
+    "stream-no-usage-asked": (
+        _chunked(HOSTED_EVENT, HOSTED_END, DONE),
+        {**HOSTED_ASK, "stream_options": {"include_usage": True}},
+    ),
     "whole-gzip": (
         (_whole(200, gzip.compress(HOSTED_ANSWER), JSON, b"content-encoding: gzip"),),
         {**HOSTED_ASK, "stream": False},
@@ -307,6 +278,20 @@ HOSTED: dict[str, tuple[tuple[bytes, ...], dict[str, Any]]] = {
     "whole-400": ((_whole(400, b'{"error":{"message":"bad"}}', JSON),), HOSTED_ASK),
     "whole-500": ((_whole(500, b'{"error":{"message":"down"}}', JSON),), HOSTED_ASK),
 }
+
+
+def _hosted(start_gateway: Callable[..., Gateway], tmp_path: Path, url: str) -> tuple[Gateway, str]:
+    """A logged gateway whose only backend is a hosted OpenAI-compatible provider at `url`
+    serving `f`, and the log's public key."""
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "hosted.yaml").write_text(HOSTED_ONLY_POLICY)
+    return _logged(
+        start_gateway,
+        tmp_path,
+        [hosted_backend("hosted", f"{url}/v1", "f")],
+        environ={"HOSTED_KEY": "sk-test"},
+        policy={"paths": [str(tmp_path / "policies")]},
+    )
 
 
 @pytest.mark.parametrize("case", list(HOSTED))
@@ -320,15 +305,7 @@ def test_the_log_says_what_the_client_received_from_a_hosted_provider(
     OpenAI body the gateway encoded for the client."""
     pieces, ask = HOSTED[case]
     raw = start_raw(_writes(*pieces))
-    (tmp_path / "policies").mkdir()
-    (tmp_path / "policies" / "hosted.yaml").write_text(HOSTED_ONLY_POLICY)
-    gateway, vkey = _logged(
-        start_gateway,
-        tmp_path,
-        [hosted_backend("hosted", f"{raw.url}/v1", "f")],
-        environ={"HOSTED_KEY": "sk-test"},
-        policy={"paths": [str(tmp_path / "policies")]},
-    )
+    gateway, vkey = _hosted(start_gateway, tmp_path, raw.url)
     received = _ask(gateway, ask)
     request_id = received.headers["x-request-id"]
     _settled(tmp_path / "log", vkey, request_id)
@@ -420,3 +397,100 @@ def test_receipts_of_concurrent_requests_open_what_each_client_got(
         if batched:
             break
     assert batched, "no batch receipt in 10 rounds"
+
+
+@pytest.mark.parametrize("hosted", [False, True], ids=["private", "hosted"])
+def test_a_client_that_left_mid_stream_is_logged_with_what_it_was_handed(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    hosted: bool,
+) -> None:
+    """The client reads the first event and closes; the backend holds its stream open
+    until then. The record says 499 and commits to that event (as the gateway encoded
+    it, from a hosted provider)."""
+    left = threading.Event()
+
+    async def hangs(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(sse_head() + (HOSTED_EVENT if hosted else EVENT))
+        await writer.drain()
+        await asyncio.get_running_loop().run_in_executor(None, left.wait, 30)
+        return False
+
+    raw = start_raw(hangs)
+    if hosted:
+        gateway, vkey = _hosted(start_gateway, tmp_path, raw.url)
+        ask: dict[str, Any] = HOSTED_ASK
+    else:
+        gateway, vkey = _logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
+        ask = CHAT
+    request = json.dumps(ask).encode()
+    got = b""
+    with httpx.stream(
+        "POST",
+        f"{gateway.url}/v1/chat/completions",
+        content=request,
+        headers={**gateway.headers, "content-type": "application/json"},
+        timeout=60,
+    ) as response:
+        for piece in response.iter_raw():
+            got += piece
+            if got.endswith(b"\n\n"):
+                break
+        headers = dict(response.headers)
+    left.set()
+    received = Received(response.status_code, headers, got, request)
+    request_id = headers["x-request-id"]
+    _settled(tmp_path / "log", vkey, request_id)
+    later = _later_receipt(gateway, request_id)
+    assert audit(received, tmp_path / "log", vkey, later_receipt=later, left=True) == []
+
+
+@pytest.mark.parametrize("ask", [WHOLE, CHAT], ids=["whole", "stream"])
+def test_an_aliased_request_commits_to_the_clients_body_not_the_rewritten_one(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    ask: dict[str, Any],
+) -> None:
+    """The client asks for an alias; the backend gets its model's own name (the gateway
+    rewrites `model`) and answers under it, which the client gets unchanged: the request
+    commitment opens with the client's bytes, the response one with the answer as sent."""
+    answer = _whole(200, ANSWER, JSON) if ask is WHOLE else _chunked(EVENT, DONE)
+    raw = start_raw(_writes(*((answer,) if isinstance(answer, bytes) else answer)))
+    entry = {"name": "m", "aliases": ["gpt-x"]}
+    gateway, vkey = _logged(start_gateway, tmp_path, [backend("gpu", raw.url, entry)])
+    received = _ask(gateway, {**ask, "model": "gpt-x"})
+    assert received.status == 200, received.body
+    assert json.loads(raw.posts[0].body)["model"] == "m"
+    assert json.loads(received.request)["model"] == "gpt-x"
+    request_id = received.headers["x-request-id"]
+    _settled(tmp_path / "log", vkey, request_id)
+    assert audit(received, tmp_path / "log", vkey) == []
+
+
+def test_the_auditor_catches_bytes_status_and_request_the_log_does_not_hold(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """The check above is no rubber stamp: one changed byte of the backend's part, another
+    status, another request body, or usage the record does not state, each is a finding."""
+    raw = start_raw(_writes(*_chunked(EVENT, USAGE_CHUNK, DONE)))
+    gateway, vkey = _logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
+    received = _ask(gateway, ASKS_USAGE)
+    _settled(tmp_path / "log", vkey, received.headers["x-request-id"])
+    logdir = tmp_path / "log"
+    assert audit(received, logdir, vkey) == []
+    flipped = received.body.replace(b'"hi"', b'"ho"', 1)
+    shown = received.body.replace(b'"prompt_tokens":3', b'"prompt_tokens":4', 1)
+    assert audit(replace(received, body=flipped), logdir, vkey) == [
+        "the response commitment does not open with the bytes received"
+    ]
+    assert audit(replace(received, status=201), logdir, vkey) == [
+        "the record says status 200, the client got 201"
+    ]
+    assert audit(replace(received, request=received.request + b" "), logdir, vkey) == [
+        "the request commitment does not open with the bytes sent"
+    ]
+    assert "usage" in audit(replace(received, body=shown), logdir, vkey)[-1]
