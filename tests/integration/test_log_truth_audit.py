@@ -70,12 +70,12 @@ def _logged(
     return start_gateway(backends, provenance=provenance, **extra), vkey
 
 
-def _ask(gateway: Gateway, ask: dict[str, Any]) -> Received:
+def _ask(gateway: Gateway, ask: dict[str, Any], path: str = "/v1/chat/completions") -> Received:
     """The answer as the client's connection delivered it (body bytes undecoded)."""
     request = json.dumps(ask).encode()
     with httpx.stream(
         "POST",
-        f"{gateway.url}/v1/chat/completions",
+        f"{gateway.url}{path}",
         content=request,
         headers={**gateway.headers, "content-type": "application/json"},
         timeout=60,
@@ -494,3 +494,28 @@ def test_the_auditor_catches_bytes_status_and_request_the_log_does_not_hold(
         "the request commitment does not open with the bytes sent"
     ]
     assert "usage" in audit(replace(received, body=shown), logdir, vkey)[-1]
+
+
+@pytest.mark.parametrize(
+    ("path", "ask"),
+    [
+        ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 4, "stream": True}),
+        ("/v1/completions", {"model": "m", "prompt": ["a", "b"], "max_tokens": 4}),
+        ("/v1/embeddings", {"model": "m", "input": ["a", "b"]}),
+    ],
+    ids=["completions-stream", "completions-batch", "embeddings"],
+)
+def test_the_other_endpoints_are_logged_as_the_client_got_them(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    path: str,
+    ask: dict[str, Any],
+) -> None:
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    gateway, vkey = _logged(start_gateway, tmp_path, [backend("gpu", sim.url, "m")])
+    received = _ask(gateway, ask, path)
+    assert received.status == 200, received.body
+    request_id = received.headers["x-request-id"]
+    _settled(tmp_path / "log", vkey, request_id)
+    assert audit(received, tmp_path / "log", vkey) == []
