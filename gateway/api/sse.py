@@ -29,6 +29,8 @@ _LINE_DONE: Final = b"\n" + _DONE  # at the start of a line: never inside a JSON
 _WIDTH: Final = len(_LINE_DONE)
 _MAX_LINE: Final = 64 * 1024
 _USAGE: Final = b'"usage"'
+_SPLIT: Final = len(_USAGE) - 1  # bytes on either side of a read boundary `"usage"` may cross
+_ENDS: Final = (b"\n", b"\r")
 
 
 class StreamWatch:
@@ -43,10 +45,10 @@ class StreamWatch:
         self._pending = b""  # strip mode: the start of a line not yet complete
         self._passing = False  # strip mode: inside an over-long line, passed on as it comes
         self._drop_blank = False  # strip mode: the blank line ending a dropped event
-        # Not strip mode: the stream's unfinished last line, and how much of it was
-        # searched for `"usage"` already (`_note_usage`).
+        # Not strip mode: the stream's unfinished last line, and whether it holds
+        # `"usage"` (`_note_usage`).
         self._line = bytearray()
-        self._searched = 0
+        self._hit = False
 
     def feed(self, data: bytes) -> bytes:
         """Bytes from the backend in; the bytes to relay out (possibly fewer, or none)."""
@@ -78,9 +80,10 @@ class StreamWatch:
         rest, self._pending = self._pending, b""
         if rest.startswith(_DONE):
             self.done = True
-        if self._line.find(_USAGE) >= 0:  # not strip mode: a last usage line left open
+        if self._hit:  # not strip mode: a last usage line left open
             self._counts(bytes(self._line).rstrip(b"\r"))
         self._line.clear()
+        self._hit = False
         return rest
 
     def _see_done(self, data: bytes) -> None:
@@ -160,39 +163,68 @@ class StreamWatch:
     def _note_usage(self, data: bytes) -> None:
         """Not strip mode: note the counts of every complete line holding `"usage"`, the
         bytes passed on as they came. Only the unfinished last line is kept between
-        reads (at most `max_line` bytes), and searched for `"usage"` only once."""
+        reads (at most `max_line` bytes); a read is searched once, with the few bytes
+        before it for a `"usage"` split across reads."""
         line = self._line
-        if not line and data.find(_USAGE) < 0:  # the usual read: nothing to parse
-            if data[-1:] not in (b"\n", b"\r"):
-                self._keep(data)
-            return
-        line += data
+        if not line:
+            if data.find(_USAGE) < 0:  # the usual read: nothing to parse
+                if not data.endswith(_ENDS):
+                    self._open(data, _line_start(data, len(data)))
+                return
+            self._scan(data)
+        elif self._hit:  # the open line holds `"usage"`: wait for its end
+            end = _line_end(data, 0)
+            if end < 0:
+                self._grow(data)
+                return
+            line += data[:end]
+            self._counts(bytes(line).rstrip(b"\r\n"))
+            line.clear()
+            self._hit = False
+            self._scan(data[end:])
+        elif data.find(_USAGE) < 0 and (line[-_SPLIT:] + data[:_SPLIT]).find(_USAGE) < 0:
+            if _line_end(data, 0) < 0:  # the open line goes on
+                self._grow(data)
+                return
+            line.clear()  # it ended, holding no usage
+            if not data.endswith(_ENDS):
+                self._open(data, _line_start(data, len(data)))
+        else:
+            joined = bytes(line) + data
+            line.clear()
+            self._scan(joined)
+
+    def _scan(self, data: bytes) -> None:
+        """No line open: note the counts of `data`'s complete lines holding `"usage"`,
+        and keep its unfinished last line open."""
         start = 0
         while True:
-            hit = line.find(_USAGE, max(start, self._searched))
-            if hit < 0:  # none in the rest: keep its unfinished last line
-                cut = _line_start(line, len(line), start)
-                searched = max(0, len(line) - cut - len(_USAGE) + 1)
+            hit = data.find(_USAGE, start)
+            if hit < 0:
                 break
-            end = _line_end(line, hit)
-            if end < 0:  # that line is not complete yet: keep it, found
-                cut = _line_start(line, hit, start)
-                searched = hit - cut
-                break
-            self._counts(bytes(line[_line_start(line, hit, start) : end]).rstrip(b"\r\n"))
+            begin, end = _line_start(data, hit, start), _line_end(data, hit)
+            if end < 0:
+                self._open(data, begin, hit=True)
+                return
+            self._counts(data[begin:end].rstrip(b"\r\n"))
             start = end
-        del line[:cut]
-        self._searched = searched
-        if len(line) > self._max_line:  # no usage chunk is that long: let it go
-            line.clear()
-            self._searched = 0
+        rest = _line_start(data, len(data), start)
+        if rest < len(data):
+            self._open(data, rest)
 
-    def _keep(self, data: bytes) -> None:
-        """Keep the unfinished last line of `data` (`_note_usage`), searched already."""
-        cut = _line_start(data, len(data))
-        if len(data) - cut <= self._max_line:
-            self._line += data[cut:]
-            self._searched = max(0, len(self._line) - len(_USAGE) + 1)
+    def _open(self, data: bytes, start: int, *, hit: bool = False) -> None:
+        """Keep `data[start:]` as the open line (none is open), if not over `max_line`."""
+        if len(data) - start <= self._max_line:
+            self._line += data[start:]
+            self._hit = hit
+
+    def _grow(self, data: bytes) -> None:
+        """The open line goes on with all of `data`; past `max_line` it is let go (no
+        usage chunk is that long)."""
+        self._line += data
+        if len(self._line) > self._max_line:
+            self._line.clear()
+            self._hit = False
 
     def _counts(self, line: bytes) -> dict[str, Any] | None:
         """The event of a `data:` line holding a usage object with counts, whose counts
