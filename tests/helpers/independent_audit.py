@@ -203,9 +203,13 @@ def audit(
     dispatch = json.loads(entries[index])
     if _commit("request", salts["request"], received.request) != dispatch["request_commitment"]:
         findings.append("the request commitment does not open with the bytes sent")
-    if dispatch["type"] == "refusal":
-        if received.status < 400:
-            findings.append(f"a refusal record for an answer of status {received.status}")
+    if dispatch["type"] == "refusal":  # its `reason` is the error code the client got
+        try:
+            code_got = json.loads(received.body)["error"]["code"]
+        except (ValueError, KeyError, TypeError):
+            code_got = None
+        if received.status < 400 or dispatch["reason"] != code_got:
+            findings.append(f"a refusal for {dispatch['reason']}, the client got {code_got}")
         return findings
     if dispatch["backend"]["id"] != claims["backend"]:
         findings.append("the dispatch record names another backend than the receipt")

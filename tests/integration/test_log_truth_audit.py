@@ -519,3 +519,28 @@ def test_the_other_endpoints_are_logged_as_the_client_got_them(
     request_id = received.headers["x-request-id"]
     _settled(tmp_path / "log", vkey, request_id)
     assert audit(received, tmp_path / "log", vkey) == []
+
+
+def test_a_refused_request_is_logged_with_the_body_the_client_sent(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """The policy admits no backend (the private one declares no zero retention): the
+    client's 403 carries the receipt of a refusal record, whose request commitment opens
+    with the client's bytes; nothing was sent to the backend."""
+    raw = start_raw(_writes(_whole(200, ANSWER, JSON)))
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "hosted.yaml").write_text(HOSTED_ONLY_POLICY)
+    gateway, vkey = _logged(
+        start_gateway,
+        tmp_path,
+        [backend("gpu", raw.url, "m")],
+        policy={"paths": [str(tmp_path / "policies")]},
+    )
+    received = _ask(gateway, WHOLE)
+    assert received.status == 403, received.body
+    request_id = received.headers["x-request-id"]
+    _settled(tmp_path / "log", vkey, request_id)
+    assert audit(received, tmp_path / "log", vkey) == []
+    assert raw.posts == []
