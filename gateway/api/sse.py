@@ -8,12 +8,15 @@ usage the client did not ask for (`stream_options.include_usage`), it also holds
 usage-only chunk (`"choices": []` and a `usage` object, as OpenAI sends it): the client
 gets the stream it asked for, the gateway gets the counts. Only then are lines buffered,
 and a partial line only up to `max_line` bytes (a usage chunk is a few hundred bytes:
-a longer line is passed on as it comes).
+a longer line is passed on as it comes). When the client asked for usage itself, nothing
+is held back, but the counts of each `data:` line holding `"usage"` are still noted
+(lines ending in LF, CRLF or CR, `data:` with or without its space), wherever it comes in
+the stream: the completion record states what the client was shown.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import orjson
 
@@ -25,6 +28,9 @@ _DONE: Final = b"data: [DONE]"  # how vLLM, SGLang and llama.cpp end a stream
 _LINE_DONE: Final = b"\n" + _DONE  # at the start of a line: never inside a JSON string
 _WIDTH: Final = len(_LINE_DONE)
 _MAX_LINE: Final = 64 * 1024
+_USAGE: Final = b'"usage"'
+_SPLIT: Final = len(_USAGE) - 1  # bytes on either side of a read boundary `"usage"` may cross
+_ENDS: Final = (b"\n", b"\r")
 
 
 class StreamWatch:
@@ -33,16 +39,24 @@ class StreamWatch:
     def __init__(self, *, strip_usage: bool, max_line: int = _MAX_LINE) -> None:
         self.strip_usage = strip_usage
         self.done = False  # `data: [DONE]` arrived at the start of a line
-        self.usage: dict[str, int] | None = None  # strip mode: the last counts reported
+        self.usage: dict[str, int] | None = None  # the last counts reported
         self._max_line = max_line
         self._edge = b"\n"  # the last bytes seen, to find `[DONE]` split across reads
         self._pending = b""  # strip mode: the start of a line not yet complete
         self._passing = False  # strip mode: inside an over-long line, passed on as it comes
         self._drop_blank = False  # strip mode: the blank line ending a dropped event
+        # Not strip mode: the stream's unfinished last line, and whether it holds
+        # `"usage"` (`_note_usage`).
+        self._line = bytearray()
+        self._hit = False
 
     def feed(self, data: bytes) -> bytes:
         """Bytes from the backend in; the bytes to relay out (possibly fewer, or none)."""
-        if not self.strip_usage or (
+        if not self.strip_usage:
+            self._see_done(data)
+            self._note_usage(data)
+            return data
+        if (
             # whole lines, none of them a usage chunk: nothing to hold back (the usual read)
             not self._pending
             and not self._passing
@@ -66,6 +80,10 @@ class StreamWatch:
         rest, self._pending = self._pending, b""
         if rest.startswith(_DONE):
             self.done = True
+        if self._hit:  # not strip mode: a last usage line left open
+            self._counts(bytes(self._line).rstrip(b"\r"))
+        self._line.clear()
+        self._hit = False
         return rest
 
     def _see_done(self, data: bytes) -> None:
@@ -142,18 +160,105 @@ class StreamWatch:
         self._drop_blank = False
         return end if buffer[start:end] in (b"\n", b"\r\n") else start
 
-    def _usage_only(self, line: bytes) -> bool:
-        """Whether `line` is a usage-only chunk (its counts are kept either way)."""
+    def _note_usage(self, data: bytes) -> None:
+        """Not strip mode: note the counts of every complete line holding `"usage"`, the
+        bytes passed on as they came. Only the unfinished last line is kept between
+        reads (at most `max_line` bytes); a read is searched once, with the few bytes
+        before it for a `"usage"` split across reads."""
+        line = self._line
+        if not line:
+            if data.find(_USAGE) < 0:  # the usual read: nothing to parse
+                if not data.endswith(_ENDS):
+                    self._open(data, _line_start(data, len(data)))
+                return
+            self._scan(data)
+        elif self._hit:  # the open line holds `"usage"`: wait for its end
+            end = _line_end(data, 0)
+            if end < 0:
+                self._grow(data)
+                return
+            line += data[:end]
+            self._counts(bytes(line).rstrip(b"\r\n"))
+            line.clear()
+            self._hit = False
+            self._scan(data[end:])
+        elif data.find(_USAGE) < 0 and (line[-_SPLIT:] + data[:_SPLIT]).find(_USAGE) < 0:
+            if _line_end(data, 0) < 0:  # the open line goes on
+                self._grow(data)
+                return
+            line.clear()  # it ended, holding no usage
+            if not data.endswith(_ENDS):
+                self._open(data, _line_start(data, len(data)))
+        else:
+            joined = bytes(line) + data
+            line.clear()
+            self._scan(joined)
+
+    def _scan(self, data: bytes) -> None:
+        """No line open: note the counts of `data`'s complete lines holding `"usage"`,
+        and keep its unfinished last line open."""
+        start = 0
+        while True:
+            hit = data.find(_USAGE, start)
+            if hit < 0:
+                break
+            begin, end = _line_start(data, hit, start), _line_end(data, hit)
+            if end < 0:
+                self._open(data, begin, hit=True)
+                return
+            self._counts(data[begin:end].rstrip(b"\r\n"))
+            start = end
+        rest = _line_start(data, len(data), start)
+        if rest < len(data):
+            self._open(data, rest)
+
+    def _open(self, data: bytes, start: int, *, hit: bool = False) -> None:
+        """Keep `data[start:]` as the open line (none is open), if not over `max_line`."""
+        if len(data) - start <= self._max_line:
+            self._line += data[start:]
+            self._hit = hit
+
+    def _grow(self, data: bytes) -> None:
+        """The open line goes on with all of `data`; past `max_line` it is let go (no
+        usage chunk is that long)."""
+        self._line += data
+        if len(self._line) > self._max_line:
+            self._line.clear()
+            self._hit = False
+
+    def _counts(self, line: bytes) -> dict[str, Any] | None:
+        """The event of a `data:` line holding a usage object with counts, whose counts
+        it notes (`usage`); None for any other line."""
         if not line.startswith(b"data:"):
-            return False
+            return None
         try:
             doc = orjson.loads(line[5:])
         except orjson.JSONDecodeError:
-            return False
+            return None
         if not isinstance(doc, dict):
-            return False
+            return None
         counts = usage_of(doc.get("usage"))
         if counts is None:
-            return False
+            return None
         self.usage = counts
-        return doc.get("choices") == []
+        return doc
+
+    def _usage_only(self, line: bytes) -> bool:
+        """Whether `line` is a usage-only chunk (its counts are kept either way)."""
+        doc = self._counts(line)
+        return doc is not None and doc.get("choices") == []
+
+
+def _line_start(data: bytes | bytearray, at: int, floor: int = 0) -> int:
+    """Where the line holding `data[at]` begins: after the last line end (LF or CR) in
+    `data[floor:at]`, or `floor`."""
+    return max(data.rfind(b"\n", floor, at), data.rfind(b"\r", floor, at), floor - 1) + 1
+
+
+def _line_end(data: bytes | bytearray, at: int) -> int:
+    """Where the line holding `data[at]` ends (after its LF or CR; the LF of a CRLF then
+    reads as a blank line, which holds no usage); -1 while it has not ended."""
+    lf, cr = data.find(b"\n", at), data.find(b"\r", at)
+    if lf < 0 and cr < 0:
+        return -1
+    return (lf if cr < 0 or 0 <= lf < cr else cr) + 1

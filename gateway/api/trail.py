@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,8 @@ __all__ = ["Trail"]
 
 _TAIL = 4096  # bytes of a stream kept to find its usage chunk
 _COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
+_LINE_ENDS = re.compile(rb"\r\n|\r|\n")
+_JSON_OBJECT = re.compile(rb"[ \t\r\n]*\{")  # a JSON answer, whitespace before it allowed
 
 
 @dataclass(slots=True)
@@ -87,7 +90,8 @@ class Trail:
         self.attestation = self.countersignature = None
 
     def reported(self, counts: Mapping[str, int]) -> None:
-        """Usage the backend reported in a chunk the client did not ask for (held back)."""
+        """Usage the backend reported in its stream (`StreamWatch.usage`: also in a chunk
+        held back from a client that did not ask for it)."""
         try:
             self._reported = Usage(
                 counts.get("prompt_tokens", 0),
@@ -153,13 +157,14 @@ def _usage(data: bytes) -> Usage | None:
     """Token usage from a JSON answer, or from the last usage chunk of a stream's tail."""
     if b'"usage"' not in data:
         return None  # most streams carry none: parse nothing
+    # A stream's `data:` lines, with or without the space, ending in LF, CRLF or CR.
     candidates = (
         [data]
-        if data[:1] == b"{"
+        if _JSON_OBJECT.match(data)
         else [
-            line[6:]
-            for line in reversed(data.split(b"\n"))
-            if line.startswith(b"data: {") and b'"usage"' in line
+            line[5:]
+            for line in reversed(_LINE_ENDS.split(data))
+            if line.startswith(b"data:") and b'"usage"' in line
         ]
     )
     for candidate in candidates:

@@ -49,3 +49,27 @@ def test_a_held_back_usage_chunk_s_counts_are_checked_too(usage: dict[str, objec
     if watch.usage is not None:
         trail.reported(watch.usage)
     assert trail.usage() is None
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'data: {"choices":[],"usage":%s}\r\n\r\n',  # CRLF
+        b'data: {"choices":[],"usage":%s}\r\r',  # CR
+        b'data:{"choices":[],"usage":%s}\n\n',  # no space after the colon
+    ],
+    ids=["crlf", "cr", "no-space"],
+)
+def test_a_relayed_usage_chunk_is_read_in_any_sse_line_form(line: bytes) -> None:
+    """The usage of a stream's tail (a stream whose counts no watch noted: its client
+    left) is read whatever line ends the backend used, `data:` with or without space."""
+    trail = Trail(Salts.generate(), "")
+    trail.relayed(b'data: {"choices":[]}\n\n' + line % orjson.dumps(GOOD) + b"data: [DONE]\n\n")
+    assert trail.usage() == Usage(3, 1, 4)
+
+
+def test_a_whole_answer_s_usage_is_read_after_leading_whitespace() -> None:
+    """JSON may start with whitespace (RFC 8259): the client's parser reads the usage."""
+    trail = Trail(Salts.generate(), "")
+    trail.answered(b"\r\n \t" + orjson.dumps({"choices": [], "usage": GOOD}))
+    assert trail.usage() == Usage(3, 1, 4)

@@ -7,6 +7,7 @@ anywhere.
 from __future__ import annotations
 
 import itertools
+import re
 
 import orjson
 import pytest
@@ -60,8 +61,10 @@ def test_the_usage_chunk_is_held_back_with_its_blank_line_and_counted() -> None:
 def test_without_strip_every_byte_goes_through() -> None:
     stream = ROLE + FINISH + USAGE + DONE
     watch = StreamWatch(strip_usage=False)
-    assert feed(watch, stream, None) == stream
-    assert watch.usage is None  # the trail reads relayed usage from what it saw
+    for cut in cuts(stream):
+        watch = StreamWatch(strip_usage=False)
+        assert feed(watch, stream, cut) == stream
+        assert watch.usage == COUNTS, cut  # the counts the client is shown, for the record
 
 
 def test_usage_on_a_chunk_with_choices_is_counted_and_kept() -> None:
@@ -178,3 +181,65 @@ def test_many_events_in_one_read_with_the_usage_chunk_last() -> None:
     watch = StreamWatch(strip_usage=True)
     assert watch.feed(stream) + watch.flush() == ROLE + TOKEN * 200 + FINISH + DONE
     assert watch.done and watch.usage == COUNTS
+
+
+OTHER = USAGE.replace(b'"prompt_tokens":7', b'"prompt_tokens":8')
+_SHOWN = [
+    ROLE,
+    TOKEN,
+    USAGE,
+    OTHER.replace(b"\n", b"\r"),  # CR line ends
+    OTHER.replace(b"\n", b"\r\n").replace(b"data: ", b"data:"),  # CRLF, no space
+    USAGE.replace(b"[]", b'[{"index":0,"delta":{}}]'),  # usage beside choices
+    b'data: {"usage": 1}\n\n',  # not usage counts
+    b': a comment about "usage"\n',
+    b": keep-alive\n\n" * 3,
+    DONE,
+    USAGE[:-2],  # a usage line left open (the stream's last, at best)
+]
+
+
+def _shown_usage(stream: bytes) -> dict[str, int] | None:
+    """The last usage counts of the stream's `data:` lines, read line by line."""
+    found = None
+    for line in re.split(rb"\r\n|\r|\n", stream):
+        if line.startswith(b"data:") and b'"usage"' in line:
+            try:
+                doc = orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
+                continue
+            usage = doc.get("usage") if isinstance(doc, dict) else None
+            if isinstance(usage, dict) and all(type(v) is int for v in usage.values()):
+                found = usage
+    return found
+
+
+@given(
+    st.lists(st.sampled_from(_SHOWN), max_size=12),
+    st.lists(st.integers(min_value=0, max_value=600), max_size=8),
+)
+@settings(max_examples=400, deadline=None)
+def test_usage_the_client_asked_for_is_noted_wherever_it_is(
+    parts: list[bytes], cuts: list[int]
+) -> None:
+    """Without strip (the client asked for usage), every byte goes through as it came,
+    and the counts noted are the last the client was shown, however the reads cut the
+    stream, whatever its line ends, and however much follows them (the record's usage)."""
+    stream = b"".join(parts)
+    bounds = sorted({min(c, len(stream)) for c in cuts} | {0, len(stream)})
+    reads = [stream[a:b] for a, b in itertools.pairwise(bounds)]
+    watch = StreamWatch(strip_usage=False)
+    assert b"".join(watch.feed(read) for read in reads) + watch.flush() == stream
+    assert watch.usage == _shown_usage(stream)
+
+
+def test_an_open_line_past_max_line_is_let_go() -> None:
+    """A line that stays open past `max_line` bytes is not kept (no usage chunk is that
+    long): what is held stays bounded, and the next lines are read again."""
+    watch = StreamWatch(strip_usage=False, max_line=64)
+    long = b'data: {"usage":' + b"x" * 100
+    for piece in (long[:50], long[50:], b"y" * 1000):
+        watch.feed(piece)
+        assert len(watch._line) <= 64
+    assert watch.feed(b"\n\n" + USAGE) and watch.usage == COUNTS
+    assert len(watch._line) == 0

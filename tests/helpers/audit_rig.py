@@ -1,0 +1,165 @@
+"""Driving a logged gateway for the independent audit (tests/integration/
+test_log_truth_audit*.py): scripted backend answers, the answer as an httpx client
+receives it, and waiting until the log's signed checkpoint covers a request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gateway.provenance import write_signing_key
+from tests.helpers.gateways import HOSTED_ONLY_POLICY, Gateway, hosted_backend
+from tests.helpers.independent_audit import Received, log_records
+from tests.helpers.log_truth import CHAT, ORIGIN
+from tests.helpers.raw_backend import Answer, Post, sse_head
+from tests.helpers.waiting import until
+
+__all__ = [
+    "ANSWER",
+    "ASKS_USAGE",
+    "HOSTED_ANSWER",
+    "HOSTED_ASK",
+    "HOSTED_END",
+    "HOSTED_EVENT",
+    "HOSTED_N2",
+    "HOSTED_TOOL",
+    "HOSTED_USAGE",
+    "JSON",
+    "USAGE",
+    "USAGE_CHUNK",
+    "WHOLE",
+    "chunked",
+    "client_gets",
+    "hosted_gateway",
+    "later_receipt",
+    "logged",
+    "openai_chunk",
+    "settled",
+    "whole_answer",
+    "writes",
+]
+
+JSON = b"content-type: application/json"
+USAGE = b'{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}'
+USAGE_CHUNK = b'data: {"id":"c","choices":[],"usage":' + USAGE + b"}\n\n"
+ASKS_USAGE = {**CHAT, "stream_options": {"include_usage": True}}
+WHOLE = {**CHAT, "stream": False}
+ANSWER = b'{"id":"c","object":"chat.completion","choices":[{"index":0,"message":'
+ANSWER += b'{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":' + USAGE + b"}"
+
+
+def logged(
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    backends: list[dict[str, Any]],
+    **extra: Any,
+) -> tuple[Gateway, str]:
+    """A gateway with its log in `tmp_path / "log"`, and the log's public key."""
+    vkey = write_signing_key(tmp_path / "log.key", ORIGIN)
+    provenance = {
+        "dir": str(tmp_path / "log"),
+        "origin": ORIGIN,
+        "signing_key_file": str(tmp_path / "log.key"),
+        "checkpoint_interval_ms": 20,
+    }
+    return start_gateway(backends, provenance=provenance, **extra), vkey
+
+
+def client_gets(
+    gateway: Gateway, ask: dict[str, Any], path: str = "/v1/chat/completions"
+) -> Received:
+    """The answer as the client's connection delivered it (body bytes undecoded)."""
+    request = json.dumps(ask).encode()
+    with httpx.stream(
+        "POST",
+        f"{gateway.url}{path}",
+        content=request,
+        headers={**gateway.headers, "content-type": "application/json"},
+        timeout=60,
+    ) as response:
+        body = b"".join(response.iter_raw())
+    return Received(response.status_code, dict(response.headers), body, request)
+
+
+def settled(logdir: Path, vkey: str, request_id: str) -> None:
+    """Wait until a signed checkpoint covers a completion for every dispatch of the request."""
+
+    def done() -> bool:
+        if not (logdir / "checkpoint").exists():
+            return False
+        mine = [json.loads(e) for e in log_records(logdir, vkey)]
+        mine = [r for r in mine if r["request_id"] == request_id]
+        kinds = [r["type"] for r in mine]
+        return "refusal" in kinds or (
+            bool(kinds) and kinds.count("dispatch") == kinds.count("completion")
+        )
+
+    until(done, f"the records of {request_id} signed", timeout=30)
+
+
+def later_receipt(gateway: Gateway, request_id: str) -> bytes:
+    return httpx.get(
+        f"{gateway.url}/v1/provenance/receipts/{request_id}", headers=gateway.headers, timeout=10
+    ).content
+
+
+def writes(*pieces: bytes) -> Answer:
+    """An answer that writes `pieces` (each drained) and closes the connection."""
+
+    async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        for piece in pieces:
+            writer.write(piece)
+            await writer.drain()
+        return False
+
+    return answer
+
+
+def chunked(*events: bytes, last: bool = True) -> tuple[bytes, ...]:
+    """A chunked SSE answer of `events`, one chunk each (`last`: the last chunk sent)."""
+    chunks = tuple(b"%x\r\n%s\r\n" % (len(e), e) for e in events if e)
+    end = (b"0\r\n\r\n",) if last else ()
+    return (sse_head(b"transfer-encoding: chunked\r\n"), *chunks, *end)
+
+
+def whole_answer(status: int, body: bytes, *headers: bytes) -> bytes:
+    head = b"HTTP/1.1 %d X\r\ncontent-length: %d\r\n" % (status, len(body))
+    return head + b"".join(h + b"\r\n" for h in headers) + b"\r\n" + body
+
+
+def openai_chunk(choices: bytes, usage: bytes = b"") -> bytes:
+    head = b'data: {"id":"chatcmpl-x","object":"chat.completion.chunk","created":1,"model":"f",'
+    return head + b'"choices":' + choices + (b',"usage":' + usage if usage else b"") + b"}\n\n"
+
+
+HOSTED_EVENT = openai_chunk(b'[{"index":0,"delta":{"role":"assistant","content":"hi"}}]')
+HOSTED_END = openai_chunk(b'[{"index":0,"delta":{},"finish_reason":"stop"}]')
+HOSTED_USAGE = openai_chunk(b"[]", USAGE)
+HOSTED_N2 = openai_chunk(b'[{"index":1,"delta":{"role":"assistant","content":"yo"}}]')
+HOSTED_TOOL = openai_chunk(
+    b'[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function",'
+    b'"function":{"name":"f","arguments":"{\\"a\\": 1}"}}]}}]'
+)
+HOSTED_ANSWER = ANSWER.replace(b'"id":"c"', b'"id":"chatcmpl-x","created":1,"model":"f"')
+HOSTED_ASK = {"model": "f", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+def hosted_gateway(
+    start_gateway: Callable[..., Gateway], tmp_path: Path, url: str
+) -> tuple[Gateway, str]:
+    """A logged gateway whose only backend is a hosted OpenAI-compatible provider at `url`
+    serving `f`, and the log's public key."""
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "hosted.yaml").write_text(HOSTED_ONLY_POLICY)
+    return logged(
+        start_gateway,
+        tmp_path,
+        [hosted_backend("hosted", f"{url}/v1", "f")],
+        environ={"HOSTED_KEY": "sk-test"},
+        policy={"paths": [str(tmp_path / "policies")]},
+    )

@@ -1,0 +1,245 @@
+"""An auditor's own check that a logged request says what its client received, written
+from docs/provenance.md alone (tests/integration/test_log_truth_audit.py runs it).
+
+It imports nothing of `gateway`: the log is read from its C2SP files (the signed-note
+`checkpoint`, the `tile/entries` bundles, the RFC 6962 root recomputed over them), the
+receipt is checked with the docs' own receipt recipe and the stream's committed body
+found with the docs' own `committed_bodies` (both executed from the page, as printed),
+and each commitment recomputed with the docs' formula. `audit(...)` returns the
+findings for one answer as the client got it: an empty list when the log, the receipt
+and the bytes agree.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from tests.helpers.paths import REPO_ROOT
+
+__all__ = ["Received", "audit", "docs_code", "log_records"]
+
+_WIDTH = 256  # entries per tile (C2SP tlog-tiles)
+# The status an error event's code stands for (docs: "502, or 504 for a timeout"; 503 at
+# a drain).
+_EVENT_STATUS = {"upstream_error": 502, "upstream_timeout": 504, "not_ready": 503}
+
+
+def docs_code() -> dict[str, Any]:
+    """The receipt recipe and `committed_bodies` of docs/provenance.md, executed."""
+    text = (REPO_ROOT / "docs" / "provenance.md").read_text()
+    recipe = re.search(r"<!-- receipt-recipe -->\n```python\n(.*?)```", text, re.DOTALL)
+    bodies = re.search(r"```python\n(import re\n.*?def committed_bodies.*?)```", text, re.DOTALL)
+    assert recipe and bodies, "docs/provenance.md lost its recipes"
+    namespace: dict[str, Any] = {}
+    exec(compile(recipe.group(1), "docs/provenance.md:recipe", "exec"), namespace)
+    exec(compile(bodies.group(1), "docs/provenance.md:committed_bodies", "exec"), namespace)
+    return namespace
+
+
+def _commit(kind: str, salt_hex: str, body: bytes) -> str:
+    domain = f"owngate/provenance/v1/{kind}-commitment\0".encode()
+    salt = bytes.fromhex(salt_hex)
+    return hashlib.sha256(domain + salt + hashlib.sha256(body).digest()).hexdigest()
+
+
+def _leaf(data: bytes) -> bytes:
+    return hashlib.sha256(b"\x00" + data).digest()
+
+
+def _root(leaves: list[bytes]) -> bytes:
+    """RFC 6962 Merkle tree hash of the leaf hashes `leaves`."""
+    if not leaves:
+        return hashlib.sha256(b"").digest()
+    if len(leaves) == 1:
+        return leaves[0]
+    split = 1 << ((len(leaves) - 1).bit_length() - 1)
+    return hashlib.sha256(b"\x01" + _root(leaves[:split]) + _root(leaves[split:])).digest()
+
+
+def _tile_path(n: int) -> str:
+    """C2SP tlog-tiles index encoding: 3-digit groups, all but the last prefixed `x`."""
+    groups = []
+    while True:
+        groups.append(f"{n % 1000:03d}")
+        n //= 1000
+        if not n:
+            break
+    return "/".join([f"x{g}" for g in reversed(groups[1:])] + [groups[0]])
+
+
+def _checkpoint(logdir: Path, vkey: str) -> tuple[str, int, bytes]:
+    """The log's `checkpoint`, its signed-note signature by `vkey` checked: origin, size,
+    root."""
+    note = (logdir / "checkpoint").read_bytes()
+    text, _, signatures = note.partition(b"\n\n")
+    text += b"\n"
+    name, hexid, key = vkey.split("+", 2)
+    raw = base64.b64decode(key)
+    public = Ed25519PublicKey.from_public_bytes(raw[1:])
+    mine = []
+    for line in signatures.decode().splitlines():
+        dash, signer, encoded = line.split(" ")
+        assert dash == "\u2014", "not a signature line"
+        blob = base64.b64decode(encoded)
+        if signer == name and blob[:4].hex() == hexid:
+            mine.append(blob[4:])
+    assert mine, "the checkpoint is not signed by the log's key"
+    for signature in mine:
+        public.verify(signature, text)  # raises InvalidSignature
+    origin, size, root = text.decode().split("\n")[:3]
+    return origin, int(size), base64.b64decode(root)
+
+
+def log_records(logdir: Path, vkey: str) -> list[bytes]:
+    """Every entry the signed checkpoint covers, read from the entry bundles, the root
+    recomputed over them and compared with the signed one."""
+    _, size, root = _checkpoint(logdir, vkey)
+    entries: list[bytes] = []
+    for n in range((size + _WIDTH - 1) // _WIDTH):
+        width = min(_WIDTH, size - n * _WIDTH)
+        name = _tile_path(n) + (f".p/{width}" if width < _WIDTH else "")  # partial: `.p/<W>`
+        bundle = (logdir / "tile" / "entries" / name).read_bytes()
+        at = 0
+        for _ in range(width):
+            length = int.from_bytes(bundle[at : at + 2], "big")
+            entries.append(bundle[at + 2 : at + 2 + length])
+            at += 2 + length
+    assert _root([_leaf(e) for e in entries]) == root, "entries do not hash to the root"
+    return entries
+
+
+@dataclass(frozen=True)
+class Received:
+    """One answer as a client got it: HTTP status, headers, every body byte, and the
+    request body it sent."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    request: bytes
+
+    @property
+    def is_stream(self) -> bool:
+        return self.headers.get("content-type", "").lower().startswith("text/event-stream")
+
+
+def _receipt_of(received: Received) -> bytes | None:
+    header = received.headers.get("x-owngate-receipt")
+    if header is not None:
+        return base64.b64decode(header)
+    found = re.search(rb"(?:^|[\r\n]): owngate-receipt ([A-Za-z0-9+/=]*)\n\n\Z", received.body)
+    return base64.b64decode(found.group(1)) if found else None
+
+
+def _client_status(received: Received) -> int:
+    """The status the client got: the HTTP status, or the one of the error event a 200
+    stream ended with."""
+    if not received.is_stream or received.status != 200:
+        return received.status
+    events = re.findall(rb'(?:^|[\r\n])data: (\{"error":\{[^\r\n]*\}\})\n\n', received.body)
+    if events:
+        code = json.loads(events[-1])["error"]["code"]
+        return _EVENT_STATUS.get(code, 0)
+    return 200
+
+
+def _usage_seen(received: Received) -> list[dict[str, Any]]:
+    """The usage objects the client was shown (a JSON answer's, a stream's usage chunks)."""
+    seen: list[dict[str, Any]] = []
+    docs: list[bytes] = (
+        [received.body]
+        if not received.is_stream
+        else [
+            line.split(b":", 1)[1]
+            for line in re.split(rb"\r\n|\r|\n", received.body)
+            if line.startswith(b"data:") and b'"usage"' in line
+        ]
+    )
+    for data in docs:
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("usage"), dict):
+            seen.append(doc["usage"])
+    return seen
+
+
+def audit(
+    received: Received,
+    logdir: Path,
+    vkey: str,
+    *,
+    later_receipt: bytes | None = None,
+    left: bool = False,
+) -> list[str]:
+    """What is wrong between the answer a client received, its receipt and the log
+    (signed checkpoint must cover the request's records); empty when nothing is.
+    `later_receipt`: the receipt the client fetched afterwards, which must make the same
+    claims (and the only one, for a client that `left` before its stream's end: its
+    status is then 499)."""
+    code = docs_code()
+    findings: list[str] = []
+    envelope = _receipt_of(received) if not left else later_receipt
+    if envelope is None:
+        return ["the answer carries no receipt"]
+    claims = code["verify_receipt"](envelope, vkey)
+    if claims["request_id"] != received.headers.get("x-request-id"):
+        findings.append("the receipt names another request id")
+    if later_receipt is not None and code["verify_receipt"](later_receipt, vkey) != claims:
+        findings.append("the receipt fetched later makes other claims")
+    entries = log_records(logdir, vkey)
+    index, salts = claims["index"], claims["salts"]
+    if _leaf(entries[index]).hex() != claims["dispatch_hash"]:
+        return [*findings, "the entry at the receipt's index is not the one it names"]
+    dispatch = json.loads(entries[index])
+    if _commit("request", salts["request"], received.request) != dispatch["request_commitment"]:
+        findings.append("the request commitment does not open with the bytes sent")
+    if dispatch["type"] == "refusal":  # its `reason` is the error code the client got
+        try:
+            code_got = json.loads(received.body)["error"]["code"]
+        except (ValueError, KeyError, TypeError):
+            code_got = None
+        if received.status < 400 or dispatch["reason"] != code_got:
+            findings.append(f"a refusal for {dispatch['reason']}, the client got {code_got}")
+        return findings
+    if dispatch["backend"]["id"] != claims["backend"]:
+        findings.append("the dispatch record names another backend than the receipt")
+    mine = [json.loads(e) for e in entries if json.loads(e)["request_id"] == claims["request_id"]]
+    completions = [
+        r
+        for r in mine
+        if r["type"] == "completion"
+        and r["dispatch"] == {"index": index, "hash": claims["dispatch_hash"]}
+    ]
+    if len(completions) != 1:
+        return [*findings, f"{len(completions)} completion records link to the dispatch"]
+    completion = completions[0]
+    if mine[-1] != completion:
+        findings.append("the completion of the receipt's dispatch is not the request's last")
+    status = 499 if left else _client_status(received)
+    if completion["status"] != status:
+        findings.append(f"the record says status {completion['status']}, the client got {status}")
+    commitment = completion["response_commitment"]
+    bodies = code["committed_bodies"](received.body) if received.is_stream else [received.body]
+    opened = commitment is not None and any(
+        _commit("response", salts["response"], body) == commitment for body in bodies
+    )
+    if commitment is None and status < 400:
+        findings.append("no response commitment for an answer the client got")
+    elif commitment is not None and not opened:
+        findings.append("the response commitment does not open with the bytes received")
+    # Usage as shown, where its counts are whole numbers (docs: other counts are none).
+    names = ("prompt_tokens", "completion_tokens", "total_tokens")
+    shown = [u for u in _usage_seen(received) if all(type(u.get(n, 0)) is int for n in names)]
+    if shown and completion["usage"] != {name: shown[-1].get(name, 0) for name in names}:
+        findings.append(f"usage {completion['usage']} in the record, {shown[-1]} shown")
+    return findings

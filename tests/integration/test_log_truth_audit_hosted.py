@@ -1,0 +1,160 @@
+"""An adversarial auditor's check of what the log says a client received: hosted
+providers behind LiteLLM (a scripted OpenAI-compatible one, the Anthropic mock) and a
+fallback to one. The commitment is over the OpenAI body the gateway encoded for the
+client. See test_log_truth_audit.py for the check itself.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.serving import ServerThread
+from tests.helpers.anthropic_mock import AnthropicMock
+from tests.helpers.audit_rig import (
+    HOSTED_ANSWER,
+    HOSTED_ASK,
+    HOSTED_END,
+    HOSTED_EVENT,
+    HOSTED_N2,
+    HOSTED_TOOL,
+    HOSTED_USAGE,
+    JSON,
+    chunked,
+    client_gets,
+    hosted_gateway,
+    later_receipt,
+    logged,
+    settled,
+    whole_answer,
+    writes,
+)
+from tests.helpers.gateways import (
+    EU_ZERO,
+    HOSTED_ONLY_POLICY,
+    LITELLM_WARNINGS,
+    Gateway,
+    Sim,
+    anthropic_backend,
+    backend,
+    hosted_backend,
+)
+from tests.helpers.independent_audit import audit, log_records
+from tests.helpers.log_truth import DONE
+from tests.helpers.raw_backend import Answer, RawBackend
+
+pytestmark = LITELLM_WARNINGS
+
+HOSTED: dict[str, tuple[tuple[bytes, ...], dict[str, Any]]] = {
+    "stream": (chunked(HOSTED_EVENT, HOSTED_END, HOSTED_USAGE, DONE), HOSTED_ASK),
+    "stream-usage-asked": (
+        chunked(HOSTED_EVENT, HOSTED_END, HOSTED_USAGE, DONE),
+        {**HOSTED_ASK, "stream_options": {"include_usage": True}},
+    ),
+    "stream-n2-tools": (
+        chunked(HOSTED_EVENT, HOSTED_N2, HOSTED_TOOL, HOSTED_END, HOSTED_USAGE, DONE),
+        {**HOSTED_ASK, "n": 2, "stream_options": {"include_usage": True}},
+    ),
+    "stream-malformed": (chunked(HOSTED_EVENT, b"data: {not json\n\n", DONE), HOSTED_ASK),
+    "stream-done-missing": (chunked(HOSTED_EVENT, HOSTED_END), HOSTED_ASK),
+    "stream-dies": (chunked(HOSTED_EVENT, last=False), HOSTED_ASK),
+    "whole": ((whole_answer(200, HOSTED_ANSWER, JSON),), {**HOSTED_ASK, "stream": False}),
+    "whole-no-usage": (
+        (whole_answer(200, HOSTED_ANSWER.split(b',"usage"')[0] + b"}", JSON),),
+        {**HOSTED_ASK, "stream": False},
+    ),
+    "stream-no-usage-asked": (
+        chunked(HOSTED_EVENT, HOSTED_END, DONE),
+        {**HOSTED_ASK, "stream_options": {"include_usage": True}},
+    ),
+    "whole-gzip": (
+        (whole_answer(200, gzip.compress(HOSTED_ANSWER), JSON, b"content-encoding: gzip"),),
+        {**HOSTED_ASK, "stream": False},
+    ),
+    "whole-400": ((whole_answer(400, b'{"error":{"message":"bad"}}', JSON),), HOSTED_ASK),
+    "whole-500": ((whole_answer(500, b'{"error":{"message":"down"}}', JSON),), HOSTED_ASK),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTED))
+def test_the_log_says_what_the_client_received_from_a_hosted_provider(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    case: str,
+) -> None:
+    """An OpenAI-compatible provider (scripted) behind LiteLLM: the commitment is over the
+    OpenAI body the gateway encoded for the client."""
+    pieces, ask = HOSTED[case]
+    raw = start_raw(writes(*pieces))
+    gateway, vkey = hosted_gateway(start_gateway, tmp_path, raw.url)
+    received = client_gets(gateway, ask)
+    request_id = received.headers["x-request-id"]
+    settled(tmp_path / "log", vkey, request_id)
+    later = later_receipt(gateway, request_id)
+    assert audit(received, tmp_path / "log", vkey, later_receipt=later) == []
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_the_log_says_what_the_client_received_from_a_translated_provider(
+    start_gateway: Callable[..., Gateway], tmp_path: Path, stream: bool
+) -> None:
+    """Anthropic's Messages API (the mock) translated to OpenAI's shape by LiteLLM."""
+    mock = AnthropicMock(api_key="sk-mock")
+    with ServerThread(mock) as server:
+        (tmp_path / "policies").mkdir()
+        policy = HOSTED_ONLY_POLICY.replace("backend: hosted", "backend: claude")
+        (tmp_path / "policies" / "hosted.yaml").write_text(policy)
+        gateway, vkey = logged(
+            start_gateway,
+            tmp_path,
+            [anthropic_backend("claude", server.url)],
+            environ={"MOCK_ANTHROPIC_KEY": "sk-mock"},
+            policy={"paths": [str(tmp_path / "policies")]},
+        )
+        ask = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+        received = client_gets(gateway, {**ask, "stream": stream})
+    request_id = received.headers["x-request-id"]
+    settled(tmp_path / "log", vkey, request_id)
+    later = later_receipt(gateway, request_id)
+    assert audit(received, tmp_path / "log", vkey, later_receipt=later) == []
+
+
+def test_a_fallback_to_a_hosted_provider_is_logged_as_what_the_client_got(
+    start_raw: Callable[[Answer], RawBackend],
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """The private backend answers 503, the policy falls back to a hosted provider: the
+    receipt names the hosted dispatch, whose completion is the request's last record."""
+    down = start_raw(writes(whole_answer(503, b"")))
+    hosted = start_sim("vllm", models=("m",), zero_latency=True)
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "hosted.yaml").write_text(HOSTED_ONLY_POLICY)
+    gateway, vkey = logged(
+        start_gateway,
+        tmp_path,
+        [
+            backend("gpu", down.url, "m", **EU_ZERO),
+            hosted_backend("hosted", f"{hosted.url}/v1", "m"),
+        ],
+        environ={"HOSTED_KEY": "sk-test"},
+        policy={"paths": [str(tmp_path / "policies")]},
+    )
+    ask = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    for stream in (False, True):
+        received = client_gets(gateway, {**ask, "stream": stream})
+        assert received.status == 200, received.body
+        request_id = received.headers["x-request-id"]
+        settled(tmp_path / "log", vkey, request_id)
+        mine = [json.loads(e) for e in log_records(tmp_path / "log", vkey)]
+        kinds = [r["type"] for r in mine if r["request_id"] == request_id]
+        assert kinds == ["dispatch", "completion"] * 2, kinds  # the 503, then the provider
+        later = later_receipt(gateway, request_id)
+        assert audit(received, tmp_path / "log", vkey, later_receipt=later) == []
