@@ -1,6 +1,7 @@
 """Who is calling the admin API, and whether their role may: Bearer admin tokens, stored
 as SHA-256 digests with a role (`admin.tokens`), or full access (`admin.token_hashes`,
-and loopback clients with `admin.allow_loopback`, the demo's setting).
+and loopback clients with `admin.allow_loopback`, the demo's setting, unless a web page
+of another origin sent the request: `gateway.api.admin.loopback_admitted`).
 
 Roles: `operator` (status, reload, drain), `security` (policies, keys), `auditor` (the
 log, receipts, proofs: read-only). A request without a token or with an unknown one is
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from gateway.api.admin import is_loopback
+from gateway.api.admin import LOOPBACK_REFUSED, is_loopback, loopback_admitted
 from gateway.config.schema import AdminSettings
 from gateway.errors import ErrorCode, GatewayError
 
@@ -48,8 +49,10 @@ def identify(request: Request, settings: AdminSettings) -> Caller:
             if found is not None:
                 return found
         raise GatewayError(ErrorCode.invalid_api_key, "Incorrect admin token.")
-    if settings.allow_loopback and is_loopback(request.scope):
+    if settings.allow_loopback and loopback_admitted(request.scope):
         return Caller(FULL_ACCESS, "loopback")
+    if settings.allow_loopback and is_loopback(request.scope):  # a web page sent it
+        raise GatewayError(ErrorCode.missing_api_key, LOOPBACK_REFUSED)
     raise GatewayError(
         ErrorCode.missing_api_key, "send the admin token as 'Authorization: Bearer TOKEN'"
     )

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.config.base import Identifier
+
 __all__ = [
     "ActionResult",
     "BackendStatus",
@@ -193,7 +195,8 @@ class KeyList(_Model):
 
 
 class KeyCreate(_Model):
-    tenant: str
+    # A tenant id's own shape: a caller's other text is refused as a field, never echoed.
+    tenant: Identifier
 
 
 class CreatedKey(ActionResult):

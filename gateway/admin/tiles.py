@@ -8,7 +8,8 @@ in its canonical `x000/…/000` form of at most 7 groups (every uint64 index; a 
 one would cost a conversion of thousands of digits, which Python refuses past 4300),
 a partial width is 1..255; anything else is 404, so
 no request names a file outside the tile tree. Full tiles and bundles never change once
-written (`Cache-Control: immutable`); partial ones and the checkpoint do.
+written (`Cache-Control: private, immutable`: the auditor's client may keep them, a
+shared cache may not); partial ones and the checkpoint do.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ router = APIRouter(prefix="/log", tags=["log"])
 _TILE = re.compile(
     r"tile/(entries|[0-9]|[1-5][0-9]|6[0-3])/((?:x[0-9]{3}/){0,6}[0-9]{3})(?:\.p/([0-9]{1,3}))?"
 )
-_IMMUTABLE = "public, max-age=31536000, immutable"
+# `private`: only the auditor's own client may keep a tile. `public` let a shared cache
+# (a caching proxy in front of the listener) store a tile fetched with a token and
+# serve it to a later request without one (RFC 9111 3.5).
+_IMMUTABLE = "private, max-age=31536000, immutable"
 _CHANGING = "no-cache"
 _OCTETS = "application/octet-stream"
 _Auditor = Annotated[Caller, Depends(require("auditor"))]

@@ -12,7 +12,10 @@ off (403).
 "A loopback client" is the socket's own peer (owngate's servers take no proxy headers:
 `gateway.serving.uvicorn_config`), and a request that names a client in a forwarding
 header (`Forwarded`, `X-Forwarded-For`, `X-Real-IP`) is never one: a proxy on this host
-forwarded it from elsewhere.
+forwarded it from elsewhere. Nor is a request a browser on this host sent for a web page
+of another origin (`sent_from_elsewhere`): any site the operator visits could otherwise
+drain or reload a demo gateway with a form post, and, through a DNS name rebound to
+127.0.0.1, read and call the whole admin API (create a tenant key and read it back).
 """
 
 from __future__ import annotations
@@ -33,7 +36,16 @@ from gateway.routing.scraper import MetricsScraper
 if TYPE_CHECKING:
     from gateway.api.proxy import Proxy
 
-__all__ = ["authorize", "backend_detail", "is_loopback", "send_status", "status_report"]
+__all__ = [
+    "LOOPBACK_REFUSED",
+    "authorize",
+    "backend_detail",
+    "is_loopback",
+    "loopback_admitted",
+    "send_status",
+    "sent_from_elsewhere",
+    "status_report",
+]
 
 
 _FORWARDING = frozenset((b"forwarded", b"x-forwarded-for", b"x-real-ip"))
@@ -51,6 +63,56 @@ def is_loopback(scope: Scope) -> bool:
         return False
 
 
+# Sec-Fetch-Site values of a request the page's own origin sent, or a user typed.
+_OWN_FETCH = frozenset((b"same-origin", b"none"))
+LOOPBACK_REFUSED = (
+    "send the admin token as 'Authorization: Bearer TOKEN' (a loopback client is admitted "
+    "without one only under a loopback address or localhost, and never for a web page of "
+    "another origin)"
+)
+
+
+def sent_from_elsewhere(scope: Scope) -> bool:
+    """Whether a browser sent `scope`'s request for a page that is not the listener's own:
+    its `Host` is not a loopback address or `localhost` (a DNS name rebound to 127.0.0.1:
+    the page is the attacker's, now same-origin with the listener), its `Origin` is not
+    that host's (a cross-site form post or `fetch`), or its `Sec-Fetch-Site` says
+    cross-site or same-site (another port's page). A tool such as curl or `owngate
+    status` sends a loopback `Host` and neither of the others."""
+    hosts = header_values(scope, b"host")
+    if len(hosts) > 1 or (hosts and not _loopback_host(hosts[0].decode("latin-1").lower())):
+        return True
+    host = hosts[0].decode("latin-1").lower() if hosts else None
+    own = {f"http://{host}", f"https://{host}"} if host is not None else set()
+    if any(value.decode("latin-1").lower() not in own for value in header_values(scope, b"origin")):
+        return True
+    return any(value.lower() not in _OWN_FETCH for value in header_values(scope, b"sec-fetch-site"))
+
+
+def _loopback_host(host: str) -> bool:
+    """Whether a `Host` value (lower case) names a loopback address or `localhost`."""
+    if host.startswith("["):  # an IPv6 literal, then an optional :port
+        name, found, port = host[1:].partition("]")
+        if not found or (port and not (port.startswith(":") and port[1:].isdigit())):
+            return False
+    else:
+        name, colon, port = host.partition(":")
+        if colon and not port.isdigit():
+            return False
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def loopback_admitted(scope: Scope) -> bool:
+    """Whether `admin.allow_loopback` admits `scope`'s request without a token: a loopback
+    peer (`is_loopback`) that no web page of another origin sent (`sent_from_elsewhere`)."""
+    return is_loopback(scope) and not sent_from_elsewhere(scope)
+
+
 def authorize(scope: Scope, settings: AdminSettings) -> None:
     """Return if the request may read the admin surface; raise `GatewayError` otherwise
     (401 without or with a wrong token, 403 when no admin access is configured)."""
@@ -63,8 +125,10 @@ def authorize(scope: Scope, settings: AdminSettings) -> None:
         if scheme.lower() == b"bearer" and token and _known(token, settings.token_hashes):
             return
         raise GatewayError(ErrorCode.invalid_api_key, "Incorrect admin token.")
-    if settings.allow_loopback and is_loopback(scope):
+    if settings.allow_loopback and loopback_admitted(scope):
         return
+    if settings.allow_loopback and is_loopback(scope):
+        raise GatewayError(ErrorCode.missing_api_key, LOOPBACK_REFUSED)
     if not settings.token_hashes:
         raise GatewayError(
             ErrorCode.permission_denied,

@@ -42,9 +42,9 @@ def artifacts_dir() -> Path:
     return directory
 
 
-def chromium(downloads: Path) -> webdriver.Chrome:
+def chromium(downloads: Path, *arguments: str) -> webdriver.Chrome:
     """Headless chromium (the system's), with its console log kept for `Console.errors`
-    and its downloads saved in `downloads`."""
+    and its downloads saved in `downloads`; `arguments`: more command-line switches."""
     binary, driver = browser()
     os.environ["SE_OFFLINE"] = "true"  # selenium-manager: never download a browser or driver
     options = webdriver.ChromeOptions()
@@ -55,6 +55,7 @@ def chromium(downloads: Path) -> webdriver.Chrome:
         "--disable-dev-shm-usage",
         "--window-size=1400,1800",
         "--disable-gpu",
+        *arguments,
     ):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})

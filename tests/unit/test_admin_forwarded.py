@@ -46,7 +46,8 @@ def _served(monkeypatch: pytest.MonkeyPatch) -> httpx.AsyncBaseTransport:
 def _get(app: object, client: tuple[str, int], headers: dict[str, str]) -> httpx.Response:
     async def run() -> httpx.Response:
         transport = httpx.ASGITransport(app, client=client)  # type: ignore[arg-type]
-        async with httpx.AsyncClient(transport=transport, base_url="http://admin") as http:
+        # the Host a local client that dialled the listener sends (never a rebound name)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:9090") as http:
             return await http.get("/admin/v1/whoami", headers=headers)
 
     return asyncio.run(run())

@@ -19,6 +19,10 @@ TOKEN = "og-admin-validation-token"
 
 
 def _explain(body: dict[str, Any]) -> httpx.Response:
+    return _post("/admin/v1/policies/explain", body)
+
+
+def _post(path: str, body: dict[str, Any]) -> httpx.Response:
     config = {
         "backends": [backend("gpu", "http://127.0.0.1:9", "m")],
         "admin": {"token_hashes": ["sha256:" + hashlib.sha256(TOKEN.encode()).hexdigest()]},
@@ -29,7 +33,7 @@ def _explain(body: dict[str, Any]) -> httpx.Response:
         transport = httpx.ASGITransport(app)
         async with httpx.AsyncClient(transport=transport, base_url="http://admin") as http:
             headers = {"authorization": f"Bearer {TOKEN}"}
-            return await http.post("/admin/v1/policies/explain", headers=headers, json=body)
+            return await http.post(path, headers=headers, json=body)
 
     return asyncio.run(run())
 
@@ -51,3 +55,16 @@ def test_an_ordinary_location_still_reads_plainly() -> None:
     answer = _explain({"tenant": "acme"})
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["message"].startswith("body.model: ")
+
+
+def test_a_key_for_a_tenant_that_is_no_tenant_id_does_not_echo_it() -> None:
+    """`POST /admin/v1/keys` quoted the whole tenant it was sent (`{tenant!r}`: up to the
+    1 MiB body) in its 400; a tenant id has a shape (config `Identifier`), and anything
+    else is refused as a field, quoting none of it."""
+    tenant = "\u202e\x1b[31m" + "t" * 10_000
+    answer = _post("/admin/v1/keys", {"tenant": tenant})
+    assert answer.status_code == 400, answer.text
+    message = answer.json()["error"]["message"]
+    assert message.startswith("body.tenant: "), message[:200]
+    assert "t" * (EXCERPT_CHARS + 1) not in message and "\x1b" not in message
+    assert len(message) < 400, message[:200]
