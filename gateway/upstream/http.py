@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
+import weakref
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
@@ -104,6 +105,9 @@ class HttpPool:
         # After `retrust`: the settings the pool was built with, which the requests still
         # using it were decided under; a new connection must satisfy them too.
         self._built_with: BackendTLS | None = None
+        # The pools this one replaced at a reload (`succeed`), still used by requests that
+        # began before it: each `retrust` of this pool is theirs too.
+        self._predecessors: weakref.WeakSet[HttpPool] = weakref.WeakSet()
         self._connect_timeout = connect_timeout
         self._first_byte_timeout = first_byte_timeout
         self._read_timeout = read_timeout
@@ -338,6 +342,17 @@ class HttpPool:
             conn = self._idle.pop()
             conn.close()
             self._forget(conn)
+        for older in list(self._predecessors):
+            older.retrust(tls)
+
+    def succeed(self, predecessor: HttpPool) -> None:
+        """This pool replaces `predecessor` (a reload rebuilt the backend, at the same
+        origin), whose requests still running finish on it: every later `retrust` of
+        this pool retrusts `predecessor` too (and the pools it replaced), so settings a
+        later reload withdraws are withdrawn from all of them, not only from the pool that
+        reload retired. Held weakly: a pool no request uses any more goes."""
+        if predecessor is not self:
+            self._predecessors.add(predecessor)
 
     def _release_slot(self) -> None:
         self._open -= 1
