@@ -334,7 +334,12 @@ class HttpPool:
         authenticated under the old. A connection a request holds now finishes that
         request; none is handed out again. A new connection must also pass the pins and
         certificate facts the pool was built with (the requests still using it were
-        decided under them): only what both the old and the new settings accept."""
+        decided under them): only what both the old and the new settings accept. The
+        same for the pools this one replaced (`succeed`), each with its own."""
+        for pool in (self, *self._predecessors):
+            pool._take(tls)
+
+    def _take(self, tls: BackendTLS) -> None:
         if self._built_with is None:
             self._built_with = self.tls
         self.tls = tls
@@ -342,17 +347,16 @@ class HttpPool:
             conn = self._idle.pop()
             conn.close()
             self._forget(conn)
-        for older in list(self._predecessors):
-            older.retrust(tls)
 
     def succeed(self, predecessor: HttpPool) -> None:
         """This pool replaces `predecessor` (a reload rebuilt the backend, at the same
         origin), whose requests still running finish on it: every later `retrust` of
-        this pool retrusts `predecessor` too (and the pools it replaced), so settings a
+        this pool retrusts `predecessor` too, and the pools it replaced, so settings a
         later reload withdraws are withdrawn from all of them, not only from the pool that
-        reload retired. Held weakly: a pool no request uses any more goes."""
-        if predecessor is not self:
-            self._predecessors.add(predecessor)
+        reload retired. Held weakly, and each directly (a pool in between that no request
+        uses any more may go while an older one is still in use)."""
+        self._predecessors.update(p for p in (predecessor, *predecessor._predecessors))
+        self._predecessors.discard(self)
 
     def _release_slot(self) -> None:
         self._open -= 1

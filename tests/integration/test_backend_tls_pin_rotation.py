@@ -12,6 +12,8 @@ settings of that reload, and went on accepting key A after the second.
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from gateway.config.loader import load_config
 from gateway.routing.registry import Registry
 from gateway.tenants import hash_api_key
 from gateway.upstream.http import HttpPool, UpstreamError
+from gateway.upstream.tls import system_tls
 from tests.helpers.gateways import ADMIN, TENANT_KEY, Sim, backend
 from tests.helpers.tls import Pki, TLSFront, server_context
 from tests.helpers.waiting import until_async
@@ -163,3 +166,33 @@ def test_an_idle_connection_under_the_withdrawn_key_is_not_reused(
             await rotation.close()
 
     asyncio.run(run())
+
+
+def test_a_pool_replaced_twice_is_retrusted_when_the_one_in_between_is_gone() -> None:
+    """Three reloads that each rebuilt the backend: no request uses the middle config any
+    more (its pool is collected) while one from the first still runs. The third reload's
+    settings must still reach the first pool."""
+
+    def pool() -> HttpPool:
+        return HttpPool(
+            "127.0.0.1",
+            1,
+            tls=system_tls("127.0.0.1"),
+            connect_timeout=1,
+            first_byte_timeout=1,
+            read_timeout=1,
+            max_connections=1,
+        )
+
+    first, second, third = pool(), pool(), pool()
+    decided = first.tls
+    second.succeed(first)
+    third.succeed(second)
+    gone = weakref.ref(second)
+    del second
+    gc.collect()
+    assert gone() is None
+    latest = system_tls("127.0.0.1")
+    third.retrust(latest)
+    assert first.tls is latest
+    assert first._built_with is decided  # and what its requests were decided under
