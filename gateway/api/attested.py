@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-import collections
+import heapq
 
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.trail import Trail
@@ -50,7 +50,11 @@ class Attester:
         self.backend = backend
         self._verifier = Verifier(vkey)
         self._metrics = metrics
-        self._seen: collections.OrderedDict[int, None] = collections.OrderedDict()
+        # The counters remembered (a set to look up, a heap to forget the lowest first),
+        # and the highest one forgotten: at or below it, a counter is refused unseen.
+        self._seen: set[int] = set()
+        self._lowest: list[int] = []
+        self._forgotten = -1  # counters are 0..2**53
         self._events = get_logger("owngate.attest")
 
     def judge(self, trail: Trail, request_id: str, encoded: bytes | None) -> None:
@@ -85,15 +89,26 @@ class Attester:
         self._metrics.attestation(self.backend, "ok")
 
     def _fresh(self, counter: int) -> None:
-        """Refuse a counter seen before from this key, or one older than every counter
-        remembered (a replay too old to tell apart); remember it otherwise. Counters of
-        concurrent requests may arrive out of order: only a repeat is a replay."""
-        seen = self._seen
-        if counter in seen or (len(seen) >= _WINDOW and counter < next(iter(seen))):
+        """Refuse a counter seen before from this key, or one at or below the highest
+        counter forgotten (a replay too old to tell apart); remember it otherwise.
+
+        Counters of concurrent requests arrive out of order (the sidecar takes one when it
+        signs, the gateway judges when it has read the answer), so the lowest counter is
+        forgotten first, not the first to arrive: then every counter ever accepted is
+        either remembered or at or below `_forgotten`, and a valid late one is refused
+        only once a higher one was forgotten (more than `_WINDOW` counters later)."""
+        if counter <= self._forgotten:
+            raise AttestationFailure(
+                "replayed",
+                f"counter {counter} is older than every counter remembered from this key",
+            )
+        if counter in self._seen:
             raise AttestationFailure("replayed", f"counter {counter} was already used")
-        seen[counter] = None
-        if len(seen) > _WINDOW:
-            seen.popitem(last=False)
+        self._seen.add(counter)
+        heapq.heappush(self._lowest, counter)
+        if len(self._seen) > _WINDOW:
+            self._forgotten = heapq.heappop(self._lowest)
+            self._seen.discard(self._forgotten)
 
 
 def _decode(encoded: bytes) -> bytes:

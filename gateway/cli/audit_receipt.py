@@ -35,7 +35,7 @@ from gateway.provenance.audit.shown import shown
 from gateway.provenance.errors import MalformedError
 from gateway.provenance.formats.attestation import receipt_countersignature
 from gateway.provenance.formats.receipts import countersignature_of
-from gateway.provenance.formats.stream_body import committed_bodies
+from gateway.provenance.formats.stream_body import committed_bodies, countersigned_body
 
 __all__ = ["add_open", "add_receipt"]
 
@@ -143,7 +143,7 @@ def _receipt_verify(args: argparse.Namespace) -> int:
             body = Path(args.response_body).read_bytes()
             # A countersigned answer is whole: the gateway wrote nothing after the
             # backend's bytes but its receipt line (no error event, no line end).
-            whole = committed_bodies(body)[0]
+            whole = countersigned_body(body)
             if commit("response", receipt.salts.response, whole) != statement.response_commitment:
                 print(
                     "FAILED: the body and salt do not open this response commitment: "
@@ -184,7 +184,8 @@ def add_open(verbs: Any) -> None:
     opener.add_argument(
         "body",
         help="the request or response body file, as sent/received (a stream as received: "
-        "the gateway's receipt line and what it wrote before it are taken off)",
+        "the gateway's receipt line and what it wrote before it are taken off; of an answer "
+        "the backend countersigned, with --receipt, only the receipt line)",
     )
     opener.add_argument(
         "--kind",
@@ -210,16 +211,19 @@ def add_open(verbs: Any) -> None:
 def _open(args: argparse.Namespace) -> int:
     body = Path(args.body).read_bytes()
     salt_hex, commitment = args.salt, args.commitment
+    whole = False  # a countersigned answer: opens only as received less the receipt line
     if args.receipt is not None:
         if args.log is None or not (args.key or args._key_defaults):
             print("error: --receipt needs --log and --key", file=sys.stderr)
             return 2
-        receipt = verify_receipt(read_receipt(args.receipt), trusted_keys(args))
+        envelope = read_receipt(args.receipt)
+        receipt = verify_receipt(envelope, trusted_keys(args))
         salts = receipt.salts
         salt_hex = (salts.request if args.kind == "request" else salts.response).hex()
-        commitment = receipt_commitment(
-            LogDirectory(args.log), receipt, args.kind, trusted_keys(args)
-        )
+        logged = receipt_commitment(LogDirectory(args.log), receipt, args.kind, trusted_keys(args))
+        commitment = logged.commitment
+        # The log's completion says so, or the receipt carries a countersignature.
+        whole = logged.countersigned or _carries_countersignature(envelope)
     if salt_hex is None or commitment is None:
         print("error: give --salt and --commitment, or --receipt and --log", file=sys.stderr)
         return 2
@@ -230,7 +234,7 @@ def _open(args: argparse.Namespace) -> int:
         return 0
     # A stream as the client received it: the gateway's own trailing lines (its receipt
     # line, and before it a line end or error event it wrote) are not committed to.
-    candidate = _opening(commitment, salt, body)
+    candidate = _opening(commitment, salt, body, whole=whole)
     if candidate is None:
         verify_commitment("response", commitment, salt, body)  # raises, naming both
         candidate = body
@@ -240,11 +244,13 @@ def _open(args: argparse.Namespace) -> int:
     return 0
 
 
-def _opening(commitment: str, salt: bytes, received: bytes) -> bytes | None:
+def _opening(commitment: str, salt: bytes, received: bytes, *, whole: bool) -> bytes | None:
     """The bytes, of those a client received, that open a response commitment: all of
     them, or for a stream as received, less what the gateway wrote after the backend's
-    bytes (`committed_bodies`). None when none opens it."""
-    for candidate in committed_bodies(received):
+    bytes (`committed_bodies`; of a `whole`, countersigned answer only its receipt line:
+    `countersigned_body`). None when none opens it."""
+    candidates = (countersigned_body(received),) if whole else committed_bodies(received)
+    for candidate in candidates:
         if commit("response", salt, candidate) == commitment:
             return candidate
     return None

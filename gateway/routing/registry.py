@@ -172,15 +172,21 @@ class Registry:
         authenticates its new connections with the successor's and drops its idle ones
         (`HttpPool.retrust`). Requests that began before the reload finish on this
         registry; a failover attempt among them must not open or reuse a connection the
-        new files refuse (a CA withdrawn by replacing `ca.pem` is withdrawn at once)."""
+        new files refuse (a CA withdrawn by replacing `ca.pem` is withdrawn at once).
+        Every backend `successor` rebuilt at the same origin, with other TLS settings or
+        the same, takes its old pool along (`HttpPool.succeed`): a later reload's settings
+        reach the requests of this registry too, not only those of `successor`."""
         for backend in self.backends.values():
             new = successor.backends.get(backend.id)
             if new is None or new is backend or backend.tls is None or new.tls is None:
                 continue
-            if backend.pool is None or new.pool is None or backend.tls.digest == new.tls.digest:
+            if backend.pool is None or new.pool is None:
                 continue
-            if (backend.pool.host, backend.pool.port) == (new.pool.host, new.pool.port):
+            if (backend.pool.host, backend.pool.port) != (new.pool.host, new.pool.port):
+                continue
+            if backend.tls.digest != new.tls.digest:
                 backend.pool.retrust(new.tls)
+            new.pool.succeed(backend.pool)
 
     async def close(self) -> None:
         for backend in self.backends.values():

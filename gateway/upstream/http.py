@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
+import weakref
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
@@ -104,6 +105,9 @@ class HttpPool:
         # After `retrust`: the settings the pool was built with, which the requests still
         # using it were decided under; a new connection must satisfy them too.
         self._built_with: BackendTLS | None = None
+        # The pools this one replaced at a reload (`succeed`), still used by requests that
+        # began before it: each `retrust` of this pool is theirs too.
+        self._predecessors: weakref.WeakSet[HttpPool] = weakref.WeakSet()
         self._connect_timeout = connect_timeout
         self._first_byte_timeout = first_byte_timeout
         self._read_timeout = read_timeout
@@ -330,7 +334,12 @@ class HttpPool:
         authenticated under the old. A connection a request holds now finishes that
         request; none is handed out again. A new connection must also pass the pins and
         certificate facts the pool was built with (the requests still using it were
-        decided under them): only what both the old and the new settings accept."""
+        decided under them): only what both the old and the new settings accept. The
+        same for the pools this one replaced (`succeed`), each with its own."""
+        for pool in (self, *self._predecessors):
+            pool._take(tls)
+
+    def _take(self, tls: BackendTLS) -> None:
         if self._built_with is None:
             self._built_with = self.tls
         self.tls = tls
@@ -338,6 +347,16 @@ class HttpPool:
             conn = self._idle.pop()
             conn.close()
             self._forget(conn)
+
+    def succeed(self, predecessor: HttpPool) -> None:
+        """This pool replaces `predecessor` (a reload rebuilt the backend, at the same
+        origin), whose requests still running finish on it: every later `retrust` of
+        this pool retrusts `predecessor` too, and the pools it replaced, so settings a
+        later reload withdraws are withdrawn from all of them, not only from the pool that
+        reload retired. Held weakly, and each directly (a pool in between that no request
+        uses any more may go while an older one is still in use)."""
+        self._predecessors.update(p for p in (predecessor, *predecessor._predecessors))
+        self._predecessors.discard(self)
 
     def _release_slot(self) -> None:
         self._open -= 1

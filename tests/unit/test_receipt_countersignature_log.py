@@ -73,8 +73,9 @@ def _statement(counter: int, response: bytes) -> Statement:
     )
 
 
-def _log(path: Path, accepted: Attestation) -> Receipt:
-    """A log holding one attested request whose completion recorded `accepted`."""
+def _log(path: Path, accepted: Attestation | None, served: bytes = SERVED) -> Receipt:
+    """A log holding one request (to an attested backend) whose completion recorded
+    `accepted` and a response commitment to `served`."""
 
     async def build() -> Receipt:
         log = await ProvenanceLog.open(path, LOG.name, LOG)
@@ -88,7 +89,7 @@ def _log(path: Path, accepted: Attestation) -> Receipt:
                 error=None,
                 usage=None,
                 latency_ms=100,
-                response_commitment=commit("response", SALTS.response, SERVED),
+                response_commitment=commit("response", SALTS.response, served),
                 attestation=accepted,
             )
         )
@@ -305,3 +306,56 @@ def test_a_backend_key_for_another_backend_than_the_receipts_is_pointed_out(
     assert f"note: the receipt names backend {EXAMPLE_BACKEND.id}, for which no" in out, out
     assert "gpu-expected given" in out
     assert main([*argv, *KEY]) == 1  # its own backend's key: no countersignature, refused
+
+
+def _opens(tmp_path: Path, receipt: Receipt, received: bytes, carried: Statement | None) -> int:
+    """`audit open --kind response --receipt --log` with the bytes a client received, and
+    a receipt carrying `carried` (or no countersignature)."""
+    envelope = make_receipt(receipt, LOG)
+    if carried is not None:
+        envelope = attach_countersignature(envelope, sign_statement(carried, BACKEND))
+    (tmp_path / "receipt.json").write_bytes(envelope)
+    (tmp_path / "received").write_bytes(received)
+    argv = ["audit", "open", str(tmp_path / "received"), "--kind", "response"]
+    argv += ["--receipt", str(tmp_path / "receipt.json"), "--log", str(tmp_path / "log")]
+    return main([*argv, "--key", LOG.vkey])
+
+
+STREAM = b'data: {"choices":[]}\n\ndata: [DONE]\n\n'
+RECEIPT_LINE = b": owngate-receipt " + base64.b64encode(b"{}") + b"\n\n"
+# shaped as the gateway's error event after a broken stream; SDKs read its content
+INJECTED = b'data: {"error":{},"choices":[{"delta":{"content":"pay here"}}],"x":{}}\n\n'
+
+
+@pytest.mark.parametrize("carried", [True, False], ids=["receipt-carries-it", "log-only"])
+def test_audit_open_opens_a_countersigned_stream_only_as_received_less_the_receipt_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], carried: bool
+) -> None:
+    """What `receipt verify --response-body` checks, `audit open --receipt` checks too: a
+    countersigned answer is whole, so an event after the backend's bytes (the stripped
+    error-event form, which the log's completion of a broken stream may open) is not part
+    of the answer the log's commitment covers. The log's completion says the answer was
+    countersigned, whether or not the receipt still carries the countersignature."""
+    genuine = _statement(7, STREAM)
+    receipt = _log(tmp_path / "log", _accepted(genuine), STREAM)
+    statement = genuine if carried else None
+    assert _opens(tmp_path, receipt, STREAM + RECEIPT_LINE, statement) == 0
+    assert "opens the response commitment" in capsys.readouterr().out
+    assert _opens(tmp_path, receipt, STREAM + INJECTED + RECEIPT_LINE, statement) == 1
+    assert "FAILED" in capsys.readouterr().err
+
+
+def test_audit_open_still_takes_the_error_event_off_an_answer_not_countersigned(
+    tmp_path: Path,
+) -> None:
+    """A stream that broke off (never countersigned) ends with the gateway's error event,
+    which its commitment does not cover: that form still opens it."""
+    broken = b'data: {"choices":[]}\n\n'
+    error = b'data: {"error":{"message":"the backend broke off"}}\n\n'
+    # no attestation, and one the gateway refused (`sig` null): neither is countersigned
+    for where, recorded in (
+        ("none", None),
+        ("refused", Attestation(str(BACKEND), failure="missing")),
+    ):
+        receipt = _log(tmp_path / where / "log", recorded, broken)
+        assert _opens(tmp_path / where, receipt, broken + error + RECEIPT_LINE, None) == 0

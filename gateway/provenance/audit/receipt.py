@@ -8,7 +8,8 @@ does not hold: the checkpoint's signature or origin, an entry the checkpoint doe
 cover yet (or no longer: a rollback), an entry that is not the receipt's record (or
 says another request, backend or policy than the receipt), a proof that does not reach
 the checkpoint's root. `receipt_commitment` gives the commitment a receipt's salt opens,
-from records so proved (`owngate audit open --receipt`); `check_countersignature_in_log`
+from records so proved, and whether the answer was countersigned (`owngate audit open
+--receipt`); `check_countersignature_in_log`
 that the backend's countersignature a receipt carries is the one the log recorded for
 its answer; `read_receipt` reads a receipt file within verify_receipt's cap.
 """
@@ -30,6 +31,7 @@ from gateway.provenance.formats.records import Record, parse_record
 from gateway.provenance.formats.tiles import TILE_WIDTH, TileReader
 
 __all__ = [
+    "LoggedCommitment",
     "ReceiptInclusion",
     "check_countersignature_in_log",
     "check_receipt_in_log",
@@ -76,25 +78,39 @@ def check_receipt_in_log(
     return ReceiptInclusion(size, signed.checkpoint.root, entry)
 
 
+@dataclass(frozen=True, slots=True)
+class LoggedCommitment:
+    """A commitment the log holds for a receipt's request, proved in its checkpoint."""
+
+    commitment: str
+    # A response the completion record says the backend countersigned: a whole answer,
+    # which opens only with the bytes received less the gateway's receipt line
+    # (`formats.stream_body.countersigned_body`), never in the forms of a broken stream.
+    countersigned: bool = False
+
+
 def receipt_commitment(
     log: LogDirectory, receipt: Receipt, kind: str, verifiers: Iterable[Verifier]
-) -> str:
+) -> LoggedCommitment:
     """The commitment the receipt's salt of `kind` ("request" or "response") opens: the
     request commitment of the record the receipt names, or the response commitment of
-    the completion record linking to it, each proved in the latest signed checkpoint."""
+    the completion record linking to it (and whether that completion accepted the
+    backend's countersignature), each proved in the latest signed checkpoint."""
     proved = check_receipt_in_log(log, receipt, verifiers)
+    dispatch = parse_record(proved.entry)
     if kind == "request":
-        found = parse_record(proved.entry).data.get("request_commitment")
+        found = dispatch.data.get("request_commitment")
         if not isinstance(found, str):
             raise LogVerificationError(f"entry {receipt.index} holds no request commitment")
-        return found
+        return LoggedCommitment(found)
     link = {"index": receipt.index, "hash": receipt.dispatch_hash.hex()}
     for index, record in log.find_request(receipt.request_id, proved.size):
         found = record.data.get("response_commitment")
         if record.type == "completion" and record.data["dispatch"] == link and found:
             entry = log.bundle(index // TILE_WIDTH, proved.size)[index % TILE_WIDTH]
             _prove(log, index, leaf_hash(entry), proved.size, proved.root)
-            return str(found)
+            countersigned = statement_of_records(dispatch.data, record.data) is not None
+            return LoggedCommitment(str(found), countersigned)
     raise LogVerificationError(
         f"the log holds no response commitment for entry {receipt.index} of request "
         f"{receipt.request_id!r} (a completion with one, linking to it)"

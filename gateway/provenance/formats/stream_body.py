@@ -14,13 +14,18 @@ backend's `data: x` and the gateway's LF read exactly like a backend's `data: x\
 bytes with some of the gateway's trailing additions taken off, never anything else, so
 a commitment that opens with one of them covers bytes the client received, up to where
 the gateway's own additions begin. A body without a receipt line is its own candidate.
+
+An answer the backend countersigned is whole (the sidecar signs no stream that broke
+off), so the gateway wrote nothing after its bytes but the receipt line:
+`countersigned_body` is the one candidate such an answer opens with (`audit receipt
+verify --response-body` and `audit open --receipt` alike).
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["committed_bodies"]
+__all__ = ["committed_bodies", "countersigned_body"]
 
 _RECEIPT_LINE = re.compile(rb": owngate-receipt [A-Za-z0-9+/]*={0,2}\n\n\Z")
 _ERROR_EVENT = re.compile(rb'data: \{"error":\{[^\r\n]*\}\}\n\n\Z')
@@ -49,6 +54,13 @@ def committed_bodies(received: bytes) -> tuple[bytes, ...]:
             before[: len(before) - cut] for cut in (0, 1, 2) if before.endswith(b"\n" * cut)
         ]
     return tuple(dict.fromkeys(candidates))
+
+
+def countersigned_body(received: bytes) -> bytes:
+    """The body a countersigned answer's commitment covers: `received` less the
+    gateway's receipt line alone (no line end or error event the gateway may write
+    before it after a stream that broke off, which is never countersigned)."""
+    return committed_bodies(received)[0]
 
 
 def _error_event(body: bytes) -> re.Match[bytes] | None:
