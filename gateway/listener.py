@@ -50,6 +50,8 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
   connection that sends more is closed (an answer cannot overtake those queued). uvicorn
   parses every request of a read and reads again after each answer, so one connection
   could queue requests without end.
+- a body answered before it was read (an early 401, 413, 429) is dropped with the answer,
+  not held by uvicorn until the connection's next request or end.
 - protocol upgrades (`Upgrade` with `Connection: upgrade`, `CONNECT`) are 400
   `invalid_request`: the parser stops at such a head, and its body would otherwise be
   parsed later as a request of its own.
@@ -275,6 +277,15 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+
+    def on_response_complete(self) -> None:
+        cycle = self.cycle
+        if cycle.response_complete and cycle.body:
+            # Answered before its body was read (an early 401, 404, 413, 429): uvicorn
+            # keeps what it buffered, up to one read past 64 KiB, until the connection's
+            # next request or its end (the body deadline away). Nothing reads it now.
+            cycle.body = bytearray()
+        super().on_response_complete()
 
     def on_message_complete(self) -> None:
         self._in_head = True

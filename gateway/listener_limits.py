@@ -52,7 +52,8 @@ _LOG_EVERY_S = 10.0
 # The admin API's listener (`admin.listen`) runs in the same process with the public
 # listener's limits, but at most this many connections: with the public cap (derived from
 # the same open-file limit) it held as many again, taking the descriptors left for backend
-# connections. A control plane has a few callers (a console opens some 6 at once).
+# connections. A control plane has a few callers (a console opens some 6 at once). Past
+# the cap, the connection waiting longest for a request makes room (gateway/listener_room.py).
 ADMIN_MAX_CONNECTIONS = 32
 
 

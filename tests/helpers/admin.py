@@ -85,10 +85,17 @@ class Served:
 
 
 @contextmanager
-def serve_admin(directory: Path, *, witness: bool = False, **admin: Any) -> Iterator[Served]:
-    """The gateway in `directory` (`admin`: more admin settings; `witness`: a witness,
-    `WITNESS`, cosigns its checkpoints); on exit it must stop cleanly (both listeners
-    closed, the log's last checkpoint signed)."""
+def serve_admin(
+    directory: Path,
+    *,
+    witness: bool = False,
+    listen: dict[str, Any] | None = None,
+    **admin: Any,
+) -> Iterator[Served]:
+    """The gateway in `directory` (`admin`: more admin settings; `listen`: more `listen`
+    settings, for both listeners; `witness`: a witness, `WITNESS`, cosigns its
+    checkpoints); on exit it must stop cleanly (both listeners closed, the log's last
+    checkpoint signed)."""
     with contextlib.ExitStack() as stack:
         vkey = write_signing_key(directory / "log.key", ORIGIN)
         witnesses = []
@@ -99,17 +106,21 @@ def serve_admin(directory: Path, *, witness: bool = False, **admin: Any) -> Iter
             server = ServerThread(create_witness_app(cosigning)).start()
             stack.callback(server.stop)
             witnesses.append({"url": server.url, "vkey": WITNESS.vkey, "timeout_s": 2})
-        yield stack.enter_context(_serve(directory, vkey, witnesses, admin))
+        yield stack.enter_context(_serve(directory, vkey, witnesses, admin, listen or {}))
 
 
 @contextmanager
 def _serve(
-    directory: Path, vkey: str, witnesses: list[dict[str, Any]], admin: dict[str, Any]
+    directory: Path,
+    vkey: str,
+    witnesses: list[dict[str, Any]],
+    admin: dict[str, Any],
+    listen: dict[str, Any],
 ) -> Iterator[Served]:
     sim = ServerThread(create_sim_app(SimSettings.for_kind("vllm", models=("m",)))).start()
     admin_port, port = free_ports(2)  # distinct: two free_port calls once gave the same
     config = {
-        "listen": {"host": "127.0.0.1", "port": port},
+        "listen": {"host": "127.0.0.1", "port": port, **listen},
         "logging": {"format": "json", "level": "warning"},
         "backends": [
             {

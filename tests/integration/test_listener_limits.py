@@ -30,10 +30,11 @@ from gateway.config.schema import ListenSettings
 from gateway.errors import ErrorCode
 from gateway.listener import http_protocol
 from gateway.listener_limits import ListenerLimits, derived_max_connections
-from gateway.serving import ServerThread, uvicorn_config
+from gateway.serving import ServerThread
 from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
 from tests.helpers.net import free_port
 from tests.helpers.processes import GatewayProcess
+from tests.helpers.protocol_wire import connect_protocol, finish
 from tests.helpers.raw_socket import WAIT_S, assert_refused, connect, exchange, parse, read_to_end
 
 SHORT = {"header_timeout_s": 0.5, "body_timeout_s": 0.5}
@@ -303,46 +304,6 @@ def test_malformed_request_gets_a_json_400(
 # the protocol alone, with reads split where a test needs them
 
 
-class _Wire(asyncio.Transport):
-    """A transport recording what the protocol writes; `close` reports the loss."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__()
-        self.loop = loop
-        self.out = bytearray()
-        self.closed = False
-        self.protocol: asyncio.Protocol | None = None
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.out += data
-
-    def close(self) -> None:
-        if not self.closed and self.protocol is not None:
-            self.closed = True
-            self.loop.call_soon(self.protocol.connection_lost, None)
-
-    def abort(self) -> None:
-        self.close()
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def can_write_eof(self) -> bool:
-        return True
-
-    def write_eof(self) -> None:
-        pass
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("127.0.0.1", 5000), "sockname": ("127.0.0.1", 8080)}.get(name, default)
-
-
 async def _echo_length(scope: dict[str, Any], receive: Any, send: Any) -> None:
     size = 0
     while True:
@@ -356,37 +317,15 @@ async def _echo_length(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _connection(app: Any, **listen: Any) -> tuple[asyncio.Protocol, _Wire, set[Any]]:
-    """One protocol instance on a `_Wire`, in the running loop; also the server's tasks."""
-    from uvicorn.server import ServerState
-
-    loop = asyncio.get_running_loop()
-    config = uvicorn_config(app, ListenSettings(**listen))
-    config.load()
-    state = ServerState()
-    protocol = config.http_protocol_class(  # type: ignore[call-arg]
-        config=config, server_state=state, app_state={}, _loop=loop
-    )
-    wire = _Wire(loop)
-    wire.protocol = protocol
-    protocol.connection_made(wire)
-    return protocol, wire, state.tasks
-
-
-async def _finish(tasks: set[Any]) -> None:
-    while tasks:  # a pipelined request starts when the one before it ends
-        await asyncio.gather(*list(tasks))
-
-
 def _feed(reads: list[bytes], **listen: Any) -> bytes:
     """Feed `reads` to one protocol instance, one `data_received` each, and return
     what it wrote once the app is done."""
 
     async def run() -> bytes:
-        protocol, wire, tasks = _connection(_echo_length, **listen)
+        protocol, wire, tasks = connect_protocol(_echo_length, **listen)
         for data in reads:
             protocol.data_received(data)
-        await _finish(tasks)
+        await finish(tasks)
         return bytes(wire.out)
 
     return asyncio.run(run())
@@ -439,11 +378,11 @@ def test_the_body_deadline_starts_over_while_the_gateway_holds_the_body(
             reading.set()
             await _echo_length(scope, receive, send)
 
-        protocol, wire, tasks = _connection(late_reader, body_timeout_s=0.04)
+        protocol, wire, tasks = connect_protocol(late_reader, body_timeout_s=0.04)
         protocol.data_received(head + first_part)
         await reading.wait()
         protocol.data_received(b"y" * 100_000)
-        await _finish(tasks)
+        await finish(tasks)
         return bytes(wire.out)
 
     out = asyncio.run(run())
@@ -617,7 +556,7 @@ def test_a_client_that_reads_nothing_of_a_stream_is_cut_off_at_the_write_timeout
             seen.append((await receive())["type"])
             done.set()
 
-        protocol, wire, _ = _connection(app, write_timeout_s=0.05)
+        protocol, wire, _ = connect_protocol(app, write_timeout_s=0.05)
         protocol.pause_writing()  # the client's buffers are full: it reads nothing
         protocol.data_received(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
         try:
