@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["CommentFilter", "StripReports"]
+__all__ = ["CommentFilter"]
 
 _MARK: Final = b"owngate-"
 _BOM: Final = b"\xef\xbb\xbf"
@@ -150,25 +150,6 @@ class CommentFilter:
             elif buffer[end] == 10:
                 end += 1
         return end
-
-
-class StripReports:
-    """When to say that backends' streams held `owngate-` lines: at most once per
-    `every_s` per backend, with how many were removed since it was last said."""
-
-    def __init__(self, every_s: float = 60.0) -> None:
-        self._every_s = every_s
-        self._said: dict[str, tuple[float, int]] = {}  # backend: said at, removed since
-
-    def note(self, backend: str, lines: int, now: float) -> int:
-        """`lines` removed from `backend`'s stream at `now`: how many to report now (0:
-        stay quiet, they are added to the next report)."""
-        said = self._said.get(backend)
-        if said is not None and now - said[0] < self._every_s:
-            self._said[backend] = (said[0], said[1] + lines)
-            return 0
-        self._said[backend] = (now, 0)
-        return lines + (said[1] if said is not None else 0)
 
 
 def _verdict(buffer: bytes, pos: int, end: int, stream_start: bool) -> str:

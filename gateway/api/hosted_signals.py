@@ -16,30 +16,12 @@ from __future__ import annotations
 from typing import Final
 
 from gateway.api.metrics import GatewayMetrics
+from gateway.log_tally import Tally
 from gateway.logs import get_logger
 
-__all__ = ["LOG_EVERY_S", "HostedSignals", "Reports"]
+__all__ = ["LOG_EVERY_S", "HostedSignals"]
 
 LOG_EVERY_S: Final = 60.0
-
-
-class Reports:
-    """When to log a recurring event: at most once per `every_s` per key, with how many
-    occurred since the last line."""
-
-    def __init__(self, every_s: float = LOG_EVERY_S) -> None:
-        self._every_s = every_s
-        self._said: dict[tuple[str, str], tuple[float, int]] = {}  # key: said at, since
-
-    def note(self, key: tuple[str, str], now: float) -> int:
-        """One occurrence of `key` at `now`: how many to report now (0: stay quiet, it is
-        added to the next report)."""
-        said = self._said.get(key)
-        if said is not None and now - said[0] < self._every_s:
-            self._said[key] = (said[0], said[1] + 1)
-            return 0
-        self._said[key] = (now, 0)
-        return 1 + (said[1] if said is not None else 0)
 
 
 class HostedSignals:
@@ -47,7 +29,7 @@ class HostedSignals:
 
     def __init__(self, metrics: GatewayMetrics, every_s: float = LOG_EVERY_S) -> None:
         self._metrics = metrics
-        self._reports = Reports(every_s)
+        self._reports = Tally(every_s)
         self._log = get_logger("owngate.upstream")
 
     def load_failed(self, backend: str, error_class: str, now: float) -> None:

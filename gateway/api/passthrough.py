@@ -38,11 +38,12 @@ from gateway.api.sse import StreamWatch
 from gateway.api.stream_relay import StreamRelay
 from gateway.asgi import Send
 from gateway.errors import ErrorCode, GatewayError
+from gateway.log_tally import Tally
 from gateway.logs import get_logger
 from gateway.provenance.formats.attestation import ATTEST_HEADER, SALTS_HEADER, salts_value
 from gateway.routing.registry import BackendState, Route
 from gateway.routing.router import Attempt
-from gateway.sse_comments import CommentFilter, StripReports
+from gateway.sse_comments import CommentFilter
 from gateway.upstream.errors import translate_upstream_error
 from gateway.upstream.http import Connection, UpstreamError, UpstreamResponse
 from gateway.upstream.openai_wire import include_usage
@@ -65,7 +66,7 @@ class PrivateRelay:
         self._metrics = metrics
         self._rewrites: dict[tuple[str, str], re.Pattern[bytes]] = {}
         self._attesters: dict[tuple[str, str], Attester] = {}
-        self._strip_reports = StripReports(_STRIP_LOG_EVERY_S)
+        self._strip_reports = Tally(_STRIP_LOG_EVERY_S)
         self._log = get_logger("owngate.upstream")
         self._streams = StreamRelay(metrics, self._stripped)
 
@@ -185,7 +186,7 @@ class PrivateRelay:
         if not lines:
             return
         self._metrics.sse_comments_stripped(backend, lines)
-        said = self._strip_reports.note(backend, lines, asyncio.get_running_loop().time())
+        said = self._strip_reports.note(backend, asyncio.get_running_loop().time(), lines)
         if said:
             self._log.warning(
                 "backend answer held owngate comment lines: removed", backend=backend, lines=said

@@ -62,6 +62,7 @@ from gateway.attest.notary import COUNTER_FILE, CounterFile, Notary, last_logged
 from gateway.attest.protocol import Connection, Request
 from gateway.body_budget import BodyBudget, Held, hold_answer
 from gateway.errors import ErrorCode, GatewayError
+from gateway.log_tally import Tally
 from gateway.logs import get_logger
 from gateway.provenance import (
     LogSettings,
@@ -79,7 +80,7 @@ from gateway.provenance.formats.attestation import (
 )
 from gateway.provenance.formats.commitments import SALT_SIZE
 from gateway.provenance.formats.receipt_payload import REQUEST_ID
-from gateway.sse_comments import CommentFilter, StripReports
+from gateway.sse_comments import CommentFilter
 from gateway.upstream.http import HttpPool, UpstreamError, UpstreamResponse
 
 __all__ = ["RELAYED", "AttestRelay", "AttestSettings"]
@@ -148,7 +149,7 @@ class AttestRelay:
         self._log: ProvenanceLog | None = None
         self._pool_open = False
         self._notary: Notary | None = None
-        self._strip_reports = StripReports()
+        self._strip_reports = Tally()
         self.answers = BodyBudget()  # whole answers held at once, by all connections
         self._events = get_logger("owngate.attest")
 
@@ -319,7 +320,7 @@ class AttestRelay:
     def _stripped(self, lines: int) -> None:
         """Say that the inference server's streams held `owngate-` comment lines, at most
         once a minute (how many since, never what)."""
-        said = self._strip_reports.note("backend", lines, asyncio.get_running_loop().time())
+        said = self._strip_reports.note("backend", asyncio.get_running_loop().time(), lines)
         if said:
             self._events.warning("backend stream held owngate comment lines: removed", lines=said)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from structlog.testing import capture_logs
 
-from gateway.api.hosted_signals import HostedSignals, Reports
+from gateway.api.hosted_signals import HostedSignals
 from gateway.api.metrics import GatewayMetrics
+from gateway.log_tally import Tally
 
 
 def errors(metrics: GatewayMetrics, backend: str, kind: str) -> float | None:
@@ -15,7 +16,7 @@ def errors(metrics: GatewayMetrics, backend: str, kind: str) -> float | None:
 
 
 def test_reports_say_once_per_interval_per_key_with_the_count_since() -> None:
-    reports = Reports(every_s=60.0)
+    reports = Tally(every_s=60.0)
     a, b = ("untranslated", "claude"), ("untranslated", "spare")
     assert reports.note(a, 0.0) == 1
     assert reports.note(a, 10.0) == 0

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.sse_comments import CommentFilter, StripReports
+from gateway.log_tally import Tally
+from gateway.sse_comments import CommentFilter
 from gateway.upstream.openai_wire import encode_chunk
 
 _EVENT = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
@@ -203,10 +204,10 @@ def test_a_hosted_stream_cannot_carry_a_comment_line() -> None:
 
 
 def test_removed_lines_are_reported_at_most_once_a_minute_per_backend() -> None:
-    reports = StripReports(every_s=60.0)
-    assert reports.note("gpu", 2, now=1000.0) == 2
-    assert reports.note("gpu", 3, now=1030.0) == 0  # quiet: added to the next report
-    assert reports.note("cpu", 1, now=1030.0) == 1  # each backend apart
-    assert reports.note("gpu", 1, now=1059.9) == 0
-    assert reports.note("gpu", 5, now=1060.0) == 5 + 3 + 1
-    assert reports.note("gpu", 1, now=1061.0) == 0
+    reports = Tally(every_s=60.0)
+    assert reports.note("gpu", 1000.0, 2) == 2
+    assert reports.note("gpu", 1030.0, 3) == 0  # quiet: added to the next report
+    assert reports.note("cpu", 1030.0, 1) == 1  # each backend apart
+    assert reports.note("gpu", 1059.9, 1) == 0
+    assert reports.note("gpu", 1060.0, 5) == 5 + 3 + 1
+    assert reports.note("gpu", 1061.0, 1) == 0
