@@ -216,7 +216,7 @@ class Proxy:
         for attempt in plan:  # in flight from here: reported however it ends
             withdrawn = self._withdrawn(decided, attempt)
             if withdrawn is not None:  # not dispatched: no record, the next one may serve
-                plan.report(attempt, Outcome.failed, withdrawn)
+                plan.report(attempt, Outcome.skipped, withdrawn)
                 continue
             outcome, reason, busy, span = Outcome.ended, "", False, None
             try:
