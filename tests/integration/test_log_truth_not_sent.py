@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.helpers.gateways import (
     EU_ZERO,
@@ -52,6 +53,21 @@ spec:
     to: [{{backend: hosted}}]
 """
 USER = {"role": "user", "content": "hi"}
+# A shape every hosted provider's checks refuse (openai_shapes.py): a bare-string
+# tool_choice other than none/auto/required.
+MALFORMED = {"model": "m", "messages": [USER], "tool_choice": "function"}
+INTERNAL_IMAGE = {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/secret.png"}}
+# Requests refused before sending, and the field each 400 names: a malformed shape, a
+# field that would have the provider keep the prompt (hosted_fields.py), a content-part
+# URL on the gateway's own network (media_urls.py).
+REFUSED: dict[str, tuple[dict[str, Any], str]] = {
+    "shape": (MALFORMED, "tool_choice"),
+    "provider action": ({"model": "m", "messages": [USER], "store": True}, "store"),
+    "internal media URL": (
+        {"model": "m", "messages": [{"role": "user", "content": [INTERNAL_IMAGE]}]},
+        "messages[0].content[0]",
+    ),
+}
 GOOD = {"model": "m", "messages": [USER]}
 
 
@@ -102,6 +118,54 @@ def request_log(tmp_path: Path, gateway: Gateway, response: httpx.Response) -> l
     until(covered, f"the signed completion of {later_id}", timeout=30, interval=0.02)
     request_id = response.headers["x-request-id"]
     return [r for r in records(log) if r["request_id"] == request_id]
+
+
+@pytest.mark.parametrize("refused", list(REFUSED))
+def test_a_hosted_request_refused_before_sending_has_a_refusal_record_not_a_dispatch(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    refused: str,
+) -> None:
+    doc, param = REFUSED[refused]
+    hosted = start_sim("vllm", models=("m",), zero_latency=True)
+    gateway = start(start_gateway, tmp_path, [], hosted)  # the hosted tier only
+    response = post(gateway, doc)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("upstream_bad_request", param)
+    assert "not sent" in error["message"], error["message"]
+    assert served(hosted) == 0
+    assert response.headers.get("x-owngate-receipt")  # the refusal's receipt
+    found = request_log(tmp_path, gateway, response)  # a well-formed one follows, served
+    # Nothing was sent anywhere: no dispatch record; the refusal says what the client got.
+    assert [r["type"] for r in found] == ["refusal"], found
+    assert found[0]["reason"] == "upstream_bad_request"
+    assert found[0]["rule"] == "owngate/hosted_request"
+    assert served(hosted) == 1  # the well-formed one
+
+
+def test_a_hosted_fallback_refused_before_sending_leaves_the_failed_attempt_last(
+    start_raw: Callable[[Answer], RawBackend],
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    # `a` fails the request; the fallback's checks refuse it, so the provider is not
+    # tried: the client gets a's failure, which a's completion (the last record) holds.
+    raw = start_raw(close_unanswered)
+    hosted = start_sim("vllm", models=("m",), zero_latency=True)
+    gateway = start(start_gateway, tmp_path, [backend("a", raw.url, "m", **EU_ZERO)], hosted)
+    response = post(gateway, MALFORMED)
+    assert len(raw.posts) == 1 and served(hosted) == 0
+    assert response.status_code == 503, response.text
+    error = response.json()["error"]
+    assert error["code"] == "backend_unavailable"
+    assert "hosted: the request is not valid for openai (not sent)" in error["message"]
+    found = request_log(tmp_path, gateway, response)
+    assert [r["type"] for r in found] == ["dispatch", "completion"], found
+    assert found[0]["backend"]["id"] == "a"
+    assert found[-1]["status"] == response.status_code
 
 
 def test_a_private_backend_withdrawn_by_a_reload_is_down_in_the_fallback_basis(
