@@ -2,7 +2,9 @@
 
 The dispatcher reaches this only for backends the tenant's trust policy listed as
 fallbacks, in the order and as often as the request's plan says
-(gateway/routing/router.py). Answers come back in OpenAI format (JSON, or SSE events
+(gateway/routing/router.py). `prepare` checks the request for the provider before the
+attempt's dispatch record (`NotSent`: nothing sent, no record, the next backend may
+serve); `attempt` sends it. Answers come back in OpenAI format (JSON, or SSE events
 relayed as the provider sends them); a failure before the client saw a byte raises
 `TryNext`, except a request LiteLLM or the provider refused as invalid (400, 413, 422):
 that is the client's 400 `upstream_bad_request`, as from a private backend, and no other
@@ -66,13 +68,25 @@ from gateway.upstream.hosted import (
     HostedError,
     HostedResponse,
     HostedUnavailable,
+    Prepared,
 )
 from gateway.upstream.http import DEFAULT_MAX_BODY
 
-__all__ = ["HostedRelay"]
+__all__ = ["HostedRelay", "NotSent"]
 
 # The statuses that blame the request, as for private backends (`translate_upstream_error`).
 _CLIENT_ERRORS = frozenset({400, 413, 422})
+
+
+class NotSent(Exception):
+    """A hosted attempt refused before anything was sent, or its dispatch record written
+    (`HostedRelay.prepare`): `reason` says why (`<backend>: ...`), `error` is the 400
+    `upstream_bad_request` the client gets if no other backend serves."""
+
+    def __init__(self, reason: str, error: GatewayError) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.error = error
 
 
 class HostedRelay:
@@ -118,23 +132,40 @@ class HostedRelay:
             self._clients[backend.id] = client
         return client
 
+    async def prepare(self, exchange: Exchange, attempt: Attempt, doc: dict[str, Any]) -> Prepared:
+        """The request checked for `attempt`'s provider without sending anything
+        (`HostedClient.prepare`), before the attempt's dispatch record: one it refuses
+        raises `NotSent` (the 400 the client gets if no other backend serves), and the
+        attempt is not made. No verdict on the provider: its breakers are not told."""
+        client = self._client(attempt.backend)
+        try:
+            return await client.prepare(
+                exchange.endpoint,  # type: ignore[arg-type]
+                doc,
+                attempt.route.upstream_model,
+            )
+        except HostedError as exc:
+            error = GatewayError(
+                ErrorCode.upstream_bad_request,
+                sanitize_upstream_message(exc.message),
+                param=exc.param,
+            )
+            raise NotSent(f"{attempt.backend.id}: {error.message}", error) from None
+
     async def attempt(
-        self, exchange: Exchange, attempt: Attempt, doc: dict[str, Any], send: Send
+        self, exchange: Exchange, attempt: Attempt, prepared: Prepared, send: Send
     ) -> None:
-        """Serve the request from `attempt`'s provider, or raise `TryNext` before any byte
-        (its in-flight count is the plan's, gateway/routing/router.py). The plan admitted
-        the attempt (its breakers) before its dispatch record was written."""
+        """Serve the request `prepare` checked from `attempt`'s provider, or raise
+        `TryNext` before any byte (its in-flight count is the plan's,
+        gateway/routing/router.py). The plan admitted the attempt (its breakers) before
+        its dispatch record was written."""
         backend = attempt.backend
         exchange.backend = backend.id
         timeout = self._stream_timeout_s
         ends_by = None if timeout is None else asyncio.get_running_loop().time() + timeout
         self._metrics.hosted_attempt(backend.id)
         try:
-            response = await self._client(backend).send(
-                exchange.endpoint,  # type: ignore[arg-type]
-                doc,
-                attempt.route.upstream_model,
-            )
+            response = await self._client(backend).send_prepared(prepared)
         except HostedUnavailable as exc:  # no verdict: no provider was called
             exchange.upstream_error = "litellm_load"
             self._signals.load_failed(backend.id, exc.error_class, _now())

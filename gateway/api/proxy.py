@@ -10,9 +10,13 @@ the fallback mode, the saturation wait, the failover bounds), and the dispatch i
 each attempt bracketed by its provenance records (`_recorded`: the dispatch record is
 durable before the attempt sends, the completion record follows with the status the
 client gets), relayed to a private backend (gateway/api/passthrough.py) or a hosted one
-(gateway/api/hosted_relay.py), and reported back to the plan. When no attempt served,
-the client gets the last attempt's error, or (nothing dispatched) a refusal naming the
-policy rule and why each backend was skipped.
+(gateway/api/hosted_relay.py), and reported back to the plan. An attempt that sends
+nothing has no records: one a reload withdrew (`_withdrawn`), and a hosted one whose
+request its provider's checks refuse (`HostedRelay.prepare`, before the dispatch
+record; the next backend may serve). When no attempt served, the client gets the last
+dispatched attempt's error; with nothing dispatched, the first hosted refusal's 400
+(`not_sent`) or a refusal naming the policy rule and why each backend was skipped, each
+with its refusal record.
 """
 
 from __future__ import annotations
@@ -26,12 +30,12 @@ from typing import Any, NamedTuple
 from gateway.api.body import BodyScan, parse_body
 from gateway.api.control_fields import refuse_control_fields
 from gateway.api.exchange import Exchange, TryNext, cut_status, watch_disconnect
-from gateway.api.hosted_relay import HostedRelay
+from gateway.api.hosted_relay import HostedRelay, NotSent
 from gateway.api.labels import UNKNOWN, InvalidLabel, excerpt, label_refused, read_label
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.passthrough import PrivateRelay
 from gateway.api.recorder import Recorder
-from gateway.api.refusal import Refused
+from gateway.api.refusal import Refused, not_sent, nothing_served
 from gateway.api.trail import Trail
 from gateway.asgi import Receive, Scope, Send
 from gateway.config.schema import RoutingSettings
@@ -40,10 +44,11 @@ from gateway.policy import Decision, PolicySet, UnknownDataClass
 from gateway.policy_set import TrustPolicies
 from gateway.provenance import Salts
 from gateway.routing.registry import BackendState, Registry
-from gateway.routing.router import Attempt, Outcome, Plan, Router
+from gateway.routing.router import Attempt, Outcome, Router
 from gateway.routing.scraper import MetricsScraper
 from gateway.state import SharedState
 from gateway.tenants import TenantEntry
+from gateway.upstream.hosted import Prepared
 from gateway.upstream.http import DEFAULT_MAX_BODY, Connection
 from gateway.upstream.tls import Peer
 
@@ -213,13 +218,21 @@ class Proxy:
         traced = exchange.span
         if traced is not None:
             traced.requested(doc)
+        unsent: NotSent | None = None  # the first hosted attempt refused before sending
         for attempt in plan:  # in flight from here: reported however it ends
             withdrawn = self._withdrawn(decided, attempt)
             if withdrawn is not None:  # not dispatched: no record, the next one may serve
-                plan.report(attempt, Outcome.failed, withdrawn)
+                plan.report(attempt, Outcome.skipped, withdrawn)
                 continue
             outcome, reason, busy, span = Outcome.ended, "", False, None
             try:
+                prepared = None
+                if not attempt.private:  # checked before its dispatch record, sent nothing
+                    try:
+                        prepared = await hosted.prepare(exchange, attempt, doc)
+                    except NotSent as exc:
+                        outcome, reason, unsent = Outcome.skipped, exc.reason, unsent or exc
+                        continue
                 if traced is not None:  # tracing on: the attempt's span (gateway/tracing)
                     span = traced.attempt(attempt, exchange, plan.fallback)
                 exchange.fallback, exchange.fallback_basis = plan.fallback, plan.basis
@@ -231,7 +244,8 @@ class Proxy:
                         private.attempt, exchange, attempt, model, doc, body, upstream_path, send
                     )
                 else:
-                    relay = partial(_hosted, hosted, exchange, attempt, doc, send)
+                    assert prepared is not None
+                    relay = partial(_hosted, hosted, exchange, attempt, prepared, send)
                 await self._recorded(exchange, attempt.backend, relay, connect)
                 outcome = Outcome.served
                 if exchange.fallback is not None:
@@ -249,7 +263,9 @@ class Proxy:
             # Dispatched and failed: what the last attempt came to (its completion record
             # says the same), never a refusal.
             raise _attempt_error(last, model, plan.reasons)
-        raise _nothing_served(decision, model, plan)
+        if unsent is not None:  # nothing dispatched: the client's 400, a refusal record
+            raise not_sent(unsent.error, decision)
+        raise nothing_served(decision, model, plan)
 
     async def _recorded(
         self,
@@ -263,8 +279,9 @@ class Proxy:
         A private attempt connects first (`connect`), so that its dispatch record names
         the TLS peer its connection authenticated; a connection that failed (refused, a
         certificate refused) is recorded as the attempt's failure, like one that fails
-        later (a backend whose breaker admits no attempt is skipped by the plan, before
-        this: no record). An unused connection goes back to its pool.
+        later (a backend whose breaker admits no attempt is skipped by the plan, and a
+        hosted request its provider's checks refuse by `_dispatch`, before this: no
+        record). An unused connection goes back to its pool.
 
         A failed attempt's completion says the status its failure answers the client with
         if no other attempt serves (`_attempt_status`); so the last record of a request
@@ -343,12 +360,12 @@ async def _hosted(
     hosted: HostedRelay,
     exchange: Exchange,
     attempt: Attempt,
-    doc: dict[str, Any],
+    prepared: Prepared,
     send: Send,
     _connection: Connection | None,
 ) -> None:
     """A hosted attempt (LiteLLM opens its own connections)."""
-    await hosted.attempt(exchange, attempt, doc, send)
+    await hosted.attempt(exchange, attempt, prepared, send)
 
 
 class _Decided(NamedTuple):
@@ -373,28 +390,4 @@ def _attempt_error(last: TryNext, model: str, failures: list[str]) -> GatewayErr
     return GatewayError(
         ErrorCode.backend_unavailable,
         f"no compliant backend could take the request for model `{model}` ({'; '.join(failures)})",
-    )
-
-
-def _nothing_served(decision: Decision, model: str, plan: Plan) -> Refused:
-    """Nothing was dispatched: no backend the policy admits was available, and its
-    fallback rule allows no hosted one (or none is configured, or the fallback was
-    withheld: a private backend was not shown unavailable, e.g. the deadline passed)."""
-    details = "; ".join(plan.reasons)
-    if not plan.private:
-        state = "no eligible private backend"
-    else:
-        state = f"private pool unavailable: {details}" if details else "private pool unavailable"
-    if decision.fallback == "never":
-        reason = f"{state}, fallback forbidden"
-    elif plan.withheld is not None:  # the details say why the hosted fallback was withheld
-        reason = f"private pool did not serve: {details}"
-    else:
-        reason = f"{state}, no compliant hosted backend"
-    rule = decision.fallback_rule
-    return Refused(
-        ErrorCode.no_compliant_backend,
-        f"policy {rule}: no compliant backend available for model `{model}` ({reason})",
-        decision,
-        rule,
     )

@@ -5,21 +5,35 @@ the policy decision that refused it: the refusal record keeps that decision's ru
 per-backend trace, never a rule read back out of the message. Only the proxy raises it,
 and only while nothing of the request has been dispatched: once a dispatch record is
 written, a failure is an attempt's outcome (a completion record), never a refusal.
+Besides the policy's own refusals: `nothing_served` (no backend the policy admits was
+available) and `not_sent` (every hosted provider the plan came to refused the request
+before it was sent, and nothing else was dispatched).
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from gateway.errors import ErrorCode, GatewayError
 from gateway.policy import Decision
 
-__all__ = ["REFUSAL_CODES", "Refused"]
+if TYPE_CHECKING:
+    from gateway.routing.router import Plan
+
+__all__ = ["HOSTED_CHECKS_RULE", "REFUSAL_CODES", "Refused", "not_sent", "nothing_served"]
 
 # The codes a refusal answers with (docs/provenance.md, "refusal").
 REFUSAL_CODES: Final = frozenset(
-    {ErrorCode.policy_denied, ErrorCode.unknown_data_class, ErrorCode.no_compliant_backend}
+    {
+        ErrorCode.policy_denied,
+        ErrorCode.unknown_data_class,
+        ErrorCode.no_compliant_backend,
+        ErrorCode.upstream_bad_request,  # `not_sent`
+    }
 )
+# The `rule` of a `not_sent` refusal: no policy rule refused, the gateway's own checks of
+# what it sends a hosted provider did (gateway/upstream/hosted.py `HostedClient.prepare`).
+HOSTED_CHECKS_RULE: Final = "owngate/hosted_request"
 
 
 class Refused(GatewayError):
@@ -43,3 +57,35 @@ class Refused(GatewayError):
         super().__init__(code, message, param=param)
         self.decision: Final = decision
         self.rule: Final = rule
+
+
+def not_sent(error: GatewayError, decision: Decision) -> Refused:
+    """The refusal of a request that every hosted provider the plan came to refused
+    before anything was sent (and that nothing was dispatched for): the first such 400
+    `upstream_bad_request`, as the client gets it, with the decision whose fallback led
+    there."""
+    return Refused(error.code, error.message, decision, HOSTED_CHECKS_RULE, param=error.param)
+
+
+def nothing_served(decision: Decision, model: str, plan: Plan) -> Refused:
+    """Nothing was dispatched: no backend the policy admits was available, and its
+    fallback rule allows no hosted one (or none is configured, or the fallback was
+    withheld: a private backend was not shown unavailable, e.g. the deadline passed)."""
+    details = "; ".join(plan.reasons)
+    if not plan.private:
+        state = "no eligible private backend"
+    else:
+        state = f"private pool unavailable: {details}" if details else "private pool unavailable"
+    if decision.fallback == "never":
+        reason = f"{state}, fallback forbidden"
+    elif plan.withheld is not None:  # the details say why the hosted fallback was withheld
+        reason = f"private pool did not serve: {details}"
+    else:
+        reason = f"{state}, no compliant hosted backend"
+    rule = decision.fallback_rule
+    return Refused(
+        ErrorCode.no_compliant_backend,
+        f"policy {rule}: no compliant backend available for model `{model}` ({reason})",
+        decision,
+        rule,
+    )

@@ -21,9 +21,10 @@ The `Plan` then yields `Attempt`s in order: hosted first when saturated (at most
 private, at most `routing.failover.max_attempts` and none once
 `routing.failover.deadline_s` from arrival has passed; hosted last when the fallback
 mode allows (at most 3) and every eligible private backend was unavailable for this
-request: down before it was tried (health or breaker at planning, or its breaker
-admitting no request when its turn came), or tried and failed (refused, broken or
-timed-out connection, a 5xx, a 401, 403 or 404, no longer admitted after a reload). A
+request: down before it was tried (health or breaker at planning, its breaker
+admitting no request when its turn came, or no longer admitted after a reload: not
+tried, `Outcome.skipped`), or tried and failed (refused, broken or timed-out
+connection, a 5xx, a 401, 403 or 404). A
 private backend that was never tried (the attempts or the deadline ran out first) or
 that answered "busy" (a 429, the gateway's own connection limit) was not shown
 unavailable: the request is not sent to a hosted provider then
@@ -84,10 +85,14 @@ class Outcome(enum.Enum):
     served = "served"  # the client got this backend's answer (or its error, relayed)
     failed = "failed"  # failed before the client saw a byte: the next attempt may serve
     ended = "ended"  # ended otherwise (the client left, the gateway shut down, an error)
+    # not made after all, nothing sent and no record written (a reload withdrew the
+    # backend, a hosted provider's checks refused the request): the next one may serve
+    skipped = "skipped"
 
 
 # What each eligible private backend came to, as a fallback's dispatch record states it:
-# (backend id, state), state one of "down" (skipped, not tried), "failed" (tried
+# (backend id, state), state one of "down" (not tried: down, its breaker closed to it,
+# or withdrawn by a reload; no record of it), "failed" (tried
 # and failed), "busy" (tried, answered busy), "saturated" (up, over the threshold).
 FallbackBasis = tuple[tuple[str, str], ...]
 
@@ -384,6 +389,10 @@ class Plan:
             self.reasons.append(reason)
             if attempt.private:
                 self._states[attempt.backend.id] = "busy" if busy else "failed"
+        elif outcome is Outcome.skipped:  # not tried: no record of it, "down" for a fallback
+            self.reasons.append(reason)
+            if attempt.private:
+                self._states[attempt.backend.id] = "down"
         attempt.end()
         router = self._router
         if outcome is Outcome.served and attempt.private:

@@ -4,7 +4,9 @@ One `HostedClient` per `hosted` backend. It turns the client's OpenAI request in
 `litellm.acompletion` / `atext_completion` / `aembedding` call with the backend's
 `provider_model`, `base_url` (as `api_base`) and the key read from the environment
 variable the config names, and returns a `HostedResponse`: OpenAI JSON bytes, or OpenAI
-SSE events relayed chunk by chunk as the provider sends them.
+SSE events relayed chunk by chunk as the provider sends them. `prepare` checks the
+request for the provider without sending anything (the caller does it before the
+attempt's dispatch record), `send_prepared` sends it; `send` does both.
 
 LiteLLM is imported on the first call (`gateway.upstream.litellm_runtime`), offline and
 silent; if that import fails, the call raises `HostedUnavailable` (nothing was sent, and
@@ -24,7 +26,7 @@ import re
 from collections.abc import AsyncIterator, Mapping
 from functools import partial
 from types import ModuleType
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from gateway.config.schema import BackendSettings
 from gateway.upstream import openai_wire
@@ -60,6 +62,7 @@ __all__ = [
     "HostedErrorKind",
     "HostedResponse",
     "HostedUnavailable",
+    "Prepared",
     "hosted_api_key",
     "hosted_error",
     "local_reason",
@@ -80,6 +83,16 @@ _SSE: Final = b"text/event-stream"
 _MADE_UP_ID: Final = re.compile(
     r"chatcmpl-[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\Z"
 )
+
+
+class Prepared(NamedTuple):
+    """A request `HostedClient.prepare` checked for one provider, ready to send."""
+
+    endpoint: Endpoint
+    doc: dict[str, Any]
+    params: dict[str, Any]
+    ignored: tuple[str, ...]
+    provider_model: str
 
 
 class HostedResponse:
@@ -191,7 +204,18 @@ class HostedClient:
     async def send(
         self, endpoint: Endpoint, doc: dict[str, Any], upstream_model: str
     ) -> HostedResponse:
-        """Call the provider; returns once the answer (or a stream's first chunk) is in."""
+        """Check the request for this provider (`prepare`), then call the provider;
+        returns once the answer (or a stream's first chunk) is in."""
+        return await self.send_prepared(await self.prepare(endpoint, doc, upstream_model))
+
+    async def prepare(
+        self, endpoint: Endpoint, doc: dict[str, Any], upstream_model: str
+    ) -> Prepared:
+        """The request as this provider gets it, checked without sending anything: its
+        OpenAI shape (gateway/upstream/openai_shapes.py), what the provider would do
+        beyond answering (hosted_fields.py), URLs an adapter would fetch from here and
+        stored objects it would read (media_urls.py). A refused request raises
+        `HostedError` ("status", 400, "not sent")."""
         provider_model = self._models.get(upstream_model)
         if provider_model is None:
             raise ValueError(f"backend {self.backend_id!r} does not serve {upstream_model!r}")
@@ -207,6 +231,11 @@ class HostedClient:
         except (InvalidField, RefusedField) as exc:
             message = f"the request is not valid for {self.provider} (not sent): {exc}"
             raise HostedError("status", message, status=400, param=exc.param) from None
+        return Prepared(endpoint, doc, params, ignored, provider_model)
+
+    async def send_prepared(self, prepared: Prepared) -> HostedResponse:
+        """Call the provider with a request `prepare` checked."""
+        endpoint, doc, params, ignored, provider_model = prepared
         # Watched: whether an HTTP request began tells LiteLLM's own failure to translate
         # the request (the client's) from the provider's (gateway/upstream/hosted_transport.py).
         with watching() as outbound:

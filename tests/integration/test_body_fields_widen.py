@@ -7,8 +7,9 @@ log says what happened (gateway/api/control_fields.py, gateway/upstream/hosted_f
   LiteLLM proxy, which would honour them. Refused before the policy decides, like a
   malformed body: nothing is dispatched and nothing is recorded.
 - A hosted provider's own actions (`web_search_options`, built-in tools, `audio`,
-  `store: true`): refused on the hosted attempt, before LiteLLM is called; the attempt is
-  recorded with the 400 the client got, as any request a hosted adapter refuses.
+  `store: true`): refused for the hosted attempt before its dispatch record (nothing is
+  sent, so no dispatch record names the provider); with nothing else tried, the 400 the
+  client got has a refusal record (`reason` `upstream_bad_request`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pytest
 
 from tests.helpers.gateways import LITELLM_WARNINGS, Gateway, Sim, logged_private_gateway, served
 from tests.helpers.log_truth import hosted_gateway
-from tests.helpers.provenance import assert_never_logged, completion_record, request_records
+from tests.helpers.provenance import assert_never_logged, request_records
 
 pytestmark = LITELLM_WARNINGS
 
@@ -166,11 +167,15 @@ def test_a_provider_action_is_refused_on_the_hosted_attempt(
     assert (error["code"], error["param"]) == ("upstream_bad_request", param)
     assert "not sent" in error["message"] and "decoy" not in refused.text
     assert served(provider) == 0
-    # Recorded as the attempt it was, with the status the client got.
+    # Not an attempt (nothing was sent): a refusal saying what the client got.
     request_id = refused.headers["x-request-id"]
-    assert completion_record(tmp_path / "log", request_id)["status"] == 400
-    (dispatch,) = request_records(tmp_path / "log", request_id, "dispatch")
-    assert dispatch["backend"]["id"] == "hosted"
+    (refusal,) = request_records(tmp_path / "log", request_id, "refusal")
+    assert (refusal["reason"], refusal["rule"]) == (
+        "upstream_bad_request",
+        "owngate/hosted_request",
+    )
+    kinds = {r["type"] for r in request_records(tmp_path / "log", request_id)}
+    assert kinds == {"refusal"}
 
 
 def test_client_run_tools_and_unstored_requests_still_reach_the_provider(

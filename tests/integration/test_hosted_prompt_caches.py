@@ -7,8 +7,9 @@ terms. LiteLLM forwards `cache_control` to Anthropic as written, so `{"type":
 "ephemeral", "ttl": "1h"}` on a content part had the provider keep the prompt an hour;
 `prompt_cache_retention: "24h"` (OpenAI's day-long cache) was dropped without a word.
 Now both are 400 naming where they were, the provider gets nothing and the signed log
-has the attempt with the status the client got; the same request without the marker is
-served, and what reaches the provider carries no cache marker.
+says so: no dispatch record (nothing was sent), a refusal record with the 400 the client
+got; the same request without the marker is served, and what reaches the provider
+carries no cache marker.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from tests.helpers.gateways import (
     anthropic_backend,
     gateway_config,
 )
-from tests.helpers.provenance import completion_record, request_records
+from tests.helpers.provenance import request_records
 
 pytestmark = LITELLM_WARNINGS
 
@@ -127,9 +128,12 @@ def test_a_prompt_cache_is_refused_and_the_provider_gets_nothing(
     assert "not sent" in error["message"] and "keep the prompt" in error["message"]
     assert stack.anthropic.received == []
     request_id = refused.headers["x-request-id"]
-    assert completion_record(stack.log, request_id)["status"] == 400
-    (dispatch,) = request_records(stack.log, request_id, "dispatch")
-    assert dispatch["backend"]["id"] == "claude"
+    (refusal,) = request_records(stack.log, request_id, "refusal")
+    assert (refusal["reason"], refusal["rule"]) == (
+        "upstream_bad_request",
+        "owngate/hosted_request",
+    )
+    assert {r["type"] for r in request_records(stack.log, request_id)} == {"refusal"}
 
 
 def test_the_same_request_without_a_cache_is_served_without_one(stack: Stack) -> None:
