@@ -74,8 +74,8 @@ class StreamWatch:
             and data.endswith(_ENDS)
             and data.find(_USAGE) < 0  # not `in`: see `_see_done`
         ):
-            if not self.done and _ends_stream(data, 0, len(data)):  # `data` starts a line
-                self.done = True
+            if not self.done and data.find(_DONE) >= 0 and _ends_stream(data, 0, len(data)):
+                self.done = True  # (`data` starts a line)
             return data
         if self._passing:
             end = _line_end(data, 0)
@@ -106,7 +106,8 @@ class StreamWatch:
             self.done = True
             return
         edge = self._edge + data[:_EDGE]  # a marker split across the previous read
-        self.done = _ends_stream(edge, 0, len(edge), line_start=False)
+        if edge.find(_DONE) >= 0:  # the usual read: no call
+            self.done = _ends_stream(edge, 0, len(edge), line_start=False)
         self._edge = data[-_EDGE:] if len(data) >= _EDGE else edge[-_EDGE:]
 
     def _lines(self, data: bytes) -> bytes:
