@@ -6,12 +6,12 @@ body ends with the connection, without framing, is complete only then: an EOF be
 is a backend that died) and the token usage the backend reported. Lines end in LF, CRLF
 or a bare CR, as the SSE grammar allows, in every mode (a CRLF split across reads
 included), and `data:[DONE]` without the space ends a stream as it does for an SSE
-parser. When the gateway asked the backend for
-usage the client did not ask for (`stream_options.include_usage`), it also holds back the
-usage-only chunk (`"choices": []` and a `usage` object, as OpenAI sends it): the client
-gets the stream it asked for, the gateway gets the counts. Only then are lines buffered,
-and a partial line only up to `max_line` bytes (a usage chunk is a few hundred bytes:
-a longer line is passed on as it comes). When the client asked for usage itself, nothing
+parser. When the gateway asked the backend for usage the client did not ask for
+(`stream_options.include_usage`), it also holds back the usage-only chunk
+(`"choices": []` and a `usage` object, as OpenAI sends it): the client gets the stream
+it asked for, the gateway gets the counts. Only then are lines buffered, and a partial
+line only up to `max_line` bytes (a usage chunk is a few hundred bytes: a longer line is
+passed on as it comes). When the client asked for usage itself, nothing
 is held back, but the counts of each `data:` line holding `"usage"` are still noted
 (lines ending in LF, CRLF or CR, `data:` with or without its space), wherever it comes in
 the stream: the completion record states what the client was shown.
