@@ -14,6 +14,10 @@ by how the answer ended), its first byte (the end of its prefill), and each answ
 (headers below 500, stream chunks), the health probes' evidence that the backend is
 alive.
 
+Every request asks for the answer in no content coding (`accept-encoding: identity`, sent
+by the upstream client, which never forwards the client's own): an answer in another
+coding fails the attempt (`encoding`, 502 if no other backend serves; the bytes are never
+decompressed), since the client would get it undecodable and the record no usage.
 What a backend sends back is bounded: a whole answer by `limits.max_response_bytes`
 (502, and the connection dropped as soon as it is passed) and `limits.response_timeout_s`
 (504), an error body by 64 KiB, a stream by `limits.stream_timeout_s` if set; whole
@@ -86,7 +90,7 @@ class PrivateRelay:
             self._failed(exchange, backend, exc.kind)
             attempt.upstream_failed(exc.kind, exc.detail)
             raise TryNext(
-                f"{backend.id}: {exc.kind}", _timeout_error(exc), busy=exc.kind == "busy"
+                f"{backend.id}: {exc.kind}", _last_error(exc), busy=exc.kind == "busy"
             ) from exc
 
     async def attempt(
@@ -144,7 +148,7 @@ class PrivateRelay:
             self._failed(exchange, backend, exc.kind)
             attempt.upstream_failed(exc.kind, exc.detail)
             raise TryNext(
-                f"{backend.id}: {exc.kind}", _timeout_error(exc), busy=exc.kind == "busy"
+                f"{backend.id}: {exc.kind}", _last_error(exc), busy=exc.kind == "busy"
             ) from exc
         if response.status >= 500 and response.status not in _REFUSALS:
             attempt.failed(f"HTTP {response.status}")
@@ -161,7 +165,7 @@ class PrivateRelay:
             # Broke off before the client saw a byte: another backend may serve it.
             self._failed(exchange, backend, exc.kind)
             raise TryNext(
-                f"{backend.id}: {exc.kind}", _timeout_error(exc), busy=exc.kind == "busy"
+                f"{backend.id}: {exc.kind}", _last_error(exc), busy=exc.kind == "busy"
             ) from exc
         except GatewayError:
             attempt.succeeded()  # a 4xx, translated for the client: the backend is answering
@@ -312,8 +316,16 @@ class PrivateRelay:
         return rewrite_model(body, doc, pattern, route.upstream_model)
 
 
-def _timeout_error(exc: UpstreamError) -> GatewayError | None:
-    """What the client sees if a timed-out attempt was the last one (504, not 503)."""
+def _last_error(exc: UpstreamError) -> GatewayError | None:
+    """What the client sees if this failed attempt was the last one: 504 for a timeout,
+    502 for an answer in a coding the gateway did not accept; None: 503 naming every
+    failure (gateway/api/proxy.py)."""
+    if exc.kind == "encoding":
+        return GatewayError(
+            ErrorCode.upstream_error,
+            "the backend answered in a content coding the gateway did not ask for "
+            "(it asks for identity and relays nothing else)",
+        )
     if exc.kind != "timeout":
         return None
     return GatewayError(ErrorCode.upstream_timeout, "the backend did not answer in time")

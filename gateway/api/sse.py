@@ -1,14 +1,17 @@
 """Watching an OpenAI SSE stream as it is relayed: its end, its usage, its usage chunk.
 
 A private backend's stream is relayed byte for byte; `StreamWatch.feed` returns what to
-send on. It notes whether `data: [DONE]` arrived (a stream whose body ends with the
-connection, without framing, is complete only then: an EOF before it is a backend that
-died) and the token usage the backend reported. When the gateway asked the backend for
-usage the client did not ask for (`stream_options.include_usage`), it also holds back the
-usage-only chunk (`"choices": []` and a `usage` object, as OpenAI sends it): the client
-gets the stream it asked for, the gateway gets the counts. Only then are lines buffered,
-and a partial line only up to `max_line` bytes (a usage chunk is a few hundred bytes:
-a longer line is passed on as it comes). When the client asked for usage itself, nothing
+send on. It notes whether `data: [DONE]` arrived at the start of a line (a stream whose
+body ends with the connection, without framing, is complete only then: an EOF before it
+is a backend that died) and the token usage the backend reported. Lines end in LF, CRLF
+or a bare CR, as the SSE grammar allows, in every mode (a CRLF split across reads
+included), and `data:[DONE]` without the space ends a stream as it does for an SSE
+parser. When the gateway asked the backend for usage the client did not ask for
+(`stream_options.include_usage`), it also holds back the usage-only chunk
+(`"choices": []` and a `usage` object, as OpenAI sends it): the client gets the stream
+it asked for, the gateway gets the counts. Only then are lines buffered, and a partial
+line only up to `max_line` bytes (a usage chunk is a few hundred bytes: a longer line is
+passed on as it comes). When the client asked for usage itself, nothing
 is held back, but the counts of each `data:` line holding `"usage"` are still noted
 (lines ending in LF, CRLF or CR, `data:` with or without its space), wherever it comes in
 the stream: the completion record states what the client was shown.
@@ -24,9 +27,14 @@ from gateway.upstream.openai_wire import usage_of
 
 __all__ = ["StreamWatch"]
 
-_DONE: Final = b"data: [DONE]"  # how vLLM, SGLang and llama.cpp end a stream
-_LINE_DONE: Final = b"\n" + _DONE  # at the start of a line: never inside a JSON string
-_WIDTH: Final = len(_LINE_DONE)
+# How vLLM, SGLang and llama.cpp end a stream: a `data:` line (its one space optional,
+# as for any SSE parser) whose value starts `[DONE]`, as the OpenAI SDKs test it; at the
+# start of a line (after LF or CR: a raw line end is never inside a JSON string).
+_DONE: Final = b"[DONE]"
+_FIELD: Final = b"data:"
+_EDGE: Final = len(b"\ndata: [DONE]") - 1  # bytes kept to find a marker split across reads
+_LF: Final = 10
+_CR: Final = 13
 _MAX_LINE: Final = 64 * 1024
 _USAGE: Final = b'"usage"'
 _SPLIT: Final = len(_USAGE) - 1  # bytes on either side of a read boundary `"usage"` may cross
@@ -45,6 +53,7 @@ class StreamWatch:
         self._pending = b""  # strip mode: the start of a line not yet complete
         self._passing = False  # strip mode: inside an over-long line, passed on as it comes
         self._drop_blank = False  # strip mode: the blank line ending a dropped event
+        self._skip_lf = False  # strip mode: a dropped line ended in CR at a read's end
         # Not strip mode: the stream's unfinished last line, and whether it holds
         # `"usage"` (`_note_usage`).
         self._line = bytearray()
@@ -61,24 +70,26 @@ class StreamWatch:
             not self._pending
             and not self._passing
             and not self._drop_blank
-            and data.endswith(b"\n")
-            and data.find(b'"usage"') < 0  # not `in`: see `_see_done`
+            and not self._skip_lf
+            and data.endswith(_ENDS)
+            and data.find(_USAGE) < 0  # not `in`: see `_see_done`
         ):
-            self._see_done(data)
+            if not self.done and data.find(_DONE) >= 0 and _ends_stream(data, 0, len(data)):
+                self.done = True  # (`data` starts a line)
             return data
         if self._passing:
-            end = data.find(b"\n")
+            end = _line_end(data, 0)
             if end < 0:
                 return data
             self._passing = False
-            head, data = data[: end + 1], data[end + 1 :]
+            head, data = data[:end], data[end:]
             return head + self._lines(data)
         return self._lines(data)
 
     def flush(self) -> bytes:
         """At the end of the stream: a last line that never got its newline, if any."""
         rest, self._pending = self._pending, b""
-        if rest.startswith(_DONE):
+        if rest and _ends_stream(rest, 0, len(rest)):
             self.done = True
         if self._hit:  # not strip mode: a last usage line left open
             self._counts(bytes(self._line).rstrip(b"\r"))
@@ -91,12 +102,13 @@ class StreamWatch:
             return
         # `find`, not `in`, once per relayed read: a bytes `in` first tries its operand as
         # an int (a TypeError raised and cleared), about 2x the instructions.
-        if data.find(_LINE_DONE) >= 0:
+        if data.find(_DONE) >= 0 and _ends_stream(data, 0, len(data), line_start=False):
             self.done = True
             return
-        edge = self._edge + data[:_WIDTH]  # a marker split across the previous read
-        self.done = edge.find(_LINE_DONE) >= 0
-        self._edge = data[-_WIDTH:] if len(data) >= _WIDTH else edge[-_WIDTH:]
+        edge = self._edge + data[:_EDGE]  # a marker split across the previous read
+        if edge.find(_DONE) >= 0:  # the usual read: no call
+            self.done = _ends_stream(edge, 0, len(edge), line_start=False)
+        self._edge = data[-_EDGE:] if len(data) >= _EDGE else edge[-_EDGE:]
 
     def _lines(self, data: bytes) -> bytes:
         """Hold back usage-only chunks (and the blank line ending each) from `data`.
@@ -108,32 +120,37 @@ class StreamWatch:
         buffer = self._pending + data if self._pending else data
         kept: list[bytes] = []
         start = 0
+        if self._skip_lf:  # the LF of a dropped line's CRLF, split from it by the read
+            self._skip_lf = False
+            start = 1 if buffer[:1] == b"\n" else 0
         if self._drop_blank:
-            start = self._skip_blank(buffer, 0)
+            start = self._skip_blank(buffer, start)
         while True:
-            hit = buffer.find(b'"usage"', start)
+            hit = buffer.find(_USAGE, start)
             if hit < 0:  # none in the rest: its whole lines go on
-                end = buffer.rfind(b"\n", start) + 1
+                end = _line_start(buffer, len(buffer), start)
                 self._pass(buffer, start, end, kept)
-                start = max(start, end)
+                start = end
                 break
-            line_start = max(start, buffer.rfind(b"\n", start, hit) + 1)
-            line_end = buffer.find(b"\n", hit) + 1
-            if not line_end:  # that line is not complete yet: hold it
+            line_start = _line_start(buffer, hit, start)
+            line_end = _line_end(buffer, hit)
+            if line_end < 0:  # that line is not complete yet: hold it
                 self._pass(buffer, start, line_start, kept)
                 start = line_start
                 break
+            line_end = self._past_lf(buffer, line_end)
             self._pass(buffer, start, line_start, kept)
             line = buffer[line_start:line_end]
             start = line_end
-            if line.startswith(_DONE):
-                self.done = True
-                kept.append(line)
-            elif self._usage_only(line):
+            if self._usage_only(line):
                 self._drop_blank = True
-                start = self._skip_blank(buffer, start)
-            else:
-                kept.append(line)
+                if not self._skip_lf:
+                    start = self._skip_blank(buffer, start)
+                continue
+            self._skip_lf = False  # a kept line: its LF, if one follows, goes on too
+            if _ends_stream(line, 0, len(line)):
+                self.done = True
+            kept.append(line)
         rest = buffer[start:]
         if len(rest) > self._max_line:  # not a usage chunk: stop holding it back
             kept.append(rest)
@@ -146,19 +163,28 @@ class StreamWatch:
         """Pass on the whole lines `buffer[start:end]` (`start` begins a line)."""
         if end <= start:
             return
-        run = buffer[start:end]
-        if not self.done and (run.startswith(_DONE) or _LINE_DONE in run):
+        if not self.done and _ends_stream(buffer, start, end):
             self.done = True
-        kept.append(run)
+        kept.append(buffer[start:end])
 
     def _skip_blank(self, buffer: bytes, start: int) -> int:
         """After a held-back usage chunk: past the blank line that ends its event, once
         the next line is complete (whether blank or not, the wait for it ends)."""
-        end = buffer.find(b"\n", start) + 1
-        if not end:
+        end = _line_end(buffer, start)
+        if end < 0:
             return start
         self._drop_blank = False
-        return end if buffer[start:end] in (b"\n", b"\r\n") else start
+        return self._past_lf(buffer, end) if end - start == 1 else start
+
+    def _past_lf(self, buffer: bytes, end: int) -> int:
+        """Past a line that ended at `end` (after its LF or CR): past the LF of a CRLF too,
+        or, when the CR is the buffer's last byte, `_skip_lf` set (its LF may follow)."""
+        if buffer[end - 1] == _CR:
+            if end == len(buffer):
+                self._skip_lf = True
+            elif buffer[end] == _LF:
+                return end + 1
+        return end
 
     def _note_usage(self, data: bytes) -> None:
         """Not strip mode: note the counts of every complete line holding `"usage"`, the
@@ -247,6 +273,22 @@ class StreamWatch:
         """Whether `line` is a usage-only chunk (its counts are kept either way)."""
         doc = self._counts(line)
         return doc is not None and doc.get("choices") == []
+
+
+def _ends_stream(data: bytes, start: int, end: int, *, line_start: bool = True) -> bool:
+    """Whether `data[start:end]` holds a line that ends the stream (`data: [DONE]`,
+    `data:[DONE]`) at the start of a line: after an LF or a CR in it, or at `start` when
+    `line_start` (`start` begins a line)."""
+    at = data.find(_DONE, start, end)
+    while at >= 0:
+        field = at - 6 if at > start and data[at - 1] == 32 else at - 5  # one space, or none
+        if field >= start and data.startswith(_FIELD, field):
+            if field > start and data[field - 1] in (_LF, _CR):
+                return True
+            if field == start and line_start:
+                return True
+        at = data.find(_DONE, at + 1, end)
+    return False
 
 
 def _line_start(data: bytes | bytearray, at: int, floor: int = 0) -> int:

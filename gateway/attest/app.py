@@ -22,6 +22,11 @@ gateway reads it as it would without the sidecar (`[DONE]` or a broken stream). 
 stream with no body at all: the gateway takes a stream that ends before its first byte
 for a failure to try elsewhere, and the comment alone would be that first byte.
 
+The sidecar takes answers in no content coding: its upstream client asks for identity on
+every request (the gateway's `accept-encoding` is not among the fields it forwards), and
+an answer in another coding is refused, never decompressed nor countersigned: 502
+`upstream_error`.
+
 A request without salts (not from a gateway: a client that bypassed it) gets fresh ones:
 it is countersigned and logged all the same, so the cross-check against the gateway's
 log shows it. Only what a gateway sends is relayed (`RELAYED`, the path before any
@@ -342,6 +347,10 @@ class AttestRelay:
         try:
             return await self._pool.request(method, self._base + target, headers, body)
         except UpstreamError as exc:
+            if exc.kind == "encoding":  # an answer the upstream client refused to take
+                raise GatewayError(
+                    ErrorCode.upstream_error, "the backend answered in a content coding"
+                ) from exc
             raise GatewayError(
                 ErrorCode.backend_unavailable, f"the backend did not answer: {exc.kind}"
             ) from exc

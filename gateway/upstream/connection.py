@@ -26,6 +26,15 @@ __all__ = ["MAX_HEAD", "ssl_reason"]
 # A response's status line and headers (with any 1xx before it): inference servers send
 # well under 2 KiB, a countersignature header is under 6 KiB.
 MAX_HEAD = 64 * 1024
+_NO_BODY = (204, 304)
+# The codings an answer may be in: the pool asks for identity (`HttpPool._head`) and
+# sends no `TE`, so chunked is the only transfer coding a backend may use.
+_CODINGS = {b"content-encoding": b"identity", b"transfer-encoding": b"chunked"}
+_CODED = {
+    b"content-encoding": "the backend answered with a content-encoding other than identity, "
+    "which the gateway asked for",
+    b"transfer-encoding": "the backend answered with a transfer coding other than chunked",
+}
 
 
 class _Connection(asyncio.Protocol):
@@ -166,11 +175,19 @@ class _Connection(asyncio.Protocol):
             response._fail(UpstreamError("protocol", f"backend answered status {status:03d}"))
             self.abort()
             return
+        has_length = False
+        for name, value in response.headers:
+            if name in (b"content-length", b"transfer-encoding"):
+                has_length = True
+            if name in _CODINGS and status not in _NO_BODY and _coded(value, _CODINGS[name]):
+                # Relayed as they came, such bytes would reach the client undecodable,
+                # labelled JSON or SSE: refused, never decompressed here (a bounded
+                # decoder is still a decoder a backend could aim a bomb at).
+                response._fail(UpstreamError("encoding", _CODED[name]))
+                self.abort()
+                return
         response.status = status
-        has_length = any(
-            name in (b"content-length", b"transfer-encoding") for name, _ in response.headers
-        )
-        self.close_delimited = not has_length and status not in (204, 304)
+        self.close_delimited = not has_length and status not in _NO_BODY
         response._wake()
 
     def on_body(self, body: bytes) -> None:
@@ -237,3 +254,9 @@ def ssl_reason(exc: ssl.SSLError) -> str:
     if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
         return f"certificate verify failed: {exc.verify_message}"
     return str(exc.reason or exc.strerror or type(exc).__name__).lower().replace("_", " ")
+
+
+def _coded(value: bytes, accepted: bytes) -> bool:
+    """Whether a `content-encoding` or `transfer-encoding` field value names a coding other
+    than `accepted` (any case, around spaces and empty list members)."""
+    return any(coding.strip(b" \t").lower() not in (b"", accepted) for coding in value.split(b","))

@@ -15,7 +15,11 @@ before handing it over, so without a limit one endless header would grow until t
 first-byte timeout), and so do the bytes between two body bytes (chunk framing, and a
 chunked body's trailer fields, which are never kept: bytes that keep arriving without a
 body byte would otherwise be read until the read timeout, and trailers kept); a final
-status outside 200-599 (the parser takes any three digits) fails the attempt; a byte
+status outside 200-599 (the parser takes any three digits) fails the attempt, and so does
+an answer in a coding the client did not ask for (every request says `accept-encoding:
+identity`; a `content-encoding` other than identity, or a transfer coding other than
+chunked, is `UpstreamError("encoding")`: the bytes would reach the gateway's client
+undecodable, labelled JSON or SSE, and nothing is decompressed here); a byte
 that arrives after the response is complete is never handed to anyone, and the
 connection it came on is closed, never reused (also when it is still unread in the
 socket as the next request takes the connection: `unread`).
@@ -50,6 +54,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_BODY = 16 * 1024 * 1024  # `read()`'s limit unless the pool is given another
+_IDENTITY = b"\r\naccept-encoding: identity"  # on every request (`_head`)
 _RETRUSTED_TRIES = 3  # connections made again when reloads replace the TLS settings meanwhile
 
 
@@ -244,7 +249,9 @@ class HttpPool:
         self, method: bytes, path: bytes, headers: Iterable[tuple[bytes, bytes]], length: int
     ) -> bytes:
         lines = [method, b" ", path, b" HTTP/1.1\r\nhost: ", self._host_header]
-        lines += (b"\r\ncontent-length: ", str(length).encode(), b"\r\n")
+        # The body is relayed and hashed as it comes, never decoded: no content coding
+        # (without the field, RFC 9110 reads any coding as acceptable).
+        lines += (_IDENTITY, b"\r\ncontent-length: ", str(length).encode(), b"\r\n")
         for name, value in headers:
             lines += (name, b": ", value, b"\r\n")
         lines.append(b"\r\n")

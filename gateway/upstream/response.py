@@ -2,11 +2,11 @@
 
 `UpstreamResponse` is what `HttpPool.request` returns: the status and headers once they
 arrived, then the body as `chunks()` yields it, `read()` gathers it or `pump()` hands it
-on, fed by the connection's parser (`_push`, `_wake`, `_fail`). It applies the client's limits to a
-backend that is trusted to serve, not to behave: a read timeout between reads (one timer
-per response, moved only when a read's deadline comes sooner), a deadline for the whole
-answer, a byte limit for `read()`, flow control past `_HIGH_WATER` buffered bytes; and it
-gives the connection back to the pool (`release`) or drops it (`abort`).
+on, fed by the connection's parser (`_push`, `_wake`, `_fail`). It applies the client's
+limits to a backend that is trusted to serve, not to behave: a read timeout between reads
+(one timer per response, moved only when a read's deadline comes sooner), a deadline for
+the whole answer, a byte limit for `read()`, flow control past `_HIGH_WATER` buffered
+bytes; and it gives the connection back to the pool (`release`) or drops it (`abort`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ _TIMER_SLACK_S = 0.001  # how early a loop may run a timer (uvloop: millisecond 
 # busy: this gateway already has max_connections open to the backend (not a backend fault)
 # too_large: the answer passed the byte limit of `read()` (the connection was dropped)
 # tls: the handshake failed, or the certificate is not one this backend may present
-FailureKind = Literal["connect", "timeout", "closed", "protocol", "busy", "too_large", "tls"]
+# encoding: the answer is in a coding the request did not accept (connection.py `_coded`)
+FailureKind = Literal[
+    "connect", "timeout", "closed", "protocol", "busy", "too_large", "tls", "encoding"
+]
 
 
 class UpstreamError(Exception):
@@ -39,8 +42,7 @@ class UpstreamError(Exception):
         super().__init__(f"{kind}: {detail}")
         self.kind: FailureKind = kind
         self.detail = detail
-        # True when the failure happened before any response byte arrived on a
-        # connection that was reused: the server closed it while idle.
+        # No response byte came on a reused connection: the server closed it while idle.
         self.sent_nothing = sent_nothing
 
 
@@ -347,11 +349,8 @@ class UpstreamResponse:
             self.abort()
             raise UpstreamError("too_large", f"the backend announced more than {limit} bytes")
         if self.complete and self._error is None and not self._paused:
-            # The whole answer came with its head (the common case for short answers):
-            # no generator, no wait.
-            data = b"".join(self._chunks)
-            self._chunks.clear()
-            self._buffered = 0
+            # The whole answer came with its head (most short answers): no generator.
+            data = self._take() if self._chunks else b""
             if len(data) > limit:
                 self.abort()
                 raise UpstreamError("too_large", f"the answer is over {limit} bytes")

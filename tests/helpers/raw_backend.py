@@ -25,6 +25,16 @@ __all__ = ["Answer", "Post", "RawBackend", "json_answer", "sse_head"]
 class Post:
     connection: int  # the connection it came on, numbered from 0 in order of arrival
     body: bytes
+    head: bytes = b""  # the request line and header lines, as they came
+
+    def header_values(self, name: bytes) -> list[bytes]:
+        """The values of every header line named `name` (any case), in order."""
+        values = []
+        for line in self.head.split(b"\r\n")[1:]:
+            key, colon, value = line.partition(b":")
+            if colon and key.strip().lower() == name.lower():
+                values.append(value.strip())
+        return values
 
 
 Answer = Callable[[asyncio.StreamWriter, Post], Awaitable[bool]]
@@ -131,7 +141,7 @@ class RawBackend:
                     writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
                     await writer.drain()
                     continue
-                post = Post(connection, body)
+                post = Post(connection, body, head)
                 self.posts.append(post)
                 try:
                     keep = await self._answer(writer, post)

@@ -145,6 +145,47 @@ def test_bytes_after_a_complete_answer_never_reach_a_client(
 CHUNK = b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'  # noqa: E501
 
 
+USAGE_CHUNK = (
+    b'data: {"id":"c","object":"chat.completion.chunk","choices":[],'
+    b'"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}\n\n'
+)
+
+
+@pytest.mark.parametrize("ending", [b"\r", b"\r\n", b"\n"], ids=["CR", "CRLF", "LF"])
+@pytest.mark.parametrize("asked", [False, True], ids=["usage-held-back", "usage-asked"])
+def test_a_stream_ended_by_done_and_the_close_is_whole_whatever_its_line_ends(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    ending: bytes,
+    asked: bool,
+) -> None:
+    # A CR-only stream (valid SSE) ending `data: [DONE]\r\r` and the close used to be
+    # taken for a backend that died: an error event after its [DONE], 502 recorded, the
+    # breaker charged; and its usage chunk reached a client that had not asked for it.
+    body = (CHUNK + USAGE_CHUNK + b"data: [DONE]\n\n").replace(b"\n", ending)
+
+    async def stream_then_close(writer: asyncio.StreamWriter, _: Post) -> bool:
+        writer.write(sse_head() + body)
+        await writer.drain()
+        return False  # the close ends the body (no framing)
+
+    raw = start_raw(stream_then_close)
+    gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    options = {"stream_options": {"include_usage": True}} if asked else {}
+    response = post(gateway, stream=True, **options)
+    assert response.status_code == 200
+    shown = body if asked else (CHUNK + b"data: [DONE]\n\n").replace(b"\n", ending)
+    # then only the receipt line (the record's commitment covers `shown`)
+    assert response.content.startswith(shown + b": owngate-receipt "), response.content[:400]
+    record = completion_record(tmp_path / "log", response.headers["x-request-id"])
+    assert (record["status"], record["error"]) == (200, None)
+    assert record["usage"] is not None and record["usage"]["total_tokens"] == 5
+    metrics = httpx.get(f"{gateway.url}/metrics", timeout=60).text
+    assert "owngate_requests_total{" in metrics
+    assert "owngate_upstream_errors_total{" not in metrics  # no failure charged to it
+
+
 @pytest.mark.parametrize(
     ("framing", "body", "cut"),
     [

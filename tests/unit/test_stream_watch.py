@@ -49,13 +49,33 @@ def test_done_is_seen_only_at_the_start_of_a_line(strip: bool) -> None:
 
 
 def test_the_usage_chunk_is_held_back_with_its_blank_line_and_counted() -> None:
-    for ending in (b"\n", b"\r\n"):
+    for ending in (b"\n", b"\r\n", b"\r"):
         usage = USAGE.replace(b"\n", ending)
         stream = ROLE + TOKEN + FINISH + usage + DONE
         for cut in cuts(stream):
             watch = StreamWatch(strip_usage=True)
             assert feed(watch, stream, cut) == ROLE + TOKEN + FINISH + DONE, cut
             assert watch.usage == COUNTS and watch.done
+
+
+@pytest.mark.parametrize("strip", [False, True])
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n", b"\r"], ids=["LF", "CRLF", "CR"])
+@pytest.mark.parametrize("done", [b"data: [DONE]", b"data:[DONE]"])
+def test_done_ends_a_stream_whatever_its_line_ends(strip: bool, ending: bytes, done: bytes) -> None:
+    """`data: [DONE]` after a line ended in LF, CRLF or a bare CR (the SSE grammar's three)
+    ends the stream, however the reads cut it; a CR-only stream's usage chunk is held back
+    in strip mode, and nothing else is held (the relayed bytes keep up with the reads)."""
+    events = ROLE + TOKEN + FINISH + USAGE
+    stream = events.replace(b"\n", ending) + done + ending * 2
+    shown = (ROLE + TOKEN + FINISH if strip else events).replace(b"\n", ending) + done + ending * 2
+    for cut in cuts(stream):
+        watch = StreamWatch(strip_usage=strip)
+        assert feed(watch, stream, cut) == shown, cut
+        assert watch.done and watch.usage == COUNTS, cut
+    watch = StreamWatch(strip_usage=strip)
+    first = (ROLE + TOKEN).replace(b"\n", ending)
+    assert watch.feed(first) == first  # whole lines without usage: none held back
+    assert not watch.done
 
 
 def test_without_strip_every_byte_goes_through() -> None:
@@ -108,27 +128,36 @@ def test_ask_for_usage(sent: bytes, options: dict[str, object] | None) -> None:
         assert got["stream_options"] == {**old, "include_usage": True}
 
 
+_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)")
+_DONE_LINE = re.compile(rb"data: ?\[DONE\]")
+
+
 class _LineByLine(StreamWatch):
-    """The line-by-line scan `_lines` replaced, kept as the reference it must equal."""
+    """The line-by-line scan `_lines` replaced, kept as the reference it must equal: lines
+    end in LF, CRLF or CR (a CR at a read's end: the LF of its CRLF may start the next)."""
 
     def _lines(self, data: bytes) -> bytes:
         buffer = self._pending + data if self._pending else data
         kept: list[bytes] = []
         start = 0
         while True:
-            end = buffer.find(b"\n", start)
-            if end < 0:
+            found = _LINE.match(buffer, start)
+            if found is None:
                 break
-            line = buffer[start : end + 1]
-            start = end + 1
+            line, start = found.group(), found.end()
+            skip_lf, self._skip_lf = self._skip_lf, False
+            if skip_lf and line == b"\n":
+                continue  # the rest of a dropped line's CRLF
+            at_end = line.endswith(b"\r") and start == len(buffer)
             if self._drop_blank:
                 self._drop_blank = False
-                if line in (b"\n", b"\r\n"):
+                if line in (b"\n", b"\r\n", b"\r"):
+                    self._skip_lf = at_end
                     continue
-            if line.startswith(b"data: [DONE]"):
+            if _DONE_LINE.match(line):
                 self.done = True
             elif b'"usage"' in line and self._usage_only(line):
-                self._drop_blank = True
+                self._drop_blank, self._skip_lf = True, at_end
                 continue
             kept.append(line)
         rest = buffer[start:]
@@ -146,6 +175,10 @@ _PARTS = [
     FINISH,
     USAGE,
     USAGE.replace(b"\n\n", b"\r\n\r\n"),
+    USAGE.replace(b"\n", b"\r"),  # CR line ends
+    FINISH.replace(b"\n", b"\r"),
+    b"data:[DONE]\r\r",
+    b"\r",
     USAGE.replace(b"[]", b'[{"index":0,"delta":{}}]'),  # usage beside choices: kept
     USAGE[:-1],  # a usage chunk whose event has no blank line after it
     b'data: {"usage": 1}\n\n',  # not usage counts: kept
