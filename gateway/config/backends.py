@@ -170,6 +170,18 @@ class BackendSettings(_Strict):
         default=None, description="private backends behind `owngate attest`: its key"
     )
 
+    @field_validator("provider", mode="before")
+    @classmethod
+    def _written_provider(cls, value: object) -> object:
+        # Run only for a key written: `provider:` with its value commented out would have
+        # policies judge the owner instead, unseen in a review.
+        if value is None:
+            raise ValueError(
+                "provider is written with no value: write the provider, or leave the key "
+                "out (policies then judge a hosted backend by its owner)"
+            )
+        return value
+
     @field_validator("region", "owner", "provider")
     @classmethod
     def _plain_fact(cls, value: str | None) -> str | None:

@@ -98,6 +98,16 @@ def test_without_provider_the_owner_is_what_is_checked() -> None:
     assert "declares provider 'acme'" in message
 
 
+def test_a_provider_written_empty_is_refused() -> None:
+    # `provider:` with its value commented out read as no provider: the owner judged.
+    text = hosted(owner="openai", models=model("openai/gpt-4o"))
+    text = text.replace("owner: openai", "owner: openai\n  provider:")
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, env={})
+    (issue,) = info.value.issues
+    assert issue.path == "backends[0].provider" and "written with no value" in issue.message
+
+
 def test_one_stray_model_among_several_is_refused() -> None:
     models = [*model("azure/gpt-4o"), {"name": "n", "provider_model": "openai/gpt-4o"}]
     assert "'openai/gpt-4o'" in refused(hosted(provider="azure", models=models))
