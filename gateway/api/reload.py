@@ -173,7 +173,12 @@ class ConfigReloader:
     async def _triggered(self) -> None:
         async with self._lock:
             self._queued = False  # a signal from now on may follow what this one reads
-            await self._reload()
+            try:
+                await self._reload()
+            except Exception as exc:  # noqa: BLE001 - as in `watch`: a failed reload,
+                # reported; raised here it only ended the signal's task, and the file's
+                # new stamp (taken before) kept the poll from trying it again: unseen
+                self._failed(f"unexpected error: {type(exc).__name__}", exc)
 
     async def reload(self) -> bool:
         """Load the file again; True if a changed config became active."""

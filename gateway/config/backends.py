@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config.base import Identifier, _Strict
+from gateway.config.provider_routes import check_route
 from gateway.config.routing import BreakerSettings
 from gateway.plain_names import plain_name_problem
 from gateway.provenance.errors import KeyFormatError
@@ -169,6 +170,18 @@ class BackendSettings(_Strict):
         default=None, description="private backends behind `owngate attest`: its key"
     )
 
+    @field_validator("provider", mode="before")
+    @classmethod
+    def _written_provider(cls, value: object) -> object:
+        # Run only for a key written: `provider:` with its value commented out would have
+        # policies judge the owner instead, unseen in a review.
+        if value is None:
+            raise ValueError(
+                "provider is written with no value: write the provider, or leave the key "
+                "out (policies then judge a hosted backend by its owner)"
+            )
+        return value
+
     @field_validator("region", "owner", "provider")
     @classmethod
     def _plain_fact(cls, value: str | None) -> str | None:
@@ -225,6 +238,9 @@ class BackendSettings(_Strict):
             missing = [m.name for m in self.models if not m.provider_model]
             if missing:
                 raise ValueError(f"hosted models need provider_model: {', '.join(missing)}")
+            # The provider policies judge must be the one LiteLLM sends to.
+            models = [m.provider_model for m in self.models if m.provider_model]
+            check_route(self.provider or self.owner, models, self.base_url)
         # A name the backend serves twice would route to two of its models, and a policy's
         # `models` rule judges the name by one of them: `deny: [x]` escaped by asking `y`
         # when `y` is both a model of its own and an alias of `x`.

@@ -1,5 +1,11 @@
 """Load `gateway.yaml`: YAML with line marks, `${ENV}` interpolation, schema validation.
 
+The file is read as the plain data it shows, as the policy files are
+(`gateway.plain_yaml`): no explicit YAML tags, whole numbers only in plain decimal
+digits (no `010`, `0x1e`, `1_000`, `1:30`), dates kept as text; and a value must already
+be of its setting's type (`days: '30'` is refused, not read as 30: `gateway.config.as_written`).
+Aliases stay allowed (bounded by `_MAX_VALUES`).
+
 Every problem is reported as a `ConfigIssue` carrying the YAML path (`backends[0].kind`)
 and the line it sits on, all at once, so `owngate config validate` shows the whole list.
 """
@@ -16,7 +22,15 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from gateway.config.as_written import coerced
 from gateway.config.schema import GatewaySettings
+from gateway.plain_yaml import (
+    NUMBER_PROBLEM,
+    explicit_tag,
+    plain_scalar,
+    tag_problem,
+    unplain_number,
+)
 from gateway.small_files import read_small_file
 
 __all__ = [
@@ -43,6 +57,7 @@ _MAX_VALUES = 100_000
 # a FIFO must not block it for ever, nor `/dev/zero` or a huge file exhaust memory or hold
 # the loop for minutes (room for the 100,000 values above, each a key hash).
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
+_TAG = tag_problem("gateway.yaml")
 
 
 class _TooLarge(Exception):
@@ -120,8 +135,9 @@ def parse_config(
         raise ConfigError(source, [ConfigIssue("", None, "the file is empty")])
     lines: dict[Path_, int] = {}
     issues: list[ConfigIssue] = []
+    interpolated: set[Path_] = set()  # the paths whose value `${VAR}` filled in
     try:
-        data = _to_python(root, (), lines, issues, os.environ if env is None else env)
+        data = _to_python(root, (), lines, issues, os.environ if env is None else env, interpolated)
     except _TooLarge as exc:  # aliases expanding
         problem = f"it expands to more than {_MAX_VALUES} values (YAML aliases?)"
         raise ConfigError(source, [ConfigIssue("", None, problem)]) from exc
@@ -140,6 +156,12 @@ def parse_config(
         raise ConfigError(source, issues) from exc
     if issues:
         raise ConfigError(source, issues)
+    converted = [
+        ConfigIssue(_render(path), lines.get(path), problem, path)
+        for path, problem in coerced(data, config, interpolated)
+    ]
+    if converted:
+        raise ConfigError(source, converted)
     return config
 
 
@@ -149,10 +171,14 @@ def _to_python(
     lines: dict[Path_, int],
     issues: list[ConfigIssue],
     env: Mapping[str, str],
+    interpolated: set[Path_],
 ) -> Any:
     lines[path] = node.start_mark.line + 1
     if len(lines) > _MAX_VALUES:  # each value has its own path: aliases count every use
         raise _TooLarge
+    if explicit_tag(node):  # `!!str 0`, `!!set`, `!custom 3` (which PyYAML fails on)
+        issues.append(ConfigIssue(_render(path), lines[path], _TAG, path))
+        return None
     if isinstance(node, yaml.MappingNode):
         result: dict[str, Any] = {}
         for key_node, value_node in node.value:
@@ -164,26 +190,23 @@ def _to_python(
             if key in result:
                 line = key_node.start_mark.line + 1
                 issues.append(ConfigIssue(_render((*path, key)), line, "duplicate key", path))
-            result[key] = _to_python(value_node, (*path, key), lines, issues, env)
+            result[key] = _to_python(value_node, (*path, key), lines, issues, env, interpolated)
             lines[(*path, key)] = key_node.start_mark.line + 1  # a key's line, not its value's
         return result
     if isinstance(node, yaml.SequenceNode):
         return [
-            _to_python(item, (*path, i), lines, issues, env) for i, item in enumerate(node.value)
+            _to_python(item, (*path, i), lines, issues, env, interpolated)
+            for i, item in enumerate(node.value)
         ]
     assert isinstance(node, yaml.ScalarNode)
-    value = _scalar(node)
-    if isinstance(value, str) and "${" in value:
+    if unplain_number(node):  # `010` (8 in YAML 1.1), `0x1e`, `1_000`, `1:30`
+        issues.append(ConfigIssue(_render(path), lines[path], NUMBER_PROBLEM, path))
+        return None
+    value = plain_scalar(node)
+    if isinstance(value, str) and _ENV_REF.search(value, 0, _past_last_brace(value)):
         value = _interpolate(value, path, lines[path], issues, env)
+        interpolated.add(path)
     return value
-
-
-def _scalar(node: yaml.ScalarNode) -> Any:
-    loader = yaml.SafeLoader("")
-    try:
-        return loader.construct_object(node, deep=True)
-    finally:
-        loader.dispose()
 
 
 def _interpolate(
@@ -233,6 +256,11 @@ def _pydantic_issues(exc: ValidationError, lines: dict[Path_, int]) -> list[Conf
             message = message[len("Value error, ") :]
         if error["type"] == "extra_forbidden":
             message = "unknown key (not part of the schema)"
+        elif error["type"] == "string_type" and isinstance(error.get("input"), bool):
+            message = (
+                "expected a string; YAML reads unquoted yes/no/on/off as true/false, "
+                "so quote it (e.g. 'no' for Norway)"
+            )
         issues.append(ConfigIssue(_render(loc), lines.get(probe), message, loc))
     return issues
 

@@ -9,20 +9,27 @@ For the same reason a policy file is read as plain data only: no aliases, no exp
 tags (`!!str 0`, `!!python/...`, `!!set`, a custom `!tag`), and whole numbers only in
 plain decimal digits (YAML 1.1, which PyYAML reads, takes `010` for 8, `0x1e` for 30,
 `1_000` for 1000 and `1:30` for 90, where YAML 1.2 tools and reviewers read them
-otherwise). A date or time (`version: 2025-06-01`) is kept as the text written.
+otherwise). A date or time (`version: 2025-06-01`) is kept as the text written. The
+node checks are `gateway.plain_yaml`'s, which gateway.yaml's loader applies too.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from gateway.plain_yaml import (
+    NUMBER_PROBLEM,
+    explicit_tag,
+    plain_scalar,
+    tag_problem,
+    unplain_number,
+)
 from gateway.policy.types import PolicyIssue
 
 __all__ = [
@@ -38,22 +45,11 @@ __all__ = [
 YamlPath = tuple[str | int, ...]
 _ALIAS = "YAML aliases are not allowed in policy files; write the value out"
 _TOO_DEEP = "not valid YAML: it nests too deep"
-_TAG = (
-    "YAML tags (!!str, !!int, !!set, !!python/..., !custom) are not allowed in policy files; "
-    "write the value plainly (quote a string)"
-)
-_NUMBER = (
-    "write numbers in plain decimal digits (quote a name): YAML 1.1 reads 010 as 8, "
-    "0x1e as 30, 1_000 as 1000 and 1:30 as 90, where YAML 1.2 tools read them otherwise"
-)
+_TAG = tag_problem("policy files")
+_NUMBER = NUMBER_PROBLEM
 # A document with one of these problems holds a value that is not what the file says:
 # it is not validated further (its other errors would be about a stand-in value).
 _UNREADABLE = frozenset({_ALIAS, _TAG, _NUMBER})
-_MAP, _SEQ = "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
-_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
-_TIMESTAMP = "tag:yaml.org,2002:timestamp"
-_Resolve = Callable[[type[yaml.Node], str, tuple[bool, bool]], str]
-_DECIMAL = re.compile(r"[-+]?(?:0|[1-9][0-9]*)\Z")
 Model = TypeVar("Model", bound=BaseModel)
 
 
@@ -172,7 +168,7 @@ def _to_python(
         issues.append(PolicyIssue(file, line, column, render_path(path), _ALIAS))
         return None
     seen.add(id(node))
-    if _explicit_tag(node):
+    if explicit_tag(node):
         line, column = marks[path]
         issues.append(PolicyIssue(file, line, column, render_path(path), _TAG))
         return None
@@ -194,32 +190,11 @@ def _to_python(
             for i, item in enumerate(node.value)
         ]
     assert isinstance(node, yaml.ScalarNode)
-    if node.tag == _TIMESTAMP:
-        return node.value  # `2025-06-01 10:00:00` stays as written (a datetime would not)
-    if (node.tag == _INT and not _DECIMAL.match(node.value)) or (
-        node.tag == _FLOAT and ("_" in node.value or ":" in node.value)
-    ):
+    if unplain_number(node):
         line, column = marks[path]
         issues.append(PolicyIssue(file, line, column, render_path(path), _NUMBER))
         return None
-    loader = yaml.SafeLoader("")
-    try:
-        return loader.construct_object(node, deep=True)
-    finally:
-        loader.dispose()
-
-
-def _explicit_tag(node: yaml.Node) -> bool:
-    """Whether the file gave `node` a tag that changes what it reads as (`!!str 0`,
-    `!!set {}`, `!custom x`): any tag but the one the value has without it."""
-    if isinstance(node, yaml.MappingNode):
-        return bool(node.tag != _MAP)
-    if isinstance(node, yaml.SequenceNode):
-        return bool(node.tag != _SEQ)
-    assert isinstance(node, yaml.ScalarNode)
-    resolve = cast(_Resolve, yaml.resolver.Resolver().resolve)  # SafeLoader's; untyped stubs
-    plain = node.style is None  # quoted and block scalars resolve as strings
-    return bool(node.tag != resolve(yaml.ScalarNode, node.value, (plain, not plain)))
+    return plain_scalar(node)
 
 
 def _issues(document: Document, exc: ValidationError) -> list[PolicyIssue]:

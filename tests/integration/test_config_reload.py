@@ -137,6 +137,31 @@ def test_a_bad_config_keeps_the_running_one(gateway: tuple[GatewayProcess, Sim])
     assert good["reload_failures"] == 0
 
 
+def test_a_tagged_fact_fails_the_sighup_reload_and_keeps_the_running_config(
+    gateway: tuple[GatewayProcess, Sim],
+) -> None:
+    # `days: !foo 3` made the loader raise PyYAML's ConstructorError, which the reload
+    # (it catches ConfigError) let escape: no reason given, the signal's task died.
+    process, fresh = gateway
+    assert process.proc is not None
+    config = settings([backend("new", fresh.url, "m", retention={"days": 0})], process.port)
+    text = yaml.safe_dump(config, sort_keys=False)
+    assert text.count("days: 0") == 1
+    rewrite(process, text.replace("days: 0", "days: !foo 3"))
+    process.proc.send_signal(signal.SIGHUP)
+    until(
+        lambda: readyz(process)["config"]["reload_failures"] >= 1, "a failed reload", timeout=30.0
+    )
+    state = readyz(process)
+    assert state["status"] == "ready"
+    assert list(state["backends"]) == ["old"]  # the running config kept
+    error = state["config"]["last_reload_error"]
+    assert "backends[0].retention.days: YAML tags" in error and "line " in error
+    headers = {"authorization": f"Bearer {KEY}"}
+    answer = httpx.post(f"{process.url}/v1/chat/completions", json=SHORT, headers=headers)
+    assert answer.status_code == 200
+
+
 def test_restart_only_settings_keep_their_value_and_the_file_is_polled(
     gateway: tuple[GatewayProcess, Sim],
 ) -> None:

@@ -29,6 +29,7 @@ import pytest
 from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from gateway.config.provider_routes import route_of
 from gateway.config.schema import BackendSettings
 from gateway.provenance.formats.upstream_ids import UpstreamIds
 from gateway.serving import ServerThread
@@ -115,10 +116,11 @@ def env(servers: Servers) -> Iterator[Servers]:
 
 
 def hosted_backend(url: str | None, provider_model: str, key_env: str | None) -> BackendSettings:
-    provider = provider_model.split("/", 1)[0]
+    prefix = provider_model.split("/", 1)[0]
+    provider = route_of(provider_model)[0] or prefix  # unprefixed: LiteLLM's default route
     return BackendSettings.model_validate(
         {
-            "id": f"{provider}-hosted",
+            "id": f"{prefix}-hosted",
             "kind": "hosted",
             "provider": provider,
             "base_url": url,

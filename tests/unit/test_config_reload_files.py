@@ -294,6 +294,37 @@ def test_a_config_refused_for_missing_policy_files_is_retried_when_they_arrive(
     assert reloader.reload_failures == 1
 
 
+def test_an_unexpected_error_in_a_sighup_reload_is_a_reported_failure(tmp_path: Path) -> None:
+    """Only ConfigError was caught on the SIGHUP path: anything else (PyYAML's error for
+    a tagged value, before the loader refused tags) ended the signal's task unreported,
+    and the stamp it had taken kept the poll from retrying the file."""
+    path = tmp_path / "gateway.yaml"
+    write(path, config_text(1).removesuffix(POLICY_SECTION), 1_000_000_000)
+    calls: list[int] = []
+
+    def prepare(config: GatewaySettings) -> GatewaySettings:
+        calls.append(config.tenants[0].limits.concurrent_requests or 0)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        return config
+
+    app = create_app(
+        load_config(path), environ={}, config_dir=tmp_path, config_file=path, prepare=prepare
+    )
+    reloader = app.reloader
+    assert reloader is not None
+    write(path, config_text(2).removesuffix(POLICY_SECTION), 2_000_000_000)
+
+    async def signal() -> tuple[int, str | None]:
+        reloader.trigger()
+        (task,) = reloader._tasks  # the signal's reload
+        await asyncio.wait_for(task, 30)  # it raised RuntimeError before
+        return reloader.reload_failures, reloader.last_error
+
+    assert asyncio.run(signal()) == (1, "unexpected error: RuntimeError")
+    assert app.parts.config.tenants[0].limits.concurrent_requests == 1  # the running one
+
+
 def test_the_watcher_outlives_an_unexpected_error(tmp_path: Path) -> None:
     """A bug in one reload (here: `prepare` raising) ended the watcher task, silently: no
     later change of the files was applied, a key removed from the keys file stayed valid

@@ -1,0 +1,187 @@
+"""Whether a hosted backend's declared `provider` is where LiteLLM sends its traffic.
+
+A policy judges a hosted backend by its declared `provider` (or, without one, its
+`owner`): `providers.allow: [azure]`. What decides where a prompt goes is something else:
+gateway/upstream/hosted.py hands LiteLLM the model's `provider_model` and the backend's
+`base_url` (as `api_base`). `provider: azure` with `provider_model: openai/gpt-4o` and no
+`base_url` sends to OpenAI while the policy judges Azure. `check_route` refuses that,
+without importing LiteLLM (the config path never does):
+
+- a `provider_model` names its LiteLLM provider by its prefix (`azure/...`): the prefix
+  must be one LiteLLM knows (`LITELLM_PROVIDERS`, its `provider_list`; any other prefix
+  is part of a model name LiteLLM would route by its model lists) and belong to the
+  declared provider: the prefix itself, or one of the prefixes `_PROVIDERS` lists for it
+  (`azure` owns `azure/`, `azure_ai/` and `azure_text/`; `google` owns `gemini/` and
+  `vertex_ai/`);
+- a name without a prefix goes where LiteLLM's model lists say; only the families in
+  `_BARE` are taken (`gpt-...` to OpenAI, `claude-...` to Anthropic), any other needs
+  its prefix;
+- the OpenAI-compatible prefixes (`_AT_BASE_URL`: `openai/`, `hosted_vllm/`,
+  `openai_like/`, ...) name a wire format: with a `base_url` the traffic goes there, and
+  the prefix says nothing about who runs it; without one `openai/` goes to OpenAI and the
+  others are refused (no host of their own);
+- a `base_url` whose host is under a domain `_PROVIDERS` lists (`api.openai.com`,
+  `*.openai.azure.com`, `*.amazonaws.com`, ...) must belong to the declared provider.
+  Any other host (an internal proxy, a provider not in the table) is taken as declared.
+
+Not checked: where a proxy at `base_url` forwards to, and a provider URL LiteLLM reads
+from the environment (`AZURE_API_BASE`; the others are refused at start by
+gateway/upstream/provider_environment.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Final, NamedTuple
+from urllib.parse import urlsplit
+
+__all__ = ["LITELLM_PROVIDERS", "check_route", "route_of"]
+
+# `litellm.provider_list` of the locked LiteLLM (1.108.7); tests/unit/test_provider_routes.py
+# compares it with the installed one.
+_LITELLM_PROVIDER_LIST = """
+    a2a a2a_agent ai21 ai21_chat aiml aiohttp_openai amazon_nova anthropic anthropic_text
+    apertis assemblyai auto_router aws_polly aws_textract azure azure_ai azure_speech
+    azure_text baseten bedrock bedrock_mantle bespoke black_forest_labs bytez cerebras
+    charity_engine chatgpt chutes clarifai cloudflare codestral cognition cohere cohere_chat
+    cometapi compactifai coralbricks cortecs cursor custom custom_openai darkbloom dashscope
+    databricks databricks_agent datarobot deepgram deepinfra deepseek docker_model_runner
+    dotprompt edenai elevenlabs empower fal_ai featherless_ai fireworks_ai friendliai
+    galadriel gdc gemini gigachat github github_copilot gradient_ai groq helicone heroku
+    hosted_vllm huggingface humanloop hyperbolic inception inferenceapis infinity jina_ai
+    lambda_ai langflow langfuse langgraph laya lemonade libertai litellm_agent litellm_proxy
+    llamafile lm_studio manus maritalk meta meta_llama microsoft_365_copilot milvus minimax
+    mistral modelscope mongodb moonshot morph nadir nano-gpt nebius neosantara nlp_cloud
+    novita nscale nvidia_nim nvidia_riva oci ollama ollama_chat oobabooga openai openai_like
+    openrouter ovhcloud parasail perplexity petals pg_vector pinstripes poe predibase prism
+    publicai qwen_ai_platform qwencloud ragflow recraft reducto reka replicate runwayml
+    s3_vectors sagemaker sagemaker_chat sagemaker_nova sail sambanova sap scaledown scaleway
+    scx-ai snowflake soniox stability strands_decider synthetic tencent tensormesh
+    text-completion-codestral text-completion-inception text-completion-openai together_ai
+    topaz transcribe triton typesafe v0 valkey vercel_ai_gateway vertex_ai vertex_ai_beta
+    vllm volcengine voyage wandb watsonx watsonx_text xai xiaomi_mimo xinference zai
+"""
+LITELLM_PROVIDERS: Final = frozenset(_LITELLM_PROVIDER_LIST.split())
+
+
+class _Provider(NamedTuple):
+    names: tuple[str, ...]  # what `provider:` may say for it (its prefixes also count)
+    prefixes: tuple[str, ...]  # LiteLLM prefixes that send to it
+    domains: tuple[str, ...]  # its API hosts are these or under them
+
+
+# Providers that own more than one prefix, or whose API hosts are known. A prefix in no
+# entry belongs to the provider of the same name (`groq/` to `provider: groq`).
+_PROVIDERS: Final = (
+    _Provider(("openai",), ("openai", "text-completion-openai", "chatgpt"), ("openai.com",)),
+    _Provider(
+        ("azure", "microsoft"),
+        ("azure", "azure_ai", "azure_text", "azure_speech"),
+        ("azure.com", "azure-api.net", "windows.net"),
+    ),
+    _Provider(("anthropic",), ("anthropic", "anthropic_text"), ("anthropic.com",)),
+    _Provider(("google",), ("gemini", "vertex_ai", "vertex_ai_beta"), ("googleapis.com",)),
+    _Provider(
+        ("aws", "amazon"),
+        ("bedrock", "bedrock_mantle", "sagemaker", "sagemaker_chat", "sagemaker_nova"),
+        ("amazonaws.com",),
+    ),
+    _Provider(("mistral",), ("mistral", "codestral", "text-completion-codestral"), ("mistral.ai",)),
+    _Provider(("cohere",), ("cohere", "cohere_chat"), ("cohere.ai", "cohere.com")),
+    _Provider(("meta",), ("meta", "meta_llama"), ("llama.com",)),
+    _Provider(("together",), ("together_ai",), ("together.ai", "together.xyz")),
+    _Provider(("fireworks",), ("fireworks_ai",), ("fireworks.ai",)),
+    _Provider(("groq",), ("groq",), ("groq.com",)),
+    _Provider(("deepseek",), ("deepseek",), ("deepseek.com",)),
+    _Provider(("xai",), ("xai",), ("x.ai",)),
+    _Provider(("perplexity",), ("perplexity",), ("perplexity.ai",)),
+    _Provider(("openrouter",), ("openrouter",), ("openrouter.ai",)),
+    _Provider(("deepinfra",), ("deepinfra",), ("deepinfra.com",)),
+)
+# Prefixes that name OpenAI's wire format at the `base_url` given, not a provider.
+_AT_BASE_URL: Final = frozenset(
+    {
+        "openai",
+        "text-completion-openai",
+        "openai_like",
+        "custom_openai",
+        "aiohttp_openai",
+        "hosted_vllm",
+        "vllm",
+        "litellm_proxy",
+        "llamafile",
+        "lm_studio",
+        "oobabooga",
+        "xinference",
+    }
+)
+# Unprefixed model names LiteLLM's model lists send to one provider (its prefix).
+_BARE: Final = (
+    (re.compile(r"(?:gpt-|chatgpt-|o[1-9]|text-embedding-|davinci|babbage)"), "openai"),
+    (re.compile(r"claude-"), "anthropic"),
+)
+
+
+def _provider_of(name: str) -> _Provider | None:
+    return next((p for p in _PROVIDERS if name in p.names or name in p.prefixes), None)
+
+
+def _same(declared: str, owner: str) -> bool:
+    """Whether `declared` names the provider `owner` (a name or prefix) stands for."""
+    entry = _provider_of(owner)
+    return declared == owner if entry is None else _provider_of(declared) is entry
+
+
+def route_of(provider_model: str) -> tuple[str | None, str]:
+    """(the LiteLLM prefix `provider_model` routes by, or None when it has none LiteLLM
+    knows, and what the route is called in an error)."""
+    prefix, slash, _ = provider_model.partition("/")
+    if slash and prefix in LITELLM_PROVIDERS:
+        return prefix, f"{prefix}/"
+    for pattern, owner in _BARE:
+        if pattern.match(provider_model):
+            return owner, f"LiteLLM's route for an unprefixed {provider_model!r}"
+    return None, ""
+
+
+def _host_owner(base_url: str) -> _Provider | None:
+    host = (urlsplit(base_url).hostname or "").lower().rstrip(".")
+    for entry in _PROVIDERS:
+        if any(host == d or host.endswith(f".{d}") for d in entry.domains):
+            return entry
+    return None
+
+
+def check_route(declared: str, provider_models: Iterable[str], base_url: str | None) -> None:
+    """Raise ValueError naming both when a hosted backend's traffic would go to another
+    provider than `declared` (its `provider`, else its `owner`)."""
+    for model in provider_models:
+        prefix, route = route_of(model)
+        if prefix is None:
+            raise ValueError(
+                f"provider_model {model!r} has no LiteLLM provider prefix owngate knows "
+                "(LiteLLM would pick a provider from its model lists): write it as "
+                f"<provider>/<model>, e.g. {declared}/{model}"
+            )
+        if prefix in _AT_BASE_URL and base_url is not None:
+            continue  # OpenAI's wire format at base_url: the host is checked below
+        if prefix in _AT_BASE_URL and prefix not in ("openai", "text-completion-openai"):
+            raise ValueError(
+                f"provider_model {model!r} ({route}) has no host of its own: give the "
+                "backend a base_url"
+            )
+        if not _same(declared, prefix):
+            raise ValueError(
+                f"provider_model {model!r} is sent by LiteLLM to {prefix} ({route}), but "
+                f"the backend declares provider {declared!r}, which policies judge: "
+                f"declare provider: {prefix}, or use a {declared} model string"
+            )
+    if base_url is not None:
+        entry = _host_owner(base_url)
+        if entry is not None and _provider_of(declared) is not entry:
+            host = urlsplit(base_url).hostname
+            raise ValueError(
+                f"base_url host {host!r} is {entry.names[0]}'s API, but the backend "
+                f"declares provider {declared!r}, which policies judge"
+            )

@@ -1,0 +1,77 @@
+"""YAML read as the plain data it shows: what gateway.yaml and the policy files share.
+
+Both are trust inputs a reviewer reads as text (a backend's declared `retention.days`, a
+policy's `max_days`), so each YAML node must read as what it looks like:
+
+- no explicit tags (`!!str 0`, `!!python/...`, `!!set`, a custom `!tag`): a tag changes
+  what a value reads as, and PyYAML's safe loader fails on an unknown one;
+- whole numbers only in plain decimal digits: YAML 1.1, which PyYAML reads, takes `010`
+  for 8, `0x1e` for 30, `1_000` for 1000 and `1:30` for 90, where YAML 1.2 tools and
+  reviewers read them otherwise (floats with `_` or `:` likewise);
+- a date or time (`version: 2025-06-01`) is kept as the text written.
+
+The loaders (`gateway.config.loader`, `gateway.policy.source`) walk the composed nodes
+themselves (they record paths and lines, and differ on aliases and `${ENV}`) and ask this
+module about each node.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any, cast
+
+import yaml
+
+__all__ = ["NUMBER_PROBLEM", "explicit_tag", "plain_scalar", "tag_problem", "unplain_number"]
+
+NUMBER_PROBLEM = (
+    "write numbers in plain decimal digits (quote a name): YAML 1.1 reads 010 as 8, "
+    "0x1e as 30, 1_000 as 1000 and 1:30 as 90, where YAML 1.2 tools read them otherwise"
+)
+_MAP, _SEQ = "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_TIMESTAMP = "tag:yaml.org,2002:timestamp"
+_Resolve = Callable[[type[yaml.Node], str, tuple[bool, bool]], str]
+_DECIMAL = re.compile(r"[-+]?(?:0|[1-9][0-9]*)\Z")
+
+
+def tag_problem(where: str) -> str:
+    """The message for an explicit tag in `where` ("policy files", "gateway.yaml")."""
+    return (
+        f"YAML tags (!!str, !!int, !!set, !!python/..., !custom) are not allowed in {where}; "
+        "write the value plainly (quote a string)"
+    )
+
+
+def explicit_tag(node: yaml.Node) -> bool:
+    """Whether the file gave `node` a tag that changes what it reads as (`!!str 0`,
+    `!!set {}`, `!custom x`): any tag but the one the value has without it."""
+    if isinstance(node, yaml.MappingNode):
+        return bool(node.tag != _MAP)
+    if isinstance(node, yaml.SequenceNode):
+        return bool(node.tag != _SEQ)
+    assert isinstance(node, yaml.ScalarNode)
+    resolve = cast(_Resolve, yaml.resolver.Resolver().resolve)  # SafeLoader's; untyped stubs
+    plain = node.style is None  # quoted and block scalars resolve as strings
+    return bool(node.tag != resolve(yaml.ScalarNode, node.value, (plain, not plain)))
+
+
+def unplain_number(node: yaml.ScalarNode) -> bool:
+    """Whether `node` is a number in a YAML 1.1 form other than plain decimal digits
+    (`010`, `0x1e`, `0o17`, `1_000`, `1:30`, `1_0.5`)."""
+    return (node.tag == _INT and not _DECIMAL.match(node.value)) or (
+        node.tag == _FLOAT and ("_" in node.value or ":" in node.value)
+    )
+
+
+def plain_scalar(node: yaml.ScalarNode) -> Any:
+    """The value of a scalar without an explicit tag (`explicit_tag` false): str, int,
+    float, bool or None, and a date or time as the text written (a datetime would not be)."""
+    if node.tag == _TIMESTAMP:
+        return node.value
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_object(node, deep=True)
+    finally:
+        loader.dispose()

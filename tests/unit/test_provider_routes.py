@@ -1,0 +1,175 @@
+"""A hosted backend's declared provider (what policies judge) must be where LiteLLM sends
+its traffic: `provider: azure` with `provider_model: openai/gpt-4o` went to OpenAI while
+a policy allowing only Azure passed it. Checked at config load, without LiteLLM; the
+tables are compared with the installed LiteLLM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from gateway.config import ConfigError, parse_config
+from gateway.upstream.litellm_runtime import load_litellm
+
+
+def hosted(**fields: Any) -> str:
+    backend = {
+        "id": "h",
+        "kind": "hosted",
+        "api_key_env": "K",
+        "region": "westeurope",
+        "owner": "microsoft",
+        **fields,
+    }
+    return yaml.safe_dump({"backends": [backend]})
+
+
+def model(provider_model: str) -> list[dict[str, str]]:
+    return [{"name": "m", "provider_model": provider_model}]
+
+
+def refused(text: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, env={})
+    (issue,) = info.value.issues
+    assert issue.line == 2 and issue.path == "backends[0]"
+    return issue.message
+
+
+@pytest.mark.parametrize(
+    ("provider", "provider_model", "base_url"),
+    [
+        ("azure", "azure/gpt-4o-mini-eu", None),
+        ("azure", "azure_ai/Meta-Llama-3.1-8B-Instruct", None),  # deploy/gateway.example.yaml
+        ("azure", "azure/gpt-4o", "https://acme-eu.openai.azure.com"),
+        ("google", "gemini/gemini-2.0-flash", None),
+        ("gemini", "gemini/gemini-2.0-flash", None),
+        ("google", "vertex_ai/claude-3-5-haiku", None),  # Anthropic's model, on Google's host
+        ("openai", "openai/gpt-4o-mini", "https://api.openai.com/v1"),
+        ("openai", "gpt-4o", None),  # LiteLLM routes an unprefixed gpt-... to OpenAI
+        ("anthropic", "anthropic/claude-3-5-haiku-latest", None),
+        ("anthropic", "claude-sonnet-4-5", None),
+        ("mistral", "mistral/mistral-small-latest", None),
+        ("groq", "groq/llama-3.1-8b-instant", None),  # a prefix in no table: its own name
+        ("aws", "bedrock/anthropic.claude-3-haiku", None),
+        # OpenAI's wire format at a URL the table does not know: taken as declared.
+        ("acme-proxy", "openai/gpt-4o", "https://llm-proxy.internal.example/v1"),
+        ("openrouter", "openai/gpt-4o", "https://openrouter.ai/api/v1"),
+        ("acme-vllm", "hosted_vllm/llama", "http://10.0.0.5:8000/v1"),
+    ],
+)
+def test_a_provider_and_its_routes_load(
+    provider: str, provider_model: str, base_url: str | None
+) -> None:
+    extra = {} if base_url is None else {"base_url": base_url}
+    parse_config(hosted(provider=provider, models=model(provider_model), **extra), env={})
+
+
+def test_a_model_string_of_another_provider_is_refused_naming_both() -> None:
+    message = refused(hosted(provider="azure", models=model("openai/gpt-4o")))
+    assert "'openai/gpt-4o' is sent by LiteLLM to openai" in message
+    assert "declares provider 'azure'" in message
+
+
+@pytest.mark.parametrize(
+    ("provider", "provider_model", "sent_to"),
+    [
+        ("openai", "azure/gpt-4o", "azure"),
+        ("azure", "gpt-4o", "openai"),  # unprefixed: LiteLLM's default route
+        ("azure", "claude-3-5-haiku-latest", "anthropic"),
+        ("anthropic", "vertex_ai/claude-3-5-haiku", "vertex_ai"),  # Google hosts it
+        ("anthropic", "bedrock/anthropic.claude-3-haiku", "bedrock"),
+        ("mistral", "groq/mixtral-8x7b", "groq"),
+    ],
+)
+def test_every_route_to_another_provider_is_refused(
+    provider: str, provider_model: str, sent_to: str
+) -> None:
+    message = refused(hosted(provider=provider, models=model(provider_model)))
+    assert f"to {sent_to} (" in message and f"declares provider {provider!r}" in message
+
+
+def test_without_provider_the_owner_is_what_is_checked() -> None:
+    # facts_of judges a hosted backend without `provider` by its owner.
+    parse_config(hosted(owner="microsoft", models=model("azure/gpt-4o")), env={})
+    message = refused(hosted(owner="acme", models=model("openai/gpt-4o")))
+    assert "declares provider 'acme'" in message
+
+
+def test_a_provider_written_empty_is_refused() -> None:
+    # `provider:` with its value commented out read as no provider: the owner judged.
+    text = hosted(owner="openai", models=model("openai/gpt-4o"))
+    text = text.replace("owner: openai", "owner: openai\n  provider:")
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, env={})
+    (issue,) = info.value.issues
+    assert issue.path == "backends[0].provider" and "written with no value" in issue.message
+
+
+def test_one_stray_model_among_several_is_refused() -> None:
+    models = [*model("azure/gpt-4o"), {"name": "n", "provider_model": "openai/gpt-4o"}]
+    assert "'openai/gpt-4o'" in refused(hosted(provider="azure", models=models))
+
+
+@pytest.mark.parametrize(
+    ("provider", "base_url", "host_of"),
+    [
+        ("azure", "https://api.openai.com/v1", "openai"),
+        ("azure", "https://API.OpenAI.com./v1", "openai"),
+        ("openai", "https://acme.openai.azure.com", "azure"),
+        ("acme-proxy", "https://bedrock-runtime.eu-west-1.amazonaws.com", "aws"),
+    ],
+)
+def test_a_base_url_at_another_providers_host_is_refused(
+    provider: str, base_url: str, host_of: str
+) -> None:
+    text = hosted(provider=provider, base_url=base_url, models=model("openai/gpt-4o"))
+    message = refused(text)
+    assert f"is {host_of}'s API" in message and f"declares provider {provider!r}" in message
+
+
+@pytest.mark.parametrize(
+    ("provider_model", "expected"),
+    [
+        ("mistral-small", "no LiteLLM provider prefix"),  # LiteLLM's lists decide: refused
+        ("meta-llama/Llama-3.1-8B", "no LiteLLM provider prefix"),  # not a LiteLLM prefix
+        ("OpenAI/gpt-4o", "no LiteLLM provider prefix"),
+        ("hosted_vllm/llama", "give the backend a base_url"),
+    ],
+)
+def test_a_model_string_whose_route_is_unclear_is_refused(
+    provider_model: str, expected: str
+) -> None:
+    assert expected in refused(hosted(provider="acme", models=model(provider_model)))
+
+
+def test_the_provider_list_is_the_installed_litellms() -> None:
+    from gateway.config.provider_routes import LITELLM_PROVIDERS
+
+    litellm = load_litellm()  # offline, quiet: what the gateway itself imports
+    installed = {str(getattr(p, "value", p)) for p in litellm.provider_list}
+    assert set(LITELLM_PROVIDERS) == installed
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["gpt-4o", "gpt-4o-mini", "o1", "o3-mini", "text-embedding-3-small", "davinci-002"],
+)
+def test_unprefixed_names_route_as_litellm_routes_them(name: str) -> None:
+    from gateway.config.provider_routes import _BARE, route_of
+
+    litellm = load_litellm()
+    routed = litellm.get_llm_provider(name)[1]
+    owner, _ = route_of(name)
+    assert owner == "openai" and routed in ("openai", "text-completion-openai")
+    assert any(pattern.match(name) for pattern, _ in _BARE)
+
+
+def test_unprefixed_claude_routes_to_anthropic() -> None:
+    from gateway.config.provider_routes import route_of
+
+    litellm = load_litellm()
+    assert litellm.get_llm_provider("claude-sonnet-4-5")[1] == "anthropic"
+    assert route_of("claude-sonnet-4-5")[0] == "anthropic"
