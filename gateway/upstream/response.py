@@ -29,7 +29,11 @@ _TIMER_SLACK_S = 0.001  # how early a loop may run a timer (uvloop: millisecond 
 # busy: this gateway already has max_connections open to the backend (not a backend fault)
 # too_large: the answer passed the byte limit of `read()` (the connection was dropped)
 # tls: the handshake failed, or the certificate is not one this backend may present
-FailureKind = Literal["connect", "timeout", "closed", "protocol", "busy", "too_large", "tls"]
+# retired: the pool was closed (`HttpPool.close`), so no connection was opened (not a
+# backend fault)
+FailureKind = Literal[
+    "connect", "timeout", "closed", "protocol", "busy", "too_large", "tls", "retired"
+]
 
 
 class UpstreamError(Exception):
