@@ -16,9 +16,11 @@ its body is read, and finishes on them (each further attempt also checked agains
 new config's policies, `TrustPolicies.successor`; a policy change the running set loaded
 while the new config was being built is read again before the swap, never undone); the
 connections of a removed or changed backend close once the requests that were running at
-the swap are done (bounded by `limits.drain_timeout_s`); those of a backend whose TLS
-changed take the new TLS settings at once (`Registry.hand_over_tls`: no connection a new
-CA file refuses is opened or reused for a request that was running). Unchanged backends keep their
+the swap are done (bounded by `limits.drain_timeout_s`; past it, one still running opens
+no new connection on them: `HttpPool.close`); those of a backend whose TLS changed take
+the new TLS settings at once, also those of its pools from older configs
+(`Registry.hand_over_tls`: no connection a new CA file refuses is opened or reused for a
+request that was running). Unchanged backends keep their
 connection pools, in-flight counts and health. Settings only a restart can change
 (`listen`, `provenance`, `state`, `logging`) keep their running values, and the log says
 "needs restart".

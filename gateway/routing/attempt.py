@@ -18,6 +18,9 @@ __all__ = ["Attempt"]
 # certificate was refused before a request was read. They count on the backend's breaker
 # whichever tenant's request met them (gateway/routing/tenant_breakers.py).
 _BACKEND_SIDE = frozenset({"connect", "tls"})
+# Failure kinds of the gateway's own making, never the backend's: its connection limit
+# (`busy`), a pool closed with its config (`retired`: no connection was opened).
+_GATEWAY_SIDE = frozenset({"busy", "retired"})
 
 
 class Attempt:
@@ -28,9 +31,9 @@ class Attempt:
     (a half-open breaker admits one probe) and judged at most once: a 5xx at the headers, a failure
     before or during the answer, or how the answer ended (`succeeded`, `failed`). A
     failure that was not the backend's is not charged (`upstream_failed`: `busy`, this
-    gateway's own connection limit; a timeout that the failover deadline cut short). A
-    verdict from before the breaker's last change (its epoch) is only noted; a probe
-    that ends with no verdict hands the probe on.
+    gateway's own connection limit; `retired`, a pool its config closed; a timeout that
+    the failover deadline cut short). A verdict from before the breaker's last change
+    (its epoch) is only noted; a probe that ends with no verdict hands the probe on.
 
     With `tenant` (breakers tell tenants apart: gateway/routing/tenant_breakers.py) the
     tenant's own breaker on the backend must admit the attempt too, and a failure its
@@ -162,7 +165,7 @@ class Attempt:
     def upstream_failed(self, kind: str, detail: str) -> None:
         """The exchange with the backend failed (`UpstreamError`'s kind and detail):
         the verdict, unless the failure was not the backend's."""
-        if kind == "busy" or (kind == "timeout" and self._clipped):
+        if kind in _GATEWAY_SIDE or (kind == "timeout" and self._clipped):
             return
         self.failed(f"{kind}: {detail}", at_once=kind == "tls", backend_side=kind in _BACKEND_SIDE)
 

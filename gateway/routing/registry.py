@@ -15,7 +15,8 @@ page and the health probes (is a backend the last one up for a model?).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -88,6 +89,10 @@ class Registry:
     # some model): see gateway/routing/tenant_breakers.py. One: its failures open the
     # backend's breaker, as they always did.
     per_tenant: bool = False
+    # Pools that older configs built for backends this one lacks (removed by a reload, or
+    # made plain HTTP), still used by requests of those configs: a later config that has
+    # the backend over TLS again takes them along (`hand_over_tls`). Held weakly.
+    orphans: dict[str, weakref.WeakSet[HttpPool]] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -168,30 +173,45 @@ class Registry:
 
     def hand_over_tls(self, successor: Registry) -> None:
         """After a reload installed `successor`: every backend of this (retiring) registry
-        that `successor` rebuilt with other TLS settings or files, at the same origin,
-        authenticates its new connections with the successor's and drops its idle ones
-        (`HttpPool.retrust`). Requests that began before the reload finish on this
-        registry; a failover attempt among them must not open or reuse a connection the
-        new files refuse (a CA withdrawn by replacing `ca.pem` is withdrawn at once).
-        Every backend `successor` rebuilt at the same origin, with other TLS settings or
-        the same, takes its old pool along (`HttpPool.succeed`): a later reload's settings
-        reach the requests of this registry too, not only those of `successor`."""
+        that `successor` rebuilt with other TLS settings or files authenticates its new
+        connections with the successor's and drops its idle ones (`HttpPool.retrust`).
+        Requests that began before the reload finish on this registry; a failover attempt
+        among them must not open or reuse a connection the new files refuse (a CA
+        withdrawn by replacing `ca.pem` is withdrawn at once). Every backend `successor`
+        rebuilt over TLS takes its old pool along (`HttpPool.succeed`): a later reload's
+        settings reach the requests of this registry too, not only those of `successor`.
+
+        A backend is its id, wherever it is: one that moved to another host or port has
+        its old pool's new connections checked with the new settings too (the new CA,
+        name and pins, and the old pins and facts: only a server both accept). A pool
+        whose backend `successor` lacks (removed) or reaches in plain HTTP is kept, held
+        weakly, in `successor.orphans`, so a later config that brings the backend back
+        over TLS takes it along: a pin withdrawn meanwhile is withdrawn from it too."""
         for backend in self.backends.values():
-            new = successor.backends.get(backend.id)
-            if new is None or new is backend or backend.tls is None or new.tls is None:
-                continue
-            if backend.pool is None or new.pool is None:
-                continue
-            if (backend.pool.host, backend.pool.port) != (new.pool.host, new.pool.port):
-                continue
-            if backend.tls.digest != new.tls.digest:
-                backend.pool.retrust(new.tls)
-            new.pool.succeed(backend.pool)
+            if backend.pool is not None and successor.backends.get(backend.id) is not backend:
+                _hand_over(backend.id, backend.pool.lineage, successor)
+        for backend_id, pools in self.orphans.items():
+            _hand_over(backend_id, [p for p in pools if not p.closed], successor)
 
     async def close(self) -> None:
         for backend in self.backends.values():
             if backend.pool is not None:
                 await backend.pool.close()
+
+
+def _hand_over(backend_id: str, pools: Iterable[HttpPool], successor: Registry) -> None:
+    """Link the TLS pools of `backend_id` from older configs to `successor`'s pool of it,
+    or keep them as its orphans."""
+    new = successor.backends.get(backend_id)
+    for pool in pools:
+        if pool.tls is None:  # plain HTTP: no TLS settings to hand over
+            continue
+        if new is None or new.pool is None or new.tls is None:
+            successor.orphans.setdefault(backend_id, weakref.WeakSet()).add(pool)
+            continue
+        if pool.tls.digest != new.tls.digest:
+            pool.retrust(new.tls)
+        new.pool.succeed(pool)
 
 
 def _backend_state(

@@ -3,7 +3,8 @@ holds it: the asyncio protocol that parses responses with `httptools` and feeds 
 current `UpstreamResponse`, within the bounds http.py's docstring describes (the head at
 `MAX_HEAD` bytes and so the bytes between two body bytes, bytes after a response's end
 drop the connection), and who its TLS
-handshake authenticated (`peer`) under which settings (`tls`).
+handshake authenticated (`peer`) under which settings (`tls`); and `Connection`, one
+that `HttpPool.connect()` handed out and no request has used yet.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from gateway.upstream.tls import Peer
 if TYPE_CHECKING:
     from gateway.upstream.http import HttpPool
 
-__all__ = ["MAX_HEAD", "ssl_reason"]
+__all__ = ["MAX_HEAD", "Connection", "ssl_reason"]
 
 # A response's status line and headers (with any 1xx before it): inference servers send
 # well under 2 KiB, a countersignature header is under 6 KiB.
@@ -247,6 +248,29 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
+
+
+class Connection:
+    """A connection `HttpPool.connect()` handed out and no request has used yet."""
+
+    def __init__(self, pool: HttpPool, conn: _Connection) -> None:
+        self._pool = pool
+        self._conn: _Connection | None = conn
+        self.peer = conn.peer
+
+    @property
+    def closed(self) -> bool:
+        """The backend closed it while it waited (a request on it reconnects)."""
+        return self._conn is not None and self._conn.closed
+
+    def release(self) -> None:
+        """Give it back unused (no-op once a request took it)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            if conn.closed:
+                self._pool._forget(conn)
+            else:
+                self._pool._put_idle(conn)
 
 
 def ssl_reason(exc: ssl.SSLError) -> str:

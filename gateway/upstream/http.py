@@ -40,7 +40,7 @@ import weakref
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
-from gateway.upstream.connection import MAX_HEAD, _Connection, ssl_reason
+from gateway.upstream.connection import MAX_HEAD, Connection, _Connection, ssl_reason
 from gateway.upstream.response import UpstreamError, UpstreamResponse
 from gateway.upstream.tls import BackendTLS, TLSRejectedError, system_tls
 
@@ -56,29 +56,7 @@ __all__ = [
 DEFAULT_MAX_BODY = 16 * 1024 * 1024  # `read()`'s limit unless the pool is given another
 _IDENTITY = b"\r\naccept-encoding: identity"  # on every request (`_head`)
 _RETRUSTED_TRIES = 3  # connections made again when reloads replace the TLS settings meanwhile
-
-
-class Connection:
-    """A connection `HttpPool.connect()` handed out and no request has used yet."""
-
-    def __init__(self, pool: HttpPool, conn: _Connection) -> None:
-        self._pool = pool
-        self._conn: _Connection | None = conn
-        self.peer = conn.peer
-
-    @property
-    def closed(self) -> bool:
-        """The backend closed it while it waited (a request on it reconnects)."""
-        return self._conn is not None and self._conn.closed
-
-    def release(self) -> None:
-        """Give it back unused (no-op once a request took it)."""
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            if conn.closed:
-                self._pool._forget(conn)
-            else:
-                self._pool._put_idle(conn)
+_RETIRED = "the connection pool was closed (its config retired, or the gateway stopping)"
 
 
 class HttpPool:
@@ -122,6 +100,7 @@ class HttpPool:
         self._idle: collections.deque[_Connection] = collections.deque()
         self._limit = asyncio.Semaphore(max_connections)
         self._open = 0
+        self.closed = False  # `close()`d: opens no connection, pools none
 
     @classmethod
     def for_url(
@@ -258,6 +237,7 @@ class HttpPool:
         return b"".join(lines)
 
     async def _acquire(self) -> _Connection:
+        self._refuse_if_closed()
         idle = self._idle
         while idle:
             conn = idle.pop()
@@ -272,11 +252,12 @@ class HttpPool:
         out: one made while a reload replaced them (`retrust`) is dropped and made again,
         since the backend did nothing wrong (a `tls` failure would open its breaker)."""
         for _ in range(_RETRUSTED_TRIES):
+            self._refuse_if_closed()
             tls = self.tls
             conn = await self._connect_under(tls)
-            if tls is self.tls:
+            if tls is self.tls and not self.closed:
                 return conn
-            conn.abort()  # authenticated under settings a reload retired meanwhile
+            conn.abort()  # authenticated under settings a reload retired meanwhile, or closed
             self._forget(conn)
         raise UpstreamError("connect", "the backend's TLS settings kept changing while connecting")
 
@@ -355,6 +336,11 @@ class HttpPool:
             conn.close()
             self._forget(conn)
 
+    @property
+    def lineage(self) -> tuple[HttpPool, ...]:
+        """This pool and the pools it replaced (`succeed`) that are still in use."""
+        return (self, *self._predecessors)
+
     def succeed(self, predecessor: HttpPool) -> None:
         """This pool replaces `predecessor` (a reload rebuilt the backend, at the same
         origin), whose requests still running finish on it: every later `retrust` of
@@ -362,15 +348,20 @@ class HttpPool:
         later reload withdraws are withdrawn from all of them, not only from the pool that
         reload retired. Held weakly, and each directly (a pool in between that no request
         uses any more may go while an older one is still in use)."""
-        self._predecessors.update(p for p in (predecessor, *predecessor._predecessors))
+        self._predecessors.update(predecessor.lineage)
         self._predecessors.discard(self)
 
     def _release_slot(self) -> None:
         self._open -= 1
         self._limit.release()
 
+    def _refuse_if_closed(self) -> None:
+        if self.closed:  # the gateway's doing, not the backend's: no breaker verdict
+            raise UpstreamError("retired", _RETIRED)
+
     def _put_idle(self, conn: _Connection) -> None:
-        if conn.tls is not self.tls:  # authenticated under settings a reload replaced
+        # authenticated under settings a reload replaced, or for a pool closed since
+        if conn.tls is not self.tls or self.closed:
             conn.close()
             self._forget(conn)
             return
@@ -382,6 +373,11 @@ class HttpPool:
             self._release_slot()
 
     async def close(self) -> None:
+        """Close the idle connections and open no more (its config was retired, or the
+        gateway stops): a request still running past `limits.drain_timeout_s` that asks
+        for a connection gets `UpstreamError("retired")`, a connection whose handshake is
+        under way is dropped, and one a request holds is closed when that request ends."""
+        self.closed = True
         while self._idle:
             conn = self._idle.pop()
             conn.close()

@@ -30,8 +30,9 @@ _TIMER_SLACK_S = 0.001  # how early a loop may run a timer (uvloop: millisecond 
 # too_large: the answer passed the byte limit of `read()` (the connection was dropped)
 # tls: the handshake failed, or the certificate is not one this backend may present
 # encoding: the answer is in a coding the request did not accept (connection.py `_coded`)
+# retired: its pool was closed (`HttpPool.close`): no connection opened, no backend fault
 FailureKind = Literal[
-    "connect", "timeout", "closed", "protocol", "busy", "too_large", "tls", "encoding"
+    "connect", "timeout", "closed", "protocol", "busy", "too_large", "tls", "encoding", "retired"
 ]
 
 

@@ -193,6 +193,16 @@ class TLSFront:
         self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._serve(reader, writer)
+        except asyncio.CancelledError:
+            # The front stopped with this relay running (its backend side still open). The
+            # task must not end cancelled: Python 3.11's stream server asks a finished
+            # task for its exception in a done callback, which raises for a cancelled one
+            # (asyncio logged "Exception in callback StreamReaderProtocol.connection_made").
+            writer.transport.abort()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         generation = self._generation
         try:
             async with asyncio.timeout(10):

@@ -19,95 +19,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from gateway.api.app import GatewayApp
-from gateway.app import create_app
-from gateway.config.loader import load_config
-from gateway.routing.registry import Registry
-from gateway.tenants import hash_api_key
 from gateway.upstream.http import HttpPool, UpstreamError
 from gateway.upstream.tls import system_tls
-from tests.helpers.gateways import ADMIN, TENANT_KEY, Sim, backend
-from tests.helpers.tls import Pki, TLSFront, server_context
-from tests.helpers.waiting import until_async
-
-
-def _write_config(tmp_path: Path, url: str, pins: list[str], **gpu: Any) -> Path:
-    """gateway.yaml with one backend `gpu` at `url`, trusting tmp_path/ca.pem and `pins`."""
-    tls = {"ca_file": "ca.pem", "pin_spki_sha256": pins}
-    config = {
-        "logging": {"format": "json", "level": "warning"},
-        "backends": [backend("gpu", url, "m", kind="openai", tls=tls, **gpu)],
-        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": []}],
-        "admin": ADMIN,
-    }
-    path = tmp_path / "gateway.yaml"
-    partial = path.with_suffix(".tmp")
-    partial.write_text(yaml.safe_dump(config))
-    partial.replace(path)
-    return path
-
-
-class _Rotation:
-    """A backend behind a TLS front (certificate A or B of one CA) and a gateway app."""
-
-    def __init__(self, start_sim: Callable[..., Sim], tmp_path: Path) -> None:
-        sim = start_sim("vllm", models=("m",), zero_latency=True)
-        pki = Pki.create(tmp_path / "pki")
-        (tmp_path / "ca.pem").write_bytes(pki.ca.cert_pem)
-        self.tmp_path = tmp_path
-        a, b = pki.server(), pki.server()
-        self.pin_a, self.pin_b = a.pin, b.pin
-        self.a, self.b = server_context(pki, a), server_context(pki, b)
-        self.front = TLSFront((sim.server.host, sim.server.port), self.a).start()
-        self.registries: list[Registry] = []
-        path = _write_config(tmp_path, self.front.url, [self.pin_a])
-        self.app: GatewayApp = create_app(
-            load_config(path), environ={}, config_dir=tmp_path, config_file=path
-        )
-
-    def pool(self) -> HttpPool:
-        """The current config's pool of `gpu` (the registry is kept for closing)."""
-        self.registries.append(self.app.parts.registry)
-        pool = self.app.parts.registry.backends["gpu"].pool
-        assert pool is not None
-        return pool
-
-    async def reload(self, pins: list[str], **gpu: Any) -> bool:
-        """Whether gateway.yaml with `pins` (and `gpu` settings) was a change to install."""
-        _write_config(self.tmp_path, self.front.url, pins, **gpu)
-        assert self.app.reloader is not None
-        return await self.app.reloader.reload()
-
-    async def peer(self, pool: HttpPool) -> str | None:
-        """The key of the connection `pool` hands out (None: refused as `tls`). Dropped by
-        the front then, so the next look makes a connection of its own."""
-        try:
-            connection = await pool.connect()
-        except UpstreamError as exc:
-            if exc.kind != "tls":
-                raise
-            return None
-        assert connection.peer is not None
-        key = connection.peer.spki_sha256
-        self.front.swap(self.front.context)
-        await until_async(lambda: connection.closed, "the front to drop the connection")
-        connection.release()
-        return key
-
-    async def close(self) -> None:
-        for registry in {id(r): r for r in (*self.registries, self.app.parts.registry)}.values():
-            await registry.close()
-        self.front.stop()
+from tests.helpers.gateways import Sim
+from tests.helpers.tls_rotation import Rotation
 
 
 def test_a_pin_rotated_over_two_reloads_withdraws_the_old_key_from_every_pool(
     start_sim: Callable[..., Sim], tmp_path: Path
 ) -> None:
-    rotation = _Rotation(start_sim, tmp_path)
+    rotation = Rotation(start_sim, tmp_path)
 
     async def run() -> None:
+        rotation.hold()  # a request from before the first reload runs to the end
         try:
             first = rotation.pool()  # its requests were decided under pins [A]
             assert await rotation.peer(first) == rotation.pin_a
@@ -144,9 +69,10 @@ def test_an_idle_connection_under_the_withdrawn_key_is_not_reused(
     # setting changed), or keeps it; then pins [B] alone, while the backend still
     # presents A. A connection authenticated under A and idle in the oldest pool must
     # not be handed out again, nor a new one to A opened.
-    rotation = _Rotation(start_sim, tmp_path)
+    rotation = Rotation(start_sim, tmp_path)
 
     async def run() -> None:
+        rotation.hold()  # a request from before the first reload runs to the end
         try:
             first = rotation.pool()
             idle = await first.connect()

@@ -209,6 +209,11 @@ def test_requests_running_at_the_reload_still_need_the_facts_they_were_decided_o
         assert pool is not None
 
         async def run() -> None:
+            # A request decided under the old config still runs: the reload keeps its pool
+            # open (until `limits.drain_timeout_s`), so its failover may still connect.
+            done = asyncio.Event()
+            request = asyncio.create_task(done.wait())
+            app.serving.add(request)
             try:
                 assert not await _connects(app, front)  # states no region
                 _write_config(tmp_path, front.url)  # identity: declared
@@ -218,6 +223,8 @@ def test_requests_running_at_the_reload_still_need_the_facts_they_were_decided_o
                     await pool.connect()
                 assert caught.value.detail.startswith("the certificate states no region")
             finally:
+                done.set()
+                await request
                 await _closed(app, old)
 
         asyncio.run(run())

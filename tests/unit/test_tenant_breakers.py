@@ -113,6 +113,17 @@ def test_connect_failures_still_take_it_out_for_everyone(kind: str) -> None:
     assert registry.backends["gpu"].tenant_breakers.items() == []  # no tenant charged
 
 
+@pytest.mark.parametrize("kind", ["busy", "retired"])
+def test_failures_of_the_gateways_own_making_charge_no_breaker(kind: str) -> None:
+    # busy: its own connection limit; retired: a pool closed with its config (a request
+    # running past the drain timeout opened no connection on it)
+    router, registry, _ = setup([TENANTS[0]])
+    for _ in range(5):
+        tried(router, "acme", (kind, "no connection opened"))
+    assert state(registry.backends["gpu"].breaker) == "closed"
+    assert tried(router, "acme") == ["gpu"]
+
+
 def test_failures_of_two_tenants_take_it_out_for_everyone() -> None:
     router, registry, _ = setup([*TENANTS, {"id": "initech", "models": ["*"]}])
     tried(router, "acme", HTTP_500)
