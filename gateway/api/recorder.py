@@ -103,6 +103,7 @@ class Recorder:
             )
             if batched
             else None,
+            events=self._events,  # one line when writes or checkpoints fail, one when back
         )
         self._signer = signer if not batched else None
         # The log's public keys (current and previous): what its receipts and

@@ -4,7 +4,8 @@
 to `Checkpointer.start`, which exports it (`LogStore.export`: tiles, bundles, signature,
 files, segment clean-up) on the checkpoint thread while the writer goes on appending. One
 export runs at a time, in snapshot order; reads of the stored tiles (proofs) run on the
-same thread, so they never see a checkpoint half written.
+same thread, so they never see a checkpoint half written. A failing export is reported
+once (`FaultEvents`), and so is the next one that signs again.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from gateway.provenance.errors import LogUnavailableError, ProvenanceError
 from gateway.provenance.formats.merkle import consistency_proof
 from gateway.provenance.formats.proofs import TlogProof
 from gateway.provenance.formats.tiles import TileReader
+from gateway.provenance.writer.events import FaultEvents
 from gateway.provenance.writer.worker import LoopWorker
 
 if TYPE_CHECKING:
@@ -73,8 +75,10 @@ class Checkpointer:
         settings: LogSettings,
         clock: Callable[[], float],
         wake: Callable[[], None],
+        events: FaultEvents | None = None,
     ) -> None:
         self._store = store
+        self._events = events
         self._settings = settings
         self._clock = clock
         self._wake = wake  # called when an export ends, so the committer re-evaluates
@@ -114,9 +118,14 @@ class Checkpointer:
         self._covered = snapshot.size
         try:
             return await self.run(self._store.export, snapshot)
-        except ProvenanceError:
+        except Exception as exc:
             self._covered = self._signed()  # the next due export covers these entries
-            raise
+            # whatever failed (the signer too), the caller gets the log's error: a final
+            # checkpoint that was not signed is reported as one (`owngate serve` exits 4)
+            failure = _log_error(exc)
+            if failure is exc:
+                raise
+            raise failure from exc
 
     async def idle(self) -> None:
         """Wait until no export runs (its outcome is in `error`)."""
@@ -165,17 +174,28 @@ class Checkpointer:
 
     async def _export(self, snapshot: Snapshot) -> None:
         try:
-            await self.run(self._store.export, snapshot)
-            self.error = None
+            signed = await self.run(self._store.export, snapshot)
         except Exception as exc:  # noqa: BLE001 - kept for readiness, never lost in a task
             # Appends go on; the next export (after one interval) covers these entries too.
-            self.error = (
-                exc
-                if isinstance(exc, ProvenanceError)
-                else LogUnavailableError(f"the checkpoint failed: {exc!r}")
-            )
+            failure = _log_error(exc)
+            if self.error is None and self._events is not None:
+                self._events.error("provenance checkpoint not signed", detail=str(failure))
+            self.error = failure
             self._covered = self._signed()
+        else:
+            if self.error is not None and self._events is not None:
+                self._events.info(
+                    "provenance checkpoints signed again", size=signed.checkpoint.size
+                )
+            self.error = None
         finally:
             self._running = None
             self._at = self._clock()
             self._wake()
+
+
+def _log_error(exc: Exception) -> ProvenanceError:
+    """The log's error for a failed export: a signer's or a bug's exception wrapped."""
+    if isinstance(exc, ProvenanceError):
+        return exc
+    return LogUnavailableError(f"the checkpoint failed: {exc!r}")

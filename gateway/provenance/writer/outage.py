@@ -5,12 +5,14 @@ tried again `probe_interval_ms` later, so the log becomes writable again without
 (a replica that is not ready gets none). Records nobody waits on (`append_soon`: a
 request's completion, after its answer went out) that a failed write refused are not
 dropped: they are kept, at most `max_retained` (the oldest beyond that fail), and written
-first once a write or a probe succeeds again; at `close` they get one last try.
+first once a write or a probe succeeds again; at `close` they get one last try. The
+outage's start and end are each reported once (`FaultEvents`).
 """
 
 from __future__ import annotations
 
 from gateway.provenance.errors import LogUnavailableError, ProvenanceError
+from gateway.provenance.writer.events import FaultEvents
 from gateway.provenance.writer.queued import Queued
 
 __all__ = ["Outage"]
@@ -19,12 +21,15 @@ __all__ = ["Outage"]
 class Outage:
     """Whether the disk refuses writes now, when to try it again, and what it refused."""
 
-    def __init__(self, probe_interval_s: float, max_retained: int) -> None:
+    def __init__(
+        self, probe_interval_s: float, max_retained: int, events: FaultEvents | None = None
+    ) -> None:
         self.error: ProvenanceError | None = None  # of the last write, until one succeeds
         self.probe_at: float | None = None  # (loop time) when to try the disk again
         self._probe_interval_s = probe_interval_s
         self._limit = max_retained
         self._kept: list[Queued] = []
+        self._events = events
 
     def failed(self, exc: Exception, now: float) -> ProvenanceError:
         """A write failed: the error appenders see; the disk is probed again later."""
@@ -33,9 +38,24 @@ class Outage:
             if isinstance(exc, ProvenanceError)
             else LogUnavailableError(f"the provenance log writer failed: {exc!r}")
         )
+        if self.error is None and self._events is not None:
+            self._events.error("provenance log not writable", detail=str(error))
         self.error = error
         self.probe_at = now + self._probe_interval_s
         return error
+
+    def stopped(self, exc: Exception, now: float) -> None:
+        """The committer stopped (a bug): reported until restart, since no probe runs."""
+        self.failed(LogUnavailableError(f"the provenance log writer stopped: {exc!r}"), now)
+
+    def refused(self, batch: list[Queued], exc: Exception, now: float, *, last_try: bool) -> None:
+        """A write of `batch` failed: its appenders get the error, the rest is kept."""
+        error = self.failed(exc, now)
+        for queued in batch:
+            if queued.awaited and not queued.future.done():
+                queued.future.set_exception(error)
+        unawaited = [queued for queued in batch if not queued.awaited]
+        self.keep(unawaited, error, last_try=last_try)
 
     def keep(self, refused: list[Queued], error: ProvenanceError, *, last_try: bool) -> None:
         """Keep the unawaited records of a failed write; fail (with `error`) the oldest
@@ -51,6 +71,8 @@ class Outage:
 
     def over(self) -> list[Queued]:
         """A write or probe succeeded: the records kept meanwhile, oldest first, to write."""
+        if self.error is not None and self._events is not None:
+            self._events.info("provenance log writable again", kept=len(self._kept))
         self.error = self.probe_at = None
         return self.take()
 
