@@ -327,6 +327,8 @@ class Recorder:
             "size": self._log.size,
             "writable": error is None,
             "last_error": None if error is None else type(error).__name__,
+            # why: the OS error and the log's file (never request content)
+            "detail": None if error is None else str(error),
             "cleanup_error": None if cleanup is None else str(cleanup),
         }
 
