@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import shutil
+import threading
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +22,11 @@ from gateway.provenance import (
     LogUnavailableError,
     ProvenanceLog,
     Signer,
+    refusal_record,
     verify_log,
 )
 from gateway.provenance.formats.layout import CHECKPOINT
-from gateway.provenance.testing import log_request, seeded_signer
+from gateway.provenance.testing import EXAMPLE_POLICY, log_refusal, log_request, seeded_signer
 from gateway.provenance.writer.store import LogStore
 from tests.helpers.provenance import FailingDisk  # its writes land, then fail (EIO)
 from tests.helpers.waiting import until_async
@@ -226,3 +230,66 @@ def test_a_fault_is_reported_once_when_it_begins_and_once_when_it_ends(
     assert "No space left on device" in not_signed["detail"]
     assert (tmp_path / CHECKPOINT).is_file()
     assert verify_log(tmp_path, [_signer().verifier()]).size == 2 * (1 + failing_exports)
+
+
+class HungDisk:
+    """`os` for the write-ahead segment: a write blocks while `hung` is set (a hung disk
+    or network mount), until `release` is (bounded: 60 s)."""
+
+    def __init__(self) -> None:
+        self.hung = False
+        self.release = threading.Event()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        if self.hung:
+            self.release.wait(60)
+        return os.pwrite(fd, data, offset)
+
+
+def test_a_write_that_does_not_return_is_a_fault_and_new_appends_fail_fast(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: requests waited on their dispatch record for as long as the disk hung
+    # (bounded only by their clients), and the log said it was writable all along.
+    disk = HungDisk()
+    monkeypatch.setattr(gateway.provenance.writer.segment_writer, "os", disk)
+    events = Events()
+
+    async def scenario() -> None:
+        log = await _open(tmp_path, events, group_commit_ms=0)  # stall_after_ms: 5000
+        await log_request(log, 0)
+        disk.hung = True
+        stuck = asyncio.ensure_future(log_refusal(log, 1))
+        await until_async(lambda: log.last_error is not None, "a stalled write", timeout=30.0)
+        assert "has not returned" in str(log.last_error)
+        with pytest.raises(LogUnavailableError, match="has not returned"):
+            await log_refusal(log, 2)  # refused at once, not queued behind the hung write
+        completion = log.append_soon(
+            refusal_record(
+                request_id="req-3",
+                time=datetime(2026, 1, 1, tzinfo=UTC),
+                tenant="acme",
+                model="m",
+                policy=EXAMPLE_POLICY,
+                trace=[],
+                rule="deny",
+                reason="policy_denied",
+                request_commitment=None,
+            )
+        )  # a record nobody waits on still queues: it lands once the disk is back
+        disk.hung = False
+        disk.release.set()
+        assert (await stuck).index == 2  # the write that hung landed
+        assert (await completion).index == 3
+        assert log.last_error is None
+        await log.close()
+
+    asyncio.run(scenario())
+    assert events.events() == [
+        ("error", "provenance log not writable"),
+        ("info", "provenance log writable again"),
+    ]
+    assert verify_log(tmp_path, [_signer().verifier()]).size == 4

@@ -43,6 +43,9 @@ class LogSettings:
     checkpoint_interval_ms: float = 1000.0
     # After a failed write, how often the disk is tried again while no append comes.
     probe_interval_ms: float = 1000.0
+    # A write (or probe) that has not returned for this long is a stalled disk: the log
+    # says it is not writable and refuses new awaited appends until the write returns.
+    stall_after_ms: float = 5000.0
     # Records nobody waits on (completions) that a failed write refused, kept to write
     # once the disk takes writes again; the oldest beyond this many are dropped.
     max_retained: int = 4096
@@ -53,13 +56,16 @@ class LogSettings:
             self.deferred_flush_ms,
             self.checkpoint_interval_ms,
             self.probe_interval_ms,
+            self.stall_after_ms,
         )
         if not all(math.isfinite(ms) for ms in timings):  # NaN passes every check below
             raise ValueError("the log's timings must be finite numbers of milliseconds")
         if self.group_commit_ms < 0 or self.deferred_flush_ms < 0:
             raise ValueError("group_commit_ms and deferred_flush_ms must be >= 0")
-        if self.checkpoint_interval_ms <= 0 or self.probe_interval_ms <= 0:
-            raise ValueError("checkpoint_interval_ms and probe_interval_ms must be > 0")
+        if min(self.checkpoint_interval_ms, self.probe_interval_ms, self.stall_after_ms) <= 0:
+            raise ValueError(
+                "checkpoint_interval_ms, probe_interval_ms and stall_after_ms must be > 0"
+            )
         if self.max_batch < 1 or self.checkpoint_every < 1:
             raise ValueError("max_batch and checkpoint_every must be >= 1")
         if self.max_retained < 0:

@@ -29,16 +29,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from gateway.canonical import canonical_json_of_plain
-from gateway.provenance.errors import LogUnavailableError, ProvenanceError, RecordError
+from gateway.provenance.errors import LogUnavailableError, ProvenanceError
 from gateway.provenance.formats.note import Signer
 from gateway.provenance.formats.proofs import TlogProof
-from gateway.provenance.formats.records import LogEntry, validate_record
-from gateway.provenance.formats.tiles import MAX_ENTRY_SIZE
+from gateway.provenance.formats.records import LogEntry
 from gateway.provenance.writer.checkpointer import Checkpointer, LogSettings
 from gateway.provenance.writer.events import FaultEvents
 from gateway.provenance.writer.outage import Outage
-from gateway.provenance.writer.queued import Queued
+from gateway.provenance.writer.queued import Queued, entry_of
 from gateway.provenance.writer.sealer import BatchSeal, Seal, Sealer
 from gateway.provenance.writer.signal import Signal
 from gateway.provenance.writer.store import LogStore, Recovery, SignedNote
@@ -82,7 +80,7 @@ class ProvenanceLog:
         self._stopping: asyncio.Task[None] | None = None  # close() or abort(), once
         self._size = store.size
         self._checkpoints = Checkpointer(store, settings, clock, self._wakeup.set, events)
-        self._outage = Outage(settings.probe_interval_ms / 1000.0, settings.max_retained, events)
+        self._outage = Outage(settings, events)
         self._task = self._loop.create_task(self._run(), name="provenance-log")
 
     @classmethod
@@ -125,7 +123,7 @@ class ProvenanceLog:
     @property
     def last_error(self) -> ProvenanceError | None:
         """The last write or checkpoint failure, each cleared by its kind's next success."""
-        return self._outage.error or self._checkpoints.error
+        return self._outage.current(self._loop.time()) or self._checkpoints.error
 
     @property
     def cleanup_error(self) -> ProvenanceError | None:
@@ -207,14 +205,9 @@ class ProvenanceLog:
     ) -> asyncio.Future[LogEntry]:
         if self._closing or self._task.done():
             raise LogUnavailableError("the provenance log is closed")
-        if not checked:
-            validate_record(record)
-        try:  # a valid record is plain JSON, for which the fast encoder is exact
-            entry = encoded if encoded and checked else canonical_json_of_plain(record)
-        except (TypeError, ValueError) as exc:
-            raise RecordError(f"record cannot be canonicalised: {exc}") from exc
-        if len(entry) > MAX_ENTRY_SIZE:
-            raise RecordError(f"record is {len(entry)} bytes; the limit is {MAX_ENTRY_SIZE}")
+        if awaited and (stalled := self._outage.stalled(self._loop.time())) is not None:
+            raise stalled  # fail fast: a completion (not awaited) still queues behind it
+        entry = entry_of(record, checked, encoded)
         future: asyncio.Future[LogEntry] = self._loop.create_future()
         self._queue.append(Queued(entry, future, awaited, seal, sealed))
         if awaited:
@@ -348,6 +341,7 @@ class ProvenanceLog:
         return timeout
 
     async def _probe(self) -> None:
+        self._outage.writing_since = self._loop.time()
         try:
             await self._in_worker(self._store.probe)
         except Exception as exc:  # noqa: BLE001 - the committer must outlive any probe
@@ -380,6 +374,7 @@ class ProvenanceLog:
         self._waiters -= awaited
         self._last_batch = max(1, awaited)
         began = time.perf_counter()
+        self._outage.writing_since = self._loop.time()  # `over` or `failed` ends it
         try:
             # on the writer thread: one synchronous write makes the batch durable
             start = await self._in_worker(self._store.append_frames, pairs, frames)
