@@ -8,6 +8,8 @@ worker's live registry and merges the other workers' latest snapshots:
 - counters, histograms and summaries are summed per label set (their `_created`
   samples keep the scraped worker's value);
 - of gauges, `owngate_backend_inflight` is summed (requests in flight across workers);
+  `owngate_provenance_ready` is the lowest (each worker writes its own log: one that
+  cannot write refuses its share of the requests, whichever worker is scraped);
   every other gauge (build and policy info, the backend load each worker scrapes
   itself) is the scraped worker's own reading, or the first worker's that has it.
 
@@ -34,6 +36,7 @@ from gateway.logs import get_logger
 __all__ = ["FleetMetrics", "merge_expositions"]
 
 _SUMMED_GAUGES = frozenset({"owngate_backend_inflight"})
+_LOWEST_GAUGES = frozenset({"owngate_provenance_ready"})
 _SUMMED_TYPES = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
 
 
@@ -87,6 +90,7 @@ def merge_expositions(texts: list[str]) -> bytes:
                 )
                 values[family.name] = {}
             summed = family.type in _SUMMED_TYPES or family.name in _SUMMED_GAUGES
+            lowest = family.name in _LOWEST_GAUGES
             samples = values[family.name]
             for sample in family.samples:
                 key = (sample.name, tuple(sorted(sample.labels.items())))
@@ -94,6 +98,8 @@ def merge_expositions(texts: list[str]) -> bytes:
                     samples[key] = sample.value
                 elif summed and not sample.name.endswith("_created"):
                     samples[key] += sample.value
+                elif lowest:
+                    samples[key] = min(samples[key], sample.value)
     for name, family in families.items():
         for (sample_name, labels), value in values[name].items():
             family.add_sample(sample_name, dict(labels), value)

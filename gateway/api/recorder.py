@@ -103,6 +103,7 @@ class Recorder:
             )
             if batched
             else None,
+            events=self._events,  # one line when writes or checkpoints fail, one when back
         )
         self._signer = signer if not batched else None
         # The log's public keys (current and previous): what its receipts and
@@ -326,6 +327,8 @@ class Recorder:
             "size": self._log.size,
             "writable": error is None,
             "last_error": None if error is None else type(error).__name__,
+            # why: the OS error and the log's file (never request content)
+            "detail": None if error is None else str(error),
             "cleanup_error": None if cleanup is None else str(cleanup),
         }
 

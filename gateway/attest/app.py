@@ -176,7 +176,7 @@ class AttestRelay:
                 deferred_flush_ms=s.flush_ms, checkpoint_interval_ms=s.checkpoint_ms
             )
             self._log = await ProvenanceLog.open(
-                s.log_dir, s.origin or signer.name, signer, settings=cadence
+                s.log_dir, s.origin or signer.name, signer, settings=cadence, events=self._events
             )
             counters = CounterFile(Path(s.log_dir) / COUNTER_FILE)
             logged = last_logged_counter(Path(s.log_dir), self._log.size)

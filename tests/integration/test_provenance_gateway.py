@@ -277,7 +277,9 @@ def test_an_unwritable_log_refuses_requests_then_recovers_without_traffic(
     assert len(sim.app.captured("/v1/chat/completions")) == sent  # nothing went upstream
     ready = httpx.get(f"{gateway.url}/readyz", timeout=10)
     assert ready.status_code == 503
-    assert readiness(gateway.url)["provenance"]["writable"] is False
+    provenance = readiness(gateway.url)["provenance"]
+    assert provenance["writable"] is False
+    assert provenance["detail"].startswith("cannot append to the provenance log: ")
 
     wal.unlink()  # the disk is back; no request comes (a replica that is not ready gets none)
     until(lambda: httpx.get(f"{gateway.url}/readyz", timeout=10).status_code == 200, "ready")

@@ -1,7 +1,8 @@
 """`serve --workers N` when the workers disagree on the config. The supervisor, with
 stand-in worker programs: a worker that can no longer start (gateway.yaml turned invalid
 after the others started: their reloads refuse it and they keep serving) must not stop
-the workers that serve. The merged metrics show workers enforcing different policy sets."""
+the workers that serve. The merged metrics show workers enforcing different policy sets,
+and a worker whose provenance log cannot be written."""
 
 from __future__ import annotations
 
@@ -105,6 +106,19 @@ def test_workers_enforcing_different_policy_sets_show_in_the_merged_metrics() ->
         for s in f.samples
     ]
     assert sorted(merged) == [("1", 1.0), ("2", 1.0)]
+
+
+def test_a_worker_whose_log_cannot_be_written_shows_whichever_worker_is_scraped() -> None:
+    """Each worker writes its own provenance log: one that cannot refuses its share of
+    the requests, so the merged `owngate_provenance_ready` is 0 on every worker's
+    `/metrics`, not only on that worker's (it was the scraped worker's own reading)."""
+    ready = "# TYPE owngate_provenance_ready gauge\nowngate_provenance_ready 1.0\n"
+    failing = ready.replace(" 1.0", " 0.0")
+    for texts in ([ready, failing, ready], [failing, ready], [ready, ready, failing]):
+        (family,) = text_string_to_metric_families(merge_expositions(texts).decode())
+        assert [sample.value for sample in family.samples] == [0.0]
+    (family,) = text_string_to_metric_families(merge_expositions([ready, ready]).decode())
+    assert [sample.value for sample in family.samples] == [1.0]
 
 
 def test_workers_never_join_a_port_another_gateway_serves() -> None:

@@ -675,7 +675,13 @@ def test_records_kept_after_a_failed_write_are_bounded_and_fail_at_close(
 
 @pytest.mark.parametrize(
     "setting",
-    ["group_commit_ms", "deferred_flush_ms", "checkpoint_interval_ms", "probe_interval_ms"],
+    [
+        "group_commit_ms",
+        "deferred_flush_ms",
+        "checkpoint_interval_ms",
+        "probe_interval_ms",
+        "stall_after_ms",
+    ],
 )
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_the_cadence_must_be_finite(setting: str, value: float) -> None:

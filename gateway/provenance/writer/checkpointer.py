@@ -4,7 +4,8 @@
 to `Checkpointer.start`, which exports it (`LogStore.export`: tiles, bundles, signature,
 files, segment clean-up) on the checkpoint thread while the writer goes on appending. One
 export runs at a time, in snapshot order; reads of the stored tiles (proofs) run on the
-same thread, so they never see a checkpoint half written.
+same thread, so they never see a checkpoint half written. A failing export is reported
+once (`FaultEvents`), and so is the next one that signs again.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from gateway.provenance.errors import LogUnavailableError, ProvenanceError
 from gateway.provenance.formats.merkle import consistency_proof
 from gateway.provenance.formats.proofs import TlogProof
 from gateway.provenance.formats.tiles import TileReader
+from gateway.provenance.writer.events import FaultEvents
 from gateway.provenance.writer.worker import LoopWorker
 
 if TYPE_CHECKING:
@@ -41,6 +43,9 @@ class LogSettings:
     checkpoint_interval_ms: float = 1000.0
     # After a failed write, how often the disk is tried again while no append comes.
     probe_interval_ms: float = 1000.0
+    # A write (or probe) that has not returned for this long is a stalled disk: the log
+    # says it is not writable and refuses new awaited appends until the write returns.
+    stall_after_ms: float = 5000.0
     # Records nobody waits on (completions) that a failed write refused, kept to write
     # once the disk takes writes again; the oldest beyond this many are dropped.
     max_retained: int = 4096
@@ -51,13 +56,16 @@ class LogSettings:
             self.deferred_flush_ms,
             self.checkpoint_interval_ms,
             self.probe_interval_ms,
+            self.stall_after_ms,
         )
         if not all(math.isfinite(ms) for ms in timings):  # NaN passes every check below
             raise ValueError("the log's timings must be finite numbers of milliseconds")
         if self.group_commit_ms < 0 or self.deferred_flush_ms < 0:
             raise ValueError("group_commit_ms and deferred_flush_ms must be >= 0")
-        if self.checkpoint_interval_ms <= 0 or self.probe_interval_ms <= 0:
-            raise ValueError("checkpoint_interval_ms and probe_interval_ms must be > 0")
+        if min(self.checkpoint_interval_ms, self.probe_interval_ms, self.stall_after_ms) <= 0:
+            raise ValueError(
+                "checkpoint_interval_ms, probe_interval_ms and stall_after_ms must be > 0"
+            )
         if self.max_batch < 1 or self.checkpoint_every < 1:
             raise ValueError("max_batch and checkpoint_every must be >= 1")
         if self.max_retained < 0:
@@ -73,8 +81,10 @@ class Checkpointer:
         settings: LogSettings,
         clock: Callable[[], float],
         wake: Callable[[], None],
+        events: FaultEvents | None = None,
     ) -> None:
         self._store = store
+        self._events = events
         self._settings = settings
         self._clock = clock
         self._wake = wake  # called when an export ends, so the committer re-evaluates
@@ -114,9 +124,14 @@ class Checkpointer:
         self._covered = snapshot.size
         try:
             return await self.run(self._store.export, snapshot)
-        except ProvenanceError:
+        except Exception as exc:
             self._covered = self._signed()  # the next due export covers these entries
-            raise
+            # whatever failed (the signer too), the caller gets the log's error: a final
+            # checkpoint that was not signed is reported as one (`owngate serve` exits 4)
+            failure = _log_error(exc)
+            if failure is exc:
+                raise
+            raise failure from exc
 
     async def idle(self) -> None:
         """Wait until no export runs (its outcome is in `error`)."""
@@ -165,17 +180,28 @@ class Checkpointer:
 
     async def _export(self, snapshot: Snapshot) -> None:
         try:
-            await self.run(self._store.export, snapshot)
-            self.error = None
+            signed = await self.run(self._store.export, snapshot)
         except Exception as exc:  # noqa: BLE001 - kept for readiness, never lost in a task
             # Appends go on; the next export (after one interval) covers these entries too.
-            self.error = (
-                exc
-                if isinstance(exc, ProvenanceError)
-                else LogUnavailableError(f"the checkpoint failed: {exc!r}")
-            )
+            failure = _log_error(exc)
+            if self.error is None and self._events is not None:
+                self._events.error("provenance checkpoint not signed", detail=str(failure))
+            self.error = failure
             self._covered = self._signed()
+        else:
+            if self.error is not None and self._events is not None:
+                self._events.info(
+                    "provenance checkpoints signed again", size=signed.checkpoint.size
+                )
+            self.error = None
         finally:
             self._running = None
             self._at = self._clock()
             self._wake()
+
+
+def _log_error(exc: Exception) -> ProvenanceError:
+    """The log's error for a failed export: a signer's or a bug's exception wrapped."""
+    if isinstance(exc, ProvenanceError):
+        return exc
+    return LogUnavailableError(f"the checkpoint failed: {exc!r}")

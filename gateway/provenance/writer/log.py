@@ -17,7 +17,8 @@ one signature covers a batch's receipts (`Sealer`).
 
 If the disk refuses a write, `append` raises `LogUnavailableError` (the gateway answers
 503) and nothing of that batch is logged; the next append, or a probe each
-`probe_interval_ms`, tries again; records nobody waits on are kept meanwhile (`Outage`).
+`probe_interval_ms`, tries again; records nobody waits on are kept meanwhile (`Outage`,
+which tells `events` when an outage begins and ends; `Checkpointer` does for checkpoints).
 """
 
 from __future__ import annotations
@@ -28,15 +29,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from gateway.canonical import canonical_json_of_plain
-from gateway.provenance.errors import LogUnavailableError, ProvenanceError, RecordError
+from gateway.provenance.errors import LogUnavailableError, ProvenanceError
 from gateway.provenance.formats.note import Signer
 from gateway.provenance.formats.proofs import TlogProof
-from gateway.provenance.formats.records import LogEntry, validate_record
-from gateway.provenance.formats.tiles import MAX_ENTRY_SIZE
+from gateway.provenance.formats.records import LogEntry
 from gateway.provenance.writer.checkpointer import Checkpointer, LogSettings
+from gateway.provenance.writer.events import FaultEvents
 from gateway.provenance.writer.outage import Outage
-from gateway.provenance.writer.queued import Queued
+from gateway.provenance.writer.queued import Queued, entry_of
 from gateway.provenance.writer.sealer import BatchSeal, Seal, Sealer
 from gateway.provenance.writer.signal import Signal
 from gateway.provenance.writer.store import LogStore, Recovery, SignedNote
@@ -57,6 +57,7 @@ class ProvenanceLog:
         settings: LogSettings,
         clock: Callable[[], float],
         batch_seal: BatchSeal | None = None,
+        events: FaultEvents | None = None,
     ) -> None:
         self._store = store
         self._worker = worker  # the writer thread: appends and snapshots
@@ -78,8 +79,8 @@ class ProvenanceLog:
         self._aborting = False
         self._stopping: asyncio.Task[None] | None = None  # close() or abort(), once
         self._size = store.size
-        self._checkpoints = Checkpointer(store, settings, clock, self._wakeup.set)
-        self._outage = Outage(settings.probe_interval_ms / 1000.0, settings.max_retained)
+        self._checkpoints = Checkpointer(store, settings, clock, self._wakeup.set, events)
+        self._outage = Outage(settings, events)
         self._task = self._loop.create_task(self._run(), name="provenance-log")
 
     @classmethod
@@ -93,16 +94,18 @@ class ProvenanceLog:
         settings: LogSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
         batch_seal: BatchSeal | None = None,
+        events: FaultEvents | None = None,
     ) -> ProvenanceLog:
         """Open or create the log in `directory`, recovering after a crash; `cosigners` also
-        sign every checkpoint (e.g. the previous key during a rotation)."""
+        sign every checkpoint (e.g. the previous key during a rotation); `events` hears of
+        write and checkpoint failures, once when they begin and once when they end."""
         worker = LoopWorker(asyncio.get_running_loop(), "provenance-log")
         try:
             store = await worker.run(LogStore.open, directory, origin, [signer, *cosigners])
         except BaseException:
             worker.shutdown(wait=False)
             raise
-        return cls(store, worker, settings or LogSettings(), clock, batch_seal)
+        return cls(store, worker, settings or LogSettings(), clock, batch_seal, events)
 
     @property
     def origin(self) -> str:
@@ -120,7 +123,7 @@ class ProvenanceLog:
     @property
     def last_error(self) -> ProvenanceError | None:
         """The last write or checkpoint failure, each cleared by its kind's next success."""
-        return self._outage.error or self._checkpoints.error
+        return self._outage.current(self._loop.time()) or self._checkpoints.error
 
     @property
     def cleanup_error(self) -> ProvenanceError | None:
@@ -202,14 +205,9 @@ class ProvenanceLog:
     ) -> asyncio.Future[LogEntry]:
         if self._closing or self._task.done():
             raise LogUnavailableError("the provenance log is closed")
-        if not checked:
-            validate_record(record)
-        try:  # a valid record is plain JSON, for which the fast encoder is exact
-            entry = encoded if encoded and checked else canonical_json_of_plain(record)
-        except (TypeError, ValueError) as exc:
-            raise RecordError(f"record cannot be canonicalised: {exc}") from exc
-        if len(entry) > MAX_ENTRY_SIZE:
-            raise RecordError(f"record is {len(entry)} bytes; the limit is {MAX_ENTRY_SIZE}")
+        if awaited and (stalled := self._outage.stalled(self._loop.time())) is not None:
+            raise stalled  # fail fast: a completion (not awaited) still queues behind it
+        entry = entry_of(record, checked, encoded)
         future: asyncio.Future[LogEntry] = self._loop.create_future()
         self._queue.append(Queued(entry, future, awaited, seal, sealed))
         if awaited:
@@ -289,6 +287,8 @@ class ProvenanceLog:
     async def _run(self) -> None:
         try:
             await self._rounds()
+        except Exception as exc:  # noqa: BLE001 - a bug: reported until restart, not lost
+            self._outage.stopped(exc, self._loop.time())
         finally:  # however the committer ends, no append is left waiting
             self._fail_queue(LogUnavailableError("the provenance log writer has stopped"))
 
@@ -320,7 +320,7 @@ class ProvenanceLog:
             if self._checkpoints.due(self._size) and not self._aborting:
                 try:  # the snapshot is taken here, between two batches
                     snapshot = await self._in_worker(self._store.snapshot)
-                except ProvenanceError as exc:
+                except Exception as exc:  # noqa: BLE001 - the committer outlives any snapshot
                     self._outage.failed(exc, self._loop.time())
                 else:
                     self._checkpoints.start(snapshot)
@@ -341,6 +341,7 @@ class ProvenanceLog:
         return timeout
 
     async def _probe(self) -> None:
+        self._outage.writing_since = self._loop.time()
         try:
             await self._in_worker(self._store.probe)
         except Exception as exc:  # noqa: BLE001 - the committer must outlive any probe
@@ -361,10 +362,6 @@ class ProvenanceLog:
         self._filled.clear()
         await self._filled.wait(window)
 
-    def _write(self, pairs: list[tuple[bytes, bytes]], frames: bytes) -> int:
-        """On the writer thread: make the batch durable (one synchronous write)."""
-        return self._store.append_frames(pairs, frames)
-
     async def _commit(self, batch: list[Queued]) -> None:
         pairs = [(queued.entry, queued.leaf) for queued in batch]
         frames = b"".join([queued.frame for queued in batch])
@@ -377,15 +374,12 @@ class ProvenanceLog:
         self._waiters -= awaited
         self._last_batch = max(1, awaited)
         began = time.perf_counter()
+        self._outage.writing_since = self._loop.time()  # `over` or `failed` ends it
         try:
-            start = await self._in_worker(self._write, pairs, frames)
+            # on the writer thread: one synchronous write makes the batch durable
+            start = await self._in_worker(self._store.append_frames, pairs, frames)
         except Exception as exc:  # noqa: BLE001 - every waiter gets the error, none hangs
-            error = self._outage.failed(exc, self._loop.time())
-            for queued in batch:
-                if queued.awaited and not queued.future.done():
-                    queued.future.set_exception(error)
-            unawaited = [queued for queued in batch if not queued.awaited]
-            self._outage.keep(unawaited, error, last_try=self._closing)
+            self._outage.refused(batch, exc, self._loop.time(), last_try=self._closing)
             return
         took = time.perf_counter() - began
         self._write_time = took if not self._write_time else (7 * self._write_time + took) / 8

@@ -5,12 +5,19 @@ tried again `probe_interval_ms` later, so the log becomes writable again without
 (a replica that is not ready gets none). Records nobody waits on (`append_soon`: a
 request's completion, after its answer went out) that a failed write refused are not
 dropped: they are kept, at most `max_retained` (the oldest beyond that fail), and written
-first once a write or a probe succeeds again; at `close` they get one last try.
+first once a write or a probe succeeds again; at `close` they get one last try. The
+outage's start and end are each reported once (`FaultEvents`).
+
+A write that does not return (a hung disk or network mount) is an outage too, once it
+has run `stall_after_s`: it shows as the error, and new awaited appends are refused at
+once instead of queueing behind it; what the write carries still lands if it returns.
 """
 
 from __future__ import annotations
 
 from gateway.provenance.errors import LogUnavailableError, ProvenanceError
+from gateway.provenance.writer.checkpointer import LogSettings
+from gateway.provenance.writer.events import FaultEvents
 from gateway.provenance.writer.queued import Queued
 
 __all__ = ["Outage"]
@@ -19,12 +26,35 @@ __all__ = ["Outage"]
 class Outage:
     """Whether the disk refuses writes now, when to try it again, and what it refused."""
 
-    def __init__(self, probe_interval_s: float, max_retained: int) -> None:
+    def __init__(self, settings: LogSettings, events: FaultEvents | None = None) -> None:
         self.error: ProvenanceError | None = None  # of the last write, until one succeeds
         self.probe_at: float | None = None  # (loop time) when to try the disk again
-        self._probe_interval_s = probe_interval_s
-        self._limit = max_retained
+        self.writing_since: float | None = None  # (loop time) the write in progress began
+        self._stall_after_s = settings.stall_after_ms / 1000.0
+        self._probe_interval_s = settings.probe_interval_ms / 1000.0
+        self._limit = settings.max_retained
         self._kept: list[Queued] = []
+        self._events = events
+
+    def current(self, now: float) -> ProvenanceError | None:
+        """The error now: the last write's, or that of a write that has stalled."""
+        return self.stalled(now) or self.error
+
+    def stalled(self, now: float) -> ProvenanceError | None:
+        """The error of a write (or probe) that has not returned for `stall_after_s`,
+        reported once; None while none has."""
+        since = self.writing_since
+        if since is None or now - since < self._stall_after_s:
+            return None
+        if self.error is None:
+            stall = f"a write has not returned for {now - since:.1f} s (a hung disk?)"
+            self._report(LogUnavailableError(f"cannot append to the provenance log: {stall}"))
+        return self.error
+
+    def _report(self, error: ProvenanceError) -> None:
+        if self.error is None and self._events is not None:
+            self._events.error("provenance log not writable", detail=str(error))
+        self.error = error
 
     def failed(self, exc: Exception, now: float) -> ProvenanceError:
         """A write failed: the error appenders see; the disk is probed again later."""
@@ -33,9 +63,23 @@ class Outage:
             if isinstance(exc, ProvenanceError)
             else LogUnavailableError(f"the provenance log writer failed: {exc!r}")
         )
-        self.error = error
+        self._report(error)
         self.probe_at = now + self._probe_interval_s
+        self.writing_since = None
         return error
+
+    def stopped(self, exc: Exception, now: float) -> None:
+        """The committer stopped (a bug): reported until restart, since no probe runs."""
+        self.failed(LogUnavailableError(f"the provenance log writer stopped: {exc!r}"), now)
+
+    def refused(self, batch: list[Queued], exc: Exception, now: float, *, last_try: bool) -> None:
+        """A write of `batch` failed: its appenders get the error, the rest is kept."""
+        error = self.failed(exc, now)
+        for queued in batch:
+            if queued.awaited and not queued.future.done():
+                queued.future.set_exception(error)
+        unawaited = [queued for queued in batch if not queued.awaited]
+        self.keep(unawaited, error, last_try=last_try)
 
     def keep(self, refused: list[Queued], error: ProvenanceError, *, last_try: bool) -> None:
         """Keep the unawaited records of a failed write; fail (with `error`) the oldest
@@ -51,7 +95,9 @@ class Outage:
 
     def over(self) -> list[Queued]:
         """A write or probe succeeded: the records kept meanwhile, oldest first, to write."""
-        self.error = self.probe_at = None
+        if self.error is not None and self._events is not None:
+            self._events.info("provenance log writable again", kept=len(self._kept))
+        self.error = self.probe_at = self.writing_since = None
         return self.take()
 
     def take(self) -> list[Queued]:

@@ -4,13 +4,31 @@ segment, encoded on the event loop so that the writer thread only writes."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
+from gateway.canonical import canonical_json_of_plain
+from gateway.provenance.errors import RecordError
 from gateway.provenance.formats.merkle import leaf_hash
-from gateway.provenance.formats.records import LogEntry
+from gateway.provenance.formats.records import LogEntry, validate_record
+from gateway.provenance.formats.tiles import MAX_ENTRY_SIZE
 from gateway.provenance.formats.wal import encode_frame
 from gateway.provenance.writer.sealer import Seal
 
-__all__ = ["Queued"]
+__all__ = ["Queued", "entry_of"]
+
+
+def entry_of(record: Mapping[str, object], checked: bool, encoded: bytes = b"") -> bytes:
+    """The log entry of `record`: validated (unless `checked`), in canonical JSON (or
+    `encoded`, the caller's, with `checked`), within `MAX_ENTRY_SIZE`; else RecordError."""
+    if not checked:
+        validate_record(record)
+    try:  # a valid record is plain JSON, for which the fast encoder is exact
+        entry = encoded if encoded and checked else canonical_json_of_plain(record)
+    except (TypeError, ValueError) as exc:
+        raise RecordError(f"record cannot be canonicalised: {exc}") from exc
+    if len(entry) > MAX_ENTRY_SIZE:
+        raise RecordError(f"record is {len(entry)} bytes; the limit is {MAX_ENTRY_SIZE}")
+    return entry
 
 
 class Queued:

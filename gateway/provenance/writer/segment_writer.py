@@ -2,11 +2,14 @@
 
 The log's writer thread holds one `SegmentWriter` for the newest segment; a failed append
 (full disk, lost permission) is undone, so the segment always ends with a whole frame or a
-torn tail that recovery cuts.
+torn tail that recovery cuts. An append to a segment that is no longer in the log
+directory (the directory was deleted: the open file still takes writes, which nobody will
+ever read) fails too: written is not durable unless the log can find it again.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -60,6 +63,8 @@ class SegmentWriter:
                 written = os.pwrite(self._fd, view, offset)
                 view = view[written:]
                 offset += written
+            if os.fstat(self._fd).st_nlink == 0:  # one more system call per batch
+                raise OSError(errno.ENOENT, "the segment was removed", str(self.path))
         except OSError:
             self._needs_truncate = True
             try:

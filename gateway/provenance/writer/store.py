@@ -16,10 +16,16 @@ its checkpoint thread; `checkpoint()` does both at once for single-threaded call
 checkpoint never covers entries that are not on disk: it covers exactly a snapshot's.
 On open, a torn tail of the last segment is cut, the entries after the last checkpoint are
 replayed, and a new checkpoint is signed over them.
+
+The directory must stay the one that was opened: once it was deleted or replaced (the
+segment in use is gone from it, or a new segment or a checkpoint would go to another
+directory of the same name), nothing more is written, acknowledged or signed; a restart
+recovers from whatever directory is there then.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
@@ -68,6 +74,10 @@ class Recovery:
     torn_bytes: int
 
 
+def _identity(stat: os.stat_result) -> tuple[int, int]:
+    return stat.st_dev, stat.st_ino
+
+
 def _unavailable(action: str, exc: OSError) -> LogUnavailableError:
     where = f" ({exc.filename})" if exc.filename else ""
     reason = exc.strerror or str(exc)
@@ -84,6 +94,7 @@ class LogStore:
         self.origin = origin
         self._signers = tuple(signers)
         self._lock_fd = lock_fd
+        self._identity = _identity(os.stat(directory))  # the directory that was opened
         # The writer's side: durable size and what the next snapshot takes.
         self._size = 0
         self._unexported: list[tuple[bytes, bytes]] = []
@@ -203,6 +214,17 @@ class LogStore:
         if self._closed:
             raise LogUnavailableError("the provenance log is closed")
 
+    def _check_directory(self) -> None:
+        """Raise OSError unless the log directory is still the one that was opened."""
+        try:
+            same = _identity(os.stat(self.directory)) == self._identity
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise OSError(
+                errno.ENOENT, "the directory was removed or replaced", str(self.directory)
+            )
+
     # --- writing ----------------------------------------------------------------------------
 
     def append_frames(self, pairs: Sequence[tuple[bytes, bytes]], frames: bytes) -> int:
@@ -230,6 +252,7 @@ class LogStore:
 
     def _writable_segment(self) -> SegmentWriter:
         if self._segment is None:
+            self._check_directory()
             wal = self.directory / WAL
             make_directories(wal, stop=self.directory)
             self._segment = SegmentWriter(segment_path(wal, self.size), valid_bytes=0)
@@ -272,6 +295,7 @@ class LogStore:
         checkpoint = Checkpoint(self.origin, tree.size, tree.root())
         note = sign_checkpoint(checkpoint, self._signers)
         try:
+            self._check_directory()
             write_files_atomically(files, root=self.directory)
             self._pending = []
             history = history_path(self.directory, checkpoint.size)

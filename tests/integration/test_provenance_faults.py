@@ -1,0 +1,170 @@
+"""Faults in the provenance log during live requests: no request is answered whose
+dispatch record the log lost, the fault shows (503 `provenance_unavailable`, `/readyz`,
+`owngate_provenance_ready`, one log line), and nothing acknowledged is lost to a crash.
+
+- The log directory deleted under a running gateway: the open write-ahead segment still
+  takes writes (in no file anyone will read), so the gateway must refuse, not answer 200.
+- `owngate serve` killed (SIGKILL) while clients are being answered, then restarted: the
+  log recovers and verifies, and every request a client got a 200 for is in it, at the
+  index its receipt names. (Completions queued for `deferred_flush_ms` when it died may
+  be lost: those dispatches show as open, which `audit verify` reports and passes.)
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from gateway.api import GatewayApp
+from gateway.app import create_app
+from gateway.provenance import (
+    LogDirectory,
+    load_signer,
+    verify_log,
+    verify_receipt,
+    write_signing_key,
+)
+from gateway.provenance.formats.merkle import leaf_hash
+from gateway.serving import ServerThread
+from gateway.tenants import hash_api_key
+from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
+from tests.helpers.net import free_port
+from tests.helpers.processes import GatewayProcess
+from tests.helpers.provenance import run_audit
+
+ORIGIN = "test.owngate/log/faults"
+ASK = orjson.dumps({"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]})
+HEADERS = {"authorization": f"Bearer {TENANT_KEY}", "content-type": "application/json"}
+
+
+@pytest.fixture
+def logged(start_sim: Callable[..., Sim], tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    started: list[ServerThread] = []
+
+    def start(**provenance: Any) -> tuple[GatewayApp, ServerThread]:
+        write_signing_key(tmp_path / "log.key", ORIGIN)
+        sim = start_sim("vllm", models=("m",), zero_latency=True)
+        config = gateway_config(
+            [backend("gpu", sim.url, "m")],
+            provenance={"dir": "log", "origin": ORIGIN, "signing_key_file": "log.key"} | provenance,
+        )
+        app = create_app(config, environ={}, config_dir=tmp_path)
+        server = ServerThread(app).start()
+        started.append(server)
+        return app, server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def test_a_deleted_log_directory_is_refused_and_said_so(
+    logged: Callable[..., tuple[GatewayApp, ServerThread]],
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    # Only the final checkpoint: the segment the first request opened stays open.
+    _, server = logged(checkpoint_interval_ms=3_600_000)
+    url = f"{server.url}/v1/chat/completions"
+    assert httpx.post(url, content=ASK, headers=HEADERS, timeout=30).status_code == 200
+    shutil.rmtree(tmp_path / "log")
+    answers = [httpx.post(url, content=ASK, headers=HEADERS, timeout=30) for _ in range(3)]
+    for answer in answers:
+        assert answer.status_code == 503, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "provenance_unavailable"
+        assert set(error) == {"message", "type", "param", "code"}
+        assert "x-owngate-receipt" not in answer.headers
+    assert httpx.get(f"{server.url}/readyz").status_code == 503
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert "owngate_provenance_ready 0.0" in metrics.splitlines()
+    (tmp_path / "log").mkdir()  # a new directory of that name is not the log either
+    answer = httpx.post(url, content=ASK, headers=HEADERS, timeout=30)
+    assert answer.status_code == 503, answer.text
+    printed = "".join(capfd.readouterr())  # the gateway's log lines
+    assert printed.count("provenance log not writable") == 1, printed
+    assert "the segment was removed" in printed
+
+
+KEY = "og-faults-test-key-0123456789abcd"
+
+
+def test_a_gateway_killed_mid_traffic_lost_no_answered_request(
+    start_sim: Callable[..., Sim], tmp_path: Path
+) -> None:
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    vkey = write_signing_key(tmp_path / "log.key", ORIGIN)
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "logging": {"format": "json", "level": "warning", "access_log": False},
+        "backends": [backend("gpu", sim.url, "m")],
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+        "provenance": {
+            "dir": "log",
+            "origin": ORIGIN,
+            "signing_key_file": "log.key",
+            "checkpoint_every": 64,  # checkpoints (and segment rotations) during the run
+        },
+    }
+    gateway = GatewayProcess(config, tmp_path).start()
+    answered: dict[str, bytes] = {}  # request id -> the receipt the client got
+    lock = threading.Lock()
+    enough = threading.Event()
+    headers = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
+
+    def client() -> None:
+        with httpx.Client(timeout=30) as http:
+            for _ in range(500):  # bounded; the gateway is killed long before
+                try:
+                    answer = http.post(
+                        f"{gateway.url}/v1/chat/completions", content=ASK, headers=headers
+                    )
+                except httpx.TransportError:
+                    return  # killed
+                if answer.status_code == 200:
+                    receipt = base64.b64decode(answer.headers["x-owngate-receipt"])
+                    with lock:
+                        answered[answer.headers["x-request-id"]] = receipt
+                        if len(answered) >= 300:
+                            enough.set()
+
+    try:
+        with ThreadPoolExecutor(12) as pool:
+            clients = [pool.submit(client) for _ in range(12)]
+            assert enough.wait(timeout=120), "the clients got too few answers"
+            gateway.stop(signal.SIGKILL)  # while the other clients are still being answered
+            for done in clients:
+                done.result()
+        gateway.start()  # recovers the write-ahead segment and signs it
+        assert gateway.stop(signal.SIGTERM) == 0, gateway.output()
+    finally:
+        gateway.stop(signal.SIGKILL)
+    log_dir = tmp_path / "log"
+    assert run_audit(["verify", str(log_dir), "--key", vkey]) == 0
+    verifier = load_signer(tmp_path / "log.key").verifier()
+    summary = verify_log(log_dir, [verifier])
+    assert summary.unsigned_entries == 0
+    directory = LogDirectory(log_dir)
+    entries = dict(directory.entries(summary.size))
+    dispatches = {
+        record.request_id: index
+        for index, record in directory.records(summary.size)
+        if record.type == "dispatch"
+    }
+    missing = sorted(set(answered) - set(dispatches))
+    assert not missing, f"{len(missing)} of {len(answered)} answered requests are not in the log"
+    for request_id, envelope in answered.items():
+        receipt = verify_receipt(envelope, [verifier])
+        assert receipt.request_id == request_id
+        assert receipt.index == dispatches[request_id]
+        assert receipt.dispatch_hash == leaf_hash(entries[receipt.index])

@@ -1,0 +1,295 @@
+"""The writer under faults it must survive or refuse: a log directory deleted or replaced
+while the log is open, a snapshot or signer that raises, a committer that stops, and the
+one line each fault and its end are reported with (docs/provenance.md, "Failures")."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import shutil
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gateway.provenance.writer.segment_writer
+import gateway.provenance.writer.store
+from gateway.provenance import (
+    LogSettings,
+    LogUnavailableError,
+    ProvenanceLog,
+    Signer,
+    refusal_record,
+    verify_log,
+)
+from gateway.provenance.formats.layout import CHECKPOINT
+from gateway.provenance.testing import EXAMPLE_POLICY, log_refusal, log_request, seeded_signer
+from gateway.provenance.writer.store import LogStore
+from tests.helpers.provenance import FailingDisk  # its writes land, then fail (EIO)
+from tests.helpers.waiting import until_async
+
+ORIGIN = "gateway.example/log/faults"
+
+
+def _signer() -> Signer:
+    return seeded_signer(ORIGIN)
+
+
+class Events:
+    """What the log reported, as (level, event, fields)."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, dict[str, Any]]] = []
+
+    def error(self, event: str, **fields: Any) -> None:
+        self.lines.append(("error", event, fields))
+
+    def info(self, event: str, **fields: Any) -> None:
+        self.lines.append(("info", event, fields))
+
+    def events(self) -> list[tuple[str, str]]:
+        return [(level, event) for level, event, _ in self.lines]
+
+
+async def _open(path: Path, events: Events | None = None, **settings: float) -> ProvenanceLog:
+    reported = {} if events is None else {"events": events}
+    return await ProvenanceLog.open(
+        path,
+        ORIGIN,
+        _signer(),
+        settings=LogSettings(**settings),  # type: ignore[arg-type]
+        **reported,  # type: ignore[arg-type]
+    )
+
+
+def test_a_deleted_log_directory_takes_no_more_appends_even_once_recreated(
+    tmp_path: Path,
+) -> None:
+    # The open segment's file still takes writes once its directory is deleted; they are
+    # in no file anyone will read, so acknowledging them served requests the log lost.
+    directory = tmp_path / "log"
+
+    async def scenario() -> None:
+        log = await _open(directory, group_commit_ms=0, probe_interval_ms=10)
+        await log_request(log, 0)  # the segment is open now
+        shutil.rmtree(directory)
+        with pytest.raises(LogUnavailableError, match="the segment was removed"):
+            await log_request(log, 1)
+        assert log.last_error is not None and log.size == 2
+        directory.mkdir()  # another directory of the same name: not the log
+        await asyncio.sleep(0.1)  # probes, all failing
+        assert log.last_error is not None
+        with pytest.raises(LogUnavailableError):
+            await log_request(log, 2)
+        with pytest.raises(LogUnavailableError, match="removed or replaced"):
+            await log.close()  # the final checkpoint is not signed into the new directory
+
+    asyncio.run(scenario())
+    assert list(directory.iterdir()) == []
+
+
+def test_a_replaced_log_directory_gets_no_segment_or_checkpoint(tmp_path: Path) -> None:
+    directory, moved = tmp_path / "log", tmp_path / "moved"
+
+    async def scenario() -> None:
+        log = await _open(directory, group_commit_ms=0, checkpoint_interval_ms=3_600_000)
+        await log_request(log, 0)
+        await log.checkpoint()  # its snapshot closed the segment: the next append opens one
+        directory.rename(moved)
+        directory.mkdir()
+        with pytest.raises(LogUnavailableError, match="removed or replaced"):
+            await log_request(log, 1)
+        await log.close()  # nothing new to sign
+
+    asyncio.run(scenario())
+    assert list(directory.iterdir()) == []
+    # The log as it was, where it went, is whole: the next start there recovers it.
+    assert verify_log(moved, [_signer().verifier()]).size == 2
+
+
+def test_a_snapshot_that_raises_does_not_stop_the_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: any error but a ProvenanceError ended the committer task; every later
+    # append was refused ("closed") while `last_error` said the log was fine.
+    real = LogStore.snapshot
+    raised: list[bool] = []
+
+    def snapshot(store: LogStore) -> object:
+        if not raised:
+            raised.append(True)
+            raise RuntimeError("snapshot broke")
+        return real(store)
+
+    async def scenario() -> None:
+        log = await _open(
+            tmp_path, group_commit_ms=0, checkpoint_interval_ms=10, probe_interval_ms=10
+        )
+        monkeypatch.setattr(LogStore, "snapshot", snapshot)  # opening took one already
+        await log_request(log, 0)
+        await until_async(lambda: bool(raised), "the failing snapshot", timeout=30.0)
+        await until_async(lambda: log.last_error is None, "a passing probe", timeout=30.0)
+        await log_request(log, 1)
+        await log.close()
+
+    asyncio.run(scenario())
+    assert verify_log(tmp_path, [_signer().verifier()]).size == 4
+
+
+def test_a_committer_that_stopped_is_reported_not_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(self: ProvenanceLog) -> None:
+        raise RuntimeError("a bug in the committer")
+
+    monkeypatch.setattr(ProvenanceLog, "_gather_batch", broken)
+
+    async def scenario() -> None:
+        log = await _open(tmp_path)
+        with pytest.raises(LogUnavailableError):
+            await log_request(log, 0)
+        assert log.last_error is not None
+        assert "writer stopped" in str(log.last_error)
+        await log.abort()
+
+    asyncio.run(scenario())
+
+
+def test_a_final_checkpoint_the_signer_fails_is_the_log_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `owngate serve` reports a LogUnavailableError from close() and exits 4; another
+    # exception escaped it (the shutdown then neither said so nor exited 4).
+    def signer_down(*args: object) -> bytes:
+        raise RuntimeError("signer down")
+
+    async def scenario() -> None:
+        log = await _open(tmp_path, checkpoint_interval_ms=3_600_000)
+        await log_request(log, 0)
+        monkeypatch.setattr(gateway.provenance.writer.store, "sign_checkpoint", signer_down)
+        with pytest.raises(LogUnavailableError, match="signer down"):
+            await log.close()
+
+    asyncio.run(scenario())
+    monkeypatch.undo()
+
+    async def reopen() -> None:  # the entries stayed in the write-ahead segment
+        log = await _open(tmp_path)
+        assert log.size == 2
+        await log.close()
+
+    asyncio.run(reopen())
+    assert verify_log(tmp_path, [_signer().verifier()]).size == 2
+
+
+def test_a_fault_is_reported_once_when_it_begins_and_once_when_it_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = FailingDisk()
+    monkeypatch.setattr(gateway.provenance.writer.segment_writer, "os", disk)
+    events = Events()
+    failing_exports = 3
+
+    def full_disk(files: object, *, root: Path) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def scenario() -> None:
+        log = await _open(
+            tmp_path, events, group_commit_ms=0, probe_interval_ms=10, checkpoint_interval_ms=10
+        )
+        await log_request(log, 0)
+        disk.failing = True
+        for number in range(1, 4):  # three refused appends, and probes between them
+            with pytest.raises(LogUnavailableError, match="Input/output error"):
+                await log_request(log, number)
+        disk.failing = False
+        await until_async(lambda: log.last_error is None, "a passing probe", timeout=30.0)
+        with monkeypatch.context() as patched:
+            patched.setattr(gateway.provenance.writer.store, "write_files_atomically", full_disk)
+            for number in range(4, 4 + failing_exports):  # each one falls due and fails
+                await log_request(log, number)
+                await until_async(
+                    lambda: log.last_error is not None, "a failed checkpoint", timeout=30.0
+                )
+                await log.exports_idle()
+        await until_async(lambda: log.last_error is None, "a signed checkpoint", timeout=30.0)
+        await log.close()
+
+    asyncio.run(scenario())
+    assert events.events() == [
+        ("error", "provenance log not writable"),
+        ("info", "provenance log writable again"),
+        ("error", "provenance checkpoint not signed"),
+        ("info", "provenance checkpoints signed again"),
+    ]
+    not_writable, _, not_signed, _ = (fields for _, _, fields in events.lines)
+    assert "Input/output error" in not_writable["detail"]
+    assert "No space left on device" in not_signed["detail"]
+    assert (tmp_path / CHECKPOINT).is_file()
+    assert verify_log(tmp_path, [_signer().verifier()]).size == 2 * (1 + failing_exports)
+
+
+class HungDisk:
+    """`os` for the write-ahead segment: a write blocks while `hung` is set (a hung disk
+    or network mount), until `release` is (bounded: 60 s)."""
+
+    def __init__(self) -> None:
+        self.hung = False
+        self.release = threading.Event()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        if self.hung:
+            self.release.wait(60)
+        return os.pwrite(fd, data, offset)
+
+
+def test_a_write_that_does_not_return_is_a_fault_and_new_appends_fail_fast(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: requests waited on their dispatch record for as long as the disk hung
+    # (bounded only by their clients), and the log said it was writable all along.
+    disk = HungDisk()
+    monkeypatch.setattr(gateway.provenance.writer.segment_writer, "os", disk)
+    events = Events()
+
+    async def scenario() -> None:
+        log = await _open(tmp_path, events, group_commit_ms=0)  # stall_after_ms: 5000
+        await log_request(log, 0)
+        disk.hung = True
+        stuck = asyncio.ensure_future(log_refusal(log, 1))
+        await until_async(lambda: log.last_error is not None, "a stalled write", timeout=30.0)
+        assert "has not returned" in str(log.last_error)
+        with pytest.raises(LogUnavailableError, match="has not returned"):
+            await log_refusal(log, 2)  # refused at once, not queued behind the hung write
+        completion = log.append_soon(
+            refusal_record(
+                request_id="req-3",
+                time=datetime(2026, 1, 1, tzinfo=UTC),
+                tenant="acme",
+                model="m",
+                policy=EXAMPLE_POLICY,
+                trace=[],
+                rule="deny",
+                reason="policy_denied",
+                request_commitment=None,
+            )
+        )  # a record nobody waits on still queues: it lands once the disk is back
+        disk.hung = False
+        disk.release.set()
+        assert (await stuck).index == 2  # the write that hung landed
+        assert (await completion).index == 3
+        assert log.last_error is None
+        await log.close()
+
+    asyncio.run(scenario())
+    assert events.events() == [
+        ("error", "provenance log not writable"),
+        ("info", "provenance log writable again"),
+    ]
+    assert verify_log(tmp_path, [_signer().verifier()]).size == 4
