@@ -124,13 +124,15 @@ _BARE: Final = (
 
 
 def _provider_of(name: str) -> _Provider | None:
+    name = name.lower()  # policies match provider names in any case (gateway/policy/rules.py)
     return next((p for p in _PROVIDERS if name in p.names or name in p.prefixes), None)
 
 
 def _same(declared: str, owner: str) -> bool:
-    """Whether `declared` names the provider `owner` (a name or prefix) stands for."""
+    """Whether `declared` names the provider `owner` (a name or prefix) stands for, in
+    any case, as policies compare provider names."""
     entry = _provider_of(owner)
-    return declared == owner if entry is None else _provider_of(declared) is entry
+    return declared.lower() == owner if entry is None else _provider_of(declared) is entry
 
 
 def route_of(provider_model: str) -> tuple[str | None, str]:

@@ -173,3 +173,28 @@ def test_unprefixed_claude_routes_to_anthropic() -> None:
     litellm = load_litellm()
     assert litellm.get_llm_provider("claude-sonnet-4-5")[1] == "anthropic"
     assert route_of("claude-sonnet-4-5")[0] == "anthropic"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"provider": "OpenAI"},
+        {"owner": "OpenAI"},  # no provider: the owner is checked
+        {"provider": "Azure", "provider_model": "azure/gpt-4o"},
+        {"provider": "acme-Proxy", "base_url": "https://llm-proxy.internal.example/v1"},
+    ],
+)
+def test_a_provider_name_in_another_case_is_the_same_provider(fields: dict[str, str]) -> None:
+    """Policies match provider names in any case (`providers.deny: [openai]` matches
+    `provider: OpenAI`): so does this check, or a config that loaded before would be refused."""
+    provider_model = fields.pop("provider_model", "openai/gpt-4o")
+    parse_config(hosted(models=model(provider_model), **fields), env={})
+
+
+def test_a_provider_name_in_another_case_is_still_checked() -> None:
+    message = refused(hosted(provider="Azure", models=model("openai/gpt-4o")))
+    assert "declares provider 'Azure'" in message
+    message = refused(
+        hosted(provider="AZURE", base_url="https://api.openai.com/v1", models=model("openai/x"))
+    )
+    assert "api.openai.com" in message
