@@ -26,7 +26,8 @@ _INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)\Z")
 _FLOAT = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?\Z")
 _QUOTED_NUMBER = (
     "a number written as text (quoted, or not a plain number): write it unquoted in "
-    "plain decimal digits, e.g. 30"
+    "plain decimal digits, e.g. 30 (a float with an exponent needs a point and a sign: "
+    "YAML reads 1e3 as text, 1.0e+3 as 1000.0)"
 )
 _QUOTED_BOOL = "true/false written as text: write true or false, unquoted"
 _BOOL_AS_NUMBER = (

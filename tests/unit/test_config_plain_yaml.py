@@ -138,3 +138,13 @@ def test_config_validate_reports_a_tag_without_a_traceback(
     err = capsys.readouterr().err
     assert "line 10: backends[0].retention.days: YAML tags" in err
     assert "Traceback" not in err
+
+
+def test_a_float_with_a_bare_exponent_is_refused_saying_how_to_write_it() -> None:
+    # YAML 1.1 (PyYAML) reads an unquoted 1e3 as text, a YAML 1.2 tool as 1000.0: the
+    # message says which form both read as the number.
+    text = config().replace("port: 9000}", "port: 9000, body_timeout_s: 1e3}")
+    (found,) = issues(text)
+    assert "listen.body_timeout_s" in found and "1.0e+3" in found
+    loaded = parse_config(text.replace("1e3", "1.0e+3"), env={})
+    assert loaded.listen.body_timeout_s == 1000.0
