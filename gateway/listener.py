@@ -35,8 +35,11 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
 - a started stream's body may be written without `send`: each request's scope holds a
   `BodyWriter` (`gateway/body_writer.py`, key `owngate.body_writer`) for the private
   relay's per-chunk writes, framed as `send` frames them.
-- framing errors (a malformed request line, header or chunked body) get 400
-  `invalid_request` as an OpenAI error object instead of uvicorn's plain text.
+- framing errors (a malformed request line, header or chunked body, a Transfer-Encoding
+  other than `chunked` alone or on an HTTP/1.0 request) get 400 `invalid_request` as an
+  OpenAI error object instead of uvicorn's plain text.
+- an answer of unknown length (a stream) to an HTTP/1.0 request is not chunked: it ends
+  with the connection (`gateway/close_delimited.py`).
 - chunked bodies: the bytes between body data (a chunk-size line, its extensions, the
   trailer section) are held to `max_header_bytes` too (431), since the parser buffers a
   trailer field as it buffers a header; a request that carries trailer fields at all is
@@ -62,14 +65,13 @@ is shut and what the client still sends is read and dropped for a bounded time
 and can destroy the answer before the client reads it. Refusals are counted and logged
 as one `listener limits enforced` line at most every `_LOG_EVERY_S`, never per event.
 
-Cost on the hot path: timers are the loop's `call_later` handles, never tasks. A request
-whose head (and body) arrive in one read arms none: the head timer is armed once per
-connection (cancelled when the first head completes) and after that only for a head
-left incomplete at the end of a read, the body timer only for a body left incomplete.
-Per request the protocol adds a few attribute updates and comparisons, one `len(headers)`
-and three extra Python frames (`on_message_begin`, `on_headers_complete`,
-`on_message_complete`): about 0.85 us on uvicorn's ~5 us of parsing (measured without an
-app, best of 300 batches), about 1% of the gateway's CPU per proxied request.
+Cost on the hot path: timers are `call_later` handles, never tasks, and a request whose
+head (and body) arrive in one read arms none (the head timer is armed once per connection,
+then only for a head left incomplete at the end of a read; the body timer likewise).
+Per request: a few attribute updates and comparisons, one `len(headers)`, one pass over
+the headers and three extra Python frames, about 0.85 us on uvicorn's ~5 us of parsing
+(measured without an app, best of 300 batches; before the header pass), about 1% of the
+gateway's CPU per proxied request.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.asgi import REFUSAL_SCOPE_KEY
 from gateway.body_writer import BODY_WRITER_SCOPE_KEY, BodyWriter, client_lost
+from gateway.close_delimited import close_delimited
 from gateway.coalescing import HeadCoalescer
 from gateway.errors import ErrorCode, GatewayError
 from gateway.expect_continue import close_unless_continued
@@ -97,6 +100,7 @@ from gateway.listener_limits import (
     Refusals,
     framing_message,
     refusal_answer,
+    refuse_transfer_coding,
     too_long_message,
     too_many_message,
 )
@@ -197,8 +201,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                 self._refuse(ErrorCode.invalid_request, "framing", "Invalid HTTP request.")
             return
         except httptools.HttpParserUpgrade:
-            # Refused in `on_headers_complete`; should the parser still stop here, the
-            # bytes after the head must never be parsed as a request of their own.
+            # Refused in `on_headers_complete`; never parse what follows as a request.
             self._refuse(ErrorCode.invalid_request, "upgrade", NO_UPGRADE)
             return
         except httptools.HttpParserError as exc:
@@ -229,14 +232,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self._in_head:
-            # A chunked body's trailer fields: uvicorn would append them to the request's
-            # headers after the app has read them (a label or key "arriving" after the
-            # policy looked). Dropping them would read a label sent there as "no label":
-            # a request with trailer fields is refused (OpenAI clients send none).
+            # A chunked body's trailer fields: uvicorn would append them to the headers after
+            # the app read them (a label "arriving" after the policy looked); dropped, a label
+            # sent there would read as "no label". Refused (OpenAI clients send none).
             raise Refusal(ErrorCode.invalid_request, "trailers", NO_TRAILERS)
         if len(self.headers) >= self.limits.max_headers:
-            # Each field is held as Python objects, ~25 times the bytes of a short one:
-            # count them as they come, not once a head that may never end has been held.
+            # Held as objects (~25 times a short field's bytes): counted as they come.
             raise Refusal(
                 ErrorCode.headers_too_large,
                 "header_count",
@@ -251,22 +252,24 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         limits = self.limits
         if self.parser.should_upgrade():
-            # The gateway speaks no other protocol (`ws="none"`). Served as plain HTTP, the
-            # parser would stop at the head: its body would be read later as a request of
-            # its own (one with its own key and labels, smuggled past a proxy in front).
+            # No other protocol is spoken (`ws="none"`). As plain HTTP, the parser would stop
+            # at the head: its body would be read later as a request of its own (smuggled
+            # past a proxy in front, with its own key and labels).
             raise Refusal(ErrorCode.invalid_request, "upgrade", NO_UPGRADE)
         if len(self.pipeline) >= MAX_PIPELINED:
-            # uvicorn queues a request that arrives while another is answered and pauses
-            # reading, but parses every request of the read in hand and reads again after
-            # each answer: one connection could queue requests without end. Those queued
-            # wait their turn: closing is the only answer that cannot overtake theirs.
+            # uvicorn parses every request of a read and reads again after each answer: one
+            # connection could queue requests without end. Those queued wait their turn:
+            # closing is the only answer that cannot overtake theirs.
             raise Refusal(ErrorCode.invalid_request, "pipelined", TOO_MANY_PIPELINED)
         limit = limits.max_header_bytes
-        # `_head_bytes` is exact for a head that spans reads, and an upper bound when
-        # it ends inside a read (body bytes follow it): count exactly only then.
+        # `_head_bytes` is exact for a head spanning reads, else an upper bound: count then.
         if (self._head_bytes > limit or self._read_len > limit) and self._head_size() > limit:
             raise Refusal(ErrorCode.headers_too_large, "header_bytes", too_long_message(limit))
+        version = self.parser.get_http_version()
+        refuse_transfer_coding(self.headers, version)
         super().on_headers_complete()  # may raise too (a URL it cannot parse): still a head
+        if version == "1.0":  # no chunked framing for it (gateway/close_delimited.py)
+            close_delimited(self.cycle)
         # The head of the answer goes out with its first body bytes (gateway/coalescing.py).
         self.cycle.transport = HeadCoalescer(self.transport, self.loop)  # type: ignore[assignment]
         # A stream's relay may write its chunks without `send` (gateway/body_writer.py).
@@ -281,9 +284,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         cycle = self.cycle
         if cycle.response_complete and cycle.body:
-            # Answered before its body was read (an early 401, 404, 413, 429): uvicorn
-            # keeps what it buffered, up to one read past 64 KiB, until the connection's
-            # next request or its end (the body deadline away). Nothing reads it now.
+            # Answered before its body was read (an early 401, 413, 429): uvicorn keeps what
+            # it buffered (up to one read past 64 KiB) until the next request or the end.
             cycle.body = bytearray()
         super().on_response_complete()
 
@@ -373,8 +375,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self.transport.close()
             return
         if cycle is not None and isinstance(cycle.transport, HeadCoalescer):
-            # What the cycle wrote last may still be held for this turn (the head of an
-            # answer to HEAD, a `100 Continue`): it goes first, never after the refusal.
+            # A write still held this turn (a HEAD answer's head, `100 Continue`) goes first.
             cycle.transport.flush()
         if not self._in_head:
             # The app waits for this body: it reads a disconnect now, what it sends is

@@ -39,6 +39,7 @@ __all__ = [
     "derived_max_connections",
     "framing_message",
     "refusal_answer",
+    "refuse_transfer_coding",
     "too_long_message",
     "too_many_message",
 ]
@@ -138,6 +139,33 @@ TOO_MANY_PIPELINED = f"More than {MAX_PIPELINED} requests were sent ahead of the
 
 
 NO_TRAILERS = "Trailer fields are not accepted; send every header before the body."
+
+BAD_TRANSFER_CODING = (
+    "Transfer-Encoding must be exactly chunked: no other transfer coding is supported."
+)
+TRANSFER_CODING_ON_1_0 = (
+    "An HTTP/1.0 request cannot carry Transfer-Encoding; send Content-Length instead."
+)
+
+
+def refuse_transfer_coding(headers: list[tuple[bytes, bytes]], http_version: str) -> None:
+    """Raise a 400 `Refusal` for a request head whose Transfer-Encoding (names in lower
+    case) is anything but `chunked` alone. llhttp reads a body as chunked whenever
+    chunked is the last coding, so `identity, chunked` or `gzip, chunked` passed as plain
+    chunked (the body never decoded), where a proxy in front may frame it otherwise. RFC
+    9112 section 6.1: a coding the server does not know is answered 501 or 400 (400
+    here: the closed set of error codes has no 501), and an HTTP/1.0 request with
+    Transfer-Encoding has faulty framing (400, as nginx answers it)."""
+    codings: list[bytes] = []
+    for name, value in headers:
+        if name == b"transfer-encoding":
+            codings.extend(c.strip(b" \t").lower() for c in value.split(b","))
+    if not codings:
+        return
+    if http_version == "1.0":
+        raise Refusal(ErrorCode.invalid_request, "transfer_coding", TRANSFER_CODING_ON_1_0)
+    if [c for c in codings if c] != [b"chunked"]:  # empty list elements are allowed
+        raise Refusal(ErrorCode.invalid_request, "transfer_coding", BAD_TRANSFER_CODING)
 
 
 def too_many_message(limit: int) -> str:

@@ -14,6 +14,14 @@ its handshake was done, so peers that connect and never say hello (no certificat
 for that, `--client-ca` or not) held a descriptor each for the whole handshake timeout,
 as many as they could open: the sidecar ran out of descriptors for its backend, its log
 and its honest clients.
+
+A TLS connection the sidecar closes (idle past its keep-alive, `connection: close`,
+shutdown) first sends what it still holds and a close_notify, then waits for the
+client's close_notify: at most `SHUTDOWN_TIMEOUT_S`, after which it is dropped. The
+loop's default is 30 s, during which a client that never answers kept its place under
+the connection cap (an idle connection held 60 s, against 30 s for plain). The wait
+covers sending what is left too, so an answer the sidecar ends by closing must be read
+within it; the gateway reads its answers as they come.
 """
 
 from __future__ import annotations
@@ -28,10 +36,11 @@ from pathlib import Path
 from gateway.attest.protocol import Listener
 from gateway.tls_options import harden
 
-__all__ = ["TlsAcceptor", "listener_context"]
+__all__ = ["SHUTDOWN_TIMEOUT_S", "TlsAcceptor", "listener_context"]
 
 _ACCEPTS_PER_WAKE = 128  # connections taken per wake-up of the listening socket
 _ACCEPT_RETRY_S = 0.5  # how long accepting pauses when accept() fails (no descriptors)
+SHUTDOWN_TIMEOUT_S = 5.0  # a closed connection's last bytes and close_notify exchange
 # What accept() fails with when the process or system is out of room: pause, do not spin.
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
@@ -57,7 +66,8 @@ class TlsAcceptor:
     docstring). Each handshake runs as a task in `listener.handshakes` for at most
     `handshake_timeout_s`; a connection whose handshake succeeds is a `Connection` of
     `listener` (made by the loop's `connect_accepted_socket`, as `create_server` would),
-    one whose handshake fails or times out is closed."""
+    one whose handshake fails or times out is closed. Closing a connection waits at most
+    `shutdown_timeout_s` for its last bytes to go and the client's close_notify."""
 
     def __init__(
         self,
@@ -65,11 +75,13 @@ class TlsAcceptor:
         sock: socket.socket,
         context: ssl.SSLContext,
         handshake_timeout_s: float,
+        shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S,
     ) -> None:
         self._listener = listener
         self._sock = sock
         self._context = context
         self._timeout = handshake_timeout_s
+        self._shutdown_timeout = shutdown_timeout_s
         self._loop = asyncio.get_running_loop()
         self._retry: asyncio.TimerHandle | None = None
         self._closed = False
@@ -128,4 +140,5 @@ class TlsAcceptor:
                 conn,
                 ssl=self._context,
                 ssl_handshake_timeout=self._timeout,
+                ssl_shutdown_timeout=self._shutdown_timeout,
             )

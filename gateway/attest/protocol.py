@@ -7,8 +7,9 @@ sidecar together (docs/performance.md). `Connection` reads a request within the 
 listener's limits (`gateway/attest/reader.py`), hands it whole to the relay
 (`AttestRelay`) and writes what the relay answers straight to the transport: a whole
 answer (`respond`) or a chunked stream (`start_stream`, `send_chunk`, `end_stream`,
-which waits while the client reads slower than the backend sends). An answer to HEAD
-(the relay refuses it) is its head alone, as HTTP requires.
+which waits while the client reads slower than the backend sends; to an HTTP/1.0
+request, which knows no chunked framing, a stream ends with the connection). An answer
+to HEAD (the relay refuses it) is its head alone, as HTTP requires.
 
 A client that leaves while its request runs: `left` turns true and the upstream answer
 the relay registered (`upstream`) is aborted, so the backend stops and nothing is signed.
@@ -150,6 +151,7 @@ class Connection(RequestReader):
         self._chunked = True  # ... as a chunked stream (else ended by closing)
         self._answered = True  # ... and was written in full
         self._bodiless = False  # ... answers HEAD: a head alone (RFC 9110, 9.3.2)
+        self._http10 = False  # ... to HTTP/1.0: a stream is never chunked (RFC 9112, 6.1)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         pins = self._listener.client_pins
@@ -229,6 +231,7 @@ class Connection(RequestReader):
             self._started = self._answered = False
             self._chunked = True
             self._bodiless = request.method == b"HEAD"
+            self._http10 = request.http10
             try:
                 await handler(self, request)
             except GatewayError as error:
@@ -283,11 +286,12 @@ class Connection(RequestReader):
         self._started = self._answered = True
 
     def start_stream(self, status: int, content_type: bytes, *, framed: bool = True) -> None:
-        """The head of a chunked answer; then `send_chunk` and `end_stream`. Not `framed`:
-        an answer that ends with the connection (as the backend's did)."""
+        """The head of a chunked answer; then `send_chunk` and `end_stream`. Not `framed`
+        (or to an HTTP/1.0 request): an answer that ends with the connection."""
         if self.left:
             return
         self._started = True
+        framed = framed and not self._http10
         self._chunked = framed
         if not framed:
             self._keep_alive = False

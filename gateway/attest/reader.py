@@ -20,9 +20,10 @@ answers and messages, in `gateway/listener_limits.py`, are shared), counted the 
   `rate_limit_exceeded` with `retry-after: 1`, counted from a body's declared length
   before any of it is read (a chunked body: as it arrives); a request's bytes are given
   back when its answer ends (`Request.held`), or when the connection ends first;
-- malformed framing or a target that is not a path: 400 `invalid_request` as an OpenAI
-  error object; chunk framing or trailer bytes past `max_header_bytes`: 431; trailer
-  fields and protocol upgrades: 400.
+- malformed framing, a Transfer-Encoding other than `chunked` alone (or on an HTTP/1.0
+  request) or a target that is not a path: 400 `invalid_request` as an OpenAI error
+  object; chunk framing or trailer bytes past `max_header_bytes`: 431; trailer fields
+  and protocol upgrades: 400.
 
 Every refusal is a JSON error with `connection: close`, then the write side is shut and
 what the client still sends is dropped for a bounded time (`LINGER_S`, `LINGER_BYTES`);
@@ -50,6 +51,7 @@ from gateway.listener_limits import (
     Refusals,
     framing_message,
     refusal_answer,
+    refuse_transfer_coding,
     too_long_message,
     too_many_message,
 )
@@ -218,6 +220,7 @@ class RequestReader(asyncio.Protocol):
             raise Refusal(ErrorCode.headers_too_large, "header_bytes", too_long_message(limit))
         if not self._target.startswith(b"/"):
             raise Refusal(ErrorCode.invalid_request, "framing", "Invalid request target.")
+        refuse_transfer_coding(self._headers, self.parser.get_http_version())
         expect_continue = False
         for name, value in self._headers:
             if name == b"content-length":
@@ -270,6 +273,7 @@ class RequestReader(asyncio.Protocol):
                 body if more is None else bytes(more),
                 self.parser.should_keep_alive(),
                 held,
+                self.parser.get_http_version() == "1.0",
             )
         )
 

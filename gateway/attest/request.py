@@ -10,10 +10,11 @@ __all__ = ["Request"]
 
 class Request:
     """One complete request: method, target (path and query), headers (names in lower
-    case, in order), body, whether the connection stays open after it, and its share of
-    the listener's `BodyBudget` (released by whoever answers it)."""
+    case, in order), body, whether the connection stays open after it, its share of
+    the listener's `BodyBudget` (released by whoever answers it), and whether it is
+    HTTP/1.0 (its client knows no chunked framing)."""
 
-    __slots__ = ("body", "headers", "held", "keep_alive", "method", "target")
+    __slots__ = ("body", "headers", "held", "http10", "keep_alive", "method", "target")
 
     def __init__(
         self,
@@ -23,6 +24,7 @@ class Request:
         body: bytes,
         keep_alive: bool,
         held: Held | None = None,
+        http10: bool = False,
     ) -> None:
         self.method = method
         self.target = target
@@ -30,3 +32,4 @@ class Request:
         self.body = body
         self.keep_alive = keep_alive
         self.held = held
+        self.http10 = http10

@@ -20,7 +20,7 @@ from types import TracebackType
 import uvloop
 
 from gateway.attest.app import AttestRelay, AttestSettings
-from gateway.attest.listener import TlsAcceptor
+from gateway.attest.listener import SHUTDOWN_TIMEOUT_S, TlsAcceptor
 from gateway.attest.protocol import Listener
 from gateway.config.schema import ListenSettings
 from gateway.listener_limits import ListenerLimits
@@ -48,6 +48,7 @@ class _Running:
         sock: socket.socket,
         context: ssl.SSLContext | None,
         listen: ListenSettings,
+        tls_shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S,
     ) -> _Running | str:
         """Started, or why it could not start."""
         relay = AttestRelay(settings)
@@ -73,7 +74,9 @@ class _Running:
                 listener.protocol, sock=sock, backlog=2048
             )
         else:
-            server = TlsAcceptor(listener, sock, context, limits.header_timeout_s)
+            server = TlsAcceptor(
+                listener, sock, context, limits.header_timeout_s, tls_shutdown_timeout_s
+            )
             server.start()
         return cls(relay, listener, server)
 
@@ -127,6 +130,7 @@ class AttestThread:
         port: int = 0,
         ssl_context: ssl.SSLContext | None = None,
         listen: ListenSettings | None = None,
+        tls_shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S,
     ) -> None:
         self._sock = bind_socket(host, port)
         self.host = host
@@ -134,6 +138,7 @@ class AttestThread:
         self._settings = settings
         self._context = ssl_context
         self._listen = listen or ListenSettings()
+        self._tls_shutdown_timeout_s = tls_shutdown_timeout_s
         self._loop = uvloop.new_event_loop()
         self._running: _Running | None = None
         self._started = threading.Event()
@@ -163,7 +168,13 @@ class AttestThread:
 
     async def _main(self) -> None:
         try:
-            running = await _Running.start(self._settings, self._sock, self._context, self._listen)
+            running = await _Running.start(
+                self._settings,
+                self._sock,
+                self._context,
+                self._listen,
+                self._tls_shutdown_timeout_s,
+            )
         except BaseException as exc:  # noqa: BLE001 - handed to the starting thread
             running = f"owngate attest: {exc!r}"
         if isinstance(running, str):

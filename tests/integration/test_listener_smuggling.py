@@ -50,6 +50,15 @@ AMBIGUOUS = {
     "length-negative": _post(b"content-length: -1\r\n", BODY),
     "chunked-then-identity": _post(b"transfer-encoding: chunked, identity\r\n", CHUNKED),
     "identity-only": _post(b"transfer-encoding: identity\r\n", BODY),
+    # llhttp reads these as chunked (the last coding is), the codings before never undone
+    "identity-then-chunked": _post(b"transfer-encoding: identity, chunked\r\n", CHUNKED),
+    "gzip-then-chunked": _post(b"transfer-encoding: gzip, chunked\r\n", CHUNKED),
+    "identity-line-then-chunked": _post(
+        b"transfer-encoding: identity\r\ntransfer-encoding: chunked\r\n", CHUNKED
+    ),
+    "te-on-http-1.0": _post(b"transfer-encoding: chunked\r\n", CHUNKED).replace(
+        b" HTTP/1.1\r\n", b" HTTP/1.0\r\n", 1
+    ),
     "chunked-twice": _post(
         b"transfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n", CHUNKED
     ),
