@@ -13,7 +13,10 @@ it is given back when the request ends. A reservation that would take the proces
 `limits.max_held_body_bytes` is refused with 429 `rate_limit_exceeded` and
 `retry-after: 1`, before more of the body is read or any of it parsed; a client retries
 it as it retries a rate limit. One larger than the whole budget could never be taken:
-413 `request_too_large`.
+413 `request_too_large`. One tenant's requests may hold at most their part of it
+(`limits.max_held_body_bytes_per_tenant`, half by default; 429 past it, 413 for one
+body larger than it), so that one tenant's bodies, held open or of tiny values held
+through a long answer, cannot have every other tenant refused.
 
 The gateway uses a second one for the whole answers (and backend error bodies) it holds
 (`limits.max_held_answer_bytes`, gateway/api/answer_reads.py). The attest sidecar
@@ -35,42 +38,50 @@ RETRY_AFTER: Final = (b"retry-after", b"1")
 
 
 class BodyBudget:
-    """Bytes of request bodies reserved now by this process's requests."""
+    """Bytes of request bodies reserved now by this process's requests, in all and per
+    tenant (`by_tenant`: tenants holding some now)."""
 
-    __slots__ = ("held",)
+    __slots__ = ("by_tenant", "held")
 
     def __init__(self) -> None:
         self.held = 0
+        self.by_tenant: dict[str, int] = {}
 
-    def hold(self, limit: int) -> Held:
-        """A reservation of nothing yet, for one request, under `limit` bytes in all."""
-        return Held(self, limit)
+    def hold(self, limit: int, tenant: str | None = None, tenant_limit: int = 0) -> Held:
+        """A reservation of nothing yet, for one request, under `limit` bytes in all and,
+        for a `tenant`'s request, under `tenant_limit` bytes of that tenant's requests."""
+        return Held(self, limit, tenant, tenant_limit)
 
 
 class Held:
     """One request's share of a `BodyBudget`: grows with its body, released once."""
 
-    __slots__ = ("_budget", "_limit", "size")
+    __slots__ = ("_budget", "_limit", "_tenant", "_tenant_limit", "size")
 
-    def __init__(self, budget: BodyBudget, limit: int) -> None:
+    def __init__(
+        self, budget: BodyBudget, limit: int, tenant: str | None = None, tenant_limit: int = 0
+    ) -> None:
         self._budget = budget
         self._limit = limit
+        self._tenant = tenant
+        self._tenant_limit = min(tenant_limit, limit) if tenant is not None else limit
         self.size = 0
 
     def cover(self, size: int) -> None:
-        """Hold at least `size` bytes; raises `GatewayError`: 429 past the budget, 413 past
-        all of it (no retry could succeed)."""
+        """Hold at least `size` bytes; raises `GatewayError`: 429 past the budget or the
+        tenant's part of it, 413 past all of that (no retry could succeed)."""
         more = size - self.size
         if more <= 0:
             return
-        if size > self._limit:  # more than the whole budget: retrying cannot help
+        if size > self._tenant_limit:  # more than the whole budget: retrying cannot help
+            whole = self._tenant is None or size > self._limit
+            setting = "max_held_body_bytes" if whole else _PER_TENANT
             raise GatewayError(
                 ErrorCode.request_too_large,
                 "The request body would take more memory, once parsed, than the gateway "
-                "may hold for request bodies (limits.max_held_body_bytes); send a smaller "
-                "one.",
+                f"may hold for request bodies (limits.{setting}); send a smaller one.",
             )
-        budget = self._budget
+        budget, tenant = self._budget, self._tenant
         if budget.held + more > self._limit:
             raise GatewayError(
                 ErrorCode.rate_limit_exceeded,
@@ -78,13 +89,33 @@ class Held:
                 "(limits.max_held_body_bytes); retry shortly.",
                 headers=(RETRY_AFTER,),
             )
+        if tenant is not None:
+            mine = budget.by_tenant.get(tenant, 0)
+            if mine + more > self._tenant_limit:
+                raise GatewayError(
+                    ErrorCode.rate_limit_exceeded,
+                    "Your requests hold as many request bodies as one tenant's may at once "
+                    f"(limits.{_PER_TENANT}); retry shortly.",
+                    headers=(RETRY_AFTER,),
+                )
+            budget.by_tenant[tenant] = mine + more
         budget.held += more
         self.size = size
 
     def release(self) -> None:
         """Give the bytes back (again: nothing)."""
-        self._budget.held -= self.size
+        budget, tenant = self._budget, self._tenant
+        budget.held -= self.size
+        if tenant is not None and self.size:
+            left = budget.by_tenant.get(tenant, 0) - self.size
+            if left > 0:
+                budget.by_tenant[tenant] = left
+            else:
+                budget.by_tenant.pop(tenant, None)  # no entry per tenant ever seen
         self.size = 0
+
+
+_PER_TENANT: Final = "max_held_body_bytes_per_tenant"
 
 
 def hold_answer(held: Held, size: int, *, holder: str, setting: str) -> None:

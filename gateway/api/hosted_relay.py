@@ -164,19 +164,27 @@ class HostedRelay:
         timeout = self._stream_timeout_s
         ends_by = None if timeout is None else asyncio.get_running_loop().time() + timeout
         self._metrics.hosted_attempt(backend.id)
+        trail = exchange.trail
+        offered = trail is not None and trail.offered
+        if trail is not None:
+            trail.offered = True  # charged, even if no byte comes back (`Trail.offered`)
         try:
             response = await self._client(backend).send_prepared(prepared)
         except HostedUnavailable as exc:  # no verdict: no provider was called
+            if trail is not None:
+                trail.offered = offered
             exchange.upstream_error = "litellm_load"
             self._signals.load_failed(backend.id, exc.error_class, _now())
             reason = f"{backend.id}: hosted provider unavailable"
             raise TryNext(reason, hosted_down=True) from exc
         except HostedError as exc:
             exchange.upstream_error = exc.kind
+            client_error = exc.kind == "status" and exc.status in _CLIENT_ERRORS
+            if trail is not None and (exc.kind == "untranslated" or client_error):
+                trail.offered = offered  # not sent, or refused: the provider did not serve it
             if exc.kind == "untranslated":
                 self._signals.untranslated(backend.id, exc.error_class, _now())
                 raise _untranslated(backend.id, exc) from exc
-            client_error = exc.kind == "status" and exc.status in _CLIENT_ERRORS
             if not client_error:  # the provider's failures, never a client's mistake
                 self._metrics.upstream_error(backend.id, exc.kind)
             _judge(attempt, exc)

@@ -87,7 +87,9 @@ class TenantSurface:
             admission = await self._admit(tenant)
             exchange.charge = lambda: admission.release(_tokens_used(exchange))
             limits = runtime.parts.config.limits
-            held = runtime.bodies.hold(limits.max_held_body_bytes)
+            held = runtime.bodies.hold(
+                limits.max_held_body_bytes, tenant.id, limits.tenant_held_body_bytes
+            )
             answer = exchange.answer = runtime.answers.hold(limits.max_held_answer_bytes)
             try:
                 body = await read_body(scope, receive, limits.max_body_bytes, held)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Any
+from typing import Any, Final
 
 from gateway.api.answer_reads import check_whole, read_error_body, read_held
 from gateway.api.attested import Attester, SseTail
@@ -62,6 +62,8 @@ _RETRYABLE = frozenset({429, 500, 502, 503, 504})
 # tenant's requests to an endpoint a backend lacks must not take it out for every tenant.
 _REFUSALS = frozenset({401, 403, 404, 501})
 _SSE = b"text/event-stream"
+# Failures before the backend had the request: nothing of it was sent.
+_NOT_SENT: Final = frozenset({"connect", "tls", "busy"})
 _STRIP_LOG_EVERY_S = 60.0
 
 
@@ -129,6 +131,10 @@ class PrivateRelay:
         if exchange.traceparent is not None:  # tracing on: private backends join the trace
             headers.append((b"traceparent", exchange.traceparent))
         attempt.sending(len(out))
+        trail = exchange.trail
+        offered = trail is not None and trail.offered
+        if trail is not None:
+            trail.offered = True  # charged, even if no byte comes back (`Trail.offered`)
         # A timeout the request's own failover deadline cut short says nothing about the
         # backend: the attempt does not charge it to the breaker.
         wait = attempt.first_byte_wait(backend.pool.first_byte_timeout)
@@ -145,11 +151,15 @@ class PrivateRelay:
                 connection=connection,
             )
         except UpstreamError as exc:
+            if trail is not None and (exc.kind in _NOT_SENT or exc.sent_nothing):
+                trail.offered = offered  # the backend never had the prompt
             self._failed(exchange, backend, exc.kind)
             attempt.upstream_failed(exc.kind, exc.detail)
             raise TryNext(
                 f"{backend.id}: {exc.kind}", _last_error(exc), busy=exc.kind == "busy"
             ) from exc
+        if response.status >= 400 and trail is not None:
+            trail.offered = offered  # an error status: the backend did not serve it
         if response.status >= 500 and response.status not in _REFUSALS:
             attempt.failed(f"HTTP {response.status}")
         else:

@@ -48,6 +48,9 @@ class Trail:
     # The parsed request, for the bound on the tokens charged (gateway/api/usage_bound.py).
     ask: Mapping[str, Any] | None = None
     sent_bytes: int = 0  # response bytes relayed to the client
+    # A backend took the prompt (an attempt sent it and was not refused), whether or not
+    # any answer came back: its prompt is charged even when nothing was relayed.
+    offered: bool = False
     _usage: Usage | None = None
     _usage_read: bool = False
     _reported: Usage | None = None  # usage the backend reported out of the client's sight
@@ -139,12 +142,14 @@ class Trail:
         """Tokens to charge to the tenant's budget: the reported usage, never past the
         bound the request justifies (`usage_bound`); for an answer without usage, an
         estimate that errs high: a token per 4 bytes of the request body plus one per 4
-        bytes relayed (SSE framing included); 0 if nothing was."""
+        bytes relayed (SSE framing included). With nothing relayed, the prompt's share
+        when a backend took the prompt (`offered`: the client left before the first
+        byte, the backend did not answer in time), else 0."""
         usage = self.usage()
         if usage is not None:
             bound = self.usage_bound()
             return _reported_tokens(usage) if bound is None else bound
-        if self.sent_bytes == 0:
+        if self.sent_bytes == 0 and not self.offered:
             return 0
         return -(-self.prompt_bytes // 4) + -(-self.sent_bytes // 4)
 

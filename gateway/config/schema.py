@@ -120,6 +120,12 @@ class LimitSettings(_Strict):
         description="request bodies and what is parsed from them, held at once by one "
         "process (an upper bound; gateway/body_budget.py)",
     )
+    max_held_body_bytes_per_tenant: int | None = Field(
+        default=None,
+        gt=0,
+        description="the part of max_held_body_bytes one tenant's requests may hold at once; "
+        "default half of it (at least max_body_bytes)",
+    )
     connect_timeout_s: float = Field(default=3.0, gt=0)
     first_byte_timeout_s: float = Field(default=120.0, gt=0)
     read_timeout_s: float = Field(default=120.0, gt=0)
@@ -155,7 +161,25 @@ class LimitSettings(_Strict):
                 "limits.max_held_answer_bytes must be at least limits.max_response_bytes "
                 "(else an answer within the limit could never be taken)"
             )
+        per_tenant = self.max_held_body_bytes_per_tenant
+        if per_tenant is not None and not (
+            self.max_body_bytes <= per_tenant <= self.max_held_body_bytes
+        ):
+            raise ValueError(
+                "limits.max_held_body_bytes_per_tenant must be at least limits.max_body_bytes "
+                "and at most limits.max_held_body_bytes"
+            )
         return self
+
+    @property
+    def tenant_held_body_bytes(self) -> int:
+        """What one tenant's requests may hold of `max_held_body_bytes` at once: the
+        setting, else half the budget (at least one body's bytes), so that one tenant's
+        bodies (held open, or of tiny values held through a long answer) leave the other
+        tenants room."""
+        if self.max_held_body_bytes_per_tenant is not None:
+            return self.max_held_body_bytes_per_tenant
+        return max(self.max_held_body_bytes // 2, self.max_body_bytes)
 
 
 class ScrapeSettings(_Strict):

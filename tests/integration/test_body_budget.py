@@ -4,8 +4,10 @@ open makes others wait (429, `retry-after`), never grows the process past the bu
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -16,8 +18,11 @@ from gateway.api.app import GatewayApp
 from gateway.api.body import held_bound, scan_body
 from gateway.app import create_app
 from gateway.serving import ServerThread
-from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
+from gateway.tenants import hash_api_key
+from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, Sim, backend, gateway_config
+from tests.helpers.raw_backend import Answer, Post, RawBackend
 from tests.helpers.raw_socket import WAIT_S, connect, parse
+from tests.helpers.waiting import until
 
 BUDGET = 128 * 1024  # a 40,000-byte chat request holds at most 121,536 (`held_bound`)
 
@@ -133,3 +138,66 @@ def test_a_body_of_tiny_values_is_charged_what_parsing_it_holds(
     served = httpx.post(url, content=small, headers=headers, timeout=WAIT_S)
     assert served.status_code == 200, served.text  # alone, it fits
     _wait_held(app, 0)
+
+
+def test_one_tenant_s_bodies_leave_the_other_tenants_room(
+    start_raw: Callable[[Answer], RawBackend],
+) -> None:
+    """A body of tiny values holds what parsing it may take until its request ends, the
+    whole answer included: one tenant's request that a backend answers slowly could hold
+    the process's whole budget, and every other tenant got 429 meanwhile. A tenant's
+    requests now hold at most its part (half the budget, by default): past it, 413 (this
+    one body could never fit), and the other tenant is served."""
+    released = threading.Event()
+
+    async def slow_first(writer: asyncio.StreamWriter, post: Post) -> bool:
+        if b'"x":[{}' in post.body:  # acme's: answered once the test is over
+            await asyncio.get_running_loop().run_in_executor(None, released.wait, 60)
+        body = b'{"object":"chat.completion","choices":[]}'
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % len(body) + body)
+        await writer.drain()
+        return False
+
+    raw = start_raw(slow_first)
+    budget = 256 * 1024
+    tiny, other_body = _tiny_values(1264), _chat(1000)
+    # acme's body fits the whole budget, and leaves no room for beta's.
+    held = held_bound(tiny, scan_body(tiny))
+    assert budget - held_bound(other_body, scan_body(other_body)) < held <= budget
+    tenants = [
+        {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["*"]},
+        {"id": "beta", "api_key_hashes": [hash_api_key(OTHER_KEY)], "models": ["*"]},
+    ]
+    limits = {"max_body_bytes": 64 * 1024, "max_held_body_bytes": budget}
+    config = gateway_config([backend("gpu", raw.url, "sim-model")], limits=limits, tenants=tenants)
+    app = create_app(config, environ={})
+    url_of = "http://{}:{}/v1/chat/completions"
+    with ServerThread(app, listen=config.listen) as server:
+        url = url_of.format(server.host, server.port)
+        first: list[httpx.Response] = []
+        sender = threading.Thread(
+            target=lambda: first.append(
+                httpx.post(
+                    url,
+                    content=tiny,
+                    headers={"authorization": f"Bearer {TENANT_KEY}"},
+                    timeout=60,
+                )
+            )
+        )
+        sender.start()
+        try:
+            until(lambda: bool(raw.posts or first), "acme's request served or refused")
+            other = httpx.post(
+                url,
+                content=other_body,
+                headers={"authorization": f"Bearer {OTHER_KEY}"},
+                timeout=WAIT_S,
+            )
+            assert other.status_code == 200, other.text
+        finally:
+            released.set()
+            sender.join(timeout=60)
+        assert first[0].status_code == 413, first[0].text
+        assert "max_held_body_bytes_per_tenant" in first[0].json()["error"]["message"]

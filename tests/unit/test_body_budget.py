@@ -48,3 +48,39 @@ def test_more_than_the_whole_budget_is_too_large_not_a_wait() -> None:
 
 def test_the_default_budget_counts_parsed_bodies() -> None:
     assert LimitSettings().max_held_body_bytes == 1024 * 1024 * 1024
+
+
+def test_one_tenant_holds_at_most_its_part_and_leaves_the_rest_to_others() -> None:
+    budget = BodyBudget()
+    a1, a2, b = (budget.hold(100, t, 50) for t in ("a", "a", "b"))
+    a1.cover(30)
+    with pytest.raises(GatewayError) as refused:
+        a2.cover(21)  # 51 of tenant a's: past its part, while the budget has room
+    assert refused.value.code is ErrorCode.rate_limit_exceeded
+    assert "max_held_body_bytes_per_tenant" in refused.value.message
+    assert budget.held == 30 and budget.by_tenant == {"a": 30}
+    a2.cover(20)
+    b.cover(50)  # the other tenant's part is whole
+    assert budget.held == 100 and budget.by_tenant == {"a": 50, "b": 50}
+    for held in (a1, a2, b):
+        held.release()
+    assert budget.held == 0 and budget.by_tenant == {}  # no entry kept per tenant
+
+
+def test_more_than_a_tenant_s_part_is_too_large() -> None:
+    held = BodyBudget().hold(100, "a", 50)
+    with pytest.raises(GatewayError) as refused:
+        held.cover(51)
+    assert refused.value.status == 413
+    assert "max_held_body_bytes_per_tenant" in refused.value.message
+
+
+def test_a_tenant_s_part_is_half_the_budget_unless_set() -> None:
+    assert LimitSettings().tenant_held_body_bytes == 512 * 1024 * 1024
+    small = LimitSettings(max_body_bytes=1000, max_held_body_bytes=1500)
+    assert small.tenant_held_body_bytes == 1000  # one body's bytes at least
+    assert LimitSettings(max_held_body_bytes_per_tenant=2**30).tenant_held_body_bytes == 2**30
+    with pytest.raises(pydantic.ValidationError, match="max_held_body_bytes_per_tenant"):
+        LimitSettings(max_body_bytes=1024, max_held_body_bytes_per_tenant=1023)
+    with pytest.raises(pydantic.ValidationError, match="max_held_body_bytes_per_tenant"):
+        LimitSettings(max_held_body_bytes_per_tenant=2**30 + 1)

@@ -169,7 +169,7 @@ def test_the_bound_covers_generated_documents(values: list[Any], ascii_only: boo
 @pytest.mark.parametrize("item", [b"{}", b'{"a":{}}', b'{"model":1}', b'{"model":1,"model":1}'])
 def test_the_exact_repeat_check_holds_little_more_than_the_parse(item: bytes) -> None:
     """A body that names `model` twice takes the exact check (a second, stdlib parse)
-    while the document is alive: it keeps only the decided-on names of each object."""
+    while the document is alive: each object as the tuple of its pairs."""
     body = b'{"model":"m","x":' + _array(lambda: item) + b',"y":{"model":1}}'
     gc.collect()
     tracemalloc.start()
