@@ -340,23 +340,16 @@ def admin_server(app: GatewayApp) -> BesideServer:
     (`gateway.serving.run_beside`) on a socket the caller binds: `owngate serve` binds
     `admin.listen`, the demo a free loopback port. It has the public listener's limits,
     with at most `ADMIN_MAX_CONNECTIONS` connections (or `listen.max_connections` when
-    lower): both count against one open-file limit. A connection past that cap drops the
-    one waiting longest for a request (`gateway.listener_room`), so that connections held
-    open without a request cannot keep operators out."""
+    lower): both count against one open-file limit. A connection past that cap drops one
+    waiting for a request, as on the public listener (`gateway.listener_room`), so that
+    connections held open without a request cannot keep operators out."""
     from gateway.listener_limits import ADMIN_MAX_CONNECTIONS
-    from gateway.listener_room import evicting_http_protocol
     from gateway.serving import BesideServer, uvicorn_config
 
     config = app.config
     cap = min(config.listen.max_connections or ADMIN_MAX_CONNECTIONS, ADMIN_MAX_CONNECTIONS)
     listen = config.listen.model_copy(update={"max_connections": cap})
-    options = uvicorn_config(
-        admin_app(app),
-        listen,
-        http=evicting_http_protocol(listen),
-        lifespan="on",
-        timeout_graceful_shutdown=5,
-    )
+    options = uvicorn_config(admin_app(app), listen, lifespan="on", timeout_graceful_shutdown=5)
     if config.admin.listen is not None:
         options.host = config.admin.listen.host
     return BesideServer(options)

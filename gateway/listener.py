@@ -10,10 +10,9 @@ listener itself. `http_protocol(listen)` returns the protocol class that uvicorn
 connection (`uvicorn.Config(http=...)` accepts a class); `gateway.serving.uvicorn_config`
 uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.md):
 
-- `max_connections` open client connections per process: a connection past it is closed
-  at once, before any byte is read (a client sees a closed connection, which it may
-  safely retry elsewhere). The default leaves half of the open-file limit, after a
-  headroom, to backend connections, log files and Redis (`derived_max_connections`).
+- `max_connections` open client connections per process (default: half of the open-file
+  limit after a headroom, `derived_max_connections`): a connection past it drops one
+  waiting for a request (`gateway/listener_room.py`), else it is closed unread.
 - `max_header_bytes` (the request line and header lines) and `max_headers`: past them
   the answer is 431 `headers_too_large`. A head still arriving is counted as its bytes
   come in, so memory stays bounded by the limit plus one read.
@@ -65,13 +64,14 @@ is shut and what the client still sends is read and dropped for a bounded time
 and can destroy the answer before the client reads it. Refusals are counted and logged
 as one `listener limits enforced` line at most every `_LOG_EVERY_S`, never per event.
 
-Cost on the hot path: timers are `call_later` handles, never tasks, and a request whose
-head (and body) arrive in one read arms none (the head timer is armed once per connection,
-then only for a head left incomplete at the end of a read; the body timer likewise).
-Per request: a few attribute updates and comparisons, one `len(headers)`, one pass over
-the headers and three extra Python frames, about 0.85 us on uvicorn's ~5 us of parsing
-(measured without an app, best of 300 batches; before the header pass), about 1% of the
-gateway's CPU per proxied request.
+Cost on the hot path: timers are the loop's `call_later` handles, never tasks. A request
+whose head (and body) arrive in one read arms none: the head timer is armed once per
+connection and after that only for a head or body left incomplete at the end of a read.
+Per request the protocol adds a few attribute updates and comparisons, one `len(headers)`,
+one pass over the headers (Transfer-Encoding) and three Python frames: about 0.85 us on
+uvicorn's ~5 us of parsing (without an app, best of 300 batches, before the header pass),
+about 1% of the gateway's CPU per proxied request; the room adds two `Room` calls (about
+0.4 us; `owngate bench instructions` at c=16: 675k to 678k instructions per request).
 """
 
 from __future__ import annotations
@@ -99,11 +99,15 @@ from gateway.listener_limits import (
     Refusal,
     Refusals,
     framing_message,
+    framing_too_long_message,
+    head_size,
+    late_message,
     refusal_answer,
     refuse_transfer_coding,
     too_long_message,
     too_many_message,
 )
+from gateway.listener_room import Room, peer_key
 
 if TYPE_CHECKING:
     from gateway.config.schema import ListenSettings
@@ -115,7 +119,7 @@ def http_protocol(listen: ListenSettings) -> type[LimitedHttpProtocol]:
     """The protocol class for one server: `LimitedHttpProtocol` bound to the limits of
     `listen` and to its own refusal counts."""
     limits = ListenerLimits.from_config(listen)
-    namespace: dict[str, Any] = {"limits": limits, "refusals": Refusals()}
+    namespace: dict[str, Any] = {"limits": limits, "refusals": Refusals(), "room": Room()}
     return type("OwngateHttpProtocol", (LimitedHttpProtocol,), namespace)
 
 
@@ -124,6 +128,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     limits: ClassVar[ListenerLimits]
     refusals: ClassVar[Refusals]
+    room: ClassVar[Room]  # one server's connections waiting for a request
 
     def __init__(
         self,
@@ -150,16 +155,20 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self.limits.max_connections:
-            self._refused = True
-            self.refusals.note("max_connections", self.loop.time())
-            transport.close()
-            return
+            made = self.room.make_room(self.connections)  # dropped one waiting for a request
+            self.refusals.note("evicted" if made else "max_connections", self.loop.time())
+            if not made:
+                self._refused = True
+                transport.close()
+                return
         super().connection_made(transport)
+        self._peer = self.room.join(peer_key(self.client), self)  # `Peer`, until its end
         self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_late)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused:
             return
+        self.room.leave(self._peer, self)
         for timer in (self._head_timer, self._body_timer, self._linger_timer, self._write_timer):
             if timer is not None:
                 timer.cancel()
@@ -250,7 +259,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().on_body(body)
 
     def on_headers_complete(self) -> None:
-        limits = self.limits
         if self.parser.should_upgrade():
             # No other protocol is spoken (`ws="none"`). As plain HTTP, the parser would stop
             # at the head: its body would be read later as a request of its own (smuggled
@@ -261,9 +269,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             # connection could queue requests without end. Those queued wait their turn:
             # closing is the only answer that cannot overtake theirs.
             raise Refusal(ErrorCode.invalid_request, "pipelined", TOO_MANY_PIPELINED)
-        limit = limits.max_header_bytes
-        # `_head_bytes` is exact for a head spanning reads, else an upper bound: count then.
-        if (self._head_bytes > limit or self._read_len > limit) and self._head_size() > limit:
+        limit = self.limits.max_header_bytes
+        # `_head_bytes` is exact for a head that spans reads, and an upper bound when
+        # it ends inside a read (body bytes follow it): count exactly only then.
+        if (self._head_bytes > limit or self._read_len > limit) and (
+            head_size(self.parser.get_method(), self.url, self.headers) > limit
+        ):
             raise Refusal(ErrorCode.headers_too_large, "header_bytes", too_long_message(limit))
         version = self.parser.get_http_version()
         refuse_transfer_coding(self.headers, version)
@@ -280,6 +291,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+        self.room.busy(self._peer, self)
 
     def on_response_complete(self) -> None:
         cycle = self.cycle
@@ -288,6 +300,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             # it buffered (up to one read past 64 KiB) until the next request or the end.
             cycle.body = bytearray()
         super().on_response_complete()
+        # Waiting again, unless a pipelined request is answered now (the newest cycle).
+        if self.cycle.response_complete and not self.transport.is_closing():
+            self.room.wait(self._peer, self)
 
     def on_message_complete(self) -> None:
         self._in_head = True
@@ -310,19 +325,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         limit = self.limits.max_header_bytes
         if self._framing <= limit:
             return False
-        self._refuse(
-            ErrorCode.headers_too_large,
-            "framing_bytes",
-            f"The request's chunk framing or trailer fields exceed {limit} bytes.",
-        )
+        self._refuse(ErrorCode.headers_too_large, "framing_bytes", framing_too_long_message(limit))
         return True
-
-    def _head_size(self) -> int:
-        """The head's size as sent: request line, header lines, the blank line."""
-        size = len(self.parser.get_method()) + len(self.url) + 13  # " ", " HTTP/1.1\r\n", "\r\n"
-        for name, value in self.headers:
-            size += len(name) + len(value) + 4  # ": ", "\r\n"
-        return size
 
     # deadlines
 
@@ -332,11 +336,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self.refusals.note("idle_timeout", self.loop.time())
             self.transport.close()
             return
-        self._refuse(
-            ErrorCode.request_timeout,
-            "header_timeout",
-            f"The request head did not arrive within {self.limits.header_timeout_s:g} s.",
-        )
+        late = late_message("head", self.limits.header_timeout_s)
+        self._refuse(ErrorCode.request_timeout, "header_timeout", late)
 
     def _write_late(self) -> None:
         """The client read nothing for `write_timeout_s`: close() would wait for it to
@@ -351,11 +352,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             # The gateway holds the body back, not the client: start over.
             self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
             return
-        self._refuse(
-            ErrorCode.request_timeout,
-            "body_timeout",
-            f"The request body did not arrive within {self.limits.body_timeout_s:g} s.",
-        )
+        late = late_message("body", self.limits.body_timeout_s)
+        self._refuse(ErrorCode.request_timeout, "body_timeout", late)
 
     # refusing
 
@@ -393,6 +391,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         closing with unread bytes would reset the connection, and a reset can destroy
         the answer before the client reads it."""
         self._linger_left = LINGER_BYTES
+        self.room.wait(self._peer, self, first=True)  # the first of its peer's to drop
         self.flow.resume_reading()
         if self.transport.can_write_eof():
             self.transport.write_eof()

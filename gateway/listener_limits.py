@@ -38,6 +38,9 @@ __all__ = [
     "Refusals",
     "derived_max_connections",
     "framing_message",
+    "framing_too_long_message",
+    "head_size",
+    "late_message",
     "refusal_answer",
     "refuse_transfer_coding",
     "too_long_message",
@@ -54,7 +57,8 @@ _LOG_EVERY_S = 10.0
 # listener's limits, but at most this many connections: with the public cap (derived from
 # the same open-file limit) it held as many again, taking the descriptors left for backend
 # connections. A control plane has a few callers (a console opens some 6 at once). Past
-# the cap, the connection waiting longest for a request makes room (gateway/listener_room.py).
+# the cap, a connection waiting for a request makes room, as on the public listener
+# (gateway/listener_room.py).
 ADMIN_MAX_CONNECTIONS = 32
 
 
@@ -183,6 +187,22 @@ def framing_message(exc: httptools.HttpParserError) -> str:
     if not (reason.isascii() and reason.isprintable() and len(reason) <= 80):
         reason = "malformed"
     return f"Invalid HTTP request received: {reason}."
+
+
+def framing_too_long_message(limit: int) -> str:
+    return f"The request's chunk framing or trailer fields exceed {limit} bytes."
+
+
+def late_message(part: str, timeout_s: float) -> str:
+    return f"The request {part} did not arrive within {timeout_s:g} s."
+
+
+def head_size(method: bytes, url: bytes, headers: list[tuple[bytes, bytes]]) -> int:
+    """A request head's size as sent: request line, header lines, the blank line."""
+    size = len(method) + len(url) + 13  # " ", " HTTP/1.1\r\n", "\r\n"
+    for name, value in headers:
+        size += len(name) + len(value) + 4  # ": ", "\r\n"
+    return size
 
 
 def refusal_answer(

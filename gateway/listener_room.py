@@ -1,96 +1,192 @@
-"""Room at the connection cap, for the admin API's listener (`admin.listen`).
+"""Room at a listener's connection cap: which open connection makes way for a new one.
 
-The public listener closes a connection past its cap at once, unread
-(`gateway/listener.py`). The admin API's listener has the same limits with at most 32
-connections (`ADMIN_MAX_CONNECTIONS`), all taken before any token is checked: a peer
-that could reach it held every one with heads sent slowly, silent sockets, or the
-unread bodies of requests refused with 401, reconnecting at each deadline, and kept
-operators out of reload, drain and key revoke for as long as it did so.
+Every listener of the gateway (the public one and the admin API's, `gateway/listener.py`)
+takes its connections before any key or token is checked. Closing each connection past
+the cap let one client hold them all with heads sent slowly, silent sockets, or the
+unread bodies of requests refused with 401, reconnecting at each deadline: measured, 250
+slow heads from one address against `max_connections: 200` left 0 of 27 requests served.
 
-`EvictingHttpProtocol` makes room instead. A connection past the cap drops the
-connection that has waited longest for a request of its own to be answered (`waiting`:
-idle, its head still arriving, or the rest of an answered request's body coming in) and
-is served. A connection whose request is being answered is never dropped; when every
-connection has one, the new connection is closed as before. An operator's request,
-sent whole at once, gets in: a peer holding the listener must now open 32 connections
-in the moment it takes to read that request, not keep 32 open.
+So a connection past the cap drops one that waits for a request of its own to be
+answered (`Room.wait`: idle, its head still arriving, or the rest of an answered
+request's body coming in; `Room.busy` once a head is complete), and is served. Which one:
 
-A dropped connection is aborted (`close` would wait for a client that reads nothing) and
-leaves the count at once; each is counted as the refusal reason `evicted`.
+- the peer holding the most waiting connections gives one up (its address; an IPv6
+  address by its /64, which one host usually holds whole), so that a client flooding
+  the listener from one address drops its own connections first, never the idle
+  keep-alive or the head in progress of a client holding fewer;
+- of that peer's, the one that has waited longest (a refused connection, only sending
+  its answer and dropping what still comes, goes first).
+
+A connection whose request is being answered is never dropped; when every connection has
+one, the new connection is closed at once, unread.
+
+What that guarantees: a connection is dropped only when no peer holds more waiting
+connections than its own and it is its peer's oldest; once its head is complete it is
+never dropped. Sources that each hold as few connections as an honest client (many
+addresses, or every client behind one proxy or load balancer, which counts as one peer)
+meet an order that is about oldest first: to drop a request whose head arrives at once,
+they must open about as many connections as the cap in the moment it takes to arrive.
+An honest peer holding many idle keep-alives (a pool) gives up its oldest ones first
+when the flood holds fewer per address: its next request there meets a closed connection.
+Not covered: a request being answered is never dropped, so a holder of a valid key can
+still fill the cap with slow bodies (each up to `body_timeout_s`) or long streams; a
+keyless request is answered 401 before its body is read, and then waits like any other.
+
+Cost: the waiting connections of each peer are an `OrderedDict` in the order they began
+waiting, one removal and one insertion per request. The peers by how many connections
+they hold (`_by_size`, to find the fullest at once) are kept only while the listener is
+full: built at the first `take` (O(peers)), updated in O(1) per change from then on, and
+dropped once half the connections it was built with have ended, so a listener below its
+cap pays nothing for it and each build is paid for by as many connections made.
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-from typing import TYPE_CHECKING, Any, ClassVar
+import ipaddress
+from collections import OrderedDict
+from collections.abc import Hashable
+from typing import Any
 
-from gateway.listener import LimitedHttpProtocol
-from gateway.listener_limits import ListenerLimits, Refusals
+__all__ = ["Peer", "Room", "peer_key"]
 
-if TYPE_CHECKING:
-    from gateway.config.schema import ListenSettings
-
-__all__ = ["EvictingHttpProtocol", "evicting_http_protocol"]
+_ABSENT = object()
 
 
-def evicting_http_protocol(listen: ListenSettings) -> type[EvictingHttpProtocol]:
-    """The protocol class for a server whose connections past the cap make room:
-    `EvictingHttpProtocol` bound to the limits of `listen` and its own refusal counts."""
-    namespace: dict[str, Any] = {
-        "limits": ListenerLimits.from_config(listen),
-        "refusals": Refusals(),
-        "turns": itertools.count(),
-    }
-    return type("OwngateEvictingHttpProtocol", (EvictingHttpProtocol,), namespace)
+def peer_key(client: tuple[str, int] | None) -> Hashable:
+    """What groups a connection's peer: its IPv4 address, the /64 of its IPv6 address (an
+    IPv4-mapped one as that IPv4 address), or None (a Unix socket)."""
+    if client is None:
+        return None
+    host = client[0]
+    if ":" not in host:
+        return host
+    try:
+        address = ipaddress.IPv6Address(host)
+    except ValueError:  # not an address we can group (a scope id, say): as it is
+        return host
+    if address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return address.packed[:8]
 
 
-class EvictingHttpProtocol(LimitedHttpProtocol):
-    """The listener's protocol, making room at the cap (see the module docstring)."""
+class Peer:
+    """One peer's connections on one listener: how many are open (`members`), and those
+    that wait for a request, oldest first (`waiting`)."""
 
-    turns: ClassVar[itertools.count[int]]  # one server's: the order connections began waiting
+    __slots__ = ("key", "members", "waiting")
 
-    def __init__(
-        self,
-        config: Any,
-        server_state: Any,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        super().__init__(config, server_state, app_state, _loop)
-        self.waited_from = 0  # its turn when it last began waiting for a request
+    def __init__(self, key: Hashable) -> None:
+        self.key = key
+        self.members = 0
+        self.waiting: OrderedDict[Any, None] = OrderedDict()
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self.limits.max_connections:
-            self._make_room()
-        super().connection_made(transport)  # closes this one when no room was made
-        self.waited_from = next(self.turns)
 
-    def on_response_complete(self) -> None:
-        self.waited_from = next(self.turns)
-        super().on_response_complete()
+class Room:
+    """The waiting connections of one listener (see the module docstring). A connection is
+    any hashable object: the listener's protocol instances, in tests plain objects."""
 
-    @property
-    def waiting(self) -> bool:
-        """No request of this connection is being answered, nor waits its turn."""
-        cycle = self.cycle
-        return (
-            not self.transport.is_closing()
-            and (cycle is None or cycle.response_complete)
-            and not self.pipeline
-        )
+    __slots__ = ("_by_size", "_largest", "_low", "_members", "_peers")
 
-    def _make_room(self) -> None:
-        victim: EvictingHttpProtocol | None = None
-        for connection in self.connections:
-            if (
-                isinstance(connection, EvictingHttpProtocol)
-                and connection.waiting
-                and (victim is None or connection.waited_from < victim.waited_from)
-            ):
-                victim = connection
-        if victim is None:
-            return
-        self.refusals.note("evicted", self.loop.time())
-        self.connections.discard(victim)  # its `connection_lost` comes on a later turn
-        victim.transport.abort()
+    def __init__(self) -> None:
+        self._peers: dict[Hashable, Peer] = {}
+        self._members = 0  # connections joined and not yet left
+        # While full: _by_size[n] holds the peers holding n waiting connections, in the
+        # order they got to n; `_largest` is the most one holds. None: not full lately.
+        self._by_size: list[OrderedDict[Peer, None]] | None = None
+        self._largest = 0
+        self._low = 0  # the index is dropped when fewer connections than this are left
+
+    def join(self, key: Hashable, connection: Any) -> Peer:
+        """The peer `key` of `connection`, just made: counted until `leave`, and waiting."""
+        peer = self._peers.get(key)
+        if peer is None:
+            peer = self._peers[key] = Peer(key)
+        peer.members += 1
+        self._members += 1
+        self.wait(peer, connection)
+        return peer
+
+    def leave(self, peer: Peer, connection: Any) -> None:
+        """`connection` of `peer` has ended."""
+        self.busy(peer, connection)
+        peer.members -= 1
+        if not peer.members:
+            del self._peers[peer.key]
+        self._members -= 1
+        if self._members < self._low:
+            self._by_size = None  # half the connections are gone: not full any more
+            self._low = 0
+
+    def wait(self, peer: Peer, connection: Any, *, first: bool = False) -> None:
+        """`connection` waits for a request from now on: the newest of its peer's, or
+        with `first` the oldest (a refused connection, whose end is near anyway)."""
+        waiting = peer.waiting
+        if connection not in waiting:
+            waiting[connection] = None
+            if self._by_size is not None:
+                self._resized(self._by_size, peer, len(waiting) - 1)
+        if first:
+            waiting.move_to_end(connection, last=False)
+
+    def busy(self, peer: Peer, connection: Any) -> None:
+        """A request of `connection` is being answered: it is never dropped."""
+        waiting = peer.waiting
+        if waiting.pop(connection, _ABSENT) is not _ABSENT and self._by_size is not None:
+            self._resized(self._by_size, peer, len(waiting) + 1)
+
+    def take(self) -> Any | None:
+        """The connection to drop to make room, no longer counted as waiting; None when no
+        connection waits."""
+        by_size = self._by_size
+        if by_size is None:
+            by_size = self._index()
+        largest = self._largest
+        if not largest:
+            return None
+        peer = next(iter(by_size[largest]))
+        connection, _ = peer.waiting.popitem(last=False)
+        self._resized(by_size, peer, largest)
+        return connection
+
+    def make_room(self, connections: set[Any]) -> bool:
+        """Drop the connection `take` names from `connections` (the server's: uvicorn's
+        protocol instances) and abort it; False when none waits. One already closing is
+        passed over (it is leaving, its answer may still be unsent)."""
+        while (connection := self.take()) is not None:
+            if not connection.transport.is_closing():
+                connections.discard(connection)  # its `connection_lost` comes on a later turn
+                connection.transport.abort()  # `close` would wait for a client that reads nothing
+                return True
+        return False
+
+    def waiting_counts(self) -> dict[Hashable, int]:
+        """How many connections wait, by peer (for tests and diagnostics: O(peers))."""
+        return {key: len(peer.waiting) for key, peer in self._peers.items() if peer.waiting}
+
+    def _index(self) -> list[OrderedDict[Peer, None]]:
+        """Index the peers by how many connections they hold (see the module docstring)."""
+        by_size: list[OrderedDict[Peer, None]] = [OrderedDict()]
+        for peer in self._peers.values():
+            held = len(peer.waiting)
+            while len(by_size) <= held:
+                by_size.append(OrderedDict())
+            if held:
+                by_size[held][peer] = None
+        self._by_size = by_size
+        self._largest = len(by_size) - 1
+        self._low = self._members // 2
+        return by_size
+
+    def _resized(self, by_size: list[OrderedDict[Peer, None]], peer: Peer, before: int) -> None:
+        """`peer` held `before` waiting connections and now holds one more or one less."""
+        after = len(peer.waiting)
+        if before:
+            del by_size[before][peer]
+        if after:
+            if after == len(by_size):
+                by_size.append(OrderedDict())
+            by_size[after][peer] = None
+            if after > self._largest:
+                self._largest = after
+        if before == self._largest and not by_size[before]:
+            self._largest = after  # counts move by one: `after` holds this peer, or is 0

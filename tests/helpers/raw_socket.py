@@ -7,7 +7,16 @@ import json
 import socket
 from typing import Any, Protocol
 
-__all__ = ["WAIT_S", "Server", "assert_refused", "connect", "exchange", "parse", "read_to_end"]
+__all__ = [
+    "WAIT_S",
+    "Server",
+    "assert_refused",
+    "connect",
+    "exchange",
+    "parse",
+    "read_answer",
+    "read_to_end",
+]
 
 WAIT_S = 10.0  # the most any test waits for the server's answer or close
 
@@ -33,6 +42,23 @@ def read_to_end(sock: socket.socket) -> bytes:
         if not chunk:
             return bytes(data)
         data += chunk
+
+
+def read_answer(sock: socket.socket) -> bytes:
+    """One whole answer with a `content-length` (head and body), on a connection that stays
+    open; the server closing first fails the test."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(parse(head + b"\r\n\r\n")[1]["content-length"])
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        body += chunk
+    return head + b"\r\n\r\n" + body
 
 
 def parse(raw: bytes) -> tuple[int, dict[str, str], bytes]:

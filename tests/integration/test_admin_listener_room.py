@@ -3,8 +3,10 @@
 Its 32 connections are taken before any token is checked. Closing each connection past
 the cap let a peer with no token hold them all (heads sent slowly, sockets left silent,
 bodies of refused requests trickled in, reconnecting at each deadline) and keep
-operators out. Now a connection past the cap drops the one that has waited longest for
-a request of its own, and one whose request is being answered is never dropped.
+operators out. Now a connection past the cap drops one waiting for a request of its own
+(of one peer, as here: the one that has waited longest), and one whose request is being
+answered is never dropped. The public listener has the same protocol class
+(tests/integration/test_listener_room.py).
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ from urllib.parse import urlsplit
 from uvicorn.server import ServerState
 
 from gateway.config.schema import ListenSettings
+from gateway.listener import http_protocol
 from gateway.listener_limits import ADMIN_MAX_CONNECTIONS
-from gateway.listener_room import evicting_http_protocol
 from tests.helpers.admin import serve_admin
 from tests.helpers.protocol_wire import Wire, connect_protocol, finish
-from tests.helpers.raw_socket import WAIT_S, read_to_end
+from tests.helpers.raw_socket import WAIT_S, read_answer, read_to_end
 
 _GET = b"GET /x HTTP/1.1\r\nhost: g\r\n\r\n"
 _SLOW_HEAD = b"GET /x HTTP/1.1\r\nhost: g\r\nx-slow: a"  # never ended
@@ -51,7 +53,7 @@ def test_a_connection_past_the_cap_drops_the_one_waiting_longest() -> None:
     async def run() -> tuple[list[list[bool]], list[bytes]]:
         app = _app(asyncio.Event())
         state = ServerState()
-        http = evicting_http_protocol(ListenSettings(max_connections=3))
+        http = http_protocol(ListenSettings(max_connections=3))
         held: list[Wire] = []
         for first in (
             b"POST /x HTTP/1.1\r\nhost: g\r\ncontent-length: 100000\r\n\r\n{",
@@ -84,7 +86,7 @@ def test_a_connection_being_answered_is_never_dropped() -> None:
         release = asyncio.Event()
         app = _app(release)
         state = ServerState()
-        http = evicting_http_protocol(ListenSettings(max_connections=2))
+        http = http_protocol(ListenSettings(max_connections=2))
         busy: list[Wire] = []
         tasks: set[Any] = set()
         for _ in range(2):
@@ -103,26 +105,6 @@ def test_a_connection_being_answered_is_never_dropped() -> None:
     assert all(answer.startswith(b"HTTP/1.1 200") for answer in answers)
 
 
-def _answer(sock: socket.socket) -> bytes:
-    """One whole answer with a `content-length`, on a connection that stays open."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, data
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":", 1)[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
-    )
-    while len(body) < length:
-        chunk = sock.recv(65536)
-        assert chunk, data
-        body += chunk
-    return head
-
-
 def test_operators_get_in_while_keyless_slow_heads_hold_every_admin_connection(
     tmp_path: Path,
 ) -> None:
@@ -139,7 +121,7 @@ def test_operators_get_in_while_keyless_slow_heads_hold_every_admin_connection(
                 sock = socket.create_connection((address.hostname, address.port), WAIT_S)
                 held.append(sock)
                 sock.sendall(b"GET /admin/v1/status HTTP/1.1\r\nhost: admin\r\n\r\n")
-                assert _answer(sock).startswith(b"HTTP/1.1 401 ")  # accepted, kept alive
+                assert read_answer(sock).startswith(b"HTTP/1.1 401 ")  # accepted, kept alive
                 sock.sendall(b"GET /admin/v1/status HTTP/1.1\r\nhost: admin\r\nx-slow: a")
             assert served.get("/admin/v1/status", "operator").status_code == 200
             assert read_to_end(held[0]) == b""  # dropped for it, unanswered

@@ -2,12 +2,12 @@
 
 A real gateway (`ServerThread`, and `owngate serve` in a subprocess where its memory is
 measured) meets what a hostile client sends: endless or too many headers (431), silent
-sockets and slowloris heads (closed, 408), stalled bodies (408), more connections than
-the cap (closed at once) and malformed HTTP (400). Every answer is an OpenAI error
-object and the connection is closed. Timeouts are short here (0.5 s); each test waits
-on the socket's end with a generous bound, never on a sleep being long enough. The
-cases that need reads split at a chosen byte run the protocol against a recording
-transport instead of a socket.
+sockets and slowloris heads (closed, 408), stalled bodies (408) and malformed HTTP
+(400). Every answer is an OpenAI error object and the connection is closed. Timeouts are
+short here (0.5 s); each test waits on the socket's end with a generous bound, never on
+a sleep being long enough. The cases that need reads split at a chosen byte run the
+protocol against a recording transport instead of a socket. More connections than the
+cap: tests/integration/test_listener_room.py.
 """
 
 from __future__ import annotations
@@ -248,36 +248,6 @@ def test_idle_keepalive_outlives_the_header_timeout(
         assert not select.select([sock], [], [], 1.0)[0]
         sock.sendall(request)
         assert sock.recv(65536).startswith(b"HTTP/1.1 200")
-
-
-def test_connection_cap_closes_the_extra_connections(
-    start_listener: Callable[..., ServerThread],
-) -> None:
-    server = start_listener(max_connections=8, header_timeout_s=30)
-    healthz = b"GET /healthz HTTP/1.1\r\nconnection: close\r\n\r\n"
-    held = [connect(server) for _ in range(8)]  # silent, and accepted in this order
-    try:
-        for _ in range(3):
-            with connect(server) as extra:
-                assert read_to_end(extra) == b""  # closed at once, nothing read
-        # below the cap again, a fresh connection is served while the others are held
-        held.pop().close()
-        assert parse(_first_answer(server, healthz))[0] == 200
-    finally:
-        for sock in held:
-            sock.close()
-
-
-def _first_answer(server: ServerThread, request: bytes) -> bytes:
-    """The answer to `request` once the listener takes a connection again: it notices
-    a client's close asynchronously, so a retry may still find it at the cap."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        raw = exchange(server, request)
-        if raw:
-            return raw
-        select.select([], [], [], 0.01)
-    raise AssertionError("the listener did not take connections again")
 
 
 # framing errors
