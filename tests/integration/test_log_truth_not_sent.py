@@ -1,11 +1,13 @@
 """An attempt that sends nothing has no dispatch record, and the last record of the
 request still holds what its client got (docs/provenance.md, "What the client saw").
 
-Two such attempts: a hosted one whose request the provider's checks refuse before
-anything is sent (its shape, fields, media URLs: gateway/upstream/hosted.py
-`HostedClient.prepare`, run before the dispatch record), and a private one that a policy
-reload withdrew while the request was failing over (its fallback's `fallback_basis`
-says "down", not "failed": no dispatch or completion record of it precedes).
+Such attempts: a hosted one whose request the provider's checks refuse before anything
+is sent (its shape, fields, media URLs: gateway/upstream/hosted.py
+`HostedClient.prepare`, run before the dispatch record); a private one that a policy
+reload withdrew while the request was failing over (its fallback's `fallback_basis` says
+"down", not "failed": no dispatch or completion record of it precedes); and one a reload
+withdrew while it connected or was checked, after its turn came but before its dispatch
+record.
 
 Private backends are scripted raw backends (their `/health` answers 200); the hosted one
 is a simulator reached through LiteLLM's OpenAI adapter, so nothing leaves loopback.
@@ -23,6 +25,8 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.api.passthrough import PrivateRelay
+from gateway.upstream.hosted import HostedClient
 from tests.helpers.gateways import (
     EU_ZERO,
     LITELLM_WARNINGS,
@@ -99,6 +103,13 @@ def start(
 def post(gateway: Gateway, doc: dict[str, Any]) -> httpx.Response:
     url = f"{gateway.url}/v1/chat/completions"
     return httpx.post(url, json=doc, headers=gateway.headers, timeout=120)  # imports LiteLLM
+
+
+def reload_policy(gateway: Gateway, tmp_path: Path, version: str, regions: str) -> None:
+    (tmp_path / "policies" / "policy.yaml").write_text(
+        POLICY.format(version=version, regions=regions)
+    )
+    assert gateway.app.policies.reload()
 
 
 def request_log(tmp_path: Path, gateway: Gateway, response: httpx.Response) -> list[dict[str, Any]]:
@@ -210,3 +221,79 @@ def test_a_private_backend_withdrawn_by_a_reload_is_down_in_the_fallback_basis(
         {"backend": "a", "state": "failed"},
         {"backend": "b", "state": "down"},
     ]
+
+
+def test_a_hosted_attempt_withdrawn_while_it_was_checked_has_no_dispatch_record(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The provider's checks (DNS lookups of content-part hosts: up to seconds) are held
+    # while a reload takes the hosted backend out of the policy: it is not dispatched to.
+    entered, released = threading.Event(), threading.Event()
+    prepare = HostedClient.prepare
+
+    async def held(client: HostedClient, *args: Any) -> Any:
+        entered.set()
+        await until_async(released.is_set, "the test to reload the policy", timeout=60)
+        return await prepare(client, *args)
+
+    monkeypatch.setattr(HostedClient, "prepare", held)
+    hosted = start_sim("vllm", models=("m",), zero_latency=True)
+    gateway = start(start_gateway, tmp_path, [], hosted)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(post, gateway, GOOD)
+            until(entered.is_set, "the hosted attempt's checks", timeout=30)
+            reload_policy(gateway, tmp_path, "2", "us")  # the hosted backend is in the EU
+            released.set()
+            response = pending.result(timeout=120)
+    finally:
+        released.set()
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "no_compliant_backend"
+    assert served(hosted) == 0
+    reload_policy(gateway, tmp_path, "3", "eu")  # for the request that reads the log
+    found = request_log(tmp_path, gateway, response)
+    assert [r["type"] for r in found] == ["refusal"], found
+
+
+def test_a_private_attempt_withdrawn_while_it_connected_has_no_dispatch_record(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `a`'s connect is held while a reload takes `a` out of the policy: it is not
+    # dispatched to (its connection goes back to the pool), and the fallback serves.
+    entered, released = threading.Event(), threading.Event()
+    connect = PrivateRelay.connect
+
+    async def held(relay: PrivateRelay, *args: Any) -> Any:
+        entered.set()
+        await until_async(released.is_set, "the test to reload the policy", timeout=60)
+        return await connect(relay, *args)
+
+    monkeypatch.setattr(PrivateRelay, "connect", held)
+    a = start_sim("vllm", models=("m",), zero_latency=True)
+    hosted = start_sim("vllm", models=("m",), zero_latency=True)
+    us = {**EU_ZERO, "region": "us-east-1"}
+    gateway = start(
+        start_gateway, tmp_path, [backend("a", a.url, "m", **us)], hosted, regions="eu, us"
+    )
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(post, gateway, GOOD)
+            until(entered.is_set, "a's connect", timeout=30)
+            reload_policy(gateway, tmp_path, "2", "eu")
+            released.set()
+            response = pending.result(timeout=120)
+    finally:
+        released.set()
+    assert response.status_code == 200, response.text
+    assert served(a) == 0 and served(hosted) == 1
+    found = request_log(tmp_path, gateway, response)
+    assert [r["type"] for r in found] == ["dispatch", "completion"], found
+    assert found[0]["backend"]["id"] == "hosted"
+    assert found[0]["fallback_basis"] == [{"backend": "a", "state": "down"}]
