@@ -13,11 +13,12 @@ client gets), relayed to a private backend (gateway/api/passthrough.py) or a hos
 (gateway/api/hosted_relay.py), and reported back to the plan. An attempt that sends
 nothing has no records: one a reload withdrew (gateway/api/decided.py, asked as its turn
 comes and again right before its dispatch record), and a hosted one whose request its
-provider's checks refuse (`HostedRelay.prepare`, before the dispatch record; the next
-backend may serve). When no attempt served, the client gets the last dispatched
-attempt's error; with nothing dispatched, the first hosted refusal's 400 (`not_sent`) or
-a refusal naming the policy rule and why each backend was skipped, each with its refusal
-record.
+provider's checks refuse or for which LiteLLM does not load (`HostedRelay.prepare`,
+before the dispatch record; the next backend may serve). When no attempt served, the
+client gets the last dispatched attempt's error; with nothing dispatched, 503 when
+LiteLLM did not load (`hosted_unavailable`), the first hosted refusal's 400
+(`not_sent`), or a refusal naming the policy rule and why each backend was skipped, each
+with its refusal record.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from gateway.api.labels import UNKNOWN, InvalidLabel, excerpt, label_refused, re
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.passthrough import PrivateRelay
 from gateway.api.recorder import Recorder
-from gateway.api.refusal import Refused, not_sent, nothing_served
+from gateway.api.refusal import Refused, hosted_unavailable, not_sent, nothing_served
 from gateway.api.trail import Trail
 from gateway.asgi import Receive, Scope, Send
 from gateway.config.schema import RoutingSettings
@@ -200,7 +201,7 @@ class Proxy:
         traced = exchange.span
         if traced is not None:
             traced.requested(doc)
-        unsent: NotSent | None = None  # the first hosted attempt refused before sending
+        unsent: GatewayError | None = None  # the first hosted refusal before sending
         for attempt in plan:  # in flight from here: reported however it ends
             withdrawn = withdrawn_by_reload(self._trust, decided, attempt)
             if withdrawn is not None:  # not dispatched: no record, the next one may serve
@@ -213,7 +214,8 @@ class Proxy:
                     try:
                         prepared = await hosted.prepare(exchange, attempt, doc)
                     except NotSent as exc:
-                        outcome, reason, unsent = Outcome.skipped, exc.reason, unsent or exc
+                        outcome, reason, unsent = Outcome.skipped, exc.reason, unsent or exc.error
+                        plan.hosted_down |= exc.hosted_down  # LiteLLM did not load: no hosted
                         continue
                 if traced is not None:  # tracing on: the attempt's span (gateway/tracing)
                     span = traced.attempt(attempt, exchange, plan.fallback)
@@ -244,7 +246,6 @@ class Proxy:
                 return
             except TryNext as exc:
                 last, outcome, reason, busy = exc, Outcome.failed, exc.reason, exc.busy
-                plan.hosted_down |= exc.hosted_down  # LiteLLM did not load: no hosted is tried
             finally:
                 plan.report(attempt, outcome, reason, busy=busy)
                 if span is not None:
@@ -254,8 +255,10 @@ class Proxy:
             # Dispatched and failed: what the last attempt came to (its completion record
             # says the same), never a refusal.
             raise _attempt_error(last, model, plan.reasons)
+        if plan.hosted_down:  # nothing dispatched, LiteLLM did not load: 503, a refusal record
+            raise hosted_unavailable(decision, model, plan.reasons)
         if unsent is not None:  # nothing dispatched: the client's 400, a refusal record
-            raise not_sent(unsent.error, decision)
+            raise not_sent(unsent, decision)
         raise nothing_served(decision, model, plan)
 
     async def _recorded(

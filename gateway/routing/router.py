@@ -342,8 +342,7 @@ class Plan:
                 yield attempt
 
     def _hosted(self) -> Iterator[Attempt]:
-        # A provider whose breakers admit no request when the hosted pass comes (not at
-        # planning) is skipped, its reason noted, and not counted among the attempts.
+        # Admitted when the hosted pass comes (not at planning); a skipped one not counted.
         self._made = 0
         for route in self.hosted:
             if self._made >= HOSTED_MAX_ATTEMPTS:
