@@ -89,23 +89,15 @@ class TryNext(Exception):
 
     `error` is what the client should see if no other candidate serves either; `busy`:
     the backend was up but had no room (a 429, the gateway's own connection limit), which
-    does not make a private backend unavailable for the fallback (gateway/routing/router.py);
-    `hosted_down`: the failure is every hosted backend's (LiteLLM failed to load), so the
-    plan tries no other hosted backend for this request."""
+    does not make a private backend unavailable for the fallback (gateway/routing/router.py)."""
 
     def __init__(
-        self,
-        reason: str,
-        error: GatewayError | None = None,
-        *,
-        busy: bool = False,
-        hosted_down: bool = False,
+        self, reason: str, error: GatewayError | None = None, *, busy: bool = False
     ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.error = error
         self.busy = busy
-        self.hosted_down = hosted_down
 
 
 async def settle(exchange: Exchange) -> None:

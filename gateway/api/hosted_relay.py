@@ -28,12 +28,14 @@ anything was sent (`untranslated`: the next backend is tried, and the client get
 400 only if none serves), and the gateway's own limits (answer budget, size,
 `limits.stream_timeout_s`). A real answer closes the breakers.
 
-LiteLLM failing to load (`HostedUnavailable`) is the gateway's own failure and no
-provider's: no verdict, counted as `kind="litellm_load"` and logged
-(gateway/api/hosted_signals.py), and `TryNext` marked `hosted_down`, so that the plan
-tries no other hosted backend for the request (each would fail the same way); a private
-one may still serve. If none does, the client gets 503 `backend_unavailable` naming
-the backends "hosted provider unavailable", as for providers that cannot be reached.
+LiteLLM failing to load (`HostedUnavailable`, in `prepare`: before the dispatch record)
+is the gateway's own failure and no provider's: no verdict, counted as
+`kind="litellm_load"` and logged (gateway/api/hosted_signals.py), and `NotSent` marked
+`hosted_down`, so that the plan tries no other hosted backend for the request (each
+would fail the same way); a private one may still serve. The attempt has no record; if
+nothing was dispatched, the client gets 503 `backend_unavailable` naming the backends
+"hosted provider unavailable", with a refusal record (`owngate/hosted_unavailable`).
+`owngate_hosted_attempts_total` counts only the calls made (`attempt`).
 """
 
 from __future__ import annotations
@@ -81,12 +83,16 @@ _CLIENT_ERRORS = frozenset({400, 413, 422})
 class NotSent(Exception):
     """A hosted attempt refused before anything was sent, or its dispatch record written
     (`HostedRelay.prepare`): `reason` says why (`<backend>: ...`), `error` is the 400
-    `upstream_bad_request` the client gets if no other backend serves."""
+    `upstream_bad_request` the client gets if no other backend serves; or, `hosted_down`,
+    LiteLLM did not load (no hosted backend can be called: `error` is None)."""
 
-    def __init__(self, reason: str, error: GatewayError) -> None:
+    def __init__(
+        self, reason: str, error: GatewayError | None, *, hosted_down: bool = False
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.error = error
+        self.hosted_down = hosted_down
 
 
 class HostedRelay:
@@ -136,21 +142,28 @@ class HostedRelay:
         """The request checked for `attempt`'s provider without sending anything
         (`HostedClient.prepare`), before the attempt's dispatch record: one it refuses
         raises `NotSent` (the 400 the client gets if no other backend serves), and the
-        attempt is not made. No verdict on the provider: its breakers are not told."""
-        client = self._client(attempt.backend)
+        attempt is not made; so is one for which LiteLLM cannot be loaded (`NotSent`
+        marked `hosted_down`, counted and logged). No verdict on the provider: its
+        breakers are not told."""
+        backend = attempt.backend
         try:
-            return await client.prepare(
+            return await self._client(backend).prepare(
                 exchange.endpoint,  # type: ignore[arg-type]
                 doc,
                 attempt.route.upstream_model,
             )
+        except HostedUnavailable as exc:  # no verdict: no provider was called
+            exchange.upstream_error = "litellm_load"
+            self._signals.load_failed(backend.id, exc.error_class, _now())
+            reason = f"{backend.id}: hosted provider unavailable"
+            raise NotSent(reason, None, hosted_down=True) from exc
         except HostedError as exc:
             error = GatewayError(
                 ErrorCode.upstream_bad_request,
                 sanitize_upstream_message(exc.message),
                 param=exc.param,
             )
-            raise NotSent(f"{attempt.backend.id}: {error.message}", error) from None
+            raise NotSent(f"{backend.id}: {error.message}", error) from None
 
     async def attempt(
         self, exchange: Exchange, attempt: Attempt, prepared: Prepared, send: Send
@@ -163,20 +176,13 @@ class HostedRelay:
         exchange.backend = backend.id
         timeout = self._stream_timeout_s
         ends_by = None if timeout is None else asyncio.get_running_loop().time() + timeout
-        self._metrics.hosted_attempt(backend.id)
+        self._metrics.hosted_attempt(backend.id)  # a call made (LiteLLM loaded in `prepare`)
         trail = exchange.trail
         offered = trail is not None and trail.offered
         if trail is not None:
             trail.offered = True  # charged, even if no byte comes back (`Trail.offered`)
         try:
             response = await self._client(backend).send_prepared(prepared)
-        except HostedUnavailable as exc:  # no verdict: no provider was called
-            if trail is not None:
-                trail.offered = offered
-            exchange.upstream_error = "litellm_load"
-            self._signals.load_failed(backend.id, exc.error_class, _now())
-            reason = f"{backend.id}: hosted provider unavailable"
-            raise TryNext(reason, hosted_down=True) from exc
         except HostedError as exc:
             exchange.upstream_error = exc.kind
             client_error = exc.kind == "status" and exc.status in _CLIENT_ERRORS

@@ -110,8 +110,9 @@ class GatewayMetrics:
         )
         self.hosted_attempts = Counter(
             "owngate_hosted_attempts",
-            "Calls the gateway made to hosted providers (one per attempt, however it "
-            "ended), by backend: the base for a hosted backend's share of failures.",
+            "Calls the gateway made to hosted providers (one per dispatched attempt, however "
+            "it ended; not an attempt refused before sending or for which LiteLLM did not "
+            "load), by backend: the base for a hosted backend's share of failures.",
             ["backend"],
             registry=r,
         )

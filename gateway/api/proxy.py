@@ -11,11 +11,13 @@ each attempt bracketed by its provenance records (`_recorded`: the dispatch reco
 durable before the attempt sends, the completion record follows with the status the
 client gets), relayed to a private backend (gateway/api/passthrough.py) or a hosted one
 (gateway/api/hosted_relay.py), and reported back to the plan. An attempt that sends
-nothing has no records: one a reload withdrew (`_withdrawn`), and a hosted one whose
-request its provider's checks refuse (`HostedRelay.prepare`, before the dispatch
-record; the next backend may serve). When no attempt served, the client gets the last
-dispatched attempt's error; with nothing dispatched, the first hosted refusal's 400
-(`not_sent`) or a refusal naming the policy rule and why each backend was skipped, each
+nothing has no records: one a reload withdrew (gateway/api/decided.py, asked as its turn
+comes and again right before its dispatch record), and a hosted one whose request its
+provider's checks refuse or for which LiteLLM does not load (`HostedRelay.prepare`,
+before the dispatch record; the next backend may serve). When no attempt served, the
+client gets the last dispatched attempt's error; with nothing dispatched, 503 when
+LiteLLM did not load (`hosted_unavailable`), the first hosted refusal's 400
+(`not_sent`), or a refusal naming the policy rule and why each backend was skipped, each
 with its refusal record.
 """
 
@@ -25,22 +27,23 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
 from gateway.api.body import BodyScan, parse_body
 from gateway.api.control_fields import refuse_control_fields
+from gateway.api.decided import Decided, withdrawn_by_reload
 from gateway.api.exchange import Exchange, TryNext, cut_status, watch_disconnect
 from gateway.api.hosted_relay import HostedRelay, NotSent
 from gateway.api.labels import UNKNOWN, InvalidLabel, excerpt, label_refused, read_label
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.passthrough import PrivateRelay
 from gateway.api.recorder import Recorder
-from gateway.api.refusal import Refused, not_sent, nothing_served
+from gateway.api.refusal import Refused, hosted_unavailable, not_sent, nothing_served
 from gateway.api.trail import Trail
 from gateway.asgi import Receive, Scope, Send
 from gateway.config.schema import RoutingSettings
 from gateway.errors import ErrorCode, GatewayError
-from gateway.policy import Decision, PolicySet, UnknownDataClass
+from gateway.policy import UnknownDataClass
 from gateway.policy_set import TrustPolicies
 from gateway.provenance import Salts
 from gateway.routing.registry import BackendState, Registry
@@ -146,9 +149,7 @@ class Proxy:
         finally:
             unwatch()
 
-    def _decide(
-        self, exchange: Exchange, tenant: TenantEntry, model: str, scope: Scope
-    ) -> _Decided:
+    def _decide(self, exchange: Exchange, tenant: TenantEntry, model: str, scope: Scope) -> Decided:
         policy = self._trust.current  # one read: the decision is this set's
         exchange.policy = f"{policy.id}@{policy.version}"
         exchange.policy_digest = policy.digest
@@ -181,30 +182,12 @@ class Proxy:
             raise Refused(
                 ErrorCode.policy_denied, refusal.message, decision, refusal.rule, param="model"
             )
-        return _Decided(decision, policy, label)
-
-    def _withdrawn(self, decided: _Decided, attempt: Attempt) -> str | None:
-        """Why the policy set active now no longer admits `attempt`'s backend, if a reload
-        since the decision (of the policies, or of gateway.yaml: the new config's set)
-        took it away; a request may wait in a queue and fail over for a while. Every
-        attempt is checked against both sets, never only the older."""
-        current = self._trust.latest()
-        if current is decided.policy:
-            return None
-        decision = decided.decision
-        try:
-            now = current.decide(decision.tenant, decision.model, decided.label)
-        except UnknownDataClass:
-            now = None
-        admitted = () if now is None else now.private if attempt.private else now.hosted
-        if attempt.backend.id in admitted:
-            return None
-        return f"{attempt.backend.id}: no longer admitted by policy set {current.version}"
+        return Decided(decision, policy, label)
 
     async def _dispatch(
         self,
         exchange: Exchange,
-        decided: _Decided,
+        decided: Decided,
         model: str,
         doc: dict[str, Any],
         body: bytes,
@@ -218,9 +201,9 @@ class Proxy:
         traced = exchange.span
         if traced is not None:
             traced.requested(doc)
-        unsent: NotSent | None = None  # the first hosted attempt refused before sending
+        unsent: GatewayError | None = None  # the first hosted refusal before sending
         for attempt in plan:  # in flight from here: reported however it ends
-            withdrawn = self._withdrawn(decided, attempt)
+            withdrawn = withdrawn_by_reload(self._trust, decided, attempt)
             if withdrawn is not None:  # not dispatched: no record, the next one may serve
                 plan.report(attempt, Outcome.skipped, withdrawn)
                 continue
@@ -231,7 +214,8 @@ class Proxy:
                     try:
                         prepared = await hosted.prepare(exchange, attempt, doc)
                     except NotSent as exc:
-                        outcome, reason, unsent = Outcome.skipped, exc.reason, unsent or exc
+                        outcome, reason, unsent = Outcome.skipped, exc.reason, unsent or exc.error
+                        plan.hosted_down |= exc.hosted_down  # LiteLLM did not load: no hosted
                         continue
                 if traced is not None:  # tracing on: the attempt's span (gateway/tracing)
                     span = traced.attempt(attempt, exchange, plan.fallback)
@@ -246,14 +230,22 @@ class Proxy:
                 else:
                     assert prepared is not None
                     relay = partial(_hosted, hosted, exchange, attempt, prepared, send)
-                await self._recorded(exchange, attempt.backend, relay, connect)
+                withdrawn = await self._recorded(
+                    exchange,
+                    attempt.backend,
+                    relay,
+                    connect,
+                    partial(withdrawn_by_reload, self._trust, decided, attempt),
+                )
+                if withdrawn is not None:  # by a reload while it connected or was checked
+                    outcome, reason = Outcome.skipped, withdrawn
+                    continue
                 outcome = Outcome.served
                 if exchange.fallback is not None:
                     self._metrics.fallback(attempt.backend.id, exchange.fallback)
                 return
             except TryNext as exc:
                 last, outcome, reason, busy = exc, Outcome.failed, exc.reason, exc.busy
-                plan.hosted_down |= exc.hosted_down  # LiteLLM did not load: no hosted is tried
             finally:
                 plan.report(attempt, outcome, reason, busy=busy)
                 if span is not None:
@@ -263,8 +255,10 @@ class Proxy:
             # Dispatched and failed: what the last attempt came to (its completion record
             # says the same), never a refusal.
             raise _attempt_error(last, model, plan.reasons)
+        if plan.hosted_down:  # nothing dispatched, LiteLLM did not load: 503, a refusal record
+            raise hosted_unavailable(decision, model, plan.reasons)
         if unsent is not None:  # nothing dispatched: the client's 400, a refusal record
-            raise not_sent(unsent.error, decision)
+            raise not_sent(unsent, decision)
         raise nothing_served(decision, model, plan)
 
     async def _recorded(
@@ -273,7 +267,8 @@ class Proxy:
         backend: BackendState,
         attempt: Callable[[Connection | None], Awaitable[None]],
         connect: Callable[[], Awaitable[Connection]] | None = None,
-    ) -> None:
+        withdrawn: Callable[[], str | None] | None = None,
+    ) -> str | None:
         """One attempt, bracketed by its provenance records: the dispatch record is
         durable before the attempt sends anything, the completion record follows it.
         A private attempt connects first (`connect`), so that its dispatch record names
@@ -285,8 +280,14 @@ class Proxy:
 
         A failed attempt's completion says the status its failure answers the client with
         if no other attempt serves (`_attempt_status`); so the last record of a request
-        always has the status the client got."""
+        always has the status the client got.
+
+        A reload may land while the attempt connects (or while `HostedRelay.prepare` looked
+        up hosts): `withdrawn` is asked again right before the dispatch record, and an
+        attempt the policy set active then no longer admits is not made (no record, its
+        connection back to its pool): the reason is returned (None: the attempt was made)."""
         exchange.upstream_error = None  # this attempt's, not an earlier attempt's
+        backend_before = exchange.backend
         connection: Connection | None = None
         failed: TryNext | None = None
         if connect is not None:
@@ -301,8 +302,13 @@ class Proxy:
             await attempt(connection)
 
         try:
+            gone = None if withdrawn is None else withdrawn()
+            if gone is not None:
+                exchange.backend = backend_before  # not this one's: nothing was sent to it
+                return gone
             peer = None if connection is None else connection.peer
             await self._recorded_on(exchange, backend, run, peer)
+            return None
         finally:
             if connection is not None:
                 connection.release()
@@ -366,14 +372,6 @@ async def _hosted(
 ) -> None:
     """A hosted attempt (LiteLLM opens its own connections)."""
     await hosted.attempt(exchange, attempt, prepared, send)
-
-
-class _Decided(NamedTuple):
-    """A request's decision, the policy set that made it and the label it was made for."""
-
-    decision: Decision
-    policy: PolicySet
-    label: str | None
 
 
 def _attempt_status(exc: TryNext) -> int:

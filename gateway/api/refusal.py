@@ -6,8 +6,9 @@ per-backend trace, never a rule read back out of the message. Only the proxy rai
 and only while nothing of the request has been dispatched: once a dispatch record is
 written, a failure is an attempt's outcome (a completion record), never a refusal.
 Besides the policy's own refusals: `nothing_served` (no backend the policy admits was
-available) and `not_sent` (every hosted provider the plan came to refused the request
-before it was sent, and nothing else was dispatched).
+available), `not_sent` (every hosted provider the plan came to refused the request
+before it was sent, and nothing else was dispatched) and `hosted_unavailable` (LiteLLM
+did not load, so no hosted provider could be called, and nothing else was dispatched).
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ from gateway.policy import Decision
 if TYPE_CHECKING:
     from gateway.routing.router import Plan
 
-__all__ = ["HOSTED_CHECKS_RULE", "REFUSAL_CODES", "Refused", "not_sent", "nothing_served"]
+__all__ = [
+    "HOSTED_CHECKS_RULE",
+    "HOSTED_UNAVAILABLE_RULE",
+    "REFUSAL_CODES",
+    "Refused",
+    "hosted_unavailable",
+    "not_sent",
+    "nothing_served",
+]
 
 # The codes a refusal answers with (docs/provenance.md, "refusal").
 REFUSAL_CODES: Final = frozenset(
@@ -29,11 +38,15 @@ REFUSAL_CODES: Final = frozenset(
         ErrorCode.unknown_data_class,
         ErrorCode.no_compliant_backend,
         ErrorCode.upstream_bad_request,  # `not_sent`
+        ErrorCode.backend_unavailable,  # `hosted_unavailable`
     }
 )
 # The `rule` of a `not_sent` refusal: no policy rule refused, the gateway's own checks of
 # what it sends a hosted provider did (gateway/upstream/hosted.py `HostedClient.prepare`).
 HOSTED_CHECKS_RULE: Final = "owngate/hosted_request"
+# The `rule` of a `hosted_unavailable` refusal: no policy rule refused, LiteLLM (which
+# every hosted call goes through) could not be loaded (gateway/upstream/hosted.py).
+HOSTED_UNAVAILABLE_RULE: Final = "owngate/hosted_unavailable"
 
 
 class Refused(GatewayError):
@@ -65,6 +78,19 @@ def not_sent(error: GatewayError, decision: Decision) -> Refused:
     `upstream_bad_request`, as the client gets it, with the decision whose fallback led
     there."""
     return Refused(error.code, error.message, decision, HOSTED_CHECKS_RULE, param=error.param)
+
+
+def hosted_unavailable(decision: Decision, model: str, reasons: list[str]) -> Refused:
+    """The refusal of a request whose hosted attempts LiteLLM's failing to load kept from
+    being made (and that nothing was dispatched for): 503 `backend_unavailable` naming
+    why each backend did not serve (`Plan.reasons`: "hosted provider unavailable", never
+    what the import raised)."""
+    return Refused(
+        ErrorCode.backend_unavailable,
+        f"no compliant backend could take the request for model `{model}` ({'; '.join(reasons)})",
+        decision,
+        HOSTED_UNAVAILABLE_RULE,
+    )
 
 
 def nothing_served(decision: Decision, model: str, plan: Plan) -> Refused:

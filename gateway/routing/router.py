@@ -19,37 +19,32 @@
 
 The `Plan` then yields `Attempt`s in order: hosted first when saturated (at most 3);
 private, at most `routing.failover.max_attempts` and none once
-`routing.failover.deadline_s` from arrival has passed; hosted last when the fallback
-mode allows (at most 3) and every eligible private backend was unavailable for this
-request: down before it was tried (health or breaker at planning, its breaker
-admitting no request when its turn came, or no longer admitted after a reload: not
-tried, `Outcome.skipped`), or tried and failed (refused, broken or timed-out
-connection, a 5xx, a 401, 403 or 404). A
-private backend that was never tried (the attempts or the deadline ran out first) or
-that answered "busy" (a 429, the gateway's own connection limit) was not shown
-unavailable: the request is not sent to a hosted provider then
-(busy counts under `when_private_saturated`, whose policy accepts a saturated private
-tier), and the client gets the last attempt's error. A hosted provider has breakers as a
-private backend has (the backend's and, with several tenants, each tenant's). Every
-attempt, private or hosted, is admitted by its breakers as it is yielded, before its
-dispatch record is written: a backend that admits no request when its turn comes (its
-breaker opened since planning, or is half-open with its probe held by another request)
-is skipped, its reason noted, and the next one tried. A skipped one has no dispatch
-record and does not count among the attempts (`routing.failover.max_attempts`, or the 3
-hosted ones); a skipped private backend is "down" for the fallback. `Plan.basis` says,
-for the dispatch record of a fallback, what state each eligible private backend was in
-(`FallbackBasis`).
+`routing.failover.deadline_s` from arrival has passed; hosted last when the fallback mode
+allows (at most 3) and every eligible private backend was unavailable for this request:
+down before it was tried (health or breaker at planning or when its turn came, or
+withdrawn by a reload), or tried and failed (refused, broken or timed-out connection, a
+5xx, a 401, 403 or 404). One never tried (the attempts or the deadline ran out first) or
+"busy" (a 429, the gateway's own connection limit; accepted by `when_private_saturated`)
+was not shown unavailable: no hosted fallback, the client gets the last attempt's error.
+Hosted providers have breakers too (the backend's and, with several tenants, each
+tenant's). Every attempt is admitted by its breakers as it is yielded, before its
+dispatch record: one that admits no request when its turn comes (opened since planning,
+or half-open with its probe held by another request) is skipped, its reason noted. A
+skipped attempt, and one reported `Outcome.skipped` (withdrawn by a reload, a hosted one
+that sent nothing), has no dispatch record and does not count among the attempts
+(counted in `report`, checked as the next is asked for); a skipped private backend is
+"down" for the fallback. `Plan.basis` says, for a fallback's dispatch record, what state
+each eligible private backend was in (`FallbackBasis`).
 
 Each attempt counts as in flight on its backend from the moment it is yielded, with no
-await since the saturation check (so a burst cannot all see a backend idle while their
+await since the saturation check (a burst cannot all see a backend idle while their
 dispatch records are written), and ends with one `Plan.report(attempt, outcome)`
-(`Attempt`: gateway/routing/attempt.py): it lets the backend's in-flight and prefill counts go,
-tells the breaker of a probe that ended with no verdict, remembers the prefix's backend
-when the attempt served, and lets one waiter of each pool the backend serves go. What
-the relay learns mid-attempt it tells the attempt (`admit`, `first_byte`, `answered`,
-`succeeded`, `failed`, `upstream_failed`): routing, not the relay, keeps the breaker's
-epochs and the counters. `Plan.reasons` says why backends were skipped or failed, for
-the client's error when none served.
+(gateway/routing/attempt.py): the backend's in-flight and prefill counts go, the breaker
+hears of a probe that ended with no verdict, the prefix's backend is remembered when it
+served, one waiter of each pool the backend serves goes. The relay tells the attempt what
+it learns (`admit`, `first_byte`, `answered`, `succeeded`, `failed`, `upstream_failed`):
+routing keeps the breaker's epochs and the counters. `Plan.reasons` says why backends
+were skipped or failed, for the client's error when none served.
 """
 
 from __future__ import annotations
@@ -57,7 +52,6 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Iterator
-from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from gateway.config.schema import RoutingSettings
@@ -85,15 +79,15 @@ class Outcome(enum.Enum):
     served = "served"  # the client got this backend's answer (or its error, relayed)
     failed = "failed"  # failed before the client saw a byte: the next attempt may serve
     ended = "ended"  # ended otherwise (the client left, the gateway shut down, an error)
-    # not made after all, nothing sent and no record written (a reload withdrew the
-    # backend, a hosted provider's checks refused the request): the next one may serve
+    # not made after all: nothing sent, no record, not counted among the attempts (a reload
+    # withdrew the backend, a hosted one refused before sending): the next one may serve
     skipped = "skipped"
 
 
 # What each eligible private backend came to, as a fallback's dispatch record states it:
-# (backend id, state), state one of "down" (not tried: down, its breaker closed to it,
-# or withdrawn by a reload; no record of it), "failed" (tried
-# and failed), "busy" (tried, answered busy), "saturated" (up, over the threshold).
+# (backend id, state), state one of "down" (not tried: down, its breaker closed to it, or
+# withdrawn by a reload; no record of it), "failed" (tried and failed), "busy" (tried,
+# answered busy), "saturated" (up, over the threshold).
 FallbackBasis = tuple[tuple[str, str], ...]
 
 # The states that let `when_private_unavailable` (and `when_private_saturated`) fall back.
@@ -229,15 +223,15 @@ class Router:
 
 class Plan:
     """The attempts of one request, in order (iterate it once), and why backends did not
-    serve it. `private` and `hosted` are the eligible backends (`private` ordered, down
-    ones included); `fallback` says why a hosted backend is tried (`private_saturated`,
+    serve it. `private` (ordered, down ones included) and `hosted` are the eligible
+    backends; `fallback` says why a hosted backend is tried (`private_saturated`,
     `private_unavailable`; None for a private attempt or once the saturated fallback
-    failed) and is current at each attempt and once the plan is spent; `basis` is the
-    state of each eligible private backend that allowed it, and `withheld` why a hosted
-    fallback the policy allows was not used (a private backend was not shown
-    unavailable)."""
+    failed), current at each attempt and once the plan is spent; `basis` is the state of
+    each eligible private backend that allowed it; `withheld` why a hosted fallback the
+    policy allows was not used (a private backend was not shown unavailable)."""
 
     __slots__ = (
+        "_made",
         "_mode",
         "_router",
         "_states",
@@ -274,6 +268,7 @@ class Plan:
         tenant: str | None = None,
     ) -> None:
         self._router = router
+        self._made = 0  # attempts of the current pass reported made (not `skipped`)
         self.tenant = tenant  # whose breakers its attempts answer to, if per tenant
         self._mode = mode
         up_ids = {route.backend.id for route in up}
@@ -283,18 +278,16 @@ class Plan:
         }
         self.basis: FallbackBasis = ()
         self.withheld: str | None = None
-        self.private = private
+        self.private, self.hosted, self.reasons = private, hosted, reasons
         self._up = up  # the private ones up, in the order to try them
-        self.hosted = hosted
-        self.reasons = reasons
         self.deadline = deadline  # `time.perf_counter()` time: first byte by then
         self.fallback: str | None = None
         self.prefix = prefix  # the prompt prefix's key (affinity), if any
         self.prefix_bytes = prefix_bytes  # how much of the request body that key covers
         self.hosted_first = hosted_first  # hosted before private (saturated)
         self.hosted_last = hosted_last  # hosted once private failed or was down
-        # Set by the caller when an attempt showed no hosted backend can be called now
-        # (LiteLLM failed to load): the hosted attempts left are skipped, not dispatched.
+        # Set by the caller when no hosted backend can be called now (LiteLLM failed to
+        # load): the hosted attempts left are skipped, not dispatched.
         self.hosted_down = False
 
     def __iter__(self) -> Iterator[Attempt]:
@@ -303,7 +296,7 @@ class Plan:
             self.basis = self._basis("saturated")
             yield from self._hosted()
             self.fallback, self.basis = None, ()
-        yield from islice(self._private(), self._router._failover.max_attempts)
+        yield from self._private()
         if self.hosted_last:
             withheld = self._not_unavailable()
             if withheld:
@@ -333,12 +326,12 @@ class Plan:
         return tuple((r.backend.id, states.get(r.backend.id, default)) for r in self.private)
 
     def _private(self) -> Iterator[Attempt]:
-        # As `_hosted`: a backend up at planning whose breaker (or the tenant's own on it)
-        # admits no request when its turn comes (another request opened it meanwhile, or
-        # holds its half-open probe) is skipped, its reason noted and its state "down"
-        # (not tried: no dispatch record), and not counted among the attempts.
-        picker = self._router.picker
+        # As `_hosted`: a backend whose breakers admit no request when its turn comes is
+        # skipped, its reason noted and its state "down", and not counted.
+        picker, self._made = self._router.picker, 0
         for route in self._up:
+            if self._made >= self._router._failover.max_attempts:
+                return
             if time.perf_counter() >= self.deadline:
                 self.reasons.append("failover deadline passed")
                 return
@@ -349,11 +342,14 @@ class Plan:
                 yield attempt
 
     def _hosted(self) -> Iterator[Attempt]:
-        # A provider whose breaker (or the tenant's own on it) admits no request now is
-        # skipped, its reason noted, as a private backend is: checked when the hosted
-        # pass comes, not at planning, and not counted among the attempts.
-        admitted = (a for r in self.hosted if (a := self._admitted(r)) is not None)
-        yield from islice(admitted, HOSTED_MAX_ATTEMPTS)
+        # Admitted when the hosted pass comes (not at planning); a skipped one not counted.
+        self._made = 0
+        for route in self.hosted:
+            if self._made >= HOSTED_MAX_ATTEMPTS:
+                return
+            attempt = self._admitted(route)
+            if attempt is not None:
+                yield attempt
 
     def _admitted(
         self, route: Route, cached_bytes: int = 0, *, private: bool = False
@@ -384,7 +380,10 @@ class Plan:
     ) -> None:
         """`attempt` is over (call it once, however it ended; `reason`: why it failed,
         `busy`: the backend was up but had no room, a 429 or the gateway's own
-        connection limit, which does not make a private backend unavailable)."""
+        connection limit, which does not make a private backend unavailable). Any outcome
+        but `skipped` counts among the pass's attempts."""
+        if outcome is not Outcome.skipped:
+            self._made += 1
         if outcome is Outcome.failed:
             self.reasons.append(reason)
             if attempt.private:

@@ -8,9 +8,10 @@ SSE events relayed chunk by chunk as the provider sends them. `prepare` checks t
 request for the provider without sending anything (the caller does it before the
 attempt's dispatch record), `send_prepared` sends it; `send` does both.
 
-LiteLLM is imported on the first call (`gateway.upstream.litellm_runtime`), offline and
-silent; if that import fails, the call raises `HostedUnavailable` (nothing was sent, and
-the next call tries the import again). Every other failure comes out as `HostedError`
+LiteLLM is imported by the first `prepare` (`gateway.upstream.litellm_runtime`), offline
+and silent; if that import fails, `prepare` raises `HostedUnavailable` (nothing is sent,
+and the next request tries the import again), so a request that cannot be sent fails
+before the caller's dispatch record. Every other failure comes out as `HostedError`
 with one of five kinds and a message that carries no URL, key or content
 (gateway/upstream/hosted_errors.py). For streams the first chunk is awaited inside
 `send()`, so a provider that fails (or closes the stream empty) before answering fails
@@ -93,6 +94,7 @@ class Prepared(NamedTuple):
     params: dict[str, Any]
     ignored: tuple[str, ...]
     provider_model: str
+    litellm: ModuleType  # loaded: sending cannot fail to load it
 
 
 class HostedResponse:
@@ -215,7 +217,8 @@ class HostedClient:
         OpenAI shape (gateway/upstream/openai_shapes.py), what the provider would do
         beyond answering (hosted_fields.py), URLs an adapter would fetch from here and
         stored objects it would read (media_urls.py). A refused request raises
-        `HostedError` ("status", 400, "not sent")."""
+        `HostedError` ("status", 400, "not sent"); then LiteLLM is loaded, and
+        `HostedUnavailable` raised if it cannot be."""
         provider_model = self._models.get(upstream_model)
         if provider_model is None:
             raise ValueError(f"backend {self.backend_id!r} does not serve {upstream_model!r}")
@@ -231,15 +234,19 @@ class HostedClient:
         except (InvalidField, RefusedField) as exc:
             message = f"the request is not valid for {self.provider} (not sent): {exc}"
             raise HostedError("status", message, status=400, param=exc.param) from None
-        return Prepared(endpoint, doc, params, ignored, provider_model)
+        try:
+            litellm = await aload_litellm()
+        except Exception as exc:  # whatever the import raised: the gateway's own failure
+            raise HostedUnavailable(type(exc).__name__[:80]) from exc
+        return Prepared(endpoint, doc, params, ignored, provider_model, litellm)
 
     async def send_prepared(self, prepared: Prepared) -> HostedResponse:
         """Call the provider with a request `prepare` checked."""
-        endpoint, doc, params, ignored, provider_model = prepared
+        endpoint, doc, params, ignored, provider_model, litellm = prepared
         # Watched: whether an HTTP request began tells LiteLLM's own failure to translate
         # the request (the client's) from the provider's (gateway/upstream/hosted_transport.py).
         with watching() as outbound:
-            result = await self._call(endpoint, params, provider_model, outbound)
+            result = await self._call(litellm, endpoint, params, provider_model, outbound)
             first = await self._first_chunk(result, outbound) if params.get("stream") else None
         if not params.get("stream"):
             encode = partial(openai_wire.encode_response, endpoint, result)
@@ -267,14 +274,14 @@ class HostedClient:
         )
 
     async def _call(
-        self, endpoint: Endpoint, params: dict[str, Any], provider_model: str, outbound: Outbound
+        self,
+        litellm: ModuleType,
+        endpoint: Endpoint,
+        params: dict[str, Any],
+        provider_model: str,
+        outbound: Outbound,
     ) -> Any:
-        """LiteLLM's call: its result, `HostedError`, or `HostedUnavailable` when LiteLLM
-        could not be loaded."""
-        try:
-            litellm = await aload_litellm()
-        except Exception as exc:  # whatever the import raised: the gateway's own failure
-            raise HostedUnavailable(type(exc).__name__[:80]) from exc
+        """LiteLLM's call: its result, or `HostedError`."""
         call = getattr(litellm, _CALLS[endpoint])
         try:
             options = self._options(provider_model)

@@ -1,11 +1,13 @@
 """An attempt that sends nothing has no dispatch record, and the last record of the
 request still holds what its client got (docs/provenance.md, "What the client saw").
 
-Two such attempts: a hosted one whose request the provider's checks refuse before
-anything is sent (its shape, fields, media URLs: gateway/upstream/hosted.py
-`HostedClient.prepare`, run before the dispatch record), and a private one that a policy
-reload withdrew while the request was failing over (its fallback's `fallback_basis`
-says "down", not "failed": no dispatch or completion record of it precedes).
+Such attempts: a hosted one whose request the provider's checks refuse before anything
+is sent (its shape, fields, media URLs: gateway/upstream/hosted.py
+`HostedClient.prepare`, run before the dispatch record); a hosted one for which LiteLLM
+does not load (also in `prepare`); a private one that a policy reload withdrew while the
+request was failing over (its fallback's `fallback_basis` says "down", not "failed": no
+dispatch or completion record of it precedes); and one a reload withdrew while it
+connected or was checked, after its turn came but before its dispatch record.
 
 Private backends are scripted raw backends (their `/health` answers 200); the hosted one
 is a simulator reached through LiteLLM's OpenAI adapter, so nothing leaves loopback.
@@ -22,7 +24,11 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.api.passthrough import PrivateRelay
+from gateway.upstream import hosted as hosted_client
+from gateway.upstream.hosted import HostedClient
 from tests.helpers.gateways import (
     EU_ZERO,
     LITELLM_WARNINGS,
@@ -99,6 +105,30 @@ def start(
 def post(gateway: Gateway, doc: dict[str, Any]) -> httpx.Response:
     url = f"{gateway.url}/v1/chat/completions"
     return httpx.post(url, json=doc, headers=gateway.headers, timeout=120)  # imports LiteLLM
+
+
+CALLS = "owngate_hosted_attempts_total"
+
+
+def calls_made(gateway: Gateway) -> float:
+    """`owngate_hosted_attempts_total` of the backend `hosted`: the calls made to it."""
+    text = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (sample.name, sample.labels.get("backend")) == (CALLS, "hosted"):
+                return sample.value
+    return 0.0
+
+
+async def broken_load() -> Any:
+    raise ImportError("No module named 'litellm.proxy_internals'")  # a broken install
+
+
+def reload_policy(gateway: Gateway, tmp_path: Path, version: str, regions: str) -> None:
+    (tmp_path / "policies" / "policy.yaml").write_text(
+        POLICY.format(version=version, regions=regions)
+    )
+    assert gateway.app.policies.reload()
 
 
 def request_log(tmp_path: Path, gateway: Gateway, response: httpx.Response) -> list[dict[str, Any]]:
@@ -210,3 +240,133 @@ def test_a_private_backend_withdrawn_by_a_reload_is_down_in_the_fallback_basis(
         {"backend": "a", "state": "failed"},
         {"backend": "b", "state": "down"},
     ]
+
+
+def test_litellm_that_fails_to_load_has_a_refusal_record_not_a_dispatch(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Nothing can be sent (LiteLLM does not load): no dispatch record saying the request
+    # went to the provider, no call counted; the client's 503 has a refusal record.
+    hosted = start_sim("vllm", models=("m",), zero_latency=True)
+    gateway = start(start_gateway, tmp_path, [], hosted)  # the hosted tier only
+    monkeypatch.setattr(hosted_client, "aload_litellm", broken_load)
+    response = post(gateway, GOOD)
+    assert response.status_code == 503, response.text
+    error = response.json()["error"]
+    assert error["code"] == "backend_unavailable", error
+    assert "hosted: hosted provider unavailable" in error["message"], error
+    assert "ImportError" not in error["message"] and "proxy_internals" not in error["message"]
+    assert response.headers.get("x-owngate-receipt")  # the refusal's receipt
+    assert served(hosted) == 0
+    monkeypatch.undo()  # LiteLLM loads again: the request that reads the log is served
+    found = request_log(tmp_path, gateway, response)
+    assert [r["type"] for r in found] == ["refusal"], found
+    assert (found[0]["reason"], found[0]["rule"]) == (
+        "backend_unavailable",
+        "owngate/hosted_unavailable",
+    )
+    assert served(hosted) == 1 and calls_made(gateway) == 1  # only the later one was a call
+
+
+def test_litellm_that_fails_to_load_after_a_failed_attempt_leaves_that_attempt_last(
+    start_raw: Callable[[Answer], RawBackend],
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `a` fails; the hosted fallback cannot be called (LiteLLM does not load): the client
+    # gets a's failure, which a's completion (the last record) holds.
+    raw = start_raw(close_unanswered)
+    hosted = start_sim("vllm", models=("m",), zero_latency=True)
+    gateway = start(start_gateway, tmp_path, [backend("a", raw.url, "m", **EU_ZERO)], hosted)
+    monkeypatch.setattr(hosted_client, "aload_litellm", broken_load)
+    response = post(gateway, GOOD)
+    assert response.status_code == 503, response.text
+    assert "hosted: hosted provider unavailable" in response.json()["error"]["message"]
+    assert len(raw.posts) == 1 and served(hosted) == 0
+    monkeypatch.undo()
+    found = request_log(tmp_path, gateway, response)
+    assert [r["type"] for r in found] == ["dispatch", "completion"], found
+    assert found[0]["backend"]["id"] == "a"
+    assert found[-1]["status"] == response.status_code
+    assert calls_made(gateway) == 1  # only the later one was a call
+
+
+def test_a_hosted_attempt_withdrawn_while_it_was_checked_has_no_dispatch_record(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The provider's checks (DNS lookups of content-part hosts: up to seconds) are held
+    # while a reload takes the hosted backend out of the policy: it is not dispatched to.
+    entered, released = threading.Event(), threading.Event()
+    prepare = HostedClient.prepare
+
+    async def held(client: HostedClient, *args: Any) -> Any:
+        entered.set()
+        await until_async(released.is_set, "the test to reload the policy", timeout=60)
+        return await prepare(client, *args)
+
+    monkeypatch.setattr(HostedClient, "prepare", held)
+    hosted = start_sim("vllm", models=("m",), zero_latency=True)
+    gateway = start(start_gateway, tmp_path, [], hosted)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(post, gateway, GOOD)
+            until(entered.is_set, "the hosted attempt's checks", timeout=30)
+            reload_policy(gateway, tmp_path, "2", "us")  # the hosted backend is in the EU
+            released.set()
+            response = pending.result(timeout=120)
+    finally:
+        released.set()
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "no_compliant_backend"
+    assert served(hosted) == 0
+    reload_policy(gateway, tmp_path, "3", "eu")  # for the request that reads the log
+    found = request_log(tmp_path, gateway, response)
+    assert [r["type"] for r in found] == ["refusal"], found
+
+
+def test_a_private_attempt_withdrawn_while_it_connected_has_no_dispatch_record(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `a`'s connect is held while a reload takes `a` out of the policy: it is not
+    # dispatched to (its connection goes back to the pool), and the fallback serves.
+    entered, released = threading.Event(), threading.Event()
+    connect = PrivateRelay.connect
+
+    async def held(relay: PrivateRelay, *args: Any) -> Any:
+        entered.set()
+        await until_async(released.is_set, "the test to reload the policy", timeout=60)
+        return await connect(relay, *args)
+
+    monkeypatch.setattr(PrivateRelay, "connect", held)
+    a = start_sim("vllm", models=("m",), zero_latency=True)
+    hosted = start_sim("vllm", models=("m",), zero_latency=True)
+    us = {**EU_ZERO, "region": "us-east-1"}
+    gateway = start(
+        start_gateway, tmp_path, [backend("a", a.url, "m", **us)], hosted, regions="eu, us"
+    )
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(post, gateway, GOOD)
+            until(entered.is_set, "a's connect", timeout=30)
+            reload_policy(gateway, tmp_path, "2", "eu")
+            released.set()
+            response = pending.result(timeout=120)
+    finally:
+        released.set()
+    assert response.status_code == 200, response.text
+    assert served(a) == 0 and served(hosted) == 1
+    found = request_log(tmp_path, gateway, response)
+    assert [r["type"] for r in found] == ["dispatch", "completion"], found
+    assert found[0]["backend"]["id"] == "hosted"
+    assert found[0]["fallback_basis"] == [{"backend": "a", "state": "down"}]

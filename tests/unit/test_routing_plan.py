@@ -254,3 +254,35 @@ def test_once_no_hosted_backend_can_be_called_the_rest_are_skipped_and_private_s
         "b1: failed",
     ]
     assert [b.inflight for b in registry.backends.values()] == [0] * 6
+
+
+def test_an_attempt_reported_skipped_does_not_spend_max_attempts() -> None:
+    """b0 is withdrawn by a reload when its turn comes (the proxy reports it `skipped`:
+    no record, nothing sent): the one attempt `max_attempts` allows is still b1's."""
+    r, registry = router(failover={"max_attempts": 1})
+    p = plan(r, "never")
+    tried = []
+    for attempt in p:
+        tried.append(attempt.backend.id)
+        if attempt.backend.id == "b0":
+            p.report(attempt, Outcome.skipped, "b0: no longer admitted by policy set 2")
+        else:
+            p.report(attempt, Outcome.failed, f"{attempt.backend.id}: HTTP 503")
+    assert tried == ["b0", "b1"]
+    assert p.reasons == ["b0: no longer admitted by policy set 2", "b1: HTTP 503"]
+    assert [b.inflight for b in registry.backends.values()] == [0] * 6
+
+
+def test_hosted_attempts_refused_before_sending_do_not_spend_the_three() -> None:
+    """Every hosted provider's checks refuse the request before anything is sent (the
+    proxy reports each `skipped`): all four are checked, not only three."""
+    r, registry = router()
+    for backend_id in PRIVATE:
+        registry.backends[backend_id].unhealthy_until = 1.0
+    p = plan(r, "when_private_unavailable")
+    tried = []
+    for attempt in p:
+        tried.append(attempt.backend.id)
+        p.report(attempt, Outcome.skipped, f"{attempt.backend.id}: not sent")
+    assert tried == list(HOSTED)
+    assert [b.inflight for b in registry.backends.values()] == [0] * 6
