@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from gateway.app import create_app
 from gateway.config.schema import ListenSettings
+from gateway.listener import LimitedHttpProtocol
 from gateway.serving import ServerThread
 from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
 from tests.helpers.net import free_port
@@ -184,7 +185,8 @@ def test_clients_reading_none_of_their_answers_make_way_at_the_cap() -> None:
             sock.sendall(b"GET /big HTTP/1.1\r\nhost: g\r\n\r\n")
 
         def paused() -> bool:
-            return sum(c.flow.write_paused for c in list(state.connections)) == 4
+            protocols = cast("list[LimitedHttpProtocol]", list(state.connections))
+            return sum(protocol.flow.write_paused for protocol in protocols) == 4
 
         until(paused, "the server's writes to all 4 paused", timeout=30)
         raw = exchange(server, b"GET /small HTTP/1.1\r\nhost: g\r\nconnection: close\r\n\r\n")
