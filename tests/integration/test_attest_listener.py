@@ -355,9 +355,11 @@ def test_a_tls_connection_past_the_cap_drops_the_one_waiting_longest(
     was closed at once.)"""
     server, client = _tls(tmp_path)
     sidecar = start_sidecar(tls=server, max_connections=2, header_timeout_s=300)
-    held = [client.wrap_socket(connect(sidecar), server_hostname="sidecar.test") for _ in "ab"]
+    held: list[ssl.SSLSocket] = []
     try:
-        for sock in held:
+        for _ in range(2):  # one after the other: a handshake ends before the next begins
+            sock = client.wrap_socket(connect(sidecar), server_hostname="sidecar.test")
+            held.append(sock)
             sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
             assert read_answer(sock).startswith(b"HTTP/1.1 200 ")  # then idle, waiting
         with (
