@@ -12,7 +12,8 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
 
 - `max_connections` open client connections per process (default: half of the open-file
   limit after a headroom, `derived_max_connections`): a connection past it drops one
-  waiting for a request (`gateway/listener_room.py`), else it is closed unread.
+  waiting for a request, else one whose client reads nothing of its answer
+  (`gateway/listener_room.py`), else it is closed unread.
 - `max_header_bytes` (the request line and header lines) and `max_headers`: past them
   the answer is 431 `headers_too_large`. A head still arriving is counted as its bytes
   come in, so memory stays bounded by the limit plus one read.
@@ -28,9 +29,8 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
   not yet sent) the deadline starts over. Past it: 408 `request_timeout` when no answer
   has started, else the connection is closed.
 - `write_timeout_s`: a client that reads nothing of what it is sent (the transport paused
-  writing: its buffers are full) this long is cut off, and the app sees it gone. uvicorn
-  waits for such a client without limit, and a stream's relay with it, holding its
-  backend connection.
+  writing: its buffers are full) this long is cut off, and the app sees it gone (uvicorn
+  waits for it without limit, and a stream's relay with it, holding its backend).
 - a started stream's body may be written without `send`: each request's scope holds a
   `BodyWriter` (`gateway/body_writer.py`, key `owngate.body_writer`) for the private
   relay's per-chunk writes, framed as `send` frames them.
@@ -49,9 +49,8 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
   answer (`gateway/expect_continue.py`): the client sends no body then, and its next
   request would otherwise be read as that body.
 - pipelining: at most `MAX_PIPELINED` requests queued behind the one being answered; a
-  connection that sends more is closed (an answer cannot overtake those queued). uvicorn
-  parses every request of a read and reads again after each answer, so one connection
-  could queue requests without end.
+  connection that sends more is closed (an answer cannot overtake those queued): uvicorn
+  parses every request of a read, so one connection could queue requests without end.
 - a body answered before it was read (an early 401, 413, 429) is dropped with the answer,
   not held by uvicorn until the connection's next request or end.
 - protocol upgrades (`Upgrade` with `Connection: upgrade`, `CONNECT`) are 400
@@ -180,10 +179,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().pause_writing()
         if self._write_timer is None:
             self._write_timer = self.loop.call_later(self.limits.write_timeout_s, self._write_late)
+            self.room.stall(self)  # droppable at the cap when none waits (listener_room.py)
 
     def resume_writing(self) -> None:
         super().resume_writing()
         if self._write_timer is not None:
+            self.room.unstall(self)
             self._write_timer.cancel()
             self._write_timer = None
 

@@ -17,27 +17,39 @@ request's body coming in; `Room.busy` once a head is complete), and is served. W
 - of that peer's, the one that has waited longest (a refused connection, only sending
   its answer and dropping what still comes, goes first).
 
-A connection whose request is being answered is never dropped; when every connection has
-one, the new connection is closed at once, unread.
+A connection whose request is being answered is not dropped while its client reads
+what it is sent. When no connection waits, one whose client has stopped reading its
+answer (`Room.stall`: the transport paused writing, its buffers full; `Room.unstall` once
+it resumes) is dropped instead, the one stalled longest first: else a client with no key
+could hold every connection "being answered" by pipelining requests with large keyless
+answers (the admin API's `/openapi.json`) and reading none, each until `write_timeout_s`.
+The price: an honest client reading a large answer or a stream slower than it is sent
+(its writes paused at that moment) can lose it to a newcomer at the cap. When no
+connection waits or stalls, the new connection is closed at once, unread.
 
 What that guarantees: a connection is dropped only when no peer holds more waiting
 connections than its own and it is its peer's oldest; once its head is complete it is
-never dropped. Sources that each hold as few connections as an honest client (many
-addresses, or every client behind one proxy or load balancer, which counts as one peer)
+dropped only while its client reads nothing of its answer and no connection waits.
+Sources that each hold as few connections as an honest client (many addresses, or every
+client behind one proxy or load balancer, which counts as one peer)
 meet an order that is about oldest first: to drop a request whose head arrives at once,
 they must open about as many connections as the cap in the moment it takes to arrive.
 An honest peer holding many idle keep-alives (a pool) gives up its oldest ones first
 when the flood holds fewer per address: its next request there meets a closed connection.
-Not covered: a request being answered is never dropped, so a holder of a valid key can
-still fill the cap with slow bodies (each up to `body_timeout_s`) or long streams; a
-keyless request is answered 401 before its body is read, and then waits like any other.
+Not covered: a request being answered to a client that reads is never dropped, so a
+holder of a valid key can still fill the cap with slow bodies (each up to
+`body_timeout_s`) or long streams read as they come; a keyless request is answered 401
+before its body is read, and then waits like any other.
 
 Cost: the waiting connections of each peer are an `OrderedDict` in the order they began
 waiting, one removal and one insertion per request. The peers by how many connections
 they hold (`_by_size`, to find the fullest at once) are kept only while the listener is
 full: built at the first `take` (O(peers)), updated in O(1) per change from then on, and
 dropped once half the connections it was built with have ended, so a listener below its
-cap pays nothing for it and each build is paid for by as many connections made.
+cap pays nothing for it and each build is paid for by as many connections made. The
+stalled connections are one `OrderedDict` in the order they stalled: one insertion when
+a transport pauses writing and one removal when it resumes or the connection ends, none
+for a client that reads its answers as they come.
 """
 
 from __future__ import annotations
@@ -85,7 +97,7 @@ class Room:
     """The waiting connections of one listener (see the module docstring). A connection is
     any hashable object: the listener's protocol instances, in tests plain objects."""
 
-    __slots__ = ("_by_size", "_largest", "_low", "_members", "_peers")
+    __slots__ = ("_by_size", "_largest", "_low", "_members", "_peers", "_stalled")
 
     def __init__(self) -> None:
         self._peers: dict[Hashable, Peer] = {}
@@ -95,6 +107,8 @@ class Room:
         self._by_size: list[OrderedDict[Peer, None]] | None = None
         self._largest = 0
         self._low = 0  # the index is dropped when fewer connections than this are left
+        # Connections whose client reads nothing of what it is sent, longest first.
+        self._stalled: OrderedDict[Any, None] = OrderedDict()
 
     def join(self, key: Hashable, connection: Any) -> Peer:
         """The peer `key` of `connection`, just made: counted until `leave`, and waiting."""
@@ -109,6 +123,7 @@ class Room:
     def leave(self, peer: Peer, connection: Any) -> None:
         """`connection` of `peer` has ended."""
         self.busy(peer, connection)
+        self._stalled.pop(connection, None)
         peer.members -= 1
         if not peer.members:
             del self._peers[peer.key]
@@ -134,14 +149,26 @@ class Room:
         if waiting.pop(connection, _ABSENT) is not _ABSENT and self._by_size is not None:
             self._resized(self._by_size, peer, len(waiting) + 1)
 
+    def stall(self, connection: Any) -> None:
+        """`connection`'s client reads nothing of what it is sent (its writes are paused):
+        it may be dropped when no connection waits, the one stalled longest first."""
+        self._stalled[connection] = None
+
+    def unstall(self, connection: Any) -> None:
+        """`connection`'s client reads again (its writes resumed)."""
+        self._stalled.pop(connection, None)
+
     def take(self) -> Any | None:
-        """The connection to drop to make room, no longer counted as waiting; None when no
-        connection waits."""
+        """The connection to drop to make room, no longer counted as waiting (or stalled);
+        None when no connection waits or stalls."""
         by_size = self._by_size
         if by_size is None:
             by_size = self._index()
         largest = self._largest
         if not largest:
+            if self._stalled:
+                connection, _ = self._stalled.popitem(last=False)
+                return connection
             return None
         peer = next(iter(by_size[largest]))
         connection, _ = peer.waiting.popitem(last=False)

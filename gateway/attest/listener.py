@@ -8,7 +8,10 @@ renegotiation is refused, as on the gateway's side (`gateway/tls_options.py`); H
 is offered by ALPN.
 
 `TlsAcceptor` accepts its connections: one counts against the connection cap from the
-moment it is accepted, its handshake included, and past the cap it is closed at once.
+moment it is accepted, its handshake included. Past the cap it drops a connection that
+waits for a request, else one whose client reads nothing of its answer (`Room`,
+gateway/listener_room.py, as the plain listener does); when none does (every place held
+by a request being answered or a handshake still running) it is closed at once.
 With the handshake left to `create_server(ssl=...)`, the cap saw a connection only once
 its handshake was done, so peers that connect and never say hello (no certificate needed
 for that, `--client-ca` or not) held a descriptor each for the whole handshake timeout,
@@ -125,9 +128,11 @@ class TlsAcceptor:
                 self._retry = self._loop.call_later(_ACCEPT_RETRY_S, self.start)
                 return
             if len(listener.handshakes) + len(listener.connections) >= cap:
-                listener.refusals.note("max_connections", self._loop.time())
-                conn.close()
-                continue
+                made = listener.room.make_room(listener.connections)
+                listener.refusals.note("evicted" if made else "max_connections", self._loop.time())
+                if not made:
+                    conn.close()
+                    continue
             task = self._loop.create_task(self._handshake(conn))
             listener.handshakes.add(task)
             task.add_done_callback(listener.handshakes.discard)

@@ -38,6 +38,7 @@ from gateway.attest.request import Request
 from gateway.body_budget import BodyBudget, Held
 from gateway.errors import ErrorCode, GatewayError
 from gateway.listener_limits import ListenerLimits, Refusal, Refusals
+from gateway.listener_room import Room
 from gateway.logs import get_logger
 from gateway.upstream.http import UpstreamResponse
 from gateway.upstream.tls import spki_sha256
@@ -101,6 +102,7 @@ class Listener:
         self.write_timeout_s = write_timeout_s
         self.refusals = Refusals()
         self.connections: set[RequestReader] = set()
+        self.room = Room()  # which connection makes way at the cap (gateway/listener_room.py)
         # TLS handshakes running (`gateway.attest.listener.TlsAcceptor`): under the cap too
         self.handshakes: set[asyncio.Task[None]] = set()
         self.draining = False  # shutting down: no request after the running ones
@@ -132,6 +134,7 @@ class Connection(RequestReader):
             listener.connections,
             listener.bodies,
             listener.max_held_body,
+            listener.room,
         )
         self._listener = listener
         self.left = False  # the client went away
@@ -194,9 +197,11 @@ class Connection(RequestReader):
 
     def pause_writing(self) -> None:
         self._write_paused = True
+        self._room.stall(self)  # droppable at the cap when none waits
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        self._room.unstall(self)
         if self._unread_timer is not None:  # the client took the last answer
             self._give_answer_back()
         writable = self._writable
@@ -260,6 +265,8 @@ class Connection(RequestReader):
             if not self._pipeline:
                 self.transport.resume_reading()
         self.task = None
+        if self._in_head and not self.left:  # no head came complete meanwhile: waiting
+            self._room.wait(self._peer, self)
         self._active_at = self._loop.time()
         if self._idle_timer is None:
             self._idle_timer = self._loop.call_later(self._listener.keepalive_s, self._idle_late)

@@ -5,7 +5,9 @@ listener (`gateway/attest/protocol.py`, which answers them).
 of the gateway's listener (`gateway/listener.py`; its `ListenerLimits`, refusal
 answers and messages, in `gateway/listener_limits.py`, are shared), counted the same way:
 
-- `max_connections` open connections: one past it is closed before any byte is read;
+- `max_connections` open connections: one past it drops a connection waiting for a
+  request, else one whose client reads nothing of its answer, as the gateway's listener
+  does (`Room`, gateway/listener_room.py), else it is closed before any byte is read;
 - `max_header_bytes` / `max_headers`: 431 `headers_too_large` (a head still arriving is
   counted as its bytes come in, so memory stays bounded by the limit plus one read);
 - `header_timeout_s`: a head must be complete this long after the connection opened or
@@ -50,11 +52,13 @@ from gateway.listener_limits import (
     Refusal,
     Refusals,
     framing_message,
+    head_size,
     refusal_answer,
     refuse_transfer_coding,
     too_long_message,
     too_many_message,
 )
+from gateway.listener_room import Peer, Room, peer_key
 
 __all__ = ["RequestReader"]
 
@@ -75,8 +79,11 @@ class RequestReader(asyncio.Protocol):
         connections: set[RequestReader],
         bodies: BodyBudget | None = None,
         max_held: int = sys.maxsize,
+        room: Room | None = None,
     ) -> None:
         self._limits = limits
+        self._room = room if room is not None else Room()  # `connections`' room at the cap
+        self._peer: Peer  # this connection's, from `connection_made` (unless refused)
         self._bodies = bodies or BodyBudget()
         self._max_held = max_held
         self._held: Held | None = None  # the body being read's share of `bodies`
@@ -126,15 +133,21 @@ class RequestReader(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         if len(self._connections) >= self._limits.max_connections:
-            self._refused = True
-            self._refusals.note("max_connections", self._loop.time())
-            transport.close()
-            return
+            made = self._room.make_room(self._connections)  # dropped one waiting or stalled
+            self._refusals.note("evicted" if made else "max_connections", self._loop.time())
+            if not made:
+                self._refused = True
+                transport.close()
+                return
         self._connections.add(self)
+        peer = transport.get_extra_info("peername")
+        self._peer = self._room.join(peer_key(peer if isinstance(peer, tuple) else None), self)
         self._head_timer = self._loop.call_later(self._limits.header_timeout_s, self._head_late)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._connections.discard(self)
+        if not self._refused:
+            self._room.leave(self._peer, self)
         self._release()
         for timer in (self._head_timer, self._body_timer):
             if timer is not None:
@@ -216,7 +229,9 @@ class RequestReader(asyncio.Protocol):
         if self.parser.should_upgrade():
             raise Refusal(ErrorCode.invalid_request, "upgrade", NO_UPGRADE)
         limit = limits.max_header_bytes
-        if (self._head_bytes > limit or self._read_len > limit) and self._head_size() > limit:
+        if (self._head_bytes > limit or self._read_len > limit) and (
+            head_size(self.parser.get_method(), self._target, self._headers) > limit
+        ):
             raise Refusal(ErrorCode.headers_too_large, "header_bytes", too_long_message(limit))
         if not self._target.startswith(b"/"):
             raise Refusal(ErrorCode.invalid_request, "framing", "Invalid request target.")
@@ -234,6 +249,7 @@ class RequestReader(asyncio.Protocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+        self._room.busy(self._peer, self)  # not dropped at the cap unless it stops reading
         if expect_continue:
             if self.task is None:
                 self.transport.write(_CONTINUE)
@@ -328,12 +344,6 @@ class RequestReader(asyncio.Protocol):
         )
         return True
 
-    def _head_size(self) -> int:
-        size = len(self.parser.get_method()) + len(self._target) + 13
-        for name, value in self._headers:
-            size += len(name) + len(value) + 4
-        return size
-
     def _head_late(self) -> None:
         self._head_timer = None
         if self._head_begun and self.held_back():
@@ -380,6 +390,7 @@ class RequestReader(asyncio.Protocol):
             return
         self.transport.write(refusal_answer(code, message, list(headers)))
         self._linger_left = LINGER_BYTES
+        self._room.wait(self._peer, self, first=True)  # the first of its peer's to drop
         self.transport.resume_reading()
         if self.transport.can_write_eof():
             self.transport.write_eof()

@@ -56,5 +56,8 @@ class FakeTransport:
     def abort(self) -> None:
         self.closed.set()
 
+    def is_closing(self) -> bool:
+        return self.closed.is_set()
+
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return default

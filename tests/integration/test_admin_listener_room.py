@@ -105,6 +105,65 @@ def test_a_connection_being_answered_is_never_dropped() -> None:
     assert all(answer.startswith(b"HTTP/1.1 200") for answer in answers)
 
 
+def test_a_client_reading_none_of_its_answers_makes_way_when_none_waits() -> None:
+    """Every connection is being answered, so none waits; the clients of two have stopped
+    reading (the transport paused writing: their buffers are full, as a client with a
+    tiny receive buffer pipelining keyless `GET /openapi.json` gets them). A newcomer is
+    served and drops the one stalled longest; one whose client reads again (writing
+    resumed) is kept. (Before, the newcomer was closed unread until `write_timeout_s`.)"""
+
+    async def run() -> tuple[list[bool], bytes, list[bytes]]:
+        release, answered = asyncio.Event(), asyncio.Event()
+        started: list[asyncio.Event] = []
+
+        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["type"] != "http":
+                return
+            headers = [(b"content-length", b"4")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            if scope["path"] != "/big":
+                await send({"type": "http.response.body", "body": b"okok"})
+                answered.set()
+                return
+            # An answer begun, and (below) not read by the client: the app is held in it.
+            await send({"type": "http.response.body", "body": b"ok", "more_body": True})
+            started[-1].set()
+            await release.wait()
+            await send({"type": "http.response.body", "body": b"ok"})
+
+        state = ServerState()
+        http = http_protocol(ListenSettings(max_connections=3))
+        held: list[tuple[Any, Wire]] = []
+        tasks: set[Any] = set()
+        for _ in range(3):
+            started.append(asyncio.Event())
+            protocol, wire, tasks = connect_protocol(app, state=state, http=http)
+            protocol.data_received(b"GET /big HTTP/1.1\r\nhost: g\r\n\r\n")
+            await asyncio.wait_for(started[-1].wait(), WAIT_S)
+            held.append((protocol, wire))
+        held[1][0].pause_writing()  # stalled first
+        held[0][0].pause_writing()
+        held[2][0].pause_writing()
+        held[2][0].resume_writing()  # reads again
+        protocol, wire, tasks = connect_protocol(app, state=state, http=http)
+        assert not wire.closed, "closed unread at the cap"
+        protocol.data_received(_GET)
+        await asyncio.wait_for(answered.wait(), WAIT_S)  # the others are still held
+        first = [w.closed for _, w in held]
+        answer = bytes(wire.out)
+        held[0][0].resume_writing()  # its client reads again: its answer ends
+        release.set()
+        await finish(tasks)
+        return first, answer, [bytes(w.out) for _, w in held]
+
+    first, answer, answers = asyncio.run(run())
+    assert first == [False, True, False]
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"okok")
+    assert all(answers[i].startswith(b"HTTP/1.1 200") for i in (0, 2))
+    assert all(answers[i].endswith(b"okok") for i in (0, 2))
+    assert not answers[1].endswith(b"okok")  # dropped with its answer unfinished
+
+
 def test_operators_get_in_while_keyless_slow_heads_hold_every_admin_connection(
     tmp_path: Path,
 ) -> None:

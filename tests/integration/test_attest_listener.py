@@ -27,7 +27,15 @@ from gateway.provenance.formats.attestation import open_countersignature
 from tests.helpers.gateways import Sim
 from tests.helpers.processes import owngate_argv
 from tests.helpers.provenance import records
-from tests.helpers.raw_socket import WAIT_S, assert_refused, connect, exchange, parse, read_to_end
+from tests.helpers.raw_socket import (
+    WAIT_S,
+    assert_refused,
+    connect,
+    exchange,
+    parse,
+    read_answer,
+    read_to_end,
+)
 from tests.helpers.waiting import until
 
 SHORT = {"header_timeout_s": 0.5, "body_timeout_s": 0.5}
@@ -226,23 +234,25 @@ def test_an_answer_to_head_has_no_body(start_sidecar: Callable[..., AttestThread
     assert rest.startswith(b"HTTP/1.1 200 "), rest[:80]  # right after the head
 
 
-def test_the_connection_cap_closes_extra_connections(
+def test_a_connection_past_the_cap_drops_the_one_waiting_longest(
     start_sidecar: Callable[..., AttestThread],
 ) -> None:
-    sidecar = start_sidecar(max_connections=4, header_timeout_s=30)
+    """Heads that never end hold every connection of the sidecar; requests that arrive
+    whole are served, each dropping the connection that has waited longest. (Before, they
+    were closed at once, unread, until the heads timed out: slow heads could keep the
+    gateway out of its sidecar.)"""
+    sidecar = start_sidecar(max_connections=4, header_timeout_s=300)
     held = [connect(sidecar) for _ in range(4)]
     try:
-        for _ in range(2):
-            with connect(sidecar) as extra:
-                assert read_to_end(extra) == b""  # closed at once, nothing read
-        held.pop().close()
-        deadline = time.monotonic() + WAIT_S
-        while True:  # the listener notices the close asynchronously: retry, bounded
+        for sock in held:
+            sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nx-slow: a")  # never ended
+        for number in range(2):  # each time one heads slowly again: the cap is full
             raw = exchange(sidecar, b"GET /health HTTP/1.1\r\nconnection: close\r\n\r\n")
-            if raw or time.monotonic() > deadline:
-                break
-            select.select([], [], [], 0.01)
-        assert parse(raw)[0] == 200
+            assert raw, "closed unread at the cap"
+            assert parse(raw)[0] == 200, raw[:200]
+            assert read_to_end(held[number]) == b""  # the oldest, dropped unanswered
+            held.append(connect(sidecar))
+            held[-1].sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nx-slow: a")
     finally:
         for sock in held:
             sock.close()
@@ -334,4 +344,33 @@ def test_tls_handshakes_count_against_the_connection_cap(
         until(served, "a TLS client served once a place is free", timeout=WAIT_S)
     finally:
         for sock in silent:
+            sock.close()
+
+
+def test_a_tls_connection_past_the_cap_drops_the_one_waiting_longest(
+    start_sidecar: Callable[..., AttestThread], tmp_path: Path
+) -> None:
+    """The TLS acceptor makes room as the plain listener does: idle keep-alive TLS
+    connections hold the cap; a new one is served and the oldest is dropped. (Before, it
+    was closed at once.)"""
+    server, client = _tls(tmp_path)
+    sidecar = start_sidecar(tls=server, max_connections=2, header_timeout_s=300)
+    held: list[ssl.SSLSocket] = []
+    try:
+        for _ in range(2):  # one after the other: a handshake ends before the next begins
+            sock = client.wrap_socket(connect(sidecar), server_hostname="sidecar.test")
+            held.append(sock)
+            sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert read_answer(sock).startswith(b"HTTP/1.1 200 ")  # then idle, waiting
+        with (
+            connect(sidecar) as raw,
+            client.wrap_socket(raw, server_hostname="sidecar.test") as sock,
+        ):
+            sock.sendall(b"GET /health HTTP/1.1\r\nconnection: close\r\n\r\n")
+            assert read_to_end(sock).startswith(b"HTTP/1.1 200 ")
+        assert read_to_end(held[0]) == b""  # dropped for it
+        held[1].sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert read_answer(held[1]).startswith(b"HTTP/1.1 200 ")
+    finally:
+        for sock in held:
             sock.close()

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from gateway.app import create_app
+from gateway.config.schema import ListenSettings
+from gateway.listener import LimitedHttpProtocol
 from gateway.serving import ServerThread
 from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
 from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess
 from tests.helpers.raw_socket import WAIT_S, connect, exchange, parse, read_answer, read_to_end
+from tests.helpers.waiting import until
 
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nhost: g\r\n\r\n"
 SLOW_HEAD = b"GET /healthz HTTP/1.1\r\nhost: g\r\nx-slow: a"  # never ended
@@ -147,3 +150,49 @@ def test_a_new_connection_is_closed_when_every_connection_is_answered(
     finally:
         for sock in held:
             sock.close()
+
+
+async def _large_answers(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """`/big`: 16 MiB in 64 KiB pieces (each `send` waits while the client reads nothing);
+    anything else: "ok"."""
+    if scope["type"] != "http":
+        return
+    big = scope["path"] == "/big"
+    size, piece = (16 << 20, b"x" * 65536) if big else (2, b"ok")
+    headers = [(b"content-length", b"%d" % size)]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    for sent in range(0, size, len(piece)):
+        more = sent + len(piece) < size
+        await send({"type": "http.response.body", "body": piece, "more_body": more})
+
+
+def test_clients_reading_none_of_their_answers_make_way_at_the_cap() -> None:
+    """Every connection's request is being answered, to a client with a tiny receive
+    buffer that reads nothing (as keyless pipelined `GET /openapi.json` on the admin
+    listener can do): the server's writes to each are paused. A newcomer is served,
+    dropping one of them. (Before, nothing waited for a request, so the newcomer was
+    closed unread until `write_timeout_s`, 120 s: operators were locked out.)"""
+    server = ServerThread(_large_answers, listen=ListenSettings(max_connections=4)).start()
+    state = server._server.server_state  # uvicorn's: the open connections' protocols
+    stalled = []
+    try:
+        for _ in range(4):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            sock.settimeout(WAIT_S)
+            stalled.append(sock)
+            sock.connect(("127.0.0.1", server.port))
+            sock.sendall(b"GET /big HTTP/1.1\r\nhost: g\r\n\r\n")
+
+        def paused() -> bool:
+            protocols = cast("list[LimitedHttpProtocol]", list(state.connections))
+            return sum(protocol.flow.write_paused for protocol in protocols) == 4
+
+        until(paused, "the server's writes to all 4 paused", timeout=30)
+        raw = exchange(server, b"GET /small HTTP/1.1\r\nhost: g\r\nconnection: close\r\n\r\n")
+        assert raw, "closed unread at the cap"
+        assert parse(raw)[0] == 200
+    finally:
+        for sock in stalled:
+            sock.close()
+        server.stop()

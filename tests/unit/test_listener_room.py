@@ -184,3 +184,26 @@ def test_take_matches_a_model_that_scans_everything(ops: list[tuple[str, int]], 
             waiting.remove(taken)
         expected = {p: n for p in "abc" if (n := sum(c.split("-")[0] == p for c in waiting))}
         assert room.waiting_counts() == expected
+
+
+def test_a_stalled_connection_is_taken_only_when_none_waits() -> None:
+    """A connection being answered to a client that reads nothing (its writes paused) is
+    taken once no connection waits, the one stalled longest first; one whose client
+    reads again, or that ended, is not."""
+    room, peers = _room("a-1", "a-2", "a-3", "b-1")
+    for connection in ("a-1", "a-2", "a-3"):
+        room.busy(peers[connection], connection)
+    room.stall("a-2")
+    room.stall("a-1")
+    room.stall("a-3")
+    room.unstall("a-3")
+    assert _taken(room) == ["b-1", "a-2", "a-1"]
+    room.stall("a-3")
+    room.leave(peers["a-3"], "a-3")
+    assert room.take() is None
+
+
+def test_a_connection_being_answered_to_a_reading_client_is_never_taken() -> None:
+    room, peers = _room("a-1")
+    room.busy(peers["a-1"], "a-1")
+    assert room.take() is None
