@@ -63,7 +63,8 @@ class StreamWatch:
         """Bytes from the backend in; the bytes to relay out (possibly fewer, or none)."""
         if not self.strip_usage:
             self._see_done(data)
-            self._note_usage(data)
+            if self._line or not data.endswith(_ENDS) or data.find(_USAGE) >= 0:
+                self._note_usage(data)  # else the usual read: whole lines, none with usage
             return data
         if (
             # whole lines, none of them a usage chunk: nothing to hold back (the usual read)

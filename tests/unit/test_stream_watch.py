@@ -276,3 +276,24 @@ def test_an_open_line_past_max_line_is_let_go() -> None:
         assert len(watch._line) <= 64
     assert watch.feed(b"\n\n" + USAGE) and watch.usage == COUNTS
     assert len(watch._line) == 0
+
+
+def test_a_read_of_whole_lines_without_usage_is_not_scanned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Hot path, the client asked for usage: a read of whole lines that holds no `"usage"`
+    # is passed with a search, not handed to the line scan; the usage chunk still is.
+    scanned: list[bytes] = []
+    note = StreamWatch._note_usage
+
+    def noting(watch: StreamWatch, data: bytes) -> None:
+        scanned.append(data)
+        note(watch, data)
+
+    monkeypatch.setattr(StreamWatch, "_note_usage", noting)
+    watch = StreamWatch(strip_usage=False)
+    for read in (ROLE, *[TOKEN] * 8, FINISH, USAGE, DONE):
+        assert watch.feed(read) == read
+    assert watch.flush() == b""
+    assert scanned == [USAGE]
+    assert watch.done and watch.usage == COUNTS
