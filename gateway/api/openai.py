@@ -82,7 +82,8 @@ class TenantSurface:
             if not runtime.ready:
                 raise GatewayError(ErrorCode.not_ready, "the gateway is not ready")
             runtime.serving.add(task)  # type: ignore[arg-type]
-            tenant = self.authenticate(scope)
+            digest = self.key_digest(scope)
+            tenant = self.tenant_of(digest)
             exchange.tenant = tenant.id
             admission = await self._admit(tenant)
             exchange.charge = lambda: admission.release(_tokens_used(exchange))
@@ -100,7 +101,7 @@ class TenantSurface:
                 # The parts active now, not at arrival: a config reload while the body was
                 # arriving binds this request's decision and plan, as it binds later ones;
                 # and its tenant (a key removed or revoked, models taken away meanwhile).
-                tenant = self._reauthenticated(scope, tenant)
+                tenant = self._reauthenticated(digest, tenant)
                 proxy = runtime.parts.proxy
                 await proxy.forward(
                     exchange, tenant, scope, body, scan, upstream_path, receive, send
@@ -212,6 +213,11 @@ class TenantSurface:
 
     def authenticate(self, scope: Scope) -> TenantEntry:
         """The tenant whose API key the request carries (raises 401 `GatewayError`)."""
+        return self.tenant_of(self.key_digest(scope))
+
+    def key_digest(self, scope: Scope) -> str:
+        """The digest of the API key the request carries, as the key index holds it
+        (raises 401 `GatewayError` when there is no well-formed one)."""
         values = header_values(scope, b"authorization")
         if not values:
             raise GatewayError(
@@ -229,20 +235,26 @@ class TenantSurface:
             raise GatewayError(
                 ErrorCode.invalid_api_key, "Malformed Authorization header; use 'Bearer KEY'."
             )
-        digest = "sha256:" + hashlib.sha256(key).hexdigest()
+        return "sha256:" + hashlib.sha256(key).hexdigest()
+
+    def tenant_of(self, digest: str) -> TenantEntry:
+        """The tenant of the key whose digest is `digest`, as the config and revocations
+        active now say (raises 401 `GatewayError` for a key unknown or revoked)."""
         parts = self._runtime.parts
         tenant = parts.tenants.get(digest)
         if tenant is None or parts.state.is_revoked(digest):
             raise GatewayError(ErrorCode.invalid_api_key, "Incorrect API key provided.")
         return tenant
 
-    def _reauthenticated(self, scope: Scope, admitted: TenantEntry) -> TenantEntry:
+    def _reauthenticated(self, digest: str, admitted: TenantEntry) -> TenantEntry:
         """The request's tenant as the config and revocations active now say, once its body
         is in (`admitted`: as they said at its head). A body may take
         `listen.body_timeout_s` to arrive: a key removed or revoked meanwhile is refused
         (401), and the tenant's models are those of the config that decides. A key moved
-        to another tenant is refused too: the rate limits admitted the old one."""
-        tenant = self.authenticate(scope)
+        to another tenant is refused too: the rate limits admitted the old one. `digest`
+        is the key's, taken from the head once: the header is not parsed or hashed again
+        (it cannot change), the look-ups are."""
+        tenant = self.tenant_of(digest)
         if tenant.id != admitted.id:
             raise GatewayError(
                 ErrorCode.invalid_api_key,

@@ -46,6 +46,7 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.upstream.openai_shapes import content_parts
 
 __all__ = [
+    "COMMON_FIELDS",
     "RENDERER_ARGUMENTS",
     "SERVER_FIELDS",
     "SERVER_SUFFIXES",
@@ -105,6 +106,40 @@ _TILING: Final = ("max_dynamic_patch", "min_dynamic_patch")
 _PART_NEEDLES: Final = (b"_embeds", b"dynamic_patch", b"\\u")
 # A field naming a path or a file on the server, by any server's name for it.
 SERVER_SUFFIXES: Final = ("_path", "_paths", "_file", "_files", "_dir", "filename")
+# The OpenAI API's own request fields, as it spells them: the names of almost every
+# request. None is a server field (checked below) or a control field
+# (gateway/api/control_fields.py checks), so both checks pass each with one set look-up.
+COMMON_FIELDS: Final = frozenset(
+    {
+        "model",
+        "messages",
+        "prompt",
+        "input",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "n",
+        "stop",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+        "user",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "response_format",
+        "reasoning_effort",
+        "encoding_format",
+        "dimensions",
+    }
+)
+assert not any(n in SERVER_FIELDS or n.endswith(SERVER_SUFFIXES) for n in COMMON_FIELDS)
 # Arguments of the chat template renderer itself (transformers' `apply_chat_template`,
 # which vLLM and SGLang call with `chat_template_kwargs` spread into it): a client's
 # value replaces the server's template, tokenizes in the request's thread
@@ -138,6 +173,8 @@ def refuse_server_fields(doc: Mapping[str, Any], body: bytes) -> None:
     its own files, the first renderer argument in its `chat_template_kwargs`, or the
     first content part carrying a serialized tensor."""
     for name in doc:
+        if name in COMMON_FIELDS:  # most names: one look-up
+            continue
         why = SERVER_FIELDS.get(name)
         if why is None and name.endswith(SERVER_SUFFIXES):
             why = _SERVER

@@ -39,6 +39,7 @@ _MAX_LINE: Final = 64 * 1024
 _USAGE: Final = b'"usage"'
 _SPLIT: Final = len(_USAGE) - 1  # bytes on either side of a read boundary `"usage"` may cross
 _ENDS: Final = (b"\n", b"\r")
+_NL: Final = b"\n"  # `_edge` after a read that ended a line: the next one starts a line
 
 
 class StreamWatch:
@@ -49,7 +50,7 @@ class StreamWatch:
         self.done = False  # `data: [DONE]` arrived at the start of a line
         self.usage: dict[str, int] | None = None  # the last counts reported
         self._max_line = max_line
-        self._edge = b"\n"  # the last bytes seen, to find `[DONE]` split across reads
+        self._edge = _NL  # the last bytes seen, to find `[DONE]` split across reads
         self._pending = b""  # strip mode: the start of a line not yet complete
         self._passing = False  # strip mode: inside an over-long line, passed on as it comes
         self._drop_blank = False  # strip mode: the blank line ending a dropped event
@@ -62,6 +63,17 @@ class StreamWatch:
     def feed(self, data: bytes) -> bytes:
         """Bytes from the backend in; the bytes to relay out (possibly fewer, or none)."""
         if not self.strip_usage:
+            if (
+                # the usual read: whole lines after a read that ended one, none of them
+                # holding usage (one search each, as in strip mode)
+                self._edge is _NL
+                and not self._line
+                and data.endswith(_ENDS)
+                and data.find(_USAGE) < 0
+            ):
+                if not self.done and data.find(_DONE) >= 0 and _ends_stream(data, 0, len(data)):
+                    self.done = True  # (`data` starts a line)
+                return data
             self._see_done(data)
             self._note_usage(data)
             return data
@@ -108,7 +120,12 @@ class StreamWatch:
         edge = self._edge + data[:_EDGE]  # a marker split across the previous read
         if edge.find(_DONE) >= 0:  # the usual read: no call
             self.done = _ends_stream(edge, 0, len(edge), line_start=False)
-        self._edge = data[-_EDGE:] if len(data) >= _EDGE else edge[-_EDGE:]
+        # After a line end only a marker that starts after it counts, and one before it
+        # was seen already: `_NL` finds the same markers as the last bytes would.
+        if data.endswith(_ENDS):
+            self._edge = _NL
+        else:
+            self._edge = data[-_EDGE:] if len(data) >= _EDGE else edge[-_EDGE:]
 
     def _lines(self, data: bytes) -> bytes:
         """Hold back usage-only chunks (and the blank line ending each) from `data`.

@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway.api import openai
 from gateway.app import create_app
+from gateway.asgi import header_values
 from gateway.config import load_config
 from gateway.serving import ServerThread
 from gateway.tenants import hash_api_key
@@ -119,3 +121,33 @@ def test_a_key_revoked_while_the_body_arrives_is_refused(
     finally:
         server.stop()
     assert sim.app.captured("/v1/chat/completions") == []
+
+
+def test_the_key_is_read_and_hashed_once_looked_up_twice(
+    start_sim: Callable[..., Sim], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Hot path: the check once the body is in looks the head's key digest up again (the
+    # tests above), without parsing the header and hashing the key a second time.
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    app = create_app(gateway_config([backend("gpu", sim.url, "m")]), environ={})
+    read: list[bytes] = []
+    looked_up: list[str] = []
+    is_revoked = app.parts.state.is_revoked
+
+    def reading(scope: Any, name: bytes) -> list[bytes]:
+        read.extend([name] if name == b"authorization" else [])
+        return header_values(scope, name)
+
+    def looking_up(digest: str) -> bool:
+        looked_up.append(digest)
+        return is_revoked(digest)
+
+    monkeypatch.setattr(openai, "header_values", reading)
+    monkeypatch.setattr(app.parts.state, "is_revoked", looking_up)
+    server = ServerThread(app).start()
+    try:
+        assert across(app, server, lambda: None) == (200, "")
+    finally:
+        server.stop()
+    assert read == [b"authorization"]
+    assert looked_up == [hash_api_key(TENANT_KEY)] * 2

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.api import control_fields
 from gateway.api.body import parse_body
 from gateway.api.control_fields import refuse_control_fields
 from gateway.api.labels import excerpt
@@ -112,3 +113,21 @@ def test_a_control_field_in_another_case_is_refused(spelled: str) -> None:
         refuse_control_fields(parse_body(body), body)
     assert refused.value.code is ErrorCode.invalid_request
     assert refused.value.param == excerpt(spelled)
+
+
+def test_the_usual_fields_are_passed_by_one_look_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Hot path: a request of the usual shape is passed without a case fold or prefix
+    # search per name; any other name still gets them, in any case.
+    searched: list[str] = []
+    real = control_fields._is_control
+
+    def counting(name: str) -> bool:
+        searched.append(name)
+        return real(name)
+
+    monkeypatch.setattr(control_fields, "_is_control", counting)
+    body = orjson.dumps(
+        {"model": "m", "messages": [], "max_tokens": 16, "stream": True, "Top_K": 3}
+    )
+    refuse_control_fields(parse_body(body), body)
+    assert searched == ["top_k"]  # folded: not one of the usual names

@@ -10,8 +10,10 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.api import server_fields
 from gateway.api.body import parse_body
 from gateway.api.control_fields import refuse_control_fields
+from gateway.api.server_fields import SERVER_FIELDS
 from gateway.errors import ErrorCode, GatewayError
 
 ASK: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -154,3 +156,17 @@ def test_media_parts_pass() -> None:
             "messages": [{"role": "user", "content": [IMAGE, {"type": "text", "text": "x"}]}],
         }
     )
+
+
+def test_the_usual_fields_are_passed_by_one_look_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Hot path: the usual names are not looked up in the server's fields or suffixes.
+    looked_up: list[str] = []
+
+    class Counting(dict[str, str]):
+        def get(self, name: str, default: Any = None) -> Any:
+            looked_up.append(name)
+            return super().get(name, default)
+
+    monkeypatch.setattr(server_fields, "SERVER_FIELDS", Counting(SERVER_FIELDS))
+    refuse({**ASK, "max_tokens": 16, "stream": True, "top_k": 3})
+    assert looked_up == ["top_k"]

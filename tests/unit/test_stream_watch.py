@@ -276,3 +276,75 @@ def test_an_open_line_past_max_line_is_let_go() -> None:
         assert len(watch._line) <= 64
     assert watch.feed(b"\n\n" + USAGE) and watch.usage == COUNTS
     assert len(watch._line) == 0
+
+
+def test_a_read_of_whole_lines_without_usage_is_not_scanned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Hot path, the client asked for usage: a read of whole lines after one that ended a
+    # line, holding no `"usage"`, is passed with a search for each marker, as in strip
+    # mode: no tail joined and searched, no line scan. The usage chunk still is scanned.
+    scanned: list[bytes] = []
+    note, see = StreamWatch._note_usage, StreamWatch._see_done
+
+    def noting(watch: StreamWatch, data: bytes) -> None:
+        scanned.append(data)
+        note(watch, data)
+
+    def seeing(watch: StreamWatch, data: bytes) -> None:
+        scanned.append(data)
+        see(watch, data)
+
+    monkeypatch.setattr(StreamWatch, "_note_usage", noting)
+    monkeypatch.setattr(StreamWatch, "_see_done", seeing)
+    watch = StreamWatch(strip_usage=False)
+    for read in (ROLE, *[TOKEN] * 8, FINISH, USAGE, DONE):
+        assert watch.feed(read) == read
+    assert watch.flush() == b""
+    assert scanned == [USAGE, USAGE]
+    assert watch.done and watch.usage == COUNTS
+
+
+_ENDED = [
+    ROLE,
+    TOKEN,  # `data: [DONE]` inside a JSON string: no end
+    USAGE,
+    DONE,
+    b"data:[DONE]\r\n\r\n",
+    DONE.replace(b"\n", b"\r"),
+    b": data: [DONE]\n",  # a comment: no end
+    b"xdata: [DONE]\n",  # not at a line start: no end
+    b"data: [DONE",  # cut short
+    b"x",  # a line the next part goes on
+    b"y" * 100,  # ... past `max_line`: let go, not kept open
+    TOKEN.replace(b"\n", b"\r"),
+]
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(_ENDED), st.integers(min_value=0, max_value=120)),
+        max_size=10,
+    ),
+    st.lists(st.booleans(), max_size=20),
+    st.booleans(),
+)
+@settings(max_examples=600, deadline=None)
+def test_done_is_what_a_line_by_line_reading_finds_however_the_reads_cut(
+    parts: list[tuple[bytes, int]], joins: list[bool], strip: bool
+) -> None:
+    # Reads cut inside a part, at its edges, or holding several parts.
+    pieces = [piece for part, at in parts for piece in (part[:at], part[at:]) if piece]
+    reads: list[bytes] = []
+    for index, piece in enumerate(pieces):
+        if reads and index < len(joins) and joins[index]:
+            reads[-1] += piece
+        else:
+            reads.append(piece)
+    stream = b"".join(reads)
+    watch = StreamWatch(strip_usage=strip, max_line=64)
+    for read in reads:
+        watch.feed(read)
+    watch.flush()
+    ends = re.search(rb"(?:\A|[\r\n])data: ?\[DONE\]", stream) is not None
+    assert watch.done == ends
