@@ -12,6 +12,9 @@ lock file pins), so an upgrade that adds one fails here until it is listed.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from typing import Any
 
 import orjson
@@ -31,16 +34,24 @@ _OPENAI_FIELDS = frozenset({"metadata"})
 
 def _litellm_request_arguments() -> set[str]:
     """The `completion()` parameters LiteLLM owns (`all_litellm_params`) and the names its
-    proxy refuses in a request body, top level or in `metadata` (`auth_utils`)."""
-    load_litellm()  # offline, quiet: what the gateway itself imports
-    from litellm.proxy.auth import auth_utils
-    from litellm.types.utils import all_litellm_params
+    proxy refuses in a request body, top level or in `metadata` (`auth_utils`).
 
-    banned = (
-        *auth_utils._BANNED_REQUEST_BODY_PARAMS,
-        *auth_utils._BANNED_METADATA_PARAMS,
+    Read in a child process: importing LiteLLM's proxy changes LiteLLM's module state, and
+    a hosted stream test run after it in this process failed in the adapter."""
+    script = (
+        "import json\n"
+        "from gateway.upstream.litellm_runtime import load_litellm\n"
+        "load_litellm()\n"
+        "from litellm.proxy.auth import auth_utils\n"
+        "from litellm.types.utils import all_litellm_params\n"
+        "names = [*all_litellm_params, *auth_utils._BANNED_REQUEST_BODY_PARAMS,\n"
+        "         *auth_utils._BANNED_METADATA_PARAMS]\n"
+        "print(json.dumps(sorted(set(names))))\n"
     )
-    return {*all_litellm_params, *banned}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True
+    )
+    return set(json.loads(done.stdout.splitlines()[-1]))
 
 
 def _refused(name: str) -> bool:
