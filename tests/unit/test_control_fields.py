@@ -25,7 +25,6 @@ from gateway.api.body import parse_body
 from gateway.api.control_fields import refuse_control_fields
 from gateway.api.labels import excerpt
 from gateway.errors import ErrorCode, GatewayError
-from gateway.upstream.litellm_runtime import load_litellm
 
 # OpenAI request fields that LiteLLM also lists as its own: the API's, so they pass (what
 # that leaves open is in docs/security.md).
