@@ -80,7 +80,21 @@ def test_a_deleted_log_directory_takes_no_more_appends_even_once_recreated(
             await log_request(log, 1)
         assert log.last_error is not None and log.size == 2
         directory.mkdir()  # another directory of the same name: not the log
-        await asyncio.sleep(0.1)  # probes, all failing
+        probed = 0
+        probe = log._store.probe
+
+        def counted() -> None:
+            nonlocal probed
+            try:
+                probe()
+            finally:
+                probed += 1
+
+        log._store.probe = counted  # type: ignore[method-assign]
+        deadline = asyncio.get_running_loop().time() + 30
+        while probed < 3:  # three probes since the new directory appeared, each failing
+            assert asyncio.get_running_loop().time() < deadline, "no probe within 30 s"
+            await asyncio.sleep(0.01)
         assert log.last_error is not None
         with pytest.raises(LogUnavailableError):
             await log_request(log, 2)
