@@ -32,9 +32,17 @@ from typing import Final
 
 from gateway.errors import ErrorCode, GatewayError
 
-__all__ = ["BodyBudget", "Held", "hold_answer"]
+__all__ = ["BodyBudget", "Held", "held_for_characters", "hold_answer"]
 
 RETRY_AFTER: Final = (b"retry-after", b"1")
+
+
+def held_for_characters(size: int, *, plain: bool = False) -> int:
+    """What `gateway.api.body.held_bound` reserves for a `size`-byte body apart from its
+    JSON values: the body, one rewritten copy, and the parsed strings' characters, 1 byte
+    each for a `plain` body (ASCII without escapes), else up to 4. Six times `size` at
+    most; each `{`, `[` or `,` adds `PER_VALUE` (320) bytes on top."""
+    return size * (2 + (1 if plain else 4))
 
 
 class BodyBudget:

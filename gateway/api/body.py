@@ -33,6 +33,7 @@ from typing import Any, Final, NamedTuple
 
 import orjson
 
+from gateway.body_budget import held_for_characters
 from gateway.errors import ErrorCode, GatewayError
 
 __all__ = [
@@ -112,12 +113,12 @@ def held_bound(body: bytes, scan: BodyScan | None) -> int:
     the parse's time for an 8 MiB body. Not counted: what the parse needs while it runs
     and frees when it returns (orjson's 12 bytes per body byte, the exact repeat check),
     which one process needs for one body at a time."""
-    chars = 1 if body.isascii() and body.find(b"\\") < 0 else 4  # find: memchr, not `in`
+    plain = body.isascii() and body.find(b"\\") < 0  # find: memchr, not `in`
     if scan is None or scan.commas < 0:
         values = len(body.translate(None, _NOT_BEFORE_A_VALUE))  # one pass, not three counts
     else:
         values = scan.brackets + scan.commas
-    return len(body) * (2 + chars) + PER_VALUE * values
+    return held_for_characters(len(body), plain=plain) + PER_VALUE * values
 
 
 def parse_body(body: bytes, scan: BodyScan | EllipsisType | None = ...) -> dict[str, Any]:

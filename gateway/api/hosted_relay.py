@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from gateway.api.answer_reads import cover_answer
 from gateway.api.exchange import (
@@ -78,6 +78,11 @@ __all__ = ["HostedRelay", "NotSent"]
 
 # The statuses that blame the request, as for private backends (`translate_upstream_error`).
 _CLIENT_ERRORS = frozenset({400, 413, 422})
+# Failures after which the prompt is not charged (`Trail.offered`), as on the private path
+# (gateway/api/passthrough.py): never sent (`untranslated`), never reached the provider
+# (`connect`), or refused with an error status. A timeout or a broken answer is charged:
+# the provider may have read (and be working on) the prompt.
+_NOT_SERVED: Final = frozenset({"untranslated", "connect", "status"})
 
 
 class NotSent(Exception):
@@ -186,8 +191,8 @@ class HostedRelay:
         except HostedError as exc:
             exchange.upstream_error = exc.kind
             client_error = exc.kind == "status" and exc.status in _CLIENT_ERRORS
-            if trail is not None and (exc.kind == "untranslated" or client_error):
-                trail.offered = offered  # not sent, or refused: the provider did not serve it
+            if trail is not None and exc.kind in _NOT_SERVED:
+                trail.offered = offered  # not sent, or an error status: not served
             if exc.kind == "untranslated":
                 self._signals.untranslated(backend.id, exc.error_class, _now())
                 raise _untranslated(backend.id, exc) from exc

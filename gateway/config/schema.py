@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from gateway.body_budget import held_for_characters
 from gateway.config.admin import (
     AdminListenSettings,
     AdminRole,
@@ -124,7 +125,8 @@ class LimitSettings(_Strict):
         default=None,
         gt=0,
         description="the part of max_held_body_bytes one tenant's requests may hold at once; "
-        "default half of it (at least max_body_bytes)",
+        "default half of it (at least max_body_bytes); when set, at least 6 x max_body_bytes "
+        "(a body's reservation before its values)",
     )
     connect_timeout_s: float = Field(default=3.0, gt=0)
     first_byte_timeout_s: float = Field(default=120.0, gt=0)
@@ -162,12 +164,14 @@ class LimitSettings(_Strict):
                 "(else an answer within the limit could never be taken)"
             )
         per_tenant = self.max_held_body_bytes_per_tenant
-        if per_tenant is not None and not (
-            self.max_body_bytes <= per_tenant <= self.max_held_body_bytes
-        ):
+        # A body's reservation (gateway/body_budget.py): six times its size, before its
+        # values; a part below that of a max_body_bytes body refuses such bodies for good.
+        one_body = held_for_characters(self.max_body_bytes)
+        if per_tenant is not None and not (one_body <= per_tenant <= self.max_held_body_bytes):
             raise ValueError(
-                "limits.max_held_body_bytes_per_tenant must be at least limits.max_body_bytes "
-                "and at most limits.max_held_body_bytes"
+                "limits.max_held_body_bytes_per_tenant must be at least 6 x "
+                f"limits.max_body_bytes ({one_body}: a body is reserved up to six times its "
+                "size, plus 320 bytes per JSON value) and at most limits.max_held_body_bytes"
             )
         return self
 

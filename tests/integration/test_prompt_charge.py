@@ -26,6 +26,7 @@ from tests.helpers.gateways import (
     backend,
     hosted_backend,
 )
+from tests.helpers.net import free_port
 from tests.helpers.raw_backend import Answer, Post, RawBackend
 from tests.helpers.waiting import until
 
@@ -171,3 +172,46 @@ def test_a_backend_that_refuses_the_request_charges_nothing(
     raw = start_raw(bad_request)
     gateway = start_gateway([backend("gpu", raw.url, "m")], tenants=_tenants())
     assert [_post(gateway, ASK).status_code for _ in range(2)] == [400, 400]
+
+
+def _hosted(start_gateway: Callable[..., Gateway], tmp_path: Path, url: str) -> Gateway:
+    """A gateway whose one backend is hosted at `url` (no private one to fail over to)."""
+    (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
+    return start_gateway(
+        [hosted_backend("hosted", url, "m")],
+        tenants=_tenants(),
+        policy={"paths": [str(tmp_path)]},
+        environ={"HOSTED_KEY": "test-key"},
+    )
+
+
+def test_a_hosted_provider_that_fails_with_an_error_status_charges_nothing(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    async def unavailable(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        body = b'{"error":{"message":"busy","type":"server_error"}}'
+        head = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        writer.write(head + b"content-length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        return False
+
+    raw = start_raw(unavailable)
+    gateway = _hosted(start_gateway, tmp_path, f"{raw.url}/v1")
+    first = _post(gateway, ASK)
+    assert first.status_code in (502, 503), first.text
+    assert len(raw.posts) >= 1  # the provider was called, and failed
+    # Charged, the ~1,000 tokens of the prompt would leave the next request a 429.
+    second = _post(gateway, ASK)
+    assert second.status_code != 429, second.text
+
+
+def test_a_hosted_provider_that_cannot_be_reached_charges_nothing(
+    start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    gateway = _hosted(start_gateway, tmp_path, f"http://127.0.0.1:{free_port()}/v1")
+    first = _post(gateway, ASK)
+    assert first.status_code in (502, 503), first.text
+    second = _post(gateway, ASK)
+    assert second.status_code != 429, second.text

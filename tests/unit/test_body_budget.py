@@ -5,6 +5,7 @@ from __future__ import annotations
 import pydantic
 import pytest
 
+from gateway.api.body import held_bound, scan_body
 from gateway.body_budget import BodyBudget
 from gateway.config.schema import LimitSettings
 from gateway.errors import ErrorCode, GatewayError
@@ -84,3 +85,16 @@ def test_a_tenant_s_part_is_half_the_budget_unless_set() -> None:
         LimitSettings(max_body_bytes=1024, max_held_body_bytes_per_tenant=1023)
     with pytest.raises(pydantic.ValidationError, match="max_held_body_bytes_per_tenant"):
         LimitSettings(max_held_body_bytes_per_tenant=2**30 + 1)
+
+
+def test_a_tenant_s_part_must_hold_a_whole_body_s_reservation() -> None:
+    """A body is reserved up to six times its size before its values (`held_bound`): a
+    part set between one and six bodies would refuse the larger bodies with 413 for good."""
+    body = ('"' + "\u00e9" * 1000 + '"').encode()  # not ASCII: up to 4 bytes a character
+    assert held_bound(body, scan_body(body)) == 6 * len(body)
+    with pytest.raises(pydantic.ValidationError, match=r"6 x limits\.max_body_bytes"):
+        LimitSettings(max_body_bytes=len(body), max_held_body_bytes_per_tenant=len(body))
+    with pytest.raises(pydantic.ValidationError, match="max_held_body_bytes_per_tenant"):
+        LimitSettings(max_body_bytes=1024, max_held_body_bytes_per_tenant=6 * 1024 - 1)
+    settings = LimitSettings(max_body_bytes=1024, max_held_body_bytes_per_tenant=6 * 1024)
+    assert settings.tenant_held_body_bytes == 6 * 1024
