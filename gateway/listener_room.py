@@ -27,6 +27,14 @@ The price: an honest client reading a large answer or a stream slower than it is
 (its writes paused at that moment) can lose it to a newcomer at the cap. When no
 connection waits or stalls, the new connection is closed at once, unread.
 
+A connection counts as waiting once its answer is complete for the server, which is when
+the last bytes are handed to the transport, not when the client has them: a whole answer
+goes out in one write, most of it still in the transport's buffer. `make_room` passes
+over a waiting connection whose transport still holds bytes (aborting it would cut off
+the answer) and keeps it aside (`_sending`) until its writes resume (`unstall`: it waits
+again) or its next head comes. One whose buffer empties without its writes having paused
+stays aside until its next request or its end (the keep-alive timeout).
+
 What that guarantees: a connection is dropped only when no peer holds more waiting
 connections than its own and it is its peer's oldest; once its head is complete it is
 dropped only while its client reads nothing of its answer and no connection waits.
