@@ -33,7 +33,8 @@ goes out in one write, most of it still in the transport's buffer. `make_room` p
 over a waiting connection whose transport still holds bytes (aborting it would cut off
 the answer) and keeps it aside (`_sending`) until its writes resume (`unstall`: it waits
 again) or its next head comes. One whose buffer empties without its writes having paused
-stays aside until its next request or its end (the keep-alive timeout).
+stays aside until its next request or its end (the keep-alive timeout). While its writes
+are paused it is also stalled, and dropped as one when no connection waits.
 
 What that guarantees: a connection is dropped only when no peer holds more waiting
 connections than its own and it is its peer's oldest; once its head is complete it is
