@@ -27,6 +27,15 @@ The price: an honest client reading a large answer or a stream slower than it is
 (its writes paused at that moment) can lose it to a newcomer at the cap. When no
 connection waits or stalls, the new connection is closed at once, unread.
 
+A connection counts as waiting once its answer is complete for the server, which is when
+the last bytes are handed to the transport, not when the client has them: a whole answer
+goes out in one write, most of it still in the transport's buffer. `make_room` passes
+over a waiting connection whose transport still holds bytes (aborting it would cut off
+the answer) and keeps it aside (`_sending`) until its writes resume (`unstall`: it waits
+again) or its next head comes. One whose buffer empties without its writes having paused
+stays aside until its next request or its end (the keep-alive timeout). While its writes
+are paused it is also stalled, and dropped as one when no connection waits.
+
 What that guarantees: a connection is dropped only when no peer holds more waiting
 connections than its own and it is its peer's oldest; once its head is complete it is
 dropped only while its client reads nothing of its answer and no connection waits.
@@ -97,7 +106,7 @@ class Room:
     """The waiting connections of one listener (see the module docstring). A connection is
     any hashable object: the listener's protocol instances, in tests plain objects."""
 
-    __slots__ = ("_by_size", "_largest", "_low", "_members", "_peers", "_stalled")
+    __slots__ = ("_by_size", "_largest", "_low", "_members", "_peers", "_sending", "_stalled")
 
     def __init__(self) -> None:
         self._peers: dict[Hashable, Peer] = {}
@@ -109,6 +118,9 @@ class Room:
         self._low = 0  # the index is dropped when fewer connections than this are left
         # Connections whose client reads nothing of what it is sent, longest first.
         self._stalled: OrderedDict[Any, None] = OrderedDict()
+        # Connections passed over by `make_room` while their answer was still going out,
+        # and their peers: waiting again once their writes resume (`unstall`).
+        self._sending: dict[Any, Peer] = {}
 
     def join(self, key: Hashable, connection: Any) -> Peer:
         """The peer `key` of `connection`, just made: counted until `leave`, and waiting."""
@@ -148,6 +160,8 @@ class Room:
         waiting = peer.waiting
         if waiting.pop(connection, _ABSENT) is not _ABSENT and self._by_size is not None:
             self._resized(self._by_size, peer, len(waiting) + 1)
+        if self._sending:  # empty unless the cap passed over a connection still sending
+            self._sending.pop(connection, None)
 
     def stall(self, connection: Any) -> None:
         """`connection`'s client reads nothing of what it is sent (its writes are paused):
@@ -157,10 +171,19 @@ class Room:
     def unstall(self, connection: Any) -> None:
         """`connection`'s client reads again (its writes resumed)."""
         self._stalled.pop(connection, None)
+        if self._sending:
+            peer = self._sending.pop(connection, None)
+            if peer is not None:  # passed over while its answer went out: waiting again
+                self.wait(peer, connection)
 
     def take(self) -> Any | None:
         """The connection to drop to make room, no longer counted as waiting (or stalled);
         None when no connection waits or stalls."""
+        taken = self._take()
+        return None if taken is None else taken[0]
+
+    def _take(self) -> tuple[Any, Peer | None] | None:
+        """What `take` gives, with the peer it waited in (None: a stalled one)."""
         by_size = self._by_size
         if by_size is None:
             by_size = self._index()
@@ -168,19 +191,26 @@ class Room:
         if not largest:
             if self._stalled:
                 connection, _ = self._stalled.popitem(last=False)
-                return connection
+                return connection, None
             return None
         peer = next(iter(by_size[largest]))
         connection, _ = peer.waiting.popitem(last=False)
         self._resized(by_size, peer, largest)
-        return connection
+        return connection, peer
 
     def make_room(self, connections: set[Any]) -> bool:
         """Drop the connection `take` names from `connections` (the server's: uvicorn's
         protocol instances) and abort it; False when none waits. One already closing is
-        passed over (it is leaving, its answer may still be unsent)."""
-        while (connection := self.take()) is not None:
-            if not connection.transport.is_closing():
+        passed over (it is leaving, its answer may still be unsent), and so is a waiting one
+        whose transport still holds some of its last answer (`_sending`): its client may be
+        reading it, and `abort` would cut it off. Each connection taken left the waiting
+        ones (or the stalled) when taken, so the work is one step per `wait` (or `stall`)."""
+        while (taken := self._take()) is not None:
+            connection, peer = taken
+            transport = connection.transport
+            if peer is not None and transport.get_write_buffer_size():
+                self._sending[connection] = peer
+            elif not transport.is_closing():
                 connections.discard(connection)  # its `connection_lost` comes on a later turn
                 connection.transport.abort()  # `close` would wait for a client that reads nothing
                 return True

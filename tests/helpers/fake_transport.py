@@ -29,6 +29,7 @@ class FakeTransport:
         self.pieces: list[bytes] = []  # what was handed to write(), as handed
         self.reading = True
         self.closed = asyncio.Event()
+        self.buffered = 0  # what `get_write_buffer_size` says the transport still holds
 
     def write(self, data: bytes) -> None:
         self.written += data
@@ -58,6 +59,9 @@ class FakeTransport:
 
     def is_closing(self) -> bool:
         return self.closed.is_set()
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return default

@@ -44,6 +44,9 @@ class Wire(asyncio.Transport):
     def is_closing(self) -> bool:
         return self.closed
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # what is written is taken at once
+
     def can_write_eof(self) -> bool:
         return True
 

@@ -196,3 +196,64 @@ def test_clients_reading_none_of_their_answers_make_way_at_the_cap() -> None:
         for sock in stalled:
             sock.close()
         server.stop()
+
+
+WHOLE = 8 << 20  # `/whole`'s answer: one `http.response.body`
+
+
+async def _whole_answer(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """`/whole`: `WHOLE` bytes in one piece (the transport buffers what the client has not
+    read yet); anything else: "ok"."""
+    if scope["type"] != "http":
+        return
+    body = b"x" * WHOLE if scope["path"] == "/whole" else b"ok"
+    headers = [(b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def test_a_whole_answer_still_going_out_is_not_cut_to_make_room() -> None:
+    """A's whole answer is complete for the server but mostly still in the transport's
+    buffer; B connects after it, idle. A newcomer at the cap drops B, not A (the oldest
+    "waiting" before: its download was cut off, 2.8 of 8 MiB, an answer logged as
+    delivered), and A reads every byte."""
+    server = ServerThread(_whole_answer, listen=ListenSettings(max_connections=2)).start()
+    state = server._server.server_state  # uvicorn's: the open connections' protocols
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    reader.settimeout(WAIT_S)
+    idle = None
+    try:
+        reader.connect(("127.0.0.1", server.port))
+        reader.sendall(b"GET /whole HTTP/1.1\r\nhost: g\r\n\r\n")
+
+        def still_sending() -> bool:
+            protocols = cast("list[LimitedHttpProtocol]", list(state.connections))
+            return any(
+                p.cycle is not None
+                and p.cycle.response_complete
+                and p.transport.get_write_buffer_size() > 0
+                for p in protocols
+            )
+
+        until(still_sending, "A's answer complete, its bytes still buffered", timeout=30)
+        idle = connect(server)
+        until(lambda: len(state.connections) == 2, "B accepted", timeout=30)
+        raw = exchange(server, b"GET /small HTTP/1.1\r\nhost: g\r\nconnection: close\r\n\r\n")
+        assert raw, "closed unread at the cap"
+        assert parse(raw)[0] == 200
+        assert read_to_end(idle) == b""  # B made room, nothing sent
+        data = bytearray()
+        while b"\r\n\r\n" not in data or len(data) < data.index(b"\r\n\r\n") + 4 + WHOLE:
+            piece = reader.recv(1 << 20)
+            if not piece:
+                break
+            data += piece
+        head, _, body = bytes(data).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        assert len(body) == WHOLE, f"A got {len(body)} of {WHOLE} bytes"
+    finally:
+        reader.close()
+        if idle is not None:
+            idle.close()
+        server.stop()

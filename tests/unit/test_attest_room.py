@@ -62,3 +62,32 @@ def test_a_client_reading_none_of_its_answer_makes_way_stalled_longest_first() -
 
 def test_a_newcomer_is_closed_when_every_client_reads_its_answer() -> None:
     assert _answering(2, stalled=()) == ([False, False], True)
+
+
+def test_a_whole_answer_still_in_the_buffer_is_not_cut_to_make_room() -> None:
+    """A's whole answer is written, most of it still in its transport's buffer; B connects
+    after, idle. A newcomer drops B (before: A, the oldest waiting, cut off mid-answer).
+    Once A's writes resume (its client read the answer), it waits again."""
+
+    async def main() -> tuple[bool, bool, int, int]:
+        async def handler(conn: Connection, request: Request) -> None:
+            conn.respond(200, b"x" * 65536, b"application/octet-stream")
+
+        limits = dataclasses.replace(LIMITS, max_connections=2)
+        listener = Listener(handler, limits, 4096, keepalive_s=30.0)
+        answered, sending = listener.protocol(), FakeTransport()
+        answered.connection_made(sending)  # type: ignore[arg-type]
+        sending.buffered = 60000  # as the transport does while its client reads
+        answered.data_received(_GET)
+        assert answered.task is not None
+        await asyncio.wait_for(answered.task, WAIT_S)
+        idle = FakeTransport()
+        listener.protocol().connection_made(idle)  # type: ignore[arg-type]
+        listener.protocol().connection_made(FakeTransport())  # type: ignore[arg-type]
+        before = sum(listener.room.waiting_counts().values())  # the newcomer alone
+        sending.buffered = 0
+        answered.resume_writing()  # below the low-water mark: waiting again
+        after = sum(listener.room.waiting_counts().values())
+        return sending.closed.is_set(), idle.closed.is_set(), before, after
+
+    assert asyncio.run(main()) == (False, True, 1, 2)
