@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import gateway.provenance.writer.log as writer
+import gateway.provenance.writer.queued as writer  # where a record is encoded
 from gateway.canonical import canonical_json_of_plain
 from gateway.cli.main import main
 from gateway.provenance import ProvenanceLog, RecordError, parse_record
