@@ -80,21 +80,20 @@ def test_a_deleted_log_directory_takes_no_more_appends_even_once_recreated(
             await log_request(log, 1)
         assert log.last_error is not None and log.size == 2
         directory.mkdir()  # another directory of the same name: not the log
-        probed = 0
+        loop, probed, three = asyncio.get_running_loop(), [0], asyncio.Event()
         probe = log._store.probe
 
-        def counted() -> None:
-            nonlocal probed
+        def counted() -> None:  # runs in the log's worker thread
             try:
                 probe()
             finally:
-                probed += 1
+                probed[0] += 1
+                if probed[0] == 3:
+                    loop.call_soon_threadsafe(three.set)
 
         log._store.probe = counted  # type: ignore[method-assign]
-        deadline = asyncio.get_running_loop().time() + 30
-        while probed < 3:  # three probes since the new directory appeared, each failing
-            assert asyncio.get_running_loop().time() < deadline, "no probe within 30 s"
-            await asyncio.sleep(0.01)
+        # Three probes since the new directory appeared, each failing.
+        await asyncio.wait_for(three.wait(), timeout=30)
         assert log.last_error is not None
         with pytest.raises(LogUnavailableError):
             await log_request(log, 2)
