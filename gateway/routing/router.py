@@ -148,7 +148,9 @@ class Router:
         private = eligible_private(routes, decision)
         prefix, prefix_bytes = None, 0
         if len(private) > 1 and picker.pool(model).strategy == "score":
-            prefix, prefix_bytes = prefix_span(request, self._affinity_bytes) or (None, 0)
+            # The tenant's own prefixes: another tenant's prompts never steer this route.
+            found = prefix_span(request, self._affinity_bytes, decision.tenant)
+            prefix, prefix_bytes = found or (None, 0)
         private = picker.order(model, private, prefix)
         hosted = eligible_hosted(by_id, decision)
         reasons: list[str] = []

@@ -127,3 +127,14 @@ def test_prefix_key_covers_the_shared_part_only() -> None:
     assert prefix_key(a, 4096) == prefix_key(b, 4096) is not None
     assert prefix_key({"messages": [{"role": "user", "content": "hi"}]}, 4096) is None
     assert prefix_key({"prompt": "x" * 100}, 4096) is not None
+
+
+def test_prefix_key_is_each_tenants_own() -> None:
+    """One tenant's prompt prefix never names another's: a tenant that sent a guess of
+    another's conversation must not find out where (or whether) that tenant sent it."""
+    system = {"role": "system", "content": "You are a careful assistant. " * 10}
+    doc = {"messages": [system, {"role": "user", "content": "first question"}]}
+    acme = prefix_key(doc, 4096, "acme")
+    assert acme == prefix_key(doc, 4096, "acme") is not None
+    assert acme != prefix_key(doc, 4096, "other")
+    assert prefix_key(doc, 4096, "a" * 63) is not None  # the longest tenant id
