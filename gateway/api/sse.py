@@ -14,16 +14,17 @@ line only up to `max_line` bytes (a usage chunk is a few hundred bytes: a longer
 passed on as it comes). When the client asked for usage itself, nothing
 is held back, but the counts of each `data:` line holding `"usage"` are still noted
 (lines ending in LF, CRLF or CR, `data:` with or without its space), wherever it comes in
-the stream: the completion record states what the client was shown.
+the stream before `[DONE]` (the SDKs read nothing after it), read as the client's JSON
+parser reads it (gateway/api/usage_read.py): the completion record states what the
+client was shown. A line longer than `max_line` is let go whole: the bytes after a read
+boundary inside it start no line.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-import orjson
-
-from gateway.upstream.openai_wire import usage_of
+from gateway.api.usage_read import counts_of, read_json
 
 __all__ = ["StreamWatch"]
 
@@ -59,6 +60,7 @@ class StreamWatch:
         # `"usage"` (`_note_usage`).
         self._line = bytearray()
         self._hit = False
+        self._skipping = False  # not strip mode: inside a line let go past `max_line`
 
     def feed(self, data: bytes) -> bytes:
         """Bytes from the backend in; the bytes to relay out (possibly fewer, or none)."""
@@ -74,8 +76,9 @@ class StreamWatch:
                 if not self.done and data.find(_DONE) >= 0 and _ends_stream(data, 0, len(data)):
                     self.done = True  # (`data` starts a line)
                 return data
-            self._see_done(data)
+            # Usage first: a line after `[DONE]` in this read is no usage (`_scan`).
             self._note_usage(data)
+            self._see_done(data)
             return data
         if (
             # whole lines, none of them a usage chunk: nothing to hold back (the usual read)
@@ -208,6 +211,14 @@ class StreamWatch:
         bytes passed on as they came. Only the unfinished last line is kept between
         reads (at most `max_line` bytes); a read is searched once, with the few bytes
         before it for a `"usage"` split across reads."""
+        if self.done:  # what follows `[DONE]` no client reads
+            return
+        if self._skipping:  # the rest of a line let go: none of it is a line's start
+            end = _line_end(data, 0)
+            if end < 0:
+                return
+            self._skipping = False
+            data = data[end:]
         line = self._line
         if not line:
             if data.find(_USAGE) < 0:  # the usual read: nothing to parse
@@ -238,14 +249,17 @@ class StreamWatch:
             self._scan(joined)
 
     def _scan(self, data: bytes) -> None:
-        """No line open: note the counts of `data`'s complete lines holding `"usage"`,
-        and keep its unfinished last line open."""
+        """No line open (`data` starts a line): note the counts of `data`'s complete lines
+        holding `"usage"` up to a `[DONE]` line, and keep its unfinished last line open."""
         start = 0
         while True:
             hit = data.find(_USAGE, start)
             if hit < 0:
                 break
             begin, end = _line_start(data, hit, start), _line_end(data, hit)
+            if _ends_stream(data, start, begin):  # (`start` begins a line)
+                self.done = True
+                return
             if end < 0:
                 self._open(data, begin, hit=True)
                 return
@@ -256,34 +270,42 @@ class StreamWatch:
             self._open(data, rest)
 
     def _open(self, data: bytes, start: int, *, hit: bool = False) -> None:
-        """Keep `data[start:]` as the open line (none is open), if not over `max_line`."""
+        """Keep `data[start:]` as the open line (none is open), if not over `max_line`;
+        else let the line go (`_skipping` until it ends)."""
         if len(data) - start <= self._max_line:
             self._line += data[start:]
             self._hit = hit
+        else:
+            self._skipping = True
 
     def _grow(self, data: bytes) -> None:
         """The open line goes on with all of `data`; past `max_line` it is let go (no
-        usage chunk is that long)."""
+        usage chunk is that long), and so is the rest of it, to its end: the bytes after a
+        read boundary inside it start no line (a comment's `data: {"usage"...` tail is
+        no usage the client saw)."""
         self._line += data
         if len(self._line) > self._max_line:
             self._line.clear()
             self._hit = False
+            self._skipping = True
 
     def _counts(self, line: bytes) -> dict[str, Any] | None:
-        """The event of a `data:` line holding a usage object with counts, whose counts
-        it notes (`usage`); None for any other line."""
+        """The event of a `data:` line holding a usage object with counts
+        (gateway/api/usage_read.py: read as the client's parser reads it), whose counts
+        it notes (`usage`) unless `[DONE]` came before; None for any other line."""
         if not line.startswith(b"data:"):
             return None
         try:
-            doc = orjson.loads(line[5:])
-        except orjson.JSONDecodeError:
+            doc = read_json(line[5:], line=True)
+        except ValueError:
             return None
         if not isinstance(doc, dict):
             return None
-        counts = usage_of(doc.get("usage"))
+        counts = counts_of(doc.get("usage"))
         if counts is None:
             return None
-        self.usage = counts
+        if not self.done:
+            self.usage = counts
         return doc
 
     def _usage_only(self, line: bytes) -> bool:

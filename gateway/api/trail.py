@@ -13,9 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from gateway.api.usage_bound import over_bound
+from gateway.api.usage_read import counts_of, read_json
 from gateway.provenance import LogEntry, RecordError, Salts, Usage
 from gateway.provenance.formats.attestation import Attestation
 from gateway.provenance.formats.receipts import attach_countersignature
@@ -24,9 +23,11 @@ from gateway.provenance.formats.upstream_ids import UpstreamIds
 __all__ = ["Trail"]
 
 _TAIL = 4096  # bytes of a stream kept to find its usage chunk
-_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
 _LINE_ENDS = re.compile(rb"\r\n|\r|\n")
-_JSON_OBJECT = re.compile(rb"[ \t\r\n]*\{")  # a JSON answer, whitespace before it allowed
+# A JSON answer: whitespace before it allowed, and a UTF-8 byte order mark before that
+# (httpx's `Response.json` skips it).
+_JSON_OBJECT = re.compile(rb"(?:\xef\xbb\xbf)?[ \t\r\n]*\{")
+_DONE = re.compile(rb"data: ?\[DONE\]")  # a line that ends a stream (gateway/api/sse.py)
 
 
 @dataclass(slots=True)
@@ -159,33 +160,37 @@ def _reported_tokens(usage: Usage) -> int:
 
 
 def _usage(data: bytes) -> Usage | None:
-    """Token usage from a JSON answer, or from the last usage chunk of a stream's tail."""
+    """Token usage from a JSON answer, or from the last usage chunk of a stream's tail
+    before its `[DONE]` (what a client reads; the same rules as `StreamWatch`), each read
+    as the client's parser reads it (gateway/api/usage_read.py)."""
     if b'"usage"' not in data:
         return None  # most streams carry none: parse nothing
-    # A stream's `data:` lines, with or without the space, ending in LF, CRLF or CR.
-    candidates = (
-        [data]
-        if _JSON_OBJECT.match(data)
-        else [
-            line[5:]
-            for line in reversed(_LINE_ENDS.split(data))
-            if line.startswith(b"data:") and b'"usage"' in line
-        ]
-    )
+    whole = _JSON_OBJECT.match(data) is not None
+    candidates = [data] if whole else _usage_lines(data)
     for candidate in candidates:
         try:
-            doc = orjson.loads(candidate)
-        except orjson.JSONDecodeError:
+            doc = read_json(candidate, line=not whole)
+        except ValueError:
             continue
-        usage = doc.get("usage") if isinstance(doc, dict) else None
-        if isinstance(usage, dict):
-            counts = [usage.get(name, 0) for name in _COUNTS]
-            # Counts as the backend wrote them, or none: "3", 3.9 or true is no count
-            # (`type`, not `isinstance`: a bool is an int to Python).
-            if not all(type(count) is int for count in counts):
-                return None
-            try:
-                return Usage(*counts)
-            except RecordError:  # negative, or past 2**53
-                return None
+        # Counts as the backend wrote them, or none: "3", 3.9 or true is no count.
+        counts = counts_of(doc.get("usage") if isinstance(doc, dict) else None)
+        if counts is None:
+            continue
+        try:
+            return Usage(**counts)
+        except RecordError:  # negative, or past 2**53
+            return None
     return None
+
+
+def _usage_lines(data: bytes) -> list[bytes]:
+    """The values of a stream's `data:` lines holding `"usage"`, last first, up to its
+    `[DONE]` line: `data:` with or without the space, lines ending in LF, CRLF or CR."""
+    lines = _LINE_ENDS.split(data)
+    for at, line in enumerate(lines):
+        if _DONE.match(line):
+            del lines[at:]
+            break
+    return [
+        line[5:] for line in reversed(lines) if line.startswith(b"data:") and b'"usage"' in line
+    ]

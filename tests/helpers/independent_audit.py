@@ -151,15 +151,23 @@ def _client_status(received: Received) -> int:
     return 200
 
 
+def _stream_lines(body: bytes) -> list[bytes]:
+    """A stream's lines up to its `data: [DONE]` line (an OpenAI SDK reads no further)."""
+    lines = re.split(rb"\r\n|\r|\n", body)
+    done = [at for at, line in enumerate(lines) if re.match(rb"data: ?\[DONE\]", line)]
+    return lines[: done[0]] if done else lines
+
+
 def _usage_seen(received: Received) -> list[dict[str, Any]]:
-    """The usage objects the client was shown (a JSON answer's, a stream's usage chunks)."""
+    """The usage objects the client was shown (a JSON answer's, a stream's usage chunks
+    before its `[DONE]`), read with Python's own JSON parser, as the OpenAI SDK reads."""
     seen: list[dict[str, Any]] = []
     docs: list[bytes] = (
         [received.body]
         if not received.is_stream
         else [
             line.split(b":", 1)[1]
-            for line in re.split(rb"\r\n|\r|\n", received.body)
+            for line in _stream_lines(received.body)
             if line.startswith(b"data:") and b'"usage"' in line
         ]
     )

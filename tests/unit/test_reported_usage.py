@@ -73,3 +73,30 @@ def test_a_whole_answer_s_usage_is_read_after_leading_whitespace() -> None:
     trail = Trail(Salts.generate(), "")
     trail.answered(b"\r\n \t" + orjson.dumps({"choices": [], "usage": GOOD}))
     assert trail.usage() == Usage(3, 1, 4)
+
+
+def test_a_stream_tail_s_usage_is_read_up_to_its_done() -> None:
+    """The tail of a stream whose client left: usage after `[DONE]` is none it read."""
+    trail = Trail(Salts.generate(), "")
+    after = b'data: {"choices":[],"usage":{"prompt_tokens":9,"total_tokens":9}}\n\n'
+    trail.relayed(b'data: {"choices":[],"usage":%s}\n\ndata: [DONE]\n\n' % orjson.dumps(GOOD))
+    trail.relayed(after)
+    assert trail.usage() == Usage(3, 1, 4)
+
+
+@pytest.mark.parametrize(
+    ("before", "extra"),
+    [
+        (b"\xef\xbb\xbf", b""),  # a byte order mark
+        (b"", b',"x":NaN'),  # NaN, which Python's json reads
+        (b"", b',"x":"\\ud800"'),  # a lone surrogate escape
+        (b"", b',"x":1e400'),  # past a double's range
+    ],
+    ids=["bom", "nan", "surrogate", "1e400"],
+)
+def test_a_whole_answer_orjson_refuses_is_read_as_the_client_reads_it(
+    before: bytes, extra: bytes
+) -> None:
+    trail = Trail(Salts.generate(), "")
+    trail.answered(before + orjson.dumps({"choices": [], "usage": GOOD})[:-1] + extra + b"}")
+    assert trail.usage() == Usage(3, 1, 4)

@@ -7,6 +7,7 @@ anywhere.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 
 import orjson
@@ -225,6 +226,10 @@ _SHOWN = [
     OTHER.replace(b"\n", b"\r\n").replace(b"data: ", b"data:"),  # CRLF, no space
     USAGE.replace(b"[]", b'[{"index":0,"delta":{}}]'),  # usage beside choices
     b'data: {"usage": 1}\n\n',  # not usage counts
+    OTHER.replace(b'"total_tokens":9', b'"total_tokens":"9"'),  # a string: no counts
+    OTHER.replace(b',"total_tokens":9', b""),  # a count left out: 0
+    OTHER.replace(b'"prompt_tokens":8', b'"prompt_tokens":0'),  # zero is a count
+    OTHER.replace(b"}}", b',"x":NaN}}'),  # NaN: orjson refuses, the client's json reads
     b': a comment about "usage"\n',
     b": keep-alive\n\n" * 3,
     DONE,
@@ -233,17 +238,23 @@ _SHOWN = [
 
 
 def _shown_usage(stream: bytes) -> dict[str, int] | None:
-    """The last usage counts of the stream's `data:` lines, read line by line."""
+    """The last usage counts of the stream's `data:` lines before its `[DONE]` (after it
+    no SDK reads), read line by line with the standard library's parser, as the OpenAI
+    SDK reads them: the three counts, integers where present, absent ones 0."""
     found = None
     for line in re.split(rb"\r\n|\r|\n", stream):
+        if _DONE_LINE.match(line):
+            break
         if line.startswith(b"data:") and b'"usage"' in line:
             try:
-                doc = orjson.loads(line[5:])
-            except orjson.JSONDecodeError:
+                doc = json.loads(line[5:].decode())
+            except ValueError:
                 continue
             usage = doc.get("usage") if isinstance(doc, dict) else None
-            if isinstance(usage, dict) and all(type(v) is int for v in usage.values()):
-                found = usage
+            if isinstance(usage, dict):
+                counts = {name: usage.get(name, 0) for name in COUNTS}
+                if all(type(v) is int for v in counts.values()):
+                    found = counts
     return found
 
 
@@ -256,8 +267,9 @@ def test_usage_the_client_asked_for_is_noted_wherever_it_is(
     parts: list[bytes], cuts: list[int]
 ) -> None:
     """Without strip (the client asked for usage), every byte goes through as it came,
-    and the counts noted are the last the client was shown, however the reads cut the
-    stream, whatever its line ends, and however much follows them (the record's usage)."""
+    and the counts noted are the last the client was shown before `[DONE]`, however the
+    reads cut the stream, whatever its line ends, and however much follows them (the
+    record's usage)."""
     stream = b"".join(parts)
     bounds = sorted({min(c, len(stream)) for c in cuts} | {0, len(stream)})
     reads = [stream[a:b] for a, b in itertools.pairwise(bounds)]
@@ -348,3 +360,29 @@ def test_done_is_what_a_line_by_line_reading_finds_however_the_reads_cut(
     watch.flush()
     ends = re.search(rb"(?:\A|[\r\n])data: ?\[DONE\]", stream) is not None
     assert watch.done == ends
+
+
+def test_the_rest_of_a_line_let_go_starts_no_line() -> None:
+    """A comment line past `max_line`, whose rest comes in a read starting `data: {...
+    "usage"...}`: all of it is one comment to the client, so no counts are noted; the
+    next line is read again."""
+    watch = StreamWatch(strip_usage=False, max_line=64)
+    for opened in (b": " + b"p" * 100, b": " + b"p" * 50):  # let go at once, or grown
+        watch.feed(opened)
+    watch.feed(b"p" * 30)
+    watch.feed(OTHER)
+    assert watch.usage is None
+    watch.feed(USAGE)
+    assert watch.usage == COUNTS
+
+
+@pytest.mark.parametrize("strip", [False, True])
+def test_usage_after_done_is_not_noted(strip: bool) -> None:
+    """The SDKs read no event after `[DONE]`: usage after it is none the client saw (a
+    usage-only chunk there is still held back from a client that did not ask)."""
+    stream = ROLE + USAGE + DONE + OTHER
+    for cut in cuts(stream):
+        watch = StreamWatch(strip_usage=strip)
+        shown = feed(watch, stream, cut)
+        assert watch.usage == COUNTS, cut
+        assert shown == (ROLE + DONE if strip else stream), cut

@@ -1,0 +1,148 @@
+"""The usage a completion record states is the usage its client was shown, read as the
+client's JSON parser reads it (gateway/api/usage_read.py), from a hostile or broken
+private backend: a count left out or zero, a document orjson refuses and Python's `json`
+reads (`NaN`, a lone surrogate escape, a byte order mark, a number past a double's
+range), usage after `[DONE]` (which no SDK reads), and the tail of a comment line too
+long to hold, cut by a read boundary just before a `data: {"usage"...` of its own.
+
+Each case runs a real gateway (provenance on) in front of a scripted backend and
+checks the log with the independent auditor (tests/helpers/independent_audit.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers.audit_rig import (
+    ANSWER,
+    ASKS_USAGE,
+    JSON,
+    USAGE,
+    USAGE_CHUNK,
+    WHOLE,
+    chunked,
+    client_gets,
+    later_receipt,
+    logged,
+    settled,
+    whole_answer,
+    writes,
+)
+from tests.helpers.gateways import Gateway, backend
+from tests.helpers.independent_audit import Received, audit, log_records
+from tests.helpers.log_truth import CHAT, DONE, EVENT
+from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
+
+
+def _usage_chunk(usage: bytes, extra: bytes = b"") -> bytes:
+    return b'data: {"id":"c","choices":[],"usage":' + usage + extra + b"}\n\n"
+
+
+OTHER = b'{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}'
+NAN = _usage_chunk(USAGE, b',"x":NaN')
+
+CASES: dict[str, tuple[tuple[bytes, ...], dict[str, Any]]] = {
+    # The SDKs stop at `[DONE]`: the usage after it is no usage the client saw.
+    "usage-after-done-asked": (chunked(EVENT, _usage_chunk(OTHER), DONE, USAGE_CHUNK), ASKS_USAGE),
+    "usage-zero-last-asked": (
+        chunked(
+            EVENT,
+            USAGE_CHUNK,
+            _usage_chunk(b'{"prompt_tokens":0,"completion_tokens":0,"total_tokens":0}'),
+            DONE,
+        ),
+        ASKS_USAGE,
+    ),
+    "usage-total-left-out-asked": (
+        chunked(
+            EVENT, USAGE_CHUNK, _usage_chunk(b'{"prompt_tokens":4,"completion_tokens":4}'), DONE
+        ),
+        ASKS_USAGE,
+    ),
+    "usage-nan-asked": (chunked(EVENT, NAN, DONE), ASKS_USAGE),
+    "usage-nan-held-back": (chunked(EVENT, NAN, DONE), CHAT),
+    "whole-nan": ((whole_answer(200, ANSWER[:-1] + b',"x":NaN}', JSON),), WHOLE),
+    "whole-bom": ((whole_answer(200, b"\xef\xbb\xbf" + ANSWER, JSON),), WHOLE),
+    "whole-lone-surrogate": ((whole_answer(200, ANSWER[:-1] + b',"x":"\\ud800"}', JSON),), WHOLE),
+    "whole-1e400": ((whole_answer(200, ANSWER[:-1] + b',"x":1e400}', JSON),), WHOLE),
+}
+
+
+def _record(logdir: Path, vkey: str) -> dict[str, Any]:
+    records: list[dict[str, Any]] = [json.loads(e) for e in log_records(logdir, vkey)]
+    return [r for r in records if r["type"] == "completion"][-1]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_record_s_usage_is_the_usage_the_client_was_shown(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    case: str,
+) -> None:
+    pieces, ask = CASES[case]
+    raw = start_raw(writes(*pieces))
+    gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
+    received = client_gets(gateway, ask)
+    request_id = received.headers["x-request-id"]
+    settled(tmp_path / "log", vkey, request_id)
+    later = later_receipt(gateway, request_id)
+    assert audit(received, tmp_path / "log", vkey, later_receipt=later) == []
+    if case == "usage-nan-held-back":  # kept from the client, recorded all the same
+        assert b'"usage"' not in received.body
+        assert _record(tmp_path / "log", vkey)["usage"] == json.loads(USAGE)
+
+
+def test_a_comment_too_long_to_hold_hides_no_usage_in_its_tail(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """A comment line past the watch's 64 KiB bound, whose rest arrives in a read of its
+    own starting `data: {...,"usage":...}`: to the client all of it is one comment, so
+    the record holds no usage of it (it held the tail's counts, which the tenant was
+    charged)."""
+    comment = b": " + b"p" * (80 << 10)
+    hidden = _usage_chunk(b'{"prompt_tokens":900,"completion_tokens":900,"total_tokens":1800}')
+    relayed = threading.Event()
+
+    async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(sse_head() + EVENT + comment)
+        await writer.drain()
+        # The gateway relayed the comment's start before its rest is written: the rest
+        # comes in a read of its own.
+        await asyncio.get_running_loop().run_in_executor(None, relayed.wait, 30)
+        writer.write(hidden + DONE)
+        await writer.drain()
+        return False
+
+    raw = start_raw(answer)
+    gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
+    request = json.dumps(ASKS_USAGE).encode()
+    body = b""
+    with httpx.stream(
+        "POST",
+        f"{gateway.url}/v1/chat/completions",
+        content=request,
+        headers={**gateway.headers, "content-type": "application/json"},
+        timeout=60,
+    ) as response:
+        for piece in response.iter_raw():
+            body += piece
+            if len(body) >= len(EVENT + comment):
+                relayed.set()
+        headers = dict(response.headers)
+    relayed.set()
+    assert body.startswith(EVENT + comment + hidden + DONE)
+    received = Received(response.status_code, headers, body, request)
+    settled(tmp_path / "log", vkey, headers["x-request-id"])
+    assert audit(received, tmp_path / "log", vkey) == []
+    assert _record(tmp_path / "log", vkey)["usage"] is None
