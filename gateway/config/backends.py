@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config.base import Identifier, _Strict
-from gateway.config.provider_routes import check_route
+from gateway.config.provider_routes import check_route, is_azure
 from gateway.config.routing import BreakerSettings
 from gateway.plain_names import plain_name_problem
 from gateway.provenance.errors import KeyFormatError
@@ -169,6 +169,11 @@ class BackendSettings(_Strict):
     attest: AttestSettings | None = Field(
         default=None, description="private backends behind `owngate attest`: its key"
     )
+    unsafe_unchecked_azure_host: bool = Field(
+        default=False,
+        description="a hosted Azure backend's base_url may be https at any host (an API "
+        "Management gateway, a custom domain): where it forwards is the operator's word",
+    )
 
     @field_validator("provider", mode="before")
     @classmethod
@@ -240,7 +245,16 @@ class BackendSettings(_Strict):
                 raise ValueError(f"hosted models need provider_model: {', '.join(missing)}")
             # The provider policies judge must be the one LiteLLM sends to.
             models = [m.provider_model for m in self.models if m.provider_model]
-            check_route(self.provider or self.owner, models, self.base_url)
+            declared = self.provider or self.owner
+            unchecked = self.unsafe_unchecked_azure_host
+            check_route(declared, models, self.base_url, unchecked_azure_host=unchecked)
+            if unchecked and (self.base_url is None or not is_azure(declared, models)):
+                raise ValueError(
+                    "unsafe_unchecked_azure_host applies to a hosted Azure backend with "
+                    "base_url (the host it lets through); leave it out here"
+                )
+        elif self.unsafe_unchecked_azure_host:
+            raise ValueError("unsafe_unchecked_azure_host applies to hosted backends only")
         # A name the backend serves twice would route to two of its models, and a policy's
         # `models` rule judges the name by one of them: `deny: [x]` escaped by asking `y`
         # when `y` is both a model of its own and an alias of `x`.

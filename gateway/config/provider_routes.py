@@ -24,9 +24,16 @@ without importing LiteLLM (the config path never does):
   `*.openai.azure.com`, `*.amazonaws.com`, ...) must belong to the declared provider.
   Any other host (an internal proxy, a provider not in the table) is taken as declared.
 
+- Azure has no default URL, and its hosts are a handful of documented forms: a backend
+  judged as Azure (declared `azure`/`microsoft`, or an Azure route) must have its
+  `base_url` at one of them, over https (gateway/config/azure_endpoints.py), unless it
+  says `unsafe_unchecked_azure_host: true` (an API Management gateway, a custom domain).
+  Without `base_url`, gateway/upstream/provider_environment.py checks `AZURE_API_BASE`
+  and the like the same way at start.
+
 Not checked: where a proxy at `base_url` forwards to, and a provider URL LiteLLM reads
-from the environment (`AZURE_API_BASE`; the others are refused at start by
-gateway/upstream/provider_environment.py).
+from the environment (refused at start by gateway/upstream/provider_environment.py, or
+for Azure checked there as above).
 """
 
 from __future__ import annotations
@@ -36,7 +43,9 @@ from collections.abc import Iterable
 from typing import Final, NamedTuple
 from urllib.parse import urlsplit
 
-__all__ = ["LITELLM_PROVIDERS", "check_route", "route_of"]
+from gateway.config.azure_endpoints import AZURE_PREFIXES, azure_endpoint_problem
+
+__all__ = ["LITELLM_PROVIDERS", "check_route", "is_azure", "route_of"]
 
 # `litellm.provider_list` of the locked LiteLLM (1.108.7); tests/unit/test_provider_routes.py
 # compares it with the installed one.
@@ -78,7 +87,7 @@ _PROVIDERS: Final = (
     _Provider(
         ("azure", "microsoft"),
         ("azure", "azure_ai", "azure_text", "azure_speech"),
-        ("azure.com", "azure-api.net", "windows.net"),
+        ("azure.com", "azure.us", "azure.cn", "azure-api.net", "windows.net"),
     ),
     _Provider(("anthropic",), ("anthropic", "anthropic_text"), ("anthropic.com",)),
     _Provider(("google",), ("gemini", "vertex_ai", "vertex_ai_beta"), ("googleapis.com",)),
@@ -155,9 +164,24 @@ def _host_owner(base_url: str) -> _Provider | None:
     return None
 
 
-def check_route(declared: str, provider_models: Iterable[str], base_url: str | None) -> None:
+def is_azure(declared: str, provider_models: Iterable[str]) -> bool:
+    """Whether a hosted backend is judged as, or routed to, Azure."""
+    azure = _provider_of("azure")
+    routes = {route_of(model)[0] for model in provider_models}
+    return _provider_of(declared) is azure or not routes.isdisjoint(AZURE_PREFIXES)
+
+
+def check_route(
+    declared: str,
+    provider_models: Iterable[str],
+    base_url: str | None,
+    *,
+    unchecked_azure_host: bool = False,
+) -> None:
     """Raise ValueError naming both when a hosted backend's traffic would go to another
-    provider than `declared` (its `provider`, else its `owner`)."""
+    provider than `declared` (its `provider`, else its `owner`), or when an Azure
+    backend's `base_url` is no Azure endpoint (and `unchecked_azure_host` is False)."""
+    provider_models = list(provider_models)
     for model in provider_models:
         prefix, route = route_of(model)
         if prefix is None:
@@ -187,3 +211,22 @@ def check_route(declared: str, provider_models: Iterable[str], base_url: str | N
                 f"base_url host {host!r} is {entry.names[0]}'s API, but the backend "
                 f"declares provider {declared!r}, which policies judge"
             )
+        if is_azure(declared, provider_models):
+            _check_azure_base_url(base_url, unchecked_host=unchecked_azure_host)
+
+
+def _check_azure_base_url(base_url: str, *, unchecked_host: bool) -> None:
+    """An Azure backend's `base_url` is https at an Azure endpoint host, or with
+    `unchecked_host` (the operator's word, named unsafe: docs/security.md) https at any."""
+    problem = azure_endpoint_problem(base_url, any_host=unchecked_host)
+    if problem is not None:
+        hatch = (
+            "even with unsafe_unchecked_azure_host"
+            if unchecked_host
+            else "an API Management gateway or a custom domain needs "
+            "unsafe_unchecked_azure_host: true"
+        )
+        raise ValueError(
+            f"base_url of an Azure backend: {problem}; Azure traffic goes to Azure's "
+            f"endpoints over https ({hatch})"
+        )

@@ -22,10 +22,13 @@ them from the installed source and fails on one this module would miss):
   provider (LiteLLM's model lists): every provider URL variable counts for it
   (`<ANY>_API_BASE`, `_BASE_URL`, `_API_BASE_URL`, and every alias family's).
 
-Azure (`azure/`, `azure_ai/`) has no default URL: `AZURE_API_BASE` is how it is told
-(deploy/gateway.example.yaml relies on it) and stays allowed. `OR_SITE_URL`
-(OpenRouter) is a header value, not a destination, and does not start with the
-provider's name.
+Azure (`azure/`, `azure_ai/`, ...) has no default URL: `AZURE_API_BASE` is how it is
+told (deploy/gateway.example.yaml relies on it) and stays allowed, but not to anywhere:
+without `base_url`, each of `AZURE_API_BASE`, `AZURE_AI_API_BASE` and
+`AZURE_OPENAI_ENDPOINT` that is set must be https at an Azure endpoint host
+(gateway/config/azure_endpoints.py, which checks a `base_url` the same way), or the
+backend is refused, naming the variable and the host. `OR_SITE_URL` (OpenRouter) is a
+header value, not a destination, and does not start with the provider's name.
 """
 
 from __future__ import annotations
@@ -33,6 +36,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from typing import Final
+
+from gateway.config.azure_endpoints import (
+    AZURE_PREFIXES,
+    AZURE_URL_VARIABLES,
+    azure_endpoint_problem,
+)
 
 __all__ = ["check_base_url_environment"]
 
@@ -95,6 +104,9 @@ def check_base_url_environment(
     `backend_id` (its LiteLLM `provider_models`) or its key elsewhere than the config
     says: a provider URL variable when it has no `base_url` (`has_base_url` False), a
     token URL variable in any case."""
+    provider_models = list(provider_models)
+    if not has_base_url:
+        _check_azure_environment(backend_id, provider_models, environ)
     providers: set[str] = set()
     unprefixed = False  # LiteLLM infers the provider from its model lists (`claude-...`)
     for model in provider_models:
@@ -129,4 +141,26 @@ def check_base_url_environment(
             f"backend {backend_id!r}: environment variable {', '.join(found)} would redirect "
             "this hosted backend or its key (LiteLLM reads it instead of the config): set "
             "base_url in the config, or unset the variable"
+        )
+
+
+def _check_azure_environment(
+    backend_id: str, provider_models: Iterable[str], environ: Mapping[str, str]
+) -> None:
+    """Raise ValueError when an Azure backend without `base_url` would be sent by an
+    Azure URL variable to a host that is no Azure endpoint."""
+    if all(model.partition("/")[0] not in AZURE_PREFIXES for model in provider_models):
+        return
+    problems = []
+    for name, value in sorted(environ.items()):
+        if name.upper() not in AZURE_URL_VARIABLES or value == "":  # "": LiteLLM skips it
+            continue
+        problem = azure_endpoint_problem(value)
+        if problem is not None:
+            problems.append(f"{name}: {problem}")
+    if problems:
+        raise ValueError(
+            f"backend {backend_id!r}: environment variable {'; '.join(problems)}: LiteLLM "
+            "would send this Azure backend's prompts and key there; Azure traffic goes to "
+            "Azure's endpoints over https (set base_url in the config, or fix the variable)"
         )

@@ -393,7 +393,10 @@ def test_a_provider_url_variable_cannot_redirect_a_backend_without_base_url(
     pinned = hosted_backend(f"{env.sim_url}/v1", provider_model, "SIM_OPENAI_KEY")
     HostedClient(pinned, environ=environ, timeout_s=1)  # base_url set: the config decides
     azure = hosted_backend(None, "azure/gpt-eu", "SIM_OPENAI_KEY")  # no default URL
-    HostedClient(azure, environ={**environ, "AZURE_API_BASE": env.sim_url}, timeout_s=1)
+    endpoint = {**environ, "AZURE_API_BASE": "https://acme-eu.openai.azure.com"}
+    HostedClient(azure, environ=endpoint, timeout_s=1)  # told where by its variable
+    with pytest.raises(ValueError, match=r"AZURE_API_BASE: host '127\.0\.0\.1'"):
+        HostedClient(azure, environ={**environ, "AZURE_API_BASE": env.sim_url}, timeout_s=1)
 
 
 def test_an_unprefixed_model_is_refused_under_its_providers_variable(env: Servers) -> None:

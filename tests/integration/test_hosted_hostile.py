@@ -65,7 +65,11 @@ PROVIDERS: dict[str, dict[str, Any]] = {
         "provider": "anthropic",
         "models": [{"name": "m", "provider_model": "anthropic/claude-mock-1"}],
     },
-    "azure": {"provider": "azure", "models": [{"name": "m", "provider_model": "azure/gpt-eu"}]},
+    "azure": {
+        "provider": "azure",
+        "models": [{"name": "m", "provider_model": "azure/gpt-eu"}],
+        "unsafe_unchecked_azure_host": True,  # the redirecting mock is on loopback
+    },
 }
 
 

@@ -80,9 +80,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             served = {m: v for m, v in MODELS.items() if v[0] == backend}
             (path,) = {v[2] for v in served.values()}
             models = [{"name": m, "provider_model": v[1]} for m, v in served.items()]
+            # the mock is on loopback, not at an Azure endpoint
+            unchecked = {"unsafe_unchecked_azure_host": True} if backend == "azure" else {}
             backends.append(
                 hosted_backend(
-                    backend, f"{server.url}{path}", provider=backend, models=models, owner=backend
+                    backend,
+                    f"{server.url}{path}",
+                    provider=backend,
+                    models=models,
+                    owner=backend,
+                    **unchecked,
                 )
             )
         config = gateway_config(backends, policy={"paths": [str(root / "policies")]})

@@ -36,7 +36,9 @@ def test_a_provider_url_variable_is_refused(provider_model: str, variable: str) 
 
 
 def test_azure_is_told_its_url_by_its_variable() -> None:
-    check_base_url_environment("b", ["azure/gpt-eu"], {"AZURE_API_BASE": "https://eu"})
+    """At an Azure endpoint only: tests/unit/test_azure_endpoints.py has the rest."""
+    environ = {"AZURE_API_BASE": "https://acme-eu.openai.azure.com"}
+    check_base_url_environment("b", ["azure/gpt-eu"], environ)
 
 
 def test_another_providers_variable_leaves_a_prefixed_model_alone() -> None:

@@ -51,6 +51,7 @@ BACKENDS: list[dict[str, Any]] = [
         ],
         "region": "westeurope",
         "owner": "microsoft",
+        "unsafe_unchecked_azure_host": True,  # loopback, not an Azure endpoint
     },
 ]
 

@@ -97,6 +97,8 @@ def backends(draw: st.DrawFn) -> list[dict[str, Any]]:
                 spec["provider"] = draw(st.sampled_from(PROVIDERS))
             for model in models:
                 model["provider_model"] = f"openai/{model['name']}"
+            if spec.get("provider", spec["owner"]) == "azure":  # judged as Azure, on loopback
+                spec["unsafe_unchecked_azure_host"] = True
         out.append(spec)
     return out
 

@@ -1,4 +1,4 @@
-"""`owngate audit open --kind response` takes a stream as the client received it: the
+"""`owngate audit open --kind response --form stream` takes a stream as the client received it: the
 gateway's receipt line, and the line end or error event it wrote before it, are not in
 the response commitment (docs/provenance.md, "The body a client commits to"), so the
 tool takes them off; what the backend sent must still match to the byte."""
@@ -47,8 +47,8 @@ def _open(tmp_path: Path, received: bytes, committed: bytes) -> int:
     path = tmp_path / "received"
     path.write_bytes(received)
     commitment = commit("response", SALT, committed)
-    argv = ["audit", "open", str(path), "--kind", "response", "--salt", SALT.hex()]
-    return main([*argv, "--commitment", commitment])
+    argv = ["audit", "open", str(path), "--kind", "response", "--form", "stream"]
+    return main([*argv, "--salt", SALT.hex(), "--commitment", commitment])
 
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
