@@ -28,6 +28,7 @@ from gateway.api.exchange import (
     send_error_event,
 )
 from gateway.api.runtime import Runtime
+from gateway.api.standing import Standing
 from gateway.asgi import (
     Receive,
     Scope,
@@ -102,9 +103,12 @@ class TenantSurface:
                 # arriving binds this request's decision and plan, as it binds later ones;
                 # and its tenant (a key removed or revoked, models taken away meanwhile).
                 tenant = self._reauthenticated(digest, tenant)
+                # ... and asked again while it is in flight (queued, connecting, failing
+                # over): a key revoked or removed then stops what was not yet sent.
+                standing = Standing(digest, tenant, lambda: runtime.parts)
                 proxy = runtime.parts.proxy
                 await proxy.forward(
-                    exchange, tenant, scope, body, scan, upstream_path, receive, send
+                    exchange, standing, scope, body, scan, upstream_path, receive, send
                 )
             finally:
                 # The answer is over: a drain deadline from now on must not cut (and write

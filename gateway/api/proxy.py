@@ -12,13 +12,15 @@ durable before the attempt sends, the completion record follows with the status 
 client gets), relayed to a private backend (gateway/api/passthrough.py) or a hosted one
 (gateway/api/hosted_relay.py), and reported back to the plan. An attempt that sends
 nothing has no records: one a reload withdrew (gateway/api/decided.py, asked as its turn
-comes and again right before its dispatch record), and a hosted one whose request its
-provider's checks refuse or for which LiteLLM does not load (`HostedRelay.prepare`,
-before the dispatch record; the next backend may serve). When no attempt served, the
-client gets the last dispatched attempt's error; with nothing dispatched, 503 when
-LiteLLM did not load (`hosted_unavailable`), the first hosted refusal's 400
-(`not_sent`), or a refusal naming the policy rule and why each backend was skipped, each
-with its refusal record.
+comes and again right before its dispatch record), one whose request's key lapsed
+meanwhile (revoked, removed or given to another tenant, or its model taken from the tenant:
+gateway/api/standing.py; the request stops there, a refusal when nothing was dispatched),
+and a hosted one whose request its provider's checks refuse or for which LiteLLM does not
+load (`HostedRelay.prepare`, before the dispatch record; the next backend may serve).
+When no attempt served, the client gets the last dispatched attempt's error; with nothing
+dispatched, 503 when LiteLLM did not load (`hosted_unavailable`), the first hosted
+refusal's 400 (`not_sent`), or a refusal naming the policy rule and why each backend was
+skipped, each with its refusal record.
 """
 
 from __future__ import annotations
@@ -31,26 +33,27 @@ from typing import Any
 
 from gateway.api.body import BodyScan, parse_body
 from gateway.api.control_fields import refuse_control_fields
-from gateway.api.decided import Decided, withdrawn_by_reload
+from gateway.api.decided import Decided, decide, withdrawn_by_reload
 from gateway.api.exchange import Exchange, TryNext, cut_status, watch_disconnect
 from gateway.api.hosted_relay import HostedRelay, NotSent
-from gateway.api.labels import UNKNOWN, InvalidLabel, excerpt, label_refused, read_label
+from gateway.api.labels import UNKNOWN, excerpt
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.passthrough import PrivateRelay
 from gateway.api.recorder import Recorder
 from gateway.api.refusal import Refused, hosted_unavailable, not_sent, nothing_served
+from gateway.api.refusal import lapsed as lapsed_refusal
+from gateway.api.standing import Standing
 from gateway.api.trail import Trail
 from gateway.asgi import Receive, Scope, Send
 from gateway.config.schema import RoutingSettings
 from gateway.errors import ErrorCode, GatewayError
-from gateway.policy import UnknownDataClass
+from gateway.policy import Decision
 from gateway.policy_set import TrustPolicies
 from gateway.provenance import Salts
 from gateway.routing.registry import BackendState, Registry
 from gateway.routing.router import Attempt, Outcome, Router
 from gateway.routing.scraper import MetricsScraper
 from gateway.state import SharedState
-from gateway.tenants import TenantEntry
 from gateway.upstream.hosted import Prepared
 from gateway.upstream.http import DEFAULT_MAX_BODY, Connection
 from gateway.upstream.tls import Peer
@@ -94,7 +97,7 @@ class Proxy:
     async def forward(
         self,
         exchange: Exchange,
-        tenant: TenantEntry,
+        standing: Standing,
         scope: Scope,
         body: bytes,
         scan: BodyScan | None,
@@ -102,6 +105,7 @@ class Proxy:
         receive: Receive,
         send: Send,
     ) -> None:
+        tenant = standing.tenant
         doc = parse_body(body, scan)  # scan: `scan_body(body)`
         refuse_control_fields(doc, body)  # a router's and an inference server's own fields
         model = doc.get("model")
@@ -128,15 +132,16 @@ class Proxy:
             exchange.trail = Trail(Salts.generate(), "", prompt_bytes=len(body))
         if exchange.trail is not None:
             exchange.trail.ask = doc  # what bounds the tokens charged (usage_bound.py)
-        try:
-            decided = self._decide(exchange, tenant, model, scope)
+        try:  # one read of the active set: the decision is its
+            policy = self._trust.current
+            decided = decide(policy, self._metrics, exchange, tenant.id, model, scope)
         except Refused as refused:
             await self._refused(exchange, refused)
             raise
         exchange.decision = decided.decision
         unwatch = watch_disconnect(receive, exchange)
         try:
-            await self._dispatch(exchange, decided, model, doc, body, upstream_path, send)
+            await self._dispatch(exchange, standing, decided, model, doc, body, upstream_path, send)
         except Refused as refused:  # nothing was dispatched (`_dispatch` says so)
             await self._refused(exchange, refused)
             raise
@@ -149,44 +154,10 @@ class Proxy:
         finally:
             unwatch()
 
-    def _decide(self, exchange: Exchange, tenant: TenantEntry, model: str, scope: Scope) -> Decided:
-        policy = self._trust.current  # one read: the decision is this set's
-        exchange.policy = f"{policy.id}@{policy.version}"
-        exchange.policy_digest = policy.digest
-        exchange.data_class = UNKNOWN  # until the label proves to be a declared class
-        invalid: InvalidLabel | None = None
-        try:
-            label = read_label(scope, policy.data_class_header.encode())
-        except InvalidLabel as exc:
-            # Empty, blank or disagreeing copies: the engine refuses an empty label with
-            # its decision (or denies a tenant without a policy), so the refusal record
-            # has a trace; the client is told what was wrong with the header.
-            invalid, label = exc, ""
-        try:
-            decision = policy.decide(tenant.id, model, label)
-        except UnknownDataClass as exc:
-            self._metrics.decided((exc.rule,))
-            error = label_refused(policy, tenant.id, invalid or exc)
-            raise Refused(
-                error.code, error.message, exc.decision, exc.rule, param=error.param
-            ) from exc
-        self._metrics.decided(decision.rules)
-        if invalid is not None and decision.refusal is None:  # "" names no class: never
-            error = label_refused(policy, tenant.id, invalid)
-            rule = f"{decision.policy_id}/data_classes"
-            raise Refused(error.code, error.message, decision, rule, param=error.param)
-        exchange.data_class = decision.data_class
-        exchange.data_class_defaulted = decision.default_rule is not None
-        if decision.refusal is not None:
-            refusal = decision.refusal
-            raise Refused(
-                ErrorCode.policy_denied, refusal.message, decision, refusal.rule, param="model"
-            )
-        return Decided(decision, policy, label)
-
     async def _dispatch(
         self,
         exchange: Exchange,
+        standing: Standing,
         decided: Decided,
         model: str,
         doc: dict[str, Any],
@@ -203,12 +174,16 @@ class Proxy:
             traced.requested(doc)
         unsent: GatewayError | None = None  # the first hosted refusal before sending
         for attempt in plan:  # in flight from here: reported however it ends
-            withdrawn = withdrawn_by_reload(self._trust, decided, attempt)
-            if withdrawn is not None:  # not dispatched: no record, the next one may serve
-                plan.report(attempt, Outcome.skipped, withdrawn)
-                continue
             outcome, reason, busy, span = Outcome.ended, "", False, None
             try:
+                stop = standing.lapsed(model)  # the key or the tenant, as it stands now
+                if stop is not None:
+                    outcome, reason = Outcome.skipped, f"{attempt.backend.id}: not made"
+                    raise _stopped(stop, decision, last, model, plan.reasons)
+                withdrawn = withdrawn_by_reload(self._trust, decided, attempt)
+                if withdrawn is not None:  # not dispatched: no record, the next one may serve
+                    outcome, reason = Outcome.skipped, withdrawn
+                    continue
                 prepared = None
                 if not attempt.private:  # checked before its dispatch record, sent nothing
                     try:
@@ -230,15 +205,19 @@ class Proxy:
                 else:
                     assert prepared is not None
                     relay = partial(_hosted, hosted, exchange, attempt, prepared, send)
-                withdrawn = await self._recorded(
+                gone = await self._recorded(
                     exchange,
                     attempt.backend,
                     relay,
                     connect,
                     partial(withdrawn_by_reload, self._trust, decided, attempt),
+                    partial(standing.lapsed, model),
                 )
-                if withdrawn is not None:  # by a reload while it connected or was checked
-                    outcome, reason = Outcome.skipped, withdrawn
+                if isinstance(gone, GatewayError):  # the key lapsed meanwhile: not made
+                    outcome, reason = Outcome.skipped, f"{attempt.backend.id}: not made"
+                    raise _stopped(gone, decision, last, model, plan.reasons)
+                if gone is not None:  # withdrawn by a reload while it connected or was checked
+                    outcome, reason = Outcome.skipped, gone
                     continue
                 outcome = Outcome.served
                 if exchange.fallback is not None:
@@ -268,7 +247,8 @@ class Proxy:
         attempt: Callable[[Connection | None], Awaitable[None]],
         connect: Callable[[], Awaitable[Connection]] | None = None,
         withdrawn: Callable[[], str | None] | None = None,
-    ) -> str | None:
+        lapsed: Callable[[], GatewayError | None] = lambda: None,
+    ) -> str | GatewayError | None:
         """One attempt, bracketed by its provenance records: the dispatch record is
         durable before the attempt sends anything, the completion record follows it.
         A private attempt connects first (`connect`), so that its dispatch record names
@@ -285,7 +265,11 @@ class Proxy:
         A reload may land while the attempt connects (or while `HostedRelay.prepare` looked
         up hosts): `withdrawn` is asked again right before the dispatch record, and an
         attempt the policy set active then no longer admits is not made (no record, its
-        connection back to its pool): the reason is returned (None: the attempt was made)."""
+        connection back to its pool): the reason is returned (None: the attempt was made).
+        So is a request whose key lapsed meanwhile (`lapsed`, gateway/api/standing.py): the
+        error it says is returned. Asked again once the dispatch record is durable and when
+        the attempt fails: then the attempt sends nothing (or no other attempt is made) and
+        its completion record has that error's status, the status the client gets."""
         exchange.upstream_error = None  # this attempt's, not an earlier attempt's
         backend_before = exchange.backend
         connection: Connection | None = None
@@ -297,12 +281,23 @@ class Proxy:
                 failed = exc
 
         async def run() -> None:
-            if failed is not None:
-                raise failed
-            await attempt(connection)
+            try:
+                stop = lapsed()  # while the dispatch record was made durable: nothing sent
+                if stop is not None:
+                    raise stop
+                if failed is not None:
+                    raise failed
+                await attempt(connection)
+            except TryNext as exc:  # the next attempt may serve, unless the key lapsed
+                stop = lapsed()
+                if stop is None:
+                    raise
+                raise stop from exc  # what the client gets, and the completion says
 
         try:
-            gone = None if withdrawn is None else withdrawn()
+            gone: str | GatewayError | None = lapsed()
+            if gone is None and withdrawn is not None:
+                gone = withdrawn()
             if gone is not None:
                 exchange.backend = backend_before  # not this one's: nothing was sent to it
                 return gone
@@ -377,6 +372,18 @@ async def _hosted(
 def _attempt_status(exc: TryNext) -> int:
     """The status a failed attempt answers the client with if it is the last one."""
     return exc.error.status if exc.error is not None else ErrorCode.backend_unavailable.status
+
+
+def _stopped(
+    stop: GatewayError, decision: Decision, last: TryNext | None, model: str, reasons: list[str]
+) -> GatewayError:
+    """What the client gets when its key lapsed before an attempt was made (`stop`): with
+    nothing dispatched, `stop` as a refusal (its record says why); after an attempt that
+    was dispatched and failed, that attempt's error, which its completion record holds
+    (it was written while the key still stood)."""
+    if last is None:
+        return lapsed_refusal(stop, decision)
+    return _attempt_error(last, model, reasons)
 
 
 def _attempt_error(last: TryNext, model: str, failures: list[str]) -> GatewayError:

@@ -8,7 +8,10 @@ written, a failure is an attempt's outcome (a completion record), never a refusa
 Besides the policy's own refusals: `nothing_served` (no backend the policy admits was
 available), `not_sent` (every hosted provider the plan came to refused the request
 before it was sent, and nothing else was dispatched) and `hosted_unavailable` (LiteLLM
-did not load, so no hosted provider could be called, and nothing else was dispatched).
+did not load, so no hosted provider could be called, and nothing else was dispatched) and
+`lapsed` (the request's key was revoked, removed or given to another tenant, or its model
+taken from the tenant, while it was in flight, before anything was dispatched:
+gateway/api/standing.py).
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ __all__ = [
     "HOSTED_CHECKS_RULE",
     "HOSTED_UNAVAILABLE_RULE",
     "REFUSAL_CODES",
+    "TENANT_RULE",
     "Refused",
     "hosted_unavailable",
+    "lapsed",
     "not_sent",
     "nothing_served",
 ]
@@ -39,6 +44,8 @@ REFUSAL_CODES: Final = frozenset(
         ErrorCode.no_compliant_backend,
         ErrorCode.upstream_bad_request,  # `not_sent`
         ErrorCode.backend_unavailable,  # `hosted_unavailable`
+        ErrorCode.invalid_api_key,  # `lapsed`
+        ErrorCode.model_not_found,  # `lapsed`
     }
 )
 # The `rule` of a `not_sent` refusal: no policy rule refused, the gateway's own checks of
@@ -47,6 +54,9 @@ HOSTED_CHECKS_RULE: Final = "owngate/hosted_request"
 # The `rule` of a `hosted_unavailable` refusal: no policy rule refused, LiteLLM (which
 # every hosted call goes through) could not be loaded (gateway/upstream/hosted.py).
 HOSTED_UNAVAILABLE_RULE: Final = "owngate/hosted_unavailable"
+# The `rule` of a `lapsed` refusal: no policy rule refused, the tenant index and the key
+# revocations active now did (the key no longer stands, or the model is not the tenant's).
+TENANT_RULE: Final = "owngate/tenant"
 
 
 class Refused(GatewayError):
@@ -91,6 +101,13 @@ def hosted_unavailable(decision: Decision, model: str, reasons: list[str]) -> Re
         decision,
         HOSTED_UNAVAILABLE_RULE,
     )
+
+
+def lapsed(error: GatewayError, decision: Decision) -> Refused:
+    """The refusal of a request whose key or tenant no longer stands (`error`: what
+    `Standing.lapsed` said, 401 `invalid_api_key` or 404 `model_not_found`) before anything
+    of it was dispatched."""
+    return Refused(error.code, error.message, decision, TENANT_RULE, param=error.param)
 
 
 def nothing_served(decision: Decision, model: str, plan: Plan) -> Refused:

@@ -81,6 +81,10 @@ class MemoryState:
     def is_revoked(self, key_hash: str) -> bool:
         return key_hash in self._revoked
 
+    @property
+    def revocations(self) -> int:
+        return len(self._revoked)  # only ever added to
+
     def tenant_use(self, tenant: str, limits: TenantLimits) -> TenantUse:
         """`tenant`'s use of `limits` in this process."""
         return self._ledger.use(tenant, limits)

@@ -39,6 +39,11 @@ class RevokedKeys:
     def is_revoked(self, key_hash: str) -> bool:
         return key_hash in self._revoked
 
+    @property
+    def seen(self) -> int:
+        """How many digests are cached here (only ever added to: `SharedState.revocations`)."""
+        return len(self._revoked)
+
     async def revoke(self, key_hash: str, *, healthy: bool) -> bool:
         """Refuse the key here at once; True when Redis stored it too. With Redis away
         (`healthy` false) it waits for the next sync that reaches Redis, as it does when

@@ -239,6 +239,10 @@ class RedisState:
         """From the local cache: never a Redis call, and a revocation once seen stays."""
         return self._revocations.is_revoked(key_hash)
 
+    @property
+    def revocations(self) -> int:
+        return self._revocations.seen
+
     # the background sync
 
     async def _sync(self) -> None:

@@ -226,6 +226,13 @@ class SharedState(Protocol):
 
     def is_revoked(self, key_hash: str) -> bool: ...
 
+    @property
+    def revocations(self) -> int:
+        """How many key digests this process refuses: it grows with each revocation seen
+        here and never shrinks (one seen stays), so a request that found its key standing
+        asks `is_revoked` again only when it moved (gateway/api/standing.py)."""
+        ...
+
     def status(self) -> StateStatus: ...
 
     def tenant_use(self, tenant: str, limits: TenantLimits) -> TenantUse: ...

@@ -39,6 +39,7 @@ from tests.helpers.gateways import (
     logged_gateway,
     served,
 )
+from tests.helpers.hold import Hold
 from tests.helpers.log_truth import ORIGIN
 from tests.helpers.provenance import records
 from tests.helpers.raw_backend import Answer, Post, RawBackend
@@ -304,11 +305,13 @@ def test_a_hosted_attempt_withdrawn_while_it_was_checked_has_no_dispatch_record(
 ) -> None:
     # The provider's checks (DNS lookups of content-part hosts: up to seconds) are held
     # while a reload takes the hosted backend out of the policy: it is not dispatched to.
-    hold = _Hold(monkeypatch, HostedClient, "prepare")
+    hold = Hold(monkeypatch, HostedClient, "prepare")
     hosted = start_sim("vllm", models=("m",), zero_latency=True)
     gateway = start(start_gateway, tmp_path, [], hosted)
     # the hosted backend is in the EU
-    response = hold.post_across(gateway, lambda: reload_policy(gateway, tmp_path, "2", "us"))
+    response = hold.across(
+        lambda: post(gateway, GOOD), lambda: reload_policy(gateway, tmp_path, "2", "us")
+    )
     assert response.status_code == 503, response.text
     assert response.json()["error"]["code"] == "no_compliant_backend"
     assert served(hosted) == 0
@@ -325,44 +328,19 @@ def test_a_private_attempt_withdrawn_while_it_connected_has_no_dispatch_record(
 ) -> None:
     # `a`'s connect is held while a reload takes `a` out of the policy: it is not
     # dispatched to (its connection goes back to the pool), and the fallback serves.
-    hold = _Hold(monkeypatch, PrivateRelay, "connect")
+    hold = Hold(monkeypatch, PrivateRelay, "connect")
     a = start_sim("vllm", models=("m",), zero_latency=True)
     hosted = start_sim("vllm", models=("m",), zero_latency=True)
     us = {**EU_ZERO, "region": "us-east-1"}
     gateway = start(
         start_gateway, tmp_path, [backend("a", a.url, "m", **us)], hosted, regions="eu, us"
     )
-    response = hold.post_across(gateway, lambda: reload_policy(gateway, tmp_path, "2", "eu"))
+    response = hold.across(
+        lambda: post(gateway, GOOD), lambda: reload_policy(gateway, tmp_path, "2", "eu")
+    )
     assert response.status_code == 200, response.text
     assert served(a) == 0 and served(hosted) == 1
     found = request_log(tmp_path, gateway, response)
     assert [r["type"] for r in found] == ["dispatch", "completion"], found
     assert found[0]["backend"]["id"] == "hosted"
     assert found[0]["fallback_basis"] == [{"backend": "a", "state": "down"}]
-
-
-class _Hold:
-    """`owner.name` (an async method) held at its start until the test lets it go: a
-    request is posted, `change` runs while its attempt waits there, then it goes on."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, owner: type, name: str) -> None:
-        self.entered, self.released = threading.Event(), threading.Event()
-        method = getattr(owner, name)
-
-        async def held(this: Any, *args: Any) -> Any:
-            self.entered.set()
-            await until_async(self.released.is_set, "the test's change", timeout=60)
-            return await method(this, *args)
-
-        monkeypatch.setattr(owner, name, held)
-
-    def post_across(self, gateway: Gateway, change: Callable[[], None]) -> httpx.Response:
-        try:
-            with ThreadPoolExecutor(1) as pool:
-                pending = pool.submit(post, gateway, GOOD)
-                until(self.entered.is_set, "the held attempt", timeout=30)
-                change()
-                self.released.set()
-                return pending.result(timeout=120)
-        finally:
-            self.released.set()
