@@ -91,8 +91,9 @@ async def reserve_tokens(
     *,
     embeddings: bool,
 ) -> None:
-    """Reserve the request's tokens on its admission, or raise `GatewayError` (429)."""
-    per_minute = tenant.limits.tokens_per_minute
+    """Reserve the request's tokens on its admission, or raise `GatewayError` (429). The
+    budget is the admission's (a reload while the body arrived changes later requests')."""
+    per_minute = admission.limits.tokens_per_minute
     if per_minute is None:
         return
     tokens = tokens_to_reserve(
