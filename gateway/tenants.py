@@ -56,6 +56,9 @@ class TenantEntry:
     all_models: bool
     models: frozenset[str]
     limits: TenantLimits = field(default_factory=TenantLimits)
+    # Tokens reserved per answer of a request without max_tokens (gateway/api/reservation.py);
+    # None: the default share of `limits.tokens_per_minute`.
+    reserved_tokens_per_answer: int | None = None
 
     def may_use(self, model: str) -> bool:
         return self.all_models or model in self.models
@@ -77,7 +80,13 @@ def index_keys(tenants: Iterable[TenantSettings]) -> dict[str, TenantEntry]:
     problems: list[str] = []
     for tenant in tenants:
         limits = tenant_limits(tenant)
-        entry = TenantEntry(tenant.id, "*" in tenant.models, frozenset(tenant.models), limits)
+        entry = TenantEntry(
+            tenant.id,
+            "*" in tenant.models,
+            frozenset(tenant.models),
+            limits,
+            tenant.limits.reserved_tokens_per_answer,
+        )
         for key_hash in tenant.api_key_hashes:
             other = index.setdefault(key_hash, entry)
             if other is not entry:

@@ -25,6 +25,7 @@ class Limits(BaseModel):
     requests_per_minute: int | None
     tokens_per_minute: int | None
     concurrent_requests: int | None
+    reserved_tokens_per_answer: int | None = None
 
 
 class Use(BaseModel):
@@ -33,7 +34,12 @@ class Use(BaseModel):
 
     inflight: int | None = Field(description="requests holding a concurrency slot")
     requests: int | None = Field(description="requests within the last minute's window")
-    tokens: int | None = Field(description="tokens within the last minute's window")
+    tokens: int | None = Field(
+        description="tokens within the last minute's window, reservations included"
+    )
+    reserved: int | None = Field(
+        default=None, description="tokens reserved by requests in flight (settled when they end)"
+    )
     scope: Literal["process", "replica"] = Field(
         description="process: state memory; replica: this replica's part (state redis)"
     )
@@ -70,7 +76,11 @@ async def tenants(
                 keys=len(tenant.api_key_hashes),
                 limits=Limits.model_validate(tenant.limits.model_dump()),
                 use=Use(
-                    inflight=use.inflight, requests=use.requests, tokens=use.tokens, scope=scope
+                    inflight=use.inflight,
+                    requests=use.requests,
+                    tokens=use.tokens,
+                    reserved=use.reserved,
+                    scope=scope,
                 ),
             )
         )

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from gateway.body_budget import Held
     from gateway.body_writer import BodyWriter
     from gateway.policy import Decision
+    from gateway.state import Admission
     from gateway.tracing.spans import RequestSpan
 
 __all__ = [
@@ -79,6 +80,9 @@ class Exchange:
     # before the client can see the answer end (`settle`), so a client's next request
     # is admitted against a budget that already holds this one.
     charge: Callable[[], Awaitable[None]] | None = None
+    # The tenant's admission: it reserves the request's tokens once the body is parsed
+    # (gateway/api/reservation.py); None: no limits apply.
+    admission: Admission | None = None
     # Its share of the process's budget for whole answers (`limits.max_held_answer_bytes`,
     # gateway/api/answer_reads.py), given back when the request ends; None: not counted.
     answer: Held | None = None

@@ -27,6 +27,7 @@ from gateway.api.exchange import (
     receipt_headers,
     send_error_event,
 )
+from gateway.api.reservation import rate_limited
 from gateway.api.runtime import Runtime
 from gateway.api.standing import Standing
 from gateway.asgi import (
@@ -86,7 +87,7 @@ class TenantSurface:
             digest = self.key_digest(scope)
             tenant = self.tenant_of(digest)
             exchange.tenant = tenant.id
-            admission = await self._admit(tenant)
+            admission = exchange.admission = await self._admit(tenant)
             exchange.charge = lambda: admission.release(_tokens_used(exchange))
             limits = runtime.parts.config.limits
             held = runtime.bodies.hold(
@@ -208,12 +209,7 @@ class TenantSurface:
         try:
             return await self._runtime.parts.state.acquire(tenant.id, tenant.limits)
         except RateLimited as exc:
-            raise GatewayError(
-                ErrorCode.rate_limit_exceeded,
-                exc.message,
-                headers=((b"retry-after", exc.retry_after_header),),
-                error_type=exc.error_type,
-            ) from exc
+            raise rate_limited(exc) from exc
 
     def authenticate(self, scope: Scope) -> TenantEntry:
         """The tenant whose API key the request carries (raises 401 `GatewayError`)."""

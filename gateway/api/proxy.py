@@ -42,6 +42,7 @@ from gateway.api.passthrough import PrivateRelay
 from gateway.api.recorder import Recorder
 from gateway.api.refusal import Refused, hosted_unavailable, not_sent, nothing_served
 from gateway.api.refusal import lapsed as lapsed_refusal
+from gateway.api.reservation import reserve_tokens
 from gateway.api.standing import Standing
 from gateway.api.trail import Trail
 from gateway.asgi import Receive, Scope, Send
@@ -125,6 +126,9 @@ class Proxy:
                 f"The model `{excerpt(model)}` does not exist or you do not have access to it.",
                 param="model",
             )
+        if exchange.admission is not None:  # before any backend may see the prompt
+            embeddings = exchange.endpoint == "embeddings"
+            await reserve_tokens(exchange.admission, tenant, doc, len(body), embeddings=embeddings)
         if self.recorder is not None:
             exchange.trail = self.recorder.start(body)
         elif tenant.limits.tokens_per_minute is not None:

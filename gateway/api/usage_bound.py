@@ -62,6 +62,8 @@ __all__ = [
     "COMPLETION_ALLOWANCE",
     "MEDIA_ALLOWANCE",
     "PROMPT_ALLOWANCE",
+    "answer_choices",
+    "answer_limit",
     "completion_bound",
     "over_bound",
     "prompt_bound",
@@ -81,10 +83,22 @@ def prompt_bound(ask: Mapping[str, Any] | None, body_bytes: int) -> int:
 
 def completion_bound(ask: Mapping[str, Any] | None, answer_bytes: int) -> int:
     """The most output tokens an answer of `answer_bytes` bytes to `ask` justifies."""
-    choices = max(1, *(_choices(ask, name) for name in _CHOICE_FIELDS)) * _prompts(ask)
+    choices = answer_choices(ask)
     limit = _limit(ask)
     no_text = COMPLETION_ALLOWANCE if limit is None else min(COMPLETION_ALLOWANCE, limit)
     return answer_bytes + choices * no_text
+
+
+def answer_choices(ask: Mapping[str, Any] | None) -> int:
+    """The most answers (choices) a backend may give `ask`: per prompt, the largest of
+    `n`, `best_of` and `n_cmpl`, times the prompts of a batch."""
+    return max(1, *(_choices(ask, name) for name in _CHOICE_FIELDS)) * _prompts(ask)
+
+
+def answer_limit(ask: Mapping[str, Any] | None) -> int | None:
+    """The most output tokens per choice every backend reads `ask` as allowing, or None
+    when some backend may read it as no limit (see the module's docstring)."""
+    return _limit(ask)
 
 
 def tokens_bound(ask: Mapping[str, Any] | None, body_bytes: int, answer_bytes: int) -> int:

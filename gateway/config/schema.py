@@ -243,6 +243,21 @@ class RateLimitSettings(_Strict):
     requests_per_minute: int | None = Field(default=None, gt=0)
     tokens_per_minute: int | None = Field(default=None, gt=0)
     concurrent_requests: int | None = Field(default=None, gt=0)
+    reserved_tokens_per_answer: int | None = Field(
+        default=None,
+        gt=0,
+        description="Tokens a request reserves of tokens_per_minute for each answer when it "
+        "sets no max_tokens (docs/configuration.md); default: tokens_per_minute / 8",
+    )
+
+    @model_validator(mode="after")
+    def _reservation_within_budget(self) -> RateLimitSettings:
+        reserved, budget = self.reserved_tokens_per_answer, self.tokens_per_minute
+        if reserved is not None and (budget is None or reserved > budget):
+            raise ValueError(
+                "reserved_tokens_per_answer needs tokens_per_minute, and at most that many"
+            )
+        return self
 
 
 class TenantSettings(_Strict):

@@ -8,12 +8,18 @@ Lua scripts on Redis (`gateway.state.lua`) compute exactly the same numbers.
 - requests per minute `R`: a request costs `I = 60 s / R` (rounded); it is admitted while
   `max(tat, now) - now <= (R - 1) * I`, then `tat = max(tat, now) + I`. A burst of `R`
   fits at once, then one every `I`. Refused: retry after `max(tat, now) - now - (R-1)*I`.
-- tokens per minute `T`: tokens are known only when a response completes, so a
-  completion moves `tat` by `tokens * 60 s / T` (rounded) and an admission only checks
-  that some budget is left: `tat - now < 60 s`. Refused: retry after
-  `tat - now - 60 s` (plus 1 us). The debt is capped at `MAX_DEBT_US` (30 days): usage
-  is what a backend reports, and the cap keeps every time an exact double in Lua and
-  every expiry within what Redis accepts.
+- tokens per minute `T`: `n` tokens cost `n * 60 s / T` (rounded). An admission first
+  checks that some budget is left (`tat - now < 60 s`; refused: retry after
+  `tat - now - 60 s` plus 1 us), before the request's body is read. Once the body is
+  parsed, the request *reserves* what it may use (`reserve`: its prompt estimate and
+  completion limit, at most `T`): it fits while `max(tat, now) + cost - now <= 60 s`,
+  then `tat = max(tat, now) + cost`; refused: retry after the excess. So a burst is
+  admitted only as far as its reservations fit the minute's budget. When the request
+  ends, `settle` replaces the reservation by the tokens charged: the difference
+  `delta = cost(used) - cost(reserved)` moves `tat` back (a refund: `max(tat + delta,
+  now)`) or on (`max(tat, now) + delta`). The debt is capped at `MAX_DEBT_US` (30
+  days): usage is what a backend reports, and the cap keeps every time an exact double
+  in Lua and every expiry within what Redis accepts.
 - concurrent `C`: admitted while fewer than `C` are held.
 """
 
@@ -31,6 +37,8 @@ __all__ = [
     "Ledger",
     "request_interval_us",
     "request_wait_us",
+    "reservation_wait_us",
+    "settled_tat",
     "tokens_cost_us",
     "tokens_wait_us",
 ]
@@ -63,11 +71,27 @@ def tokens_wait_us(tat: int, now: int) -> int:
     return 0 if over < 0 else over + 1
 
 
+def reservation_wait_us(tat: int, now: int, cost: int) -> int:
+    """Microseconds until a reservation costing `cost` fits (0: it fits now)."""
+    return max(0, max(tat, now) + cost - now - WINDOW_US)
+
+
+def settled_tat(tat: int, now: int, delta: int) -> int:
+    """The token budget's `tat` once a reservation is replaced by what was charged
+    (`delta`: cost of the tokens used less cost of the tokens reserved). A refund moves
+    it back, never before `now` (a full budget); an extra charge moves it on from now at
+    the earliest, at most `MAX_DEBT_US` ahead."""
+    if delta < 0:
+        return max(tat + delta, now)
+    return min(max(tat, now) + delta, now + MAX_DEBT_US)
+
+
 @dataclass(slots=True)
 class _Account:
     requests_tat: int = 0
     tokens_tat: int = 0
     held: int = 0
+    reserved: int = 0  # tokens reserved by requests not yet settled
 
 
 class Ledger:
@@ -134,14 +158,35 @@ class Ledger:
         ceiling = now + rpm * interval
         account.requests_tat = min(max(account.requests_tat, now) + interval, ceiling)
 
-    def charge_tokens(self, tenant: str, limits: TenantLimits, tokens: int) -> None:
+    def reserve(self, tenant: str, limits: TenantLimits, tokens: int, *, check: bool) -> int:
+        """Reserve `tokens` (at most the whole budget: more could never fit) of the
+        tenant's tokens budget; returns the tokens reserved. With `check`, raise
+        `RateLimited` when they do not fit now; without, reserve them anyway (a
+        reservation Redis made, mirrored here)."""
         tpm = limits.tokens_per_minute
         if tpm is None or tokens <= 0:
-            return
+            return 0
+        tokens = min(tokens, tpm)
         account = self._account(tenant)
         now = self._now()
-        tat = max(account.tokens_tat, now) + tokens_cost_us(tokens, tpm)
-        account.tokens_tat = min(tat, now + MAX_DEBT_US)
+        cost = tokens_cost_us(tokens, tpm)
+        wait = reservation_wait_us(account.tokens_tat, now, cost)
+        if check and wait > 0:
+            raise RateLimited(tenant, "tokens_per_minute", tpm, wait / 1e6)
+        account.tokens_tat = min(max(account.tokens_tat, now) + cost, now + MAX_DEBT_US)
+        account.reserved += tokens
+        return tokens
+
+    def settle(self, tenant: str, limits: TenantLimits, reserved: int, used: int) -> None:
+        """Replace a reservation of `reserved` tokens by the `used` tokens charged."""
+        tpm = limits.tokens_per_minute
+        if tpm is None or (reserved <= 0 and used <= 0):
+            return
+        account = self._account(tenant)
+        account.reserved = max(0, account.reserved - reserved)
+        delta = tokens_cost_us(max(0, used), tpm) - tokens_cost_us(max(0, reserved), tpm)
+        if delta != 0:
+            account.tokens_tat = settled_tat(account.tokens_tat, self._now(), delta)
 
     def hold(self, tenant: str) -> None:
         self._account(tenant).held += 1
@@ -157,7 +202,8 @@ class Ledger:
     def use(self, tenant: str, limits: TenantLimits) -> TenantUse:
         """What `tenant` uses of `limits` now, as the GCRA state holds it: requests and
         tokens not yet replenished (the use within the last minute's window) and slots
-        held; None for a limit that is not set (no use is kept of it)."""
+        held, tokens reserved by requests in flight; None for a limit that is not set (no
+        use is kept of it)."""
         account = self._accounts.get(tenant, _Account())
         now = self._now()
         rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
@@ -169,7 +215,8 @@ class Ledger:
         if tpm is not None:
             tokens = max(0, account.tokens_tat - now) * tpm // WINDOW_US
         inflight = None if limits.concurrent is None else account.held
-        return TenantUse(inflight=inflight, requests=requests, tokens=tokens)
+        reserved = None if tpm is None else account.reserved
+        return TenantUse(inflight=inflight, requests=requests, tokens=tokens, reserved=reserved)
 
     def held_by_tenant(self) -> dict[str, int]:
         """Tenants holding slots now, with their counts."""

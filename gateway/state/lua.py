@@ -15,7 +15,7 @@ every slot. A replica's count stops counting when its lease (in `leases`) runs o
 
 from __future__ import annotations
 
-__all__ = ["ACQUIRE", "HEARTBEAT", "LEAVE", "RELEASE", "REVOKE"]
+__all__ = ["ACQUIRE", "HEARTBEAT", "LEAVE", "RELEASE", "RESERVE", "REVOKE"]
 
 _COMMON = """
 local function now_us()
@@ -101,22 +101,62 @@ return {1}
 """
 )
 
+_TOKENS = """
+local function tokens_cost(tokens, tpm)
+  return math.floor((tokens * 60000000 + math.floor(tpm / 2)) / tpm)
+end
+local function set_tat(key, tat, now)
+  if tat <= now then
+    redis.call('DEL', key)  -- a full budget
+  else
+    redis.call('SET', key, us(tat), 'PX', math.floor((tat - now) / 1000) + 1)
+  end
+end
+"""
+
+# KEYS: tpm TAT; ARGV: tpm, tokens (at most tpm are reserved), most debt (us)
+# -> {1} reserved | {0, wait_us} refused
+RESERVE = (
+    _COMMON
+    + _TOKENS
+    + """
+local tpm = tonumber(ARGV[1])
+local tokens = math.min(tonumber(ARGV[2]), tpm)
+local now = now_us()
+local cost = tokens_cost(tokens, tpm)
+local base = math.max(tonumber(redis.call('GET', KEYS[1])) or now, now)
+local over = base + cost - now - 60000000
+if over > 0 then return {0, over} end
+set_tat(KEYS[1], math.min(base + cost, now + tonumber(ARGV[3])), now)
+return {1}
+"""
+)
+
 # KEYS: slots of the tenant, held counts of the tenant, tpm TAT
-# ARGV: replica, slot field ('' = none), tpm (0 = none), tokens used, most debt (us)
+# ARGV: replica, slot field ('' = none), tpm (0 = none), tokens reserved here by
+#       `RESERVE`, tokens used, most debt (us)
+# The reservation is replaced by the tokens used (ledger.settled_tat).
 RELEASE = (
     _COMMON
+    + _TOKENS
     + """
 local me = ARGV[1]
 if ARGV[2] ~= '' and redis.call('HDEL', KEYS[1], ARGV[2]) == 1 then
   if redis.call('HINCRBY', KEYS[2], me, -1) <= 0 then redis.call('HDEL', KEYS[2], me) end
 end
-local tpm, tokens = tonumber(ARGV[3]), tonumber(ARGV[4])
-if tpm > 0 and tokens > 0 then
-  local now = now_us()
-  local cost = math.floor((tokens * 60000000 + math.floor(tpm / 2)) / tpm)
-  local tat = math.max(tonumber(redis.call('GET', KEYS[3])) or now, now) + cost
-  tat = math.min(tat, now + tonumber(ARGV[5]))
-  redis.call('SET', KEYS[3], us(tat), 'PX', math.floor((tat - now) / 1000) + 1)
+local tpm, reserved, used = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+if tpm > 0 and (reserved > 0 or used > 0) then
+  local delta = tokens_cost(used, tpm) - tokens_cost(reserved, tpm)
+  if delta ~= 0 then
+    local now = now_us()
+    local tat = tonumber(redis.call('GET', KEYS[3])) or now
+    if delta < 0 then
+      tat = math.max(tat + delta, now)
+    else
+      tat = math.min(math.max(tat, now) + delta, now + tonumber(ARGV[6]))
+    end
+    set_tat(KEYS[3], tat, now)
+  end
 end
 return 1
 """

@@ -51,10 +51,16 @@ class MemoryState:
         held = self._ledger.admit(tenant, limits)
         return Admission(self, tenant, limits, held=held, shared=False)
 
+    async def _reserve(self, admission: Admission, tokens: int) -> None:
+        admission.reserved = self._ledger.reserve(
+            admission.tenant, admission.limits, tokens, check=True
+        )
+
     async def _release(self, admission: Admission, tokens_used: int) -> None:
         if admission.held:
             self._ledger.unhold(admission.tenant)
-        self._ledger.charge_tokens(admission.tenant, admission.limits, tokens_used)
+        reserved, admission.reserved = admission.reserved, 0
+        self._ledger.settle(admission.tenant, admission.limits, reserved, tokens_used)
 
     def backend_started(self, backend_id: str) -> None:
         self._inflight[backend_id] = self._inflight.get(backend_id, 0) + 1

@@ -1,8 +1,11 @@
 """Tenant limits across replicas on Redis, for `RedisState` (redis_state.py).
 
 Each admission is one EVALSHA (`lua.ACQUIRE`: concurrency, requests and tokens checked
-and charged atomically), each completion at most one (`lua.RELEASE`), and both together
-with waiting for a connection take at most `timeout_s`. With Redis away or failing the
+and charged atomically), its token reservation one (`lua.RESERVE`, for a tenant with a
+tokens limit), each completion at most one (`lua.RELEASE`: the slot freed, the
+reservation replaced by the tokens used), each with waiting for a connection taking at
+most `timeout_s`. Every reservation and settlement is mirrored on the local ledger, so a
+fallback starts from this replica's recent use. With Redis away or failing the
 call, the local `Ledger` decides instead, over this replica's share of each limit
 (`RedisHealth.replicas`). Only `RateLimited` is raised.
 """
@@ -61,6 +64,7 @@ class RedisLimits:
         # sync has connections of its own, so request traffic never starves the lease.
         self._gate = asyncio.Semaphore(max_connections)
         self._acquire_script = client.register_script(lua.ACQUIRE)
+        self._reserve_script = client.register_script(lua.RESERVE)
         self._release_script = client.register_script(lua.RELEASE)
 
     async def acquire(self, tenant: str, limits: TenantLimits) -> Admission:
@@ -129,14 +133,42 @@ class RedisLimits:
         slot = self._slots.take(tenant, calling=False) if limits.concurrent is not None else None
         return Admission(self, tenant, limits, held=slot is not None, shared=False, slot=slot)
 
+    async def _reserve(self, admission: Admission, tokens: int) -> None:
+        """Reserve `tokens` of the tenant's tokens budget on Redis (or locally, over this
+        replica's share, while it is away) or raise `RateLimited`."""
+        tenant, limits = admission.tenant, admission.limits
+        tpm = limits.tokens_per_minute or 0
+        tokens = min(tokens, tpm)
+        local = limits.share(self._health.replicas)
+        if self._health.healthy:
+            try:
+                reply = await self._call(
+                    self._reserve_script, [self._keys.tokens(tenant)], [tpm, tokens, MAX_DEBT_US]
+                )
+            except FAILURES as exc:
+                # Redis may have taken it: it ages out there, it is never refunded.
+                self._health.failed("reservation", exc)
+            else:
+                if int(reply[0]) != 1:
+                    raise RateLimited(tenant, "tokens_per_minute", tpm, int(reply[1]) / 1e6)
+                admission.reserved_shared = tokens
+                admission.reserved = self._ledger.reserve(tenant, local, tokens, check=False)
+                return
+        self._health.fallbacks += 1
+        # Over the share: a reservation of the whole share waits for a full local budget.
+        admission.reserved = self._ledger.reserve(tenant, local, tokens, check=True)
+
     async def _release(self, admission: Admission, tokens_used: int) -> None:
         tenant, limits, slot = admission.tenant, admission.limits, admission.slot
-        self._ledger.charge_tokens(tenant, limits.share(self._health.replicas), tokens_used)
+        reserved, admission.reserved = admission.reserved, 0
+        shared, admission.reserved_shared = admission.reserved_shared, 0
+        self._ledger.settle(tenant, limits.share(self._health.replicas), reserved, tokens_used)
         self._slots.drop(tenant, slot)  # first: a resync from now on leaves it out
-        charge = limits.tokens_per_minute is not None and tokens_used > 0
+        charge = limits.tokens_per_minute is not None and (tokens_used > 0 or shared > 0)
         if not self._health.healthy or not (slot or charge):
             if slot is not None:
                 self._health.resync = True  # Redis may hold the slot until the next resync
+            # A reservation Redis holds stays there until it ages out (within a minute).
             return
         keys = self._keys
         if slot is not None:
@@ -149,6 +181,7 @@ class RedisLimits:
                     self._replica_id,
                     slot or "",
                     limits.tokens_per_minute or 0,
+                    shared,
                     tokens_used,
                     MAX_DEBT_US,
                 ],

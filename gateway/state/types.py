@@ -113,15 +113,29 @@ def _human_seconds(seconds: float) -> str:
 
 
 class _Releaser(Protocol):
+    async def _reserve(self, admission: Admission, tokens: int) -> None: ...
+
     async def _release(self, admission: Admission, tokens_used: int) -> None: ...
 
 
 class Admission:
-    """One admitted request. Call `release(tokens_used)` exactly when it ends (any
-    outcome): it frees the concurrency slot and charges the tokens to the tenant's
-    tokens-per-minute budget. Releasing twice is a no-op."""
+    """One admitted request. Once its body is read, `reserve(tokens)` what it may use of
+    the tenant's tokens-per-minute budget (raises `RateLimited` when that does not fit).
+    Call `release(tokens_used)` exactly when it ends (any outcome): it frees the
+    concurrency slot and replaces the reservation by the tokens charged (0: a refund).
+    Releasing twice is a no-op."""
 
-    __slots__ = ("_released", "_releaser", "held", "limits", "shared", "slot", "tenant")
+    __slots__ = (
+        "_released",
+        "_releaser",
+        "held",
+        "limits",
+        "reserved",
+        "reserved_shared",
+        "shared",
+        "slot",
+        "tenant",
+    )
 
     def __init__(
         self,
@@ -140,10 +154,21 @@ class Admission:
         self.held = held  # counted against the concurrency limit
         self.shared = shared  # admitted by Redis, not decided on local state
         self.slot = slot  # the implementation's name for the held slot, if any
+        self.reserved = 0  # tokens reserved on the local ledger (decided or mirrored)
+        self.reserved_shared = 0  # tokens reserved on Redis, for every replica
 
     @property
     def released(self) -> bool:
         return self._released
+
+    async def reserve(self, tokens: int) -> None:
+        """Reserve `tokens` of the tenant's tokens-per-minute budget until `release`
+        (once; at most the whole budget is reserved). Raises `RateLimited` when they do
+        not fit now; does nothing without a tokens limit or once released."""
+        if self._released or self._releaser is None or self.reserved or self.reserved_shared:
+            return
+        if self.limits.tokens_per_minute is not None and tokens > 0:
+            await self._releaser._reserve(self, tokens)
 
     async def release(self, tokens_used: int = 0) -> None:
         if self._released:
@@ -156,11 +181,13 @@ class Admission:
 @dataclass(frozen=True, slots=True)
 class TenantUse:
     """A tenant's current use of its limits (None: that limit is not set, so no use is
-    kept): requests and tokens within the last minute's window, slots held."""
+    kept): requests and tokens within the last minute's window (reservations included),
+    slots held, tokens reserved by requests in flight."""
 
     inflight: int | None
     requests: int | None
     tokens: int | None
+    reserved: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,8 +100,13 @@ def test_tenants_show_their_limits_and_use(served: Served) -> None:
     acme = tenants[0]
     assert acme["models"] == ["*"] and acme["keys"] == 1
     unlimited = {"requests_per_minute": None, "tokens_per_minute": None}
-    assert acme["limits"] == {**unlimited, "concurrent_requests": None}
-    assert acme["use"] == {"inflight": None, "requests": None, "tokens": None, "scope": "process"}
+    assert acme["limits"] == {
+        **unlimited,
+        "concurrent_requests": None,
+        "reserved_tokens_per_answer": None,
+    }
+    none = {"inflight": None, "requests": None, "tokens": None, "reserved": None}
+    assert acme["use"] == {**none, "scope": "process"}
 
 
 def test_policy_cases_run_against_the_running_set(served: Served) -> None:

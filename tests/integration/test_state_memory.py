@@ -51,7 +51,15 @@ class Release:
     tokens: int = 0
 
 
-Step = Admit | Advance | Release
+@dataclass(frozen=True)
+class Reserve:
+    """Reserve `tokens` on the newest admission held; `retry_s`: expected refused (TPM)."""
+
+    tokens: int
+    retry_s: float | None = None
+
+
+Step = Admit | Advance | Release | Reserve
 RPM = "requests_per_minute"
 TPM = "tokens_per_minute"
 BURST_60: list[Step] = [Admit()] * 60
@@ -108,6 +116,57 @@ CASES: dict[str, tuple[TenantLimits, list[Step]]] = {
         TenantLimits(tokens_per_minute=600),
         [Admit(), Release(600), Admit(TPM, 0.001), Advance(0.1), Admit()],
     ),
+    # 400 tokens reserve 24 s of the minute: two fit, the third waits 12 s (72 - 60)
+    "reservations bound a burst": (
+        TenantLimits(tokens_per_minute=1000),
+        [
+            Admit(),
+            Reserve(400),
+            Admit(),
+            Reserve(400),
+            Admit(),
+            Reserve(400, 12.0),
+            Advance(12.0),
+            Reserve(400),
+            Admit(TPM, 0.001),  # the whole minute is reserved
+        ],
+    ),
+    "settling refunds what was reserved and not used": (
+        TenantLimits(tokens_per_minute=1000),
+        [
+            Admit(),
+            Reserve(1000),
+            Admit(TPM, 0.001),
+            Release(100),  # 900 of the 1000 back: 6 s of the minute spent
+            Admit(),
+            Reserve(900),
+            Admit(TPM, 0.001),
+        ],
+    ),
+    "a request that reached no backend is refunded all": (
+        TenantLimits(tokens_per_minute=1000),
+        [Admit(), Reserve(600), Release(0), Admit(), Reserve(1000), Admit(TPM, 0.001)],
+    ),
+    # cut to the whole budget; the usage past it is charged when it ends
+    "a reservation over the budget is cut to it, the rest charged at release": (
+        TenantLimits(tokens_per_minute=1000),
+        [
+            Admit(),
+            Reserve(5000),
+            Admit(TPM, 0.001),
+            Release(3000),
+            Admit(TPM, 120.000001),
+            Advance(120.000001),
+            Admit(),
+            Reserve(1000, 59.999999),
+            Advance(59.999999),
+            Reserve(1000),
+        ],
+    ),
+    "no tokens limit: nothing reserved": (
+        TenantLimits(requests_per_minute=1000),
+        [Admit(), Reserve(10**9), Admit(), Reserve(10**9)],
+    ),
     "concurrency frees a slot on release": (
         TenantLimits(concurrent=2),
         [Admit(), Admit(), Admit("concurrent", 1.0), Release(), Admit(), Admit("concurrent", 1.0)],
@@ -138,6 +197,13 @@ def test_limits(name: str) -> None:
                 clock.now += step.seconds
             elif isinstance(step, Release):
                 await held.pop(0).release(step.tokens)
+            elif isinstance(step, Reserve) and step.retry_s is None:
+                await held[-1].reserve(step.tokens)
+            elif isinstance(step, Reserve):
+                with pytest.raises(RateLimited) as caught:
+                    await held[-1].reserve(step.tokens)
+                assert caught.value.limit == TPM, where
+                assert caught.value.retry_after_s == pytest.approx(step.retry_s, abs=1e-6), where
             elif step.refused is None:
                 held.append(await state.acquire(step.tenant, limits))
             else:
@@ -264,19 +330,25 @@ def test_tenant_use_is_what_the_limits_have_taken_in_the_window() -> None:
     clock = Clock()
     state = MemoryState(clock=clock)
     limits = TenantLimits(requests_per_minute=6, tokens_per_minute=600, concurrent=2)
-    assert state.tenant_use("t1", limits) == TenantUse(inflight=0, requests=0, tokens=0)
+    assert state.tenant_use("t1", limits) == TenantUse(0, 0, 0, reserved=0)
     assert state.tenant_use("t1", TenantLimits()) == TenantUse(None, None, None)
 
     async def run() -> None:
         first = await state.acquire("t1", limits)
-        await state.acquire("t1", limits)
+        second = await state.acquire("t1", limits)
         await state.acquire("t2", limits)
-        assert state.tenant_use("t1", limits) == TenantUse(inflight=2, requests=2, tokens=0)
+        assert state.tenant_use("t1", limits) == TenantUse(2, 2, 0, reserved=0)
+        await first.reserve(200)
+        await second.reserve(100)
+        # reserved tokens count in the window's use until the request settles
+        assert state.tenant_use("t1", limits) == TenantUse(2, 2, 300, reserved=300)
         await first.release(tokens_used=300)
-        assert state.tenant_use("t1", limits) == TenantUse(inflight=1, requests=2, tokens=300)
+        assert state.tenant_use("t1", limits) == TenantUse(1, 2, 400, reserved=100)
+        await second.release(tokens_used=0)
+        assert state.tenant_use("t1", limits) == TenantUse(0, 2, 300, reserved=0)
         clock.now += 15  # a quarter of the window: 1.5 requests' and 150 tokens' worth back
-        assert state.tenant_use("t1", limits) == TenantUse(inflight=1, requests=1, tokens=150)
+        assert state.tenant_use("t1", limits) == TenantUse(0, 1, 150, reserved=0)
         clock.now += 60
-        assert state.tenant_use("t1", limits) == TenantUse(inflight=1, requests=0, tokens=0)
+        assert state.tenant_use("t1", limits) == TenantUse(0, 0, 0, reserved=0)
 
     asyncio.run(run())

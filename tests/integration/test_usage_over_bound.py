@@ -121,7 +121,8 @@ def test_a_limit_llamacpp_reads_over_max_tokens_is_charged_in_full(
     # llama.cpp reads `n_predict` over `max_tokens`; a `logit_bias` forcing a control token
     # makes every one of its 100,000 tokens leave no text. Its honest usage was cut to
     # the bound of one output token: charged about 4,300 tokens, and signed as over the
-    # bound, while the tenant's budget is 50,000 a minute.
+    # bound. The tenant's budget is 100,000 a minute: what its `n_predict` alone asks for
+    # (more would be refused before dispatch, gateway/api/reservation.py).
     usage = {"prompt_tokens": 9, "completion_tokens": 100_000, "total_tokens": 100_009}
     answer = json.dumps(
         {
@@ -132,7 +133,7 @@ def test_a_limit_llamacpp_reads_over_max_tokens_is_charged_in_full(
         }
     ).encode()
     raw = start_raw(json_answer(answer))
-    tenants = [{**TENANTS[0], "limits": {"tokens_per_minute": 50_000}}]
+    tenants = [{**TENANTS[0], "limits": {"tokens_per_minute": 100_000}}]
     gateway = logged_private_gateway(
         start_gateway, tmp_path, raw.url, "example.test/usage", tenants=tenants
     )
