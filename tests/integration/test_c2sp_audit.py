@@ -28,6 +28,7 @@ from tests.helpers.provenance import run_audit
 
 REQUESTS = 150  # two entries each: 300, one full tile and a partial one of 44
 SIZE = 2 * REQUESTS
+EARLIER = 280  # a checkpoint signed on the way: its partial tiles are `.p/24`
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,13 @@ class Produced:
 def produced(tmp_path_factory: pytest.TempPathFactory) -> Produced:
     directory = tmp_path_factory.mktemp("c2sp-audit")
     with serve_admin(directory, witness=True) as served:
-        with ThreadPoolExecutor(8) as pool:
-            answers = list(pool.map(lambda _: served.chat(), range(REQUESTS)))
+        answers: list[httpx.Response] = []
+        for count, size in ((EARLIER // 2, EARLIER), (REQUESTS - EARLIER // 2, SIZE)):
+            with ThreadPoolExecutor(8) as pool:
+                answers += pool.map(lambda _: served.chat(), range(count))
+            served.wait_for_size(size)  # nothing else is logged: a checkpoint at `size`
         assert all(answer.status_code == 200 for answer in answers)
         ids = [answer.headers["x-request-id"] for answer in answers]
-        served.wait_for_size(SIZE)
         fetch = c2sp.from_url(f"{served.admin}/log/", TOKENS["auditor"])
         read = c2sp.read_log(fetch, [c2sp.note_key(served.vkey)], ORIGIN)
         found = httpx.get(
@@ -99,7 +102,7 @@ def test_the_log_verifies_from_the_spec_over_http_on_disk_and_by_owngate(
     assert _spec_verify(log, produced.vkey) == entries
     for path in ("tile/0/000", "tile/0/001.p/44", "tile/1/000.p/1", "tile/entries/001.p/44"):
         assert (log / path).is_file(), path
-    assert len(_history(log)) > 10
+    assert len(_history(log)) > 2 and (log / "checkpoints" / f"{EARLIER:020d}").is_file()
     assert _owngate("verify", str(log), "--key", produced.vkey, "--origin", ORIGIN)[0] == 0
 
 
@@ -194,9 +197,9 @@ TAMPERED: dict[str, Change] = {
     "an entry appended to the partial bundle": _edit(
         "tile/entries/001.p/44", lambda d: d + b"\x00\x02{}"
     ),
-    "an older checkpoint's partial tile altered": _edit("tile/0/001.p/20", _flip(5)),
+    "an older checkpoint's partial tile altered": _edit("tile/0/001.p/24", _flip(5)),
     "an older checkpoint's partial bundle deleted": lambda log, _: (
-        log / "tile/entries/001.p/20"
+        log / "tile/entries/001.p/24"
     ).unlink(),
     "the level-1 partial tile deleted": lambda log, _: (log / "tile/1/000.p/1").unlink(),
     "an unknown key's line first, the log's line forged": _note(
@@ -278,3 +281,21 @@ def test_both_verifiers_accept_what_the_spec_allows(
     _spec_verify(log, produced.vkey)
     code, out = _owngate("verify", str(log), "--key", produced.vkey, "--origin", ORIGIN)
     assert code == 0, out
+
+
+def test_a_partial_bundle_holding_more_than_its_width_is_named_so(
+    produced: Produced, tmp_path: Path
+) -> None:
+    """A `.p/44` bundle given more than a full bundle's entries: `verify` names the width
+    of the file and its last entry (299), not a full bundle's 256 and an entry (511)
+    past the end of the log."""
+    log = tmp_path / "log"
+    shutil.copytree(produced.log, log, ignore=shutil.ignore_patterns(".lock"))
+    full = (log / "tile/entries/000").read_bytes()
+    (log / "tile/entries/001.p/44").write_bytes((log / "tile/entries/001.p/44").read_bytes() + full)
+    with pytest.raises(c2sp.Rejected, match="after its 44 entries"):
+        _spec_verify(log, produced.vkey)
+    code, out = _owngate("verify", str(log), "--key", produced.vkey)
+    assert code == 1, out
+    assert "holds 300 entries, more than its width 44" in out, out
+    assert "after entry 299" in out and "511" not in out, out
