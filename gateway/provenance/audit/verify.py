@@ -217,9 +217,11 @@ def _locate(log: LogDirectory, bundle: int, size: int, cause: Exception) -> LogV
     if cut and len(held) >= count:
         last = first + count - 1
         return _fail(f"entry bundle {name} has bytes after entry {last}, its last (altered file)")
-    if len(held) > TILE_WIDTH:
-        why = f"holds {len(held)} entries, more than {TILE_WIDTH}: entries were appended"
-        return _fail(f"entry bundle {name} {why} after entry {first + TILE_WIDTH - 1}")
+    # The file's own width: a partial bundle `.p/<W>` holds W entries (C2SP tlog-tiles).
+    width = int(name.rpartition("/")[2]) if ".p/" in name else TILE_WIDTH
+    if len(held) > width:
+        why = f"holds {len(held)} entries, more than its width {width}: entries were appended"
+        return _fail(f"entry bundle {name} {why} after entry {first + width - 1}")
     return _fail(f"{cause}; {signed}", first)
 
 
