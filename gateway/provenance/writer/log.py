@@ -24,6 +24,7 @@ which tells `events` when an outage begins and ends; `Checkpointer` does for che
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +36,7 @@ from gateway.provenance.formats.proofs import TlogProof
 from gateway.provenance.formats.records import LogEntry
 from gateway.provenance.writer.checkpointer import Checkpointer, LogSettings
 from gateway.provenance.writer.events import FaultEvents
+from gateway.provenance.writer.high_water import HighWater
 from gateway.provenance.writer.outage import Outage
 from gateway.provenance.writer.queued import Queued, entry_of
 from gateway.provenance.writer.sealer import BatchSeal, Seal, Sealer
@@ -95,13 +97,17 @@ class ProvenanceLog:
         clock: Callable[[], float] = time.monotonic,
         batch_seal: BatchSeal | None = None,
         events: FaultEvents | None = None,
+        high_water: HighWater | None = None,
     ) -> ProvenanceLog:
         """Open or create the log in `directory`, recovering after a crash; `cosigners` also
         sign every checkpoint (e.g. the previous key during a rotation); `events` hears of
-        write and checkpoint failures, once when they begin and once when they end."""
+        write and checkpoint failures, once when they begin and once when they end;
+        `high_water` keeps the newest checkpoint outside the directory and refuses a
+        directory that holds less than it (`LogForkError`: see `HighWater`)."""
         worker = LoopWorker(asyncio.get_running_loop(), "provenance-log")
+        opening = functools.partial(LogStore.open, high_water=high_water)
         try:
-            store = await worker.run(LogStore.open, directory, origin, [signer, *cosigners])
+            store = await worker.run(opening, directory, origin, [signer, *cosigners])
         except BaseException:
             worker.shutdown(wait=False)
             raise
