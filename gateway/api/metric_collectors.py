@@ -219,6 +219,14 @@ class ProvenanceCollector(Collector):
         recorder = self._recorder
         opened = recorder.opened
         log = recorder.log if opened else None
+        failures = CounterMetricFamily(
+            "owngate_receipt_failures",
+            "Receipts that could not be signed (the signer raised): the record is in the "
+            "log, but the client's answer went out without its receipt, marked "
+            "x-owngate-receipt-missing.",
+        )
+        failures.add_metric([], recorder.receipt_failures)
+        yield failures
         yield GaugeMetricFamily(
             "owngate_provenance_ready",
             "1 while the provenance log is open and writable; 0 before it opens and while "

@@ -90,6 +90,8 @@ class Recorder:
         # bounded by count and bytes
         self.receipts = ReceiptStore(settings.receipts_kept, settings.receipts_memory_bytes)
         self._events = get_logger("owngate.provenance")
+        # Receipts whose signing raised (the answer went out without one): a metric.
+        self.receipt_failures = 0
         # Per backend config / per policy decision: what records repeat, built once.
         self._backend_refs: dict[int, tuple[object, BackendRef]] = {}
         self._traces: dict[int, tuple[Decision, PolicyRef, tuple[TraceStep, ...]]] = {}
@@ -227,6 +229,7 @@ class Recorder:
     def _sealed(self, request_id: str, sealing: asyncio.Future[bytes]) -> None:
         error = None if sealing.cancelled() else sealing.exception()
         if error is not None:
+            self.receipt_failures += 1  # owngate_receipt_failures_total
             self._events.error(
                 "receipt not signed", request_id=request_id, reason=type(error).__name__
             )

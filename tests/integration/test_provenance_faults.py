@@ -96,6 +96,31 @@ def test_a_deleted_log_directory_is_refused_and_said_so(
     assert "the segment was removed" in printed
 
 
+def test_a_receipt_the_signer_fails_is_counted_and_the_answer_says_it_has_none(
+    logged: Callable[..., tuple[GatewayApp, ServerThread]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The record is durable, so the answer goes out; before, it went without its receipt
+    # and without a word (a log line, no metric): a client could not tell it from a
+    # gateway that gives no receipts, an operator could not alert on it.
+    def refused(*args: object, **kwargs: object) -> list[bytes]:
+        raise ValueError("the signing key is gone")
+
+    monkeypatch.setattr("gateway.api.recorder.seal_receipts", refused)
+    app, server = logged()
+    url = f"{server.url}/v1/chat/completions"
+    answer = httpx.post(url, content=ASK, headers=HEADERS, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert "x-owngate-receipt" not in answer.headers
+    assert answer.headers["x-owngate-receipt-missing"] == "signing-failed"
+    stream = orjson.dumps({**orjson.loads(ASK), "stream": True})
+    streamed = httpx.post(url, content=stream, headers=HEADERS, timeout=30)
+    assert streamed.status_code == 200 and "owngate-receipt" not in streamed.text
+    metrics = httpx.get(f"{server.url}/metrics").text.splitlines()
+    assert "owngate_receipt_failures_total 2.0" in metrics
+    assert app.parts.recorder is not None and app.parts.recorder.log.size >= 2  # logged
+
+
 KEY = "og-faults-test-key-0123456789abcd"
 
 
