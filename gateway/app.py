@@ -318,6 +318,7 @@ def validate(
             [config_dir / f for f in files],
             [w.vkey for w in log.witnesses],
             directory=config_dir / log.dir if secrets else None,
+            high_water=log.high_water_path(config_dir),
         )
     return problems
 
