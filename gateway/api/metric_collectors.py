@@ -238,6 +238,12 @@ class ProvenanceCollector(Collector):
         yield GaugeMetricFamily(
             "owngate_provenance_entries", "Entries made durable in the log.", value=log.size
         )
+        yield GaugeMetricFamily(
+            "owngate_provenance_export_age_seconds",
+            "How long the checkpoint export in progress has run (0 when none runs); one "
+            "that has not returned for stall_after_ms (5 s) also makes the log not ready.",
+            value=log.export_seconds,
+        )
         latest = log.latest_checkpoint()
         if latest is not None:
             yield GaugeMetricFamily(

@@ -105,9 +105,9 @@ class ProvenanceLog:
         `high_water` keeps the newest checkpoint outside the directory and refuses a
         directory that holds less than it (`LogForkError`: see `HighWater`)."""
         worker = LoopWorker(asyncio.get_running_loop(), "provenance-log")
-        opening = functools.partial(LogStore.open, high_water=high_water)
+        opening = functools.partial(LogStore.open, directory, high_water=high_water)
         try:
-            store = await worker.run(opening, directory, origin, [signer, *cosigners])
+            store = await worker.run(opening, origin, [signer, *cosigners])
         except BaseException:
             worker.shutdown(wait=False)
             raise
@@ -128,8 +128,14 @@ class ProvenanceLog:
 
     @property
     def last_error(self) -> ProvenanceError | None:
-        """The last write or checkpoint failure, each cleared by its kind's next success."""
-        return self._outage.current(self._loop.time()) or self._checkpoints.error
+        """The last write or checkpoint failure, each cleared by its kind's next success;
+        a write, snapshot or export that has not returned for `stall_after_ms` too."""
+        return self._outage.current(self._loop.time()) or self._checkpoints.current()
+
+    @property
+    def export_seconds(self) -> float:
+        """How long the checkpoint export in progress has run (0 when none runs)."""
+        return self._checkpoints.running_for()
 
     @property
     def cleanup_error(self) -> ProvenanceError | None:
@@ -324,11 +330,14 @@ class ProvenanceLog:
             if batch:
                 await self._commit(batch)
             if self._checkpoints.due(self._size) and not self._aborting:
+                # closing the segment may hang like a write, holding appends back
+                self._outage.writing_since = self._loop.time()
                 try:  # the snapshot is taken here, between two batches
                     snapshot = await self._in_worker(self._store.snapshot)
                 except Exception as exc:  # noqa: BLE001 - the committer outlives any snapshot
                     self._outage.failed(exc, self._loop.time())
                 else:
+                    self._requeue(self._outage.returned())
                     self._checkpoints.start(snapshot)
             if self._closing and not self._queue:
                 return
