@@ -27,7 +27,7 @@ from gateway.api.app import GatewayApp
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.parts import Assembly
 from gateway.api.proxy import Proxy
-from gateway.api.recorder import Recorder
+from gateway.api.recorder import Recorder, asks_new_log_origin
 from gateway.api.reload import ConfigReloader
 from gateway.config.loader import ConfigError, load_config_text, referenced_variables
 from gateway.config.schema import GatewaySettings, StateSettings
@@ -88,7 +88,11 @@ def assemble(
         tracing = tracing_settings(environ)  # OpenTelemetry traces: off unless asked for
         metrics = GatewayMetrics()
         state = _shared_state(config.state)
-        recorder = None if config.provenance is None else Recorder(config.provenance, config_dir)
+        recorder = (
+            None
+            if config.provenance is None
+            else Recorder(config.provenance, config_dir, new_origin=asks_new_log_origin(environ))
+        )
     else:
         metrics, state, recorder = running.metrics, running.state, running.recorder
         tracing = running.tracing
@@ -314,6 +318,7 @@ def validate(
             [config_dir / f for f in files],
             [w.vkey for w in log.witnesses],
             directory=config_dir / log.dir if secrets else None,
+            high_water=log.high_water_path(config_dir),
         )
     return problems
 

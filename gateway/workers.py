@@ -84,9 +84,13 @@ def for_worker(identity: WorkerIdentity | None) -> Callable[[GatewaySettings], G
         update: dict[str, object] = {}
         log = config.provenance
         if log is not None:
-            update["provenance"] = log.model_copy(
-                update={"dir": f"{log.dir}/{suffix}", "origin": f"{log.origin}/{suffix}"}
-            )
+            own: dict[str, object] = {
+                "dir": f"{log.dir}/{suffix}",
+                "origin": f"{log.origin}/{suffix}",
+            }
+            if log.high_water_file is not None:  # else beside the worker's own directory
+                own["high_water_file"] = f"{log.high_water_file}-{suffix}"
+            update["provenance"] = log.model_copy(update=own)
         if config.state.replica_id:
             update["state"] = config.state.model_copy(
                 update={"replica_id": f"{config.state.replica_id}-{suffix}"}
@@ -251,9 +255,16 @@ def _prepare_worker() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def supervise(config_path: str, count: int, host: str, port: int, config: GatewaySettings) -> int:
-    """`serve --workers N` in the supervisor process."""
-    argv = [sys.executable, "-m", "gateway", "serve", "--config", config_path]
+def supervise(
+    config_path: str,
+    count: int,
+    host: str,
+    port: int,
+    config: GatewaySettings,
+    flags: Sequence[str] = (),
+) -> int:
+    """`serve --workers N` in the supervisor process; `flags` go to every worker."""
+    argv = [sys.executable, "-m", "gateway", "serve", "--config", config_path, *flags]
     try:
         supervisor = Supervisor(argv, count, host, port, config.limits.drain_timeout_s)
     except OSError as exc:

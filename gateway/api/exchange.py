@@ -39,6 +39,11 @@ __all__ = [
     "watch_disconnect",
 ]
 
+# A whole answer whose record is logged but whose receipt could not be signed says so
+# (docs/provenance.md, "Receipts"); a stream's headers are out before, so it only lacks its
+# receipt line. Either way `owngate_receipt_failures_total` counts it.
+_RECEIPT_MISSING = ((b"x-owngate-receipt-missing", b"signing-failed"),)
+
 
 @dataclass(slots=True)
 class Exchange:
@@ -116,9 +121,12 @@ async def receipt_headers(exchange: Exchange) -> tuple[tuple[bytes, bytes], ...]
     """The receipt header of a whole answer (waits for its signature if still running);
     the tenant is charged before the answer goes out (`settle`)."""
     await settle(exchange)
-    receipt = await exchange.trail.sealed_receipt() if exchange.trail is not None else None
+    trail = exchange.trail
+    receipt = await trail.sealed_receipt() if trail is not None else None
     if receipt is None:
-        return ()
+        # The record is in the log, but its receipt could not be signed: the client is told
+        # so, rather than left to take the answer for one of a gateway that gives none.
+        return _RECEIPT_MISSING if trail is not None and trail.receipt_failed else ()
     return ((b"x-owngate-receipt", base64.b64encode(receipt)),)
 
 

@@ -219,6 +219,14 @@ class ProvenanceCollector(Collector):
         recorder = self._recorder
         opened = recorder.opened
         log = recorder.log if opened else None
+        failures = CounterMetricFamily(
+            "owngate_receipt_failures",
+            "Receipts that could not be signed (the signer raised): the record is in the "
+            "log, but the client's answer went out without its receipt, marked "
+            "x-owngate-receipt-missing.",
+        )
+        failures.add_metric([], recorder.receipt_failures)
+        yield failures
         yield GaugeMetricFamily(
             "owngate_provenance_ready",
             "1 while the provenance log is open and writable; 0 before it opens and while "
@@ -229,6 +237,12 @@ class ProvenanceCollector(Collector):
             return
         yield GaugeMetricFamily(
             "owngate_provenance_entries", "Entries made durable in the log.", value=log.size
+        )
+        yield GaugeMetricFamily(
+            "owngate_provenance_export_age_seconds",
+            "How long the checkpoint export in progress has run (0 when none runs); one "
+            "that has not returned for stall_after_ms (5 s) also makes the log not ready.",
+            value=log.export_seconds,
         )
         latest = log.latest_checkpoint()
         if latest is not None:

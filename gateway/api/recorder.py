@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -53,10 +54,20 @@ from gateway.provenance import (
     refusal_record,
     seal_receipts,
 )
+from gateway.provenance.writer.high_water import HighWater
 from gateway.routing.registry import BackendState
 from gateway.upstream.tls import Peer
 
-__all__ = ["Recorder", "usage_of"]
+__all__ = ["NEW_LOG_ORIGIN_ENV", "Recorder", "asks_new_log_origin", "usage_of"]
+
+# Set (to 1) by `owngate serve --new-log-origin`: the operator starts a new log under a new
+# origin, leaving behind the one the high-water file records (docs/provenance.md).
+NEW_LOG_ORIGIN_ENV = "OWNGATE_NEW_LOG_ORIGIN"
+
+
+def asks_new_log_origin(environ: Mapping[str, str]) -> bool:
+    """Whether `environ` says to start a new log under a new origin."""
+    return environ.get(NEW_LOG_ORIGIN_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 class Recorder:
@@ -69,13 +80,18 @@ class Recorder:
     verifiers: list[Verifier]  # set by `open`
     retired_verifiers: list[Verifier]  # set by `open`
 
-    def __init__(self, settings: ProvenanceSettings, config_dir: Path) -> None:
+    def __init__(
+        self, settings: ProvenanceSettings, config_dir: Path, *, new_origin: bool = False
+    ) -> None:
         self._settings = settings
         self._config_dir = config_dir
+        self._new_origin = new_origin  # `serve --new-log-origin`
         self.opened = False
         # bounded by count and bytes
         self.receipts = ReceiptStore(settings.receipts_kept, settings.receipts_memory_bytes)
         self._events = get_logger("owngate.provenance")
+        # Receipts whose signing raised (the answer went out without one): a metric.
+        self.receipt_failures = 0
         # Per backend config / per policy decision: what records repeat, built once.
         self._backend_refs: dict[int, tuple[object, BackendRef]] = {}
         self._traces: dict[int, tuple[Decision, PolicyRef, tuple[TraceStep, ...]]] = {}
@@ -104,6 +120,8 @@ class Recorder:
             if batched
             else None,
             events=self._events,  # one line when writes or checkpoints fail, one when back
+            # an emptied or older log directory is refused, not forked (LogForkError)
+            high_water=HighWater(settings.high_water_path(config_dir), self._new_origin),
         )
         self._signer = signer if not batched else None
         # The log's public keys (current and previous): what its receipts and
@@ -211,6 +229,7 @@ class Recorder:
     def _sealed(self, request_id: str, sealing: asyncio.Future[bytes]) -> None:
         error = None if sealing.cancelled() else sealing.exception()
         if error is not None:
+            self.receipt_failures += 1  # owngate_receipt_failures_total
             self._events.error(
                 "receipt not signed", request_id=request_id, reason=type(error).__name__
             )

@@ -39,6 +39,7 @@ class Trail:
     dispatch: LogEntry | None = None
     refusal: LogEntry | None = None  # the refusal record, when nothing was dispatched
     receipt: asyncio.Future[bytes] | None = None  # the DSSE envelope, being signed
+    receipt_failed: bool = False  # its signing raised: the answer goes without one
     response_hash: Any = field(default_factory=hashlib.sha256)
     # The stream's last pieces, at least its last `_TAIL` bytes when it has them (`tail`);
     # joined and trimmed only past twice that, not copied for each piece.
@@ -113,7 +114,8 @@ class Trail:
             return None
         try:
             receipt = await asyncio.shield(self.receipt)
-        except Exception:  # noqa: BLE001 - Recorder._sealed logged it; the answer goes on
+        except Exception:  # noqa: BLE001 - Recorder._sealed logged and counted it
+            self.receipt_failed = True  # the answer goes on, marked as without a receipt
             return None
         if self.countersignature is not None:
             return attach_countersignature(receipt, self.countersignature)

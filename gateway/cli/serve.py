@@ -50,7 +50,9 @@ exit codes:
   2  usage: bad flags
   3  did not start: the app's startup failed, i.e. the provenance log could not be
      opened (signing key missing or invalid, directory not writable, disk full while
-     recovering, damaged log, or another process holds it)
+     recovering, damaged log, or another process holds it), or the log directory
+     holds less than the log already signed under its origin (emptied, deleted or
+     restored from an older copy: the high-water file says so; see --new-log-origin)
   4  stopped, but the final checkpoint could not be signed (e.g. a full disk): what was
      logged since the last checkpoint is in the write-ahead segment, and the next start
      recovers and signs it once the disk takes writes
@@ -88,6 +90,14 @@ def register(subparsers: Any) -> None:
         help="worker processes sharing the port, with a supervisor that restarts them "
         "(env OWNGATE_WORKERS, default 1: one process, no supervisor)",
     )
+    parser.add_argument(
+        "--new-log-origin",
+        action="store_true",
+        default=env_default("OWNGATE_NEW_LOG_ORIGIN", "").strip().lower() in ("1", "true", "yes"),
+        help="start a new provenance log under provenance.origin although the high-water "
+        "file records another origin's log (after a lost or retired log directory; never "
+        "needed for a first start; env OWNGATE_NEW_LOG_ORIGIN=1)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -107,8 +117,17 @@ def run(args: argparse.Namespace) -> int:
     port = args.port if args.port >= 0 else config.listen.port
     identity = worker_identity(os.environ)
     if identity is None and args.workers > 1:
-        return supervise(args.config, args.workers, host, port, config)
-    return _serve(args.config, for_worker(identity)(config), host, port, identity, read_at)
+        flags = ["--new-log-origin"] if args.new_log_origin else []
+        return supervise(args.config, args.workers, host, port, config, flags)
+    return _serve(
+        args.config,
+        for_worker(identity)(config),
+        host,
+        port,
+        identity,
+        read_at,
+        new_log_origin=args.new_log_origin,
+    )
 
 
 def _ignore_sighup_until_served() -> None:
@@ -127,8 +146,11 @@ def _serve(
     port: int,
     identity: WorkerIdentity | None,
     read_at: float | None = None,
+    *,
+    new_log_origin: bool = False,
 ) -> int:
     from gateway.api.fleet import FleetMetrics
+    from gateway.api.recorder import NEW_LOG_ORIGIN_ENV
     from gateway.app import AssemblyError, create_app
     from gateway.serving import (
         STARTUP_FAILURE,
@@ -142,6 +164,7 @@ def _serve(
     try:
         app = create_app(
             config,
+            environ={**os.environ, NEW_LOG_ORIGIN_ENV: "1"} if new_log_origin else None,
             config_dir=Path(path).parent,
             config_file=Path(path),
             prepare=for_worker(identity),

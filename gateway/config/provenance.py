@@ -3,6 +3,8 @@ the witnesses that cosign its checkpoints."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -48,6 +50,13 @@ class ProvenanceSettings(_Strict):
     dir: str = Field(min_length=1, description="log directory, relative to gateway.yaml")
     origin: str = Field(min_length=1, description="the log's origin line, e.g. host/log/1")
     signing_key_file: str = Field(min_length=1, description="written by keys new --signing")
+    high_water_file: str | None = Field(
+        default=None,
+        min_length=1,
+        description="where the newest signed checkpoint is kept, outside the log "
+        "directory, so that a log directory emptied, deleted or restored from an older "
+        "copy is refused rather than forked (default: beside the directory, <dir>.high-water)",
+    )
     group_commit_ms: float = Field(default=2.0, ge=0)
     checkpoint_every: int = Field(default=10_000, gt=0)
     checkpoint_interval_ms: float = Field(default=1000.0, gt=0)
@@ -77,6 +86,14 @@ class ProvenanceSettings(_Strict):
     witness_retry_max_s: float = Field(
         default=60.0, gt=0, description="longest wait between retries to a failing witness"
     )
+
+    def high_water_path(self, config_dir: Path) -> Path:
+        """The high-water file (`high_water_file`, or `<dir>.high-water` beside the log
+        directory), relative paths anchored at `config_dir` as `dir` is."""
+        if self.high_water_file is not None:
+            return config_dir / self.high_water_file
+        directory = Path(os.path.abspath(config_dir / self.dir))
+        return directory.parent / f"{directory.name or 'log'}.high-water"
 
     @field_validator("retired_verifier_keys")
     @classmethod

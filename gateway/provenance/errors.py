@@ -11,6 +11,7 @@ __all__ = [
     "CommitmentMismatchError",
     "KeyFormatError",
     "LogCorruptedError",
+    "LogForkError",
     "LogUnavailableError",
     "LogVerificationError",
     "MalformedError",
@@ -58,6 +59,11 @@ class LogUnavailableError(ProvenanceError):
 
 class LogCorruptedError(ProvenanceError):
     """The writer found damage it must not repair on its own (beyond a torn tail)."""
+
+
+class LogForkError(LogCorruptedError):
+    """The log directory holds less than (or another tree than) the log under this origin
+    already signed: going on would sign a second tree under the same origin and key."""
 
 
 class LogVerificationError(ProvenanceError):

@@ -11,7 +11,9 @@ import pytest
 
 from gateway.cli.main import main
 from gateway.config import ConfigError, load_config, parse_config
+from gateway.provenance import Checkpoint, sign_checkpoint
 from gateway.provenance.keys import write_signing_key
+from gateway.provenance.testing import seeded_signer
 from gateway.tenants import hash_api_key
 from tests.helpers.paths import REPO_ROOT
 
@@ -334,6 +336,26 @@ def test_config_validate_checks_the_log_without_opening_it(
     assert "readable by group or others (mode 644); chmod 600 it" in err
     assert f"provenance.dir {refused.parent / 'log'} holds the log 'other.example/log'" in err
     assert sorted(p.name for p in (refused.parent / "log").iterdir()) == ["checkpoints"]
+
+
+def test_config_validate_finds_a_log_directory_serve_would_refuse_to_fork(
+    refused: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The high-water file beside the log directory records a checkpoint of size 7; the
+    # directory holds nothing: `serve` would exit 3 (LogForkError), so validate fails too.
+    (refused.parent / "policies" / "acme.yaml").write_text(POLICY)
+    monkeypatch.setenv("OG_TEST_ANTHROPIC_KEY", "sk-a")
+    monkeypatch.setenv("OG_TEST_MISTRAL_KEY", "sk-m")
+    write_signing_key(refused.parent / "log.key", "example.com/log")
+    signed = sign_checkpoint(
+        Checkpoint("example.com/log", 7, bytes(32)), [seeded_signer("example.com/log")]
+    )
+    (refused.parent / "log.high-water").write_bytes(signed)
+    assert _validate(str(refused)) == 1
+    err = capsys.readouterr().err
+    assert "provenance.high_water_file: " in err
+    assert "already signed a checkpoint of size 7" in err and "--new-log-origin" in err
+    assert not (refused.parent / "log").exists()  # validating wrote nothing
 
 
 def test_config_validate_without_secrets_skips_what_only_the_server_has(

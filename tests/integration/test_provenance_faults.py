@@ -41,6 +41,7 @@ from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
 from tests.helpers.net import free_port
 from tests.helpers.processes import GatewayProcess
 from tests.helpers.provenance import run_audit
+from tests.helpers.waiting import until
 
 ORIGIN = "test.owngate/log/faults"
 ASK = orjson.dumps({"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]})
@@ -94,6 +95,71 @@ def test_a_deleted_log_directory_is_refused_and_said_so(
     printed = "".join(capfd.readouterr())  # the gateway's log lines
     assert printed.count("provenance log not writable") == 1, printed
     assert "the segment was removed" in printed
+
+
+def test_a_receipt_the_signer_fails_is_counted_and_the_answer_says_it_has_none(
+    logged: Callable[..., tuple[GatewayApp, ServerThread]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The record is durable, so the answer goes out; before, it went without its receipt
+    # and without a word (a log line, no metric): a client could not tell it from a
+    # gateway that gives no receipts, an operator could not alert on it.
+    def refused(*args: object, **kwargs: object) -> list[bytes]:
+        raise ValueError("the signing key is gone")
+
+    monkeypatch.setattr("gateway.api.recorder.seal_receipts", refused)
+    app, server = logged()
+    url = f"{server.url}/v1/chat/completions"
+    answer = httpx.post(url, content=ASK, headers=HEADERS, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert "x-owngate-receipt" not in answer.headers
+    assert answer.headers["x-owngate-receipt-missing"] == "signing-failed"
+    stream = orjson.dumps({**orjson.loads(ASK), "stream": True})
+    streamed = httpx.post(url, content=stream, headers=HEADERS, timeout=30)
+    assert streamed.status_code == 200 and "owngate-receipt" not in streamed.text
+    metrics = httpx.get(f"{server.url}/metrics").text.splitlines()
+    assert "owngate_receipt_failures_total 2.0" in metrics
+    assert app.parts.recorder is not None and app.parts.recorder.log.size >= 2  # logged
+
+
+def test_a_hung_checkpoint_export_shows_in_readiness_and_metrics(
+    logged: Callable[..., tuple[GatewayApp, ServerThread]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app, server = logged(checkpoint_interval_ms=1)
+    assert app.parts.recorder is not None
+    store = app.parts.recorder.log.store
+    export, release, entered = store.export, threading.Event(), threading.Event()
+
+    def hung(*args: Any) -> Any:  # on the log's checkpoint thread
+        entered.set()
+        release.wait(60)
+        return export(*args)
+
+    monkeypatch.setattr(store, "export", hung)
+
+    def metric(name: str) -> float:
+        for line in httpx.get(f"{server.url}/metrics").text.splitlines():
+            if line.startswith(f"{name} "):
+                return float(line.split()[1])
+        raise AssertionError(f"no {name}")
+
+    url = f"{server.url}/v1/chat/completions"
+    try:
+        assert httpx.post(url, content=ASK, headers=HEADERS, timeout=30).status_code == 200
+        assert entered.wait(30)
+        # stall_after_ms (5 s) later the export counts as hung: not ready, its age shown
+        until(
+            lambda: metric("owngate_provenance_ready") == 0,
+            "not ready",
+            timeout=30,
+            interval=0.1,
+        )
+        assert metric("owngate_provenance_export_age_seconds") > 0
+        assert httpx.get(f"{server.url}/readyz").status_code == 503
+        assert httpx.post(url, content=ASK, headers=HEADERS, timeout=30).status_code == 200
+    finally:
+        release.set()
+    until(lambda: metric("owngate_provenance_ready") == 1, "ready again", timeout=30)
 
 
 KEY = "og-faults-test-key-0123456789abcd"

@@ -3,6 +3,8 @@
 `LogStore.open` recovers from the history files (`checkpoints/`); these tests damage the
 directory the way a crash or lost files leave it and check that the log either repairs
 what a crash explains or refuses to sign a tree that does not extend the published one.
+The high-water file (`HighWater`, outside the directory) catches what the directory itself
+cannot show: a directory emptied, deleted, or restored from an older copy or another log.
 """
 
 from __future__ import annotations
@@ -12,11 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from gateway.provenance.errors import LogCorruptedError
+from gateway.provenance.errors import LogCorruptedError, LogForkError, LogUnavailableError
+from gateway.provenance.formats.checkpoint import Checkpoint
 from gateway.provenance.formats.layout import CHECKPOINT, HISTORY, cosigned_path, list_history
 from gateway.provenance.formats.merkle import leaf_hash
 from gateway.provenance.formats.wal import encode_frame
 from gateway.provenance.testing import seeded_signer
+from gateway.provenance.writer.high_water import HighWater
+from gateway.provenance.writer.recovery import note_text
 from gateway.provenance.writer.store import LogStore
 
 ORIGIN = "gateway.example/log/recovery"
@@ -24,18 +29,25 @@ SIGNER = seeded_signer(ORIGIN)
 
 
 def _append(store: LogStore, count: int) -> None:
-    entries = [f'{{"n":{store.size + n}}}'.encode() for n in range(count)]
+    _append_from(store, count, 0)
+
+
+def _append_from(store: LogStore, count: int, first: int) -> None:
+    entries = [f'{{"n":{first + store.size + n}}}'.encode() for n in range(count)]
     pairs = [(entry, leaf_hash(entry)) for entry in entries]
     store.append_frames(pairs, b"".join(encode_frame(e, h) for e, h in pairs))
 
 
-def _log_of_sizes(directory: Path, *sizes: int) -> list[bytes]:
-    """A closed log with a checkpoint at each of `sizes`; returns their notes, in order."""
-    store = LogStore.open(directory, ORIGIN, [SIGNER])
+def _log_of_sizes(
+    directory: Path, *sizes: int, high_water: HighWater | None = None, first: int = 0
+) -> list[bytes]:
+    """A closed log with a checkpoint at each of `sizes`; returns their notes, in order.
+    `first` shifts the entries' contents (another log of the same sizes)."""
+    store = LogStore.open(directory, ORIGIN, [SIGNER], high_water=high_water)
     notes = []
     try:
         for size in sizes:
-            _append(store, size - store.size)
+            _append_from(store, size - store.size, first)
             notes.append(store.checkpoint().note)
     finally:
         store.close()
@@ -83,3 +95,107 @@ def test_a_cosigned_size_beyond_the_history_is_not_a_rollback(tmp_path: Path) ->
     (tmp_path / CHECKPOINT).write_bytes(list_history(tmp_path)[-1][1].read_bytes())
     with pytest.raises(LogCorruptedError, match="cosigned/ holds a checkpoint of size 7"):
         LogStore.open(tmp_path, ORIGIN, [SIGNER])
+
+
+def _recorded(high_water: HighWater) -> Checkpoint:
+    return Checkpoint.parse(note_text(high_water.path.read_bytes(), high_water.path))
+
+
+def test_an_emptied_log_directory_is_refused_not_forked(tmp_path: Path) -> None:
+    # The attack: delete (or empty) the log directory and restart under the same origin and
+    # key; the new log would sign a size-0 tree and grow a second history under that origin.
+    directory, high_water = tmp_path / "log", HighWater(tmp_path / "log.high-water")
+    _log_of_sizes(directory, 3, 7, high_water=high_water)
+    assert _recorded(high_water).size == 7
+    for emptied in (
+        shutil.rmtree,
+        lambda path: [p.unlink() for p in path.rglob("*") if p.is_file()],
+    ):
+        emptied(directory)
+        with pytest.raises(LogForkError) as refused:
+            LogStore.open(directory, ORIGIN, [SIGNER], high_water=high_water)
+        message = str(refused.value)
+        for named in (str(directory), repr(ORIGIN), "size 7", str(high_water.path)):
+            assert named in message, message
+        assert "--new-log-origin" in message and "Restore the log directory" in message
+        assert list_history(directory) == []  # nothing was signed
+        assert not (directory / CHECKPOINT).exists()
+        assert _recorded(high_water).size == 7  # and the record stays
+
+
+def test_an_older_copy_of_the_log_directory_is_refused(tmp_path: Path) -> None:
+    directory, high_water = tmp_path / "log", HighWater(tmp_path / "log.high-water")
+    _log_of_sizes(directory, 3, high_water=high_water)
+    shutil.copytree(directory, tmp_path / "backup")
+    store = LogStore.open(directory, ORIGIN, [SIGNER], high_water=high_water)
+    _append(store, 4)
+    store.checkpoint()
+    store.close()
+    shutil.rmtree(directory)
+    shutil.copytree(tmp_path / "backup", directory)
+    (directory / ".lock").unlink(missing_ok=True)
+    with pytest.raises(LogForkError, match="a log signed only up to size 3, but the log"):
+        LogStore.open(directory, ORIGIN, [SIGNER], high_water=high_water)
+
+
+def test_another_log_under_the_same_origin_is_refused(tmp_path: Path) -> None:
+    # Same origin, same key, a larger tree: not the one signed (its root at size 3 differs).
+    high_water = HighWater(tmp_path / "log.high-water")
+    _log_of_sizes(tmp_path / "log", 3, high_water=high_water)
+    _log_of_sizes(tmp_path / "other", 5, first=100)
+    with pytest.raises(LogForkError, match="holds another tree than the log"):
+        LogStore.open(tmp_path / "other", ORIGIN, [SIGNER], high_water=high_water)
+    # the log itself, grown, still opens: its tree at size 3 is the one recorded
+    _log_of_sizes(tmp_path / "log", 9, high_water=high_water)
+    assert _recorded(high_water).size == 9
+
+
+def test_a_first_start_and_a_log_from_before_the_file_open_and_are_recorded(
+    tmp_path: Path,
+) -> None:
+    fresh = HighWater(tmp_path / "fresh.high-water")
+    LogStore.open(tmp_path / "fresh", ORIGIN, [SIGNER], high_water=fresh).close()
+    assert _recorded(fresh).size == 0
+    _log_of_sizes(tmp_path / "old", 4)  # written before high-water files existed
+    upgraded = HighWater(tmp_path / "old.high-water")
+    LogStore.open(tmp_path / "old", ORIGIN, [SIGNER], high_water=upgraded).close()
+    assert upgraded.path.read_bytes() == (tmp_path / "old" / CHECKPOINT).read_bytes()
+
+
+def test_a_new_origin_starts_over_only_when_the_operator_says_so(tmp_path: Path) -> None:
+    directory, path = tmp_path / "log", tmp_path / "log.high-water"
+    _log_of_sizes(directory, 7, high_water=HighWater(path))
+    shutil.rmtree(directory)
+    new = "gateway.example/log/recovery-2"
+    with pytest.raises(
+        LogForkError, match=r"records the log .* not 'gateway\.example/log/recovery-2'"
+    ):
+        LogStore.open(directory, new, [SIGNER], high_water=HighWater(path))
+    # the flag never excuses the same origin: that would be the fork itself
+    with pytest.raises(LogForkError, match="holds no log"):
+        LogStore.open(directory, ORIGIN, [SIGNER], high_water=HighWater(path, new_origin=True))
+    LogStore.open(directory, new, [SIGNER], high_water=HighWater(path, new_origin=True)).close()
+    assert (_recorded(HighWater(path)).origin, _recorded(HighWater(path)).size) == (new, 0)
+
+
+def test_a_checkpoint_not_recorded_is_not_the_latest_and_is_recorded_next_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    high_water = HighWater(tmp_path / "log.high-water")
+    store = LogStore.open(tmp_path / "log", ORIGIN, [SIGNER], high_water=high_water)
+    try:
+        _append(store, 2)
+
+        def refused(self: HighWater, note: bytes) -> None:
+            raise OSError(28, "No space left on device", str(self.path))
+
+        with monkeypatch.context() as patched:
+            patched.setattr(HighWater, "write", refused)
+            with pytest.raises(LogUnavailableError, match="record the signed checkpoint"):
+                store.checkpoint()
+        assert store.latest is not None and store.latest.checkpoint.size == 0
+        assert _recorded(high_water).size == 0
+        assert store.checkpoint().checkpoint.size == 2  # the next export records it
+        assert _recorded(high_water).size == 2
+    finally:
+        store.close()

@@ -5,7 +5,9 @@ to `Checkpointer.start`, which exports it (`LogStore.export`: tiles, bundles, si
 files, segment clean-up) on the checkpoint thread while the writer goes on appending. One
 export runs at a time, in snapshot order; reads of the stored tiles (proofs) run on the
 same thread, so they never see a checkpoint half written. A failing export is reported
-once (`FaultEvents`), and so is the next one that signs again.
+once (`FaultEvents`), and so is the next one that signs again. So is an export that has
+not returned for `stall_after_ms` (a hung disk): it is the log's error (readiness) until
+it returns, and `running_for` says how long the export in progress has run.
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ class Checkpointer:
         self._covered = store.size  # entries a finished or running export covers
         self._running: asyncio.Task[None] | None = None
         self._at = clock()  # when the last export started or ended
+        self._started: float | None = None  # when the export in progress started
         self.error: ProvenanceError | None = None  # the last export's failure, if it failed
 
     def due(self, size: int) -> bool:
@@ -115,13 +118,14 @@ class Checkpointer:
     def start(self, snapshot: Snapshot) -> None:
         """Export `snapshot` in the background (the caller took it on the writer thread)."""
         self._covered = snapshot.size
-        self._at = self._clock()
+        self._at = self._started = self._clock()
         self._running = self._loop.create_task(self._export(snapshot), name="provenance-export")
 
     async def now(self, snapshot: Snapshot) -> SignedNote:
         """Export `snapshot` and return the checkpoint; raises what the export raises."""
         await self.idle()
         self._covered = snapshot.size
+        self._started = self._clock()
         try:
             return await self.run(self._store.export, snapshot)
         except Exception as exc:
@@ -132,6 +136,25 @@ class Checkpointer:
             if failure is exc:
                 raise
             raise failure from exc
+        finally:
+            self._started = None
+
+    def running_for(self) -> float:
+        """Seconds the export in progress has run (0 when none runs)."""
+        started = self._started
+        return 0.0 if started is None else max(0.0, self._clock() - started)
+
+    def current(self) -> ProvenanceError | None:
+        """The checkpoints' error now: the last export's failure, or that of an export
+        that has not returned for `stall_after_ms` (reported once, like a failure, and
+        cleared when an export signs again)."""
+        seconds = self.running_for()
+        if self.error is None and seconds * 1000.0 >= self._settings.stall_after_ms:
+            stall = f"a checkpoint export has not returned for {seconds:.1f} s (a hung disk?)"
+            self.error = LogUnavailableError(f"cannot sign a checkpoint of the log: {stall}")
+            if self._events is not None:
+                self._events.error("provenance checkpoint not signed", detail=str(self.error))
+        return self.error
 
     async def idle(self) -> None:
         """Wait until no export runs (its outcome is in `error`)."""
@@ -195,7 +218,7 @@ class Checkpointer:
                 )
             self.error = None
         finally:
-            self._running = None
+            self._running = self._started = None
             self._at = self._clock()
             self._wake()
 

@@ -27,7 +27,6 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
 
 from gateway.provenance.errors import LogUnavailableError, ProvenanceError
 from gateway.provenance.formats.note import Signer
@@ -35,6 +34,7 @@ from gateway.provenance.formats.proofs import TlogProof
 from gateway.provenance.formats.records import LogEntry
 from gateway.provenance.writer.checkpointer import Checkpointer, LogSettings
 from gateway.provenance.writer.events import FaultEvents
+from gateway.provenance.writer.high_water import HighWater
 from gateway.provenance.writer.outage import Outage
 from gateway.provenance.writer.queued import Queued, entry_of
 from gateway.provenance.writer.sealer import BatchSeal, Seal, Sealer
@@ -43,8 +43,6 @@ from gateway.provenance.writer.store import LogStore, Recovery, SignedNote
 from gateway.provenance.writer.worker import LoopWorker
 
 __all__ = ["LogSettings", "ProvenanceLog"]
-
-_T = TypeVar("_T")
 
 
 class ProvenanceLog:
@@ -95,13 +93,18 @@ class ProvenanceLog:
         clock: Callable[[], float] = time.monotonic,
         batch_seal: BatchSeal | None = None,
         events: FaultEvents | None = None,
+        high_water: HighWater | None = None,
     ) -> ProvenanceLog:
         """Open or create the log in `directory`, recovering after a crash; `cosigners` also
         sign every checkpoint (e.g. the previous key during a rotation); `events` hears of
-        write and checkpoint failures, once when they begin and once when they end."""
+        write and checkpoint failures, once when they begin and once when they end;
+        `high_water` refuses a directory holding less than the log signed (`HighWater`)."""
         worker = LoopWorker(asyncio.get_running_loop(), "provenance-log")
+        signers = [signer, *cosigners]
         try:
-            store = await worker.run(LogStore.open, directory, origin, [signer, *cosigners])
+            store = await worker.run(
+                lambda: LogStore.open(directory, origin, signers, high_water=high_water)
+            )
         except BaseException:
             worker.shutdown(wait=False)
             raise
@@ -122,8 +125,13 @@ class ProvenanceLog:
 
     @property
     def last_error(self) -> ProvenanceError | None:
-        """The last write or checkpoint failure, each cleared by its kind's next success."""
-        return self._outage.current(self._loop.time()) or self._checkpoints.error
+        """The last write or checkpoint failure or stall, cleared by its kind's next success."""
+        return self._outage.current(self._loop.time()) or self._checkpoints.current()
+
+    @property
+    def export_seconds(self) -> float:
+        """How long the checkpoint export in progress has run (0 when none runs)."""
+        return self._checkpoints.running_for()
 
     @property
     def cleanup_error(self) -> ProvenanceError | None:
@@ -226,7 +234,7 @@ class ProvenanceLog:
 
     async def checkpoint(self) -> SignedNote:
         """Sign a checkpoint now over all durable entries (the latest if none is new)."""
-        snapshot = await self._in_worker(self._store.snapshot)
+        snapshot = await self._worker.run(self._store.snapshot)
         return await self._checkpoints.now(snapshot)
 
     async def inclusion_proof(self, index: int) -> TlogProof:
@@ -263,12 +271,9 @@ class ProvenanceLog:
                 await self.checkpoint()  # a failure (full disk) is raised, once released
         finally:
             await self._checkpoints.idle()
-            await self._in_worker(self._store.close)
+            await self._worker.run(self._store.close)
             self._checkpoints.shutdown()
             self._worker.shutdown(wait=True)
-
-    async def _in_worker(self, function: Callable[..., _T], *args: object) -> _T:
-        return await self._worker.run(function, *args)
 
     def _fail_queue(self, error: LogUnavailableError) -> None:
         for queued in [*self._outage.take(), *self._queue]:
@@ -318,11 +323,13 @@ class ProvenanceLog:
             if batch:
                 await self._commit(batch)
             if self._checkpoints.due(self._size) and not self._aborting:
+                self._outage.writing_since = self._loop.time()  # it may hang like a write
                 try:  # the snapshot is taken here, between two batches
-                    snapshot = await self._in_worker(self._store.snapshot)
+                    snapshot = await self._worker.run(self._store.snapshot)
                 except Exception as exc:  # noqa: BLE001 - the committer outlives any snapshot
                     self._outage.failed(exc, self._loop.time())
                 else:
+                    self._requeue(self._outage.returned())
                     self._checkpoints.start(snapshot)
             if self._closing and not self._queue:
                 return
@@ -343,7 +350,7 @@ class ProvenanceLog:
     async def _probe(self) -> None:
         self._outage.writing_since = self._loop.time()
         try:
-            await self._in_worker(self._store.probe)
+            await self._worker.run(self._store.probe)
         except Exception as exc:  # noqa: BLE001 - the committer must outlive any probe
             self._outage.failed(exc, self._loop.time())
         else:
@@ -377,7 +384,7 @@ class ProvenanceLog:
         self._outage.writing_since = self._loop.time()  # `over` or `failed` ends it
         try:
             # on the writer thread: one synchronous write makes the batch durable
-            start = await self._in_worker(self._store.append_frames, pairs, frames)
+            start = await self._worker.run(self._store.append_frames, pairs, frames)
         except Exception as exc:  # noqa: BLE001 - every waiter gets the error, none hangs
             self._outage.refused(batch, exc, self._loop.time(), last_try=self._closing)
             return

@@ -33,6 +33,7 @@ class Outage:
         self._stall_after_s = settings.stall_after_ms / 1000.0
         self._probe_interval_s = settings.probe_interval_ms / 1000.0
         self._limit = settings.max_retained
+        self._stall: ProvenanceError | None = None  # the error a stall was reported as
         self._kept: list[Queued] = []
         self._events = events
 
@@ -48,7 +49,8 @@ class Outage:
             return None
         if self.error is None:
             stall = f"a write has not returned for {now - since:.1f} s (a hung disk?)"
-            self._report(LogUnavailableError(f"cannot append to the provenance log: {stall}"))
+            self._stall = LogUnavailableError(f"cannot append to the provenance log: {stall}")
+            self._report(self._stall)
         return self.error
 
     def _report(self, error: ProvenanceError) -> None:
@@ -99,6 +101,15 @@ class Outage:
             self._events.info("provenance log writable again", kept=len(self._kept))
         self.error = self.probe_at = self.writing_since = None
         return self.take()
+
+    def returned(self) -> list[Queued]:
+        """A disk operation that writes no records (a snapshot) returned: a stall it was
+        reported as is over (the records kept meanwhile, to write); a failed write's
+        error stays until a write or probe succeeds."""
+        self.writing_since = None
+        if self.error is not None and self.error is self._stall:
+            return self.over()
+        return []
 
     def take(self) -> list[Queued]:
         """Every record kept (none is kept any more), oldest first."""

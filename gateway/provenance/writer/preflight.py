@@ -2,8 +2,10 @@
 
 `owngate config validate` runs this instead of opening the log: the origin line is
 valid, each signing key file is private and loads, each witness key parses, and the log
-directory is a writable directory (or can be created) holding no other log. Nothing is
-created, locked or written; a log that another writer holds is only found at start.
+directory is a writable directory (or can be created) holding no other log, nor less than
+the high-water file records (`HighWater.check`: an emptied or older directory that the
+gateway would refuse to fork). Nothing is created, locked or written; a log that another
+writer holds is only found at start.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from gateway.provenance.formats.checkpoint import Checkpoint
 from gateway.provenance.formats.cosignature import CosignatureVerifier
 from gateway.provenance.formats.layout import list_history
 from gateway.provenance.keys import load_signer
+from gateway.provenance.writer.high_water import HighWater
+from gateway.provenance.writer.recovery import note_text
 
 __all__ = ["preflight"]
 
@@ -27,10 +31,12 @@ def preflight(
     witness_keys: Sequence[str] = (),
     *,
     directory: Path | None,
+    high_water: Path | None = None,
 ) -> list[str]:
     """Every problem that would stop `directory` opening as the log `origin`, signed by
-    the keys in `key_files` and cosigned by `witness_keys`; empty when none is found.
-    `directory=None` leaves the directory unchecked (it is on another machine)."""
+    the keys in `key_files` and cosigned by `witness_keys`, with its newest checkpoint
+    kept in `high_water`; empty when none is found. `directory=None` leaves the directory
+    and the high-water file unchecked (they are on another machine)."""
     problems: list[str] = []
     try:
         Checkpoint(origin, 0, bytes(32))
@@ -49,8 +55,26 @@ def preflight(
         except ProvenanceError as exc:
             problems.append(f"witness key {vkey!r}: {exc}")
     if directory is not None:
-        problems += _directory(directory, origin)
+        found = _directory(directory, origin)
+        if high_water is not None and not found:
+            found = _high_water(HighWater(high_water), directory, origin)
+        problems += found
     return problems
+
+
+def _high_water(high_water: HighWater, directory: Path, origin: str) -> list[str]:
+    """What `LogStore.open` would refuse for the high-water file (as `serve` without
+    --new-log-origin)."""
+    try:
+        history = list_history(directory) if directory.is_dir() else []
+        newest = history[-1][1] if history else None
+        signed = Checkpoint.parse(note_text(newest.read_bytes(), newest)) if newest else None
+        high_water.check(directory, origin, signed)
+    except ProvenanceError as exc:
+        return [f"provenance.high_water_file: {exc}"]
+    except OSError as exc:
+        return [f"provenance.dir {directory}: cannot read its checkpoints: {exc}"]
+    return []
 
 
 def _directory(directory: Path, origin: str) -> list[str]:

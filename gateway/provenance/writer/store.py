@@ -15,7 +15,10 @@ A checkpoint has two halves so that appends never wait for one:
 its checkpoint thread; `checkpoint()` does both at once for single-threaded callers. A
 checkpoint never covers entries that are not on disk: it covers exactly a snapshot's.
 On open, a torn tail of the last segment is cut, the entries after the last checkpoint are
-replayed, and a new checkpoint is signed over them.
+replayed, and a new checkpoint is signed over them. With a high-water file (`HighWater`,
+outside the directory), a directory that holds less than the log already signed under its
+origin is refused rather than opened as a shorter log, and each checkpoint is recorded
+there once it is durable.
 
 The directory must stay the one that was opened: once it was deleted or replaced (the
 segment in use is gone from it, or a new segment or a checkpoint would go to another
@@ -42,6 +45,7 @@ from gateway.provenance.formats.note import Signer
 from gateway.provenance.formats.tiles import TileReader
 from gateway.provenance.formats.tree import TiledTree
 from gateway.provenance.formats.wal import list_segments, scan_segment, segment_path
+from gateway.provenance.writer.high_water import HighWater
 from gateway.provenance.writer.recovery import check_no_later_tree, note_text, restore_tree
 from gateway.provenance.writer.replay_check import ReplayCheck
 from gateway.provenance.writer.segment_writer import SegmentWriter
@@ -88,12 +92,20 @@ class LogStore:
     """One log directory, opened by exactly one writer (an exclusive lock is held)."""
 
     def __init__(
-        self, directory: Path, origin: str, signers: Sequence[Signer], lock_fd: int
+        self,
+        directory: Path,
+        origin: str,
+        signers: Sequence[Signer],
+        lock_fd: int,
+        high_water: HighWater | None = None,
     ) -> None:
         self.directory = directory
         self.origin = origin
         self._signers = tuple(signers)
         self._lock_fd = lock_fd
+        # The newest checkpoint kept outside the directory, and the size it records now.
+        self._high_water = high_water
+        self._recorded: int | None = None
         self._identity = _identity(os.stat(directory))  # the directory that was opened
         # The writer's side: durable size and what the next snapshot takes.
         self._size = 0
@@ -113,9 +125,17 @@ class LogStore:
 
     @classmethod
     def open(
-        cls, directory: str | os.PathLike[str], origin: str, signers: Sequence[Signer]
+        cls,
+        directory: str | os.PathLike[str],
+        origin: str,
+        signers: Sequence[Signer],
+        *,
+        high_water: HighWater | None = None,
     ) -> LogStore:
-        """Open (creating if needed) and recover a log directory; signs a checkpoint."""
+        """Open (creating if needed) and recover a log directory; signs a checkpoint.
+        With `high_water`, a directory that holds less than (or another tree than) the
+        checkpoint it records for this origin is refused (`LogForkError`), and every
+        checkpoint signed is recorded there."""
         if not signers:
             raise ValueError("a log needs at least one signer")
         Checkpoint(origin, 0, bytes(32))  # validates the origin line early
@@ -130,7 +150,7 @@ class LogStore:
         except OSError as exc:
             os.close(lock_fd)
             raise LogUnavailableError(f"{path} is already open by another writer") from exc
-        store = cls(path, origin, signers, lock_fd)
+        store = cls(path, origin, signers, lock_fd, high_water)
         try:
             store._recover()
             store.checkpoint()
@@ -158,6 +178,9 @@ class LogStore:
         if history:
             self._tree = restore_tree(self.directory, checkpoint)
             self._latest = SignedNote(checkpoint, path.read_bytes())
+        if self._high_water is not None:
+            newest = self._latest.checkpoint if self._latest is not None else None
+            self._recorded = self._high_water.check(self.directory, self.origin, newest)
         self._replay_segments()
 
     def _publish_latest(self) -> None:
@@ -288,6 +311,7 @@ class LogStore:
         for entry, leaf in snapshot.entries:
             self._pending.extend(tree.append(entry, leaf))
         if self._latest is not None and self._latest.checkpoint.size == tree.size:
+            self._record(self._latest)  # a recording that failed before, or the first
             return self._latest
         completed = [name for name, _ in self._pending]
         files = [(self.directory / name, data) for name, data in self._pending]
@@ -303,7 +327,11 @@ class LogStore:
             write_files_atomically([(self.directory / CHECKPOINT, note)], root=self.directory)
         except OSError as exc:
             raise _unavailable("write a checkpoint to", exc) from exc
-        self._latest = SignedNote(checkpoint, note)
+        signed = SignedNote(checkpoint, note)
+        # Not the latest until recorded: a failed recording is retried by the next export,
+        # which then signs the same checkpoint again (the same note: Ed25519 is deterministic).
+        self._record(signed)
+        self._latest = signed
         try:
             self.clean_up(completed, checkpoint.size)
         except ProvenanceError as exc:
@@ -313,6 +341,16 @@ class LogStore:
         else:
             self.cleanup_error = None
         return self._latest
+
+    def _record(self, signed: SignedNote) -> None:
+        """Record `signed` in the high-water file, unless it records that size already."""
+        if self._high_water is None or self._recorded == signed.checkpoint.size:
+            return
+        try:
+            self._high_water.write(signed.note)
+        except OSError as exc:
+            raise _unavailable("record the signed checkpoint of", exc) from exc
+        self._recorded = signed.checkpoint.size
 
     def clean_up(self, completed: list[str], covered: int | None) -> None:
         """Drop the segments a checkpoint of size `covered` covers (None: all of them, on
