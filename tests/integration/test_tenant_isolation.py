@@ -215,18 +215,27 @@ def hosted_rig(
         [hosted_backend("provider", f"{sim.url}/v1", "m")],
         environ={"HOSTED_KEY": "sk-shared-account"},
         policy={"paths": [str(tmp_path / "policies")]},
-        provenance={
-            "dir": str(tmp_path / "log"),
-            "origin": ORIGIN,
-            "signing_key_file": str(tmp_path / "log.key"),
-            "checkpoint_interval_ms": 20,
-        },
-        tenants=[
-            {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["m"]},
-            {"id": "other", "api_key_hashes": [hash_api_key(OTHER_KEY)], "models": ["m"]},
-        ],
+        provenance=provenance(tmp_path),
+        tenants=TWO_TENANTS,
     )
     return gateway, sim, vkey
+
+
+TWO_TENANTS = [
+    {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["m"]},
+    {"id": "other", "api_key_hashes": [hash_api_key(OTHER_KEY)], "models": ["m"]},
+]
+
+
+def provenance(tmp_path: Path, **settings: Any) -> dict[str, Any]:
+    """The log in `tmp_path / "log"`, signed with `tmp_path / "log.key"`."""
+    return {
+        "dir": str(tmp_path / "log"),
+        "origin": ORIGIN,
+        "signing_key_file": str(tmp_path / "log.key"),
+        "checkpoint_interval_ms": 20,
+        **settings,
+    }
 
 
 def sent_identifiers(sim: Sim) -> list[dict[str, Any]]:
@@ -276,3 +285,38 @@ def test_a_tenant_names_no_other_tenants_cache_key_or_user_at_the_provider(
         receipt = verify_receipt(base64.b64decode(response.headers["x-owngate-receipt"]), verifiers)
         (dispatch,) = request_records(tmp_path / "log", request_id, "dispatch")
         verify_commitment("request", dispatch["request_commitment"], receipt.salts.request, body)
+
+
+def test_a_tenants_many_requests_leave_the_others_receipts(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    """The receipts kept for lookup are bounded for all tenants together, and the oldest
+    went first, whoever's: a tenant sending more requests than `receipts_kept` (100,000
+    by default, within its rate limits) had every other tenant's receipts answer 404.
+    Now the tenant holding the most gives up its own oldest."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    write_signing_key(tmp_path / "log.key", ORIGIN)
+    gateway = start_gateway(
+        [backend("gpu", sim.url, "m")],
+        provenance=provenance(tmp_path, receipts_kept=4),
+        tenants=TWO_TENANTS,
+    )
+
+    def request(key: str) -> str:
+        response = httpx.post(
+            f"{gateway.url}/v1/chat/completions",
+            json={"model": "m", "max_tokens": 2, "messages": HISTORY},
+            headers={"authorization": f"Bearer {key}"},
+            timeout=30,
+        )
+        assert response.status_code == 200, response.text
+        return response.headers["x-request-id"]
+
+    def receipt(key: str, request_id: str) -> int:
+        url = f"{gateway.url}/v1/provenance/receipts/{request_id}"
+        return httpx.get(url, headers={"authorization": f"Bearer {key}"}, timeout=10).status_code
+
+    theirs = [request(OTHER_KEY) for _ in range(2)]
+    mine = [request(TENANT_KEY) for _ in range(12)]
+    assert [receipt(OTHER_KEY, i) for i in theirs] == [200, 200]
+    assert [receipt(TENANT_KEY, i) for i in mine] == [404] * 10 + [200] * 2
