@@ -35,7 +35,14 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["CACHE_SALT", "IDENTIFIER_FIELDS", "cache_salt", "scoped_identifier", "scoped_params"]
+__all__ = [
+    "CACHE_SALT",
+    "IDENTIFIER_FIELDS",
+    "cache_salt",
+    "salted_body",
+    "scoped_identifier",
+    "scoped_params",
+]
 
 # The hosted request fields sent as the tenant's own (gateway/upstream/openai_request.py
 # forwards them; a value reaches here as a string, its type checked there).
@@ -79,3 +86,21 @@ def cache_salt(tenant: str, given: object = None) -> str:
     material = b"" if given is None else b"\x01" + orjson.dumps(given)
     digest = hashlib.blake2b(material, digest_size=32, key=tenant.encode(), person=_SALT)
     return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+
+
+def salted_body(body: bytes, doc: Mapping[str, Any], tenant: str) -> bytes:
+    """`body` (the JSON object `doc`, but for a renamed `model` or the like) with
+    `cache_salt` set to the tenant's (`cache_salt`, the client's own salt mixed in).
+
+    Without the client's salt, the field is spliced in after the opening brace and no
+    other byte changes. Otherwise the body is re-encoded without every top-level key that
+    folds to `cache_salt` (`"Cache_Salt"`: a server in Go matches names without regard
+    to case, reading the last), and with the tenant's salt."""
+    given = [name for name in doc if name.casefold() == CACHE_SALT]
+    salt = orjson.dumps(cache_salt(tenant, doc.get(CACHE_SALT)))
+    if not given and doc:
+        start = body.index(b"{") + 1  # the object's first byte (JSON allows whitespace)
+        return body[:start] + b'"' + CACHE_SALT.encode() + b'":' + salt + b"," + body[start:]
+    current = orjson.loads(body)
+    kept = {k: v for k, v in current.items() if k.casefold() != CACHE_SALT}
+    return orjson.dumps({CACHE_SALT: orjson.Fragment(salt), **kept})

@@ -320,3 +320,50 @@ def test_a_tenants_many_requests_leave_the_others_receipts(
     mine = [request(TENANT_KEY) for _ in range(12)]
     assert [receipt(OTHER_KEY, i) for i in theirs] == [200, 200]
     assert [receipt(TENANT_KEY, i) for i in mine] == [404] * 10 + [200] * 2
+
+
+def test_a_tenant_shares_no_prefix_cache_with_another_on_a_salted_backend(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    """A vLLM server's prefix cache is shared by every tenant it serves: an answer's
+    cached prompt tokens (and its time to first token) tell a tenant whether another
+    sent the same conversation lately. vLLM partitions its cache by `cache_salt`; on a
+    backend declared `isolate_prefix_cache`, the gateway sets it to the tenant's own, the
+    client's salt (in any case spelling) mixed in, never in its place. A backend without
+    the declaration gets the client's bytes as they were."""
+    salted, plain = (start_sim("vllm", models=(m,), zero_latency=True) for m in ("m", "n"))
+    gateway = start_gateway(
+        [
+            {**backend("salted", salted.url, "m"), "isolate_prefix_cache": True},
+            backend("plain", plain.url, "n"),
+        ],
+        tenants=[{**t, "models": ["m", "n"]} for t in TWO_TENANTS],
+    )
+
+    def send(key: str, model: str = "m", **extra: Any) -> bytes:
+        doc = {"model": model, "max_tokens": 2, "messages": HISTORY, **extra}
+        body = orjson.dumps(doc)
+        response = httpx.post(
+            f"{gateway.url}/v1/chat/completions",
+            content=body,
+            headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+            timeout=30,
+        )
+        assert response.status_code == 200, response.text
+        return body
+
+    send(OTHER_KEY)
+    send(OTHER_KEY)
+    send(TENANT_KEY)
+    send(TENANT_KEY, cache_salt="their-salt")
+    send(OTHER_KEY, cache_salt="their-salt")
+    send(TENANT_KEY, Cache_Salt="their-salt")
+    bodies = [orjson.loads(r.body) for r in salted.app.captured("/v1/chat/completions")]
+    salts = [b["cache_salt"] for b in bodies]
+    assert salts[0] == salts[1]  # one tenant: one partition, its cache still serves it
+    assert len(set(salts[1:5])) == 4, salts  # two tenants, with and without a salt
+    assert salts[5] == salts[2]  # a spelling a Go server would read is not the salt
+    assert "Cache_Salt" not in bodies[5] and "their-salt" not in str(salts)
+    assert all(b["messages"] == HISTORY and b["model"] == "m" for b in bodies)
+    sent = send(TENANT_KEY, "n", cache_salt="mine")
+    assert plain.app.captured("/v1/chat/completions")[-1].body == sent

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
+import orjson
 import pytest
+from pydantic import ValidationError
 
+from gateway.config.backends import BackendSettings
+from gateway.provenance.testing import seeded_signer
 from gateway.upstream.tenant_ids import (
     IDENTIFIER_FIELDS,
     cache_salt,
+    salted_body,
     scoped_identifier,
     scoped_params,
 )
@@ -61,3 +67,52 @@ def test_a_cache_salt_is_the_tenants_own_and_a_clients_salt_partitions_within_it
     assert cache_salt("acme", "") != salt  # an empty salt is a salt, not none
     # Another tenant writing acme's salt as its own gets its own partition.
     assert cache_salt("other", salt) != salt
+
+
+def test_a_salted_body_changes_no_other_byte_when_the_client_wrote_no_salt() -> None:
+    body = b' {"model": "m",\n "messages": [{"role": "user", "content": "hi"}]}'
+    out = salted_body(body, orjson.loads(body), "acme")
+    assert out == b' {"cache_salt":"' + cache_salt("acme").encode() + b'",' + body[2:]
+    assert orjson.loads(out)["cache_salt"] == cache_salt("acme")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model":"m","cache_salt":"s"}',
+        b'{"model":"m","cache_salt":"x","cache_salt":"s"}',  # the last one is read
+        b'{"model":"m","cache_s\\u0061lt":"s","Cache_Salt":"z","CACHE_\\u017fALT":"y"}',
+    ],
+)
+def test_a_clients_salt_is_mixed_in_and_every_spelling_of_it_dropped(body: bytes) -> None:
+    out = orjson.loads(salted_body(body, orjson.loads(body), "acme"))
+    assert out == {"cache_salt": cache_salt("acme", "s"), "model": "m"}
+
+
+def _backend(**changes: Any) -> dict[str, Any]:
+    return {
+        "id": "b",
+        "kind": "vllm",
+        "base_url": "http://127.0.0.1:8000",
+        "models": [{"name": "m"}],
+        "region": "eu",
+        "owner": "o",
+        "isolate_prefix_cache": True,
+        **changes,
+    }
+
+
+def test_isolate_prefix_cache_is_for_servers_that_read_cache_salt() -> None:
+    for kind in ("vllm", "sglang", "openai"):
+        assert BackendSettings.model_validate(_backend(kind=kind)).isolate_prefix_cache
+    assert not BackendSettings.model_validate(
+        _backend(isolate_prefix_cache=False, kind="llamacpp")
+    ).isolate_prefix_cache
+    with pytest.raises(ValidationError, match="llamacpp backend reads none"):
+        BackendSettings.model_validate(_backend(kind="llamacpp"))
+    hosted = {"kind": "hosted", "models": [{"name": "m", "provider_model": "openai/m"}]}
+    with pytest.raises(ValidationError, match="hosted backend reads none"):
+        BackendSettings.model_validate(_backend(**hosted, provider="openai"))
+    attest = {"key": seeded_signer("sidecar").vkey}
+    with pytest.raises(ValidationError, match="countersigns the body the client sent"):
+        BackendSettings.model_validate(_backend(attest=attest))
