@@ -36,6 +36,11 @@ would fail the same way); a private one may still serve. The attempt has no reco
 nothing was dispatched, the client gets 503 `backend_unavailable` naming the backends
 "hosted provider unavailable", with a refusal record (`owngate/hosted_unavailable`).
 `owngate_hosted_attempts_total` counts only the calls made (`attempt`).
+
+Every tenant shares the provider account: `prompt_cache_key`, `user` and
+`safety_identifier` are sent as the tenant's own, keyed digests of what the client wrote
+(gateway/upstream/tenant_ids.py), so that no tenant names another's prompt cache or end
+user at the provider. The records commit to the client's body, as it sent it.
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ from gateway.upstream.hosted import (
     Prepared,
 )
 from gateway.upstream.http import DEFAULT_MAX_BODY
+from gateway.upstream.tenant_ids import scoped_params
 
 __all__ = ["HostedRelay", "NotSent"]
 
@@ -154,7 +160,7 @@ class HostedRelay:
         try:
             return await self._client(backend).prepare(
                 exchange.endpoint,  # type: ignore[arg-type]
-                doc,
+                scoped_params(doc, exchange.tenant),  # the tenant's own cache key and user
                 attempt.route.upstream_model,
             )
         except HostedUnavailable as exc:  # no verdict: no provider was called

@@ -1,6 +1,7 @@
 """Pass-through to OpenAI-compatible private backends: bytes in, bytes out.
 
-The body goes to the backend byte for byte (only `model` changes for an alias); the
+The body goes to the backend byte for byte (only `model` changes for an alias, and
+`cache_salt` is set to the tenant's for a backend with `isolate_prefix_cache`); the
 response comes back as the backend wrote it, and streams are relayed as each read
 arrives, never re-encoded. A failure before the client saw a byte raises `TryNext`, so
 the dispatcher can offer the request to the next eligible backend: a refused or broken
@@ -51,6 +52,7 @@ from gateway.sse_comments import CommentFilter
 from gateway.upstream.errors import translate_upstream_error
 from gateway.upstream.http import Connection, UpstreamError, UpstreamResponse
 from gateway.upstream.openai_wire import include_usage
+from gateway.upstream.tenant_ids import salted_body
 
 __all__ = ["PrivateRelay"]
 
@@ -62,6 +64,8 @@ _RETRYABLE = frozenset({429, 500, 502, 503, 504})
 # tenant's requests to an endpoint a backend lacks must not take it out for every tenant.
 _REFUSALS = frozenset({401, 403, 404, 501})
 _SSE = b"text/event-stream"
+# The endpoints whose prompts a server's prefix cache holds (`isolate_prefix_cache`).
+_SALTED: Final = frozenset({"chat", "completions"})
 # Failures before the backend had the request: nothing of it was sent.
 _NOT_SENT: Final = frozenset({"connect", "tls", "busy"})
 _STRIP_LOG_EVERY_S = 60.0
@@ -115,6 +119,8 @@ class PrivateRelay:
         backend = route.backend
         assert backend.pool is not None
         out = body if route.upstream_model == model else self._rename(doc, body, model, route)
+        if backend.config.isolate_prefix_cache and exchange.endpoint in _SALTED:
+            out = salted_body(out, doc, exchange.tenant)  # its prefix cache: the tenant's own
         attester = self._attester(backend)
         # The gateway counts a stream's tokens (budget, provenance record): ask for them;
         # not of an attested backend, whose countersigned body must be the client's.

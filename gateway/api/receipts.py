@@ -1,8 +1,14 @@
 """The receipts of recent requests, in memory, for `GET /v1/provenance/receipts/{id}`.
 
 The salts in a receipt are never written to disk, so this store is the only place the
-gateway can hand a receipt out again. It is bounded twice, oldest first evicted: by count
-(`provenance.receipts_kept`) and by bytes (`provenance.receipts_memory_bytes`). A receipt
+gateway can hand a receipt out again. It is bounded twice: by count
+(`provenance.receipts_kept`) and by bytes (`provenance.receipts_memory_bytes`), shared by
+the tenants. Past a bound, the oldest receipt of the tenant holding the most (by count,
+or by bytes) goes first: a tenant sending many requests pushes out its own receipts, and
+another tenant's only once it holds as much. Before, the oldest receipt of any tenant
+went, so one tenant's ~100,000 requests within its rate limits emptied the store of the
+others' receipts. A tenant holding less than its equal part of both bounds (each bound
+over the number of tenants holding receipts) keeps all it holds. A receipt
 is held as its signing future until the log signed it, then as the
 envelope bytes alone (the future, its loop and callbacks are let go).
 
@@ -21,8 +27,8 @@ from typing import Final
 
 __all__ = ["ENTRY_OVERHEAD", "PENDING_ENVELOPE_BYTES", "ReceiptStore"]
 
-# The OrderedDict slot and its linked-list node, the (tenant, receipt, index) tuple and
-# the index int (tenant strings are shared with the config and not charged).
+# The OrderedDict slot and its linked-list node, the (receipt, index, charge) tuple and
+# its ints (a tenant's share, one per tenant holding receipts, is not charged).
 ENTRY_OVERHEAD: Final = 256
 # Charged for a receipt still being signed (for the future and the envelope to come,
 # ~0.9 KB for a v1 receipt, ~1.5 KB for a batch receipt with a path of 6 hashes); its real
@@ -30,6 +36,19 @@ ENTRY_OVERHEAD: Final = 256
 PENDING_ENVELOPE_BYTES: Final = 1792
 
 Sealing = asyncio.Future[bytes]
+
+
+class _Share:
+    """One tenant's receipts, oldest first: request id -> (envelope or the future signing
+    it, dispatch index, charge); and what they are charged together."""
+
+    __slots__ = ("bytes", "entries")
+
+    def __init__(self) -> None:
+        self.entries: collections.OrderedDict[str, tuple[bytes | Sealing, int, int]] = (
+            collections.OrderedDict()
+        )
+        self.bytes = 0
 
 
 class ReceiptStore:
@@ -40,48 +59,57 @@ class ReceiptStore:
             raise ValueError("a receipt store holds at least one receipt and one byte")
         self.max_count = max_count
         self.max_bytes = max_bytes
-        # request id -> (tenant, envelope or the future signing it, dispatch index, charge)
-        self._entries: collections.OrderedDict[str, tuple[str, bytes | Sealing, int, int]] = (
-            collections.OrderedDict()
-        )
+        self._shares: dict[str, _Share] = {}  # by tenant; a tenant holding none has none
+        self._count = 0
         self._bytes = 0
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._count
 
     @property
     def bytes(self) -> int:
         """What the receipts held now are charged (see the module's docstring)."""
         return self._bytes
 
+    def held(self, tenant: str) -> tuple[int, int]:
+        """How many receipts `tenant`'s requests have here, and what they are charged."""
+        share = self._shares.get(tenant)
+        return (0, 0) if share is None else (len(share.entries), share.bytes)
+
     def remember(self, request_id: str, tenant: str, sealing: Sealing, index: int) -> None:
-        """Keep the receipt `sealing` will produce; evicts the oldest past either bound."""
-        self._drop(request_id)
+        """Keep the receipt `sealing` will produce; past either bound, evicts the oldest
+        receipt of the tenant holding the most."""
+        share = self._shares.get(tenant)
+        if share is None:
+            share = self._shares[tenant] = _Share()
+        self._drop(share, request_id)
         charge = _charge(request_id, None)
-        self._entries[request_id] = (tenant, sealing, index, charge)
-        self._bytes += charge
+        share.entries[request_id] = (sealing, index, charge)
+        self._charged(share, 1, charge)
         self._evict()
-        if request_id in self._entries:
-            sealing.add_done_callback(lambda done: self._signed(request_id, done))
+        if request_id in share.entries:
+            sealing.add_done_callback(lambda done: self._signed(tenant, request_id, done))
 
     def get(self, request_id: str, tenant: str) -> tuple[Sealing, int] | None:
         """The receipt of a recent request (being signed, or signed) as a future, only for
         the tenant that made it, and the leaf index of the record it names."""
-        found = self._entries.get(request_id)
-        if found is None or found[0] != tenant:
+        share = self._shares.get(tenant)
+        found = None if share is None else share.entries.get(request_id)
+        if found is None:
             return None
-        receipt, index = found[1], found[2]
+        receipt, index = found[0], found[1]
         if isinstance(receipt, bytes):
             done: Sealing = asyncio.get_running_loop().create_future()
             done.set_result(receipt)
             return done, index
         return receipt, index
 
-    def _signed(self, request_id: str, sealing: Sealing) -> None:
+    def _signed(self, tenant: str, request_id: str, sealing: Sealing) -> None:
         """Signed: keep the envelope alone, charged its real size. A failed signature keeps
         its future (lookups answer that it could not be signed)."""
-        found = self._entries.get(request_id)
-        if found is None or found[1] is not sealing:
+        share = self._shares.get(tenant)
+        found = None if share is None else share.entries.get(request_id)
+        if share is None or found is None or found[0] is not sealing:
             return  # evicted, or replaced by a later request with the same id
         if sealing.cancelled() or sealing.exception() is not None:
             return
@@ -89,21 +117,37 @@ class ReceiptStore:
         # over-allocates; that made a kept receipt cost ~8 KB).
         envelope = bytes(memoryview(sealing.result()))
         charge = _charge(request_id, envelope)
-        tenant, _, index, old = found
-        self._entries[request_id] = (tenant, envelope, index, charge)
-        self._bytes += charge - old
+        _, index, old = found
+        share.entries[request_id] = (envelope, index, charge)
+        self._charged(share, 0, charge - old)
         self._evict()
 
-    def _drop(self, request_id: str) -> None:
-        found = self._entries.pop(request_id, None)
+    def _charged(self, share: _Share, count: int, charge: int) -> None:
+        share.bytes += charge
+        self._count += count
+        self._bytes += charge
+
+    def _drop(self, share: _Share, request_id: str) -> None:
+        found = share.entries.pop(request_id, None)
         if found is not None:
-            self._bytes -= found[3]
+            self._charged(share, -1, -found[2])
 
     def _evict(self) -> None:
-        entries = self._entries
-        while entries and (len(entries) > self.max_count or self._bytes > self.max_bytes):
-            _, (_, _, _, charge) = entries.popitem(last=False)
-            self._bytes -= charge
+        """While past a bound, drop the oldest receipt of the tenant holding the most of it
+        (by count past `max_count`, by bytes past `max_bytes`): one tenant sending many
+        requests pushes out its own receipts, not the others'. Linear in the tenants
+        holding receipts, who are configured ones."""
+        shares = self._shares
+        while self._count > self.max_count or self._bytes > self.max_bytes:
+            if self._count > self.max_count:
+                tenant = max(shares, key=lambda t: len(shares[t].entries))
+            else:
+                tenant = max(shares, key=lambda t: shares[t].bytes)
+            share = shares[tenant]
+            _, (_, _, charge) = share.entries.popitem(last=False)
+            self._charged(share, -1, -charge)
+            if not share.entries:
+                del shares[tenant]
 
 
 def _charge(request_id: str, envelope: bytes | None) -> int:

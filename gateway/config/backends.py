@@ -174,6 +174,11 @@ class BackendSettings(_Strict):
         description="a hosted Azure backend's base_url may be https at any host (an API "
         "Management gateway, a custom domain): where it forwards is the operator's word",
     )
+    isolate_prefix_cache: bool = Field(
+        default=False,
+        description="the server partitions its prefix cache by `cache_salt` (vLLM, SGLang): "
+        "the gateway sets it per tenant",
+    )
 
     @field_validator("provider", mode="before")
     @classmethod
@@ -265,6 +270,8 @@ class BackendSettings(_Strict):
                 f"backend serves {', '.join(map(repr, twice))} more than once (as a model's "
                 "name or alias): each name it serves must name one model"
             )
+        if self.isolate_prefix_cache:
+            self._salted()
         if self.attest is not None:
             if self.kind not in PRIVATE_KINDS:
                 raise ValueError("attest is for private backends (hosted ones cannot countersign)")
@@ -281,6 +288,20 @@ class BackendSettings(_Strict):
                     "relays only the paths a gateway sends, /v1/chat/completions and the like"
                 )
         return self
+
+    def _salted(self) -> None:
+        """`isolate_prefix_cache` only where a server reads `cache_salt` from a body the
+        gateway may change: declared on another, it would be isolation in name only."""
+        if self.kind in ("hosted", "llamacpp"):
+            raise ValueError(
+                f"isolate_prefix_cache is for servers that read cache_salt (vllm, sglang, "
+                f"or such a server as kind openai): a {self.kind} backend reads none"
+            )
+        if self.attest is not None:
+            raise ValueError(
+                "isolate_prefix_cache sets cache_salt in the body, and an attested backend "
+                "countersigns the body the client sent: choose one"
+            )
 
     def _statable(self) -> None:
         """With `identity: certificate`, the declared facts must be ones a certificate can

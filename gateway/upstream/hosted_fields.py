@@ -26,7 +26,8 @@ Anthropic's and Gemini's search tools):
   keeps the prompt's cache a day. The policy checked the backend's declared retention,
   not the client's: a backend declared zero-retention would keep the prompt anyway.
   (`prompt_cache_retention` is not forwarded; it is refused because dropping it would
-  go unseen.) `prompt_cache_key` only routes to a cache and passes.
+  go unseen.) `prompt_cache_key` only routes to a cache and passes, as the tenant's own
+  (gateway/upstream/tenant_ids.py).
 
 A client that asked for one of these is refused (`RefusedField`: 400 naming the field),
 not served without it: an answer without the web search, the audio or the stored copy the

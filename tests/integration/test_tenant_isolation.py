@@ -10,15 +10,36 @@ with a request is visible to its client.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
+import orjson
 import pytest
 
+from gateway.provenance import (
+    load_verifiers,
+    verify_commitment,
+    verify_receipt,
+    write_signing_key,
+)
 from gateway.tenants import hash_api_key
-from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, Gateway, Sim, backend, logged_gateway
+from tests.helpers.gateways import (
+    LITELLM_WARNINGS,
+    OTHER_KEY,
+    TENANT_KEY,
+    Gateway,
+    Sim,
+    backend,
+    hosted_backend,
+    logged_gateway,
+)
+from tests.helpers.provenance import request_records
 from tests.helpers.waiting import until
+
+pytestmark = LITELLM_WARNINGS  # the hosted test's LiteLLM
 
 ORIGIN = "gw.test/tenants"
 POLICIES = """\
@@ -163,3 +184,186 @@ def test_an_authorization_value_naming_two_keys_authenticates_nobody(
         assert response.status_code == 401, (value, response.text)
         assert response.json()["error"]["code"] == "invalid_api_key", value
     assert posts(sims) == [0, 0, 0]
+
+
+# Both tenants fall back to one hosted provider account (a simulator behind LiteLLM's
+# OpenAI adapter): the identifiers a client writes name things in that shared account.
+HOSTED_POLICY = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: shared-account}
+spec:
+  tenants: [acme, other]
+  residency: {allow: [eu]}
+  retention: {max_days: zero}
+  fallback:
+    mode: when_private_unavailable
+    to: [{backend: provider}]
+"""
+IDENTIFIERS = ("prompt_cache_key", "user", "safety_identifier")
+
+
+@pytest.fixture
+def hosted_rig(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> tuple[Gateway, Sim, str]:
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(HOSTED_POLICY)
+    vkey = write_signing_key(tmp_path / "log.key", ORIGIN)
+    gateway = start_gateway(
+        [hosted_backend("provider", f"{sim.url}/v1", "m")],
+        environ={"HOSTED_KEY": "sk-shared-account"},
+        policy={"paths": [str(tmp_path / "policies")]},
+        provenance=provenance(tmp_path),
+        tenants=TWO_TENANTS,
+    )
+    return gateway, sim, vkey
+
+
+TWO_TENANTS = [
+    {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["m"]},
+    {"id": "other", "api_key_hashes": [hash_api_key(OTHER_KEY)], "models": ["m"]},
+]
+
+
+def provenance(tmp_path: Path, **settings: Any) -> dict[str, Any]:
+    """The log in `tmp_path / "log"`, signed with `tmp_path / "log.key"`."""
+    return {
+        "dir": str(tmp_path / "log"),
+        "origin": ORIGIN,
+        "signing_key_file": str(tmp_path / "log.key"),
+        "checkpoint_interval_ms": 20,
+        **settings,
+    }
+
+
+def sent_identifiers(sim: Sim) -> list[dict[str, Any]]:
+    """The identifier fields of each chat request the provider got, in order."""
+    bodies = [orjson.loads(r.body) for r in sim.app.captured("/v1/chat/completions")]
+    return [{k: body.get(k) for k in IDENTIFIERS} for body in bodies]
+
+
+def test_a_tenant_names_no_other_tenants_cache_key_or_user_at_the_provider(
+    hosted_rig: tuple[Gateway, Sim, str], tmp_path: Path
+) -> None:
+    """All tenants share the gateway's provider account. A tenant writing another's
+    `prompt_cache_key` read that tenant's cache hits from `cached_tokens`; writing its
+    `user` or `safety_identifier` had its own abuse charged to that tenant's user. Now
+    each is sent as the tenant's own digest: the same value from one tenant is the same
+    identifier sent (its cache and its users work as before), from two tenants two
+    identifiers, never the value written, within OpenAI's 64 characters. The signed
+    record still commits to the client's own bytes: its receipt opens them."""
+    gateway, sim, vkey = hosted_rig
+    written = dict.fromkeys(IDENTIFIERS, "other-tenant-conversation-7f3a")
+    doc = {"model": "m", "max_tokens": 2, "messages": HISTORY, **written}
+    bodies, responses = [], []
+    for key in (OTHER_KEY, OTHER_KEY, TENANT_KEY):
+        body = orjson.dumps(doc)
+        response = httpx.post(
+            f"{gateway.url}/v1/chat/completions",
+            content=body,
+            headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+            timeout=120,  # the first imports LiteLLM
+        )
+        assert response.status_code == 200, response.text
+        bodies.append(body)
+        responses.append(response)
+    theirs, again, mine = sent_identifiers(sim)
+    assert theirs == again  # one tenant, one value: one identifier sent
+    for name in IDENTIFIERS:
+        if theirs[name] is None and mine[name] is None:
+            continue  # not forwarded by LiteLLM's adapter at all: nothing to name
+        assert theirs[name] != mine[name], name
+        for sent in (theirs[name], mine[name]):
+            assert isinstance(sent, str) and sent.startswith("og-"), (name, sent)
+            assert "other-tenant" not in sent and len(sent) <= 64, (name, sent)
+    assert theirs["prompt_cache_key"] is not None  # the leak the red team read
+    verifiers = load_verifiers([vkey])
+    for body, response in zip(bodies, responses, strict=True):
+        request_id = response.headers["x-request-id"]
+        receipt = verify_receipt(base64.b64decode(response.headers["x-owngate-receipt"]), verifiers)
+        (dispatch,) = request_records(tmp_path / "log", request_id, "dispatch")
+        verify_commitment("request", dispatch["request_commitment"], receipt.salts.request, body)
+
+
+def test_a_tenants_many_requests_leave_the_others_receipts(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    """The receipts kept for lookup are bounded for all tenants together, and the oldest
+    went first, whoever's: a tenant sending more requests than `receipts_kept` (100,000
+    by default, within its rate limits) had every other tenant's receipts answer 404.
+    Now the tenant holding the most gives up its own oldest."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    write_signing_key(tmp_path / "log.key", ORIGIN)
+    gateway = start_gateway(
+        [backend("gpu", sim.url, "m")],
+        provenance=provenance(tmp_path, receipts_kept=4),
+        tenants=TWO_TENANTS,
+    )
+
+    def request(key: str) -> str:
+        response = httpx.post(
+            f"{gateway.url}/v1/chat/completions",
+            json={"model": "m", "max_tokens": 2, "messages": HISTORY},
+            headers={"authorization": f"Bearer {key}"},
+            timeout=30,
+        )
+        assert response.status_code == 200, response.text
+        return response.headers["x-request-id"]
+
+    def receipt(key: str, request_id: str) -> int:
+        url = f"{gateway.url}/v1/provenance/receipts/{request_id}"
+        return httpx.get(url, headers={"authorization": f"Bearer {key}"}, timeout=10).status_code
+
+    theirs = [request(OTHER_KEY) for _ in range(2)]
+    mine = [request(TENANT_KEY) for _ in range(12)]
+    assert [receipt(OTHER_KEY, i) for i in theirs] == [200, 200]
+    assert [receipt(TENANT_KEY, i) for i in mine] == [404] * 10 + [200] * 2
+
+
+def test_a_tenant_shares_no_prefix_cache_with_another_on_a_salted_backend(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    """A vLLM server's prefix cache is shared by every tenant it serves: an answer's
+    cached prompt tokens (and its time to first token) tell a tenant whether another
+    sent the same conversation lately. vLLM partitions its cache by `cache_salt`; on a
+    backend declared `isolate_prefix_cache`, the gateway sets it to the tenant's own, the
+    client's salt (in any case spelling) mixed in, never in its place. A backend without
+    the declaration gets the client's bytes as they were."""
+    salted, plain = (start_sim("vllm", models=(m,), zero_latency=True) for m in ("m", "n"))
+    gateway = start_gateway(
+        [
+            {**backend("salted", salted.url, "m"), "isolate_prefix_cache": True},
+            backend("plain", plain.url, "n"),
+        ],
+        tenants=[{**t, "models": ["m", "n"]} for t in TWO_TENANTS],
+    )
+
+    def send(key: str, model: str = "m", **extra: Any) -> bytes:
+        doc = {"model": model, "max_tokens": 2, "messages": HISTORY, **extra}
+        body = orjson.dumps(doc)
+        response = httpx.post(
+            f"{gateway.url}/v1/chat/completions",
+            content=body,
+            headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+            timeout=30,
+        )
+        assert response.status_code == 200, response.text
+        return body
+
+    send(OTHER_KEY)
+    send(OTHER_KEY)
+    send(TENANT_KEY)
+    send(TENANT_KEY, cache_salt="their-salt")
+    send(OTHER_KEY, cache_salt="their-salt")
+    send(TENANT_KEY, Cache_Salt="their-salt")
+    bodies = [orjson.loads(r.body) for r in salted.app.captured("/v1/chat/completions")]
+    salts = [b["cache_salt"] for b in bodies]
+    assert salts[0] == salts[1]  # one tenant: one partition, its cache still serves it
+    assert len(set(salts[1:5])) == 4, salts  # two tenants, with and without a salt
+    assert salts[5] == salts[2]  # a spelling a Go server would read is not the salt
+    assert "Cache_Salt" not in bodies[5] and "their-salt" not in str(salts)
+    assert all(b["messages"] == HISTORY and b["model"] == "m" for b in bodies)
+    sent = send(TENANT_KEY, "n", cache_salt="mine")
+    assert plain.app.captured("/v1/chat/completions")[-1].body == sent

@@ -1,5 +1,6 @@
-"""The receipts kept for lookup: bounded by count and by bytes, oldest first out, and the
-bytes charged per receipt held to what a receipt really costs (measured with tracemalloc).
+"""The receipts kept for lookup: bounded by count and by bytes, oldest first out (of the
+tenant holding the most), and the bytes charged per receipt held to what a receipt really
+costs (measured with tracemalloc).
 
 Issue 12, item 8: a kept receipt cost ~8.3 KB (the encoder's output buffer was kept whole),
 so the default 100,000 receipts took ~0.9 GB per replica.
@@ -176,3 +177,51 @@ def test_the_default_fits_the_shipped_memory_requests() -> None:
     assert settings.receipts_kept == 100_000  # still a count cap: old configs load as before
     with pytest.raises(ValueError, match="at least one"):
         ReceiptStore(max_count=1, max_bytes=0)
+
+
+async def _remember(store: ReceiptStore, tenant: str, count: int, start: int = 0) -> list[str]:
+    """`_fill` for `tenant`, its receipts numbered from `start`."""
+    loop = asyncio.get_running_loop()
+    ids = []
+    for index in range(start, start + count):
+        request_id = _request_id()
+        sealing: asyncio.Future[bytes] = loop.create_future()
+        store.remember(request_id, tenant, sealing, index)
+        sealing.set_result(_envelope(request_id, index))
+        ids.append(request_id)
+        await asyncio.sleep(0)  # its done callback runs
+    _SEALED.clear()
+    return ids
+
+
+@pytest.mark.parametrize("bound", ["count", "bytes"])
+def test_one_tenants_requests_push_out_its_own_receipts_not_the_others(bound: str) -> None:
+    """The bounds are shared; the oldest receipt went first, whoever's it was, so a
+    tenant sending many requests (within its rate limits) pushed every other tenant's
+    receipts out of `GET /v1/provenance/receipts/{id}`. Now the tenant holding the most
+    gives up its oldest: the others keep theirs, and it keeps the rest of the bound."""
+
+    async def scenario() -> None:
+        if bound == "count":
+            store = ReceiptStore(max_count=100, max_bytes=10**9)
+        else:
+            store = ReceiptStore(max_count=10**6, max_bytes=100 * 2048)
+        victims = await _remember(store, "victim", 10)
+        bystanders = await _remember(store, "bystander", 5, start=10)
+        flood = await _remember(store, "flood", 1000, start=15)
+        assert all(store.get(i, "victim") is not None for i in victims)
+        assert all(store.get(i, "bystander") is not None for i in bystanders)
+        kept = [i for i in flood if store.get(i, "flood") is not None]
+        assert kept == flood[-len(kept) :]  # the flood's newest, in order
+        assert store.held("flood")[0] == len(kept) > 30
+        assert len(store) <= store.max_count and store.bytes <= store.max_bytes
+        assert store.held("victim")[0] == 10 and store.held("nobody") == (0, 0)
+        # The victim's own flood, later, takes from the tenant holding the most first:
+        # the two end up sharing the bound, and the bystander keeps its 5.
+        more = await _remember(store, "victim", 1000, start=1015)
+        assert store.get(more[-1], "victim") is not None
+        assert all(store.get(i, "bystander") is not None for i in bystanders)
+        victim, flooder = store.held("victim")[0], store.held("flood")[0]
+        assert abs(victim - flooder) <= 2, (victim, flooder)
+
+    asyncio.run(scenario())
