@@ -191,7 +191,7 @@ class PrivateRelay:
         if broke is None:
             attempt.succeeded()
         else:
-            attempt.failed(f"stream broke off: {broke}")
+            attempt.failed(broke)
 
     def _without_comments(self, backend: str, data: bytes) -> bytes:
         """A whole answer to a stream request, less its `owngate-` comment lines."""
@@ -226,7 +226,9 @@ class PrivateRelay:
         strip_usage: bool,
         attester: Attester | None,
     ) -> str | None:
-        """Relay the answer; returns why a stream broke off after its first byte, if it did."""
+        """Relay the answer; returns why a stream failed after its first byte, if it did:
+        it broke off, or the backend's own error event reached the client (a failure its
+        client's input may cause, as a 5xx: charged to the tenant's breaker first)."""
         try:
             return await self._relay_body(
                 exchange, attempt, response, send, first_byte_by, strip_usage, attester
@@ -282,8 +284,12 @@ class PrivateRelay:
         )
         if attester is not None and tail is not None and exchange.trail is not None:
             attester.judge(exchange.trail, exchange.request_id.decode(), tail.countersignature)
+        if broke is None and watch.error_event:
+            self._metrics.upstream_error(backend.id, "error_event")
         await end_stream(send, exchange, line_open=line_open)
-        return broke
+        if broke is not None:
+            return f"stream broke off: {broke}"
+        return "stream carried an error event" if watch.error_event else None
 
     async def _read_whole(
         self, exchange: Exchange, backend: BackendState, response: UpstreamResponse

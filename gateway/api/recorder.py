@@ -265,6 +265,7 @@ class Recorder:
                 attestation=trail.attestation,
                 upstream=trail.upstream,
                 usage_bound=trail.usage_bound(),
+                stream_error=trail.stream_error,
             )
             written = self._log.append_soon(record, checked=True)
         except ProvenanceError as exc:

@@ -3,27 +3,25 @@
 A private backend's stream is relayed byte for byte; `StreamWatch.feed` returns what to
 send on. It notes whether `data: [DONE]` arrived at the start of a line (a stream whose
 body ends with the connection, without framing, is complete only then: an EOF before it
-is a backend that died) and the token usage the backend reported. Lines end in LF, CRLF
-or a bare CR, as the SSE grammar allows, in every mode (a CRLF split across reads
-included), and `data:[DONE]` without the space ends a stream as it does for an SSE
-parser. When the gateway asked the backend for usage the client did not ask for
-(`stream_options.include_usage`), it also holds back the usage-only chunk
-(`"choices": []` and a `usage` object, as OpenAI sends it): the client gets the stream
-it asked for, the gateway gets the counts. Only then are lines buffered, and a partial
-line only up to `max_line` bytes (a usage chunk is a few hundred bytes: a longer line is
-passed on as it comes). When the client asked for usage itself, nothing
-is held back, but the counts of each `data:` line holding `"usage"` are still noted
-(lines ending in LF, CRLF or CR, `data:` with or without its space), wherever it comes in
-the stream before `[DONE]` (the SDKs read nothing after it), read as the client's JSON
-parser reads it (gateway/api/usage_read.py): the completion record states what the
-client was shown. A line longer than `max_line` is let go whole: the bytes after a read
-boundary inside it start no line.
+is a backend that died). Lines end in LF, CRLF or a bare CR, as the SSE grammar allows,
+in every mode (a CRLF split across reads included), and `data:[DONE]` without the space
+ends a stream as it does for an SSE parser. When the gateway asked the backend for usage
+the client did not ask for (`stream_options.include_usage`), it also holds back the
+usage-only chunk (`"choices": []` and a `usage` object, as OpenAI sends it, on one
+`data:` line): the client gets the stream it asked for, the gateway gets the counts.
+Only then are lines buffered, and a partial line only up to `max_line` bytes (a usage
+chunk is a few hundred bytes: a longer line is passed on as it comes).
+
+What is relayed is read as the client's SDK reads it (gateway/api/sse_events.py): the
+completion record states the usage the client was shown (else the counts of a chunk held
+back from it) and whether the backend's own error event reached it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
+from gateway.api.sse_events import EventReader
 from gateway.api.usage_read import counts_of, read_json
 
 __all__ = ["StreamWatch"]
@@ -38,7 +36,6 @@ _LF: Final = 10
 _CR: Final = 13
 _MAX_LINE: Final = 64 * 1024
 _USAGE: Final = b'"usage"'
-_SPLIT: Final = len(_USAGE) - 1  # bytes on either side of a read boundary `"usage"` may cross
 _ENDS: Final = (b"\n", b"\r")
 _NL: Final = b"\n"  # `_edge` after a read that ended a line: the next one starts a line
 
@@ -49,35 +46,43 @@ class StreamWatch:
     def __init__(self, *, strip_usage: bool, max_line: int = _MAX_LINE) -> None:
         self.strip_usage = strip_usage
         self.done = False  # `data: [DONE]` arrived at the start of a line
-        self.usage: dict[str, int] | None = None  # the last counts reported
         self._max_line = max_line
         self._edge = _NL  # the last bytes seen, to find `[DONE]` split across reads
         self._pending = b""  # strip mode: the start of a line not yet complete
         self._passing = False  # strip mode: inside an over-long line, passed on as it comes
         self._drop_blank = False  # strip mode: the blank line ending a dropped event
         self._skip_lf = False  # strip mode: a dropped line ended in CR at a read's end
-        # Not strip mode: the stream's unfinished last line, and whether it holds
-        # `"usage"` (`_note_usage`).
-        self._line = bytearray()
-        self._hit = False
-        self._skipping = False  # not strip mode: inside a line let go past `max_line`
+        self._held: dict[str, int] | None = None  # strip mode: a held-back chunk's counts
+        # What the client reads of the relayed bytes (an event kept up to `max_line`).
+        self.events = EventReader(max_event=max_line)
+
+    @property
+    def usage(self) -> dict[str, int] | None:
+        """The counts to record: the last usage the client was shown, else the last of a
+        usage-only chunk held back from it."""
+        shown = self.events.usage
+        return shown if shown is not None else self._held
+
+    @property
+    def error_event(self) -> bool:
+        """Whether the client read an error event of the backend's (its SDK raised it)."""
+        return self.events.error_event
 
     def feed(self, data: bytes) -> bytes:
         """Bytes from the backend in; the bytes to relay out (possibly fewer, or none)."""
+        out = self._feed(data)
+        self.events.feed(out)
+        return out
+
+    def _feed(self, data: bytes) -> bytes:
         if not self.strip_usage:
             if (
-                # the usual read: whole lines after a read that ended one, none of them
-                # holding usage (one search each, as in strip mode)
-                self._edge is _NL
-                and not self._line
-                and data.endswith(_ENDS)
-                and data.find(_USAGE) < 0
+                # the usual read: whole lines after a read that ended one
+                self._edge is _NL and data.endswith(_ENDS)
             ):
                 if not self.done and data.find(_DONE) >= 0 and _ends_stream(data, 0, len(data)):
                     self.done = True  # (`data` starts a line)
                 return data
-            # Usage first: a line after `[DONE]` in this read is no usage (`_scan`).
-            self._note_usage(data)
             self._see_done(data)
             return data
         if (
@@ -102,15 +107,18 @@ class StreamWatch:
         return self._lines(data)
 
     def flush(self) -> bytes:
-        """At the end of the stream: a last line that never got its newline, if any."""
+        """At the end of the stream: a last line that never got its newline, if any (to
+        relay; the client's reader then ends, `end`)."""
         rest, self._pending = self._pending, b""
         if rest and _ends_stream(rest, 0, len(rest)):
             self.done = True
-        if self._hit:  # not strip mode: a last usage line left open
-            self._counts(bytes(self._line).rstrip(b"\r"))
-        self._line.clear()
-        self._hit = False
+        self.events.feed(rest)
         return rest
+
+    def end(self) -> None:
+        """The relayed bytes ended (the gateway's own bytes, its receipt line or its error
+        event, follow): the client's reader dispatches their unfinished last event."""
+        self.events.finish()
 
     def _see_done(self, data: bytes) -> None:
         if self.done:
@@ -206,112 +214,24 @@ class StreamWatch:
                 return end + 1
         return end
 
-    def _note_usage(self, data: bytes) -> None:
-        """Not strip mode: note the counts of every complete line holding `"usage"`, the
-        bytes passed on as they came. Only the unfinished last line is kept between
-        reads (at most `max_line` bytes); a read is searched once, with the few bytes
-        before it for a `"usage"` split across reads."""
-        if self.done:  # what follows `[DONE]` no client reads
-            return
-        if self._skipping:  # the rest of a line let go: none of it is a line's start
-            end = _line_end(data, 0)
-            if end < 0:
-                return
-            self._skipping = False
-            data = data[end:]
-        line = self._line
-        if not line:
-            if data.find(_USAGE) < 0:  # the usual read: nothing to parse
-                if not data.endswith(_ENDS):
-                    self._open(data, _line_start(data, len(data)))
-                return
-            self._scan(data)
-        elif self._hit:  # the open line holds `"usage"`: wait for its end
-            end = _line_end(data, 0)
-            if end < 0:
-                self._grow(data)
-                return
-            line += data[:end]
-            self._counts(bytes(line).rstrip(b"\r\n"))
-            line.clear()
-            self._hit = False
-            self._scan(data[end:])
-        elif data.find(_USAGE) < 0 and (line[-_SPLIT:] + data[:_SPLIT]).find(_USAGE) < 0:
-            if _line_end(data, 0) < 0:  # the open line goes on
-                self._grow(data)
-                return
-            line.clear()  # it ended, holding no usage
-            if not data.endswith(_ENDS):
-                self._open(data, _line_start(data, len(data)))
-        else:
-            joined = bytes(line) + data
-            line.clear()
-            self._scan(joined)
-
-    def _scan(self, data: bytes) -> None:
-        """No line open (`data` starts a line): note the counts of `data`'s complete lines
-        holding `"usage"` up to a `[DONE]` line, and keep its unfinished last line open."""
-        start = 0
-        while True:
-            hit = data.find(_USAGE, start)
-            if hit < 0:
-                break
-            begin, end = _line_start(data, hit, start), _line_end(data, hit)
-            if _ends_stream(data, start, begin):  # (`start` begins a line)
-                self.done = True
-                return
-            if end < 0:
-                self._open(data, begin, hit=True)
-                return
-            self._counts(data[begin:end].rstrip(b"\r\n"))
-            start = end
-        rest = _line_start(data, len(data), start)
-        if rest < len(data):
-            self._open(data, rest)
-
-    def _open(self, data: bytes, start: int, *, hit: bool = False) -> None:
-        """Keep `data[start:]` as the open line (none is open), if not over `max_line`;
-        else let the line go (`_skipping` until it ends)."""
-        if len(data) - start <= self._max_line:
-            self._line += data[start:]
-            self._hit = hit
-        else:
-            self._skipping = True
-
-    def _grow(self, data: bytes) -> None:
-        """The open line goes on with all of `data`; past `max_line` it is let go (no
-        usage chunk is that long), and so is the rest of it, to its end: the bytes after a
-        read boundary inside it start no line (a comment's `data: {"usage"...` tail is
-        no usage the client saw)."""
-        self._line += data
-        if len(self._line) > self._max_line:
-            self._line.clear()
-            self._hit = False
-            self._skipping = True
-
-    def _counts(self, line: bytes) -> dict[str, Any] | None:
-        """The event of a `data:` line holding a usage object with counts
-        (gateway/api/usage_read.py: read as the client's parser reads it), whose counts
-        it notes (`usage`) unless `[DONE]` came before; None for any other line."""
+    def _usage_only(self, line: bytes) -> bool:
+        """Whether `line` is a usage-only `data:` line (read as the client's parser reads
+        it, gateway/api/usage_read.py), held back: its counts are noted unless `[DONE]`
+        came before."""
         if not line.startswith(b"data:"):
-            return None
+            return False
         try:
-            doc = read_json(line[5:], line=True)
+            doc = read_json(line[5:].rstrip(b"\r\n"), line=True)
         except ValueError:
-            return None
-        if not isinstance(doc, dict):
-            return None
+            return False
+        if not isinstance(doc, dict) or doc.get("choices") != []:
+            return False
         counts = counts_of(doc.get("usage"))
         if counts is None:
-            return None
+            return False
         if not self.done:
-            self.usage = counts
-        return doc
-
-    def _usage_only(self, line: bytes) -> bool:
-        """Whether `line` is a usage-only chunk (its counts are kept either way)."""
-        doc = self._counts(line)
-        return doc is not None and doc.get("choices") == []
+            self._held = counts
+        return True
 
 
 def _ends_stream(data: bytes, start: int, end: int, *, line_start: bool = True) -> bool:

@@ -5,7 +5,8 @@ The client sees nothing until the first chunk arrives within the attempt's first
 budget (until then the dispatcher may still fail over); after it, every read goes on as
 it came, less the attester's countersignature comment (`SseTail`), any other `owngate-`
 comment line (`CommentFilter`) and a usage chunk the client did not ask for
-(`StreamWatch`). A backend failing mid-stream ends it with an error event.
+(`StreamWatch`). A backend failing mid-stream ends it with an error event. The trail gets
+what the client read (`StreamWatch.usage`, `error_event`), also when it left.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ class StreamRelay:
                 last = await _relay_chunk(send, exchange, watch.feed(flushed)) or last
             last = await _relay_chunk(send, exchange, watch.feed(comments.flush())) or last
             last = await _relay_chunk(send, exchange, watch.flush()) or last
+            watch.end()  # the receipt line ends the client's last event
             if response.ended_by_close and not watch.done:
                 # No framing: the close ended the body, and before `[DONE]` the close is
                 # the backend dying, not the stream ending.
@@ -122,6 +124,7 @@ class StreamRelay:
                 raise asyncio.CancelledError from exc
             self._metrics.upstream_error(backend.id, exc.kind)
             broke = exc.kind
+            watch.end()  # what ends the backend's event before the error event ends it
             error = GatewayError(
                 ErrorCode.upstream_error if exc.kind != "timeout" else ErrorCode.upstream_timeout,
                 "the backend failed in the middle of the stream",
@@ -130,8 +133,8 @@ class StreamRelay:
             last = b"\n"
         finally:
             self._stripped(backend.id, comments.stripped)
-        if watch.usage is not None and exchange.trail is not None:
-            exchange.trail.reported(watch.usage)
+            if exchange.trail is not None:  # also for a client that left: what it read
+                exchange.trail.streamed(watch.usage, backend_error=watch.error_event)
         return broke, _open(last)
 
 

@@ -27,6 +27,8 @@ _LINE_ENDS = re.compile(rb"\r\n|\r|\n")
 # A JSON answer: whitespace before it allowed, and a UTF-8 byte order mark before that
 # (httpx's `Response.json` skips it).
 _JSON_OBJECT = re.compile(rb"(?:\xef\xbb\xbf)?[ \t\r\n]*\{")
+# An escaped ASCII letter: `"\u0075sage"` is a `usage` key to a JSON parser.
+_ESCAPED_LETTER = re.compile(rb"\\u00[4-7]")
 _DONE = re.compile(rb"data: ?\[DONE\]")  # a line that ends a stream (gateway/api/sse.py)
 
 
@@ -56,6 +58,9 @@ class Trail:
     _usage: Usage | None = None
     _usage_read: bool = False
     _reported: Usage | None = None  # usage the backend reported out of the client's sight
+    _watched: bool = False  # a private stream, read as its client read it: no tail parsed
+    # `"backend"`: the backend's own error event reached the client (`streamed`).
+    stream_error: str | None = None
     # An attested backend's verdict (gateway/api/attested.py), for the completion record,
     # and the countersignature it accepted, for the client's receipt.
     attestation: Attestation | None = None
@@ -106,6 +111,16 @@ class Trail:
         except RecordError:  # e.g. negative counts: not usage
             self._reported = None
 
+    def streamed(self, counts: Mapping[str, int] | None, *, backend_error: bool) -> None:
+        """A private stream's end, read as its client read it (gateway/api/sse_events.py):
+        the usage it was shown (or held back from it), none when None, and whether the
+        backend's own error event reached it."""
+        self._watched = True
+        self._reported = None
+        if counts is not None:
+            self.reported(counts)
+        self.stream_error = "backend" if backend_error else None
+
     async def sealed_receipt(self) -> bytes | None:
         """The receipt of the current dispatch once signed (None if there is none, or its
         signing failed: the recorder logged that), with the backend's countersignature
@@ -124,7 +139,7 @@ class Trail:
     def usage(self) -> Usage | None:
         """Token usage the backend reported for the answer seen so far (parsed once per
         answer); never an estimate."""
-        if self._reported is not None:
+        if self._reported is not None or self._watched:
             return self._reported
         if not self._usage_read:
             self._usage = _usage(self.whole if self.whole is not None else self.tail)
@@ -165,7 +180,7 @@ def _usage(data: bytes) -> Usage | None:
     """Token usage from a JSON answer, or from the last usage chunk of a stream's tail
     before its `[DONE]` (what a client reads; the same rules as `StreamWatch`), each read
     as the client's parser reads it (gateway/api/usage_read.py)."""
-    if b'"usage"' not in data:
+    if b'"usage"' not in data and _ESCAPED_LETTER.search(data) is None:
         return None  # most streams carry none: parse nothing
     whole = _JSON_OBJECT.match(data) is not None
     candidates = [data] if whole else _usage_lines(data)
@@ -194,5 +209,8 @@ def _usage_lines(data: bytes) -> list[bytes]:
             del lines[at:]
             break
     return [
-        line[5:] for line in reversed(lines) if line.startswith(b"data:") and b'"usage"' in line
+        line[5:]
+        for line in reversed(lines)
+        if line.startswith(b"data:")
+        and (b'"usage"' in line or _ESCAPED_LETTER.search(line) is not None)
     ]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from openai._streaming import SSEDecoder
 
 from tests.helpers.paths import REPO_ROOT
 
@@ -139,46 +140,50 @@ def _receipt_of(received: Received) -> bytes | None:
     return base64.b64decode(found.group(1)) if found else None
 
 
-def _client_status(received: Received) -> int:
-    """The status the client got: the HTTP status, or the one of the error event a 200
-    stream ended with."""
+def _client_status(received: Received, gateways: bytes) -> int:
+    """The status the client got: the HTTP status, or the one of the error event the
+    gateway ended a 200 stream with (in `gateways`, the bytes it wrote after the
+    backend's: docs, "the body a client commits to")."""
     if not received.is_stream or received.status != 200:
         return received.status
-    events = re.findall(rb'(?:^|[\r\n])data: (\{"error":\{[^\r\n]*\}\})\n\n', received.body)
+    events = re.findall(rb'(?:^|[\r\n])data: (\{"error":\{[^\r\n]*\}\})\n\n', gateways)
     if events:
         code = json.loads(events[-1])["error"]["code"]
         return _EVENT_STATUS.get(code, 0)
     return 200
 
 
-def _stream_lines(body: bytes) -> list[bytes]:
-    """A stream's lines up to its `data: [DONE]` line (an OpenAI SDK reads no further)."""
-    lines = re.split(rb"\r\n|\r|\n", body)
-    done = [at for at, line in enumerate(lines) if re.match(rb"data: ?\[DONE\]", line)]
-    return lines[: done[0]] if done else lines
+def _events_read(body: bytes) -> tuple[list[dict[str, Any]], bool]:
+    """What the OpenAI SDK reads of a stream (its own SSE decoder, openai/_streaming.py):
+    the JSON objects of its events up to `[DONE]` or an error event (at which it raises:
+    the second value says whether it met one). An event whose data is not JSON is
+    skipped (docs: the gateway does not read every event's JSON)."""
+    read: list[dict[str, Any]] = []
+    for event in SSEDecoder().iter_bytes(iter([body])):
+        if event.data.startswith("[DONE]"):
+            break
+        try:
+            doc = json.loads(event.data)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and doc.get("error"):
+            return read, True
+        if isinstance(doc, dict):
+            read.append(doc)
+    return read, False
 
 
 def _usage_seen(received: Received) -> list[dict[str, Any]]:
-    """The usage objects the client was shown (a JSON answer's, a stream's usage chunks
-    before its `[DONE]`), read with Python's own JSON parser, as the OpenAI SDK reads."""
-    seen: list[dict[str, Any]] = []
-    docs: list[bytes] = (
-        [received.body]
-        if not received.is_stream
-        else [
-            line.split(b":", 1)[1]
-            for line in _stream_lines(received.body)
-            if line.startswith(b"data:") and b'"usage"' in line
-        ]
-    )
-    for data in docs:
+    """The usage objects the client was shown (a JSON answer's, a stream's events'),
+    read as the OpenAI SDK reads them."""
+    if received.is_stream:
+        docs = _events_read(received.body)[0]
+    else:
         try:
-            doc = json.loads(data)
+            docs = [json.loads(received.body)]
         except ValueError:
-            continue
-        if isinstance(doc, dict) and isinstance(doc.get("usage"), dict):
-            seen.append(doc["usage"])
-    return seen
+            docs = []
+    return [d["usage"] for d in docs if isinstance(d, dict) and isinstance(d.get("usage"), dict)]
 
 
 def audit(
@@ -233,14 +238,25 @@ def audit(
     completion = completions[0]
     if mine[-1] != completion:
         findings.append("the completion of the receipt's dispatch is not the request's last")
-    status = 499 if left else _client_status(received)
-    if completion["status"] != status:
-        findings.append(f"the record says status {completion['status']}, the client got {status}")
     commitment = completion["response_commitment"]
     bodies = code["committed_bodies"](received.body) if received.is_stream else [received.body]
-    opened = commitment is not None and any(
-        _commit("response", salts["response"], body) == commitment for body in bodies
-    )
+    committed = [b for b in bodies if _commit("response", salts["response"], b) == commitment]
+    opened = commitment is not None and bool(committed)
+    # What the gateway wrote after the backend's bytes (its error event, its receipt line).
+    gateways = received.body[len(committed[0]) :] if committed else received.body
+    status = 499 if left else _client_status(received, gateways)
+    if completion["status"] != status:
+        findings.append(f"the record says status {completion['status']}, the client got {status}")
+    # An error event of the backend's that the client read (its SDK raised it) is named
+    # (docs: the completion's `stream_error`).
+    if received.is_stream and not left and committed:
+        # Its last event, left open, is ended by the gateway's own bytes (both end so).
+        backend_error = _events_read(committed[0] + b"\n\n")[1]
+        if completion.get("stream_error") != ("backend" if backend_error else None):
+            findings.append(
+                f"stream_error {completion.get('stream_error')!r}, the client read "
+                f"{'an' if backend_error else 'no'} error event of the backend's"
+            )
     if commitment is None and status < 400:
         findings.append("no response commitment for an answer the client got")
     elif commitment is not None and not opened:

@@ -42,12 +42,28 @@ from tests.helpers.log_truth import CHAT, DONE, EVENT
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
 
 
+def writes_sse(*events: bytes) -> tuple[bytes, ...]:
+    """An SSE answer of `events` whose body ends with the connection (no framing)."""
+    return (sse_head(), *events)
+
+
 def _usage_chunk(usage: bytes, extra: bytes = b"") -> bytes:
     return b'data: {"id":"c","choices":[],"usage":' + usage + extra + b"}\n\n"
 
 
 OTHER = b'{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}'
 NAN = _usage_chunk(USAGE, b',"x":NaN')
+# One usage chunk over three `data:` lines: an SDK joins them with LF and reads one JSON
+# document (the gateway read each line alone: none parsed, the record said null).
+SPREAD = b'data: {"id":"c","choices":[],\ndata: "usage":\ndata: ' + USAGE + b"}\n\n"
+# Two usage documents in one event: their join does not parse, the SDK shows neither
+# (the gateway recorded the second).
+TWO = _usage_chunk(USAGE)[:-1] + _usage_chunk(OTHER)
+# A backend's own error event in its 200 stream, exactly as the gateway writes its own.
+BACKEND_ERROR = (
+    b'data: {"error":{"message":"the backend failed","type":"server_error",'
+    b'"param":null,"code":"upstream_error"}}\n\n'
+)
 
 CASES: dict[str, tuple[tuple[bytes, ...], dict[str, Any]]] = {
     # The SDKs stop at `[DONE]`: the usage after it is no usage the client saw.
@@ -68,6 +84,23 @@ CASES: dict[str, tuple[tuple[bytes, ...], dict[str, Any]]] = {
         ASKS_USAGE,
     ),
     "usage-nan-asked": (chunked(EVENT, NAN, DONE), ASKS_USAGE),
+    "usage-over-data-lines-asked": (chunked(EVENT, SPREAD, DONE), ASKS_USAGE),
+    "usage-over-data-lines-held-back": (chunked(EVENT, SPREAD, DONE), CHAT),
+    "usage-over-data-lines-cr": (
+        chunked(EVENT, SPREAD.replace(b"\n", b"\r"), DONE.replace(b"\n", b"\r")),
+        ASKS_USAGE,
+    ),
+    "usage-escaped-key-asked": (
+        chunked(EVENT, _usage_chunk(OTHER).replace(b'"usage"', b'"\\u0075sage"'), DONE),
+        ASKS_USAGE,
+    ),
+    "two-usages-in-one-event-asked": (chunked(EVENT, TWO, DONE), ASKS_USAGE),
+    "usage-after-backend-error-asked": (
+        chunked(EVENT, BACKEND_ERROR, _usage_chunk(OTHER), DONE),
+        ASKS_USAGE,
+    ),
+    "backend-error-event": (chunked(EVENT, BACKEND_ERROR, DONE), CHAT),
+    "backend-error-event-last-unframed": (writes_sse(EVENT, BACKEND_ERROR[:-2]), CHAT),
     "usage-nan-held-back": (chunked(EVENT, NAN, DONE), CHAT),
     "whole-nan": ((whole_answer(200, ANSWER[:-1] + b',"x":NaN}', JSON),), WHOLE),
     "whole-bom": ((whole_answer(200, b"\xef\xbb\xbf" + ANSWER, JSON),), WHOLE),
@@ -96,9 +129,22 @@ def test_the_record_s_usage_is_the_usage_the_client_was_shown(
     settled(tmp_path / "log", vkey, request_id)
     later = later_receipt(gateway, request_id)
     assert audit(received, tmp_path / "log", vkey, later_receipt=later) == []
+    record = _record(tmp_path / "log", vkey)
     if case == "usage-nan-held-back":  # kept from the client, recorded all the same
         assert b'"usage"' not in received.body
-        assert _record(tmp_path / "log", vkey)["usage"] == json.loads(USAGE)
+        assert record["usage"] == json.loads(USAGE)
+    if case in ("two-usages-in-one-event-asked", "usage-after-backend-error-asked"):
+        assert record["usage"] is None  # none shown: the SDK read none
+    if "usage-over-data-lines" in case:
+        assert record["usage"] == json.loads(USAGE)
+    # The backend's error event, not the gateway's: the client got 200, an error event
+    # its SDK raised, and the record says so.
+    errors = "backend-error" in case or "after-backend-error" in case
+    assert record.get("stream_error") == ("backend" if errors else None)
+    if case == "backend-error-event-last-unframed":  # then it closed before [DONE]: broken
+        assert (record["status"], record["error"]) == (502, "upstream_error")
+    else:
+        assert record["status"] == 200 and record["error"] is None
 
 
 def test_a_comment_too_long_to_hold_hides_no_usage_in_its_tail(
@@ -146,3 +192,22 @@ def test_a_comment_too_long_to_hold_hides_no_usage_in_its_tail(
     settled(tmp_path / "log", vkey, headers["x-request-id"])
     assert audit(received, tmp_path / "log", vkey) == []
     assert _record(tmp_path / "log", vkey)["usage"] is None
+
+
+def test_a_backend_error_event_counts_against_the_backend_s_breaker(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """A stream whose backend sends its own error event failed, as a 5xx does: with a
+    breaker that one failure opens, the next request finds no backend (it counted as a
+    success, and the next request went to the failing backend again)."""
+    raw = start_raw(writes(*chunked(EVENT, BACKEND_ERROR, DONE)))
+    breaker = {"breaker": {"failure_threshold": 1, "cooldown_s": 60, "max_cooldown_s": 60}}
+    gateway, _ = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")], routing=breaker)
+    first = client_gets(gateway, CHAT)
+    assert first.status == 200 and BACKEND_ERROR in first.body
+    second = client_gets(gateway, CHAT)
+    assert second.status == 503, second.body
+    metrics = httpx.get(f"{gateway.url}/metrics", timeout=5).text
+    assert 'kind="error_event"' in metrics

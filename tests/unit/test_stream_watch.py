@@ -14,9 +14,11 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from openai._streaming import SSEDecoder
 
 from gateway.api.body import ask_for_usage
 from gateway.api.sse import StreamWatch
+from gateway.api.sse_events import EventReader
 
 HEAD = b'data: {"id":"c","object":"chat.completion.chunk","choices":'
 ROLE = HEAD + b'[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
@@ -207,7 +209,7 @@ def test_the_usage_scan_equals_the_line_by_line_one(parts: list[bytes], cuts: li
     out_fast = b"".join(fast.feed(read) for read in reads) + fast.flush()
     out_reference = b"".join(reference.feed(read) for read in reads) + reference.flush()
     assert out_fast == out_reference
-    assert (fast.done, fast.usage) == (reference.done, reference.usage)
+    assert fast.done == reference.done
 
 
 def test_many_events_in_one_read_with_the_usage_chunk_last() -> None:
@@ -234,27 +236,42 @@ _SHOWN = [
     b": keep-alive\n\n" * 3,
     DONE,
     USAGE[:-2],  # a usage line left open (the stream's last, at best)
+    # One usage chunk over several `data:` lines (the SDK joins them with LF), and two
+    # usage documents in one event (their join does not parse: none shown).
+    OTHER.replace(b'"choices":', b'"choices":\ndata: ').replace(b'"usage":', b'\ndata:"usage":'),
+    OTHER.replace(b"\n\n", b"\r\n").replace(b'"choices":', b'"choices":\rdata: ') + b"\r\n",
+    USAGE[:-1] + OTHER,
+    b'data: {"id":"c",\n: a comment inside the event\nid: 3\n'
+    b'data: "usage":{"prompt_tokens":5}}\n\n',
+    b'data: {"\\u0075sage":{"prompt_tokens":6}}\n\n',  # an escaped key is a key
+    b'data: {"error":{"message":"boom","code":"x"}}\n\n',  # the SDK raises: no further
+    b'data: {"error":null}\n\n',  # no error to the SDK
 ]
 
 
 def _shown_usage(stream: bytes) -> dict[str, int] | None:
-    """The last usage counts of the stream's `data:` lines before its `[DONE]` (after it
-    no SDK reads), read line by line with the standard library's parser, as the OpenAI
-    SDK reads them: the three counts, integers where present, absent ones 0."""
+    """The last usage counts the OpenAI SDK's own SSE decoder (openai/_streaming.py)
+    shows for the stream as the client gets it (the gateway's receipt line after it, a
+    line end first when it ends mid-line): events up to `[DONE]` or an error event, each
+    event's `data` lines joined as the SDK joins them, read with the standard library's
+    parser; an event whose data is not JSON skipped (the SDK raises: see
+    gateway/api/sse_events.py); the three counts, integers where present, absent ones 0."""
+    suffix = b"\n" if stream and stream[-1:] not in (b"\n", b"\r") else b""
     found = None
-    for line in re.split(rb"\r\n|\r|\n", stream):
-        if _DONE_LINE.match(line):
+    for event in SSEDecoder().iter_bytes(iter([stream + suffix + b": owngate-receipt x\n\n"])):
+        if event.data.startswith("[DONE]"):
             break
-        if line.startswith(b"data:") and b'"usage"' in line:
-            try:
-                doc = json.loads(line[5:].decode())
-            except ValueError:
-                continue
-            usage = doc.get("usage") if isinstance(doc, dict) else None
-            if isinstance(usage, dict):
-                counts = {name: usage.get(name, 0) for name in COUNTS}
-                if all(type(v) is int for v in counts.values()):
-                    found = counts
+        try:
+            doc = json.loads(event.data)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and doc.get("error"):
+            break
+        usage = doc.get("usage") if isinstance(doc, dict) else None
+        if isinstance(usage, dict):
+            counts = {name: usage.get(name, 0) for name in COUNTS}
+            if all(type(v) is int for v in counts.values()):
+                found = counts
     return found
 
 
@@ -275,19 +292,20 @@ def test_usage_the_client_asked_for_is_noted_wherever_it_is(
     reads = [stream[a:b] for a, b in itertools.pairwise(bounds)]
     watch = StreamWatch(strip_usage=False)
     assert b"".join(watch.feed(read) for read in reads) + watch.flush() == stream
+    watch.end()
     assert watch.usage == _shown_usage(stream)
 
 
-def test_an_open_line_past_max_line_is_let_go() -> None:
-    """A line that stays open past `max_line` bytes is not kept (no usage chunk is that
-    long): what is held stays bounded, and the next lines are read again."""
+def test_an_open_event_past_max_line_is_let_go() -> None:
+    """An event that stays open past `max_line` bytes is not kept (no usage chunk is that
+    long): what is held stays bounded, and the next events are read again."""
     watch = StreamWatch(strip_usage=False, max_line=64)
     long = b'data: {"usage":' + b"x" * 100
-    for piece in (long[:50], long[50:], b"y" * 1000):
+    for piece in (long[:50], long[50:], b"y" * 1000, b"\ndata: 1\n", b": z" * 100):
         watch.feed(piece)
-        assert len(watch._line) <= 64
+        assert len(watch.events._raw) <= 64
     assert watch.feed(b"\n\n" + USAGE) and watch.usage == COUNTS
-    assert len(watch._line) == 0
+    assert len(watch.events._raw) == 0
 
 
 def test_a_read_of_whole_lines_without_usage_is_not_scanned(
@@ -296,24 +314,25 @@ def test_a_read_of_whole_lines_without_usage_is_not_scanned(
     # Hot path, the client asked for usage: a read of whole lines after one that ended a
     # line, holding no `"usage"`, is passed with a search for each marker, as in strip
     # mode: no tail joined and searched, no line scan. The usage chunk still is scanned.
-    scanned: list[bytes] = []
-    note, see = StreamWatch._note_usage, StreamWatch._see_done
+    scanned: list[list[bytes]] = []
+    read_lines, see = EventReader._read, StreamWatch._see_done
 
-    def noting(watch: StreamWatch, data: bytes) -> None:
-        scanned.append(data)
-        note(watch, data)
+    def reading(reader: EventReader, lines: list[bytes], *, dispatch: bool) -> None:
+        scanned.append(lines)
+        read_lines(reader, lines, dispatch=dispatch)
 
     def seeing(watch: StreamWatch, data: bytes) -> None:
-        scanned.append(data)
+        scanned.append([data])
         see(watch, data)
 
-    monkeypatch.setattr(StreamWatch, "_note_usage", noting)
+    monkeypatch.setattr(EventReader, "_read", reading)
     monkeypatch.setattr(StreamWatch, "_see_done", seeing)
     watch = StreamWatch(strip_usage=False)
-    for read in (ROLE, *[TOKEN] * 8, FINISH, USAGE, DONE):
+    token = TOKEN.replace(b"data: [DONE]", b"hi")
+    for read in (ROLE, *[token] * 8, FINISH, USAGE, DONE):
         assert watch.feed(read) == read
     assert watch.flush() == b""
-    assert scanned == [USAGE, USAGE]
+    assert scanned == [USAGE.split(b"\n")[:-1], DONE.split(b"\n")[:-1]]
     assert watch.done and watch.usage == COUNTS
 
 

@@ -35,7 +35,12 @@ from gateway.provenance.formats.record_parser import (
     parse_record,
     validate_record,
 )
-from gateway.provenance.formats.schema import BASIS_STATES, SCHEMA_VERSION, usage_bound_problem
+from gateway.provenance.formats.schema import (
+    BASIS_STATES,
+    SCHEMA_VERSION,
+    STREAM_ERRORS,
+    usage_bound_problem,
+)
 from gateway.provenance.formats.upstream_ids import UpstreamIds
 
 __all__ = [
@@ -277,11 +282,13 @@ def completion_record(
     attestation: Attestation | None = None,
     upstream: UpstreamIds | None = None,
     usage_bound: int | None = None,
+    stream_error: str | None = None,
 ) -> dict[str, object]:
     """`attestation`: an attested backend's countersignature (or why none was accepted);
     `upstream`: a hosted provider's ids for the answer; `usage_bound`: the tokens the
-    tenant was charged instead of `usage`, which exceeded what the request justified.
-    Absent when None."""
+    tenant was charged instead of `usage`, which exceeded what the request justified;
+    `stream_error`: "backend" when the backend's own error event reached the client of a
+    stream. Absent when None."""
     _text(request_id, "request_id", empty=False)
     if type(dispatch) is not LogEntry or len(dispatch.leaf_hash) != 32:
         raise RecordError("dispatch must be the LogEntry of the dispatch record")
@@ -308,6 +315,8 @@ def completion_record(
         found = usage_bound_problem({**counts, "total_tokens": usage.total_tokens}, usage_bound)
         if found is not None:
             raise RecordError(found)
+    if stream_error is not None and stream_error not in STREAM_ERRORS:
+        raise RecordError(f"stream_error must be one of {sorted(STREAM_ERRORS)}")
     record: dict[str, object] = {
         "v": SCHEMA_VERSION,
         "type": "completion",
@@ -332,6 +341,8 @@ def completion_record(
         record["upstream"] = upstream.field()
     if usage_bound is not None:
         record["usage_bound"] = usage_bound
+    if stream_error is not None:
+        record["stream_error"] = stream_error
     return record
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "BASIS_STATES",
     "RECORD_SCHEMAS",
     "SCHEMA_VERSION",
+    "STREAM_ERRORS",
     "ListOf",
     "Omittable",
     "Optional",
@@ -41,6 +42,7 @@ SCHEMA_VERSION = 1
 # A fallback dispatch's `fallback_basis`: what each eligible private backend came to
 # (down before any attempt, tried and failed, tried and busy, up but saturated).
 BASIS_STATES = frozenset({"down", "failed", "busy", "saturated"})
+STREAM_ERRORS = frozenset({"backend"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +125,9 @@ RECORD_SCHEMAS: dict[str, dict[str, object]] = {
         # The tokens charged instead of `usage`, which exceeded what the request justified
         # (gateway/api/usage_bound.py); absent when the usage was within it, or none.
         "usage_bound": Omittable(int),
+        # A stream whose backend's own error event reached the client (its SDK raised
+        # it): "backend"; absent otherwise, and in records written before it existed.
+        "stream_error": Omittable(STREAM_ERRORS),
     },
     "refusal": {
         **_COMMON,

@@ -1,0 +1,145 @@
+"""Reading a relayed SSE stream's events as the client's SDK reads them (`EventReader`):
+the usage it was shown, and whether the backend's own error event reached it.
+
+The OpenAI Python SDK (openai/_streaming.py, `SSEDecoder`; browsers' `EventSource` alike)
+splits the body into lines at LF, CRLF or a bare CR, ignores comment lines (`:`), appends
+each `data` field's value (after one optional space) to the event being read, and
+dispatches the event at a blank line: its data is its `data` values joined with LF. It
+stops at an event whose data starts `[DONE]`, and raises at one whose data is a JSON
+object with a truthy `"error"` (an error event: nothing after it is read). A `usage`
+object in any other event is shown to the client (`chunk.usage`).
+
+So a usage chunk written over several `data:` lines is one JSON document to the client,
+and two usage documents in one event are none (their join does not parse). A stream's
+last event, left without its blank line by the backend, is dispatched too: the gateway's
+own bytes after it (its receipt line or its error event) end with one.
+
+Bounded and cheap: only events holding `"usage"`, `"error"`, `[DONE]` or an escape of
+an ASCII letter (`"\\u0075sage"` is a `usage` key to a JSON parser) are parsed, a read
+of whole events holding none of them costs one search, and the unfinished event is kept
+only up to `max_event` bytes (64 KiB: comments and all): a longer event is not read.
+An event whose data is not JSON is skipped, where the SDK raises and reads no further:
+telling would take parsing every event of every stream.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from gateway.api.usage_read import counts_of, read_json
+
+__all__ = ["EventReader"]
+
+_MAX_EVENT: Final = 64 * 1024
+_LINE_ENDS: Final = re.compile(rb"\r\n|\r|\n")
+# What makes an event worth parsing (see the module's text).
+_WORTH: Final = re.compile(rb'"usage"|"error"|\[DONE\]|\\u00[4-7]')
+# Two line ends in a row: a blank line (its own end may be the CR of a CRLF).
+_BLANK: Final = re.compile(rb"\n\n|\r\r|\n\r")
+_LF: Final = 10
+_CR: Final = 13
+
+
+class EventReader:
+    """One relayed stream's events as its client's SDK reads them (what the gateway relays
+    in, in order); `finish` at the stream's end."""
+
+    def __init__(self, *, max_event: int = _MAX_EVENT) -> None:
+        self.usage: dict[str, int] | None = None  # the last usage shown
+        self.error_event = False  # an error event of the backend's was read (the SDK raised)
+        self.stopped = False  # `[DONE]` or an error event: the SDK reads no further
+        self._max_event = max_event
+        self._raw = b""  # the unfinished event's bytes, from its start
+        self._over = False  # inside an event let go past `max_event`
+
+    def feed(self, data: bytes) -> None:
+        if self.stopped or not data:
+            return
+        if not self._raw and not self._over and _ends_event(data) and not _WORTH.search(data):
+            return  # the usual read: whole events, none worth parsing
+        buffer = self._raw + data if self._raw else data
+        if self._over:  # the rest of an event let go: to its blank line
+            found = _BLANK.search(buffer)
+            if found is None:
+                self._raw = buffer[-1:]  # a line end, with the next read's, is a blank line
+                return
+            self._over = False
+            buffer = buffer[_past_blank(buffer, found.start()) :]
+        cut = _last_event_end(buffer)
+        if cut and _WORTH.search(buffer, 0, cut):
+            self._read(_lines(buffer[:cut]), dispatch=False)
+        rest = buffer[cut:]
+        if len(rest) > self._max_event:
+            self._raw, self._over = rest[-1:], True
+        else:
+            self._raw = rest
+
+    def finish(self) -> None:
+        """The stream ended: its last event, if unfinished, is dispatched (the gateway's
+        bytes after the backend's end it)."""
+        rest, self._raw = self._raw, b""
+        if rest and not self._over and not self.stopped and _WORTH.search(rest):
+            self._read(_lines(rest), dispatch=True)
+
+    def _read(self, lines: list[bytes], *, dispatch: bool) -> None:
+        """Read whole lines from an event's start; `dispatch`: end with a blank line."""
+        data: list[bytes] = []
+        for line in lines:
+            if not line:
+                self._dispatch(data)
+                if self.stopped:
+                    return
+                data = []
+            elif line[0] != 58:  # not a comment (`:`)
+                name, _, value = line.partition(b":")
+                if name == b"data":
+                    data.append(value[1:] if value[:1] == b" " else value)
+        if dispatch:
+            self._dispatch(data)
+
+    def _dispatch(self, data: list[bytes]) -> None:
+        if not data:  # no data: nothing an SDK shows (its JSON parse of "" fails)
+            return
+        joined = b"\n".join(data)
+        if joined.startswith(b"[DONE]"):
+            self.stopped = True
+            return
+        try:
+            doc = read_json(joined, line=True)
+        except ValueError:
+            return
+        if not isinstance(doc, dict):
+            return
+        if doc.get("error"):  # the SDK's test: a truthy `error`
+            self.error_event = self.stopped = True
+            return
+        counts = counts_of(doc.get("usage"))
+        if counts is not None:
+            self.usage = counts
+
+
+def _lines(chunk: bytes) -> list[bytes]:
+    """`chunk`'s lines (the last one possibly unfinished)."""
+    lines = _LINE_ENDS.split(chunk)
+    if not lines[-1]:
+        lines.pop()  # after the last line end: no line
+    return lines
+
+
+def _ends_event(data: bytes) -> bool:
+    """Whether `data` ends with a blank line (its last line end follows another)."""
+    end = len(data) - 2 if data.endswith(b"\r\n") else len(data) - 1
+    return end >= 1 and data[end] in (_LF, _CR) and data[end - 1] in (_LF, _CR)
+
+
+def _past_blank(data: bytes, at: int) -> int:
+    """Past the blank line whose two line ends start at `at` (`_BLANK`)."""
+    end = at + 2
+    return end + 1 if data[at + 1] == _CR and data[end : end + 1] == b"\n" else end
+
+
+def _last_event_end(data: bytes) -> int:
+    """Where the last blank line in `data` ends (0 when there is none)."""
+    at = max(data.rfind(b"\n\n"), data.rfind(b"\r\r"), data.rfind(b"\n\r"))
+    return _past_blank(data, at) if at >= 0 else 0
