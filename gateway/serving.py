@@ -27,6 +27,7 @@ from gateway.listener import http_protocol
 __all__ = [
     "STARTUP_FAILURE",
     "BesideServer",
+    "CleanExitServer",
     "DrainingServer",
     "ServerThread",
     "bind_socket",
@@ -58,7 +59,28 @@ def bind_socket(
     return sock
 
 
-class DrainingServer(uvicorn.Server):
+class CleanExitServer(uvicorn.Server):
+    """uvicorn's server, for which a shutdown a signal asked for is the normal end: the
+    SIGINT or SIGTERM it handled is not raised again afterwards. uvicorn re-raises it,
+    which ends the process with -15 on SIGTERM before the code after `run` (the demo's
+    sidecars signing their final checkpoints) runs, and on SIGINT lets asyncio cancel a
+    server running beside this one (`run_beside`) in the middle of its shutdown."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+class DrainingServer(CleanExitServer):
     """uvicorn's server with owngate's shutdown.
 
     On SIGTERM or SIGINT uvicorn stops listening, closes idle keep-alive connections,
@@ -66,8 +88,8 @@ class DrainingServer(uvicorn.Server):
     `timeout_graceful_shutdown` and runs the lifespan shutdown. This class adds two
     things: `on_drain` runs when that shutdown begins (the app turns not-ready and
     starts its own deadline, which it keeps shorter than uvicorn's so it can end streams
-    cleanly), and a shutdown a signal asked for is the normal end: the signal is not
-    raised again afterwards (uvicorn does, which would end the process with -15, not 0).
+    cleanly), and, from `CleanExitServer`, a shutdown a signal asked for is the normal
+    end (exit 0, not -15).
     """
 
     def __init__(
@@ -115,19 +137,6 @@ class DrainingServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._on_drain()
         await super().shutdown(sockets)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        handled = (signal.SIGINT, signal.SIGTERM)
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
 
 class BesideServer(uvicorn.Server):

@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
+import shutil
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -21,14 +23,18 @@ from importlib import resources
 from pathlib import Path
 from typing import TextIO
 
-import uvicorn
-
 from gateway.app import admin_server, create_app
 from gateway.config import GatewaySettings, parse_config
 from gateway.demo.attested import PRIVATE, Sidecar, start_sidecars
 from gateway.logs import configure_logging
 from gateway.provenance import write_signing_key
-from gateway.serving import ServerThread, bind_socket, run_beside, uvicorn_config
+from gateway.serving import (
+    CleanExitServer,
+    ServerThread,
+    bind_socket,
+    run_beside,
+    uvicorn_config,
+)
 from gateway.sim import SimSettings, create_sim_app
 from gateway.tenants import hash_api_key, new_admin_token, new_api_key
 
@@ -117,10 +123,28 @@ def run_demo(host: str, port: int, out: TextIO = sys.stdout) -> int:
         # The simulated provider needs no key; LiteLLM wants one to be set.
         environ = {**os.environ, "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "demo")}
         app = create_app(config, environ=environ, config_dir=DEMO_DIR)
-        server = uvicorn.Server(uvicorn_config(app, config.listen))
-        with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled
+        # Ctrl-C or SIGTERM ends the servers, then `stack` stops the sidecars, which sign
+        # their logs' final checkpoints: the banner's audit passes only after that.
+        server = CleanExitServer(uvicorn_config(app, config.listen))
+        with contextlib.suppress(KeyboardInterrupt):  # a Ctrl-C before the server took it
             run_beside(server, [sock], admin_server(app), [admin_sock])
     return 0
+
+
+def _command(name: str) -> str:
+    """`name` (owngate, python) of the environment the demo runs from, as a user types it:
+    the bare name where PATH finds that very file, else its path (a checkout's
+    `.venv/bin/owngate`, relative to the working directory when under it). A bare name
+    that PATH resolves to another install (a system python without openai) would fail."""
+    path = Path(sys.executable).absolute().parent / name
+    if not path.is_file():
+        return name
+    found = shutil.which(name)
+    if found is not None and Path(found).absolute() == path:
+        return name
+    cwd = Path.cwd()
+    shown = path.relative_to(cwd) if path.is_relative_to(cwd) else path
+    return shlex.quote(str(shown))
 
 
 def _backend_keys(sidecars: Mapping[str, Sidecar]) -> str:
@@ -132,7 +156,8 @@ def _audit(log: Path, vkey: str, sidecars: Mapping[str, Sidecar]) -> str:
     backend served countersigned by its sidecar, and each sidecar's log agreeing."""
     logs = " \\\n    ".join(f"--attest-log {s.backend}={s.log}" for s in sidecars.values())
     return (
-        f"owngate audit verify {log} --key {vkey} \\\n    {_backend_keys(sidecars)} \\\n    {logs}"
+        f"{_command('owngate')} audit verify {log} --key {vkey} \\\n"
+        f"    {_backend_keys(sidecars)} \\\n    {logs}"
     )
 
 
@@ -146,6 +171,7 @@ def _banner(
     vkey: str,
 ) -> str:
     gpu, cpu = sidecars["gpu-vllm"], sidecars["cpu-llamacpp"]
+    owngate = _command("owngate")
     return f"""
 owngate demo is running at {url}
   simulated private backends: gpu-vllm (vLLM-like, {sims["vllm"]}),
@@ -166,22 +192,22 @@ Try it:
     -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
     -d '{{"model": "llama-3.1-8b", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
 
-  python - <<'PY'
-  from openai import OpenAI
-  client = OpenAI(base_url="{url}/v1", api_key="{key}")
-  reply = client.chat.completions.create(
-      model="llama-3.1-8b", messages=[{{"role": "user", "content": "Hello!"}}])
-  print(reply.choices[0].message.content)
-  PY
+{_command("python")} - <<'PY'
+from openai import OpenAI
+client = OpenAI(base_url="{url}/v1", api_key="{key}")
+reply = client.chat.completions.create(
+    model="llama-3.1-8b", messages=[{{"role": "user", "content": "Hello!"}}])
+print(reply.choices[0].message.content)
+PY
 
 Models: curl -s {url}/v1/models -H "Authorization: Bearer {key}"
 Metrics: curl -s {url}/metrics
-Backends: owngate status --url {url}   (no admin token: the demo admits loopback clients)
+Backends: {owngate} status --url {url}   (no admin token: the demo admits loopback clients)
 Provenance: every request is in a signed log; the receipt is the x-owngate-receipt header.
   Verify the log as two-party (after Ctrl-C, when each log has its final checkpoint):
   {_audit(log, vkey, sidecars)}
   Verify a receipt as two-party (the header, base64-decoded, in receipt.json):
-  owngate audit receipt verify receipt.json --key {vkey} --log {log} \\
+  {owngate} audit receipt verify receipt.json --key {vkey} --log {log} \\
     {_backend_keys(sidecars)}
 """
 
@@ -201,7 +227,7 @@ Admin API (its own listener, loopback only) at {url}
   auditor token (shown once):  {auditor}
       curl -s {url}/log/checkpoint -H "Authorization: Bearer {auditor}"
   Verify the live log over HTTP:
-  owngate audit verify {url}/log/ --key {vkey} --token {auditor} \\
+  {_command("owngate")} audit verify {url}/log/ --key {vkey} --token {auditor} \\
     {_backend_keys(sidecars)}
 Ctrl-C stops everything.
 

@@ -227,3 +227,58 @@ def reply_headers(url: str, key: str) -> dict[str, str]:
     )
     assert response.status_code == 200
     return dict(response.headers)
+
+
+# A shell as a new user's: the system's tools, not the checkout's venv on PATH.
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def _as_printed(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run a command the banner printed, pasted as is into a new user's shell."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = SYSTEM_PATH
+    return subprocess.run(
+        ["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_the_banners_commands_work_as_printed_and_a_signal_stops_the_demo_cleanly(
+    sig: signal.Signals, tmp_path: Path
+) -> None:
+    """The Python snippet, `status` and the audit the banner prints run as pasted into a
+    shell without the venv on PATH: before, the snippet was indented inside its heredoc
+    (its `PY` never ended it; Python refused the indent) and named a bare `python` and
+    `owngate` that such a shell resolves to another install or nothing.
+
+    Ctrl-C (or the SIGTERM of `timeout`, `kill`, `docker stop`) ends the demo with exit
+    0 and no traceback, after the sidecars signed their final checkpoints, so the audit
+    passes. uvicorn re-raised the signal it handled: on SIGINT asyncio then cancelled the
+    admin API's shutdown (an ERROR traceback), on SIGTERM the process died (-15) before
+    the sidecars closed their logs, and the audit failed with an entry missing from a
+    sidecar's log."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "demo", "--port", "0"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        banner = _read_banner(proc)
+        snippet = re.search(r"^ *(\S+ - <<'PY'\n.*?^ *PY\n)", banner, re.MULTILINE | re.DOTALL)
+        status = re.search(r"^Backends: (.*?)   \(no admin token", banner, re.MULTILINE)
+        assert snippet and status, banner
+        answered = _as_printed(snippet[1], tmp_path)
+        assert answered.returncode == 0 and answered.stdout.strip(), answered.stderr
+        shown = _as_printed(status[1], tmp_path)
+        assert shown.returncode == 0 and "cpu-llamacpp" in shown.stdout, shown.stderr
+    finally:
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err, err
+    audit = re.search(r"^  (\S+ audit verify /\S+ (?:[^\n]*\\\n)+[^\n]*\n)", banner, re.MULTILINE)
+    assert audit, banner
+    verified = _as_printed(audit[1], tmp_path)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
