@@ -12,8 +12,11 @@ not printable (line breaks, terminal escapes, bidi overrides, other invisibles) 
 written as its Python escape (`\\n`, `\\x1b`, `\\u202e`), in the JSON and the console
 format alike, so one line of the log is one event and shows what it holds. A traceback
 keeps its line breaks (the console format prints it as lines), every line after its first
-indented, so no line of it can pass for an event of its own. The stdlib handler's
-lines (uvicorn, libraries) get the same treatment.
+indented, so no line of it can pass for an event of its own, and says where an exception
+happened, never what its message said (a message may quote the request: a prompt, a
+header, a model name): each exception's last line is its class and its message's length
+(gateway/log_tracebacks.py). The stdlib handler's lines (uvicorn, libraries) get the same
+treatment.
 
 The names are treated as the values are: a key of a logged dict, at any depth, and a
 field's own name are written as strings (an int key as its digits: orjson refuses any
@@ -36,6 +39,8 @@ from typing import Any, Final, Literal, TextIO
 
 import orjson
 import structlog
+
+from gateway.log_tracebacks import message_without_exception, traceback_without_messages
 
 __all__ = [
     "MAX_DEPTH",
@@ -238,7 +243,7 @@ def configure_logging(
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
-        structlog.processors.format_exc_info,
+        structlog.processors.ExceptionRenderer(_traceback),
         redact,
     ]
     factory: Any
@@ -285,20 +290,39 @@ def _install_access_log(fmt: str, level: str, out: TextIO) -> None:
     access_log.install(writer)
 
 
-class _RedactingFormatter(logging.Formatter):
+def _traceback(exc_info: Any) -> str:
+    """structlog's `exc_info` (a triple) as `traceback_without_messages` writes it."""
+    return "NoneType: None" if exc_info[1] is None else traceback_without_messages(exc_info[1])
+
+
+class _WithheldFormatter(logging.Formatter):
+    """A stdlib formatter whose tracebacks withhold exceptions' messages, as does the
+    line's own message where it repeats the exception (asyncio's task `repr`)."""
+
+    def formatException(self, ei: Any) -> str:  # the stdlib's name
+        return _traceback(ei)
+
+    def message(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            message = message_without_exception(message, exc)
+        return _plain(_SECRET_PATTERN.sub(_mask, message))
+
+
+class _RedactingFormatter(_WithheldFormatter):
     def format(self, record: logging.LogRecord) -> str:
-        message = _plain(_SECRET_PATTERN.sub(_mask, record.getMessage()))
-        line = f"{record.levelname} {record.name}: {message}"
+        line = f"{record.levelname} {record.name}: {self.message(record)}"
         if record.exc_info:
             trace = _SECRET_PATTERN.sub(_mask, self.formatException(record.exc_info))
             line += "\n" + _plain(trace, MAX_EXCEPTION_CHARS, lines=True)
         return line
 
 
-class _JsonFormatter(logging.Formatter):
+class _JsonFormatter(_WithheldFormatter):
     def format(self, record: logging.LogRecord) -> str:
         entry = {
-            "event": _plain(_SECRET_PATTERN.sub(_mask, record.getMessage())),
+            "event": self.message(record),
             "level": record.levelname.lower(),
             "logger": record.name,
             "timestamp": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),

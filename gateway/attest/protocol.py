@@ -111,7 +111,9 @@ class Listener:
 
     def failed(self, exc: Exception) -> None:
         self.errors += 1
-        self._events.error("relay failed", reason=type(exc).__name__, detail=str(exc)[:200])
+        # Its traceback, every message withheld (gateway/log_tracebacks.py): a message may
+        # quote the relayed request.
+        self._events.error("relay failed", reason=type(exc).__name__, exc_info=exc)
 
     def protocol(self) -> Connection:
         return Connection(self)

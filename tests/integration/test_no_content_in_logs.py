@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
 
+from gateway.routing.router import Router
 from gateway.tenants import hash_api_key
-from tests.helpers.gateways import Sim
+from tests.helpers.gateways import TENANT_KEY, Gateway, Sim, backend
+from tests.helpers.log_capture import rendered_logs
 from tests.helpers.net import free_port
 from tests.helpers.processes import GatewayProcess
 
@@ -91,3 +95,35 @@ def test_canary_appears_nowhere(start_sim: Callable[..., Sim], tmp_path: Path) -
     assert {entry["status"] for entry in access} == {200, 401, 400, 404}
     assert all(entry["model"] in ("m", "-", "<unknown>") for entry in access)
     assert {entry["data_class"] for entry in access} == {None, "<unknown>"}
+
+
+def test_an_unexpected_error_is_logged_without_the_request_it_quotes(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fault of the gateway's own whose exception quotes the request (here a lookup by
+    the prompt: `KeyError('<the prompt>')`) is logged with its traceback, the stack only:
+    the message was written into the log, escaped but whole."""
+
+    async def failing(_router: Router, _model: str, _decision: Any, doc: Any, _at: float) -> Any:
+        return {}[doc["messages"][0]["content"]]
+
+    monkeypatch.setattr(Router, "plan", failing)
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    with rendered_logs() as logs:
+        gateway = start_gateway([backend("gpu", sim.url, "m")])
+        response = httpx.post(
+            f"{gateway.url}/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": f"secret {CANARY}"}]},
+            headers={"authorization": f"Bearer {TENANT_KEY}"},
+            timeout=10,
+        )
+    assert response.status_code == 500, response.text
+    assert response.json()["error"]["code"] == "internal_error"
+    lines = [json.loads(line) for line in logs.getvalue().splitlines()]
+    crash = next(line for line in lines if line["event"] == "unhandled error")
+    assert "in failing" in crash["exception"]  # where it happened is kept
+    said = len(str(KeyError(f"secret {CANARY}")))
+    assert crash["exception"].endswith(f"KeyError: [message withheld: {said} characters]")
+    assert CANARY not in logs.getvalue()
