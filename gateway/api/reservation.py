@@ -11,8 +11,9 @@ comes when that does not fit what is left of the minute's budget:
                        + the other body bytes / 4, rounded up
     token ids        = the whole numbers of `prompt` (a completion's) and `input` (an
                        embedding's), and of the arrays they hold: a prompt given as token
-                       ids is exactly that many tokens (the bytes of the numbers and a
-                       separator each are left out of the bytes / 4)
+                       ids is exactly that many tokens (the digits of the numbers are
+                       left out of the bytes / 4; their separators still count there,
+                       a quarter token each)
     media parts      = the image, audio, video and file parts of chat messages and the
                        items of llama.cpp's `multimodal_data` (`usage_bound.media_parts`,
                        the parts the usage bound allows `MEDIA_ALLOWANCE` tokens each)
@@ -125,8 +126,8 @@ def prompt_estimate(ask: Mapping[str, Any], body_bytes: int, *, per_media: int) 
 
 def _token_ids(prompt: Any) -> tuple[int, int]:
     """The token ids of a `prompt` or `input` (an array of whole numbers, or an array
-    holding such arrays, llama.cpp's mixed arrays included) and the bytes they take at
-    least in the body: their digits and one separator each."""
+    holding such arrays, llama.cpp's mixed arrays included) and the bytes their digits
+    take in the body."""
     if not isinstance(prompt, list):
         return 0, 0
     count = width = 0
@@ -135,7 +136,7 @@ def _token_ids(prompt: Any) -> tuple[int, int]:
             if type(token) is int:
                 count += 1
                 if 0 <= token < _ID_CEILING:
-                    width += len(str(token)) + 1
+                    width += len(str(token))
     return count, width
 
 

@@ -13,8 +13,8 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.state import Admission, RateLimited, TenantLimits, lua
-from gateway.state.ledger import MAX_DEBT_US, refunded_tat, settled_tat, tokens_cost_us
+from gateway.state import Admission, RateLimited, TenantLimits, ledger, lua
+from gateway.state.ledger import MAX_DEBT_US, settled_tat, tokens_cost_us
 from gateway.state.redis_state import RedisKeys
 from tests.helpers.redis_server import RedisServer, replica, replicas
 from tests.helpers.waiting import until_async
@@ -134,7 +134,7 @@ def test_the_refund_script_computes_the_ledger_s_microseconds(
             before = seconds * 1_000_000 + micros
             await client.set(key, str(before + ahead_us))
             await client.register_script(lua.REFUND)(keys=[key], args=[rpm])
-            expected = refunded_tat(before + ahead_us, before, rpm)
+            expected = ledger.refunded_tat(before + ahead_us, before, rpm)
             if expected > before + 1_000_000:  # clear of the clock's moves since `before`
                 assert await _tat(client, key) == expected
             else:  # a full budget: the key gone, or left at a time already past

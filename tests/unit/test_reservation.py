@@ -107,16 +107,16 @@ def test_media_parts_reserve_their_allowance(name: str) -> None:
 
 
 # name: (request, tokens reserved); each with max_tokens 1. The body's bytes other than
-# the ids' digits and a separator each are estimated at 4 a token, as any text.
+# the ids' digits (their separators too) are estimated at 4 a token, as any text.
 IDS: dict[str, tuple[dict[str, Any], int]] = {
-    # 2039 bytes: 1000 ids of 2, 39 others (10 tokens), 1 answer token
-    "one prompt of ids": ({"prompt": [1] * 1000}, 10 + 1000 + 1),
-    # 1243 bytes: 300 ids of 2, 200 of 3, 43 others; two prompts, an answer each
-    "a batch of id arrays": ({"prompt": [[1] * 300, [22] * 200]}, 11 + 500 + 2),
-    # 52 bytes: 3 ids of 2, 46 others; four answers (usage_bound reads it as a batch)
-    "llama.cpp's mixed prompt": ({"prompt": [5, 6, "text", 7]}, 12 + 3 + 4),
-    # 109 bytes: 10 ids of 7, 39 others (bytes / 4 reserved 27 before)
-    "long ids": ({"prompt": [151_643] * 10}, 10 + 10 + 1),
+    # 2039 bytes: 1000 ids of 1 digit, 1039 others (260 tokens), 1 answer token
+    "one prompt of ids": ({"prompt": [1] * 1000}, 1000 + 260 + 1),
+    # 1243 bytes: 300 ids of 1 digit, 200 of 2, 543 others; two prompts, an answer each
+    "a batch of id arrays": ({"prompt": [[1] * 300, [22] * 200]}, 500 + 136 + 2),
+    # 52 bytes: 3 ids of 1 digit, 49 others; four answers (usage_bound reads a batch)
+    "llama.cpp's mixed prompt": ({"prompt": [5, 6, "text", 7]}, 3 + 13 + 4),
+    # 109 bytes: 10 ids of 6 digits, 49 others (bytes / 4 reserved 28 before)
+    "long ids": ({"prompt": [151_643] * 10}, 10 + 13 + 1),
 }
 
 
@@ -134,7 +134,7 @@ def test_embedding_token_arrays_are_counted_exactly() -> None:
     ask = {"model": "m", "input": [[7] * 4000, [8] * 4000]}
     body = _body(ask)
     reserved = tokens_to_reserve(ask, body, per_minute=10**6, per_answer=None, embeddings=True)
-    assert reserved == 8000 + 7  # 16027 bytes: 16000 of ids, 27 others (7 tokens)
+    assert reserved == 8000 + 2007  # 16027 bytes: 8000 of digits, 8027 others
 
 
 def test_embeddings_reserve_their_prompt_alone() -> None:
