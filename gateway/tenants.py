@@ -59,6 +59,8 @@ class TenantEntry:
     # Tokens reserved per answer of a request without max_tokens (gateway/api/reservation.py);
     # None: the default share of `limits.tokens_per_minute`.
     reserved_tokens_per_answer: int | None = None
+    # Tokens reserved per image, audio, video or file part; None: `MEDIA_RESERVED`.
+    reserved_tokens_per_media: int | None = None
 
     def may_use(self, model: str) -> bool:
         return self.all_models or model in self.models
@@ -86,6 +88,7 @@ def index_keys(tenants: Iterable[TenantSettings]) -> dict[str, TenantEntry]:
             frozenset(tenant.models),
             limits,
             tenant.limits.reserved_tokens_per_answer,
+            tenant.limits.reserved_tokens_per_media,
         )
         for key_hash in tenant.api_key_hashes:
             other = index.setdefault(key_hash, entry)

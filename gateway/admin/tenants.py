@@ -26,6 +26,7 @@ class Limits(BaseModel):
     tokens_per_minute: int | None
     concurrent_requests: int | None
     reserved_tokens_per_answer: int | None = None
+    reserved_tokens_per_media: int | None = None
 
 
 class Use(BaseModel):

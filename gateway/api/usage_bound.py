@@ -65,6 +65,7 @@ __all__ = [
     "answer_choices",
     "answer_limit",
     "completion_bound",
+    "media_parts",
     "over_bound",
     "prompt_bound",
     "tokens_bound",
@@ -78,7 +79,7 @@ _MEDIA_COUNTED: Final = 4096  # parts looked at per request (a bound on the walk
 
 def prompt_bound(ask: Mapping[str, Any] | None, body_bytes: int) -> int:
     """The most prompt tokens a request of `body_bytes` bytes justifies."""
-    return body_bytes + PROMPT_ALLOWANCE + MEDIA_ALLOWANCE * _media_parts(ask)
+    return body_bytes + PROMPT_ALLOWANCE + MEDIA_ALLOWANCE * media_parts(ask)
 
 
 def completion_bound(ask: Mapping[str, Any] | None, answer_bytes: int) -> int:
@@ -185,7 +186,7 @@ def _prompts(ask: Mapping[str, Any] | None) -> int:
     return len(prompt)
 
 
-def _media_parts(ask: Mapping[str, Any] | None) -> int:
+def media_parts(ask: Mapping[str, Any] | None) -> int:
     """Content parts of chat messages that are not text, and media items of llama.cpp
     prompt objects (`{"prompt_string": ..., "multimodal_data": [...]}`), at most
     `_MEDIA_COUNTED` looked at."""

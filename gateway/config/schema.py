@@ -249,6 +249,13 @@ class RateLimitSettings(_Strict):
         description="Tokens a request reserves of tokens_per_minute for each answer when it "
         "sets no max_tokens (docs/configuration.md); default: tokens_per_minute / 8",
     )
+    reserved_tokens_per_media: int | None = Field(
+        default=None,
+        gt=0,
+        le=65536,  # usage_bound.MEDIA_ALLOWANCE: no part is ever charged more
+        description="Tokens a request reserves of tokens_per_minute for each image, audio, "
+        "video or file part (docs/configuration.md); default: 4096",
+    )
 
     @model_validator(mode="after")
     def _reservation_within_budget(self) -> RateLimitSettings:
@@ -257,6 +264,8 @@ class RateLimitSettings(_Strict):
             raise ValueError(
                 "reserved_tokens_per_answer needs tokens_per_minute, and at most that many"
             )
+        if self.reserved_tokens_per_media is not None and budget is None:
+            raise ValueError("reserved_tokens_per_media needs tokens_per_minute")
         return self
 
 

@@ -2,12 +2,14 @@
 
 Each admission is one EVALSHA (`lua.ACQUIRE`: concurrency, requests and tokens checked
 and charged atomically), its token reservation one (`lua.RESERVE`, for a tenant with a
-tokens limit), each completion at most one (`lua.RELEASE`: the slot freed, the
-reservation replaced by the tokens used), each with waiting for a connection taking at
-most `timeout_s`. Every reservation and settlement is mirrored on the local ledger, so a
-fallback starts from this replica's recent use. With Redis away or failing the
-call, the local `Ledger` decides instead, over this replica's share of each limit
-(`RedisHealth.replicas`). Only `RateLimited` is raised.
+tokens limit; a refusal one more, `lua.REFUND`, giving back the request), each
+completion at most one (`lua.RELEASE`: the slot freed, the reservation replaced by the
+tokens used), each with waiting for a connection taking at most `timeout_s`. Every
+admission, reservation and settlement is mirrored on the local ledger, so a fallback
+starts from this replica's recent use. With Redis away or failing the call, the local
+`Ledger` decides instead, over this replica's share of each limit
+(`RedisHealth.replicas`), the share the admission was given (`Admission.local`) from
+admission to release. Only `RateLimited` is raised.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class RedisLimits:
         self._gate = asyncio.Semaphore(max_connections)
         self._acquire_script = client.register_script(lua.ACQUIRE)
         self._reserve_script = client.register_script(lua.RESERVE)
+        self._refund_script = client.register_script(lua.REFUND)
         self._release_script = client.register_script(lua.RELEASE)
 
     async def acquire(self, tenant: str, limits: TenantLimits) -> Admission:
@@ -108,8 +111,10 @@ class RedisLimits:
             self._slots.end_call(slot)
         code = int(reply[0])
         if code == 1:
-            self._ledger.count_request(tenant, limits.share(self._health.replicas))
-            return Admission(self, tenant, limits, held=slot is not None, shared=True, slot=slot)
+            local = limits.share(self._health.replicas)
+            self._ledger.count_request(tenant, local)
+            held = slot is not None
+            return Admission(self, tenant, limits, held=held, shared=True, slot=slot, local=local)
         self._slots.drop(tenant, slot)
         if code == -1:  # our lease ran out (Redis restarted, or this loop stalled)
             self._health.resync = True
@@ -131,15 +136,15 @@ class RedisLimits:
             raise refusal
         self._ledger.count_request(tenant, local)
         slot = self._slots.take(tenant, calling=False) if limits.concurrent is not None else None
-        return Admission(self, tenant, limits, held=slot is not None, shared=False, slot=slot)
+        held = slot is not None
+        return Admission(self, tenant, limits, held=held, shared=False, slot=slot, local=local)
 
     async def _reserve(self, admission: Admission, tokens: int) -> None:
         """Reserve `tokens` of the tenant's tokens budget on Redis (or locally, over this
         replica's share, while it is away) or raise `RateLimited`."""
-        tenant, limits = admission.tenant, admission.limits
+        tenant, limits, local = admission.tenant, admission.limits, admission.local
         tpm = limits.tokens_per_minute or 0
         tokens = min(tokens, tpm)
-        local = limits.share(self._health.replicas)
         if self._health.healthy:
             try:
                 reply = await self._call(
@@ -158,11 +163,29 @@ class RedisLimits:
         # Over the share: a reservation of the whole share waits for a full local budget.
         admission.reserved = self._ledger.reserve(tenant, local, tokens, check=True)
 
+    async def _refuse(self, admission: Admission) -> None:
+        """Give back the request the admission charged, where it was charged: on Redis
+        (when it admitted it and answers now) and on the local ledger (its decision or
+        mirror). A charge Redis holds that cannot be given back ages out in a minute."""
+        tenant, limits = admission.tenant, admission.limits
+        self._ledger.uncount_request(tenant, admission.local)
+        if not admission.shared or not self._health.healthy:
+            return
+        try:
+            await self._call(
+                self._refund_script,
+                [self._keys.requests(tenant)],
+                [limits.requests_per_minute or 0],
+            )
+        except FAILURES as exc:
+            self._health.failed("refund", exc)
+
     async def _release(self, admission: Admission, tokens_used: int) -> None:
         tenant, limits, slot = admission.tenant, admission.limits, admission.slot
         reserved, admission.reserved = admission.reserved, 0
         shared, admission.reserved_shared = admission.reserved_shared, 0
-        self._ledger.settle(tenant, limits.share(self._health.replicas), reserved, tokens_used)
+        # at the share it was reserved at: the replicas may have changed since
+        self._ledger.settle(tenant, admission.local, reserved, tokens_used)
         self._slots.drop(tenant, slot)  # first: a resync from now on leaves it out
         charge = limits.tokens_per_minute is not None and (tokens_used > 0 or shared > 0)
         if not self._health.healthy or not (slot or charge):

@@ -115,21 +115,25 @@ def _human_seconds(seconds: float) -> str:
 class _Releaser(Protocol):
     async def _reserve(self, admission: Admission, tokens: int) -> None: ...
 
+    async def _refuse(self, admission: Admission) -> None: ...
+
     async def _release(self, admission: Admission, tokens_used: int) -> None: ...
 
 
 class Admission:
     """One admitted request. Once its body is read, `reserve(tokens)` what it may use of
-    the tenant's tokens-per-minute budget (raises `RateLimited` when that does not fit).
-    Call `release(tokens_used)` exactly when it ends (any outcome): it frees the
-    concurrency slot and replaces the reservation by the tokens charged (0: a refund).
-    Releasing twice is a no-op."""
+    the tenant's tokens-per-minute budget (raises `RateLimited` when that does not fit,
+    and gives back the request: `refuse`). Call `release(tokens_used)` exactly when it
+    ends (any outcome): it frees the concurrency slot and replaces the reservation by the
+    tokens charged (0: a refund). Releasing twice is a no-op."""
 
     __slots__ = (
+        "_refused",
         "_released",
         "_releaser",
         "held",
         "limits",
+        "local",
         "reserved",
         "reserved_shared",
         "shared",
@@ -146,11 +150,17 @@ class Admission:
         held: bool,
         shared: bool,
         slot: str | None = None,
+        local: TenantLimits | None = None,
     ) -> None:
         self._releaser = releaser
         self._released = False
+        self._refused = False
         self.tenant = tenant
         self.limits = limits
+        # What this process's ledger holds the request to, from admission to release:
+        # on Redis, this replica's share of `limits` when it was admitted (a share taken
+        # again later, once the replicas changed, would settle at another rate).
+        self.local = limits if local is None else local
         self.held = held  # counted against the concurrency limit
         self.shared = shared  # admitted by Redis, not decided on local state
         self.slot = slot  # the implementation's name for the held slot, if any
@@ -164,11 +174,29 @@ class Admission:
     async def reserve(self, tokens: int) -> None:
         """Reserve `tokens` of the tenant's tokens-per-minute budget until `release`
         (once; at most the whole budget is reserved). Raises `RateLimited` when they do
-        not fit now; does nothing without a tokens limit or once released."""
+        not fit now, once the request is given back (`refuse`); does nothing without a
+        tokens limit or once released."""
         if self._released or self._releaser is None or self.reserved or self.reserved_shared:
             return
         if self.limits.tokens_per_minute is not None and tokens > 0:
-            await self._releaser._reserve(self, tokens)
+            try:
+                await self._releaser._reserve(self, tokens)
+            except RateLimited:
+                await self.refuse()
+                raise
+
+    async def refuse(self) -> None:
+        """The request is refused before it reserved anything (its tokens did not fit,
+        or never could): give back the request its admission charged of
+        `requests_per_minute`, so a refused request costs nothing. Once; nothing after a
+        reservation or once released."""
+        if self._refused or self._released or self._releaser is None:
+            return
+        if self.reserved or self.reserved_shared:
+            return
+        self._refused = True
+        if self.limits.requests_per_minute is not None:
+            await self._releaser._refuse(self)
 
     async def release(self, tokens_used: int = 0) -> None:
         if self._released:

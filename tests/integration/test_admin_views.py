@@ -104,6 +104,7 @@ def test_tenants_show_their_limits_and_use(served: Served) -> None:
         **unlimited,
         "concurrent_requests": None,
         "reserved_tokens_per_answer": None,
+        "reserved_tokens_per_media": None,
     }
     none = {"inflight": None, "requests": None, "tokens": None, "reserved": None}
     assert acme["use"] == {**none, "scope": "process"}

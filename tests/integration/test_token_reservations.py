@@ -1,7 +1,9 @@
 """A tenant's tokens-per-minute budget is reserved at admission (gateway/api/reservation.py):
 a burst of expensive requests is admitted only as far as their reservations fit the
-minute's budget, a request that asks for more than the whole budget is refused, and a
-reservation no backend used is given back.
+minute's budget (images and token-id prompts at what they cost, not their bytes / 4), a
+request that asks for more than the whole budget is refused, a reservation no backend
+used is given back, and a request refused at its reservation costs no request of
+`requests_per_minute`.
 
 The backend is a scripted raw socket (tests/helpers/raw_backend.py) that holds every
 request until the test lets it answer, so the burst is all in flight at once."""
@@ -16,7 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 
+from gateway.api import reservation as reservations
 from gateway.state import TenantLimits
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import TENANT_KEY, Gateway, backend
@@ -45,19 +49,25 @@ def _reservation(body: bytes) -> int:
 
 
 class HeldBackend:
-    """Holds every completion until `go` is set, then answers it with `USAGE`."""
+    """Holds every completion until `go` is set, then answers it with `USAGE`, or with
+    `prompt_tokens(post)` prompt tokens and one completion token (an honest server's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, prompt_tokens: Callable[[Post], int] | None = None) -> None:
         self.go = threading.Event()
+        self._prompt_tokens = prompt_tokens
 
-    async def __call__(self, writer: asyncio.StreamWriter, _post: Post) -> bool:
+    async def __call__(self, writer: asyncio.StreamWriter, post: Post) -> bool:
         await until_async(self.go.is_set, "the test lets the held answers end", timeout=60)
+        usage = USAGE
+        if self._prompt_tokens is not None:
+            prompt = self._prompt_tokens(post)
+            usage = {"prompt_tokens": prompt, "completion_tokens": 1, "total_tokens": prompt + 1}
         answer = {
             "id": "x",
             "object": "chat.completion",
             "model": "m",
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
-            "usage": USAGE,
+            "usage": usage,
         }
         data = json.dumps(answer).encode()
         head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
@@ -78,9 +88,9 @@ def _gateway(start_gateway: Callable[..., Gateway], url: str, **limits: int) -> 
     return start_gateway([backend("gpu", url, "m")], tenants=tenants)
 
 
-def _post(gateway: Gateway, body: bytes) -> httpx.Response:
+def _post(gateway: Gateway, body: bytes, path: str = "/v1/chat/completions") -> httpx.Response:
     return httpx.post(
-        f"{gateway.url}/v1/chat/completions",
+        f"{gateway.url}{path}",
         content=body,
         headers={"authorization": f"Bearer {TENANT_KEY}", "content-type": "application/json"},
         timeout=WAIT_S,
@@ -158,3 +168,124 @@ def test_a_reservation_no_backend_took_is_given_back(
     use = gateway.app.state.tenant_use("acme", limits)
     assert (use.reserved, use.tokens) == (0, 0)
     assert _post(gateway, body).status_code >= 500  # admitted again, not 429
+
+
+def _burst(
+    gateway: Gateway, raw: RawBackend, held: HeldBackend, body: bytes, path: str
+) -> tuple[int, list[httpx.Response]]:
+    """Fire `BURST` copies of `body` at once: how many reached the backend together, and
+    every answer once the backend let them end."""
+    try:
+        with concurrent.futures.ThreadPoolExecutor(BURST) as pool:
+            calls = [pool.submit(_post, gateway, body, path) for _ in range(BURST)]
+            until(
+                lambda: len(raw.posts) + sum(call.done() for call in calls) == BURST,
+                "every request of the burst held by the backend or refused",
+                timeout=WAIT_S,
+                detail=lambda: (len(raw.posts), sum(call.done() for call in calls)),
+            )
+            admitted = len(raw.posts)
+            held.go.set()
+            return admitted, [call.result(timeout=WAIT_S) for call in calls]
+    finally:
+        held.go.set()
+
+
+BIG_TPM = 100_000
+IMAGES = 13
+PER_IMAGE = 1_000  # what an honest vision model makes of one (well under MEDIA_ALLOWANCE)
+
+
+@pytest.mark.parametrize("per_media", [None, 3000])
+def test_a_burst_of_image_requests_reserves_the_images(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    per_media: int | None,
+) -> None:
+    """The attack: 13 image URLs and `max_tokens: 1` reserved only the body's bytes / 4
+    (about 290 tokens) while the images cost 13,000: a burst was admitted as far as
+    those fit (the whole burst here; about fifty times the budget with 20 images). Each
+    part now reserves `reserved_tokens_per_media`: one such request fits the budget at
+    once by default, two at 3000 a part."""
+    held = HeldBackend(lambda _post: IMAGES * PER_IMAGE + 10)
+    raw = start_raw(held)
+    limits = {"tokens_per_minute": BIG_TPM}
+    if per_media is not None:
+        limits["reserved_tokens_per_media"] = per_media
+    gateway = _gateway(start_gateway, raw.url, **limits)
+    parts = [
+        {"type": "image_url", "image_url": {"url": f"https://img.example/{i}.png"}}
+        for i in range(IMAGES)
+    ]
+    doc = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": parts}]}
+    body = json.dumps(doc).encode()
+    admitted, answers = _burst(gateway, raw, held, body, "/v1/chat/completions")
+    served = sum(r.status_code == 200 for r in answers)
+    assert served == admitted
+    use = gateway.app.state.tenant_use("acme", TenantLimits(tokens_per_minute=BIG_TPM))
+    assert use.tokens is not None
+    assert use.tokens <= BIG_TPM, "the burst overdrew the budget"
+    assert served * (IMAGES * PER_IMAGE + 11) <= BIG_TPM
+    reservation = -(-len(body) // 4) + IMAGES * (per_media or reservations.MEDIA_RESERVED) + 1
+    # what is left past the reservations that fit is over 12 s of the budget's refill:
+    # the burst's own time never lets one more in
+    assert BIG_TPM % reservation > BIG_TPM // 5
+    assert admitted == BIG_TPM // reservation
+
+
+def test_a_burst_of_token_id_prompts_reserves_each_id(
+    start_raw: Callable[[Answer], RawBackend], start_gateway: Callable[..., Gateway]
+) -> None:
+    """The attack: `"prompt": [1,1,...]` is 2 bytes an exact token, reserved at bytes / 4:
+    a burst of honest 45,000-token prompts used 1.8 times the budget. (One fits now,
+    with 43,000 tokens of the budget to spare: 26 s of its refill, so the burst's own
+    time never lets a second in.)"""
+    ids = 45_000
+    held = HeldBackend(lambda post: len(json.loads(post.body)["prompt"]))
+    raw = start_raw(held)
+    gateway = _gateway(start_gateway, raw.url, tokens_per_minute=BIG_TPM)
+    body = json.dumps({"model": "m", "prompt": [1] * ids, "max_tokens": 1}).encode()
+    body = body.replace(b", ", b",")  # "1," : 2 bytes a token
+    reservation = ids + -(-(len(body) - ids) // 4) + 1  # the digits are the ids
+    assert BIG_TPM % reservation > BIG_TPM // 5
+    admitted, answers = _burst(gateway, raw, held, body, "/v1/completions")
+    served = sum(r.status_code == 200 for r in answers)
+    assert served == admitted
+    assert served * (ids + 1) <= BIG_TPM, "honest usage past the budget"
+    assert admitted == BIG_TPM // reservation
+
+
+def test_a_request_refused_at_its_reservation_costs_no_request(
+    start_raw: Callable[[Answer], RawBackend], start_gateway: Callable[..., Gateway]
+) -> None:
+    """docs/state.md: a refused request costs nothing. One refused when its tokens are
+    reserved (they do not fit now, or never could) used to keep the request its
+    admission charged of `requests_per_minute`, and the next one was refused for it."""
+    held = HeldBackend()
+    raw = start_raw(held)
+    gateway = _gateway(start_gateway, raw.url, requests_per_minute=2)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            first = pool.submit(_post, gateway, _body(max_tokens=900))  # 1 of 2 requests
+            until(lambda: len(raw.posts) == 1, "the first request held", timeout=WAIT_S)
+            for max_tokens in (TPM + 1, 900, TPM + 1, 900):  # never fits, does not fit now
+                refused = _post(gateway, _body(max_tokens=max_tokens))
+                assert refused.status_code == 429, refused.text
+                assert refused.json()["error"]["type"] == "tokens", refused.text
+            second = pool.submit(_post, gateway, _body(max_tokens=10))  # 2 of 2 requests
+            until(
+                lambda: len(raw.posts) == 2 or second.done(),
+                "the second request held or refused",
+                timeout=WAIT_S,
+            )
+            assert len(raw.posts) == 2, second.result().text
+            held.go.set()
+            assert first.result(timeout=WAIT_S).status_code == 200
+            assert second.result(timeout=WAIT_S).status_code == 200
+    finally:
+        held.go.set()
+    use = gateway.app.state.tenant_use("acme", TenantLimits(2, TPM))
+    assert use.requests == 2
+    third = _post(gateway, _body(max_tokens=10))
+    assert third.status_code == 429
+    assert third.json()["error"]["type"] == "requests"

@@ -1,15 +1,18 @@
 """What a request reserves of its tenant's tokens budget (gateway/api/reservation.py), as
-a table: the prompt estimate, the client's limit times the choices, the default without
-a limit, embeddings, and the refusal of a limit past the whole budget."""
+a table: the prompt estimate (token ids counted exactly, media parts at their
+allowance), the client's limit times the choices, the default without a limit,
+embeddings, and the refusal of a limit past the whole budget."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from gateway.api import reservation
 from gateway.api.reservation import default_per_answer, tokens_to_reserve
-from gateway.api.usage_bound import COMPLETION_ALLOWANCE
+from gateway.api.usage_bound import COMPLETION_ALLOWANCE, MEDIA_ALLOWANCE
 from gateway.config import ConfigError, parse_config
 from gateway.errors import GatewayError
 
@@ -44,6 +47,94 @@ def test_tokens_reserved(name: str) -> None:
     ask = {"model": "m", "messages": MESSAGES, **fields}
     reserved = tokens_to_reserve(ask, BODY, per_minute=per_minute, per_answer=per_answer)
     assert reserved == expected
+
+
+def _image(i: int) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": f"https://img.example/{i}.png"}}
+
+
+def _body(doc: dict[str, Any]) -> int:
+    return len(json.dumps(doc, separators=(",", ":")).encode())
+
+
+# name: (request, tokens per media part configured, media parts)
+MEDIA: dict[str, tuple[dict[str, Any], int | None, int]] = {
+    "twenty images": (
+        {"messages": [{"role": "user", "content": [_image(i) for i in range(20)]}]},
+        None,
+        20,
+    ),
+    "audio, a file and a video beside text": (
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "what is this"},
+                        {"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}},
+                        {"type": "file", "file": {"file_id": "f"}},
+                        {"type": "video_url", "video_url": {"url": "https://v.example/1"}},
+                    ],
+                }
+            ]
+        },
+        None,
+        3,
+    ),
+    "the tenant's setting": (
+        {"messages": [{"role": "user", "content": [_image(1), _image(2)]}]},
+        1000,
+        2,
+    ),
+    "llama.cpp multimodal_data": (
+        {"prompt": {"prompt_string": "<__media__>", "multimodal_data": ["AAAA", "BBBB"]}},
+        None,
+        2,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MEDIA))
+def test_media_parts_reserve_their_allowance(name: str) -> None:
+    """The attack: each part is a short URL a backend turns into hundreds or thousands
+    of tokens (the usage bound allows MEDIA_ALLOWANCE each), but reserved its bytes / 4:
+    a burst of 20-image requests was admitted about fifty times over the budget."""
+    fields, per_media, parts = MEDIA[name]
+    ask = {"model": "m", "max_tokens": 1, **fields}
+    body = _body(ask)
+    reserved = tokens_to_reserve(ask, body, per_minute=10**6, per_answer=None, per_media=per_media)
+    assert reserved == -(-body // 4) + parts * (per_media or reservation.MEDIA_RESERVED) + 1
+
+
+# name: (request, tokens reserved); each with max_tokens 1. The body's bytes other than
+# the ids' digits (their separators too) are estimated at 4 a token, as any text.
+IDS: dict[str, tuple[dict[str, Any], int]] = {
+    # 2039 bytes: 1000 ids of 1 digit, 1039 others (260 tokens), 1 answer token
+    "one prompt of ids": ({"prompt": [1] * 1000}, 1000 + 260 + 1),
+    # 1243 bytes: 300 ids of 1 digit, 200 of 2, 543 others; two prompts, an answer each
+    "a batch of id arrays": ({"prompt": [[1] * 300, [22] * 200]}, 500 + 136 + 2),
+    # 52 bytes: 3 ids of 1 digit, 49 others; four answers (usage_bound reads a batch)
+    "llama.cpp's mixed prompt": ({"prompt": [5, 6, "text", 7]}, 3 + 13 + 4),
+    # 109 bytes: 10 ids of 6 digits, 49 others (bytes / 4 reserved 28 before)
+    "long ids": ({"prompt": [151_643] * 10}, 10 + 13 + 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(IDS))
+def test_token_ids_are_counted_exactly(name: str) -> None:
+    """A prompt of token ids is exactly that many tokens; `[1,1,...]` is 2 bytes a token,
+    which bytes / 4 reserved as half a token: a burst used twice its reservations."""
+    fields, expected = IDS[name]
+    ask = {"model": "m", "max_tokens": 1, **fields}
+    reserved = tokens_to_reserve(ask, _body(ask), per_minute=10**6, per_answer=None)
+    assert reserved == expected
+
+
+def test_embedding_token_arrays_are_counted_exactly() -> None:
+    ask = {"model": "m", "input": [[7] * 4000, [8] * 4000]}
+    body = _body(ask)
+    reserved = tokens_to_reserve(ask, body, per_minute=10**6, per_answer=None, embeddings=True)
+    assert reserved == 8000 + 2007  # 16027 bytes: 8000 of digits, 8027 others
 
 
 def test_embeddings_reserve_their_prompt_alone() -> None:
@@ -98,3 +189,18 @@ def test_the_setting_needs_a_budget_that_holds_it(limits: str) -> None:
 def test_the_setting_is_read() -> None:
     config = parse_config(TENANT % "{tokens_per_minute: 10, reserved_tokens_per_answer: 10}")
     assert config.tenants[0].limits.reserved_tokens_per_answer == 10
+
+
+def test_the_media_setting_is_read_and_bounded() -> None:
+    config = parse_config(TENANT % "{tokens_per_minute: 10, reserved_tokens_per_media: 700}")
+    assert config.tenants[0].limits.reserved_tokens_per_media == 700
+    # never past what the usage bound ever charges a part
+    most = f"{{tokens_per_minute: 10, reserved_tokens_per_media: {MEDIA_ALLOWANCE}}}"
+    assert parse_config(TENANT % most).tenants[0].limits.reserved_tokens_per_media == 65536
+    for limits in (
+        f"{{tokens_per_minute: 10, reserved_tokens_per_media: {MEDIA_ALLOWANCE + 1}}}",
+        "{reserved_tokens_per_media: 100}",
+        "{tokens_per_minute: 10, reserved_tokens_per_media: 0}",
+    ):
+        with pytest.raises(ConfigError, match="reserved_tokens_per_media"):
+            parse_config(TENANT % limits)
