@@ -7,7 +7,12 @@ each `data` field's value (after one optional space) to the event being read, an
 dispatches the event at a blank line: its data is its `data` values joined with LF. It
 stops at an event whose data starts `[DONE]`, and raises at one whose data is a JSON
 object with a truthy `"error"` (an error event: nothing after it is read). A `usage`
-object in any other event is shown to the client (`chunk.usage`).
+object in any other event is shown to the client (`chunk.usage`), except in an event
+named `thread.*` (its last `event` field: the Assistants API's events): the SDK's
+`Stream` (legacy mode, every chat and completions stream) hands those on as
+`{"data": ..., "event": ...}`, so neither their `usage` nor their `error` is read at the
+top (its `event == "error"` test inside that branch can never hold). Other event names,
+`error` included, change nothing.
 
 So a usage chunk written over several `data:` lines is one JSON document to the client,
 and two usage documents in one event are none (their join does not parse). A stream's
@@ -85,25 +90,31 @@ class EventReader:
     def _read(self, lines: list[bytes], *, dispatch: bool) -> None:
         """Read whole lines from an event's start; `dispatch`: end with a blank line."""
         data: list[bytes] = []
+        event = b""  # the event's name: its last `event` field
         for line in lines:
             if not line:
-                self._dispatch(data)
+                self._dispatch(data, event)
                 if self.stopped:
                     return
-                data = []
+                data, event = [], b""
             elif line[0] != 58:  # not a comment (`:`)
                 name, _, value = line.partition(b":")
+                value = value[1:] if value[:1] == b" " else value
                 if name == b"data":
-                    data.append(value[1:] if value[:1] == b" " else value)
+                    data.append(value)
+                elif name == b"event":
+                    event = value
         if dispatch:
-            self._dispatch(data)
+            self._dispatch(data, event)
 
-    def _dispatch(self, data: list[bytes]) -> None:
+    def _dispatch(self, data: list[bytes], event: bytes) -> None:
         if not data:  # no data: nothing an SDK shows (its JSON parse of "" fails)
             return
         joined = b"\n".join(data)
         if joined.startswith(b"[DONE]"):
             self.stopped = True
+            return
+        if event.startswith(b"thread."):  # handed on nested: no usage, no error read
             return
         try:
             doc = read_json(joined, line=True)

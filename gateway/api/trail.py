@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.api.usage_bound import over_bound
-from gateway.api.usage_read import counts_of, read_json
+from gateway.api.usage_read import counts_of, read_json, utf8_document
 from gateway.provenance import LogEntry, RecordError, Salts, Usage
 from gateway.provenance.formats.attestation import Attestation
 from gateway.provenance.formats.receipts import attach_countersignature
@@ -142,7 +142,10 @@ class Trail:
         if self._reported is not None or self._watched:
             return self._reported
         if not self._usage_read:
-            self._usage = _usage(self.whole if self.whole is not None else self.tail)
+            if self.whole is not None:
+                self._usage = _usage(self.whole, whole=True)
+            else:
+                self._usage = _usage(self.tail, whole=False)
             self._usage_read = True
         return self._usage
 
@@ -176,17 +179,23 @@ def _reported_tokens(usage: Usage) -> int:
     return max(usage.total_tokens, usage.prompt_tokens + usage.completion_tokens)
 
 
-def _usage(data: bytes) -> Usage | None:
+def _usage(data: bytes, *, whole: bool) -> Usage | None:
     """Token usage from a JSON answer, or from the last usage chunk of a stream's tail
     before its `[DONE]` (what a client reads; the same rules as `StreamWatch`), each read
-    as the client's parser reads it (gateway/api/usage_read.py)."""
+    as the client's parser reads it (gateway/api/usage_read.py); `whole`: `data` is a
+    whole answer, in whichever encoding `json.loads` tells (UTF-16, UTF-32)."""
+    if whole:
+        try:
+            data = utf8_document(data)
+        except ValueError:  # not text in the encoding it starts in: `json.loads` fails too
+            return None
     if b'"usage"' not in data and _ESCAPED_LETTER.search(data) is None:
         return None  # most streams carry none: parse nothing
-    whole = _JSON_OBJECT.match(data) is not None
-    candidates = [data] if whole else _usage_lines(data)
+    is_json = _JSON_OBJECT.match(data) is not None
+    candidates = [data] if is_json else _usage_lines(data)
     for candidate in candidates:
         try:
-            doc = read_json(candidate, line=not whole)
+            doc = read_json(candidate, line=not is_json)
         except ValueError:
             continue
         # Counts as the backend wrote them, or none: "3", 3.9 or true is no count.

@@ -2,13 +2,18 @@
 
 The completion record's usage must be what the client was shown, so the gateway reads a
 usage object the way the OpenAI Python SDK does: a whole answer's body with `json.loads`
-of its bytes (as httpx's `Response.json`: a UTF-8 byte order mark is skipped), a
-stream's `data:` value decoded as UTF-8 first (as its SSE decoder does). orjson, fast,
-reads nearly every answer; what it refuses and the standard library reads (`NaN`,
-`Infinity`, a number past a double's range, a lone surrogate escape, a byte order mark)
-is read again with the standard library, so that a backend cannot show the client its
-counts in a document the recorder would not read. Either parser keeps the last of two
-copies of a key, as browsers' `JSON.parse` does.
+of its bytes (as httpx's `Response.json`: UTF-16 and UTF-32 are told by their zero bytes
+or byte order mark, a UTF-8 byte order mark is skipped), a stream's `data:` value decoded
+as UTF-8 first (as its SSE decoder does). orjson, fast, reads nearly every answer; what
+it refuses and the standard library reads (`NaN`, `Infinity`, a number past a double's
+range, a lone surrogate escape) is read again with the standard library, so that a
+backend cannot show the client its counts in a document the recorder would not read.
+Either parser keeps the last of two copies of a key, as browsers' `JSON.parse` does.
+
+Bounded, as it runs on the event loop (docs/provenance.md, known limits): a document
+nested deeper than `MAX_DEPTH` arrays and objects is none (the standard library's parser
+recurses: whether the client's raises depends on its stack), and the standard library,
+about 20 times slower than orjson, reads no document over `MAX_FALLBACK` bytes.
 
 A usage object's counts are `prompt_tokens`, `completion_tokens` and `total_tokens`,
 each a JSON integer where present (a string, a float, `true` is no count: the object is
@@ -19,30 +24,68 @@ path's `openai_wire.usage_of` differs on purpose: LiteLLM writes zeros of its ow
 from __future__ import annotations
 
 import json
+import re
+from itertools import accumulate
 from typing import Any, Final
 
 import orjson
 
-__all__ = ["COUNTS", "counts_of", "read_json"]
+__all__ = ["COUNTS", "MAX_DEPTH", "MAX_FALLBACK", "counts_of", "read_json", "utf8_document"]
 
 COUNTS: Final = ("prompt_tokens", "completion_tokens", "total_tokens")
+MAX_DEPTH: Final = 512  # arrays and objects, one in the other
+MAX_FALLBACK: Final = 1024 * 1024  # bytes the standard library's parser reads
+
+# orjson refuses a document nested deeper than 1024 (tests/unit/test_usage_read.py holds
+# it to that): one wrapped in 512 arrays parses only if it is nested no deeper than 512.
+_ORJSON_DEPTH: Final = 1024
+_WRAP: Final = _ORJSON_DEPTH - MAX_DEPTH
+_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS: Final = bytes(set(range(256)) - set(b"[]{}"))
+_STEP: Final = [0] * 256
+_STEP[ord("[")] = _STEP[ord("{")] = 1
+_STEP[ord("]")] = _STEP[ord("}")] = -1
 
 
 def read_json(data: bytes, *, line: bool = False) -> Any:
     """The JSON document `data` as the client's parser reads it; `line`: the value of a
-    stream's `data:` line (decoded as UTF-8 before parsing). Raises ValueError when the
-    client's parser would refuse it too."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        pass
-    # The rare document orjson refuses: read it as the client does (UnicodeDecodeError
-    # and JSONDecodeError are ValueErrors). Nested past the interpreter's recursion
-    # limit, the client's parser fails as well: no document.
-    try:
-        return json.loads(data.decode("utf-8") if line else data)
-    except RecursionError as exc:
-        raise ValueError("nested too deep") from exc
+    stream's `data:` line (decoded as UTF-8 before parsing), else a whole answer in UTF-8
+    (`utf8_document`). Raises ValueError when the client's parser would refuse it too,
+    or when it is past the bounds above (the module's text)."""
+    if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:  # the usual: too few to be deep
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    else:
+        try:
+            return _unwrapped(orjson.loads(b"[" * _WRAP + data + b"]" * _WRAP))
+        except orjson.JSONDecodeError:
+            pass
+        try:  # it parses unwrapped: it was nested too deep
+            orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            raise ValueError("nested too deep")
+    return _read_refused(data, line=line)
+
+
+def utf8_document(data: bytes) -> bytes:
+    """A whole answer's bytes in UTF-8, decoded as `json.loads(bytes)` decodes them (its
+    `json.detect_encoding`: UTF-16 or UTF-32 by the zero bytes of its first characters or
+    its byte order mark; a UTF-8 byte order mark skipped); lone surrogates are kept as
+    `surrogatepass` writes them. Raises ValueError (its subclasses) where
+    `json.loads` would."""
+    encoding = json.detect_encoding(data)
+    if encoding == "utf-8":
+        return data
+    if encoding == "utf-8-sig":
+        return data[3:]
+    text = data.decode(encoding, "surrogatepass")
+    if text.startswith("\ufeff"):  # a second byte order mark: `json.loads` refuses it
+        raise json.JSONDecodeError("a second byte order mark", text, 0)
+    return text.encode("utf-8", "surrogatepass")
 
 
 def counts_of(usage: Any) -> dict[str, int] | None:
@@ -55,3 +98,35 @@ def counts_of(usage: Any) -> dict[str, int] | None:
     if not all(type(count) is int for count in counts.values()):
         return None
     return counts
+
+
+def _unwrapped(wrapped: Any) -> Any:
+    """The document inside the `_WRAP` arrays `read_json` put around it: each holds
+    exactly one value, or the bytes were not one document (`1],[2` closes and opens)."""
+    for _ in range(_WRAP):
+        if type(wrapped) is not list or len(wrapped) != 1:
+            raise ValueError("not one JSON document")
+        wrapped = wrapped[0]
+    return wrapped
+
+
+def _read_refused(data: bytes, *, line: bool) -> Any:
+    """The rare document orjson refuses, read as the client does, within the bounds
+    (UnicodeDecodeError and JSONDecodeError are ValueErrors)."""
+    if len(data) > MAX_FALLBACK:
+        raise ValueError("too long to read with the standard library")
+    if _too_deep(data):
+        raise ValueError("nested too deep")
+    try:
+        return json.loads(data.decode("utf-8") if line else data)
+    except RecursionError as exc:  # the client's parser fails as well
+        raise ValueError("nested too deep") from exc
+
+
+def _too_deep(data: bytes) -> bool:
+    """Whether arrays and objects nest deeper than `MAX_DEPTH` in `data` (a valid
+    document: its brackets outside its strings match)."""
+    if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
+        return False  # the usual: too few to be deep
+    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0) > MAX_DEPTH

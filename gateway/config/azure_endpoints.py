@@ -16,7 +16,8 @@ it, the URL must be `https` at one of Azure's documented endpoint hosts, or a re
   `<endpoint>.<region>.inference.ai.azure.com` (serverless, models-as-a-service).
 
 `models.inference.ai.azure.com` is GitHub Models' endpoint (LiteLLM's `github/`
-default), not an Azure resource: it has no `<endpoint>.<region>` and is refused. A URL
+default), not an Azure resource: it and every host under it are refused
+(`x.models.inference.ai.azure.com` is no `<endpoint>.<region>` of Azure's). A URL
 with userinfo (`https://x@host`), or characters a URL parser may read another way
 (a backslash, a space, non-ASCII) is refused before its host is read.
 
@@ -29,6 +30,11 @@ backend's `unsafe_unchecked_azure_host: true` (docs/security.md): then its `base
 may be https at any host, or http at a loopback address (a self-hosted gateway beside
 owngate), never with userinfo. The variables are never let through that way: a host the
 check does not vouch for must be written in the config, where a review sees it.
+
+`AZURE_AUTHORITY_HOST` names where Azure AD credentials go (LiteLLM's OIDC path posts the
+client assertion to `<it>/<tenant>/oauth2/v2.0/token`; azure-identity reads it too),
+whatever `base_url` says: when set it must be one of Microsoft's login hosts
+(`AZURE_AUTHORITY_HOSTS`), over https or as a bare host name (azure-identity's form).
 """
 
 from __future__ import annotations
@@ -38,7 +44,15 @@ import re
 from typing import Final
 from urllib.parse import urlsplit
 
-__all__ = ["AZURE_FORMS", "AZURE_PREFIXES", "AZURE_URL_VARIABLES", "azure_endpoint_problem"]
+__all__ = [
+    "AZURE_AUTHORITY_HOSTS",
+    "AZURE_AUTHORITY_VARIABLE",
+    "AZURE_FORMS",
+    "AZURE_PREFIXES",
+    "AZURE_URL_VARIABLES",
+    "azure_authority_problem",
+    "azure_endpoint_problem",
+]
 
 # LiteLLM routes that send to Azure (gateway/config/provider_routes.py's Azure entry).
 AZURE_PREFIXES: Final = frozenset({"azure", "azure_ai", "azure_text", "azure_speech"})
@@ -57,6 +71,16 @@ _RESOURCE_SUFFIXES: Final = (
     "cognitiveservices.azure.cn",
 )
 _SERVERLESS_SUFFIXES: Final = ("models.ai.azure.com", "inference.ai.azure.com")
+_GITHUB_MODELS: Final = "models.inference.ai.azure.com"
+# Where Azure AD (Entra ID) tokens come from: the public cloud, Azure Government, Azure
+# operated by 21Vianet (its older and newer names); azure-identity's known authorities.
+AZURE_AUTHORITY_VARIABLE: Final = "AZURE_AUTHORITY_HOST"
+AZURE_AUTHORITY_HOSTS: Final = (
+    "login.microsoftonline.com",
+    "login.microsoftonline.us",
+    "login.chinacloudapi.cn",
+    "login.partner.microsoftonline.cn",
+)
 
 
 def _forms(suffixes: tuple[str, ...], labels: int) -> str:
@@ -91,8 +115,31 @@ def azure_endpoint_problem(url: str, *, any_host: bool = False) -> str | None:
         return f"host {host!r} is not reached over https"
     if "@" in parts.netloc:
         return f"host {host!r} comes after userinfo (user@), which is refused"
-    if not any_host and not _AZURE_HOST.fullmatch(host):
+    if not any_host and (
+        not _AZURE_HOST.fullmatch(host) or host.lower().endswith(f".{_GITHUB_MODELS}")
+    ):
         return f"host {host!r} is not an Azure endpoint ({AZURE_FORMS})"
+    return None
+
+
+def azure_authority_problem(value: str) -> str | None:
+    """Why `value` (of `AZURE_AUTHORITY_HOST`) is no Microsoft login host (a sentence
+    naming its host), or None when it is one: `https://<host>` (a path after it stays at
+    that host) or the bare `<host>`."""
+    if not value.isascii() or not value.isprintable() or " " in value or "\\" in value:
+        return "it is not a plain ASCII URL (no spaces, backslashes or control characters)"
+    try:
+        parts = urlsplit(value if "://" in value else f"https://{value}")
+        port = parts.port
+    except ValueError:
+        return "it is not a URL"
+    host = (parts.hostname or "").rstrip(".").lower()
+    if parts.scheme.lower() != "https":
+        return f"host {host!r} is not reached over https"
+    if "@" in parts.netloc or port not in (None, 443):
+        return f"host {host!r} comes with userinfo or a port, which is refused"
+    if host not in AZURE_AUTHORITY_HOSTS:
+        return f"host {host!r} is not a Microsoft login host ({', '.join(AZURE_AUTHORITY_HOSTS)})"
     return None
 
 

@@ -27,7 +27,10 @@ told (deploy/gateway.example.yaml relies on it) and stays allowed, but not to an
 without `base_url`, each of `AZURE_API_BASE`, `AZURE_AI_API_BASE` and
 `AZURE_OPENAI_ENDPOINT` that is set must be https at an Azure endpoint host
 (gateway/config/azure_endpoints.py, which checks a `base_url` the same way), or the
-backend is refused, naming the variable and the host. `OR_SITE_URL` (OpenRouter) is a
+backend is refused, naming the variable and the host. `AZURE_AUTHORITY_HOST`, where
+LiteLLM's Azure AD (OIDC) path posts a credential whatever `base_url` says, must be a
+Microsoft login host when set, for an Azure backend or one without a provider prefix,
+with or without `base_url`. `OR_SITE_URL` (OpenRouter) is a
 header value, not a destination, and does not start with the provider's name.
 """
 
@@ -38,8 +41,10 @@ from collections.abc import Iterable, Mapping
 from typing import Final
 
 from gateway.config.azure_endpoints import (
+    AZURE_AUTHORITY_VARIABLE,
     AZURE_PREFIXES,
     AZURE_URL_VARIABLES,
+    azure_authority_problem,
     azure_endpoint_problem,
 )
 
@@ -105,6 +110,7 @@ def check_base_url_environment(
     says: a provider URL variable when it has no `base_url` (`has_base_url` False), a
     token URL variable in any case."""
     provider_models = list(provider_models)
+    _check_azure_authority(backend_id, provider_models, environ)
     if not has_base_url:
         _check_azure_environment(backend_id, provider_models, environ)
     providers: set[str] = set()
@@ -164,3 +170,25 @@ def _check_azure_environment(
             "would send this Azure backend's prompts and key there; Azure traffic goes to "
             "Azure's endpoints over https (set base_url in the config, or fix the variable)"
         )
+
+
+def _check_azure_authority(
+    backend_id: str, provider_models: Iterable[str], environ: Mapping[str, str]
+) -> None:
+    """Raise ValueError when `AZURE_AUTHORITY_HOST` is set to anything but a Microsoft
+    login host for a backend that may be Azure (an `azure*/` model, or one without a
+    provider prefix): LiteLLM's Azure AD path would post its credential there."""
+    if all(
+        "/" in model and model.partition("/")[0] not in AZURE_PREFIXES for model in provider_models
+    ):
+        return
+    for name, value in sorted(environ.items()):
+        if name.upper() != AZURE_AUTHORITY_VARIABLE or value == "":  # "": the default
+            continue
+        problem = azure_authority_problem(value)
+        if problem is not None:
+            raise ValueError(
+                f"backend {backend_id!r}: environment variable {name}: {problem}: LiteLLM "
+                "would send this Azure backend's credential there to get a token (unset "
+                "the variable, or name a Microsoft login host)"
+            )

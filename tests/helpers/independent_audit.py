@@ -156,15 +156,19 @@ def _client_status(received: Received, gateways: bytes) -> int:
 def _events_read(body: bytes) -> tuple[list[dict[str, Any]], bool]:
     """What the OpenAI SDK reads of a stream (its own SSE decoder, openai/_streaming.py):
     the JSON objects of its events up to `[DONE]` or an error event (at which it raises:
-    the second value says whether it met one). An event whose data is not JSON is
-    skipped (docs: the gateway does not read every event's JSON)."""
+    the second value says whether it met one). An event whose data is not JSON, or is
+    nested past what `json.loads` reads, is skipped (docs: the gateway does not read every
+    event's JSON); a `thread.*` event's data is nested by the SDK's legacy `Stream`
+    (`{"data": ..., "event": ...}`): neither its usage nor its error is at the top."""
     read: list[dict[str, Any]] = []
     for event in SSEDecoder().iter_bytes(iter([body])):
         if event.data.startswith("[DONE]"):
             break
+        if event.event and event.event.startswith("thread."):
+            continue
         try:
             doc = json.loads(event.data)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(doc, dict) and doc.get("error"):
             return read, True
@@ -181,7 +185,7 @@ def _usage_seen(received: Received) -> list[dict[str, Any]]:
     else:
         try:
             docs = [json.loads(received.body)]
-        except ValueError:
+        except (ValueError, RecursionError):
             docs = []
     return [d["usage"] for d in docs if isinstance(d, dict) and isinstance(d.get("usage"), dict)]
 

@@ -15,7 +15,12 @@ import pytest
 import yaml
 
 from gateway.config import ConfigError, parse_config
-from gateway.config.azure_endpoints import AZURE_URL_VARIABLES, azure_endpoint_problem
+from gateway.config.azure_endpoints import (
+    AZURE_AUTHORITY_VARIABLE,
+    AZURE_URL_VARIABLES,
+    azure_authority_problem,
+    azure_endpoint_problem,
+)
 from gateway.upstream.litellm_runtime import check_base_url_environment, load_litellm
 
 AZURE_HOSTS = [
@@ -38,6 +43,9 @@ NOT_AZURE = {
     "https://a.b.openai.azure.com": "not an Azure endpoint",  # a resource is one label
     "https://acme.azure-api.net": "not an Azure endpoint",  # API Management: a proxy
     "https://models.inference.ai.azure.com": "not an Azure endpoint",  # GitHub Models
+    # under GitHub Models' host: region `models` of the serverless form, and no Azure one
+    "https://x.models.inference.ai.azure.com": "not an Azure endpoint",
+    "https://X.Models.Inference.AI.Azure.com./v1": "not an Azure endpoint",
     "https://westeurope.models.ai.azure.com": "not an Azure endpoint",  # no endpoint
     "https://acme_eu.openai.azure.com": "not an Azure endpoint",
     "http://acme-eu.openai.azure.com": "host 'acme-eu.openai.azure.com' is not reached over https",
@@ -116,7 +124,6 @@ _URL_NAME = re.compile(r"(?:^|_)(?:API_BASE|BASE_URL|URL|ENDPOINT|HOST)(?:_|$)")
 # Reviewed: Azure URL variables that are no destination of what the gateway sends.
 _NOT_CHECKED = {
     "AZURE_SPEECH_API_BASE",  # audio transcription: the gateway never calls it
-    "AZURE_AUTHORITY_HOST",  # the Entra ID token authority (OIDC), not a prompt's host
 }
 
 
@@ -132,7 +139,62 @@ def test_every_azure_url_variable_litellm_reads_is_checked() -> None:
             text = source.read_text(encoding="utf-8", errors="replace")
             found.update(name for name in _READ.findall(text) if _URL_NAME.search(name))
     assert {"AZURE_API_BASE", "AZURE_AI_API_BASE"} <= found
-    assert found - _NOT_CHECKED <= set(AZURE_URL_VARIABLES)
+    assert found - _NOT_CHECKED <= {*AZURE_URL_VARIABLES, AZURE_AUTHORITY_VARIABLE}
+
+
+AUTHORITIES = [
+    "https://login.microsoftonline.com",
+    "https://login.microsoftonline.com/",
+    "https://LOGIN.microsoftonline.us",
+    "https://login.chinacloudapi.cn:443",
+    "https://login.partner.microsoftonline.cn",
+    "login.microsoftonline.com",  # azure-identity's bare host form
+]
+NOT_AUTHORITIES = {
+    "https://login.attacker.example": "not a Microsoft login host",
+    "https://login.microsoftonline.com.attacker.example": "not a Microsoft login host",
+    "https://attacker.example/login.microsoftonline.com": "not a Microsoft login host",
+    "http://login.microsoftonline.com": "not reached over https",
+    "https://user@login.microsoftonline.com": "userinfo",
+    "https://login.microsoftonline.com:8443": "a port",
+    "https://attacker.example\\@login.microsoftonline.com": "not a plain ASCII URL",
+    "https://login.microsoftonline.com:99999": "not a URL",
+}
+
+
+@pytest.mark.parametrize("value", AUTHORITIES)
+def test_microsoft_login_hosts_are_authorities(value: str) -> None:
+    assert azure_authority_problem(value) is None
+    environ = {"AZURE_AUTHORITY_HOST": value}
+    check_base_url_environment("b", ["azure/gpt-eu"], environ, has_base_url=True)
+
+
+@pytest.mark.parametrize(("value", "problem"), NOT_AUTHORITIES.items(), ids=list(NOT_AUTHORITIES))
+@pytest.mark.parametrize("provider_model", ["azure/gpt-eu", "azure_ai/Llama", "gpt-4o"])
+@pytest.mark.parametrize("has_base_url", [False, True])
+def test_an_authority_host_elsewhere_is_refused(
+    value: str, problem: str, provider_model: str, has_base_url: bool
+) -> None:
+    """LiteLLM's OIDC path posts the credential to it whatever `base_url` says."""
+    environ = {"AZURE_AUTHORITY_HOST": value}
+    with pytest.raises(ValueError, match="AZURE_AUTHORITY_HOST") as refused:
+        check_base_url_environment("b", [provider_model], environ, has_base_url=has_base_url)
+    assert problem in str(refused.value)
+
+
+def test_an_authority_host_leaves_other_providers_alone() -> None:
+    environ = {"AZURE_AUTHORITY_HOST": "https://login.attacker.example", "AZURE_API_BASE": ""}
+    check_base_url_environment("b", ["openai/gpt-4o"], environ)
+    check_base_url_environment("b", ["azure/gpt-eu"], {"AZURE_AUTHORITY_HOST": ""})
+
+
+def test_litellm_posts_the_oidc_assertion_to_the_authority_host() -> None:
+    """The variable is live in the pinned LiteLLM: re-read from its source."""
+    spec = importlib.util.find_spec("litellm")
+    assert spec is not None and spec.origin is not None
+    source = (Path(spec.origin).parent / "llms" / "azure" / "common_utils.py").read_text()
+    assert 'os.getenv("AZURE_AUTHORITY_HOST"' in source
+    assert "{azure_authority_host}/{azure_tenant_id}/oauth2/v2.0/token" in source
 
 
 def hosted(**fields: Any) -> str:

@@ -405,3 +405,26 @@ def test_usage_after_done_is_not_noted(strip: bool) -> None:
         shown = feed(watch, stream, cut)
         assert watch.usage == COUNTS, cut
         assert shown == (ROLE + DONE if strip else stream), cut
+
+
+@pytest.mark.parametrize("cut", [0, 5, 16, 17, 30])
+def test_a_thread_event_shows_no_usage_however_the_reads_cut(cut: int) -> None:
+    """The SDK's legacy `Stream` nests a `thread.*` event's data under "data"."""
+    big = b'{"prompt_tokens":9,"completion_tokens":9,"total_tokens":18}'
+    small = b'{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}'
+    stream = (
+        b'data: {"choices":[],"usage":'
+        + small
+        + b"}\n\n"
+        + b'event: thread.x\ndata: {"choices":[],"usage":'
+        + big
+        + b"}\n\n"
+        + b'event: thread.x\ndata: {"error":{"message":"x"}}\n\n'
+    )
+    first = stream.index(b"event:")
+    reader = EventReader()
+    reader.feed(stream[: first + cut])
+    reader.feed(stream[first + cut :])
+    reader.finish()
+    assert reader.usage == {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    assert not reader.error_event and not reader.stopped

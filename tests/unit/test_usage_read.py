@@ -1,0 +1,133 @@
+"""`read_json` and `utf8_document` (gateway/api/usage_read.py): a usage document read as
+the client's parser reads it, within bounds that keep one answer from stalling the event
+loop: nested past `MAX_DEPTH` is none on every path, the standard library reads no
+document orjson refuses past `MAX_FALLBACK` bytes, and a whole answer in UTF-16 or
+UTF-32 is decoded as `json.loads(bytes)` decodes it."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.api.sse_events import EventReader
+from gateway.api.trail import Trail
+from gateway.api.usage_read import MAX_DEPTH, MAX_FALLBACK, read_json, utf8_document
+from gateway.provenance import Salts
+
+USAGE = b'"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}'
+COUNTS = {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+
+
+def unreadable(data: bytes, *, line: bool = False) -> bool:
+    """Whether `read_json` finds no document in `data` (its ValueError)."""
+    try:
+        read_json(data, line=line)
+    except ValueError:
+        return True
+    return False
+
+
+def nested(depth: int, *, extra: bytes = b"") -> bytes:
+    """A usage document whose arrays and objects nest `depth` deep (the top object one)."""
+    return b"{" + USAGE + b',"x":' + b"[" * (depth - 1) + b"]" * (depth - 1) + extra + b"}"
+
+
+def test_orjson_refuses_past_the_depth_the_wrap_counts_on() -> None:
+    # usage_read wraps a document in arrays to bound its depth with orjson's own limit.
+    orjson.loads(b"[" * 1024 + b"]" * 1024)
+    with pytest.raises(orjson.JSONDecodeError):
+        orjson.loads(b"[" * 1025 + b"]" * 1025)
+
+
+@pytest.mark.parametrize("line", [False, True])
+def test_a_document_at_the_depth_bound_is_read_and_past_it_is_none(line: bool) -> None:
+    assert read_json(nested(MAX_DEPTH), line=line)["usage"] == COUNTS
+    for depth in (MAX_DEPTH + 1, 1000, 1024, 1100):
+        assert unreadable(nested(depth), line=line)
+
+
+@pytest.mark.parametrize("line", [False, True])
+def test_past_the_depth_bound_is_none_also_where_orjson_refuses(line: bool) -> None:
+    # NaN: the standard library's path, which must not read what orjson's would not.
+    assert read_json(nested(MAX_DEPTH, extra=b',"n":NaN'), line=line)["usage"] == COUNTS
+    assert unreadable(nested(MAX_DEPTH + 1, extra=b',"n":NaN'), line=line)
+
+
+def test_brackets_in_strings_are_no_depth() -> None:
+    text = b'"' + b"[{" * 2000 + b'"'
+    doc = b"{" + USAGE + b',"x":[' + text + b"]," + b'"y":' + text + b"}"
+    assert read_json(doc)["usage"] == COUNTS
+    assert read_json(doc[:-1] + b',"n":NaN}')["usage"] == COUNTS
+
+
+@given(
+    st.recursive(
+        st.none() | st.integers(-(2**63), 2**63 - 1) | st.text(alphabet='[]{}"\\ab'),
+        lambda inner: (
+            st.lists(inner, max_size=3)
+            | st.dictionaries(st.text(alphabet="[]{}ab", max_size=3), inner, max_size=3)
+        ),
+        max_leaves=600,
+    )
+)
+def test_a_document_under_the_bound_reads_as_json_loads_reads_it(doc: object) -> None:
+    data = json.dumps(doc).encode()
+    padded = b"[" * 600 + b"]" * 600  # enough brackets to take the bounded path
+    whole = b'{"d":' + data + b',"p":' + b"[" * 10 + b"]" * 10 + b',"s":"' + padded + b'"}'
+    assert read_json(whole) == json.loads(whole)
+
+
+@pytest.mark.parametrize(
+    "bytes_", [b"", b"1],[2", b"]", b"[", b"{}]", b"[{}", b" ", b'{"a":1}]],[[{"b":2}']
+)
+def test_what_is_not_one_document_stays_none_when_wrapped(bytes_: bytes) -> None:
+    data = bytes_ + b" " + b"[]" * MAX_DEPTH  # past the count: the wrapped path
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(data)
+    assert unreadable(data)
+
+
+def test_the_standard_library_reads_no_long_document() -> None:
+    short = b"{" + USAGE + b',"x":[' + b"1.5," * 1000 + b"NaN]}"
+    assert read_json(short)["usage"] == COUNTS
+    long = b"{" + USAGE + b',"x":[' + b"1.5," * (MAX_FALLBACK // 4) + b"NaN]}"
+    assert json.loads(long)["usage"] == COUNTS  # the client reads it; the recorder not
+    assert unreadable(long)
+
+
+@pytest.mark.parametrize(
+    "codec",
+    ["utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be"],
+)
+def test_a_whole_answer_is_decoded_as_json_loads_decodes_it(codec: str) -> None:
+    text = '{"a":"é\U0001f600",' + USAGE.decode() + "}"
+    data = text.encode(codec)
+    assert read_json(utf8_document(data)) == json.loads(data)
+    trail = Trail(Salts.generate(), "")
+    trail.answered(data)
+    usage = trail.usage()
+    assert usage is not None and usage.total_tokens == 8
+
+
+def test_what_json_loads_cannot_decode_is_no_whole_answer() -> None:
+    for data in ('{"a":1}'.encode("utf-16-le")[:-1], b"\xff\xfe\xff\xfe{\x00}\x00"):
+        with pytest.raises((UnicodeDecodeError, json.JSONDecodeError)):
+            json.loads(data)
+        with pytest.raises((UnicodeDecodeError, json.JSONDecodeError)):
+            utf8_document(data)
+
+
+def test_a_stream_event_past_the_depth_bound_shows_no_usage() -> None:
+    reader = EventReader()
+    reader.feed(b"data: " + nested(3) + b"\n\n")
+    reader.feed(
+        b"data: "
+        + nested(MAX_DEPTH + 1).replace(b'"total_tokens":8', b'"total_tokens":9')
+        + b"\n\n"
+    )
+    reader.finish()
+    assert reader.usage == COUNTS
