@@ -7,7 +7,10 @@ another host needs `unsafe_unchecked_azure_host: true`, in the config."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,7 @@ from gateway.config.azure_endpoints import (
     azure_authority_problem,
     azure_endpoint_problem,
 )
-from gateway.upstream.litellm_runtime import check_base_url_environment, load_litellm
+from gateway.upstream.litellm_runtime import check_base_url_environment
 
 AZURE_HOSTS = [
     "https://acme-eu.openai.azure.com",
@@ -106,15 +109,24 @@ def test_azure_url_variables_at_azure_hosts_load() -> None:
     check_base_url_environment("b", ["openai/gpt-4o"], {"AZURE_API_BASE": "https://x"})
 
 
-def test_litellm_reads_the_azure_ai_variable_when_given_no_base_url(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The variables are live: LiteLLM sends `azure_ai/` to AZURE_AI_API_BASE."""
-    monkeypatch.setenv("AZURE_AI_API_BASE", "https://llm.attacker.example")
-    litellm = load_litellm()
-    assert litellm.get_llm_provider("azure_ai/Llama", api_key="k")[3] == (
-        "https://llm.attacker.example"
+def test_litellm_reads_the_azure_ai_variable_when_given_no_base_url() -> None:
+    """The variables are live: LiteLLM sends `azure_ai/` to AZURE_AI_API_BASE. Asked in a
+    child process: LiteLLM loaded and called in the test process left a later in-process
+    hosted stream failing in its adapter (AttributeError) in the same run."""
+    script = (
+        "from gateway.upstream.litellm_runtime import load_litellm\n"
+        "print(load_litellm().get_llm_provider('azure_ai/Llama', api_key='k')[3])\n"
     )
+    environ = {**os.environ, "AZURE_AI_API_BASE": "https://llm.attacker.example"}
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+        env=environ,
+    )
+    assert done.stdout.splitlines()[-1] == "https://llm.attacker.example"
 
 
 _READ = re.compile(
