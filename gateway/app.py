@@ -288,10 +288,12 @@ def validate(
     environ: Mapping[str, str],
     config_dir: Path,
     secrets: bool = True,
+    workers: int = 1,
 ) -> list[str]:
     """Every problem `owngate serve` would refuse this loaded config for at start, found
     with the same `assemble` and without opening a connection, a listening socket or the
-    provenance log.
+    provenance log. With `workers` > 1 (`serve --workers N`), each worker's own log
+    directory and high-water file are checked (`ProvenanceSettings.for_worker`).
 
     `secrets=False` checks a config meant for another machine (a pod whose secrets are
     mounted there): a backend key variable unset here counts as set, and the provenance
@@ -313,14 +315,23 @@ def validate(
     log = config.provenance
     if log is not None:
         files = (log.signing_key_file, *log.previous_signing_key_files) if secrets else ()
+        workers = max(workers, 1)
         problems += preflight(
             log.origin,
             [config_dir / f for f in files],
             [w.vkey for w in log.witnesses],
-            directory=config_dir / log.dir if secrets else None,
+            directory=config_dir / log.dir if secrets and workers == 1 else None,
             high_water=log.high_water_path(config_dir),
         )
-    return problems
+        for index in range(1, workers + 1) if workers > 1 else ():
+            own = log.for_worker(index, config_dir)  # as each worker opens its own log
+            problems += preflight(
+                own.origin,
+                [],
+                directory=config_dir / own.dir if secrets else None,
+                high_water=own.high_water_path(config_dir),
+            )
+    return list(dict.fromkeys(problems))  # a setting every worker shares is named once
 
 
 def _without_tls_files(config: GatewaySettings) -> GatewaySettings:

@@ -12,6 +12,8 @@ supervisor
   as a config that cannot start would, unless another worker is up and serving: then the
   config was valid once and the running workers keep serving it, as a reload that fails
   keeps it, while the dead one is retried every 5 s);
+- passes `--new-log-origin` to each worker's first start only (a restarted worker opens
+  the log its first start began, never leaves it behind again);
 - forwards SIGHUP (config and policy reload) to every worker;
 - on SIGTERM or SIGINT forwards SIGTERM, waits for every worker to drain
   (`limits.drain_timeout_s`, plus a margin) and exits 0 when all of them exited 0.
@@ -19,8 +21,10 @@ supervisor
 What differs in a worker (`for_worker`):
 
 - provenance: its own log in `<provenance.dir>/worker-<i>` with the origin
-  `<provenance.origin>/worker-<i>`, signed with the configured key; an auditor verifies
-  each directory on its own (`owngate audit verify DIR/worker-<i> --key VKEY`);
+  `<provenance.origin>/worker-<i>`, signed with the configured key, and its own
+  high-water file beside the configured directory (`<dir>.high-water-worker-<i>`, or
+  `<high_water_file>-worker-<i>`); an auditor verifies each directory on its own
+  (`owngate audit verify DIR/worker-<i> --key VKEY`);
 - metrics: every worker publishes snapshots in the runtime dir and `/metrics` on any of
   them serves the sum over all (`gateway.api.fleet`);
 - tenant limits with `state: memory` hold per worker (N workers admit up to N times a
@@ -50,6 +54,7 @@ from gateway.serving import bind_socket
 __all__ = ["Supervisor", "WorkerIdentity", "for_worker", "worker_identity"]
 
 INDEX_ENV = "OWNGATE_WORKER_INDEX"
+NEW_LOG_ORIGIN_ENV = "OWNGATE_NEW_LOG_ORIGIN"  # `serve --new-log-origin`'s variable
 RUNTIME_ENV = "OWNGATE_WORKER_RUNTIME_DIR"
 _QUICK_DEATH_S = 5.0  # a worker dead this soon after starting did not really start
 _MAX_QUICK_DEATHS = 5
@@ -72,28 +77,23 @@ def worker_identity(environ: Mapping[str, str]) -> WorkerIdentity | None:
     return WorkerIdentity(int(index), Path(runtime))
 
 
-def for_worker(identity: WorkerIdentity | None) -> Callable[[GatewaySettings], GatewaySettings]:
-    """What a worker changes in a loaded config: its own provenance log and origin, and
-    its own shared-state replica id when one is configured (each worker holds its own
-    leases and in-flight counts, so two must never share an id)."""
+def for_worker(
+    identity: WorkerIdentity | None, config_dir: Path = Path(".")
+) -> Callable[[GatewaySettings], GatewaySettings]:
+    """What a worker changes in a loaded config (read from `config_dir`): its own
+    provenance log, origin and high-water file (`ProvenanceSettings.for_worker`), and its
+    own shared-state replica id when one is configured (each worker holds its own leases
+    and in-flight counts, so two must never share an id)."""
 
     def prepare(config: GatewaySettings) -> GatewaySettings:
         if identity is None:
             return config
-        suffix = f"worker-{identity.index}"
         update: dict[str, object] = {}
-        log = config.provenance
-        if log is not None:
-            own: dict[str, object] = {
-                "dir": f"{log.dir}/{suffix}",
-                "origin": f"{log.origin}/{suffix}",
-            }
-            if log.high_water_file is not None:  # else beside the worker's own directory
-                own["high_water_file"] = f"{log.high_water_file}-{suffix}"
-            update["provenance"] = log.model_copy(update=own)
+        if config.provenance is not None:
+            update["provenance"] = config.provenance.for_worker(identity.index, config_dir)
         if config.state.replica_id:
             update["state"] = config.state.model_copy(
-                update={"replica_id": f"{config.state.replica_id}-{suffix}"}
+                update={"replica_id": f"{config.state.replica_id}-worker-{identity.index}"}
             )
         return config.model_copy(update=update) if update else config
 
@@ -120,6 +120,7 @@ class Supervisor:
         drain_timeout_s: float,
         *,
         environ: Mapping[str, str] | None = None,
+        first_start_flags: Sequence[str] = (),
         quick_death_s: float = _QUICK_DEATH_S,
         backoff_s: float = 0.2,
     ) -> None:
@@ -138,6 +139,10 @@ class Supervisor:
         self._quick_death_s = quick_death_s  # a worker dead this soon did not really start
         self._backoff_s = backoff_s  # the first wait before restarting one; doubles, to 5 s
         self._env = dict(os.environ if environ is None else environ)
+        # Flags for a worker's first start only: `--new-log-origin` is a one-time act
+        # (leave the recorded log behind); a restarted worker must not repeat it.
+        self._first_start_flags = list(first_start_flags)
+        self._env.pop(NEW_LOG_ORIGIN_ENV, None)  # the flag says it, at the first start only
         self._runtime = Path(tempfile.mkdtemp(prefix="owngate-workers-"))
         self._workers: dict[int, _Worker] = {}
         self._signals: list[int] = []
@@ -150,7 +155,7 @@ class Supervisor:
         try:
             self._log.info("starting workers", workers=self.count, port=self.port)
             for index in range(1, self.count + 1):
-                self._workers[index] = self._start(index)
+                self._workers[index] = self._start(index, first=True)
             return self._watch()
         finally:
             for sig, handler in previous.items():
@@ -161,11 +166,13 @@ class Supervisor:
     def _on_signal(self, sig: int, _frame: FrameType | None) -> None:
         self._signals.append(sig)  # handled by the loop, outside the signal handler
 
-    def _start(self, index: int, quick_deaths: int = 0) -> _Worker:
+    def _start(self, index: int, quick_deaths: int = 0, *, first: bool = False) -> _Worker:
         env = dict(self._env)
         env[INDEX_ENV] = str(index)
         env[RUNTIME_ENV] = str(self._runtime)
         argv = [*self._argv, "--host", self.host, "--port", str(self.port), "--workers", "1"]
+        if first:
+            argv += self._first_start_flags
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=_prepare_worker)
         return _Worker(index, proc, time.monotonic(), quick_deaths)
 
@@ -261,12 +268,20 @@ def supervise(
     host: str,
     port: int,
     config: GatewaySettings,
-    flags: Sequence[str] = (),
+    first_start_flags: Sequence[str] = (),
 ) -> int:
-    """`serve --workers N` in the supervisor process; `flags` go to every worker."""
-    argv = [sys.executable, "-m", "gateway", "serve", "--config", config_path, *flags]
+    """`serve --workers N` in the supervisor process; `first_start_flags` go to each
+    worker's first start, not to a restart."""
+    argv = [sys.executable, "-m", "gateway", "serve", "--config", config_path]
     try:
-        supervisor = Supervisor(argv, count, host, port, config.limits.drain_timeout_s)
+        supervisor = Supervisor(
+            argv,
+            count,
+            host,
+            port,
+            config.limits.drain_timeout_s,
+            first_start_flags=first_start_flags,
+        )
     except OSError as exc:
         print(f"error: cannot bind {host}:{port}: {exc}", file=sys.stderr)
         return 1

@@ -241,7 +241,8 @@ class ProvenanceCollector(Collector):
         yield GaugeMetricFamily(
             "owngate_provenance_export_age_seconds",
             "How long the checkpoint export in progress has run (0 when none runs); one "
-            "that has not returned for stall_after_ms (5 s) also makes the log not ready.",
+            "that has not returned for provenance.export_stall_after_s (default 60 s) also "
+            "makes the log not ready.",
             value=log.export_seconds,
         )
         latest = log.latest_checkpoint()

@@ -111,6 +111,7 @@ class Recorder:
                 group_commit_ms=settings.group_commit_ms,
                 checkpoint_every=settings.checkpoint_every,
                 checkpoint_interval_ms=settings.checkpoint_interval_ms,
+                export_stall_after_ms=settings.export_stall_after_s * 1000.0,
             ),
             # v2 receipts: each seal gives its receipt's payload, one signature per batch
             # (a receipt alone in its batch is v1: the same one signature, less to carry)

@@ -6,7 +6,9 @@ registry, the tenant key index, the trust policies compiled against the backends
 key variables each backend names in this environment, and the provenance log's keys and
 directory (checked, never opened for writing). Every problem is printed in one run.
 `--without-secrets` skips what only the machine that serves has (key variables, signing
-keys, backend TLS files, the log directory). Exit codes: 0 ok, 1 invalid, 2 usage.
+keys, backend TLS files, the log directory). `--workers N` checks the log directory and
+high-water file of each worker `serve --workers N` would start. Exit codes: 0 ok, 1
+invalid, 2 usage.
 """
 
 from __future__ import annotations
@@ -45,6 +47,13 @@ def register(subparsers: Any) -> None:
         "backends' TLS files and the log directory are not looked at "
         "(env OWNGATE_VALIDATE_WITHOUT_SECRETS=1)",
     )
+    validate.add_argument(
+        "--workers",
+        type=int,
+        default=int(env_default("OWNGATE_WORKERS", "1")),
+        help="check the config as `serve --workers N` runs it: each worker's own log "
+        "directory and high-water file (env OWNGATE_WORKERS, default 1)",
+    )
     validate.set_defaults(handler=_validate)
     parser.set_defaults(handler=lambda _args: usage(parser))
 
@@ -52,6 +61,9 @@ def register(subparsers: Any) -> None:
 def _validate(args: argparse.Namespace) -> int:
     from gateway.app import validate
 
+    if args.workers < 1:
+        print("error: --workers must be at least 1", file=sys.stderr)
+        return 2
     config = load_or_report(args.file)
     if config is None:
         return 1
@@ -60,6 +72,7 @@ def _validate(args: argparse.Namespace) -> int:
         environ=os.environ,
         config_dir=Path(args.file).parent,
         secrets=not args.without_secrets,
+        workers=args.workers,
     )
     if problems:
         print(

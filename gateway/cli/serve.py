@@ -117,11 +117,11 @@ def run(args: argparse.Namespace) -> int:
     port = args.port if args.port >= 0 else config.listen.port
     identity = worker_identity(os.environ)
     if identity is None and args.workers > 1:
-        flags = ["--new-log-origin"] if args.new_log_origin else []
-        return supervise(args.config, args.workers, host, port, config, flags)
+        once = ["--new-log-origin"] if args.new_log_origin else []  # each worker's first start
+        return supervise(args.config, args.workers, host, port, config, first_start_flags=once)
     return _serve(
         args.config,
-        for_worker(identity)(config),
+        for_worker(identity, Path(args.config).parent)(config),
         host,
         port,
         identity,
@@ -167,7 +167,7 @@ def _serve(
             environ={**os.environ, NEW_LOG_ORIGIN_ENV: "1"} if new_log_origin else None,
             config_dir=Path(path).parent,
             config_file=Path(path),
-            prepare=for_worker(identity),
+            prepare=for_worker(identity, Path(path).parent),
             config_read_at=read_at,
         )
     except AssemblyError as exc:  # fail closed: no valid policies or keys, no traffic

@@ -55,11 +55,19 @@ class ProvenanceSettings(_Strict):
         min_length=1,
         description="where the newest signed checkpoint is kept, outside the log "
         "directory, so that a log directory emptied, deleted or restored from an older "
-        "copy is refused rather than forked (default: beside the directory, <dir>.high-water)",
+        "copy is refused rather than forked (default: beside the directory, <dir>.high-water; "
+        "with serve --workers N, worker i's is this path followed by -worker-<i>)",
     )
     group_commit_ms: float = Field(default=2.0, ge=0)
     checkpoint_every: int = Field(default=10_000, gt=0)
     checkpoint_interval_ms: float = Field(default=1000.0, gt=0)
+    export_stall_after_s: float = Field(
+        default=60.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="a checkpoint export (tiles, signature) that has not returned for this "
+        "long is a hung disk: the log is not ready (/readyz 503) until it returns",
+    )
     receipts: Literal["batch", "single"] = Field(
         default="batch",
         description="batch: one signature per committed batch, each receipt with its "
@@ -94,6 +102,31 @@ class ProvenanceSettings(_Strict):
             return config_dir / self.high_water_file
         directory = Path(os.path.abspath(config_dir / self.dir))
         return directory.parent / f"{directory.name or 'log'}.high-water"
+
+    def for_worker(self, index: int, config_dir: Path) -> ProvenanceSettings:
+        """This log as worker `index` of `serve --workers N` keeps its own: the directory
+        `<dir>/worker-<i>`, the origin `<origin>/worker-<i>`, and the high-water file
+        `<this log's high-water file>-worker-<i>`, computed from the configured directory,
+        so it stays beside it (never inside it: removing the configured directory must
+        not remove the files that would refuse to fork the workers' logs)."""
+        suffix = f"worker-{index}"
+        return self.model_copy(
+            update={
+                "dir": f"{self.dir}/{suffix}",
+                "origin": f"{self.origin}/{suffix}",
+                "high_water_file": f"{self._unsuffixed_high_water(config_dir)}-{suffix}",
+            }
+        )
+
+    def _unsuffixed_high_water(self, config_dir: Path) -> str:
+        """`high_water_path`, relative to `config_dir` when `dir` and `high_water_file`
+        are (a config keeps meaning the same wherever the gateway runs from)."""
+        if self.high_water_file is not None:
+            return self.high_water_file
+        normal = os.path.normpath(self.dir)
+        if os.path.basename(normal) not in ("", os.curdir, os.pardir):
+            return f"{normal}.high-water"
+        return str(self.high_water_path(config_dir))  # `.`, `..`: named by where it is
 
     @field_validator("retired_verifier_keys")
     @classmethod

@@ -6,6 +6,7 @@ import argparse
 import base64
 import errno
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -118,3 +119,20 @@ class FailingDisk:
         if self.failing:
             raise OSError(errno.EIO, "Input/output error")
         return written
+
+
+class Held:
+    """Wraps a store method run on a log thread: while `hung` it blocks until `release`
+    (bounded: 60 s), a hung disk under a snapshot or a checkpoint export."""
+
+    def __init__(self, method: Any) -> None:
+        self.method = method
+        self.hung = True
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, *args: Any) -> Any:
+        if self.hung:
+            self.entered.set()
+            self.release.wait(60)
+        return self.method(*args)

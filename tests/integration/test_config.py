@@ -266,6 +266,7 @@ def refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "OG_TEST_ANTHROPIC_KEY",
         "OG_TEST_MISTRAL_KEY",
         "OWNGATE_VALIDATE_WITHOUT_SECRETS",
+        "OWNGATE_WORKERS",
     ):
         monkeypatch.delenv(name, raising=False)
     (tmp_path / "policies").mkdir()
@@ -355,6 +356,34 @@ def test_config_validate_finds_a_log_directory_serve_would_refuse_to_fork(
     err = capsys.readouterr().err
     assert "provenance.high_water_file: " in err
     assert "already signed a checkpoint of size 7" in err and "--new-log-origin" in err
+    assert not (refused.parent / "log").exists()  # validating wrote nothing
+
+
+def test_config_validate_checks_each_workers_high_water_file(
+    refused: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `serve --workers 2` keeps worker i's log in log/worker-<i> and its high-water file
+    # beside the configured directory (log.high-water-worker-<i>). Both workers' files
+    # record size 7 and the directory was emptied: each worker would exit 3.
+    (refused.parent / "policies" / "acme.yaml").write_text(POLICY)
+    monkeypatch.setenv("OG_TEST_ANTHROPIC_KEY", "sk-a")
+    monkeypatch.setenv("OG_TEST_MISTRAL_KEY", "sk-m")
+    write_signing_key(refused.parent / "log.key", "example.com/log")
+    for index in (1, 2):
+        origin = f"example.com/log/worker-{index}"
+        signed = sign_checkpoint(Checkpoint(origin, 7, bytes(32)), [seeded_signer(origin)])
+        (refused.parent / f"log.high-water-worker-{index}").write_bytes(signed)
+    assert _validate(str(refused)) == 0  # one process: its own log.high-water, none yet
+    capsys.readouterr()
+    assert _validate("--workers", "2", str(refused)) == 1
+    err = capsys.readouterr().err
+    assert "(2 problem(s))" in err
+    for index in (1, 2):
+        assert f"{refused.parent / 'log' / f'worker-{index}'} holds no log" in err
+        assert f"log.high-water-worker-{index}" in err
+    monkeypatch.setenv("OWNGATE_WORKERS", "2")  # as `serve` reads it
+    assert _validate(str(refused)) == 1
+    assert _validate("--workers", "0", str(refused)) == 2
     assert not (refused.parent / "log").exists()  # validating wrote nothing
 
 

@@ -125,7 +125,7 @@ def test_a_receipt_the_signer_fails_is_counted_and_the_answer_says_it_has_none(
 def test_a_hung_checkpoint_export_shows_in_readiness_and_metrics(
     logged: Callable[..., tuple[GatewayApp, ServerThread]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app, server = logged(checkpoint_interval_ms=1)
+    app, server = logged(checkpoint_interval_ms=1, export_stall_after_s=1)
     assert app.parts.recorder is not None
     store = app.parts.recorder.log.store
     export, release, entered = store.export, threading.Event(), threading.Event()
@@ -147,7 +147,7 @@ def test_a_hung_checkpoint_export_shows_in_readiness_and_metrics(
     try:
         assert httpx.post(url, content=ASK, headers=HEADERS, timeout=30).status_code == 200
         assert entered.wait(30)
-        # stall_after_ms (5 s) later the export counts as hung: not ready, its age shown
+        # export_stall_after_s (1 s) later the export counts as hung: not ready, age shown
         until(
             lambda: metric("owngate_provenance_ready") == 0,
             "not ready",

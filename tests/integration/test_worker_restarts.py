@@ -7,6 +7,8 @@ and a worker whose provenance log cannot be written."""
 from __future__ import annotations
 
 import argparse
+import ast
+import os
 import signal
 import sys
 import threading
@@ -16,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.api.fleet import merge_expositions
+from gateway.api.recorder import NEW_LOG_ORIGIN_ENV
 from gateway.serving import bind_socket
 from gateway.workers import INDEX_ENV, Supervisor
 
@@ -90,6 +93,54 @@ def test_workers_that_all_keep_dying_at_start_stop_the_supervisor(tmp_path: Path
     stopped.set()
     assert code == 1
     assert len(starts.read_text().split()) <= 10  # it gave up; it was not stopped at 60 s
+
+
+def test_a_restarted_worker_is_not_told_again_to_start_a_new_log(tmp_path: Path) -> None:
+    """`serve --workers N --new-log-origin` (or OWNGATE_NEW_LOG_ORIGIN=1) leaves the
+    recorded log behind once: each worker's first start. Before, every worker restarted
+    for the supervisor's whole life got the flag too, and could leave behind the log its
+    own first start began."""
+    seen = tmp_path / "seen"
+    seen.touch()
+    program = (
+        "import os, signal, sys, time\n"
+        "with open(sys.argv[1], 'a') as seen:\n"
+        f"    seen.write(repr((sys.argv[2:], os.environ.get({NEW_LOG_ORIGIN_ENV!r}))) + '\\n')\n"
+        "if len(open(sys.argv[1]).read().splitlines()) == 1:\n"
+        "    sys.exit(3)  # the first start dies (as a worker the log refused would)\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "for _ in range(600):  # bounded: 60 s\n"
+        "    time.sleep(0.1)\n"
+    )
+    supervisor = Supervisor(
+        [sys.executable, "-c", program, str(seen)],
+        1,
+        "127.0.0.1",
+        0,
+        5.0,
+        environ={**os.environ, NEW_LOG_ORIGIN_ENV: "1"},
+        first_start_flags=["--new-log-origin"],
+        backoff_s=0.05,
+    )
+    done = threading.Event()
+
+    def stop_once_restarted() -> None:
+        for _ in range(300):  # bounded: 30 s
+            if len(seen.read_text().splitlines()) >= 2 or done.is_set():
+                break
+            done.wait(0.1)
+        supervisor._on_signal(signal.SIGTERM, None)
+
+    threading.Thread(target=stop_once_restarted, daemon=True).start()
+    code = supervisor.run()
+    done.set()
+    starts = [ast.literal_eval(line) for line in seen.read_text().splitlines()]
+    assert len(starts) == 2, starts
+    (first, first_env), (again, again_env) = starts
+    assert "--new-log-origin" in first
+    assert "--new-log-origin" not in again
+    assert first_env is None and again_env is None  # the variable says it no more
+    assert code == 0
 
 
 def test_workers_enforcing_different_policy_sets_show_in_the_merged_metrics() -> None:

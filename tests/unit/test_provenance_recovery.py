@@ -21,7 +21,6 @@ from gateway.provenance.formats.merkle import leaf_hash
 from gateway.provenance.formats.wal import encode_frame
 from gateway.provenance.testing import seeded_signer
 from gateway.provenance.writer.high_water import HighWater
-from gateway.provenance.writer.recovery import note_text
 from gateway.provenance.writer.store import LogStore
 
 ORIGIN = "gateway.example/log/recovery"
@@ -98,7 +97,9 @@ def test_a_cosigned_size_beyond_the_history_is_not_a_rollback(tmp_path: Path) ->
 
 
 def _recorded(high_water: HighWater) -> Checkpoint:
-    return Checkpoint.parse(note_text(high_water.path.read_bytes(), high_water.path))
+    recorded = HighWater(high_water.path).read()  # read afresh, as the next start reads it
+    assert recorded is not None
+    return recorded
 
 
 def test_an_emptied_log_directory_is_refused_not_forked(tmp_path: Path) -> None:

@@ -6,8 +6,10 @@ files, segment clean-up) on the checkpoint thread while the writer goes on appen
 export runs at a time, in snapshot order; reads of the stored tiles (proofs) run on the
 same thread, so they never see a checkpoint half written. A failing export is reported
 once (`FaultEvents`), and so is the next one that signs again. So is an export that has
-not returned for `stall_after_ms` (a hung disk): it is the log's error (readiness) until
-it returns, and `running_for` says how long the export in progress has run.
+not returned for `export_stall_after_ms` (a hung disk): it is the log's error (readiness)
+until it returns, and `running_for` says how long the export in progress has run. An
+export writes a tile per 256 entries and more (a checkpoint of 10,000 entries on a slow
+network disk can take seconds), so its limit is its own, longer than a write batch's.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ class LogSettings:
     # A write (or probe) that has not returned for this long is a stalled disk: the log
     # says it is not writable and refuses new awaited appends until the write returns.
     stall_after_ms: float = 5000.0
+    # A checkpoint export (tiles, bundles, signature) that has not returned for this long
+    # is a hung disk: the log is not ready until it returns. Longer than `stall_after_ms`:
+    # a slow but live export of many entries must not take the replica out of service.
+    export_stall_after_ms: float = 60_000.0
     # Records nobody waits on (completions) that a failed write refused, kept to write
     # once the disk takes writes again; the oldest beyond this many are dropped.
     max_retained: int = 4096
@@ -59,14 +65,24 @@ class LogSettings:
             self.checkpoint_interval_ms,
             self.probe_interval_ms,
             self.stall_after_ms,
+            self.export_stall_after_ms,
         )
         if not all(math.isfinite(ms) for ms in timings):  # NaN passes every check below
             raise ValueError("the log's timings must be finite numbers of milliseconds")
         if self.group_commit_ms < 0 or self.deferred_flush_ms < 0:
             raise ValueError("group_commit_ms and deferred_flush_ms must be >= 0")
-        if min(self.checkpoint_interval_ms, self.probe_interval_ms, self.stall_after_ms) <= 0:
+        if (
+            min(
+                self.checkpoint_interval_ms,
+                self.probe_interval_ms,
+                self.stall_after_ms,
+                self.export_stall_after_ms,
+            )
+            <= 0
+        ):
             raise ValueError(
-                "checkpoint_interval_ms, probe_interval_ms and stall_after_ms must be > 0"
+                "checkpoint_interval_ms, probe_interval_ms, stall_after_ms and "
+                "export_stall_after_ms must be > 0"
             )
         if self.max_batch < 1 or self.checkpoint_every < 1:
             raise ValueError("max_batch and checkpoint_every must be >= 1")
@@ -146,10 +162,10 @@ class Checkpointer:
 
     def current(self) -> ProvenanceError | None:
         """The checkpoints' error now: the last export's failure, or that of an export
-        that has not returned for `stall_after_ms` (reported once, like a failure, and
-        cleared when an export signs again)."""
+        that has not returned for `export_stall_after_ms` (reported once, like a failure,
+        and cleared when an export signs again)."""
         seconds = self.running_for()
-        if self.error is None and seconds * 1000.0 >= self._settings.stall_after_ms:
+        if self.error is None and seconds * 1000.0 >= self._settings.export_stall_after_ms:
             stall = f"a checkpoint export has not returned for {seconds:.1f} s (a hung disk?)"
             self.error = LogUnavailableError(f"cannot sign a checkpoint of the log: {stall}")
             if self._events is not None:
