@@ -10,7 +10,10 @@ went, so one tenant's ~100,000 requests within its rate limits emptied the store
 others' receipts. A tenant holding less than its equal part of both bounds (each bound
 over the number of tenants holding receipts) keeps all it holds. A receipt
 is held as its signing future until the log signed it, then as the
-envelope bytes alone (the future, its loop and callbacks are let go).
+envelope bytes alone (the future, its loop and callbacks are let go). The receipt of an
+answer an attested backend countersigned gets that countersignature once the completion
+accepting it is recorded (`countersigned`), as the answer's own receipt carried it: a
+receipt fetched again is the same two-party statement.
 
 The byte count charged per receipt is what it keeps alive: the request id, the envelope
 (or, while it is signed, the future and a reservation for the envelope) and the
@@ -24,6 +27,8 @@ import asyncio
 import collections
 import sys
 from typing import Final
+
+from gateway.provenance.formats.receipts import attach_countersignature
 
 __all__ = ["ENTRY_OVERHEAD", "PENDING_ENVELOPE_BYTES", "ReceiptStore"]
 
@@ -121,6 +126,38 @@ class ReceiptStore:
         share.entries[request_id] = (envelope, index, charge)
         self._charged(share, 0, charge - old)
         self._evict()
+
+    def countersigned(
+        self, request_id: str, tenant: str, index: int, countersignature: bytes
+    ) -> None:
+        """The countersignature the completion of dispatch `index` accepted: the kept
+        receipt of that dispatch carries it from now on (once signed, if it still is
+        being signed), as the receipt the client got with the answer did."""
+        share = self._shares.get(tenant)
+        found = None if share is None else share.entries.get(request_id)
+        if share is None or found is None or found[1] != index:
+            return  # evicted, or the receipt of another dispatch of the request
+        receipt, _, old = found
+        if isinstance(receipt, bytes):
+            envelope = attach_countersignature(receipt, countersignature)
+            charge = _charge(request_id, envelope)
+            share.entries[request_id] = (envelope, index, charge)
+            self._charged(share, 0, charge - old)
+            self._evict()
+        else:  # being signed, or signed with `_signed` still to run (added before this)
+            receipt.add_done_callback(
+                lambda _: self._countersigned_when_signed(
+                    request_id, tenant, index, countersignature
+                )
+            )
+
+    def _countersigned_when_signed(
+        self, request_id: str, tenant: str, index: int, countersignature: bytes
+    ) -> None:
+        share = self._shares.get(tenant)
+        found = None if share is None else share.entries.get(request_id)
+        if found is not None and isinstance(found[0], bytes):  # not a failed signature
+            self.countersigned(request_id, tenant, index, countersignature)
 
     def _charged(self, share: _Share, count: int, charge: int) -> None:
         share.bytes += charge
