@@ -41,6 +41,9 @@ ENTRY_OVERHEAD: Final = 256
 PENDING_ENVELOPE_BYTES: Final = 1792
 
 Sealing = asyncio.Future[bytes]
+# A backend's countersignature (DSSE envelope JSON); named here: `ReceiptStore.bytes`
+# shadows the builtin in the class's annotations.
+Countersignature = bytes
 
 
 class _Share:
@@ -128,7 +131,7 @@ class ReceiptStore:
         self._evict()
 
     def countersigned(
-        self, request_id: str, tenant: str, index: int, countersignature: bytes
+        self, request_id: str, tenant: str, index: int, countersignature: Countersignature
     ) -> None:
         """The countersignature the completion of dispatch `index` accepted: the kept
         receipt of that dispatch carries it from now on (once signed, if it still is
@@ -152,7 +155,7 @@ class ReceiptStore:
             )
 
     def _countersigned_when_signed(
-        self, request_id: str, tenant: str, index: int, countersignature: bytes
+        self, request_id: str, tenant: str, index: int, countersignature: Countersignature
     ) -> None:
         share = self._shares.get(tenant)
         found = None if share is None else share.entries.get(request_id)
