@@ -14,7 +14,10 @@ dropped as they surface), not by a scan of every tenant per eviction (once the s
 full, every request scanned them all: 1,000 tenants took ~0.2 ms of the event loop per
 request, 10,000 ~3 ms). A receipt
 is held as its signing future until the log signed it, then as the
-envelope bytes alone (the future, its loop and callbacks are let go).
+envelope bytes alone (the future, its loop and callbacks are let go). The receipt of an
+answer an attested backend countersigned gets that countersignature once the completion
+accepting it is recorded (`countersigned`), as the answer's own receipt carried it: a
+receipt fetched again is the same two-party statement.
 
 The byte count charged per receipt is what it keeps alive: the request id, the envelope
 (or, while it is signed, the future and a reservation for the envelope) and the
@@ -32,6 +35,8 @@ import sys
 from collections.abc import Callable
 from typing import Final
 
+from gateway.provenance.formats.receipts import attach_countersignature
+
 __all__ = ["ENTRY_OVERHEAD", "PENDING_ENVELOPE_BYTES", "ReceiptStore"]
 
 # The OrderedDict slot and its linked-list node, the (receipt, index, charge) tuple and
@@ -44,6 +49,9 @@ ENTRY_OVERHEAD: Final = 256
 PENDING_ENVELOPE_BYTES: Final = 1792
 
 Sealing = asyncio.Future[bytes]
+# A backend's countersignature (DSSE envelope JSON); named here: `ReceiptStore.bytes`
+# shadows the builtin in the class's annotations.
+Countersignature = bytes
 
 
 class _Share:
@@ -175,6 +183,38 @@ class ReceiptStore:
         share.entries[request_id] = (envelope, index, charge)
         self._charged(tenant, share, 0, charge - old)
         self._evict()
+
+    def countersigned(
+        self, request_id: str, tenant: str, index: int, countersignature: Countersignature
+    ) -> None:
+        """The countersignature the completion of dispatch `index` accepted: the kept
+        receipt of that dispatch carries it from now on (once signed, if it still is
+        being signed), as the receipt the client got with the answer did."""
+        share = self._shares.get(tenant)
+        found = None if share is None else share.entries.get(request_id)
+        if share is None or found is None or found[1] != index:
+            return  # evicted, or the receipt of another dispatch of the request
+        receipt, _, old = found
+        if isinstance(receipt, bytes):
+            envelope = attach_countersignature(receipt, countersignature)
+            charge = _charge(request_id, envelope)
+            share.entries[request_id] = (envelope, index, charge)
+            self._charged(tenant, share, 0, charge - old)
+            self._evict()
+        else:  # being signed, or signed with `_signed` still to run (added before this)
+            receipt.add_done_callback(
+                lambda _: self._countersigned_when_signed(
+                    request_id, tenant, index, countersignature
+                )
+            )
+
+    def _countersigned_when_signed(
+        self, request_id: str, tenant: str, index: int, countersignature: Countersignature
+    ) -> None:
+        share = self._shares.get(tenant)
+        found = None if share is None else share.entries.get(request_id)
+        if found is not None and isinstance(found[0], bytes):  # not a failed signature
+            self.countersigned(request_id, tenant, index, countersignature)
 
     def _charged(self, tenant: str, share: _Share, count: int, charge: int) -> None:
         """`share` (of `tenant`) now holds `count` more receipts, charged `charge` more."""

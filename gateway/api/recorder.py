@@ -273,6 +273,10 @@ class Recorder:
             self._not_written(request_id, exc)
             return
         written.add_done_callback(lambda done: self._completed(done, request_id))
+        if trail.countersignature is not None:  # accepted, and in the record
+            self.receipts.countersigned(
+                request_id, exchange.tenant, trail.dispatch.index, trail.countersignature
+            )
 
     def _completed(self, written: asyncio.Future[Any], request_id: str) -> None:
         error = None if written.cancelled() else written.exception()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import os
 import random
 import tracemalloc
@@ -335,5 +336,51 @@ def test_evictions_are_the_ones_the_rule_says(seed: int) -> None:
             assert held[0] == held[1], n
         kept = [[s.get(i, t) is not None for i, t in sent] for s in stores]
         assert kept[0] == kept[1]
+
+    asyncio.run(scenario())
+
+
+_COUNTERSIGNATURE = b'{"payload":"e30=","payloadType":"application/vnd.owngate.attestation+json"}'
+
+
+@pytest.mark.parametrize("signed_first", [True, False], ids=["signed", "being-signed"])
+def test_a_kept_receipt_gets_the_countersignature_its_completion_accepted(
+    signed_first: bool,
+) -> None:
+    """Issue 15: a receipt fetched again carries the backend's countersignature, as the
+    answer's did; signed before the completion or after it. Only the receipt of the
+    dispatch whose completion accepted it, and never a receipt whose signing failed."""
+
+    async def scenario() -> None:
+        store = ReceiptStore(max_count=10, max_bytes=10**6)
+        loop = asyncio.get_running_loop()
+        sealing: asyncio.Future[bytes] = loop.create_future()
+        store.remember("req_1", "acme", sealing, 7)
+        if signed_first:
+            sealing.set_result(_envelope("req_1", 7))
+            await asyncio.sleep(0)  # its done callback runs
+        before = store.bytes
+        store.countersigned("req_1", "acme", 6, _COUNTERSIGNATURE)  # another dispatch's
+        store.countersigned("req_1", "acme", 7, _COUNTERSIGNATURE)
+        if not signed_first:
+            sealing.set_result(_envelope("req_1", 7))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        found = store.get("req_1", "acme")
+        assert found is not None
+        kept = json.loads(await found[0])
+        assert kept["attestation"] == json.loads(_COUNTERSIGNATURE)
+        assert set(kept) - {"attestation"} == set(json.loads(_envelope("req_1", 7)))
+        if signed_first:
+            assert store.bytes > before  # charged its new size
+
+        failed: asyncio.Future[bytes] = loop.create_future()
+        store.remember("req_2", "acme", failed, 8)
+        store.countersigned("req_2", "acme", 8, _COUNTERSIGNATURE)
+        failed.set_exception(OSError("signer"))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        found = store.get("req_2", "acme")
+        assert found is not None and found[0] is failed
 
     asyncio.run(scenario())
