@@ -68,13 +68,19 @@ def statuses_until_refused(gateway: Gateway, request: bytes, most: int) -> list[
     return statuses
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"stream_options": {"include_usage": False}}, {"stream_options": None}],
+    ids=["absent", "false", "null"],
+)
 def test_a_stream_without_include_usage_is_charged_to_the_budget(
-    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], options: dict[str, Any]
 ) -> None:
+    # A client saying it wants no usage (`false`, `null`) is asked for it all the same.
     sim = start_sim("vllm", models=("m",), zero_latency=True)
     gateway = start_gateway([backend("gpu", sim.url, "m")], tenants=tenants(tokens_per_minute=600))
     # ~210 tokens each: the fourth finds the minute's 600 spent (it was 24 x 200 before).
-    statuses = statuses_until_refused(gateway, body(max_tokens=200), most=8)
+    statuses = statuses_until_refused(gateway, body(max_tokens=200, **options), most=8)
     # LiteLLM's counts of the simulator's text differ a little from the simulator's own.
     assert statuses[-1] == 429 and len(statuses) <= 5
     sent = sim.app.captured("/v1/chat/completions")[0].body
