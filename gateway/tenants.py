@@ -159,7 +159,10 @@ def add_key_hash(path: Path, tenant: str, key_hash: str) -> None:
 
 def remove_key_hash(path: Path, key_hash: str) -> str | None:
     """Remove a digest from the key file atomically; the tenant it belonged to, or None
-    when the file does not hold it (then the file is left untouched)."""
+    when the file does not hold it (then the file is left untouched, and no lock is taken:
+    a key listed inline in gateway.yaml is revoked with a keys file on a read-only mount)."""
+    if not any(key_hash in hashes for hashes in read_keys_file(path).values()):
+        return None  # no change adds back a digest it removes: absent stays absent
     with keys_file_lock(path):
         stored = read_keys_file(path)
         owner = next((tenant for tenant, hashes in stored.items() if key_hash in hashes), None)

@@ -136,3 +136,17 @@ def test_the_cli_prints_a_keys_file_problem_escaped(
     assert "keys.yaml" in err
     assert [c for line in err.split("\n") for c in line if not c.isprintable()] == []
     assert expected in err
+
+
+def test_revoking_a_digest_the_file_lacks_takes_no_lock(tmp_path: Path) -> None:
+    # A key inline in gateway.yaml, the keys file on a read-only mount (docs/deploy.md):
+    # its revocation must not fail for want of a lock file it would not need.
+    keys = tmp_path / "keys.yaml"
+    add_key_hash(keys, "team", hash_api_key("og-one"))
+    keys.with_name(".keys.yaml.lock").unlink()
+    tmp_path.chmod(0o500)
+    try:
+        assert remove_key_hash(keys, hash_api_key("og-inline")) is None
+    finally:
+        tmp_path.chmod(0o700)
+    assert not keys.with_name(".keys.yaml.lock").exists()
