@@ -10,13 +10,15 @@ request's key is one dict lookup there.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
 import secrets
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +36,7 @@ __all__ = [
     "hash_api_key",
     "index_keys",
     "key_hash_of",
+    "keys_file_lock",
     "new_admin_token",
     "new_api_key",
     "read_keys_file",
@@ -151,21 +154,43 @@ def read_keys_file(path: Path) -> dict[str, list[str]]:
 
 def add_key_hash(path: Path, tenant: str, key_hash: str) -> None:
     """Append a digest to the key file atomically (write a temp file, fsync, rename)."""
-    stored = read_keys_file(path)
-    stored.setdefault(tenant, []).append(key_hash)
-    _write_keys_file(path, stored)
+    with keys_file_lock(path):
+        stored = read_keys_file(path)
+        stored.setdefault(tenant, []).append(key_hash)
+        _write_keys_file(path, stored)
 
 
 def remove_key_hash(path: Path, key_hash: str) -> str | None:
     """Remove a digest from the key file atomically; the tenant it belonged to, or None
-    when the file does not hold it (then the file is left untouched)."""
-    stored = read_keys_file(path)
-    owner = next((tenant for tenant, hashes in stored.items() if key_hash in hashes), None)
-    if owner is None:
-        return None
-    stored[owner] = [h for h in stored[owner] if h != key_hash]
-    _write_keys_file(path, stored)
-    return owner
+    when the file does not hold it (then the file is left untouched, and no lock is taken:
+    a key listed inline in gateway.yaml is revoked with a keys file on a read-only mount)."""
+    if not any(key_hash in hashes for hashes in read_keys_file(path).values()):
+        return None  # no change adds back a digest it removes: absent stays absent
+    with keys_file_lock(path):
+        stored = read_keys_file(path)
+        owner = next((tenant for tenant, hashes in stored.items() if key_hash in hashes), None)
+        if owner is None:
+            return None
+        stored[owner] = [h for h in stored[owner] if h != key_hash]
+        _write_keys_file(path, stored)
+        return owner
+
+
+@contextlib.contextmanager
+def keys_file_lock(path: Path) -> Iterator[None]:
+    """Hold the exclusive `flock` on `.<name>.lock` beside the keys file `path` while its
+    digests are read, changed and written back: one change at a time, across threads (the
+    admin API's key endpoints run in worker threads) and processes (`owngate keys` beside
+    a running gateway). Without it two changes read the same file and the second rename
+    drops the first's: a new key lost, or a revoked key's digest written back (accepted
+    again once the process restarts)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # blocks: the holder only reads and renames a file
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def _write_keys_file(path: Path, stored: dict[str, list[str]]) -> None:

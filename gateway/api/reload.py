@@ -183,7 +183,8 @@ class ConfigReloader:
                 self._failed(f"unexpected error: {type(exc).__name__}", exc)
 
     async def reload(self) -> bool:
-        """Load the file again; True if a changed config became active."""
+        """Load the file again (and the policy files); True if a changed config, or an
+        unchanged config's changed policy set, became active."""
         async with self._lock:
             return await self._reload()
 
@@ -201,9 +202,11 @@ class ConfigReloader:
         # withdrawn, a key rotated): its backend is rebuilt like a changed one.
         tls_changed = running.registry.tls_changed()
         if fresh == running.config and not tls_changed:
-            await running.policies.reload_off_loop()  # only the policy files may have changed
+            # Only the policy files may have changed: whether a new set became active is
+            # what this reload changed (the admin API answers it as `changed`).
+            changed = await running.policies.reload_off_loop()
             self._succeeded()
-            return False
+            return changed
         read = running.policies.current
         paths = tuple(self.path.parent / p for p in (fresh.policy.paths if fresh.policy else ()))
         policy_files = policy_stamps(paths)  # before they are read, never after

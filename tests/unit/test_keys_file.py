@@ -1,16 +1,22 @@
 """The keys file (tenants' API key digests): each rewrite by `owngate keys new` or
 `keys revoke` keeps the file's mode, so a gateway running as another user (the image's
 uid 10001) can still read it after a new key or a revocation; a keys file that cannot be
-read, is huge or is not text is a config error naming it, never a crash or its bytes."""
+read, is huge or is not text is a config error naming it, never a crash or its bytes; two
+changes at once (the admin API's key endpoints, `owngate keys` beside it) never undo one
+another."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import stat
+import threading
 from pathlib import Path
 
 import pytest
 import yaml
 
+from gateway import tenants
 from gateway.cli.main import main
 from gateway.config.loader import ConfigError, load_config
 from gateway.tenants import add_key_hash, hash_api_key, read_keys_file, remove_key_hash
@@ -36,7 +42,8 @@ def test_rewriting_the_keys_file_keeps_its_mode(tmp_path: Path) -> None:
     assert remove_key_hash(keys, hash_api_key("og-one")) == "team"
     assert _mode(keys) == 0o644  # a revocation the running gateway can still read
     assert read_keys_file(keys) == {"team": [hash_api_key("og-two")]}
-    assert [p.name for p in tmp_path.iterdir()] == ["keys.yaml"]  # no temporary left
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == [".keys.yaml.lock", "keys.yaml"]  # no temporary left (the lock stays)
 
 
 def _config(tmp_path: Path, keys_file: str) -> Path:
@@ -51,6 +58,42 @@ def _config(tmp_path: Path, keys_file: str) -> Path:
         )
     )
     return config
+
+
+def test_a_revocation_during_another_change_is_never_undone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key created (admin API, `owngate keys new`) while a revocation runs: without one
+    lock over each read-change-write, both read the file holding the revoked digest and
+    the creation's rename writes it back, so the revoked key works again once the
+    gateway restarts (the shared state's revocation is in memory with `state: memory`)."""
+    keys = tmp_path / "keys.yaml"
+    revoked, created = hash_api_key("og-revoked"), hash_api_key("og-created")
+    add_key_hash(keys, "team", revoked)
+    read = tenants.read_keys_file
+    revocation = threading.Thread(target=remove_key_hash, args=(keys, revoked))
+    held: list[bool] = []
+
+    def reading(path: Path) -> dict[str, list[str]]:
+        stored = read(path)
+        if not held:  # the creation, between its read and its write
+            probe = os.open(keys.with_name(".keys.yaml.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(False)  # anyone else may change the file now
+            except BlockingIOError:
+                held.append(True)
+            finally:
+                os.close(probe)
+            revocation.start()  # waits for the lock, or reads the same file
+        return stored
+
+    monkeypatch.setattr(tenants, "read_keys_file", reading)
+    add_key_hash(keys, "team", created)
+    revocation.join(timeout=30)
+    assert not revocation.is_alive()
+    assert held == [True], "the keys file was changed without holding its lock"
+    assert read_keys_file(keys) == {"team": [created]}
 
 
 def test_a_keys_file_that_cannot_be_read_is_a_config_error(tmp_path: Path) -> None:
@@ -93,3 +136,17 @@ def test_the_cli_prints_a_keys_file_problem_escaped(
     assert "keys.yaml" in err
     assert [c for line in err.split("\n") for c in line if not c.isprintable()] == []
     assert expected in err
+
+
+def test_revoking_a_digest_the_file_lacks_takes_no_lock(tmp_path: Path) -> None:
+    # A key inline in gateway.yaml, the keys file on a read-only mount (docs/deploy.md):
+    # its revocation must not fail for want of a lock file it would not need.
+    keys = tmp_path / "keys.yaml"
+    add_key_hash(keys, "team", hash_api_key("og-one"))
+    keys.with_name(".keys.yaml.lock").unlink()
+    tmp_path.chmod(0o500)
+    try:
+        assert remove_key_hash(keys, hash_api_key("og-inline")) is None
+    finally:
+        tmp_path.chmod(0o700)
+    assert not keys.with_name(".keys.yaml.lock").exists()
