@@ -31,6 +31,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, cast
 
+from gateway.coalescing import HeadCoalescer
+
 if TYPE_CHECKING:
     from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
@@ -76,9 +78,14 @@ class BodyWriter:
 
     def ready(self) -> bool:
         """Whether the response's head went out, with chunked framing, and its body has
-        not ended: only then is a chunk written here what `send` would write."""
+        not ended: only then is a chunk written here what `send` would write.
+
+        When it is, and the listener's `HeadCoalescer` holds nothing any more (the head
+        went out with the first chunk), the cycle gets the connection's own transport
+        back: every later write, `send`'s too, then skips the coalescer's Python frame,
+        which did nothing but pass it on (once per chunk of a paced stream)."""
         cycle = self._cycle()
-        return (
+        ready = (
             cycle is not None
             and cycle.response_started
             and cycle.chunked_encoding is True
@@ -86,17 +93,23 @@ class BodyWriter:
             and not cycle.disconnected
             and cycle.scope["method"] != "HEAD"
         )
+        if ready and cycle is not None and isinstance(cycle.transport, HeadCoalescer):
+            transport = cycle.transport.passed()
+            if transport is not None:
+                cycle.transport = transport
+        return ready
 
-    def write(self, data: bytes) -> bool:
-        """Write `data` as one chunk; False when the client is gone and nothing was
-        written. Empty `data` writes nothing: an empty chunk would end the body."""
+    def write(self, data: bytes) -> bool | None:
+        """Write `data` as one chunk. None when the client is gone and nothing was written;
+        else whether it can take more now: False when its buffers are full (write no more
+        until `drain()` returns). Empty `data` writes nothing: an empty chunk would end
+        the body. One call per chunk of a stream, so it also answers `write_paused`."""
         cycle = self._cycle()
         if cycle is None or cycle.disconnected:
-            return False
-        if not data:
-            return True
-        cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
-        return True
+            return None
+        if data:
+            cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        return not cycle.flow.write_paused
 
     @property
     def gone(self) -> bool:

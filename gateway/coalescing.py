@@ -12,7 +12,10 @@ held head. The listener's own answers (refusals) are never written into an answe
 progress (`LimitedHttpProtocol._refuse` closes instead), and they flush first what the
 cycle still holds: the head of an answer to HEAD (no body write carries it) or a
 `100 Continue` (a cycle's first write too). uvloop reads a socket, and so may refuse the
-next bytes, before it runs the turn's callbacks.
+next bytes, before it runs the turn's callbacks. Once the held write went out (`passed`),
+a stream's relay gives the cycle the connection's own transport back
+(`BodyWriter.ready`, gateway/body_writer.py): the rest of the stream's chunks skip a
+Python frame that would only pass each on.
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ class HeadCoalescer:
             self._started = True
             self._held = data
             self._loop.call_soon(self.flush)
+
+    def passed(self) -> asyncio.Transport | None:
+        """The connection's transport, once the held write went out: nothing is held
+        after that, so writing to it directly keeps the order (None while a write is held
+        or before the first one)."""
+        return self._transport if self._started and self._held is None else None
 
     def flush(self) -> None:
         """Write what is held now (a no-op once the connection is closing)."""

@@ -39,7 +39,7 @@ from owngate_bench.overhead_production import write_production_config
 from owngate_bench.overhead_targets import key_hash
 from owngate_bench.services import HOST, Service, child_env, free_port, owngate_argv
 
-__all__ = ["TARGETS", "add_arguments", "count_total", "run"]
+__all__ = ["TARGETS", "add_arguments", "count_calls", "count_total", "run"]
 
 MODEL = "bench-model"
 TARGETS = ("owngate", "owngate+production")
@@ -49,6 +49,9 @@ _QUIET = (
     "admin: {allow_loopback: true, listen: null, sample_interval_s: 60}\n"
 )
 _TOTALS = re.compile(r"^\s*([\d,]+) \(100\.0%\)\s+PROGRAM TOTALS", re.M)
+_NAMED = re.compile(r"^c?fn=\((\d+)\)(?: (.*))?$")
+# libuv's read of a socket: one per read the gateway took from a backend or a client
+_READ = "uv__read"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,6 +79,26 @@ def count_total(annotated: str) -> int:
     if found is None:
         raise ValueError("callgrind_annotate printed no PROGRAM TOTALS")
     return int(found.group(1).replace(",", ""))
+
+
+def count_calls(dump: str, function: str) -> int:
+    """How many calls of `function` a callgrind dump (the raw file) records. With
+    `--stream`, the calls of libuv's `uv__read` tell how many reads the chunks came in: a
+    process slowed 30-50x may fall behind a paced stream and find several tokens in one
+    read, which makes a chunk look cheaper (check reads per chunk before comparing)."""
+    names: dict[str, str] = {}
+    total, callee = 0, None
+    for line in dump.splitlines():
+        if line.startswith(("fn=", "cfn=")):
+            found = _NAMED.match(line)
+            if found is not None:
+                if found.group(2) is not None:
+                    names[found.group(1)] = found.group(2)
+                if line.startswith("cfn="):
+                    callee = names.get(found.group(1))
+        elif line.startswith("calls=") and callee == function:
+            total += int(line[6:].split()[0])
+    return total
 
 
 def _config(target: str, rundir: Path, port: int, sims: list[int], api_key: str) -> Path:
@@ -198,6 +221,8 @@ def _measure(
     if args.stream:
         found["chunks"] = chunks
         found["per_chunk"] = total / chunks if chunks else None
+        reads = count_calls(dumps[0].read_text(errors="replace"), _READ)
+        found["reads_per_chunk"] = reads / chunks if chunks else None
     return found
 
 
@@ -209,7 +234,7 @@ def _render(report: dict[str, Any]) -> str:
         f"owngate bench instructions: {report['requests']} requests, concurrency "
         f"{report['concurrency']}, {shape}, {report['prompt_kb']:g} KB prompts, "
         "zero-latency simulators (callgrind counts)",
-        f"  {'target':<20} {'instructions/request':>22} {'per chunk':>12}",
+        f"  {'target':<20} {'instructions/request':>22} {'per chunk':>12} {'reads/chunk':>12}",
     ]
     base = None
     for target, row in report["targets"].items():
@@ -218,10 +243,10 @@ def _render(report: dict[str, Any]) -> str:
             continue
         per = row["per_request"]
         base = per if base is None else base
-        chunk = row.get("per_chunk")
+        chunk, reads = row.get("per_chunk"), row.get("reads_per_chunk")
         lines.append(
             f"  {target:<20} {per:>22,.0f} {'-' if chunk is None else f'{chunk:,.0f}':>12}"
-            f"   ({per / base:.2f}x)"
+            f" {'-' if reads is None else f'{reads:.2f}':>12}   ({per / base:.2f}x)"
         )
     return "\n".join(lines)
 

@@ -161,7 +161,7 @@ async def send_whole(
 
 def relayed(exchange: Exchange, data: bytes, *, whole: bool = False) -> None:
     """Feed relayed response bytes to the provenance trail (hash, usage); called with
-    every piece the client gets."""
+    every piece the client gets (`StreamRelay`'s per-read sink writes it out)."""
     exchange.relayed_before, exchange.last_relayed = exchange.last_relayed, data
     if exchange.trail is not None:
         if whole:

@@ -41,11 +41,21 @@ _NL: Final = b"\n"  # `_edge` after a read that ended a line: the next one start
 
 
 class StreamWatch:
-    """One relayed stream's watcher; `strip_usage`: hold back the usage-only chunk."""
+    """One relayed stream's watcher; `strip_usage`: hold back the usage-only chunk;
+    `find_done`: look for `data: [DONE]` (`done`), which only a body that ends with its
+    connection needs (its end is no proof it is complete): a framed body says where it
+    ends, and the relay would search every read for nothing."""
 
-    def __init__(self, *, strip_usage: bool, max_line: int = _MAX_LINE) -> None:
+    def __init__(
+        self, *, strip_usage: bool, find_done: bool = True, max_line: int = _MAX_LINE
+    ) -> None:
         self.strip_usage = strip_usage
-        self.done = False  # `data: [DONE]` arrived at the start of a line
+        # `data: [DONE]` arrived at the start of a line (with `find_done`; else never set)
+        self.done = False
+        self._seek = find_done  # `find_done` and not `done` yet
+        # strip mode: a `[DONE]` line was passed on in a read holding `"usage"` (one in a
+        # read without it, the event reader saw): a usage chunk after it is not held
+        self._after_done = False
         self._max_line = max_line
         self._edge = _NL  # the last bytes seen, to find `[DONE]` split across reads
         self._pending = b""  # strip mode: the start of a line not yet complete
@@ -70,32 +80,31 @@ class StreamWatch:
 
     def feed(self, data: bytes) -> bytes:
         """Bytes from the backend in; the bytes to relay out (possibly fewer, or none)."""
+        if self.strip_usage:
+            # whole lines, none of them a usage chunk: nothing to hold back
+            usual = (
+                not self._pending
+                and not self._passing
+                and not self._drop_blank
+                and not self._skip_lf
+                and data[-1:] in _ENDS  # (`endswith` parses its arguments)
+                and data.find(_USAGE) < 0  # not `in`: see `_see_done`
+            )
+        else:  # whole lines after a read that ended one
+            usual = self._edge is _NL and data[-1:] in _ENDS
+        if usual:  # the usual read, inline (`_feed`)
+            if self._seek and data.find(_DONE) >= 0 and _ends_stream(data, 0, len(data)):
+                self._found_done()  # (`data` starts a line)
+            self.events.feed(data)
+            return data
         out = self._feed(data)
         self.events.feed(out)
         return out
 
     def _feed(self, data: bytes) -> bytes:
+        """`feed` past the usual read (`feed` takes that one itself)."""
         if not self.strip_usage:
-            if (
-                # the usual read: whole lines after a read that ended one
-                self._edge is _NL and data.endswith(_ENDS)
-            ):
-                if not self.done and data.find(_DONE) >= 0 and _ends_stream(data, 0, len(data)):
-                    self.done = True  # (`data` starts a line)
-                return data
             self._see_done(data)
-            return data
-        if (
-            # whole lines, none of them a usage chunk: nothing to hold back (the usual read)
-            not self._pending
-            and not self._passing
-            and not self._drop_blank
-            and not self._skip_lf
-            and data.endswith(_ENDS)
-            and data.find(_USAGE) < 0  # not `in`: see `_see_done`
-        ):
-            if not self.done and data.find(_DONE) >= 0 and _ends_stream(data, 0, len(data)):
-                self.done = True  # (`data` starts a line)
             return data
         if self._passing:
             end = _line_end(data, 0)
@@ -110,8 +119,8 @@ class StreamWatch:
         """At the end of the stream: a last line that never got its newline, if any (to
         relay; the client's reader then ends, `end`)."""
         rest, self._pending = self._pending, b""
-        if rest and _ends_stream(rest, 0, len(rest)):
-            self.done = True
+        if self._seek and rest and _ends_stream(rest, 0, len(rest)):
+            self._found_done()
         self.events.feed(rest)
         return rest
 
@@ -120,17 +129,21 @@ class StreamWatch:
         event, follow): the client's reader dispatches their unfinished last event."""
         self.events.finish()
 
+    def _found_done(self) -> None:
+        self.done = True
+        self._seek = False
+
     def _see_done(self, data: bytes) -> None:
-        if self.done:
+        if not self._seek:
             return
         # `find`, not `in`, once per relayed read: a bytes `in` first tries its operand as
         # an int (a TypeError raised and cleared), about 2x the instructions.
         if data.find(_DONE) >= 0 and _ends_stream(data, 0, len(data), line_start=False):
-            self.done = True
+            self._found_done()
             return
         edge = self._edge + data[:_EDGE]  # a marker split across the previous read
-        if edge.find(_DONE) >= 0:  # the usual read: no call
-            self.done = _ends_stream(edge, 0, len(edge), line_start=False)
+        if edge.find(_DONE) >= 0 and _ends_stream(edge, 0, len(edge), line_start=False):
+            self._found_done()  # (the usual read: no call)
         # After a line end only a marker that starts after it counts, and one before it
         # was seen already: `_NL` finds the same markers as the last bytes would.
         if data.endswith(_ENDS):
@@ -176,8 +189,10 @@ class StreamWatch:
                     start = self._skip_blank(buffer, start)
                 continue
             self._skip_lf = False  # a kept line: its LF, if one follows, goes on too
-            if _ends_stream(line, 0, len(line)):
-                self.done = True
+            if (self._seek or not self._after_done) and _ends_stream(line, 0, len(line)):
+                self._after_done = True
+                if self._seek:
+                    self._found_done()
             kept.append(line)
         rest = buffer[start:]
         if len(rest) > self._max_line:  # not a usage chunk: stop holding it back
@@ -191,8 +206,10 @@ class StreamWatch:
         """Pass on the whole lines `buffer[start:end]` (`start` begins a line)."""
         if end <= start:
             return
-        if not self.done and _ends_stream(buffer, start, end):
-            self.done = True
+        if (self._seek or not self._after_done) and _ends_stream(buffer, start, end):
+            self._after_done = True
+            if self._seek:
+                self._found_done()
         kept.append(buffer[start:end])
 
     def _skip_blank(self, buffer: bytes, start: int) -> int:
@@ -229,7 +246,7 @@ class StreamWatch:
         counts = counts_of(doc.get("usage"))
         if counts is None:
             return False
-        if not self.done:
+        if not self.done and not self._after_done and not self.events.stopped:
             self._held = counts
         return True
 

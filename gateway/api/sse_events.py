@@ -61,8 +61,16 @@ class EventReader:
     def feed(self, data: bytes) -> None:
         if self.stopped or not data:
             return
-        if not self._raw and not self._over and _ends_event(data) and not _WORTH.search(data):
-            return  # the usual read: whole events, none worth parsing
+        if (  # the usual read: whole events (it ends with a blank line), none worth parsing
+            not self._raw
+            and not self._over
+            and (
+                (tail := data[-2:]) in _BLANK_TAILS
+                or (tail == b"\r\n" and data[-3:-2] in _LINE_END_BYTES)
+            )
+            and not _WORTH.search(data)
+        ):
+            return
         buffer = self._raw + data if self._raw else data
         if self._over:  # the rest of an event let go: to its blank line
             found = _BLANK.search(buffer)
@@ -138,10 +146,9 @@ def _lines(chunk: bytes) -> list[bytes]:
     return lines
 
 
-def _ends_event(data: bytes) -> bool:
-    """Whether `data` ends with a blank line (its last line end follows another)."""
-    end = len(data) - 2 if data.endswith(b"\r\n") else len(data) - 1
-    return end >= 1 and data[end] in (_LF, _CR) and data[end - 1] in (_LF, _CR)
+# A read ending with a blank line ends in one of these, or in CRLF after a line end.
+_BLANK_TAILS: Final = (b"\n\n", b"\r\r", b"\n\r")
+_LINE_END_BYTES: Final = (b"\n", b"\r")
 
 
 def _past_blank(data: bytes, at: int) -> int:

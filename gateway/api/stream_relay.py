@@ -20,7 +20,6 @@ from gateway.api.exchange import (
     break_stream,
     client_left,
     first_chunk_seconds,
-    relayed,
     send_relayed,
     start_stream,
 )
@@ -84,16 +83,27 @@ class StreamRelay:
 
         def sink(data: bytes) -> bool:
             """One read to the client, written from the backend connection's callback
-            (`UpstreamResponse.pump`); whether the client can take more now."""
+            (`UpstreamResponse.pump`); whether the client can take more now. It runs once
+            per read of a paced stream: the calls it makes are written out where a call
+            would cost as much as its work (`Attempt.answered`, `relayed`)."""
             nonlocal last
-            answered()  # alive: a busy server may answer /health late
+            backend.answered += 1  # alive: a busy server may answer /health late
             if tail is not None:
                 data = tail.feed(data)
             data = watch.feed(comments.feed(data))
-            if data and writer is not None and writer.write(data):  # else: the client left
-                relayed(exchange, data)
-                last = data
-            return writer is None or not writer.write_paused
+            if not data:
+                return True
+            assert writer is not None  # (the pump runs only with one)
+            more = writer.write(data)
+            if more is None:
+                return True  # the client left: nothing written, nothing committed to
+            # `relayed(exchange, data)`, written out
+            exchange.relayed_before, exchange.last_relayed = exchange.last_relayed, data
+            trail = exchange.trail
+            if trail is not None:
+                trail.relayed(data)
+            last = data
+            return more
 
         try:
             if writer is not None and writer.ready():

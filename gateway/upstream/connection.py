@@ -86,8 +86,9 @@ class _Connection(asyncio.Protocol):
             error = UpstreamError("protocol", f"bad HTTP response: {exc}")
         body = self._body
         if body:  # what the read carried of the body, handed on before any failure
-            self._body = []
-            response._push(body[0] if len(body) == 1 else b"".join(body))
+            piece = body[0] if len(body) == 1 else b"".join(body)
+            body.clear()
+            response._push(piece)
         if error is not None:
             response._fail(error)
             self.close()

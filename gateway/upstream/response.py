@@ -107,6 +107,12 @@ class UpstreamResponse:
         timeout = self._conn.pool.stream_timeout
         return None if timeout is None else self.sent_at + timeout
 
+    @property
+    def close_delimited(self) -> bool:
+        """The body has no length and no chunked framing: the backend's close ends it
+        (known once the head is in; `ended_by_close` then says it did)."""
+        return self._conn.close_delimited
+
     def header(self, name: bytes) -> bytes | None:
         for key, value in self.headers:
             if key == name:
@@ -149,15 +155,20 @@ class UpstreamResponse:
         a zero-delay backend writes back to back is relayed in as few writes as it was
         read)."""
         self._sink_due = False
-        sink, loop, chunks = self._sink, self._sink_loop, self._chunks
-        if sink is None or loop is None or not chunks:
+        sink, chunks = self._sink, self._chunks
+        if sink is None or not chunks:
             return  # the pump stopped waiting: it hands on what is left itself
+        # `_take()` and `_resume()` written out: this runs once per relayed read
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._buffered = 0
         try:
-            more = sink(self._take())
+            more = sink(data)
         except Exception as exc:  # noqa: BLE001 - not lost: `pump()` raises it, in its task
             self._sink_error, more = exc, False
         if more:
-            self._resume()
+            if self._paused:
+                self._resume()
         else:
             self._sink = None
             self._sink_full = True

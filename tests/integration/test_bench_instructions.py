@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from owngate_bench.instructions import count_total
+from owngate_bench.instructions import count_calls, count_total
 from tests.helpers.paths import REPO_ROOT
 
 pytestmark = pytest.mark.bench
@@ -30,6 +30,17 @@ Ir
 
 def test_count_total_reads_the_program_totals() -> None:
     assert count_total(_ANNOTATED) == 608_590_596
+
+
+def test_count_calls_sums_the_calls_of_a_function_by_its_compressed_name() -> None:
+    dump = (
+        "fn=(1) uv__stream_io\ncfn=(2) uv__read\ncalls=3 10\n5 400\n"
+        "cfn=(3) uv__write\ncalls=4 20\n6 300\n"
+        "fn=(4) other\ncfn=(2)\ncalls=2 10\n5 200\n"
+    )
+    assert count_calls(dump, "uv__read") == 5
+    assert count_calls(dump, "uv__write") == 4
+    assert count_calls(dump, "missing") == 0
 
 
 def test_count_total_refuses_output_without_totals() -> None:

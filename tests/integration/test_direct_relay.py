@@ -8,15 +8,19 @@ import asyncio
 import json
 import socket
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import httpx
 import pytest
 
 from gateway.body_writer import BodyWriter
+from gateway.coalescing import HeadCoalescer
+from gateway.upstream.connection import _Connection
 from gateway.upstream.response import UpstreamResponse
 from tests.helpers.gateways import TENANT_KEY, Gateway, backend, logged_private_gateway
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
@@ -46,7 +50,7 @@ def test_a_paced_stream_goes_out_by_the_body_writer_and_its_receipt_verifies(
     written: list[bytes] = []
     write = BodyWriter.write
 
-    def counted(self: BodyWriter, data: bytes) -> bool:
+    def counted(self: BodyWriter, data: bytes) -> bool | None:
         written.append(data)
         return write(self, data)
 
@@ -63,6 +67,98 @@ def test_a_paced_stream_goes_out_by_the_body_writer_and_its_receipt_verifies(
     assert seen.endswith(b"".join(written))
     assert written  # (how many: as the paced reads came, merged on a busy machine)
     _verifies(tmp_path, response, _receipt(response), seen)
+
+
+# The Python calls (functions, not C methods) one read of a paced stream costs the
+# logged gateway, from the backend connection's read callback to the client's write and
+# the record's hash: `data_received`, `on_body`, `_push`; `_to_sink`, the relay's sink,
+# the comment filter, the stream watch and its event reader (what the client's SDK reads,
+# for the record), the writer, the trail. Each was once more: the
+# buffer's `_take` and `_resume`, `Attempt.answered`, `relayed`, `write_paused`, and
+# `HeadCoalescer.write` passing every chunk on.
+READ_CALLS = 10
+
+
+class _ReadCalls:
+    """A profile hook (`threading.setprofile`) that counts, per call of a read's two
+    callbacks, the Python calls made under it."""
+
+    def __init__(self) -> None:
+        self.roots = {_Connection.data_received.__code__, UpstreamResponse._to_sink.__code__}
+        self.groups: list[list[str]] = []
+
+    def __call__(self, frame: FrameType, event: str, arg: object) -> None:
+        if event == "call":
+            code = frame.f_code
+            if code in self.roots:
+                self.groups.append([code.co_qualname])
+                return
+            name, caller = code.co_qualname, frame.f_back
+        elif event == "c_call":  # a C function or method: `arg`, called from `frame`
+            name, caller = f"{getattr(arg, '__qualname__', arg)}()", frame
+        else:
+            return
+        while caller is not None:
+            if caller.f_code in self.roots:
+                self.groups[-1].append(name)
+                return
+            caller = caller.f_back
+
+    def usual(self, root: str) -> list[str]:
+        """The calls of the most common invocation of `root` (a paced read's)."""
+        shapes = Counter(tuple(group) for group in self.groups if group[0] == root)
+        return list(shapes.most_common(1)[0][0])
+
+
+def test_a_paced_read_costs_the_relay_a_fixed_few_python_calls(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    got = [threading.Event() for _ in EVENTS]
+
+    async def lockstep(writer: asyncio.StreamWriter, _: Post) -> bool:
+        """One event per read: the next is written once the client has the last."""
+        loop = asyncio.get_running_loop()
+        writer.write(sse_head(b"transfer-encoding: chunked\r\n"))
+        for event, arrived in zip(EVENTS, got, strict=True):
+            writer.write(b"%x\r\n%b\r\n" % (len(event), event))
+            await writer.drain()
+            assert await loop.run_in_executor(None, arrived.wait, 30)
+        writer.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(DONE), DONE))
+        await writer.drain()
+        return True
+
+    raw = start_raw(lockstep)
+    calls = _ReadCalls()
+    threading.setprofile(calls)  # the gateway's server thread, started next
+    try:
+        gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
+    finally:
+        threading.setprofile(None)
+    seen = b""
+    with httpx.stream(
+        "POST",
+        f"{gateway.url}/v1/chat/completions",
+        json=CHAT,
+        headers=gateway.headers,
+        timeout=30,
+    ) as response:
+        assert response.status_code == 200
+        for piece in response.iter_raw():
+            seen += piece
+            for event, arrived in zip(EVENTS, got, strict=True):
+                if event in seen:
+                    arrived.set()
+    assert seen.startswith(b"".join([*EVENTS, DONE]))
+    read = calls.usual("_Connection.data_received") + calls.usual("UpstreamResponse._to_sink")
+    python = [name for name in read if not name.endswith("()")]
+    assert len(python) <= READ_CALLS, f"{len(python)} calls per read: {read}"
+    # The searches of the read: the comment filter's for `owngate-` (case folded), the
+    # stream watch's for `"usage"`; `[DONE]` is looked for only in a body that ends with
+    # its connection (this one is chunked), and a line end is checked without `endswith`.
+    searches = [name for name in read if name.startswith("bytes.")]
+    assert searches == ["bytes.lower()", "bytes.find()", "bytes.find()"], read
 
 
 # 1 KiB events, 64 to a chunk of the backend's framing
@@ -144,7 +240,9 @@ def test_a_client_that_reads_nothing_stops_the_gateway_reading_the_backend(
         assert flood.written < _FLOOD_BYTES // 2
         cycle = writers[0]._cycle()
         assert cycle is not None
-        coalescer: Any = cycle.transport
-        assert coalescer._transport.get_write_buffer_size() < 1 << 20
+        # the connection's own transport: the coalescer gave it back (`BodyWriter.ready`)
+        transport: Any = cycle.transport
+        assert not isinstance(transport, HeadCoalescer)
+        assert transport.get_write_buffer_size() < 1 << 20
     finally:
         client.close()

@@ -14,6 +14,7 @@ import httptools
 from uvicorn.server import ServerState
 
 from gateway.body_writer import BodyWriter, body_writer
+from gateway.coalescing import HeadCoalescer
 from gateway.config.schema import ListenSettings
 from gateway.listener import LimitedHttpProtocol, http_protocol
 from gateway.serving import uvicorn_config
@@ -117,7 +118,7 @@ def test_not_ready_for_an_answer_with_a_length_or_to_a_head_request() -> None:
 
 def test_a_client_that_left_gets_nothing_written() -> None:
     transport = _Transport()
-    outcome: list[bool] = []
+    outcome: list[bool | None] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await send(SSE)
@@ -143,7 +144,7 @@ def test_a_client_that_left_gets_nothing_written() -> None:
         await asyncio.gather(*protocol.tasks)
 
     asyncio.run(scenario())
-    assert outcome == [False, True]
+    assert outcome == [None, True]  # None: gone, nothing written
 
 
 def test_write_paused_follows_the_client_s_buffers_and_drain_waits_for_them() -> None:
@@ -157,8 +158,10 @@ def test_write_paused_follows_the_client_s_buffers_and_drain_waits_for_them() ->
         paused.set()
         await resumed.wait()
         states.append(writer.write_paused)
+        states.append(writer.write(b"data: 1\n\n"))  # written, and the client is full
         await asyncio.wait_for(writer.drain(), 5)
         states.append("drained")
+        states.append(writer.write(b"data: 2\n\n"))  # it can take more
         await send(END)
 
     paused = asyncio.Event()
@@ -179,7 +182,7 @@ def test_write_paused_follows_the_client_s_buffers_and_drain_waits_for_them() ->
         protocol.connection_lost(None)
 
     asyncio.run(scenario())
-    assert states == [False, True, "drained"]
+    assert states == [False, True, False, "drained", True]
 
 
 def test_a_finished_request_s_cycle_is_freed_without_the_garbage_collector() -> None:
@@ -210,3 +213,33 @@ def test_a_finished_request_s_cycle_is_freed_without_the_garbage_collector() -> 
         assert first() is None, gc.get_referrers(first())
     finally:
         gc.enable()
+
+
+def test_once_the_head_went_out_chunks_skip_the_coalescer_and_keep_their_order() -> None:
+    # A paced stream's every chunk used to pass through `HeadCoalescer.write`, a Python
+    # frame that only passed it on once the head had gone out.
+    transports: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        writer = body_writer(scope)
+        assert writer is not None
+        await send(SSE)
+        assert writer.ready()  # the head is still held: the coalescer stays
+        transports.append(type(_cycle_of(writer).transport))
+        assert writer.write(b"data: 1\n\n")  # goes out after the held head
+        assert writer.ready()  # now nothing is held: the connection's own transport
+        transports.append(type(_cycle_of(writer).transport))
+        assert writer.write(b"data: 2\n\n")
+        await send({"type": "http.response.body", "body": b"data: 3\n\n", "more_body": True})
+        await send(END)
+
+    wire = _serve(app)
+    assert transports == [HeadCoalescer, _Transport]
+    assert _body(wire) == (200, b"data: 1\n\ndata: 2\n\ndata: 3\n\n")
+    assert wire.startswith(b"HTTP/1.1 200 OK") and wire.count(b"HTTP/1.1 200 OK") == 1
+
+
+def _cycle_of(writer: BodyWriter) -> Any:
+    cycle = writer._cycle()
+    assert cycle is not None
+    return cycle

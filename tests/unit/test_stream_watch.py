@@ -428,3 +428,26 @@ def test_a_thread_event_shows_no_usage_however_the_reads_cut(cut: int) -> None:
     reader.finish()
     assert reader.usage == {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
     assert not reader.error_event and not reader.stopped
+
+
+@given(
+    st.lists(st.sampled_from(_PARTS), max_size=12),
+    st.lists(st.integers(min_value=0, max_value=400), max_size=6),
+    st.booleans(),
+)
+@settings(max_examples=400, deadline=None)
+def test_without_find_done_only_done_differs(
+    parts: list[bytes], cuts: list[int], strip: bool
+) -> None:
+    # A framed body (chunked, or with a length) says where it ends: the relay does not
+    # search its reads for `[DONE]`, and nothing else it relays or notes changes.
+    stream = b"".join(parts)
+    bounds = sorted({min(c, len(stream)) for c in cuts} | {0, len(stream)})
+    reads = [stream[a:b] for a, b in itertools.pairwise(bounds)]
+    seeking = StreamWatch(strip_usage=strip, max_line=64)
+    framed = StreamWatch(strip_usage=strip, find_done=False, max_line=64)
+    for read in reads:
+        assert framed.feed(read) == seeking.feed(read)
+    assert framed.flush() == seeking.flush()
+    assert framed.usage == seeking.usage
+    assert not framed.done
