@@ -28,7 +28,11 @@ from gateway.provenance import (
     verify_log,
     write_signing_key,
 )
-from gateway.provenance.formats.cosignature import verify_cosignature
+from gateway.provenance.formats.cosignature import (
+    Cosignature,
+    parse_cosignature_line,
+    verify_cosignature,
+)
 from gateway.provenance.formats.layout import cosigned_path
 from gateway.provenance.testing import log_request
 from gateway.provenance.witness import state as witness_state
@@ -347,3 +351,19 @@ def test_audit_refuses_a_cosignature_moved_to_another_checkpoint(
     eight.write_text(f"{note_8}{log_line}\n{w1_line}\n")
     with pytest.raises(LogVerificationError, match=f"cosigned/{8:020d}: invalid cosignature"):
         verify_log(copy, keys, witnesses=[W1.vkey])
+
+
+def test_audit_refuses_a_cosignature_whose_time_was_rewritten(
+    witnessed_log: Path, tmp_path: Path
+) -> None:
+    """The timestamp is signed: a line dated back a day (to pass for an older, staler
+    cosignature, or to fit a story) no longer verifies."""
+    copy = _copy(witnessed_log, tmp_path)
+    four = cosigned_path(copy, 4)
+    text = four.read_text()
+    line = next(line for line in text.splitlines() if line.startswith(f"\u2014 {W1.name} "))
+    real = parse_cosignature_line(line)
+    redated = Cosignature(real.name, real.key_id, real.timestamp - 86400, real.signature)
+    four.write_text(text.replace(line + "\n", redated.line()))
+    with pytest.raises(LogVerificationError, match=f"cosigned/{4:020d}: invalid cosignature"):
+        verify_log(copy, [COSIGNED_LOG_SIGNER.verifier()], witnesses=[W1.vkey])
