@@ -1,5 +1,6 @@
 """`owngate witness`: run a C2SP tlog-witness that cosigns provenance-log checkpoints.
 
+    owngate witness init --state FILE
     owngate witness serve --key WITNESS_KEY_FILE --log VKEY [--log VKEY] --state FILE
     owngate witness vkey --key WITNESS_KEY_FILE
 
@@ -7,12 +8,15 @@ The witness key is an ordinary Ed25519 signing key file (`owngate keys new --sig
 NAME --key-file F`, NAME being the witness's name, e.g. `witness.example.com/w1`); `vkey`
 prints the cosignature verifier key (algorithm 0x04) that auditors and the gateway use.
 Each `--log` is a log's verifier key (or a file of them) whose name is the log's origin.
-Exit codes: 0 ok (serve: clean shutdown), 1 runtime failure (unreadable key, state in
-use or corrupt), 2 usage error. Every flag has an environment default
-`OWNGATE_WITNESS_<FLAG>`; `OWNGATE_WITNESS_LOG` lists keys separated by commas or spaces.
-uvicorn is imported only when `serve` runs. What it prints of the key files (the witness's
-verifier key, the origins it witnesses, a file's problem) goes through `shown`
-(gateway/provenance/audit/shown.py): a key name is any text without space or '+', ESC too.
+`init` creates a new witness's empty state file; `serve` never does: a state file gone
+missing (a wiped volume, a typo in the path) would make a witness that cosigns a rollback
+or a fork. Exit codes: 0 ok (serve: clean shutdown), 1 runtime failure (unreadable key,
+state missing, in use or corrupt; init: the file exists), 2 usage error. Every flag has
+an environment default `OWNGATE_WITNESS_<FLAG>`; `OWNGATE_WITNESS_LOG` lists keys
+separated by commas or spaces. uvicorn is imported only when `serve` runs. What it prints
+of the key files (the witness's verifier key, the origins it witnesses, a file's problem)
+goes through `shown` (gateway/provenance/audit/shown.py): a key name is any text without
+space or '+', ESC too.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from gateway.provenance.errors import ProvenanceError
 from gateway.provenance.formats.cosignature import Cosigner
 from gateway.provenance.keys import load_signer, load_verifiers
 from gateway.provenance.witness.app import create_witness_app
+from gateway.provenance.witness.state import WitnessState
 from gateway.provenance.witness.witness import Witness
 
 __all__ = ["register"]
@@ -63,6 +68,7 @@ def register(subparsers: Any) -> None:
         epilog="Exit codes: 0 ok, 1 runtime failure, 2 usage error.",
     )
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    _add_init(verbs)
     _add_serve(verbs)
     _add_vkey(verbs)
     parser.set_defaults(handler=lambda _args: _usage(parser))
@@ -87,14 +93,10 @@ def _add_serve(verbs: Any) -> None:
         help="verifier key of a log to witness (its name is the log's origin), or a file "
         "of them; repeat for more logs or rotated keys (env OWNGATE_WITNESS_LOG)",
     )
-    state = _env("STATE")
-    serve.add_argument(
-        "--state",
-        default=state,
-        required=state is None,
-        metavar="FILE",
-        help="JSON file of the latest cosigned tree per log; created when missing, locked "
-        "while serving; losing it lets a log roll back (env OWNGATE_WITNESS_STATE)",
+    _state_flag(
+        serve,
+        "JSON file of the latest cosigned tree per log (`witness init` creates it), "
+        "locked while serving; refused when missing (env OWNGATE_WITNESS_STATE)",
     )
     serve.add_argument(
         "--host",
@@ -113,6 +115,34 @@ def _add_serve(verbs: Any) -> None:
         help="submission prefix: serve <prefix>/add-checkpoint (env OWNGATE_WITNESS_PREFIX)",
     )
     serve.set_defaults(handler=_serve, _log_defaults=logs)
+
+
+def _state_flag(parser: argparse.ArgumentParser, text: str) -> None:
+    state = _env("STATE")
+    parser.add_argument("--state", default=state, required=state is None, metavar="FILE", help=text)
+
+
+def _add_init(verbs: Any) -> None:
+    init = verbs.add_parser(
+        "init",
+        help="create a new witness's empty state file",
+        description="Create the state file of a new witness, empty. `serve` refuses a "
+        "missing state file, so that a lost one is noticed rather than silently replaced: "
+        "a witness that forgot what it cosigned would cosign a rollback or a fork. Run it "
+        "once, for a new witness; a witness whose state is lost needs a new key too.",
+    )
+    _state_flag(init, "the state file to create; it must not exist (env OWNGATE_WITNESS_STATE)")
+    init.set_defaults(handler=_init)
+
+
+def _init(args: argparse.Namespace) -> int:
+    try:
+        WitnessState.open(args.state, new=True).close()
+    except (ProvenanceError, OSError) as exc:
+        print(f"error: {shown(exc, MAX_SHOWN_MESSAGE)}", file=sys.stderr)
+        return 1
+    print(f"created an empty witness state: {shown(args.state)}", file=sys.stderr)
+    return 0
 
 
 def _add_vkey(verbs: Any) -> None:

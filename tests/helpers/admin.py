@@ -101,7 +101,7 @@ def serve_admin(
         witnesses = []
         if witness:
             log_verifier = load_signer(directory / "log.key").verifier()
-            cosigning = Witness.open(directory / "witness.db", WITNESS, [log_verifier])
+            cosigning = Witness.open(directory / "witness.db", WITNESS, [log_verifier], new=True)
             stack.callback(cosigning.close)
             server = ServerThread(create_witness_app(cosigning)).start()
             stack.callback(server.stop)

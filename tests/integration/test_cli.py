@@ -45,6 +45,7 @@ COMMANDS = [
     ["audit", "show"],
     ["audit", "report"],
     ["witness"],
+    ["witness", "init"],
     ["witness", "serve"],
     ["witness", "vkey"],
 ]

@@ -99,7 +99,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         write_signing_key(directory / "log.key", ORIGIN)
         log_verifier = load_signer(directory / "log.key").verifier()
         witness = stack.enter_context(
-            Witness.open(directory / "witness.db", WITNESS, [log_verifier])
+            Witness.open(directory / "witness.db", WITNESS, [log_verifier], new=True)
         )
         witness_url = stack.enter_context(ServerThread(create_witness_app(witness))).url
         yield from _serve(directory, [sim.url for sim in sims], witness_url)

@@ -110,7 +110,8 @@ class _WitnessServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> _WitnessServer:
-        self._witness = Witness.open(self.state, self.cosigner, [LOG_SIGNER.verifier()])
+        new = not self.state.exists()  # the first start makes the state; a restart keeps it
+        self._witness = Witness.open(self.state, self.cosigner, [LOG_SIGNER.verifier()], new=new)
         self._thread = ServerThread(create_witness_app(self._witness), port=self.port).start()
         return self
 
@@ -211,8 +212,8 @@ def witnessed_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A closed log whose checkpoints of size 4 and 8 are cosigned by W1 (8 also by W2)."""
     logdir = tmp_path_factory.mktemp("witnessed")
     states = tmp_path_factory.mktemp("states")
-    w1 = Witness.open(states / "w1.json", W1, [LOG_SIGNER.verifier()])
-    w2 = Witness.open(states / "w2.json", W2, [LOG_SIGNER.verifier()])
+    w1 = Witness.open(states / "w1.json", W1, [LOG_SIGNER.verifier()], new=True)
+    w2 = Witness.open(states / "w2.json", W2, [LOG_SIGNER.verifier()], new=True)
 
     async def build() -> None:
         log = await ProvenanceLog.open(logdir, ORIGIN, LOG_SIGNER)
@@ -294,7 +295,7 @@ def test_a_cosigned_checkpoint_the_log_no_longer_has_is_a_rollback_or_fork(
     copy = _copy(witnessed_log, tmp_path)
     (copy / "checkpoints" / f"{10:020d}").unlink()  # drop the newest: the log "stopped" at 8
     shutil.copy(copy / "checkpoints" / f"{8:020d}", copy / "checkpoint")
-    w1 = Witness.open(tmp_path / "w.json", W1, [LOG_SIGNER.verifier()])
+    w1 = Witness.open(tmp_path / "w.json", W1, [LOG_SIGNER.verifier()], new=True)
     try:
         note = (witnessed_log / "checkpoints" / f"{10:020d}").read_bytes()
         cosigned_path(copy, 10).write_bytes(note + w1.add_checkpoint(0, [], note))
@@ -319,6 +320,13 @@ class _WitnessProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> _WitnessProcess:
+        if not self.state.exists():  # a new witness: its state is made on purpose
+            subprocess.run(
+                [sys.executable, "-m", "gateway", "witness", "init", "--state", str(self.state)],
+                check=True,
+                capture_output=True,
+                timeout=DEADLINE_S,
+            )
         argv = ["witness", "serve", "--key", str(self.key), "--log", self.log_vkey]
         argv += ["--state", str(self.state), "--port", str(self.port)]
         self.proc = subprocess.Popen(

@@ -123,7 +123,7 @@ def witness_url(tmp_path: Path) -> Iterator[str]:
     """A witness that cosigns the test log's checkpoints (the log key is written here)."""
     write_signing_key(tmp_path / "log.key", ORIGIN)
     log_verifier = load_signer(tmp_path / "log.key").verifier()
-    witness = Witness.open(tmp_path / "witness.db", WITNESS, [log_verifier])
+    witness = Witness.open(tmp_path / "witness.db", WITNESS, [log_verifier], new=True)
     server = ServerThread(create_witness_app(witness)).start()
     yield server.url
     server.stop()

@@ -116,8 +116,9 @@ def real_log(tmp_path_factory: pytest.TempPathFactory) -> RealLog:
     return make_log(tmp_path_factory.mktemp("log"))
 
 
-def open_witness(path: Path, clock: float = NOW) -> Witness:
-    return Witness.open(path, COSIGNER, [LOG_SIGNER.verifier()], clock=lambda: clock)
+def open_witness(path: Path, clock: float = NOW, *, new: bool = True) -> Witness:
+    """The test witness on the state file `path`: a new one, or (`new=False`) reopened."""
+    return Witness.open(path, COSIGNER, [LOG_SIGNER.verifier()], clock=lambda: clock, new=new)
 
 
 @pytest.fixture
@@ -269,9 +270,9 @@ def test_state_survives_a_restart(tmp_path: Path, real_log: RealLog) -> None:
     key = [str(LOG_SIGNER)]  # the log's keys that signed, for key rotations
     assert saved == {
         "v": 1,
-        "logs": {ORIGIN: {"size": 6, "root": root, "keys": key, "seen": key}},
+        "logs": {ORIGIN: {"size": 6, "root": root, "keys": key, "seen": key, "time": NOW}},
     }
-    with open_witness(state, clock=NOW + 60) as second:
+    with open_witness(state, clock=NOW + 60, new=False) as second:
         assert second.latest(ORIGIN) == TreeHead(6, real_log.checkpoint(2).root)
         with _Refusal("conflict"):
             second.add_checkpoint(2, real_log.proof(2, 6), real_log.notes[2])
@@ -298,7 +299,7 @@ def test_a_damaged_state_file_is_refused_not_reset(
     state.write_bytes(content)
     with pytest.raises(MalformedError, match=reason):
         WitnessState.open(state)
-    WitnessState.open(state.with_name("fresh.json")).close()  # a missing file is a new witness
+    WitnessState.open(state.with_name("fresh.json"), new=True).close()  # a new witness
 
 
 def test_concurrent_submissions_never_roll_back(tmp_path: Path, real_log: RealLog) -> None:
@@ -511,7 +512,7 @@ def test_witness_cosigns_the_tessera_test_log(tmp_path: Path) -> None:
     """Checkpoints and tiles written by another implementation (transparency-dev/tessera)."""
     notes = [(TESSERA / f"checkpoint.{size}").read_bytes() for size in range(16)]
     with Witness.open(
-        tmp_path / "w.json", COSIGNER, [Verifier(TESSERA_VKEY)], clock=lambda: NOW
+        tmp_path / "w.json", COSIGNER, [Verifier(TESSERA_VKEY)], clock=lambda: NOW, new=True
     ) as witness:
         old = 0
         for size in (0, 1, 2, 3, 7, 8, 9, 15):
@@ -740,6 +741,8 @@ def test_cli_serve_cosigns_over_http_and_persists_its_state(
         "OWNGATE_WITNESS_STATE": str(state),
         "OWNGATE_WITNESS_PORT": str(port),
     }
+    init = [sys.executable, "-c", _RUN_CLI, "witness", "init"]
+    subprocess.run(init, env=env, check=True, capture_output=True, timeout=60)
     process = subprocess.Popen(
         [sys.executable, "-c", _RUN_CLI, "witness", "serve"],
         env=env,

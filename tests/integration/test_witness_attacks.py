@@ -87,7 +87,11 @@ def test_a_key_retired_by_a_rotation_gets_no_cosignature(tmp_path: Path, real_lo
     # extension signed by A alone, which every client trusting A and B would then accept.
     old, new = LOG_SIGNER, seeded_signer(ORIGIN, 2)
     with Witness.open(
-        tmp_path / "w.json", COSIGNER, [old.verifier(), new.verifier()], clock=lambda: NOW
+        tmp_path / "w.json",
+        COSIGNER,
+        [old.verifier(), new.verifier()],
+        clock=lambda: NOW,
+        new=True,
     ) as rotating:
         rotating.add_checkpoint(0, [], sign_checkpoint(real_log.checkpoint(1), [old]))
         overlap = sign_checkpoint(real_log.checkpoint(2), [new, old])
@@ -111,7 +115,7 @@ def test_a_key_retired_by_a_rotation_gets_no_cosignature(tmp_path: Path, real_lo
 def test_a_straight_hand_over_to_a_new_key_is_cosigned(tmp_path: Path, real_log: RealLog) -> None:
     old, new, newer = LOG_SIGNER, seeded_signer(ORIGIN, 2), seeded_signer(ORIGIN, 3)
     keys = [old.verifier(), new.verifier(), newer.verifier()]
-    with Witness.open(tmp_path / "w.json", COSIGNER, keys, clock=lambda: NOW) as rotating:
+    with Witness.open(tmp_path / "w.json", COSIGNER, keys, clock=lambda: NOW, new=True) as rotating:
         rotating.add_checkpoint(0, [], sign_checkpoint(real_log.checkpoint(1), [old]))
         after = sign_checkpoint(real_log.checkpoint(2), [new])  # a key never seen: accepted
         rotating.add_checkpoint(2, real_log.proof(2, 6), after)

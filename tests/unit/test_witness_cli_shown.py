@@ -38,6 +38,7 @@ def test_serve_prints_the_origins_and_its_key_escaped(
     monkeypatch.setattr(uvicorn.Server, "run", lambda _server: None)  # no socket: the banner
     log = seeded_signer(LOG_NAME).verifier().vkey
     state = str(tmp_path / "state.json")
+    assert _run(["witness", "init", "--state", state]) == 0
     assert _run(["witness", "serve", "--key", str(key), "--log", log, "--state", state]) == 0
     err = capsys.readouterr().err
     assert _controls(err) == []

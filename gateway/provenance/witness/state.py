@@ -1,12 +1,15 @@
 """A witness's memory: the latest tree (size, root hash) it cosigned for each log origin.
 
 Kept in one JSON file, `{"v": 1, "logs": {origin: {"size": N, "root": base64, "keys": [..],
-"seen": [..]}}}` (the log keys that signed, for rotations; absent in older files), replaced
+"seen": [..], "time": T}}}` (the log keys that signed, for rotations, and the timestamp of
+the newest cosignature issued, so timestamps never go back; each absent in older files), replaced
 atomically on every change (temporary file, fsync, rename, fsync of the directory), so
 after a crash it holds the old state or the new one, never a mix, and a restarted witness
 keeps refusing rollbacks. An exclusive `flock` on `<state>.lock` keeps a second witness
 process off the same file: two processes sharing one state could each roll the other back.
-A state file that cannot be read is an error, never an empty state.
+A state file that cannot be read is an error, never an empty state, and so is a missing
+one: a new witness's state is created on purpose (`WitnessState.open(path, new=True)`,
+`owngate witness init`).
 """
 
 from __future__ import annotations
@@ -23,15 +26,31 @@ from types import MappingProxyType, TracebackType
 
 from gateway.provenance.errors import MalformedError, ProvenanceError
 from gateway.provenance.files import write_files_atomically
+from gateway.provenance.formats.cosignature import MAX_TIMESTAMP
 from gateway.provenance.formats.merkle import HASH_SIZE
 
-__all__ = ["STATE_VERSION", "StateLockedError", "TreeHead", "WitnessState"]
+__all__ = [
+    "STATE_VERSION",
+    "StateExistsError",
+    "StateLockedError",
+    "StateMissingError",
+    "TreeHead",
+    "WitnessState",
+]
 
 STATE_VERSION = 1
 
 
 class StateLockedError(ProvenanceError):
     """Another witness process holds the state file's lock."""
+
+
+class StateMissingError(ProvenanceError):
+    """The state file is missing: the witness would have forgotten what it cosigned."""
+
+
+class StateExistsError(ProvenanceError):
+    """A new state was asked for where one exists already."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +63,9 @@ class TreeHead:
     # appeared last (a rotation's new key), `seen` all of them. Not part of the tree head.
     keys: tuple[str, ...] = field(default=(), compare=False)
     seen: tuple[str, ...] = field(default=(), compare=False)
+    # The timestamp (POSIX seconds) of the newest cosignature issued for the log: the next
+    # one is never dated earlier, across restarts and clock steps. 0: none recorded.
+    time: int = field(default=0, compare=False)
 
 
 def _key_list(origin: str, value: object, path: Path) -> tuple[str, ...]:
@@ -52,17 +74,25 @@ def _key_list(origin: str, value: object, path: Path) -> tuple[str, ...]:
     return tuple(sorted(set(value)))
 
 
+_REQUIRED = frozenset({"size", "root"})
+_OPTIONAL = frozenset({"keys", "seen", "time"})
+
+
 def _parse_head(origin: str, value: object, path: Path) -> TreeHead:
-    if not isinstance(value, dict) or set(value) not in (
-        {"size", "root"},
-        {"size", "root", "keys", "seen"},
+    if (
+        not isinstance(value, dict)
+        or not _REQUIRED <= set(value) <= _REQUIRED | _OPTIONAL
+        or ("keys" in value) != ("seen" in value)
     ):
         raise MalformedError(
-            f"{path}: log {origin!r} needs exactly 'size' and 'root' (and 'keys', 'seen')"
+            f"{path}: log {origin!r} needs exactly 'size' and 'root' (and 'keys' with "
+            "'seen', 'time')"
         )
-    size, root = value["size"], value["root"]
+    size, root, time = value["size"], value["root"], value.get("time", 0)
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise MalformedError(f"{path}: log {origin!r} has a size that is not an integer >= 0")
+    if not isinstance(time, int) or isinstance(time, bool) or not 0 <= time <= MAX_TIMESTAMP:
+        raise MalformedError(f"{path}: log {origin!r} has a time that is not a timestamp")
     if not isinstance(root, str):
         raise MalformedError(f"{path}: log {origin!r} has a root that is not a string")
     try:
@@ -73,14 +103,30 @@ def _parse_head(origin: str, value: object, path: Path) -> TreeHead:
         raise MalformedError(f"{path}: log {origin!r} has a root that is not a 32-byte hash")
     keys = _key_list(origin, value.get("keys", []), path)
     seen = _key_list(origin, value.get("seen", []), path)
-    return TreeHead(size, digest, keys, seen)
+    return TreeHead(size, digest, keys, seen, time)
+
+
+def _create(path: Path) -> dict[str, TreeHead]:
+    """An empty state written durably at `path` (the caller holds the lock)."""
+    if path.exists() or path.is_symlink():
+        raise StateExistsError(
+            f"witness state {path} already exists: a new witness starts from a new file "
+            "(this one holds what the witness cosigned; serve it as it is)"
+        )
+    write_files_atomically([(path, _encode({}))], root=path.parent)
+    return {}
 
 
 def _load(path: Path) -> dict[str, TreeHead]:
     try:
         data = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return {}
+    except FileNotFoundError as exc:
+        raise StateMissingError(
+            f"witness state {path} does not exist: a witness that lost its state would "
+            "cosign a rollback or a fork of the logs it witnessed. Restore the file; only "
+            "for a new witness (a new key, if this one ever cosigned) create it with "
+            "`owngate witness init`"
+        ) from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise MalformedError(f"{path} is not a witness state file (invalid JSON)") from exc
     if not isinstance(data, dict) or set(data) != {"v", "logs"}:
@@ -99,6 +145,8 @@ def _encode(heads: Mapping[str, TreeHead]) -> bytes:
         logs[origin] = {"size": head.size, "root": base64.b64encode(head.root).decode()}
         if head.seen:
             logs[origin].update(keys=list(head.keys), seen=list(head.seen))
+        if head.time:
+            logs[origin]["time"] = head.time
     return json.dumps({"v": STATE_VERSION, "logs": logs}, indent=1, sort_keys=True).encode()
 
 
@@ -114,13 +162,17 @@ class WitnessState:
         self._lock_fd: int | None = lock_fd
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> WitnessState:
-        """Lock and load the state at `path`; a missing file is a witness that saw nothing.
+    def open(cls, path: str | os.PathLike[str], *, new: bool = False) -> WitnessState:
+        """Lock and load the state at `path`; with `new`, create it, empty, instead.
 
-        Raises StateLockedError when another process holds it, MalformedError when the file
-        exists but is not a valid state (it is never silently reset).
+        A missing file is never taken for a witness that saw nothing: a witness without
+        its state would cosign a rollback or a fork of every log it witnessed. Raises
+        StateMissingError for a missing file (without `new`), StateExistsError for an
+        existing one (with `new`), StateLockedError when another process holds it, and
+        MalformedError when the file is not a valid state (it is never silently reset).
+        The path's symlinks are resolved first, so every name for one file shares its lock.
         """
-        target = Path(path).absolute()
+        target = Path(os.path.realpath(path))
         if not target.parent.is_dir():
             raise FileNotFoundError(f"directory {target.parent} of the witness state is missing")
         lock_fd = os.open(target.with_name(target.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
@@ -130,7 +182,7 @@ class WitnessState:
             os.close(lock_fd)
             raise StateLockedError(f"{target} is in use by another witness process") from exc
         try:
-            heads = _load(target)
+            heads = _create(target) if new else _load(target)
         except BaseException:
             os.close(lock_fd)
             raise

@@ -13,7 +13,8 @@ spec's add-checkpoint rules, in its order:
 4. consistency proof from the recorded tree to the new one fails: `inconsistent` (422);
    same size with another root hash (a fork): `conflict` (409);
 5. otherwise the new tree is persisted (atomically, before answering) and a timestamped
-   cosignature/v1 line is returned; the time comes from the injected clock.
+   cosignature/v1 line is returned; the time comes from the injected clock, but is never
+   earlier than the last cosignature's for the same log (persisted too).
 
 Steps 3-5 run under one lock, so two concurrent requests cannot roll each other back.
 Pure: no HTTP here (see `witness.app`), only files for the state.
@@ -27,7 +28,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
@@ -39,7 +40,7 @@ from gateway.provenance.formats.checkpoint import (
     SignedCheckpoint,
     open_checkpoint,
 )
-from gateway.provenance.formats.cosignature import Cosigner
+from gateway.provenance.formats.cosignature import MAX_TIMESTAMP, Cosigner
 from gateway.provenance.formats.merkle import EMPTY_ROOT, HASH_SIZE, verify_consistency
 from gateway.provenance.formats.note import Verifier
 from gateway.provenance.witness.state import TreeHead, WitnessState
@@ -132,6 +133,11 @@ def _origin(note: bytes) -> str:
     return origin
 
 
+def _extras(head: TreeHead) -> tuple[object, ...]:
+    """What a head records besides the tree itself (its equality compares only the tree)."""
+    return head.keys, head.seen, head.time
+
+
 def _next_head(known: TreeHead | None, new: Checkpoint, signers: set[str]) -> TreeHead:
     """The head to record for `new`, signed by `signers`; refuses a retired key.
 
@@ -181,8 +187,10 @@ class Witness:
         logs: Iterable[Verifier],
         *,
         clock: Callable[[], float] = time.time,
+        new: bool = False,
     ) -> Witness:
-        return cls(cosigner, logs, WitnessState.open(state_path), clock=clock)
+        """Open the witness on its state file; `new` creates the file (it must not exist)."""
+        return cls(cosigner, logs, WitnessState.open(state_path, new=new), clock=clock)
 
     @property
     def origins(self) -> tuple[str, ...]:
@@ -224,15 +232,27 @@ class Witness:
                 )
             self._check_extension(known, new, proof)
             signers = {f"{s.name}+{s.key_id:08x}" for s in signed.signatures.verified}
-            head = _next_head(known, new, signers)
-            if known is None or head != known or (head.keys, head.seen) != (known.keys, known.seen):
+            timestamp = self._timestamp(known)
+            head = replace(_next_head(known, new, signers), time=timestamp)
+            if known is None or head != known or _extras(head) != _extras(known):
                 try:
                     self._state.update(new.origin, head)
                 except OSError as exc:
                     reason = exc.strerror or str(exc)
                     raise WitnessError("unavailable", f"cannot persist state: {reason}") from exc
-            timestamp = int(self._clock())
             return self.cosigner.cosign(signed.signatures.text, timestamp).line().encode()
+
+    def _timestamp(self, known: TreeHead | None) -> int:
+        """The clock's time, but never before the newest cosignature for this log.
+
+        A cosignature says that, as of its time, its tree was the largest this witness had
+        seen: one for a larger tree dated before one for a smaller tree (the clock stepped
+        back, or the witness restarted with a slow clock) would contradict it. The floor
+        is persisted with the head, so it holds across restarts; a re-cosigned head costs
+        a state write only when the second has changed.
+        """
+        floor = known.time if known is not None else 0
+        return min(max(int(self._clock()), floor), MAX_TIMESTAMP)
 
     def _open(self, note: bytes) -> SignedCheckpoint:
         origin = _origin(note)
