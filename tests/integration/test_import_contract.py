@@ -221,3 +221,41 @@ def test_the_transitive_check_sees_a_layer_loaded_through_an_allowed_module() ->
     # loads gateway.config and gateway.upstream.
     result = loaded_through_anything("gateway.pki", ("gateway.config", "gateway.upstream"))
     assert result["found"] == {"gateway.pki": ["gateway.config", "gateway.upstream"]}
+
+
+def imports_of_test_modules(tests: Path) -> list[str]:
+    """Each import of a test module (`test_*`) by a module under `tests`, as "path: name"
+    (a relative import's name keeps its leading dots)."""
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                module = "." * node.level + (node.module or "")
+                names = [module, *(f"{module}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            found += [
+                f"{path.relative_to(tests.parent)}: {name}"
+                for name in names
+                if (name.startswith(("tests.", ".")))
+                and any(part.startswith("test_") for part in name.split("."))
+            ]
+    return sorted(set(found))
+
+
+def test_no_test_module_imports_another(tmp_path: Path) -> None:
+    # What tests share lives in tests/helpers/ (issue 13, item 6), never in a test module.
+    assert imports_of_test_modules(REPO_ROOT / "tests") == []
+    probe = tmp_path / "tests" / "unit" / "test_probe.py"
+    probe.parent.mkdir(parents=True)
+    probe.write_text(
+        "from tests.unit.test_x import y\nfrom .test_z import w\nimport tests.helpers\n"
+    )
+    assert imports_of_test_modules(tmp_path / "tests") == [
+        "tests/unit/test_probe.py: .test_z",
+        "tests/unit/test_probe.py: .test_z.w",
+        "tests/unit/test_probe.py: tests.unit.test_x",
+        "tests/unit/test_probe.py: tests.unit.test_x.y",
+    ]
