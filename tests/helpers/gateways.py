@@ -18,6 +18,7 @@ from gateway.api import GatewayApp
 from gateway.config import GatewaySettings
 from gateway.policy import Decision
 from gateway.provenance import write_signing_key
+from gateway.routing.registry import BackendState, Registry
 from gateway.serving import ServerThread
 from gateway.sim import SimApp
 from gateway.tenants import hash_api_key
@@ -223,3 +224,22 @@ def decision(
         policy_digest="-",
         fallback_rule="p/fallback",
     )
+
+
+def lone_backend(capacity: int | None = None, **fields: Any) -> BackendState:
+    """The one backend (`b`, serving `m`) of a registry built from a config, with
+    `fields` set on its state; `capacity` its `max_concurrency`."""
+    config = gateway_config(
+        [
+            backend(
+                "b",
+                "http://127.0.0.1:9000",
+                "m",
+                capacity={"max_concurrency": capacity} if capacity else {},
+            )
+        ]
+    )
+    backend_state = Registry.build(config, environ={}).backends["b"]
+    for name, value in fields.items():
+        setattr(backend_state, name, value)
+    return backend_state

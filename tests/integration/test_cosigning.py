@@ -45,16 +45,15 @@ from gateway.provenance.writer.cosignature_collector import (
     merge_cosigned,
 )
 from gateway.serving import ServerThread
+from tests.helpers.cosigned_rig import LOG_SIGNER, ORIGIN, W1, W2, copy_log, witnessed_log
 from tests.helpers.gateways import readiness
 from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess
 from tests.helpers.provenance import run_audit
 from tests.helpers.waiting import until, until_async
 
-ORIGIN = "gateway.example/log/cosigned"
-LOG_SIGNER = seeded_signer(ORIGIN)
-W1 = Cosigner(seeded_signer("witness.example/w1"))
-W2 = Cosigner(seeded_signer("witness.example/w2", seed=2))
+__all__ = ["witnessed_log"]  # a fixture, used by name
+
 DEADLINE_S = 20.0
 
 
@@ -207,47 +206,6 @@ def test_a_restarted_gateway_learns_the_witness_size_from_its_409(
 # --- verify_log with witness keys --------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def witnessed_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A closed log whose checkpoints of size 4 and 8 are cosigned by W1 (8 also by W2)."""
-    logdir = tmp_path_factory.mktemp("witnessed")
-    states = tmp_path_factory.mktemp("states")
-    w1 = Witness.open(states / "w1.json", W1, [LOG_SIGNER.verifier()], new=True)
-    w2 = Witness.open(states / "w2.json", W2, [LOG_SIGNER.verifier()], new=True)
-
-    async def build() -> None:
-        log = await ProvenanceLog.open(logdir, ORIGIN, LOG_SIGNER)
-        old = 0
-        for first in (0, 2):
-            for n in range(first, first + 2):
-                await log_request(log, n)
-            signed = await log.checkpoint()
-            size = signed.checkpoint.size
-            proof = await log.consistency_proof(old, size) if old else []
-            path = cosigned_path(logdir, size)
-            path.parent.mkdir(exist_ok=True)
-            lines = w1.add_checkpoint(old, proof, signed.note)
-            if size == 8:
-                lines += w2.add_checkpoint(0, [], signed.note)
-            path.write_bytes(signed.note + lines)
-            old = size
-        await log_request(log, 9)  # one more request, not witnessed
-        await log.close()
-
-    try:
-        asyncio.run(build())
-    finally:
-        w1.close()
-        w2.close()
-    return logdir
-
-
-def _copy(log: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "copy"
-    shutil.copytree(log, copy, ignore=shutil.ignore_patterns(".lock"))
-    return copy
-
-
 def test_verify_reports_what_is_witnessed(witnessed_log: Path) -> None:
     keys = [LOG_SIGNER.verifier()]
     one = verify_log(witnessed_log, keys, witnesses=[W1.vkey])
@@ -262,7 +220,7 @@ def test_verify_reports_what_is_witnessed(witnessed_log: Path) -> None:
 def test_a_tampered_cosignature_fails_with_the_file_and_witness(
     witnessed_log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    copy = _copy(witnessed_log, tmp_path)
+    copy = copy_log(witnessed_log, tmp_path)
     path = cosigned_path(copy, 4)
     data = bytearray(path.read_bytes())
     data[-10] = ord("A") if data[-10] != ord("A") else ord("B")  # inside the witness's base64
@@ -282,7 +240,7 @@ def test_missing_or_too_few_cosignatures_fail(witnessed_log: Path, tmp_path: Pat
         verify_log(witnessed_log, keys, witnesses=[W1.vkey, w3.vkey], min_witnesses=2)
     with pytest.raises(ValueError, match="min_witnesses"):
         verify_log(witnessed_log, keys, witnesses=[W1.vkey], min_witnesses=2)
-    copy = _copy(witnessed_log, tmp_path)
+    copy = copy_log(witnessed_log, tmp_path)
     shutil.rmtree(copy / "cosigned")
     with pytest.raises(LogVerificationError, match="cosigned/ is empty or missing"):
         verify_log(copy, keys, witnesses=[W1.vkey])
@@ -292,7 +250,7 @@ def test_a_cosigned_checkpoint_the_log_no_longer_has_is_a_rollback_or_fork(
     witnessed_log: Path, tmp_path: Path
 ) -> None:
     keys = [LOG_SIGNER.verifier()]
-    copy = _copy(witnessed_log, tmp_path)
+    copy = copy_log(witnessed_log, tmp_path)
     (copy / "checkpoints" / f"{10:020d}").unlink()  # drop the newest: the log "stopped" at 8
     shutil.copy(copy / "checkpoints" / f"{8:020d}", copy / "checkpoint")
     w1 = Witness.open(tmp_path / "w.json", W1, [LOG_SIGNER.verifier()], new=True)

@@ -24,8 +24,8 @@ from gateway.upstream.connection import _Connection
 from gateway.upstream.response import UpstreamResponse
 from tests.helpers.gateways import TENANT_KEY, Gateway, backend, logged_private_gateway
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
+from tests.helpers.stream_receipts import CHAT, DONE, receipt_verifies, stream_receipt
 from tests.helpers.waiting import until
-from tests.integration.test_sse_comments import CHAT, DONE, _receipt, _verifies
 
 ORIGIN = "test.owngate/direct-relay"
 EVENTS = [b'data: {"choices":[{"index":0,"delta":{"content":"t%d"}}]}\n\n' % i for i in range(20)]
@@ -66,7 +66,7 @@ def test_a_paced_stream_goes_out_by_the_body_writer_and_its_receipt_verifies(
     # The first chunk goes by `send` (it starts the response); the rest by the writer.
     assert seen.endswith(b"".join(written))
     assert written  # (how many: as the paced reads came, merged on a busy machine)
-    _verifies(tmp_path, response, _receipt(response), seen)
+    receipt_verifies(tmp_path, response, stream_receipt(response), seen)
 
 
 # The Python calls (functions, not C methods) one read of a paced stream costs the

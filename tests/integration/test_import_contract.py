@@ -12,6 +12,7 @@ and `witness.client`; read from the source here, since ruff has no rule per subp
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,11 @@ def banned(package: str, source: str) -> str:
         ("gateway/provenance/writer", "from gateway.state import SharedState\n"),
         ("gateway/provenance/audit", "from gateway.config.schema import BackendSettings\n"),
         ("gateway/provenance/witness", "import uvicorn\n"),
+        ("gateway/provenance/witness", "from gateway.listener import serve_listener\n"),
+        ("gateway/provenance/writer", "from gateway.tenants import index_keys\n"),
+        ("gateway/provenance/audit", "from gateway import admin\n"),
+        ("gateway/policy", "from gateway.workers import Workers\n"),
+        ("gateway/policy", "from ..demo import main\n"),
         ("gateway/policy", "from gateway.config.schema import BackendSettings\n"),
         ("gateway/policy", "from gateway.upstream.hosted import HostedClient\n"),
         ("gateway/policy", "from gateway.state import SharedState\n"),
@@ -89,11 +95,17 @@ WINGS: dict[str, tuple[str, ...]] = {  # a wing's modules may import these (and 
 }
 
 
-def provenance_imports(path: Path) -> set[str]:
-    """What `path` imports of gateway.provenance, relative to it ('' for the package)."""
+def provenance_imports(path: Path, package: tuple[str, ...] | None = None) -> set[str]:
+    """What `path` imports of gateway.provenance, relative to it ('' for the package);
+    `package`: the package `path` is a module of (default: where it lies in the tree), from
+    which its relative imports are resolved."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.ImportFrom) and node.module:
+        if isinstance(node, ast.ImportFrom) and node.level:  # relative: resolved from `package`
+            package = package or path.relative_to(REPO_ROOT).parent.parts
+            base = ".".join(package[: len(package) - node.level + 1])
+            names = [f"{base}.{node.module}" if node.module else base]
+        elif isinstance(node, ast.ImportFrom) and node.module:
             names = [node.module]
         elif isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -135,9 +147,115 @@ def test_the_wing_check_refuses_a_forbidden_import(tmp_path: Path) -> None:
         "from gateway.provenance.errors import ProofError\n"
     )
     assert provenance_imports(probe) == {"writer.log", "", "errors"}
+    # Relative imports are resolved from the module's place (the lint above does too).
+    probe.write_text("from ..writer.log import ProvenanceLog\nfrom .. import audit\n")
+    assert provenance_imports(probe, ("gateway", "provenance", "formats")) == {"writer.log", ""}
     assert not wing_may_import("formats", "writer.log")
     assert not wing_may_import("audit", "")  # the package API imports every wing
     assert not wing_may_import("writer", "audit.verify")
     assert not wing_may_import("writer", "witness.witness")
     assert wing_may_import("writer", "witness.client")
     assert wing_may_import("formats", "errors")
+
+
+# ruff's TID251 sees a module's own imports only: `gateway.provenance` importing an allowed
+# gateway module that imports uvicorn, gateway.config or shared state (gateway.listener,
+# gateway.tenants, gateway.pki, ...) passes the lint. What each package's modules load,
+# through anything, is checked here by importing every one of them in a fresh interpreter.
+_SERVER = (
+    *("gateway.api", "gateway.app", "gateway.serving", "gateway.listener", "gateway.workers"),
+    *("gateway.admin", "gateway.attest", "gateway.demo", "gateway.routing", "gateway.upstream"),
+    *("gateway.state", "gateway.config", "gateway.tenants"),
+    *("uvicorn", "httptools", "fastapi", "starlette", "redis", "litellm"),
+)
+NEVER_LOADED: dict[str, tuple[str, ...]] = {
+    "gateway.provenance": (*_SERVER, "gateway.policy"),
+    "gateway.policy": (*_SERVER, "gateway.provenance"),
+    "gateway.routing": ("gateway.api", "gateway.app", "gateway.admin", "fastapi", "starlette"),
+}
+
+_LOADED = """
+import importlib, json, pkgutil, sys
+package, never = sys.argv[1], tuple(sys.argv[2:])
+def forbidden():
+    return {n for n in never for m in list(sys.modules) if m == n or m.startswith(n + ".")}
+top = importlib.import_module(package)
+names = [package, *(i.name for i in pkgutil.walk_packages(getattr(top, "__path__", []),
+                                                         package + "."))]
+found, seen = {}, set()
+for name in names:
+    importlib.import_module(name)
+    now = forbidden()
+    if now - seen:
+        found[name] = sorted(now - seen)
+    seen = now
+print(json.dumps({"modules": len(names), "found": found}))
+"""
+
+
+def loaded_through_anything(package: str, never: tuple[str, ...]) -> dict[str, object]:
+    """Which of `package`'s modules load a module of `never` (transitively), and how many
+    modules it has; each module imported in turn, in one fresh interpreter."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LOADED, package, *never],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize("package", sorted(NEVER_LOADED))
+def test_no_module_loads_a_forbidden_layer_through_another(package: str) -> None:
+    result = loaded_through_anything(package, NEVER_LOADED[package])
+    assert result["found"] == {}
+    assert isinstance(result["modules"], int) and result["modules"] > 5  # the walk found them
+
+
+def test_the_transitive_check_sees_a_layer_loaded_through_an_allowed_module() -> None:
+    # gateway.pki passes the lint as an import of gateway.provenance or gateway.policy, and
+    # loads gateway.config and gateway.upstream.
+    result = loaded_through_anything("gateway.pki", ("gateway.config", "gateway.upstream"))
+    assert result["found"] == {"gateway.pki": ["gateway.config", "gateway.upstream"]}
+
+
+def imports_of_test_modules(tests: Path) -> list[str]:
+    """Each import of a test module (`test_*`) by a module under `tests`, as "path: name"
+    (a relative import's name keeps its leading dots)."""
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                module = "." * node.level + (node.module or "")
+                names = [module, *(f"{module}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            found += [
+                f"{path.relative_to(tests.parent)}: {name}"
+                for name in names
+                if (name.startswith(("tests.", ".")))
+                and any(part.startswith("test_") for part in name.split("."))
+            ]
+    return sorted(set(found))
+
+
+def test_no_test_module_imports_another(tmp_path: Path) -> None:
+    # What tests share lives in tests/helpers/ (issue 13, item 6), never in a test module.
+    assert imports_of_test_modules(REPO_ROOT / "tests") == []
+    probe = tmp_path / "tests" / "unit" / "test_probe.py"
+    probe.parent.mkdir(parents=True)
+    probe.write_text(
+        "from tests.unit.test_x import y\nfrom .test_z import w\nimport tests.helpers\n"
+    )
+    assert imports_of_test_modules(tmp_path / "tests") == [
+        "tests/unit/test_probe.py: .test_z",
+        "tests/unit/test_probe.py: .test_z.w",
+        "tests/unit/test_probe.py: tests.unit.test_x",
+        "tests/unit/test_probe.py: tests.unit.test_x.y",
+    ]

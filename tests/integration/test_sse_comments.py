@@ -10,24 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
-import re
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from gateway.provenance import commit, load_signer
 from tests.helpers.attest import start_sidecar
 from tests.helpers.gateways import Gateway, backend, logged_gateway, logged_private_gateway
-from tests.helpers.provenance import completion_record, run_audit
+from tests.helpers.provenance import completion_record
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
+from tests.helpers.stream_receipts import (
+    CHAT,
+    DONE,
+    owngate_lines,
+    receipt_verifies,
+    stream_receipt,
+)
 
 ORIGIN = "test.owngate/sse-comments"
-CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 EVENT = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
-DONE = b"data: [DONE]\n\n"
 
 
 def _ask(gateway: Gateway) -> httpx.Response:
@@ -36,39 +38,6 @@ def _ask(gateway: Gateway) -> httpx.Response:
     )
     assert response.status_code == 200, response.text
     return response
-
-
-def _owngate_lines(body: bytes) -> list[bytes]:
-    """The comment lines an SSE parser reads whose text starts with `owngate-`."""
-    lines = re.split(rb"\r\n|\r|\n", body)
-    return [line for line in lines if re.match(rb":[ \t]*owngate-", line)]
-
-
-def _receipt(response: httpx.Response) -> bytes:
-    """The client's receipt: the one `owngate-` line, which is the gateway's, last."""
-    (line,) = _owngate_lines(response.content)
-    assert line.startswith(b": owngate-receipt ")
-    assert response.content.endswith(line + b"\n\n")
-    return base64.b64decode(line.removeprefix(b": owngate-receipt "))
-
-
-def _verifies(tmp_path: Path, response: httpx.Response, receipt: bytes, seen: bytes) -> None:
-    """The receipt is this request's, the log holds it, and it commits to `seen`: the
-    backend's bytes exactly as the client got them (not the gateway's own error event,
-    receipt line, or the line end it puts before them)."""
-    assert response.content.startswith(seen)
-    request_id = response.headers["x-request-id"]
-    payload = json.loads(base64.b64decode(json.loads(receipt)["payload"]))
-    assert payload["request_id"] == request_id
-    record = completion_record(tmp_path / "log", request_id)
-    salt = bytes.fromhex(payload["salts"]["response"])
-    assert commit("response", salt, seen) == record["response_commitment"]
-    path = tmp_path / f"{request_id}.receipt"
-    path.write_bytes(receipt)
-    key = load_signer(tmp_path / "log.key").vkey
-    log = str(tmp_path / "log")
-    assert run_audit(["receipt", "verify", str(path), "--key", key, "--log", log]) == 0
-    assert run_audit(["verify", log, "--key", key]) == 0
 
 
 def test_injected_owngate_comments_never_reach_the_client(
@@ -94,15 +63,15 @@ def test_injected_owngate_comments_never_reach_the_client(
     raw = start_raw(hostile)
     gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
     first = _ask(gateway)
-    genuine.append(_receipt(first))
+    genuine.append(stream_receipt(first))
     second = _ask(gateway)
 
-    receipt = _receipt(second)  # exactly one: the gateway's, not the injected one
+    receipt = stream_receipt(second)  # exactly one: the gateway's, not the injected one
     assert receipt != genuine[0]
     assert b": ping\n\n" in second.content  # an ordinary comment passes untouched
     assert b"data: {}\r\r" in second.content
     assert second.content.startswith(EVENT)
-    _verifies(tmp_path, second, receipt, second.content.split(b": owngate-receipt ")[0])
+    receipt_verifies(tmp_path, second, receipt, second.content.split(b": owngate-receipt ")[0])
     metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
     assert 'owngate_sse_comments_stripped_total{backend="gpu"} 4.0' in metrics
     said = [line for line in capsys.readouterr().out.splitlines() if "comment lines" in line]
@@ -127,13 +96,13 @@ def test_a_megabyte_comment_without_end_is_dropped_and_the_stream_ends_cleanly(
     response = _ask(gateway)
     assert len(response.content) < 4096  # none of it relayed
     assert response.content.startswith(EVENT)
-    receipt = _receipt(response)
+    receipt = stream_receipt(response)
     # The close before `[DONE]` is the backend dying: an error event, recorded as failed.
     error = response.content.split(b": owngate-receipt ")[0][len(EVENT) :]
     assert error.startswith(b"data: {") and b'"upstream_error"' in error
     record = completion_record(tmp_path / "log", response.headers["x-request-id"])
     assert record["status"] == 502
-    _verifies(tmp_path, response, receipt, EVENT)
+    receipt_verifies(tmp_path, response, receipt, EVENT)
 
 
 def test_the_receipt_starts_its_own_line_after_a_stream_that_ends_mid_line(
@@ -155,7 +124,7 @@ def test_the_receipt_starts_its_own_line_after_a_stream_that_ends_mid_line(
     gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
     response = _ask(gateway)
     assert b"data: [DONE]\n: owngate-receipt " in response.content
-    _verifies(tmp_path, response, _receipt(response), EVENT + b"data: [DONE]")
+    receipt_verifies(tmp_path, response, stream_receipt(response), EVENT + b"data: [DONE]")
 
 
 def test_an_inference_server_behind_a_sidecar_cannot_forge_lines_or_cut_the_stream(
@@ -186,12 +155,12 @@ def test_an_inference_server_behind_a_sidecar_cannot_forge_lines_or_cut_the_stre
         response = _ask(gateway)
     finally:
         sidecar.stop()
-    receipt = _receipt(response)
+    receipt = stream_receipt(response)
     relayed = EVENT + b"\n\n" + EVENT + DONE  # the blank lines after the removed ones
     assert response.content.split(b": owngate-receipt ")[0] == relayed
     record = completion_record(tmp_path / "log", response.headers["x-request-id"])
     assert record["attestation"]["failure"] is None and record["attestation"]["sig"]
-    _verifies(tmp_path, response, receipt, relayed)
+    receipt_verifies(tmp_path, response, receipt, relayed)
 
 
 @pytest.mark.parametrize(
@@ -222,8 +191,8 @@ def test_a_stream_answered_under_another_content_type_carries_no_owngate_line(
     relayed = EVENT + b"\n" + DONE
     if content_type == b"application/json":  # a whole answer: its receipt is the header
         assert response.content == relayed
-        assert _owngate_lines(response.content) == []
+        assert owngate_lines(response.content) == []
         receipt = base64.b64decode(response.headers["x-owngate-receipt"])
     else:
-        receipt = _receipt(response)
-    _verifies(tmp_path, response, receipt, relayed)
+        receipt = stream_receipt(response)
+    receipt_verifies(tmp_path, response, receipt, relayed)

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.upstream.http import MAX_HEAD, HttpPool, UpstreamError
 from tests.helpers.raw_backend import Post, RawBackend
-from tests.integration.test_upstream_http import Handler, _read_request, _with_backend
+from tests.helpers.scripted_upstream import Handler, read_request, with_backend
 
 _CHUNKED_HEAD = (
     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -22,7 +22,7 @@ def _endless(after_body: bytes, piece: bytes, written: list[int]) -> Handler:
     """A chunked answer: `{}`, then `after_body`, then `piece` written again and again."""
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(_CHUNKED_HEAD + b"2\r\n{}\r\n" + after_body)
         for _ in range(_WRITES):
             writer.write(piece)
@@ -57,7 +57,7 @@ def test_trailers_past_the_head_limit_drop_the_connection(after_body: bytes, pie
         assert pool.open_connections == 0
 
     handler = _endless(after_body, piece, written)
-    asyncio.run(_with_backend(handler, body, first_byte_timeout=600.0, read_timeout=600.0))
+    asyncio.run(with_backend(handler, body, first_byte_timeout=600.0, read_timeout=600.0))
     assert written[0] < 16 * 1024 * 1024  # the limit, plus what socket buffers held
 
 
@@ -72,7 +72,7 @@ def test_a_chunk_size_line_that_never_ends_drops_the_connection() -> None:
         assert info.value.kind == "protocol"
         assert pool.open_connections == 0
 
-    asyncio.run(_with_backend(handler, body, first_byte_timeout=600.0, read_timeout=600.0))
+    asyncio.run(with_backend(handler, body, first_byte_timeout=600.0, read_timeout=600.0))
     assert written[0] < 16 * 1024 * 1024
 
 
@@ -82,7 +82,7 @@ def test_framing_between_body_bytes_is_not_held_against_the_answer() -> None:
     chunks = 4 * MAX_HEAD // 6
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(_CHUNKED_HEAD + b"1\r\nx\r\n" * chunks + b"0\r\nx-trailer: ok\r\n\r\n")
         await writer.drain()
 
@@ -90,7 +90,7 @@ def test_framing_between_body_bytes_is_not_held_against_the_answer() -> None:
         response = await pool.request(b"POST", b"/", [], b"{}")
         assert await response.read() == b"x" * chunks
 
-    asyncio.run(_with_backend(handler, body))
+    asyncio.run(with_backend(handler, body))
 
 
 def test_a_response_nobody_asked_for_never_answers_the_next_request() -> None:
@@ -150,7 +150,7 @@ def test_a_status_that_is_no_http_status_is_a_protocol_failure(status: bytes) ->
     # failed to write a status line for it: the client's connection dropped, a 500
     # logged), 000 read as "no answer yet" until the first-byte timeout.
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 %s X\r\ncontent-length: 2\r\n\r\n{}" % status)
         await writer.drain()
 
@@ -161,4 +161,4 @@ def test_a_status_that_is_no_http_status_is_a_protocol_failure(status: bytes) ->
         assert status.decode() in info.value.detail
         assert pool.open_connections == 0
 
-    asyncio.run(_with_backend(handler, body))
+    asyncio.run(with_backend(handler, body))

@@ -6,66 +6,20 @@ import asyncio
 import contextlib
 import select
 import socket
-from collections.abc import Awaitable, Callable
 from typing import Any
 from unittest import mock
 
 import pytest
 
 from gateway.upstream.http import HttpPool, UpstreamError, UpstreamResponse
+from tests.helpers.scripted_upstream import dripping, read_request, with_backend
 from tests.helpers.waiting import until_async
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-async def _read_request(reader: asyncio.StreamReader) -> bytes:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":")[1])
-    return head + await reader.readexactly(length)
-
-
-async def _with_backend(
-    handler: Handler, body: Callable[[HttpPool], Awaitable[None]], **pool_options: Any
-) -> None:
-    handlers: list[asyncio.Task[None]] = []
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        handlers.append(asyncio.current_task())  # type: ignore[arg-type]
-        try:
-            await handler(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass  # the client side went away: that is what some tests do
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    options: dict[str, Any] = {
-        "connect_timeout": 1.0,
-        "first_byte_timeout": 2.0,
-        "read_timeout": 2.0,
-        "max_connections": 4,
-        **pool_options,
-    }
-    pool = HttpPool("127.0.0.1", port, **options)
-    try:
-        await body(pool)
-    finally:
-        await pool.close()
-        server.close()
-        for task in handlers:
-            task.cancel()
-        await asyncio.gather(*handlers, return_exceptions=True)
-        await server.wait_closed()
 
 
 def test_interim_1xx_is_skipped_and_the_connection_stays_in_step() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         for n in range(2):
-            await _read_request(reader)
+            await read_request(reader)
             writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\n")
             await writer.drain()
             await asyncio.sleep(0.05)
@@ -81,12 +35,12 @@ def test_interim_1xx_is_skipped_and_the_connection_stays_in_step() -> None:
             assert response.header(b"link") is None
             assert await response.read() == b'{"answer": %d}' % n
 
-    asyncio.run(_with_backend(handler, body))
+    asyncio.run(with_backend(handler, body))
 
 
 def test_switching_protocols_is_a_protocol_error() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(
             b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\nconnection: upgrade\r\n\r\n"
         )
@@ -100,12 +54,12 @@ def test_switching_protocols_is_a_protocol_error() -> None:
         assert info.value.kind == "protocol"
         assert pool.open_connections == 0
 
-    asyncio.run(_with_backend(handler, body))
+    asyncio.run(with_backend(handler, body))
 
 
 def test_close_delimited_body_is_complete() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it")
         await writer.drain()
         writer.close()
@@ -115,14 +69,14 @@ def test_close_delimited_body_is_complete() -> None:
         assert await response.read() == b"all of it"
         assert pool.open_connections == 0  # not pooled: the backend closed it
 
-    asyncio.run(_with_backend(handler, body))
+    asyncio.run(with_backend(handler, body))
 
 
 def test_bytes_after_a_complete_response_are_dropped_with_the_connection() -> None:
     dropped = asyncio.Event()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfirst")
         await writer.drain()
         await asyncio.sleep(0.05)  # a separate read on the gateway's side, before it reads
@@ -138,14 +92,14 @@ def test_bytes_after_a_complete_response_are_dropped_with_the_connection() -> No
         assert await response.read() == b"first"
         assert pool.open_connections == 0  # dropped, never pooled
 
-    asyncio.run(_with_backend(handler, body))
+    asyncio.run(with_backend(handler, body))
 
 
 def test_read_stops_at_its_limit_and_drops_the_connection() -> None:
     written = [0]
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
         piece = b"x" * 65536
         for _ in range(1024):  # 64 MiB, if nobody stops it
@@ -160,13 +114,13 @@ def test_read_stops_at_its_limit_and_drops_the_connection() -> None:
         assert info.value.kind == "too_large"
         assert pool.open_connections == 0
 
-    asyncio.run(_with_backend(handler, body, max_body=1024 * 1024))
+    asyncio.run(with_backend(handler, body, max_body=1024 * 1024))
     assert written[0] < 16 * 1024 * 1024  # the limit, plus what socket buffers held
 
 
 def test_read_deadline_ends_a_body_that_keeps_dripping() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n")
         for _ in range(1000):  # each byte well within the read timeout: 20 s in all
             writer.write(b" ")
@@ -181,14 +135,14 @@ def test_read_deadline_ends_a_body_that_keeps_dripping() -> None:
         assert info.value.detail == "the answer did not end in time"
         assert pool.open_connections == 0
 
-    asyncio.run(_with_backend(handler, body, response_timeout=0.3))
+    asyncio.run(with_backend(handler, body, response_timeout=0.3))
 
 
 def test_full_pool_waits_then_reports_busy_not_a_backend_fault() -> None:
     release = asyncio.Event()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         await release.wait()
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
         await writer.drain()
@@ -204,7 +158,7 @@ def test_full_pool_waits_then_reports_busy_not_a_backend_fault() -> None:
         for task in held:
             await (await task).read()
 
-    asyncio.run(_with_backend(handler, body, connect_timeout=0.2))
+    asyncio.run(with_backend(handler, body, connect_timeout=0.2))
 
 
 def test_cancelled_connect_gives_its_slot_back() -> None:
@@ -253,7 +207,7 @@ def test_a_whole_answer_in_one_read_is_read_at_once_and_held_to_the_limit() -> N
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
-            request = await _read_request(reader)
+            request = await read_request(reader)
             size = 2048 if b"big" in request else 16
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (size, b"y" * size))
             await writer.drain()
@@ -271,7 +225,7 @@ def test_a_whole_answer_in_one_read_is_read_at_once_and_held_to_the_limit() -> N
         assert info.value.kind == "too_large"
         assert pool.open_connections == 0
 
-    asyncio.run(_with_backend(handler, body))
+    asyncio.run(with_backend(handler, body))
 
 
 async def _until_complete(response: UpstreamResponse) -> None:
@@ -281,22 +235,6 @@ async def _until_complete(response: UpstreamResponse) -> None:
             return
         await asyncio.sleep(0)  # one loop iteration: the connection's reads run
     raise AssertionError("the answer did not complete")
-
-
-def _dripping(chunks: int, gap_s: float, then_stall: bool) -> Handler:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
-        for _ in range(chunks):
-            writer.write(b"1\r\nx\r\n")
-            await writer.drain()
-            await asyncio.sleep(gap_s)
-        if then_stall:
-            await asyncio.Event().wait()  # stops sending, keeps the connection open
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
-
-    return handler
 
 
 def test_the_read_timeout_runs_from_the_last_bytes_not_the_first_read() -> None:
@@ -317,7 +255,7 @@ def test_the_read_timeout_runs_from_the_last_bytes_not_the_first_read() -> None:
         assert b"".join(received) == b"x" * 12
         assert pool.open_connections == 0
 
-    asyncio.run(_with_backend(_dripping(12, 0.05, then_stall=True), body, read_timeout=0.3))
+    asyncio.run(with_backend(dripping(12, 0.05, then_stall=True), body, read_timeout=0.3))
 
 
 def test_a_stream_arms_one_timer_not_one_per_read() -> None:
@@ -352,7 +290,7 @@ def test_a_stream_arms_one_timer_not_one_per_read() -> None:
         # a read that finds nothing buffered waits; 40 separate writes mean ~40 waits
         assert len(armed) <= 2, armed
 
-    asyncio.run(_with_backend(_dripping(40, 0.005, then_stall=False), body))
+    asyncio.run(with_backend(dripping(40, 0.005, then_stall=False), body))
 
 
 def test_response_headers_past_their_limit_drop_the_connection() -> None:
@@ -362,7 +300,7 @@ def test_response_headers_past_their_limit_drop_the_connection() -> None:
     written = [0]
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nx-owngate-attest: ")
         piece = b"A" * 65536
         for _ in range(1024):  # 64 MiB, if nobody stops it
@@ -377,13 +315,13 @@ def test_response_headers_past_their_limit_drop_the_connection() -> None:
         assert "response headers" in info.value.detail
         assert pool.open_connections == 0
 
-    asyncio.run(_with_backend(handler, body, first_byte_timeout=600.0, read_timeout=600.0))
+    asyncio.run(with_backend(handler, body, first_byte_timeout=600.0, read_timeout=600.0))
     assert written[0] < 16 * 1024 * 1024  # the limit, plus what socket buffers held
 
 
 def test_many_small_response_headers_count_towards_the_limit() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\n")
         for _ in range(1024):
             writer.write(b"x-a: b\r\n" * 8192)
@@ -394,7 +332,7 @@ def test_many_small_response_headers_count_towards_the_limit() -> None:
             await pool.request(b"POST", b"/", [], b"{}")
         assert info.value.kind == "protocol"
 
-    asyncio.run(_with_backend(handler, body, first_byte_timeout=600.0, read_timeout=600.0))
+    asyncio.run(with_backend(handler, body, first_byte_timeout=600.0, read_timeout=600.0))
 
 
 def test_a_request_on_a_pooled_connection_asks_no_running_loop() -> None:
@@ -403,7 +341,7 @@ def test_a_request_on_a_pooled_connection_asks_no_running_loop() -> None:
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
-            await _read_request(reader)
+            await read_request(reader)
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
             await writer.drain()
 
@@ -419,7 +357,7 @@ def test_a_request_on_a_pooled_connection_asks_no_running_loop() -> None:
         assert asked.call_count == 0
         assert pool.open_connections == 1
 
-    asyncio.run(_with_backend(handler, body))
+    asyncio.run(with_backend(handler, body))
 
 
 def test_a_pooled_connection_registers_its_socket_for_the_unread_check_once() -> None:
@@ -434,7 +372,7 @@ def test_a_pooled_connection_registers_its_socket_for_the_unread_check_once() ->
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
-            await _read_request(reader)
+            await read_request(reader)
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
             await writer.drain()
 
@@ -446,4 +384,4 @@ def test_a_pooled_connection_registers_its_socket_for_the_unread_check_once() ->
         assert pool.open_connections == 1
         assert len(made) == 1  # three reuses, one poll object
 
-    asyncio.run(_with_backend(handler, body))
+    asyncio.run(with_backend(handler, body))

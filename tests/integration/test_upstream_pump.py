@@ -11,8 +11,8 @@ from collections.abc import Callable
 import pytest
 
 from gateway.upstream.http import HttpPool, UpstreamError
+from tests.helpers.scripted_upstream import dripping, read_request, with_backend
 from tests.helpers.waiting import until_async
-from tests.integration.test_upstream_http import _dripping, _read_request, _with_backend
 
 Sink = Callable[[bytes], bool]
 
@@ -39,7 +39,7 @@ def test_every_byte_reaches_the_sink_and_the_connection_goes_back_to_the_pool() 
         assert response.complete
         assert len(pool._idle) == 1  # released clean, kept alive
 
-    asyncio.run(_with_backend(_dripping(30, 0.002, then_stall=False), body))
+    asyncio.run(with_backend(dripping(30, 0.002, then_stall=False), body))
 
 
 def test_reads_reach_the_sink_from_callbacks_not_the_pump_s_task() -> None:
@@ -53,7 +53,7 @@ def test_reads_reach_the_sink_from_callbacks_not_the_pump_s_task() -> None:
         from_callbacks = sum(task is None for task in tasks)
         assert from_callbacks >= len(tasks) - 1, tasks  # at most one read found buffered
 
-    asyncio.run(_with_backend(_dripping(20, 0.005, then_stall=False), body))
+    asyncio.run(with_backend(dripping(20, 0.005, then_stall=False), body))
 
 
 def test_the_read_timeout_runs_from_the_last_bytes_handed_on() -> None:
@@ -68,7 +68,7 @@ def test_the_read_timeout_runs_from_the_last_bytes_handed_on() -> None:
         assert b"".join(received) == b"x" * 12
         assert pool.open_connections == 0  # dropped: the backend sees it
 
-    asyncio.run(_with_backend(_dripping(12, 0.05, then_stall=True), body, read_timeout=0.3))
+    asyncio.run(with_backend(dripping(12, 0.05, then_stall=True), body, read_timeout=0.3))
 
 
 def test_a_steady_stream_is_cut_at_its_deadline() -> None:
@@ -84,7 +84,7 @@ def test_a_steady_stream_is_cut_at_its_deadline() -> None:
         assert pool.open_connections == 0
 
     # 1,000 reads 10 ms apart: every read in time, the whole far past the deadline
-    asyncio.run(_with_backend(_dripping(1000, 0.01, then_stall=False), body, read_timeout=1.0))
+    asyncio.run(with_backend(dripping(1000, 0.01, then_stall=False), body, read_timeout=1.0))
 
 
 def test_a_full_sink_pauses_reading_from_the_backend_until_it_drains() -> None:
@@ -114,7 +114,7 @@ def test_a_full_sink_pauses_reading_from_the_backend_until_it_drains() -> None:
         assert b"".join(received) == b"x" * 30
         assert len(pool._idle) == 1
 
-    asyncio.run(_with_backend(_dripping(30, 0.002, then_stall=False), body))
+    asyncio.run(with_backend(dripping(30, 0.002, then_stall=False), body))
 
 
 def test_a_sink_that_raises_ends_the_pump_with_its_error() -> None:
@@ -137,12 +137,12 @@ def test_a_sink_that_raises_ends_the_pump_with_its_error() -> None:
         response.abort()  # what the relay does with a pump that raised
         assert pool.open_connections == 0
 
-    asyncio.run(_with_backend(_dripping(30, 0.005, then_stall=False), body))
+    asyncio.run(with_backend(dripping(30, 0.005, then_stall=False), body))
 
 
 def test_a_backend_that_breaks_off_mid_body_fails_the_pump() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n")
         await writer.drain()
         writer.transport.abort()
@@ -155,14 +155,14 @@ def test_a_backend_that_breaks_off_mid_body_fails_the_pump() -> None:
         assert info.value.kind == "closed"
         assert b"".join(received) == b"abc"  # what came before the break is handed on
 
-    asyncio.run(_with_backend(handler, body))
+    asyncio.run(with_backend(handler, body))
 
 
 def test_reads_of_one_loop_turn_reach_the_sink_as_one_piece() -> None:
     # A backend writing back to back (a zero-delay server): relayed in as few writes as
     # the reads allow, not one write per event.
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
         writer.write(b"".join(b"1\r\n%d\r\n" % (i % 10) for i in range(50)) + b"0\r\n\r\n")
         await writer.drain()
@@ -174,7 +174,7 @@ def test_reads_of_one_loop_turn_reach_the_sink_as_one_piece() -> None:
         assert b"".join(received) == b"".join(b"%d" % (i % 10) for i in range(50))
         assert len(received) < 5, received  # 50 chunks, one read: not 50 sink calls
 
-    asyncio.run(_with_backend(handler, body))
+    asyncio.run(with_backend(handler, body))
 
 
 def test_a_sink_full_at_the_body_s_end_leaves_the_pooled_connection_reading() -> None:
@@ -184,7 +184,7 @@ def test_a_sink_full_at_the_body_s_end_leaves_the_pooled_connection_reading() ->
     # first-byte timeout charged to a healthy backend).
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         for answer in (b"3\r\nabc\r\n0\r\n\r\n", b"2\r\nok\r\n0\r\n\r\n"):
-            await _read_request(reader)
+            await read_request(reader)
             writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + answer)
             await writer.drain()
 
@@ -205,7 +205,7 @@ def test_a_sink_full_at_the_body_s_end_leaves_the_pooled_connection_reading() ->
         again = await pool.request(b"POST", b"/", [], b"{}")
         assert await again.read() == b"ok"
 
-    asyncio.run(_with_backend(handler, body, first_byte_timeout=1.0))
+    asyncio.run(with_backend(handler, body, first_byte_timeout=1.0))
 
 
 def test_a_read_that_came_in_time_is_not_cut_by_a_timer_that_runs_before_its_hand_on() -> None:
@@ -216,7 +216,7 @@ def test_a_read_that_came_in_time_is_not_cut_by_a_timer_that_runs_before_its_han
     writers: list[asyncio.StreamWriter] = []
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\na\r\n")
         await writer.drain()
         writers.append(writer)
@@ -239,7 +239,7 @@ def test_a_read_that_came_in_time_is_not_cut_by_a_timer_that_runs_before_its_han
         await asyncio.wait_for(pumping, 5)
         assert received == [b"a", b"b"]
 
-    asyncio.run(_with_backend(handler, body, read_timeout=0.3))
+    asyncio.run(with_backend(handler, body, read_timeout=0.3))
 
 
 def test_the_sink_runs_in_the_pump_s_context_not_the_connection_s() -> None:
@@ -259,4 +259,4 @@ def test_the_sink_runs_in_the_pump_s_context_not_the_connection_s() -> None:
         await response.pump(sink, _ready)
         assert seen and set(seen) == {"this one"}, seen
 
-    asyncio.run(_with_backend(_dripping(10, 0.005, then_stall=False), body))
+    asyncio.run(with_backend(dripping(10, 0.005, then_stall=False), body))

@@ -21,7 +21,6 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,6 @@ from gateway.cli import witness as witness_cli
 from gateway.provenance import (
     Checkpoint,
     MalformedError,
-    ProvenanceLog,
     SignatureError,
     Verifier,
     load_signer,
@@ -53,7 +51,7 @@ from gateway.provenance.formats.cosignature import (
 )
 from gateway.provenance.formats.merkle import consistency_proof, leaf_hash, root_from_leaves
 from gateway.provenance.formats.tiles import TileReader
-from gateway.provenance.testing import log_request, seeded_signer
+from gateway.provenance.testing import seeded_signer
 from gateway.provenance.witness.app import create_witness_app
 from gateway.provenance.witness.client import WitnessClient, request_cosignature
 from gateway.provenance.witness.state import StateLockedError, TreeHead, WitnessState
@@ -62,94 +60,26 @@ from gateway.serving import ServerThread
 from tests.helpers.net import free_port
 from tests.helpers.paths import VECTORS
 from tests.helpers.waiting import until
+from tests.helpers.witness_rig import (
+    COSIGNER,
+    LOG_SIGNER,
+    NOW,
+    ORIGIN,
+    WITNESS_SIGNER,
+    RealLog,
+    Refusal,
+    answer_once,
+    cosign_up_to,
+    make_log,
+    open_witness,
+    real_log,
+    witness,
+)
 
-ORIGIN = "gateway.example/log/replica-1"
-LOG_SIGNER = seeded_signer(ORIGIN)
-WITNESS_SIGNER = seeded_signer("witness.example/w1")
-COSIGNER = Cosigner(WITNESS_SIGNER)
-NOW = 1_767_225_600  # 2026-01-01T00:00:00Z
+__all__ = ["real_log", "witness"]  # fixtures, used by name
+
 TESSERA = VECTORS / "tessera-log"
 TESSERA_VKEY = "example.com/log/testdata+33d7b496+AeHTu4Q3hEIMHNqc6fASMsq3rKNx280NI+oO5xCFkkSx"
-
-
-@dataclass
-class RealLog:
-    """A provenance log written by `ProvenanceLog`, with the checkpoints it signed."""
-
-    directory: Path
-    notes: list[bytes]  # in order; sizes 0, 2, 6, 10
-
-    @property
-    def sizes(self) -> list[int]:
-        return [self.checkpoint(i).size for i in range(len(self.notes))]
-
-    def checkpoint(self, number: int) -> Checkpoint:
-        return open_checkpoint(self.notes[number], [LOG_SIGNER.verifier()]).checkpoint
-
-    def proof(self, old: int, new: int) -> list[bytes]:
-        if not 0 < old < new:
-            return []
-        return consistency_proof(old, new, TileReader(self.directory, new).node)
-
-
-def make_log(directory: Path, *, tenant: str = "acme-app") -> RealLog:
-    async def build() -> list[bytes]:
-        log = await ProvenanceLog.open(directory, ORIGIN, LOG_SIGNER)
-        first = log.latest_checkpoint()
-        assert first is not None
-        notes = [first.note]
-        number = 0
-        for count in (1, 2, 2):  # two records per request
-            for _ in range(count):
-                await log_request(log, number, tenant=tenant)
-                number += 1
-            notes.append((await log.checkpoint()).note)
-        await log.close()
-        return notes
-
-    return RealLog(directory, asyncio.run(build()))
-
-
-@pytest.fixture(scope="module")
-def real_log(tmp_path_factory: pytest.TempPathFactory) -> RealLog:
-    """Written once: the tests only read it (each witness gets its own state)."""
-    return make_log(tmp_path_factory.mktemp("log"))
-
-
-def open_witness(path: Path, clock: float = NOW, *, new: bool = True) -> Witness:
-    """The test witness on the state file `path`: a new one, or (`new=False`) reopened."""
-    return Witness.open(path, COSIGNER, [LOG_SIGNER.verifier()], clock=lambda: clock, new=new)
-
-
-@pytest.fixture
-def witness(tmp_path: Path) -> Iterator[Witness]:
-    with open_witness(tmp_path / "witness.json") as opened:
-        yield opened
-
-
-def cosign_up_to(witness: Witness, log: RealLog, last: int) -> None:
-    old = 0
-    for number in range(last + 1):
-        size = log.sizes[number]
-        witness.add_checkpoint(old, log.proof(old, size), log.notes[number])
-        old = size
-
-
-class _Refusal:
-    """`with _Refusal("conflict") as caught:` expects a WitnessError with that code."""
-
-    def __init__(self, code: str) -> None:
-        self.code = code
-        self.error: WitnessError | None = None
-
-    def __enter__(self) -> _Refusal:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: Any, tb: Any) -> bool:
-        assert isinstance(error, WitnessError), f"expected WitnessError({self.code}), got {error!r}"
-        assert error.code == self.code, f"expected {self.code}, got {error.code}: {error}"
-        self.error = error
-        return True
 
 
 # --- the core against a real log -------------------------------------------------------------
@@ -183,10 +113,10 @@ def test_resubmitting_the_cosigned_checkpoint_is_cosigned_again(
 
 def test_rollback_is_refused(witness: Witness, real_log: RealLog) -> None:
     cosign_up_to(witness, real_log, 3)  # size 10
-    with _Refusal("malformed") as caught:  # old size above the checkpoint's: the spec's 400
+    with Refusal("malformed") as caught:  # old size above the checkpoint's: the spec's 400
         witness.add_checkpoint(10, [], real_log.notes[2])
     assert "rollback" in str(caught.error)
-    with _Refusal("conflict") as caught:  # the honest old size for the smaller tree: 409
+    with Refusal("conflict") as caught:  # the honest old size for the smaller tree: 409
         witness.add_checkpoint(2, real_log.proof(2, 6), real_log.notes[2])
     assert caught.error is not None and caught.error.known_size == 10
     assert witness.latest(ORIGIN) == TreeHead(10, real_log.checkpoint(3).root)
@@ -197,11 +127,11 @@ def test_fork_is_refused(witness: Witness, real_log: RealLog, tmp_path: Path) ->
     fork = make_log(tmp_path / "fork", tenant="someone-else")
     assert fork.sizes == real_log.sizes and fork.checkpoint(2).root != real_log.checkpoint(2).root
     cosign_up_to(witness, real_log, 2)  # size 6
-    with _Refusal("conflict") as caught:  # same size, another root
+    with Refusal("conflict") as caught:  # same size, another root
         witness.add_checkpoint(6, [], fork.notes[2])
     assert caught.error is not None and caught.error.known_size == 6
     assert "fork" in str(caught.error)
-    with _Refusal("inconsistent"):  # a bigger forked tree has no proof from the cosigned one
+    with Refusal("inconsistent"):  # a bigger forked tree has no proof from the cosigned one
         witness.add_checkpoint(6, fork.proof(6, 10), fork.notes[3])
     assert witness.latest(ORIGIN) == TreeHead(6, real_log.checkpoint(2).root)
 
@@ -212,11 +142,11 @@ def test_bad_proof_is_refused_and_changes_nothing(witness: Witness, real_log: Re
     for position in range(len(proof)):
         bad = list(proof)
         bad[position] = bytes([bad[position][0] ^ 1]) + bad[position][1:]
-        with _Refusal("inconsistent"):
+        with Refusal("inconsistent"):
             witness.add_checkpoint(2, bad, real_log.notes[3])
-    with _Refusal("inconsistent"):  # one hash short
+    with Refusal("inconsistent"):  # one hash short
         witness.add_checkpoint(2, proof[:-1], real_log.notes[3])
-    with _Refusal("inconsistent"):  # a proof where none belongs
+    with Refusal("inconsistent"):  # a proof where none belongs
         witness.add_checkpoint(2, [proof[0]], real_log.notes[1])
     assert witness.latest(ORIGIN) == TreeHead(2, real_log.checkpoint(1).root)
     witness.add_checkpoint(2, proof, real_log.notes[3])  # the right proof still works
@@ -225,14 +155,14 @@ def test_bad_proof_is_refused_and_changes_nothing(witness: Witness, real_log: Re
 def test_unknown_log_and_untrusted_signatures(witness: Witness, real_log: RealLog) -> None:
     stranger = seeded_signer("other.example/log")
     other = Checkpoint("other.example/log", 0, root_from_leaves([]))
-    with _Refusal("unknown_log"):
+    with Refusal("unknown_log"):
         witness.add_checkpoint(0, [], sign_checkpoint(other, [stranger]))
     impostor = seeded_signer(ORIGIN, seed=2)  # the right origin, another key
     forged = sign_checkpoint(real_log.checkpoint(3), [impostor])
-    with _Refusal("untrusted"):
+    with Refusal("untrusted"):
         witness.add_checkpoint(0, [], forged)
     tampered = real_log.notes[3].replace(b"\n10\n", b"\n11\n")
-    with _Refusal("untrusted"):
+    with Refusal("untrusted"):
         witness.add_checkpoint(0, [], tampered)
     assert witness.latest(ORIGIN) is None
 
@@ -240,20 +170,20 @@ def test_unknown_log_and_untrusted_signatures(witness: Witness, real_log: RealLo
 def test_wrong_old_size_is_a_conflict_carrying_the_known_size(
     witness: Witness, real_log: RealLog
 ) -> None:
-    with _Refusal("conflict") as caught:  # never cosigned: the witness knows size 0
+    with Refusal("conflict") as caught:  # never cosigned: the witness knows size 0
         witness.add_checkpoint(2, real_log.proof(2, 6), real_log.notes[2])
     assert caught.error is not None and caught.error.known_size == 0
     cosign_up_to(witness, real_log, 2)
-    with _Refusal("conflict") as caught:  # old 0 is how a log asks what the witness knows
+    with Refusal("conflict") as caught:  # old 0 is how a log asks what the witness knows
         witness.add_checkpoint(0, [], real_log.notes[3])
     assert caught.error is not None and caught.error.known_size == 6
 
 
 def test_empty_tree_and_proofs_from_size_zero(witness: Witness, real_log: RealLog) -> None:
-    with _Refusal("inconsistent"):
+    with Refusal("inconsistent"):
         witness.add_checkpoint(0, [b"\x00" * 32], real_log.notes[1])
     bogus = sign_checkpoint(Checkpoint(ORIGIN, 0, b"\x01" * 32), [LOG_SIGNER])
-    with _Refusal("inconsistent"):
+    with Refusal("inconsistent"):
         witness.add_checkpoint(0, [], bogus)
     witness.add_checkpoint(0, [], real_log.notes[0])  # the real empty tree
     witness.add_checkpoint(0, [], real_log.notes[2])  # from 0 nothing needs proving
@@ -274,7 +204,7 @@ def test_state_survives_a_restart(tmp_path: Path, real_log: RealLog) -> None:
     }
     with open_witness(state, clock=NOW + 60, new=False) as second:
         assert second.latest(ORIGIN) == TreeHead(6, real_log.checkpoint(2).root)
-        with _Refusal("conflict"):
+        with Refusal("conflict"):
             second.add_checkpoint(2, real_log.proof(2, 6), real_log.notes[2])
         line = second.add_checkpoint(6, real_log.proof(6, 10), real_log.notes[3])
         assert verify_cosignature(real_log.notes[3] + line, COSIGNER.vkey, now=NOW).timestamp == (
@@ -361,13 +291,13 @@ HASH = base64.b64encode(b"\x00" * 32)
     ],
 )
 def test_malformed_request_bodies(head: bytes, real_log: RealLog) -> None:
-    with _Refusal("malformed"):
+    with Refusal("malformed"):
         AddCheckpoint.parse(head + b"\n\n" + real_log.notes[1])
 
 
 def test_a_body_without_note_is_malformed() -> None:
     for body in (b"old 0\n", b"old 0\n\n", b""):
-        with _Refusal("malformed"):
+        with Refusal("malformed"):
             AddCheckpoint.parse(body)
 
 
@@ -520,7 +450,7 @@ def test_witness_cosigns_the_tessera_test_log(tmp_path: Path) -> None:
             line = witness.add_checkpoint(old, proof, notes[size])
             verify_cosignature(notes[size] + line, COSIGNER.vkey, now=NOW)
             old = size
-        with _Refusal("malformed"):  # rollback to 14
+        with Refusal("malformed"):  # rollback to 14
             witness.add_checkpoint(15, [], notes[14])
 
 
@@ -570,10 +500,10 @@ def test_client_request_cosignature_over_a_socket(server: ServerThread, real_log
     async def scenario() -> None:
         lines = await request_cosignature(server.url, 0, [], real_log.notes[2], timeout=5)
         verify_cosignature(real_log.notes[2] + lines, COSIGNER.vkey, now=NOW)
-        with _Refusal("conflict") as caught:
+        with Refusal("conflict") as caught:
             await request_cosignature(server.url, 0, [], real_log.notes[3], timeout=5)
         assert caught.error is not None and caught.error.known_size == 6
-        with _Refusal("inconsistent"):
+        with Refusal("inconsistent"):
             await request_cosignature(server.url, 6, [b"\x00" * 32], real_log.notes[3], timeout=5)
 
     asyncio.run(scenario())
@@ -597,7 +527,7 @@ def test_witness_client_learns_the_size_and_cosigns_in_order(
         cosigned = await fresh.cosign(real_log.notes[3], 10, prove)
         verify_cosignature(cosigned, COSIGNER.vkey, now=NOW)
         assert fresh.old_size == 10
-        with _Refusal("conflict"):  # the witness is past this checkpoint: no retry helps
+        with Refusal("conflict"):  # the witness is past this checkpoint: no retry helps
             await WitnessClient(server.url, COSIGNER.vkey, timeout=5).cosign(
                 real_log.notes[2], 6, prove
             )
@@ -611,10 +541,10 @@ def test_client_reports_an_unreachable_or_silent_witness() -> None:
     port = listener.getsockname()[1]
 
     async def scenario() -> None:
-        with _Refusal("unavailable"):  # bound, not listening: refused
+        with Refusal("unavailable"):  # bound, not listening: refused
             await request_cosignature(f"http://127.0.0.1:{port}", 0, [], b"x\n", timeout=2)
         listener.listen(1)  # accepts the connection, never answers
-        with _Refusal("unavailable") as caught:
+        with Refusal("unavailable") as caught:
             await request_cosignature(f"http://127.0.0.1:{port}", 0, [], b"x\n", timeout=0.2)
         assert "did not answer" in str(caught.error)
 
@@ -622,21 +552,6 @@ def test_client_reports_an_unreachable_or_silent_witness() -> None:
         asyncio.run(scenario())
     finally:
         listener.close()
-
-
-async def _answer_once(reply: bytes) -> tuple[asyncio.Server, str]:
-    """A one-shot HTTP server that sends `reply` (status line, headers, body) as is."""
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while (await reader.readline()) not in (b"\r\n", b""):
-            pass
-        writer.write(reply)
-        await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    return server, f"http://127.0.0.1:{port}/prefix/"
 
 
 def test_client_reads_chunked_answers_and_maps_other_statuses(real_log: RealLog) -> None:
@@ -649,7 +564,7 @@ def test_client_reads_chunked_answers_and_maps_other_statuses(real_log: RealLog)
     )
 
     async def scenario() -> None:
-        server, url = await _answer_once(chunked)
+        server, url = await answer_once(chunked)
         async with server:
             lines = await request_cosignature(url, 0, [], real_log.notes[1], timeout=5)
         assert lines == payload
@@ -659,9 +574,9 @@ def test_client_reads_chunked_answers_and_maps_other_statuses(real_log: RealLog)
             (b"HTTP/1.1 404 Not Found\r\n\r\nunknown log\n", "unknown_log"),
             (b"garbage\r\n\r\n", "unavailable"),
         ]:
-            server, url = await _answer_once(reply)
+            server, url = await answer_once(reply)
             async with server:
-                with _Refusal(code):
+                with Refusal(code):
                     await request_cosignature(url, 0, [], real_log.notes[1], timeout=5)
 
     asyncio.run(scenario())

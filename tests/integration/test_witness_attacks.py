@@ -30,15 +30,15 @@ from gateway.provenance.witness.state import TreeHead
 from gateway.provenance.witness.witness import AddCheckpoint, Witness
 from gateway.provenance.writer.cosignature_collector import Cosigning, merge_cosigned
 from gateway.provenance.writer.log import ProvenanceLog
-from tests.integration.test_witness import (  # the fixtures are used by name
+from tests.helpers.witness_rig import (  # the fixtures are used by name
     COSIGNER,
     LOG_SIGNER,
     NOW,
     ORIGIN,
     WITNESS_SIGNER,
     RealLog,
-    _answer_once,
-    _Refusal,
+    Refusal,
+    answer_once,
     make_log,
     real_log,
     witness,
@@ -54,7 +54,7 @@ def test_an_old_size_past_uint64_is_malformed_not_a_crash(
     witness: Witness, real_log: RealLog
 ) -> None:
     # int() raises ValueError past 4300 digits: that escaped as a 500 with a traceback.
-    with _Refusal("malformed"):
+    with Refusal("malformed"):
         witness.submit(b"old " + b"9" * 5000 + b"\n\n" + real_log.notes[1])
     assert witness.latest(real_log.checkpoint(1).origin) is None
 
@@ -66,13 +66,13 @@ def test_padded_proofs_and_foreign_signatures_change_nothing(
     witness.add_checkpoint(0, [], real_log.notes[1])  # size 2
     proof = real_log.proof(2, 10)
     for padded in ([*proof, bytes(32)], [*proof, proof[-1]], [bytes(32), *proof]):
-        with _Refusal("inconsistent"):
+        with Refusal("inconsistent"):
             witness.add_checkpoint(2, padded, real_log.notes[3])
     for body in (  # CRLF line ends and a size with a leading zero are not the format
         AddCheckpoint(2, tuple(proof), real_log.notes[3]).encode().replace(b"\n", b"\r\n", 1),
         b"old 02\n\n" + real_log.notes[3],
     ):
-        with _Refusal("malformed"):
+        with Refusal("malformed"):
             witness.submit(body)
     assert witness.latest(ORIGIN) == TreeHead(2, real_log.checkpoint(1).root)
     # A second signature by a key the witness does not know is ignored, per the spec.
@@ -98,14 +98,14 @@ def test_a_key_retired_by_a_rotation_gets_no_cosignature(tmp_path: Path, real_lo
         rotating.add_checkpoint(2, real_log.proof(2, 6), overlap)
         rotating.add_checkpoint(6, [], sign_checkpoint(real_log.checkpoint(2), [new]))
         retired = sign_checkpoint(real_log.checkpoint(3), [old])
-        with _Refusal("untrusted"):
+        with Refusal("untrusted"):
             rotating.add_checkpoint(6, real_log.proof(6, 10), retired)
         assert rotating.latest(ORIGIN) == TreeHead(6, real_log.checkpoint(2).root)
     # The refusal survives a restart (the keys are in the state file), and B still signs.
     with Witness.open(
         tmp_path / "w.json", COSIGNER, [old.verifier(), new.verifier()], clock=lambda: NOW
     ) as restarted:
-        with _Refusal("untrusted"):
+        with Refusal("untrusted"):
             restarted.add_checkpoint(6, real_log.proof(6, 10), retired)
         current = sign_checkpoint(real_log.checkpoint(3), [new])
         restarted.add_checkpoint(6, real_log.proof(6, 10), current)
@@ -120,7 +120,7 @@ def test_a_straight_hand_over_to_a_new_key_is_cosigned(tmp_path: Path, real_log:
         after = sign_checkpoint(real_log.checkpoint(2), [new])  # a key never seen: accepted
         rotating.add_checkpoint(2, real_log.proof(2, 6), after)
         going_back = sign_checkpoint(real_log.checkpoint(3), [old])
-        with _Refusal("untrusted"):
+        with Refusal("untrusted"):
             rotating.add_checkpoint(6, real_log.proof(6, 10), going_back)
         third = sign_checkpoint(real_log.checkpoint(3), [newer])
         rotating.add_checkpoint(6, real_log.proof(6, 10), third)
@@ -194,9 +194,9 @@ def test_a_huge_chunk_is_refused_before_it_is_read(real_log: RealLog) -> None:
     reply = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffff\r\n" + b"a" * 1000
 
     async def scenario() -> None:
-        server, url = await _answer_once(reply)
+        server, url = await answer_once(reply)
         async with server:
-            with _Refusal("unavailable") as caught:
+            with Refusal("unavailable") as caught:
                 await request_cosignature(url, 0, [], real_log.notes[1], timeout=5)
         assert f"larger than {MAX_RESPONSE} bytes" in str(caught.error)
 
@@ -212,9 +212,9 @@ def test_chunk_sizes_are_plain_hex(real_log: RealLog, head: bytes) -> None:
     reply = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + head + b"\r\nabc\r\n"
 
     async def scenario() -> None:
-        server, url = await _answer_once(reply)
+        server, url = await answer_once(reply)
         async with server:
-            with _Refusal("unavailable") as caught:
+            with Refusal("unavailable") as caught:
                 await request_cosignature(url, 0, [], real_log.notes[1], timeout=5)
         assert "malformed chunk size" in str(caught.error)
 
@@ -303,14 +303,14 @@ def test_numbers_in_a_witness_answer_are_bounded_and_plain(real_log: RealLog) ->
 
     async def scenario() -> None:
         for reply, known in replies:
-            server, url = await _answer_once(reply)
+            server, url = await answer_once(reply)
             async with server:
-                with _Refusal("conflict") as caught:
+                with Refusal("conflict") as caught:
                     await request_cosignature(url, 0, [], real_log.notes[1], timeout=5)
             assert caught.error is not None and caught.error.known_size == known
         # A status line without a reason phrase is valid HTTP/1.1.
         bare = f"HTTP/1.1 200\r\nContent-Length: {len(line.encode())}\r\n\r\n{line}"
-        server, url = await _answer_once(bare.encode())
+        server, url = await answer_once(bare.encode())
         async with server:
             assert await request_cosignature(url, 0, [], real_log.notes[1], timeout=5) == (
                 line.encode()

@@ -41,16 +41,16 @@ from gateway.provenance.witness.client import WitnessClient
 from gateway.provenance.witness.state import StateLockedError, TreeHead, WitnessState
 from gateway.provenance.witness.witness import AddCheckpoint, Witness, WitnessError
 from gateway.serving import ServerThread
-from tests.integration.test_cosigning import LOG_SIGNER as COSIGNED_LOG_SIGNER
-from tests.integration.test_cosigning import W1, _copy, witnessed_log
-from tests.integration.test_witness import (  # the fixtures are used by name
+from tests.helpers.cosigned_rig import LOG_SIGNER as COSIGNED_LOG_SIGNER
+from tests.helpers.cosigned_rig import W1, copy_log, witnessed_log
+from tests.helpers.witness_rig import (  # the fixtures are used by name
     COSIGNER,
     LOG_SIGNER,
     NOW,
     ORIGIN,
     RealLog,
-    _answer_once,
-    _Refusal,
+    Refusal,
+    answer_once,
     cosign_up_to,
     make_log,
     open_witness,
@@ -145,7 +145,7 @@ def test_a_crash_mid_write_leaves_the_old_state(tmp_path: Path, real_log: RealLo
     state.with_name(state.name + ".tmp").write_bytes(b'{"v": 1, "logs": {"' + ORIGIN.encode())
     with open_witness(state, new=False) as restarted:
         assert restarted.latest(ORIGIN) == TreeHead(2, real_log.checkpoint(1).root)
-        with _Refusal("conflict"):  # still remembers: no rollback to a fresh witness
+        with Refusal("conflict"):  # still remembers: no rollback to a fresh witness
             restarted.add_checkpoint(0, [], real_log.notes[1])
         restarted.add_checkpoint(2, real_log.proof(2, 6), real_log.notes[2])
     assert not state.with_name(state.name + ".tmp").exists()
@@ -320,7 +320,7 @@ def test_the_client_refuses_a_valid_cosignature_on_another_checkpoint(real_log: 
         return real_log.proof(old, new)
 
     async def scenario() -> None:
-        server, url = await _answer_once(reply)
+        server, url = await answer_once(reply)
         async with server:
             client = WitnessClient(url, COSIGNER.vkey, timeout=5, clock=lambda: NOW)
             with pytest.raises(SignatureError):
@@ -337,7 +337,7 @@ def test_audit_refuses_a_cosignature_moved_to_another_checkpoint(
     cosignature for another checkpoint body) fails; the same key under another name
     counts for nothing."""
     keys = [COSIGNED_LOG_SIGNER.verifier()]
-    copy = _copy(witnessed_log, tmp_path)
+    copy = copy_log(witnessed_log, tmp_path)
     four, eight = cosigned_path(copy, 4), cosigned_path(copy, 8)
     w1_line = next(
         line for line in four.read_text().splitlines() if line.startswith(f"\u2014 {W1.name} ")
@@ -358,7 +358,7 @@ def test_audit_refuses_a_cosignature_whose_time_was_rewritten(
 ) -> None:
     """The timestamp is signed: a line dated back a day (to pass for an older, staler
     cosignature, or to fit a story) no longer verifies."""
-    copy = _copy(witnessed_log, tmp_path)
+    copy = copy_log(witnessed_log, tmp_path)
     four = cosigned_path(copy, 4)
     text = four.read_text()
     line = next(line for line in text.splitlines() if line.startswith(f"\u2014 {W1.name} "))

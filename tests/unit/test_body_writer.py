@@ -7,20 +7,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import weakref
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httptools
-from uvicorn.server import ServerState
 
 from gateway.body_writer import BodyWriter, body_writer
 from gateway.coalescing import HeadCoalescer
-from gateway.config.schema import ListenSettings
-from gateway.listener import LimitedHttpProtocol, http_protocol
-from gateway.serving import uvicorn_config
-from tests.unit.test_head_coalescing import _Transport
+from tests.helpers.listener_protocol import GET, App, RecordingTransport, listener_protocol
 
-GET = b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n"
 HEAD = b"HEAD /x HTTP/1.1\r\nhost: t\r\n\r\n"
 SSE = {
     "type": "http.response.start",
@@ -29,24 +23,13 @@ SSE = {
 }
 END = {"type": "http.response.body", "body": b"", "more_body": False}
 
-App = Callable[[Any, Any, Any], Awaitable[None]]
 
-
-def _protocol(app: App) -> LimitedHttpProtocol:
-    """The listener's protocol for one connection to `app`, on the running loop."""
-    config = uvicorn_config(app, ListenSettings())
-    config.load()
-    return http_protocol(ListenSettings())(
-        config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop()
-    )
-
-
-def _serve(app: App, request: bytes = GET, transport: _Transport | None = None) -> bytes:
+def _serve(app: App, request: bytes = GET, transport: RecordingTransport | None = None) -> bytes:
     """What the connection writes while `app` answers `request`."""
-    transport = transport or _Transport()
+    transport = transport or RecordingTransport()
 
     async def scenario() -> bytes:
-        protocol = _protocol(app)
+        protocol = listener_protocol(app)
         protocol.connection_made(transport)  # type: ignore[arg-type]
         protocol.data_received(request)
         await asyncio.gather(*protocol.tasks)
@@ -117,7 +100,7 @@ def test_not_ready_for_an_answer_with_a_length_or_to_a_head_request() -> None:
 
 
 def test_a_client_that_left_gets_nothing_written() -> None:
-    transport = _Transport()
+    transport = RecordingTransport()
     outcome: list[bool | None] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -135,7 +118,7 @@ def test_a_client_that_left_gets_nothing_written() -> None:
     client_gone = asyncio.Event()
 
     async def scenario() -> None:
-        protocol = _protocol(app)
+        protocol = listener_protocol(app)
         protocol.connection_made(transport)  # type: ignore[arg-type]
         protocol.data_received(GET)
         await protocol_lost.wait()
@@ -168,8 +151,8 @@ def test_write_paused_follows_the_client_s_buffers_and_drain_waits_for_them() ->
     resumed = asyncio.Event()
 
     async def scenario() -> None:
-        protocol = _protocol(app)
-        protocol.connection_made(_Transport())  # type: ignore[arg-type]
+        protocol = listener_protocol(app)
+        protocol.connection_made(RecordingTransport())  # type: ignore[arg-type]
         protocol.data_received(GET)
         await paused.wait()
         protocol.pause_writing()
@@ -195,8 +178,8 @@ def test_a_finished_request_s_cycle_is_freed_without_the_garbage_collector() -> 
         await send(END)
 
     async def scenario() -> weakref.ref[Any]:
-        protocol = _protocol(app)
-        protocol.connection_made(_Transport())  # type: ignore[arg-type]
+        protocol = listener_protocol(app)
+        protocol.connection_made(RecordingTransport())  # type: ignore[arg-type]
         protocol.data_received(GET)
         await asyncio.gather(*protocol.tasks)
         first = weakref.ref(protocol.cycle)
@@ -234,7 +217,7 @@ def test_once_the_head_went_out_chunks_skip_the_coalescer_and_keep_their_order()
         await send(END)
 
     wire = _serve(app)
-    assert transports == [HeadCoalescer, _Transport]
+    assert transports == [HeadCoalescer, RecordingTransport]
     assert _body(wire) == (200, b"data: 1\n\ndata: 2\n\ndata: 3\n\n")
     assert wire.startswith(b"HTTP/1.1 200 OK") and wire.count(b"HTTP/1.1 200 OK") == 1
 

@@ -16,12 +16,12 @@ from gateway.body_writer import body_writer
 from gateway.config.schema import ListenSettings
 from gateway.listener import LimitedHttpProtocol, http_protocol
 from gateway.serving import uvicorn_config
-from tests.unit.test_head_coalescing import _Transport
+from tests.helpers.listener_protocol import RecordingTransport
 
 POST = b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\n\r\n{}"
 
 
-class _ReadingTransport(_Transport):
+class _ReadingTransport(RecordingTransport):
     """Records whether reading is paused."""
 
     def __init__(self) -> None:

@@ -13,48 +13,16 @@ from gateway.coalescing import HeadCoalescer
 from gateway.config.schema import ListenSettings
 from gateway.listener import http_protocol
 from gateway.serving import uvicorn_config
+from tests.helpers.listener_protocol import RecordingTransport
 
 REQUEST = b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\n\r\n{}"
 
 
-class _Transport:
-    """What the protocol and its cycles call on a transport; writes are recorded."""
-
-    def __init__(self) -> None:
-        self.writes: list[bytes] = []
-        self.closing = False
-        self.eof = False
-
-    def write(self, data: bytes) -> None:
-        assert not self.closing, "written after close"
-        # asyncio and uvloop raise here (in a loop callback: a logged traceback)
-        assert not self.eof, "written after write_eof"
-        self.writes.append(bytes(data))
-
-    def can_write_eof(self) -> bool:
-        return True
-
-    def write_eof(self) -> None:
-        self.eof = True
-
-    def close(self) -> None:
-        self.closing = True
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("127.0.0.1", 5), "sockname": ("127.0.0.1", 80)}.get(name, default)
-
-    def pause_reading(self) -> None: ...
-    def resume_reading(self) -> None: ...
-    def set_write_buffer_limits(self, *args: Any) -> None: ...
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-
 def _serve(
-    app: Any, transport: _Transport, request: bytes = REQUEST, served: list[Any] | None = None
+    app: Any,
+    transport: RecordingTransport,
+    request: bytes = REQUEST,
+    served: list[Any] | None = None,
 ) -> list[bytes]:
     """What `app` wrote for `request`; `served` gets the protocol instance."""
 
@@ -89,13 +57,13 @@ def test_a_whole_answer_is_one_write() -> None:
         )
         await send({"type": "http.response.body", "body": b"hello"})
 
-    writes = _serve(app, _Transport())
+    writes = _serve(app, RecordingTransport())
     assert len(writes) == 1
     assert writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and writes[0].endswith(b"\r\n\r\nhello")
 
 
 def test_a_streams_head_goes_out_at_the_end_of_the_turn_without_waiting_for_a_chunk() -> None:
-    transport = _Transport()
+    transport = RecordingTransport()
     before_first_chunk: list[bytes] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -119,7 +87,7 @@ def test_a_streams_head_goes_out_at_the_end_of_the_turn_without_waiting_for_a_ch
 
 def test_the_coalescer_keeps_order_and_writes_nothing_after_close() -> None:
     async def scenario() -> list[bytes]:
-        transport = _Transport()
+        transport = RecordingTransport()
         coalescer = HeadCoalescer(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
         coalescer.write(b"head")
         coalescer.write(b"body")
@@ -161,7 +129,7 @@ def _refused_after_a_held_write(request: bytes) -> bytes:
             served[0].data_received(b"zz\r\n")  # not a chunk size
             await reading
 
-    return b"".join(_serve(app, _Transport(), request, served))
+    return b"".join(_serve(app, RecordingTransport(), request, served))
 
 
 @pytest.mark.parametrize("request_bytes", [HEAD, CONTINUED], ids=["head-of-HEAD", "100-continue"])

@@ -19,7 +19,7 @@ from gateway.routing.signals import (
     slots_total_from_props,
     slots_total_from_slots,
 )
-from tests.unit.test_routing_scorers import state
+from tests.helpers.gateways import lone_backend
 
 
 @pytest.mark.parametrize(
@@ -34,7 +34,7 @@ from tests.unit.test_routing_scorers import state
 )
 def test_impossible_counts_are_unknown_and_attract_nothing(kind: BackendKind, text: str) -> None:
     scraped = load_from_metrics(kind, parse_metrics(text))
-    busy = state(None, inflight=40)  # this gateway alone sends it 40 requests
+    busy = lone_backend(None, inflight=40)  # this gateway alone sends it 40 requests
     honest = queue_score(*demand_and_slots(busy, None))  # as a backend that says nothing
     assert queue_score(*demand_and_slots(busy, scraped)) <= honest
     assert scraped.waiting is None

@@ -3,18 +3,16 @@ check, table-driven (each formula as its module's docstring gives it)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from gateway.routing.load import demand_and_slots, queue_per_slot
-from gateway.routing.registry import BackendState, Registry
+from gateway.routing.registry import BackendState
 from gateway.routing.scorers.affinity import affinity_score
 from gateway.routing.scorers.kv import kv_score
 from gateway.routing.scorers.prefill import prefill_score, prefill_tokens
 from gateway.routing.scorers.queue import queue_score
 from gateway.routing.signals import BackendLoad
-from tests.helpers.gateways import backend, gateway_config
+from tests.helpers.gateways import lone_backend
 
 
 @pytest.mark.parametrize(
@@ -71,23 +69,6 @@ def test_prefill_estimate(body_bytes: int, cached_bytes: int, tokens: int) -> No
     assert prefill_tokens(body_bytes, cached_bytes) == tokens
 
 
-def state(capacity: int | None = None, **fields: Any) -> BackendState:
-    config = gateway_config(
-        [
-            backend(
-                "b",
-                "http://127.0.0.1:9000",
-                "m",
-                capacity={"max_concurrency": capacity} if capacity else {},
-            )
-        ]
-    )
-    backend_state = Registry.build(config, environ={}).backends["b"]
-    for name, value in fields.items():
-        setattr(backend_state, name, value)
-    return backend_state
-
-
 def load(
     running: float | None = None,
     waiting: float | None = None,
@@ -100,17 +81,22 @@ def load(
 @pytest.mark.parametrize(
     ("backend_state", "scraped", "demand", "slots"),
     [
-        (state(4), None, 0.0, 4.0),  # idle, configured capacity
-        (state(), None, 0.0, 8.0),  # nothing known: 8 slots
-        (state(4, inflight=2, peer_inflight=3), None, 5.0, 4.0),  # every replica counts
-        (state(4, inflight=1), load(running=3, waiting=2), 5.0, 4.0),  # the scrape says more
-        (state(4, inflight=6), load(running=3, waiting=2), 6.0, 4.0),  # the gateway says more
+        (lone_backend(4), None, 0.0, 4.0),  # idle, configured capacity
+        (lone_backend(), None, 0.0, 8.0),  # nothing known: 8 slots
+        (lone_backend(4, inflight=2, peer_inflight=3), None, 5.0, 4.0),  # every replica counts
+        (lone_backend(4, inflight=1), load(running=3, waiting=2), 5.0, 4.0),  # the scrape says more
+        (
+            lone_backend(4, inflight=6),
+            load(running=3, waiting=2),
+            6.0,
+            4.0,
+        ),  # the gateway says more
         # sent 2 more since the scrape (which counted 1 of the gateway's): 5 + (3 - 1)
-        (state(4, inflight=3), load(running=3, waiting=2, gateway_inflight=1), 7.0, 4.0),
-        (state(None), load(running=3, waiting=2), 5.0, 3.0),  # a queue: running = slots
-        (state(None), load(running=3, waiting=0), 3.0, 8.0),
-        (state(None), load(running=1, slots_total=16), 1.0, 16.0),  # llama.cpp's /props
-        (state(None), load(running=0.5, waiting=1), 1.5, 1.0),  # at least one slot
+        (lone_backend(4, inflight=3), load(running=3, waiting=2, gateway_inflight=1), 7.0, 4.0),
+        (lone_backend(None), load(running=3, waiting=2), 5.0, 3.0),  # a queue: running = slots
+        (lone_backend(None), load(running=3, waiting=0), 3.0, 8.0),
+        (lone_backend(None), load(running=1, slots_total=16), 1.0, 16.0),  # llama.cpp's /props
+        (lone_backend(None), load(running=0.5, waiting=1), 1.5, 1.0),  # at least one slot
     ],
 )
 def test_demand_and_slots(
@@ -122,12 +108,12 @@ def test_demand_and_slots(
 @pytest.mark.parametrize(
     ("backend_state", "scraped", "per_slot"),
     [
-        (state(4, inflight=4), None, 0.0),  # full, nothing queued
-        (state(4, inflight=4, peer_inflight=2), None, 0.5),  # 2 waiting per 4 slots
-        (state(4, inflight=1), load(running=4, waiting=6), 1.5),  # the backend's own queue
-        (state(None, inflight=9), None, 0.0),  # unknown capacity: never saturated
-        (state(None), load(running=4, waiting=2), 0.5),  # running = slots
-        (state(None, learned_slots=2, inflight=5), None, 1.5),  # llama.cpp's learned slots
+        (lone_backend(4, inflight=4), None, 0.0),  # full, nothing queued
+        (lone_backend(4, inflight=4, peer_inflight=2), None, 0.5),  # 2 waiting per 4 slots
+        (lone_backend(4, inflight=1), load(running=4, waiting=6), 1.5),  # the backend's own queue
+        (lone_backend(None, inflight=9), None, 0.0),  # unknown capacity: never saturated
+        (lone_backend(None), load(running=4, waiting=2), 0.5),  # running = slots
+        (lone_backend(None, learned_slots=2, inflight=5), None, 1.5),  # llama.cpp's learned slots
     ],
 )
 def test_queue_per_slot(

@@ -28,8 +28,7 @@ from gateway.body_writer import body_writer
 from gateway.policy import Decision
 from gateway.provenance import Salts
 from gateway.routing.registry import BackendState
-from tests.unit.test_body_writer import GET, _protocol
-from tests.unit.test_head_coalescing import _Transport
+from tests.helpers.listener_protocol import GET, RecordingTransport, listener_protocol
 
 ANSWER = b'{"id":"chatcmpl-1","choices":[]}'
 CHUNK = b'data: {"choices":[]}\n\n'
@@ -38,7 +37,7 @@ Leave = Callable[[], None]
 Handler = Callable[[Exchange, Any, Leave], Awaitable[None]]
 
 
-def _serve(handle: Handler, transport: _Transport | None = None) -> None:
+def _serve(handle: Handler, transport: RecordingTransport | None = None) -> None:
     """Serve one GET through the listener's protocol: `handle(exchange, send, leave)`
     answers it (`leave()` loses the client's connection there and then, in the answer's
     loop turn; otherwise it is lost after the answer)."""
@@ -56,8 +55,8 @@ def _serve(handle: Handler, transport: _Transport | None = None) -> None:
             exchange.trail = Trail(Salts.generate(), "")
             await handle(exchange, send, leave)
 
-        protocol = _protocol(app)
-        protocol.connection_made(transport or _Transport())
+        protocol = listener_protocol(app)
+        protocol.connection_made(transport or RecordingTransport())
         protocol.data_received(GET)
         await asyncio.gather(*protocol.tasks)
         if not left:
@@ -70,7 +69,7 @@ def _answer(*, leave_first: bool) -> tuple[Exchange, bytes, Exchange | None]:
     """Serve one whole answer; with `leave_first` the client's connection is lost just
     before the answer is sent. The exchange, what the connection wrote, and the exchange
     again if sending it was cancelled."""
-    transport = _Transport()
+    transport = RecordingTransport()
     seen: dict[str, Exchange] = {}
 
     async def handle(exchange: Exchange, send: Any, leave: Leave) -> None:

@@ -1,0 +1,75 @@
+"""A scripted backend on an asyncio server (the test's handler reads and writes the raw
+bytes) and an `HttpPool` to it: the upstream client's tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gateway.upstream.http import HttpPool
+
+__all__ = ["Handler", "dripping", "read_request", "with_backend"]
+
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return head + await reader.readexactly(length)
+
+
+async def with_backend(
+    handler: Handler, body: Callable[[HttpPool], Awaitable[None]], **pool_options: Any
+) -> None:
+    handlers: list[asyncio.Task[None]] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handlers.append(asyncio.current_task())  # type: ignore[arg-type]
+        try:
+            await handler(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client side went away: that is what some tests do
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    options: dict[str, Any] = {
+        "connect_timeout": 1.0,
+        "first_byte_timeout": 2.0,
+        "read_timeout": 2.0,
+        "max_connections": 4,
+        **pool_options,
+    }
+    pool = HttpPool("127.0.0.1", port, **options)
+    try:
+        await body(pool)
+    finally:
+        await pool.close()
+        server.close()
+        for task in handlers:
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        await server.wait_closed()
+
+
+def dripping(chunks: int, gap_s: float, then_stall: bool) -> Handler:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for _ in range(chunks):
+            writer.write(b"1\r\nx\r\n")
+            await writer.drain()
+            await asyncio.sleep(gap_s)
+        if then_stall:
+            await asyncio.Event().wait()  # stops sending, keeps the connection open
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    return handler
