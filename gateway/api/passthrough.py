@@ -5,8 +5,11 @@ The body goes to the backend byte for byte (only `model` changes for an alias, a
 response comes back as the backend wrote it, and streams are relayed as each read
 arrives, never re-encoded. A failure before the client saw a byte raises `TryNext`, so
 the dispatcher can offer the request to the next eligible backend: a refused or broken
-connection, a 5xx, or no first byte within the attempt's first-byte budget (the
-backend's `first_byte_timeout_s`, cut to what the request's failover deadline leaves).
+connection, a 5xx, no first byte within the attempt's first-byte budget (the
+backend's `first_byte_timeout_s`, cut to what the request's failover deadline leaves),
+or a 2xx answer of the other shape than the request asked for (`shape`: a whole answer
+to a stream request, a stream to any other; the client would read neither, nor the
+usage the record would state).
 A stream's response headers are held back until its first chunk arrives, so a backend
 that answers headers and then hangs, or ends the stream with no byte, can still be failed
 over (stream_relay.py relays a stream). What happens is told to the routing `Attempt`
@@ -64,6 +67,12 @@ _RETRYABLE = frozenset({429, 500, 502, 503, 504})
 # tenant's requests to an endpoint a backend lacks must not take it out for every tenant.
 _REFUSALS = frozenset({401, 403, 404, 501})
 _SSE = b"text/event-stream"
+# What a 2xx answer of the wrong shape was (by whether it is SSE): the gateway's own
+# words, never the backend's content type.
+_SHAPES: Final = {
+    False: "a whole answer (not text/event-stream) to a stream request",
+    True: "an event stream (text/event-stream) to a request that is not a stream",
+}
 # The endpoints whose prompts a server's prefix cache holds (`isolate_prefix_cache`).
 _SALTED: Final = frozenset({"chat", "completions"})
 # Failures before the backend had the request: nothing of it was sent.
@@ -265,9 +274,14 @@ class PrivateRelay:
                 # nothing reached the client: another backend may serve
                 raise TryNext(f"{backend.id}: HTTP {status}", error, busy=status == 429)
             raise error
+        if sse != _wants_stream(exchange):
+            # The client would read it in the other shape (an SDK parses a stream request's
+            # answer as SSE, and JSON out of any other), and see none of the usage the
+            # record would state: a broken answer, refused before the client saw a byte.
+            raise UpstreamError("shape", _SHAPES[sse])
         if not sse:
             data = await self._read_whole(exchange, backend, response)
-            if exchange.stream:  # SDKs parse a stream's answer as SSE, whatever its type
+            if exchange.stream:  # stream: true on embeddings: no SSE client's answer either
                 data = self._without_comments(backend.id, data)
             exchange.status = status
             exchange.response_started = True
@@ -343,6 +357,11 @@ def _last_error(exc: UpstreamError) -> GatewayError | None:
     """What the client sees if this failed attempt was the last one: 504 for a timeout,
     502 for an answer in a coding the gateway did not accept; None: 503 naming every
     failure (gateway/api/proxy.py)."""
+    if exc.kind == "shape":
+        return GatewayError(
+            ErrorCode.upstream_error,
+            f"the backend answered in the wrong shape: {exc.detail}",
+        )
     if exc.kind == "encoding":
         return GatewayError(
             ErrorCode.upstream_error,
@@ -354,6 +373,12 @@ def _last_error(exc: UpstreamError) -> GatewayError | None:
     return GatewayError(ErrorCode.upstream_timeout, "the backend did not answer in time")
 
 
+def _wants_stream(exchange: Exchange) -> bool:
+    """Whether the request asks for a stream: `stream: true` on a chat or text completion
+    (embeddings have no streams: their answer is whole whatever the flag says)."""
+    return exchange.stream and exchange.endpoint != "embeddings"
+
+
 def _streams_text(exchange: Exchange, doc: dict[str, Any]) -> bool:
     """A chat or text completion stream whose client did not ask for usage."""
-    return exchange.stream and exchange.endpoint != "embeddings" and not include_usage(doc)
+    return _wants_stream(exchange) and not include_usage(doc)

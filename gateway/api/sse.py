@@ -7,10 +7,14 @@ is a backend that died). Lines end in LF, CRLF or a bare CR, as the SSE grammar 
 in every mode (a CRLF split across reads included), and `data:[DONE]` without the space
 ends a stream as it does for an SSE parser. When the gateway asked the backend for usage
 the client did not ask for (`stream_options.include_usage`), it also holds back the
-usage-only chunk (`"choices": []` and a `usage` object, as OpenAI sends it, on one
-`data:` line): the client gets the stream it asked for, the gateway gets the counts.
-Only then are lines buffered, and a partial line only up to `max_line` bytes (a usage
-chunk is a few hundred bytes: a longer line is passed on as it comes).
+usage-only chunk (an event whose `data:` lines join to `"choices": []` and a `usage`
+object, as OpenAI sends it): the client gets the stream it asked for, the gateway gets
+the counts. The whole event is held back, its `event:`, `id:` and comment lines too:
+one left behind would join the next event the client reads (which its SDK would then
+read under the held-back event's name). Only then are events buffered, an unfinished
+one until its blank line (no SSE client dispatches it before) and only up to
+`max_line` bytes (a usage chunk is a few hundred bytes: a longer event is passed on as
+it comes).
 
 What is relayed is read as the client's SDK reads it (gateway/api/sse_events.py): the
 completion record states the usage the client was shown (else the counts of a chunk held
@@ -19,9 +23,16 @@ back from it) and whether the backend's own error event reached it.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
-from gateway.api.sse_events import EventReader
+from gateway.api.sse_events import (
+    BLANK_TAILS,
+    LINE_END_BYTES,
+    EventReader,
+    event_end,
+    last_event_end,
+)
 from gateway.api.usage_read import counts_of, read_json
 
 __all__ = ["StreamWatch"]
@@ -38,6 +49,7 @@ _MAX_LINE: Final = 64 * 1024
 _USAGE: Final = b'"usage"'
 _ENDS: Final = (b"\n", b"\r")
 _NL: Final = b"\n"  # `_edge` after a read that ended a line: the next one starts a line
+_LINE_ENDS: Final = re.compile(rb"\r\n|\r|\n")
 
 
 class StreamWatch:
@@ -58,10 +70,17 @@ class StreamWatch:
         self._after_done = False
         self._max_line = max_line
         self._edge = _NL  # the last bytes seen, to find `[DONE]` split across reads
-        self._pending = b""  # strip mode: the start of a line not yet complete
-        self._passing = False  # strip mode: inside an over-long line, passed on as it comes
-        self._drop_blank = False  # strip mode: the blank line ending a dropped event
-        self._skip_lf = False  # strip mode: a dropped line ended in CR at a read's end
+        self._pending = b""  # strip mode: the event not yet complete, from its start
+        self._passing = False  # strip mode: inside an over-long event, passed on as it comes
+        # Strip mode, passing: the last bytes passed (a blank line's first, a `[DONE]`
+        # line's start), none of them the end of an event.
+        self._carry = b""
+        # Strip mode: the bytes went out up to a CR that may be the first half of a CRLF,
+        # the LF of which then starts the next read: of a dropped event (`_skip_lf`: drop
+        # it too) or of what went on (`_pass_lf`: pass it, not taken for an empty line
+        # that starts the next event).
+        self._skip_lf = False
+        self._pass_lf = False
         self._held: dict[str, int] | None = None  # strip mode: a held-back chunk's counts
         # What the client reads of the relayed bytes (an event kept up to `max_line`).
         self.events = EventReader(max_event=max_line)
@@ -81,17 +100,22 @@ class StreamWatch:
     def feed(self, data: bytes) -> bytes:
         """Bytes from the backend in; the bytes to relay out (possibly fewer, or none)."""
         if self.strip_usage:
-            # whole lines, none of them a usage chunk: nothing to hold back
+            # whole events, none of them a usage chunk: nothing to hold back
             usual = (
                 not self._pending
                 and not self._passing
-                and not self._drop_blank
                 and not self._skip_lf
-                and data[-1:] in _ENDS  # (`endswith` parses its arguments)
+                and not self._pass_lf
                 and data.find(_USAGE) < 0  # not `in`: see `_see_done`
+                and (  # it ends with a blank line (`ends_event`, inline)
+                    (tail := data[-2:]) in BLANK_TAILS
+                    or (tail == b"\r\n" and data[-3:-2] in LINE_END_BYTES)
+                )
             )
+            if usual:
+                self._pass_lf = data[-1] == _CR
         else:  # whole lines after a read that ended one
-            usual = self._edge is _NL and data[-1:] in _ENDS
+            usual = self._edge is _NL and data[-1:] in _ENDS  # (`endswith` parses its args)
         if usual:  # the usual read, inline (`_feed`)
             if self._seek and data.find(_DONE) >= 0 and _ends_stream(data, 0, len(data)):
                 self._found_done()  # (`data` starts a line)
@@ -106,19 +130,14 @@ class StreamWatch:
         if not self.strip_usage:
             self._see_done(data)
             return data
-        if self._passing:
-            end = _line_end(data, 0)
-            if end < 0:
-                return data
-            self._passing = False
-            head, data = data[:end], data[end:]
-            return head + self._lines(data)
-        return self._lines(data)
+        return self._events(data)
 
     def flush(self) -> bytes:
-        """At the end of the stream: a last line that never got its newline, if any (to
-        relay; the client's reader then ends, `end`)."""
+        """At the end of the stream: the last event, if it never got its blank line (to
+        relay, unless it is a usage-only chunk; the client's reader then ends, `end`)."""
         rest, self._pending = self._pending, b""
+        if rest and len(rest) <= self._max_line and self._usage_only(rest):
+            rest = b""
         if self._seek and rest and _ends_stream(rest, 0, len(rest)):
             self._found_done()
         self.events.feed(rest)
@@ -151,94 +170,116 @@ class StreamWatch:
         else:
             self._edge = data[-_EDGE:] if len(data) >= _EDGE else edge[-_EDGE:]
 
-    def _lines(self, data: bytes) -> bytes:
-        """Hold back usage-only chunks (and the blank line ending each) from `data`.
+    def _events(self, data: bytes) -> bytes:
+        """Hold back usage-only events from `data`, each whole: every line of it (an
+        `event:`, `id:` or comment line before its `data:` line too) through the blank
+        line that ends it, so nothing of it is left to join the next event.
 
-        Only a line that contains `"usage"` is looked at: the runs of whole lines between
-        such lines are passed on as they are, checked for `[DONE]` at a line start, so a
-        read of many events (a fast server's stream coalesced by TCP) costs a few
-        searches, not a Python step per line."""
+        An event is held until its blank line (no SSE client dispatches it before), up to
+        `max_line` bytes; only an event that contains `"usage"` is parsed: the runs of
+        whole events between such events are passed on as they are, checked for `[DONE]`
+        at a line start, so a read of many events (a fast server's stream coalesced by
+        TCP) costs a few searches, not a Python step per line or event."""
         buffer = self._pending + data if self._pending else data
+        self._pending = b""
         kept: list[bytes] = []
         start = 0
-        if self._skip_lf:  # the LF of a dropped line's CRLF, split from it by the read
-            self._skip_lf = False
-            start = 1 if buffer[:1] == b"\n" else 0
-        if self._drop_blank:
-            start = self._skip_blank(buffer, start)
+        if buffer[:1] == b"\n" and (self._skip_lf or self._pass_lf):
+            if self._pass_lf:  # the LF of the CRLF that ended what went on: it goes too
+                kept.append(b"\n")
+            start = 1
+        self._skip_lf = self._pass_lf = False
+        if self._passing:
+            start = self._let_through(buffer, start, kept)
+            if self._passing:
+                return b"".join(kept)
         while True:
+            start = self._past_empty(buffer, start, kept)
             hit = buffer.find(_USAGE, start)
-            if hit < 0:  # none in the rest: its whole lines go on
-                end = _line_start(buffer, len(buffer), start)
-                self._pass(buffer, start, end, kept)
-                start = end
+            if hit < 0:  # none in the rest: its whole events go on
+                begin = last_event_end(buffer, start)
+                self._pass(buffer, start, begin, kept)
+                start = begin
                 break
-            line_start = _line_start(buffer, hit, start)
-            line_end = _line_end(buffer, hit)
-            if line_end < 0:  # that line is not complete yet: hold it
-                self._pass(buffer, start, line_start, kept)
-                start = line_start
+            begin = last_event_end(buffer, start, hit)  # where the event holding it starts
+            self._pass(buffer, start, begin, kept)
+            start = begin
+            end = event_end(buffer, begin)
+            if end < 0:  # that event is not complete yet: hold it
                 break
-            line_end = self._past_lf(buffer, line_end)
-            self._pass(buffer, start, line_start, kept)
-            line = buffer[line_start:line_end]
-            start = line_end
-            if self._usage_only(line):
-                self._drop_blank = True
-                if not self._skip_lf:
-                    start = self._skip_blank(buffer, start)
-                continue
-            self._skip_lf = False  # a kept line: its LF, if one follows, goes on too
-            if (self._seek or not self._after_done) and _ends_stream(line, 0, len(line)):
-                self._after_done = True
-                if self._seek:
-                    self._found_done()
-            kept.append(line)
+            if end - begin <= self._max_line and self._usage_only(buffer[begin:end]):
+                self._skip_lf = end == len(buffer) and buffer[-1] == _CR
+            else:
+                self._pass(buffer, begin, end, kept)
+            start = end
         rest = buffer[start:]
-        if len(rest) > self._max_line:  # not a usage chunk: stop holding it back
-            kept.append(rest)
+        if len(rest) > self._max_line:  # no usage chunk is that long: let it go
+            self._pass(buffer, start, len(buffer), kept)
+            self._passing, self._carry, self._pass_lf = True, rest[-_EDGE:], False
             rest = b""
-            self._passing = True
         self._pending = rest
         return b"".join(kept)
+
+    def _past_empty(self, buffer: bytes, start: int, kept: list[bytes]) -> int:
+        """Pass on the empty lines at `start` (an event's start: each is a blank line of
+        its own, which ends no event of the backend's); where the next line starts."""
+        end = start
+        while end < len(buffer) and buffer[end] in (_LF, _CR):
+            end += 2 if buffer[end] == _CR and buffer[end + 1 : end + 2] == b"\n" else 1
+        if end > start:
+            kept.append(buffer[start:end])
+            self._pass_lf = end == len(buffer) and buffer[-1] == _CR
+        return end
+
+    def _let_through(self, buffer: bytes, start: int, kept: list[bytes]) -> int:
+        """Inside an event let go past `max_line`: pass it on up to the blank line that
+        ends it (found with the last bytes passed before: `_carry`; then `_passing` ends),
+        or all of `buffer`; returns where what is left starts."""
+        carry = self._carry
+        search = carry + buffer[start:]
+        found = event_end(search, 0)
+        upto = len(search) if found < 0 else found
+        if (self._seek or not self._after_done) and _ends_stream(search, 0, upto, line_start=False):
+            self._passed_done()
+        end = start + upto - len(carry)
+        if end > start:
+            kept.append(buffer[start:end])
+            self._carry = search[:upto][-_EDGE:]
+        if found >= 0:
+            self._passing = False
+            self._pass_lf = end == len(buffer) and buffer[-1] == _CR
+        return end
+
+    def _passed_done(self) -> None:
+        """Strip mode: a `[DONE]` line went on."""
+        self._after_done = True
+        if self._seek:
+            self._found_done()
 
     def _pass(self, buffer: bytes, start: int, end: int, kept: list[bytes]) -> None:
         """Pass on the whole lines `buffer[start:end]` (`start` begins a line)."""
         if end <= start:
             return
         if (self._seek or not self._after_done) and _ends_stream(buffer, start, end):
-            self._after_done = True
-            if self._seek:
-                self._found_done()
+            self._passed_done()
         kept.append(buffer[start:end])
+        self._pass_lf = end == len(buffer) and buffer[-1] == _CR
 
-    def _skip_blank(self, buffer: bytes, start: int) -> int:
-        """After a held-back usage chunk: past the blank line that ends its event, once
-        the next line is complete (whether blank or not, the wait for it ends)."""
-        end = _line_end(buffer, start)
-        if end < 0:
-            return start
-        self._drop_blank = False
-        return self._past_lf(buffer, end) if end - start == 1 else start
-
-    def _past_lf(self, buffer: bytes, end: int) -> int:
-        """Past a line that ended at `end` (after its LF or CR): past the LF of a CRLF too,
-        or, when the CR is the buffer's last byte, `_skip_lf` set (its LF may follow)."""
-        if buffer[end - 1] == _CR:
-            if end == len(buffer):
-                self._skip_lf = True
-            elif buffer[end] == _LF:
-                return end + 1
-        return end
-
-    def _usage_only(self, line: bytes) -> bool:
-        """Whether `line` is a usage-only `data:` line (read as the client's parser reads
-        it, gateway/api/usage_read.py), held back: its counts are noted unless `[DONE]`
-        came before."""
-        if not line.startswith(b"data:"):
+    def _usage_only(self, event: bytes) -> bool:
+        """Whether `event` is a usage-only chunk (its `data:` lines joined and read as the
+        client's parser reads them, gateway/api/sse_events.py, gateway/api/usage_read.py),
+        held back: its counts are noted unless `[DONE]` came before."""
+        if event.find(_USAGE) < 0:
+            return False
+        data = [
+            value[1:] if value[:1] == b" " else value
+            for name, _, value in (line.partition(b":") for line in _LINE_ENDS.split(event))
+            if name == b"data"
+        ]
+        if not data:
             return False
         try:
-            doc = read_json(line[5:].rstrip(b"\r\n"), line=True)
+            doc = read_json(b"\n".join(data), line=True)
         except ValueError:
             return False
         if not isinstance(doc, dict) or doc.get("choices") != []:
@@ -265,18 +306,3 @@ def _ends_stream(data: bytes, start: int, end: int, *, line_start: bool = True) 
                 return True
         at = data.find(_DONE, at + 1, end)
     return False
-
-
-def _line_start(data: bytes | bytearray, at: int, floor: int = 0) -> int:
-    """Where the line holding `data[at]` begins: after the last line end (LF or CR) in
-    `data[floor:at]`, or `floor`."""
-    return max(data.rfind(b"\n", floor, at), data.rfind(b"\r", floor, at), floor - 1) + 1
-
-
-def _line_end(data: bytes | bytearray, at: int) -> int:
-    """Where the line holding `data[at]` ends (after its LF or CR; the LF of a CRLF then
-    reads as a blank line, which holds no usage); -1 while it has not ended."""
-    lf, cr = data.find(b"\n", at), data.find(b"\r", at)
-    if lf < 0 and cr < 0:
-        return -1
-    return (lf if cr < 0 or 0 <= lf < cr else cr) + 1

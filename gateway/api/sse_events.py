@@ -34,7 +34,14 @@ from typing import Final
 
 from gateway.api.usage_read import counts_of, read_json
 
-__all__ = ["EventReader"]
+__all__ = [
+    "BLANK_TAILS",
+    "LINE_END_BYTES",
+    "EventReader",
+    "ends_event",
+    "event_end",
+    "last_event_end",
+]
 
 _MAX_EVENT: Final = 64 * 1024
 _LINE_ENDS: Final = re.compile(rb"\r\n|\r|\n")
@@ -65,8 +72,8 @@ class EventReader:
             not self._raw
             and not self._over
             and (
-                (tail := data[-2:]) in _BLANK_TAILS
-                or (tail == b"\r\n" and data[-3:-2] in _LINE_END_BYTES)
+                (tail := data[-2:]) in BLANK_TAILS
+                or (tail == b"\r\n" and data[-3:-2] in LINE_END_BYTES)
             )
             and not _WORTH.search(data)
         ):
@@ -79,7 +86,7 @@ class EventReader:
                 return
             self._over = False
             buffer = buffer[_past_blank(buffer, found.start()) :]
-        cut = _last_event_end(buffer)
+        cut = last_event_end(buffer)
         if cut and _WORTH.search(buffer, 0, cut):
             self._read(_lines(buffer[:cut]), dispatch=False)
         rest = buffer[cut:]
@@ -147,8 +154,14 @@ def _lines(chunk: bytes) -> list[bytes]:
 
 
 # A read ending with a blank line ends in one of these, or in CRLF after a line end.
-_BLANK_TAILS: Final = (b"\n\n", b"\r\r", b"\n\r")
-_LINE_END_BYTES: Final = (b"\n", b"\r")
+BLANK_TAILS: Final = (b"\n\n", b"\r\r", b"\n\r")
+LINE_END_BYTES: Final = (b"\n", b"\r")
+
+
+def ends_event(data: bytes) -> bool:
+    """Whether `data` ends with a blank line (its last line end follows another)."""
+    end = len(data) - 2 if data.endswith(b"\r\n") else len(data) - 1
+    return end >= 1 and data[end] in (_LF, _CR) and data[end - 1] in (_LF, _CR)
 
 
 def _past_blank(data: bytes, at: int) -> int:
@@ -157,7 +170,18 @@ def _past_blank(data: bytes, at: int) -> int:
     return end + 1 if data[at + 1] == _CR and data[end : end + 1] == b"\n" else end
 
 
-def _last_event_end(data: bytes) -> int:
-    """Where the last blank line in `data` ends (0 when there is none)."""
-    at = max(data.rfind(b"\n\n"), data.rfind(b"\r\r"), data.rfind(b"\n\r"))
-    return _past_blank(data, at) if at >= 0 else 0
+def last_event_end(data: bytes, start: int = 0, end: int | None = None) -> int:
+    """Where the last blank line in `data[start:end]` ends (`start` when there is none;
+    `start` begins a line)."""
+    if end is None:
+        end = len(data)
+    at = max(data.rfind(b"\n\n", start, end), data.rfind(b"\r\r", start, end))
+    at = max(at, data.rfind(b"\n\r", start, end))
+    return _past_blank(data, at) if at >= 0 else start
+
+
+def event_end(data: bytes, start: int) -> int:
+    """Where the event starting at `start` ends, after its blank line (the LF of a CRLF
+    included when it is there); -1 while it has not ended."""
+    found = _BLANK.search(data, start)
+    return _past_blank(data, found.start()) if found is not None else -1

@@ -23,8 +23,11 @@ path's `openai_wire.usage_of` differs on purpose: LiteLLM writes zeros of its ow
 
 from __future__ import annotations
 
+import gc
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import accumulate
 from typing import Any, Final
 
@@ -40,6 +43,9 @@ MAX_FALLBACK: Final = 1024 * 1024  # bytes the standard library's parser reads
 # it to that): one wrapped in 512 arrays parses only if it is nested no deeper than 512.
 _ORJSON_DEPTH: Final = 1024
 _WRAP: Final = _ORJSON_DEPTH - MAX_DEPTH
+# Arrays and objects past which a document is parsed with the collector off (a usual
+# answer holds far fewer: a collection runs every 700 or so new ones).
+_COLLECT_UNDER: Final = 10_000
 _STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKETS: Final = bytes(set(range(256)) - set(b"[]{}"))
 _STEP: Final = [0] * 256
@@ -52,23 +58,41 @@ def read_json(data: bytes, *, line: bool = False) -> Any:
     stream's `data:` line (decoded as UTF-8 before parsing), else a whole answer in UTF-8
     (`utf8_document`). Raises ValueError when the client's parser would refuse it too,
     or when it is past the bounds above (the module's text)."""
-    if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:  # the usual: too few to be deep
+    containers = data.count(b"[") + data.count(b"{")
+    if containers <= MAX_DEPTH:  # the usual: too few to be deep
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
             pass
     else:
-        try:
-            return _unwrapped(orjson.loads(b"[" * _WRAP + data + b"]" * _WRAP))
-        except orjson.JSONDecodeError:
-            pass
-        try:  # it parses unwrapped: it was nested too deep
-            orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass
-        else:
-            raise ValueError("nested too deep")
+        with _no_collection(containers):
+            try:
+                return _unwrapped(orjson.loads(b"[" * _WRAP + data + b"]" * _WRAP))
+            except orjson.JSONDecodeError:
+                pass
+            try:  # it parses unwrapped: it was nested too deep
+                orjson.loads(data)
+            except orjson.JSONDecodeError:
+                pass
+            else:
+                raise ValueError("nested too deep")
     return _read_refused(data, line=line)
+
+
+@contextmanager
+def _no_collection(containers: int) -> Iterator[None]:
+    """No garbage collection while orjson builds a document of many arrays and objects:
+    each one it makes counts toward the next collection, and a 16 MiB `[[],[],...]`
+    (5.6 million of them) ran the collector until the parse took 5x as long, seconds on
+    the event loop. What it builds holds no cycle (JSON cannot): its refcounts free it."""
+    if containers <= _COLLECT_UNDER or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def utf8_document(data: bytes) -> bytes:

@@ -31,8 +31,19 @@ _TIMER_SLACK_S = 0.001  # how early a loop may run a timer (uvloop: millisecond 
 # tls: the handshake failed, or the certificate is not one this backend may present
 # encoding: the answer is in a coding the request did not accept (connection.py `_coded`)
 # retired: its pool was closed (`HttpPool.close`): no connection opened, no backend fault
+# shape: a 2xx answer of the other shape than the request asked for, a whole answer to a
+# stream request or a stream to one that is not (gateway/api/passthrough.py)
 FailureKind = Literal[
-    "connect", "timeout", "closed", "protocol", "busy", "too_large", "tls", "encoding", "retired"
+    "connect",
+    "timeout",
+    "closed",
+    "protocol",
+    "busy",
+    "too_large",
+    "tls",
+    "encoding",
+    "retired",
+    "shape",
 ]
 
 

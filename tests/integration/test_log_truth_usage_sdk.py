@@ -30,8 +30,8 @@ from tests.helpers.audit_rig import (
     writes,
 )
 from tests.helpers.gateways import Gateway, backend
-from tests.helpers.independent_audit import log_records
-from tests.helpers.log_truth import DONE, EVENT
+from tests.helpers.independent_audit import audit, log_records
+from tests.helpers.log_truth import CHAT, DONE, EVENT
 from tests.helpers.raw_backend import Answer, RawBackend
 
 BIG = b'{"prompt_tokens":900,"completion_tokens":900,"total_tokens":1800}'
@@ -157,3 +157,30 @@ def test_a_whole_answer_s_usage_is_read_as_json_loads_reads_its_bytes(
     shown = json.loads(received.body)["usage"]  # httpx's `Response.json`: json.loads(bytes)
     assert shown == json.loads(ANSWER)["usage"]
     assert _recorded_usage(tmp_path / "log", vkey) == shown
+
+
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n"], ids=["LF", "CRLF"])
+def test_a_usage_chunk_held_back_takes_its_event_line_with_it(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    ending: bytes,
+) -> None:
+    """The client did not ask for usage; the backend names the usage chunk's event (and
+    the `event:` line written apart from its `data:` line): the whole event is held back, so the
+    next event the client reads is not read under that name; the record has the counts."""
+    named = b"event: usage\n"
+    written = (EVENT, named, usage_chunk(BIG), EVENT, DONE)
+    raw = start_raw(writes(*chunked(*(e.replace(b"\n", ending) for e in written))))
+    gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
+    received = client_gets(gateway, CHAT)
+    settled(tmp_path / "log", vkey, received.headers["x-request-id"])
+    assert audit(received, tmp_path / "log", vkey) == []
+    assert b"event:" not in received.body and b'"usage"' not in received.body
+    events = [e for e in SSEDecoder().iter_bytes(iter([received.body])) if e.data]
+    assert [(e.event, e.data.encode()) for e in events] == [
+        (None, EVENT[6:-2]),
+        (None, EVENT[6:-2]),
+        (None, b"[DONE]"),
+    ]
+    assert _recorded_usage(tmp_path / "log", vkey) == json.loads(BIG)

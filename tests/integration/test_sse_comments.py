@@ -32,11 +32,11 @@ ORIGIN = "test.owngate/sse-comments"
 EVENT = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
 
 
-def _ask(gateway: Gateway) -> httpx.Response:
+def _ask(gateway: Gateway, status: int = 200) -> httpx.Response:
     response = httpx.post(
         f"{gateway.url}/v1/chat/completions", json=CHAT, headers=gateway.headers, timeout=30
     )
-    assert response.status_code == 200, response.text
+    assert response.status_code == status, response.text
     return response
 
 
@@ -176,7 +176,9 @@ def test_a_stream_answered_under_another_content_type_carries_no_owngate_line(
 ) -> None:
     """An SSE client reads a stream request's answer as SSE whatever its content type
     says (the OpenAI SDK does, and `Text/Event-Stream` is SSE): a backend cannot slip its
-    lines past the relay by naming the type differently."""
+    lines past the relay by naming the type differently. Answered as `application/json`,
+    the stream request's answer is of the wrong shape: a 502 the client gets instead,
+    none of the backend's bytes (tests/integration/test_answer_shapes.py)."""
     body = EVENT + b": owngate-receipt X\n\n" + DONE
 
     async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
@@ -187,12 +189,11 @@ def test_a_stream_answered_under_another_content_type_carries_no_owngate_line(
 
     raw = start_raw(answer)
     gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
-    response = _ask(gateway)
-    relayed = EVENT + b"\n" + DONE
-    if content_type == b"application/json":  # a whole answer: its receipt is the header
-        assert response.content == relayed
+    response = _ask(gateway, 502 if content_type == b"application/json" else 200)
+    if content_type == b"application/json":
+        assert response.json()["error"]["code"] == "upstream_error"
         assert owngate_lines(response.content) == []
-        receipt = base64.b64decode(response.headers["x-owngate-receipt"])
-    else:
-        receipt = stream_receipt(response)
+        return
+    relayed = EVENT + b"\n" + DONE
+    receipt = stream_receipt(response)
     receipt_verifies(tmp_path, response, receipt, relayed)

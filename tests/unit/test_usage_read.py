@@ -6,6 +6,7 @@ UTF-32 is decoded as `json.loads(bytes)` decodes it."""
 
 from __future__ import annotations
 
+import gc
 import json
 
 import orjson
@@ -131,3 +132,27 @@ def test_a_stream_event_past_the_depth_bound_shows_no_usage() -> None:
     )
     reader.finish()
     assert reader.usage == COUNTS
+
+
+def test_a_document_of_many_containers_is_read_without_a_collection() -> None:
+    """A whole answer of millions of empty arrays (16 MiB of `[[],[],...]`): each array
+    orjson made counted toward the next garbage collection, which ran over and over on
+    the event loop (the parse took seconds). Counted, not timed: at most the one
+    collection that is due once the collector is on again (571 ran before)."""
+    usage = b'{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}'
+    doc = b'{"x":[' + b"[]," * 400_000 + b'[]],"usage":' + usage + b"}"
+    collections: list[str] = []
+
+    def counted(phase: str, _info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(phase)
+
+    expected = json.loads(usage)
+    gc.callbacks.append(counted)
+    try:
+        read = read_json(doc)
+    finally:
+        gc.callbacks.remove(counted)
+    assert read["usage"] == expected
+    assert len(collections) <= 1
+    assert gc.isenabled()
