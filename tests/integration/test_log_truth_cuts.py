@@ -195,47 +195,6 @@ def test_a_whole_answer_whose_client_left_before_it_went_out_is_not_recorded_as_
     assert record["response_commitment"] is None
 
 
-def test_a_stream_answering_a_whole_request_cut_by_the_drain_deadline_ends_with_its_error(
-    start_raw: Callable[[Answer], RawBackend],
-    start_gateway: Callable[..., Gateway],
-    tmp_path: Path,
-) -> None:
-    """A backend streams its answer to a request that did not ask for a stream (relayed
-    as the stream it is). Cut by the drain deadline, the client gets what any cut stream
-    gets: the error event and its receipt, as the record (503) says."""
-    released = threading.Event()
-
-    async def streams(writer: asyncio.StreamWriter, _post: Post) -> bool:
-        writer.write(sse_head() + EVENT)
-        await writer.drain()
-        await asyncio.get_running_loop().run_in_executor(None, released.wait, 30)
-        return False
-
-    raw = start_raw(streams)
-    gateway = logged_private_gateway(
-        start_gateway, tmp_path, raw.url, ORIGIN, limits={"drain_timeout_s": 0.001}
-    )
-    got = b""
-    url = f"{gateway.url}/v1/chat/completions"
-    whole = {**CHAT, "stream": False}
-    try:
-        with httpx.stream("POST", url, json=whole, headers=gateway.headers, timeout=30) as r:
-            chunks = r.iter_bytes()
-            while not got.endswith(EVENT):
-                got += next(chunks)
-            (task,) = list(gateway.app.serving)  # the request: its loop is the server's
-            task.get_loop().call_soon_threadsafe(gateway.app.begin_drain)
-            got += b"".join(chunks)
-    finally:
-        released.set()
-    assert got.startswith(EVENT + b"data: {"), got
-    assert b'"not_ready"' in got
-    request_id, salt = salt_of(stream_receipt(got))
-    record = completion_record(tmp_path / "log", request_id)
-    assert record["status"] == 503
-    assert record["response_commitment"] == commit("response", salt, EVENT)
-
-
 def _faulty_answer(
     start_raw: Callable[[Answer], RawBackend],
     start_gateway: Callable[..., Gateway],
