@@ -116,21 +116,16 @@ class StreamWatch:
                 self._pass_lf = data[-1] == _CR
         else:  # whole lines after a read that ended one
             usual = self._edge is _NL and data[-1:] in _ENDS  # (`endswith` parses its args)
-        if usual:  # the usual read, inline (`_feed`)
+        if usual:  # the usual read
             if self._seek and data.find(_DONE) >= 0 and _ends_stream(data, 0, len(data)):
                 self._found_done()  # (`data` starts a line)
             self.events.feed(data)
             return data
-        out = self._feed(data)
-        self.events.feed(out)
-        return out
-
-    def _feed(self, data: bytes) -> bytes:
-        """`feed` past the usual read (`feed` takes that one itself)."""
         if not self.strip_usage:
             self._see_done(data)
+            self.events.feed(data)
             return data
-        return self._events(data)
+        return self._events(data)  # (it tells the event reader what goes on, as it goes)
 
     def flush(self) -> bytes:
         """At the end of the stream: the last event, if it never got its blank line (to
@@ -192,7 +187,9 @@ class StreamWatch:
         if self._passing:
             start = self._let_through(buffer, start, kept)
             if self._passing:
+                self._tell(kept, 0)
                 return b"".join(kept)
+        told = 0  # what of `kept` the event reader has read
         while True:
             start = self._past_empty(buffer, start, kept)
             hit = buffer.find(_USAGE, start)
@@ -207,6 +204,9 @@ class StreamWatch:
             end = event_end(buffer, begin)
             if end < 0:  # that event is not complete yet: hold it
                 break
+            # what went on before it first: a `[DONE]` or an error event there stops the
+            # client's reading, whatever the reads' cuts (`_usage_only`)
+            told = self._tell(kept, told)
             if end - begin <= self._max_line and self._usage_only(buffer[begin:end]):
                 self._skip_lf = end == len(buffer) and buffer[-1] == _CR
             else:
@@ -218,7 +218,14 @@ class StreamWatch:
             self._passing, self._carry, self._pass_lf = True, rest[-_EDGE:], False
             rest = b""
         self._pending = rest
+        self._tell(kept, told)
         return b"".join(kept)
+
+    def _tell(self, kept: list[bytes], told: int) -> int:
+        """Feed the event reader `kept[told:]`; returns how much of `kept` it has read."""
+        for part in kept[told:]:
+            self.events.feed(part)
+        return len(kept)
 
     def _past_empty(self, buffer: bytes, start: int, kept: list[bytes]) -> int:
         """Pass on the empty lines at `start` (an event's start: each is a blank line of

@@ -464,3 +464,43 @@ def test_without_find_done_only_done_differs(
     assert framed.flush() == seeking.flush()
     assert framed.usage == seeking.usage
     assert not framed.done
+
+
+_CHUNK = b'data: {"id":"c","object":"chat.completion.chunk","choices":'
+_ROLE = _CHUNK + b'[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
+_USAGE_7 = _CHUNK + b'[],"usage":{"prompt_tokens":7,"completion_tokens":2,"total_tokens":9}}\n\n'
+_USAGE_1 = _CHUNK + b'[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}\n\n'
+_ERROR = b'data: {"error":{"message":"boom"}}\n\n'
+
+
+def _stripped(reads: list[bytes], find_done: bool) -> tuple[bytes, StreamWatch]:
+    watch = StreamWatch(strip_usage=True, find_done=find_done)
+    out = b"".join(watch.feed(read) for read in reads) + watch.flush()
+    watch.end()
+    return out, watch
+
+
+@pytest.mark.parametrize("find_done", [True, False])
+def test_a_usage_chunk_after_done_split_from_its_blank_line_is_not_held(
+    find_done: bool,
+) -> None:
+    """A framed body is not searched for `[DONE]` (`find_done=False`), yet a usage chunk
+    after it (the marker's blank line in the next read) is no usage the client saw."""
+    out, watch = _stripped([_ROLE, _USAGE_7, b"data: [DONE]\n", b"\n" + _USAGE_1], find_done)
+    assert out == _ROLE + b"data: [DONE]\n\n"
+    assert watch.usage == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+
+
+@pytest.mark.parametrize("find_done", [True, False])
+@pytest.mark.parametrize("cut", [None, len(_ROLE + _ERROR)])
+def test_a_usage_chunk_after_an_error_event_is_held_the_same_however_cut(
+    find_done: bool, cut: int | None
+) -> None:
+    """The SDK raises at the backend's error event and reads nothing after it: a usage
+    chunk there is not recorded, whether or not it came in the error event's read (it
+    was when it did: the event reader learnt of the error only after the read)."""
+    stream = _ROLE + _ERROR + _USAGE_7
+    reads = [stream] if cut is None else [stream[:cut], stream[cut:]]
+    _, watch = _stripped(reads, find_done)
+    assert watch.error_event
+    assert watch.usage is None
