@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -118,14 +119,27 @@ def _witness_argv(tmp_path: Path) -> list[str]:
 def _attest_argv(tmp_path: Path) -> list[str]:
     key = tmp_path / "backend.key"
     write_signing_key(key, "backend.test/attest")
-    listen = f"127.0.0.1:{free_port()}"
-    return ["attest", "--listen", listen, "--backend", "http://127.0.0.1:9", "--key", str(key)]
+    return [
+        "attest",
+        "--listen",
+        f"127.0.0.1:{free_port()}",
+        "--backend",
+        "http://127.0.0.1:9",
+        "--key",
+        str(key),
+        "--log",
+        str(tmp_path / "log"),
+    ]
 
 
-COMMANDS = {
-    "attest": lambda tmp_path: [*_attest_argv(tmp_path), "--log", str(tmp_path / "log")],
+def _sim_argv(_tmp_path: Path) -> list[str]:
+    return ["sim", "--port", str(free_port())]
+
+
+COMMANDS: dict[str, Callable[[Path], list[str]]] = {
+    "attest": _attest_argv,
     "witness serve": _witness_argv,
-    "sim": lambda _tmp_path: ["sim", "--port", str(free_port())],
+    "sim": _sim_argv,
 }
 
 

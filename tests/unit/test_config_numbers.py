@@ -30,10 +30,10 @@ TIMINGS = {  # each at the largest value it validates with
 
 @pytest.mark.parametrize(("name", "largest"), sorted(TIMINGS.items()))
 def test_a_log_timing_that_validates_is_one_the_log_opens_with(name: str, largest: int) -> None:
-    assert log_settings(ProvenanceSettings(**BASE, **{name: largest})) is not None
+    assert log_settings(ProvenanceSettings.model_validate({**BASE, name: largest})) is not None
     for past in (largest * 1.001, 1e306, float("inf"), float("nan")):
         with pytest.raises(ValidationError):
-            ProvenanceSettings(**BASE, **{name: past})
+            ProvenanceSettings.model_validate({**BASE, name: past})
 
 
 def test_config_validate_refuses_an_export_stall_limit_the_log_cannot_take(
