@@ -11,7 +11,13 @@ where the fault is, which is what an operator needs from a traceback.
 contexts first, as Python does, and the members of an exception group after it) with
 every exception's last line cut to its class and how long its message was, e.g.
 `KeyError: [message withheld: 18 characters]`; notes added to it (`add_note`) are
-counted, not shown. Local variables are never part of it (Python's default, kept).
+counted, not shown. What the operating system said is the gateway's side, never the
+request's, and is kept: an `OSError` of Python's own classes (FileNotFoundError,
+PermissionError, ConnectionResetError, ...) whose errno is one the OS defines reads
+`OSError: [Errno 28 ENOSPC] No space left on device [message withheld: ...]`, its name
+and text made from the number alone (the text the exception carries, and the file names
+in it, stay withheld); an `ssl.SSLError` keeps OpenSSL's library and reason codes
+(`[SSL: CERTIFICATE_VERIFY_FAILED]`). Local variables are never part of it (Python's default, kept).
 `gateway.logs` uses it for every traceback it writes: structlog's `exc_info` and the
 stdlib handler's (uvicorn's "Exception in ASGI application", asyncio, libraries).
 
@@ -23,6 +29,10 @@ when that is long enough not to be an ordinary word of the message) out of it.
 
 from __future__ import annotations
 
+import errno
+import os
+import re
+import ssl
 import traceback
 from typing import Final
 
@@ -31,6 +41,8 @@ __all__ = ["MAX_EXCEPTIONS", "message_without_exception", "traceback_without_mes
 MAX_EXCEPTIONS: Final = 32
 """The exceptions one traceback shows (a chain of causes, the members of groups); more are
 counted, not shown."""
+_OPENSSL_CODE: Final = re.compile(r"[A-Z0-9_]{1,64}\Z")
+"""What an OpenSSL library or reason code is (`SSL`, `CERTIFICATE_VERIFY_FAILED`)."""
 _QUOTED_CHARS: Final = 8
 """Shorter texts of an exception (`'x'`, `42`) are left in a message: replacing them
 would garble its own words, and they quote too little to matter."""
@@ -103,8 +115,29 @@ def _last_line(exc: BaseException) -> str:
         length = len(str(exc))
     except Exception:  # noqa: BLE001 - its __str__ failed; Python's own traceback says so too
         return f"{name}: [message unprintable]"
-    line = f"{name}: [message withheld: {length} characters]" if length else name
+    said = _system_said(exc)
+    line = f"{name}: {said}" if said else name
+    if length:
+        line += f"{' ' if said else ': '}[message withheld: {length} characters]"
     notes = getattr(exc, "__notes__", None)
     if isinstance(notes, (list, tuple)) and notes:
         line += f" [{len(notes)} notes withheld]"
     return line
+
+
+def _system_said(exc: BaseException) -> str:
+    """What the OS (or OpenSSL) said of `exc`, from its codes alone, or "": `[Errno 5
+    EIO] Input/output error` for an OSError of Python's own classes with an errno the OS
+    defines (another module's subclass may number something else: socket.gaierror's EAI
+    codes, ssl's), `[SSL: REASON]` for an SSLError."""
+    if isinstance(exc, ssl.SSLError):
+        codes = [code for code in (exc.library, exc.reason) if code is not None]
+        if codes and all(isinstance(code, str) and _OPENSSL_CODE.match(code) for code in codes):
+            return f"[{': '.join(codes)}]"
+        return ""
+    if not isinstance(exc, OSError) or type(exc).__module__ != "builtins":
+        return ""
+    number = exc.errno
+    if type(number) is not int or number not in errno.errorcode:
+        return ""
+    return f"[Errno {number} {errno.errorcode[number]}] {os.strerror(number)}"

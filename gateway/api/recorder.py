@@ -58,7 +58,7 @@ from gateway.provenance.writer.high_water import HighWater
 from gateway.routing.registry import BackendState
 from gateway.upstream.tls import Peer
 
-__all__ = ["NEW_LOG_ORIGIN_ENV", "Recorder", "asks_new_log_origin", "usage_of"]
+__all__ = ["NEW_LOG_ORIGIN_ENV", "Recorder", "asks_new_log_origin", "log_settings", "usage_of"]
 
 # Set (to 1) by `owngate serve --new-log-origin`: the operator starts a new log under a new
 # origin, leaving behind the one the high-water file records (docs/provenance.md).
@@ -68,6 +68,17 @@ NEW_LOG_ORIGIN_ENV = "OWNGATE_NEW_LOG_ORIGIN"
 def asks_new_log_origin(environ: Mapping[str, str]) -> bool:
     """Whether `environ` says to start a new log under a new origin."""
     return environ.get(NEW_LOG_ORIGIN_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def log_settings(settings: ProvenanceSettings) -> LogSettings:
+    """The log's timings `provenance:` sets (raises ValueError for ones it refuses: none
+    that validate, by the config's bounds)."""
+    return LogSettings(
+        group_commit_ms=settings.group_commit_ms,
+        checkpoint_every=settings.checkpoint_every,
+        checkpoint_interval_ms=settings.checkpoint_interval_ms,
+        export_stall_after_ms=settings.export_stall_after_s * 1000.0,
+    )
 
 
 class Recorder:
@@ -107,12 +118,7 @@ class Recorder:
             settings.origin,
             signer,
             cosigners=previous,
-            settings=LogSettings(
-                group_commit_ms=settings.group_commit_ms,
-                checkpoint_every=settings.checkpoint_every,
-                checkpoint_interval_ms=settings.checkpoint_interval_ms,
-                export_stall_after_ms=settings.export_stall_after_s * 1000.0,
-            ),
+            settings=log_settings(settings),
             # v2 receipts: each seal gives its receipt's payload, one signature per batch
             # (a receipt alone in its batch is v1: the same one signature, less to carry)
             batch_seal=functools.partial(

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gateway.cli._logging import add_logging_flags, start_logging
+
 __all__ = ["register", "run"]
 
 
@@ -97,6 +99,7 @@ def register(subparsers: Any) -> None:
         "(repeat for several; env OWNGATE_ATTEST_CLIENT_PIN, comma-separated): only the "
         "gateway's certificate, not any other of the CA",
     )
+    add_logging_flags(parser, "OWNGATE_ATTEST_")
     parser.set_defaults(handler=run)
 
 
@@ -174,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
         client_pins=pins,
     )
     host = host.strip("[]")
+    start_logging(args)
     try:
         sock = bind_socket(host, int(port))
     except OSError as exc:

@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any
 
+from gateway.cli._logging import add_logging_flags, start_logging
 from gateway.sim.settings import KINDS, Faults, SimSettings
 
 __all__ = ["build_settings", "register", "run"]
@@ -160,6 +161,7 @@ def register(subparsers: Any) -> None:  # argparse's subparsers action has no pu
         default=_env("API_KEY"),
         help="require 'Authorization: Bearer KEY' as the real server would (default: none)",
     )
+    add_logging_flags(parser, "OWNGATE_SIM_")
     parser.set_defaults(handler=run)
 
 
@@ -219,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"owngate sim: {exc}", file=sys.stderr)
         return 2
+    start_logging(args)
     app = create_sim_app(settings)
     print(
         f"owngate sim: {settings.kind}-like server for {', '.join(settings.models)} "

@@ -27,6 +27,7 @@ import os
 import sys
 from typing import Any
 
+from gateway.cli._logging import add_logging_flags, start_logging
 from gateway.provenance.audit.shown import MAX_SHOWN_MESSAGE, shown
 from gateway.provenance.errors import ProvenanceError
 from gateway.provenance.formats.cosignature import Cosigner
@@ -114,6 +115,7 @@ def _add_serve(verbs: Any) -> None:
         default=_env("PREFIX", ""),
         help="submission prefix: serve <prefix>/add-checkpoint (env OWNGATE_WITNESS_PREFIX)",
     )
+    add_logging_flags(serve, "OWNGATE_WITNESS_")
     serve.set_defaults(handler=_serve, _log_defaults=logs)
 
 
@@ -178,6 +180,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"error: {shown(exc, MAX_SHOWN_MESSAGE)}", file=sys.stderr)
         return 1
     with witness:
+        start_logging(args)
         import uvicorn  # only here: the provenance package and auditors never need it
 
         from gateway.serving import uvicorn_config

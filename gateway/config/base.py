@@ -17,4 +17,7 @@ Identifier = Annotated[str, Field(pattern=_ID)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No setting is a number that is not finite: `.inf` or `.nan` validated, then failed
+    # where it was used (a log timing refused at startup, a timer that never fires).
+    # "No limit" is null where a setting has it.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

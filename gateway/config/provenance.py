@@ -24,7 +24,7 @@ class WitnessSettings(_Strict):
 
     url: str = Field(min_length=1, description="prefix; add-checkpoint is POSTed under it")
     vkey: str = Field(min_length=1, description="printed by `owngate witness vkey`")
-    timeout_s: float = Field(default=5.0, gt=0)
+    timeout_s: float = Field(default=5.0, gt=0, le=3600)
 
     @field_validator("url")
     @classmethod
@@ -58,13 +58,15 @@ class ProvenanceSettings(_Strict):
         "copy is refused rather than forked (default: beside the directory, <dir>.high-water; "
         "with serve --workers N, worker i's is this path followed by -worker-<i>)",
     )
-    group_commit_ms: float = Field(default=2.0, ge=0)
+    # The log's timings are bounded: what validates must start (`LogSettings` refuses a
+    # timing that is not finite, and export_stall_after_s is taken x1000: 1e306 s is inf).
+    group_commit_ms: float = Field(default=2.0, ge=0, le=60_000)
     checkpoint_every: int = Field(default=10_000, gt=0)
-    checkpoint_interval_ms: float = Field(default=1000.0, gt=0)
+    checkpoint_interval_ms: float = Field(default=1000.0, gt=0, le=86_400_000)
     export_stall_after_s: float = Field(
         default=60.0,
         gt=0,
-        allow_inf_nan=False,
+        le=86_400,
         description="a checkpoint export (tiles, signature) that has not returned for this "
         "long is a hung disk: the log is not ready (/readyz 503) until it returns",
     )
@@ -92,7 +94,10 @@ class ProvenanceSettings(_Strict):
         default=(), description="C2SP tlog-witnesses asked to cosign each new checkpoint"
     )
     witness_retry_max_s: float = Field(
-        default=60.0, gt=0, description="longest wait between retries to a failing witness"
+        default=60.0,
+        gt=0,
+        le=86_400,
+        description="longest wait between retries to a failing witness",
     )
 
     def high_water_path(self, config_dir: Path) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "CommitmentMismatchError",
+    "HighWaterFullError",
     "KeyFormatError",
     "LogCorruptedError",
     "LogForkError",
@@ -64,6 +65,12 @@ class LogCorruptedError(ProvenanceError):
 class LogForkError(LogCorruptedError):
     """The log directory holds less than (or another tree than) the log under this origin
     already signed: going on would sign a second tree under the same origin and key."""
+
+
+class HighWaterFullError(LogCorruptedError):
+    """The high-water file holds as many retired logs' checkpoints as it may: it is not
+    read past its bound, and no further log is left behind in it (docs/provenance.md,
+    "Starting over")."""
 
 
 class LogVerificationError(ProvenanceError):

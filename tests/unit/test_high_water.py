@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from gateway.config.provenance import ProvenanceSettings
-from gateway.provenance.errors import LogForkError
-from gateway.provenance.formats.checkpoint import Checkpoint
+from gateway.provenance.errors import HighWaterFullError, LogForkError
+from gateway.provenance.formats.checkpoint import Checkpoint, sign_checkpoint
 from gateway.provenance.formats.merkle import leaf_hash
 from gateway.provenance.formats.wal import encode_frame
 from gateway.provenance.testing import seeded_signer
-from gateway.provenance.writer.high_water import HighWater
+from gateway.provenance.writer.high_water import MAX_FILE, MAX_RETIRING, HighWater
 from gateway.provenance.writer.store import LogStore
 from gateway.workers import WorkerIdentity, for_worker
 from tests.helpers.gateways import backend, gateway_config
@@ -142,6 +142,51 @@ def test_a_file_written_before_retired_logs_were_kept_reads_the_same(tmp_path: P
     shutil.rmtree(directory)
     with pytest.raises(LogForkError, match="size 5"):
         _log(directory, A, HighWater(path))
+
+
+def _retired_notes(past: int) -> bytes:
+    """Signed checkpoints of as many retired origins (each at size 0) as make just more
+    than `past` bytes: what ~2,000 starts with --new-log-origin leave in the file."""
+    notes: list[bytes] = []
+    size = number = 0
+    while size <= past:
+        origin = f"gw.example/log/retired-{number}"
+        note = sign_checkpoint(Checkpoint(origin, 0, leaf_hash(b"")), [seeded_signer(origin)])
+        notes.append(note)
+        size += len(note) + 1
+        number += 1
+    return b"\n".join(notes)
+
+
+def test_a_file_past_its_bound_says_why_and_what_to_do(tmp_path: Path) -> None:
+    """A file the retired logs grew past 1 MiB refused every start as an unreadable,
+    `larger than a high-water file`, naming neither the cause nor the way on."""
+    path, directory = tmp_path / "log.high-water", tmp_path / "log"
+    _log(directory, A, HighWater(path))
+    path.write_bytes(path.read_bytes() + b"\n" + _retired_notes(MAX_FILE))
+    with pytest.raises(HighWaterFullError, match="left behind with --new-log-origin") as full:
+        _log(directory, A, HighWater(path))
+    assert "docs/provenance.md" in str(full.value)
+
+
+def test_no_further_log_is_left_behind_past_the_retiring_bound(tmp_path: Path) -> None:
+    """--new-log-origin is refused before anything is signed once the retired logs fill
+    the file to MAX_RETIRING, so the file never grows past what it reads; going back to
+    a retired origin (its note replaced, not added) and going on are not."""
+    path = tmp_path / "log.high-water"
+    _log(tmp_path / "a", A, HighWater(path), 3)
+    _log(tmp_path / "b", B, HighWater(path, new_origin=True))  # A left behind: room still
+    path.write_bytes(path.read_bytes() + b"\n" + _retired_notes(MAX_RETIRING))
+    with pytest.raises(HighWaterFullError, match="leaves no further log behind"):
+        _log(tmp_path / "c", C, HighWater(path, new_origin=True))
+    refused = HighWater(path).read()
+    assert refused is not None and refused.origin == B  # nothing of C was recorded
+    assert not (tmp_path / "c" / "checkpoint").exists()  # nor signed
+    _log(tmp_path / "b", B, HighWater(path), 2)  # the current log goes on
+    _log(tmp_path / "a", A, HighWater(path, new_origin=True))  # a retired origin is back
+    current = HighWater(path).read()
+    assert current is not None and (current.origin, current.size) == (A, 3)
+    assert path.stat().st_size <= MAX_FILE
 
 
 def test_a_high_water_file_that_is_a_link_stays_a_link(tmp_path: Path) -> None:

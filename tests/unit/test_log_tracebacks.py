@@ -4,9 +4,14 @@ an exception's message may quote the request (a prompt, a header, a model name).
 from __future__ import annotations
 
 import asyncio
+import errno
 import io
 import json
 import logging
+import os
+import socket
+import ssl
+from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -54,6 +59,59 @@ def test_a_traceback_keeps_the_stack_and_withholds_every_message() -> None:
         f"RuntimeError: [message withheld: {len(f'the request {SAID} failed')} characters]"
         " [1 notes withheld]"
     )
+
+
+def test_an_os_error_keeps_what_the_os_said_and_withholds_its_file_names(
+    tmp_path: Path,
+) -> None:
+    """A full disk, an I/O error and a read-only file system are told apart in a trace
+    (they all read `OSError: [message withheld: N characters]` before); the file name,
+    which may be made of the request's words, and the message's text are not shown."""
+    with pytest.raises(FileNotFoundError) as failed:
+        os.rmdir(tmp_path / CANARY)  # a real OS failure, as a disk's would be
+    text = traceback_without_messages(failed.value)
+    assert text.endswith(
+        "FileNotFoundError: [Errno 2 ENOENT] No such file or directory [message withheld: "
+        f"{len(str(failed.value))} characters]"
+    )
+    assert CANARY not in text
+    for number, name in [(errno.ENOSPC, "ENOSPC"), (errno.EIO, "EIO"), (errno.EROFS, "EROFS")]:
+        # The name and text come from the number: a strerror the raiser chose is withheld.
+        text = traceback_without_messages(OSError(number, CANARY, CANARY))
+        assert text == f"OSError: [Errno {number} {name}] {os.strerror(number)} " + (
+            f"[message withheld: {len(str(OSError(number, CANARY, CANARY)))} characters]"
+        )
+
+
+def test_codes_that_are_not_the_os_errno_are_not_named_as_one() -> None:
+    """Another module's OSError numbers something else (getaddrinfo's EAI codes, the
+    number a library chose): not shown, rather than shown as the wrong errno."""
+    for exc in [
+        socket.gaierror(1, CANARY),  # EAI code 1 is not EPERM
+        OSError(10**30, CANARY),
+        OSError(True, CANARY),
+        OSError(CANARY),
+    ]:
+        text = traceback_without_messages(exc)
+        assert "Errno" not in text and "EPERM" not in text and CANARY not in text, text
+    assert traceback_without_messages(OSError()) == "OSError"
+
+
+def test_a_tls_failure_keeps_openssl_s_reason_code() -> None:
+    """A real handshake failure (a peer answering something that is not TLS) keeps
+    OpenSSL's library and reason codes; a reason that is not a code is withheld."""
+    incoming = ssl.MemoryBIO()
+    client = ssl.create_default_context().wrap_bio(
+        incoming, ssl.MemoryBIO(), server_hostname="backend.test"
+    )
+    incoming.write(b"\x16\x03\x01\x00\x05" + CANARY.encode() * 4)
+    with pytest.raises(ssl.SSLError) as failed:
+        client.do_handshake()
+    text = traceback_without_messages(failed.value)
+    assert "ssl.SSLError: [SSL: UNEXPECTED_MESSAGE] [message withheld: " in text, text
+    odd = ssl.SSLError(1, CANARY)
+    odd.library, odd.reason = "SSL", f"{CANARY} <quoted>"  # not a code: not shown
+    assert traceback_without_messages(odd).startswith("ssl.SSLError: [message withheld: ")
 
 
 def test_groups_cycles_and_unprintable_messages_are_bounded() -> None:

@@ -25,6 +25,12 @@ The format: signed notes, the current log's first, separated by a blank line (a 
 holds exactly one: between its text and its signatures), so a file of one note, as
 written before retired logs were kept, reads the same.
 
+The file is bounded (`MAX_FILE`, 1 MiB): each log left behind adds its last checkpoint,
+a few hundred bytes, so it holds about 2,000 of them. Past `MAX_RETIRING` (768 KiB, the
+rest is room for the current log's checkpoint to grow with cosignatures) no further log
+is left behind: `new_origin` is refused with `HighWaterFullError` before anything is
+signed, as is a file past `MAX_FILE` when it is read, each saying what to do.
+
 The path is resolved (symbolic links followed) before each write, as it is when read: a
 high-water file that is a link to another volume stays one, and its target is replaced.
 """
@@ -35,18 +41,26 @@ import os
 import stat
 from pathlib import Path
 
-from gateway.provenance.errors import LogCorruptedError, LogForkError, MalformedError
+from gateway.provenance.errors import (
+    HighWaterFullError,
+    LogCorruptedError,
+    LogForkError,
+    MalformedError,
+)
 from gateway.provenance.files import write_files_atomically
 from gateway.provenance.formats.checkpoint import Checkpoint
 from gateway.provenance.formats.merkle import range_hash
 from gateway.provenance.formats.tiles import TileReader
 
-__all__ = ["NEW_ORIGIN_HINT", "HighWater"]
+__all__ = ["MAX_FILE", "MAX_RETIRING", "NEW_ORIGIN_HINT", "HighWater"]
 
 # A checkpoint note is a few hundred bytes (more with cosignatures), and the file holds
 # one per log it recorded (current and retired); anything this large named by mistake is
 # not one, and is not read whole.
-_MAX_FILE = 1024 * 1024
+MAX_FILE = 1024 * 1024
+# A file this large leaves no further log behind: the rest is room for the current log's
+# note, which grows with its cosignatures.
+MAX_RETIRING = 768 * 1024
 
 # How the gateway's operator starts a new log (docs/provenance.md, "Starting over").
 NEW_ORIGIN_HINT = (
@@ -61,12 +75,13 @@ class HighWater:
     recording another origin is then replaced, never a file recording this one, nor one
     that recorded this origin before and holds more of it than the directory)."""
 
-    __slots__ = ("_notes", "new_origin", "path")
+    __slots__ = ("_notes", "_size", "new_origin", "path")
 
     def __init__(self, path: Path, new_origin: bool = False) -> None:
         self.path = path
         self.new_origin = new_origin
         self._notes: list[tuple[Checkpoint, bytes]] | None = None  # as last read or written
+        self._size = 0  # bytes of the file as last read or written
 
     def __repr__(self) -> str:
         return f"HighWater({str(self.path)!r}, new_origin={self.new_origin})"
@@ -85,19 +100,25 @@ class HighWater:
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
-            self._notes = []
+            self._notes, self._size = [], 0
             return []
         except OSError as exc:
             raise LogCorruptedError(f"cannot read {self.path}: {exc.strerror}") from exc
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise LogCorruptedError(f"{self.path} is not a regular file")
-            data = os.read(fd, _MAX_FILE + 1)
+            data = os.read(fd, MAX_FILE + 1)
         finally:
             os.close(fd)
-        if len(data) > _MAX_FILE:
-            raise LogCorruptedError(f"{self.path} is larger than a high-water file")
-        self._notes = _parse(data, self.path)
+        if len(data) > MAX_FILE:
+            raise HighWaterFullError(
+                f"{self.path} is larger than a high-water file ({MAX_FILE} bytes): it is "
+                "not read past that. A file that grew so keeps the last checkpoints of "
+                "about 2,000 logs left behind with --new-log-origin; keep its first note "
+                "(the current log's) and the retired origins that may ever be used again, "
+                'drop the others (docs/provenance.md, "Starting over")'
+            )
+        self._notes, self._size = _parse(data, self.path), len(data)
         return self._notes
 
     def check(self, directory: Path, origin: str, signed: Checkpoint | None) -> int | None:
@@ -120,6 +141,15 @@ class HighWater:
                     "replica its own provenance.high_water_file"
                 )
             if retired is None:
+                if self._size > MAX_RETIRING:
+                    raise HighWaterFullError(
+                        f"{self.path} records {len(notes) - 1} logs left behind already "
+                        f"({self._size} bytes, past {MAX_RETIRING}): it leaves no further "
+                        f"log behind, so {recorded.origin!r} cannot be retired for "
+                        f"{origin!r}. Drop from it the notes of retired origins that will "
+                        "never be used again, keeping the first (docs/provenance.md, "
+                        '"Starting over")'
+                    )
                 return None  # the new log's first checkpoint replaces the file
             _extends(self.path, directory, retired, signed, retired=True)
             return None  # recorded again (as the current log) with its first checkpoint
@@ -133,8 +163,9 @@ class HighWater:
         kept = self._notes if self._notes is not None else self._read()
         notes = _distinct([*_parse(note, self.path), *kept])
         path = Path(os.path.realpath(self.path))
-        write_files_atomically([(path, b"\n".join(n for _, n in notes))], root=Path(path.anchor))
-        self._notes = notes
+        data = b"\n".join(n for _, n in notes)
+        write_files_atomically([(path, data)], root=Path(path.anchor))
+        self._notes, self._size = notes, len(data)
 
 
 def _distinct(notes: list[tuple[Checkpoint, bytes]]) -> list[tuple[Checkpoint, bytes]]:
