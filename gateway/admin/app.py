@@ -31,6 +31,7 @@ from gateway.admin.console_routes import docs_router
 from gateway.admin.console_routes import router as console_router
 from gateway.admin.cosignatures import router as cosignatures_router
 from gateway.admin.errors import _gateway_error, _http_error, _internal, _invalid
+from gateway.admin.key_changes import adding, removing, staged_change, take_back
 from gateway.admin.limits import BodyLimit
 from gateway.admin.models import (
     MAX_CANDIDATE_BYTES,
@@ -64,7 +65,7 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.policy.labels import InvalidLabel, one_label
 from gateway.policy.types import UnknownDataClass
 from gateway.provenance.formats.records import admin_record
-from gateway.tenants import add_key_hash, hash_api_key, new_api_key, remove_key_hash
+from gateway.tenants import hash_api_key, new_api_key
 
 __all__ = ["AdminControl", "config_digest", "create_admin_app", "openapi_schema"]
 
@@ -294,19 +295,15 @@ async def create_key(body: KeyCreate, control: _Control, caller: _Security) -> C
     path = _keys_file(runtime)
     key = new_api_key()
     digest = hash_api_key(key)
-    try:
-        await asyncio.to_thread(add_key_hash, path, body.tenant, digest)
-    except OSError as exc:
-        raise GatewayError(
-            ErrorCode.internal_error, f"the keys file could not be written: {exc.strerror}"
-        ) from exc
+    async with staged_change(path, adding(body.tenant, digest)) as added:  # else 503
+        await added.commit()
     await control.reload()
     # Shown only when it works: a config that did not reload (say, a broken gateway.yaml
     # beside the keys file) would leave it refused, so the key is taken back, the failed
     # attempt recorded and nothing shown.
     if not _holds_key(control.runtime, body.tenant, digest):
         error = _reload_error(control.runtime) or "the key is not active after the reload"
-        await asyncio.to_thread(remove_key_hash, path, digest)
+        await take_back(path, digest)
         await _act(control, caller, "key_create", body.tenant, {"error": error}, changed=False)
         raise GatewayError(
             ErrorCode.invalid_request, f"no key was created; the running config stays: {error}"
@@ -315,7 +312,7 @@ async def create_key(body: KeyCreate, control: _Control, caller: _Security) -> C
     try:
         done = await _act(control, caller, "key_create", body.tenant, change, changed=True)
     except GatewayError:  # not logged: not taken
-        await asyncio.to_thread(remove_key_hash, path, digest)
+        await take_back(path, digest)
         await control.reload()
         raise
     return CreatedKey(**done.model_dump(), tenant=body.tenant, key=key, hash=digest)
@@ -343,10 +340,13 @@ async def revoke_key(digest: str, control: _Control, caller: _Security) -> Actio
     if not owners:
         raise GatewayError(ErrorCode.not_found, "no tenant has this key")
     change = {"tenant": owners[0], "hash": key_hash}
-    done = await _act(control, caller, "key_revoke", owners[0], change, changed=True)
-    shared = await runtime.state.revoke_key(key_hash)  # refused now (every replica: Redis)
-    if runtime.config.keys_file is not None:
-        await asyncio.to_thread(remove_key_hash, _keys_file(runtime), key_hash)
+    # staged under the file's lock before the record: failing, a 503 with nothing done
+    keys_file = _keys_file(runtime) if runtime.config.keys_file is not None else None
+    async with staged_change(keys_file, removing(key_hash)) as removal:
+        done = await _act(control, caller, "key_revoke", owners[0], change, changed=True)
+        await removal.commit()
+        shared = await runtime.state.revoke_key(key_hash)  # refused now (every replica: Redis)
+    if keys_file is not None:
         await control.reload()
     if not shared:  # Redis unreachable: only this replica (and the keys file) refuse it
         raise GatewayError(

@@ -26,7 +26,10 @@ def _json_error(
 
 
 async def _gateway_error(request: Request, error: GatewayError) -> Response:
-    return _json_error(error.code, error.message, error.status, error.param)
+    response = _json_error(error.code, error.message, error.status, error.param)
+    for name, value in error.headers:  # such as a 503's `retry-after`
+        response.headers[name.decode("latin-1")] = value.decode("latin-1")
+    return response
 
 
 async def _http_error(request: Request, error: HTTPException) -> Response:

@@ -45,8 +45,9 @@ budget can never fit: it is refused at once with 429 `rate_limit_exceeded`, type
 a request too large for its tokens-per-minute limit). A reservation over the budget
 otherwise (a long prompt, many choices without a limit) is cut to the whole budget: it
 waits for a full budget, and its usage past that is charged when it ends. A request
-refused here gets back the request its admission charged of `requests_per_minute`
-(`Admission.refuse`): a refused request costs nothing.
+refused here keeps the request its admission charged of `requests_per_minute` (its body
+was read and parsed; OpenAI counts failed requests against the per-minute limit too):
+only requests and tokens a refusal at admission keeps out cost nothing.
 """
 
 from __future__ import annotations
@@ -153,24 +154,20 @@ async def reserve_tokens(
     *,
     embeddings: bool,
 ) -> None:
-    """Reserve the request's tokens on its admission, or raise `GatewayError` (429) once
-    the admission gave back its request (`Admission.refuse`). The budget is the
-    admission's (a reload while the body arrived changes later requests')."""
+    """Reserve the request's tokens on its admission, or raise `GatewayError` (429; the
+    admission's request stays charged). The budget is the admission's (a reload while the
+    body arrived changes later requests')."""
     per_minute = admission.limits.tokens_per_minute
     if per_minute is None:
         return
-    try:
-        tokens = tokens_to_reserve(
-            ask,
-            body_bytes,
-            per_minute=per_minute,
-            per_answer=tenant.reserved_tokens_per_answer,
-            per_media=tenant.reserved_tokens_per_media,
-            embeddings=embeddings,
-        )
-    except GatewayError:
-        await admission.refuse()  # a refused request costs nothing
-        raise
+    tokens = tokens_to_reserve(
+        ask,
+        body_bytes,
+        per_minute=per_minute,
+        per_answer=tenant.reserved_tokens_per_answer,
+        per_media=tenant.reserved_tokens_per_media,
+        embeddings=embeddings,
+    )
     try:
         await admission.reserve(min(tokens, per_minute))
     except RateLimited as exc:

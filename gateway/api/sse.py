@@ -88,9 +88,10 @@ class StreamWatch:
     @property
     def usage(self) -> dict[str, int] | None:
         """The counts to record: the last usage the client was shown, else the last of a
-        usage-only chunk held back from it."""
+        usage-only chunk held back from it; none when what the client was shown last may
+        hold a usage the gateway did not read (`EventReader.unknown`)."""
         shown = self.events.usage
-        return shown if shown is not None else self._held
+        return shown if shown is not None or self.events.unknown else self._held
 
     @property
     def error_event(self) -> bool:

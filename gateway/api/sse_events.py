@@ -24,7 +24,10 @@ an ASCII letter (`"\\u0075sage"` is a `usage` key to a JSON parser) are parsed, 
 of whole events holding none of them costs one search, and the unfinished event is kept
 only up to `max_event` bytes (64 KiB: comments and all): a longer event is not read.
 An event whose data is not JSON is skipped, where the SDK raises and reads no further:
-telling would take parsing every event of every stream.
+telling would take parsing every event of every stream. An event whose data is past the
+bounds the gateway reads within (`usage_read.PastBounds`: nested deeper than 512, say)
+may show the client a usage: the usage is then unknown (`usage` None, `unknown` set)
+until a later event shows one, never an earlier event's.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from gateway.api.usage_read import counts_of, read_json
+from gateway.api.usage_read import PastBounds, counts_of, read_json
 
 __all__ = [
     "BLANK_TAILS",
@@ -59,6 +62,8 @@ class EventReader:
 
     def __init__(self, *, max_event: int = _MAX_EVENT) -> None:
         self.usage: dict[str, int] | None = None  # the last usage shown
+        # an event past the read bounds came after the last usage read: it may show one
+        self.unknown = False
         self.error_event = False  # an error event of the backend's was read (the SDK raised)
         self.stopped = False  # `[DONE]` or an error event: the SDK reads no further
         self._max_event = max_event
@@ -133,6 +138,9 @@ class EventReader:
             return
         try:
             doc = read_json(joined, line=True)
+        except PastBounds:  # the client may read a usage here: not the earlier one
+            self.usage, self.unknown = None, True
+            return
         except ValueError:
             return
         if not isinstance(doc, dict):
@@ -142,7 +150,7 @@ class EventReader:
             return
         counts = counts_of(doc.get("usage"))
         if counts is not None:
-            self.usage = counts
+            self.usage, self.unknown = counts, False
 
 
 def _lines(chunk: bytes) -> list[bytes]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.api.usage_bound import over_bound
-from gateway.api.usage_read import counts_of, read_json, utf8_document
+from gateway.api.usage_read import PastBounds, counts_of, read_json, utf8_document
 from gateway.provenance import LogEntry, RecordError, Salts, Usage
 from gateway.provenance.formats.attestation import Attestation
 from gateway.provenance.formats.receipts import attach_countersignature
@@ -183,7 +183,10 @@ def _usage(data: bytes, *, whole: bool) -> Usage | None:
     """Token usage from a JSON answer, or from the last usage chunk of a stream's tail
     before its `[DONE]` (what a client reads; the same rules as `StreamWatch`), each read
     as the client's parser reads it (gateway/api/usage_read.py); `whole`: `data` is a
-    whole answer, in whichever encoding `json.loads` tells (UTF-16, UTF-32)."""
+    whole answer, in whichever encoding `json.loads` tells (UTF-16, UTF-32), read as one
+    document only, as the client's `json.loads` reads it (never its `data:` lines). A
+    usage chunk past the read bounds (`PastBounds`) makes the usage unknown: none, never
+    an earlier chunk's."""
     if whole:
         try:
             data = utf8_document(data)
@@ -191,11 +194,13 @@ def _usage(data: bytes, *, whole: bool) -> Usage | None:
             return None
     if b'"usage"' not in data and _ESCAPED_LETTER.search(data) is None:
         return None  # most streams carry none: parse nothing
-    is_json = _JSON_OBJECT.match(data) is not None
-    candidates = [data] if is_json else _usage_lines(data)
+    one = whole or _JSON_OBJECT.match(data) is not None
+    candidates = [data] if one else _usage_lines(data)
     for candidate in candidates:
         try:
-            doc = read_json(candidate, line=not is_json)
+            doc = read_json(candidate, line=not one)
+        except PastBounds:  # the client may read a usage here: not an earlier one
+            return None
         except ValueError:
             continue
         # Counts as the backend wrote them, or none: "3", 3.9 or true is no count.

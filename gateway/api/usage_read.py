@@ -13,7 +13,9 @@ Either parser keeps the last of two copies of a key, as browsers' `JSON.parse` d
 Bounded, as it runs on the event loop (docs/provenance.md, known limits): a document
 nested deeper than `MAX_DEPTH` arrays and objects is none (the standard library's parser
 recurses: whether the client's raises depends on its stack), and the standard library,
-about 20 times slower than orjson, reads no document over `MAX_FALLBACK` bytes.
+about 20 times slower than orjson, reads no document over `MAX_FALLBACK` bytes. Such a
+document raises `PastBounds`: the client's parser may read it, so what it holds is
+unknown, not absent (a stream's readers then state no usage, never an earlier one).
 
 A usage object's counts are `prompt_tokens`, `completion_tokens` and `total_tokens`,
 each a JSON integer where present (a string, a float, `true` is no count: the object is
@@ -33,7 +35,15 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["COUNTS", "MAX_DEPTH", "MAX_FALLBACK", "counts_of", "read_json", "utf8_document"]
+__all__ = [
+    "COUNTS",
+    "MAX_DEPTH",
+    "MAX_FALLBACK",
+    "PastBounds",
+    "counts_of",
+    "read_json",
+    "utf8_document",
+]
 
 COUNTS: Final = ("prompt_tokens", "completion_tokens", "total_tokens")
 MAX_DEPTH: Final = 512  # arrays and objects, one in the other
@@ -53,11 +63,17 @@ _STEP[ord("[")] = _STEP[ord("{")] = 1
 _STEP[ord("]")] = _STEP[ord("}")] = -1
 
 
+class PastBounds(ValueError):
+    """A document past the bounds the gateway reads within (nested deeper than
+    `MAX_DEPTH`, or over `MAX_FALLBACK` bytes for the standard library): the client's
+    parser may well read it, so its usage is unknown."""
+
+
 def read_json(data: bytes, *, line: bool = False) -> Any:
     """The JSON document `data` as the client's parser reads it; `line`: the value of a
     stream's `data:` line (decoded as UTF-8 before parsing), else a whole answer in UTF-8
     (`utf8_document`). Raises ValueError when the client's parser would refuse it too,
-    or when it is past the bounds above (the module's text)."""
+    `PastBounds` (a ValueError) when it is past the bounds above (the module's text)."""
     containers = data.count(b"[") + data.count(b"{")
     if containers <= MAX_DEPTH:  # the usual: too few to be deep
         try:
@@ -75,7 +91,7 @@ def read_json(data: bytes, *, line: bool = False) -> Any:
             except orjson.JSONDecodeError:
                 pass
             else:
-                raise ValueError("nested too deep")
+                raise PastBounds("nested too deep")
     return _read_refused(data, line=line)
 
 
@@ -138,9 +154,9 @@ def _read_refused(data: bytes, *, line: bool) -> Any:
     """The rare document orjson refuses, read as the client does, within the bounds
     (UnicodeDecodeError and JSONDecodeError are ValueErrors)."""
     if len(data) > MAX_FALLBACK:
-        raise ValueError("too long to read with the standard library")
+        raise PastBounds("too long to read with the standard library")
     if _too_deep(data):
-        raise ValueError("nested too deep")
+        raise PastBounds("nested too deep")
     try:
         return json.loads(data.decode("utf-8") if line else data)
     except RecursionError as exc:  # the client's parser fails as well

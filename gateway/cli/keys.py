@@ -109,7 +109,11 @@ def _new(args: argparse.Namespace) -> int:
         return 1
     key = new_api_key()
     path = Path(args.config).parent / config.keys_file
-    add_key_hash(path, args.tenant, hash_api_key(key))
+    try:
+        add_key_hash(path, args.tenant, hash_api_key(key))
+    except OSError as exc:  # the lock busy past its wait, or the file not writable
+        print(f"error: {path} was not changed: {_why(exc)}; no key was created", file=sys.stderr)
+        return 1
     print(key)
     print(
         f"stored the key's SHA-256 digest for tenant {args.tenant!r} in {path}; "
@@ -143,7 +147,11 @@ def _revoke(args: argparse.Namespace) -> int:
         return 1
     saved = shared and _store_revocation(config, key_hash)
     if in_file and keys_path is not None:
-        tenant = remove_key_hash(keys_path, key_hash)
+        try:
+            tenant = remove_key_hash(keys_path, key_hash)
+        except OSError as exc:
+            print(f"error: {keys_path} was not changed: {_why(exc)}", file=sys.stderr)
+            return 1
         print(f"removed {key_hash} (tenant {tenant!r}) from {keys_path}", file=sys.stderr)
     if inline:
         print(
@@ -234,3 +242,7 @@ def _new_signing_key(path: str, name: str) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)

@@ -8,8 +8,8 @@ Lua scripts on Redis (`gateway.state.lua`) compute exactly the same numbers.
 - requests per minute `R`: a request costs `I = 60 s / R` (rounded); it is admitted while
   `max(tat, now) - now <= (R - 1) * I`, then `tat = max(tat, now) + I`. A burst of `R`
   fits at once, then one every `I`. Refused: retry after `max(tat, now) - now - (R-1)*I`.
-  A request refused later, at its token reservation, is given back (`uncount_request`:
-  `tat = max(tat - I, now)`, unchanged when `tat <= now`).
+  A request refused later, at its token reservation, keeps its charge: the gateway read
+  and parsed its body (OpenAI counts failed requests against the limit too).
 - tokens per minute `T`: `n` tokens cost `n * 60 s / T` (rounded). An admission first
   checks that some budget is left (`tat - now < 60 s`; refused: retry after
   `tat - now - 60 s` plus 1 us), before the request's body is read. Once the body is
@@ -37,7 +37,6 @@ __all__ = [
     "MAX_DEBT_US",
     "WINDOW_US",
     "Ledger",
-    "refunded_tat",
     "request_interval_us",
     "request_wait_us",
     "reservation_wait_us",
@@ -62,14 +61,6 @@ def request_wait_us(tat: int, now: int, per_minute: int) -> int:
     """Microseconds until one more request fits (0: it fits now)."""
     interval = request_interval_us(per_minute)
     return max(0, max(tat, now) - now - (per_minute - 1) * interval)
-
-
-def refunded_tat(tat: int, now: int, per_minute: int) -> int:
-    """The requests budget's `tat` once one request is given back: one interval earlier,
-    never before `now` (a full budget), unchanged when it is full already."""
-    if tat <= now:
-        return tat
-    return max(tat - request_interval_us(per_minute), now)
 
 
 def tokens_cost_us(tokens: int, per_minute: int) -> int:
@@ -168,15 +159,6 @@ class Ledger:
         interval = request_interval_us(rpm)
         ceiling = now + rpm * interval
         account.requests_tat = min(max(account.requests_tat, now) + interval, ceiling)
-
-    def uncount_request(self, tenant: str, limits: TenantLimits) -> None:
-        """Give back one request `count_request` charged (refused later, before it used
-        anything): the budget moves back one interval, never past full."""
-        rpm = limits.requests_per_minute
-        account = self._accounts.get(tenant)
-        if rpm is None or account is None:
-            return
-        account.requests_tat = refunded_tat(account.requests_tat, self._now(), rpm)
 
     def reserve(self, tenant: str, limits: TenantLimits, tokens: int, *, check: bool) -> int:
         """Reserve `tokens` (at most the whole budget: more could never fit) of the

@@ -15,7 +15,7 @@ every slot. A replica's count stops counting when its lease (in `leases`) runs o
 
 from __future__ import annotations
 
-__all__ = ["ACQUIRE", "HEARTBEAT", "LEAVE", "REFUND", "RELEASE", "RESERVE", "REVOKE"]
+__all__ = ["ACQUIRE", "HEARTBEAT", "LEAVE", "RELEASE", "RESERVE", "REVOKE"]
 
 _COMMON = """
 local function now_us()
@@ -129,24 +129,6 @@ local over = base + cost - now - 60000000
 if over > 0 then return {0, over} end
 set_tat(KEYS[1], math.min(base + cost, now + tonumber(ARGV[3])), now)
 return {1}
-"""
-)
-
-# KEYS: rpm TAT; ARGV: rpm
-# One request `ACQUIRE` charged is given back (refused at its reservation): the TAT
-# moves back one interval, never before now (ledger.refunded_tat). -> 1
-REFUND = (
-    _COMMON
-    + _TOKENS
-    + """
-local rpm = tonumber(ARGV[1])
-local tat = tonumber(redis.call('GET', KEYS[1]))
-local now = now_us()
-if tat and tat > now then
-  local interval = math.max(1, math.floor((60000000 + math.floor(rpm / 2)) / rpm))
-  set_tat(KEYS[1], math.max(tat - interval, now), now)
-end
-return 1
 """
 )
 

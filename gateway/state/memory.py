@@ -56,9 +56,6 @@ class MemoryState:
             admission.tenant, admission.limits, tokens, check=True
         )
 
-    async def _refuse(self, admission: Admission) -> None:
-        self._ledger.uncount_request(admission.tenant, admission.limits)
-
     async def _release(self, admission: Admission, tokens_used: int) -> None:
         if admission.held:
             self._ledger.unhold(admission.tenant)

@@ -2,7 +2,7 @@
 
 Each admission is one EVALSHA (`lua.ACQUIRE`: concurrency, requests and tokens checked
 and charged atomically), its token reservation one (`lua.RESERVE`, for a tenant with a
-tokens limit; a refusal one more, `lua.REFUND`, giving back the request), each
+tokens limit; a refused reservation charges nothing more and gives nothing back), each
 completion at most one (`lua.RELEASE`: the slot freed, the reservation replaced by the
 tokens used), each with waiting for a connection taking at most `timeout_s`. Every
 admission, reservation and settlement is mirrored on the local ledger, so a fallback
@@ -67,7 +67,6 @@ class RedisLimits:
         self._gate = asyncio.Semaphore(max_connections)
         self._acquire_script = client.register_script(lua.ACQUIRE)
         self._reserve_script = client.register_script(lua.RESERVE)
-        self._refund_script = client.register_script(lua.REFUND)
         self._release_script = client.register_script(lua.RELEASE)
 
     async def acquire(self, tenant: str, limits: TenantLimits) -> Admission:
@@ -162,23 +161,6 @@ class RedisLimits:
         self._health.fallbacks += 1
         # Over the share: a reservation of the whole share waits for a full local budget.
         admission.reserved = self._ledger.reserve(tenant, local, tokens, check=True)
-
-    async def _refuse(self, admission: Admission) -> None:
-        """Give back the request the admission charged, where it was charged: on Redis
-        (when it admitted it and answers now) and on the local ledger (its decision or
-        mirror). A charge Redis holds that cannot be given back ages out in a minute."""
-        tenant, limits = admission.tenant, admission.limits
-        self._ledger.uncount_request(tenant, admission.local)
-        if not admission.shared or not self._health.healthy:
-            return
-        try:
-            await self._call(
-                self._refund_script,
-                [self._keys.requests(tenant)],
-                [limits.requests_per_minute or 0],
-            )
-        except FAILURES as exc:
-            self._health.failed("refund", exc)
 
     async def _release(self, admission: Admission, tokens_used: int) -> None:
         tenant, limits, slot = admission.tenant, admission.limits, admission.slot

@@ -115,20 +115,18 @@ def _human_seconds(seconds: float) -> str:
 class _Releaser(Protocol):
     async def _reserve(self, admission: Admission, tokens: int) -> None: ...
 
-    async def _refuse(self, admission: Admission) -> None: ...
-
     async def _release(self, admission: Admission, tokens_used: int) -> None: ...
 
 
 class Admission:
     """One admitted request. Once its body is read, `reserve(tokens)` what it may use of
-    the tenant's tokens-per-minute budget (raises `RateLimited` when that does not fit,
-    and gives back the request: `refuse`). Call `release(tokens_used)` exactly when it
-    ends (any outcome): it frees the concurrency slot and replaces the reservation by the
-    tokens charged (0: a refund). Releasing twice is a no-op."""
+    the tenant's tokens-per-minute budget (raises `RateLimited` when that does not fit;
+    the request its admission charged of `requests_per_minute` stays charged). Call
+    `release(tokens_used)` exactly when it ends (any outcome): it frees the concurrency
+    slot and replaces the reservation by the tokens charged (0: a refund). Releasing
+    twice is a no-op."""
 
     __slots__ = (
-        "_refused",
         "_released",
         "_releaser",
         "held",
@@ -154,7 +152,6 @@ class Admission:
     ) -> None:
         self._releaser = releaser
         self._released = False
-        self._refused = False
         self.tenant = tenant
         self.limits = limits
         # What this process's ledger holds the request to, from admission to release:
@@ -174,29 +171,12 @@ class Admission:
     async def reserve(self, tokens: int) -> None:
         """Reserve `tokens` of the tenant's tokens-per-minute budget until `release`
         (once; at most the whole budget is reserved). Raises `RateLimited` when they do
-        not fit now, once the request is given back (`refuse`); does nothing without a
-        tokens limit or once released."""
+        not fit now (the admission's request stays charged: the body was read and parsed);
+        does nothing without a tokens limit or once released."""
         if self._released or self._releaser is None or self.reserved or self.reserved_shared:
             return
         if self.limits.tokens_per_minute is not None and tokens > 0:
-            try:
-                await self._releaser._reserve(self, tokens)
-            except RateLimited:
-                await self.refuse()
-                raise
-
-    async def refuse(self) -> None:
-        """The request is refused before it reserved anything (its tokens did not fit,
-        or never could): give back the request its admission charged of
-        `requests_per_minute`, so a refused request costs nothing. Once; nothing after a
-        reservation or once released."""
-        if self._refused or self._released or self._releaser is None:
-            return
-        if self.reserved or self.reserved_shared:
-            return
-        self._refused = True
-        if self.limits.requests_per_minute is not None:
-            await self._releaser._refuse(self)
+            await self._releaser._reserve(self, tokens)
 
     async def release(self, tokens_used: int = 0) -> None:
         if self._released:

@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from gateway.provenance import write_signing_key
+from gateway.provenance.witness.state import WitnessState
 from tests.helpers.net import free_port
 from tests.helpers.processes import ServerProcess
 
@@ -113,6 +114,7 @@ def _witness_argv(tmp_path: Path) -> list[str]:
     write_signing_key(witness_key, "witness.test/w1")
     vkey = write_signing_key(log_key, "gateway.test/log")
     state = str(tmp_path / "state.json")
+    WitnessState.open(Path(state), new=True).close()  # `owngate witness init`
     return ["witness", "serve", "--key", str(witness_key), "--log", vkey, "--state", state]
 
 

@@ -69,6 +69,7 @@ _TAIL_END = usage_chunk(BIG) + DONE
 _FRAG = usage_chunk(BIG, b',"p":"' + b"x" * (4096 - len(_TAIL_END) - 7) + b'"')[:-2]
 assert len(_FRAG + b"\n\n" + DONE) == 4096
 DEEP = b',"x":' + b"[" * 1000 + b"]" * 1000  # orjson reads it, `json.loads` may raise
+DEEP600 = b',"x":' + b"[" * 600 + b"]" * 600  # past the record's bound; `json.loads` reads it
 
 STREAMS: dict[str, tuple[bytes, ...]] = {
     "comment-tail-fragment": chunked(EVENT, b": " + b"c" * 5000 + _FRAG + b"\n\n", DONE),
@@ -82,6 +83,7 @@ STREAMS: dict[str, tuple[bytes, ...]] = {
     "no-blank-line-at-end": chunked(EVENT, usage_chunk(SMALL), usage_chunk(BIG)[:-1]),
     "deep-1000": chunked(EVENT, usage_chunk(BIG, DEEP), DONE),
     "deep-1000-after-usage": chunked(EVENT, usage_chunk(SMALL), usage_chunk(BIG, DEEP), DONE),
+    "deep-600-after-usage": chunked(EVENT, usage_chunk(SMALL), usage_chunk(BIG, DEEP600), DONE),
     # `event: thread.*`: the SDK nests the data under "data": no usage shown
     "thread-event": chunked(
         EVENT, usage_chunk(SMALL), b"event: thread.x\n" + usage_chunk(BIG), DONE
@@ -109,7 +111,8 @@ STREAMS: dict[str, tuple[bytes, ...]] = {
 # The SDK's reading of the new cases, spelled out (the oracle above is its own code).
 EXPECTED: dict[str, bytes | None] = {
     "deep-1000": None,  # json.loads raises: the SDK shows nothing (the record: none)
-    "deep-1000-after-usage": SMALL,
+    "deep-1000-after-usage": SMALL,  # this Python's json.loads raises: its stack
+    "deep-600-after-usage": BIG,
     "thread-event": SMALL,
     "thread-event-no-space": SMALL,
     "thread-event-renamed": BIG,
@@ -117,6 +120,13 @@ EXPECTED: dict[str, bytes | None] = {
     "thread-event-error": BIG,
     "error-named-event-with-usage": BIG,
 }
+
+
+# Past the depth the record reads (512), whether `json.loads` reads a document depends on
+# the client's stack: the usage is unknown and the record states none (the tenant is
+# charged the byte estimate, docs/provenance.md), never the earlier chunk's SMALL, which
+# it kept where the SDK showed BIG (found by review).
+UNKNOWN = {"deep-1000-after-usage", "deep-600-after-usage"}
 
 
 def _recorded_usage(logdir: Path, vkey: str) -> Any:
@@ -137,7 +147,10 @@ def test_the_record_s_stream_usage_is_what_the_sdk_shows(
     settled(tmp_path / "log", vkey, received.headers["x-request-id"])
     recorded = _recorded_usage(tmp_path / "log", vkey)
     shown = sdk_usage(received.body)
-    assert recorded == shown, f"record {recorded}, the SDK shows {shown}"
+    if case in UNKNOWN:
+        assert recorded is None, f"record {recorded}: an earlier usage than the SDK's {shown}"
+    else:
+        assert recorded == shown, f"record {recorded}, the SDK shows {shown}"
     if case in EXPECTED:  # what the SDK shows in the cases fixed last, held to it
         expected = EXPECTED[case]
         assert shown == (None if expected is None else json.loads(expected))

@@ -1,26 +1,32 @@
 """The keys file (tenants' API key digests): each rewrite by `owngate keys new` or
 `keys revoke` keeps the file's mode, so a gateway running as another user (the image's
-uid 10001) can still read it after a new key or a revocation; a keys file that cannot be
-read, is huge or is not text is a config error naming it, never a crash or its bytes; two
-changes at once (the admin API's key endpoints, `owngate keys` beside it) never undo one
-another."""
+uid 10001) can still read it after a new key or a revocation, and change it after root
+did (the lock is the directory: no lock file of root's it could not open); a keys file
+that cannot be read, is huge or is not text is a config error naming it, never a crash
+or its bytes; two changes at once (the admin API's key endpoints, `owngate keys` beside
+it) never undo one another."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import stat
+import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from gateway import tenants
+from gateway import keys_file
 from gateway.cli.main import main
 from gateway.config.loader import ConfigError, load_config
 from gateway.tenants import add_key_hash, hash_api_key, read_keys_file, remove_key_hash
 from tests.helpers.gateways import backend
+
+NOBODY = 65534  # the gateway's user, where root runs `owngate keys`
 
 
 def _mode(path: Path) -> int:
@@ -43,7 +49,7 @@ def test_rewriting_the_keys_file_keeps_its_mode(tmp_path: Path) -> None:
     assert _mode(keys) == 0o644  # a revocation the running gateway can still read
     assert read_keys_file(keys) == {"team": [hash_api_key("og-two")]}
     left = sorted(p.name for p in tmp_path.iterdir())
-    assert left == [".keys.yaml.lock", "keys.yaml"]  # no temporary left (the lock stays)
+    assert left == ["keys.yaml"]  # no temporary left, and no lock file (the lock is the dir)
 
 
 def _config(tmp_path: Path, keys_file: str) -> Path:
@@ -70,14 +76,14 @@ def test_a_revocation_during_another_change_is_never_undone(
     keys = tmp_path / "keys.yaml"
     revoked, created = hash_api_key("og-revoked"), hash_api_key("og-created")
     add_key_hash(keys, "team", revoked)
-    read = tenants.read_keys_file
+    read = keys_file.read_keys_file
     revocation = threading.Thread(target=remove_key_hash, args=(keys, revoked))
     held: list[bool] = []
 
     def reading(path: Path) -> dict[str, list[str]]:
         stored = read(path)
         if not held:  # the creation, between its read and its write
-            probe = os.open(keys.with_name(".keys.yaml.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            probe = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)  # the lock: the directory
             try:
                 fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 held.append(False)  # anyone else may change the file now
@@ -88,7 +94,7 @@ def test_a_revocation_during_another_change_is_never_undone(
             revocation.start()  # waits for the lock, or reads the same file
         return stored
 
-    monkeypatch.setattr(tenants, "read_keys_file", reading)
+    monkeypatch.setattr(keys_file, "read_keys_file", reading)
     add_key_hash(keys, "team", created)
     revocation.join(timeout=30)
     assert not revocation.is_alive()
@@ -140,13 +146,62 @@ def test_the_cli_prints_a_keys_file_problem_escaped(
 
 def test_revoking_a_digest_the_file_lacks_takes_no_lock(tmp_path: Path) -> None:
     # A key inline in gateway.yaml, the keys file on a read-only mount (docs/deploy.md):
-    # its revocation must not fail for want of a lock file it would not need.
+    # its revocation must not wait for a lock it would not need.
     keys = tmp_path / "keys.yaml"
     add_key_hash(keys, "team", hash_api_key("og-one"))
-    keys.with_name(".keys.yaml.lock").unlink()
-    tmp_path.chmod(0o500)
+    holder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another change, stuck
     try:
         assert remove_key_hash(keys, hash_api_key("og-inline")) is None
     finally:
-        tmp_path.chmod(0o700)
-    assert not keys.with_name(".keys.yaml.lock").exists()
+        os.close(holder)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keys.yaml"]
+
+
+@pytest.fixture
+def gateway_dir() -> Iterator[Path]:
+    """A directory the gateway's user (`NOBODY`) owns, which root may write too."""
+    directory = Path(tempfile.mkdtemp(prefix="owngate-keys-"))
+    try:
+        directory.chmod(0o755)
+        if os.geteuid() == 0:
+            os.chown(directory, NOBODY, NOBODY)
+        yield directory
+    finally:
+        shutil.rmtree(directory)
+
+
+def _as_gateway_user(keys: Path, digest: str) -> tuple[int, str]:
+    """Add a key as the gateway's user (`NOBODY`) would, in a forked child that drops
+    root (`os.setuid`) first: its exit status, and its error if any."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        status = 1
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            add_key_hash(keys, "team", digest)
+            status = 0
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exit
+            os.write(write, repr(exc).encode()[:4000])
+        finally:
+            os._exit(status)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        error = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), error
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as two users")
+def test_the_gateway_s_user_changes_keys_after_root_did(gateway_dir: Path) -> None:
+    keys = gateway_dir / "keys.yaml"
+    assert _as_gateway_user(keys, hash_api_key("og-gateway-1")) == (0, "")
+    keys.chmod(0o644)  # as docs/deploy.md has the operator do, once
+    add_key_hash(keys, "team", hash_api_key("og-root"))  # the operator: `owngate keys new`
+    assert _as_gateway_user(keys, hash_api_key("og-gateway-2")) == (0, "")
+    stored = read_keys_file(keys)["team"]
+    assert stored == [hash_api_key(k) for k in ("og-gateway-1", "og-root", "og-gateway-2")]
+    assert sorted(p.name for p in gateway_dir.iterdir()) == ["keys.yaml"]  # no lock file

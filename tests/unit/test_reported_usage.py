@@ -5,6 +5,8 @@ charged the byte estimate, never a count the backend did not write as one."""
 
 from __future__ import annotations
 
+import json
+
 import orjson
 import pytest
 
@@ -100,3 +102,17 @@ def test_a_whole_answer_orjson_refuses_is_read_as_the_client_reads_it(
     trail = Trail(Salts.generate(), "")
     trail.answered(before + orjson.dumps({"choices": [], "usage": GOOD})[:-1] + extra + b"}")
     assert trail.usage() == Usage(3, 1, 4)
+
+
+def test_a_whole_answer_that_is_no_json_states_no_usage() -> None:
+    """A whole (non-stream) answer is one document to its client (`json.loads` of its
+    bytes, httpx's `Response.json`): one written as SSE `data:` lines shows no usage, and
+    the record read it line by line and stated one (found by review)."""
+    body = b'data: {"usage":{"prompt_tokens":900,"completion_tokens":900,"total_tokens":1800}}\n\n'
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(body)  # what the client's SDK reads: no usage
+    for whole in (body, b"\n" + body, body + b"data: [DONE]\n\n"):
+        trail = Trail(Salts.generate(), "")
+        trail.answered(whole)
+        assert trail.usage() is None, whole
+        assert trail.charged_tokens() == -(-trail.sent_bytes // 4)  # the estimate

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.api.sse import StreamWatch
 from gateway.api.sse_events import EventReader
 from gateway.api.trail import Trail
 from gateway.api.usage_read import MAX_DEPTH, MAX_FALLBACK, read_json, utf8_document
@@ -122,16 +123,58 @@ def test_what_json_loads_cannot_decode_is_no_whole_answer() -> None:
             utf8_document(data)
 
 
-def test_a_stream_event_past_the_depth_bound_shows_no_usage() -> None:
+def test_a_stream_event_past_the_depth_bound_makes_the_usage_unknown() -> None:
+    """Nested 513 to about 1000 deep, the client's `json.loads` reads a usage the record
+    does not (its bound); the record kept the earlier, smaller usage (found by review:
+    900 + 900 tokens shown, 1 + 1 recorded). Now it states none: the tenant is charged
+    the byte estimate (docs/provenance.md), never an older chunk's counts."""
     reader = EventReader()
     reader.feed(b"data: " + nested(3) + b"\n\n")
-    reader.feed(
-        b"data: "
-        + nested(MAX_DEPTH + 1).replace(b'"total_tokens":8', b'"total_tokens":9')
-        + b"\n\n"
-    )
+    deeper = nested(MAX_DEPTH + 1).replace(b'"total_tokens":8', b'"total_tokens":9')
+    assert json.loads(deeper)["usage"]["total_tokens"] == 9  # what the client reads
+    reader.feed(b"data: " + deeper + b"\n\n")
+    reader.finish()
+    assert reader.usage is None
+    assert reader.unknown
+
+
+def test_a_usage_read_after_an_unknown_one_is_the_usage() -> None:
+    reader = EventReader()
+    reader.feed(b"data: " + nested(MAX_DEPTH + 1) + b"\n\n")
+    reader.feed(b"data: " + nested(3) + b"\n\n")
     reader.finish()
     assert reader.usage == COUNTS
+    assert not reader.unknown
+
+
+def test_a_held_back_usage_is_not_recorded_past_an_unknown_one() -> None:
+    """Strip mode (a client that did not ask for usage): a usage-only chunk held back,
+    then one past the depth bound the gateway does not hold (it cannot read it) and the
+    client's parser shows: the record states none, not the held chunk's counts."""
+    watch = StreamWatch(strip_usage=True)
+    held = b'data: {"choices":[],' + USAGE + b"}\n\n"
+    assert watch.feed(held) == b""  # held back from the client
+    deep = b'data: {"choices":[],' + nested(MAX_DEPTH + 1)[1:] + b"\n\n"
+    assert watch.feed(deep) == deep  # not read, so not held: the client reads it
+    assert watch.usage is None
+
+
+def test_a_stream_tail_past_the_depth_bound_states_no_earlier_usage() -> None:
+    """The tail of a stream no watch read (its client left): the last usage line past the
+    bound makes the usage unknown, where an earlier line was taken."""
+    trail = Trail(Salts.generate(), "")
+    trail.relayed(b"data: " + nested(3) + b"\n\ndata: " + nested(MAX_DEPTH + 1) + b"\n\n")
+    assert trail.usage() is None
+
+
+def test_a_stream_event_past_the_fallback_bound_makes_the_usage_unknown() -> None:
+    """The other bound: a document orjson refuses (NaN) over `MAX_FALLBACK` bytes."""
+    reader = EventReader(max_event=2 * MAX_FALLBACK)
+    reader.feed(b"data: " + nested(3) + b"\n\n")
+    pad = b',"p":"' + b"x" * MAX_FALLBACK + b'","n":NaN}'
+    reader.feed(b"data: " + nested(3)[:-1] + pad + b"\n\n")
+    reader.finish()
+    assert reader.usage is None
 
 
 def test_a_document_of_many_containers_is_read_without_a_collection() -> None:
