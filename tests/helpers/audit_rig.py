@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 
 from gateway.provenance import write_signing_key
-from tests.helpers.gateways import HOSTED_ONLY_POLICY, Gateway, hosted_backend
-from tests.helpers.independent_audit import Received, log_records
+from tests.helpers.gateways import HOSTED_ONLY_POLICY, Gateway, backend, hosted_backend
+from tests.helpers.independent_audit import Received, audit, log_records
 from tests.helpers.log_truth import CHAT, ORIGIN
-from tests.helpers.raw_backend import Answer, Post, sse_head
+from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
 from tests.helpers.waiting import until
 
 __all__ = [
@@ -33,12 +33,14 @@ __all__ = [
     "USAGE",
     "USAGE_CHUNK",
     "WHOLE",
+    "assert_logged_as_received",
     "chunked",
     "client_gets",
     "hosted_gateway",
     "later_receipt",
     "logged",
     "openai_chunk",
+    "private_answer_logged",
     "settled",
     "whole_answer",
     "writes",
@@ -71,10 +73,17 @@ def logged(
 
 
 def client_gets(
-    gateway: Gateway, ask: dict[str, Any], path: str = "/v1/chat/completions"
+    gateway: Gateway,
+    ask: dict[str, Any],
+    path: str = "/v1/chat/completions",
+    *,
+    enough: Callable[[bytes], bool] | None = None,
 ) -> Received:
-    """The answer as the client's connection delivered it (body bytes undecoded)."""
+    """The answer as the client's connection delivered it (body bytes undecoded).
+    `enough`, if given, sees the body read so far after each read: once it says True the
+    client reads no more and closes the connection."""
     request = json.dumps(ask).encode()
+    body = bytearray()
     with httpx.stream(
         "POST",
         f"{gateway.url}{path}",
@@ -82,8 +91,12 @@ def client_gets(
         headers={**gateway.headers, "content-type": "application/json"},
         timeout=60,
     ) as response:
-        body = b"".join(response.iter_raw())
-    return Received(response.status_code, dict(response.headers), body, request)
+        for piece in response.iter_raw():
+            body += piece
+            if enough is not None and enough(bytes(body)):
+                break
+        headers = dict(response.headers)
+    return Received(response.status_code, headers, bytes(body), request)
 
 
 def settled(logdir: Path, vkey: str, request_id: str) -> None:
@@ -106,6 +119,35 @@ def later_receipt(gateway: Gateway, request_id: str) -> bytes:
     return httpx.get(
         f"{gateway.url}/v1/provenance/receipts/{request_id}", headers=gateway.headers, timeout=10
     ).content
+
+
+def assert_logged_as_received(
+    received: Received, gateway: Gateway, logdir: Path, vkey: str, *, left: bool = False
+) -> None:
+    """Once a signed checkpoint covers `received`'s request, the independent audit finds
+    nothing wrong between what the client received, the receipt it fetches again and the
+    log (`left`: the client closed before its stream's end)."""
+    request_id = received.headers["x-request-id"]
+    settled(logdir, vkey, request_id)
+    later = later_receipt(gateway, request_id)
+    assert audit(received, logdir, vkey, later_receipt=later, left=left) == []
+
+
+def private_answer_logged(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    pieces: tuple[bytes, ...],
+    ask: dict[str, Any],
+) -> tuple[Received, str]:
+    """What a client asking `ask` got from a logged gateway in front of a raw backend `gpu`
+    (serving `m`) that writes `pieces`, once the audit found the log says just that; and
+    the log's public key."""
+    raw = start_raw(writes(*pieces))
+    gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
+    received = client_gets(gateway, ask)
+    assert_logged_as_received(received, gateway, tmp_path / "log", vkey)
+    return received, vkey
 
 
 def writes(*pieces: bytes) -> Answer:

@@ -1,7 +1,8 @@
 """The gateway's logs as they are rendered, for tests that read them: `rendered_logs()`
 configures the process's logging (`gateway.logs.configure_logging`) to write into a
 string buffer, and puts the previous configuration back on exit. Loggers made inside
-the block (an app created there) write to the buffer."""
+the block (an app created there) write to the buffer. `logging_to(stream)` does the same
+with a stream of the test's own (one with a binary `buffer`, as stderr has)."""
 
 from __future__ import annotations
 
@@ -9,27 +10,33 @@ import io
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal
+from typing import Literal, TextIO
 
 import structlog
 
 from gateway import access_log
 from gateway.logs import configure_logging
 
-__all__ = ["rendered_logs"]
+__all__ = ["logging_to", "rendered_logs"]
 
 
 @contextmanager
-def rendered_logs(fmt: Literal["json", "console"] = "json") -> Iterator[io.StringIO]:
-    stream = io.StringIO()
+def logging_to(stream: TextIO, fmt: Literal["json", "console"] = "json") -> Iterator[None]:
     saved, handlers = structlog.get_config(), logging.getLogger().handlers[:]
     level = logging.getLogger().level
     configure_logging(fmt, "info", stream=stream)
     try:
-        yield stream
+        yield
     finally:
         access_log.install(None)
         structlog.configure(**saved)
         root = logging.getLogger()
         root.handlers[:] = handlers
         root.setLevel(level)
+
+
+@contextmanager
+def rendered_logs(fmt: Literal["json", "console"] = "json") -> Iterator[io.StringIO]:
+    stream = io.StringIO()
+    with logging_to(stream, fmt):
+        yield stream

@@ -70,14 +70,17 @@ class RealLog:
         return consistency_proof(old, new, TileReader(self.directory, new).node)
 
 
-def make_log(directory: Path, *, tenant: str = "acme-app") -> RealLog:
+def make_log(directory: Path, *, tenants: tuple[str, str, str] = ("acme-app",) * 3) -> RealLog:
+    """A log of three checkpoints after the empty one, of 1, 2 and 2 requests (two records
+    each), whose requests are `tenants`' (one for each checkpoint's requests)."""
+
     async def build() -> list[bytes]:
         log = await ProvenanceLog.open(directory, ORIGIN, LOG_SIGNER)
         first = log.latest_checkpoint()
         assert first is not None
         notes = [first.note]
         number = 0
-        for count in (1, 2, 2):  # two records per request
+        for count, tenant in zip((1, 2, 2), tenants, strict=True):
             for _ in range(count):
                 await log_request(log, number, tenant=tenant)
                 number += 1

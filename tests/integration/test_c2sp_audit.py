@@ -72,6 +72,17 @@ def _owngate(*argv: str) -> tuple[int, str]:
     return code, out.getvalue()
 
 
+def _owngate_verify(log: Path, vkey: str) -> tuple[int, str]:
+    return _owngate("verify", str(log), "--key", vkey, "--origin", ORIGIN)
+
+
+def _log_copy(produced: Produced, tmp_path: Path) -> Path:
+    """A copy of the produced log to change, its lock file left behind."""
+    log = tmp_path / "log"
+    shutil.copytree(produced.log, log, ignore=shutil.ignore_patterns(".lock"))
+    return log
+
+
 def _history(log: Path) -> list[bytes]:
     return [p.read_bytes() for p in sorted((log / "checkpoints").iterdir())]
 
@@ -103,7 +114,7 @@ def test_the_log_verifies_from_the_spec_over_http_on_disk_and_by_owngate(
     for path in ("tile/0/000", "tile/0/001.p/44", "tile/1/000.p/1", "tile/entries/001.p/44"):
         assert (log / path).is_file(), path
     assert len(_history(log)) > 2 and (log / "checkpoints" / f"{EARLIER:020d}").is_file()
-    assert _owngate("verify", str(log), "--key", produced.vkey, "--origin", ORIGIN)[0] == 0
+    assert _owngate_verify(log, produced.vkey)[0] == 0
 
 
 def test_the_tlog_proofs_verify_from_the_spec(produced: Produced) -> None:
@@ -240,13 +251,12 @@ TAMPERED: dict[str, Change] = {
 def test_both_verifiers_refuse_a_tampered_log(
     produced: Produced, tmp_path: Path, change: Change
 ) -> None:
-    log = tmp_path / "log"
-    shutil.copytree(produced.log, log, ignore=shutil.ignore_patterns(".lock"))
+    log = _log_copy(produced, tmp_path)
     change(log, produced)
     with pytest.raises(c2sp.Rejected) as refused:
         _spec_verify(log, produced.vkey)
     assert str(refused.value)
-    code, out = _owngate("verify", str(log), "--key", produced.vkey, "--origin", ORIGIN)
+    code, out = _owngate_verify(log, produced.vkey)
     assert code == 1 and "FAILED: " in out, out
 
 
@@ -275,11 +285,10 @@ ALLOWED: dict[str, Change] = {
 def test_both_verifiers_accept_what_the_spec_allows(
     produced: Produced, tmp_path: Path, change: Change
 ) -> None:
-    log = tmp_path / "log"
-    shutil.copytree(produced.log, log, ignore=shutil.ignore_patterns(".lock"))
+    log = _log_copy(produced, tmp_path)
     change(log, produced)
     _spec_verify(log, produced.vkey)
-    code, out = _owngate("verify", str(log), "--key", produced.vkey, "--origin", ORIGIN)
+    code, out = _owngate_verify(log, produced.vkey)
     assert code == 0, out
 
 
@@ -289,8 +298,7 @@ def test_a_partial_bundle_holding_more_than_its_width_is_named_so(
     """A `.p/44` bundle given more than a full bundle's entries: `verify` names the width
     of the file and its last entry (299), not a full bundle's 256 and an entry (511)
     past the end of the log."""
-    log = tmp_path / "log"
-    shutil.copytree(produced.log, log, ignore=shutil.ignore_patterns(".lock"))
+    log = _log_copy(produced, tmp_path)
     full = (log / "tile/entries/000").read_bytes()
     (log / "tile/entries/001.p/44").write_bytes((log / "tile/entries/001.p/44").read_bytes() + full)
     with pytest.raises(c2sp.Rejected, match="after its 44 entries"):

@@ -276,6 +276,13 @@ def refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
+def _fix_policy_and_key_variables(refused: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Put right what `refused` has wrong but its missing signing key."""
+    (refused.parent / "policies" / "acme.yaml").write_text(POLICY)
+    monkeypatch.setenv("OG_TEST_ANTHROPIC_KEY", "sk-a")
+    monkeypatch.setenv("OG_TEST_MISTRAL_KEY", "sk-m")
+
+
 def test_config_validate_names_every_problem_serve_refuses(
     refused: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -297,10 +304,8 @@ def test_config_validate_names_every_problem_serve_refuses(
         create_app(load_config(refused, env={}), environ={}, config_dir=refused.parent)
     assert len(info.value.problems) == 3  # the log is opened later, in the lifespan
     # Fixed, it passes; and validating wrote nothing (no log directory).
-    (refused.parent / "policies" / "acme.yaml").write_text(POLICY)
+    _fix_policy_and_key_variables(refused, monkeypatch)
     write_signing_key(refused.parent / "log.key", "example.com/log")
-    monkeypatch.setenv("OG_TEST_ANTHROPIC_KEY", "sk-a")
-    monkeypatch.setenv("OG_TEST_MISTRAL_KEY", "sk-m")
     assert _validate(str(refused)) == 0
     assert f"{refused}: ok (3 backends, 3 models, 1 tenants)" in capsys.readouterr().out
     assert not (refused.parent / "log").exists()
@@ -309,10 +314,8 @@ def test_config_validate_names_every_problem_serve_refuses(
 def test_serve_refuses_a_provider_url_variable_that_would_redirect_a_hosted_backend(
     refused: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (refused.parent / "policies" / "acme.yaml").write_text(POLICY)
+    _fix_policy_and_key_variables(refused, monkeypatch)
     write_signing_key(refused.parent / "log.key", "example.com/log")
-    monkeypatch.setenv("OG_TEST_ANTHROPIC_KEY", "sk-a")
-    monkeypatch.setenv("OG_TEST_MISTRAL_KEY", "sk-m")
     monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:1")  # no base_url in config
     assert _validate(str(refused)) == 1
     err = capsys.readouterr().err
@@ -323,9 +326,7 @@ def test_serve_refuses_a_provider_url_variable_that_would_redirect_a_hosted_back
 def test_config_validate_checks_the_log_without_opening_it(
     refused: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (refused.parent / "policies" / "acme.yaml").write_text(POLICY)
-    monkeypatch.setenv("OG_TEST_ANTHROPIC_KEY", "sk-a")
-    monkeypatch.setenv("OG_TEST_MISTRAL_KEY", "sk-m")
+    _fix_policy_and_key_variables(refused, monkeypatch)
     key = refused.parent / "log.key"
     write_signing_key(key, "example.com/log")
     key.chmod(0o644)
@@ -344,9 +345,7 @@ def test_config_validate_finds_a_log_directory_serve_would_refuse_to_fork(
 ) -> None:
     # The high-water file beside the log directory records a checkpoint of size 7; the
     # directory holds nothing: `serve` would exit 3 (LogForkError), so validate fails too.
-    (refused.parent / "policies" / "acme.yaml").write_text(POLICY)
-    monkeypatch.setenv("OG_TEST_ANTHROPIC_KEY", "sk-a")
-    monkeypatch.setenv("OG_TEST_MISTRAL_KEY", "sk-m")
+    _fix_policy_and_key_variables(refused, monkeypatch)
     write_signing_key(refused.parent / "log.key", "example.com/log")
     signed = sign_checkpoint(
         Checkpoint("example.com/log", 7, bytes(32)), [seeded_signer("example.com/log")]
@@ -365,9 +364,7 @@ def test_config_validate_checks_each_workers_high_water_file(
     # `serve --workers 2` keeps worker i's log in log/worker-<i> and its high-water file
     # beside the configured directory (log.high-water-worker-<i>). Both workers' files
     # record size 7 and the directory was emptied: each worker would exit 3.
-    (refused.parent / "policies" / "acme.yaml").write_text(POLICY)
-    monkeypatch.setenv("OG_TEST_ANTHROPIC_KEY", "sk-a")
-    monkeypatch.setenv("OG_TEST_MISTRAL_KEY", "sk-m")
+    _fix_policy_and_key_variables(refused, monkeypatch)
     write_signing_key(refused.parent / "log.key", "example.com/log")
     for index in (1, 2):
         origin = f"example.com/log/worker-{index}"

@@ -24,7 +24,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.helpers.audit_rig import (
@@ -35,11 +34,12 @@ from tests.helpers.audit_rig import (
     JSON,
     USAGE_CHUNK,
     WHOLE,
+    assert_logged_as_received,
     chunked,
     client_gets,
     hosted_gateway,
-    later_receipt,
     logged,
+    private_answer_logged,
     settled,
     whole_answer,
     writes,
@@ -51,7 +51,7 @@ from tests.helpers.gateways import (
     Sim,
     backend,
 )
-from tests.helpers.independent_audit import Received, audit
+from tests.helpers.independent_audit import audit
 from tests.helpers.log_truth import CHAT, DONE, EVENT
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
 
@@ -152,14 +152,7 @@ def test_the_log_says_what_the_client_received_from_a_private_backend(
     tmp_path: Path,
     case: str,
 ) -> None:
-    pieces, ask = STREAMS[case]
-    raw = start_raw(writes(*pieces))
-    gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
-    received = client_gets(gateway, ask)
-    request_id = received.headers["x-request-id"]
-    settled(tmp_path / "log", vkey, request_id)
-    later = later_receipt(gateway, request_id)
-    assert audit(received, tmp_path / "log", vkey, later_receipt=later) == []
+    private_answer_logged(start_raw, start_gateway, tmp_path, *STREAMS[case])
 
 
 @pytest.mark.parametrize("hosted", [False, True], ids=["private", "hosted"])
@@ -187,26 +180,9 @@ def test_a_client_that_left_mid_stream_is_logged_with_what_it_was_handed(
     else:
         gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
         ask = CHAT
-    request = json.dumps(ask).encode()
-    got = b""
-    with httpx.stream(
-        "POST",
-        f"{gateway.url}/v1/chat/completions",
-        content=request,
-        headers={**gateway.headers, "content-type": "application/json"},
-        timeout=60,
-    ) as response:
-        for piece in response.iter_raw():
-            got += piece
-            if got.endswith(b"\n\n"):
-                break
-        headers = dict(response.headers)
+    received = client_gets(gateway, ask, enough=lambda got: got.endswith(b"\n\n"))
     left.set()
-    received = Received(response.status_code, headers, got, request)
-    request_id = headers["x-request-id"]
-    settled(tmp_path / "log", vkey, request_id)
-    later = later_receipt(gateway, request_id)
-    assert audit(received, tmp_path / "log", vkey, later_receipt=later, left=True) == []
+    assert_logged_as_received(received, gateway, tmp_path / "log", vkey, left=True)
 
 
 @pytest.mark.parametrize("ask", [WHOLE, CHAT], ids=["whole", "stream"])

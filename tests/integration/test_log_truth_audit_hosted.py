@@ -25,12 +25,11 @@ from tests.helpers.audit_rig import (
     HOSTED_TOOL,
     HOSTED_USAGE,
     JSON,
+    assert_logged_as_received,
     chunked,
     client_gets,
     hosted_gateway,
-    later_receipt,
     logged,
-    settled,
     whole_answer,
     writes,
 )
@@ -44,7 +43,7 @@ from tests.helpers.gateways import (
     backend,
     hosted_backend,
 )
-from tests.helpers.independent_audit import audit, log_records
+from tests.helpers.independent_audit import log_records
 from tests.helpers.log_truth import DONE
 from tests.helpers.raw_backend import Answer, RawBackend
 
@@ -94,10 +93,7 @@ def test_the_log_says_what_the_client_received_from_a_hosted_provider(
     raw = start_raw(writes(*pieces))
     gateway, vkey = hosted_gateway(start_gateway, tmp_path, raw.url)
     received = client_gets(gateway, ask)
-    request_id = received.headers["x-request-id"]
-    settled(tmp_path / "log", vkey, request_id)
-    later = later_receipt(gateway, request_id)
-    assert audit(received, tmp_path / "log", vkey, later_receipt=later) == []
+    assert_logged_as_received(received, gateway, tmp_path / "log", vkey)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
@@ -119,10 +115,7 @@ def test_the_log_says_what_the_client_received_from_a_translated_provider(
         )
         ask = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
         received = client_gets(gateway, {**ask, "stream": stream})
-    request_id = received.headers["x-request-id"]
-    settled(tmp_path / "log", vkey, request_id)
-    later = later_receipt(gateway, request_id)
-    assert audit(received, tmp_path / "log", vkey, later_receipt=later) == []
+    assert_logged_as_received(received, gateway, tmp_path / "log", vkey)
 
 
 def test_a_fallback_to_a_hosted_provider_is_logged_as_what_the_client_got(
@@ -151,10 +144,8 @@ def test_a_fallback_to_a_hosted_provider_is_logged_as_what_the_client_got(
     for stream in (False, True):
         received = client_gets(gateway, {**ask, "stream": stream})
         assert received.status == 200, received.body
+        assert_logged_as_received(received, gateway, tmp_path / "log", vkey)
         request_id = received.headers["x-request-id"]
-        settled(tmp_path / "log", vkey, request_id)
         mine = [json.loads(e) for e in log_records(tmp_path / "log", vkey)]
         kinds = [r["type"] for r in mine if r["request_id"] == request_id]
         assert kinds == ["dispatch", "completion"] * 2, kinds  # the 503, then the provider
-        later = later_receipt(gateway, request_id)
-        assert audit(received, tmp_path / "log", vkey, later_receipt=later) == []

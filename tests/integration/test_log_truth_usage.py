@@ -30,14 +30,14 @@ from tests.helpers.audit_rig import (
     WHOLE,
     chunked,
     client_gets,
-    later_receipt,
     logged,
+    private_answer_logged,
     settled,
     whole_answer,
     writes,
 )
 from tests.helpers.gateways import Gateway, backend
-from tests.helpers.independent_audit import Received, audit, log_records
+from tests.helpers.independent_audit import audit, log_records
 from tests.helpers.log_truth import CHAT, DONE, EVENT
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
 
@@ -121,14 +121,7 @@ def test_the_record_s_usage_is_the_usage_the_client_was_shown(
     tmp_path: Path,
     case: str,
 ) -> None:
-    pieces, ask = CASES[case]
-    raw = start_raw(writes(*pieces))
-    gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
-    received = client_gets(gateway, ask)
-    request_id = received.headers["x-request-id"]
-    settled(tmp_path / "log", vkey, request_id)
-    later = later_receipt(gateway, request_id)
-    assert audit(received, tmp_path / "log", vkey, later_receipt=later) == []
+    received, vkey = private_answer_logged(start_raw, start_gateway, tmp_path, *CASES[case])
     record = _record(tmp_path / "log", vkey)
     if case == "usage-nan-held-back":  # kept from the client, recorded all the same
         assert b'"usage"' not in received.body
@@ -172,24 +165,16 @@ def test_a_comment_too_long_to_hold_hides_no_usage_in_its_tail(
 
     raw = start_raw(answer)
     gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
-    request = json.dumps(ASKS_USAGE).encode()
-    body = b""
-    with httpx.stream(
-        "POST",
-        f"{gateway.url}/v1/chat/completions",
-        content=request,
-        headers={**gateway.headers, "content-type": "application/json"},
-        timeout=60,
-    ) as response:
-        for piece in response.iter_raw():
-            body += piece
-            if len(body) >= len(EVENT + comment):
-                relayed.set()
-        headers = dict(response.headers)
+
+    def read(body: bytes) -> bool:
+        if len(body) >= len(EVENT + comment):
+            relayed.set()
+        return False  # read to the end
+
+    received = client_gets(gateway, ASKS_USAGE, enough=read)
     relayed.set()
-    assert body.startswith(EVENT + comment + hidden + DONE)
-    received = Received(response.status_code, headers, body, request)
-    settled(tmp_path / "log", vkey, headers["x-request-id"])
+    assert received.body.startswith(EVENT + comment + hidden + DONE)
+    settled(tmp_path / "log", vkey, received.headers["x-request-id"])
     assert audit(received, tmp_path / "log", vkey) == []
     assert _record(tmp_path / "log", vkey)["usage"] is None
 

@@ -20,7 +20,7 @@ import orjson
 
 from gateway.provenance import write_signing_key
 from gateway.tenants import hash_api_key
-from tests.helpers.gateways import LITELLM_WARNINGS
+from tests.helpers.gateways import HOSTED_ONLY_POLICY, LITELLM_WARNINGS
 from tests.helpers.net import free_port
 from tests.helpers.processes import GatewayProcess
 from tests.helpers.raw_backend import Answer, Post, RawBackend
@@ -30,18 +30,6 @@ pytestmark = LITELLM_WARNINGS
 CANARY = "CANARY-7f3a-echoed"
 SAID = CANARY + '\x1b[31m\n{"json":"injection"}\u202e'
 KEY = "og-echo-tenant-key-" + "e" * 24
-POLICY = """\
-apiVersion: policy.owngate.dev/v1
-kind: Policy
-metadata: {id: echo, version: "1"}
-spec:
-  tenants: [acme]
-  residency: {allow: [eu]}
-  retention: {max_days: zero}
-  fallback:
-    mode: when_private_unavailable
-    to: [{backend: hosted}]
-"""
 EU = {"region": "eu", "retention": {"days": 0, "zero_data_retention": True, "training": False}}
 
 
@@ -134,7 +122,7 @@ def test_what_a_backend_quotes_of_the_request_is_logged_nowhere(
 ) -> None:
     private, hosted = start_raw(_echoing(PRIVATE)), start_raw(_echoing(HOSTED))
     (tmp_path / "policies").mkdir()
-    (tmp_path / "policies" / "echo.yaml").write_text(POLICY)
+    (tmp_path / "policies" / "echo.yaml").write_text(HOSTED_ONLY_POLICY)
     write_signing_key(tmp_path / "log.key", "echo.test/log")
     env = {"NO_COLOR": "1", "HOSTED_KEY": "test-key", "OTEL_TRACES_EXPORTER": "console"}
     gateway = GatewayProcess(_config(private, hosted, free_port()), tmp_path, env=env)

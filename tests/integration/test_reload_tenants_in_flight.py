@@ -34,6 +34,7 @@ from gateway.serving import ServerThread
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import (
     EU_ZERO,
+    HOSTED_ONLY_POLICY,
     LITELLM_WARNINGS,
     OTHER_KEY,
     TENANT_KEY,
@@ -54,17 +55,9 @@ pytestmark = LITELLM_WARNINGS
 ACME = {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["*"]}
 BETA = {"id": "beta", "api_key_hashes": [hash_api_key(OTHER_KEY)], "models": ["*"]}
 # acme may fall back to `hosted`; beta may not.
-POLICIES = """\
-apiVersion: policy.owngate.dev/v1
-kind: Policy
-metadata: {id: open, version: "1"}
-spec:
-  tenants: [acme]
-  residency: {allow: [eu]}
-  retention: {max_days: zero}
-  fallback:
-    mode: when_private_unavailable
-    to: [{backend: hosted}]
+POLICIES = (
+    HOSTED_ONLY_POLICY
+    + """\
 ---
 apiVersion: policy.owngate.dev/v1
 kind: Policy
@@ -75,6 +68,7 @@ spec:
   retention: {max_days: zero}
   fallback: {mode: never}
 """
+)
 GOOD = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -201,13 +195,7 @@ def test_a_key_revoked_while_its_dispatch_record_is_written_sends_nothing(
     rig.released.set()
     hold = Hold(monkeypatch, Recorder, "dispatch", after=True)
     response = hold.across(rig.post, rig.revoke)
-    assert response.status_code == 401, response.text
-    assert response.json()["error"]["code"] == "invalid_api_key"
-    assert rig.a.posts == [] and served(rig.hosted) == 0
-    found = rig.records(response, "completion")
-    assert [r["type"] for r in found] == ["dispatch", "completion"], found
-    assert found[0]["backend"]["id"] == "a"
-    assert (found[1]["status"], found[1]["error"]) == (401, "invalid_api_key")
+    found = dispatched_to_a_alone(rig, response, 401, "invalid_api_key", sent=0)
     assert found[1]["response_commitment"] is None
 
 
@@ -224,14 +212,15 @@ def failing_over(rig: Rig, change: Callable[[], None]) -> httpx.Response:
         rig.released.set()
 
 
-def failed_over_to_nothing(
-    rig: Rig, response: httpx.Response, status: int, code: str
+def dispatched_to_a_alone(
+    rig: Rig, response: httpx.Response, status: int, code: str, *, sent: int = 1
 ) -> list[dict[str, Any]]:
-    """`a` was tried and failed; the hosted fallback was not: the client got `status`
-    `code`, which the completion of a's dispatch (the last record) holds."""
+    """`a` was dispatched to (`sent` requests reached it, then it failed them); the hosted
+    fallback was not: the client got `status` `code`, which the completion of a's
+    dispatch (the last record) holds."""
     assert response.status_code == status, response.text
     assert response.json()["error"]["code"] == code
-    assert len(rig.a.posts) == 1 and served(rig.hosted) == 0
+    assert len(rig.a.posts) == sent and served(rig.hosted) == 0
     found = rig.records(response, "completion")
     assert [r["type"] for r in found] == ["dispatch", "completion"], found
     assert found[0]["backend"]["id"] == "a"
@@ -241,7 +230,7 @@ def failed_over_to_nothing(
 
 def test_a_key_revoked_between_failover_attempts_reaches_no_fallback(rig: Rig) -> None:
     response = failing_over(rig, rig.revoke)
-    failed_over_to_nothing(rig, response, 401, "invalid_api_key")
+    dispatched_to_a_alone(rig, response, 401, "invalid_api_key")
 
 
 def test_a_reload_giving_the_key_to_a_stricter_tenant_reaches_no_fallback(rig: Rig) -> None:
@@ -249,9 +238,9 @@ def test_a_reload_giving_the_key_to_a_stricter_tenant_reaches_no_fallback(rig: R
     # admitted and decided as acme's, must not fall back under acme's policy.
     moved = {**BETA, "api_key_hashes": [*BETA["api_key_hashes"], hash_api_key(TENANT_KEY)]}
     response = failing_over(rig, lambda: rig.reload([{**ACME, "api_key_hashes": []}, moved]))
-    failed_over_to_nothing(rig, response, 401, "invalid_api_key")
+    dispatched_to_a_alone(rig, response, 401, "invalid_api_key")
 
 
 def test_a_reload_taking_the_model_from_the_tenant_reaches_no_fallback(rig: Rig) -> None:
     response = failing_over(rig, lambda: rig.reload([{**ACME, "models": ["n"]}, BETA]))
-    failed_over_to_nothing(rig, response, 404, "model_not_found")
+    dispatched_to_a_alone(rig, response, 404, "model_not_found")

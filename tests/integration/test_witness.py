@@ -124,7 +124,7 @@ def test_rollback_is_refused(witness: Witness, real_log: RealLog) -> None:
 
 def test_fork_is_refused(witness: Witness, real_log: RealLog, tmp_path: Path) -> None:
     # Same origin, same key, same sizes, other records: a split view of the log.
-    fork = make_log(tmp_path / "fork", tenant="someone-else")
+    fork = make_log(tmp_path / "fork", tenants=("someone-else",) * 3)
     assert fork.sizes == real_log.sizes and fork.checkpoint(2).root != real_log.checkpoint(2).root
     cosign_up_to(witness, real_log, 2)  # size 6
     with Refusal("conflict") as caught:  # same size, another root

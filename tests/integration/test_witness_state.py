@@ -23,7 +23,6 @@ from gateway.cli import witness as witness_cli
 from gateway.provenance import (
     LogVerificationError,
     MalformedError,
-    ProvenanceLog,
     SignatureError,
     verify_log,
     write_signing_key,
@@ -34,7 +33,6 @@ from gateway.provenance.formats.cosignature import (
     verify_cosignature,
 )
 from gateway.provenance.formats.layout import cosigned_path
-from gateway.provenance.testing import log_request
 from gateway.provenance.witness import state as witness_state
 from gateway.provenance.witness.app import create_witness_app
 from gateway.provenance.witness.client import WitnessClient
@@ -220,7 +218,7 @@ def _post(server: ServerThread, request: AddCheckpoint) -> httpx.Response:
 def test_http_fork_and_replays_are_409_with_the_known_size(
     tmp_path: Path, real_log: RealLog
 ) -> None:
-    fork = make_log(tmp_path / "fork", tenant="someone-else")
+    fork = make_log(tmp_path / "fork", tenants=("someone-else",) * 3)
     with (
         open_witness(tmp_path / "w.json") as witness,
         ServerThread(create_witness_app(witness)) as server,
@@ -250,21 +248,7 @@ def test_http_fork_and_replays_are_409_with_the_known_size(
 def _split_log(directory: Path) -> RealLog:
     """`real_log`'s twin up to size 6, other records after: a fork both of whose size-10
     checkpoints are consistent with the cosigned size 6."""
-
-    async def build() -> list[bytes]:
-        log = await ProvenanceLog.open(directory, ORIGIN, LOG_SIGNER)
-        first = log.latest_checkpoint()
-        assert first is not None
-        notes, number = [first.note], 0
-        for count, tenant in ((1, "acme-app"), (2, "acme-app"), (2, "someone-else")):
-            for _ in range(count):
-                await log_request(log, number, tenant=tenant)
-                number += 1
-            notes.append((await log.checkpoint()).note)
-        await log.close()
-        return notes
-
-    return RealLog(directory, asyncio.run(build()))
+    return make_log(directory, tenants=("acme-app", "acme-app", "someone-else"))
 
 
 def test_two_checkpoints_racing_from_one_old_size_get_one_cosignature(

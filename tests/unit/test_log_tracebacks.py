@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import io
 import json
 import logging
 import os
@@ -15,11 +14,10 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-import structlog
 
-from gateway import access_log
 from gateway.log_tracebacks import MAX_EXCEPTIONS, traceback_without_messages
-from gateway.logs import configure_logging, get_logger
+from gateway.logs import get_logger
+from tests.helpers.log_capture import rendered_logs
 
 CANARY = "CANARY-7f3a"
 SAID = CANARY + '\x1b[31m\n{"json":"injection"}\u202e' + "x" * 100_000
@@ -153,18 +151,11 @@ def _never_retrieved() -> None:
 
 
 def _logged(fmt: Literal["json", "console"]) -> str:
-    stream = io.StringIO()
-    saved, handlers = structlog.get_config(), logging.getLogger().handlers[:]
-    configure_logging(fmt, "info", stream=stream)
-    try:
+    with rendered_logs(fmt) as stream:
         exc = _failed()
         get_logger("t").error("crashed", exc_info=exc)
         logging.getLogger("uvicorn.error").error("Exception in ASGI application", exc_info=exc)
         _never_retrieved()
-    finally:
-        access_log.install(None)
-        structlog.configure(**saved)
-        logging.getLogger().handlers[:] = handlers
     return stream.getvalue()
 
 

@@ -9,10 +9,9 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import pytest
-import structlog
 
-from gateway import access_log
-from gateway.logs import MAX_FIELD_CHARS, configure_logging, get_logger, redact
+from gateway.logs import MAX_FIELD_CHARS, get_logger, redact
+from tests.helpers.log_capture import logging_to, rendered_logs
 
 
 def test_redact_drops_content_fields_and_masks_secrets() -> None:
@@ -47,16 +46,9 @@ def test_redact_catches_case_nesting_and_secret_like_names() -> None:
 
 
 def test_json_logs_go_through_redaction() -> None:
-    stream = io.StringIO()
-    saved, handlers = structlog.get_config(), logging.getLogger().handlers[:]
-    configure_logging("json", "info", stream=stream)
-    try:
+    with rendered_logs() as stream:
         get_logger("t").info("hello", prompt="do not log", model="m")
         logging.getLogger("uvicorn.error").warning("header was Bearer og-zzzzzzzzzzzz")
-    finally:
-        access_log.install(None)
-        structlog.configure(**saved)
-        logging.getLogger().handlers[:] = handlers
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert lines[0]["prompt"] == "[redacted]"
     assert lines[0]["model"] == "m"
@@ -72,10 +64,7 @@ _HOSTILE = '\n{"event":"forged"}\r\x1b[2J\u202egnp.exe\x00' + "x" * 1_000_000
 
 
 def _logged(fmt: Literal["json", "console"]) -> str:
-    stream = io.StringIO()
-    saved, handlers = structlog.get_config(), logging.getLogger().handlers[:]
-    configure_logging(fmt, "info", stream=stream)
-    try:
+    with rendered_logs(fmt) as stream:
         # a backend's or witness's words in a failure, through structlog and through stdlib
         get_logger("t").warning("backend failed", reason=_HOSTILE, problems=[_HOSTILE])
         logging.getLogger("uvicorn.error").warning("said %s", _HOSTILE)
@@ -84,10 +73,6 @@ def _logged(fmt: Literal["json", "console"]) -> str:
         except ValueError:
             get_logger("t").exception("crashed")
             logging.getLogger("uvicorn.error").exception("crashed")
-    finally:
-        access_log.install(None)
-        structlog.configure(**saved)
-        logging.getLogger().handlers[:] = handlers
     return stream.getvalue()
 
 
@@ -120,14 +105,8 @@ def _lines(fmt: Literal["json", "console"], log: Callable[[Any], None], *, file:
     text = io.StringIO()
     binary = io.BytesIO()
     stream = io.TextIOWrapper(binary, encoding="utf-8", write_through=True) if file else text
-    saved, handlers = structlog.get_config(), logging.getLogger().handlers[:]
-    configure_logging(fmt, "info", stream=stream)
-    try:
+    with logging_to(stream, fmt):
         log(get_logger("t"))
-    finally:
-        access_log.install(None)
-        structlog.configure(**saved)
-        logging.getLogger().handlers[:] = handlers
     return binary.getvalue().decode() if file else text.getvalue()
 
 
