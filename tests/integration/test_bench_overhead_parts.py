@@ -148,6 +148,40 @@ def test_the_production_config_has_policy_log_score_routing_and_access_log(
         assert sorted(str(b.base_url) for b in serving) == [f"http://127.0.0.1:{p}" for p in ports]
 
 
+def test_the_next_run_starts_a_fresh_production_log(tmp_path: Path) -> None:
+    """overhead, seed-load and instructions write the production config into the same run
+    directory each run, with a fresh key and an emptied log directory; the log's
+    high-water file (beside the directory) must go too, or the gateway refuses to start
+    the second run's log as a fork of the first one's."""
+    from gateway.config import load_config
+    from gateway.provenance.formats.merkle import leaf_hash
+    from gateway.provenance.formats.wal import encode_frame
+    from gateway.provenance.keys import load_signer
+    from gateway.provenance.writer.high_water import HighWater
+    from gateway.provenance.writer.preflight import preflight
+    from gateway.provenance.writer.store import LogStore
+
+    def configured() -> tuple[Path, Path, str, Path]:
+        sims = {"bench-model": [19001, 19002]}
+        path = write_production_config(
+            tmp_path, host="127.0.0.1", port=18000, sims=sims, key_hash="sha256:" + "0" * 64
+        )
+        found = load_config(path, env={HOSTED_KEY_ENV: "sk-test"}).provenance
+        assert found is not None
+        key = path.parent / found.signing_key_file
+        return path.parent / found.dir, key, found.origin, found.high_water_path(path.parent)
+
+    directory, key, origin, high_water = configured()
+    first = LogStore.open(directory, origin, [load_signer(key)], high_water=HighWater(high_water))
+    entry = b'{"n":0}'
+    first.append_frames([(entry, leaf_hash(entry))], encode_frame(entry, leaf_hash(entry)))
+    first.checkpoint()  # the first run's gateway signed a checkpoint of its log
+    first.close()
+    assert high_water.is_file()
+    directory, key, origin, high_water = configured()  # the next run
+    assert preflight(origin, [key], directory=directory, high_water=high_water) == []
+
+
 def test_the_paced_verdict_says_when_the_relay_fell_behind() -> None:
     def paced(us: float, reads: float) -> dict[str, Any]:
         extra = {"cpu_us_per_chunk": us, "reads_per_request": reads, "chunks": 6400}
