@@ -14,7 +14,7 @@ from owngate_bench.overhead_nginx import NGINX_MISSING, write_nginx_config
 from owngate_bench.overhead_points import POINTS, fold, rotated, select_points
 from owngate_bench.overhead_policy import HOSTED_KEY_ENV
 from owngate_bench.overhead_production import write_production_config
-from owngate_bench.overhead_verdicts import verdicts
+from owngate_bench.overhead_verdicts import render_verdicts, verdicts
 
 pytestmark = pytest.mark.bench
 
@@ -99,6 +99,31 @@ def test_verdicts_read_the_issue_targets_from_one_run() -> None:
     assert found["body_32kb_vs_1kb:owngate"]["met"] is True
     assert found["body_100kb_vs_1kb:owngate"]["met"] is None  # that point failed
     assert "body_32kb_vs_1kb:owngate+policy" not in found  # a target that never ran
+
+
+def test_a_verdict_agrees_with_the_figure_it_prints() -> None:
+    """CPU is read in 10 ms ticks, so a figure can land on a target exactly (9 ticks over
+    6 is 1.5x); the float arithmetic on the way must not make that "NOT MET" beside a
+    printed "1.500 x (target <= 1.5 x)". A figure truly over by less than the printed
+    digits shows the digits that tell."""
+    plain = "owngate"
+    one_kb = ((5.06 - 5.0) * 1000) / 300  # 6 ticks over 300 requests
+    big = ((5.09 - 5.0) * 1000) / 300  # 9 ticks: 1.5x, give or take the floats
+    points = [
+        _point("chat c=16", **{plain: _rep(300, 3000, 1.0, 0.1504)}),
+        _point("chat 1KB c=16", **{plain: _rep(300, 1000, 1, one_kb)}),
+        _point("chat 32KB c=16", **{plain: _rep(300, 1000, 1, big)}),
+    ]
+    found = verdicts(points)
+    by_id = {v["id"]: v for v in found}
+    assert big / one_kb > 1.5  # what the floats make of it
+    assert by_id["body_32kb_vs_1kb:owngate"]["met"] is True
+    assert by_id["plain_cpu_c16"]["met"] is False
+    lines = render_verdicts(found, 1)
+    ratio = next(line for line in lines if "32KB prompt" in line)
+    assert ratio.startswith("met ") and "1.500 x (target <= 1.5 x)" in ratio
+    cpu = next(line for line in lines if "owngate  " in line and "chat c=16" in line)
+    assert cpu.startswith("NOT MET") and "0.1504 ms (target <= 0.15 ms)" in cpu
 
 
 def test_the_nginx_config_is_a_bare_keepalive_proxy_needing_no_root(tmp_path: Path) -> None:
