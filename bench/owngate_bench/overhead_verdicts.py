@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from owngate_bench.verdict_figures import passes, shown
+
 __all__ = ["ELSEWHERE", "body_table", "chunk_table", "render_verdicts", "verdicts"]
 
 PROD = "owngate+production"
@@ -61,12 +63,10 @@ def _value(points: Sequence[Mapping[str, Any]], point: str, target: str, key: st
 def _verdict(
     ident: str, target: str, title: str, measured: Any, op: str, threshold: float, unit: str
 ) -> dict[str, Any]:
-    """`measured` is a number or, when not measured, the reason (a string). It is judged
-    to 9 significant digits: CPU comes in 10 ms ticks, so a figure can land on a target
-    exactly, and the floats' last bits must not decide it (9 ticks over 6 is 1.5x, not
-    1.5000000000000073x)."""
+    """`measured` is a number or, when not measured, the reason (a string); judged as
+    `verdict_figures.passes` does (a figure on its target exactly meets it)."""
     value = measured if isinstance(measured, int | float) else None
-    met = None if value is None else _passes(float(f"{value:.9g}"), op, threshold)
+    met = None if value is None else passes(value, op, threshold)
     return {
         "id": ident,
         "target": target,
@@ -78,20 +78,6 @@ def _verdict(
         "met": met,
         "why_not_measured": None if value is not None else str(measured),
     }
-
-
-def _passes(value: float, op: str, threshold: float) -> bool:
-    return value <= threshold if op == "<=" else value >= threshold
-
-
-def _figure(value: float, digits: int, op: str, threshold: float, met: bool) -> str:
-    """`value` to `digits` places, or to as many more as it takes for the printed figure
-    to agree with the verdict (0.2504 ms is not met against 0.25 ms: not "0.250")."""
-    for places in range(digits, 10):
-        shown = f"{value:,.{places}f}"
-        if _passes(float(f"{float(shown.replace(',', '')):.9g}"), op, threshold) is met:
-            return shown
-    return f"{value:,.{digits}f}"
 
 
 def _added_p50(points: Sequence[Mapping[str, Any]], target: str) -> Any:
@@ -198,8 +184,7 @@ def render_verdicts(found: Sequence[Mapping[str, Any]], reps: int) -> list[str]:
             figure = f"not measured: {v['why_not_measured']}"
         else:
             digits = 3 if v["unit"] in ("ms", "x") else 1
-            shown = _figure(v["measured"], digits, v["op"], v["threshold"], v["met"])
-            figure = f"{shown} {v['unit']}"
+            figure = f"{shown(v['measured'], digits, v['op'], v['threshold'])} {v['unit']}"
         note = f"; {v['note']}" if v.get("note") else ""
         out.append(f"{word:<8} {v['target']:<19} {v['title']:<40} {figure} {limit}{note}")
     out += [f"elsewhere: {line}" for line in ELSEWHERE]
