@@ -46,6 +46,7 @@ from owngate_bench.services import (
     machine_busy_seconds,
     owngate_argv,
 )
+from owngate_bench.verdict_figures import passes, shown
 
 __all__ = ["TARGETS", "add_arguments", "run"]
 
@@ -271,17 +272,17 @@ def _render(report: Mapping[str, Any]) -> str:
             f"{'-' if cpu is None else f'{cpu:,.0f} µs':>16}"
         )
     for name, value in report["added_p50_ms"].items():
-        shown = "-" if value is None else f"{value:+.3f} ms"
+        figure = "-" if value is None else f"{shown(value, 3, '<=', ADDED_P50_MS, '+,')} ms"
         lines.append(
-            f"  {_verdict(value, ADDED_P50_MS)} p50 added by the sidecar ({name}): {shown} "
+            f"  {_verdict(value, ADDED_P50_MS)} p50 added by the sidecar ({name}): {figure} "
             f"(target <= {ADDED_P50_MS} ms)"
         )
     for name in ("sidecar", "gateway+sidecar"):
         row = report["targets"].get(name)
         cpu = None if row is None else row["sidecar_cpu_us_per_req"]
-        shown = "-" if cpu is None else f"{cpu:,.0f} µs"
+        figure = "-" if cpu is None else f"{shown(cpu, 0, '<=', SIDECAR_CPU_US)} µs"
         lines.append(
-            f"  {_verdict(cpu, SIDECAR_CPU_US)} sidecar CPU per request ({name}): {shown} "
+            f"  {_verdict(cpu, SIDECAR_CPU_US)} sidecar CPU per request ({name}): {figure} "
             f"(target <= {SIDECAR_CPU_US:.0f} µs)"
         )
     audit = report["audit"]
@@ -293,7 +294,7 @@ def _verdict(value: float | None, target: float) -> str:
     """`met`, `NOT MET` or `n/a` (not measured), padded to one width."""
     if value is None:
         return "n/a    "
-    return "met    " if value <= target else "NOT MET"
+    return "met    " if passes(value, "<=", target) else "NOT MET"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,11 +17,11 @@ no log, no access line). `write_production_config` writes `owngate-production.ya
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from owngate_bench.overhead_policy import HOSTED_KEY_ENV, POLICY_DIR, write_policy_dir
+from owngate_bench.services import fresh_log_dir
 
 __all__ = ["ORIGIN", "PRODUCTION", "write_production_config"]
 
@@ -45,8 +45,7 @@ def write_production_config(
 
     write_policy_dir(directory)
     logdir = directory / "production-log"
-    if logdir.exists():
-        shutil.rmtree(logdir)  # a fresh log per run
+    fresh_log_dir(logdir)  # a fresh log per run
     key_file = directory / "production-log.key"
     key_file.unlink(missing_ok=True)
     (directory / "production-log.vkey").write_text(write_signing_key(key_file, ORIGIN) + "\n")

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from owngate_bench.verdict_figures import passes, shown
+
 __all__ = ["ELSEWHERE", "body_table", "chunk_table", "render_verdicts", "verdicts"]
 
 PROD = "owngate+production"
@@ -61,9 +63,10 @@ def _value(points: Sequence[Mapping[str, Any]], point: str, target: str, key: st
 def _verdict(
     ident: str, target: str, title: str, measured: Any, op: str, threshold: float, unit: str
 ) -> dict[str, Any]:
-    """`measured` is a number or, when not measured, the reason (a string)."""
+    """`measured` is a number or, when not measured, the reason (a string); judged as
+    `verdict_figures.passes` does (a figure on its target exactly meets it)."""
     value = measured if isinstance(measured, int | float) else None
-    met = None if value is None else (value <= threshold if op == "<=" else value >= threshold)
+    met = None if value is None else passes(value, op, threshold)
     return {
         "id": ident,
         "target": target,
@@ -181,7 +184,7 @@ def render_verdicts(found: Sequence[Mapping[str, Any]], reps: int) -> list[str]:
             figure = f"not measured: {v['why_not_measured']}"
         else:
             digits = 3 if v["unit"] in ("ms", "x") else 1
-            figure = f"{_num(v['measured'], digits)} {v['unit']}"
+            figure = f"{shown(v['measured'], digits, v['op'], v['threshold'])} {v['unit']}"
         note = f"; {v['note']}" if v.get("note") else ""
         out.append(f"{word:<8} {v['target']:<19} {v['title']:<40} {figure} {limit}{note}")
     out += [f"elsewhere: {line}" for line in ELSEWHERE]

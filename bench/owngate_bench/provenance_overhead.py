@@ -31,7 +31,6 @@ import hashlib
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import time
@@ -47,6 +46,7 @@ from owngate_bench.services import (
     child_env,
     env_flag,
     free_port,
+    fresh_log_dir,
     histogram_quantile,
     owngate_argv,
 )
@@ -202,8 +202,7 @@ def _started(plan: _Plan, rundir: Path, api_key: str) -> Iterator[list[_Pair]]:
             sim = Service.start(f"sim-{backend.name}", owngate_argv(*argv), env, rundir, sim_port)
             services.append(sim)
             logdir = rundir / f"log-{backend.name}"
-            if logdir.exists():
-                shutil.rmtree(logdir)  # a fresh log per run
+            fresh_log_dir(logdir)  # a fresh log per run
             gateways: dict[str, Service] = {}
             for mode in MODES:
                 port = free_port()

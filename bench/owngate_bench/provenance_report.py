@@ -10,6 +10,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from owngate_bench.verdict_figures import passes, shown
+
 __all__ = [
     "MAX_ADDED_TTFT_P50_MS",
     "MIN_THROUGHPUT_RATIO",
@@ -84,6 +86,7 @@ def verdicts(points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         added = [float(x) for r in runs if (x := r.get("added_ttft_p50_ms")) is not None]
         ratio = statistics.median(ratios) if ratios else None
         ttft = statistics.median(added) if added else None
+        enough = None if ratio is None else passes(ratio, ">=", MIN_THROUGHPUT_RATIO)
         found.append(
             {
                 "backend": backend,
@@ -91,10 +94,10 @@ def verdicts(points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "runs": len(runs),
                 "throughput_ratio": ratio,
                 "throughput_ratios": ratios,
-                "throughput_met": None if ratio is None else ratio >= MIN_THROUGHPUT_RATIO,
+                "throughput_met": enough,
                 "added_ttft_p50_ms": ttft,
                 "added_ttft_p50_ms_runs": added,
-                "ttft_met": None if ttft is None else ttft <= MAX_ADDED_TTFT_P50_MS,
+                "ttft_met": None if ttft is None else passes(ttft, "<=", MAX_ADDED_TTFT_P50_MS),
             }
         )
     return found
@@ -102,6 +105,14 @@ def verdicts(points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def _signed(value: float | None) -> str:
     return "-" if value is None else f"{value:+.2f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else shown(value, 2, ">=", MIN_THROUGHPUT_RATIO)
+
+
+def _added(value: float | None) -> str:
+    return "-" if value is None else shown(value, 2, "<=", MAX_ADDED_TTFT_P50_MS, "+,")
 
 
 def _met(met: bool | None) -> str:
@@ -117,8 +128,8 @@ def render_verdicts(found: Sequence[Mapping[str, Any]]) -> list[str]:
         runs = ", ".join(f"{x:+.2f}" for x in v["added_ttft_p50_ms_runs"])
         lines.append(
             f"  {v['backend']:<13} c={v['concurrency']:<3} req/s "
-            f"{_cell(v['throughput_ratio'], 2)}x ({_met(v['throughput_met'])}); TTFT p50 "
-            f"{_signed(v['added_ttft_p50_ms'])} ms ({_met(v['ttft_met'])})"
+            f"{_ratio(v['throughput_ratio'])}x ({_met(v['throughput_met'])}); TTFT p50 "
+            f"{_added(v['added_ttft_p50_ms'])} ms ({_met(v['ttft_met'])})"
             + (f" [runs: {runs}]" if v["runs"] > 1 else "")
         )
     return lines

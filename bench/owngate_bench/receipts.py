@@ -12,8 +12,9 @@ runs, and the batch / single ratios, end the table.
 Sealing's own cost is a small part of a request's, under the noise of a
 shared machine, so it is measured alone too (`receipts_sealing`): a log in this process,
 appends at the same concurrencies, the CPU time (`time.thread_time`) sealing
-spends per receipt in each mode. Both logs are verified at the end, the
-last receipt of each gateway too.
+spends per receipt in each mode. Both logs are verified at the end, and the receipts
+of requests sent 16 at a time to each gateway: the batch gateway's include batch
+receipts (v2; a request alone in its batch gets v1), verified as a client would.
 
 Exit codes: 0 ran cleanly; 1 a load point failed or a log or receipt did not verify;
 2 usage.
@@ -30,6 +31,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -100,23 +102,45 @@ def _cpu_ms(result: dict[str, Any]) -> float | None:
     return 1000.0 * float(result["cpu_s"]["gateway"]) / float(result["requests"])
 
 
-def _check_receipt(gateway: Service, api_key: str, vkey: str) -> str:
-    """One request's receipt, verified with the log's key (what a client would do)."""
+_TOGETHER = 16  # requests sent at once to check receipts: their records share batches
+_ROUNDS = 10  # at most, until a batch gateway's round yields a batch receipt (v2)
+
+
+def _check_receipts(gateway: Service, api_key: str, vkey: str, mode: str) -> str:
+    """Receipts of requests sent `_TOGETHER` at a time, each verified with the log's key
+    (what a client would do). A request alone in its batch gets a v1 receipt in either
+    mode, so a batch gateway gets rounds until one yields batch receipts (v2): the form
+    its run is about is then verified too. A single gateway's v2 receipt is a failure."""
     from gateway.provenance import ProvenanceError, load_verifiers, verify_receipt
 
-    answer = httpx.post(
-        f"http://{HOST}:{gateway.port}/v1/chat/completions",
-        headers={"Authorization": f"Bearer {api_key}"},
-        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
-        timeout=10,
-    )
-    envelope = base64.b64decode(answer.headers.get("x-owngate-receipt", ""))
-    try:
-        receipt = verify_receipt(envelope, load_verifiers([vkey]))
-    except ProvenanceError as exc:
-        return f"FAILED: {exc}"
-    form = "v2 (batch)" if "batch" in json.loads(envelope) else "v1 (single)"
-    return f"receipt {form}, {len(envelope)} bytes, entry {receipt.index}: verified"
+    verifiers = load_verifiers([vkey])
+
+    def envelope(_: int) -> bytes:
+        answer = httpx.post(
+            f"http://{HOST}:{gateway.port}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {api_key}"},
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            timeout=10,
+        )
+        return base64.b64decode(answer.headers.get("x-owngate-receipt", ""))
+
+    forms = {"v2 (batch)": 0, "v1 (single)": 0}
+    with ThreadPoolExecutor(_TOGETHER) as pool:
+        for _ in range(_ROUNDS):
+            for found in pool.map(envelope, range(_TOGETHER)):
+                try:
+                    verify_receipt(found, verifiers)
+                except ProvenanceError as exc:
+                    return f"FAILED: {exc}"
+                forms["v2 (batch)" if "batch" in json.loads(found) else "v1 (single)"] += 1
+            if mode != "batch" or forms["v2 (batch)"]:
+                break
+    counted = ", ".join(f"{count} {form}" for form, count in forms.items())
+    if mode == "batch" and not forms["v2 (batch)"]:
+        return f"FAILED: no batch receipt (v2) in {sum(forms.values())} receipts ({counted})"
+    if mode != "batch" and forms["v2 (batch)"]:
+        return f"FAILED: batch receipts from a gateway set to {mode} ({counted})"
+    return f"{sum(forms.values())} receipts, {counted}: verified"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -197,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
                     }
                 rows.append(row)
                 print(_line(row), file=sys.stderr, flush=True)
-        checks = {mode: _check_receipt(gateways[mode], api_key, vkeys[mode]) for mode in MODES}
+        checks = {m: _check_receipts(gateways[m], api_key, vkeys[m], m) for m in MODES}
     finally:
         for service in reversed(services):
             service.stop()

@@ -50,6 +50,7 @@ from owngate_bench.services import (
     owngate_argv,
     readyz,
 )
+from owngate_bench.verdict_figures import passes, shown
 
 __all__ = ["add_arguments", "run"]
 
@@ -280,13 +281,14 @@ def flatness(report: dict[str, Any]) -> list[dict[str, Any]]:
         ratios = {str(n): cpu[n] / base for n in counts[1:] if n in cpu and base}
         worst = max(ratios.values(), default=None)
         complete = base is not None and len(ratios) == len(counts) - 1 and len(counts) > 1
+        flat = worst is not None and passes(worst, "<=", FLAT_WITHIN)
         found.append(
             {
                 "load": name,
                 "cpu_ms_per_request": {str(n): v for n, v in cpu.items()},
                 "ratio_to_first": ratios,
                 "within": FLAT_WITHIN,
-                "flat": (worst is not None and worst <= FLAT_WITHIN) if complete else None,
+                "flat": flat if complete else None,
             }
         )
     return found
@@ -310,7 +312,9 @@ def render(report: dict[str, Any]) -> str:
     for verdict in report.get("flatness") or flatness(report):
         word = {True: "flat", False: "not flat", None: "not measured"}[verdict["flat"]]
         figures = ", ".join(f"N={n} {ms:.3f} ms" for n, ms in verdict["cpu_ms_per_request"].items())
-        ratios = ", ".join(f"N={n} {r:.2f}x" for n, r in verdict["ratio_to_first"].items())
+        ratios = ", ".join(
+            f"N={n} {shown(r, 2, '<=', FLAT_WITHIN)}x" for n, r in verdict["ratio_to_first"].items()
+        )
         lines.append(f"  {verdict['load']}: {word} ({figures}; {ratios or 'no ratio'})")
     return "\n".join(lines)
 

@@ -15,6 +15,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from owngate_bench.verdict_figures import passes, shown
+
 __all__ = ["MAX_ADDED_TTFT_P99_MS", "MAX_PRODUCTION_CORES", "render", "summarise"]
 
 MAX_PRODUCTION_CORES = 0.5
@@ -95,7 +97,7 @@ def _verdicts(per_target: Mapping[str, Any], scale: float) -> list[dict[str, Any
             "value": cores,
             "target": MAX_PRODUCTION_CORES,
             "how": how,
-            "met": _met(cores <= MAX_PRODUCTION_CORES, cores),
+            "met": _met(cores, MAX_PRODUCTION_CORES),
         },
         {
             "id": "production_ttft_p99_added",
@@ -103,13 +105,13 @@ def _verdicts(per_target: Mapping[str, Any], scale: float) -> list[dict[str, Any
             "value": added,
             "target": MAX_ADDED_TTFT_P99_MS,
             "how": "measured" if scale == 1.0 else f"measured at {scale:g} of the load",
-            "met": _met(added <= MAX_ADDED_TTFT_P99_MS, added),
+            "met": _met(added, MAX_ADDED_TTFT_P99_MS),
         },
     ]
 
 
-def _met(passed: bool, value: float) -> bool | None:
-    return None if not math.isfinite(value) else passed
+def _met(value: float, target: float) -> bool | None:
+    return None if not math.isfinite(value) else passes(value, "<=", target)
 
 
 def _warnings(per_target: Mapping[str, Any], settings: Mapping[str, Any]) -> list[str]:
@@ -140,6 +142,10 @@ def _warnings(per_target: Mapping[str, Any], settings: Mapping[str, Any]) -> lis
             "latency figures include waiting for a core"
         )
     return found
+
+
+def _verdict_figure(value: float, target: float) -> str:
+    return shown(value, 3, "<=", target) if math.isfinite(value) else "-"
 
 
 def _cell(value: float | None, digits: int, width: int) -> str:
@@ -207,7 +213,7 @@ def render(report: Mapping[str, Any]) -> str:
         word = {True: "met", False: "not met", None: "not measured"}[verdict["met"]]
         lines.append(
             f"  {verdict['what']} <= {verdict['target']:g}: {word} "
-            f"({_cell(verdict['value'], 3, 0).strip()}, {verdict['how']})"
+            f"({_verdict_figure(verdict['value'], verdict['target'])}, {verdict['how']})"
         )
     for warning in summary["warnings"]:
         lines.append(f"warning: {warning}")

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -31,6 +33,7 @@ __all__ = [
     "child_env",
     "env_flag",
     "free_port",
+    "fresh_log_dir",
     "machine_busy_seconds",
     "owngate_argv",
     "tree_cpu_seconds",
@@ -60,6 +63,17 @@ def child_env() -> dict[str, str]:
     paths = [*sorted(roots), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     return env
+
+
+def fresh_log_dir(directory: Path) -> None:
+    """Leave no provenance log at `directory` for the run about to start one there under
+    a fresh key: remove the directory and, beside it, the high-water files of its log
+    (`<dir>.high-water`, `-worker-<i>`), which would otherwise make the gateway refuse the
+    new, empty log as a fork of the last run's."""
+    if directory.exists():
+        shutil.rmtree(directory)
+    for high_water in directory.parent.glob(f"{glob.escape(directory.name)}.high-water*"):
+        high_water.unlink(missing_ok=True)
 
 
 def owngate_argv(*args: str) -> list[str]:

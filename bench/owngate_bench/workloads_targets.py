@@ -30,7 +30,14 @@ from typing import Any
 import gateway
 from gateway.sim import SimSettings
 from owngate_bench.overhead_policy import HOSTED_KEY_ENV, write_policy_config
-from owngate_bench.services import HOST, Service, child_env, free_port, owngate_argv
+from owngate_bench.services import (
+    HOST,
+    Service,
+    child_env,
+    free_port,
+    fresh_log_dir,
+    owngate_argv,
+)
 
 __all__ = [
     "BACKENDS",
@@ -162,6 +169,7 @@ def gateway_config(
         key_file.unlink(missing_ok=True)
         write_signing_key(key_file, ORIGIN)
         logdir = rundir / f"provenance-log-{port}"
+        fresh_log_dir(logdir)  # a port an earlier run's gateway had: its log is not ours
         text = config.read_text().replace("kind: vllm", f"kind: {first.kind}")
         text += (
             routing + f"provenance: {{dir: '{logdir}', origin: {ORIGIN}, "

@@ -89,3 +89,27 @@ def test_each_target_of_the_issue_gets_a_verdict_line() -> None:
     cpu = [line.strip() for line in lines if "sidecar CPU per request" in line]
     assert cpu[0].startswith("met") and "95 µs" in cpu[0]
     assert cpu[1].startswith("NOT MET") and "140 µs" in cpu[1]
+
+
+def test_attest_verdicts_agree_with_the_figures_they_print() -> None:
+    """20 ticks over 2,000 requests is 100 µs, the target; 100.4 µs is over it."""
+
+    def row(cpu: float | None) -> dict[str, object]:
+        return {"requests": 2000, "p50_ms": 1.0, "p99_ms": 2.0, "sidecar_cpu_us_per_req": cpu}
+
+    on_target = 1e6 * (5.2 - 5.0) / 2000
+    report = {
+        "concurrency": 1,
+        "stream": False,
+        "backend_name": "zero-latency simulator",
+        "machine_busy": 0.5,
+        "targets": {"direct": row(None), "sidecar": row(on_target), "gateway+sidecar": row(100.4)},
+        "added_p50_ms": {"sidecar": 0.3004, "gateway+sidecar": 0.1},
+        "audit": None,
+    }
+    lines = [line.strip() for line in _render(report).splitlines()]
+    added = next(line for line in lines if "added by the sidecar (sidecar)" in line)
+    assert added.startswith("NOT MET") and "+0.3004 ms" in added
+    cpu = [line for line in lines if "sidecar CPU per request" in line]
+    assert cpu[0].startswith("met") and "100 µs" in cpu[0]
+    assert cpu[1].startswith("NOT MET") and "100.4 µs" in cpu[1]

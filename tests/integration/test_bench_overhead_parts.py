@@ -14,7 +14,7 @@ from owngate_bench.overhead_nginx import NGINX_MISSING, write_nginx_config
 from owngate_bench.overhead_points import POINTS, fold, rotated, select_points
 from owngate_bench.overhead_policy import HOSTED_KEY_ENV
 from owngate_bench.overhead_production import write_production_config
-from owngate_bench.overhead_verdicts import verdicts
+from owngate_bench.overhead_verdicts import render_verdicts, verdicts
 
 pytestmark = pytest.mark.bench
 
@@ -101,6 +101,31 @@ def test_verdicts_read_the_issue_targets_from_one_run() -> None:
     assert "body_32kb_vs_1kb:owngate+policy" not in found  # a target that never ran
 
 
+def test_a_verdict_agrees_with_the_figure_it_prints() -> None:
+    """CPU is read in 10 ms ticks, so a figure can land on a target exactly (9 ticks over
+    6 is 1.5x); the float arithmetic on the way must not make that "NOT MET" beside a
+    printed "1.500 x (target <= 1.5 x)". A figure truly over by less than the printed
+    digits shows the digits that tell."""
+    plain = "owngate"
+    one_kb = ((5.06 - 5.0) * 1000) / 300  # 6 ticks over 300 requests
+    big = ((5.09 - 5.0) * 1000) / 300  # 9 ticks: 1.5x, give or take the floats
+    points = [
+        _point("chat c=16", **{plain: _rep(300, 3000, 1.0, 0.1504)}),
+        _point("chat 1KB c=16", **{plain: _rep(300, 1000, 1, one_kb)}),
+        _point("chat 32KB c=16", **{plain: _rep(300, 1000, 1, big)}),
+    ]
+    found = verdicts(points)
+    by_id = {v["id"]: v for v in found}
+    assert big / one_kb > 1.5  # what the floats make of it
+    assert by_id["body_32kb_vs_1kb:owngate"]["met"] is True
+    assert by_id["plain_cpu_c16"]["met"] is False
+    lines = render_verdicts(found, 1)
+    ratio = next(line for line in lines if "32KB prompt" in line)
+    assert ratio.startswith("met ") and "1.500 x (target <= 1.5 x)" in ratio
+    cpu = next(line for line in lines if "owngate  " in line and "chat c=16" in line)
+    assert cpu.startswith("NOT MET") and "0.1504 ms (target <= 0.15 ms)" in cpu
+
+
 def test_the_nginx_config_is_a_bare_keepalive_proxy_needing_no_root(tmp_path: Path) -> None:
     config = write_nginx_config(tmp_path, "127.0.0.1", {18001: 19001, 18002: 19002})
     text = config.read_text()
@@ -146,6 +171,40 @@ def test_the_production_config_has_policy_log_score_routing_and_access_log(
     for model, ports in sims.items():
         serving = [b for b in private if any(m.name == model for m in b.models)]
         assert sorted(str(b.base_url) for b in serving) == [f"http://127.0.0.1:{p}" for p in ports]
+
+
+def test_the_next_run_starts_a_fresh_production_log(tmp_path: Path) -> None:
+    """overhead, seed-load and instructions write the production config into the same run
+    directory each run, with a fresh key and an emptied log directory; the log's
+    high-water file (beside the directory) must go too, or the gateway refuses to start
+    the second run's log as a fork of the first one's."""
+    from gateway.config import load_config
+    from gateway.provenance.formats.merkle import leaf_hash
+    from gateway.provenance.formats.wal import encode_frame
+    from gateway.provenance.keys import load_signer
+    from gateway.provenance.writer.high_water import HighWater
+    from gateway.provenance.writer.preflight import preflight
+    from gateway.provenance.writer.store import LogStore
+
+    def configured() -> tuple[Path, Path, str, Path]:
+        sims = {"bench-model": [19001, 19002]}
+        path = write_production_config(
+            tmp_path, host="127.0.0.1", port=18000, sims=sims, key_hash="sha256:" + "0" * 64
+        )
+        found = load_config(path, env={HOSTED_KEY_ENV: "sk-test"}).provenance
+        assert found is not None
+        key = path.parent / found.signing_key_file
+        return path.parent / found.dir, key, found.origin, found.high_water_path(path.parent)
+
+    directory, key, origin, high_water = configured()
+    first = LogStore.open(directory, origin, [load_signer(key)], high_water=HighWater(high_water))
+    entry = b'{"n":0}'
+    first.append_frames([(entry, leaf_hash(entry))], encode_frame(entry, leaf_hash(entry)))
+    first.checkpoint()  # the first run's gateway signed a checkpoint of its log
+    first.close()
+    assert high_water.is_file()
+    directory, key, origin, high_water = configured()  # the next run
+    assert preflight(origin, [key], directory=directory, high_water=high_water) == []
 
 
 def test_the_paced_verdict_says_when_the_relay_fell_behind() -> None:

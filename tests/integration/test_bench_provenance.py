@@ -107,3 +107,11 @@ def test_verdicts_take_the_median_of_each_points_runs() -> None:
     assert "llm-shaped    c=64  req/s 1.00x (met); TTFT p50 +4.00 ms (MISSED)" in text
     assert "[runs: +9.00, -1.20, +4.00]" in text
     assert "llm-varied    c=16  req/s -x (no figure)" in text
+
+
+def test_provenance_verdicts_agree_with_the_figures_they_print() -> None:
+    """A ratio of 0.8496 misses 0.85: printed "0.85x" it would read as met."""
+    found = verdicts([_point("zero-latency", 16, 0, 0.8496, 2.004)])
+    assert (found[0]["throughput_met"], found[0]["ttft_met"]) == (False, False)
+    text = "\n".join(render_verdicts(found))
+    assert "req/s 0.8496x (MISSED); TTFT p50 +2.004 ms (MISSED)" in text

@@ -216,3 +216,23 @@ def test_scale_judges_the_median_repetition() -> None:
     assert runs["2"]["chat c=64"]["cpu_s"]["target"] == pytest.approx(0.46)
     report = {"settings": {"workers": [1, 2]}, "runs": runs}
     assert flatness(report)[0]["flat"] is True  # one noisy rep (1.5x) does not decide
+
+
+def test_seed_load_verdicts_agree_with_the_figures_they_print() -> None:
+    """0.5004 core is over the 0.5 target: printed "0.500" it would read as met."""
+    over = {"direct": _result(0.2, 10.0), "owngate+production": _result(0.2502, 11.0)}
+    report = _report([over])
+    verdicts = {v["id"]: v for v in report["summary"]["verdicts"]}
+    assert verdicts["production_cores"]["met"] is False  # 0.1251 cores / 0.25
+    assert "<= 0.5: not met (0.5004, projected" in render(report)
+
+
+def test_scale_verdict_agrees_with_the_figures_it_prints() -> None:
+    # CPU in ticks: 0.46 s over 0.40 s is 1.15x, on the target, whatever the floats say
+    on_target = _scale_report(chat=(0.40, (12.46 - 12.0)), stream=(0.80, 0.80 * 1.1504))
+    chat, stream = flatness(on_target)
+    assert chat["flat"] is True
+    assert stream["flat"] is False
+    text = render_scale(on_target)
+    assert "chat c=64: flat (" in text and "N=2 1.15x)" in text
+    assert "stream c=64: not flat (" in text and "N=2 1.1504x)" in text
