@@ -1,33 +1,39 @@
 """Provenance records, schema v1: builders for the gateway, a strict parser for auditors.
 
-Three record types, each one log entry, RFC 8785 canonical JSON:
+Four record types, each one log entry, RFC 8785 canonical JSON:
 
 * `dispatch`   made durable before the request leaves the gateway;
 * `completion` after the response, linked to its dispatch by leaf index and leaf hash;
-* `refusal`    a request the policy refused (nothing was sent anywhere).
+* `refusal`    a request the policy refused (nothing was sent anywhere);
+* `admin`      an admin API action.
 
 Records carry salted commitments to bodies, never content. `docs/provenance.md` documents
 every field; `parse_record` (gateway/provenance/formats/record_parser.py, re-exported here)
 rejects unknown fields and wrong types, so the schema is closed.
 
-The builders check what they are given (the reference types on construction, the rest per
-call) and raise RecordError for anything the schema would refuse, so what they return is
-valid by construction: the gateway appends it with `checked=True` and skips re-walking
-the schema on every request (tests/unit/test_provenance_units.py holds the two to agreement).
+The builders check what they are given (record_checks.py: the reference types on
+construction, the rest per call) and raise RecordError for anything the schema would
+refuse, so what they return is valid by construction: the gateway appends it with
+`checked=True` and skips re-walking the schema on every request
+(tests/unit/test_provenance_units.py holds the two to agreement).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
-from gateway.canonical import MAX_SAFE_INTEGER
 from gateway.provenance.errors import RecordError
 from gateway.provenance.formats.attestation import Attestation
-from gateway.provenance.formats.receipt_payload import REQUEST_ID
+from gateway.provenance.formats.record_checks import (
+    SPKI_PIN,
+    check_count,
+    check_flag,
+    check_hex64,
+    check_text,
+)
 from gateway.provenance.formats.record_parser import (
     RECORD_TYPES,
     Record,
@@ -72,33 +78,6 @@ class LogEntry:
     leaf_hash: bytes
 
 
-def _text(value: object, what: str, *, empty: bool = True) -> None:
-    if type(value) is not str or not (empty or value):
-        raise RecordError(f"{what} must be a{'' if empty else ' non-empty'} string, not {value!r}")
-    if what == "request_id" and not REQUEST_ID.match(value):  # the id receipts carry
-        raise RecordError(f"request_id must be 1-128 of A-Za-z0-9._:-, not {value!r:.80}")
-
-
-def _count(value: object, what: str) -> None:
-    if type(value) is not int or not 0 <= value <= MAX_SAFE_INTEGER:
-        raise RecordError(f"{what} must be an integer 0..2**53, not {value!r}")
-
-
-def _flag(value: object, what: str) -> None:
-    if type(value) is not bool:
-        raise RecordError(f"{what} must be a bool, not {value!r}")
-
-
-_SPKI = re.compile(r"sha256//[A-Za-z0-9+/]{43}=\Z")  # a key pin, as curl writes it
-
-
-def _hex64(value: object, what: str, *, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if type(value) is not str or len(value) != 64 or value.strip("0123456789abcdef"):
-        raise RecordError(f"{what} must be 64 lowercase hex digits, not {value!r}")
-
-
 @dataclass(frozen=True, slots=True)
 class PolicyRef:
     id: str
@@ -107,7 +86,7 @@ class PolicyRef:
 
     def __post_init__(self) -> None:
         for name in ("id", "version", "digest"):
-            _text(getattr(self, name), f"policy {name}")
+            check_text(getattr(self, name), f"policy {name}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +96,9 @@ class Retention:
     training: bool
 
     def __post_init__(self) -> None:
-        _count(self.days, "retention days")
-        _flag(self.zero_data_retention, "zero_data_retention")
-        _flag(self.training, "training")
+        check_count(self.days, "retention days")
+        check_flag(self.zero_data_retention, "zero_data_retention")
+        check_flag(self.training, "training")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,11 +112,11 @@ class BackendRef:
     retention: Retention
 
     def __post_init__(self) -> None:
-        _text(self.id, "backend id", empty=False)
+        check_text(self.id, "backend id", empty=False)
         if self.tier not in ("private", "hosted"):
             raise RecordError(f"backend tier must be private or hosted, not {self.tier!r}")
         for name in ("kind", "provider", "owner", "region"):
-            _text(getattr(self, name), f"backend {name}")
+            check_text(getattr(self, name), f"backend {name}")
         if type(self.retention) is not Retention:
             raise RecordError("backend retention must be a Retention")
 
@@ -151,10 +130,10 @@ class TraceStep:
     rule: str
 
     def __post_init__(self) -> None:
-        _text(self.backend, "trace backend")
+        check_text(self.backend, "trace backend")
         if self.verdict not in ("admitted", "excluded"):
             raise RecordError(f"trace verdict must be admitted or excluded, not {self.verdict!r}")
-        _text(self.rule, "trace rule")
+        check_text(self.rule, "trace rule")
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,9 +143,9 @@ class Usage:
     total_tokens: int
 
     def __post_init__(self) -> None:
-        _count(self.prompt_tokens, "prompt_tokens")
-        _count(self.completion_tokens, "completion_tokens")
-        _count(self.total_tokens, "total_tokens")
+        check_count(self.prompt_tokens, "prompt_tokens")
+        check_count(self.completion_tokens, "completion_tokens")
+        check_count(self.total_tokens, "total_tokens")
 
 
 def format_time(moment: datetime) -> str:
@@ -211,18 +190,18 @@ def dispatch_record(
     request (`sha256//` + base64), `attested`: its certificate stated the backend's facts;
     `fallback_basis` (with `fallback_reason`): each eligible private backend's state
     (`BASIS_STATES`) that allowed the fallback, as `fallback_basis` in the record."""
-    _text(request_id, "request_id", empty=False)
-    _text(tenant, "tenant")
-    _text(model, "model")
+    check_text(request_id, "request_id", empty=False)
+    check_text(tenant, "tenant")
+    check_text(model, "model")
     if type(backend) is not BackendRef:
         raise RecordError("backend must be a BackendRef")
     if fallback_reason is not None:
-        _text(fallback_reason, "fallback")
+        check_text(fallback_reason, "fallback")
     basis = None if fallback_basis is None else _basis(fallback_basis, fallback_reason)
-    _hex64(request_commitment, "request_commitment")
-    if peer_spki is not None and not _SPKI.match(peer_spki):
+    check_hex64(request_commitment, "request_commitment")
+    if peer_spki is not None and not SPKI_PIN.match(peer_spki):
         raise RecordError(f"peer_spki must be sha256// and 44 base64 digits, not {peer_spki!r}")
-    _flag(attested, "attested")
+    check_flag(attested, "attested")
     r = backend.retention
     ref: dict[str, object] = {
         "id": backend.id,
@@ -262,7 +241,7 @@ def _basis(basis: Sequence[tuple[str, str]], reason: str | None) -> list[object]
         raise RecordError("fallback_basis needs a fallback reason")
     states: list[object] = []
     for backend, state in basis:
-        _text(backend, "fallback_basis backend", empty=False)
+        check_text(backend, "fallback_basis backend", empty=False)
         if state not in BASIS_STATES:
             raise RecordError(f"fallback_basis state must be one of {sorted(BASIS_STATES)}")
         states.append({"backend": backend, "state": state})
@@ -289,17 +268,17 @@ def completion_record(
     tenant was charged instead of `usage`, which exceeded what the request justified;
     `stream_error`: "backend" when the backend's own error event reached the client of a
     stream. Absent when None."""
-    _text(request_id, "request_id", empty=False)
+    check_text(request_id, "request_id", empty=False)
     if type(dispatch) is not LogEntry or len(dispatch.leaf_hash) != 32:
         raise RecordError("dispatch must be the LogEntry of the dispatch record")
-    _count(dispatch.index, "dispatch index")
-    _count(status, "status")
+    check_count(dispatch.index, "dispatch index")
+    check_count(status, "status")
     if error is not None:
-        _text(error, "error")
+        check_text(error, "error")
     if usage is not None and type(usage) is not Usage:
         raise RecordError("usage must be a Usage or None")
-    _count(latency_ms, "latency_ms")
-    _hex64(response_commitment, "response_commitment", optional=True)
+    check_count(latency_ms, "latency_ms")
+    check_hex64(response_commitment, "response_commitment", optional=True)
     if attestation is not None and type(attestation) is not Attestation:
         raise RecordError("attestation must be an Attestation or None")
     if upstream is not None and type(upstream) is not UpstreamIds:
@@ -307,7 +286,7 @@ def completion_record(
     if usage_bound is not None:
         if usage is None:
             raise RecordError("usage_bound bounds a reported usage: usage must be given")
-        _count(usage_bound, "usage_bound")
+        check_count(usage_bound, "usage_bound")
         counts = {
             "prompt_tokens": usage.prompt_tokens,
             "completion_tokens": usage.completion_tokens,
@@ -358,12 +337,12 @@ def refusal_record(
     reason: str,
     request_commitment: str | None,
 ) -> dict[str, object]:
-    _text(request_id, "request_id", empty=False)
-    _text(tenant, "tenant")
-    _text(model, "model")
-    _text(rule, "rule")
-    _text(reason, "reason")
-    _hex64(request_commitment, "request_commitment", optional=True)
+    check_text(request_id, "request_id", empty=False)
+    check_text(tenant, "tenant")
+    check_text(model, "model")
+    check_text(rule, "rule")
+    check_text(reason, "reason")
+    check_hex64(request_commitment, "request_commitment", optional=True)
     return {
         "v": SCHEMA_VERSION,
         "type": "refusal",
@@ -392,9 +371,9 @@ def admin_record(
     """An admin API action (reload, drain, key create/revoke): who took it (`role`, and
     `token`, the first 12 hex digits of the admin token's digest, or "loopback"), what
     (`action` on `subject`), and the SHA-256 of the change (`change_digest`)."""
-    _text(request_id, "request_id", empty=False)
-    _text(subject, "subject")
-    _hex64(change_digest, "change_digest")
+    check_text(request_id, "request_id", empty=False)
+    check_text(subject, "subject")
+    check_hex64(change_digest, "change_digest")
     return {
         "v": SCHEMA_VERSION,
         "type": "admin",

@@ -1,0 +1,39 @@
+"""The checks the record builders (records.py) make of the values they are given: each
+raises RecordError naming the field and what it must be."""
+
+from __future__ import annotations
+
+import re
+
+from gateway.canonical import MAX_SAFE_INTEGER
+from gateway.provenance.errors import RecordError
+from gateway.provenance.formats.receipt_payload import REQUEST_ID
+
+__all__ = ["SPKI_PIN", "check_count", "check_flag", "check_hex64", "check_text"]
+
+
+def check_text(value: object, what: str, *, empty: bool = True) -> None:
+    if type(value) is not str or not (empty or value):
+        raise RecordError(f"{what} must be a{'' if empty else ' non-empty'} string, not {value!r}")
+    if what == "request_id" and not REQUEST_ID.match(value):  # the id receipts carry
+        raise RecordError(f"request_id must be 1-128 of A-Za-z0-9._:-, not {value!r:.80}")
+
+
+def check_count(value: object, what: str) -> None:
+    if type(value) is not int or not 0 <= value <= MAX_SAFE_INTEGER:
+        raise RecordError(f"{what} must be an integer 0..2**53, not {value!r}")
+
+
+def check_flag(value: object, what: str) -> None:
+    if type(value) is not bool:
+        raise RecordError(f"{what} must be a bool, not {value!r}")
+
+
+SPKI_PIN = re.compile(r"sha256//[A-Za-z0-9+/]{43}=\Z")  # a key pin, as curl writes it
+
+
+def check_hex64(value: object, what: str, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if type(value) is not str or len(value) != 64 or value.strip("0123456789abcdef"):
+        raise RecordError(f"{what} must be 64 lowercase hex digits, not {value!r}")
