@@ -344,8 +344,8 @@ async def revoke_key(digest: str, control: _Control, caller: _Security) -> Actio
     keys_file = _keys_file(runtime) if runtime.config.keys_file is not None else None
     async with staged_change(keys_file, removing(key_hash)) as removal:
         done = await _act(control, caller, "key_revoke", owners[0], change, changed=True)
+        shared = await runtime.state.revoke_key(key_hash)  # before the rename: recorded, refused
         await removal.commit()
-        shared = await runtime.state.revoke_key(key_hash)  # refused now (every replica: Redis)
     if keys_file is not None:
         await control.reload()
     if not shared:  # Redis unreachable: only this replica (and the keys file) refuse it

@@ -274,7 +274,7 @@ class PrivateRelay:
                 # nothing reached the client: another backend may serve
                 raise TryNext(f"{backend.id}: HTTP {status}", error, busy=status == 429)
             raise error
-        if sse != _wants_stream(exchange):
+        if status < 300 and sse != _wants_stream(exchange):
             # The client would read it in the other shape (an SDK parses a stream request's
             # answer as SSE, and JSON out of any other), and see none of the usage the
             # record would state: a broken answer, refused before the client saw a byte.

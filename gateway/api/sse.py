@@ -279,11 +279,14 @@ class StreamWatch:
         held back: its counts are noted unless `[DONE]` came before."""
         if event.find(_USAGE) < 0:
             return False
-        data = [
-            value[1:] if value[:1] == b" " else value
+        fields = [
+            (name, value[1:] if value[:1] == b" " else value)
             for name, _, value in (line.partition(b":") for line in _LINE_ENDS.split(event))
-            if name == b"data"
         ]
+        names = [value for name, value in fields if name == b"event"]
+        if names and names[-1].startswith(b"thread."):
+            return False  # the SDK hands it on nested, reading no usage from it: it goes on
+        data = [value for name, value in fields if name == b"data"]
         if not data:
             return False
         try:

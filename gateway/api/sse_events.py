@@ -95,8 +95,9 @@ class EventReader:
         if cut and _WORTH.search(buffer, 0, cut):
             self._read(_lines(buffer[:cut]), dispatch=False)
         rest = buffer[cut:]
-        if len(rest) > self._max_event:
+        if len(rest) > self._max_event:  # let go unread: the usage it may hold is unknown
             self._raw, self._over = rest[-1:], True
+            self.usage, self.unknown = None, True
         else:
             self._raw = rest
 

@@ -17,7 +17,9 @@ from pydantic import BaseModel, ValidationError
 
 from gateway.api.recorder import log_settings
 from gateway.cli.main import main
-from gateway.config.schema import GatewaySettings, ProvenanceSettings
+from gateway.config.base import MAX_FLOAT
+from gateway.config.schema import GatewaySettings, ProvenanceSettings, StateSettings
+from gateway.state.redis_state import RedisState
 
 BASE = {"dir": "log", "origin": "gateway.test/log", "signing_key_file": "k"}
 TIMINGS = {  # each at the largest value it validates with
@@ -77,3 +79,20 @@ def test_no_float_setting_takes_a_number_that_is_not_finite(
     with pytest.raises(ValidationError) as refused:
         model.model_validate({name: float(value)})
     assert any(error["loc"] == (name,) for error in refused.value.errors()), refused.value
+
+
+@pytest.mark.parametrize(("model", "path"), FLOATS, ids=[path for _, path in FLOATS])
+def test_no_float_setting_takes_a_number_past_a_billion(model: type[BaseModel], path: str) -> None:
+    """`state.lease_ttl_s: 1e306` validated, then `round(lease_ttl_s * 1000)` raised
+    OverflowError when serve started (found by review): every float setting, not only
+    the log's timings, refuses a number past MAX_FLOAT."""
+    name = path.rpartition(".")[2]
+    with pytest.raises(ValidationError) as refused:
+        model.model_validate({name: 1e306})
+    assert any(error["loc"] == (name,) for error in refused.value.errors()), refused.value
+
+
+def test_a_lease_the_state_settings_take_is_one_redis_state_starts_with() -> None:
+    settings = StateSettings(backend="redis", url="redis://127.0.0.1:1/0", lease_ttl_s=MAX_FLOAT)
+    assert settings.url is not None
+    RedisState(settings.url, lease_ttl_s=settings.lease_ttl_s)  # no OverflowError

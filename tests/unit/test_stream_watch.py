@@ -121,7 +121,9 @@ def test_a_long_line_is_passed_on_not_held() -> None:
     out = [watch.feed(long[i : i + 100]) for i in range(0, len(long), 100)]
     assert b"".join(out) + watch.feed(USAGE) + watch.flush() == long
     assert max(len(piece) for piece in out) <= 1024 + 100  # never more than that held
-    assert watch.usage == COUNTS
+    # The long event went on unread: a usage in it is one the client may have been shown
+    # and the gateway did not read, so the usage is unknown (charged the byte estimate).
+    assert watch.usage is None and watch.events.unknown
 
 
 @pytest.mark.parametrize(
@@ -503,4 +505,32 @@ def test_a_usage_chunk_after_an_error_event_is_held_the_same_however_cut(
     reads = [stream] if cut is None else [stream[:cut], stream[cut:]]
     _, watch = _stripped(reads, find_done)
     assert watch.error_event
+    assert watch.usage is None
+
+
+@pytest.mark.parametrize("strip", [False, True])
+def test_an_event_let_go_past_its_bound_makes_the_usage_unknown(strip: bool) -> None:
+    """An event over `max_line` that grows across reads is not read (its memory is
+    bounded); the client's SDK reads it whole, with the usage it may hold. The record
+    kept the earlier, smaller usage (found by review): now it states none, and the
+    tenant is charged the byte estimate."""
+    big = _CHUNK + b'[],"pad":"' + b"x" * 200 + b'","usage":' + json.dumps(COUNTS).encode()
+    stream = _USAGE_1 + big + b"}\n\n" + DONE
+    watch = StreamWatch(strip_usage=strip, max_line=64)
+    for at in range(0, len(stream), 16):  # read by read, as a paced backend sends
+        watch.feed(stream[at : at + 16])
+    watch.flush()
+    watch.end()
+    assert watch.usage is None
+    assert watch.events.unknown
+
+
+def test_a_thread_event_s_usage_chunk_is_not_held_back() -> None:
+    """The SDK hands a `thread.*` event on nested, reading no usage from it: strip mode
+    lets it go on to the client and records none of its counts (it held it back and
+    recorded them)."""
+    event = b'event: thread.run\ndata: {"choices":[],"usage":' + json.dumps(COUNTS).encode()
+    stream = _ROLE + event + b"}\n\n" + DONE
+    out, watch = _stripped([stream], find_done=True)
+    assert out == stream
     assert watch.usage is None
