@@ -108,7 +108,7 @@ class StreamWatch:
                 and not self._skip_lf
                 and not self._pass_lf
                 and data.find(_USAGE) < 0  # not `in`: see `_see_done`
-                and (  # it ends with a blank line (`ends_event`, inline)
+                and (  # it ends with a blank line (as EventReader.feed tests it)
                     (tail := data[-2:]) in BLANK_TAILS
                     or (tail == b"\r\n" and data[-3:-2] in LINE_END_BYTES)
                 )

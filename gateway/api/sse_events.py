@@ -41,7 +41,6 @@ __all__ = [
     "BLANK_TAILS",
     "LINE_END_BYTES",
     "EventReader",
-    "ends_event",
     "event_end",
     "last_event_end",
 ]
@@ -165,12 +164,6 @@ def _lines(chunk: bytes) -> list[bytes]:
 # A read ending with a blank line ends in one of these, or in CRLF after a line end.
 BLANK_TAILS: Final = (b"\n\n", b"\r\r", b"\n\r")
 LINE_END_BYTES: Final = (b"\n", b"\r")
-
-
-def ends_event(data: bytes) -> bool:
-    """Whether `data` ends with a blank line (its last line end follows another)."""
-    end = len(data) - 2 if data.endswith(b"\r\n") else len(data) - 1
-    return end >= 1 and data[end] in (_LF, _CR) and data[end - 1] in (_LF, _CR)
 
 
 def _past_blank(data: bytes, at: int) -> int:
