@@ -31,6 +31,7 @@ from gateway.admin.console_routes import docs_router
 from gateway.admin.console_routes import router as console_router
 from gateway.admin.cosignatures import router as cosignatures_router
 from gateway.admin.errors import _gateway_error, _http_error, _internal, _invalid
+from gateway.admin.headers import ApiHeaders
 from gateway.admin.key_changes import adding, removing, staged_change, take_back
 from gateway.admin.limits import BodyLimit
 from gateway.admin.models import (
@@ -120,8 +121,7 @@ async def _sampling(app: FastAPI) -> AsyncIterator[None]:
 
 
 def openapi_schema() -> dict[str, Any]:
-    """The admin API's OpenAPI schema (docs/admin-openapi.json holds it, checked by a
-    test), built without a gateway."""
+    """The admin API's schema (docs/admin-openapi.json holds it), built without a gateway."""
     return _routes().openapi()
 
 
@@ -140,6 +140,7 @@ def _routes(
         redirect_slashes=False,  # `/x/` redirected to the client's `Host` (docstring)
     )
     app.add_middleware(BodyLimit)
+    app.add_middleware(ApiHeaders)  # outside BodyLimit: its refusals get the headers too
     app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
@@ -160,8 +161,7 @@ def _routes(
 
 
 async def _control(request: Request) -> AdminControl:
-    control: AdminControl = request.app.state.control
-    return control
+    return request.app.state.control  # type: ignore[no-any-return]
 
 
 # --- the v1 endpoints --------------------------------------------------------------------

@@ -7,6 +7,8 @@ failure text, witness names) is attacker-influenced and passes through `html.esc
 after `shown` (audit/shown.py) escaped what is not printable: a bidirectional override or
 a line separator in a backend id would reorder or break what the reader sees.
 A log that failed verification gets a page that says so first and shows no figures.
+Its own Content-Security-Policy (`CSP`, a meta tag) lets it run no script and load
+nothing, wherever it is opened: an escaping slip would still run nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from gateway.provenance.audit.shown import shown
 
-__all__ = ["render_html"]
+__all__ = ["CSP", "render_html"]
 
 _PALETTE: tuple[str, ...] = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd")
 _PALETTE += ("#8c564b", "#e377c2", "#17becf")
@@ -26,6 +28,12 @@ _OTHER = "#999999"
 _TOP = len(_PALETTE)  # series drawn on their own; the rest are summed as "other"
 _ROWS = 50  # table rows shown per figure; the JSON holds them all
 _W, _H, _PAD = 760, 220, 44
+# The page's own policy, wherever it is opened (a file, the admin origin): no script, no
+# fetch, no form, nothing from elsewhere; only its inline <style> and SVG attributes.
+CSP = (
+    "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
+    "form-action 'none'"
+)
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:60em;color:#222}
@@ -251,6 +259,7 @@ def render_html(report: dict[str, Any]) -> str:
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
         f"<title>{status}: owngate audit report of {_e(report['log'])}</title>",
         f"<style>{_CSS}</style></head><body>",
         f"<h1>Audit report of {_e(report['log'])}: {status}</h1>",

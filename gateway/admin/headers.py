@@ -1,0 +1,62 @@
+"""Security headers on every answer of the admin listener.
+
+The console's assets set their own (console_routes.py `SECURITY_HEADERS`: this origin's
+scripts only); every other answer (the JSON API, the OpenAPI schema, the log's tiles and
+checkpoint, the HTML audit report, an error object) gets what it lacks of `API_HEADERS`:
+
+- `X-Content-Type-Options: nosniff`: no answer is ever read as another type than it
+  declares (a tile or a checkpoint holds bytes a client of the public API chose);
+- `Content-Security-Policy` `API_CSP`, with `sandbox`: an answer a browser shows on its
+  own (the audit report, opened rather than saved; a JSON body a user navigated to with
+  `admin.allow_loopback`) runs no script, loads nothing, and is not same-origin with the
+  console, whose admin token is in this origin's sessionStorage;
+- `Cache-Control: no-store` unless the route set one (a full tile is `immutable`): an
+  answer can hold a new tenant key (`POST /admin/v1/keys`) or the log's records;
+- no framing (`X-Frame-Options: DENY`) and no referrer.
+
+Headers the route set are kept; only missing ones are added.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["API_CSP", "API_HEADERS", "ApiHeaders"]
+
+# What an admin answer may do when a browser renders it: show itself with its own inline
+# styles (the audit report's <style> and SVG), nothing else.
+API_CSP: Final = (
+    "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
+    "form-action 'none'; frame-ancestors 'none'; sandbox"
+)
+API_HEADERS: Final = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"content-security-policy", API_CSP.encode()),
+    (b"cache-control", b"no-store"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+)
+
+
+class ApiHeaders:
+    """ASGI middleware adding the `API_HEADERS` an answer lacks."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                present = {name.lower() for name, _ in headers}
+                headers += [(k, v) for k, v in API_HEADERS if k not in present]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
