@@ -29,15 +29,14 @@ path's `openai_wire.usage_of` differs on purpose: LiteLLM writes zeros of its ow
 
 from __future__ import annotations
 
-import gc
 import json
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from itertools import accumulate
 from typing import Any, Final
 
 import orjson
+
+from gateway.json_loads import no_collection
 
 __all__ = [
     "COUNTS",
@@ -64,9 +63,6 @@ _SPLIT_QUOTES: Final = 1 << 17  # quotes past which strings are not taken out to
 # it to that): one wrapped in 512 arrays parses only if it is nested no deeper than 512.
 _ORJSON_DEPTH: Final = 1024
 _WRAP: Final = _ORJSON_DEPTH - MAX_DEPTH
-# Arrays and objects past which a document is parsed with the collector off (a usual
-# answer holds far fewer: a collection runs every 700 or so new ones).
-_COLLECT_UNDER: Final = 10_000
 _STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKETS: Final = bytes(set(range(256)) - set(b"[]{}"))
 _STEP: Final = [0] * 256
@@ -92,7 +88,7 @@ def read_json(data: bytes, *, line: bool = False) -> Any:
         except orjson.JSONDecodeError:
             pass
     else:
-        with _no_collection(containers):
+        with no_collection(containers):
             try:
                 return _unwrapped(orjson.loads(b"[" * _WRAP + data + b"]" * _WRAP))
             except orjson.JSONDecodeError:
@@ -109,7 +105,7 @@ def read_json(data: bytes, *, line: bool = False) -> Any:
 def parses(data: bytes) -> bool:
     """Whether orjson parses `data` (a whole answer, to tell whether it was cut short),
     within the same bound on arrays and objects (`PastBounds` past it)."""
-    with _no_collection(_containers(data)):
+    with no_collection(_containers(data)):
         try:
             orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -130,22 +126,6 @@ def _containers(data: bytes) -> int:
         if bare.count(b"[") + bare.count(b"{") <= MAX_CONTAINERS:
             return containers
     raise PastBounds("too many arrays and objects")
-
-
-@contextmanager
-def _no_collection(containers: int) -> Iterator[None]:
-    """No garbage collection while orjson builds a document of many arrays and objects:
-    each one it makes counts toward the next collection, and a 16 MiB `[[],[],...]`
-    (5.6 million of them) ran the collector until the parse took 5x as long, seconds on
-    the event loop. What it builds holds no cycle (JSON cannot): its refcounts free it."""
-    if containers <= _COLLECT_UNDER or not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def utf8_document(data: bytes) -> bytes:
