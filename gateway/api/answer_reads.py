@@ -6,7 +6,9 @@ A backend is trusted to serve, not to be well-behaved: an error body is read up 
 64 KiB and only by the attempt's first-byte deadline (one that trickles in must not hold
 the failover past the request's deadline); a JSON answer whose body ended with the
 connection (no length, not chunked) is whole only if it parses, as a backend that died
-mid-answer closes the connection too.
+mid-answer closes the connection too; one of more arrays and objects than the gateway
+parses (`usage_read.MAX_CONTAINERS`) cannot be checked and counts as cut short (it held
+the event loop 6.8 s for a 15 MiB `[],[],...`, with the collector running).
 
 Every whole answer the gateway holds (and every error body it reads) is counted against
 `limits.max_held_answer_bytes`, one budget for all requests of the process (`answers` of
@@ -21,8 +23,7 @@ too; its status alone tells what happened then, as for one over 64 KiB.
 
 from __future__ import annotations
 
-import orjson
-
+from gateway.api.usage_read import PastBounds, parses
 from gateway.body_budget import Held, hold_answer
 from gateway.errors import GatewayError
 from gateway.upstream.http import UpstreamError, UpstreamResponse
@@ -77,13 +78,18 @@ async def read_error_body(response: UpstreamResponse, by: float, held: Held | No
 def check_whole(response: UpstreamResponse, data: bytes) -> None:
     """Raise `UpstreamError("closed")` when `data`, a JSON answer the close ended, does
     not parse: it was cut short (the caller fails over, as for a framed body that broke
-    off)."""
+    off); or when it holds too many arrays and objects to parse on the event loop: it
+    cannot be told whole."""
     if not response.ended_by_close or not _is_json(response.header(b"content-type")):
         return
     try:
-        orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise UpstreamError("closed", "the answer ended with the connection, cut short") from None
+        whole = parses(data)
+    except PastBounds:
+        raise UpstreamError(
+            "closed", "the answer ended with the connection, too many values to check it whole"
+        ) from None
+    if not whole:
+        raise UpstreamError("closed", "the answer ended with the connection, cut short")
 
 
 def _is_json(content_type: bytes | None) -> bool:

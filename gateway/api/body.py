@@ -35,6 +35,7 @@ import orjson
 
 from gateway.body_budget import held_for_characters
 from gateway.errors import ErrorCode, GatewayError
+from gateway.json_loads import loads, no_collection
 
 __all__ = [
     "MAX_DEPTH",
@@ -171,8 +172,8 @@ def _loads(body: bytes, brackets: int) -> Any:
     deep = brackets > MAX_DEPTH
     try:
         if not deep:
-            return orjson.loads(body)
-        return _unwrap(orjson.loads(_OPEN + body + _CLOSE))
+            return loads(body, brackets)
+        return _unwrap(loads(_OPEN + body + _CLOSE, brackets))
     except orjson.JSONDecodeError:
         pass
     try:  # again unwrapped: the client's own offsets, and whether depth was the reason
@@ -213,8 +214,9 @@ def _exact_repeats(body: bytes) -> list[str]:
     # pairs (`tuple` is called from C, and `{}` is the one empty tuple): a Python hook
     # per object cost about 4 us each, 3 s of the event loop for an 8 MiB body of
     # `{"model":1},` that any tenant may send. Safe from recursion limits: `_loads`
-    # bounded the depth first.
-    top: tuple[tuple[str, Any], ...] = json.loads(body, object_pairs_hook=tuple)
+    # bounded the depth first. Lists and tuples are the collector's: it stays off.
+    with no_collection(body.count(b"[") + body.count(b"{")):
+        top: tuple[tuple[str, Any], ...] = json.loads(body, object_pairs_hook=tuple)
     repeated = _repeated_names(top, _TOP_KEYS)
     options = [value for name, value in top if name == "stream_options"]
     if len(options) == 1 and isinstance(options[0], tuple):
@@ -358,7 +360,7 @@ def rewrite_model(
     """
     if len(pattern.findall(body)) == 1:
         out = pattern.sub(lambda m: m.group(1) + orjson.dumps(upstream_model), body, count=1)
-        if orjson.loads(out).get("model") == upstream_model:
+        if loads(out).get("model") == upstream_model:
             return out
     return orjson.dumps({**doc, "model": upstream_model})
 
@@ -374,7 +376,7 @@ def ask_for_usage(body: bytes, doc: dict[str, Any]) -> bytes:
     if "stream_options" not in doc:
         start = body.index(b"{") + 1  # the object's first byte (JSON allows whitespace)
         return body[:start] + _INCLUDE_USAGE + body[start:]
-    current = orjson.loads(body)
+    current = loads(body)
     options = current.get("stream_options")
     merged = {**options, "include_usage": True} if isinstance(options, dict) else {}
     return orjson.dumps({**current, "stream_options": merged or {"include_usage": True}})

@@ -12,9 +12,13 @@ Either parser keeps the last of two copies of a key, as browsers' `JSON.parse` d
 
 Bounded, as it runs on the event loop (docs/provenance.md, known limits): a document
 nested deeper than `MAX_DEPTH` arrays and objects is none (the standard library's parser
-recurses: whether the client's raises depends on its stack), and the standard library,
-about 20 times slower than orjson, reads no document over `MAX_FALLBACK` bytes. Such a
-document raises `PastBounds`: the client's parser may read it, so what it holds is
+recurses: whether the client's raises depends on its stack), the standard library,
+about 20 times slower than orjson, reads no document over `MAX_FALLBACK` bytes, and no
+document holding more than `MAX_CONTAINERS` arrays and objects (outside its strings) is
+parsed at all: each costs orjson some 100 to 200 bytes and a Python object to build and
+free, so a 15 MiB whole answer of `[],[],...` from a hostile backend held the event loop
+0.9 s and grew the process by 510 MB while it was read (`{"a":{}},...`: 2.1 s, 580 MB).
+Such a document raises `PastBounds`: the client's parser may read it, so what it holds is
 unknown, not absent (a stream's readers then state no usage, never an earlier one).
 
 A usage object's counts are `prompt_tokens`, `completion_tokens` and `total_tokens`,
@@ -25,22 +29,23 @@ path's `openai_wire.usage_of` differs on purpose: LiteLLM writes zeros of its ow
 
 from __future__ import annotations
 
-import gc
 import json
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from itertools import accumulate
 from typing import Any, Final
 
 import orjson
 
+from gateway.json_loads import no_collection
+
 __all__ = [
     "COUNTS",
+    "MAX_CONTAINERS",
     "MAX_DEPTH",
     "MAX_FALLBACK",
     "PastBounds",
     "counts_of",
+    "parses",
     "read_json",
     "utf8_document",
 ]
@@ -48,14 +53,16 @@ __all__ = [
 COUNTS: Final = ("prompt_tokens", "completion_tokens", "total_tokens")
 MAX_DEPTH: Final = 512  # arrays and objects, one in the other
 MAX_FALLBACK: Final = 1024 * 1024  # bytes the standard library's parser reads
+# Arrays and objects one parsed document may hold: at most some 50 MB and 0.15 s of the
+# event loop to build and free. An answer with logprobs (20 alternatives a token, 4,096
+# tokens) holds about 180,000; a stream event (64 KiB at most) under 44,000.
+MAX_CONTAINERS: Final = 1 << 18
+_SPLIT_QUOTES: Final = 1 << 17  # quotes past which strings are not taken out to count
 
 # orjson refuses a document nested deeper than 1024 (tests/unit/test_usage_read.py holds
 # it to that): one wrapped in 512 arrays parses only if it is nested no deeper than 512.
 _ORJSON_DEPTH: Final = 1024
 _WRAP: Final = _ORJSON_DEPTH - MAX_DEPTH
-# Arrays and objects past which a document is parsed with the collector off (a usual
-# answer holds far fewer: a collection runs every 700 or so new ones).
-_COLLECT_UNDER: Final = 10_000
 _STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKETS: Final = bytes(set(range(256)) - set(b"[]{}"))
 _STEP: Final = [0] * 256
@@ -74,14 +81,14 @@ def read_json(data: bytes, *, line: bool = False) -> Any:
     stream's `data:` line (decoded as UTF-8 before parsing), else a whole answer in UTF-8
     (`utf8_document`). Raises ValueError when the client's parser would refuse it too,
     `PastBounds` (a ValueError) when it is past the bounds above (the module's text)."""
-    containers = data.count(b"[") + data.count(b"{")
+    containers = _containers(data)
     if containers <= MAX_DEPTH:  # the usual: too few to be deep
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
             pass
     else:
-        with _no_collection(containers):
+        with no_collection(containers):
             try:
                 return _unwrapped(orjson.loads(b"[" * _WRAP + data + b"]" * _WRAP))
             except orjson.JSONDecodeError:
@@ -95,20 +102,30 @@ def read_json(data: bytes, *, line: bool = False) -> Any:
     return _read_refused(data, line=line)
 
 
-@contextmanager
-def _no_collection(containers: int) -> Iterator[None]:
-    """No garbage collection while orjson builds a document of many arrays and objects:
-    each one it makes counts toward the next collection, and a 16 MiB `[[],[],...]`
-    (5.6 million of them) ran the collector until the parse took 5x as long, seconds on
-    the event loop. What it builds holds no cycle (JSON cannot): its refcounts free it."""
-    if containers <= _COLLECT_UNDER or not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
+def parses(data: bytes) -> bool:
+    """Whether orjson parses `data` (a whole answer, to tell whether it was cut short),
+    within the same bound on arrays and objects (`PastBounds` past it)."""
+    with no_collection(_containers(data)):
+        try:
+            orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return False
+    return True
+
+
+def _containers(data: bytes) -> int:
+    """How many arrays and objects `data` opens, counted cheaply (brackets in strings too);
+    `PastBounds` past `MAX_CONTAINERS`, unless the brackets past it are in strings (an
+    answer of code or prose full of brackets) and the strings are few enough to take out
+    cheaply (`_SPLIT_QUOTES`: removing 1.7 million of them built as many pieces, 400 MB)."""
+    containers = data.count(b"[") + data.count(b"{")
+    if containers <= MAX_CONTAINERS:
+        return containers
+    if data.count(b'"') <= _SPLIT_QUOTES:
+        bare = _STRING.sub(b"", data)
+        if bare.count(b"[") + bare.count(b"{") <= MAX_CONTAINERS:
+            return containers
+    raise PastBounds("too many arrays and objects")
 
 
 def utf8_document(data: bytes) -> bytes:

@@ -35,6 +35,8 @@ from typing import Any, Final
 
 import orjson
 
+from gateway.json_loads import loads
+
 __all__ = [
     "CACHE_SALT",
     "IDENTIFIER_FIELDS",
@@ -101,6 +103,6 @@ def salted_body(body: bytes, doc: Mapping[str, Any], tenant: str) -> bytes:
     if not given and doc:
         start = body.index(b"{") + 1  # the object's first byte (JSON allows whitespace)
         return body[:start] + b'"' + CACHE_SALT.encode() + b'":' + salt + b"," + body[start:]
-    current = orjson.loads(body)
+    current = loads(body)
     kept = {k: v for k, v in current.items() if k.casefold() != CACHE_SALT}
     return orjson.dumps({CACHE_SALT: orjson.Fragment(salt), **kept})

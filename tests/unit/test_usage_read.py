@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import tracemalloc
 
 import orjson
 import pytest
@@ -17,7 +18,15 @@ from hypothesis import strategies as st
 from gateway.api.sse import StreamWatch
 from gateway.api.sse_events import EventReader
 from gateway.api.trail import Trail
-from gateway.api.usage_read import MAX_DEPTH, MAX_FALLBACK, read_json, utf8_document
+from gateway.api.usage_read import (
+    MAX_CONTAINERS,
+    MAX_DEPTH,
+    MAX_FALLBACK,
+    PastBounds,
+    parses,
+    read_json,
+    utf8_document,
+)
 from gateway.provenance import Salts
 
 USAGE = b'"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}'
@@ -181,9 +190,9 @@ def test_a_document_of_many_containers_is_read_without_a_collection() -> None:
     """A whole answer of millions of empty arrays (16 MiB of `[[],[],...]`): each array
     orjson made counted toward the next garbage collection, which ran over and over on
     the event loop (the parse took seconds). Counted, not timed: at most the one
-    collection that is due once the collector is on again (571 ran before)."""
+    collection that is due once the collector is on again (hundreds ran before)."""
     usage = b'{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}'
-    doc = b'{"x":[' + b"[]," * 400_000 + b'[]],"usage":' + usage + b"}"
+    doc = b'{"x":[' + b"[]," * 200_000 + b'[]],"usage":' + usage + b"}"
     collections: list[str] = []
 
     def counted(phase: str, _info: dict[str, int]) -> None:
@@ -199,3 +208,36 @@ def test_a_document_of_many_containers_is_read_without_a_collection() -> None:
     assert read["usage"] == expected
     assert len(collections) <= 1
     assert gc.isenabled()
+
+
+def test_a_document_past_the_container_bound_is_none_and_not_built() -> None:
+    """A whole answer of more arrays and objects than `MAX_CONTAINERS` (a hostile backend's
+    15 MiB of `[],[],...` took 510 MB and 0.9 s of the event loop) is past the bounds:
+    none of its values is built (tracemalloc's peak stays within two copies of its bytes,
+    where its 262,145 objects took some 20 times its size), and
+    its usage is unknown. Brackets in strings do not count: a long answer of code is read."""
+    over = b"{" + USAGE + b',"x":[' + b"{}," * MAX_CONTAINERS + b"0]}"
+    tracemalloc.start()
+    try:
+        with pytest.raises(PastBounds):
+            read_json(over)
+        assert parses_bounded(over) is None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * len(over), f"{peak} bytes built for a {len(over)}-byte document"
+    code = b'{"c":"' + b"[{" * MAX_CONTAINERS + b'",' + USAGE + b"}"
+    assert read_json(code)["usage"] == COUNTS
+    # Many strings too (taking them out would build a piece each): past the bound.
+    quoted = b'{"x":[' + b'{"a":[]},' * MAX_CONTAINERS + b"0]," + USAGE + b"}"
+    assert unreadable(quoted)
+    at_bound = b"{" + USAGE + b',"x":[' + b"{}," * (MAX_CONTAINERS - 3) + b"0]}"
+    assert read_json(at_bound)["usage"] == COUNTS
+
+
+def parses_bounded(data: bytes) -> bool | None:
+    """`parses(data)`, None for `PastBounds`."""
+    try:
+        return parses(data)
+    except PastBounds:
+        return None
