@@ -22,16 +22,17 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["COLLECT_UNDER", "containers", "loads", "no_collection"]
+__all__ = ["COLLECT_UNDER", "at_most", "loads", "no_collection"]
 
 # Arrays and objects past which a document is parsed with the collector off (a usual
 # document holds far fewer: a collection runs every 700 or so new ones).
 COLLECT_UNDER: Final = 10_000
 
 
-def containers(data: bytes) -> int:
-    """An upper bound of the arrays and objects `data` opens (brackets in strings too)."""
-    return data.count(b"[") + data.count(b"{")
+def at_most(data: bytes) -> int:
+    """An upper bound of the arrays and objects `data` opens, without reading it: each
+    takes two bytes at least (`[]`)."""
+    return len(data) // 2
 
 
 @contextmanager
@@ -50,6 +51,8 @@ def no_collection(opened: int) -> Iterator[None]:
 
 def loads(data: bytes, opened: int | None = None) -> Any:
     """`orjson.loads(data)` with the collector off for a document of many arrays and
-    objects; `opened`: how many it opens when the caller counted them already."""
-    with no_collection(containers(data) if opened is None else opened):
+    objects; `opened`: how many it opens when the caller counted them already, else
+    `at_most(data)` (counting them would scan the document twice more than the parse
+    does: 70 us for a 100 KB prompt, twice orjson's own parse of it)."""
+    with no_collection(at_most(data) if opened is None else opened):
         return orjson.loads(data)
