@@ -29,6 +29,7 @@ from gateway.provenance.audit.reader import read_settled
 from gateway.provenance.audit.remote import is_url, mirror_log
 from gateway.provenance.audit.report import verification_json
 from gateway.provenance.audit.shown import quoted, shown
+from gateway.provenance.errors import LogVerificationError
 from gateway.provenance.formats.cosignature import CosignatureVerifier
 
 __all__ = ["add_verify"]
@@ -116,12 +117,23 @@ def add_verify(verbs: Any) -> None:
         "of the sidecar's log; ID= names its backend when several --backend-key are given "
         "(env OWNGATE_AUDIT_ATTEST_CHECKPOINT)",
     )
+    verify.add_argument(
+        "--replica-log",
+        action="append",
+        default=None,
+        metavar="DIR|URL",
+        help="the log of another replica of this gateway (its key among --key): its "
+        "two-party statements are checked with this log's, as one (a counter used in both is "
+        "a replay), and every --attest-log is cross-checked against them all; repeat per "
+        "replica (env OWNGATE_AUDIT_REPLICA_LOG)",
+    )
     verify.add_argument("--json", action="store_true", help="print the summary as JSON")
     verify.set_defaults(
         handler=guarded(_verify),
         _backend_key_defaults=env_list("BACKEND_KEY"),
         _attest_log_defaults=env_list("ATTEST_LOG"),
         _attest_checkpoint_defaults=env_list("ATTEST_CHECKPOINT"),
+        _replica_log_defaults=env_list("REPLICA_LOG"),
         _checkpoint_defaults=env_list("CHECKPOINT"),
         _witness_defaults=env_list("WITNESS_KEY"),
     )
@@ -153,7 +165,7 @@ def _verified(
             accept_earlier_keys=args.accept_earlier_keys,
         ),
     )
-    attested = _attested(args, logdir, summary.size)
+    attested = _attested(args, logdir, summary.size, summary.origin)
     witnessed = summary.witnesses
     if args.json:
         result: dict[str, Any] = {"ok": True, **verification_json(summary)}
@@ -162,6 +174,7 @@ def _verified(
                 "answers": attested.answers,
                 "sidecars": attested.cross_checked,
                 "unkeyed": attested.unkeyed,
+                "replicas": [{"origin": o, "size": n} for o, n in attested.replicas],
             }
         print(json.dumps(result))
         return 0
@@ -186,6 +199,8 @@ def _verified(
             f"{summary.size - witnessed.witnessed_size} signed entries not yet witnessed"
         )
     if attested is not None:
+        for origin, size in attested.replicas:
+            print(f"ok: replica log {quoted(origin)}: {size} entries, checked with this one")
         for backend, count in attested.answers.items():
             sidecar = attested.cross_checked.get(backend)
             unaccepted = attested.unaccepted.get(backend, 0)
@@ -208,19 +223,25 @@ def _verified(
     return 0
 
 
-def _attested(args: argparse.Namespace, logdir: str, size: int) -> AttestedSummary | None:
+def _attested(
+    args: argparse.Namespace, logdir: str, size: int, origin: str
+) -> AttestedSummary | None:
     keys = backend_keys(args.backend_key or args._backend_key_defaults, trusted_keys(args))
     sidecars = args.attest_log or args._attest_log_defaults
     seen = args.attest_checkpoint or args._attest_checkpoint_defaults
+    replicas = args.replica_log or args._replica_log_defaults
     if not keys:
-        if sidecars or seen:
-            raise ValueError("--attest-log needs the sidecar's --backend-key ID=VKEY")
+        if sidecars or seen or replicas:
+            flag = "--replica-log" if replicas and not (sidecars or seen) else "--attest-log"
+            raise ValueError(f"{flag} needs the sidecar's --backend-key ID=VKEY")
         return None
     trusted: dict[str, list[bytes]] = {}
     for item in seen:
         backend, where = _backend_of(item, keys, "--attest-checkpoint")
         trusted.setdefault(backend, []).append(Path(where).read_bytes())
     summary = check_attestations(logdir, size, keys)
+    for where in replicas:
+        _add_replica(args, where, keys, summary, origin)
     for item in sidecars:
         backend, where = _backend_of(item, keys, "--attest-log")
         held = trusted.pop(backend, [])
@@ -237,6 +258,34 @@ def _attested(args: argparse.Namespace, logdir: str, size: int) -> AttestedSumma
             "checkpoint is checked against the sidecar's log"
         )
     return summary
+
+
+def _add_replica(
+    args: argparse.Namespace,
+    where: str,
+    keys: dict[str, Any],
+    summary: AttestedSummary,
+    origin: str,
+) -> None:
+    """Verify another replica's log (signed by one of --key) and add its two-party
+    statements to `summary`; `origin`: the audited log's (each replica has its own)."""
+    with local_log(where, args, trusted_keys(args)) as replica:
+        try:
+            checked = read_settled(
+                replica,
+                lambda: verify_log(
+                    replica, trusted_keys(args), accept_earlier_keys=args.accept_earlier_keys
+                ),
+            )
+            if checked.origin in (origin, *(seen for seen, _ in summary.replicas)):
+                raise ValueError(
+                    f"--replica-log {shown(where)}: the log {quoted(checked.origin)} is given "
+                    "twice (each replica writes a log of its own origin)"
+                )
+            check_attestations(replica, checked.size, keys, summary)
+        except LogVerificationError as exc:
+            raise LogVerificationError(f"replica log {shown(where)}: {exc}") from exc
+        summary.replicas.append((checked.origin, checked.size))
 
 
 def _backend_of(item: str, keys: dict[str, Any], flag: str) -> tuple[str, str]:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,9 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from tests.helpers.doc_recipes import provenance_recipes
 from tests.helpers.provenance import run_audit
+from tests.helpers.waiting import until
 
 PRIVATE = ("gpu-vllm", "cpu-llamacpp")
 
@@ -89,6 +92,8 @@ def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         eu.close()
         receipts.append(base64.b64decode(reply_headers(url[1], key[1])["x-owngate-receipt"]))
         receipts.append(streamed_receipt(url[1], key[1]))
+        # The private answers' receipts, as handed out and as fetched again later.
+        exchanges = [private_exchange(url[1], key[1], stream) for stream in (False, True) * 2]
         check_admin_api(banner)
     finally:
         proc.send_signal(signal.SIGINT)
@@ -112,6 +117,7 @@ def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         timeout=60,
     )
     assert verified.returncode == 0, verified.stdout + verified.stderr
+    check_two_party(tmp_path, exchanges, audit[1], audit[2], backend_keys, capsys)
     for backend in served & set(PRIVATE):
         assert re.search(
             rf"backend {backend}: \d+ answer\(s\) countersigned by its key; its sidecar's log "
@@ -149,6 +155,89 @@ def check_receipts(
         countersigned = f"ok: countersigned by backend {backend[1]}'s key" in out
         assert countersigned == (backend[1] in PRIVATE), out
     return named
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """A private answer as the client has it: the bytes it sent and received, the receipt
+    it was handed (the header, or a stream's final comment) and the one it fetched again
+    from `GET /v1/provenance/receipts/{id}` once its completion was recorded."""
+
+    request: bytes
+    response: bytes
+    handed: bytes
+    fetched: bytes
+
+
+def private_exchange(url: str, key: str, stream: bool) -> Exchange:
+    body = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"authorization": f"Bearer {key}"}
+    answer = httpx.post(
+        f"{url}/v1/chat/completions",
+        headers=headers,
+        json={**body, "stream": stream},
+        timeout=30,
+    )
+    assert answer.status_code == 200, answer.text
+    if stream:
+        received, _, line = answer.content.partition(b": owngate-receipt ")
+        handed = base64.b64decode(line.strip())
+    else:
+        received, handed = answer.content, base64.b64decode(answer.headers["x-owngate-receipt"])
+    fetched: list[bytes] = []
+
+    def countersigned() -> bool:  # once the completion that accepted it is recorded
+        got = httpx.get(
+            f"{url}/v1/provenance/receipts/{answer.headers['x-request-id']}",
+            headers=headers,
+            timeout=10,
+        )
+        fetched[:] = [got.content]
+        return got.status_code == 200 and "attestation" in json.loads(got.content)
+
+    until(countersigned, "the fetched receipt carries the countersignature")
+    return Exchange(answer.request.content, received, handed, fetched[0])
+
+
+def check_two_party(
+    tmp_path: Path,
+    exchanges: list[Exchange],
+    log: str,
+    key: str,
+    backend_keys: list[str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each private answer's receipts, handed out and fetched, verify as the backend's
+    statement over exactly the bytes the client sent and received: with `owngate audit
+    receipt verify` and with docs/provenance.md's independent recipe (public keys only)."""
+    verify = provenance_recipes()["verify_countersignature"]
+    vkeys = dict(k.split("=", 1) for k in backend_keys)
+    flags = [arg for k in backend_keys for arg in ("--backend-key", k)]
+    for number, exchange in enumerate(exchanges):
+        (tmp_path / f"x{number}.request").write_bytes(exchange.request)
+        (tmp_path / f"x{number}.response").write_bytes(exchange.response)
+        for form, receipt in (("handed", exchange.handed), ("fetched", exchange.fetched)):
+            path = tmp_path / f"x{number}-{form}.receipt"
+            path.write_bytes(receipt)
+            check = ["receipt", "verify", str(path), "--key", key, "--log", log, *flags]
+            check += ["--request-body", str(tmp_path / f"x{number}.request")]
+            check += ["--response-body", str(tmp_path / f"x{number}.response")]
+            capsys.readouterr()
+            assert run_audit(check) == 0, capsys.readouterr()
+            said = capsys.readouterr().out
+            assert "ok: the backend countersigned this request body" in said, said
+            assert "ok: the backend countersigned this response body" in said, said
+            backend = json.loads(base64.b64decode(json.loads(receipt)["payload"]))["backend"]
+            assert backend in PRIVATE
+            statement = verify(receipt, key, vkeys[backend], exchange.request, exchange.response)
+            assert (
+                statement["request_id"]
+                == json.loads(base64.b64decode(json.loads(receipt)["payload"]))["request_id"]
+            )
+        assert (
+            json.loads(exchange.fetched)["attestation"]
+            == json.loads(exchange.handed)["attestation"]
+        )
 
 
 def streamed_receipt(url: str, key: str) -> bytes:

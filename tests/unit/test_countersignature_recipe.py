@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
-from typing import Any
 
 import pytest
 from cryptography.exceptions import InvalidSignature
@@ -19,7 +17,7 @@ from gateway.provenance.formats.attestation import Statement, sign_statement
 from gateway.provenance.formats.merkle import leaf_hash
 from gateway.provenance.formats.receipts import attach_countersignature
 from gateway.provenance.testing import CountingRandom, seeded_signer
-from tests.helpers.paths import REPO_ROOT
+from tests.helpers.doc_recipes import provenance_recipes
 
 LOG = seeded_signer("gateway.example/log/1")
 SIDECAR = seeded_signer("gpu.example/attest")
@@ -29,18 +27,7 @@ STREAM = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n'
 WHOLE = b'{"choices":[{"message":{"content":"hi"}}]}'
 
 
-def _recipes() -> dict[str, Any]:
-    """The receipt recipe and the countersignature recipe, in one namespace."""
-    text = (REPO_ROOT / "docs" / "provenance.md").read_text()
-    namespace: dict[str, Any] = {}
-    for name in ("receipt-recipe", "countersignature-recipe"):
-        found = re.search(rf"<!-- {name} -->\n```python\n(.*?)```", text, re.DOTALL)
-        assert found, f"docs/provenance.md has no {name}"
-        exec(compile(found.group(1), f"docs/provenance.md:{name}", "exec"), namespace)
-    return namespace
-
-
-VERIFY = _recipes()["verify_countersignature"]
+VERIFY = provenance_recipes()["verify_countersignature"]
 
 
 def _receipt(index: int, salts: Salts) -> Receipt:

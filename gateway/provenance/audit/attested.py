@@ -63,6 +63,8 @@ class AttestedSummary:
     # private backend id -> answers, for the backends given no key: the gateway's word
     # alone (an id mistyped in --backend-key, or a backend the log names otherwise)
     unkeyed: dict[str, int] = field(default_factory=dict)
+    # the other replicas' logs checked with this one: (origin, entries) of each
+    replicas: list[tuple[str, int]] = field(default_factory=list)
 
 
 def _fail(reason: str, index: int | None = None) -> LogVerificationError:
@@ -70,15 +72,29 @@ def _fail(reason: str, index: int | None = None) -> LogVerificationError:
 
 
 def check_attestations(
-    directory: str | Path, size: int, backend_keys: Mapping[str, Verifier]
+    directory: str | Path,
+    size: int,
+    backend_keys: Mapping[str, Verifier],
+    summary: AttestedSummary | None = None,
 ) -> AttestedSummary:
     """Check the attestations of a verified log of `size` entries; raises
     LogVerificationError naming the first record that fails, ValueError when two backends
-    are given one key."""
+    are given one key.
+
+    `summary`: what the logs of the other replicas of the same gateway already showed
+    (one log per replica, the same sidecars behind them all): this log's statements are
+    added to it, so a counter one replica's log already holds is a replay here too, and
+    `cross_check` then compares a sidecar's log with all of them at once."""
     one_key_per_backend(backend_keys)
-    summary = AttestedSummary({backend: 0 for backend in backend_keys})
-    summary.dispatched = {backend: {} for backend in backend_keys}
-    counters: dict[tuple[str, int], str] = {}
+    if summary is None:
+        summary = AttestedSummary({backend: 0 for backend in backend_keys})
+        summary.dispatched = {backend: {} for backend in backend_keys}
+    # (key, counter) -> the request id of the statement that used it, in every log so far
+    counters = {
+        (key, counter): statement.request_id
+        for key, statements in summary.statements.items()
+        for counter, statement in statements.items()
+    }
     for index, dispatch, completion in _completions(LogDirectory(directory), size, summary):
         backend = dispatch.data["backend"]["id"]
         answer = completion.data["status"] < 400
