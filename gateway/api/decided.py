@@ -74,13 +74,16 @@ def fallback_refused(
     """Why `now` (a newer set's decision) does not let a request fall back for `fallback`
     (`private_saturated` or `private_unavailable`), each private backend having come to
     what `basis` says, as the plan made under `before` did; None when it does."""
+    states = dict(basis)
     if fallback == "private_saturated":
         if now.fallback != "when_private_saturated":
             return f"fallback.mode {now.fallback} does not fall back when saturated"
-        raised = (now.saturation_threshold or 0.0) > (before.saturation_threshold or 0.0)
-        return f"saturation_threshold is {now.saturation_threshold}" if raised else None
+        if (now.saturation_threshold or 0.0) > (before.saturation_threshold or 0.0):
+            return f"saturation_threshold is {now.saturation_threshold}"
+        # Every backend the plan judged was down or saturated; one it never judged was not.
+        unjudged = [b for b in now.private if b not in states]
+        return f"{', '.join(unjudged)} not judged saturated" if unjudged else None
     accepted = FALLBACK_STATES.get(now.fallback, frozenset())
-    states = dict(basis)
     left = [
         f"{b} {states.get(b, 'not tried')}" for b in now.private if states.get(b) not in accepted
     ]

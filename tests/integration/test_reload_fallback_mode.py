@@ -60,10 +60,10 @@ ANSWER = (
 
 
 def held(release: threading.Event, status: bytes, body: bytes) -> Answer:
-    """Wait for `release` (30 s at most), then answer `status` with `body`."""
+    """Wait for `release` (60 s at most), then answer `status` with `body`."""
 
     async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
-        await asyncio.get_running_loop().run_in_executor(None, release.wait, 30)
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 60)
         head = b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
         writer.write(head % (status, len(body)) + body)
         await writer.drain()
@@ -121,7 +121,7 @@ def test_a_busy_private_backend_no_longer_lets_a_request_fall_back_after_a_reloa
             write_policy(policy, "2", "when_private_unavailable")
             reloaded(gateway, "2")
             release.set()
-            response = answer.result(timeout=30)
+            response = answer.result(timeout=60)
     finally:
         release.set()
     assert served(hosted_sim) == 0, "a busy private backend let the request go hosted"
@@ -161,7 +161,12 @@ def test_a_saturated_private_tier_no_longer_lets_a_request_fall_back_after_a_rel
             holding = [pool.submit(chat, gateway) for _ in range(2)]
             until(lambda: len(private.posts) >= 2, "two requests at the private backend")
             answer = pool.submit(chat, gateway)
-            until(lambda: bool(first_hosted.posts), "the saturated fallback's first attempt")
+            # LiteLLM loads on the first hosted attempt: seconds on a busy machine.
+            until(
+                lambda: bool(first_hosted.posts),
+                "the saturated fallback's first attempt",
+                timeout=60.0,
+            )
             write_policy(policy, "2", "when_private_unavailable")
             reloaded(gateway, "2")
             hosted_go.set()
@@ -171,7 +176,7 @@ def test_a_saturated_private_tier_no_longer_lets_a_request_fall_back_after_a_rel
                 timeout=30.0,
             )
             private_go.set()
-            response = answer.result(timeout=30)
+            response = answer.result(timeout=60)
             assert all(h.result(timeout=30).status_code == 200 for h in holding)
     finally:
         private_go.set()

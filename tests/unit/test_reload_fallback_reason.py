@@ -37,6 +37,10 @@ CASES: list[tuple[str, tuple[str, ...], str, float | None, str, FallbackBasis, b
      (("a", "saturated"), ("b", "saturated")), True),
     ("saturated is no reason under unavailable", ("a", "b"), UNAVAILABLE, None,
      "private_saturated", (("a", "saturated"), ("b", "saturated")), True),
+    ("saturated, one down", ("a", "b"), SATURATED, 1.0, "private_saturated",
+     (("a", "down"), ("b", "saturated")), False),
+    ("saturated, a private backend never judged", ("a", "b", "c"), SATURATED, 1.0,
+     "private_saturated", (("a", "saturated"), ("b", "saturated")), True),
 ]  # fmt: skip
 
 
@@ -57,4 +61,4 @@ def test_a_reload_keeps_a_fallback_only_for_a_reason_its_mode_accepts(
     why = fallback_refused(BEFORE, now, reason, basis)
     assert (why is not None) is refused, why
     if why is not None:
-        assert why.startswith(("fallback.mode", "saturation_threshold", mode))
+        assert why.startswith(("fallback.mode", "saturation_threshold", mode, "c not judged"))
