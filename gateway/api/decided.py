@@ -14,6 +14,7 @@ set admits that the plan never tried was not shown unavailable).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from gateway.api.labels import UNKNOWN, InvalidLabel, label_refused, read_label
@@ -58,13 +59,35 @@ def withdrawn_by_reload(
     admitted = () if now is None else now.private if attempt.private else now.hosted
     if attempt.backend.id not in admitted:
         return f"{attempt.backend.id}: no longer admitted by policy set {current.version}"
+    before = decided.policy
+    if current.facts_digest != before.facts_digest and _redeclared(
+        before, current, attempt.backend.id
+    ):
+        # A gateway.yaml reload admitted the id for what it declares now; the attempt
+        # would go where the old config pointed, under the old declaration.
+        return f"{attempt.backend.id}: declared anew in the config of policy set {current.version}"
     if now is None or attempt.private or plan is None or plan.fallback is None:
         return None
-    why = fallback_refused(decision, now, plan.fallback, plan.basis)
+    basis = plan.basis
+    if current.facts_digest != before.facts_digest:  # what came of a backend since redeclared
+        basis = tuple((b, state) for b, state in basis if not _redeclared(before, current, b))
+    why = fallback_refused(decision, now, plan.fallback, basis)
     if why is None:
         return None
     return (
         f"{attempt.backend.id}: fallback no longer allowed by policy set {current.version} ({why})"
+    )
+
+
+def _redeclared(before: PolicySet, current: PolicySet, backend_id: str) -> bool:
+    """Whether `current` was compiled against other facts for the backend (its region,
+    owner, provider, retention, identity) than `before`, the set of the config the attempt
+    belongs to. The names it serves are not compared: `decide` judged them."""
+    old, new = before.declared(backend_id), current.declared(backend_id)
+    if old is None or new is None:
+        return True
+    return replace(old, models=frozenset(), model_groups=()) != replace(
+        new, models=frozenset(), model_groups=()
     )
 
 
