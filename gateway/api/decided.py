@@ -9,7 +9,9 @@ never only against the older set: its backend must still be admitted, and a host
 fallback's reason must still be one the new set's fallback mode accepts (a reload from
 `when_private_saturated` to `when_private_unavailable` takes "saturated" and "busy" away
 as reasons; a raised `saturation_threshold` takes "saturated"; a private backend the new
-set admits that the plan never tried was not shown unavailable).
+set admits that the plan never tried was not shown unavailable). After a gateway.yaml
+reload, an attempt on a backend whose declared facts changed is not made either: the
+request runs on its own config's addresses, and the new set judged the new declaration.
 """
 
 from __future__ import annotations
