@@ -5,11 +5,18 @@ The decision is made once, on arrival (`decide`, from gateway/api/proxy.py); a r
 in a queue and fail over for a while, and a reload (of the policies, or of gateway.yaml:
 the new config's set) may land meanwhile. Each attempt is checked against the set active
 when its turn comes and again right before its dispatch record (`withdrawn_by_reload`),
-never only against the older set.
+never only against the older set: its backend must still be admitted, and a hosted
+fallback's reason must still be one the new set's fallback mode accepts (a reload from
+`when_private_saturated` to `when_private_unavailable` takes "saturated" and "busy" away
+as reasons; a raised `saturation_threshold` takes "saturated"; a private backend the new
+set admits that the plan never tried was not shown unavailable). After a gateway.yaml
+reload, an attempt on a backend whose declared facts changed is not made either: the
+request runs on its own config's addresses, and the new set judged the new declaration.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from gateway.api.labels import UNKNOWN, InvalidLabel, label_refused, read_label
@@ -18,13 +25,14 @@ from gateway.asgi import Scope
 from gateway.errors import ErrorCode
 from gateway.policy import Decision, PolicySet, UnknownDataClass
 from gateway.policy_set import TrustPolicies
-from gateway.routing.attempt import Attempt
+from gateway.routing.attempt import FALLBACK_STATES, Attempt, FallbackBasis
 
 if TYPE_CHECKING:
     from gateway.api.exchange import Exchange
     from gateway.api.metrics import GatewayMetrics
+    from gateway.routing.router import Plan
 
-__all__ = ["Decided", "decide", "withdrawn_by_reload"]
+__all__ = ["Decided", "decide", "fallback_refused", "withdrawn_by_reload"]
 
 
 class Decided(NamedTuple):
@@ -35,9 +43,13 @@ class Decided(NamedTuple):
     label: str | None
 
 
-def withdrawn_by_reload(trust: TrustPolicies, decided: Decided, attempt: Attempt) -> str | None:
-    """Why the policy set active now no longer admits `attempt`'s backend, if a reload
-    since the decision took it away (None: it still admits it, or nothing was reloaded)."""
+def withdrawn_by_reload(
+    trust: TrustPolicies, decided: Decided, attempt: Attempt, plan: Plan | None = None
+) -> str | None:
+    """Why the policy set active now no longer admits `attempt`, if a reload since the
+    decision took it away (None: it still admits it, or nothing was reloaded): its backend,
+    or, for a hosted attempt of `plan` (a fallback, `plan.fallback` and `plan.basis` saying
+    why), the reason it falls back."""
     current = trust.latest()
     if current is decided.policy:
         return None
@@ -47,9 +59,60 @@ def withdrawn_by_reload(trust: TrustPolicies, decided: Decided, attempt: Attempt
     except UnknownDataClass:
         now = None
     admitted = () if now is None else now.private if attempt.private else now.hosted
-    if attempt.backend.id in admitted:
+    if attempt.backend.id not in admitted:
+        return f"{attempt.backend.id}: no longer admitted by policy set {current.version}"
+    before = decided.policy
+    if current.facts_digest != before.facts_digest and _redeclared(
+        before, current, attempt.backend.id
+    ):
+        # A gateway.yaml reload admitted the id for what it declares now; the attempt
+        # would go where the old config pointed, under the old declaration.
+        return f"{attempt.backend.id}: declared anew in the config of policy set {current.version}"
+    if now is None or attempt.private or plan is None or plan.fallback is None:
         return None
-    return f"{attempt.backend.id}: no longer admitted by policy set {current.version}"
+    basis = plan.basis
+    if current.facts_digest != before.facts_digest:  # what came of a backend since redeclared
+        basis = tuple((b, state) for b, state in basis if not _redeclared(before, current, b))
+    why = fallback_refused(decision, now, plan.fallback, basis)
+    if why is None:
+        return None
+    return (
+        f"{attempt.backend.id}: fallback no longer allowed by policy set {current.version} ({why})"
+    )
+
+
+def _redeclared(before: PolicySet, current: PolicySet, backend_id: str) -> bool:
+    """Whether `current` was compiled against other facts for the backend (its region,
+    owner, provider, retention, identity) than `before`, the set of the config the attempt
+    belongs to. The names it serves are not compared: `decide` judged them."""
+    old, new = before.declared(backend_id), current.declared(backend_id)
+    if old is None or new is None:
+        return True
+    return replace(old, models=frozenset(), model_groups=()) != replace(
+        new, models=frozenset(), model_groups=()
+    )
+
+
+def fallback_refused(
+    before: Decision, now: Decision, fallback: str, basis: FallbackBasis
+) -> str | None:
+    """Why `now` (a newer set's decision) does not let a request fall back for `fallback`
+    (`private_saturated` or `private_unavailable`), each private backend having come to
+    what `basis` says, as the plan made under `before` did; None when it does."""
+    states = dict(basis)
+    if fallback == "private_saturated":
+        if now.fallback != "when_private_saturated":
+            return f"fallback.mode {now.fallback} does not fall back when saturated"
+        if (now.saturation_threshold or 0.0) > (before.saturation_threshold or 0.0):
+            return f"saturation_threshold is {now.saturation_threshold}"
+        # Every backend the plan judged was down or saturated; one it never judged was not.
+        unjudged = [b for b in now.private if b not in states]
+        return f"{', '.join(unjudged)} not judged saturated" if unjudged else None
+    accepted = FALLBACK_STATES.get(now.fallback, frozenset())
+    left = [
+        f"{b} {states.get(b, 'not tried')}" for b in now.private if states.get(b) not in accepted
+    ]
+    return f"{now.fallback}: {', '.join(left)}" if left else None
 
 
 def decide(

@@ -184,7 +184,7 @@ class Proxy:
                 if stop is not None:
                     outcome, reason = Outcome.skipped, f"{attempt.backend.id}: not made"
                     raise _stopped(stop, decision, last, model, plan.reasons)
-                withdrawn = withdrawn_by_reload(self._trust, decided, attempt)
+                withdrawn = withdrawn_by_reload(self._trust, decided, attempt, plan)
                 if withdrawn is not None:  # not dispatched: no record, the next one may serve
                     outcome, reason = Outcome.skipped, withdrawn
                     continue
@@ -214,7 +214,7 @@ class Proxy:
                     attempt.backend,
                     relay,
                     connect,
-                    partial(withdrawn_by_reload, self._trust, decided, attempt),
+                    partial(withdrawn_by_reload, self._trust, decided, attempt, plan),
                     partial(standing.lapsed, model),
                 )
                 if isinstance(gone, GatewayError):  # the key lapsed meanwhile: not made

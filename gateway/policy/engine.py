@@ -71,6 +71,7 @@ class PolicySet:
             for model in sorted(backend.models):
                 by_model.setdefault(model, []).append(backend)
         self._by_model = {m: tuple(bs) for m, bs in by_model.items()}
+        self._declared = {backend.id: backend for backend in backends}
         self.rules: frozenset[str] = frozenset(
             {self.default_deny_rule, self.unknown_model_rule}.union(*(p.rules for p in policies))
         )
@@ -83,6 +84,10 @@ class PolicySet:
     def tenants(self) -> frozenset[str]:
         """Tenants bound to a policy; every other tenant is denied everything."""
         return frozenset(self._by_tenant)
+
+    def declared(self, backend_id: str) -> BackendFacts | None:
+        """What gateway.yaml declared about a backend, as this set was compiled against."""
+        return self._declared.get(backend_id)
 
     def policy_ids(self) -> tuple[str, ...]:
         return tuple(sorted(self._policies))

@@ -12,7 +12,20 @@ from gateway.routing.breaker import Pass
 from gateway.routing.registry import Route
 from gateway.routing.scorers.prefill import prefill_tokens
 
-__all__ = ["Attempt"]
+__all__ = ["FALLBACK_STATES", "Attempt", "FallbackBasis"]
+
+# What each eligible private backend came to, as a fallback's dispatch record states it:
+# (backend id, state), state one of "down" (not tried: down, its breaker closed to it, or
+# withdrawn by a reload; no record of it), "failed" (tried and failed), "busy" (tried,
+# answered busy), "saturated" (up, over the threshold).
+FallbackBasis = tuple[tuple[str, str], ...]
+
+# The states that let `when_private_unavailable` (and `when_private_saturated`) fall back
+# (the plan's rule, gateway/routing/router.py; a reload's too, gateway/api/decided.py).
+FALLBACK_STATES = {
+    "when_private_unavailable": frozenset({"down", "failed"}),
+    "when_private_saturated": frozenset({"down", "failed", "busy"}),
+}
 
 # Failure kinds no request's input causes: the backend could not be reached or its
 # certificate was refused before a request was read. They count on the backend's breaker

@@ -55,7 +55,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from gateway.config.schema import RoutingSettings
-from gateway.routing.attempt import Attempt
+from gateway.routing.attempt import FALLBACK_STATES, Attempt, FallbackBasis
 from gateway.routing.filters.health import available_routes
 from gateway.routing.filters.trust import eligible_hosted, eligible_private
 from gateway.routing.load import queue_per_slot
@@ -82,19 +82,6 @@ class Outcome(enum.Enum):
     # not made after all: nothing sent, no record, not counted among the attempts (a reload
     # withdrew the backend, a hosted one refused before sending): the next one may serve
     skipped = "skipped"
-
-
-# What each eligible private backend came to, as a fallback's dispatch record states it:
-# (backend id, state), state one of "down" (not tried: down, its breaker closed to it, or
-# withdrawn by a reload; no record of it), "failed" (tried and failed), "busy" (tried,
-# answered busy), "saturated" (up, over the threshold).
-FallbackBasis = tuple[tuple[str, str], ...]
-
-# The states that let `when_private_unavailable` (and `when_private_saturated`) fall back.
-_UNAVAILABLE = {
-    "when_private_unavailable": frozenset({"down", "failed"}),
-    "when_private_saturated": frozenset({"down", "failed", "busy"}),
-}
 
 
 class Router:
@@ -312,7 +299,7 @@ class Plan:
     def _not_unavailable(self) -> str:
         """The eligible private backends not shown unavailable to this request, and why;
         "" when every one was (the fallback mode then allows hosted)."""
-        allowed = _UNAVAILABLE.get(self._mode, frozenset())
+        allowed = FALLBACK_STATES.get(self._mode, frozenset())
         states = self._states
         left = [
             f"{r.backend.id} {states.get(r.backend.id, 'not tried')}"
