@@ -73,6 +73,15 @@ _SHAPES: Final = {
     False: "a whole answer (not text/event-stream) to a stream request",
     True: "an event stream (text/event-stream) to a request that is not a stream",
 }
+# The only header of a backend's that reaches the client is its content type (relayed on
+# a 2xx or 3xx answer): a media type and its parameters, at most 256 visible ASCII bytes.
+# Longer, a client's HTTP parser may refuse the head (aiohttp past 8190 bytes a line,
+# Node's fetch past 16 KiB) and read no answer at all, while the record would state one
+# served: the answer is refused before the client saw a byte (`shape`, 502).
+_RELAYABLE_TYPE: Final = re.compile(rb"[\x20-\x7e\t]{1,256}")
+_UNRELAYABLE_TYPE: Final = (
+    "a content-type header the gateway does not relay (over 256 bytes, or not visible ASCII)"
+)
 # The endpoints whose prompts a server's prefix cache holds (`isolate_prefix_cache`).
 _SALTED: Final = frozenset({"chat", "completions"})
 # Failures before the backend had the request: nothing of it was sent.
@@ -274,6 +283,8 @@ class PrivateRelay:
                 # nothing reached the client: another backend may serve
                 raise TryNext(f"{backend.id}: HTTP {status}", error, busy=status == 429)
             raise error
+        if _RELAYABLE_TYPE.fullmatch(content_type) is None:
+            raise UpstreamError("shape", _UNRELAYABLE_TYPE)
         if status < 300 and sse != _wants_stream(exchange):
             # The client would read it in the other shape (an SDK parses a stream request's
             # answer as SSE, and JSON out of any other), and see none of the usage the

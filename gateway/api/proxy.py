@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any
 
+from gateway.api.attempt_errors import attempt_error, attempt_status, stopped
 from gateway.api.body import BodyScan, parse_body
 from gateway.api.control_fields import refuse_control_fields
 from gateway.api.decided import Decided, decide, withdrawn_by_reload
@@ -41,14 +42,12 @@ from gateway.api.metrics import GatewayMetrics
 from gateway.api.passthrough import PrivateRelay
 from gateway.api.recorder import Recorder
 from gateway.api.refusal import Refused, hosted_unavailable, not_sent, nothing_served
-from gateway.api.refusal import lapsed as lapsed_refusal
 from gateway.api.reservation import reserve_tokens
 from gateway.api.standing import Standing
 from gateway.api.trail import Trail
 from gateway.asgi import Receive, Scope, Send
 from gateway.config.schema import RoutingSettings
 from gateway.errors import ErrorCode, GatewayError
-from gateway.policy import Decision
 from gateway.policy_set import TrustPolicies
 from gateway.provenance import Salts
 from gateway.routing.registry import BackendState, Registry
@@ -144,12 +143,20 @@ class Proxy:
             raise
         exchange.decision = decided.decision
         unwatch = watch_disconnect(receive, exchange)
+        # What the client gets, when it is not what a failed attempt's held completion says.
+        ended: int | None = None
         try:
             await self._dispatch(exchange, standing, decided, model, doc, body, upstream_path, send)
         except Refused as refused:  # nothing was dispatched (`_dispatch` says so)
             await self._refused(exchange, refused)
             raise
+        except GatewayError:  # the last attempt's error (its held completion says it), ...
+            raise
+        except Exception:  # ... or a fault of the gateway's own: 500
+            ended = ErrorCode.internal_error.status
+            raise
         except asyncio.CancelledError:
+            ended = cut_status(exchange)[0]
             current = asyncio.current_task()
             # Ours (the client left) and nobody else's (e.g. shutdown): absorb it.
             if not exchange.client_gone or current is None or current.uncancel() > 0:
@@ -157,6 +164,8 @@ class Proxy:
             exchange.status = 499  # client closed the request (nginx's convention)
         finally:
             unwatch()
+            if self.recorder is not None and exchange.trail is not None:
+                self.recorder.settle(exchange, exchange.trail, ended)
 
     async def _dispatch(
         self,
@@ -183,7 +192,7 @@ class Proxy:
                 stop = standing.lapsed(model)  # the key or the tenant, as it stands now
                 if stop is not None:
                     outcome, reason = Outcome.skipped, f"{attempt.backend.id}: not made"
-                    raise _stopped(stop, decision, last, model, plan.reasons)
+                    raise stopped(stop, decision, last, model, plan.reasons)
                 withdrawn = withdrawn_by_reload(self._trust, decided, attempt, plan)
                 if withdrawn is not None:  # not dispatched: no record, the next one may serve
                     outcome, reason = Outcome.skipped, withdrawn
@@ -219,7 +228,7 @@ class Proxy:
                 )
                 if isinstance(gone, GatewayError):  # the key lapsed meanwhile: not made
                     outcome, reason = Outcome.skipped, f"{attempt.backend.id}: not made"
-                    raise _stopped(gone, decision, last, model, plan.reasons)
+                    raise stopped(gone, decision, last, model, plan.reasons)
                 if gone is not None:  # withdrawn by a reload while it connected or was checked
                     outcome, reason = Outcome.skipped, gone
                     continue
@@ -237,7 +246,7 @@ class Proxy:
         if last is not None:
             # Dispatched and failed: what the last attempt came to (its completion record
             # says the same), never a refusal.
-            raise _attempt_error(last, model, plan.reasons)
+            raise attempt_error(last, model, plan.reasons)
         if plan.hosted_down:  # nothing dispatched, LiteLLM did not load: 503, a refusal record
             raise hosted_unavailable(decision, model, plan.reasons)
         if unsent is not None:  # nothing dispatched: the client's 400, a refusal record
@@ -263,8 +272,11 @@ class Proxy:
         record). An unused connection goes back to its pool.
 
         A failed attempt's completion says the status its failure answers the client with
-        if no other attempt serves (`_attempt_status`); so the last record of a request
-        always has the status the client got.
+        if no other attempt serves (`attempt_status`); so the last record of a request
+        always has the status the client got. It is held until the next dispatch record
+        or the request's end (`Recorder.settle`): a client that leaves before another
+        attempt is dispatched (or a drain deadline that cuts the request then) makes it
+        say 499 (503), what the client got.
 
         A reload may land while the attempt connects (or while `HostedRelay.prepare` looked
         up hosts): `withdrawn` is asked again right before the dispatch record, and an
@@ -327,12 +339,12 @@ class Proxy:
         waiting = time.perf_counter()
         await recorder.dispatch(exchange, trail, exchange.decision, backend, peer)
         self._metrics.dispatch_wait.observe(time.perf_counter() - waiting)
-        status, error = 0, None
+        status, error, held = 0, None, False
         try:
             await attempt()
             status, error = exchange.status, exchange.upstream_error
-        except TryNext as exc:
-            status, error = _attempt_status(exc), exc.reason
+        except TryNext as exc:  # held until the next dispatch or the request's end
+            status, error, held = attempt_status(exc), exc.reason, True
             raise
         except GatewayError as exc:
             status, error = exc.status, exc.code.value
@@ -346,7 +358,7 @@ class Proxy:
             status, error = ErrorCode.internal_error.status, ErrorCode.internal_error.value
             raise
         finally:
-            recorder.complete(exchange, trail, status=status, error=error)
+            recorder.complete(exchange, trail, status=status, error=error, held=held)
 
     async def _refused(self, exchange: Exchange, refused: Refused) -> None:
         """The refusal record (nothing was dispatched): the decision's rule and trace, and
@@ -371,32 +383,3 @@ async def _hosted(
 ) -> None:
     """A hosted attempt (LiteLLM opens its own connections)."""
     await hosted.attempt(exchange, attempt, prepared, send)
-
-
-def _attempt_status(exc: TryNext) -> int:
-    """The status a failed attempt answers the client with if it is the last one."""
-    return exc.error.status if exc.error is not None else ErrorCode.backend_unavailable.status
-
-
-def _stopped(
-    stop: GatewayError, decision: Decision, last: TryNext | None, model: str, reasons: list[str]
-) -> GatewayError:
-    """What the client gets when its key lapsed before an attempt was made (`stop`): with
-    nothing dispatched, `stop` as a refusal (its record says why); after an attempt that
-    was dispatched and failed, that attempt's error, which its completion record holds
-    (it was written while the key still stood)."""
-    if last is None:
-        return lapsed_refusal(stop, decision)
-    return _attempt_error(last, model, reasons)
-
-
-def _attempt_error(last: TryNext, model: str, failures: list[str]) -> GatewayError:
-    """What the client gets when every attempt failed: the last attempt's error (what the
-    backend said, translated), or 503 backend_unavailable naming every failure. Its
-    status is `_attempt_status(last)`, which the last completion record holds."""
-    if last.error is not None:
-        return last.error
-    return GatewayError(
-        ErrorCode.backend_unavailable,
-        f"no compliant backend could take the request for model `{model}` ({'; '.join(failures)})",
-    )

@@ -162,7 +162,8 @@ class Recorder:
         Cancelled meanwhile (the client left, or a shutdown), the record still lands once
         queued, and a dispatch in the log needs its completion: the append is waited for
         (the log's own write bounds it) and, if it landed, completed as cut (499 or 503,
-        nothing sent) before the cancellation goes on."""
+        nothing sent) before the cancellation goes on. A held completion goes first."""
+        self.settle(exchange, trail)
         appending = asyncio.ensure_future(self._dispatch(exchange, trail, decision, backend, peer))
         try:
             await asyncio.shield(appending)
@@ -248,11 +249,17 @@ class Recorder:
         *,
         status: int,
         error: str | None,
+        held: bool = False,
+        ended_at: float | None = None,
     ) -> None:
         """The completion record of the current dispatch, queued without waiting: the
         answer is already out (the dispatch record is what gates sending), so a failure to
-        write it is logged, not raised."""
+        write it is logged, not raised. `held`: a failed attempt's, kept until the next
+        dispatch or the request's end (`settle`), which gives `ended_at`."""
         if trail.dispatch is None:
+            return
+        if held:
+            trail.held = (status, error, time.perf_counter())
             return
         digest = trail.response_hash.digest()
         request_id = exchange.request_id.decode()
@@ -264,7 +271,7 @@ class Recorder:
                 status=status,
                 error=error,
                 usage=trail.usage(),
-                latency_ms=round((time.perf_counter() - exchange.started_at) * 1000),
+                latency_ms=round(((ended_at or time.perf_counter()) - exchange.started_at) * 1000),
                 # What the client received, also of a stream that then broke off.
                 response_commitment=commit_digest("response", trail.salts.response, digest)
                 if status < 400 or trail.sent_bytes
@@ -283,6 +290,16 @@ class Recorder:
             self.receipts.countersigned(
                 request_id, exchange.tenant, trail.dispatch.index, trail.countersignature
             )
+
+    def settle(self, exchange: Exchange, trail: Trail, ended: int | None = None) -> None:
+        """Write a failed attempt's completion held in `trail`, if any: before the next
+        dispatch, with its own status; at the request's end, with the status `ended` when
+        the client got another answer (499 it left, 503 a drain's cut, 500 a fault)."""
+        if trail.held is not None:
+            status, error, ended_at = trail.held
+            trail.held = None
+            status = status if ended is None else ended
+            self.complete(exchange, trail, status=status, error=error, ended_at=ended_at)
 
     def _completed(self, written: asyncio.Future[Any], request_id: str) -> None:
         error = None if written.cancelled() else written.exception()

@@ -66,6 +66,10 @@ class Trail:
     attestation: Attestation | None = None
     countersignature: bytes | None = None
     upstream: UpstreamIds | None = None  # a hosted provider's ids for the answer
+    # A failed attempt's completion (status, error, when it ended), held until the next
+    # dispatch or the request's end (`Recorder.settle`): its status is then what the
+    # client gets.
+    held: tuple[int, str | None, float] | None = None
 
     def relayed(self, data: bytes) -> None:
         """A piece of a stream went to the client."""

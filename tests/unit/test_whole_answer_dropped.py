@@ -112,7 +112,16 @@ class _Recorder:
     async def dispatch(self, *args: object) -> None:
         return None
 
-    def complete(self, exchange: Exchange, trail: Trail, *, status: int, error: str | None) -> None:
+    def complete(
+        self,
+        exchange: Exchange,
+        trail: Trail,
+        *,
+        status: int,
+        error: str | None,
+        held: bool = False,
+    ) -> None:
+        assert not held  # a failed attempt's completion: none of these fail over
         self.completed.append((status, error))
 
 

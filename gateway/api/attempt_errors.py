@@ -1,0 +1,42 @@
+"""What the client gets when no attempt served its request after one was dispatched
+(gateway/api/proxy.py): the last failed attempt's error, whose status that attempt's
+completion record holds (`attempt_status`), or, when its key lapsed before another
+attempt was made, that error too (`stopped`)."""
+
+from __future__ import annotations
+
+from gateway.api.exchange import TryNext
+from gateway.api.refusal import lapsed
+from gateway.errors import ErrorCode, GatewayError
+from gateway.policy import Decision
+
+__all__ = ["attempt_error", "attempt_status", "stopped"]
+
+
+def attempt_status(exc: TryNext) -> int:
+    """The status a failed attempt answers the client with if it is the last one."""
+    return exc.error.status if exc.error is not None else ErrorCode.backend_unavailable.status
+
+
+def stopped(
+    stop: GatewayError, decision: Decision, last: TryNext | None, model: str, reasons: list[str]
+) -> GatewayError:
+    """What the client gets when its key lapsed before an attempt was made (`stop`): with
+    nothing dispatched, `stop` as a refusal (its record says why); after an attempt that
+    was dispatched and failed, that attempt's error, which its completion record holds
+    (it was written while the key still stood)."""
+    if last is None:
+        return lapsed(stop, decision)
+    return attempt_error(last, model, reasons)
+
+
+def attempt_error(last: TryNext, model: str, failures: list[str]) -> GatewayError:
+    """What the client gets when every attempt failed: the last attempt's error (what the
+    backend said, translated), or 503 backend_unavailable naming every failure. Its
+    status is `attempt_status(last)`, which the last completion record holds."""
+    if last.error is not None:
+        return last.error
+    return GatewayError(
+        ErrorCode.backend_unavailable,
+        f"no compliant backend could take the request for model `{model}` ({'; '.join(failures)})",
+    )
