@@ -146,11 +146,37 @@ def test_a_consistent_slowdown_is_named() -> None:
     assert "ITL" not in verdict and "tok/s" not in verdict
 
 
+def test_a_gateway_that_failed_is_never_within_noise() -> None:
+    """A gateway that completed nothing has no ratios: no ratio moved, but nothing was
+    measured either; one whose requests partly failed is no verdict either."""
+    down = {**_summary(0, 0, 0), "completed": 0, "failed": 2}
+    runs = [{"direct": _summary(100, 10, 50), "owngate": down} for _ in range(3)]
+    verdict = compare(runs, ("direct", "owngate"))["owngate"]["verdict"]
+    assert verdict.startswith("not measured") and "6 of its requests failed" in verdict
+    partly = {**_summary(101, 10, 50), "failed": 1}
+    runs = [{"direct": _summary(100, 10, 50), "owngate": partly} for _ in range(3)]
+    verdict = compare(runs, ("direct", "owngate"))["owngate"]["verdict"]
+    assert verdict == "not measured: 3 of its requests failed"
+    direct_down = {**_summary(0, 0, 0), "completed": 0}
+    runs = [{"direct": direct_down, "owngate": _summary(100, 10, 50)} for _ in range(3)]
+    verdict = compare(runs, ("direct", "owngate"))["owngate"]["verdict"]
+    assert verdict.startswith("not measured: no repetition completed for TTFT p50")
+
+
 def test_routing_verdict_needs_separated_ranges() -> None:
     assert routing_verdict({"score": [1.0, 2.0], "round_robin": [1.5, 3.0]}).startswith(
         "no strategy won"
     )
     assert routing_verdict({"score": [1.0, 1.2], "round_robin": [1.5, 3.0]}).startswith("score won")
+
+
+def test_routing_verdict_is_not_judged_when_requests_failed() -> None:
+    """Failed requests leave the p99 to the survivors: a strategy that shed its slow
+    requests would look fastest."""
+    p99s = {"score": [1.0, 1.2], "round_robin": [1.5, 3.0]}
+    found = routing_verdict(p99s, {"score": 3, "round_robin": 0})
+    assert found == "not judged: requests failed (3 under score)"
+    assert routing_verdict(p99s, {"score": 0, "round_robin": 0}).startswith("score won")
 
 
 @pytest.mark.parametrize("strategy", ["score", "round_robin"])
