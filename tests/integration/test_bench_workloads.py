@@ -25,6 +25,7 @@ from owngate_bench.workloads_report import compare
 from owngate_bench.workloads_routing import verdict as routing_verdict
 from owngate_bench.workloads_targets import TARGETS, Backend, gateway_config
 from tests.helpers.paths import REPO_ROOT
+from tests.helpers.prerequisites import real_smollm2
 
 pytestmark = pytest.mark.bench
 
@@ -74,6 +75,42 @@ def test_quick_run_over_the_gh200_simulator(tmp_path: Path) -> None:
             assert {"median_ttft_ms", "median_itl_ms", "output_throughput"} <= set(row["ratios"])
             assert row["verdict"]
     assert "verdict owngate+production:" in proc.stdout
+
+
+@pytest.mark.real_backend
+def test_quick_run_through_a_real_llama_server_with_smollm2(tmp_path: Path) -> None:
+    """The issue's suites through a real llama-server serving SmolLM2 (the model setup.sh
+    probed answers "Paris"), direct and through both gateways: every request answered,
+    ratios and a verdict per gateway, none of them "not measured"."""
+    installation = real_smollm2()
+    assert installation.smollm2_model is not None
+    out = tmp_path / "workloads.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OWNGATE_BENCH_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "bench", "workloads", "--quick", "--json", str(out)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,  # ~70 s on a busy 2-core machine; the timeout only bounds a hang
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report: dict[str, Any] = json.loads(out.read_text())
+    assert report["backend"] == "llamacpp"
+    assert Path(report["backend_detail"]["model"]).name == installation.smollm2_model.name
+    assert [s["name"] for s in report["suites"]] == ["chat", "sweep-0.5"]
+    for suite in report["suites"]:
+        for run in suite["runs"]:
+            assert set(run) == set(TARGETS)
+            for summary in run.values():
+                assert summary["failed"] == 0, summary
+                assert summary["completed"] == suite["shape"]["num_prompts"]
+                assert summary["total_output_tokens"] > 0
+        for target in ("owngate", "owngate+production"):
+            row = suite["targets"][target]
+            assert {"median_ttft_ms", "median_itl_ms", "output_throughput"} <= set(row["ratios"])
+            assert row["verdict"] and not row["verdict"].startswith("not measured")
 
 
 def test_prompts_are_fresh_and_about_the_asked_length() -> None:
