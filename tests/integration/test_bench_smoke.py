@@ -151,6 +151,10 @@ def test_quick_run_writes_the_report(tmp_path: Path) -> None:
         if ident == "production_rps_vs_nginx" and "nginx" not in ran:
             assert verdict["met"] is None and "nginx" in verdict["why_not_measured"]
             continue
+        if ident == "production_chunk_paced" and verdict["measured"] is None:
+            # a busy machine: the relay fell behind, its chunks coalesced (no paced figure)
+            assert "fell behind" in verdict["why_not_measured"], verdict
+            continue
         assert verdict["measured"] is not None, verdict  # every point ran: all measured
         measured, limit = verdict["measured"], verdict["threshold"]
         met = measured <= limit if verdict["op"] == "<=" else measured >= limit
