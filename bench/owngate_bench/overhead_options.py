@@ -86,7 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--check",
         action="store_true",
         default=_flag("CHECK"),
-        help="exit 1 when a performance target is missed (env OWNGATE_BENCH_CHECK=1)",
+        help="exit 1 unless every verdict is met: one not met or not measured (a point "
+        "not run, a target failed, nginx missing) fails (env OWNGATE_BENCH_CHECK=1)",
     )
     add(
         "--policy-calls",

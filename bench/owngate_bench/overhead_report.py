@@ -47,11 +47,18 @@ def _ok(row: Mapping[str, Any], target: str) -> Mapping[str, Any] | None:
     return found
 
 
+def _clean(row: Mapping[str, Any], target: str) -> Mapping[str, Any] | None:
+    """A target's result at a point when a check may read it: it ran, answered, and
+    without errors (a failed answer is cheap and fast: req/s over the rest flatters it)."""
+    result = _ok(row, target)
+    return None if result is None or result.get("errors") else result
+
+
 def _best(points: Sequence[Mapping[str, Any]], target: str, key: str, stream: bool) -> float | None:
     values = [
         float(result[key])
         for row in points
-        if row["stream"] == stream and (result := _ok(row, target)) is not None
+        if row["stream"] == stream and (result := _clean(row, target)) is not None
     ]
     return max(values) if values else None
 
@@ -60,7 +67,7 @@ def _added_p50(points: Sequence[Mapping[str, Any]], target: str) -> float | None
     for row in points:
         if row["stream"] or row["concurrency"] != 1:
             continue
-        mine, base = _ok(row, target), _ok(row, "direct")
+        mine, base = _clean(row, target), _clean(row, "direct")
         if mine is not None and base is not None:
             return float(mine["latency_ms"]["p50"] - base["latency_ms"]["p50"])
     return None

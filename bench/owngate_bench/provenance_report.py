@@ -42,7 +42,11 @@ def _figures(result: Mapping[str, Any]) -> dict[str, float] | None:
 
 
 def on_off_ratios(results: Mapping[str, Any]) -> dict[str, float | None]:
-    """A load point's on/off ratio of each figure, and the TTFT p50 the log added (ms)."""
+    """A load point's on/off ratio of each figure, and the TTFT p50 the log added (ms);
+    none when a side failed or answered with errors (a failed answer is cheap and fast:
+    the log "on" shedding requests is no figure of what the log costs)."""
+    if any(side.get("errors") for side in (results.get("off", {}), results.get("on", {}))):
+        return {}
     off, on = _figures(results.get("off", {})), _figures(results.get("on", {}))
     if off is None or on is None:
         return {}

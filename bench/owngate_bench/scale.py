@@ -252,16 +252,18 @@ def _load_table(name: str, rows: dict[int, dict[str, Any]]) -> list[str]:
 
 def median_runs(reps: list[dict[str, Any]], counts: list[int]) -> dict[str, Any]:
     """Per worker count and load, the repetition's result with the median CPU per request
-    (the lower middle one of an even number); a failed load only when every rep failed."""
+    (the lower middle one of an even number) among those without errors (among all when
+    every one had some); a failed load only when every rep failed."""
     found: dict[str, Any] = {}
     for n in counts:
         found[str(n)] = {}
         for name, _, _ in LOADS:
             results = [rep[str(n)][name] for rep in reps if name in rep.get(str(n), {})]
             ok = [r for r in results if "error" not in r and r.get("requests")]
-            ok.sort(key=_cpu_ms_per_request)
-            if ok:
-                found[str(n)][name] = ok[(len(ok) - 1) // 2]
+            clean = [r for r in ok if not r.get("errors")] or ok  # errors: no figure
+            clean.sort(key=_cpu_ms_per_request)
+            if clean:
+                found[str(n)][name] = clean[(len(clean) - 1) // 2]
             elif results:
                 found[str(n)][name] = results[0]
     return found
@@ -275,7 +277,8 @@ def flatness(report: dict[str, Any]) -> list[dict[str, Any]]:
         cpu = {}
         for n in counts:
             result = report["runs"].get(str(n), {}).get(name, {})
-            if "error" not in result and result.get("requests"):
+            # a run with errors is no figure: a failed answer costs less than one relayed
+            if "error" not in result and result.get("requests") and not result.get("errors"):
                 cpu[n] = _cpu_ms_per_request(result)
         base = cpu.get(counts[0])
         ratios = {str(n): cpu[n] / base for n in counts[1:] if n in cpu and base}

@@ -290,6 +290,9 @@ class _Run:
             "req_per_s": measured / elapsed if elapsed > 0 else 0.0,
             "ttft_ms": percentiles(self.ttfts, points=(50, 90, 99)),
             "itl_ms": percentiles(gaps, points=(50, 99)),
+            # events that came in the same read as the one before: a relay behind its
+            # backend writes several paced tokens at once (each its own write upstream)
+            "coalesced_share": gaps.tolist().count(0.0) / len(gaps) if gaps else 0.0,
             "send_lag_ms": percentiles(self.lags, points=(50, 99)),
             "cpu_s": {name: after[name] - before[name] for name in after if name != "wall"},
         }

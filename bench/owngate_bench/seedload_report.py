@@ -24,6 +24,8 @@ MAX_ADDED_TTFT_P99_MS = 2.0
 _CLIENT_CORES_LIMIT = 0.85  # one Python process near a whole core falls behind its schedule
 _SEND_LAG_P99_LIMIT_MS = 10.0
 _DRIVEN_SHARE = 0.9  # of the chunks/s the arrivals ask for, as `direct` received them
+_KEPT_UP = 0.95  # of direct's chunks/s: below it, a target's streams queued behind the load
+_COALESCED_MORE = 0.10  # of its chunks arriving several to a read, beyond direct's share
 
 
 def _run_figures(result: Mapping[str, Any], direct: Mapping[str, Any] | None) -> dict[str, float]:
@@ -47,10 +49,16 @@ def _run_figures(result: Mapping[str, Any], direct: Mapping[str, Any] | None) ->
     }
     for name, value in result.get("dispatch_wait_ms", {}).items():
         figures[f"dispatch_wait_{name}_ms"] = float(value)
+    if "coalesced_share" in result:
+        figures["coalesced_share"] = float(result["coalesced_share"])
     if direct is not None and "error" not in direct:
         figures["ttft_p99_added_ms"] = figures["ttft_p99_ms"] - float(
             direct["ttft_ms"].get("p99", math.nan)
         )
+        direct_rate = float(direct["chunks_per_s"])
+        figures["chunks_vs_direct"] = figures["chunks_per_s"] / direct_rate if direct_rate else 0.0
+        if "coalesced_share" in direct:
+            figures["direct_coalesced_share"] = float(direct["coalesced_share"])
     return figures
 
 
@@ -85,11 +93,49 @@ def summarise(
     }
 
 
+def _failed(production: Mapping[str, Any]) -> str | None:
+    """Why the production runs are no figure: none ran, one failed, or streams failed
+    (a stream answered 503 costs the gateway nothing: fewer cores, not a leaner relay)."""
+    if not production.get("runs"):
+        return "owngate+production did not run"
+    if production.get("failed"):
+        return f"owngate+production failed in {len(production['failed'])} run(s)"
+    errors = sum(run["errors"] for run in production["runs"])
+    if errors:
+        return f"owngate+production answered {errors:,.0f} streams with errors"
+    return None
+
+
+def _behind(production: Mapping[str, Any]) -> str | None:
+    """Why a run did not carry the seed load, if one did not: its client received under
+    `_KEPT_UP` of the chunks/s direct received in the same repetition (the streams
+    queued), or over `_COALESCED_MORE` more of its chunks came several to a read than
+    direct's (the relay wrote several paced tokens at once: cheaper chunks than the
+    load's one-token writes)."""
+    for run in production.get("runs", []):
+        share = run.get("chunks_vs_direct", 1.0)
+        if share < _KEPT_UP:
+            return f"received {share:.0%} of direct's chunks/s in the same repetition"
+        mine, base = run.get("coalesced_share", 0.0), run.get("direct_coalesced_share", 0.0)
+        if mine > base + _COALESCED_MORE:
+            return f"{mine:.0%} of its chunks came several to a read (direct {base:.0%})"
+    return None
+
+
 def _verdicts(per_target: Mapping[str, Any], scale: float) -> list[dict[str, Any]]:
-    production = per_target.get("owngate+production", {}).get("median", {})
+    """Production's cores and added TTFT p99: not measured when its runs failed or had
+    errors; cores within the target are not measured either when it fell behind the load
+    (cores over the target are a miss all the same: carrying it would take more)."""
+    target = per_target.get("owngate+production", {})
+    production = target.get("median", {})
     cores = production.get("cores", math.nan) / scale
     added = production.get("ttft_p99_added_ms", math.nan)
     how = "measured" if scale == 1.0 else f"projected from {scale:g} of the load (cores / scale)"
+    failed = _failed(target)
+    behind = None if failed else _behind(target)
+    cores_met = None if failed else _met(cores, MAX_PRODUCTION_CORES)
+    if cores_met and behind:
+        cores_met = None
     return [
         {
             "id": "production_cores",
@@ -97,7 +143,8 @@ def _verdicts(per_target: Mapping[str, Any], scale: float) -> list[dict[str, Any
             "value": cores,
             "target": MAX_PRODUCTION_CORES,
             "how": how,
-            "met": _met(cores, MAX_PRODUCTION_CORES),
+            "met": cores_met,
+            "why_not_measured": failed or (f"fell behind the load: {behind}" if behind else None),
         },
         {
             "id": "production_ttft_p99_added",
@@ -105,7 +152,8 @@ def _verdicts(per_target: Mapping[str, Any], scale: float) -> list[dict[str, Any
             "value": added,
             "target": MAX_ADDED_TTFT_P99_MS,
             "how": "measured" if scale == 1.0 else f"measured at {scale:g} of the load",
-            "met": _met(added, MAX_ADDED_TTFT_P99_MS),
+            "met": None if failed else _met(added, MAX_ADDED_TTFT_P99_MS),
+            "why_not_measured": failed,
         },
     ]
 
@@ -211,9 +259,11 @@ def render(report: Mapping[str, Any]) -> str:
     lines += ["", "verdicts:"]
     for verdict in summary["verdicts"]:
         word = {True: "met", False: "not met", None: "not measured"}[verdict["met"]]
+        why = verdict.get("why_not_measured") if verdict["met"] is None else None
         lines.append(
             f"  {verdict['what']} <= {verdict['target']:g}: {word} "
-            f"({_verdict_figure(verdict['value'], verdict['target'])}, {verdict['how']})"
+            f"({_verdict_figure(verdict['value'], verdict['target'])}, {verdict['how']}"
+            + (f"; {why})" if why else ")")
         )
     for warning in summary["warnings"]:
         lines.append(f"warning: {warning}")

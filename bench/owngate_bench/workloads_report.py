@@ -78,7 +78,7 @@ def compare(runs: Sequence[Mapping[str, Any]], targets: Sequence[str]) -> dict[s
                         "max": max(paired),
                     }
             row["ratios"] = ratios
-            row["verdict"] = _verdict(ratios, len(runs))
+            row["verdict"] = _unmeasured(row, ratios) or _verdict(ratios, len(runs))
         found[target] = row
     return found
 
@@ -108,6 +108,18 @@ def pooled_cpu(suites: Sequence[Mapping[str, Any]], targets: Sequence[str]) -> d
             "cpu_us_per_token": seconds / tokens * 1e6,
         }
     return found
+
+
+def _unmeasured(row: Mapping[str, Any], ratios: Mapping[str, Any]) -> str | None:
+    """Why a gateway's ratios are no verdict: requests failed through it (a failed request
+    is fast and produces no tokens), or a ratio the verdict reads has no repetition (none
+    completed, through it or direct). Never "within noise" on what was not measured."""
+    if row["failed"]:
+        return f"not measured: {row['failed']} of its requests failed"
+    missing = [label for key, label, _ in METRICS if key in VERDICT_KEYS and key not in ratios]
+    if missing:
+        return f"not measured: no repetition completed for {', '.join(missing)}"
+    return None
 
 
 def _verdict(ratios: Mapping[str, Mapping[str, float]], reps: int) -> str:

@@ -30,7 +30,13 @@ STRATEGIES = ("score", "least_inflight", "round_robin")
 SLOT_CTX = 2048
 
 
-def verdict(p99s: dict[str, list[float]]) -> str:
+def verdict(p99s: dict[str, list[float]], failed: dict[str, int] | None = None) -> str:
+    """Which strategy won, if one did: its worst p99 TTFT below every other's best. Not
+    judged when requests failed under a strategy: a p99 over its survivors is no p99."""
+    broken = {name: count for name, count in (failed or {}).items() if count}
+    if broken:
+        named = ", ".join(f"{count} under {name}" for name, count in sorted(broken.items()))
+        return f"not judged: requests failed ({named})"
     if any(len(v) < 2 for v in p99s.values()):
         return "one repetition: no spread to judge (use --reps 3)"
     for name, values in p99s.items():
@@ -108,6 +114,9 @@ def routing_run(
         "shape": shape,
         "reps": reps,
         "strategies": strategies,
-        "verdict": verdict({k: v["p99_ttft_ms_per_rep"] for k, v in strategies.items()}),
+        "verdict": verdict(
+            {k: v["p99_ttft_ms_per_rep"] for k, v in strategies.items()},
+            {k: v["failed"] for k, v in strategies.items()},
+        ),
         "runs": runs,
     }

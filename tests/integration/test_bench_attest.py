@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from owngate_bench.attest import TARGETS, _render
+from owngate_bench.attest import TARGETS, _figures, _render
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.prerequisites import real_backend
 
@@ -113,3 +113,32 @@ def test_attest_verdicts_agree_with_the_figures_they_print() -> None:
     cpu = [line for line in lines if "sidecar CPU per request" in line]
     assert cpu[0].startswith("met") and "100 µs" in cpu[0]
     assert cpu[1].startswith("NOT MET") and "100.4 µs" in cpu[1]
+
+
+def test_a_target_with_errors_gets_no_verdict() -> None:
+    """A sidecar that fails half its requests answers the rest no slower: never "met"."""
+
+    def result(p50: float, errors: int = 0) -> dict[str, object]:
+        return {
+            "requests": 100,
+            "errors": errors,
+            "latency_ms": {"p50": p50, "p99": 2 * p50},
+            "cpu_s": {"sidecar": 0.005},
+        }
+
+    found = _figures({"direct": result(0.1), "sidecar": result(0.2, errors=50)})
+    assert found["added_p50_ms"]["sidecar"] is None
+    report = {
+        "concurrency": 1,
+        "stream": False,
+        "backend_name": "zero-latency simulator",
+        "machine_busy": 0.5,
+        **found,
+        "audit": None,
+    }
+    lines = [line.strip() for line in _render(report).splitlines()]
+    assert not any(line.startswith("met") for line in lines), lines
+    cpu = next(line for line in lines if "sidecar CPU per request (sidecar)" in line)
+    assert cpu.startswith("n/a")
+    clean = _figures({"direct": result(0.1), "sidecar": result(0.2)})
+    assert abs(clean["added_p50_ms"]["sidecar"] - 0.1) < 1e-9

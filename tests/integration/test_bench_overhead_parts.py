@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -210,15 +211,59 @@ def test_the_next_run_starts_a_fresh_production_log(tmp_path: Path) -> None:
 def test_the_paced_verdict_says_when_the_relay_fell_behind() -> None:
     def paced(us: float, reads: float) -> dict[str, Any]:
         extra = {"cpu_us_per_chunk": us, "reads_per_request": reads, "chunks": 6400}
-        return _rep(100, 100, 100.0, 1.0, **extra)
+        return _rep(100, 100, 100.0, 1.0, chunks_per_request=66.0, **extra)
 
-    def verdict(reads: float) -> dict[str, Any]:
-        points = [
-            _point("paced c=256", direct=paced(24, 65), **{"owngate+production": paced(15, reads)})
-        ]
+    def verdict(us: float, reads: float, direct: bool = True) -> dict[str, Any]:
+        base = {"direct": paced(24, 65)} if direct else {}
+        points = [_point("paced c=256", **base, **{"owngate+production": paced(us, reads)})]
         return next(v for v in verdicts(points) if v["id"] == "production_chunk_paced")
 
-    behind = verdict(30)
-    assert behind["met"] is True  # 15 <= 20 us, but each chunk was not relayed on its own
+    # 15 <= 20 us, but each chunk was not relayed on its own: a coalesced chunk's cost is
+    # no paced chunk's, so the verdict is not measured, never met.
+    behind = verdict(15, 30)
+    assert behind["met"] is None and behind["measured"] is None
+    assert "fell behind" in behind["why_not_measured"] and "15.0 us" in behind["why_not_measured"]
     assert behind["note"] == "reads per stream 30.0 (direct 65.0): fell behind, chunks coalesced"
-    assert verdict(64)["note"] == "reads per stream 64.0 (direct 65.0)"
+    line = next(x for x in render_verdicts([behind], 1) if "paced" in x)
+    assert line.startswith("n/a ") and "not measured: the relay fell behind" in line
+    missed = verdict(25, 30)  # over the target even with coalesced chunks: a true miss
+    assert missed["met"] is False and missed["measured"] == 25
+    kept_up = verdict(15, 64)
+    assert kept_up["met"] is True and kept_up["note"] == "reads per stream 64.0 (direct 65.0)"
+    alone = verdict(15, 30, direct=False)  # no direct: a stream's 66 chunks, one read each
+    assert alone["met"] is None and "chunks - 1 65.0" in alone["why_not_measured"]
+
+
+def test_a_target_with_errors_is_never_met() -> None:
+    """A failed answer costs the gateway less than a relayed one: CPU per request over the
+    answers that succeeded, or req/s against a baseline that failed, is no figure."""
+    prod = "owngate+production"
+    flawed = {**_rep(100, 5000, 0.2, 0.1), "errors": 40, "error_kinds": {"status_503": 40}}
+    points = [
+        _point("chat c=1", direct=_rep(100, 9000, 0.1, 0.05), **{prod: flawed}),
+        _point(
+            "chat c=16",
+            nginx={**_rep(100, 900, 1.0, 0.03), "errors": 1},
+            **{prod: _rep(100, 1100, 2.0, 0.2)},
+        ),
+    ]
+    found = {v["id"]: v for v in verdicts(points)}
+    for ident in ("production_cpu_c1", "production_added_p50_c1"):
+        assert found[ident]["met"] is None, found[ident]
+        assert "40 errors at chat c=1" in found[ident]["why_not_measured"]
+    assert found["production_cpu_c16"]["met"] is True  # its own run was clean
+    rps = found["production_rps_vs_nginx"]
+    assert rps["met"] is None and "nginx had 1 errors" in rps["why_not_measured"]
+    lines = render_verdicts(list(found.values()), 1)
+    assert not any(x.startswith("met ") and re.search(r"c=1\b", x) for x in lines)
+
+
+def test_check_exits_1_unless_every_verdict_is_met() -> None:
+    def report(*met: bool | None) -> dict[str, Any]:
+        found = [{"id": f"v{i}", "met": m} for i, m in enumerate(met)]
+        return {"targets": {}, "points": [], "checks": [], "verdicts": found}
+
+    assert _exit_code(report(True, True), check=True) == 0
+    assert _exit_code(report(True, False), check=True) == 1
+    assert _exit_code(report(True, None), check=True) == 1  # not measured is not met
+    assert _exit_code(report(True, None, False), check=False) == 0  # no --check: ran cleanly

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from owngate_bench.provenance_report import render, render_verdicts, verdicts
+from owngate_bench.provenance_report import on_off_ratios, render, render_verdicts, verdicts
 from owngate_bench.services import histogram_quantile
 from tests.helpers.paths import REPO_ROOT
 
@@ -115,3 +115,23 @@ def test_provenance_verdicts_agree_with_the_figures_they_print() -> None:
     assert (found[0]["throughput_met"], found[0]["ttft_met"]) == (False, False)
     text = "\n".join(render_verdicts(found))
     assert "req/s 0.8496x (MISSED); TTFT p50 +2.004 ms (MISSED)" in text
+
+
+def test_a_side_with_errors_gives_no_ratio() -> None:
+    """The log "on" answering half its requests with errors would serve the rest faster:
+    no ratio, so no verdict is met on it."""
+
+    def cell(rps: float, errors: int = 0) -> dict[str, Any]:
+        return {
+            "requests": 100,
+            "errors": errors,
+            "req_per_s": rps,
+            "ttft_ms": {"p50": 1.0, "p99": 2.0},
+            "cpu_s": {"gateway": 0.01},
+        }
+
+    assert on_off_ratios({"off": cell(100), "on": cell(95)})["req_per_s"] == 0.95
+    assert on_off_ratios({"off": cell(100), "on": cell(95, errors=50)}) == {}
+    assert on_off_ratios({"off": cell(100, errors=1), "on": cell(95)}) == {}
+    found = verdicts([{"backend": "zero-latency", "concurrency": 16, "ratios": {}}])
+    assert found[0]["throughput_met"] is None and found[0]["ttft_met"] is None

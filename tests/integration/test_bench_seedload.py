@@ -172,6 +172,42 @@ def test_summary_says_when_the_client_could_not_drive_the_load() -> None:
     assert "40.0 ms late" in warning and "the machine, not the client" in warning
 
 
+def test_production_with_errors_or_behind_the_load_is_never_met() -> None:
+    """Streams answered 503 cost the gateway nothing, and a relay that fell behind writes
+    several paced tokens at once: fewer cores either way, and neither is the seed load
+    carried. Within the target, the verdict is then not measured, never met."""
+
+    def verdicts(production: dict[str, Any], direct: dict[str, Any] | None = None) -> Any:
+        rep = {"direct": direct or _result(0.2, 10.0), "owngate+production": production}
+        report = _report([rep])
+        return {v["id"]: v for v in report["summary"]["verdicts"]}, render(report)
+
+    shed = {**_result(0.05, 11.0), "errors": 40, "outcomes": {"ok": 60, "status_503": 40}}
+    found, text = verdicts(shed)
+    for verdict in found.values():
+        assert verdict["met"] is None and "40 streams with errors" in verdict["why_not_measured"]
+    assert "not measured (0.100, projected" in text and "40 streams with errors)" in text
+
+    queued = {**_result(0.05, 11.0), "chunks_per_s": 4_000.0}  # 80 % of direct's 5,000
+    found, text = verdicts(queued)
+    assert found["production_cores"]["met"] is None
+    assert "received 80% of direct's chunks/s" in found["production_cores"]["why_not_measured"]
+    assert found["production_ttft_p99_added"]["met"] is True  # a latency is still a latency
+
+    direct = {**_result(0.2, 10.0), "coalesced_share": 0.02}
+    coalesced = {**_result(0.05, 11.0), "coalesced_share": 0.60}
+    found, text = verdicts(coalesced, direct)
+    assert found["production_cores"]["met"] is None
+    assert "60% of its chunks came several to a read (direct 2%)" in text
+
+    heavy = {**_result(0.5, 11.0), "chunks_per_s": 4_000.0}  # 1 core projected, behind
+    found, _ = verdicts(heavy)
+    assert found["production_cores"]["met"] is False  # carrying the load takes more still
+
+    kept_up = {**_result(0.05, 11.0), "coalesced_share": 0.05}
+    assert verdicts(kept_up, direct)[0]["production_cores"]["met"] is True
+
+
 def _scale_report(chat: tuple[float, float], stream: tuple[float, float]) -> dict[str, Any]:
     def result(cpu_s: float) -> dict[str, Any]:
         return {
@@ -216,6 +252,19 @@ def test_scale_judges_the_median_repetition() -> None:
     assert runs["2"]["chat c=64"]["cpu_s"]["target"] == pytest.approx(0.46)
     report = {"settings": {"workers": [1, 2]}, "runs": runs}
     assert flatness(report)[0]["flat"] is True  # one noisy rep (1.5x) does not decide
+
+
+def test_scale_is_never_flat_on_runs_with_errors() -> None:
+    report = _scale_report(chat=(0.40, 0.20), stream=(0.8, 0.8))
+    report["runs"]["2"]["chat c=64"]["errors"] = 300  # answers that cost nothing
+    chat, stream = flatness(report)
+    assert chat["flat"] is None and "2" not in chat["cpu_ms_per_request"]
+    assert stream["flat"] is True
+    assert "chat c=64: not measured" in render_scale(report)
+    reps = [_scale_report(chat=(0.4, c), stream=(0.8, 0.8))["runs"] for c in (0.1, 0.44, 0.5)]
+    reps[0]["2"]["chat c=64"]["errors"] = 5
+    runs = median_runs(reps, [1, 2])  # the median of the two clean repetitions
+    assert runs["2"]["chat c=64"]["cpu_s"]["target"] == pytest.approx(0.44)
 
 
 def test_seed_load_verdicts_agree_with_the_figures_they_print() -> None:

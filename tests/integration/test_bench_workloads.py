@@ -25,6 +25,7 @@ from owngate_bench.workloads_report import compare
 from owngate_bench.workloads_routing import verdict as routing_verdict
 from owngate_bench.workloads_targets import TARGETS, Backend, gateway_config
 from tests.helpers.paths import REPO_ROOT
+from tests.helpers.prerequisites import real_smollm2
 
 pytestmark = pytest.mark.bench
 
@@ -74,6 +75,42 @@ def test_quick_run_over_the_gh200_simulator(tmp_path: Path) -> None:
             assert {"median_ttft_ms", "median_itl_ms", "output_throughput"} <= set(row["ratios"])
             assert row["verdict"]
     assert "verdict owngate+production:" in proc.stdout
+
+
+@pytest.mark.real_backend
+def test_quick_run_through_a_real_llama_server_with_smollm2(tmp_path: Path) -> None:
+    """The issue's suites through a real llama-server serving SmolLM2 (the model setup.sh
+    probed answers "Paris"), direct and through both gateways: every request answered,
+    ratios and a verdict per gateway, none of them "not measured"."""
+    installation = real_smollm2()
+    assert installation.smollm2_model is not None
+    out = tmp_path / "workloads.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OWNGATE_BENCH_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "bench", "workloads", "--quick", "--json", str(out)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,  # ~70 s on a busy 2-core machine; the timeout only bounds a hang
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report: dict[str, Any] = json.loads(out.read_text())
+    assert report["backend"] == "llamacpp"
+    assert Path(report["backend_detail"]["model"]).name == installation.smollm2_model.name
+    assert [s["name"] for s in report["suites"]] == ["chat", "sweep-0.5"]
+    for suite in report["suites"]:
+        for run in suite["runs"]:
+            assert set(run) == set(TARGETS)
+            for summary in run.values():
+                assert summary["failed"] == 0, summary
+                assert summary["completed"] == suite["shape"]["num_prompts"]
+                assert summary["total_output_tokens"] > 0
+        for target in ("owngate", "owngate+production"):
+            row = suite["targets"][target]
+            assert {"median_ttft_ms", "median_itl_ms", "output_throughput"} <= set(row["ratios"])
+            assert row["verdict"] and not row["verdict"].startswith("not measured")
 
 
 def test_prompts_are_fresh_and_about_the_asked_length() -> None:
@@ -146,11 +183,37 @@ def test_a_consistent_slowdown_is_named() -> None:
     assert "ITL" not in verdict and "tok/s" not in verdict
 
 
+def test_a_gateway_that_failed_is_never_within_noise() -> None:
+    """A gateway that completed nothing has no ratios: no ratio moved, but nothing was
+    measured either; one whose requests partly failed is no verdict either."""
+    down = {**_summary(0, 0, 0), "completed": 0, "failed": 2}
+    runs = [{"direct": _summary(100, 10, 50), "owngate": down} for _ in range(3)]
+    verdict = compare(runs, ("direct", "owngate"))["owngate"]["verdict"]
+    assert verdict.startswith("not measured") and "6 of its requests failed" in verdict
+    partly = {**_summary(101, 10, 50), "failed": 1}
+    runs = [{"direct": _summary(100, 10, 50), "owngate": partly} for _ in range(3)]
+    verdict = compare(runs, ("direct", "owngate"))["owngate"]["verdict"]
+    assert verdict == "not measured: 3 of its requests failed"
+    direct_down = {**_summary(0, 0, 0), "completed": 0}
+    runs = [{"direct": direct_down, "owngate": _summary(100, 10, 50)} for _ in range(3)]
+    verdict = compare(runs, ("direct", "owngate"))["owngate"]["verdict"]
+    assert verdict.startswith("not measured: no repetition completed for TTFT p50")
+
+
 def test_routing_verdict_needs_separated_ranges() -> None:
     assert routing_verdict({"score": [1.0, 2.0], "round_robin": [1.5, 3.0]}).startswith(
         "no strategy won"
     )
     assert routing_verdict({"score": [1.0, 1.2], "round_robin": [1.5, 3.0]}).startswith("score won")
+
+
+def test_routing_verdict_is_not_judged_when_requests_failed() -> None:
+    """Failed requests leave the p99 to the survivors: a strategy that shed its slow
+    requests would look fastest."""
+    p99s = {"score": [1.0, 1.2], "round_robin": [1.5, 3.0]}
+    found = routing_verdict(p99s, {"score": 3, "round_robin": 0})
+    assert found == "not judged: requests failed (3 under score)"
+    assert routing_verdict(p99s, {"score": 0, "round_robin": 0}).startswith("score won")
 
 
 @pytest.mark.parametrize("strategy", ["score", "round_robin"])
