@@ -5,6 +5,7 @@ field; the fields that only tune sampling, or that the bound counts, pass."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import orjson
@@ -170,3 +171,23 @@ def test_the_usual_fields_are_passed_by_one_look_up(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(server_fields, "SERVER_FIELDS", Counting(SERVER_FIELDS))
     refuse({**ASK, "max_tokens": 16, "stream": True, "top_k": 3})
     assert looked_up == ["top_k"]
+
+
+def test_a_usual_body_is_checked_without_a_python_call() -> None:
+    # Hot path: a body that spells no refused content part is checked with three searches,
+    # no Python frame (a generator over the needles ran one per needle, and a bytes `in`
+    # formats a TypeError before it searches).
+    body = orjson.dumps({**ASK, "max_tokens": 16, "stream": False})
+    doc = parse_body(body)
+    frames: list[str] = []
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            frames.append(frame.f_code.co_name)
+
+    sys.setprofile(hook)
+    try:
+        refuse_control_fields(doc, body)
+    finally:
+        sys.setprofile(None)
+    assert frames == ["refuse_control_fields", "refuse_server_fields"]
