@@ -66,11 +66,9 @@ as one `listener limits enforced` line at most every `_LOG_EVERY_S`, never per e
 Cost on the hot path: timers are the loop's `call_later` handles, never tasks. A request
 whose head (and body) arrive in one read arms none: the head timer is armed once per
 connection and after that only for a head or body left incomplete at the end of a read.
-Per request the protocol adds a few attribute updates and comparisons, one `len(headers)`,
-one pass over the headers (Transfer-Encoding) and three Python frames: about 0.85 us on
-uvicorn's ~5 us of parsing (without an app, best of 300 batches, before the header pass),
-about 1% of the gateway's CPU per proxied request; the room adds two `Room` calls (about
-0.4 us; `owngate bench instructions` at c=16: 675k to 678k instructions per request).
+Per request the protocol adds a few attribute updates, one pass over the headers and three
+Python frames (about 1% of the gateway's CPU; the room two `Room` calls), and hands a body
+that arrived in one read to the app uncopied (`gateway/listener_body.py`).
 """
 
 from __future__ import annotations
@@ -87,6 +85,7 @@ from gateway.close_delimited import close_delimited
 from gateway.coalescing import HeadCoalescer
 from gateway.errors import ErrorCode, GatewayError
 from gateway.expect_continue import close_unless_continued
+from gateway.listener_body import hold_piece
 from gateway.listener_limits import (
     LINGER_BYTES,
     LINGER_S,
@@ -257,7 +256,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         self._body_read += len(body)
-        super().on_body(body)
+        if self.parser.should_upgrade() or not hold_piece(self.cycle, body, self.flow):
+            super().on_body(body)  # uvicorn's: appended (gateway/listener_body.py)
 
     def on_headers_complete(self) -> None:
         if self.parser.should_upgrade():

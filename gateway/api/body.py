@@ -96,7 +96,7 @@ The most one parsed value was measured to take is 226 bytes with tracemalloc (an
 of one member under a new name, nested; orjson 3.13, CPython 3.11), about 10% more in
 the process's resident memory (allocator rounding): tests/unit/test_held_bound.py."""
 
-_COUNT_OUTSIDE: Final = 16 * 1024  # bytes of body from which the walk counts commas too
+_COUNT_OUTSIDE: Final = 16 * 1024  # bytes of body from which the walk counts all commas
 _NOT_BEFORE_A_VALUE: Final = bytes(b for b in range(256) if b not in b"{[,")
 
 
@@ -108,9 +108,11 @@ def held_bound(body: bytes, scan: BodyScan | None) -> int:
     Every JSON value and object member follows a `[`, `{` or `,` outside strings, so
     `PER_VALUE` times their count covers the objects; a string's characters take at most
     1 byte each in CPython when the body is ASCII without escapes, at most 4 otherwise. A
-    body of few strings over `_COUNT_OUTSIDE` bytes is counted outside them (its walk,
-    `scan`); any other in one C-level pass over all of it (brackets and commas inside
-    strings too): cheaper than counting in the walk below that size, and about a third of
+    body of few strings is counted outside them (its walk, `scan`) when it is over
+    `_COUNT_OUTSIDE` bytes or its stretches between strings are all short (a chat body:
+    one count of them, where the pass below cost about 12 K instructions per 1 KB);
+    any other in one C-level pass over all of it (brackets and commas inside strings
+    too): cheaper than a count per long stretch below that size, and about a third of
     the parse's time for an 8 MiB body. Not counted: what the parse needs while it runs
     and frees when it returns (orjson's 12 bytes per body byte, the exact repeat check),
     which one process needs for one body at a time."""
@@ -260,7 +262,11 @@ def scan_body(body: bytes) -> BodyScan | None:
     # one piece at the end: two or three counts per string cost more than the copy.
     gaps: list[bytes] = []
     brackets, commas, once, end = 0, 0, True, -1
-    outside = len(body) >= _COUNT_OUTSIDE  # commas too (`held_bound`): worth it when long
+    # Commas too (`held_bound`): in the gathered stretches always (one count), in the
+    # long ones only in a long body (below it, one pass over the body costs less than a
+    # count per long stretch: `held_bound` takes it when `commas` is -1).
+    outside = len(body) >= _COUNT_OUTSIDE
+    counted = True
     escapes = body.find(b"\\") >= 0  # else no string has one: no search per string
     for _ in range(_WALK_STRINGS):
         start = body.find(b'"', end + 1)
@@ -270,6 +276,8 @@ def scan_body(body: bytes) -> BodyScan | None:
             brackets += _brackets(body, end + 1, start)
             if outside:
                 commas += body.count(b",", end + 1, start)
+            else:
+                counted = False
         else:
             gaps.append(body[end + 1 : start])
         end = body.find(b'"', start + 1)
@@ -292,9 +300,9 @@ def scan_body(body: bytes) -> BodyScan | None:
     size = len(body)
     between = b"".join(gaps)
     brackets += _brackets(body, end + 1, size) + _brackets(between, 0, len(between))
-    if outside:
+    if counted:
         commas += body.count(b",", end + 1, size) + between.count(b",")
-    return BodyScan(brackets, commas if outside else -1, once)
+    return BodyScan(brackets, commas if counted else -1, once)
 
 
 def _brackets(body: bytes, start: int, end: int) -> int:

@@ -114,6 +114,26 @@ def _outside_strings(body: bytes, counted: bytes = b"{[") -> int:
     return count
 
 
+def _commas(body: bytes) -> int:
+    """Reference for `BodyScan.commas`: the commas outside strings, counted when the body
+    is long (16 KiB) or no stretch before a string is longer than the walk's short-gap
+    copy (64 bytes); else -1 (`held_bound` counts them all in one pass)."""
+    inside, escaped, closed, longest = False, False, -1, 0
+    for at, byte in enumerate(body):
+        if inside:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:
+                escaped = True
+            elif byte == 0x22:
+                inside, closed = False, at
+        elif byte == 0x22:
+            inside, longest = True, max(longest, at - closed)
+    if len(body) < 16 * 1024 and longest > 64:
+        return -1
+    return _outside_strings(body, b",")
+
+
 @given(_object(3))
 @settings(max_examples=300, deadline=None)
 def test_the_scan_counts_the_brackets_outside_strings(text: str) -> None:
@@ -121,7 +141,7 @@ def test_the_scan_counts_the_brackets_outside_strings(text: str) -> None:
     scan = body_module.scan_body(body)
     if scan is not None:  # more strings than it walks: the caller counts them all
         assert scan.brackets == _outside_strings(body)
-        assert scan.commas == (_outside_strings(body, b",") if len(body) >= 16 * 1024 else -1)
+        assert scan.commas == _commas(body)
 
 
 def test_brackets_in_a_string_do_not_count_as_nesting() -> None:
@@ -147,7 +167,18 @@ def test_long_stretches_between_strings_are_counted_where_they_are(
     scan = body_module.scan_body(body)
     if scan is not None:
         assert scan.brackets == _outside_strings(body)
-        assert scan.commas == (_outside_strings(body, b",") if len(body) >= 16 * 1024 else -1)
+        assert scan.commas == _commas(body)
+
+
+def test_a_chat_body_s_commas_are_counted_by_its_walk() -> None:
+    # A chat body of short stretches between its strings (the usual one) has its commas
+    # counted by the walk: `held_bound` needs no pass of its own over all of it.
+    body = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "a, b, " * 150}], "n": 1}
+    ).encode()
+    scan = body_module.scan_body(body)
+    assert scan is not None and scan.commas == 3 and scan.brackets == 3
+    assert body_module.held_bound(body, scan) == body_module.held_bound(body, None) - 300 * 320
 
 
 def test_the_scan_does_not_search_or_count_per_short_stretch() -> None:

@@ -5,6 +5,7 @@ field; the fields that only tune sampling, or that the bound counts, pass."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import orjson
@@ -170,3 +171,64 @@ def test_the_usual_fields_are_passed_by_one_look_up(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(server_fields, "SERVER_FIELDS", Counting(SERVER_FIELDS))
     refuse({**ASK, "max_tokens": 16, "stream": True, "top_k": 3})
     assert looked_up == ["top_k"]
+
+
+def test_a_usual_body_is_checked_without_a_python_call() -> None:
+    # Hot path: a body that spells no refused content part is checked with three searches,
+    # no Python frame (a generator over the needles ran one per needle, and a bytes `in`
+    # formats a TypeError before it searches).
+    body = orjson.dumps({**ASK, "max_tokens": 16, "stream": False})
+    doc = parse_body(body)
+    frames: list[str] = []
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            frames.append(frame.f_code.co_name)
+
+    sys.setprofile(hook)
+    try:
+        refuse_control_fields(doc, body)
+    finally:
+        sys.setprofile(None)
+    assert frames == ["refuse_control_fields", "refuse_server_fields"]
+
+
+class _Searched(bytes):
+    """A body that notes each search of it."""
+
+    searches = 0
+
+    def find(self, *args: Any) -> int:
+        _Searched.searches += 1
+        return super().find(*args)
+
+    def __contains__(self, item: Any) -> bool:
+        _Searched.searches += 1
+        return super().__contains__(item)
+
+
+def test_a_long_prompt_of_few_messages_is_not_searched() -> None:
+    # A 100 KB prompt: its messages' contents are looked at (no array content: no part to
+    # refuse), not all of its bytes searched three times.
+    doc = {**ASK, "messages": [{"role": "user", "content": "word " * 20_000}]}
+    body = _Searched(orjson.dumps(doc))
+    _Searched.searches = 0
+    refuse_control_fields(doc, body)
+    assert _Searched.searches == 0
+    doc = {"model": "m", "prompt": "word " * 20_000}  # no messages at all: no parts either
+    refuse_control_fields(doc, _Searched(orjson.dumps(doc)))
+    assert _Searched.searches == 0
+
+
+@pytest.mark.parametrize("messages", [1, 2_000])
+def test_a_tensor_part_is_refused_however_many_messages_there_are(messages: int) -> None:
+    # Few messages for the body's length: each content looked at; many: the body searched.
+    talk = [{"role": "user", "content": "hi"}] * (messages - 1)
+    parts = [
+        {"type": "text", "text": "x" * 5_000},
+        {"type": "image_embeds", "image_embeds": "gASV"},
+    ]
+    doc = {**ASK, "messages": [*talk, {"role": "user", "content": parts}]}
+    with pytest.raises(GatewayError) as raised:
+        refuse(doc)
+    assert raised.value.param == f"messages[{messages - 1}].content[1]"

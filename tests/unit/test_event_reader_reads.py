@@ -1,0 +1,103 @@
+"""`EventReader` parses only the events of a read that may show a usage, raise or stop
+the client's SDK, and finds them in time linear in the read (gateway/api/sse_events.py).
+
+What it reads is held to the SDK's own decoder by tests/unit/test_stream_watch.py; these
+tests hold how much of a coalesced read it parses and searches."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.api import sse_events
+from gateway.api.sse_events import EventReader
+from gateway.api.usage_read import read_json
+
+HEAD = b'data: {"id":"c","object":"chat.completion.chunk","choices":'
+TOKEN = HEAD + b'[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+USAGE = HEAD + b'[],"usage":{"prompt_tokens":7,"completion_tokens":2,"total_tokens":9}}\n\n'
+DONE = b"data: [DONE]\n\n"
+COUNTS = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+
+
+def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    parsed: list[bytes] = []
+
+    def counting(data: bytes, *, line: bool = False) -> object:
+        parsed.append(data)
+        return read_json(data, line=line)
+
+    monkeypatch.setattr(sse_events, "read_json", counting)
+    return parsed
+
+
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n", b"\r"])
+def test_a_coalesced_stream_parses_only_the_events_worth_it(
+    monkeypatch: pytest.MonkeyPatch, ending: bytes
+) -> None:
+    # A fast server's whole stream in one read, as TCP coalesces it: it holds `[DONE]`
+    # (and here a usage chunk), so it is not the usual read; its 64 token events can show
+    # nothing and are not parsed one by one.
+    parsed = _counting_reads(monkeypatch)
+    read = (TOKEN * 64 + USAGE + DONE).replace(b"\n", ending)
+    reader = EventReader()
+    reader.feed(read)
+    assert parsed == [USAGE.split(b"\n")[0][len(b"data: ") :]]
+    assert reader.usage == COUNTS and reader.stopped
+    assert not reader.error_event and not reader.unknown
+
+
+def test_the_worth_events_among_others_are_each_parsed_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parsed = _counting_reads(monkeypatch)
+    escaped = b'data: {"\\u0075sage":{"prompt_tokens":6}}\n\n'
+    error = b'data: {"error":{"message":"boom"}}\n\n'
+    reader = EventReader()
+    reader.feed(TOKEN * 3 + USAGE + TOKEN * 2 + escaped + TOKEN + error + USAGE + DONE)
+    assert len(parsed) == 3  # the usage, the escaped usage, the error: nothing after it
+    assert reader.usage == {"prompt_tokens": 6, "completion_tokens": 0, "total_tokens": 0}
+    assert reader.error_event and reader.stopped
+
+
+class _Counted(bytes):
+    """A read that counts the bytes its searches look at (up to what they find)."""
+
+    scanned = 0
+
+    def find(self, sub: bytes, start: int = 0, end: int | None = None) -> int:  # type: ignore[override]
+        end = len(self) if end is None else end
+        at = super().find(sub, start, end)
+        _Counted.scanned += max(0, (end if at < 0 else at + len(sub)) - start)
+        return at
+
+    def rfind(self, sub: bytes, start: int = 0, end: int | None = None) -> int:  # type: ignore[override]
+        end = len(self) if end is None else end
+        at = super().rfind(sub, start, end)
+        _Counted.scanned += max(0, end - (start if at < 0 else at))
+        return at
+
+
+def test_finding_the_events_worth_it_is_linear_in_the_read() -> None:
+    # Every event worth parsing, each kind after the other: a needle searched again from
+    # each event to the end of the read would cover it once per event (quadratic).
+    usage = b'data: {"choices":[],"usage":null}\n\n'
+    error = b'data: {"choices":[],"error":null}\n\n'
+    read = _Counted((usage + error) * 1000 + TOKEN)
+    _Counted.scanned = 0
+    EventReader().feed(read)
+    assert _Counted.scanned <= 16 * len(read)
+
+
+def test_an_escape_of_no_letter_makes_no_event_worth_parsing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A Go server writes `<` as `\u003c`: no letter, no usage key; `\u0075` is a `u`.
+    parsed = _counting_reads(monkeypatch)
+    markup = HEAD + b'[{"index":0,"delta":{"content":"\\u003cb\\u003e"}}]}\n\n'
+    usage = b'data: {"choices":[],"\\u003c":1,"\\u0075sage":{"prompt_tokens":6}}\n\n'
+    reader = EventReader()
+    reader.feed(markup * 50)
+    assert parsed == []
+    reader.feed(markup * 50 + usage + markup)
+    assert len(parsed) == 1
+    assert reader.usage == {"prompt_tokens": 6, "completion_tokens": 0, "total_tokens": 0}
