@@ -109,11 +109,13 @@ def _refused(gateway: Gateway, sim: Sim, sidecar: AttestThread) -> str:
     lines = [json.loads(line) for line in logs.getvalue().splitlines()]
     (logged,) = [line for line in lines if line["event"] == "request"]
     assert logged["upstream_error"] == "tls"
+    (refused,) = [line for line in lines if line["event"] == "backend refused: TLS"]
+    reason: str = entry["breaker"]["last_error"]
+    assert (refused["backend"], "tls: " + refused["reason"]) == ("gpu", reason)
     # The gateway read the alert and left: the sidecar holds nothing of the connection
     # (not until its handshake timeout, a minute here).
     listener = sidecar.listener
     until(lambda: not listener.handshakes and not listener.connections, "the refused one gone")
-    reason: str = entry["breaker"]["last_error"]
     return reason
 
 
