@@ -109,9 +109,7 @@ class PrivateRelay:
         try:
             return await backend.pool.connect()
         except UpstreamError as exc:
-            if exc.kind == "tls":  # no request goes to it: say why, where operators look
-                self._log.warning("backend refused: TLS", backend=backend.id, reason=exc.detail)
-            self._failed(exchange, backend, exc.kind)
+            self._failed(exchange, backend, exc)
             attempt.upstream_failed(exc.kind, exc.detail)
             raise TryNext(
                 f"{backend.id}: {exc.kind}", _last_error(exc), busy=exc.kind == "busy"
@@ -177,7 +175,7 @@ class PrivateRelay:
         except UpstreamError as exc:
             if trail is not None and (exc.kind in _NOT_SENT or exc.sent_nothing):
                 trail.offered = offered  # the backend never had the prompt
-            self._failed(exchange, backend, exc.kind)
+            self._failed(exchange, backend, exc)
             attempt.upstream_failed(exc.kind, exc.detail)
             raise TryNext(
                 f"{backend.id}: {exc.kind}", _last_error(exc), busy=exc.kind == "busy"
@@ -197,7 +195,7 @@ class PrivateRelay:
             if exchange.response_started:
                 raise
             # Broke off before the client saw a byte: another backend may serve it.
-            self._failed(exchange, backend, exc.kind)
+            self._failed(exchange, backend, exc)
             raise TryNext(
                 f"{backend.id}: {exc.kind}", _last_error(exc), busy=exc.kind == "busy"
             ) from exc
@@ -230,9 +228,12 @@ class PrivateRelay:
                 "backend answer held owngate comment lines: removed", backend=backend, lines=said
             )
 
-    def _failed(self, exchange: Exchange, backend: BackendState, kind: str) -> None:
-        self._metrics.upstream_error(backend.id, kind)
-        exchange.upstream_error = kind
+    def _failed(self, exchange: Exchange, backend: BackendState, error: UpstreamError) -> None:
+        if error.kind == "tls":  # on connecting, or an alert after it: say why, where
+            # operators look (the gateway's words and OpenSSL's, never the backend's body)
+            self._log.warning("backend refused: TLS", backend=backend.id, reason=error.detail)
+        self._metrics.upstream_error(backend.id, error.kind)
+        exchange.upstream_error = error.kind
 
     async def _relay(
         self,
@@ -335,7 +336,7 @@ class PrivateRelay:
                 raise  # timed out or broke off: the caller may try another backend
             # Not the backend's failure (a client can ask for a huge answer), nor one that
             # another backend would answer differently: no failover, no breaker.
-            self._failed(exchange, backend, exc.kind)
+            self._failed(exchange, backend, exc)
             raise GatewayError(
                 ErrorCode.upstream_error,
                 f"the backend's answer is larger than the gateway relays ({limit} bytes, "

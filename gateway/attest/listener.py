@@ -37,6 +37,7 @@ import ssl
 from pathlib import Path
 
 from gateway.attest.protocol import Listener
+from gateway.attest.tls_alert import AlertingContext
 from gateway.tls_options import harden
 
 __all__ = ["SHUTDOWN_TIMEOUT_S", "TlsAcceptor", "listener_context"]
@@ -53,8 +54,9 @@ def listener_context(
 ) -> ssl.SSLContext:
     """A server context presenting `cert_file` (PEM, may hold the chain) with its
     unencrypted `key_file`; with `client_ca`, a client certificate chaining to it is
-    required. OSError or ssl.SSLError when a file is missing or does not fit."""
-    context = harden(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER))
+    required. A client it refuses is sent the handshake's alert, so it reads why
+    (`AlertingContext`). OSError or ssl.SSLError when a file is missing or does not fit."""
+    context = harden(AlertingContext(ssl.PROTOCOL_TLS_SERVER))
     context.set_alpn_protocols(["http/1.1"])
     # An encrypted key fails here (the empty passphrase does not open it), never prompts.
     context.load_cert_chain(cert_file, key_file, password=b"")
