@@ -22,6 +22,7 @@ import uvloop
 from uvicorn.config import STARTUP_FAILURE
 
 from gateway.config.schema import ListenSettings
+from gateway.header_check import install as install_header_check
 from gateway.listener import http_protocol
 
 __all__ = [
@@ -177,11 +178,13 @@ def uvicorn_config(
 ) -> uvicorn.Config:
     """The uvicorn settings owngate uses everywhere: httptools with the connection limits
     of `listen` (`gateway.listener`; defaults when None), uvloop, no websockets, no
-    access log, and no proxy headers: the client is the socket's peer, never what an
+    access log, header values checked in one pass (`gateway.header_check`), and no proxy
+    headers: the client is the socket's peer, never what an
     `X-Forwarded-For` says (uvicorn would believe it from any peer under
     `FORWARDED_ALLOW_IPS=*`, making a remote client a loopback one to
     `admin.allow_loopback`)."""
     limits = listen if listen is not None else ListenSettings()
+    install_header_check()  # header values checked in one pass (gateway/header_check.py)
     options: dict[str, Any] = {
         "http": http_protocol(limits),
         "ws": "none",

@@ -70,6 +70,10 @@ class Trail:
     # dispatch or the request's end (`Recorder.settle`): its status is then what the
     # client gets.
     held: tuple[int, str | None, float] | None = None
+    # `usage_bound`'s last answer and what it was computed from (the usage, the request,
+    # its size and the answer's): asked up to four times per request, computed once.
+    _bound_of: tuple[Any, ...] | None = None
+    _bound: int | None = None
 
     def relayed(self, data: bytes) -> None:
         """A piece of a stream went to the client."""
@@ -161,7 +165,13 @@ class Trail:
         if usage is None:
             return None
         answer_bytes = len(self.whole) if self.whole is not None else self.sent_bytes
-        return over_bound(_reported_tokens(usage), self.ask, self.prompt_bytes, answer_bytes)
+        inputs = (usage, self.ask, self.prompt_bytes, answer_bytes)
+        if inputs != self._bound_of:
+            self._bound = over_bound(
+                _reported_tokens(usage), self.ask, self.prompt_bytes, answer_bytes
+            )
+            self._bound_of = inputs
+        return self._bound
 
     def charged_tokens(self) -> int:
         """Tokens to charge to the tenant's budget: the reported usage, never past the

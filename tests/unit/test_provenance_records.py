@@ -197,6 +197,33 @@ def test_times_are_utc_milliseconds_with_four_digit_years() -> None:
         format_time(datetime(2026, 1, 1))
 
 
+@given(
+    st.datetimes(
+        timezones=st.one_of(
+            st.just(UTC),
+            st.builds(timezone, st.timedeltas(timedelta(hours=-23), timedelta(hours=23))),
+        )
+    )
+)
+def test_times_are_what_isoformat_writes_in_utc(moment: datetime) -> None:
+    utc = moment.astimezone(UTC)
+    assert format_time(moment) == utc.isoformat(timespec="milliseconds")[:23] + "Z"
+
+
+def test_a_seconds_date_and_time_of_day_are_formatted_once() -> None:
+    """Records of the same second share the date and time of day formatted for the first
+    (`isoformat` per record was ~15 K instructions, a third of that now)."""
+    from gateway.provenance.formats import records
+
+    second = datetime(2031, 7, 4, 9, 8, 7, tzinfo=UTC)
+    format_time(second)
+    before = records._second.cache_info()
+    times = [format_time(second.replace(microsecond=ms * 1000)) for ms in (0, 1, 250, 999)]
+    assert times == [f"2031-07-04T09:08:07.{ms:03d}Z" for ms in (0, 1, 250, 999)]
+    after = records._second.cache_info()
+    assert (after.hits - before.hits, after.misses - before.misses) == (4, 0)
+
+
 def _mutations(record: dict[str, Any]) -> list[dict[str, Any]]:
     """Every record one step away from `record`: each field dropped, retyped or extended."""
     broken: list[dict[str, Any]] = []

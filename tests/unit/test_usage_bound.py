@@ -124,6 +124,39 @@ def test_a_usage_held_back_from_the_client_is_bounded_too() -> None:
     assert trail.charged_tokens() == 50 + PROMPT_ALLOWANCE + trail.sent_bytes + 3
 
 
+def test_the_bound_is_computed_once_per_answer_and_again_when_it_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request asks for its bound up to four times (the charge twice, the finish, the
+    completion record): the walk over the request runs once while nothing it reads
+    changed, and again when the answer, the usage or the request did."""
+    import gateway.api.trail as trail_module
+
+    computed: list[int] = []
+
+    def counted(reported: int, ask: Any, body_bytes: int, answer_bytes: int) -> int | None:
+        computed.append(answer_bytes)
+        return over_bound(reported, ask, body_bytes, answer_bytes)
+
+    monkeypatch.setattr(trail_module, "over_bound", counted)
+    trail = Trail(Salts.generate(), "", prompt_bytes=50, ask={"max_tokens": 3})
+    trail.relayed(b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n')
+    trail.reported(HUGE)
+    first = 50 + PROMPT_ALLOWANCE + trail.sent_bytes + 3
+    for _ in range(2):
+        assert trail.charged_tokens() == first
+        assert trail.usage_bound() == first
+    assert computed == [trail.sent_bytes]
+    trail.relayed(b"data: more\n\n")  # more answer: a larger bound
+    assert trail.usage_bound() == 50 + PROMPT_ALLOWANCE + trail.sent_bytes + 3 > first
+    trail.ask = {"max_tokens": 4}  # another request (a copy): computed again
+    assert trail.usage_bound() == 50 + PROMPT_ALLOWANCE + trail.sent_bytes + 4
+    trail.reported({"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2})
+    assert trail.usage_bound() is None  # an honest usage: no bound charged
+    assert trail.charged_tokens() == 2
+    assert len(computed) == 4
+
+
 def _completion(**change: Any) -> dict[str, object]:
     arguments: dict[str, Any] = {
         "request_id": "req-1",

@@ -20,6 +20,7 @@ refuse, so what they return is valid by construction: the gateway appends it wit
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -149,11 +150,22 @@ class Usage:
 
 
 def format_time(moment: datetime) -> str:
-    """RFC 3339 UTC with milliseconds, e.g. 2026-01-31T12:00:00.250Z."""
+    """RFC 3339 UTC with milliseconds, e.g. 2026-01-31T12:00:00.250Z (`isoformat`'s
+    digits; its date and time of day made once per second, a third of its cost)."""
     if moment.tzinfo is None:
         raise ValueError("record times must be timezone-aware")
-    utc = moment.astimezone(UTC)
-    return utc.isoformat(timespec="milliseconds")[:23] + "Z"
+    u = moment if moment.tzinfo is UTC else moment.astimezone(UTC)
+    return (
+        _second(u.year, u.month, u.day, u.hour, u.minute, u.second) + _MILLIS[u.microsecond // 1000]
+    )
+
+
+_MILLIS = tuple(f".{ms:03d}Z" for ms in range(1000))
+
+
+@functools.lru_cache(maxsize=4)  # a memo of a pure function: records of one second share it
+def _second(year: int, month: int, day: int, hour: int, minute: int, second: int) -> str:
+    return f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}:{minute:02d}:{second:02d}"
 
 
 def _policy(policy: PolicyRef) -> dict[str, object]:
