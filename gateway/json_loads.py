@@ -53,6 +53,13 @@ def loads(data: bytes, opened: int | None = None) -> Any:
     """`orjson.loads(data)` with the collector off for a document of many arrays and
     objects; `opened`: how many it opens when the caller counted them already, else
     `at_most(data)` (counting them would scan the document twice more than the parse
-    does: 70 us for a 100 KB prompt, twice orjson's own parse of it)."""
-    with no_collection(at_most(data) if opened is None else opened):
+    does: 70 us for a 100 KB prompt, twice orjson's own parse of it). The switch is
+    inline, not `no_collection`: every request's body is parsed here, and the context
+    manager's calls cost 2.4 us, three times orjson's parse of a usual 400-byte body."""
+    if (len(data) // 2 if opened is None else opened) <= COLLECT_UNDER or not gc.isenabled():
         return orjson.loads(data)
+    gc.disable()
+    try:
+        return orjson.loads(data)
+    finally:
+        gc.enable()

@@ -9,6 +9,7 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
+from gateway.admin.headers import API_HEADERS
 from gateway.api.labels import excerpt
 from gateway.errors import ErrorCode, GatewayError, error_body
 
@@ -44,8 +45,13 @@ async def _http_error(request: Request, error: HTTPException) -> Response:
 
 
 async def _internal(request: Request, error: Exception) -> Response:
-    """A fault of the admin API itself: the error object, never Starlette's plain text."""
-    return _json_error(ErrorCode.internal_error, "internal error of the admin API")
+    """A fault of the admin API itself: the error object, never Starlette's plain text.
+    Starlette answers it from outside every middleware (its `ServerErrorMiddleware`), so
+    `ApiHeaders` never sees it: it carries the security headers itself."""
+    response = _json_error(ErrorCode.internal_error, "internal error of the admin API")
+    for name, value in API_HEADERS:
+        response.headers[name.decode("latin-1")] = value.decode("latin-1")
+    return response
 
 
 async def _invalid(request: Request, error: RequestValidationError) -> Response:

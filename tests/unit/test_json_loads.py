@@ -12,6 +12,7 @@ collector is on again (each parse here started dozens)."""
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -83,3 +84,23 @@ def test_the_collector_is_on_again_after_a_parse_that_fails() -> None:
     with pytest.raises(orjson.JSONDecodeError):
         loads(BODY[:-1])
     assert gc.isenabled()
+
+
+def test_a_usual_body_is_parsed_with_no_python_call_besides_loads() -> None:
+    """Every request's body is parsed with `loads`: a usual one (far under `COLLECT_UNDER`
+    arrays and objects) costs orjson's parse and nothing in Python around it (the
+    collector's context manager took 2.4 us, three times orjson's parse of 400 bytes)."""
+    small = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5}'
+    called: list[str] = []
+
+    def profile(frame: Any, event: str, _arg: object) -> None:
+        if event == "call":
+            called.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        loads(small)
+        loads(small, 3)
+    finally:
+        sys.setprofile(None)
+    assert called == ["loads", "loads"]
