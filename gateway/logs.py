@@ -48,6 +48,7 @@ __all__ = [
     "MAX_EXCEPTION_CHARS",
     "MAX_FIELD_CHARS",
     "MAX_KEY_CHARS",
+    "REMOTE_WORDS_LOGGERS",
     "SENSITIVE_FIELDS",
     "configure_logging",
     "get_logger",
@@ -101,6 +102,14 @@ _LEVELS = {
     "error": logging.ERROR,
 }
 
+
+# HTTP client libraries whose info and debug lines say what the far side sent: the OpenAI
+# SDK (under LiteLLM) logs a hosted provider's `x-request-id` header as it came (`request_id:
+# %s`), httpx the status line's reason phrase, httpcore and hpack every response header.
+# A provider, or a backend that quotes a client's request, chooses those strings; only
+# these libraries' warnings and errors are written (`_QuietRemoteWords`). A filter on the
+# handler, not a logger level: `OPENAI_LOG=debug` sets the SDK's level when it is imported.
+REMOTE_WORDS_LOGGERS: Final = ("openai", "anthropic", "httpx", "httpcore", "hpack")
 
 # The fields every line has, added by the logging pipeline itself.
 _OWN_FIELDS: Final = ("event", "level", "timestamp", "logger")
@@ -270,6 +279,7 @@ def configure_logging(
     # the same JSON lines in production.
     handler = logging.StreamHandler(out)
     handler.setFormatter(_JsonFormatter() if fmt == "json" else _RedactingFormatter())
+    handler.addFilter(_QuietRemoteWords())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS[level])
@@ -293,6 +303,18 @@ def _install_access_log(fmt: str, level: str, out: TextIO) -> None:
 def _traceback(exc_info: Any) -> str:
     """structlog's `exc_info` (a triple) as `traceback_without_messages` writes it."""
     return "NoneType: None" if exc_info[1] is None else traceback_without_messages(exc_info[1])
+
+
+class _QuietRemoteWords(logging.Filter):
+    """Drops the info and debug lines of `REMOTE_WORDS_LOGGERS` (and their children)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:  # the stdlib's name
+        if record.levelno >= logging.WARNING:
+            return True
+        name = record.name
+        return not any(
+            name == library or name.startswith(library + ".") for library in REMOTE_WORDS_LOGGERS
+        )
 
 
 class _WithheldFormatter(logging.Formatter):

@@ -20,7 +20,9 @@ __all__ = ["sanitize_upstream_message", "translate_upstream_error"]
 
 _URL = re.compile(r"\b(?:https?|wss?)://[^\s\"'<>]+", re.IGNORECASE)
 _HOST_PORT = re.compile(
-    r"\[[0-9a-fA-F:.]+\](?::\d+)?"  # [IPv6]:port
+    # [IPv6]:port: an address has a colon, an index (`messages[0]`, the gateway's own
+    # refusals name fields so) has none and stays
+    r"\[[0-9a-fA-F.]*:[0-9a-fA-F:.]*\](?::\d+)?"
     r"|\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b"  # IPv4[:port]
     # name:port: the whole run of name characters before the colon, tried once per run
     # and never backtracked into. Tried at every `\b` of `a-a-a-...` and scanned to its

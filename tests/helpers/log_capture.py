@@ -2,7 +2,8 @@
 configures the process's logging (`gateway.logs.configure_logging`) to write into a
 string buffer, and puts the previous configuration back on exit. Loggers made inside
 the block (an app created there) write to the buffer. `logging_to(stream)` does the same
-with a stream of the test's own (one with a binary `buffer`, as stderr has)."""
+with a stream of the test's own (one with a binary `buffer`, as stderr has); `level` is
+the configured level (gateway.yaml's `logging.level`)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ __all__ = ["logging_to", "rendered_logs"]
 
 
 @contextmanager
-def logging_to(stream: TextIO, fmt: Literal["json", "console"] = "json") -> Iterator[None]:
+def logging_to(
+    stream: TextIO, fmt: Literal["json", "console"] = "json", level: str = "info"
+) -> Iterator[None]:
     saved, handlers = structlog.get_config(), logging.getLogger().handlers[:]
-    level = logging.getLogger().level
-    configure_logging(fmt, "info", stream=stream)
+    saved_level = logging.getLogger().level
+    configure_logging(fmt, level, stream=stream)
     try:
         yield
     finally:
@@ -32,11 +35,13 @@ def logging_to(stream: TextIO, fmt: Literal["json", "console"] = "json") -> Iter
         structlog.configure(**saved)
         root = logging.getLogger()
         root.handlers[:] = handlers
-        root.setLevel(level)
+        root.setLevel(saved_level)
 
 
 @contextmanager
-def rendered_logs(fmt: Literal["json", "console"] = "json") -> Iterator[io.StringIO]:
+def rendered_logs(
+    fmt: Literal["json", "console"] = "json", level: str = "info"
+) -> Iterator[io.StringIO]:
     stream = io.StringIO()
-    with logging_to(stream, fmt):
+    with logging_to(stream, fmt, level):
         yield stream

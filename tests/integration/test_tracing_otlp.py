@@ -10,87 +10,30 @@ no prompt, key, label or header text the clients sent is anywhere in the exporte
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import ADMIN, Sim, backend
 from tests.helpers.net import free_port
+from tests.helpers.otlp_receiver import Receiver, receiving
+from tests.helpers.otlp_receiver import attributes as _attributes
 from tests.helpers.processes import GatewayProcess
 
 MARKER = "otlp-marker-c4d2a9"
 KEY = f"sk-{MARKER}-tenant-key"
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
-_MAX_BODY = 16 << 20
-
-
-class Receiver:
-    """An OTLP/HTTP traces endpoint on loopback that keeps what it is sent (bounded)."""
-
-    def __init__(self) -> None:
-        self.bodies: list[bytes] = []
-        self.paths: list[str] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # the http.server API names it
-                length = int(self.headers.get("content-length") or 0)
-                if length > _MAX_BODY or len(receiver.bodies) >= 100:
-                    self.send_response(413)
-                    self.end_headers()
-                    return
-                receiver.paths.append(self.path)
-                receiver.bodies.append(self.rfile.read(length))
-                self.send_response(200)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def spans(self) -> tuple[list[Span], list[dict[str, Any]]]:
-        """Every span received, and each export's resource attributes."""
-        spans: list[Span] = []
-        resources: list[dict[str, Any]] = []
-        for body in self.bodies:
-            for resource_spans in ExportTraceServiceRequest.FromString(body).resource_spans:
-                resources.append(_attributes(resource_spans.resource.attributes))
-                for scope in resource_spans.scope_spans:
-                    spans.extend(scope.spans)
-        return spans, resources
 
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    receiver = Receiver()
-    receiver._thread.start()
-    yield receiver
-    receiver._server.shutdown()
-    receiver._server.server_close()
-
-
-def _attributes(pairs: Any) -> dict[str, Any]:
-    def value(kv: KeyValue) -> Any:
-        kind = kv.value.WhichOneof("value")
-        return getattr(kv.value, kind) if kind else None
-
-    return {kv.key: value(kv) for kv in pairs}
+    with receiving() as started:
+        yield started
 
 
 def _config(sim: Sim) -> dict[str, Any]:

@@ -199,3 +199,32 @@ def test_keys_that_are_the_same_once_cut_or_escaped_are_both_kept() -> None:
     (line,) = _lines("json", log, file=False).splitlines()
     seen = json.loads(line)["seen"]
     assert sorted(v for v in seen.values()) == ["first", "second", "x", "y"]
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_http_client_libraries_never_log_what_the_far_side_sent(
+    fmt: Literal["json", "console"],
+) -> None:
+    """At `logging.level: debug` the OpenAI SDK under LiteLLM logged a hosted provider's
+    `x-request-id` as it came (`request_id: <value>`, openai/_base_client.py), and
+    httpx/httpcore log reason phrases and response headers: strings the provider (or a
+    backend quoting a client) chose. Their info and debug lines are dropped, whatever
+    level the library set itself (`OPENAI_LOG=debug`); warnings still come through."""
+    canary = 'CANARY7f3a"provider-id'
+    names = ("openai._base_client", "openai", "httpx", "httpcore.http11", "hpack.hpack")
+    with rendered_logs(fmt, level="debug") as logs:
+        for name in names:
+            library = logging.getLogger(name)
+            library.setLevel(logging.DEBUG)  # as `OPENAI_LOG=debug` does for openai
+            try:
+                library.debug("request_id: %s", canary)
+                library.info('HTTP Request: POST "HTTP/1.1 200 %s"', canary)
+                library.warning("a library warning")
+            finally:
+                library.setLevel(logging.NOTSET)
+        logging.getLogger("openai_lookalike").debug("a logger of another name")
+        get_logger("owngate.test").debug("the gateway's own debug line")
+    out = logs.getvalue()
+    assert "CANARY7f3a" not in out
+    assert out.count("a library warning") == len(names)
+    assert "a logger of another name" in out and "the gateway's own debug line" in out

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from gateway.errors import ErrorCode
-from gateway.upstream.errors import translate_upstream_error
+from gateway.upstream.errors import sanitize_upstream_message, translate_upstream_error
 from gateway.upstream.hosted_errors import local_reason
 
 # Generous: the message takes milliseconds; the quadratic search took hours on this one.
@@ -75,3 +75,12 @@ def test_a_long_message_loses_no_host_to_the_cut() -> None:
     text = "see http://" + "u" * 2020 + " gpu-node-7.internal:8000 rest"
     error = translate_upstream_error(400, orjson.dumps({"error": {"message": text}}))
     assert "gpu-node" not in error.message and len(error.message) < 400
+
+
+def test_a_field_index_is_not_taken_for_an_address() -> None:
+    # `messages[0].content[1]` read as an IPv6 address in brackets: the client was told
+    # "`messages[backend].content[backend]` must be ..." about its own request.
+    said = "`messages[0].content[12]` must be a content part; see [::1]:8000 and [fe80::1]"
+    assert sanitize_upstream_message(said) == (
+        "`messages[0].content[12]` must be a content part; see [backend] and [backend]"
+    )

@@ -1,0 +1,346 @@
+"""A canary sweep of a real `owngate serve` with every output on, and of the processes
+around it: no string a client or a backend chose reaches any of them verbatim.
+
+Every client-controlled field of every request carries `CANARY` (path, query, header
+names and values, a wrong key, labels, model names known and not, body keys and values,
+malformed JSON, control fields that get refused), and so does every string the backends
+answer with (error bodies, header names and values, the reason phrase, a hosted
+provider's `x-request-id`, answer text). Then every output is searched: the gateway's
+stderr and stdout at `logging.level: debug` (structlog, the JSON access log, the stdlib
+lines of uvicorn and the HTTP client libraries), its provenance log's files, the spans
+it exports over OTLP, `/metrics`, the admin API's status, tenants, timeline and
+request views, the `owngate attest` sidecar's output and log, the witness's output, and
+what `owngate audit verify` / `show --records` print of the log. What the clients get
+back is their own request's business (docs/api.md) and is not searched. The one string
+of a backend the log records by design, a hosted answer's `id` (`upstream.response_id`,
+docs/provenance.md), is kept plain here; the provider's `x-request-id` is recorded only
+in its documented form, which a quote is out of.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from gateway.provenance import write_signing_key
+from gateway.provenance.witness.state import WitnessState
+from gateway.tenants import hash_api_key
+from tests.helpers.attest import Sidecar, start_sidecar
+from tests.helpers.gateways import LITELLM_WARNINGS
+from tests.helpers.net import free_port, free_ports
+from tests.helpers.otlp_receiver import Receiver, receiving
+from tests.helpers.processes import GatewayProcess, ServerProcess, owngate_argv
+from tests.helpers.raw_backend import Answer, Post, RawBackend
+from tests.helpers.raw_http import build_request, exchange
+from tests.helpers.waiting import until
+
+pytestmark = LITELLM_WARNINGS
+
+CANARY = "CANARY7f3a"
+INJECTION = '\n{"forged":1}\x1b[31m\u202e"'  # a line break, an escape, a bidi override, a quote
+KEY = "og-sweep-tenant-key-" + "s" * 24
+ADMIN_TOKEN = "og-sweep-admin-token-0123456789"
+EU = {"region": "eu-west-1", "retention": {"days": 0, "zero_data_retention": True}}
+ERRORS = {"e500": 500, "e429": 429, "e400": 400}
+# What every answer of the backends carries in its head: names and values of their own.
+BACKEND_HEAD = (
+    b"x-echo-CANARY7f3a-name: CANARY7f3a-value\r\n"
+    b'x-request-id: CANARY7f3a"request-id\r\n'  # a quote: out of the record's id form
+    b"openai-request-id: CANARY7f3a request id\r\n"
+    b"server: CANARY7f3a-server\r\n"
+)
+
+
+def _answer_to(post: Post) -> bytes:
+    """A backend's answer by the body's model: errors quoting the whole request (as some
+    servers do), or a whole answer or a stream whose text and fields are canaries."""
+    try:
+        model = str(json.loads(post.body).get("model"))
+    except ValueError:
+        model = "-"
+    echo = (post.head + post.body).decode("utf-8", "replace")
+    if model in ERRORS:
+        text = f"{CANARY} {echo}{INJECTION}"
+        body = orjson.dumps({"error": {"message": text, "type": CANARY, "code": CANARY}})
+        content_type = b"application/json"
+    elif b'"stream":true' in post.body.replace(b" ", b""):
+        chunk = {"id": "chatcmpl-plain", "object": "chat.completion.chunk", "created": 1}
+        delta = {"index": 0, "delta": {"content": CANARY}, "finish_reason": "stop"}
+        usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+        body = b"".join(
+            b"data: " + orjson.dumps(event) + b"\n\n"
+            for event in (
+                {**chunk, "model": CANARY, "choices": [delta]},
+                {**chunk, "model": CANARY, "choices": [], "usage": usage},
+            )
+        )
+        body += b": " + CANARY.encode() + b"\n\ndata: [DONE]\n\n"
+        content_type = b"text/event-stream"
+    else:
+        message = {"role": "assistant", "content": CANARY + INJECTION}
+        body = orjson.dumps(
+            {
+                "id": "chatcmpl-plain",
+                "object": "chat.completion",
+                "created": 1,
+                "model": CANARY,
+                "system_fingerprint": CANARY,
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+            }
+        )
+        content_type = b"application/json"
+    status = ERRORS.get(model, 200)
+    head = b"HTTP/1.1 %d CANARY7f3a reason\r\ncontent-type: %s\r\ncontent-length: %d\r\n"
+    return head % (status, content_type, len(body)) + BACKEND_HEAD + b"\r\n" + body
+
+
+async def _answer(writer: asyncio.StreamWriter, post: Post) -> bool:
+    writer.write(_answer_to(post))
+    await writer.drain()
+    return False
+
+
+POLICY = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: sweep, version: "1"}
+spec:
+  tenants: [acme]
+  residency: {allow: [eu]}
+  retention: {max_days: zero}
+  fallback:
+    mode: when_private_unavailable
+    to:
+      - {backend: hosted-ok}
+      - {backend: hosted-e500}
+      - {backend: hosted-e429}
+      - {backend: hosted-e400}
+  data_classes:
+    phi: {fallback: {mode: never}}
+    public: {}
+"""
+
+
+def _config(
+    private: RawBackend, hosted: RawBackend, sidecar: Sidecar, witness: tuple[str, str]
+) -> dict[str, Any]:
+    port, admin_port = free_ports(2)
+    # One backend per model: one's failures never open the breaker in front of another.
+    private_backends: list[dict[str, Any]] = [
+        {"id": f"gpu-{m}", "kind": "vllm", "base_url": private.url, "models": [{"name": m}]}
+        for m in ("ok", *ERRORS)
+    ]
+    attested: dict[str, Any] = {"id": "att", "kind": "vllm", "base_url": sidecar.url}
+    attested |= {"models": [{"name": "att"}], "attest": {"key": sidecar.vkey}}
+    hosted_backends: list[dict[str, Any]] = [
+        {
+            "id": f"hosted-{m}",
+            "kind": "hosted",
+            "provider": "openai",
+            "base_url": hosted.url + "/v1",
+            "api_key_env": "HOSTED_KEY",
+            "models": [{"name": f"hosted-{m}", "provider_model": f"openai/{m}"}],
+        }
+        for m in ("ok", *ERRORS)
+    ]
+    return {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "logging": {"format": "json", "level": "debug", "access_log": True},
+        "backends": [
+            {**b, "owner": "t", **EU} for b in (*private_backends, attested, *hosted_backends)
+        ],
+        "policy": {"paths": ["policies"]},
+        "provenance": {
+            "dir": "log",
+            "origin": "sweep.test/log",
+            "signing_key_file": "log.key",
+            "checkpoint_interval_ms": 50,
+            "witnesses": [{"url": witness[0], "vkey": witness[1]}],
+        },
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+        "admin": {
+            "listen": {"host": "127.0.0.1", "port": admin_port},
+            "token_hashes": [hash_api_key(ADMIN_TOKEN)],
+        },
+    }
+
+
+def _requests() -> Iterator[tuple[str, dict[str, str], bytes]]:
+    """(target, headers, body) of every request the sweep sends: canaries everywhere."""
+    headers = {
+        "authorization": f"Bearer {KEY}",
+        "content-type": "application/json",
+        "user-agent": CANARY,
+        "x-request-id": CANARY,
+        "forwarded": f"for={CANARY}",
+        "accept": f"application/json, {CANARY}/x",
+        "traceparent": f"00-{CANARY}-01",
+        f"x-owngate-{CANARY}": CANARY,
+        f"x-{CANARY}": CANARY,
+    }
+    function = {"name": CANARY, "description": CANARY, "parameters": {"type": "object"}}
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": CANARY + INJECTION, "name": CANARY}],
+        "user": CANARY + INJECTION,
+        "metadata": {CANARY: CANARY},
+        "stop": [CANARY],
+        "tools": [{"type": "function", "function": function}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": CANARY}},
+        CANARY: CANARY,
+    }
+    models = ("ok", *ERRORS, "att", *(f"hosted-{m}" for m in ("ok", *ERRORS)), CANARY)
+    for model in models:
+        for stream in (False, True):
+            yield (
+                "/v1/chat/completions",
+                headers,
+                orjson.dumps({**body, "model": model, "stream": stream}),
+            )
+    chat = orjson.dumps({**body, "model": "ok"})
+    for label in (CANARY + '"},{"forged":1', f"phi, {CANARY}", ""):
+        yield "/v1/chat/completions", {**headers, "x-data-class": label}, chat
+    yield "/v1/chat/completions", {**headers, "authorization": f"Bearer og-{CANARY}"}, chat
+    yield "/v1/chat/completions", {**headers, "authorization": CANARY}, chat
+    yield "/v1/chat/completions", {**headers, "content-type": CANARY}, chat
+    yield f"/v1/{CANARY}?{CANARY}={CANARY}", headers, chat
+    yield f"/v1/chat/completions?{CANARY}={CANARY}", headers, chat
+    yield f"/v1/provenance/receipts/{CANARY}", headers, b""
+    for refused in ({"stream": CANARY}, {"stream_options": CANARY}, {"model": [CANARY]}):
+        yield "/v1/chat/completions", headers, orjson.dumps({**body, **refused})
+    for raw in (b'{"model": "ok", "' + CANARY.encode() + b'": ', b'{"model": "ok", "model": "x"}'):
+        yield "/v1/chat/completions", headers, raw
+    yield "/v1/chat/completions", headers, b'{"model": "ok", "x": "' + b"x" * (9 << 20) + b'"}'
+
+
+def _sweep(gateway: GatewayProcess, answers: list[int]) -> None:
+    for target, headers, body in _requests():
+        method = "GET" if "provenance" in target else "POST"
+        url = gateway.url + target
+        answers.append(
+            httpx.request(method, url, headers=headers, content=body, timeout=30).status_code
+        )
+    assert httpx.get(gateway.url + "/v1/chat/completions", timeout=10).status_code == 405
+    for raw in (
+        build_request(b"POST", b"/v1/chat/completions", [b"x-" + CANARY.encode() + b"\x01: v"]),
+        build_request(CANARY.encode(), b"/" + CANARY.encode(), [b"host: x"]),
+        build_request(b"POST", b"/", [b"content-length: " + CANARY.encode()]),
+        build_request(b"POST", b"/", [b"x-big: " + CANARY.encode() * 4000]),
+    ):
+        outcome = exchange(gateway.port, raw, half_close=True, timeout_s=15)
+        answers.extend(response.status for response in outcome.responses)
+
+
+def _views(admin: str, answers: list[int]) -> list[str]:
+    """What the admin API shows an operator, a security team and an auditor."""
+    headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    paths = ["status", "tenants", "policies", "timeline/backends", "timeline/policies"]
+    paths += ["timeline/log", "log/cosignatures"]
+    views = []
+    for path in paths:
+        answer = httpx.get(f"{admin}/admin/v1/{path}", headers=headers, timeout=30)
+        assert answer.status_code == 200, (path, answer.text)
+        views.append(answer.text)
+    log = httpx.get(f"{admin}/admin/v1/log/requests/none", headers=headers, timeout=30)
+    views.append(log.text)
+    answers.append(log.status_code)
+    return views
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    with receiving() as started:
+        yield started
+
+
+def test_no_client_or_backend_string_reaches_any_output(
+    start_raw: Callable[[Answer], RawBackend], receiver: Receiver, tmp_path: Path
+) -> None:
+    private, hosted = start_raw(_answer), start_raw(_answer)
+    sidecar = start_sidecar(tmp_path / "attest", "sweep-sidecar", start_raw(_answer).url)
+    directory = tmp_path / "gw"
+    (directory / "policies").mkdir(parents=True)
+    (directory / "policies" / "sweep.yaml").write_text(POLICY)
+    vkey = write_signing_key(directory / "log.key", "sweep.test/log")
+    witness_key = write_signing_key(tmp_path / "witness.key", "witness.test/sweep")
+    WitnessState.open(tmp_path / "witness.json", new=True).close()
+    witness_port = free_port()
+    argv = owngate_argv("witness", "serve", "--key", str(tmp_path / "witness.key"))
+    argv += ["--log", vkey, "--state", str(tmp_path / "witness.json"), "--log-level", "debug"]
+    witness = ServerProcess("witness", [*argv, "--port", str(witness_port)], tmp_path, witness_port)
+    env = {
+        "NO_COLOR": "1",
+        "HOSTED_KEY": "test-key",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+        "OTEL_BSP_SCHEDULE_DELAY": "600000",  # the spans come in the flush at shutdown
+    }
+    config = _config(private, hosted, sidecar, (witness.url, witness_key))
+    gateway = GatewayProcess(config, directory, env=env)
+    answers: list[int] = []
+    try:
+        until(lambda: _answers(witness), "the witness answering", timeout=30, interval=0.05)
+        gateway.start()
+        _sweep(gateway, answers)
+        # a client that reaches the witness itself
+        for target in ("/add-checkpoint", "/" + CANARY):
+            httpx.post(
+                witness.url + target, content=CANARY.encode() + INJECTION.encode(), timeout=10
+            )
+        metrics = httpx.get(gateway.url + "/metrics", timeout=10).text
+        views = _views(f"http://127.0.0.1:{config['admin']['listen']['port']}", answers)
+    finally:
+        assert gateway.stop() == 0, gateway.output()
+        assert sidecar.stop() == 0
+        witness.proc.send_signal(signal.SIGTERM)
+        witness.proc.wait(timeout=30)
+    assert 500 not in answers, answers
+    assert {200, 400, 401, 404, 413, 431, 502, 503} <= set(answers), answers
+    audits = [
+        subprocess.run(
+            owngate_argv("audit", *verb, str(directory / "log")),
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        for verb in (["verify", "--key", vkey], ["show", "--records"])
+    ]
+    assert [audit.returncode for audit in audits] == [0, 0], audits[0].stdout[-2000:]
+    outputs = {
+        "gateway": b"\n".join(gateway.written()),
+        "spans": b"".join(receiver.bodies),
+        "metrics": metrics.encode(),
+        "admin API": "\n".join(views).encode(),
+        "sidecar": sidecar.process.log.read_bytes()
+        + b"".join(p.read_bytes() for p in sidecar.log.rglob("*") if p.is_file()),
+        "witness": witness.log.read_bytes(),
+        "audit": b"".join(audit.stdout + audit.stderr for audit in audits),
+    }
+    assert b'"event":"request"' in outputs["gateway"] and receiver.bodies  # they are on
+    assert b'"upstream"' in outputs["gateway"]  # a hosted answer was recorded
+    for name, data in outputs.items():
+        # any letter case: a label is lowercased before it is judged
+        assert CANARY.upper().encode() not in data.upper(), (name, _around(data))
+        assert b"forged" not in data, name
+
+
+def _answers(server: ServerProcess) -> bool:
+    """Whether `server` answers HTTP at all yet (the witness has no page that is 200)."""
+    assert server.proc.poll() is None, server.output()
+    try:
+        return httpx.get(server.url + "/", timeout=2).status_code > 0
+    except httpx.TransportError:
+        return False
+
+
+def _around(data: bytes) -> bytes:
+    at = data.upper().find(CANARY.upper().encode())
+    return data[max(0, at - 300) : at + 100]
