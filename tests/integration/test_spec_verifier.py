@@ -1,0 +1,219 @@
+"""A real `owngate serve` process audited by the strict from-the-spec verifier
+(tests/helpers/spec_verifier.py, spec_receipts.py), as an auditor holding only public
+keys and the specs would: the checkpoint and every tile and bundle over the admin API's
+`/log/`, the tiles a tree does not have (404), the client's own receipts checked with the
+docs' recipe and tied to the log with the bytes sent and received, the tlog-proofs of
+both endpoints, consistency between two checkpoints built from the tiles, a witness's
+cosignatures, and an `owngate attest` sidecar's countersignatures and log.
+
+The log is grown to exactly 256 entries, where tlog-tiles says what few writers get
+right: "a tree of size 256 will be represented by a full level 0 tile and a partial
+level 1 tile of width 1".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.serving import ServerThread
+from gateway.sim import SimSettings, create_sim_app
+from tests.helpers import spec_receipts as receipts
+from tests.helpers import spec_verifier as spec
+from tests.helpers.admin import ORIGIN, TOKENS, WITNESS, Served, serve_admin
+from tests.helpers.attest import start_sidecar
+from tests.helpers.doc_recipes import provenance_recipes
+from tests.helpers.processes import KEY
+from tests.helpers.waiting import until
+
+FIRST = 10  # entries at the first checkpoint kept: five requests, two entries each
+FULL = 256  # then to exactly one full tile: a partial level-1 tile of width 1 must exist
+
+
+def _chat(served: Served, stream: bool, n: int) -> tuple[bytes, httpx.Response]:
+    sent = b'{"model":"m","messages":[{"role":"user","content":"spec %d"}],"stream":%s}' % (
+        n,
+        b"true" if stream else b"false",
+    )
+    answer = httpx.post(
+        f"{served.process.url}/v1/chat/completions",
+        headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"},
+        content=sent,
+        timeout=10,
+    )
+    assert answer.status_code == 200, answer.text
+    return sent, answer
+
+
+def _receipt(answer: httpx.Response) -> tuple[bytes, bytes]:
+    """(the body the client commits to, the receipt), as the docs tell a client."""
+    if answer.headers["content-type"].startswith("text/event-stream"):
+        return receipts.stream_receipt(answer.content)
+    return answer.content, spec.b64(answer.headers["x-owngate-receipt"])
+
+
+def _settle(served: Served, size: int) -> None:
+    """Wait until the served checkpoint is at `size` (nothing else is being logged)."""
+    fetch = spec.from_url(f"{served.admin}/log/", TOKENS["auditor"])
+    until(
+        lambda: fetch("checkpoint").body.split(b"\n")[1] == b"%d" % size, f"size {size}", timeout=20
+    )
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    directory = tmp_path_factory.mktemp("spec-verifier")
+    with serve_admin(directory, witness=True) as served:
+        exchanges = [_chat(served, n % 2 == 1, n) for n in range(FIRST // 2)]
+        _settle(served, FIRST)
+        fetch = spec.from_url(f"{served.admin}/log/", TOKENS["auditor"])
+        first = fetch("checkpoint").body
+        exchanges += [_chat(served, n % 2 == 1, n) for n in range(FIRST // 2, FULL // 2)]
+        _settle(served, FULL)
+        yield {"served": served, "first": first, "exchanges": exchanges, "fetch": fetch}
+
+
+def test_the_served_log_is_read_and_recomputed_from_the_spec(audited: dict[str, Any]) -> None:
+    served: Served = audited["served"]
+    keys = [spec.parse_key(served.vkey)]
+    tree = spec.read_tree(audited["fetch"], keys, ORIGIN)
+    assert tree.checkpoint.size == FULL
+    assert tree.checkpoint.extensions == ()
+    for entry in tree.entries:
+        receipts.canonical_record(entry)
+    on_disk = spec.read_tree(spec.from_directory(served.log), keys, ORIGIN)
+    assert on_disk.checkpoint.note == tree.checkpoint.note and on_disk.entries == tree.entries
+
+
+def test_a_tree_of_256_has_a_partial_level_1_tile_of_width_1(audited: dict[str, Any]) -> None:
+    fetch = audited["fetch"]
+    assert spec.tiles_for(FULL) == [(0, 0, 256), (1, 0, 1)]
+    tile = fetch("tile/1/000.p/1")
+    assert tile.status == 200, "tlog-tiles: a tree of size 256 has a partial level 1 tile"
+    assert tile.content_type == "application/octet-stream"
+
+
+def test_tiles_the_tree_does_not_have_are_not_served(audited: dict[str, Any]) -> None:
+    fetch = audited["fetch"]
+    for path in spec.absent_tiles(FULL):
+        assert fetch(path).status == 404, path
+
+
+def test_consistency_from_an_earlier_checkpoint_is_built_from_the_tiles(
+    audited: dict[str, Any],
+) -> None:
+    served: Served = audited["served"]
+    keys = [spec.parse_key(served.vkey)]
+    earlier = spec.parse_checkpoint(audited["first"], keys, ORIGIN)
+    tree = spec.read_tree(audited["fetch"], keys, ORIGIN)
+    proof = spec.consistency_proof(earlier.size, tree.hashes)
+    spec.verify_consistency(earlier.size, FULL, proof, earlier.root, tree.checkpoint.root)
+    with pytest.raises(spec.SpecError):  # the check can fail: another root at that size
+        spec.verify_consistency(earlier.size, FULL, proof, bytes(32), tree.checkpoint.root)
+
+
+def test_every_client_receipt_verifies_from_the_bytes_sent_and_received(
+    audited: dict[str, Any],
+) -> None:
+    served: Served = audited["served"]
+    tree = spec.read_tree(audited["fetch"], [spec.parse_key(served.vkey)], ORIGIN)
+    recipes = provenance_recipes()
+    forms = set()
+    for sent, answer in audited["exchanges"]:
+        body, receipt = _receipt(answer)
+        forms.add("batch" in receipt.decode())
+        receipts.verify_client_receipt(
+            receipt,
+            vkey=served.vkey,
+            request_id=answer.headers["x-request-id"],
+            sent=sent,
+            body=body,
+            tree=tree,
+            recipes=recipes,
+        )
+        with pytest.raises(spec.SpecError):  # one byte more than the client received
+            receipts.verify_client_receipt(
+                receipt,
+                vkey=served.vkey,
+                request_id=answer.headers["x-request-id"],
+                sent=sent,
+                body=body + b" ",
+                tree=tree,
+                recipes=recipes,
+            )
+    assert False in forms  # sequential requests: v1 receipts at least
+
+
+def test_the_tlog_proofs_of_both_endpoints_verify(audited: dict[str, Any]) -> None:
+    served: Served = audited["served"]
+    keys = [spec.parse_key(served.vkey)]
+    sent, answer = audited["exchanges"][2]  # a whole answer: its receipt in a header
+    request_id = answer.headers["x-request-id"]
+    claims = receipts.json.loads(receipts.b64(answer.headers["x-owngate-receipt"]))
+    proof = httpx.get(
+        f"{served.process.url}/v1/provenance/proofs/{request_id}",
+        headers={"authorization": f"Bearer {KEY}"},
+        timeout=10,
+    )
+    assert proof.status_code == 200, proof.text
+    leaf = bytes.fromhex(receipts.json.loads(receipts.b64(claims["payload"]))["dispatch_hash"])
+    receipts.verify_tlog_proof(proof.content, keys, ORIGIN, leaf)
+    found = served.get(f"/admin/v1/log/requests/{request_id}", "auditor").json()
+    assert len(found["records"]) == 2  # its dispatch and its completion
+    for record in found["records"]:
+        _, extra, _ = receipts.verify_tlog_proof(record["proof"].encode(), keys, ORIGIN)
+        assert extra is not None and receipts.canonical_record(extra)["request_id"] == request_id
+
+
+def test_the_witness_cosignatures_verify_from_the_spec(audited: dict[str, Any]) -> None:
+    served: Served = audited["served"]
+    witness = spec.parse_key(WITNESS.vkey, 0x04)
+    cosigned = sorted((served.log / "cosigned").iterdir())
+    assert cosigned
+    for file in cosigned:
+        note = file.read_bytes()
+        checkpoint = spec.parse_checkpoint(note, [spec.parse_key(served.vkey)], ORIGIN)
+        assert file.name == f"{checkpoint.size:020d}"
+        receipts.verify_cosignature(note, witness)
+
+
+def test_an_attested_answer_verifies_with_both_keys(tmp_path: Path) -> None:
+    sim = ServerThread(create_sim_app(SimSettings.for_kind("vllm", models=("m",)))).start()
+    sidecar = start_sidecar(tmp_path, "gpu-attest", sim.url)
+    try:
+        backend = {"base_url": sidecar.url, "attest": {"key": sidecar.vkey}}
+        (tmp_path / "gw").mkdir()
+        with serve_admin(tmp_path / "gw", backend=backend) as served:
+            exchanges = [_chat(served, stream, n) for n, stream in enumerate((False, True))]
+            _settle(served, 4)
+            tree = spec.read_tree(
+                spec.from_url(f"{served.admin}/log/", TOKENS["auditor"]),
+                [spec.parse_key(served.vkey)],
+                ORIGIN,
+            )
+            recipes = provenance_recipes()
+            for sent, answer in exchanges:
+                body, receipt = _receipt(answer)
+                receipts.verify_client_receipt(
+                    receipt,
+                    vkey=served.vkey,
+                    request_id=answer.headers["x-request-id"],
+                    sent=sent,
+                    body=body,
+                    tree=tree,
+                    recipes=recipes,
+                    backend_vkey=sidecar.vkey,
+                    received=answer.content,
+                )
+    finally:
+        assert sidecar.stop() == 0
+        sim.stop()
+    name = sidecar.vkey.split("+")[0]
+    log = spec.read_tree(spec.from_directory(sidecar.log), [spec.parse_key(sidecar.vkey)], name)
+    assert log.checkpoint.size == 2
+    for entry in log.entries:
+        receipts.canonical_record(entry)
