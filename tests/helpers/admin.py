@@ -92,15 +92,16 @@ def serve_admin(
     listen: dict[str, Any] | None = None,
     backend: dict[str, Any] | None = None,
     provenance: dict[str, Any] | None = None,
+    origin: str = ORIGIN,
     **admin: Any,
 ) -> Iterator[Served]:
     """The gateway in `directory` (`admin`: more admin settings; `listen`: more `listen`
     settings, for both listeners; `backend`, `provenance`: settings that replace those of
-    the backend `gpu` and of the log; `witness`: a witness, `WITNESS`, cosigns its
-    checkpoints); on exit it must stop cleanly (both listeners closed, the log's last
+    the backend `gpu` and of the log; `origin`: the log's, and its key's name; `witness`:
+    a witness, `WITNESS`, cosigns its checkpoints); on exit it must stop cleanly (both listeners closed, the log's last
     checkpoint signed)."""
     with contextlib.ExitStack() as stack:
-        vkey = write_signing_key(directory / "log.key", ORIGIN)
+        vkey = write_signing_key(directory / "log.key", origin)
         witnesses = []
         if witness:
             log_verifier = load_signer(directory / "log.key").verifier()
@@ -109,7 +110,8 @@ def serve_admin(
             server = ServerThread(create_witness_app(cosigning)).start()
             stack.callback(server.stop)
             witnesses.append({"url": server.url, "vkey": WITNESS.vkey, "timeout_s": 2})
-        extra = {"backend": backend or {}, "provenance": provenance or {}, "listen": listen or {}}
+        provenance = {"origin": origin, **(provenance or {})}
+        extra = {"backend": backend or {}, "provenance": provenance, "listen": listen or {}}
         yield stack.enter_context(_serve(directory, vkey, witnesses, admin, extra))
 
 

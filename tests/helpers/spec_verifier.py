@@ -306,6 +306,7 @@ class Fetched:
     status: int
     content_type: str | None  # None from a directory
     body: bytes
+    cache: str | None = None  # Cache-Control
 
 
 Fetch = Callable[[str], Fetched]
@@ -318,7 +319,8 @@ def from_url(prefix: str, token: str | None = None) -> Fetch:
         try:
             with urllib.request.urlopen(request, timeout=10) as answer:
                 body = answer.read(1 << 20)
-                return Fetched(answer.status, answer.headers.get("content-type"), body)
+                cache = answer.headers.get("cache-control")
+                return Fetched(answer.status, answer.headers.get("content-type"), body, cache)
         except urllib.error.HTTPError as error:
             return Fetched(error.code, error.headers.get("content-type"), b"")
 
@@ -361,15 +363,34 @@ def tiles_for(size: int) -> list[tuple[int, int, int]]:
     return tiles
 
 
-def read_tree(fetch: Fetch, keys: list[Key], origin: str) -> Tree:
-    """The checkpoint, every tile and bundle its size needs, each checked against the
-    others and the root recomputed from them."""
-    note = _get(fetch, "checkpoint", "text/plain; charset=utf-8")
+def _tile(fetch: Fetch, kind: int | str, n: int, width: int, size: int) -> tuple[bytes, int]:
+    """A tile (or bundle) of a tree of `size`: its partial form, or, where the log has
+    deleted that once the full tile came (tlog-tiles allows it), the full tile's start;
+    and the width the body holds."""
+    path = tile_path(kind, n, width)
+    got, held = fetch(path), width
+    if got.status == 404 and width < WIDTH:
+        got, held = fetch(tile_path(kind, n)), WIDTH
+        check(got.status == 200, f"tlog-tiles: {path} (size {size}) or its full tile")
+        if kind != "entries":
+            check(len(got.body) == WIDTH * HASH, "tlog-tiles: a full tile is 8,192 bytes")
+            got, held = Fetched(200, got.content_type, got.body[: width * HASH]), width
+    check(got.status == 200, f"tlog-tiles: {path} must be served (got {got.status})")
+    if got.content_type is not None:
+        check(got.content_type == "application/octet-stream", "tlog-tiles: octet-stream")
+    return got.body, held
+
+
+def read_tree(fetch: Fetch, keys: list[Key], origin: str, note: bytes | None = None) -> Tree:
+    """The checkpoint (the served one, or `note`, one saved earlier), every tile and
+    bundle its size needs, each checked against the others and the root recomputed."""
+    if note is None:
+        note = _get(fetch, "checkpoint", "text/plain; charset=utf-8")
     checkpoint = parse_checkpoint(note, keys, origin)
     size = checkpoint.size
     levels: dict[int, list[bytes]] = {}
     for level, n, width in tiles_for(size):
-        body = _get(fetch, tile_path(level, n, width), "application/octet-stream")
+        body, _ = _tile(fetch, level, n, width, size)
         check(len(body) == width * HASH, f"tlog-tiles: tile {level}/{n} is {width} hashes")
         levels.setdefault(level, []).extend(body[i : i + HASH] for i in range(0, len(body), HASH))
     hashes = levels.get(0, [])
@@ -384,7 +405,7 @@ def read_tree(fetch: Fetch, keys: list[Key], origin: str) -> Tree:
     check(mth(hashes) == checkpoint.root, "tlog-tiles: the tiles' root is the checkpoint's")
     entries: list[bytes] = []
     for _, n, width in (t for t in tiles_for(size) if t[0] == 0):
-        body = _get(fetch, tile_path("entries", n, width), "application/octet-stream")
+        body, held = _tile(fetch, "entries", n, width, size)
         got, at = [], 0
         while at < len(body):
             check(at + 2 <= len(body), "tlog-tiles: a bundle entry has a uint16 length")
@@ -392,8 +413,8 @@ def read_tree(fetch: Fetch, keys: list[Key], origin: str) -> Tree:
             check(at + 2 + length <= len(body), "tlog-tiles: a bundle entry is cut short")
             got.append(body[at + 2 : at + 2 + length])
             at += 2 + length
-        check(len(got) == width, f"tlog-tiles: bundle {n} holds {width} entries")
-        entries += got
+        check(len(got) == held, f"tlog-tiles: bundle {n} holds {held} entries")
+        entries += got[:width]
     for i, entry in enumerate(entries):
         check(leaf_hash(entry) == hashes[i], f"tlog-tiles: entry {i} hashes to its tile")
     return Tree(checkpoint, hashes, entries)

@@ -13,7 +13,9 @@ level 1 tile of width 1".
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ from tests.helpers import spec_verifier as spec
 from tests.helpers.admin import ORIGIN, TOKENS, WITNESS, Served, serve_admin
 from tests.helpers.attest import start_sidecar
 from tests.helpers.doc_recipes import provenance_recipes
-from tests.helpers.processes import KEY
+from tests.helpers.processes import KEY, owngate_argv
 from tests.helpers.waiting import until
 
 FIRST = 10  # entries at the first checkpoint kept: five requests, two entries each
@@ -56,71 +58,109 @@ def _receipt(answer: httpx.Response) -> tuple[bytes, bytes]:
     return answer.content, spec.b64(answer.headers["x-owngate-receipt"])
 
 
-def _settle(served: Served, size: int) -> None:
-    """Wait until the served checkpoint is at `size` (nothing else is being logged)."""
+def _settle(served: Served, size: int) -> bytes:
+    """The served checkpoint once it is at `size` (nothing else is being logged)."""
     fetch = spec.from_url(f"{served.admin}/log/", TOKENS["auditor"])
     until(
-        lambda: fetch("checkpoint").body.split(b"\n")[1] == b"%d" % size, f"size {size}", timeout=20
+        lambda: fetch("checkpoint").body.split(b"\n")[1] == b"%d" % size,
+        f"the served checkpoint at {size} entries",
+        timeout=20,
     )
+    return fetch("checkpoint").body
 
 
 @pytest.fixture(scope="module")
 def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The log at 10 entries, then at exactly 256 (read whole, and the tiles it must not
+    have asked for, while it stays that size), then at 258 and 260; the notes served at
+    each size kept, as an auditor keeps the checkpoints it saw."""
     directory = tmp_path_factory.mktemp("spec-verifier")
-    with serve_admin(directory, witness=True) as served:
-        exchanges = [_chat(served, n % 2 == 1, n) for n in range(FIRST // 2)]
-        _settle(served, FIRST)
+    with serve_admin(directory, witness=True, provenance={"group_commit_ms": 20}) as served:
         fetch = spec.from_url(f"{served.admin}/log/", TOKENS["auditor"])
-        first = fetch("checkpoint").body
-        exchanges += [_chat(served, n % 2 == 1, n) for n in range(FIRST // 2, FULL // 2)]
-        _settle(served, FULL)
-        yield {"served": served, "first": first, "exchanges": exchanges, "fetch": fetch}
+        keys = [spec.parse_key(served.vkey)]
+        seen: dict[int, bytes] = {}
+        exchanges = [_chat(served, n % 2 == 1, n) for n in range(FIRST // 2)]
+        seen[FIRST] = _settle(served, FIRST)
+        with ThreadPoolExecutor(8) as pool:  # batches of several receipts: v2 receipts
+            exchanges += pool.map(lambda n: _chat(served, n % 2 == 1, n), range(5, FULL // 2))
+        seen[FULL] = _settle(served, FULL)
+        at_full = spec.read_tree(fetch, keys, ORIGIN)
+        absent = {path: fetch(path).status for path in spec.absent_tiles(FULL)}
+        caching = {
+            path: fetch(path).cache for path in ("checkpoint", "tile/0/000", "tile/1/000.p/1")
+        }
+        for size in (FULL + 2, FULL + 4):
+            exchanges.append(_chat(served, False, size))
+            seen[size] = _settle(served, size)
+        yield {
+            "served": served,
+            "fetch": fetch,
+            "keys": keys,
+            "seen": seen,
+            "exchanges": exchanges,
+            "at_full": at_full,
+            "absent": absent,
+            "caching": caching,
+        }
 
 
 def test_the_served_log_is_read_and_recomputed_from_the_spec(audited: dict[str, Any]) -> None:
     served: Served = audited["served"]
-    keys = [spec.parse_key(served.vkey)]
-    tree = spec.read_tree(audited["fetch"], keys, ORIGIN)
-    assert tree.checkpoint.size == FULL
-    assert tree.checkpoint.extensions == ()
+    tree = spec.read_tree(audited["fetch"], audited["keys"], ORIGIN)
+    assert tree.checkpoint.size == FULL + 4 and tree.checkpoint.extensions == ()
     for entry in tree.entries:
         receipts.canonical_record(entry)
-    on_disk = spec.read_tree(spec.from_directory(served.log), keys, ORIGIN)
+    on_disk = spec.read_tree(spec.from_directory(served.log), audited["keys"], ORIGIN)
     assert on_disk.checkpoint.note == tree.checkpoint.note and on_disk.entries == tree.entries
 
 
 def test_a_tree_of_256_has_a_partial_level_1_tile_of_width_1(audited: dict[str, Any]) -> None:
-    fetch = audited["fetch"]
     assert spec.tiles_for(FULL) == [(0, 0, 256), (1, 0, 1)]
-    tile = fetch("tile/1/000.p/1")
-    assert tile.status == 200, "tlog-tiles: a tree of size 256 has a partial level 1 tile"
-    assert tile.content_type == "application/octet-stream"
+    assert audited["at_full"].checkpoint.size == FULL  # read whole, tile/1/000.p/1 included
 
 
 def test_tiles_the_tree_does_not_have_are_not_served(audited: dict[str, Any]) -> None:
-    fetch = audited["fetch"]
-    for path in spec.absent_tiles(FULL):
-        assert fetch(path).status == 404, path
+    assert audited["absent"] and set(audited["absent"].values()) == {404}, audited["absent"]
 
 
-def test_consistency_from_an_earlier_checkpoint_is_built_from_the_tiles(
+def test_checkpoints_seen_before_are_still_backed_by_the_tiles(audited: dict[str, Any]) -> None:
+    """tlog-tiles: "Logs MUST serve partial tiles corresponding to tree sizes for which a
+    checkpoint was produced, but MAY delete any partial tile once the corresponding full
+    tile is available": each checkpoint seen reads whole from today's tiles."""
+    for size, note in audited["seen"].items():
+        tree = spec.read_tree(audited["fetch"], audited["keys"], ORIGIN, note)
+        assert tree.checkpoint.size == size
+
+
+def test_caching_headers_are_the_documented_ones(audited: dict[str, Any]) -> None:
+    caching = audited["caching"]
+    assert caching["checkpoint"] == "no-cache"  # tlog-tiles: mutable, not cached for long
+    assert caching["tile/1/000.p/1"] == "no-cache"
+    assert "immutable" in caching["tile/0/000"]  # tlog-tiles: immutable, long-lived
+
+
+def test_consistency_between_the_checkpoints_seen_is_built_from_the_tiles(
     audited: dict[str, Any],
 ) -> None:
-    served: Served = audited["served"]
-    keys = [spec.parse_key(served.vkey)]
-    earlier = spec.parse_checkpoint(audited["first"], keys, ORIGIN)
-    tree = spec.read_tree(audited["fetch"], keys, ORIGIN)
-    proof = spec.consistency_proof(earlier.size, tree.hashes)
-    spec.verify_consistency(earlier.size, FULL, proof, earlier.root, tree.checkpoint.root)
-    with pytest.raises(spec.SpecError):  # the check can fail: another root at that size
-        spec.verify_consistency(earlier.size, FULL, proof, bytes(32), tree.checkpoint.root)
+    tree = spec.read_tree(audited["fetch"], audited["keys"], ORIGIN)
+    for size, note in audited["seen"].items():
+        earlier = spec.parse_checkpoint(note, audited["keys"], ORIGIN)
+        proof = spec.consistency_proof(size, tree.hashes)
+        spec.verify_consistency(
+            size, tree.checkpoint.size, proof, earlier.root, tree.checkpoint.root
+        )
+        if size < tree.checkpoint.size:  # the check can fail: another root at that size
+            with pytest.raises(spec.SpecError):
+                spec.verify_consistency(
+                    size, tree.checkpoint.size, proof, bytes(32), tree.checkpoint.root
+                )
 
 
 def test_every_client_receipt_verifies_from_the_bytes_sent_and_received(
     audited: dict[str, Any],
 ) -> None:
     served: Served = audited["served"]
-    tree = spec.read_tree(audited["fetch"], [spec.parse_key(served.vkey)], ORIGIN)
+    tree = spec.read_tree(audited["fetch"], audited["keys"], ORIGIN)
     recipes = provenance_recipes()
     forms = set()
     for sent, answer in audited["exchanges"]:
@@ -145,13 +185,13 @@ def test_every_client_receipt_verifies_from_the_bytes_sent_and_received(
                 tree=tree,
                 recipes=recipes,
             )
-    assert False in forms  # sequential requests: v1 receipts at least
+    assert forms == {False, True}  # v1 (one request at a time) and v2 (batches) receipts
 
 
 def test_the_tlog_proofs_of_both_endpoints_verify(audited: dict[str, Any]) -> None:
     served: Served = audited["served"]
     keys = [spec.parse_key(served.vkey)]
-    sent, answer = audited["exchanges"][2]  # a whole answer: its receipt in a header
+    _sent, answer = audited["exchanges"][2]  # a whole answer: its receipt in a header
     request_id = answer.headers["x-request-id"]
     claims = receipts.json.loads(receipts.b64(answer.headers["x-owngate-receipt"]))
     proof = httpx.get(
@@ -217,3 +257,32 @@ def test_an_attested_answer_verifies_with_both_keys(tmp_path: Path) -> None:
     assert log.checkpoint.size == 2
     for entry in log.entries:
         receipts.canonical_record(entry)
+
+
+# signed-note: "Key names MUST be non-empty and MUST NOT contain any Unicode spaces or plus
+# (U+002B) characters" (any other UTF-8 is a name); tlog-checkpoint: the origin "MUST be
+# non-empty", and "The log's key name in its signature line SHOULD match the origin line";
+# docs/provenance.md: an origin is 1-255 printable characters, and the log's key is named
+# after it.
+UTF8_ORIGIN = "bücher.test/日志"
+
+
+def test_a_signing_key_named_in_utf8_is_made_as_the_spec_names_it(tmp_path: Path) -> None:
+    key_file = tmp_path / "log.key"
+    made = subprocess.run(
+        owngate_argv("keys", "new", "--signing", UTF8_ORIGIN, "--key-file", str(key_file)),
+        capture_output=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr.decode(errors="replace")[-2000:]
+    key = spec.parse_key(made.stdout.decode().strip())  # the key id over the UTF-8 name
+    assert key.name == UTF8_ORIGIN and key_file.stat().st_size > 0
+
+
+def test_a_log_whose_origin_is_not_ascii_is_served_and_verifies(tmp_path: Path) -> None:
+    with serve_admin(tmp_path, origin=UTF8_ORIGIN) as served:
+        _chat(served, False, 0)
+        _settle(served, 2)
+        fetch = spec.from_url(f"{served.admin}/log/", TOKENS["auditor"])
+        tree = spec.read_tree(fetch, [spec.parse_key(served.vkey)], UTF8_ORIGIN)
+        assert tree.checkpoint.size == 2 and tree.checkpoint.origin == UTF8_ORIGIN
