@@ -13,14 +13,17 @@ level 1 tile of width 1".
 
 from __future__ import annotations
 
+import base64
+import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from gateway.serving import ServerThread
 from gateway.sim import SimSettings, create_sim_app
@@ -286,3 +289,89 @@ def test_a_log_whose_origin_is_not_ascii_is_served_and_verifies(tmp_path: Path) 
         fetch = spec.from_url(f"{served.admin}/log/", TOKENS["auditor"])
         tree = spec.read_tree(fetch, [spec.parse_key(served.vkey)], UTF8_ORIGIN)
         assert tree.checkpoint.size == 2 and tree.checkpoint.origin == UTF8_ORIGIN
+
+
+def _resign(text: bytes, directory: Path, key_id: bytes | None = None) -> bytes:
+    """`text` signed by the log's own key (read from its Go signer-key file, as its holder
+    can): a note whose signature verifies, so only its format is wrong."""
+    name, hexid, material = (directory / "log.key").read_text().strip().split("+", 4)[2:]
+    private = Ed25519PrivateKey.from_private_bytes(spec.b64(material)[1:])
+    blob = (key_id or bytes.fromhex(hexid)) + private.sign(text)
+    return text + f"\n\u2014 {name} {base64.b64encode(blob).decode()}\n".encode()
+
+
+def _noncanonical(text: bytes) -> bytes:
+    """The root line's 32 bytes in base64 with a pad bit set (RFC 4648 section 3.5)."""
+    alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    root = text.split(b"\n")[2]
+    changed = root[:-2] + alphabet[alphabet.index(root[-2:-1]) + 1 :][:1] + b"="
+    assert spec.b64(root) == base64.b64decode(changed)  # the same bytes, another spelling
+    return text.replace(root, changed)
+
+
+Change = Callable[[bytes, Path], bytes]
+NOTE_CHANGES: dict[str, Change] = {
+    "size with a leading zero": lambda t, d: _resign(t.replace(b"\n260\n", b"\n0260\n"), d),
+    "root in non-canonical base64": lambda t, d: _resign(_noncanonical(t), d),
+    "a trailing space": lambda t, d: _resign(t.replace(b"\n260\n", b"\n260 \n"), d),
+    "an empty extension line": lambda t, d: _resign(t + b"\n", d),
+    "a carriage return": lambda t, d: _resign(t.replace(b"\n260\n", b"\n260\r\n"), d),
+    "a 31-byte root": lambda t, d: _resign(
+        t.replace(t.split(b"\n")[2], base64.b64encode(bytes(31))), d
+    ),
+    "no final newline": lambda t, d: _resign(t, d)[:-1],
+    "a duplicated signature line": lambda t, d: _resign(t, d) + _resign(t, d).split(b"\n\n")[1],
+    "a wrong key id": lambda t, d: _resign(t, d, key_id=b"\x00\x00\x00\x00"),
+    "another origin": lambda t, d: _resign(t.replace(ORIGIN.encode(), b"other.test/log"), d),
+    "another root": lambda t, d: _resign(
+        t.replace(t.split(b"\n")[2], base64.b64encode(bytes(32))), d
+    ),
+}
+
+
+@pytest.mark.parametrize("change", NOTE_CHANGES)
+def test_the_verifier_refuses_a_checkpoint_the_specs_forbid(
+    audited: dict[str, Any], change: str
+) -> None:
+    directory = audited["served"].log.parent
+    text = spec.split_note(audited["seen"][FULL + 4]).text
+    assert spec.read_tree(audited["fetch"], audited["keys"], ORIGIN, _resign(text, directory))
+    changed = NOTE_CHANGES[change](text, directory)
+    with pytest.raises(spec.SpecError):
+        spec.read_tree(audited["fetch"], audited["keys"], ORIGIN, changed)
+
+
+def _edit(path: str, edit: Callable[[bytes], bytes | None]) -> Callable[[Path], None]:
+    def change(log: Path) -> None:
+        edited = edit((log / path).read_bytes())
+        if edited is None:
+            (log / path).unlink()
+        else:
+            (log / path).write_bytes(edited)
+
+    return change
+
+
+TILE_CHANGES: dict[str, Callable[[Path], None]] = {
+    "a full tile a hash short": _edit("tile/0/000", lambda b: b[:-32]),
+    "a full tile a byte long": _edit("tile/0/000", lambda b: b + b"\0"),
+    "a level-1 partial tile missing": _edit("tile/1/000.p/1", lambda b: None),
+    "a level-1 hash changed": _edit("tile/1/000.p/1", lambda b: bytes(32)),
+    "a partial tile missing": _edit("tile/0/001.p/4", lambda b: None),
+    "a bundle entry changed": _edit("tile/entries/000", lambda b: b.replace(b'"v":1', b'"v":2', 1)),
+    "a bundle with an entry more": _edit("tile/entries/001.p/4", lambda b: b + b"\0\2{}"),
+    "a bundle cut short": _edit("tile/entries/001.p/4", lambda b: b[:-1]),
+}
+
+
+@pytest.mark.parametrize("change", TILE_CHANGES)
+def test_the_verifier_refuses_tiles_the_specs_forbid(
+    audited: dict[str, Any], change: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "log"
+    shutil.copytree(audited["served"].log / "tile", log / "tile")
+    (log / "checkpoint").write_bytes(audited["seen"][FULL + 4])
+    assert spec.read_tree(spec.from_directory(log), audited["keys"], ORIGIN)
+    TILE_CHANGES[change](log)
+    with pytest.raises(spec.SpecError):
+        spec.read_tree(spec.from_directory(log), audited["keys"], ORIGIN)
