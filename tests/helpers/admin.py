@@ -98,8 +98,8 @@ def serve_admin(
     """The gateway in `directory` (`admin`: more admin settings; `listen`: more `listen`
     settings, for both listeners; `backend`, `provenance`: settings that replace those of
     the backend `gpu` and of the log; `origin`: the log's, and its key's name; `witness`:
-    a witness, `WITNESS`, cosigns its checkpoints); on exit it must stop cleanly (both listeners closed, the log's last
-    checkpoint signed)."""
+    a witness, `WITNESS`, cosigns its checkpoints); on exit it must stop cleanly (both
+    listeners closed, the log's last checkpoint signed)."""
     with contextlib.ExitStack() as stack:
         vkey = write_signing_key(directory / "log.key", origin)
         witnesses = []

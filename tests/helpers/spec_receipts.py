@@ -13,12 +13,12 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from tests.helpers.spec_tiles import Tree
 from tests.helpers.spec_verifier import (
     HASH,
     Checkpoint,
     Key,
     SpecError,
-    Tree,
     b64,
     check,
     inclusion_proof,

@@ -14,6 +14,7 @@ level 1 tile of width 1".
 from __future__ import annotations
 
 import base64
+import json
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from gateway.serving import ServerThread
 from gateway.sim import SimSettings, create_sim_app
 from tests.helpers import spec_receipts as receipts
+from tests.helpers import spec_tiles as tiles
 from tests.helpers import spec_verifier as spec
 from tests.helpers.admin import ORIGIN, TOKENS, WITNESS, Served, serve_admin
 from tests.helpers.attest import start_sidecar
@@ -63,7 +65,7 @@ def _receipt(answer: httpx.Response) -> tuple[bytes, bytes]:
 
 def _settle(served: Served, size: int) -> bytes:
     """The served checkpoint once it is at `size` (nothing else is being logged)."""
-    fetch = spec.from_url(f"{served.admin}/log/", TOKENS["auditor"])
+    fetch = tiles.from_url(f"{served.admin}/log/", TOKENS["auditor"])
     until(
         lambda: fetch("checkpoint").body.split(b"\n")[1] == b"%d" % size,
         f"the served checkpoint at {size} entries",
@@ -79,7 +81,7 @@ def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     each size kept, as an auditor keeps the checkpoints it saw."""
     directory = tmp_path_factory.mktemp("spec-verifier")
     with serve_admin(directory, witness=True, provenance={"group_commit_ms": 20}) as served:
-        fetch = spec.from_url(f"{served.admin}/log/", TOKENS["auditor"])
+        fetch = tiles.from_url(f"{served.admin}/log/", TOKENS["auditor"])
         keys = [spec.parse_key(served.vkey)]
         seen: dict[int, bytes] = {}
         exchanges = [_chat(served, n % 2 == 1, n) for n in range(FIRST // 2)]
@@ -87,8 +89,8 @@ def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         with ThreadPoolExecutor(8) as pool:  # batches of several receipts: v2 receipts
             exchanges += pool.map(lambda n: _chat(served, n % 2 == 1, n), range(5, FULL // 2))
         seen[FULL] = _settle(served, FULL)
-        at_full = spec.read_tree(fetch, keys, ORIGIN)
-        absent = {path: fetch(path).status for path in spec.absent_tiles(FULL)}
+        at_full = tiles.read_tree(fetch, keys, ORIGIN)
+        absent = {path: fetch(path).status for path in tiles.absent_tiles(FULL)}
         caching = {
             path: fetch(path).cache for path in ("checkpoint", "tile/0/000", "tile/1/000.p/1")
         }
@@ -109,16 +111,16 @@ def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
 
 def test_the_served_log_is_read_and_recomputed_from_the_spec(audited: dict[str, Any]) -> None:
     served: Served = audited["served"]
-    tree = spec.read_tree(audited["fetch"], audited["keys"], ORIGIN)
+    tree = tiles.read_tree(audited["fetch"], audited["keys"], ORIGIN)
     assert tree.checkpoint.size == FULL + 4 and tree.checkpoint.extensions == ()
     for entry in tree.entries:
         receipts.canonical_record(entry)
-    on_disk = spec.read_tree(spec.from_directory(served.log), audited["keys"], ORIGIN)
+    on_disk = tiles.read_tree(tiles.from_directory(served.log), audited["keys"], ORIGIN)
     assert on_disk.checkpoint.note == tree.checkpoint.note and on_disk.entries == tree.entries
 
 
 def test_a_tree_of_256_has_a_partial_level_1_tile_of_width_1(audited: dict[str, Any]) -> None:
-    assert spec.tiles_for(FULL) == [(0, 0, 256), (1, 0, 1)]
+    assert tiles.tiles_for(FULL) == [(0, 0, 256), (1, 0, 1)]
     assert audited["at_full"].checkpoint.size == FULL  # read whole, tile/1/000.p/1 included
 
 
@@ -131,7 +133,7 @@ def test_checkpoints_seen_before_are_still_backed_by_the_tiles(audited: dict[str
     checkpoint was produced, but MAY delete any partial tile once the corresponding full
     tile is available": each checkpoint seen reads whole from today's tiles."""
     for size, note in audited["seen"].items():
-        tree = spec.read_tree(audited["fetch"], audited["keys"], ORIGIN, note)
+        tree = tiles.read_tree(audited["fetch"], audited["keys"], ORIGIN, note)
         assert tree.checkpoint.size == size
 
 
@@ -145,7 +147,7 @@ def test_caching_headers_are_the_documented_ones(audited: dict[str, Any]) -> Non
 def test_consistency_between_the_checkpoints_seen_is_built_from_the_tiles(
     audited: dict[str, Any],
 ) -> None:
-    tree = spec.read_tree(audited["fetch"], audited["keys"], ORIGIN)
+    tree = tiles.read_tree(audited["fetch"], audited["keys"], ORIGIN)
     for size, note in audited["seen"].items():
         earlier = spec.parse_checkpoint(note, audited["keys"], ORIGIN)
         proof = spec.consistency_proof(size, tree.hashes)
@@ -163,7 +165,7 @@ def test_every_client_receipt_verifies_from_the_bytes_sent_and_received(
     audited: dict[str, Any],
 ) -> None:
     served: Served = audited["served"]
-    tree = spec.read_tree(audited["fetch"], audited["keys"], ORIGIN)
+    tree = tiles.read_tree(audited["fetch"], audited["keys"], ORIGIN)
     recipes = provenance_recipes()
     forms = set()
     for sent, answer in audited["exchanges"]:
@@ -196,14 +198,14 @@ def test_the_tlog_proofs_of_both_endpoints_verify(audited: dict[str, Any]) -> No
     keys = [spec.parse_key(served.vkey)]
     _sent, answer = audited["exchanges"][2]  # a whole answer: its receipt in a header
     request_id = answer.headers["x-request-id"]
-    claims = receipts.json.loads(receipts.b64(answer.headers["x-owngate-receipt"]))
+    claims = json.loads(spec.b64(answer.headers["x-owngate-receipt"]))
     proof = httpx.get(
         f"{served.process.url}/v1/provenance/proofs/{request_id}",
         headers={"authorization": f"Bearer {KEY}"},
         timeout=10,
     )
     assert proof.status_code == 200, proof.text
-    leaf = bytes.fromhex(receipts.json.loads(receipts.b64(claims["payload"]))["dispatch_hash"])
+    leaf = bytes.fromhex(json.loads(spec.b64(claims["payload"]))["dispatch_hash"])
     receipts.verify_tlog_proof(proof.content, keys, ORIGIN, leaf)
     found = served.get(f"/admin/v1/log/requests/{request_id}", "auditor").json()
     assert len(found["records"]) == 2  # its dispatch and its completion
@@ -233,8 +235,8 @@ def test_an_attested_answer_verifies_with_both_keys(tmp_path: Path) -> None:
         with serve_admin(tmp_path / "gw", backend=backend) as served:
             exchanges = [_chat(served, stream, n) for n, stream in enumerate((False, True))]
             _settle(served, 4)
-            tree = spec.read_tree(
-                spec.from_url(f"{served.admin}/log/", TOKENS["auditor"]),
+            tree = tiles.read_tree(
+                tiles.from_url(f"{served.admin}/log/", TOKENS["auditor"]),
                 [spec.parse_key(served.vkey)],
                 ORIGIN,
             )
@@ -256,7 +258,7 @@ def test_an_attested_answer_verifies_with_both_keys(tmp_path: Path) -> None:
         assert sidecar.stop() == 0
         sim.stop()
     name = sidecar.vkey.split("+")[0]
-    log = spec.read_tree(spec.from_directory(sidecar.log), [spec.parse_key(sidecar.vkey)], name)
+    log = tiles.read_tree(tiles.from_directory(sidecar.log), [spec.parse_key(sidecar.vkey)], name)
     assert log.checkpoint.size == 2
     for entry in log.entries:
         receipts.canonical_record(entry)
@@ -286,8 +288,8 @@ def test_a_log_whose_origin_is_not_ascii_is_served_and_verifies(tmp_path: Path) 
     with serve_admin(tmp_path, origin=UTF8_ORIGIN) as served:
         _chat(served, False, 0)
         _settle(served, 2)
-        fetch = spec.from_url(f"{served.admin}/log/", TOKENS["auditor"])
-        tree = spec.read_tree(fetch, [spec.parse_key(served.vkey)], UTF8_ORIGIN)
+        fetch = tiles.from_url(f"{served.admin}/log/", TOKENS["auditor"])
+        tree = tiles.read_tree(fetch, [spec.parse_key(served.vkey)], UTF8_ORIGIN)
         assert tree.checkpoint.size == 2 and tree.checkpoint.origin == UTF8_ORIGIN
 
 
@@ -305,7 +307,7 @@ def _noncanonical(text: bytes) -> bytes:
     alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
     root = text.split(b"\n")[2]
     changed = root[:-2] + alphabet[alphabet.index(root[-2:-1]) + 1 :][:1] + b"="
-    assert spec.b64(root) == base64.b64decode(changed)  # the same bytes, another spelling
+    assert spec.b64(root.decode()) == base64.b64decode(changed)  # the same bytes, another spelling
     return text.replace(root, changed)
 
 
@@ -335,10 +337,10 @@ def test_the_verifier_refuses_a_checkpoint_the_specs_forbid(
 ) -> None:
     directory = audited["served"].log.parent
     text = spec.split_note(audited["seen"][FULL + 4]).text
-    assert spec.read_tree(audited["fetch"], audited["keys"], ORIGIN, _resign(text, directory))
+    assert tiles.read_tree(audited["fetch"], audited["keys"], ORIGIN, _resign(text, directory))
     changed = NOTE_CHANGES[change](text, directory)
     with pytest.raises(spec.SpecError):
-        spec.read_tree(audited["fetch"], audited["keys"], ORIGIN, changed)
+        tiles.read_tree(audited["fetch"], audited["keys"], ORIGIN, changed)
 
 
 def _edit(path: str, edit: Callable[[bytes], bytes | None]) -> Callable[[Path], None]:
@@ -371,7 +373,7 @@ def test_the_verifier_refuses_tiles_the_specs_forbid(
     log = tmp_path / "log"
     shutil.copytree(audited["served"].log / "tile", log / "tile")
     (log / "checkpoint").write_bytes(audited["seen"][FULL + 4])
-    assert spec.read_tree(spec.from_directory(log), audited["keys"], ORIGIN)
+    assert tiles.read_tree(tiles.from_directory(log), audited["keys"], ORIGIN)
     TILE_CHANGES[change](log)
     with pytest.raises(spec.SpecError):
-        spec.read_tree(spec.from_directory(log), audited["keys"], ORIGIN)
+        tiles.read_tree(tiles.from_directory(log), audited["keys"], ORIGIN)

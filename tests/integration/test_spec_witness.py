@@ -13,6 +13,7 @@ import hashlib
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import httpx
 import pytest
@@ -53,8 +54,11 @@ def _body(old: int | str, proof: list[bytes], note: bytes) -> bytes:
     return b"".join(lines) + b"\n" + note
 
 
+Rig = tuple[str, spec.Key, Log, Log, ServerProcess]  # URL, its key, two logs, the process
+
+
 @pytest.fixture
-def witness(tmp_path: Path) -> Iterator[tuple[str, spec.Key, Log, Log, ServerProcess]]:
+def witness(tmp_path: Path) -> Iterator[Rig]:
     key, state = tmp_path / "witness.key", tmp_path / "state.json"
     run = [owngate_argv("keys", "new", "--signing", "witness.spec.test/w1", "--key-file", str(key))]
     run += [owngate_argv("witness", "init", "--state", str(state))]
@@ -109,7 +113,7 @@ def _cosigned(answer: httpx.Response, note: bytes, witness: spec.Key) -> None:
     receipts.verify_cosignature(note + answer.content, witness)
 
 
-def test_add_checkpoint_answers_as_tlog_witness_says(witness) -> None:  # type: ignore[no-untyped-def]
+def test_add_checkpoint_answers_as_tlog_witness_says(witness: Rig) -> None:
     url, key, log, other, _ = witness
     first = log.checkpoint(3)
     _cosigned(_add(url, _body(0, [], first)), first, key)
@@ -137,12 +141,13 @@ def test_add_checkpoint_answers_as_tlog_witness_says(witness) -> None:  # type: 
     assert _add(url, _body(0, [LEAVES[0]], other.checkpoint(1))).status_code == 422
 
 
-def test_the_witness_persists_what_it_cosigned_before_answering(witness) -> None:  # type: ignore[no-untyped-def]
+def test_the_witness_persists_what_it_cosigned_before_answering(witness: Rig) -> None:
     url, key, log, _, process = witness
     note = log.checkpoint(4)
     _cosigned(_add(url, _body(0, [], note)), note, key)
     process.kill()  # no clean shutdown: what it answered must already be on disk
-    restarted = ServerProcess("witness-again", process.proc.args, process.log.parent, process.port)  # type: ignore[arg-type]
+    argv = cast("list[str]", process.proc.args)  # the witness's own command line, again
+    restarted = ServerProcess("witness-again", argv, process.log.parent, process.port)
     try:
         until(lambda: _listening(restarted), "the witness listening again", timeout=30)
         again = _add(url, _body(0, [], log.checkpoint(6)))
@@ -151,6 +156,6 @@ def test_the_witness_persists_what_it_cosigned_before_answering(witness) -> None
         restarted.kill()
 
 
-def test_the_cosignature_key_id_is_the_specs(witness) -> None:  # type: ignore[no-untyped-def]
+def test_the_cosignature_key_id_is_the_specs(witness: Rig) -> None:
     _, key, *_ = witness
     assert key.key_id == hashlib.sha256(key.name.encode() + b"\n\x04" + key.public).digest()[:4]
