@@ -126,6 +126,13 @@ def test_add_checkpoint_answers_as_tlog_witness_says(witness: Rig) -> None:
     bad = spec.consistency_proof(3, LEAVES[:5])[::-1]
     assert _add(url, _body(3, bad, log.checkpoint(5))).status_code == 422
     grown = log.checkpoint(5)
+    # proof lines in base64's one spelling: the same hash respelled is malformed (400)
+    good = _body(3, spec.consistency_proof(3, LEAVES[:5]), grown).decode()
+    line = good.split("\n")[1]
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    respelled = line[:-2] + alphabet[alphabet.index(line[-2]) + 1] + "="
+    assert base64.b64decode(respelled) == base64.b64decode(line)
+    assert _add(url, good.replace(line, respelled, 1).encode()).status_code == 400
     _cosigned(_add(url, _body(3, spec.consistency_proof(3, LEAVES[:5]), grown)), grown, key)
     # same size: the same root cosigns again, another root is a fork, 409
     _cosigned(_add(url, _body(5, [], grown)), grown, key)
