@@ -105,6 +105,25 @@ def stream_receipt(received: bytes) -> tuple[bytes, bytes]:
     return received[: found.start()], b64(found[1].decode())
 
 
+ERROR_EVENT = re.compile(rb'data: \{"error":\{[^\r\n]*\}\}\n\n\Z')
+
+
+def stream_bodies(received: bytes) -> tuple[list[bytes], bytes]:
+    """(the bodies a stream's commitment may be to, the receipt), as docs/provenance.md
+    ("The body a client commits to") lists them: the bytes before the receipt line, less
+    the line end the gateway wrote before it, or less its error event and what it wrote
+    to end the backend's unfinished event (nothing, LF, or LF LF)."""
+    body, receipt = stream_receipt(received)
+    bodies = [body]
+    if body.endswith(b"\n") and body[:-1] and body[-2:-1] not in (b"\n", b"\r"):
+        bodies.append(body[:-1])
+    event = ERROR_EVENT.search(body)
+    if event and body[event.start() - 1 : event.start()] in (b"", b"\n", b"\r"):
+        before = body[: event.start()]
+        bodies += [before[: len(before) - n] for n in (0, 1, 2) if before.endswith(b"\n" * n)]
+    return bodies, receipt
+
+
 def _recipe(call: object, *args: object) -> object:
     try:
         return call(*args)  # type: ignore[operator]
@@ -118,7 +137,7 @@ def verify_client_receipt(
     vkey: str,
     request_id: str,
     sent: bytes,
-    body: bytes,
+    body: bytes | list[bytes] | None,
     tree: Tree,
     recipes: dict[str, Any],
     backend_vkey: str | None = None,
@@ -129,8 +148,9 @@ def verify_client_receipt(
     log: the entry at `index` is the record it names (leaf hash, request id, backend,
     policy digest), included under the checkpoint, its request commitment opening with
     the bytes `sent`, and the completion linking to it with the `body` the client got
-    (a stream less the gateway's receipt line). `received`: the bytes as received, for
-    the countersignature recipe."""
+    (a stream less the gateway's receipt line; a list: the candidates one of which it is;
+    None: the client got only the gateway's own error, a commitment to nothing relayed,
+    null). `received`: the bytes as received, for the countersignature recipe."""
     claims = _recipe(recipes["verify_receipt"], receipt, vkey)
     assert isinstance(claims, dict)
     check(claims["request_id"] == request_id, "docs: the receipt's request_id is x-request-id")
@@ -170,17 +190,20 @@ def verify_client_receipt(
             if r["type"] == "completion" and r["dispatch"] == link
         ]
         check(len(done) == 1, "docs: one completion links to the dispatch")
+        candidates = [body] if isinstance(body, bytes) else body
+        opened = [commit("response", salts["response"], b) for b in candidates or []]
+        committed = done[0]["response_commitment"]
         check(
-            done[0]["response_commitment"] == commit("response", salts["response"], body),
+            committed in opened if body is not None else committed is None,
             "docs: the response commitment opens with the body the client received",
         )
-    if backend_vkey is not None:
+    if backend_vkey is not None and received is not None:
         _recipe(
             recipes["verify_countersignature"],
             receipt,
             vkey,
             backend_vkey,
             sent,
-            body if received is None else received,
+            received,
         )
     return claims

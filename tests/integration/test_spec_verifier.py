@@ -27,7 +27,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from gateway.serving import ServerThread
-from gateway.sim import SimSettings, create_sim_app
+from gateway.sim import Faults, SimSettings, create_sim_app
 from tests.helpers import spec_receipts as receipts
 from tests.helpers import spec_tiles as tiles
 from tests.helpers import spec_verifier as spec
@@ -196,7 +196,7 @@ def test_every_client_receipt_verifies_from_the_bytes_sent_and_received(
 def test_the_tlog_proofs_of_both_endpoints_verify(audited: dict[str, Any]) -> None:
     served: Served = audited["served"]
     keys = [spec.parse_key(served.vkey)]
-    _sent, answer = audited["exchanges"][2]  # a whole answer: its receipt in a header
+    sent, answer = audited["exchanges"][2]  # a whole answer: its receipt in a header
     request_id = answer.headers["x-request-id"]
     claims = json.loads(spec.b64(answer.headers["x-owngate-receipt"]))
     proof = httpx.get(
@@ -207,6 +207,21 @@ def test_the_tlog_proofs_of_both_endpoints_verify(audited: dict[str, Any]) -> No
     assert proof.status_code == 200, proof.text
     leaf = bytes.fromhex(json.loads(spec.b64(claims["payload"]))["dispatch_hash"])
     receipts.verify_tlog_proof(proof.content, keys, ORIGIN, leaf)
+    stored = httpx.get(
+        f"{served.process.url}/v1/provenance/receipts/{request_id}",
+        headers={"authorization": f"Bearer {KEY}"},
+        timeout=10,
+    )
+    assert stored.status_code == 200, stored.text
+    receipts.verify_client_receipt(
+        stored.content,
+        vkey=served.vkey,
+        request_id=request_id,
+        sent=sent,
+        body=answer.content,
+        tree=tiles.read_tree(audited["fetch"], keys, ORIGIN),
+        recipes=provenance_recipes(),
+    )
     found = served.get(f"/admin/v1/log/requests/{request_id}", "auditor").json()
     assert len(found["records"]) == 2  # its dispatch and its completion
     for record in found["records"]:
@@ -377,3 +392,54 @@ def test_the_verifier_refuses_tiles_the_specs_forbid(
     TILE_CHANGES[change](log)
     with pytest.raises(spec.SpecError):
         tiles.read_tree(tiles.from_directory(log), audited["keys"], ORIGIN)
+
+
+@pytest.mark.parametrize(
+    ("fault", "stream"),
+    [("die_mid_stream_rate", True), ("die_mid_stream_rate", False), ("error_rate", False)],
+)
+def test_a_failed_answers_receipt_verifies_from_what_the_client_got(
+    tmp_path: Path, fault: str, stream: bool
+) -> None:
+    """The docs: a stream that broke off is the backend's bytes, the gateway's error event
+    and its receipt line, committed to the backend's bytes alone; a failed request that
+    relayed nothing commits to nothing (null), its receipt in the error's header."""
+    app = create_sim_app(SimSettings.for_kind("vllm", models=("m",), zero_latency=True))
+    app.control.faults = Faults(**{fault: 1.0})
+    sim = ServerThread(app).start()
+    try:
+        with serve_admin(tmp_path, backend={"base_url": sim.url}) as served:
+            sent = b'{"model":"m","messages":[{"role":"user","content":"x"}],"stream":%s}' % (
+                b"true" if stream else b"false"
+            )
+            answer = httpx.post(
+                f"{served.process.url}/v1/chat/completions",
+                headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"},
+                content=sent,
+                timeout=10,
+            )
+            if stream:
+                assert answer.status_code == 200
+                body, receipt = receipts.stream_bodies(answer.content)
+            else:
+                assert answer.status_code >= 500
+                body, receipt = None, spec.b64(answer.headers["x-owngate-receipt"])
+            _settle(served, 2)
+            tree = tiles.read_tree(
+                tiles.from_url(f"{served.admin}/log/", TOKENS["auditor"]),
+                [spec.parse_key(served.vkey)],
+                ORIGIN,
+            )
+            receipts.verify_client_receipt(
+                receipt,
+                vkey=served.vkey,
+                request_id=answer.headers["x-request-id"],
+                sent=sent,
+                body=body,
+                tree=tree,
+                recipes=provenance_recipes(),
+            )
+            completion = receipts.canonical_record(tree.entries[1])
+            assert completion["status"] == (answer.status_code if not stream else 502)
+    finally:
+        sim.stop()
