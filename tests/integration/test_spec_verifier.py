@@ -1,10 +1,12 @@
 """A real `owngate serve` process audited by the strict from-the-spec verifier
-(tests/helpers/spec_verifier.py, spec_receipts.py), as an auditor holding only public
-keys and the specs would: the checkpoint and every tile and bundle over the admin API's
-`/log/`, the tiles a tree does not have (404), the client's own receipts checked with the
-docs' recipe and tied to the log with the bytes sent and received, the tlog-proofs of
-both endpoints, consistency between two checkpoints built from the tiles, a witness's
-cosignatures, and an `owngate attest` sidecar's countersignatures and log.
+(tests/helpers/spec_verifier.py, spec_tiles.py, spec_receipts.py), as an auditor holding
+only public keys and the specs would: the checkpoint and every tile and bundle over the
+admin API's `/log/`, the tiles a tree does not have (404), every checkpoint seen read again
+from later tiles, the client's own receipts (v1 and v2) checked with the docs' recipe and
+tied to the log with the bytes sent and received, the tlog-proofs of both endpoints,
+consistency between the checkpoints seen built from the tiles, a witness's cosignatures;
+and the verifier refusing checkpoints and tiles the specs forbid (re-signed with the log's
+key, so only the form is wrong). Gateways of their own: test_spec_verifier_edges.py.
 
 The log is grown to exactly 256 entries, where tlog-tiles says what few writers get
 right: "a tree of size 256 will be represented by a full level 0 tile and a partial
@@ -16,7 +18,6 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import subprocess
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,52 +27,16 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from gateway.serving import ServerThread
-from gateway.sim import Faults, SimSettings, create_sim_app
 from tests.helpers import spec_receipts as receipts
 from tests.helpers import spec_tiles as tiles
 from tests.helpers import spec_verifier as spec
 from tests.helpers.admin import ORIGIN, TOKENS, WITNESS, Served, serve_admin
-from tests.helpers.attest import start_sidecar
 from tests.helpers.doc_recipes import provenance_recipes
-from tests.helpers.processes import KEY, owngate_argv
-from tests.helpers.waiting import until
+from tests.helpers.processes import KEY
+from tests.helpers.spec_rig import chat, client_receipt, settle
 
 FIRST = 10  # entries at the first checkpoint kept: five requests, two entries each
 FULL = 256  # then to exactly one full tile: a partial level-1 tile of width 1 must exist
-
-
-def _chat(served: Served, stream: bool, n: int) -> tuple[bytes, httpx.Response]:
-    sent = b'{"model":"m","messages":[{"role":"user","content":"spec %d"}],"stream":%s}' % (
-        n,
-        b"true" if stream else b"false",
-    )
-    answer = httpx.post(
-        f"{served.process.url}/v1/chat/completions",
-        headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"},
-        content=sent,
-        timeout=10,
-    )
-    assert answer.status_code == 200, answer.text
-    return sent, answer
-
-
-def _receipt(answer: httpx.Response) -> tuple[bytes, bytes]:
-    """(the body the client commits to, the receipt), as the docs tell a client."""
-    if answer.headers["content-type"].startswith("text/event-stream"):
-        return receipts.stream_receipt(answer.content)
-    return answer.content, spec.b64(answer.headers["x-owngate-receipt"])
-
-
-def _settle(served: Served, size: int) -> bytes:
-    """The served checkpoint once it is at `size` (nothing else is being logged)."""
-    fetch = tiles.from_url(f"{served.admin}/log/", TOKENS["auditor"])
-    until(
-        lambda: fetch("checkpoint").body.split(b"\n")[1] == b"%d" % size,
-        f"the served checkpoint at {size} entries",
-        timeout=20,
-    )
-    return fetch("checkpoint").body
 
 
 @pytest.fixture(scope="module")
@@ -84,19 +49,19 @@ def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         fetch = tiles.from_url(f"{served.admin}/log/", TOKENS["auditor"])
         keys = [spec.parse_key(served.vkey)]
         seen: dict[int, bytes] = {}
-        exchanges = [_chat(served, n % 2 == 1, n) for n in range(FIRST // 2)]
-        seen[FIRST] = _settle(served, FIRST)
+        exchanges = [chat(served, n % 2 == 1, n) for n in range(FIRST // 2)]
+        seen[FIRST] = settle(served, FIRST)
         with ThreadPoolExecutor(8) as pool:  # batches of several receipts: v2 receipts
-            exchanges += pool.map(lambda n: _chat(served, n % 2 == 1, n), range(5, FULL // 2))
-        seen[FULL] = _settle(served, FULL)
+            exchanges += pool.map(lambda n: chat(served, n % 2 == 1, n), range(5, FULL // 2))
+        seen[FULL] = settle(served, FULL)
         at_full = tiles.read_tree(fetch, keys, ORIGIN)
         absent = {path: fetch(path).status for path in tiles.absent_tiles(FULL)}
         caching = {
             path: fetch(path).cache for path in ("checkpoint", "tile/0/000", "tile/1/000.p/1")
         }
         for size in (FULL + 2, FULL + 4):
-            exchanges.append(_chat(served, False, size))
-            seen[size] = _settle(served, size)
+            exchanges.append(chat(served, False, size))
+            seen[size] = settle(served, size)
         yield {
             "served": served,
             "fetch": fetch,
@@ -169,7 +134,7 @@ def test_every_client_receipt_verifies_from_the_bytes_sent_and_received(
     recipes = provenance_recipes()
     forms = set()
     for sent, answer in audited["exchanges"]:
-        body, receipt = _receipt(answer)
+        body, receipt = client_receipt(answer)
         forms.add("batch" in receipt.decode())
         receipts.verify_client_receipt(
             receipt,
@@ -239,73 +204,6 @@ def test_the_witness_cosignatures_verify_from_the_spec(audited: dict[str, Any]) 
         checkpoint = spec.parse_checkpoint(note, [spec.parse_key(served.vkey)], ORIGIN)
         assert file.name == f"{checkpoint.size:020d}"
         receipts.verify_cosignature(note, witness)
-
-
-def test_an_attested_answer_verifies_with_both_keys(tmp_path: Path) -> None:
-    sim = ServerThread(create_sim_app(SimSettings.for_kind("vllm", models=("m",)))).start()
-    sidecar = start_sidecar(tmp_path, "gpu-attest", sim.url)
-    try:
-        backend = {"base_url": sidecar.url, "attest": {"key": sidecar.vkey}}
-        (tmp_path / "gw").mkdir()
-        with serve_admin(tmp_path / "gw", backend=backend) as served:
-            exchanges = [_chat(served, stream, n) for n, stream in enumerate((False, True))]
-            _settle(served, 4)
-            tree = tiles.read_tree(
-                tiles.from_url(f"{served.admin}/log/", TOKENS["auditor"]),
-                [spec.parse_key(served.vkey)],
-                ORIGIN,
-            )
-            recipes = provenance_recipes()
-            for sent, answer in exchanges:
-                body, receipt = _receipt(answer)
-                receipts.verify_client_receipt(
-                    receipt,
-                    vkey=served.vkey,
-                    request_id=answer.headers["x-request-id"],
-                    sent=sent,
-                    body=body,
-                    tree=tree,
-                    recipes=recipes,
-                    backend_vkey=sidecar.vkey,
-                    received=answer.content,
-                )
-    finally:
-        assert sidecar.stop() == 0
-        sim.stop()
-    name = sidecar.vkey.split("+")[0]
-    log = tiles.read_tree(tiles.from_directory(sidecar.log), [spec.parse_key(sidecar.vkey)], name)
-    assert log.checkpoint.size == 2
-    for entry in log.entries:
-        receipts.canonical_record(entry)
-
-
-# signed-note: "Key names MUST be non-empty and MUST NOT contain any Unicode spaces or plus
-# (U+002B) characters" (any other UTF-8 is a name); tlog-checkpoint: the origin "MUST be
-# non-empty", and "The log's key name in its signature line SHOULD match the origin line";
-# docs/provenance.md: an origin is 1-255 printable characters, and the log's key is named
-# after it.
-UTF8_ORIGIN = "bücher.test/日志"
-
-
-def test_a_signing_key_named_in_utf8_is_made_as_the_spec_names_it(tmp_path: Path) -> None:
-    key_file = tmp_path / "log.key"
-    made = subprocess.run(
-        owngate_argv("keys", "new", "--signing", UTF8_ORIGIN, "--key-file", str(key_file)),
-        capture_output=True,
-        timeout=60,
-    )
-    assert made.returncode == 0, made.stderr.decode(errors="replace")[-2000:]
-    key = spec.parse_key(made.stdout.decode().strip())  # the key id over the UTF-8 name
-    assert key.name == UTF8_ORIGIN and key_file.stat().st_size > 0
-
-
-def test_a_log_whose_origin_is_not_ascii_is_served_and_verifies(tmp_path: Path) -> None:
-    with serve_admin(tmp_path, origin=UTF8_ORIGIN) as served:
-        _chat(served, False, 0)
-        _settle(served, 2)
-        fetch = tiles.from_url(f"{served.admin}/log/", TOKENS["auditor"])
-        tree = tiles.read_tree(fetch, [spec.parse_key(served.vkey)], UTF8_ORIGIN)
-        assert tree.checkpoint.size == 2 and tree.checkpoint.origin == UTF8_ORIGIN
 
 
 def _resign(text: bytes, directory: Path, key_id: bytes | None = None) -> bytes:
@@ -392,54 +290,3 @@ def test_the_verifier_refuses_tiles_the_specs_forbid(
     TILE_CHANGES[change](log)
     with pytest.raises(spec.SpecError):
         tiles.read_tree(tiles.from_directory(log), audited["keys"], ORIGIN)
-
-
-@pytest.mark.parametrize(
-    ("fault", "stream"),
-    [("die_mid_stream_rate", True), ("die_mid_stream_rate", False), ("error_rate", False)],
-)
-def test_a_failed_answers_receipt_verifies_from_what_the_client_got(
-    tmp_path: Path, fault: str, stream: bool
-) -> None:
-    """The docs: a stream that broke off is the backend's bytes, the gateway's error event
-    and its receipt line, committed to the backend's bytes alone; a failed request that
-    relayed nothing commits to nothing (null), its receipt in the error's header."""
-    app = create_sim_app(SimSettings.for_kind("vllm", models=("m",), zero_latency=True))
-    app.control.faults = Faults(**{fault: 1.0})
-    sim = ServerThread(app).start()
-    try:
-        with serve_admin(tmp_path, backend={"base_url": sim.url}) as served:
-            sent = b'{"model":"m","messages":[{"role":"user","content":"x"}],"stream":%s}' % (
-                b"true" if stream else b"false"
-            )
-            answer = httpx.post(
-                f"{served.process.url}/v1/chat/completions",
-                headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"},
-                content=sent,
-                timeout=10,
-            )
-            if stream:
-                assert answer.status_code == 200
-                body, receipt = receipts.stream_bodies(answer.content)
-            else:
-                assert answer.status_code >= 500
-                body, receipt = None, spec.b64(answer.headers["x-owngate-receipt"])
-            _settle(served, 2)
-            tree = tiles.read_tree(
-                tiles.from_url(f"{served.admin}/log/", TOKENS["auditor"]),
-                [spec.parse_key(served.vkey)],
-                ORIGIN,
-            )
-            receipts.verify_client_receipt(
-                receipt,
-                vkey=served.vkey,
-                request_id=answer.headers["x-request-id"],
-                sent=sent,
-                body=body,
-                tree=tree,
-                recipes=provenance_recipes(),
-            )
-            completion = receipts.canonical_record(tree.entries[1])
-            assert completion["status"] == (answer.status_code if not stream else 502)
-    finally:
-        sim.stop()
