@@ -70,7 +70,7 @@ class Key:
 def _check_name(name: str) -> None:
     check(name != "", "signed-note: key names MUST be non-empty")
     check(
-        "+" not in name and not any(c.isspace() or c in "\u200b\ufeff" for c in name),
+        "+" not in name and not any(c.isspace() for c in name),
         "signed-note: key names MUST NOT contain Unicode spaces or plus",
     )
 
