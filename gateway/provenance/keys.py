@@ -2,7 +2,9 @@
 
 A key file holds one line, the Go `sumdb/note` signer key string
 `PRIVATE+KEY+<name>+<hexid>+<base64(0x01 || seed)>`, so `note.NewSigner` reads it as is.
-The matching verifier key string is what auditors get.
+The matching verifier key string is what auditors get. The file is UTF-8: C2SP signed-note
+allows any name without Unicode spaces or '+', and a log's key is named after its origin,
+which may be any printable text (`bücher.example/log`).
 """
 
 from __future__ import annotations
@@ -49,10 +51,14 @@ def write_signing_key(
         fd = os.open(target, flags, 0o600)
     except FileExistsError as exc:
         raise FileExistsError(f"{target} already exists; refusing to overwrite a key") from exc
-    with os.fdopen(fd, "w", encoding="ascii") as handle:
-        handle.write(skey + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(skey + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        target.unlink()  # no empty or torn key file left to refuse the next attempt
+        raise
     directory = os.open(target.parent if str(target.parent) else ".", os.O_RDONLY)
     try:
         os.fsync(directory)
@@ -87,9 +93,9 @@ def load_signer(path: str | os.PathLike[str]) -> Signer:
     if len(data) > _MAX_KEY_FILE:
         raise KeyFormatError(f"{target} is larger than a signing key file")
     try:
-        return Signer.from_skey(data.decode("ascii"))
+        return Signer.from_skey(data.decode("utf-8"))
     except UnicodeDecodeError:
-        raise KeyFormatError(f"{target} is not a signing key file (not ASCII text)") from None
+        raise KeyFormatError(f"{target} is not a signing key file (not UTF-8 text)") from None
     except KeyFormatError as exc:
         raise KeyFormatError(f"{target}: {exc}") from None
 

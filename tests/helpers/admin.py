@@ -90,14 +90,18 @@ def serve_admin(
     *,
     witness: bool = False,
     listen: dict[str, Any] | None = None,
+    backend: dict[str, Any] | None = None,
+    provenance: dict[str, Any] | None = None,
+    origin: str = ORIGIN,
     **admin: Any,
 ) -> Iterator[Served]:
     """The gateway in `directory` (`admin`: more admin settings; `listen`: more `listen`
-    settings, for both listeners; `witness`: a witness, `WITNESS`, cosigns its
-    checkpoints); on exit it must stop cleanly (both listeners closed, the log's last
-    checkpoint signed)."""
+    settings, for both listeners; `backend`, `provenance`: settings that replace those of
+    the backend `gpu` and of the log; `origin`: the log's, and its key's name; `witness`:
+    a witness, `WITNESS`, cosigns its checkpoints); on exit it must stop cleanly (both
+    listeners closed, the log's last checkpoint signed)."""
     with contextlib.ExitStack() as stack:
-        vkey = write_signing_key(directory / "log.key", ORIGIN)
+        vkey = write_signing_key(directory / "log.key", origin)
         witnesses = []
         if witness:
             log_verifier = load_signer(directory / "log.key").verifier()
@@ -106,7 +110,9 @@ def serve_admin(
             server = ServerThread(create_witness_app(cosigning)).start()
             stack.callback(server.stop)
             witnesses.append({"url": server.url, "vkey": WITNESS.vkey, "timeout_s": 2})
-        yield stack.enter_context(_serve(directory, vkey, witnesses, admin, listen or {}))
+        provenance = {"origin": origin, **(provenance or {})}
+        extra = {"backend": backend or {}, "provenance": provenance, "listen": listen or {}}
+        yield stack.enter_context(_serve(directory, vkey, witnesses, admin, extra))
 
 
 @contextmanager
@@ -115,12 +121,12 @@ def _serve(
     vkey: str,
     witnesses: list[dict[str, Any]],
     admin: dict[str, Any],
-    listen: dict[str, Any],
+    extra: dict[str, dict[str, Any]],
 ) -> Iterator[Served]:
     sim = ServerThread(create_sim_app(SimSettings.for_kind("vllm", models=("m",)))).start()
     admin_port, port = free_ports(2)  # distinct: two free_port calls once gave the same
     config = {
-        "listen": {"host": "127.0.0.1", "port": port, **listen},
+        "listen": {"host": "127.0.0.1", "port": port, **extra["listen"]},
         "logging": {"format": "json", "level": "warning"},
         "backends": [
             {
@@ -130,6 +136,7 @@ def _serve(
                 "models": [{"name": "m"}],
                 "region": "eu-west-1",
                 "owner": "test",
+                **extra["backend"],
             }
         ],
         "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
@@ -140,6 +147,7 @@ def _serve(
             "signing_key_file": "log.key",
             "checkpoint_interval_ms": 20,
             "witnesses": witnesses,
+            **extra["provenance"],
         },
         "admin": {
             "listen": {"host": "127.0.0.1", "port": admin_port},

@@ -56,7 +56,7 @@ def _b64(seed: bytes) -> str:
 @pytest.mark.parametrize(
     ("content", "why"),
     [
-        (b"\xff\xfe\x00binary\n", "not ASCII text"),
+        (b"\xff\xfe\x00binary\n", "not UTF-8 text"),
         (b"PRIVATE+KEY+" + b"A" * 10_000_000, "larger than a signing key file"),
         (b"", "must start with PRIVATE+KEY+"),
     ],

@@ -71,6 +71,8 @@ class Checkpoint:
             root = base64.b64decode(root_text.encode("ascii"), validate=True)
         except (binascii.Error, UnicodeEncodeError) as exc:
             raise MalformedError("checkpoint root hash is not valid base64") from exc
+        if base64.b64encode(root).decode("ascii") != root_text:  # "the base64 encoding"
+            raise MalformedError("checkpoint root hash is not canonical base64")
         return cls(origin, int(size_text), root, tuple(extensions))
 
 

@@ -217,6 +217,8 @@ def _parse_signature_line(line: str) -> NoteSignature:
         blob = base64.b64decode(encoded.encode("ascii"), validate=True)
     except (binascii.Error, UnicodeEncodeError) as exc:
         raise MalformedError(f"signature by {name} is not valid base64") from exc
+    if base64.b64encode(blob).decode("ascii") != encoded:  # one note, one spelling
+        raise MalformedError(f"signature by {name} is not canonical base64")
     if len(blob) < 5:
         raise MalformedError(f"signature by {name} is too short")
     return NoteSignature(name, struct.unpack(">I", blob[:4])[0], blob[4:])

@@ -28,9 +28,12 @@ _MAX_HASHES = 64  # an audit path in a tree of at most 2^64 - 1 leaves
 
 def _b64(text: str, what: str) -> bytes:
     try:
-        return base64.b64decode(text.encode("ascii"), validate=True)
+        decoded = base64.b64decode(text.encode("ascii"), validate=True)
     except (binascii.Error, UnicodeEncodeError) as exc:
         raise MalformedError(f"tlog-proof: {what} is not valid base64") from exc
+    if base64.b64encode(decoded).decode("ascii") != text:
+        raise MalformedError(f"tlog-proof: {what} is not canonical base64")
+    return decoded
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,8 +113,10 @@ class AddCheckpoint:
                 item = base64.b64decode(line.encode("ascii"), validate=True)
             except binascii.Error as exc:
                 raise WitnessError("malformed", f"proof line {number} is not base64") from exc
-            if len(item) != HASH_SIZE:
-                raise WitnessError("malformed", f"proof line {number} is not a 32-byte hash")
+            if len(item) != HASH_SIZE or base64.b64encode(item).decode("ascii") != line:
+                raise WitnessError(
+                    "malformed", f"proof line {number} is not a 32-byte hash in canonical base64"
+                )
             proof.append(item)
         old_size = int(match.group(1))
         if old_size > MAX_TREE_SIZE:
