@@ -209,6 +209,7 @@ def create_app(
     config_file: Path | None = None,
     prepare: Callable[[GatewaySettings], GatewaySettings] = lambda config: config,
     config_read_at: float | None = None,
+    config_env: Mapping[str, str] | None = None,
 ) -> GatewayApp:
     """The gateway ASGI app for a validated config (raises what `assemble` raises).
 
@@ -219,6 +220,8 @@ def create_app(
     it (or its keys file) changes, each loaded config passed through `prepare` first;
     `config_read_at` (`time.time()` when reading `config` began) spares the first look
     at the file a reload when nothing was written to it since well before then.
+    `config_env` is what a reloaded file's `${VAR}`s read (default: the process
+    environment, as `serve` read it at start; the demo fills its own variables).
     """
     env = dict(os.environ if environ is None else environ)
     directory = config_dir or Path.cwd()
@@ -236,6 +239,7 @@ def create_app(
             install=app.install,
             prepare=prepare,
             read_at=config_read_at,
+            environ=config_env,
         )
         app.reloader = reloader
         app.metrics.watch_config(lambda: reloader.reload_failures)

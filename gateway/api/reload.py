@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,8 +74,11 @@ class ConfigReloader:
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.time,
         read_at: float | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.path = path
+        # What the file's `${VAR}`s read (None: the process environment, as at start).
+        self._environ = environ
         self._current = current
         self._assemble = assemble
         self._install = install
@@ -248,7 +251,9 @@ class ConfigReloader:
         return True
 
     def _load(self) -> GatewaySettings:
-        return self._prepare(load_config(self.path))
+        if self._environ is None:
+            return self._prepare(load_config(self.path))
+        return self._prepare(load_config(self.path, env=self._environ))
 
     async def _retire(
         self,

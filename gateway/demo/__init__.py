@@ -18,13 +18,14 @@ import shlex
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import TextIO
 
 from gateway.app import admin_server, create_app
-from gateway.config import GatewaySettings, parse_config
+from gateway.config import GatewaySettings, load_config, parse_config
 from gateway.demo.attested import PRIVATE, Sidecar, start_sidecars
 from gateway.logs import configure_logging
 from gateway.provenance import write_signing_key
@@ -38,7 +39,7 @@ from gateway.serving import (
 from gateway.sim import SimSettings, create_sim_app
 from gateway.tenants import hash_api_key, new_admin_token, new_api_key
 
-__all__ = ["demo_config", "run_demo"]
+__all__ = ["demo_config", "demo_env", "run_demo"]
 
 
 DEMO_DIR = Path(str(resources.files("gateway.demo")))
@@ -58,7 +59,33 @@ def demo_config(
     backends' `sidecars` (URL, pin, key), the tenant keys' digests, the log and the PKI in
     `log_dir`, the admin API's port and its token digest per role."""
     text = (DEMO_DIR / "gateway.yaml").read_text(encoding="utf-8")
+    return parse_config(
+        text,
+        source="gateway/demo/gateway.yaml",
+        env=demo_env(
+            hosted_url,
+            sidecars,
+            key_hashes,
+            log_dir,
+            admin_port=admin_port,
+            admin_hashes=admin_hashes,
+        ),
+    )
+
+
+def demo_env(
+    hosted_url: str,
+    sidecars: Mapping[str, Sidecar],
+    key_hashes: tuple[str, str],
+    log_dir: Path,
+    *,
+    admin_port: int,
+    admin_hashes: Mapping[str, str],
+) -> dict[str, str]:
+    """The values of the `${OWNGATE_DEMO_...}` variables the demo's gateway.yaml names."""
     env = {
+        "OWNGATE_DEMO_POLICY_DIR": str(DEMO_DIR / "policies"),
+        "OWNGATE_DEMO_KEYS_FILE": str(log_dir / "keys.yaml"),
         "OWNGATE_DEMO_LOG_DIR": str(log_dir / "log"),
         "OWNGATE_DEMO_LOG_KEY": str(log_dir / "log.key"),
         "OWNGATE_DEMO_PKI_DIR": str(log_dir / "pki"),
@@ -73,7 +100,7 @@ def demo_config(
         env[f"{prefix}_URL"] = sidecars[backend].url
         env[f"{prefix}_PIN"] = sidecars[backend].pin
         env[f"{prefix}_ATTEST_KEY"] = sidecars[backend].vkey
-    return parse_config(text, source="gateway/demo/gateway.yaml", env=env)
+    return env
 
 
 def run_demo(host: str, port: int, out: TextIO = sys.stdout) -> int:
@@ -107,7 +134,7 @@ def run_demo(host: str, port: int, out: TextIO = sys.stdout) -> int:
             return 1
         admin_sock = stack.enter_context(bind_socket("127.0.0.1", 0))
         admin_port = admin_sock.getsockname()[1]
-        config = demo_config(
+        values = demo_env(
             urls["hosted"],
             sidecars,
             (hash_api_key(key), hash_api_key(eu_key)),
@@ -115,14 +142,32 @@ def run_demo(host: str, port: int, out: TextIO = sys.stdout) -> int:
             admin_port=admin_port,
             admin_hashes={role: hash_api_key(token) for role, token in tokens.items()},
         )
+        # The simulated provider needs no key; LiteLLM wants one to be set.
+        environ = {
+            **os.environ,
+            "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "demo"),
+            **values,
+        }
+        # Run from a copy of the bundled gateway.yaml, reloaded as `owngate serve` reloads
+        # its file: the admin API's reload and key creation (which stores the key in
+        # `keys_file` and reloads) work as they do on a real gateway.
+        config_file = log_dir / "gateway.yaml"
+        shutil.copyfile(DEMO_DIR / "gateway.yaml", config_file)
+        read_at = time.time()
+        config = load_config(config_file, env=environ)
         url = f"http://{host}:{sock.getsockname()[1]}"
         log = log_dir / "log"
         out.write(_banner(url, key, eu_key, urls, sidecars, log, vkey))
         out.write(_admin_banner(f"http://127.0.0.1:{admin_port}", tokens, vkey, sidecars))
         out.flush()
-        # The simulated provider needs no key; LiteLLM wants one to be set.
-        environ = {**os.environ, "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "demo")}
-        app = create_app(config, environ=environ, config_dir=DEMO_DIR)
+        app = create_app(
+            config,
+            environ=environ,
+            config_dir=log_dir,
+            config_file=config_file,
+            config_read_at=read_at,
+            config_env=environ,
+        )
         # Ctrl-C or SIGTERM ends the servers, then `stack` stops the sidecars, which sign
         # their logs' final checkpoints: the banner's audit passes only after that.
         server = CleanExitServer(uvicorn_config(app, config.listen))

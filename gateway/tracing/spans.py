@@ -28,7 +28,7 @@ import asyncio
 import math
 import threading
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
 from opentelemetry.context import Context
@@ -61,6 +61,19 @@ _MAX_TRACEPARENT = 256  # bytes: version 00 is 55; later versions may append fie
 _PROPAGATOR = TraceContextTextMapPropagator()
 _MAX_CACHED = 4096  # backend configs whose attributes are kept
 _METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
+# LiteLLM's provider names whose `gen_ai.provider.name` the GenAI semantic conventions
+# spell otherwise (their well-known values); any other name (openai, anthropic, cohere,
+# groq, deepseek, perplexity, a private backend's kind) is the same in both.
+_SEMCONV_PROVIDERS: Final = {
+    "azure": "azure.ai.openai",
+    "azure_ai": "azure.ai.inference",
+    "bedrock": "aws.bedrock",
+    "vertex_ai": "gcp.vertex_ai",
+    "gemini": "gcp.gemini",
+    "mistral": "mistral_ai",
+    "xai": "x_ai",
+    "watsonx": "ibm.watsonx.ai",
+}
 
 
 class RequestTracer:
@@ -98,6 +111,7 @@ class RequestTracer:
         if found is not None and found[0] is settings:
             return found[1]
         provider = settings.provider or settings.kind
+        provider = _SEMCONV_PROVIDERS.get(provider, provider)
         attributes: dict[str, AttributeValue] = {
             "gen_ai.provider.name": provider,
             "gen_ai.system": provider,  # the name before semantic conventions 1.37

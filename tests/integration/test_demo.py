@@ -305,6 +305,38 @@ def check_admin_api(banner: str) -> None:
     checkpoint = get("/log/checkpoint", "auditor")
     assert checkpoint.status_code == 200
     assert checkpoint.text.startswith("owngate-demo/log\n")
+    check_security_role(banner, admin[1], tokens["security"])
+
+
+def check_security_role(banner: str, admin: str, token: str) -> None:
+    """What the console's security page does, against the demo: its "Run policy tests"
+    runs the demo policy set's own cases (they were missing: 400), and a key it creates
+    works on the public port at once and is refused once revoked (the demo had no
+    keys_file and no config file to reload: 400)."""
+    url = re.search(r"running at (http://\S+)", banner)
+    assert url, banner
+    headers = {"authorization": f"Bearer {token}"}
+    tested = httpx.post(f"{admin}/admin/v1/policies/test", headers=headers, json={}, timeout=30)
+    assert tested.status_code == 200, tested.text
+    assert tested.json()["passed"] is True and tested.json()["total"] > 0, tested.text
+    created = httpx.post(
+        f"{admin}/admin/v1/keys", headers=headers, json={"tenant": "demo-eu"}, timeout=30
+    )
+    assert created.status_code == 201, created.text
+    key, digest = created.json()["key"], created.json()["hash"]
+
+    def status_with(api_key: str) -> int:
+        return httpx.post(
+            f"{url[1]}/v1/chat/completions",
+            headers={"authorization": f"Bearer {api_key}"},
+            json={"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=30,
+        ).status_code
+
+    assert status_with(key) == 200
+    revoked = httpx.delete(f"{admin}/admin/v1/keys/{digest}", headers=headers, timeout=30)
+    assert revoked.status_code == 200, revoked.text
+    assert status_with(key) == 401
 
 
 def reply_headers(url: str, key: str) -> dict[str, str]:

@@ -9,11 +9,15 @@ chart without the report's code.
 from __future__ import annotations
 
 import asyncio
+import functools
+import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +87,41 @@ def test_every_figure_is_reproduced_by_its_commands(logdir: Path) -> None:
     verify, history = figures["checkpoints"]["commands"]
     assert json.loads(_shell(verify))["checkpoints"] == len(figures["checkpoints"]["points"])
     assert json.loads(_shell(history)) == figures["checkpoints"]["points"]
+
+
+@pytest.fixture
+def served_log(logdir: Path) -> Iterator[str]:
+    """`logdir` over HTTP as any static file server lays it out: C2SP tlog-tiles (the
+    checkpoint, tiles and bundles at their paths; no `checkpoints/` history is fetched)."""
+    handler = functools.partial(_Quiet, directory=str(logdir))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{server.server_address[1]}/"
+        finally:
+            server.shutdown()
+            thread.join(timeout=10)
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_a_served_logs_figures_are_reproduced_by_their_commands(served_log: str) -> None:
+    """`owngate audit report URL` (a replica's log over tlog-tiles): every command, the
+    checkpoints figure's included, runs as printed against the URL and gives the figure.
+    The checkpoint history command used to glob `URL/checkpoints/*` as a local path."""
+    report: dict[str, Any] = json.loads(
+        _shell(f"owngate audit report {served_log} --key {SIGNER.vkey} --json -")
+    )
+    assert report["verification"]["ok"] is True
+    figures = report["figures"]
+    counts = figures["dispatches_by_backend"]["commands"][0]
+    assert json.loads(_shell(counts)) == figures["dispatches_by_backend"]["counts"]
+    verify, history = figures["checkpoints"]["commands"]
+    assert json.loads(_shell(verify))["checkpoints"] == len(figures["checkpoints"]["points"])
+    points = figures["checkpoints"]["points"]
+    assert points and points[-1]["size"] == report["verification"]["summary"]["size"]
+    assert json.loads(_shell(history)) == points

@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gateway.api.exchange import Exchange
 from gateway.app import validate
+from gateway.config.backends import BackendSettings
 from gateway.tracing import TracingSettings, tracing_settings
 from gateway.tracing.spans import RequestTracer
 from tests.helpers.gateways import backend, gateway_config
@@ -152,3 +153,33 @@ def test_the_client_s_tracestate_is_dropped() -> None:
 )
 def test_an_invalid_traceparent_is_ignored(headers: list[tuple[bytes, bytes]]) -> None:
     assert _linked(_request_span(*headers)) == []
+
+
+@pytest.mark.parametrize(
+    ("provider", "route", "name"),
+    [
+        ("bedrock", "bedrock/anthropic.claude-3", "aws.bedrock"),
+        ("mistral", "mistral/mistral-small", "mistral_ai"),
+        ("xai", "xai/grok-2", "x_ai"),
+        ("openai", "openai/gpt-4o", "openai"),
+    ],
+)
+def test_a_hosted_providers_name_is_the_semantic_conventions_well_known_value(
+    provider: str, route: str, name: str
+) -> None:
+    """`gen_ai.provider.name` is one of the GenAI conventions' well-known values where
+    LiteLLM names the provider otherwise (`bedrock` is `aws.bedrock`, ...)."""
+    settings = BackendSettings.model_validate(
+        {
+            "id": "hosted",
+            "kind": "hosted",
+            "provider": provider,
+            "api_key_env": "HOSTED_KEY",
+            "models": [{"name": "m", "provider_model": route}],
+            "region": "eu",
+            "owner": "provider",
+            "retention": {"days": 30},
+        }
+    )
+    attributes = RequestTracer(TracerProvider()).backend(settings)
+    assert attributes["gen_ai.provider.name"] == name

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from gateway.provenance.audit.remote import is_url
 from gateway.provenance.formats.records import Record
 
 __all__ = [
@@ -258,17 +259,23 @@ def _add_rates(found: dict[str, Any], dispatches: int, requests: int, run: Invoc
 
 
 def _checkpoints(points: list[dict[str, Any]], run: Invocation) -> dict[str, Any]:
-    history = shlex.quote(f"{run.logdir}/checkpoints") + "/*"
     program = (
         "(.records | map({key: (.index|tostring), value: .time}) | from_entries) as $t | "
         "[$sizes[] | {size: ., time: $t[(. - 1)|tostring]}]"
     )
-    sizes_cmd = f'"$(sed -s -n 2p {history} | jq -s -c .)"'
+    if is_url(run.logdir):
+        # A replica served as tlog-tiles has no checkpoints/ to read (and a shell glob
+        # over a URL reads nothing): its one checkpoint is the one `verify` fetches.
+        sizes_cmd = f"\"$({run.verify('--json')} | jq -c '[.size]')\""
+        description = "the checkpoint the replica serves (tlog-tiles serves no history)"
+    else:
+        history = shlex.quote(f"{run.logdir}/checkpoints") + "/*"
+        sizes_cmd = f'"$(sed -s -n 2p {history} | jq -s -c .)"'
+        description = "every signed checkpoint in checkpoints/"
     show = _SHOW.format(logdir=shlex.quote(run.logdir))
     return {
         "title": "Checkpoints: log size over time",
-        "description": "every signed checkpoint in checkpoints/, at the time of the newest "
-        "entry it covers",
+        "description": f"{description}, at the time of the newest entry it covers",
         "points": points,
         "commands": [
             run.verify("--json"),
