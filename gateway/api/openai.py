@@ -16,7 +16,7 @@ import contextlib
 import hashlib
 import os
 import time
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from gateway import access_log
 from gateway.api.body import held_bound, scan_body
@@ -47,6 +47,9 @@ from gateway.logs import get_logger
 from gateway.state import Admission, RateLimited
 from gateway.tenants import TenantEntry
 
+if TYPE_CHECKING:
+    from gateway.api.proxy import Proxy
+
 __all__ = ["PROXIED", "TenantSurface", "new_request_id"]
 
 PROXIED: Final = {
@@ -76,6 +79,8 @@ class TenantSurface:
         task = asyncio.current_task()  # one look-up: the set holds it until the answer ends
         exchange = Exchange(new_request_id(), time.perf_counter(), endpoint)
         exchange.writer = body_writer(scope)
+        proxy: Proxy | None = None  # the one that served it, told when its answer is over
+        answered: int | None = None  # the status of the answer sent, once it went out
         try:
             if runtime.tracer is not None:  # tracing on (gateway/tracing): the request's span
                 exchange.span = runtime.tracer.request(scope, endpoint, exchange.request_id)
@@ -111,6 +116,7 @@ class TenantSurface:
                 await proxy.forward(
                     exchange, standing, scope, body, scan, upstream_path, receive, send
                 )
+                answered = exchange.status
             finally:
                 # The answer is over: a drain deadline from now on must not cut (and write
                 # to) a finished response, nor interrupt the release.
@@ -126,10 +132,12 @@ class TenantSurface:
                 # The prompt may have left (and been logged): the receipt says where.
                 headers = await receipt_headers(exchange)
                 await send_error(send, error, exchange.request_id, headers)
+            answered = error.status
         except asyncio.CancelledError:
             if not runtime.cutting:
                 raise
             await self._cut(exchange, send)
+            answered = exchange.status
         except Exception:  # noqa: BLE001 - last resort: logged, answered 500, never passed on
             exchange.status, exchange.error_code = 500, ErrorCode.internal_error.value
             self._log.exception("unhandled error", request_id=exchange.request_id.decode())
@@ -141,8 +149,12 @@ class TenantSurface:
                 with contextlib.suppress(Exception):
                     receipt = await receipt_headers(exchange)
                 await send_error(send, internal, exchange.request_id, receipt)
+            answered = exchange.status
         finally:
             runtime.serving.discard(task)
+            trail = exchange.trail
+            if trail is not None and trail.held is not None and proxy is not None:
+                proxy.answered(exchange, answered)  # a held completion: what went out
             self._finish(exchange)
 
     async def _cut(self, exchange: Exchange, send: Send) -> None:

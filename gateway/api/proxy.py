@@ -35,7 +35,7 @@ from gateway.api.attempt_errors import attempt_error, attempt_status, stopped
 from gateway.api.body import BodyScan, parse_body
 from gateway.api.control_fields import refuse_control_fields
 from gateway.api.decided import Decided, decide, withdrawn_by_reload
-from gateway.api.exchange import Exchange, TryNext, cut_status, watch_disconnect
+from gateway.api.exchange import Exchange, TryNext, client_left, cut_status, watch_disconnect
 from gateway.api.hosted_relay import HostedRelay, NotSent
 from gateway.api.labels import UNKNOWN, excerpt
 from gateway.api.metrics import GatewayMetrics
@@ -143,20 +143,12 @@ class Proxy:
             raise
         exchange.decision = decided.decision
         unwatch = watch_disconnect(receive, exchange)
-        # What the client gets, when it is not what a failed attempt's held completion says.
-        ended: int | None = None
         try:
             await self._dispatch(exchange, standing, decided, model, doc, body, upstream_path, send)
         except Refused as refused:  # nothing was dispatched (`_dispatch` says so)
             await self._refused(exchange, refused)
             raise
-        except GatewayError:  # the last attempt's error (its held completion says it), ...
-            raise
-        except Exception:  # ... or a fault of the gateway's own: 500
-            ended = ErrorCode.internal_error.status
-            raise
         except asyncio.CancelledError:
-            ended = cut_status(exchange)[0]
             current = asyncio.current_task()
             # Ours (the client left) and nobody else's (e.g. shutdown): absorb it.
             if not exchange.client_gone or current is None or current.uncancel() > 0:
@@ -164,8 +156,23 @@ class Proxy:
             exchange.status = 499  # client closed the request (nginx's convention)
         finally:
             unwatch()
-            if self.recorder is not None and exchange.trail is not None:
-                self.recorder.settle(exchange, exchange.trail, ended)
+
+    def answered(self, exchange: Exchange, status: int | None) -> None:
+        """The request is over (the app's answer went out, or did not): write the
+        completion still held, if any (the last attempt failed before the client saw a
+        byte, or the request was cut or left between attempts), with the status the client
+        got: `status`, that of the answer the app sent (the error, a fault's 500, a cut's
+        503; None: none, the request was cancelled: 503, 499), and 499 whenever the client
+        was gone by the time it went out (its receipt being signed, its charge made), as
+        `send_whole` tells it: nothing reached it."""
+        recorder, trail = self.recorder, exchange.trail
+        if recorder is None or trail is None or trail.held is None:
+            return
+        if client_left(exchange):
+            status = exchange.status = 499
+        elif status is None:
+            status = cut_status(exchange)[0]
+        recorder.settle(exchange, trail, status)
 
     async def _dispatch(
         self,
@@ -276,7 +283,10 @@ class Proxy:
         always has the status the client got. It is held until the next dispatch record
         or the request's end (`Recorder.settle`): a client that leaves before another
         attempt is dispatched (or a drain deadline that cuts the request then) makes it
-        say 499 (503), what the client got.
+        say 499 (503), what the client got. So is the completion of any attempt whose
+        answer the app sends after it (an error, a fault's 500, a cut's 503: nothing of
+        the response started), until that answer went out (`answered`): a client gone
+        before then (its receipt still being signed, its charge made) got nothing, 499.
 
         A reload may land while the attempt connects (or while `HostedRelay.prepare` looked
         up hosts): `withdrawn` is asked again right before the dispatch record, and an
@@ -348,14 +358,17 @@ class Proxy:
             raise
         except GatewayError as exc:
             status, error = exc.status, exc.code.value
+            held = not exchange.response_started  # the app sends it: held until it went out
             raise
         except asyncio.CancelledError:
             status, error = cut_status(exchange)
+            held = not exchange.response_started  # a cut's 503 goes out after
             raise
         except Exception:
             # A fault of the gateway's own: the client gets 500 internal_error (the app's
             # last resort), so the record says that, not the status 0 no client gets.
             status, error = ErrorCode.internal_error.status, ErrorCode.internal_error.value
+            held = not exchange.response_started
             raise
         finally:
             recorder.complete(exchange, trail, status=status, error=error, held=held)

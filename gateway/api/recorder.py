@@ -161,8 +161,8 @@ class Recorder:
 
         Cancelled meanwhile (the client left, or a shutdown), the record still lands once
         queued, and a dispatch in the log needs its completion: the append is waited for
-        (the log's own write bounds it) and, if it landed, completed as cut (499 or 503,
-        nothing sent) before the cancellation goes on. A held completion goes first."""
+        (the log's own write bounds it) and, if it landed, completed (held) as cut (499 or
+        503, nothing sent) before the cancellation goes on. A held completion goes first."""
         self.settle(exchange, trail)
         appending = asyncio.ensure_future(self._dispatch(exchange, trail, decision, backend, peer))
         try:
@@ -171,7 +171,7 @@ class Recorder:
             await asyncio.wait([appending])
             if not appending.cancelled() and appending.exception() is None:
                 status, error = cut_status(exchange)
-                self.complete(exchange, trail, status=status, error=error)
+                self.complete(exchange, trail, status=status, error=error, held=True)
             raise
 
     async def _dispatch(
@@ -254,8 +254,8 @@ class Recorder:
     ) -> None:
         """The completion record of the current dispatch, queued without waiting: the
         answer is already out (the dispatch record is what gates sending), so a failure to
-        write it is logged, not raised. `held`: a failed attempt's, kept until the next
-        dispatch or the request's end (`settle`), which gives `ended_at`."""
+        write it is logged, not raised. `held`: one whose answer the app sends (an error,
+        a cut), kept until the next dispatch or the request's end (`settle`)."""
         if trail.dispatch is None:
             return
         if held:
@@ -293,8 +293,9 @@ class Recorder:
 
     def settle(self, exchange: Exchange, trail: Trail, ended: int | None = None) -> None:
         """Write a failed attempt's completion held in `trail`, if any: before the next
-        dispatch, with its own status; at the request's end, with the status `ended` when
-        the client got another answer (499 it left, 503 a drain's cut, 500 a fault)."""
+        dispatch, with its own status; at the request's end, once the app's answer went
+        out (or did not), with the status `ended` the client got (`Proxy.answered`: the
+        answer's, 499 when the client left before it went out, 503 a drain's cut)."""
         if trail.held is not None:
             status, error, ended_at = trail.held
             trail.held = None

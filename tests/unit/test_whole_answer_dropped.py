@@ -121,7 +121,10 @@ class _Recorder:
         error: str | None,
         held: bool = False,
     ) -> None:
-        assert not held  # a failed attempt's completion: none of these fail over
+        # None of these fail over: held only when nothing went out and the app's answer
+        # is still to come, here a whole answer whose client left (`Proxy.answered` then
+        # writes it with the 499 it holds).
+        assert not held or (exchange.client_gone and not exchange.response_started)
         self.completed.append((status, error))
 
 
