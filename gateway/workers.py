@@ -28,7 +28,12 @@ What differs in a worker (`for_worker`):
 - metrics: every worker publishes snapshots in the runtime dir and `/metrics` on any of
   them serves the sum over all (`gateway.api.fleet`);
 - tenant limits with `state: memory` hold per worker (N workers admit up to N times a
-  limit); `state: redis` makes them exact across workers, as across replicas.
+  limit); `state: redis` makes them exact across workers, as across replicas. The
+  supervisor says so at start, in a warning naming the tenants with limits
+  (`start_warnings`), as it does when `admin.listen` is set: no worker opens it.
+
+A dead worker's metrics snapshot is removed before it restarts: a worker that stays
+down must not leave its last in-flight counts and readiness in every scrape.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.serving import bind_socket
 
-__all__ = ["Supervisor", "WorkerIdentity", "for_worker", "worker_identity"]
+__all__ = ["Supervisor", "WorkerIdentity", "for_worker", "start_warnings", "worker_identity"]
 
 INDEX_ENV = "OWNGATE_WORKER_INDEX"
 NEW_LOG_ORIGIN_ENV = "OWNGATE_NEW_LOG_ORIGIN"  # `serve --new-log-origin`'s variable
@@ -196,6 +201,11 @@ class Supervisor:
             time.sleep(0.1)
 
     def _restart(self, worker: _Worker, code: int) -> _Worker | None:
+        # Its snapshot (gateway.api.fleet) says what it held when it last wrote: requests
+        # in flight that died with it, a log it may not open again. Every scrape would
+        # add them for as long as it stays down.
+        with contextlib.suppress(FileNotFoundError):
+            (self._runtime / f"worker-{worker.index}.prom").unlink()
         lived = time.monotonic() - worker.started
         quick = worker.quick_deaths + 1 if lived < self._quick_death_s else 0
         if quick >= _MAX_QUICK_DEATHS:
@@ -273,6 +283,9 @@ def supervise(
     """`serve --workers N` in the supervisor process; `first_start_flags` go to each
     worker's first start, not to a restart."""
     argv = [sys.executable, "-m", "gateway", "serve", "--config", config_path]
+    log = get_logger("owngate.workers")
+    for level, event, fields in start_warnings(config, count):
+        getattr(log, level)(event, **fields)
     try:
         supervisor = Supervisor(
             argv,
@@ -286,3 +299,41 @@ def supervise(
         print(f"error: cannot bind {host}:{port}: {exc}", file=sys.stderr)
         return 1
     return supervisor.run()
+
+
+def start_warnings(config: GatewaySettings, count: int) -> list[tuple[str, str, dict[str, object]]]:
+    """What `serve --workers N` says at start, as (level, event, fields): that tenant
+    limits hold per worker with `state: memory` (N workers admit up to N times each
+    limit), a warning naming the tenants with limits (ids are config, never input), or a
+    note when none has any (a reload may add some: they hold per worker too); and that
+    the admin API `serve` would open (`admin.listen` with some admin access) is not."""
+    said: list[tuple[str, str, dict[str, object]]] = []
+    if count < 2:
+        return said
+    if config.state.backend == "memory":
+        limited = [
+            tenant.id
+            for tenant in config.tenants
+            if tenant.limits.requests_per_minute is not None
+            or tenant.limits.tokens_per_minute is not None
+            or tenant.limits.concurrent_requests is not None
+        ]
+        said.append(
+            (
+                "warning" if limited else "info",
+                "tenant limits hold per worker with state: memory; each tenant may get up "
+                "to workers times its limits (state: redis holds them across workers)",
+                {"workers": count, "tenants_with_limits": limited[:20], "more": len(limited[20:])},
+            )
+        )
+    admin = config.admin
+    if admin.listen is not None and (admin.tokens or admin.token_hashes or admin.allow_loopback):
+        said.append(
+            (
+                "warning",
+                "admin.listen is not opened under serve --workers (each worker holds its "
+                "own state); run the admin API with one process",
+                {"workers": count},
+            )
+        )
+    return said

@@ -2,7 +2,7 @@
 stand-in worker programs: a worker that can no longer start (gateway.yaml turned invalid
 after the others started: their reloads refuse it and they keep serving) must not stop
 the workers that serve. The merged metrics show workers enforcing different policy sets,
-and a worker whose provenance log cannot be written."""
+and a worker whose provenance log cannot be written; a dead worker's snapshot leaves them."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.api.fleet import merge_expositions
 from gateway.api.recorder import NEW_LOG_ORIGIN_ENV
 from gateway.serving import bind_socket
-from gateway.workers import INDEX_ENV, Supervisor
+from gateway.workers import INDEX_ENV, RUNTIME_ENV, Supervisor
 
 # Worker 1 serves until SIGTERM; worker 2 dies at once, as `serve` does on an invalid file.
 WORKER = f"""
@@ -226,3 +226,55 @@ def test_serve_ignores_sighup_before_it_loads_the_config(tmp_path: Path) -> None
         assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+def test_a_dead_workers_snapshot_leaves_the_merged_metrics(tmp_path: Path) -> None:
+    """Worker 2 publishes a snapshot (3 requests in flight, its log ready), dies, and
+    then cannot start again. Before, its last snapshot stayed in the runtime directory and
+    every scrape of worker 1 added its 3 requests in flight, for as long as it was down."""
+    starts = tmp_path / "starts"
+    starts.touch()
+    program = (
+        "import os, pathlib, signal, sys\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        f"index = os.environ[{INDEX_ENV!r}]\n"
+        "with open(sys.argv[1], 'a') as starts:\n"
+        "    starts.write(index + '\\n')\n"
+        "if index == '2':\n"
+        "    if open(sys.argv[1]).read().split().count('2') == 1:\n"
+        f"        runtime = pathlib.Path(os.environ[{RUNTIME_ENV!r}])\n"
+        "        (runtime / 'worker-2.prom').write_text(sys.argv[2])\n"
+        "    sys.exit(3)  # it dies; then it cannot start again (its log refuses it, say)\n"
+        "signal.alarm(60)  # bounded: SIGALRM ends it if no SIGTERM comes\n"
+        "signal.pause()\n"
+    )
+    snapshot = (
+        "# TYPE owngate_backend_inflight gauge\n"
+        'owngate_backend_inflight{backend="gpu"} 3\n'
+        "# TYPE owngate_provenance_ready gauge\n"
+        "owngate_provenance_ready 1\n"
+    )
+    supervisor = Supervisor(
+        [sys.executable, "-c", program, str(starts), snapshot],
+        2,
+        "127.0.0.1",
+        0,
+        drain_timeout_s=5.0,
+        backoff_s=0.05,
+    )
+    merged: list[list[str]] = []
+    done = threading.Event()
+
+    def look_once_restarted() -> None:  # what a scrape of worker 1 would merge
+        for _ in range(300):  # bounded: 30 s
+            if starts.read_text().split().count("2") >= 2 or done.is_set():
+                break
+            done.wait(0.1)
+        merged.append(sorted(p.name for p in supervisor._runtime.glob("worker-*.prom")))
+        supervisor._on_signal(signal.SIGTERM, None)
+
+    threading.Thread(target=look_once_restarted, daemon=True).start()
+    supervisor.run()
+    done.set()
+    assert starts.read_text().split().count("2") >= 2
+    assert merged == [[]]  # worker 1 wrote none; worker 2's last one is gone
