@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import os
 import signal
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -180,3 +181,53 @@ def _both_serve(url: str, vkey: str) -> bool:
         return len(send_requests(url, 20, vkey)) == 2
     except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
         return False
+
+
+def _listening(port: int) -> int:
+    """Sockets listening on 127.0.0.1:`port` (the supervisor's reserved one never does)."""
+    local = f"0100007F:{port:04X}"
+    lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for line in lines if line.split()[1] == local and line.split()[3] == "0A")
+
+
+def _events(gateway: GatewayProcess, event: str) -> int:
+    lines = (gateway.stdout() + gateway.stderr()).splitlines()
+    return sum(f'"event":"{event}"' in line for line in lines)
+
+
+def test_a_worker_takes_no_connection_before_its_app_has_started(tmp_path: Path) -> None:
+    """A restarted worker's startup waits for its first probe of the backends (here one
+    that never answers: `scrape.timeout_s`). Before, its socket listened from before that
+    wait: the kernel queued new connections on it, where they waited while the other
+    worker was idle, and were reset when a startup failed (its log could not be opened:
+    such a worker is retried every 5 s, and each try cost clients their connections)."""
+    silent = socket.socket()  # accepts into its backlog, never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    port = free_port()
+    config = {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "logging": {"format": "json", "level": "info", "access_log": False},
+        "limits": {"drain_timeout_s": 5},
+        "scrape": {"timeout_s": 6, "interval_s": 1, "staleness_s": 3},
+        "backends": [backend("gpu", f"http://127.0.0.1:{silent.getsockname()[1]}", "m")],
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+    }
+    gateway = GatewayProcess(config, tmp_path, "--workers", "2").start(timeout_s=90)
+    try:
+        assert gateway.proc is not None
+        supervisor = gateway.proc.pid
+        until(lambda: _events(gateway, "Application startup complete.") == 2, "both started")
+        assert _listening(port) == 2
+        victim = worker_pids(supervisor)[0]
+        os.kill(victim, signal.SIGKILL)
+        # Its replacement has bound the port (it says "starting" after) and now waits
+        # seconds for the silent backend before its app starts.
+        until(lambda: _events(gateway, "starting") == 3, "the replacement binding", timeout=30)
+        listening = _listening(port)
+        assert _events(gateway, "Application startup complete.") == 2  # still starting
+        assert listening == 1  # the other worker's only
+        until(lambda: _listening(port) == 2, "the replacement listening", timeout=30)
+    finally:
+        gateway.stop(signal.SIGKILL)
+        silent.close()
