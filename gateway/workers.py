@@ -7,7 +7,8 @@ workers: each is `owngate serve` with the same config, `OWNGATE_WORKER_INDEX` (1
 SO_REUSEPORT; the kernel spreads new connections over the workers listening. The
 supervisor
 
-- restarts a worker that dies (after a backoff that grows while it keeps dying at once;
+- restarts a worker that dies (after a backoff that grows while it keeps dying at once,
+  waited out in its watch loop, so signals and the other workers are seen meanwhile;
   `_MAX_QUICK_DEATHS` deaths in a row right after starting stop everything with exit 1,
   as a config that cannot start would, unless another worker is up and serving: then the
   config was valid once and the running workers keep serving it, as a reload that fails
@@ -111,6 +112,7 @@ class _Worker:
     proc: subprocess.Popen[bytes]
     started: float
     quick_deaths: int = 0
+    restart_at: float | None = None  # dead, to be started again then (its backoff)
 
 
 class Supervisor:
@@ -189,18 +191,30 @@ class Supervisor:
                     self._forward(signal.SIGHUP)
                 else:
                     return self._stop()
+            now = time.monotonic()
             for index, worker in list(self._workers.items()):
+                if worker.restart_at is not None:  # waiting out its backoff: signals and
+                    if now >= worker.restart_at:  # the other workers are watched meanwhile
+                        self._workers[index] = self._start(index, worker.quick_deaths)
+                    continue
                 code = worker.proc.poll()
                 if code is None:
                     continue
-                restarted = self._restart(worker, code)
-                if restarted is None:
+                delay = self._died(worker, code)
+                if delay is None:
                     self._stop()
                     return 1
-                self._workers[index] = restarted
+                worker.restart_at = now + delay
+                if delay == 0:
+                    self._workers[index] = self._start(index, worker.quick_deaths)
             time.sleep(0.1)
 
-    def _restart(self, worker: _Worker, code: int) -> _Worker | None:
+    def _died(self, worker: _Worker, code: int) -> float | None:
+        """The backoff before `worker`, dead with `code`, starts again (0: at once); None
+        when it keeps dying at start and no other worker serves: stop everything. Before,
+        the supervisor slept through the backoff (up to 5 s, each time a worker that
+        cannot start was retried): no signal was handled and no other dead worker
+        restarted meanwhile."""
         # Its snapshot (gateway.api.fleet) says what it held when it last wrote: requests
         # in flight that died with it, a log it may not open again. Every scrape would
         # add them for as long as it stays down.
@@ -223,8 +237,8 @@ class Supervisor:
                 code=code,
             )
         self._log.warning("worker died; restarting it", worker=worker.index, code=code)
-        time.sleep(min(self._backoff_s * 2 ** min(quick, 10), 5.0) if quick else 0.0)
-        return self._start(worker.index, quick)
+        worker.quick_deaths = quick
+        return min(self._backoff_s * 2 ** min(quick, 10), 5.0) if quick else 0.0
 
     def _others_serving(self, index: int) -> bool:
         """Whether a worker other than `index` is alive and has outlived a quick death."""
