@@ -176,3 +176,22 @@ def test_redis_limits_hold_across_workers_and_a_revocation_reaches_all(
 
     revoke(gateway)
     until(lambda: refused_everywhere(gateway.url), "every worker refusing the key", timeout=20)
+
+
+@pytest.mark.redis
+def test_redis_token_reservations_hold_across_workers(
+    start_sim: Callable[..., Sim],
+    start_workers: Callable[..., GatewayProcess],
+    redis_server: RedisServer,
+) -> None:
+    """`tokens_per_minute: 1000` and requests asking `max_tokens: 400` (each reserves that
+    and its prompt's estimate): two fit the minute's budget, whichever of 3 workers
+    reserves them; a third does not fit until the budget refills (1000 tokens a minute)."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    state = {"backend": "redis", "url": redis_server.url, "timeout_ms": 2000}
+    gateway = start_workers(sim, state, {"tokens_per_minute": 1000}, 3)
+    began = time.monotonic()
+    answered = statuses(gateway.url, 24, {**BODY, "max_tokens": 400})
+    assert set(answered) <= {200, 429}
+    refill = int((time.monotonic() - began) * 1000 / 60) // 400 + 1
+    assert 2 <= answered.count(200) <= 2 + refill, answered
