@@ -7,7 +7,8 @@ workers: each is `owngate serve` with the same config, `OWNGATE_WORKER_INDEX` (1
 SO_REUSEPORT; the kernel spreads new connections over the workers listening. The
 supervisor
 
-- restarts a worker that dies (after a backoff that grows while it keeps dying at once;
+- restarts a worker that dies (after a backoff that grows while it keeps dying at once,
+  waited out in its watch loop, so signals and the other workers are seen meanwhile;
   `_MAX_QUICK_DEATHS` deaths in a row right after starting stop everything with exit 1,
   as a config that cannot start would, unless another worker is up and serving: then the
   config was valid once and the running workers keep serving it, as a reload that fails
@@ -28,7 +29,12 @@ What differs in a worker (`for_worker`):
 - metrics: every worker publishes snapshots in the runtime dir and `/metrics` on any of
   them serves the sum over all (`gateway.api.fleet`);
 - tenant limits with `state: memory` hold per worker (N workers admit up to N times a
-  limit); `state: redis` makes them exact across workers, as across replicas.
+  limit); `state: redis` makes them exact across workers, as across replicas. The
+  supervisor says so at start, in a warning naming the tenants with limits
+  (`start_warnings`), as it does when `admin.listen` is set: no worker opens it.
+
+A dead worker's metrics snapshot is removed before it restarts: a worker that stays
+down must not leave its last in-flight counts and readiness in every scrape.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.serving import bind_socket
 
-__all__ = ["Supervisor", "WorkerIdentity", "for_worker", "worker_identity"]
+__all__ = ["Supervisor", "WorkerIdentity", "for_worker", "start_warnings", "worker_identity"]
 
 INDEX_ENV = "OWNGATE_WORKER_INDEX"
 NEW_LOG_ORIGIN_ENV = "OWNGATE_NEW_LOG_ORIGIN"  # `serve --new-log-origin`'s variable
@@ -106,6 +112,7 @@ class _Worker:
     proc: subprocess.Popen[bytes]
     started: float
     quick_deaths: int = 0
+    restart_at: float | None = None  # dead, to be started again then (its backoff)
 
 
 class Supervisor:
@@ -184,18 +191,35 @@ class Supervisor:
                     self._forward(signal.SIGHUP)
                 else:
                     return self._stop()
+            now = time.monotonic()
             for index, worker in list(self._workers.items()):
+                if worker.restart_at is not None:  # waiting out its backoff: signals and
+                    if now >= worker.restart_at:  # the other workers are watched meanwhile
+                        self._workers[index] = self._start(index, worker.quick_deaths)
+                    continue
                 code = worker.proc.poll()
                 if code is None:
                     continue
-                restarted = self._restart(worker, code)
-                if restarted is None:
+                delay = self._died(worker, code)
+                if delay is None:
                     self._stop()
                     return 1
-                self._workers[index] = restarted
+                worker.restart_at = now + delay
+                if delay == 0:
+                    self._workers[index] = self._start(index, worker.quick_deaths)
             time.sleep(0.1)
 
-    def _restart(self, worker: _Worker, code: int) -> _Worker | None:
+    def _died(self, worker: _Worker, code: int) -> float | None:
+        """The backoff before `worker`, dead with `code`, starts again (0: at once); None
+        when it keeps dying at start and no other worker serves: stop everything. Before,
+        the supervisor slept through the backoff (up to 5 s, each time a worker that
+        cannot start was retried): no signal was handled and no other dead worker
+        restarted meanwhile."""
+        # Its snapshot (gateway.api.fleet) says what it held when it last wrote: requests
+        # in flight that died with it, a log it may not open again. Every scrape would
+        # add them for as long as it stays down.
+        with contextlib.suppress(FileNotFoundError):
+            (self._runtime / f"worker-{worker.index}.prom").unlink()
         lived = time.monotonic() - worker.started
         quick = worker.quick_deaths + 1 if lived < self._quick_death_s else 0
         if quick >= _MAX_QUICK_DEATHS:
@@ -213,8 +237,8 @@ class Supervisor:
                 code=code,
             )
         self._log.warning("worker died; restarting it", worker=worker.index, code=code)
-        time.sleep(min(self._backoff_s * 2 ** min(quick, 10), 5.0) if quick else 0.0)
-        return self._start(worker.index, quick)
+        worker.quick_deaths = quick
+        return min(self._backoff_s * 2 ** min(quick, 10), 5.0) if quick else 0.0
 
     def _others_serving(self, index: int) -> bool:
         """Whether a worker other than `index` is alive and has outlived a quick death."""
@@ -273,6 +297,9 @@ def supervise(
     """`serve --workers N` in the supervisor process; `first_start_flags` go to each
     worker's first start, not to a restart."""
     argv = [sys.executable, "-m", "gateway", "serve", "--config", config_path]
+    log = get_logger("owngate.workers")
+    for level, event, fields in start_warnings(config, count):
+        getattr(log, level)(event, **fields)
     try:
         supervisor = Supervisor(
             argv,
@@ -286,3 +313,41 @@ def supervise(
         print(f"error: cannot bind {host}:{port}: {exc}", file=sys.stderr)
         return 1
     return supervisor.run()
+
+
+def start_warnings(config: GatewaySettings, count: int) -> list[tuple[str, str, dict[str, object]]]:
+    """What `serve --workers N` says at start, as (level, event, fields): that tenant
+    limits hold per worker with `state: memory` (N workers admit up to N times each
+    limit), a warning naming the tenants with limits (ids are config, never input), or a
+    note when none has any (a reload may add some: they hold per worker too); and that
+    the admin API `serve` would open (`admin.listen` with some admin access) is not."""
+    said: list[tuple[str, str, dict[str, object]]] = []
+    if count < 2:
+        return said
+    if config.state.backend == "memory":
+        limited = [
+            tenant.id
+            for tenant in config.tenants
+            if tenant.limits.requests_per_minute is not None
+            or tenant.limits.tokens_per_minute is not None
+            or tenant.limits.concurrent_requests is not None
+        ]
+        said.append(
+            (
+                "warning" if limited else "info",
+                "tenant limits hold per worker with state: memory; each tenant may get up "
+                "to workers times its limits (state: redis holds them across workers)",
+                {"workers": count, "tenants_with_limits": limited[:20], "more": len(limited[20:])},
+            )
+        )
+    admin = config.admin
+    if admin.listen is not None and (admin.tokens or admin.token_hashes or admin.allow_loopback):
+        said.append(
+            (
+                "warning",
+                "admin.listen is not opened under serve --workers (each worker holds its "
+                "own state); run the admin API with one process",
+                {"workers": count},
+            )
+        )
+    return said

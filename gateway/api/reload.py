@@ -199,6 +199,13 @@ class ConfigReloader:
             # every stream in flight would stall for them. The lock keeps reloads in order.
             fresh = await asyncio.to_thread(self._load)
         except ConfigError as exc:
+            if exc.unreadable:
+                # Not what the file says but whether it could be read (out of file
+                # descriptors under load, say): the next settled look reads it again.
+                # Kept, the stamp stopped every retry until the next change, and a key
+                # revoked in the keys file stayed valid in this process (one worker of
+                # `serve --workers` while the others refused it).
+                self._stamp = ()
             return self._failed(f"{len(exc.issues)} problem(s); first: {exc.issues[0]}", exc)
         fresh = self._pin_restart_only(running.config, fresh)
         # The same file, but a backend's CA or client certificate replaced on disk (a CA

@@ -180,7 +180,12 @@ def _serve(
     if identity is not None:
         app.fleet = FleetMetrics(identity.runtime_dir, identity.index)
     try:
-        sock = bind_socket(host, port, reuse_port=identity is not None)
+        # A worker's socket joins the port's group only once its app has started (uvicorn
+        # listens when it starts serving): the kernel hands new connections to the
+        # listening sockets at once, and those queued on a worker whose startup then
+        # fails (its log cannot be opened: it keeps dying and is retried every 5 s) were
+        # reset when it exited, while the other workers served.
+        sock = bind_socket(host, port, reuse_port=identity is not None, listen=identity is None)
     except OSError as exc:
         print(f"error: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
         return EXIT_NOT_STARTED

@@ -142,7 +142,8 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 
 def format_table(report: dict[str, Any]) -> str:
     """The report as aligned text: one row per backend, then the pools' wait queues, then
-    the gateway's readiness when it is not ready."""
+    the gateway's readiness when it is not ready, and which worker answered under
+    `serve --workers` (each has its own view)."""
     rows: list[tuple[str, ...]] = [_COLUMNS]
     for backend in report.get("backends", []):
         rows.append(tuple(shown(cell) for cell in _row(backend)))
@@ -165,6 +166,12 @@ def format_table(report: dict[str, Any]) -> str:
     if readiness.get("status", "ready") != "ready":
         draining = " (draining)" if readiness.get("draining") else ""
         lines += ["", f"gateway: {shown(readiness['status'])}{draining}"]
+    if readiness.get("worker") is not None:  # `serve --workers N`: one worker's own view
+        lines += [
+            "",
+            f"answered by worker {shown(readiness['worker'])} of `serve --workers`: its own "
+            "breakers, health, counts and config (run again for another worker)",
+        ]
     return "\n".join(lines)
 
 

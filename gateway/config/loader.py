@@ -77,11 +77,15 @@ class ConfigIssue:
 
 
 class ConfigError(Exception):
-    """The config file is invalid; `issues` lists every problem found."""
+    """The config file is invalid; `issues` lists every problem found. `unreadable`: the
+    file (gateway.yaml or its keys file) could not be read at all (an OSError: too many
+    open files, an I/O error, a permission), which may pass while the file stays as it
+    is: a reload watcher tries such a file again rather than wait for it to change."""
 
-    def __init__(self, source: str, issues: list[ConfigIssue]) -> None:
+    def __init__(self, source: str, issues: list[ConfigIssue], *, unreadable: bool = False) -> None:
         self.source = source
         self.issues = issues
+        self.unreadable = unreadable
         lines = "\n".join(f"  {source}:{issue}" for issue in issues)
         super().__init__(f"invalid config {source} ({len(issues)} problem(s)):\n{lines}")
 
@@ -92,7 +96,8 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Gatew
     try:
         raw = read_small_file(Path(path), MAX_CONFIG_BYTES)
     except OSError as exc:
-        raise ConfigError(source, [ConfigIssue("", None, f"cannot read: {exc.strerror}")]) from exc
+        issue = ConfigIssue("", None, f"cannot read: {exc.strerror}")
+        raise ConfigError(source, [issue], unreadable=True) from exc
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:  # a ConfigError, so the reload watcher lives on
@@ -278,7 +283,7 @@ def _merge_keys_file(config: GatewaySettings, keys_path: Path, source: str) -> G
     except OSError as exc:  # a ConfigError, so a reload keeps the running config (and its
         # watcher) instead of dying on an unreadable file
         issue = ConfigIssue("", None, f"cannot read: {exc.strerror}")
-        raise ConfigError(str(keys_path), [issue]) from exc
+        raise ConfigError(str(keys_path), [issue], unreadable=True) from exc
     except RecursionError as exc:  # PyYAML composes recursively
         issue = ConfigIssue("", None, "not valid YAML: it nests too deep")
         raise ConfigError(str(keys_path), [issue]) from exc

@@ -2,12 +2,14 @@
 stand-in worker programs: a worker that can no longer start (gateway.yaml turned invalid
 after the others started: their reloads refuse it and they keep serving) must not stop
 the workers that serve. The merged metrics show workers enforcing different policy sets,
-and a worker whose provenance log cannot be written."""
+and a worker whose provenance log cannot be written; a dead worker's snapshot leaves them."""
 
 from __future__ import annotations
 
 import argparse
 import ast
+import io
+import logging
 import os
 import signal
 import sys
@@ -15,12 +17,16 @@ import threading
 from pathlib import Path
 
 import pytest
+import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway import access_log
 from gateway.api.fleet import merge_expositions
 from gateway.api.recorder import NEW_LOG_ORIGIN_ENV
+from gateway.logs import configure_logging
 from gateway.serving import bind_socket
-from gateway.workers import INDEX_ENV, Supervisor
+from gateway.workers import INDEX_ENV, RUNTIME_ENV, Supervisor
+from tests.helpers.waiting import until
 
 # Worker 1 serves until SIGTERM; worker 2 dies at once, as `serve` does on an invalid file.
 WORKER = f"""
@@ -226,3 +232,117 @@ def test_serve_ignores_sighup_before_it_loads_the_config(tmp_path: Path) -> None
         assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+def test_a_dead_workers_snapshot_leaves_the_merged_metrics(tmp_path: Path) -> None:
+    """Worker 2 publishes a snapshot (3 requests in flight, its log ready), dies, and
+    then cannot start again. Before, its last snapshot stayed in the runtime directory and
+    every scrape of worker 1 added its 3 requests in flight, for as long as it was down."""
+    starts = tmp_path / "starts"
+    starts.touch()
+    program = (
+        "import os, pathlib, signal, sys\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        f"index = os.environ[{INDEX_ENV!r}]\n"
+        "with open(sys.argv[1], 'a') as starts:\n"
+        "    starts.write(index + '\\n')\n"
+        "if index == '2':\n"
+        "    if open(sys.argv[1]).read().split().count('2') == 1:\n"
+        f"        runtime = pathlib.Path(os.environ[{RUNTIME_ENV!r}])\n"
+        "        (runtime / 'worker-2.prom').write_text(sys.argv[2])\n"
+        "    sys.exit(3)  # it dies; then it cannot start again (its log refuses it, say)\n"
+        "signal.alarm(60)  # bounded: SIGALRM ends it if no SIGTERM comes\n"
+        "signal.pause()\n"
+    )
+    snapshot = (
+        "# TYPE owngate_backend_inflight gauge\n"
+        'owngate_backend_inflight{backend="gpu"} 3\n'
+        "# TYPE owngate_provenance_ready gauge\n"
+        "owngate_provenance_ready 1\n"
+    )
+    supervisor = Supervisor(
+        [sys.executable, "-c", program, str(starts), snapshot],
+        2,
+        "127.0.0.1",
+        0,
+        drain_timeout_s=5.0,
+        backoff_s=0.05,
+    )
+    merged: list[list[str]] = []
+    done = threading.Event()
+
+    def look_once_restarted() -> None:  # what a scrape of worker 1 would merge
+        for _ in range(300):  # bounded: 30 s
+            if starts.read_text().split().count("2") >= 2 or done.is_set():
+                break
+            done.wait(0.1)
+        merged.append(sorted(p.name for p in supervisor._runtime.glob("worker-*.prom")))
+        supervisor._on_signal(signal.SIGTERM, None)
+
+    threading.Thread(target=look_once_restarted, daemon=True).start()
+    supervisor.run()
+    done.set()
+    assert starts.read_text().split().count("2") >= 2
+    assert merged == [[]]  # worker 1 wrote none; worker 2's last one is gone
+
+
+def test_signals_are_handled_while_a_dead_worker_waits_out_its_backoff(tmp_path: Path) -> None:
+    """Worker 2 keeps dying at start; worker 1 serves. A SIGHUP (a reload) the supervisor
+    gets while worker 2 waits out its backoff (5 s here) reaches worker 1 at once. Before,
+    the supervisor slept through each backoff: the reload waited for worker 2's next start,
+    and so would a SIGTERM or the restart of worker 1 had it died meanwhile."""
+    seen = tmp_path / "seen"
+    seen.touch()
+    program = (
+        "import os, signal, sys\n"
+        f"index = os.environ[{INDEX_ENV!r}]\n"
+        "def say(what):\n"
+        "    with open(sys.argv[1], 'a') as seen:\n"
+        "        seen.write(what + '\\n')\n"
+        "if index == '2':\n"
+        "    sys.exit(3)\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "signal.signal(signal.SIGHUP, lambda *_: say('hup'))\n"
+        "say('1')\n"
+        "signal.alarm(60)  # bounded: SIGALRM ends it if no SIGTERM comes\n"
+        "while True:\n"
+        "    signal.pause()\n"
+    )
+    out = io.BytesIO()
+    stream = io.TextIOWrapper(out, encoding="utf-8", write_through=True)
+    saved, handlers = structlog.get_config(), logging.getLogger().handlers[:]
+    configure_logging("json", "info", stream=stream)
+    dead: list[object] = []
+    reloaded: list[object] = []
+    try:
+        supervisor = Supervisor(
+            [sys.executable, "-c", program, str(seen)],
+            2,
+            "127.0.0.1",
+            0,
+            drain_timeout_s=5.0,
+            quick_death_s=60.0,  # every death of worker 2 is quick
+            backoff_s=2.5,  # its first backoff: 5 s
+        )
+
+        def reload_during_the_backoff() -> None:
+            try:
+                until(lambda: "1" in seen.read_text().split(), "worker 1 serving", timeout=30)
+                until(lambda: b"worker died" in out.getvalue(), "worker 2 dead", timeout=30)
+                dead.append(supervisor._workers[2])  # the one that died, until restarted
+                supervisor._on_signal(signal.SIGHUP, None)
+                until(lambda: "hup" in seen.read_text().split(), "worker 1 reloading", timeout=30)
+                reloaded.append(supervisor._workers[2])
+            finally:
+                supervisor._on_signal(signal.SIGTERM, None)
+
+        watcher = threading.Thread(target=reload_during_the_backoff, daemon=True)
+        watcher.start()
+        supervisor.run()
+        watcher.join(timeout=5.0)
+    finally:
+        access_log.install(None)
+        structlog.configure(**saved)
+        logging.getLogger().handlers[:] = handlers
+    assert len(dead) == 1 and len(reloaded) == 1
+    assert reloaded[0] is dead[0]  # worker 1 reloaded before worker 2 was started again

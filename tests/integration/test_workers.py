@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import signal
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from gateway.workers import WorkerIdentity, for_worker
 from tests.helpers.gateways import Sim, backend, gateway_config
 from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess
+from tests.helpers.provenance import records
 from tests.helpers.waiting import until
 
 ORIGIN = "test.owngate/workers"
@@ -180,3 +183,117 @@ def _both_serve(url: str, vkey: str) -> bool:
         return len(send_requests(url, 20, vkey)) == 2
     except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
         return False
+
+
+def _listening(port: int) -> int:
+    """Sockets listening on 127.0.0.1:`port` (the supervisor's reserved one never does)."""
+    local = f"0100007F:{port:04X}"
+    lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for line in lines if line.split()[1] == local and line.split()[3] == "0A")
+
+
+def _events(gateway: GatewayProcess, event: str) -> int:
+    lines = (gateway.stdout() + gateway.stderr()).splitlines()
+    return sum(f'"event":"{event}"' in line for line in lines)
+
+
+def test_a_worker_takes_no_connection_before_its_app_has_started(tmp_path: Path) -> None:
+    """A restarted worker's startup waits for its first probe of the backends (here one
+    that never answers: `scrape.timeout_s`). Before, its socket listened from before that
+    wait: the kernel queued new connections on it, where they waited while the other
+    worker was idle, and were reset when a startup failed (its log could not be opened:
+    such a worker is retried every 5 s, and each try cost clients their connections)."""
+    silent = socket.socket()  # accepts into its backlog, never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    port = free_port()
+    config = {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "logging": {"format": "json", "level": "info", "access_log": False},
+        "limits": {"drain_timeout_s": 5},
+        "scrape": {"timeout_s": 6, "interval_s": 1, "staleness_s": 3},
+        "backends": [backend("gpu", f"http://127.0.0.1:{silent.getsockname()[1]}", "m")],
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+    }
+    gateway = GatewayProcess(config, tmp_path, "--workers", "2").start(timeout_s=90)
+    try:
+        assert gateway.proc is not None
+        supervisor = gateway.proc.pid
+        until(lambda: _events(gateway, "Application startup complete.") == 2, "both started")
+        assert _listening(port) == 2
+        victim = worker_pids(supervisor)[0]
+        os.kill(victim, signal.SIGKILL)
+        # Its replacement has bound the port (it says "starting" after) and now waits
+        # seconds for the silent backend before its app starts.
+        until(lambda: _events(gateway, "starting") == 3, "the replacement binding", timeout=30)
+        listening = _listening(port)
+        assert _events(gateway, "Application startup complete.") == 2  # still starting
+        assert listening == 1  # the other worker's only
+        until(lambda: _listening(port) == 2, "the replacement listening", timeout=30)
+    finally:
+        gateway.stop(signal.SIGKILL)
+        silent.close()
+
+
+def _worker_pid(supervisor: int, index: int) -> int:
+    for pid in worker_pids(supervisor):
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"OWNGATE_WORKER_INDEX={index}".encode() in environ:
+            return pid
+    raise AssertionError(f"no worker {index} under {supervisor}")
+
+
+def _recorded_size(high_water: Path) -> int:
+    """The size of the checkpoint a high-water file records (its first note's 2nd line)."""
+    return int(high_water.read_text().split("\n")[1])
+
+
+def test_a_worker_restarted_on_a_lost_log_refuses_it_and_continues_it_once_back(
+    workers: tuple[GatewayProcess, str], tmp_path: Path
+) -> None:
+    """Worker 2's log directory is swapped for an empty one and worker 2 dies. Its
+    replacement finds less than its high-water file says was signed: it refuses to start
+    (a fork of its log) and is retried while worker 1 serves every request, logged in
+    worker 1's log alone. Once the directory is back, worker 2 starts on it, recovers
+    what it wrote before it died and continues the same log."""
+    gateway, vkey = workers
+    assert gateway.proc is not None
+    supervisor = gateway.proc.pid
+    until(lambda: len(worker_pids(supervisor)) == 2, "two workers", timeout=15.0)
+    until(lambda: _both_serve(gateway.url, vkey), "both workers serving", timeout=15.0)
+    before = send_requests(gateway.url, 20, vkey)
+    log2 = tmp_path / "log" / "worker-2"
+    high_water = tmp_path / "log.high-water-worker-2"
+    # A checkpoint signed and recorded in the high-water file (written after the log's
+    # own files: a worker that dies in between leaves it behind, by design, and the lost
+    # directory would then go unnoticed: docs/provenance.md, "Starting over").
+    until(
+        lambda: high_water.is_file() and _recorded_size(high_water) == len(records(log2)) > 0,
+        "a checkpoint of worker 2's, recorded",
+        timeout=15.0,
+    )
+    signed = _recorded_size(high_water)
+    log2.rename(tmp_path / "kept")
+    log2.mkdir()
+    victim = _worker_pid(supervisor, 2)
+    os.kill(victim, signal.SIGKILL)
+    until(
+        lambda: "going on would fork it" in gateway.output(),
+        "worker 2 refusing",
+        timeout=30.0,
+        detail=gateway.output,
+    )
+    during = send_requests(gateway.url, 40, vkey)  # new connections: worker 1 alone
+    assert during == {f"{ORIGIN}/worker-1": 40}
+    assert sorted(p.name for p in log2.iterdir()) in ([], [".lock"])  # nothing signed there
+    assert _recorded_size(high_water) == signed  # nor recorded
+    shutil.rmtree(log2)
+    (tmp_path / "kept").rename(log2)
+    until(lambda: _both_serve(gateway.url, vkey), "worker 2 back", timeout=30.0)
+    gateway.proc.send_signal(signal.SIGTERM)
+    assert gateway.wait(timeout_s=60) == 0, gateway.output()
+    verifiers = load_verifiers([vkey])
+    summary = verify_log(log2, verifiers)  # one log, continued across the crash
+    assert summary.origin == f"{ORIGIN}/worker-2" and summary.unsigned_entries == 0
+    assert summary.size >= 2 * before.get(f"{ORIGIN}/worker-2", 0)
+    verify_log(tmp_path / "log" / "worker-1", verifiers)

@@ -1,0 +1,197 @@
+"""Per-tenant promises under `owngate serve --workers N`, as real processes.
+
+With `state: memory` each worker holds its own ledger: N workers admit up to N times a
+tenant's limits. That is documented (docs/deploy.md) and the supervisor warns of it at
+start, naming the tenants with limits; with `state: redis` (a private redis-server) the
+limits hold exactly across the workers, concurrency included, and no such warning comes.
+A key revoked with `owngate keys revoke` is refused by every worker, with and without
+Redis. Requests go on new connections, so the kernel spreads them over the workers.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from gateway.tenants import hash_api_key
+from tests.helpers.gateways import Sim, backend
+from tests.helpers.net import free_port
+from tests.helpers.processes import KEY, GatewayProcess, owngate_argv
+from tests.helpers.redis_server import RedisServer
+from tests.helpers.waiting import until
+
+BODY = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+PER_WORKER = "tenant limits hold per worker with state: memory"
+SPREAD = 40  # new connections: each of 2 or 3 workers misses all of them with odds < 2**-23
+
+
+def _config(sim_url: str, state: dict[str, Any], limits: dict[str, int]) -> dict[str, Any]:
+    return {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "logging": {"format": "json", "level": "warning", "access_log": False},
+        "limits": {"drain_timeout_s": 5},
+        "state": state,
+        "keys_file": "keys.yaml",
+        "backends": [backend("gpu", sim_url, "m")],
+        "tenants": [
+            {"id": "acme", "models": ["*"], "limits": limits},
+            {"id": "free", "models": ["*"]},
+        ],
+    }
+
+
+@pytest.fixture
+def start_workers(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
+    started: list[GatewayProcess] = []
+
+    def start(sim: Sim, state: dict[str, Any], limits: dict[str, int], n: int) -> GatewayProcess:
+        keys = {"tenants": {"acme": [hash_api_key(KEY)]}}
+        (tmp_path / "keys.yaml").write_text(yaml.safe_dump(keys))
+        config = _config(sim.url, state, limits)
+        started.append(GatewayProcess(config, tmp_path, "--workers", str(n)).start())
+        return started[-1]
+
+    yield start
+    for gateway in started:
+        gateway.stop(signal.SIGTERM)
+
+
+def statuses(url: str, count: int, body: dict[str, Any] = BODY) -> list[int]:
+    """`count` chat requests of acme's, each on a new connection."""
+    headers = {"authorization": f"Bearer {KEY}", "connection": "close"}
+    with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+        return [client.post("/v1/chat/completions", json=body).status_code for _ in range(count)]
+
+
+def warnings(gateway: GatewayProcess) -> list[dict[str, Any]]:
+    """The supervisor's and workers' JSON log lines at level warning."""
+    lines = (gateway.stdout() + gateway.stderr()).splitlines()
+    events = [json.loads(line) for line in lines if line.startswith("{")]
+    return [event for event in events if event.get("level") == "warning"]
+
+
+def revoke(gateway: GatewayProcess) -> None:
+    done = subprocess.run(
+        owngate_argv("keys", "revoke", KEY, "--config", "gateway.yaml"),
+        cwd=gateway.directory,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def refilled(rpm: int, since: float) -> int:
+    """Requests a GCRA bucket of `rpm` a minute gave back since `since` (monotonic)."""
+    return int((time.monotonic() - since) * rpm / 60) + 1
+
+
+def refused_everywhere(url: str) -> bool:
+    return set(statuses(url, SPREAD)) == {401}
+
+
+def test_memory_limits_hold_per_worker_and_the_supervisor_says_so(
+    start_sim: Callable[..., Sim], start_workers: Callable[..., GatewayProcess]
+) -> None:
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    gateway = start_workers(sim, {"backend": "memory"}, {"requests_per_minute": 3}, 2)
+
+    said = [w for w in warnings(gateway) if w["event"].startswith(PER_WORKER)]
+    assert len(said) == 1, gateway.output()  # the supervisor's, once
+    assert said[0]["workers"] == 2
+    assert said[0]["tenants_with_limits"] == ["acme"]  # `free` has none
+
+    began = time.monotonic()
+    answered = statuses(gateway.url, SPREAD)
+    assert set(answered) <= {200, 429}
+    # Each worker's own burst of 3, no more (plus what each bucket refilled meanwhile).
+    assert 3 <= answered.count(200) <= 2 * (3 + refilled(3, began)), answered
+
+    revoke(gateway)  # the keys file: every worker reloads it
+    until(lambda: refused_everywhere(gateway.url), "every worker refusing the key", timeout=20)
+
+
+@pytest.mark.redis
+def test_redis_limits_hold_across_workers_and_a_revocation_reaches_all(
+    start_sim: Callable[..., Sim],
+    start_workers: Callable[..., GatewayProcess],
+    redis_server: RedisServer,
+) -> None:
+    sim = start_sim("vllm", models=("m",), decode_tokens_per_s=20.0)
+    state = {"backend": "redis", "url": redis_server.url, "timeout_ms": 2000}
+    limits = {"requests_per_minute": 8, "concurrent_requests": 2}
+    gateway = start_workers(sim, state, limits, 3)
+    assert not [w for w in warnings(gateway) if w["event"].startswith(PER_WORKER)]
+
+    # Two streams (20 s of tokens each) hold acme's two slots, wherever they landed.
+    held = threading.Event()
+    opened = threading.Semaphore(0)
+    codes: list[int] = []
+
+    def hold() -> None:
+        body = {**BODY, "max_tokens": 400, "stream": True}
+        headers = {"authorization": f"Bearer {KEY}"}
+        with (
+            httpx.Client(timeout=60) as client,
+            client.stream(
+                "POST", f"{gateway.url}/v1/chat/completions", json=body, headers=headers
+            ) as response,
+        ):
+            codes.append(response.status_code)
+            opened.release()
+            for _ in response.iter_raw():
+                if held.is_set():
+                    return
+
+    threads = [threading.Thread(target=hold) for _ in range(2)]
+    began = time.monotonic()
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in threads:
+            assert opened.acquire(timeout=30), "a stream got no answer"
+        assert codes == [200, 200]
+        # No worker admits a third at once; 6 of the 8 a minute are left, none used.
+        assert set(statuses(gateway.url, 12)) == {429}
+    finally:
+        held.set()
+        for thread in threads:
+            thread.join(timeout=60)
+
+    # The slots freed: the minute's 8 requests (2 taken by the streams) over 3 workers.
+    until(lambda: statuses(gateway.url, 1) == [200], "a slot freed", timeout=20)
+    answered = statuses(gateway.url, SPREAD)
+    # Exactly the rest of the one bucket, whichever worker answered (plus its refill).
+    assert 8 - 2 - 1 <= answered.count(200) <= 8 - 2 - 1 + refilled(8, began), answered
+
+    revoke(gateway)
+    until(lambda: refused_everywhere(gateway.url), "every worker refusing the key", timeout=20)
+
+
+@pytest.mark.redis
+def test_redis_token_reservations_hold_across_workers(
+    start_sim: Callable[..., Sim],
+    start_workers: Callable[..., GatewayProcess],
+    redis_server: RedisServer,
+) -> None:
+    """`tokens_per_minute: 1000` and requests asking `max_tokens: 400` (each reserves that
+    and its prompt's estimate): two fit the minute's budget, whichever of 3 workers
+    reserves them; a third does not fit until the budget refills (1000 tokens a minute)."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    state = {"backend": "redis", "url": redis_server.url, "timeout_ms": 2000}
+    gateway = start_workers(sim, state, {"tokens_per_minute": 1000}, 3)
+    began = time.monotonic()
+    answered = statuses(gateway.url, 24, {**BODY, "max_tokens": 400})
+    assert set(answered) <= {200, 429}
+    refill = int((time.monotonic() - began) * 1000 / 60) // 400 + 1
+    assert 2 <= answered.count(200) <= 2 + refill, answered

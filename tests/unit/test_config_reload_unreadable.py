@@ -1,0 +1,110 @@
+"""A gateway.yaml or keys file the reload watcher could not read (an OSError: out of file
+descriptors under load, an I/O error) is read again at the next settled look, though the
+file did not change. Before, the failed reload kept the file's new stamp and the watcher
+waited for the next change: a key revoked in the keys file stayed valid in that process,
+for good (under `serve --workers N`, in the one worker that failed to read it, while the
+others refused it). What a file says when it can be read (invalid content) is not retried:
+it waits for the next change, as before."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway import tenants as tenants_module
+from gateway.app import create_app
+from gateway.config import ConfigError, load_config
+from gateway.tenants import hash_api_key
+from tests.helpers.gateways import backend, gateway_config
+
+KEY = "og-unreadable-test-key-0123456789"
+
+
+def _write(path: Path, text: str, mtime_ns: int) -> None:
+    path.write_text(text)
+    os.utime(path, ns=(mtime_ns, mtime_ns))  # each write its own stamp, whatever the clock
+
+
+def _keys(*keys: str) -> str:
+    return yaml.safe_dump({"tenants": {"acme": [hash_api_key(k) for k in keys]}})
+
+
+def _gateway_yaml(tmp_path: Path) -> Path:
+    data = gateway_config([backend("gpu", "http://127.0.0.1:9", "m")]).model_dump(
+        mode="json", exclude_none=True
+    )
+    data["tenants"][0]["api_key_hashes"] = []
+    data["keys_file"] = "keys.yaml"
+    path = tmp_path / "gateway.yaml"
+    _write(path, yaml.safe_dump(data), 1_000_000_000)
+    return path
+
+
+def test_a_keys_file_that_could_not_be_read_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _gateway_yaml(tmp_path)
+    _write(tmp_path / "keys.yaml", _keys(KEY), 1_000_000_000)
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None
+    assert hash_api_key(KEY) in app.parts.config.tenants[0].api_key_hashes
+
+    _write(tmp_path / "keys.yaml", _keys(), 2_000_000_000)  # `owngate keys revoke`
+    real = tenants_module.read_keys_file
+    reads: list[Path] = []
+
+    def out_of_descriptors_once(keys_path: Path) -> dict[str, list[str]]:
+        reads.append(keys_path)
+        if len(reads) == 1:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real(keys_path)
+
+    monkeypatch.setattr(tenants_module, "read_keys_file", out_of_descriptors_once)
+
+    async def looks() -> None:
+        for _ in range(6):  # bounded: a change settles in two looks
+            await reloader.poll()
+
+    asyncio.run(looks())
+    assert reloader.reload_failures == 1
+    assert len(reads) == 2  # read again, and only once more
+    assert hash_api_key(KEY) not in app.parts.config.tenants[0].api_key_hashes
+    assert reloader.last_error is None
+
+
+def test_a_keys_file_that_says_something_invalid_waits_for_a_change(tmp_path: Path) -> None:
+    path = _gateway_yaml(tmp_path)
+    _write(tmp_path / "keys.yaml", _keys(KEY), 1_000_000_000)
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None
+    _write(tmp_path / "keys.yaml", "tenants: [not, a, mapping]\n", 2_000_000_000)
+
+    async def looks() -> None:
+        for _ in range(6):
+            await reloader.poll()
+
+    asyncio.run(looks())
+    assert reloader.reload_failures == 1  # refused once, not again every look
+
+
+def test_the_loader_says_which_files_could_not_be_read(tmp_path: Path) -> None:
+    path = _gateway_yaml(tmp_path)
+    (tmp_path / "keys.yaml").mkdir()  # read() fails: EISDIR
+    with pytest.raises(ConfigError) as unreadable:
+        load_config(path)
+    assert unreadable.value.unreadable
+    (tmp_path / "keys.yaml").rmdir()
+    (tmp_path / "keys.yaml").write_text("tenants: [not, a, mapping]\n")
+    with pytest.raises(ConfigError) as invalid:
+        load_config(path)
+    assert not invalid.value.unreadable
+    with pytest.raises(ConfigError) as missing:
+        load_config(tmp_path / "nowhere.yaml")
+    assert missing.value.unreadable
