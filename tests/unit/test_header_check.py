@@ -12,12 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from uvicorn.protocols.http import httptools_impl
 
-from gateway.header_check import CONTROL_BYTES, HeaderValueCheck
+from gateway.header_check import CONTROL_BYTES, UVICORN_PATTERN, HeaderValueCheck, install
 from gateway.serving import uvicorn_config
 from tests.helpers.listener_protocol import GET, RecordingTransport, listener_protocol
 
 # uvicorn 0.x's own pattern, spelled out: the check must answer as it does.
-UVICORN_PATTERN = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")
+UVICORN_REGEX = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 async def _app(scope: object, receive: object, send: object) -> None:
@@ -28,14 +28,14 @@ def test_every_byte_is_judged_as_uvicorn_judges_it() -> None:
     check = HeaderValueCheck()
     for byte in range(256):
         for value in (bytes([byte]), b"abc" + bytes([byte]) + b"def"):
-            assert bool(check.search(value)) == bool(UVICORN_PATTERN.search(value)), value
-    assert set(CONTROL_BYTES) == {b for b in range(256) if UVICORN_PATTERN.search(bytes([b]))}
+            assert bool(check.search(value)) == bool(UVICORN_REGEX.search(value)), value
+    assert set(CONTROL_BYTES) == {b for b in range(256) if UVICORN_REGEX.search(bytes([b]))}
     assert not check.search(b"") and not check.search(b"tab\there, and ~!@#$%^&*()")
 
 
 @given(st.binary(max_size=3000))
 def test_any_value_is_judged_as_uvicorn_judges_it(value: bytes) -> None:
-    assert bool(HeaderValueCheck().search(value)) == bool(UVICORN_PATTERN.search(value))
+    assert bool(HeaderValueCheck().search(value)) == bool(UVICORN_REGEX.search(value))
 
 
 def test_the_servers_settings_give_uvicorn_the_one_pass_check() -> None:
@@ -91,3 +91,28 @@ def test_a_receipt_sized_base64_value_goes_out() -> None:
     raised, written = _answer_with(value)
     assert raised == []
     assert b"x-receipt: " + value + b"\r\n" in written and written.endswith(b"{}")
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        b"[\x00-\x1f\x7f]",  # uvicorn before 0.30: a tab refused too
+        b"[\x00-\x08\x0a-\x1f\x7f-\xff]",  # one that refuses more (obs-text)
+    ],
+)
+def test_another_uvicorn_check_is_left_as_it_is(
+    monkeypatch: pytest.MonkeyPatch, pattern: bytes
+) -> None:
+    """`install` replaces only the pattern `HeaderValueCheck` answers as: over any other,
+    the one-pass check would let through what that uvicorn refuses."""
+    own = re.compile(pattern)
+    monkeypatch.setattr(httptools_impl, "HEADER_VALUE_RE", own)
+    install()
+    assert httptools_impl.HEADER_VALUE_RE is own
+    monkeypatch.setattr(httptools_impl, "HEADER_VALUE_RE", re.compile(UVICORN_PATTERN))
+    install()
+    assert isinstance(httptools_impl.HEADER_VALUE_RE, HeaderValueCheck)
+
+
+def test_the_pattern_reproduced_is_uvicorn_s_own() -> None:
+    assert UVICORN_REGEX.pattern == UVICORN_PATTERN
