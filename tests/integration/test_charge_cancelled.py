@@ -36,10 +36,10 @@ from tests.helpers.raw_backend import Answer, RawBackend, json_answer, sse_head
 from tests.helpers.redis_server import RedisServer
 
 TPM = 60_000  # 1,000 tokens a second
-# Eight requests a minute: a request counted on Redis stays 7.5 s in its key (it expires
-# once the budget is whole again), and the six of the loop fit.
 PROMPT = 40_000  # bytes of prompt: reserved at a quarter token each, reported at one each
 USED = PROMPT + 1  # what the backend reports (prompt and one completion token)
+# Eight requests a minute: a request counted on Redis stays 7.5 s in its key (it expires
+# once the budget is whole again), and the six of the loop fit.
 LIMITS = TenantLimits(requests_per_minute=8, tokens_per_minute=TPM, concurrent=1)
 ASK: dict[str, Any] = {
     "model": "m",
