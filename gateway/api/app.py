@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gateway.api.exchange import cancel
 from gateway.api.labels import excerpt
 from gateway.api.openai import PROXIED, TenantSurface, new_request_id
 from gateway.api.operations import Operations
@@ -222,7 +223,7 @@ class GatewayApp(Runtime):
             get_logger("owngate").warning("drain deadline passed", cut=len(self.serving))
         self.cutting = True
         for task in list(self.serving):
-            task.cancel()
+            cancel(task)  # a charge being made is made first (`settle`)
 
     def reload(self) -> None:
         """SIGHUP: reload gateway.yaml (when served from a file) and the trust policies."""

@@ -7,7 +7,7 @@ import base64
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.asgi import Receive, Send, send_bytes
 from gateway.errors import GatewayError
@@ -24,6 +24,7 @@ __all__ = [
     "Exchange",
     "TryNext",
     "break_stream",
+    "cancel",
     "client_left",
     "cut_status",
     "end_stream",
@@ -43,6 +44,10 @@ __all__ = [
 # (docs/provenance.md, "Receipts"); a stream's headers are out before, so it only lacks its
 # receipt line. Either way `owngate_receipt_failures_total` counts it.
 _RECEIPT_MISSING = ((b"x-owngate-receipt-missing", b"signing-failed"),)
+
+# The requests making their tenant's charge now (`settle`), each with whether a
+# cancellation arrived meanwhile: `cancel` holds it back until the charge is made.
+_charging: dict[asyncio.Task[Any], bool] = {}
 
 
 @dataclass(slots=True)
@@ -111,10 +116,36 @@ class TryNext(Exception):
 
 async def settle(exchange: Exchange) -> None:
     """Charge the tenant for this answer now (once): called just before the message that
-    ends the answer goes out."""
+    ends the answer goes out.
+
+    No cancellation interrupts the charge: one that arrives meanwhile (`cancel`: the
+    client left, the drain deadline passed) is held back until it is made, then raised
+    here (`CancelledError`), as if it had arrived just after. Cancelled partway, a charge
+    on Redis could be lost (the call never sent): a client closing right after `[DONE]`
+    would use tokens its tenant is never charged. No task is made for it."""
     charge, exchange.charge = exchange.charge, None
-    if charge is not None:
+    if charge is None:
+        return
+    task = asyncio.current_task()
+    if task is None:  # not in a task: nothing can cancel it
         await charge()
+        return
+    _charging[task] = False
+    try:
+        await charge()
+    finally:
+        cancelled = _charging.pop(task, False)
+    if cancelled:
+        raise asyncio.CancelledError  # the proxy absorbs it when its client left (499)
+
+
+def cancel(task: asyncio.Task[Any]) -> None:
+    """Cancel `task` (a request's), or, while it makes its tenant's charge (`settle`),
+    once that is made: no cancellation interrupts a charge."""
+    if task in _charging:
+        _charging[task] = True
+    else:
+        task.cancel()
 
 
 async def receipt_headers(exchange: Exchange) -> tuple[tuple[bytes, bytes], ...]:
@@ -296,7 +327,7 @@ def watch_disconnect(receive: Receive, exchange: Exchange) -> Callable[[], objec
     def gone() -> None:
         exchange.client_gone = True
         if task is not None:
-            task.cancel()
+            cancel(task)  # after the charge, when it is being made
 
     writer = exchange.writer
     if writer is not None:
