@@ -51,6 +51,11 @@ __all__ = ["RESTART_ONLY", "ConfigReloader"]
 # How long before the reading began a file must have been last written for the first
 # look not to reload it: coarse file systems keep mtimes in whole seconds (FAT: two).
 _MTIME_SLACK_S = 2.0
+# A file that cannot be read is read again after 2 looks, then 4, 8, ... at most 64 (about a
+# minute at the default 1 s interval): a transient failure (out of file descriptors) passes
+# at the first retry, and one that lasts (a keys file missing, a directory, too large, not
+# permitted) is not re-read, parsed and logged every other second for as long as it lasts.
+_UNREADABLE_MAX_DOUBLINGS = 6
 
 RESTART_ONLY = ("listen", "provenance", "state", "logging")
 
@@ -102,6 +107,8 @@ class ConfigReloader:
         self._retry_paths: tuple[Path, ...] = ()  # the policy files of a refused config
         self._stamp: tuple[object, ...] = ()
         self._settling = Settling()
+        self._unreadable = 0  # reloads in a row that could not read a file
+        self._retry_in: int | None = None  # looks left before an unreadable file is retried
         if read_at is not None and self._unchanged_since(read_at - _MTIME_SLACK_S):
             self._stamp = self._fingerprint()
 
@@ -158,11 +165,17 @@ class ConfigReloader:
         interval (the same size and mtime twice in a row), as the policy files' poll does.
         A gateway.yaml caught half written can still be valid YAML and a valid config, and
         a weaker one: cut before its `policy:` section it means the built-in policy, cut
-        inside a tenant's `limits` it means no limit. True if a changed config became
-        active."""
-        if not self._settling.settled(self._fingerprint(), self._stamp):
-            return False
-        return await self.reload()
+        inside a tenant's `limits` it means no limit. A file that could not be read is
+        read again unchanged, after a number of looks that doubles while it keeps
+        failing. True if a changed config became active."""
+        stamp = self._fingerprint()
+        if self._settling.settled(stamp, self._stamp):
+            return await self.reload()
+        if self._retry_in is not None and stamp == self._stamp:  # unchanged, unreadable
+            self._retry_in -= 1
+            if self._retry_in <= 0:
+                return await self.reload()
+        return False
 
     def trigger(self) -> None:
         """Reload soon (SIGHUP): on the event loop, after any reload already running. A
@@ -194,19 +207,22 @@ class ConfigReloader:
     async def _reload(self) -> bool:
         running = self._current()
         self._stamp = self._fingerprint()
+        self._retry_in = None
         try:
             # Off the event loop: a keys file of 20,000 keys takes seconds to parse, and
             # every stream in flight would stall for them. The lock keeps reloads in order.
             fresh = await asyncio.to_thread(self._load)
         except ConfigError as exc:
+            # Not what the file says but whether it could be read (out of file descriptors
+            # under load, say): read again though it did not change, or a key revoked in
+            # the keys file stayed valid in this process (one worker of `serve --workers`
+            # while the others refused it); after 2 looks, then twice as many each time
+            # it still fails (`_UNREADABLE_MAX_DOUBLINGS`).
+            self._unreadable = self._unreadable + 1 if exc.unreadable else 0
             if exc.unreadable:
-                # Not what the file says but whether it could be read (out of file
-                # descriptors under load, say): the next settled look reads it again.
-                # Kept, the stamp stopped every retry until the next change, and a key
-                # revoked in the keys file stayed valid in this process (one worker of
-                # `serve --workers` while the others refused it).
-                self._stamp = ()
+                self._retry_in = 2 ** min(self._unreadable, _UNREADABLE_MAX_DOUBLINGS)
             return self._failed(f"{len(exc.issues)} problem(s); first: {exc.issues[0]}", exc)
+        self._unreadable = 0
         fresh = self._pin_restart_only(running.config, fresh)
         # The same file, but a backend's CA or client certificate replaced on disk (a CA
         # withdrawn, a key rotated): its backend is rebuilt like a changed one.

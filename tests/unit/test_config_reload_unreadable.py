@@ -108,3 +108,47 @@ def test_the_loader_says_which_files_could_not_be_read(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as missing:
         load_config(tmp_path / "nowhere.yaml")
     assert missing.value.unreadable
+
+
+def test_a_keys_file_that_stays_unreadable_is_retried_ever_less_often(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keys file that cannot be read for as long as it stays as it is (its permission
+    taken away: a chmod changes neither its mtime nor its size, the watcher's stamp). Each
+    retry re-reads gateway.yaml and logs an error: at every other look (every 2 s, for
+    good) that was a log flood. Retried after 2, 4, 8, ... looks, it still gets read once
+    it can be, the change seen within a bounded number of looks."""
+    path = _gateway_yaml(tmp_path)
+    _write(tmp_path / "keys.yaml", _keys(KEY), 1_000_000_000)
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None
+    _write(tmp_path / "keys.yaml", _keys(), 2_000_000_000)  # `owngate keys revoke`
+    real = tenants_module.read_keys_file
+    reads: list[Path] = []
+    permitted = False
+
+    def not_permitted(keys_path: Path) -> dict[str, list[str]]:
+        reads.append(keys_path)
+        if not permitted:
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES))
+        return real(keys_path)
+
+    monkeypatch.setattr(tenants_module, "read_keys_file", not_permitted)
+
+    async def looks(count: int) -> int:
+        """Poll up to `count` times; the looks it took to reload (count if none did)."""
+        for look in range(1, count + 1):
+            if await reloader.poll():
+                return look
+        return count
+
+    asyncio.run(looks(64))
+    assert len(reads) == reloader.reload_failures
+    assert 3 <= reloader.reload_failures <= 6, reads  # was 32: every other look
+    assert hash_api_key(KEY) in app.parts.config.tenants[0].api_key_hashes
+    permitted = True  # `chmod` back: the stamp is as it was
+    taken = asyncio.run(looks(200))
+    assert taken <= 65  # bounded: at most 64 looks between two retries
+    assert hash_api_key(KEY) not in app.parts.config.tenants[0].api_key_hashes
+    assert reloader.last_error is None
