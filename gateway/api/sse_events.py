@@ -25,7 +25,10 @@ event can show a usage, raise or stop the SDK), a read of whole events holding n
 them costs four searches (`bytes.find`, not a regular expression: in `timeit`, a quarter
 of its time on one event, a twelfth on a read of 64), a read that holds some has only
 those events split into lines and parsed (a fast server's whole stream, coalesced into
-one read that ends with `[DONE]`, is not parsed event by event), and the unfinished event
+one read that ends with `[DONE]`, is not parsed event by event; past `_FEW_WORTH` of
+them, the rest of the read is read whole, every event: per event, the searches and
+slices cost more than a parse, 7 times as much as reading it on a read of `:"usage"`
+comments), and the unfinished event
 is kept only up to `max_event` bytes (64 KiB: comments and all): a longer event is not
 read.
 An event whose data is not JSON is skipped, where the SDK raises and reads no further:
@@ -52,6 +55,8 @@ __all__ = [
 ]
 
 _MAX_EVENT: Final = 64 * 1024
+# Events of one read found and read one by one; past them, the rest is read in one pass.
+_FEW_WORTH: Final = 4
 _LINE_ENDS: Final = re.compile(rb"\r\n|\r|\n")
 # What makes an event worth parsing (see the module's text): these, or `\u00` followed
 # by 4-7 (an escaped ASCII letter may spell `usage` or `error`).
@@ -105,10 +110,7 @@ class EventReader:
             buffer = buffer[_past_blank(buffer, found.start()) :]
         cut = last_event_end(buffer)
         if cut:
-            for begin, end in _worth_events(buffer, cut):  # only those (the module's text)
-                self._read(_lines(buffer[begin:end]), dispatch=False)
-                if self.stopped:
-                    break
+            self._read_worth(buffer, cut)
         rest = buffer[cut:]
         if len(rest) > self._max_event:  # let go unread: the usage it may hold is unknown
             self._raw, self._over = rest[-1:], True
@@ -122,6 +124,20 @@ class EventReader:
         rest, self._raw = self._raw, b""
         if rest and not self._over and not self.stopped and _worth(rest, 0, len(rest)):
             self._read(_lines(rest), dispatch=True)
+
+    def _read_worth(self, buffer: bytes, cut: int) -> None:
+        """Read the events of `buffer[:cut]` (whole events) worth parsing (the module's
+        text): the first `_FEW_WORTH` one by one, the rest of a read that holds more (a
+        server that writes `"usage":null` in every chunk, or a hostile one's `:"usage"`
+        comment line per event) in one pass over every event, as cheap per event as
+        reading gets (one by one, the searches, slices and splits cost 2 to 7 times it)."""
+        for count, (begin, end) in enumerate(_worth_events(buffer, cut)):
+            if count == _FEW_WORTH:
+                self._read(_lines(buffer[begin:cut]), dispatch=False)
+                return
+            self._read(_lines(buffer[begin:end]), dispatch=False)
+            if self.stopped:
+                return
 
     def _read(self, lines: list[bytes], *, dispatch: bool) -> None:
         """Read whole lines from an event's start; `dispatch`: end with a blank line."""

@@ -101,3 +101,35 @@ def test_an_escape_of_no_letter_makes_no_event_worth_parsing(
     reader.feed(markup * 50 + usage + markup)
     assert len(parsed) == 1
     assert reader.usage == {"prompt_tokens": 6, "completion_tokens": 0, "total_tokens": 0}
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        b'data: {"choices":[],"usage":null}\n\n',  # a server's `"usage":null` in every chunk
+        b':"usage"\n\n',  # a hostile backend's: a comment per event, nothing to parse
+        b'data: {"choices":[],"\\u0075":1}\r\n\r\n',
+    ],
+)
+def test_a_read_of_many_events_worth_it_is_read_in_one_pass_past_the_first_few(
+    monkeypatch: pytest.MonkeyPatch, event: bytes
+) -> None:
+    # One by one, each event's searches, slice and split cost 2 to 7 times reading it in
+    # the pass that reads a whole read (callgrind, docs/performance.md): a backend whose
+    # every event holds a marker must not make the reader slower than reading them all.
+    splits: list[bytes] = []
+    lines = sse_events._lines
+
+    def counting(chunk: bytes) -> list[bytes]:
+        splits.append(chunk)
+        return lines(chunk)
+
+    monkeypatch.setattr(sse_events, "_lines", counting)
+    parsed = _counting_reads(monkeypatch)
+    read = event * 1000 + USAGE + TOKEN * 3
+    reader = EventReader()
+    reader.feed(read)
+    assert len(splits) <= sse_events._FEW_WORTH + 1
+    assert b"".join(splits) == read  # every event read, each once
+    assert reader.usage == COUNTS and not reader.stopped and not reader.unknown
+    assert len(parsed) <= read.count(b"data:")  # none parsed twice
