@@ -76,8 +76,8 @@ def _documented(cell: str) -> object | None:
     return None
 
 
-def _defaults(model: type[BaseModel], prefix: str = "") -> dict[str, object]:
-    found: dict[str, object] = {}
+def _defaults(model: type[BaseModel], prefix: str = "") -> dict[str, bool | int | float | str]:
+    found: dict[str, bool | int | float | str] = {}
     for name, field in model.model_fields.items():
         path = prefix + (field.alias or name)
         if isinstance(field.default, (bool, int, float, str)):
