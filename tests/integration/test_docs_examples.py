@@ -87,3 +87,35 @@ def test_the_backend_certificate_commands_run_in_order(tmp_path: Path) -> None:
         assert done.returncode == 0, f"owngate {' '.join(words)}\n{done.stderr[-2000:]}"
     assert (tmp_path / "pki" / "ca.pem").is_file()
     assert (tmp_path / "pki" / "gateway.pem").is_file()
+
+
+def test_the_witness_key_commands_run_in_order(tmp_path: Path) -> None:
+    """docs/provenance.md's witness keys: `keys new --signing NAME --key-file witness.key`,
+    then `witness vkey --key witness.key` prints the cosignature verifier key of the same
+    name: another key type than the note verifier key `keys new` printed (C2SP
+    tlog-cosignature's 0x04, not signed-note's Ed25519 0x01), which the page says."""
+    shown = [
+        c.words
+        for c in doc_commands()
+        if c.source == "docs/provenance.md"
+        and c.in_block
+        and c.words[:2] in (("keys", "new"), ("witness", "vkey"))
+        and "witness.key" in c.words
+    ]
+    assert [w[:2] for w in shown] == [("keys", "new"), ("witness", "vkey")]
+    printed = []
+    for words in shown:
+        done = subprocess.run(
+            owngate_argv(*words),
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, f"owngate {' '.join(words)}\n{done.stderr[-2000:]}"
+        printed.append(done.stdout.strip())
+    name = "witness.example.com/w1+"
+    assert printed[0].startswith(name) and printed[1].startswith(name)
+    assert printed[0] != printed[1]
