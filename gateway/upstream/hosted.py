@@ -2,11 +2,10 @@
 
 One `HostedClient` per `hosted` backend. It turns the client's OpenAI request into a
 `litellm.acompletion` / `atext_completion` / `aembedding` call with the backend's
-`provider_model`, `base_url` (as `api_base`) and the key read from the environment
-variable the config names, and returns a `HostedResponse`: OpenAI JSON bytes, or OpenAI
-SSE events relayed chunk by chunk as the provider sends them. `prepare` checks the
-request for the provider without sending anything (the caller does it before the
-attempt's dispatch record), `send_prepared` sends it; `send` does both.
+`provider_model`, `base_url` (as `api_base`) and the key read from the environment variable
+the config names, and returns a `HostedResponse`: OpenAI JSON bytes, or OpenAI SSE events
+relayed chunk by chunk as the provider sends them. `prepare` checks the request without
+sending it (before the attempt's dispatch record), `send_prepared` sends it; `send` both.
 
 LiteLLM is imported by the first `prepare` (`gateway.upstream.litellm_runtime`), offline and
 silent; if that import fails, `prepare` raises `HostedUnavailable` (nothing is sent, and the
@@ -15,8 +14,8 @@ caller's dispatch record. Every other failure comes out as `HostedError` with on
 kinds and a message that carries no URL, key or content (gateway/upstream/hosted_errors.py).
 For streams the first chunk is awaited inside `send()`, so a provider that fails (or closes
 the stream empty) before answering fails there, where the gateway can still try another
-backend; a failure after that (a stream closed unfinished too) is raised from `chunks()`.
-`max_answer_bytes` bounds what is read of an answer or a stream's line (hosted_bound.py).
+backend; a later failure (a stream closed unfinished too) is raised from `chunks()`. What
+is read of an answer, or a stream's line, is bounded (`max_answer_bytes`, hosted_bound.py).
 """
 
 from __future__ import annotations
@@ -297,9 +296,9 @@ class HostedClient:
         raise failure
 
     def _failure(self, exc: BaseException, outbound: Outbound) -> HostedError:
-        if outbound.cut is not None:  # whatever LiteLLM wrapped AnswerTooLarge in
-            return HostedError("protocol", f"{self.provider} {outbound.cut}")
-        return hosted_error(exc, self.provider, secrets=self._secrets(), sent=outbound.reached)
+        if outbound.cut is None:  # else: cut short, whatever LiteLLM wrapped that in
+            return hosted_error(exc, self.provider, secrets=self._secrets(), sent=outbound.reached)
+        return HostedError("protocol", f"{self.provider} {outbound.cut}")
 
     async def aclose(self) -> None:
         """Close this client's connections and LiteLLM's shared client cache: at shutdown.
