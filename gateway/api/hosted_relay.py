@@ -145,6 +145,7 @@ class HostedRelay:
                 environ=self._environ,
                 timeout_s=self._timeout_s,
                 response_timeout_s=self._response_timeout_s,
+                max_answer_bytes=self._max_response_bytes,
             )
             self._clients[backend.id] = client
         return client

@@ -32,7 +32,7 @@ from gateway.provenance.audit.shown import MAX_SHOWN_MESSAGE, shown
 from gateway.provenance.errors import ProvenanceError
 from gateway.provenance.formats.cosignature import Cosigner
 from gateway.provenance.keys import load_signer, load_verifiers
-from gateway.provenance.witness.app import create_witness_app
+from gateway.provenance.witness.app import MAX_HELD_BODY, create_witness_app
 from gateway.provenance.witness.state import WitnessState
 from gateway.provenance.witness.witness import Witness
 
@@ -115,6 +115,14 @@ def _add_serve(verbs: Any) -> None:
         default=_env("PREFIX", ""),
         help="submission prefix: serve <prefix>/add-checkpoint (env OWNGATE_WITNESS_PREFIX)",
     )
+    serve.add_argument(
+        "--max-held-body-bytes",
+        type=int,
+        default=int(_env("MAX_HELD_BODY_BYTES", str(MAX_HELD_BODY)) or MAX_HELD_BODY),
+        metavar="BYTES",
+        help="request bodies all connections may hold at once; past it 429 with "
+        "retry-after: 1 (env OWNGATE_WITNESS_MAX_HELD_BODY_BYTES, default 32 MiB)",
+    )
     add_logging_flags(serve, "OWNGATE_WITNESS_")
     serve.set_defaults(handler=_serve, _log_defaults=logs)
 
@@ -185,7 +193,9 @@ def _serve(args: argparse.Namespace) -> int:
 
         from gateway.serving import uvicorn_config
 
-        app = create_witness_app(witness, prefix=args.prefix)
+        app = create_witness_app(
+            witness, prefix=args.prefix, max_held_body=args.max_held_body_bytes
+        )
         origins = ", ".join(shown(origin) for origin in witness.origins)
         print(
             f"witness {shown(cosigner.vkey, None)}\ncosigning for: {origins}\n"

@@ -2,22 +2,20 @@
 
 One `HostedClient` per `hosted` backend. It turns the client's OpenAI request into a
 `litellm.acompletion` / `atext_completion` / `aembedding` call with the backend's
-`provider_model`, `base_url` (as `api_base`) and the key read from the environment
-variable the config names, and returns a `HostedResponse`: OpenAI JSON bytes, or OpenAI
-SSE events relayed chunk by chunk as the provider sends them. `prepare` checks the
-request for the provider without sending anything (the caller does it before the
-attempt's dispatch record), `send_prepared` sends it; `send` does both.
+`provider_model`, `base_url` (as `api_base`) and the key read from the environment variable
+the config names, and returns a `HostedResponse`: OpenAI JSON bytes, or OpenAI SSE events
+relayed chunk by chunk as the provider sends them. `prepare` checks the request without
+sending it (before the attempt's dispatch record), `send_prepared` sends it; `send` both.
 
-LiteLLM is imported by the first `prepare` (`gateway.upstream.litellm_runtime`), offline
-and silent; if that import fails, `prepare` raises `HostedUnavailable` (nothing is sent,
-and the next request tries the import again), so a request that cannot be sent fails
-before the caller's dispatch record. Every other failure comes out as `HostedError`
-with one of five kinds and a message that carries no URL, key or content
-(gateway/upstream/hosted_errors.py). For streams the first chunk is awaited inside
-`send()`, so a provider that fails (or closes the stream empty) before answering fails
-there, where the gateway can still try another backend; a failure after that, a stream
-the provider closed before finishing it included
-(gateway/upstream/hosted_stream.py), is raised from `chunks()`.
+LiteLLM is imported by the first `prepare` (`gateway.upstream.litellm_runtime`), offline and
+silent; if that import fails, `prepare` raises `HostedUnavailable` (nothing is sent, and the
+next request tries the import again), so a request that cannot be sent fails before the
+caller's dispatch record. Every other failure comes out as `HostedError` with one of five
+kinds and a message that carries no URL, key or content (gateway/upstream/hosted_errors.py).
+For streams the first chunk is awaited inside `send()`, so a provider that fails (or closes
+the stream empty) before answering fails there, where the gateway can still try another
+backend; a later failure (a stream closed unfinished too) is raised from `chunks()`. What
+is read of an answer, or a stream's line, is bounded (`max_answer_bytes`, hosted_bound.py).
 """
 
 from __future__ import annotations
@@ -180,6 +178,7 @@ class HostedClient:
         timeout_s: float,
         response_timeout_s: float | None = None,
         resolve: Resolver = system_resolver,
+        max_answer_bytes: int | None = None,
     ) -> None:
         """`timeout_s` bounds each wait on the provider (LiteLLM's `timeout`);
         `response_timeout_s` a whole (non-stream) answer, however steadily it arrives;
@@ -198,6 +197,7 @@ class HostedClient:
         self._timeout_s = timeout_s
         self._resolve = resolve
         self._response_timeout_s = response_timeout_s
+        self._max_answer_bytes = max_answer_bytes
         self._text_client: tuple[asyncio.AbstractEventLoop, Any] | None = None
 
     def __repr__(self) -> str:
@@ -243,9 +243,8 @@ class HostedClient:
     async def send_prepared(self, prepared: Prepared) -> HostedResponse:
         """Call the provider with a request `prepare` checked."""
         endpoint, doc, params, ignored, provider_model, litellm = prepared
-        # Watched: whether an HTTP request began tells LiteLLM's own failure to translate
-        # the request (the client's) from the provider's (gateway/upstream/hosted_transport.py).
-        with watching() as outbound:
+        # Watched (hosted_transport.py): LiteLLM's failure to translate told from the provider's.
+        with watching(self._max_answer_bytes) as outbound:
             result = await self._call(litellm, endpoint, params, provider_model, outbound)
             first = await self._first_chunk(result, outbound) if params.get("stream") else None
         if not params.get("stream"):
@@ -297,7 +296,9 @@ class HostedClient:
         raise failure
 
     def _failure(self, exc: BaseException, outbound: Outbound) -> HostedError:
-        return hosted_error(exc, self.provider, secrets=self._secrets(), sent=outbound.reached)
+        if outbound.cut is None:  # else: cut short, whatever LiteLLM wrapped that in
+            return hosted_error(exc, self.provider, secrets=self._secrets(), sent=outbound.reached)
+        return HostedError("protocol", f"{self.provider} {outbound.cut}")
 
     async def aclose(self) -> None:
         """Close this client's connections and LiteLLM's shared client cache: at shutdown.

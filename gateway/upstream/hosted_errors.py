@@ -10,6 +10,8 @@ import re
 from collections.abc import Iterator
 from typing import Final, Literal
 
+from gateway.upstream.hosted_bound import AnswerTooLarge
+
 __all__ = [
     "HostedError",
     "HostedErrorKind",
@@ -125,6 +127,9 @@ def hosted_error(
     import openai
 
     chain = list(_causes(exc))
+    cut = next((e for e in chain if isinstance(e, AnswerTooLarge)), None)
+    if cut is not None:  # read no further (gateway/upstream/hosted_bound.py)
+        return HostedError("protocol", f"{provider} {cut}")
     connect = (httpx.ConnectError, httpx.ConnectTimeout, ConnectionRefusedError)
     if any(isinstance(e, connect) for e in chain):
         return HostedError("connect", f"could not connect to {provider}")

@@ -18,6 +18,7 @@ usage (the completion record's `usage` is what the provider reported, or null).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any, TypeVar
@@ -69,6 +70,11 @@ class ProviderStream:
                     failure = hosted_error(exc, self._provider, secrets=self._secrets)
                 if failure is not None:
                     raise failure  # outside `except`: LiteLLM's exception is not its context
+                # A turn of the event loop per chunk: LiteLLM and the OpenAI SDK parse every
+                # event already read without awaiting anything (about 2 ms each), so a
+                # provider sending thousands of tiny events at once held the loop (10,000:
+                # 14 s of every other request's time) with nothing in between.
+                await asyncio.sleep(0)
             if made_up_end(self._source):
                 break  # LiteLLM's own last chunk: the provider closed the stream unfinished
             self._finished = self._finished or _has_finish_reason(chunk)

@@ -21,6 +21,12 @@ error, as `untranslated`; so such a failure is never charged to the provider's b
 but it still fails over like the provider's. The wrappers are installed once,
 when LiteLLM is loaded (gateway/upstream/litellm_runtime.py); outside a watched call they
 only read a context variable.
+
+What httpx reads of a watched call's answers is bounded by `limits.max_response_bytes`
+(gateway/upstream/hosted_bound.py): LiteLLM and the OpenAI SDK read a whole answer into
+memory, and a stream's lines whole, before the gateway sees any of it, so a hostile or
+compromised provider answering 2 GB (or one endless SSE line) grew the gateway by about
+five times that.
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Final
 
-__all__ = ["Outbound", "install_transport_marks", "watching"]
+from gateway.upstream.hosted_bound import AnswerTooLarge, bounded_send
+
+__all__ = ["AnswerTooLarge", "Outbound", "install_transport_marks", "watching"]
 
 # (module, class, method): where a request leaves for the network. httpx is LiteLLM's;
 # httpx2 the OpenAI SDK's (which takes either); aiohttp LiteLLM's default transport under
@@ -49,12 +57,15 @@ _MARK: Final = "_owngate_marks_outbound"
 
 
 class Outbound:
-    """One watched hosted call: `reached` once any HTTP request of it began."""
+    """One watched hosted call: `reached` once any HTTP request of it began; `max_bytes`
+    bounds what is read of each answer (None: unbounded); `cut` says why one was cut."""
 
-    __slots__ = ("reached",)
+    __slots__ = ("cut", "max_bytes", "reached")
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int | None = None) -> None:
         self.reached = False
+        self.max_bytes = max_bytes
+        self.cut: str | None = None
 
 
 # The call being watched in this context (tasks LiteLLM starts inherit it).
@@ -62,9 +73,10 @@ _WATCHED: ContextVar[Outbound | None] = ContextVar("owngate_hosted_outbound", de
 
 
 @contextmanager
-def watching() -> Iterator[Outbound]:
-    """Watch the HTTP requests made in this block (and the tasks it starts)."""
-    outbound = Outbound()
+def watching(max_bytes: int | None = None) -> Iterator[Outbound]:
+    """Watch the HTTP requests made in this block (and the tasks it starts); with
+    `max_bytes`, bound what httpx reads of their answers (`_bounded_send`)."""
+    outbound = Outbound(max_bytes)
     token = _WATCHED.set(outbound)
     try:
         yield outbound
@@ -90,15 +102,21 @@ def install_transport_marks() -> None:
         method = getattr(owner, method_name)
         if getattr(method, _MARK, False):
             continue
-        setattr(owner, method_name, _marking(method))
+        bounds = module_name if method_name == "send" else None
+        setattr(owner, method_name, _marking(method, bounds))
 
 
-def _marking(method: Any) -> Any:
+def _marking(method: Any, bounds: str | None = None) -> Any:
+    """`method` marking the watched call; `bounds`, the module of an async `send` (httpx,
+    httpx2) whose answers are bounded (gateway/upstream/hosted_bound.py)."""
     if inspect.iscoroutinefunction(method):
 
         @functools.wraps(method)
         async def marked_async(*args: Any, **kwargs: Any) -> Any:
             _mark()
+            outbound = _WATCHED.get()
+            if bounds and outbound is not None and outbound.max_bytes is not None:
+                return await bounded_send(bounds, method, outbound, *args, **kwargs)
             return await method(*args, **kwargs)
 
         wrapper: Any = marked_async

@@ -6,9 +6,14 @@
 200 with the cosignature line(s) (`text/plain`); 409 with the size the witness knows,
 `<size>\\n` as `text/x.tlog.size`; 400 malformed, 403 no trusted signature, 404 unknown
 log, 422 bad consistency proof, 503 the state could not be written; 404/405/413 for other
-paths, methods and oversized bodies. The app needs no web framework and imports no
-server: run it with any ASGI server (`owngate witness serve` uses uvicorn). The witness
-itself is opened and closed by the caller.
+paths, methods and oversized bodies; 429 (`retry-after: 1`) while the bodies all its
+connections hold at once would pass `max_held_body` (`BodyBudget`, gateway/body_budget.py:
+a body's declared length is reserved before any of it is read, a chunked one's bytes as
+they come, until its answer). Without it, anyone reaching the witness could hold a
+256 KiB body on every connection the listener allows: 1,500 connections grew `owngate
+witness serve` by 390 MB (4,096 by default: over 1 GiB). The app needs no web framework
+and imports no server: run it with any ASGI server (`owngate witness serve` uses uvicorn).
+The witness itself is opened and closed by the caller.
 """
 
 from __future__ import annotations
@@ -17,10 +22,18 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from gateway.asgi import Receive, Scope, Send, lifespan, read_body, respond
+from gateway.body_budget import BodyBudget, Held
 from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance.witness.witness import Witness, WitnessCode, WitnessError
 
-__all__ = ["MAX_BODY", "SIZE_CONTENT_TYPE", "STATUS", "ASGIApp", "create_witness_app"]
+__all__ = [
+    "MAX_BODY",
+    "MAX_HELD_BODY",
+    "SIZE_CONTENT_TYPE",
+    "STATUS",
+    "ASGIApp",
+    "create_witness_app",
+]
 
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
@@ -36,6 +49,8 @@ STATUS: dict[WitnessCode, int] = {
 SIZE_CONTENT_TYPE = b"text/x.tlog.size"
 #: 63 proof lines and a checkpoint with 100 signature lines fit many times over.
 MAX_BODY = 256 * 1024
+#: what all connections' bodies hold at once: 128 bodies at MAX_BODY, thousands of real ones
+MAX_HELD_BODY = 32 * 1024 * 1024
 _TEXT = b"text/plain; charset=utf-8"
 
 
@@ -45,9 +60,16 @@ def _error_body(error: WitnessError) -> tuple[bytes, bytes]:
     return f"{error}\n".encode(), _TEXT
 
 
-def create_witness_app(witness: Witness, *, prefix: str = "", max_body: int = MAX_BODY) -> ASGIApp:
+def create_witness_app(
+    witness: Witness,
+    *,
+    prefix: str = "",
+    max_body: int = MAX_BODY,
+    max_held_body: int = MAX_HELD_BODY,
+) -> ASGIApp:
     """The ASGI app serving `witness` at `<prefix>/add-checkpoint`."""
     path = prefix.rstrip("/") + "/add-checkpoint"
+    bodies = BodyBudget()  # what all connections' bodies hold at once
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -63,11 +85,21 @@ def create_witness_app(witness: Witness, *, prefix: str = "", max_body: int = MA
         if scope["method"] != "POST":
             await respond(send, 405, b"add-checkpoint takes POST\n", _TEXT, ((b"allow", b"POST"),))
             return
+        held = bodies.hold(max_held_body)
         try:
-            body = await read_body(scope, receive, max_body)
+            await _add_checkpoint(scope, receive, send, held)
+        finally:
+            held.release()
+
+    async def _add_checkpoint(scope: Scope, receive: Receive, send: Send, held: Held) -> None:
+        try:
+            body = await read_body(scope, receive, max_body, held)
         except GatewayError as error:
             if error.code is ErrorCode.request_too_large:
                 await respond(send, 413, b"request body too large\n", _TEXT)
+            elif error.code is ErrorCode.rate_limit_exceeded:
+                busy = b"the witness holds as many request bodies as it may; retry shortly\n"
+                await respond(send, 429, busy, _TEXT, ((b"retry-after", b"1"),))
             return  # otherwise the client left before its body was complete
         try:
             # The check, the fsync of the new state and the signature run off the event

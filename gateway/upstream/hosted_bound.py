@@ -1,0 +1,95 @@
+"""What a hosted call reads of a provider's answer, bounded (`limits.max_response_bytes`).
+
+LiteLLM and the OpenAI SDK read a non-streamed answer whole (`Response.aread`) before the
+gateway sees any of it, and a stream line by line, each line whole: nothing of theirs
+bounds either. A hostile or compromised provider (or whoever answers at its URL)
+answering a 200 MB body grew `owngate serve` by 950 MB (VmHWM) before the gateway's own
+size check refused it, and one endless SSE line of 100 MB by 610 MB: a 2 GB answer would
+take the process down. `bounded_send` wraps httpx's (and httpx2's) `AsyncClient.send`
+during a watched hosted call (gateway/upstream/hosted_transport.py):
+
+- the request asks for `accept-encoding: identity`, and an answer in any other content
+  coding is refused before a byte of it is read (a small gzip body can decode to
+  gigabytes; the private path refuses codings the same way);
+- a whole answer (`send(..., stream=False)`) past `max_bytes` raises `AnswerTooLarge`
+  as soon as the byte past it arrives, and its connection is dropped;
+- on a stream, one line (an SSE `data:` line is parsed whole) past `max_bytes` does the
+  same. A stream's total is not bounded here: it is relayed as it comes
+  (`limits.stream_timeout_s` bounds its time).
+
+The call's `Outbound` keeps why (`cut`), so the failure is told as the provider's
+(`protocol`, 502) whatever LiteLLM wraps it in. httpx is imported by LiteLLM already
+when this runs; nothing here imports it at module load.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.upstream.hosted_transport import Outbound
+
+__all__ = ["AnswerTooLarge", "bounded_send"]
+
+
+class AnswerTooLarge(Exception):
+    """A provider's answer, or one line of its stream, went past the bound: read no
+    further. The message holds only the bound, no byte of the answer."""
+
+
+async def bounded_send(
+    module: str,
+    method: Callable[..., Awaitable[Any]],
+    outbound: Outbound,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """`method(client, request, stream=..., ...)` (`AsyncClient.send` of `module`, httpx
+    or httpx2) with what it reads of the answer bounded by `outbound.max_bytes`."""
+    limit = outbound.max_bytes
+    assert limit is not None
+    request = args[1] if len(args) > 1 else kwargs["request"]
+    request.headers["accept-encoding"] = "identity"
+    whole = not kwargs.pop("stream", False)
+    response = await method(*args, stream=True, **kwargs)
+    try:
+        coding = response.headers.get("content-encoding", "identity").strip().lower()
+        if coding not in ("", "identity"):
+            outbound.cut = "answered in a content coding, not identity (read no further)"
+            raise AnswerTooLarge(outbound.cut)
+        response.stream = _bounded_stream(module, response.stream, limit, whole, outbound)
+        if whole:
+            await response.aread()
+    except BaseException:
+        await response.aclose()
+        raise
+    return response
+
+
+def _bounded_stream(module: str, inner: Any, limit: int, whole: bool, outbound: Outbound) -> Any:
+    # loaded with LiteLLM already: this runs only inside a hosted call; a Response checks
+    # that its stream is its own module's AsyncByteStream
+    base: Any = importlib.import_module(module).AsyncByteStream
+
+    class Bounded(base):  # type: ignore[misc]
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            total = line = 0
+            async for chunk in inner:
+                total += len(chunk)
+                newline = chunk.rfind(b"\n")
+                line = line + len(chunk) if newline < 0 else len(chunk) - newline - 1
+                if (whole and total > limit) or line > limit:
+                    what = "an answer" if whole and total > limit else "a stream line"
+                    outbound.cut = (
+                        f"sent {what} larger than {limit} bytes "
+                        "(limits.max_response_bytes; read no further)"
+                    )
+                    raise AnswerTooLarge(outbound.cut)
+                yield chunk
+
+        async def aclose(self) -> None:
+            await inner.aclose()
+
+    return Bounded()

@@ -1,0 +1,173 @@
+"""What the gateway reads of a hosted provider's answer is bounded by
+`limits.max_response_bytes` (gateway/upstream/hosted_bound.py).
+
+LiteLLM and the OpenAI SDK read a whole answer into memory, and each line of a stream
+whole, before the gateway sees any of it: a hostile or compromised provider answering
+200 MB grew `owngate serve` by 950 MB, one endless SSE line of 100 MB by 610 MB, and the
+size check came only after. Now the read stops at the byte past the bound, the provider's
+connection is dropped and the attempt fails as the provider's (`protocol`). Asserted on
+what the provider managed to write (the gateway reads no further than its bound plus
+what the kernel buffers), not on timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from tests.helpers.gateways import (
+    HOSTED_ONLY_POLICY,
+    LITELLM_WARNINGS,
+    Gateway,
+    hosted_backend,
+)
+from tests.helpers.raw_backend import Answer, Post, RawBackend, json_answer
+
+pytestmark = LITELLM_WARNINGS
+
+LIMIT = 1024 * 1024
+OFFERED = 48 * 1024 * 1024  # what the provider would send if the gateway read it all
+PIECE = b"x" * 65536
+ANSWER_HEAD = (
+    b'{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m",'
+    b'"choices":[{"index":0,"message":{"role":"assistant","content":"'
+)
+ANSWER_TAIL = b'"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}'
+LINE_HEAD = (
+    b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
+    b'"choices":[{"index":0,"delta":{"content":"'
+)
+
+
+def flood(content_type: bytes, head: bytes, tail: bytes, written: list[int]) -> Answer:
+    """An answer of `head`, OFFERED bytes of `x` and `tail`, chunked, as fast as it is
+    read; `written` counts the bytes the gateway took."""
+
+    async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\n" % content_type)
+        writer.write(b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(head), head))
+        for _ in range(OFFERED // len(PIECE)):
+            writer.write(b"%x\r\n%s\r\n" % (len(PIECE), PIECE))
+            await writer.drain()
+            written[0] += len(PIECE)
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(tail), tail))
+        await writer.drain()
+        return False
+
+    return answer
+
+
+def hosted_gateway(
+    start_gateway: Callable[..., Gateway], tmp_path: Path, provider: RawBackend
+) -> Gateway:
+    (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
+    return start_gateway(
+        [hosted_backend("hosted", provider.url + "/v1", "m")],
+        policy={"paths": [str(tmp_path)]},
+        environ={"HOSTED_KEY": "test-key"},
+        limits={"max_response_bytes": LIMIT},
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_provider_flood_is_read_no_further_than_the_bound(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    stream: bool,
+) -> None:
+    # A whole answer of 48 MiB, or a stream whose first line never ends.
+    written = [0]
+    if stream:
+        answer = flood(b"text/event-stream", LINE_HEAD, b'"}}]}\n\n', written)
+    else:
+        answer = flood(b"application/json", ANSWER_HEAD, ANSWER_TAIL, written)
+    provider = start_raw(answer)
+    gateway = hosted_gateway(start_gateway, tmp_path, provider)
+    body: dict[str, object] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    if stream:
+        body["stream"] = True
+    response = httpx.post(
+        gateway.url + "/v1/chat/completions", json=body, headers=gateway.headers, timeout=120
+    )
+    assert provider.finished.wait(60)
+    # the bound, plus what the sockets' buffers on both sides hold on loopback
+    assert written[0] < LIMIT + 8 * 1024 * 1024, f"the gateway read {written[0]} bytes"
+    assert response.status_code == 503, response.text  # its only backend failed
+    what = "a stream line" if stream else "an answer"
+    assert f"openai sent {what} larger than {LIMIT} bytes" in response.json()["error"]["message"]
+    assert b"xxxx" not in response.content  # none of it reached the client
+
+
+def test_an_answer_in_a_content_coding_is_refused_unread(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    # 48 MiB of JSON gzipped to about 50 KB: decoded, it would be read whole past the
+    # bound. Every hosted request asks for identity; an answer in another coding is
+    # refused before any of it is decoded.
+    bomb = gzip.compress(ANSWER_HEAD + b"x" * OFFERED + ANSWER_TAIL, compresslevel=9)
+    assert len(bomb) < LIMIT
+
+    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
+        asked.extend(post.header_values(b"accept-encoding"))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-encoding: gzip\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(bomb), bomb)
+        )
+        await writer.drain()
+        return False
+
+    asked: list[bytes] = []
+    provider = start_raw(answer)
+    gateway = hosted_gateway(start_gateway, tmp_path, provider)
+    response = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        headers=gateway.headers,
+        timeout=120,
+    )
+    assert asked == [b"identity"]
+    assert response.status_code == 503, response.text
+    assert "openai answered in a content coding, not identity" in response.text
+
+
+def test_an_answer_within_the_bound_is_served(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    content = "y" * (LIMIT - 4096)
+    answer = orjson.dumps(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+    )
+    provider = start_raw(json_answer(answer))
+    gateway = hosted_gateway(start_gateway, tmp_path, provider)
+    response = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        headers=gateway.headers,
+        timeout=120,
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == content
