@@ -14,12 +14,35 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
+
+from gateway.body_budget import BodyBudget
+from gateway.provenance.witness import app as witness_app
 from gateway.provenance.witness.app import MAX_BODY, MAX_HELD_BODY, create_witness_app
 from gateway.serving import ServerThread
+from tests.helpers.waiting import until
 from tests.helpers.witness_rig import open_witness
 
 BODY = 200 * 1024
 HEAD = b"POST /add-checkpoint HTTP/1.1\r\nhost: w\r\ncontent-length: %d\r\n\r\n"
+
+
+@pytest.fixture
+def budgets(monkeypatch: pytest.MonkeyPatch) -> list[BodyBudget]:
+    """The witness app's body budget, made visible: a test waits until the server has
+    taken the bodies it sent before sending the next (the server's reads of several
+    connections may come in any order)."""
+    made: list[BodyBudget] = []
+
+    class Seen(BodyBudget):
+        __slots__ = ()
+
+        def __init__(self) -> None:
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr(witness_app, "BodyBudget", Seen)
+    return made
 
 
 def answer_of(sock: socket.socket) -> bytes:
@@ -34,7 +57,7 @@ def answer_of(sock: socket.socket) -> bytes:
 
 
 def test_bodies_past_the_budget_are_refused_unread_and_the_budget_comes_back(
-    tmp_path: Path,
+    tmp_path: Path, budgets: list[BodyBudget]
 ) -> None:
     with open_witness(tmp_path / "witness.json") as witness:
         app = create_witness_app(witness, max_held_body=BODY + BODY // 2)
@@ -42,6 +65,7 @@ def test_bodies_past_the_budget_are_refused_unread_and_the_budget_comes_back(
             holding = socket.create_connection(("127.0.0.1", server.port), timeout=10)
             # a slow body: its declared length is held while the rest does not come
             holding.sendall(HEAD % BODY + b"o" * (BODY // 2))
+            until(lambda: budgets[0].held >= BODY, "the witness holds the first body")
             second = socket.create_connection(("127.0.0.1", server.port), timeout=10)
             second.sendall(HEAD % BODY + b"o" * 1024)
             head = answer_of(second)
@@ -63,7 +87,9 @@ def test_bodies_past_the_budget_are_refused_unread_and_the_budget_comes_back(
             again.close()
 
 
-def test_the_default_budget_holds_128_bodies_of_the_largest_size(tmp_path: Path) -> None:
+def test_the_default_budget_holds_128_bodies_of_the_largest_size(
+    tmp_path: Path, budgets: list[BodyBudget]
+) -> None:
     # MAX_HELD_BODY / MAX_BODY: the 129th connection declaring a 256 KiB body is refused
     # before any of it is read, and the 128 before it are still being read.
     with (
@@ -76,6 +102,7 @@ def test_the_default_budget_holds_128_bodies_of_the_largest_size(tmp_path: Path)
                 sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
                 held.append(sock)
                 sock.sendall(HEAD % MAX_BODY + b"o")
+            until(lambda: budgets[0].held >= MAX_HELD_BODY, "the witness holds 128 bodies")
             last = socket.create_connection(("127.0.0.1", server.port), timeout=10)
             held.append(last)
             last.sendall(HEAD % MAX_BODY + b"o")
