@@ -146,9 +146,10 @@ class StreamRelay:
             await break_stream(send, exchange, error)
             last = b"\n"
         finally:
-            self._stripped(backend.id, comments.stripped)
             if exchange.trail is not None:  # also for a client that left: what it read
+                # (first: the trail kept no tail to read a usage from without it)
                 exchange.trail.streamed(watch.usage, backend_error=watch.error_event)
+            self._stripped(backend.id, comments.stripped)
         return broke, _open(last)
 
 
