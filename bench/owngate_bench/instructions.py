@@ -71,6 +71,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--targets", default=",".join(TARGETS), help="comma-separated")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--keep-dumps",
+        type=Path,
+        default=None,
+        help="copy each target's callgrind dump of the measured requests into this folder "
+        "(for callgrind_annotate)",
+    )
 
 
 def count_total(annotated: str) -> int:
@@ -213,6 +220,9 @@ def _measure(
     dumps = sorted(rundir.glob(out.name + ".*"))
     if not dumps:
         raise RuntimeError("callgrind wrote no dump of the measured requests")
+    if args.keep_dumps is not None:
+        args.keep_dumps.mkdir(parents=True, exist_ok=True)
+        shutil.copy(dumps[0], args.keep_dumps / out.name)
     annotated = subprocess.run(
         [_tool("callgrind_annotate"), str(dumps[0])], capture_output=True, text=True, check=True
     ).stdout

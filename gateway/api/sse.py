@@ -101,8 +101,7 @@ class StreamWatch:
     def feed(self, data: bytes) -> bytes:
         """Bytes from the backend in; the bytes to relay out (possibly fewer, or none)."""
         if self.strip_usage:
-            # whole events, none of them a usage chunk: nothing to hold back
-            usual = (
+            if (  # whole events, none of them a usage chunk: nothing to hold back
                 not self._pending
                 and not self._passing
                 and not self._skip_lf
@@ -112,21 +111,22 @@ class StreamWatch:
                     (tail := data[-2:]) in BLANK_TAILS
                     or (tail == b"\r\n" and data[-3:-2] in LINE_END_BYTES)
                 )
-            )
-            if usual:
+            ):  # the usual read
                 self._pass_lf = data[-1] == _CR
-        else:  # whole lines after a read that ended one
-            usual = self._edge is _NL and data[-1:] in _ENDS  # (`endswith` parses its args)
-        if usual:  # the usual read
+                if self._seek and data.find(_DONE) >= 0 and _ends_stream(data, 0, len(data)):
+                    self._found_done()  # (`data` starts a line)
+                # Tested here already, whole events and no `"usage"` are not tested again.
+                self.events.whole_without_usage(data)
+                return data
+            return self._events(data)  # (it tells the event reader what goes on, as it goes)
+        if self._edge is _NL and data[-1:] in _ENDS:  # whole lines after a read that ended
+            # one, the usual read (`endswith` parses its arguments)
             if self._seek and data.find(_DONE) >= 0 and _ends_stream(data, 0, len(data)):
                 self._found_done()  # (`data` starts a line)
-            self.events.feed(data)
-            return data
-        if not self.strip_usage:
+        else:
             self._see_done(data)
-            self.events.feed(data)
-            return data
-        return self._events(data)  # (it tells the event reader what goes on, as it goes)
+        self.events.feed(data)
+        return data
 
     def flush(self) -> bytes:
         """At the end of the stream: the last event, if it never got its blank line (to

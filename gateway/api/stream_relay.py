@@ -80,6 +80,10 @@ class StreamRelay:
         last = await _relay_chunk(send, exchange, feed(first)) or last
         broke = None
         writer = exchange.writer
+        trail = exchange.trail
+        # The trail of a private stream keeps no tail: `streamed` (below, also for a
+        # client that left) gives it the usage the watch read, and `Trail.usage` never
+        # parses the tail then. The sink hashes what was written and counts it.
 
         def sink(data: bytes) -> bool:
             """One read to the client, written from the backend connection's callback
@@ -97,11 +101,11 @@ class StreamRelay:
             more = writer.write(data)
             if more is None:
                 return True  # the client left: nothing written, nothing committed to
-            # `relayed(exchange, data)`, written out
+            # `relayed(exchange, data)`, written out, less the tail the trail keeps
             exchange.relayed_before, exchange.last_relayed = exchange.last_relayed, data
-            trail = exchange.trail
             if trail is not None:
-                trail.relayed(data)
+                trail.response_hash.update(data)
+                trail.sent_bytes += len(data)
             last = data
             return more
 
@@ -142,9 +146,10 @@ class StreamRelay:
             await break_stream(send, exchange, error)
             last = b"\n"
         finally:
-            self._stripped(backend.id, comments.stripped)
             if exchange.trail is not None:  # also for a client that left: what it read
+                # (first: the trail kept no tail to read a usage from without it)
                 exchange.trail.streamed(watch.usage, backend_error=watch.error_event)
+            self._stripped(backend.id, comments.stripped)
         return broke, _open(last)
 
 

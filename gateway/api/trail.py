@@ -44,7 +44,9 @@ class Trail:
     receipt_failed: bool = False  # its signing raised: the answer goes without one
     response_hash: Any = field(default_factory=hashlib.sha256)
     # The stream's last pieces, at least its last `_TAIL` bytes when it has them (`tail`);
-    # joined and trimmed only past twice that, not copied for each piece.
+    # joined and trimmed only past twice that, not copied for each piece. A private
+    # stream's relay (gateway/api/stream_relay.py) keeps none past its first: `streamed`
+    # gives it the usage its client read, and `usage` then never reads the tail.
     _pieces: list[bytes] = field(default_factory=list)
     _held: int = 0
     whole: bytes | None = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -61,8 +62,9 @@ def test_unknown_target_is_a_usage_error() -> None:
     assert "--targets" in proc.stderr
 
 
-def test_a_short_run_counts_both_configurations() -> None:
-    argv = ["bench", "instructions", "--requests", "30", "--json"]
+def test_a_short_run_counts_both_configurations(tmp_path: Path) -> None:
+    dumps = tmp_path / "dumps"
+    argv = ["bench", "instructions", "--requests", "30", "--json", "--keep-dumps", str(dumps)]
     proc = subprocess.run(
         [sys.executable, "-m", "gateway", *argv],
         cwd=REPO_ROOT,
@@ -77,3 +79,10 @@ def test_a_short_run_counts_both_configurations() -> None:
     plain, production = report["targets"]["owngate"], report["targets"]["owngate+production"]
     assert plain["per_request"] == plain["instructions"] / 30 > 0
     assert production["per_request"] > plain["per_request"]
+    # --keep-dumps: each target's dump of the measured requests, the total it reported
+    for target, name in (("owngate", "owngate"), ("owngate+production", "owngate-production")):
+        kept = dumps / f"callgrind-{name}.out"
+        annotated = subprocess.run(
+            ["callgrind_annotate", str(kept)], capture_output=True, text=True, check=True
+        ).stdout
+        assert count_total(annotated) == report["targets"][target]["instructions"]

@@ -73,10 +73,11 @@ def test_a_paced_stream_goes_out_by_the_body_writer_and_its_receipt_verifies(
 # logged gateway, from the backend connection's read callback to the client's write and
 # the record's hash: `data_received`, `on_body`, `_push`; `_to_sink`, the relay's sink,
 # the comment filter, the stream watch and its event reader (what the client's SDK reads,
-# for the record), the writer, the trail. Each was once more: the
-# buffer's `_take` and `_resume`, `Attempt.answered`, `relayed`, `write_paused`, and
-# `HeadCoalescer.write` passing every chunk on.
-READ_CALLS = 10
+# for the record), the writer. Each was once more: the buffer's `_take` and `_resume`,
+# `Attempt.answered`, `relayed`, `write_paused`, `HeadCoalescer.write` passing every
+# chunk on, and `Trail.relayed` keeping a tail that a private stream's record never reads
+# (its usage is the one the event reader read): the sink hashes the chunk itself.
+READ_CALLS = 9
 
 
 class _ReadCalls:
@@ -157,10 +158,13 @@ def test_a_paced_read_costs_the_relay_a_fixed_few_python_calls(
     # The searches of the read: the comment filter's for `owngate-` (case folded), the
     # stream watch's for `"usage"`; `[DONE]` is looked for only in a body that ends with
     # its connection (this one is chunked), and a line end is checked without `endswith`;
-    # the event reader's for what makes an event worth parsing (`"usage"`, `"error"`,
-    # `[DONE]`, an escape: four `find`s, no regular expression, no call).
+    # the event reader's for what else makes an event worth parsing (`"error"`, `[DONE]`,
+    # an escape: three `find`s, no regular expression, no call). The watch's search for
+    # `"usage"` and its test of the read's end are not made again by the event reader.
     searches = [name for name in read if name.startswith("bytes.")]
-    assert searches == ["bytes.lower()", *["bytes.find()"] * 6], read
+    assert searches == ["bytes.lower()", *["bytes.find()"] * 5], read
+    assert "Trail.relayed" not in read, read  # (the hash is the trail's only per-read work)
+    assert read.count("HASH.update()") == 1, read
     assert not [name for name in read if name.startswith("Pattern.")], read
 
 
