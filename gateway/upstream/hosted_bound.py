@@ -1,7 +1,7 @@
 """What a hosted call reads of a provider's answer, bounded (`limits.max_response_bytes`).
 
 LiteLLM and the OpenAI SDK read a non-streamed answer whole (`Response.aread`) before the
-gateway sees any of it, and a stream line by line, each line whole: nothing of theirs
+gateway sees any of it, and a stream's event with all its lines: nothing of theirs
 bounds either. A hostile or compromised provider (or whoever answers at its URL)
 answering a 200 MB body grew `owngate serve` by 950 MB (VmHWM) before the gateway's own
 size check refused it, and one endless SSE line of 100 MB by 610 MB: a 2 GB answer would
@@ -13,8 +13,10 @@ during a watched hosted call (gateway/upstream/hosted_transport.py):
   gigabytes; the private path refuses codings the same way);
 - a whole answer (`send(..., stream=False)`) past `max_bytes` raises `AnswerTooLarge`
   as soon as the byte past it arrives, and its connection is dropped;
-- on a stream, one line (an SSE `data:` line is parsed whole) past `max_bytes` does the
-  same. A stream's total is not bounded here: it is relayed as it comes
+- on a stream, one event past `max_bytes` (the bytes since the last blank line: the
+  OpenAI SDK holds an event's `data:` lines until the blank line that ends it, and a
+  line is parsed whole) does the same; a stream with no blank line (NDJSON, binary) is
+  one event. A stream's total is not bounded here: it is relayed as it comes
   (`limits.stream_timeout_s` bounds its time).
 
 The call's `Outbound` keeps why (`cut`), so the failure is told as the provider's
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from gateway.upstream.hosted_transport import Outbound
@@ -75,13 +77,14 @@ def _bounded_stream(module: str, inner: Any, limit: int, whole: bool, outbound: 
 
     class Bounded(base):  # type: ignore[misc]
         async def __aiter__(self) -> AsyncIterator[bytes]:
-            total = line = 0
+            total = event = 0
+            last = b""
             async for chunk in inner:
                 total += len(chunk)
-                newline = chunk.rfind(b"\n")
-                line = line + len(chunk) if newline < 0 else len(chunk) - newline - 1
-                if (whole and total > limit) or line > limit:
-                    what = "an answer" if whole and total > limit else "a stream line"
+                event = _event_after(event, last, chunk)
+                last = chunk[-1:] or last
+                if (whole and total > limit) or event > limit:
+                    what = "an answer" if whole and total > limit else "a stream event"
                     outbound.cut = (
                         f"sent {what} larger than {limit} bytes "
                         "(limits.max_response_bytes; read no further)"
@@ -93,3 +96,21 @@ def _bounded_stream(module: str, inner: Any, limit: int, whole: bool, outbound: 
             await inner.aclose()
 
     return Bounded()
+
+
+# A blank line ends an SSE event: a line end followed by another (`\n\n`, `\r\r`, and
+# `\n\r`, which `\r\n\r\n` holds); `\r\n` alone ends one line.
+_BLANK: Final = (b"\n\n", b"\r\r", b"\n\r")
+
+
+def _event_after(event: int, last: bytes, chunk: bytes) -> int:
+    """The bytes of the unfinished SSE event (since the last blank line) once `chunk`,
+    read after a chunk that ended with `last`, is added to `event` of them. The OpenAI
+    SDK's decoder holds an event's `data:` lines until the blank line that ends it, so
+    bounding each line alone let a provider send short lines and never a blank one."""
+    end = max(chunk.rfind(blank) for blank in _BLANK)
+    if end >= 0:
+        return len(chunk) - end - 2
+    if last and (last + chunk[:1]) in _BLANK:
+        return len(chunk) - 1
+    return event + len(chunk)
