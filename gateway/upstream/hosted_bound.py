@@ -11,7 +11,8 @@ during a watched hosted call (gateway/upstream/hosted_transport.py):
 - the request asks for `accept-encoding: identity`, and an answer in any other content
   coding is refused before a byte of it is read (a small gzip body can decode to
   gigabytes; the private path refuses codings the same way);
-- a whole answer (`send(..., stream=False)`) past `max_bytes` raises `AnswerTooLarge`
+- a whole answer (`send(..., stream=False)`, or any answer that is not a 2xx: the SDK
+  reads an error answer to a stream whole) past `max_bytes` raises `AnswerTooLarge`
   as soon as the byte past it arrives, and its connection is dropped;
 - on a stream, one event past `max_bytes` (the bytes since the last blank line: the
   OpenAI SDK holds an event's `data:` lines until the blank line that ends it, and a
@@ -61,6 +62,8 @@ async def bounded_send(
         if coding not in ("", "identity"):
             outbound.cut = "answered in a content coding, not identity (read no further)"
             raise AnswerTooLarge(outbound.cut)
+        # an error answer to a stream is read whole too (the OpenAI SDK `aread`s it to raise)
+        whole = whole or not response.is_success
         response.stream = _bounded_stream(module, response.stream, limit, whole, outbound)
         if whole:
             await response.aread()
