@@ -18,7 +18,8 @@ during a watched hosted call (gateway/upstream/hosted_transport.py):
   OpenAI SDK holds an event's `data:` lines until the blank line that ends it, and a
   line is parsed whole) does the same; a stream with no blank line (NDJSON, binary) is
   one event. A stream's total is not bounded here: it is relayed as it comes
-  (`limits.stream_timeout_s` bounds its time).
+  (`limits.stream_timeout_s` bounds its time), in pieces of 4 KiB with a turn of the
+  event loop before each (`_PIECE`).
 
 The call's `Outbound` keeps why (`cut`), so the failure is told as the provider's
 (`protocol`, 502) whatever LiteLLM wraps it in. httpx is imported by LiteLLM already
@@ -27,6 +28,7 @@ when this runs; nothing here imports it at module load.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
@@ -82,18 +84,25 @@ def _bounded_stream(module: str, inner: Any, limit: int, whole: bool, outbound: 
         async def __aiter__(self) -> AsyncIterator[bytes]:
             total = event = 0
             last = b""
-            async for chunk in inner:
-                total += len(chunk)
-                event = _event_after(event, last, chunk)
-                last = chunk[-1:] or last
-                if (whole and total > limit) or event > limit:
-                    what = "an answer" if whole and total > limit else "a stream event"
-                    outbound.cut = (
-                        f"sent {what} larger than {limit} bytes "
-                        "(limits.max_response_bytes; read no further)"
-                    )
-                    raise AnswerTooLarge(outbound.cut)
-                yield chunk
+            async for read in inner:
+                # a stream's read handed on in pieces, a turn of the event loop before
+                # each: the SDK parses every event of what it is given without awaiting
+                step = len(read) if whole else _PIECE
+                for start in range(0, len(read), step or 1):
+                    chunk = read[start : start + step] if step < len(read) else read
+                    if not whole:
+                        await asyncio.sleep(0)
+                    total += len(chunk)
+                    event = _event_after(event, last, chunk)
+                    last = chunk[-1:] or last
+                    if (whole and total > limit) or event > limit:
+                        what = "an answer" if whole and total > limit else "a stream event"
+                        outbound.cut = (
+                            f"sent {what} larger than {limit} bytes "
+                            "(limits.max_response_bytes; read no further)"
+                        )
+                        raise AnswerTooLarge(outbound.cut)
+                    yield chunk
 
         async def aclose(self) -> None:
             await inner.aclose()
@@ -104,6 +113,11 @@ def _bounded_stream(module: str, inner: Any, limit: int, whole: bool, outbound: 
 # A blank line ends an SSE event: a line end followed by another (`\n\n`, `\r\r`, and
 # `\n\r`, which `\r\n\r\n` holds); `\r\n` alone ends one line.
 _BLANK: Final = (b"\n\n", b"\r\r", b"\n\r")
+# What a stream's consumer is given at once: the OpenAI SDK and LiteLLM parse every event
+# of a read before awaiting anything, and LiteLLM yields nothing for events with nothing
+# to relay (an empty delta): 3,000 of those in one burst held the event loop 470 ms with
+# a turn per relayed chunk only; a turn per 4 KiB holds it a few ms at most.
+_PIECE: Final = 4096
 
 
 def _event_after(event: int, last: bytes, chunk: bytes) -> int:
