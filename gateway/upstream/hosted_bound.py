@@ -90,11 +90,11 @@ def _bounded_stream(module: str, inner: Any, limit: int, whole: bool, outbound: 
                 step = len(read) if whole else _PIECE
                 for start in range(0, len(read), step or 1):
                     chunk = read[start : start + step] if step < len(read) else read
-                    if not whole:
-                        await asyncio.sleep(0)
                     total += len(chunk)
-                    event = _event_after(event, last, chunk)
-                    last = chunk[-1:] or last
+                    if not whole:  # a whole answer's total bounds its events too
+                        await asyncio.sleep(0)
+                        event = _event_after(event, last, chunk)
+                        last = chunk[-1:] or last
                     if (whole and total > limit) or event > limit:
                         what = "an answer" if whole and total > limit else "a stream event"
                         outbound.cut = (
