@@ -35,7 +35,8 @@ An event whose data is not JSON is skipped, where the SDK raises and reads no fu
 telling would take parsing every event of every stream. An event whose data is past the
 bounds the gateway reads within (`usage_read.PastBounds`: nested deeper than 512, say)
 may show the client a usage: the usage is then unknown (`usage` None, `unknown` set)
-until a later event shows one, never an earlier event's.
+until a later event shows one, never an earlier event's; one whose data holds no marker
+cannot show one, and leaves the usage as it was (the one-pass read parses such events).
 """
 
 from __future__ import annotations
@@ -184,8 +185,10 @@ class EventReader:
             return
         try:
             doc = read_json(joined, line=True)
-        except PastBounds:  # the client may read a usage here: not the earlier one
-            self.usage, self.unknown = None, True
+        except PastBounds:  # the client may read a usage here: not the earlier one,
+            # unless no usage can be in it (one read in one pass reads every event)
+            if _worth(joined, 0, len(joined)):
+                self.usage, self.unknown = None, True
             return
         except ValueError:
             return

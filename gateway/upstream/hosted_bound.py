@@ -1,7 +1,7 @@
 """What a hosted call reads of a provider's answer, bounded (`limits.max_response_bytes`).
 
 LiteLLM and the OpenAI SDK read a non-streamed answer whole (`Response.aread`) before the
-gateway sees any of it, and a stream line by line, each line whole: nothing of theirs
+gateway sees any of it, and a stream's event with all its lines: nothing of theirs
 bounds either. A hostile or compromised provider (or whoever answers at its URL)
 answering a 200 MB body grew `owngate serve` by 950 MB (VmHWM) before the gateway's own
 size check refused it, and one endless SSE line of 100 MB by 610 MB: a 2 GB answer would
@@ -11,11 +11,15 @@ during a watched hosted call (gateway/upstream/hosted_transport.py):
 - the request asks for `accept-encoding: identity`, and an answer in any other content
   coding is refused before a byte of it is read (a small gzip body can decode to
   gigabytes; the private path refuses codings the same way);
-- a whole answer (`send(..., stream=False)`) past `max_bytes` raises `AnswerTooLarge`
+- a whole answer (`send(..., stream=False)`, or any answer that is not a 2xx: the SDK
+  reads an error answer to a stream whole) past `max_bytes` raises `AnswerTooLarge`
   as soon as the byte past it arrives, and its connection is dropped;
-- on a stream, one line (an SSE `data:` line is parsed whole) past `max_bytes` does the
-  same. A stream's total is not bounded here: it is relayed as it comes
-  (`limits.stream_timeout_s` bounds its time).
+- on a stream, one event past `max_bytes` (the bytes since the last blank line: the
+  OpenAI SDK holds an event's `data:` lines until the blank line that ends it, and a
+  line is parsed whole) does the same; a stream with no blank line (NDJSON, binary) is
+  one event. A stream's total is not bounded here: it is relayed as it comes
+  (`limits.stream_timeout_s` bounds its time), in pieces of 4 KiB with a turn of the
+  event loop before each (`_PIECE`).
 
 The call's `Outbound` keeps why (`cut`), so the failure is told as the provider's
 (`protocol`, 502) whatever LiteLLM wraps it in. httpx is imported by LiteLLM already
@@ -24,9 +28,10 @@ when this runs; nothing here imports it at module load.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from gateway.upstream.hosted_transport import Outbound
@@ -59,6 +64,8 @@ async def bounded_send(
         if coding not in ("", "identity"):
             outbound.cut = "answered in a content coding, not identity (read no further)"
             raise AnswerTooLarge(outbound.cut)
+        # an error answer to a stream is read whole too (the OpenAI SDK `aread`s it to raise)
+        whole = whole or not response.is_success
         response.stream = _bounded_stream(module, response.stream, limit, whole, outbound)
         if whole:
             await response.aread()
@@ -75,21 +82,52 @@ def _bounded_stream(module: str, inner: Any, limit: int, whole: bool, outbound: 
 
     class Bounded(base):  # type: ignore[misc]
         async def __aiter__(self) -> AsyncIterator[bytes]:
-            total = line = 0
-            async for chunk in inner:
-                total += len(chunk)
-                newline = chunk.rfind(b"\n")
-                line = line + len(chunk) if newline < 0 else len(chunk) - newline - 1
-                if (whole and total > limit) or line > limit:
-                    what = "an answer" if whole and total > limit else "a stream line"
-                    outbound.cut = (
-                        f"sent {what} larger than {limit} bytes "
-                        "(limits.max_response_bytes; read no further)"
-                    )
-                    raise AnswerTooLarge(outbound.cut)
-                yield chunk
+            total = event = 0
+            last = b""
+            async for read in inner:
+                # a stream's read handed on in pieces, a turn of the event loop before
+                # each: the SDK parses every event of what it is given without awaiting
+                step = len(read) if whole else _PIECE
+                for start in range(0, len(read), step or 1):
+                    chunk = read[start : start + step] if step < len(read) else read
+                    total += len(chunk)
+                    if not whole:  # a whole answer's total bounds its events too
+                        await asyncio.sleep(0)
+                        event = _event_after(event, last, chunk)
+                        last = chunk[-1:] or last
+                    if (whole and total > limit) or event > limit:
+                        what = "an answer" if whole and total > limit else "a stream event"
+                        outbound.cut = (
+                            f"sent {what} larger than {limit} bytes "
+                            "(limits.max_response_bytes; read no further)"
+                        )
+                        raise AnswerTooLarge(outbound.cut)
+                    yield chunk
 
         async def aclose(self) -> None:
             await inner.aclose()
 
     return Bounded()
+
+
+# A blank line ends an SSE event: a line end followed by another (`\n\n`, `\r\r`, and
+# `\n\r`, which `\r\n\r\n` holds); `\r\n` alone ends one line.
+_BLANK: Final = (b"\n\n", b"\r\r", b"\n\r")
+# What a stream's consumer is given at once: the OpenAI SDK and LiteLLM parse every event
+# of a read before awaiting anything, and LiteLLM yields nothing for events with nothing
+# to relay (an empty delta): 3,000 of those in one burst held the event loop 470 ms with
+# a turn per relayed chunk only; a turn per 4 KiB holds it a few ms at most.
+_PIECE: Final = 4096
+
+
+def _event_after(event: int, last: bytes, chunk: bytes) -> int:
+    """The bytes of the unfinished SSE event (since the last blank line) once `chunk`,
+    read after a chunk that ended with `last`, is added to `event` of them. The OpenAI
+    SDK's decoder holds an event's `data:` lines until the blank line that ends it, so
+    bounding each line alone let a provider send short lines and never a blank one."""
+    end = max(chunk.rfind(blank) for blank in _BLANK)
+    if end >= 0:
+        return len(chunk) - end - 2
+    if last and (last + chunk[:1]) in _BLANK:
+        return len(chunk) - 1
+    return event + len(chunk)

@@ -133,3 +133,17 @@ def test_a_read_of_many_events_worth_it_is_read_in_one_pass_past_the_first_few(
     assert b"".join(splits) == read  # every event read, each once
     assert reader.usage == COUNTS and not reader.stopped and not reader.unknown
     assert len(parsed) <= read.count(b"data:")  # none parsed twice
+
+
+def test_an_event_past_the_read_bounds_that_shows_no_usage_leaves_the_usage_known() -> None:
+    # Past the first few events worth parsing, a read is read in one pass, every event:
+    # one past the parse's bounds (nesting, values) that holds no usage key cannot change
+    # the usage the client's SDK read; it made the record's usage unknown, or not,
+    # depending on how the stream was cut into reads. (Nested past usage_read's 512.)
+    tail = b"data: " + b"[" * 600 + b"]" * 600 + b"\n\n"
+    for reads in ([USAGE * 6 + tail], [USAGE * 6, tail]):
+        reader = EventReader()
+        for read in reads:
+            reader.feed(read)
+        reader.finish()
+        assert reader.usage == COUNTS and not reader.unknown
