@@ -32,7 +32,7 @@ from tests.helpers.gateways import (
     logged_gateway,
     served,
 )
-from tests.helpers.provenance import records
+from tests.helpers.provenance import records, request_records
 from tests.helpers.tls import Pki, TLSFront, server_context
 
 ORIGIN = "test.owngate/tls-acceptance/1"
@@ -208,6 +208,8 @@ def test_require_attested_facts_never_fails_over_to_declared_facts(
     assert "the certificate says 'us-east-1', gateway.yaml says 'eu-west-1'" in reason
     metrics = httpx.get(f"{gateway.url}/metrics", headers=ADMIN_HEADERS, timeout=10).text
     assert 'owngate_upstream_errors_total{backend="att",kind="tls"}' in metrics
-    # every record of the requiring tenant names `att` or nothing
+    # every record of the requiring tenant names `att` or nothing (once a checkpoint covers
+    # the last request's records)
+    request_records(tmp_path / "log", response.headers["x-request-id"])
     sent_to = {r["backend"]["id"] for r in records(tmp_path / "log") if r["type"] == "dispatch"}
     assert sent_to == {"att"}
