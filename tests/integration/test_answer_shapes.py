@@ -28,12 +28,13 @@ from tests.helpers.audit_rig import (
     chunked,
     client_gets,
     logged,
+    request_log,
     settled,
     whole_answer,
     writes,
 )
 from tests.helpers.gateways import Gateway, backend
-from tests.helpers.independent_audit import audit, log_records
+from tests.helpers.independent_audit import audit
 from tests.helpers.log_truth import CHAT, DONE, EVENT
 from tests.helpers.raw_backend import Answer, Post, RawBackend
 
@@ -48,11 +49,6 @@ WRONG: dict[str, tuple[tuple[bytes, ...], dict[str, Any]]] = {
         {k: v for k, v in WHOLE.items() if k != "stream"},
     ),
 }
-
-
-def _records(logdir: Path, vkey: str, request_id: str) -> list[dict[str, Any]]:
-    found = [json.loads(e) for e in log_records(logdir, vkey)]
-    return [r for r in found if r["request_id"] == request_id]
 
 
 @pytest.mark.parametrize("case", list(WRONG))
@@ -75,7 +71,7 @@ def test_an_answer_of_the_wrong_shape_is_a_502_before_any_byte(
     request_id = received.headers["x-request-id"]
     settled(tmp_path / "log", vkey, request_id)
     assert audit(received, tmp_path / "log", vkey) == []
-    completion = _records(tmp_path / "log", vkey, request_id)[-1]
+    completion = request_log(tmp_path / "log", vkey, request_id)[-1]
     assert completion["type"] == "completion"
     assert (completion["status"], completion["usage"]) == (502, None)
     assert completion["response_commitment"] is None
@@ -114,7 +110,7 @@ def test_the_next_backend_serves_and_the_first_one_s_breaker_counts_it(
     request_id = received.headers["x-request-id"]
     settled(tmp_path / "log", vkey, request_id)
     assert audit(received, tmp_path / "log", vkey) == []
-    found = _records(tmp_path / "log", vkey, request_id)
+    found = request_log(tmp_path / "log", vkey, request_id)
     assert [r["type"] for r in found] == ["dispatch", "completion"] * 2
     assert [r["backend"]["id"] for r in found[::2]] == posts
     assert [r["status"] for r in found[1::2]] == [502, 200]

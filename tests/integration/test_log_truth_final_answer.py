@@ -31,10 +31,15 @@ from gateway.api.trail import Trail
 from gateway.body_writer import BodyWriter
 from gateway.provenance import commit, load_signer
 from gateway.state import Admission
-from tests.helpers.audit_rig import logged, settled, whole_answer, writes
+from tests.helpers.audit_rig import (
+    first_request_settled,
+    logged,
+    request_log,
+    whole_answer,
+    writes,
+)
 from tests.helpers.gateways import Gateway, backend
 from tests.helpers.hold import Hold
-from tests.helpers.independent_audit import log_records
 from tests.helpers.log_truth import CHAT, DONE, EVENT, salt_of
 from tests.helpers.provenance import run_audit
 from tests.helpers.raw_backend import Answer, Post, RawBackend, json_answer, sse_head
@@ -107,13 +112,10 @@ def _dechunked(raw: bytes) -> bytes:
 def _last_records(tmp_path: Path, vkey: str) -> list[dict[str, Any]]:
     """The one request's records, once every dispatch has its completion, signed."""
     logdir = tmp_path / "log"
-    until(lambda: bool(log_records(logdir, vkey)), "its records signed", timeout=30)
-    rid = json.loads(log_records(logdir, vkey)[0])["request_id"]
-    settled(logdir, vkey, rid)
-    found = [json.loads(e) for e in log_records(logdir, vkey)]
+    found = request_log(logdir, vkey, first_request_settled(logdir, vkey))
     key = load_signer(tmp_path / "log.key").vkey
     assert run_audit(["verify", str(logdir), "--key", key]) == 0
-    return [r for r in found if r["request_id"] == rid]
+    return found
 
 
 @pytest.mark.parametrize("held", sorted(_HOLDS))
