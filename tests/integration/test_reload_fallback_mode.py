@@ -15,7 +15,6 @@ on to the next hosted backend after the reload).
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +31,7 @@ from tests.helpers.gateways import (
     hosted_backend,
     served,
 )
-from tests.helpers.raw_backend import Answer, Post, RawBackend
+from tests.helpers.raw_backend import ERROR_BODY, Answer, RawBackend, json_answer
 from tests.helpers.waiting import until
 
 pytestmark = LITELLM_WARNINGS
@@ -50,26 +49,12 @@ spec:
     to: [{backend: hosted-a}, {backend: hosted-b}]
 """
 SATURATED = "when_private_saturated\n    saturation_threshold: THRESHOLD"
-BODY = b'{"error": {"message": "no", "type": "x", "param": null, "code": null}}'
 ANSWER = (
     b'{"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": '
     b'[{"index": 0, "message": {"role": "assistant", "content": "ok"}, '
     b'"finish_reason": "stop"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1, '
     b'"total_tokens": 2}}'
 )
-
-
-def held(release: threading.Event, status: bytes, body: bytes) -> Answer:
-    """Wait for `release` (60 s at most), then answer `status` with `body`."""
-
-    async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
-        await asyncio.get_running_loop().run_in_executor(None, release.wait, 60)
-        head = b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-        writer.write(head % (status, len(body)) + body)
-        await writer.drain()
-        return False
-
-    return answer
 
 
 def write_policy(path: Path, version: str, mode: str) -> None:
@@ -100,7 +85,7 @@ def test_a_busy_private_backend_no_longer_lets_a_request_fall_back_after_a_reloa
     backend holds, the policy is reloaded to `when_private_unavailable`, then the private
     backend answers 429: busy is no longer a reason, so nothing goes hosted."""
     release = threading.Event()
-    private = start_raw(held(release, b"429 Too Many Requests", BODY))
+    private = start_raw(json_answer(ERROR_BODY, b"429 Too Many Requests", release))
     hosted_sim = start_sim("vllm", models=("m",), zero_latency=True)
     policy = tmp_path / "policies" / "p.yaml"
     policy.parent.mkdir()
@@ -141,8 +126,8 @@ def test_a_saturated_private_tier_no_longer_lets_a_request_fall_back_after_a_rel
     backend must get nothing: the private tier is up, only saturated. The request is
     served by the private backend once it lets go."""
     private_go, hosted_go = threading.Event(), threading.Event()
-    private = start_raw(held(private_go, b"200 OK", ANSWER))
-    first_hosted = start_raw(held(hosted_go, b"503 Service Unavailable", BODY))
+    private = start_raw(json_answer(ANSWER, release=private_go))
+    first_hosted = start_raw(json_answer(ERROR_BODY, b"503 Service Unavailable", hosted_go))
     hosted_sim = start_sim("vllm", models=("m",), zero_latency=True)
     policy = tmp_path / "policies" / "p.yaml"
     policy.parent.mkdir()
