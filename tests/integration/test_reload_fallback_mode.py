@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -75,6 +76,32 @@ def reloaded(gateway: Gateway, version: str) -> None:
     )
 
 
+def _saturated_gateway(
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    threshold: str,
+    private: RawBackend,
+    hosted_urls: tuple[str, str],
+    **private_settings: Any,
+) -> tuple[Gateway, Path]:
+    """A gateway over the private backend `private` and hosted-a, hosted-b at
+    `hosted_urls`, under policy version 1 (`when_private_saturated` at `threshold`),
+    reloaded every 50 ms from its file; the gateway and that file."""
+    policy = tmp_path / "policies" / "p.yaml"
+    policy.parent.mkdir()
+    write_policy(policy, "1", SATURATED.replace("THRESHOLD", threshold))
+    gateway = start_gateway(
+        [
+            backend("gpu-eu", private.url, "m", **EU_ZERO, **private_settings),
+            hosted_backend("hosted-a", f"{hosted_urls[0]}/v1", "m"),
+            hosted_backend("hosted-b", f"{hosted_urls[1]}/v1", "m"),
+        ],
+        policy={"paths": [str(policy.parent)], "reload_interval_s": 0.05},
+        environ={"HOSTED_KEY": "test-key"},
+    )
+    return gateway, policy
+
+
 def test_a_busy_private_backend_no_longer_lets_a_request_fall_back_after_a_reload(
     start_raw: Callable[[Answer], RawBackend],
     start_sim: Callable[..., Sim],
@@ -87,18 +114,8 @@ def test_a_busy_private_backend_no_longer_lets_a_request_fall_back_after_a_reloa
     release = threading.Event()
     private = start_raw(json_answer(ERROR_BODY, b"429 Too Many Requests", release))
     hosted_sim = start_sim("vllm", models=("m",), zero_latency=True)
-    policy = tmp_path / "policies" / "p.yaml"
-    policy.parent.mkdir()
-    write_policy(policy, "1", SATURATED.replace("THRESHOLD", "100"))
-    gateway = start_gateway(
-        [
-            backend("gpu-eu", private.url, "m", **EU_ZERO),
-            hosted_backend("hosted-a", f"{hosted_sim.url}/v1", "m"),
-            hosted_backend("hosted-b", f"{hosted_sim.url}/v1", "m"),
-        ],
-        policy={"paths": [str(policy.parent)], "reload_interval_s": 0.05},
-        environ={"HOSTED_KEY": "test-key"},
-    )
+    hosted = (hosted_sim.url, hosted_sim.url)
+    gateway, policy = _saturated_gateway(start_gateway, tmp_path, "100", private, hosted)
     try:
         with ThreadPoolExecutor(max_workers=1) as pool:
             answer = pool.submit(chat, gateway)
@@ -129,17 +146,9 @@ def test_a_saturated_private_tier_no_longer_lets_a_request_fall_back_after_a_rel
     private = start_raw(json_answer(ANSWER, release=private_go))
     first_hosted = start_raw(json_answer(ERROR_BODY, b"503 Service Unavailable", hosted_go))
     hosted_sim = start_sim("vllm", models=("m",), zero_latency=True)
-    policy = tmp_path / "policies" / "p.yaml"
-    policy.parent.mkdir()
-    write_policy(policy, "1", SATURATED.replace("THRESHOLD", "0.5"))
-    gateway = start_gateway(
-        [
-            backend("gpu-eu", private.url, "m", **EU_ZERO, capacity={"max_concurrency": 1}),
-            hosted_backend("hosted-a", f"{first_hosted.url}/v1", "m"),
-            hosted_backend("hosted-b", f"{hosted_sim.url}/v1", "m"),
-        ],
-        policy={"paths": [str(policy.parent)], "reload_interval_s": 0.05},
-        environ={"HOSTED_KEY": "test-key"},
+    hosted = (first_hosted.url, hosted_sim.url)
+    gateway, policy = _saturated_gateway(
+        start_gateway, tmp_path, "0.5", private, hosted, capacity={"max_concurrency": 1}
     )
     try:
         with ThreadPoolExecutor(max_workers=3) as pool:
