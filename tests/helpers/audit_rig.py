@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -220,3 +220,17 @@ def hosted_gateway(
         environ={"HOSTED_KEY": "sk-test"},
         policy={"paths": [str(tmp_path / "policies")]},
     )
+
+
+def first_then(
+    posts: list[str], name: str, first: Sequence[bytes], then: Sequence[bytes]
+) -> Answer:
+    """Backend `name`'s answer, for backends that share `posts`: `writes(*first)` to the
+    first request any of them gets, `writes(*then)` to every later one; each request
+    appends the name of the backend it reached to `posts`."""
+
+    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
+        posts.append(name)
+        return await writes(*(first if len(posts) == 1 else then))(writer, post)
+
+    return answer

@@ -9,7 +9,6 @@ error status still passes as an error, whatever the request's shape.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +26,7 @@ from tests.helpers.audit_rig import (
     WHOLE,
     chunked,
     client_gets,
+    first_then,
     logged,
     request_log,
     settled,
@@ -36,7 +36,7 @@ from tests.helpers.audit_rig import (
 from tests.helpers.gateways import Gateway, backend
 from tests.helpers.independent_audit import audit
 from tests.helpers.log_truth import CHAT, DONE, EVENT
-from tests.helpers.raw_backend import Answer, Post, RawBackend
+from tests.helpers.raw_backend import Answer, RawBackend
 
 # A stream request answered whole (the record read its usage: 8; the SDK showed none),
 # and a whole request answered as a stream (the SDK's `response.json()` fails).
@@ -93,15 +93,7 @@ def test_the_next_backend_serves_and_the_first_one_s_breaker_counts_it(
     pieces, ask = WRONG[case]
     right = chunked(EVENT, USAGE_CHUNK, DONE) if ask is CHAT else (whole_answer(200, ANSWER, JSON),)
     posts: list[str] = []  # the backends asked, in order
-
-    def answer(name: str) -> Answer:
-        async def first_is_wrong(writer: asyncio.StreamWriter, post: Post) -> bool:
-            posts.append(name)
-            return await writes(*(pieces if len(posts) == 1 else right))(writer, post)
-
-        return first_is_wrong
-
-    backends = [backend(n, start_raw(answer(n)).url, "m") for n in ("a", "b")]
+    backends = [backend(n, start_raw(first_then(posts, n, pieces, right)).url, "m") for n in "ab"]
     breaker = {"breaker": {"failure_threshold": 1, "cooldown_s": 60, "max_cooldown_s": 60}}
     gateway, vkey = logged(start_gateway, tmp_path, backends, routing=breaker)
     received = client_gets(gateway, ask)

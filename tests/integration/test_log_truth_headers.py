@@ -11,7 +11,6 @@ gateway's own never reach the client, whose receipt is the one the log holds.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +27,7 @@ from tests.helpers.audit_rig import (
     assert_logged_as_received,
     chunked,
     client_gets,
+    first_then,
     logged,
     request_log,
     settled,
@@ -37,7 +37,7 @@ from tests.helpers.audit_rig import (
 from tests.helpers.gateways import Gateway, backend
 from tests.helpers.independent_audit import audit
 from tests.helpers.log_truth import CHAT, DONE, EVENT
-from tests.helpers.raw_backend import Answer, Post, RawBackend
+from tests.helpers.raw_backend import Answer, RawBackend
 
 _SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream"
 
@@ -120,15 +120,7 @@ def test_the_next_backend_serves_when_one_sends_a_content_type_no_client_reads(
         bad = (whole_answer(200, ANSWER, b"content-type: application/json; x=" + long),)
         good = (whole_answer(200, ANSWER, b"content-type: application/json; charset=utf-8"),)
     posts: list[str] = []
-
-    def answer(name: str) -> Answer:
-        async def first_is_bad(writer: asyncio.StreamWriter, post: Post) -> bool:
-            posts.append(name)
-            return await writes(*(bad if len(posts) == 1 else good))(writer, post)
-
-        return first_is_bad
-
-    backends = [backend(n, start_raw(answer(n)).url, "m") for n in ("a", "b")]
+    backends = [backend(n, start_raw(first_then(posts, n, bad, good)).url, "m") for n in "ab"]
     gateway, vkey = logged(start_gateway, tmp_path, backends)
     received = client_gets(gateway, ask)
     assert received.status == 200, received.body
