@@ -12,12 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from gateway.provenance import LogEntry, ProvenanceLog, load_signer, write_signing_key
+from tests.helpers.gateways import Gateway
 from tests.helpers.net import free_port
 from tests.helpers.processes import ServerProcess, owngate_argv
-from tests.helpers.provenance import records
+from tests.helpers.provenance import completion_record, records
 
-__all__ = ["Sidecar", "SidecarTLS", "rewrite_log", "start_sidecar"]
+__all__ = ["CHAT", "Sidecar", "SidecarTLS", "rewrite_log", "served_chats", "start_sidecar"]
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
 
 
 @dataclass
@@ -115,3 +120,21 @@ def rewrite_log(
             await log.close()
 
     asyncio.run(write())
+
+
+def served_chats(gateway: Gateway, log_dir: Path, count: int) -> list[str]:
+    """`count` chat requests through `gateway`, whole answers and streams in turn, each
+    answered 200; their request ids, once `log_dir`'s checkpoint covers each completion."""
+    ids = []
+    for stream in [index % 2 == 1 for index in range(count)]:
+        response = httpx.post(
+            f"{gateway.url}/v1/chat/completions",
+            json={**CHAT, "stream": stream},
+            headers=gateway.headers,
+            timeout=30,
+        )
+        assert response.status_code == 200, response.text
+        ids.append(response.headers["x-request-id"])
+    for request_id in ids:
+        completion_record(log_dir, request_id)
+    return ids

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,20 +99,35 @@ def client_gets(
     return Received(response.status_code, headers, bytes(body), request)
 
 
+def request_log(logdir: Path, vkey: str, request_id: str) -> list[dict[str, Any]]:
+    """The records of `request_id` among those the checkpoint signed by `vkey` covers, read
+    by the independent reader (`log_records`: the root recomputed and compared)."""
+    found = [json.loads(e) for e in log_records(logdir, vkey)]
+    return [r for r in found if r["request_id"] == request_id]
+
+
 def settled(logdir: Path, vkey: str, request_id: str) -> None:
     """Wait until a signed checkpoint covers a completion for every dispatch of the request."""
 
     def done() -> bool:
         if not (logdir / "checkpoint").exists():
             return False
-        mine = [json.loads(e) for e in log_records(logdir, vkey)]
-        mine = [r for r in mine if r["request_id"] == request_id]
-        kinds = [r["type"] for r in mine]
+        kinds = [r["type"] for r in request_log(logdir, vkey, request_id)]
         return "refusal" in kinds or (
             bool(kinds) and kinds.count("dispatch") == kinds.count("completion")
         )
 
     until(done, f"the records of {request_id} signed", timeout=30)
+
+
+def first_request_settled(logdir: Path, vkey: str) -> str:
+    """The id of the log's first request, once a signed checkpoint covers a completion for
+    every dispatch of it (a test that sends one request: its id, though the client never
+    read it)."""
+    until(lambda: bool(log_records(logdir, vkey)), "its records signed", timeout=30)
+    request_id: str = json.loads(log_records(logdir, vkey)[0])["request_id"]
+    settled(logdir, vkey, request_id)
+    return request_id
 
 
 def later_receipt(gateway: Gateway, request_id: str) -> bytes:
@@ -205,3 +220,17 @@ def hosted_gateway(
         environ={"HOSTED_KEY": "sk-test"},
         policy={"paths": [str(tmp_path / "policies")]},
     )
+
+
+def first_then(
+    posts: list[str], name: str, first: Sequence[bytes], then: Sequence[bytes]
+) -> Answer:
+    """Backend `name`'s answer, for backends that share `posts`: `writes(*first)` to the
+    first request any of them gets, `writes(*then)` to every later one; each request
+    appends the name of the backend it reached to `posts`."""
+
+    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
+        posts.append(name)
+        return await writes(*(first if len(posts) == 1 else then))(writer, post)
+
+    return answer

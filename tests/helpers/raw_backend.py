@@ -45,13 +45,22 @@ def sse_head(framing: bytes = b"connection: close\r\n") -> bytes:
     return b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n" + framing + b"\r\n"
 
 
-def json_answer(body: bytes) -> Answer:
-    """An answer that writes `body` whole as a 200 `application/json` response, with its
-    content-length, and then closes the connection."""
+# An OpenAI error body, for a `json_answer` of an error status.
+ERROR_BODY = b'{"error": {"message": "no", "type": "x", "param": null, "code": null}}'
+
+
+def json_answer(
+    body: bytes, status: bytes = b"200 OK", release: threading.Event | None = None
+) -> Answer:
+    """An answer that writes `body` whole as a `status` `application/json` response, with
+    its content-length, and then closes the connection; with `release`, only once it is
+    set (60 s at most)."""
 
     async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
-        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-        writer.write(head % len(body) + body)
+        if release is not None:
+            await asyncio.get_running_loop().run_in_executor(None, release.wait, 60)
+        head = b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % (status, len(body)) + body)
         await writer.drain()
         return False
 

@@ -1,6 +1,6 @@
 """What the from-the-spec verifier's tests send a real gateway (tests/helpers/admin.py's
 `serve_admin`): a chat request as exact bytes, the receipt as a client reads it, and the
-served checkpoint once it reaches a size."""
+served checkpoint once it reaches a size, the served log's tree."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import httpx
 from tests.helpers import spec_receipts as receipts
 from tests.helpers import spec_tiles as tiles
 from tests.helpers import spec_verifier as spec
-from tests.helpers.admin import TOKENS, Served
+from tests.helpers.admin import ORIGIN, TOKENS, Served
 from tests.helpers.processes import KEY
 from tests.helpers.waiting import until
 
-__all__ = ["chat", "client_receipt", "settle"]
+__all__ = ["chat", "client_receipt", "served_tree", "settle"]
 
 
 def chat(served: Served, stream: bool, n: int) -> tuple[bytes, httpx.Response]:
@@ -47,3 +47,10 @@ def settle(served: Served, size: int) -> bytes:
         timeout=20,
     )
     return fetch("checkpoint").body
+
+
+def served_tree(served: Served, origin: str = ORIGIN) -> tiles.Tree:
+    """The served log's tree as the auditor reads it over the admin API (`origin`, the
+    served key's), every tile checked and the root recomputed."""
+    fetch = tiles.from_url(f"{served.admin}/log/", TOKENS["auditor"])
+    return tiles.read_tree(fetch, [spec.parse_key(served.vkey)], origin)

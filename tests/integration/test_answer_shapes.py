@@ -9,7 +9,6 @@ error status still passes as an error, whatever the request's shape.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -27,15 +26,17 @@ from tests.helpers.audit_rig import (
     WHOLE,
     chunked,
     client_gets,
+    first_then,
     logged,
+    request_log,
     settled,
     whole_answer,
     writes,
 )
 from tests.helpers.gateways import Gateway, backend
-from tests.helpers.independent_audit import audit, log_records
+from tests.helpers.independent_audit import audit
 from tests.helpers.log_truth import CHAT, DONE, EVENT
-from tests.helpers.raw_backend import Answer, Post, RawBackend
+from tests.helpers.raw_backend import Answer, RawBackend
 
 # A stream request answered whole (the record read its usage: 8; the SDK showed none),
 # and a whole request answered as a stream (the SDK's `response.json()` fails).
@@ -48,11 +49,6 @@ WRONG: dict[str, tuple[tuple[bytes, ...], dict[str, Any]]] = {
         {k: v for k, v in WHOLE.items() if k != "stream"},
     ),
 }
-
-
-def _records(logdir: Path, vkey: str, request_id: str) -> list[dict[str, Any]]:
-    found = [json.loads(e) for e in log_records(logdir, vkey)]
-    return [r for r in found if r["request_id"] == request_id]
 
 
 @pytest.mark.parametrize("case", list(WRONG))
@@ -75,7 +71,7 @@ def test_an_answer_of_the_wrong_shape_is_a_502_before_any_byte(
     request_id = received.headers["x-request-id"]
     settled(tmp_path / "log", vkey, request_id)
     assert audit(received, tmp_path / "log", vkey) == []
-    completion = _records(tmp_path / "log", vkey, request_id)[-1]
+    completion = request_log(tmp_path / "log", vkey, request_id)[-1]
     assert completion["type"] == "completion"
     assert (completion["status"], completion["usage"]) == (502, None)
     assert completion["response_commitment"] is None
@@ -97,15 +93,7 @@ def test_the_next_backend_serves_and_the_first_one_s_breaker_counts_it(
     pieces, ask = WRONG[case]
     right = chunked(EVENT, USAGE_CHUNK, DONE) if ask is CHAT else (whole_answer(200, ANSWER, JSON),)
     posts: list[str] = []  # the backends asked, in order
-
-    def answer(name: str) -> Answer:
-        async def first_is_wrong(writer: asyncio.StreamWriter, post: Post) -> bool:
-            posts.append(name)
-            return await writes(*(pieces if len(posts) == 1 else right))(writer, post)
-
-        return first_is_wrong
-
-    backends = [backend(n, start_raw(answer(n)).url, "m") for n in ("a", "b")]
+    backends = [backend(n, start_raw(first_then(posts, n, pieces, right)).url, "m") for n in "ab"]
     breaker = {"breaker": {"failure_threshold": 1, "cooldown_s": 60, "max_cooldown_s": 60}}
     gateway, vkey = logged(start_gateway, tmp_path, backends, routing=breaker)
     received = client_gets(gateway, ask)
@@ -114,7 +102,7 @@ def test_the_next_backend_serves_and_the_first_one_s_breaker_counts_it(
     request_id = received.headers["x-request-id"]
     settled(tmp_path / "log", vkey, request_id)
     assert audit(received, tmp_path / "log", vkey) == []
-    found = _records(tmp_path / "log", vkey, request_id)
+    found = request_log(tmp_path / "log", vkey, request_id)
     assert [r["type"] for r in found] == ["dispatch", "completion"] * 2
     assert [r["backend"]["id"] for r in found[::2]] == posts
     assert [r["status"] for r in found[1::2]] == [502, 200]

@@ -17,11 +17,9 @@ from gateway.attest import AttestSettings, AttestThread, listener_context
 from gateway.provenance import write_signing_key
 from tests.helpers.gateways import Sim
 from tests.helpers.tls import Pki
+from tests.helpers.tls_fixtures import pki  # fixtures, used by name
 
-
-@pytest.fixture
-def pki(tmp_path: Path) -> Pki:
-    return Pki.create(tmp_path / "pki")
+__all__ = ["pki"]
 
 
 @pytest.fixture

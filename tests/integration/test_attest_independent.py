@@ -21,13 +21,11 @@ from cryptography.exceptions import InvalidSignature
 from gateway.provenance import load_signer
 from gateway.provenance.formats.attestation import Statement, sign_statement
 from gateway.provenance.testing import seeded_signer
-from tests.helpers.attest import start_sidecar
+from tests.helpers.attest import CHAT, served_chats, start_sidecar
 from tests.helpers.c2sp_verifier import from_directory, note_key, read_log
 from tests.helpers.gateways import Gateway, Sim, backend, logged_gateway
-from tests.helpers.provenance import completion_record
 
 ORIGIN = "gw.test/independent"
-CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
 PAYLOAD_TYPE = b"application/vnd.owngate.attestation+json"
 
 
@@ -55,18 +53,7 @@ def test_an_independent_auditor_matches_the_two_logs_statement_by_statement(
             [backend("gpu", sidecar.url, "m", attest={"key": sidecar.vkey})],
             ORIGIN,
         )
-        ids = []
-        for stream in (False, True, False, True):
-            answer = httpx.post(
-                f"{gateway.url}/v1/chat/completions",
-                json={**CHAT, "stream": stream},
-                headers=gateway.headers,
-                timeout=30,
-            )
-            assert answer.status_code == 200, answer.text
-            ids.append(answer.headers["x-request-id"])
-        for request_id in ids:
-            completion_record(tmp_path / "log", request_id)
+        ids = served_chats(gateway, tmp_path / "log", 4)
         bypass = httpx.post(f"{sidecar.url}/v1/chat/completions", json=CHAT, timeout=30)
         assert bypass.status_code == 200
     finally:

@@ -18,11 +18,9 @@ import httpx
 import pytest
 
 from gateway.provenance import load_signer
-from tests.helpers.attest import Sidecar, rewrite_log, start_sidecar
+from tests.helpers.attest import CHAT, Sidecar, rewrite_log, served_chats, start_sidecar
 from tests.helpers.gateways import Gateway, Sim, backend, logged_gateway
-from tests.helpers.provenance import completion_record, records, run_audit
-
-CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+from tests.helpers.provenance import records, run_audit
 
 
 @pytest.fixture
@@ -43,22 +41,6 @@ def _replica(
     return gateway, load_signer(directory / "log.key").vkey
 
 
-def _served(gateway: Gateway, directory: Path, count: int) -> list[str]:
-    ids = []
-    for stream in [index % 2 == 1 for index in range(count)]:  # whole answers and streams
-        response = httpx.post(
-            f"{gateway.url}/v1/chat/completions",
-            json={**CHAT, "stream": stream},
-            headers=gateway.headers,
-            timeout=30,
-        )
-        assert response.status_code == 200, response.text
-        ids.append(response.headers["x-request-id"])
-    for request_id in ids:
-        completion_record(directory / "log", request_id)
-    return ids
-
-
 def _audit(log: Path, *extra: str) -> int:
     return run_audit(["verify", str(log), *extra])
 
@@ -71,8 +53,8 @@ def test_the_sidecar_log_agrees_with_the_replicas_logs_together(
 ) -> None:
     a, a_key = _replica(start_gateway, tmp_path / "a", sidecar)
     b, b_key = _replica(start_gateway, tmp_path / "b", sidecar)
-    _served(a, tmp_path / "a", 2)
-    _served(b, tmp_path / "b", 3)
+    served_chats(a, tmp_path / "a" / "log", 2)
+    served_chats(b, tmp_path / "b" / "log", 3)
     bypass = httpx.post(f"{sidecar.url}/v1/chat/completions", json=CHAT, timeout=30)
     assert bypass.status_code == 200 and "x-owngate-attest" in bypass.headers
     assert sidecar.stop() == 0
@@ -120,8 +102,8 @@ def test_a_countersignature_replayed_into_another_replicas_log_is_caught(
     even in the sidecar's log. Audited together, the counter is used twice."""
     a, a_key = _replica(start_gateway, tmp_path / "a", sidecar)
     b, b_key = _replica(start_gateway, tmp_path / "b", sidecar)
-    (taken, _) = _served(a, tmp_path / "a", 2)
-    _served(b, tmp_path / "b", 1)
+    (taken, _) = served_chats(a, tmp_path / "a" / "log", 2)
+    served_chats(b, tmp_path / "b" / "log", 1)
     assert sidecar.stop() == 0
 
     def claim(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -148,7 +130,7 @@ def test_a_log_given_as_its_own_replica_is_a_usage_error(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     a, a_key = _replica(start_gateway, tmp_path / "a", sidecar)
-    _served(a, tmp_path / "a", 1)
+    served_chats(a, tmp_path / "a" / "log", 1)
     log = str(tmp_path / "a" / "log")
     keys = ["--key", a_key, "--backend-key", f"gpu={sidecar.vkey}"]
     capsys.readouterr()

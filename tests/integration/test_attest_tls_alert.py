@@ -34,19 +34,12 @@ from gateway.provenance import write_signing_key
 from tests.helpers.gateways import ADMIN_HEADERS, Gateway, Sim, admin_status, backend, served
 from tests.helpers.log_capture import rendered_logs
 from tests.helpers.tls import Pki
+from tests.helpers.tls_fixtures import pki, sim  # fixtures, used by name
 from tests.helpers.waiting import until
 
+__all__ = ["pki", "sim"]
+
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-
-
-@pytest.fixture
-def sim(start_sim: Callable[..., Sim]) -> Sim:
-    return start_sim("vllm", models=("m",), zero_latency=True)
-
-
-@pytest.fixture
-def pki(tmp_path: Path) -> Pki:
-    return Pki.create(tmp_path / "pki")
 
 
 def _sidecar(sim: Sim, pki: Pki, tmp_path: Path, handshake_s: float) -> AttestThread:

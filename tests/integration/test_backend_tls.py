@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,34 +30,13 @@ from tests.helpers.clock import FakeClock
 from tests.helpers.gateways import ADMIN_HEADERS, Gateway, Sim, admin_status, backend, served
 from tests.helpers.provenance import request_records
 from tests.helpers.tls import Pki, TLSFront, patched, server_context
+from tests.helpers.tls_fixtures import pki, sim, start_front  # fixtures, used by name
 from tests.helpers.waiting import until, until_async
+
+__all__ = ["pki", "sim", "start_front"]
 
 ORIGIN = "test.owngate/tls/1"
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-
-
-@pytest.fixture
-def sim(start_sim: Callable[..., Sim]) -> Sim:
-    return start_sim("vllm", models=("m",), zero_latency=True)
-
-
-@pytest.fixture
-def pki(tmp_path: Path) -> Pki:
-    return Pki.create(tmp_path / "pki")
-
-
-@pytest.fixture
-def start_front(sim: Sim) -> Iterator[Callable[[Any], TLSFront]]:
-    started: list[TLSFront] = []
-
-    def start(context: Any) -> TLSFront:
-        front = TLSFront((sim.server.host, sim.server.port), context).start()
-        started.append(front)
-        return front
-
-    yield start
-    for front in started:
-        front.stop()
 
 
 def _gateway(

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -34,34 +34,13 @@ from tests.helpers.gateways import (
 )
 from tests.helpers.provenance import records, request_records
 from tests.helpers.tls import Pki, TLSFront, server_context
+from tests.helpers.tls_fixtures import pki, sim, start_front  # fixtures, used by name
+
+__all__ = ["pki", "sim", "start_front"]
 
 ORIGIN = "test.owngate/tls-acceptance/1"
 SECRET = "the-client-secret-prompt-7f3a"
 BODY = {"model": "m", "messages": [{"role": "user", "content": SECRET}], "max_tokens": 2}
-
-
-@pytest.fixture
-def sim(start_sim: Callable[..., Sim]) -> Sim:
-    return start_sim("vllm", models=("m",), zero_latency=True)
-
-
-@pytest.fixture
-def pki(tmp_path: Path) -> Pki:
-    return Pki.create(tmp_path / "pki")
-
-
-@pytest.fixture
-def start_front(sim: Sim) -> Iterator[Callable[[Any], TLSFront]]:
-    started: list[TLSFront] = []
-
-    def start(context: Any) -> TLSFront:
-        front = TLSFront((sim.server.host, sim.server.port), context).start()
-        started.append(front)
-        return front
-
-    yield start
-    for front in started:
-        front.stop()
 
 
 def _chat(gateway: Gateway, **headers: str) -> httpx.Response:

@@ -8,7 +8,6 @@ the hosted one is a simulator reached through LiteLLM, so nothing leaves loopbac
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from tests.helpers.gateways import (
 )
 from tests.helpers.log_truth import CHAT, ORIGIN
 from tests.helpers.provenance import records
-from tests.helpers.raw_backend import Answer, Post, RawBackend
+from tests.helpers.raw_backend import ERROR_BODY, Answer, RawBackend, json_answer
 from tests.helpers.waiting import until
 
 pytestmark = LITELLM_WARNINGS
@@ -49,15 +48,7 @@ spec:
 
 def status_answer(status: bytes) -> Answer:
     """Every completion gets `status` with an OpenAI error body."""
-    body = b'{"error": {"message": "no", "type": "x", "param": null, "code": null}}'
-
-    async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
-        head = b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-        writer.write(head % (status, len(body)) + body)
-        await writer.drain()
-        return False
-
-    return answer
+    return json_answer(ERROR_BODY, status)
 
 
 Start = Callable[..., tuple[Gateway, Sim, list[RawBackend]]]

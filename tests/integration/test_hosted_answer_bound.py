@@ -105,25 +105,27 @@ def test_a_provider_flood_is_read_no_further_than_the_bound(
     assert b"xxxx" not in response.content  # none of it reached the client
 
 
-def test_a_stream_event_of_short_lines_is_read_no_further_than_the_bound(
+def _stream_request_flooded(
     start_raw: Callable[[Answer], RawBackend],
     start_gateway: Callable[..., Gateway],
     tmp_path: Path,
-) -> None:
-    # Each line short, no blank line until the end: the OpenAI SDK's decoder holds every
-    # `data:` line of an event until the blank line that ends it, so bounding each line
-    # alone read all 48 MiB (and held it).
-    line = b"data: " + b"x" * (len(PIECE) - 7) + b"\n"
+    head: bytes,
+    piece: bytes,
+    last: bytes,
+) -> httpx.Response:
+    """A stream request to a provider answering `head` (status line and content type),
+    then OFFERED bytes of `piece` chunk by chunk as fast as they are read, then `last`:
+    the gateway's answer, once the provider is done, asserted to have read no further
+    than the bound (plus what the sockets' buffers on both sides hold on loopback)."""
     written = [0]
 
     async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n")
-        writer.write(b"transfer-encoding: chunked\r\n\r\n")
-        for _ in range(OFFERED // len(line)):
-            writer.write(b"%x\r\n%s\r\n" % (len(line), line))
+        writer.write(head + b"transfer-encoding: chunked\r\n\r\n")
+        for _ in range(OFFERED // len(piece)):
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             await writer.drain()
-            written[0] += len(line)
-        writer.write(b"1\r\n\n\r\n0\r\n\r\n")
+            written[0] += len(piece)
+        writer.write((b"%x\r\n%s\r\n" % (len(last), last) if last else b"") + b"0\r\n\r\n")
         await writer.drain()
         return False
 
@@ -137,6 +139,20 @@ def test_a_stream_event_of_short_lines_is_read_no_further_than_the_bound(
     )
     assert provider.finished.wait(60)
     assert written[0] < LIMIT + 8 * 1024 * 1024, f"the gateway read {written[0]} bytes"
+    return response
+
+
+def test_a_stream_event_of_short_lines_is_read_no_further_than_the_bound(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    # Each line short, no blank line until the end: the OpenAI SDK's decoder holds every
+    # `data:` line of an event until the blank line that ends it, so bounding each line
+    # alone read all 48 MiB (and held it).
+    line = b"data: " + b"x" * (len(PIECE) - 7) + b"\n"
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+    response = _stream_request_flooded(start_raw, start_gateway, tmp_path, head, line, b"\n")
     assert response.status_code == 503, response.text
     assert f"openai sent a stream event larger than {LIMIT} bytes" in response.text
 
@@ -149,29 +165,8 @@ def test_an_error_answer_to_a_stream_is_bounded_whole(
     # The OpenAI SDK reads an error answer to a stream request whole (`aread`) to raise
     # it: short events did not bound it, its total must.
     event = b"x" * (len(PIECE) - 2) + b"\n\n"
-    written = [0]
-
-    async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
-        writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain\r\n")
-        writer.write(b"transfer-encoding: chunked\r\n\r\n")
-        for _ in range(OFFERED // len(event)):
-            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
-            await writer.drain()
-            written[0] += len(event)
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
-        return False
-
-    provider = start_raw(answer)
-    gateway = hosted_gateway(start_gateway, tmp_path, provider)
-    response = httpx.post(
-        gateway.url + "/v1/chat/completions",
-        json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True},
-        headers=gateway.headers,
-        timeout=120,
-    )
-    assert provider.finished.wait(60)
-    assert written[0] < LIMIT + 8 * 1024 * 1024, f"the gateway read {written[0]} bytes"
+    head = b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain\r\n"
+    response = _stream_request_flooded(start_raw, start_gateway, tmp_path, head, event, b"")
     assert response.status_code == 503, response.text
     assert f"openai sent an answer larger than {LIMIT} bytes" in response.text
 

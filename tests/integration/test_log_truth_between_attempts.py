@@ -25,9 +25,15 @@ from gateway.api.exchange import Exchange
 from gateway.api.passthrough import PrivateRelay
 from gateway.routing.router import Attempt
 from gateway.upstream.http import Connection
-from tests.helpers.audit_rig import logged, settled, whole_answer, writes
+from tests.helpers.audit_rig import (
+    first_request_settled,
+    logged,
+    request_log,
+    settled,
+    whole_answer,
+    writes,
+)
 from tests.helpers.gateways import Gateway, backend
-from tests.helpers.independent_audit import log_records
 from tests.helpers.log_truth import CHAT
 from tests.helpers.raw_backend import Answer, RawBackend
 from tests.helpers.raw_socket import connect
@@ -35,11 +41,6 @@ from tests.helpers.waiting import until
 
 _FAILS = whole_answer(500, b'{"error":{"message":"down"}}', b"content-type: application/json")
 WHOLE = {**CHAT, "stream": False}
-
-
-def _mine(logdir: Path, vkey: str, request_id: str) -> list[dict[str, Any]]:
-    found = [json.loads(e) for e in log_records(logdir, vkey)]
-    return [r for r in found if r["request_id"] == request_id]
 
 
 def _second_connect_held(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
@@ -99,10 +100,7 @@ def test_a_client_that_leaves_between_attempts_is_recorded_as_gone(
         return not gateway.app.serving and (logdir / "checkpoint").exists()
 
     until(ended, "the request ended", timeout=30)
-    until(lambda: bool(log_records(logdir, vkey)), "its records signed", timeout=30)
-    rid = json.loads(log_records(logdir, vkey)[0])["request_id"]
-    settled(logdir, vkey, rid)
-    mine = _mine(logdir, vkey, rid)
+    mine = request_log(logdir, vkey, first_request_settled(logdir, vkey))
     assert [r["type"] for r in mine] == ["dispatch", "completion"]
     assert mine[-1]["status"] == 499, mine[-1]
     assert mine[-1]["response_commitment"] is None
@@ -132,7 +130,7 @@ def test_a_drain_cut_between_attempts_is_recorded_with_the_503_the_client_got(
     assert response.json()["error"]["code"] == "not_ready"
     rid = response.headers["x-request-id"]
     settled(tmp_path / "log", vkey, rid)
-    mine = _mine(tmp_path / "log", vkey, rid)
+    mine = request_log(tmp_path / "log", vkey, rid)
     assert [r["type"] for r in mine] == ["dispatch", "completion"]
     assert mine[-1]["status"] == 503, mine[-1]
     assert mine[-1]["error"] is not None

@@ -31,10 +31,15 @@ from gateway.api.trail import Trail
 from gateway.body_writer import BodyWriter
 from gateway.provenance import commit, load_signer
 from gateway.state import Admission
-from tests.helpers.audit_rig import logged, settled, whole_answer, writes
+from tests.helpers.audit_rig import (
+    first_request_settled,
+    logged,
+    request_log,
+    whole_answer,
+    writes,
+)
 from tests.helpers.gateways import Gateway, backend
 from tests.helpers.hold import Hold
-from tests.helpers.independent_audit import log_records
 from tests.helpers.log_truth import CHAT, DONE, EVENT, salt_of
 from tests.helpers.provenance import run_audit
 from tests.helpers.raw_backend import Answer, Post, RawBackend, json_answer, sse_head
@@ -107,13 +112,26 @@ def _dechunked(raw: bytes) -> bytes:
 def _last_records(tmp_path: Path, vkey: str) -> list[dict[str, Any]]:
     """The one request's records, once every dispatch has its completion, signed."""
     logdir = tmp_path / "log"
-    until(lambda: bool(log_records(logdir, vkey)), "its records signed", timeout=30)
-    rid = json.loads(log_records(logdir, vkey)[0])["request_id"]
-    settled(logdir, vkey, rid)
-    found = [json.loads(e) for e in log_records(logdir, vkey)]
+    found = request_log(logdir, vkey, first_request_settled(logdir, vkey))
     key = load_signer(tmp_path / "log.key").vkey
     assert run_audit(["verify", str(logdir), "--key", key]) == 0
-    return [r for r in found if r["request_id"] == rid]
+    return found
+
+
+def _whole_asked_and_left(
+    monkeypatch: pytest.MonkeyPatch,
+    held_at: tuple[type, str],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    backends: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """A whole answer asked of a logged gateway over `backends`, the client gone while the
+    gateway is held at `held_at` (a class and its method): the request's records."""
+    seen = _lost_seen(monkeypatch)
+    hold = Hold(monkeypatch, *held_at)
+    gateway, vkey = logged(start_gateway, tmp_path, backends)
+    _leave_while_held(gateway, {**CHAT, "stream": False}, hold, seen)
+    return _last_records(tmp_path, vkey)
 
 
 @pytest.mark.parametrize("held", sorted(_HOLDS))
@@ -127,12 +145,8 @@ def test_a_client_gone_before_its_error_went_out_is_recorded_499(
     """Every attempt failed (two backends answering 500: the client would get 502), and
     the client leaves while the error's receipt is signed (the charge runs): it got
     nothing, so the last completion says 499, its error the attempt's own failure."""
-    seen = _lost_seen(monkeypatch)
-    hold = Hold(monkeypatch, *_HOLDS[held])
     backends = [backend(n, start_raw(writes(_FAILS)).url, "m") for n in ("a", "b")]
-    gateway, vkey = logged(start_gateway, tmp_path, backends)
-    _leave_while_held(gateway, {**CHAT, "stream": False}, hold, seen)
-    mine = _last_records(tmp_path, vkey)
+    mine = _whole_asked_and_left(monkeypatch, _HOLDS[held], start_gateway, tmp_path, backends)
     assert [r["type"] for r in mine] == ["dispatch", "completion"] * 2
     assert mine[1]["status"] == 502, mine[1]  # the first attempt's: another followed
     assert mine[-1]["status"] == 499, mine[-1]
@@ -152,12 +166,11 @@ def test_a_client_gone_before_its_fault_answer_went_out_is_recorded_499(
         raise RuntimeError("a bug")
 
     monkeypatch.setattr("gateway.api.passthrough.translate_upstream_error", faulty)
-    seen = _lost_seen(monkeypatch)
-    hold = Hold(monkeypatch, Trail, "sealed_receipt")
     not_found = writes(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
-    gateway, vkey = logged(start_gateway, tmp_path, [backend("a", start_raw(not_found).url, "m")])
-    _leave_while_held(gateway, {**CHAT, "stream": False}, hold, seen)
-    mine = _last_records(tmp_path, vkey)
+    backends = [backend("a", start_raw(not_found).url, "m")]
+    mine = _whole_asked_and_left(
+        monkeypatch, (Trail, "sealed_receipt"), start_gateway, tmp_path, backends
+    )
     assert [r["type"] for r in mine] == ["dispatch", "completion"]
     assert mine[-1]["status"] == 499, mine[-1]
     assert mine[-1]["response_commitment"] is None
@@ -173,12 +186,8 @@ def test_a_client_gone_before_its_whole_answer_went_out_is_recorded_499(
 ) -> None:
     """A whole answer, the client gone while its receipt is signed (the charge runs):
     the answer never went out, so the record says 499 and commits to nothing."""
-    seen = _lost_seen(monkeypatch)
-    hold = Hold(monkeypatch, *_HOLDS[held])
-    served = backend("a", start_raw(json_answer(_ANSWER)).url, "m")
-    gateway, vkey = logged(start_gateway, tmp_path, [served])
-    _leave_while_held(gateway, {**CHAT, "stream": False}, hold, seen)
-    mine = _last_records(tmp_path, vkey)
+    backends = [backend("a", start_raw(json_answer(_ANSWER)).url, "m")]
+    mine = _whole_asked_and_left(monkeypatch, _HOLDS[held], start_gateway, tmp_path, backends)
     assert [r["type"] for r in mine] == ["dispatch", "completion"]
     assert mine[-1]["status"] == 499, mine[-1]
     assert mine[-1]["response_commitment"] is None

@@ -11,7 +11,6 @@ gateway's own never reach the client, whose receipt is the one the log holds.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -28,15 +27,17 @@ from tests.helpers.audit_rig import (
     assert_logged_as_received,
     chunked,
     client_gets,
+    first_then,
     logged,
+    request_log,
     settled,
     whole_answer,
     writes,
 )
 from tests.helpers.gateways import Gateway, backend
-from tests.helpers.independent_audit import audit, log_records
+from tests.helpers.independent_audit import audit
 from tests.helpers.log_truth import CHAT, DONE, EVENT
-from tests.helpers.raw_backend import Answer, Post, RawBackend
+from tests.helpers.raw_backend import Answer, RawBackend
 
 _SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream"
 
@@ -76,11 +77,6 @@ UNREADABLE: dict[str, tuple[tuple[bytes, ...], dict[str, Any]]] = {
 }
 
 
-def _records(logdir: Path, vkey: str, request_id: str) -> list[dict[str, Any]]:
-    found = [json.loads(e) for e in log_records(logdir, vkey)]
-    return [r for r in found if r["request_id"] == request_id]
-
-
 @pytest.mark.parametrize("case", list(UNREADABLE))
 def test_a_content_type_no_client_could_read_is_a_502_before_any_byte(
     start_raw: Callable[[Answer], RawBackend],
@@ -103,7 +99,7 @@ def test_a_content_type_no_client_could_read_is_a_502_before_any_byte(
     request_id = received.headers["x-request-id"]
     settled(tmp_path / "log", vkey, request_id)
     assert audit(received, tmp_path / "log", vkey) == []
-    completion = _records(tmp_path / "log", vkey, request_id)[-1]
+    completion = request_log(tmp_path / "log", vkey, request_id)[-1]
     assert (completion["type"], completion["status"]) == ("completion", 502)
     assert completion["response_commitment"] is None and completion["usage"] is None
 
@@ -124,15 +120,7 @@ def test_the_next_backend_serves_when_one_sends_a_content_type_no_client_reads(
         bad = (whole_answer(200, ANSWER, b"content-type: application/json; x=" + long),)
         good = (whole_answer(200, ANSWER, b"content-type: application/json; charset=utf-8"),)
     posts: list[str] = []
-
-    def answer(name: str) -> Answer:
-        async def first_is_bad(writer: asyncio.StreamWriter, post: Post) -> bool:
-            posts.append(name)
-            return await writes(*(bad if len(posts) == 1 else good))(writer, post)
-
-        return first_is_bad
-
-    backends = [backend(n, start_raw(answer(n)).url, "m") for n in ("a", "b")]
+    backends = [backend(n, start_raw(first_then(posts, n, bad, good)).url, "m") for n in "ab"]
     gateway, vkey = logged(start_gateway, tmp_path, backends)
     received = client_gets(gateway, ask)
     assert received.status == 200, received.body
@@ -140,7 +128,7 @@ def test_the_next_backend_serves_when_one_sends_a_content_type_no_client_reads(
     request_id = received.headers["x-request-id"]
     settled(tmp_path / "log", vkey, request_id)
     assert audit(received, tmp_path / "log", vkey) == []
-    found = _records(tmp_path / "log", vkey, request_id)
+    found = request_log(tmp_path / "log", vkey, request_id)
     assert [r["type"] for r in found] == ["dispatch", "completion"] * 2
     assert [r["backend"]["id"] for r in found[::2]] == posts
     assert [r["status"] for r in found[1::2]] == [502, 200]

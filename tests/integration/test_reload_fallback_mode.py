@@ -15,11 +15,11 @@ on to the next hosted backend after the reload).
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -32,7 +32,7 @@ from tests.helpers.gateways import (
     hosted_backend,
     served,
 )
-from tests.helpers.raw_backend import Answer, Post, RawBackend
+from tests.helpers.raw_backend import ERROR_BODY, Answer, RawBackend, json_answer
 from tests.helpers.waiting import until
 
 pytestmark = LITELLM_WARNINGS
@@ -50,26 +50,12 @@ spec:
     to: [{backend: hosted-a}, {backend: hosted-b}]
 """
 SATURATED = "when_private_saturated\n    saturation_threshold: THRESHOLD"
-BODY = b'{"error": {"message": "no", "type": "x", "param": null, "code": null}}'
 ANSWER = (
     b'{"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": '
     b'[{"index": 0, "message": {"role": "assistant", "content": "ok"}, '
     b'"finish_reason": "stop"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1, '
     b'"total_tokens": 2}}'
 )
-
-
-def held(release: threading.Event, status: bytes, body: bytes) -> Answer:
-    """Wait for `release` (60 s at most), then answer `status` with `body`."""
-
-    async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
-        await asyncio.get_running_loop().run_in_executor(None, release.wait, 60)
-        head = b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-        writer.write(head % (status, len(body)) + body)
-        await writer.drain()
-        return False
-
-    return answer
 
 
 def write_policy(path: Path, version: str, mode: str) -> None:
@@ -90,6 +76,32 @@ def reloaded(gateway: Gateway, version: str) -> None:
     )
 
 
+def _saturated_gateway(
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    threshold: str,
+    private: RawBackend,
+    hosted_urls: tuple[str, str],
+    **private_settings: Any,
+) -> tuple[Gateway, Path]:
+    """A gateway over the private backend `private` and hosted-a, hosted-b at
+    `hosted_urls`, under policy version 1 (`when_private_saturated` at `threshold`),
+    reloaded every 50 ms from its file; the gateway and that file."""
+    policy = tmp_path / "policies" / "p.yaml"
+    policy.parent.mkdir()
+    write_policy(policy, "1", SATURATED.replace("THRESHOLD", threshold))
+    gateway = start_gateway(
+        [
+            backend("gpu-eu", private.url, "m", **EU_ZERO, **private_settings),
+            hosted_backend("hosted-a", f"{hosted_urls[0]}/v1", "m"),
+            hosted_backend("hosted-b", f"{hosted_urls[1]}/v1", "m"),
+        ],
+        policy={"paths": [str(policy.parent)], "reload_interval_s": 0.05},
+        environ={"HOSTED_KEY": "test-key"},
+    )
+    return gateway, policy
+
+
 def test_a_busy_private_backend_no_longer_lets_a_request_fall_back_after_a_reload(
     start_raw: Callable[[Answer], RawBackend],
     start_sim: Callable[..., Sim],
@@ -100,20 +112,10 @@ def test_a_busy_private_backend_no_longer_lets_a_request_fall_back_after_a_reloa
     backend holds, the policy is reloaded to `when_private_unavailable`, then the private
     backend answers 429: busy is no longer a reason, so nothing goes hosted."""
     release = threading.Event()
-    private = start_raw(held(release, b"429 Too Many Requests", BODY))
+    private = start_raw(json_answer(ERROR_BODY, b"429 Too Many Requests", release))
     hosted_sim = start_sim("vllm", models=("m",), zero_latency=True)
-    policy = tmp_path / "policies" / "p.yaml"
-    policy.parent.mkdir()
-    write_policy(policy, "1", SATURATED.replace("THRESHOLD", "100"))
-    gateway = start_gateway(
-        [
-            backend("gpu-eu", private.url, "m", **EU_ZERO),
-            hosted_backend("hosted-a", f"{hosted_sim.url}/v1", "m"),
-            hosted_backend("hosted-b", f"{hosted_sim.url}/v1", "m"),
-        ],
-        policy={"paths": [str(policy.parent)], "reload_interval_s": 0.05},
-        environ={"HOSTED_KEY": "test-key"},
-    )
+    hosted = (hosted_sim.url, hosted_sim.url)
+    gateway, policy = _saturated_gateway(start_gateway, tmp_path, "100", private, hosted)
     try:
         with ThreadPoolExecutor(max_workers=1) as pool:
             answer = pool.submit(chat, gateway)
@@ -141,20 +143,12 @@ def test_a_saturated_private_tier_no_longer_lets_a_request_fall_back_after_a_rel
     backend must get nothing: the private tier is up, only saturated. The request is
     served by the private backend once it lets go."""
     private_go, hosted_go = threading.Event(), threading.Event()
-    private = start_raw(held(private_go, b"200 OK", ANSWER))
-    first_hosted = start_raw(held(hosted_go, b"503 Service Unavailable", BODY))
+    private = start_raw(json_answer(ANSWER, release=private_go))
+    first_hosted = start_raw(json_answer(ERROR_BODY, b"503 Service Unavailable", hosted_go))
     hosted_sim = start_sim("vllm", models=("m",), zero_latency=True)
-    policy = tmp_path / "policies" / "p.yaml"
-    policy.parent.mkdir()
-    write_policy(policy, "1", SATURATED.replace("THRESHOLD", "0.5"))
-    gateway = start_gateway(
-        [
-            backend("gpu-eu", private.url, "m", **EU_ZERO, capacity={"max_concurrency": 1}),
-            hosted_backend("hosted-a", f"{first_hosted.url}/v1", "m"),
-            hosted_backend("hosted-b", f"{hosted_sim.url}/v1", "m"),
-        ],
-        policy={"paths": [str(policy.parent)], "reload_interval_s": 0.05},
-        environ={"HOSTED_KEY": "test-key"},
+    hosted = (first_hosted.url, hosted_sim.url)
+    gateway, policy = _saturated_gateway(
+        start_gateway, tmp_path, "0.5", private, hosted, capacity={"max_concurrency": 1}
     )
     try:
         with ThreadPoolExecutor(max_workers=3) as pool:

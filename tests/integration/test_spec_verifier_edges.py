@@ -17,11 +17,11 @@ from gateway.sim import Faults, SimSettings, create_sim_app
 from tests.helpers import spec_receipts as receipts
 from tests.helpers import spec_tiles as tiles
 from tests.helpers import spec_verifier as spec
-from tests.helpers.admin import ORIGIN, TOKENS, serve_admin
+from tests.helpers.admin import serve_admin
 from tests.helpers.attest import start_sidecar
 from tests.helpers.doc_recipes import provenance_recipes
 from tests.helpers.processes import KEY, owngate_argv
-from tests.helpers.spec_rig import chat, client_receipt, settle
+from tests.helpers.spec_rig import chat, client_receipt, served_tree, settle
 
 
 def test_an_attested_answer_verifies_with_both_keys(tmp_path: Path) -> None:
@@ -33,11 +33,7 @@ def test_an_attested_answer_verifies_with_both_keys(tmp_path: Path) -> None:
         with serve_admin(tmp_path / "gw", backend=backend) as served:
             exchanges = [chat(served, stream, n) for n, stream in enumerate((False, True))]
             settle(served, 4)
-            tree = tiles.read_tree(
-                tiles.from_url(f"{served.admin}/log/", TOKENS["auditor"]),
-                [spec.parse_key(served.vkey)],
-                ORIGIN,
-            )
+            tree = served_tree(served)
             recipes = provenance_recipes()
             for sent, answer in exchanges:
                 body, receipt = client_receipt(answer)
@@ -86,8 +82,7 @@ def test_a_log_whose_origin_is_not_ascii_is_served_and_verifies(tmp_path: Path) 
     with serve_admin(tmp_path, origin=UTF8_ORIGIN) as served:
         chat(served, False, 0)
         settle(served, 2)
-        fetch = tiles.from_url(f"{served.admin}/log/", TOKENS["auditor"])
-        tree = tiles.read_tree(fetch, [spec.parse_key(served.vkey)], UTF8_ORIGIN)
+        tree = served_tree(served, UTF8_ORIGIN)
         assert tree.checkpoint.size == 2 and tree.checkpoint.origin == UTF8_ORIGIN
 
 
@@ -122,11 +117,7 @@ def test_a_failed_answers_receipt_verifies_from_what_the_client_got(
                 assert answer.status_code >= 500
                 body, receipt = None, spec.b64(answer.headers["x-owngate-receipt"])
             settle(served, 2)
-            tree = tiles.read_tree(
-                tiles.from_url(f"{served.admin}/log/", TOKENS["auditor"]),
-                [spec.parse_key(served.vkey)],
-                ORIGIN,
-            )
+            tree = served_tree(served)
             receipts.verify_client_receipt(
                 receipt,
                 vkey=served.vkey,

@@ -12,6 +12,7 @@ import httpx
 
 from gateway.upstream.hosted_bound import _bounded_stream
 from gateway.upstream.hosted_transport import Outbound
+from tests.helpers.loop_turns import with_turns_beside
 
 EVENT = b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"delta":{}}]}\n\n'
 READ = EVENT * (65536 // len(EVENT))  # one read of a burst, as the socket gives it
@@ -26,26 +27,12 @@ class _Ready(httpx.AsyncByteStream):
 
 
 def _turns_while_reading(whole: bool) -> tuple[bytes, int]:
-    async def run() -> tuple[bytes, int]:
-        turns = 0
-        done = asyncio.Event()
-
-        async def beside() -> None:
-            nonlocal turns
-            while not done.is_set():
-                turns += 1
-                await asyncio.sleep(0)
-
-        task = asyncio.create_task(beside())
-        await asyncio.sleep(0)  # it starts
+    async def read() -> bytes:
         limit = 1 << 20
-        read = [c async for c in _bounded_stream("httpx", _Ready(), limit, whole, Outbound(limit))]
-        seen = turns
-        done.set()
-        await task
-        return b"".join(read), seen
+        pieces = _bounded_stream("httpx", _Ready(), limit, whole, Outbound(limit))
+        return b"".join([c async for c in pieces])
 
-    return asyncio.run(run())
+    return asyncio.run(with_turns_beside(read()))
 
 
 def test_a_stream_read_is_handed_on_in_pieces_with_turns_between() -> None:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.upstream.hosted_stream import ProviderStream
+from tests.helpers.loop_turns import with_turns_beside
 
 CHUNKS = 200
 
@@ -26,27 +27,13 @@ async def _ready_chunks() -> AsyncIterator[dict[str, Any]]:
 
 
 def test_a_burst_of_chunks_leaves_the_event_loop_turns_between_them() -> None:
-    async def run() -> tuple[int, int]:
+    async def relay() -> int:
         stream = ProviderStream(_ready_chunks(), None, "chat", False, "openai")
-        turns = 0
-        done = asyncio.Event()
-
-        async def beside() -> None:
-            nonlocal turns
-            while not done.is_set():
-                turns += 1
-                await asyncio.sleep(0)
-
-        task = asyncio.create_task(beside())
-        await asyncio.sleep(0)  # it starts
         relayed = 0
         async for data, _ in stream.events():
             relayed += data is not None
-        seen = turns
-        done.set()
-        await task
-        return relayed, seen
+        return relayed
 
-    relayed, turns = asyncio.run(run())
+    relayed, turns = asyncio.run(with_turns_beside(relay()))
     assert relayed == CHUNKS + 1  # every chunk and [DONE]
     assert turns >= CHUNKS  # a turn per chunk, not one for the whole burst
