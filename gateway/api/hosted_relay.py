@@ -203,6 +203,9 @@ class HostedRelay:
             if exc.kind == "untranslated":
                 self._signals.untranslated(backend.id, exc.error_class, _now())
                 raise _untranslated(backend.id, exc) from exc
+            if exc.kind == "too_large":  # as a private backend's: no failover, no breaker
+                self._metrics.upstream_error(backend.id, "too_large")
+                raise self._too_large() from exc
             if not client_error:  # the provider's failures, never a client's mistake
                 self._metrics.upstream_error(backend.id, exc.kind)
             _judge(attempt, exc)
@@ -241,11 +244,7 @@ class HostedRelay:
             if len(response.body) > self._max_response_bytes:
                 self._metrics.upstream_error(backend.id, "too_large")
                 exchange.upstream_error = "too_large"
-                raise GatewayError(
-                    ErrorCode.upstream_error,
-                    "the provider's answer is larger than the gateway relays "
-                    f"({self._max_response_bytes} bytes, limits.max_response_bytes)",
-                )
+                raise self._too_large()
             if exchange.answer is not None:
                 # Read whole by LiteLLM already; held by the gateway until its client has
                 # taken it. Past the budget for whole answers: 429, no other backend tried.
@@ -270,11 +269,13 @@ class HostedRelay:
             if client_left(exchange):
                 raise asyncio.CancelledError from exc
             kind = exc.kind if isinstance(exc, HostedError) else "timeout"
-            if isinstance(exc, HostedError):  # not the gateway's own stream_timeout_s
-                attempt.failed(f"stream broke off: {kind}")
+            if isinstance(exc, HostedError) and kind != "too_large":
+                attempt.failed(f"stream broke off: {kind}")  # not the gateway's own limits
             self._metrics.upstream_error(backend.id, kind)
             message = (
-                "the provider failed mid-stream"
+                self._too_large().message
+                if kind == "too_large"
+                else "the provider failed mid-stream"
                 if isinstance(exc, HostedError)
                 else "the provider's stream did not end in time (limits.stream_timeout_s)"
             )
@@ -283,6 +284,15 @@ class HostedRelay:
         if response.usage is not None and exchange.trail is not None:
             exchange.trail.reported(response.usage)  # also when the client did not ask for it
         await end_stream(send, exchange)
+
+    def _too_large(self) -> GatewayError:
+        """The 502 for an answer past limits.max_response_bytes: read whole by LiteLLM, or
+        cut as it was read (gateway/upstream/hosted_bound.py)."""
+        return GatewayError(
+            ErrorCode.upstream_error,
+            "the provider's answer is larger than the gateway relays "
+            f"({self._max_response_bytes} bytes, limits.max_response_bytes)",
+        )
 
     async def close(self) -> None:
         for client in self._clients.values():

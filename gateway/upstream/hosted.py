@@ -296,9 +296,8 @@ class HostedClient:
         raise failure
 
     def _failure(self, exc: BaseException, outbound: Outbound) -> HostedError:
-        if outbound.cut is None:  # else: cut short, whatever LiteLLM wrapped that in
-            return hosted_error(exc, self.provider, secrets=self._secrets(), sent=outbound.reached)
-        return HostedError("protocol", f"{self.provider} {outbound.cut}")
+        secrets, sent, cut = self._secrets(), outbound.reached, outbound.cut
+        return hosted_error(exc, self.provider, secrets=secrets, sent=sent, cut=cut)
 
     async def aclose(self) -> None:
         """Close this client's connections and LiteLLM's shared client cache: at shutdown.

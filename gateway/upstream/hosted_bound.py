@@ -31,12 +31,23 @@ from __future__ import annotations
 import asyncio
 import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 if TYPE_CHECKING:
     from gateway.upstream.hosted_transport import Outbound
 
-__all__ = ["AnswerTooLarge", "bounded_send"]
+__all__ = ["NOT_IDENTITY", "AnswerTooLarge", "bounded_send", "cut_kind"]
+
+
+# Why a hosted answer was refused unread: a coding it was not asked for is the provider's
+# failure (`protocol`: failover, breaker); any other cut is the answer's size, which a
+# client can ask for (`too_large`: a 502, no failover, no breaker, as for a private one).
+NOT_IDENTITY: Final = "answered in a content coding, not identity (read no further)"
+
+
+def cut_kind(cut: str) -> Literal["protocol", "too_large"]:
+    """The HostedError kind of an answer cut short for `cut` (`Outbound.cut`)."""
+    return "protocol" if cut == NOT_IDENTITY else "too_large"
 
 
 class AnswerTooLarge(Exception):
@@ -62,7 +73,7 @@ async def bounded_send(
     try:
         coding = response.headers.get("content-encoding", "identity").strip().lower()
         if coding not in ("", "identity"):
-            outbound.cut = "answered in a content coding, not identity (read no further)"
+            outbound.cut = NOT_IDENTITY
             raise AnswerTooLarge(outbound.cut)
         # an error answer to a stream is read whole too (the OpenAI SDK `aread`s it to raise)
         whole = whole or not response.is_success

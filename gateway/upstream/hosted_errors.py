@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterator
 from typing import Final, Literal
 
-from gateway.upstream.hosted_bound import AnswerTooLarge
+from gateway.upstream.hosted_bound import AnswerTooLarge, cut_kind
 
 __all__ = [
     "HostedError",
@@ -21,7 +21,9 @@ __all__ = [
 ]
 
 # `untranslated`: failed before any HTTP request began, in a data error (`_untranslatable`).
-HostedErrorKind = Literal["connect", "timeout", "status", "protocol", "untranslated"]
+# `too_large`: the answer passed limits.max_response_bytes as it was read (hosted_bound):
+# not the provider's failure (a client can ask for a huge answer), like a private one's.
+HostedErrorKind = Literal["connect", "timeout", "status", "protocol", "untranslated", "too_large"]
 _ERROR_TYPE = re.compile(r"""["']type["']\s*:\s*["']([a-z_]{1,40})["']""")
 # Error `type` values of the Anthropic and OpenAI APIs (their "Errors" references). Only
 # these are repeated in messages: a provider that quotes the request back could otherwise
@@ -102,7 +104,12 @@ class HostedUnavailable(Exception):
 
 
 def hosted_error(
-    exc: BaseException, provider: str, *, secrets: tuple[str, ...] = (), sent: bool = True
+    exc: BaseException,
+    provider: str,
+    *,
+    secrets: tuple[str, ...] = (),
+    sent: bool = True,
+    cut: str | None = None,
 ) -> HostedError:
     """Classify a LiteLLM failure by what actually happened on the wire.
 
@@ -127,9 +134,10 @@ def hosted_error(
     import openai
 
     chain = list(_causes(exc))
-    cut = next((e for e in chain if isinstance(e, AnswerTooLarge)), None)
+    if cut is None:  # `cut`: the answer was cut short (`Outbound.cut`), whatever LiteLLM raised
+        cut = next((str(e) for e in chain if isinstance(e, AnswerTooLarge)), None)
     if cut is not None:  # read no further (gateway/upstream/hosted_bound.py)
-        return HostedError("protocol", f"{provider} {cut}")
+        return HostedError(cut_kind(cut), f"{provider} {cut}")
     connect = (httpx.ConnectError, httpx.ConnectTimeout, ConnectionRefusedError)
     if any(isinstance(e, connect) for e in chain):
         return HostedError("connect", f"could not connect to {provider}")
