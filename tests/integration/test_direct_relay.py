@@ -158,9 +158,16 @@ def test_a_paced_read_costs_the_relay_a_fixed_few_python_calls(
     # stream watch's for `"usage"`; `[DONE]` is looked for only in a body that ends with
     # its connection (this one is chunked), and a line end is checked without `endswith`;
     # the event reader's for what makes an event worth parsing (`"usage"`, `"error"`,
-    # `[DONE]`, an escape: four `find`s, no regular expression, no call).
+    # `[DONE]`, an escape: four `find`s, no regular expression, no call), then whether
+    # the client's SDK may raise at it (gateway/api/sse_events.py: a byte that is not
+    # ASCII, one `isascii`; a field that dispatches an event without data, three `find`s).
     searches = [name for name in read if name.startswith("bytes.")]
-    assert searches == ["bytes.lower()", *["bytes.find()"] * 6], read
+    assert searches == [
+        "bytes.lower()",
+        *["bytes.find()"] * 6,
+        "bytes.isascii()",
+        *["bytes.find()"] * 3,
+    ], read
     assert not [name for name in read if name.startswith("Pattern.")], read
 
 
