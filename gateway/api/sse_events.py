@@ -111,8 +111,9 @@ class EventReader:
             and data.find(b"[DONE]") < 0
             and (data.find(_ESCAPE) < 0 or _escape_at(data, 0, len(data)) < 0)
             and data.isascii()  # no UTF-8 to check (the SDK raises at a line that is not)
-            and data.find(b"id:") < 0  # no field that makes an event without data
-            and data.find(b"event:") < 0  # dispatch (`_fields_at`)
+            # and no field that dispatches an event without data (`_fields_at`)
+            and data.find(b"id:") < 0
+            and data.find(b"event:") < 0
             and data.find(b"retry:") < 0
             and not self._id
         ):

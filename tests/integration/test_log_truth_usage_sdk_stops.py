@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers.audit_rig import ASKS_USAGE, chunked, client_gets, logged, settled, writes
 from tests.helpers.gateways import Gateway, backend
-from tests.helpers.independent_audit import log_records
+from tests.helpers.independent_audit import audit, log_records
 from tests.helpers.log_truth import DONE, EVENT
 from tests.helpers.raw_backend import Answer, RawBackend
 from tests.helpers.sdk_stream import counts, sdk_shown_usage
@@ -83,3 +83,4 @@ def test_the_record_s_usage_stops_where_the_sdk_raises(
     shown = counts(sdk_shown_usage(received.body))
     assert shown == json.loads(expected)  # what the installed SDK shows, held to the case
     assert _recorded_usage(tmp_path / "log", vkey) == shown
+    assert audit(received, tmp_path / "log", vkey) == []  # the independent auditor's reading
