@@ -98,6 +98,13 @@ class EventReader:
     def feed(self, data: bytes) -> None:
         if self.stopped or not data:
             return
+        if self._tail or not data.isascii():  # the SDK raises at a line that is not UTF-8
+            bad = self._not_utf8(data)
+            if bad is not None:
+                if bad > 0:
+                    self._take(data[:bad])
+                self.stopped = True
+                return
         if (  # the usual read: whole events (it ends with a blank line), none worth parsing
             not self._raw
             and not self._over
@@ -110,21 +117,13 @@ class EventReader:
             and data.find(b'"error"') < 0
             and data.find(b"[DONE]") < 0
             and (data.find(_ESCAPE) < 0 or _escape_at(data, 0, len(data)) < 0)
-            and data.isascii()  # no UTF-8 to check (the SDK raises at a line that is not)
-            # and no field that dispatches an event without data (`_fields_at`)
+            # no field that dispatches an event without data (`_fields_at`)
             and data.find(b"id:") < 0
             and data.find(b"event:") < 0
             and data.find(b"retry:") < 0
             and not self._id
         ):
             return
-        if self._tail or not data.isascii():
-            bad = self._not_utf8(data)
-            if bad is not None:  # the SDK raises at the line that holds it
-                if bad > 0:
-                    self._take(data[:bad])
-                self.stopped = True
-                return
         self._take(data)
 
     def _take(self, data: bytes) -> None:
