@@ -31,8 +31,17 @@ slices cost more than a parse, 7 times as much as reading it on a read of `:"usa
 comments), and the unfinished event
 is kept only up to `max_event` bytes (64 KiB: comments and all): a longer event is not
 read.
-An event whose data is not JSON is skipped, where the SDK raises and reads no further:
-telling would take parsing every event of every stream. An event whose data is past the
+Where the SDK raises (it reads no further), the reader stops: the usage is what the SDK
+showed before. It raises at a line that is not UTF-8 (its decoder's `bytes.decode`: a
+read that is all ASCII, the usual one, costs one `isascii`; any other is checked as it
+comes, a character split across reads kept for the next), at an event dispatched without
+data (a non-empty `event` name, a `retry` that `int()` reads, or an `id`, which the SDK
+keeps for every later event: its `json()` of "" raises; a read holding `id:`, `event:` or
+`retry:`, or any read once an id is set, is read whole, every event), and at an event
+whose data is not JSON (a `thread.*` one too) among the events parsed. An event that holds
+none of the needles and whose data is not JSON (`data: x`) is not parsed and so not
+stopped at, where the SDK raises: telling would take parsing every event of every stream
+(a read that is read whole tells). An event whose data is past the
 bounds the gateway reads within (`usage_read.PastBounds`: nested deeper than 512, say)
 may show the client a usage: the usage is then unknown (`usage` None, `unknown` set)
 until a later event shows one, never an earlier event's; one whose data holds no marker
@@ -41,6 +50,7 @@ cannot show one, and leaves the usage as it was (the one-pass read parses such e
 
 from __future__ import annotations
 
+import codecs
 import re
 from collections.abc import Iterator
 from typing import Final
@@ -83,10 +93,19 @@ class EventReader:
         self._max_event = max_event
         self._raw = b""  # the unfinished event's bytes, from its start
         self._over = False  # inside an event let go past `max_event`
+        self._tail = b""  # a UTF-8 character's first bytes, its rest in the next read
+        self._id = False  # the SDK's last event id is set: a blank line dispatches
 
     def feed(self, data: bytes) -> None:
         if self.stopped or not data:
             return
+        if self._tail or not data.isascii():  # the SDK raises at a line that is not UTF-8
+            bad = self._not_utf8(data)
+            if bad is not None:
+                if bad > 0:
+                    self._take(data[:bad])
+                self.stopped = True
+                return
         if (  # the usual read: whole events (it ends with a blank line), none worth parsing
             not self._raw
             and not self._over
@@ -99,8 +118,17 @@ class EventReader:
             and data.find(b'"error"') < 0
             and data.find(b"[DONE]") < 0
             and (data.find(_ESCAPE) < 0 or _escape_at(data, 0, len(data)) < 0)
+            # no field that dispatches an event without data (`_fields_at`)
+            and data.find(b"id:") < 0
+            and data.find(b"event:") < 0
+            and data.find(b"retry:") < 0
+            and not self._id
         ):
             return
+        self._take(data)
+
+    def _take(self, data: bytes) -> None:
+        """Read `data` (UTF-8, as far as it goes) on from the unfinished event."""
         buffer = self._raw + data if self._raw else data
         if self._over:  # the rest of an event let go: to its blank line
             found = _BLANK.search(buffer)
@@ -111,7 +139,10 @@ class EventReader:
             buffer = buffer[_past_blank(buffer, found.start()) :]
         cut = last_event_end(buffer)
         if cut:
-            self._read_worth(buffer, cut)
+            if self._id or _fields_at(buffer, 0, cut):  # an event may lack data: read all
+                self._read(_lines(buffer[:cut]), dispatch=False)
+            else:
+                self._read_worth(buffer, cut)
         rest = buffer[cut:]
         if len(rest) > self._max_event:  # let go unread: the usage it may hold is unknown
             self._raw, self._over = rest[-1:], True
@@ -122,13 +153,21 @@ class EventReader:
     def whole_without_usage(self, data: bytes) -> None:
         """`feed` for a read that ends with a blank line and holds no `"usage"`: the
         stream watch tested both on it (its usual read), so only the other markers are
-        searched here. One search fewer per relayed read, and no second test of its end."""
+        searched here (those `feed`'s usual read tests besides: not UTF-8, a field that
+        dispatches an event without data). One search fewer per relayed read, and no
+        second test of its end."""
         if (
             not self._raw
             and not self._over
+            and not self._tail
+            and not self._id
+            and data.isascii()
             and data.find(b'"error"') < 0
             and data.find(b"[DONE]") < 0
             and (data.find(_ESCAPE) < 0 or _escape_at(data, 0, len(data)) < 0)
+            and data.find(b"id:") < 0
+            and data.find(b"event:") < 0
+            and data.find(b"retry:") < 0
         ):
             return
         self.feed(data)
@@ -137,8 +176,29 @@ class EventReader:
         """The stream ended: its last event, if unfinished, is dispatched (the gateway's
         bytes after the backend's end it)."""
         rest, self._raw = self._raw, b""
-        if rest and not self._over and not self.stopped and _worth(rest, 0, len(rest)):
+        if self._tail:  # a character cut short: its line raises before any dispatch
+            self.stopped = True
+            return
+        if (
+            rest
+            and not self._over
+            and not self.stopped
+            and (self._id or _fields_at(rest, 0, len(rest)) or _worth(rest, 0, len(rest)))
+        ):
             self._read(_lines(rest), dispatch=True)
+
+    def _not_utf8(self, data: bytes) -> int | None:
+        """Where in `data` the first byte that is not UTF-8 is (negative: a character
+        begun in an earlier read); None while all is (a character's first bytes at its
+        end kept for the next read). Strict, as `bytes.decode`: no surrogates, no
+        overlong forms."""
+        text = self._tail + data if self._tail else data
+        try:
+            used = codecs.utf_8_decode(text, "strict", False)[1]
+        except UnicodeDecodeError as exc:
+            return exc.start - len(self._tail)
+        self._tail = text[used:]
+        return None
 
     def _read_worth(self, buffer: bytes, cut: int) -> None:
         """Read the events of `buffer[:cut]` (whole events) worth parsing (the module's
@@ -158,12 +218,13 @@ class EventReader:
         """Read whole lines from an event's start; `dispatch`: end with a blank line."""
         data: list[bytes] = []
         event = b""  # the event's name: its last `event` field
+        retry = False  # a `retry` field with an integer
         for line in lines:
             if not line:
-                self._dispatch(data, event)
+                self._dispatch(data, event, retry)
                 if self.stopped:
                     return
-                data, event = [], b""
+                data, event, retry = [], b"", False
             elif line[0] != 58:  # not a comment (`:`)
                 name, _, value = line.partition(b":")
                 value = value[1:] if value[:1] == b" " else value
@@ -171,26 +232,35 @@ class EventReader:
                     data.append(value)
                 elif name == b"event":
                     event = value
+                elif name == b"id":
+                    if b"\0" not in value:  # (the SDK keeps the last id, never resets it)
+                        self._id = bool(value)
+                elif name == b"retry":
+                    retry = retry or _integer(value)
         if dispatch:
-            self._dispatch(data, event)
+            self._dispatch(data, event, retry)
 
-    def _dispatch(self, data: list[bytes], event: bytes) -> None:
-        if not data:  # no data: nothing an SDK shows (its JSON parse of "" fails)
+    def _dispatch(self, data: list[bytes], event: bytes, retry: bool) -> None:
+        if not data:  # dispatched by a name, id or retry: the SDK's json("") raises
+            if event or retry or self._id:
+                self.stopped = True
             return
         joined = b"\n".join(data)
         if joined.startswith(b"[DONE]"):
             self.stopped = True
             return
-        if event.startswith(b"thread."):  # handed on nested: no usage, no error read
-            return
         try:
             doc = read_json(joined, line=True)
-        except PastBounds:  # the client may read a usage here: not the earlier one,
-            # unless no usage can be in it (one read in one pass reads every event)
-            if _worth(joined, 0, len(joined)):
+        except PastBounds:  # the client may read a usage here: not the earlier one, unless
+            # no usage can be in it (a thread.* event's is handed on nested; one read in
+            # one pass reads every event, those without a needle too)
+            if not event.startswith(b"thread.") and _worth(joined, 0, len(joined)):
                 self.usage, self.unknown = None, True
             return
-        except ValueError:
+        except ValueError:  # the SDK's json() raises: it reads no further
+            self.stopped = True
+            return
+        if event.startswith(b"thread."):  # handed on nested: no usage, no error read
             return
         if not isinstance(doc, dict):
             return
@@ -200,6 +270,25 @@ class EventReader:
         counts = counts_of(doc.get("usage"))
         if counts is not None:
             self.usage, self.unknown = counts, False
+
+
+def _fields_at(data: bytes, start: int, end: int) -> bool:
+    """Whether `data[start:end]` may hold a field that dispatches an event without data
+    (`id:`, `event:`, `retry:`; also in a data line's text: then it is read whole)."""
+    return (
+        data.find(b"id:", start, end) >= 0
+        or data.find(b"event:", start, end) >= 0
+        or data.find(b"retry:", start, end) >= 0
+    )
+
+
+def _integer(value: bytes) -> bool:
+    """Whether the SDK's `int()` reads `value` (a `retry` field's: then it dispatches)."""
+    try:
+        int(value.decode())
+    except ValueError:  # (UnicodeDecodeError is one)
+        return False
+    return True
 
 
 def _worth(data: bytes, start: int, end: int) -> bool:

@@ -156,19 +156,29 @@ def _client_status(received: Received, gateways: bytes) -> int:
 def _events_read(body: bytes) -> tuple[list[dict[str, Any]], bool]:
     """What the OpenAI SDK reads of a stream (its own SSE decoder, openai/_streaming.py):
     the JSON objects of its events up to `[DONE]` or an error event (at which it raises:
-    the second value says whether it met one). An event whose data is not JSON, or is
-    nested past what `json.loads` reads, is skipped (docs: the gateway does not read every
-    event's JSON); a `thread.*` event's data is nested by the SDK's legacy `Stream`
-    (`{"data": ..., "event": ...}`): neither its usage nor its error is at the top."""
+    the second value says whether it met one), and up to where the SDK raises: at a line
+    that is not UTF-8, at an event whose data `json.loads` refuses (one dispatched
+    without data included; docs: the record stops there, except at an event holding no
+    usage, error or `[DONE]`, a known limit). An event nested past what `json.loads`
+    reads is skipped (whether the client raises depends on its stack); a `thread.*`
+    event's data is nested by the SDK's legacy `Stream` (`{"data": ..., "event": ...}`):
+    neither its usage nor its error is at the top."""
     read: list[dict[str, Any]] = []
-    for event in SSEDecoder().iter_bytes(iter([body])):
+    events = SSEDecoder().iter_bytes(iter([body]))
+    while True:
+        try:
+            event = next(events)
+        except (StopIteration, UnicodeDecodeError):
+            break
         if event.data.startswith("[DONE]"):
             break
-        if event.event and event.event.startswith("thread."):
-            continue
         try:
             doc = json.loads(event.data)
-        except (ValueError, RecursionError):
+        except RecursionError:
+            continue
+        except ValueError:
+            break
+        if event.event and event.event.startswith("thread."):
             continue
         if isinstance(doc, dict) and doc.get("error"):
             return read, True

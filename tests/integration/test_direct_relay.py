@@ -158,11 +158,19 @@ def test_a_paced_read_costs_the_relay_a_fixed_few_python_calls(
     # The searches of the read: the comment filter's for `owngate-` (case folded), the
     # stream watch's for `"usage"`; `[DONE]` is looked for only in a body that ends with
     # its connection (this one is chunked), and a line end is checked without `endswith`;
-    # the event reader's for what else makes an event worth parsing (`"error"`, `[DONE]`,
-    # an escape: three `find`s, no regular expression, no call). The watch's search for
-    # `"usage"` and its test of the read's end are not made again by the event reader.
+    # the event reader's: whether the client's SDK raises at a line that is not UTF-8
+    # (a byte that is not ASCII: one `isascii`), for what else makes an event worth
+    # parsing (`"error"`, `[DONE]`, an escape: three `find`s, no regular expression, no
+    # call) and for a field that dispatches an event without data (three `find`s;
+    # gateway/api/sse_events.py). The watch's search for `"usage"` and its test of the
+    # read's end are not made again by the event reader.
     searches = [name for name in read if name.startswith("bytes.")]
-    assert searches == ["bytes.lower()", *["bytes.find()"] * 5], read
+    assert searches == [
+        "bytes.lower()",
+        *["bytes.find()"] * 2,
+        "bytes.isascii()",
+        *["bytes.find()"] * 6,
+    ], read
     assert "Trail.relayed" not in read, read  # (the hash is the trail's only per-read work)
     assert read.count("HASH.update()") == 1, read
     assert not [name for name in read if name.startswith("Pattern.")], read

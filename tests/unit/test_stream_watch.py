@@ -269,8 +269,9 @@ def _shown_usage(stream: bytes) -> dict[str, int] | None:
     shows for the stream as the client gets it (the gateway's receipt line after it, a
     line end first when it ends mid-line): events up to `[DONE]` or an error event, each
     event's `data` lines joined as the SDK joins them, read with the standard library's
-    parser; an event whose data is not JSON skipped (the SDK raises: see
-    gateway/api/sse_events.py); the three counts, integers where present, absent ones 0."""
+    parser, up to an event whose data is not JSON (the SDK raises there: every such
+    event here holds a usage, so the reader parses it; gateway/api/sse_events.py); the
+    three counts, integers where present, absent ones 0."""
     suffix = b"\n" if stream and stream[-1:] not in (b"\n", b"\r") else b""
     found = None
     for event in SSEDecoder().iter_bytes(iter([stream + suffix + b": owngate-receipt x\n\n"])):
@@ -279,7 +280,7 @@ def _shown_usage(stream: bytes) -> dict[str, int] | None:
         try:
             doc = json.loads(event.data)
         except ValueError:
-            continue
+            break
         if isinstance(doc, dict) and doc.get("error"):
             break
         usage = doc.get("usage") if isinstance(doc, dict) else None

@@ -1,0 +1,86 @@
+"""Where the OpenAI SDK raises mid-stream, the completion record's usage is the last the
+SDK showed before it raised, not a later one (a real gateway, provenance on, in front of a
+scripted backend; the client's bytes replayed through the installed SDK's decoder,
+tests/helpers/sdk_stream.py). One case per way the SDK stops: (a) a line that is not
+UTF-8, (b) an event dispatched without data, (c) an event holding a usage or `[DONE]`
+whose data is not JSON; and a valid character split across the backend's writes, which
+stops nothing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.audit_rig import ASKS_USAGE, chunked, client_gets, logged, settled, writes
+from tests.helpers.gateways import Gateway, backend
+from tests.helpers.independent_audit import audit, log_records
+from tests.helpers.log_truth import DONE, EVENT
+from tests.helpers.raw_backend import Answer, RawBackend
+from tests.helpers.sdk_stream import counts, sdk_shown_usage
+
+SMALL = b'{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}'
+BIG = b'{"prompt_tokens":900,"completion_tokens":900,"total_tokens":1800}'
+
+
+def usage_chunk(usage: bytes) -> bytes:
+    return b'data: {"id":"c","choices":[],"usage":' + usage + b"}\n\n"
+
+
+def stopped_at(*stop: bytes) -> tuple[bytes, ...]:
+    """SMALL shown, then what stops the SDK, then BIG (which it never reads)."""
+    return chunked(EVENT, usage_chunk(SMALL), *stop, EVENT, usage_chunk(BIG), DONE)
+
+
+WIDE = "日".encode()
+STREAMS: dict[str, tuple[tuple[bytes, ...], bytes]] = {
+    # (a) the SDK decodes each line with bytes.decode("utf-8"): it raises
+    "a-comment-not-utf8": (stopped_at(b": \xff\n"), SMALL),
+    "a-surrogate-in-data": (stopped_at(b'data: {"c":"\xed\xa0\x80"}\n\n'), SMALL),
+    "a-character-cut-short": (stopped_at(b'data: {"c":"' + WIDE[:2] + b'"}\n\n'), SMALL),
+    "a-character-split-across-writes": (
+        chunked(
+            EVENT,
+            usage_chunk(SMALL),
+            b'data: {"c":"' + WIDE[:1],
+            WIDE[1:] + b'"}\n\n',
+            usage_chunk(BIG),
+            DONE,
+        ),
+        BIG,
+    ),
+    # (b) an event without data dispatched: json.loads("") raises
+    "b-retry": (stopped_at(b"retry: 5\n\n"), SMALL),
+    "b-id": (stopped_at(b"id: 1\n\n"), SMALL),
+    "b-event-name": (stopped_at(b"event: ping\n\n"), SMALL),
+    "b-id-then-blank-line": (stopped_at(b"id: 1\n", EVENT, b"\n"), SMALL),
+    # (c) data that is not JSON, in an event the gateway parses
+    "c-done-two-spaces": (stopped_at(b"data:  [DONE]\n\n"), SMALL),
+    "c-usage-cut-short": (stopped_at(b'data: {"usage":{"prompt_tokens":5}\n\n'), SMALL),
+    "c-two-usage-documents": (stopped_at(usage_chunk(SMALL)[:-1]), SMALL),
+}
+
+
+def _recorded_usage(logdir: Path, vkey: str) -> object:
+    records = [json.loads(e) for e in log_records(logdir, vkey)]
+    return [r for r in records if r["type"] == "completion"][-1]["usage"]
+
+
+@pytest.mark.parametrize("case", list(STREAMS))
+def test_the_record_s_usage_stops_where_the_sdk_raises(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    case: str,
+) -> None:
+    pieces, expected = STREAMS[case]
+    raw = start_raw(writes(*pieces))
+    gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
+    received = client_gets(gateway, ASKS_USAGE)
+    settled(tmp_path / "log", vkey, received.headers["x-request-id"])
+    shown = counts(sdk_shown_usage(received.body))
+    assert shown == json.loads(expected)  # what the installed SDK shows, held to the case
+    assert _recorded_usage(tmp_path / "log", vkey) == shown
+    assert audit(received, tmp_path / "log", vkey) == []  # the independent auditor's reading
