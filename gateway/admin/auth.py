@@ -1,11 +1,18 @@
 """Who is calling the admin API, and whether their role may: Bearer admin tokens, stored
-as SHA-256 digests with a role (`admin.tokens`), or full access (`admin.token_hashes`,
-and loopback clients with `admin.allow_loopback`, the demo's setting, unless a web page
-of another origin sent the request: `gateway.api.admin.loopback_admitted`).
+as SHA-256 digests with a role (`admin.tokens`), full access (`admin.token_hashes`), or
+reads only: a loopback client without a token under `admin.allow_loopback`, the demo's
+setting, unless a web page of another origin sent the request
+(`gateway.api.admin.loopback_admitted`).
 
 Roles: `operator` (status, reload, drain), `security` (policies, keys), `auditor` (the
 log, receipts, proofs: read-only). A request without a token or with an unknown one is
 401; a known token whose role may not use the endpoint is 403.
+
+The tokenless loopback client (`LOOPBACK_READS`) may use every role's GET and HEAD
+endpoints and nothing else: every other method, on any route, present or future, needs a
+token. A loopback address is not a credential: any local user or process (a local SSRF,
+a browser tab that got a request past the page checks) is one, and minting a tenant key,
+revoking one, reloading or draining must name the token that did it in the admin record.
 """
 
 from __future__ import annotations
@@ -21,9 +28,16 @@ from gateway.api.admin import LOOPBACK_REFUSED, is_loopback, loopback_admitted
 from gateway.config.schema import AdminSettings
 from gateway.errors import ErrorCode, GatewayError
 
-__all__ = ["FULL_ACCESS", "Caller", "authenticated", "identify", "require"]
+__all__ = ["FULL_ACCESS", "LOOPBACK_READS", "Caller", "authenticated", "identify", "require"]
 
-FULL_ACCESS = "admin"  # admin.token_hashes and allow_loopback: every role's endpoints
+FULL_ACCESS = "admin"  # admin.token_hashes: every role's endpoints
+LOOPBACK_READS = "loopback"  # allow_loopback without a token: every role's reads, no write
+_READS = frozenset(("GET", "HEAD"))
+LOOPBACK_WRITE_REFUSED = (
+    "a loopback client without a token may only read (GET): send the admin token of a role "
+    "that may use this endpoint as 'Authorization: Bearer TOKEN' (`owngate demo` prints one "
+    "per role)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +64,9 @@ def identify(request: Request, settings: AdminSettings) -> Caller:
                 return found
         raise GatewayError(ErrorCode.invalid_api_key, "Incorrect admin token.")
     if settings.allow_loopback and loopback_admitted(request.scope):
-        return Caller(FULL_ACCESS, "loopback")
+        if request.method not in _READS:
+            raise GatewayError(ErrorCode.missing_api_key, LOOPBACK_WRITE_REFUSED)
+        return Caller(LOOPBACK_READS, "loopback")
     if settings.allow_loopback and is_loopback(request.scope):  # a web page sent it
         raise GatewayError(ErrorCode.missing_api_key, LOOPBACK_REFUSED)
     raise GatewayError(
@@ -79,12 +95,15 @@ async def authenticated(request: Request) -> Caller:
 
 
 def require(*roles: str) -> Callable[[Request], Awaitable[Caller]]:
-    """A FastAPI dependency: the caller, if its role is one of `roles` (or full access);
-    401 or 403 otherwise. The settings are the running config's (a reload applies)."""
+    """A FastAPI dependency: the caller, if its role is one of `roles` (or full access, or
+    a read by the tokenless loopback client); 401 or 403 otherwise. The settings are the
+    running config's (a reload applies)."""
     allowed = frozenset(roles)
 
     async def check(request: Request) -> Caller:  # async: on the loop, not a thread
         caller = await authenticated(request)
+        if caller.role == LOOPBACK_READS and request.method in _READS:  # `identify` checked
+            return caller
         if caller.role != FULL_ACCESS and caller.role not in allowed:
             raise GatewayError(
                 ErrorCode.permission_denied,

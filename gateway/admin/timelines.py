@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 
-from gateway.admin.auth import FULL_ACCESS, Caller, authenticated, require
+from gateway.admin.auth import FULL_ACCESS, LOOPBACK_READS, Caller, authenticated, require
 from gateway.admin.timeline import Timeline
 
 __all__ = ["router"]
@@ -19,7 +19,10 @@ _ROLES = ("operator", "security", "auditor")
 
 
 class WhoAmI(BaseModel):
-    role: Literal["operator", "security", "auditor", "full"]
+    role: Literal["operator", "security", "auditor", "full", "loopback"] = Field(
+        description="loopback: a loopback client without a token (admin.allow_loopback), "
+        "which may read every role's endpoints (GET) and change nothing"
+    )
     may: list[str] = Field(description="the roles whose endpoints (and console pages) it may use")
 
 
@@ -83,6 +86,8 @@ _Since = Annotated[
 async def whoami(caller: Annotated[Caller, Depends(authenticated)]) -> WhoAmI:
     if caller.role == FULL_ACCESS:
         return WhoAmI(role="full", may=list(_ROLES))
+    if caller.role == LOOPBACK_READS:
+        return WhoAmI(role="loopback", may=list(_ROLES))
     return WhoAmI.model_validate({"role": caller.role, "may": [caller.role]})
 
 

@@ -247,7 +247,7 @@ PY
 
 Models: curl -s {url}/v1/models -H "Authorization: Bearer {key}"
 Metrics: curl -s {url}/metrics
-Backends: {owngate} status --url {url}   (no admin token: the demo admits loopback clients)
+Backends: {owngate} status --url {url}   (no admin token: the demo lets loopback clients read)
 Provenance: every request is in a signed log; the receipt is the x-owngate-receipt header.
   Verify the log as two-party (after Ctrl-C, when each log has its final checkpoint):
   {_audit(log, vkey, sidecars)}
@@ -260,15 +260,20 @@ Provenance: every request is in a signed log; the receipt is the x-owngate-recei
 def _admin_banner(
     url: str, tokens: Mapping[str, str], vkey: str, sidecars: Mapping[str, Sidecar]
 ) -> str:
-    auditor = tokens["auditor"]
+    auditor, security = tokens["auditor"], tokens["security"]
     return f"""
 Admin API (its own listener, loopback only) at {url}
   schema: {url}/openapi.json   provenance log (C2SP tlog-tiles): {url}/log/
   web console: {url}/console/   (log in with a token below: each role sees its pages)
+  Without a token a loopback client may only read (GET); reload, drain and tenant keys
+  need the token of the role below, which the admin record of each change names.
   operator token (shown once): {tokens["operator"]}
       curl -s {url}/admin/v1/status -H "Authorization: Bearer {tokens["operator"]}"
-  security token (shown once): {tokens["security"]}
-      curl -s {url}/admin/v1/policies -H "Authorization: Bearer {tokens["security"]}"
+      curl -s -X POST {url}/admin/v1/reload -H "Authorization: Bearer {tokens["operator"]}"
+  security token (shown once): {security}
+      curl -s {url}/admin/v1/policies -H "Authorization: Bearer {security}"
+      curl -s {url}/admin/v1/keys -H "Authorization: Bearer {security}" \\
+        -H "Content-Type: application/json" -d '{{"tenant": "demo"}}'
   auditor token (shown once):  {auditor}
       curl -s {url}/log/checkpoint -H "Authorization: Bearer {auditor}"
   Verify the live log over HTTP:

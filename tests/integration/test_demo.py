@@ -316,6 +316,12 @@ def check_security_role(banner: str, admin: str, token: str) -> None:
     url = re.search(r"running at (http://\S+)", banner)
     assert url, banner
     headers = {"authorization": f"Bearer {token}"}
+    # without a token a loopback client reads, and changes nothing: it minted keys before
+    assert "Without a token a loopback client may only read (GET)" in banner
+    unsigned = httpx.post(f"{admin}/admin/v1/keys", json={"tenant": "demo-eu"}, timeout=30)
+    assert unsigned.status_code == 401, unsigned.text
+    assert unsigned.json()["error"]["code"] == "missing_api_key"
+    assert httpx.get(f"{admin}/admin/v1/keys", timeout=30).status_code == 200
     tested = httpx.post(f"{admin}/admin/v1/policies/test", headers=headers, json={}, timeout=30)
     assert tested.status_code == 200, tested.text
     assert tested.json()["passed"] is True and tested.json()["total"] > 0, tested.text

@@ -92,7 +92,7 @@ def test_a_loopback_client_and_a_token_are_still_admitted(
     app = _served(monkeypatch)
     local = _get(app, LOOPBACK, {})
     assert local.status_code == 200, local.text
-    assert local.json()["role"] == "full"
+    assert local.json()["role"] == "loopback"  # reads only (test_admin_loopback_reads.py)
     forwarded = _get(
         app, REMOTE, {"authorization": f"Bearer {TOKEN}", "x-forwarded-for": "1.2.3.4"}
     )

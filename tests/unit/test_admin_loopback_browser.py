@@ -93,7 +93,7 @@ def test_a_web_page_of_another_origin_cannot_drain_a_loopback_admitting_gateway(
 def test_a_local_tool_is_still_admitted_without_a_token(headers: dict[str, str]) -> None:
     (whoami,) = _calls(_app(), ("GET", "/admin/v1/whoami", headers))
     assert whoami.status_code == 200, whoami.text
-    assert whoami.json()["role"] == "full"
+    assert whoami.json()["role"] == "loopback"  # reads only: test_admin_loopback_reads.py
 
 
 def _scope(headers: dict[str, str]) -> dict[str, Any]:
