@@ -11,7 +11,8 @@ off (403).
 
 "A loopback client" is the socket's own peer (owngate's servers take no proxy headers:
 `gateway.serving.uvicorn_config`), and a request that names a client in a forwarding
-header (`Forwarded`, `X-Forwarded-For`, `X-Real-IP`) is never one: a proxy on this host
+header (`Forwarded`, `X-Forwarded-For`, `X-Real-IP`, `Via`, a CDN's `True-Client-IP`
+and the like: `_FORWARDING`) is never one: a proxy on this host
 forwarded it from elsewhere. Nor is a request a browser on this host sent for a web page
 of another origin (`sent_from_elsewhere`): any site the operator visits could otherwise
 drain or reload a demo gateway with a form post, and, through a DNS name rebound to
@@ -48,7 +49,24 @@ __all__ = [
 ]
 
 
-_FORWARDING = frozenset((b"forwarded", b"x-forwarded-for", b"x-real-ip"))
+# Headers a proxy adds to name the client it forwards (or itself, `via`): the standard
+# ones, nginx's and Apache's, and those CDNs and load balancers set.
+_FORWARDING = frozenset(
+    (
+        b"forwarded",
+        b"x-forwarded-for",
+        b"x-real-ip",
+        b"via",
+        b"x-forwarded-host",
+        b"x-client-ip",
+        b"client-ip",
+        b"true-client-ip",
+        b"cf-connecting-ip",
+        b"fastly-client-ip",
+        b"x-cluster-client-ip",
+        b"x-original-forwarded-for",
+    )
+)
 
 
 def is_loopback(scope: Scope) -> bool:

@@ -76,6 +76,16 @@ def test_a_remote_client_naming_loopback_in_a_header_is_not_admitted(
         {"x-forwarded-for": "203.0.113.9"},
         {"x-real-ip": "203.0.113.9"},
         {"x-forwarded-for": "127.0.0.1"},  # named, so forwarded: whom it names is moot
+        # what other proxies, CDNs and load balancers add (a forward proxy: `Via` alone)
+        {"via": "1.1 tinyproxy (tinyproxy/1.11.1)"},
+        {"x-forwarded-host": "gateway.example"},
+        {"true-client-ip": "203.0.113.9"},
+        {"cf-connecting-ip": "203.0.113.9"},
+        {"x-client-ip": "203.0.113.9"},
+        {"client-ip": "203.0.113.9"},
+        {"fastly-client-ip": "203.0.113.9"},
+        {"x-cluster-client-ip": "203.0.113.9"},
+        {"x-original-forwarded-for": "203.0.113.9"},
     ],
 )
 def test_a_request_a_local_proxy_forwarded_is_not_a_loopback_client(
