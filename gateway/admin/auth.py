@@ -33,7 +33,7 @@ __all__ = ["FULL_ACCESS", "LOOPBACK_READS", "Caller", "authenticated", "identify
 FULL_ACCESS = "admin"  # admin.token_hashes: every role's endpoints
 LOOPBACK_READS = "loopback"  # allow_loopback without a token: every role's reads, no write
 _READS = frozenset(("GET", "HEAD"))
-LOOPBACK_WRITE_REFUSED = (
+_LOOPBACK_WRITE_REFUSED = (
     "a loopback client without a token may only read (GET): send the admin token of a role "
     "that may use this endpoint as 'Authorization: Bearer TOKEN' (`owngate demo` prints one "
     "per role)"
@@ -43,8 +43,8 @@ LOOPBACK_WRITE_REFUSED = (
 @dataclass(frozen=True, slots=True)
 class Caller:
     """An authenticated admin: the role it acts in, and `token`, the first 12 hex digits
-    of its token's digest ("loopback" for a tokenless loopback client): what the admin
-    records in the provenance log name as who acted."""
+    of its token's digest ("loopback" for a tokenless loopback client, which only reads):
+    what the admin records in the provenance log name as who acted."""
 
     role: str
     token: str
@@ -65,7 +65,7 @@ def identify(request: Request, settings: AdminSettings) -> Caller:
         raise GatewayError(ErrorCode.invalid_api_key, "Incorrect admin token.")
     if settings.allow_loopback and loopback_admitted(request.scope):
         if request.method not in _READS:
-            raise GatewayError(ErrorCode.missing_api_key, LOOPBACK_WRITE_REFUSED)
+            raise GatewayError(ErrorCode.missing_api_key, _LOOPBACK_WRITE_REFUSED)
         return Caller(LOOPBACK_READS, "loopback")
     if settings.allow_loopback and is_loopback(request.scope):  # a web page sent it
         raise GatewayError(ErrorCode.missing_api_key, LOOPBACK_REFUSED)

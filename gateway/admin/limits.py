@@ -4,12 +4,13 @@ FastAPI reads a whole body, and parses it as JSON, before it runs an endpoint's
 dependencies, the admin token check among them; this ASGI middleware refuses one whose
 Content-Length is over `limit` (413 `request_too_large`) without reading it, and stops
 reading a body sent without one at `limit` bytes. A request that carries a body is
-authenticated first (`identify`: 401 without a valid token, or loopback access where
-allowed), also before any of it is read: anyone who reaches the admin listener could
-otherwise have it hold `limit` bytes per connection, sent slowly, and parse each, with
-no token at all. Which role may use the endpoint is still the endpoint's to check (403).
-The per-field bounds (a receipt, a cases file) are in the request models; this keeps
-every body, of every endpoint, to a size the process can hold.
+authenticated first (`identify`: 401 without a valid token, a tokenless loopback client
+included, since it may only read), also before any of it is read: anyone who reaches the
+admin listener could otherwise have it hold `limit` bytes per connection, sent slowly,
+and parse each, with no token at all. Which role may use the endpoint is still the
+endpoint's to check (403). The per-field bounds (a receipt, a cases file) are in the
+request models; this keeps every body, of every endpoint, to a size the process can
+hold.
 """
 
 from __future__ import annotations

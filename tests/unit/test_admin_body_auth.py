@@ -29,15 +29,23 @@ POSTS = [
 ]
 
 
-def _app() -> ASGIApp:
+def _app(allow_loopback: bool = False) -> ASGIApp:
     config = {
         "backends": [backend("gpu", "http://127.0.0.1:9", "m")],
-        "admin": {"token_hashes": ["sha256:" + hashlib.sha256(TOKEN.encode()).hexdigest()]},
+        "admin": {
+            "token_hashes": ["sha256:" + hashlib.sha256(TOKEN.encode()).hexdigest()],
+            "allow_loopback": allow_loopback,
+        },
     }
     return admin_app(create_app(GatewaySettings.model_validate(config)))
 
 
-def _post(app: ASGIApp, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, int]:
+def _post(
+    app: ASGIApp,
+    path: str,
+    headers: list[tuple[bytes, bytes]],
+    client: tuple[str, int] = ("10.1.2.3", 40000),  # not loopback
+) -> tuple[int, int]:
     """POST a 16-piece JSON body to `path`; the answer's status and how many body
     pieces the app asked for before it answered."""
     body = b'{"yaml": "' + b"a" * (16 * PIECE - 12) + b'"}'
@@ -65,7 +73,7 @@ def _post(app: ASGIApp, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[
         "root_path": "",
         "query_string": b"",
         "headers": [(b"content-type", b"application/json"), *headers],
-        "client": ("10.1.2.3", 40000),  # not loopback
+        "client": client,
         "server": ("admin", 9000),
     }
 
@@ -103,3 +111,13 @@ def test_an_authenticated_callers_body_is_read() -> None:
     )
     assert asked == 16
     assert status != 401
+
+
+@pytest.mark.parametrize("path", POSTS[:-1])
+def test_a_tokenless_loopback_clients_body_is_not_read(path: str) -> None:
+    """Under `admin.allow_loopback` a loopback client without a token may only read
+    (test_admin_loopback_reads.py): its body is refused unread, as a remote one's."""
+    headers = [(b"content-length", b"%d" % (16 * PIECE)), (b"host", b"127.0.0.1:9090")]
+    status, asked = _post(_app(allow_loopback=True), path, headers, ("127.0.0.1", 40000))
+    assert status == 401
+    assert asked == 0
