@@ -187,7 +187,7 @@ class Proxy:
     ) -> None:
         decision = decided.decision
         plan = await self.router.plan(model, decision, doc, exchange.started_at)
-        private, hosted = self._private, self._hosted
+        private, hosted, registry = self._private, self._hosted, self._registry
         last: TryNext | None = None
         traced = exchange.span
         if traced is not None:
@@ -200,7 +200,7 @@ class Proxy:
                 if stop is not None:
                     outcome, reason = Outcome.skipped, f"{attempt.backend.id}: not made"
                     raise stopped(stop, decision, last, model, plan.reasons)
-                withdrawn = withdrawn_by_reload(self._trust, decided, attempt, plan)
+                withdrawn = withdrawn_by_reload(self._trust, registry, decided, attempt, plan)
                 if withdrawn is not None:  # not dispatched: no record, the next one may serve
                     outcome, reason = Outcome.skipped, withdrawn
                     continue
@@ -230,7 +230,7 @@ class Proxy:
                     attempt.backend,
                     relay,
                     connect,
-                    partial(withdrawn_by_reload, self._trust, decided, attempt, plan),
+                    partial(withdrawn_by_reload, self._trust, registry, decided, attempt, plan),
                     partial(standing.lapsed, model),
                 )
                 if isinstance(gone, GatewayError):  # the key lapsed meanwhile: not made
