@@ -31,17 +31,37 @@ from gateway.config import load_config
 from gateway.provenance.keys import write_signing_key
 from gateway.serving import ServerThread
 from tests.helpers.audit_rig import ANSWER, request_log, settled
-from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
+from tests.helpers.gateways import (
+    EU_ZERO,
+    LITELLM_WARNINGS,
+    TENANT_KEY,
+    Sim,
+    backend,
+    gateway_config,
+    hosted_backend,
+    served,
+)
 from tests.helpers.raw_backend import Answer, Post, RawBackend, json_answer
 from tests.helpers.tls import Pki, TLSFront, server_context
 from tests.helpers.tls_fixtures import pki, sim, start_front
 from tests.helpers.waiting import until
 
 __all__ = ["pki", "sim", "start_front"]  # fixtures, used by name
+pytestmark = LITELLM_WARNINGS
 
 BODY = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
 HEADERS = {"authorization": f"Bearer {TENANT_KEY}"}
 ORIGIN = "owngate.test/reload-reach"
+FALLBACK_POLICY = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: eu, version: "1"}
+spec:
+  tenants: [acme]
+  residency: {allow: [eu]}
+  retention: {max_days: zero}
+  fallback: {mode: when_private_unavailable, to: [{backend: hosted}]}
+"""
 
 
 def first_503_then_held(release: threading.Event) -> Answer:
@@ -68,6 +88,8 @@ class Rig:
         self.release = threading.Event()  # lets gpu-a answer the held request
         self.gpu_a = start_raw(first_503_then_held(self.release))
         self.tmp_path = tmp_path
+        self.hosted: list[dict[str, Any]] = []  # hosted backends beside gpu-a and gpu-b
+        self.policy: dict[str, Any] = {}  # the `policy` section, if any
         self.vkey = write_signing_key(tmp_path / "log.key", ORIGIN)
         self.path = tmp_path / "gateway.yaml"
         self.app: GatewayApp | None = None
@@ -75,7 +97,8 @@ class Rig:
 
     def write(self, gpu_b: dict[str, Any]) -> None:
         config: dict[str, Any] = gateway_config(
-            [backend("gpu-a", self.gpu_a.url, "m"), gpu_b],
+            [backend("gpu-a", self.gpu_a.url, "m", **EU_ZERO), gpu_b, *self.hosted],
+            **({"policy": self.policy} if self.policy else {}),
             routing={"failover": {"max_attempts": 2}, "default": {"strategy": "round_robin"}},
             provenance={
                 "dir": str(self.tmp_path / "log"),
@@ -91,7 +114,10 @@ class Rig:
     def start(self, gpu_b: dict[str, Any]) -> None:
         self.write(gpu_b)
         self.app = create_app(
-            load_config(self.path), environ={}, config_dir=self.tmp_path, config_file=self.path
+            load_config(self.path),
+            environ={"HOSTED_KEY": "test-key"},
+            config_dir=self.tmp_path,
+            config_file=self.path,
         )
         self.server = ServerThread(self.app).start()
 
@@ -157,9 +183,9 @@ def test_a_failover_never_reaches_the_old_address_of_a_moved_backend(
     rig: Rig, start_raw: Callable[[Answer], RawBackend]
 ) -> None:
     old, new = start_raw(json_answer(ANSWER)), start_raw(json_answer(ANSWER))  # gpu-b's boxes
-    rig.start(backend("gpu-b", old.url, "m"))
+    rig.start(backend("gpu-b", old.url, "m", **EU_ZERO))
     rig.warm()
-    response = rig.held_across_reload(backend("gpu-b", new.url, "m"))
+    response = rig.held_across_reload(backend("gpu-b", new.url, "m", **EU_ZERO))
     assert len(old.posts) == 2, "the failover reached gpu-b's old address"
     assert not new.posts  # the request runs on the config it arrived under
     assert response.status_code == 503, response.text
@@ -170,11 +196,33 @@ def test_a_failover_never_reaches_the_old_address_of_a_moved_backend(
     assert dispatched_to(rig.records(after))[-1] == "gpu-b"
 
 
+def test_a_moved_backend_was_not_shown_unavailable_to_a_hosted_fallback(
+    rig: Rig, start_raw: Callable[[Answer], RawBackend], start_sim: Callable[..., Sim]
+) -> None:
+    """`when_private_unavailable`: gpu-a failed, gpu-b was skipped as moved. gpu-b at its
+    new address was never tried, so the request may not go hosted for it (as for a
+    redeclared backend): the fallback is withheld, the client gets gpu-a's 503."""
+    provider = start_sim("vllm", models=("m",), zero_latency=True)
+    policies = rig.tmp_path / "policies"
+    policies.mkdir()
+    (policies / "p.yaml").write_text(FALLBACK_POLICY)
+    rig.policy = {"paths": ["policies"]}
+    rig.hosted = [hosted_backend("hosted", f"{provider.url}/v1", "m")]
+    old, new = start_raw(json_answer(ANSWER)), start_raw(json_answer(ANSWER))
+    rig.start(backend("gpu-b", old.url, "m", **EU_ZERO))
+    rig.warm()
+    response = rig.held_across_reload(backend("gpu-b", new.url, "m", **EU_ZERO))
+    assert len(old.posts) == 2 and not new.posts
+    assert served(provider) == 0, "a hosted fallback for a private backend never tried"
+    assert response.status_code == 503, response.text
+    assert dispatched_to(rig.records(response)) == ["gpu-a"]
+
+
 def tls_backend(front: TLSFront, *pins: str) -> dict[str, Any]:
     tls: dict[str, Any] = {"ca_file": "ca.pem"}
     if pins:
         tls["pin_spki_sha256"] = list(pins)
-    return backend("gpu-b", front.url, "m", kind="openai", tls=tls)
+    return backend("gpu-b", front.url, "m", kind="openai", tls=tls, **EU_ZERO)
 
 
 def test_a_failover_never_reuses_a_pooled_connection_to_the_old_address_of_a_moved_backend(
