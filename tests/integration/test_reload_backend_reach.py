@@ -156,6 +156,13 @@ class Rig:
             self.release.set()
             return answer.result(timeout=60)
 
+    def until_up(self, backend_id: str) -> None:
+        app = self.app
+        assert app is not None
+        registry = app.parts.registry
+        state = registry.backends[backend_id]
+        until(lambda: not registry.is_down(state), f"{backend_id} up again", timeout=60)
+
     def stop(self) -> None:
         self.release.set()
         if self.server is not None:
@@ -264,7 +271,13 @@ def test_a_failover_never_connects_to_a_backend_whose_pin_a_reload_rotated(
     assert response.status_code == 503, response.text
     assert dispatched_to(rig.records(response)) == ["gpu-a"], "a record for gpu-b's old key"
     assert front.handshakes == handshakes, "a connection to gpu-b under the withdrawn key"
+    # A new request while the address still presents key A: the connection the warm-up
+    # requests left idle (authenticated under A) is not reused, a new one is refused.
+    stale = rig.send()
+    assert stale.status_code == 503, stale.text
+    assert gpu_b_keys(rig.records(stale)) == [None]  # tried, no key accepted
     front.swap(server_context(pki, b))  # the backend now presents key B
+    rig.until_up("gpu-b")  # its breaker, opened by the refused key, lets a probe through
     after = rig.send()
     assert after.status_code == 200, after.text
     assert gpu_b_keys(rig.records(after)) == [b.pin]
