@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from gateway.api.app import GatewayApp
+from gateway.api.recorder import Recorder
 from gateway.app import create_app
 from gateway.config import load_config
 from gateway.provenance.keys import write_signing_key
@@ -41,6 +42,7 @@ from tests.helpers.gateways import (
     hosted_backend,
     served,
 )
+from tests.helpers.hold import Hold
 from tests.helpers.raw_backend import Answer, Post, RawBackend, json_answer
 from tests.helpers.tls import Pki, TLSFront, server_context
 from tests.helpers.tls_fixtures import pki, sim, start_front
@@ -223,6 +225,27 @@ def test_a_moved_backend_was_not_shown_unavailable_to_a_hosted_fallback(
     assert served(provider) == 0, "a hosted fallback for a private backend never tried"
     assert response.status_code == 503, response.text
     assert dispatched_to(rig.records(response)) == ["gpu-a"]
+
+
+def test_a_reload_during_the_dispatch_record_stops_the_attempt_before_it_sends(
+    rig: Rig, start_raw: Callable[[Answer], RawBackend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gpu-a fails at once; gpu-b's attempt has its connection (to the old address) and
+    its dispatch record is durable when the reload moving gpu-b lands: it sends nothing
+    on it, its completion says why, and the client gets the 503."""
+    old, new = start_raw(json_answer(ANSWER)), start_raw(json_answer(ANSWER))
+    rig.start(backend("gpu-b", old.url, "m", **EU_ZERO))
+    hold = Hold(monkeypatch, Recorder, "dispatch", after=True, when=lambda *a: a[4].id == "gpu-b")
+    response = hold.across(rig.send, lambda: rig.reload(backend("gpu-b", new.url, "m", **EU_ZERO)))
+    assert not old.posts, "sent to gpu-b's old address after the reload"
+    assert not new.posts
+    assert response.status_code == 503, response.text
+    records = rig.records(response)
+    assert dispatched_to(records) == ["gpu-a", "gpu-b"]
+    last = records[-1]
+    assert (last["type"], last["status"]) == ("completion", 503), last
+    assert last["error"] == "gpu-b: its address or TLS settings changed by a config reload"
+    assert last["response_commitment"] is None
 
 
 def tls_backend(front: TLSFront, *pins: str) -> dict[str, Any]:
