@@ -74,6 +74,8 @@ class GatewayApp(Runtime):
         running = set(self.serving)
         if self.parts.policies is not parts.policies:  # requests still running: see Proxy
             self.parts.policies.successor = parts.policies
+        if self.parts.registry is not parts.registry:  # theirs too (`Registry.moved`)
+            self.parts.registry.successor = parts.registry
         self.parts = parts
         parts.registry.set_peer_inflight(self._peers)
         parts.metrics.watch_policies(parts.policies)

@@ -12,6 +12,11 @@ as reasons; a raised `saturation_threshold` takes "saturated"; a private backend
 set admits that the plan never tried was not shown unavailable). After a gateway.yaml
 reload, an attempt on a backend whose declared facts changed is not made either: the
 request runs on its own config's addresses, and the new set judged the new declaration.
+Nor is one on a backend the reload moved or whose TLS trust it changed (`base_url`, CA,
+client certificate, `server_name`, pins: `Registry.moved`): the old address or key may be
+the very thing the operator no longer trusts. Either kind of backend is left out of a
+hosted fallback's basis, as one the plan never tried: its new self was never shown
+unavailable.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from gateway.routing.attempt import FALLBACK_STATES, Attempt, FallbackBasis
 if TYPE_CHECKING:
     from gateway.api.exchange import Exchange
     from gateway.api.metrics import GatewayMetrics
+    from gateway.routing.registry import Registry
     from gateway.routing.router import Plan
 
 __all__ = ["Decided", "decide", "fallback_refused", "withdrawn_by_reload"]
@@ -44,15 +50,20 @@ class Decided(NamedTuple):
 
 
 def withdrawn_by_reload(
-    trust: TrustPolicies, decided: Decided, attempt: Attempt, plan: Plan | None = None
+    trust: TrustPolicies,
+    registry: Registry,
+    decided: Decided,
+    attempt: Attempt,
+    plan: Plan | None = None,
 ) -> str | None:
     """Why the policy set active now no longer admits `attempt`, if a reload since the
     decision took it away (None: it still admits it, or nothing was reloaded): its backend,
     or, for a hosted attempt of `plan` (a fallback, `plan.fallback` and `plan.basis` saying
-    why), the reason it falls back."""
+    why), the reason it falls back; or why the newest config no longer reaches its backend
+    where and as `registry` (the request's config's) does (`Registry.moved`)."""
     current = trust.latest()
     if current is decided.policy:
-        return None
+        return registry.moved(attempt.backend.id)
     decision = decided.decision
     try:
         now = current.decide(decision.tenant, decision.model, decided.label)
@@ -68,11 +79,18 @@ def withdrawn_by_reload(
         # A gateway.yaml reload admitted the id for what it declares now; the attempt
         # would go where the old config pointed, under the old declaration.
         return f"{attempt.backend.id}: declared anew in the config of policy set {current.version}"
+    moved = registry.moved(attempt.backend.id)
+    if moved is not None:
+        return moved
     if now is None or attempt.private or plan is None or plan.fallback is None:
         return None
-    basis = plan.basis
-    if current.facts_digest != before.facts_digest:  # what came of a backend since redeclared
-        basis = tuple((b, state) for b, state in basis if not _redeclared(before, current, b))
+    # What came of a backend since redeclared or moved says nothing of it now.
+    redeclared = current.facts_digest != before.facts_digest
+    basis = tuple(
+        (b, state)
+        for b, state in plan.basis
+        if not (redeclared and _redeclared(before, current, b)) and registry.moved(b) is None
+    )
     why = fallback_refused(decision, now, plan.fallback, basis)
     if why is None:
         return None

@@ -187,7 +187,7 @@ class Proxy:
     ) -> None:
         decision = decided.decision
         plan = await self.router.plan(model, decision, doc, exchange.started_at)
-        private, hosted = self._private, self._hosted
+        private, hosted, registry = self._private, self._hosted, self._registry
         last: TryNext | None = None
         traced = exchange.span
         if traced is not None:
@@ -200,7 +200,7 @@ class Proxy:
                 if stop is not None:
                     outcome, reason = Outcome.skipped, f"{attempt.backend.id}: not made"
                     raise stopped(stop, decision, last, model, plan.reasons)
-                withdrawn = withdrawn_by_reload(self._trust, decided, attempt, plan)
+                withdrawn = withdrawn_by_reload(self._trust, registry, decided, attempt, plan)
                 if withdrawn is not None:  # not dispatched: no record, the next one may serve
                     outcome, reason = Outcome.skipped, withdrawn
                     continue
@@ -230,8 +230,9 @@ class Proxy:
                     attempt.backend,
                     relay,
                     connect,
-                    partial(withdrawn_by_reload, self._trust, decided, attempt, plan),
+                    partial(withdrawn_by_reload, self._trust, registry, decided, attempt, plan),
                     partial(standing.lapsed, model),
+                    partial(registry.moved, attempt.backend.id),
                 )
                 if isinstance(gone, GatewayError):  # the key lapsed meanwhile: not made
                     outcome, reason = Outcome.skipped, f"{attempt.backend.id}: not made"
@@ -268,6 +269,7 @@ class Proxy:
         connect: Callable[[], Awaitable[Connection]] | None = None,
         withdrawn: Callable[[], str | None] | None = None,
         lapsed: Callable[[], GatewayError | None] = lambda: None,
+        moved: Callable[[], str | None] = lambda: None,
     ) -> str | GatewayError | None:
         """One attempt, bracketed by its provenance records: the dispatch record is
         durable before the attempt sends anything, the completion record follows it.
@@ -295,7 +297,9 @@ class Proxy:
         So is a request whose key lapsed meanwhile (`lapsed`, gateway/api/standing.py): the
         error it says is returned. Asked again once the dispatch record is durable and when
         the attempt fails: then the attempt sends nothing (or no other attempt is made) and
-        its completion record has that error's status, the status the client gets."""
+        its completion record has that error's status, the status the client gets. So is
+        `moved` (`Registry.moved`, a reload that moved the backend or changed its TLS
+        trust): then the attempt fails before it sends, its completion saying why."""
         exchange.upstream_error = None  # this attempt's, not an earlier attempt's
         backend_before = exchange.backend
         connection: Connection | None = None
@@ -313,6 +317,9 @@ class Proxy:
                     raise stop
                 if failed is not None:
                     raise failed
+                gone = moved()  # by a reload during the record's write: the old address
+                if gone is not None:
+                    raise TryNext(gone)
                 await attempt(connection)
             except TryNext as exc:  # the next attempt may serve, unless the key lapsed
                 stop = lapsed()

@@ -13,7 +13,8 @@ policies, scraper, proxy) on a worker thread, as it is read and parsed there, an
 in whole by the app's `install` on the event loop: the reloader gets both as callables
 and knows nothing of the app. A request is decided and routed by the parts active once
 its body is read, and finishes on them (each further attempt also checked against the
-new config's policies, `TrustPolicies.successor`; a policy change the running set loaded
+new config's policies, `TrustPolicies.successor`, and skipped when the new config moved
+its backend or changed its TLS trust, `Registry.successor`; a policy change the running set loaded
 while the new config was being built is read again before the swap, never undone); the
 connections of a removed or changed backend close once the requests that were running at
 the swap are done (bounded by `limits.drain_timeout_s`; past it, one still running opens

@@ -93,6 +93,9 @@ class Registry:
     # made plain HTTP), still used by requests of those configs: a later config that has
     # the backend over TLS again takes them along (`hand_over_tls`). Held weakly.
     orphans: dict[str, weakref.WeakSet[HttpPool]] = field(default_factory=dict)
+    # The registry of the config a reload installed after this one's (set by the app's
+    # `install`): the requests still running on this one check each attempt against it.
+    successor: Registry | None = None
 
     @classmethod
     def build(
@@ -193,10 +196,45 @@ class Registry:
         for backend_id, pools in self.orphans.items():
             _hand_over(backend_id, [p for p in pools if not p.closed], successor)
 
+    def moved(self, backend_id: str) -> str | None:
+        """Why a request still running on this registry must not reach its backend
+        `backend_id` any more: the newest config (`successor`, after reloads) has no
+        backend of that id, or gives it another address (`base_url`) or other TLS
+        settings or files (CA, client certificate and key, `server_name`, pins,
+        certificate identity: `_reach`). None: it is reached at the same place the same
+        way (or is not one of this registry's). An operator moves a backend or rotates
+        its pin or CA because the old address or key is no longer trusted: a request
+        planned before the reload skips it, never sending to the old address, nor to the
+        new one its plan was not made for (gateway/api/decided.py)."""
+        mine = self.backends.get(backend_id)
+        latest = self
+        while latest.successor is not None:
+            latest = latest.successor
+        if mine is None or latest is self:
+            return None
+        now = latest.backends.get(backend_id)
+        if now is mine:  # kept unchanged by every reload since
+            return None
+        if now is None:
+            return f"{backend_id}: removed by a config reload"
+        if _reach(now) != _reach(mine):
+            return f"{backend_id}: its address or TLS settings changed by a config reload"
+        return None
+
     async def close(self) -> None:
         for backend in self.backends.values():
             if backend.pool is not None:
                 await backend.pool.close()
+
+
+def _reach(backend: BackendState) -> tuple[str | None, str | None, str | None]:
+    """Where and how the gateway reaches `backend`: its `base_url` and, over TLS, the
+    digest of its TLS settings and files (CA, client certificate and key, pins,
+    certificate identity) and the name its certificate is checked for."""
+    tls = backend.tls
+    if tls is None:
+        return backend.config.base_url, None, None
+    return backend.config.base_url, tls.digest, tls.server_name
 
 
 def _hand_over(backend_id: str, pools: Iterable[HttpPool], successor: Registry) -> None:
