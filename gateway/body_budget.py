@@ -19,7 +19,8 @@ body larger than it), so that one tenant's bodies, held open or of tiny values h
 through a long answer, cannot have every other tenant refused.
 
 The gateway uses a second one for the whole answers (and backend error bodies) it holds
-(`limits.max_held_answer_bytes`, gateway/api/answer_reads.py). The attest sidecar
+(`limits.max_held_answer_bytes`, gateway/api/answer_reads.py), with a part per tenant
+as well (`limits.max_held_answer_bytes_per_tenant`). The attest sidecar
 (`owngate attest`) uses the same budget for bytes only: it hashes and relays bodies and
 never parses them; and a second one for the whole answers it holds
 (`--max-held-answer-bytes`, gateway/attest/app.py); `hold_answer` words its refusals
@@ -28,13 +29,15 @@ for both.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal
 
 from gateway.errors import ErrorCode, GatewayError
 
-__all__ = ["BodyBudget", "Held", "held_for_characters", "hold_answer"]
+__all__ = ["BodyBudget", "Held", "Refusal", "held_for_characters", "hold_answer"]
 
 RETRY_AFTER: Final = (b"retry-after", b"1")
+# Why a reservation was not taken (`Held.take`).
+Refusal = Literal["too_large", "too_large_for_tenant", "full", "tenant_full"]
 
 
 def held_for_characters(size: int, *, plain: bool = False) -> int:
@@ -78,37 +81,51 @@ class Held:
     def cover(self, size: int) -> None:
         """Hold at least `size` bytes; raises `GatewayError`: 429 past the budget or the
         tenant's part of it, 413 past all of that (no retry could succeed)."""
-        more = size - self.size
-        if more <= 0:
-            return
-        if size > self._tenant_limit:  # more than the whole budget: retrying cannot help
-            whole = self._tenant is None or size > self._limit
-            setting = "max_held_body_bytes" if whole else _PER_TENANT
+        refused = self.take(size)
+        if refused in ("too_large", "too_large_for_tenant"):  # retrying cannot help
+            setting = "max_held_body_bytes" if refused == "too_large" else _PER_TENANT
             raise GatewayError(
                 ErrorCode.request_too_large,
                 "The request body would take more memory, once parsed, than the gateway "
                 f"may hold for request bodies (limits.{setting}); send a smaller one.",
             )
-        budget, tenant = self._budget, self._tenant
-        if budget.held + more > self._limit:
+        if refused == "full":
             raise GatewayError(
                 ErrorCode.rate_limit_exceeded,
                 "The gateway holds as many request bodies as it may at once "
                 "(limits.max_held_body_bytes); retry shortly.",
                 headers=(RETRY_AFTER,),
             )
+        if refused == "tenant_full":
+            raise GatewayError(
+                ErrorCode.rate_limit_exceeded,
+                "Your requests hold as many request bodies as one tenant's may at once "
+                f"(limits.{_PER_TENANT}); retry shortly.",
+                headers=(RETRY_AFTER,),
+            )
+
+    def take(self, size: int) -> Refusal | None:
+        """Hold at least `size` bytes if they fit, else take nothing and say why not:
+        larger than the whole budget or than the tenant's part of it (`too_large`,
+        `too_large_for_tenant`: no retry could succeed), or past what is free now of the
+        budget (`full`) or of the tenant's part (`tenant_full`)."""
+        more = size - self.size
+        if more <= 0:
+            return None
+        if size > self._tenant_limit:
+            whole = self._tenant is None or size > self._limit
+            return "too_large" if whole else "too_large_for_tenant"
+        budget, tenant = self._budget, self._tenant
+        if budget.held + more > self._limit:
+            return "full"
         if tenant is not None:
             mine = budget.by_tenant.get(tenant, 0)
             if mine + more > self._tenant_limit:
-                raise GatewayError(
-                    ErrorCode.rate_limit_exceeded,
-                    "Your requests hold as many request bodies as one tenant's may at once "
-                    f"(limits.{_PER_TENANT}); retry shortly.",
-                    headers=(RETRY_AFTER,),
-                )
+                return "tenant_full"
             budget.by_tenant[tenant] = mine + more
         budget.held += more
         self.size = size
+        return None
 
     def release(self) -> None:
         """Give the bytes back (again: nothing)."""
@@ -126,22 +143,33 @@ class Held:
 _PER_TENANT: Final = "max_held_body_bytes_per_tenant"
 
 
-def hold_answer(held: Held, size: int, *, holder: str, setting: str) -> None:
+def hold_answer(
+    held: Held, size: int, *, holder: str, setting: str, tenant_setting: str = ""
+) -> None:
     """Hold `size` bytes of a backend's whole answer: 429 `rate_limit_exceeded` with
-    `retry-after: 1` past the budget (another answer may have been given back by then),
-    502 `upstream_error` past all of it (no retry could help). `holder` (the gateway, the
-    sidecar) and `setting` (the limit that bounds it) are named in the message."""
-    try:
-        held.cover(size)
-    except GatewayError as exc:
-        if exc.code is ErrorCode.rate_limit_exceeded:
-            raise GatewayError(
-                ErrorCode.rate_limit_exceeded,
-                f"The {holder} holds as many whole answers as it may at once ({setting}); "
-                "retry shortly.",
-                headers=(RETRY_AFTER,),
-            ) from None
+    `retry-after: 1` past the budget or the tenant's part of it (another answer may have
+    been given back by then), 502 `upstream_error` past all of it (no retry could help).
+    `holder` (the gateway, the sidecar) and `setting` (the limit that bounds it; its
+    per-tenant part `tenant_setting`, for a tenant's request) are named in the message."""
+    refused = held.take(size)
+    if refused == "full":
+        raise GatewayError(
+            ErrorCode.rate_limit_exceeded,
+            f"The {holder} holds as many whole answers as it may at once ({setting}); "
+            "retry shortly.",
+            headers=(RETRY_AFTER,),
+        )
+    if refused == "tenant_full":
+        raise GatewayError(
+            ErrorCode.rate_limit_exceeded,
+            "Your requests hold as many whole answers as one tenant's may at once "
+            f"({tenant_setting}); retry shortly.",
+            headers=(RETRY_AFTER,),
+        )
+    if refused is not None:
+        whole = refused == "too_large"
         raise GatewayError(
             ErrorCode.upstream_error,
-            f"The backend's answer is larger than the {holder} may hold ({setting}).",
-        ) from None
+            "The backend's answer is larger than the "
+            f"{holder} may hold ({setting if whole else tenant_setting}).",
+        )

@@ -12,7 +12,10 @@ the event loop 6.8 s for a 15 MiB `[],[],...`, with the collector running).
 
 Every whole answer the gateway holds (and every error body it reads) is counted against
 `limits.max_held_answer_bytes`, one budget for all requests of the process (`answers` of
-the `Runtime`, a `BodyBudget`; the request's share is `Exchange.answer`): its declared
+the `Runtime`, a `BodyBudget`; the request's share is `Exchange.answer`), of which one
+tenant's requests hold at most their part (`limits.max_held_answer_bytes_per_tenant`,
+half by default: clients of one tenant reading nothing of large answers must not have
+every other tenant's whole answers refused): its declared
 `content-length` before any of it is read, else its bytes as they arrive. An answer that
 would take the process past it is dropped (the backend connection with it) and the
 client gets 429 `rate_limit_exceeded` with `retry-after: 1`, as for request bodies past
@@ -34,12 +37,19 @@ MAX_ERROR_BODY = 64 * 1024  # its message is shown: plenty
 
 
 def cover_answer(held: Held, size: int) -> None:
-    """Hold `size` bytes of the request's whole answer; `GatewayError` past the budget:
-    429 `rate_limit_exceeded` with `retry-after: 1` (another request's answer may have
-    been given back by then), 502 `upstream_error` past all of it (no retry could help;
-    `limits.max_held_answer_bytes` is at least `max_response_bytes`, so only an answer
-    the gateway would refuse anyway gets there)."""
-    hold_answer(held, size, holder="gateway", setting="limits.max_held_answer_bytes")
+    """Hold `size` bytes of the request's whole answer; `GatewayError` past the budget or
+    its tenant's part of it: 429 `rate_limit_exceeded` with `retry-after: 1` (another
+    request's answer may have been given back by then), 502 `upstream_error` past all of
+    it (no retry could help; `limits.max_held_answer_bytes` and its per-tenant part are at
+    least `max_response_bytes`, so only an answer the gateway would refuse anyway gets
+    there)."""
+    hold_answer(
+        held,
+        size,
+        holder="gateway",
+        setting="limits.max_held_answer_bytes",
+        tenant_setting="limits.max_held_answer_bytes_per_tenant",
+    )
 
 
 async def read_held(

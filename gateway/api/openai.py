@@ -98,7 +98,9 @@ class TenantSurface:
             held = runtime.bodies.hold(
                 limits.max_held_body_bytes, tenant.id, limits.tenant_held_body_bytes
             )
-            answer = exchange.answer = runtime.answers.hold(limits.max_held_answer_bytes)
+            answer = exchange.answer = runtime.answers.hold(
+                limits.max_held_answer_bytes, tenant.id, limits.tenant_held_answer_bytes
+            )
             try:
                 body = await read_body(scope, receive, limits.max_body_bytes, held)
                 # What parsing it may take, held until the request ends: reserved before

@@ -34,7 +34,21 @@ class QueueSettings(_Strict):
 
     threshold: float = Field(default=1.0, gt=0, description="waiting requests per slot")
     size: int = Field(default=256, ge=0, description="waiters at most; 0 turns the queue off")
+    size_per_tenant: int | None = Field(
+        default=None,
+        gt=0,
+        description="waiters of one tenant at most (with several tenants); default half "
+        "of size (at least 1)",
+    )
     max_wait_s: float = Field(default=30.0, gt=0)
+
+    @property
+    def tenant_size(self) -> int:
+        """How many of `size` one tenant's requests may take: the setting, else half
+        (at least one), so that one tenant's waiters leave the other tenants room."""
+        if self.size_per_tenant is not None:
+            return min(self.size_per_tenant, self.size)
+        return max(self.size // 2, 1)
 
 
 class PoolSettings(_Strict):

@@ -140,6 +140,13 @@ class LimitSettings(_Strict):
         description="whole answers (and backend error bodies) held at once by one process, "
         "until their clients have taken them (gateway/api/answer_reads.py)",
     )
+    max_held_answer_bytes_per_tenant: int | None = Field(
+        default=None,
+        gt=0,
+        description="the part of max_held_answer_bytes one tenant's requests may hold at "
+        "once; default half of it (at least max_response_bytes); when set, at least "
+        "max_response_bytes",
+    )
     response_timeout_s: float = Field(
         default=600.0, gt=0, description="a whole answer, from sending the request to its end"
     )
@@ -163,6 +170,15 @@ class LimitSettings(_Strict):
                 "limits.max_held_answer_bytes must be at least limits.max_response_bytes "
                 "(else an answer within the limit could never be taken)"
             )
+        answers = self.max_held_answer_bytes_per_tenant
+        if answers is not None and not (
+            self.max_response_bytes <= answers <= self.max_held_answer_bytes
+        ):
+            raise ValueError(
+                "limits.max_held_answer_bytes_per_tenant must be at least "
+                "limits.max_response_bytes (else an answer within the limit could never be "
+                "taken) and at most limits.max_held_answer_bytes"
+            )
         per_tenant = self.max_held_body_bytes_per_tenant
         # A body's reservation (gateway/body_budget.py): six times its size, before its
         # values; a part below that of a max_body_bytes body refuses such bodies for good.
@@ -184,6 +200,15 @@ class LimitSettings(_Strict):
         if self.max_held_body_bytes_per_tenant is not None:
             return self.max_held_body_bytes_per_tenant
         return max(self.max_held_body_bytes // 2, self.max_body_bytes)
+
+    @property
+    def tenant_held_answer_bytes(self) -> int:
+        """What one tenant's requests may hold of `max_held_answer_bytes` at once: the
+        setting, else half the budget (at least one answer's bytes), so that one tenant's
+        clients reading nothing of large answers leave the other tenants room."""
+        if self.max_held_answer_bytes_per_tenant is not None:
+            return self.max_held_answer_bytes_per_tenant
+        return max(self.max_held_answer_bytes // 2, self.max_response_bytes)
 
 
 class ScrapeSettings(_Strict):

@@ -154,7 +154,7 @@ class Router:
         )
         hosted_first = saturated and fallback_allowed
         if not hosted_first and up and not (fallback_allowed and mode == "when_private_saturated"):
-            up = await self._queue_if_saturated(model, up, prefix)
+            up = await self._queue_if_saturated(model, up, prefix, tenant)
         return Plan(
             self,
             private,
@@ -180,17 +180,19 @@ class Router:
         return queue_per_slot(backend, self._load_of(backend.id))
 
     async def _queue_if_saturated(
-        self, model: str, up: list[Route], prefix: bytes | None
+        self, model: str, up: list[Route], prefix: bytes | None, tenant: str | None
     ) -> list[Route]:
         """Wait in the pool's queue while every private backend is saturated (and behind
-        earlier waiters, first come first served); then the backends in their order now."""
+        earlier waiters, first come first served; `tenant`'s waiters within its part of
+        the queue, when several tenants are configured); then the backends in their order
+        now."""
         queue = self.queues.get(model)
         if queue is None:
             return up
         threshold = queue.settings.threshold
         if not queue.waiting and not self._all_saturated(up, threshold):
             return up
-        await queue.wait(lambda: self._all_saturated(up, threshold), self._poll_s)
+        await queue.wait(lambda: self._all_saturated(up, threshold), self._poll_s, tenant)
         return self.picker.order(model, up, prefix)
 
     def _all_saturated(self, routes: list[Route], threshold: float | None) -> bool:

@@ -12,6 +12,10 @@ whichever backend is then least loaded (late binding).
   backend's own queue, which no local completion reports).
 - A full queue answers 429 `rate_limit_exceeded`; a wait past `max_wait_s` answers 503
   `backend_unavailable`; both with `retry-after`.
+- With several tenants, one tenant's requests take at most its part of the queue
+  (`queue.size_per_tenant`, half of `size` by default; 429 past it): one tenant sending
+  more than the backends take used to fill the queue, and every other tenant's request
+  for the model was refused 429 meanwhile.
 """
 
 from __future__ import annotations
@@ -36,14 +40,18 @@ class SaturationQueue:
         self.model = model
         self.settings = settings
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._by_tenant: dict[str, int] = {}  # waiters per tenant, of tenants waiting now
 
     @property
     def waiting(self) -> int:
         return len(self._waiters)
 
-    async def wait(self, saturated: Callable[[], bool], poll_s: float) -> None:
+    async def wait(
+        self, saturated: Callable[[], bool], poll_s: float, tenant: str | None = None
+    ) -> None:
         """Return once this request may go on; raise `GatewayError` when the queue is
-        full or the wait passes `max_wait_s`. `saturated()` is re-checked every `poll_s`."""
+        full, or `tenant`'s part of it (None: not counted apart), or the wait passes
+        `max_wait_s`. `saturated()` is re-checked every `poll_s`."""
         settings = self.settings
         if len(self._waiters) >= settings.size:
             raise GatewayError(
@@ -52,6 +60,18 @@ class SaturationQueue:
                 f"gateway's queue for it is full ({settings.size} waiting); retry shortly",
                 headers=_RETRY_AFTER,
             )
+        by_tenant = self._by_tenant
+        if tenant is not None:
+            mine = by_tenant.get(tenant, 0)
+            if mine >= settings.tenant_size:
+                raise GatewayError(
+                    ErrorCode.rate_limit_exceeded,
+                    f"every private backend for model `{self.model}` is saturated and your "
+                    f"requests hold as much of the gateway's queue for it as one tenant's "
+                    f"may ({mine} waiting, its pool's queue.size_per_tenant); retry shortly",
+                    headers=_RETRY_AFTER,
+                )
+            by_tenant[tenant] = mine + 1
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         self._waiters.append(waiter)
@@ -82,6 +102,12 @@ class SaturationQueue:
                 waiter.cancel()
             with contextlib.suppress(ValueError):  # release() already took it off
                 self._waiters.remove(waiter)
+            if tenant is not None:
+                left = by_tenant[tenant] - 1
+                if left:
+                    by_tenant[tenant] = left
+                else:
+                    del by_tenant[tenant]  # no entry per tenant ever seen
 
     def release(self) -> None:
         """One request to a backend of this pool ended: let the oldest waiter go."""

@@ -23,8 +23,10 @@ import httpx
 import pytest
 
 from gateway.api.app import GatewayApp
+from gateway.tenants import hash_api_key
 from tests.helpers.gateways import (
     LITELLM_WARNINGS,
+    OTHER_KEY,
     TENANT_KEY,
     Gateway,
     Sim,
@@ -138,11 +140,11 @@ def gateway(
     )
 
 
-def _post(gateway: Gateway, user: str) -> httpx.Response:
+def _post(gateway: Gateway, user: str, key: str = TENANT_KEY) -> httpx.Response:
     return httpx.post(
         f"{gateway.url}/v1/chat/completions",
         json=_chat(user),
-        headers=gateway.headers,
+        headers={"authorization": f"Bearer {key}"},
         timeout=WAIT_S,
     )
 
@@ -180,6 +182,51 @@ def test_a_second_answer_past_the_budget_is_refused_while_the_first_is_held(
     assert again.status_code == 200, again.text
     assert again.content == _json(OTHER)
     _held(gateway.app, 0)
+
+
+@pytest.mark.parametrize("script", ["length"], indirect=True)
+def test_one_tenants_held_answers_leave_the_other_tenants_room(
+    script: Script,
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """`acme` asks for two large answers and reads neither (here: their backend holds
+    them mid-read). They took the whole budget, and `other`, whose key is its own, got
+    429 for every whole answer meanwhile. Now one tenant's answers hold at most its part
+    of the budget (half by default): `acme`'s second is refused, and `other` is served."""
+    raw = start_raw(script)
+    limits = {"max_response_bytes": HELD, "max_held_answer_bytes": 2 * HELD}
+    tenants = [
+        {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["m"]},
+        {"id": "other", "api_key_hashes": [hash_api_key(OTHER_KEY)], "models": ["m"]},
+    ]
+    gateway = logged_private_gateway(
+        start_gateway, tmp_path, raw.url, ORIGIN, limits=limits, tenants=tenants, routing=BREAKER
+    )
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(_post, gateway, "hold")
+        _held(gateway.app, HELD)
+        second = pool.submit(_post, gateway, "hold")
+        until(
+            lambda: second.done() or gateway.app.answers.held == 2 * HELD,
+            "acme's second answer held or refused",
+        )
+        served = _post(gateway, "other", OTHER_KEY)
+        assert served.status_code == 200, served.text
+        assert served.content == _json(OTHER)
+        refused = second.result(timeout=WAIT_S)
+        assert refused.status_code == 429, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "rate_limit_exceeded"
+        assert "limits.max_held_answer_bytes_per_tenant" in error["message"]
+        assert refused.headers["retry-after"] == "1"
+        record = completion_record(tmp_path / "log", refused.headers["x-request-id"])
+        assert (record["status"], record["response_commitment"]) == (429, None)
+        script.go.set()
+        assert first.result(timeout=WAIT_S).content == _json(HELD)
+    _held(gateway.app, 0)
+    assert gateway.app.answers.by_tenant == {}
 
 
 def test_an_error_answer_gives_its_bytes_back(gateway: Gateway, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ with a request is visible to its client.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,7 @@ from gateway.provenance import (
     verify_receipt,
     write_signing_key,
 )
+from gateway.sim import Faults
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import (
     LITELLM_WARNINGS,
@@ -37,7 +39,7 @@ from tests.helpers.gateways import (
     logged_gateway,
 )
 from tests.helpers.provenance import request_records
-from tests.helpers.waiting import until
+from tests.helpers.waiting import until, until_async
 
 pytestmark = LITELLM_WARNINGS  # the hosted test's LiteLLM
 
@@ -367,3 +369,65 @@ def test_a_tenant_shares_no_prefix_cache_with_another_on_a_salted_backend(
     assert all(b["messages"] == HISTORY and b["model"] == "m" for b in bodies)
     sent = send(TENANT_KEY, "n", cache_salt="mine")
     assert plain.app.captured("/v1/chat/completions")[-1].body == sent
+
+
+def test_one_tenants_waiting_requests_leave_the_other_tenants_room_in_the_queue(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    """The pool's one backend (one slot) holds two of `acme`'s requests, so the pool is
+    saturated for as long as the test holds them. `acme` then sends more: they filled the
+    gateway's queue (size 2), and `other` was refused 429 for every request meanwhile.
+    Now one tenant's requests take at most its part of the queue (half by default):
+    `acme`'s second waiter is refused, `other`'s waits its turn and is served."""
+    sim = start_sim("vllm", models=("m",), slots=1, zero_latency=True)
+    gateway = start_gateway(
+        [backend("gpu", sim.url, "m", capacity={"max_concurrency": 1})],
+        scrape={"interval_s": 0.05, "timeout_s": 2.0, "staleness_s": 30.0},
+        routing={"pools": {"m": {"queue": {"threshold": 0.5, "size": 2, "max_wait_s": 60}}}},
+        tenants=TWO_TENANTS,
+    )
+    queue = gateway.app.proxy.router.queues["m"]
+    body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+
+    async def run() -> list[httpx.Response]:
+        async with (
+            httpx.AsyncClient(base_url=gateway.url, timeout=60) as held,
+            httpx.AsyncClient(base_url=gateway.url, timeout=60) as http,
+        ):
+
+            def post(client: httpx.AsyncClient, key: str) -> asyncio.Task[httpx.Response]:
+                headers = {"authorization": f"Bearer {key}"}
+                request = client.post("/v1/chat/completions", json=body, headers=headers)
+                return asyncio.create_task(request)
+
+            sim.app.control.faults = Faults(hang_rate=1.0)
+            holders = [post(held, TENANT_KEY), post(held, TENANT_KEY)]
+            await until_async(lambda: sim.app.stats.hangs == 2, "both held by the backend")
+            sim.app.control.faults = Faults()  # requests from now on are answered
+            try:
+                waiting = post(http, TENANT_KEY)
+                await until_async(lambda: queue.waiting == 1, "acme's first waiter")
+                second = post(http, TENANT_KEY)
+                await until_async(
+                    lambda: second.done() or queue.waiting == 2, "acme's second waits or not"
+                )
+                theirs = post(http, OTHER_KEY)
+                await until_async(
+                    lambda: theirs.done() or (second.done() and queue.waiting == 2),
+                    "other's request waits or not",
+                )
+                assert not theirs.done(), (await theirs).text  # refused: the queue was acme's
+            finally:
+                for task in holders:  # their client leaves: the gateway drops them
+                    task.cancel()
+                await asyncio.gather(*holders, return_exceptions=True)
+            return [await waiting, await second, await theirs]
+
+    waiting, second, theirs = asyncio.run(run())
+    assert theirs.status_code == 200, theirs.text
+    assert waiting.status_code == 200, waiting.text
+    assert second.status_code == 429, second.text
+    error = second.json()["error"]
+    assert error["code"] == "rate_limit_exceeded" and second.headers["retry-after"] == "1"
+    assert "queue.size_per_tenant" in error["message"]
+    assert queue.waiting == 0
