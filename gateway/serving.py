@@ -36,6 +36,8 @@ __all__ = [
     "uvicorn_config",
 ]
 
+_FORCED_END_S = 5.0  # a forced shutdown: how long the requests it cancels get to answer
+
 
 def bind_socket(
     host: str, port: int, *, reuse_port: bool = False, listen: bool = True
@@ -138,6 +140,24 @@ class DrainingServer(CleanExitServer):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._on_drain()
         await super().shutdown(sockets)
+        if self.force_exit:
+            await self._end_now()
+
+    async def _end_now(self) -> None:
+        """uvicorn's forced shutdown (SIGINT once its shutdown began) waits neither for the
+        requests still running nor for the lifespan shutdown: the end of the event loop
+        then cancelled the requests with the provenance log already closed (their
+        completion records lost, some answered with uvicorn's plain 500), no final
+        checkpoint was signed, and the process exited 0 all the same. Here the requests
+        are cancelled at once (the app answers each with the 503 its record says, without
+        waiting for a receipt), given `_FORCED_END_S` to end, and the lifespan shutdown
+        runs: their records are written and the final checkpoint signed (exit 4 if not)."""
+        running = [task for task in self.server_state.tasks if not task.done()]
+        for task in running:
+            task.cancel(msg="forced shutdown")
+        if running:
+            await asyncio.wait(running, timeout=_FORCED_END_S)
+        await self.lifespan.shutdown()
 
 
 class BesideServer(uvicorn.Server):

@@ -17,7 +17,8 @@ supervisor
   the log its first start began, never leaves it behind again);
 - forwards SIGHUP (config and policy reload) to every worker;
 - on SIGTERM or SIGINT forwards SIGTERM, waits for every worker to drain
-  (`limits.drain_timeout_s`, plus a margin) and exits 0 when all of them exited 0.
+  (`limits.drain_timeout_s`, plus a margin) and exits 0 when all of them exited 0 (a
+  worker dead in its restart backoff has nothing to drain and is not counted).
 
 What differs in a worker (`for_worker`):
 
@@ -256,12 +257,18 @@ class Supervisor:
                 worker.proc.send_signal(sig)
 
     def _stop(self) -> int:
-        """SIGTERM every worker, wait for their drains; 0 if every one exited 0."""
-        self._log.info("stopping workers", workers=len(self._workers))
+        """SIGTERM every worker, wait for their drains; 0 if every one exited 0.
+
+        A worker waiting out its restart backoff is dead already: it has nothing to
+        drain, and its death was said (and judged) when it happened. Its exit code is
+        not this stop's: before, a SIGTERM or SIGINT that came during a backoff made the
+        supervisor exit 1, as if a drain had failed."""
+        stopping = {i: w for i, w in self._workers.items() if w.restart_at is None}
+        self._log.info("stopping workers", workers=len(stopping))
         self._forward(signal.SIGTERM)
         deadline = time.monotonic() + self._drain_timeout_s + _STOP_MARGIN_S
         codes: dict[int, int] = {}
-        for index, worker in self._workers.items():
+        for index, worker in stopping.items():
             try:
                 codes[index] = worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:

@@ -31,6 +31,7 @@ __all__ = [
     "event_break",
     "first_chunk_seconds",
     "receipt_headers",
+    "receipt_headers_now",
     "relayed",
     "send_error_event",
     "send_relayed",
@@ -44,6 +45,7 @@ __all__ = [
 # (docs/provenance.md, "Receipts"); a stream's headers are out before, so it only lacks its
 # receipt line. Either way `owngate_receipt_failures_total` counts it.
 _RECEIPT_MISSING = ((b"x-owngate-receipt-missing", b"signing-failed"),)
+_RECEIPT_UNSIGNED = ((b"x-owngate-receipt-missing", b"shutdown"),)  # `receipt_headers_now`
 
 # The requests making their tenant's charge now (`settle`), each with whether a
 # cancellation arrived meanwhile: `cancel` holds it back until the charge is made.
@@ -161,6 +163,20 @@ async def receipt_headers(exchange: Exchange) -> tuple[tuple[bytes, bytes], ...]
     return ((b"x-owngate-receipt", base64.b64encode(receipt)),)
 
 
+def receipt_headers_now(exchange: Exchange) -> tuple[tuple[bytes, bytes], ...]:
+    """`receipt_headers` without waiting, for an answer the gateway's forced shutdown
+    gives at once: the receipt if signed already, else `x-owngate-receipt-missing:
+    shutdown` once a dispatch or refusal was recorded (its receipt was still being
+    signed), nothing otherwise."""
+    trail = exchange.trail
+    if trail is None or trail.receipt is None:
+        return ()
+    receipt = trail.receipt_now()
+    if receipt is None:
+        return _RECEIPT_MISSING if trail.receipt_failed else _RECEIPT_UNSIGNED
+    return ((b"x-owngate-receipt", base64.b64encode(receipt)),)
+
+
 async def send_whole(
     send: Send, exchange: Exchange, status: int, data: bytes, content_type: bytes
 ) -> None:
@@ -231,7 +247,9 @@ def client_left(exchange: Exchange) -> bool:
     return exchange.client_gone
 
 
-async def end_stream(send: Send, exchange: Exchange, *, line_open: bool = False) -> None:
+async def end_stream(
+    send: Send, exchange: Exchange, *, line_open: bool = False, now: bool = False
+) -> None:
     """End a relayed stream: its receipt as a final SSE comment line (which SSE clients
     ignore), in the same message that closes the body. The tenant is charged first
     (`settle`). `line_open`: the relayed bytes end mid-line, so a line end goes first
@@ -243,9 +261,16 @@ async def end_stream(send: Send, exchange: Exchange, *, line_open: bool = False)
 
     A client whose connection was lost before the end went out (before the disconnect
     watcher ran) got neither the end nor the receipt: the stream ends as one whose client
-    left (`CancelledError`, recorded 499 with what it was sent), never as one that ended."""
-    await settle(exchange)
-    receipt = await exchange.trail.sealed_receipt() if exchange.trail is not None else None
+    left (`CancelledError`, recorded 499 with what it was sent), never as one that ended.
+
+    `now`: at once, for the gateway's forced shutdown: no charge made first, and the
+    receipt line only if the receipt was signed already."""
+    trail = exchange.trail
+    if now:
+        receipt = None if trail is None else trail.receipt_now()
+    else:
+        await settle(exchange)
+        receipt = await trail.sealed_receipt() if trail is not None else None
     line = b": owngate-receipt " + base64.b64encode(receipt) + b"\n\n" if receipt else b""
     if line_open:
         line = b"\n" + line

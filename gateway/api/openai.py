@@ -22,9 +22,11 @@ from gateway import access_log
 from gateway.api.body import held_bound, scan_body
 from gateway.api.exchange import (
     Exchange,
+    client_left,
     end_stream,
     event_break,
     receipt_headers,
+    receipt_headers_now,
     send_error_event,
 )
 from gateway.api.reservation import rate_limited
@@ -132,14 +134,21 @@ class TenantSurface:
             exchange.status, exchange.error_code = error.status, error.code.value
             if not exchange.response_started:
                 # The prompt may have left (and been logged): the receipt says where.
-                headers = await receipt_headers(exchange)
+                try:
+                    headers = await receipt_headers(exchange)
+                except asyncio.CancelledError:
+                    answered = await self._cancelled(exchange, send)
+                    if answered is None:
+                        raise
+                    return
                 await send_error(send, error, exchange.request_id, headers)
             answered = error.status
         except asyncio.CancelledError:
-            if not runtime.cutting:
+            if answered is not None:  # the answer went out: nothing to say to the client
                 raise
-            await self._cut(exchange, send)
-            answered = exchange.status
+            answered = await self._cancelled(exchange, send)
+            if answered is None:
+                raise
         except Exception:  # noqa: BLE001 - last resort: logged, answered 500, never passed on
             exchange.status, exchange.error_code = 500, ErrorCode.internal_error.value
             self._log.exception("unhandled error", request_id=exchange.request_id.decode())
@@ -148,8 +157,14 @@ class TenantSurface:
                 # Like any error once a dispatch was logged: its receipt says where (the
                 # fault may be in what gives it, then the 500 goes out without one).
                 receipt: tuple[tuple[bytes, bytes], ...] = ()
-                with contextlib.suppress(Exception):
-                    receipt = await receipt_headers(exchange)
+                try:
+                    with contextlib.suppress(Exception):
+                        receipt = await receipt_headers(exchange)
+                except asyncio.CancelledError:
+                    answered = await self._cancelled(exchange, send)
+                    if answered is None:
+                        raise
+                    return
                 await send_error(send, internal, exchange.request_id, receipt)
             answered = exchange.status
         finally:
@@ -159,26 +174,54 @@ class TenantSurface:
                 proxy.answered(exchange, answered)  # a held completion: what went out
             self._finish(exchange)
 
-    async def _cut(self, exchange: Exchange, send: Send) -> None:
-        """The drain deadline passed with this request still running: end it cleanly (a
-        stream gets an error event, its receipt and a proper end; others a 503)."""
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()
-        error = GatewayError(
-            ErrorCode.not_ready, "the gateway is shutting down and its drain deadline passed"
-        )
+    async def _cancelled(self, exchange: Exchange, send: Send) -> int | None:
+        """This request's task was cancelled before its answer went out (the proxy
+        absorbs a cancellation of its own, its client leaving): by a shutdown, whose cut
+        it answers (`_cut`; the status sent); None: not by a shutdown, it goes on."""
+        runtime = self._runtime
+        if not runtime.draining:
+            return None
+        await self._cut(exchange, send, wait=runtime.cutting)
+        return exchange.status
+
+    async def _cut(self, exchange: Exchange, send: Send, *, wait: bool) -> None:
+        """The gateway is shutting down with this request still running: end it cleanly
+        with the 503 its completion record says (a stream gets an error event, its
+        receipt and a proper end; others a 503). `wait`: the app's own cut (its drain
+        deadline passed) waits for the receipt; uvicorn's forced shutdown (a second
+        signal, or its graceful timeout: it cancels every request still running), or one
+        that cancels the wait, gets the answer at once, with the receipt only if it was
+        signed already. Before, that cancellation left the app and uvicorn sent its own
+        plain 500 (or cut a stream off unended), while the record said 503."""
+        _uncancel()
+        why = "its drain deadline passed" if self._runtime.cutting else "it was forced to stop"
+        error = GatewayError(ErrorCode.not_ready, f"the gateway is shutting down and {why}")
         exchange.status, exchange.error_code = error.status, error.code.value
         if not exchange.response_started:
-            await send_error(send, error, exchange.request_id, await receipt_headers(exchange))
+            headers = receipt_headers_now(exchange)
+            if wait:
+                try:
+                    headers = await receipt_headers(exchange)
+                except asyncio.CancelledError:
+                    _uncancel()
+                    headers = receipt_headers_now(exchange)
+            await send_error(send, error, exchange.request_id, headers)
             return
         if exchange.streaming:  # a stream, whether or not the request asked for one
             # The relayed bytes may end inside an event (the backend was cut mid-write):
             # the error is an event of its own, as when the backend breaks off.
             await send_error_event(send, error, before=event_break(exchange))
-            await end_stream(send, exchange)
-        else:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if wait:
+                try:
+                    await end_stream(send, exchange)
+                    return
+                except asyncio.CancelledError:
+                    _uncancel()
+                    if client_left(exchange):  # it got nothing more: recorded 499
+                        raise
+            await end_stream(send, exchange, now=True)
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _finish(self, exchange: Exchange) -> None:
         parts = self._runtime.parts
@@ -352,3 +395,11 @@ def _tokens_used(exchange: Exchange) -> int:
     """Tokens to charge to the tenant's per-minute budget: the answer's usage, or an
     estimate when the backend reported none (`Trail.charged_tokens`)."""
     return 0 if exchange.trail is None else exchange.trail.charged_tokens()
+
+
+def _uncancel() -> None:
+    """Take back the cancellation being handled, so that the answer it asks for can go
+    out (a cancellation raised by the gateway itself, not `cancel`'s, takes back none)."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()

@@ -131,6 +131,16 @@ class Trail:
             self.reported(counts)
         self.stream_error = "backend" if backend_error else None
 
+    def receipt_now(self) -> bytes | None:
+        """`sealed_receipt` without waiting: the receipt if signed already, else None (an
+        answer that cannot wait for it: uvicorn's forced shutdown, `TenantSurface._cut`)."""
+        receipt = self.receipt
+        if receipt is None or not receipt.done() or receipt.cancelled() or receipt.exception():
+            return None
+        if self.countersignature is not None:
+            return attach_countersignature(receipt.result(), self.countersignature)
+        return receipt.result()
+
     async def sealed_receipt(self) -> bytes | None:
         """The receipt of the current dispatch once signed (None if there is none, or its
         signing failed: the recorder logged that), with the backend's countersignature

@@ -2,8 +2,10 @@
 
 Signals: SIGTERM or SIGINT drains (new connections refused, `/readyz` not ready, running
 requests and streams get `limits.drain_timeout_s` to finish, what remains is cut with an
-error event, a final checkpoint is signed) and exits 0; SIGHUP reloads gateway.yaml and
-the trust policies. `--workers N` runs N processes sharing the port (`gateway.workers`).
+error event, a final checkpoint is signed) and exits 0; SIGINT once uvicorn's own
+shutdown began forces it (what still runs is cut at once, the final checkpoint still
+signed: `DrainingServer`); SIGHUP reloads gateway.yaml and the trust policies.
+`--workers N` runs N processes sharing the port (`gateway.workers`).
 Exit codes: `_EPILOG` below (printed by `owngate serve --help`; also in README and
 docs/deploy.md).
 """

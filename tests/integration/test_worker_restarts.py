@@ -12,6 +12,7 @@ import io
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -72,7 +73,9 @@ def test_a_worker_that_cannot_start_does_not_stop_the_others(tmp_path: Path) -> 
     started = starts.read_text().split()
     assert started.count("2") >= 6, f"the supervisor gave up: exit {code}, starts {started}"
     assert started.count("1") == 1  # never stopped nor restarted
-    assert code == 1  # worker 2 did not exit 0
+    # The exit code is 1 when the SIGTERM found worker 2 starting (it then exits 2), 0 when
+    # it found it in its backoff (nothing to drain: the test below), a race by design here.
+    assert code in (0, 1)
 
 
 def test_workers_that_all_keep_dying_at_start_stop_the_supervisor(tmp_path: Path) -> None:
@@ -346,3 +349,71 @@ def test_signals_are_handled_while_a_dead_worker_waits_out_its_backoff(tmp_path:
         logging.getLogger().handlers[:] = handlers
     assert len(dead) == 1 and len(reloaded) == 1
     assert reloaded[0] is dead[0]  # worker 1 reloaded before worker 2 was started again
+
+
+# A supervisor in its own process (signals reach it as they reach `serve --workers 2`):
+# worker 1 serves until SIGTERM and notes each SIGHUP; worker 2 dies at every start, so it
+# spends 5 s in its first backoff (backoff_s 2.5, doubled) before it is started again.
+SUPERVISOR_OF_ONE_DYING = """
+import sys
+from gateway.workers import Supervisor
+worker = [sys.executable, "-c", sys.argv[1], sys.argv[2]]
+supervisor = Supervisor(worker, 2, "127.0.0.1", 0, 5.0, quick_death_s=60.0, backoff_s=2.5)
+sys.exit(supervisor.run())
+"""
+ONE_SERVES_ONE_DIES = (
+    "import os, signal, sys\n"
+    f"index = os.environ[{INDEX_ENV!r}]\n"
+    "def say(what):\n"
+    "    with open(sys.argv[1], 'a') as seen:\n"
+    "        seen.write(what + '\\n')\n"
+    "if index == '2':\n"
+    "    say('2')\n"
+    "    sys.exit(3)\n"
+    "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+    "signal.signal(signal.SIGHUP, lambda *_: say('hup'))\n"
+    "say('1')\n"
+    "signal.alarm(60)  # bounded: SIGALRM ends it if no SIGTERM comes\n"
+    "while True:\n"
+    "    signal.pause()\n"
+)
+
+
+@pytest.mark.parametrize(
+    "signals",
+    [(signal.SIGTERM,), (signal.SIGINT,), (signal.SIGHUP, signal.SIGTERM)],
+    ids=["sigterm", "sigint", "sighup-then-sigterm"],
+)
+def test_a_stop_asked_while_a_worker_waits_out_its_backoff_is_a_clean_exit(
+    tmp_path: Path, signals: tuple[signal.Signals, ...]
+) -> None:
+    """A signal reaching the supervisor while a dead worker waits out its restart backoff:
+    SIGTERM and SIGINT stop it with exit 0, as at any other time (the worker in backoff
+    has nothing to drain; its death was said when it happened), and a SIGHUP reloads the
+    living workers and leaves the supervisor running. Before, the stop waited on the dead
+    worker too, found its exit code 3 and exited 1, as if the drain had failed."""
+    seen = tmp_path / "seen"
+    seen.touch()
+    out = tmp_path / "out"
+    with out.open("wb") as sink:
+        supervisor = subprocess.Popen(
+            [sys.executable, "-c", SUPERVISOR_OF_ONE_DYING, ONE_SERVES_ONE_DIES, str(seen)],
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        until(lambda: "1" in seen.read_text().split(), "worker 1 serving", timeout=30)
+        until(lambda: b"worker died" in out.read_bytes(), "worker 2 dead", timeout=30)
+        for sig in signals:
+            supervisor.send_signal(sig)
+            if sig == signal.SIGHUP:
+                until(lambda: "hup" in seen.read_text().split(), "worker 1 reloaded", timeout=30)
+                assert supervisor.poll() is None  # a reload, not a stop
+        code = supervisor.wait(timeout=60)
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()
+    assert seen.read_text().split().count("2") == 1  # it came within worker 2's backoff
+    assert code == 0, out.read_text(errors="replace")
