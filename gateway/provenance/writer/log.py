@@ -372,22 +372,25 @@ class ProvenanceLog:
     async def _commit(self, batch: list[Queued]) -> None:
         pairs = [(queued.entry, queued.leaf) for queued in batch]
         frames = b"".join([queued.frame for queued in batch])
-        seals = [
-            (position, queued.leaf, queued.seal, queued.sealed)
-            for position, queued in enumerate(batch)
-            if queued.seal is not None and queued.sealed is not None
-        ]
         awaited = sum(1 for queued in batch if queued.awaited)
         self._waiters -= awaited
         self._last_batch = max(1, awaited)
         began = time.perf_counter()
         self._outage.writing_since = self._loop.time()  # `over` or `failed` ends it
-        try:
-            # on the writer thread: one synchronous write makes the batch durable
-            start = await self._worker.run(self._store.append_frames, pairs, frames)
-        except Exception as exc:  # noqa: BLE001 - every waiter gets the error, none hangs
+        landed: list[int] = []  # `_written` ran: durable, whatever it raised after
+
+        def written(start: int) -> None:  # in the callback that brings the write's result:
+            landed.append(start)  # the appenders wake a loop turn before the committer
+            self._written(batch, began, start)
+
+        try:  # on the writer thread: one synchronous write makes the batch durable
+            await self._worker.run(self._store.append_frames, pairs, frames, then=written)
+        except Exception as exc:  # every waiter gets the error, none hangs
+            if landed:
+                raise  # a bug once the batch was durable, not a refused write
             self._outage.refused(batch, exc, self._loop.time(), last_try=self._closing)
-            return
+
+    def _written(self, batch: list[Queued], began: float, start: int) -> None:
         took = time.perf_counter() - began
         self._write_time = took if not self._write_time else (7 * self._write_time + took) / 8
         self._requeue(self._outage.over())
@@ -395,5 +398,10 @@ class ProvenanceLog:
         for index, queued in enumerate(batch, start):
             if not queued.future.done():
                 queued.future.set_result(LogEntry(index, queued.leaf))
+        seals = [
+            (position, queued.leaf, queued.seal, queued.sealed)
+            for position, queued in enumerate(batch)
+            if queued.seal is not None and queued.sealed is not None
+        ]
         if seals:  # after the appenders' wake-ups: their requests go upstream first
             self._loop.call_soon(self._sealer.seal, start, seals)
