@@ -164,15 +164,45 @@ class Recorder:
         (the log's own write bounds it) and, if it landed, completed (held) as cut (499 or
         503, nothing sent) before the cancellation goes on. A held completion goes first."""
         self.settle(exchange, trail)
-        appending = asyncio.ensure_future(self._dispatch(exchange, trail, decision, backend, peer))
+        # The append runs as a task of its own that a cancellation here does not reach
+        # (what `asyncio.shield` does), and tells `landed` itself: one loop turn fewer
+        # than the shield's callbacks between the task's end and this one's wake-up.
+        landed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        appending = asyncio.ensure_future(
+            self._landing(landed, exchange, trail, decision, backend, peer)
+        )
         try:
-            await asyncio.shield(appending)
+            await landed
         except asyncio.CancelledError:
             await asyncio.wait([appending])
-            if not appending.cancelled() and appending.exception() is None:
+            if not appending.cancelled() and appending.result():
                 status, error = cut_status(exchange)
                 self.complete(exchange, trail, status=status, error=error, held=True)
             raise
+
+    async def _landing(
+        self,
+        landed: asyncio.Future[None],
+        exchange: Exchange,
+        trail: Trail,
+        decision: Decision,
+        backend: BackendState,
+        peer: Peer | None,
+    ) -> bool:
+        """`_dispatch`, telling `landed` how it ended; True once the record landed (an
+        error goes to `landed`'s waiter, or nowhere when it was cancelled, as a shield's)."""
+        try:
+            await self._dispatch(exchange, trail, decision, backend, peer)
+        except asyncio.CancelledError:
+            landed.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - raised to the dispatch's caller by `landed`
+            if not landed.done():
+                landed.set_exception(exc)
+            return False
+        if not landed.done():
+            landed.set_result(None)
+        return True
 
     async def _dispatch(
         self,
