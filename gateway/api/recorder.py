@@ -113,6 +113,7 @@ class Recorder:
         signer = load_signer(config_dir / settings.signing_key_file)
         previous = [load_signer(config_dir / f) for f in settings.previous_signing_key_files]
         batched = settings.receipts == "batch"
+        self._loop = asyncio.get_running_loop()  # the dispatches' (asking costs a getpid)
         self._log = await ProvenanceLog.open(
             config_dir / settings.dir,
             settings.origin,
@@ -167,8 +168,8 @@ class Recorder:
         # The append runs as a task of its own that a cancellation here does not reach
         # (what `asyncio.shield` does), and tells `landed` itself: one loop turn fewer
         # than the shield's callbacks between the task's end and this one's wake-up.
-        landed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        appending = asyncio.ensure_future(
+        landed: asyncio.Future[None] = self._loop.create_future()
+        appending = self._loop.create_task(
             self._landing(landed, exchange, trail, decision, backend, peer)
         )
         try:
