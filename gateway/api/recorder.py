@@ -55,6 +55,7 @@ from gateway.provenance import (
     seal_receipts,
 )
 from gateway.provenance.writer.high_water import HighWater
+from gateway.provenance.writer.sealer import Seal
 from gateway.routing.registry import BackendState
 from gateway.upstream.tls import Peer
 
@@ -113,7 +114,6 @@ class Recorder:
         signer = load_signer(config_dir / settings.signing_key_file)
         previous = [load_signer(config_dir / f) for f in settings.previous_signing_key_files]
         batched = settings.receipts == "batch"
-        self._loop = asyncio.get_running_loop()  # the dispatches' (asking costs a getpid)
         self._log = await ProvenanceLog.open(
             config_dir / settings.dir,
             settings.origin,
@@ -165,54 +165,6 @@ class Recorder:
         (the log's own write bounds it) and, if it landed, completed (held) as cut (499 or
         503, nothing sent) before the cancellation goes on. A held completion goes first."""
         self.settle(exchange, trail)
-        # The append runs as a task of its own that a cancellation here does not reach
-        # (what `asyncio.shield` does), and tells `landed` itself: one loop turn fewer
-        # than the shield's callbacks between the task's end and this one's wake-up.
-        landed: asyncio.Future[None] = self._loop.create_future()
-        appending = self._loop.create_task(
-            self._landing(landed, exchange, trail, decision, backend, peer)
-        )
-        try:
-            await landed
-        except asyncio.CancelledError:
-            await asyncio.wait([appending])
-            if not appending.cancelled() and appending.result():
-                status, error = cut_status(exchange)
-                self.complete(exchange, trail, status=status, error=error, held=True)
-            raise
-
-    async def _landing(
-        self,
-        landed: asyncio.Future[None],
-        exchange: Exchange,
-        trail: Trail,
-        decision: Decision,
-        backend: BackendState,
-        peer: Peer | None,
-    ) -> bool:
-        """`_dispatch`, telling `landed` how it ended; True once the record landed (an
-        error goes to `landed`'s waiter, or nowhere when it was cancelled, as a shield's)."""
-        try:
-            await self._dispatch(exchange, trail, decision, backend, peer)
-        except asyncio.CancelledError:
-            landed.cancel()
-            raise
-        except Exception as exc:  # noqa: BLE001 - raised to the dispatch's caller by `landed`
-            if not landed.done():
-                landed.set_exception(exc)
-            return False
-        if not landed.done():
-            landed.set_result(None)
-        return True
-
-    async def _dispatch(
-        self,
-        exchange: Exchange,
-        trail: Trail,
-        decision: Decision,
-        backend: BackendState,
-        peer: Peer | None,
-    ) -> None:
         request_id = exchange.request_id.decode()
         policy, trace = self._decided(decision)
         record = dispatch_record(
@@ -229,7 +181,28 @@ class Recorder:
             peer_spki=None if peer is None else peer.spki_sha256,
             attested=peer is not None and peer.attested,
         )
-        entry = await self._receipted(record, exchange, trail, backend.id, decision)
+        seal = self._seal_of(exchange, trail, backend.id, decision)
+        try:
+            landing, sealing = self._log.queue_sealed(record, seal, checked=True)
+        except LogUnavailableError as exc:
+            raise _unavailable() from exc
+        try:  # awaited from this task: no task of its own, a loop turn fewer
+            entry = await landing
+        except asyncio.CancelledError:
+            # `landing` refuses the cancellation: this runs once the append is done
+            if landing.done() and not landing.cancelled() and landing.exception() is None:
+                self._dispatched(exchange, trail, landing.result(), sealing)
+                status, error = cut_status(exchange)
+                self.complete(exchange, trail, status=status, error=error, held=True)
+            raise
+        except LogUnavailableError as exc:
+            raise _unavailable() from exc
+        self._dispatched(exchange, trail, entry, sealing)
+
+    def _dispatched(
+        self, exchange: Exchange, trail: Trail, entry: LogEntry, sealing: asyncio.Future[bytes]
+    ) -> None:
+        self._receipt_kept(exchange, trail, entry, sealing)
         trail.dispatch = entry
         # of this dispatch only
         trail.attestation, trail.countersignature, trail.upstream = None, None, None
@@ -244,6 +217,18 @@ class Recorder:
     ) -> LogEntry:
         """Append `record` durably, then have the receipt naming it signed by the log
         once its batch is durable (`trail.receipt`, and kept for lookup)."""
+        seal = self._seal_of(exchange, trail, backend_id, decision)
+        try:
+            entry, sealing = await self._log.append_sealed(record, seal, checked=True)
+        except LogUnavailableError as exc:
+            raise _unavailable() from exc
+        self._receipt_kept(exchange, trail, entry, sealing)
+        return entry
+
+    def _seal_of(
+        self, exchange: Exchange, trail: Trail, backend_id: str, decision: Decision
+    ) -> Seal:
+        """The seal that makes the receipt naming a durable entry (run by the log)."""
         request_id = exchange.request_id.decode()
         origin, signer, salts = self._log.origin, self._signer, trail.salts
         digest = decision.policy_digest
@@ -256,14 +241,15 @@ class Recorder:
                 return canonical_json_of_plain(receipt.payload())
             return make_receipt(receipt, signer)
 
-        try:
-            entry, sealing = await self._log.append_sealed(record, seal, checked=True)
-        except LogUnavailableError as exc:
-            raise _unavailable() from exc
+        return seal
+
+    def _receipt_kept(
+        self, exchange: Exchange, trail: Trail, entry: LogEntry, sealing: asyncio.Future[bytes]
+    ) -> None:
+        request_id = exchange.request_id.decode()
         sealing.add_done_callback(functools.partial(self._sealed, request_id))
         trail.receipt = sealing
         self.receipts.remember(request_id, exchange.tenant, sealing, entry.index)
-        return entry
 
     def _sealed(self, request_id: str, sealing: asyncio.Future[bytes]) -> None:
         error = None if sealing.cancelled() else sealing.exception()

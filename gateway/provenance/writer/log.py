@@ -36,7 +36,7 @@ from gateway.provenance.writer.checkpointer import Checkpointer, LogSettings
 from gateway.provenance.writer.events import FaultEvents
 from gateway.provenance.writer.high_water import HighWater
 from gateway.provenance.writer.outage import Outage
-from gateway.provenance.writer.queued import Queued, entry_of
+from gateway.provenance.writer.queued import Landing, Queued, entry_of
 from gateway.provenance.writer.sealer import BatchSeal, Seal, Sealer
 from gateway.provenance.writer.signal import Signal
 from gateway.provenance.writer.store import LogStore, Recovery, SignedNote
@@ -201,6 +201,18 @@ class ProvenanceLog:
             raise
         return entry, sealed
 
+    def queue_sealed(
+        self, record: Mapping[str, object], seal: Seal, *, checked: bool = False
+    ) -> tuple[Landing, asyncio.Future[bytes]]:
+        """`append_sealed` queued now, with no coroutine of its own (the gateway's dispatch:
+        a task and a loop turn fewer): the entry's future, which a cancelled waiter cannot
+        cancel (`Landing`), and the seal's, which only a durable entry's seal completes.
+        Raises at once what `append` raises before queueing."""
+        sealed: asyncio.Future[bytes] = self._loop.create_future()
+        landing = Landing(loop=self._loop)
+        self._put(record, checked, awaited=True, seal=seal, sealed=sealed, future=landing)
+        return landing, sealed
+
     def _put(
         self,
         record: Mapping[str, object],
@@ -210,13 +222,14 @@ class ProvenanceLog:
         seal: Seal | None = None,
         sealed: asyncio.Future[bytes] | None = None,
         encoded: bytes = b"",
+        future: asyncio.Future[LogEntry] | None = None,
     ) -> asyncio.Future[LogEntry]:
         if self._closing or self._task.done():
             raise LogUnavailableError("the provenance log is closed")
         if awaited and (stalled := self._outage.stalled(self._loop.time())) is not None:
             raise stalled  # fail fast: a completion (not awaited) still queues behind it
         entry = entry_of(record, checked, encoded)
-        future: asyncio.Future[LogEntry] = self._loop.create_future()
+        future = self._loop.create_future() if future is None else future
         self._queue.append(Queued(entry, future, awaited, seal, sealed))
         if awaited:
             self._waiters += 1

@@ -14,7 +14,7 @@ from gateway.provenance.formats.tiles import MAX_ENTRY_SIZE
 from gateway.provenance.formats.wal import encode_frame
 from gateway.provenance.writer.sealer import Seal
 
-__all__ = ["Queued", "entry_of"]
+__all__ = ["Landing", "Queued", "entry_of"]
 
 
 def entry_of(record: Mapping[str, object], checked: bool, encoded: bytes = b"") -> bytes:
@@ -29,6 +29,15 @@ def entry_of(record: Mapping[str, object], checked: bool, encoded: bytes = b"") 
     if len(entry) > MAX_ENTRY_SIZE:
         raise RecordError(f"record is {len(entry)} bytes; the limit is {MAX_ENTRY_SIZE}")
     return entry
+
+
+class Landing(asyncio.Future[LogEntry]):
+    """An awaited entry's future that refuses to be cancelled: a task cancelled while it
+    waits on one wakes once the append is done (as if shielded), then raises
+    CancelledError, and can still read from it whether its entry landed."""
+
+    def cancel(self, msg: object = None) -> bool:
+        return False
 
 
 class Queued:
