@@ -1,24 +1,22 @@
 """`ProvenanceLog`: the asyncio writer the gateway calls, with group commit and checkpoints.
 
-`await log.append(record)` returns only once the record is durable. Appends that arrive
-within the group-commit window share one synchronous write (an `O_DSYNC` segment), done on
-the log's writer thread so the event loop never blocks on disk; records nobody waits on
-(`append_soon`) go with the next such batch. A checkpoint is signed every
-`checkpoint_every` entries or `checkpoint_interval_ms`, whichever comes first: the writer
-thread takes a snapshot between two batches (`LogStore.snapshot`, which also rotates the
-write-ahead segment) and the log's checkpoint thread builds the tiles, signs and writes it
-(`LogStore.export`) while appends go on, so a checkpoint covers exactly the entries that
-were durable at the snapshot and never holds an append back.
+`await log.append(record)` returns once the record is durable. Appends within the
+group-commit window share one synchronous write (an `O_DSYNC` segment) on the log's writer
+thread, so the loop never blocks on disk; records nobody waits on (`append_soon`) go with
+the next such batch. A checkpoint is signed every `checkpoint_every` entries or
+`checkpoint_interval_ms`: the writer thread takes a snapshot between two batches
+(`LogStore.snapshot`, which also rotates the write-ahead segment) and the checkpoint
+thread builds the tiles, signs and writes it (`LogStore.export`) while appends go on, so
+it covers exactly the entries durable at the snapshot and holds none back.
 
-`append_sealed(record, seal)` returns once the entry is durable, with a future for
-`seal(entry)`, run on the event loop once per batch right after its appenders were woken
-(the gateway signs receipts then, while the request goes upstream); with a `batch_seal`,
-one signature covers a batch's receipts (`Sealer`).
-
-If the disk refuses a write, `append` raises `LogUnavailableError` (the gateway answers
-503) and nothing of that batch is logged; the next append, or a probe each
-`probe_interval_ms`, tries again; records nobody waits on are kept meanwhile (`Outage`,
-which tells `events` when an outage begins and ends; `Checkpointer` does for checkpoints).
+`append_sealed(record, seal)` (or `queue_sealed`, with no coroutine) returns once the
+entry is durable, with a future for `seal(entry)`, run on the loop once per batch right
+after its appenders were woken (receipts); with a `batch_seal`, one signature covers a
+batch's receipts (`Sealer`). If the disk refuses a write, `append` raises
+`LogUnavailableError` (the gateway answers 503) and nothing of that batch is logged; the
+next append, or a probe each `probe_interval_ms`, tries again; records nobody waits on
+are kept meanwhile (`Outage`, which tells `events` when an outage begins and ends;
+`Checkpointer` does for checkpoints).
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ from gateway.provenance.writer.checkpointer import Checkpointer, LogSettings
 from gateway.provenance.writer.events import FaultEvents
 from gateway.provenance.writer.high_water import HighWater
 from gateway.provenance.writer.outage import Outage
-from gateway.provenance.writer.queued import Landing, Queued, entry_of
+from gateway.provenance.writer.queued import Landing, Queued, entry_of, landed
 from gateway.provenance.writer.sealer import BatchSeal, Seal, Sealer
 from gateway.provenance.writer.signal import Signal
 from gateway.provenance.writer.store import LogStore, Recovery, SignedNote
@@ -66,13 +64,10 @@ class ProvenanceLog:
         self._wakeup = Signal(self._loop)  # the queue went from empty to not empty
         self._filled = Signal(self._loop)  # the queue reached the size of the last batch
         self._last_batch = 1  # awaited appends in the last batch
-        # A write's time as the committer sees it (moving average, s; 0 until the first):
-        self._write_time = 0.0  # the longest worth holding a batch open for one more append
+        self._write_time = 0.0  # a write's (moving average, s): the longest a batch waits
         self._waiters = 0  # awaited appends queued now
         self._deferred_until: float | None = None  # when unawaited queued records must go
-        # Wakes the committer at `_deferred_until` (a timer, cancelled when the records ride
-        # with the next awaited batch, as they usually do, rather than a wake-up now).
-        self._deferred_timer: asyncio.TimerHandle | None = None
+        self._deferred_timer: asyncio.TimerHandle | None = None  # then (unless they went)
         self._closing = False
         self._aborting = False
         self._stopping: asyncio.Task[None] | None = None  # close() or abort(), once
@@ -204,10 +199,7 @@ class ProvenanceLog:
     def queue_sealed(
         self, record: Mapping[str, object], seal: Seal, *, checked: bool = False
     ) -> tuple[Landing, asyncio.Future[bytes]]:
-        """`append_sealed` queued now, with no coroutine of its own (the gateway's dispatch:
-        a task and a loop turn fewer): the entry's future, which a cancelled waiter cannot
-        cancel (`Landing`), and the seal's, which only a durable entry's seal completes.
-        Raises at once what `append` raises before queueing."""
+        """`append_sealed`, queued now: the entry's future (a `Landing`) and the seal's."""
         sealed: asyncio.Future[bytes] = self._loop.create_future()
         landing = Landing(loop=self._loop)
         self._put(record, checked, awaited=True, seal=seal, sealed=sealed, future=landing)
@@ -388,33 +380,20 @@ class ProvenanceLog:
         awaited = sum(1 for queued in batch if queued.awaited)
         self._waiters -= awaited
         self._last_batch = max(1, awaited)
-        began = time.perf_counter()
+        began, size = time.perf_counter(), self._size
         self._outage.writing_since = self._loop.time()  # `over` or `failed` ends it
-        landed: list[int] = []  # `_written` ran: durable, whatever it raised after
 
-        def written(start: int) -> None:  # in the callback that brings the write's result:
-            landed.append(start)  # the appenders wake a loop turn before the committer
-            self._written(batch, began, start)
+        def written(start: int) -> None:  # `then`: the appenders wake a loop turn sooner
+            self._size += len(batch)
+            took = time.perf_counter() - began
+            self._write_time = took if not self._write_time else (7 * self._write_time + took) / 8
+            self._requeue(self._outage.over())
+            if seals := landed(batch, start):  # after the appenders' wake-ups: they go first
+                self._loop.call_soon(self._sealer.seal, start, seals)
 
-        try:  # on the writer thread: one synchronous write makes the batch durable
+        try:  # one synchronous write on the writer thread makes the batch durable
             await self._worker.run(self._store.append_frames, pairs, frames, then=written)
         except Exception as exc:  # every waiter gets the error, none hangs
-            if landed:
-                raise  # a bug once the batch was durable, not a refused write
+            if self._size != size:
+                raise  # a bug once the batch was durable (`written` ran), not a refused write
             self._outage.refused(batch, exc, self._loop.time(), last_try=self._closing)
-
-    def _written(self, batch: list[Queued], began: float, start: int) -> None:
-        took = time.perf_counter() - began
-        self._write_time = took if not self._write_time else (7 * self._write_time + took) / 8
-        self._requeue(self._outage.over())
-        self._size += len(batch)
-        for index, queued in enumerate(batch, start):
-            if not queued.future.done():
-                queued.future.set_result(LogEntry(index, queued.leaf))
-        seals = [
-            (position, queued.leaf, queued.seal, queued.sealed)
-            for position, queued in enumerate(batch)
-            if queued.seal is not None and queued.sealed is not None
-        ]
-        if seals:  # after the appenders' wake-ups: their requests go upstream first
-            self._loop.call_soon(self._sealer.seal, start, seals)
