@@ -55,6 +55,7 @@ from gateway.provenance import (
     seal_receipts,
 )
 from gateway.provenance.writer.high_water import HighWater
+from gateway.provenance.writer.sealer import Seal
 from gateway.routing.registry import BackendState
 from gateway.upstream.tls import Peer
 
@@ -164,24 +165,6 @@ class Recorder:
         (the log's own write bounds it) and, if it landed, completed (held) as cut (499 or
         503, nothing sent) before the cancellation goes on. A held completion goes first."""
         self.settle(exchange, trail)
-        appending = asyncio.ensure_future(self._dispatch(exchange, trail, decision, backend, peer))
-        try:
-            await asyncio.shield(appending)
-        except asyncio.CancelledError:
-            await asyncio.wait([appending])
-            if not appending.cancelled() and appending.exception() is None:
-                status, error = cut_status(exchange)
-                self.complete(exchange, trail, status=status, error=error, held=True)
-            raise
-
-    async def _dispatch(
-        self,
-        exchange: Exchange,
-        trail: Trail,
-        decision: Decision,
-        backend: BackendState,
-        peer: Peer | None,
-    ) -> None:
         request_id = exchange.request_id.decode()
         policy, trace = self._decided(decision)
         record = dispatch_record(
@@ -198,7 +181,28 @@ class Recorder:
             peer_spki=None if peer is None else peer.spki_sha256,
             attested=peer is not None and peer.attested,
         )
-        entry = await self._receipted(record, exchange, trail, backend.id, decision)
+        seal = self._seal_of(exchange, trail, backend.id, decision)
+        try:
+            landing, sealing = self._log.queue_sealed(record, seal, checked=True)
+        except LogUnavailableError as exc:
+            raise _unavailable() from exc
+        try:  # awaited from this task: no task of its own, a loop turn fewer
+            entry = await landing
+        except asyncio.CancelledError:
+            # `landing` refuses the cancellation: this runs once the append is done
+            if landing.done() and not landing.cancelled() and landing.exception() is None:
+                self._dispatched(exchange, trail, landing.result(), sealing)
+                status, error = cut_status(exchange)
+                self.complete(exchange, trail, status=status, error=error, held=True)
+            raise
+        except LogUnavailableError as exc:
+            raise _unavailable() from exc
+        self._dispatched(exchange, trail, entry, sealing)
+
+    def _dispatched(
+        self, exchange: Exchange, trail: Trail, entry: LogEntry, sealing: asyncio.Future[bytes]
+    ) -> None:
+        self._receipt_kept(exchange, trail, entry, sealing)
         trail.dispatch = entry
         # of this dispatch only
         trail.attestation, trail.countersignature, trail.upstream = None, None, None
@@ -213,6 +217,18 @@ class Recorder:
     ) -> LogEntry:
         """Append `record` durably, then have the receipt naming it signed by the log
         once its batch is durable (`trail.receipt`, and kept for lookup)."""
+        seal = self._seal_of(exchange, trail, backend_id, decision)
+        try:
+            entry, sealing = await self._log.append_sealed(record, seal, checked=True)
+        except LogUnavailableError as exc:
+            raise _unavailable() from exc
+        self._receipt_kept(exchange, trail, entry, sealing)
+        return entry
+
+    def _seal_of(
+        self, exchange: Exchange, trail: Trail, backend_id: str, decision: Decision
+    ) -> Seal:
+        """The seal that makes the receipt naming a durable entry (run by the log)."""
         request_id = exchange.request_id.decode()
         origin, signer, salts = self._log.origin, self._signer, trail.salts
         digest = decision.policy_digest
@@ -225,14 +241,15 @@ class Recorder:
                 return canonical_json_of_plain(receipt.payload())
             return make_receipt(receipt, signer)
 
-        try:
-            entry, sealing = await self._log.append_sealed(record, seal, checked=True)
-        except LogUnavailableError as exc:
-            raise _unavailable() from exc
+        return seal
+
+    def _receipt_kept(
+        self, exchange: Exchange, trail: Trail, entry: LogEntry, sealing: asyncio.Future[bytes]
+    ) -> None:
+        request_id = exchange.request_id.decode()
         sealing.add_done_callback(functools.partial(self._sealed, request_id))
         trail.receipt = sealing
         self.receipts.remember(request_id, exchange.tenant, sealing, entry.index)
-        return entry
 
     def _sealed(self, request_id: str, sealing: asyncio.Future[bytes]) -> None:
         error = None if sealing.cancelled() else sealing.exception()

@@ -393,6 +393,31 @@ def test_seals_run_on_the_loop_once_durable_after_their_appenders_woke(tmp_path:
     assert verify_log(tmp_path, [_signer().verifier()]).size == 7
 
 
+def test_a_queued_sealed_append_outlives_its_cancelled_waiter(tmp_path: Path) -> None:
+    """`queue_sealed` (the gateway's dispatch): a waiter cancelled while its entry is on
+    its way is not woken until the entry is durable, and can then read that it landed;
+    the entry's future is never cancelled and its seal still runs."""
+
+    async def scenario() -> None:
+        log = await _open(tmp_path)
+        landing, sealing = log.queue_sealed(_refusal(0), lambda entry: b"s%d" % entry.index)
+
+        async def wait() -> LogEntry:
+            return await landing
+
+        waiter = asyncio.create_task(wait())
+        await asyncio.sleep(0)  # one turn: the waiter's first step, now awaiting `landing`
+        assert waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert not landing.cancelled()
+        assert (landing.result().index, log.size) == (0, 1)  # woken once durable
+        assert await sealing == b"s0"
+        await log.close()
+
+    asyncio.run(scenario())
+
+
 def test_appends_go_on_while_a_checkpoint_is_written(tmp_path: Path) -> None:
     started, release = threading.Event(), threading.Event()
 

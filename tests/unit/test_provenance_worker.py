@@ -106,8 +106,8 @@ def test_a_result_for_a_closed_loop_is_dropped() -> None:
     loop.close()
     first, second = threading.Event(), threading.Event()
     # queued as `run` queues a call, for a loop that closed meanwhile
-    worker._jobs.put((loop.create_future(), first.set, ()))
-    worker._jobs.put((loop.create_future(), second.set, ()))
+    worker._jobs.put((loop.create_future(), first.set, (), None))
+    worker._jobs.put((loop.create_future(), second.set, (), None))
     worker.shutdown()
     # the first delivery met a closed loop; the thread went on to the second call
     assert first.is_set() and second.is_set()

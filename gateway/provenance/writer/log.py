@@ -1,24 +1,22 @@
 """`ProvenanceLog`: the asyncio writer the gateway calls, with group commit and checkpoints.
 
-`await log.append(record)` returns only once the record is durable. Appends that arrive
-within the group-commit window share one synchronous write (an `O_DSYNC` segment), done on
-the log's writer thread so the event loop never blocks on disk; records nobody waits on
-(`append_soon`) go with the next such batch. A checkpoint is signed every
-`checkpoint_every` entries or `checkpoint_interval_ms`, whichever comes first: the writer
-thread takes a snapshot between two batches (`LogStore.snapshot`, which also rotates the
-write-ahead segment) and the log's checkpoint thread builds the tiles, signs and writes it
-(`LogStore.export`) while appends go on, so a checkpoint covers exactly the entries that
-were durable at the snapshot and never holds an append back.
+`await log.append(record)` returns once the record is durable. Appends within the
+group-commit window share one synchronous write (an `O_DSYNC` segment) on the log's writer
+thread, so the loop never blocks on disk; records nobody waits on (`append_soon`) go with
+the next such batch. A checkpoint is signed every `checkpoint_every` entries or
+`checkpoint_interval_ms`: the writer thread takes a snapshot between two batches
+(`LogStore.snapshot`, which also rotates the write-ahead segment) and the checkpoint
+thread builds the tiles, signs and writes it (`LogStore.export`) while appends go on, so
+it covers exactly the entries durable at the snapshot and holds none back.
 
-`append_sealed(record, seal)` returns once the entry is durable, with a future for
-`seal(entry)`, run on the event loop once per batch right after its appenders were woken
-(the gateway signs receipts then, while the request goes upstream); with a `batch_seal`,
-one signature covers a batch's receipts (`Sealer`).
-
-If the disk refuses a write, `append` raises `LogUnavailableError` (the gateway answers
-503) and nothing of that batch is logged; the next append, or a probe each
-`probe_interval_ms`, tries again; records nobody waits on are kept meanwhile (`Outage`,
-which tells `events` when an outage begins and ends; `Checkpointer` does for checkpoints).
+`append_sealed(record, seal)` (or `queue_sealed`, with no coroutine) returns once the
+entry is durable, with a future for `seal(entry)`, run on the loop once per batch right
+after its appenders were woken (receipts); with a `batch_seal`, one signature covers a
+batch's receipts (`Sealer`). If the disk refuses a write, `append` raises
+`LogUnavailableError` (the gateway answers 503) and nothing of that batch is logged; the
+next append, or a probe each `probe_interval_ms`, tries again; records nobody waits on
+are kept meanwhile (`Outage`, which tells `events` when an outage begins and ends;
+`Checkpointer` does for checkpoints).
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ from gateway.provenance.writer.checkpointer import Checkpointer, LogSettings
 from gateway.provenance.writer.events import FaultEvents
 from gateway.provenance.writer.high_water import HighWater
 from gateway.provenance.writer.outage import Outage
-from gateway.provenance.writer.queued import Queued, entry_of
+from gateway.provenance.writer.queued import Landing, Queued, entry_of, landed
 from gateway.provenance.writer.sealer import BatchSeal, Seal, Sealer
 from gateway.provenance.writer.signal import Signal
 from gateway.provenance.writer.store import LogStore, Recovery, SignedNote
@@ -66,13 +64,10 @@ class ProvenanceLog:
         self._wakeup = Signal(self._loop)  # the queue went from empty to not empty
         self._filled = Signal(self._loop)  # the queue reached the size of the last batch
         self._last_batch = 1  # awaited appends in the last batch
-        # A write's time as the committer sees it (moving average, s; 0 until the first):
-        self._write_time = 0.0  # the longest worth holding a batch open for one more append
+        self._write_time = 0.0  # a write's (moving average, s): the longest a batch waits
         self._waiters = 0  # awaited appends queued now
         self._deferred_until: float | None = None  # when unawaited queued records must go
-        # Wakes the committer at `_deferred_until` (a timer, cancelled when the records ride
-        # with the next awaited batch, as they usually do, rather than a wake-up now).
-        self._deferred_timer: asyncio.TimerHandle | None = None
+        self._deferred_timer: asyncio.TimerHandle | None = None  # then (unless they went)
         self._closing = False
         self._aborting = False
         self._stopping: asyncio.Task[None] | None = None  # close() or abort(), once
@@ -201,6 +196,15 @@ class ProvenanceLog:
             raise
         return entry, sealed
 
+    def queue_sealed(
+        self, record: Mapping[str, object], seal: Seal, *, checked: bool = False
+    ) -> tuple[Landing, asyncio.Future[bytes]]:
+        """`append_sealed`, queued now: the entry's future (a `Landing`) and the seal's."""
+        sealed: asyncio.Future[bytes] = self._loop.create_future()
+        landing = Landing(loop=self._loop)
+        self._put(record, checked, awaited=True, seal=seal, sealed=sealed, future=landing)
+        return landing, sealed
+
     def _put(
         self,
         record: Mapping[str, object],
@@ -210,13 +214,14 @@ class ProvenanceLog:
         seal: Seal | None = None,
         sealed: asyncio.Future[bytes] | None = None,
         encoded: bytes = b"",
+        future: asyncio.Future[LogEntry] | None = None,
     ) -> asyncio.Future[LogEntry]:
         if self._closing or self._task.done():
             raise LogUnavailableError("the provenance log is closed")
         if awaited and (stalled := self._outage.stalled(self._loop.time())) is not None:
             raise stalled  # fail fast: a completion (not awaited) still queues behind it
         entry = entry_of(record, checked, encoded)
-        future: asyncio.Future[LogEntry] = self._loop.create_future()
+        future = self._loop.create_future() if future is None else future
         self._queue.append(Queued(entry, future, awaited, seal, sealed))
         if awaited:
             self._waiters += 1
@@ -372,28 +377,23 @@ class ProvenanceLog:
     async def _commit(self, batch: list[Queued]) -> None:
         pairs = [(queued.entry, queued.leaf) for queued in batch]
         frames = b"".join([queued.frame for queued in batch])
-        seals = [
-            (position, queued.leaf, queued.seal, queued.sealed)
-            for position, queued in enumerate(batch)
-            if queued.seal is not None and queued.sealed is not None
-        ]
         awaited = sum(1 for queued in batch if queued.awaited)
         self._waiters -= awaited
         self._last_batch = max(1, awaited)
-        began = time.perf_counter()
+        began, size = time.perf_counter(), self._size
         self._outage.writing_since = self._loop.time()  # `over` or `failed` ends it
-        try:
-            # on the writer thread: one synchronous write makes the batch durable
-            start = await self._worker.run(self._store.append_frames, pairs, frames)
-        except Exception as exc:  # noqa: BLE001 - every waiter gets the error, none hangs
+
+        def written(start: int) -> None:  # `then`: the appenders wake a loop turn sooner
+            self._size += len(batch)
+            took = time.perf_counter() - began
+            self._write_time = took if not self._write_time else (7 * self._write_time + took) / 8
+            self._requeue(self._outage.over())
+            if seals := landed(batch, start):  # after the appenders' wake-ups: they go first
+                self._loop.call_soon(self._sealer.seal, start, seals)
+
+        try:  # one synchronous write on the writer thread makes the batch durable
+            await self._worker.run(self._store.append_frames, pairs, frames, then=written)
+        except Exception as exc:  # every waiter gets the error, none hangs
+            if self._size != size:
+                raise  # a bug once the batch was durable (`written` ran), not a refused write
             self._outage.refused(batch, exc, self._loop.time(), last_try=self._closing)
-            return
-        took = time.perf_counter() - began
-        self._write_time = took if not self._write_time else (7 * self._write_time + took) / 8
-        self._requeue(self._outage.over())
-        self._size += len(batch)
-        for index, queued in enumerate(batch, start):
-            if not queued.future.done():
-                queued.future.set_result(LogEntry(index, queued.leaf))
-        if seals:  # after the appenders' wake-ups: their requests go upstream first
-            self._loop.call_soon(self._sealer.seal, start, seals)

@@ -12,9 +12,9 @@ from gateway.provenance.formats.merkle import leaf_hash
 from gateway.provenance.formats.records import LogEntry, validate_record
 from gateway.provenance.formats.tiles import MAX_ENTRY_SIZE
 from gateway.provenance.formats.wal import encode_frame
-from gateway.provenance.writer.sealer import Seal
+from gateway.provenance.writer.sealer import Seal, Sealing
 
-__all__ = ["Queued", "entry_of"]
+__all__ = ["Landing", "Queued", "entry_of", "landed"]
 
 
 def entry_of(record: Mapping[str, object], checked: bool, encoded: bytes = b"") -> bytes:
@@ -29,6 +29,15 @@ def entry_of(record: Mapping[str, object], checked: bool, encoded: bytes = b"") 
     if len(entry) > MAX_ENTRY_SIZE:
         raise RecordError(f"record is {len(entry)} bytes; the limit is {MAX_ENTRY_SIZE}")
     return entry
+
+
+class Landing(asyncio.Future[LogEntry]):
+    """An awaited entry's future that refuses to be cancelled: a task cancelled while it
+    waits on one wakes once the append is done (as if shielded), then raises
+    CancelledError, and can still read from it whether its entry landed."""
+
+    def cancel(self, msg: object = None) -> bool:
+        return False
 
 
 class Queued:
@@ -57,3 +66,15 @@ class Queued:
         """Hold the entry in bytes of its own size, for a record kept a while (after a
         failed write): the encoder's output may sit in a buffer ~10x larger."""
         self.entry = bytes(memoryview(self.entry))
+
+
+def landed(batch: list[Queued], start: int) -> list[Sealing]:
+    """Wake the appenders of `batch`, durable from index `start` on; its seals, to run."""
+    for index, queued in enumerate(batch, start):
+        if not queued.future.done():
+            queued.future.set_result(LogEntry(index, queued.leaf))
+    return [
+        (position, queued.leaf, queued.seal, queued.sealed)
+        for position, queued in enumerate(batch)
+        if queued.seal is not None and queued.sealed is not None
+    ]

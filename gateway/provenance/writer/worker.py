@@ -10,9 +10,12 @@ a `SimpleQueue` (C) and one `call_soon_threadsafe` that resolves the caller's fu
 
 Calls run one at a time, in the order they were made. A caller that is cancelled while its
 call runs does not stop the call (as with `run_in_executor` once a call started): its
-result is dropped. The thread is a daemon, so a process that exits without `shutdown`
-never hangs on it; a write it was doing then is what a crash would leave, which the log
-recovers from (and which nobody was told was durable).
+result is dropped. `then`, if given, runs on the loop with the result of a call that
+returned, in the very callback that brings the result back and before the caller wakes
+(even a cancelled caller's: the call's effect happened): the log wakes a batch's
+appenders there, one loop turn before its committer would. The thread is a daemon, so a
+process that exits without `shutdown` never hangs on it; a write it was doing then is what
+a crash would leave, which the log recovers from (and which nobody was told was durable).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from typing import Any, TypeVar
 __all__ = ["LoopWorker"]
 
 _T = TypeVar("_T")
-_Job = tuple["asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+_Then = Callable[[Any], None] | None
+_Job = tuple["asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...], _Then]
 
 
 class LoopWorker:
@@ -40,12 +44,18 @@ class LoopWorker:
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
-    async def run(self, function: Callable[..., _T], *args: object) -> _T:
-        """`function(*args)` on the thread; its result, or what it raised."""
+    async def run(
+        self,
+        function: Callable[..., _T],
+        *args: object,
+        then: Callable[[_T], None] | None = None,
+    ) -> _T:
+        """`function(*args)` on the thread; its result, or what it raised. `then(result)`
+        runs on the loop before the caller wakes; what it raises, the caller gets."""
         if self._stopped:
             raise RuntimeError(f"{self._thread.name} has been shut down")
         done: asyncio.Future[_T] = self._loop.create_future()
-        self._jobs.put((done, function, args))
+        self._jobs.put((done, function, args, then))
         return await done
 
     def shutdown(self, wait: bool = True) -> None:
@@ -58,7 +68,7 @@ class LoopWorker:
 
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
-            done, function, args = job
+            done, function, args, then = job
             try:
                 result = function(*args)
             except StopIteration as exc:  # a future refuses it: the caller would never wake
@@ -68,18 +78,26 @@ class LoopWorker:
             except BaseException as exc:  # noqa: BLE001 - delivered to the caller, who raises it
                 self._deliver(_fail, done, exc)
             else:
-                self._deliver(_succeed, done, result)
+                self._deliver(_succeed, done, result, then)
 
-    def _deliver(self, how: Callable[..., None], done: asyncio.Future[Any], value: Any) -> None:
+    def _deliver(
+        self, how: Callable[..., None], done: asyncio.Future[Any], value: Any, then: _Then = None
+    ) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
-            self._loop.call_soon_threadsafe(how, done, value)
+            self._loop.call_soon_threadsafe(how, done, value, then)
 
 
-def _succeed(done: asyncio.Future[Any], result: Any) -> None:
+def _succeed(done: asyncio.Future[Any], result: Any, then: _Then) -> None:
+    if then is not None:
+        try:
+            then(result)
+        except Exception as exc:  # noqa: BLE001 - delivered to the caller, who raises it
+            _fail(done, exc)
+            return
     if not done.done():
         done.set_result(result)
 
 
-def _fail(done: asyncio.Future[Any], error: BaseException) -> None:
+def _fail(done: asyncio.Future[Any], error: BaseException, then: _Then = None) -> None:
     if not done.done():
         done.set_exception(error)
