@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import ssl
 import weakref
 from collections.abc import Iterable
@@ -47,6 +48,7 @@ from gateway.upstream.tls import BackendTLS, TLSRejectedError, system_tls
 __all__ = [
     "DEFAULT_MAX_BODY",
     "MAX_HEAD",
+    "OUT_OF_RESOURCES",
     "Connection",
     "HttpPool",
     "UpstreamError",
@@ -56,6 +58,9 @@ __all__ = [
 DEFAULT_MAX_BODY = 16 * 1024 * 1024  # `read()`'s limit unless the pool is given another
 _IDENTITY = b"\r\naccept-encoding: identity"  # on every request (`_head`)
 _RETRUSTED_TRIES = 3  # connections made again when reloads replace the TLS settings meanwhile
+# A socket the gateway could not open for want of its own resources: not the backend's
+# doing, so no breaker verdict and no failed probe (`UpstreamError("exhausted")`).
+OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _RETIRED = "the connection pool was closed (its config retired, or the gateway stopping)"
 
 
@@ -286,7 +291,11 @@ class HttpPool:
             raise UpstreamError("tls", ssl_reason(exc)) from exc
         except OSError as exc:
             self._release_slot()
-            raise UpstreamError("connect", exc.strerror or type(exc).__name__) from exc
+            reason = exc.strerror or type(exc).__name__
+            if exc.errno in OUT_OF_RESOURCES:
+                detail = f"the gateway cannot open a socket: {reason}"
+                raise UpstreamError("exhausted", detail) from exc
+            raise UpstreamError("connect", reason) from exc
         except UnicodeDecodeError as exc:
             # The event loop's end of the handshake reads `getpeercert()`, whose dict
             # decodes the certificate's URIs (SAN, OCSP, CRL) as UTF-8: a trusted CA's

@@ -27,6 +27,8 @@ _HIGH_WATER = 256 * 1024
 _TIMER_SLACK_S = 0.001  # how early a loop may run a timer (uvloop: millisecond ticks)
 
 # busy: this gateway already has max_connections open to the backend (not a backend fault)
+# exhausted: this gateway could open no socket at all (out of file descriptors or socket
+# memory: EMFILE, ENFILE, ENOBUFS, ENOMEM): its own state, not the backend's fault
 # too_large: the answer passed the byte limit of `read()` (the connection was dropped)
 # tls: the handshake failed, or the certificate is not one this backend may present
 # encoding: the answer is in a coding the request did not accept (connection.py `_coded`)
@@ -39,6 +41,7 @@ FailureKind = Literal[
     "closed",
     "protocol",
     "busy",
+    "exhausted",
     "too_large",
     "tls",
     "encoding",

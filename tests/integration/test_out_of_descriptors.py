@@ -1,0 +1,148 @@
+"""A gateway out of file descriptors says so, and does not blame its backends.
+
+With the process at its open-file limit (lowered with `prlimit` on a real `owngate serve`
+and reached with idle connections, which an unauthenticated client can open), a request
+on a connection accepted before finds no descriptor for its backend connection. That used
+to be the backend's `connect` failure: its circuit breaker opened after 3 such requests
+(healthy backends taken out, requests refused or sent to a fallback for the cooldown), and
+the client read "gpu: connect". Now it is `exhausted`, the gateway's own state: 503 in
+OpenAI's format saying so, counted as `owngate_upstream_errors_total{kind="exhausted"}`,
+no breaker verdict (`gateway/upstream/http.py`, `gateway/routing/attempt.py`); and a
+health probe that finds no descriptor is no verdict on the backend
+(`gateway/routing/scraper.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import socket
+from collections.abc import Callable, Iterator
+
+import httpx
+
+from gateway.config.schema import HealthSettings, ScrapeSettings
+from gateway.routing.breaker import BreakerState
+from gateway.routing.registry import Registry
+from gateway.routing.scraper import MetricsScraper
+from tests.helpers.clock import FakeClock
+from tests.helpers.gateways import Sim, backend, gateway_config
+from tests.helpers.processes import KEY, GatewayProcess
+from tests.helpers.raw_socket import WAIT_S, parse, read_answer
+from tests.helpers.waiting import until
+
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nhost: g\r\n\r\n"
+BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}'
+CHAT = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n"
+    b"authorization: Bearer " + KEY.encode() + b"\r\ncontent-length: %d\r\n\r\n" % len(BODY)
+) + BODY
+SPARE = 8  # descriptors the gateway may open past those it holds when the limit is set
+
+
+def _descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _metric(url: str, line_start: str) -> str:
+    lines = httpx.get(f"{url}/metrics", timeout=WAIT_S).text.splitlines()
+    return next((line for line in lines if line.startswith(line_start)), "")
+
+
+def test_a_gateway_out_of_descriptors_does_not_charge_its_backend(
+    process: Callable[..., GatewayProcess],
+) -> None:
+    gateway = process(scrape={"interval_s": 30, "staleness_s": 60}).start()
+    assert gateway.proc is not None
+    pid = gateway.proc.pid
+    clients = [socket.create_connection(("127.0.0.1", gateway.port), WAIT_S) for _ in range(5)]
+    flood: list[socket.socket] = []
+    try:
+        for sock in clients:  # each surely accepted before the limit
+            sock.sendall(HEALTHZ)
+            assert read_answer(sock).startswith(b"HTTP/1.1 200 ")
+        limit = _descriptors(pid) + SPARE
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, limit))
+        for _ in range(2 * SPARE):  # idle, no byte sent: past the limit, dropped at accept
+            flood.append(socket.create_connection(("127.0.0.1", gateway.port), WAIT_S))
+        until(lambda: _descriptors(pid) >= limit, "the gateway at its open-file limit")
+        refused = []
+        for sock in clients[:4]:  # past the breaker's failure threshold (3)
+            sock.sendall(CHAT)
+            refused.append(parse(read_answer(sock)))
+        for sock in flood:
+            sock.close()
+        until(lambda: _descriptors(pid) < limit - SPARE // 2, "descriptors given back")
+        clients[4].sendall(CHAT)  # the backend was never charged: served at once
+        status, _, body = parse(read_answer(clients[4]))
+        assert status == 200, body
+        opened = _metric(gateway.url, 'owngate_backend_breaker_opens_total{backend="gpu"}')
+        assert opened.endswith(" 0.0"), opened
+        exhausted = 'owngate_upstream_errors_total{backend="gpu",kind="exhausted"}'
+        assert _metric(gateway.url, exhausted).endswith(" 4.0")
+        for status, _, body in refused:
+            assert status == 503, body
+            error = httpx.Response(status, content=body).json()["error"]
+            assert error["code"] == "backend_unavailable", error
+            assert "out of file descriptors" in error["message"], error
+        assert gateway.alive()
+    finally:
+        for sock in clients + flood:
+            sock.close()
+
+
+@contextlib.contextmanager
+def _no_descriptor_left() -> Iterator[None]:
+    """This process can open no descriptor until the block ends: its soft open-file limit
+    is set to the lowest free descriptor number, then given back."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest_free = os.dup(0)
+    os.close(lowest_free)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_health_probes_that_find_no_descriptor_are_no_verdict(
+    start_sim: Callable[..., Sim],
+) -> None:
+    """A probe the gateway could not even open a socket for says nothing of the backend.
+    It was a refusal: a backend not yet seen alive was marked down at the first one, its
+    breaker opened (another backend is up for its model, so it was not kept)."""
+    probed = start_sim("vllm", models=("m",))
+    steady = start_sim("vllm", models=("m",))
+    clock = FakeClock()
+    config = gateway_config(
+        [backend("gpu", probed.url, "m"), backend("steady", steady.url, "m", kind="openai")]
+    )
+    registry = Registry.build(config, environ={}, clock=clock)
+    scraper = MetricsScraper(
+        registry.backends.values(),
+        ScrapeSettings(timeout_s=WAIT_S),
+        clock=clock,
+        health=HealthSettings(failures_to_down=3),
+        last_up=registry.last_up,
+    )
+    state = registry.backends["gpu"]
+
+    async def run() -> tuple[bool, int, str | None]:
+        try:
+            with _no_descriptor_left():
+                for _ in range(4):
+                    await scraper.scrape_once()
+                    clock.now += 0.5
+            seen = (registry.is_down(state), state.probe.failures, scraper.failure("gpu"))
+            await scraper.scrape_once()  # descriptors again: probed and read as ever
+        finally:
+            await scraper.close()
+        return seen
+
+    down, failures, reason = asyncio.run(run())
+    assert (down, failures) == (False, 0)
+    assert state.breaker.state is BreakerState.closed and state.breaker.opens == 0
+    assert reason is not None and reason.startswith("exhausted: "), reason
+    assert scraper.failure("gpu") is None and probed.app.captured("/health")
