@@ -18,8 +18,10 @@ import asyncio
 import contextlib
 import os
 import resource
+import signal
 import socket
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 
@@ -27,8 +29,10 @@ from gateway.config.schema import HealthSettings, ScrapeSettings
 from gateway.routing.breaker import BreakerState
 from gateway.routing.registry import Registry
 from gateway.routing.scraper import MetricsScraper
+from gateway.tenants import hash_api_key
 from tests.helpers.clock import FakeClock
 from tests.helpers.gateways import Sim, backend, gateway_config
+from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess
 from tests.helpers.raw_socket import WAIT_S, parse, read_answer
 from tests.helpers.waiting import until
@@ -146,3 +150,54 @@ def test_health_probes_that_find_no_descriptor_are_no_verdict(
     assert state.breaker.state is BreakerState.closed and state.breaker.opens == 0
     assert reason is not None and reason.startswith("exhausted: "), reason
     assert scraper.failure("gpu") is None and probed.app.captured("/health")
+
+
+def _chat(model: str) -> bytes:
+    """A chat request for `model` that takes its backend (20 tokens a second) 2 s."""
+    body = BODY.replace(b'"m"', b'"%s"' % model.encode()).replace(b": 3}", b": 40}")
+    head = CHAT.partition(b"content-length: ")[0]
+    return head + b"content-length: %d\r\n\r\n" % len(body) + body
+
+
+def test_idle_backend_connections_stay_within_the_listener_s_share(
+    start_sim: Callable[..., Sim], tmp_path: Path
+) -> None:
+    """`owngate serve` under an open-file limit of 128 (its connection cap derived: 32),
+    three backends: a client with a key sends 30 requests at once to each in turn. Each
+    pool kept the 30 connections its requests gave back, idle (a keep-alive the backend
+    holds open), so the third round needed 90 backend connections beside 30 clients and
+    met the limit: its connections were reset. Now a connection opened at the cap closes
+    the oldest idle one, of any backend (`gateway/upstream/sockets.py`)."""
+    sims = {m: start_sim("vllm", models=(m,), decode_tokens_per_s=20) for m in "abc"}
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "logging": {"format": "json", "level": "warning", "access_log": False},
+        "backends": [
+            {"id": m, "kind": "vllm", "base_url": sim.url, "models": [{"name": m}]}
+            | {"region": "eu", "owner": "t"}
+            for m, sim in sims.items()
+        ],
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+    }
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))  # inherited by the gateway
+    try:
+        gateway = GatewayProcess(config, tmp_path)
+        gateway.start()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        for model in "abc":
+            clients = [
+                socket.create_connection(("127.0.0.1", gateway.port), WAIT_S) for _ in range(30)
+            ]
+            try:
+                for sock in clients:
+                    sock.sendall(_chat(model))
+                statuses = [parse(read_answer(sock))[0] for sock in clients]
+            finally:
+                for sock in clients:
+                    sock.close()
+            assert statuses == [200] * 30, (model, statuses)
+    finally:
+        gateway.stop(signal.SIGKILL)
