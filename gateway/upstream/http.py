@@ -35,21 +35,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import errno
 import ssl
 import weakref
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from gateway.upstream.connection import MAX_HEAD, Connection, _Connection, ssl_reason
-from gateway.upstream.response import UpstreamError, UpstreamResponse
+from gateway.upstream.response import OUT_OF_RESOURCES, UpstreamError, UpstreamResponse
 from gateway.upstream.sockets import BackendSockets
 from gateway.upstream.tls import BackendTLS, TLSRejectedError, system_tls
 
 __all__ = [
     "DEFAULT_MAX_BODY",
     "MAX_HEAD",
-    "OUT_OF_RESOURCES",
     "Connection",
     "HttpPool",
     "UpstreamError",
@@ -59,9 +57,6 @@ __all__ = [
 DEFAULT_MAX_BODY = 16 * 1024 * 1024  # `read()`'s limit unless the pool is given another
 _IDENTITY = b"\r\naccept-encoding: identity"  # on every request (`_head`)
 _RETRUSTED_TRIES = 3  # connections made again when reloads replace the TLS settings meanwhile
-# A socket the gateway could not open for want of its own resources: not the backend's
-# doing, so no breaker verdict and no failed probe (`UpstreamError("exhausted")`).
-OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _RETIRED = "the connection pool was closed (its config retired, or the gateway stopping)"
 
 

@@ -15,13 +15,18 @@ import asyncio
 import collections
 import contextlib
 import contextvars
+import errno
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from gateway.upstream.connection import _Connection
 
-__all__ = ["FailureKind", "UpstreamError", "UpstreamResponse"]
+__all__ = ["OUT_OF_RESOURCES", "FailureKind", "UpstreamError", "UpstreamResponse"]
+
+# A socket the gateway could not open (or use) for want of its own resources: not the
+# backend's doing, so no breaker verdict and no failed probe (`exhausted`, private or hosted).
+OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 _HIGH_WATER = 256 * 1024
 _TIMER_SLACK_S = 0.001  # how early a loop may run a timer (uvloop: millisecond ticks)

@@ -24,12 +24,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 
-from gateway.config.schema import HealthSettings, ScrapeSettings
+from gateway.config.schema import BackendSettings, HealthSettings, ScrapeSettings
 from gateway.routing.breaker import BreakerState
 from gateway.routing.registry import Registry
 from gateway.routing.scraper import MetricsScraper
 from gateway.tenants import hash_api_key
+from gateway.upstream.hosted import HostedClient
+from gateway.upstream.hosted_errors import HostedError
 from tests.helpers.clock import FakeClock
 from tests.helpers.gateways import Sim, backend, gateway_config
 from tests.helpers.net import free_port
@@ -201,3 +204,41 @@ def test_idle_backend_connections_stay_within_the_listener_s_share(
             assert statuses == [200] * 30, (model, statuses)
     finally:
         gateway.stop(signal.SIGKILL)
+
+
+def test_a_hosted_call_that_finds_no_descriptor_is_the_gateway_s_failure() -> None:
+    """A hosted provider call the gateway could not open a socket for was the provider's
+    `connect` failure ("could not connect to openai"), charged to the tenant's breaker
+    and, from a second tenant, the provider's; now it is `exhausted`, read from the
+    `OSError` in the cause chain: no breaker verdict, the prompt not charged
+    (gateway/upstream/hosted_errors.py, gateway/api/hosted_relay.py)."""
+    closed_port = free_port()  # nothing listens: the first call is refused, as a provider down
+    backend = BackendSettings.model_validate(
+        {
+            "id": "openai-hosted",
+            "kind": "hosted",
+            "provider": "openai",
+            "base_url": f"http://127.0.0.1:{closed_port}/v1",
+            "models": [{"name": "public", "provider_model": "openai/gpt-sim"}],
+            "region": "us",
+            "owner": "openai",
+            "api_key_env": "SIM_OPENAI_KEY",
+        }
+    )
+    client = HostedClient(backend, environ={"SIM_OPENAI_KEY": "sk-sim"}, timeout_s=WAIT_S)
+    request = {"model": "public", "messages": [{"role": "user", "content": "hi"}]}
+
+    async def calls() -> tuple[HostedError, HostedError]:
+        try:
+            with pytest.raises(HostedError) as refused:  # LiteLLM loaded, its client made
+                await client.send("chat", request, "public")
+            with _no_descriptor_left(), pytest.raises(HostedError) as exhausted:
+                await client.send("chat", request, "public")
+            return refused.value, exhausted.value
+        finally:
+            await client.aclose()
+
+    refused, exhausted = asyncio.run(calls())
+    assert refused.kind == "connect"
+    assert exhausted.kind == "exhausted", exhausted
+    assert "out of file descriptors" in exhausted.message
