@@ -33,10 +33,12 @@ from gateway.routing.scraper import MetricsScraper
 from gateway.tenants import hash_api_key
 from gateway.upstream.hosted import HostedClient
 from gateway.upstream.hosted_errors import HostedError
+from tests.helpers.attest import start_sidecar
 from tests.helpers.clock import FakeClock
 from tests.helpers.gateways import Sim, backend, gateway_config
 from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess
+from tests.helpers.raw_backend import RawBackend, json_answer
 from tests.helpers.raw_socket import WAIT_S, parse, read_answer
 from tests.helpers.waiting import until
 
@@ -46,6 +48,7 @@ CHAT = (
     b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n"
     b"authorization: Bearer " + KEY.encode() + b"\r\ncontent-length: %d\r\n\r\n" % len(BODY)
 ) + BODY
+ANSWER = b'{"id": "c", "object": "chat.completion", "model": "m", "choices": []}'
 SPARE = 8  # descriptors the gateway may open past those it holds when the limit is set
 
 
@@ -242,3 +245,35 @@ def test_a_hosted_call_that_finds_no_descriptor_is_the_gateway_s_failure() -> No
     assert refused.kind == "connect"
     assert exhausted.kind == "exhausted", exhausted
     assert "out of file descriptors" in exhausted.message
+
+
+def test_a_sidecar_out_of_descriptors_answers_busy(tmp_path: Path) -> None:
+    """`owngate attest` at its open-file limit: a request it cannot open a backend
+    connection for gets 429 with `retry-after: 1`, as at its budgets (the gateway takes
+    it for a busy backend: no breaker charged), not 503 "the backend did not answer:
+    connect", which the gateway charged to the backend's breaker. The backend closes
+    each connection after its answer, so the second request needs a new one."""
+    backend = RawBackend(json_answer(ANSWER)).start()
+    sidecar = start_sidecar(tmp_path, "attest-a", backend.url)
+    pid = sidecar.process.proc.pid
+    client = socket.create_connection(("127.0.0.1", sidecar.process.port), WAIT_S)
+    flood: list[socket.socket] = []
+    chat = CHAT.replace(b"authorization: Bearer " + KEY.encode() + b"\r\n", b"")
+    try:
+        client.sendall(chat)
+        assert parse(read_answer(client))[0] == 200
+        limit = _descriptors(pid) + SPARE
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, limit))
+        for _ in range(2 * SPARE):
+            flood.append(socket.create_connection(("127.0.0.1", sidecar.process.port), WAIT_S))
+        until(lambda: _descriptors(pid) >= limit, "the sidecar at its open-file limit")
+        client.sendall(chat)
+        status, headers, body = parse(read_answer(client))
+        assert status == 429, body
+        assert headers["retry-after"] == "1"
+        assert "out of file descriptors" in body.decode()
+    finally:
+        for sock in [client, *flood]:
+            sock.close()
+        sidecar.process.kill()
+        backend.stop()
