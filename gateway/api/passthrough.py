@@ -97,7 +97,7 @@ class PrivateRelay:
         self._metrics = metrics
         self._rewrites: dict[tuple[str, str], re.Pattern[bytes]] = {}
         self._attesters: dict[tuple[str, str], Attester] = {}
-        self._strip_reports = Tally(_STRIP_LOG_EVERY_S)
+        self._strip_reports = Tally(_STRIP_LOG_EVERY_S)  # and `exhausted` (`_failed`)
         self._log = get_logger("owngate.upstream")
         self._streams = StreamRelay(metrics, self._stripped)
 
@@ -235,6 +235,14 @@ class PrivateRelay:
         if error.kind == "tls":  # on connecting, or an alert after it: say why, where
             # operators look (the gateway's words and OpenSSL's, never the backend's body)
             self._log.warning("backend refused: TLS", backend=backend.id, reason=error.detail)
+        elif error.kind == "exhausted":  # the process's state: a line a minute, with a count
+            said = self._strip_reports.note("exhausted", asyncio.get_running_loop().time())
+            if said:
+                self._log.error(
+                    "out of file descriptors: backend connections refused",
+                    reason=error.detail,
+                    requests=said,
+                )
         self._metrics.upstream_error(backend.id, error.kind)
         exchange.upstream_error = error.kind
 

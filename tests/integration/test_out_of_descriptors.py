@@ -92,6 +92,10 @@ def test_a_gateway_out_of_descriptors_does_not_charge_its_backend(
         assert opened.endswith(" 0.0"), opened
         exhausted = 'owngate_upstream_errors_total{backend="gpu",kind="exhausted"}'
         assert _metric(gateway.url, exhausted).endswith(" 4.0")
+        said = [line for line in gateway.output().splitlines() if "out of file descriptors" in line]
+        assert len(said) == 1 and '"requests":1' in said[0].replace(" ", ""), (
+            said
+        )  # a line a minute
         for status, _, body in refused:
             assert status == 503, body
             error = httpx.Response(status, content=body).json()["error"]
