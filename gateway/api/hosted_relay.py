@@ -86,9 +86,10 @@ __all__ = ["HostedRelay", "NotSent"]
 _CLIENT_ERRORS = frozenset({400, 413, 422})
 # Failures after which the prompt is not charged (`Trail.offered`), as on the private path
 # (gateway/api/passthrough.py): never sent (`untranslated`), never reached the provider
-# (`connect`), or refused with an error status. A timeout or a broken answer is charged:
-# the provider may have read (and be working on) the prompt.
-_NOT_SERVED: Final = frozenset({"untranslated", "connect", "status"})
+# (`connect`; `exhausted`: the gateway had no descriptor to call it), or refused with an
+# error status. A timeout or a broken answer is charged: the provider may have read (and
+# be working on) the prompt.
+_NOT_SERVED: Final = frozenset({"untranslated", "connect", "exhausted", "status"})
 
 
 class NotSent(Exception):
@@ -327,7 +328,7 @@ def _judge(attempt: Attempt, exc: HostedError) -> None:
     a client naming a public host that refuses connections makes the call fail the
     same way. One tenant's such failures open its own breaker, two tenants' the
     provider's."""
-    if exc.kind not in ("status", "untranslated"):
+    if exc.kind not in ("status", "untranslated", "exhausted"):  # exhausted: the gateway's own
         attempt.failed(f"{exc.kind}: {exc.message}")
     elif exc.status is not None and exc.status >= 500:
         attempt.failed(exc.message)

@@ -85,7 +85,10 @@ _UNRELAYABLE_TYPE: Final = (
 # The endpoints whose prompts a server's prefix cache holds (`isolate_prefix_cache`).
 _SALTED: Final = frozenset({"chat", "completions"})
 # Failures before the backend had the request: nothing of it was sent.
-_NOT_SENT: Final = frozenset({"connect", "tls", "busy"})
+_NOT_SENT: Final = frozenset({"connect", "tls", "busy", "exhausted"})
+# The gateway's own limits: the backend is up, this gateway has no room to reach it (its
+# state "busy", as for a 429: only `when_private_saturated` falls back past it).
+_NO_ROOM: Final = frozenset({"busy", "exhausted"})
 _STRIP_LOG_EVERY_S = 60.0
 
 
@@ -94,7 +97,7 @@ class PrivateRelay:
         self._metrics = metrics
         self._rewrites: dict[tuple[str, str], re.Pattern[bytes]] = {}
         self._attesters: dict[tuple[str, str], Attester] = {}
-        self._strip_reports = Tally(_STRIP_LOG_EVERY_S)
+        self._strip_reports = Tally(_STRIP_LOG_EVERY_S)  # and `exhausted` (`_failed`)
         self._log = get_logger("owngate.upstream")
         self._streams = StreamRelay(metrics, self._stripped)
 
@@ -112,7 +115,7 @@ class PrivateRelay:
             self._failed(exchange, backend, exc)
             attempt.upstream_failed(exc.kind, exc.detail)
             raise TryNext(
-                f"{backend.id}: {exc.kind}", _last_error(exc), busy=exc.kind == "busy"
+                f"{backend.id}: {exc.kind}", _last_error(exc), busy=exc.kind in _NO_ROOM
             ) from exc
 
     async def attempt(
@@ -178,7 +181,7 @@ class PrivateRelay:
             self._failed(exchange, backend, exc)
             attempt.upstream_failed(exc.kind, exc.detail)
             raise TryNext(
-                f"{backend.id}: {exc.kind}", _last_error(exc), busy=exc.kind == "busy"
+                f"{backend.id}: {exc.kind}", _last_error(exc), busy=exc.kind in _NO_ROOM
             ) from exc
         if response.status >= 400 and trail is not None:
             trail.offered = offered  # an error status: the backend did not serve it
@@ -197,7 +200,7 @@ class PrivateRelay:
             # Broke off before the client saw a byte: another backend may serve it.
             self._failed(exchange, backend, exc)
             raise TryNext(
-                f"{backend.id}: {exc.kind}", _last_error(exc), busy=exc.kind == "busy"
+                f"{backend.id}: {exc.kind}", _last_error(exc), busy=exc.kind in _NO_ROOM
             ) from exc
         except GatewayError:
             attempt.succeeded()  # a 4xx, translated for the client: the backend is answering
@@ -232,6 +235,14 @@ class PrivateRelay:
         if error.kind == "tls":  # on connecting, or an alert after it: say why, where
             # operators look (the gateway's words and OpenSSL's, never the backend's body)
             self._log.warning("backend refused: TLS", backend=backend.id, reason=error.detail)
+        elif error.kind == "exhausted":  # the process's state: a line a minute, with a count
+            said = self._strip_reports.note("exhausted", asyncio.get_running_loop().time())
+            if said:
+                self._log.error(
+                    "out of file descriptors: backend connections refused",
+                    reason=error.detail,
+                    requests=said,
+                )
         self._metrics.upstream_error(backend.id, error.kind)
         exchange.upstream_error = error.kind
 
@@ -367,7 +378,8 @@ class PrivateRelay:
 
 def _last_error(exc: UpstreamError) -> GatewayError | None:
     """What the client sees if this failed attempt was the last one: 504 for a timeout,
-    502 for an answer in a coding the gateway did not accept; None: 503 naming every
+    502 for an answer in a coding the gateway did not accept, 503 saying the gateway is
+    out of descriptors (`exhausted`); None: 503 naming every
     failure (gateway/api/proxy.py)."""
     if exc.kind == "shape":
         return GatewayError(
@@ -379,6 +391,11 @@ def _last_error(exc: UpstreamError) -> GatewayError | None:
             ErrorCode.upstream_error,
             "the backend answered in a content coding the gateway did not ask for "
             "(it asks for identity and relays nothing else)",
+        )
+    if exc.kind == "exhausted":  # the gateway's state: say so, never blame the backend
+        return GatewayError(
+            ErrorCode.backend_unavailable,
+            "the gateway is out of file descriptors and could not reach the backend; retry later",
         )
     if exc.kind != "timeout":
         return None

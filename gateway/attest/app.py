@@ -351,6 +351,12 @@ class AttestRelay:
                 raise GatewayError(
                     ErrorCode.upstream_error, "the backend answered in a content coding"
                 ) from exc
+            if exc.kind == "exhausted":  # the sidecar's own state: busy, as at its budgets
+                raise GatewayError(
+                    ErrorCode.rate_limit_exceeded,
+                    "the sidecar is out of file descriptors; retry shortly",
+                    headers=((b"retry-after", b"1"),),
+                ) from exc
             raise GatewayError(
                 ErrorCode.backend_unavailable, f"the backend did not answer: {exc.kind}"
             ) from exc

@@ -32,8 +32,9 @@ FALLBACK_STATES = {
 # whichever tenant's request met them (gateway/routing/tenant_breakers.py).
 _BACKEND_SIDE = frozenset({"connect", "tls"})
 # Failure kinds of the gateway's own making, never the backend's: its connection limit
-# (`busy`), a pool closed with its config (`retired`: no connection was opened).
-_GATEWAY_SIDE = frozenset({"busy", "retired"})
+# (`busy`), its own descriptors or socket memory run out (`exhausted`), a pool closed with
+# its config (`retired`: no connection was opened).
+_GATEWAY_SIDE = frozenset({"busy", "exhausted", "retired"})
 
 
 class Attempt:
@@ -44,9 +45,10 @@ class Attempt:
     (a half-open breaker admits one probe) and judged at most once: a 5xx at the headers, a failure
     before or during the answer, or how the answer ended (`succeeded`, `failed`). A
     failure that was not the backend's is not charged (`upstream_failed`: `busy`, this
-    gateway's own connection limit; `retired`, a pool its config closed; a timeout that
-    the failover deadline cut short). A verdict from before the breaker's last change
-    (its epoch) is only noted; a probe that ends with no verdict hands the probe on.
+    gateway's own connection limit; `exhausted`, its own descriptors; `retired`, a pool
+    its config closed; a timeout that the failover deadline cut short). A verdict from
+    before the breaker's last change (its epoch) is only noted; a probe that ends with no
+    verdict hands the probe on.
 
     With `tenant` (breakers tell tenants apart: gateway/routing/tenant_breakers.py) the
     tenant's own breaker on the backend must admit the attempt too, and a failure its

@@ -22,11 +22,13 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from gateway.config.schema import BackendSettings, BreakerSettings, GatewaySettings, LimitSettings
+from gateway.listener_limits import ListenerLimits
 from gateway.routing.breaker import Breaker
 from gateway.routing.filters.health import unavailable
 from gateway.routing.health import ProbeHealth
 from gateway.routing.tenant_breakers import TenantBreakers
 from gateway.upstream.http import HttpPool
+from gateway.upstream.sockets import BackendSockets
 from gateway.upstream.tls import BackendTLS, backend_tls
 
 __all__ = ["BackendState", "Registry", "Route"]
@@ -114,10 +116,12 @@ class Registry:
         breaker = config.routing.breaker
         problems: list[str] = []
         backends: dict[str, BackendState] = {}
+        # Backend connections, idle ones too, within what the listener's cap leaves them.
+        sockets = BackendSockets(ListenerLimits.from_config(config.listen).max_connections)
         for backend in config.backends:
             try:
                 backends[backend.id] = _backend_state(
-                    backend, config.limits, breaker, env, directory
+                    backend, config.limits, breaker, env, directory, sockets
                 )
             except ValueError as exc:
                 problems.append(str(exc))
@@ -258,6 +262,7 @@ def _backend_state(
     breaker: BreakerSettings,
     env: dict[str, str],
     config_dir: Path,
+    sockets: BackendSockets,
 ) -> BackendState:
     pool: HttpPool | None = None
     base_path = b""
@@ -276,6 +281,7 @@ def _backend_state(
             response_timeout=limits.response_timeout_s,
             stream_timeout=limits.stream_timeout_s,
             tls=tls,
+            sockets=sockets,
         )
     key = backend.api_key
     if backend.api_key_env is not None and backend.is_private:

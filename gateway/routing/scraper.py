@@ -212,6 +212,8 @@ class MetricsScraper:
             response = await target.pool.request(b"GET", target.health_path, target.headers, b"")
             await response.read()
         except UpstreamError as exc:
+            if exc.kind == "exhausted":  # the gateway's own descriptors, no word on the backend
+                return  # (the scrape after it meets the same and says so)
             # A refused connection is an answer; no answer in time, or a broken one, is not.
             # A certificate that is not this backend's is a refusal too, and says why.
             refused = exc.kind == "tls" or (

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Final, Literal
 
 from gateway.upstream.hosted_bound import AnswerTooLarge, cut_kind
+from gateway.upstream.response import OUT_OF_RESOURCES
 
 __all__ = [
     "HostedError",
@@ -23,7 +24,12 @@ __all__ = [
 # `untranslated`: failed before any HTTP request began, in a data error (`_untranslatable`).
 # `too_large`: the answer passed limits.max_response_bytes as it was read (hosted_bound):
 # not the provider's failure (a client can ask for a huge answer), like a private one's.
-HostedErrorKind = Literal["connect", "timeout", "status", "protocol", "untranslated", "too_large"]
+# `exhausted`: the gateway ran out of file descriptors or socket memory (an `OSError` of
+# OUT_OF_RESOURCES anywhere in the cause chain, under LiteLLM's connection error): its
+# own state, not the provider's, as for a private backend (gateway/upstream/http.py).
+HostedErrorKind = Literal[
+    "connect", "timeout", "status", "protocol", "untranslated", "too_large", "exhausted"
+]
 _ERROR_TYPE = re.compile(r"""["']type["']\s*:\s*["']([a-z_]{1,40})["']""")
 # Error `type` values of the Anthropic and OpenAI APIs (their "Errors" references). Only
 # these are repeated in messages: a provider that quotes the request back could otherwise
@@ -138,6 +144,9 @@ def hosted_error(
         cut = next((str(e) for e in chain if isinstance(e, AnswerTooLarge)), None)
     if cut is not None:  # read no further (gateway/upstream/hosted_bound.py)
         return HostedError(cut_kind(cut), f"{provider} {cut}")
+    if any(isinstance(e, OSError) and e.errno in OUT_OF_RESOURCES for e in chain):
+        message = f"the gateway is out of file descriptors or socket memory: {provider} not called"
+        return HostedError("exhausted", message)
     connect = (httpx.ConnectError, httpx.ConnectTimeout, ConnectionRefusedError)
     if any(isinstance(e, connect) for e in chain):
         return HostedError("connect", f"could not connect to {provider}")

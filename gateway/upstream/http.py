@@ -41,7 +41,8 @@ from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from gateway.upstream.connection import MAX_HEAD, Connection, _Connection, ssl_reason
-from gateway.upstream.response import UpstreamError, UpstreamResponse
+from gateway.upstream.response import OUT_OF_RESOURCES, UpstreamError, UpstreamResponse
+from gateway.upstream.sockets import BackendSockets
 from gateway.upstream.tls import BackendTLS, TLSRejectedError, system_tls
 
 __all__ = [
@@ -75,11 +76,14 @@ class HttpPool:
         max_body: int = DEFAULT_MAX_BODY,
         response_timeout: float | None = None,
         stream_timeout: float | None = None,
+        sockets: BackendSockets | None = None,
     ) -> None:
         """`max_body` bounds what `read()` takes in; `response_timeout` is how long a
         whole answer read with `read()` may take from the request being sent;
         `stream_timeout` the same for a stream (`UpstreamResponse.stream_deadline`).
-        `tls`: how to authenticate the backend (True: the system's roots and `host`)."""
+        `tls`: how to authenticate the backend (True: the system's roots and `host`).
+        `sockets`: the count of open backend connections this pool shares with the
+        process's other pools (gateway/upstream/sockets.py), None: counted alone."""
         self.host = host
         self.port = port
         literal = f"[{host}]" if ":" in host else host
@@ -100,6 +104,7 @@ class HttpPool:
         self._idle: collections.deque[_Connection] = collections.deque()
         self._limit = asyncio.Semaphore(max_connections)
         self._open = 0
+        self._sockets = BackendSockets(max_connections) if sockets is None else sockets
         self.closed = False  # `close()`d: opens no connection, pools none
 
     @classmethod
@@ -115,6 +120,7 @@ class HttpPool:
         response_timeout: float | None = None,
         stream_timeout: float | None = None,
         tls: BackendTLS | None = None,
+        sockets: BackendSockets | None = None,
     ) -> tuple[HttpPool, bytes]:
         """A pool for an `http(s)://host[:port][/prefix]` URL, and the path prefix; an
         https URL is authenticated with `tls` (default: the system's roots)."""
@@ -135,6 +141,7 @@ class HttpPool:
             max_body=max_body,
             response_timeout=response_timeout,
             stream_timeout=stream_timeout,
+            sockets=sockets,
         )
         return pool, parts.path.rstrip("/").encode()
 
@@ -241,6 +248,7 @@ class HttpPool:
         idle = self._idle
         while idle:
             conn = idle.pop()
+            self._sockets.taken(conn)
             if not conn.closed:
                 conn.reused = True
                 return conn
@@ -268,7 +276,9 @@ class HttpPool:
                 await self._limit.acquire()
         except TimeoutError as exc:
             raise UpstreamError("busy", "too many open connections to the backend") from exc
+        self._sockets.make_room()  # idle ones of any pool, at the process's share
         self._open += 1
+        self._sockets.open += 1
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _, conn = await loop.create_connection(
@@ -286,7 +296,11 @@ class HttpPool:
             raise UpstreamError("tls", ssl_reason(exc)) from exc
         except OSError as exc:
             self._release_slot()
-            raise UpstreamError("connect", exc.strerror or type(exc).__name__) from exc
+            reason = exc.strerror or type(exc).__name__
+            if exc.errno in OUT_OF_RESOURCES:
+                detail = f"the gateway cannot open a socket: {reason}"
+                raise UpstreamError("exhausted", detail) from exc
+            raise UpstreamError("connect", reason) from exc
         except UnicodeDecodeError as exc:
             # The event loop's end of the handshake reads `getpeercert()`, whose dict
             # decodes the certificate's URIs (SAN, OCSP, CRL) as UTF-8: a trusted CA's
@@ -333,6 +347,7 @@ class HttpPool:
         self.tls = tls
         while self._idle:
             conn = self._idle.pop()
+            self._sockets.taken(conn)
             conn.close()
             self._forget(conn)
 
@@ -353,6 +368,7 @@ class HttpPool:
 
     def _release_slot(self) -> None:
         self._open -= 1
+        self._sockets.open -= 1
         self._limit.release()
 
     def _refuse_if_closed(self) -> None:
@@ -366,6 +382,13 @@ class HttpPool:
             self._forget(conn)
             return
         self._idle.append(conn)
+        self._sockets.idle(self, conn)
+
+    def drop_idle(self, conn: _Connection) -> None:
+        """Close `conn`, one of this pool's idle connections (`BackendSockets`)."""
+        self._idle.remove(conn)
+        conn.close()
+        self._forget(conn)
 
     def _forget(self, conn: _Connection) -> None:
         if conn.counted:
@@ -380,5 +403,6 @@ class HttpPool:
         self.closed = True
         while self._idle:
             conn = self._idle.pop()
+            self._sockets.taken(conn)
             conn.close()
             self._forget(conn)

@@ -15,18 +15,25 @@ import asyncio
 import collections
 import contextlib
 import contextvars
+import errno
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from gateway.upstream.connection import _Connection
 
-__all__ = ["FailureKind", "UpstreamError", "UpstreamResponse"]
+__all__ = ["OUT_OF_RESOURCES", "FailureKind", "UpstreamError", "UpstreamResponse"]
+
+# A socket the gateway could not open (or use) for want of its own resources: not the
+# backend's doing, so no breaker verdict and no failed probe (`exhausted`, private or hosted).
+OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 _HIGH_WATER = 256 * 1024
 _TIMER_SLACK_S = 0.001  # how early a loop may run a timer (uvloop: millisecond ticks)
 
 # busy: this gateway already has max_connections open to the backend (not a backend fault)
+# exhausted: this gateway could open no socket at all (out of file descriptors or socket
+# memory: EMFILE, ENFILE, ENOBUFS, ENOMEM): its own state, not the backend's fault
 # too_large: the answer passed the byte limit of `read()` (the connection was dropped)
 # tls: the handshake failed, or the certificate is not one this backend may present
 # encoding: the answer is in a coding the request did not accept (connection.py `_coded`)
@@ -39,6 +46,7 @@ FailureKind = Literal[
     "closed",
     "protocol",
     "busy",
+    "exhausted",
     "too_large",
     "tls",
     "encoding",

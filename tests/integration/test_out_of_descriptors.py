@@ -1,0 +1,283 @@
+"""A gateway out of file descriptors says so, and does not blame its backends.
+
+With the process at its open-file limit (lowered with `prlimit` on a real `owngate serve`
+and reached with idle connections, which an unauthenticated client can open), a request
+on a connection accepted before finds no descriptor for its backend connection. That used
+to be the backend's `connect` failure: its circuit breaker opened after 3 such requests
+(healthy backends taken out, requests refused or sent to a fallback for the cooldown), and
+the client read "gpu: connect". Now it is `exhausted`, the gateway's own state: 503 in
+OpenAI's format saying so, counted as `owngate_upstream_errors_total{kind="exhausted"}`,
+no breaker verdict (`gateway/upstream/http.py`, `gateway/routing/attempt.py`); and a
+health probe that finds no descriptor is no verdict on the backend
+(`gateway/routing/scraper.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import signal
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.config.schema import BackendSettings, HealthSettings, ScrapeSettings
+from gateway.routing.breaker import BreakerState
+from gateway.routing.registry import Registry
+from gateway.routing.scraper import MetricsScraper
+from gateway.tenants import hash_api_key
+from gateway.upstream.hosted import HostedClient
+from gateway.upstream.hosted_errors import HostedError
+from tests.helpers.attest import start_sidecar
+from tests.helpers.clock import FakeClock
+from tests.helpers.gateways import Sim, backend, gateway_config
+from tests.helpers.net import free_port
+from tests.helpers.processes import KEY, GatewayProcess
+from tests.helpers.raw_backend import RawBackend, json_answer
+from tests.helpers.raw_socket import WAIT_S, parse, read_answer
+from tests.helpers.waiting import until
+
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nhost: g\r\n\r\n"
+BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}'
+CHAT = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n"
+    b"authorization: Bearer " + KEY.encode() + b"\r\ncontent-length: %d\r\n\r\n" % len(BODY)
+) + BODY
+ANSWER = b'{"id": "c", "object": "chat.completion", "model": "m", "choices": []}'
+SPARE = 8  # descriptors the gateway may open past those it holds when the limit is set
+
+
+def _descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _metric(url: str, line_start: str) -> str:
+    lines = httpx.get(f"{url}/metrics", timeout=WAIT_S).text.splitlines()
+    return next((line for line in lines if line.startswith(line_start)), "")
+
+
+def test_a_gateway_out_of_descriptors_does_not_charge_its_backend(
+    process: Callable[..., GatewayProcess],
+) -> None:
+    gateway = process(scrape={"interval_s": 30, "staleness_s": 60}).start()
+    assert gateway.proc is not None
+    pid = gateway.proc.pid
+    clients = [socket.create_connection(("127.0.0.1", gateway.port), WAIT_S) for _ in range(5)]
+    flood: list[socket.socket] = []
+    try:
+        for sock in clients:  # each surely accepted before the limit
+            sock.sendall(HEALTHZ)
+            assert read_answer(sock).startswith(b"HTTP/1.1 200 ")
+        limit = _descriptors(pid) + SPARE
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, limit))
+        for _ in range(2 * SPARE):  # idle, no byte sent: past the limit, dropped at accept
+            flood.append(socket.create_connection(("127.0.0.1", gateway.port), WAIT_S))
+        until(lambda: _descriptors(pid) >= limit, "the gateway at its open-file limit")
+        refused = []
+        for sock in clients[:4]:  # past the breaker's failure threshold (3)
+            sock.sendall(CHAT)
+            refused.append(parse(read_answer(sock)))
+        for sock in flood:
+            sock.close()
+        until(lambda: _descriptors(pid) < limit - SPARE // 2, "descriptors given back")
+        clients[4].sendall(CHAT)  # the backend was never charged: served at once
+        status, _, body = parse(read_answer(clients[4]))
+        assert status == 200, body
+        opened = _metric(gateway.url, 'owngate_backend_breaker_opens_total{backend="gpu"}')
+        assert opened.endswith(" 0.0"), opened
+        exhausted = 'owngate_upstream_errors_total{backend="gpu",kind="exhausted"}'
+        assert _metric(gateway.url, exhausted).endswith(" 4.0")
+        said = [line for line in gateway.output().splitlines() if "out of file descriptors" in line]
+        assert len(said) == 1 and '"requests":1' in said[0].replace(" ", ""), (
+            said
+        )  # a line a minute
+        for status, _, body in refused:
+            assert status == 503, body
+            error = httpx.Response(status, content=body).json()["error"]
+            assert error["code"] == "backend_unavailable", error
+            assert "out of file descriptors" in error["message"], error
+        assert gateway.alive()
+    finally:
+        for sock in clients + flood:
+            sock.close()
+
+
+@contextlib.contextmanager
+def _no_descriptor_left() -> Iterator[None]:
+    """This process can open no descriptor until the block ends: its soft open-file limit
+    is set to the lowest free descriptor number, then given back."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest_free = os.dup(0)
+    os.close(lowest_free)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_health_probes_that_find_no_descriptor_are_no_verdict(
+    start_sim: Callable[..., Sim],
+) -> None:
+    """A probe the gateway could not even open a socket for says nothing of the backend.
+    It was a refusal: a backend not yet seen alive was marked down at the first one, its
+    breaker opened (another backend is up for its model, so it was not kept)."""
+    probed = start_sim("vllm", models=("m",))
+    steady = start_sim("vllm", models=("m",))
+    clock = FakeClock()
+    config = gateway_config(
+        [backend("gpu", probed.url, "m"), backend("steady", steady.url, "m", kind="openai")]
+    )
+    registry = Registry.build(config, environ={}, clock=clock)
+    scraper = MetricsScraper(
+        registry.backends.values(),
+        ScrapeSettings(timeout_s=WAIT_S),
+        clock=clock,
+        health=HealthSettings(failures_to_down=3),
+        last_up=registry.last_up,
+    )
+    state = registry.backends["gpu"]
+
+    async def run() -> tuple[bool, int, str | None]:
+        try:
+            with _no_descriptor_left():
+                for _ in range(4):
+                    await scraper.scrape_once()
+                    clock.now += 0.5
+            seen = (registry.is_down(state), state.probe.failures, scraper.failure("gpu"))
+            await scraper.scrape_once()  # descriptors again: probed and read as ever
+        finally:
+            await scraper.close()
+        return seen
+
+    down, failures, reason = asyncio.run(run())
+    assert (down, failures) == (False, 0)
+    assert state.breaker.state is BreakerState.closed and state.breaker.opens == 0
+    assert reason is not None and reason.startswith("exhausted: "), reason
+    assert scraper.failure("gpu") is None and probed.app.captured("/health")
+
+
+def _chat(model: str) -> bytes:
+    """A chat request for `model` that takes its backend (20 tokens a second) 2 s."""
+    body = BODY.replace(b'"m"', b'"%s"' % model.encode()).replace(b": 3}", b": 40}")
+    head = CHAT.partition(b"content-length: ")[0]
+    return head + b"content-length: %d\r\n\r\n" % len(body) + body
+
+
+def test_idle_backend_connections_stay_within_the_listener_s_share(
+    start_sim: Callable[..., Sim], tmp_path: Path
+) -> None:
+    """`owngate serve` under an open-file limit of 128 (its connection cap derived: 32),
+    three backends: a client with a key sends 30 requests at once to each in turn. Each
+    pool kept the 30 connections its requests gave back, idle (a keep-alive the backend
+    holds open), so the third round needed 90 backend connections beside 30 clients and
+    met the limit: its connections were reset. Now a connection opened at the cap closes
+    the oldest idle one, of any backend (`gateway/upstream/sockets.py`)."""
+    sims = {m: start_sim("vllm", models=(m,), decode_tokens_per_s=20) for m in "abc"}
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "logging": {"format": "json", "level": "warning", "access_log": False},
+        "backends": [
+            {"id": m, "kind": "vllm", "base_url": sim.url, "models": [{"name": m}]}
+            | {"region": "eu", "owner": "t"}
+            for m, sim in sims.items()
+        ],
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+    }
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))  # inherited by the gateway
+    try:
+        gateway = GatewayProcess(config, tmp_path)
+        gateway.start()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        for model in "abc":
+            clients = [
+                socket.create_connection(("127.0.0.1", gateway.port), WAIT_S) for _ in range(30)
+            ]
+            try:
+                for sock in clients:
+                    sock.sendall(_chat(model))
+                statuses = [parse(read_answer(sock))[0] for sock in clients]
+            finally:
+                for sock in clients:
+                    sock.close()
+            assert statuses == [200] * 30, (model, statuses)
+    finally:
+        gateway.stop(signal.SIGKILL)
+
+
+def test_a_hosted_call_that_finds_no_descriptor_is_the_gateway_s_failure() -> None:
+    """A hosted provider call the gateway could not open a socket for was the provider's
+    `connect` failure ("could not connect to openai"), charged to the tenant's breaker
+    and, from a second tenant, the provider's; now it is `exhausted`, read from the
+    `OSError` in the cause chain: no breaker verdict, the prompt not charged
+    (gateway/upstream/hosted_errors.py, gateway/api/hosted_relay.py)."""
+    closed_port = free_port()  # nothing listens: the first call is refused, as a provider down
+    backend = BackendSettings.model_validate(
+        {
+            "id": "openai-hosted",
+            "kind": "hosted",
+            "provider": "openai",
+            "base_url": f"http://127.0.0.1:{closed_port}/v1",
+            "models": [{"name": "public", "provider_model": "openai/gpt-sim"}],
+            "region": "us",
+            "owner": "openai",
+            "api_key_env": "SIM_OPENAI_KEY",
+        }
+    )
+    client = HostedClient(backend, environ={"SIM_OPENAI_KEY": "sk-sim"}, timeout_s=WAIT_S)
+    request = {"model": "public", "messages": [{"role": "user", "content": "hi"}]}
+
+    async def calls() -> tuple[HostedError, HostedError]:
+        try:
+            with pytest.raises(HostedError) as refused:  # LiteLLM loaded, its client made
+                await client.send("chat", request, "public")
+            with _no_descriptor_left(), pytest.raises(HostedError) as exhausted:
+                await client.send("chat", request, "public")
+            return refused.value, exhausted.value
+        finally:
+            await client.aclose()
+
+    refused, exhausted = asyncio.run(calls())
+    assert refused.kind == "connect"
+    assert exhausted.kind == "exhausted", exhausted
+    assert "out of file descriptors" in exhausted.message
+
+
+def test_a_sidecar_out_of_descriptors_answers_busy(tmp_path: Path) -> None:
+    """`owngate attest` at its open-file limit: a request it cannot open a backend
+    connection for gets 429 with `retry-after: 1`, as at its budgets (the gateway takes
+    it for a busy backend: no breaker charged), not 503 "the backend did not answer:
+    connect", which the gateway charged to the backend's breaker. The backend closes
+    each connection after its answer, so the second request needs a new one."""
+    backend = RawBackend(json_answer(ANSWER)).start()
+    sidecar = start_sidecar(tmp_path, "attest-a", backend.url)
+    pid = sidecar.process.proc.pid
+    client = socket.create_connection(("127.0.0.1", sidecar.process.port), WAIT_S)
+    flood: list[socket.socket] = []
+    chat = CHAT.replace(b"authorization: Bearer " + KEY.encode() + b"\r\n", b"")
+    try:
+        client.sendall(chat)
+        assert parse(read_answer(client))[0] == 200
+        limit = _descriptors(pid) + SPARE
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, limit))
+        for _ in range(2 * SPARE):
+            flood.append(socket.create_connection(("127.0.0.1", sidecar.process.port), WAIT_S))
+        until(lambda: _descriptors(pid) >= limit, "the sidecar at its open-file limit")
+        client.sendall(chat)
+        status, headers, body = parse(read_answer(client))
+        assert status == 429, body
+        assert headers["retry-after"] == "1"
+        assert "out of file descriptors" in body.decode()
+    finally:
+        for sock in [client, *flood]:
+            sock.close()
+        sidecar.process.kill()
+        backend.stop()
