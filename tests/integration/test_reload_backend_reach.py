@@ -341,12 +341,10 @@ def test_a_retry_on_a_fresh_connection_never_reaches_the_old_address_of_a_moved_
     with ThreadPoolExecutor(max_workers=1) as pool:
         pending = pool.submit(rig.send)
         until(lambda: len(old.posts) == 3, "the request at gpu-b's old box")
-        connections = old.connections
         rig.reload(backend("gpu-b", new.url, "m", **EU_ZERO))
         dropped.set()
         response = pending.result(timeout=60)
     assert len(old.posts) == 3, "the retry reached gpu-b's old address after the reload"
-    assert old.connections == connections, "connected to gpu-b's old address after the reload"
     assert not new.posts
     assert response.status_code == 503, response.text
     records = rig.records(response)
