@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
 from typing import Any, Final
 
 from gateway.api.answer_reads import check_whole, read_error_body, read_held
@@ -85,7 +86,7 @@ _UNRELAYABLE_TYPE: Final = (
 # The endpoints whose prompts a server's prefix cache holds (`isolate_prefix_cache`).
 _SALTED: Final = frozenset({"chat", "completions"})
 # Failures before the backend had the request: nothing of it was sent.
-_NOT_SENT: Final = frozenset({"connect", "tls", "busy", "exhausted"})
+_NOT_SENT: Final = frozenset({"connect", "tls", "busy", "exhausted", "retired"})
 # The gateway's own limits: the backend is up, this gateway has no room to reach it (its
 # state "busy", as for a 429: only `when_private_saturated` falls back past it).
 _NO_ROOM: Final = frozenset({"busy", "exhausted"})
@@ -128,9 +129,12 @@ class PrivateRelay:
         upstream_path: bytes,
         send: Send,
         connection: Connection | None,
+        *,
+        moved: Callable[[], str | None] = lambda: None,
     ) -> None:
         """Serve the request from `attempt`'s backend on `connection` (from `connect`), or
-        raise `TryNext` before any byte.
+        raise `TryNext` before any byte; none once `moved` says why (`Registry.moved`),
+        also on the fresh connection a stale one makes the pool retry on.
 
         The attempt's failover deadline bounds the wait for the first byte; what happens
         is told to the attempt (breaker verdict, prefill, answers)."""
@@ -174,14 +178,16 @@ class PrivateRelay:
                 out,
                 wait,
                 connection=connection,
+                withdrawn=moved,
             )
         except UpstreamError as exc:
             if trail is not None and (exc.kind in _NOT_SENT or exc.sent_nothing):
                 trail.offered = offered  # the backend never had the prompt
             self._failed(exchange, backend, exc)
             attempt.upstream_failed(exc.kind, exc.detail)
+            gone = moved() if exc.kind == "retired" else None  # the completion says why
             raise TryNext(
-                f"{backend.id}: {exc.kind}", _last_error(exc), busy=exc.kind in _NO_ROOM
+                gone or f"{backend.id}: {exc.kind}", _last_error(exc), busy=exc.kind in _NO_ROOM
             ) from exc
         if response.status >= 400 and trail is not None:
             trail.offered = offered  # an error status: the backend did not serve it

@@ -215,6 +215,7 @@ class Proxy:
                 if traced is not None:  # tracing on: the attempt's span (gateway/tracing)
                     span = traced.attempt(attempt, exchange, plan.fallback)
                 exchange.fallback, exchange.fallback_basis = plan.fallback, plan.basis
+                moved = partial(registry.moved, attempt.backend.id)
                 relay: Callable[[Connection | None], Awaitable[None]]
                 connect: Callable[[], Awaitable[Connection]] | None = None
                 if attempt.private:  # connected first: the dispatch record names its peer
@@ -222,6 +223,7 @@ class Proxy:
                     relay = partial(
                         private.attempt, exchange, attempt, model, doc, body, upstream_path, send
                     )
+                    relay = partial(relay, moved=moved)  # asked again on a retried connection
                 else:
                     assert prepared is not None
                     relay = partial(_hosted, hosted, exchange, attempt, prepared, send)
@@ -232,7 +234,7 @@ class Proxy:
                     connect,
                     partial(withdrawn_by_reload, self._trust, registry, decided, attempt, plan),
                     partial(standing.lapsed, model),
-                    partial(registry.moved, attempt.backend.id),
+                    moved,
                 )
                 if isinstance(gone, GatewayError):  # the key lapsed meanwhile: not made
                     outcome, reason = Outcome.skipped, f"{attempt.backend.id}: not made"

@@ -37,7 +37,7 @@ import asyncio
 import collections
 import ssl
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
 
 from gateway.upstream.connection import MAX_HEAD, Connection, _Connection, ssl_reason
@@ -168,12 +168,18 @@ class HttpPool:
         first_byte_timeout: float | None = None,
         *,
         connection: Connection | None = None,
+        withdrawn: Callable[[], str | None] = lambda: None,
     ) -> UpstreamResponse:
         """Send a request; returns once the status line and headers have arrived (within
         `first_byte_timeout`, default the pool's, else `UpstreamError("timeout")`).
 
         On `connection` (from `connect()`): the request goes to the peer it authenticated,
-        also if a stale pooled connection makes it reconnect (else `UpstreamError("tls")`)."""
+        also if a stale pooled connection makes it reconnect (else `UpstreamError("tls")`).
+        `withdrawn` (a reload moved the backend, say) is asked before that reconnect and
+        again right before the request is written: a reason it gives is
+        `UpstreamError("retired", reason)`, with nothing written and no connection made
+        after it said so: the retry comes after a wait (the stale connection's close, the
+        connect itself) that a reload may land in."""
         head = self._head(method, path, headers, len(body))
         wait = self._first_byte_timeout if first_byte_timeout is None else first_byte_timeout
         for attempt in range(2):
@@ -184,6 +190,9 @@ class HttpPool:
             elif attempt == 0:
                 conn = await self._acquire()
             else:
+                gone = withdrawn()
+                if gone is not None:  # no handshake at an address given up either
+                    raise UpstreamError("retired", gone)
                 conn = await self._connect()
                 if connection is not None and conn.peer != connection.peer:
                     # A key the settings accept (a replica behind the same name, a renewed
@@ -204,6 +213,11 @@ class HttpPool:
                 if attempt == 0:
                     continue
                 raise UpstreamError("closed", "backend closed the connection before answering")
+            gone = withdrawn()
+            if gone is not None:  # the gateway's doing (no breaker verdict): nothing written
+                conn.abort()
+                self._forget(conn)
+                raise UpstreamError("retired", gone)
             response = UpstreamResponse(conn, self._read_timeout)
             conn.response, conn.quiet_bytes = response, 0
             response.sent_at = response.loop.time()

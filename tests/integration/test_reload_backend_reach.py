@@ -304,3 +304,51 @@ def test_a_failover_never_connects_to_a_backend_whose_pin_a_reload_rotated(
     after = rig.send()
     assert after.status_code == 200, after.text
     assert gpu_b_keys(rig.records(after)) == [b.pin]
+
+
+def kept_alive_then_closed_at(third: int, release: threading.Event) -> Answer:
+    """`gpu-b`'s old box: its answers keep the connection open, but post number `third`
+    (counting from 1) gets none: once `release` is set (60 s at most), the box closes that
+    connection without a byte, as a server that dropped an idle connection does."""
+
+    async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        count.append(1)
+        if len(count) == third:
+            await asyncio.get_running_loop().run_in_executor(None, release.wait, 60)
+            return False  # closed, nothing answered: the gateway may retry it fresh
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % len(ANSWER) + ANSWER)
+        await writer.drain()
+        return True
+
+    count: list[int] = []
+    return answer
+
+
+def test_a_retry_on_a_fresh_connection_never_reaches_the_old_address_of_a_moved_backend(
+    rig: Rig, start_raw: Callable[[Answer], RawBackend]
+) -> None:
+    """gpu-b's attempt went out on a pooled connection before the reload; the reload moving
+    gpu-b lands while its old box holds it, and the box then closes that connection
+    without answering. The pool would retry once on a fresh connection: not to the old
+    address, which the request may no longer reach, and not to the new one either."""
+    rig.release.set()  # gpu-a answers 503 at once: every request fails over to gpu-b
+    dropped = threading.Event()
+    old = start_raw(kept_alive_then_closed_at(3, dropped))
+    new = start_raw(json_answer(ANSWER))
+    rig.start(backend("gpu-b", old.url, "m", **EU_ZERO))
+    rig.warm()  # gpu-b's connection to its old box stays open in its pool
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(rig.send)
+        until(lambda: len(old.posts) == 3, "the request at gpu-b's old box")
+        rig.reload(backend("gpu-b", new.url, "m", **EU_ZERO))
+        dropped.set()
+        response = pending.result(timeout=60)
+    assert len(old.posts) == 3, "the retry reached gpu-b's old address after the reload"
+    assert not new.posts
+    assert response.status_code == 503, response.text
+    records = rig.records(response)
+    assert dispatched_to(records) == ["gpu-a", "gpu-b"]
+    last = records[-1]
+    assert (last["type"], last["status"]) == ("completion", 503), last
+    assert last["error"] == "gpu-b: its address or TLS settings changed by a config reload"
