@@ -18,7 +18,8 @@ What is switched off, and why (LiteLLM 1.108.7, read from its source):
   `LITELLM_PRINT_STANDARD_LOGGING_PAYLOAD` removed (when set, every call's payload, prompt
   included, is printed to stdout).
 - Module settings after import: no callbacks of any kind (they are how LiteLLM ships
-  requests to logging/observability services); `suppress_debug_info` (no "Give Feedback"
+  requests to logging/observability services), no pre- or post-call rules (a stream's
+  post-call rules read all its text so far); `suppress_debug_info` (no "Give Feedback"
   banners on stdout); `set_verbose=False`; `turn_off_message_logging` and
   `redact_messages_in_exceptions` (no prompt text in its logging payloads or exception
   messages); `disable_hf_tokenizer_download` (token counting would otherwise download
@@ -107,6 +108,9 @@ _CALLBACK_LISTS: Final = (
     "_async_input_callback",
     "_async_success_callback",
     "_async_failure_callback",
+    # Callables run on the request and on the answer so far: a stream would keep its text.
+    "pre_call_rules",
+    "post_call_rules",
 )
 _SETTINGS: Final[dict[str, Any]] = {
     "suppress_debug_info": True,
