@@ -37,13 +37,7 @@ from gateway.upstream.hosted_errors import (
     local_reason,
 )
 from gateway.upstream.hosted_fields import RefusedField, refuse_provider_actions
-from gateway.upstream.hosted_stream import (
-    ProviderStream,
-    close_stream,
-    encoded,
-    keep_little,
-    made_up_end,
-)
+from gateway.upstream.hosted_stream import ProviderStream, close_stream, encoded, made_up_end
 from gateway.upstream.hosted_transport import Outbound, watching
 from gateway.upstream.litellm_runtime import (
     aclose_litellm_clients,
@@ -252,10 +246,7 @@ class HostedClient:
         # Watched (hosted_transport.py): LiteLLM's failure to translate told from the provider's.
         with watching(self._max_answer_bytes) as outbound:
             result = await self._call(litellm, endpoint, params, provider_model, outbound)
-            first = None
-            if params.get("stream"):
-                keep_little(result)  # else LiteLLM keeps every chunk until the stream ends
-                first = await self._first_chunk(result, outbound)
+            first = await self._first_chunk(result, outbound) if params.get("stream") else None
         if not params.get("stream"):
             encode = partial(openai_wire.encode_response, endpoint, result)
             body, usage = encoded(self.provider, encode)

@@ -23,12 +23,15 @@ grew the gateway by 570 MB, held until the stream ended, and a client can have t
 asking a hosted model for long answers on several streams. The usage LiteLLM reports at the
 end of a stream is read from the provider's usage chunks among `chunks`
 (`calculate_usage`: the latest count that is not 0, and how many counts came): those are
-kept, all but a hostile number of them (`_RecentChunks`).
+kept, all but a hostile number of them (`_RecentChunks`). `install_stream_bound` makes
+every wrapper LiteLLM creates do so (gateway/upstream/litellm_runtime.py calls it at load).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import importlib
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any, Final, TypeVar
@@ -41,6 +44,7 @@ __all__ = [
     "ProviderStream",
     "close_stream",
     "encoded",
+    "install_stream_bound",
     "keep_little",
     "made_up_end",
     "made_up_usage",
@@ -145,10 +149,28 @@ def made_up_usage(source: Any) -> bool:
     return not any(getattr(c, "usage", None) for c in chunks or ())
 
 
-def keep_little(source: Any) -> None:
-    """Make LiteLLM's stream `source` keep a bounded part of what it returns (see the
+def install_stream_bound() -> None:
+    """Make every stream wrapper LiteLLM creates keep little (`keep_little`) from the
+    start: a text completion's is created inside LiteLLM (its `TextCompletionStreamWrapper`
+    wraps a generator that makes it), as is the inner one of a chat served through a
+    Responses API, where the gateway never sees them. Idempotent; LiteLLM loaded."""
+    module = importlib.import_module("litellm.litellm_core_utils.streaming_handler")
+    init = module.CustomStreamWrapper.__init__
+    if getattr(init, "_owngate_keeps_little", False):
+        return
+
+    @functools.wraps(init)
+    def bounded_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        keep_little(self)
+
+    bounded_init._owngate_keeps_little = True  # type: ignore[attr-defined]
+    module.CustomStreamWrapper.__init__ = bounded_init
+
+
+def keep_little(wrapper: Any) -> None:
+    """Make LiteLLM's stream wrapper keep a bounded part of what it returns (see the
     module's notes); before its first chunk is read."""
-    wrapper = _wrapper(source)
     if isinstance(getattr(wrapper, "chunks", None), list):
         wrapper.chunks = _RecentChunks()
     if isinstance(getattr(wrapper, "response_uptil_now", None), str):

@@ -56,6 +56,10 @@ Every HTTP request LiteLLM begins marks the hosted call it belongs to
 (gateway/upstream/hosted_transport.py), so that an adapter's failure before anything was
 sent reads as the client's request, not as the provider failing.
 
+Every stream wrapper LiteLLM creates keeps a dozen of its chunks, not every one, and none
+of its text (`install_stream_bound`, gateway/upstream/hosted_stream.py): it kept them all
+until the stream ended, about 4 KB a chunk.
+
 A chat or text completion LiteLLM serves through a Responses API (its bridge) asks the
 provider to store nothing: `"store": false`, which that API does not default to
 (gateway/upstream/responses_bridge.py).
@@ -76,6 +80,7 @@ import warnings
 from types import ModuleType
 from typing import Any, Final
 
+from gateway.upstream.hosted_stream import install_stream_bound
 from gateway.upstream.hosted_transport import install_transport_marks
 from gateway.upstream.provider_environment import check_base_url_environment
 from gateway.upstream.responses_bridge import install_unstored_bridge
@@ -152,6 +157,7 @@ def load_litellm() -> ModuleType:
     _refuse_redirects()
     install_transport_marks()  # a refusal before sending told from a provider's failure
     install_unstored_bridge()  # a chat call LiteLLM sends to a Responses API: `store: false`
+    install_stream_bound()  # a stream's wrapper keeps a dozen chunks, not every one
     for name in _LOGGERS:
         logger = logging.getLogger(name)
         for handler in list(logger.handlers):

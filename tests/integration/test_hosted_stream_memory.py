@@ -5,10 +5,10 @@ LiteLLM's stream wrapper kept every chunk it returned (about 4 KB each) and the 
 all of them until the stream ended: 100,000 tiny events grew the gateway by 570 MB, and
 a client gets the same by asking a hosted model for long answers on several streams.
 Here a scripted provider on a real socket streams EVENTS one-character events, in
-OpenAI's and Anthropic's wire formats, and the Python memory allocated at the peak of
-the relay (tracemalloc, after a first stream loaded LiteLLM and its caches) must stay
-under BOUND: the old code took about 3.7 KB an event (30 MB here). The usage the
-provider reported must still come out whole.
+OpenAI's (chat and text completions) and Anthropic's wire formats, and the Python memory
+allocated at the peak of the relay (tracemalloc, after a first stream loaded LiteLLM and
+its caches) must stay under BOUND: the old code took about 3.7 KB an event (18 MB
+here). The usage the provider reported must still come out whole.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import pytest
 
 from gateway.config.schema import BackendSettings
 from gateway.upstream.hosted import HostedClient
+from gateway.upstream.openai_wire import Endpoint
 from tests.helpers.gateways import LITELLM_WARNINGS, anthropic_backend, hosted_backend
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
 
@@ -36,6 +37,16 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream":
 OPENAI_CHUNK = (
     b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
     b'"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]%s}\n\n'
+)
+TEXT = {"model": "m", "prompt": "hi", "stream": True}
+TEXT_CHUNK = (
+    b'data: {"id":"c","object":"text_completion","created":1,"model":"m",'
+    b'"choices":[{"index":0,"text":"x","finish_reason":null,"logprobs":null}]}\n\n'
+)
+TEXT_END = (
+    b'data: {"id":"c","object":"text_completion","created":1,"model":"m",'
+    b'"choices":[{"index":0,"text":"","finish_reason":"stop","logprobs":null}],'
+    b'"usage":{"prompt_tokens":3,"completion_tokens":%d,"total_tokens":%d}}\n\ndata: [DONE]\n\n'
 )
 OPENAI_END = (
     b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
@@ -88,36 +99,54 @@ def openai_end(events: int) -> bytes:
     return OPENAI_END % (events, events + 3)
 
 
-PROVIDERS: dict[str, tuple[Callable[[str], dict[str, Any]], Answer]] = {
-    "openai": (
-        lambda url: hosted_backend("h", url + "/v1", "m"),
-        streaming(b"", lambda _: OPENAI_CHUNK % b"", openai_end),
-    ),
+def openai(url: str) -> dict[str, Any]:
+    return hosted_backend("h", url + "/v1", "m")
+
+
+# (the backend at the provider's URL, the provider's answer, the endpoint, the request)
+PROVIDERS: dict[str, tuple[Callable[[str], dict[str, Any]], Answer, Endpoint, dict[str, Any]]] = {
+    "openai": (openai, streaming(b"", lambda _: OPENAI_CHUNK % b"", openai_end), "chat", CHAT),
     "openai-usage-on-every-chunk": (
-        lambda url: hosted_backend("h", url + "/v1", "m"),
+        openai,
         streaming(b"", openai_usage_every, openai_end),
+        "chat",
+        CHAT,
+    ),
+    # LiteLLM makes a text completion's stream wrapper inside a generator of its own
+    "openai-text-completion": (
+        openai,
+        streaming(b"", lambda _: TEXT_CHUNK, lambda events: TEXT_END % (events, events + 3)),
+        "completions",
+        TEXT,
     ),
     "anthropic": (
         lambda url: anthropic_backend("h", url),
         streaming(ANTHROPIC_HEAD, lambda _: ANTHROPIC_DELTA, lambda events: ANTHROPIC_END % events),
+        "chat",
+        CHAT,
     ),
 }
 
 
+Client = tuple[HostedClient, Endpoint, dict[str, Any]]
+
+
 @pytest.fixture(params=sorted(PROVIDERS))
-def client(request: pytest.FixtureRequest) -> Iterator[HostedClient]:
-    settings, answer = PROVIDERS[request.param]
+def client(request: pytest.FixtureRequest) -> Iterator[Client]:
+    settings, answer, endpoint, doc = PROVIDERS[request.param]
     provider = RawBackend(answer).start()
     backend = BackendSettings.model_validate(settings(provider.url))
     try:
-        yield HostedClient(backend, environ=ENV, timeout_s=30.0, max_answer_bytes=1 << 20)
+        hosted = HostedClient(backend, environ=ENV, timeout_s=30.0, max_answer_bytes=1 << 20)
+        yield hosted, endpoint, doc
     finally:
         provider.stop()
 
 
-async def relay(client: HostedClient) -> tuple[int, dict[str, int] | None]:
+async def relay(client: Client) -> tuple[int, dict[str, int] | None]:
     """Relay one stream whole: how many events, and the usage recorded."""
-    response = await client.send("chat", dict(CHAT), "m")
+    hosted, endpoint, doc = client
+    response = await hosted.send(endpoint, dict(doc), "m")
     events = 0
     try:
         async for _ in response.chunks():
@@ -127,7 +156,7 @@ async def relay(client: HostedClient) -> tuple[int, dict[str, int] | None]:
     return events, response.usage
 
 
-def test_a_long_stream_is_relayed_without_keeping_its_chunks(client: HostedClient) -> None:
+def test_a_long_stream_is_relayed_without_keeping_its_chunks(client: Client) -> None:
     async def run() -> tuple[int, int, dict[str, int] | None]:
         await relay(client)  # LiteLLM loaded, its clients and caches made
         gc.collect()
@@ -138,7 +167,7 @@ def test_a_long_stream_is_relayed_without_keeping_its_chunks(client: HostedClien
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
-            await client.aclose()
+            await client[0].aclose()
         return peak - base, events, usage
 
     growth, events, usage = asyncio.run(run())
