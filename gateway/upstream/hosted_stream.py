@@ -182,7 +182,7 @@ class _RecentChunks(list[Any]):
     (the builder reads the answer's id and model there), the last two (its check for a
     looping model compares them), the last one naming a `service_tier` (stated on its usage
     chunk), the first of the provider's usage chunks and the last `_USAGE_KEPT` of them.
-    A dozen at most, whatever the length of the stream."""
+    Thirteen at most, whatever the length of the stream."""
 
     def append(self, chunk: Any) -> None:
         super().append(chunk)
