@@ -56,7 +56,7 @@ Every HTTP request LiteLLM begins marks the hosted call it belongs to
 (gateway/upstream/hosted_transport.py), so that an adapter's failure before anything was
 sent reads as the client's request, not as the provider failing.
 
-Every stream wrapper LiteLLM creates keeps a dozen of its chunks, not every one, and none
+Every stream wrapper LiteLLM creates keeps 13 of its chunks at most, not every one, and none
 of its text (`install_stream_bound`, gateway/upstream/hosted_stream.py): it kept them all
 until the stream ended, about 4 KB a chunk.
 
@@ -157,7 +157,7 @@ def load_litellm() -> ModuleType:
     _refuse_redirects()
     install_transport_marks()  # a refusal before sending told from a provider's failure
     install_unstored_bridge()  # a chat call LiteLLM sends to a Responses API: `store: false`
-    install_stream_bound()  # a stream's wrapper keeps a dozen chunks, not every one
+    install_stream_bound()  # a stream's wrapper keeps 13 chunks at most
     for name in _LOGGERS:
         logger = logging.getLogger(name)
         for handler in list(logger.handlers):
