@@ -20,6 +20,11 @@ without importing LiteLLM (the config path never does):
   `openai_like/`, ...) name a wire format: with a `base_url` the traffic goes there, and
   the prefix says nothing about who runs it; without one `openai/` goes to OpenAI and the
   others are refused (no host of their own);
+- a prefix LiteLLM sends over aiohttp itself (`_UNBOUNDED`: `aiohttp_openai/`), not
+  through httpx, is refused: what the gateway reads of an answer is bounded in httpx
+  (gateway/upstream/hosted_bound.py), and such an answer would be read whole, however
+  large, its redirects followed (`openai/` at the same `base_url` speaks the same wire
+  format);
 - a `base_url` whose host is under a domain `_PROVIDERS` lists (`api.openai.com`,
   `*.openai.azure.com`, `*.amazonaws.com`, ...) must belong to the declared provider.
   Any other host (an internal proxy, a provider not in the table) is taken as declared.
@@ -125,6 +130,9 @@ _AT_BASE_URL: Final = frozenset(
         "xinference",
     }
 )
+# Prefixes LiteLLM 1.108.7 sends over aiohttp's `ClientSession` itself (its
+# `BaseLLMAIOHTTPHandler`), not through httpx: refused, with the prefix to use instead.
+_UNBOUNDED: Final = {"aiohttp_openai": "openai"}
 # Unprefixed model names LiteLLM's model lists send to one provider (its prefix).
 _BARE: Final = (
     (re.compile(r"(?:gpt-|chatgpt-|o[1-9]|text-embedding-|davinci|babbage)"), "openai"),
@@ -189,6 +197,13 @@ def check_route(
                 f"provider_model {model!r} has no LiteLLM provider prefix owngate knows "
                 "(LiteLLM would pick a provider from its model lists): write it as "
                 f"<provider>/<model>, e.g. {declared}/{model}"
+            )
+        if prefix in _UNBOUNDED:
+            raise ValueError(
+                f"provider_model {model!r} ({route}) is sent by LiteLLM over aiohttp "
+                "directly, where the gateway cannot bound what it reads of the answer "
+                "(limits.max_response_bytes) nor refuse a redirect: use "
+                f"{_UNBOUNDED[prefix]}/{model.partition('/')[2]} at the same base_url"
             )
         if prefix in _AT_BASE_URL and base_url is not None:
             continue  # OpenAI's wire format at base_url: the host is checked below

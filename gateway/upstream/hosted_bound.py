@@ -21,6 +21,10 @@ during a watched hosted call (gateway/upstream/hosted_transport.py):
   (`limits.stream_timeout_s` bounds its time), in pieces of 4 KiB with a turn of the
   event loop before each (`_PIECE`).
 
+A request LiteLLM makes through aiohttp itself (its `ClientSession`, not httpx over its
+aiohttp transport) is refused before it is sent (`UNBOUNDED`): nothing would bound what
+aiohttp reads, nor stop it at a redirect.
+
 The call's `Outbound` keeps why (`cut`), so the failure is told as the provider's
 (`protocol`, 502) whatever LiteLLM wraps it in. httpx is imported by LiteLLM already
 when this runs; nothing here imports it at module load.
@@ -31,23 +35,45 @@ from __future__ import annotations
 import asyncio
 import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 if TYPE_CHECKING:
     from gateway.upstream.hosted_transport import Outbound
 
-__all__ = ["NOT_IDENTITY", "AnswerTooLarge", "bounded_send", "cut_kind"]
+__all__ = [
+    "NOT_IDENTITY",
+    "UNBOUNDED",
+    "AnswerTooLarge",
+    "bounded_send",
+    "cut_kind",
+    "in_bounded_send",
+]
 
 
 # Why a hosted answer was refused unread: a coding it was not asked for is the provider's
 # failure (`protocol`: failover, breaker); any other cut is the answer's size, which a
 # client can ask for (`too_large`: a 502, no failover, no breaker, as for a private one).
 NOT_IDENTITY: Final = "answered in a content coding, not identity (read no further)"
+# Why a request was refused before it was sent: LiteLLM reached for aiohttp itself, not
+# through httpx (whose reads are bounded here); its answer would be read whole. The
+# config refuses the routes that do (gateway/config/provider_routes.py): this is behind it.
+UNBOUNDED: Final = (
+    "is reached by LiteLLM over aiohttp directly, whose reads the gateway cannot bound (not sent)"
+)
+# Set while httpx's bounded `send` runs: LiteLLM's aiohttp transport under httpx sends
+# from within it, in the same task (`in_bounded_send`).
+_IN_SEND: ContextVar[bool] = ContextVar("owngate_in_bounded_send", default=False)
 
 
 def cut_kind(cut: str) -> Literal["protocol", "too_large"]:
     """The HostedError kind of an answer cut short for `cut` (`Outbound.cut`)."""
-    return "protocol" if cut == NOT_IDENTITY else "too_large"
+    return "protocol" if cut in (NOT_IDENTITY, UNBOUNDED) else "too_large"
+
+
+def in_bounded_send() -> bool:
+    """Whether this runs within a bounded httpx `send`, whose reads are bounded."""
+    return _IN_SEND.get()
 
 
 class AnswerTooLarge(Exception):
@@ -69,7 +95,11 @@ async def bounded_send(
     request = args[1] if len(args) > 1 else kwargs["request"]
     request.headers["accept-encoding"] = "identity"
     whole = not kwargs.pop("stream", False)
-    response = await method(*args, stream=True, **kwargs)
+    token = _IN_SEND.set(True)
+    try:
+        response = await method(*args, stream=True, **kwargs)
+    finally:
+        _IN_SEND.reset(token)
     try:
         coding = response.headers.get("content-encoding", "identity").strip().lower()
         if coding not in ("", "identity"):

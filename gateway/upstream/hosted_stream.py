@@ -14,22 +14,46 @@ raises `HostedError("protocol")` in place of the made-up chunk, before `[DONE]`.
 Likewise LiteLLM's end-of-stream usage chunk: when the provider reported no usage, it
 counts the tokens itself. That estimate is neither relayed nor kept as the provider's
 usage (the completion record's `usage` is what the provider reported, or null).
+
+What LiteLLM keeps of a stream is bounded (`keep_little`). Its wrapper appends every chunk
+it returns to `chunks`, about 4 KB each (pydantic objects), to build the whole answer once
+the stream ends (for its logging and caching, both off here), and adds the text of each to
+`response_uptil_now` (for post-call rules, none here): 100,000 tiny events from a provider
+grew the gateway by 570 MB, held until the stream ended, and a client can have that by
+asking a hosted model for long answers on several streams. The usage LiteLLM reports at the
+end of a stream is read from the provider's usage chunks among `chunks`
+(`calculate_usage`: the latest count that is not 0, and how many counts came): those are
+kept, all but a hostile number of them (`_RecentChunks`). `install_stream_bound` makes
+every wrapper LiteLLM creates do so (gateway/upstream/litellm_runtime.py calls it at load).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import importlib
 from collections.abc import AsyncIterator, Callable
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from gateway.upstream import openai_wire
 from gateway.upstream.hosted_errors import HostedError, hosted_error
 from gateway.upstream.openai_wire import Endpoint
 
-__all__ = ["ProviderStream", "close_stream", "encoded", "made_up_end", "made_up_usage"]
+__all__ = [
+    "ProviderStream",
+    "close_stream",
+    "encoded",
+    "install_stream_bound",
+    "keep_little",
+    "made_up_end",
+    "made_up_usage",
+]
 
 T = TypeVar("T")
+# The provider's usage chunks kept besides its first (`_RecentChunks`): OpenAI sends one,
+# Anthropic two, Gemini one per chunk with the counts so far.
+_USAGE_KEPT: Final = 8
 
 
 class ProviderStream:
@@ -123,6 +147,67 @@ def made_up_usage(source: Any) -> bool:
         return False
     chunks = getattr(wrapper, "chunks", None)
     return not any(getattr(c, "usage", None) for c in chunks or ())
+
+
+def install_stream_bound() -> None:
+    """Make every stream wrapper LiteLLM creates keep little (`keep_little`) from the
+    start: a text completion's is created inside LiteLLM (its `TextCompletionStreamWrapper`
+    wraps a generator that makes it), as is the inner one of a chat served through a
+    Responses API, where the gateway never sees them. Idempotent; LiteLLM loaded."""
+    module = importlib.import_module("litellm.litellm_core_utils.streaming_handler")
+    init = module.CustomStreamWrapper.__init__
+    if getattr(init, "_owngate_keeps_little", False):
+        return
+
+    @functools.wraps(init)
+    def bounded_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        keep_little(self)
+
+    bounded_init._owngate_keeps_little = True  # type: ignore[attr-defined]
+    module.CustomStreamWrapper.__init__ = bounded_init
+
+
+def keep_little(wrapper: Any) -> None:
+    """Make LiteLLM's stream wrapper keep a bounded part of what it returns (see the
+    module's notes); before its first chunk is read."""
+    if isinstance(getattr(wrapper, "chunks", None), list):
+        wrapper.chunks = _RecentChunks()
+    if isinstance(getattr(wrapper, "response_uptil_now", None), str):
+        wrapper.response_uptil_now = _Unkept()
+
+
+class _RecentChunks(list[Any]):
+    """The chunks LiteLLM's stream wrapper appends, of which it keeps, in order: the first
+    (the builder reads the answer's id and model there), the last two (its check for a
+    looping model compares them), the last one naming a `service_tier` (stated on its usage
+    chunk), the first of the provider's usage chunks and the last `_USAGE_KEPT` of them.
+    Thirteen at most, whatever the length of the stream."""
+
+    def append(self, chunk: Any) -> None:
+        super().append(chunk)
+        if len(self) <= _USAGE_KEPT + 5:
+            return
+        usage = [i for i, c in enumerate(self) if getattr(c, "usage", None) is not None]
+        tiers = [i for i, c in enumerate(self) if _service_tier(c)]
+        kept = {0, len(self) - 2, len(self) - 1, *tiers[-1:], *usage[:1], *usage[-_USAGE_KEPT:]}
+        self[:] = [c for i, c in enumerate(self) if i in kept]
+
+
+def _service_tier(chunk: Any) -> bool:
+    getter = getattr(chunk, "get", None)
+    return callable(getter) and isinstance(getter("service_tier"), str)
+
+
+class _Unkept(str):
+    """A string that stays empty when added to: `response_uptil_now += text` keeps
+    nothing. LiteLLM reads it for post-call rules (none: `litellm.post_call_rules` is
+    emptied) and for the text of a mid-stream fallback error (never relayed)."""
+
+    __slots__ = ()
+
+    def __add__(self, other: str) -> _Unkept:
+        return self
 
 
 def _wrapper(source: Any) -> Any:

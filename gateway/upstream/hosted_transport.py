@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Final
 
-from gateway.upstream.hosted_bound import AnswerTooLarge, bounded_send
+from gateway.upstream.hosted_bound import UNBOUNDED, AnswerTooLarge, bounded_send, in_bounded_send
 
 __all__ = ["AnswerTooLarge", "Outbound", "install_transport_marks", "watching"]
 
@@ -103,18 +103,25 @@ def install_transport_marks() -> None:
         if getattr(method, _MARK, False):
             continue
         bounds = module_name if method_name == "send" else None
-        setattr(owner, method_name, _marking(method, bounds))
+        setattr(owner, method_name, _marking(method, bounds, bounded_only=bounds is None))
 
 
-def _marking(method: Any, bounds: str | None = None) -> Any:
+def _marking(method: Any, bounds: str | None = None, *, bounded_only: bool = False) -> Any:
     """`method` marking the watched call; `bounds`, the module of an async `send` (httpx,
-    httpx2) whose answers are bounded (gateway/upstream/hosted_bound.py)."""
+    httpx2) whose answers are bounded (gateway/upstream/hosted_bound.py); `bounded_only`:
+    an async request method (aiohttp's) that a bounded call may use only from within a
+    bounded `send`, else it is refused unsent (`UNBOUNDED`)."""
     if inspect.iscoroutinefunction(method):
 
         @functools.wraps(method)
         async def marked_async(*args: Any, **kwargs: Any) -> Any:
-            _mark()
             outbound = _WATCHED.get()
+            bounded = outbound is not None and outbound.max_bytes is not None
+            if bounded_only and bounded and not in_bounded_send():
+                assert outbound is not None
+                outbound.cut = UNBOUNDED  # refused before a byte is sent
+                raise AnswerTooLarge(UNBOUNDED)
+            _mark()
             if bounds and outbound is not None and outbound.max_bytes is not None:
                 return await bounded_send(bounds, method, outbound, *args, **kwargs)
             return await method(*args, **kwargs)

@@ -18,7 +18,8 @@ What is switched off, and why (LiteLLM 1.108.7, read from its source):
   `LITELLM_PRINT_STANDARD_LOGGING_PAYLOAD` removed (when set, every call's payload, prompt
   included, is printed to stdout).
 - Module settings after import: no callbacks of any kind (they are how LiteLLM ships
-  requests to logging/observability services); `suppress_debug_info` (no "Give Feedback"
+  requests to logging/observability services), no pre- or post-call rules (a stream's
+  post-call rules read all its text so far); `suppress_debug_info` (no "Give Feedback"
   banners on stdout); `set_verbose=False`; `turn_off_message_logging` and
   `redact_messages_in_exceptions` (no prompt text in its logging payloads or exception
   messages); `disable_hf_tokenizer_download` (token counting would otherwise download
@@ -55,6 +56,10 @@ Every HTTP request LiteLLM begins marks the hosted call it belongs to
 (gateway/upstream/hosted_transport.py), so that an adapter's failure before anything was
 sent reads as the client's request, not as the provider failing.
 
+Every stream wrapper LiteLLM creates keeps 13 of its chunks at most, not every one, and none
+of its text (`install_stream_bound`, gateway/upstream/hosted_stream.py): it kept them all
+until the stream ended, about 4 KB a chunk.
+
 A chat or text completion LiteLLM serves through a Responses API (its bridge) asks the
 provider to store nothing: `"store": false`, which that API does not default to
 (gateway/upstream/responses_bridge.py).
@@ -75,6 +80,7 @@ import warnings
 from types import ModuleType
 from typing import Any, Final
 
+from gateway.upstream.hosted_stream import install_stream_bound
 from gateway.upstream.hosted_transport import install_transport_marks
 from gateway.upstream.provider_environment import check_base_url_environment
 from gateway.upstream.responses_bridge import install_unstored_bridge
@@ -107,6 +113,9 @@ _CALLBACK_LISTS: Final = (
     "_async_input_callback",
     "_async_success_callback",
     "_async_failure_callback",
+    # Callables run on the request and on the answer so far: a stream would keep its text.
+    "pre_call_rules",
+    "post_call_rules",
 )
 _SETTINGS: Final[dict[str, Any]] = {
     "suppress_debug_info": True,
@@ -148,6 +157,7 @@ def load_litellm() -> ModuleType:
     _refuse_redirects()
     install_transport_marks()  # a refusal before sending told from a provider's failure
     install_unstored_bridge()  # a chat call LiteLLM sends to a Responses API: `store: false`
+    install_stream_bound()  # a stream's wrapper keeps 13 chunks at most
     for name in _LOGGERS:
         logger = logging.getLogger(name)
         for handler in list(logger.handlers):

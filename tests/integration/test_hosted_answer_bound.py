@@ -21,6 +21,8 @@ import httpx
 import orjson
 import pytest
 
+from gateway.config.schema import BackendSettings
+from gateway.upstream.hosted import HostedClient, HostedError
 from tests.helpers.gateways import (
     HOSTED_ONLY_POLICY,
     LITELLM_WARNINGS,
@@ -244,3 +246,33 @@ def test_an_answer_within_the_bound_is_served(
     )
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"] == content
+
+
+def test_a_provider_litellm_reaches_over_aiohttp_itself_is_not_sent_to(
+    start_raw: Callable[[Answer], RawBackend],
+) -> None:
+    # LiteLLM sends `aiohttp_openai/` through aiohttp's ClientSession, not httpx: its 48 MiB
+    # answer was read whole past the bound. The config refuses that route
+    # (gateway/config/provider_routes.py); behind it, a bounded call refuses to send over
+    # aiohttp except under httpx (whose reads are bounded). Built past the config's check.
+    written = [0]
+    provider = start_raw(flood(b"application/json", ANSWER_HEAD, ANSWER_TAIL, written))
+    checked = BackendSettings.model_validate(hosted_backend("hosted", provider.url + "/v1", "m"))
+    models = [m.model_copy(update={"provider_model": "aiohttp_openai/m"}) for m in checked.models]
+    backend = checked.model_copy(update={"models": models})
+    client = HostedClient(
+        backend, environ={"HOSTED_KEY": "k"}, timeout_s=30.0, max_answer_bytes=LIMIT
+    )
+
+    async def call() -> None:
+        try:
+            doc = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            await client.send("chat", doc, "m")
+        finally:
+            await client.aclose()
+
+    with pytest.raises(HostedError) as info:
+        asyncio.run(call())
+    assert info.value.kind == "protocol"  # this backend cannot serve: another may
+    assert "over aiohttp directly" in info.value.message
+    assert provider.connections == 0 and written[0] == 0  # nothing sent, nothing read

@@ -198,3 +198,18 @@ def test_a_provider_name_in_another_case_is_still_checked() -> None:
         hosted(provider="AZURE", base_url="https://api.openai.com/v1", models=model("openai/x"))
     )
     assert "api.openai.com" in message
+
+
+@pytest.mark.parametrize("provider", ["acme-proxy", "openai"])
+def test_a_route_litellm_sends_over_aiohttp_itself_is_refused(provider: str) -> None:
+    # LiteLLM sends `aiohttp_openai/` through aiohttp's ClientSession, not httpx: nothing
+    # the gateway installs bounds what it reads (tests/integration/test_hosted_answer_bound.py).
+    message = refused(
+        hosted(
+            provider=provider,
+            base_url="https://llm-proxy.internal.example/v1",
+            models=model("aiohttp_openai/gpt-4o"),
+        )
+    )
+    assert "over aiohttp directly" in message and "limits.max_response_bytes" in message
+    assert "use openai/gpt-4o at the same base_url" in message
