@@ -151,10 +151,17 @@ class DrainingServer(CleanExitServer):
         checkpoint was signed, and the process exited 0 all the same. Here the requests
         are cancelled at once (the app answers each with the 503 its record says, without
         waiting for a receipt), given `_FORCED_END_S` to end, and the lifespan shutdown
-        runs: their records are written and the final checkpoint signed (exit 4 if not)."""
+        runs: their records are written and the final checkpoint signed (exit 4 if not).
+        A request making its tenant's charge is cancelled once it is made (`cancel`), as
+        at the app's own drain deadline: cut inside it, the charge was lost (a Redis
+        call never sent; `Admission.release` runs once)."""
+        # Here, not at the top: the module serves the simulators and test servers too,
+        # which need none of the app; by now the app has long imported it.
+        from gateway.api.exchange import cancel
+
         running = [task for task in self.server_state.tasks if not task.done()]
         for task in running:
-            task.cancel(msg="forced shutdown")
+            cancel(task)
         if running:
             await asyncio.wait(running, timeout=_FORCED_END_S)
         await self.lifespan.shutdown()

@@ -18,7 +18,8 @@ supervisor
 - forwards SIGHUP (config and policy reload) to every worker;
 - on SIGTERM or SIGINT forwards SIGTERM, waits for every worker to drain
   (`limits.drain_timeout_s`, plus a margin) and exits 0 when all of them exited 0 (a
-  worker dead in its restart backoff has nothing to drain and is not counted).
+  worker dead in its restart backoff has nothing to drain and is not counted, unless it
+  died 5 times in a row right after starting: then 1).
 
 What differs in a worker (`for_worker`):
 
@@ -260,14 +261,20 @@ class Supervisor:
         """SIGTERM every worker, wait for their drains; 0 if every one exited 0.
 
         A worker waiting out its restart backoff is dead already: it has nothing to
-        drain, and its death was said (and judged) when it happened. Its exit code is
-        not this stop's: before, a SIGTERM or SIGINT that came during a backoff made the
-        supervisor exit 1, as if a drain had failed."""
+        drain, and its exit code is not this stop's (before, a SIGTERM or SIGINT that
+        came during a backoff made the supervisor exit 1, as if a drain had failed);
+        except that one that died `_MAX_QUICK_DEATHS` times in a row right after
+        starting never served (its log may never have opened): exit 1 says so, as when
+        the stop finds it starting (docs/deploy.md, "Exit codes"), not 0 by chance."""
         stopping = {i: w for i, w in self._workers.items() if w.restart_at is None}
         self._log.info("stopping workers", workers=len(stopping))
         self._forward(signal.SIGTERM)
         deadline = time.monotonic() + self._drain_timeout_s + _STOP_MARGIN_S
-        codes: dict[int, int] = {}
+        codes: dict[int, int] = {
+            index: worker.proc.returncode or 1
+            for index, worker in self._workers.items()
+            if worker.restart_at is not None and worker.quick_deaths >= _MAX_QUICK_DEATHS
+        }
         for index, worker in stopping.items():
             try:
                 codes[index] = worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
