@@ -15,7 +15,7 @@ every slot. A replica's count stops counting when its lease (in `leases`) runs o
 
 from __future__ import annotations
 
-__all__ = ["ACQUIRE", "HEARTBEAT", "LEAVE", "RELEASE", "RESERVE", "REVOKE"]
+__all__ = ["ACQUIRE", "HEARTBEAT", "LEAVE", "RELEASE", "RESERVE", "RESTORE", "REVOKE"]
 
 _COMMON = """
 local function now_us()
@@ -299,6 +299,29 @@ end
 for k = 3, #KEYS, 2 do
   drop_fields(KEYS[k], me, {}, {})
   redis.call('HDEL', KEYS[k + 1], me)
+end
+return 1
+"""
+)
+
+# KEYS: leases, then rate keys (a tenant's rpm or tpm TAT); ARGV: replica, then for each
+# rate key the backlog (us) this replica's ledger holds of it -> 1 restored | 0 lease live
+# Run before a resync renews the lease: a replica whose lease is gone (Redis restarted or
+# lost its data, an eviction, a stall past the lease) puts back what it knows of each
+# budget, never less than Redis holds (a max, not a sum: after a stall the keys are
+# still there, and adding would charge twice).
+RESTORE = (
+    _COMMON
+    + """
+local now = now_us()
+local lease = tonumber(redis.call('HGET', KEYS[1], ARGV[1]))
+if lease and lease >= now then return 0 end
+for i = 2, #KEYS do
+  local backlog = tonumber(ARGV[i])
+  local tat = now + backlog
+  if backlog > 0 and (tonumber(redis.call('GET', KEYS[i])) or 0) < tat then
+    redis.call('SET', KEYS[i], us(tat), 'PX', math.floor(backlog / 1000) + 1)
+  end
 end
 return 1
 """

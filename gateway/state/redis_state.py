@@ -83,6 +83,7 @@ class RedisState:
         self._sync_client = _client(url, self._sync_timeout_s, replica + ":sync")
         self._heartbeat_script = self._sync_client.register_script(lua.HEARTBEAT)
         self._leave_script = self._sync_client.register_script(lua.LEAVE)
+        self._restore_script = self._sync_client.register_script(lua.RESTORE)
         self._ledger = Ledger(clock)
         self._slots = HeldSlots(replica, self._ledger)
         self._health = RedisHealth(replica, timeout_s, on_failure=lambda: self._set_others({}))
@@ -267,12 +268,31 @@ class RedisState:
         if self._beats % self._resync_every == 0:
             # now and then, whatever happened: cheap, and self-healing
             self._health.resync = True
+        if self._health.resync:  # the lease may be gone: a resync would renew it
+            await self._restore()
         reply = await self._beat(resync=self._health.resync)
         if int(reply[0]) == -1:  # our lease had run out: rewrite everything at once
+            await self._restore()
             reply = await self._beat(resync=True)
         self._health.replicas = max(1, int(reply[1]))
         self._set_others({text(reply[i]): int(reply[i + 1]) for i in range(4, len(reply), 2)})
         await self._revocations.sync(int(reply[2]), int(reply[3]))
+
+    async def _restore(self) -> None:
+        """Before a resync renews the lease: if it is gone (Redis restarted, flushed or
+        evicted it, or this replica stalled past it), put back each tenant's budget use
+        this replica's ledger holds, so a Redis that lost its keys does not hand every
+        tenant a whole new minute's budget (docs/state.md)."""
+        keys, backlogs = self._limits.backlogs()
+        restored = await self._restore_script(
+            keys=[self._keys.leases, *keys], args=[self.replica_id, *backlogs]
+        )
+        if int(restored) == 1 and self._task is not None:  # not at start: no lease yet
+            self._log.warning(
+                "shared state lease was gone, budgets restored from local use",
+                replica=self.replica_id,
+                budgets=len(keys),
+            )
 
     async def _beat(self, *, resync: bool) -> list[Any]:
         """One HEARTBEAT: the lease, this replica's in-flight counts, and with `resync`

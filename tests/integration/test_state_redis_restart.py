@@ -1,0 +1,96 @@
+"""A Redis that restarts empty (no persistence, a FLUSHALL, an eviction) does not hand a
+tenant a whole new minute's budget.
+
+A real gateway shares its limits on a redis-server started here; its tenant spends its
+requests-per-minute budget, Redis restarts on the same port with nothing in it, and once
+the gateway is back on it (its lease is in Redis again), the tenant is still refused
+until its budget refills: the gateway put back, before renewing its lease, what its own
+ledger holds of each budget (`lua.RESTORE`). Before, the first request after the restart
+found no keys and was admitted, and so were a whole budget's more (10 requests within a
+minute on `requests_per_minute: 5`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from gateway.tenants import hash_api_key
+from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, Gateway, Sim, backend
+from tests.helpers.redis_server import RedisServer
+from tests.helpers.waiting import until
+
+pytestmark = pytest.mark.redis
+
+RPM = 3
+TPM = 600  # a token is 0.1 s of budget: three small requests hold seconds of it
+
+
+def _ask(gateway: Gateway, key: str) -> httpx.Response:
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"authorization": f"Bearer {key}"}
+    return httpx.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers, timeout=30)
+
+
+def _tat_and_now(client: redis.Redis, key: str) -> tuple[int | None, int]:
+    seconds, micros = client.time()
+    raw = client.get(key)
+    return (None if raw is None else int(raw)), seconds * 1_000_000 + micros
+
+
+def test_a_redis_restarted_empty_keeps_the_budgets_spent(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    redis_server: RedisServer,
+) -> None:
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    limits = {"requests_per_minute": RPM, "tokens_per_minute": TPM}
+    tenants: list[dict[str, Any]] = [
+        {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["*"]},
+        {"id": "other", "api_key_hashes": [hash_api_key(OTHER_KEY)], "models": ["*"]},
+    ]
+    for tenant in tenants:
+        tenant["limits"] = limits
+    state = {
+        "backend": "redis",
+        "url": redis_server.url,
+        "timeout_ms": 2000,  # a busy test machine must not fall back by accident
+        "sync_interval_s": 0.05,
+        "lease_ttl_s": 3,
+    }
+    gateway = start_gateway([backend("gpu", sim.url, "m")], tenants=tenants, state=state)
+    client = redis.Redis(port=redis_server.port)
+    try:
+        assert [_ask(gateway, TENANT_KEY).status_code for _ in range(RPM)] == [200] * RPM
+        refused = _ask(gateway, TENANT_KEY)
+        assert refused.status_code == 429, refused.text
+        tokens_before, _ = _tat_and_now(client, "{owngate}:tpm:acme")
+        assert tokens_before is not None
+
+        redis_server.stop()
+        redis_server.start()  # same port, empty
+        assert client.get("{owngate}:rpm:acme") is None
+        until(
+            lambda: bool(client.hgetall("{owngate}:leases")),
+            "the gateway's lease back in the restarted Redis",
+            timeout=30,
+        )
+        until(lambda: gateway.app.state.healthy, "the gateway on Redis again", timeout=30)
+
+        again = _ask(gateway, TENANT_KEY)
+        assert again.status_code == 429, again.text  # was 200: a fresh budget
+        error = again.json()["error"]
+        assert (error["code"], error["type"]) == ("rate_limit_exceeded", "requests")
+        # The tokens budget is back as well, as far as it ran ahead before the restart
+        # (less the time the restart took: the ledger and Redis agree to a few ms).
+        tokens_after, now = _tat_and_now(client, "{owngate}:tpm:acme")
+        assert tokens_after is not None and tokens_after > now
+        assert tokens_after <= tokens_before + 1_000_000
+        # Nothing is made up for a tenant that spent nothing.
+        assert client.get("{owngate}:rpm:other") is None
+        assert _ask(gateway, OTHER_KEY).status_code == 200
+    finally:
+        client.close()
