@@ -106,6 +106,7 @@ class RedisState:
         self._resync_every = max(1, round(lease_ttl_s / sync_interval_s))
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._leased = False  # a HEARTBEAT has given this replica a lease
         self._log = get_logger("owngate.state")
 
     # lifecycle
@@ -287,7 +288,7 @@ class RedisState:
         restored = await self._restore_script(
             keys=[self._keys.leases, *keys], args=[self.replica_id, *backlogs]
         )
-        if int(restored) == 1 and self._task is not None:  # not at start: no lease yet
+        if int(restored) == 1 and self._leased:  # not before a first lease
             self._log.warning(
                 "shared state lease was gone, budgets restored from local use",
                 replica=self.replica_id,
@@ -319,6 +320,7 @@ class RedisState:
         except BaseException:
             self._health.resync = self._health.resync or resync
             raise
+        self._leased = True
         if int(reply[0]) == 1:
             self._slots.settled(touched)
         for backend, sent in backends:
