@@ -21,6 +21,7 @@ here raises for Redis trouble; `acquire` raises only `RateLimited`.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -107,6 +108,7 @@ class RedisState:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._leased = False  # a HEARTBEAT has given this replica a lease
+        self._epoch = ""  # the `epoch` key's value when this replica last restored
         self._log = get_logger("owngate.state")
 
     # lifecycle
@@ -285,10 +287,18 @@ class RedisState:
         this replica's ledger holds, so a Redis that lost its keys does not hand every
         tenant a whole new minute's budget (docs/state.md)."""
         keys, backlogs = self._limits.backlogs()
-        restored = await self._restore_script(
-            keys=[self._keys.leases, *keys], args=[self.replica_id, *backlogs]
+        reply = await self._restore_script(
+            keys=[self._keys.leases, self._keys.epoch, *keys],
+            args=[self.replica_id, self._epoch, os.urandom(8).hex(), *backlogs],
         )
-        if int(restored) == 1 and self._leased:  # not before a first lease
+        restored, self._epoch = int(reply[0]), text(reply[1])
+        if restored == 2:
+            self._log.warning(
+                "redis lost its data, budgets restored from local use",
+                replica=self.replica_id,
+                budgets=len(keys),
+            )
+        elif restored == 1 and self._leased:  # not before a first lease
             self._log.warning(
                 "shared state lease was gone, budgets restored from local use",
                 replica=self.replica_id,

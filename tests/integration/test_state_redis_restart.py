@@ -7,7 +7,8 @@ the gateway is back on it (its lease is in Redis again), the tenant is still ref
 until its budget refills: the gateway put back, before renewing its lease, what its own
 ledger holds of each budget (`lua.RESTORE`). Before, the first request after the restart
 found no keys and was admitted, and so were a whole budget's more (10 requests within a
-minute on `requests_per_minute: 5`)."""
+minute on `requests_per_minute: 5`). With two replicas each puts back its own part, and
+the parts add up (Redis's `epoch` key says the data was lost, not just a lease)."""
 
 from __future__ import annotations
 
@@ -41,26 +42,52 @@ def _tat_and_now(client: redis.Redis, key: str) -> tuple[int | None, int]:
     return (None if raw is None else int(raw)), seconds * 1_000_000 + micros
 
 
+def _tenants(limits: dict[str, int]) -> list[dict[str, Any]]:
+    """acme (TENANT_KEY) and other (OTHER_KEY), each with `limits`."""
+    keys = (("acme", TENANT_KEY), ("other", OTHER_KEY))
+    return [
+        {"id": tenant, "api_key_hashes": [hash_api_key(key)], "models": ["*"], "limits": limits}
+        for tenant, key in keys
+    ]
+
+
+def _state(server: RedisServer, replica: str | None = None) -> dict[str, Any]:
+    return {
+        "backend": "redis",
+        "url": server.url,
+        "replica_id": replica,
+        "timeout_ms": 2000,  # a busy test machine must not fall back by accident
+        "sync_interval_s": 0.05,
+        "lease_ttl_s": 3,
+    }
+
+
+def _restart_and_wait(server: RedisServer, client: redis.Redis, *gateways: Gateway) -> None:
+    """Restart Redis empty on its port; back once every gateway holds a lease there
+    again (its budgets were restored before, in the same sync) and is on Redis."""
+    server.stop()
+    server.start()  # same port, empty
+    assert client.get("{owngate}:rpm:acme") is None
+    until(
+        lambda: client.hlen("{owngate}:leases") == len(gateways),
+        "every gateway's lease back in the restarted Redis",
+        timeout=30,
+    )
+    until(
+        lambda: all(gateway.app.state.healthy for gateway in gateways),
+        "every gateway on Redis again",
+        timeout=30,
+    )
+
+
 def test_a_redis_restarted_empty_keeps_the_budgets_spent(
     start_sim: Callable[..., Sim],
     start_gateway: Callable[..., Gateway],
     redis_server: RedisServer,
 ) -> None:
     sim = start_sim("vllm", models=("m",), zero_latency=True)
-    limits = {"requests_per_minute": RPM, "tokens_per_minute": TPM}
-    tenants: list[dict[str, Any]] = [
-        {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["*"]},
-        {"id": "other", "api_key_hashes": [hash_api_key(OTHER_KEY)], "models": ["*"]},
-    ]
-    for tenant in tenants:
-        tenant["limits"] = limits
-    state = {
-        "backend": "redis",
-        "url": redis_server.url,
-        "timeout_ms": 2000,  # a busy test machine must not fall back by accident
-        "sync_interval_s": 0.05,
-        "lease_ttl_s": 3,
-    }
+    tenants = _tenants({"requests_per_minute": RPM, "tokens_per_minute": TPM})
+    state = _state(redis_server)
     gateway = start_gateway([backend("gpu", sim.url, "m")], tenants=tenants, state=state)
     client = redis.Redis(port=redis_server.port)
     try:
@@ -70,15 +97,7 @@ def test_a_redis_restarted_empty_keeps_the_budgets_spent(
         tokens_before, _ = _tat_and_now(client, "{owngate}:tpm:acme")
         assert tokens_before is not None
 
-        redis_server.stop()
-        redis_server.start()  # same port, empty
-        assert client.get("{owngate}:rpm:acme") is None
-        until(
-            lambda: bool(client.hgetall("{owngate}:leases")),
-            "the gateway's lease back in the restarted Redis",
-            timeout=30,
-        )
-        until(lambda: gateway.app.state.healthy, "the gateway on Redis again", timeout=30)
+        _restart_and_wait(redis_server, client, gateway)
 
         again = _ask(gateway, TENANT_KEY)
         assert again.status_code == 429, again.text  # was 200: a fresh budget
@@ -92,5 +111,39 @@ def test_a_redis_restarted_empty_keeps_the_budgets_spent(
         # Nothing is made up for a tenant that spent nothing.
         assert client.get("{owngate}:rpm:other") is None
         assert _ask(gateway, OTHER_KEY).status_code == 200
+    finally:
+        client.close()
+
+
+def test_two_replicas_each_put_back_their_part_of_a_budget(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    redis_server: RedisServer,
+) -> None:
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    rpm = 4
+    tenants = _tenants({"requests_per_minute": rpm})
+    a, b = (
+        start_gateway(
+            [backend("gpu", sim.url, "m")], tenants=tenants, state=_state(redis_server, r)
+        )
+        for r in ("replica-a", "replica-b")
+    )
+    client = redis.Redis(port=redis_server.port)
+    try:
+        until(lambda: client.hlen("{owngate}:leases") == 2, "both replicas on Redis", timeout=30)
+        # half the budget through each replica: all of it, across both
+        spent = [_ask(g, TENANT_KEY).status_code for g in (a, a, b, b)]
+        assert spent == [200] * rpm
+        assert _ask(a, TENANT_KEY).status_code == 429
+
+        _restart_and_wait(redis_server, client, a, b)
+
+        # each replica put back its two requests: the budget is spent still, on both
+        # (a max of the two, as after a stall, left two requests' room: was 200)
+        for gateway in (a, b):
+            again = _ask(gateway, TENANT_KEY)
+            assert again.status_code == 429, again.text
+            assert again.json()["error"]["type"] == "requests"
     finally:
         client.close()
