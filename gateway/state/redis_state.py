@@ -109,6 +109,7 @@ class RedisState:
         self._closing = False
         self._leased = False  # a HEARTBEAT has given this replica a lease
         self._epoch = ""  # the `epoch` key's value when this replica last restored
+        self._restores = 0
         self._log = get_logger("owngate.state")
 
     # lifecycle
@@ -192,6 +193,7 @@ class RedisState:
             fallbacks=self._health.fallbacks,
             errors=self._health.errors,
             pending_revocations=self._revocations.pending,
+            restores=self._restores,
         )
 
     async def acquire(self, tenant: str, limits: TenantLimits) -> Admission:
@@ -292,6 +294,8 @@ class RedisState:
             args=[self.replica_id, self._epoch, os.urandom(8).hex(), *backlogs],
         )
         restored, self._epoch = int(reply[0]), text(reply[1])
+        if restored == 2 or (restored == 1 and self._leased):
+            self._restores += 1
         if restored == 2:
             self._log.warning(
                 "redis lost its data, budgets restored from local use",

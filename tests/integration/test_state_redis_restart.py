@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from gateway.tenants import hash_api_key
-from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, Gateway, Sim, backend
+from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, Gateway, Sim, backend, readiness
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.waiting import until
 
@@ -108,6 +108,10 @@ def test_a_redis_restarted_empty_keeps_the_budgets_spent(
         tokens_after, now = _tat_and_now(client, "{owngate}:tpm:acme")
         assert tokens_after is not None and tokens_after > now
         assert tokens_after <= tokens_before + 1_000_000
+        # and says so: the readiness detail and /metrics count the restore
+        assert readiness(gateway.url)["state"]["restores"] == 1
+        metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+        assert "owngate_state_restores_total 1.0" in metrics.splitlines()
         # Nothing is made up for a tenant that spent nothing.
         assert client.get("{owngate}:rpm:other") is None
         assert _ask(gateway, OTHER_KEY).status_code == 200
