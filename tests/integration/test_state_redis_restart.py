@@ -12,6 +12,7 @@ the parts add up (Redis's `epoch` key says the data was lost, not just a lease).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ import redis
 
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, Gateway, Sim, backend, readiness
+from tests.helpers.processes import GatewayProcess
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.waiting import until
 
@@ -151,3 +153,34 @@ def test_two_replicas_each_put_back_their_part_of_a_budget(
             assert again.json()["error"]["type"] == "requests"
     finally:
         client.close()
+
+
+def test_a_gateway_that_never_reaches_redis_says_why_in_its_log(
+    process: Callable[..., GatewayProcess], redis_server: RedisServer
+) -> None:
+    """A wrong password (or an ACL, or Redis down at start) leaves the gateway on local
+    state from its first sync: its log says so, with Redis's reason and never the
+    password (before, only a lost connection after a success was logged: a gateway that
+    never reached Redis ran on local limits without a line about it)."""
+    password = "og-wrong-redis-password-4711"
+    admin = redis.Redis(port=redis_server.port)
+    admin.config_set("requirepass", "the-right-one")
+    admin.close()
+    url = f"redis://:{password}@127.0.0.1:{redis_server.port}/0"
+    gateway = process(state={"backend": "redis", "url": url}).start()
+    until(
+        lambda: "shared state degraded" in gateway.output(),
+        "the gateway logging that it runs on local state",
+        timeout=30,
+        detail=gateway.output,
+    )
+    line = next(
+        json.loads(line)
+        for line in (gateway.stdout() + gateway.stderr()).splitlines()
+        if "shared state degraded" in line
+    )
+    assert line["level"] == "warning"
+    assert line["reason"].startswith("redis sync failed: AuthenticationError")
+    assert readiness(gateway.url)["state"]["healthy"] is False
+    gateway.stop()
+    assert not any(password.encode() in written for written in gateway.written())
