@@ -164,6 +164,12 @@ class StateCollector(Collector):
             "Key revocations made here that the shared store has not stored yet.",
             value=status.pending_revocations,
         )
+        yield CounterMetricFamily(
+            "owngate_state_restores",
+            "Times this replica found its lease gone and put its tenants' budget use back "
+            "into the shared store (Redis lost its data, or this replica stalled).",
+            value=status.restores,
+        )
         peers = GaugeMetricFamily(
             "owngate_backend_peer_inflight",
             "Requests the other gateway replicas have in flight to each backend, as of the "

@@ -220,6 +220,15 @@ class Ledger:
         reserved = None if tpm is None else account.reserved
         return TenantUse(inflight=inflight, requests=requests, tokens=tokens, reserved=reserved)
 
+    def backlog_us(self, tenant: str) -> tuple[int, int]:
+        """How far `tenant`'s requests and tokens budgets run ahead of now (us, 0 when
+        whole), in the units of the limits they were charged at."""
+        account = self._accounts.get(tenant)
+        if account is None:
+            return 0, 0
+        now = self._now()
+        return max(0, account.requests_tat - now), max(0, account.tokens_tat - now)
+
     def held_by_tenant(self) -> dict[str, int]:
         """Tenants holding slots now, with their counts."""
         return {t: a.held for t, a in self._accounts.items() if a.held > 0}

@@ -15,7 +15,7 @@ every slot. A replica's count stops counting when its lease (in `leases`) runs o
 
 from __future__ import annotations
 
-__all__ = ["ACQUIRE", "HEARTBEAT", "LEAVE", "RELEASE", "RESERVE", "REVOKE"]
+__all__ = ["ACQUIRE", "HEARTBEAT", "LEAVE", "RELEASE", "RESERVE", "RESTORE", "REVOKE"]
 
 _COMMON = """
 local function now_us()
@@ -301,5 +301,42 @@ for k = 3, #KEYS, 2 do
   redis.call('HDEL', KEYS[k + 1], me)
 end
 return 1
+"""
+)
+
+# KEYS: leases, epoch, then rate keys (a tenant's rpm or tpm TAT)
+# ARGV: replica, the epoch it last saw ('' none yet), a new epoch, then for each rate key
+# the backlog (us) this replica's ledger holds of it
+# -> {0, epoch} lease live | {1, epoch} restored (a max) | {2, epoch} restored (added)
+# Run before a resync renews the lease: a replica whose lease is gone puts back what it
+# knows of each budget. The epoch (set once, never expiring) tells why the lease went:
+# another epoch, or none, means Redis lost its data (a restart, a FLUSHALL), and every
+# replica adds its own backlog, so they sum to what was spent; the same one means only
+# this replica's lease ran out (a stall), the keys are still there, and a max keeps
+# what was spent from being charged twice.
+RESTORE = (
+    _COMMON
+    + """
+local now = now_us()
+local epoch = redis.call('GET', KEYS[2])
+if not epoch then
+  epoch = ARGV[3]
+  redis.call('SET', KEYS[2], epoch)
+end
+local lease = tonumber(redis.call('HGET', KEYS[1], ARGV[1]))
+if lease and lease >= now then return {0, epoch} end
+local lost = ARGV[2] ~= '' and ARGV[2] ~= epoch
+for i = 3, #KEYS do
+  local backlog = tonumber(ARGV[i + 1])
+  if backlog > 0 then
+    local old = tonumber(redis.call('GET', KEYS[i])) or 0
+    local tat = now + backlog
+    if lost then tat = math.max(old, now) + backlog end
+    if old < tat then
+      redis.call('SET', KEYS[i], us(tat), 'PX', math.floor((tat - now) / 1000) + 1)
+    end
+  end
+end
+return {lost and 2 or 1, epoch}
 """
 )

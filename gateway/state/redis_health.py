@@ -30,6 +30,7 @@ class RedisHealth:
         self.replicas = 1
         self.fallbacks = 0
         self.errors = 0
+        self._reported = False  # whether Redis was up or down has been logged yet
         self._log = get_logger("owngate.state")
 
     def failed(self, what: str, exc: BaseException, timeout_s: float | None = None) -> None:
@@ -38,12 +39,16 @@ class RedisHealth:
         self.resync = True
         self._on_failure()
         reason = f"redis {what} failed: {describe_failure(exc, timeout_s or self._timeout_s)}"
-        if self.healthy:
+        # once per outage, the first one included: a replica that never reached Redis
+        # (a wrong password, an ACL, Redis down at start) says so too
+        if self.healthy or not self._reported:
+            self._reported = True
             self._log.warning("shared state degraded, using local state", reason=reason)
         self.healthy = False
         self.reason = reason
 
     def recovered(self) -> None:
+        self._reported = True
         if not self.healthy:
             self._log.info("shared state on redis", replica=self._replica_id)
         self.healthy = True

@@ -37,6 +37,7 @@ class RedisKeys:
         self.inflight = f"{tag}:inflight"
         self.revoked = f"{tag}:revoked"
         self.revoked_version = f"{tag}:revoked:version"
+        self.epoch = f"{tag}:epoch"
 
     def slots(self, tenant: str) -> str:
         return f"{self._tag}:slots:{tenant}"

@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from gateway.state import lua
-from gateway.state.ledger import CONCURRENCY_RETRY_S, MAX_DEBT_US, Ledger
+from gateway.state.ledger import CONCURRENCY_RETRY_S, MAX_DEBT_US, Ledger, request_interval_us
 from gateway.state.redis_health import RedisHealth
 from gateway.state.redis_keys import FAILURES, RedisKeys
 from gateway.state.redis_slots import HeldSlots
@@ -68,11 +68,16 @@ class RedisLimits:
         self._acquire_script = client.register_script(lua.ACQUIRE)
         self._reserve_script = client.register_script(lua.RESERVE)
         self._release_script = client.register_script(lua.RELEASE)
+        # Each rate-limited tenant's limits and the share its last admission was given:
+        # what `backlogs` scales its ledger by (tenants come from the config only).
+        self._rated: dict[str, tuple[TenantLimits, TenantLimits]] = {}
 
     async def acquire(self, tenant: str, limits: TenantLimits) -> Admission:
         """Admit one request of `tenant` across all replicas or raise `RateLimited`."""
         if limits.unlimited:
             return Admission(None, tenant, limits, held=False, shared=False)
+        if limits.requests_per_minute is not None or limits.tokens_per_minute is not None:
+            self._rated[tenant] = (limits, limits.share(self._health.replicas))
         if not self._health.healthy:
             return self._admit_locally(tenant, limits)
         # A slot is held (and counted by a resync) from before Redis answers.
@@ -120,6 +125,30 @@ class RedisLimits:
             return self._admit_locally(tenant, limits)
         which = _REFUSED[int(reply[1])]
         raise RateLimited(tenant, which, limits.value(which) or 0, int(reply[2]) / 1_000_000)
+
+    def backlogs(self) -> tuple[list[str], list[int]]:
+        """The rate keys of the tenants this replica admitted, and how far each budget
+        runs ahead of now on this replica's ledger, in the global limit's units (for
+        `lua.RESTORE`: Redis lost the keys, or might have). Tenants whose budgets are
+        whole are forgotten until their next admission."""
+        keys: list[str] = []
+        backlogs: list[int] = []
+        for tenant, (limits, local) in list(self._rated.items()):
+            requests_us, tokens_us = self._ledger.backlog_us(tenant)
+            if requests_us == 0 and tokens_us == 0:
+                del self._rated[tenant]
+                continue
+            rpm, local_rpm = limits.requests_per_minute, local.requests_per_minute
+            if rpm is not None and local_rpm is not None and requests_us > 0:
+                keys.append(self._keys.requests(tenant))
+                # as many requests, each at the global limit's interval
+                scaled = requests_us * request_interval_us(rpm) // request_interval_us(local_rpm)
+                backlogs.append(scaled)
+            tpm, local_tpm = limits.tokens_per_minute, local.tokens_per_minute
+            if tpm is not None and local_tpm is not None and tokens_us > 0:
+                keys.append(self._keys.tokens(tenant))
+                backlogs.append(min(tokens_us * local_tpm // tpm, MAX_DEBT_US))  # as many tokens
+        return keys, backlogs
 
     async def _call(self, script: AsyncScript, keys: list[str], args: list[str | int]) -> Any:
         """One request-path EVALSHA: waiting for a turn and Redis's answer together

@@ -21,6 +21,7 @@ here raises for Redis trouble; `acquire` raises only `RateLimited`.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -83,6 +84,7 @@ class RedisState:
         self._sync_client = _client(url, self._sync_timeout_s, replica + ":sync")
         self._heartbeat_script = self._sync_client.register_script(lua.HEARTBEAT)
         self._leave_script = self._sync_client.register_script(lua.LEAVE)
+        self._restore_script = self._sync_client.register_script(lua.RESTORE)
         self._ledger = Ledger(clock)
         self._slots = HeldSlots(replica, self._ledger)
         self._health = RedisHealth(replica, timeout_s, on_failure=lambda: self._set_others({}))
@@ -105,6 +107,9 @@ class RedisState:
         self._resync_every = max(1, round(lease_ttl_s / sync_interval_s))
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._leased = False  # a HEARTBEAT has given this replica a lease
+        self._epoch = ""  # the `epoch` key's value when this replica last restored
+        self._restores = 0
         self._log = get_logger("owngate.state")
 
     # lifecycle
@@ -188,6 +193,7 @@ class RedisState:
             fallbacks=self._health.fallbacks,
             errors=self._health.errors,
             pending_revocations=self._revocations.pending,
+            restores=self._restores,
         )
 
     async def acquire(self, tenant: str, limits: TenantLimits) -> Admission:
@@ -267,12 +273,41 @@ class RedisState:
         if self._beats % self._resync_every == 0:
             # now and then, whatever happened: cheap, and self-healing
             self._health.resync = True
+        if self._health.resync:  # the lease may be gone: a resync would renew it
+            await self._restore()
         reply = await self._beat(resync=self._health.resync)
         if int(reply[0]) == -1:  # our lease had run out: rewrite everything at once
+            await self._restore()
             reply = await self._beat(resync=True)
         self._health.replicas = max(1, int(reply[1]))
         self._set_others({text(reply[i]): int(reply[i + 1]) for i in range(4, len(reply), 2)})
         await self._revocations.sync(int(reply[2]), int(reply[3]))
+
+    async def _restore(self) -> None:
+        """Before a resync renews the lease: if it is gone (Redis restarted, flushed or
+        evicted it, or this replica stalled past it), put back each tenant's budget use
+        this replica's ledger holds, so a Redis that lost its keys does not hand every
+        tenant a whole new minute's budget (docs/state.md)."""
+        keys, backlogs = self._limits.backlogs()
+        reply = await self._restore_script(
+            keys=[self._keys.leases, self._keys.epoch, *keys],
+            args=[self.replica_id, self._epoch, os.urandom(8).hex(), *backlogs],
+        )
+        restored, self._epoch = int(reply[0]), text(reply[1])
+        if restored == 2 or (restored == 1 and self._leased):
+            self._restores += 1
+        if restored == 2:
+            self._log.warning(
+                "redis lost its data, budgets restored from local use",
+                replica=self.replica_id,
+                budgets=len(keys),
+            )
+        elif restored == 1 and self._leased:  # not before a first lease
+            self._log.warning(
+                "shared state lease was gone, budgets restored from local use",
+                replica=self.replica_id,
+                budgets=len(keys),
+            )
 
     async def _beat(self, *, resync: bool) -> list[Any]:
         """One HEARTBEAT: the lease, this replica's in-flight counts, and with `resync`
@@ -299,6 +334,7 @@ class RedisState:
         except BaseException:
             self._health.resync = self._health.resync or resync
             raise
+        self._leased = True
         if int(reply[0]) == 1:
             self._slots.settled(touched)
         for backend, sent in backends:

@@ -210,6 +210,7 @@ class StateStatus:
     fallbacks: int  # calls decided on local state because Redis was unavailable
     errors: int  # Redis calls that failed or timed out
     pending_revocations: int  # revocations made here that Redis has not stored yet
+    restores: int = 0  # times this replica put its budget use back (its lease was gone)
 
     def detail(self) -> dict[str, object]:
         return {
@@ -221,6 +222,7 @@ class StateStatus:
             "fallbacks": self.fallbacks,
             "errors": self.errors,
             "pending_revocations": self.pending_revocations,
+            "restores": self.restores,
         }
 
 

@@ -1,0 +1,186 @@
+"""A Redis that restarts empty (no persistence, a FLUSHALL, an eviction) does not hand a
+tenant a whole new minute's budget.
+
+A real gateway shares its limits on a redis-server started here; its tenant spends its
+requests-per-minute budget, Redis restarts on the same port with nothing in it, and once
+the gateway is back on it (its lease is in Redis again), the tenant is still refused
+until its budget refills: the gateway put back, before renewing its lease, what its own
+ledger holds of each budget (`lua.RESTORE`). Before, the first request after the restart
+found no keys and was admitted, and so were a whole budget's more (10 requests within a
+minute on `requests_per_minute: 5`). With two replicas each puts back its own part, and
+the parts add up (Redis's `epoch` key says the data was lost, not just a lease)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from gateway.tenants import hash_api_key
+from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, Gateway, Sim, backend, readiness
+from tests.helpers.processes import GatewayProcess
+from tests.helpers.redis_server import RedisServer
+from tests.helpers.waiting import until
+
+pytestmark = pytest.mark.redis
+
+RPM = 3
+TPM = 600  # a token is 0.1 s of budget: three small requests hold seconds of it
+
+
+def _ask(gateway: Gateway, key: str) -> httpx.Response:
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"authorization": f"Bearer {key}"}
+    return httpx.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers, timeout=30)
+
+
+def _tat_and_now(client: redis.Redis, key: str) -> tuple[int | None, int]:
+    seconds, micros = client.time()
+    raw = client.get(key)
+    return (None if raw is None else int(raw)), seconds * 1_000_000 + micros
+
+
+def _tenants(limits: dict[str, int]) -> list[dict[str, Any]]:
+    """acme (TENANT_KEY) and other (OTHER_KEY), each with `limits`."""
+    keys = (("acme", TENANT_KEY), ("other", OTHER_KEY))
+    return [
+        {"id": tenant, "api_key_hashes": [hash_api_key(key)], "models": ["*"], "limits": limits}
+        for tenant, key in keys
+    ]
+
+
+def _state(server: RedisServer, replica: str | None = None) -> dict[str, Any]:
+    return {
+        "backend": "redis",
+        "url": server.url,
+        "replica_id": replica,
+        "timeout_ms": 2000,  # a busy test machine must not fall back by accident
+        "sync_interval_s": 0.05,
+        "lease_ttl_s": 3,
+    }
+
+
+def _restart_and_wait(server: RedisServer, client: redis.Redis, *gateways: Gateway) -> None:
+    """Restart Redis empty on its port; back once every gateway holds a lease there
+    again (its budgets were restored before, in the same sync) and is on Redis."""
+    server.stop()
+    server.start()  # same port, empty
+    assert client.get("{owngate}:rpm:acme") is None
+    until(
+        lambda: client.hlen("{owngate}:leases") == len(gateways),
+        "every gateway's lease back in the restarted Redis",
+        timeout=30,
+    )
+    until(
+        lambda: all(gateway.app.state.healthy for gateway in gateways),
+        "every gateway on Redis again",
+        timeout=30,
+    )
+
+
+def test_a_redis_restarted_empty_keeps_the_budgets_spent(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    redis_server: RedisServer,
+) -> None:
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    tenants = _tenants({"requests_per_minute": RPM, "tokens_per_minute": TPM})
+    state = _state(redis_server)
+    gateway = start_gateway([backend("gpu", sim.url, "m")], tenants=tenants, state=state)
+    client = redis.Redis(port=redis_server.port)
+    try:
+        assert [_ask(gateway, TENANT_KEY).status_code for _ in range(RPM)] == [200] * RPM
+        refused = _ask(gateway, TENANT_KEY)
+        assert refused.status_code == 429, refused.text
+        tokens_before, _ = _tat_and_now(client, "{owngate}:tpm:acme")
+        assert tokens_before is not None
+
+        _restart_and_wait(redis_server, client, gateway)
+
+        again = _ask(gateway, TENANT_KEY)
+        assert again.status_code == 429, again.text  # was 200: a fresh budget
+        error = again.json()["error"]
+        assert (error["code"], error["type"]) == ("rate_limit_exceeded", "requests")
+        # The tokens budget is back as well, as far as it ran ahead before the restart
+        # (less the time the restart took: the ledger and Redis agree to a few ms).
+        tokens_after, now = _tat_and_now(client, "{owngate}:tpm:acme")
+        assert tokens_after is not None and tokens_after > now
+        assert tokens_after <= tokens_before + 1_000_000
+        # and says so: the readiness detail and /metrics count the restore
+        assert readiness(gateway.url)["state"]["restores"] == 1
+        metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+        assert "owngate_state_restores_total 1.0" in metrics.splitlines()
+        # Nothing is made up for a tenant that spent nothing.
+        assert client.get("{owngate}:rpm:other") is None
+        assert _ask(gateway, OTHER_KEY).status_code == 200
+    finally:
+        client.close()
+
+
+def test_two_replicas_each_put_back_their_part_of_a_budget(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    redis_server: RedisServer,
+) -> None:
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    rpm = 4
+    tenants = _tenants({"requests_per_minute": rpm})
+    a, b = (
+        start_gateway(
+            [backend("gpu", sim.url, "m")], tenants=tenants, state=_state(redis_server, r)
+        )
+        for r in ("replica-a", "replica-b")
+    )
+    client = redis.Redis(port=redis_server.port)
+    try:
+        until(lambda: client.hlen("{owngate}:leases") == 2, "both replicas on Redis", timeout=30)
+        # half the budget through each replica: all of it, across both
+        spent = [_ask(g, TENANT_KEY).status_code for g in (a, a, b, b)]
+        assert spent == [200] * rpm
+        assert _ask(a, TENANT_KEY).status_code == 429
+
+        _restart_and_wait(redis_server, client, a, b)
+
+        # each replica put back its two requests: the budget is spent still, on both
+        # (a max of the two, as after a stall, left two requests' room: was 200)
+        for gateway in (a, b):
+            again = _ask(gateway, TENANT_KEY)
+            assert again.status_code == 429, again.text
+            assert again.json()["error"]["type"] == "requests"
+    finally:
+        client.close()
+
+
+def test_a_gateway_that_never_reaches_redis_says_why_in_its_log(
+    process: Callable[..., GatewayProcess], redis_server: RedisServer
+) -> None:
+    """A wrong password (or an ACL, or Redis down at start) leaves the gateway on local
+    state from its first sync: its log says so, with Redis's reason and never the
+    password (before, only a lost connection after a success was logged: a gateway that
+    never reached Redis ran on local limits without a line about it)."""
+    password = "og-wrong-redis-password-4711"
+    admin = redis.Redis(port=redis_server.port)
+    admin.config_set("requirepass", "the-right-one")
+    admin.close()
+    url = f"redis://:{password}@127.0.0.1:{redis_server.port}/0"
+    gateway = process(state={"backend": "redis", "url": url}).start()
+    until(
+        lambda: "shared state degraded" in gateway.output(),
+        "the gateway logging that it runs on local state",
+        timeout=30,
+        detail=gateway.output,
+    )
+    line = next(
+        json.loads(line)
+        for line in (gateway.stdout() + gateway.stderr()).splitlines()
+        if "shared state degraded" in line
+    )
+    assert line["level"] == "warning"
+    assert line["reason"].startswith("redis sync failed: AuthenticationError")
+    assert readiness(gateway.url)["state"]["healthy"] is False
+    gateway.stop()
+    assert not any(password.encode() in written for written in gateway.written())
