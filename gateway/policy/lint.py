@@ -118,7 +118,9 @@ def _entries(path: YamlPath, rules: Sections, backends: Sequence[BackendFacts], 
         for key, entries in (("allow", rules.residency.allow), ("deny", rules.residency.deny)):
             for i, entry in enumerate(entries):
                 patterns = jurisdictions.expand(entry)
-                if not any(jurisdictions.region_matches(r, patterns) for r in regions):
+                # A deny holds for a backend declared by a code when it covers any part.
+                matches = jurisdictions.overlap if key == "deny" else jurisdictions.region_matches
+                if not any(matches(r, patterns) for r in regions):
                     warn(
                         (*path, "residency", key, i),
                         f"{entry!r} matches no configured backend region "
@@ -171,7 +173,9 @@ def _unplaced(
         for b in backends
         if b.region.lower() not in placed
         and covered(b.region, residency.allow)
-        and not covered(b.region, residency.deny)
+        and not any(
+            jurisdictions.overlap(b.region, jurisdictions.expand(e)) for e in residency.deny
+        )
     ]
     if unplaced:
         named = ", ".join(f"{b.id} ({b.region!r})" for b in unplaced)

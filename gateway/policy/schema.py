@@ -60,6 +60,18 @@ def _pattern(value: str) -> str:
     problem = plain_name_problem(value)
     if problem is not None:
         raise ValueError(f"{problem}, so it would match nothing; write it plainly")
+    # Nor a space inside: YAML joins a value continued on the next line into one, so a
+    # list item indented one step too far (`- azure` then `  - openai`) or a missing
+    # comma (`[azure openai]`) reads as the one entry 'azure - openai', which matches
+    # nothing. No backend id, jurisdiction or certificate fact holds a space; a name
+    # in gateway.yaml that does is matched with `?` for it.
+    if " " in value:
+        raise ValueError(
+            f"{value!r} has a space inside: YAML joins a value continued on the next "
+            "line (a list item indented too far, a missing comma) into one entry, which "
+            "would match nothing; write each entry as its own list item (for a name "
+            "that holds a space, write ? for it)"
+        )
     return value
 
 

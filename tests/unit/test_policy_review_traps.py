@@ -1,0 +1,145 @@
+"""Policy text that reads as a restriction in a review but restricted nothing.
+
+- YAML joins a value continued on the next line into one scalar: a deny list item indented
+  one step too far (`- azure` then `  - openai`), a missing comma (`[azure openai]`) or a
+  quoted entry broken over two lines loaded as the single entry 'azure - openai', which
+  matched no provider, so the deny held for neither (`check` only warned). Such an entry
+  is now an error at load, with the file, line and column.
+- A backend may be declared by a jurisdiction code (`region: eu`, `region: de`): it is
+  somewhere in that area. `residency: {allow: [eea], deny: [de, "no"]}` admitted a backend
+  declared `region: eu` or `region: eea`, which may well be in Germany or Norway. A deny now
+  holds for such a backend when it covers any part of the area.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+
+from gateway.policy import BackendFacts, PolicyError, check_sources, parse_policies
+
+M = frozenset({"m"})
+
+
+def _backend(
+    bid: str, tier: Literal["private", "hosted"], provider: str, region: str
+) -> BackendFacts:
+    kind = "hosted" if tier == "hosted" else "vllm"
+    return BackendFacts(bid, tier, kind, provider, region, provider, 0, True, False, M)
+
+
+HOSTED = (
+    _backend("gpu", "private", "own", "eu-west-1"),
+    _backend("azure-eu", "hosted", "azure", "westeurope"),
+    _backend("openai", "hosted", "openai", "us"),
+)
+
+POLICY = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: p}
+spec:
+  tenants: [t]
+  residency: {allow: ["*"]}
+  retention: {max_days: any}
+  fallback:
+    mode: when_private_unavailable
+    to: [{provider: "*"}]
+"""
+
+
+@pytest.mark.parametrize(
+    ("section", "where", "joined"),
+    [
+        # the second item indented one step too far: a continuation of the first
+        (
+            "  providers:\n    deny:\n      - azure\n        - openai\n",
+            "p.yaml:13:9",
+            "azure - openai",
+        ),
+        ("  providers:\n    deny: [azure openai]\n", "p.yaml:12:12", "azure openai"),
+        ("  providers:\n    deny: [azure\n      openai]\n", "p.yaml:12:12", "azure openai"),
+        ('  providers: {deny: ["azure\n    openai"]}\n', "p.yaml:11:22", "azure openai"),
+        ("  backends:\n    deny: [azure-eu\n      openai]\n", "p.yaml:12:12", "azure-eu openai"),
+        ("  models: {allow: [m\n    n]}\n", "p.yaml:11:20", "m n"),
+    ],
+)
+def test_an_entry_joined_from_two_lines_is_an_error_not_a_deny_of_nothing(
+    section: str, where: str, joined: str
+) -> None:
+    text = POLICY + section
+    policy_set, errors, _warnings = check_sources([("p.yaml", text)], HOSTED, ["t"])
+    assert policy_set is None
+    assert len(errors) == 1, errors
+    assert str(errors[0]).startswith(f"{where}: "), str(errors[0])
+    assert f"{joined!r} has a space inside" in errors[0].message
+    with pytest.raises(PolicyError, match="has a space inside"):  # what the gateway loads
+        parse_policies([("p.yaml", text)], HOSTED)
+
+
+def test_the_entries_written_as_two_items_deny_both() -> None:
+    text = POLICY + "  providers:\n    deny:\n      - azure\n      - openai\n"
+    decision = parse_policies([("p.yaml", text)], HOSTED).decide("t", "m", None)
+    assert (decision.private, decision.hosted) == (("gpu",), ())
+
+
+def test_a_fallback_target_with_a_space_inside_is_an_error() -> None:
+    text = POLICY.replace('[{provider: "*"}]', '[{provider: "azure openai"}]')
+    _set, errors, _warnings = check_sources([("p.yaml", text)], HOSTED, ["t"])
+    assert [e.path for e in errors] == ["spec.fallback.to[0].provider"], errors
+
+
+CODED = (
+    _backend("in-eu", "private", "own", "eu"),
+    _backend("in-eea", "private", "own", "eea"),
+    _backend("in-de", "private", "own", "de"),
+    _backend("frankfurt", "private", "own", "eu-central-1"),
+    _backend("dublin", "private", "own", "eu-west-1"),
+    _backend("oslo", "private", "own", "norwayeast"),
+)
+
+
+def _admitted(residency: str) -> tuple[str, ...]:
+    text = POLICY.replace('residency: {allow: ["*"]}', f"residency: {residency}")
+    return parse_policies([("p.yaml", text)], CODED).decide("t", "m", None).private
+
+
+@pytest.mark.parametrize(
+    ("residency", "admitted"),
+    [
+        # `eu` and `eea` may be Germany; `de` may be eu-central-1 (Frankfurt)
+        ("{allow: [eea], deny: [de]}", ("dublin", "oslo")),
+        ('{allow: [eea], deny: ["no"]}', ("in-eu", "in-de", "frankfurt", "dublin")),
+        ('{allow: ["*"], deny: [eu]}', ("oslo",)),
+        ('{allow: ["*"], deny: [eu-central-1]}', ("dublin", "oslo")),
+        ('{allow: ["*"], deny: [ie]}', ("in-de", "frankfurt", "oslo")),
+        # an allow still needs the whole declared area inside it
+        ("{allow: [de]}", ("in-de", "frankfurt")),
+        ("{allow: [eu]}", ("in-eu", "in-de", "frankfurt", "dublin")),
+    ],
+)
+def test_a_deny_holds_for_a_backend_declared_in_any_area_it_overlaps(
+    residency: str, admitted: tuple[str, ...]
+) -> None:
+    assert _admitted(residency) == admitted
+
+
+def test_the_trace_says_why_a_backend_declared_by_a_code_is_denied() -> None:
+    text = POLICY.replace('residency: {allow: ["*"]}', "residency: {allow: [eea], deny: [de]}")
+    decision = parse_policies([("p.yaml", text)], CODED).decide("t", "m", None)
+    reasons = {e.backend: e.reason for e in decision.trace if e.verdict == "excluded"}
+    assert reasons["in-eu"] == (
+        "region 'eu' is a jurisdiction code and residency.deny 'de' covers part of it ('de'): "
+        "the declaration does not place the backend outside it"
+    )
+    assert reasons["frankfurt"] == "region 'eu-central-1' is covered by residency.deny 'de'"
+
+
+def test_check_does_not_call_such_a_deny_a_typo() -> None:
+    """The deny of `de` excludes the backend declared `region: eu`: it matches something."""
+    backends = (CODED[0], _backend("dublin", "private", "own", "eu-west-1"))
+    text = POLICY.replace('residency: {allow: ["*"]}', "residency: {allow: [eu], deny: [de]}")
+    policy_set, errors, warnings = check_sources([("p.yaml", text)], backends, ["t"])
+    assert policy_set is not None, errors
+    assert not [w for w in warnings if "matches no configured backend region" in w.message]
