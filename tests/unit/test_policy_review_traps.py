@@ -143,3 +143,57 @@ def test_check_does_not_call_such_a_deny_a_typo() -> None:
     policy_set, errors, warnings = check_sources([("p.yaml", text)], backends, ["t"])
     assert policy_set is not None, errors
     assert not [w for w in warnings if "matches no configured backend region" in w.message]
+
+
+CASES = """\
+apiVersion: policy.owngate.dev/v1
+kind: PolicyTest
+metadata: {id: cases}
+cases:
+  - name: nothing leaves our own servers
+    input: {tenant: t, model: m}
+    expect:
+      private: [gpu]
+"""
+
+
+@pytest.mark.parametrize(
+    ("expect", "path"),
+    [
+        # the entries commented out: reads as "expects none", checked nothing
+        ("      hosted:\n        # - azure-eu\n", "cases[0].expect.hosted"),
+        ("      hosted: null\n", "cases[0].expect.hosted"),
+        ("      fallback: ~\n", "cases[0].expect.fallback"),
+        ("      fallback_rule:\n", "cases[0].expect.fallback_rule"),
+        ("      error:\n", "cases[0].expect.error"),
+        ("      excluded: {}\n", "cases[0].expect.excluded"),
+        ("      admitted: {}\n", "cases[0].expect.admitted"),
+        ("      rules: []\n", "cases[0].expect.rules"),
+    ],
+)
+def test_a_case_expectation_written_empty_is_an_error_not_a_pass(expect: str, path: str) -> None:
+    """Each of these passed whatever the policy decided (here: it sends the request hosted)."""
+    from gateway.policy.cases import parse_cases, run_cases
+
+    text = CASES.replace("      private: [gpu]\n", expect)
+    suites, errors = parse_cases("c.yaml", text)
+    assert suites == []
+    assert [e.path for e in errors] == [path], errors
+    assert "check nothing" in errors[0].message
+    policy_set = parse_policies([("p.yaml", POLICY)], HOSTED[1:])  # hosted only
+    assert run_cases(policy_set, parse_cases("c.yaml", CASES)[0]).failed == 1  # the control
+
+
+@pytest.mark.parametrize(
+    "expect", ["      hosted: []\n", "      refusal: null\n", "      data_class: null\n"]
+)
+def test_an_empty_list_and_a_null_refusal_or_class_still_check(expect: str) -> None:
+    from gateway.policy.cases import parse_cases, run_cases
+
+    suites, errors = parse_cases("c.yaml", CASES.replace("      private: [gpu]\n", expect))
+    assert errors == []
+    policy_set = parse_policies([("p.yaml", POLICY)], HOSTED)
+    decision = policy_set.decide("t", "m", None)
+    assert (decision.hosted, decision.refusal, decision.data_class) != ((), None, None)
+    wanted_fail = expect.strip() == "hosted: []"
+    assert run_cases(policy_set, suites).failed == int(wanted_fail)
