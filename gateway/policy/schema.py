@@ -77,6 +77,30 @@ def _pattern(value: str) -> str:
 
 Pattern = Annotated[StrictStr, Field(min_length=1, max_length=200), AfterValidator(_pattern)]
 
+# A description is text, and a block scalar (`description: |`) runs on over the lines
+# indented below it: a rule written there (`fallback: {mode: never}` two spaces deeper
+# than `description:`) reads as one in a review and restricts nothing. So a description
+# may not hold a policy key followed by a colon (a capitalized word in prose may).
+_KEY_IN_TEXT = re.compile(
+    r"(?:^|[\s{,-])(residency|retention|providers|backends|models|require|fallback|"
+    r"data_classes|default_data_class(?:_by_tenant)?|tenants|spec|allow|deny|mode|max_days|"
+    r"training|saturation_threshold)\s*:(?:\s|$)"
+)
+
+
+def _description(value: str) -> str:
+    found = _KEY_IN_TEXT.search(value)
+    if found is not None:
+        raise ValueError(
+            f"the description holds {found.group(1) + ':'!r}, which reads as a policy key "
+            "but is text here (a line indented under `description:` is part of it); "
+            "write the rule as a key of its own, or reword the description"
+        )
+    return value
+
+
+Description = Annotated[StrictStr, AfterValidator(_description)]
+
 
 def _max_days(value: Any) -> int | str:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
@@ -123,7 +147,7 @@ class _Strict(BaseModel):
 class Metadata(_Strict):
     id: PolicyId
     version: Version | None = None
-    description: StrictStr = ""
+    description: Description = ""
 
 
 class Lists(_Strict):
@@ -183,7 +207,7 @@ Requirement = Literal["attested_facts"]
 class Rules(_Strict):
     """The sections a data class may add; each only tightens the policy's own."""
 
-    description: StrictStr = ""
+    description: Description = ""
     residency: Residency | None = None
     retention: Retention | None = None
     require: tuple[Requirement, ...] | None = None

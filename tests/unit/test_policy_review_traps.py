@@ -197,3 +197,33 @@ def test_an_empty_list_and_a_null_refusal_or_class_still_check(expect: str) -> N
     assert (decision.hosted, decision.refusal, decision.data_class) != ((), None, None)
     wanted_fail = expect.strip() == "hosted: []"
     assert run_cases(policy_set, suites).failed == int(wanted_fail)
+
+
+@pytest.mark.parametrize(
+    "description",
+    [
+        # a folded block: the rule line is part of the text (reads "... fallback: {...}")
+        ">\n        Protected health information.\n        fallback: {mode: never}\n",
+        "|\n        Stays in the EU.\n          residency: {allow: [eu]}\n",
+        '"Stays private.\n        fallback: {mode: never}"\n',
+        "|\n        providers:\n          deny: [openai]\n",
+    ],
+)
+def test_a_rule_written_inside_a_description_is_an_error_not_text(description: str) -> None:
+    """It reads as the data class's rule in a review and restricted nothing: `phi` requests
+    went to every hosted provider the policy admits."""
+    text = POLICY + f"  data_classes:\n    phi:\n      description: {description}"
+    policy_set, errors, _warnings = check_sources([("p.yaml", text)], HOSTED, ["t"])
+    assert policy_set is None
+    assert [(e.line, e.path) for e in errors] == [(13, "spec.data_classes.phi.description")]
+    assert "reads as a policy key but is text here" in errors[0].message
+
+
+@pytest.mark.parametrize(
+    "description", ["Protected health information", "'Fallback: never. Residency: EU only.'"]
+)
+def test_a_description_in_prose_loads(description: str) -> None:
+    text = POLICY + f"  data_classes:\n    phi:\n      description: {description}\n"
+    parse_policies([("p.yaml", text)], HOSTED)
+    text = POLICY.replace("metadata: {id: p}", f"metadata: {{id: p, description: {description}}}")
+    parse_policies([("p.yaml", text)], HOSTED)
