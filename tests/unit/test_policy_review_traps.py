@@ -227,3 +227,48 @@ def test_a_description_in_prose_loads(description: str) -> None:
     parse_policies([("p.yaml", text)], HOSTED)
     text = POLICY.replace("metadata: {id: p}", f"metadata: {{id: p, description: {description}}}")
     parse_policies([("p.yaml", text)], HOSTED)
+
+
+HIDDEN = (
+    "---{br}apiVersion: policy.owngate.dev/v1{br}kind: Policy{br}metadata: {{id: q}}{br}"
+    "spec: {{tenants: [evil], residency: {{allow: ['*']}}, retention: {{max_days: any}}, "
+    "fallback: {{mode: when_private_unavailable, to: [{{provider: '*'}}]}}}}"
+)
+
+
+@pytest.mark.parametrize("br", ["\x85", "\u2028", "\u2029", "\r"])
+def test_a_line_break_only_yaml_sees_is_an_error_not_a_hidden_document(br: str) -> None:
+    """YAML 1.1 breaks lines at NEL, LS, PS and a lone CR; diffs, grep and editors show one
+    line. A whole second Policy, binding tenant `evil` to a permissive profile, loaded from
+    what a review showed as a comment."""
+    comment = "# nothing hosted, ever"
+    text = POLICY.replace('[{provider: "*"}]\n', '[{provider: "*"}]  ' + comment + "\n")
+    assert len(text.splitlines()) == 10
+    sneaky = text.replace(comment, comment + br + HIDDEN.format(br=br))
+    assert sneaky.count("\n") == text.count("\n")  # the same lines to a reviewer
+    policy_set, errors, _warnings = check_sources([("p.yaml", sneaky)], HOSTED, ["t", "evil"])
+    assert policy_set is None
+    assert [(e.line, e.column) for e in errors] == [(10, 50)], errors
+    assert "YAML reads a line break there" in errors[0].message
+
+
+def test_windows_line_endings_still_load() -> None:
+    policy_set = parse_policies([("p.yaml", POLICY.replace("\n", "\r\n"))], HOSTED)
+    assert policy_set.tenants() == {"t"}
+
+
+def test_a_bidirectional_control_is_an_error() -> None:
+    """Trojan Source (CVE-2021-42574): a line displayed in another order than it is read."""
+    text = POLICY.replace("metadata: {id: p}", "metadata: {id: p}  # \u202eeulav")
+    _set, errors, _warnings = check_sources([("p.yaml", text)], HOSTED, ["t"])
+    assert [(e.line, e.column) for e in errors] == [(3, 22)], errors
+    assert "U+202E RIGHT-TO-LEFT OVERRIDE" in errors[0].message
+
+
+def test_gateway_yaml_refuses_a_hidden_line_break_too() -> None:
+    """gateway.yaml declares the facts policies judge (`region`): the same trap."""
+    from gateway.config.loader import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match="U\\+2028 LINE SEPARATOR") as caught:
+        parse_config("listen: {port: 8080}  # a comment\u2028backends: []\n", source="gw.yaml")
+    assert [issue.line for issue in caught.value.issues] == [1]
