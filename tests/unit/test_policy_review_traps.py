@@ -272,3 +272,37 @@ def test_gateway_yaml_refuses_a_hidden_line_break_too() -> None:
     with pytest.raises(ConfigError, match="U\\+2028 LINE SEPARATOR") as caught:
         parse_config("listen: {port: 8080}  # a comment\u2028backends: []\n", source="gw.yaml")
     assert [issue.line for issue in caught.value.issues] == [1]
+
+
+US = (
+    _backend("virginia", "private", "own", "us-east-1"),
+    _backend("azure-us", "private", "own", "eastus"),
+    _backend("dublin", "private", "own", "eu-west-1"),
+)
+
+
+@pytest.mark.parametrize(
+    ("deny", "warned"),
+    [
+        ('["us-*"]', True),  # denies AWS us-east-1, not Azure's eastus, also in the US
+        ('["us-*", eastus]', False),
+        ("[us]", False),
+        ('["eu-west-*"]', False),  # no admitted backend in another region of Ireland
+    ],
+)
+def test_check_warns_at_a_deny_glob_that_misses_part_of_a_country(deny: str, warned: bool) -> None:
+    text = POLICY.replace('residency: {allow: ["*"]}', f'residency: {{allow: ["*"], deny: {deny}}}')
+    policy_set, errors, warnings = check_sources([("p.yaml", text)], US, ["t"])
+    assert policy_set is not None, errors
+    found = [w for w in warnings if "is a region glob, not a jurisdiction: it denies" in w.message]
+    assert [(w.path, w.message) for w in found] == (
+        [
+            (
+                "spec.residency.deny[0]",
+                "'us-*' is a region glob, not a jurisdiction: it denies us-east-1 in us but "
+                "not azure-us ('eastus'), also in us; to deny a jurisdiction, name its code (us)",
+            )
+        ]
+        if warned
+        else []
+    )
