@@ -65,6 +65,11 @@ def _pattern(value: str) -> str:
     # comma (`[azure openai]`) reads as the one entry 'azure - openai', which matches
     # nothing. No backend id, jurisdiction or certificate fact holds a space; a name
     # in gateway.yaml that does is matched with `?` for it.
+    if "#" in value:  # no name policies match holds one either
+        raise ValueError(
+            f"{value!r} holds '#': YAML starts a comment only after a space, so all of "
+            "it is one entry, which would match nothing; put a space before a comment"
+        )
     if " " in value:
         raise ValueError(
             f"{value!r} has a space inside: YAML joins a value continued on the next "

@@ -306,3 +306,13 @@ def test_check_warns_at_a_deny_glob_that_misses_part_of_a_country(deny: str, war
         if warned
         else []
     )
+
+
+@pytest.mark.parametrize("entry", ["azure#openai", "openai#removed"])
+def test_an_entry_with_a_hash_inside_is_an_error_not_a_comment(entry: str) -> None:
+    """`- openai#removed` is the entry 'openai#removed' (YAML needs a space before `#`):
+    it matched nothing, so the deny held for neither provider."""
+    text = POLICY + f"  providers:\n    deny:\n      - {entry}\n"
+    _set, errors, _warnings = check_sources([("p.yaml", text)], HOSTED, ["t"])
+    assert [(e.line, e.path) for e in errors] == [(13, "spec.providers.deny[0]")], errors
+    assert f"{entry!r} holds '#'" in errors[0].message
