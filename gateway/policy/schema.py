@@ -107,18 +107,26 @@ def _description(value: str) -> str:
 Description = Annotated[StrictStr, AfterValidator(_description)]
 
 
+# The most days a certificate can attest (`owngate:retention:`, docs/backend-tls.md). The
+# digest encodes every number as I-JSON: a larger one (or `.inf`) failed the load with a
+# traceback instead of an error naming the file and line.
+MAX_DAYS = 999999
+
+
 def _max_days(value: Any) -> int | str:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_DAYS:
         return value
     if value in ("zero", "any"):
         return str(value)
-    raise ValueError("max_days is 'zero', 'any' or a whole number of days (0 or more)")
+    raise ValueError(
+        f"max_days is 'zero', 'any' or a whole number of days (0 to {MAX_DAYS}; 'any' for no limit)"
+    )
 
 
 def _threshold(value: Any) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    raise ValueError("saturation_threshold is a number greater than 0")
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1e9:
+        return float(value)  # 1e9 waiting requests per slot: past that, "never" is meant
+    raise ValueError("saturation_threshold is a number greater than 0 and at most 1e9")
 
 
 # A version reaches every dispatch and refusal record, the owngate_policy_info metric's

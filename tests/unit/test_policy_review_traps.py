@@ -316,3 +316,52 @@ def test_an_entry_with_a_hash_inside_is_an_error_not_a_comment(entry: str) -> No
     _set, errors, _warnings = check_sources([("p.yaml", text)], HOSTED, ["t"])
     assert [(e.line, e.path) for e in errors] == [(13, "spec.providers.deny[0]")], errors
     assert f"{entry!r} holds '#'" in errors[0].message
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "path"),
+    [
+        ("max_days: any", "max_days: 9007199254740993", "spec.retention.max_days"),
+        ("max_days: any", "max_days: 1000000", "spec.retention.max_days"),
+        (
+            "mode: when_private_unavailable",
+            "mode: when_private_saturated\n    saturation_threshold: .inf",
+            "spec.fallback.saturation_threshold",
+        ),
+        (
+            "mode: when_private_unavailable",
+            "mode: when_private_saturated\n    saturation_threshold: " + "9" * 400,
+            "spec.fallback.saturation_threshold",
+        ),
+    ],
+)
+def test_a_number_too_large_for_the_digest_is_an_error_not_a_traceback(
+    old: str, new: str, path: str
+) -> None:
+    """These raised ValueError from the digest's I-JSON encoder (not a PolicyError): a
+    traceback from `check`, and a gateway that would not start, naming no file or line."""
+    text = POLICY.replace(old, new)
+    policy_set, errors, _warnings = check_sources([("p.yaml", text)], HOSTED, ["t"])
+    assert policy_set is None
+    assert [e.path for e in errors] == [path], errors
+    with pytest.raises(PolicyError):
+        parse_policies([("p.yaml", text)], HOSTED)
+
+
+def test_the_largest_number_of_days_still_loads() -> None:
+    text = POLICY.replace("max_days: any", "max_days: 999999")
+    assert parse_policies([("p.yaml", text)], HOSTED).tenants() == {"t"}
+
+
+def test_gateway_yaml_refuses_days_the_facts_digest_cannot_encode() -> None:
+    from pydantic import ValidationError
+
+    from gateway.config.schema import BackendSettings
+    from tests.helpers.gateways import backend
+
+    spec = backend("gpu", "http://127.0.0.1:9", "m")
+    spec["retention"] = {"days": 2**53}
+    with pytest.raises(ValidationError, match=r"retention\.days"):
+        BackendSettings.model_validate(spec)
+    spec["retention"] = {"days": 2**53 - 1}
+    BackendSettings.model_validate(spec)
