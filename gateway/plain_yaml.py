@@ -18,12 +18,20 @@ module about each node.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable
 from typing import Any, cast
 
 import yaml
 
-__all__ = ["NUMBER_PROBLEM", "explicit_tag", "plain_scalar", "tag_problem", "unplain_number"]
+__all__ = [
+    "NUMBER_PROBLEM",
+    "explicit_tag",
+    "hidden_text",
+    "plain_scalar",
+    "tag_problem",
+    "unplain_number",
+]
 
 NUMBER_PROBLEM = (
     "write numbers in plain decimal digits (quote a name): YAML 1.1 reads 010 as 8, "
@@ -34,6 +42,39 @@ _INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _Resolve = Callable[[type[yaml.Node], str, tuple[bool, bool]], str]
 _DECIMAL = re.compile(r"[-+]?(?:0|[1-9][0-9]*)\Z")
+
+
+# Characters that make a file load other than it reads. YAML 1.1 breaks lines at NEL,
+# LINE SEPARATOR and PARAGRAPH SEPARATOR and at a carriage return alone, where diffs,
+# grep and most editors see one line: whatever follows one inside a comment (a whole
+# second document binding a tenant to a permissive policy) is loaded unseen. Bidirectional
+# controls reorder how a line is displayed ("Trojan Source", CVE-2021-42574).
+_HIDDEN = re.compile("[\x85\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]|\r(?!\n)")
+
+
+def hidden_text(text: str) -> tuple[int, int, str] | None:
+    """The first character of `text` that hides or reorders what a reviewer reads, as
+    (line, column, why), lines counted at newlines as editors count them; or None."""
+    found = _HIDDEN.search(text)
+    if found is None:
+        return None
+    at = found.start()
+    line, column = text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
+    char = found.group()
+    controls = {"\r": "CARRIAGE RETURN", "\x85": "NEXT LINE"}  # unicodedata names neither
+    name = f"U+{ord(char):04X} {controls.get(char) or unicodedata.name(char, 'unnamed')}"
+    if char == "\r" or char in "\x85\u2028\u2029":
+        why = (
+            f"{name}: YAML reads a line break there, where editors, diffs and reviews "
+            "show one line, so text after it (in a comment, say) is read unseen; "
+            "end lines with a newline only"
+        )
+    else:
+        why = (
+            f"{name}: a bidirectional control changes the order a line is displayed in, "
+            "so what a review shows is not what is read; remove it"
+        )
+    return line, column, why
 
 
 def tag_problem(where: str) -> str:

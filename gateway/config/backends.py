@@ -38,7 +38,9 @@ PRIVATE_KINDS: frozenset[str] = frozenset({"vllm", "llamacpp", "sglang", "openai
 class RetentionSettings(_Strict):
     """What the operator declares about how a backend keeps request data."""
 
-    days: int = Field(default=0, ge=0)
+    # At most I-JSON's largest integer: the facts digest encodes it (a larger one failed
+    # the policy compile with a traceback instead of an error naming the line).
+    days: int = Field(default=0, ge=0, le=2**53 - 1)
     training: bool = False
     zero_data_retention: bool = False
     evidence: str = ""

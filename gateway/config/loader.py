@@ -27,6 +27,7 @@ from gateway.config.schema import GatewaySettings
 from gateway.plain_yaml import (
     NUMBER_PROBLEM,
     explicit_tag,
+    hidden_text,
     plain_scalar,
     tag_problem,
     unplain_number,
@@ -125,6 +126,10 @@ def referenced_variables(text: str) -> set[str]:
 def parse_config(
     text: str, *, source: str = "<config>", env: Mapping[str, str] | None = None
 ) -> GatewaySettings:
+    hidden = hidden_text(text)
+    if hidden is not None:  # the declared facts would not read as they load
+        at_line, _column, why = hidden
+        raise ConfigError(source, [ConfigIssue("", at_line, why)])
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except RecursionError as exc:  # PyYAML composes recursively

@@ -15,12 +15,20 @@ exercised rules over all rules.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from gateway.policy.engine import PolicySet
 from gateway.policy.labels import InvalidLabel, one_label
@@ -60,6 +68,30 @@ class Expect(_Strict):
     rules: tuple[StrictStr, ...] = ()
     error: Literal["unknown_data_class"] | None = None
     data_class: StrictStr | None = None  # the class decided for; `data_class: null`: none
+
+    @field_validator("private", "hosted", "fallback", "fallback_rule", "error", mode="before")
+    @classmethod
+    def _written_null(cls, value: object, info: ValidationInfo) -> object:
+        # Left out, these check nothing; written empty (`hosted:` with its entries commented
+        # out, `hosted: null`) they look like "expects none" and would check nothing too:
+        # a case that cannot fail. Refused, as policy files refuse an empty `allow:`.
+        if value is None:
+            hint = " ([] expects none)" if info.field_name in ("private", "hosted") else ""
+            raise ValueError(
+                f"{info.field_name} is written with no value, which would check nothing: "
+                f"write what the decision must hold{hint}, or leave the key out"
+            )
+        return value
+
+    @field_validator("excluded", "admitted", "rules")
+    @classmethod
+    def _not_empty(cls, value: Collection[str], info: ValidationInfo) -> Collection[str]:
+        if not value:  # an empty map or list of expectations checks nothing
+            raise ValueError(
+                f"{info.field_name} is empty, which would check nothing: name what the "
+                "decision must hold, or leave the key out"
+            )
+        return value
 
     @model_validator(mode="after")
     def _says_something(self) -> Expect:

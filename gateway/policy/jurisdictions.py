@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from fnmatch import fnmatchcase
 from types import MappingProxyType
 
-__all__ = ["COUNTRIES", "GROUPS", "expand", "is_jurisdiction", "region_matches"]
+__all__ = ["COUNTRIES", "GROUPS", "expand", "is_jurisdiction", "overlap", "region_matches"]
 
 # ISO 3166-1 alpha-2 code (`uk` for the United Kingdom, as clouds write it; `gb` too) → regions,
 # AWS first, then Google Cloud, then Azure.
@@ -116,4 +116,16 @@ def region_matches(region: str, patterns: tuple[str, ...]) -> str | None:
     for pattern in patterns:
         if region == pattern or fnmatchcase(region, pattern):
             return pattern
+    return None
+
+
+def overlap(region: str, patterns: tuple[str, ...]) -> str | None:
+    """The first place a backend declared in `region` may be that `patterns` (from
+    `expand`) cover, or None. A region name is one place; a code is anywhere in it
+    (`region: eu` may be Germany, `region: de` may be `eu-central-1`), so a deny holds
+    for it when it covers any part: the declaration does not show the backend is outside.
+    An allow instead must cover the region itself (`region_matches`)."""
+    for place in expand(region):
+        if region_matches(place, patterns) is not None:
+            return place
     return None

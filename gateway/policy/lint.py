@@ -92,6 +92,7 @@ def lint(
 
 Warn = Callable[[YamlPath, str], None]
 _GLOB = frozenset("*?[")  # what makes a residency entry a shell pattern
+_Match = Callable[[str, tuple[str, ...]], str | None]
 
 
 def _warner(document: Document, warnings: list[PolicyIssue]) -> Warn:
@@ -115,10 +116,13 @@ def _entries(path: YamlPath, rules: Sections, backends: Sequence[BackendFacts], 
                     "code (eu, de, ...), which lists its regions one by one",
                 )
         _unplaced(path, rules.residency, backends, warn)
+        _partial_denies(path, rules.residency, backends, warn)
         for key, entries in (("allow", rules.residency.allow), ("deny", rules.residency.deny)):
             for i, entry in enumerate(entries):
                 patterns = jurisdictions.expand(entry)
-                if not any(jurisdictions.region_matches(r, patterns) for r in regions):
+                # A deny holds for a backend declared by a code when it covers any part.
+                matches = jurisdictions.overlap if key == "deny" else jurisdictions.region_matches
+                if not any(matches(r, patterns) for r in regions):
                     warn(
                         (*path, "residency", key, i),
                         f"{entry!r} matches no configured backend region "
@@ -171,7 +175,9 @@ def _unplaced(
         for b in backends
         if b.region.lower() not in placed
         and covered(b.region, residency.allow)
-        and not covered(b.region, residency.deny)
+        and not any(
+            jurisdictions.overlap(b.region, jurisdictions.expand(e)) for e in residency.deny
+        )
     ]
     if unplaced:
         named = ", ".join(f"{b.id} ({b.region!r})" for b in unplaced)
@@ -181,6 +187,42 @@ def _unplaced(
             "in any jurisdiction, so no code in residency.deny can exclude it; deny the region "
             "by name, or declare a region name the table lists",
         )
+
+
+def _partial_denies(
+    path: YamlPath, residency: Residency, backends: Sequence[BackendFacts], warn: Warn
+) -> None:
+    """Warn at a `residency.deny` glob that covers regions of a country while the allow
+    list admits a backend declared in another region of it (`us-*` denies AWS us-east-1,
+    not Azure's eastus): it reads like a jurisdiction and is not one."""
+    country_of = {
+        region: country
+        for country, regions in jurisdictions.COUNTRIES.items()
+        for region in regions
+        if country != "gb" and not jurisdictions.is_jurisdiction(region)
+    }
+
+    def covered(region: str, entries: Sequence[str], match: _Match) -> bool:
+        return any(match(region, jurisdictions.expand(e)) for e in entries)
+
+    for i, entry in enumerate(residency.deny):
+        spans = _countries_of_glob(entry)
+        missed = [
+            b
+            for b in backends
+            if country_of.get(b.region.lower()) in spans
+            and covered(b.region, residency.allow, jurisdictions.region_matches)
+            and not covered(b.region, residency.deny, jurisdictions.overlap)
+        ]
+        if missed:
+            country = country_of[missed[0].region.lower()]
+            named = ", ".join(f"{b.id} ({b.region!r})" for b in missed)
+            warn(
+                (*path, "residency", "deny", i),
+                f"{entry!r} is a region glob, not a jurisdiction: it denies {spans[country]} "
+                f"in {country} but not {named}, also in {country}; to deny a jurisdiction, "
+                f"name its code ({country})",
+            )
 
 
 def _placed_regions() -> frozenset[str]:

@@ -159,8 +159,16 @@ def _same_model(backends: Sequence[BackendFacts]) -> dict[str, frozenset[str]]:
 
 def _residency_check(rule: str, residency: Residency, region: str) -> Exclusion | None:
     for entry in residency.deny:
-        if jurisdictions.region_matches(region, jurisdictions.expand(entry)) is not None:
+        place = jurisdictions.overlap(region, jurisdictions.expand(entry))
+        if place == region.lower():
             return Exclusion(rule, f"region {region!r} is covered by residency.deny {entry!r}")
+        if place is not None:  # a backend declared by a code may be in the part denied
+            return Exclusion(
+                rule,
+                f"region {region!r} is a jurisdiction code and residency.deny {entry!r} "
+                f"covers part of it ({place!r}): the declaration does not place the backend "
+                "outside it",
+            )
     for entry in residency.allow:
         if jurisdictions.region_matches(region, jurisdictions.expand(entry)) is not None:
             return None

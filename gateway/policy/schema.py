@@ -60,24 +60,73 @@ def _pattern(value: str) -> str:
     problem = plain_name_problem(value)
     if problem is not None:
         raise ValueError(f"{problem}, so it would match nothing; write it plainly")
+    # Nor a space inside: YAML joins a value continued on the next line into one, so a
+    # list item indented one step too far (`- azure` then `  - openai`) or a missing
+    # comma (`[azure openai]`) reads as the one entry 'azure - openai', which matches
+    # nothing. No backend id, jurisdiction or certificate fact holds a space; a name
+    # in gateway.yaml that does is matched with `?` for it.
+    if "#" in value:  # no name policies match holds one either
+        raise ValueError(
+            f"{value!r} holds '#': YAML starts a comment only after a space, so all of "
+            "it is one entry, which would match nothing; put a space before a comment"
+        )
+    if " " in value:
+        raise ValueError(
+            f"{value!r} has a space inside: YAML joins a value continued on the next "
+            "line (a list item indented too far, a missing comma) into one entry, which "
+            "would match nothing; write each entry as its own list item (for a name "
+            "that holds a space, write ? for it)"
+        )
     return value
 
 
 Pattern = Annotated[StrictStr, Field(min_length=1, max_length=200), AfterValidator(_pattern)]
 
+# A description is text, and a block scalar (`description: |`) runs on over the lines
+# indented below it: a rule written there (`fallback: {mode: never}` two spaces deeper
+# than `description:`) reads as one in a review and restricts nothing. So a description
+# may not hold a policy key followed by a colon (a capitalized word in prose may).
+_KEY_IN_TEXT = re.compile(
+    r"(?:^|[\s{,-])(residency|retention|providers|backends|models|require|fallback|"
+    r"data_classes|default_data_class(?:_by_tenant)?|tenants|spec|allow|deny|mode|max_days|"
+    r"training|saturation_threshold)\s*:(?:\s|$)"
+)
+
+
+def _description(value: str) -> str:
+    found = _KEY_IN_TEXT.search(value)
+    if found is not None:
+        raise ValueError(
+            f"the description holds {found.group(1) + ':'!r}, which reads as a policy key "
+            "but is text here (a line indented under `description:` is part of it); "
+            "write the rule as a key of its own, or reword the description"
+        )
+    return value
+
+
+Description = Annotated[StrictStr, AfterValidator(_description)]
+
+
+# The most days a certificate can attest (`owngate:retention:`, docs/backend-tls.md). The
+# digest encodes every number as I-JSON: a larger one (or `.inf`) failed the load with a
+# traceback instead of an error naming the file and line.
+MAX_DAYS = 999999
+
 
 def _max_days(value: Any) -> int | str:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_DAYS:
         return value
     if value in ("zero", "any"):
         return str(value)
-    raise ValueError("max_days is 'zero', 'any' or a whole number of days (0 or more)")
+    raise ValueError(
+        f"max_days is 'zero', 'any' or a whole number of days (0 to {MAX_DAYS}; 'any' for no limit)"
+    )
 
 
 def _threshold(value: Any) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    raise ValueError("saturation_threshold is a number greater than 0")
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1e9:
+        return float(value)  # 1e9 waiting requests per slot: past that, "never" is meant
+    raise ValueError("saturation_threshold is a number greater than 0 and at most 1e9")
 
 
 # A version reaches every dispatch and refusal record, the owngate_policy_info metric's
@@ -111,7 +160,7 @@ class _Strict(BaseModel):
 class Metadata(_Strict):
     id: PolicyId
     version: Version | None = None
-    description: StrictStr = ""
+    description: Description = ""
 
 
 class Lists(_Strict):
@@ -171,7 +220,7 @@ Requirement = Literal["attested_facts"]
 class Rules(_Strict):
     """The sections a data class may add; each only tightens the policy's own."""
 
-    description: StrictStr = ""
+    description: Description = ""
     residency: Residency | None = None
     retention: Retention | None = None
     require: tuple[Requirement, ...] | None = None

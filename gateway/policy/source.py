@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from gateway.plain_yaml import (
     NUMBER_PROBLEM,
     explicit_tag,
+    hidden_text,
     plain_scalar,
     tag_problem,
     unplain_number,
@@ -107,6 +108,10 @@ def is_yaml_name(path: Path) -> bool:
 
 def read_documents(file: str, text: str) -> tuple[list[Document], list[PolicyIssue]]:
     """Every document of a (possibly multi-document) YAML text."""
+    hidden = hidden_text(text)
+    if hidden is not None:  # the file does not read as it loads: nothing of it is used
+        at_line, at_column, why = hidden
+        return [], [PolicyIssue(file, at_line, at_column, "", why)]
     try:
         roots = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
     except RecursionError:  # PyYAML composes recursively: a client's cases could nest deep

@@ -158,7 +158,10 @@ def _passes(
         return _lists(rule, [facts["provider"]])
     if section == "residency":
         region = facts["region"]
-        return not _region_in(region, rule.get("deny", [])) and _region_in(region, rule["allow"])
+        # A backend declared by a code is anywhere in it: denied when a deny covers any part.
+        places = jurisdictions().get(region.lower(), {region})
+        denied = any(_region_in(place, rule.get("deny", [])) for place in places)
+        return not denied and _region_in(region, rule["allow"])
     if section == "retention":
         limit, days = rule["max_days"], facts["days"]
         if limit == "zero":

@@ -126,7 +126,9 @@ def violated(section: str, rules: dict[str, Any], backend: BackendFacts, model: 
         )
     if section == "residency":
         region = backend.region
-        return in_region(region, rule.get("deny", [])) or not in_region(region, rule["allow"])
+        # A region declared as a code is anywhere in it: a deny of any part holds for it.
+        denied = any(in_region(place, rule.get("deny", [])) for place in expand(region))
+        return denied or not in_region(region, rule["allow"])
     if section == "require":
         return "attested_facts" in rule and not backend.attested
     if section == "retention":
