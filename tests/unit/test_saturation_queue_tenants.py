@@ -170,3 +170,22 @@ def test_a_waiter_that_gives_up_leaves_its_tenants_turn_to_its_next_waiter() -> 
         assert queue.waiting == 0 and not queue._turns and queue._by_tenant == {}
 
     asyncio.run(run())
+
+
+def test_waiters_past_max_wait_s_leave_the_round() -> None:
+    """A wait past `max_wait_s` still answers 503 `backend_unavailable`, and its tenant
+    leaves the round once it has no waiter left."""
+
+    async def run() -> None:
+        queue = SaturationQueue("m", QueueSettings(size=4, max_wait_s=0.01))
+        results = await asyncio.gather(
+            *(queue.wait(lambda: True, 60, tenant) for tenant in ("a", "b", None)),
+            return_exceptions=True,
+        )
+        for result in results:
+            assert isinstance(result, GatewayError), result
+            assert result.code is ErrorCode.backend_unavailable
+        assert queue.waiting == 0 and not queue._turns and queue._by_tenant == {}
+        queue.release()  # nobody waits: nothing to let go, nothing kept
+
+    asyncio.run(run())
