@@ -118,9 +118,12 @@ class SaturationQueue:
                 self.release()  # released just as it gave up: hand the turn on
             raise
         finally:
+            # Only release() sets a waiter's result, taking it off the round as it does (the
+            # shield keeps a cancelled task from cancelling it): a waiter not done is still
+            # in its tenant's deque, so the common path (released) scans nothing.
             if not waiter.done():
                 waiter.cancel()
-            self._leave_round(tenant, waiter)
+                self._leave_round(tenant, waiter)
             if tenant is not None:
                 left = by_tenant[tenant] - 1
                 if left:
@@ -146,15 +149,15 @@ class SaturationQueue:
             return
 
     def _leave_round(self, tenant: str | None, waiter: _Waiter) -> None:
-        """Take a waiter that stopped waiting off its tenant's deque, unless `release`
-        already did; a tenant with no waiter left leaves the round."""
+        """Take a waiter that gave up off its tenant's deque (O(that tenant's waiters));
+        a tenant with no waiter left leaves the round."""
         waiters = self._turns.get(tenant)
         if waiters is None:
             return
         try:
             waiters.remove(waiter)
         except ValueError:
-            return  # release() already took it off
+            return  # not there (defensive: only release() takes a waiter off otherwise)
         self._waiting -= 1
         if not waiters:
             del self._turns[tenant]

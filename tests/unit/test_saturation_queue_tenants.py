@@ -189,3 +189,29 @@ def test_waiters_past_max_wait_s_leave_the_round() -> None:
         queue.release()  # nobody waits: nothing to let go, nothing kept
 
     asyncio.run(run())
+
+
+def test_a_waiter_released_as_its_client_leaves_hands_the_slot_to_the_next_in_turn() -> None:
+    """A waiter let go just as its task is cancelled passes the freed slot on: to the
+    next tenant in the round, not lost, and its own tenant's next waiter keeps its place."""
+
+    async def run() -> None:
+        queue = SaturationQueue("m", QueueSettings(size=10, max_wait_s=60))
+        order: list[str] = []
+
+        async def request(name: str, tenant: str) -> None:
+            await queue.wait(lambda: True, 60, tenant)
+            order.append(name)
+
+        tasks = {n: asyncio.create_task(request(n, n[0])) for n in ("a1", "a2", "b1")}
+        await asyncio.sleep(0)
+        queue.release()  # a1's turn ...
+        tasks["a1"].cancel()  # ... but its client leaves before it runs on
+        await asyncio.gather(tasks["a1"], return_exceptions=True)
+        await asyncio.gather(tasks["b1"])  # the slot went on, to b
+        assert order == ["b1"] and queue.waiting == 1
+        await release_one(queue, order)
+        await tasks["a2"]
+        assert order == ["b1", "a2"] and not queue._turns and queue._by_tenant == {}
+
+    asyncio.run(run())
