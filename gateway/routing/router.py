@@ -15,7 +15,8 @@
 5. When every private backend is over the pool's `routing.*.queue.threshold` and the
    policy allows no saturated fallback, the request waits in the pool's bounded queue
    (gateway/routing/saturation.py) before its first attempt, then the backends are
-   ordered again.
+   ordered again; a freed slot goes to the tenants with waiters in turn (round-robin,
+   first come first served within a tenant).
 
 The `Plan` then yields `Attempt`s in order: hosted first when saturated (at most 3);
 private, at most `routing.failover.max_attempts` and none once
@@ -182,10 +183,10 @@ class Router:
     async def _queue_if_saturated(
         self, model: str, up: list[Route], prefix: bytes | None, tenant: str | None
     ) -> list[Route]:
-        """Wait in the pool's queue while every private backend is saturated (and behind
-        earlier waiters, first come first served; `tenant`'s waiters within its part of
-        the queue, when several tenants are configured); then the backends in their order
-        now."""
+        """Wait in the pool's queue while every private backend is saturated (behind
+        `tenant`'s earlier waiters and, per freed slot, one waiter of each other tenant
+        waiting: turns across tenants; `tenant`'s waiters within its part of the queue,
+        when several tenants are configured); then the backends in their order now."""
         queue = self.queues.get(model)
         if queue is None:
             return up

@@ -3,13 +3,21 @@
 When every eligible private backend of a model is over the pool's saturation threshold
 (waiting requests per slot, `routing.*.queue.threshold`) and the tenant's policy allows
 no `when_private_saturated` fallback, the request waits here instead of joining some
-backend's queue early: the request that waits longest goes first when a slot frees, to
-whichever backend is then least loaded (late binding).
+backend's queue early: when a slot frees, the next waiter goes to whichever backend is
+then least loaded (late binding).
 
-- A waiter is let go, oldest first, each time one of this gateway's requests to a
-  backend of the pool ends (`release`), and also when a re-check every `poll_s` finds
-  the pool no longer saturated (its load may fall through other replicas' traffic or a
-  backend's own queue, which no local completion reports).
+- A waiter is let go each time one of this gateway's requests to a backend of the pool
+  ends (`release`), and also when a re-check every `poll_s` finds the pool no longer
+  saturated (its load may fall through other replicas' traffic or a backend's own queue,
+  which no local completion reports).
+- `release` takes turns across the tenants with waiters (round-robin; the tenant-less
+  requests, `tenant=None`, share one turn), first come first served within a tenant: a
+  tenant that queued a burst used to make every other tenant's request wait behind all
+  of it, multiplying their wait by its burst; now they wait behind one of its requests
+  per turn. A tenant that has no waiter left leaves the round, and joins it at its end
+  when it queues again. With one tenant (or none configured) this is first come, first
+  served, as it was. Each release costs O(1) (the waiter taken from its tenant's deque,
+  the tenant moved to the round's end); the round holds only tenants waiting now.
 - A full queue answers 429 `rate_limit_exceeded`; a wait past `max_wait_s` answers 503
   `backend_unavailable`; both with `retry-after`.
 - With several tenants, one tenant's requests take at most its part of the queue
@@ -22,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 from collections.abc import Callable
 
 from gateway.config.schema import QueueSettings
@@ -32,19 +39,27 @@ __all__ = ["SaturationQueue"]
 
 _RETRY_AFTER = ((b"retry-after", b"1"),)
 
+_Waiter = asyncio.Future[None]
+
 
 class SaturationQueue:
-    """FIFO of requests waiting for a private slot of one pool (a public model name)."""
+    """Requests waiting for a private slot of one pool (a public model name): a FIFO per
+    tenant, released in turns across the tenants."""
 
     def __init__(self, model: str, settings: QueueSettings) -> None:
         self.model = model
         self.settings = settings
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        # The round: each tenant waiting now (None: the tenant-less requests) and its
+        # waiters not yet released, oldest first; the next release serves the first tenant.
+        self._turns: collections.OrderedDict[str | None, collections.deque[_Waiter]] = (
+            collections.OrderedDict()
+        )
+        self._waiting = 0  # waiters in the round
         self._by_tenant: dict[str, int] = {}  # waiters per tenant, of tenants waiting now
 
     @property
     def waiting(self) -> int:
-        return len(self._waiters)
+        return self._waiting
 
     async def wait(
         self, saturated: Callable[[], bool], poll_s: float, tenant: str | None = None
@@ -53,7 +68,7 @@ class SaturationQueue:
         full, or `tenant`'s part of it (None: not counted apart), or the wait passes
         `max_wait_s`. `saturated()` is re-checked every `poll_s`."""
         settings = self.settings
-        if len(self._waiters) >= settings.size:
+        if self._waiting >= settings.size:
             raise GatewayError(
                 ErrorCode.rate_limit_exceeded,
                 f"every private backend for model `{self.model}` is saturated and the "
@@ -73,8 +88,13 @@ class SaturationQueue:
                 )
             by_tenant[tenant] = mine + 1
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        self._waiters.append(waiter)
+        waiter: _Waiter = loop.create_future()
+        turns = self._turns
+        mine_waiting = turns.get(tenant)
+        if mine_waiting is None:  # not in the round: it joins at the end
+            mine_waiting = turns[tenant] = collections.deque()
+        mine_waiting.append(waiter)
+        self._waiting += 1
         give_up_at = loop.time() + settings.max_wait_s
         try:
             while True:
@@ -98,10 +118,12 @@ class SaturationQueue:
                 self.release()  # released just as it gave up: hand the turn on
             raise
         finally:
+            # Only release() sets a waiter's result, taking it off the round as it does (the
+            # shield keeps a cancelled task from cancelling it): a waiter not done is still
+            # in its tenant's deque, so the common path (released) scans nothing.
             if not waiter.done():
                 waiter.cancel()
-            with contextlib.suppress(ValueError):  # release() already took it off
-                self._waiters.remove(waiter)
+                self._leave_round(tenant, waiter)
             if tenant is not None:
                 left = by_tenant[tenant] - 1
                 if left:
@@ -110,10 +132,32 @@ class SaturationQueue:
                     del by_tenant[tenant]  # no entry per tenant ever seen
 
     def release(self) -> None:
-        """One request to a backend of this pool ended: let the oldest waiter go."""
-        waiters = self._waiters
-        while waiters:
+        """One request to a backend of this pool ended: let the oldest waiter of the
+        tenant whose turn it is go, and send that tenant to the end of the round."""
+        turns = self._turns
+        while turns:
+            tenant, waiters = next(iter(turns.items()))
             waiter = waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+            self._waiting -= 1
+            if not waiters:
+                del turns[tenant]
+            if waiter.done():  # gave up but not yet off (defensive): no turn spent
+                continue
+            if waiters:
+                turns.move_to_end(tenant)
+            waiter.set_result(None)
+            return
+
+    def _leave_round(self, tenant: str | None, waiter: _Waiter) -> None:
+        """Take a waiter that gave up off its tenant's deque (O(that tenant's waiters));
+        a tenant with no waiter left leaves the round."""
+        waiters = self._turns.get(tenant)
+        if waiters is None:
+            return
+        try:
+            waiters.remove(waiter)
+        except ValueError:
+            return  # not there (defensive: only release() takes a waiter off otherwise)
+        self._waiting -= 1
+        if not waiters:
+            del self._turns[tenant]

@@ -431,3 +431,68 @@ def test_one_tenants_waiting_requests_leave_the_other_tenants_room_in_the_queue(
     assert error["code"] == "rate_limit_exceeded" and second.headers["retry-after"] == "1"
     assert "queue.size_per_tenant" in error["message"]
     assert queue.waiting == 0
+
+
+def test_a_tenants_burst_in_the_queue_does_not_make_another_tenants_request_wait_behind_it(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    """The pool's one backend (one slot) holds two requests, and holds every request it
+    gets (hang fault) until its client leaves, so each slot freed lets exactly one waiter
+    through, and the backend sees the order of release. `acme` queues 4 requests, then
+    `other` queues 1: the queue let them go first come, first served, so `other`'s went
+    fifth, behind all of `acme`'s burst. Now the queue takes turns across tenants: it goes
+    second. (Re-checks of the pool's load are every `scrape.interval_s`, 30 s here, so only
+    the freed slots let waiters go.)"""
+    sim = start_sim("vllm", models=("m",), slots=1, zero_latency=True)
+    gateway = start_gateway(
+        [backend("gpu", sim.url, "m", capacity={"max_concurrency": 1})],
+        scrape={"interval_s": 30.0, "timeout_s": 2.0, "staleness_s": 60.0},
+        routing={"pools": {"m": {"queue": {"threshold": 0.5, "size": 10, "max_wait_s": 60}}}},
+        tenants=TWO_TENANTS,
+    )
+    queue = gateway.app.proxy.router.queues["m"]
+    keys = {"acme": TENANT_KEY, "other": OTHER_KEY}
+
+    def seen() -> list[str]:  # the label of each request the backend got, in order
+        bodies = [orjson.loads(r.body) for r in sim.app.captured("/v1/chat/completions")]
+        return [body["messages"][0]["content"] for body in bodies]
+
+    def waiters_are(n: int) -> Callable[[], bool]:
+        return lambda: queue.waiting == n
+
+    def held_are(n: int) -> Callable[[], bool]:
+        return lambda: sim.app.stats.hangs == n
+
+    async def run() -> list[str]:
+        tasks: dict[str, asyncio.Task[httpx.Response]] = {}
+
+        async def post(label: str) -> httpx.Response:
+            body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": label}]}
+            headers = {"authorization": f"Bearer {keys[label.split()[0]]}"}
+            async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as client:
+                return await client.post("/v1/chat/completions", json=body, headers=headers)
+
+        sim.app.control.faults = Faults(hang_rate=1.0)
+        try:
+            for label in ("acme held-1", "acme held-2"):
+                tasks[label] = asyncio.create_task(post(label))
+            await until_async(held_are(2), "both held by the backend")
+            burst = ["acme 1", "acme 2", "acme 3", "acme 4", "other 1"]
+            for waiting, label in enumerate(burst, 1):
+                tasks[label] = asyncio.create_task(post(label))
+                await until_async(waiters_are(waiting), f"{label} waits")
+            for freed in range(len(burst)):
+                tasks[seen()[freed]].cancel()  # its client leaves: a slot frees
+                await until_async(
+                    held_are(3 + freed),
+                    "one waiter let through to the backend",
+                    detail=seen,
+                )
+            assert queue.waiting == 0 and sim.app.stats.hangs == 2 + len(burst), seen()
+            return seen()[2:]
+        finally:
+            for task in tasks.values():  # every client leaves: the gateway drops them
+                task.cancel()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+    assert asyncio.run(run()) == ["acme 1", "other 1", "acme 2", "acme 3", "acme 4"]
