@@ -22,9 +22,11 @@ import signal
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from gateway.config.schema import BackendSettings, HealthSettings, ScrapeSettings
 from gateway.routing.breaker import BreakerState
@@ -169,6 +171,41 @@ def _chat(model: str) -> bytes:
     return head + b"content-length: %d\r\n\r\n" % len(body) + body
 
 
+def _three_backends(sims: dict[str, Sim]) -> dict[str, Any]:
+    return {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "logging": {"format": "json", "level": "warning", "access_log": False},
+        "backends": [
+            {"id": m, "kind": "vllm", "base_url": sim.url, "models": [{"name": m}]}
+            | {"region": "eu", "owner": "t"}
+            for m, sim in sims.items()
+        ],
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+    }
+
+
+def _start_at_128(config: dict[str, Any], directory: Path) -> GatewayProcess:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))  # inherited by the gateway
+    try:
+        return GatewayProcess(config, directory).start()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _round(gateway: GatewayProcess, model: str) -> None:
+    """30 requests at once to `model`, each on a client connection of its own."""
+    clients = [socket.create_connection(("127.0.0.1", gateway.port), WAIT_S) for _ in range(30)]
+    try:
+        for sock in clients:
+            sock.sendall(_chat(model))
+        statuses = [parse(read_answer(sock))[0] for sock in clients]
+    finally:
+        for sock in clients:
+            sock.close()
+    assert statuses == [200] * 30, (model, statuses)
+
+
 def test_idle_backend_connections_stay_within_the_listener_s_share(
     start_sim: Callable[..., Sim], tmp_path: Path
 ) -> None:
@@ -179,36 +216,37 @@ def test_idle_backend_connections_stay_within_the_listener_s_share(
     met the limit: its connections were reset. Now a connection opened at the cap closes
     the oldest idle one, of any backend (`gateway/upstream/sockets.py`)."""
     sims = {m: start_sim("vllm", models=(m,), decode_tokens_per_s=20) for m in "abc"}
-    config = {
-        "listen": {"host": "127.0.0.1", "port": free_port()},
-        "logging": {"format": "json", "level": "warning", "access_log": False},
-        "backends": [
-            {"id": m, "kind": "vllm", "base_url": sim.url, "models": [{"name": m}]}
-            | {"region": "eu", "owner": "t"}
-            for m, sim in sims.items()
-        ],
-        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
-    }
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))  # inherited by the gateway
-    try:
-        gateway = GatewayProcess(config, tmp_path)
-        gateway.start()
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    gateway = _start_at_128(_three_backends(sims), tmp_path)
     try:
         for model in "abc":
-            clients = [
-                socket.create_connection(("127.0.0.1", gateway.port), WAIT_S) for _ in range(30)
-            ]
-            try:
-                for sock in clients:
-                    sock.sendall(_chat(model))
-                statuses = [parse(read_answer(sock))[0] for sock in clients]
-            finally:
-                for sock in clients:
-                    sock.close()
-            assert statuses == [200] * 30, (model, statuses)
+            _round(gateway, model)
+    finally:
+        gateway.stop(signal.SIGKILL)
+
+
+def test_backend_connections_stay_within_the_share_across_reloads(
+    start_sim: Callable[..., Sim], tmp_path: Path
+) -> None:
+    """The same rounds, with a reload before the second and the third that changes that
+    round's backend (so it gets a new pool; the others keep theirs). Each reload's pools
+    had a count of their own (`Registry.build` made one), so the three pools were counted
+    apart again and the third round was reset as before; the count is now the process's,
+    handed from a registry to the one a reload builds."""
+    sims = {m: start_sim("vllm", models=(m,), decode_tokens_per_s=20) for m in "abc"}
+    config = _three_backends(sims)
+    config["logging"]["level"] = "info"  # "config reloaded"
+    gateway = _start_at_128(config, tmp_path)
+    assert gateway.proc is not None
+    try:
+        for reloads, model in enumerate("abc"):
+            if reloads:
+                changed = next(b for b in config["backends"] if b["id"] == model)
+                changed["first_byte_timeout_s"] = 59.0  # a changed backend: a new pool
+                gateway.path.write_text(yaml.safe_dump(config))
+                gateway.proc.send_signal(signal.SIGHUP)
+                said = "config reloaded"
+                until(lambda: gateway.output().count(said) == reloads, "reloaded")  # noqa: B023
+            _round(gateway, model)
     finally:
         gateway.stop(signal.SIGKILL)
 
