@@ -63,10 +63,19 @@ def _metric(url: str, line_start: str) -> str:
     return next((line for line in lines if line.startswith(line_start)), "")
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
 def test_a_gateway_out_of_descriptors_does_not_charge_its_backend(
-    process: Callable[..., GatewayProcess],
+    process: Callable[..., GatewayProcess], start_sim: Callable[..., Sim], host: str
 ) -> None:
-    gateway = process(scrape={"interval_s": 30, "staleness_s": 60}).start()
+    """`localhost`: a backend named by a host name, whose lookup at the limit fails with
+    EAI_SYSTEM and whatever errno the resolver left (EBUSY), not EMFILE: it was still the
+    backend's `connect` failure, its breaker opened (`gateway/upstream/response.py`
+    `out_of_resources` now asks for a descriptor)."""
+    port = start_sim("vllm", models=("m",), zero_latency=True).server.port
+    gpu = {"id": "gpu", "kind": "vllm", "base_url": f"http://{host}:{port}"}
+    backends = [gpu | {"models": [{"name": "m"}], "region": "eu", "owner": "t"}]
+    scrape = {"interval_s": 30, "staleness_s": 60}
+    gateway = process(scrape=scrape, backends=backends).start()
     assert gateway.proc is not None
     pid = gateway.proc.pid
     clients = [socket.create_connection(("127.0.0.1", gateway.port), WAIT_S) for _ in range(5)]
@@ -251,36 +260,44 @@ def test_backend_connections_stay_within_the_share_across_reloads(
         gateway.stop(signal.SIGKILL)
 
 
-def test_a_hosted_call_that_finds_no_descriptor_is_the_gateway_s_failure() -> None:
-    """A hosted provider call the gateway could not open a socket for was the provider's
-    `connect` failure ("could not connect to openai"), charged to the tenant's breaker
-    and, from a second tenant, the provider's; now it is `exhausted`, read from the
-    `OSError` in the cause chain: no breaker verdict, the prompt not charged
-    (gateway/upstream/hosted_errors.py, gateway/api/hosted_relay.py)."""
-    closed_port = free_port()  # nothing listens: the first call is refused, as a provider down
+def _hosted(host: str, port: int) -> HostedClient:
     backend = BackendSettings.model_validate(
         {
             "id": "openai-hosted",
             "kind": "hosted",
             "provider": "openai",
-            "base_url": f"http://127.0.0.1:{closed_port}/v1",
+            "base_url": f"http://{host}:{port}/v1",
             "models": [{"name": "public", "provider_model": "openai/gpt-sim"}],
             "region": "us",
             "owner": "openai",
             "api_key_env": "SIM_OPENAI_KEY",
         }
     )
-    client = HostedClient(backend, environ={"SIM_OPENAI_KEY": "sk-sim"}, timeout_s=WAIT_S)
+    return HostedClient(backend, environ={"SIM_OPENAI_KEY": "sk-sim"}, timeout_s=WAIT_S)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_a_hosted_call_that_finds_no_descriptor_is_the_gateway_s_failure(host: str) -> None:
+    """A hosted provider call the gateway could not open a socket for was the provider's
+    `connect` failure ("could not connect to openai"), charged to the tenant's breaker
+    and, from a second tenant, the provider's; now it is `exhausted`, read from the
+    `OSError` in the cause chain: no breaker verdict, the prompt not charged
+    (gateway/upstream/hosted_errors.py, gateway/api/hosted_relay.py). `localhost`: a
+    provider named by a host name not looked up yet (a real provider's, once its lookup
+    is no longer cached), whose lookup at the limit fails with EAI_SYSTEM and EBUSY."""
+    closed_port = free_port()  # nothing listens: the first call is refused, as a provider down
+    warm, client = _hosted("127.0.0.1", closed_port), _hosted(host, closed_port)
     request = {"model": "public", "messages": [{"role": "user", "content": "hi"}]}
 
     async def calls() -> tuple[HostedError, HostedError]:
         try:
             with pytest.raises(HostedError) as refused:  # LiteLLM loaded, its client made
-                await client.send("chat", request, "public")
+                await warm.send("chat", request, "public")
             with _no_descriptor_left(), pytest.raises(HostedError) as exhausted:
                 await client.send("chat", request, "public")
             return refused.value, exhausted.value
         finally:
+            await warm.aclose()
             await client.aclose()
 
     refused, exhausted = asyncio.run(calls())
