@@ -41,6 +41,7 @@ from gateway.tenants import TenantEntry, index_keys
 from gateway.tracing import tracing_settings
 from gateway.upstream.hosted import hosted_api_key
 from gateway.upstream.litellm_runtime import check_base_url_environment
+from gateway.upstream.sockets import BackendSockets
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -96,7 +97,9 @@ def assemble(
     else:
         metrics, state, recorder = running.metrics, running.state, running.recorder
         tracing = running.tracing
-    registry, tenants, policies = _checked(config, environ, config_dir, clock)
+    # One count of backend connections for the process: a reload's pools join it
+    sockets = None if running is None else running.registry.sockets
+    registry, tenants, policies = _checked(config, environ, config_dir, clock, sockets)
     if running is not None:
         _keep_unchanged_backends(registry, running.registry, config.limits == running.config.limits)
     scraper = MetricsScraper(
@@ -130,6 +133,7 @@ def _checked(
     environ: Mapping[str, str],
     config_dir: Path,
     clock: Callable[[], float],
+    sockets: BackendSockets | None = None,
 ) -> tuple[Registry, dict[str, TenantEntry], TrustPolicies]:
     """The backend registry, the tenant key index and the trust policies of `config`, or
     `AssemblyError` with every problem: backend key variables (private and hosted),
@@ -137,7 +141,9 @@ def _checked(
     problems: list[str] = []
     registry: Registry | None = None
     try:
-        registry = Registry.build(config, environ=dict(environ), clock=clock, config_dir=config_dir)
+        registry = Registry.build(
+            config, environ=dict(environ), clock=clock, config_dir=config_dir, sockets=sockets
+        )
     except ValueError as exc:
         problems += str(exc).splitlines()  # Registry.build: one problem per line
     tenants: dict[str, TenantEntry] = {}

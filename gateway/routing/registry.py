@@ -98,6 +98,9 @@ class Registry:
     # The registry of the config a reload installed after this one's (set by the app's
     # `install`): the requests still running on this one check each attempt against it.
     successor: Registry | None = None
+    # The count of backend connections the pools share (`BackendSockets`), handed on to
+    # the registry a reload builds (`build(sockets=)`); a registry made directly: none.
+    sockets: BackendSockets = field(default_factory=lambda: BackendSockets(1 << 30))
 
     @classmethod
     def build(
@@ -107,17 +110,20 @@ class Registry:
         clock: Callable[[], float] = time.monotonic,
         environ: dict[str, str] | None = None,
         config_dir: Path | None = None,
+        sockets: BackendSockets | None = None,
     ) -> Registry:
         """The backends and routes of `config`. Raises ValueError naming every backend
         whose key variable is unset or unusable, or whose TLS files (relative to
-        `config_dir`, default the working directory) cannot be used, one per line."""
+        `config_dir`, default the working directory) cannot be used, one per line.
+        `sockets`: the count the running registry's pools share, which a reload's pools
+        join (None: a new one, within what the listener's cap leaves them)."""
         directory = Path.cwd() if config_dir is None else config_dir
         env = environ or {}
         breaker = config.routing.breaker
         problems: list[str] = []
         backends: dict[str, BackendState] = {}
-        # Backend connections, idle ones too, within what the listener's cap leaves them.
-        sockets = BackendSockets(ListenerLimits.from_config(config.listen).max_connections)
+        if sockets is None:  # backend connections, idle ones too, within the cap's share
+            sockets = BackendSockets(ListenerLimits.from_config(config.listen).max_connections)
         for backend in config.backends:
             try:
                 backends[backend.id] = _backend_state(
@@ -142,6 +148,7 @@ class Registry:
             owners=owners,
             clock=clock,
             per_tenant=sum(bool(t.models) for t in config.tenants) > 1,
+            sockets=sockets,
         )
 
     def set_peer_inflight(self, others: Mapping[str, int]) -> None:

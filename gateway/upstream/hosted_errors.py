@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Final, Literal
 
 from gateway.upstream.hosted_bound import AnswerTooLarge, cut_kind
-from gateway.upstream.response import OUT_OF_RESOURCES
+from gateway.upstream.response import OUT_OF_RESOURCES, no_socket_now
 
 __all__ = [
     "HostedError",
@@ -25,8 +25,10 @@ __all__ = [
 # `too_large`: the answer passed limits.max_response_bytes as it was read (hosted_bound):
 # not the provider's failure (a client can ask for a huge answer), like a private one's.
 # `exhausted`: the gateway ran out of file descriptors or socket memory (an `OSError` of
-# OUT_OF_RESOURCES anywhere in the cause chain, under LiteLLM's connection error): its
-# own state, not the provider's, as for a private backend (gateway/upstream/http.py).
+# OUT_OF_RESOURCES anywhere in the cause chain, under LiteLLM's connection error; or a
+# connect failure no refusal or timeout explains while no socket can be opened now: a host
+# name's lookup at the limit fails with EAI_SYSTEM and EBUSY, not EMFILE): its own
+# state, not the provider's, as for a private backend (gateway/upstream/http.py).
 HostedErrorKind = Literal[
     "connect", "timeout", "status", "protocol", "untranslated", "too_large", "exhausted"
 ]
@@ -144,11 +146,15 @@ def hosted_error(
         cut = next((str(e) for e in chain if isinstance(e, AnswerTooLarge)), None)
     if cut is not None:  # read no further (gateway/upstream/hosted_bound.py)
         return HostedError(cut_kind(cut), f"{provider} {cut}")
-    if any(isinstance(e, OSError) and e.errno in OUT_OF_RESOURCES for e in chain):
+    connect = (httpx.ConnectError, httpx.ConnectTimeout, ConnectionRefusedError)
+    failed_to_connect = any(isinstance(e, connect) for e in chain)
+    answered = (ConnectionError, TimeoutError, httpx.ConnectTimeout)  # on a socket it had
+    if any(isinstance(e, OSError) and e.errno in OUT_OF_RESOURCES for e in chain) or (
+        failed_to_connect and not any(isinstance(e, answered) for e in chain) and no_socket_now()
+    ):
         message = f"the gateway is out of file descriptors or socket memory: {provider} not called"
         return HostedError("exhausted", message)
-    connect = (httpx.ConnectError, httpx.ConnectTimeout, ConnectionRefusedError)
-    if any(isinstance(e, connect) for e in chain):
+    if failed_to_connect:
         return HostedError("connect", f"could not connect to {provider}")
     timeout = (TimeoutError, httpx.TimeoutException, openai.APITimeoutError)
     if any(isinstance(e, timeout) for e in chain):

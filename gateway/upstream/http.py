@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
 
 from gateway.upstream.connection import MAX_HEAD, Connection, _Connection, ssl_reason
-from gateway.upstream.response import OUT_OF_RESOURCES, UpstreamError, UpstreamResponse
+from gateway.upstream.response import UpstreamError, UpstreamResponse, out_of_resources
 from gateway.upstream.sockets import BackendSockets
 from gateway.upstream.tls import BackendTLS, TLSRejectedError, system_tls
 
@@ -311,7 +311,7 @@ class HttpPool:
         except OSError as exc:
             self._release_slot()
             reason = exc.strerror or type(exc).__name__
-            if exc.errno in OUT_OF_RESOURCES:
+            if out_of_resources(exc):  # EMFILE, or a host name's lookup at the limit
                 detail = f"the gateway cannot open a socket: {reason}"
                 raise UpstreamError("exhausted", detail) from exc
             raise UpstreamError("connect", reason) from exc

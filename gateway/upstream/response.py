@@ -16,17 +16,47 @@ import collections
 import contextlib
 import contextvars
 import errno
+import socket
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from gateway.upstream.connection import _Connection
 
-__all__ = ["OUT_OF_RESOURCES", "FailureKind", "UpstreamError", "UpstreamResponse"]
+__all__ = [
+    "OUT_OF_RESOURCES",
+    "FailureKind",
+    "UpstreamError",
+    "UpstreamResponse",
+    "no_socket_now",
+    "out_of_resources",
+]
 
 # A socket the gateway could not open (or use) for want of its own resources: not the
 # backend's doing, so no breaker verdict and no failed probe (`exhausted`, private or hosted).
 OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def no_socket_now() -> bool:
+    """Whether this process cannot open a socket now, for want of descriptors or socket
+    memory. Asked when a connection failed for no reason of the peer's: a host name's
+    lookup at the open-file limit fails with EAI_SYSTEM and whatever errno the resolver
+    left (EBUSY under glibc, on uvloop and asyncio's loop alike), not EMFILE."""
+    try:
+        socket.socket().close()
+    except OSError as exc:
+        return exc.errno in OUT_OF_RESOURCES
+    return False
+
+
+def out_of_resources(exc: OSError) -> bool:
+    """Whether `exc`, met opening a connection, was for want of the gateway's own
+    descriptors or socket memory (a refusal, a reset or a timeout is the peer's answer,
+    or its silence, on a socket the gateway had)."""
+    if exc.errno in OUT_OF_RESOURCES:
+        return True
+    return not isinstance(exc, ConnectionError | TimeoutError) and no_socket_now()
+
 
 _HIGH_WATER = 256 * 1024
 _TIMER_SLACK_S = 0.001  # how early a loop may run a timer (uvloop: millisecond ticks)

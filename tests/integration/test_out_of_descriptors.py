@@ -22,9 +22,11 @@ import signal
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from gateway.config.schema import BackendSettings, HealthSettings, ScrapeSettings
 from gateway.routing.breaker import BreakerState
@@ -61,10 +63,19 @@ def _metric(url: str, line_start: str) -> str:
     return next((line for line in lines if line.startswith(line_start)), "")
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
 def test_a_gateway_out_of_descriptors_does_not_charge_its_backend(
-    process: Callable[..., GatewayProcess],
+    process: Callable[..., GatewayProcess], start_sim: Callable[..., Sim], host: str
 ) -> None:
-    gateway = process(scrape={"interval_s": 30, "staleness_s": 60}).start()
+    """`localhost`: a backend named by a host name, whose lookup at the limit fails with
+    EAI_SYSTEM and whatever errno the resolver left (EBUSY), not EMFILE: it was still the
+    backend's `connect` failure, its breaker opened (`gateway/upstream/response.py`
+    `out_of_resources` now asks for a descriptor)."""
+    port = start_sim("vllm", models=("m",), zero_latency=True).server.port
+    gpu = {"id": "gpu", "kind": "vllm", "base_url": f"http://{host}:{port}"}
+    backends = [gpu | {"models": [{"name": "m"}], "region": "eu", "owner": "t"}]
+    scrape = {"interval_s": 30, "staleness_s": 60}
+    gateway = process(scrape=scrape, backends=backends).start()
     assert gateway.proc is not None
     pid = gateway.proc.pid
     clients = [socket.create_connection(("127.0.0.1", gateway.port), WAIT_S) for _ in range(5)]
@@ -169,6 +180,41 @@ def _chat(model: str) -> bytes:
     return head + b"content-length: %d\r\n\r\n" % len(body) + body
 
 
+def _three_backends(sims: dict[str, Sim]) -> dict[str, Any]:
+    return {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "logging": {"format": "json", "level": "warning", "access_log": False},
+        "backends": [
+            {"id": m, "kind": "vllm", "base_url": sim.url, "models": [{"name": m}]}
+            | {"region": "eu", "owner": "t"}
+            for m, sim in sims.items()
+        ],
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+    }
+
+
+def _start_at_128(config: dict[str, Any], directory: Path) -> GatewayProcess:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))  # inherited by the gateway
+    try:
+        return GatewayProcess(config, directory).start()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _round(gateway: GatewayProcess, model: str) -> None:
+    """30 requests at once to `model`, each on a client connection of its own."""
+    clients = [socket.create_connection(("127.0.0.1", gateway.port), WAIT_S) for _ in range(30)]
+    try:
+        for sock in clients:
+            sock.sendall(_chat(model))
+        statuses = [parse(read_answer(sock))[0] for sock in clients]
+    finally:
+        for sock in clients:
+            sock.close()
+    assert statuses == [200] * 30, (model, statuses)
+
+
 def test_idle_backend_connections_stay_within_the_listener_s_share(
     start_sim: Callable[..., Sim], tmp_path: Path
 ) -> None:
@@ -179,70 +225,79 @@ def test_idle_backend_connections_stay_within_the_listener_s_share(
     met the limit: its connections were reset. Now a connection opened at the cap closes
     the oldest idle one, of any backend (`gateway/upstream/sockets.py`)."""
     sims = {m: start_sim("vllm", models=(m,), decode_tokens_per_s=20) for m in "abc"}
-    config = {
-        "listen": {"host": "127.0.0.1", "port": free_port()},
-        "logging": {"format": "json", "level": "warning", "access_log": False},
-        "backends": [
-            {"id": m, "kind": "vllm", "base_url": sim.url, "models": [{"name": m}]}
-            | {"region": "eu", "owner": "t"}
-            for m, sim in sims.items()
-        ],
-        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
-    }
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))  # inherited by the gateway
-    try:
-        gateway = GatewayProcess(config, tmp_path)
-        gateway.start()
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    gateway = _start_at_128(_three_backends(sims), tmp_path)
     try:
         for model in "abc":
-            clients = [
-                socket.create_connection(("127.0.0.1", gateway.port), WAIT_S) for _ in range(30)
-            ]
-            try:
-                for sock in clients:
-                    sock.sendall(_chat(model))
-                statuses = [parse(read_answer(sock))[0] for sock in clients]
-            finally:
-                for sock in clients:
-                    sock.close()
-            assert statuses == [200] * 30, (model, statuses)
+            _round(gateway, model)
     finally:
         gateway.stop(signal.SIGKILL)
 
 
-def test_a_hosted_call_that_finds_no_descriptor_is_the_gateway_s_failure() -> None:
-    """A hosted provider call the gateway could not open a socket for was the provider's
-    `connect` failure ("could not connect to openai"), charged to the tenant's breaker
-    and, from a second tenant, the provider's; now it is `exhausted`, read from the
-    `OSError` in the cause chain: no breaker verdict, the prompt not charged
-    (gateway/upstream/hosted_errors.py, gateway/api/hosted_relay.py)."""
-    closed_port = free_port()  # nothing listens: the first call is refused, as a provider down
+def test_backend_connections_stay_within_the_share_across_reloads(
+    start_sim: Callable[..., Sim], tmp_path: Path
+) -> None:
+    """The same rounds, with a reload before the second and the third that changes that
+    round's backend (so it gets a new pool; the others keep theirs). Each reload's pools
+    had a count of their own (`Registry.build` made one), so the three pools were counted
+    apart again and the third round was reset as before; the count is now the process's,
+    handed from a registry to the one a reload builds."""
+    sims = {m: start_sim("vllm", models=(m,), decode_tokens_per_s=20) for m in "abc"}
+    config = _three_backends(sims)
+    config["logging"]["level"] = "info"  # "config reloaded"
+    gateway = _start_at_128(config, tmp_path)
+    assert gateway.proc is not None
+    try:
+        for reloads, model in enumerate("abc"):
+            if reloads:
+                changed = next(b for b in config["backends"] if b["id"] == model)
+                changed["first_byte_timeout_s"] = 59.0  # a changed backend: a new pool
+                gateway.path.write_text(yaml.safe_dump(config))
+                gateway.proc.send_signal(signal.SIGHUP)
+                said = "config reloaded"
+                until(lambda: gateway.output().count(said) == reloads, "reloaded")  # noqa: B023
+            _round(gateway, model)
+    finally:
+        gateway.stop(signal.SIGKILL)
+
+
+def _hosted(host: str, port: int) -> HostedClient:
     backend = BackendSettings.model_validate(
         {
             "id": "openai-hosted",
             "kind": "hosted",
             "provider": "openai",
-            "base_url": f"http://127.0.0.1:{closed_port}/v1",
+            "base_url": f"http://{host}:{port}/v1",
             "models": [{"name": "public", "provider_model": "openai/gpt-sim"}],
             "region": "us",
             "owner": "openai",
             "api_key_env": "SIM_OPENAI_KEY",
         }
     )
-    client = HostedClient(backend, environ={"SIM_OPENAI_KEY": "sk-sim"}, timeout_s=WAIT_S)
+    return HostedClient(backend, environ={"SIM_OPENAI_KEY": "sk-sim"}, timeout_s=WAIT_S)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_a_hosted_call_that_finds_no_descriptor_is_the_gateway_s_failure(host: str) -> None:
+    """A hosted provider call the gateway could not open a socket for was the provider's
+    `connect` failure ("could not connect to openai"), charged to the tenant's breaker
+    and, from a second tenant, the provider's; now it is `exhausted`, read from the
+    `OSError` in the cause chain: no breaker verdict, the prompt not charged
+    (gateway/upstream/hosted_errors.py, gateway/api/hosted_relay.py). `localhost`: a
+    provider named by a host name not looked up yet (a real provider's, once its lookup
+    is no longer cached), whose lookup at the limit fails with EAI_SYSTEM and EBUSY."""
+    closed_port = free_port()  # nothing listens: the first call is refused, as a provider down
+    warm, client = _hosted("127.0.0.1", closed_port), _hosted(host, closed_port)
     request = {"model": "public", "messages": [{"role": "user", "content": "hi"}]}
 
     async def calls() -> tuple[HostedError, HostedError]:
         try:
             with pytest.raises(HostedError) as refused:  # LiteLLM loaded, its client made
-                await client.send("chat", request, "public")
+                await warm.send("chat", request, "public")
             with _no_descriptor_left(), pytest.raises(HostedError) as exhausted:
                 await client.send("chat", request, "public")
             return refused.value, exhausted.value
         finally:
+            await warm.aclose()
             await client.aclose()
 
     refused, exhausted = asyncio.run(calls())
