@@ -358,8 +358,13 @@ def last_event_end(data: bytes, start: int = 0, end: int | None = None) -> int:
     `start` begins a line)."""
     if end is None:
         end = len(data)
-    at = max(data.rfind(b"\n\n", start, end), data.rfind(b"\r\r", start, end))
-    at = max(at, data.rfind(b"\n\r", start, end))
+    at = data.rfind(b"\n\n", start, end)
+    # A blank line of CRs ends later only with a CR after `at`: looked for with `memrchr`
+    # (a one-byte `rfind`), not with two backward searches over the whole read, which on
+    # a coalesced stream (most servers end lines with LF alone) were a fifth of its cost.
+    after = max(start, at + 1)
+    if data.rfind(b"\r", after, end) >= 0:
+        at = max(at, data.rfind(b"\r\r", after, end), data.rfind(b"\n\r", after, end))
     return _past_blank(data, at) if at >= 0 else start
 
 
