@@ -27,7 +27,9 @@ A removed line is dropped as it arrives, never buffered, however long it is.
 The common read (no `owngate-` in it, ending at a line end) costs one `bytes.lower` (the
 ASCII case fold), one `bytes.find` and a look at its last byte; only reads with the
 marker, or ending mid-line, are walked (a Python step per line that holds the marker or
-starts the read's last partial line).
+starts the read's last partial line). A relay that found its read to be one `data:` line
+(gateway/api/sse_events.py, `one_data_line`) does not feed it while the filter is
+`clean`: it holds no comment line and would pass unchanged.
 """
 
 from __future__ import annotations
@@ -55,17 +57,20 @@ class CommentFilter:
         self._stream_start = True  # nothing relayed yet: a BOM may come first
         self._dropping = False  # inside a removed line whose end has not come yet
         self._skip_lf = False  # a removed line ended in CR at a read's end: its LF may follow
-        # None of the above, and past the stream's first line end: the usual read's state.
-        self._clean = False
+        # None of the above, and past the stream's first line end: the usual read's state,
+        # in which a read of whole lines none of which is a comment passes unchanged (and
+        # leaves it so): a caller that knows its read is such (`sse_events.one_data_line`)
+        # need not feed it.
+        self.clean = False
 
     def feed(self, data: bytes) -> bytes:
         """Bytes from the backend in; the bytes to relay out."""
         # Whole lines, none marked in any case: the state stays clean. `find`, not `in`: a
         # bytes `in` first tries its operand as an int (a raised and cleared TypeError).
-        if self._clean and data and data[-1] in _ENDS and data.lower().find(_MARK) < 0:
+        if self.clean and data and data[-1] in _ENDS and data.lower().find(_MARK) < 0:
             return data
         out = self._walk(data)
-        self._clean = (
+        self.clean = (
             self._line_start
             and not self._stream_start
             and not self._held

@@ -98,8 +98,9 @@ class StreamWatch:
         """Whether the client read an error event of the backend's (its SDK raised it)."""
         return self.events.error_event
 
-    def feed(self, data: bytes) -> bytes:
-        """Bytes from the backend in; the bytes to relay out (possibly fewer, or none)."""
+    def feed(self, data: bytes, one_line: bool = False) -> bytes:
+        """Bytes from the backend in; the bytes to relay out (possibly fewer, or none).
+        `one_line`: `data` is `sse_events.one_data_line` (the caller tested it)."""
         if self.strip_usage:
             if (  # whole events, none of them a usage chunk: nothing to hold back
                 not self._pending
@@ -108,7 +109,8 @@ class StreamWatch:
                 and not self._pass_lf
                 and data.find(_USAGE) < 0  # not `in`: see `_see_done`
                 and (  # it ends with a blank line (as EventReader.feed tests it)
-                    (tail := data[-2:]) in BLANK_TAILS
+                    one_line
+                    or (tail := data[-2:]) in BLANK_TAILS
                     or (tail == b"\r\n" and data[-3:-2] in LINE_END_BYTES)
                 )
             ):  # the usual read
@@ -116,7 +118,7 @@ class StreamWatch:
                 if self._seek and data.find(_DONE) >= 0 and _ends_stream(data, 0, len(data)):
                     self._found_done()  # (`data` starts a line)
                 # Tested here already, whole events and no `"usage"` are not tested again.
-                self.events.whole_without_usage(data)
+                self.events.whole_without_usage(data, one_line)
                 return data
             return self._events(data)  # (it tells the event reader what goes on, as it goes)
         if self._edge is _NL and data[-1:] in _ENDS:  # whole lines after a read that ended
@@ -125,7 +127,7 @@ class StreamWatch:
                 self._found_done()  # (`data` starts a line)
         else:
             self._see_done(data)
-        self.events.feed(data)
+        self.events.feed(data, one_line)
         return data
 
     def flush(self) -> bytes:

@@ -155,22 +155,23 @@ def test_a_paced_read_costs_the_relay_a_fixed_few_python_calls(
     read = calls.usual("_Connection.data_received") + calls.usual("UpstreamResponse._to_sink")
     python = [name for name in read if not name.endswith("()")]
     assert len(python) <= READ_CALLS, f"{len(python)} calls per read: {read}"
-    # The searches of the read: the comment filter's for `owngate-` (case folded), the
-    # stream watch's for `"usage"`; `[DONE]` is looked for only in a body that ends with
-    # its connection (this one is chunked), and a line end is checked without `endswith`;
-    # the event reader's: whether the client's SDK raises at a line that is not UTF-8
-    # (a byte that is not ASCII: one `isascii`), for what else makes an event worth
-    # parsing (`"error"`, `[DONE]`, an escape: three `find`s, no regular expression, no
-    # call) and for a field that dispatches an event without data (three `find`s;
+    # The searches of the read: that it is one `data: {` line and its blank line (two
+    # one-byte `find`s, LF and CR: `sse_events.one_data_line`), which rules out an
+    # `owngate-` comment (the comment filter is not fed it), a `[DONE]` value and a field
+    # that dispatches an event without data; the stream watch's for `"usage"` (`[DONE]` is
+    # looked for only in a body that ends with its connection: this one is chunked); the
+    # event reader's: whether the client's SDK raises at a line that is not UTF-8 (a byte
+    # that is not ASCII: one `isascii`), for what else makes an event worth parsing
+    # (`"error"`, an escape: two `find`s, no regular expression, no call;
     # gateway/api/sse_events.py). The watch's search for `"usage"` and its test of the
     # read's end are not made again by the event reader.
     searches = [name for name in read if name.startswith("bytes.")]
     assert searches == [
-        "bytes.lower()",
-        *["bytes.find()"] * 2,
+        *["bytes.find()"] * 3,
         "bytes.isascii()",
-        *["bytes.find()"] * 6,
+        *["bytes.find()"] * 2,
     ], read
+    assert "CommentFilter.feed" not in read, read
     assert "Trail.relayed" not in read, read  # (the hash is the trail's only per-read work)
     assert read.count("HASH.update()") == 1, read
     assert not [name for name in read if name.startswith("Pattern.")], read
