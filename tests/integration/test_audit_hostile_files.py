@@ -130,14 +130,20 @@ def test_a_sparse_file_of_gigabytes_is_not_read_whole(copy: Path, which: str) ->
     assert "FAILED" in done.stderr and "larger than" in done.stderr
 
 
-def test_a_fifo_among_the_cosigned_checkpoints_is_refused(copy: Path) -> None:
-    # verify reads cosigned/ given a witness key; a FIFO there waited for a writer.
+@pytest.mark.parametrize("verb", ["verify", "prove"])
+def test_a_fifo_among_the_cosigned_checkpoints_is_refused(copy: Path, verb: str) -> None:
+    # verify given a witness key and prove --cosigned read cosigned/; a FIFO there
+    # waited for a writer.
     (copy / "cosigned").mkdir(exist_ok=True)
     os.mkfifo(copy / "cosigned" / f"{_size(copy):020d}")
     assert list_cosigned(copy)
     witness = Cosigner(seeded_signer("witness.example/w1")).vkey
+    argv = {
+        "verify": ("verify", str(copy), "--key", SIGNER.vkey, "--witness-key", witness),
+        "prove": ("prove", str(copy), "req-0", "--cosigned"),
+    }[verb]
     done = subprocess.run(
-        owngate_argv("audit", "verify", str(copy), "--key", SIGNER.vkey, "--witness-key", witness),
+        owngate_argv("audit", *argv),
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,
