@@ -16,7 +16,7 @@ from gateway.provenance import (
     TlogProof,
 )
 from gateway.provenance.audit.shown import quoted
-from gateway.provenance.formats.layout import list_cosigned
+from gateway.provenance.formats.layout import list_cosigned, read_log_file
 from gateway.provenance.formats.merkle import inclusion_proof
 from gateway.provenance.formats.tiles import TileReader
 
@@ -70,7 +70,7 @@ def _prove(args: argparse.Namespace) -> int:
             )
             return 1
         size, path = covering[-1]
-        note = path.read_bytes()
+        note = read_log_file(path)
     entry = log.bundle(index // 256, size)[index % 256]
     hashes = inclusion_proof(index, size, TileReader(log.path, size).node)
     sys.stdout.write(TlogProof(index, tuple(hashes), note, extra=entry).format())

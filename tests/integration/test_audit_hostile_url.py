@@ -8,6 +8,7 @@ time, so a checkpoint claiming a vast log costs neither memory nor a long wait.
 from __future__ import annotations
 
 import base64
+import contextlib
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,16 +37,31 @@ class _Served:
         self.stop = threading.Event()
         self.dripped = threading.Event()  # a dripping answer has sent a byte
         self.any_tile = b""  # served for every tile path not in `files`, when set
+        self.moved: dict[str, str] = {}  # name -> where a 302 sends it
+        self.tokens: list[str | None] = []  # each request's Authorization header
 
 
 @pytest.fixture
 def served() -> Iterator[_Served]:
+    with _serving() as state:
+        yield state
+
+
+@contextlib.contextmanager
+def _serving() -> Iterator[_Served]:
     state = _Served()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             name = self.path.removeprefix("/log/")
             state.asked.append(name)
+            state.tokens.append(self.headers.get("authorization"))
+            if name in state.moved:
+                self.send_response(302)
+                self.send_header("location", state.moved[name])
+                self.send_header("content-length", "0")
+                self.end_headers()
+                return
             data = state.files.get(name)
             if data is None and state.any_tile and name.startswith("tile/"):
                 data = state.any_tile
@@ -192,3 +208,34 @@ def test_the_budget_is_what_a_tree_size_can_hold() -> None:
     assert copy_budget(1) == TILE_WIDTH * (32 + entry)
     assert copy_budget(TILE_WIDTH) == TILE_WIDTH * (32 + entry) + TILE_WIDTH * 32
     assert copy_budget(TILE_WIDTH + 1) == 2 * TILE_WIDTH * (32 + entry) + TILE_WIDTH * 32
+
+
+@pytest.mark.parametrize("elsewhere", ["other host", "ftp", "same host"])
+def test_a_redirect_is_followed_only_within_the_log_urls_origin(
+    served: _Served, elsewhere: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # urllib copies every header onto a redirected request: a log server sending the
+    # auditor to another host (or port, or scheme) would hand it the --token, and the
+    # log would be read from a server the auditor never named.
+    skey, vkey = generate_signing_key(ORIGIN)
+    root = base64.b64encode(bytes.fromhex(_EMPTY)).decode()
+    note = sign_note(f"{ORIGIN}\n0\n{root}\n", [Signer.from_skey(skey)])  # the empty log
+    argv = ["audit", "verify", served.url, "--key", vkey, "--token", "s3cret"]
+    with _serving() as other:
+        other.files["checkpoint"] = note
+        served.moved["checkpoint"] = {
+            "other host": f"{other.url}checkpoint",
+            "ftp": f"ftp://{other.url.removeprefix('http://')}checkpoint",
+            "same host": f"{served.url}moved/checkpoint",
+        }[elsewhere]
+        served.files["moved/checkpoint"] = note
+        code = main(argv)
+        said = capsys.readouterr()
+    if elsewhere == "same host":
+        assert code == 0, said.err
+        assert served.tokens == ["Bearer s3cret"] * 2
+        return
+    assert code == 1
+    assert "another origin than the log URL's: not followed" in said.err
+    assert other.asked == []
+    assert served.asked == ["checkpoint"]

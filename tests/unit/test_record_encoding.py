@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import gateway.provenance.formats.record_parser as record_parser  # its parser, replaced
 import gateway.provenance.writer.queued as writer  # where a record is encoded
 from gateway.canonical import canonical_json_of_plain
 from gateway.cli.main import main
@@ -116,4 +117,16 @@ def test_parse_record_takes_the_canonical_entry() -> None:
 def test_parse_record_refuses_what_is_not_canonical(entry: bytes) -> None:
     assert json.loads(entry) == ADMIN  # the same record to this (last-wins) parser
     with pytest.raises(RecordError, match="canonical"):
+        parse_record(entry)
+
+
+@pytest.mark.parametrize("entry", [b"[" * 50_000, b"1" * 5_000, b'{"a":' * 20_000])
+def test_parse_record_refuses_what_the_stdlib_parser_cannot_read(
+    entry: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An auditor's install without orjson parses with json.loads, which raises
+    # RecursionError for deep nesting and a plain ValueError past 4,300 digits: neither
+    # may escape as a crash (exit 2 or a traceback) instead of a failed record check.
+    monkeypatch.setattr(record_parser, "_loads", json.loads)
+    with pytest.raises(RecordError, match="entry is not JSON"):
         parse_record(entry)

@@ -20,7 +20,7 @@ from gateway.provenance.formats.cosignature import (
     distinct_witnesses,
     find_cosignature,
 )
-from gateway.provenance.formats.layout import list_cosigned
+from gateway.provenance.formats.layout import list_cosigned, read_log_file
 from gateway.provenance.formats.note import Verifier, _split_note
 
 __all__ = [
@@ -99,7 +99,10 @@ def check_cosigned(
     files = list_cosigned(log.path)
     for size, path in files:
         name = f"cosigned/{path.name}"
-        data = path.read_bytes()
+        try:
+            data = read_log_file(path)
+        except MalformedError as exc:
+            raise _fail(str(exc)) from exc
         checkpoint = _cosigned_checkpoint(name, data, size, by_size, verifiers, newest)
         try:
             signed_by = cosigners(data, witnesses, now)

@@ -11,18 +11,20 @@ reads again (`READINGS` in all) when a reading failed and the log moved meanwhil
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
 from gateway.provenance.errors import LogVerificationError, MalformedError, RecordError
-from gateway.provenance.formats.layout import CHECKPOINT, WAL, list_history
+from gateway.provenance.formats.layout import CHECKPOINT, WAL, list_history, read_log_file
 from gateway.provenance.formats.merkle import HASH_SIZE
 from gateway.provenance.formats.records import Record, parse_record
 from gateway.provenance.formats.tiles import (
     TILE_WIDTH,
     decode_bundle,
     entries_path,
+    file_limit,
     split_bundle,
     tile_path,
 )
@@ -38,7 +40,7 @@ def log_state(path: str | Path) -> tuple[bytes, str]:
     """What moves when a checkpoint is written: the `checkpoint` file's bytes and the
     newest history entry's name (empty when absent)."""
     try:
-        checkpoint = (Path(path) / CHECKPOINT).read_bytes()
+        checkpoint = read_log_file(Path(path) / CHECKPOINT)
     except (FileNotFoundError, NotADirectoryError):
         checkpoint = b""
     history = list_history(Path(path))
@@ -76,14 +78,14 @@ class LogDirectory:
     def latest_note(self) -> bytes:
         """The served `checkpoint` file's bytes."""
         try:
-            return (self.path / CHECKPOINT).read_bytes()
+            return read_log_file(self.path / CHECKPOINT)
         except FileNotFoundError as exc:
             raise MalformedError(f"{self.path} has no checkpoint file") from exc
 
     def _first_existing(self, names: list[str]) -> tuple[str, bytes] | None:
         for name in names:
             try:
-                return name, (self.path / name).read_bytes()
+                return name, read_log_file(self.path / name, file_limit(name))
             except FileNotFoundError:
                 continue
         return None
@@ -176,6 +178,8 @@ class LogDirectory:
                     "checkpoint covered them)",
                     index=size + len(found),
                 )
+            if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block the read
+                raise MalformedError(f"write-ahead segment wal/{path.name} is not a regular file")
             scan = scan_segment(path, first)
             for offset, (entry, _) in enumerate(scan.entries):
                 if first + offset >= size + len(found):

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from gateway.provenance.audit.reader import LogDirectory
 from gateway.provenance.errors import LogVerificationError, SignatureError
 from gateway.provenance.formats.checkpoint import open_checkpoint
-from gateway.provenance.formats.layout import list_history
+from gateway.provenance.formats.layout import list_history, read_log_file
 from gateway.provenance.formats.note import Verifier
 from gateway.provenance.formats.receipt_payload import Receipt
 from gateway.provenance.formats.receipts import verify_receipt
@@ -53,7 +53,7 @@ def check_receipt_key(
     position = bisect.bisect_right([size for size, _ in history], receipt.index)
     if position < len(history):
         size, path = history[position]
-        note, where = path.read_bytes(), f"the checkpoint of size {size} (its history file)"
+        note, where = read_log_file(path), f"the checkpoint of size {size} (its history file)"
     else:
         note, where = log.latest_note(), "the log's latest checkpoint"
     try:

@@ -16,7 +16,11 @@ connection's socket down, so a server dripping a byte just inside every read tim
 in the TLS handshake, the headers or the body, still ends); a hash tile is at most its
 width times 32 bytes and a bundle its width times 2 + 65535; and the whole copy at most
 `max_bytes`, and never more than the tiles and bundles of the checkpoint's tree size can
-hold, so a checkpoint that is only the server's word cannot fill the disk.
+hold, so a checkpoint that is only the server's word cannot fill the disk. A redirect is
+followed only within the URL's origin (scheme, host and port): one to another host, to
+plain http from https or to ftp:// would carry the auditor's `--token` there (urllib
+copies every header onto the redirected request) and read the log from a server the
+auditor never named; it ends the copy (MalformedError).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import socket
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -159,7 +164,7 @@ def _get(
     """The body of `request`, at most `limit` + 1 bytes of it (None on 404), all of it
     within `limits.file_deadline_s` of `clock`, or OSError."""
     watch = _Watch()
-    opener = urllib.request.build_opener(_Handler(watch), _SecureHandler(watch))
+    opener = urllib.request.build_opener(_Handler(watch), _SecureHandler(watch), _SameOrigin())
     timer = threading.Timer(limits.file_deadline_s, watch.expire)
     timer.daemon = True
     deadline = clock() + limits.file_deadline_s
@@ -262,6 +267,37 @@ class _SecureHandler(urllib.request.HTTPSHandler):
 
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
         return self.do_open(self._connection, req, context=self.tls)
+
+
+class _SameOrigin(urllib.request.HTTPRedirectHandler):
+    """Redirects followed only to the origin the request went to."""
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: Any,
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        if _origin(newurl) != _origin(req.full_url):
+            fp.close()
+            raise MalformedError(
+                f"GET {req.full_url}: HTTP {code} redirects to {newurl[:200]}, another origin "
+                "than the log URL's: not followed (it would take the token there)"
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(scheme)
+    except ValueError:  # a port out of range or not a number: matches nothing
+        port = -1
+    return scheme, (parts.hostname or ""), port
 
 
 def _files(size: int) -> Iterator[tuple[str, str | None]]:

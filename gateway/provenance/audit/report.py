@@ -30,7 +30,7 @@ from gateway.provenance.audit.reader import LogDirectory
 from gateway.provenance.audit.verify import LogSummary, verify_log
 from gateway.provenance.errors import LogVerificationError, MalformedError, SignatureError
 from gateway.provenance.formats.cosignature import CosignatureVerifier, find_cosignature
-from gateway.provenance.formats.layout import list_cosigned
+from gateway.provenance.formats.layout import list_cosigned, read_log_file
 from gateway.provenance.formats.merkle import CompactRange, leaf_hash
 from gateway.provenance.formats.note import Verifier
 from gateway.provenance.formats.records import Record, parse_record
@@ -48,7 +48,7 @@ def _verified_cosignatures(
     files = list_cosigned(log.path)
     found: list[tuple[int, str, int]] = []
     for size, path in files:
-        data = path.read_bytes()
+        data = read_log_file(path)
         for witness in witnesses:
             cosignature = find_cosignature(data, witness, now=now)
             if cosignature is not None:

@@ -49,6 +49,7 @@ from gateway.provenance.errors import (
 )
 from gateway.provenance.formats.checkpoint import Checkpoint, SignedCheckpoint, open_checkpoint
 from gateway.provenance.formats.cosignature import CosignatureVerifier
+from gateway.provenance.formats.layout import read_log_file
 from gateway.provenance.formats.merkle import (
     HASH_SIZE,
     consistency_proof,
@@ -57,7 +58,7 @@ from gateway.provenance.formats.merkle import (
 )
 from gateway.provenance.formats.note import Note, Verifier, _parse_signature_line, _split_note
 from gateway.provenance.formats.records import parse_record
-from gateway.provenance.formats.tiles import TILE_WIDTH, TileReader, tile_path
+from gateway.provenance.formats.tiles import TILE_WIDTH, TileReader, file_limit, tile_path
 from gateway.provenance.formats.tree import TiledTree
 
 __all__ = ["LogSummary", "WitnessSummary", "verify_log"]
@@ -91,8 +92,8 @@ def _open_history(
     earlier = 0
     for size, path in history:
         name = f"checkpoints/{path.name}"
-        data = path.read_bytes()
         try:
+            data = read_log_file(path)
             signed = open_checkpoint(data, verifiers, origin=origin)
         except SignatureError as exc:
             if not accept_earlier or earlier < len(opened):
@@ -180,7 +181,9 @@ def _check_trusted(
 def _compare_files(log: LogDirectory, files: list[tuple[str, bytes]], index: int | None) -> None:
     for name, expected in files:
         try:
-            actual = (log.path / name).read_bytes()
+            actual = read_log_file(log.path / name, file_limit(name))
+        except MalformedError as exc:
+            raise _fail(str(exc), index) from exc
         except FileNotFoundError:
             full, partial, _ = name.partition(".p/")
             if partial and (log.path / full).exists():

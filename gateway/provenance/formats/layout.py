@@ -8,22 +8,34 @@ LOGDIR/
   wal/<first:020d>.wal       entries not yet covered by a checkpoint (see `wal`)
   cosigned/<size:020d>       a cosigned checkpoint (see `writer.cosignature_collector`)
   .lock                      held by the one writer
+
+An auditor reads a log directory the audited operator handed over: any file in it may be
+a symlink to `/dev/zero` or a FIFO, or a sparse file of terabytes. `read_log_file` reads
+one file of it bounded (a note `MAX_NOTE_FILE`, a hash tile or entry bundle what its
+full width holds) and refuses anything but a regular file, so such a file is a failed
+check naming it, not an audit that hangs or exhausts memory.
 """
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
+
+from gateway.provenance.errors import MalformedError
+from gateway.small_files import read_small_file
 
 __all__ = [
     "CHECKPOINT",
     "COSIGNED",
     "HISTORY",
     "LOCK",
+    "MAX_NOTE_FILE",
     "WAL",
     "cosigned_path",
     "history_path",
     "list_cosigned",
     "list_history",
+    "read_log_file",
 ]
 
 CHECKPOINT = "checkpoint"
@@ -31,6 +43,21 @@ HISTORY = "checkpoints"
 WAL = "wal"
 COSIGNED = "cosigned"
 LOCK = ".lock"
+MAX_NOTE_FILE = 1 << 20  # a checkpoint or cosigned note: its lines and signatures
+
+
+def read_log_file(path: Path, limit: int = MAX_NOTE_FILE) -> bytes:
+    """The bytes of the log file at `path`, at most `limit`: FileNotFoundError when it is
+    absent, MalformedError when it is not a regular file or is larger, OSError otherwise."""
+    try:
+        return read_small_file(path, limit)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EFBIG):
+            raise
+        why = f"{exc.strerror}: a log file is a regular file of at most {limit} bytes"
+        raise MalformedError(f"{path}: {why}") from exc
 
 
 def history_path(directory: Path, size: int) -> Path:

@@ -56,8 +56,9 @@ def parse_record(entry: bytes) -> Record:
     owngate's audit and another to an independent verifier."""
     try:
         value = _loads(entry)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RecordError(f"entry is not JSON: {exc}") from exc
+    # ValueError: also the stdlib's number over 4,300 digits; RecursionError: its nesting
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError too
+        raise RecordError(f"entry is not JSON: {str(exc)[:200]}") from exc
     if not isinstance(value, dict):
         raise RecordError("entry is JSON but not an object")
     record = validate_record(value)

@@ -14,10 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gateway.provenance.errors import MalformedError
+from gateway.provenance.formats.layout import read_log_file
 from gateway.provenance.formats.merkle import HASH_SIZE, node_hash
 
 __all__ = [
+    "MAX_BUNDLE_FILE",
     "MAX_ENTRY_SIZE",
+    "MAX_TILE_FILE",
     "TILE_HEIGHT",
     "TILE_WIDTH",
     "TileReader",
@@ -25,6 +28,7 @@ __all__ = [
     "encode_bundle",
     "encode_entry",
     "entries_path",
+    "file_limit",
     "index_path",
     "split_bundle",
     "tile_path",
@@ -34,6 +38,13 @@ __all__ = [
 TILE_HEIGHT = 8
 TILE_WIDTH = 1 << TILE_HEIGHT
 MAX_ENTRY_SIZE = 0xFFFF
+MAX_TILE_FILE = TILE_WIDTH * HASH_SIZE  # a full hash tile
+MAX_BUNDLE_FILE = TILE_WIDTH * (2 + MAX_ENTRY_SIZE)  # a full bundle of the largest entries
+
+
+def file_limit(name: str) -> int:
+    """The most bytes the tile or entry bundle at `name` (a `tile/...` path) may hold."""
+    return MAX_BUNDLE_FILE if name.startswith("tile/entries/") else MAX_TILE_FILE
 
 
 def index_path(index: int) -> str:
@@ -145,7 +156,7 @@ class TileReader:
             candidates.append(tile_path(level, index, width))
         for name in candidates:
             try:
-                data = (self._root / name).read_bytes()
+                data = read_log_file(self._root / name, MAX_TILE_FILE)
             except FileNotFoundError:
                 continue
             if len(data) < width * HASH_SIZE or len(data) % HASH_SIZE:

@@ -11,6 +11,7 @@ writer appends through `writer.segment_writer.SegmentWriter`.
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,18 +62,23 @@ class SegmentScan:
 
 
 def scan_segment(path: Path, first_index: int) -> SegmentScan:
-    data = path.read_bytes()
+    """The segment's valid frames, read one at a time up to the first torn or bad one (a
+    sparse file of gigabytes handed to an auditor is never read whole)."""
     entries: list[tuple[bytes, bytes]] = []
     offset = 0
-    while offset + 2 <= len(data):  # bounded: each frame consumes at least 34 bytes
-        (length,) = struct.unpack_from(">H", data, offset)
-        end = offset + 2 + length + HASH_SIZE
-        if end > len(data):
-            break
-        entry = data[offset + 2 : offset + 2 + length]
-        leaf = data[offset + 2 + length : end]
-        if leaf_hash(entry) != leaf:
-            break
-        entries.append((entry, leaf))
-        offset = end
-    return SegmentScan(first_index, entries, offset, len(data))
+    with path.open("rb") as file:
+        while True:  # bounded: each frame consumes at least 34 bytes of the file
+            head = file.read(2)
+            if len(head) < 2:
+                break
+            (length,) = struct.unpack(">H", head)
+            body = file.read(length + HASH_SIZE)
+            if len(body) < length + HASH_SIZE:
+                break
+            entry, leaf = body[:length], body[length:]
+            if leaf_hash(entry) != leaf:
+                break
+            entries.append((entry, leaf))
+            offset += 2 + length + HASH_SIZE
+        total = os.fstat(file.fileno()).st_size
+    return SegmentScan(first_index, entries, offset, max(total, offset))
