@@ -203,7 +203,7 @@ def _no_estimate(*_args: Any, **_kwargs: Any) -> None:
     return None
 
 
-setattr(_no_estimate, "_owngate_keeps_little", True)  # noqa: B010 - a marker, as on the inits
+setattr(_no_estimate, _KEEPS_LITTLE, True)  # marked as the inits are: installed once
 
 
 class StreamBoundNotFound(RuntimeError):
