@@ -24,7 +24,11 @@ asking a hosted model for long answers on several streams. The usage LiteLLM rep
 end of a stream is read from the provider's usage chunks among `chunks`
 (`calculate_usage`: the latest count that is not 0, and how many counts came): those are
 kept, all but a hostile number of them (`_RecentChunks`). `install_stream_bound` makes
-every wrapper LiteLLM creates do so (gateway/upstream/litellm_runtime.py calls it at load).
+every wrapper LiteLLM creates do so (gateway/upstream/litellm_runtime.py calls it at load),
+and the Responses stream under a bridged chat keep none of its text: it added every delta
+to a string (copied whole each time) to estimate the usage when the provider's
+`response.completed` stated none, an estimate relayed and recorded as the provider's; it
+is not made (`_no_estimate`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from gateway.upstream.openai_wire import Endpoint
 
 __all__ = [
     "ProviderStream",
+    "StreamBoundNotFound",
     "close_stream",
     "encoded",
     "install_stream_bound",
@@ -54,6 +59,15 @@ T = TypeVar("T")
 # The provider's usage chunks kept besides its first (`_RecentChunks`): OpenAI sends one,
 # Anthropic two, Gemini one per chunk with the counts so far.
 _USAGE_KEPT: Final = 8
+# LiteLLM 1.108.7: its chat stream wrapper (module, class), and its Responses stream (module,
+# class, the function that estimates usage from the text when the provider stated none).
+_WRAPPER: Final = ("litellm.litellm_core_utils.streaming_handler", "CustomStreamWrapper")
+_RESPONSES: Final = (
+    "litellm.responses.streaming_iterator",
+    "BaseResponsesAPIStreamingIterator",
+    "_estimate_usage_safely",
+)
+_KEEPS_LITTLE: Final = "_owngate_keeps_little"
 
 
 class ProviderStream:
@@ -153,28 +167,71 @@ def install_stream_bound() -> None:
     """Make every stream wrapper LiteLLM creates keep little (`keep_little`) from the
     start: a text completion's is created inside LiteLLM (its `TextCompletionStreamWrapper`
     wraps a generator that makes it), as is the inner one of a chat served through a
-    Responses API, where the gateway never sees them. Idempotent; LiteLLM loaded."""
-    module = importlib.import_module("litellm.litellm_core_utils.streaming_handler")
-    init = module.CustomStreamWrapper.__init__
-    if getattr(init, "_owngate_keeps_little", False):
+    Responses API, where the gateway never sees them. That bridge's Responses stream keeps
+    none of its text either, and makes up no usage the provider did not state
+    (`_RESPONSES`). Idempotent; LiteLLM loaded. Raises `StreamBoundNotFound` when LiteLLM
+    is not shaped as this expects (a silent no-op would keep every chunk again)."""
+    module = importlib.import_module(_WRAPPER[0])
+    _bound_init(getattr(module, _WRAPPER[1]), keep_little)
+    responses = importlib.import_module(_RESPONSES[0])
+    _bound_init(getattr(responses, _RESPONSES[1]), _keep_no_text)
+    estimate = getattr(responses, _RESPONSES[2], None)
+    if not callable(estimate):
+        raise StreamBoundNotFound(f"{_RESPONSES[0]}.{_RESPONSES[2]} is not a function")
+    if not getattr(estimate, _KEEPS_LITTLE, False):
+        setattr(responses, _RESPONSES[2], _no_estimate)
+
+
+def _bound_init(cls: Any, keep: Callable[[Any], None]) -> None:
+    init = cls.__init__
+    if getattr(init, _KEEPS_LITTLE, False):
         return
 
     @functools.wraps(init)
     def bounded_init(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        keep_little(self)
+        keep(self)
 
-    bounded_init._owngate_keeps_little = True  # type: ignore[attr-defined]
-    module.CustomStreamWrapper.__init__ = bounded_init
+    setattr(bounded_init, _KEEPS_LITTLE, True)
+    cls.__init__ = bounded_init
+
+
+def _no_estimate(*_args: Any, **_kwargs: Any) -> None:
+    """In place of LiteLLM's estimate of a Responses stream's usage (from its text) when
+    the provider's terminal event stated none: no usage, so that none is relayed or
+    recorded as the provider's (the outer wrapper's own count is told apart, `made_up_usage`)."""
+    return None
+
+
+setattr(_no_estimate, _KEEPS_LITTLE, True)  # marked as the inits are: installed once
+
+
+class StreamBoundNotFound(RuntimeError):
+    """LiteLLM's stream wrappers are not shaped as `install_stream_bound` expects."""
 
 
 def keep_little(wrapper: Any) -> None:
     """Make LiteLLM's stream wrapper keep a bounded part of what it returns (see the
     module's notes); before its first chunk is read."""
-    if isinstance(getattr(wrapper, "chunks", None), list):
-        wrapper.chunks = _RecentChunks()
-    if isinstance(getattr(wrapper, "response_uptil_now", None), str):
-        wrapper.response_uptil_now = _Unkept()
+    _expect(wrapper, ("chunks", list), ("response_uptil_now", str))
+    wrapper.chunks = _RecentChunks()
+    wrapper.response_uptil_now = _Unkept()
+
+
+def _keep_no_text(stream: Any) -> None:
+    """Make LiteLLM's Responses stream keep none of the text and tool arguments it relays
+    (read for its own usage estimate and mid-stream error text, neither used here)."""
+    _expect(stream, ("_generated_content", str), ("_generated_tool_arguments", str))
+    stream._generated_content = _Unkept()
+    stream._generated_tool_arguments = _Unkept()
+
+
+def _expect(obj: Any, *fields: tuple[str, type]) -> None:
+    for name, kind in fields:
+        if not isinstance(getattr(obj, name, None), kind):
+            raise StreamBoundNotFound(
+                f"LiteLLM's {type(obj).__name__} has no {kind.__name__} {name!r} to bound"
+            )
 
 
 class _RecentChunks(list[Any]):

@@ -79,3 +79,39 @@ def test_the_usage_built_from_the_kept_chunks_is_the_one_built_from_all(shape: A
     kept = builder(chunks=list(wrapper.chunks)).usage
     whole = builder(chunks=every).usage
     assert kept.model_dump() == whole.model_dump()
+
+
+def test_a_litellm_not_shaped_as_expected_fails_loudly_not_silently() -> None:
+    # A LiteLLM whose wrapper kept its chunks elsewhere would keep all of them again: the
+    # first stream fails, and with it the memory tests, rather than nothing being bounded.
+    from gateway.upstream.hosted_stream import StreamBoundNotFound
+
+    for unshaped in (
+        SimpleNamespace(response_uptil_now=""),  # no `chunks`
+        SimpleNamespace(chunks=(), response_uptil_now=""),  # not a list
+        SimpleNamespace(chunks=[]),  # no `response_uptil_now`
+    ):
+        with pytest.raises(StreamBoundNotFound):
+            keep_little(unshaped)
+
+
+def test_every_wrapper_is_bounded_once_and_the_bridge_makes_up_no_usage() -> None:
+    litellm = load_litellm()
+    from litellm.litellm_core_utils import streaming_handler
+    from litellm.responses import streaming_iterator
+
+    from gateway.upstream.hosted_stream import install_stream_bound
+
+    inits = (
+        streaming_handler.CustomStreamWrapper.__init__,
+        streaming_iterator.BaseResponsesAPIStreamingIterator.__init__,
+    )
+    install_stream_bound()  # again: nothing wrapped twice
+    assert inits == (
+        streaming_handler.CustomStreamWrapper.__init__,
+        streaming_iterator.BaseResponsesAPIStreamingIterator.__init__,
+    )
+    assert all(getattr(init, "_owngate_keeps_little", False) for init in inits)
+    estimate = streaming_iterator._estimate_usage_safely
+    assert estimate("gpt-4o", "hi", {}, "some text the provider sent") is None
+    assert litellm.post_call_rules == [] and litellm.pre_call_rules == []
