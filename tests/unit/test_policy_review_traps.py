@@ -207,6 +207,16 @@ def test_an_empty_list_and_a_null_refusal_or_class_still_check(expect: str) -> N
         "|\n        Stays in the EU.\n          residency: {allow: [eu]}\n",
         '"Stays private.\n        fallback: {mode: never}"\n',
         "|\n        providers:\n          deny: [openai]\n",
+        # the key quoted, as JSON writes it, or flow style
+        '>\n        PHI.\n        "fallback": {"mode": "never"}\n',
+        ">\n        PHI.\n        'fallback': {'mode': 'never'}\n",
+        ">\n        PHI.\n        [require: attested_facts]\n",
+        # written with characters a review does not see, or takes for ASCII
+        ">\n        PHI.\n        fall\u200bback: {mo\u200bde: never}\n",  # zero-width space
+        ">\n        PHI.\n        require\u00ad: [attested_facts]\n",  # soft hyphen
+        ">\n        PHI.\n        require\u2060: [attested_facts]\n",  # word joiner
+        ">\n        PHI.\n        require\uff1a [attested_facts]\n",  # full-width colon
+        ">\n        PHI.\n        r\u0435quire: [attested_facts]\n",  # Cyrillic e
     ],
 )
 def test_a_rule_written_inside_a_description_is_an_error_not_text(description: str) -> None:
@@ -220,7 +230,15 @@ def test_a_rule_written_inside_a_description_is_an_error_not_text(description: s
 
 
 @pytest.mark.parametrize(
-    "description", ["Protected health information", "'Fallback: never. Residency: EU only.'"]
+    "description",
+    [
+        "Protected health information",
+        "'Fallback: never. Residency: EU only.'",
+        "'Données de santé: restent dans l\u2019UE'",
+        "'Данные пациентов: только \u0415\u0421'",
+        "'Δεδομένα υγείας: μόνο \u0395\u0395'",
+        "'the \"phi\" class: patient data'",
+    ],
 )
 def test_a_description_in_prose_loads(description: str) -> None:
     text = POLICY + f"  data_classes:\n    phi:\n      description: {description}\n"
