@@ -292,6 +292,49 @@ def test_gateway_yaml_refuses_a_hidden_line_break_too() -> None:
     assert [issue.line for issue in caught.value.issues] == [1]
 
 
+GATEWAY = """\
+backends:
+  - id: gpu
+    kind: vllm
+    base_url: http://127.0.0.1:9
+    models: [{{name: m}}]
+    region: eu-west-1
+    owner: acme
+    retention:
+      days: 30
+      evidence: >
+        Vendor DPA 2024, annex 3.
+        {written}
+"""
+
+
+@pytest.mark.parametrize(
+    ("written", "key"),
+    [
+        ("training: true", "training"),
+        ('"zero_data_retention": false', "zero_data_retention"),
+        ("da\u200bys: 365", "days"),  # a zero-width space inside
+    ],
+)
+def test_a_fact_written_inside_evidence_is_an_error_not_text(written: str, key: str) -> None:
+    """`evidence: >` runs on over the lines below it: read as a declared fact in a review,
+    it was text, and the backend declared the default (`training: false`), admitted by
+    policies that exclude training providers."""
+    from gateway.config.loader import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match=f"evidence holds '{key}:'") as caught:
+        parse_config(GATEWAY.format(written=written), source="gw.yaml")
+    assert [issue.line for issue in caught.value.issues] == [10]  # `evidence:`
+
+
+def test_evidence_in_prose_loads() -> None:
+    from gateway.config.loader import parse_config
+
+    written = "Retention: 30 days, no training (signed 2024-05-01)."
+    config = parse_config(GATEWAY.format(written=written), source="gw.yaml")
+    assert config.backends[0].retention.days == 30
+
+
 US = (
     _backend("virginia", "private", "own", "us-east-1"),
     _backend("azure-us", "private", "own", "eastus"),
