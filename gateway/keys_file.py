@@ -30,6 +30,7 @@ from typing import Final
 
 import yaml
 
+from gateway.plain_yaml import hidden_text
 from gateway.small_files import read_small_file
 
 __all__ = [
@@ -72,6 +73,10 @@ def read_keys_file(path: Path) -> dict[str, list[str]]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ValueError(f"{path}: not UTF-8 text") from None  # never the bytes it holds
+    hidden = hidden_text(text)
+    if hidden is not None:  # a digest bound to a tenant unseen in a review (plain_yaml.py)
+        line, column, why = hidden
+        raise ValueError(f"{path}:{line}:{column}: {why}")
     data = yaml.safe_load(text) or {}
     tenants = data.get("tenants", {}) if isinstance(data, dict) else None
     if not isinstance(tenants, dict):

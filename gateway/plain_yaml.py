@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 import yaml
@@ -28,6 +28,8 @@ __all__ = [
     "NUMBER_PROBLEM",
     "explicit_tag",
     "hidden_text",
+    "key_in_text",
+    "key_pattern",
     "plain_scalar",
     "tag_problem",
     "unplain_number",
@@ -75,6 +77,35 @@ def hidden_text(text: str) -> tuple[int, int, str] | None:
             "so what a review shows is not what is read; remove it"
         )
     return line, column, why
+
+
+# A free-text value (a policy's description, a backend's `retention.evidence`) written as
+# a block scalar runs on over the lines indented below it: a key written there reads as
+# one in a review and is text. Also when quoted (`"days": 365`, as JSON writes it) or
+# written with characters a review does not see or takes for ASCII: `fall\u200bback:` (a
+# zero-width space, soft hyphen, word joiner), `require:` in full-width forms, or with a
+# Cyrillic `e` (U+0435). So the text is matched as it reads: invisible characters
+# dropped, NFKC forms folded, look-alike letters taken for the ASCII ones.
+_IGNORABLE = re.compile("[\u034f\u115f\u1160\u17b4\u17b5\u3164\uffa0\ufe00-\ufe0f]")
+_LOOK_ALIKE = str.maketrans(
+    # Cyrillic, Greek, Armenian and Latin letters that look like the ASCII ones keys use.
+    "аԁеһіјӏорԛѕуүхԝсαονιкκτυχρıɡɑօսհ",
+    "adehijlopqsyyxwcaovikktuxpigaouh",
+)
+
+
+def key_pattern(keys: Iterable[str]) -> re.Pattern[str]:
+    """What `key_in_text` looks for: one of `keys` followed by a colon, as YAML writes a key."""
+    names = "|".join(sorted((re.escape(key) for key in keys), key=len, reverse=True))
+    return re.compile(rf"(?:^|[\s{{\[,\"'-])({names})[\"']?\s*:(?:\s|$)")
+
+
+def key_in_text(text: str, keys: re.Pattern[str]) -> str | None:
+    """The first key (`key_pattern`) that free text holds as a review reads it, or None."""
+    visible = "".join(c for c in text if unicodedata.category(c) != "Cf")
+    read = _IGNORABLE.sub("", unicodedata.normalize("NFKC", visible)).translate(_LOOK_ALIKE)
+    found = keys.search(read)
+    return None if found is None else found.group(1)
 
 
 def tag_problem(where: str) -> str:

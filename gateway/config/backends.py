@@ -15,6 +15,7 @@ from gateway.config.base import Identifier, _Strict
 from gateway.config.provider_routes import check_route, is_azure
 from gateway.config.routing import BreakerSettings
 from gateway.plain_names import plain_name_problem
+from gateway.plain_yaml import key_in_text, key_pattern
 from gateway.provenance.errors import KeyFormatError
 from gateway.provenance.formats.note import Verifier
 
@@ -35,6 +36,11 @@ BackendKind = Literal["vllm", "llamacpp", "sglang", "openai", "hosted"]
 PRIVATE_KINDS: frozenset[str] = frozenset({"vllm", "llamacpp", "sglang", "openai"})
 
 
+_FACT_KEYS = key_pattern(
+    ("days", "training", "zero_data_retention", "retention", "region", "owner", "provider")
+)
+
+
 class RetentionSettings(_Strict):
     """What the operator declares about how a backend keeps request data."""
 
@@ -44,6 +50,21 @@ class RetentionSettings(_Strict):
     training: bool = False
     zero_data_retention: bool = False
     evidence: str = ""
+
+    @field_validator("evidence")
+    @classmethod
+    def _text_only(cls, value: str) -> str:
+        # Text written as a block scalar (`evidence: >`) runs on over the lines indented
+        # below it: `days: 365` two spaces deeper reads as the declared retention in a
+        # review and is text, the backend declaring the default `days: 0` instead.
+        found = key_in_text(value, _FACT_KEYS)
+        if found is not None:
+            raise ValueError(
+                f"evidence holds {found + ':'!r}, which reads as a declared fact but is "
+                "text here (a line indented under `evidence:` is part of it); write the "
+                "fact as a key of its own, or reword the evidence"
+            )
+        return value
 
 
 class CapacitySettings(_Strict):

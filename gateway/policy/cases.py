@@ -157,7 +157,9 @@ def load_cases(
     suites: list[tuple[Document, PolicyTestDocument]] = []
     for file in files:
         try:
-            text = file.read_text(encoding="utf-8")
+            # As bytes: read_text would turn a lone carriage return into a newline, a line
+            # break diffs and reviews do not show that read_documents must see to refuse.
+            text = file.read_bytes().decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             errors.append(PolicyIssue(str(file), None, None, "", f"cannot read: {exc}"))
             continue

@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from gateway.plain_names import plain_name_problem
+from gateway.plain_yaml import key_in_text, key_pattern
 from gateway.policy.types import FallbackMode
 
 __all__ = [
@@ -85,19 +86,37 @@ Pattern = Annotated[StrictStr, Field(min_length=1, max_length=200), AfterValidat
 # A description is text, and a block scalar (`description: |`) runs on over the lines
 # indented below it: a rule written there (`fallback: {mode: never}` two spaces deeper
 # than `description:`) reads as one in a review and restricts nothing. So a description
-# may not hold a policy key followed by a colon (a capitalized word in prose may).
-_KEY_IN_TEXT = re.compile(
-    r"(?:^|[\s{,-])(residency|retention|providers|backends|models|require|fallback|"
-    r"data_classes|default_data_class(?:_by_tenant)?|tenants|spec|allow|deny|mode|max_days|"
-    r"training|saturation_threshold)\s*:(?:\s|$)"
+# may not hold a policy key followed by a colon (a capitalized word in prose may), quoted
+# or written with characters a review does not see or takes for ASCII (`key_in_text`).
+_KEYS = key_pattern(
+    [
+        "residency",
+        "retention",
+        "providers",
+        "backends",
+        "models",
+        "require",
+        "fallback",
+        "data_classes",
+        "default_data_class",
+        "default_data_class_by_tenant",
+        "tenants",
+        "spec",
+        "allow",
+        "deny",
+        "mode",
+        "max_days",
+        "training",
+        "saturation_threshold",
+    ]
 )
 
 
 def _description(value: str) -> str:
-    found = _KEY_IN_TEXT.search(value)
+    found = key_in_text(value, _KEYS)
     if found is not None:
         raise ValueError(
-            f"the description holds {found.group(1) + ':'!r}, which reads as a policy key "
+            f"the description holds {found + ':'!r}, which reads as a policy key "
             "but is text here (a line indented under `description:` is part of it); "
             "write the rule as a key of its own, or reword the description"
         )

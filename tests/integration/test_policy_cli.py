@@ -98,6 +98,30 @@ def test_test_fails_on_a_wrong_expectation_and_on_low_coverage(
     assert f"{cases}:1:1: error: cases: required key is missing" in capsys.readouterr().err
 
 
+def test_test_refuses_a_case_file_with_a_line_break_only_yaml_sees(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A carriage return alone is a line break to YAML, not to a diff or an editor. Read
+    with read_text it became a newline before the check looked: the case a review shows
+    (which fails) was swallowed into a hidden case's name, and `policy test` passed."""
+    cr, given = "\r", "input: {tenant: clinic-eu, model: llama-3.1-8b}"
+    hidden = f"{cr}    {given}{cr}    expect: {{private: [gpu-vllm, cpu-llamacpp]}}"
+    cases = tmp_path / "cases.yaml"
+    cases.write_bytes(
+        (
+            "apiVersion: policy.owngate.dev/v1\nkind: PolicyTest\nmetadata: {id: hid}\ncases:\n"
+            f'  - name: runs on our own servers  # reviewed{hidden}{cr}  - name: "\n'
+            f"    {given}\n    expect:\n"
+            f'      private: [gpu-us]  # the US server only{cr}  "{hidden}\n'
+        ).encode()
+    )
+    assert cases.read_bytes().count(b"\n") == 8  # what a review shows: one case, 8 lines
+    assert owngate("policy", "test", str(cases), "--policies", POLICIES) == 1
+    captured = capsys.readouterr()
+    assert "passed" not in captured.out
+    assert f"{cases}:5:46: error: U+000D CARRIAGE RETURN" in captured.err
+
+
 def test_test_prints_what_a_case_file_says_escaped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -126,6 +126,20 @@ def test_a_keys_file_that_is_not_text_is_refused_without_its_bytes(tmp_path: Pat
     assert "0xc3" not in str(info.value)
 
 
+@pytest.mark.parametrize("br", ["\u2028", "\x85", "\r"])
+def test_a_keys_file_with_a_line_break_only_yaml_sees_is_a_config_error(
+    tmp_path: Path, br: str
+) -> None:
+    """YAML breaks lines at NEL, U+2028 and a lone CR; a diff shows one line. A second
+    digest after one, inside what a review shows as a comment, let a key nobody saw in."""
+    seen, unseen = hash_api_key("og-laptop"), hash_api_key("og-unseen")
+    (tmp_path / "keys.yaml").write_bytes(
+        f"tenants:\n  team:\n    - {seen}  # laptop, rotated 2025-06{br}    - {unseen}\n".encode()
+    )
+    with pytest.raises(ConfigError, match=r"keys\.yaml:3:.*YAML reads a line break there"):
+        load_config(_config(tmp_path, "keys.yaml"))
+
+
 @pytest.mark.parametrize(
     ("tenants", "expected"),
     [({"\x1b[2J\rteam": []}, "\\x1b[2J\\x0dteam"), ({"team\u202e": "x"}, "team\\u202e")],

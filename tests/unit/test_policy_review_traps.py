@@ -207,6 +207,16 @@ def test_an_empty_list_and_a_null_refusal_or_class_still_check(expect: str) -> N
         "|\n        Stays in the EU.\n          residency: {allow: [eu]}\n",
         '"Stays private.\n        fallback: {mode: never}"\n',
         "|\n        providers:\n          deny: [openai]\n",
+        # the key quoted, as JSON writes it, or flow style
+        '>\n        PHI.\n        "fallback": {"mode": "never"}\n',
+        ">\n        PHI.\n        'fallback': {'mode': 'never'}\n",
+        ">\n        PHI.\n        [require: attested_facts]\n",
+        # written with characters a review does not see, or takes for ASCII
+        ">\n        PHI.\n        fall\u200bback: {mo\u200bde: never}\n",  # zero-width space
+        ">\n        PHI.\n        require\u00ad: [attested_facts]\n",  # soft hyphen
+        ">\n        PHI.\n        require\u2060: [attested_facts]\n",  # word joiner
+        ">\n        PHI.\n        require\uff1a [attested_facts]\n",  # full-width colon
+        ">\n        PHI.\n        r\u0435quire: [attested_facts]\n",  # Cyrillic e
     ],
 )
 def test_a_rule_written_inside_a_description_is_an_error_not_text(description: str) -> None:
@@ -220,7 +230,15 @@ def test_a_rule_written_inside_a_description_is_an_error_not_text(description: s
 
 
 @pytest.mark.parametrize(
-    "description", ["Protected health information", "'Fallback: never. Residency: EU only.'"]
+    "description",
+    [
+        "Protected health information",
+        "'Fallback: never. Residency: EU only.'",
+        "'Données de santé: restent dans l\u2019UE'",
+        "'Данные пациентов: только \u0415\u0421'",
+        "'Δεδομένα υγείας: μόνο \u0395\u0395'",
+        "'the \"phi\" class: patient data'",
+    ],
 )
 def test_a_description_in_prose_loads(description: str) -> None:
     text = POLICY + f"  data_classes:\n    phi:\n      description: {description}\n"
@@ -272,6 +290,49 @@ def test_gateway_yaml_refuses_a_hidden_line_break_too() -> None:
     with pytest.raises(ConfigError, match="U\\+2028 LINE SEPARATOR") as caught:
         parse_config("listen: {port: 8080}  # a comment\u2028backends: []\n", source="gw.yaml")
     assert [issue.line for issue in caught.value.issues] == [1]
+
+
+GATEWAY = """\
+backends:
+  - id: gpu
+    kind: vllm
+    base_url: http://127.0.0.1:9
+    models: [{{name: m}}]
+    region: eu-west-1
+    owner: acme
+    retention:
+      days: 30
+      evidence: >
+        Vendor DPA 2024, annex 3.
+        {written}
+"""
+
+
+@pytest.mark.parametrize(
+    ("written", "key"),
+    [
+        ("training: true", "training"),
+        ('"zero_data_retention": false', "zero_data_retention"),
+        ("da\u200bys: 365", "days"),  # a zero-width space inside
+    ],
+)
+def test_a_fact_written_inside_evidence_is_an_error_not_text(written: str, key: str) -> None:
+    """`evidence: >` runs on over the lines below it: read as a declared fact in a review,
+    it was text, and the backend declared the default (`training: false`), admitted by
+    policies that exclude training providers."""
+    from gateway.config.loader import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match=f"evidence holds '{key}:'") as caught:
+        parse_config(GATEWAY.format(written=written), source="gw.yaml")
+    assert [issue.line for issue in caught.value.issues] == [10]  # `evidence:`
+
+
+def test_evidence_in_prose_loads() -> None:
+    from gateway.config.loader import parse_config
+
+    written = "Retention: 30 days, no training (signed 2024-05-01)."
+    config = parse_config(GATEWAY.format(written=written), source="gw.yaml")
+    assert config.backends[0].retention.days == 30
 
 
 US = (
