@@ -88,10 +88,18 @@ def settled_tat(tat: int, now: int, delta: int) -> int:
     return min(max(tat, now) + delta, now + MAX_DEBT_US)
 
 
+def _charged(tat: int, now: int, per_minute: int) -> int:
+    """A requests budget's `tat` once one more request is counted, capped at a full
+    bucket."""
+    interval = request_interval_us(per_minute)
+    return min(max(tat, now) + interval, now + per_minute * interval)
+
+
 @dataclass(slots=True)
 class _Account:
     requests_tat: int = 0
     tokens_tat: int = 0
+    spent_tat: int = 0  # requests counted at the whole limit's interval (`count_request`)
     held: int = 0
     reserved: int = 0  # tokens reserved by requests not yet settled
 
@@ -147,18 +155,23 @@ class Ledger:
         self.hold(tenant)
         return True
 
-    def count_request(self, tenant: str, limits: TenantLimits) -> None:
+    def count_request(
+        self, tenant: str, limits: TenantLimits, whole: TenantLimits | None = None
+    ) -> None:
         """Charge one request to the requests budget without checking it. The debt is
         capped at a full bucket, so admissions decided elsewhere (Redis) never make a
-        later local decision wait longer than one request's interval."""
+        later local decision wait longer than one request's interval. With `whole` (the
+        global limits `limits` are a share of), also count it at the whole limit's
+        interval, capped at its full bucket: what this replica admitted, for a restore
+        (`backlog_us`; the share's capped debt would lose all beyond one share)."""
         rpm = limits.requests_per_minute
         if rpm is None:
             return
         account = self._account(tenant)
         now = self._now()
-        interval = request_interval_us(rpm)
-        ceiling = now + rpm * interval
-        account.requests_tat = min(max(account.requests_tat, now) + interval, ceiling)
+        account.requests_tat = _charged(account.requests_tat, now, rpm)
+        if whole is not None and whole.requests_per_minute is not None:
+            account.spent_tat = _charged(account.spent_tat, now, whole.requests_per_minute)
 
     def reserve(self, tenant: str, limits: TenantLimits, tokens: int, *, check: bool) -> int:
         """Reserve `tokens` (at most the whole budget: more could never fit) of the
@@ -222,12 +235,13 @@ class Ledger:
 
     def backlog_us(self, tenant: str) -> tuple[int, int]:
         """How far `tenant`'s requests and tokens budgets run ahead of now (us, 0 when
-        whole), in the units of the limits they were charged at."""
+        whole): the requests counted at the whole limit (`count_request`'s `whole`), the
+        tokens in the units of the share they were charged at."""
         account = self._accounts.get(tenant)
         if account is None:
             return 0, 0
         now = self._now()
-        return max(0, account.requests_tat - now), max(0, account.tokens_tat - now)
+        return max(0, account.spent_tat - now), max(0, account.tokens_tat - now)
 
     def held_by_tenant(self) -> dict[str, int]:
         """Tenants holding slots now, with their counts."""

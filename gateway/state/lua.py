@@ -313,7 +313,9 @@ return 1
 # another epoch, or none, means Redis lost its data (a restart, a FLUSHALL), and every
 # replica adds its own backlog, so they sum to what was spent; the same one means only
 # this replica's lease ran out (a stall), the keys are still there, and a max keeps
-# what was spent from being charged twice.
+# what was spent from being charged twice. A replica that saw none yet ('') adds too:
+# it never held a lease, so whatever it admitted was decided locally (its first RESTORE
+# precedes its first HEARTBEAT), and Redis holds none of it.
 RESTORE = (
     _COMMON
     + """
@@ -325,13 +327,15 @@ if not epoch then
 end
 local lease = tonumber(redis.call('HGET', KEYS[1], ARGV[1]))
 if lease and lease >= now then return {0, epoch} end
-local lost = ARGV[2] ~= '' and ARGV[2] ~= epoch
+-- a replica that never saw an epoch never held a lease: Redis saw none of its admissions
+local add = ARGV[2] ~= epoch
+local lost = add and ARGV[2] ~= ''
 for i = 3, #KEYS do
   local backlog = tonumber(ARGV[i + 1])
   if backlog > 0 then
     local old = tonumber(redis.call('GET', KEYS[i])) or 0
     local tat = now + backlog
-    if lost then tat = math.max(old, now) + backlog end
+    if add then tat = math.max(old, now) + backlog end
     if old < tat then
       redis.call('SET', KEYS[i], us(tat), 'PX', math.floor((tat - now) / 1000) + 1)
     end

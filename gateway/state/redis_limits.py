@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from gateway.state import lua
-from gateway.state.ledger import CONCURRENCY_RETRY_S, MAX_DEBT_US, Ledger, request_interval_us
+from gateway.state.ledger import CONCURRENCY_RETRY_S, MAX_DEBT_US, Ledger
 from gateway.state.redis_health import RedisHealth
 from gateway.state.redis_keys import FAILURES, RedisKeys
 from gateway.state.redis_slots import HeldSlots
@@ -116,7 +116,7 @@ class RedisLimits:
         code = int(reply[0])
         if code == 1:
             local = limits.share(self._health.replicas)
-            self._ledger.count_request(tenant, local)
+            self._ledger.count_request(tenant, local, limits)
             held = slot is not None
             return Admission(self, tenant, limits, held=held, shared=True, slot=slot, local=local)
         self._slots.drop(tenant, slot)
@@ -138,12 +138,9 @@ class RedisLimits:
             if requests_us == 0 and tokens_us == 0:
                 del self._rated[tenant]
                 continue
-            rpm, local_rpm = limits.requests_per_minute, local.requests_per_minute
-            if rpm is not None and local_rpm is not None and requests_us > 0:
+            if limits.requests_per_minute is not None and requests_us > 0:
                 keys.append(self._keys.requests(tenant))
-                # as many requests, each at the global limit's interval
-                scaled = requests_us * request_interval_us(rpm) // request_interval_us(local_rpm)
-                backlogs.append(scaled)
+                backlogs.append(requests_us)  # counted at the global limit's interval
             tpm, local_tpm = limits.tokens_per_minute, local.tokens_per_minute
             if tpm is not None and local_tpm is not None and tokens_us > 0:
                 keys.append(self._keys.tokens(tenant))
@@ -162,7 +159,7 @@ class RedisLimits:
         refusal = self._ledger.check(tenant, local)
         if refusal is not None:
             raise refusal
-        self._ledger.count_request(tenant, local)
+        self._ledger.count_request(tenant, local, limits)
         slot = self._slots.take(tenant, calling=False) if limits.concurrent is not None else None
         held = slot is not None
         return Admission(self, tenant, limits, held=held, shared=False, slot=slot, local=local)

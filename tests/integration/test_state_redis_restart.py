@@ -184,3 +184,77 @@ def test_a_gateway_that_never_reaches_redis_says_why_in_its_log(
     assert readiness(gateway.url)["state"]["healthy"] is False
     gateway.stop()
     assert not any(password.encode() in written for written in gateway.written())
+
+
+def test_a_budget_spent_through_one_of_two_replicas_is_put_back_whole(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    redis_server: RedisServer,
+) -> None:
+    """A client on one kept-alive connection reaches one replica only (an L4 balancer
+    pins it): that replica admitted the whole budget on Redis. Before, its ledger charged
+    each request at its share's interval but capped the debt at one share's bucket, so it
+    put back half the budget and the tenant got two more requests after the restart."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    rpm = 4
+    tenants = _tenants({"requests_per_minute": rpm})
+    a, b = (
+        start_gateway(
+            [backend("gpu", sim.url, "m")], tenants=tenants, state=_state(redis_server, r)
+        )
+        for r in ("replica-a", "replica-b")
+    )
+    client = redis.Redis(port=redis_server.port)
+    try:
+        until(lambda: client.hlen("{owngate}:leases") == 2, "both replicas on Redis", timeout=30)
+        until(
+            lambda: all(readiness(g.url)["state"]["replicas"] == 2 for g in (a, b)),
+            "both replicas counting two",
+            timeout=30,
+        )
+        assert [_ask(a, TENANT_KEY).status_code for _ in range(rpm)] == [200] * rpm
+        assert _ask(a, TENANT_KEY).status_code == 429
+
+        _restart_and_wait(redis_server, client, a, b)
+
+        for gateway in (a, a, b):
+            again = _ask(gateway, TENANT_KEY)
+            assert again.status_code == 429, again.text
+            assert again.json()["error"]["type"] == "requests"
+    finally:
+        client.close()
+
+
+def test_replicas_started_while_redis_was_away_add_their_parts(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    redis_server: RedisServer,
+) -> None:
+    """Two replicas that never reached Redis (started while it was down, as after a
+    whole deployment restarts) admitted locally, half of a budget each; Redis comes up
+    empty. Neither had seen an epoch, and before, both put back a max of their parts,
+    not the sum: the tenant got half a budget more."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    rpm = 4
+    tenants = _tenants({"requests_per_minute": rpm})
+    redis_server.stop()
+    a, b = (
+        start_gateway(
+            [backend("gpu", sim.url, "m")], tenants=tenants, state=_state(redis_server, r)
+        )
+        for r in ("replica-a", "replica-b")
+    )
+    assert not a.app.state.healthy and not b.app.state.healthy
+    spent = [_ask(g, TENANT_KEY).status_code for g in (a, a, b, b)]
+    assert spent == [200] * rpm
+    redis_server.start()  # empty
+    client = redis.Redis(port=redis_server.port)
+    try:
+        until(lambda: client.hlen("{owngate}:leases") == 2, "both replicas on Redis", timeout=30)
+        until(lambda: a.app.state.healthy and b.app.state.healthy, "both on Redis", timeout=30)
+        for gateway in (a, b):
+            again = _ask(gateway, TENANT_KEY)
+            assert again.status_code == 429, again.text
+            assert again.json()["error"]["type"] == "requests"
+    finally:
+        client.close()
