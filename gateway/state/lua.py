@@ -304,10 +304,10 @@ return 1
 """
 )
 
-# KEYS: leases, epoch, then rate keys (a tenant's rpm or tpm TAT)
+# KEYS: leases, epoch, restored, then rate keys (a tenant's rpm or tpm TAT)
 # ARGV: replica, the epoch it last saw ('' none yet), a new epoch, then for each rate key
 # the backlog (us) this replica's ledger holds of it
-# -> {0, epoch} lease live | {1, epoch} restored (a max) | {2, epoch} restored (added)
+# -> {0, epoch} lease live | {1, epoch} restored (a max) | {2, epoch} Redis lost its data
 # Run before a resync renews the lease: a replica whose lease is gone puts back what it
 # knows of each budget. The epoch (set once, never expiring) tells why the lease went:
 # another epoch, or none, means Redis lost its data (a restart, a FLUSHALL), and every
@@ -315,23 +315,25 @@ return 1
 # this replica's lease ran out (a stall), the keys are still there, and a max keeps
 # what was spent from being charged twice. A replica that saw none yet ('') adds too:
 # it never held a lease, so whatever it admitted was decided locally (its first RESTORE
-# precedes its first HEARTBEAT), and Redis holds none of it.
+# precedes its first HEARTBEAT), and Redis holds none of it. `restored` keeps, for two
+# minutes, the epoch each replica added into: a RESTORE run again before the replica
+# learnt the epoch (the reply was lost) takes a max instead of adding twice.
 RESTORE = (
     _COMMON
     + """
 local now = now_us()
+local me = ARGV[1]
 local epoch = redis.call('GET', KEYS[2])
 if not epoch then
   epoch = ARGV[3]
   redis.call('SET', KEYS[2], epoch)
 end
-local lease = tonumber(redis.call('HGET', KEYS[1], ARGV[1]))
+local lease = tonumber(redis.call('HGET', KEYS[1], me))
 if lease and lease >= now then return {0, epoch} end
--- a replica that never saw an epoch never held a lease: Redis saw none of its admissions
-local add = ARGV[2] ~= epoch
-local lost = add and ARGV[2] ~= ''
-for i = 3, #KEYS do
-  local backlog = tonumber(ARGV[i + 1])
+local lost = ARGV[2] ~= '' and ARGV[2] ~= epoch
+local add = ARGV[2] ~= epoch and redis.call('HGET', KEYS[3], me) ~= epoch
+for i = 4, #KEYS do
+  local backlog = tonumber(ARGV[i])
   if backlog > 0 then
     local old = tonumber(redis.call('GET', KEYS[i])) or 0
     local tat = now + backlog
@@ -340,6 +342,10 @@ for i = 3, #KEYS do
       redis.call('SET', KEYS[i], us(tat), 'PX', math.floor((tat - now) / 1000) + 1)
     end
   end
+end
+if add then
+  redis.call('HSET', KEYS[3], me, epoch)
+  redis.call('PEXPIRE', KEYS[3], 120000)
 end
 return {lost and 2 or 1, epoch}
 """

@@ -290,7 +290,7 @@ class RedisState:
         tenant a whole new minute's budget (docs/state.md)."""
         keys, backlogs = self._limits.backlogs()
         reply = await self._restore_script(
-            keys=[self._keys.leases, self._keys.epoch, *keys],
+            keys=[self._keys.leases, self._keys.epoch, self._keys.restored, *keys],
             args=[self.replica_id, self._epoch, os.urandom(8).hex(), *backlogs],
         )
         restored, self._epoch = int(reply[0]), text(reply[1])

@@ -12,6 +12,7 @@ the parts add up (Redis's `epoch` key says the data was lost, not just a lease).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -19,12 +20,15 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import redis.asyncio as aioredis
 
+from gateway.state import TenantLimits
+from gateway.state.redis_keys import RedisKeys
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, Gateway, Sim, backend, readiness
 from tests.helpers.processes import GatewayProcess
-from tests.helpers.redis_server import RedisServer
-from tests.helpers.waiting import until
+from tests.helpers.redis_server import RedisServer, replicas
+from tests.helpers.waiting import until, until_async
 
 pytestmark = pytest.mark.redis
 
@@ -258,3 +262,42 @@ def test_replicas_started_while_redis_was_away_add_their_parts(
             assert again.json()["error"]["type"] == "requests"
     finally:
         client.close()
+
+
+def test_a_restore_whose_reply_was_lost_is_not_added_twice(redis_server: RedisServer) -> None:
+    """Redis ran a replica's RESTORE but the reply never came (the sync timed out on a
+    busy Redis, the connection dropped): the next sync restores again, its lease still
+    gone and the epoch it knows still the old one. Before, it added its backlog a second
+    time (and a third at every further lost reply): the tenant was charged twice."""
+    limits = TenantLimits(requests_per_minute=4)
+
+    async def scenario() -> None:
+        raw = aioredis.Redis.from_url(redis_server.url)
+        async with replicas(redis_server, "replica-a") as (state,):
+            for _ in range(2):  # half the budget: 30 s ahead
+                await state.acquire("acme", limits)
+            real = state._restore_script
+            lost: list[bool] = []
+
+            async def reply_lost(*, keys: list[str], args: list[str | int]) -> Any:
+                reply = await real(keys=keys, args=args)
+                if int(reply[0]) == 2 and not lost:
+                    lost.append(True)
+                    raise TimeoutError("the reply was lost")
+                return reply
+
+            state._restore_script = reply_lost  # type: ignore[assignment]
+            await raw.flushall()
+            await until_async(lambda: bool(lost), "a restore whose reply was lost", timeout=30)
+            await until_async(
+                lambda: state.healthy and state.status().restores == 1,
+                "the replica on Redis again",
+                timeout=30,
+            )
+            seconds, micros = await raw.time()
+            tat = int(await raw.get(RedisKeys("test").requests("acme")) or 0)
+            ahead_s = (tat - (seconds * 1_000_000 + micros)) / 1e6
+            assert 20 < ahead_s <= 30, ahead_s  # was 60: added twice
+        await raw.aclose()
+
+    asyncio.run(scenario())
