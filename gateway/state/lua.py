@@ -305,8 +305,8 @@ return 1
 )
 
 # KEYS: leases, epoch, restored, then rate keys (a tenant's rpm or tpm TAT)
-# ARGV: replica, the epoch it last saw ('' none yet), a new epoch, then for each rate key
-# the backlog (us) this replica's ledger holds of it
+# ARGV: replica, the epoch it last saw ('' none yet), a new epoch, this process's token,
+# then for each rate key the backlog (us) this replica's ledger holds of it
 # -> {0, epoch} lease live | {1, epoch} restored (a max) | {2, epoch} Redis lost its data
 # Run before a resync renews the lease: a replica whose lease is gone puts back what it
 # knows of each budget. The epoch (set once, never expiring) tells why the lease went:
@@ -316,8 +316,9 @@ return 1
 # what was spent from being charged twice. A replica that saw none yet ('') adds too:
 # it never held a lease, so whatever it admitted was decided locally (its first RESTORE
 # precedes its first HEARTBEAT), and Redis holds none of it. `restored` keeps, for two
-# minutes, the epoch each replica added into: a RESTORE run again before the replica
-# learnt the epoch (the reply was lost) takes a max instead of adding twice.
+# minutes, the epoch each replica (process: a restarted one with the same id has a new
+# token) added into: a RESTORE run again before the replica learnt the epoch (the reply
+# was lost) takes a max instead of adding twice.
 RESTORE = (
     _COMMON
     + """
@@ -331,9 +332,10 @@ end
 local lease = tonumber(redis.call('HGET', KEYS[1], me))
 if lease and lease >= now then return {0, epoch} end
 local lost = ARGV[2] ~= '' and ARGV[2] ~= epoch
-local add = ARGV[2] ~= epoch and redis.call('HGET', KEYS[3], me) ~= epoch
+local mark = epoch .. '|' .. ARGV[4]
+local add = ARGV[2] ~= epoch and redis.call('HGET', KEYS[3], me) ~= mark
 for i = 4, #KEYS do
-  local backlog = tonumber(ARGV[i])
+  local backlog = tonumber(ARGV[i + 1])
   if backlog > 0 then
     local old = tonumber(redis.call('GET', KEYS[i])) or 0
     local tat = now + backlog
@@ -344,7 +346,7 @@ for i = 4, #KEYS do
   end
 end
 if add then
-  redis.call('HSET', KEYS[3], me, epoch)
+  redis.call('HSET', KEYS[3], me, mark)
   redis.call('PEXPIRE', KEYS[3], 120000)
 end
 return {lost and 2 or 1, epoch}

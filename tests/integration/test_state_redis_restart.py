@@ -27,7 +27,7 @@ from gateway.state.redis_keys import RedisKeys
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, Gateway, Sim, backend, readiness
 from tests.helpers.processes import GatewayProcess
-from tests.helpers.redis_server import RedisServer, replicas
+from tests.helpers.redis_server import RedisServer, replica, replicas
 from tests.helpers.waiting import until, until_async
 
 pytestmark = pytest.mark.redis
@@ -299,5 +299,38 @@ def test_a_restore_whose_reply_was_lost_is_not_added_twice(redis_server: RedisSe
             ahead_s = (tat - (seconds * 1_000_000 + micros)) / 1e6
             assert 20 < ahead_s <= 30, ahead_s  # was 60: added twice
         await raw.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_restarted_replica_with_the_same_id_adds_its_local_use(
+    redis_server: RedisServer,
+) -> None:
+    """A replica restarted with the same configured id (a pod's `replica_id`) within
+    two minutes of its previous process's restore: what the new process admitted before
+    it reached Redis is added, not taken as a max because `restored` names the id (it
+    names the process too)."""
+    limits = TenantLimits(requests_per_minute=4)
+
+    async def scenario() -> None:
+        raw = aioredis.Redis.from_url(redis_server.url)
+        async with replicas(redis_server, "gw") as (first,):
+            for _ in range(2):  # half the budget, on Redis
+                await first.acquire("acme", limits)
+            await raw.flushall()  # put back by `first`: 30 s ahead
+            await until_async(lambda: first.status().restores == 1, "the restore", timeout=30)
+        second = replica(redis_server, "gw")
+        try:
+            for _ in range(2):  # the other half, decided locally before its first sync
+                await second.acquire("acme", limits)
+            await second.start()
+            assert second.healthy, second.degraded_reason
+            seconds, micros = await raw.time()
+            tat = int(await raw.get(RedisKeys("test").requests("acme")) or 0)
+            ahead_s = (tat - (seconds * 1_000_000 + micros)) / 1e6
+            assert ahead_s > 45, ahead_s  # was 30: a max of the two halves
+        finally:
+            await second.close()
+            await raw.aclose()
 
     asyncio.run(scenario())
