@@ -88,10 +88,27 @@ def settled_tat(tat: int, now: int, delta: int) -> int:
     return min(max(tat, now) + delta, now + MAX_DEBT_US)
 
 
+def _charged(tat: int, now: int, per_minute: int) -> int:
+    """A requests budget's `tat` once one more request is counted, capped at a full
+    bucket."""
+    interval = request_interval_us(per_minute)
+    return min(max(tat, now) + interval, now + per_minute * interval)
+
+
+def _at_whole(cost: int, per_minute: int, whole: TenantLimits | None) -> int | None:
+    """A tokens cost charged at a share's `per_minute`, at the whole limit's (None
+    without one): as many tokens, each worth less budget time."""
+    if whole is None or whole.tokens_per_minute is None:
+        return None
+    return cost * per_minute // whole.tokens_per_minute
+
+
 @dataclass(slots=True)
 class _Account:
     requests_tat: int = 0
     tokens_tat: int = 0
+    spent_tat: int = 0  # requests counted at the whole limit's interval (`count_request`)
+    spent_tokens_tat: int = 0  # tokens charged, at the whole limit (`reserve`, `settle`)
     held: int = 0
     reserved: int = 0  # tokens reserved by requests not yet settled
 
@@ -147,24 +164,38 @@ class Ledger:
         self.hold(tenant)
         return True
 
-    def count_request(self, tenant: str, limits: TenantLimits) -> None:
+    def count_request(
+        self, tenant: str, limits: TenantLimits, whole: TenantLimits | None = None
+    ) -> None:
         """Charge one request to the requests budget without checking it. The debt is
         capped at a full bucket, so admissions decided elsewhere (Redis) never make a
-        later local decision wait longer than one request's interval."""
+        later local decision wait longer than one request's interval. With `whole` (the
+        global limits `limits` are a share of), also count it at the whole limit's
+        interval, capped at its full bucket: what this replica admitted, for a restore
+        (`backlog_us`; the share's capped debt would lose all beyond one share)."""
         rpm = limits.requests_per_minute
         if rpm is None:
             return
         account = self._account(tenant)
         now = self._now()
-        interval = request_interval_us(rpm)
-        ceiling = now + rpm * interval
-        account.requests_tat = min(max(account.requests_tat, now) + interval, ceiling)
+        account.requests_tat = _charged(account.requests_tat, now, rpm)
+        if whole is not None and whole.requests_per_minute is not None:
+            account.spent_tat = _charged(account.spent_tat, now, whole.requests_per_minute)
 
-    def reserve(self, tenant: str, limits: TenantLimits, tokens: int, *, check: bool) -> int:
+    def reserve(
+        self,
+        tenant: str,
+        limits: TenantLimits,
+        tokens: int,
+        *,
+        check: bool,
+        whole: TenantLimits | None = None,
+    ) -> int:
         """Reserve `tokens` (at most the whole budget: more could never fit) of the
         tenant's tokens budget; returns the tokens reserved. With `check`, raise
         `RateLimited` when they do not fit now; without, reserve them anyway (a
-        reservation Redis made, mirrored here)."""
+        reservation Redis made, mirrored here). With `whole` (the global limits `limits`
+        are a share of), the cost is also counted at the whole limit, for a restore."""
         tpm = limits.tokens_per_minute
         if tpm is None or tokens <= 0:
             return 0
@@ -177,10 +208,23 @@ class Ledger:
             raise RateLimited(tenant, "tokens_per_minute", tpm, wait / 1e6)
         account.tokens_tat = min(max(account.tokens_tat, now) + cost, now + MAX_DEBT_US)
         account.reserved += tokens
+        spent = _at_whole(cost, tpm, whole)
+        if spent is not None:
+            account.spent_tokens_tat = min(
+                max(account.spent_tokens_tat, now) + spent, now + MAX_DEBT_US
+            )
         return tokens
 
-    def settle(self, tenant: str, limits: TenantLimits, reserved: int, used: int) -> None:
-        """Replace a reservation of `reserved` tokens by the `used` tokens charged."""
+    def settle(
+        self,
+        tenant: str,
+        limits: TenantLimits,
+        reserved: int,
+        used: int,
+        whole: TenantLimits | None = None,
+    ) -> None:
+        """Replace a reservation of `reserved` tokens by the `used` tokens charged (with
+        `whole`, at the whole limit too: `reserve`)."""
         tpm = limits.tokens_per_minute
         if tpm is None or (reserved <= 0 and used <= 0):
             return
@@ -188,7 +232,11 @@ class Ledger:
         account.reserved = max(0, account.reserved - reserved)
         delta = tokens_cost_us(max(0, used), tpm) - tokens_cost_us(max(0, reserved), tpm)
         if delta != 0:
-            account.tokens_tat = settled_tat(account.tokens_tat, self._now(), delta)
+            now = self._now()
+            account.tokens_tat = settled_tat(account.tokens_tat, now, delta)
+            spent = _at_whole(delta, tpm, whole)
+            if spent is not None:
+                account.spent_tokens_tat = settled_tat(account.spent_tokens_tat, now, spent)
 
     def hold(self, tenant: str) -> None:
         self._account(tenant).held += 1
@@ -222,12 +270,13 @@ class Ledger:
 
     def backlog_us(self, tenant: str) -> tuple[int, int]:
         """How far `tenant`'s requests and tokens budgets run ahead of now (us, 0 when
-        whole), in the units of the limits they were charged at."""
+        whole), as counted at the whole limits (`count_request`'s, `reserve`'s and
+        `settle`'s `whole`): what a restore puts back."""
         account = self._accounts.get(tenant)
         if account is None:
             return 0, 0
         now = self._now()
-        return max(0, account.requests_tat - now), max(0, account.tokens_tat - now)
+        return max(0, account.spent_tat - now), max(0, account.spent_tokens_tat - now)
 
     def held_by_tenant(self) -> dict[str, int]:
         """Tenants holding slots now, with their counts."""

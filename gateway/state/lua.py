@@ -304,38 +304,50 @@ return 1
 """
 )
 
-# KEYS: leases, epoch, then rate keys (a tenant's rpm or tpm TAT)
-# ARGV: replica, the epoch it last saw ('' none yet), a new epoch, then for each rate key
-# the backlog (us) this replica's ledger holds of it
-# -> {0, epoch} lease live | {1, epoch} restored (a max) | {2, epoch} restored (added)
+# KEYS: leases, epoch, restored, then rate keys (a tenant's rpm or tpm TAT)
+# ARGV: replica, the epoch it last saw ('' none yet), a new epoch, this process's token,
+# then for each rate key the backlog (us) this replica's ledger holds of it
+# -> {0, epoch} lease live | {1, epoch} restored (a max) | {2, epoch} Redis lost its data
 # Run before a resync renews the lease: a replica whose lease is gone puts back what it
 # knows of each budget. The epoch (set once, never expiring) tells why the lease went:
 # another epoch, or none, means Redis lost its data (a restart, a FLUSHALL), and every
 # replica adds its own backlog, so they sum to what was spent; the same one means only
 # this replica's lease ran out (a stall), the keys are still there, and a max keeps
-# what was spent from being charged twice.
+# what was spent from being charged twice. A replica that saw none yet ('') adds too:
+# it never held a lease, so whatever it admitted was decided locally (its first RESTORE
+# precedes its first HEARTBEAT), and Redis holds none of it. `restored` keeps, for two
+# minutes, the epoch each replica (process: a restarted one with the same id has a new
+# token) added into: a RESTORE run again before the replica learnt the epoch (the reply
+# was lost) takes a max instead of adding twice.
 RESTORE = (
     _COMMON
     + """
 local now = now_us()
+local me = ARGV[1]
 local epoch = redis.call('GET', KEYS[2])
 if not epoch then
   epoch = ARGV[3]
   redis.call('SET', KEYS[2], epoch)
 end
-local lease = tonumber(redis.call('HGET', KEYS[1], ARGV[1]))
+local lease = tonumber(redis.call('HGET', KEYS[1], me))
 if lease and lease >= now then return {0, epoch} end
 local lost = ARGV[2] ~= '' and ARGV[2] ~= epoch
-for i = 3, #KEYS do
+local mark = epoch .. '|' .. ARGV[4]
+local add = ARGV[2] ~= epoch and redis.call('HGET', KEYS[3], me) ~= mark
+for i = 4, #KEYS do
   local backlog = tonumber(ARGV[i + 1])
   if backlog > 0 then
     local old = tonumber(redis.call('GET', KEYS[i])) or 0
     local tat = now + backlog
-    if lost then tat = math.max(old, now) + backlog end
+    if add then tat = math.max(old, now) + backlog end
     if old < tat then
       redis.call('SET', KEYS[i], us(tat), 'PX', math.floor((tat - now) / 1000) + 1)
     end
   end
+end
+if add then
+  redis.call('HSET', KEYS[3], me, mark)
+  redis.call('PEXPIRE', KEYS[3], 120000)
 end
 return {lost and 2 or 1, epoch}
 """

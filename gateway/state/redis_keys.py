@@ -38,6 +38,7 @@ class RedisKeys:
         self.revoked = f"{tag}:revoked"
         self.revoked_version = f"{tag}:revoked:version"
         self.epoch = f"{tag}:epoch"
+        self.restored = f"{tag}:restored"
 
     def slots(self, tenant: str) -> str:
         return f"{self._tag}:slots:{tenant}"

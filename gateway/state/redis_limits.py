@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from gateway.state import lua
-from gateway.state.ledger import CONCURRENCY_RETRY_S, MAX_DEBT_US, Ledger, request_interval_us
+from gateway.state.ledger import CONCURRENCY_RETRY_S, MAX_DEBT_US, Ledger
 from gateway.state.redis_health import RedisHealth
 from gateway.state.redis_keys import FAILURES, RedisKeys
 from gateway.state.redis_slots import HeldSlots
@@ -68,16 +68,16 @@ class RedisLimits:
         self._acquire_script = client.register_script(lua.ACQUIRE)
         self._reserve_script = client.register_script(lua.RESERVE)
         self._release_script = client.register_script(lua.RELEASE)
-        # Each rate-limited tenant's limits and the share its last admission was given:
-        # what `backlogs` scales its ledger by (tenants come from the config only).
-        self._rated: dict[str, tuple[TenantLimits, TenantLimits]] = {}
+        # Each rate-limited tenant's limits, as of its last admission: whose budgets
+        # `backlogs` reads (tenants come from the config only).
+        self._rated: dict[str, TenantLimits] = {}
 
     async def acquire(self, tenant: str, limits: TenantLimits) -> Admission:
         """Admit one request of `tenant` across all replicas or raise `RateLimited`."""
         if limits.unlimited:
             return Admission(None, tenant, limits, held=False, shared=False)
         if limits.requests_per_minute is not None or limits.tokens_per_minute is not None:
-            self._rated[tenant] = (limits, limits.share(self._health.replicas))
+            self._rated[tenant] = limits
         if not self._health.healthy:
             return self._admit_locally(tenant, limits)
         # A slot is held (and counted by a resync) from before Redis answers.
@@ -116,7 +116,7 @@ class RedisLimits:
         code = int(reply[0])
         if code == 1:
             local = limits.share(self._health.replicas)
-            self._ledger.count_request(tenant, local)
+            self._ledger.count_request(tenant, local, limits)
             held = slot is not None
             return Admission(self, tenant, limits, held=held, shared=True, slot=slot, local=local)
         self._slots.drop(tenant, slot)
@@ -128,26 +128,22 @@ class RedisLimits:
 
     def backlogs(self) -> tuple[list[str], list[int]]:
         """The rate keys of the tenants this replica admitted, and how far each budget
-        runs ahead of now on this replica's ledger, in the global limit's units (for
+        runs ahead of now on this replica's ledger, counted at the global limits (for
         `lua.RESTORE`: Redis lost the keys, or might have). Tenants whose budgets are
         whole are forgotten until their next admission."""
         keys: list[str] = []
         backlogs: list[int] = []
-        for tenant, (limits, local) in list(self._rated.items()):
+        for tenant, limits in list(self._rated.items()):
             requests_us, tokens_us = self._ledger.backlog_us(tenant)
             if requests_us == 0 and tokens_us == 0:
                 del self._rated[tenant]
                 continue
-            rpm, local_rpm = limits.requests_per_minute, local.requests_per_minute
-            if rpm is not None and local_rpm is not None and requests_us > 0:
+            if limits.requests_per_minute is not None and requests_us > 0:
                 keys.append(self._keys.requests(tenant))
-                # as many requests, each at the global limit's interval
-                scaled = requests_us * request_interval_us(rpm) // request_interval_us(local_rpm)
-                backlogs.append(scaled)
-            tpm, local_tpm = limits.tokens_per_minute, local.tokens_per_minute
-            if tpm is not None and local_tpm is not None and tokens_us > 0:
+                backlogs.append(requests_us)  # counted at the global limit's interval
+            if limits.tokens_per_minute is not None and tokens_us > 0:
                 keys.append(self._keys.tokens(tenant))
-                backlogs.append(min(tokens_us * local_tpm // tpm, MAX_DEBT_US))  # as many tokens
+                backlogs.append(tokens_us)
         return keys, backlogs
 
     async def _call(self, script: AsyncScript, keys: list[str], args: list[str | int]) -> Any:
@@ -162,7 +158,7 @@ class RedisLimits:
         refusal = self._ledger.check(tenant, local)
         if refusal is not None:
             raise refusal
-        self._ledger.count_request(tenant, local)
+        self._ledger.count_request(tenant, local, limits)
         slot = self._slots.take(tenant, calling=False) if limits.concurrent is not None else None
         held = slot is not None
         return Admission(self, tenant, limits, held=held, shared=False, slot=slot, local=local)
@@ -185,18 +181,20 @@ class RedisLimits:
                 if int(reply[0]) != 1:
                     raise RateLimited(tenant, "tokens_per_minute", tpm, int(reply[1]) / 1e6)
                 admission.reserved_shared = tokens
-                admission.reserved = self._ledger.reserve(tenant, local, tokens, check=False)
+                admission.reserved = self._ledger.reserve(
+                    tenant, local, tokens, check=False, whole=limits
+                )
                 return
         self._health.fallbacks += 1
         # Over the share: a reservation of the whole share waits for a full local budget.
-        admission.reserved = self._ledger.reserve(tenant, local, tokens, check=True)
+        admission.reserved = self._ledger.reserve(tenant, local, tokens, check=True, whole=limits)
 
     async def _release(self, admission: Admission, tokens_used: int) -> None:
         tenant, limits, slot = admission.tenant, admission.limits, admission.slot
         reserved, admission.reserved = admission.reserved, 0
         shared, admission.reserved_shared = admission.reserved_shared, 0
         # at the share it was reserved at: the replicas may have changed since
-        self._ledger.settle(tenant, admission.local, reserved, tokens_used)
+        self._ledger.settle(tenant, admission.local, reserved, tokens_used, limits)
         self._slots.drop(tenant, slot)  # first: a resync from now on leaves it out
         charge = limits.tokens_per_minute is not None and (tokens_used > 0 or shared > 0)
         if not self._health.healthy or not (slot or charge):

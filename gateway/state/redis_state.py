@@ -109,6 +109,7 @@ class RedisState:
         self._closing = False
         self._leased = False  # a HEARTBEAT has given this replica a lease
         self._epoch = ""  # the `epoch` key's value when this replica last restored
+        self._token = os.urandom(8).hex()  # this process's, in `restored` (lua.RESTORE)
         self._restores = 0
         self._log = get_logger("owngate.state")
 
@@ -290,8 +291,8 @@ class RedisState:
         tenant a whole new minute's budget (docs/state.md)."""
         keys, backlogs = self._limits.backlogs()
         reply = await self._restore_script(
-            keys=[self._keys.leases, self._keys.epoch, *keys],
-            args=[self.replica_id, self._epoch, os.urandom(8).hex(), *backlogs],
+            keys=[self._keys.leases, self._keys.epoch, self._keys.restored, *keys],
+            args=[self.replica_id, self._epoch, os.urandom(8).hex(), self._token, *backlogs],
         )
         restored, self._epoch = int(reply[0]), text(reply[1])
         if restored == 2 or (restored == 1 and self._leased):

@@ -12,6 +12,7 @@ the parts add up (Redis's `epoch` key says the data was lost, not just a lease).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -19,12 +20,15 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import redis.asyncio as aioredis
 
+from gateway.state import TenantLimits
+from gateway.state.redis_keys import RedisKeys
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, Gateway, Sim, backend, readiness
 from tests.helpers.processes import GatewayProcess
-from tests.helpers.redis_server import RedisServer
-from tests.helpers.waiting import until
+from tests.helpers.redis_server import RedisServer, replica, replicas
+from tests.helpers.waiting import until, until_async
 
 pytestmark = pytest.mark.redis
 
@@ -67,9 +71,10 @@ def _state(server: RedisServer, replica: str | None = None) -> dict[str, Any]:
 def _restart_and_wait(server: RedisServer, client: redis.Redis, *gateways: Gateway) -> None:
     """Restart Redis empty on its port; back once every gateway holds a lease there
     again (its budgets were restored before, in the same sync) and is on Redis."""
+    epoch = client.get("{owngate}:epoch")
+    assert epoch is not None
     server.stop()
-    server.start()  # same port, empty
-    assert client.get("{owngate}:rpm:acme") is None
+    server.start()  # same port, empty (the gateways may restore at once: no check here)
     until(
         lambda: client.hlen("{owngate}:leases") == len(gateways),
         "every gateway's lease back in the restarted Redis",
@@ -80,6 +85,7 @@ def _restart_and_wait(server: RedisServer, client: redis.Redis, *gateways: Gatew
         "every gateway on Redis again",
         timeout=30,
     )
+    assert client.get("{owngate}:epoch") not in (None, epoch)  # the data was lost
 
 
 def test_a_redis_restarted_empty_keeps_the_budgets_spent(
@@ -184,3 +190,177 @@ def test_a_gateway_that_never_reaches_redis_says_why_in_its_log(
     assert readiness(gateway.url)["state"]["healthy"] is False
     gateway.stop()
     assert not any(password.encode() in written for written in gateway.written())
+
+
+def test_a_budget_spent_through_one_of_two_replicas_is_put_back_whole(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    redis_server: RedisServer,
+) -> None:
+    """A client on one kept-alive connection reaches one replica only (an L4 balancer
+    pins it): that replica admitted the whole budget on Redis. Before, its ledger charged
+    each request at its share's interval but capped the debt at one share's bucket, so it
+    put back half the budget and the tenant got two more requests after the restart."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    rpm = 4
+    tenants = _tenants({"requests_per_minute": rpm})
+    a, b = (
+        start_gateway(
+            [backend("gpu", sim.url, "m")], tenants=tenants, state=_state(redis_server, r)
+        )
+        for r in ("replica-a", "replica-b")
+    )
+    client = redis.Redis(port=redis_server.port)
+    try:
+        until(lambda: client.hlen("{owngate}:leases") == 2, "both replicas on Redis", timeout=30)
+        until(
+            lambda: all(readiness(g.url)["state"]["replicas"] == 2 for g in (a, b)),
+            "both replicas counting two",
+            timeout=30,
+        )
+        assert [_ask(a, TENANT_KEY).status_code for _ in range(rpm)] == [200] * rpm
+        assert _ask(a, TENANT_KEY).status_code == 429
+
+        _restart_and_wait(redis_server, client, a, b)
+
+        for gateway in (a, a, b):
+            again = _ask(gateway, TENANT_KEY)
+            assert again.status_code == 429, again.text
+            assert again.json()["error"]["type"] == "requests"
+    finally:
+        client.close()
+
+
+def test_replicas_started_while_redis_was_away_add_their_parts(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    redis_server: RedisServer,
+) -> None:
+    """Two replicas that never reached Redis (started while it was down, as after a
+    whole deployment restarts) admitted locally, half of a budget each; Redis comes up
+    empty. Neither had seen an epoch, and before, both put back a max of their parts,
+    not the sum: the tenant got half a budget more."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    rpm = 4
+    tenants = _tenants({"requests_per_minute": rpm})
+    redis_server.stop()
+    a, b = (
+        start_gateway(
+            [backend("gpu", sim.url, "m")], tenants=tenants, state=_state(redis_server, r)
+        )
+        for r in ("replica-a", "replica-b")
+    )
+    assert not a.app.state.healthy and not b.app.state.healthy
+    spent = [_ask(g, TENANT_KEY).status_code for g in (a, a, b, b)]
+    assert spent == [200] * rpm
+    redis_server.start()  # empty
+    client = redis.Redis(port=redis_server.port)
+    try:
+        until(lambda: client.hlen("{owngate}:leases") == 2, "both replicas on Redis", timeout=30)
+        until(lambda: a.app.state.healthy and b.app.state.healthy, "both on Redis", timeout=30)
+        for gateway in (a, b):
+            again = _ask(gateway, TENANT_KEY)
+            assert again.status_code == 429, again.text
+            assert again.json()["error"]["type"] == "requests"
+    finally:
+        client.close()
+
+
+def test_a_restore_whose_reply_was_lost_is_not_added_twice(redis_server: RedisServer) -> None:
+    """Redis ran a replica's RESTORE but the reply never came (the sync timed out on a
+    busy Redis, the connection dropped): the next sync restores again, its lease still
+    gone and the epoch it knows still the old one. Before, it added its backlog a second
+    time (and a third at every further lost reply): the tenant was charged twice."""
+    limits = TenantLimits(requests_per_minute=4)
+
+    async def scenario() -> None:
+        raw = aioredis.Redis.from_url(redis_server.url)
+        async with replicas(redis_server, "replica-a") as (state,):
+            for _ in range(2):  # half the budget: 30 s ahead
+                await state.acquire("acme", limits)
+            real = state._restore_script
+            lost: list[bool] = []
+
+            async def reply_lost(*, keys: list[str], args: list[str | int]) -> Any:
+                reply = await real(keys=keys, args=args)
+                if int(reply[0]) == 2 and not lost:
+                    lost.append(True)
+                    raise TimeoutError("the reply was lost")
+                return reply
+
+            state._restore_script = reply_lost  # type: ignore[assignment]
+            await raw.flushall()
+            await until_async(lambda: bool(lost), "a restore whose reply was lost", timeout=30)
+            await until_async(
+                lambda: state.healthy and state.status().restores == 1,
+                "the replica on Redis again",
+                timeout=30,
+            )
+            seconds, micros = await raw.time()
+            tat = int(await raw.get(RedisKeys("test").requests("acme")) or 0)
+            ahead_s = (tat - (seconds * 1_000_000 + micros)) / 1e6
+            assert 20 < ahead_s <= 30, ahead_s  # was 60: added twice
+        await raw.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_restarted_replica_with_the_same_id_adds_its_local_use(
+    redis_server: RedisServer,
+) -> None:
+    """A replica restarted with the same configured id (a pod's `replica_id`) within
+    two minutes of its previous process's restore: what the new process admitted before
+    it reached Redis is added, not taken as a max because `restored` names the id (it
+    names the process too)."""
+    limits = TenantLimits(requests_per_minute=4)
+
+    async def scenario() -> None:
+        raw = aioredis.Redis.from_url(redis_server.url)
+        async with replicas(redis_server, "gw") as (first,):
+            for _ in range(2):  # half the budget, on Redis
+                await first.acquire("acme", limits)
+            await raw.flushall()  # put back by `first`: 30 s ahead
+            await until_async(lambda: first.status().restores == 1, "the restore", timeout=30)
+        second = replica(redis_server, "gw")
+        try:
+            for _ in range(2):  # the other half, decided locally before its first sync
+                await second.acquire("acme", limits)
+            await second.start()
+            assert second.healthy, second.degraded_reason
+            seconds, micros = await raw.time()
+            tat = int(await raw.get(RedisKeys("test").requests("acme")) or 0)
+            ahead_s = (tat - (seconds * 1_000_000 + micros)) / 1e6
+            assert ahead_s > 45, ahead_s  # was 30: a max of the two halves
+        finally:
+            await second.close()
+            await raw.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_tokens_spent_before_a_replica_joined_are_put_back_whole(
+    redis_server: RedisServer,
+) -> None:
+    """A replica alone spent half a tokens budget; a second replica joins, so the first
+    one's next admission is given half the limit as its share. Before, the restore
+    scaled the whole ledger by that last share: half of what was spent went back."""
+    limits = TenantLimits(tokens_per_minute=600)  # a token is 0.1 s of budget
+
+    async def scenario() -> None:
+        raw = aioredis.Redis.from_url(redis_server.url)
+        async with replicas(redis_server, "replica-a") as (a,):
+            admission = await a.acquire("acme", limits)
+            await admission.reserve(300)  # 30 s
+            await admission.release(300)
+            async with replicas(redis_server, "replica-b"):
+                await until_async(lambda: a.status().replicas == 2, "a sees b", timeout=30)
+                await (await a.acquire("acme", limits)).release(0)  # at a share of two
+                await raw.flushall()
+                await until_async(lambda: a.status().restores == 1, "the restore", timeout=30)
+                seconds, micros = await raw.time()
+                tat = int(await raw.get(RedisKeys("test").tokens("acme")) or 0)
+                ahead_s = (tat - (seconds * 1_000_000 + micros)) / 1e6
+                assert 20 < ahead_s <= 30, ahead_s  # was 15: scaled by the last share
+        await raw.aclose()
+
+    asyncio.run(scenario())
