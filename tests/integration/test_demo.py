@@ -518,3 +518,33 @@ def test_every_curl_and_audit_the_banner_prints_works_as_printed(tmp_path: Path)
     verified = _as_printed(audit[1], tmp_path)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "its sidecar's log" in verified.stdout, verified.stdout
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_sent_as_soon_as_the_banner_is_out_stops_the_demo_cleanly(
+    sig: signal.Signals, tmp_path: Path
+) -> None:
+    """A script that starts the demo, waits for its banner and stops it at once (`timeout`,
+    a CI step, `docker stop`) gets what the README says: exit 0, once the sidecars have
+    signed their final checkpoints, and the banner's audit passes. The banner was printed
+    before uvicorn took the signals (it does when it starts running): a SIGTERM in between
+    killed the demo (-15) with the sidecars' logs unsigned, a Ctrl-C ended it with 130."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "demo", "--port", "0"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        banner = _read_banner(proc)
+        assert "Ctrl-C stops everything" in banner, banner
+    finally:
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err, err
+    audit = re.search(r"^  (\S+ audit verify /\S+ (?:[^\n]*\\\n)+[^\n]*\n)", banner, re.MULTILINE)
+    assert audit, banner
+    verified = _as_printed(audit[1], tmp_path)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
