@@ -16,6 +16,7 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -157,9 +158,6 @@ def run_demo(host: str, port: int, out: TextIO = sys.stdout) -> int:
         config = load_config(config_file, env=environ)
         url = f"http://{host}:{sock.getsockname()[1]}"
         log = log_dir / "log"
-        out.write(_banner(url, key, eu_key, urls, sidecars, log, vkey))
-        out.write(_admin_banner(f"http://127.0.0.1:{admin_port}", tokens, vkey, sidecars))
-        out.flush()
         app = create_app(
             config,
             environ=environ,
@@ -169,10 +167,17 @@ def run_demo(host: str, port: int, out: TextIO = sys.stdout) -> int:
             config_env=environ,
         )
         # Ctrl-C or SIGTERM ends the servers, then `stack` stops the sidecars, which sign
-        # their logs' final checkpoints: the banner's audit passes only after that.
+        # their logs' final checkpoints: the banner's audit passes only after that. The
+        # server takes both signals before the banner tells anyone they may send one:
+        # uvicorn takes them only once it runs, and a SIGTERM sent in between killed
+        # the demo (-15) before the sidecars signed, a Ctrl-C ended it with exit 130.
         server = CleanExitServer(uvicorn_config(app, config.listen))
-        with contextlib.suppress(KeyboardInterrupt):  # a Ctrl-C before the server took it
-            run_beside(server, [sock], admin_server(app), [admin_sock])
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, server.handle_exit)
+        out.write(_banner(url, key, eu_key, urls, sidecars, log, vkey))
+        out.write(_admin_banner(f"http://127.0.0.1:{admin_port}", tokens, vkey, sidecars))
+        out.flush()
+        run_beside(server, [sock], admin_server(app), [admin_sock])
     return 0
 
 

@@ -10,6 +10,7 @@ import json
 import os
 import queue
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -403,6 +404,144 @@ def test_the_banners_commands_work_as_printed_and_a_signal_stops_the_demo_cleanl
     finally:
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err, err
+    audit = re.search(r"^  (\S+ audit verify /\S+ (?:[^\n]*\\\n)+[^\n]*\n)", banner, re.MULTILINE)
+    assert audit, banner
+    verified = _as_printed(audit[1], tmp_path)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+_BANNER_CURL = re.compile(r"curl -s (?:[^\n]*\\\n)*[^\n]*")
+
+
+def _send_as_curl(command: str, *, without: str = "") -> httpx.Response:
+    """The request a banner's `curl` command sends, pasted as printed (its `\\` line ends
+    joined): the options it uses (`-s`, `-X`, `-H`, `-d`, a method from `-d` as curl
+    picks it) and nothing else: one it does not know fails, so a banner that grows a new
+    option is read again here. `without`: a header left out (lower case)."""
+    words = shlex.split(command.replace("\\\n", " "))
+    assert words[0] == "curl", command
+    method, url, data = "", "", None
+    headers: dict[str, str] = {}
+    rest = iter(words[1:])
+    for word in rest:
+        if word == "-s":
+            continue
+        if word == "-X":
+            method = next(rest)
+        elif word == "-H":
+            name, _, value = next(rest).partition(":")
+            if name.strip().lower() != without:
+                headers[name.strip()] = value.strip()
+        elif word == "-d":
+            data = next(rest)
+        elif not word.startswith("-") and not url:
+            url = word
+        else:
+            raise AssertionError(f"a curl option this test does not read: {word!r} in {command}")
+    if data is not None and not any(h.lower() == "content-type" for h in headers):
+        headers["Content-Type"] = "application/x-www-form-urlencoded"  # as curl's -d sends
+    method = method or ("POST" if data is not None else "GET")
+    return httpx.request(method, url, headers=headers, content=data, timeout=60)
+
+
+def test_every_curl_and_audit_the_banner_prints_works_as_printed(tmp_path: Path) -> None:
+    """What a new user does with the banner, command by command: every `curl` it prints
+    (chat, models, metrics, each role's admin calls with its printed token) answers 2xx
+    as printed; sent without its token, each admin call that reads still answers and each
+    that writes is 401 `missing_api_key`, as the banner says; the chat's receipt, saved
+    as the banner says (`receipt.json`), verifies with the banner's `receipt verify` as
+    pasted, the live log with its `audit verify URL`, and after Ctrl-C the whole log with
+    its two-party `audit verify`. The other tests here read the banner's URLs and tokens
+    but send their own requests; these are the banner's own commands."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "demo", "--port", "0"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        banner = _read_banner(proc)
+        url = re.search(r"running at (http://\S+)", banner)
+        admin = re.search(r"Admin API .* at (http://127\.0\.0\.1:\d+)\n", banner)
+        assert url and admin, banner
+        curls = _BANNER_CURL.findall(banner)
+        # chat, models, metrics; operator: status, reload; security: policies, a key;
+        # auditor: the checkpoint
+        assert len(curls) == 8, curls
+        for command in curls:
+            answer = _send_as_curl(command)
+            assert 200 <= answer.status_code < 300, (command, answer.status_code, answer.text)
+            if "/v1/chat/completions" in command:
+                assert answer.json()["choices"][0]["message"]["content"], answer.text
+                receipt = base64.b64decode(answer.headers["x-owngate-receipt"])
+                (tmp_path / "receipt.json").write_bytes(receipt)
+            if command.split()[2].startswith(admin[1]):
+                bare = _send_as_curl(command, without="authorization")
+                if answer.request.method == "GET":
+                    assert bare.status_code == 200, (command, bare.text)
+                else:
+                    assert bare.status_code == 401, (command, bare.text)
+                    assert bare.json()["error"]["code"] == "missing_api_key", bare.text
+            if "/admin/v1/keys" in command:  # the new tenant key works at once
+                chat = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}]}
+                served = httpx.post(
+                    f"{url[1]}/v1/chat/completions",
+                    headers={"authorization": f"Bearer {answer.json()['key']}"},
+                    json=chat,
+                    timeout=60,
+                )
+                assert served.status_code == 200, served.text
+        assert (tmp_path / "receipt.json").exists(), curls
+        receipt_verify = re.search(
+            r"^  (\S+ audit receipt verify receipt\.json (?:[^\n]*\\\n)+[^\n]*\n)",
+            banner,
+            re.MULTILINE,
+        )
+        live = re.search(r"^  (\S+ audit verify http\S+ (?:[^\n]*\\\n)+[^\n]*\n)", banner, re.M)
+        assert receipt_verify and live, banner
+        checked = _as_printed(receipt_verify[1], tmp_path)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert "ok: countersigned by backend" in checked.stdout, checked.stdout
+        assert "its completion, recorded this countersignature" in checked.stdout
+        fetched = _as_printed(live[1], tmp_path)
+        assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+        assert re.search(r"answer\(s\) countersigned by its key", fetched.stdout), fetched.stdout
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    audit = re.search(r"^  (\S+ audit verify /\S+ (?:[^\n]*\\\n)+[^\n]*\n)", banner, re.MULTILINE)
+    assert audit, banner
+    verified = _as_printed(audit[1], tmp_path)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "its sidecar's log" in verified.stdout, verified.stdout
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_sent_as_soon_as_the_banner_is_out_stops_the_demo_cleanly(
+    sig: signal.Signals, tmp_path: Path
+) -> None:
+    """A script that starts the demo, waits for its banner and stops it at once (`timeout`,
+    a CI step, `docker stop`) gets what the README says: exit 0, once the sidecars have
+    signed their final checkpoints, and the banner's audit passes. The banner was printed
+    before uvicorn took the signals (it does when it starts running): a SIGTERM in between
+    killed the demo (-15) with the sidecars' logs unsigned, a Ctrl-C ended it with 130."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "demo", "--port", "0"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        banner = _read_banner(proc)
+        assert "Ctrl-C stops everything" in banner, banner
+    finally:
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "Traceback" not in err, err
     audit = re.search(r"^  (\S+ audit verify /\S+ (?:[^\n]*\\\n)+[^\n]*\n)", banner, re.MULTILINE)
