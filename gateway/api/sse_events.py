@@ -41,7 +41,11 @@ keeps for every later event: its `json()` of "" raises; a read holding `id:`, `e
 whose data is not JSON (a `thread.*` one too) among the events parsed. An event that holds
 none of the needles and whose data is not JSON (`data: x`) is not parsed and so not
 stopped at, where the SDK raises: telling would take parsing every event of every stream
-(a read that is read whole tells). An event whose data is past the
+(a read that is read whole tells). A read that is one `data: {` line and its blank line
+(`one_data_line`, a paced server's usual read) is not searched for `[DONE]`, `id:`,
+`event:` or `retry:` (in it they can only be data): unless it holds `"usage"`, `"error"`
+or a letter escape it is not parsed, so one whose data is not JSON (`data: {x [DONE]`)
+is not stopped at either. An event whose data is past the
 bounds the gateway reads within (`usage_read.PastBounds`: nested deeper than 512, say)
 may show the client a usage: the usage is then unknown (`usage` None, `unknown` set)
 until a later event shows one, never an earlier event's; one whose data holds no marker
