@@ -62,6 +62,12 @@ def register(subparsers: Any) -> None:
         default=env_default("OWNGATE_POLICY_STRICT", "") not in ("", "0", "false"),
         help="treat warnings as failures (env OWNGATE_POLICY_STRICT=1)",
     )
+    check.add_argument(
+        "--document",
+        action="store_true",
+        help="write the canonical policy document to stdout (the RFC 8785 bytes whose "
+        "SHA-256 is the digest records hold; the summary goes to stderr)",
+    )
     _config_flag(check)
     check.set_defaults(handler=_check)
 
@@ -212,7 +218,13 @@ def _check(args: argparse.Namespace) -> int:
     if args.strict and warnings:
         print(f"{' '.join(paths)}: failed under --strict ({summary}) {identity}", file=sys.stderr)
         return 1
-    print(f"{' '.join(paths)}: ok ({summary}) {identity}")
+    if args.document:  # what an auditor re-decides a record from (docs/provenance.md)
+        sys.stdout.buffer.write(policy_set.canonical)
+        sys.stdout.flush()
+    print(
+        f"{' '.join(paths)}: ok ({summary}) {identity}",
+        file=sys.stderr if args.document else sys.stdout,
+    )
     return 0
 
 

@@ -3,9 +3,12 @@
 The normalized form is what the digest covers: every default filled in, names lower
 case, allow/deny lists sorted and de-duplicated (they are sets), `fallback.to` kept in
 order (it is a sequence), descriptions dropped (they do not change a decision), `require`
-where it requires something, and the expansion of every jurisdiction code used, so the
-digest pins what `eu` meant to the owngate that loaded it. Key order and formatting of
-the files cannot change it.
+where it requires something, and the expansion of every jurisdiction code a decision
+reads, so the digest pins what `eu` meant to the owngate that loaded it: the codes the
+policies' residency entries name, and, where a policy has a residency deny, the codes
+backends are declared in (`region: de` is excluded by `deny: [eu-central-1]` because `de`
+stands for `eu-central-1`, among others). Key order and formatting of the files cannot
+change it. The backend facts digest holds each code-declared region's expansion too.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ def compile_set(
         "version": None if set_doc is None else set_doc.metadata.version,
         "data_class_header": header.lower(),
         "policies": normalized,
-        "jurisdictions": _jurisdictions_used(normalized),
+        "jurisdictions": _jurisdictions_used(normalized, backends),
     }
     canonical = canonical_json(document)
     digest = "sha256:" + hashlib.sha256(canonical).hexdigest()
@@ -186,13 +189,22 @@ def _set(items: Sequence[str]) -> list[str]:
     return sorted({item.lower() for item in items})
 
 
-def _jurisdictions_used(policies: list[dict[str, Any]]) -> dict[str, list[str]]:
+def _jurisdictions_used(
+    policies: list[dict[str, Any]], backends: Sequence[BackendFacts]
+) -> dict[str, list[str]]:
+    """Code -> what it stands for, for every code a decision reads: each residency entry
+    that is a code and, when some residency deny exists, each region a backend is declared
+    in by a code (a deny holds where it covers any part of that area: `overlap`)."""
     entries: set[str] = set()
+    denies = False
     for policy in policies:
         for sections in (policy, *policy["data_classes"].values()):
             residency = sections.get("residency")
             if residency is not None:
                 entries.update(residency["allow"], residency["deny"])
+                denies = denies or bool(residency["deny"])
+    if denies:
+        entries.update(b.region.lower() for b in backends)
     return {
         code: list(jurisdictions.expand(code))
         for code in sorted(entries)
@@ -214,4 +226,12 @@ def _facts(backend: BackendFacts) -> dict[str, Any]:
         "models": sorted(backend.models),
         "model_groups": sorted(sorted(group) for group in backend.model_groups if len(group) > 1),
         **({"attested": True} if backend.attested else {}),  # digests of before stay as they were
+        # A region declared by a code is decided by what the code stands for (a deny
+        # covering any part of it holds): the digest pins that too. Only such backends'
+        # facts (and digest) differ from before.
+        **(
+            {"region_covers": list(jurisdictions.expand(backend.region))}
+            if jurisdictions.is_jurisdiction(backend.region)
+            else {}
+        ),
     }

@@ -65,11 +65,14 @@ def _pattern(value: str) -> str:
     # list item indented one step too far (`- azure` then `  - openai`) or a missing
     # comma (`[azure openai]`) reads as the one entry 'azure - openai', which matches
     # nothing. No backend id, jurisdiction or certificate fact holds a space; a name
-    # in gateway.yaml that does is matched with `?` for it.
-    if "#" in value:  # no name policies match holds one either
+    # in gateway.yaml that does is matched with `?` for it. Likewise `#`: YAML starts a
+    # comment only after a space, so `- openai#old` is one entry; a model name in
+    # gateway.yaml may hold `#`, and is matched with `?` for it.
+    if "#" in value:
         raise ValueError(
             f"{value!r} holds '#': YAML starts a comment only after a space, so all of "
-            "it is one entry, which would match nothing; put a space before a comment"
+            "it is one entry; put a space before a comment (for a name that holds #, "
+            "write ? for it)"
         )
     if " " in value:
         raise ValueError(
@@ -142,10 +145,21 @@ def _max_days(value: Any) -> int | str:
     )
 
 
+MAX_THRESHOLD = 1_000_000_000  # waiting requests per slot: past that, "never" is meant
+
+
 def _threshold(value: Any) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1e9:
-        return float(value)  # 1e9 waiting requests per slot: past that, "never" is meant
-    raise ValueError("saturation_threshold is a number greater than 0 and at most 1e9")
+    if (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and 0 < value <= MAX_THRESHOLD
+    ):
+        return float(value)
+    # YAML 1.1 reads `1e9` (and `1.0e9`) as text: only `1.0e+9` is a number there.
+    raise ValueError(
+        f"saturation_threshold is a number greater than 0 and at most {MAX_THRESHOLD} "
+        "(YAML reads 1e9 as text: write the digits)"
+    )
 
 
 # A version reaches every dispatch and refusal record, the owngate_policy_info metric's

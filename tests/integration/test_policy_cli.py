@@ -4,6 +4,7 @@ package's public surface and import hygiene."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import json
 import pkgutil
@@ -491,3 +492,24 @@ def test_explain_reads_a_label_as_the_gateway_reads_its_header(
     for refused in ("phi,public", " "):
         assert owngate(*base, *model, "--data-class", refused) == 1
         assert "the gateway refuses it (400 unknown_data_class)" in capsys.readouterr().err
+
+
+def test_check_document_writes_the_bytes_the_digest_covers(
+    tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    """An auditor re-decides a record from this document: it holds what each code a
+    backend is declared in (`region: us`, `region: fr` in the example config) stands for
+    once a residency deny reads it, and its SHA-256 is the digest the record signs."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "apiVersion: policy.owngate.dev/v1\nkind: Policy\nmetadata: {id: p}\n"
+        "spec:\n  tenants: [acme]\n  residency: {allow: ['*'], deny: [us-east-1]}\n"
+        "  retention: {max_days: any}\n  fallback: {mode: never}\n"
+    )
+    assert owngate("policy", "check", str(policy), "--document") == 0
+    captured = capsysbinary.readouterr()
+    digest = "sha256:" + hashlib.sha256(captured.out).hexdigest()
+    assert captured.err.decode().rstrip().endswith(f" {digest}")
+    table = json.loads(captured.out)["jurisdictions"]
+    assert table["us"] == list(gateway.policy.jurisdictions.expand("us"))
+    assert "us-east-1" in table["us"] and "eu-west-3" in table["fr"]
