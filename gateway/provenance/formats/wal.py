@@ -12,10 +12,13 @@ writer appends through `writer.segment_writer.SegmentWriter`.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.provenance.errors import MalformedError
+from gateway.provenance.formats.layout import is_index_name
 from gateway.provenance.formats.merkle import HASH_SIZE, leaf_hash
 
 __all__ = [
@@ -44,7 +47,7 @@ def list_segments(directory: Path) -> list[tuple[int, Path]]:
     found: list[tuple[int, Path]] = []
     for path in directory.iterdir():
         stem = path.name[: -len(_SUFFIX)]
-        if path.name.endswith(_SUFFIX) and stem.isdecimal() and len(stem) == 20:
+        if path.name.endswith(_SUFFIX) and is_index_name(stem):
             found.append((int(stem), path))
     return sorted(found)
 
@@ -63,10 +66,15 @@ class SegmentScan:
 
 def scan_segment(path: Path, first_index: int) -> SegmentScan:
     """The segment's valid frames, read one at a time up to the first torn or bad one (a
-    sparse file of gigabytes handed to an auditor is never read whole)."""
+    sparse file of gigabytes handed to an auditor is never read whole). MalformedError
+    when it is not a regular file: it is opened without waiting (a FIFO put in its place,
+    even after a caller's check, would block the open for a writer) and checked open."""
     entries: list[tuple[bytes, bytes]] = []
     offset = 0
-    with path.open("rb") as file:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise MalformedError(f"write-ahead segment wal/{path.name} is not a regular file")
         while True:  # bounded: each frame consumes at least 34 bytes of the file
             head = file.read(2)
             if len(head) < 2:
