@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 import stat
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from gateway.provenance.errors import MalformedError
 from gateway.provenance.formats.layout import is_index_name
@@ -24,6 +26,7 @@ from gateway.provenance.formats.merkle import HASH_SIZE, leaf_hash
 __all__ = [
     "SegmentScan",
     "encode_frame",
+    "iter_segment",
     "list_segments",
     "scan_segment",
     "segment_path",
@@ -71,22 +74,41 @@ def scan_segment(path: Path, first_index: int) -> SegmentScan:
     even after a caller's check, would block the open for a writer) and checked open."""
     entries: list[tuple[bytes, bytes]] = []
     offset = 0
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise MalformedError(f"write-ahead segment wal/{path.name} is not a regular file")
-        while True:  # bounded: each frame consumes at least 34 bytes of the file
-            head = file.read(2)
-            if len(head) < 2:
-                break
-            (length,) = struct.unpack(">H", head)
-            body = file.read(length + HASH_SIZE)
-            if len(body) < length + HASH_SIZE:
-                break
-            entry, leaf = body[:length], body[length:]
-            if leaf_hash(entry) != leaf:
-                break
+    with _open_segment(path) as file:
+        for entry, leaf in _frames(file):
             entries.append((entry, leaf))
-            offset += 2 + length + HASH_SIZE
+            offset += 2 + len(entry) + HASH_SIZE
         total = os.fstat(file.fileno()).st_size
     return SegmentScan(first_index, entries, offset, max(total, offset))
+
+
+def iter_segment(path: Path) -> Iterator[tuple[bytes, bytes]]:
+    """The segment's valid frames (entry, leaf hash) as `scan_segment` finds them, one at
+    a time and none held: an auditor checking a segment the audited operator filled with
+    millions of frames stops at the first bad record without holding them all."""
+    with _open_segment(path) as file:
+        yield from _frames(file)
+
+
+def _open_segment(path: Path) -> BinaryIO:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    file = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        file.close()
+        raise MalformedError(f"write-ahead segment wal/{path.name} is not a regular file")
+    return file
+
+
+def _frames(file: BinaryIO) -> Iterator[tuple[bytes, bytes]]:
+    while True:  # bounded: each frame consumes at least 34 bytes of the file
+        head = file.read(2)
+        if len(head) < 2:
+            return
+        (length,) = struct.unpack(">H", head)
+        body = file.read(length + HASH_SIZE)
+        if len(body) < length + HASH_SIZE:
+            return
+        entry, leaf = body[:length], body[length:]
+        if leaf_hash(entry) != leaf:
+            return
+        yield entry, leaf
