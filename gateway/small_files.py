@@ -22,12 +22,16 @@ def read_small_file(path: Path, limit: int) -> bytes:
     # O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting.
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
+        # A read allocates what it asks for: ask for the size the file says it has (and a
+        # byte to see it end), not `limit` (16 MiB for a log's entry bundle) each time.
+        want = status.st_size + 1
         chunks: list[bytes] = []
         size = 0
         while size <= limit:  # bounded: each read returns at least one byte or ends it
-            chunk = os.read(fd, limit + 1 - size)
+            chunk = os.read(fd, min(limit + 1 - size, max(want - size, 1 << 16)))
             if not chunk:
                 break
             chunks.append(chunk)

@@ -114,10 +114,22 @@ def token_flag(parser: argparse.ArgumentParser) -> None:
         help="with a URL: each file must arrive whole within this (default 300; "
         "env OWNGATE_AUDIT_FILE_DEADLINE)",
     )
+    parser.add_argument(
+        "--copy-deadline",
+        type=float,
+        default=env("COPY_DEADLINE", str(FetchLimits().copy_deadline_s)),
+        metavar="SECONDS",
+        help="with a URL: the whole copy must be done within this (default 3600; "
+        "env OWNGATE_AUDIT_COPY_DEADLINE)",
+    )
 
 
 def fetch_limits(args: argparse.Namespace) -> FetchLimits:
-    return FetchLimits(file_deadline_s=args.file_deadline, max_bytes=args.max_download)
+    return FetchLimits(
+        file_deadline_s=args.file_deadline,
+        copy_deadline_s=args.copy_deadline,
+        max_bytes=args.max_download,
+    )
 
 
 @contextlib.contextmanager

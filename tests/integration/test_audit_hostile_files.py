@@ -14,14 +14,19 @@ import os
 import resource
 import shutil
 import subprocess
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
-from gateway.provenance import LogSettings, ProvenanceLog
+from gateway.provenance import LogSettings, ProvenanceLog, load_verifiers
+from gateway.provenance.audit.verify import verify_log
+from gateway.provenance.errors import LogVerificationError
 from gateway.provenance.formats.cosignature import Cosigner
 from gateway.provenance.formats.layout import CHECKPOINT, list_cosigned, list_history
+from gateway.provenance.formats.merkle import leaf_hash
 from gateway.provenance.formats.tiles import entries_path, tile_path
+from gateway.provenance.formats.wal import encode_frame
 from gateway.provenance.testing import log_request, seeded_signer
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.processes import owngate_argv
@@ -153,3 +158,23 @@ def test_a_fifo_among_the_cosigned_checkpoints_is_refused(copy: Path, verb: str)
     )
     assert done.returncode == 1, done.stderr
     assert "not a regular file" in done.stderr
+
+
+def test_a_segment_of_many_frames_is_checked_one_at_a_time(copy: Path) -> None:
+    # Frames that hash right but hold no record (an empty entry: 34 bytes each) after
+    # the real ones: the first is a failed check. Before, every frame of the segment was
+    # held (a tuple and two bytes objects, ~4x the file) before any was checked, so a
+    # segment of gigabytes exhausted memory; now none is kept past its check.
+    frames = 200_000
+    frame = encode_frame(b"", leaf_hash(b""))
+    with (copy / _name(copy, "wal")).open("ab") as file:
+        file.write(frame * frames)
+    verifiers = load_verifiers([SIGNER.vkey])
+    tracemalloc.start()
+    try:
+        with pytest.raises(LogVerificationError, match="not a valid schema-v1 record"):
+            verify_log(copy, verifiers)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < len(frame) * frames // 2, f"{peak} bytes held at the peak"

@@ -18,7 +18,7 @@ import pytest
 
 from gateway.cli.main import main
 from gateway.provenance import Signer, sign_note
-from gateway.provenance.audit.remote import copy_budget
+from gateway.provenance.audit.remote import FetchLimits, copy_budget, mirror_log
 from gateway.provenance.formats.layout import CHECKPOINT, history_path
 from gateway.provenance.formats.tiles import TILE_WIDTH
 from gateway.provenance.keys import generate_signing_key
@@ -239,3 +239,41 @@ def test_a_redirect_is_followed_only_within_the_log_urls_origin(
     assert "another origin than the log URL's: not followed" in said.err
     assert other.asked == []
     assert served.asked == ["checkpoint"]
+
+
+def test_the_whole_copy_has_a_deadline_not_only_each_file(served: _Served, tmp_path: Path) -> None:
+    # Each file arrives within its own deadline (100 s of the copy's clock, which moves
+    # 100 s each time the server answers a GET, against 300 s a file), but the three a
+    # tree of one entry needs take 300 s: past the 250 s for the whole copy. Before, a
+    # server dripping every file just inside the per-file deadline held the auditor for
+    # as many deadlines as the log has files.
+    skey, _ = generate_signing_key(ORIGIN)
+    served.files["checkpoint"] = _checkpoint(1, Signer.from_skey(skey))
+    served.files["tile/0/000.p/1"] = bytes(32)
+    served.files["tile/entries/000.p/1"] = b"\x00\x01x"
+    limits = FetchLimits(file_deadline_s=300, copy_deadline_s=250)
+    with pytest.raises(OSError, match="--copy-deadline") as raised:
+        mirror_log(
+            served.url,
+            tmp_path,
+            limits=limits,
+            clock=lambda: 100.0 * len(served.asked),
+        )
+    assert "not done within 250 s" in str(raised.value)
+    assert served.asked == ["checkpoint", "tile/0/000.p/1", "tile/entries/000.p/1"]
+
+
+def test_the_copy_deadline_flag_cuts_off_a_file_before_its_own_deadline(
+    served: _Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The tile drips for ever: only a deadline ends it, and the copy's (0.2 s) comes long
+    # before the file's (60 s).
+    skey, vkey = generate_signing_key(ORIGIN)
+    served.files["checkpoint"] = _checkpoint(1, Signer.from_skey(skey))
+    served.drip["tile/0/000.p/1"] = "body"
+    argv = ["audit", "verify", served.url, "--key", vkey]
+    argv += ["--file-deadline", "60", "--copy-deadline", "0.2"]
+    assert main(argv) == 2
+    said = capsys.readouterr().err
+    assert served.dripped.is_set()
+    assert f"GET {served.url}tile/0/000.p/1: the copy of the log is not done within 0.2 s" in said

@@ -11,7 +11,6 @@ reads again (`READINGS` in all) when a reading failed and the log moved meanwhil
 
 from __future__ import annotations
 
-import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -28,7 +27,7 @@ from gateway.provenance.formats.tiles import (
     split_bundle,
     tile_path,
 )
-from gateway.provenance.formats.wal import list_segments, scan_segment
+from gateway.provenance.formats.wal import iter_segment, list_segments
 
 __all__ = ["READINGS", "LogDirectory", "log_state", "read_settled"]
 
@@ -161,30 +160,29 @@ class LogDirectory:
             except RecordError as exc:
                 raise RecordError(f"entry {index}: {exc}") from exc
 
-    def unsigned_entries(self, size: int) -> list[bytes]:
-        """Entries in the write-ahead segments beyond `size` (not yet in a checkpoint).
+    def unsigned_entries(self, size: int) -> Iterator[bytes]:
+        """Entries in the write-ahead segments beyond `size` (not yet in a checkpoint), one
+        at a time (a segment may hold millions of frames: none is kept).
 
         Raises LogVerificationError when a segment starts past the entries before it: the
         entries in between were durable once and are gone (the writer refuses to open
         such a log, so the audit must not call it fine).
         """
-        found: list[bytes] = []
+        end = size  # the index after the last entry found
         for first, path in list_segments(self.path / WAL):
-            if first > size + len(found):
+            if first > end:
                 raise LogVerificationError(
                     f"write-ahead segment wal/{path.name} starts at entry {first}, but the "
-                    f"log holds entries only up to {size + len(found) - 1}: entries "
-                    f"{size + len(found)}..{first - 1} are missing (deleted before a "
+                    f"log holds entries only up to {end - 1}: entries "
+                    f"{end}..{first - 1} are missing (deleted before a "
                     "checkpoint covered them)",
-                    index=size + len(found),
+                    index=end,
                 )
-            if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block the read
-                raise MalformedError(f"write-ahead segment wal/{path.name} is not a regular file")
-            scan = scan_segment(path, first)
-            for offset, (entry, _) in enumerate(scan.entries):
-                if first + offset >= size + len(found):
-                    found.append(entry)
-        return found
+            # MalformedError unless a regular file
+            for index, (entry, _) in enumerate(iter_segment(path), start=first):
+                if index >= end:
+                    yield entry
+                    end += 1
 
     def find_request(self, request_id: str, size: int) -> list[tuple[int, Record]]:
         """Every record of `request_id` in a tree of `size`, in log order."""

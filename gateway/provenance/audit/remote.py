@@ -13,7 +13,10 @@ checkpoint; earlier ones an auditor holds are checked with `--checkpoint` as usu
 A hostile server is held to `FetchLimits`: each read waits at most `read_timeout_s`; each
 file, from connecting to its last byte, at most `file_deadline_s` (a watchdog shuts the
 connection's socket down, so a server dripping a byte just inside every read timeout,
-in the TLS handshake, the headers or the body, still ends); a hash tile is at most its
+in the TLS handshake, the headers or the body, still ends); the whole copy, from the
+checkpoint's GET to the last file's last byte, at most `copy_deadline_s` (a server
+dripping every file just inside its deadline would otherwise hold the auditor for as
+many deadlines as the log has files); a hash tile is at most its
 width times 32 bytes and a bundle its width times 2 + 65535; and the whole copy at most
 `max_bytes`, and never more than the tiles and bundles of the checkpoint's tree size can
 hold, so a checkpoint that is only the server's word cannot fill the disk. A redirect is
@@ -54,10 +57,11 @@ _ENTRY = 2 + MAX_ENTRY_SIZE  # bytes per entry in a bundle, at most: length pref
 
 @dataclass(frozen=True, slots=True)
 class FetchLimits:
-    """What a log server may take: seconds per read and per file, bytes in all."""
+    """What a log server may take: seconds per read, per file and in all, bytes in all."""
 
     read_timeout_s: float = 30.0
     file_deadline_s: float = 300.0
+    copy_deadline_s: float = 3600.0
     max_bytes: int = 16 << 30
 
 
@@ -86,10 +90,11 @@ def mirror_log(
     base = url.rstrip("/") + "/"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     budget = _Budget(limits.max_bytes, "--max-download")
+    end = clock() + limits.copy_deadline_s
 
     def fetch(name: str, limit: int) -> bytes | None:
         request = urllib.request.Request(base + name, headers=headers)  # noqa: S310 - http(s) only, checked above
-        data = _get(request, min(limit, budget.left), limits, clock)
+        data = _get(request, min(limit, budget.left), limits, clock, end)
         if data is None:
             return None
         if len(data) > limit:
@@ -160,14 +165,20 @@ def _get(
     limit: int,
     limits: FetchLimits,
     clock: Callable[[], float],
+    end: float,
 ) -> bytes | None:
     """The body of `request`, at most `limit` + 1 bytes of it (None on 404), all of it
-    within `limits.file_deadline_s` of `clock`, or OSError."""
+    within `limits.file_deadline_s` of `clock` and before `end` (the whole copy's
+    deadline), or OSError."""
+    seconds = min(limits.file_deadline_s, end - clock())
+    late = _late(request, limits, whole_copy=seconds < limits.file_deadline_s)
+    if seconds <= 0:
+        raise late
     watch = _Watch()
     opener = urllib.request.build_opener(_Handler(watch), _SecureHandler(watch), _SameOrigin())
-    timer = threading.Timer(limits.file_deadline_s, watch.expire)
+    timer = threading.Timer(seconds, watch.expire)
     timer.daemon = True
-    deadline = clock() + limits.file_deadline_s
+    deadline = clock() + seconds
     timer.start()
     try:
         with opener.open(request, timeout=limits.read_timeout_s) as response:
@@ -184,22 +195,27 @@ def _get(
     except urllib.error.HTTPError as exc:
         exc.close()  # it holds the answer's connection open
         if watch.expired:
-            raise _late(request, limits) from exc
+            raise late from exc
         if exc.code == 404:
             return None
         raise OSError(f"GET {request.full_url}: HTTP {exc.code}") from exc
     except (OSError, http.client.HTTPException) as exc:
         if watch.expired:
-            raise _late(request, limits) from exc
+            raise late from exc
         raise OSError(f"GET {request.full_url}: {exc}") from exc
     finally:
         timer.cancel()
     if watch.expired:  # a socket shut down reads as the end: what came is not the file
-        raise _late(request, limits)
+        raise late
     return b"".join(chunks)
 
 
-def _late(request: urllib.request.Request, limits: FetchLimits) -> OSError:
+def _late(request: urllib.request.Request, limits: FetchLimits, *, whole_copy: bool) -> OSError:
+    if whole_copy:
+        return OSError(
+            f"GET {request.full_url}: the copy of the log is not done within "
+            f"{limits.copy_deadline_s:g} s (the deadline for the whole copy, --copy-deadline)"
+        )
     return OSError(
         f"GET {request.full_url}: not received whole within {limits.file_deadline_s:g} s "
         "(the per-file deadline, --file-deadline)"

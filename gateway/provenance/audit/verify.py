@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -325,8 +325,7 @@ def verify_log(
                 _check_roots(tree, expected_roots, history_sizes, log)
 
     _check_consistency(log, history)
-    unsigned = log.unsigned_entries(newest.size)
-    _check_unsigned(unsigned, newest.size, links)
+    unsigned = _check_unsigned(log.unsigned_entries(newest.size), newest.size, links)
     signers = sorted({f"{s.name}+{s.key_id:08x}" for c in history for s in c.signatures.verified})
     return LogSummary(
         origin=newest.origin,
@@ -334,19 +333,20 @@ def verify_log(
         root=newest.root,
         checkpoints=len(history),
         signed_by=tuple(signers),
-        unsigned_entries=len(unsigned),
+        unsigned_entries=unsigned,
         open_dispatches=len(links.open),
         earlier_checkpoints=earlier,
         witnesses=witnessed,
     )
 
 
-def _check_unsigned(entries: list[bytes], size: int, links: RecordLinks) -> None:
+def _check_unsigned(entries: Iterator[bytes], size: int, links: RecordLinks) -> int:
     """The write-ahead entries past the newest checkpoint, held to the record and link
-    checks of the signed ones: the next start replays them unread and signs them."""
+    checks of the signed ones (the next start replays them unread and signs them), one
+    at a time; returns how many there are."""
     after = " (in the write-ahead segment, not yet in a checkpoint: the next start signs it)"
-    for offset, entry in enumerate(entries):
-        index = size + offset
+    count = 0
+    for index, entry in enumerate(entries, start=size):
         try:
             record = parse_record(entry)
         except RecordError as exc:
@@ -355,6 +355,8 @@ def _check_unsigned(entries: list[bytes], size: int, links: RecordLinks) -> None
             links.check(index, record, leaf_hash(entry))
         except LogVerificationError as exc:
             raise _fail(exc.reason + after, index) from exc
+        count += 1
+    return count
 
 
 def _check_roots(

@@ -33,6 +33,7 @@ __all__ = [
     "WAL",
     "cosigned_path",
     "history_path",
+    "is_index_name",
     "list_cosigned",
     "list_history",
     "read_log_file",
@@ -81,9 +82,12 @@ def list_cosigned(directory: Path) -> list[tuple[int, Path]]:
 def _by_size(folder: Path) -> list[tuple[int, Path]]:
     if not folder.is_dir():
         return []
-    found = [
-        (int(path.name), path)
-        for path in folder.iterdir()
-        if path.name.isdecimal() and len(path.name) == 20
-    ]
+    found = [(int(path.name), path) for path in folder.iterdir() if is_index_name(path.name)]
     return sorted(found)
+
+
+def is_index_name(name: str) -> bool:
+    """Whether `name` is a size or index as the writer names files: 20 ASCII digits
+    (str.isdecimal() and int() also take other scripts' digits, U+0660 or U+FF10: a
+    second file for one size the writer never wrote)."""
+    return len(name) == 20 and name.isascii() and name.isdigit()

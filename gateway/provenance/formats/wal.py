@@ -12,15 +12,21 @@ writer appends through `writer.segment_writer.SegmentWriter`.
 from __future__ import annotations
 
 import os
+import stat
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
+from gateway.provenance.errors import MalformedError
+from gateway.provenance.formats.layout import is_index_name
 from gateway.provenance.formats.merkle import HASH_SIZE, leaf_hash
 
 __all__ = [
     "SegmentScan",
     "encode_frame",
+    "iter_segment",
     "list_segments",
     "scan_segment",
     "segment_path",
@@ -44,7 +50,7 @@ def list_segments(directory: Path) -> list[tuple[int, Path]]:
     found: list[tuple[int, Path]] = []
     for path in directory.iterdir():
         stem = path.name[: -len(_SUFFIX)]
-        if path.name.endswith(_SUFFIX) and stem.isdecimal() and len(stem) == 20:
+        if path.name.endswith(_SUFFIX) and is_index_name(stem):
             found.append((int(stem), path))
     return sorted(found)
 
@@ -63,22 +69,46 @@ class SegmentScan:
 
 def scan_segment(path: Path, first_index: int) -> SegmentScan:
     """The segment's valid frames, read one at a time up to the first torn or bad one (a
-    sparse file of gigabytes handed to an auditor is never read whole)."""
+    sparse file of gigabytes handed to an auditor is never read whole). MalformedError
+    when it is not a regular file: it is opened without waiting (a FIFO put in its place,
+    even after a caller's check, would block the open for a writer) and checked open."""
     entries: list[tuple[bytes, bytes]] = []
     offset = 0
-    with path.open("rb") as file:
-        while True:  # bounded: each frame consumes at least 34 bytes of the file
-            head = file.read(2)
-            if len(head) < 2:
-                break
-            (length,) = struct.unpack(">H", head)
-            body = file.read(length + HASH_SIZE)
-            if len(body) < length + HASH_SIZE:
-                break
-            entry, leaf = body[:length], body[length:]
-            if leaf_hash(entry) != leaf:
-                break
+    with _open_segment(path) as file:
+        for entry, leaf in _frames(file):
             entries.append((entry, leaf))
-            offset += 2 + length + HASH_SIZE
+            offset += 2 + len(entry) + HASH_SIZE
         total = os.fstat(file.fileno()).st_size
     return SegmentScan(first_index, entries, offset, max(total, offset))
+
+
+def iter_segment(path: Path) -> Iterator[tuple[bytes, bytes]]:
+    """The segment's valid frames (entry, leaf hash) as `scan_segment` finds them, one at
+    a time and none held: an auditor checking a segment the audited operator filled with
+    millions of frames stops at the first bad record without holding them all."""
+    with _open_segment(path) as file:
+        yield from _frames(file)
+
+
+def _open_segment(path: Path) -> BinaryIO:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    file = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        file.close()
+        raise MalformedError(f"write-ahead segment wal/{path.name} is not a regular file")
+    return file
+
+
+def _frames(file: BinaryIO) -> Iterator[tuple[bytes, bytes]]:
+    while True:  # bounded: each frame consumes at least 34 bytes of the file
+        head = file.read(2)
+        if len(head) < 2:
+            return
+        (length,) = struct.unpack(">H", head)
+        body = file.read(length + HASH_SIZE)
+        if len(body) < length + HASH_SIZE:
+            return
+        entry, leaf = body[:length], body[length:]
+        if leaf_hash(entry) != leaf:
+            return
+        yield entry, leaf
