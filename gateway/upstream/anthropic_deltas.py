@@ -25,12 +25,21 @@ What reads them, in that version (checked at install, `_READERS`):
   included). A stream's usage is relayed and recorded as its three counts only
   (`openai_wire.usage_of`), the provider's own, never that estimate; so none of the text is
   kept (`_Unkept`), and the estimate is not made.
+
+That estimate did reach clients, in a whole (non-streaming) answer: its usage is relayed
+with `completion_tokens_details`, and LiteLLM estimated `reasoning_tokens` from the answer's
+thinking blocks (141 for a thinking block of 140 words) as if Anthropic had counted them.
+It is made nowhere now (`_unestimated`): the count is the one Anthropic reports
+(`output_tokens_details.thinking_tokens`), or, where it reports none, absent from the
+answer (LiteLLM's `None` for an answer with thinking blocks, dropped by `openai_wire`).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
-from collections.abc import Iterable, Iterator
+import inspect
+from collections.abc import Callable, Iterable, Iterator
 from types import CodeType, FunctionType, ModuleType
 from typing import Any, Final, SupportsIndex
 
@@ -49,6 +58,14 @@ _READERS: Final = {
         {"__init__", "_content_block_delta_helper", "_handle_usage"}
     ),
 }
+# LiteLLM 1.108.7: where it counts the reasoning tokens (module, class, method), estimating
+# them from the thinking text it is given when the provider reported none.
+_USAGE: Final = (
+    "litellm.llms.anthropic.chat.transformation",
+    "AnthropicConfig",
+    "_build_completion_token_details",
+)
+_UNESTIMATED: Final = "_owngate_unestimated"
 _BLOCKS: Final = "_owngate_content_blocks"
 _THINKING: Final = "_owngate_reasoning_content_chunks"
 
@@ -58,6 +75,25 @@ def install_delta_bound() -> None:
     block and none of the thinking text (see the module's notes). Idempotent; LiteLLM
     loaded. Raises `StreamBoundNotFound` when LiteLLM is not shaped as this expects."""
     bound_parser(importlib.import_module(_PARSER[0]))
+    usage = getattr(importlib.import_module(_USAGE[0]), _USAGE[1], None)
+    build = getattr(usage, _USAGE[2], None)
+    if not callable(build) or "reasoning_content" not in inspect.signature(build).parameters:
+        raise StreamBoundNotFound(f"{_USAGE[0]}.{'.'.join(_USAGE[1:])} takes no reasoning_content")
+    if not getattr(build, _UNESTIMATED, False):
+        setattr(usage, _USAGE[2], _unestimated(build))
+
+
+def _unestimated(build: Callable[..., Any]) -> Callable[..., Any]:
+    """LiteLLM's count of the reasoning tokens, given no thinking text to estimate from."""
+
+    @functools.wraps(build)
+    def unestimated(config: Any, *args: Any, **kwargs: Any) -> Any:
+        if args or "reasoning_content" not in kwargs:  # a caller this does not know
+            raise StreamBoundNotFound(f"{_USAGE[2]} called without reasoning_content by name")
+        return build(config, **{**kwargs, "reasoning_content": None})
+
+    setattr(unestimated, _UNESTIMATED, True)
+    return unestimated
 
 
 def bound_parser(module: ModuleType) -> None:

@@ -11,6 +11,10 @@ loaded LiteLLM) must stay under BOUND (the old code held about 2 KB an event, 8 
 here). The thinking text, the signature, the tool call's name, id and arguments, the
 finish reason and the provider's usage must come out whole and exact; the test keeps
 digests of them, not the text (what it kept would count against the bound).
+
+A whole (non-streaming) answer's usage relays the reasoning tokens Anthropic counted, and
+none where it counted none: LiteLLM estimated them from the thinking text as if Anthropic
+had counted them.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import pytest
 from gateway.config.schema import BackendSettings
 from gateway.upstream.hosted import HostedClient
 from tests.helpers.gateways import LITELLM_WARNINGS, anthropic_backend
-from tests.helpers.raw_backend import Post, RawBackend, sse_head
+from tests.helpers.raw_backend import Post, RawBackend, json_answer, sse_head
 
 pytestmark = LITELLM_WARNINGS
 
@@ -205,3 +209,52 @@ def test_long_thinking_and_huge_tool_arguments_are_relayed_whole_without_being_k
     assert usage == recorded  # the provider's counts, recorded
     assert seen.usage == [recorded]  # and relayed: no estimate of reasoning tokens
     assert growth < BOUND, f"the relay held {growth} bytes at its peak"
+
+
+THOUGHT = "Let me think about this carefully. " * 20
+ANSWER: dict[str, Any] = {
+    "id": "msg_1",
+    "type": "message",
+    "role": "assistant",
+    "model": "claude-mock-1",
+    "content": [
+        {"type": "thinking", "thinking": THOUGHT, "signature": SIGNATURE},
+        {"type": "text", "text": "Hi"},
+    ],
+    "stop_reason": "end_turn",
+    "stop_sequence": None,
+}
+
+
+@pytest.mark.parametrize(
+    ("reported", "relayed"),
+    [
+        ({}, None),  # Anthropic counted no thinking tokens apart: none is made up
+        ({"output_tokens_details": {"thinking_tokens": 321}}, {"reasoning_tokens": 321}),
+    ],
+)
+def test_a_whole_answer_relays_the_reasoning_tokens_the_provider_counted_or_none(
+    reported: dict[str, Any], relayed: dict[str, int] | None
+) -> None:
+    # LiteLLM estimated them from the thinking text (141 here) as if Anthropic had counted.
+    usage = {"input_tokens": 3, "output_tokens": 500, **reported}
+    provider = RawBackend(json_answer(orjson.dumps(ANSWER | {"usage": usage}))).start()
+    backend = BackendSettings.model_validate(anthropic_backend("h", provider.url))
+
+    async def run() -> tuple[dict[str, Any], dict[str, int] | None]:
+        hosted = HostedClient(backend, environ=ENV, timeout_s=30.0, max_answer_bytes=1 << 20)
+        try:
+            response = await hosted.send("chat", {**CHAT, "stream": False}, "m")
+            return orjson.loads(response.body or b"null"), response.usage
+        finally:
+            await hosted.aclose()
+
+    try:
+        body, recorded = asyncio.run(run())
+    finally:
+        provider.stop()
+    counts = {"prompt_tokens": 3, "completion_tokens": 500, "total_tokens": 503}
+    assert recorded == counts
+    assert {k: body["usage"][k] for k in counts} == counts
+    assert body["usage"].get("completion_tokens_details") == relayed
+    assert body["choices"][0]["message"]["reasoning_content"] == THOUGHT  # relayed as sent
