@@ -47,6 +47,7 @@ from gateway.upstream.openai_wire import Endpoint
 __all__ = [
     "ProviderStream",
     "StreamBoundNotFound",
+    "after_init",
     "close_stream",
     "encoded",
     "install_stream_bound",
@@ -172,9 +173,9 @@ def install_stream_bound() -> None:
     (`_RESPONSES`). Idempotent; LiteLLM loaded. Raises `StreamBoundNotFound` when LiteLLM
     is not shaped as this expects (a silent no-op would keep every chunk again)."""
     module = importlib.import_module(_WRAPPER[0])
-    _bound_init(getattr(module, _WRAPPER[1]), keep_little)
+    after_init(getattr(module, _WRAPPER[1]), keep_little)
     responses = importlib.import_module(_RESPONSES[0])
-    _bound_init(getattr(responses, _RESPONSES[1]), _keep_no_text)
+    after_init(getattr(responses, _RESPONSES[1]), _keep_no_text)
     estimate = getattr(responses, _RESPONSES[2], None)
     if not callable(estimate):
         raise StreamBoundNotFound(f"{_RESPONSES[0]}.{_RESPONSES[2]} is not a function")
@@ -182,7 +183,8 @@ def install_stream_bound() -> None:
         setattr(responses, _RESPONSES[2], _no_estimate)
 
 
-def _bound_init(cls: Any, keep: Callable[[Any], None]) -> None:
+def after_init(cls: Any, keep: Callable[[Any], None]) -> None:
+    """Make `cls.__init__` call `keep(self)` once it returns; once, however often called."""
     init = cls.__init__
     if getattr(init, _KEEPS_LITTLE, False):
         return

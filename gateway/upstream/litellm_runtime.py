@@ -58,7 +58,9 @@ sent reads as the client's request, not as the provider failing.
 
 Every stream wrapper LiteLLM creates keeps 13 of its chunks at most, not every one, and none
 of its text (`install_stream_bound`, gateway/upstream/hosted_stream.py): it kept them all
-until the stream ended, about 4 KB a chunk.
+until the stream ended, about 4 KB a chunk. Its parser of an Anthropic stream keeps two
+deltas a content block and none of the thinking text (`install_delta_bound`,
+gateway/upstream/anthropic_deltas.py): it kept every one, about 1 KB each.
 
 A chat or text completion LiteLLM serves through a Responses API (its bridge) asks the
 provider to store nothing: `"store": false`, which that API does not default to
@@ -80,6 +82,7 @@ import warnings
 from types import ModuleType
 from typing import Any, Final
 
+from gateway.upstream.anthropic_deltas import install_delta_bound
 from gateway.upstream.hosted_stream import install_stream_bound
 from gateway.upstream.hosted_transport import install_transport_marks
 from gateway.upstream.provider_environment import check_base_url_environment
@@ -158,6 +161,7 @@ def load_litellm() -> ModuleType:
     install_transport_marks()  # a refusal before sending told from a provider's failure
     install_unstored_bridge()  # a chat call LiteLLM sends to a Responses API: `store: false`
     install_stream_bound()  # a stream's wrapper keeps 13 chunks at most
+    install_delta_bound()  # an Anthropic stream's parser: two deltas a block, no thinking
     for name in _LOGGERS:
         logger = logging.getLogger(name)
         for handler in list(logger.handlers):

@@ -17,6 +17,11 @@ import pytest
 
 from gateway.upstream.hosted_stream import keep_little
 from gateway.upstream.litellm_runtime import load_litellm
+from tests.helpers.gateways import LITELLM_WARNINGS
+
+# LiteLLM's TypedDicts warn as pydantic first builds their schema: here, when an earlier
+# test loaded LiteLLM (these tests failed after any such test, on `integrate` too).
+pytestmark = LITELLM_WARNINGS
 
 CHUNKS = 500
 TRAILING = 20  # more than the list holds before it drops any
