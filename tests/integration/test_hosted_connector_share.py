@@ -17,7 +17,6 @@ import aiohttp
 import pytest
 
 from gateway.upstream import sockets as sockets_module
-from gateway.upstream.hosted_sockets import CountedConnector
 from gateway.upstream.http import HttpPool
 from gateway.upstream.litellm_runtime import aclose_litellm_clients
 from gateway.upstream.openai_wire import Endpoint
@@ -25,6 +24,7 @@ from gateway.upstream.sockets import BackendSockets
 from tests.helpers.audit_rig import ANSWER, USAGE
 from tests.helpers.descriptor_rounds import hosted_client
 from tests.helpers.raw_backend import Post, RawBackend
+from tests.helpers.waiting import until
 
 CHAT = {"model": "public", "messages": [{"role": "user", "content": "hi"}]}
 TEXT = {"model": "public", "prompt": "hi"}
@@ -61,37 +61,56 @@ class _Together:
 
 
 def _share(monkeypatch: pytest.MonkeyPatch, limit: int) -> BackendSockets:
+    """A share of `limit` that the hosted connectors made from now on join."""
     sockets = BackendSockets(limit)
-    monkeypatch.setattr(sockets_module, "_HOSTED_SHARE", [sockets])
+    monkeypatch.setattr(sockets_module, "_HOSTED_SHARE", [sockets], raising=False)
     return sockets
+
+
+def _pool(port: int, sockets: BackendSockets) -> HttpPool:
+    return HttpPool(
+        "127.0.0.1",
+        port,
+        connect_timeout=5.0,
+        first_byte_timeout=5.0,
+        read_timeout=5.0,
+        max_connections=8,
+        sockets=sockets,
+    )
 
 
 @pytest.mark.parametrize(("endpoint", "request_doc"), [("chat", CHAT), ("completions", TEXT)])
 def test_a_hosted_call_s_idle_connection_is_counted_and_reused(
     monkeypatch: pytest.MonkeyPatch, endpoint: Endpoint, request_doc: dict[str, Any]
 ) -> None:
-    """Through LiteLLM as the gateway calls it: the connection a call gave back is in the
-    share, idle, and the next call takes it (one connection for both). `completions`:
-    LiteLLM's text-completion handler on the OpenAI SDK client the gateway hands it
+    """Through LiteLLM as the gateway calls it: the connection a call gave back stays
+    open, idle, and the next call takes it (one connection for both); but it is in the
+    share (of 1): a private pool opening a connection closes it. `completions`: LiteLLM's
+    text-completion handler on the OpenAI SDK client the gateway hands it
     (`no_redirect_http_client`), whose httpx pool kept up to 100 idle ones uncounted."""
     provider = RawBackend(_kept_alive).start()
-    sockets = _share(monkeypatch, 64)
+    sockets = _share(monkeypatch, 1)
     client = hosted_client("127.0.0.1", provider.port)
+    pool = _pool(provider.port, sockets)
 
-    async def calls() -> list[int]:
-        counted = []
+    async def calls() -> None:
         try:
             for _ in range(2):
                 await client.send(endpoint, request_doc, "public")
-                counted.append(sockets.total())
+            assert (provider.connections, provider.ended) == (1, 0)  # kept alive, reused
+            answer = await pool.request(b"POST", b"/v1/chat/completions", [], b"{}")
+            assert await answer.read() == ANSWER
+            # the loop keeps running (the close happens on it) while a thread waits
+            done = "the idle hosted connection closed for the private one"
+            await asyncio.to_thread(until, lambda: provider.ended == 1, done)
+            assert provider.connections == 2
         finally:
+            await pool.close()
             await client.aclose()
             await aclose_litellm_clients()
-        return counted
 
     try:
-        assert asyncio.run(calls()) == [1, 1]
-        assert provider.connections == 1 and len(provider.posts) == 2
+        asyncio.run(calls())
     finally:
         provider.stop()
 
@@ -105,18 +124,12 @@ def test_hosted_and_private_connections_make_room_for_each_other(
     provider = RawBackend(_Together(2)).start()
     sockets = _share(monkeypatch, 2)
 
+    from gateway.upstream.hosted_sockets import CountedConnector  # imports aiohttp
+
     async def run() -> None:
         connector = CountedConnector()
         session = aiohttp.ClientSession(connector=connector)
-        pool = HttpPool(
-            "127.0.0.1",
-            provider.port,
-            connect_timeout=5.0,
-            first_byte_timeout=5.0,
-            read_timeout=5.0,
-            max_connections=8,
-            sockets=sockets,
-        )
+        pool = _pool(provider.port, sockets)
         url = f"http://127.0.0.1:{provider.port}/v1/chat/completions"
         try:
             held = await asyncio.gather(*(session.post(url, data=b"{}") for _ in range(2)))
