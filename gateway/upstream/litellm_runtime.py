@@ -52,6 +52,11 @@ backend's `base_url`). `load_litellm` makes every client LiteLLM creates for a c
 client `gateway.upstream.hosted` makes itself is given one that does not follow either
 (`no_redirect_http_client`).
 
+Hosted calls stay on LiteLLM's aiohttp transport under httpx (`disable_aiohttp_transport`
+and `http2` off, `DISABLE_AIOHTTP_TRANSPORT` and `LITELLM_HTTP2` removed: httpx's own pool
+would not be counted), whose connectors count their connections, idle ones included, in
+the process's share of descriptors (gateway/upstream/hosted_sockets.py).
+
 Every HTTP request LiteLLM begins marks the hosted call it belongs to
 (gateway/upstream/hosted_transport.py), so that an adapter's failure before anything was
 sent reads as the client's request, not as the provider failing.
@@ -104,7 +109,11 @@ FORCED_ENVIRONMENT: Final[dict[str, str]] = {
     "LITELLM_LOG": "ERROR",
     "LITELLM_RUST": "false",
 }
-_REMOVED_ENVIRONMENT: Final = ("LITELLM_PRINT_STANDARD_LOGGING_PAYLOAD",)
+_REMOVED_ENVIRONMENT: Final = (
+    "LITELLM_PRINT_STANDARD_LOGGING_PAYLOAD",
+    "DISABLE_AIOHTTP_TRANSPORT",  # httpx's pool: hosted connections the share would not count
+    "LITELLM_HTTP2",  # the same (aiohttp has no HTTP/2)
+)
 _LOGGERS: Final = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")
 _CALLBACK_LISTS: Final = (
     "callbacks",
@@ -135,6 +144,9 @@ _SETTINGS: Final[dict[str, Any]] = {
     "user_url_allowed_hosts": [],
     # No context cache created from a request's `cache_control` (Gemini, Vertex).
     "disable_anthropic_gemini_context_caching_transform": True,
+    # Its aiohttp transport, whose connectors are counted (gateway/upstream/hosted_sockets.py).
+    "disable_aiohttp_transport": False,
+    "http2": False,
 }
 
 
@@ -158,6 +170,7 @@ def load_litellm() -> ModuleType:
     for name in _CALLBACK_LISTS:
         setattr(litellm, name, [])
     _refuse_redirects()
+    _count_hosted_connections()
     install_transport_marks()  # a refusal before sending told from a provider's failure
     install_unstored_bridge()  # a chat call LiteLLM sends to a Responses API: `store: false`
     install_stream_bound()  # a stream's wrapper keeps 13 chunks at most
@@ -201,6 +214,14 @@ def _refuse_redirects() -> None:
         setattr(openai_llm, name, staticmethod(make_client))
 
 
+def _count_hosted_connections() -> None:
+    """Make the aiohttp transports LiteLLM creates use `CountedConnector`s: its session
+    factory names `TCPConnector` from its module's globals when it makes a session."""
+    counted = importlib.import_module("gateway.upstream.hosted_sockets").CountedConnector
+    handlers = importlib.import_module("litellm.llms.custom_httpx.http_handler")
+    setattr(handlers, "TCPConnector", counted)  # noqa: B010 - a module global it reads
+
+
 def _no_redirects(client: Any) -> Any:
     """`client` (an httpx client, or None: the SDK's default, made by it), set to stop at a
     redirect."""
@@ -210,10 +231,14 @@ def _no_redirects(client: Any) -> Any:
 
 
 def no_redirect_http_client() -> Any:
-    """An httpx client for an OpenAI SDK client that does not follow redirects."""
-    import openai  # loaded with LiteLLM already
+    """An httpx client for an OpenAI SDK client that does not follow redirects, over
+    LiteLLM's aiohttp transport: its connections are counted as LiteLLM's own are
+    (httpx's pool would keep up to 100 idle ones uncounted)."""
+    import httpx  # loaded with LiteLLM already (the SDK takes its clients as httpx2's)
 
-    return openai.DefaultAsyncHttpxClient(follow_redirects=False)
+    handlers = importlib.import_module("litellm.llms.custom_httpx.http_handler")
+    transport = handlers.AsyncHTTPHandler.create_aiohttp_transport()
+    return httpx.AsyncClient(transport=transport, follow_redirects=False)
 
 
 async def aload_litellm() -> ModuleType:

@@ -13,27 +13,62 @@ appends. `BackendSockets` counts every open backend connection of the pools that
 it; a pool about to open one while the count is at `limit` first closes the connection
 that has been idle longest, of any pool. Connections in use are never closed: they are
 bounded by the client connections that use them.
+
+Hosted providers' connections (LiteLLM's aiohttp connectors, one per cached client) are
+counted in the same share: each connector joins the count of the process
+(`share_with_hosted`, set by `Registry.build`) and is asked for its open connections, in
+use and idle; one about to open a connection first makes room the same way
+(gateway/upstream/hosted_sockets.py). Room is made from the private pools' idle
+connections first, the oldest first, then from the hosted ones', the oldest first: a
+hosted connection costs a TLS handshake to open again, a private one (mostly) does not.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from gateway.upstream.connection import _Connection
     from gateway.upstream.http import HttpPool
 
-__all__ = ["BackendSockets"]
+__all__ = ["BackendSockets", "HostedConnections", "hosted_share", "share_with_hosted"]
+
+
+class HostedConnections(Protocol):
+    """A hosted provider connector counted in a share."""
+
+    def open_count(self) -> int:
+        """Its open connections (and those being opened), in use and idle."""
+        ...
+
+    def oldest_idle(self) -> float | None:
+        """When its oldest idle connection went idle (monotonic), None if none is."""
+        ...
+
+    def drop_oldest_idle(self) -> None:
+        """Close its oldest idle connection."""
+        ...
 
 
 class BackendSockets:
-    """Open backend connections across pools (`open`), and the idle ones, oldest first."""
+    """Open backend connections across pools (`open`), and the idle ones, oldest first;
+    and the hosted connectors that joined (`join`)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.open = 0
         self._idle: OrderedDict[_Connection, HttpPool] = OrderedDict()
+        self._hosted: weakref.WeakSet[HostedConnections] = weakref.WeakSet()
+
+    def join(self, connector: HostedConnections) -> None:
+        """Count `connector`'s connections in this share (held weakly)."""
+        self._hosted.add(connector)
+
+    def total(self) -> int:
+        """Open backend connections, private and hosted."""
+        return self.open + sum(c.open_count() for c in list(self._hosted))
 
     def idle(self, pool: HttpPool, conn: _Connection) -> None:
         """`conn` went back to `pool`, unused."""
@@ -43,8 +78,31 @@ class BackendSockets:
         """`conn` left its pool's idle ones (a request took it, or it was closed)."""
         self._idle.pop(conn, None)
 
-    def make_room(self) -> None:
-        """Close idle connections, the oldest first, while `limit` are open."""
-        while self.open >= self.limit and self._idle:
-            conn, pool = self._idle.popitem(last=False)
-            pool.drop_idle(conn)
+    def make_room(self, opening: int = 0) -> None:
+        """Close idle connections, the oldest first, while `limit` are open; `opening`:
+        how many of those counted are the caller's, not yet open (an aiohttp connector
+        counts the one it is about to open)."""
+        while self.total() - opening >= self.limit:
+            if self._idle:
+                conn, pool = self._idle.popitem(last=False)
+                pool.drop_idle(conn)
+                continue
+            aged = [(c.oldest_idle(), c) for c in list(self._hosted)]
+            idle = [(since, c) for since, c in aged if since is not None]
+            if not idle:
+                return  # all in use: bounded by the client connections using them
+            min(idle, key=lambda pair: pair[0])[1].drop_oldest_idle()
+
+
+# The share the hosted connectors made in this process join: the running registry's.
+_HOSTED_SHARE: list[BackendSockets] = []
+
+
+def share_with_hosted(sockets: BackendSockets) -> None:
+    """Make the hosted connectors created from now on join `sockets`."""
+    _HOSTED_SHARE[:] = [sockets]
+
+
+def hosted_share() -> BackendSockets | None:
+    """The share a new hosted connector joins (None: no registry built in this process)."""
+    return _HOSTED_SHARE[0] if _HOSTED_SHARE else None

@@ -84,6 +84,7 @@ class RawBackend:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
         self._connections = 0
+        self._ended = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         self.port = 0
@@ -92,6 +93,11 @@ class RawBackend:
     def connections(self) -> int:
         """Connections accepted so far (GETs included, which `posts` does not list)."""
         return self._connections
+
+    @property
+    def ended(self) -> int:
+        """Connections closed so far, by either side."""
+        return self._ended
 
     @property
     def url(self) -> str:
@@ -166,3 +172,4 @@ class RawBackend:
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
             self._writers.discard(writer)
+            self._ended += 1

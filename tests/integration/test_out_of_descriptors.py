@@ -22,21 +22,19 @@ import signal
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import yaml
 
-from gateway.config.schema import BackendSettings, HealthSettings, ScrapeSettings
+from gateway.config.schema import HealthSettings, ScrapeSettings
 from gateway.routing.breaker import BreakerState
 from gateway.routing.registry import Registry
 from gateway.routing.scraper import MetricsScraper
-from gateway.tenants import hash_api_key
-from gateway.upstream.hosted import HostedClient
 from gateway.upstream.hosted_errors import HostedError
 from tests.helpers.attest import start_sidecar
 from tests.helpers.clock import FakeClock
+from tests.helpers.descriptor_rounds import burst, hosted_client, start_at_128, three_backends
 from tests.helpers.gateways import Sim, backend, gateway_config
 from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess
@@ -173,48 +171,6 @@ def test_health_probes_that_find_no_descriptor_are_no_verdict(
     assert scraper.failure("gpu") is None and probed.app.captured("/health")
 
 
-def _chat(model: str) -> bytes:
-    """A chat request for `model` that takes its backend (20 tokens a second) 2 s."""
-    body = BODY.replace(b'"m"', b'"%s"' % model.encode()).replace(b": 3}", b": 40}")
-    head = CHAT.partition(b"content-length: ")[0]
-    return head + b"content-length: %d\r\n\r\n" % len(body) + body
-
-
-def _three_backends(sims: dict[str, Sim]) -> dict[str, Any]:
-    return {
-        "listen": {"host": "127.0.0.1", "port": free_port()},
-        "logging": {"format": "json", "level": "warning", "access_log": False},
-        "backends": [
-            {"id": m, "kind": "vllm", "base_url": sim.url, "models": [{"name": m}]}
-            | {"region": "eu", "owner": "t"}
-            for m, sim in sims.items()
-        ],
-        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
-    }
-
-
-def _start_at_128(config: dict[str, Any], directory: Path) -> GatewayProcess:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))  # inherited by the gateway
-    try:
-        return GatewayProcess(config, directory).start()
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
-
-def _round(gateway: GatewayProcess, model: str) -> None:
-    """30 requests at once to `model`, each on a client connection of its own."""
-    clients = [socket.create_connection(("127.0.0.1", gateway.port), WAIT_S) for _ in range(30)]
-    try:
-        for sock in clients:
-            sock.sendall(_chat(model))
-        statuses = [parse(read_answer(sock))[0] for sock in clients]
-    finally:
-        for sock in clients:
-            sock.close()
-    assert statuses == [200] * 30, (model, statuses)
-
-
 def test_idle_backend_connections_stay_within_the_listener_s_share(
     start_sim: Callable[..., Sim], tmp_path: Path
 ) -> None:
@@ -225,10 +181,10 @@ def test_idle_backend_connections_stay_within_the_listener_s_share(
     met the limit: its connections were reset. Now a connection opened at the cap closes
     the oldest idle one, of any backend (`gateway/upstream/sockets.py`)."""
     sims = {m: start_sim("vllm", models=(m,), decode_tokens_per_s=20) for m in "abc"}
-    gateway = _start_at_128(_three_backends(sims), tmp_path)
+    gateway = start_at_128(three_backends(sims), tmp_path)
     try:
         for model in "abc":
-            _round(gateway, model)
+            burst(gateway, model)
     finally:
         gateway.stop(signal.SIGKILL)
 
@@ -242,9 +198,9 @@ def test_backend_connections_stay_within_the_share_across_reloads(
     apart again and the third round was reset as before; the count is now the process's,
     handed from a registry to the one a reload builds."""
     sims = {m: start_sim("vllm", models=(m,), decode_tokens_per_s=20) for m in "abc"}
-    config = _three_backends(sims)
+    config = three_backends(sims)
     config["logging"]["level"] = "info"  # "config reloaded"
-    gateway = _start_at_128(config, tmp_path)
+    gateway = start_at_128(config, tmp_path)
     assert gateway.proc is not None
     try:
         for reloads, model in enumerate("abc"):
@@ -255,25 +211,9 @@ def test_backend_connections_stay_within_the_share_across_reloads(
                 gateway.proc.send_signal(signal.SIGHUP)
                 said = "config reloaded"
                 until(lambda: gateway.output().count(said) == reloads, "reloaded")  # noqa: B023
-            _round(gateway, model)
+            burst(gateway, model)
     finally:
         gateway.stop(signal.SIGKILL)
-
-
-def _hosted(host: str, port: int) -> HostedClient:
-    backend = BackendSettings.model_validate(
-        {
-            "id": "openai-hosted",
-            "kind": "hosted",
-            "provider": "openai",
-            "base_url": f"http://{host}:{port}/v1",
-            "models": [{"name": "public", "provider_model": "openai/gpt-sim"}],
-            "region": "us",
-            "owner": "openai",
-            "api_key_env": "SIM_OPENAI_KEY",
-        }
-    )
-    return HostedClient(backend, environ={"SIM_OPENAI_KEY": "sk-sim"}, timeout_s=WAIT_S)
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
@@ -286,7 +226,7 @@ def test_a_hosted_call_that_finds_no_descriptor_is_the_gateway_s_failure(host: s
     provider named by a host name not looked up yet (a real provider's, once its lookup
     is no longer cached), whose lookup at the limit fails with EAI_SYSTEM and EBUSY."""
     closed_port = free_port()  # nothing listens: the first call is refused, as a provider down
-    warm, client = _hosted("127.0.0.1", closed_port), _hosted(host, closed_port)
+    warm, client = hosted_client("127.0.0.1", closed_port), hosted_client(host, closed_port)
     request = {"model": "public", "messages": [{"role": "user", "content": "hi"}]}
 
     async def calls() -> tuple[HostedError, HostedError]:

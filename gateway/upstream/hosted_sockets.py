@@ -1,0 +1,73 @@
+"""Hosted providers' connections counted in the process's share of descriptors.
+
+LiteLLM 1.108.7 sends every hosted call through httpx over its aiohttp transport
+(`AsyncHTTPHandler.create_aiohttp_transport`), one `aiohttp.TCPConnector` per client it
+caches (per provider, settings and event loop). Each connector keeps every connection a
+call gave back for 15 s (`AIOHTTP_KEEPALIVE_TIMEOUT`), up to 1,000 in use
+(`AIOHTTP_CONNECTOR_LIMIT`; the idle ones are not within that limit at all), and nothing
+of the gateway's counted them: a client with a key sending bursts to several hosted
+backends in turn made the process reach its open-file limit (client connections reset,
+the policy watcher failing with EMFILE), as idle private connections did before
+gateway/upstream/sockets.py. `load_litellm` makes LiteLLM build `CountedConnector`s
+instead: each joins the process's `BackendSockets` (the share the listener's cap leaves
+backend connections), reports its open connections, in use and idle, and, about to open
+one when the share is full, first has the idle connection that waited longest closed (a
+private pool's first, then a hosted one's). Idle connections are still kept for reuse
+within the share: a hosted call does not pay a new TLS handshake each time.
+
+This reads aiohttp's connector state (`_conns`, `_acquired`: aiohttp 3.14.5, pinned);
+nothing here runs unless LiteLLM is loaded (aiohttp is imported with this module).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import TCPConnector
+
+from gateway.upstream.sockets import BackendSockets, hosted_share
+
+__all__ = ["CountedConnector"]
+
+
+class CountedConnector(TCPConnector):
+    """An aiohttp connector whose connections count in the process's share."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._share: BackendSockets | None = hosted_share()
+        if self._share is not None:
+            self._share.join(self)
+
+    def open_count(self) -> int:
+        """Connections in use (or being opened) and idle ones."""
+        return len(self._acquired) + sum(len(idle) for idle in self._conns.values())
+
+    def oldest_idle(self) -> float | None:
+        """When the connection idle longest went idle (each host's are oldest first)."""
+        times = [idle[0][1] for idle in self._conns.values() if idle]
+        return min(times) if times else None
+
+    def drop_oldest_idle(self) -> None:
+        """Close the connection idle longest, as aiohttp closes an expired one."""
+        oldest = min(
+            (key for key, idle in self._conns.items() if idle),
+            key=lambda key: self._conns[key][0][1],
+            default=None,
+        )
+        if oldest is None:
+            return
+        idle = self._conns[oldest]
+        proto, _ = idle.popleft()
+        if not idle:
+            del self._conns[oldest]
+        transport = proto.transport
+        proto.close()
+        if oldest.is_ssl and not self._cleanup_closed_disabled:
+            self._cleanup_closed_transports.append(transport)
+
+    async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
+        # aiohttp counted this one in `_acquired` already (its placeholder): opening=1
+        if self._share is not None:
+            self._share.make_room(opening=1)
+        return await super()._create_connection(req, traces, timeout)
