@@ -82,6 +82,9 @@ class Exchange:
     # With `fallback`: each eligible private backend's state that allowed it (the plan's).
     fallback_basis: tuple[tuple[str, str], ...] = ()
     decision: Decision | None = None
+    # The refusal the client is to get once its refusal record is in the log: what a
+    # shutdown's cut answers with too (`TenantSurface._cut`), as the log says.
+    refused: GatewayError | None = None
     trail: Trail | None = None  # provenance state, when the log is on
     span: RequestSpan | None = None  # its trace span, when tracing is on (gateway/tracing)
     traceparent: bytes | None = None  # the current private attempt's, for its backend

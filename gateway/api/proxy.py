@@ -388,8 +388,13 @@ class Proxy:
         self._metrics.refusal(refused.rule, refused.code.value)
         if exchange.span is not None:
             exchange.span.refused(refused)
-        if self.recorder is not None and exchange.trail is not None:
-            await self.recorder.refuse(exchange, exchange.trail, refused)
+        trail = exchange.trail
+        if self.recorder is not None and trail is not None:
+            try:
+                await self.recorder.refuse(exchange, trail, refused)
+            finally:  # also when a shutdown cut it once the record was in the log
+                if trail.refusal is not None:
+                    exchange.refused = refused
 
     async def close(self) -> None:
         await self._hosted.close()
