@@ -65,6 +65,9 @@ class Exchange:
     status: int = 0
     stream: bool = False
     response_started: bool = False
+    # The answer's last ASGI message went out (`send_whole`, `end_stream`): a cancellation
+    # landing after it (a shutdown's) changes nothing the client got, so nothing it says.
+    ended: bool = False
     streaming: bool = False  # the response is a relayed stream (`start_stream`)
     # The last two pieces relayed to the client (references, not copies): whether a
     # stream's relayed bytes end inside an event, for what the gateway writes after them
@@ -207,6 +210,7 @@ async def send_whole(
         if exchange.trail is not None:
             exchange.trail.unsent()
         raise asyncio.CancelledError  # the proxy absorbs it: its client left (499)
+    exchange.ended = True
 
 
 def relayed(exchange: Exchange, data: bytes, *, whole: bool = False) -> None:
@@ -280,6 +284,7 @@ async def end_stream(
     await send({"type": "http.response.body", "body": line, "more_body": False})
     if client_left(exchange):
         raise asyncio.CancelledError  # the proxy absorbs it: its client left (499)
+    exchange.ended = True
 
 
 async def start_stream(send: Send, exchange: Exchange, status: int, content_type: bytes) -> None:

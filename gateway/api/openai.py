@@ -144,6 +144,8 @@ class TenantSurface:
                 await send_error(send, error, exchange.request_id, headers)
             answered = error.status
         except asyncio.CancelledError:
+            if answered is None and exchange.ended:  # its last message went out before
+                answered = exchange.status
             if answered is not None:  # the answer went out: nothing to say to the client
                 raise
             answered = await self._cancelled(exchange, send)

@@ -370,7 +370,10 @@ class Proxy:
             held = not exchange.response_started  # the app sends it: held until it went out
             raise
         except asyncio.CancelledError:
-            status, error = cut_status(exchange)
+            if exchange.ended:  # after its answer's end: the client got all of it
+                status, error = exchange.status, exchange.upstream_error
+            else:
+                status, error = cut_status(exchange)
             held = not exchange.response_started  # a cut's 503 goes out after
             raise
         except Exception:

@@ -94,7 +94,7 @@ def test_a_graceful_timeout_lets_a_charge_finish_and_the_request_end_before_the_
 
         exchange = Exchange(b"req_x", 0.0, "chat")
         exchange.charge = charge
-        config = uvicorn.Config(app=lambda *_: None, timeout_graceful_shutdown=0.01)
+        config = uvicorn.Config(app=lambda *_: None, timeout_graceful_shutdown=0)
         server = DrainingServer(config, on_drain=lambda: None)
         server.servers = []  # (uvicorn sets them when it starts listening)
         lifespan = server.lifespan = _Recorded()
