@@ -34,7 +34,8 @@ def test_a_forced_shutdown_lets_a_charge_being_made_finish() -> None:
 
         exchange = Exchange(b"req_x", 0.0, "chat")
         exchange.charge = charge
-        server = DrainingServer(uvicorn.Config(app=lambda *_: None), on_drain=lambda: None)
+        config = uvicorn.Config(app=lambda *_: None, log_config=None)  # leaves logging alone
+        server = DrainingServer(config, on_drain=lambda: None)
         server.lifespan = _Lifespan()
         request = asyncio.create_task(settle(exchange))
         server.server_state.tasks.add(request)
@@ -94,7 +95,7 @@ def test_a_graceful_timeout_lets_a_charge_finish_and_the_request_end_before_the_
 
         exchange = Exchange(b"req_x", 0.0, "chat")
         exchange.charge = charge
-        config = uvicorn.Config(app=lambda *_: None, timeout_graceful_shutdown=0)
+        config = uvicorn.Config(app=lambda *_: None, timeout_graceful_shutdown=0, log_config=None)
         server = DrainingServer(config, on_drain=lambda: None)
         server.servers = []  # (uvicorn sets them when it starts listening)
         lifespan = server.lifespan = _Recorded()
