@@ -20,6 +20,7 @@ from typing import Any
 import uvicorn
 import uvloop
 from uvicorn.config import STARTUP_FAILURE
+from uvicorn.server import logger
 
 from gateway.config.schema import ListenSettings
 from gateway.header_check import install as install_header_check
@@ -88,8 +89,10 @@ class DrainingServer(CleanExitServer):
 
     On SIGTERM or SIGINT uvicorn stops listening, closes idle keep-alive connections,
     lets busy ones finish their response (then closes them), waits for them up to
-    `timeout_graceful_shutdown` and runs the lifespan shutdown. This class adds two
-    things: `on_drain` runs when that shutdown begins (the app turns not-ready and
+    `timeout_graceful_shutdown` and runs the lifespan shutdown. This class adds three
+    things: the requests still running when that wait ends are cut as the app cuts them
+    (`cancel`) and waited for before the lifespan shutdown (`_end_now`); `on_drain`
+    runs when that shutdown begins (the app turns not-ready and
     starts its own deadline, which it keeps shorter than uvicorn's so it can end streams
     cleanly), and, from `CleanExitServer`, a shutdown a signal asked for is the normal
     end (exit 0, not -15).
@@ -138,14 +141,37 @@ class DrainingServer(CleanExitServer):
             self.should_exit = True
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown (`uvicorn.Server.shutdown`, as of uvicorn 0.54), but the
+        requests its graceful timeout (or a forced exit) leaves running are ended as
+        `_end_now` ends them, before the lifespan shutdown. uvicorn cancelled them the
+        plain way (a tenant's charge in flight cut inside, and lost) and ran the lifespan
+        shutdown at once, closing the provenance log before their cut answers and
+        completion records were made."""
         self._on_drain()
-        await super().shutdown(sockets)
-        if self.force_exit:
-            await self._end_now()
+        logger.info("Shutting down")
+        for server in self.servers:
+            server.close()  # stop accepting new connections
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()  # idle ones close now, busy ones after their response
+        await asyncio.sleep(0.1)
+        try:
+            await asyncio.wait_for(
+                self._wait_tasks_to_complete(), timeout=self.config.timeout_graceful_shutdown
+            )
+        except TimeoutError:
+            logger.error(
+                "Cancel %s running task(s), timeout graceful shutdown exceeded",
+                len(self.server_state.tasks),
+            )
+        await self._end_now()
 
     async def _end_now(self) -> None:
-        """uvicorn's forced shutdown (SIGINT once its shutdown began) waits neither for the
-        requests still running nor for the lifespan shutdown: the end of the event loop
+        """Run once uvicorn's shutdown stops waiting for the requests (`shutdown`): its
+        graceful timeout passed, or it was forced. uvicorn's forced shutdown (SIGINT once
+        its shutdown began) waited neither for the requests still running nor for the
+        lifespan shutdown: the end of the event loop
         then cancelled the requests with the provenance log already closed (their
         completion records lost, some answered with uvicorn's plain 500), no final
         checkpoint was signed, and the process exited 0 all the same. Here the requests

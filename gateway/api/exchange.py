@@ -65,6 +65,9 @@ class Exchange:
     status: int = 0
     stream: bool = False
     response_started: bool = False
+    # The answer's last ASGI message went out (`send_whole`, `end_stream`): a cancellation
+    # landing after it (a shutdown's) changes nothing the client got, so nothing it says.
+    ended: bool = False
     streaming: bool = False  # the response is a relayed stream (`start_stream`)
     # The last two pieces relayed to the client (references, not copies): whether a
     # stream's relayed bytes end inside an event, for what the gateway writes after them
@@ -82,6 +85,9 @@ class Exchange:
     # With `fallback`: each eligible private backend's state that allowed it (the plan's).
     fallback_basis: tuple[tuple[str, str], ...] = ()
     decision: Decision | None = None
+    # The refusal the client is to get once its refusal record is in the log: what a
+    # shutdown's cut answers with too (`TenantSurface._cut`), as the log says.
+    refused: GatewayError | None = None
     trail: Trail | None = None  # provenance state, when the log is on
     span: RequestSpan | None = None  # its trace span, when tracing is on (gateway/tracing)
     traceparent: bytes | None = None  # the current private attempt's, for its backend
@@ -204,6 +210,7 @@ async def send_whole(
         if exchange.trail is not None:
             exchange.trail.unsent()
         raise asyncio.CancelledError  # the proxy absorbs it: its client left (499)
+    exchange.ended = True
 
 
 def relayed(exchange: Exchange, data: bytes, *, whole: bool = False) -> None:
@@ -277,6 +284,7 @@ async def end_stream(
     await send({"type": "http.response.body", "body": line, "more_body": False})
     if client_left(exchange):
         raise asyncio.CancelledError  # the proxy absorbs it: its client left (499)
+    exchange.ended = True
 
 
 async def start_stream(send: Send, exchange: Exchange, status: int, content_type: bytes) -> None:

@@ -144,6 +144,8 @@ class TenantSurface:
                 await send_error(send, error, exchange.request_id, headers)
             answered = error.status
         except asyncio.CancelledError:
+            if answered is None and exchange.ended:  # its last message went out before
+                answered = exchange.status
             if answered is not None:  # the answer went out: nothing to say to the client
                 raise
             answered = await self._cancelled(exchange, send)
@@ -192,10 +194,16 @@ class TenantSurface:
         signal, or its graceful timeout: it cancels every request still running), or one
         that cancels the wait, gets the answer at once, with the receipt only if it was
         signed already. Before, that cancellation left the app and uvicorn sent its own
-        plain 500 (or cut a stream off unended), while the record said 503."""
+        plain 500 (or cut a stream off unended), while the record said 503.
+
+        A request whose refusal record is in the log gets that refusal (its status, its
+        receipt), not the 503: the log says it was refused, and the client must hear the
+        same (before, it got 503 `not_ready`, with the refusal's receipt if signed)."""
         _uncancel()
         why = "its drain deadline passed" if self._runtime.cutting else "it was forced to stop"
-        error = GatewayError(ErrorCode.not_ready, f"the gateway is shutting down and {why}")
+        error = exchange.refused or GatewayError(
+            ErrorCode.not_ready, f"the gateway is shutting down and {why}"
+        )
         exchange.status, exchange.error_code = error.status, error.code.value
         if not exchange.response_started:
             headers = receipt_headers_now(exchange)

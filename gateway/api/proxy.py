@@ -370,7 +370,10 @@ class Proxy:
             held = not exchange.response_started  # the app sends it: held until it went out
             raise
         except asyncio.CancelledError:
-            status, error = cut_status(exchange)
+            if exchange.ended:  # after its answer's end: the client got all of it
+                status, error = exchange.status, exchange.upstream_error
+            else:
+                status, error = cut_status(exchange)
             held = not exchange.response_started  # a cut's 503 goes out after
             raise
         except Exception:
@@ -388,8 +391,13 @@ class Proxy:
         self._metrics.refusal(refused.rule, refused.code.value)
         if exchange.span is not None:
             exchange.span.refused(refused)
-        if self.recorder is not None and exchange.trail is not None:
-            await self.recorder.refuse(exchange, exchange.trail, refused)
+        trail = exchange.trail
+        if self.recorder is not None and trail is not None:
+            try:
+                await self.recorder.refuse(exchange, trail, refused)
+            finally:  # also when a shutdown cut it once the record was in the log
+                if trail.refusal is not None:
+                    exchange.refused = refused
 
     async def close(self) -> None:
         await self._hosted.close()

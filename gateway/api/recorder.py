@@ -207,24 +207,6 @@ class Recorder:
         # of this dispatch only
         trail.attestation, trail.countersignature, trail.upstream = None, None, None
 
-    async def _receipted(
-        self,
-        record: dict[str, object],
-        exchange: Exchange,
-        trail: Trail,
-        backend_id: str,
-        decision: Decision,
-    ) -> LogEntry:
-        """Append `record` durably, then have the receipt naming it signed by the log
-        once its batch is durable (`trail.receipt`, and kept for lookup)."""
-        seal = self._seal_of(exchange, trail, backend_id, decision)
-        try:
-            entry, sealing = await self._log.append_sealed(record, seal, checked=True)
-        except LogUnavailableError as exc:
-            raise _unavailable() from exc
-        self._receipt_kept(exchange, trail, entry, sealing)
-        return entry
-
     def _seal_of(
         self, exchange: Exchange, trail: Trail, backend_id: str, decision: Decision
     ) -> Seal:
@@ -333,7 +315,12 @@ class Recorder:
         """The refusal record of a request nothing was dispatched for: the refusing
         decision's policy, trace and rule, and the commitment to the request body. Like a
         dispatch, it is durable before the client hears the answer, and the client gets a
-        receipt for it (`backend` empty), whose salt opens that commitment."""
+        receipt for it (`backend` empty), whose salt opens that commitment.
+
+        Cancelled meanwhile (a shutdown's cut), the record still lands once queued: the
+        append is waited for, and if it landed the trail keeps it (`trail.refusal`, its
+        receipt) before the cancellation goes on, so that the cut answers with the refusal
+        the log holds (`TenantSurface._cut`), not with a 503 the log never says."""
         policy, trace = self._decided(refused.decision)
         record = refusal_record(
             request_id=exchange.request_id.decode(),
@@ -346,7 +333,22 @@ class Recorder:
             reason=refused.code.value,
             request_commitment=trail.request_commitment,
         )
-        trail.refusal = await self._receipted(record, exchange, trail, "", refused.decision)
+        seal = self._seal_of(exchange, trail, "", refused.decision)
+        try:
+            landing, sealing = self._log.queue_sealed(record, seal, checked=True)
+        except LogUnavailableError as exc:
+            raise _unavailable() from exc
+        try:  # `landing` refuses a cancellation: it is raised once the append is done
+            entry = await landing
+        except asyncio.CancelledError:
+            if landing.done() and not landing.cancelled() and landing.exception() is None:
+                self._receipt_kept(exchange, trail, landing.result(), sealing)
+                trail.refusal = landing.result()
+            raise
+        except LogUnavailableError as exc:
+            raise _unavailable() from exc
+        self._receipt_kept(exchange, trail, entry, sealing)
+        trail.refusal = entry
 
     def _decided(self, decision: Decision) -> tuple[PolicyRef, tuple[TraceStep, ...]]:
         """The policy reference and trace of a decision (decisions are cached: so is this)."""

@@ -7,6 +7,8 @@ is never charged for."""
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable
 
 import uvicorn
 
@@ -32,7 +34,8 @@ def test_a_forced_shutdown_lets_a_charge_being_made_finish() -> None:
 
         exchange = Exchange(b"req_x", 0.0, "chat")
         exchange.charge = charge
-        server = DrainingServer(uvicorn.Config(app=lambda *_: None), on_drain=lambda: None)
+        config = uvicorn.Config(app=lambda *_: None, log_config=None)  # leaves logging alone
+        server = DrainingServer(config, on_drain=lambda: None)
         server.lifespan = _Lifespan()
         request = asyncio.create_task(settle(exchange))
         server.server_state.tasks.add(request)
@@ -46,3 +49,70 @@ def test_a_forced_shutdown_lets_a_charge_being_made_finish() -> None:
     charged, cancelled = asyncio.run(run())
     assert charged  # made whole, then the cancellation raised
     assert cancelled
+
+
+class _Recorded:
+    """The lifespan shutdown (it closes the provenance log), noting whether `request`
+    had ended when it began."""
+
+    def __init__(self) -> None:
+        self.request: asyncio.Task[None] | None = None
+        self.request_ended: bool | None = None
+
+    async def shutdown(self) -> None:
+        assert self.request is not None
+        self.request_ended = self.request.done()
+
+
+class _OnCut(logging.Handler):
+    """Calls `then` when uvicorn's graceful timeout says it cancels the requests."""
+
+    def __init__(self, then: Callable[[], None]) -> None:
+        super().__init__()
+        self._then = then
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "timeout graceful shutdown exceeded" in record.getMessage():
+            self._then()
+
+
+def test_a_graceful_timeout_lets_a_charge_finish_and_the_request_end_before_the_log_closes() -> (
+    None
+):
+    """uvicorn's graceful timeout running out cancelled the requests still running the
+    plain way (`task.cancel`: a charge in flight was lost) and ran the lifespan shutdown
+    (which closes the log) at once, before their cut answers and records were made."""
+
+    async def run() -> tuple[bool, bool, bool | None]:
+        entered, go_on = asyncio.Event(), asyncio.Event()
+        charged = False
+
+        async def charge() -> None:
+            nonlocal charged
+            entered.set()
+            await go_on.wait()  # the Redis call in flight when the timeout passes
+            charged = True
+
+        exchange = Exchange(b"req_x", 0.0, "chat")
+        exchange.charge = charge
+        config = uvicorn.Config(app=lambda *_: None, timeout_graceful_shutdown=0, log_config=None)
+        server = DrainingServer(config, on_drain=lambda: None)
+        server.servers = []  # (uvicorn sets them when it starts listening)
+        lifespan = server.lifespan = _Recorded()
+        request = lifespan.request = asyncio.create_task(settle(exchange))
+        server.server_state.tasks.add(request)
+        request.add_done_callback(server.server_state.tasks.discard)
+        await entered.wait()
+        handler = _OnCut(go_on.set)
+        uvicorn_log = logging.getLogger("uvicorn.error")
+        uvicorn_log.addHandler(handler)
+        try:
+            await server.shutdown()
+        finally:
+            uvicorn_log.removeHandler(handler)
+        return charged, request.cancelled(), lifespan.request_ended
+
+    charged, cancelled, ended_first = asyncio.run(run())
+    assert charged  # made whole, then the cancellation raised
+    assert cancelled
+    assert ended_first  # the log closed only after the request ended
