@@ -32,6 +32,7 @@ from gateway.provenance import ProvenanceError
 from gateway.provenance.witness.client import WitnessClient
 from gateway.provenance.writer.cosignature_collector import Cosigning
 from gateway.tracing import start_tracing
+from gateway.upstream.sockets import share_with_hosted
 
 __all__ = ["GatewayApp"]
 
@@ -77,6 +78,9 @@ class GatewayApp(Runtime):
         if self.parts.registry is not parts.registry:  # theirs too (`Registry.moved`)
             self.parts.registry.successor = parts.registry
         self.parts = parts
+        # Hosted providers' connectors made from now on join the active registry's share
+        # (LiteLLM's): here, not in `Registry.build`, which validating a candidate runs too.
+        share_with_hosted(parts.registry.sockets)
         parts.registry.set_peer_inflight(self._peers)
         parts.metrics.watch_policies(parts.policies)
         parts.metrics.watch_backends(parts.registry, parts.scraper)

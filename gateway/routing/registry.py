@@ -28,7 +28,7 @@ from gateway.routing.filters.health import unavailable
 from gateway.routing.health import ProbeHealth
 from gateway.routing.tenant_breakers import TenantBreakers
 from gateway.upstream.http import HttpPool
-from gateway.upstream.sockets import BackendSockets, share_with_hosted
+from gateway.upstream.sockets import BackendSockets
 from gateway.upstream.tls import BackendTLS, backend_tls
 
 __all__ = ["BackendState", "Registry", "Route"]
@@ -124,7 +124,6 @@ class Registry:
         backends: dict[str, BackendState] = {}
         if sockets is None:  # backend connections, idle ones too, within the cap's share
             sockets = BackendSockets(ListenerLimits.from_config(config.listen).max_connections)
-        share_with_hosted(sockets)  # hosted providers' connectors join it (LiteLLM's)
         for backend in config.backends:
             try:
                 backends[backend.id] = _backend_state(

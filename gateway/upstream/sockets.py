@@ -16,7 +16,7 @@ bounded by the client connections that use them.
 
 Hosted providers' connections (LiteLLM's aiohttp connectors, one per cached client) are
 counted in the same share: each connector joins the count of the process
-(`share_with_hosted`, set by `Registry.build`) and is asked for its open connections, in
+(`share_with_hosted`, set by `GatewayApp.install`) and is asked for its open connections, in
 use and idle; one about to open a connection first makes room the same way
 (gateway/upstream/hosted_sockets.py). Room is made from the private pools' idle
 connections first, the oldest first, then from the hosted ones', the oldest first: a
