@@ -290,7 +290,11 @@ class HttpPool:
                 await self._limit.acquire()
         except TimeoutError as exc:
             raise UpstreamError("busy", "too many open connections to the backend") from exc
-        self._sockets.make_room()  # idle ones of any pool, at the process's share
+        try:
+            self._sockets.make_room()  # idle ones of any pool, at the process's share
+        except BaseException:  # a hosted connector failing (hosted_sockets.py): the slot back
+            self._limit.release()
+            raise
         self._open += 1
         self._sockets.open += 1
         try:
