@@ -119,10 +119,10 @@ class EventReader:
                     self._take(data[:bad])
                 self.stopped = True
                 return
-        if one_line and not self._raw and not self._over and not self._id:
+        if one_line and not self._over and not self._id:
             # One event, which the SDK parses: parsed once here (`_dispatch`, written out:
             # a paced stream's every read), not searched for what makes it worth parsing.
-            if len(data) <= _SHORT_LINE:
+            if not self._raw and len(data) <= _SHORT_LINE:
                 try:
                     doc = orjson.loads(data[6:-2])  # (a `{` starts it: an object)
                 except orjson.JSONDecodeError:
@@ -133,7 +133,9 @@ class EventReader:
                     elif "usage" in doc and (counts := counts_of(doc["usage"])) is not None:
                         self.usage, self.unknown = counts, False
                     return
-            self._read(_lines(data), dispatch=False)
+            # Else as any event, with what of it came before (comments, say) if any.
+            buffer, self._raw = self._raw + data, b""
+            self._read(_lines(buffer), dispatch=False)
             return
         if (  # the usual read: whole events (it ends with a blank line), none worth parsing
             not self._raw
