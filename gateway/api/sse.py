@@ -117,8 +117,12 @@ class StreamWatch:
                 self._pass_lf = data[-1] == _CR
                 if self._seek and data.find(_DONE) >= 0 and _ends_stream(data, 0, len(data)):
                     self._found_done()  # (`data` starts a line)
-                # Tested here already, whole events and no `"usage"` are not tested again.
-                self.events.whole_without_usage(data, one_line)
+                # Tested here already, whole events and no `"usage"` are not tested again;
+                # one data line is parsed (`EventReader.feed`).
+                if one_line:
+                    self.events.feed(data, True)
+                else:
+                    self.events.whole_without_usage(data)
                 return data
             return self._events(data)  # (it tells the event reader what goes on, as it goes)
         if self._edge is _NL and data[-1:] in _ENDS:  # whole lines after a read that ended

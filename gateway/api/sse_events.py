@@ -42,11 +42,12 @@ whose data is not JSON (a `thread.*` one too) among the events parsed. An event 
 none of the needles and whose data is not JSON (`data: x`) is not parsed and so not
 stopped at, where the SDK raises: telling would take parsing every event of every stream
 (a read that is read whole tells). A read that is one `data: {` line and its blank line
-(`one_data_line`, a paced server's usual read) is not searched for `[DONE]`, `id:`,
-`event:` or `retry:` (in it they can only be data): unless it holds `"usage"`, `"error"`
-or a letter escape it is not parsed, so one whose data is not JSON (`data: {x [DONE]`)
-is not stopped at either. An event whose data is past the
-bounds the gateway reads within (`usage_read.PastBounds`: nested deeper than 512, say)
+(`one_data_line`, a paced server's usual read: one event, the SDK parses it) is parsed
+once, with orjson, in place of the searches: its usage and error are read from the
+document, and one whose data is not JSON stops the reader, whatever it holds
+(`data: {x`); one orjson refuses (`NaN`, say) or longer than `_SHORT_LINE` (where
+nesting may pass `MAX_DEPTH`) is read as any event (`read_json`). An event whose data is
+past the bounds the gateway reads within (`usage_read.PastBounds`: nested deeper than 512, say)
 may show the client a usage: the usage is then unknown (`usage` None, `unknown` set)
 until a later event shows one, never an earlier event's; one whose data holds no marker
 cannot show one, and leaves the usage as it was (the one-pass read parses such events).
@@ -59,7 +60,9 @@ import re
 from collections.abc import Iterator
 from typing import Final
 
-from gateway.api.usage_read import PastBounds, counts_of, read_json
+import orjson
+
+from gateway.api.usage_read import MAX_DEPTH, PastBounds, counts_of, read_json
 
 __all__ = [
     "BLANK_TAILS",
@@ -83,6 +86,10 @@ _LETTER_ESCAPE: Final = re.compile(rb"\\u00[4-7]")
 _BLANK: Final = re.compile(rb"\n\n|\r\r|\n\r")
 _LF: Final = 10
 _CR: Final = 13
+# A one-line read's length up to which its data (after `data: `, before its two LFs) is
+# too short to nest past `MAX_DEPTH` (each level takes two bytes): orjson reads it as
+# `read_json` does.
+_SHORT_LINE: Final = len(b"data: \n\n") + 2 * MAX_DEPTH + 1
 
 
 class EventReader:
@@ -112,29 +119,40 @@ class EventReader:
                     self._take(data[:bad])
                 self.stopped = True
                 return
+        if one_line and not self._over and not self._id:
+            # One event, which the SDK parses: parsed once here (`_dispatch`, written out:
+            # a paced stream's every read), not searched for what makes it worth parsing.
+            if not self._raw and len(data) <= _SHORT_LINE:
+                try:
+                    doc = orjson.loads(data[6:-2])  # (a `{` starts it: an object)
+                except orjson.JSONDecodeError:
+                    pass  # not JSON, or what the standard library may read: as any event
+                else:
+                    if doc.get("error"):  # the SDK's test: a truthy `error`
+                        self.error_event = self.stopped = True
+                    elif "usage" in doc and (counts := counts_of(doc["usage"])) is not None:
+                        self.usage, self.unknown = counts, False
+                    return
+            # Else as any event, with what of it came before (comments, say) if any.
+            buffer, self._raw = self._raw + data, b""
+            self._read(_lines(buffer), dispatch=False)
+            return
         if (  # the usual read: whole events (it ends with a blank line), none worth parsing
             not self._raw
             and not self._over
             and (
-                one_line
-                or (tail := data[-2:]) in BLANK_TAILS
+                (tail := data[-2:]) in BLANK_TAILS
                 or (tail == b"\r\n" and data[-3:-2] in LINE_END_BYTES)
             )
             # `_worth`, written out: this runs once per relayed read
             and data.find(b'"usage"') < 0
             and data.find(b'"error"') < 0
+            and data.find(b"[DONE]") < 0
             and (data.find(_ESCAPE) < 0 or _escape_at(data, 0, len(data)) < 0)
-            # One data line: no `[DONE]` value, no field that dispatches an event without
-            # data. Else no `[DONE]` and no such field anywhere (`_fields_at`).
-            and (
-                one_line
-                or (
-                    data.find(b"[DONE]") < 0
-                    and data.find(b"id:") < 0
-                    and data.find(b"event:") < 0
-                    and data.find(b"retry:") < 0
-                )
-            )
+            # no field that dispatches an event without data (`_fields_at`)
+            and data.find(b"id:") < 0
+            and data.find(b"event:") < 0
+            and data.find(b"retry:") < 0
             and not self._id
         ):
             return
@@ -163,12 +181,12 @@ class EventReader:
         else:
             self._raw = rest
 
-    def whole_without_usage(self, data: bytes, one_line: bool = False) -> None:
+    def whole_without_usage(self, data: bytes) -> None:
         """`feed` for a read that ends with a blank line and holds no `"usage"`: the
         stream watch tested both on it (its usual read), so only the other markers are
         searched here (those `feed`'s usual read tests besides: not UTF-8, a field that
         dispatches an event without data). One search fewer per relayed read, and no
-        second test of its end; four fewer for `one_line` (`one_data_line`)."""
+        second test of its end (a `one_data_line` read goes to `feed`: it is parsed)."""
         if (
             not self._raw
             and not self._over
@@ -176,19 +194,14 @@ class EventReader:
             and not self._id
             and data.isascii()
             and data.find(b'"error"') < 0
+            and data.find(b"[DONE]") < 0
             and (data.find(_ESCAPE) < 0 or _escape_at(data, 0, len(data)) < 0)
-            and (
-                one_line
-                or (
-                    data.find(b"[DONE]") < 0
-                    and data.find(b"id:") < 0
-                    and data.find(b"event:") < 0
-                    and data.find(b"retry:") < 0
-                )
-            )
+            and data.find(b"id:") < 0
+            and data.find(b"event:") < 0
+            and data.find(b"retry:") < 0
         ):
             return
-        self.feed(data, one_line)
+        self.feed(data)
 
     def finish(self) -> None:
         """The stream ended: its last event, if unfinished, is dispatched (the gateway's

@@ -4,11 +4,15 @@ scripted backend; the client's bytes replayed through the installed SDK's decode
 tests/helpers/sdk_stream.py). One case per way the SDK stops: (a) a line that is not
 UTF-8, (b) an event dispatched without data, (c) an event holding a usage or `[DONE]`
 whose data is not JSON; and a valid character split across the backend's writes, which
-stops nothing."""
+stops nothing. And (c) at a paced server's pace: each event its own read (the backend
+writes the next once the client has the last), an event whose data is not JSON read as
+one `data: {` line, whatever it holds (gateway/api/sse_events.py, `one_data_line`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +22,7 @@ from tests.helpers.audit_rig import ASKS_USAGE, chunked, client_gets, logged, se
 from tests.helpers.gateways import Gateway, backend
 from tests.helpers.independent_audit import audit, log_records
 from tests.helpers.log_truth import DONE, EVENT
-from tests.helpers.raw_backend import Answer, RawBackend
+from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
 from tests.helpers.sdk_stream import counts, sdk_shown_usage
 
 SMALL = b'{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}'
@@ -84,3 +88,49 @@ def test_the_record_s_usage_stops_where_the_sdk_raises(
     assert shown == json.loads(expected)  # what the installed SDK shows, held to the case
     assert _recorded_usage(tmp_path / "log", vkey) == shown
     assert audit(received, tmp_path / "log", vkey) == []  # the independent auditor's reading
+
+
+def _lockstep(events: list[bytes], got: list[threading.Event]) -> Answer:
+    """A chunked stream of `events`, one chunk each, the next written once the client
+    has the last (`got`): each reaches the gateway as a read of its own."""
+
+    async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        loop = asyncio.get_running_loop()
+        writer.write(sse_head(b"transfer-encoding: chunked\r\n"))
+        for event, arrived in zip(events, got, strict=True):
+            writer.write(b"%x\r\n%b\r\n" % (len(event), event))
+            await writer.drain()
+            assert await loop.run_in_executor(None, arrived.wait, 30)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return False
+
+    return answer
+
+
+@pytest.mark.parametrize("line", [b"data: {x [DONE]", b"data: {x id: 1", b"data: {x"])
+def test_a_paced_one_line_event_that_is_not_json_stops_the_record_s_usage(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    line: bytes,
+) -> None:
+    events = [EVENT, usage_chunk(SMALL), line + b"\n\n", EVENT, usage_chunk(BIG), DONE]
+    got = [threading.Event() for _ in events]
+    ends = [len(b"".join(events[: i + 1])) for i in range(len(events))]
+
+    def arrived(body: bytes) -> bool:
+        for end, event in zip(ends, got, strict=True):
+            if len(body) >= end:
+                event.set()
+        return False
+
+    raw = start_raw(_lockstep(events, got))
+    gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
+    received = client_gets(gateway, ASKS_USAGE, enough=arrived)
+    assert received.body.startswith(b"".join(events))
+    settled(tmp_path / "log", vkey, received.headers["x-request-id"])
+    shown = counts(sdk_shown_usage(received.body))
+    assert shown == json.loads(SMALL)  # the SDK raised at the line: BIG never shown
+    assert _recorded_usage(tmp_path / "log", vkey) == shown
+    assert audit(received, tmp_path / "log", vkey) == []
