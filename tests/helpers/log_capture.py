@@ -27,6 +27,8 @@ def logging_to(
 ) -> Iterator[None]:
     saved, handlers = structlog.get_config(), logging.getLogger().handlers[:]
     saved_level = logging.getLogger().level
+    uvicorn = [logging.getLogger(name) for name in ("uvicorn", "uvicorn.error", "uvicorn.access")]
+    saved_uvicorn = [(each.handlers[:], each.propagate, each.disabled) for each in uvicorn]
     configure_logging(fmt, level, stream=stream)
     try:
         yield
@@ -36,6 +38,9 @@ def logging_to(
         root = logging.getLogger()
         root.handlers[:] = handlers
         root.setLevel(saved_level)
+        for each, (its_handlers, propagate, disabled) in zip(uvicorn, saved_uvicorn, strict=True):
+            each.handlers[:] = its_handlers
+            each.propagate, each.disabled = propagate, disabled
 
 
 @contextmanager
