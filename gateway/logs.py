@@ -241,6 +241,12 @@ def _plain(text: str, limit: int = MAX_FIELD_CHARS, *, lines: bool = False) -> s
     return text + f"...[{cut} more characters]" if cut > 0 else text
 
 
+# uvicorn's loggers: its default `log_config` (any `uvicorn.Config` made without
+# `log_config=None`) gives them stderr handlers and stops them propagating, which would
+# write their lines (a request's path among them) past the masking handler.
+_UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
+
+
 def configure_logging(
     fmt: Literal["json", "console"] = "json",
     level: str = "info",
@@ -283,6 +289,10 @@ def configure_logging(
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS[level])
+    for name in _UVICORN_LOGGERS:  # uvicorn's own dictConfig gives them unmasked handlers
+        claimed = logging.getLogger(name)
+        claimed.handlers[:] = []
+        claimed.propagate, claimed.disabled = True, False
 
 
 def _install_access_log(fmt: str, level: str, out: TextIO) -> None:

@@ -18,16 +18,19 @@ import structlog
 from gateway import access_log
 from gateway.logs import configure_logging
 
-__all__ = ["logging_to", "rendered_logs"]
+__all__ = ["kept_logging", "logging_to", "rendered_logs"]
 
 
 @contextmanager
-def logging_to(
-    stream: TextIO, fmt: Literal["json", "console"] = "json", level: str = "info"
-) -> Iterator[None]:
+def kept_logging() -> Iterator[None]:
+    """Puts this process's logging configuration back as it was on exit: structlog's, the
+    access log writer, the root logger's handlers and level, and uvicorn's loggers (which
+    `configure_logging` claims). For a test that runs a command configuring logging itself
+    (`start_logging` onto a captured stderr, closed once the test ends)."""
     saved, handlers = structlog.get_config(), logging.getLogger().handlers[:]
     saved_level = logging.getLogger().level
-    configure_logging(fmt, level, stream=stream)
+    uvicorn = [logging.getLogger(name) for name in ("uvicorn", "uvicorn.error", "uvicorn.access")]
+    saved_uvicorn = [(each.handlers[:], each.propagate, each.disabled) for each in uvicorn]
     try:
         yield
     finally:
@@ -36,6 +39,18 @@ def logging_to(
         root = logging.getLogger()
         root.handlers[:] = handlers
         root.setLevel(saved_level)
+        for each, (its_handlers, propagate, disabled) in zip(uvicorn, saved_uvicorn, strict=True):
+            each.handlers[:] = its_handlers
+            each.propagate, each.disabled = propagate, disabled
+
+
+@contextmanager
+def logging_to(
+    stream: TextIO, fmt: Literal["json", "console"] = "json", level: str = "info"
+) -> Iterator[None]:
+    with kept_logging():
+        configure_logging(fmt, level, stream=stream)
+        yield
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from gateway import access_log
 from gateway.access_log import AccessLog
 from gateway.api.metrics import GatewayMetrics
 from gateway.logs import configure_logging, get_logger
+from tests.helpers.log_capture import kept_logging
 
 KEY = "og-" + "k" * 24
 
@@ -45,11 +46,8 @@ def _fields(**changes: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def restore_logging() -> Iterator[None]:
-    saved, handlers = structlog.get_config(), logging.getLogger().handlers[:]
-    yield
-    access_log.install(None)
-    structlog.configure(**saved)
-    logging.getLogger().handlers[:] = handlers
+    with kept_logging():
+        yield
 
 
 def _written(**changes: Any) -> dict[str, Any]:

@@ -34,7 +34,9 @@ def test_a_forced_shutdown_lets_a_charge_being_made_finish() -> None:
 
         exchange = Exchange(b"req_x", 0.0, "chat")
         exchange.charge = charge
-        config = uvicorn.Config(app=lambda *_: None, log_config=None)  # leaves logging alone
+        # log_config=None, as gateway.serving does: uvicorn's default dictConfig would
+        # give the process's `uvicorn` logger its own handler and stop it propagating
+        config = uvicorn.Config(app=lambda *_: None, log_config=None)
         server = DrainingServer(config, on_drain=lambda: None)
         server.lifespan = _Lifespan()
         request = asyncio.create_task(settle(exchange))

@@ -5,10 +5,12 @@ from __future__ import annotations
 import io
 import json
 import logging
+import logging.config
 from collections.abc import Callable
 from typing import Any, Literal
 
 import pytest
+import uvicorn.config
 
 from gateway.logs import MAX_FIELD_CHARS, get_logger, redact
 from tests.helpers.log_capture import logging_to, rendered_logs
@@ -228,3 +230,26 @@ def test_http_client_libraries_never_log_what_the_far_side_sent(
     assert "CANARY7f3a" not in out
     assert out.count("a library warning") == len(names)
     assert "a logger of another name" in out and "the gateway's own debug line" in out
+
+
+def test_uvicorn_s_own_logging_config_cannot_route_its_lines_past_the_masking() -> None:
+    """`uvicorn.Config` made without `log_config=None` (a library, a test) runs uvicorn's
+    dictConfig: `uvicorn` gets a stderr handler and stops propagating. Configuring the
+    gateway's logs afterwards still sends uvicorn's lines through the masking handler."""
+    names = ("uvicorn", "uvicorn.error", "uvicorn.access")
+    loggers = [logging.getLogger(name) for name in names]
+    saved = [(each.handlers[:], each.propagate, each.disabled, each.level) for each in loggers]
+    try:
+        logging.config.dictConfig(uvicorn.config.LOGGING_CONFIG)
+        with rendered_logs() as stream:
+            logging.getLogger("uvicorn.error").warning("header was Bearer og-zzzzzzzzzzzz")
+            logging.getLogger("uvicorn.access").warning("GET /?key=og-yyyyyyyyyyyy")
+        lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+        assert len(lines) == 2
+        assert "og-zzzzzzzzzzzz" not in lines[0]["event"]
+        assert "og-yyyyyyyyyyyy" not in lines[1]["event"]
+    finally:
+        for each, (handlers, propagate, disabled, level) in zip(loggers, saved, strict=True):
+            each.handlers[:] = handlers
+            each.propagate, each.disabled = propagate, disabled
+            each.setLevel(level)

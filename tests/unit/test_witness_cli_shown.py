@@ -13,6 +13,7 @@ import uvicorn
 from gateway.cli import witness as witness_cli
 from gateway.provenance import write_signing_key
 from gateway.provenance.testing import seeded_signer
+from tests.helpers.log_capture import kept_logging
 
 LOG_NAME = "log\x1b]0;owned\x07.example/\u202eforged"
 WITNESS_NAME = "witness\x1b[2J.example/w1"
@@ -39,7 +40,8 @@ def test_serve_prints_the_origins_and_its_key_escaped(
     log = seeded_signer(LOG_NAME).verifier().vkey
     state = str(tmp_path / "state.json")
     assert _run(["witness", "init", "--state", state]) == 0
-    assert _run(["witness", "serve", "--key", str(key), "--log", log, "--state", state]) == 0
+    with kept_logging():  # serve configures logging onto capsys's stderr, closed after
+        assert _run(["witness", "serve", "--key", str(key), "--log", log, "--state", state]) == 0
     err = capsys.readouterr().err
     assert _controls(err) == []
     assert "cosigning for: log\\x1b]0;owned\\x07.example/\\u202eforged\n" in err
