@@ -32,6 +32,17 @@ from tests.helpers.waiting import until
 PRIVATE = ("gpu-vllm", "cpu-llamacpp")
 
 
+def _demo_in(cwd: Path) -> subprocess.Popen[str]:
+    """`owngate demo` on a free port, run in `cwd` (where it writes its logs)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "gateway", "demo", "--port", "0"],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def _read_banner(proc: subprocess.Popen[str], timeout: float = 30.0) -> str:
     assert proc.stdout is not None
     lines: queue.Queue[str] = queue.Queue()
@@ -385,13 +396,7 @@ def test_the_banners_commands_work_as_printed_and_a_signal_stops_the_demo_cleanl
     admin API's shutdown (an ERROR traceback), on SIGTERM the process died (-15) before
     the sidecars closed their logs, and the audit failed with an entry missing from a
     sidecar's log."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "demo", "--port", "0"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _demo_in(tmp_path)
     try:
         banner = _read_banner(proc)
         snippet = re.search(r"^ *(\S+ - <<'PY'\n.*?^ *PY\n)", banner, re.MULTILINE | re.DOTALL)
@@ -455,13 +460,7 @@ def test_every_curl_and_audit_the_banner_prints_works_as_printed(tmp_path: Path)
     pasted, the live log with its `audit verify URL`, and after Ctrl-C the whole log with
     its two-party `audit verify`. The other tests here read the banner's URLs and tokens
     but send their own requests; these are the banner's own commands."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "demo", "--port", "0"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _demo_in(tmp_path)
     try:
         banner = _read_banner(proc)
         url = re.search(r"running at (http://\S+)", banner)
@@ -529,13 +528,7 @@ def test_a_signal_sent_as_soon_as_the_banner_is_out_stops_the_demo_cleanly(
     signed their final checkpoints, and the banner's audit passes. The banner was printed
     before uvicorn took the signals (it does when it starts running): a SIGTERM in between
     killed the demo (-15) with the sidecars' logs unsigned, a Ctrl-C ended it with 130."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "demo", "--port", "0"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _demo_in(tmp_path)
     try:
         banner = _read_banner(proc)
         assert "Ctrl-C stops everything" in banner, banner
