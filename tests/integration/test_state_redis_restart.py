@@ -127,13 +127,14 @@ def test_a_redis_restarted_empty_keeps_the_budgets_spent(
         client.close()
 
 
-def test_two_replicas_each_put_back_their_part_of_a_budget(
+def _two_replicas(
     start_sim: Callable[..., Sim],
     start_gateway: Callable[..., Gateway],
     redis_server: RedisServer,
-) -> None:
+    rpm: int,
+) -> tuple[Gateway, Gateway]:
+    """Two gateways sharing `redis_server`, a tenant limited to `rpm` requests a minute."""
     sim = start_sim("vllm", models=("m",), zero_latency=True)
-    rpm = 4
     tenants = _tenants({"requests_per_minute": rpm})
     a, b = (
         start_gateway(
@@ -141,6 +142,16 @@ def test_two_replicas_each_put_back_their_part_of_a_budget(
         )
         for r in ("replica-a", "replica-b")
     )
+    return a, b
+
+
+def test_two_replicas_each_put_back_their_part_of_a_budget(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    redis_server: RedisServer,
+) -> None:
+    rpm = 4
+    a, b = _two_replicas(start_sim, start_gateway, redis_server, rpm)
     client = redis.Redis(port=redis_server.port)
     try:
         until(lambda: client.hlen("{owngate}:leases") == 2, "both replicas on Redis", timeout=30)
@@ -201,15 +212,8 @@ def test_a_budget_spent_through_one_of_two_replicas_is_put_back_whole(
     pins it): that replica admitted the whole budget on Redis. Before, its ledger charged
     each request at its share's interval but capped the debt at one share's bucket, so it
     put back half the budget and the tenant got two more requests after the restart."""
-    sim = start_sim("vllm", models=("m",), zero_latency=True)
     rpm = 4
-    tenants = _tenants({"requests_per_minute": rpm})
-    a, b = (
-        start_gateway(
-            [backend("gpu", sim.url, "m")], tenants=tenants, state=_state(redis_server, r)
-        )
-        for r in ("replica-a", "replica-b")
-    )
+    a, b = _two_replicas(start_sim, start_gateway, redis_server, rpm)
     client = redis.Redis(port=redis_server.port)
     try:
         until(lambda: client.hlen("{owngate}:leases") == 2, "both replicas on Redis", timeout=30)
