@@ -14,9 +14,9 @@ a symlink to `/dev/zero` or a FIFO, or a sparse file of terabytes. `read_log_fil
 one file of it bounded (a note `MAX_NOTE_FILE`, a hash tile or entry bundle what its
 full width holds) and refuses anything but a regular file, so such a file is a failed
 check naming it, not an audit that hangs or exhausts memory. Nor may a folder of millions
-of checkpoint files: `list_history` and `list_cosigned` list at most `limit` of them
-(`MAX_HISTORY` by default, `owngate audit verify --max-checkpoints`) and `newest_history`
-keeps only the newest name.
+of checkpoint files: for the auditor `list_history` and `list_cosigned` list at most
+`limit` of them (`MAX_HISTORY` by default, `owngate audit verify --max-checkpoints`; the
+writer lists its own log whole) and `newest_history` keeps only the newest name.
 """
 
 from __future__ import annotations
@@ -79,9 +79,10 @@ def history_path(directory: Path, size: int) -> Path:
     return directory / HISTORY / f"{size:020d}"
 
 
-def list_history(directory: Path, limit: int = MAX_HISTORY) -> list[tuple[int, Path]]:
+def list_history(directory: Path, limit: int | None = None) -> list[tuple[int, Path]]:
     """History checkpoints as (size from the file name, path), smallest first; more than
-    `limit` of them is a MalformedError naming the limit."""
+    `limit` of them (the auditor's; the writer lists its own log whole) is a MalformedError
+    naming the limit."""
     return _by_size(directory / HISTORY, limit)
 
 
@@ -102,13 +103,13 @@ def cosigned_path(directory: Path, size: int) -> Path:
     return directory / COSIGNED / f"{size:020d}"
 
 
-def list_cosigned(directory: Path, limit: int = MAX_HISTORY) -> list[tuple[int, Path]]:
+def list_cosigned(directory: Path, limit: int | None = None) -> list[tuple[int, Path]]:
     """Witness-cosigned checkpoints as (size from the file name, path), smallest first; more
     than `limit` of them is a MalformedError naming the limit."""
     return _by_size(directory / COSIGNED, limit)
 
 
-def _by_size(folder: Path, limit: int) -> list[tuple[int, Path]]:
+def _by_size(folder: Path, limit: int | None) -> list[tuple[int, Path]]:
     if not folder.is_dir():
         return []
     found: list[tuple[int, Path]] = []
@@ -116,7 +117,7 @@ def _by_size(folder: Path, limit: int) -> list[tuple[int, Path]]:
         for item in items:
             if not is_index_name(item.name):
                 continue
-            if len(found) == limit:
+            if limit is not None and len(found) == limit:
                 raise MalformedError(
                     f"{folder} holds more than {limit} checkpoint files, the most an audit "
                     "reads (raise it with --max-checkpoints)"
