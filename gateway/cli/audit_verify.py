@@ -29,8 +29,10 @@ from gateway.provenance.audit.reader import read_settled
 from gateway.provenance.audit.remote import is_url, mirror_log
 from gateway.provenance.audit.report import verification_json
 from gateway.provenance.audit.shown import quoted, shown
+from gateway.provenance.audit.verify import HistoryLimits
 from gateway.provenance.errors import LogVerificationError
 from gateway.provenance.formats.cosignature import CosignatureVerifier
+from gateway.provenance.formats.layout import MAX_HISTORY, MAX_HISTORY_BYTES
 
 __all__ = ["add_verify"]
 
@@ -127,6 +129,22 @@ def add_verify(verbs: Any) -> None:
         "a replay), and every --attest-log is cross-checked against them all; repeat per "
         "replica (env OWNGATE_AUDIT_REPLICA_LOG)",
     )
+    verify.add_argument(
+        "--max-checkpoints",
+        type=int,
+        default=int(env("MAX_CHECKPOINTS", str(MAX_HISTORY)) or MAX_HISTORY),
+        metavar="N",
+        help="read at most N files in checkpoints/ (and in cosigned/); more fails the audit "
+        f"rather than exhaust memory (env OWNGATE_AUDIT_MAX_CHECKPOINTS, default {MAX_HISTORY})",
+    )
+    verify.add_argument(
+        "--max-history-bytes",
+        type=int,
+        default=int(env("MAX_HISTORY_BYTES", str(MAX_HISTORY_BYTES)) or MAX_HISTORY_BYTES),
+        metavar="BYTES",
+        help="hold at most BYTES of checkpoints/ notes; more fails the audit (env "
+        f"OWNGATE_AUDIT_MAX_HISTORY_BYTES, default {MAX_HISTORY_BYTES})",
+    )
     verify.add_argument("--json", action="store_true", help="print the summary as JSON")
     verify.set_defaults(
         handler=guarded(_verify),
@@ -163,6 +181,7 @@ def _verified(
             witnesses=witnesses,
             min_witnesses=args.min_witnesses,
             accept_earlier_keys=args.accept_earlier_keys,
+            limits=HistoryLimits(args.max_checkpoints, args.max_history_bytes),
         ),
     )
     attested = _attested(args, logdir, summary.size, summary.origin)

@@ -32,7 +32,7 @@ from gateway.provenance.audit.shown import MAX_SHOWN_MESSAGE, shown
 from gateway.provenance.errors import ProvenanceError
 from gateway.provenance.formats.cosignature import Cosigner
 from gateway.provenance.keys import load_signer, load_verifiers
-from gateway.provenance.witness.app import MAX_HELD_BODY, create_witness_app
+from gateway.provenance.witness.app import MAX_HELD_BODY, PEER_SHARE, create_witness_app
 from gateway.provenance.witness.state import WitnessState
 from gateway.provenance.witness.witness import Witness
 
@@ -123,6 +123,15 @@ def _add_serve(verbs: Any) -> None:
         help="request bodies all connections may hold at once; past it 429 with "
         "retry-after: 1 (env OWNGATE_WITNESS_MAX_HELD_BODY_BYTES, default 32 MiB)",
     )
+    serve.add_argument(
+        "--max-held-body-bytes-per-peer",
+        type=int,
+        default=int(_env("MAX_HELD_BODY_BYTES_PER_PEER", "0") or "0") or None,
+        metavar="BYTES",
+        help="request bodies one peer's connections (one address; an IPv6 /64) may hold at "
+        "once; past it 429 with retry-after: 1 (env OWNGATE_WITNESS_MAX_HELD_BODY_BYTES_"
+        f"PER_PEER, default a {PEER_SHARE}th of --max-held-body-bytes)",
+    )
     add_logging_flags(serve, "OWNGATE_WITNESS_")
     serve.set_defaults(handler=_serve, _log_defaults=logs)
 
@@ -193,9 +202,16 @@ def _serve(args: argparse.Namespace) -> int:
 
         from gateway.serving import uvicorn_config
 
-        app = create_witness_app(
-            witness, prefix=args.prefix, max_held_body=args.max_held_body_bytes
-        )
+        try:
+            app = create_witness_app(
+                witness,
+                prefix=args.prefix,
+                max_held_body=args.max_held_body_bytes,
+                max_held_body_per_peer=args.max_held_body_bytes_per_peer,
+            )
+        except ValueError as exc:  # a per-peer part too small for one body
+            print(f"error: --max-held-body-bytes-per-peer: {exc}", file=sys.stderr)
+            return 2
         origins = ", ".join(shown(origin) for origin in witness.origins)
         print(
             f"witness {shown(cosigner.vkey, None)}\ncosigning for: {origins}\n"

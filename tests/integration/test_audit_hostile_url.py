@@ -241,6 +241,40 @@ def test_a_redirect_is_followed_only_within_the_log_urls_origin(
     assert served.asked == ["checkpoint"]
 
 
+@pytest.mark.parametrize("where", ["same origin", "other host"])
+def test_a_redirect_to_a_url_with_userinfo_is_refused_before_connecting(
+    served: _Served, where: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # urllib takes `user:pass@host` for the host name: the redirect failed at name lookup
+    # (or as a "nonnumeric port"), quoting the credential, instead of being refused.
+    _, vkey = generate_signing_key(ORIGIN)
+    with _serving() as other:
+        target = served.url if where == "same origin" else other.url
+        authority = target.removeprefix("http://")
+        served.moved["checkpoint"] = f"http://auditor:pw-s3cret@{authority}moved/checkpoint"
+        code = main(["audit", "verify", served.url, "--key", vkey])
+        said = capsys.readouterr()
+    assert code == 1, said.err
+    assert "userinfo (user:password@): not followed" in said.err
+    assert "pw-s3cret" not in said.err + said.out
+    assert "***@127.0.0.1" in said.err
+    assert served.asked == ["checkpoint"]
+    assert other.asked == []
+
+
+def test_a_log_url_with_userinfo_is_refused_without_quoting_it(
+    served: _Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, vkey = generate_signing_key(ORIGIN)
+    url = served.url.replace("http://", "http://auditor:pw-s3cret@")
+    code = main(["audit", "verify", url, "--key", vkey])
+    said = capsys.readouterr()
+    assert code == 2, said.err
+    assert "holds userinfo" in said.err
+    assert "pw-s3cret" not in said.err + said.out
+    assert served.asked == []
+
+
 def test_the_whole_copy_has_a_deadline_not_only_each_file(served: _Served, tmp_path: Path) -> None:
     # Each file arrives within its own deadline (100 s of the copy's clock, which moves
     # 100 s each time the server answers a GET, against 300 s a file), but the three a

@@ -20,7 +20,7 @@ from gateway.provenance.formats.cosignature import (
     distinct_witnesses,
     find_cosignature,
 )
-from gateway.provenance.formats.layout import list_cosigned, read_log_file
+from gateway.provenance.formats.layout import MAX_HISTORY, list_cosigned, read_log_file
 from gateway.provenance.formats.note import Verifier, _split_note
 
 __all__ = [
@@ -89,14 +89,19 @@ def check_cosigned(
     witnesses: Sequence[CosignatureVerifier],
     min_witnesses: int,
     now: float,
+    limit: int = MAX_HISTORY,
 ) -> tuple[list[tuple[str, Checkpoint]], WitnessSummary]:
-    """Check `cosigned/`; returns its checkpoints (for the root checks) and a summary."""
+    """Check `cosigned/` (`limit` files at most); returns its checkpoints (for the root
+    checks) and a summary."""
     by_size = {signed.checkpoint.size: signed for signed in history}
     newest = history[-1].checkpoint
     found: list[tuple[str, Checkpoint]] = []
     newest_by: dict[str, int] = {}
     witnessed, most = 0, 0
-    files = list_cosigned(log.path)
+    try:
+        files = list_cosigned(log.path, limit)
+    except MalformedError as exc:
+        raise _fail(str(exc)) from exc
     for size, path in files:
         name = f"cosigned/{path.name}"
         try:

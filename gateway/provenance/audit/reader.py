@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import TypeVar
 
 from gateway.provenance.errors import LogVerificationError, MalformedError, RecordError
-from gateway.provenance.formats.layout import CHECKPOINT, WAL, list_history, read_log_file
+from gateway.provenance.formats.layout import (
+    CHECKPOINT,
+    MAX_HISTORY,
+    WAL,
+    list_history,
+    newest_history,
+    read_log_file,
+)
 from gateway.provenance.formats.merkle import HASH_SIZE
 from gateway.provenance.formats.records import Record, parse_record
 from gateway.provenance.formats.tiles import (
@@ -42,8 +49,8 @@ def log_state(path: str | Path) -> tuple[bytes, str]:
         checkpoint = read_log_file(Path(path) / CHECKPOINT)
     except (FileNotFoundError, NotADirectoryError):
         checkpoint = b""
-    history = list_history(Path(path))
-    return checkpoint, history[-1][1].name if history else ""
+    newest = newest_history(Path(path))
+    return checkpoint, newest[1].name if newest else ""
 
 
 def read_settled(
@@ -71,8 +78,10 @@ class LogDirectory:
         if not self.path.is_dir():
             raise MalformedError(f"{self.path} is not a directory")
 
-    def history(self) -> list[tuple[int, Path]]:
-        return list_history(self.path)
+    def history(self, limit: int = MAX_HISTORY) -> list[tuple[int, Path]]:
+        """(size, path) of every history checkpoint, smallest first; MalformedError past
+        `limit` of them."""
+        return list_history(self.path, limit)
 
     def latest_note(self) -> bytes:
         """The served `checkpoint` file's bytes."""

@@ -23,7 +23,10 @@ hold, so a checkpoint that is only the server's word cannot fill the disk. A red
 followed only within the URL's origin (scheme, host and port): one to another host, to
 plain http from https or to ftp:// would carry the auditor's `--token` there (urllib
 copies every header onto the redirected request) and read the log from a server the
-auditor never named; it ends the copy (MalformedError).
+auditor never named; it ends the copy (MalformedError). So does a redirect to a URL with
+userinfo (`http://user:pass@host/`), before any connection: urllib would take
+`user:pass@host` for the host name; the log URL may not hold one either (the token is
+`--token`). Neither is ever quoted with its userinfo (`without_userinfo`).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from gateway.provenance.formats.note import Verifier
 from gateway.provenance.formats.tiles import MAX_ENTRY_SIZE, TILE_WIDTH, entries_path, tile_path
 from gateway.tls_options import client_context
 
-__all__ = ["FetchLimits", "copy_budget", "is_url", "mirror_log"]
+__all__ = ["FetchLimits", "copy_budget", "is_url", "mirror_log", "without_userinfo"]
 
 _MAX_NOTE = 1 << 20  # a checkpoint: its lines and signatures
 _HASH = 32  # bytes per hash in a tile
@@ -86,7 +89,12 @@ def mirror_log(
     the checkpoint needs or serves more than `limits` allow, OSError when it cannot be
     reached or a file does not arrive whole within the deadline."""
     if not is_url(url):
-        raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        raise ValueError(f"{without_userinfo(url)!r} is not an http:// or https:// URL")
+    if _has_userinfo(url):
+        raise ValueError(
+            f"{without_userinfo(url)!r} holds userinfo (user:password@): give the log URL "
+            "without it (an auditor's token is --token)"
+        )
     base = url.rstrip("/") + "/"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     budget = _Budget(limits.max_bytes, "--max-download")
@@ -297,13 +305,39 @@ class _SameOrigin(urllib.request.HTTPRedirectHandler):
         headers: Any,
         newurl: str,
     ) -> urllib.request.Request | None:
+        if _has_userinfo(newurl):
+            fp.close()
+            raise MalformedError(
+                f"GET {req.full_url}: HTTP {code} redirects to "
+                f"{without_userinfo(newurl)[:200]}, a URL holding userinfo "
+                "(user:password@): not followed"
+            )
         if _origin(newurl) != _origin(req.full_url):
             fp.close()
             raise MalformedError(
-                f"GET {req.full_url}: HTTP {code} redirects to {newurl[:200]}, another origin "
-                "than the log URL's: not followed (it would take the token there)"
+                f"GET {req.full_url}: HTTP {code} redirects to "
+                f"{without_userinfo(newurl)[:200]}, another origin than the log URL's: not "
+                "followed (it would take the token there)"
             )
         return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _has_userinfo(url: str) -> bool:
+    """Whether `url`'s authority holds userinfo (`user[:password]@`)."""
+    return "@" in urllib.parse.urlsplit(url).netloc
+
+
+def without_userinfo(url: str) -> str:
+    """`url` with any userinfo in its authority replaced by `***`, for a message: the
+    credential a hostile redirect (or a mistyped log URL) carries is never repeated."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # e.g. an unbalanced [ in the host: quote nothing of it
+        return "<a URL that does not parse>"
+    if "@" not in parts.netloc:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"***@{host}"))
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:

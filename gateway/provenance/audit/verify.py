@@ -49,7 +49,12 @@ from gateway.provenance.errors import (
 )
 from gateway.provenance.formats.checkpoint import Checkpoint, SignedCheckpoint, open_checkpoint
 from gateway.provenance.formats.cosignature import CosignatureVerifier
-from gateway.provenance.formats.layout import read_log_file
+from gateway.provenance.formats.layout import (
+    MAX_HISTORY,
+    MAX_HISTORY_BYTES,
+    MAX_NOTE_FILE,
+    read_log_file,
+)
 from gateway.provenance.formats.merkle import (
     HASH_SIZE,
     consistency_proof,
@@ -61,7 +66,7 @@ from gateway.provenance.formats.records import parse_record
 from gateway.provenance.formats.tiles import TILE_WIDTH, TileReader, file_limit, tile_path
 from gateway.provenance.formats.tree import TiledTree
 
-__all__ = ["LogSummary", "WitnessSummary", "verify_log"]
+__all__ = ["HistoryLimits", "LogSummary", "WitnessSummary", "verify_log"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,19 +86,47 @@ def _fail(reason: str, index: int | None = None) -> LogVerificationError:
     return LogVerificationError(reason, index=index)
 
 
+@dataclass(frozen=True, slots=True)
+class HistoryLimits:
+    """How much of `checkpoints/` (and `cosigned/`) an audit holds: the files it lists and
+    the bytes of history notes it keeps (the log under audit may hold millions, or notes
+    of 1 MiB each). Past either the audit fails naming the limit, rather than exhaust
+    memory; an honest log past them needs the limit raised."""
+
+    files: int = MAX_HISTORY
+    bytes: int = MAX_HISTORY_BYTES
+
+
 def _open_history(
-    log: LogDirectory, verifiers: Sequence[Verifier], origin: str | None, accept_earlier: bool
+    log: LogDirectory,
+    verifiers: Sequence[Verifier],
+    origin: str | None,
+    accept_earlier: bool,
+    limits: HistoryLimits,
 ) -> tuple[list[SignedCheckpoint], int]:
     """The history, opened; and how many leading checkpoints only earlier keys signed."""
-    history = log.history()
+    try:
+        history = log.history(limits.files)
+    except MalformedError as exc:
+        raise _fail(str(exc)) from exc
     if not history:
         raise _fail(f"{log.path} has no checkpoints/ history: not a log, or it was deleted")
     opened: list[SignedCheckpoint] = []
-    earlier = 0
+    earlier, held = 0, 0
     for size, path in history:
         name = f"checkpoints/{path.name}"
         try:
-            data = read_log_file(path)
+            data = read_log_file(path, min(MAX_NOTE_FILE, limits.bytes - held))
+        except MalformedError as exc:
+            why = f"checkpoint {name}: {exc}"
+            if held + MAX_NOTE_FILE > limits.bytes:  # the file was read to the total's rest
+                why += (
+                    f" (the checkpoints before it hold {held} bytes; an audit holds at most "
+                    f"{limits.bytes} bytes of checkpoints/: raise it with --max-history-bytes)"
+                )
+            raise _fail(why) from exc
+        held += len(data)
+        try:
             signed = open_checkpoint(data, verifiers, origin=origin)
         except SignatureError as exc:
             if not accept_earlier or earlier < len(opened):
@@ -258,6 +291,7 @@ def verify_log(
     min_witnesses: int = 1,
     now: float | None = None,
     accept_earlier_keys: bool = False,
+    limits: HistoryLimits = HistoryLimits(),
 ) -> LogSummary:
     """Verify a whole log directory; raises LogVerificationError naming the first problem.
 
@@ -265,7 +299,8 @@ def verify_log(
     them must verify, and some checkpoint must carry `min_witnesses` of them; two keys that
     are one public key, or a witness key that is one of `verifiers`, are a ValueError (one
     witness would count twice; the log would witness itself). `now` (POSIX
-    seconds, default the clock) refuses cosignatures from the future.
+    seconds, default the clock) refuses cosignatures from the future. `limits` bounds the
+    checkpoint files listed and held (`HistoryLimits`).
     """
     if not verifiers:
         raise ValueError("verify_log needs at least one trusted key")
@@ -277,7 +312,7 @@ def verify_log(
         log = LogDirectory(directory)
     except MalformedError as exc:
         raise _fail(str(exc)) from exc
-    history, earlier = _open_history(log, verifiers, origin, accept_earlier_keys)
+    history, earlier = _open_history(log, verifiers, origin, accept_earlier_keys, limits)
     check_rotation_order(history, earlier)
     _check_latest(log, history)
     newest = history[-1].checkpoint
@@ -291,7 +326,7 @@ def verify_log(
     if witness_keys:
         clock = time.time() if now is None else now
         cosigned, witnessed = check_cosigned(
-            log, history, verifiers, witness_keys, min_witnesses, clock
+            log, history, verifiers, witness_keys, min_witnesses, clock, limits.files
         )
         for name, checkpoint in cosigned:
             expected_roots.setdefault(checkpoint.size, []).append((name, checkpoint.root))

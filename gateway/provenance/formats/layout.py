@@ -13,12 +13,16 @@ An auditor reads a log directory the audited operator handed over: any file in i
 a symlink to `/dev/zero` or a FIFO, or a sparse file of terabytes. `read_log_file` reads
 one file of it bounded (a note `MAX_NOTE_FILE`, a hash tile or entry bundle what its
 full width holds) and refuses anything but a regular file, so such a file is a failed
-check naming it, not an audit that hangs or exhausts memory.
+check naming it, not an audit that hangs or exhausts memory. Nor may a folder of millions
+of checkpoint files: for the auditor `list_history` and `list_cosigned` list at most
+`limit` of them (`MAX_HISTORY` by default, `owngate audit verify --max-checkpoints`; the
+writer lists its own log whole) and `newest_history` keeps only the newest name.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 from gateway.provenance.errors import MalformedError
@@ -29,6 +33,8 @@ __all__ = [
     "COSIGNED",
     "HISTORY",
     "LOCK",
+    "MAX_HISTORY",
+    "MAX_HISTORY_BYTES",
     "MAX_NOTE_FILE",
     "WAL",
     "cosigned_path",
@@ -36,6 +42,7 @@ __all__ = [
     "is_index_name",
     "list_cosigned",
     "list_history",
+    "newest_history",
     "read_log_file",
 ]
 
@@ -45,6 +52,13 @@ WAL = "wal"
 COSIGNED = "cosigned"
 LOCK = ".lock"
 MAX_NOTE_FILE = 1 << 20  # a checkpoint or cosigned note: its lines and signatures
+#: checkpoint files an audit lists in `checkpoints/` (and in `cosigned/`), and the bytes of
+#: `checkpoints/` it holds (an honest note is a few hundred bytes; one is signed at most
+#: every `checkpoint_interval_ms` while entries come, so a busy log signs 86,400 a day).
+#: The defaults keep an audit to about 2 GiB; `--max-checkpoints` and `--max-history-bytes`
+#: raise them for a log that holds more.
+MAX_HISTORY = 1_000_000
+MAX_HISTORY_BYTES = 256 << 20
 
 
 def read_log_file(path: Path, limit: int = MAX_NOTE_FILE) -> bytes:
@@ -65,24 +79,50 @@ def history_path(directory: Path, size: int) -> Path:
     return directory / HISTORY / f"{size:020d}"
 
 
-def list_history(directory: Path) -> list[tuple[int, Path]]:
-    """History checkpoints as (size from the file name, path), smallest first."""
-    return _by_size(directory / HISTORY)
+def list_history(directory: Path, limit: int | None = None) -> list[tuple[int, Path]]:
+    """History checkpoints as (size from the file name, path), smallest first; more than
+    `limit` of them (the auditor's; the writer lists its own log whole) is a MalformedError
+    naming the limit."""
+    return _by_size(directory / HISTORY, limit)
+
+
+def newest_history(directory: Path) -> tuple[int, Path] | None:
+    """The newest history checkpoint, listing the folder without keeping it (None if none)."""
+    folder = directory / HISTORY
+    if not folder.is_dir():
+        return None
+    newest: tuple[int, Path] | None = None
+    with os.scandir(folder) as found:
+        for item in found:
+            if is_index_name(item.name) and (newest is None or int(item.name) > newest[0]):
+                newest = (int(item.name), folder / item.name)
+    return newest
 
 
 def cosigned_path(directory: Path, size: int) -> Path:
     return directory / COSIGNED / f"{size:020d}"
 
 
-def list_cosigned(directory: Path) -> list[tuple[int, Path]]:
-    """Witness-cosigned checkpoints as (size from the file name, path), smallest first."""
-    return _by_size(directory / COSIGNED)
+def list_cosigned(directory: Path, limit: int | None = None) -> list[tuple[int, Path]]:
+    """Witness-cosigned checkpoints as (size from the file name, path), smallest first; more
+    than `limit` of them is a MalformedError naming the limit."""
+    return _by_size(directory / COSIGNED, limit)
 
 
-def _by_size(folder: Path) -> list[tuple[int, Path]]:
+def _by_size(folder: Path, limit: int | None) -> list[tuple[int, Path]]:
     if not folder.is_dir():
         return []
-    found = [(int(path.name), path) for path in folder.iterdir() if is_index_name(path.name)]
+    found: list[tuple[int, Path]] = []
+    with os.scandir(folder) as items:
+        for item in items:
+            if not is_index_name(item.name):
+                continue
+            if limit is not None and len(found) == limit:
+                raise MalformedError(
+                    f"{folder} holds more than {limit} checkpoint files, the most an audit "
+                    "reads (raise it with --max-checkpoints)"
+                )
+            found.append((int(item.name), folder / item.name))
     return sorted(found)
 
 

@@ -11,7 +11,10 @@ connections hold at once would pass `max_held_body` (`BodyBudget`, gateway/body_
 a body's declared length is reserved before any of it is read, a chunked one's bytes as
 they come, until its answer). Without it, anyone reaching the witness could hold a
 256 KiB body on every connection the listener allows: 1,500 connections grew `owngate
-witness serve` by 390 MB (4,096 by default: over 1 GiB). The app needs no web framework
+witness serve` by 390 MB (4,096 by default: over 1 GiB). One peer (a client address; an
+IPv6 one by its /64, which one host is given whole) may hold at most `max_held_body_per_peer`
+of it (a quarter by default; 429 past it), so one flooding peer cannot have every log's
+submissions refused. The app needs no web framework
 and imports no server: run it with any ASGI server (`owngate witness serve` uses uvicorn).
 The witness itself is opened and closed by the caller.
 """
@@ -19,6 +22,7 @@ The witness itself is opened and closed by the caller.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from collections.abc import Awaitable, Callable
 
 from gateway.asgi import Receive, Scope, Send, lifespan, read_body, respond
@@ -29,10 +33,12 @@ from gateway.provenance.witness.witness import Witness, WitnessCode, WitnessErro
 __all__ = [
     "MAX_BODY",
     "MAX_HELD_BODY",
+    "PEER_SHARE",
     "SIZE_CONTENT_TYPE",
     "STATUS",
     "ASGIApp",
     "create_witness_app",
+    "peer_of",
 ]
 
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -51,6 +57,8 @@ SIZE_CONTENT_TYPE = b"text/x.tlog.size"
 MAX_BODY = 256 * 1024
 #: what all connections' bodies hold at once: 128 bodies at MAX_BODY, thousands of real ones
 MAX_HELD_BODY = 32 * 1024 * 1024
+#: the part of it one peer's connections may hold, by default: 32 bodies at MAX_BODY
+PEER_SHARE = 4
 _TEXT = b"text/plain; charset=utf-8"
 
 
@@ -66,10 +74,20 @@ def create_witness_app(
     prefix: str = "",
     max_body: int = MAX_BODY,
     max_held_body: int = MAX_HELD_BODY,
+    max_held_body_per_peer: int | None = None,
 ) -> ASGIApp:
-    """The ASGI app serving `witness` at `<prefix>/add-checkpoint`."""
+    """The ASGI app serving `witness` at `<prefix>/add-checkpoint`; one peer's bodies hold
+    at most `max_held_body_per_peer` (default `max_held_body // PEER_SHARE`), which must
+    fit a body of `max_body` (ValueError)."""
     path = prefix.rstrip("/") + "/add-checkpoint"
-    bodies = BodyBudget()  # what all connections' bodies hold at once
+    per_peer = (
+        max_held_body // PEER_SHARE if max_held_body_per_peer is None else max_held_body_per_peer
+    )
+    if per_peer < max_body:
+        raise ValueError(
+            f"the bodies one peer may hold ({per_peer} bytes) must fit one body of {max_body}"
+        )
+    bodies = BodyBudget()  # what all connections' bodies hold at once, and per peer
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -85,7 +103,7 @@ def create_witness_app(
         if scope["method"] != "POST":
             await respond(send, 405, b"add-checkpoint takes POST\n", _TEXT, ((b"allow", b"POST"),))
             return
-        held = bodies.hold(max_held_body)
+        held = bodies.hold(max_held_body, peer_of(scope), per_peer)
         try:
             await _add_checkpoint(scope, receive, send, held)
         finally:
@@ -98,7 +116,10 @@ def create_witness_app(
             if error.code is ErrorCode.request_too_large:
                 await respond(send, 413, b"request body too large\n", _TEXT)
             elif error.code is ErrorCode.rate_limit_exceeded:
-                busy = b"the witness holds as many request bodies as it may; retry shortly\n"
+                busy = (
+                    b"the witness holds as many request bodies as it may (in all, or from "
+                    b"your address); retry shortly\n"
+                )
                 await respond(send, 429, busy, _TEXT, ((b"retry-after", b"1"),))
             return  # otherwise the client left before its body was complete
         try:
@@ -112,3 +133,19 @@ def create_witness_app(
         await respond(send, 200, lines, _TEXT)
 
     return app
+
+
+def peer_of(scope: Scope) -> str:
+    """Whose share of the body budget a request takes: its client address, an IPv6 one
+    by its /64 (a host is given a whole /64), "" when the server names no client."""
+    client = scope.get("client")
+    host = client[0] if client else ""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
