@@ -17,17 +17,31 @@ excludes it: docs/policies.md). `apac.` (Regions from India to Japan, Australia 
 UAE) and `global.` have no code: they are refused. An application inference profile's
 ARN (`application-inference-profile/<id>`) does not say what it wraps: not checked
 (docs/security.md).
+
+The Region a Bedrock request is sent to is also written in the config itself, and must be
+the declared one (or in the area of a declared code: `region: eu` takes `eu-central-1`):
+without `base_url`, an ARN's Region (`arn:aws:bedrock:us-east-1:...`), which LiteLLM
+takes over `AWS_REGION_NAME` (it sent a backend declared `eu-central-1` to
+`bedrock-runtime.us-east-1.amazonaws.com`); with one, the Region in an AWS host name
+(`bedrock-runtime.us-east-1.amazonaws.com`). Without either, the Region comes from the
+environment (not checked: docs/security.md).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Final
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
-__all__ = ["check_bedrock_profiles"]
+from gateway.policy.jurisdictions import expand, is_jurisdiction, region_matches
+
+__all__ = ["check_bedrock_profiles", "check_bedrock_regions"]
 
 _BEDROCK_PREFIXES: Final = ("bedrock/",)
+# An AWS Region name (LiteLLM's `_VALID_AWS_REGION_PATTERN` takes these and more).
+_AWS_REGION: Final = re.compile(r"[a-z]{2}(?:-[a-z]+)+-\d{1,2}")
+_AWS_DOMAINS: Final = ("amazonaws.com", "amazonaws.com.cn")
 # A system-defined profile's geography (the id's first dot-separated part) and the
 # jurisdiction code to declare for it; None: no code covers it.
 _GEOGRAPHIES: Final[dict[str, str | None]] = {
@@ -80,3 +94,39 @@ def _geography(provider_model: str) -> str | None:
     last = unquote(provider_model).rsplit("/", 1)[-1]
     first = last.split(".", 1)[0].lower()
     return first if first in _GEOGRAPHIES and "." in last else None
+
+
+def check_bedrock_regions(
+    region: str, provider_models: Iterable[str], base_url: str | None
+) -> None:
+    """Raise ValueError when the AWS Region a Bedrock backend's config names (its
+    `base_url` host's, else an ARN's) is not the declared `region` (nor in its area)."""
+    if base_url is not None:
+        host = (urlsplit(base_url).hostname or "").lower().rstrip(".")
+        if not any(host == d or host.endswith(f".{d}") for d in _AWS_DOMAINS):
+            return  # not an AWS host: taken as declared (docs/configuration.md)
+        named = next((p for p in host.split(".") if _AWS_REGION.fullmatch(p)), None)
+        if named is not None and not _within(named, region):
+            raise ValueError(
+                f"base_url host {host!r} is in AWS Region {named!r}, but the backend "
+                f"declares region {region!r}, which policies judge"
+            )
+        return
+    for model in provider_models:
+        if not model.startswith(_BEDROCK_PREFIXES):
+            continue
+        parts = unquote(model).split(":")
+        arn = len(parts) > 3 and parts[0].endswith("arn") and parts[2] == "bedrock"
+        if arn and _AWS_REGION.fullmatch(parts[3]) and not _within(parts[3], region):
+            raise ValueError(
+                f"provider_model {model!r} is an ARN in AWS Region {parts[3]!r}, where "
+                f"LiteLLM sends it, but the backend declares region {region!r}, which "
+                "policies judge"
+            )
+
+
+def _within(aws_region: str, declared: str) -> bool:
+    """Whether `aws_region` is the declared region, or in the area a declared code names."""
+    if aws_region == declared.lower():
+        return True
+    return is_jurisdiction(declared) and region_matches(aws_region, expand(declared)) is not None

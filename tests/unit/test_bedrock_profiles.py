@@ -7,6 +7,11 @@ the profile's geography (any commercial Region for `global.`). A backend declare
 it: the policy judged Frankfurt while the prompts could go to Paris, Stockholm or, with
 `global.`, anywhere. Now the backend must declare the geography's jurisdiction code,
 which the policy judges as the whole area; `apac.` and `global.` have none and do not load.
+
+The AWS Region the config itself names must be the declared one too: an ARN's Region
+(`bedrock/arn:aws:bedrock:us-east-1:...`), which LiteLLM sends to over `AWS_REGION_NAME`
+(a backend declared `eu-central-1` went to `bedrock-runtime.us-east-1.amazonaws.com`), and
+a `base_url` host's (`bedrock-runtime.us-east-1.amazonaws.com`).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ spec:
 """
 
 
-def bedrock(region: str, provider_model: str) -> str:
+def bedrock(region: str, provider_model: str, base_url: str | None = None) -> str:
     backend: dict[str, Any] = {
         "id": "bedrock",
         "kind": "hosted",
@@ -42,12 +47,14 @@ def bedrock(region: str, provider_model: str) -> str:
         "region": region,
         "models": [{"name": "m", "provider_model": provider_model}],
     }
+    if base_url is not None:
+        backend["base_url"] = base_url
     return yaml.safe_dump({"backends": [backend]})
 
 
-def refused(region: str, provider_model: str) -> str:
+def refused(region: str, provider_model: str, base_url: str | None = None) -> str:
     with pytest.raises(ConfigError) as info:
-        parse_config(bedrock(region, provider_model), env={})
+        parse_config(bedrock(region, provider_model, base_url), env={})
     (issue,) = info.value.issues
     assert issue.path == "backends[0]"
     return issue.message
@@ -132,3 +139,58 @@ def test_a_profile_declared_as_its_area_is_judged_as_the_whole_area() -> None:
     )
     assert decision.hosted == ()
     assert decision.refusal is not None
+
+
+US_ARN = "bedrock/arn:aws:bedrock:us-east-1:123456789012:foundation-model/anthropic.claude-v2"
+
+
+@pytest.mark.parametrize(
+    "provider_model",
+    [
+        US_ARN,
+        US_ARN.replace("bedrock/", "bedrock/converse/"),
+        "bedrock/arn%3Aaws%3Abedrock%3Aus-east-1%3A123456789012%3Afoundation-model%2Fx",
+        "bedrock/arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/a1b2",
+    ],
+)
+@pytest.mark.parametrize("region", ["eu-central-1", "eu", "de", "us-west-2"])
+def test_an_arn_in_another_region_than_declared_does_not_load(
+    region: str, provider_model: str
+) -> None:
+    message = refused(region, provider_model)
+    assert "is an ARN in AWS Region 'us-east-1'" in message
+
+
+@pytest.mark.parametrize(
+    ("region", "base_url"),
+    [
+        ("eu-central-1", "https://bedrock-runtime.us-east-1.amazonaws.com"),
+        ("de", "https://bedrock-runtime-fips.us-east-1.amazonaws.com/"),
+        ("eu", "https://vpce-0a1b-c2d3.bedrock-runtime.us-east-1.vpce.amazonaws.com"),
+        ("eu-central-1", "https://BEDROCK-RUNTIME.US-EAST-1.AMAZONAWS.COM."),
+    ],
+)
+def test_a_base_url_in_another_aws_region_than_declared_does_not_load(
+    region: str, base_url: str
+) -> None:
+    message = refused(region, "bedrock/anthropic.claude-3-haiku-20240307-v1:0", base_url)
+    assert "is in AWS Region 'us-east-1'" in message
+
+
+@pytest.mark.parametrize(
+    ("region", "provider_model", "base_url"),
+    [
+        ("us-east-1", US_ARN, None),
+        ("us", US_ARN, None),
+        ("US-EAST-1", US_ARN, None),
+        # with base_url the host says where: the ARN names the model there
+        ("us-east-1", US_ARN, "https://bedrock-runtime.us-east-1.amazonaws.com"),
+        ("eu-central-1", "bedrock/x.y", "https://bedrock-runtime.eu-central-1.amazonaws.com"),
+        ("de", "bedrock/x.y", "https://bedrock-runtime.eu-central-1.amazonaws.com"),
+        ("eu", "bedrock/eu.x.y", "https://bedrock-runtime.eu-west-3.amazonaws.com"),
+    ],
+)
+def test_a_region_the_config_names_within_the_declared_one_loads(
+    region: str, provider_model: str, base_url: str | None
+) -> None:
+    parse_config(bedrock(region, provider_model, base_url), env={})
