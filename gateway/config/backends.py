@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config.base import Identifier, _Strict
+from gateway.config.bedrock_profiles import check_bedrock_profiles, check_bedrock_regions
 from gateway.config.provider_routes import check_route, is_azure
 from gateway.config.routing import BreakerSettings
 from gateway.plain_names import plain_name_problem
@@ -276,6 +277,9 @@ class BackendSettings(_Strict):
             declared = self.provider or self.owner
             unchecked = self.unsafe_unchecked_azure_host
             check_route(declared, models, self.base_url, unchecked_azure_host=unchecked)
+            # ... and the region policies judge must be where it processes the request.
+            check_bedrock_profiles(self.region, models)
+            check_bedrock_regions(self.region, models, self.base_url)
             if unchecked and (self.base_url is None or not is_azure(declared, models)):
                 raise ValueError(
                     "unsafe_unchecked_azure_host applies to a hosted Azure backend with "

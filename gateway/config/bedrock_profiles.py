@@ -1,0 +1,132 @@
+"""Whether a Bedrock backend's declared `region` says where its requests are processed.
+
+A policy judges a hosted backend by its declared `region` (`residency.allow: [de]`). A
+Bedrock `provider_model` may name a cross-Region inference profile instead of a model:
+`bedrock/eu.anthropic.claude-...`, `bedrock/converse/global.anthropic.claude-...`, or the
+profile's ARN (`...:inference-profile/us.meta.llama...`). LiteLLM sends that id as it is
+(`/model/eu.anthropic.../converse` at the region's endpoint), and Bedrock then processes
+the request in any Region of the profile's geography, or, for `global.`, in any
+commercial Region. A backend declared `region: eu-central-1` with such a model passed
+`residency.allow: [de]` while its prompts could be served in Paris, Stockholm or, with
+`global.`, Virginia.
+
+So a profile's backend must declare its geography as the jurisdiction code that names it
+(`us.` and `us-gov.`: `us`; `eu.`: `eu`; `jp.`, `au.`, `ca.`: the country), which a
+policy judges as the whole area (an allow must cover all of it, a deny of any part
+excludes it: docs/policies.md). `apac.` (Regions from India to Japan, Australia and the
+UAE) and `global.` have no code: they are refused. An application inference profile's
+ARN (`application-inference-profile/<id>`) does not say what it wraps: not checked
+(docs/security.md).
+
+The Region a Bedrock request is sent to is also written in the config itself, and must be
+the declared one (or in the area of a declared code: `region: eu` takes `eu-central-1`):
+without `base_url`, an ARN's Region (`arn:aws:bedrock:us-east-1:...`), which LiteLLM
+takes over `AWS_REGION_NAME` (it sent a backend declared `eu-central-1` to
+`bedrock-runtime.us-east-1.amazonaws.com`); with one, the Region in an AWS host name
+(`bedrock-runtime.us-east-1.amazonaws.com`). Without either, the Region comes from the
+environment (not checked: docs/security.md).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Final
+from urllib.parse import unquote, urlsplit
+
+from gateway.policy.jurisdictions import expand, is_jurisdiction, region_matches
+
+__all__ = ["check_bedrock_profiles", "check_bedrock_regions"]
+
+_BEDROCK_PREFIXES: Final = ("bedrock/",)
+# An AWS Region name (LiteLLM's `_VALID_AWS_REGION_PATTERN` takes these and more).
+_AWS_REGION: Final = re.compile(r"[a-z]{2}(?:-[a-z]+)+-\d{1,2}")
+_AWS_DOMAINS: Final = ("amazonaws.com", "amazonaws.com.cn")
+# A system-defined profile's geography (the id's first dot-separated part) and the
+# jurisdiction code to declare for it; None: no code covers it.
+_GEOGRAPHIES: Final[dict[str, str | None]] = {
+    "us": "us",
+    "us-gov": "us",
+    "eu": "eu",
+    "jp": "jp",
+    "au": "au",
+    "ca": "ca",
+    "apac": None,
+    "global": None,
+}
+
+
+def check_bedrock_profiles(region: str, provider_models: Iterable[str]) -> None:
+    """Raise ValueError when a `provider_model` names a Bedrock cross-Region inference
+    profile whose geography the declared `region` does not name."""
+    for model in provider_models:
+        geography = _geography(model)
+        if geography is None:
+            continue
+        code = _GEOGRAPHIES[geography]
+        where = (
+            "any commercial AWS Region"
+            if geography == "global"
+            else f"any Region of its geography ({geography})"
+        )
+        head = (
+            f"provider_model {model!r} is a Bedrock cross-Region inference profile: "
+            f"Bedrock may process its requests in {where}, not only in the declared region"
+        )
+        if code is None:
+            raise ValueError(
+                f"{head}, and no jurisdiction code covers that area for policies to judge: "
+                "use a geography profile (us., eu., jp., au., ca.) or the in-Region model id"
+            )
+        if region.lower() != code:
+            raise ValueError(
+                f"{head} {region!r}: declare region: {code} (policies then judge the whole "
+                "area), or use the in-Region model id"
+            )
+
+
+def _geography(provider_model: str) -> str | None:
+    """The geography of the cross-Region profile `provider_model` names, or None."""
+    if not provider_model.startswith(_BEDROCK_PREFIXES):
+        return None
+    # The model id is the last part (after route parts such as `converse/`, or an ARN's
+    # `inference-profile/`); LiteLLM takes it percent-encoded too.
+    last = unquote(provider_model).rsplit("/", 1)[-1]
+    first = last.split(".", 1)[0].lower()
+    return first if first in _GEOGRAPHIES and "." in last else None
+
+
+def check_bedrock_regions(
+    region: str, provider_models: Iterable[str], base_url: str | None
+) -> None:
+    """Raise ValueError when the AWS Region a Bedrock backend's config names (its
+    `base_url` host's, else an ARN's) is not the declared `region` (nor in its area)."""
+    if base_url is not None:
+        host = (urlsplit(base_url).hostname or "").lower().rstrip(".")
+        if not any(host == d or host.endswith(f".{d}") for d in _AWS_DOMAINS):
+            return  # not an AWS host: taken as declared (docs/configuration.md)
+        named = next((p for p in host.split(".") if _AWS_REGION.fullmatch(p)), None)
+        if named is not None and not _within(named, region):
+            raise ValueError(
+                f"base_url host {host!r} is in AWS Region {named!r}, but the backend "
+                f"declares region {region!r}, which policies judge"
+            )
+        return
+    for model in provider_models:
+        if not model.startswith(_BEDROCK_PREFIXES):
+            continue
+        parts = unquote(model).split(":")
+        arn = len(parts) > 3 and parts[0].endswith("arn") and parts[2] == "bedrock"
+        if arn and _AWS_REGION.fullmatch(parts[3]) and not _within(parts[3], region):
+            raise ValueError(
+                f"provider_model {model!r} is an ARN in AWS Region {parts[3]!r}, where "
+                f"LiteLLM sends it, but the backend declares region {region!r}, which "
+                "policies judge"
+            )
+
+
+def _within(aws_region: str, declared: str) -> bool:
+    """Whether `aws_region` is the declared region, or in the area a declared code names."""
+    if aws_region == declared.lower():
+        return True
+    return is_jurisdiction(declared) and region_matches(aws_region, expand(declared)) is not None
