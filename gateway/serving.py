@@ -190,6 +190,15 @@ class DrainingServer(CleanExitServer):
             cancel(task)
         if running:
             await asyncio.wait(running, timeout=_FORCED_END_S)
+        # A connection still open holds what its client has not read (an answer's tail, a
+        # cut's 503 whose send waits for room): dropped now, the sends waiting on it
+        # return, so the requests still running end and write their completion records
+        # before the log closes, and the loop's end no longer waits on the client.
+        for connection in list(self.server_state.connections):
+            connection.transport.abort()
+        left = [task for task in running if not task.done()]
+        if left:
+            await asyncio.wait(left, timeout=_FORCED_END_S)
         await self.lifespan.shutdown()
 
 
