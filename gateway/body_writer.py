@@ -118,6 +118,12 @@ class BodyWriter:
         return cycle is None or cycle.disconnected
 
     @property
+    def head_sent(self) -> bool:
+        """The response's head was handed to the connection (uvicorn wrote it)."""
+        cycle = self._cycle()
+        return cycle is not None and cycle.response_started
+
+    @property
     def write_paused(self) -> bool:
         """The client's buffers are full: write no more until `drain()` returns."""
         cycle = self._cycle()

@@ -176,8 +176,9 @@ class DrainingServer(CleanExitServer):
         completion records lost, some answered with uvicorn's plain 500), no final
         checkpoint was signed, and the process exited 0 all the same. Here the requests
         are cancelled at once (the app answers each with the 503 its record says, without
-        waiting for a receipt), given `_FORCED_END_S` to end, and the lifespan shutdown
-        runs: their records are written and the final checkpoint signed (exit 4 if not).
+        waiting for a receipt), given `_FORCED_END_S` to end (then their connections are
+        dropped, which ends a send waiting on a client that reads nothing, and they get
+        `_FORCED_END_S` more), and the lifespan shutdown runs: their records are written and the final checkpoint signed (exit 4 if not).
         A request making its tenant's charge is cancelled once it is made (`cancel`), as
         at the app's own drain deadline: cut inside it, the charge was lost (a Redis
         call never sent; `Admission.release` runs once)."""
@@ -190,6 +191,15 @@ class DrainingServer(CleanExitServer):
             cancel(task)
         if running:
             await asyncio.wait(running, timeout=_FORCED_END_S)
+        # A connection still open holds what its client has not read (an answer's tail, a
+        # cut's 503 whose send waits for room): dropped now, the sends waiting on it
+        # return, so the requests still running end and write their completion records
+        # before the log closes, and the loop's end no longer waits on the client.
+        for connection in list(self.server_state.connections):
+            connection.transport.abort()
+        left = [task for task in running if not task.done()]
+        if left:
+            await asyncio.wait(left, timeout=_FORCED_END_S)
         await self.lifespan.shutdown()
 
 

@@ -204,7 +204,17 @@ async def send_whole(
         if exchange.trail is not None:
             exchange.trail.unsent()
         raise
-    await send_bytes(send, status, data, exchange.request_id, content_type, headers)
+    try:
+        await send_bytes(send, status, data, exchange.request_id, content_type, headers)
+    except asyncio.CancelledError:
+        # Cut while the send waited for a client that reads nothing (a keep-alive
+        # connection's earlier answer fills its buffers): no head went out, so nothing did.
+        writer = exchange.writer
+        if writer is not None and not writer.head_sent:
+            exchange.response_started = False
+            if exchange.trail is not None:
+                exchange.trail.unsent()
+        raise
     if client_left(exchange):
         exchange.response_started = False
         if exchange.trail is not None:

@@ -1,0 +1,112 @@
+"""`owngate serve` shut down by force while a keep-alive client reads nothing: its first,
+large answer fills the connection's buffers, so the answer to its next (pipelined)
+request waits to be sent, its head not yet out. Before, the completion record of that
+second request committed to the 200 answer it never sent, and the process hung after
+"Finished server process": the loop's end waited on the client to read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+from gateway.provenance import write_signing_key
+from gateway.tenants import hash_api_key
+from tests.helpers.gateways import backend
+from tests.helpers.log_truth import ORIGIN
+from tests.helpers.net import free_port
+from tests.helpers.processes import GatewayProcess
+from tests.helpers.provenance import records
+from tests.helpers.raw_backend import Answer, Post, RawBackend
+from tests.helpers.waiting import until
+
+KEY = "og-unread-test-key-0123456789abcdef"
+BIG = json.dumps(
+    {
+        "id": "c",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "x" * (8 << 20)}}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+).encode()
+SMALL = json.dumps(
+    {
+        "id": "d",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+).encode()
+
+
+def test_a_forced_shutdown_with_a_client_that_reads_nothing_ends_and_says_what_went_out(
+    start_raw: Callable[[Answer], RawBackend], tmp_path: Path
+) -> None:
+    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
+        body = BIG if b"first" in post.body else SMALL
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % len(body) + body)
+        await writer.drain()
+        return False
+
+    raw = start_raw(answer)
+    write_signing_key(tmp_path / "log.key", ORIGIN)
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port(), "write_timeout_s": 600},
+        "logging": {"format": "json", "level": "info", "access_log": True},
+        "limits": {"drain_timeout_s": 60, "max_held_answer_bytes": 64 << 20},
+        "backends": [backend("gpu", raw.url, "m")],
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+        "provenance": {"dir": "log", "origin": ORIGIN, "signing_key_file": "log.key"},
+    }
+    gateway = GatewayProcess(config, tmp_path).start()
+    sock = socket.create_connection(("127.0.0.1", gateway.port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+
+    def req(text: str) -> bytes:
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}]}).encode()
+        return (
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"authorization: Bearer " + KEY.encode() + b"\r\ncontent-length: %d\r\n\r\n" % len(body)
+        ) + body
+
+    try:
+        sock.sendall(req("first"))
+        until(lambda: len(raw.posts) == 1, "first asked", timeout=30)
+        sock.sendall(req("second"))
+        until(lambda: len(raw.posts) == 2, "second asked", timeout=30)
+        until(lambda: raw.ended >= 2, "the second answer read by the gateway", timeout=30)
+        assert gateway.proc is not None
+        gateway.proc.send_signal(signal.SIGTERM)
+        until(lambda: "draining" in gateway.output(), "the drain began", timeout=30)
+        gateway.proc.send_signal(signal.SIGINT)
+        until(lambda: "Shutting down" in gateway.output(), "uvicorn's shutdown", timeout=30)
+        gateway.proc.send_signal(signal.SIGINT)
+        code = gateway.wait(30)  # the forced end is bounded (5 s twice), not the client's
+        got = bytearray()
+        sock.settimeout(10)
+        while True:
+            try:
+                piece = sock.recv(1 << 20)
+            except (TimeoutError, ConnectionResetError):
+                break
+            if not piece:
+                break
+            got.extend(piece)
+    finally:
+        sock.close()
+        gateway.stop()
+    assert code == 0, gateway.output()
+    assert got.startswith(b"HTTP/1.1 200 OK")
+    assert got.count(b"HTTP/1.1 ") == 1  # the second answer's head never went out
+    logged = records(tmp_path / "log")
+    ids = list(dict.fromkeys(r["request_id"] for r in logged))
+    assert len(ids) == 2, logged
+    second = [r for r in logged if r["request_id"] == ids[1]]
+    assert [r["type"] for r in second] == ["dispatch", "completion"]
+    assert second[1]["status"] in (499, 503), second  # never the 200 it did not send
+    assert second[1]["response_commitment"] is None, second
