@@ -30,6 +30,7 @@ pytestmark = pytest.mark.redis
 LIMITS = TenantLimits(requests_per_minute=4)  # one request: 15 s of the budget
 KEYS = RedisKeys("test")
 FIXED = 3  # RESTORE's keys before the rate keys: leases, epoch, restored
+BATCH = 256  # the most rate keys a RESTORE call sends by default (docs/state.md)
 
 Script = Callable[..., Awaitable[Any]]
 
@@ -88,9 +89,8 @@ def test_a_restore_of_20000_tenants_is_many_bounded_calls(redis_server: RedisSer
             redis_server.start()  # empty
             # healthy: a HEARTBEAT renewed the lease, after the restore (same sync)
             await until_async(lambda: state.healthy, "the replica on Redis", timeout=60)
-            batch = state.restore_batch
-            assert max(len(keys) for keys in calls) <= batch  # was 20,000
-            assert len(calls) >= len(tenants) // batch
+            assert max(len(keys) for keys in calls) <= BATCH  # was 20,000
+            assert len(calls) >= len(tenants) // BATCH
             sent = [key for keys in calls for key in keys]
             assert sorted(sent) == sorted(KEYS.requests(t) for t in tenants)  # each once
             raw = aioredis.Redis.from_url(redis_server.url)
@@ -249,6 +249,48 @@ def test_two_replicas_restoring_at_once_add_each_part_once(
             assert switches >= 4, order  # the runs did interleave
             ahead = await _ahead_s(raw, tenants)
             assert all(20 < s <= 30 for s in ahead), (min(ahead), max(ahead))
+        await raw.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_redis_losing_its_data_again_mid_run_starts_the_run_over(
+    redis_server: RedisServer,
+) -> None:
+    """Redis loses its data again after two batches of a restore: those two batches
+    went with it, so the run starts over under the new epoch (every budget back once),
+    rather than going on and leaving the first two batches' tenants a whole budget."""
+    tenants = [f"t{i}" for i in range(500)]
+
+    async def scenario() -> None:
+        raw = aioredis.Redis.from_url(redis_server.url)
+        async with replicas(redis_server, "replica-a") as (state,):
+            state.restore_batch = 100
+            await _spend([state], tenants)
+            real = state._restore_script
+            firsts: list[int] = []  # the run position of each batch Redis put back
+            flushed: list[bytes | str | None] = []
+
+            async def flushing(*, keys: list[str], args: list[str | int]) -> Any:
+                if len(firsts) == 2 and not flushed:
+                    flushed.append(await raw.get(KEYS.epoch))
+                    await raw.flushall()
+                reply = await real(keys=keys, args=args)
+                if _restoring(reply):
+                    firsts.append(int(args[5]))
+                return reply
+
+            state._restore_script = flushing  # type: ignore[assignment]
+            await raw.flushall()
+            await until_async(
+                lambda: state.healthy and state.status().restores == 1,
+                "the replica back on Redis, its budgets restored",
+                timeout=60,
+            )
+            assert firsts == [0, 100, 0, 100, 200, 300, 400], firsts
+            assert flushed and await raw.get(KEYS.epoch) not in (None, flushed[0])
+            ahead = await _ahead_s(raw, tenants)
+            assert all(5 < s <= 15 for s in ahead), (min(ahead), max(ahead))
         await raw.aclose()
 
     asyncio.run(scenario())
