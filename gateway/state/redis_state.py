@@ -24,6 +24,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.logs import get_logger
@@ -85,6 +86,7 @@ class RedisState:
         self._heartbeat_script = self._sync_client.register_script(lua.HEARTBEAT)
         self._leave_script = self._sync_client.register_script(lua.LEAVE)
         self._restore_script = self._sync_client.register_script(lua.RESTORE)
+        self._clock = clock
         self._ledger = Ledger(clock)
         self._slots = HeldSlots(replica, self._ledger)
         self._health = RedisHealth(replica, timeout_s, on_failure=lambda: self._set_others({}))
@@ -111,6 +113,8 @@ class RedisState:
         self._epoch = ""  # the `epoch` key's value when this replica last restored
         self._token = os.urandom(8).hex()  # this process's, in `restored` (lua.RESTORE)
         self._restores = 0
+        self._pending: _RestoreRun | None = None  # a restore begun and not yet finished
+        self.restore_batch = lua.RESTORE_BATCH  # the most rate keys one RESTORE call sends
         self._log = get_logger("owngate.state")
 
     # lifecycle
@@ -288,26 +292,58 @@ class RedisState:
         """Before a resync renews the lease: if it is gone (Redis restarted, flushed or
         evicted it, or this replica stalled past it), put back each tenant's budget use
         this replica's ledger holds, so a Redis that lost its keys does not hand every
-        tenant a whole new minute's budget (docs/state.md)."""
+        tenant a whole new minute's budget (docs/state.md). In calls of at most
+        `restore_batch` keys each; a run cut off (the sync failed or timed out) goes on
+        from where it was at the next sync, and Redis's `restored` mark keeps a batch
+        sent twice from being added twice."""
         keys, backlogs = self._limits.backlogs()
-        reply = await self._restore_script(
-            keys=[self._keys.leases, self._keys.epoch, self._keys.restored, *keys],
-            args=[self.replica_id, self._epoch, os.urandom(8).hex(), self._token, *backlogs],
-        )
-        restored, self._epoch = int(reply[0]), text(reply[1])
-        if restored == 2 or (restored == 1 and self._leased):
+        taken_at = self._clock()
+        if self._pending is None:
+            self._pending = _RestoreRun(self._epoch)
+        run = self._pending
+        run.extend(keys)
+        now_ahead = dict(zip(keys, backlogs, strict=True))
+        while True:
+            elapsed_us = round((self._clock() - taken_at) * 1_000_000)
+            keys = run.keys[run.next : run.next + self.restore_batch]
+            backlogs = [max(0, now_ahead.get(key, 0) - elapsed_us) for key in keys]
+            reply = await self._restore_script(
+                keys=[self._keys.leases, self._keys.epoch, self._keys.restored, *keys],
+                args=[
+                    self.replica_id,
+                    run.seen,
+                    os.urandom(8).hex(),
+                    self._token,
+                    run.epoch,
+                    run.next,
+                    *backlogs,
+                ],
+            )
+            code, epoch = int(reply[0]), text(reply[1])
+            if code == 0:  # the lease is live: nothing to put back
+                self._pending, self._epoch = None, epoch
+                return
+            if code == 3:  # Redis lost its data again meanwhile: all of it goes back
+                run.epoch, run.next = "", 0
+                continue
+            run.epoch, run.lost = epoch, run.lost or code == 2
+            run.next += len(keys)
+            if run.next >= len(run.keys):
+                break
+        self._pending, self._epoch = None, run.epoch
+        if run.lost or self._leased:
             self._restores += 1
-        if restored == 2:
+        if run.lost:
             self._log.warning(
                 "redis lost its data, budgets restored from local use",
                 replica=self.replica_id,
-                budgets=len(keys),
+                budgets=len(run.keys),
             )
-        elif restored == 1 and self._leased:  # not before a first lease
+        elif self._leased:  # not before a first lease
             self._log.warning(
                 "shared state lease was gone, budgets restored from local use",
                 replica=self.replica_id,
-                budgets=len(keys),
+                budgets=len(run.keys),
             )
 
     async def _beat(self, *, resync: bool) -> list[Any]:
@@ -342,6 +378,27 @@ class RedisState:
             if sent == 0 and self._inflight.get(backend) == 0:
                 del self._inflight[backend]
         return reply
+
+
+@dataclass
+class _RestoreRun:
+    """A restore under way: the rate keys in the order they are sent (a key first seen
+    at a later sync of the run goes at the end: the order never changes, so Redis's
+    count of the keys added stays true), how many were sent, the epoch this replica
+    knew before the run (`seen`) and the one it restores into."""
+
+    seen: str
+    keys: list[str] = field(default_factory=list)
+    known: set[str] = field(default_factory=set)
+    epoch: str = ""
+    next: int = 0
+    lost: bool = False
+
+    def extend(self, keys: list[str]) -> None:
+        for key in keys:
+            if key not in self.known:
+                self.known.add(key)
+                self.keys.append(key)
 
 
 def _flat(pairs: Sequence[tuple[str, int]]) -> list[str | int]:
