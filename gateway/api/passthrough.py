@@ -327,7 +327,11 @@ class PrivateRelay:
             exchange, attempt, response, send, first_byte_by, watch, tail
         )
         if attester is not None and tail is not None and exchange.trail is not None:
-            attester.judge(exchange.trail, exchange.request_id.decode(), tail.countersignature)
+            # A stream that broke off ends with the gateway's error event, after the bytes
+            # a comment the reads brought before the break countersigned: the client did
+            # not get the answer it covers, so it is not taken (`missing`).
+            signed = tail.countersignature if broke is None else None
+            attester.judge(exchange.trail, exchange.request_id.decode(), signed)
         if broke is None and watch.error_event:
             self._metrics.upstream_error(backend.id, "error_event")
         await end_stream(send, exchange, line_open=line_open)

@@ -157,6 +157,8 @@ class AttestRelay:
         self._strip_reports = Tally()
         self.answers = BodyBudget()  # whole answers held at once, by all connections
         self._events = get_logger("owngate.attest")
+        # Why the stop was not clean (`close`): `owngate attest` then exits 4.
+        self.shutdown_error: str | None = None
 
     async def open(self) -> str | None:
         """None when the sidecar can serve, else why not (key, log or backend URL)."""
@@ -186,13 +188,25 @@ class AttestRelay:
         return None
 
     async def close(self) -> None:
-        """Flush the log and sign its final checkpoint; close the backend connections."""
+        """Flush the log and sign its final checkpoint; close the backend connections. A
+        final checkpoint not signed, or statements handed out and not logged (the disk
+        still refused them), set `shutdown_error`."""
+        problems = []
         try:
             if self._log is not None:
                 await self._log.close()
+        except (OSError, ProvenanceError) as exc:
+            problems.append(f"the final checkpoint was not signed ({type(exc).__name__})")
+            self._events.error("final checkpoint not signed", reason=type(exc).__name__)
         finally:
             if self._notary is not None:
                 self._notary.close()
+        if self._notary is not None and self._notary.unlogged:
+            problems.append(
+                f"{self._notary.unlogged} countersignature(s) handed out are not in its log"
+            )
+        if problems:
+            self.shutdown_error = "owngate attest: " + "; ".join(problems)
         if self._pool_open:
             await self._pool.close()
 

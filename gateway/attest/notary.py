@@ -146,6 +146,9 @@ class Notary:
             self._next = max(self._next, counters.read())
             self._reserve()
         self._events = get_logger("owngate.attest")
+        # Statements handed out that the log then refused for good (a disk that did not
+        # take them again before the sidecar stopped): the stop reports them (exit 4).
+        self.unlogged = 0
 
     @property
     def writable(self) -> bool:
@@ -192,4 +195,5 @@ class Notary:
     def _logged(self, written: asyncio.Future[LogEntry]) -> None:
         error = None if written.cancelled() else written.exception()
         if error is not None:
+            self.unlogged += 1
             self._events.error("statement not logged", reason=type(error).__name__)

@@ -98,21 +98,23 @@ def serve(
     sock: socket.socket,
     context: ssl.SSLContext | None = None,
     listen: ListenSettings | None = None,
-) -> str | None:
-    """Serve until SIGTERM or SIGINT; None after a clean shutdown, else why it could not
-    start."""
+) -> tuple[int, str] | None:
+    """Serve until SIGTERM or SIGINT; None after a clean shutdown, else the exit status
+    and why: 1 when it could not start, 4 when it stopped without its final checkpoint or
+    with countersignatures it handed out missing from its log (`AttestRelay.close`)."""
 
-    async def main() -> str | None:
+    async def main() -> tuple[int, str] | None:
         running = await _Running.start(settings, sock, context, listen or ListenSettings())
         if isinstance(running, str):
-            return running
+            return 1, running
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         await running.stop()
-        return None
+        error = running.relay.shutdown_error
+        return None if error is None else (4, error)
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(main())

@@ -1,7 +1,8 @@
 """`owngate attest`: run the countersigning sidecar beside a private inference server.
 
 Every flag has an environment default `OWNGATE_ATTEST_<FLAG>`. Exit codes: 0 after a
-clean shutdown, 1 when the key, log or TLS files cannot be used, 2 on bad flags.
+clean shutdown, 1 when the key, log or TLS files cannot be used, 2 on bad flags, 4 when it
+stopped without its final checkpoint or with countersignatures it handed out not in its log.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def register(subparsers: Any) -> None:
         "endpoint: only a client certificate chaining to that CA (the gateway's) gets an "
         "answer (docs/backend-tls.md).",
         epilog="Exit codes: 0 after a clean shutdown, 1 key, log or TLS files not usable, 2 bad "
-        "flags.",
+        "flags, 4 stopped without its final checkpoint or with countersignatures it handed out "
+        "not in its log.",
     )
     add = parser.add_argument
     # Number defaults are the environment's strings: argparse converts them with `type`,
@@ -191,9 +193,10 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     # SIGTERM/SIGINT: stop listening, let running requests finish, sign the log's final
-    # checkpoint, exit 0.
+    # checkpoint, exit 0 (4 when that or a statement's write failed for good).
     failure = serve(settings, sock, context)
     if failure is not None:
-        print(failure, file=sys.stderr)
-        return 1
+        status, why = failure
+        print(why, file=sys.stderr)
+        return status
     return 0

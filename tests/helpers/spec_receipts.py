@@ -140,7 +140,7 @@ def verify_client_receipt(
     body: bytes | list[bytes] | None,
     tree: Tree,
     recipes: dict[str, Any],
-    backend_vkey: str | None = None,
+    backend_vkeys: dict[str, str] | None = None,
     received: bytes | None = None,
 ) -> dict[str, Any]:
     """A client's receipt, checked as the docs say an independent client checks it: the
@@ -197,12 +197,12 @@ def verify_client_receipt(
             committed in opened if body is not None else committed is None,
             "docs: the response commitment opens with the body the client received",
         )
-    if backend_vkey is not None and received is not None:
+    if backend_vkeys is not None and received is not None:
         _recipe(
             recipes["verify_countersignature"],
             receipt,
             vkey,
-            backend_vkey,
+            backend_vkeys,
             sent,
             received,
         )

@@ -241,7 +241,7 @@ def check_two_party(
             assert "ok: the backend countersigned this response body" in said, said
             backend = json.loads(base64.b64decode(json.loads(receipt)["payload"]))["backend"]
             assert backend in PRIVATE
-            statement = verify(receipt, key, vkeys[backend], exchange.request, exchange.response)
+            statement = verify(receipt, key, vkeys, exchange.request, exchange.response)
             assert (
                 statement["request_id"]
                 == json.loads(base64.b64decode(json.loads(receipt)["payload"]))["request_id"]

@@ -45,7 +45,7 @@ def test_an_attested_answer_verifies_with_both_keys(tmp_path: Path) -> None:
                     body=body,
                     tree=tree,
                     recipes=recipes,
-                    backend_vkey=sidecar.vkey,
+                    backend_vkeys={"gpu": sidecar.vkey},
                     received=answer.content,
                 )
     finally:

@@ -1,7 +1,8 @@
 """docs/provenance.md's independent countersignature recipe (on top of its receipt
 recipe) is run as written against owngate's countersigned receipts, v1 and v2, whole and
 streamed, and against forgeries: another backend key, another request's statement, a
-body the backend did not sign, an event appended after a countersigned stream."""
+body the backend did not sign, an event appended after a countersigned stream, a receipt
+naming another backend than the one whose key signed the statement."""
 
 from __future__ import annotations
 
@@ -30,13 +31,16 @@ WHOLE = b'{"choices":[{"message":{"content":"hi"}}]}'
 VERIFY = provenance_recipes()["verify_countersignature"]
 
 
-def _receipt(index: int, salts: Salts) -> Receipt:
+KEYS = {"gpu-fra-1": SIDECAR.vkey}
+
+
+def _receipt(index: int, salts: Salts, backend: str = "gpu-fra-1") -> Receipt:
     return Receipt(
         f"req_{index:024x}",
         LOG.name,
         index,
         leaf_hash(b"%d" % index),
-        "gpu-fra-1",
+        backend,
         "sha256:" + "ab" * 32,
         salts,
     )
@@ -64,12 +68,12 @@ def _received(stream: bytes, receipt: bytes) -> bytes:
 def test_the_recipe_verifies_a_whole_answer_and_a_stream_as_received() -> None:
     receipt = _receipt(3, Salts.generate(CountingRandom("whole")))
     data = _countersigned(receipt, WHOLE)
-    statement = VERIFY(data, LOG.vkey, SIDECAR.vkey, REQUEST, WHOLE)
+    statement = VERIFY(data, LOG.vkey, KEYS, REQUEST, WHOLE)
     assert statement["key"] == str(SIDECAR) and statement["request_id"] == receipt.request_id
     streamed = _receipt(4, Salts.generate(CountingRandom("stream")))
     data = _countersigned(streamed, STREAM)
-    assert VERIFY(data, LOG.vkey, SIDECAR.vkey, REQUEST, _received(STREAM, data))
-    assert VERIFY(data, LOG.vkey, SIDECAR.vkey, REQUEST, STREAM)  # saved without the line
+    assert VERIFY(data, LOG.vkey, KEYS, REQUEST, _received(STREAM, data))
+    assert VERIFY(data, LOG.vkey, KEYS, REQUEST, STREAM)  # saved without the line
 
 
 def test_the_recipe_verifies_the_countersignature_beside_a_batch_receipt() -> None:
@@ -78,16 +82,31 @@ def test_the_recipe_verifies_the_countersignature_beside_a_batch_receipt() -> No
     plain = _countersigned(receipts[1], WHOLE)
     envelope = json.loads(batch[1])
     envelope["attestation"] = json.loads(plain)["attestation"]
-    assert VERIFY(json.dumps(envelope).encode(), LOG.vkey, SIDECAR.vkey, REQUEST, WHOLE)
+    assert VERIFY(json.dumps(envelope).encode(), LOG.vkey, KEYS, REQUEST, WHOLE)
 
 
 @pytest.mark.parametrize(
     "forgery",
-    ["another-key", "another-request", "another-request-body", "changed-response", "appended"],
+    [
+        "another-key",
+        "another-request",
+        "another-request-body",
+        "changed-response",
+        "appended",
+        "another-backend",
+        "unkeyed-backend",
+    ],
 )
 def test_the_recipe_refuses_what_owngate_refuses(forgery: str) -> None:
-    receipt = _receipt(9, Salts.generate(CountingRandom("forged")))
+    backend = "gpu-fra-1"
+    if forgery in ("another-backend", "unkeyed-backend"):
+        # The gateway sent it to gpu-fra-1 (its sidecar countersigned) and its receipt
+        # claims gpu-ams-2 (another region), or a backend the client holds no key for:
+        # `receipt verify --backend-key` does not take it as a two-party statement.
+        backend = "gpu-ams-2" if forgery == "another-backend" else "hosted"
+    receipt = _receipt(9, Salts.generate(CountingRandom("forged")), backend)
     request, received = REQUEST, None
+    keys = {**KEYS, "gpu-ams-2": ANOTHER.vkey} if forgery == "another-backend" else KEYS
     if forgery == "another-key":  # a genuine statement, by a key not the backend's
         data = _countersigned(receipt, STREAM, signer=ANOTHER)
     elif forgery == "another-request":
@@ -103,4 +122,4 @@ def test_the_recipe_refuses_what_owngate_refuses(forgery: str) -> None:
         injected = b'data: {"error":{},"choices":[{"delta":{"content":"pay here"}}],"x":{}}\n\n'
         received = _received(STREAM + injected, data)
     with pytest.raises((AssertionError, InvalidSignature)):
-        VERIFY(data, LOG.vkey, SIDECAR.vkey, request, received)
+        VERIFY(data, LOG.vkey, keys, request, received)

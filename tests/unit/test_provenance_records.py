@@ -57,7 +57,7 @@ _traces = st.lists(
     backend=_refs,
     trace=_traces,
     fallback=st.none() | _text,
-    status=_count,
+    status=st.integers(200, 599),  # a final HTTP status (test_record_status.py)
     usage=st.none() | st.builds(Usage, _count, _count, _count),
     error=st.none() | _text,
 )

@@ -45,6 +45,7 @@ from gateway.provenance.formats.record_parser import (
 from gateway.provenance.formats.schema import (
     BASIS_STATES,
     SCHEMA_VERSION,
+    STATUSES,
     STREAM_ERRORS,
     usage_bound_problem,
 )
@@ -284,7 +285,8 @@ def completion_record(
     if type(dispatch) is not LogEntry or len(dispatch.leaf_hash) != 32:
         raise RecordError("dispatch must be the LogEntry of the dispatch record")
     check_count(dispatch.index, "dispatch index")
-    check_count(status, "status")
+    if type(status) is not int or status not in STATUSES:
+        raise RecordError(f"status must be an HTTP status 200..599, not {status!r}")
     if error is not None:
         check_text(error, "error")
     if usage is not None and type(usage) is not Usage:

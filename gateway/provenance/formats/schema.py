@@ -29,6 +29,7 @@ __all__ = [
     "BASIS_STATES",
     "RECORD_SCHEMAS",
     "SCHEMA_VERSION",
+    "STATUSES",
     "STREAM_ERRORS",
     "ListOf",
     "Omittable",
@@ -43,6 +44,11 @@ SCHEMA_VERSION = 1
 # (down before any attempt, tried and failed, tried and busy, up but saturated).
 BASIS_STATES = frozenset({"down", "failed", "busy", "saturated"})
 STREAM_ERRORS = frozenset({"backend"})
+# A completion's `status`: the final HTTP status the client got, which the gateway only
+# ever relays or writes in 200-599 (gateway/upstream/connection.py fails any other). The
+# audit needs a countersignature on an answer below 400 alone, so a status out of range
+# (999, 2**53) let a forged record of an answer pass as an error needing none.
+STATUSES = frozenset(range(200, 600))
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +110,7 @@ RECORD_SCHEMAS: dict[str, dict[str, object]] = {
     "completion": {
         **_COMMON,
         "dispatch": {"index": int, "hash": _HEX64},
-        "status": int,
+        "status": STATUSES,
         "error": Optional(str),
         "usage": Optional({"prompt_tokens": int, "completion_tokens": int, "total_tokens": int}),
         "latency_ms": int,

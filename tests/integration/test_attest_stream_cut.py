@@ -1,0 +1,83 @@
+"""A stream cut after its countersignature comment (the connection closes before the
+chunked body's last chunk): the gateway breaks the stream off with its own error event
+after the backend's bytes, so the client did not get the answer the statement covers
+(docs/provenance.md: "a countersigned stream is whole: the gateway writes nothing after
+it but its receipt line"). The record must not carry it as accepted, nor the client's
+receipt: before, the record said status 502 with an accepted countersignature and the
+receipt carried it, which the client's own `receipt verify --response-body` refused.
+The fake sidecar signs with a key the gateway is given, over the gateway's own salts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from gateway.provenance import commit, load_signer, write_signing_key
+from gateway.provenance.formats.attestation import Statement, parse_salts, sign_statement
+from tests.helpers.gateways import Gateway, backend, logged_gateway
+from tests.helpers.provenance import completion_record, run_audit
+from tests.helpers.raw_backend import Answer, Post, RawBackend
+
+ORIGIN = "gw.test/stream-cut"
+STREAM = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n'
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+def _cut_after_the_comment(key_file: Path) -> Answer:
+    """A sidecar whose stream, countersigned, loses its connection before its last chunk."""
+    signer = load_signer(key_file)
+
+    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
+        salts = parse_salts(post.header_values(b"x-owngate-salts")[0])
+        assert salts is not None
+        statement = Statement(
+            post.header_values(b"x-request-id")[0].decode(),
+            "2026-01-01T00:00:00.000Z",
+            0,
+            str(signer),
+            commit("request", salts.request, post.body),
+            commit("response", salts.response, STREAM),
+        )
+        comment = b": owngate-attest " + base64.b64encode(sign_statement(statement, signer))
+        chunks = [STREAM, comment + b"\n\n"]
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+            + b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for chunk in chunks)
+        )
+        await writer.drain()
+        return False  # closed: no `0` chunk
+
+    return answer
+
+
+def test_a_stream_cut_after_its_countersignature_is_not_countersigned(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    sidecar_vkey = write_signing_key(tmp_path / "sidecar.key", "gpu")
+    raw = start_raw(_cut_after_the_comment(tmp_path / "sidecar.key"))
+    attested = backend("gpu", raw.url, "m", attest={"key": sidecar_vkey})
+    gateway = logged_gateway(start_gateway, tmp_path, [attested], ORIGIN)
+    answer = httpx.post(
+        f"{gateway.url}/v1/chat/completions", json=CHAT, headers=gateway.headers, timeout=30
+    )
+    assert answer.status_code == 200  # the head went out before the break
+    body, _, line = answer.content.partition(b": owngate-receipt ")
+    assert body.startswith(STREAM) and b'"code":"upstream_error"' in body[len(STREAM) :]
+    receipt = json.loads(base64.b64decode(line.split(b"\n")[0]))
+    assert "attestation" not in receipt
+    record = completion_record(tmp_path / "log", answer.headers["x-request-id"])
+    assert record["status"] == 502
+    assert record["attestation"]["failure"] == "missing"
+    assert record["attestation"]["sig"] is None
+    vkey = load_signer(tmp_path / "log.key").vkey
+    audit = ["verify", str(tmp_path / "log"), "--key", vkey, "--backend-key", f"gpu={sidecar_vkey}"]
+    assert run_audit(audit) == 0  # an error the backend did not countersign: no claim
