@@ -122,9 +122,12 @@ def list_cosigned(directory: Path, limit: int | None = None) -> list[tuple[int, 
     return _by_size(directory / COSIGNED, limit)
 
 
-def newest_cosigned(directory: Path) -> tuple[int, Path] | None:
-    """The newest cosigned checkpoint, listing the folder without keeping it (None if none)."""
-    return _newest(directory / COSIGNED)
+def newest_cosigned(
+    directory: Path, above: int = -1, upto: int | None = None
+) -> tuple[int, Path] | None:
+    """The newest cosigned checkpoint of a size above `above` and at most `upto`, listing
+    the folder without keeping it (None if none)."""
+    return _newest(directory / COSIGNED, above, upto)
 
 
 def _index_names(folder: Path) -> Iterator[str]:
@@ -137,8 +140,9 @@ def _index_names(folder: Path) -> Iterator[str]:
                 yield item.name
 
 
-def _newest(folder: Path) -> tuple[int, Path] | None:
-    newest = max(map(int, _index_names(folder)), default=None)
+def _newest(folder: Path, above: int = -1, upto: int | None = None) -> tuple[int, Path] | None:
+    sizes = map(int, _index_names(folder))
+    newest = max((n for n in sizes if above < n and (upto is None or n <= upto)), default=None)
     return None if newest is None else (newest, folder / f"{newest:020d}")
 
 
