@@ -6,7 +6,8 @@ this gateway (what the cosigning reports, else the newest file in `cosigned/`), 
 cosignature line there checked against its key (`valid`), the line's timestamp, and how
 many entries it lags behind the latest checkpoint. `coverage` is the share of the latest
 checkpoint every witness has cosigned (the laggard's size over the checkpoint's). Reads
-at most one `cosigned/` file per witness, in a worker thread.
+at most one `cosigned/` file per witness, in a worker thread, and scans `cosigned/` for the
+newest name without keeping a listing (it grows with the log's age).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from gateway.api.runtime import Runtime
 from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance import ProvenanceError, Verifier, open_checkpoint
 from gateway.provenance.formats.cosignature import CosignatureVerifier, find_cosignature
-from gateway.provenance.formats.layout import CHECKPOINT, cosigned_path, list_cosigned
+from gateway.provenance.formats.layout import CHECKPOINT, cosigned_path, newest_cosigned
 
 __all__ = ["router"]
 
@@ -87,13 +88,13 @@ def _read(
         }
     except FileNotFoundError:
         pass  # nothing logged yet
-    newest = list_cosigned(directory)[-1:]
+    newest = newest_cosigned(directory)  # the folder grows with the log's age: none kept
     witnesses = []
     for key in keys:
         verifier = CosignatureVerifier(key)
         size = reported.get(str(verifier))
-        if size is None and newest:
-            size = newest[0][0]
+        if size is None and newest is not None:
+            size = newest[0]
         witnesses.append(_witness(directory, verifier, size, checkpoint))
     coverage = None
     if witnesses and checkpoint is not None and checkpoint["size"]:

@@ -21,6 +21,7 @@ from gateway.provenance.audit.remote import FetchLimits, is_url, mirror_log
 from gateway.provenance.audit.shown import MAX_SHOWN_MESSAGE, shown
 from gateway.provenance.formats.attestation import one_key_per_backend
 from gateway.provenance.formats.cosignature import CosignatureVerifier
+from gateway.provenance.formats.layout import MAX_HISTORY
 
 __all__ = [
     "Handler",
@@ -31,6 +32,7 @@ __all__ = [
     "guarded",
     "key_flag",
     "local_log",
+    "max_checkpoints_flag",
     "token_flag",
     "trusted_keys",
     "unverified_size",
@@ -89,6 +91,19 @@ def key_flag(parser: argparse.ArgumentParser, *, required: bool) -> None:
 
 def trusted_keys(args: argparse.Namespace) -> list[Verifier]:
     return load_verifiers(args.key or args._key_defaults)
+
+
+def max_checkpoints_flag(parser: argparse.ArgumentParser, folders: str) -> None:
+    """`--max-checkpoints`: how many files of the log's `folders` an audit lists at most
+    (the operator under audit may have padded them with millions)."""
+    parser.add_argument(
+        "--max-checkpoints",
+        type=int,
+        default=int(env("MAX_CHECKPOINTS", str(MAX_HISTORY)) or MAX_HISTORY),
+        metavar="N",
+        help=f"read at most N files in {folders}; more fails the audit rather than exhaust "
+        f"memory (env OWNGATE_AUDIT_MAX_CHECKPOINTS, default {MAX_HISTORY})",
+    )
 
 
 def token_flag(parser: argparse.ArgumentParser) -> None:

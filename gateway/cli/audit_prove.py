@@ -15,8 +15,9 @@ from gateway.provenance import (
     LogDirectory,
     TlogProof,
 )
-from gateway.provenance.audit.shown import quoted
-from gateway.provenance.formats.layout import list_cosigned, read_log_file
+from gateway.provenance.audit.shown import quoted, shown
+from gateway.provenance.errors import MalformedError
+from gateway.provenance.formats.layout import newest_cosigned, read_log_file
 from gateway.provenance.formats.merkle import inclusion_proof
 from gateway.provenance.formats.tiles import TileReader
 
@@ -60,18 +61,37 @@ def _prove(args: argparse.Namespace) -> int:
         )
         return 1
     index, _ = matches[0]
+    where = "checkpoint"
     if args.cosigned:
-        covering = [(n, p) for n, p in list_cosigned(log.path) if index < n <= size]
-        if not covering:
+        covering = newest_cosigned(log.path, above=index, upto=size)  # no listing kept
+        if covering is None:
             print(
                 f"error: no cosigned checkpoint covers entry {index} yet "
                 "(witnesses not configured, or not yet reached)",
                 file=sys.stderr,
             )
             return 1
-        size, path = covering[-1]
-        note = read_log_file(path)
+        size, path = covering
+        note, where = read_log_file(path), f"cosigned/{path.name}"
+    _check_printable(note, where)
     entry = log.bundle(index // 256, size)[index % 256]
     hashes = inclusion_proof(index, size, TileReader(log.path, size).node)
     sys.stdout.write(TlogProof(index, tuple(hashes), note, extra=entry).format())
     return 0
+
+
+def _check_printable(note: bytes, name: str) -> None:
+    """Refuse a checkpoint note that holds a character a terminal acts on (a control, a
+    bidi override, a line separator: `shown` escapes them, a proof cannot): the proof
+    quotes the note whole, and is printed to the auditor's terminal. No C0 control is in
+    a signed note; the writer puts no extension line in a checkpoint."""
+    try:
+        text = note.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MalformedError(f"the {name} file is not UTF-8: not a checkpoint") from exc
+    bad = next((char for char in text if char != "\n" and not char.isprintable()), None)
+    if bad is not None:
+        raise MalformedError(
+            f"the {name} file holds {shown(bad)}, a control or format character: no "
+            "proof quoting it is written (it would reach the terminal as is)"
+        )

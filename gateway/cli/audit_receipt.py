@@ -14,6 +14,7 @@ from gateway.cli.audit_flags import (
     env_list,
     guarded,
     key_flag,
+    max_checkpoints_flag,
     trusted_keys,
     usage,
 )
@@ -85,6 +86,9 @@ def add_receipt(verbs: Any) -> None:
         help="the response body as the client got it (a stream as received, the gateway's "
         "receipt line included or not): the backend's countersignature must commit to it "
         "(needs --backend-key; env OWNGATE_AUDIT_RESPONSE_BODY)",
+    )
+    max_checkpoints_flag(
+        verify, "the --log's checkpoints/ (scanned for the one covering the entry)"
     )
     verify.set_defaults(
         handler=guarded(_receipt_verify), _backend_key_defaults=env_list("BACKEND_KEY")
@@ -168,7 +172,7 @@ def _receipt_verify(args: argparse.Namespace) -> int:
     inclusion = check_receipt_in_log(log, receipt, keys)
     size = inclusion.size
     print(f"ok: entry {receipt.index} is in the checkpoint of size {size}")
-    check_receipt_key(log, envelope, receipt, keys)
+    check_receipt_key(log, envelope, receipt, keys, args.max_checkpoints)
     if statement is not None:
         index = check_countersignature_in_log(log, receipt, statement, inclusion)
         print(f"ok: entry {index}, its completion, recorded this countersignature")

@@ -17,6 +17,7 @@ from gateway.cli.audit_flags import (
     guarded,
     key_flag,
     local_log,
+    max_checkpoints_flag,
     token_flag,
     trusted_keys,
     witness_key,
@@ -32,7 +33,7 @@ from gateway.provenance.audit.shown import quoted, shown
 from gateway.provenance.audit.verify import HistoryLimits
 from gateway.provenance.errors import LogVerificationError
 from gateway.provenance.formats.cosignature import CosignatureVerifier
-from gateway.provenance.formats.layout import MAX_HISTORY, MAX_HISTORY_BYTES
+from gateway.provenance.formats.layout import MAX_HISTORY_BYTES
 
 __all__ = ["add_verify"]
 
@@ -129,14 +130,7 @@ def add_verify(verbs: Any) -> None:
         "a replay), and every --attest-log is cross-checked against them all; repeat per "
         "replica (env OWNGATE_AUDIT_REPLICA_LOG)",
     )
-    verify.add_argument(
-        "--max-checkpoints",
-        type=int,
-        default=int(env("MAX_CHECKPOINTS", str(MAX_HISTORY)) or MAX_HISTORY),
-        metavar="N",
-        help="read at most N files in checkpoints/ (and in cosigned/); more fails the audit "
-        f"rather than exhaust memory (env OWNGATE_AUDIT_MAX_CHECKPOINTS, default {MAX_HISTORY})",
-    )
+    max_checkpoints_flag(verify, "checkpoints/ (and in cosigned/)")
     verify.add_argument(
         "--max-history-bytes",
         type=int,

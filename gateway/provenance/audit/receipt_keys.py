@@ -16,13 +16,12 @@ check (`audit.rotation`), over the whole history.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 
 from gateway.provenance.audit.reader import LogDirectory
-from gateway.provenance.errors import LogVerificationError, SignatureError
+from gateway.provenance.errors import LogVerificationError, MalformedError, SignatureError
 from gateway.provenance.formats.checkpoint import open_checkpoint
-from gateway.provenance.formats.layout import list_history, read_log_file
+from gateway.provenance.formats.layout import MAX_HISTORY, first_history_above, read_log_file
 from gateway.provenance.formats.note import Verifier
 from gateway.provenance.formats.receipt_payload import Receipt
 from gateway.provenance.formats.receipts import verify_receipt
@@ -43,16 +42,24 @@ def receipt_signers(envelope: bytes, verifiers: Sequence[Verifier]) -> list[Veri
 
 
 def check_receipt_key(
-    log: LogDirectory, envelope: bytes, receipt: Receipt, verifiers: Sequence[Verifier]
+    log: LogDirectory,
+    envelope: bytes,
+    receipt: Receipt,
+    verifiers: Sequence[Verifier],
+    max_checkpoints: int = MAX_HISTORY,
 ) -> None:
     """Raise LogVerificationError unless a key of `verifiers` that signed the receipt (one
     `verify_receipt` accepted) signed the first checkpoint of the log's history that covers
-    the receipt's entry; without a history file covering it, the latest checkpoint."""
+    the receipt's entry; without a history file covering it, the latest checkpoint. The
+    history is scanned for that one file, none kept; past `max_checkpoints` files it fails
+    naming the limit (the operator under audit may have padded `checkpoints/`)."""
     signers = {str(verifier) for verifier in receipt_signers(envelope, verifiers)}
-    history = list_history(log.path)
-    position = bisect.bisect_right([size for size, _ in history], receipt.index)
-    if position < len(history):
-        size, path = history[position]
+    try:
+        first = first_history_above(log.path, receipt.index, max_checkpoints)
+    except MalformedError as exc:
+        raise LogVerificationError(str(exc)) from exc
+    if first is not None:
+        size, path = first
         note, where = read_log_file(path), f"the checkpoint of size {size} (its history file)"
     else:
         note, where = log.latest_note(), "the log's latest checkpoint"

@@ -16,13 +16,15 @@ full width holds) and refuses anything but a regular file, so such a file is a f
 check naming it, not an audit that hangs or exhausts memory. Nor may a folder of millions
 of checkpoint files: for the auditor `list_history` and `list_cosigned` list at most
 `limit` of them (`MAX_HISTORY` by default, `owngate audit verify --max-checkpoints`; the
-writer lists its own log whole) and `newest_history` keeps only the newest name.
+writer lists its own log whole), and `newest_history`, `newest_cosigned` and
+`first_history_above` keep only the one name they look for.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from gateway.provenance.errors import MalformedError
@@ -38,10 +40,12 @@ __all__ = [
     "MAX_NOTE_FILE",
     "WAL",
     "cosigned_path",
+    "first_history_above",
     "history_path",
     "is_index_name",
     "list_cosigned",
     "list_history",
+    "newest_cosigned",
     "newest_history",
     "read_log_file",
 ]
@@ -88,15 +92,24 @@ def list_history(directory: Path, limit: int | None = None) -> list[tuple[int, P
 
 def newest_history(directory: Path) -> tuple[int, Path] | None:
     """The newest history checkpoint, listing the folder without keeping it (None if none)."""
+    return _newest(directory / HISTORY)
+
+
+def first_history_above(
+    directory: Path, index: int, limit: int | None = None
+) -> tuple[int, Path] | None:
+    """The smallest history checkpoint whose size is above `index` (the first to cover
+    entry `index`), listing the folder without keeping it (None if none); more than `limit`
+    files is a MalformedError naming the limit."""
     folder = directory / HISTORY
-    if not folder.is_dir():
-        return None
-    newest: tuple[int, Path] | None = None
-    with os.scandir(folder) as found:
-        for item in found:
-            if is_index_name(item.name) and (newest is None or int(item.name) > newest[0]):
-                newest = (int(item.name), folder / item.name)
-    return newest
+    first: tuple[int, Path] | None = None
+    for count, name in enumerate(_index_names(folder), 1):
+        if limit is not None and count > limit:
+            raise _too_many(folder, limit)
+        size = int(name)
+        if size > index and (first is None or size < first[0]):
+            first = (size, folder / name)
+    return first
 
 
 def cosigned_path(directory: Path, size: int) -> Path:
@@ -109,20 +122,43 @@ def list_cosigned(directory: Path, limit: int | None = None) -> list[tuple[int, 
     return _by_size(directory / COSIGNED, limit)
 
 
-def _by_size(folder: Path, limit: int | None) -> list[tuple[int, Path]]:
+def newest_cosigned(
+    directory: Path, above: int = -1, upto: int | None = None
+) -> tuple[int, Path] | None:
+    """The newest cosigned checkpoint of a size above `above` and at most `upto`, listing
+    the folder without keeping it (None if none)."""
+    return _newest(directory / COSIGNED, above, upto)
+
+
+def _index_names(folder: Path) -> Iterator[str]:
+    """The names in `folder` that `is_index_name`, one at a time (none if no folder)."""
     if not folder.is_dir():
-        return []
-    found: list[tuple[int, Path]] = []
+        return
     with os.scandir(folder) as items:
         for item in items:
-            if not is_index_name(item.name):
-                continue
-            if limit is not None and len(found) == limit:
-                raise MalformedError(
-                    f"{folder} holds more than {limit} checkpoint files, the most an audit "
-                    "reads (raise it with --max-checkpoints)"
-                )
-            found.append((int(item.name), folder / item.name))
+            if is_index_name(item.name):
+                yield item.name
+
+
+def _newest(folder: Path, above: int = -1, upto: int | None = None) -> tuple[int, Path] | None:
+    sizes = map(int, _index_names(folder))
+    newest = max((n for n in sizes if above < n and (upto is None or n <= upto)), default=None)
+    return None if newest is None else (newest, folder / f"{newest:020d}")
+
+
+def _too_many(folder: Path, limit: int) -> MalformedError:
+    return MalformedError(
+        f"{folder} holds more than {limit} checkpoint files, the most an audit reads (raise "
+        "it with --max-checkpoints)"
+    )
+
+
+def _by_size(folder: Path, limit: int | None) -> list[tuple[int, Path]]:
+    found: list[tuple[int, Path]] = []
+    for name in _index_names(folder):
+        if limit is not None and len(found) == limit:
+            raise _too_many(folder, limit)
+        found.append((int(name), folder / name))
     return sorted(found)
 
 
