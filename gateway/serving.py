@@ -178,7 +178,8 @@ class DrainingServer(CleanExitServer):
         are cancelled at once (the app answers each with the 503 its record says, without
         waiting for a receipt), given `_FORCED_END_S` to end (then their connections are
         dropped, which ends a send waiting on a client that reads nothing, and they get
-        `_FORCED_END_S` more), and the lifespan shutdown runs: their records are written and the final checkpoint signed (exit 4 if not).
+        `_FORCED_END_S` more), and the lifespan shutdown runs: their records are written
+        and the final checkpoint signed (exit 4 if not).
         A request making its tenant's charge is cancelled once it is made (`cancel`), as
         at the app's own drain deadline: cut inside it, the charge was lost (a Redis
         call never sent; `Admission.release` runs once)."""
