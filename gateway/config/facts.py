@@ -30,6 +30,14 @@ def facts_of(backend: BackendSettings) -> BackendFacts:
         training=backend.retention.training,
         models=frozenset(name for m in backend.models for name in (m.name, *m.aliases)),
         model_groups=tuple(frozenset((m.name, *m.aliases)) for m in backend.models),
+        provider_models=tuple(
+            sorted(
+                (name, m.provider_model)
+                for m in backend.models
+                if m.provider_model and not private
+                for name in (m.name, *m.aliases)
+            )
+        ),
         attested=backend.identity == "certificate",
     )
 

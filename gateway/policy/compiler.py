@@ -226,6 +226,12 @@ def _facts(backend: BackendFacts) -> dict[str, Any]:
         "models": sorted(backend.models),
         "model_groups": sorted(sorted(group) for group in backend.model_groups if len(group) > 1),
         **({"attested": True} if backend.attested else {}),  # digests of before stay as they were
+        # What a hosted backend sends for each public name: the `models` rule judges it.
+        **(
+            {"provider_models": [list(pair) for pair in backend.provider_models]}
+            if backend.provider_models
+            else {}
+        ),
         # A region declared by a code is decided by what the code stands for (a deny
         # covering any part of it holds): the digest pins that too. Only such backends'
         # facts (and digest) differ from before.

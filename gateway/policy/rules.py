@@ -114,31 +114,62 @@ def _list_check(rule: str, section: str, what: str, lists: Lists, value: str) ->
 
 
 def _models_check(
-    rule: str, lists: Lists, model: str, names: frozenset[str], everywhere: frozenset[str]
+    rule: str,
+    lists: Lists,
+    model: str,
+    names: frozenset[str],
+    everywhere: frozenset[str],
+    provider: frozenset[str],
 ) -> Exclusion | None:
     """A model is judged by every name it is served under: denied when any name it has on
     any backend (`everywhere`, `_same_model`) matches a deny entry, allowed when any name
-    it has on the backend judged (`names`: its name and aliases there) matches the allow
-    list. So `deny: [llama-3.1-8b]` also holds for a client asking by
-    the alias `llama3`, on every backend that serves `llama3`, whatever that backend
-    calls the model; an allow entry admits only the backends that serve it by that name."""
+    it has on the backend judged (`names`: its name and aliases there, and the provider
+    model a hosted backend sends) matches the allow list. So `deny: [llama-3.1-8b]` also
+    holds for a client asking by the alias `llama3`, on every backend that serves `llama3`,
+    whatever that backend calls the model; an allow entry admits only the backends that
+    serve it by that name. A provider model (the names in `provider`) is judged as written
+    and by each part after a `/` (`openai/gpt-4o` also as `gpt-4o`), so `deny: ["gpt-4o*"]`
+    holds for a hosted backend serving it under any public name."""
+    deny = Globs(lists.deny)
     for name in sorted(everywhere, key=lambda n: (n != model, n)):  # the requested name first
-        denied = Globs(lists.deny).first_match(name)
-        if denied is not None:
-            also = "" if name == model else f" (the same model as {name!r})"
+        for spelling in _spellings(name) if name in provider else (name,):
+            denied = deny.first_match(spelling)
+            if denied is None:
+                continue
+            if name in provider:
+                also = f" (provider model {name!r})"
+            else:
+                also = "" if name == model else f" (the same model as {name!r})"
             return Exclusion(rule, f"model {model!r}{also} matches models.deny entry {denied!r}")
     if lists.allow is not None:
         allow = Globs(lists.allow)
-        if all(allow.first_match(name) is None for name in names):
+        spellings = [s for n in names for s in (_spellings(n) if n in provider else (n,))]
+        if all(allow.first_match(name) is None for name in spellings):
             return Exclusion(rule, f"model {model!r} is not in models.allow {_quote(lists.allow)}")
     return None
 
 
+def _spellings(provider_model: str) -> tuple[str, ...]:
+    """A provider model and each part of it after a `/`: `openrouter/openai/gpt-4o`,
+    `openai/gpt-4o`, `gpt-4o` (a LiteLLM route prefix names the wire, not the model)."""
+    parts = provider_model.split("/")
+    return tuple(s for s in ("/".join(parts[i:]) for i in range(len(parts))) if s)
+
+
+def _judged_names(backend: BackendFacts, model: str) -> frozenset[str]:
+    """The names a `models` rule judges `model` by on `backend`: its name and aliases
+    there, and the provider model a hosted backend sends for it."""
+    provider_model = backend.provider_model_of(model)
+    names = backend.names_of(model)
+    return names if provider_model is None else names | {provider_model}
+
+
 def _same_model(backends: Sequence[BackendFacts]) -> dict[str, frozenset[str]]:
     """Each public name -> every name of the model it names, on any backend: a backend's
-    name for a model and its aliases are one model, and a public name is one model on
-    every backend serving it (the router balances between them), so the relation closes
-    over both. A deny entry matching any of them holds wherever the name is served."""
+    name for a model, its aliases and the provider model it sends are one model, and a
+    public name is one model on every backend serving it (the router balances between
+    them), so the relation closes over both. A deny entry matching any of them holds
+    wherever the name is served."""
     parent: dict[str, str] = {}
 
     def root(name: str) -> str:
@@ -149,7 +180,7 @@ def _same_model(backends: Sequence[BackendFacts]) -> dict[str, frozenset[str]]:
 
     for backend in backends:
         for model in sorted(backend.models):
-            for other in backend.names_of(model):
+            for other in _judged_names(backend, model):
                 parent[root(other)] = root(model)
     members: dict[str, set[str]] = {}
     for name in list(parent):
@@ -269,12 +300,13 @@ def compile_scope(
         if rank is not None:
             ranks[backend.id] = rank
     everywhere = _same_model(backends)
+    provider = frozenset(pm for b in backends for _, pm in b.provider_models)
     by_names: dict[tuple[str, frozenset[str]], Exclusion | None] = {}
     model_verdicts: dict[str, Exclusion | None] = {}  # an exclusion on any backend wins
     model_entries: dict[str, dict[str, TraceEntry]] = {}
     for backend in backends:
         for model in sorted(backend.models):
-            names = backend.names_of(model)
+            names = _judged_names(backend, model)
             if (model, names) not in by_names:
                 by_names[model, names] = (
                     None
@@ -286,6 +318,7 @@ def compile_scope(
                             model,
                             names,
                             everywhere[model],
+                            provider,
                         )
                     )
                 )

@@ -48,6 +48,10 @@ class BackendFacts:
     # The names of each model it serves (a name and its aliases): a `models` rule judges
     # a model by all its names, so an alias never escapes a deny written for the name.
     model_groups: tuple[frozenset[str], ...] = ()
+    # (public name, provider model) for each name a hosted backend serves: the LiteLLM
+    # model string it sends (`openai/gpt-4o` for a model the operator calls `fast`). A
+    # `models` rule judges it too: a deny holds whatever the operator names the model.
+    provider_models: tuple[tuple[str, str], ...] = ()
     # region, owner and retention were checked against the backend's certificate on each
     # connection (`identity: certificate`), not only declared: `require: [attested_facts]`
     attested: bool = False
@@ -58,6 +62,13 @@ class BackendFacts:
             if model in group:
                 return group
         return frozenset((model,))
+
+    def provider_model_of(self, model: str) -> str | None:
+        """The provider model a hosted backend sends for public name `model`, if any."""
+        for name, provider_model in self.provider_models:
+            if name == model:
+                return provider_model
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,6 +72,11 @@ _CALLS: Final[dict[str, str]] = {
     "completions": "atext_completion",
     "embeddings": "aembedding",
 }
+# LiteLLM 1.108.7 sends `user` on OpenAI's wire only for a model in its OpenAI catalog
+# (`OpenAIGPTConfig.get_supported_openai_params`): `openai/<any other name>`, a fine-tune or an
+# OpenAI-compatible server's model, lost it on chat (never on completions). The gateway
+# forwards it (the tenant's digest, tenant_ids.py), as docs/api.md says, on these routes.
+_USER_ROUTES: Final = frozenset({"openai", "custom_openai", "openai_like"})
 _JSON: Final = b"application/json"
 _SSE: Final = b"text/event-stream"
 # LiteLLM names an answer itself when the provider's carries no id, or one it does not
@@ -284,6 +289,8 @@ class HostedClient:
         call = getattr(litellm, _CALLS[endpoint])
         try:
             options = self._options(provider_model)
+            if "user" in params and provider_model.partition("/")[0] in _USER_ROUTES:
+                options["allowed_openai_params"] = ["user"]
             if endpoint == "completions":
                 options.update(self._text_completion_client(litellm, provider_model))
             whole = None if params.get("stream") else self._response_timeout_s

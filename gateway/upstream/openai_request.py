@@ -70,6 +70,13 @@ _FIELDS: Final[dict[str, frozenset[str]]] = {
     "embeddings": frozenset({"input", "dimensions", "encoding_format", "user"}),
 }
 _HANDLED: Final = frozenset({"model", "stream", "stream_options"})
+# The keys of `stream_options` sent on (the same reference). The gateway always sets
+# `include_usage` (it accounts for tokens; `encode_chunk` keeps the usage chunk from a client
+# that did not ask). Any other key is left out, as a top-level field outside the
+# allowlist is, and reported as `stream_options.<key>`: the object reaches LiteLLM's own
+# keyword arguments, and OpenAI's `include_obfuscation` only pads the chunks LiteLLM
+# re-encodes anyway.
+_STREAM_OPTIONS: Final = frozenset({"include_usage"})
 # The field each endpoint requires (the same reference). LiteLLM 1.108.7 calls a text
 # completion without `prompt` and fails on its own (`APIConnectionError`), which read as
 # the provider failing: 503 and the next backend tried, for the client's mistake.
@@ -129,7 +136,7 @@ def request_params(
     missing required field (`messages`, `prompt`, `input`).
     Streams always ask the provider for usage (`stream_options.include_usage`): the
     gateway accounts for tokens either way, and `encode_chunk` keeps the usage chunk
-    from clients that did not ask for it.
+    from clients that did not ask for it. No other `stream_options` key is sent.
     """
     allowed = _FIELDS[endpoint]
     params = {k: v for k, v in doc.items() if k in allowed and v is not None}
@@ -139,15 +146,14 @@ def request_params(
     for name, value in params.items():
         _check_type(name, value, _TYPES.get(name))
     check_shapes(endpoint, params)
-    ignored = tuple(sorted(k for k in doc if k not in allowed and k not in _HANDLED))
+    ignored = [k for k in doc if k not in allowed and k not in _HANDLED]
+    options = doc.get("stream_options")
+    if isinstance(options, dict):
+        ignored += [f"stream_options.{k}" for k in options if k not in _STREAM_OPTIONS]
     if endpoint != "embeddings" and doc.get("stream") is True:
-        options = doc.get("stream_options")
         params["stream"] = True
-        params["stream_options"] = {
-            **(options if isinstance(options, dict) else {}),
-            "include_usage": True,
-        }
-    return params, ignored
+        params["stream_options"] = {"include_usage": True}
+    return params, tuple(sorted(ignored))
 
 
 def _check_type(param: str, value: Any, types: tuple[type, ...] | None) -> None:

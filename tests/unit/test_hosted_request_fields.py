@@ -76,3 +76,18 @@ def test_a_legacy_function_that_is_not_an_object_is_the_clients_error(entry: obj
     with pytest.raises(InvalidField) as refused:
         request_params("chat", doc)
     assert refused.value.param == "functions[1]"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_only_include_usage_of_stream_options_is_sent(stream: bool) -> None:
+    # LiteLLM took the client's `stream_options` whole: `{"x": 1, "include_obfuscation":
+    # true}` reached the provider. Unknown keys are left out and named, as top-level ones.
+    options = {"include_usage": False, "x": 1, "include_obfuscation": True, "api_base": "u"}
+    doc = {"model": "m", "messages": MESSAGES, "stream": stream, "stream_options": options}
+    params, ignored = request_params("chat", doc)
+    assert params.get("stream_options") == ({"include_usage": True} if stream else None)
+    assert ignored == (
+        "stream_options.api_base",
+        "stream_options.include_obfuscation",
+        "stream_options.x",
+    )
