@@ -1,9 +1,9 @@
 """Whatever the reads a stream arrives in (coalesced, or cut anywhere), the stream watch
-records the usage the client's SDK showed, stopping where the SDK raises at an event whose
-data is not JSON, one that holds nothing the reader used to search for (`data: {x`)
-included (gateway/api/sse_events.py: every event is parsed). Seeded random cuts, bounded
-in count; each stream is also held to itself read whole, and in strip mode to the bytes
-and record of the uncut stream."""
+records the usage the client's SDK showed and whether it raised at the backend's error
+event, stopping where the SDK raises at an event whose data is not JSON, one that holds
+nothing the reader used to search for (`data: {x`) included (gateway/api/sse_events.py:
+every event is parsed). Seeded random cuts, bounded in count; each stream is also held to
+itself read whole, and in strip mode to the bytes and record of the uncut stream."""
 
 from __future__ import annotations
 
@@ -46,14 +46,24 @@ FINE = [
 SEEDS = range(40)  # streams, each cut 25 ways: 1,000 relays
 
 
-def _stream(rng: random.Random) -> bytes:
+ERROR = b'data: {"error":{"message":"overloaded"}}\n\n'
+
+
+def _stream(rng: random.Random) -> tuple[bytes, bool]:
+    """A stream, and whether the SDK raises at its backend's error event (half of them
+    end with one: the SDK reaches it only if no event before it was refused)."""
     events = [_usage(1)]
+    refused = False
     for n in range(2, 2 + rng.randrange(2, 6)):
         events += rng.choices(FINE, k=rng.randrange(0, 4))
         if rng.random() < 0.3:
             events.append(rng.choice(NOT_JSON))
+            refused = True
         events.append(_usage(n))
-    return b"".join([*events, b"data: [DONE]\n\n"])
+    error = rng.random() < 0.5
+    if error:
+        events.append(ERROR)
+    return b"".join([*events, b"data: [DONE]\n\n"]), error and not refused
 
 
 def _cuts(rng: random.Random, body: bytes) -> list[bytes]:
@@ -73,21 +83,21 @@ def _relay(reads: list[bytes], *, strip: bool) -> tuple[bytes, object, bool]:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_the_record_s_usage_is_the_sdk_s_whatever_the_reads(seed: int) -> None:
     rng = random.Random(seed)
-    body = _stream(rng)
+    body, error_event = _stream(rng)
     shown = counts(sdk_shown_usage(body))
-    assert _relay([body], strip=False)[1] == shown
+    assert _relay([body], strip=False)[1:] == (shown, error_event)
     for _ in range(25):
         reads = _cuts(rng, body)
-        assert _relay(reads, strip=False)[1] == shown, reads
+        assert _relay(reads, strip=False)[1:] == (shown, error_event), reads
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_strip_mode_relays_and_records_the_same_whatever_the_reads(seed: int) -> None:
     rng = random.Random(seed)
-    body = _stream(rng)
+    body, error_event = _stream(rng)
     whole = _relay([body], strip=True)
     # The usage chunks are usage-only (`"choices":[]`): held back from the client, their
     # counts recorded up to where its SDK stops (as it would have shown them).
-    assert whole[1] == counts(sdk_shown_usage(body))
+    assert whole[1:] == (counts(sdk_shown_usage(body)), error_event)
     for _ in range(25):
         assert _relay(_cuts(rng, body), strip=True) == whole
