@@ -122,7 +122,7 @@ class StreamWatch:
                 if one_line:
                     self.events.feed(data, True)
                 else:
-                    self.events.whole_without_usage(data)
+                    self.events.feed(data)
                 return data
             return self._events(data)  # (it tells the event reader what goes on, as it goes)
         if self._edge is _NL and data[-1:] in _ENDS:  # whole lines after a read that ended

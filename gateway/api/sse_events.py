@@ -19,45 +19,33 @@ and two usage documents in one event are none (their join does not parse). A str
 last event, left without its blank line by the backend, is dispatched too: the gateway's
 own bytes after it (its receipt line or its error event) end with one.
 
-Bounded and cheap: only events holding `"usage"`, `"error"`, `[DONE]` or an escape of
-an ASCII letter (`"\\u0075sage"` is a `usage` key to a JSON parser) are parsed (no other
-event can show a usage, raise or stop the SDK), a read of whole events holding none of
-them costs four searches (`bytes.find`, not a regular expression: in `timeit`, a quarter
-of its time on one event, a twelfth on a read of 64), a read that holds some has only
-those events split into lines and parsed (a fast server's whole stream, coalesced into
-one read that ends with `[DONE]`, is not parsed event by event; past `_FEW_WORTH` of
-them, the rest of the read is read whole, every event: per event, the searches and
-slices cost more than a parse, 7 times as much as reading it on a read of `:"usage"`
-comments), and the unfinished event
-is kept only up to `max_event` bytes (64 KiB: comments and all): a longer event is not
-read.
+Exact whatever the reads: every event is parsed once, as the SDK parses it, so one whose
+data is not JSON (`data: {x`, which holds nothing a search could pick it by) stops the
+reader whether it came alone, coalesced with others or cut across reads. Bounded and
+cheap: a read of whole events of the usual shape, each one `data: ` line and its blank
+line, LF alone (`_whole`: one split, one count), has each value parsed with orjson (up to
+`_SHORT_DATA` bytes, which cannot nest past `MAX_DEPTH`; one orjson refuses (`NaN`, say)
+or longer is read as any event, `read_json`); a paced server's one-line read
+(`one_data_line`) skips the split. Any other read is split into lines once and read line
+by line. The unfinished event is kept only up to `max_event` bytes (64 KiB: comments and
+all): a longer event is not read.
 Where the SDK raises (it reads no further), the reader stops: the usage is what the SDK
 showed before. It raises at a line that is not UTF-8 (its decoder's `bytes.decode`: a
 read that is all ASCII, the usual one, costs one `isascii`; any other is checked as it
 comes, a character split across reads kept for the next), at an event dispatched without
 data (a non-empty `event` name, a `retry` that `int()` reads, or an `id`, which the SDK
-keeps for every later event: its `json()` of "" raises; a read holding `id:`, `event:` or
-`retry:`, or any read once an id is set, is read whole, every event), and at an event
-whose data is not JSON (a `thread.*` one too) among the events parsed. An event that holds
-none of the needles and whose data is not JSON (`data: x`) is not parsed and so not
-stopped at, where the SDK raises: telling would take parsing every event of every stream
-(a read that is read whole tells). A read that is one `data: {` line and its blank line
-(`one_data_line`, a paced server's usual read: one event, the SDK parses it) is parsed
-once, with orjson, in place of the searches: its usage and error are read from the
-document, and one whose data is not JSON stops the reader, whatever it holds
-(`data: {x`); one orjson refuses (`NaN`, say) or longer than `_SHORT_LINE` (where
-nesting may pass `MAX_DEPTH`) is read as any event (`read_json`). An event whose data is
-past the bounds the gateway reads within (`usage_read.PastBounds`: nested deeper than 512, say)
-may show the client a usage: the usage is then unknown (`usage` None, `unknown` set)
-until a later event shows one, never an earlier event's; one whose data holds no marker
-cannot show one, and leaves the usage as it was (the one-pass read parses such events).
+keeps for every later event: its `json()` of "" raises), and at an event whose data is
+not JSON (a `thread.*` one too). An event whose data is past the bounds the gateway
+reads within (`usage_read.PastBounds`: nested deeper than 512, say) may show the client a
+usage: the usage is then unknown (`usage` None, `unknown` set) until a later event shows
+one, never an earlier event's; one whose data holds no marker (`_worth`) cannot show one,
+and leaves the usage as it was.
 """
 
 from __future__ import annotations
 
 import codecs
 import re
-from collections.abc import Iterator
 from typing import Final
 
 import orjson
@@ -74,11 +62,9 @@ __all__ = [
 ]
 
 _MAX_EVENT: Final = 64 * 1024
-# Events of one read found and read one by one; past them, the rest is read in one pass.
-_FEW_WORTH: Final = 4
 _LINE_ENDS: Final = re.compile(rb"\r\n|\r|\n")
-# What makes an event worth parsing (see the module's text): these, or `\u00` followed
-# by 4-7 (an escaped ASCII letter may spell `usage` or `error`).
+# What an event past the read bounds must hold to show a usage (`_worth`): these, or
+# `\u00` followed by 4-7 (an escaped ASCII letter may spell `usage` or `error`).
 _NEEDLES: Final = (b'"usage"', b'"error"', b"[DONE]")
 _ESCAPE: Final = b"\\u00"
 _LETTER_ESCAPE: Final = re.compile(rb"\\u00[4-7]")
@@ -86,10 +72,10 @@ _LETTER_ESCAPE: Final = re.compile(rb"\\u00[4-7]")
 _BLANK: Final = re.compile(rb"\n\n|\r\r|\n\r")
 _LF: Final = 10
 _CR: Final = 13
-# A one-line read's length up to which its data (after `data: `, before its two LFs) is
-# too short to nest past `MAX_DEPTH` (each level takes two bytes): orjson reads it as
-# `read_json` does.
-_SHORT_LINE: Final = len(b"data: \n\n") + 2 * MAX_DEPTH + 1
+# A `data` value's length up to which it is too short to nest past `MAX_DEPTH` (each level
+# takes two bytes): orjson reads it as `read_json` does.
+_SHORT_DATA: Final = 2 * MAX_DEPTH + 1
+_SHORT_LINE: Final = len(b"data: \n\n") + _SHORT_DATA  # a one-line read's
 
 
 class EventReader:
@@ -119,43 +105,25 @@ class EventReader:
                     self._take(data[:bad])
                 self.stopped = True
                 return
-        if one_line and not self._over and not self._id:
-            # One event, which the SDK parses: parsed once here (`_dispatch`, written out:
-            # a paced stream's every read), not searched for what makes it worth parsing.
-            if not self._raw and len(data) <= _SHORT_LINE:
-                try:
-                    doc = orjson.loads(data[6:-2])  # (a `{` starts it: an object)
-                except orjson.JSONDecodeError:
-                    pass  # not JSON, or what the standard library may read: as any event
-                else:
-                    if doc.get("error"):  # the SDK's test: a truthy `error`
-                        self.error_event = self.stopped = True
-                    elif "usage" in doc and (counts := counts_of(doc["usage"])) is not None:
-                        self.usage, self.unknown = counts, False
-                    return
-            # Else as any event, with what of it came before (comments, say) if any.
-            buffer, self._raw = self._raw + data, b""
-            self._read(_lines(buffer), dispatch=False)
-            return
-        if (  # the usual read: whole events (it ends with a blank line), none worth parsing
-            not self._raw
-            and not self._over
-            and (
-                (tail := data[-2:]) in BLANK_TAILS
-                or (tail == b"\r\n" and data[-3:-2] in LINE_END_BYTES)
-            )
-            # `_worth`, written out: this runs once per relayed read
-            and data.find(b'"usage"') < 0
-            and data.find(b'"error"') < 0
-            and data.find(b"[DONE]") < 0
-            and (data.find(_ESCAPE) < 0 or _escape_at(data, 0, len(data)) < 0)
-            # no field that dispatches an event without data (`_fields_at`)
-            and data.find(b"id:") < 0
-            and data.find(b"event:") < 0
-            and data.find(b"retry:") < 0
-            and not self._id
-        ):
-            return
+        if not self._raw and not self._over:
+            if one_line:  # (the caller tested it: one event, `data: {`, LF, no field)
+                # `_values` written out (a paced stream's every read): parsed once
+                if len(data) <= _SHORT_LINE:
+                    try:
+                        doc = orjson.loads(data[6:-2])  # (a `{` starts it: an object)
+                    except orjson.JSONDecodeError:
+                        pass  # not JSON, or what the standard library may read
+                    else:
+                        if doc.get("error"):  # the SDK's test: a truthy `error`
+                            self.error_event = self.stopped = True
+                        elif "usage" in doc and (counts := counts_of(doc["usage"])) is not None:
+                            self.usage, self.unknown = counts, False
+                        return
+                self._dispatch([data[6:-2]], b"", False)
+                return
+            if data[-2:] == b"\n\n":  # whole events, the usual read
+                self._whole(data)
+                return
         self._take(data)
 
     def _take(self, data: bytes) -> None:
@@ -170,38 +138,13 @@ class EventReader:
             buffer = buffer[_past_blank(buffer, found.start()) :]
         cut = last_event_end(buffer)
         if cut:
-            if self._id or _fields_at(buffer, 0, cut):  # an event may lack data: read all
-                self._read(_lines(buffer[:cut]), dispatch=False)
-            else:
-                self._read_worth(buffer, cut)
+            self._whole(buffer[:cut])
         rest = buffer[cut:]
         if len(rest) > self._max_event:  # let go unread: the usage it may hold is unknown
             self._raw, self._over = rest[-1:], True
             self.usage, self.unknown = None, True
         else:
             self._raw = rest
-
-    def whole_without_usage(self, data: bytes) -> None:
-        """`feed` for a read that ends with a blank line and holds no `"usage"`: the
-        stream watch tested both on it (its usual read), so only the other markers are
-        searched here (those `feed`'s usual read tests besides: not UTF-8, a field that
-        dispatches an event without data). One search fewer per relayed read, and no
-        second test of its end (a `one_data_line` read goes to `feed`: it is parsed)."""
-        if (
-            not self._raw
-            and not self._over
-            and not self._tail
-            and not self._id
-            and data.isascii()
-            and data.find(b'"error"') < 0
-            and data.find(b"[DONE]") < 0
-            and (data.find(_ESCAPE) < 0 or _escape_at(data, 0, len(data)) < 0)
-            and data.find(b"id:") < 0
-            and data.find(b"event:") < 0
-            and data.find(b"retry:") < 0
-        ):
-            return
-        self.feed(data)
 
     def finish(self) -> None:
         """The stream ended: its last event, if unfinished, is dispatched (the gateway's
@@ -210,12 +153,7 @@ class EventReader:
         if self._tail:  # a character cut short: its line raises before any dispatch
             self.stopped = True
             return
-        if (
-            rest
-            and not self._over
-            and not self.stopped
-            and (self._id or _fields_at(rest, 0, len(rest)) or _worth(rest, 0, len(rest)))
-        ):
+        if rest and not self._over and not self.stopped:
             self._read(_lines(rest), dispatch=True)
 
     def _not_utf8(self, data: bytes) -> int | None:
@@ -231,17 +169,39 @@ class EventReader:
         self._tail = text[used:]
         return None
 
-    def _read_worth(self, buffer: bytes, cut: int) -> None:
-        """Read the events of `buffer[:cut]` (whole events) worth parsing (the module's
-        text): the first `_FEW_WORTH` one by one, the rest of a read that holds more (a
-        server that writes `"usage":null` in every chunk, or a hostile one's `:"usage"`
-        comment line per event) in one pass over every event, as cheap per event as
-        reading gets (one by one, the searches, slices and splits cost 2 to 7 times it)."""
-        for count, (begin, end) in enumerate(_worth_events(buffer, cut)):
-            if count == _FEW_WORTH:
-                self._read(_lines(buffer[begin:cut]), dispatch=False)
+    def _whole(self, chunk: bytes) -> None:
+        """Read the whole events `chunk` (from an event's start to a blank line's end),
+        every one. The usual shape, each event one `data: ` line and its blank line, LF
+        alone (a line end counted per event: no other line, no field, no comment), has
+        its values split out with one split and parsed (`_values`); any other is read
+        line by line (`_read`)."""
+        if chunk[:6] == b"data: " and chunk[-2:] == b"\n\n" and chunk.find(b"\r") < 0:
+            values = chunk[6:-2].split(b"\n\ndata: ")
+            if chunk.count(b"\n") == 2 * len(values):
+                self._values(values)
                 return
-            self._read(_lines(buffer[begin:end]), dispatch=False)
+        self._read(_lines(chunk), dispatch=False)
+
+    def _values(self, values: list[bytes] | tuple[bytes, ...]) -> None:
+        """Dispatch events of one `data` line each, their values in order: each parsed
+        once with orjson (`_dispatch` written out), where it is short enough not to nest
+        past `MAX_DEPTH`; what orjson refuses, or a longer value, as any event."""
+        for value in values:
+            if len(value) <= _SHORT_DATA:
+                try:
+                    doc = orjson.loads(value)
+                except orjson.JSONDecodeError:  # not JSON (`[DONE]` too), or what the
+                    self._dispatch([value], b"", False)  # standard library may read
+                else:
+                    if type(doc) is dict:
+                        if doc.get("error"):  # the SDK's test: a truthy `error`
+                            self.error_event = self.stopped = True
+                            return
+                        if "usage" in doc and (counts := counts_of(doc["usage"])) is not None:
+                            self.usage, self.unknown = counts, False
+                    continue
+            else:
+                self._dispatch([value], b"", False)
             if self.stopped:
                 return
 
@@ -317,16 +277,6 @@ def one_data_line(data: bytes) -> bool:
     )
 
 
-def _fields_at(data: bytes, start: int, end: int) -> bool:
-    """Whether `data[start:end]` may hold a field that dispatches an event without data
-    (`id:`, `event:`, `retry:`; also in a data line's text: then it is read whole)."""
-    return (
-        data.find(b"id:", start, end) >= 0
-        or data.find(b"event:", start, end) >= 0
-        or data.find(b"retry:", start, end) >= 0
-    )
-
-
 def _integer(value: bytes) -> bool:
     """Whether the SDK's `int()` reads `value` (a `retry` field's: then it dispatches)."""
     try:
@@ -355,28 +305,6 @@ def _escape_at(data: bytes, start: int, end: int) -> int:
         return -1
     found = _LETTER_ESCAPE.search(data, start, end)
     return -1 if found is None else found.start()
-
-
-def _worth_events(data: bytes, cut: int) -> Iterator[tuple[int, int]]:
-    """(start, end) of each event of `data[:cut]` (whole events) that holds one of
-    `_NEEDLES` or an escape of an ASCII letter, in order. Linear in `cut`: each search
-    starts past the last event yielded, and one needle is searched again only once its
-    last find is behind it (an event of each kind after the other must not search the
-    rest of the read once per event)."""
-    found = [data.find(needle, 0, cut) for needle in _NEEDLES] + [_escape_at(data, 0, cut)]
-    pos = 0
-    while True:
-        at = min((f for f in found if f >= 0), default=-1)
-        if at < 0:
-            return
-        begin = last_event_end(data, pos, at)  # the start of the event holding it
-        pos = event_end(data, at)  # its end, at most `cut`: a blank line ends the read there
-        yield begin, pos
-        for i, f in enumerate(found):
-            if 0 <= f < pos:
-                found[i] = (
-                    _escape_at(data, pos, cut) if i == 3 else data.find(_NEEDLES[i], pos, cut)
-                )
 
 
 def _lines(chunk: bytes) -> list[bytes]:

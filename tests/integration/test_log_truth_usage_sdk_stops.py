@@ -14,6 +14,7 @@ import asyncio
 import json
 import threading
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -132,5 +133,51 @@ def test_a_paced_one_line_event_that_is_not_json_stops_the_record_s_usage(
     settled(tmp_path / "log", vkey, received.headers["x-request-id"])
     shown = counts(sdk_shown_usage(received.body))
     assert shown == json.loads(SMALL)  # the SDK raised at the line: BIG never shown
+    assert _recorded_usage(tmp_path / "log", vkey) == shown
+    assert audit(received, tmp_path / "log", vkey) == []
+
+
+# An event whose data is not JSON and holds nothing the reader searches for, among others:
+# SMALL shown, then `data: {x` (the SDK raises), then BIG, which the SDK never shows.
+_NOT_JSON_AMONG = [EVENT, usage_chunk(SMALL), b"data: {x\n\n", EVENT, usage_chunk(BIG), DONE]
+_BODY = b"".join(_NOT_JSON_AMONG)
+_AT = _BODY.index(b"data: {x")
+# Where the backend's writes are cut: nowhere (one read of every event), and at awkward
+# places around the event the SDK refuses (inside its data, between its two line ends,
+# just before and after it, inside the next event's field name).
+CUTS: dict[str, tuple[int, ...]] = {
+    "coalesced": (),
+    "inside-its-data": (_AT + len(b"data: {"),),
+    "between-its-line-ends": (_AT + len(b"data: {x\n"),),
+    "just-before-and-after": (_AT, _AT + len(b"data: {x\n\n")),
+    "inside-a-field-name": (_AT - 3, _AT + 2, _AT + len(b"data: {x\n\nda")),
+}
+
+
+@pytest.mark.parametrize("cut", list(CUTS))
+def test_a_needle_less_event_that_is_not_json_stops_the_record_whatever_the_reads(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    cut: str,
+) -> None:
+    bounds = (0, *CUTS[cut], len(_BODY))
+    pieces = [_BODY[a:b] for a, b in pairwise(bounds)]
+    got = [threading.Event() for _ in pieces]
+    ends = [bounds[i + 1] for i in range(len(pieces))]
+
+    def arrived(body: bytes) -> bool:
+        for end, event in zip(ends, got, strict=True):
+            if len(body) >= end:
+                event.set()
+        return False
+
+    raw = start_raw(_lockstep(pieces, got))
+    gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
+    received = client_gets(gateway, ASKS_USAGE, enough=arrived)
+    assert received.body.startswith(_BODY)
+    settled(tmp_path / "log", vkey, received.headers["x-request-id"])
+    shown = counts(sdk_shown_usage(received.body))
+    assert shown == json.loads(SMALL)  # the SDK raised at `data: {x`: BIG never shown
     assert _recorded_usage(tmp_path / "log", vkey) == shown
     assert audit(received, tmp_path / "log", vkey) == []

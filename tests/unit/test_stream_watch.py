@@ -324,12 +324,12 @@ def test_an_open_event_past_max_line_is_let_go() -> None:
     assert len(watch.events._raw) == 0
 
 
-def test_a_read_of_whole_lines_without_usage_is_not_scanned(
+def test_a_read_of_whole_lines_is_not_scanned(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Hot path, the client asked for usage: a read of whole lines after one that ended a
-    # line, holding no `"usage"`, is passed with a search for each marker, as in strip
-    # mode: no tail joined and searched, no line scan. The usage chunk still is scanned.
+    # line is passed with a search for `[DONE]`: no tail joined and searched, no line scan
+    # (the event reader parses each `data:` line's value, split out by one split).
     scanned: list[list[bytes]] = []
     read_lines, see = EventReader._read, StreamWatch._see_done
 
@@ -348,7 +348,7 @@ def test_a_read_of_whole_lines_without_usage_is_not_scanned(
     for read in (ROLE, *[token] * 8, FINISH, USAGE, DONE):
         assert watch.feed(read) == read
     assert watch.flush() == b""
-    assert scanned == [USAGE.split(b"\n")[:-1], DONE.split(b"\n")[:-1]]
+    assert scanned == []
     assert watch.done and watch.usage == COUNTS
 
 
