@@ -374,6 +374,8 @@ class Proxy:
                 status, error = exchange.status, exchange.upstream_error
             else:
                 status, error = cut_status(exchange)
+                if status == 503 and exchange.streaming:  # its error event goes out after
+                    trail.cut_after()
             held = not exchange.response_started  # a cut's 503 goes out after
             raise
         except Exception:

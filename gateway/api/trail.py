@@ -109,6 +109,15 @@ class Trail:
         self.sent_bytes = 0
         self.attestation = self.countersignature = None
 
+    def cut_after(self) -> None:
+        """The gateway's error event went out after the relayed stream (a drain or a
+        forced shutdown cut it): a countersignature accepted of the stream covers bytes the
+        client got with that event after them, not the answer it received, so it is not
+        taken (`missing`, as for a stream that broke off after its comment)."""
+        if self.attestation is not None and self.attestation.failure is None:
+            self.attestation = Attestation(self.attestation.key, failure="missing")
+        self.countersignature = None
+
     def reported(self, counts: Mapping[str, int]) -> None:
         """Usage the backend reported in its stream (`StreamWatch.usage`: also in a chunk
         held back from a client that did not ask for it)."""

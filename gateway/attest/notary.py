@@ -181,9 +181,17 @@ class Notary:
         return _ENVELOPE % (base64.b64encode(payload), self._key_json, base64.b64encode(signature))
 
     def close(self) -> None:
-        """At a clean stop, after the log's: the next start goes on at the exact counter."""
+        """At a stop, after the log's: the next start goes on at the exact counter. A
+        disk that refuses the counter file is logged, not raised: the bound reserved
+        ahead is on it, so the next start goes on past that (counters skipped, none used
+        twice), and the stop still reports what else failed (before: a traceback, exit 1,
+        the statements lost untold)."""
         if self._counters is not None:
-            self._counters.write(self._next)
+            try:
+                self._counters.write(self._next)
+            except OSError as exc:
+                self._events.error("counter file not saved", reason=type(exc).__name__)
+                return
             self._reserved = self._next
 
     def _reserve(self) -> None:

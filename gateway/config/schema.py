@@ -358,17 +358,25 @@ class GatewaySettings(_Strict):
 def _one_key_each(backends: tuple[BackendSettings, ...]) -> None:
     """A countersignature names its key, not its backend: two attested backends with one
     key would each accept the other's answers (docs/provenance.md, layer 3)."""
-    seen: dict[str, str] = {}
+    seen: dict[str, tuple[str, bytes]] = {}
     for b in backends:
         if b.attest is None:
             continue
-        key = str(Verifier(b.attest.key))  # name+id: the statement's `key`
-        earlier = seen.setdefault(key, b.id)
-        if earlier != b.id:
+        verifier = Verifier(b.attest.key)
+        key = str(verifier)  # name+id: the statement's `key`
+        earlier, public = seen.setdefault(key, (b.id, verifier.public_key))
+        if earlier == b.id:
+            continue
+        if public == verifier.public_key:
             raise ValueError(
                 f"backends {earlier!r} and {b.id!r} have one attest.key ({key}): each "
                 "sidecar needs its own key, or one backend's answers pass for the other's"
             )
+        raise ValueError(
+            f"backends {earlier!r} and {b.id!r} have different keys with one key id ({key}): "
+            "a countersignature names its key by that id, so one backend's answers would "
+            "pass for the other's; give one of the sidecars a new key"
+        )
 
 
 def _unique(what: str, ids: list[str]) -> None:

@@ -39,9 +39,16 @@ def test_config_refuses_two_attested_backends_whose_keys_share_an_id() -> None:
     ]
     with pytest.raises(ConfigError) as caught:
         parse_config(yaml.safe_dump({"backends": two}))
-    assert any("gpu+63b2a5ae" in str(issue) for issue in caught.value.issues)
+    (said,) = [str(issue) for issue in caught.value.issues if "gpu+63b2a5ae" in str(issue)]
+    # Two different keys: the message says their ids collide (not "one attest.key", which
+    # sends the operator looking for a copied key), naming both backends.
+    assert "'gpu-a' and 'gpu-b'" in said
+    assert "different keys with one key id (gpu+63b2a5ae)" in said
+    assert "one attest.key" not in said
 
 
 def test_the_audit_refuses_them_too() -> None:
-    with pytest.raises(ValueError, match="given one key"):
+    with pytest.raises(
+        ValueError, match=r"gpu-a and gpu-b are given different keys with one key id"
+    ):
         one_key_per_backend({"gpu-a": Verifier(FIRST), "gpu-b": Verifier(SECOND)})

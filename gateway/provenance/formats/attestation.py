@@ -318,14 +318,21 @@ def one_key_per_backend(backend_keys: Mapping[str, Verifier]) -> None:
     names its key, not its backend, so with one key for A and B a log could say B served
     what A's sidecar countersigned (and their counters would collide). Each sidecar needs
     its own key."""
-    seen: dict[str, str] = {}
+    seen: dict[str, tuple[str, bytes]] = {}
     for backend, verifier in backend_keys.items():
-        earlier = seen.setdefault(str(verifier), backend)
-        if earlier != backend:
+        earlier, public = seen.setdefault(str(verifier), (backend, verifier.public_key))
+        if earlier == backend:
+            continue
+        if public == verifier.public_key:
             raise ValueError(
                 f"backends {earlier} and {backend} are given one key ({verifier}): a "
                 "countersignature could not tell them apart; give each sidecar its own key"
             )
+        raise ValueError(
+            f"backends {earlier} and {backend} are given different keys with one key id "
+            f"({verifier}): a countersignature names its key by that id and could not tell "
+            "them apart; give one of the sidecars a new key"
+        )
 
 
 def receipt_countersignature(

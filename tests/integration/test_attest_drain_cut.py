@@ -1,0 +1,90 @@
+"""A countersigned stream cut at the gateway's drain deadline after the sidecar's comment
+was read (its countersignature judged and accepted, the stream's end still waiting on its
+receipt): the gateway ends it with its own 503 error event after the countersigned bytes,
+so the client did not get the answer the statement covers (docs/provenance.md: "a
+countersigned stream is whole: the gateway writes nothing after it but its receipt
+line"). Before, the record (503) and the client's receipt carried the countersignature
+as accepted, and the client's own `receipt verify --response-body` on what it received
+refused it. A real `owngate attest` sidecar in front of a simulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.api.trail import Trail
+from gateway.provenance import load_signer
+from tests.helpers.attest import start_sidecar
+from tests.helpers.gateways import Gateway, Sim, backend, logged_gateway
+from tests.helpers.log_truth import CHAT, ORIGIN, salt_of, stream_receipt
+from tests.helpers.provenance import completion_record, run_audit
+
+
+def test_a_countersigned_stream_cut_at_drain_is_not_countersigned(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    signing, released = threading.Event(), threading.Event()
+    sealed = Trail.sealed_receipt
+
+    async def held(trail: Trail) -> bytes | None:
+        if not signing.is_set():  # the stream's end (its countersignature judged): held
+            signing.set()
+            await asyncio.get_running_loop().run_in_executor(None, released.wait, 30)
+        return await sealed(trail)
+
+    monkeypatch.setattr(Trail, "sealed_receipt", held)
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    sidecar = start_sidecar(tmp_path / "sidecar", "gpu-a", sim.url)
+    try:
+        served = backend("gpu", sidecar.url, "m", attest={"key": sidecar.vkey})
+        gateway = logged_gateway(
+            start_gateway, tmp_path, [served], ORIGIN, limits={"drain_timeout_s": 0.001}
+        )
+        url = f"{gateway.url}/v1/chat/completions"
+        with ThreadPoolExecutor(1) as pool:
+            try:
+                asked = pool.submit(httpx.post, url, json=CHAT, headers=gateway.headers, timeout=30)
+                assert signing.wait(30)
+                (task,) = list(gateway.app.serving)  # the request: its loop is the server's
+                task.get_loop().call_soon_threadsafe(gateway.app.begin_drain)
+                response = asked.result(30)
+            finally:
+                released.set()
+    finally:
+        assert sidecar.stop() == 0
+    assert response.status_code == 200  # the head went out before the cut
+    got = response.content
+    body = got.partition(b": owngate-receipt ")[0]
+    events = body.split(b"\n\n")
+    assert b"data: [DONE]" in events  # the backend's whole, countersigned stream
+    assert b'"code":"not_ready"' in events[-2]  # then the cut's error event
+    receipt = stream_receipt(got)
+    assert "attestation" not in json.loads(receipt)
+    request_id, _ = salt_of(receipt)
+    record = completion_record(tmp_path / "log", request_id)
+    assert record["status"] == 503
+    assert record["attestation"]["failure"] == "missing"
+    assert record["attestation"]["sig"] is None
+    # What the client received opens the record's commitment, as a stream less the
+    # gateway's tail (the log says no countersigned answer), and the receipt is the log's.
+    (tmp_path / "receipt").write_bytes(receipt)
+    (tmp_path / "response").write_bytes(got)
+    vkey = load_signer(tmp_path / "log.key").vkey
+    check = ["receipt", "verify", str(tmp_path / "receipt"), "--key", vkey]
+    assert run_audit([*check, "--log", str(tmp_path / "log")]) == 0
+    opened = ["open", str(tmp_path / "response"), "--receipt", str(tmp_path / "receipt")]
+    opened += ["--log", str(tmp_path / "log"), "--key", vkey, "--kind", "response"]
+    assert run_audit(opened) == 0
+    audit = ["verify", str(tmp_path / "log"), "--key", vkey, "--backend-key", f"gpu={sidecar.vkey}"]
+    assert run_audit(audit) == 0
