@@ -175,14 +175,19 @@ return 1
 """
 )
 
-# KEYS: leases, in-flight hash, revoked set, revoked version, then for each tenant
-#       listed in ARGV its slots and its held counts
-# ARGV: replica, lease ttl ms, resync (1/0), n backends, (backend, count) * n, then per
-#       tenant: slots held here, n keep, keep fields..., n skip, skip fields...
+# KEYS: leases, in-flight hash, revoked set, revoked version, epoch, then for each
+#       tenant listed in ARGV its slots and its held counts
+# ARGV: replica, lease ttl ms, resync (1/0), the epoch its RESTORE just answered, n
+#       backends, (backend, count) * n, then per tenant: slots held here, n keep, keep
+#       fields..., n skip, skip fields...
 # Resync: this replica's slot fields become exactly `keep` (fields in `skip` belong to
 #       calls still in flight: their outcome decides), its count their number, and its
-#       in-flight fields exactly the backends sent.
+#       in-flight fields exactly the backends sent. A resync follows a RESTORE; if Redis
+#       lost its data since (another epoch, or none), the lease is not taken: that
+#       restore's budgets went with the data, and a live lease would keep the next
+#       RESTORE from putting them back.
 # -> {-1} lease lost and no resync asked (ask again with one) |
+#    {-2} resync asked but Redis lost its data since the restore (restore again) |
 #    {resynced, live replicas, revoked version, revoked count, (backend, others' sum)...}
 HEARTBEAT = (
     _COMMON
@@ -192,11 +197,12 @@ local me, ttl = ARGV[1], tonumber(ARGV[2])
 local resync = ARGV[3] == '1'
 local lease = tonumber(redis.call('HGET', KEYS[1], me))
 if (not lease or lease < now) and not resync then return {-1} end
+if resync and redis.call('GET', KEYS[5]) ~= ARGV[4] then return {-2} end
 redis.call('HSET', KEYS[1], me, us(now + ttl * 1000))
 redis.call('PEXPIRE', KEYS[1], ttl)
-local pos = 5
+local pos = 6
 local sent = {}
-for _ = 1, tonumber(ARGV[4]) do
+for _ = 1, tonumber(ARGV[5]) do
   local field, n = me .. '|' .. ARGV[pos], tonumber(ARGV[pos + 1])
   pos = pos + 2
   sent[field] = true
@@ -212,7 +218,7 @@ if resync then
   end
 end
 redis.call('PEXPIRE', KEYS[2], ttl)
-for k = 5, #KEYS, 2 do
+for k = 6, #KEYS, 2 do
   local slots, counts = KEYS[k], KEYS[k + 1]
   local held = tonumber(ARGV[pos])
   local keep, skip = {}, {}

@@ -281,9 +281,14 @@ class RedisState:
         if self._health.resync:  # the lease may be gone: a resync would renew it
             await self._restore()
         reply = await self._beat(resync=self._health.resync)
-        if int(reply[0]) == -1:  # our lease had run out: rewrite everything at once
+        # -1: our lease had run out: rewrite everything at once; -2: Redis lost its data
+        # again after the restore (before the lease was renewed): restore into it again
+        if int(reply[0]) < 0:
             await self._restore()
             reply = await self._beat(resync=True)
+            if int(reply[0]) < 0:  # and yet again: no lease, the next sync tries again
+                self._health.resync = True
+                return
         self._health.replicas = max(1, int(reply[1]))
         self._set_others({text(reply[i]): int(reply[i + 1]) for i in range(4, len(reply), 2)})
         await self._revocations.sync(int(reply[2]), int(reply[3]))
@@ -352,7 +357,13 @@ class RedisState:
         keys = self._keys
         tenants, touched, slot_args = self._slots.heartbeat(resync=resync)
         backends = list(self._inflight.items())
-        args: list[str | int] = [self.replica_id, self._ttl_ms, int(resync), len(backends)]
+        args: list[str | int] = [
+            self.replica_id,
+            self._ttl_ms,
+            int(resync),
+            self._epoch,  # a resync's RESTORE answered it just before (lua.HEARTBEAT)
+            len(backends),
+        ]
         args += _flat(backends)
         args += slot_args
         if resync:
@@ -364,6 +375,7 @@ class RedisState:
                     keys.inflight,
                     keys.revoked,
                     keys.revoked_version,
+                    keys.epoch,
                     *_per_tenant(keys, tenants),
                 ],
                 args=args,
@@ -371,6 +383,8 @@ class RedisState:
         except BaseException:
             self._health.resync = self._health.resync or resync
             raise
+        if int(reply[0]) < 0:  # no lease renewed (lua.HEARTBEAT)
+            return reply
         self._leased = True
         if int(reply[0]) == 1:
             self._slots.settled(touched)

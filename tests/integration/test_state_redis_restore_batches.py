@@ -294,3 +294,42 @@ def test_redis_losing_its_data_again_mid_run_starts_the_run_over(
         await raw.aclose()
 
     asyncio.run(scenario())
+
+
+def test_redis_losing_its_data_after_the_last_batch_restores_again(
+    redis_server: RedisServer,
+) -> None:
+    """Redis loses its data again after a run's last batch, before the HEARTBEAT that
+    renews the lease: that HEARTBEAT must not take the lease in the empty Redis (every
+    budget of the run would be gone, and the next restore would find the lease live and
+    put nothing back); the replica restores again into the new epoch first."""
+    tenants = [f"t{i}" for i in range(300)]
+
+    async def scenario() -> None:
+        raw = aioredis.Redis.from_url(redis_server.url)
+        async with replicas(redis_server, "replica-a") as (state,):
+            state.restore_batch = 100
+            await _spend([state], tenants)
+            real = state._restore_script
+            flushed: list[int] = []
+
+            async def flushing(*, keys: list[str], args: list[str | int]) -> Any:
+                reply = await real(keys=keys, args=args)
+                if _restoring(reply) and int(args[5]) == 200 and not flushed:
+                    flushed.append(int(args[5]))  # the run's last batch: then data lost
+                    await raw.flushall()
+                return reply
+
+            state._restore_script = flushing  # type: ignore[assignment]
+            await raw.flushall()
+
+            async def leased_after_flush() -> bool:
+                return bool(flushed) and bool(await raw.hexists(KEYS.leases, "replica-a"))
+
+            await until_async(leased_after_flush, "a lease after the second loss", timeout=60)
+            ahead = await _ahead_s(raw, tenants)
+            # 15 s each, once, in the Redis that lost its data the second time
+            assert all(5 < s <= 15 for s in ahead), (min(ahead), max(ahead))
+        await raw.aclose()
+
+    asyncio.run(scenario())
