@@ -34,9 +34,10 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
 - a started stream's body may be written without `send`: each request's scope holds a
   `BodyWriter` (`gateway/body_writer.py`, key `owngate.body_writer`) for the private
   relay's per-chunk writes, framed as `send` frames them.
-- framing errors (a malformed request line, header or chunked body, a Transfer-Encoding
-  other than `chunked` alone or on an HTTP/1.0 request) get 400 `invalid_request` as an
-  OpenAI error object instead of uvicorn's plain text.
+- framing errors (a malformed request line, header or chunked body, an HTTP version
+  other than 1.0 and 1.1, a Transfer-Encoding other than `chunked` alone or on an
+  HTTP/1.0 request) get 400 `invalid_request` as an OpenAI error object instead of
+  uvicorn's plain text.
 - an answer of unknown length (a stream) to an HTTP/1.0 request is not chunked: it ends
   with the connection (`gateway/close_delimited.py`).
 - chunked bodies: the bytes between body data (a chunk-size line, its extensions, the
@@ -101,7 +102,7 @@ from gateway.listener_limits import (
     head_size,
     late_message,
     refusal_answer,
-    refuse_transfer_coding,
+    refuse_framing,
     too_long_message,
     too_many_message,
 )
@@ -278,7 +279,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         ):
             raise Refusal(ErrorCode.headers_too_large, "header_bytes", too_long_message(limit))
         version = self.parser.get_http_version()
-        refuse_transfer_coding(self.headers, version)
+        refuse_framing(self.headers, version)
         super().on_headers_complete()  # may raise too (a URL it cannot parse): still a head
         if version == "1.0":  # no chunked framing for it (gateway/close_delimited.py)
             close_delimited(self.cycle)

@@ -42,7 +42,7 @@ __all__ = [
     "head_size",
     "late_message",
     "refusal_answer",
-    "refuse_transfer_coding",
+    "refuse_framing",
     "too_long_message",
     "too_many_message",
 ]
@@ -150,16 +150,27 @@ BAD_TRANSFER_CODING = (
 TRANSFER_CODING_ON_1_0 = (
     "An HTTP/1.0 request cannot carry Transfer-Encoding; send Content-Length instead."
 )
+_VERSIONS = frozenset(("1.0", "1.1"))
+UNSUPPORTED_VERSION = "Only requests in HTTP version 1.1 or 1.0 are accepted."
 
 
-def refuse_transfer_coding(headers: list[tuple[bytes, bytes]], http_version: str) -> None:
-    """Raise a 400 `Refusal` for a request head whose Transfer-Encoding (names in lower
-    case) is anything but `chunked` alone. llhttp reads a body as chunked whenever
-    chunked is the last coding, so `identity, chunked` or `gzip, chunked` passed as plain
-    chunked (the body never decoded), where a proxy in front may frame it otherwise. RFC
-    9112 section 6.1: a coding the server does not know is answered 501 or 400 (400
-    here: the closed set of error codes has no 501), and an HTTP/1.0 request with
-    Transfer-Encoding has faulty framing (400, as nginx answers it)."""
+def refuse_framing(headers: list[tuple[bytes, bytes]], http_version: str) -> None:
+    """Raise a 400 `Refusal` for a request head a proxy in front may frame otherwise
+    than llhttp does (header names in lower case):
+
+    - an HTTP version other than 1.0 and 1.1: llhttp also parses `HTTP/0.9` and
+      `HTTP/2.0` request lines with headers, keep-alive and a chunked body, where a
+      proxy reads an HTTP/0.9 request as ending with its request line and answers 505 to
+      a major version it does not speak (RFC 9112 section 2.3; 400 here: the closed set
+      of error codes has no 505);
+    - a Transfer-Encoding other than `chunked` alone. llhttp reads a body as chunked
+      whenever chunked is the last coding, so `identity, chunked` or `gzip, chunked`
+      passed as plain chunked (the body never decoded), where a proxy in front may frame
+      it otherwise. RFC 9112 section 6.1: a coding the server does not know is answered
+      501 or 400 (400 here, as above), and an HTTP/1.0 request with Transfer-Encoding
+      has faulty framing (400, as nginx answers it)."""
+    if http_version not in _VERSIONS:
+        raise Refusal(ErrorCode.invalid_request, "version", UNSUPPORTED_VERSION)
     codings: list[bytes] = []
     for name, value in headers:
         if name == b"transfer-encoding":

@@ -54,7 +54,7 @@ from gateway.listener_limits import (
     framing_message,
     head_size,
     refusal_answer,
-    refuse_transfer_coding,
+    refuse_framing,
     too_long_message,
     too_many_message,
 )
@@ -235,7 +235,7 @@ class RequestReader(asyncio.Protocol):
             raise Refusal(ErrorCode.headers_too_large, "header_bytes", too_long_message(limit))
         if not self._target.startswith(b"/"):
             raise Refusal(ErrorCode.invalid_request, "framing", "Invalid request target.")
-        refuse_transfer_coding(self._headers, self.parser.get_http_version())
+        refuse_framing(self._headers, self.parser.get_http_version())
         expect_continue = False
         for name, value in self._headers:
             if name == b"content-length":

@@ -10,6 +10,7 @@ of its own. Run against the gateway's public listener (`gateway/listener.py`) an
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,12 +21,23 @@ from gateway.attest import AttestSettings, AttestThread
 from gateway.config.schema import ListenSettings
 from gateway.provenance import write_signing_key
 from gateway.serving import ServerThread
+from gateway.tenants import hash_api_key
 from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
+from tests.helpers.net import free_port
+from tests.helpers.processes import GatewayProcess
 from tests.helpers.raw_socket import Server, assert_refused, exchange
 
 BODY = b'{"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}'
 SMUGGLED = b"GET /smuggled HTTP/1.1\r\nhost: x\r\n\r\n"
 CHUNKED = b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)
+
+
+@dataclasses.dataclass
+class Address:
+    """Where a server in another process listens (`raw_socket.Server`)."""
+
+    host: str
+    port: int
 
 
 def _post(fields: bytes, body: bytes) -> bytes:
@@ -39,6 +51,21 @@ def _post(fields: bytes, body: bytes) -> bytes:
 def _chunked(body: bytes) -> bytes:
     return _post(b"transfer-encoding: chunked\r\n", body)
 
+
+def _version(version: bytes, fields: bytes, body: bytes) -> bytes:
+    return _post(fields, body).replace(b" HTTP/1.1\r\n", b" " + version + b"\r\n", 1)
+
+
+# llhttp parses these request lines with headers, keep-alive and a chunked body; a proxy
+# reads an HTTP/0.9 request as ending with its request line, and answers 505 to HTTP/2.0.
+OTHER_VERSIONS = {
+    "http-0.9-chunked": _version(b"HTTP/0.9", b"transfer-encoding: chunked\r\n", CHUNKED),
+    "http-0.9-length": _version(b"HTTP/0.9", b"content-length: %d\r\n" % len(BODY), BODY),
+    "http-2.0-chunked": _version(b"HTTP/2.0", b"transfer-encoding: chunked\r\n", CHUNKED),
+    "http-2.0-keep-alive": _version(
+        b"HTTP/2.0", b"connection: keep-alive\r\ncontent-length: %d\r\n" % len(BODY), BODY
+    ),
+}
 
 AMBIGUOUS = {
     "cl-and-te": _post(b"content-length: 5\r\ntransfer-encoding: chunked\r\n", CHUNKED),
@@ -82,7 +109,23 @@ AMBIGUOUS = {
     "h2c-upgrade": b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: upgrade, http2-settings\r\n"
     b"upgrade: h2c\r\nhttp2-settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n",
     "connect": b"CONNECT evil.example:443 HTTP/1.1\r\nhost: evil.example\r\n\r\n",
+    **OTHER_VERSIONS,
 }
+
+
+@pytest.fixture
+def public_process(start_sim: Callable[..., Sim], tmp_path: Path) -> Iterator[GatewayProcess]:
+    """A real `owngate serve` in front of one simulator."""
+    sim = start_sim("vllm", models=("sim-model",), zero_latency=True)
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "logging": {"format": "json", "level": "error", "access_log": False},
+        "backends": [backend("gpu", sim.url, "sim-model")],
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["*"]}],
+    }
+    gateway = GatewayProcess(config, tmp_path).start()
+    yield gateway
+    gateway.stop()
 
 
 @pytest.fixture
@@ -116,6 +159,19 @@ def test_the_public_listener_refuses_ambiguous_framing(
     public: ServerThread, request_bytes: bytes
 ) -> None:
     _one_refusal(public, request_bytes)
+
+
+def test_owngate_serve_refuses_other_http_versions(
+    public_process: GatewayProcess,
+) -> None:
+    """The same refusals from a real `owngate serve`: an HTTP/0.9 or HTTP/2.0 request
+    line is 400 with nothing after it parsed as a request (each was served, the HTTP/2.0
+    one keeping the connection open for the request after it)."""
+    server = Address("127.0.0.1", public_process.port)
+    for name, request_bytes in OTHER_VERSIONS.items():
+        raw = exchange(server, request_bytes + SMUGGLED)
+        assert raw.count(b"HTTP/1.1 ") == 1, (name, raw[:400])
+        assert_refused(raw, 400, "invalid_request")
 
 
 @pytest.mark.parametrize("request_bytes", AMBIGUOUS.values(), ids=AMBIGUOUS.keys())
