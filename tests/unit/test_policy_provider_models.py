@@ -127,3 +127,26 @@ def test_check_warns_at_an_allow_that_admits_a_hosted_model_by_its_public_name(
         (warning,) = found
         assert warning.path == "spec.models.allow[0]"
         assert "cloud (" in warning.message and "'openai/gpt-4o'" in warning.message
+
+
+@pytest.mark.parametrize(
+    "provider_model",
+    [
+        "bedrock/anthropic%2Eclaude-3-opus-20240229-v1:0",
+        "bedrock/converse/anthropic%2eclaude-3-opus",
+    ],
+)
+def test_a_deny_holds_for_a_percent_encoded_provider_model(provider_model: str) -> None:
+    """Bedrock takes the model id in the URL path and decodes it: `anthropic%2Eclaude-3-opus`
+    is `anthropic.claude-3-opus` there, and escaped a deny written for that name."""
+    aws = "https://bedrock-runtime.eu-central-1.amazonaws.com"
+    settings = {
+        **hosted_backend("cloud", aws, provider="aws", owner="aws", region="eu-central-1"),
+        "models": [{"name": "fast", "provider_model": provider_model}],
+    }
+    declared = (facts_of(BackendSettings.model_validate(settings)),)
+    deny = {"deny": ["anthropic.claude-3-opus*"]}
+    decision = policy_set(declared, deny).decide("t", "fast", None)
+    assert decision.hosted == (), decision.trace
+    (entry,) = decision.trace
+    assert (entry.verdict, entry.rule) == ("excluded", "p/models")
