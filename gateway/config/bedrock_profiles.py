@@ -39,6 +39,16 @@ from gateway.policy.jurisdictions import expand, is_jurisdiction, region_matches
 __all__ = ["check_bedrock_profiles", "check_bedrock_regions"]
 
 _BEDROCK_PREFIXES: Final = ("bedrock/",)
+# LiteLLM's AWS routes: each reads the Region from a Bedrock ARN in the model string
+# (`BaseAWSLLM._get_aws_region_name`; bedrock_mantle's endpoint is
+# `bedrock-mantle.<region>.api.aws`).
+_AWS_PREFIXES: Final = (
+    "bedrock/",
+    "bedrock_mantle/",
+    "sagemaker/",
+    "sagemaker_chat/",
+    "sagemaker_nova/",
+)
 # An AWS Region name (LiteLLM's `_VALID_AWS_REGION_PATTERN` takes these and more).
 _AWS_REGION: Final = re.compile(r"[a-z]{2}(?:-[a-z]+)+-\d{1,2}")
 # AWS's endpoint domains: IPv4 (`.amazonaws.com`, China's `.amazonaws.com.cn`) and
@@ -120,7 +130,7 @@ def check_bedrock_regions(
                 )
         return
     for model in provider_models:
-        if not model.startswith(_BEDROCK_PREFIXES):
+        if not model.startswith(_AWS_PREFIXES):
             continue
         for named in _arn_regions(model):
             if not _within(named, region):

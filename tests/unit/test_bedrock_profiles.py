@@ -155,6 +155,8 @@ US_ARN = "bedrock/arn:aws:bedrock:us-east-1:123456789012:foundation-model/anthro
         "bedrock/x:y:z:us-east-1:arn:aws:bedrock",
         "bedrock/arn:aws:bedrock-agent:us-east-1:123456789012:x",
         "bedrock/converse/arn:aws-us-gov:bedrock:us-east-1:123456789012:x",
+        # LiteLLM's other AWS routes read an ARN's Region the same way
+        "bedrock_mantle/arn:aws:bedrock:us-east-1:123456789012:foundation-model/x",
     ],
 )
 @pytest.mark.parametrize("region", ["eu-central-1", "eu", "de", "us-west-2"])
