@@ -181,7 +181,7 @@ def _public_name_allows(
                 (*path, "models", "allow", i),
                 f"{entry!r} admits hosted {', '.join(hits)} by the public name gateway.yaml "
                 "gives it, not by the provider model it sends, which no allow entry names: "
-                "name the provider model (or the backend) if that model is meant",
+                "add the provider model to models.allow if that model is meant",
             )
 
 
