@@ -21,10 +21,10 @@ ARN (`application-inference-profile/<id>`) does not say what it wraps: not check
 The Region a Bedrock request is sent to is also written in the config itself, and must be
 the declared one (or in the area of a declared code: `region: eu` takes `eu-central-1`):
 without `base_url`, an ARN's Region (`arn:aws:bedrock:us-east-1:...`, read as LiteLLM
-reads it on each AWS route), which LiteLLM takes over `AWS_REGION_NAME` (it sent a backend declared `eu-central-1` to
-`bedrock-runtime.us-east-1.amazonaws.com`); with one, the Region in an AWS host name
-(`bedrock-runtime.us-east-1.amazonaws.com`). Without either, the Region comes from the
-environment (not checked: docs/security.md).
+reads it on each AWS route), which LiteLLM takes over `AWS_REGION_NAME` (it sent a
+backend declared `eu-central-1` to `bedrock-runtime.us-east-1.amazonaws.com`); with one,
+the Region in an AWS host name (`bedrock-runtime.us-east-1.amazonaws.com`). Without
+either, the Region comes from the environment (not checked: docs/security.md).
 """
 
 from __future__ import annotations
