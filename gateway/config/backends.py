@@ -15,6 +15,7 @@ from gateway.config.base import Identifier, _Strict
 from gateway.config.bedrock_profiles import check_bedrock_profiles, check_bedrock_regions
 from gateway.config.provider_routes import check_route, is_azure
 from gateway.config.routing import BreakerSettings
+from gateway.config.vertex_regions import check_vertex_regions
 from gateway.plain_names import plain_name_problem
 from gateway.plain_yaml import key_in_text, key_pattern
 from gateway.provenance.errors import KeyFormatError
@@ -280,6 +281,7 @@ class BackendSettings(_Strict):
             # ... and the region policies judge must be where it processes the request.
             check_bedrock_profiles(self.region, models)
             check_bedrock_regions(self.region, models, self.base_url)
+            check_vertex_regions(self.region, models, self.base_url)
             if unchecked and (self.base_url is None or not is_azure(declared, models)):
                 raise ValueError(
                     "unsafe_unchecked_azure_host applies to a hosted Azure backend with "

@@ -20,11 +20,11 @@ ARN (`application-inference-profile/<id>`) does not say what it wraps: not check
 
 The Region a Bedrock request is sent to is also written in the config itself, and must be
 the declared one (or in the area of a declared code: `region: eu` takes `eu-central-1`):
-without `base_url`, an ARN's Region (`arn:aws:bedrock:us-east-1:...`), which LiteLLM
-takes over `AWS_REGION_NAME` (it sent a backend declared `eu-central-1` to
-`bedrock-runtime.us-east-1.amazonaws.com`); with one, the Region in an AWS host name
-(`bedrock-runtime.us-east-1.amazonaws.com`). Without either, the Region comes from the
-environment (not checked: docs/security.md).
+without `base_url`, an ARN's Region (`arn:aws:bedrock:us-east-1:...`, read as LiteLLM
+reads it on each AWS route), which LiteLLM takes over `AWS_REGION_NAME` (it sent a
+backend declared `eu-central-1` to `bedrock-runtime.us-east-1.amazonaws.com`); with one,
+the Region in an AWS host name (`bedrock-runtime.us-east-1.amazonaws.com`). Without
+either, the Region comes from the environment (not checked: docs/security.md).
 """
 
 from __future__ import annotations
@@ -39,9 +39,26 @@ from gateway.policy.jurisdictions import expand, is_jurisdiction, region_matches
 __all__ = ["check_bedrock_profiles", "check_bedrock_regions"]
 
 _BEDROCK_PREFIXES: Final = ("bedrock/",)
+# LiteLLM's AWS routes: each reads the Region from a Bedrock ARN in the model string
+# (`BaseAWSLLM._get_aws_region_name`; bedrock_mantle's endpoint is
+# `bedrock-mantle.<region>.api.aws`).
+_AWS_PREFIXES: Final = (
+    "bedrock/",
+    "bedrock_mantle/",
+    "sagemaker/",
+    "sagemaker_chat/",
+    "sagemaker_nova/",
+)
 # An AWS Region name (LiteLLM's `_VALID_AWS_REGION_PATTERN` takes these and more).
 _AWS_REGION: Final = re.compile(r"[a-z]{2}(?:-[a-z]+)+-\d{1,2}")
-_AWS_DOMAINS: Final = ("amazonaws.com", "amazonaws.com.cn")
+# AWS's endpoint domains: IPv4 (`.amazonaws.com`, China's `.amazonaws.com.cn`) and
+# dual-stack (`bedrock-runtime.<region>.api.aws`).
+_AWS_DOMAINS: Final = ("amazonaws.com", "amazonaws.com.cn", "api.aws")
+# What LiteLLM 1.108.7 takes for a Bedrock ARN and its Region (litellm_core_utils/
+# aws_partition.py `_BEDROCK_ARN_PATTERN`, base_aws_llm.py `_VALID_AWS_REGION_PATTERN`):
+# such an ARN anywhere in the model string, and the model's 4th `:`-separated part.
+_LITELLM_ARN: Final = re.compile(r"arn:aws(?:-[a-z0-9-]+)?:bedrock")
+_LITELLM_REGION: Final = re.compile(r"[a-z0-9-]+")
 # A system-defined profile's geography (the id's first dot-separated part) and the
 # jurisdiction code to declare for it; None: no code covers it.
 _GEOGRAPHIES: Final[dict[str, str | None]] = {
@@ -105,24 +122,36 @@ def check_bedrock_regions(
         host = (urlsplit(base_url).hostname or "").lower().rstrip(".")
         if not any(host == d or host.endswith(f".{d}") for d in _AWS_DOMAINS):
             return  # not an AWS host: taken as declared (docs/configuration.md)
-        named = next((p for p in host.split(".") if _AWS_REGION.fullmatch(p)), None)
-        if named is not None and not _within(named, region):
-            raise ValueError(
-                f"base_url host {host!r} is in AWS Region {named!r}, but the backend "
-                f"declares region {region!r}, which policies judge"
-            )
+        for named in (p for p in host.split(".") if _AWS_REGION.fullmatch(p)):
+            if not _within(named, region):
+                raise ValueError(
+                    f"base_url host {host!r} is in AWS Region {named!r}, but the backend "
+                    f"declares region {region!r}, which policies judge"
+                )
         return
     for model in provider_models:
-        if not model.startswith(_BEDROCK_PREFIXES):
+        if not model.startswith(_AWS_PREFIXES):
             continue
-        parts = unquote(model).split(":")
-        arn = len(parts) > 3 and parts[0].endswith("arn") and parts[2] == "bedrock"
-        if arn and _AWS_REGION.fullmatch(parts[3]) and not _within(parts[3], region):
-            raise ValueError(
-                f"provider_model {model!r} is an ARN in AWS Region {parts[3]!r}, where "
-                f"LiteLLM sends it, but the backend declares region {region!r}, which "
-                "policies judge"
-            )
+        for named in _arn_regions(model):
+            if not _within(named, region):
+                raise ValueError(
+                    f"provider_model {model!r} is an ARN in AWS Region {named!r}, where "
+                    f"LiteLLM sends it, but the backend declares region {region!r}, which "
+                    "policies judge"
+                )
+
+
+def _arn_regions(model: str) -> list[str]:
+    """The Region LiteLLM reads from a Bedrock model string that holds an ARN, as written
+    and percent-decoded: its 4th `:`-separated part wherever the ARN stands in it
+    (`bedrock/x:y:z:us-east-1:arn:aws:bedrock` is sent to us-east-1 too)."""
+    found = []
+    for spelling in dict.fromkeys((model, unquote(model))):
+        parts = spelling.split(":")
+        arn = _LITELLM_ARN.search(spelling) is not None and len(parts) > 3
+        if arn and _LITELLM_REGION.fullmatch(parts[3]):
+            found.append(parts[3])
+    return found
 
 
 def _within(aws_region: str, declared: str) -> bool:

@@ -5,8 +5,9 @@ policies do), but each usually means a typo or a policy that will refuse more th
 author expects: a residency entry or allow/deny entry that names no configured backend,
 a fallback that can find no compliant hosted backend, a data class that loosens (and is
 therefore ignored), a tenant with no policy, a residency glob that reads like a
-jurisdiction and spans countries (`eu-*` covers London and Zurich), and a deny by
-jurisdiction code that cannot see a region the built-in table does not place.
+jurisdiction and spans countries (`eu-*` covers London and Zurich), a deny by
+jurisdiction code that cannot see a region the built-in table does not place, and a
+`models.allow` entry that admits a hosted model by its public name alone.
 
 Two foot-guns get the real engine run over them, since they send traffic somewhere its
 author did not mean it to go without a single refusal to notice:
@@ -29,7 +30,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from gateway.policy import jurisdictions
 from gateway.policy.compiler import compile_set
 from gateway.policy.engine import PolicySet
-from gateway.policy.rules import Globs, Sections, target_matches
+from gateway.policy.rules import Globs, Sections, _spellings, target_matches
 from gateway.policy.schema import PolicyDocument, Residency, Retention
 from gateway.policy.source import Document, YamlPath
 from gateway.policy.types import FALLBACK_MODES, BackendFacts, PolicyIssue
@@ -144,6 +145,7 @@ def _entries(path: YamlPath, rules: Sections, backends: Sequence[BackendFacts], 
                     warn(
                         (*path, section, key, i), f"{entry!r} matches no configured {section[:-1]}"
                     )
+    _public_name_allows(path, rules, backends, warn)
     if rules.fallback is not None and rules.fallback.to is not None:
         for i, target in enumerate(rules.fallback.to):
             hits = [b for b in backends if target_matches(target, b)]
@@ -154,6 +156,33 @@ def _entries(path: YamlPath, rules: Sections, backends: Sequence[BackendFacts], 
                     (*path, "fallback", "to", i),
                     "matches only private backends; fallback.to chooses hosted backends",
                 )
+
+
+def _public_name_allows(
+    path: YamlPath, rules: Sections, backends: Sequence[BackendFacts], warn: Warn
+) -> None:
+    """Warn at a `models.allow` entry that admits a hosted backend's model only by the
+    public name gateway.yaml gives it (`llama*` admits `llama-x` sent as `openai/gpt-4o`):
+    the operator's naming, not the policy, then decides which provider model is allowed."""
+    if rules.models is None or rules.models.allow is None:
+        return
+    allow = Globs(rules.models.allow)
+    for i, entry in enumerate(rules.models.allow):
+        glob = Globs((entry,))
+        hits = sorted(
+            f"{b.id} ({name!r} sent as {sent!r})"
+            for b in backends
+            for name, sent in b.provider_models
+            if glob.first_match(name) is not None
+            and all(allow.first_match(s) is None for s in _spellings(sent))
+        )
+        if hits:
+            warn(
+                (*path, "models", "allow", i),
+                f"{entry!r} admits hosted {', '.join(hits)} by the public name gateway.yaml "
+                "gives it, not by the provider model it sends, which no allow entry names: "
+                "add the provider model to models.allow if that model is meant",
+            )
 
 
 def _unplaced(

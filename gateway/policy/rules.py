@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fnmatch import translate
 from typing import Protocol
+from urllib.parse import unquote
 
 from gateway.policy import jurisdictions
 from gateway.policy.schema import Fallback, Lists, Residency, Retention, Target
@@ -151,9 +152,17 @@ def _models_check(
 
 def _spellings(provider_model: str) -> tuple[str, ...]:
     """A provider model and each part of it after a `/`: `openrouter/openai/gpt-4o`,
-    `openai/gpt-4o`, `gpt-4o` (a LiteLLM route prefix names the wire, not the model)."""
-    parts = provider_model.split("/")
-    return tuple(s for s in ("/".join(parts[i:]) for i in range(len(parts))) if s)
+    `openai/gpt-4o`, `gpt-4o` (a LiteLLM route prefix names the wire, not the model); as
+    written and percent-decoded, as a provider taking it in a URL path reads it
+    (`bedrock/anthropic%2Eclaude-3` is sent to Bedrock's `/model/anthropic%2Eclaude-3/`,
+    which it reads as `anthropic.claude-3`)."""
+    found: dict[str, None] = {}
+    for written in (provider_model, unquote(provider_model)):
+        parts = written.split("/")
+        found.update(
+            dict.fromkeys(s for s in ("/".join(parts[i:]) for i in range(len(parts))) if s)
+        )
+    return tuple(found)
 
 
 def _judged_names(backend: BackendFacts, model: str) -> frozenset[str]:

@@ -151,6 +151,12 @@ US_ARN = "bedrock/arn:aws:bedrock:us-east-1:123456789012:foundation-model/anthro
         US_ARN.replace("bedrock/", "bedrock/converse/"),
         "bedrock/arn%3Aaws%3Abedrock%3Aus-east-1%3A123456789012%3Afoundation-model%2Fx",
         "bedrock/arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/a1b2",
+        # LiteLLM finds an ARN anywhere in the string and reads the 4th `:` part as it is
+        "bedrock/x:y:z:us-east-1:arn:aws:bedrock",
+        "bedrock/arn:aws:bedrock-agent:us-east-1:123456789012:x",
+        "bedrock/converse/arn:aws-us-gov:bedrock:us-east-1:123456789012:x",
+        # LiteLLM's other AWS routes read an ARN's Region the same way
+        "bedrock_mantle/arn:aws:bedrock:us-east-1:123456789012:foundation-model/x",
     ],
 )
 @pytest.mark.parametrize("region", ["eu-central-1", "eu", "de", "us-west-2"])
@@ -168,6 +174,10 @@ def test_an_arn_in_another_region_than_declared_does_not_load(
         ("de", "https://bedrock-runtime-fips.us-east-1.amazonaws.com/"),
         ("eu", "https://vpce-0a1b-c2d3.bedrock-runtime.us-east-1.vpce.amazonaws.com"),
         ("eu-central-1", "https://BEDROCK-RUNTIME.US-EAST-1.AMAZONAWS.COM."),
+        ("eu-central-1", "https://bedrock-runtime.us-east-1.api.aws"),  # dual-stack
+        ("eu-central-1", "https://u:p@bedrock-runtime.us-east-1.api.aws.:443/v1"),
+        # every Region-shaped label counts, not only the first
+        ("eu-central-1", "https://bedrock-runtime.eu-central-1.us-east-1.amazonaws.com"),
     ],
 )
 def test_a_base_url_in_another_aws_region_than_declared_does_not_load(
@@ -188,6 +198,7 @@ def test_a_base_url_in_another_aws_region_than_declared_does_not_load(
         ("eu-central-1", "bedrock/x.y", "https://bedrock-runtime.eu-central-1.amazonaws.com"),
         ("de", "bedrock/x.y", "https://bedrock-runtime.eu-central-1.amazonaws.com"),
         ("eu", "bedrock/eu.x.y", "https://bedrock-runtime.eu-west-3.amazonaws.com"),
+        ("eu-central-1", "bedrock/x.y", "https://bedrock-runtime.eu-central-1.api.aws"),
     ],
 )
 def test_a_region_the_config_names_within_the_declared_one_loads(

@@ -10,7 +10,7 @@ import yaml
 
 from gateway.config.facts import facts_of
 from gateway.config.schema import BackendSettings
-from gateway.policy import BackendFacts, PolicySet, parse_policies
+from gateway.policy import BackendFacts, PolicySet, check_sources, parse_policies
 from tests.helpers.gateways import backend, hosted_backend
 
 URL = "http://127.0.0.1:9/v1"
@@ -27,7 +27,7 @@ def hosted(
     return facts_of(BackendSettings.model_validate(settings))
 
 
-def policy_set(declared: tuple[BackendFacts, ...], models: dict[str, Any]) -> PolicySet:
+def policy_text(models: dict[str, Any]) -> str:
     spec = {
         "tenants": ["t"],
         "residency": {"allow": ["*"]},
@@ -41,7 +41,11 @@ def policy_set(declared: tuple[BackendFacts, ...], models: dict[str, Any]) -> Po
         "metadata": {"id": "p"},
         "spec": spec,
     }
-    return parse_policies([("p.yaml", yaml.safe_dump(document))], declared)
+    return yaml.safe_dump(document)
+
+
+def policy_set(declared: tuple[BackendFacts, ...], models: dict[str, Any]) -> PolicySet:
+    return parse_policies([("p.yaml", policy_text(models))], declared)
 
 
 @pytest.mark.parametrize(
@@ -95,3 +99,54 @@ def test_the_facts_digest_covers_the_provider_model() -> None:
     assert hosted().provider_models == (("fast", "openai/gpt-4o"),)
     private = facts_of(BackendSettings.model_validate(backend("gpu", URL, "m")))
     assert private.provider_models == ()
+
+
+@pytest.mark.parametrize(
+    ("allow", "warned"),
+    [
+        (["llama*"], True),  # admits `llama-x` by its public name alone
+        (["llama*", "gpt-4o"], False),  # the provider model is named too
+        (["llama*", "openai/*"], False),
+        (["quick"], True),  # an alias is a public name too
+        (["gpt-4o"], False),  # only the provider model: nothing to warn
+        (["claude-*"], False),  # admits nothing of it (another warning says so)
+    ],
+)
+def test_check_warns_at_an_allow_that_admits_a_hosted_model_by_its_public_name(
+    allow: list[str], warned: bool
+) -> None:
+    """`allow: ["llama*"]` admits a hosted backend the operator named `llama-x` that sends
+    `openai/gpt-4o`: the policy author meant a Llama, gateway.yaml decided otherwise."""
+    declared = (hosted(name="llama-x", aliases=("quick",)),)
+    text = policy_text({"allow": allow})
+    policy_set, errors, warnings = check_sources([("p.yaml", text)], declared, ["t"])
+    assert policy_set is not None, errors
+    found = [w for w in warnings if "by the public name gateway.yaml gives it" in w.message]
+    assert bool(found) is warned, [w.message for w in warnings]
+    if warned:
+        (warning,) = found
+        assert warning.path == "spec.models.allow[0]"
+        assert "cloud (" in warning.message and "'openai/gpt-4o'" in warning.message
+
+
+@pytest.mark.parametrize(
+    "provider_model",
+    [
+        "bedrock/anthropic%2Eclaude-3-opus-20240229-v1:0",
+        "bedrock/converse/anthropic%2eclaude-3-opus",
+    ],
+)
+def test_a_deny_holds_for_a_percent_encoded_provider_model(provider_model: str) -> None:
+    """Bedrock takes the model id in the URL path and decodes it: `anthropic%2Eclaude-3-opus`
+    is `anthropic.claude-3-opus` there, and escaped a deny written for that name."""
+    aws = "https://bedrock-runtime.eu-central-1.amazonaws.com"
+    settings = {
+        **hosted_backend("cloud", aws, provider="aws", owner="aws", region="eu-central-1"),
+        "models": [{"name": "fast", "provider_model": provider_model}],
+    }
+    declared = (facts_of(BackendSettings.model_validate(settings)),)
+    deny = {"deny": ["anthropic.claude-3-opus*"]}
+    decision = policy_set(declared, deny).decide("t", "fast", None)
+    assert decision.hosted == (), decision.trace
+    (entry,) = decision.trace
+    assert (entry.verdict, entry.rule) == ("excluded", "p/models")
