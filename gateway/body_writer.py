@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from gateway.asgi import Scope
 
-__all__ = ["BODY_WRITER_SCOPE_KEY", "BodyWriter", "body_writer", "client_lost"]
+__all__ = ["BODY_WRITER_SCOPE_KEY", "BodyWriter", "body_writer", "client_lost", "drop"]
 
 BODY_WRITER_SCOPE_KEY: Final = "owngate.body_writer"
 
@@ -46,12 +46,15 @@ BODY_WRITER_SCOPE_KEY: Final = "owngate.body_writer"
 class BodyWriter:
     """Writes body chunks of one request's response; `ready()` says when it may."""
 
-    __slots__ = ("_cycle", "_on_gone")
+    __slots__ = ("_cycle", "_on_gone", "dropped")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
         # Weak: the request's task holds its cycle while the app runs (see the module).
         self._cycle = weakref.ref(cycle)
         self._on_gone: Callable[[], object] | None = None
+        # The server dropped the connection itself (`drop`): its loss is the gateway's
+        # cut (503), not a client that left (499).
+        self.dropped = False
 
     def watch(self, on_gone: Callable[[], object]) -> bool:
         """Call `on_gone` once if the client disconnects before the response ends (call
@@ -143,6 +146,17 @@ def client_lost(cycle: RequestResponseCycle | None) -> None:
         writer = body_writer(cast("Scope", cycle.scope))
         if writer is not None:
             writer.lost()
+
+
+def drop(connection: Any) -> None:
+    """Drop `connection` (a uvicorn HTTP protocol) from the server's side, its request's
+    loss marked as the gateway's cut (`BodyWriter.dropped`): uvicorn then sees its client
+    gone, as when the client leaves, and sends to it return at once."""
+    cycle = getattr(connection, "cycle", None)
+    writer = None if cycle is None else body_writer(cast("Scope", cycle.scope))
+    if writer is not None:
+        writer.dropped = True
+    connection.transport.abort()
 
 
 def body_writer(scope: Scope) -> BodyWriter | None:

@@ -22,6 +22,7 @@ import uvloop
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.server import logger
 
+from gateway.body_writer import drop
 from gateway.config.schema import ListenSettings
 from gateway.header_check import install as install_header_check
 from gateway.listener import http_protocol
@@ -178,8 +179,8 @@ class DrainingServer(CleanExitServer):
         are cancelled at once (the app answers each with the 503 its record says, without
         waiting for a receipt), given `_FORCED_END_S` to end (then their connections are
         dropped, which ends a send waiting on a client that reads nothing, and they get
-        `_FORCED_END_S` more), and the lifespan shutdown runs: their records are written
-        and the final checkpoint signed (exit 4 if not).
+        `_FORCED_END_S` more, recorded as cut, 503), and the lifespan shutdown runs: their
+        records are written and the final checkpoint signed (exit 4 if not).
         A request making its tenant's charge is cancelled once it is made (`cancel`), as
         at the app's own drain deadline: cut inside it, the charge was lost (a Redis
         call never sent; `Admission.release` runs once)."""
@@ -195,9 +196,10 @@ class DrainingServer(CleanExitServer):
         # A connection still open holds what its client has not read (an answer's tail, a
         # cut's 503 whose send waits for room): dropped now, the sends waiting on it
         # return, so the requests still running end and write their completion records
-        # before the log closes, and the loop's end no longer waits on the client.
+        # before the log closes, and the loop's end no longer waits on the client. Their
+        # records say the gateway's cut (503), not a client that left (499).
         for connection in list(self.server_state.connections):
-            connection.transport.abort()
+            drop(connection)
         left = [task for task in running if not task.done()]
         if left:
             await asyncio.wait(left, timeout=_FORCED_END_S)

@@ -247,9 +247,11 @@ async def send_relayed(send: Send, exchange: Exchange, data: bytes) -> None:
 
 
 def cut_status(exchange: Exchange) -> tuple[int, str]:
-    """The status and error of an attempt whose task was cancelled: its client left
-    (499), or the gateway shut down before the answer ended (503)."""
-    if exchange.client_gone:
+    """The status and error of an attempt whose task was cancelled, or whose client's
+    connection is gone: its client left (499), or the gateway shut down before the
+    answer ended (503), a connection its forced shutdown dropped included."""
+    writer = exchange.writer
+    if exchange.client_gone and (writer is None or not writer.dropped):
         return 499, "client closed the request"
     return 503, "cut: the gateway shut down before the answer ended"
 

@@ -395,6 +395,13 @@ async def _answer_taken(exchange: Exchange, answer: Held) -> None:
         writer = exchange.writer
         if answer.size and writer is not None and writer.write_paused:
             await writer.drain()
+    except asyncio.CancelledError:
+        if not exchange.ended:
+            raise
+        # A shutdown cut the wait (nothing else cancels a request whose answer went out):
+        # the answer was handed to the connection whole, so the request ends as answered,
+        # not as an error uvicorn logs with its traceback.
+        _uncancel()
     finally:
         answer.release()
 

@@ -153,7 +153,9 @@ class Proxy:
             # Ours (the client left) and nobody else's (e.g. shutdown): absorb it.
             if not exchange.client_gone or current is None or current.uncancel() > 0:
                 raise
-            exchange.status = 499  # client closed the request (nginx's convention)
+            # Client closed the request (499, nginx's convention), or a forced shutdown
+            # dropped its connection (503).
+            exchange.status = cut_status(exchange)[0]
         finally:
             unwatch()
 
@@ -168,8 +170,8 @@ class Proxy:
         recorder, trail = self.recorder, exchange.trail
         if recorder is None or trail is None or trail.held is None:
             return
-        if client_left(exchange):
-            status = exchange.status = 499
+        if client_left(exchange):  # 499, or 503 when the gateway dropped the connection
+            status = exchange.status = cut_status(exchange)[0]
         elif status is None:
             status = cut_status(exchange)[0]
         recorder.settle(exchange, trail, status)
