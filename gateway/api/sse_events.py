@@ -93,11 +93,20 @@ class EventReader:
         self._over = False  # inside an event let go past `max_event`
         self._tail = b""  # a UTF-8 character's first bytes, its rest in the next read
         self._id = False  # the SDK's last event id is set: a blank line dispatches
+        # the bytes read so far end with a CR, maybe a CRLF's first half: an LF starting
+        # the next read ends no line (the SDK's `_skip_lf`), it is no blank line
+        self._skip_lf = False
 
     def feed(self, data: bytes, one_line: bool = False) -> None:
         """Read `data` on; `one_line`: it is `one_data_line` (the caller tested it)."""
         if self.stopped or not data:
             return
+        if self._skip_lf:
+            self._skip_lf = False
+            if data[0] == _LF:
+                data = data[1:]
+                if not data:
+                    return
         if self._tail or not data.isascii():  # the SDK raises at a line that is not UTF-8
             bad = self._not_utf8(data)
             if bad is not None:
@@ -145,6 +154,8 @@ class EventReader:
             self.usage, self.unknown = None, True
         else:
             self._raw = rest
+            # (fed whole events only, a read ends with LF: a CR only here ends the bytes)
+            self._skip_lf = not rest and buffer[-1:] == b"\r"
 
     def finish(self) -> None:
         """The stream ended: its last event, if unfinished, is dispatched (the gateway's
