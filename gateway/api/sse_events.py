@@ -45,6 +45,7 @@ and leaves the usage as it was.
 from __future__ import annotations
 
 import codecs
+import json
 import re
 from typing import Final
 
@@ -253,7 +254,11 @@ class EventReader:
             return
         try:
             doc = read_json(joined, line=True)
-        except PastBounds:  # the client may read a usage here: not the earlier one, unless
+        except PastBounds:
+            if _not_json(joined):  # the SDK's `json.loads` refuses it at any depth: it
+                self.stopped = True  # raises here, reads no further
+                return
+            # the client may read a usage here: not the earlier one, unless
             # no usage can be in it (a thread.* event's is handed on nested; one read in
             # one pass reads every event, those without a needle too)
             if not event.startswith(b"thread.") and _worth(joined, 0, len(joined)):
@@ -286,6 +291,23 @@ def one_data_line(data: bytes) -> bool:
         and data[-1] == _LF
         and data.find(b"\r") < 0
     )
+
+
+def _not_json(data: bytes) -> bool:
+    """Whether `json.loads` refuses `data` (a value past the read bounds, `PastBounds`)
+    for its text, not its depth: a syntax error it meets before any recursion limit
+    (`[` 600 times, then `x`), at which the client's parser raises whatever its stack.
+    Bounded: not over `_MAX_EVENT` bytes (some 30,000 arrays at most to build), and the
+    recursion it refuses past stops it."""
+    if len(data) > _MAX_EVENT:
+        return False
+    try:
+        json.loads(data.decode("utf-8"))
+    except RecursionError:  # too deep for this stack: the client's may read it
+        return False
+    except ValueError:  # (UnicodeDecodeError is one)
+        return True
+    return False
 
 
 def _integer(value: bytes) -> bool:
