@@ -45,6 +45,7 @@ and leaves the usage as it was.
 from __future__ import annotations
 
 import codecs
+import json
 import re
 from typing import Final
 
@@ -93,11 +94,20 @@ class EventReader:
         self._over = False  # inside an event let go past `max_event`
         self._tail = b""  # a UTF-8 character's first bytes, its rest in the next read
         self._id = False  # the SDK's last event id is set: a blank line dispatches
+        # the bytes read so far end with a CR, maybe a CRLF's first half: an LF starting
+        # the next read ends no line (the SDK's `_skip_lf`), it is no blank line
+        self._skip_lf = False
 
     def feed(self, data: bytes, one_line: bool = False) -> None:
         """Read `data` on; `one_line`: it is `one_data_line` (the caller tested it)."""
         if self.stopped or not data:
             return
+        if self._skip_lf:
+            self._skip_lf = False
+            if data[0] == _LF:
+                data = data[1:]
+                if not data:
+                    return
         if self._tail or not data.isascii():  # the SDK raises at a line that is not UTF-8
             bad = self._not_utf8(data)
             if bad is not None:
@@ -145,6 +155,8 @@ class EventReader:
             self.usage, self.unknown = None, True
         else:
             self._raw = rest
+            # (fed whole events only, a read ends with LF: a CR only here ends the bytes)
+            self._skip_lf = not rest and buffer[-1:] == b"\r"
 
     def finish(self) -> None:
         """The stream ended: its last event, if unfinished, is dispatched (the gateway's
@@ -242,7 +254,11 @@ class EventReader:
             return
         try:
             doc = read_json(joined, line=True)
-        except PastBounds:  # the client may read a usage here: not the earlier one, unless
+        except PastBounds:
+            if _not_json(joined):  # the SDK's `json.loads` refuses it at any depth: it
+                self.stopped = True  # raises here, reads no further
+                return
+            # the client may read a usage here: not the earlier one, unless
             # no usage can be in it (a thread.* event's is handed on nested; one read in
             # one pass reads every event, those without a needle too)
             if not event.startswith(b"thread.") and _worth(joined, 0, len(joined)):
@@ -275,6 +291,23 @@ def one_data_line(data: bytes) -> bool:
         and data[-1] == _LF
         and data.find(b"\r") < 0
     )
+
+
+def _not_json(data: bytes) -> bool:
+    """Whether `json.loads` refuses `data` (a value past the read bounds, `PastBounds`)
+    for its text, not its depth: a syntax error it meets before any recursion limit
+    (`[` 600 times, then `x`), at which the client's parser raises whatever its stack.
+    Bounded: not over `_MAX_EVENT` bytes (some 30,000 arrays at most to build), and the
+    recursion it refuses past stops it."""
+    if len(data) > _MAX_EVENT:
+        return False
+    try:
+        json.loads(data.decode("utf-8"))
+    except RecursionError:  # too deep for this stack: the client's may read it
+        return False
+    except ValueError:  # (UnicodeDecodeError is one)
+        return True
+    return False
 
 
 def _integer(value: bytes) -> bool:
