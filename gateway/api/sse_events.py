@@ -27,7 +27,9 @@ line, LF alone (`_whole`: one split, one count), has each value parsed with orjs
 `_SHORT_DATA` bytes, which cannot nest past `MAX_DEPTH`; one orjson refuses (`NaN`, say)
 or longer is read as any event, `read_json`); a paced server's one-line read
 (`one_data_line`) skips the split. Any other read is split into lines once and read line
-by line. The unfinished event is kept only up to `max_event` bytes (64 KiB: comments and
+by line. A value that is the last parsed chunk's but for a plain content string (no
+quote, backslash or control character: `_learn`) is that document, not parsed again.
+The unfinished event is kept only up to `max_event` bytes (64 KiB: comments and
 all): a longer event is not read.
 Where the SDK raises (it reads no further), the reader stops: the usage is what the SDK
 showed before. It raises at a line that is not UTF-8 (its decoder's `bytes.decode`: a
