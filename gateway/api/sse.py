@@ -33,7 +33,7 @@ from gateway.api.sse_events import (
     event_end,
     last_event_end,
 )
-from gateway.api.usage_read import counts_of, read_json
+from gateway.api.usage_read import counts_in, read_json
 
 __all__ = ["StreamWatch"]
 
@@ -295,13 +295,14 @@ class StreamWatch:
         data = [value for name, value in fields if name == b"data"]
         if not data:
             return False
+        joined = b"\n".join(data)
         try:
-            doc = read_json(b"\n".join(data), line=True)
+            doc = read_json(joined, line=True)
         except ValueError:
             return False
         if not isinstance(doc, dict) or doc.get("choices") != []:
             return False
-        counts = counts_of(doc.get("usage"))
+        counts = counts_in(doc, joined)
         if counts is None:
             return False
         if not self.done and not self._after_done and not self.events.stopped:

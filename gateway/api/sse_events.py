@@ -27,7 +27,9 @@ line, LF alone (`_whole`: one split, one count), has each value parsed with orjs
 `_SHORT_DATA` bytes, which cannot nest past `MAX_DEPTH`; one orjson refuses (`NaN`, say)
 or longer is read as any event, `read_json`); a paced server's one-line read
 (`one_data_line`) skips the split. Any other read is split into lines once and read line
-by line. The unfinished event is kept only up to `max_event` bytes (64 KiB: comments and
+by line. A value that is the last parsed chunk's but for a plain content string (no
+quote, backslash or control character: `_learn`) is that document, not parsed again.
+The unfinished event is kept only up to `max_event` bytes (64 KiB: comments and
 all): a longer event is not read.
 Where the SDK raises (it reads no further), the reader stops: the usage is what the SDK
 showed before. It raises at a line that is not UTF-8 (its decoder's `bytes.decode`: a
@@ -51,7 +53,7 @@ from typing import Final
 
 import orjson
 
-from gateway.api.usage_read import MAX_DEPTH, PastBounds, counts_of, read_json
+from gateway.api.usage_read import MAX_DEPTH, PastBounds, counts_in, read_json
 
 __all__ = [
     "BLANK_TAILS",
@@ -77,6 +79,11 @@ _CR: Final = 13
 # takes two bytes): orjson reads it as `read_json` does.
 _SHORT_DATA: Final = 2 * MAX_DEPTH + 1
 _SHORT_LINE: Final = len(b"data: \n\n") + _SHORT_DATA  # a one-line read's
+# Keys of the string a chat or completions chunk changes from one token to the next
+# (`EventReader._learn`), and that string's characters up to its closing quote when it
+# holds no escape and no control character (JSON as it is, to either parser).
+_VARYING: Final = (b'"content":"', b'"reasoning_content":"', b'"text":"')
+_PLAIN_STRING: Final = re.compile(rb'[^\x00-\x1f"\\]*"')
 
 
 class EventReader:
@@ -97,6 +104,12 @@ class EventReader:
         # the bytes read so far end with a CR, maybe a CRLF's first half: an LF starting
         # the next read ends no line (the SDK's `_skip_lf`), it is no blank line
         self._skip_lf = False
+        # The last chunk parsed that showed nothing (`_learn`), cut around its varying
+        # string: a value that is `_head`, plain characters and `_foot` is JSON that shows
+        # nothing too, not parsed; `_line_*`: the same as a one-line read.
+        self._head = self._line_head = b"\xff"  # (no UTF-8 value starts so)
+        self._foot = self._line_foot = b""
+        self._cut = self._line_cut = 0  # where the closing quote is, from the end
 
     def feed(self, data: bytes, one_line: bool = False) -> None:
         """Read `data` on; `one_line`: it is `one_data_line` (the caller tested it)."""
@@ -118,6 +131,15 @@ class EventReader:
         if not self._raw and not self._over:
             if one_line:  # (the caller tested it: one event, `data: {`, LF, no field)
                 # `_values` written out (a paced stream's every read): parsed once
+                if (
+                    data.startswith(self._line_head)
+                    and data.endswith(self._line_foot)
+                    and _PLAIN_STRING.fullmatch(
+                        data, len(self._line_head), len(data) - self._line_cut
+                    )
+                    is not None
+                ):
+                    return  # the last chunk's shape: JSON, showing nothing
                 if len(data) <= _SHORT_LINE:
                     try:
                         doc = orjson.loads(data[6:-2])  # (a `{` starts it: an object)
@@ -126,7 +148,9 @@ class EventReader:
                     else:
                         if doc.get("error"):  # the SDK's test: a truthy `error`
                             self.error_event = self.stopped = True
-                        elif "usage" in doc and (counts := counts_of(doc["usage"])) is not None:
+                        elif doc.get("usage") is None:
+                            self._learn(data[6:-2])
+                        elif (counts := counts_in(doc, data[6:-2])) is not None:
                             self.usage, self.unknown = counts, False
                         return
                 self._dispatch([data[6:-2]], b"", False)
@@ -197,8 +221,16 @@ class EventReader:
     def _values(self, values: list[bytes] | tuple[bytes, ...]) -> None:
         """Dispatch events of one `data` line each, their values in order: each parsed
         once with orjson (`_dispatch` written out), where it is short enough not to nest
-        past `MAX_DEPTH`; what orjson refuses, or a longer value, as any event."""
+        past `MAX_DEPTH`, unless it has the last parsed chunk's shape (`_learn`); what
+        orjson refuses, or a longer value, as any event."""
+        head, foot, cut = self._head, self._foot, self._cut
         for value in values:
+            if (
+                value.startswith(head)
+                and value.endswith(foot)
+                and _PLAIN_STRING.fullmatch(value, len(head), len(value) - cut) is not None
+            ):
+                continue  # JSON showing nothing, as the chunk it has the shape of
             if len(value) <= _SHORT_DATA:
                 try:
                     doc = orjson.loads(value)
@@ -209,13 +241,42 @@ class EventReader:
                         if doc.get("error"):  # the SDK's test: a truthy `error`
                             self.error_event = self.stopped = True
                             return
-                        if "usage" in doc and (counts := counts_of(doc["usage"])) is not None:
+                        if doc.get("usage") is None:
+                            self._learn(value)
+                            head, foot, cut = self._head, self._foot, self._cut
+                        elif (counts := counts_in(doc, value)) is not None:
                             self.usage, self.unknown = counts, False
                     continue
             else:
                 self._dispatch([value], b"", False)
             if self.stopped:
                 return
+
+    def _learn(self, value: bytes) -> None:
+        """Keep the shape of `value`, a JSON object (orjson read it) whose `error` is falsy
+        and `usage` absent or null, around its first `_VARYING` string: what comes before
+        that string's characters (`_head`), what from its closing quote (`_foot`). Kept
+        only when `_head` holds no backslash and an even number of quotes before its last:
+        every quote in it opens or closes a string, so that last one, after a `:` outside
+        any string, opens a string value that holds no escape (its key, one of
+        `_VARYING`'s, is neither `error` nor `usage`, and no falsy `error` or null `usage`
+        holds one). Any value of that shape is the same document, that string aside:
+        both parsers read it, and its `error` and `usage` are those of `value`."""
+        for key in _VARYING:
+            at = value.find(key)
+            if at >= 0:
+                break
+        else:
+            return
+        start = at + len(key)
+        if value.find(b"\\", 0, start) >= 0 or value.count(b'"', 0, start - 1) % 2:
+            return
+        string = _PLAIN_STRING.match(value, start)
+        if string is None:
+            return
+        self._head, self._foot = value[:start], value[string.end() - 1 :]
+        self._line_head, self._line_foot = b"data: " + self._head, self._foot + b"\n\n"
+        self._cut, self._line_cut = len(self._foot) - 1, len(self._line_foot) - 1
 
     def _read(self, lines: list[bytes], *, dispatch: bool) -> None:
         """Read whole lines from an event's start; `dispatch`: end with a blank line."""
@@ -274,7 +335,7 @@ class EventReader:
         if doc.get("error"):  # the SDK's test: a truthy `error`
             self.error_event = self.stopped = True
             return
-        counts = counts_of(doc.get("usage"))
+        counts = counts_in(doc, joined)
         if counts is not None:
             self.usage, self.unknown = counts, False
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.api.usage_bound import over_bound
-from gateway.api.usage_read import PastBounds, counts_of, read_json, utf8_document
+from gateway.api.usage_read import PastBounds, counts_in, read_json, utf8_document
 from gateway.provenance import LogEntry, RecordError, Salts, Usage
 from gateway.provenance.formats.attestation import Attestation
 from gateway.provenance.formats.receipts import attach_countersignature
@@ -239,7 +239,7 @@ def _usage(data: bytes, *, whole: bool) -> Usage | None:
         except ValueError:
             continue
         # Counts as the backend wrote them, or none: "3", 3.9 or true is no count.
-        counts = counts_of(doc.get("usage") if isinstance(doc, dict) else None)
+        counts = counts_in(doc, candidate, line=not one)
         if counts is None:
             continue
         try:

@@ -7,7 +7,9 @@ or byte order mark, a UTF-8 byte order mark is skipped), a stream's `data:` valu
 as UTF-8 first (as its SSE decoder does). orjson, fast, reads nearly every answer; what
 it refuses and the standard library reads (`NaN`, `Infinity`, a number past a double's
 range, a lone surrogate escape) is read again with the standard library, so that a
-backend cannot show the client its counts in a document the recorder would not read.
+backend cannot show the client its counts in a document the recorder would not read; so
+is one whose usage has a count orjson read as a float (`counts_in`): orjson reads an
+integer past 64 bits as one, the standard library as the integer the client is shown.
 Either parser keeps the last of two copies of a key, as browsers' `JSON.parse` does.
 
 Bounded, as it runs on the event loop (docs/provenance.md, known limits): a document
@@ -44,6 +46,7 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_FALLBACK",
     "PastBounds",
+    "counts_in",
     "counts_of",
     "parses",
     "read_json",
@@ -160,6 +163,25 @@ def counts_of(usage: Any) -> dict[str, int] | None:
     if not all(type(count) is int for count in counts.values()):
         return None
     return counts
+
+
+def counts_in(doc: Any, data: bytes, *, line: bool = True) -> dict[str, int] | None:
+    """`counts_of` the `usage` of `doc`, which orjson parsed from `data` (`line`: as for
+    `read_json`): a count orjson read as a float is read again with the standard library,
+    which reads an integer literal past 64 bits (`18446744073709551616`) as the integer
+    the client's SDK shows, where orjson gives a float (then counts, past the record's
+    range: it states none, never an earlier usage). A real float stays no count."""
+    usage = doc.get("usage") if isinstance(doc, dict) else None
+    counts = counts_of(usage)
+    if counts is not None or not isinstance(usage, dict):
+        return counts
+    if not any(type(usage.get(name)) is float for name in COUNTS):
+        return None
+    try:
+        exact = _read_refused(data, line=line)
+    except ValueError:  # past the standard library's bounds: read as orjson read it
+        return None
+    return counts_of(exact.get("usage") if isinstance(exact, dict) else None)
 
 
 def _unwrapped(wrapped: Any) -> Any:
