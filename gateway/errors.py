@@ -32,6 +32,7 @@ class ErrorCode(enum.Enum):
     not_found = "not_found"
     method_not_allowed = "method_not_allowed"
     request_too_large = "request_too_large"
+    unsupported_media_type = "unsupported_media_type"
     request_timeout = "request_timeout"
     headers_too_large = "headers_too_large"
     upstream_bad_request = "upstream_bad_request"
@@ -67,6 +68,7 @@ _SPEC: Final[dict[ErrorCode, tuple[int, str]]] = {
     ErrorCode.not_found: (404, _INVALID),
     ErrorCode.method_not_allowed: (405, _INVALID),
     ErrorCode.request_too_large: (413, _INVALID),
+    ErrorCode.unsupported_media_type: (415, _INVALID),
     ErrorCode.request_timeout: (408, _INVALID),
     ErrorCode.headers_too_large: (431, _INVALID),
     ErrorCode.upstream_bad_request: (400, _INVALID),

@@ -35,9 +35,9 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
   `BodyWriter` (`gateway/body_writer.py`, key `owngate.body_writer`) for the private
   relay's per-chunk writes, framed as `send` frames them.
 - framing errors (a malformed request line, header or chunked body, an HTTP version
-  other than 1.0 and 1.1, a Transfer-Encoding other than `chunked` alone or on an
-  HTTP/1.0 request) get 400 `invalid_request` as an OpenAI error object instead of
-  uvicorn's plain text.
+  other than 1.0 and 1.1, a Transfer-Encoding but `chunked` alone or on HTTP/1.0, two
+  Host fields) get 400 `invalid_request`, a Content-Encoding but `identity` 415
+  `unsupported_media_type`: OpenAI error objects, not uvicorn's plain text.
 - an answer of unknown length (a stream) to an HTTP/1.0 request is not chunked: it ends
   with the connection (`gateway/close_delimited.py`).
 - chunked bodies: the bytes between body data (a chunk-size line, its extensions, the

@@ -150,6 +150,10 @@ BAD_TRANSFER_CODING = (
 TRANSFER_CODING_ON_1_0 = (
     "An HTTP/1.0 request cannot carry Transfer-Encoding; send Content-Length instead."
 )
+REPEATED_HOST = "The request has more than one Host header field."
+CONTENT_CODING = (
+    "Content-Encoding is not supported on requests; send the body uncompressed (identity)."
+)
 _VERSIONS = frozenset(("1.0", "1.1"))
 UNSUPPORTED_VERSION = "Only requests in HTTP version 1.1 or 1.0 are accepted."
 
@@ -168,13 +172,28 @@ def refuse_framing(headers: list[tuple[bytes, bytes]], http_version: str) -> Non
       passed as plain chunked (the body never decoded), where a proxy in front may frame
       it otherwise. RFC 9112 section 6.1: a coding the server does not know is answered
       501 or 400 (400 here, as above), and an HTTP/1.0 request with Transfer-Encoding
-      has faulty framing (400, as nginx answers it)."""
+      has faulty framing (400, as nginx answers it);
+    - more than one Host field: RFC 9112 section 3.2 requires 400 (a proxy in front may
+      route on one and a backend read the other; a missing Host is accepted, the gateway
+      routes on nothing it says);
+    - a Content-Encoding other than `identity`: the body would be read as plain JSON
+      here and decoded by whatever reads it after (415, RFC 9110 section 8.4.1: so no
+      component reads the body otherwise than the gateway checked and logged it)."""
     if http_version not in _VERSIONS:
         raise Refusal(ErrorCode.invalid_request, "version", UNSUPPORTED_VERSION)
     codings: list[bytes] = []
+    hosts = 0
     for name, value in headers:
         if name == b"transfer-encoding":
             codings.extend(c.strip(b" \t").lower() for c in value.split(b","))
+        elif name == b"host":
+            hosts += 1
+        elif name == b"content-encoding" and any(
+            c.strip(b" \t").lower() not in (b"", b"identity") for c in value.split(b",")
+        ):
+            raise Refusal(ErrorCode.unsupported_media_type, "content_coding", CONTENT_CODING)
+    if hosts > 1:
+        raise Refusal(ErrorCode.invalid_request, "host", REPEATED_HOST)
     if not codings:
         return
     if http_version == "1.0":

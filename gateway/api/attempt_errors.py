@@ -6,7 +6,7 @@ attempt was made, that error too (`stopped`)."""
 from __future__ import annotations
 
 from gateway.api.exchange import TryNext
-from gateway.api.refusal import lapsed
+from gateway.api.refusal import lapsed, not_served
 from gateway.errors import ErrorCode, GatewayError
 from gateway.policy import Decision
 
@@ -19,7 +19,7 @@ def attempt_status(exc: TryNext) -> int:
 
 
 def stopped(
-    stop: GatewayError, decision: Decision, last: TryNext | None, model: str, reasons: list[str]
+    stop: GatewayError, decision: Decision, last: TryNext | None, model: str, request_id: str
 ) -> GatewayError:
     """What the client gets when its key lapsed before an attempt was made (`stop`): with
     nothing dispatched, `stop` as a refusal (its record says why); after an attempt that
@@ -27,16 +27,14 @@ def stopped(
     (it was written while the key still stood)."""
     if last is None:
         return lapsed(stop, decision)
-    return attempt_error(last, model, reasons)
+    return attempt_error(last, model, request_id)
 
 
-def attempt_error(last: TryNext, model: str, failures: list[str]) -> GatewayError:
+def attempt_error(last: TryNext, model: str, request_id: str) -> GatewayError:
     """What the client gets when every attempt failed: the last attempt's error (what the
-    backend said, translated), or 503 backend_unavailable naming every failure. Its
-    status is `attempt_status(last)`, which the last completion record holds."""
+    backend said, translated), or 503 backend_unavailable in the words of `not_served`
+    (which backends failed, and how, is the operator's: never a tenant's). Its status is
+    `attempt_status(last)`, which the last completion record holds."""
     if last.error is not None:
         return last.error
-    return GatewayError(
-        ErrorCode.backend_unavailable,
-        f"no compliant backend could take the request for model `{model}` ({'; '.join(failures)})",
-    )
+    return GatewayError(ErrorCode.backend_unavailable, not_served(model, request_id))

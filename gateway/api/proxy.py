@@ -201,7 +201,7 @@ class Proxy:
                 stop = standing.lapsed(model)  # the key or the tenant, as it stands now
                 if stop is not None:
                     outcome, reason = Outcome.skipped, f"{attempt.backend.id}: not made"
-                    raise stopped(stop, decision, last, model, plan.reasons)
+                    raise stopped(stop, decision, last, model, exchange.request_id.decode())
                 withdrawn = withdrawn_by_reload(self._trust, registry, decided, attempt, plan)
                 if withdrawn is not None:  # not dispatched: no record, the next one may serve
                     outcome, reason = Outcome.skipped, withdrawn
@@ -240,7 +240,7 @@ class Proxy:
                 )
                 if isinstance(gone, GatewayError):  # the key lapsed meanwhile: not made
                     outcome, reason = Outcome.skipped, f"{attempt.backend.id}: not made"
-                    raise stopped(gone, decision, last, model, plan.reasons)
+                    raise stopped(gone, decision, last, model, exchange.request_id.decode())
                 if gone is not None:  # withdrawn by a reload while it connected or was checked
                     outcome, reason = Outcome.skipped, gone
                     continue
@@ -258,12 +258,12 @@ class Proxy:
         if last is not None:
             # Dispatched and failed: what the last attempt came to (its completion record
             # says the same), never a refusal.
-            raise attempt_error(last, model, plan.reasons)
+            raise attempt_error(last, model, exchange.request_id.decode())
         if plan.hosted_down:  # nothing dispatched, LiteLLM did not load: 503, a refusal record
-            raise hosted_unavailable(decision, model, plan.reasons)
+            raise hosted_unavailable(decision, model, exchange.request_id.decode())
         if unsent is not None:  # nothing dispatched: the client's 400, a refusal record
             raise not_sent(unsent, decision)
-        raise nothing_served(decision, model, plan)
+        raise nothing_served(decision, model, exchange.request_id.decode())
 
     async def _recorded(
         self,

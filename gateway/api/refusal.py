@@ -16,13 +16,10 @@ gateway/api/standing.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from gateway.errors import ErrorCode, GatewayError
 from gateway.policy import Decision
-
-if TYPE_CHECKING:
-    from gateway.routing.router import Plan
 
 __all__ = [
     "HOSTED_CHECKS_RULE",
@@ -33,6 +30,7 @@ __all__ = [
     "hosted_unavailable",
     "lapsed",
     "not_sent",
+    "not_served",
     "nothing_served",
 ]
 
@@ -90,14 +88,13 @@ def not_sent(error: GatewayError, decision: Decision) -> Refused:
     return Refused(error.code, error.message, decision, HOSTED_CHECKS_RULE, param=error.param)
 
 
-def hosted_unavailable(decision: Decision, model: str, reasons: list[str]) -> Refused:
+def hosted_unavailable(decision: Decision, model: str, request_id: str) -> Refused:
     """The refusal of a request whose hosted attempts LiteLLM's failing to load kept from
-    being made (and that nothing was dispatched for): 503 `backend_unavailable` naming
-    why each backend did not serve (`Plan.reasons`: "hosted provider unavailable", never
-    what the import raised)."""
+    being made (and that nothing was dispatched for): 503 `backend_unavailable` in the
+    words every request that no backend served gets (`not_served`)."""
     return Refused(
         ErrorCode.backend_unavailable,
-        f"no compliant backend could take the request for model `{model}` ({'; '.join(reasons)})",
+        not_served(model, request_id),
         decision,
         HOSTED_UNAVAILABLE_RULE,
     )
@@ -110,25 +107,24 @@ def lapsed(error: GatewayError, decision: Decision) -> Refused:
     return Refused(error.code, error.message, decision, TENANT_RULE, param=error.param)
 
 
-def nothing_served(decision: Decision, model: str, plan: Plan) -> Refused:
+def not_served(model: str, request_id: str) -> str:
+    """What a client whose request no backend served is told: the same words for every
+    tenant and every cause. Which backends were skipped or failed, and why (`Plan.reasons`:
+    backend ids, probe and connect failures), is the operator's, on `/admin/status`, never
+    a tenant's (docs/security.md)."""
+    return f"no compliant backend could serve model `{model}` (request {request_id})"
+
+
+def nothing_served(decision: Decision, model: str, request_id: str) -> Refused:
     """Nothing was dispatched: no backend the policy admits was available, and its
     fallback rule allows no hosted one (or none is configured, or the fallback was
-    withheld: a private backend was not shown unavailable, e.g. the deadline passed)."""
-    details = "; ".join(plan.reasons)
-    if not plan.private:
-        state = "no eligible private backend"
-    else:
-        state = f"private pool unavailable: {details}" if details else "private pool unavailable"
-    if decision.fallback == "never":
-        reason = f"{state}, fallback forbidden"
-    elif plan.withheld is not None:  # the details say why the hosted fallback was withheld
-        reason = f"private pool did not serve: {details}"
-    else:
-        reason = f"{state}, no compliant hosted backend"
+    withheld: a private backend was not shown unavailable, e.g. the deadline passed).
+    The message names the fallback rule, the tenant's own policy, and nothing of the
+    backends (`not_served`)."""
     rule = decision.fallback_rule
     return Refused(
         ErrorCode.no_compliant_backend,
-        f"policy {rule}: no compliant backend available for model `{model}` ({reason})",
+        f"policy {rule}: {not_served(model, request_id)}",
         decision,
         rule,
     )

@@ -98,5 +98,5 @@ def test_an_answer_ended_by_the_close_past_the_bound_is_a_failed_attempt(
         assert record["status"] == 200
     else:
         assert response.status_code == 503  # its only backend failed: none left to try
-        assert "gpu: closed" in response.json()["error"]["message"]
+        assert response.json()["error"]["code"] == "backend_unavailable"
         assert record["status"] == 503 and record["response_commitment"] is None

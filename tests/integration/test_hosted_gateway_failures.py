@@ -133,9 +133,9 @@ def test_litellm_that_fails_to_load_is_a_clear_503_and_tries_no_other_hosted_bac
             error = response.json()["error"]
             assert error["code"] == "backend_unavailable", error
             assert set(error) == {"message", "type", "param", "code"}, error
-            assert "claude: hosted provider unavailable" in error["message"], error
-            assert "spare: hosted provider unavailable (not tried)" in error["message"], error
-            for internal in ("ImportError", "litellm", "proxy_internals", CANARY):
+            assert response.headers["x-request-id"] in error["message"], error
+            # Which backends did not serve, and why, is the operator's (the log line below).
+            for internal in ("claude", "spare", "hosted", "ImportError", "litellm", CANARY):
                 assert internal not in error["message"], error
     # One load per request: the spare, which would fail the same way, is not tried.
     assert len(loads) == 4

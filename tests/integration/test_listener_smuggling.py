@@ -11,6 +11,7 @@ of its own. Run against the gateway's public listener (`gateway/listener.py`) an
 from __future__ import annotations
 
 import dataclasses
+import gzip
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -177,3 +178,75 @@ def test_owngate_serve_refuses_other_http_versions(
 @pytest.mark.parametrize("request_bytes", AMBIGUOUS.values(), ids=AMBIGUOUS.keys())
 def test_the_sidecar_refuses_ambiguous_framing(sidecar: AttestThread, request_bytes: bytes) -> None:
     _one_refusal(sidecar, request_bytes.replace(b"/v1/chat/completions", b"/v1/completions"))
+
+
+# RFC 9112 section 3.2: a request with more than one Host field is 400 (a proxy in front
+# may route on one, a backend read the other); each was served.
+REPEATED_HOST = {
+    "two-hosts": _post(b"host: y\r\ncontent-length: %d\r\n" % len(BODY), BODY),
+    "same-host-twice": _post(b"host: x\r\ncontent-length: %d\r\n" % len(BODY), BODY),
+    "two-hosts-http-1.0": _version(
+        b"HTTP/1.0", b"host: y\r\ncontent-length: %d\r\n" % len(BODY), BODY
+    ),
+}
+# A body in a content coding was read as plain JSON, the header dropped: 415, so nothing
+# reads the body otherwise than the gateway checked it.
+GZIP_BODY = gzip.compress(BODY)
+CONTENT_CODED = {
+    "gzip": _post(b"content-encoding: gzip\r\ncontent-length: %d\r\n" % len(GZIP_BODY), GZIP_BODY),
+    "gzip-plain-body": _post(b"content-encoding: gzip\r\ncontent-length: %d\r\n" % len(BODY), BODY),
+    "identity-then-br": _post(
+        b"content-encoding: identity, br\r\ncontent-length: %d\r\n" % len(BODY), BODY
+    ),
+    "deflate-second-line": _post(
+        b"content-encoding: identity\r\ncontent-encoding: DEFLATE\r\ncontent-length: %d\r\n"
+        % len(BODY),
+        BODY,
+    ),
+}
+
+
+def test_owngate_serve_refuses_a_repeated_host(public_process: GatewayProcess) -> None:
+    """A real `owngate serve`: two Host fields are 400 `invalid_request`, and nothing
+    after them on the connection runs; one Host is served."""
+    server = Address("127.0.0.1", public_process.port)
+    for name, request_bytes in REPEATED_HOST.items():
+        raw = exchange(server, request_bytes + SMUGGLED)
+        assert raw.count(b"HTTP/1.1 ") == 1, (name, raw[:400])
+        error = assert_refused(raw, 400, "invalid_request")
+        assert "Host" in error["message"], name
+    served = exchange(
+        server, _post(b"content-length: %d\r\nconnection: close\r\n" % len(BODY), BODY)
+    )
+    assert served.startswith(b"HTTP/1.1 200 "), served[:300]
+
+
+def test_owngate_serve_refuses_a_content_coded_body(public_process: GatewayProcess) -> None:
+    """A real `owngate serve`: a request body in any content coding but identity is 415
+    `unsupported_media_type`, nothing after it runs; `identity` is served."""
+    server = Address("127.0.0.1", public_process.port)
+    for name, request_bytes in CONTENT_CODED.items():
+        raw = exchange(server, request_bytes + SMUGGLED)
+        assert raw.count(b"HTTP/1.1 ") == 1, (name, raw[:400])
+        assert_refused(raw, 415, "unsupported_media_type")
+    identity = b"content-encoding: identity\r\ncontent-length: %d\r\nconnection: close\r\n"
+    served = exchange(server, _post(identity % len(BODY), BODY))
+    assert served.startswith(b"HTTP/1.1 200 "), served[:300]
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "code"),
+    [
+        *((r, 400, "invalid_request") for r in REPEATED_HOST.values()),
+        *((r, 415, "unsupported_media_type") for r in CONTENT_CODED.values()),
+    ],
+    ids=[*REPEATED_HOST, *CONTENT_CODED],
+)
+def test_the_sidecar_refuses_a_repeated_host_and_a_content_coded_body(
+    sidecar: AttestThread, request_bytes: bytes, status: int, code: str
+) -> None:
+    raw = exchange(
+        sidecar, request_bytes.replace(b"/v1/chat/completions", b"/v1/completions") + SMUGGLED
+    )
+    assert raw.count(b"HTTP/1.1 ") == 1, raw[:400]
+    assert_refused(raw, status, code)

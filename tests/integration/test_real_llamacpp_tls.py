@@ -77,4 +77,5 @@ def test_a_real_llama_server_behind_pinned_attested_tls(
         f"{gateway.url}/v1/chat/completions", json=body, headers=gateway.headers, timeout=60
     )
     assert refused.status_code == 503
-    assert "cpu-llama: tls" in refused.json()["error"]["message"]
+    assert refused.json()["error"]["code"] == "backend_unavailable"
+    assert "cpu-llama" not in refused.json()["error"]["message"]  # the operator's, not the client's
