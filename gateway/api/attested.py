@@ -36,7 +36,7 @@ from gateway.provenance.formats.attestation import (
     check_countersignature,
 )
 
-__all__ = ["Attester", "SseTail"]
+__all__ = ["Attester", "SseTail", "count_verdict"]
 
 _LINE_ENDS = b"\r\n"  # SSE ends a line with LF, CRLF or a bare CR
 _WINDOW = 65536  # counters remembered per key, to refuse a replayed one
@@ -73,7 +73,7 @@ class Attester:
             self._fresh(counter.statement.counter)
         except AttestationFailure as failure:
             trail.attestation = Attestation(str(self._verifier), failure=failure.code)
-            self._metrics.attestation(self.backend, failure.code)
+            trail.judged_by = self.backend
             self._events.warning(
                 "countersignature not accepted",
                 request_id=request_id,
@@ -86,7 +86,7 @@ class Attester:
         # Rebuilt from what was verified, not the bytes received: members the signature
         # does not cover (or a payload written another way) never reach the receipt.
         trail.countersignature = counter.envelope()
-        self._metrics.attestation(self.backend, "ok")
+        trail.judged_by = self.backend
 
     def _fresh(self, counter: int) -> None:
         """Refuse a counter seen before from this key, or one at or below the highest
@@ -109,6 +109,16 @@ class Attester:
         if len(self._seen) > _WINDOW:
             self._forgotten = heapq.heappop(self._lowest)
             self._seen.discard(self._forgotten)
+
+
+def count_verdict(metrics: GatewayMetrics, trail: Trail) -> None:
+    """Count the verdict of the attempt that just ended in `owngate_attestations_total`,
+    once, as its completion record states it: a countersignature accepted and then not
+    taken (a stream the gateway cut after it, `Trail.cut_after`) counts as `missing`,
+    never `ok`; one no longer in the trail (the answer never went out) is not counted."""
+    backend, trail.judged_by = trail.judged_by, None
+    if backend is not None and trail.attestation is not None:
+        metrics.attestation(backend, trail.attestation.failure or "ok")
 
 
 def _decode(encoded: bytes) -> bytes:

@@ -32,6 +32,7 @@ from functools import partial
 from typing import Any
 
 from gateway.api.attempt_errors import attempt_error, attempt_status, stopped
+from gateway.api.attested import count_verdict
 from gateway.api.body import BodyScan, parse_body
 from gateway.api.control_fields import refuse_control_fields
 from gateway.api.decided import Decided, decide, withdrawn_by_reload
@@ -354,7 +355,11 @@ class Proxy:
     ) -> None:
         recorder, trail = self.recorder, exchange.trail
         if recorder is None or trail is None:
-            await attempt()
+            try:
+                await attempt()
+            finally:
+                if trail is not None:
+                    count_verdict(self._metrics, trail)
             return
         assert exchange.decision is not None
         waiting = time.perf_counter()
@@ -387,6 +392,7 @@ class Proxy:
             held = not exchange.response_started
             raise
         finally:
+            count_verdict(self._metrics, trail)  # as the record says it
             recorder.complete(exchange, trail, status=status, error=error, held=held)
 
     async def _refused(self, exchange: Exchange, refused: Refused) -> None:

@@ -67,6 +67,9 @@ class Trail:
     # and the countersignature it accepted, for the client's receipt.
     attestation: Attestation | None = None
     countersignature: bytes | None = None
+    # The backend whose verdict is in `attestation`, not yet counted in the metric: it is
+    # counted once the attempt ends (`attested.count_verdict`), as its record says it.
+    judged_by: str | None = None
     upstream: UpstreamIds | None = None  # a hosted provider's ids for the answer
     # A failed attempt's completion (status, error, when it ended), held until the next
     # dispatch or the request's end (`Recorder.settle`): its status is then what the

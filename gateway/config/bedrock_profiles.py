@@ -11,12 +11,14 @@ commercial Region. A backend declared `region: eu-central-1` with such a model p
 `global.`, Virginia.
 
 So a profile's backend must declare its geography as the jurisdiction code that names it
-(`us.` and `us-gov.`: `us`; `eu.`: `eu`; `jp.`, `au.`, `ca.`: the country), which a
+(`us.` and `us-gov.`: `us`; `eu.`: `eu`; `jp.`, `au.`, `ca.`, `in.`: the country), which a
 policy judges as the whole area (an allow must cover all of it, a deny of any part
 excludes it: docs/policies.md). `apac.` (Regions from India to Japan, Australia and the
 UAE) and `global.` have no code: they are refused. An application inference profile's
 ARN (`application-inference-profile/<id>`) does not say what it wraps: not checked
-(docs/security.md).
+(docs/security.md). A model id whose first part is neither a known model provider's
+namespace (`anthropic.`) nor a known geography is refused, naming it: a geography Bedrock
+adds later must not pass as an in-Region model.
 
 The Region a Bedrock request is sent to is also written in the config itself, and must be
 the declared one (or in the area of a declared code: `region: eu` takes `eu-central-1`):
@@ -68,9 +70,21 @@ _GEOGRAPHIES: Final[dict[str, str | None]] = {
     "jp": "jp",
     "au": "au",
     "ca": "ca",
+    "in": "in",
     "apac": None,
     "global": None,
 }
+# The model providers' namespaces of Bedrock's model ids (`anthropic.claude-...`), as in
+# LiteLLM 1.108.7's model map and its Bedrock routes. A first part that is neither one of
+# these nor a geography above is refused: a geography Bedrock adds later (`me.`, ...)
+# would otherwise pass as an in-Region model while Bedrock serves it across Regions.
+_PROVIDERS: Final = frozenset(
+    (
+        "ai21", "amazon", "anthropic", "cohere", "deepseek", "google", "meta", "minimax",
+        "mistral", "moonshot", "moonshotai", "nvidia", "openai", "qwen", "stability",
+        "twelvelabs", "writer", "xai", "zai",
+    )
+)  # fmt: skip
 
 
 def check_bedrock_profiles(region: str, provider_models: Iterable[str]) -> None:
@@ -93,7 +107,7 @@ def check_bedrock_profiles(region: str, provider_models: Iterable[str]) -> None:
         if code is None:
             raise ValueError(
                 f"{head}, and no jurisdiction code covers that area for policies to judge: "
-                "use a geography profile (us., eu., jp., au., ca.) or the in-Region model id"
+                "use a geography profile (us., eu., jp., au., ca., in.) or the in-Region model id"
             )
         if region.lower() != code:
             raise ValueError(
@@ -109,8 +123,18 @@ def _geography(provider_model: str) -> str | None:
     # The model id is the last part (after route parts such as `converse/`, or an ARN's
     # `inference-profile/`); LiteLLM takes it percent-encoded too.
     last = unquote(provider_model).rsplit("/", 1)[-1]
+    if "." not in last:
+        return None  # no namespace: an ARN's own id (provisioned, application profile)
     first = last.split(".", 1)[0].lower()
-    return first if first in _GEOGRAPHIES and "." in last else None
+    if first in _GEOGRAPHIES:
+        return first
+    if first not in _PROVIDERS:
+        raise ValueError(
+            f"provider_model {provider_model!r} starts with {first[:40]!r}, neither a "
+            "Bedrock model provider nor a cross-Region inference profile geography the "
+            "gateway knows, so where Bedrock processes it cannot be judged"
+        )
+    return None
 
 
 def check_bedrock_regions(

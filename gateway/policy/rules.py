@@ -155,14 +155,22 @@ def _spellings(provider_model: str) -> tuple[str, ...]:
     `openai/gpt-4o`, `gpt-4o` (a LiteLLM route prefix names the wire, not the model); as
     written and percent-decoded, as a provider taking it in a URL path reads it
     (`bedrock/anthropic%2Eclaude-3` is sent to Bedrock's `/model/anthropic%2Eclaude-3/`,
-    which it reads as `anthropic.claude-3`)."""
+    which it reads as `anthropic.claude-3`); and each of those without its empty parts
+    (`openai/gpt-4o/`, `openai//gpt-4o`: LiteLLM sends `gpt-4o/`, `/gpt-4o`, which a
+    provider may well take for `gpt-4o`; judged so, `deny: [gpt-4o]` holds for them)."""
     found: dict[str, None] = {}
-    for written in (provider_model, unquote(provider_model)):
+    decoded = unquote(provider_model)
+    for written in dict.fromkeys((provider_model, decoded, *_compact(provider_model, decoded))):
         parts = written.split("/")
         found.update(
             dict.fromkeys(s for s in ("/".join(parts[i:]) for i in range(len(parts))) if s)
         )
     return tuple(found)
+
+
+def _compact(*written: str) -> tuple[str, ...]:
+    """Each of `written` without its empty `/`-separated parts, where it has any."""
+    return tuple("/".join(p for p in w.split("/") if p) for w in written if "//" in f"/{w}/")
 
 
 def _judged_names(backend: BackendFacts, model: str) -> frozenset[str]:

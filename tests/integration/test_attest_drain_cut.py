@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client import generate_latest
 
 from gateway.api.trail import Trail
 from gateway.provenance import load_signer
@@ -76,6 +77,11 @@ def test_a_countersigned_stream_cut_at_drain_is_not_countersigned(
     assert record["status"] == 503
     assert record["attestation"]["failure"] == "missing"
     assert record["attestation"]["sig"] is None
+    # The metric says what the record says: one `missing`, no `ok` it was counted as when
+    # the comment was judged, before the cut.
+    counted = generate_latest(gateway.app.parts.metrics.registry).decode()
+    assert 'owngate_attestations_total{backend="gpu",result="missing"} 1.0' in counted
+    assert 'result="ok"' not in counted, counted
     # What the client received opens the record's commitment, as a stream less the
     # gateway's tail (the log says no countersigned answer), and the receipt is the log's.
     (tmp_path / "receipt").write_bytes(receipt)

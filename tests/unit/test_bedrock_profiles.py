@@ -195,13 +195,63 @@ def test_a_base_url_in_another_aws_region_than_declared_does_not_load(
         ("US-EAST-1", US_ARN, None),
         # with base_url the host says where: the ARN names the model there
         ("us-east-1", US_ARN, "https://bedrock-runtime.us-east-1.amazonaws.com"),
-        ("eu-central-1", "bedrock/x.y", "https://bedrock-runtime.eu-central-1.amazonaws.com"),
-        ("de", "bedrock/x.y", "https://bedrock-runtime.eu-central-1.amazonaws.com"),
-        ("eu", "bedrock/eu.x.y", "https://bedrock-runtime.eu-west-3.amazonaws.com"),
-        ("eu-central-1", "bedrock/x.y", "https://bedrock-runtime.eu-central-1.api.aws"),
+        ("eu-central-1", "bedrock/amazon.y", "https://bedrock-runtime.eu-central-1.amazonaws.com"),
+        ("de", "bedrock/amazon.y", "https://bedrock-runtime.eu-central-1.amazonaws.com"),
+        ("eu", "bedrock/eu.amazon.y", "https://bedrock-runtime.eu-west-3.amazonaws.com"),
+        ("eu-central-1", "bedrock/amazon.y", "https://bedrock-runtime.eu-central-1.api.aws"),
     ],
 )
 def test_a_region_the_config_names_within_the_declared_one_loads(
     region: str, provider_model: str, base_url: str | None
 ) -> None:
     parse_config(bedrock(region, provider_model, base_url), env={})
+
+
+@pytest.mark.parametrize(
+    ("region", "provider_model"),
+    [
+        # India's geography profile (in LiteLLM's model map): Mumbai and Hyderabad
+        ("ap-south-1", "bedrock/in.moonshotai.kimi-k3"),
+        ("in", "bedrock/converse/global.anthropic.claude-sonnet-4-5-20250929-v1:0"),
+    ],
+)
+def test_the_india_profile_and_global_are_not_taken_for_one_region(
+    region: str, provider_model: str
+) -> None:
+    message = refused(region, provider_model)
+    assert "cross-Region inference profile" in message
+
+
+def test_the_india_profile_declared_as_india_loads() -> None:
+    parse_config(bedrock("in", "bedrock/in.moonshotai.kimi-k3"), env={})
+
+
+@pytest.mark.parametrize(
+    "provider_model",
+    [
+        # a geography Bedrock may add later: served across Regions, not in eu-central-1
+        "bedrock/me.anthropic.claude-sonnet-4-5-20250929-v1:0",
+        "bedrock/converse/sa.amazon.nova-pro-v1:0",
+        "bedrock/arn:aws:bedrock:eu-central-1:123456789012:inference-profile/"
+        "xx.anthropic.claude-3-7-sonnet-20250219-v1:0",
+        "bedrock/ME%2Eanthropic.claude-3",
+    ],
+)
+def test_an_unknown_first_part_of_a_bedrock_model_id_does_not_load(provider_model: str) -> None:
+    message = refused("eu-central-1", provider_model)
+    assert "neither a Bedrock model provider nor a cross-Region" in message
+    first = provider_model.replace("%2E", ".").rsplit("/", 1)[-1].split(".")[0].lower()
+    assert repr(first) in message
+
+
+@pytest.mark.parametrize(
+    "provider_model",
+    [
+        "bedrock/meta.llama3-3-70b-instruct-v1:0",
+        "bedrock/converse/moonshotai.kimi-k2-thinking",
+        "bedrock/MISTRAL.mistral-large-2402-v1:0",
+        "bedrock/arn:aws:bedrock:eu-central-1:123456789012:provisioned-model/abc123",
+    ],
+)
+def test_known_providers_and_ids_without_a_namespace_load(provider_model: str) -> None:
+    parse_config(bedrock("eu-central-1", provider_model), env={})

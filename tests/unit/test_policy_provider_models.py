@@ -150,3 +150,24 @@ def test_a_deny_holds_for_a_percent_encoded_provider_model(provider_model: str) 
     assert decision.hosted == (), decision.trace
     (entry,) = decision.trace
     assert (entry.verdict, entry.rule) == ("excluded", "p/models")
+
+
+@pytest.mark.parametrize(
+    ("provider_model", "denied"),
+    [
+        # LiteLLM sends `gpt-4o/` (`/gpt-4o`) to the provider, which may take it for gpt-4o
+        ("openai/gpt-4o/", "gpt-4o"),
+        ("openai//gpt-4o", "gpt-4o"),
+        ("openai/gpt-4o//", "openai/gpt-4o"),
+        ("openai/openai//gpt-4o/", "openai/gpt-4o"),
+        ("openai/gpt-4o%2F", "gpt-4o"),
+    ],
+)
+def test_a_deny_holds_for_a_provider_model_with_empty_parts(
+    provider_model: str, denied: str
+) -> None:
+    declared = (hosted(provider_model=provider_model),)
+    decision = policy_set(declared, {"deny": [denied]}).decide("t", "fast", None)
+    assert decision.hosted == (), decision.trace
+    (entry,) = decision.trace
+    assert (entry.verdict, entry.rule) == ("excluded", "p/models")
