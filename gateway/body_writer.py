@@ -127,6 +127,13 @@ class BodyWriter:
         return cycle is not None and cycle.response_started
 
     @property
+    def body_sent(self) -> bool:
+        """The response's last body bytes were handed to the connection (uvicorn wrote
+        them): all of a whole answer went out, not just its head."""
+        cycle = self._cycle()
+        return cycle is not None and cycle.response_complete
+
+    @property
     def write_paused(self) -> bool:
         """The client's buffers are full: write no more until `drain()` returns."""
         cycle = self._cycle()

@@ -207,11 +207,15 @@ async def send_whole(
     try:
         await send_bytes(send, status, data, exchange.request_id, content_type, headers)
     except asyncio.CancelledError:
-        # Cut while the send waited for a client that reads nothing (a keep-alive
-        # connection's earlier answer fills its buffers): no head went out, so nothing did.
+        # Cut while a send waited for a client that reads nothing (a keep-alive
+        # connection's earlier answer fills its buffers): the body did not go out. Nor,
+        # mostly, did the head; but after a `100 Continue` (the connection's first write)
+        # the head goes out on its own, and can fill the buffers itself: then the body's
+        # send waits with the head out, and the record commits to none of the answer.
         writer = exchange.writer
-        if writer is not None and not writer.head_sent:
-            exchange.response_started = False
+        if writer is not None and not writer.body_sent:
+            if not writer.head_sent:
+                exchange.response_started = False
             if exchange.trail is not None:
                 exchange.trail.unsent()
         raise

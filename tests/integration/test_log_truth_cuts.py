@@ -99,13 +99,19 @@ def test_a_whole_answer_cut_before_it_went_out_is_not_recorded_as_sent(
     503 (with its receipt) and the record commits to nothing, not to the answer; nor does
     it, or the receipt, carry an attested backend's countersignature of that answer."""
     answer = b'{"id":"c","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}'
-    signing, released = threading.Event(), threading.Event()
+    signing, cut, released = threading.Event(), threading.Event(), threading.Event()
     sealed = Trail.sealed_receipt
 
     async def held(trail: Trail) -> bytes | None:
-        if not signing.is_set():  # the answer's: held; the 503's (after the cut): not
+        # The answer's (the first with the whole answer fed): held; the 503's (after the
+        # cut): not. `cut`: the drain deadline's cancellation landed in this wait.
+        if trail.whole == answer and not signing.is_set():
             signing.set()
-            await asyncio.get_running_loop().run_in_executor(None, released.wait, 30)
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, released.wait, 30)
+            except asyncio.CancelledError:
+                cut.set()
+                raise
         return await sealed(trail)
 
     monkeypatch.setattr(Trail, "sealed_receipt", held)
@@ -141,6 +147,7 @@ def test_a_whole_answer_cut_before_it_went_out_is_not_recorded_as_sent(
     finally:
         if sidecar is not None:
             sidecar.stop()
+    assert cut.is_set(), "the cut landed elsewhere than in the held signing"
     assert response.status_code == 503, response.content
     assert response.json()["error"]["code"] == "not_ready"
     receipt = base64.b64decode(response.headers["x-owngate-receipt"])

@@ -9,6 +9,15 @@ when the first request waits for its client to take its answer and when the seco
 receipt is ready with the client's buffers full, the send that follows then blocking
 in the same turn of the loop. The shutdown is forced only after both, so the cut lands
 where this test means it to, never while the receipt is still being signed.
+
+The second test asks its second answer with `Expect: 100-continue`: the `100 Continue`
+is then the cycle's first write, so the answer's head goes out on its own, not with its
+body (gateway/coalescing.py). Its hook (`HEAD_HOOK`) sets the connection's write-buffer
+high-water mark just above what the first answer left unread, as a first answer of that
+size would leave it: the head alone then fills the buffer, and the body's send waits for
+room with the head already handed to the connection. Before, a forced shutdown cutting
+that wait left the record committed to the whole answer, body included, which no client
+got.
 """
 
 from __future__ import annotations
@@ -162,5 +171,111 @@ def test_a_forced_shutdown_with_a_client_that_reads_nothing_ends_and_says_what_w
     second = [r for r in logged if r["request_id"] == ids[1]]
     assert [r["type"] for r in second] == ["dispatch", "completion"]
     # The gateway cut it (its 503), never the 200 it did not send nor a client that left.
+    assert second[1]["status"] == 503, second
+    assert second[1]["response_commitment"] is None, second
+
+
+HEAD_HOOK = """
+import sys
+
+from gateway import coalescing
+from gateway.api import passthrough
+
+_write = coalescing.HeadCoalescer.write
+_send_whole = passthrough.send_whole
+
+
+def _say(what):
+    print("head-hook: " + what, file=sys.stderr, flush=True)
+
+
+def write(self, data):
+    transport = self._transport
+    if not self._started:  # an answer's first write: the first answer fits unpaused
+        transport.set_write_buffer_limits(high=64 << 20)
+    elif self._held is None and data.startswith(b"HTTP/1.1 200"):
+        # A head written on its own (after `100 Continue`): it lands past the mark.
+        transport.set_write_buffer_limits(high=transport.get_write_buffer_size() + 1, low=0)
+    _write(self, data)
+
+
+async def send_whole(send, ex, *args):
+    async def watched(message):
+        if message["type"] == "http.response.body" and ex.writer.write_paused:
+            _say("a whole answer's body waits for room after its head")
+        await send(message)
+
+    await _send_whole(watched, ex, *args)
+
+
+coalescing.HeadCoalescer.write = write
+passthrough.send_whole = send_whole
+"""
+
+
+def test_a_forced_shutdown_cutting_a_body_whose_head_went_alone_records_no_answer(
+    start_raw: Callable[[Answer], RawBackend], tmp_path: Path
+) -> None:
+    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
+        body = BIG if b"first" in post.body else SMALL
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % len(body) + body)
+        await writer.drain()
+        return False
+
+    raw = start_raw(answer)
+    write_signing_key(tmp_path / "log.key", ORIGIN)
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port(), "write_timeout_s": 600},
+        "logging": {"format": "json", "level": "info", "access_log": True},
+        "limits": {"drain_timeout_s": 60, "max_held_answer_bytes": 64 << 20},
+        "backends": [backend("gpu", raw.url, "m")],
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+        "provenance": {"dir": "log", "origin": ORIGIN, "signing_key_file": "log.key"},
+    }
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(HEAD_HOOK)
+    path = os.pathsep.join(p for p in (str(tmp_path / "hook"), os.environ.get("PYTHONPATH")) if p)
+    gateway = GatewayProcess(config, tmp_path, env={"PYTHONPATH": path}).start()
+    sock = socket.create_connection(("127.0.0.1", gateway.port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+
+    def req(text: str, extra: bytes = b"") -> bytes:
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}]}).encode()
+        head = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"authorization: Bearer " + KEY.encode() + b"\r\ncontent-length: %d\r\n" % len(body)
+        )
+        return head + extra + b"\r\n" + body
+
+    try:
+        sock.sendall(req("first"))
+        until(lambda: len(raw.posts) == 1, "first asked", timeout=30)
+        sock.sendall(req("second", b"expect: 100-continue\r\n"))
+        until(lambda: len(raw.posts) == 2, "second asked", timeout=30)
+        waits = "a whole answer's body waits for room after its head"
+        until(lambda: waits in gateway.stderr(), waits, timeout=30, detail=gateway.output)
+        assert gateway.proc is not None
+        gateway.proc.send_signal(signal.SIGTERM)
+        until(lambda: "draining" in gateway.output(), "the drain began", timeout=30)
+        gateway.proc.send_signal(signal.SIGINT)
+        until(lambda: "Shutting down" in gateway.output(), "uvicorn's shutdown", timeout=30)
+        gateway.proc.send_signal(signal.SIGINT)
+        code = gateway.wait(30)  # the forced end is bounded (5 s twice)
+    finally:
+        sock.close()
+        gateway.stop()
+    assert code == 0, gateway.output()
+    printed = gateway.stdout() + gateway.stderr()
+    assert "Traceback" not in printed and "Exception in ASGI" not in printed, printed[-3000:]
+    logged = records(tmp_path / "log")
+    ids = list(dict.fromkeys(r["request_id"] for r in logged))
+    assert len(ids) == 2, logged
+    first = [r for r in logged if r["request_id"] == ids[0]]
+    assert [(r["type"], r.get("status")) for r in first][-1] == ("completion", 200), first
+    second = [r for r in logged if r["request_id"] == ids[1]]
+    assert [r["type"] for r in second] == ["dispatch", "completion"]
+    # Its head went to the connection, none of its body did (the dropped connection
+    # lost both): the record commits to no answer, not to the body the client never got.
     assert second[1]["status"] == 503, second
     assert second[1]["response_commitment"] is None, second
