@@ -127,3 +127,22 @@ class _LocalRefusal(Exception):
 
 def _local(status: int, text: str) -> Exception:
     return _LocalRefusal(status, text)
+
+
+@pytest.mark.parametrize(
+    ("message", "shown"),
+    [
+        (
+            "failed to load model /models/secret-70b/q4.gguf: bad magic",
+            "failed to load model [path]: bad magic",
+        ),
+        ('File "/srv/vllm/engine/core.py", line 3, in run', 'File "[path]", line 3, in run'),
+        ("use one and/or the other; a 1/2 chance", "use one and/or the other; a 1/2 chance"),
+    ],
+)
+def test_a_backend_file_path_is_not_shown(message: str, shown: str) -> None:
+    """A private backend's 400 that names a file on its machine (its model's, a
+    traceback's) reaches the client without the path."""
+    body = orjson.dumps({"error": {"message": message}})
+    error = translate_upstream_error(400, body)
+    assert error.message == f"the backend rejected the request: {shown}"
