@@ -70,6 +70,7 @@ FIELDS: Final = frozenset(
         "status",
         "stream",
         "upstream_error",
+        "unserved",
         "duration_ms",
         "event",
         "level",

@@ -76,6 +76,9 @@ class Exchange:
     last_relayed: bytes = b"\n"
     client_gone: bool = False
     upstream_error: str | None = None
+    # Why no backend served it (`refusal.diagnosis` of the plan's reasons): the operator's,
+    # on its access line only, never the client's; None: served (or never planned).
+    unserved: str | None = None
     error_code: str | None = None  # the `ErrorCode` the client got, if any
     data_class: str | None = None  # a declared class, "<unknown>" (refused) or None
     data_class_defaulted: bool = False  # no label: the policy's default_data_class applied

@@ -173,10 +173,11 @@ class HostedRelay:
         except HostedError as exc:
             error = GatewayError(
                 ErrorCode.upstream_bad_request,
-                sanitize_upstream_message(exc.message),
+                sanitize_upstream_message(exc.public),  # names no provider
                 param=exc.param,
             )
-            raise NotSent(f"{backend.id}: {error.message}", error) from None
+            reason = f"{backend.id}: {sanitize_upstream_message(exc.message)}"
+            raise NotSent(reason, error) from None
 
     async def attempt(
         self, exchange: Exchange, attempt: Attempt, prepared: Prepared, send: Send
@@ -215,7 +216,7 @@ class HostedRelay:
                 # provider refused it): the client's error, not another backend's job.
                 raise GatewayError(
                     ErrorCode.upstream_bad_request,
-                    sanitize_upstream_message(exc.message),
+                    sanitize_upstream_message(exc.public),  # names no provider
                     param=exc.param,
                 ) from exc
             raise TryNext(f"{backend.id}: {exc.message}") from exc
@@ -308,7 +309,7 @@ def _untranslated(backend: str, exc: HostedError) -> TryNext:
     (`HostedSignals.untranslated`) so that a misconfigured backend shows; and the next
     backend may serve. If none does, the client gets this 400 (a request every adapter
     refuses is the client's)."""
-    message = sanitize_upstream_message(exc.message)
+    message = sanitize_upstream_message(exc.public)  # names no provider
     error = GatewayError(ErrorCode.upstream_bad_request, message, param=exc.param)
     return TryNext(f"{backend}: {exc.message}", error)
 

@@ -261,6 +261,8 @@ class TenantSurface:
                 "upstream_error": exchange.upstream_error,
                 "duration_ms": round(elapsed * 1000, 3),
             }
+            if exchange.unserved is not None:  # only a request no backend served has it
+                fields["unserved"] = exchange.unserved
             writer = access_log.current()
             if writer is not None:  # the JSON log: encoded here, written off the loop
                 writer.emit(fields)

@@ -42,7 +42,13 @@ from gateway.api.labels import UNKNOWN, excerpt
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.passthrough import PrivateRelay
 from gateway.api.recorder import Recorder
-from gateway.api.refusal import Refused, hosted_unavailable, not_sent, nothing_served
+from gateway.api.refusal import (
+    Refused,
+    diagnosis,
+    hosted_unavailable,
+    not_sent,
+    nothing_served,
+)
 from gateway.api.reservation import reserve_tokens
 from gateway.api.standing import Standing
 from gateway.api.trail import Trail
@@ -256,6 +262,7 @@ class Proxy:
                 if span is not None:
                     span.end(outcome, reason, exchange)
         exchange.fallback = plan.fallback
+        exchange.unserved = diagnosis(plan.reasons)  # the operator's: its access line
         if last is not None:
             # Dispatched and failed: what the last attempt came to (its completion record
             # says the same), never a refusal.

@@ -16,6 +16,8 @@ gateway/api/standing.py).
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from typing import Final
 
 from gateway.errors import ErrorCode, GatewayError
@@ -26,7 +28,9 @@ __all__ = [
     "HOSTED_UNAVAILABLE_RULE",
     "REFUSAL_CODES",
     "TENANT_RULE",
+    "UNSERVED_CHARS",
     "Refused",
+    "diagnosis",
     "hosted_unavailable",
     "lapsed",
     "not_sent",
@@ -46,6 +50,13 @@ REFUSAL_CODES: Final = frozenset(
         ErrorCode.model_not_found,  # `lapsed`
     }
 )
+UNSERVED_CHARS: Final = 400
+"""The longest `diagnosis`: the access line stays short (a few backends' reasons)."""
+_REASON_CHARS: Final = 80  # one reason's words, after its backend id
+# Where a reason's words stop: anything but letters, digits, spaces and `./:()_-`, which
+# a quoted value, a provider's echoed text or a non-ASCII character would start with.
+_UNSAFE = re.compile(r"[^A-Za-z0-9 ./:()_-]")
+
 # The `rule` of a `not_sent` refusal: no policy rule refused, the gateway's own checks of
 # what it sends a hosted provider did (gateway/upstream/hosted.py `HostedClient.prepare`).
 HOSTED_CHECKS_RULE: Final = "owngate/hosted_request"
@@ -128,3 +139,27 @@ def nothing_served(decision: Decision, model: str, request_id: str) -> Refused:
         decision,
         rule,
     )
+
+
+def diagnosis(reasons: Iterable[str]) -> str:
+    """The operator's view of why no backend served a request (`Plan.reasons`, in order),
+    for its access line (`unserved`): "<backend id>: <why>" for each, joined by "; ".
+
+    The reasons are the gateway's own (backend ids, probe, connect and breaker words, the
+    gateway's summaries of a provider's failure); each is still cut at the first
+    character a quoted or echoed text would bring (`_UNSAFE`) and at `_REASON_CHARS`, and
+    the whole at `UNSERVED_CHARS` ("..." marks a cut), so nothing a client sent reaches
+    the line verbatim and the line stays bounded."""
+    parts: list[str] = []
+    size = 0
+    for reason in reasons:
+        head = _UNSAFE.search(reason)
+        part = reason[: head.start() if head else len(reason)].strip()
+        if len(part) > _REASON_CHARS:
+            part = part[:_REASON_CHARS] + "..."
+        if size + len(part) + 2 > UNSERVED_CHARS:
+            parts.append("...")
+            break
+        parts.append(part)
+        size += len(part) + 2
+    return "; ".join(parts)

@@ -4,7 +4,7 @@ A private backend's error response (or a hosted provider's error text) becomes t
 gateway's OpenAI-format error: the status says which code the client gets
 (`translate_upstream_error`), and the backend's own message is shown only after
 `sanitize_upstream_message` took out what would tell the client about the deployment
-(URLs, host:port pairs, the backend's host names), bounded to 300 characters, each
+(URLs, host:port pairs, the backend's host names, file paths), bounded to 300 characters, each
 character that is not printable written as a space.
 """
 
@@ -31,6 +31,10 @@ _HOST_PORT = re.compile(
     r"|(?<![\w.-])[\w.-]++:\d{1,5}\b"
     r"|\blocalhost\b"
 )
+# An absolute file path of two parts or more (`/models/llama/q4.gguf`, `/srv/app/x.py`): a
+# model's file or a traceback's source on the backend's machine. Not `and/or`, nor a path
+# inside a word; each part's run taken once (possessive), never backtracked into.
+_PATH = re.compile(r"(?<![\w.~+-])(?:/[\w.~+-]++){2,}+/?")
 _READ_CHARS = 2048
 
 
@@ -41,6 +45,7 @@ def sanitize_upstream_message(message: str, hosts: tuple[str, ...] = ()) -> str:
         head, space, _ = message[:_READ_CHARS].rpartition(" ")
         message = head if space else message[:_READ_CHARS]  # a word cut in half goes
     cleaned = _HOST_PORT.sub("[backend]", _URL.sub("[backend]", message))
+    cleaned = _PATH.sub("[path]", cleaned)
     for host in hosts:
         cleaned = cleaned.replace(host, "[backend]")
     # What is not printable (line breaks, terminal escapes, bidi overrides) is a space.

@@ -237,8 +237,13 @@ class HostedClient:
             elif endpoint == "embeddings":  # objects an adapter would read from the account
                 check_embedding_input(params)
         except (InvalidField, RefusedField) as exc:
-            message = f"the request is not valid for {self.provider} (not sent): {exc}"
-            raise HostedError("status", message, status=400, param=exc.param) from None
+            raise HostedError(
+                "status",
+                f"the request is not valid for {self.provider} (not sent): {exc}",
+                status=400,
+                param=exc.param,
+                public=f"the request is not valid for this model's provider (not sent): {exc}",
+            ) from None
         try:
             litellm = await aload_litellm()
         except Exception as exc:  # whatever the import raised: the gateway's own failure

@@ -19,6 +19,7 @@ __all__ = [
     "HostedUnavailable",
     "hosted_error",
     "local_reason",
+    "unnamed",
 ]
 
 # `untranslated`: failed before any HTTP request began, in a data error (`_untranslatable`).
@@ -81,6 +82,10 @@ class HostedError(Exception):
     (a malformed credential), not the provider; another backend may still serve.
     `error_class`: for `untranslated`, the class name of the error the translation ended
     in (`TypeError`, `Exception`), for the operator's log; code names it, never a client.
+    `public`: what a client may read of it, which names no provider (which hosted
+    provider a request was headed for is a routing internal: docs/security.md); given
+    where a client gets the error (a 4xx, `untranslated`, a request refused unsent),
+    else the kind in neutral words.
     """
 
     def __init__(
@@ -91,6 +96,7 @@ class HostedError(Exception):
         status: int | None = None,
         param: str | None = None,
         error_class: str | None = None,
+        public: str | None = None,
     ) -> None:
         super().__init__(message)
         self.kind: HostedErrorKind = kind
@@ -98,6 +104,7 @@ class HostedError(Exception):
         self.message = message
         self.param = param  # the request field at fault, when known
         self.error_class = error_class
+        self.public = public if public is not None else f"the provider call failed ({kind})"
 
 
 class HostedUnavailable(Exception):
@@ -165,24 +172,44 @@ def hosted_error(
         detail = f" ({types[0]})" if types else ""
         if status < 400:  # the HTTP clients are told not to follow (litellm_runtime)
             detail = " (a redirect: not followed)"
-        return HostedError("status", f"{provider} answered HTTP {status}{detail}", status=status)
+        message = f"answered HTTP {status}{detail}"
+        return HostedError(
+            "status", f"{provider} {message}", status=status, public=f"the provider {message}"
+        )
     in_body = _in_body_status(chain)
     if in_body is not None:  # an error object in a 200 answer: the provider's text, unshown
-        message = f"{provider} answered HTTP 200 with an error (code {in_body})"
-        return HostedError("status", message, status=in_body)
+        message = f"answered HTTP 200 with an error (code {in_body})"
+        return HostedError(
+            "status", f"{provider} {message}", status=in_body, public=f"the provider {message}"
+        )
     local = _status(getattr(exc, "status_code", None))
     if local is not None and local < 500:  # LiteLLM refused the request before sending it
-        message = f"the request is not valid for {provider} (HTTP {local}, not sent)"
         reason = local_reason(str(exc), secrets)
-        return HostedError("status", f"{message}: {reason}" if reason else message, status=local)
+        message = f"the request is not valid for {provider} (HTTP {local}, not sent)"
+        public = f"the request is not valid for this model's provider (HTTP {local}, not sent)"
+        if reason:  # LiteLLM's words, with the provider's name in them taken out
+            message, public = f"{message}: {reason}", f"{public}: {unnamed(reason, provider)}"
+        return HostedError("status", message, status=local, public=public)
     untranslatable = None if sent else _untranslatable(chain)
     if untranslatable is not None:
-        message = (
-            f"the request is not valid for {provider} (not sent: its adapter could not "
-            f"translate it, {untranslatable})"
+        detail = f" (not sent: its adapter could not translate it, {untranslatable})"
+        return HostedError(
+            "untranslated",
+            f"the request is not valid for {provider}{detail}",
+            status=400,
+            error_class=untranslatable,
+            public=f"the request is not valid for this model's provider{detail}",
         )
-        return HostedError("untranslated", message, status=400, error_class=untranslatable)
     return HostedError("protocol", f"{provider} call failed ({type(exc).__name__})")
+
+
+def unnamed(text: str, provider: str) -> str:
+    """`text` with the provider's name (in any letter case; `vertex_ai` also as
+    `vertex ai`/`vertexai`) said as "the provider"."""
+    if not provider:
+        return text
+    name = r"[ _-]?".join(re.escape(part) for part in re.split(r"[ _-]", provider) if part)
+    return re.sub(name, "the provider", text, flags=re.IGNORECASE)
 
 
 def local_reason(text: str, secrets: tuple[str, ...] = ()) -> str:

@@ -137,7 +137,7 @@ async def check_media_urls(
         if _STORED_PREFIX.match(url.lstrip()[:_HEAD]):  # a public host, a shared file
             raise InvalidField(where, _STORED_PART)
         if not guarded:
-            raise InvalidField(where, f"a `data:` URL (the {provider} adapter downloads URLs)")
+            raise InvalidField(where, "a `data:` URL (this model's adapter downloads URLs)")
         public = scheme in ("http", "https") and await _public(
             url, scheme, resolve, deadline, looked_up
         )

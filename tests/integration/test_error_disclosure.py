@@ -7,12 +7,14 @@ failed, and why, is on `/admin/status` only (docs/security.md)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from gateway.api.refusal import UNSERVED_CHARS
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import TENANT_KEY, Sim, backend
 from tests.helpers.net import free_port
@@ -66,3 +68,56 @@ def test_a_503_names_no_backend_nor_its_failure(sim: Sim, gateway: GatewayProces
             if error["code"] == "no_compliant_backend":
                 break
     assert codes == {"backend_unavailable", "no_compliant_backend"}, codes
+
+
+def test_the_operator_access_line_says_which_backend_failed_and_why(tmp_path: Path) -> None:
+    """What the client no longer reads is the operator's, per request: the access line of
+    a 503 (`unserved`) names the dead backend and how it failed; the client's body names
+    neither. A served request's line has no `unserved` field (the line's cost)."""
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "logging": {"format": "json", "level": "info", "access_log": True},
+        "backends": [backend(SECRET_ID, f"http://127.0.0.1:{free_port()}", "sim-model")],
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["*"]}],
+    }
+    process = GatewayProcess(config, tmp_path).start()
+    try:
+        with httpx.Client(base_url=process.url, timeout=30) as client:
+            response = client.post(
+                "/v1/chat/completions", json=CHAT, headers={"authorization": f"Bearer {TENANT_KEY}"}
+            )
+    finally:
+        process.stop()
+    assert response.status_code == 503, response.text
+    assert SECRET_ID not in response.text
+    request_id = response.headers["x-request-id"]
+    lines = [json.loads(line) for line in process.output().splitlines() if line.startswith("{")]
+    (line,) = [x for x in lines if x.get("event") == "request" and x["request_id"] == request_id]
+    assert line["status"] == 503
+    unserved = line["unserved"]
+    assert unserved.startswith(f"{SECRET_ID}: "), unserved
+    assert "connect" in unserved, unserved
+    assert len(unserved) <= UNSERVED_CHARS
+
+
+def test_a_served_request_has_no_unserved_field(sim: Sim, tmp_path: Path) -> None:
+    """The field is only on requests that no backend served."""
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "logging": {"format": "json", "level": "info", "access_log": True},
+        "backends": [backend(SECRET_ID, sim.url, "sim-model")],
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["*"]}],
+    }
+    process = GatewayProcess(config, tmp_path).start()
+    try:
+        with httpx.Client(base_url=process.url, timeout=30) as client:
+            response = client.post(
+                "/v1/chat/completions", json=CHAT, headers={"authorization": f"Bearer {TENANT_KEY}"}
+            )
+    finally:
+        process.stop()
+    assert response.status_code == 200, response.text
+    lines = [json.loads(line) for line in process.output().splitlines() if line.startswith("{")]
+    (line,) = [x for x in lines if x.get("event") == "request"]
+    assert line["backend"] == SECRET_ID
+    assert "unserved" not in line

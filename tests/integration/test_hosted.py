@@ -618,6 +618,10 @@ def test_fields_litellm_cannot_take_are_refused_before_sending(
         run(client, lambda: client.send("chat", {**chat(), field: value}, "public"))
     assert (caught.value.kind, caught.value.status, caught.value.param) == ("status", 400, param)
     assert "not sent" in caught.value.message and repr(value) not in caught.value.message
+    # The client's words name the field, not the provider the request was headed for.
+    public = caught.value.public
+    assert public.startswith("the request is not valid for this model's provider (not sent)")
+    assert "anthropic" not in public.lower() and repr(value) not in public
     assert env.anthropic.received == []
 
 
@@ -633,6 +637,11 @@ def test_litellm_local_rejection_keeps_a_safe_reason(env: Servers) -> None:
     assert "Invalid Message" in error.message
     for leak in (CANARY, "bogus", ANTHROPIC_KEY, env.anthropic_url, "litellm"):
         assert leak not in error.message
+    # What the client reads: the same reason, no provider named (the operator's has it).
+    assert error.public.startswith(
+        "the request is not valid for this model's provider (HTTP 400, not sent)"
+    )
+    assert "Invalid Message" in error.public and "anthropic" not in error.public.lower()
     assert env.anthropic.received == []
 
 
@@ -675,12 +684,16 @@ def test_a_request_litellm_rejects_is_a_400_upstream_bad_request(
     bad["messages"].append({"role": "bogus", "content": "x"})  # LiteLLM: not sent
     shapes = chat()
     shapes["messages"] = "hello"  # LiteLLM would fail on it as if the provider had
-    for doc in (bad, shapes):
+    field = {**chat(), "stop": [1, 2]}  # the gateway's own check (`prepare`): not sent
+    for doc in (bad, shapes, field):
         response = httpx.post(url, json=doc, headers=gateway.headers, timeout=30)
         assert response.status_code == 400, response.text
         error = response.json()["error"]
         assert error["code"] == "upstream_bad_request"
         assert "not sent" in error["message"] and "127.0.0.1" not in error["message"]
+        # The provider the request was headed for is a routing internal (docs/security.md).
+        assert "anthropic" not in error["message"].lower(), error["message"]
+    assert "stop" in error["message"] and error["param"] == "stop"  # which field, still
     assert len(env.anthropic.received) == sent  # nothing reached the provider
 
 
@@ -695,7 +708,7 @@ def test_a_provider_400_is_the_clients_400(
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["code"] == "upstream_bad_request"
-    assert error["message"] == "anthropic answered HTTP 400 (invalid_request_error)"
+    assert error["message"] == "the provider answered HTTP 400 (invalid_request_error)"
 
 
 # -- quiet and lazy ------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.errors import ErrorCode
 from gateway.upstream.errors import sanitize_upstream_message, translate_upstream_error
-from gateway.upstream.hosted_errors import local_reason
+from gateway.upstream.hosted_errors import hosted_error, local_reason, unnamed
 
 # Generous: the message takes milliseconds; the quadratic search took hours on this one.
 DEADLINE_S = 60.0
@@ -84,3 +84,65 @@ def test_a_field_index_is_not_taken_for_an_address() -> None:
     assert sanitize_upstream_message(said) == (
         "`messages[0].content[12]` must be a content part; see [backend] and [backend]"
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "provider", "expected"),
+    [
+        (
+            "Anthropic doesn't support tool_choice",
+            "anthropic",
+            "the provider doesn't support tool_choice",
+        ),
+        ("VertexAI needs a region", "vertex_ai", "the provider needs a region"),
+        ("vertex ai needs a region", "vertex_ai", "the provider needs a region"),
+        ("Invalid Message passed in", "anthropic", "Invalid Message passed in"),
+        ("anything", "", "anything"),
+    ],
+)
+def test_a_client_reads_no_provider_name(text: str, provider: str, expected: str) -> None:
+    """`unnamed`: LiteLLM's reason, as the client reads it, says "the provider"."""
+    assert unnamed(text, provider) == expected
+
+
+def test_a_local_refusal_names_the_provider_to_the_operator_only() -> None:
+    """LiteLLM refused the request unsent (a 4xx of its own): `message` (the operator's)
+    names the provider, `public` (the client's) does not, and keeps the reason."""
+    exc = _local(400, "litellm.BadRequestError: AnthropicException - Anthropic needs max_tokens. x")
+    error = hosted_error(exc, "anthropic")
+    assert error.message.startswith("the request is not valid for anthropic (HTTP 400, not sent)")
+    assert error.public == (
+        "the request is not valid for this model's provider (HTTP 400, not sent): "
+        "the provider needs max_tokens."
+    )
+
+
+class _LocalRefusal(Exception):
+    """What LiteLLM raises for a request it will not send: a status of its own, no wire."""
+
+    def __init__(self, status_code: int, text: str) -> None:
+        super().__init__(text)
+        self.status_code = status_code
+
+
+def _local(status: int, text: str) -> Exception:
+    return _LocalRefusal(status, text)
+
+
+@pytest.mark.parametrize(
+    ("message", "shown"),
+    [
+        (
+            "failed to load model /models/secret-70b/q4.gguf: bad magic",
+            "failed to load model [path]: bad magic",
+        ),
+        ('File "/srv/vllm/engine/core.py", line 3, in run', 'File "[path]", line 3, in run'),
+        ("use one and/or the other; a 1/2 chance", "use one and/or the other; a 1/2 chance"),
+    ],
+)
+def test_a_backend_file_path_is_not_shown(message: str, shown: str) -> None:
+    """A private backend's 400 that names a file on its machine (its model's, a
+    traceback's) reaches the client without the path."""
+    body = orjson.dumps({"error": {"message": message}})
+    error = translate_upstream_error(400, body)
+    assert error.message == f"the backend rejected the request: {shown}"
