@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import io
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -29,7 +31,9 @@ from tests.helpers.gateways import (
     Gateway,
     hosted_backend,
 )
+from tests.helpers.log_capture import rendered_logs
 from tests.helpers.raw_backend import Answer, Post, RawBackend, json_answer
+from tests.helpers.waiting import until
 
 pytestmark = LITELLM_WARNINGS
 
@@ -202,16 +206,23 @@ def test_an_answer_in_a_content_coding_is_refused_unread(
 
     asked: list[bytes] = []
     provider = start_raw(answer)
-    gateway = hosted_gateway(start_gateway, tmp_path, provider)
-    response = httpx.post(
-        gateway.url + "/v1/chat/completions",
-        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
-        headers=gateway.headers,
-        timeout=120,
-    )
+    with rendered_logs() as logs:
+        gateway = hosted_gateway(start_gateway, tmp_path, provider)
+        response = httpx.post(
+            gateway.url + "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            headers=gateway.headers,
+            timeout=120,
+        )
+        request_id = response.headers["x-request-id"]
+        until(lambda: _access_line(logs, request_id) is not None, "the request's access line")
     assert asked == [b"identity"]
     assert response.status_code == 503, response.text
-    assert "openai answered in a content coding, not identity" in response.text
+    # the client's 503 names no provider; the operator's access line says why
+    assert "openai" not in response.text and "content coding" not in response.text
+    line = _access_line(logs, request_id)
+    assert line is not None
+    assert "openai answered in a content coding" in line["unserved"], line
 
 
 def test_an_answer_within_the_bound_is_served(
@@ -276,3 +287,13 @@ def test_a_provider_litellm_reaches_over_aiohttp_itself_is_not_sent_to(
     assert info.value.kind == "protocol"  # this backend cannot serve: another may
     assert "over aiohttp directly" in info.value.message
     assert provider.connections == 0 and written[0] == 0  # nothing sent, nothing read
+
+
+def _access_line(logs: io.StringIO, request_id: str) -> dict[str, Any] | None:
+    """The access line of request `request_id` in the rendered JSON `logs`, if written."""
+    for text in logs.getvalue().splitlines():
+        if text.startswith("{"):
+            line: dict[str, Any] = orjson.loads(text)
+            if line.get("event") == "request" and line.get("request_id") == request_id:
+                return line
+    return None
