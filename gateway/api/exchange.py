@@ -290,19 +290,32 @@ async def end_stream(
     left (`CancelledError`, recorded 499 with what it was sent), never as one that ended.
 
     `now`: at once, for the gateway's forced shutdown: no charge made first, and the
-    receipt line only if the receipt was signed already."""
+    receipt line only if the receipt was signed already.
+
+    Without a receipt line (its signing failed), the line end and blank line that end
+    the backend's last event, if the relayed bytes end inside one (`event_break`): the
+    record read that event, and the client's SDK dispatches it only at a blank line.
+    They are in the response commitment then (the record is written after this), so a
+    stream without a receipt line is committed to as received, all of it."""
     trail = exchange.trail
     if now:
         receipt = None if trail is None else trail.receipt_now()
     else:
         await settle(exchange)
         receipt = await trail.sealed_receipt() if trail is not None else None
-    line = b": owngate-receipt " + base64.b64encode(receipt) + b"\n\n" if receipt else b""
-    if line_open:
-        line = b"\n" + line
+    closing = b""
+    if receipt:
+        line = b": owngate-receipt " + base64.b64encode(receipt) + b"\n\n"
+        if line_open:
+            line = b"\n" + line
+    else:  # no receipt line: the backend's last event is ended all the same, as the
+        # record read it (`EventReader.finish`), so its client dispatches it too
+        line = closing = event_break(exchange)
     await send({"type": "http.response.body", "body": line, "more_body": False})
     if client_left(exchange):
         raise asyncio.CancelledError  # the proxy absorbs it: its client left (499)
+    if closing and exchange.trail is not None:  # committed to: all the client received
+        exchange.trail.relayed(closing)
     exchange.ended = True
 
 

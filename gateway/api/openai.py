@@ -219,6 +219,7 @@ class TenantSurface:
             # The relayed bytes may end inside an event (the backend was cut mid-write):
             # the error is an event of its own, as when the backend breaks off.
             await send_error_event(send, error, before=event_break(exchange))
+            exchange.relayed_before, exchange.last_relayed = b"", b"\n\n"  # an event boundary
             if wait:
                 try:
                     await end_stream(send, exchange)

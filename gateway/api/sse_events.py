@@ -17,7 +17,8 @@ top (its `event == "error"` test inside that branch can never hold). Other event
 So a usage chunk written over several `data:` lines is one JSON document to the client,
 and two usage documents in one event are none (their join does not parse). A stream's
 last event, left without its blank line by the backend, is dispatched too: the gateway's
-own bytes after it (its receipt line or its error event) end with one.
+own bytes after it (its receipt line, its error event, or with neither the line ends
+`exchange.end_stream` writes) end with one.
 
 Exact whatever the reads: every event is parsed once, as the SDK parses it, so one whose
 data is not JSON (`data: {x`, which holds nothing a search could pick it by) stops the
@@ -41,7 +42,9 @@ not JSON (a `thread.*` one too). An event whose data is past the bounds the gate
 reads within (`usage_read.PastBounds`: nested deeper than 512, say) may show the client a
 usage: the usage is then unknown (`usage` None, `unknown` set) until a later event shows
 one, never an earlier event's; one whose data holds no marker (`_worth`) cannot show one,
-and leaves the usage as it was.
+and leaves the usage as it was. A usage object with a count that is no JSON integer
+(`3.9`, `"3"`, `true`) is shown to the client as it is: the usage is then none, never an
+earlier event's (docs/provenance.md).
 """
 
 from __future__ import annotations
@@ -92,13 +95,16 @@ class EventReader:
 
     def __init__(self, *, max_event: int = _MAX_EVENT) -> None:
         self.usage: dict[str, int] | None = None  # the last usage shown
-        # an event past the read bounds came after the last usage read: it may show one
+        # an event past the read bounds came after the last usage read (it may show one),
+        # or the last usage shown has a count that is not an integer: no usage to state
         self.unknown = False
         self.error_event = False  # an error event of the backend's was read (the SDK raised)
         self.stopped = False  # `[DONE]` or an error event: the SDK reads no further
         self._max_event = max_event
         self._raw = b""  # the unfinished event's bytes, from its start
         self._over = False  # inside an event let go past `max_event`
+        # `usage` and `unknown` before that event was let go
+        self._before_over: tuple[dict[str, int] | None, bool] = (None, False)
         self._tail = b""  # a UTF-8 character's first bytes, its rest in the next read
         self._id = False  # the SDK's last event id is set: a blank line dispatches
         # the bytes read so far end with a CR, maybe a CRLF's first half: an LF starting
@@ -126,7 +132,7 @@ class EventReader:
             if bad is not None:
                 if bad > 0:
                     self._take(data[:bad])
-                self.stopped = True
+                self._raise_inside()
                 return
         if not self._raw and not self._over:
             if one_line:  # (the caller tested it: one event, `data: {`, LF, no field)
@@ -150,8 +156,8 @@ class EventReader:
                             self.error_event = self.stopped = True
                         elif doc.get("usage") is None:
                             self._learn(data[6:-2])
-                        elif (counts := counts_in(doc, data[6:-2])) is not None:
-                            self.usage, self.unknown = counts, False
+                        else:
+                            self._shown(doc, data[6:-2])
                         return
                 self._dispatch([data[6:-2]], b"", False)
                 return
@@ -176,6 +182,7 @@ class EventReader:
         rest = buffer[cut:]
         if len(rest) > self._max_event:  # let go unread: the usage it may hold is unknown
             self._raw, self._over = rest[-1:], True
+            self._before_over = self.usage, self.unknown
             self.usage, self.unknown = None, True
         else:
             self._raw = rest
@@ -187,10 +194,18 @@ class EventReader:
         bytes after the backend's end it)."""
         rest, self._raw = self._raw, b""
         if self._tail:  # a character cut short: its line raises before any dispatch
-            self.stopped = True
+            self._raise_inside()
             return
         if rest and not self._over and not self.stopped:
             self._read(_lines(rest), dispatch=True)
+
+    def _raise_inside(self) -> None:
+        """The SDK raises at a line that is not UTF-8, here: it reads no further, and an
+        event let go past `max_event` that the line is in is one it never dispatched
+        (the line comes before its blank line), so it showed no usage."""
+        self.stopped = True
+        if self._over:
+            self.usage, self.unknown = self._before_over
 
     def _not_utf8(self, data: bytes) -> int | None:
         """Where in `data` the first byte that is not UTF-8 is (negative: a character
@@ -244,8 +259,8 @@ class EventReader:
                         if doc.get("usage") is None:
                             self._learn(value)
                             head, foot, cut = self._head, self._foot, self._cut
-                        elif (counts := counts_in(doc, value)) is not None:
-                            self.usage, self.unknown = counts, False
+                        else:
+                            self._shown(doc, value)
                     continue
             else:
                 self._dispatch([value], b"", False)
@@ -335,9 +350,15 @@ class EventReader:
         if doc.get("error"):  # the SDK's test: a truthy `error`
             self.error_event = self.stopped = True
             return
-        counts = counts_in(doc, joined)
-        if counts is not None:
-            self.usage, self.unknown = counts, False
+        self._shown(doc, joined)
+
+    def _shown(self, doc: dict[str, object], value: bytes) -> None:
+        """`doc` (parsed from `value`) is shown to the client: a `usage` object in it is
+        the last usage shown, its counts, or none when a count is not a JSON integer
+        (`3.9`, `"3"`: the SDK shows it as it is; never an earlier usage's counts)."""
+        if isinstance(doc.get("usage"), dict):
+            counts = counts_in(doc, value)
+            self.usage, self.unknown = counts, counts is None
 
 
 def one_data_line(data: bytes) -> bool:

@@ -241,10 +241,13 @@ def _usage(data: bytes, *, whole: bool) -> Usage | None:
             return None
         except ValueError:
             continue
-        # Counts as the backend wrote them, or none: "3", 3.9 or true is no count.
+        # Counts as the backend wrote them, or none: "3", 3.9 or true is no count, and the
+        # client was shown that usage object: none, never an earlier chunk's.
+        if not isinstance(doc, dict) or not isinstance(doc.get("usage"), dict):
+            continue
         counts = counts_in(doc, candidate, line=not one)
         if counts is None:
-            continue
+            return None
         try:
             return Usage(**counts)
         except RecordError:  # negative, or past 2**53

@@ -275,9 +275,13 @@ def audit(
         findings.append("no response commitment for an answer the client got")
     elif commitment is not None and not opened:
         findings.append("the response commitment does not open with the bytes received")
-    # Usage as shown, where its counts are whole numbers (docs: other counts are none).
+    # Usage as shown last, where its counts are whole numbers; one whose counts are not
+    # (3.9, "3") is none, never an earlier one (docs: no count is made of them).
     names = ("prompt_tokens", "completion_tokens", "total_tokens")
-    shown = [u for u in _usage_seen(received) if all(type(u.get(n, 0)) is int for n in names)]
-    if shown and completion["usage"] != {name: shown[-1].get(name, 0) for name in names}:
-        findings.append(f"usage {completion['usage']} in the record, {shown[-1]} shown")
+    seen = _usage_seen(received)
+    if seen and not all(type(seen[-1].get(n, 0)) is int for n in names):
+        if completion["usage"] is not None:
+            findings.append(f"usage {completion['usage']} in the record, {seen[-1]} shown")
+    elif seen and completion["usage"] != {name: seen[-1].get(name, 0) for name in names}:
+        findings.append(f"usage {completion['usage']} in the record, {seen[-1]} shown")
     return findings

@@ -65,6 +65,11 @@ STREAMS: dict[str, tuple[tuple[bytes, ...], bytes]] = {
     "c-done-two-spaces": (stopped_at(b"data:  [DONE]\n\n"), SMALL),
     "c-usage-cut-short": (stopped_at(b'data: {"usage":{"prompt_tokens":5}\n\n'), SMALL),
     "c-two-usage-documents": (stopped_at(usage_chunk(SMALL)[:-1]), SMALL),
+    # not a stop: the last usage shown has a count that is no integer (none, not SMALL's)
+    "float-count-last": (
+        chunked(EVENT, usage_chunk(SMALL), usage_chunk(b'{"prompt_tokens":3.9}'), DONE),
+        b"null",
+    ),
 }
 
 

@@ -13,7 +13,9 @@ backend's `data: x` and the gateway's LF read exactly like a backend's `data: x\
 `committed_bodies` gives every candidate, the most likely first: each is the received
 bytes with some of the gateway's trailing additions taken off, never anything else, so
 a commitment that opens with one of them covers bytes the client received, up to where
-the gateway's own additions begin. A body without a receipt line is its own candidate.
+the gateway's own additions begin. A body without a receipt line is its own candidate
+(without one, the line ends the gateway wrote to end the backend's last event are
+committed to: gateway/api/exchange.py `end_stream`).
 
 An answer the backend countersigned is whole (the sidecar signs no stream that broke
 off), so the gateway wrote nothing after its bytes but the receipt line:
