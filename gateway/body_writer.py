@@ -139,6 +139,22 @@ class BodyWriter:
         cycle = self._cycle()
         return cycle is not None and cycle.flow.write_paused
 
+    def abort(self) -> None:
+        """End the response by dropping the connection, marked as the gateway's cut
+        (`dropped`): for an answer whose head went out and whose body never will (a whole
+        answer cut while its body waited for room), which no ASGI message can end: an
+        empty last body would fall short of its content-length, and uvicorn would raise.
+        The cycle counts as disconnected at once, as when the client leaves, so uvicorn
+        takes the app's return for the end of the request, not an unfinished response."""
+        cycle = self._cycle()
+        if cycle is None or cycle.disconnected:
+            return
+        self.dropped = True
+        self._on_gone = None  # the gateway's cut, not a client that left
+        cycle.disconnected = True
+        cycle.message_event.set()
+        cycle.transport.abort()
+
     async def drain(self) -> None:
         """Wait until the client may be written to again (or is gone)."""
         cycle = self._cycle()

@@ -189,7 +189,8 @@ class TenantSurface:
     async def _cut(self, exchange: Exchange, send: Send, *, wait: bool) -> None:
         """The gateway is shutting down with this request still running: end it cleanly
         with the 503 its completion record says (a stream gets an error event, its
-        receipt and a proper end; others a 503). `wait`: the app's own cut (its drain
+        receipt and a proper end; a whole answer whose head went out, its connection
+        closed; others a 503). `wait`: the app's own cut (its drain
         deadline passed) waits for the receipt; uvicorn's forced shutdown (a second
         signal, or its graceful timeout: it cancels every request still running), or one
         that cancels the wait, gets the answer at once, with the receipt only if it was
@@ -229,6 +230,15 @@ class TenantSurface:
                     if client_left(exchange):  # it got nothing more: recorded 499
                         raise
             await end_stream(send, exchange, now=True)
+            return
+        writer = exchange.writer
+        if writer is not None and not writer.body_sent:
+            # A whole answer whose head went out alone (after a `100 Continue`) and whose
+            # body's send waited for room: no body can follow (its record commits to
+            # none), and an empty one would fall short of its content-length (uvicorn
+            # raised, logging a traceback). The connection is closed: the client sees
+            # the cut its record says.
+            writer.abort()
             return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -393,10 +403,12 @@ async def _answer_taken(exchange: Exchange, answer: Held) -> None:
     client has taken the answer: a client that reads slower than it is answered leaves
     the answer in its connection's write buffer, which holds it until the client has
     read all but the buffer's low-water mark, it leaves, or `listen.write_timeout_s`
-    cuts it off."""
+    cuts it off. An answer that did not end (a cut: its body never went out) is in no
+    buffer: no wait (before, a drain deadline's cut waited here on a client that reads
+    nothing, until uvicorn's own shutdown timeout cancelled it again)."""
     try:
         writer = exchange.writer
-        if answer.size and writer is not None and writer.write_paused:
+        if answer.size and exchange.ended and writer is not None and writer.write_paused:
             await writer.drain()
     except asyncio.CancelledError:
         if not exchange.ended:

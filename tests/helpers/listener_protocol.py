@@ -23,6 +23,7 @@ class RecordingTransport:
         self.writes: list[bytes] = []
         self.closing = False
         self.eof = False
+        self.aborted = False
 
     def write(self, data: bytes) -> None:
         assert not self.closing, "written after close"
@@ -38,6 +39,9 @@ class RecordingTransport:
 
     def close(self) -> None:
         self.closing = True
+
+    def abort(self) -> None:
+        self.closing = self.aborted = True
 
     def is_closing(self) -> bool:
         return self.closing

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import weakref
 from typing import Any
 
 import httptools
+import pytest
 
 from gateway.body_writer import BodyWriter, body_writer
 from gateway.coalescing import HeadCoalescer
@@ -226,3 +228,30 @@ def _cycle_of(writer: BodyWriter) -> Any:
     cycle = writer._cycle()
     assert cycle is not None
     return cycle
+
+
+def test_abort_ends_a_sized_answer_whose_head_went_out_by_dropping_the_connection(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A whole answer cut after its head (`TenantSurface._cut`): no ASGI message can end it
+    # (an empty last body falls short of its content-length), so the connection is dropped,
+    # as the gateway's cut, and uvicorn takes the app's return as the request's end.
+    transport = RecordingTransport()
+    seen: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"2")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        writer = body_writer(scope)
+        assert writer is not None
+        await asyncio.sleep(0)  # the held head goes out at the end of the turn
+        seen.append(writer.head_sent and not writer.body_sent)
+        writer.abort()
+        seen.extend([writer.dropped, writer.gone])
+
+    with caplog.at_level(logging.INFO, logger="uvicorn.error"):
+        wire = _serve(app, transport=transport)
+    assert seen == [True, True, True]
+    assert transport.aborted
+    assert wire.startswith(b"HTTP/1.1 200 OK\r\n") and wire.endswith(b"\r\n\r\n"), wire
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text

@@ -1,0 +1,195 @@
+"""`owngate serve` draining (SIGTERM, no forced shutdown) while a keep-alive client reads
+nothing: its drain deadline cuts a whole answer whose head went out alone (the request
+asked `Expect: 100-continue`, so `100 Continue` was the cycle's first write) and whose
+body's send waits for room. The record says 503 and commits to none of the answer (the
+flakecut fix, `send_whole`); the client must see that cut: its connection closed.
+
+Before, the cut (`TenantSurface._cut`) ended that response with an empty last body,
+short of the content-length its head declared: once the client read, uvicorn raised
+"Response content shorter than Content-Length" and logged "Exception in ASGI
+application" with its traceback.
+
+The gateway runs with a hook (`HOOK`, its `sitecustomize`), as in
+tests/integration/test_shutdown_unread.py: it shrinks the connection's kernel send
+buffer, sets the write-buffer high-water mark just above what the first answer left
+unsent when the second's head is written alone, so the head fills the buffer and the
+body's send waits with the head handed to the connection, and says when that wait began
+and when the drain's cut reached the request. The client reads only after that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+from gateway.provenance import write_signing_key
+from gateway.tenants import hash_api_key
+from tests.helpers.gateways import backend
+from tests.helpers.log_truth import ORIGIN
+from tests.helpers.net import free_port
+from tests.helpers.processes import GatewayProcess
+from tests.helpers.provenance import records
+from tests.helpers.raw_backend import Answer, Post, RawBackend
+from tests.helpers.waiting import until
+
+KEY = "og-drain-head-test-key-0123456789abcdef"
+
+
+def _answer(content: str) -> bytes:
+    return json.dumps(
+        {
+            "id": "c",
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+    ).encode()
+
+
+# Far more than a 4 KiB kernel send buffer and the client's 64 KiB receive buffer hold.
+BIG, SMALL = _answer("x" * (1 << 20)), _answer("ok")
+HOOK = """
+import socket
+import sys
+
+from gateway import coalescing
+from gateway.api import openai, passthrough
+
+_write = coalescing.HeadCoalescer.write
+_send_whole = passthrough.send_whole
+_cut = openai.TenantSurface._cut
+
+
+def _say(what):
+    print("drain-hook: " + what, file=sys.stderr, flush=True)
+
+
+def write(self, data):
+    transport = self._transport
+    if not self._started:  # an answer's first write: the first answer fits unpaused
+        sock = transport.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        transport.set_write_buffer_limits(high=64 << 20)
+    elif self._held is None and data.startswith(b"HTTP/1.1 200"):
+        # A head written on its own (after `100 Continue`): it lands past the mark.
+        transport.set_write_buffer_limits(high=transport.get_write_buffer_size() + 1, low=0)
+    _write(self, data)
+
+
+async def send_whole(send, ex, *args):
+    async def watched(message):
+        if message["type"] == "http.response.body" and ex.writer.write_paused:
+            _say("a whole answer's body waits for room after its head")
+        await send(message)
+
+    await _send_whole(watched, ex, *args)
+
+
+async def cut(self, ex, send, *, wait):
+    _say("the drain's cut reached the request")
+    await _cut(self, ex, send, wait=wait)
+
+
+coalescing.HeadCoalescer.write = write
+passthrough.send_whole = send_whole
+openai.TenantSurface._cut = cut
+"""
+
+
+def _read_all(sock: socket.socket) -> tuple[bytes, bool]:
+    """What the client reads until its connection ends (bounded), and whether it ended."""
+    got = bytearray()
+    sock.settimeout(30)
+    for _ in range(4096):  # 1 MiB and a head, 64 KiB a read at least
+        try:
+            piece = sock.recv(1 << 16)
+        except ConnectionResetError:
+            return bytes(got), True
+        except TimeoutError:
+            return bytes(got), False
+        if not piece:
+            return bytes(got), True
+        got.extend(piece)
+    return bytes(got), False
+
+
+def test_a_drain_cut_of_a_body_whose_head_went_alone_closes_the_connection_quietly(
+    start_raw: Callable[[Answer], RawBackend], tmp_path: Path
+) -> None:
+    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
+        body = BIG if b"first" in post.body else SMALL
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % len(body) + body)
+        await writer.drain()
+        return False
+
+    raw = start_raw(answer)
+    write_signing_key(tmp_path / "log.key", ORIGIN)
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port(), "write_timeout_s": 600},
+        "logging": {"format": "json", "level": "info", "access_log": True},
+        "limits": {"drain_timeout_s": 1, "max_held_answer_bytes": 64 << 20},
+        "backends": [backend("gpu", raw.url, "m")],
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+        "provenance": {"dir": "log", "origin": ORIGIN, "signing_key_file": "log.key"},
+    }
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(HOOK)
+    path = os.pathsep.join(p for p in (str(tmp_path / "hook"), os.environ.get("PYTHONPATH")) if p)
+    gateway = GatewayProcess(config, tmp_path, env={"PYTHONPATH": path}).start()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+    sock.connect(("127.0.0.1", gateway.port))
+
+    def req(text: str, extra: bytes = b"") -> bytes:
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}]}).encode()
+        head = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"authorization: Bearer " + KEY.encode() + b"\r\ncontent-length: %d\r\n" % len(body)
+        )
+        return head + extra + b"\r\n" + body
+
+    try:
+        sock.sendall(req("first"))
+        until(lambda: len(raw.posts) == 1, "first asked", timeout=30)
+        sock.sendall(req("second", b"expect: 100-continue\r\n"))
+        until(lambda: len(raw.posts) == 2, "second asked", timeout=30)
+        waits = "a whole answer's body waits for room after its head"
+        until(lambda: waits in gateway.stderr(), waits, timeout=30, detail=gateway.output)
+        assert gateway.proc is not None
+        gateway.proc.send_signal(signal.SIGTERM)  # a drain only: its deadline cuts
+        cut = "the drain's cut reached the request"
+        until(lambda: cut in gateway.stderr(), cut, timeout=30, detail=gateway.output)
+        got, ended = _read_all(sock)  # the client reads now: before, uvicorn then raised
+        code = gateway.wait(30)
+    finally:
+        sock.close()
+        gateway.stop()
+    assert code == 0, gateway.output()
+    assert ended, got[-300:]  # the connection was closed, not left hanging
+    # The second answer's head may have reached the client, never all of its body.
+    second = got.find(b"HTTP/1.1 200", 1)
+    if second >= 0:
+        head, _, body = got[second:].partition(b"\r\n\r\n")
+        assert b"content-length: %d" % len(SMALL) in head.lower(), head
+        assert len(body) < len(SMALL), got[second:]
+    printed = gateway.stdout() + gateway.stderr()
+    assert "Traceback" not in printed and "Exception in ASGI" not in printed, printed[-3000:]
+    assert "shorter than Content-Length" not in printed, printed[-3000:]
+    lines = [json.loads(line) for line in printed.splitlines() if line.startswith("{")]
+    assert not [line for line in lines if line.get("level") in ("error", "critical")], lines
+    logged = records(tmp_path / "log")
+    ids = list(dict.fromkeys(r["request_id"] for r in logged))
+    assert len(ids) == 2, logged
+    first = [r for r in logged if r["request_id"] == ids[0]]
+    assert [(r["type"], r.get("status")) for r in first][-1] == ("completion", 200), first
+    records_of_second = [r for r in logged if r["request_id"] == ids[1]]
+    assert [r["type"] for r in records_of_second] == ["dispatch", "completion"]
+    # The drain's cut (503), committed to none of the answer: the client got none of it.
+    assert records_of_second[1]["status"] == 503, records_of_second
+    assert records_of_second[1]["response_commitment"] is None, records_of_second
