@@ -24,8 +24,8 @@ def _relay(reads: list[bytes], *, strip: bool) -> tuple[bytes, object, bool]:
 def test_an_empty_read_between_a_held_back_event_s_cr_and_lf_adds_no_blank_line() -> None:
     """Strip mode: a usage chunk ending in CRLF CR (its blank line's LF in the next read)
     is held back, and the LF that starts the next read is dropped with it. An empty read
-    between them went through the whole event split and forgot that LF: the client got a
-    blank line the backend never sent."""
+    between them went through the whole event split and forgot that LF: what was relayed
+    depended on where the watch's input was cut (one blank line more)."""
     reads = [_USAGE + b"\r\n\r", b"\n" + _TOKEN + b"\n\n"]
     want = _relay(reads, strip=True)
     assert want[0] == _TOKEN + b"\n\n"
