@@ -47,6 +47,14 @@ class _Connection(asyncio.Protocol):
         # The loop it runs on, set by the pool once connected: a response asks it, not
         # `asyncio.get_running_loop()`, whose fork check is a `getpid` system call each time.
         self.loop: asyncio.AbstractEventLoop | None = None
+        # The body bytes of the read being parsed: the parser calls `on_body` once per HTTP
+        # chunk (a stream's every event), the response takes them once per read. `on_body`
+        # is the list's own `append` (a C method: no Python frame per event); the parser
+        # looks it up once, as it is made. `_ended_at`: how many of them came before the
+        # response's end in this read (-1: it did not end), the rest are dropped.
+        self._body: list[bytes] = []
+        self.on_body = self._body.append
+        self._ended_at = -1
         self.parser = httptools.HttpResponseParser(self)
         self.response: UpstreamResponse | None = None
         self.closed = False
@@ -60,9 +68,6 @@ class _Connection(asyncio.Protocol):
         # then chunk framing and trailers): at most `MAX_HEAD` in a row
         self.quiet_bytes = 0
         self._poller: select.poll | None = None  # `unread()`'s, made at its first call
-        # The body bytes of the read being parsed: the parser calls `on_body` once per HTTP
-        # chunk (a stream's every event), the response takes them once per read.
-        self._body: list[bytes] = []
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -76,7 +81,7 @@ class _Connection(asyncio.Protocol):
             self._out_of_step()
             return
         response = self.response
-        self.quiet_bytes += len(data)  # `on_body` starts it over
+        self.quiet_bytes += len(data)  # a body byte in the read starts it over
         error = None
         try:
             self.parser.feed_data(data)
@@ -86,9 +91,15 @@ class _Connection(asyncio.Protocol):
             error = UpstreamError("protocol", f"bad HTTP response: {exc}")
         body = self._body
         if body:  # what the read carried of the body, handed on before any failure
-            piece = body[0] if len(body) == 1 else b"".join(body)
-            body.clear()
-            response._push(piece)
+            self.quiet_bytes = 0
+            if self._ended_at >= 0:  # never appended to an answer that already ended
+                del body[self._ended_at :]
+                self._ended_at = -1
+            if body:
+                piece = body[0] if len(body) == 1 else b"".join(body)
+                body.clear()
+                response._push(piece)
+        self._ended_at = -1
         if error is not None:
             response._fail(error)
             self.close()
@@ -192,13 +203,6 @@ class _Connection(asyncio.Protocol):
         self.close_delimited = not has_length and status not in _NO_BODY
         response._wake()
 
-    def on_body(self, body: bytes) -> None:
-        self.quiet_bytes = 0
-        response = self.response
-        if response is None or response.complete:
-            return  # never appended to an answer that already ended
-        self._body.append(body)  # `data_received` hands the read's body on in one piece
-
     def on_message_complete(self) -> None:
         response = self.response
         if response is None or response.complete:
@@ -207,6 +211,7 @@ class _Connection(asyncio.Protocol):
             self.interim = False
             return
         response.complete = True
+        self._ended_at = len(self._body)  # (`data_received` hands on the body before it)
         response._keep_alive = self.parser.should_keep_alive()
         response._wake()
 

@@ -71,13 +71,14 @@ def test_a_paced_stream_goes_out_by_the_body_writer_and_its_receipt_verifies(
 
 # The Python calls (functions, not C methods) one read of a paced stream costs the
 # logged gateway, from the backend connection's read callback to the client's write and
-# the record's hash: `data_received`, `on_body`, `_push`; `_to_sink`, the relay's sink,
+# the record's hash: `data_received`, `_push`; `_to_sink`, the relay's sink,
 # the comment filter, the stream watch and its event reader (what the client's SDK reads,
 # for the record), the writer. Each was once more: the buffer's `_take` and `_resume`,
 # `Attempt.answered`, `relayed`, `write_paused`, `HeadCoalescer.write` passing every
 # chunk on, and `Trail.relayed` keeping a tail that a private stream's record never reads
-# (its usage is the one the event reader read): the sink hashes the chunk itself.
-READ_CALLS = 9
+# (its usage is the one the event reader read): the sink hashes the chunk itself; and
+# `on_body`, now the body list's own `append` (a C method).
+READ_CALLS = 8
 
 
 class _ReadCalls:

@@ -4,7 +4,8 @@ each its own chunk): `_Connection.on_body` gathers, `data_received` hands on."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import sys
+from types import FrameType, SimpleNamespace
 from typing import Any, cast
 
 from gateway.upstream.connection import _Connection
@@ -56,3 +57,40 @@ def test_the_body_bytes_before_broken_framing_come_before_the_error() -> None:
     assert list(response._chunks) == [b"".join(events)]
     assert response._error is not None and response._error.kind == "protocol"
     assert conn.closed
+
+
+def test_a_read_of_many_chunks_runs_no_python_per_chunk() -> None:
+    """httptools calls `on_body` once per HTTP chunk (a coalesced stream's every event):
+    it is the body list's own `append`, so a read of 64 events makes no Python call per
+    event (it was a Python method, ~1,000 instructions each)."""
+    conn, _, pushed = _connection()
+    conn.data_received(_HEAD + _chunks(_events(0, 1)))
+    events = _events(1, 64)
+    read = _chunks(events)
+    calls: list[str] = []
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call":
+            calls.append(frame.f_code.co_qualname)
+
+    sys.setprofile(profile)
+    try:
+        conn.data_received(read)
+    finally:
+        sys.setprofile(None)
+    assert pushed[-1] == b"".join(events)
+    assert len(calls) < 8, calls  # data_received, the response's push: not per event
+
+
+def test_body_after_the_response_s_end_in_the_same_read_is_dropped() -> None:
+    """A second response's body in the read that ended the first never joins the first
+    one's body: the connection is out of step and dropped."""
+    conn, response, pushed = _connection()
+    events = _events(0, 2)
+    extra = _HEAD + _chunks([b"data: smuggled\n\n"])
+    conn.data_received(_HEAD + _chunks(events) + b"0\r\n\r\n" + extra)
+    assert response.complete
+    assert pushed == [b"".join(events)]
+    assert b"".join(response._chunks) == b"".join(events)
+    assert conn.closed
+    assert conn._body == []
