@@ -139,13 +139,16 @@ class BodyWriter:
         cycle = self._cycle()
         return cycle is not None and cycle.flow.write_paused
 
-    def abort(self) -> None:
-        """End the response by dropping the connection, marked as the gateway's cut
+    def close(self) -> None:
+        """End the response by closing the connection, marked as the gateway's cut
         (`dropped`): for an answer whose head went out and whose body never will (a whole
         answer cut while its body waited for room), which no ASGI message can end: an
         empty last body would fall short of its content-length, and uvicorn would raise.
-        The cycle counts as disconnected at once, as when the client leaves, so uvicorn
-        takes the app's return for the end of the request, not an unfinished response."""
+        Closed, not aborted: what the connection still buffers (a keep-alive connection's
+        earlier answer, which its record says the client got, and this head) goes out
+        first, as uvicorn's own shutdown closes a connection. The cycle counts as
+        disconnected at once, as when the client leaves, so uvicorn takes the app's return
+        for the end of the request, not an unfinished response."""
         cycle = self._cycle()
         if cycle is None or cycle.disconnected:
             return
@@ -153,7 +156,7 @@ class BodyWriter:
         self._on_gone = None  # the gateway's cut, not a client that left
         cycle.disconnected = True
         cycle.message_event.set()
-        cycle.transport.abort()
+        cycle.transport.close()
 
     async def drain(self) -> None:
         """Wait until the client may be written to again (or is gone)."""

@@ -27,8 +27,7 @@ __all__ = ["HeadCoalescer"]
 
 class HeadCoalescer:
     """What a `RequestResponseCycle` uses of its transport (`write`, `close`,
-    `is_closing`; `abort` for `BodyWriter.abort`), holding its first write back for at
-    most the loop's current turn."""
+    `is_closing`), holding its first write back for at most the loop's current turn."""
 
     __slots__ = ("_held", "_loop", "_started", "_transport")
 
@@ -67,11 +66,6 @@ class HeadCoalescer:
     def close(self) -> None:
         self.flush()
         self._transport.close()
-
-    def abort(self) -> None:
-        """Drop the connection at once, what is held or buffered unsent."""
-        self._held = None
-        self._transport.abort()
 
     def is_closing(self) -> bool:
         return self._transport.is_closing()

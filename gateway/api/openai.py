@@ -236,9 +236,10 @@ class TenantSurface:
             # A whole answer whose head went out alone (after a `100 Continue`) and whose
             # body's send waited for room: no body can follow (its record commits to
             # none), and an empty one would fall short of its content-length (uvicorn
-            # raised, logging a traceback). The connection is closed: the client sees
-            # the cut its record says.
-            writer.abort()
+            # raised, logging a traceback). The connection is closed, after what it
+            # still buffers (an earlier answer on it, which its record says went out):
+            # the client sees the cut this record says, and all of the earlier answer.
+            writer.close()
             return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 

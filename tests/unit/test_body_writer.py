@@ -230,12 +230,13 @@ def _cycle_of(writer: BodyWriter) -> Any:
     return cycle
 
 
-def test_abort_ends_a_sized_answer_whose_head_went_out_by_dropping_the_connection(
+def test_close_ends_a_sized_answer_whose_head_went_out_by_closing_the_connection(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # A whole answer cut after its head (`TenantSurface._cut`): no ASGI message can end it
-    # (an empty last body falls short of its content-length), so the connection is dropped,
-    # as the gateway's cut, and uvicorn takes the app's return as the request's end.
+    # (an empty last body falls short of its content-length), so the connection is closed
+    # (not aborted: what it buffers still goes out), as the gateway's cut, and uvicorn
+    # takes the app's return as the request's end.
     transport = RecordingTransport()
     seen: list[Any] = []
 
@@ -246,12 +247,12 @@ def test_abort_ends_a_sized_answer_whose_head_went_out_by_dropping_the_connectio
         assert writer is not None
         await asyncio.sleep(0)  # the held head goes out at the end of the turn
         seen.append(writer.head_sent and not writer.body_sent)
-        writer.abort()
+        writer.close()
         seen.extend([writer.dropped, writer.gone])
 
     with caplog.at_level(logging.INFO, logger="uvicorn.error"):
         wire = _serve(app, transport=transport)
     assert seen == [True, True, True]
-    assert transport.aborted
+    assert transport.closing and not transport.aborted
     assert wire.startswith(b"HTTP/1.1 200 OK\r\n") and wire.endswith(b"\r\n\r\n"), wire
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
