@@ -15,7 +15,7 @@ import ssl
 from collections.abc import Callable
 
 from gateway.upstream.connection import _Connection, ssl_reason
-from gateway.upstream.response import UpstreamError, out_of_resources
+from gateway.upstream.failures import UpstreamError, out_of_resources
 from gateway.upstream.tls import BackendTLS, Peer, TLSRejectedError
 
 __all__ = ["dial", "peer_of"]

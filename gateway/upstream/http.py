@@ -42,7 +42,8 @@ from urllib.parse import urlsplit
 
 from gateway.upstream.connection import MAX_HEAD, Connection, _Connection
 from gateway.upstream.dial import dial, peer_of
-from gateway.upstream.response import UpstreamError, UpstreamResponse
+from gateway.upstream.failures import UpstreamError
+from gateway.upstream.response import UpstreamResponse
 from gateway.upstream.sockets import BackendSockets
 from gateway.upstream.tls import BackendTLS, system_tls
 
