@@ -27,7 +27,8 @@ from gateway.api.app import GatewayApp
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.parts import Assembly
 from gateway.api.proxy import Proxy
-from gateway.api.recorder import Recorder, asks_new_log_origin
+from gateway.api.recorder import Recorder
+from gateway.api.recorder_log import asks_new_log_origin
 from gateway.api.reload import ConfigReloader
 from gateway.config.loader import ConfigError, load_config_text, referenced_variables
 from gateway.config.schema import GatewaySettings, StateSettings

@@ -16,13 +16,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from gateway.api.exchange import Exchange, cut_status
 from gateway.api.receipts import ReceiptStore
+from gateway.api.recorder_log import open_log
 from gateway.api.refusal import Refused
 from gateway.api.trail import Trail
 from gateway.canonical import canonical_json_of_plain
@@ -34,7 +34,6 @@ from gateway.policy import Decision
 from gateway.provenance import (
     BackendRef,
     LogEntry,
-    LogSettings,
     LogUnavailableError,
     PolicyRef,
     ProvenanceError,
@@ -49,37 +48,14 @@ from gateway.provenance import (
     commit_digest,
     completion_record,
     dispatch_record,
-    load_signer,
     make_receipt,
     refusal_record,
-    seal_receipts,
 )
-from gateway.provenance.writer.high_water import HighWater
 from gateway.provenance.writer.sealer import Seal
 from gateway.routing.registry import BackendState
 from gateway.upstream.tls import Peer
 
-__all__ = ["NEW_LOG_ORIGIN_ENV", "Recorder", "asks_new_log_origin", "log_settings", "usage_of"]
-
-# Set (to 1) by `owngate serve --new-log-origin`: the operator starts a new log under a new
-# origin, leaving behind the one the high-water file records (docs/provenance.md).
-NEW_LOG_ORIGIN_ENV = "OWNGATE_NEW_LOG_ORIGIN"
-
-
-def asks_new_log_origin(environ: Mapping[str, str]) -> bool:
-    """Whether `environ` says to start a new log under a new origin."""
-    return environ.get(NEW_LOG_ORIGIN_ENV, "").strip().lower() in ("1", "true", "yes")
-
-
-def log_settings(settings: ProvenanceSettings) -> LogSettings:
-    """The log's timings `provenance:` sets (raises ValueError for ones it refuses: none
-    that validate, by the config's bounds)."""
-    return LogSettings(
-        group_commit_ms=settings.group_commit_ms,
-        checkpoint_every=settings.checkpoint_every,
-        checkpoint_interval_ms=settings.checkpoint_interval_ms,
-        export_stall_after_ms=settings.export_stall_after_s * 1000.0,
-    )
+__all__ = ["Recorder", "usage_of"]
 
 
 class Recorder:
@@ -110,33 +86,11 @@ class Recorder:
 
     async def open(self) -> None:
         """Load the signing key and open the log (raises OSError or ProvenanceError)."""
-        settings, config_dir = self._settings, self._config_dir
-        signer = load_signer(config_dir / settings.signing_key_file)
-        previous = [load_signer(config_dir / f) for f in settings.previous_signing_key_files]
-        batched = settings.receipts == "batch"
-        self._log = await ProvenanceLog.open(
-            config_dir / settings.dir,
-            settings.origin,
-            signer,
-            cosigners=previous,
-            settings=log_settings(settings),
-            # v2 receipts: each seal gives its receipt's payload, one signature per batch
-            # (a receipt alone in its batch is v1: the same one signature, less to carry)
-            batch_seal=functools.partial(
-                seal_receipts, log=settings.origin, signer=signer, lone_v1=True
-            )
-            if batched
-            else None,
-            events=self._events,  # one line when writes or checkpoints fail, one when back
-            # an emptied or older log directory is refused, not forked (LogForkError)
-            high_water=HighWater(settings.high_water_path(config_dir), self._new_origin),
+        opened = await open_log(
+            self._settings, self._config_dir, new_origin=self._new_origin, events=self._events
         )
-        self._signer = signer if not batched else None
-        # The log's public keys (current and previous): what its receipts and
-        # checkpoints are checked against (the admin API's receipt verification).
-        self.verifiers = [signer.verifier(), *(key.verifier() for key in previous)]
-        # Keys a rotation retired: receipts they signed before it (admin receipt check).
-        self.retired_verifiers = [Verifier(vkey) for vkey in settings.retired_verifier_keys]
+        self._log, self._signer = opened.log, opened.signer
+        self.verifiers, self.retired_verifiers = opened.verifiers, opened.retired_verifiers
         self.opened = True
 
     @property

@@ -152,7 +152,7 @@ def _serve(
     new_log_origin: bool = False,
 ) -> int:
     from gateway.api.fleet import FleetMetrics
-    from gateway.api.recorder import NEW_LOG_ORIGIN_ENV
+    from gateway.api.recorder_log import NEW_LOG_ORIGIN_ENV
     from gateway.app import AssemblyError, create_app
     from gateway.serving import (
         STARTUP_FAILURE,

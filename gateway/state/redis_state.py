@@ -3,9 +3,10 @@
 Imported only when `state.backend` is `redis` (this module imports redis-py). Each
 admission is one EVALSHA (`lua.ACQUIRE`: concurrency, requests and tokens checked and
 charged atomically), each completion at most one (`lua.RELEASE`): redis_limits.py, with
-the slots it holds in redis_slots.py; revocations: redis_revocations.py. In-flight
-counters never touch Redis on the request path: a background sync (`lua.HEARTBEAT`, every
-`sync_interval_s`, on its own connection) refreshes this replica's lease, writes its
+the slots it holds in redis_slots.py; revocations: redis_revocations.py; budgets put
+back into a Redis that lost them: redis_restore.py. In-flight counters never touch Redis
+on the request path: a background sync (`lua.HEARTBEAT`, every `sync_interval_s`, on its
+own connection) refreshes this replica's lease, writes its
 in-flight counts, reads the other live replicas' sums (handed to `watch_peers`
 listeners: routing counts them) and the revocations. A replica that stops syncing loses
 its lease after `lease_ttl_s`, and its in-flight counts and concurrency slots stop
@@ -21,10 +22,8 @@ here raises for Redis trouble; `acquire` raises only `RateLimited`.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.logs import get_logger
@@ -41,6 +40,7 @@ from gateway.state.redis_keys import (
     text,
 )
 from gateway.state.redis_limits import RedisLimits
+from gateway.state.redis_restore import BudgetRestore
 from gateway.state.redis_revocations import RevokedKeys
 from gateway.state.redis_slots import HeldSlots
 from gateway.state.types import Admission, PeersListener, StateStatus, TenantLimits, TenantUse
@@ -85,7 +85,6 @@ class RedisState:
         self._sync_client = _client(url, self._sync_timeout_s, replica + ":sync")
         self._heartbeat_script = self._sync_client.register_script(lua.HEARTBEAT)
         self._leave_script = self._sync_client.register_script(lua.LEAVE)
-        self._restore_script = self._sync_client.register_script(lua.RESTORE)
         self._clock = clock
         self._ledger = Ledger(clock)
         self._slots = HeldSlots(replica, self._ledger)
@@ -110,10 +109,7 @@ class RedisState:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._leased = False  # a HEARTBEAT has given this replica a lease
-        self._epoch = ""  # the `epoch` key's value when this replica last restored
-        self._token = os.urandom(8).hex()  # this process's, in `restored` (lua.RESTORE)
-        self._restores = 0
-        self._pending: _RestoreRun | None = None  # a restore begun and not yet finished
+        self._restore_run = BudgetRestore(self._keys, self._sync_client, replica, clock)
         self.restore_batch = lua.RESTORE_BATCH  # the most rate keys one RESTORE call sends
         self._log = get_logger("owngate.state")
 
@@ -198,7 +194,7 @@ class RedisState:
             fallbacks=self._health.fallbacks,
             errors=self._health.errors,
             pending_revocations=self._revocations.pending,
-            restores=self._restores,
+            restores=self._restore_run.restores,
         )
 
     async def acquire(self, tenant: str, limits: TenantLimits) -> Admission:
@@ -294,62 +290,12 @@ class RedisState:
         await self._revocations.sync(int(reply[2]), int(reply[3]))
 
     async def _restore(self) -> None:
-        """Before a resync renews the lease: if it is gone (Redis restarted, flushed or
-        evicted it, or this replica stalled past it), put back each tenant's budget use
-        this replica's ledger holds, so a Redis that lost its keys does not hand every
-        tenant a whole new minute's budget (docs/state.md). In calls of at most
-        `restore_batch` keys each; a run cut off (the sync failed or timed out) goes on
-        from where it was at the next sync, and Redis's `restored` mark keeps a batch
-        sent twice from being added twice."""
+        """Before a resync renews the lease: put back the budget use this replica's
+        ledger holds if the lease is gone (redis_restore.py)."""
         keys, backlogs = self._limits.backlogs()
-        taken_at = self._clock()
-        if self._pending is None:
-            self._pending = _RestoreRun(self._epoch)
-        run = self._pending
-        run.extend(keys)
-        now_ahead = dict(zip(keys, backlogs, strict=True))
-        while True:
-            elapsed_us = round((self._clock() - taken_at) * 1_000_000)
-            keys = run.keys[run.next : run.next + self.restore_batch]
-            backlogs = [max(0, now_ahead.get(key, 0) - elapsed_us) for key in keys]
-            reply = await self._restore_script(
-                keys=[self._keys.leases, self._keys.epoch, self._keys.restored, *keys],
-                args=[
-                    self.replica_id,
-                    run.seen,
-                    os.urandom(8).hex(),
-                    self._token,
-                    run.epoch,
-                    run.next,
-                    *backlogs,
-                ],
-            )
-            code, epoch = int(reply[0]), text(reply[1])
-            if code == 0:  # the lease is live: nothing to put back
-                self._pending, self._epoch = None, epoch
-                return
-            if code == 3:  # Redis lost its data again meanwhile: all of it goes back
-                run.epoch, run.next = "", 0
-                continue
-            run.epoch, run.lost = epoch, run.lost or code == 2
-            run.next += len(keys)
-            if run.next >= len(run.keys):
-                break
-        self._pending, self._epoch = None, run.epoch
-        if run.lost or self._leased:
-            self._restores += 1
-        if run.lost:
-            self._log.warning(
-                "redis lost its data, budgets restored from local use",
-                replica=self.replica_id,
-                budgets=len(run.keys),
-            )
-        elif self._leased:  # not before a first lease
-            self._log.warning(
-                "shared state lease was gone, budgets restored from local use",
-                replica=self.replica_id,
-                budgets=len(run.keys),
-            )
+        await self._restore_run.restore(
+            keys, backlogs, batch=self.restore_batch, leased=self._leased
+        )
 
     async def _beat(self, *, resync: bool) -> list[Any]:
         """One HEARTBEAT: the lease, this replica's in-flight counts, and with `resync`
@@ -361,7 +307,7 @@ class RedisState:
             self.replica_id,
             self._ttl_ms,
             int(resync),
-            self._epoch,  # a resync's RESTORE answered it just before (lua.HEARTBEAT)
+            self._restore_run.epoch,  # a resync's RESTORE answered it just before
             len(backends),
         ]
         args += _flat(backends)
@@ -392,27 +338,6 @@ class RedisState:
             if sent == 0 and self._inflight.get(backend) == 0:
                 del self._inflight[backend]
         return reply
-
-
-@dataclass
-class _RestoreRun:
-    """A restore under way: the rate keys in the order they are sent (a key first seen
-    at a later sync of the run goes at the end: the order never changes, so Redis's
-    count of the keys added stays true), how many were sent, the epoch this replica
-    knew before the run (`seen`) and the one it restores into."""
-
-    seen: str
-    keys: list[str] = field(default_factory=list)
-    known: set[str] = field(default_factory=set)
-    epoch: str = ""
-    next: int = 0
-    lost: bool = False
-
-    def extend(self, keys: list[str]) -> None:
-        for key in keys:
-            if key not in self.known:
-                self.known.add(key)
-                self.keys.append(key)
 
 
 def _flat(pairs: Sequence[tuple[str, int]]) -> list[str | int]:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, cast
 
 import httptools
 
-from gateway.upstream.response import UpstreamError, UpstreamResponse
+from gateway.upstream.failures import UpstreamError
+from gateway.upstream.response import UpstreamResponse
 from gateway.upstream.tls import Peer
 
 if TYPE_CHECKING:

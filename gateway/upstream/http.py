@@ -24,9 +24,10 @@ that arrives after the response is complete is never handed to anyone, and the
 connection it came on is closed, never reused (also when it is still unread in the
 socket as the next request takes the connection: `unread`).
 
-An https backend is authenticated on every new connection before a request byte is
-written (`gateway.upstream.tls.BackendTLS`: its CA, name, pins, certificate facts); a
-certificate refused is `UpstreamError("tls")`, never a reason to retry in plain HTTP.
+An https backend is authenticated on every new connection (dial.py) before a request
+byte is written (`gateway.upstream.tls.BackendTLS`: its CA, name, pins, certificate
+facts); a certificate refused is `UpstreamError("tls")`, never a reason to retry in plain
+HTTP.
 `connect()` hands out a connection with its authenticated `peer`, so the caller can record
 who it is talking to before `request(connection=...)` sends on it.
 """
@@ -35,15 +36,16 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ssl
 import weakref
 from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
 
-from gateway.upstream.connection import MAX_HEAD, Connection, _Connection, ssl_reason
-from gateway.upstream.response import UpstreamError, UpstreamResponse, out_of_resources
+from gateway.upstream.connection import MAX_HEAD, Connection, _Connection
+from gateway.upstream.dial import dial, peer_of
+from gateway.upstream.failures import UpstreamError
+from gateway.upstream.response import UpstreamResponse
 from gateway.upstream.sockets import BackendSockets
-from gateway.upstream.tls import BackendTLS, TLSRejectedError, system_tls
+from gateway.upstream.tls import BackendTLS, system_tls
 
 __all__ = [
     "DEFAULT_MAX_BODY",
@@ -298,49 +300,16 @@ class HttpPool:
         self._open += 1
         self._sockets.open += 1
         try:
-            async with asyncio.timeout(self._connect_timeout):
-                _, conn = await loop.create_connection(
-                    lambda: _Connection(self),
-                    self.host,
-                    self.port,
-                    ssl=None if tls is None else tls.context,
-                    server_hostname=None if tls is None else tls.server_name,
-                )
-        except TimeoutError as exc:
+            conn = await dial(
+                loop, lambda: _Connection(self), self.host, self.port, tls, self._connect_timeout
+            )
+        except BaseException:  # failed, or cancelled (client gone, shutdown): the slot back
             self._release_slot()
-            raise UpstreamError("connect", "connect timed out") from exc
-        except ssl.SSLError as exc:  # before OSError, its base class
-            self._release_slot()
-            raise UpstreamError("tls", ssl_reason(exc)) from exc
-        except OSError as exc:
-            self._release_slot()
-            reason = exc.strerror or type(exc).__name__
-            if out_of_resources(exc):  # EMFILE, or a host name's lookup at the limit
-                detail = f"the gateway cannot open a socket: {reason}"
-                raise UpstreamError("exhausted", detail) from exc
-            raise UpstreamError("connect", reason) from exc
-        except UnicodeDecodeError as exc:
-            # The event loop's end of the handshake reads `getpeercert()`, whose dict
-            # decodes the certificate's URIs (SAN, OCSP, CRL) as UTF-8: a trusted CA's
-            # certificate with another byte in one is refused like one that cannot be read.
-            self._release_slot()
-            raise UpstreamError("tls", f"the backend's certificate cannot be read ({exc})") from exc
-        except BaseException:
-            self._release_slot()  # cancelled (client gone, shutdown): give the slot back
             raise
         if tls is not None:
-            assert conn.transport is not None
-            ssl_object = conn.transport.get_extra_info("ssl_object")
             try:  # before a byte of any request is written
-                conn.peer = tls.check(ssl_object)
-                if self._built_with is not None and self._built_with is not tls:
-                    # the pins and facts the running requests' records are about
-                    conn.peer = self._built_with.check(ssl_object)
-            except TLSRejectedError as exc:
-                conn.abort()
-                self._forget(conn)
-                raise UpstreamError("tls", str(exc)) from exc
-            except BaseException:  # whatever else: the slot is given back, then it goes on
+                conn.peer = peer_of(conn, tls, self._built_with)
+            except BaseException:  # refused, or whatever else: the slot is given back
                 conn.abort()
                 self._forget(conn)
                 raise

@@ -67,7 +67,7 @@ def test_a_gateway_out_of_descriptors_does_not_charge_its_backend(
 ) -> None:
     """`localhost`: a backend named by a host name, whose lookup at the limit fails with
     EAI_SYSTEM and whatever errno the resolver left (EBUSY), not EMFILE: it was still the
-    backend's `connect` failure, its breaker opened (`gateway/upstream/response.py`
+    backend's `connect` failure, its breaker opened (`gateway/upstream/failures.py`
     `out_of_resources` now asks for a descriptor)."""
     port = start_sim("vllm", models=("m",), zero_latency=True).server.port
     gpu = {"id": "gpu", "kind": "vllm", "base_url": f"http://{host}:{port}"}

@@ -107,7 +107,7 @@ def test_a_receipt_the_signer_fails_is_counted_and_the_answer_says_it_has_none(
     def refused(*args: object, **kwargs: object) -> list[bytes]:
         raise ValueError("the signing key is gone")
 
-    monkeypatch.setattr("gateway.api.recorder.seal_receipts", refused)
+    monkeypatch.setattr("gateway.api.recorder_log.seal_receipts", refused)
     app, server = logged()
     url = f"{server.url}/v1/chat/completions"
     answer = httpx.post(url, content=ASK, headers=HEADERS, timeout=30)

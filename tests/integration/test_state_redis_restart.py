@@ -282,7 +282,7 @@ def test_a_restore_whose_reply_was_lost_is_not_added_twice(redis_server: RedisSe
         async with replicas(redis_server, "replica-a") as (state,):
             for _ in range(2):  # half the budget: 30 s ahead
                 await state.acquire("acme", limits)
-            real = state._restore_script
+            real = state._restore_run._script
             lost: list[bool] = []
 
             async def reply_lost(*, keys: list[str], args: list[str | int]) -> Any:
@@ -292,7 +292,7 @@ def test_a_restore_whose_reply_was_lost_is_not_added_twice(redis_server: RedisSe
                     raise TimeoutError("the reply was lost")
                 return reply
 
-            state._restore_script = reply_lost  # type: ignore[assignment]
+            state._restore_run._script = reply_lost  # type: ignore[assignment]
             await raw.flushall()
             await until_async(lambda: bool(lost), "a restore whose reply was lost", timeout=30)
             await until_async(

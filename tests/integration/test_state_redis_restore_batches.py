@@ -42,7 +42,7 @@ def _restoring(reply: Any) -> bool:
 
 def _record(state: RedisState, calls: list[list[str]]) -> None:
     """Record the rate keys of each RESTORE call of `state` that put budgets back."""
-    real: Script = state._restore_script
+    real: Script = state._restore_run._script
 
     async def recorded(*, keys: list[str], args: list[str | int]) -> Any:
         reply = await real(keys=keys, args=args)
@@ -50,7 +50,7 @@ def _record(state: RedisState, calls: list[list[str]]) -> None:
             calls.append(keys[FIXED:])
         return reply
 
-    state._restore_script = recorded  # type: ignore[assignment]
+    state._restore_run._script = recorded  # type: ignore[assignment]
 
 
 async def _ahead_s(raw: aioredis.Redis, tenants: list[str]) -> list[float]:
@@ -115,7 +115,7 @@ def test_a_run_cut_off_by_failed_calls_is_finished_once(redis_server: RedisServe
         async with replicas(redis_server, "replica-a") as (state,):
             state.restore_batch = 100
             await _spend([state], tenants)
-            real = state._restore_script
+            real = state._restore_run._script
             calls: list[list[str]] = []  # the batches Redis ran
             failed: list[str] = []
 
@@ -131,7 +131,7 @@ def test_a_run_cut_off_by_failed_calls_is_finished_once(redis_server: RedisServe
                         raise TimeoutError("the reply was lost")
                 return reply
 
-            state._restore_script = failing  # type: ignore[assignment]
+            state._restore_run._script = failing  # type: ignore[assignment]
             await raw.flushall()
             await until_async(
                 lambda: state.healthy and state.status().restores == 1,
@@ -165,7 +165,7 @@ def test_a_replica_dying_half_way_claims_only_what_it_added(
         async with replicas(redis_server, "replica-a", "replica-b") as (a, b):
             a.restore_batch = b.restore_batch = batch
             await _spend([a, b], tenants)
-            real = a._restore_script
+            real = a._restore_run._script
             a_calls: list[list[str]] = []
             dying = asyncio.Event()
 
@@ -178,7 +178,7 @@ def test_a_replica_dying_half_way_claims_only_what_it_added(
                     a_calls.append(keys[FIXED:])
                 return reply
 
-            a._restore_script = dies  # type: ignore[assignment]
+            a._restore_run._script = dies  # type: ignore[assignment]
             b_calls: list[list[str]] = []
             _record(b, b_calls)
             await raw.flushall()
@@ -221,7 +221,7 @@ def test_two_replicas_restoring_at_once_add_each_part_once(
             turn = {"replica-a": asyncio.Event(), "replica-b": asyncio.Event()}
 
             def alternate(state: RedisState, other: str) -> None:
-                real = state._restore_script
+                real = state._restore_run._script
                 me = state.replica_id
 
                 async def call(*, keys: list[str], args: list[str | int]) -> Any:
@@ -238,7 +238,7 @@ def test_two_replicas_restoring_at_once_add_each_part_once(
                         turn[other].set()
                     return reply
 
-                state._restore_script = call  # type: ignore[assignment]
+                state._restore_run._script = call  # type: ignore[assignment]
 
             alternate(a, "replica-b")
             alternate(b, "replica-a")
@@ -270,7 +270,7 @@ def test_redis_losing_its_data_again_mid_run_starts_the_run_over(
         async with replicas(redis_server, "replica-a") as (state,):
             state.restore_batch = 100
             await _spend([state], tenants)
-            real = state._restore_script
+            real = state._restore_run._script
             firsts: list[int] = []  # the run position of each batch Redis put back
             flushed: list[bytes | str | None] = []
 
@@ -283,7 +283,7 @@ def test_redis_losing_its_data_again_mid_run_starts_the_run_over(
                     firsts.append(int(args[5]))
                 return reply
 
-            state._restore_script = flushing  # type: ignore[assignment]
+            state._restore_run._script = flushing  # type: ignore[assignment]
             await raw.flushall()
             await until_async(
                 lambda: state.healthy and state.status().restores == 1,
@@ -313,7 +313,7 @@ def test_redis_losing_its_data_after_the_last_batch_restores_again(
         async with replicas(redis_server, "replica-a") as (state,):
             state.restore_batch = 100
             await _spend([state], tenants)
-            real = state._restore_script
+            real = state._restore_run._script
             flushed: list[int] = []
 
             async def flushing(*, keys: list[str], args: list[str | int]) -> Any:
@@ -323,7 +323,7 @@ def test_redis_losing_its_data_after_the_last_batch_restores_again(
                     await raw.flushall()
                 return reply
 
-            state._restore_script = flushing  # type: ignore[assignment]
+            state._restore_run._script = flushing  # type: ignore[assignment]
             await raw.flushall()
 
             async def leased_after_flush() -> bool:

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway import access_log
 from gateway.api.fleet import merge_expositions
-from gateway.api.recorder import NEW_LOG_ORIGIN_ENV
+from gateway.api.recorder_log import NEW_LOG_ORIGIN_ENV
 from gateway.logs import configure_logging
 from gateway.serving import bind_socket
 from gateway.workers import INDEX_ENV, RUNTIME_ENV, Supervisor

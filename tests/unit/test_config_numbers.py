@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from gateway.api.recorder import log_settings
+from gateway.api.recorder_log import log_settings
 from gateway.cli.main import main
 from gateway.config.base import MAX_FLOAT
 from gateway.config.schema import GatewaySettings, ProvenanceSettings, StateSettings
