@@ -44,8 +44,7 @@ usage: the usage is then unknown (`usage` None, `unknown` set) until a later eve
 one, never an earlier event's; one whose data holds no marker (`_worth`) cannot show one,
 and leaves the usage as it was. A usage object with a count that is no JSON integer
 (`3.9`, `"3"`, `true`) is shown to the client as it is: the usage is then none, never an
-earlier event's (docs/provenance.md).
-"""
+earlier event's (docs/provenance.md); so is a usage that is no object (`"usage": 7`)."""
 
 from __future__ import annotations
 
@@ -355,10 +354,14 @@ class EventReader:
     def _shown(self, doc: dict[str, object], value: bytes) -> None:
         """`doc` (parsed from `value`) is shown to the client: a `usage` object in it is
         the last usage shown, its counts, or none when a count is not a JSON integer
-        (`3.9`, `"3"`: the SDK shows it as it is; never an earlier usage's counts)."""
-        if isinstance(doc.get("usage"), dict):
+        (`3.9`, `"3"`: the SDK shows it as it is; never an earlier usage's counts). A
+        usage that is no object (`7`) is shown as it is too (`chunk.usage`): none."""
+        usage = doc.get("usage")
+        if isinstance(usage, dict):
             counts = counts_in(doc, value)
             self.usage, self.unknown = counts, counts is None
+        elif usage is not None:
+            self.usage, self.unknown = None, True
 
 
 def one_data_line(data: bytes) -> bool:

@@ -242,9 +242,12 @@ def _usage(data: bytes, *, whole: bool) -> Usage | None:
         except ValueError:
             continue
         # Counts as the backend wrote them, or none: "3", 3.9 or true is no count, and the
-        # client was shown that usage object: none, never an earlier chunk's.
-        if not isinstance(doc, dict) or not isinstance(doc.get("usage"), dict):
+        # client was shown that usage object: none, never an earlier chunk's; so is a
+        # usage that is no object (`7`, the SDK's `chunk.usage` then).
+        if not isinstance(doc, dict) or doc.get("usage") is None:
             continue
+        if not isinstance(doc["usage"], dict):
+            return None
         counts = counts_in(doc, candidate, line=not one)
         if counts is None:
             return None

@@ -187,9 +187,9 @@ def _events_read(body: bytes) -> tuple[list[dict[str, Any]], bool]:
     return read, False
 
 
-def _usage_seen(received: Received) -> list[dict[str, Any]]:
-    """The usage objects the client was shown (a JSON answer's, a stream's events'),
-    read as the OpenAI SDK reads them."""
+def _usage_seen(received: Received) -> list[Any]:
+    """The usages the client was shown (a JSON answer's, a stream's events'), read as the
+    OpenAI SDK reads them: objects, or values that are none (`"usage": 7`)."""
     if received.is_stream:
         docs = _events_read(received.body)[0]
     else:
@@ -197,7 +197,7 @@ def _usage_seen(received: Received) -> list[dict[str, Any]]:
             docs = [json.loads(received.body)]
         except (ValueError, RecursionError):
             docs = []
-    return [d["usage"] for d in docs if isinstance(d, dict) and isinstance(d.get("usage"), dict)]
+    return [d["usage"] for d in docs if isinstance(d, dict) and d.get("usage") is not None]
 
 
 def audit(
@@ -279,7 +279,9 @@ def audit(
     # (3.9, "3") is none, never an earlier one (docs: no count is made of them).
     names = ("prompt_tokens", "completion_tokens", "total_tokens")
     seen = _usage_seen(received)
-    if seen and not all(type(seen[-1].get(n, 0)) is int for n in names):
+    if seen and not (
+        isinstance(seen[-1], dict) and all(type(seen[-1].get(n, 0)) is int for n in names)
+    ):
         if completion["usage"] is not None:
             findings.append(f"usage {completion['usage']} in the record, {seen[-1]} shown")
     elif seen and completion["usage"] != {name: seen[-1].get(name, 0) for name in names}:

@@ -50,7 +50,7 @@ def test_without_a_receipt_line_the_backend_s_open_last_event_is_ended_and_commi
     def refused(*args: object, **kwargs: object) -> list[bytes]:
         raise ValueError("the signing key is gone")
 
-    monkeypatch.setattr("gateway.api.recorder.seal_receipts", refused)
+    monkeypatch.setattr("gateway.api.recorder_log.seal_receipts", refused)
     salts: dict[str, bytes] = {}
     complete = Recorder.complete
 

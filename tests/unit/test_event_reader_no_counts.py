@@ -94,3 +94,46 @@ def test_a_stream_tail_s_count_past_64_bits_is_no_usage_not_the_earlier_one() ->
     trail = Trail(Salts.generate(), "")
     trail.relayed(_chunk(orjson.dumps(GOOD)) + b"data: [DONE]\n\n")
     assert trail.usage() == Usage(3, 1, 4)  # (the tail's path reads a usage at all)
+
+
+# A usage present but no object: the SDK's `chunk.usage` is that value (built without
+# validation), no counts: the record states none, never an earlier chunk's.
+NOT_OBJECTS = {"int": b"7", "string": b'"7"', "list": b"[1]", "false": b"false", "zero": b"0"}
+
+
+@pytest.mark.parametrize("how", ["whole", "events", "cut", "crlf"])
+@pytest.mark.parametrize("usage", list(NOT_OBJECTS))
+def test_a_last_usage_that_is_no_object_is_no_usage_not_the_earlier_one(
+    usage: str, how: str
+) -> None:
+    body = TOKEN + _chunk(orjson.dumps(GOOD)) + TOKEN + _chunk(NOT_OBJECTS[usage]) + TOKEN
+    watch = StreamWatch(strip_usage=False)
+    reads = _reads(body, how)
+    out = b"".join(watch.feed(read, one_data_line(read)) for read in reads)
+    out += watch.flush()
+    watch.end()
+    assert out == b"".join(reads)
+    assert sdk_shown_usage(out) == orjson.loads(NOT_OBJECTS[usage])  # what the client saw
+    assert counts(sdk_shown_usage(out)) is None
+    assert watch.usage is None
+
+
+@pytest.mark.parametrize("usage", list(NOT_OBJECTS))
+def test_a_stream_tail_s_last_usage_that_is_no_object_is_no_usage(usage: str) -> None:
+    trail = Trail(Salts.generate(), "")
+    tail = _chunk(orjson.dumps(GOOD)) + _chunk(NOT_OBJECTS[usage]) + b"data: [DONE]\n\n"
+    trail.relayed(tail)
+    assert counts(sdk_shown_usage(tail)) is None
+    assert trail.usage() is None
+
+
+def test_a_null_usage_after_a_usage_object_leaves_it_shown() -> None:
+    """`"usage": null` (every chunk of some servers) shows none: the earlier usage is the
+    last the SDK showed, on the reader's path and the tail's."""
+    body = _chunk(orjson.dumps(GOOD)) + _chunk(b"null", b'[{"index":0,"delta":{}}]')
+    watch = StreamWatch(strip_usage=False)
+    watch.feed(body)
+    assert watch.usage == counts(sdk_shown_usage(body)) == GOOD
+    trail = Trail(Salts.generate(), "")
+    trail.relayed(body + b"data: [DONE]\n\n")
+    assert trail.usage() == Usage(3, 1, 4)

@@ -271,8 +271,9 @@ def _shown_usage(stream: bytes) -> dict[str, int] | None:
     event's `data` lines joined as the SDK joins them, read with the standard library's
     parser, up to an event whose data is not JSON (the SDK raises there: every such
     event here holds a usage, so the reader parses it; gateway/api/sse_events.py); the
-    three counts, integers where present, absent ones 0 (none when the last usage object's
-    counts are not all integers: the record states none then, docs/provenance.md)."""
+    three counts, integers where present, absent ones 0 (none when the last usage shown
+    is no object or its counts are not all integers: the record states none then,
+    docs/provenance.md)."""
     suffix = b"\n" if stream and stream[-1:] not in (b"\n", b"\r") else b""
     found = None
     for event in SSEDecoder().iter_bytes(iter([stream + suffix + b": owngate-receipt x\n\n"])):
@@ -289,6 +290,8 @@ def _shown_usage(stream: bytes) -> dict[str, int] | None:
             counts = {name: usage.get(name, 0) for name in COUNTS}
             # a last usage object without integer counts is none, never an earlier one
             found = counts if all(type(v) is int for v in counts.values()) else None
+        elif usage is not None:  # `"usage": 7`: `chunk.usage` is 7, no counts: none
+            found = None
     return found
 
 
