@@ -15,6 +15,11 @@ buffer, sets the write-buffer high-water mark just above what the first answer l
 unsent when the second's head is written alone, so the head fills the buffer and the
 body's send waits with the head handed to the connection, and says when that wait began
 and when the drain's cut reached the request. The client reads only after that.
+
+A client that never reads: the closed connection still holds what it buffers (the first
+answer's tail, the second's head) until the client takes it; `listen.write_timeout_s`
+(`LimitedHttpProtocol._write_late`) drops it, so uvicorn's shutdown, which waits for
+every connection, ends then, not at its graceful timeout's forced end.
 """
 
 from __future__ import annotations
@@ -101,6 +106,47 @@ openai.TenantSurface._cut = cut
 """
 
 
+# For a client that never reads: the write timeout (armed when the head filled the
+# buffers, before the cut) is let reach the connection only once the cut has closed it,
+# re-armed as `pause_writing` arms it; it says when it did. Each answer's release of its
+# share of the answer budget says what the process still holds.
+UNREAD_HOOK = (
+    HOOK
+    + """
+from gateway import listener
+
+_write_late = listener.LimitedHttpProtocol._write_late
+_answer_taken = openai._answer_taken
+_cut_seen = []
+
+
+async def cut_seen(self, ex, send, *, wait):
+    _cut_seen.append(True)
+    await cut(self, ex, send, wait=wait)
+
+
+def write_late(self):
+    if not _cut_seen:
+        self._write_timer = self.loop.call_later(self.limits.write_timeout_s, self._write_late)
+        return
+    _say("the write timeout reached the connection after the cut")
+    _write_late(self)
+
+
+async def answer_taken(exchange, answer):
+    try:
+        await _answer_taken(exchange, answer)
+    finally:
+        _say("an answer was released: whole answers held %d" % answer._budget.held)
+
+
+openai.TenantSurface._cut = cut_seen
+listener.LimitedHttpProtocol._write_late = write_late
+openai._answer_taken = answer_taken
+"""
+)
+
+
 def _read_all(sock: socket.socket) -> tuple[bytes, bool]:
     """What the client reads until its connection ends (bounded), and whether it ended."""
     got = bytearray()
@@ -118,20 +164,19 @@ def _read_all(sock: socket.socket) -> tuple[bytes, bool]:
     return bytes(got), False
 
 
-def test_a_drain_cut_of_a_body_whose_head_went_alone_closes_the_connection_quietly(
-    start_raw: Callable[[Answer], RawBackend], tmp_path: Path
-) -> None:
-    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
-        body = BIG if b"first" in post.body else SMALL
-        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-        writer.write(head % len(body) + body)
-        await writer.drain()
-        return False
+async def _answer_by_name(writer: asyncio.StreamWriter, post: Post) -> bool:
+    body = BIG if b"first" in post.body else SMALL
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+    writer.write(head % len(body) + body)
+    await writer.drain()
+    return False
 
-    raw = start_raw(answer)
+
+def _start(raw: RawBackend, tmp_path: Path, hook: str, write_timeout_s: float) -> GatewayProcess:
+    """The gateway, run with `hook` as its `sitecustomize`, draining for 1 s."""
     write_signing_key(tmp_path / "log.key", ORIGIN)
     config = {
-        "listen": {"host": "127.0.0.1", "port": free_port(), "write_timeout_s": 600},
+        "listen": {"host": "127.0.0.1", "port": free_port(), "write_timeout_s": write_timeout_s},
         "logging": {"format": "json", "level": "info", "access_log": True},
         "limits": {"drain_timeout_s": 1, "max_held_answer_bytes": 64 << 20},
         "backends": [backend("gpu", raw.url, "m")],
@@ -139,32 +184,64 @@ def test_a_drain_cut_of_a_body_whose_head_went_alone_closes_the_connection_quiet
         "provenance": {"dir": "log", "origin": ORIGIN, "signing_key_file": "log.key"},
     }
     (tmp_path / "hook").mkdir()
-    (tmp_path / "hook" / "sitecustomize.py").write_text(HOOK)
+    (tmp_path / "hook" / "sitecustomize.py").write_text(hook)
     path = os.pathsep.join(p for p in (str(tmp_path / "hook"), os.environ.get("PYTHONPATH")) if p)
-    gateway = GatewayProcess(config, tmp_path, env={"PYTHONPATH": path}).start()
+    return GatewayProcess(config, tmp_path, env={"PYTHONPATH": path}).start()
+
+
+def _connect(gateway: GatewayProcess) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
     sock.connect(("127.0.0.1", gateway.port))
+    return sock
 
-    def req(text: str, extra: bytes = b"") -> bytes:
-        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}]}).encode()
-        head = (
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            b"authorization: Bearer " + KEY.encode() + b"\r\ncontent-length: %d\r\n" % len(body)
-        )
-        return head + extra + b"\r\n" + body
 
+def _req(text: str, extra: bytes = b"") -> bytes:
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}]}).encode()
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"authorization: Bearer " + KEY.encode() + b"\r\ncontent-length: %d\r\n" % len(body)
+    )
+    return head + extra + b"\r\n" + body
+
+
+def _cut_the_second(sock: socket.socket, raw: RawBackend, gateway: GatewayProcess) -> None:
+    """Ask twice on `sock`, reading nothing, the second's head going out alone and its
+    body waiting for room; then SIGTERM, and wait for the drain's cut of the second."""
+    sock.sendall(_req("first"))
+    until(lambda: len(raw.posts) == 1, "first asked", timeout=30)
+    sock.sendall(_req("second", b"expect: 100-continue\r\n"))
+    until(lambda: len(raw.posts) == 2, "second asked", timeout=30)
+    waits = "a whole answer's body waits for room after its head"
+    until(lambda: waits in gateway.stderr(), waits, timeout=30, detail=gateway.output)
+    assert gateway.proc is not None
+    gateway.proc.send_signal(signal.SIGTERM)  # a drain only: its deadline cuts
+    cut = "the drain's cut reached the request"
+    until(lambda: cut in gateway.stderr(), cut, timeout=30, detail=gateway.output)
+
+
+def _check_the_records(tmp_path: Path) -> None:
+    """The first answer's record says 200, the cut second's 503 committed to none of it."""
+    logged = records(tmp_path / "log")
+    ids = list(dict.fromkeys(r["request_id"] for r in logged))
+    assert len(ids) == 2, logged
+    first = [r for r in logged if r["request_id"] == ids[0]]
+    assert [(r["type"], r.get("status")) for r in first][-1] == ("completion", 200), first
+    records_of_second = [r for r in logged if r["request_id"] == ids[1]]
+    assert [r["type"] for r in records_of_second] == ["dispatch", "completion"]
+    # The drain's cut (503), committed to none of the answer: the client got none of it.
+    assert records_of_second[1]["status"] == 503, records_of_second
+    assert records_of_second[1]["response_commitment"] is None, records_of_second
+
+
+def test_a_drain_cut_of_a_body_whose_head_went_alone_closes_the_connection_quietly(
+    start_raw: Callable[[Answer], RawBackend], tmp_path: Path
+) -> None:
+    raw = start_raw(_answer_by_name)
+    gateway = _start(raw, tmp_path, HOOK, write_timeout_s=600)
+    sock = _connect(gateway)
     try:
-        sock.sendall(req("first"))
-        until(lambda: len(raw.posts) == 1, "first asked", timeout=30)
-        sock.sendall(req("second", b"expect: 100-continue\r\n"))
-        until(lambda: len(raw.posts) == 2, "second asked", timeout=30)
-        waits = "a whole answer's body waits for room after its head"
-        until(lambda: waits in gateway.stderr(), waits, timeout=30, detail=gateway.output)
-        assert gateway.proc is not None
-        gateway.proc.send_signal(signal.SIGTERM)  # a drain only: its deadline cuts
-        cut = "the drain's cut reached the request"
-        until(lambda: cut in gateway.stderr(), cut, timeout=30, detail=gateway.output)
+        _cut_the_second(sock, raw, gateway)
         got, ended = _read_all(sock)  # the client reads now: before, uvicorn then raised
         code = gateway.wait(30)
     finally:
@@ -188,13 +265,44 @@ def test_a_drain_cut_of_a_body_whose_head_went_alone_closes_the_connection_quiet
     assert "shorter than Content-Length" not in printed, printed[-3000:]
     lines = [json.loads(line) for line in printed.splitlines() if line.startswith("{")]
     assert not [line for line in lines if line.get("level") in ("error", "critical")], lines
-    logged = records(tmp_path / "log")
-    ids = list(dict.fromkeys(r["request_id"] for r in logged))
-    assert len(ids) == 2, logged
-    first = [r for r in logged if r["request_id"] == ids[0]]
-    assert [(r["type"], r.get("status")) for r in first][-1] == ("completion", 200), first
-    records_of_second = [r for r in logged if r["request_id"] == ids[1]]
-    assert [r["type"] for r in records_of_second] == ["dispatch", "completion"]
-    # The drain's cut (503), committed to none of the answer: the client got none of it.
-    assert records_of_second[1]["status"] == 503, records_of_second
-    assert records_of_second[1]["response_commitment"] is None, records_of_second
+    _check_the_records(tmp_path)
+
+
+def test_a_drain_cut_closing_a_connection_whose_client_never_reads_ends_at_its_write_timeout(
+    start_raw: Callable[[Answer], RawBackend], tmp_path: Path
+) -> None:
+    """The cut closes the connection (`BodyWriter.close`), which then waits for the client
+    to take what it buffers: a client that never reads must not keep it (its buffered
+    answer, the shutdown waiting for it) past `listen.write_timeout_s`. uvicorn's shutdown
+    waits for every connection to end, up to its graceful timeout (drain + 5 s): ended by
+    the write timeout, the connection is gone long before, so that wait ends without
+    uvicorn's "timeout graceful shutdown exceeded" error and the forced end
+    (`DrainingServer._end_now`) that follows it. Neither answer's share of the answer
+    budget waits for the client: the first was handed over unpaused, the cut second
+    never ended (`_answer_taken`)."""
+    raw = start_raw(_answer_by_name)
+    gateway = _start(raw, tmp_path, UNREAD_HOOK, write_timeout_s=2)
+    sock = _connect(gateway)
+    try:
+        _cut_the_second(sock, raw, gateway)
+        late = "the write timeout reached the connection after the cut"
+        until(lambda: late in gateway.stderr(), late, timeout=30, detail=gateway.output)
+        code = gateway.wait(30)  # the client still reads nothing
+        got, ended = _read_all(sock)
+    finally:
+        sock.close()
+        gateway.stop()
+    assert code == 0, gateway.output()
+    assert ended, got[-300:]  # the connection was torn down, not left hanging
+    printed = gateway.stdout() + gateway.stderr()
+    assert "timeout graceful shutdown exceeded" not in printed, printed[-3000:]
+    assert "Traceback" not in printed and "Exception in ASGI" not in printed, printed[-3000:]
+    lines = [json.loads(line) for line in printed.splitlines() if line.startswith("{")]
+    assert not [line for line in lines if line.get("level") in ("error", "critical")], lines
+    enforced = [line for line in lines if line.get("event") == "listener limits enforced"]
+    assert [line.get("latest") for line in enforced] == ["write_timeout"], enforced
+    # Both requests gave their share of the answer budget back: none is held any more.
+    released = [line for line in printed.splitlines() if "an answer was released" in line]
+    assert len(released) == 2, released
+    assert released[-1].endswith("whole answers held 0"), released
+    _check_the_records(tmp_path)
