@@ -24,22 +24,16 @@ every connection, ends then, not at its graceful timeout's forced end.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import signal
 import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.provenance import write_signing_key
-from gateway.tenants import hash_api_key
-from tests.helpers.gateways import backend
-from tests.helpers.log_truth import ORIGIN
-from tests.helpers.net import free_port
+from tests.helpers.hooked_gateway import big_or_small, start_hooked
 from tests.helpers.processes import GatewayProcess
 from tests.helpers.provenance import records
-from tests.helpers.raw_backend import Answer, Post, RawBackend
+from tests.helpers.raw_backend import Answer, RawBackend
 from tests.helpers.waiting import until
 
 KEY = "og-drain-head-test-key-0123456789abcdef"
@@ -164,31 +158,6 @@ def _read_all(sock: socket.socket) -> tuple[bytes, bool]:
     return bytes(got), False
 
 
-async def _answer_by_name(writer: asyncio.StreamWriter, post: Post) -> bool:
-    body = BIG if b"first" in post.body else SMALL
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-    writer.write(head % len(body) + body)
-    await writer.drain()
-    return False
-
-
-def _start(raw: RawBackend, tmp_path: Path, hook: str, write_timeout_s: float) -> GatewayProcess:
-    """The gateway, run with `hook` as its `sitecustomize`, draining for 1 s."""
-    write_signing_key(tmp_path / "log.key", ORIGIN)
-    config = {
-        "listen": {"host": "127.0.0.1", "port": free_port(), "write_timeout_s": write_timeout_s},
-        "logging": {"format": "json", "level": "info", "access_log": True},
-        "limits": {"drain_timeout_s": 1, "max_held_answer_bytes": 64 << 20},
-        "backends": [backend("gpu", raw.url, "m")],
-        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
-        "provenance": {"dir": "log", "origin": ORIGIN, "signing_key_file": "log.key"},
-    }
-    (tmp_path / "hook").mkdir()
-    (tmp_path / "hook" / "sitecustomize.py").write_text(hook)
-    path = os.pathsep.join(p for p in (str(tmp_path / "hook"), os.environ.get("PYTHONPATH")) if p)
-    return GatewayProcess(config, tmp_path, env={"PYTHONPATH": path}).start()
-
-
 def _connect(gateway: GatewayProcess) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
@@ -237,8 +206,8 @@ def _check_the_records(tmp_path: Path) -> None:
 def test_a_drain_cut_of_a_body_whose_head_went_alone_closes_the_connection_quietly(
     start_raw: Callable[[Answer], RawBackend], tmp_path: Path
 ) -> None:
-    raw = start_raw(_answer_by_name)
-    gateway = _start(raw, tmp_path, HOOK, write_timeout_s=600)
+    raw = start_raw(big_or_small(BIG, SMALL))
+    gateway = start_hooked(raw.url, tmp_path, HOOK, KEY, write_timeout_s=600, drain_timeout_s=1)
     sock = _connect(gateway)
     try:
         _cut_the_second(sock, raw, gateway)
@@ -280,8 +249,10 @@ def test_a_drain_cut_closing_a_connection_whose_client_never_reads_ends_at_its_w
     (`DrainingServer._end_now`) that follows it. Neither answer's share of the answer
     budget waits for the client: the first was handed over unpaused, the cut second
     never ended (`_answer_taken`)."""
-    raw = start_raw(_answer_by_name)
-    gateway = _start(raw, tmp_path, UNREAD_HOOK, write_timeout_s=2)
+    raw = start_raw(big_or_small(BIG, SMALL))
+    gateway = start_hooked(
+        raw.url, tmp_path, UNREAD_HOOK, KEY, write_timeout_s=2, drain_timeout_s=1
+    )
     sock = _connect(gateway)
     try:
         _cut_the_second(sock, raw, gateway)

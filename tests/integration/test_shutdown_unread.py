@@ -22,22 +22,15 @@ got.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import signal
 import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.provenance import write_signing_key
-from gateway.tenants import hash_api_key
-from tests.helpers.gateways import backend
-from tests.helpers.log_truth import ORIGIN
-from tests.helpers.net import free_port
-from tests.helpers.processes import GatewayProcess
+from tests.helpers.hooked_gateway import big_or_small, start_hooked
 from tests.helpers.provenance import records
-from tests.helpers.raw_backend import Answer, Post, RawBackend
+from tests.helpers.raw_backend import Answer, RawBackend
 from tests.helpers.waiting import until
 
 KEY = "og-unread-test-key-0123456789abcdef"
@@ -91,27 +84,8 @@ SMALL = json.dumps(
 def test_a_forced_shutdown_with_a_client_that_reads_nothing_ends_and_says_what_went_out(
     start_raw: Callable[[Answer], RawBackend], tmp_path: Path
 ) -> None:
-    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
-        body = BIG if b"first" in post.body else SMALL
-        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-        writer.write(head % len(body) + body)
-        await writer.drain()
-        return False
-
-    raw = start_raw(answer)
-    write_signing_key(tmp_path / "log.key", ORIGIN)
-    config = {
-        "listen": {"host": "127.0.0.1", "port": free_port(), "write_timeout_s": 600},
-        "logging": {"format": "json", "level": "info", "access_log": True},
-        "limits": {"drain_timeout_s": 60, "max_held_answer_bytes": 64 << 20},
-        "backends": [backend("gpu", raw.url, "m")],
-        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
-        "provenance": {"dir": "log", "origin": ORIGIN, "signing_key_file": "log.key"},
-    }
-    (tmp_path / "hook").mkdir()
-    (tmp_path / "hook" / "sitecustomize.py").write_text(HOOK)
-    path = os.pathsep.join(p for p in (str(tmp_path / "hook"), os.environ.get("PYTHONPATH")) if p)
-    gateway = GatewayProcess(config, tmp_path, env={"PYTHONPATH": path}).start()
+    raw = start_raw(big_or_small(BIG, SMALL))
+    gateway = start_hooked(raw.url, tmp_path, HOOK, KEY)
     sock = socket.create_connection(("127.0.0.1", gateway.port))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
 
@@ -216,27 +190,8 @@ passthrough.send_whole = send_whole
 def test_a_forced_shutdown_cutting_a_body_whose_head_went_alone_records_no_answer(
     start_raw: Callable[[Answer], RawBackend], tmp_path: Path
 ) -> None:
-    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
-        body = BIG if b"first" in post.body else SMALL
-        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-        writer.write(head % len(body) + body)
-        await writer.drain()
-        return False
-
-    raw = start_raw(answer)
-    write_signing_key(tmp_path / "log.key", ORIGIN)
-    config = {
-        "listen": {"host": "127.0.0.1", "port": free_port(), "write_timeout_s": 600},
-        "logging": {"format": "json", "level": "info", "access_log": True},
-        "limits": {"drain_timeout_s": 60, "max_held_answer_bytes": 64 << 20},
-        "backends": [backend("gpu", raw.url, "m")],
-        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
-        "provenance": {"dir": "log", "origin": ORIGIN, "signing_key_file": "log.key"},
-    }
-    (tmp_path / "hook").mkdir()
-    (tmp_path / "hook" / "sitecustomize.py").write_text(HEAD_HOOK)
-    path = os.pathsep.join(p for p in (str(tmp_path / "hook"), os.environ.get("PYTHONPATH")) if p)
-    gateway = GatewayProcess(config, tmp_path, env={"PYTHONPATH": path}).start()
+    raw = start_raw(big_or_small(BIG, SMALL))
+    gateway = start_hooked(raw.url, tmp_path, HEAD_HOOK, KEY)
     sock = socket.create_connection(("127.0.0.1", gateway.port))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
 
