@@ -37,6 +37,7 @@ from gateway.provenance.audit.cosigned import (
     check_cosigned,
     check_witness_policy,
 )
+from gateway.provenance.audit.history import DEFAULT_LIMITS, HistoryLimits, open_history
 from gateway.provenance.audit.links import RecordLinks
 from gateway.provenance.audit.reader import LogDirectory
 from gateway.provenance.audit.rotation import check_rotation_order
@@ -47,12 +48,9 @@ from gateway.provenance.errors import (
     RecordError,
     SignatureError,
 )
-from gateway.provenance.formats.checkpoint import Checkpoint, SignedCheckpoint, open_checkpoint
+from gateway.provenance.formats.checkpoint import SignedCheckpoint, open_checkpoint
 from gateway.provenance.formats.cosignature import CosignatureVerifier
 from gateway.provenance.formats.layout import (
-    MAX_HISTORY,
-    MAX_HISTORY_BYTES,
-    MAX_NOTE_FILE,
     read_log_file,
 )
 from gateway.provenance.formats.merkle import (
@@ -61,7 +59,7 @@ from gateway.provenance.formats.merkle import (
     leaf_hash,
     verify_consistency,
 )
-from gateway.provenance.formats.note import Note, Verifier, _parse_signature_line, _split_note
+from gateway.provenance.formats.note import Verifier
 from gateway.provenance.formats.records import parse_record
 from gateway.provenance.formats.tiles import TILE_WIDTH, TileReader, file_limit, tile_path
 from gateway.provenance.formats.tree import TiledTree
@@ -84,93 +82,6 @@ class LogSummary:
 
 def _fail(reason: str, index: int | None = None) -> LogVerificationError:
     return LogVerificationError(reason, index=index)
-
-
-@dataclass(frozen=True, slots=True)
-class HistoryLimits:
-    """How much of `checkpoints/` (and `cosigned/`) an audit holds: the files it lists and
-    the bytes of history notes it keeps (the log under audit may hold millions, or notes
-    of 1 MiB each). Past either the audit fails naming the limit, rather than exhaust
-    memory; an honest log past them needs the limit raised."""
-
-    files: int = MAX_HISTORY
-    bytes: int = MAX_HISTORY_BYTES
-
-
-def _open_history(
-    log: LogDirectory,
-    verifiers: Sequence[Verifier],
-    origin: str | None,
-    accept_earlier: bool,
-    limits: HistoryLimits,
-) -> tuple[list[SignedCheckpoint], int]:
-    """The history, opened; and how many leading checkpoints only earlier keys signed."""
-    try:
-        history = log.history(limits.files)
-    except MalformedError as exc:
-        raise _fail(str(exc)) from exc
-    if not history:
-        raise _fail(f"{log.path} has no checkpoints/ history: not a log, or it was deleted")
-    opened: list[SignedCheckpoint] = []
-    earlier, held = 0, 0
-    for size, path in history:
-        name = f"checkpoints/{path.name}"
-        try:
-            data = read_log_file(path, min(MAX_NOTE_FILE, limits.bytes - held))
-        except MalformedError as exc:
-            why = f"checkpoint {name}: {exc}"
-            if held + MAX_NOTE_FILE > limits.bytes:  # the file was read to the total's rest
-                why += (
-                    f" (the checkpoints before it hold {held} bytes; an audit holds at most "
-                    f"{limits.bytes} bytes of checkpoints/: raise it with --max-history-bytes)"
-                )
-            raise _fail(why) from exc
-        held += len(data)
-        try:
-            signed = open_checkpoint(data, verifiers, origin=origin)
-        except SignatureError as exc:
-            if not accept_earlier or earlier < len(opened):
-                raise _fail(f"checkpoint {name}: {exc}") from exc
-            signed = _earlier_checkpoint(name, data, verifiers, origin, exc)
-            earlier += 1
-        except MalformedError as exc:
-            raise _fail(f"checkpoint {name}: {exc}") from exc
-        if signed.checkpoint.size != size:
-            raise _fail(f"checkpoint {name} holds size {signed.checkpoint.size}, not {size}")
-        origin = signed.checkpoint.origin
-        opened.append(signed)
-    if earlier == len(opened):
-        raise _fail(
-            "no checkpoint is signed by a trusted key: give the log's current key "
-            f"(the newest checkpoint, {history[-1][1].name}, is signed by others)"
-        )
-    return opened, earlier
-
-
-def _earlier_checkpoint(
-    name: str,
-    data: bytes,
-    verifiers: Sequence[Verifier],
-    origin: str | None,
-    cause: SignatureError,
-) -> SignedCheckpoint:
-    """A checkpoint from before a key rotation, signed only by keys the auditor lacks.
-
-    Its root is still checked against the entries; a bad signature by a key the auditor
-    does hold is never excused.
-    """
-    try:
-        text, lines = _split_note(data)
-        signatures = tuple(_parse_signature_line(line) for line in lines)
-        checkpoint = Checkpoint.parse(text)
-    except MalformedError as exc:
-        raise _fail(f"checkpoint {name}: {exc}") from exc
-    trusted = {(v.name, v.key_id) for v in verifiers}
-    if any((sig.name, sig.key_id) in trusted for sig in signatures):
-        raise _fail(f"checkpoint {name}: {cause}") from cause
-    if origin is not None and checkpoint.origin != origin:
-        raise _fail(f"checkpoint {name}: origin is {checkpoint.origin!r}, expected {origin!r}")
-    return SignedCheckpoint(checkpoint, data, Note(text, (), signatures))
 
 
 def _check_latest(log: LogDirectory, history: list[SignedCheckpoint]) -> None:
@@ -301,7 +212,7 @@ def verify_log(
     min_witnesses: int = 1,
     now: float | None = None,
     accept_earlier_keys: bool = False,
-    limits: HistoryLimits = HistoryLimits(),
+    limits: HistoryLimits = DEFAULT_LIMITS,
 ) -> LogSummary:
     """Verify a whole log directory; raises LogVerificationError naming the first problem.
 
@@ -322,7 +233,7 @@ def verify_log(
         log = LogDirectory(directory)
     except MalformedError as exc:
         raise _fail(str(exc)) from exc
-    history, earlier = _open_history(log, verifiers, origin, accept_earlier_keys, limits)
+    history, earlier = open_history(log, verifiers, origin, accept_earlier_keys, limits)
     check_rotation_order(history, earlier)
     _check_latest(log, history)
     newest = history[-1].checkpoint

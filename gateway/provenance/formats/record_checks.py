@@ -8,8 +8,9 @@ import re
 from gateway.canonical import MAX_SAFE_INTEGER
 from gateway.provenance.errors import RecordError
 from gateway.provenance.formats.receipt_payload import REQUEST_ID
+from gateway.provenance.formats.schema import STATUSES
 
-__all__ = ["SPKI_PIN", "check_count", "check_flag", "check_hex64", "check_text"]
+__all__ = ["SPKI_PIN", "check_count", "check_flag", "check_hex64", "check_status", "check_text"]
 
 
 def check_text(value: object, what: str, *, empty: bool = True) -> None:
@@ -37,3 +38,10 @@ def check_hex64(value: object, what: str, *, optional: bool = False) -> None:
         return
     if type(value) is not str or len(value) != 64 or value.strip("0123456789abcdef"):
         raise RecordError(f"{what} must be 64 lowercase hex digits, not {value!r}")
+
+
+def check_status(status: object) -> None:
+    """A completion's status: a final HTTP status, 200..599 (the gateway relays and writes
+    no other, so a record holding another was not written by it)."""
+    if type(status) is not int or status not in STATUSES:
+        raise RecordError(f"status must be an HTTP status 200..599, not {status!r}")

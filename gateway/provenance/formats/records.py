@@ -7,9 +7,8 @@ Four record types, each one log entry, RFC 8785 canonical JSON:
 * `refusal`    a request the policy refused (nothing was sent anywhere);
 * `admin`      an admin API action.
 
-Records carry salted commitments to bodies, never content. `docs/provenance.md` documents
-every field; `parse_record` (gateway/provenance/formats/record_parser.py, re-exported here)
-rejects unknown fields and wrong types, so the schema is closed.
+Records carry salted commitments to bodies, never content (docs/provenance.md); `parse_record`
+(record_parser.py, re-exported here) rejects unknown fields and wrong types: a closed schema.
 
 The builders check what they are given (record_checks.py: the reference types on
 construction, the rest per call) and raise RecordError for anything the schema would
@@ -33,6 +32,7 @@ from gateway.provenance.formats.record_checks import (
     check_count,
     check_flag,
     check_hex64,
+    check_status,
     check_text,
 )
 from gateway.provenance.formats.record_parser import (
@@ -45,7 +45,6 @@ from gateway.provenance.formats.record_parser import (
 from gateway.provenance.formats.schema import (
     BASIS_STATES,
     SCHEMA_VERSION,
-    STATUSES,
     STREAM_ERRORS,
     usage_bound_problem,
 )
@@ -285,8 +284,7 @@ def completion_record(
     if type(dispatch) is not LogEntry or len(dispatch.leaf_hash) != 32:
         raise RecordError("dispatch must be the LogEntry of the dispatch record")
     check_count(dispatch.index, "dispatch index")
-    if type(status) is not int or status not in STATUSES:
-        raise RecordError(f"status must be an HTTP status 200..599, not {status!r}")
+    check_status(status)
     if error is not None:
         check_text(error, "error")
     if usage is not None and type(usage) is not Usage:
