@@ -19,9 +19,10 @@ from tests.helpers.gateways import backend
 from tests.helpers.log_truth import ORIGIN
 from tests.helpers.net import free_port
 from tests.helpers.processes import GatewayProcess
+from tests.helpers.provenance import records
 from tests.helpers.raw_backend import Post
 
-__all__ = ["big_or_small", "start_hooked"]
+__all__ = ["big_or_small", "check_first_answered_second_cut", "start_hooked"]
 
 
 def big_or_small(
@@ -64,3 +65,18 @@ def start_hooked(
     (tmp_path / "hook" / "sitecustomize.py").write_text(hook)
     path = os.pathsep.join(p for p in (str(tmp_path / "hook"), os.environ.get("PYTHONPATH")) if p)
     return GatewayProcess(config, tmp_path, env={"PYTHONPATH": path}).start()
+
+
+def check_first_answered_second_cut(tmp_path: Path) -> None:
+    """The log under `tmp_path` holds two requests: the first's completion says 200; the
+    second's dispatch and completion, that completion the gateway's cut (503) committed to
+    none of the answer (the client got none of it, or its head alone)."""
+    logged = records(tmp_path / "log")
+    ids = list(dict.fromkeys(r["request_id"] for r in logged))
+    assert len(ids) == 2, logged
+    first = [r for r in logged if r["request_id"] == ids[0]]
+    assert [(r["type"], r.get("status")) for r in first][-1] == ("completion", 200), first
+    second = [r for r in logged if r["request_id"] == ids[1]]
+    assert [r["type"] for r in second] == ["dispatch", "completion"]
+    assert second[1]["status"] == 503, second
+    assert second[1]["response_commitment"] is None, second

@@ -30,9 +30,12 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.helpers.hooked_gateway import big_or_small, start_hooked
+from tests.helpers.hooked_gateway import (
+    big_or_small,
+    check_first_answered_second_cut,
+    start_hooked,
+)
 from tests.helpers.processes import GatewayProcess
-from tests.helpers.provenance import records
 from tests.helpers.raw_backend import Answer, RawBackend
 from tests.helpers.waiting import until
 
@@ -189,20 +192,6 @@ def _cut_the_second(sock: socket.socket, raw: RawBackend, gateway: GatewayProces
     until(lambda: cut in gateway.stderr(), cut, timeout=30, detail=gateway.output)
 
 
-def _check_the_records(tmp_path: Path) -> None:
-    """The first answer's record says 200, the cut second's 503 committed to none of it."""
-    logged = records(tmp_path / "log")
-    ids = list(dict.fromkeys(r["request_id"] for r in logged))
-    assert len(ids) == 2, logged
-    first = [r for r in logged if r["request_id"] == ids[0]]
-    assert [(r["type"], r.get("status")) for r in first][-1] == ("completion", 200), first
-    records_of_second = [r for r in logged if r["request_id"] == ids[1]]
-    assert [r["type"] for r in records_of_second] == ["dispatch", "completion"]
-    # The drain's cut (503), committed to none of the answer: the client got none of it.
-    assert records_of_second[1]["status"] == 503, records_of_second
-    assert records_of_second[1]["response_commitment"] is None, records_of_second
-
-
 def test_a_drain_cut_of_a_body_whose_head_went_alone_closes_the_connection_quietly(
     start_raw: Callable[[Answer], RawBackend], tmp_path: Path
 ) -> None:
@@ -234,7 +223,7 @@ def test_a_drain_cut_of_a_body_whose_head_went_alone_closes_the_connection_quiet
     assert "shorter than Content-Length" not in printed, printed[-3000:]
     lines = [json.loads(line) for line in printed.splitlines() if line.startswith("{")]
     assert not [line for line in lines if line.get("level") in ("error", "critical")], lines
-    _check_the_records(tmp_path)
+    check_first_answered_second_cut(tmp_path)
 
 
 def test_a_drain_cut_closing_a_connection_whose_client_never_reads_ends_at_its_write_timeout(
@@ -276,4 +265,4 @@ def test_a_drain_cut_closing_a_connection_whose_client_never_reads_ends_at_its_w
     released = [line for line in printed.splitlines() if "an answer was released" in line]
     assert len(released) == 2, released
     assert released[-1].endswith("whole answers held 0"), released
-    _check_the_records(tmp_path)
+    check_first_answered_second_cut(tmp_path)

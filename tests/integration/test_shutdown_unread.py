@@ -28,8 +28,11 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.helpers.hooked_gateway import big_or_small, start_hooked
-from tests.helpers.provenance import records
+from tests.helpers.hooked_gateway import (
+    big_or_small,
+    check_first_answered_second_cut,
+    start_hooked,
+)
 from tests.helpers.raw_backend import Answer, RawBackend
 from tests.helpers.waiting import until
 
@@ -137,16 +140,8 @@ def test_a_forced_shutdown_with_a_client_that_reads_nothing_ends_and_says_what_w
     assert "Traceback" not in printed and "Exception in ASGI" not in printed, printed[-3000:]
     lines = [json.loads(line) for line in printed.splitlines() if line.startswith("{")]
     assert not [line for line in lines if line.get("level") in ("error", "critical")], lines
-    logged = records(tmp_path / "log")
-    ids = list(dict.fromkeys(r["request_id"] for r in logged))
-    assert len(ids) == 2, logged
-    first = [r for r in logged if r["request_id"] == ids[0]]
-    assert [(r["type"], r.get("status")) for r in first][-1] == ("completion", 200), first
-    second = [r for r in logged if r["request_id"] == ids[1]]
-    assert [r["type"] for r in second] == ["dispatch", "completion"]
     # The gateway cut it (its 503), never the 200 it did not send nor a client that left.
-    assert second[1]["status"] == 503, second
-    assert second[1]["response_commitment"] is None, second
+    check_first_answered_second_cut(tmp_path)
 
 
 HEAD_HOOK = """
@@ -223,14 +218,6 @@ def test_a_forced_shutdown_cutting_a_body_whose_head_went_alone_records_no_answe
     assert code == 0, gateway.output()
     printed = gateway.stdout() + gateway.stderr()
     assert "Traceback" not in printed and "Exception in ASGI" not in printed, printed[-3000:]
-    logged = records(tmp_path / "log")
-    ids = list(dict.fromkeys(r["request_id"] for r in logged))
-    assert len(ids) == 2, logged
-    first = [r for r in logged if r["request_id"] == ids[0]]
-    assert [(r["type"], r.get("status")) for r in first][-1] == ("completion", 200), first
-    second = [r for r in logged if r["request_id"] == ids[1]]
-    assert [r["type"] for r in second] == ["dispatch", "completion"]
     # Its head went to the connection, none of its body did (the dropped connection
     # lost both): the record commits to no answer, not to the body the client never got.
-    assert second[1]["status"] == 503, second
-    assert second[1]["response_commitment"] is None, second
+    check_first_answered_second_cut(tmp_path)
