@@ -29,7 +29,14 @@ decision, as it refuses a router's control fields (gateway/api/control_fields.py
 - **another request's place on the server**: client-chosen request ids (`request_id`,
   SGLang's `rid`: a duplicate collides with another tenant's request), scheduling
   (`priority`, a data-parallel rank, llama.cpp's `id_slot`), which would let one tenant
-  take a backend away from the others (docs/security.md).
+  take a backend away from the others (docs/security.md);
+- **another tenant's media**: vLLM's `uuid` on a content part names the media item in
+  the server's multimodal caches in place of its content's hash, and with the media left
+  out (`"image_url": null`) has the server take the item from its cache by that name
+  alone. The caches serve every tenant: a tenant naming another's id is answered about
+  that tenant's image (which its request does not carry: no log commits to it), and one
+  that sends its own image under an id another tenant uses has that tenant answered
+  about it.
 
 Names are matched as the backend reads them, after JSON unescaping. The list is of what
 these servers read at the versions named in docs/security.md; a field a server adds later
@@ -65,6 +72,10 @@ _SERVER: Final = "reaches the inference server's code, files or network"
 _PLACE: Final = (
     "takes another request's place on the inference server (its id, queue position or slot)"
 )
+_SHARED: Final = (
+    "names a media item in the inference server's cache, which every tenant shares (the "
+    "server would take another tenant's image by that name, or give it this one)"
+)
 
 SERVER_FIELDS: Final[Mapping[str, str]] = {
     # vLLM (ChatCompletionRequest, CompletionRequest, EmbeddingChatRequest extras)
@@ -98,13 +109,15 @@ SERVER_FIELDS: Final[Mapping[str, str]] = {
     "lora": _WEIGHTS,
     "id_slot": _PLACE,
 }
-# A content part (vLLM's `image_embeds`, `audio_embeds`) that is a serialized tensor, and
-# an image's or video's own tiling (SGLang), and what a body holding either must spell
-# (or a JSON escape that could spell it).
+# A content part (vLLM's `image_embeds`, `audio_embeds`) that is a serialized tensor, an
+# image's or video's own tiling (SGLang), a media item's client-chosen cache id (vLLM's
+# `uuid`), and what a body holding any of them must spell (or a JSON escape that could
+# spell it).
 _TENSOR: Final = "_embeds"
 _TILING: Final = ("max_dynamic_patch", "min_dynamic_patch")
-_PART_NEEDLES: Final = (b"_embeds", b"dynamic_patch", b"\\u")
-# Body bytes the three searches for them cost about as much as one message's look at its
+_MEDIA_ID: Final = "uuid"
+_PART_NEEDLES: Final = (b"_embeds", b"dynamic_patch", b"uuid", b"\\u")
+# Body bytes the four searches for them cost about as much as one message's look at its
 # content: a body of fewer messages than its length over this has them looked at instead.
 _BYTES_PER_MESSAGE: Final = 64
 # A field naming a path or a file on the server, by any server's name for it.
@@ -213,18 +226,24 @@ def refuse_server_fields(doc: Mapping[str, Any], body: bytes) -> None:
             return
     # Only a body that spells a refused part's name, or may spell it escaped, is walked:
     # the hot path looks at no part. `find`, not `in` (a bytes `in` first tries its
-    # operand as an int, formatting a TypeError), and no generator: three searches.
-    tensor, tiling, escape = _PART_NEEDLES
-    if body.find(tensor) >= 0 or body.find(tiling) >= 0 or body.find(escape) >= 0:
+    # operand as an int, formatting a TypeError), and no generator: four searches.
+    tensor, tiling, media_id, escape = _PART_NEEDLES
+    if (
+        body.find(tensor) >= 0
+        or body.find(tiling) >= 0
+        or body.find(media_id) >= 0
+        or body.find(escape) >= 0
+    ):
         _refuse_content_parts(doc)
 
 
 def _refuse_content_parts(doc: Mapping[str, Any]) -> None:
     """Raise 400 naming the first chat content part that is a serialized tensor (vLLM's
     `image_embeds`, `audio_embeds`: `{"type": "image_embeds", ...}`, or a part holding
-    such a key without a type), which the server deserializes (GHSA-pmqf-x6x8-p7qw), or
+    such a key without a type), which the server deserializes (GHSA-pmqf-x6x8-p7qw),
     whose image or video sets its own tiling (SGLang's `max_dynamic_patch` in an
-    `image_url` or `video_url`: a tile is hundreds of tokens, past `MEDIA_ALLOWANCE`)."""
+    `image_url` or `video_url`: a tile is hundreds of tokens, past `MEDIA_ALLOWANCE`), or
+    that names its media item's cache id (vLLM's `uuid`, `_SHARED`)."""
     for where, part in content_parts(doc.get("messages")):
         found = _part_problem(part)
         if found is not None:
@@ -244,6 +263,9 @@ def _part_problem(part: Mapping[str, Any]) -> tuple[str, str] | None:
         isinstance(kind, str) and kind.endswith(_TENSOR)
     ):
         return "", f"is a serialized tensor, which {_SERVER}"
+    # vLLM reads any non-null value (`str(uuid)`: a number too); null asks for nothing.
+    if part.get(_MEDIA_ID) is not None:
+        return f".{_MEDIA_ID}", _SHARED
     for media in ("image_url", "video_url"):
         inner = part.get(media)
         if isinstance(inner, dict):

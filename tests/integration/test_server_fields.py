@@ -68,6 +68,22 @@ def post(gateway: Gateway, path: str, body: bytes) -> httpx.Response:
             },
             "messages[0].content[0]",
         ),
+        (
+            # vLLM would take another tenant's cached image by the name alone
+            "/v1/chat/completions",
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "describe it"},
+                            {"type": "image_url", "image_url": None, "uuid": "sku-1234"},
+                        ],
+                    }
+                ]
+            },
+            "messages[0].content[1].uuid",
+        ),
     ],
 )
 def test_a_server_field_is_refused_and_nothing_leaves(

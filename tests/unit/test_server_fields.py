@@ -139,6 +139,47 @@ def test_a_part_that_sets_its_own_tiling_is_refused(media: str) -> None:
     assert "prompt" in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    "part",
+    [
+        # the media left out: vLLM takes the item from its cache by the client's name alone
+        {"type": "image_url", "image_url": None, "uuid": "sku-1234"},
+        # the media sent under a name another tenant uses: its requests get this image
+        {**IMAGE, "uuid": "sku-1234"},
+        {"type": "video_url", "video_url": {"url": "https://example.com/v.mp4"}, "uuid": 7},
+        {"image_url": "https://example.com/a.png", "uuid": "x"},  # no type: vLLM reads it too
+    ],
+)
+def test_a_media_items_own_cache_id_is_refused(part: dict[str, Any]) -> None:
+    # vLLM's multimodal caches serve every tenant and key an item by its `uuid` when the
+    # client gives one, in place of the hash of its content.
+    doc = {"model": "m", "messages": [{"role": "user", "content": ["x", part]}]}
+    with pytest.raises(GatewayError) as raised:
+        refuse(doc)
+    assert raised.value.param == "messages[0].content[1].uuid"
+    assert "every tenant shares" in str(raised.value)
+    assert "sku-1234" not in str(raised.value)
+
+
+def test_an_escaped_media_cache_id_is_found_too() -> None:
+    body = (
+        b'{"model": "m", "messages": [{"role": "user", "content": '
+        b'[{"type": "image_url", "image_url": null, "uu\\u0069d": "sku-1234"}]}]}'
+    )
+    assert b"uuid" not in body
+    with pytest.raises(GatewayError) as raised:
+        refuse_control_fields(parse_body(body, None), body)
+    assert raised.value.param == "messages[0].content[0].uuid"
+
+
+def test_a_null_media_cache_id_and_the_word_in_text_pass() -> None:
+    text = {"type": "text", "text": "what is a uuid?"}
+    refuse(
+        {"model": "m", "messages": [{"role": "user", "content": [text, {**IMAGE, "uuid": None}]}]}
+    )
+    refuse({"model": "m", "messages": [{"role": "user", "content": "a uuid"}], "user": "uuid"})
+
+
 def test_an_escaped_tensor_part_is_found_too() -> None:
     body = (
         b'{"model": "m", "messages": [{"role": "user", "content": '
