@@ -10,6 +10,10 @@ reads it with the gateway's own cloud credentials. A client could so make the ga
 reach its own network (cloud metadata at 169.254.169.254, the admin listener on
 loopback, internal hosts) and ship what it read to a hosted provider.
 
+The same URLs come in a message's `images` (LiteLLM's shape of the images a Gemini model
+generated, which its Gemini and Vertex adapters send back like content parts), checked
+the same way and named by the message (`messages[1].images`).
+
 `check_media_urls` therefore admits, in a hosted request, only:
 - `data:` URLs (the content itself), anywhere;
 - `http(s)` URLs whose host is, or resolves only to, public addresses (Python's
@@ -78,6 +82,12 @@ _FABRIC: Final = (
     ipaddress.ip_network("192.0.0.0/24"),
 )
 _MAX_DEPTH: Final = 6
+# A message's own list of images beside its content: LiteLLM's shape of the images a
+# Gemini model generated (`message.images[k].image_url.url`), which its Gemini and Vertex
+# adapters send back as parts of that turn, through the media path content parts take
+# (a `gs://` object or a Files API URI as a stored file, read with the gateway's
+# credentials; another URL downloaded or handed to the provider).
+_IMAGES: Final = "images"
 # Keys naming a file kept in the provider account (OpenAI and Anthropic `file_id`, Gemini's
 # `file_uri`): one account serves every tenant, so one tenant could have another's upload
 # read into its own answer.
@@ -163,10 +173,15 @@ def check_embedding_input(params: dict[str, Any]) -> None:
 
 
 def _urls(messages: Any) -> Iterator[tuple[str, str]]:
-    """(where, value) of each string with a URL scheme in a non-text content part."""
+    """(where, value) of each string with a URL scheme in a non-text content part, or in
+    a message's `images` (`_IMAGES`)."""
     for where, part in content_parts(messages):
         if part.get("type") not in ("text", None):
             yield from _strings(where, part, 0)
+    for i, message in enumerate(messages if isinstance(messages, list) else ()):
+        images = message.get(_IMAGES) if isinstance(message, dict) else None
+        if images is not None:
+            yield from _strings(f"messages[{i}].{_IMAGES}", images, 0)
 
 
 def _strings(where: str, value: Any, depth: int) -> Iterator[tuple[str, str]]:

@@ -149,6 +149,41 @@ def test_a_data_url_still_reaches_the_provider(
     assert [h.split(" ")[0] for h in hits] == ["POST", "POST"]  # upload, then the chat
 
 
+@pytest.mark.parametrize(
+    "image_url",
+    [
+        "gs://another-tenant/scan.png",
+        "https://generativelanguage.googleapis.com/v1beta/files/another-tenants-upload",
+        "{url}/secret.png",
+    ],
+)
+def test_an_assistants_own_images_are_checked_before_the_gemini_adapter_sends_them(
+    loopback: tuple[str, list[str]], image_url: str
+) -> None:
+    # LiteLLM's Gemini adapter sends an assistant message's `images` (its shape of the
+    # images a Gemini model generated) as parts of that turn: a `gs://` object or a Files
+    # API upload as `file_data.file_uri`, which Google reads with the gateway's
+    # credentials, shared by every tenant. They passed unchecked (only content parts were).
+    url, hits = loopback
+    client = hosted(url, "gemini", "gemini/gemini-2.0-flash")
+    images = [{"type": "image_url", "image_url": {"url": image_url.replace("{url}", url)}}]
+    messages = [
+        {"role": "user", "content": "draw a cat"},
+        {"role": "assistant", "content": "here", "images": images},
+        {"role": "user", "content": "again"},
+    ]
+
+    async def send() -> None:
+        await client.send("chat", {"model": "public", "messages": messages}, "public")
+
+    with pytest.raises(HostedError) as refused:
+        asyncio.run(send())
+    assert (refused.value.status, refused.value.param) == (400, "messages[1].images")
+    assert "another-tenant" not in refused.value.message
+    assert "secret.png" not in refused.value.message
+    assert hits == []  # the provider (and the internal service) got nothing
+
+
 def embedder(url: str) -> HostedClient:
     return hosted(url, "openai", "openai/text-embedding-3-small")
 

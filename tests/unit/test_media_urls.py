@@ -199,6 +199,39 @@ def test_a_gemini_files_api_uri_is_a_stored_file_not_a_public_url(part: dict[str
         check(params)
 
 
+def generated(url: Any) -> dict[str, Any]:
+    """A conversation replaying an assistant turn with an image a Gemini model generated,
+    in LiteLLM's shape (`message.images`)."""
+    images = [{"type": "image_url", "image_url": {"url": url}}]
+    return {
+        "messages": [
+            {"role": "user", "content": "draw"},
+            {"role": "assistant", "content": "here", "images": images},
+            {"role": "user", "content": "again"},
+        ]
+    }
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        # LiteLLM's Gemini and Vertex adapters send these as parts of the assistant's turn:
+        # a Cloud Storage object and a Files API upload read with the gateway's credentials
+        ("gs://another-tenant/scan.png", "stored at the provider"),
+        (_GEMINI_FILE, "stored at the provider"),
+        ("http://127.0.0.1/secret.png", "public"),
+    ],
+)
+def test_a_messages_own_images_are_checked_like_content_parts(url: str, why: str) -> None:
+    with pytest.raises(InvalidField, match=rf"messages\[1\]\.images.*{why}"):
+        check(generated(url), "gemini")
+
+
+def test_a_messages_own_inline_or_public_images_pass() -> None:
+    check(generated("data:image/png;base64,iVBORw0KGgo="), "gemini")
+    check(generated("https://images.example/cat.png"), "gemini")
+
+
 def test_a_file_given_inline_passes() -> None:
     part = {
         "type": "file",
