@@ -108,6 +108,10 @@ SERVER_FIELDS: Final[Mapping[str, str]] = {
     # llama.cpp server (params_from_json_cmpl)
     "lora": _WEIGHTS,
     "id_slot": _PLACE,
+    # vLLM's media cache ids by modality, at the top level where a server in front of vLLM
+    # takes them in an OpenAI request (NVIDIA Dynamo's frontend, SGLang-Omni): the
+    # content part's `uuid` below, for every item at once
+    "multi_modal_uuids": _SHARED,
 }
 # A content part (vLLM's `image_embeds`, `audio_embeds`) that is a serialized tensor, an
 # image's or video's own tiling (SGLang), a media item's client-chosen cache id (vLLM's

@@ -69,6 +69,12 @@ LOOP = "{% for i in range(1000) %}{% for m in messages %}{{ m.content }}{% endfo
         ({"rid": "someone-elses"}, "rid", "place"),
         ({"priority": -100}, "priority", "place"),
         ({"id_slot": 0}, "id_slot", "place"),
+        # another tenant's media, by the id a server's shared media cache keys it by
+        (
+            {"multi_modal_uuids": {"image": ["sku-1234"]}},
+            "multi_modal_uuids",
+            "every tenant shares",
+        ),
     ],
 )
 def test_a_server_field_is_refused_naming_it(fields: dict[str, Any], param: str, why: str) -> None:
