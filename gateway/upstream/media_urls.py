@@ -103,6 +103,7 @@ _STORED_PREFIX: Final = re.compile(
     re.IGNORECASE,
 )
 _HEAD: Final = 256
+_GEMINI_FILES_HOST: Final = "generativelanguage.googleapis.com"
 _STORED_PART = (
     "inline content or a URL, not a reference to a file stored at the provider (a Gemini "
     "Files API URI): it would be read with the gateway's credentials, which every tenant "
@@ -144,8 +145,8 @@ async def check_media_urls(
         scheme = match.group(1).lower() if match else ""
         if scheme == "data":
             continue
-        if _STORED_PREFIX.match(url.lstrip()[:_HEAD]):  # a public host, a shared file
-            raise InvalidField(where, _STORED_PART)
+        if _STORED_PREFIX.match(url.lstrip()[:_HEAD]) or _gemini_file(url):
+            raise InvalidField(where, _STORED_PART)  # a public host, a shared file
         if not guarded:
             raise InvalidField(where, "a `data:` URL (this model's adapter downloads URLs)")
         public = scheme in ("http", "https") and await _public(
@@ -157,6 +158,19 @@ async def check_media_urls(
                 "a `data:` URL or an http(s) URL whose host resolves only to public "
                 "addresses (a hosted provider would have it fetched from the gateway)",
             )
+
+
+def _gemini_file(url: str) -> bool:
+    """Whether `url` names a file of Gemini's Files API however its host is written: a
+    port (`:443`), a trailing dot, userinfo, a path with more before `/files/`. LiteLLM's
+    Gemini adapter hands any https URL to Google as `file_data.file_uri` and Google, not
+    LiteLLM, decides what it names; `_STORED_PREFIX` knows the plain spelling only."""
+    try:
+        parts = urlsplit(url.strip())
+        host = parts.hostname
+    except ValueError:
+        return False
+    return host is not None and host.rstrip(".") == _GEMINI_FILES_HOST and "/files/" in parts.path
 
 
 def check_embedding_input(params: dict[str, Any]) -> None:

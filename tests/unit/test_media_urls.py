@@ -232,6 +232,23 @@ def test_a_messages_own_inline_or_public_images_pass() -> None:
     check(generated("https://images.example/cat.png"), "gemini")
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://generativelanguage.googleapis.com:443/v1beta/files/another-tenants-upload",
+        "https://generativelanguage.googleapis.com./v1beta/files/another-tenants-upload",
+        "https://u@Generativelanguage.Googleapis.com/v1beta/files/another-tenants-upload",
+        "https://generativelanguage.googleapis.com//v1beta/files/another-tenants-upload",
+    ],
+)
+def test_a_gemini_files_api_uri_is_a_stored_file_however_its_host_is_written(url: str) -> None:
+    # LiteLLM hands any https URL to Google as `file_data.file_uri`: Google decides what it
+    # names, so a port, a trailing dot or userinfo is no public URL either.
+    params = image({"url": url})
+    with pytest.raises(InvalidField, match=r"messages\[0\]\.content\[1\].*stored at the provider"):
+        check(params, "gemini")
+
+
 def test_a_file_given_inline_passes() -> None:
     part = {
         "type": "file",
