@@ -171,6 +171,6 @@ def decide(
     if decision.refusal is not None:
         refusal = decision.refusal
         raise Refused(
-            ErrorCode.policy_denied, refusal.message, decision, refusal.rule, param="model"
+            ErrorCode.policy_denied, refusal.public, decision, refusal.rule, param="model"
         )
     return Decided(decision, policy, label)

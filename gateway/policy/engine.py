@@ -144,7 +144,8 @@ class PolicySet:
         candidates = self._by_model.get(model, ())
         if not candidates:
             rule = self.unknown_model_rule
-            unknown = Refusal(rule, f"policy {rule}: no configured backend serves {model!r}")
+            message = f"policy {rule}: no configured backend serves {model!r}"
+            unknown = Refusal(rule, message, message)
             return self._decision(
                 tenant, model, label, policy, fallback, (), (), (), unknown, default_rule
             )
@@ -284,7 +285,7 @@ class PolicySet:
             hosted=(),
             fallback="never",
             saturation_threshold=None,
-            refusal=Refusal(rule, message),
+            refusal=Refusal(rule, message, message),
             trace=trace,
             policy_id=policy_id,
             policy_version=policy_version,
@@ -307,8 +308,5 @@ def _refusal(
     rule = max(counts, key=lambda r: (counts[r], ranks.get(r, -1)))
     reason = next(entry.reason for entry in trace if entry.rule == rule)
     scope = f" with data class {label!r}" if label is not None else ""
-    message = (
-        f"policy {rule}: no backend may serve model {model!r} for tenant {tenant!r}{scope} "
-        f"({reason})"
-    )
-    return Refusal(rule, message)
+    public = f"policy {rule}: no backend may serve model {model!r} for tenant {tenant!r}{scope}"
+    return Refusal(rule, f"{public} ({reason})", public)

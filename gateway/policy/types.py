@@ -83,10 +83,17 @@ class TraceEntry:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """Nothing at all is eligible; `message` starts with `policy <rule>:`."""
+    """Nothing at all is eligible; `message` starts with `policy <rule>:`.
+
+    `message` is the operator's and the policy author's (`owngate policy explain`): it
+    ends in what the rule found of a backend (its id, region, provider, the model a
+    hosted provider is sent). `public` is what the tenant is told: the same words up to
+    that reason, naming the rule, the model it asked for, itself and its data class only
+    (docs/security.md, "Routing internals are not public")."""
 
     rule: str
     message: str
+    public: str
 
 
 @dataclass(frozen=True, slots=True)

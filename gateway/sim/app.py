@@ -4,7 +4,11 @@
 
 - `app.control`: faults and load parameters, mutable while serving (`SimControl`);
 - `app.stats`: request counters (`SimStats`); `app.engine`: running / waiting / KV state;
-- `app.requests`: the last received requests, bytes as they arrived (`CapturedRequest`).
+- `app.requests`: the last received requests, bytes as they arrived (`CapturedRequest`):
+  at most `capture_limit` of them, whose bodies hold at most `CAPTURED_BYTES` together
+  (the newest is kept whole whatever its size; older ones go first). `owngate demo`
+  serves its tenants from simulators: 256 bodies at the gateway's 8 MiB limit held
+  2 GiB of prompts after their answers.
 
 Paths: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`,
 `GET /v1/models`, `GET /health`, `GET /metrics`; kind llamacpp adds `GET /slots`,
@@ -42,7 +46,10 @@ from gateway.sim.wire import (
     parse_embedding,
 )
 
-__all__ = ["SimApp", "create_sim_app"]
+__all__ = ["CAPTURED_BYTES", "SimApp", "create_sim_app"]
+
+CAPTURED_BYTES = 32 << 20
+"""The request bodies a simulator keeps for `captured()`, together, the newest aside."""
 
 _Handler = Callable[[bytes, Receive, Send], Awaitable[None]]
 
@@ -76,6 +83,7 @@ class SimApp:
         self.stats = SimStats()
         self.engine = Engine(self.control, self.clock)
         self.requests: deque[CapturedRequest] = deque(maxlen=capture_limit)
+        self._captured_bytes = 0  # the bodies in `requests`, together
         self._wall_time = wall_time
         self._inference = Inference(
             settings, self.control, self.engine, self.stats, self.clock, wall_time
@@ -118,7 +126,7 @@ class SimApp:
         method: str = scope["method"]
         path: str = scope["path"]
         headers: list[tuple[bytes, bytes]] = scope["headers"]
-        self.requests.append(
+        self._capture(
             CapturedRequest(method, path, scope.get("query_string", b""), tuple(headers), body)
         )
         route = self._routes.get(path)
@@ -130,6 +138,18 @@ class SimApp:
             await self._unauthorized(send)
         else:
             await route[1](body, receive, send)
+
+    def _capture(self, request: CapturedRequest) -> None:
+        """Keep `request`, dropping the oldest past `capture_limit` or `CAPTURED_BYTES`."""
+        kept = self.requests
+        if kept.maxlen == 0:
+            return
+        if len(kept) == kept.maxlen:
+            self._captured_bytes -= len(kept[0].body)  # the one append pushes out
+        kept.append(request)
+        self._captured_bytes += len(request.body)
+        while len(kept) > 1 and self._captured_bytes > CAPTURED_BYTES:
+            self._captured_bytes -= len(kept.popleft().body)
 
     def _build_routes(self) -> dict[str, tuple[str, _Handler]]:
         routes: dict[str, tuple[str, _Handler]] = {

@@ -16,7 +16,7 @@ import pytest
 
 from gateway.api.refusal import UNSERVED_CHARS
 from gateway.tenants import hash_api_key
-from tests.helpers.gateways import TENANT_KEY, Sim, backend
+from tests.helpers.gateways import TENANT_KEY, Sim, backend, hosted_backend
 from tests.helpers.net import free_port
 from tests.helpers.processes import GatewayProcess
 
@@ -121,3 +121,77 @@ def test_a_served_request_has_no_unserved_field(sim: Sim, tmp_path: Path) -> Non
     (line,) = [x for x in lines if x.get("event") == "request"]
     assert line["backend"] == SECRET_ID
     assert "unserved" not in line
+
+
+# Three tenants, each refused by another section of its own policy: the reason each
+# exclusion has names the backend's id, its region or its provider model.
+_REFUSING_POLICIES = {
+    "residency": "residency: {allow: [eu]}\n  retention: {max_days: any}",
+    "backends": (
+        "residency: {allow: ['*']}\n  retention: {max_days: any}\n"
+        "  backends: {deny: ['gpu-secret-*']}"
+    ),
+    "models": (
+        "residency: {allow: ['*']}\n  retention: {max_days: any}\n  models: {deny: ['gpt-secret*']}"
+    ),
+}
+_FALLBACK = {
+    "residency": "fallback: {mode: never}",
+    "backends": "fallback: {mode: never}",
+    "models": "fallback:\n    mode: when_private_unavailable\n    to: [{backend: cloud-secret-9}]",
+}
+
+
+def test_a_403_names_the_rule_not_the_backends_it_judged(tmp_path: Path) -> None:
+    """A policy refusal (403 `policy_denied`) tells the tenant which rule of its policy
+    refused, never what that rule found out about the operator's backends: their ids,
+    regions, providers or the models a hosted provider is sent. It used to end in the
+    exclusion's reason (`(region 'us-east-1' is outside residency.allow [eu])`, `(backend
+    'gpu-secret-7' matches backends.deny entry ...)`, `(provider model
+    'openai/gpt-secret-4o' ...)`), which the 503s stopped saying."""
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    keys = {name: f"og-{name}-" + "k" * 32 for name in _REFUSING_POLICIES}
+    for name, sections in _REFUSING_POLICIES.items():
+        (policies / f"{name}.yaml").write_text(
+            "apiVersion: policy.owngate.dev/v1\nkind: Policy\n"
+            f"metadata: {{id: p-{name}, version: '1'}}\n"
+            f"spec:\n  tenants: [t-{name}]\n  {sections}\n  {_FALLBACK[name]}\n"
+        )
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing is dispatched: no server needed
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "logging": {"format": "json", "level": "error", "access_log": False},
+        "policy": {"paths": [str(policies)]},
+        "backends": [
+            backend(SECRET_ID, dead, "sim-model", region="us-east-1", owner="secret-owner"),
+            hosted_backend("cloud-secret-9", f"{dead}/v1", "hm")
+            | {"models": [{"name": "hm", "provider_model": "openai/gpt-secret-4o"}]},
+        ],
+        "tenants": [
+            {"id": f"t-{name}", "api_key_hashes": [hash_api_key(key)], "models": ["*"]}
+            for name, key in keys.items()
+        ],
+    }
+    process = GatewayProcess(config, tmp_path, env={"HOSTED_KEY": "sk-test"}).start()
+    asked = {"residency": "sim-model", "backends": "sim-model", "models": "hm"}
+    try:
+        with httpx.Client(base_url=process.url, timeout=30) as client:
+            answers = {
+                name: client.post(
+                    "/v1/chat/completions",
+                    json={**CHAT, "model": asked[name]},
+                    headers={"authorization": f"Bearer {keys[name]}"},
+                )
+                for name in keys
+            }
+    finally:
+        process.stop()
+    secrets = (SECRET_ID, "us-east-1", "secret-owner", "cloud-secret-9", "gpt-secret", "openai")
+    for name, response in answers.items():
+        assert response.status_code == 403, (name, response.text)
+        error = response.json()["error"]
+        assert error["code"] == "policy_denied"
+        assert error["message"].startswith(f"policy p-{name}/{name}: "), error["message"]
+        for secret in secrets:
+            assert secret not in error["message"], (name, secret, error["message"])

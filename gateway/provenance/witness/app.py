@@ -60,12 +60,26 @@ MAX_HELD_BODY = 32 * 1024 * 1024
 #: the part of it one peer's connections may hold, by default: 32 bodies at MAX_BODY
 PEER_SHARE = 4
 _TEXT = b"text/plain; charset=utf-8"
+#: the most of a refusal's message a witness answers (what it quotes of the request, cut)
+MAX_ANSWER_CHARS = 300
 
 
 def _error_body(error: WitnessError) -> tuple[bytes, bytes]:
     if error.code == "conflict" and error.known_size is not None:
         return f"{error.known_size}\n".encode(), SIZE_CONTENT_TYPE
-    return f"{error}\n".encode(), _TEXT
+    # The message quotes the request (its first line, origin, a signature's key name):
+    # bounded, and what is not printable ASCII escaped, as `owngate audit` shows it.
+    return _plain(str(error)) + b"\n", _TEXT
+
+
+def _plain(text: str) -> bytes:
+    """`text` as printable ASCII, every other character escaped as Python writes it
+    (`\\x1b`, `\\u202e`), cut at `MAX_ANSWER_CHARS` characters with a note of the rest."""
+    cut = text[:MAX_ANSWER_CHARS]
+    escaped = cut.encode("ascii", "backslashreplace")
+    plain = b"".join(bytes([c]) if 0x20 <= c < 0x7F else b"\\x%02x" % c for c in escaped)
+    rest = len(text) - len(cut)
+    return plain + (b"...[%d more characters]" % rest if rest else b"")
 
 
 def create_witness_app(
