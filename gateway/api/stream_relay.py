@@ -25,7 +25,7 @@ from gateway.api.exchange import (
 )
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.sse import StreamWatch
-from gateway.api.sse_events import one_data_line
+from gateway.api.sse_framing import one_data_line
 from gateway.asgi import Send
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.router import Attempt
