@@ -20,18 +20,11 @@ from typing import TYPE_CHECKING, Final
 
 from gateway import access_log
 from gateway.api.body import held_bound, scan_body
-from gateway.api.exchange import (
-    Exchange,
-    client_left,
-    end_stream,
-    event_break,
-    receipt_headers,
-    receipt_headers_now,
-    send_error_event,
-)
+from gateway.api.exchange import Exchange, client_left, receipt_headers, receipt_headers_now
 from gateway.api.reservation import rate_limited
 from gateway.api.runtime import Runtime
 from gateway.api.standing import Standing
+from gateway.api.stream_writes import end_stream, event_break, send_error_event
 from gateway.asgi import (
     Receive,
     Scope,

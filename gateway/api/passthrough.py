@@ -41,10 +41,11 @@ from typing import Any, Final
 from gateway.api.answer_reads import check_whole, read_error_body, read_held
 from gateway.api.attested import Attester, SseTail
 from gateway.api.body import ask_for_usage, model_pattern, rewrite_model
-from gateway.api.exchange import Exchange, TryNext, end_stream, relayed, send_whole
+from gateway.api.exchange import Exchange, TryNext, relayed, send_whole
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.sse import StreamWatch
 from gateway.api.stream_relay import StreamRelay
+from gateway.api.stream_writes import end_stream
 from gateway.asgi import Send
 from gateway.errors import ErrorCode, GatewayError
 from gateway.log_tally import Tally

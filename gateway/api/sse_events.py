@@ -18,7 +18,7 @@ So a usage chunk written over several `data:` lines is one JSON document to the 
 and two usage documents in one event are none (their join does not parse). A stream's
 last event, left without its blank line by the backend, is dispatched too: the gateway's
 own bytes after it (its receipt line, its error event, or with neither the line ends
-`exchange.end_stream` writes) end with one.
+`stream_writes.end_stream` writes) end with one.
 
 Exact whatever the reads: every event is parsed once, as the SDK parses it, so one whose
 data is not JSON (`data: {x`, which holds nothing a search could pick it by) stops the

@@ -14,15 +14,9 @@ from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any, cast
 
-from gateway.api.exchange import (
-    Exchange,
-    end_stream,
-    relayed,
-    send_relayed,
-    send_whole,
-    start_stream,
-)
+from gateway.api.exchange import Exchange, relayed, send_relayed, send_whole
 from gateway.api.proxy import Proxy
+from gateway.api.stream_writes import end_stream, start_stream
 from gateway.api.trail import Trail
 from gateway.body_writer import body_writer
 from gateway.policy import Decision
