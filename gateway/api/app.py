@@ -25,6 +25,7 @@ from gateway.api.openai import PROXIED, TenantSurface, new_request_id
 from gateway.api.operations import Operations
 from gateway.api.parts import Assembly
 from gateway.api.runtime import Runtime
+from gateway.api.tenant_reads import TenantReads
 from gateway.asgi import Receive, Scope, Send, lifespan, send_error
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
@@ -59,12 +60,13 @@ class GatewayApp(Runtime):
             self.metrics.watch_provenance(parts.recorder)
         tenant, operations = TenantSurface(self), Operations(self)
         self._proxied = tenant.proxied
-        self._provenance = tenant.provenance
+        reads = TenantReads(self, tenant.authenticate)
+        self._provenance = reads.provenance
         self._routes: dict[str, Handler] = {
             "/healthz": operations.healthz,
             "/readyz": operations.readyz,
             "/metrics": operations.metrics,
-            "/v1/models": tenant.models,
+            "/v1/models": reads.models,
             "/admin/status": operations.admin_status,
         }
 

@@ -53,17 +53,15 @@ from gateway.api.answer_reads import cover_answer
 from gateway.api.exchange import (
     Exchange,
     TryNext,
-    break_stream,
     client_left,
-    end_stream,
     first_chunk_seconds,
     relayed,
     send_relayed,
     send_whole,
-    start_stream,
 )
 from gateway.api.hosted_signals import HostedSignals
 from gateway.api.metrics import GatewayMetrics
+from gateway.api.stream_writes import break_stream, end_stream, start_stream
 from gateway.asgi import Send
 from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance.formats.upstream_ids import UpstreamIds

@@ -1,4 +1,5 @@
-"""The tenant surface: the OpenAI endpoints, `/v1/models` and `/v1/provenance/...`.
+"""The tenant surface: the proxied OpenAI endpoints and the tenant's authentication (its
+read-only paths, `/v1/models` and `/v1/provenance/...`, are gateway/api/tenant_reads.py).
 
 Every request here authenticates with a tenant API key (`Authorization: Bearer KEY`,
 looked up by digest in the key index, `gateway.tenants`). A proxied request
@@ -20,27 +21,18 @@ from typing import TYPE_CHECKING, Final
 
 from gateway import access_log
 from gateway.api.body import held_bound, scan_body
-from gateway.api.exchange import (
-    Exchange,
-    client_left,
-    end_stream,
-    event_break,
-    receipt_headers,
-    receipt_headers_now,
-    send_error_event,
-)
+from gateway.api.exchange import Exchange, client_left, receipt_headers, receipt_headers_now
 from gateway.api.reservation import rate_limited
 from gateway.api.runtime import Runtime
 from gateway.api.standing import Standing
+from gateway.api.stream_writes import end_stream, event_break, send_error_event
 from gateway.asgi import (
     Receive,
     Scope,
     Send,
     header_values,
     read_body,
-    send_bytes,
     send_error,
-    send_json,
 )
 from gateway.body_budget import Held
 from gateway.body_writer import body_writer
@@ -341,62 +333,6 @@ class TenantSurface:
                 "the request again.",
             )
         return tenant
-
-    async def models(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
-        """`GET /v1/models`: the models the tenant may use and its policy does not refuse."""
-        try:
-            if scope["method"] != "GET":
-                raise GatewayError(ErrorCode.method_not_allowed, "/v1/models accepts only GET")
-            tenant = self.authenticate(scope)
-        except GatewayError as error:
-            await send_error(send, error, request_id)
-            return
-        parts = self._runtime.parts
-        policy, registry = parts.policies.current, parts.registry
-        data = [
-            {"id": name, "object": "model", "created": 0, "owned_by": registry.owners[name]}
-            for name in sorted(registry.routes)
-            if tenant.may_use(name) and policy.decide(tenant.id, name, None).refusal is None
-        ]
-        await send_json(send, 200, {"object": "list", "data": data}, request_id)
-
-    async def provenance(
-        self, scope: Scope, receive: Receive, send: Send, request_id: bytes
-    ) -> None:
-        """`GET /v1/provenance/receipts/{id}` and `/proofs/{id}`, for the tenant that sent it."""
-        try:
-            if scope["method"] != "GET":
-                raise GatewayError(ErrorCode.method_not_allowed, "provenance paths accept GET")
-            tenant = self.authenticate(scope)
-            _, _, rest = scope["path"].partition("/v1/provenance/")
-            kind, _, wanted = rest.partition("/")
-            recorder = self._runtime.parts.recorder
-            found = recorder.receipt(wanted, tenant.id) if recorder is not None else None
-            if kind not in ("receipts", "proofs") or recorder is None or found is None:
-                raise GatewayError(
-                    ErrorCode.not_found, "no receipt for that request id (or not yours)"
-                )
-            sealing, index = found
-            if kind == "receipts":
-                try:
-                    envelope = await asyncio.shield(sealing)
-                except Exception as exc:  # Recorder._sealed logged the cause
-                    raise GatewayError(
-                        ErrorCode.provenance_unavailable, "the receipt could not be signed"
-                    ) from exc
-                await send_bytes(send, 200, envelope, request_id, b"application/json")
-                return
-            try:
-                proof = await recorder.log.inclusion_proof(index)
-            except ValueError as exc:
-                raise GatewayError(
-                    ErrorCode.not_found,
-                    "the request is logged but no signed checkpoint covers it yet; retry "
-                    "in a second",
-                ) from exc
-            await send_bytes(send, 200, proof.format().encode(), request_id, b"text/plain")
-        except GatewayError as error:
-            await send_error(send, error, request_id)
 
 
 async def _answer_taken(exchange: Exchange, answer: Held) -> None:

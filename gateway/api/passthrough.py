@@ -41,10 +41,12 @@ from typing import Any, Final
 from gateway.api.answer_reads import check_whole, read_error_body, read_held
 from gateway.api.attested import Attester, SseTail
 from gateway.api.body import ask_for_usage, model_pattern, rewrite_model
-from gateway.api.exchange import Exchange, TryNext, end_stream, relayed, send_whole
+from gateway.api.exchange import Exchange, TryNext, relayed, send_whole
 from gateway.api.metrics import GatewayMetrics
+from gateway.api.private_failures import NO_ROOM, NOT_SENT, REFUSALS, RETRYABLE, last_error
 from gateway.api.sse import StreamWatch
 from gateway.api.stream_relay import StreamRelay
+from gateway.api.stream_writes import end_stream
 from gateway.asgi import Send
 from gateway.errors import ErrorCode, GatewayError
 from gateway.log_tally import Tally
@@ -60,13 +62,6 @@ from gateway.upstream.tenant_ids import salted_body
 
 __all__ = ["PrivateRelay"]
 
-_RETRYABLE = frozenset({429, 500, 502, 503, 504})
-# Refusals of this request by this backend: the gateway's key (401, 403), a model or an
-# endpoint it does not serve (404, 501). Another backend may serve: the attempt fails
-# over (a black hole otherwise, every request it got ending there). They are no verdict
-# on the backend's health (its breaker): the endpoint is the client's choice, and one
-# tenant's requests to an endpoint a backend lacks must not take it out for every tenant.
-_REFUSALS = frozenset({401, 403, 404, 501})
 _SSE = b"text/event-stream"
 # What a 2xx answer of the wrong shape was (by whether it is SSE): the gateway's own
 # words, never the backend's content type.
@@ -85,11 +80,6 @@ _UNRELAYABLE_TYPE: Final = (
 )
 # The endpoints whose prompts a server's prefix cache holds (`isolate_prefix_cache`).
 _SALTED: Final = frozenset({"chat", "completions"})
-# Failures before the backend had the request: nothing of it was sent.
-_NOT_SENT: Final = frozenset({"connect", "tls", "busy", "exhausted", "retired"})
-# The gateway's own limits: the backend is up, this gateway has no room to reach it (its
-# state "busy", as for a 429: only `when_private_saturated` falls back past it).
-_NO_ROOM: Final = frozenset({"busy", "exhausted"})
 _STRIP_LOG_EVERY_S = 60.0
 
 
@@ -116,7 +106,7 @@ class PrivateRelay:
             self._failed(exchange, backend, exc)
             attempt.upstream_failed(exc.kind, exc.detail)
             raise TryNext(
-                f"{backend.id}: {exc.kind}", _last_error(exc), busy=exc.kind in _NO_ROOM
+                f"{backend.id}: {exc.kind}", last_error(exc), busy=exc.kind in NO_ROOM
             ) from exc
 
     async def attempt(
@@ -181,17 +171,17 @@ class PrivateRelay:
                 withdrawn=moved,
             )
         except UpstreamError as exc:
-            if trail is not None and (exc.kind in _NOT_SENT or exc.sent_nothing):
+            if trail is not None and (exc.kind in NOT_SENT or exc.sent_nothing):
                 trail.offered = offered  # the backend never had the prompt
             self._failed(exchange, backend, exc)
             attempt.upstream_failed(exc.kind, exc.detail)
             gone = moved() if exc.kind == "retired" else None  # the completion says why
             raise TryNext(
-                gone or f"{backend.id}: {exc.kind}", _last_error(exc), busy=exc.kind in _NO_ROOM
+                gone or f"{backend.id}: {exc.kind}", last_error(exc), busy=exc.kind in NO_ROOM
             ) from exc
         if response.status >= 400 and trail is not None:
             trail.offered = offered  # an error status: the backend did not serve it
-        if response.status >= 500 and response.status not in _REFUSALS:
+        if response.status >= 500 and response.status not in REFUSALS:
             attempt.failed(f"HTTP {response.status}")
         else:
             attempt.answered()
@@ -206,7 +196,7 @@ class PrivateRelay:
             # Broke off before the client saw a byte: another backend may serve it.
             self._failed(exchange, backend, exc)
             raise TryNext(
-                f"{backend.id}: {exc.kind}", _last_error(exc), busy=exc.kind in _NO_ROOM
+                f"{backend.id}: {exc.kind}", last_error(exc), busy=exc.kind in NO_ROOM
             ) from exc
         except GatewayError:
             attempt.succeeded()  # a 4xx, translated for the client: the backend is answering
@@ -297,7 +287,7 @@ class PrivateRelay:
             exchange.upstream_error = f"status {status}"
             pool = backend.pool
             error = translate_upstream_error(status, data, (pool.host,) if pool else ())
-            if status in _RETRYABLE or status in _REFUSALS:
+            if status in RETRYABLE or status in REFUSALS:
                 # nothing reached the client: another backend may serve
                 raise TryNext(f"{backend.id}: HTTP {status}", error, busy=status == 429)
             raise error
@@ -384,32 +374,6 @@ class PrivateRelay:
         if pattern is None:
             pattern = self._rewrites[key] = model_pattern(model)
         return rewrite_model(body, doc, pattern, route.upstream_model)
-
-
-def _last_error(exc: UpstreamError) -> GatewayError | None:
-    """What the client sees if this failed attempt was the last one: 504 for a timeout,
-    502 for an answer in a coding the gateway did not accept, 503 saying the gateway is
-    out of descriptors (`exhausted`); None: 503 naming every
-    failure (gateway/api/proxy.py)."""
-    if exc.kind == "shape":
-        return GatewayError(
-            ErrorCode.upstream_error,
-            f"the backend answered in the wrong shape: {exc.detail}",
-        )
-    if exc.kind == "encoding":
-        return GatewayError(
-            ErrorCode.upstream_error,
-            "the backend answered in a content coding the gateway did not ask for "
-            "(it asks for identity and relays nothing else)",
-        )
-    if exc.kind == "exhausted":  # the gateway's state: say so, never blame the backend
-        return GatewayError(
-            ErrorCode.backend_unavailable,
-            "the gateway is out of file descriptors and could not reach the backend; retry later",
-        )
-    if exc.kind != "timeout":
-        return None
-    return GatewayError(ErrorCode.upstream_timeout, "the backend did not answer in time")
 
 
 def _wants_stream(exchange: Exchange) -> bool:

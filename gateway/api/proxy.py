@@ -7,10 +7,10 @@ the fallback mode, the saturation wait, the failover bounds), and the dispatch i
 
     for attempt in plan: record, relay, report
 
-each attempt bracketed by its provenance records (`_recorded`: the dispatch record is
-durable before the attempt sends, the completion record follows with the status the
-client gets), relayed to a private backend (gateway/api/passthrough.py) or a hosted one
-(gateway/api/hosted_relay.py), and reported back to the plan. An attempt that sends
+each attempt bracketed by its provenance records (gateway/api/recorded_attempt.py: the
+dispatch record is durable before the attempt sends, the completion record follows with
+the status the client gets), relayed to a private backend (gateway/api/passthrough.py)
+or a hosted one (gateway/api/hosted_relay.py), and reported back to the plan. An attempt that sends
 nothing has no records: one a reload withdrew (gateway/api/decided.py, asked as its turn
 comes and again right before its dispatch record), one whose request's key lapsed
 meanwhile (revoked, removed or given to another tenant, or its model taken from the tenant:
@@ -26,13 +26,11 @@ skipped, each with its refusal record.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any
 
-from gateway.api.attempt_errors import attempt_error, attempt_status, stopped
-from gateway.api.attested import count_verdict
+from gateway.api.attempt_errors import attempt_error, stopped
 from gateway.api.body import BodyScan, parse_body
 from gateway.api.control_fields import refuse_control_fields
 from gateway.api.decided import Decided, decide, withdrawn_by_reload
@@ -41,6 +39,7 @@ from gateway.api.hosted_relay import HostedRelay, NotSent
 from gateway.api.labels import UNKNOWN, excerpt
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.passthrough import PrivateRelay
+from gateway.api.recorded_attempt import recorded
 from gateway.api.recorder import Recorder
 from gateway.api.refusal import (
     Refused,
@@ -57,13 +56,12 @@ from gateway.config.schema import RoutingSettings
 from gateway.errors import ErrorCode, GatewayError
 from gateway.policy_set import TrustPolicies
 from gateway.provenance import Salts
-from gateway.routing.registry import BackendState, Registry
+from gateway.routing.registry import Registry
 from gateway.routing.router import Attempt, Outcome, Router
 from gateway.routing.scraper import MetricsScraper
 from gateway.state import SharedState
 from gateway.upstream.hosted import Prepared
 from gateway.upstream.http import DEFAULT_MAX_BODY, Connection
-from gateway.upstream.tls import Peer
 
 __all__ = ["Proxy"]
 
@@ -236,7 +234,9 @@ class Proxy:
                 else:
                     assert prepared is not None
                     relay = partial(_hosted, hosted, exchange, attempt, prepared, send)
-                gone = await self._recorded(
+                gone = await recorded(
+                    self.recorder,
+                    self._metrics,
                     exchange,
                     attempt.backend,
                     relay,
@@ -272,135 +272,6 @@ class Proxy:
         if unsent is not None:  # nothing dispatched: the client's 400, a refusal record
             raise not_sent(unsent, decision)
         raise nothing_served(decision, model, exchange.request_id.decode())
-
-    async def _recorded(
-        self,
-        exchange: Exchange,
-        backend: BackendState,
-        attempt: Callable[[Connection | None], Awaitable[None]],
-        connect: Callable[[], Awaitable[Connection]] | None = None,
-        withdrawn: Callable[[], str | None] | None = None,
-        lapsed: Callable[[], GatewayError | None] = lambda: None,
-        moved: Callable[[], str | None] = lambda: None,
-    ) -> str | GatewayError | None:
-        """One attempt, bracketed by its provenance records: the dispatch record is
-        durable before the attempt sends anything, the completion record follows it.
-        A private attempt connects first (`connect`), so that its dispatch record names
-        the TLS peer its connection authenticated; a connection that failed (refused, a
-        certificate refused) is recorded as the attempt's failure, like one that fails
-        later (a backend whose breaker admits no attempt is skipped by the plan, and a
-        hosted request its provider's checks refuse by `_dispatch`, before this: no
-        record). An unused connection goes back to its pool.
-
-        A failed attempt's completion says the status its failure answers the client with
-        if no other attempt serves (`attempt_status`); so the last record of a request
-        always has the status the client got. It is held until the next dispatch record
-        or the request's end (`Recorder.settle`): a client that leaves before another
-        attempt is dispatched (or a drain deadline that cuts the request then) makes it
-        say 499 (503), what the client got. So is the completion of any attempt whose
-        answer the app sends after it (an error, a fault's 500, a cut's 503: nothing of
-        the response started), until that answer went out (`answered`): a client gone
-        before then (its receipt still being signed, its charge made) got nothing, 499.
-
-        A reload may land while the attempt connects (or while `HostedRelay.prepare` looked
-        up hosts): `withdrawn` is asked again right before the dispatch record, and an
-        attempt the policy set active then no longer admits is not made (no record, its
-        connection back to its pool): the reason is returned (None: the attempt was made).
-        So is a request whose key lapsed meanwhile (`lapsed`, gateway/api/standing.py): the
-        error it says is returned. Asked again once the dispatch record is durable and when
-        the attempt fails: then the attempt sends nothing (or no other attempt is made) and
-        its completion record has that error's status, the status the client gets. So is
-        `moved` (`Registry.moved`, a reload that moved the backend or changed its TLS
-        trust): then the attempt fails before it sends, its completion saying why."""
-        exchange.upstream_error = None  # this attempt's, not an earlier attempt's
-        backend_before = exchange.backend
-        connection: Connection | None = None
-        failed: TryNext | None = None
-        if connect is not None:
-            try:
-                connection = await connect()
-            except TryNext as exc:
-                failed = exc
-
-        async def run() -> None:
-            try:
-                stop = lapsed()  # while the dispatch record was made durable: nothing sent
-                if stop is not None:
-                    raise stop
-                if failed is not None:
-                    raise failed
-                gone = moved()  # by a reload during the record's write: the old address
-                if gone is not None:
-                    raise TryNext(gone)
-                await attempt(connection)
-            except TryNext as exc:  # the next attempt may serve, unless the key lapsed
-                stop = lapsed()
-                if stop is None:
-                    raise
-                raise stop from exc  # what the client gets, and the completion says
-
-        try:
-            gone: str | GatewayError | None = lapsed()
-            if gone is None and withdrawn is not None:
-                gone = withdrawn()
-            if gone is not None:
-                exchange.backend = backend_before  # not this one's: nothing was sent to it
-                return gone
-            peer = None if connection is None else connection.peer
-            await self._recorded_on(exchange, backend, run, peer)
-            return None
-        finally:
-            if connection is not None:
-                connection.release()
-
-    async def _recorded_on(
-        self,
-        exchange: Exchange,
-        backend: BackendState,
-        attempt: Callable[[], Awaitable[None]],
-        peer: Peer | None,
-    ) -> None:
-        recorder, trail = self.recorder, exchange.trail
-        if recorder is None or trail is None:
-            try:
-                await attempt()
-            finally:
-                if trail is not None:
-                    count_verdict(self._metrics, trail)
-            return
-        assert exchange.decision is not None
-        waiting = time.perf_counter()
-        await recorder.dispatch(exchange, trail, exchange.decision, backend, peer)
-        self._metrics.dispatch_wait.observe(time.perf_counter() - waiting)
-        status, error, held = 0, None, False
-        try:
-            await attempt()
-            status, error = exchange.status, exchange.upstream_error
-        except TryNext as exc:  # held until the next dispatch or the request's end
-            status, error, held = attempt_status(exc), exc.reason, True
-            raise
-        except GatewayError as exc:
-            status, error = exc.status, exc.code.value
-            held = not exchange.response_started  # the app sends it: held until it went out
-            raise
-        except asyncio.CancelledError:
-            if exchange.ended:  # after its answer's end: the client got all of it
-                status, error = exchange.status, exchange.upstream_error
-            else:
-                status, error = cut_status(exchange)
-                if status == 503 and exchange.streaming:  # its error event goes out after
-                    trail.cut_after()
-            held = not exchange.response_started  # a cut's 503 goes out after
-            raise
-        except Exception:
-            # A fault of the gateway's own: the client gets 500 internal_error (the app's
-            # last resort), so the record says that, not the status 0 no client gets.
-            status, error = ErrorCode.internal_error.status, ErrorCode.internal_error.value
-            held = not exchange.response_started
-            raise
-        finally:
-            count_verdict(self._metrics, trail)  # as the record says it
-            recorder.complete(exchange, trail, status=status, error=error, held=held)
 
     async def _refused(self, exchange: Exchange, refused: Refused) -> None:
         """The refusal record (nothing was dispatched): the decision's rule and trace, and

@@ -26,13 +26,8 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from gateway.api.sse_events import (
-    BLANK_TAILS,
-    LINE_END_BYTES,
-    EventReader,
-    event_end,
-    last_event_end,
-)
+from gateway.api.sse_events import EventReader
+from gateway.api.sse_framing import BLANK_TAILS, LINE_END_BYTES, event_end, last_event_end
 from gateway.api.usage_read import counts_in, read_json
 
 __all__ = ["StreamWatch"]

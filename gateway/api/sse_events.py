@@ -18,7 +18,7 @@ So a usage chunk written over several `data:` lines is one JSON document to the 
 and two usage documents in one event are none (their join does not parse). A stream's
 last event, left without its blank line by the backend, is dispatched too: the gateway's
 own bytes after it (its receipt line, its error event, or with neither the line ends
-`exchange.end_stream` writes) end with one.
+`stream_writes.end_stream` writes) end with one.
 
 Exact whatever the reads: every event is parsed once, as the SDK parses it, so one whose
 data is not JSON (`data: {x`, which holds nothing a search could pick it by) stops the
@@ -27,7 +27,7 @@ cheap: a read of whole events of the usual shape, each one `data: ` line and its
 line, LF alone (`_whole`: one split, one count), has each value parsed with orjson (up to
 `_SHORT_DATA` bytes, which cannot nest past `MAX_DEPTH`; one orjson refuses (`NaN`, say)
 or longer is read as any event, `read_json`); a paced server's one-line read
-(`one_data_line`) skips the split. Any other read is split into lines once and read line
+(`sse_framing.one_data_line`) skips the split. Any other read is split into lines once and read line
 by line. A value that is the last parsed chunk's but for a plain content string (no
 quote, backslash or control character: `_learn`) is that document, not parsed again.
 The unfinished event is kept only up to `max_event` bytes (64 KiB: comments and
@@ -41,42 +41,27 @@ keeps for every later event: its `json()` of "" raises), and at an event whose d
 not JSON (a `thread.*` one too). An event whose data is past the bounds the gateway
 reads within (`usage_read.PastBounds`: nested deeper than 512, say) may show the client a
 usage: the usage is then unknown (`usage` None, `unknown` set) until a later event shows
-one, never an earlier event's; one whose data holds no marker (`_worth`) cannot show one,
-and leaves the usage as it was. A usage object with a count that is no JSON integer
-(`3.9`, `"3"`, `true`) is shown to the client as it is: the usage is then none, never an
-earlier event's (docs/provenance.md); so is a usage that is no object (`"usage": 7`)."""
+one, never an earlier event's; one whose data holds no marker
+(`sse_data.may_show_usage`) cannot show one, and leaves the usage as it was. A usage
+object with a count that is no JSON integer (`3.9`, `"3"`, `true`) is shown to the client
+as it is: the usage is then none, never an earlier event's (docs/provenance.md); so is a
+usage that is no object (`"usage": 7`)."""
 
 from __future__ import annotations
 
 import codecs
-import json
 import re
 from typing import Final
 
 import orjson
 
+from gateway.api.sse_data import MAX_EVENT, may_show_usage, not_json, retry_integer
+from gateway.api.sse_framing import BLANK, LF, last_event_end, past_blank
 from gateway.api.usage_read import MAX_DEPTH, PastBounds, counts_in, read_json
 
-__all__ = [
-    "BLANK_TAILS",
-    "LINE_END_BYTES",
-    "EventReader",
-    "event_end",
-    "last_event_end",
-    "one_data_line",
-]
+__all__ = ["EventReader"]
 
-_MAX_EVENT: Final = 64 * 1024
 _LINE_ENDS: Final = re.compile(rb"\r\n|\r|\n")
-# What an event past the read bounds must hold to show a usage (`_worth`): these, or
-# `\u00` followed by 4-7 (an escaped ASCII letter may spell `usage` or `error`).
-_NEEDLES: Final = (b'"usage"', b'"error"', b"[DONE]")
-_ESCAPE: Final = b"\\u00"
-_LETTER_ESCAPE: Final = re.compile(rb"\\u00[4-7]")
-# Two line ends in a row: a blank line (its own end may be the CR of a CRLF).
-_BLANK: Final = re.compile(rb"\n\n|\r\r|\n\r")
-_LF: Final = 10
-_CR: Final = 13
 # A `data` value's length up to which it is too short to nest past `MAX_DEPTH` (each level
 # takes two bytes): orjson reads it as `read_json` does.
 _SHORT_DATA: Final = 2 * MAX_DEPTH + 1
@@ -92,7 +77,7 @@ class EventReader:
     """One relayed stream's events as its client's SDK reads them (what the gateway relays
     in, in order); `finish` at the stream's end."""
 
-    def __init__(self, *, max_event: int = _MAX_EVENT) -> None:
+    def __init__(self, *, max_event: int = MAX_EVENT) -> None:
         self.usage: dict[str, int] | None = None  # the last usage shown
         # an event past the read bounds came after the last usage read (it may show one),
         # or the last usage shown has a count that is not an integer: no usage to state
@@ -122,7 +107,7 @@ class EventReader:
             return
         if self._skip_lf:
             self._skip_lf = False
-            if data[0] == _LF:
+            if data[0] == LF:
                 data = data[1:]
                 if not data:
                     return
@@ -169,12 +154,12 @@ class EventReader:
         """Read `data` (UTF-8, as far as it goes) on from the unfinished event."""
         buffer = self._raw + data if self._raw else data
         if self._over:  # the rest of an event let go: to its blank line
-            found = _BLANK.search(buffer)
+            found = BLANK.search(buffer)
             if found is None:
                 self._raw = buffer[-1:]  # a line end, with the next read's, is a blank line
                 return
             self._over = False
-            buffer = buffer[_past_blank(buffer, found.start()) :]
+            buffer = buffer[past_blank(buffer, found.start()) :]
         cut = last_event_end(buffer)
         if cut:
             self._whole(buffer[:cut])
@@ -314,7 +299,7 @@ class EventReader:
                     if b"\0" not in value:  # (the SDK keeps the last id, never resets it)
                         self._id = bool(value)
                 elif name == b"retry":
-                    retry = retry or _integer(value)
+                    retry = retry or retry_integer(value)
         if dispatch:
             self._dispatch(data, event, retry)
 
@@ -330,13 +315,13 @@ class EventReader:
         try:
             doc = read_json(joined, line=True)
         except PastBounds:
-            if _not_json(joined):  # the SDK's `json.loads` refuses it at any depth: it
+            if not_json(joined):  # the SDK's `json.loads` refuses it at any depth: it
                 self.stopped = True  # raises here, reads no further
                 return
             # the client may read a usage here: not the earlier one, unless
             # no usage can be in it (a thread.* event's is handed on nested; one read in
             # one pass reads every event, those without a needle too)
-            if not event.startswith(b"thread.") and _worth(joined, 0, len(joined)):
+            if not event.startswith(b"thread.") and may_show_usage(joined, 0, len(joined)):
                 self.usage, self.unknown = None, True
             return
         except ValueError:  # the SDK's json() raises: it reads no further
@@ -364,103 +349,9 @@ class EventReader:
             self.usage, self.unknown = None, True
 
 
-def one_data_line(data: bytes) -> bool:
-    """Whether `data` is one line `data: {...` and the blank line that ends its event, LF
-    each, nothing else: a paced server's usual read (one token per write). Its one line is
-    no comment (no `owngate-` comment to remove), no field but `data` (none that dispatches
-    an event without data) and its value starts `{` (not `[DONE]`): what four searches of
-    the read per filter otherwise rule out, told by two `memchr`s (one-byte `find`s)."""
-    return (
-        data[:7] == b"data: {"
-        and data.find(b"\n") == len(data) - 2
-        and data[-1] == _LF
-        and data.find(b"\r") < 0
-    )
-
-
-def _not_json(data: bytes) -> bool:
-    """Whether `json.loads` refuses `data` (a value past the read bounds, `PastBounds`)
-    for its text, not its depth: a syntax error it meets before any recursion limit
-    (`[` 600 times, then `x`), at which the client's parser raises whatever its stack.
-    Bounded: not over `_MAX_EVENT` bytes (some 30,000 arrays at most to build), and the
-    recursion it refuses past stops it."""
-    if len(data) > _MAX_EVENT:
-        return False
-    try:
-        json.loads(data.decode("utf-8"))
-    except RecursionError:  # too deep for this stack: the client's may read it
-        return False
-    except ValueError:  # (UnicodeDecodeError is one)
-        return True
-    return False
-
-
-def _integer(value: bytes) -> bool:
-    """Whether the SDK's `int()` reads `value` (a `retry` field's: then it dispatches)."""
-    try:
-        int(value.decode())
-    except ValueError:  # (UnicodeDecodeError is one)
-        return False
-    return True
-
-
-def _worth(data: bytes, start: int, end: int) -> bool:
-    """Whether `data[start:end]` holds one of `_NEEDLES` or an escape `\\u0040` to
-    `\\u007f` (a search each, no call for the usual read without a backslash)."""
-    return (
-        data.find(_NEEDLES[0], start, end) >= 0
-        or data.find(_NEEDLES[1], start, end) >= 0
-        or data.find(_NEEDLES[2], start, end) >= 0
-        or _escape_at(data, start, end) >= 0
-    )
-
-
-def _escape_at(data: bytes, start: int, end: int) -> int:
-    """Where the first escape `\\u0040` to `\\u007f` in `data[start:end]` starts; -1.
-    A `find` first (a read without `\\u00` is the usual one), then the expression: not a
-    Python step per other escape (a Go server writes each `<` as `\\u003c`)."""
-    if data.find(_ESCAPE, start, end) < 0:
-        return -1
-    found = _LETTER_ESCAPE.search(data, start, end)
-    return -1 if found is None else found.start()
-
-
 def _lines(chunk: bytes) -> list[bytes]:
     """`chunk`'s lines (the last one possibly unfinished)."""
     lines = _LINE_ENDS.split(chunk)
     if not lines[-1]:
         lines.pop()  # after the last line end: no line
     return lines
-
-
-# A read ending with a blank line ends in one of these, or in CRLF after a line end.
-BLANK_TAILS: Final = (b"\n\n", b"\r\r", b"\n\r")
-LINE_END_BYTES: Final = (b"\n", b"\r")
-
-
-def _past_blank(data: bytes, at: int) -> int:
-    """Past the blank line whose two line ends start at `at` (`_BLANK`)."""
-    end = at + 2
-    return end + 1 if data[at + 1] == _CR and data[end : end + 1] == b"\n" else end
-
-
-def last_event_end(data: bytes, start: int = 0, end: int | None = None) -> int:
-    """Where the last blank line in `data[start:end]` ends (`start` when there is none;
-    `start` begins a line)."""
-    if end is None:
-        end = len(data)
-    at = data.rfind(b"\n\n", start, end)
-    # A blank line of CRs ends later only with a CR after `at`: looked for with `memrchr`
-    # (a one-byte `rfind`), not with two backward searches over the whole read, which on
-    # a coalesced stream (most servers end lines with LF alone) were a fifth of its cost.
-    after = max(start, at + 1)
-    if data.rfind(b"\r", after, end) >= 0:
-        at = max(at, data.rfind(b"\r\r", after, end), data.rfind(b"\n\r", after, end))
-    return _past_blank(data, at) if at >= 0 else start
-
-
-def event_end(data: bytes, start: int) -> int:
-    """Where the event starting at `start` ends, after its blank line (the LF of a CRLF
-    included when it is there); -1 while it has not ended."""
-    found = _BLANK.search(data, start)
-    return _past_blank(data, found.start()) if found is not None else -1

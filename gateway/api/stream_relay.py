@@ -15,17 +15,11 @@ import asyncio
 from collections.abc import Callable
 
 from gateway.api.attested import SseTail
-from gateway.api.exchange import (
-    Exchange,
-    break_stream,
-    client_left,
-    first_chunk_seconds,
-    send_relayed,
-    start_stream,
-)
+from gateway.api.exchange import Exchange, client_left, first_chunk_seconds, send_relayed
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.sse import StreamWatch
-from gateway.api.sse_events import one_data_line
+from gateway.api.sse_framing import one_data_line
+from gateway.api.stream_writes import break_stream, start_stream
 from gateway.asgi import Send
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.router import Attempt

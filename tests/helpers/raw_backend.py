@@ -18,6 +18,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from tests.helpers.accepted import Accepted, close_server
+
 __all__ = ["Answer", "Post", "RawBackend", "json_answer", "sse_head"]
 
 
@@ -87,6 +89,7 @@ class RawBackend:
         self._ended = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self._accepted = Accepted(self._serve)  # every connection, from its hand-over on
         self.port = 0
 
     @property
@@ -106,7 +109,7 @@ class RawBackend:
     def start(self) -> RawBackend:
         self._thread.start()
         started = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._serve, "127.0.0.1", 0), self._loop
+            asyncio.start_server(self._accepted, "127.0.0.1", 0), self._loop
         )
         self._server = started.result(timeout=10)
         self.port = self._server.sockets[0].getsockname()[1]
@@ -115,7 +118,7 @@ class RawBackend:
     def stop(self) -> None:
         async def close() -> None:
             assert self._server is not None
-            self._server.close()
+            await close_server(self._server)  # no accepted connection lost in the close
             # A close waits for the write buffer to drain: one the gateway stopped reading
             # (a flood held back) never would, and the socket would outlive the loop.
             for writer in self._writers:
@@ -124,7 +127,9 @@ class RawBackend:
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
-            await asyncio.sleep(0)  # the aborts close their sockets on the next loop turn
+            # and connections whose handler had not started; the aborts close their
+            # sockets on the next loop turn
+            await self._accepted.close_all()
 
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway.upstream.http import HttpPool
+from tests.helpers.accepted import close_server
 
 __all__ = ["Handler", "dripping", "read_request", "with_backend"]
 
@@ -52,11 +53,10 @@ async def with_backend(
         await body(pool)
     finally:
         await pool.close()
-        server.close()
+        await close_server(server)  # no accepted connection lost in the close (accepted.py)
         for task in handlers:
             task.cancel()
         await asyncio.gather(*handlers, return_exceptions=True)
-        await server.wait_closed()
 
 
 def dripping(chunks: int, gap_s: float, then_stall: bool) -> Handler:

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from gateway.pki import Issued, fact_uris, issue, make_ca
+from tests.helpers.accepted import Accepted, close_server
 
 __all__ = ["Pki", "TLSFront", "patched", "server_context"]
 
@@ -130,6 +131,7 @@ class TLSFront:
         self.handshakes = 0
         self.failed = 0
         self._open: set[asyncio.StreamWriter] = set()
+        self._accepted = Accepted(self._relay)  # every connection, from its hand-over on
         # Bumped by `swap`: a connection accepted before it is dropped even if it was still
         # being set up (handshake, upstream connect) when `swap` ran, since the client may
         # count it open from its own end of the handshake.
@@ -167,8 +169,7 @@ class TLSFront:
             for writer in list(self._open):
                 writer.transport.abort()
             if self._server is not None:
-                self._server.close()
-                await self._server.wait_closed()
+                await close_server(self._server)  # no accepted connection lost in the close
 
         if self._thread.is_alive():
             asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
@@ -180,22 +181,17 @@ class TLSFront:
         asyncio.set_event_loop(self._loop)
 
         async def serve() -> None:
-            self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+            self._server = await asyncio.start_server(self._accepted, "127.0.0.1", 0)
             self.port = self._server.sockets[0].getsockname()[1]
             self._ready.set()
 
         self._loop.run_until_complete(serve())
         self._loop.run_forever()
-        # What is left (relays of dropped connections) ends now.
-        pending = asyncio.all_tasks(self._loop)
-        for task in pending:
-            task.cancel()
-        self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        # An `abort` (the relays' own, or `stop`'s) closes its socket in a callback it
-        # schedules: one more turn runs those, so no socket is left for the garbage
-        # collector to find open during a later test (pytest then fails that test on the
-        # "unclosed transport" ResourceWarning, wherever it lands).
-        self._loop.run_until_complete(asyncio.sleep(0))
+        # What is left ends now: relays of dropped connections, and connections whose relay
+        # had not started (tests/helpers/accepted.py); the aborts close their sockets in a
+        # callback, run in a last loop turn, so no socket is left for the garbage collector
+        # to find open during a later test.
+        self._loop.run_until_complete(self._accepted.close_all())
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

@@ -400,12 +400,6 @@ def test_a_connection_leased_for_its_record_never_reconnects_to_another_key(
     asyncio.run(run())
 
 
-# In three whole-suite runs (never alone) the garbage collector found an unclosed asyncio
-# server socket of a test helper (`_SelectorSocketTransport`: the gateway runs on uvloop)
-# during this test, at the same place in the run: pytest turned that into this test's
-# failure. The TLS front now closes every connection (tests/helpers/tls.py); until the
-# leaking helper is proven found, an unraisable warning here does not fail this test.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_certificate_fact_that_is_not_text_is_a_tls_refusal(
     start_gateway: Callable[..., Gateway],
     start_front: Callable[[Any], TLSFront],

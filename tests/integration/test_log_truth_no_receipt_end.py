@@ -2,7 +2,7 @@
 the backend's last event when the backend left it open (no blank line after it): the
 client's SDK never dispatched that event (openai/_streaming.py dispatches at a blank line
 only), while the completion record read it (`EventReader.finish`) and stated its usage.
-The gateway now ends that event itself (`exchange.end_stream`), so the client reads what
+The gateway now ends that event itself (`stream_writes.end_stream`), so the client reads what
 the record states, and those bytes are in the response commitment: the stream, as
 received, opens it (a real gateway, provenance on, the signer failing)."""
 

@@ -11,7 +11,8 @@ import pytest
 from openai._streaming import SSEDecoder
 
 from gateway.api.sse import StreamWatch
-from gateway.api.sse_events import EventReader, one_data_line
+from gateway.api.sse_events import EventReader
+from gateway.api.sse_framing import one_data_line
 from tests.helpers.sdk_stream import counts, sdk_shown_usage
 
 

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from gateway.api.sse import StreamWatch
-from gateway.api.sse_events import one_data_line
+from gateway.api.sse_framing import one_data_line
 from gateway.api.trail import Trail
 from gateway.provenance import Salts, Usage
 from tests.helpers.sdk_stream import counts, sdk_shown_usage

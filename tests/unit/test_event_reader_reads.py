@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from gateway.api import sse_events
 from gateway.api.sse_events import EventReader
+from gateway.api.sse_framing import last_event_end
 from gateway.api.usage_read import read_json
 
 HEAD = b'data: {"id":"c","object":"chat.completion.chunk","choices":'
@@ -215,4 +216,4 @@ def test_the_last_event_end_is_the_last_blank_line_of_any_kind(
         expected = at + 3
     else:
         expected = at + 2
-    assert sse_events.last_event_end(data, start, end) == expected
+    assert last_event_end(data, start, end) == expected

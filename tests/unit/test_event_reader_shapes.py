@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.api.sse import StreamWatch
-from gateway.api.sse_events import one_data_line
+from gateway.api.sse_framing import one_data_line
 from tests.helpers.sdk_stream import counts, sdk_shown_usage
 
 HEAD = b'data: {"id":"c","object":"chat.completion.chunk","choices":'

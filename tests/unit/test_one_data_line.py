@@ -15,7 +15,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateway.api.sse import StreamWatch
-from gateway.api.sse_events import one_data_line
+from gateway.api.sse_framing import one_data_line
 from gateway.sse_comments import CommentFilter
 from tests.helpers.sdk_stream import counts, sdk_shown_usage
 

@@ -14,15 +14,11 @@ from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any, cast
 
-from gateway.api.exchange import (
-    Exchange,
-    end_stream,
-    relayed,
-    send_relayed,
-    send_whole,
-    start_stream,
-)
-from gateway.api.proxy import Proxy
+from gateway.api.exchange import Exchange, relayed, send_relayed, send_whole
+from gateway.api.metrics import GatewayMetrics
+from gateway.api.recorded_attempt import recorded_on
+from gateway.api.recorder import Recorder
+from gateway.api.stream_writes import end_stream, start_stream
 from gateway.api.trail import Trail
 from gateway.body_writer import body_writer
 from gateway.policy import Decision
@@ -104,7 +100,7 @@ def test_a_whole_answer_dropped_for_a_client_that_left_is_not_committed_to() -> 
 
 
 class _Recorder:
-    """What `Proxy._recorded_on` uses of the recorder: the completion's status kept."""
+    """What `recorded_on` uses of the recorder: the completion's status kept."""
 
     def __init__(self) -> None:
         self.completed: list[tuple[int, str | None]] = []
@@ -132,20 +128,23 @@ def _recorded(
     steps: Callable[[Exchange, Any, Leave], Awaitable[None]],
 ) -> tuple[list[tuple[int, str | None]], int]:
     """The completion records of one attempt whose `steps` run inside
-    `Proxy._recorded_on` (the bracket every attempt runs in), and the bytes its trail
-    committed to."""
+    `recorded_on` (the bracket every attempt runs in), and the bytes its trail committed
+    to."""
     recorder = _Recorder()
-    proxy = SimpleNamespace(
-        recorder=recorder, _metrics=SimpleNamespace(dispatch_wait=SimpleNamespace(observe=id))
-    )
+    metrics = SimpleNamespace(dispatch_wait=SimpleNamespace(observe=id))
     sent: list[int] = []
 
     async def handle(exchange: Exchange, send: Any, leave: Leave) -> None:
         exchange.decision = cast("Decision", object())
         backend = cast("BackendState", SimpleNamespace(id="b"))
         with contextlib.suppress(asyncio.CancelledError):  # the proxy absorbs it (499)
-            await Proxy._recorded_on(
-                cast("Proxy", proxy), exchange, backend, lambda: steps(exchange, send, leave), None
+            await recorded_on(
+                cast("Recorder", recorder),
+                cast("GatewayMetrics", metrics),
+                exchange,
+                backend,
+                lambda: steps(exchange, send, leave),
+                None,
             )
         assert exchange.trail is not None
         sent.append(exchange.trail.sent_bytes)

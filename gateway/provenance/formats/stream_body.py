@@ -15,7 +15,7 @@ bytes with some of the gateway's trailing additions taken off, never anything el
 a commitment that opens with one of them covers bytes the client received, up to where
 the gateway's own additions begin. A body without a receipt line is its own candidate
 (without one, the line ends the gateway wrote to end the backend's last event are
-committed to: gateway/api/exchange.py `end_stream`).
+committed to: gateway/api/stream_writes.py `end_stream`).
 
 An answer the backend countersigned is whole (the sidecar signs no stream that broke
 off), so the gateway wrote nothing after its bytes but the receipt line:

@@ -1,7 +1,7 @@
 """A hosted provider's own ids for one answer, for reconciling with its usage export.
 
 Hosted providers cannot countersign, but they name each answer: the `id` field of the
-response body (`chatcmpl-...`; not one LiteLLM made up, gateway/upstream/hosted.py) and
+response body (`chatcmpl-...`; not one LiteLLM made up, gateway/upstream/hosted_response.py) and
 request-id headers. The completion record's
 `upstream` field keeps them, from a fixed allow-list of header names only (never an
 arbitrary header), each value bounded in length and limited to a charset ids use, so a

@@ -1,0 +1,81 @@
+"""The tenant's read-only paths: `GET /v1/models` (the models the tenant may use) and
+`GET /v1/provenance/receipts/{id}` and `/proofs/{id}` (its own requests' receipts and
+inclusion proofs). Each authenticates with the tenant surface's key check
+(gateway/api/openai.py); nothing is proxied."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from gateway.api.runtime import Runtime
+from gateway.asgi import Receive, Scope, Send, send_bytes, send_error, send_json
+from gateway.errors import ErrorCode, GatewayError
+from gateway.tenants import TenantEntry
+
+__all__ = ["TenantReads"]
+
+
+class TenantReads:
+    """The handlers of the tenant's read-only paths, reading `runtime` on each request and
+    authenticating it with `authenticate` (`TenantSurface.authenticate`)."""
+
+    def __init__(self, runtime: Runtime, authenticate: Callable[[Scope], TenantEntry]) -> None:
+        self._runtime = runtime
+        self._authenticate = authenticate
+
+    async def models(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
+        """`GET /v1/models`: the models the tenant may use and its policy does not refuse."""
+        try:
+            if scope["method"] != "GET":
+                raise GatewayError(ErrorCode.method_not_allowed, "/v1/models accepts only GET")
+            tenant = self._authenticate(scope)
+        except GatewayError as error:
+            await send_error(send, error, request_id)
+            return
+        parts = self._runtime.parts
+        policy, registry = parts.policies.current, parts.registry
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": registry.owners[name]}
+            for name in sorted(registry.routes)
+            if tenant.may_use(name) and policy.decide(tenant.id, name, None).refusal is None
+        ]
+        await send_json(send, 200, {"object": "list", "data": data}, request_id)
+
+    async def provenance(
+        self, scope: Scope, receive: Receive, send: Send, request_id: bytes
+    ) -> None:
+        """`GET /v1/provenance/receipts/{id}` and `/proofs/{id}`, for the tenant that sent it."""
+        try:
+            if scope["method"] != "GET":
+                raise GatewayError(ErrorCode.method_not_allowed, "provenance paths accept GET")
+            tenant = self._authenticate(scope)
+            _, _, rest = scope["path"].partition("/v1/provenance/")
+            kind, _, wanted = rest.partition("/")
+            recorder = self._runtime.parts.recorder
+            found = recorder.receipt(wanted, tenant.id) if recorder is not None else None
+            if kind not in ("receipts", "proofs") or recorder is None or found is None:
+                raise GatewayError(
+                    ErrorCode.not_found, "no receipt for that request id (or not yours)"
+                )
+            sealing, index = found
+            if kind == "receipts":
+                try:
+                    envelope = await asyncio.shield(sealing)
+                except Exception as exc:  # Recorder._sealed logged the cause
+                    raise GatewayError(
+                        ErrorCode.provenance_unavailable, "the receipt could not be signed"
+                    ) from exc
+                await send_bytes(send, 200, envelope, request_id, b"application/json")
+                return
+            try:
+                proof = await recorder.log.inclusion_proof(index)
+            except ValueError as exc:
+                raise GatewayError(
+                    ErrorCode.not_found,
+                    "the request is logged but no signed checkpoint covers it yet; retry "
+                    "in a second",
+                ) from exc
+            await send_bytes(send, 200, proof.format().encode(), request_id, b"text/plain")
+        except GatewayError as error:
+            await send_error(send, error, request_id)

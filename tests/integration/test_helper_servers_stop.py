@@ -1,0 +1,66 @@
+"""The test helpers' own asyncio servers (`TLSFront`, `RawBackend`) leave no socket open when
+they stop while connections arrive: a gateway's probe, retry or pooled connection may
+reach one just as its test ends.
+
+Before, on Python 3.11, a connection the loop had accepted but not yet handed to its
+protocol when the helper closed its server was lost inside a transport made after the
+close (`Server._attach` fails its assertion there, and asyncio drops the error): the
+garbage collector found it in a later test, whichever, and pytest failed that test on the
+"unclosed transport <_SelectorSocketTransport ...>" warning (seen in whole-suite runs, in
+tests/integration/test_backend_tls.py). tests/helpers/accepted.py stops listening first and
+hands every accepted connection on before the close.
+"""
+
+from __future__ import annotations
+
+import gc
+import socket
+import ssl
+import warnings
+from collections.abc import Callable
+
+import pytest
+
+from tests.helpers.raw_backend import RawBackend, json_answer
+from tests.helpers.tls import TLSFront
+
+ROUNDS = 20
+CONNECTIONS = 5
+
+
+def _unclosed_after_stops(start: Callable[[], tuple[int, Callable[[], None]]]) -> list[str]:
+    """The unclosed-socket warnings the garbage collector raises after `ROUNDS` helpers
+    were each stopped right after `CONNECTIONS` clients connected (none sending a byte)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        for _ in range(ROUNDS):
+            port, stop = start()
+            clients = [
+                socket.create_connection(("127.0.0.1", port), timeout=10)
+                for _ in range(CONNECTIONS)
+            ]
+            try:
+                stop()
+            finally:
+                for client in clients:
+                    client.close()
+        gc.collect()
+    return [str(w.message)[:100] for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def _tls_front() -> tuple[int, Callable[[], None]]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)  # no client gets as far as a handshake
+    front = TLSFront(("127.0.0.1", 9), context).start()
+    return front.port, front.stop
+
+
+def _raw_backend() -> tuple[int, Callable[[], None]]:
+    backend = RawBackend(json_answer(b"{}")).start()
+    return backend.port, backend.stop
+
+
+@pytest.mark.parametrize("start", [_tls_front, _raw_backend], ids=["tls_front", "raw_backend"])
+def test_a_helper_stopped_as_connections_arrive_leaves_no_socket_open(
+    start: Callable[[], tuple[int, Callable[[], None]]],
+) -> None:
+    assert _unclosed_after_stops(start) == []
