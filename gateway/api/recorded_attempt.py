@@ -125,7 +125,7 @@ async def recorded_on(
     assert exchange.decision is not None
     waiting = time.perf_counter()
     await recorder.dispatch(exchange, trail, exchange.decision, backend, peer)
-    metrics.dispatch_wait.observe(time.perf_counter() - waiting)
+    metrics.observe_dispatch_wait(time.perf_counter() - waiting)
     status, error, held = 0, None, False
     try:
         await attempt()

@@ -131,7 +131,7 @@ def _recorded(
     `recorded_on` (the bracket every attempt runs in), and the bytes its trail committed
     to."""
     recorder = _Recorder()
-    metrics = SimpleNamespace(dispatch_wait=SimpleNamespace(observe=id))
+    metrics = SimpleNamespace(observe_dispatch_wait=id)
     sent: list[int] = []
 
     async def handle(exchange: Exchange, send: Any, leave: Leave) -> None:
