@@ -4,7 +4,7 @@ relayed stream's own parts are written with: gateway/api/stream_writes.py)."""
 from __future__ import annotations
 
 import asyncio
-import base64
+import binascii
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -165,7 +165,7 @@ async def receipt_headers(exchange: Exchange) -> tuple[tuple[bytes, bytes], ...]
         # The record is in the log, but its receipt could not be signed: the client is told
         # so, rather than left to take the answer for one of a gateway that gives none.
         return _RECEIPT_MISSING if trail is not None and trail.receipt_failed else ()
-    return ((b"x-owngate-receipt", base64.b64encode(receipt)),)
+    return ((b"x-owngate-receipt", binascii.b2a_base64(receipt, newline=False)),)
 
 
 def receipt_headers_now(exchange: Exchange) -> tuple[tuple[bytes, bytes], ...]:
@@ -179,7 +179,7 @@ def receipt_headers_now(exchange: Exchange) -> tuple[tuple[bytes, bytes], ...]:
     receipt = trail.receipt_now()
     if receipt is None:
         return _RECEIPT_MISSING if trail.receipt_failed else _RECEIPT_UNSIGNED
-    return ((b"x-owngate-receipt", base64.b64encode(receipt)),)
+    return ((b"x-owngate-receipt", binascii.b2a_base64(receipt, newline=False)),)
 
 
 async def send_whole(

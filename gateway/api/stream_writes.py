@@ -7,7 +7,7 @@ own after whatever the backend's last one left open (`event_break`): an error ev
 from __future__ import annotations
 
 import asyncio
-import base64
+import binascii
 
 from gateway.api.exchange import Exchange, client_left, settle
 from gateway.asgi import Send
@@ -48,7 +48,7 @@ async def end_stream(
         receipt = await trail.sealed_receipt() if trail is not None else None
     closing = b""
     if receipt:
-        line = b": owngate-receipt " + base64.b64encode(receipt) + b"\n\n"
+        line = b": owngate-receipt " + binascii.b2a_base64(receipt, newline=False) + b"\n\n"
         if line_open:
             line = b"\n" + line
     else:  # no receipt line: the backend's last event is ended all the same, as the

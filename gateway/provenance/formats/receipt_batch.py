@@ -24,7 +24,7 @@ parts), so a path has at most MAX_PATH hashes; longer ones are refused unread.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import itertools
 import re
 from collections.abc import Iterable, Sequence
@@ -155,13 +155,16 @@ def _seal_part(payloads: Sequence[tuple[int, bytes]], log: str, signer: Signer) 
     batch = signed_envelope(
         BATCH_PAYLOAD_TYPE, canonical_json_of_plain(statement.payload()), signer
     )
-    b64 = base64.b64encode
+    b64 = binascii.b2a_base64  # `base64.b64encode`'s own call, without its Python frame
     return [
         canonical_json_of_plain(
             {
                 "batch": batch,
-                "path": [b64(node).decode() for node in inclusion_proof(position, size, read)],
-                "payload": b64(payload).decode(),
+                "path": [
+                    b64(node, newline=False).decode()
+                    for node in inclusion_proof(position, size, read)
+                ],
+                "payload": b64(payload, newline=False).decode(),
                 "payloadType": RECEIPT_PAYLOAD_TYPE,
                 "position": position,
             }
