@@ -54,9 +54,9 @@ _LINE_ENDS: Final = re.compile(rb"\r\n|\r|\n")
 
 class StreamWatch:
     """One relayed stream's watcher; `strip_usage`: hold back the usage-only chunk;
-    `find_done`: look for `data: [DONE]` (`done`), which only a body that ends with its
-    connection needs (its end is no proof it is complete): a framed body says where it
-    ends, and the relay would search every read for nothing."""
+    `find_done`: look for `data: [DONE]` (`done`): a body that ends with its connection
+    needs it (its end is no proof it is complete), and the relay of any body reads a
+    failure after it as the stream's end, the client having read it whole."""
 
     def __init__(
         self, *, strip_usage: bool, find_done: bool = True, max_line: int = _MAX_LINE
