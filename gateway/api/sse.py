@@ -120,7 +120,13 @@ class StreamWatch:
                 )
             ):  # the usual read
                 self._pass_lf = data[-1] == _CR
-                if self._seek and data.find(_DONE) >= 0 and _ends_stream(data, 0, len(data)):
+                # (one data line starts `{`: no `[DONE]`, not searched)
+                if (
+                    self._seek
+                    and not one_line
+                    and data.find(_DONE) >= 0
+                    and _ends_stream(data, 0, len(data))
+                ):
                     self._found_done()  # (`data` starts a line)
                 # Tested here already, whole events and no `"usage"` are not tested again;
                 # one data line is parsed (`EventReader.feed`).
@@ -132,7 +138,12 @@ class StreamWatch:
             return self._events(data)  # (it tells the event reader what goes on, as it goes)
         if self._edge is _NL and data[-1:] in _ENDS:  # whole lines after a read that ended
             # one, the usual read (`endswith` parses its arguments)
-            if self._seek and data.find(_DONE) >= 0 and _ends_stream(data, 0, len(data)):
+            if (
+                self._seek
+                and not one_line
+                and data.find(_DONE) >= 0
+                and _ends_stream(data, 0, len(data))
+            ):
                 self._found_done()  # (`data` starts a line)
         else:
             self._see_done(data)
