@@ -310,8 +310,8 @@ class PrivateRelay:
                 attester.judge(exchange.trail, exchange.request_id.decode(), countersignature)
             await send_whole(send, exchange, status, data, content_type)
             return None
-        # `[DONE]` tells a complete stream from a cut one only when the close ends it
-        watch = StreamWatch(strip_usage=strip_usage, find_done=response.close_delimited)
+        # `[DONE]` tells a complete stream from a cut one (stream_relay.py, sse.py)
+        watch = StreamWatch(strip_usage=strip_usage)
         tail = SseTail() if attester is not None else None
         broke, line_open = await self._streams.relay(
             exchange, attempt, response, send, first_byte_by, watch, tail

@@ -49,9 +49,9 @@ _LINE_ENDS: Final = re.compile(rb"\r\n|\r|\n")
 
 class StreamWatch:
     """One relayed stream's watcher; `strip_usage`: hold back the usage-only chunk;
-    `find_done`: look for `data: [DONE]` (`done`), which only a body that ends with its
-    connection needs (its end is no proof it is complete): a framed body says where it
-    ends, and the relay would search every read for nothing."""
+    `find_done`: look for `data: [DONE]` (`done`): a body that ends with its connection
+    needs it (its end is no proof it is complete), and the relay of any body reads a
+    failure after it as the stream's end, the client having read it whole."""
 
     def __init__(
         self, *, strip_usage: bool, find_done: bool = True, max_line: int = _MAX_LINE
@@ -115,7 +115,13 @@ class StreamWatch:
                 )
             ):  # the usual read
                 self._pass_lf = data[-1] == _CR
-                if self._seek and data.find(_DONE) >= 0 and _ends_stream(data, 0, len(data)):
+                # (one data line starts `{`: no `[DONE]`, not searched)
+                if (
+                    self._seek
+                    and not one_line
+                    and data.find(_DONE) >= 0
+                    and _ends_stream(data, 0, len(data))
+                ):
                     self._found_done()  # (`data` starts a line)
                 # Tested here already, whole events and no `"usage"` are not tested again;
                 # one data line is parsed (`EventReader.feed`).
@@ -127,7 +133,12 @@ class StreamWatch:
             return self._events(data)  # (it tells the event reader what goes on, as it goes)
         if self._edge is _NL and data[-1:] in _ENDS:  # whole lines after a read that ended
             # one, the usual read (`endswith` parses its arguments)
-            if self._seek and data.find(_DONE) >= 0 and _ends_stream(data, 0, len(data)):
+            if (
+                self._seek
+                and not one_line
+                and data.find(_DONE) >= 0
+                and _ends_stream(data, 0, len(data))
+            ):
                 self._found_done()  # (`data` starts a line)
         else:
             self._see_done(data)

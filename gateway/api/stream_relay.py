@@ -137,6 +137,14 @@ class StreamRelay:
             if client_left(exchange):
                 raise asyncio.CancelledError from exc
             self._metrics.upstream_error(backend.id, exc.kind)
+            if watch.done and tail is None:
+                # `data: [DONE]` went out first: the client read a complete answer (the
+                # SDKs stop there), so the failure after it (a hang past the read
+                # timeout, a cut) ends the stream as its end would, never with an error
+                # event after [DONE] and a record saying 502/504 for it. (An attested
+                # answer is whole only with the countersignature that follows [DONE].)
+                watch.end()
+                return None, _open(last)
             broke = exc.kind
             watch.end()  # what ends the backend's event before the error event ends it
             error = GatewayError(

@@ -160,7 +160,7 @@ def test_a_paced_read_costs_the_relay_a_fixed_few_python_calls(
     # one-byte `find`s, LF and CR: `sse_events.one_data_line`), which rules out an
     # `owngate-` comment (the comment filter is not fed it), a `[DONE]` value and a field
     # that dispatches an event without data; the stream watch's for `"usage"` (`[DONE]` is
-    # looked for only in a body that ends with its connection: this one is chunked); the
+    # not looked for in such a read: its value starts `{`); the
     # event reader's: whether the client's SDK raises at a line that is not UTF-8 (a byte
     # that is not ASCII: one `isascii`). A paced token of the last parsed chunk's shape is
     # then not parsed: its head and foot are compared (`startswith`, `endswith`) and its
