@@ -38,13 +38,19 @@ from urllib.parse import unquote, urlsplit
 
 from gateway.policy.jurisdictions import expand, is_jurisdiction, region_matches
 
-__all__ = ["check_bedrock_profiles", "check_bedrock_regions"]
+__all__ = [
+    "AWS_PREFIXES",
+    "AWS_REGION",
+    "arn_region",
+    "check_bedrock_profiles",
+    "check_bedrock_regions",
+]
 
 _BEDROCK_PREFIXES: Final = ("bedrock/",)
 # LiteLLM's AWS routes: each reads the Region from a Bedrock ARN in the model string
 # (`BaseAWSLLM._get_aws_region_name`; bedrock_mantle's endpoint is
 # `bedrock-mantle.<region>.api.aws`).
-_AWS_PREFIXES: Final = (
+AWS_PREFIXES: Final = (
     "bedrock/",
     "bedrock_mantle/",
     "sagemaker/",
@@ -52,7 +58,7 @@ _AWS_PREFIXES: Final = (
     "sagemaker_nova/",
 )
 # An AWS Region name (LiteLLM's `_VALID_AWS_REGION_PATTERN` takes these and more).
-_AWS_REGION: Final = re.compile(r"[a-z]{2}(?:-[a-z]+)+-\d{1,2}")
+AWS_REGION: Final = re.compile(r"[a-z]{2}(?:-[a-z]+)+-\d{1,2}")
 # AWS's endpoint domains: IPv4 (`.amazonaws.com`, China's `.amazonaws.com.cn`) and
 # dual-stack (`bedrock-runtime.<region>.api.aws`).
 _AWS_DOMAINS: Final = ("amazonaws.com", "amazonaws.com.cn", "api.aws")
@@ -146,7 +152,7 @@ def check_bedrock_regions(
         host = (urlsplit(base_url).hostname or "").lower().rstrip(".")
         if not any(host == d or host.endswith(f".{d}") for d in _AWS_DOMAINS):
             return  # not an AWS host: taken as declared (docs/configuration.md)
-        for named in (p for p in host.split(".") if _AWS_REGION.fullmatch(p)):
+        for named in (p for p in host.split(".") if AWS_REGION.fullmatch(p)):
             if not _within(named, region):
                 raise ValueError(
                     f"base_url host {host!r} is in AWS Region {named!r}, but the backend "
@@ -154,7 +160,7 @@ def check_bedrock_regions(
                 )
         return
     for model in provider_models:
-        if not model.startswith(_AWS_PREFIXES):
+        if not model.startswith(AWS_PREFIXES):
             continue
         for named in _arn_regions(model):
             if not _within(named, region):
@@ -176,6 +182,15 @@ def _arn_regions(model: str) -> list[str]:
         if arn and _LITELLM_REGION.fullmatch(parts[3]):
             found.append(parts[3])
     return found
+
+
+def arn_region(model: str) -> str | None:
+    """The Region LiteLLM itself reads from a Bedrock model string holding an ARN (as
+    written), or None."""
+    parts = model.split(":")
+    if _LITELLM_ARN.search(model) is None or len(parts) < 4:
+        return None
+    return parts[3] if _LITELLM_REGION.fullmatch(parts[3]) else None
 
 
 def _within(aws_region: str, declared: str) -> bool:
