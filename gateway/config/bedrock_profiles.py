@@ -26,7 +26,8 @@ without `base_url`, an ARN's Region (`arn:aws:bedrock:us-east-1:...`, read as Li
 reads it on each AWS route), which LiteLLM takes over `AWS_REGION_NAME` (it sent a
 backend declared `eu-central-1` to `bedrock-runtime.us-east-1.amazonaws.com`); with one,
 the Region in an AWS host name (`bedrock-runtime.us-east-1.amazonaws.com`). Without
-either, the Region comes from the environment (not checked: docs/security.md).
+either, LiteLLM would take the Region from the environment: each call names it instead
+(gateway/upstream/provider_regions.py).
 """
 
 from __future__ import annotations

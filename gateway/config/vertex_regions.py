@@ -8,10 +8,10 @@ and so may the path (`.../locations/europe-west4/...`). A backend declared
 and `residency: {allow: [de]}`-style policies judged Europe while the prompts went to Iowa.
 So every location the URL names must be the declared region (or in the area of a
 declared code: `region: eu` takes `europe-west4`); the `global` location (Google may
-serve it in any region) has no code and is refused. The global host
-(`aiplatform.googleapis.com`) with no location in the path, and a backend without
-`base_url` (the location then comes from `VERTEXAI_LOCATION`), are not checked:
-docs/security.md.
+serve it in any region) has no code and is refused. Where the URL names no location (the
+global host `aiplatform.googleapis.com` with none in the path, or no `base_url`), LiteLLM
+would take it from `VERTEXAI_LOCATION`: each call names it instead
+(gateway/upstream/provider_regions.py).
 """
 
 from __future__ import annotations
