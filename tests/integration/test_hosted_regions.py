@@ -20,6 +20,7 @@ import pytest
 from gateway.config.schema import BackendSettings
 from gateway.upstream.hosted import HostedClient, HostedError
 from gateway.upstream.litellm_runtime import load_litellm
+from gateway.upstream.openai_wire import Endpoint
 
 CHAT = {"model": "public", "messages": [{"role": "user", "content": "hi"}]}
 AWS_KEYS = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "s" * 40}
@@ -61,8 +62,10 @@ def client(
     return HostedClient(settings, environ=dict(env), timeout_s=10.0)
 
 
-def sent_to(hosted: HostedClient, monkeypatch: pytest.MonkeyPatch, **env: str) -> str:
-    """The URL the client's chat call goes to, with `env` set after the client was built."""
+def sent_to(
+    hosted: HostedClient, monkeypatch: pytest.MonkeyPatch, endpoint: Endpoint = "chat", **env: str
+) -> str:
+    """The URL the client's call goes to, with `env` set after the client was built."""
     seen: list[str] = []
 
     async def capture(_self: Any, request: httpx.Request, **_kw: Any) -> Any:
@@ -70,15 +73,16 @@ def sent_to(hosted: HostedClient, monkeypatch: pytest.MonkeyPatch, **env: str) -
         raise _Stop
 
     async def call() -> None:
-        prepared = await hosted.prepare("chat", dict(CHAT), "public")  # loads LiteLLM
+        doc = dict(CHAT) if endpoint == "chat" else {"model": "public", "input": ["hi"]}
+        prepared = await hosted.prepare(endpoint, doc, "public")  # loads LiteLLM
         monkeypatch.setattr(httpx.AsyncClient, "send", capture)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         await hosted.send_prepared(prepared)
 
-    with pytest.raises(HostedError):
+    with pytest.raises(HostedError) as failed:
         asyncio.run(call())
-    assert len(seen) == 1, seen
+    assert len(seen) == 1, (seen, failed.value)
     return seen[0]
 
 
@@ -135,10 +139,18 @@ def vertex_token(monkeypatch: pytest.MonkeyPatch) -> None:
     """Google's token exchange answered without a network (it runs before the URL)."""
     from litellm.llms.vertex_ai.vertex_llm_base import VertexBase
 
+    async def token(*_args: Any, **_kw: Any) -> tuple[str, str]:
+        return "token", "project"
+
     monkeypatch.setattr(VertexBase, "get_access_token", lambda *_a, **_k: ("token", "project"))
+    monkeypatch.setattr(VertexBase, "get_access_token_async", token)
 
 
-VERTEX_MODELS = ("vertex_ai/claude-3-5-sonnet@20240620", "vertex_ai/mistral-large@2411")
+VERTEX_MODELS = (
+    "vertex_ai/claude-3-5-sonnet@20240620",
+    "vertex_ai/mistral-large@2411",
+    "vertex_ai/meta/llama-3.3-70b-instruct-maas",
+)
 
 
 @pytest.mark.parametrize("provider_model", VERTEX_MODELS)
@@ -152,6 +164,23 @@ def test_a_vertex_backend_goes_to_its_declared_location_not_the_environments(
     url = urlsplit(sent_to(hosted, monkeypatch))
     assert url.hostname == "europe-west4-aiplatform.googleapis.com"
     assert "/locations/europe-west4/" in url.path
+
+
+@pytest.mark.parametrize(
+    ("provider", "provider_model", "region", "host"),
+    [
+        ("aws", "bedrock/amazon.titan-embed-text-v2:0", "eu-central-1", BEDROCK_EU),
+        ("google", "vertex_ai/text-embedding-005", "europe-west4",
+         "europe-west4-aiplatform.googleapis.com"),
+    ],
+)  # fmt: skip
+@pytest.mark.usefixtures("vertex_token")
+def test_embeddings_go_to_the_declared_region_too(
+    provider: str, provider_model: str, region: str, host: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {**AWS_KEYS, **US_EAST, "VERTEXAI_LOCATION": "us-central1"}
+    hosted = client(backend(provider, provider_model, region), monkeypatch, env)
+    assert urlsplit(sent_to(hosted, monkeypatch, "embeddings")).hostname == host
 
 
 @pytest.mark.usefixtures("vertex_token")
