@@ -21,7 +21,6 @@ is read of an answer, or a stream's line, is bounded (`max_answer_bytes`, hosted
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import AsyncIterator, Mapping
 from functools import partial
 from types import ModuleType
@@ -37,7 +36,13 @@ from gateway.upstream.hosted_errors import (
     local_reason,
 )
 from gateway.upstream.hosted_fields import RefusedField, refuse_provider_actions
-from gateway.upstream.hosted_stream import ProviderStream, close_stream, encoded, made_up_end
+from gateway.upstream.hosted_stream import (
+    ProviderStream,
+    close_stream,
+    encoded,
+    made_up_end,
+    provider_ids,
+)
 from gateway.upstream.hosted_transport import Outbound, watching
 from gateway.upstream.litellm_runtime import (
     aclose_litellm_clients,
@@ -80,14 +85,6 @@ _CALLS: Final[dict[str, str]] = {
 _USER_ROUTES: Final = frozenset({"openai", "custom_openai", "openai_like"})
 _JSON: Final = b"application/json"
 _SSE: Final = b"text/event-stream"
-# LiteLLM names an answer itself when the provider's carries no id, or one it does not
-# carry over (Anthropic's `msg_...`): `chatcmpl-` and a random UUID (`generate_id` in
-# litellm/types/utils.py). Recorded as the provider's, an auditor would look for it in
-# the provider's usage export in vain: it is recorded as missing. (A provider that names
-# its answers the same way loses its id from the record, never gains a false one.)
-_MADE_UP_ID: Final = re.compile(
-    r"chatcmpl-[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\Z"
-)
 
 
 class Prepared(NamedTuple):
@@ -269,7 +266,7 @@ class HostedClient:
                 body=body,
                 usage=usage,
                 ignored_fields=ignored,
-                provider_ids=_provider_ids(result, result),
+                provider_ids=provider_ids(result, result),
             )
         stream = ProviderStream(
             result,
@@ -283,7 +280,7 @@ class HostedClient:
             content_type=_SSE,
             ignored_fields=ignored,
             stream=stream,
-            provider_ids=_provider_ids(first, result),
+            provider_ids=provider_ids(first, result),
         )
 
     async def _call(
@@ -396,20 +393,3 @@ class HostedClient:
             raise
         await close_stream(stream)
         raise failure
-
-
-def _provider_ids(answer: Any, carrier: Any) -> tuple[object, list[tuple[str, str]]]:
-    """The `id` of `answer` and the provider's response headers LiteLLM keeps on
-    `carrier` (`_hidden_params["additional_headers"]`, named `llm_provider-<header>`).
-    An id of the shape LiteLLM makes up (`_MADE_UP_ID`) is not the provider's: None."""
-    answer_id = getattr(answer, "id", None)
-    if isinstance(answer_id, str) and _MADE_UP_ID.match(answer_id):
-        answer_id = None
-    hidden = getattr(carrier, "_hidden_params", None)
-    found = hidden.get("additional_headers") if isinstance(hidden, dict) else None
-    headers = [
-        (name.removeprefix("llm_provider-"), value)
-        for name, value in (found.items() if isinstance(found, dict) else ())
-        if isinstance(name, str) and name.startswith("llm_provider-") and isinstance(value, str)
-    ]
-    return answer_id, headers

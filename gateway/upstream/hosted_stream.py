@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
+import re
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any, Final, TypeVar
@@ -54,6 +55,7 @@ __all__ = [
     "keep_little",
     "made_up_end",
     "made_up_usage",
+    "provider_ids",
 ]
 
 T = TypeVar("T")
@@ -303,3 +305,30 @@ async def close_stream(stream: Any) -> None:
     inner = stream if hasattr(stream, "aclose") else getattr(stream, "completion_stream", None)
     if inner is not None:
         await inner.aclose()
+
+
+# LiteLLM names an answer itself when the provider's carries no id, or one it does not
+# carry over (Anthropic's `msg_...`): `chatcmpl-` and a random UUID (`generate_id` in
+# litellm/types/utils.py). Recorded as the provider's, an auditor would look for it in
+# the provider's usage export in vain: it is recorded as missing. (A provider that names
+# its answers the same way loses its id from the record, never gains a false one.)
+_MADE_UP_ID: Final = re.compile(
+    r"chatcmpl-[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\Z"
+)
+
+
+def provider_ids(answer: Any, carrier: Any) -> tuple[object, list[tuple[str, str]]]:
+    """The `id` of `answer` and the provider's response headers LiteLLM keeps on
+    `carrier` (`_hidden_params["additional_headers"]`, named `llm_provider-<header>`).
+    An id of the shape LiteLLM makes up (`_MADE_UP_ID`) is not the provider's: None."""
+    answer_id = getattr(answer, "id", None)
+    if isinstance(answer_id, str) and _MADE_UP_ID.match(answer_id):
+        answer_id = None
+    hidden = getattr(carrier, "_hidden_params", None)
+    found = hidden.get("additional_headers") if isinstance(hidden, dict) else None
+    headers = [
+        (name.removeprefix("llm_provider-"), value)
+        for name, value in (found.items() if isinstance(found, dict) else ())
+        if isinstance(name, str) and name.startswith("llm_provider-") and isinstance(value, str)
+    ]
+    return answer_id, headers

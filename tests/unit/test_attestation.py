@@ -34,7 +34,7 @@ from gateway.provenance.formats.records import LogEntry, completion_record, vali
 from gateway.provenance.formats.upstream_ids import UpstreamIds
 from gateway.provenance.testing import CountingRandom, seeded_signer
 from gateway.sse_comments import CommentFilter
-from gateway.upstream.hosted import _provider_ids
+from gateway.upstream.hosted_stream import provider_ids
 
 SIGNER = seeded_signer("gpu-a")
 OTHER = seeded_signer("gpu-b")
@@ -493,12 +493,12 @@ def test_an_id_litellm_made_up_is_not_recorded_as_the_providers() -> None:
             self._hidden_params = {"additional_headers": {"llm_provider-request-id": "req_1"}}
 
     made_up = Answer("chatcmpl-" + str(uuid.UUID(bytes=bytes(range(16)), version=4)))
-    assert UpstreamIds.of(*_provider_ids(made_up, made_up)) == UpstreamIds(
+    assert UpstreamIds.of(*provider_ids(made_up, made_up)) == UpstreamIds(
         None, (("request-id", "req_1"),)
     )
     for kept in ("chatcmpl-B9MBs8CjcvOU2jLn4n570S5qMJKcT", "chatcmpl-" + "0f" * 16, "msg_01XF"):
         answer = Answer(kept)
-        assert UpstreamIds.of(*_provider_ids(answer, answer)) == UpstreamIds(
+        assert UpstreamIds.of(*provider_ids(answer, answer)) == UpstreamIds(
             kept, (("request-id", "req_1"),)
         )
 
