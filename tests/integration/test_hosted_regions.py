@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
+import yaml
 
+from gateway.app import AssemblyError, create_app
+from gateway.config import parse_config
 from gateway.config.schema import BackendSettings
 from gateway.upstream.hosted import HostedClient, HostedError
 from gateway.upstream.litellm_runtime import load_litellm
@@ -253,3 +257,18 @@ def test_the_vertex_locations_refused_are_those_litellm_would_move() -> None:
             else:
                 refused = False
             assert refused == moved, (name, location)
+
+
+def test_serve_and_config_validate_name_a_region_the_environment_puts_outside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = "bedrock/anthropic.claude-3-haiku-20240307-v1:0"
+    settings = backend("aws", model, "eu").model_dump(exclude_defaults=True)
+    config = parse_config(yaml.safe_dump({"backends": [settings]}), env={})
+    env = {**AWS_KEYS, "AWS_REGION_NAME": "us-east-1"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(AssemblyError) as info:
+        create_app(config, environ=env, config_dir=tmp_path)
+    named = [p for p in info.value.problems if "declared region 'eu'" in p]
+    assert named and "AWS_REGION_NAME names 'us-east-1'" in named[0], info.value.problems
