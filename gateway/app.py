@@ -42,6 +42,7 @@ from gateway.tenants import TenantEntry, index_keys
 from gateway.tracing import tracing_settings
 from gateway.upstream.hosted import hosted_api_key
 from gateway.upstream.litellm_runtime import check_base_url_environment
+from gateway.upstream.provider_regions import pinned_regions
 from gateway.upstream.sockets import BackendSockets
 
 if TYPE_CHECKING:
@@ -159,6 +160,9 @@ def _checked(
                 models = [m.provider_model or "" for m in backend.models]
                 has_base_url = backend.base_url is not None
                 check_base_url_environment(backend.id, models, environ, has_base_url=has_base_url)
+                pinned_regions(
+                    backend.id, backend.region, models, environ, base_url=backend.base_url
+                )
             except ValueError as exc:
                 problems.append(str(exc))
     policies: TrustPolicies | None = None

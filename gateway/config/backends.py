@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from gateway.config.base import Identifier, _Strict
 from gateway.config.bedrock_profiles import check_bedrock_profiles, check_bedrock_regions
+from gateway.config.openai_regions import check_openai_region
 from gateway.config.provider_routes import check_route, is_azure
 from gateway.config.routing import BreakerSettings
 from gateway.config.vertex_regions import check_vertex_regions
@@ -282,6 +283,7 @@ class BackendSettings(_Strict):
             check_bedrock_profiles(self.region, models)
             check_bedrock_regions(self.region, models, self.base_url)
             check_vertex_regions(self.region, models, self.base_url)
+            check_openai_region(self.region, self.base_url)
             if unchecked and (self.base_url is None or not is_azure(declared, models)):
                 raise ValueError(
                     "unsafe_unchecked_azure_host applies to a hosted Azure backend with "

@@ -26,7 +26,8 @@ without `base_url`, an ARN's Region (`arn:aws:bedrock:us-east-1:...`, read as Li
 reads it on each AWS route), which LiteLLM takes over `AWS_REGION_NAME` (it sent a
 backend declared `eu-central-1` to `bedrock-runtime.us-east-1.amazonaws.com`); with one,
 the Region in an AWS host name (`bedrock-runtime.us-east-1.amazonaws.com`). Without
-either, the Region comes from the environment (not checked: docs/security.md).
+either, LiteLLM would take the Region from the environment: each call names it instead
+(gateway/upstream/provider_regions.py).
 """
 
 from __future__ import annotations
@@ -38,13 +39,19 @@ from urllib.parse import unquote, urlsplit
 
 from gateway.policy.jurisdictions import expand, is_jurisdiction, region_matches
 
-__all__ = ["check_bedrock_profiles", "check_bedrock_regions"]
+__all__ = [
+    "AWS_PREFIXES",
+    "AWS_REGION",
+    "arn_region",
+    "check_bedrock_profiles",
+    "check_bedrock_regions",
+]
 
 _BEDROCK_PREFIXES: Final = ("bedrock/",)
 # LiteLLM's AWS routes: each reads the Region from a Bedrock ARN in the model string
 # (`BaseAWSLLM._get_aws_region_name`; bedrock_mantle's endpoint is
 # `bedrock-mantle.<region>.api.aws`).
-_AWS_PREFIXES: Final = (
+AWS_PREFIXES: Final = (
     "bedrock/",
     "bedrock_mantle/",
     "sagemaker/",
@@ -52,7 +59,7 @@ _AWS_PREFIXES: Final = (
     "sagemaker_nova/",
 )
 # An AWS Region name (LiteLLM's `_VALID_AWS_REGION_PATTERN` takes these and more).
-_AWS_REGION: Final = re.compile(r"[a-z]{2}(?:-[a-z]+)+-\d{1,2}")
+AWS_REGION: Final = re.compile(r"[a-z]{2}(?:-[a-z]+)+-\d{1,2}")
 # AWS's endpoint domains: IPv4 (`.amazonaws.com`, China's `.amazonaws.com.cn`) and
 # dual-stack (`bedrock-runtime.<region>.api.aws`).
 _AWS_DOMAINS: Final = ("amazonaws.com", "amazonaws.com.cn", "api.aws")
@@ -146,7 +153,7 @@ def check_bedrock_regions(
         host = (urlsplit(base_url).hostname or "").lower().rstrip(".")
         if not any(host == d or host.endswith(f".{d}") for d in _AWS_DOMAINS):
             return  # not an AWS host: taken as declared (docs/configuration.md)
-        for named in (p for p in host.split(".") if _AWS_REGION.fullmatch(p)):
+        for named in (p for p in host.split(".") if AWS_REGION.fullmatch(p)):
             if not _within(named, region):
                 raise ValueError(
                     f"base_url host {host!r} is in AWS Region {named!r}, but the backend "
@@ -154,7 +161,7 @@ def check_bedrock_regions(
                 )
         return
     for model in provider_models:
-        if not model.startswith(_AWS_PREFIXES):
+        if not model.startswith(AWS_PREFIXES):
             continue
         for named in _arn_regions(model):
             if not _within(named, region):
@@ -176,6 +183,15 @@ def _arn_regions(model: str) -> list[str]:
         if arn and _LITELLM_REGION.fullmatch(parts[3]):
             found.append(parts[3])
     return found
+
+
+def arn_region(model: str) -> str | None:
+    """The Region LiteLLM itself reads from a Bedrock model string holding an ARN (as
+    written), or None."""
+    parts = model.split(":")
+    if _LITELLM_ARN.search(model) is None or len(parts) < 4:
+        return None
+    return parts[3] if _LITELLM_REGION.fullmatch(parts[3]) else None
 
 
 def _within(aws_region: str, declared: str) -> bool:

@@ -8,10 +8,10 @@ and so may the path (`.../locations/europe-west4/...`). A backend declared
 and `residency: {allow: [de]}`-style policies judged Europe while the prompts went to Iowa.
 So every location the URL names must be the declared region (or in the area of a
 declared code: `region: eu` takes `europe-west4`); the `global` location (Google may
-serve it in any region) has no code and is refused. The global host
-(`aiplatform.googleapis.com`) with no location in the path, and a backend without
-`base_url` (the location then comes from `VERTEXAI_LOCATION`), are not checked:
-docs/security.md.
+serve it in any region) has no code and is refused. Where the URL names no location (the
+global host `aiplatform.googleapis.com` with none in the path, or no `base_url`), LiteLLM
+would take it from `VERTEXAI_LOCATION`: each call names it instead
+(gateway/upstream/provider_regions.py).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from urllib.parse import unquote, urlsplit
 
 from gateway.policy.jurisdictions import expand, is_jurisdiction, region_matches
 
-__all__ = ["check_vertex_regions"]
+__all__ = ["VERTEX_PREFIXES", "check_vertex_regions", "named_locations"]
 
-_VERTEX_PREFIXES: Final = ("vertex_ai/", "vertex_ai_beta/")
+VERTEX_PREFIXES: Final = ("vertex_ai/", "vertex_ai_beta/")
 _REGIONAL_HOST: Final = re.compile(r"([a-z0-9-]+)-aiplatform\.googleapis\.com")
 _MULTI_REGION_HOST: Final = re.compile(r"aiplatform\.([a-z0-9-]+)\.rep\.googleapis\.com")
 _PATH_LOCATION: Final = re.compile(r"/locations/([^/:]+)")
@@ -34,17 +34,10 @@ _PATH_LOCATION: Final = re.compile(r"/locations/([^/:]+)")
 def check_vertex_regions(region: str, provider_models: Iterable[str], base_url: str | None) -> None:
     """Raise ValueError when a Vertex AI backend's `base_url` names a Google Cloud location
     (in its host or path) that is not the declared `region` (nor in its area)."""
-    if base_url is None or not any(m.startswith(_VERTEX_PREFIXES) for m in provider_models):
+    if base_url is None or not any(m.startswith(VERTEX_PREFIXES) for m in provider_models):
         return
-    parts = urlsplit(base_url)
-    host = (parts.hostname or "").lower().rstrip(".")
-    named = [
-        m.group(1)
-        for m in (_REGIONAL_HOST.fullmatch(host), _MULTI_REGION_HOST.fullmatch(host))
-        if m
-    ]
-    named += [m.lower() for m in _PATH_LOCATION.findall(unquote(parts.path))]
-    for location in named:
+    host = (urlsplit(base_url).hostname or "").lower().rstrip(".")
+    for location in named_locations(base_url):
         if location == "global":
             raise ValueError(
                 f"base_url {host!r} names the Vertex AI location 'global', which Google may "
@@ -56,6 +49,20 @@ def check_vertex_regions(region: str, provider_models: Iterable[str], base_url: 
                 f"base_url names the Vertex AI location {location!r}, but the backend "
                 f"declares region {region!r}, which policies judge"
             )
+
+
+def named_locations(base_url: str) -> list[str]:
+    """The Google Cloud locations `base_url` names: its path's (`/locations/<x>`), then
+    its host's (`<x>-aiplatform.googleapis.com`, `aiplatform.<x>.rep.googleapis.com`)."""
+    parts = urlsplit(base_url)
+    host = (parts.hostname or "").lower().rstrip(".")
+    named = [m.lower() for m in _PATH_LOCATION.findall(unquote(parts.path))]
+    named += [
+        m.group(1)
+        for m in (_REGIONAL_HOST.fullmatch(host), _MULTI_REGION_HOST.fullmatch(host))
+        if m
+    ]
+    return named
 
 
 def _within(location: str, declared: str) -> bool:

@@ -54,6 +54,7 @@ from gateway.upstream.media_urls import (
 from gateway.upstream.openai_request import request_params
 from gateway.upstream.openai_shapes import InvalidField
 from gateway.upstream.openai_wire import Endpoint
+from gateway.upstream.provider_regions import pinned_regions
 
 __all__ = [
     "HostedClient",
@@ -132,6 +133,9 @@ class HostedClient:
         self._api_base = backend.base_url
         check_base_url_environment(
             backend.id, self._models.values(), environ, has_base_url=backend.base_url is not None
+        )
+        self._pins = pinned_regions(  # each call's AWS Region / Vertex location: not the env's
+            backend.id, backend.region, self._models.values(), environ, base_url=backend.base_url
         )
         self._api_key = hosted_api_key(backend, environ)
         self._timeout_s = timeout_s
@@ -275,6 +279,7 @@ class HostedClient:
             options["api_base"] = self._api_base
         if self._api_key is not None:
             options["api_key"] = self._api_key
+        options.update(self._pins.get(provider_model, {}))
         return options
 
     def _text_completion_client(self, litellm: ModuleType, provider_model: str) -> dict[str, Any]:
