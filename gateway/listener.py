@@ -97,6 +97,7 @@ from gateway.listener_limits import (
     ListenerLimits,
     Refusal,
     Refusals,
+    cancel,
     framing_message,
     framing_too_long_message,
     head_size,
@@ -168,10 +169,11 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self._refused:
             return
         self.room.leave(self._peer, self)
-        for timer in (self._head_timer, self._body_timer, self._linger_timer, self._write_timer):
-            if timer is not None:
-                timer.cancel()
+        # uvicorn's keep-alive timer too: it cancels it at a clean end only (not a reset)
+        cancel(self._head_timer, self._body_timer, self._linger_timer, self._write_timer)
+        cancel(self.timeout_keep_alive_task)
         self._head_timer = self._body_timer = self._linger_timer = self._write_timer = None
+        self.timeout_keep_alive_task = None
         super().connection_lost(exc)
         client_lost(self.cycle)  # the proxy's disconnect watch (gateway/body_writer.py)
 
@@ -362,9 +364,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def _refuse(self, code: ErrorCode, reason: str, message: str) -> None:
         """Answer `code` (when no other answer is on the wire) and close."""
         self.refusals.note(reason, self.loop.time())
-        for timer in (self._head_timer, self._body_timer):
-            if timer is not None:
-                timer.cancel()
+        cancel(self._head_timer, self._body_timer)
         self._head_timer = self._body_timer = None
         cycle = self.cycle
         if self._in_head:  # a new request: is the previous one still being answered?
