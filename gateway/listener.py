@@ -81,7 +81,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.asgi import REFUSAL_SCOPE_KEY
-from gateway.body_writer import BODY_WRITER_SCOPE_KEY, BodyWriter, client_lost
+from gateway.body_writer import BODY_WRITER_SCOPE_KEY, BodyWriter, client_lost, mark_lost
 from gateway.close_delimited import close_delimited
 from gateway.coalescing import HeadCoalescer
 from gateway.errors import ErrorCode, GatewayError
@@ -286,7 +286,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if version == "1.0":  # no chunked framing for it (gateway/close_delimited.py)
             close_delimited(self.cycle)
         # The head of the answer goes out with its first body bytes (gateway/coalescing.py).
-        self.cycle.transport = HeadCoalescer(self.transport, self.loop)  # type: ignore[assignment]
+        self.cycle.transport = HeadCoalescer(self.transport, self.loop, self.cycle, mark_lost)  # type: ignore[assignment]
         # A stream's relay may write its chunks without `send` (gateway/body_writer.py).
         self.cycle.scope[BODY_WRITER_SCOPE_KEY] = BodyWriter(self.cycle)  # type: ignore[typeddict-unknown-key]
         if self.cycle.waiting_for_100_continue:  # rare: no cost for other requests
