@@ -38,7 +38,14 @@ if TYPE_CHECKING:
 
     from gateway.asgi import Scope
 
-__all__ = ["BODY_WRITER_SCOPE_KEY", "BodyWriter", "body_writer", "client_lost", "drop"]
+__all__ = [
+    "BODY_WRITER_SCOPE_KEY",
+    "BodyWriter",
+    "body_writer",
+    "client_lost",
+    "drop",
+    "mark_lost",
+]
 
 BODY_WRITER_SCOPE_KEY: Final = "owngate.body_writer"
 
@@ -110,6 +117,9 @@ class BodyWriter:
         cycle = self._cycle()
         if cycle is None or cycle.disconnected:
             return None
+        if cycle.transport.is_closing():  # reset, not yet told (gateway/coalescing.py)
+            mark_lost(cycle)
+            return None
         if data:
             cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
         return not cycle.flow.write_paused
@@ -172,6 +182,18 @@ def client_lost(cycle: RequestResponseCycle | None) -> None:
         writer = body_writer(cast("Scope", cycle.scope))
         if writer is not None:
             writer.lost()
+
+
+def mark_lost(cycle: RequestResponseCycle) -> None:
+    """A write found `cycle`'s connection closing: reset by its client, which uvloop tells
+    the protocol (`connection_lost`) only on a later turn (gateway/coalescing.py). Nothing
+    more reaches the client: the cycle counts as disconnected now, as uvicorn marks it
+    then (its `send` drops what follows), and its request is told (`client_lost`): a
+    pipelined request's later `connection_lost` would tell the newest cycle only."""
+    if not cycle.disconnected:
+        cycle.disconnected = True
+        cycle.message_event.set()
+        client_lost(cycle)
 
 
 def drop(connection: Any) -> None:

@@ -16,11 +16,23 @@ next bytes, before it runs the turn's callbacks. Once the held write went out (`
 a stream's relay gives the cycle the connection's own transport back
 (`BodyWriter.ready`, gateway/body_writer.py): the rest of the stream's chunks skip a
 Python frame that would only pass each on.
+
+A write to a connection already closing is dropped, and the cycle marked disconnected
+(`mark_lost`, gateway/body_writer.py, given by the listener): uvloop closes a connection
+the client reset at once and tells the protocol (`connection_lost`) only on a later
+turn, and a write in between raised `RuntimeError` ("the handler is closed"). A whole
+answer's send failed with it: the request ended as a gateway fault, its completion
+record saying 500 and committing to an answer the client never got, where a client that
+left is recorded 499 with none. Half of the answers to pipelined requests whose client
+reset after the first one's head were so recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["HeadCoalescer"]
 
@@ -29,15 +41,31 @@ class HeadCoalescer:
     """What a `RequestResponseCycle` uses of its transport (`write`, `close`,
     `is_closing`), holding its first write back for at most the loop's current turn."""
 
-    __slots__ = ("_held", "_loop", "_started", "_transport")
+    __slots__ = ("_cycle", "_held", "_loop", "_lost", "_started", "_transport")
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        loop: asyncio.AbstractEventLoop,
+        cycle: Any = None,
+        lost: Callable[[Any], None] | None = None,
+    ) -> None:
+        """`lost(cycle)` is called when a write finds the connection closing (see the
+        module)."""
         self._transport = transport
+        # weak: the cycle holds this as its transport
+        self._cycle = None if cycle is None else weakref.ref(cycle)
+        self._lost = lost
         self._loop = loop
         self._held: bytes | None = None
         self._started = False
 
     def write(self, data: bytes) -> None:
+        if self._transport.is_closing():  # lost (see the module): nothing goes out
+            self._held = None
+            self._started = True
+            self._gone()
+            return
         held = self._held
         if held is not None:
             self._held = None
@@ -62,6 +90,13 @@ class HeadCoalescer:
             self._held = None
             if not self._transport.is_closing():
                 self._transport.write(held)
+            else:
+                self._gone()
+
+    def _gone(self) -> None:
+        cycle = None if self._cycle is None else self._cycle()
+        if cycle is not None and self._lost is not None:
+            self._lost(cycle)
 
     def close(self) -> None:
         self.flush()

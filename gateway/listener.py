@@ -81,7 +81,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.asgi import REFUSAL_SCOPE_KEY
-from gateway.body_writer import BODY_WRITER_SCOPE_KEY, BodyWriter, client_lost
+from gateway.body_writer import BODY_WRITER_SCOPE_KEY, BodyWriter, client_lost, mark_lost
 from gateway.close_delimited import close_delimited
 from gateway.coalescing import HeadCoalescer
 from gateway.errors import ErrorCode, GatewayError
@@ -97,6 +97,7 @@ from gateway.listener_limits import (
     ListenerLimits,
     Refusal,
     Refusals,
+    cancel,
     framing_message,
     framing_too_long_message,
     head_size,
@@ -168,10 +169,11 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self._refused:
             return
         self.room.leave(self._peer, self)
-        for timer in (self._head_timer, self._body_timer, self._linger_timer, self._write_timer):
-            if timer is not None:
-                timer.cancel()
+        # uvicorn's keep-alive timer too: it cancels it at a clean end only (not a reset)
+        cancel(self._head_timer, self._body_timer, self._linger_timer, self._write_timer)
+        cancel(self.timeout_keep_alive_task)
         self._head_timer = self._body_timer = self._linger_timer = self._write_timer = None
+        self.timeout_keep_alive_task = None
         super().connection_lost(exc)
         client_lost(self.cycle)  # the proxy's disconnect watch (gateway/body_writer.py)
 
@@ -284,7 +286,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if version == "1.0":  # no chunked framing for it (gateway/close_delimited.py)
             close_delimited(self.cycle)
         # The head of the answer goes out with its first body bytes (gateway/coalescing.py).
-        self.cycle.transport = HeadCoalescer(self.transport, self.loop)  # type: ignore[assignment]
+        self.cycle.transport = HeadCoalescer(self.transport, self.loop, self.cycle, mark_lost)  # type: ignore[assignment]
         # A stream's relay may write its chunks without `send` (gateway/body_writer.py).
         self.cycle.scope[BODY_WRITER_SCOPE_KEY] = BodyWriter(self.cycle)  # type: ignore[typeddict-unknown-key]
         if self.cycle.waiting_for_100_continue:  # rare: no cost for other requests
@@ -362,9 +364,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def _refuse(self, code: ErrorCode, reason: str, message: str) -> None:
         """Answer `code` (when no other answer is on the wire) and close."""
         self.refusals.note(reason, self.loop.time())
-        for timer in (self._head_timer, self._body_timer):
-            if timer is not None:
-                timer.cancel()
+        cancel(self._head_timer, self._body_timer)
         self._head_timer = self._body_timer = None
         cycle = self.cycle
         if self._in_head:  # a new request: is the previous one still being answered?

@@ -11,17 +11,18 @@ which waits while the client reads slower than the backend sends; to an HTTP/1.0
 request, which knows no chunked framing, a stream ends with the connection). An answer
 to HEAD (the relay refuses it) is its head alone, as HTTP requires.
 
-A client that leaves while its request runs: `left` turns true and the upstream answer
-the relay registered (`upstream`) is aborted, so the backend stops and nothing is signed.
-Pipelined requests wait their turn with reading paused, at most `MAX_PIPELINED` of them.
-A client that reads slower than it is answered holds its next request back: no request
-runs (and no answer is added to what the transport holds) while the transport has
-paused writing, and a client that reads nothing for `write_timeout_s` (a stream, a
-waiting request, or a whole answer still in the transport's buffer) is cut off, which
-aborts the backend's answer. A whole answer's share of the relay's answer budget
-(`answer`, `--max-held-answer-bytes`) is given back when its request ends, or, while
-the transport still holds some of it unread, once the client reads it, leaves or is cut
-off. A connection idle between requests is closed after `keepalive_s`.
+A client that leaves while its request runs: `left` turns true and the upstream answer the
+relay registered (`upstream`) is aborted, so the backend stops and nothing is signed; so is
+one reset: a write that finds its connection closing (uvloop reports it a turn later) is
+dropped, where it raised, failing the relay. Pipelined requests wait their turn with
+reading paused, at most `MAX_PIPELINED` of them. A client that reads slower than it is
+answered holds its next request back: no request runs (and no answer is added to what the
+transport holds) while the transport has paused writing, and a client that reads nothing
+for `write_timeout_s` (a stream, a waiting request, or a whole answer still in the
+transport's buffer) is cut off, which aborts the backend's answer. A whole answer's share
+of the relay's answer budget (`answer`, `--max-held-answer-bytes`) is given back when its
+request ends, or, while the transport still holds some of it unread, once the client reads
+it, leaves or is cut off. A connection idle between requests is closed after `keepalive_s`.
 """
 
 from __future__ import annotations
@@ -277,7 +278,7 @@ class Connection(RequestReader):
 
     def respond(self, status: int, body: bytes, content_type: bytes, extra: bytes = b"") -> None:
         """A whole answer; `extra` is more header lines, each ending in CRLF."""
-        if self.left:
+        if self.left or self.transport.is_closing():  # closing: reset, not yet told
             return
         head = b"%scontent-type: %s\r\ncontent-length: %d\r\n%s%s\r\n" % (
             _STATUS.get(status) or _status_line(status),
@@ -297,7 +298,7 @@ class Connection(RequestReader):
     def start_stream(self, status: int, content_type: bytes, *, framed: bool = True) -> None:
         """The head of a chunked answer; then `send_chunk` and `end_stream`. Not `framed`
         (or to an HTTP/1.0 request): an answer that ends with the connection."""
-        if self.left:
+        if self.left or self.transport.is_closing():  # closing: reset, not yet told
             return
         self._started = True
         framed = framed and not self._http10
@@ -315,7 +316,7 @@ class Connection(RequestReader):
         )
 
     async def send_chunk(self, data: bytes) -> None:
-        if self.left or not data:
+        if self.left or not data or self.transport.is_closing():
             return
         self.transport.write(b"%x\r\n%s\r\n" % (len(data), data) if self._chunked else data)
         if self._write_paused:  # the client reads slower than the backend sends
@@ -339,7 +340,7 @@ class Connection(RequestReader):
 
     def end_stream(self, last: bytes) -> None:
         """The last bytes; an answer that is not chunked ends when `_run` closes."""
-        if self.left:
+        if self.left or self.transport.is_closing():  # closing: reset, not yet told
             return
         if self._chunked:  # a chunk of size 0 is the end: only the end when nothing is left
             self.transport.write(

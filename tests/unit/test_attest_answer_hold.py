@@ -92,3 +92,40 @@ def test_a_client_that_leaves_with_its_answer_unread_gives_it_back() -> None:
         assert answers.held == 0
 
     asyncio.run(main())
+
+
+class _ResetTransport(FakeTransport):
+    """A transport whose write fails once it is closing, as uvloop's raises
+    `RuntimeError` on a connection it closed for a reset (before `connection_lost`)."""
+
+    def write(self, data: bytes) -> None:
+        if self.is_closing():
+            raise RuntimeError("unable to perform operation: the handler is closed")
+        super().write(data)
+
+
+def test_an_answer_to_a_connection_reset_before_it_is_told_is_dropped_not_a_failure() -> None:
+    async def main() -> tuple[int, bytes, bool]:
+        done = asyncio.Event()
+
+        async def handler(conn: Connection, request: Request) -> None:
+            transport.close()  # reset: closed, `connection_lost` not yet delivered
+            conn.respond(200, b"x" * 100, b"application/json")
+            conn.start_stream(200, b"text/event-stream")
+            await conn.send_chunk(b"data: 1\n\n")
+            conn.end_stream(b"")
+            done.set()
+
+        listener = Listener(handler, LIMITS, 4096, keepalive_s=30.0, write_timeout_s=30.0)
+        connection = listener.protocol()
+        transport = _ResetTransport()
+        connection.connection_made(transport)  # type: ignore[arg-type]
+        connection.data_received(_GET)
+        await until_async(lambda: connection.task is None, "the request ended")
+        connection.connection_lost(ConnectionResetError())
+        return listener.errors, bytes(transport.written), done.is_set()
+
+    errors, written, handled = asyncio.run(main())
+    assert handled  # every write returned: none raised into the relay
+    assert errors == 0  # not counted (or logged) as a relay failure
+    assert written == b""

@@ -256,3 +256,34 @@ def test_close_ends_a_sized_answer_whose_head_went_out_by_closing_the_connection
     assert transport.closing and not transport.aborted
     assert wire.startswith(b"HTTP/1.1 200 OK\r\n") and wire.endswith(b"\r\n\r\n"), wire
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def test_a_chunk_to_a_connection_reset_before_it_is_told_is_dropped_not_raised() -> None:
+    """uvloop closes a reset connection at once and tells the protocol a turn later: a
+    chunk written in between raised (`RuntimeError`); it is dropped, the client gone."""
+    transport = RecordingTransport()  # its write fails once closing, as uvloop's raises
+    outcome: list[object] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send(SSE)
+        writer = body_writer(scope)
+        assert writer is not None
+        assert (await receive())["type"] == "http.request"
+        assert writer.write(b"data: 1\n\n") is True
+        transport.closing = True  # reset: closed, `connection_lost` not yet delivered
+        before = len(transport.writes)
+        try:
+            outcome.append(writer.write(b"data: 2\n\n"))
+        except BaseException as exc:  # noqa: BLE001 - what the relay would see, recorded
+            outcome.append(exc)
+        outcome.extend([len(transport.writes) == before, writer.gone])
+
+    async def scenario() -> None:
+        protocol = listener_protocol(app)
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        protocol.data_received(GET)
+        await asyncio.gather(*protocol.tasks)
+        protocol.connection_lost(ConnectionResetError())
+
+    asyncio.run(scenario())
+    assert outcome == [None, True, True]  # None: gone, nothing written

@@ -138,3 +138,49 @@ def test_a_refusal_never_overtakes_a_held_write(request_bytes: bytes) -> None:
     held = b"HTTP/1.1 200 OK\r\n" if request_bytes is HEAD else b"HTTP/1.1 100 Continue\r\n\r\n"
     assert out.startswith(held), out[:80]
     assert out.count(b"HTTP/1.1 400 Bad Request") == 1
+
+
+# uvloop closes a connection its client reset at once (a read fails) and calls the
+# protocol's `connection_lost` only on a later turn; a write in between raised
+# `RuntimeError` ("the handler is closed"), out of the app's `send`: a whole answer's
+# request ended as a gateway fault (500, its record committing to an answer never sent).
+
+
+def test_an_answer_to_a_connection_reset_before_it_is_told_is_dropped_not_raised() -> None:
+    transport = RecordingTransport()  # its write fails once closing, as uvloop's raises
+    raised: list[BaseException] = []
+    served: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        transport.closing = True  # reset: closed, `connection_lost` not yet delivered
+        try:
+            start = {"type": "http.response.start", "status": 200, "headers": []}
+            await send({**start, "headers": [(b"content-length", b"5")]})
+            await send({"type": "http.response.body", "body": b"hello"})
+        except BaseException as exc:  # noqa: BLE001 - what the app would see, recorded
+            raised.append(exc)
+
+    async def scenario() -> bool:
+        protocol = http_protocol(ListenSettings())(
+            config=_loaded(app),
+            server_state=ServerState(),
+            app_state={},
+            _loop=asyncio.get_running_loop(),
+        )
+        served.append(protocol)
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        protocol.data_received(REQUEST)
+        await asyncio.gather(*protocol.tasks)
+        disconnected: bool = protocol.cycle.disconnected  # what the proxy asks (499)
+        protocol.connection_lost(ConnectionResetError())
+        return disconnected
+
+    assert asyncio.run(scenario()) is True
+    assert raised == [] and transport.writes == []
+
+
+def _loaded(app: Any) -> Any:
+    config = uvicorn_config(app, ListenSettings())
+    config.load()
+    return config
