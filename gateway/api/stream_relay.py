@@ -137,16 +137,17 @@ class StreamRelay:
             if client_left(exchange):
                 raise asyncio.CancelledError from exc
             self._metrics.upstream_error(backend.id, exc.kind)
-            if watch.done and tail is None:
-                # `data: [DONE]` went out first: the client read a complete answer (the
-                # SDKs stop there), so the failure after it (a hang past the read
+            watch.end()  # what ends the backend's event before the error event ends it
+            if watch.events.done and tail is None:
+                # The client's SDK stopped at an event whose data starts `[DONE]`: it read
+                # a complete answer, so the failure after it (a hang past the read
                 # timeout, a cut) ends the stream as its end would, never with an error
-                # event after [DONE] and a record saying 502/504 for it. (An attested
+                # event after [DONE] and a record saying 502/504 for it. A `data: [DONE]`
+                # line that is not its event's first data line (`watch.done` alone) is no
+                # end to the SDK, whose JSON read of that event raises. (An attested
                 # answer is whole only with the countersignature that follows [DONE].)
-                watch.end()
                 return None, _open(last)
             broke = exc.kind
-            watch.end()  # what ends the backend's event before the error event ends it
             error = GatewayError(
                 ErrorCode.upstream_error if exc.kind != "timeout" else ErrorCode.upstream_timeout,
                 "the backend failed in the middle of the stream",

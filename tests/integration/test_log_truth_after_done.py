@@ -45,6 +45,29 @@ CASES: dict[str, tuple[tuple[bytes, ...], str]] = {
     "chunked-close": (chunked(EVENT, USAGE_CHUNK, DONE, last=False), "close"),
     "chunked-reset": (chunked(EVENT, USAGE_CHUNK, DONE, last=False), "reset"),
     "chunked-more-then-hang": (chunked(EVENT, DONE, EVENT, last=False), "hang"),
+    # the marker as an SSE parser reads it: cut across the backend's writes, after CRs,
+    # without its space, named, or left without its blank line (the receipt line's ends it)
+    "split-marker-hang": (chunked(EVENT + b"data: [DO", b"NE]\n\n", last=False), "hang"),
+    "cr-lines-hang": (
+        chunked(EVENT.replace(b"\n", b"\r"), b"data: [DONE]\r\r", last=False),
+        "hang",
+    ),
+    "no-space-hang": (chunked(EVENT, b"data:[DONE]\n\n", last=False), "hang"),
+    "named-hang": (chunked(EVENT, b"event: end\ndata: [DONE]\n\n", last=False), "hang"),
+    "unended-hang": (chunked(EVENT, b"data: [DONE]\n", last=False), "hang"),
+}
+
+# A `data: [DONE]` line that is not the first data line of its event: the SDK joins the
+# event's data lines and its JSON read of `{...}\n[DONE]` raises; no SDK stops there, so
+# a failure after it is the stream's failure (an error event, a 504 record), as it is
+# without the line. (The relay used to take any `data: [DONE]` line for the end and
+# record 200 for a stream the backend broke off.)
+NO_END: dict[str, tuple[bytes, ...]] = {
+    "second-data-line": chunked(EVENT[:-1] + DONE, last=False),
+    "after-usage-in-its-event": chunked(EVENT, USAGE_CHUNK[:-1] + DONE, last=False),
+    "after-a-long-line": chunked(
+        EVENT, b'data: {"x":"' + b"a" * 70_000 + b'"}\n' + DONE, last=False
+    ),
 }
 
 
@@ -105,4 +128,36 @@ def test_a_backend_failing_after_done_leaves_the_answer_the_client_read_complete
     assert last["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8} or (
         USAGE_CHUNK not in pieces and last["usage"] is None
     ), last
+    assert audit(received, tmp_path / "log", vkey) == []
+
+
+@pytest.mark.parametrize("asks_usage", [True, False])
+@pytest.mark.parametrize("case", list(NO_END))
+def test_a_done_line_inside_an_event_is_no_end_to_fail_after(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    case: str,
+    asks_usage: bool,
+) -> None:
+    release = threading.Event()
+    raw = start_raw(_fails_after(NO_END[case], "hang", release))
+    gateway, vkey = logged(
+        start_gateway,
+        tmp_path,
+        [backend("gpu", raw.url, "m")],
+        limits={"read_timeout_s": 1},
+    )
+    ask = {**CHAT, "stream_options": {"include_usage": True}} if asks_usage else CHAT
+    try:
+        received = client_gets(gateway, ask)
+    finally:
+        release.set()
+    assert received.status == 200, received.body
+    assert not _sdk_reads(received.body)[1], received.body  # the SDK never read [DONE]
+    assert b'"code":"upstream_timeout"' in received.body, received.body[-300:]
+    request_id = received.headers["x-request-id"]
+    settled(tmp_path / "log", vkey, request_id)
+    last = request_log(tmp_path / "log", vkey, request_id)[-1]
+    assert (last["type"], last["status"]) == ("completion", 504), last
     assert audit(received, tmp_path / "log", vkey) == []
