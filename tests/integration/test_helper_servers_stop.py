@@ -13,7 +13,9 @@ hands every accepted connection on before the close.
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import logging
 import socket
 import ssl
 import warnings
@@ -21,8 +23,9 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.helpers.raw_backend import RawBackend, json_answer
+from tests.helpers.raw_backend import Post, RawBackend, json_answer
 from tests.helpers.tls import TLSFront
+from tests.helpers.waiting import until
 
 ROUNDS = 20
 CONNECTIONS = 5
@@ -64,3 +67,25 @@ def test_a_helper_stopped_as_connections_arrive_leaves_no_socket_open(
     start: Callable[[], tuple[int, Callable[[], None]]],
 ) -> None:
     assert _unclosed_after_stops(start) == []
+
+
+def test_a_raw_backend_stopped_while_answering_logs_no_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A handler still answering when its test stops the backend: its task was cancelled
+    # before `Accepted` knew the helper was closing, so the task ended cancelled, and
+    # asyncio's stream server, asking it for its exception in a done callback, logged
+    # "Exception in callback StreamReaderProtocol.connection_made" with a CancelledError
+    # traceback (an error line in whatever test's logs, at every such stop).
+    async def answering(_writer: asyncio.StreamWriter, _post: Post) -> bool:
+        await asyncio.sleep(60)  # cancelled by the stop
+        return False
+
+    backend = RawBackend(answering).start()
+    with socket.create_connection(("127.0.0.1", backend.port), timeout=10) as client:
+        client.sendall(b"POST / HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}")
+        until(lambda: len(backend.posts) == 1, "the backend answering", timeout=10)
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            backend.stop()
+    assert backend.ended == 1  # its handler ended, its connection closed
+    assert [r.getMessage()[:80] for r in caplog.records if r.name == "asyncio"] == []
