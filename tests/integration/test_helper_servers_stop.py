@@ -23,7 +23,9 @@ from collections.abc import Callable
 
 import pytest
 
+from gateway.upstream.http import HttpPool
 from tests.helpers.raw_backend import Post, RawBackend, json_answer
+from tests.helpers.scripted_upstream import read_request, with_backend
 from tests.helpers.tls import TLSFront
 from tests.helpers.waiting import until
 
@@ -88,4 +90,32 @@ def test_a_raw_backend_stopped_while_answering_logs_no_error(
         with caplog.at_level(logging.ERROR, logger="asyncio"):
             backend.stop()
     assert backend.ended == 1  # its handler ended, its connection closed
+    assert [r.getMessage()[:80] for r in caplog.records if r.name == "asyncio"] == []
+
+
+def test_a_scripted_backend_stopped_while_answering_logs_no_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The same for `with_backend` (tests/helpers/scripted_upstream.py): a handler still
+    # answering as the test's body returns is cancelled, and its task ended cancelled.
+    answering = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, _writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        answering.set()
+        await asyncio.sleep(60)  # cancelled as the body returns
+
+    async def body(pool: HttpPool) -> None:
+        _, writer = await asyncio.open_connection(pool.host, pool.port)
+        writer.write(b"POST / HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}")
+        async with asyncio.timeout(10):
+            await answering.wait()
+        writer.transport.abort()
+
+    async def run() -> None:
+        await with_backend(handler, body)
+        await asyncio.sleep(0)  # the done callbacks of the handlers' tasks
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(run())
     assert [r.getMessage()[:80] for r in caplog.records if r.name == "asyncio"] == []
