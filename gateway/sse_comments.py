@@ -28,7 +28,7 @@ The common read (no `owngate-` in it, ending at a line end) costs one `bytes.low
 ASCII case fold), one `bytes.find` and a look at its last byte; only reads with the
 marker, or ending mid-line, are walked (a Python step per line that holds the marker or
 starts the read's last partial line). A relay that found its read to be one `data:` line
-(gateway/api/sse_events.py, `one_data_line`) does not feed it while the filter is
+(gateway/api/sse_framing.py, `one_data_line`) does not feed it while the filter is
 `clean`: it holds no comment line and would pass unchanged.
 """
 
@@ -59,7 +59,7 @@ class CommentFilter:
         self._skip_lf = False  # a removed line ended in CR at a read's end: its LF may follow
         # None of the above, and past the stream's first line end: the usual read's state,
         # in which a read of whole lines none of which is a comment passes unchanged (and
-        # leaves it so): a caller that knows its read is such (`sse_events.one_data_line`)
+        # leaves it so): a caller that knows its read is such (`sse_framing.one_data_line`)
         # need not feed it.
         self.clean = False
 

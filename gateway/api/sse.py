@@ -95,7 +95,7 @@ class StreamWatch:
 
     def feed(self, data: bytes, one_line: bool = False) -> bytes:
         """Bytes from the backend in; the bytes to relay out (possibly fewer, or none).
-        `one_line`: `data` is `sse_events.one_data_line` (the caller tested it). An empty
+        `one_line`: `data` is `sse_framing.one_data_line` (the caller tested it). An empty
         read (a read that was all a stripped comment, the relay's flushes at the end)
         changes nothing: in strip mode it once went through `_events` whole and cleared
         the note that the next read's LF ends a held-back event's CRLF."""

@@ -87,7 +87,6 @@ class RawBackend:
         self._server: asyncio.Server | None = None
         self._connections = 0
         self._ended = 0
-        self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         self._accepted = Accepted(self._serve)  # every connection, from its hand-over on
         self.port = 0
@@ -124,11 +123,11 @@ class RawBackend:
             for writer in self._writers:
                 if not _closed(writer):
                     writer.transport.abort()
-            for task in self._tasks:
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-            # and connections whose handler had not started; the aborts close their
-            # sockets on the next loop turn
+            # Every handler ends now (cancelled by `close_all`, which the handler's task then
+            # does not end by: a task ending cancelled makes asyncio's stream server log
+            # "Exception in callback ... connection_made" as an error), and connections
+            # whose handler had not started are aborted; the aborts close their sockets on
+            # the next loop turn.
             await self._accepted.close_all()
 
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=10)
@@ -137,9 +136,6 @@ class RawBackend:
         self._loop.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
         self._writers.add(writer)
         connection = self._connections
         self._connections += 1
@@ -172,7 +168,6 @@ class RawBackend:
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass  # the gateway dropped the connection: what some tests want
         finally:
-            self._tasks.discard(task)
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()

@@ -157,7 +157,7 @@ def test_a_paced_read_costs_the_relay_a_fixed_few_python_calls(
     python = [name for name in read if not name.endswith("()")]
     assert len(python) <= READ_CALLS, f"{len(python)} calls per read: {read}"
     # The searches of the read: that it is one `data: {` line and its blank line (two
-    # one-byte `find`s, LF and CR: `sse_events.one_data_line`), which rules out an
+    # one-byte `find`s, LF and CR: `sse_framing.one_data_line`), which rules out an
     # `owngate-` comment (the comment filter is not fed it), a `[DONE]` value and a field
     # that dispatches an event without data; the stream watch's for `"usage"` (`[DONE]` is
     # not looked for in such a read: its value starts `{`); the

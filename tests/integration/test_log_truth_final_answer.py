@@ -160,9 +160,14 @@ def test_a_client_gone_before_its_fault_answer_went_out_is_recorded_499(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A fault of the gateway's own in the relay (the client would get 500) and the
-    client gone while the 500's receipt is signed: the completion says 499."""
+    client gone while the 500's receipt is signed: the completion says 499. The fault must
+    have run: a 404 the relay translates as usual is also recorded 499 once its client left,
+    so a patch that no longer reaches the relay's call (the name moved to another module)
+    would leave this test passing on the 404 path."""
+    faults: list[int] = []
 
     def faulty(*_args: object) -> None:
+        faults.append(1)
         raise RuntimeError("a bug")
 
     monkeypatch.setattr("gateway.api.passthrough.translate_upstream_error", faulty)
@@ -171,6 +176,7 @@ def test_a_client_gone_before_its_fault_answer_went_out_is_recorded_499(
     mine = _whole_asked_and_left(
         monkeypatch, (Trail, "sealed_receipt"), start_gateway, tmp_path, backends
     )
+    assert faults, "the relay never called the faulty translation (the patch missed it)"
     assert [r["type"] for r in mine] == ["dispatch", "completion"]
     assert mine[-1]["status"] == 499, mine[-1]
     assert mine[-1]["response_commitment"] is None

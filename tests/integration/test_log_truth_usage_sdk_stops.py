@@ -6,7 +6,7 @@ UTF-8, (b) an event dispatched without data, (c) an event holding a usage or `[D
 whose data is not JSON; and a valid character split across the backend's writes, which
 stops nothing. And (c) at a paced server's pace: each event its own read (the backend
 writes the next once the client has the last), an event whose data is not JSON read as
-one `data: {` line, whatever it holds (gateway/api/sse_events.py, `one_data_line`)."""
+one `data: {` line, whatever it holds (gateway/api/sse_framing.py, `one_data_line`)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 all (`[` 600 times, then `x`): the client's `json.loads` refuses it at its text, before
 any recursion limit, so the SDK raises there and shows nothing after. The reader took
 every such event for one the client may read, went on, and recorded a later usage the
-client never saw (gateway/api/sse_events.py, `_not_json`)."""
+client never saw (gateway/api/sse_data.py, `not_json`)."""
 
 from __future__ import annotations
 

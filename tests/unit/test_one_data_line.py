@@ -1,5 +1,5 @@
 """A paced server's usual read, one `data: {` line and its blank line, is tested once by
-the relay (`sse_events.one_data_line`) and then not fed to the comment filter, nor
+the relay (`sse_framing.one_data_line`) and then not fed to the comment filter, nor
 searched by the stream watch and event reader for what makes an event worth parsing, but
 parsed once, as the client's SDK parses it (gateway/api/stream_relay.py, sse_events.py):
 whatever came before, the client gets the same bytes and the record the same usage, or,
