@@ -29,7 +29,9 @@ decision, as it refuses a router's control fields (gateway/api/control_fields.py
 - **another request's place on the server**: client-chosen request ids (`request_id`,
   SGLang's `rid`: a duplicate collides with another tenant's request), scheduling
   (`priority`, a data-parallel rank, llama.cpp's `id_slot`), which would let one tenant
-  take a backend away from the others (docs/security.md);
+  take a backend away from the others (docs/security.md), and NVIDIA Dynamo's request
+  envelope (`nvext`: the worker, its rank, the queue priority, and the prefix-cache
+  `cache_salt`, which Dynamo reads over the top-level one `isolate_prefix_cache` sets);
 - **another tenant's media**: vLLM's `uuid` on a content part names the media item in
   the server's multimodal caches in place of its content's hash, and with the media left
   out (`"image_url": null`) has the server take the item from its cache by that name
@@ -77,6 +79,11 @@ _SHARED: Final = (
     "server would take another tenant's image by that name, or give it this one)"
 )
 
+_ENVELOPE: Final = (
+    "picks the worker, its queue position and its prefix-cache partition on the inference "
+    "server (NVIDIA Dynamo's `nvext`: its `cache_salt` overrides the tenant's own)"
+)
+
 SERVER_FIELDS: Final[Mapping[str, str]] = {
     # vLLM (ChatCompletionRequest, CompletionRequest, EmbeddingChatRequest extras)
     "chat_template": _PROMPT,
@@ -112,6 +119,11 @@ SERVER_FIELDS: Final[Mapping[str, str]] = {
     # takes them in an OpenAI request (NVIDIA Dynamo's frontend, SGLang-Omni): the
     # content part's `uuid` below, for every item at once
     "multi_modal_uuids": _SHARED,
+    # NVIDIA Dynamo's frontend (protocols/openai/nvext.rs): its request envelope names the
+    # worker and data-parallel rank (`backend_instance_id`, `decode_worker_id`, `dp_rank`),
+    # the queue priority (`agent_hints.priority`) and the prefix-cache partition
+    # (`cache_salt`, which it reads over the top-level one isolate_prefix_cache sets)
+    "nvext": _ENVELOPE,
 }
 # A content part (vLLM's `image_embeds`, `audio_embeds`) that is a serialized tensor, an
 # image's or video's own tiling (SGLang), a media item's client-chosen cache id (vLLM's

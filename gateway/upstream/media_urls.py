@@ -21,10 +21,12 @@ the same way and named by the message (`messages[1].images`).
   except for providers whose adapter downloads without LiteLLM's guard (`gigachat`),
   which get `data:` URLs only.
 Any other scheme (`file:`, `gs:`, `s3:`, `ftp:`) is refused, and so is a reference to a
-file stored in the provider account (`file_id`, `file_uri`, or a Gemini Files API URI,
-`https://generativelanguage.googleapis.com/v1beta/files/...`, which LiteLLM's Gemini
-adapter hands over as a stored file though its host is public): the account, and so its
-files, is shared by every tenant. The client gets 400 naming
+file stored in the provider account (`file_id`, `file_uri`, any URL at the Gemini API's
+host, `https://generativelanguage.googleapis.com/v1beta/files/...` however its path is
+spelled, which LiteLLM's Gemini adapter hands over as a stored file though its host is
+public, and any string with `gs://` in it, `data:` URLs included, which its Gemini and
+Vertex adapters send as a Cloud Storage object wherever `gs://` stands): the account,
+and so its files, is shared by every tenant. The client gets 400 naming
 the part (`messages[0].content[1]`), never the URL. Text parts are not looked at: a
 URL in prose is text. At most `MAX_URLS` URLs per request, each host resolved within
 `RESOLVE_TIMEOUT_S` for all of them together (unresolvable, or not in time: refused),
@@ -143,10 +145,11 @@ async def check_media_urls(
     for where, url in found:
         match = _SCHEME.match(url)
         scheme = match.group(1).lower() if match else ""
+        # Before the `data:` pass: the adapter reads `gs://` anywhere in the string.
+        if url.find(_GCS) >= 0 or _STORED_PREFIX.match(url.lstrip()[:_HEAD]) or _gemini_api(url):
+            raise InvalidField(where, _STORED_PART)  # a public host, a shared file
         if scheme == "data":
             continue
-        if _STORED_PREFIX.match(url.lstrip()[:_HEAD]) or _gemini_file(url):
-            raise InvalidField(where, _STORED_PART)  # a public host, a shared file
         if not guarded:
             raise InvalidField(where, "a `data:` URL (this model's adapter downloads URLs)")
         public = scheme in ("http", "https") and await _public(
@@ -160,17 +163,18 @@ async def check_media_urls(
             )
 
 
-def _gemini_file(url: str) -> bool:
-    """Whether `url` names a file of Gemini's Files API however its host is written: a
-    port (`:443`), a trailing dot, userinfo, a path with more before `/files/`. LiteLLM's
-    Gemini adapter hands any https URL to Google as `file_data.file_uri` and Google, not
-    LiteLLM, decides what it names; `_STORED_PREFIX` knows the plain spelling only."""
+def _gemini_api(url: str) -> bool:
+    """Whether `url` is at the Gemini API's host, however the host is written (a port
+    (`:443`), a trailing dot, userinfo) and whatever its path (`/v1beta/files/x`,
+    `/v1beta/%66iles/x`, `/v1beta/files%2Fx`). LiteLLM's Gemini adapter hands any https
+    URL to Google as `file_data.file_uri`, and Google, not LiteLLM, decides what it names:
+    that host serves the API (its Files API among it), read with the gateway's key, and
+    no public media, so no spelling of a path there is taken for a public URL."""
     try:
-        parts = urlsplit(url.strip())
-        host = parts.hostname
+        host = urlsplit(url.strip()).hostname
     except ValueError:
         return False
-    return host is not None and host.rstrip(".") == _GEMINI_FILES_HOST and "/files/" in parts.path
+    return host is not None and host.rstrip(".") == _GEMINI_FILES_HOST
 
 
 def check_embedding_input(params: dict[str, Any]) -> None:
@@ -200,7 +204,9 @@ def _urls(messages: Any) -> Iterator[tuple[str, str]]:
 
 def _strings(where: str, value: Any, depth: int) -> Iterator[tuple[str, str]]:
     if isinstance(value, str):
-        if _SCHEME.match(value):
+        # `gs://` anywhere: LiteLLM's Gemini and Vertex adapters read the string as a Cloud
+        # Storage object then (`"gs://" in image_url`), whatever comes before it.
+        if _SCHEME.match(value) or value.find(_GCS) >= 0:
             yield where, value
     elif depth >= _MAX_DEPTH:
         raise InvalidField(where, f"nested at most {_MAX_DEPTH} deep")

@@ -249,6 +249,40 @@ def test_a_gemini_files_api_uri_is_a_stored_file_however_its_host_is_written(url
         check(params, "gemini")
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        # The adapter hands each to Google verbatim as `file_data.file_uri`; the Gemini API
+        # host serves no public media, whatever the path says (escaped).
+        "https://generativelanguage.googleapis.com/v1beta/%66iles/another-tenants-upload.png",
+        "https://generativelanguage.googleapis.com/v1beta/files%2Fanother-tenants-upload.png",
+    ],
+)
+def test_any_url_at_the_gemini_api_host_is_a_stored_file_however_its_path_is_written(
+    url: str,
+) -> None:
+    with pytest.raises(InvalidField, match=r"messages\[0\]\.content\[1\].*stored at the provider"):
+        check(image({"url": url}), "gemini")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        # LiteLLM's Gemini and Vertex adapters test `"gs://" in image_url`: each of these
+        # went to Google as `file_data.file_uri`, the whole string, read with the
+        # gateway's credentials.
+        "data:image/png,gs://another-tenant/scan.png",
+        "x gs://another-tenant/scan.png",
+        "https://images.example/cat.png?u=gs://another-tenant/scan.png",
+    ],
+)
+def test_a_media_string_naming_a_cloud_storage_object_anywhere_is_refused(url: str) -> None:
+    with pytest.raises(InvalidField, match=r"messages\[0\]\.content\[1\].*stored at the provider"):
+        check(image({"url": url}), "vertex_ai")
+    with pytest.raises(InvalidField, match=r"messages\[1\]\.images.*stored at the provider"):
+        check(generated(url), "gemini")
+
+
 def test_a_file_given_inline_passes() -> None:
     part = {
         "type": "file",

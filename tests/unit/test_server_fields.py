@@ -75,6 +75,14 @@ LOOP = "{% for i in range(1000) %}{% for m in messages %}{{ m.content }}{% endfo
             "multi_modal_uuids",
             "every tenant shares",
         ),
+        # NVIDIA Dynamo's envelope: a worker and a queue position of the client's choosing,
+        # and a prefix-cache salt read over the tenant's own (isolate_prefix_cache)
+        (
+            {"nvext": {"cache_salt": "another-tenants-salt", "backend_instance_id": 7}},
+            "nvext",
+            "prefix-cache partition",
+        ),
+        ({"nvext": {"agent_hints": {"priority": 1000}}}, "nvext", "queue position"),
     ],
 )
 def test_a_server_field_is_refused_naming_it(fields: dict[str, Any], param: str, why: str) -> None:
