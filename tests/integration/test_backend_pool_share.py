@@ -1,0 +1,172 @@
+"""One tenant's long streams and a private backend's connection pool.
+
+Each private backend has one pool of `limits.max_connections_per_backend` connections
+(gateway/upstream/http.py, a semaphore per backend), shared by every tenant. A stream
+holds its connection for as long as the backend decodes (and, for a client that reads
+nothing, until `listen.write_timeout_s` cuts it off). Here the backend paces tokens
+until the test releases it, so the pool is really held; tenant `acme` opens as many
+streams as the pool has connections and reads none of them, then `other` sends one
+request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from gateway.tenants import hash_api_key
+from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, Gateway, backend
+from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
+from tests.helpers.waiting import until_async
+
+TWO_TENANTS = [
+    {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["m"]},
+    {"id": "other", "api_key_hashes": [hash_api_key(OTHER_KEY)], "models": ["m"]},
+]
+POOL = 2  # limits.max_connections_per_backend
+ANSWER = (
+    b'{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,'
+    b'"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],'
+    b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}'
+)
+
+
+def _token(n: int) -> bytes:
+    chunk = {
+        "id": "s",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": f"t{n} "}}],
+    }
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+def paced(released: threading.Event) -> Answer:
+    """A stream paced like a decoding server (a token every 20 ms) until `released` is
+    set (3,000 tokens, 60 s, at most); a whole answer at once for a request without
+    `stream`."""
+
+    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
+        if not json.loads(post.body).get("stream"):
+            head = (
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+            )
+            writer.write(head % len(ANSWER) + ANSWER)
+            await writer.drain()
+            return False
+        writer.write(sse_head())
+        for n in range(3000):
+            if released.is_set():
+                break
+            writer.write(_token(n))
+            await writer.drain()
+            await asyncio.sleep(0.02)
+        return False
+
+    return answer
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a private backend's connection pool has no per-tenant share: one tenant's "
+    "streams can hold every connection, and another tenant's request fails (503, busy) "
+    "(docs/security.md, Limits: a backend's connections are not shared out by tenant)",
+)
+def test_one_tenants_unread_streams_leave_another_tenant_a_connection_to_the_backend(
+    start_raw: Callable[[Answer], RawBackend], start_gateway: Callable[..., Gateway]
+) -> None:
+    """`acme` opens POOL streams to the one backend and reads none; the backend keeps
+    decoding them. `other`'s one request then finds no connection: it waits
+    `connect_timeout_s` for one and fails `busy` (503 `backend_unavailable` here, with no
+    other backend or fallback; measured), for as long as `acme`'s streams last: no
+    tenant's share of the pool is bounded unless its `limits.concurrent_requests` is."""
+    released = threading.Event()
+    raw = start_raw(paced(released))
+    gateway = start_gateway(
+        [backend("gpu", raw.url, "m")],
+        limits={"max_connections_per_backend": POOL, "connect_timeout_s": 1.0},
+        tenants=TWO_TENANTS,
+    )
+    ask = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+
+    def streams() -> int:
+        return sum(1 for post in raw.posts if json.loads(post.body).get("stream"))
+
+    async def run() -> httpx.Response:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as acme:
+            held: list[httpx.Response] = []
+            try:
+                for _ in range(POOL):
+                    request = acme.build_request(
+                        "POST",
+                        "/v1/chat/completions",
+                        json={**ask, "stream": True, "max_tokens": 3000},
+                        headers={"authorization": f"Bearer {TENANT_KEY}"},
+                    )
+                    held.append(await acme.send(request, stream=True))  # never read
+                await until_async(lambda: streams() == POOL, "acme's streams at the backend")
+                assert all(response.status_code == 200 for response in held)
+                async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as other:
+                    return await other.post(
+                        "/v1/chat/completions",
+                        json=ask,
+                        headers={"authorization": f"Bearer {OTHER_KEY}"},
+                    )
+            finally:
+                released.set()
+                for response in held:
+                    await response.aclose()
+
+    theirs = asyncio.run(run())
+    assert theirs.status_code == 200, theirs.text
+
+
+def test_a_tenants_concurrent_requests_below_the_pool_leave_another_tenant_a_connection(
+    start_raw: Callable[[Answer], RawBackend], start_gateway: Callable[..., Gateway]
+) -> None:
+    """What does bound it today: `acme` configured with `limits.concurrent_requests`
+    below the pool's size. Its second stream is refused 429 while the first decodes, so
+    a connection stays free and `other`'s request is served."""
+    released = threading.Event()
+    raw = start_raw(paced(released))
+    limited = [{**TWO_TENANTS[0], "limits": {"concurrent_requests": POOL - 1}}, TWO_TENANTS[1]]
+    gateway = start_gateway(
+        [backend("gpu", raw.url, "m")],
+        limits={"max_connections_per_backend": POOL, "connect_timeout_s": 1.0},
+        tenants=limited,
+    )
+    ask = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+
+    async def run() -> tuple[list[int], httpx.Response]:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as acme:
+            held: list[httpx.Response] = []
+            try:
+                for _ in range(POOL):
+                    request = acme.build_request(
+                        "POST",
+                        "/v1/chat/completions",
+                        json={**ask, "stream": True, "max_tokens": 3000},
+                        headers={"authorization": f"Bearer {TENANT_KEY}"},
+                    )
+                    held.append(await acme.send(request, stream=True))  # never read
+                async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as other:
+                    theirs = await other.post(
+                        "/v1/chat/completions",
+                        json=ask,
+                        headers={"authorization": f"Bearer {OTHER_KEY}"},
+                    )
+                return [response.status_code for response in held], theirs
+            finally:
+                released.set()
+                for response in held:
+                    await response.aclose()
+
+    statuses, theirs = asyncio.run(run())
+    assert statuses == [200, 429]
+    assert theirs.status_code == 200, theirs.text
