@@ -84,6 +84,7 @@ class EventReader:
         self.unknown = False
         self.error_event = False  # an error event of the backend's was read (the SDK raised)
         self.stopped = False  # `[DONE]` or an error event: the SDK reads no further
+        self.done = False  # it stopped at `[DONE]`: the client read the whole stream
         self._max_event = max_event
         self._raw = b""  # the unfinished event's bytes, from its start
         self._over = False  # inside an event let go past `max_event`
@@ -310,7 +311,7 @@ class EventReader:
             return
         joined = b"\n".join(data)
         if joined.startswith(b"[DONE]"):
-            self.stopped = True
+            self.stopped = self.done = True
             return
         try:
             doc = read_json(joined, line=True)
