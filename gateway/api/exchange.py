@@ -257,13 +257,14 @@ async def send_relayed(send: Send, exchange: Exchange, data: bytes) -> None:
 def cut_status(exchange: Exchange) -> tuple[int, str | None]:
     """The status and error of an attempt whose task was cancelled, or whose client's
     connection is gone: its client left (499), or the gateway shut down before the
-    answer ended (503), a connection its forced shutdown dropped included. A client that
-    left once it had the whole answer (`read_whole`: a stream's `[DONE]` went out) got
-    that answer: its status and error, as the stream's end would have recorded them."""
+    answer ended (503), a connection its forced shutdown dropped included. A stream whose
+    `[DONE]` went out before (`read_whole`) was read whole: its status and error, as its
+    end would have recorded them, whether its client left or the gateway cut it then (the
+    cut then ends it without an error event, `TenantSurface._cut`)."""
+    if exchange.read_whole:
+        return exchange.status, exchange.upstream_error
     writer = exchange.writer
     if exchange.client_gone and (writer is None or not writer.dropped):
-        if exchange.read_whole:
-            return exchange.status, exchange.upstream_error
         return 499, "client closed the request"
     return 503, "cut: the gateway shut down before the answer ended"
 

@@ -38,15 +38,17 @@ STREAM = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
 
-def _sidecar(key_file: Path, release: threading.Event | None) -> Answer:
-    """A sidecar's chunked stream: `STREAM`, then (without `release`) its countersignature
-    comment and the last chunk; with it, nothing more until the test is done (60 s)."""
+def _sidecar(key_file: Path, release: threading.Event | None, stream: bytes = b"") -> Answer:
+    """A sidecar's chunked stream: `stream` (`STREAM`), then (without `release`) its
+    countersignature comment and the last chunk; with it, nothing more until the test is
+    done (60 s)."""
+    stream = stream or STREAM
     signer = load_signer(key_file)
 
     async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
         head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
         writer.write(head + b"transfer-encoding: chunked\r\n\r\n")
-        writer.write(b"%x\r\n%s\r\n" % (len(STREAM), STREAM))
+        writer.write(b"%x\r\n%s\r\n" % (len(stream), stream))
         await writer.drain()
         if release is not None:
             await asyncio.get_running_loop().run_in_executor(None, release.wait, 60)
@@ -59,7 +61,7 @@ def _sidecar(key_file: Path, release: threading.Event | None) -> Answer:
             0,
             str(signer),
             commit("request", salts.request, post.body),
-            commit("response", salts.response, STREAM),
+            commit("response", salts.response, stream),
         )
         comment = b": owngate-attest " + base64.b64encode(sign_statement(statement, signer))
         comment += b"\n\n"
@@ -138,3 +140,43 @@ def test_a_client_closing_at_done_before_the_countersignature_is_still_499(
     assert record["status"] == 499, record  # no countersignature: not the whole answer
     assert not (record.get("attestation") or {}).get("sig"), record
     assert _audited(tmp_path, sidecar_vkey) == 0  # an error needs no countersignature
+
+
+def test_a_countersigned_stream_without_done_cut_at_drain_is_not_countersigned(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No `[DONE]` went out (the countersigned stream has none): the drain deadline's cut
+    still ends it with its 503 error event, after the countersigned bytes, so the
+    countersignature is not taken (`missing`, 503), as before."""
+    sidecar_vkey = write_signing_key(tmp_path / "sidecar.key", "gpu")
+    hold = Hold(monkeypatch, Trail, "sealed_receipt")
+    event = STREAM.split(b"data: [DONE]")[0]
+    raw = start_raw(_sidecar(tmp_path / "sidecar.key", None, event))
+    attested = backend("gpu", raw.url, "m", attest={"key": sidecar_vkey})
+    gateway = logged_gateway(
+        start_gateway, tmp_path, [attested], ORIGIN, limits={"drain_timeout_s": 0.001}
+    )
+
+    def drain_once_held() -> None:
+        # the stream's end (its countersignature judged), held until the cut ends it
+        if hold.entered.wait(30):
+            (task,) = list(gateway.app.serving)  # the request: its loop is the server's
+            task.get_loop().call_soon_threadsafe(gateway.app.begin_drain)
+        else:
+            hold.released.set()
+
+    cutter = threading.Thread(target=drain_once_held)
+    cutter.start()
+    try:
+        received = client_gets(gateway, CHAT)
+    finally:
+        hold.released.set()
+        cutter.join(60)
+    assert received.body.startswith(event) and b'"not_ready"' in received.body, received.body
+    record = completion_record(tmp_path / "log", received.headers["x-request-id"])
+    assert record["status"] == 503, record
+    assert record["attestation"]["failure"] == "missing", record
+    assert _audited(tmp_path, sidecar_vkey) == 0

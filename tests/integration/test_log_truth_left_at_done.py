@@ -198,3 +198,43 @@ def test_a_client_closing_at_a_hosted_streams_done_while_its_end_is_readied_is_r
     last = request_log(tmp_path / "log", vkey, request_id)[-1]
     assert (last["status"], last["error"]) == (200, None), last
     assert_logged_as_received(received, gateway, tmp_path / "log", vkey, left=True)
+
+
+def test_a_stream_the_drain_deadline_cuts_after_its_done_ends_as_its_end_would(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """The gateway's own cut (its drain deadline) lands after `[DONE]` went out, the
+    backend still holding its body open: the client read the answer whole, so the stream
+    ends with its receipt line and no error event after `[DONE]` (which no SDK reads), and
+    the record says 200 (before: a 503 `not_ready` event after `[DONE]`, recorded 503)."""
+    release = threading.Event()
+    raw = start_raw(_hangs_after(CASES["chunked"][0], release))
+    gateway, vkey = logged(
+        start_gateway,
+        tmp_path,
+        [backend("gpu", raw.url, "m")],
+        limits={"drain_timeout_s": 0.001},
+    )
+
+    drained = threading.Event()
+
+    def cut_at_done(got: bytes) -> bool:
+        if _sdk_stopped(got) and not drained.is_set():
+            drained.set()
+            (task,) = list(gateway.app.serving)  # the request: its loop is the server's
+            task.get_loop().call_soon_threadsafe(gateway.app.begin_drain)
+        return False  # read on, to the end the gateway writes
+
+    try:
+        received = client_gets(gateway, ASKS_USAGE, enough=cut_at_done)
+    finally:
+        release.set()
+    assert received.status == 200 and b'"error"' not in received.body, received.body
+    assert b": owngate-receipt " in received.body, received.body
+    request_id = received.headers["x-request-id"]
+    settled(tmp_path / "log", vkey, request_id)
+    last = request_log(tmp_path / "log", vkey, request_id)[-1]
+    assert (last["status"], last["error"]) == (200, None), last
+    assert_logged_as_received(received, gateway, tmp_path / "log", vkey)
