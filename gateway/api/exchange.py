@@ -65,6 +65,11 @@ class Exchange:
     # landing after it (a shutdown's) changes nothing the client got, so nothing it says.
     ended: bool = False
     streaming: bool = False  # the response is a relayed stream (`start_stream`)
+    # The client has the whole answer before its end went out: a stream's `[DONE]` event
+    # (for an attested backend, with its countersignature accepted) was handed to its
+    # connection. A client that leaves after it (the SDKs close at `[DONE]`) got a
+    # complete answer: its record keeps the answer's status (`cut_status`), not 499.
+    read_whole: bool = False
     # The last two pieces relayed to the client (references, not copies): whether a
     # stream's relayed bytes end inside an event, for what the gateway writes after them
     # (`event_break`).
@@ -249,10 +254,15 @@ async def send_relayed(send: Send, exchange: Exchange, data: bytes) -> None:
         relayed(exchange, data)
 
 
-def cut_status(exchange: Exchange) -> tuple[int, str]:
+def cut_status(exchange: Exchange) -> tuple[int, str | None]:
     """The status and error of an attempt whose task was cancelled, or whose client's
     connection is gone: its client left (499), or the gateway shut down before the
-    answer ended (503), a connection its forced shutdown dropped included."""
+    answer ended (503), a connection its forced shutdown dropped included. A stream whose
+    `[DONE]` went out before (`read_whole`) was read whole: its status and error, as its
+    end would have recorded them, whether its client left or the gateway cut it then (the
+    cut then ends it without an error event, `TenantSurface._cut`)."""
+    if exchange.read_whole:
+        return exchange.status, exchange.upstream_error
     writer = exchange.writer
     if exchange.client_gone and (writer is None or not writer.dropped):
         return 499, "client closed the request"

@@ -76,6 +76,7 @@ from gateway.upstream.hosted import (
     Prepared,
 )
 from gateway.upstream.http import DEFAULT_MAX_BODY
+from gateway.upstream.openai_wire import DONE
 from gateway.upstream.tenant_ids import scoped_params
 
 __all__ = ["HostedRelay", "NotSent"]
@@ -264,10 +265,23 @@ class HostedRelay:
                         elapsed = first_chunk_seconds(exchange)
                         self._metrics.observe_ttft(exchange.endpoint, backend.id, elapsed)
                     await send_relayed(send, exchange, data)
+                    if data == DONE and not client_left(exchange):
+                        # The gateway's own `[DONE]` (openai_wire), the last event, went
+                        # out: the client has the whole answer, and one that leaves now
+                        # (the SDKs close here) is recorded with it, its usage included.
+                        exchange.read_whole = True
+                        if response.usage is not None and exchange.trail is not None:
+                            exchange.trail.reported(response.usage)
             attempt.succeeded()  # judged by how the stream ended
         except (HostedError, TimeoutError) as exc:
             if client_left(exchange):
                 raise asyncio.CancelledError from exc
+            if exchange.read_whole:  # after `[DONE]` (LiteLLM's close, the stream
+                # timeout): the client read the answer whole; it ends as its end would,
+                # never with an error event after `[DONE]`
+                attempt.succeeded()
+                await end_stream(send, exchange)
+                return
             kind = exc.kind if isinstance(exc, HostedError) else "timeout"
             if isinstance(exc, HostedError) and kind != "too_large":
                 attempt.failed(f"stream broke off: {kind}")  # not the gateway's own limits

@@ -197,7 +197,9 @@ class TenantSurface:
         error = exchange.refused or GatewayError(
             ErrorCode.not_ready, f"the gateway is shutting down and {why}"
         )
-        exchange.status, exchange.error_code = error.status, error.code.value
+        whole = exchange.streaming and exchange.read_whole
+        if not whole:  # a stream whose `[DONE]` went out keeps its status (`cut_status`)
+            exchange.status, exchange.error_code = error.status, error.code.value
         if not exchange.response_started:
             headers = receipt_headers_now(exchange)
             if wait:
@@ -210,9 +212,11 @@ class TenantSurface:
             return
         if exchange.streaming:  # a stream, whether or not the request asked for one
             # The relayed bytes may end inside an event (the backend was cut mid-write):
-            # the error is an event of its own, as when the backend breaks off.
-            await send_error_event(send, error, before=event_break(exchange))
-            exchange.relayed_before, exchange.last_relayed = b"", b"\n\n"  # an event boundary
+            # the error is an event of its own, as when the backend breaks off. After
+            # `[DONE]` none: the client read the answer whole, and it ends as its end would.
+            if not whole:
+                await send_error_event(send, error, before=event_break(exchange))
+                exchange.relayed_before, exchange.last_relayed = b"", b"\n\n"
             if wait:
                 try:
                     await end_stream(send, exchange)

@@ -322,6 +322,9 @@ class PrivateRelay:
             # not get the answer it covers, so it is not taken (`missing`).
             signed = tail.countersignature if broke is None else None
             attester.judge(exchange.trail, exchange.request_id.decode(), signed)
+            # Whole once `[DONE]` went out and the countersignature that follows it was
+            # accepted: a client that leaves now got the answer the statement covers.
+            exchange.read_whole = watch.sent_done and exchange.trail.countersignature is not None
         if broke is None and watch.error_event:
             self._metrics.upstream_error(backend.id, "error_event")
         await end_stream(send, exchange, line_open=line_open)

@@ -72,7 +72,7 @@ class StreamRelay:
         last = b"\n"  # the last bytes the client got: what the gateway writes starts a line
         self._metrics.observe_ttft(exchange.endpoint, backend.id, first_chunk_seconds(exchange))
         answered()
-        last = await _relay_chunk(send, exchange, feed(first)) or last
+        last = await _relay_chunk(send, exchange, feed(first), watch, tail) or last
         broke = None
         writer = exchange.writer
         trail = exchange.trail
@@ -107,6 +107,8 @@ class StreamRelay:
                 trail.response_hash.update(data)
                 trail.sent_bytes += len(data)
             last = data
+            if watch.done and not watch.sent_done:  # (`[DONE]` seen: is it read now?)
+                _sent(exchange, watch, tail)
             return more
 
         try:
@@ -123,11 +125,13 @@ class StreamRelay:
                     if data:
                         await send_relayed(send, exchange, data)
                         last = data
+                        _sent(exchange, watch, tail)
             if tail is not None:
                 flushed = comments.feed(tail.flush())
-                last = await _relay_chunk(send, exchange, watch.feed(flushed)) or last
-            last = await _relay_chunk(send, exchange, watch.feed(comments.flush())) or last
-            last = await _relay_chunk(send, exchange, watch.flush()) or last
+                last = await _relay_chunk(send, exchange, watch.feed(flushed), watch, tail) or last
+            flushed = watch.feed(comments.flush())
+            last = await _relay_chunk(send, exchange, flushed, watch, tail) or last
+            last = await _relay_chunk(send, exchange, watch.flush(), watch, tail) or last
             watch.end()  # the receipt line ends the client's last event
             if response.ended_by_close and not watch.done:
                 # No framing: the close ended the body, and before `[DONE]` the close is
@@ -162,11 +166,29 @@ class StreamRelay:
         return broke, _open(last)
 
 
-async def _relay_chunk(send: Send, exchange: Exchange, data: bytes) -> bytes:
+async def _relay_chunk(
+    send: Send, exchange: Exchange, data: bytes, watch: StreamWatch, tail: SseTail | None
+) -> bytes:
     """Send `data` on (committed to once handed to the client); returns it."""
     if data:
         await send_relayed(send, exchange, data)
+        _sent(exchange, watch, tail)
     return data
+
+
+def _sent(exchange: Exchange, watch: StreamWatch, tail: SseTail | None) -> None:
+    """What the watch read went to the client's connection: once that holds the event
+    its SDK stops at (`[DONE]`, read as the SDK reads it: `EventReader.done`), the
+    client has the whole answer (`Exchange.read_whole`), and one that leaves before the
+    stream's end went out (the SDKs close at `[DONE]`) is recorded with it, not 499. An
+    attested answer is whole only with its countersignature, which follows `[DONE]`:
+    `watch.sent_done` notes it, and the attempt decides once it judged the
+    countersignature (gateway/api/passthrough.py)."""
+    if watch.sent_done or not watch.events.done or client_left(exchange):
+        return
+    watch.sent_done = True
+    if tail is None:
+        exchange.read_whole = True
 
 
 def _open(last: bytes) -> bool:

@@ -187,6 +187,29 @@ def _events_read(body: bytes) -> tuple[list[dict[str, Any]], bool]:
     return read, False
 
 
+def _reads_done(body: bytes) -> bool:
+    """Whether the OpenAI SDK, reading `body`, stops at an event whose data starts
+    `[DONE]` (not at an error event, not where it raises, not at the body's end)."""
+    events = SSEDecoder().iter_bytes(iter([body]))
+    while True:
+        try:
+            event = next(events)
+        except (StopIteration, UnicodeDecodeError):
+            return False
+        if event.data.startswith("[DONE]"):
+            return True
+        try:
+            doc = json.loads(event.data)
+        except RecursionError:
+            continue
+        except ValueError:
+            return False
+        if event.event and event.event.startswith("thread."):
+            continue
+        if isinstance(doc, dict) and doc.get("error"):
+            return False
+
+
 def _usage_seen(received: Received) -> list[Any]:
     """The usages the client was shown (a JSON answer's, a stream's events'), read as the
     OpenAI SDK reads them: objects, or values that are none (`"usage": 7`)."""
@@ -212,7 +235,9 @@ def audit(
     (signed checkpoint must cover the request's records); empty when nothing is.
     `later_receipt`: the receipt the client fetched afterwards, which must make the same
     claims (and the only one, for a client that `left` before its stream's end: its
-    status is then 499)."""
+    status is then 499, unless what it received holds the `[DONE]` event its SDK stops
+    at: it then had the whole answer, docs: "a client that leaves once it read
+    `[DONE]`", and the status is the stream's, 200)."""
     code = docs_code()
     findings: list[str] = []
     envelope = _receipt_of(received) if not left else later_receipt
@@ -258,7 +283,10 @@ def audit(
     opened = commitment is not None and bool(committed)
     # What the gateway wrote after the backend's bytes (its error event, its receipt line).
     gateways = received.body[len(committed[0]) :] if committed else received.body
-    status = 499 if left else _client_status(received, gateways)
+    if left:
+        status = 200 if _reads_done(received.body) else 499
+    else:
+        status = _client_status(received, gateways)
     if completion["status"] != status:
         findings.append(f"the record says status {completion['status']}, the client got {status}")
     # An error event of the backend's that the client read (its SDK raised it) is named

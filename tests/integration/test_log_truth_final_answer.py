@@ -7,7 +7,9 @@ app once the proxy is done, so a client that left meanwhile got nothing: the req
 last completion must say 499, not the 502 (500) the client never received. A whole
 answer and a stream's end are readied while the disconnect watch still runs: the same
 race leaves them 499 too, the whole answer committed to nothing, the stream to the bytes
-that went out before its end.
+that went out before its end; but a stream whose `[DONE]` event went out before was read
+whole by its client (the SDKs stop and close there): 200, committed to those bytes
+(tests/integration/test_log_truth_left_at_done.py).
 
 Each test holds the gateway (a real listener on its own loop) at one await, closes the
 client's socket, waits until the gateway's listener saw the connection go, and lets it
@@ -200,34 +202,42 @@ def test_a_client_gone_before_its_whole_answer_went_out_is_recorded_499(
     assert mine[-1]["usage"] is not None  # the backend reported it: the record keeps it
 
 
+@pytest.mark.parametrize("done", [True, False], ids=["with-done", "without-done"])
 @pytest.mark.parametrize("held", sorted(_HOLDS))
-def test_a_stream_whose_end_could_not_go_out_is_recorded_499_with_what_went_before(
+def test_a_stream_whose_end_could_not_go_out_is_recorded_as_what_its_client_read(
     start_raw: Callable[[Answer], RawBackend],
     start_gateway: Callable[..., Gateway],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     held: str,
+    done: bool,
 ) -> None:
     """A stream relayed whole, the client gone while its end (the receipt line) is
-    readied: the client got the events, not the end nor the receipt, so the record says
-    499 and commits to the events it got."""
+    readied: the client got the events, not the end nor the receipt. With the `[DONE]`
+    event among them it read the whole answer (the SDKs stop and close there), so the
+    record says 200 (before: 499, for an answer its client read whole); without it,
+    499. Either way it commits to the events the client got."""
+    events = EVENT + DONE if done else EVENT
 
     async def stream(writer: asyncio.StreamWriter, _post: Post) -> bool:
-        writer.write(sse_head() + EVENT + DONE)
+        # chunked: without `[DONE]`, the last chunk is the stream's end
+        writer.write(sse_head(b"transfer-encoding: chunked\r\n"))
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(events), events))
         await writer.drain()
         return False
 
     seen = _lost_seen(monkeypatch)
     hold = Hold(monkeypatch, *_HOLDS[held])
     gateway, vkey = logged(start_gateway, tmp_path, [backend("a", start_raw(stream).url, "m")])
-    got = _leave_while_held(gateway, CHAT, hold, seen, before=EVENT + DONE)
-    assert got == EVENT + DONE
+    got = _leave_while_held(gateway, CHAT, hold, seen, before=events)
+    assert got == events
     mine = _last_records(tmp_path, vkey)
     assert [r["type"] for r in mine] == ["dispatch", "completion"]
-    assert mine[-1]["status"] == 499, mine[-1]
+    assert mine[-1]["status"] == (200 if done else 499), mine[-1]
+    assert mine[-1]["error"] is None if done else mine[-1]["error"] is not None, mine[-1]
     # Its receipt line never reached the client; the receipt path gives it (the salt).
     rid = mine[-1]["request_id"]
     url = f"{gateway.url}/v1/provenance/receipts/{rid}"
     receipt = httpx.get(url, headers=gateway.headers, timeout=10).content
     _, salt = salt_of(receipt)
-    assert mine[-1]["response_commitment"] == commit("response", salt, EVENT + DONE)
+    assert mine[-1]["response_commitment"] == commit("response", salt, events)
