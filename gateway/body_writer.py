@@ -199,11 +199,12 @@ def mark_lost(cycle: RequestResponseCycle) -> None:
 def drop(connection: Any) -> None:
     """Drop `connection` (a uvicorn HTTP protocol) from the server's side, its request's
     loss marked as the gateway's cut (`BodyWriter.dropped`): uvicorn then sees its client
-    gone, as when the client leaves, and sends to it return at once."""
-    cycle = getattr(connection, "cycle", None)
-    writer = None if cycle is None else body_writer(cast("Scope", cycle.scope))
-    if writer is not None:
-        writer.dropped = True
+    gone, as when the client leaves, and sends to it return at once. The request being
+    answered is marked too when it is not the newest (pipelined: gateway/listener.py)."""
+    for cycle in (getattr(connection, "cycle", None), getattr(connection, "answering", None)):
+        writer = None if cycle is None else body_writer(cast("Scope", cycle.scope))
+        if writer is not None:
+            writer.dropped = True
     connection.transport.abort()
 
 
