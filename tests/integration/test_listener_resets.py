@@ -167,3 +167,19 @@ def test_answers_to_a_client_that_reset_are_recorded_as_a_client_that_left(
     for record in completions():
         if record["status"] == 499:
             assert record.get("response_commitment") is None, record
+
+
+@pytest.mark.parametrize("body_bytes", [0, 70_000], ids=["head", "past-64KiB"])
+def test_a_connection_reset_during_a_pipelined_requests_body_is_not_kept(
+    gateway: ServerThread, body_bytes: int
+) -> None:
+    """A second request pipelined behind the first, its head (and part of its body, up to
+    past the 64 KiB uvicorn buffers before pausing reading) sent, its body never ended:
+    the reset frees the connection, its queued request and its body deadline with it."""
+    pipelined = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-length: 200000\r\n"
+        + _BIG_HEAD
+        + b"\r\n"
+        + b"x" * body_bytes
+    )
+    _reset_after_answers(gateway, _KEYLESS + pipelined, b" 401 ")
