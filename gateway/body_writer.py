@@ -53,12 +53,13 @@ BODY_WRITER_SCOPE_KEY: Final = "owngate.body_writer"
 class BodyWriter:
     """Writes body chunks of one request's response; `ready()` says when it may."""
 
-    __slots__ = ("_cycle", "_on_gone", "dropped")
+    __slots__ = ("_cycle", "_guard", "_on_gone", "dropped")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
         # Weak: the request's task holds its cycle while the app runs (see the module).
         self._cycle = weakref.ref(cycle)
         self._on_gone: Callable[[], object] | None = None
+        self._guard: HeadCoalescer | None = None  # the listener's, while `ready` set it aside
         # The server dropped the connection itself (`drop`): its loss is the gateway's
         # cut (503), not a client that left (499).
         self.dropped = False
@@ -106,8 +107,18 @@ class BodyWriter:
         if ready and cycle is not None and isinstance(cycle.transport, HeadCoalescer):
             transport = cycle.transport.passed()
             if transport is not None:
-                cycle.transport = transport
+                self._guard, cycle.transport = cycle.transport, transport
         return ready
+
+    def guard(self) -> None:
+        """The relay writes no more chunks here: the cycle's writes go through the
+        listener's `HeadCoalescer` again (`ready` set it aside; it holds nothing now), so
+        that what `send` still writes (the stream's end, an error event, a last flushed
+        piece) to a connection reset and not yet told is dropped and the client marked
+        gone (`mark_lost`), where the connection's own transport raised (uvloop)."""
+        cycle = self._cycle()
+        if cycle is not None and self._guard is not None:
+            cycle.transport, self._guard = self._guard, None  # type: ignore[assignment]
 
     def write(self, data: bytes) -> bool | None:
         """Write `data` as one chunk. None when the client is gone and nothing was written;
@@ -199,11 +210,12 @@ def mark_lost(cycle: RequestResponseCycle) -> None:
 def drop(connection: Any) -> None:
     """Drop `connection` (a uvicorn HTTP protocol) from the server's side, its request's
     loss marked as the gateway's cut (`BodyWriter.dropped`): uvicorn then sees its client
-    gone, as when the client leaves, and sends to it return at once."""
-    cycle = getattr(connection, "cycle", None)
-    writer = None if cycle is None else body_writer(cast("Scope", cycle.scope))
-    if writer is not None:
-        writer.dropped = True
+    gone, as when the client leaves, and sends to it return at once. The request being
+    answered is marked too when it is not the newest (pipelined: gateway/listener.py)."""
+    for cycle in (getattr(connection, "cycle", None), getattr(connection, "answering", None)):
+        writer = None if cycle is None else body_writer(cast("Scope", cycle.scope))
+        if writer is not None:
+            writer.dropped = True
     connection.transport.abort()
 
 

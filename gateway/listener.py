@@ -38,36 +38,32 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
   other than 1.0 and 1.1, a Transfer-Encoding but `chunked` alone or on HTTP/1.0, two
   Host fields) get 400 `invalid_request`, a Content-Encoding but `identity` 415
   `unsupported_media_type`: OpenAI error objects, not uvicorn's plain text.
-- an answer of unknown length (a stream) to an HTTP/1.0 request is not chunked: it ends
-  with the connection (`gateway/close_delimited.py`).
+- a stream to an HTTP/1.0 request ends with the connection (`gateway/close_delimited.py`).
 - chunked bodies: the bytes between body data (a chunk-size line, its extensions, the
   trailer section) are held to `max_header_bytes` too (431), since the parser buffers a
   trailer field as it buffers a header; a request that carries trailer fields at all is
   400 `invalid_request` (uvicorn would add them to the request's headers after the app
   read them: a data-class label could arrive after the policy looked).
-- a request that asked for `100 Continue` and is answered before the gateway asked for
-  its body (an early 401, 413) gets `connection: close` and the connection ends with the
-  answer (`gateway/expect_continue.py`): the client sends no body then, and its next
-  request would otherwise be read as that body.
+- an answer to a request that asked for `100 Continue`, before its body was asked for (an
+  early 401, 413), ends the connection (`gateway/expect_continue.py`): the client sends no
+  body then, and its next request would otherwise be read as that body.
 - pipelining: at most `MAX_PIPELINED` requests queued behind the one being answered; a
   connection that sends more is closed (an answer cannot overtake those queued): uvicorn
-  parses every request of a read, so one connection could queue requests without end.
-- a body answered before it was read (an early 401, 413, 429) is dropped with the answer,
-  not held by uvicorn until the connection's next request or end.
-- protocol upgrades (`Upgrade` with `Connection: upgrade`, `CONNECT`) are 400
-  `invalid_request`: the parser stops at such a head, and its body would otherwise be
-  parsed later as a request of its own.
+  parses every request of a read, so one connection could queue requests without end. Its
+  loss tells the request being answered too, not only the newest (uvicorn's `cycle`).
+- a body answered before it was read (an early 401, 413, 429) is not kept with the cycle.
+- protocol upgrades (`Upgrade` with `Connection: upgrade`, `CONNECT`) are 400: the parser
+  stops at such a head, and its body would otherwise be parsed as a request of its own.
 
 Every refusal is a JSON OpenAI error object with `connection: close`; then the write side
-is shut and what the client still sends is read and dropped for a bounded time
-(`LINGER_S`, `LINGER_BYTES`), because closing with unread bytes resets the connection
-and can destroy the answer before the client reads it. Refusals are counted and logged
-as one `listener limits enforced` line at most every `_LOG_EVERY_S`, never per event.
+is shut and what the client still sends is dropped for a bounded time (`LINGER_S`,
+`LINGER_BYTES`): closing with unread bytes resets the connection, which can destroy the
+answer unread. Refusals are logged at most every `_LOG_EVERY_S`, never per event.
 
 Cost on the hot path: timers are the loop's `call_later` handles, never tasks. A request
 whose head (and body) arrive in one read arms none: the head timer is armed once per
 connection and after that only for a head or body left incomplete at the end of a read.
-Per request the protocol adds a few attribute updates, one pass over the headers and three
+Per request the protocol adds a few attribute updates, one pass over the headers and four
 Python frames (about 1% of the gateway's CPU; the room two `Room` calls), and hands a body
 that arrived in one read to the app uncopied (`gateway/listener_body.py`).
 """
@@ -78,7 +74,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from gateway.asgi import REFUSAL_SCOPE_KEY
 from gateway.body_writer import BODY_WRITER_SCOPE_KEY, BodyWriter, client_lost, mark_lost
@@ -150,6 +146,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._linger_left = -1  # bytes still dropped after a refusal; -1: not refused
         self._body_read = 0  # body bytes the current read delivered
         self._framing = 0  # body-phase bytes since the last body bytes: chunk lines, trailers
+        self.answering: RequestResponseCycle | None = None  # see `connection_lost`
 
     # connection
 
@@ -176,6 +173,13 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self.timeout_keep_alive_task = None
         super().connection_lost(exc)
         client_lost(self.cycle)  # the proxy's disconnect watch (gateway/body_writer.py)
+        # pipelined: uvicorn tells its newest cycle only, not the one being answered
+        if self.answering is not None and not self.answering.response_complete:
+            mark_lost(self.answering)
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        self.answering = cycle
+        super()._start_asgi_task(cycle, app)
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -292,9 +296,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self.cycle.waiting_for_100_continue:  # rare: no cost for other requests
             close_unless_continued(self.cycle)
         self._in_head = self._head_begun = False
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        cancel(self._head_timer)
+        self._head_timer = None
         self.room.busy(self._peer, self)
 
     def on_response_complete(self) -> None:
@@ -312,9 +315,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._in_head = True
         self._head_bytes = 0
         self._framing = 0
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+        cancel(self._body_timer)
+        self._body_timer = None
         super().on_message_complete()
 
     def _framing_too_long(self) -> bool:
@@ -344,8 +346,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._refuse(ErrorCode.request_timeout, "header_timeout", late)
 
     def _write_late(self) -> None:
-        """The client read nothing for `write_timeout_s`: close() would wait for it to
-        read what is buffered, so the connection is dropped."""
+        """The client read nothing for `write_timeout_s`: dropped (close() would wait)."""
         self._write_timer = None
         self.refusals.note("write_timeout", self.loop.time())
         self.transport.abort()
@@ -382,9 +383,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             # dropped, and the scope tells it what the client got.
             scope = cast("dict[str, Any]", cycle.scope)
             scope[REFUSAL_SCOPE_KEY] = GatewayError(code, message)
-            cycle.disconnected = True
-            cycle.message_event.set()
-            client_lost(cycle)
+            mark_lost(cycle)
         self.transport.write(refusal_answer(code, message, self.server_state.default_headers))
         self._linger()
 

@@ -114,7 +114,10 @@ class StreamRelay:
         try:
             if writer is not None and writer.ready():
                 await chunks.aclose()
-                await response.pump(sink, writer.drain, response.stream_deadline)
+                try:
+                    await response.pump(sink, writer.drain, response.stream_deadline)
+                finally:  # the rest goes by `send`, guarded again (gateway/body_writer.py)
+                    writer.guard()
             else:  # no writer (another ASGI server): every chunk goes by `send`
                 async for data in chunks:
                     answered()

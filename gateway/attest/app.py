@@ -262,7 +262,7 @@ class AttestRelay:
             # As the gateway tells a stream (passthrough.py): a media type has no case.
             if whole or content_type[: len(_SSE)].lower() != _SSE:
                 data = await self._read(conn, response)
-                if conn.left:
+                if conn.left or conn.transport.is_closing():  # closing: reset, not yet told
                     return
                 extra = b""
                 if response.status < 400 and not response.ended_by_close:
@@ -319,7 +319,7 @@ class AttestRelay:
             ) from exc
         if comments.stripped:
             self._stripped(comments.stripped)
-        if conn.left:
+        if conn.left or conn.transport.is_closing():  # closing: reset, not yet told
             return
         if response.ended_by_close:  # maybe cut short: relayed as such, never countersigned
             conn.end_stream(b"")

@@ -28,8 +28,10 @@ from typing import Any
 
 import pytest
 
-from gateway.app import create_app
+from gateway.app import admin_app, create_app
+from gateway.config.schema import ListenSettings
 from gateway.listener import LimitedHttpProtocol
+from gateway.provenance.witness.app import create_witness_app
 from gateway.serving import ServerThread
 from tests.helpers.gateways import (
     TENANT_KEY,
@@ -42,6 +44,7 @@ from tests.helpers.gateways import (
 from tests.helpers.provenance import records
 from tests.helpers.raw_socket import connect, read_answer
 from tests.helpers.waiting import until
+from tests.helpers.witness_rig import open_witness
 
 _CONNECTIONS = 20
 _BIG_HEAD = b"".join(b"x-h%d: %s\r\n" % (i, b"a" * 300) for i in range(90))
@@ -81,9 +84,36 @@ def _held(clients: set[tuple[str, int]]) -> int:
 def test_a_connection_reset_after_its_answer_is_not_kept(
     gateway: ServerThread, request_bytes: bytes, status: bytes
 ) -> None:
+    _reset_after_answers(gateway, request_bytes, status)
+
+
+@pytest.mark.parametrize("listener", ["admin", "witness"])
+def test_the_admin_and_witness_listeners_free_a_connection_reset_after_its_answer(
+    start_sim: Callable[..., Sim], tmp_path: Path, listener: str
+) -> None:
+    """They serve with the same protocol (`gateway.serving.uvicorn_config`): an answer
+    that needs no token (the admin API's 401, the witness's 404) armed the same timer."""
+    listen = ListenSettings(keepalive_timeout_s=3600)
+    if listener == "admin":
+        sim = start_sim("vllm", models=("sim-model",), zero_latency=True)
+        config = gateway_config([backend("gpu", sim.url, "sim-model")])
+        app: Any = admin_app(create_app(config, environ={}))
+        request = b"GET /admin/v1/log/cosignatures HTTP/1.1\r\nhost: g\r\n" + _BIG_HEAD + b"\r\n"
+        status = b" 401 "
+    else:
+        app = create_witness_app(open_witness(tmp_path / "witness.json"))
+        request = b"GET /nothing-here HTTP/1.1\r\nhost: g\r\n" + _BIG_HEAD + b"\r\n"
+        status = b" 404 "
+    with ServerThread(app, listen=listen, lifespan="off") as server:
+        _reset_after_answers(server, request, status)
+
+
+def _reset_after_answers(server: ServerThread, request_bytes: bytes, status: bytes) -> None:
+    """`_CONNECTIONS` connections that each send `request_bytes`, read the answer (its
+    status line holds `status`) and reset: none may be held after."""
     clients: set[tuple[str, int]] = set()
     for _ in range(_CONNECTIONS):
-        sock = connect(gateway)
+        sock = connect(server)
         try:
             sock.sendall(request_bytes)
             answer = read_answer(sock)  # complete: the keep-alive timer is armed now
@@ -137,3 +167,19 @@ def test_answers_to_a_client_that_reset_are_recorded_as_a_client_that_left(
     for record in completions():
         if record["status"] == 499:
             assert record.get("response_commitment") is None, record
+
+
+@pytest.mark.parametrize("body_bytes", [0, 70_000], ids=["head", "past-64KiB"])
+def test_a_connection_reset_during_a_pipelined_requests_body_is_not_kept(
+    gateway: ServerThread, body_bytes: int
+) -> None:
+    """A second request pipelined behind the first, its head (and part of its body, up to
+    past the 64 KiB uvicorn buffers before pausing reading) sent, its body never ended:
+    the reset frees the connection, its queued request and its body deadline with it."""
+    pipelined = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-length: 200000\r\n"
+        + _BIG_HEAD
+        + b"\r\n"
+        + b"x" * body_bytes
+    )
+    _reset_after_answers(gateway, _KEYLESS + pipelined, b" 401 ")

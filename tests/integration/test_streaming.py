@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import socket
+import struct
 import time
 from collections.abc import Callable
 
 import httpx
+import pytest
 
 from tests.helpers.gateways import TENANT_KEY, Gateway, Sim, backend
 from tests.helpers.waiting import until
@@ -108,3 +110,31 @@ def test_a_client_that_leaves_with_a_request_pipelined_behind_a_stream_cancels_i
     sim = start_sim(decode_tokens_per_s=20.0, prefill_tokens_per_s=1e6)
     gateway = start_gateway([backend("gpu", sim.url, "sim-model")])
     _leave_mid_stream(sim, gateway, 2)
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["close", "reset"])
+def test_a_client_that_leaves_with_a_request_pipelined_behind_a_whole_answer_cancels_it(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], reset: bool
+) -> None:
+    # uvicorn's `connection_lost` marks and wakes only the connection's newest cycle (the
+    # request queued behind), so the request being answered, which writes nothing until
+    # its whole answer is in, was never told: its backend generated all of it (20 s here)
+    # for a client long gone.
+    sim = start_sim(decode_tokens_per_s=20.0, prefill_tokens_per_s=1e6)
+    gateway = start_gateway([backend("gpu", sim.url, "sim-model")])
+    body = _stream_body(400).replace(b'"stream": true', b'"stream": false')
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer "
+        + TENANT_KEY.encode()
+        + b"\r\ncontent-length: %d\r\n\r\n" % len(body)
+        + body
+    )
+    with socket.create_connection(("127.0.0.1", gateway.server.port), timeout=10) as sock:
+        sock.sendall(request * 2)  # the second waits its turn behind the first
+        until(lambda: sim.app.stats.in_flight == 1, "one request at the backend", timeout=30.0)
+        if reset:  # SO_LINGER 0: the close is a reset, not a FIN
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    until(lambda: sim.app.stats.in_flight == 0, "the upstream request dropped", timeout=30.0)
+    assert sim.app.stats.cancelled == 1
+    assert sim.app.stats.completed == 0
+    assert gateway.app.registry.backends["gpu"].inflight == 0

@@ -22,6 +22,7 @@ from gateway.attest.protocol import Listener
 from gateway.provenance import Salts, commit, load_signer, write_signing_key
 from gateway.provenance.formats.attestation import check_countersignature, salts_value
 from tests.helpers.fake_transport import LIMITS, WAIT_S, FakeTransport
+from tests.helpers.provenance import records
 from tests.helpers.raw_socket import parse
 
 _CHAT = b'{"model": "m", "messages": []}'
@@ -308,3 +309,59 @@ def test_a_request_without_salts_or_id_takes_both_from_one_system_call(tmp_path:
     statement = json.loads(base64.b64decode(envelope["payload"]))
     assert statement["request_id"] == "attest-" + taken[0][64:].hex()
     assert statement["request_commitment"] == commit("request", taken[0][:32], _CHAT)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked"
+        b"\r\n\r\n10\r\ndata: [DONE]\n\n\r\n\r\n0\r\n\r\n",
+    ],
+    ids=["whole", "stream"],
+)
+def test_an_answer_to_a_connection_reset_before_it_is_told_is_not_countersigned(
+    tmp_path: Path, answer: bytes
+) -> None:
+    """uvloop closes a connection its client (the gateway) reset at once and tells the
+    protocol a turn later: an answer finished in between was countersigned and logged,
+    then dropped unwritten (`protocol.Connection`), a statement for an answer no one got."""
+    transport = FakeTransport()
+    served: list[asyncio.Event] = []
+
+    async def backend(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        served.append(asyncio.Event())
+        await reader.readuntil(b"\r\n\r\n")
+        transport.close()  # the gateway's reset: closing, `connection_lost` not yet delivered
+        writer.write(answer)
+        await writer.drain()
+        await reader.read()  # until the sidecar closes (or aborts)
+        writer.close()
+        served[-1].set()
+
+    async def main() -> bytes:
+        server = await asyncio.start_server(backend, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        key = tmp_path / "sidecar.key"
+        write_signing_key(key, "sidecar")
+        settings = AttestSettings(
+            backend=f"http://127.0.0.1:{port}", key_file=key, log_dir=tmp_path / "log"
+        )
+        relay = AttestRelay(settings)
+        assert await relay.open() is None
+        try:
+            connection = Listener(relay, LIMITS, 4096, keepalive_s=30.0).protocol()
+            connection.connection_made(transport)  # type: ignore[arg-type]
+            connection.data_received(_POST)
+            assert connection.task is not None
+            await asyncio.wait_for(asyncio.shield(connection.task), WAIT_S)
+            connection.connection_lost(ConnectionResetError())
+            return bytes(transport.written)
+        finally:
+            await relay.close()
+            server.close()
+            for event in served:  # the backend's side of each connection closed too
+                await asyncio.wait_for(event.wait(), WAIT_S)
+
+    assert asyncio.run(main()) == b""
+    assert records(tmp_path / "log") == []  # nothing countersigned, nothing logged

@@ -13,8 +13,11 @@ from typing import Any
 import httptools
 import pytest
 
+from gateway.api.exchange import Exchange, cut_status
+from gateway.api.stream_writes import break_stream, end_stream
 from gateway.body_writer import BodyWriter, body_writer
 from gateway.coalescing import HeadCoalescer
+from gateway.errors import ErrorCode, GatewayError
 from tests.helpers.listener_protocol import GET, App, RecordingTransport, listener_protocol
 
 HEAD = b"HEAD /x HTTP/1.1\r\nhost: t\r\n\r\n"
@@ -287,3 +290,54 @@ def test_a_chunk_to_a_connection_reset_before_it_is_told_is_dropped_not_raised()
 
     asyncio.run(scenario())
     assert outcome == [None, True, True]  # None: gone, nothing written
+
+
+@pytest.mark.parametrize("ending", ["end", "error"])
+def test_a_streams_end_to_a_connection_reset_before_it_is_told_is_a_client_that_left(
+    ending: str,
+) -> None:
+    """Once the stream's head went out, `ready` gives the cycle the connection's own
+    transport: the stream's end (its receipt line, or an error event) went through
+    uvicorn's `send` straight to it. Reset and not yet told (uvloop), that write raised out
+    of the relay (`RuntimeError`, here the transport's assertion). Once the relay's pump
+    is done (`guard`) it is a client that left (`CancelledError`, 499), nothing written."""
+    transport = RecordingTransport()  # its write fails once closing, as uvloop's raises
+    outcome: list[object] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send(SSE)
+        writer = body_writer(scope)
+        assert writer is not None
+        assert (await receive())["type"] == "http.request"
+        assert writer.ready() and writer.write(b"data: 1\n\n") is True  # with the head
+        assert writer.ready()  # the head went out: the cycle has the connection's own
+        assert not isinstance(scope_transport(writer), HeadCoalescer)
+        writer.guard()  # the relay's pump is done (gateway/api/stream_relay.py)
+        transport.closing = True  # reset: closed, `connection_lost` not yet delivered
+        before = len(transport.writes)
+        exchange = Exchange(b"req_1", 0.0, "chat", writer=writer)
+        try:
+            if ending == "end":
+                await end_stream(send, exchange)
+            else:
+                await break_stream(send, exchange, GatewayError(ErrorCode.upstream_error, "x"))
+                await end_stream(send, exchange)
+        except BaseException as exc:  # noqa: BLE001 - what the relay would see, recorded
+            outcome.append(type(exc))
+        outcome.extend([len(transport.writes) == before, cut_status(exchange)[0]])
+
+    async def scenario() -> None:
+        protocol = listener_protocol(app)
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        protocol.data_received(GET)
+        await asyncio.gather(*protocol.tasks)
+        protocol.connection_lost(ConnectionResetError())
+
+    asyncio.run(scenario())
+    assert outcome == [asyncio.CancelledError, True, 499]
+
+
+def scope_transport(writer: BodyWriter) -> Any:
+    cycle = writer._cycle()  # which transport the cycle writes to
+    assert cycle is not None
+    return cycle.transport

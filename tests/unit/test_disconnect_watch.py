@@ -11,8 +11,8 @@ from typing import Any
 
 from uvicorn.server import ServerState
 
-from gateway.api.exchange import Exchange, watch_disconnect
-from gateway.body_writer import body_writer
+from gateway.api.exchange import Exchange, cut_status, watch_disconnect
+from gateway.body_writer import body_writer, drop
 from gateway.config.schema import ListenSettings
 from gateway.listener import LimitedHttpProtocol, http_protocol
 from gateway.serving import uvicorn_config
@@ -131,3 +131,40 @@ def test_watching_reads_a_paused_connection_again_so_its_loss_is_seen() -> None:
 
     reading, _app = asyncio.run(scenario())
     assert reading
+
+
+def _pipelined_then_lost(*, dropped: bool) -> _Watched:
+    """Two requests in one read: the first is watched, the second queued behind it
+    (uvicorn's newest cycle); the connection is then lost (reset), or dropped by the
+    server first (`drop`, a forced shutdown)."""
+
+    async def scenario() -> _Watched:
+        app = _Watched()
+        protocol = _protocol(app)
+        protocol.connection_made(_ReadingTransport())  # type: ignore[arg-type]
+        protocol.data_received(POST * 2)
+        await app.watching.wait()
+        assert protocol.pipeline  # the second waits its turn
+        if dropped:
+            drop(protocol)
+        protocol.connection_lost(ConnectionResetError())
+        await asyncio.wait_for(asyncio.gather(*protocol.tasks), 10)
+        return app
+
+    return asyncio.run(scenario())
+
+
+def test_a_lost_connection_cancels_the_request_answered_with_one_pipelined_behind() -> None:
+    # uvicorn's `connection_lost` marks and wakes only its newest cycle (the one queued):
+    # the request being answered was never told, and its backend worked on.
+    app = _pipelined_then_lost(dropped=False)
+    assert app.exchange is not None and app.exchange.client_gone
+    assert app.cancelled
+    assert cut_status(app.exchange)[0] == 499
+
+
+def test_a_dropped_connection_cuts_the_request_answered_with_one_pipelined_behind() -> None:
+    # `drop` marked only the newest cycle's request as the gateway's cut.
+    app = _pipelined_then_lost(dropped=True)
+    assert app.exchange is not None and app.cancelled
+    assert cut_status(app.exchange)[0] == 503
