@@ -101,7 +101,7 @@ class PrivateRelay:
         assert backend.pool is not None
         exchange.backend = backend.id
         try:
-            return await backend.pool.connect()
+            return await backend.pool.connect(exchange.tenant)
         except UpstreamError as exc:
             self._failed(exchange, backend, exc)
             attempt.upstream_failed(exc.kind, exc.detail)
@@ -169,6 +169,7 @@ class PrivateRelay:
                 wait,
                 connection=connection,
                 withdrawn=moved,
+                tenant=exchange.tenant,
             )
         except UpstreamError as exc:
             if trail is not None and (exc.kind in NOT_SENT or exc.sent_nothing):

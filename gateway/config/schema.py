@@ -154,6 +154,13 @@ class LimitSettings(_Strict):
         default=None, gt=0, description="a stream, from sending the request to its end"
     )
     max_connections_per_backend: int = Field(default=256, gt=0)
+    tenant_share_of_backend: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="the part of a private backend's connections one tenant may hold at "
+        "once (at least one) when more than one tenant is configured; 1: no share",
+    )
     drain_timeout_s: float = Field(
         default=540.0, gt=0, description="on SIGTERM, how long open streams may finish"
     )

@@ -29,6 +29,7 @@ from gateway.routing.health import ProbeHealth
 from gateway.routing.tenant_breakers import TenantBreakers
 from gateway.upstream.http import HttpPool
 from gateway.upstream.sockets import BackendSockets
+from gateway.upstream.tenant_share import share_cap
 from gateway.upstream.tls import BackendTLS, backend_tls
 
 __all__ = ["BackendState", "Registry", "Route"]
@@ -122,12 +123,13 @@ class Registry:
         breaker = config.routing.breaker
         problems: list[str] = []
         backends: dict[str, BackendState] = {}
+        tenants = sum(bool(t.models) for t in config.tenants)  # those that may use a model
         if sockets is None:  # backend connections, idle ones too, within the cap's share
             sockets = BackendSockets(ListenerLimits.from_config(config.listen).max_connections)
         for backend in config.backends:
             try:
                 backends[backend.id] = _backend_state(
-                    backend, config.limits, breaker, env, directory, sockets
+                    backend, config.limits, breaker, env, directory, sockets, tenants
                 )
             except ValueError as exc:
                 problems.append(str(exc))
@@ -147,7 +149,7 @@ class Registry:
             routes={name: tuple(r) for name, r in routes.items()},
             owners=owners,
             clock=clock,
-            per_tenant=sum(bool(t.models) for t in config.tenants) > 1,
+            per_tenant=tenants > 1,
             sockets=sockets,
         )
 
@@ -270,6 +272,7 @@ def _backend_state(
     env: dict[str, str],
     config_dir: Path,
     sockets: BackendSockets,
+    tenants: int,
 ) -> BackendState:
     pool: HttpPool | None = None
     base_path = b""
@@ -289,6 +292,9 @@ def _backend_state(
             stream_timeout=limits.stream_timeout_s,
             tls=tls,
             sockets=sockets,
+            tenant_cap=share_cap(
+                limits.max_connections_per_backend, limits.tenant_share_of_backend, tenants
+            ),
         )
     key = backend.api_key
     if backend.api_key_env is not None and backend.is_private:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import select
 import ssl
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, cast
 
 import httptools
@@ -61,6 +62,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.reused = False
         self.counted = True  # holds one of the pool's connection slots
+        self.holder: str | None = None  # the tenant whose request uses it (tenant_share.py)
         self.interim = False  # parsing a 1xx response, which precedes the real one
         self.close_delimited = False  # body ends when the backend closes the connection
         self.peer: Peer | None = None  # who the TLS handshake authenticated (None: plain HTTP)
@@ -264,6 +266,7 @@ class Connection:
         self._pool = pool
         self._conn: _Connection | None = conn
         self.peer = conn.peer
+        self.tenant = conn.holder  # a reconnect in `request()` holds it for them too
 
     @property
     def closed(self) -> bool:
@@ -278,6 +281,23 @@ class Connection:
                 self._pool._forget(conn)
             else:
                 self._pool._put_idle(conn)
+
+
+_IDENTITY = b"\r\naccept-encoding: identity"  # on every request (`request_head`)
+
+
+def request_head(
+    host: bytes, method: bytes, path: bytes, headers: Iterable[tuple[bytes, bytes]], length: int
+) -> bytes:
+    """The request line and header fields of one request to `host` (its `host` field)."""
+    lines = [method, b" ", path, b" HTTP/1.1\r\nhost: ", host]
+    # The body is relayed and hashed as it comes, never decoded: no content coding
+    # (without the field, RFC 9110 reads any coding as acceptable).
+    lines += (_IDENTITY, b"\r\ncontent-length: ", str(length).encode(), b"\r\n")
+    for name, value in headers:
+        lines += (name, b": ", value, b"\r\n")
+    lines.append(b"\r\n")
+    return b"".join(lines)
 
 
 def ssl_reason(exc: ssl.SSLError) -> str:

@@ -40,11 +40,12 @@ import weakref
 from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
 
-from gateway.upstream.connection import MAX_HEAD, Connection, _Connection
+from gateway.upstream.connection import MAX_HEAD, Connection, _Connection, request_head
 from gateway.upstream.dial import dial, peer_of
 from gateway.upstream.failures import UpstreamError
 from gateway.upstream.response import UpstreamResponse
 from gateway.upstream.sockets import BackendSockets
+from gateway.upstream.tenant_share import TenantShare
 from gateway.upstream.tls import BackendTLS, system_tls
 
 __all__ = [
@@ -57,7 +58,6 @@ __all__ = [
 ]
 
 DEFAULT_MAX_BODY = 16 * 1024 * 1024  # `read()`'s limit unless the pool is given another
-_IDENTITY = b"\r\naccept-encoding: identity"  # on every request (`_head`)
 _RETRUSTED_TRIES = 3  # connections made again when reloads replace the TLS settings meanwhile
 _RETIRED = "the connection pool was closed (its config retired, or the gateway stopping)"
 
@@ -79,13 +79,15 @@ class HttpPool:
         response_timeout: float | None = None,
         stream_timeout: float | None = None,
         sockets: BackendSockets | None = None,
+        tenant_cap: int | None = None,
     ) -> None:
         """`max_body` bounds what `read()` takes in; `response_timeout` is how long a
         whole answer read with `read()` may take from the request being sent;
         `stream_timeout` the same for a stream (`UpstreamResponse.stream_deadline`).
         `tls`: how to authenticate the backend (True: the system's roots and `host`).
         `sockets`: the count of open backend connections this pool shares with the
-        process's other pools (gateway/upstream/sockets.py), None: counted alone."""
+        process's other pools (gateway/upstream/sockets.py), None: counted alone.
+        `tenant_cap`: how many connections one tenant may hold (tenant_share.py)."""
         self.host = host
         self.port = port
         literal = f"[{host}]" if ":" in host else host
@@ -107,6 +109,7 @@ class HttpPool:
         self._limit = asyncio.Semaphore(max_connections)
         self._open = 0
         self._sockets = BackendSockets(max_connections) if sockets is None else sockets
+        self.share = TenantShare(tenant_cap)
         self.closed = False  # `close()`d: opens no connection, pools none
 
     @classmethod
@@ -123,6 +126,7 @@ class HttpPool:
         stream_timeout: float | None = None,
         tls: BackendTLS | None = None,
         sockets: BackendSockets | None = None,
+        tenant_cap: int | None = None,
     ) -> tuple[HttpPool, bytes]:
         """A pool for an `http(s)://host[:port][/prefix]` URL, and the path prefix; an
         https URL is authenticated with `tls` (default: the system's roots)."""
@@ -144,6 +148,7 @@ class HttpPool:
             response_timeout=response_timeout,
             stream_timeout=stream_timeout,
             sockets=sockets,
+            tenant_cap=tenant_cap,
         )
         return pool, parts.path.rstrip("/").encode()
 
@@ -171,6 +176,7 @@ class HttpPool:
         *,
         connection: Connection | None = None,
         withdrawn: Callable[[], str | None] = lambda: None,
+        tenant: str | None = None,
     ) -> UpstreamResponse:
         """Send a request; returns once the status line and headers have arrived (within
         `first_byte_timeout`, default the pool's, else `UpstreamError("timeout")`).
@@ -181,21 +187,24 @@ class HttpPool:
         again right before the request is written: a reason it gives is
         `UpstreamError("retired", reason)`, with nothing written and no connection made
         after it said so: the retry comes after a wait (the stale connection's close, the
-        connect itself) that a reload may land in."""
-        head = self._head(method, path, headers, len(body))
+        connect itself) that a reload may land in. The connection is held for `tenant`
+        (that of `connection` on it), within its share (tenant_share.py)."""
+        head = request_head(self._host_header, method, path, headers, len(body))
         wait = self._first_byte_timeout if first_byte_timeout is None else first_byte_timeout
+        if connection is not None:
+            tenant = connection.tenant
         for attempt in range(2):
             if attempt == 0 and connection is not None:
                 if connection._conn is None:
                     raise ValueError("this connection was used or released already")
                 conn = connection._conn
             elif attempt == 0:
-                conn = await self._acquire()
+                conn = await self.share.take(tenant, self._acquire)
             else:
                 gone = withdrawn()
                 if gone is not None:  # no handshake at an address given up either
                     raise UpstreamError("retired", gone)
-                conn = await self._connect()
+                conn = await self.share.take(tenant, self._connect)
                 if connection is not None and conn.peer != connection.peer:
                     # A key the settings accept (a replica behind the same name, a renewed
                     # certificate), only not the one the request's record names: the
@@ -241,23 +250,12 @@ class HttpPool:
             return response
         raise AssertionError("unreachable")
 
-    async def connect(self) -> Connection:
+    async def connect(self, tenant: str | None = None) -> Connection:
         """A connection to send the next request on, its TLS peer already authenticated
         (`Connection.peer`), so the caller can record who it is before sending. Hand it to
-        `request(connection=...)`, or back with `Connection.release()`."""
-        return Connection(self, await self._acquire())
-
-    def _head(
-        self, method: bytes, path: bytes, headers: Iterable[tuple[bytes, bytes]], length: int
-    ) -> bytes:
-        lines = [method, b" ", path, b" HTTP/1.1\r\nhost: ", self._host_header]
-        # The body is relayed and hashed as it comes, never decoded: no content coding
-        # (without the field, RFC 9110 reads any coding as acceptable).
-        lines += (_IDENTITY, b"\r\ncontent-length: ", str(length).encode(), b"\r\n")
-        for name, value in headers:
-            lines += (name, b": ", value, b"\r\n")
-        lines.append(b"\r\n")
-        return b"".join(lines)
+        `request(connection=...)`, or back with `Connection.release()`. Held for `tenant`
+        within its share (tenant_share.py), else `UpstreamError("busy")`."""
+        return Connection(self, await self.share.take(tenant, self._acquire))
 
     async def _acquire(self) -> _Connection:
         self._refuse_if_closed()
@@ -363,6 +361,7 @@ class HttpPool:
             raise UpstreamError("retired", _RETIRED)
 
     def _put_idle(self, conn: _Connection) -> None:
+        self.share.give_back(conn)
         # authenticated under settings a reload replaced, or for a pool closed since
         if conn.tls is not self.tls or self.closed:
             conn.close()
@@ -378,6 +377,7 @@ class HttpPool:
         self._forget(conn)
 
     def _forget(self, conn: _Connection) -> None:
+        self.share.give_back(conn)
         if conn.counted:
             conn.counted = False
             self._release_slot()

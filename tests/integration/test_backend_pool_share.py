@@ -1,7 +1,8 @@
 """One tenant's long streams and a private backend's connection pool.
 
 Each private backend has one pool of `limits.max_connections_per_backend` connections
-(gateway/upstream/http.py, a semaphore per backend), shared by every tenant. A stream
+(gateway/upstream/http.py, a semaphore per backend), shared by every tenant, each of
+which may hold at most its share of it (gateway/upstream/tenant_share.py). A stream
 holds its connection for as long as the backend decodes (and, for a client that reads
 nothing, until `listen.write_timeout_s` cuts it off). Here the backend paces tokens
 until the test releases it, so the pool is really held; tenant `acme` opens as many
@@ -17,7 +18,6 @@ import threading
 from collections.abc import Callable
 
 import httpx
-import pytest
 
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, Gateway, backend
@@ -72,20 +72,14 @@ def paced(released: threading.Event) -> Answer:
     return answer
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a private backend's connection pool has no per-tenant share: one tenant's "
-    "streams can hold every connection, and another tenant's request fails (503, busy) "
-    "(docs/security.md, Limits: a backend's connections are not shared out by tenant)",
-)
 def test_one_tenants_unread_streams_leave_another_tenant_a_connection_to_the_backend(
     start_raw: Callable[[Answer], RawBackend], start_gateway: Callable[..., Gateway]
 ) -> None:
     """`acme` opens POOL streams to the one backend and reads none; the backend keeps
-    decoding them. `other`'s one request then finds no connection: it waits
-    `connect_timeout_s` for one and fails `busy` (503 `backend_unavailable` here, with no
-    other backend or fallback; measured), for as long as `acme`'s streams last: no
-    tenant's share of the pool is bounded unless its `limits.concurrent_requests` is."""
+    decoding them. With two tenants, `acme` may hold half the pool
+    (`limits.tenant_share_of_backend`, default 0.5): its first stream is served, its
+    second is `busy` for this backend at once (503 here, with no other backend or
+    fallback), and `other`'s request finds a connection and is served."""
     released = threading.Event()
     raw = start_raw(paced(released))
     gateway = start_gateway(
@@ -110,8 +104,8 @@ def test_one_tenants_unread_streams_leave_another_tenant_a_connection_to_the_bac
                         headers={"authorization": f"Bearer {TENANT_KEY}"},
                     )
                     held.append(await acme.send(request, stream=True))  # never read
-                await until_async(lambda: streams() == POOL, "acme's streams at the backend")
-                assert all(response.status_code == 200 for response in held)
+                await until_async(lambda: streams() == 1, "acme's stream at the backend")
+                assert [response.status_code for response in held] == [200, 503]
                 async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as other:
                     return await other.post(
                         "/v1/chat/completions",

@@ -1,0 +1,84 @@
+"""Each tenant's share of one private backend's connections in use.
+
+A backend's pool (gateway/upstream/http.py) has `limits.max_connections_per_backend`
+connections, shared by every tenant. A stream holds its connection for as long as the
+backend decodes (and, for a client that reads nothing, until the write timeout cuts it
+off), so without a share one tenant's unread streams could hold every connection and
+leave the others `busy`. With more than one tenant configured, a tenant may hold at most
+`limits.tenant_share_of_backend` of a pool's connections (at least one) at once; past it
+its next attempt is `UpstreamError("busy")` for that backend at once (it fails over,
+queues or is refused as a full pool would be), for that tenant only.
+
+A connection counts for the tenant whose request took it (`_Connection.holder`) from
+the moment it is handed out (a slot is reserved before the wait for it, so concurrent
+attempts cannot overrun the share) until it goes back idle or is dropped: the pool's
+`_put_idle` and `_forget`, which every path that ends a connection's use goes through
+(an answer read to its end, an error, a cancelled request, a client gone, a stale
+connection replaced in `request()`, an unused `Connection.release()`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from gateway.upstream.failures import UpstreamError
+
+if TYPE_CHECKING:
+    from gateway.upstream.connection import _Connection
+
+__all__ = ["TenantShare", "share_cap"]
+
+_PAST_SHARE = "this tenant holds its share of the backend's connections"
+
+
+def share_cap(max_connections: int, share: float, tenants: int) -> int | None:
+    """How many of a pool's `max_connections` one tenant may hold (None: no bound, with
+    one tenant or a share of the whole pool)."""
+    if tenants <= 1 or share >= 1.0:
+        return None
+    return max(1, int(max_connections * share))
+
+
+class TenantShare:
+    """The connections of one pool each tenant holds, bounded by `cap` (None: unbounded)."""
+
+    def __init__(self, cap: int | None) -> None:
+        self.cap = cap
+        self._held: dict[str, int] = {}
+
+    def held(self, tenant: str) -> int:
+        """How many of the pool's connections `tenant`'s requests hold now."""
+        return self._held.get(tenant, 0)
+
+    async def take(
+        self, tenant: str | None, get: Callable[[], Awaitable[_Connection]]
+    ) -> _Connection:
+        """A connection from `get()` held for `tenant`, or `UpstreamError("busy")` with
+        nothing taken when the tenant holds its share already (None: not counted)."""
+        if tenant is None or self.cap is None:
+            return await get()
+        held = self._held.get(tenant, 0)
+        if held >= self.cap:
+            raise UpstreamError("busy", _PAST_SHARE)
+        self._held[tenant] = held + 1
+        try:
+            conn = await get()
+        except BaseException:  # no connection (failed, busy, cancelled): the share back
+            self._free(tenant)
+            raise
+        conn.holder = tenant
+        return conn
+
+    def give_back(self, conn: _Connection) -> None:
+        """`conn` went back idle or was dropped: its tenant no longer holds it."""
+        tenant, conn.holder = conn.holder, None
+        if tenant is not None:
+            self._free(tenant)
+
+    def _free(self, tenant: str) -> None:
+        left = self._held[tenant] - 1
+        if left:
+            self._held[tenant] = left
+        else:
+            del self._held[tenant]
