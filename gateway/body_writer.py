@@ -135,6 +135,19 @@ class BodyWriter:
             cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
         return not cycle.flow.write_paused
 
+    def closing(self) -> bool:
+        """Whether nothing written now reaches the client: it is gone, or its connection
+        was reset and the protocol not yet told (then marked lost, as `write` does). The
+        relay asks before its stream's watch reads a piece: one that cannot go out is no
+        usage or error event the client read."""
+        cycle = self._cycle()
+        if cycle is None or cycle.disconnected:
+            return True
+        if cycle.transport.is_closing():  # reset, not yet told (gateway/coalescing.py)
+            mark_lost(cycle)
+            return True
+        return False
+
     @property
     def gone(self) -> bool:
         """The client has disconnected: nothing more reaches it (`send` drops it too)."""

@@ -87,6 +87,9 @@ class StreamRelay:
             would cost as much as its work (`Attempt.answered`, `relayed`)."""
             nonlocal last
             backend.answered += 1  # alive: a busy server may answer /health late
+            assert writer is not None  # (the pump runs only with one)
+            if writer.closing():  # gone, or reset and not yet told: nothing goes out, so
+                return True  # the watch reads none of it (the usage the client read)
             if tail is not None:
                 data = tail.feed(data)
             if comments.clean and one_data_line(data):  # a paced server's usual read,
@@ -97,7 +100,6 @@ class StreamRelay:
                 data = watch.feed(comments.feed(data))
             if not data:
                 return True
-            assert writer is not None  # (the pump runs only with one)
             more = writer.write(data)
             if more is None:
                 return True  # the client left: nothing written, nothing committed to
