@@ -12,7 +12,6 @@ collector is on again (each parse here started dozens)."""
 from __future__ import annotations
 
 import gc
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,6 +23,7 @@ from gateway.api.body import ask_for_usage, model_pattern, parse_body, rewrite_m
 from gateway.errors import GatewayError
 from gateway.json_loads import COLLECT_UNDER, loads
 from gateway.upstream.tenant_ids import salted_body
+from tests.helpers.python_calls import by_name, python_calls
 
 ARRAYS = 30 * COLLECT_UNDER  # some 40 collections' worth with the collector on
 BODY = (
@@ -91,16 +91,5 @@ def test_a_usual_body_is_parsed_with_no_python_call_besides_loads() -> None:
     arrays and objects) costs orjson's parse and nothing in Python around it (the
     collector's context manager took 2.4 us, three times orjson's parse of 400 bytes)."""
     small = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5}'
-    called: list[str] = []
-
-    def profile(frame: Any, event: str, _arg: object) -> None:
-        if event == "call":
-            called.append(frame.f_code.co_name)
-
-    sys.setprofile(profile)
-    try:
-        loads(small)
-        loads(small, 3)
-    finally:
-        sys.setprofile(None)
+    called = python_calls(lambda: (loads(small), loads(small, 3)), by_name)
     assert called == ["loads", "loads"]

@@ -7,9 +7,7 @@ them; and the bytes are what `base64.b64encode` and orjson with sorted keys give
 from __future__ import annotations
 
 import base64
-import sys
-from collections.abc import Callable
-from types import FrameType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -18,24 +16,10 @@ from gateway.api.exchange import receipt_headers_now
 from gateway.canonical import canonical_json_of_plain
 from gateway.provenance import seal_receipts
 from gateway.provenance.testing import seeded_signer
+from tests.helpers.python_calls import python_calls
 
 LOG = seeded_signer("gateway.example/log/1")
 _RECEIPTS = 12
-
-
-def _python_calls(run: Callable[[], object]) -> list[str]:
-    calls: list[str] = []
-
-    def profile(frame: FrameType, event: str, arg: object) -> None:
-        if event == "call":
-            calls.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
-
-    sys.setprofile(profile)
-    try:
-        run()
-    finally:
-        sys.setprofile(None)
-    return calls
 
 
 def _payloads() -> list[tuple[int, bytes]]:
@@ -48,7 +32,7 @@ def _payloads() -> list[tuple[int, bytes]]:
 def test_a_batch_s_receipts_cost_no_call_per_encoding() -> None:
     payloads = _payloads()
     sealed: list[bytes] = []
-    calls = _python_calls(lambda: sealed.extend(seal_receipts(payloads, LOG.name, LOG)))
+    calls = python_calls(lambda: sealed.extend(seal_receipts(payloads, LOG.name, LOG)))
     encodings = [c for c in calls if c.endswith(("/base64.py:b64encode", ":_fast_dumps"))]
     # the batch statement's envelope (its payload and signature), once per batch: none
     # per receipt
@@ -66,6 +50,6 @@ def test_a_receipt_header_is_the_receipt_in_base64() -> None:
     future: Any = SimpleNamespace(done=lambda: True, cancelled=lambda: False)
     trail = SimpleNamespace(receipt=future, receipt_now=lambda: receipt, receipt_failed=False)
     exchange: Any = SimpleNamespace(trail=trail)
-    calls = _python_calls(lambda: receipt_headers_now(exchange))
+    calls = python_calls(lambda: receipt_headers_now(exchange))
     assert not [c for c in calls if c.endswith("/base64.py:b64encode")], calls
     assert receipt_headers_now(exchange) == ((b"x-owngate-receipt", base64.b64encode(receipt)),)

@@ -5,7 +5,6 @@ field; the fields that only tune sampling, or that the bound counts, pass."""
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import orjson
@@ -16,6 +15,7 @@ from gateway.api.body import parse_body
 from gateway.api.control_fields import refuse_control_fields
 from gateway.api.server_fields import SERVER_FIELDS
 from gateway.errors import ErrorCode, GatewayError
+from tests.helpers.python_calls import by_name, python_calls
 
 ASK: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 IMAGE = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
@@ -234,17 +234,7 @@ def test_a_usual_body_is_checked_without_a_python_call() -> None:
     # formats a TypeError before it searches).
     body = orjson.dumps({**ASK, "max_tokens": 16, "stream": False})
     doc = parse_body(body)
-    frames: list[str] = []
-
-    def hook(frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            frames.append(frame.f_code.co_name)
-
-    sys.setprofile(hook)
-    try:
-        refuse_control_fields(doc, body)
-    finally:
-        sys.setprofile(None)
+    frames = python_calls(lambda: refuse_control_fields(doc, body), by_name)
     assert frames == ["refuse_control_fields", "refuse_server_fields"]
 
 

@@ -4,12 +4,12 @@ each its own chunk): `_Connection.on_body` gathers, `data_received` hands on."""
 
 from __future__ import annotations
 
-import sys
-from types import FrameType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any, cast
 
 from gateway.upstream.connection import _Connection
 from gateway.upstream.response import UpstreamResponse
+from tests.helpers.python_calls import by_qualname, python_calls
 
 _HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
@@ -67,17 +67,7 @@ def test_a_read_of_many_chunks_runs_no_python_per_chunk() -> None:
     conn.data_received(_HEAD + _chunks(_events(0, 1)))
     events = _events(1, 64)
     read = _chunks(events)
-    calls: list[str] = []
-
-    def profile(frame: FrameType, event: str, arg: object) -> None:
-        if event == "call":
-            calls.append(frame.f_code.co_qualname)
-
-    sys.setprofile(profile)
-    try:
-        conn.data_received(read)
-    finally:
-        sys.setprofile(None)
+    calls = python_calls(lambda: conn.data_received(read), by_qualname)
     assert pushed[-1] == b"".join(events)
     assert len(calls) < 8, calls  # data_received, the response's push: not per event
 
