@@ -5,6 +5,7 @@ the way a compromised gateway or backend host (holding its own key) could rewrit
 from __future__ import annotations
 
 import asyncio
+import base64
 import signal
 import ssl
 from collections.abc import Callable
@@ -14,13 +15,30 @@ from typing import Any
 
 import httpx
 
-from gateway.provenance import LogEntry, ProvenanceLog, load_signer, write_signing_key
+from gateway.provenance import (
+    LogEntry,
+    ProvenanceLog,
+    Signer,
+    commit,
+    load_signer,
+    write_signing_key,
+)
+from gateway.provenance.formats.attestation import Statement, parse_salts, sign_statement
 from tests.helpers.gateways import Gateway
 from tests.helpers.net import free_port
 from tests.helpers.processes import ServerProcess, owngate_argv
 from tests.helpers.provenance import completion_record, records
+from tests.helpers.raw_backend import Post
 
-__all__ = ["CHAT", "Sidecar", "SidecarTLS", "rewrite_log", "served_chats", "start_sidecar"]
+__all__ = [
+    "CHAT",
+    "Sidecar",
+    "SidecarTLS",
+    "countersignature_comment",
+    "rewrite_log",
+    "served_chats",
+    "start_sidecar",
+]
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
 
@@ -138,3 +156,20 @@ def served_chats(gateway: Gateway, log_dir: Path, count: int) -> list[str]:
     for request_id in ids:
         completion_record(log_dir, request_id)
     return ids
+
+
+def countersignature_comment(post: Post, signer: Signer, stream: bytes) -> bytes:
+    """The SSE comment a sidecar holding `signer` ends `stream` with (`: owngate-attest
+    <base64>` and its blank line), countersigning `post` as the gateway sent it (its
+    request id and salts headers) and `stream` as the answer."""
+    salts = parse_salts(post.header_values(b"x-owngate-salts")[0])
+    assert salts is not None
+    statement = Statement(
+        post.header_values(b"x-request-id")[0].decode(),
+        "2026-01-01T00:00:00.000Z",
+        0,
+        str(signer),
+        commit("request", salts.request, post.body),
+        commit("response", salts.response, stream),
+    )
+    return b": owngate-attest " + base64.b64encode(sign_statement(statement, signer)) + b"\n\n"

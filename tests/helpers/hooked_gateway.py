@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from gateway.body_writer import BodyWriter
 from gateway.provenance import write_signing_key
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import backend
@@ -22,7 +26,7 @@ from tests.helpers.processes import GatewayProcess
 from tests.helpers.provenance import records
 from tests.helpers.raw_backend import Post
 
-__all__ = ["big_or_small", "check_first_answered_second_cut", "start_hooked"]
+__all__ = ["big_or_small", "check_first_answered_second_cut", "lost_seen", "start_hooked"]
 
 
 def big_or_small(
@@ -80,3 +84,17 @@ def check_first_answered_second_cut(tmp_path: Path) -> None:
     assert [r["type"] for r in second] == ["dispatch", "completion"]
     assert second[1]["status"] == 503, second
     assert second[1]["response_commitment"] is None, second
+
+
+def lost_seen(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set once an in-process gateway's listener saw a client's connection go
+    (`BodyWriter.lost`)."""
+    seen = threading.Event()
+    lost = BodyWriter.lost
+
+    def noticed(writer: BodyWriter) -> None:
+        lost(writer)
+        seen.set()
+
+    monkeypatch.setattr(BodyWriter, "lost", noticed)
+    return seen

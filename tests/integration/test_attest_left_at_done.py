@@ -14,7 +14,6 @@ over the gateway's own salts (as tests/integration/test_attest_stream_cut.py).
 from __future__ import annotations
 
 import asyncio
-import base64
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -23,12 +22,12 @@ import pytest
 from openai._streaming import SSEDecoder
 
 from gateway.api.trail import Trail
-from gateway.body_writer import BodyWriter
-from gateway.provenance import commit, load_signer, write_signing_key
-from gateway.provenance.formats.attestation import Statement, parse_salts, sign_statement
+from gateway.provenance import load_signer, write_signing_key
+from tests.helpers.attest import countersignature_comment
 from tests.helpers.audit_rig import client_gets
 from tests.helpers.gateways import Gateway, backend, logged_gateway
 from tests.helpers.hold import Hold
+from tests.helpers.hooked_gateway import lost_seen
 from tests.helpers.provenance import completion_record, run_audit
 from tests.helpers.raw_backend import Answer, Post, RawBackend
 from tests.helpers.waiting import until
@@ -53,18 +52,7 @@ def _sidecar(key_file: Path, release: threading.Event | None, stream: bytes = b"
         if release is not None:
             await asyncio.get_running_loop().run_in_executor(None, release.wait, 60)
             return False
-        salts = parse_salts(post.header_values(b"x-owngate-salts")[0])
-        assert salts is not None
-        statement = Statement(
-            post.header_values(b"x-request-id")[0].decode(),
-            "2026-01-01T00:00:00.000Z",
-            0,
-            str(signer),
-            commit("request", salts.request, post.body),
-            commit("response", salts.response, stream),
-        )
-        comment = b": owngate-attest " + base64.b64encode(sign_statement(statement, signer))
-        comment += b"\n\n"
+        comment = countersignature_comment(post, signer, stream)
         writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(comment), comment))
         await writer.drain()
         return False
@@ -75,19 +63,6 @@ def _sidecar(key_file: Path, release: threading.Event | None, stream: bytes = b"
 def _read_done(body: bytes) -> bool:
     """The OpenAI SDK's decoder has read the `[DONE]` event: its client closes there."""
     return any(e.data.startswith("[DONE]") for e in SSEDecoder().iter_bytes(iter([body])))
-
-
-def _lost_seen(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """Set once the gateway's listener saw a client's connection go (`BodyWriter.lost`)."""
-    seen = threading.Event()
-    lost = BodyWriter.lost
-
-    def noticed(writer: BodyWriter) -> None:
-        lost(writer)
-        seen.set()
-
-    monkeypatch.setattr(BodyWriter, "lost", noticed)
-    return seen
 
 
 def _audited(tmp_path: Path, sidecar_vkey: str) -> int:
@@ -103,7 +78,7 @@ def test_a_client_closing_at_done_after_the_countersignature_is_recorded_200_cou
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sidecar_vkey = write_signing_key(tmp_path / "sidecar.key", "gpu")
-    seen = _lost_seen(monkeypatch)
+    seen = lost_seen(monkeypatch)
     hold = Hold(monkeypatch, Trail, "sealed_receipt")
     raw = start_raw(_sidecar(tmp_path / "sidecar.key", None))
     attested = backend("gpu", raw.url, "m", attest={"key": sidecar_vkey})

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 
-from gateway.provenance import commit, load_signer, write_signing_key
-from gateway.provenance.formats.attestation import Statement, parse_salts, sign_statement
+from gateway.provenance import load_signer, write_signing_key
+from tests.helpers.attest import countersignature_comment
 from tests.helpers.gateways import Gateway, backend, logged_gateway
 from tests.helpers.provenance import completion_record, run_audit
 from tests.helpers.raw_backend import Answer, Post, RawBackend
@@ -34,18 +34,7 @@ def _cut_after_the_comment(key_file: Path) -> Answer:
     signer = load_signer(key_file)
 
     async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
-        salts = parse_salts(post.header_values(b"x-owngate-salts")[0])
-        assert salts is not None
-        statement = Statement(
-            post.header_values(b"x-request-id")[0].decode(),
-            "2026-01-01T00:00:00.000Z",
-            0,
-            str(signer),
-            commit("request", salts.request, post.body),
-            commit("response", salts.response, STREAM),
-        )
-        comment = b": owngate-attest " + base64.b64encode(sign_statement(statement, signer))
-        chunks = [STREAM, comment + b"\n\n"]
+        chunks = [STREAM, countersignature_comment(post, signer, STREAM)]
         writer.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
             b"transfer-encoding: chunked\r\n\r\n"

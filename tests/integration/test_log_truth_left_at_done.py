@@ -27,7 +27,6 @@ import pytest
 from openai._streaming import SSEDecoder
 
 from gateway.api.trail import Trail
-from gateway.body_writer import BodyWriter
 from tests.helpers.audit_rig import (
     HOSTED_ASK,
     HOSTED_END,
@@ -45,6 +44,7 @@ from tests.helpers.audit_rig import (
 )
 from tests.helpers.gateways import LITELLM_WARNINGS, Gateway, backend
 from tests.helpers.hold import Hold
+from tests.helpers.hooked_gateway import lost_seen
 from tests.helpers.log_truth import CHAT, DONE, EVENT
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
 from tests.helpers.waiting import until
@@ -95,19 +95,6 @@ def _sdk_stopped(body: bytes) -> bool:
         if not event.data.startswith("{"):
             return True
     return False
-
-
-def _lost_seen(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """Set once the gateway's listener saw a client's connection go (`BodyWriter.lost`)."""
-    seen = threading.Event()
-    lost = BodyWriter.lost
-
-    def noticed(writer: BodyWriter) -> None:
-        lost(writer)
-        seen.set()
-
-    monkeypatch.setattr(BodyWriter, "lost", noticed)
-    return seen
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -181,7 +168,7 @@ def test_a_client_closing_at_a_hosted_streams_done_while_its_end_is_readied_is_r
     """A hosted stream (the gateway writes its `[DONE]` itself, after the provider's
     finish): the client closes at it while the gateway still signs the receipt its end
     would carry. It had the whole answer: 200, committed to every byte it got."""
-    seen = _lost_seen(monkeypatch)
+    seen = lost_seen(monkeypatch)
     hold = Hold(monkeypatch, Trail, "sealed_receipt")
     raw = start_raw(writes(*chunked(HOSTED_EVENT, HOSTED_END, HOSTED_USAGE, DONE)))
     gateway, vkey = hosted_gateway(start_gateway, tmp_path, raw.url)
