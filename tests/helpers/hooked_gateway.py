@@ -88,7 +88,8 @@ def check_first_answered_second_cut(tmp_path: Path) -> None:
 
 def lost_seen(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """Set once an in-process gateway's listener saw a client's connection go
-    (`BodyWriter.lost`)."""
+    (`BodyWriter.lost`, called from `connection_lost`, whether or not the proxy still
+    watches)."""
     seen = threading.Event()
     lost = BodyWriter.lost
 

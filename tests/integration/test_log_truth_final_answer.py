@@ -30,7 +30,6 @@ import httpx
 import pytest
 
 from gateway.api.trail import Trail
-from gateway.body_writer import BodyWriter
 from gateway.provenance import commit, load_signer
 from gateway.state import Admission
 from tests.helpers.audit_rig import (
@@ -42,6 +41,7 @@ from tests.helpers.audit_rig import (
 )
 from tests.helpers.gateways import Gateway, backend
 from tests.helpers.hold import Hold
+from tests.helpers.hooked_gateway import lost_seen
 from tests.helpers.log_truth import CHAT, DONE, EVENT, salt_of
 from tests.helpers.provenance import run_audit
 from tests.helpers.raw_backend import Answer, Post, RawBackend, json_answer, sse_head
@@ -50,20 +50,6 @@ from tests.helpers.waiting import until
 _FAILS = whole_answer(500, b'{"error":{"message":"down"}}', b"content-type: application/json")
 _ANSWER = b'{"id":"c","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}'
 _HOLDS = {"receipt": (Trail, "sealed_receipt"), "charge": (Admission, "release")}
-
-
-def _lost_seen(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """Set once the gateway's listener saw a client's connection go (`BodyWriter.lost`,
-    called from `connection_lost`, whether or not the proxy still watches)."""
-    seen = threading.Event()
-    lost = BodyWriter.lost
-
-    def noticed(writer: BodyWriter) -> None:
-        lost(writer)
-        seen.set()
-
-    monkeypatch.setattr(BodyWriter, "lost", noticed)
-    return seen
 
 
 def _leave_while_held(
@@ -129,7 +115,7 @@ def _whole_asked_and_left(
 ) -> list[dict[str, Any]]:
     """A whole answer asked of a logged gateway over `backends`, the client gone while the
     gateway is held at `held_at` (a class and its method): the request's records."""
-    seen = _lost_seen(monkeypatch)
+    seen = lost_seen(monkeypatch)
     hold = Hold(monkeypatch, *held_at)
     gateway, vkey = logged(start_gateway, tmp_path, backends)
     _leave_while_held(gateway, {**CHAT, "stream": False}, hold, seen)
@@ -226,7 +212,7 @@ def test_a_stream_whose_end_could_not_go_out_is_recorded_as_what_its_client_read
         await writer.drain()
         return False
 
-    seen = _lost_seen(monkeypatch)
+    seen = lost_seen(monkeypatch)
     hold = Hold(monkeypatch, *_HOLDS[held])
     gateway, vkey = logged(start_gateway, tmp_path, [backend("a", start_raw(stream).url, "m")])
     got = _leave_while_held(gateway, CHAT, hold, seen, before=events)
