@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
+from gateway.app import assemble
 from gateway.config.schema import LimitSettings
+from gateway.tenants import hash_api_key
 from gateway.upstream.tenant_share import TenantShare, share_cap
+from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, backend, gateway_config
 
 
 @pytest.mark.parametrize(
@@ -57,3 +61,28 @@ def test_a_failed_or_cancelled_take_gives_the_share_back() -> None:
             assert share.held("acme") == 0
 
     asyncio.run(run())
+
+
+def _tenants(*with_models: str) -> list[dict[str, object]]:
+    keys = {"acme": TENANT_KEY, "limited": OTHER_KEY}
+    return [
+        {"id": t, "api_key_hashes": [hash_api_key(k)], "models": ["*"] if t in with_models else []}
+        for t, k in keys.items()
+    ]
+
+
+def test_a_reload_that_changes_the_tenants_sets_the_kept_pools_share(tmp_path: Path) -> None:
+    # The share depends on how many tenants may use a model, which is neither the backend's
+    # settings nor `limits`: a reload keeps the pool, and must set its share anew.
+    backends = [backend("gpu", "http://127.0.0.1:9", "m")]
+    first = assemble(gateway_config(backends, tenants=_tenants("acme")), {}, config_dir=tmp_path)
+    pool = first.registry.backends["gpu"].pool
+    assert pool is not None and pool.share.cap is None  # one tenant: the whole pool
+    both = gateway_config(backends, tenants=_tenants("acme", "limited"))
+    second = assemble(both, {}, config_dir=tmp_path, running=first)
+    assert second.registry.backends["gpu"].pool is pool  # kept, connections and all
+    assert pool.share.cap == 128  # a second tenant: each holds at most half of 256
+    alone = gateway_config(backends, tenants=_tenants("limited"))
+    third = assemble(alone, {}, config_dir=tmp_path, running=second)
+    assert third.registry.backends["gpu"].pool is pool
+    assert pool.share.cap is None
