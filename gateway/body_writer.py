@@ -135,6 +135,12 @@ class BodyWriter:
             cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
         return not cycle.flow.write_paused
 
+    @property
+    def cycle_ref(self) -> weakref.ref[RequestResponseCycle]:
+        """The weak reference to the response's cycle, for a per-read check written out
+        where a call per read would cost as much as its work (gateway/api/stream_relay.py)."""
+        return self._cycle
+
     def closing(self) -> bool:
         """Whether nothing written now reaches the client: it is gone, or its connection
         was reset and the protocol not yet told (then marked lost, as `write` does). The

@@ -75,6 +75,7 @@ class StreamRelay:
         last = await _relay_chunk(send, exchange, feed(first), watch, tail) or last
         broke = None
         writer = exchange.writer
+        cycle_of = writer.cycle_ref if writer is not None else None
         trail = exchange.trail
         # The trail of a private stream keeps no tail: `streamed` (below, also for a
         # client that left) gives it the usage the watch read, and `Trail.usage` never
@@ -87,9 +88,14 @@ class StreamRelay:
             would cost as much as its work (`Attempt.answered`, `relayed`)."""
             nonlocal last
             backend.answered += 1  # alive: a busy server may answer /health late
-            assert writer is not None  # (the pump runs only with one)
-            if writer.closing():  # gone, or reset and not yet told: nothing goes out, so
-                return True  # the watch reads none of it (the usage the client read)
+            assert writer is not None and cycle_of is not None  # (the pump runs only with one)
+            # `writer.closing()` written out (no Python frame per read; C calls only): gone,
+            # or reset and not yet told: nothing goes out, so the watch reads none of it
+            # (the usage the client read)
+            cycle = cycle_of()
+            if cycle is None or cycle.disconnected or cycle.transport.is_closing():
+                writer.closing()  # (marks a reset connection lost, as `write` does)
+                return True
             if tail is not None:
                 data = tail.feed(data)
             if comments.clean and one_data_line(data):  # a paced server's usual read,
