@@ -72,6 +72,30 @@ def paced(released: threading.Event) -> Answer:
     return answer
 
 
+ASK = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def _open_unread_streams(acme: httpx.AsyncClient, held: list[httpx.Response]) -> None:
+    """`acme` opens POOL long streams and reads none of them (each kept in `held`, for the
+    caller to close)."""
+    for _ in range(POOL):
+        request = acme.build_request(
+            "POST",
+            "/v1/chat/completions",
+            json={**ASK, "stream": True, "max_tokens": 3000},
+            headers={"authorization": f"Bearer {TENANT_KEY}"},
+        )
+        held.append(await acme.send(request, stream=True))  # never read
+
+
+async def _other_asks(url: str) -> httpx.Response:
+    """One ordinary request of the other tenant's."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as other:
+        return await other.post(
+            "/v1/chat/completions", json=ASK, headers={"authorization": f"Bearer {OTHER_KEY}"}
+        )
+
+
 def test_one_tenants_unread_streams_leave_another_tenant_a_connection_to_the_backend(
     start_raw: Callable[[Answer], RawBackend], start_gateway: Callable[..., Gateway]
 ) -> None:
@@ -87,7 +111,6 @@ def test_one_tenants_unread_streams_leave_another_tenant_a_connection_to_the_bac
         limits={"max_connections_per_backend": POOL, "connect_timeout_s": 1.0},
         tenants=TWO_TENANTS,
     )
-    ask = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
 
     def streams() -> int:
         return sum(1 for post in raw.posts if json.loads(post.body).get("stream"))
@@ -96,22 +119,10 @@ def test_one_tenants_unread_streams_leave_another_tenant_a_connection_to_the_bac
         async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as acme:
             held: list[httpx.Response] = []
             try:
-                for _ in range(POOL):
-                    request = acme.build_request(
-                        "POST",
-                        "/v1/chat/completions",
-                        json={**ask, "stream": True, "max_tokens": 3000},
-                        headers={"authorization": f"Bearer {TENANT_KEY}"},
-                    )
-                    held.append(await acme.send(request, stream=True))  # never read
+                await _open_unread_streams(acme, held)
                 await until_async(lambda: streams() == 1, "acme's stream at the backend")
                 assert [response.status_code for response in held] == [200, 503]
-                async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as other:
-                    return await other.post(
-                        "/v1/chat/completions",
-                        json=ask,
-                        headers={"authorization": f"Bearer {OTHER_KEY}"},
-                    )
+                return await _other_asks(gateway.url)
             finally:
                 released.set()
                 for response in held:
@@ -135,26 +146,13 @@ def test_a_tenants_concurrent_requests_below_the_pool_leave_another_tenant_a_con
         limits={"max_connections_per_backend": POOL, "connect_timeout_s": 1.0},
         tenants=limited,
     )
-    ask = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
 
     async def run() -> tuple[list[int], httpx.Response]:
         async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as acme:
             held: list[httpx.Response] = []
             try:
-                for _ in range(POOL):
-                    request = acme.build_request(
-                        "POST",
-                        "/v1/chat/completions",
-                        json={**ask, "stream": True, "max_tokens": 3000},
-                        headers={"authorization": f"Bearer {TENANT_KEY}"},
-                    )
-                    held.append(await acme.send(request, stream=True))  # never read
-                async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as other:
-                    theirs = await other.post(
-                        "/v1/chat/completions",
-                        json=ask,
-                        headers={"authorization": f"Bearer {OTHER_KEY}"},
-                    )
+                await _open_unread_streams(acme, held)
+                theirs = await _other_asks(gateway.url)
                 return [response.status_code for response in held], theirs
             finally:
                 released.set()
