@@ -205,6 +205,34 @@ def test_bad_and_absent_tile_paths_are_404(served: Served, path: str) -> None:
     assert json.loads(answer.body)["error"]["code"] == "not_found"
 
 
+@pytest.mark.parametrize(
+    ("role", "length", "status"),
+    [
+        (None, "0" * 5000 + "2", 401),  # no token: refused before any byte of the body
+        ("auditor", "0" * 5000 + "2", 400),  # `{}` read and answered: no receipt in it
+        ("auditor", "0" * 5000, 400),  # no body at all
+        ("auditor", "0" * 5000 + "2000000", 413),  # past the bound (1 MiB), unread
+    ],
+)
+def test_a_content_length_of_thousands_of_digits_is_no_server_error(
+    served: Served, role: str | None, length: str, status: int
+) -> None:
+    """HTTP lets a Content-Length carry any number of leading zeros; the body bound's
+    int() of more than 4300 digits raised, so anyone reaching the admin listener got a 500
+    and a traceback in the gateway's log per request, without a token."""
+    port = int(served.admin.rsplit(":", 1)[1])
+    head = "POST /admin/v1/receipts/verify HTTP/1.1\r\nhost: a\r\nconnection: close\r\n"
+    head += "content-type: application/json\r\n"
+    if role is not None:
+        head += f"authorization: Bearer {TOKENS[role]}\r\n"
+    body = b"{}" if length.endswith("2") else b""
+    request = f"{head}content-length: {length}\r\n\r\n".encode() + body
+    (answer,) = exchange(port, request, half_close=False).final
+    assert answer.status == status, answer.describe()
+    assert "error" in json.loads(answer.body)
+    assert "Exceeds the limit" not in served.process.output()
+
+
 def test_the_openapi_schema_is_served_and_published(served: Served) -> None:
     schema = served.get("/openapi.json").json()
     for path in ("/admin/v1/status", "/admin/v1/reload", "/admin/v1/keys", "/log/checkpoint"):

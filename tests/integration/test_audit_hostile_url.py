@@ -192,6 +192,24 @@ def test_a_claimed_tree_size_cannot_fill_the_disk(
     assert len(served.asked) <= 100000 // len(served.any_tile) + 2
 
 
+@pytest.mark.parametrize("size", [str(2**64), str(2**70), "9" * 5000, "007"])
+def test_a_tree_size_no_tlog_has_ends_an_unverified_copy_at_once(
+    served: _Served, size: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `show` copies without a key: the checkpoint's size is the server's word, but a size
+    # past 2^64-1 (or with leading zeros) is no tlog's. It ends the copy, named as what it
+    # is, before any tile is fetched: 2^70 had the copy fetch tiles up to --max-download
+    # (16 GiB by default), and 5,000 digits ended it with Python's int() conversion error.
+    signer = Signer.from_skey(generate_signing_key(ORIGIN)[0])
+    root = base64.b64encode(bytes(32)).decode()
+    served.files["checkpoint"] = sign_note(f"{ORIGIN}\n{size}\n{root}\n", [signer])
+    served.any_tile = bytes(TILE_WIDTH * 32)
+    assert main(["audit", "show", served.url, "--max-download", "100000"]) == 1
+    said = capsys.readouterr().err
+    assert "the served checkpoint is not a checkpoint: checkpoint size" in said, said
+    assert served.asked == ["checkpoint"]
+
+
 def test_a_tile_longer_than_its_width_is_refused(
     served: _Served, capsys: pytest.CaptureFixture[str]
 ) -> None:

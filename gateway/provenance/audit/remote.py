@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.provenance.errors import MalformedError
-from gateway.provenance.formats.checkpoint import open_checkpoint
+from gateway.provenance.formats.checkpoint import Checkpoint, open_checkpoint
 from gateway.provenance.formats.layout import CHECKPOINT, history_path
 from gateway.provenance.formats.note import Verifier
 from gateway.provenance.formats.tiles import MAX_ENTRY_SIZE, TILE_WIDTH, entries_path, tile_path
@@ -366,10 +366,17 @@ def _files(size: int) -> Iterator[tuple[str, str | None]]:
 
 
 def _tree_size(note: bytes) -> int:
-    lines = note.split(b"\n")
-    if len(lines) < 3 or not lines[1].isdigit():
-        raise MalformedError("the served checkpoint has no tree size on its second line")
-    return int(lines[1])
+    """The tree size of a served checkpoint no key checked (`audit show` and `audit report`
+    copy unverified), its text read as `Checkpoint.parse` reads a signed one's: a size no
+    tlog has (past 2^64-1, with leading zeros) ends the copy before any tile is fetched.
+    Only digits were asked for: 2^70 had the copy fetch tiles up to --max-download (16 GiB
+    by default) before it failed, and 5,000 digits ended it with Python's int() error."""
+    text, blank, _ = note.partition(b"\n\n")
+    try:
+        return Checkpoint.parse(text.decode("utf-8") + "\n").size
+    except (MalformedError, UnicodeDecodeError) as exc:
+        why = exc if blank else "it has no blank line before its signatures"
+        raise MalformedError(f"the served checkpoint is not a checkpoint: {why}") from None
 
 
 def _write(path: Path, data: bytes) -> None:
