@@ -111,11 +111,13 @@ def _loopback_host(host: str) -> bool:
     """Whether a `Host` value (lower case) names a loopback address or `localhost`."""
     if host.startswith("["):  # an IPv6 literal, then an optional :port
         name, found, port = host[1:].partition("]")
-        if not found or (port and not (port.startswith(":") and port[1:].isdigit())):
+        if not found or (
+            port and not (port.startswith(":") and port[1:].isascii() and port[1:].isdigit())
+        ):
             return False
     else:
         name, colon, port = host.partition(":")
-        if colon and not port.isdigit():
+        if colon and not (port.isascii() and port.isdigit()):
             return False
     if name == "localhost":
         return True

@@ -136,3 +136,11 @@ def test_two_host_headers_are_not_a_local_request() -> None:
     scope = _scope({})
     scope["headers"].append((b"host", b"evil.example"))
     assert _refused(scope)
+
+
+@pytest.mark.parametrize("host", [b"127.0.0.1:\xb2", b"[::1]:\xb9", b"localhost:\xb3"])
+def test_a_port_of_non_ascii_digits_is_not_a_local_host(host: bytes) -> None:
+    # Latin-1 superscripts are digits to `str.isdigit` but name no port.
+    scope = _scope({})
+    scope["headers"] = [(b"host", host)]
+    assert _refused(scope)
