@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -270,6 +271,42 @@ def test_a_certificate_swapped_mid_run_shows_in_the_record_and_fails_the_pin(
     assert _peer(tmp_path / "a", response) == {"spki_sha256": second.pin, "attested": False}
     reason = _refused(pinned, sim, 3)
     assert second.pin in reason
+
+
+def test_after_a_swap_each_record_names_the_key_of_the_connection_that_carried_it(
+    start_gateway: Callable[..., Gateway],
+    start_front: Callable[[Any], TLSFront],
+    pki: Pki,
+    tmp_path: Path,
+) -> None:
+    # The front keeps its kept-alive connections across the swap, as a server whose
+    # certificate was replaced does: the pooled connection goes on presenting the old key
+    # while a new one presents the new key, both in the gateway's pool at once. The
+    # front's own account of which connection carried which request id is the truth
+    # every dispatch record must match, not the key the backend presents now.
+    first, second = pki.server(), pki.server()
+    old, new = server_context(pki, first), server_context(pki, second)
+    front = start_front(old)
+    gateway = _gateway(
+        start_gateway, tmp_path, front.url, {"ca_file": str(pki.directory / "ca.pem")}
+    )
+    ids = [_chat(gateway).headers["x-request-id"]]  # connection 0, kept alive in the pool
+    front.swap(new, keep_open=True)
+    front.hold(0)
+    with ThreadPoolExecutor(1) as threads:
+        held = threads.submit(_chat, gateway)  # on connection 0, its answer held
+        until(lambda: len(front.carried[0].request_ids()) == 2, "a request on connection 0")
+        ids.append(_chat(gateway).headers["x-request-id"])  # 0 busy: a new one, new key
+        front.release(0)
+        ids.append(held.result(10).headers["x-request-id"])
+    ids += [_chat(gateway).headers["x-request-id"] for _ in range(4)]  # either one now
+    pins = {id(old): first.pin, id(new): second.pin}
+    truth = {rid: pins[id(c.context)] for c in front.carried for rid in c.request_ids()}
+    assert len(front.carried) == 2 and sorted(truth) == sorted(ids)
+    assert {truth[ids[1]], truth[ids[2]]} == {first.pin, second.pin}
+    for request_id in ids:
+        (dispatch,) = request_records(tmp_path / "log", request_id, "dispatch")
+        assert dispatch["backend"]["peer"] == {"spki_sha256": truth[request_id], "attested": False}
 
 
 def test_facts_the_certificate_contradicts_exclude_the_backend_naming_both(
