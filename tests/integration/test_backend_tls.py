@@ -338,6 +338,43 @@ def test_facts_the_certificate_contradicts_exclude_the_backend_naming_both(
     assert _peer(tmp_path / "b", response) == {"spki_sha256": stated.pin, "attested": True}
 
 
+_FACTS = ["owngate:owner:test", "owngate:retention:0d"]
+
+
+@pytest.mark.parametrize(
+    ("uris", "said"),
+    [
+        # two regions: which one the backend is in, the certificate does not say
+        (["owngate:region:eu-west-1", "owngate:region:us-east-1"], "more than once"),
+        (["owngate:region:eu-west-1", "owngate:region:eu-west-1"], "more than once"),
+        # the same scheme to other readers (RFC 3986): a second, hidden region
+        (["owngate:region:eu-west-1", "OWNGATE:region:us-east-1"], "lowercase"),
+        # a region name in another case is another region, not the declared one
+        (["owngate:region:EU-WEST-1"], "the certificate says 'EU-WEST-1'"),
+        (["owngate:region:"], "malformed certificate fact 'owngate:region:'"),
+        ([], "the certificate states no region"),
+    ],
+    ids=["two-regions", "region-twice", "uppercase-scheme", "region-case", "empty", "none"],
+)
+def test_a_certificate_whose_region_is_ambiguous_or_empty_gets_no_request(
+    uris: list[str],
+    said: str,
+    start_gateway: Callable[..., Gateway],
+    start_front: Callable[[Any], TLSFront],
+    sim: Sim,
+    pki: Pki,
+    tmp_path: Path,
+) -> None:
+    # `identity: certificate` against a real TLS server whose certificate states the
+    # region twice, in a scheme spelled otherwise, in another case, empty or not at all:
+    # the backend gets nothing, with the reason in its breaker.
+    stated = issue(pki.ca, "127.0.0.1", now=datetime.now(UTC), days=1, uris=[*uris, *_FACTS])
+    front = start_front(server_context(pki, stated))
+    ca = str(pki.directory / "ca.pem")
+    gateway = _gateway(start_gateway, tmp_path, front.url, {"ca_file": ca}, identity="certificate")
+    assert said in _refused(gateway, sim, 0)
+
+
 def test_a_zero_data_retention_flag_the_certificate_does_not_state_excludes_the_backend(
     start_gateway: Callable[..., Gateway],
     start_front: Callable[[Any], TLSFront],
