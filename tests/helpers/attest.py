@@ -79,10 +79,12 @@ def start_sidecar(
     log: Path | None = None,
     port: int = 0,
     tls: SidecarTLS | None = None,
+    client_pins: tuple[str, ...] | list[str] = (),
 ) -> Sidecar:
     """`owngate attest` in front of `backend_url`, with a new key named `name` (kept if
     it exists already: a restart) and its log in `directory/<name>-log` (or `log`), on
-    `port` (default: a free one); over mutual TLS with `tls`."""
+    `port` (default: a free one); over mutual TLS with `tls`, admitting only the client
+    keys `client_pins` (`--client-pin`) when given."""
     directory.mkdir(parents=True, exist_ok=True)
     key_file = directory / f"{name}.key"
     vkey = load_signer(key_file).vkey if key_file.exists() else write_signing_key(key_file, name)
@@ -100,10 +102,13 @@ def start_sidecar(
         str(log),
     )
     if tls is None:
+        assert not client_pins, "a client pin needs the sidecar's mutual TLS"
         process = ServerProcess(f"attest-{name}-{port}", argv, directory, port)
         return Sidecar(process.wait_ready("/health"), vkey, key_file, log)
     cert, key = tls.server
     argv += ["--tls-cert", str(cert), "--tls-key", str(key), "--client-ca", str(tls.client_ca)]
+    for pin in client_pins:
+        argv += ["--client-pin", pin]
     process = ServerProcess(f"attest-{name}-{port}", argv, directory, port, scheme="https")
     return Sidecar(process.wait_ready("/health", verify=tls.probe), vkey, key_file, log)
 

@@ -5,6 +5,10 @@ server (a simulator, llama-server).
 The front takes each connection in plain TCP and starts TLS on it with whatever
 `TLSFront.context` is at that moment, so a test swaps the server's certificate mid-run by
 assigning a new context: connections made after that present the new certificate.
+`TLSFront.carried` is the front's own account of each connection it relayed (the context
+it presented, the bytes the client sent on it), the ground truth a test holds the
+gateway's dispatch records to; `hold` and `release` stop and restart the answers of one
+connection, so a test can keep it busy while the gateway opens another.
 """
 
 from __future__ import annotations
@@ -20,9 +24,32 @@ from pathlib import Path
 from gateway.pki import Issued, fact_uris, issue, make_ca
 from tests.helpers.accepted import Accepted, close_server
 
-__all__ = ["Pki", "TLSFront", "patched", "server_context"]
+__all__ = ["Carried", "Pki", "TLSFront", "patched", "server_context"]
 
 _BUFFER = 64 * 1024
+_CARRIED_BYTES = 256 * 1024  # per connection: what a test reads back from `Carried.sent`
+
+
+@dataclass
+class Carried:
+    """One connection the front relayed: the context whose certificate it presented, the
+    first bytes the client sent on it (request heads carry `x-request-id`), and the gate
+    its answers wait on (`TLSFront.hold`)."""
+
+    context: ssl.SSLContext
+    sent: bytearray
+    gate: asyncio.Event
+
+    def request_ids(self) -> list[str]:
+        """The `x-request-id` of every request sent on this connection, in order."""
+        sent = bytes(self.sent)
+        name = b"\r\nx-request-id: "
+        found, at = [], sent.lower().find(name)
+        while at >= 0:
+            value = sent[at + len(name) :].split(b"\r\n", 1)[0]
+            found.append(value.decode("ascii"))
+            at = sent.lower().find(name, at + 1)
+        return found
 
 
 @dataclass(frozen=True)
@@ -131,6 +158,7 @@ class TLSFront:
         self.handshakes = 0
         self.failed = 0
         self._open: set[asyncio.StreamWriter] = set()
+        self.carried: list[Carried] = []  # every connection relayed, in accept order
         self._accepted = Accepted(self._relay)  # every connection, from its hand-over on
         # Bumped by `swap`: a connection accepted before it is dropped even if it was still
         # being set up (handshake, upstream connect) when `swap` ran, since the client may
@@ -152,10 +180,14 @@ class TLSFront:
             raise TimeoutError("the TLS front did not start")
         return self
 
-    def swap(self, context: ssl.SSLContext) -> None:
+    def swap(self, context: ssl.SSLContext, *, keep_open: bool = False) -> None:
         """Present another certificate from now on: connections open now are dropped, so
-        the next request of a client that pools connections opens a new one."""
+        the next request of a client that pools connections opens a new one; with
+        `keep_open` they stay open (and keep the certificate of their handshake), as a
+        server whose certificate is replaced keeps its kept-alive connections."""
         self.context = context
+        if keep_open:
+            return
 
         async def drop() -> None:
             self._generation += 1
@@ -163,6 +195,13 @@ class TLSFront:
                 writer.transport.abort()
 
         asyncio.run_coroutine_threadsafe(drop(), self._loop).result(10)
+
+    def hold(self, index: int) -> None:
+        """Answers on connection `index` of `carried` wait until `release`."""
+        self._loop.call_soon_threadsafe(self.carried[index].gate.clear)
+
+    def release(self, index: int) -> None:
+        self._loop.call_soon_threadsafe(self.carried[index].gate.set)
 
     def stop(self) -> None:
         async def close() -> None:
@@ -207,9 +246,10 @@ class TLSFront:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         generation = self._generation
+        context = self.context
         try:
             async with asyncio.timeout(10):
-                await writer.start_tls(self.context)
+                await writer.start_tls(context)
         except Exception:  # noqa: BLE001 - any handshake failure (the client may abort
             # in any state of it) is a refused connection; one escaping this task would
             # leave its socket open for the garbage collector to find in a later test
@@ -227,17 +267,33 @@ class TLSFront:
             writer.transport.abort()
             return
         self._open.add(writer)
+        carried = Carried(context, bytearray(), asyncio.Event())
+        carried.gate.set()
+        self.carried.append(carried)
         try:
-            await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
+            await asyncio.gather(
+                _pump(reader, up_writer, carried.sent), _pump(up_reader, writer, gate=carried.gate)
+            )
         finally:
             self._open.discard(writer)
             up_writer.transport.abort()
             writer.transport.abort()
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pump(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    seen: bytearray | None = None,
+    gate: asyncio.Event | None = None,
+) -> None:
+    """Copy `reader` to `writer`; keep the first bytes in `seen`, and wait on `gate`
+    before each write."""
     try:
         while data := await reader.read(_BUFFER):
+            if seen is not None:
+                seen += data[: max(0, _CARRIED_BYTES - len(seen))]
+            if gate is not None:
+                await gate.wait()
             writer.write(data)
             await writer.drain()
     except (OSError, ssl.SSLError):

@@ -100,3 +100,43 @@ def test_a_countersignature_for_other_commitments_is_not_a_two_party_statement(
     said = capsys.readouterr().err
     assert f"request {request_id!r} (backend gpu)" in said
     assert "the gateway recorded failure mismatch" in said
+
+
+@pytest.mark.parametrize("status", [400, 500])
+def test_a_countersigned_error_answer_is_no_two_party_statement(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    sidecar: Sidecar,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    status: int,
+) -> None:
+    # A sidecar that countersigns an error answer (here: a genuine envelope of its key on
+    # one) gets it neither recorded nor handed on: the client's error is the gateway's own
+    # (docs/provenance.md, layer 3: only answers below 400 are countersigned), so no
+    # statement could cover its bytes, and the audit holds the error record to nothing.
+    direct = httpx.post(f"{sidecar.url}/v1/chat/completions", json=CHAT, timeout=30)
+    envelope = direct.headers["x-owngate-attest"].encode()
+
+    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
+        body = b'{"error":{"message":"no","type":"invalid_request_error"}}'
+        head = b"HTTP/1.1 %d Oops\r\ncontent-type: application/json\r\n" % status
+        head += b"x-owngate-attest: " + envelope + b"\r\n"
+        writer.write(head + b"content-length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        return False
+
+    raw = start_raw(answer)
+    attested = backend("gpu", raw.url, "m", attest={"key": sidecar.vkey})
+    gateway = logged_gateway(start_gateway, tmp_path, [attested], ORIGIN)
+    got = httpx.post(
+        f"{gateway.url}/v1/chat/completions", json=CHAT, headers=gateway.headers, timeout=30
+    )
+    assert got.status_code >= 400
+    assert "x-owngate-attest" not in got.headers
+    assert b"owngate-attest" not in got.content
+    record = completion_record(tmp_path / "log", got.headers["x-request-id"])
+    assert "attestation" not in record and record["response_commitment"] is None
+    vkey = load_signer(tmp_path / "log.key").vkey
+    audit = ["verify", str(tmp_path / "log"), "--key", vkey, "--backend-key", f"gpu={sidecar.vkey}"]
+    assert run_audit(audit) == 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -272,6 +273,42 @@ def test_a_certificate_swapped_mid_run_shows_in_the_record_and_fails_the_pin(
     assert second.pin in reason
 
 
+def test_after_a_swap_each_record_names_the_key_of_the_connection_that_carried_it(
+    start_gateway: Callable[..., Gateway],
+    start_front: Callable[[Any], TLSFront],
+    pki: Pki,
+    tmp_path: Path,
+) -> None:
+    # The front keeps its kept-alive connections across the swap, as a server whose
+    # certificate was replaced does: the pooled connection goes on presenting the old key
+    # while a new one presents the new key, both in the gateway's pool at once. The
+    # front's own account of which connection carried which request id is the truth
+    # every dispatch record must match, not the key the backend presents now.
+    first, second = pki.server(), pki.server()
+    old, new = server_context(pki, first), server_context(pki, second)
+    front = start_front(old)
+    gateway = _gateway(
+        start_gateway, tmp_path, front.url, {"ca_file": str(pki.directory / "ca.pem")}
+    )
+    ids = [_chat(gateway).headers["x-request-id"]]  # connection 0, kept alive in the pool
+    front.swap(new, keep_open=True)
+    front.hold(0)
+    with ThreadPoolExecutor(1) as threads:
+        held = threads.submit(_chat, gateway)  # on connection 0, its answer held
+        until(lambda: len(front.carried[0].request_ids()) == 2, "a request on connection 0")
+        ids.append(_chat(gateway).headers["x-request-id"])  # 0 busy: a new one, new key
+        front.release(0)
+        ids.append(held.result(10).headers["x-request-id"])
+    ids += [_chat(gateway).headers["x-request-id"] for _ in range(4)]  # either one now
+    pins = {id(old): first.pin, id(new): second.pin}
+    truth = {rid: pins[id(c.context)] for c in front.carried for rid in c.request_ids()}
+    assert len(front.carried) == 2 and sorted(truth) == sorted(ids)
+    assert {truth[ids[1]], truth[ids[2]]} == {first.pin, second.pin}
+    for request_id in ids:
+        (dispatch,) = request_records(tmp_path / "log", request_id, "dispatch")
+        assert dispatch["backend"]["peer"] == {"spki_sha256": truth[request_id], "attested": False}
+
+
 def test_facts_the_certificate_contradicts_exclude_the_backend_naming_both(
     start_gateway: Callable[..., Gateway],
     start_front: Callable[[Any], TLSFront],
@@ -299,6 +336,43 @@ def test_facts_the_certificate_contradicts_exclude_the_backend_naming_both(
     response = _chat(matching)
     assert response.status_code == 200
     assert _peer(tmp_path / "b", response) == {"spki_sha256": stated.pin, "attested": True}
+
+
+_FACTS = ["owngate:owner:test", "owngate:retention:0d"]
+
+
+@pytest.mark.parametrize(
+    ("uris", "said"),
+    [
+        # two regions: which one the backend is in, the certificate does not say
+        (["owngate:region:eu-west-1", "owngate:region:us-east-1"], "more than once"),
+        (["owngate:region:eu-west-1", "owngate:region:eu-west-1"], "more than once"),
+        # the same scheme to other readers (RFC 3986): a second, hidden region
+        (["owngate:region:eu-west-1", "OWNGATE:region:us-east-1"], "lowercase"),
+        # a region name in another case is another region, not the declared one
+        (["owngate:region:EU-WEST-1"], "the certificate says 'EU-WEST-1'"),
+        (["owngate:region:"], "malformed certificate fact 'owngate:region:'"),
+        ([], "the certificate states no region"),
+    ],
+    ids=["two-regions", "region-twice", "uppercase-scheme", "region-case", "empty", "none"],
+)
+def test_a_certificate_whose_region_is_ambiguous_or_empty_gets_no_request(
+    uris: list[str],
+    said: str,
+    start_gateway: Callable[..., Gateway],
+    start_front: Callable[[Any], TLSFront],
+    sim: Sim,
+    pki: Pki,
+    tmp_path: Path,
+) -> None:
+    # `identity: certificate` against a real TLS server whose certificate states the
+    # region twice, in a scheme spelled otherwise, in another case, empty or not at all:
+    # the backend gets nothing, with the reason in its breaker.
+    stated = issue(pki.ca, "127.0.0.1", now=datetime.now(UTC), days=1, uris=[*uris, *_FACTS])
+    front = start_front(server_context(pki, stated))
+    ca = str(pki.directory / "ca.pem")
+    gateway = _gateway(start_gateway, tmp_path, front.url, {"ca_file": ca}, identity="certificate")
+    assert said in _refused(gateway, sim, 0)
 
 
 def test_a_zero_data_retention_flag_the_certificate_does_not_state_excludes_the_backend(

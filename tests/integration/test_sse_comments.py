@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
+from gateway.provenance import load_signer
 from tests.helpers.attest import start_sidecar
 from tests.helpers.gateways import Gateway, backend, logged_gateway, logged_private_gateway
-from tests.helpers.provenance import completion_record
+from tests.helpers.provenance import completion_record, run_audit
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
 from tests.helpers.stream_receipts import (
     CHAT,
@@ -161,6 +163,52 @@ def test_an_inference_server_behind_a_sidecar_cannot_forge_lines_or_cut_the_stre
     record = completion_record(tmp_path / "log", response.headers["x-request-id"])
     assert record["attestation"]["failure"] is None and record["attestation"]["sig"]
     receipt_verifies(tmp_path, response, receipt, relayed)
+
+
+def test_a_countersignature_the_inference_server_writes_as_its_last_line_is_not_taken(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """The inference server behind a sidecar ends its stream with a `: owngate-attest`
+    line of its own: a genuine countersignature of the sidecar's key, the one it signed
+    for the request before (the server sees neither request ids nor salts, so a replayed
+    statement is the most it can offer). The sidecar removes the line before it hashes
+    and signs its own, so the client's stream, the record, the receipt and the sidecar's
+    log carry the sidecar's statement for this request, and both audits pass."""
+    stream = EVENT + DONE
+    injected: list[bytes] = []  # the line the server ends its streams with, once known
+
+    async def injecting(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        body = stream + b"".join(injected)
+        writer.write(sse_head(b"transfer-encoding: chunked\r\n"))
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+        await writer.drain()
+        return False
+
+    raw = start_raw(injecting)
+    sidecar = start_sidecar(tmp_path / "sidecar", "gpu-a", raw.url)
+    try:
+        attested = backend("gpu", sidecar.url, "m", attest={"key": sidecar.vkey})
+        gateway = logged_gateway(start_gateway, tmp_path, [attested], ORIGIN)
+        first = json.loads(stream_receipt(_ask(gateway)))["attestation"]
+        injected.append(b": owngate-attest " + base64.b64encode(json.dumps(first).encode()))
+        injected.append(b"\n\n")
+        response = _ask(gateway)
+    finally:
+        assert sidecar.stop() == 0
+    relayed = stream + b"\n"  # the blank line after the removed one
+    assert response.content.split(b": owngate-receipt ")[0] == relayed
+    record = completion_record(tmp_path / "log", response.headers["x-request-id"])
+    assert record["attestation"]["failure"] is None
+    assert record["attestation"]["counter"] == 1  # the sidecar's second, not the replayed 0
+    receipt = stream_receipt(response)
+    assert json.loads(receipt)["attestation"] != first
+    receipt_verifies(tmp_path, response, receipt, relayed)
+    log_key = load_signer(tmp_path / "log.key").vkey
+    audit = ["verify", str(tmp_path / "log"), "--key", log_key]
+    audit += ["--backend-key", f"gpu={sidecar.vkey}", "--attest-log", f"gpu={sidecar.log}"]
+    assert run_audit(audit) == 0
 
 
 @pytest.mark.parametrize(

@@ -379,6 +379,14 @@ _MUTUAL = ["--tls-cert", "c.pem", "--tls-key", "k.pem", "--client-ca", "ca.pem"]
         (["--client-pin", "sha256//" + "A" * 43 + "="], 2, "needs --client-ca"),
         (["--client-pin", "sha256//AAAA", *_MUTUAL], 2, "--client-pin is sha256//"),
         (["--client-pin", "AAAA" * 10 + "AAA=", *_MUTUAL], 2, "--client-pin is sha256//"),
+        # the digest in hex (either case), unpadded or URL-safe base64, another prefix:
+        # each is refused, never a pin that matches no key
+        (["--client-pin", "sha256//" + "ab" * 32, *_MUTUAL], 2, "--client-pin is sha256//"),
+        (["--client-pin", "sha256//" + "AB" * 32, *_MUTUAL], 2, "--client-pin is sha256//"),
+        (["--client-pin", "sha256//" + "A" * 43, *_MUTUAL], 2, "--client-pin is sha256//"),
+        (["--client-pin", "sha256//" + "_" * 43 + "=", *_MUTUAL], 2, "--client-pin is sha256//"),
+        (["--client-pin", "SHA256//" + "A" * 43 + "=", *_MUTUAL], 2, "--client-pin is sha256//"),
+        (["--client-pin", "sha256// " + "A" * 43 + "=", *_MUTUAL], 2, "--client-pin is sha"),
     ],
 )
 def test_the_sidecar_command_wants_its_tls_files_together_and_usable(

@@ -41,6 +41,23 @@ def _config_text(**gpu: Any) -> str:
             {"tls": {"pin_spki_sha256": ["sha256//" + "A" * 42 + "B="]}},
             "is not sha256// followed by the base64",
         ),
+        # other encodings of a digest: hex in either case, unpadded or URL-safe base64,
+        # another prefix, blanks inside or around: refused at load, never a dead pin
+        *(
+            ({"tls": {"pin_spki_sha256": [pin]}}, "is not sha256// followed by the base64")
+            for pin in (
+                "sha256//" + "ab" * 32,
+                "sha256//" + "AB" * 32,
+                "ab" * 32,
+                "sha256//" + "A" * 43,
+                "sha256//" + "_" * 42 + "A=",
+                "SHA256//" + "A" * 43 + "=",
+                "sha256// " + "A" * 43 + "=",
+                " sha256//" + "A" * 43 + "=",
+                "sha256//" + "A" * 43 + "= ",
+                "sha256//" + "A" * 43 + "=\n",
+            )
+        ),
         # facts no certificate can state: a backend that would never serve, found at load
         (
             {"identity": "certificate", "tls": {"ca_file": "ca.pem"}, "owner": "Acme Corp"},
