@@ -144,7 +144,7 @@ class StreamRelay:
             last = await _relay_chunk(send, exchange, flushed, watch, tail) or last
             last = await _relay_chunk(send, exchange, watch.flush(), watch, tail) or last
             watch.end()  # the receipt line ends the client's last event
-            if response.ended_by_close and not watch.done:
+            if response.ended_by_close and not _ended(watch):
                 # No framing: the close ended the body, and before `[DONE]` the close is
                 # the backend dying, not the stream ending.
                 raise UpstreamError("closed", "the stream ended without data: [DONE]")
@@ -200,6 +200,15 @@ def _sent(exchange: Exchange, watch: StreamWatch, tail: SseTail | None) -> None:
     watch.sent_done = True
     if tail is None:
         exchange.read_whole = True
+
+
+def _ended(watch: StreamWatch) -> bool:
+    """Whether a body ended by its connection's close is a whole stream: the SDK read a
+    `[DONE]` event in it (a `data: [DONE]` line that is not its event's first `data`
+    line is none: the SDK's JSON read of the joined data raises), or it stopped at the
+    backend's error event and a `[DONE]` line followed (a stream that ended with the
+    error, as before)."""
+    return watch.events.done or (watch.events.error_event and watch.done)
 
 
 def _open(last: bytes) -> bool:
