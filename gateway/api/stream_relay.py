@@ -115,7 +115,8 @@ class StreamRelay:
                 trail.response_hash.update(data)
                 trail.sent_bytes += len(data)
             last = data
-            if watch.done and not watch.sent_done:  # (`[DONE]` seen: is it read now?)
+            # (`[DONE]` or the backend's error event seen: is it read now?)
+            if (watch.done or watch.events.error_event) and not watch.sent_done:
                 _sent(exchange, watch, tail)
             return more
 
@@ -189,13 +190,16 @@ async def _relay_chunk(
 
 def _sent(exchange: Exchange, watch: StreamWatch, tail: SseTail | None) -> None:
     """What the watch read went to the client's connection: once that holds the event
-    its SDK stops at (`[DONE]`, read as the SDK reads it: `EventReader.done`), the
-    client has the whole answer (`Exchange.read_whole`), and one that leaves before the
-    stream's end went out (the SDKs close at `[DONE]`) is recorded with it, not 499. An
-    attested answer is whole only with its countersignature, which follows `[DONE]`:
-    `watch.sent_done` notes it, and the attempt decides once it judged the
-    countersignature (gateway/api/passthrough.py)."""
-    if watch.sent_done or not watch.events.done or client_left(exchange):
+    its SDK stops at (`[DONE]`, read as the SDK reads it: `EventReader.done`, or the
+    backend's error event, which it raises), the client has the whole answer
+    (`Exchange.read_whole`), and one that leaves before the stream's end went out (the
+    SDKs close at `[DONE]` or at the error they raise) is recorded as that end would be
+    (200; `stream_error` names the backend's error event), not 499. An attested answer
+    is whole only with its countersignature, which follows `[DONE]`: `watch.sent_done`
+    notes it, and the attempt decides once it judged the countersignature
+    (gateway/api/passthrough.py)."""
+    events = watch.events
+    if watch.sent_done or not (events.done or events.error_event) or client_left(exchange):
         return
     watch.sent_done = True
     if tail is None:

@@ -19,6 +19,8 @@ OpenAI SDK's own `SSEDecoder` reading the bytes the client's connection delivere
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from openai._streaming import SSEDecoder
 
 from tests.helpers.audit_rig import (
     assert_logged_as_received,
+    chunked,
     client_gets,
     logged,
     request_log,
@@ -35,7 +38,7 @@ from tests.helpers.audit_rig import (
 )
 from tests.helpers.gateways import Gateway, backend
 from tests.helpers.log_truth import CHAT, DONE, EVENT
-from tests.helpers.raw_backend import Answer, RawBackend, sse_head
+from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
 
 CHUNK = b'{"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}'
 ERROR = b'data: {"error":{"message":"down","type":"x"}}\n\n'
@@ -99,3 +102,40 @@ def test_an_unframed_stream_is_recorded_ended_only_at_a_done_event_the_sdk_reads
         assert read == "done", received.body
         assert (last["status"], last["error"]) == (200, None), last
     assert_logged_as_received(received, gateway, tmp_path / "log", vkey)
+
+
+def _hangs_after(pieces: tuple[bytes, ...], release: threading.Event) -> Answer:
+    async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        for piece in pieces:
+            writer.write(piece)
+            await writer.drain()
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 60)
+        return False
+
+    return answer
+
+
+@pytest.mark.parametrize("framing", ["unframed", "chunked"])
+def test_a_client_closing_at_the_backends_error_event_is_recorded_as_its_end_would_be(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    framing: str,
+) -> None:
+    """The SDK raises the backend's error event and its client closes: the record says
+    what a stream that ended there says (200, `stream_error: "backend"`), not 499."""
+    unframed = (sse_head(), EVENT, ERROR)
+    pieces = chunked(EVENT, ERROR, last=False) if framing == "chunked" else unframed
+    release = threading.Event()
+    raw = start_raw(_hangs_after(pieces, release))
+    gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
+    try:
+        received = client_gets(gateway, CHAT, enough=lambda got: _sdk_end(got) == "error")
+        request_id = received.headers["x-request-id"]
+        settled(tmp_path / "log", vkey, request_id)
+    finally:
+        release.set()
+    assert _sdk_end(received.body) == "error" and b"owngate-receipt" not in received.body
+    last = request_log(tmp_path / "log", vkey, request_id)[-1]
+    assert (last["status"], last["error"], last.get("stream_error")) == (200, None, "backend")
+    assert_logged_as_received(received, gateway, tmp_path / "log", vkey, left=True)
