@@ -20,6 +20,9 @@ OpenAI SDK's own `SSEDecoder` reading the bytes the client's connection delivere
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
+import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +30,7 @@ from pathlib import Path
 import pytest
 from openai._streaming import SSEDecoder
 
+from gateway.body_writer import BodyWriter
 from tests.helpers.audit_rig import (
     assert_logged_as_received,
     chunked,
@@ -39,6 +43,7 @@ from tests.helpers.audit_rig import (
 from tests.helpers.gateways import Gateway, backend
 from tests.helpers.log_truth import CHAT, DONE, EVENT
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
+from tests.helpers.waiting import until
 
 CHUNK = b'{"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}'
 ERROR = b'data: {"error":{"message":"down","type":"x"}}\n\n'
@@ -139,3 +144,72 @@ def test_a_client_closing_at_the_backends_error_event_is_recorded_as_its_end_wou
     last = request_log(tmp_path / "log", vkey, request_id)[-1]
     assert (last["status"], last["error"], last.get("stream_error")) == (200, None, "backend")
     assert_logged_as_received(received, gateway, tmp_path / "log", vkey, left=True)
+
+
+# Events enough to fill the kernel's buffers towards a client that reads nothing (a small
+# receive buffer): the rest, `[DONE]` with it, stays in the gateway's write buffer.
+BIG = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n' % (b"x" * 8000)
+FLOOD = 1000  # events of BIG: some 8 MB
+
+
+def test_a_done_left_in_the_gateways_write_buffer_is_not_read_by_a_client_that_resets(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The client stops reading, the gateway writes the backend's events and `[DONE]` to
+    its connection (the flow control bent so that it writes on: the write buffer holds
+    them), and the client resets: `[DONE]` never left the gateway's process, so the
+    client did not read the answer whole. Before, 200."""
+    written = threading.Event()
+    buffered: list[int] = []
+    write = BodyWriter.write
+
+    def writing(self: BodyWriter, data: bytes) -> bool | None:
+        cycle = self.cycle_ref()
+        if cycle is not None and not buffered:  # write on past the high-water mark
+            cycle.transport.set_write_buffer_limits(high=1 << 30)
+        more = write(self, data)
+        if data.find(b"[DONE]") >= 0 and cycle is not None:
+            buffered.append(cycle.transport.get_write_buffer_size())
+            written.set()
+        return more
+
+    monkeypatch.setattr(BodyWriter, "write", writing)
+    release = threading.Event()
+    pieces = chunked(EVENT, *[BIG] * FLOOD, DONE, last=False)
+    raw = start_raw(_hangs_after(pieces, release))
+    gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
+    body = json.dumps(CHAT).encode()
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
+        b"authorization: Bearer %s\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (gateway.key.encode(), len(body), body)
+    )
+    sock = socket.socket()
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", gateway.server.port))
+        sock.sendall(request)
+        head = sock.recv(4096)  # the head and a little: then it reads nothing
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert written.wait(60), "the gateway never wrote [DONE]"
+        assert buffered[0] > 0, "the kernel took [DONE]: no write buffer to test"
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    finally:
+        sock.close()  # a reset (linger 0): what the write buffer held is dropped
+        release.set()
+    request_id = _request_id(head)
+    until(lambda: not gateway.app.serving, "the request ended", timeout=30)
+    settled(tmp_path / "log", vkey, request_id)
+    last = request_log(tmp_path / "log", vkey, request_id)[-1]
+    assert last["status"] == 499, last
+
+
+def _request_id(head: bytes) -> str:
+    for line in head.split(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"x-request-id":
+            return value.strip().decode()
+    raise AssertionError(head)
