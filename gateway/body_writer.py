@@ -155,6 +155,17 @@ class BodyWriter:
         return False
 
     @property
+    def unsent(self) -> int:
+        """Bytes handed to the connection still in its write buffer in this process (the
+        kernel has not taken them: a client that stopped reading, its socket buffers
+        full; a reset drops them unsent). uvloop writes to the socket at once when that
+        buffer is empty, so none is left after a write a reading client takes."""
+        cycle = self._cycle()
+        if cycle is None or cycle.disconnected:
+            return 0
+        return cycle.transport.get_write_buffer_size()
+
+    @property
     def gone(self) -> bool:
         """The client has disconnected: nothing more reaches it (`send` drops it too)."""
         cycle = self._cycle()

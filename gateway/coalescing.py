@@ -104,3 +104,8 @@ class HeadCoalescer:
 
     def is_closing(self) -> bool:
         return self._transport.is_closing()
+
+    def get_write_buffer_size(self) -> int:
+        """What the connection still buffers, the held write included."""
+        held = self._held
+        return self._transport.get_write_buffer_size() + (0 if held is None else len(held))

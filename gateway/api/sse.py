@@ -59,8 +59,9 @@ class StreamWatch:
         self.strip_usage = strip_usage
         # `data: [DONE]` arrived at the start of a line (with `find_done`; else never set)
         self.done = False
-        # the event the client's SDK stops at (`events.done`) went to its connection
-        # (set by the relay, gateway/api/stream_relay.py)
+        # the event the client's SDK stops at (`events.done`, or the backend's error
+        # event it raises) went to its connection, the kernel took it (set by the relay,
+        # gateway/api/stream_relay.py `_sent`)
         self.sent_done = False
         self._seek = find_done  # `find_done` and not `done` yet
         # strip mode: a `[DONE]` line was passed on in a read holding `"usage"` (one in a

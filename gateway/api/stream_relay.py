@@ -115,7 +115,8 @@ class StreamRelay:
                 trail.response_hash.update(data)
                 trail.sent_bytes += len(data)
             last = data
-            if watch.done and not watch.sent_done:  # (`[DONE]` seen: is it read now?)
+            # (`[DONE]` or the backend's error event seen: is it read now?)
+            if (watch.done or watch.events.error_event) and not watch.sent_done:
                 _sent(exchange, watch, tail)
             return more
 
@@ -143,8 +144,9 @@ class StreamRelay:
             flushed = watch.feed(comments.flush())
             last = await _relay_chunk(send, exchange, flushed, watch, tail) or last
             last = await _relay_chunk(send, exchange, watch.flush(), watch, tail) or last
+            _sent(exchange, watch, tail)  # (what the write buffer held may be out now)
             watch.end()  # the receipt line ends the client's last event
-            if response.ended_by_close and not watch.done:
+            if response.ended_by_close and not _ended(watch):
                 # No framing: the close ended the body, and before `[DONE]` the close is
                 # the backend dying, not the stream ending.
                 raise UpstreamError("closed", "the stream ended without data: [DONE]")
@@ -189,17 +191,35 @@ async def _relay_chunk(
 
 def _sent(exchange: Exchange, watch: StreamWatch, tail: SseTail | None) -> None:
     """What the watch read went to the client's connection: once that holds the event
-    its SDK stops at (`[DONE]`, read as the SDK reads it: `EventReader.done`), the
-    client has the whole answer (`Exchange.read_whole`), and one that leaves before the
-    stream's end went out (the SDKs close at `[DONE]`) is recorded with it, not 499. An
-    attested answer is whole only with its countersignature, which follows `[DONE]`:
-    `watch.sent_done` notes it, and the attempt decides once it judged the
+    its SDK stops at (`[DONE]`, read as the SDK reads it: `EventReader.done`, or the
+    backend's error event, which it raises) and the kernel took it (the connection's
+    write buffer in the gateway's process holds none of it: `BodyWriter.unsent`; a
+    client that stopped reading and resets never gets what it holds), the client has
+    the whole answer (`Exchange.read_whole`), and one that leaves before the stream's
+    end went out (the SDKs close at `[DONE]` or at the error they raise) is recorded as
+    that end would be (200; `stream_error` names the backend's error event), not 499.
+    Asked again at each later read and at the relayed bytes' end while the buffer held
+    it. An attested answer is whole only with its countersignature, which follows
+    `[DONE]`: `watch.sent_done` notes it, and the attempt decides once it judged the
     countersignature (gateway/api/passthrough.py)."""
-    if watch.sent_done or not watch.events.done or client_left(exchange):
+    events = watch.events
+    if watch.sent_done or not (events.done or events.error_event) or client_left(exchange):
+        return
+    writer = exchange.writer
+    if writer is not None and writer.unsent:  # not the kernel's yet: maybe never sent
         return
     watch.sent_done = True
     if tail is None:
         exchange.read_whole = True
+
+
+def _ended(watch: StreamWatch) -> bool:
+    """Whether a body ended by its connection's close is a whole stream: the SDK read a
+    `[DONE]` event in it (a `data: [DONE]` line that is not its event's first `data`
+    line is none: the SDK's JSON read of the joined data raises), or it stopped at the
+    backend's error event and a `[DONE]` line followed (a stream that ended with the
+    error, as before)."""
+    return watch.events.done or (watch.events.error_event and watch.done)
 
 
 def _open(last: bytes) -> bool:

@@ -236,8 +236,8 @@ def audit(
     `later_receipt`: the receipt the client fetched afterwards, which must make the same
     claims (and the only one, for a client that `left` before its stream's end: its
     status is then 499, unless what it received holds the `[DONE]` event its SDK stops
-    at: it then had the whole answer, docs: "a client that leaves once it read
-    `[DONE]`", and the status is the stream's, 200)."""
+    at, or the backend's error event it raises: it then had the whole answer, docs: "a
+    client that leaves once it read `[DONE]`", and the status is the stream's, 200)."""
     code = docs_code()
     findings: list[str] = []
     envelope = _receipt_of(received) if not left else later_receipt
@@ -283,14 +283,20 @@ def audit(
     opened = commitment is not None and bool(committed)
     # What the gateway wrote after the backend's bytes (its error event, its receipt line).
     gateways = received.body[len(committed[0]) :] if committed else received.body
+    # A client that left after the backend's error event (its SDK raised it, reads no
+    # further) had its stream's end as the SDK reads it (docs: "or the backend's error
+    # event"): 200, the error named by `stream_error`, as for a stream that ended there.
+    left_at_error = left and received.is_stream and _events_read(received.body)[1]
     if left:
-        status = 200 if _reads_done(received.body) else 499
+        status = 200 if _reads_done(received.body) or left_at_error else 499
     else:
         status = _client_status(received, gateways)
     if completion["status"] != status:
         findings.append(f"the record says status {completion['status']}, the client got {status}")
     # An error event of the backend's that the client read (its SDK raised it) is named
     # (docs: the completion's `stream_error`).
+    if left_at_error and completion.get("stream_error") != "backend":
+        findings.append("the client left at the backend's error event: no stream_error")
     if received.is_stream and not left and committed:
         # Its last event, left open, is ended by the gateway's own bytes (both end so).
         backend_error = _events_read(committed[0] + b"\n\n")[1]

@@ -65,7 +65,10 @@ CASES: dict[str, tuple[tuple[bytes, ...], bool]] = {
     # A `data: [DONE]` line inside an event the SDK raises at (its data is `x` and
     # `[DONE]` joined, not JSON): it never reads a `[DONE]` event.
     "done-inside-an-event": ((sse_head(), EVENT, b"data: x\ndata: [DONE]\n\n"), False),
-    # The backend's error event first: the SDK raises there, never reads the `[DONE]`.
+    # The backend's error event first: the SDK raises there, never reads the `[DONE]`;
+    # its client had the stream's end as its SDK reads it, the record says so (200 and
+    # `stream_error`, as a stream ending there; before, 499:
+    # tests/integration/test_log_truth_sdk_end.py)
     "error-event-first": (
         (sse_head(), EVENT, b'data: {"error":{"message":"down"}}\n\n' + DONE),
         False,
@@ -122,6 +125,8 @@ def test_a_client_closing_at_done_got_the_whole_answer_and_the_record_says_so(
     if whole:
         assert (last["status"], last["error"]) == (200, None), last
         assert last["usage"] == COUNTS, last
+    elif case == "error-event-first":
+        assert (last["status"], last["error"], last.get("stream_error")) == (200, None, "backend")
     else:
         assert last["status"] == 499, last
     assert_logged_as_received(received, gateway, tmp_path / "log", vkey, left=True)

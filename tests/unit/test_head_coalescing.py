@@ -184,3 +184,22 @@ def _loaded(app: Any) -> Any:
     config = uvicorn_config(app, ListenSettings())
     config.load()
     return config
+
+
+def test_what_the_coalescer_holds_counts_as_unsent() -> None:
+    """A held head is in no socket yet: the write buffer size the relay asks before it
+    counts a stream's end as delivered (`BodyWriter.unsent`) includes it. Before, the
+    coalescer had no `get_write_buffer_size` at all."""
+
+    class Buffering(RecordingTransport):
+        def get_write_buffer_size(self) -> int:
+            return 7  # what the connection's own buffer holds
+
+    async def scenario() -> tuple[int, int]:
+        coalescer = HeadCoalescer(Buffering(), asyncio.get_running_loop())  # type: ignore[arg-type]
+        coalescer.write(b"head")  # held until the next write or the turn's end
+        held = coalescer.get_write_buffer_size()
+        coalescer.flush()
+        return held, coalescer.get_write_buffer_size()
+
+    assert asyncio.run(scenario()) == (7 + len(b"head"), 7)
