@@ -62,6 +62,7 @@ __all__ = [
     "COMPLETION_ALLOWANCE",
     "MEDIA_ALLOWANCE",
     "PROMPT_ALLOWANCE",
+    "READ_FIELDS",
     "answer_choices",
     "answer_limit",
     "completion_bound",
@@ -128,6 +129,10 @@ _CHOICE_FIELDS: Final = ("n", "best_of", "n_cmpl")
 # present of `n_predict`, `max_completion_tokens`, `max_tokens`; vLLM and SGLang
 # `max_completion_tokens`, else `max_tokens`, and generate at least `min_tokens`.
 _LIMIT_FIELDS: Final = ("max_tokens", "max_completion_tokens", "n_predict")
+READ_FIELDS: Final = (*_LIMIT_FIELDS, "min_tokens", *_CHOICE_FIELDS, "prompt", "messages")
+"""The top-level request fields the bound (and the token reservation) reads: a backend
+must read each as the gateway does, so a body may not hold one in another case
+(gateway/api/body.py)."""
 
 
 def _limit(ask: Mapping[str, Any] | None) -> int | None:

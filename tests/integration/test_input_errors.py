@@ -72,6 +72,19 @@ def test_a_repeated_decided_key_is_refused(body: bytes, param: str) -> None:
             b'{"model": "a", "stream_options": {"include_usage": false, "Include_Usage": true}}',
             "stream_options.include_usage",
         ),
+        # The fields that bound the tokens reserved and charged (usage_bound.py): such a
+        # server would generate 100,000 tokens, or 8 choices, or read other messages,
+        # while the gateway reserved and bounded one token, one choice, these messages.
+        (b'{"model": "a", "max_tokens": 1, "Max_tokens": 100000}', "max_tokens"),
+        (b'{"model": "a", "max_tokens": 1, "max_to\\u212aens": 100000}', "max_tokens"),
+        (b'{"model": "a", "max_tokens": 1, "MAX_COMPLETION_TOKENS": 9}', "max_completion_tokens"),
+        (b'{"model": "a", "max_tokens": 1, "N_Predict": 100000}', "n_predict"),
+        (b'{"model": "a", "max_tokens": 1, "Min_tokens": 100000}', "min_tokens"),
+        (b'{"model": "a", "n": 1, "N": 8}', "n"),
+        (b'{"model": "a", "Best_of": 8}', "best_of"),
+        (b'{"model": "a", "N_cmpl": 8}', "n_cmpl"),
+        (b'{"model": "a", "prompt": "a", "PROMPT": ["a", "b"]}', "prompt"),
+        (b'{"model": "a", "messages": [], "Me\\u017f\\u017fages": []}', "messages"),
     ],
 )
 def test_a_decided_key_in_another_case_is_refused(body: bytes, param: str) -> None:
@@ -193,6 +206,14 @@ def _post(gateway: Gateway, body: bytes, **headers: str) -> httpx.Response:
             None,
         ),
         (b'{"model": "sim-model", "stream": "true", "messages": []}', None),
+        # Such a server would also generate 100,000 tokens where the gateway reserved and
+        # bounded one (the token budget's check, and the charge, read `max_tokens`).
+        (
+            b'{"model": "sim-model", "max_tokens": 1, "Max_tokens": 100000, '
+            b'"messages": [{"role": "user", "content": "hi"}]}',
+            None,
+        ),
+        (b'{"model": "sim-model", "N": 8, "messages": [{"role": "user", "content": "hi"}]}', None),
         # An alias with an escaped key is re-encoded: orjson.dumps refuses depth > 254.
         (b'{"mod\\u0065l": "chat", "x": ' + nested(300) + b"}", None),
         (b'{"model": "sim-model", "prompt": "\xff\xfe"}', "invalid_json"),  # not UTF-8
