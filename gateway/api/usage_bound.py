@@ -129,10 +129,17 @@ _CHOICE_FIELDS: Final = ("n", "best_of", "n_cmpl")
 # present of `n_predict`, `max_completion_tokens`, `max_tokens`; vLLM and SGLang
 # `max_completion_tokens`, else `max_tokens`, and generate at least `min_tokens`.
 _LIMIT_FIELDS: Final = ("max_tokens", "max_completion_tokens", "n_predict")
-READ_FIELDS: Final = (*_LIMIT_FIELDS, "min_tokens", *_CHOICE_FIELDS, "prompt", "messages")
-"""The top-level request fields the bound (and the token reservation) reads: a backend
-must read each as the gateway does, so a body may not hold one in another case
-(gateway/api/body.py)."""
+READ_FIELDS: Final = (
+    *_LIMIT_FIELDS,
+    "min_tokens",
+    *_CHOICE_FIELDS,
+    "prompt",
+    "messages",
+    "input",  # the token reservation's (gateway/api/reservation.py): its token ids
+)
+"""The top-level request fields the bound and the token reservation read: a backend
+must read each as the gateway does, so a body may not repeat one or hold it in another
+case (gateway/api/body.py)."""
 
 
 def _limit(ask: Mapping[str, Any] | None) -> int | None:
