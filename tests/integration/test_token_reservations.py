@@ -204,24 +204,41 @@ def _budget_for(reservation: int, fits: int) -> int:
     return fits * reservation + reservation // 10
 
 
-@pytest.mark.parametrize(("per_media", "fits"), [(None, 1), (3000, 2)])
+def _images(hidden: str | None) -> list[dict[str, Any]]:
+    """The request's messages: `IMAGES` image parts, as the API writes them, or in a
+    shape only a server in Go reads as images (it matches names in any case, keeping the
+    last copy): the parts under `Content` beside a text `content`, or each part a text
+    `type` followed by an image `Type`."""
+    urls = [{"url": f"https://img.example/{i}.png"} for i in range(IMAGES)]
+    if hidden == "Type":
+        parts = [{"type": "text", "text": "a", "Type": "image_url", "image_url": u} for u in urls]
+    else:
+        parts = [{"type": "image_url", "image_url": u} for u in urls]
+    if hidden == "Content":
+        return [{"role": "user", "content": "look", "Content": parts}]
+    return [{"role": "user", "content": parts}]
+
+
+@pytest.mark.parametrize(
+    ("per_media", "fits", "hidden"),
+    [(None, 1, None), (3000, 2, None), (None, 1, "Content"), (None, 1, "Type")],
+)
 def test_a_burst_of_image_requests_reserves_the_images(
     start_raw: Callable[[Answer], RawBackend],
     start_gateway: Callable[..., Gateway],
     per_media: int | None,
     fits: int,
+    hidden: str | None,
 ) -> None:
     """The attack: 13 image URLs and `max_tokens: 1` reserved only the body's bytes / 4
     (about 290 tokens) while the images cost 13,000: a burst was admitted as far as
     those fit (the whole burst here; about fifty times the budget with 20 images). Each
-    part now reserves `reserved_tokens_per_media`."""
+    part now reserves `reserved_tokens_per_media`, also where only a server in Go reads
+    it as an image (`hidden`: before, such parts reserved nothing and the whole burst
+    went through)."""
     held = HeldBackend(lambda _post: IMAGES * PER_IMAGE + 10)
     raw = start_raw(held)
-    parts = [
-        {"type": "image_url", "image_url": {"url": f"https://img.example/{i}.png"}}
-        for i in range(IMAGES)
-    ]
-    doc = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": parts}]}
+    doc = {"model": "m", "max_tokens": 1, "messages": _images(hidden)}
     body = json.dumps(doc).encode()
     reservation = -(-len(body) // 4) + IMAGES * (per_media or reservations.MEDIA_RESERVED) + 1
     tpm = _budget_for(reservation, fits)

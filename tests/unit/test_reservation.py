@@ -86,6 +86,33 @@ MEDIA: dict[str, tuple[dict[str, Any], int | None, int]] = {
         1000,
         2,
     ),
+    # A server in Go reads names in any case, the last copy: these are images to it.
+    "images under a `Content` in another case": (
+        {
+            "messages": [
+                {"role": "user", "content": "hi", "Content": [_image(1), _image(2)]},
+                {"role": "user", "content": "hi", "CONTENT": [_image(3)]},
+            ]
+        },
+        None,
+        3,
+    ),
+    "an image whose `Type` in another case is not text": (
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "Type": "image_url", "image_url": {"url": "u"}},
+                        {"type": "text", "TYPE": "text", "text": "a"},  # text either way
+                        {"type": "text", "Typ\u0117": "image_url"},  # not `type` to Go
+                    ],
+                }
+            ]
+        },
+        None,
+        1,
+    ),
     "llama.cpp multimodal_data": (
         {"prompt": {"prompt_string": "<__media__>", "multimodal_data": ["AAAA", "BBBB"]}},
         None,
