@@ -237,6 +237,15 @@ def _post(gateway: Gateway, body: bytes, **headers: str) -> httpx.Response:
         (b'{"model": "sim-model", "prompt": "\\ud800"}', "invalid_json"),  # lone surrogate
         (b'{"model": "sim-model", "max_tokens": 1e400}', "invalid_json"),  # infinity
         (b'{"model": "sim-model", "max_tokens": NaN}', "invalid_json"),
+        # Encodings other than UTF-8 (a backend in Python detects them), a BOM, a second
+        # document or a NUL after the first (a lenient parser reads one or the other).
+        (b'\xef\xbb\xbf{"model": "sim-model", "messages": []}', "invalid_json"),
+        ('{"model": "sim-model", "messages": []}'.encode("utf-16"), "invalid_json"),
+        ('{"model": "sim-model", "messages": []}'.encode("utf-16-le"), "invalid_json"),
+        (b'{"model": "sim-model", "messages": []} {"model": "embed-model"}', "invalid_json"),
+        (b'{"model": "sim-model", "messages": []}\x00', "invalid_json"),
+        (b'{"model": "sim-model", "stream": 1, "messages": []}', None),
+        (b'[{"model": "sim-model", "messages": []}]', None),
     ],
 )
 def test_hostile_bodies_are_400_and_reach_no_backend(
