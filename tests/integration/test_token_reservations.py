@@ -256,20 +256,33 @@ def test_a_burst_of_image_requests_reserves_the_images(
     assert admitted == fits
 
 
+@pytest.mark.parametrize(
+    ("field", "path", "answer"),
+    # llama.cpp's `/v1/embeddings` reads `content` when there is no `input`, token ids
+    # included (the pinned llama-server embeds `{"content": [1] * 100}` as 100 tokens).
+    [("prompt", "/v1/completions", 1), ("content", "/v1/embeddings", 0)],
+)
 def test_a_burst_of_token_id_prompts_reserves_each_id(
-    start_raw: Callable[[Answer], RawBackend], start_gateway: Callable[..., Gateway]
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    field: str,
+    path: str,
+    answer: int,
 ) -> None:
     """The attack: `"prompt": [1,1,...]` is 2 bytes an exact token, reserved at bytes / 4:
-    a burst of honest 45,000-token prompts used about twice the budget. One fits now."""
+    a burst of honest 45,000-token prompts used about twice the budget. One fits now
+    (llama.cpp's embeddings' `content` was still reserved at bytes / 4: two fitted)."""
     ids = 45_000
-    held = HeldBackend(lambda post: len(json.loads(post.body)["prompt"]))
+    held = HeldBackend(lambda post: len(json.loads(post.body)[field]))
     raw = start_raw(held)
-    body = json.dumps({"model": "m", "prompt": [1] * ids, "max_tokens": 1}).encode()
-    body = body.replace(b", ", b",")  # "1," : 2 bytes a token
-    reservation = ids + -(-(len(body) - ids) // 4) + 1  # the digits are the ids
+    doc: dict[str, Any] = {"model": "m", field: [1] * ids}
+    if answer:
+        doc["max_tokens"] = 1
+    body = json.dumps(doc).encode().replace(b", ", b",")  # "1," : 2 bytes a token
+    reservation = ids + -(-(len(body) - ids) // 4) + answer  # the digits are the ids
     tpm = _budget_for(reservation, 1)
     gateway = _gateway(start_gateway, raw.url, tokens_per_minute=tpm)
-    admitted, answers = _burst(gateway, raw, held, body, "/v1/completions")
+    admitted, answers = _burst(gateway, raw, held, body, path)
     served = sum(r.status_code == 200 for r in answers)
     assert served == admitted
     assert served * (ids + 1) <= tpm, "honest usage past the budget"

@@ -164,6 +164,14 @@ def test_embedding_token_arrays_are_counted_exactly() -> None:
     assert reserved == 8000 + 2007  # 16027 bytes: 8000 of digits, 8027 others
 
 
+def test_llamacpp_embedding_content_ids_are_counted_exactly() -> None:
+    # llama.cpp's `/v1/embeddings` reads `content` when there is no `input`, ids included
+    ask = {"model": "m", "content": [7] * 4000}
+    body = _body(ask)
+    reserved = tokens_to_reserve(ask, body, per_minute=10**6, per_answer=None, embeddings=True)
+    assert reserved == 4000 + 1007  # 8025 bytes: 4000 of digits, 4025 others
+
+
 def test_embeddings_reserve_their_prompt_alone() -> None:
     ask = {"model": "m", "input": "hi", "max_tokens": 10**9}
     assert tokens_to_reserve(ask, BODY, per_minute=1000, per_answer=None, embeddings=True) == 25
