@@ -14,6 +14,12 @@ fields must mean one thing, to the gateway and to whatever reads the body after 
   to case, folding U+017F (long s) to `s` and U+212A (Kelvin) to `k`, and reads the last
   match, so `{"model": "a", "Model": "b"}` would be served as `b` while the gateway
   decided, and logged, `a`.
+- The same holds for the fields that bound the tokens a request is reserved and charged
+  (`max_tokens`, `n`, `messages`, ...: gateway/api/usage_bound.py's `READ_FIELDS`):
+  `{"max_tokens": 1, "Max_tokens": 100000}` was reserved and bounded as one output token
+  while such a server generated 100,000. Nor may they repeat: Go leaves a field that is
+  not a pointer, slice, map or interface as it was for a `null`, so `{"n": 8, "n":
+  null}` was eight choices to a server whose `n` is a plain integer, one to the gateway.
 - `stream` is `true`, `false` or `null`; `stream_options` an object or `null`, with a
   boolean or `null` `include_usage`. A string `"true"` that a backend might read as true
   while the gateway reads it as false is refused.
@@ -33,6 +39,7 @@ from typing import Any, Final, NamedTuple
 
 import orjson
 
+from gateway.api.usage_bound import READ_FIELDS
 from gateway.body_budget import held_for_characters
 from gateway.errors import ErrorCode, GatewayError
 from gateway.json_loads import at_most, loads, no_collection
@@ -60,9 +67,12 @@ _ORJSON_DEPTH: Final = 1024
 _WRAP: Final = _ORJSON_DEPTH - MAX_DEPTH
 _OPEN, _CLOSE = b"[" * _WRAP, b"]" * _WRAP
 
-_TOP_KEYS: Final = ("model", "stream", "stream_options")
+# The top-level names no key may repeat or spell in another case: the decided-on ones,
+# and those the tokens reserved and charged are bounded by (gateway/api/usage_bound.py).
+_TOP_KEYS: Final = ("model", "stream", "stream_options", *READ_FIELDS)
 _OPTION_KEYS: Final = ("include_usage",)
-_TOP_LENGTHS: Final = frozenset(len(n) for n in _TOP_KEYS)
+_FOLDED_KEYS: Final = frozenset(_TOP_KEYS)
+_TOP_LENGTHS: Final = frozenset(len(n) for n in _FOLDED_KEYS)
 _OPTION_LENGTHS: Final = frozenset(len(n) for n in _OPTION_KEYS)
 
 
@@ -158,8 +168,10 @@ def _folded_name(doc: dict[str, Any]) -> str | None:
     long as a name can match it; `casefold` folds every character Go folds to an ASCII
     letter (U+017F, U+212A), and only keys of a name's length are folded at all."""
     for name in doc:
-        if len(name) in _TOP_LENGTHS and name not in _TOP_KEYS and name.casefold() in _TOP_KEYS:
-            return name.casefold()
+        if len(name) in _TOP_LENGTHS and name not in _FOLDED_KEYS:
+            folded = name.casefold()  # `ß` is `ss` here, one character to Go: not a name
+            if folded in _FOLDED_KEYS and len(folded) == len(name):
+                return folded
     options = doc.get("stream_options")
     for name in options if isinstance(options, dict) else ():
         if len(name) in _OPTION_LENGTHS and name not in _OPTION_KEYS:

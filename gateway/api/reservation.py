@@ -9,11 +9,12 @@ comes when that does not fit what is left of the minute's budget:
     reservation = prompt estimate + choices * answer allowance      (at most the budget)
     prompt estimate  = token ids + media parts * media allowance
                        + the other body bytes / 4, rounded up
-    token ids        = the whole numbers of `prompt` (a completion's) and `input` (an
-                       embedding's), and of the arrays they hold: a prompt given as token
-                       ids is exactly that many tokens (the digits of the numbers are
-                       left out of the bytes / 4; their separators still count there,
-                       a quarter token each)
+    token ids        = the whole numbers of `prompt` (a completion's), `input` (an
+                       embedding's) and `content` (llama.cpp's embeddings read it when
+                       there is no `input`, token ids included), and of the arrays they
+                       hold: a prompt given as token ids is exactly that many tokens
+                       (the digits of the numbers are left out of the bytes / 4; their
+                       separators still count there, a quarter token each)
     media parts      = the image, audio, video and file parts of chat messages and the
                        items of llama.cpp's `multimodal_data` (`usage_bound.media_parts`,
                        the parts the usage bound allows `MEDIA_ALLOWANCE` tokens each)
@@ -113,11 +114,17 @@ def tokens_to_reserve(
     return prompt + choices * limit
 
 
+# Where a backend reads a prompt as token ids: llama.cpp's `/v1/embeddings` reads
+# `{"content": [1, 1, ...]}` (commit 7e4c0a9: one token an id) when there is no `input`, and
+# such ids were reserved at bytes / 4, half a token each.
+_ID_FIELDS: Final = ("prompt", "input", "content")
+
+
 def prompt_estimate(ask: Mapping[str, Any], body_bytes: int, *, per_media: int) -> int:
     """The prompt tokens a request is reserved for: its token ids exactly, `per_media`
     per media part, and one token per 4 of the body's other bytes."""
     ids = id_bytes = 0
-    for field in ("prompt", "input"):
+    for field in _ID_FIELDS:
         count, width = _token_ids(ask.get(field))
         ids += count
         id_bytes += width

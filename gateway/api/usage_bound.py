@@ -62,6 +62,7 @@ __all__ = [
     "COMPLETION_ALLOWANCE",
     "MEDIA_ALLOWANCE",
     "PROMPT_ALLOWANCE",
+    "READ_FIELDS",
     "answer_choices",
     "answer_limit",
     "completion_bound",
@@ -128,6 +129,17 @@ _CHOICE_FIELDS: Final = ("n", "best_of", "n_cmpl")
 # present of `n_predict`, `max_completion_tokens`, `max_tokens`; vLLM and SGLang
 # `max_completion_tokens`, else `max_tokens`, and generate at least `min_tokens`.
 _LIMIT_FIELDS: Final = ("max_tokens", "max_completion_tokens", "n_predict")
+READ_FIELDS: Final = (
+    *_LIMIT_FIELDS,
+    "min_tokens",
+    *_CHOICE_FIELDS,
+    "prompt",
+    "messages",
+    "input",  # the token reservation's (gateway/api/reservation.py): its token ids
+)
+"""The top-level request fields the bound and the token reservation read: a backend
+must read each as the gateway does, so a body may not repeat one or hold it in another
+case (gateway/api/body.py)."""
 
 
 def _limit(ask: Mapping[str, Any] | None) -> int | None:
@@ -189,7 +201,13 @@ def _prompts(ask: Mapping[str, Any] | None) -> int:
 def media_parts(ask: Mapping[str, Any] | None) -> int:
     """Content parts of chat messages that are not text, and media items of llama.cpp
     prompt objects (`{"prompt_string": ..., "multimodal_data": [...]}`), at most
-    `_MEDIA_COUNTED` looked at."""
+    `_MEDIA_COUNTED` looked at.
+
+    A message's `content` and a part's `type` are read in any case too, as a server in
+    Go reads them (encoding/json matches names without regard to case and keeps the
+    last): `{"content": "hi", "Content": [13 images]}` and `{"type": "text", "Type":
+    "image_url", ...}` are 13 images and an image to such a server, and were none to the
+    reservation and the bound. A part counts when any of its type names is not text."""
     if ask is None:
         return 0
     found = seen = 0
@@ -201,20 +219,42 @@ def media_parts(ask: Mapping[str, Any] | None) -> int:
             seen += 1
             if seen > _MEDIA_COUNTED:
                 return found
-            if key == "multimodal_data" or (
-                isinstance(item, dict) and item.get("type") not in ("text", None)
-            ):
+            if key == "multimodal_data" or _media_part(item):
                 found += 1
     return found
 
 
+def _media_part(item: Any) -> bool:
+    """Whether a content part is not text by any key that is `type` in some case."""
+    if not isinstance(item, dict):
+        return False
+    if item.get("type") not in ("text", None):
+        return True
+    return len(item) > 1 and any(
+        len(k) == 4 and k != "type" and k.casefold() == "type" and v not in ("text", None)
+        for k, v in item.items()
+    )
+
+
+def _folded(holder: Any, name: str) -> list[str]:
+    """The keys of `holder` (an object) other than `name` that a server in Go reads as
+    `name` (one character to one: the same length, `casefold` for U+017F and U+212A)."""
+    if not isinstance(holder, dict) or len(holder) < 2:
+        return []
+    size = len(name)
+    return [k for k in holder if len(k) == size and k != name and k.casefold() == name]
+
+
 def _media_holders(ask: Mapping[str, Any]) -> list[tuple[Any, str]]:
-    """Where media may sit: each chat message's `content`, and each llama.cpp prompt
-    object's `multimodal_data` (the prompt itself, or entries of a batch)."""
+    """Where media may sit: each chat message's `content` (in any case: `_folded`), and
+    each llama.cpp prompt object's `multimodal_data` (the prompt itself, or entries of a
+    batch; llama.cpp reads names as written)."""
     messages = ask.get("messages")
     holders: list[tuple[Any, str]] = []
     if isinstance(messages, list):
-        holders += [(message, "content") for message in messages]
+        for message in messages:
+            holders.append((message, "content"))
+            holders += [(message, k) for k in _folded(message, "content")]
     prompt = ask.get("prompt")
     prompts = prompt if isinstance(prompt, list) else [prompt]
     holders += [(entry, "multimodal_data") for entry in prompts]

@@ -50,6 +50,15 @@ def refused(body: bytes) -> GatewayError:
             b'{"model": "a", "stream_options": {"include_usage": false, "include_usage": true}}',
             "stream_options.include_usage",
         ),
+        # The fields that bound the tokens reserved and charged: Go leaves a plain integer
+        # as it was for a `null`, so a server in Go reads 8 choices where the gateway
+        # (last wins) reads none; others read the last copy, which may not be the limit's.
+        (b'{"model": "a", "n": 8, "n": null}', "n"),
+        (b'{"model": "a", "max_tokens": 100000, "max_t\\u006fkens": null}', "max_tokens"),
+        (b'{"model": "a", "messages": [], "messages": null}', "messages"),
+        (b'{"model": "a", "prompt": ["a", "b"], "prompt": "a"}', "prompt"),
+        (b'{"model": "a", "best_of": 8, "best_of": 1}', "best_of"),
+        (b'{"model": "a", "input": [1, 2], "input": "a"}', "input"),
     ],
 )
 def test_a_repeated_decided_key_is_refused(body: bytes, param: str) -> None:
@@ -72,6 +81,19 @@ def test_a_repeated_decided_key_is_refused(body: bytes, param: str) -> None:
             b'{"model": "a", "stream_options": {"include_usage": false, "Include_Usage": true}}',
             "stream_options.include_usage",
         ),
+        # The fields that bound the tokens reserved and charged (usage_bound.py): such a
+        # server would generate 100,000 tokens, or 8 choices, or read other messages,
+        # while the gateway reserved and bounded one token, one choice, these messages.
+        (b'{"model": "a", "max_tokens": 1, "Max_tokens": 100000}', "max_tokens"),
+        (b'{"model": "a", "max_tokens": 1, "max_to\\u212aens": 100000}', "max_tokens"),
+        (b'{"model": "a", "max_tokens": 1, "MAX_COMPLETION_TOKENS": 9}', "max_completion_tokens"),
+        (b'{"model": "a", "max_tokens": 1, "N_Predict": 100000}', "n_predict"),
+        (b'{"model": "a", "max_tokens": 1, "Min_tokens": 100000}', "min_tokens"),
+        (b'{"model": "a", "n": 1, "N": 8}', "n"),
+        (b'{"model": "a", "Best_of": 8}', "best_of"),
+        (b'{"model": "a", "N_cmpl": 8}', "n_cmpl"),
+        (b'{"model": "a", "prompt": "a", "PROMPT": ["a", "b"]}', "prompt"),
+        (b'{"model": "a", "messages": [], "Me\\u017f\\u017fages": []}', "messages"),
     ],
 )
 def test_a_decided_key_in_another_case_is_refused(body: bytes, param: str) -> None:
@@ -91,6 +113,9 @@ def test_a_decided_key_in_another_case_is_refused(body: bytes, param: str) -> No
         # Other names in any case, and decided-on names in another case where the gateway
         # reads nothing (nested, or `include_usage` outside `stream_options`).
         b'{"model": "a", "Temperature": 1, "Include_Usage": 1, "x": {"Model": 1, "STREAM": 2}}',
+        # The bounding names nested (a tool's parameters), and a name that folds to one
+        # only in more characters (Go folds one character to one: `ß` is not `ss`).
+        b'{"model": "a", "tools": [{"n": 1, "n": 2, "N": 3, "Messages": 4}], "Me\xc3\x9fages": 1}',
     ],
 )
 def test_names_the_gateway_does_not_decide_on_pass(body: bytes) -> None:
@@ -193,12 +218,34 @@ def _post(gateway: Gateway, body: bytes, **headers: str) -> httpx.Response:
             None,
         ),
         (b'{"model": "sim-model", "stream": "true", "messages": []}', None),
+        # Such a server would also generate 100,000 tokens where the gateway reserved and
+        # bounded one (the token budget's check, and the charge, read `max_tokens`).
+        (
+            b'{"model": "sim-model", "max_tokens": 1, "Max_tokens": 100000, '
+            b'"messages": [{"role": "user", "content": "hi"}]}',
+            None,
+        ),
+        (b'{"model": "sim-model", "N": 8, "messages": [{"role": "user", "content": "hi"}]}', None),
+        (
+            b'{"model": "sim-model", "n": 8, "n": null, '
+            b'"messages": [{"role": "user", "content": "hi"}]}',
+            None,
+        ),
         # An alias with an escaped key is re-encoded: orjson.dumps refuses depth > 254.
         (b'{"mod\\u0065l": "chat", "x": ' + nested(300) + b"}", None),
         (b'{"model": "sim-model", "prompt": "\xff\xfe"}', "invalid_json"),  # not UTF-8
         (b'{"model": "sim-model", "prompt": "\\ud800"}', "invalid_json"),  # lone surrogate
         (b'{"model": "sim-model", "max_tokens": 1e400}', "invalid_json"),  # infinity
         (b'{"model": "sim-model", "max_tokens": NaN}', "invalid_json"),
+        # Encodings other than UTF-8 (a backend in Python detects them), a BOM, a second
+        # document or a NUL after the first (a lenient parser reads one or the other).
+        (b'\xef\xbb\xbf{"model": "sim-model", "messages": []}', "invalid_json"),
+        ('{"model": "sim-model", "messages": []}'.encode("utf-16"), "invalid_json"),
+        ('{"model": "sim-model", "messages": []}'.encode("utf-16-le"), "invalid_json"),
+        (b'{"model": "sim-model", "messages": []} {"model": "embed-model"}', "invalid_json"),
+        (b'{"model": "sim-model", "messages": []}\x00', "invalid_json"),
+        (b'{"model": "sim-model", "stream": 1, "messages": []}', None),
+        (b'[{"model": "sim-model", "messages": []}]', None),
     ],
 )
 def test_hostile_bodies_are_400_and_reach_no_backend(

@@ -204,24 +204,41 @@ def _budget_for(reservation: int, fits: int) -> int:
     return fits * reservation + reservation // 10
 
 
-@pytest.mark.parametrize(("per_media", "fits"), [(None, 1), (3000, 2)])
+def _images(hidden: str | None) -> list[dict[str, Any]]:
+    """The request's messages: `IMAGES` image parts, as the API writes them, or in a
+    shape only a server in Go reads as images (it matches names in any case, keeping the
+    last copy): the parts under `Content` beside a text `content`, or each part a text
+    `type` followed by an image `Type`."""
+    urls = [{"url": f"https://img.example/{i}.png"} for i in range(IMAGES)]
+    if hidden == "Type":
+        parts = [{"type": "text", "text": "a", "Type": "image_url", "image_url": u} for u in urls]
+    else:
+        parts = [{"type": "image_url", "image_url": u} for u in urls]
+    if hidden == "Content":
+        return [{"role": "user", "content": "look", "Content": parts}]
+    return [{"role": "user", "content": parts}]
+
+
+@pytest.mark.parametrize(
+    ("per_media", "fits", "hidden"),
+    [(None, 1, None), (3000, 2, None), (None, 1, "Content"), (None, 1, "Type")],
+)
 def test_a_burst_of_image_requests_reserves_the_images(
     start_raw: Callable[[Answer], RawBackend],
     start_gateway: Callable[..., Gateway],
     per_media: int | None,
     fits: int,
+    hidden: str | None,
 ) -> None:
     """The attack: 13 image URLs and `max_tokens: 1` reserved only the body's bytes / 4
     (about 290 tokens) while the images cost 13,000: a burst was admitted as far as
     those fit (the whole burst here; about fifty times the budget with 20 images). Each
-    part now reserves `reserved_tokens_per_media`."""
+    part now reserves `reserved_tokens_per_media`, also where only a server in Go reads
+    it as an image (`hidden`: before, such parts reserved nothing and the whole burst
+    went through)."""
     held = HeldBackend(lambda _post: IMAGES * PER_IMAGE + 10)
     raw = start_raw(held)
-    parts = [
-        {"type": "image_url", "image_url": {"url": f"https://img.example/{i}.png"}}
-        for i in range(IMAGES)
-    ]
-    doc = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": parts}]}
+    doc = {"model": "m", "max_tokens": 1, "messages": _images(hidden)}
     body = json.dumps(doc).encode()
     reservation = -(-len(body) // 4) + IMAGES * (per_media or reservations.MEDIA_RESERVED) + 1
     tpm = _budget_for(reservation, fits)
@@ -239,20 +256,33 @@ def test_a_burst_of_image_requests_reserves_the_images(
     assert admitted == fits
 
 
+@pytest.mark.parametrize(
+    ("field", "path", "answer"),
+    # llama.cpp's `/v1/embeddings` reads `content` when there is no `input`, token ids
+    # included (the pinned llama-server embeds `{"content": [1] * 100}` as 100 tokens).
+    [("prompt", "/v1/completions", 1), ("content", "/v1/embeddings", 0)],
+)
 def test_a_burst_of_token_id_prompts_reserves_each_id(
-    start_raw: Callable[[Answer], RawBackend], start_gateway: Callable[..., Gateway]
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    field: str,
+    path: str,
+    answer: int,
 ) -> None:
     """The attack: `"prompt": [1,1,...]` is 2 bytes an exact token, reserved at bytes / 4:
-    a burst of honest 45,000-token prompts used about twice the budget. One fits now."""
+    a burst of honest 45,000-token prompts used about twice the budget. One fits now
+    (llama.cpp's embeddings' `content` was still reserved at bytes / 4: two fitted)."""
     ids = 45_000
-    held = HeldBackend(lambda post: len(json.loads(post.body)["prompt"]))
+    held = HeldBackend(lambda post: len(json.loads(post.body)[field]))
     raw = start_raw(held)
-    body = json.dumps({"model": "m", "prompt": [1] * ids, "max_tokens": 1}).encode()
-    body = body.replace(b", ", b",")  # "1," : 2 bytes a token
-    reservation = ids + -(-(len(body) - ids) // 4) + 1  # the digits are the ids
+    doc: dict[str, Any] = {"model": "m", field: [1] * ids}
+    if answer:
+        doc["max_tokens"] = 1
+    body = json.dumps(doc).encode().replace(b", ", b",")  # "1," : 2 bytes a token
+    reservation = ids + -(-(len(body) - ids) // 4) + answer  # the digits are the ids
     tpm = _budget_for(reservation, 1)
     gateway = _gateway(start_gateway, raw.url, tokens_per_minute=tpm)
-    admitted, answers = _burst(gateway, raw, held, body, "/v1/completions")
+    admitted, answers = _burst(gateway, raw, held, body, path)
     served = sum(r.status_code == 200 for r in answers)
     assert served == admitted
     assert served * (ids + 1) <= tpm, "honest usage past the budget"

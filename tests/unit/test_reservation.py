@@ -86,6 +86,33 @@ MEDIA: dict[str, tuple[dict[str, Any], int | None, int]] = {
         1000,
         2,
     ),
+    # A server in Go reads names in any case, the last copy: these are images to it.
+    "images under a `Content` in another case": (
+        {
+            "messages": [
+                {"role": "user", "content": "hi", "Content": [_image(1), _image(2)]},
+                {"role": "user", "content": "hi", "CONTENT": [_image(3)]},
+            ]
+        },
+        None,
+        3,
+    ),
+    "an image whose `Type` in another case is not text": (
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "Type": "image_url", "image_url": {"url": "u"}},
+                        {"type": "text", "TYPE": "text", "text": "a"},  # text either way
+                        {"type": "text", "Typ\u0117": "image_url"},  # not `type` to Go
+                    ],
+                }
+            ]
+        },
+        None,
+        1,
+    ),
     "llama.cpp multimodal_data": (
         {"prompt": {"prompt_string": "<__media__>", "multimodal_data": ["AAAA", "BBBB"]}},
         None,
@@ -135,6 +162,14 @@ def test_embedding_token_arrays_are_counted_exactly() -> None:
     body = _body(ask)
     reserved = tokens_to_reserve(ask, body, per_minute=10**6, per_answer=None, embeddings=True)
     assert reserved == 8000 + 2007  # 16027 bytes: 8000 of digits, 8027 others
+
+
+def test_llamacpp_embedding_content_ids_are_counted_exactly() -> None:
+    # llama.cpp's `/v1/embeddings` reads `content` when there is no `input`, ids included
+    ask = {"model": "m", "content": [7] * 4000}
+    body = _body(ask)
+    reserved = tokens_to_reserve(ask, body, per_minute=10**6, per_answer=None, embeddings=True)
+    assert reserved == 4000 + 1007  # 8025 bytes: 4000 of digits, 4025 others
 
 
 def test_embeddings_reserve_their_prompt_alone() -> None:

@@ -85,6 +85,17 @@ def test_media_parts_are_counted_only_when_the_usage_needs_them() -> None:
     assert over_bound(plain + MEDIA_ALLOWANCE + 1, ask, 100, 300) == plain + MEDIA_ALLOWANCE
 
 
+def test_media_parts_a_server_in_go_reads_are_counted() -> None:
+    # encoding/json matches names in any case and keeps the last copy: to such a server,
+    # these are two images the backend may bill MEDIA_ALLOWANCE each.
+    hidden = {"type": "text", "text": "a", "Type": "image_url", "image_url": {"url": "u"}}
+    message = {"role": "user", "content": "hi", "Content": [IMAGE, hidden]}
+    ask = {"max_tokens": 5, "messages": [message]}
+    plain = 100 + PROMPT_ALLOWANCE + 300 + 5
+    assert over_bound(plain + 2 * MEDIA_ALLOWANCE, ask, 100, 300) is None
+    assert over_bound(plain + 2 * MEDIA_ALLOWANCE + 1, ask, 100, 300) == plain + 2 * MEDIA_ALLOWANCE
+
+
 def _whole(usage: dict[str, int], ask: dict[str, Any], body_bytes: int = 50) -> Trail:
     trail = Trail(Salts.generate(), "", prompt_bytes=body_bytes, ask=ask)
     trail.answered(orjson.dumps({"choices": [], "usage": usage}))
