@@ -65,6 +65,7 @@ from pathlib import Path
 
 from gateway.attest.notary import COUNTER_FILE, CounterFile, Notary, last_logged_counter
 from gateway.attest.protocol import Connection, Request
+from gateway.attest.request import forwarded
 from gateway.body_budget import BodyBudget, Held, hold_answer
 from gateway.errors import ErrorCode, GatewayError
 from gateway.log_tally import Tally
@@ -97,8 +98,6 @@ RELAYED: dict[bytes, frozenset[bytes]] = {
     b"GET": frozenset({b"/health", b"/metrics", b"/v1/models", b"/props", b"/slots"}),
 }
 
-# What reaches the backend: the request's framing, credentials and trace context, no more.
-_FORWARDED = frozenset({b"content-type", b"authorization", b"accept", b"traceparent"})
 _SSE = b"text/event-stream"
 _NO_BODY = frozenset({204, 304})  # statuses whose answer has no body whatever its headers
 _JSON = b"application/json"
@@ -231,12 +230,10 @@ class AttestRelay:
                 ErrorCode.provenance_unavailable,
                 "the attestation log cannot be written; requests are refused until it can",
             )
-        headers = []
+        headers = forwarded(request.headers)  # what reaches the backend (request.py)
         request_id = salts_value = None
         for name, value in request.headers:
-            if name in _FORWARDED:
-                headers.append((name, value))
-            elif name == b"x-request-id":
+            if name == b"x-request-id":
                 if request_id is None:
                     request_id = value
             elif name == SALTS_HEADER and salts_value is None:
@@ -345,7 +342,7 @@ class AttestRelay:
 
     async def _plain(self, conn: Connection, request: Request) -> None:
         """Relay without a statement (probes, metrics, model lists)."""
-        headers = [(k, v) for k, v in request.headers if k in _FORWARDED]
+        headers = forwarded(request.headers)
         response = conn.upstream = await self._send(
             request.method, request.target, headers, request.body
         )
