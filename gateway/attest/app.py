@@ -30,7 +30,7 @@ an answer in another coding is refused, never decompressed nor countersigned: 50
 A request without salts (not from a gateway: a client that bypassed it) gets fresh ones:
 it is countersigned and logged all the same, so the cross-check against the gateway's
 log shows it. Only what a gateway sends is relayed (`RELAYED`, the path before any
-query; a POST with a query is not one): POSTs to the three OpenAI endpoints,
+query; a request with one is not one): POSTs to the three OpenAI endpoints,
 countersigned (the statement covers the body, and a gateway sends no query), and the
 GETs of its probes and scrapes (`/health`, `/metrics`, `/v1/models`, llama.cpp's
 `/props` and `/slots`), without a statement. The server behind the sidecar listens
@@ -216,9 +216,10 @@ class AttestRelay:
             conn.respond(error.status, error.body(), _JSON, b"allow: GET, POST\r\n")
             return
         path, query, _ = request.target.partition(b"?")
-        # A countersigned request is its body: a query (even an empty one), which a
-        # gateway never sends and the statement would not cover, is not relayed with one.
-        if path not in paths or (query and request.method == b"POST"):
+        # A gateway sends no query (even an empty one): a countersigned request is its
+        # body, which a query would escape, and a probe's query would carry a client's text
+        # into the server's own logs.
+        if path not in paths or query:
             error = _NOT_RELAYED
             conn.respond(error.status, error.body(), _JSON)
             return
