@@ -17,6 +17,7 @@ from gateway.provenance import (
     Verifier,
     load_verifiers,
 )
+from gateway.provenance.audit.pinned import is_spki_pin
 from gateway.provenance.audit.remote import FetchLimits, is_url, mirror_log
 from gateway.provenance.audit.shown import MAX_SHOWN_MESSAGE, shown
 from gateway.provenance.formats.attestation import one_key_per_backend
@@ -26,6 +27,7 @@ from gateway.provenance.formats.layout import MAX_HISTORY
 __all__ = [
     "Handler",
     "backend_keys",
+    "backend_pins",
     "env",
     "env_list",
     "fetch_limits",
@@ -196,6 +198,25 @@ def backend_keys(items: list[str], log_keys: Sequence[Verifier]) -> dict[str, Ve
         keys[backend] = found[0]
     one_key_per_backend(keys)
     return keys
+
+
+def backend_pins(items: list[str]) -> dict[str, frozenset[str]]:
+    """`ID=PIN` items as backend id -> its pins: `PIN` as `tls.pin_spki_sha256` writes
+    it. An ID may be given several times, one pin each (the keys of a rotation); a PIN
+    of another shape is a ValueError, so a mistyped pin never passes for "no pin"."""
+    pins: dict[str, set[str]] = {}
+    for item in items:
+        backend, sep, pin = item.partition("=")
+        if not sep or not backend or not pin:
+            raise ValueError(f"--backend-pin wants ID=PIN, not {item!r}")
+        if not is_spki_pin(pin):
+            raise ValueError(
+                f"--backend-pin {backend}: {pin!r} is not a key pin: give sha256// followed "
+                "by the standard base64 of 32 bytes, as tls.pin_spki_sha256 and `owngate "
+                "backend cert` write it"
+            )
+        pins.setdefault(backend, set()).add(pin)
+    return {backend: frozenset(held) for backend, held in pins.items()}
 
 
 def _public_key(verifier: Verifier) -> bytes:

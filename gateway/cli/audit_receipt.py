@@ -10,6 +10,7 @@ from typing import Any
 
 from gateway.cli.audit_flags import (
     backend_keys,
+    backend_pins,
     env,
     env_list,
     guarded,
@@ -25,6 +26,7 @@ from gateway.provenance import (
     verify_commitment,
     verify_receipt,
 )
+from gateway.provenance.audit.pinned import check_pinned
 from gateway.provenance.audit.receipt import (
     check_countersignature_in_log,
     check_receipt_in_log,
@@ -37,6 +39,7 @@ from gateway.provenance.errors import MalformedError
 from gateway.provenance.formats.attestation import receipt_countersignature
 from gateway.provenance.formats.commitments import BodyKind
 from gateway.provenance.formats.receipts import countersignature_of
+from gateway.provenance.formats.records import parse_record
 from gateway.provenance.formats.stream_body import committed_bodies, countersigned_body
 
 __all__ = ["add_open", "add_receipt"]
@@ -71,6 +74,16 @@ def add_receipt(verbs: Any) -> None:
         "countersignature for this request (env OWNGATE_AUDIT_BACKEND_KEY)",
     )
     verify.add_argument(
+        "--backend-pin",
+        action="append",
+        default=None,
+        metavar="ID=PIN",
+        help="a key backend ID's owner publishes (sha256//base64, as tls.pin_spki_sha256): "
+        "a receipt naming backend ID needs --log, whose dispatch record of it must name one "
+        "of ID's pins as the key the backend presented (the receipt itself carries no key); "
+        "repeat per backend or per key of a rotation (env OWNGATE_AUDIT_BACKEND_PIN)",
+    )
+    verify.add_argument(
         "--request-body",
         default=env("REQUEST_BODY"),
         metavar="FILE",
@@ -91,13 +104,16 @@ def add_receipt(verbs: Any) -> None:
         verify, "the --log's checkpoints/ (scanned for the one covering the entry)"
     )
     verify.set_defaults(
-        handler=guarded(_receipt_verify), _backend_key_defaults=env_list("BACKEND_KEY")
+        handler=guarded(_receipt_verify),
+        _backend_key_defaults=env_list("BACKEND_KEY"),
+        _backend_pin_defaults=env_list("BACKEND_PIN"),
     )
     receipt.set_defaults(handler=lambda _args: usage(receipt))
 
 
 def _receipt_verify(args: argparse.Namespace) -> int:
     keys = trusted_keys(args)
+    pins = backend_pins(args.backend_pin or args._backend_pin_defaults)
     envelope = read_receipt(args.file)
     receipt = verify_receipt(envelope, keys)
     names = (
@@ -159,6 +175,19 @@ def _receipt_verify(args: argparse.Namespace) -> int:
                 )
                 return 1
             print(f"ok: the backend countersigned this response body ({args.response_body})")
+    if pins and receipt.backend not in pins:
+        print(
+            f"note: the receipt names backend {shown(receipt.backend) or '(none: a refusal)'}, "
+            f"for which no --backend-pin is given ({', '.join(map(shown, sorted(pins)))} "
+            "given): the key it presented is not checked"
+        )
+    if args.log is None and receipt.backend in pins:
+        print(
+            f"error: --backend-pin checks the key the log's dispatch record of backend "
+            f"{shown(receipt.backend)} names, which the receipt does not carry: add --log LOGDIR",
+            file=sys.stderr,
+        )
+        return 2
     if args.log is None:
         if len(keys) > 1:
             # Which key was the log's when the entry was written takes its history.
@@ -172,6 +201,11 @@ def _receipt_verify(args: argparse.Namespace) -> int:
     inclusion = check_receipt_in_log(log, receipt, keys)
     size = inclusion.size
     print(f"ok: entry {receipt.index} is in the checkpoint of size {size}")
+    if check_pinned(parse_record(inclusion.entry), receipt.index, pins) is not None:
+        print(
+            f"ok: backend {shown(receipt.backend)} presented one of its "
+            f"{len(pins[receipt.backend])} pinned key(s) on the connection that carried it"
+        )
     check_receipt_key(log, envelope, receipt, keys, args.max_checkpoints)
     if statement is not None:
         index = check_countersignature_in_log(log, receipt, statement, inclusion)

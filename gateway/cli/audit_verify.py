@@ -1,5 +1,6 @@
-"""`owngate audit verify`: every entry, tile, checkpoint signature and link of a log, and
-with `--backend-key` / `--attest-log` its two-party statements."""
+"""`owngate audit verify`: every entry, tile, checkpoint signature and link of a log, with
+`--backend-pin` the keys its pinned backends presented, and with `--backend-key` /
+`--attest-log` its two-party statements."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from gateway.cli.audit_flags import (
     backend_keys,
+    backend_pins,
     env,
     env_list,
     fetch_limits,
@@ -26,6 +28,7 @@ from gateway.provenance import (
     verify_log,
 )
 from gateway.provenance.audit.attested import AttestedSummary, check_attestations, cross_check
+from gateway.provenance.audit.pinned import PinnedSummary, check_pins
 from gateway.provenance.audit.reader import read_settled
 from gateway.provenance.audit.remote import is_url, mirror_log
 from gateway.provenance.audit.report import verification_json
@@ -93,6 +96,17 @@ def add_verify(verbs: Any) -> None:
         "trusted checkpoint covers their entries (env OWNGATE_AUDIT_ACCEPT_EARLIER_KEYS=1)",
     )
     verify.add_argument(
+        "--backend-pin",
+        action="append",
+        default=None,
+        metavar="ID=PIN",
+        help="a key backend ID's owner publishes (sha256//base64, as tls.pin_spki_sha256): "
+        "every dispatch the log says went to ID must name, as the key the backend presented "
+        "on its connection, one of the pins given for ID (a record naming none, as over "
+        "plain HTTP, fails); repeat for several backends, or for several keys of one across "
+        "a rotation (env OWNGATE_AUDIT_BACKEND_PIN)",
+    )
+    verify.add_argument(
         "--backend-key",
         action="append",
         default=None,
@@ -143,6 +157,7 @@ def add_verify(verbs: Any) -> None:
     verify.set_defaults(
         handler=guarded(_verify),
         _backend_key_defaults=env_list("BACKEND_KEY"),
+        _backend_pin_defaults=env_list("BACKEND_PIN"),
         _attest_log_defaults=env_list("ATTEST_LOG"),
         _attest_checkpoint_defaults=env_list("ATTEST_CHECKPOINT"),
         _replica_log_defaults=env_list("REPLICA_LOG"),
@@ -152,6 +167,7 @@ def add_verify(verbs: Any) -> None:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    backend_pins(args.backend_pin or args._backend_pin_defaults)  # refused before any work
     files = args.checkpoint or args._checkpoint_defaults
     trusted = [Path(name).read_bytes() for name in files]
     witnesses = [witness_key(text) for text in args.witness_key or args._witness_defaults]
@@ -178,10 +194,14 @@ def _verified(
             limits=HistoryLimits(args.max_checkpoints, args.max_history_bytes),
         ),
     )
+    pins = backend_pins(args.backend_pin or args._backend_pin_defaults)
+    pinned = check_pins(logdir, summary.size, pins) if pins else None
     attested = _attested(args, logdir, summary.size, summary.origin)
     witnessed = summary.witnesses
     if args.json:
         result: dict[str, Any] = {"ok": True, **verification_json(summary)}
+        if pinned is not None:
+            result["pinned"] = pinned.dispatches
         if attested is not None:
             result["attested"] = {
                 "answers": attested.answers,
@@ -211,6 +231,8 @@ def _verified(
             f"{witnessed.min_witnesses} witness(es) ({newest}); "
             f"{summary.size - witnessed.witnessed_size} signed entries not yet witnessed"
         )
+    if pinned is not None:
+        _print_pinned(pinned, pins)
     if attested is not None:
         for origin, size in attested.replicas:
             print(f"ok: replica log {quoted(origin)}: {size} entries, checked with this one")
@@ -234,6 +256,15 @@ def _verified(
                 f"alone: {named}"
             )
     return 0
+
+
+def _print_pinned(pinned: PinnedSummary, pins: dict[str, frozenset[str]]) -> None:
+    for backend, count in pinned.dispatches.items():
+        none = " (the log dispatched nothing to it: is the id right?)" if not count else ""
+        print(
+            f"ok: backend {shown(backend)}: {count} dispatch(es), each over a connection "
+            f"presenting one of its {len(pins[backend])} pinned key(s){none}"
+        )
 
 
 def _attested(
