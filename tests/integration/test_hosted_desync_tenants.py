@@ -124,3 +124,32 @@ def test_another_tenant_never_reads_a_response_written_after_acmes_answer(
     assert ACME not in second.text
     assert second.status_code == 200, second.text
     assert second.json()["choices"][0]["message"]["content"] == OTHER
+
+
+def test_a_response_still_unread_in_the_socket_never_answers_the_next_request(
+    start_raw: Callable[[Answer], RawBackend],
+) -> None:
+    # The same desync, the second response still unread in the socket as the next request
+    # takes the connection (the event loop busy with other requests meanwhile): aiohttp
+    # would send on it and read that response as the answer. Held here by blocking the
+    # loop while the provider writes it.
+    from aiohttp import ClientSession  # loaded with LiteLLM in the gateway
+
+    from gateway.upstream.hosted_sockets import CountedConnector
+
+    answered, forged = threading.Event(), threading.Event()
+    raw = start_raw(_provider(answered, forged, _response(f"for {ACME}")))
+
+    async def two_calls() -> list[str]:
+        contents = []
+        async with ClientSession(connector=CountedConnector()) as session:
+            for asked in (ACME, OTHER):
+                body = {"messages": [{"role": "user", "content": asked}]}
+                async with session.post(raw.url + "/v1/chat/completions", json=body) as answer:
+                    contents.append((await answer.json())["choices"][0]["message"]["content"])
+                answered.set()
+                assert forged.wait(10)  # the loop held: the bytes wait unread in the socket
+        return contents
+
+    assert asyncio.run(two_calls()) == [ACME, OTHER]
+    assert len({post.connection for post in raw.posts}) == 2  # the second on a new one
