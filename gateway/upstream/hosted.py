@@ -121,7 +121,8 @@ class HostedClient:
         resolve: Resolver = system_resolver,
         max_answer_bytes: int | None = None,
     ) -> None:
-        """`timeout_s` bounds each wait on the provider (LiteLLM's `timeout`);
+        """`timeout_s` bounds each wait on the provider (LiteLLM's `timeout`), and a
+        stream's head and first chunk together;
         `response_timeout_s` a whole (non-stream) answer, however steadily it arrives;
         `resolve` looks up the hosts of URLs in content parts (gateway/upstream/media_urls.py)."""
         if backend.kind != "hosted":
@@ -193,9 +194,16 @@ class HostedClient:
         """Call the provider with a request `prepare` checked."""
         endpoint, doc, params, ignored, provider_model, litellm = prepared
         # Watched (hosted_transport.py): LiteLLM's failure to translate told from the provider's.
+        # A stream's head and first chunk by the first-byte timeout, as a private
+        # backend's (`limits.first_byte_timeout_s`): LiteLLM's own `timeout` is each read's,
+        # and a provider that kept writing header lines, interim responses or SSE comments
+        # held the attempt (and, without `limits.stream_timeout_s`, its client) for as long
+        # as it liked, never failing over.
+        is_stream = bool(params.get("stream"))
+        by = asyncio.get_running_loop().time() + self._timeout_s if is_stream else None
         with watching(self._max_answer_bytes) as outbound:
-            result = await self._call(litellm, endpoint, params, provider_model, outbound)
-            first = await self._first_chunk(result, outbound) if params.get("stream") else None
+            result = await self._call(litellm, endpoint, params, provider_model, outbound, by)
+            first = await self._first_chunk(result, outbound, by) if is_stream else None
         if not params.get("stream"):
             encode = partial(openai_wire.encode_response, endpoint, result)
             body, usage = encoded(self.provider, encode)
@@ -228,8 +236,10 @@ class HostedClient:
         params: dict[str, Any],
         provider_model: str,
         outbound: Outbound,
+        by: float | None = None,
     ) -> Any:
-        """LiteLLM's call: its result, or `HostedError`."""
+        """LiteLLM's call: its result, or `HostedError`; a stream's call returns by `by`
+        (event-loop time), a whole answer's within `response_timeout_s`."""
         call = getattr(litellm, _CALLS[endpoint])
         try:
             options = self._options(provider_model)
@@ -237,8 +247,9 @@ class HostedClient:
                 options["allowed_openai_params"] = ["user"]
             if endpoint == "completions":
                 options.update(self._text_completion_client(litellm, provider_model))
-            whole = None if params.get("stream") else self._response_timeout_s
-            async with asyncio.timeout(whole):  # a TimeoutError is classified `timeout`
+            if by is None and not params.get("stream") and self._response_timeout_s:
+                by = asyncio.get_running_loop().time() + self._response_timeout_s
+            async with asyncio.timeout_at(by):  # a TimeoutError is classified `timeout`
                 return await call(**params, **options)
         except Exception as exc:  # noqa: BLE001 - every LiteLLM failure becomes a HostedError
             failure = self._failure(exc, outbound)
@@ -313,12 +324,13 @@ class HostedClient:
             self._text_client = (loop, client)
         return {"client": self._text_client[1]}
 
-    async def _first_chunk(self, stream: Any, outbound: Outbound) -> Any:
+    async def _first_chunk(self, stream: Any, outbound: Outbound, by: float | None) -> Any:
         """The stream's first chunk; `HostedError` when the provider failed, or closed the
         stream without a chunk of its own (LiteLLM's made-up end, `made_up_end`), before
         anything was relayed: another backend may serve."""
         try:
-            first = await anext(stream)
+            async with asyncio.timeout_at(by):  # a TimeoutError is classified `timeout`
+                first = await anext(stream)
             if not made_up_end(stream):
                 return first
             failure = HostedError("protocol", f"{self.provider} closed the stream unanswered")

@@ -15,12 +15,22 @@ one when the share is full, first has the idle connection that waited longest cl
 private pool's first, then a hosted one's). Idle connections are still kept for reuse
 within the share: a hosted call does not pay a new TLS handshake each time.
 
+Every tenant's calls to a provider share its connector's idle connections, and aiohttp
+parses whatever arrives on an idle one, queuing it as the answer to the next request sent
+on it: a provider (or whoever answers at its URL) that wrote a second response after one
+tenant's answer had ended had another tenant's next request answered with it. A pooled
+connection is out of step when aiohttp holds anything of it unanswered (a response or part
+of one, bytes after an answer: its `should_close`) or bytes (or the provider's close) wait
+unread in its socket as a call takes it (`_out_of_step`): it is closed, never reused, as
+the private pools do (gateway/upstream/connection.py, `unread`).
+
 This reads aiohttp's connector state (`_conns`, `_acquired`: aiohttp 3.14.5, pinned);
 nothing here runs unless LiteLLM is loaded (aiohttp is imported with this module).
 """
 
 from __future__ import annotations
 
+import select
 from typing import Any
 
 from aiohttp import TCPConnector
@@ -61,13 +71,47 @@ class CountedConnector(TCPConnector):
         proto, _ = idle.popleft()
         if not idle:
             del self._conns[oldest]
+        self._close_idle(oldest, proto)
+
+    def _close_idle(self, key: Any, proto: Any) -> None:
+        """Close `proto`, taken out of the idle ones of `key`, as aiohttp closes one."""
         transport = proto.transport
         proto.close()
-        if oldest.is_ssl and not self._cleanup_closed_disabled:
+        if key.is_ssl and not self._cleanup_closed_disabled:
             self._cleanup_closed_transports.append(transport)
+
+    async def _get(self, key: Any, traces: Any) -> Any:
+        # Before aiohttp hands out an idle connection of `key`: those out of step closed.
+        idle = self._conns.get(key)
+        if idle:
+            for entry in [entry for entry in idle if _out_of_step(entry[0])]:
+                idle.remove(entry)
+                self._close_idle(key, entry[0])
+            if not idle:
+                del self._conns[key]
+        return await super()._get(key, traces)
 
     async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
         # aiohttp counted this one in `_acquired` already (its placeholder): opening=1
         if self._share is not None:
             self._share.make_room(opening=1)
         return await super()._create_connection(req, traces, timeout)
+
+
+def _out_of_step(proto: Any) -> bool:
+    """Whether an idle connection's protocol holds anything unanswered (aiohttp's
+    `should_close`: a queued response, part of one, bytes after an answer) or bytes or a
+    close wait unread in its socket: what it would read next is no answer to the request
+    about to be sent on it."""
+    if proto.should_close:
+        return True
+    transport = proto.transport
+    sock = None if transport is None else transport.get_extra_info("socket")
+    if sock is None:
+        return False  # no transport: aiohttp's own `is_connected` check drops it
+    try:
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):
+        return True  # cannot tell: not worth the risk
