@@ -41,28 +41,25 @@ __all__ = [
 ]
 
 _FORCED_END_S = 5.0
-# The cyclic collector's young-generation threshold in `owngate serve` (CPython: 700).
-YOUNG_GC_THRESHOLD = 10_000  # a forced shutdown: how long the requests it cancels get to answer
 
 
 def settle_heap() -> None:
-    """Before `owngate serve` takes traffic: collect once, move what the process built so
-    far (modules, config, policies, the app: ~58,000 tracked objects) out of the cyclic
-    collector's reach (`gc.freeze`), and run its young collections every
-    `YOUNG_GC_THRESHOLD` tracked allocations net of frees rather than every 700.
+    """Before `owngate serve` takes traffic: collect once, then move what the process
+    built so far (modules, config, policies, the app: ~58,000 tracked objects) out of the
+    cyclic collector's reach (`gc.freeze`).
 
-    A request allocates and frees a few thousand objects, almost all freed by reference
-    counting; with CPython's defaults the collector still ran every ~20 requests and
-    walked the whole startup heap every ~3,500 (30-100 ms each, on the event loop): ~4 %
-    of the production configuration's CPU per request (docs/performance.md, branch
-    perf16b). Cyclic garbage is still collected, in batches of at most the threshold's
-    allocations (a few MB). Only what exists now is frozen: a reference cycle among it
-    that a config reload later drops is never collected, a one-time cost of at most the
-    startup assembly (what reloads build is not frozen, and is collected as before)."""
+    With them in the oldest generation, each full collection (every ~3,500 requests of
+    the production configuration at c=16) walked them all: ~30 ms on the event loop,
+    stalling every request in flight, and about half of what the collector cost per
+    request (docs/performance.md, branch perf16b). The collector's thresholds are left
+    as CPython sets them: a young collection every ~700 allocations is what bounds the
+    memory held by reference cycles a request leaves (a refused request's exception
+    and its frames can hold its body), and a higher one multiplied it. Only what exists
+    now is frozen: a reference cycle among it that a config reload later drops is never
+    collected, a one-time cost of at most the startup assembly (what reloads build is
+    not frozen, and is collected as before)."""
     gc.collect()
     gc.freeze()
-    _young, middle, old = gc.get_threshold()
-    gc.set_threshold(YOUNG_GC_THRESHOLD, middle, old)
 
 
 def bind_socket(
