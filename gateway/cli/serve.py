@@ -159,6 +159,7 @@ def _serve(
         DrainingServer,
         bind_socket,
         run_beside,
+        settle_heap,
         uvicorn_config,
     )
     from gateway.workers import for_worker
@@ -217,6 +218,7 @@ def _serve(
         on_drain=app.begin_drain,
         drained=app.drained,
     )
+    settle_heap()  # after the app is built, before the first request
     try:
         if admin is None:
             run_beside(server, [sock])
