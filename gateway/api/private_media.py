@@ -20,7 +20,8 @@ backend's `media_urls:` (gateway/config/media.py), before its dispatch record:
 - a string that starts with a scheme (`xxx:`) must be `data:` or an http(s) URL
   (`file:`, `gopher:`, `ftp:`, ... refused);
 - one where a URL stands (a part's `url`, or a URL part's own string value:
-  `"image_url": "..."`) must start with one: a bare path or raw base64 is refused there;
+  `"image_url": "..."`), or that starts with `http` (llama.cpp fetches any such string),
+  must be one of those: a bare path or raw base64 is refused there;
 - an http(s) URL must be one every fetcher reads alike, to a host that is not a literal
   non-public address (loopback, private, link-local, CGNAT, ULA, IPv4-mapped; decimal,
   octal and hex IPv4 forms read as the address they are) and not a `localhost` name
@@ -95,7 +96,9 @@ class MediaRefs:
             try:
                 host = remote_host(value)
             except BadURL as exc:
-                if _has_scheme(value) or url_place:
+                # llama.cpp fetches any string that starts with `http` (`http@127.0.0.1`
+                # reads as user `http` at 127.0.0.1 to a parser that guesses the scheme).
+                if url_place or _has_scheme(value) or value[:4].lower() == "http":
                     return cls(_refuse(where, f"{_PUBLIC} ({exc})"), hosts)
                 continue  # no scheme, where no URL stands: text or base64 (`input_audio.data`)
             if host.address is not None and not is_public_address(host.address):

@@ -138,6 +138,10 @@ def test_urls_fetchers_read_differently_are_bad(url: str) -> None:
             chat({"type": "file", "file": {"file_data": "file:///etc/shadow"}}),
             "messages[0].content[0]",
         ),
+        (  # llama.cpp fetches what starts with `http`; a guessed scheme reads a user `http`
+            chat({"type": "input_audio", "input_audio": {"data": "http@127.0.0.1/"}}),
+            "messages[0].content[0]",
+        ),
         (
             {
                 "model": "m",
