@@ -39,9 +39,12 @@ from gateway.api.hosted_relay import HostedRelay, NotSent
 from gateway.api.labels import UNKNOWN, excerpt
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.passthrough import PrivateRelay
+from gateway.api.private_media import MediaRefs
 from gateway.api.recorded_attempt import recorded
 from gateway.api.recorder import Recorder
 from gateway.api.refusal import (
+    HOSTED_CHECKS_RULE,
+    MEDIA_URLS_RULE,
     Refused,
     diagnosis,
     hosted_unavailable,
@@ -113,6 +116,7 @@ class Proxy:
         tenant = standing.tenant
         doc = parse_body(body, scan)  # scan: `scan_body(body)`
         refuse_control_fields(doc, body)  # a router's and an inference server's own fields
+        media = MediaRefs.of(doc, body)  # URLs a private backend would fetch; None: none
         model = doc.get("model")
         if not isinstance(model, str) or not model:
             raise GatewayError(
@@ -149,7 +153,9 @@ class Proxy:
         exchange.decision = decided.decision
         unwatch = watch_disconnect(receive, exchange)
         try:
-            await self._dispatch(exchange, standing, decided, model, doc, body, upstream_path, send)
+            await self._dispatch(
+                exchange, standing, decided, model, doc, body, media, upstream_path, send
+            )
         except Refused as refused:  # nothing was dispatched (`_dispatch` says so)
             await self._refused(exchange, refused)
             raise
@@ -189,6 +195,7 @@ class Proxy:
         model: str,
         doc: dict[str, Any],
         body: bytes,
+        media: MediaRefs | None,
         upstream_path: bytes,
         send: Send,
     ) -> None:
@@ -199,7 +206,10 @@ class Proxy:
         traced = exchange.span
         if traced is not None:
             traced.requested(doc)
-        unsent: GatewayError | None = None  # the first hosted refusal before sending
+        # The first refusal before sending (a hosted provider's checks, a private backend's
+        # media URLs), and the rule its refusal record names.
+        unsent: GatewayError | None = None
+        unsent_rule = HOSTED_CHECKS_RULE
         for attempt in plan:  # in flight from here: reported however it ends
             outcome, reason, busy, span = Outcome.ended, "", False, None
             try:
@@ -212,11 +222,19 @@ class Proxy:
                     outcome, reason = Outcome.skipped, withdrawn
                     continue
                 prepared = None
+                if attempt.private and media is not None:  # before its dispatch record
+                    refused = media.refusal(attempt.backend.config.media_urls)
+                    if refused is not None:  # not sent: no record, the next one may serve
+                        outcome, reason = Outcome.skipped, f"{attempt.backend.id}: media URL"
+                        if unsent is None:
+                            unsent, unsent_rule = refused, MEDIA_URLS_RULE
+                        continue
                 if not attempt.private:  # checked before its dispatch record, sent nothing
                     try:
                         prepared = await hosted.prepare(exchange, attempt, doc)
                     except NotSent as exc:
-                        outcome, reason, unsent = Outcome.skipped, exc.reason, unsent or exc.error
+                        outcome, reason = Outcome.skipped, exc.reason
+                        unsent = unsent or exc.error
                         plan.hosted_down |= exc.hosted_down  # LiteLLM did not load: no hosted
                         continue
                 if traced is not None:  # tracing on: the attempt's span (gateway/tracing)
@@ -270,7 +288,7 @@ class Proxy:
         if plan.hosted_down:  # nothing dispatched, LiteLLM did not load: 503, a refusal record
             raise hosted_unavailable(decision, model, exchange.request_id.decode())
         if unsent is not None:  # nothing dispatched: the client's 400, a refusal record
-            raise not_sent(unsent, decision)
+            raise not_sent(unsent, decision, unsent_rule)
         raise nothing_served(decision, model, exchange.request_id.decode())
 
     async def _refused(self, exchange: Exchange, refused: Refused) -> None:

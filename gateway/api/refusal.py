@@ -6,8 +6,9 @@ per-backend trace, never a rule read back out of the message. Only the proxy rai
 and only while nothing of the request has been dispatched: once a dispatch record is
 written, a failure is an attempt's outcome (a completion record), never a refusal.
 Besides the policy's own refusals: `nothing_served` (no backend the policy admits was
-available), `not_sent` (every hosted provider the plan came to refused the request
-before it was sent, and nothing else was dispatched) and `hosted_unavailable` (LiteLLM
+available), `not_sent` (every backend the plan came to refused the request before it
+was sent: a hosted provider's checks, a private backend's media URLs; and nothing else
+was dispatched) and `hosted_unavailable` (LiteLLM
 did not load, so no hosted provider could be called, and nothing else was dispatched) and
 `lapsed` (the request's key was revoked, removed or given to another tenant, or its model
 taken from the tenant, while it was in flight, before anything was dispatched:
@@ -26,6 +27,7 @@ from gateway.policy import Decision
 __all__ = [
     "HOSTED_CHECKS_RULE",
     "HOSTED_UNAVAILABLE_RULE",
+    "MEDIA_URLS_RULE",
     "REFUSAL_CODES",
     "TENANT_RULE",
     "UNSERVED_CHARS",
@@ -45,6 +47,7 @@ REFUSAL_CODES: Final = frozenset(
         ErrorCode.unknown_data_class,
         ErrorCode.no_compliant_backend,
         ErrorCode.upstream_bad_request,  # `not_sent`
+        ErrorCode.invalid_request,  # `not_sent`: a media URL no private backend may fetch
         ErrorCode.backend_unavailable,  # `hosted_unavailable`
         ErrorCode.invalid_api_key,  # `lapsed`
         ErrorCode.model_not_found,  # `lapsed`
@@ -60,6 +63,10 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9 ./:()_-]")
 # The `rule` of a `not_sent` refusal: no policy rule refused, the gateway's own checks of
 # what it sends a hosted provider did (gateway/upstream/hosted.py `HostedClient.prepare`).
 HOSTED_CHECKS_RULE: Final = "owngate/hosted_request"
+# The `rule` of a `not_sent` refusal whose first refused attempt was a private one: no
+# policy rule refused, the media URLs it would have had the backend fetch did
+# (gateway/api/private_media.py, the backend's `media_urls:`).
+MEDIA_URLS_RULE: Final = "owngate/media_urls"
 # The `rule` of a `hosted_unavailable` refusal: no policy rule refused, LiteLLM (which
 # every hosted call goes through) could not be loaded (gateway/upstream/hosted.py).
 HOSTED_UNAVAILABLE_RULE: Final = "owngate/hosted_unavailable"
@@ -91,12 +98,13 @@ class Refused(GatewayError):
         self.rule: Final = rule
 
 
-def not_sent(error: GatewayError, decision: Decision) -> Refused:
-    """The refusal of a request that every hosted provider the plan came to refused
-    before anything was sent (and that nothing was dispatched for): the first such 400
-    `upstream_bad_request`, as the client gets it, with the decision whose fallback led
-    there."""
-    return Refused(error.code, error.message, decision, HOSTED_CHECKS_RULE, param=error.param)
+def not_sent(error: GatewayError, decision: Decision, rule: str = HOSTED_CHECKS_RULE) -> Refused:
+    """The refusal of a request that every backend the plan came to refused before
+    anything was sent (and that nothing was dispatched for): the first such 400, as the
+    client gets it (a hosted provider's checks: `upstream_bad_request`,
+    `HOSTED_CHECKS_RULE`; a private backend's media URLs: `invalid_request`,
+    `MEDIA_URLS_RULE`), with the decision whose plan led there."""
+    return Refused(error.code, error.message, decision, rule, param=error.param)
 
 
 def hosted_unavailable(decision: Decision, model: str, request_id: str) -> Refused:

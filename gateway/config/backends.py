@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from gateway.config.base import Identifier, _Strict
 from gateway.config.bedrock_profiles import check_bedrock_profiles, check_bedrock_regions
+from gateway.config.media import MediaUrlSettings
 from gateway.config.openai_regions import check_openai_region
 from gateway.config.provider_routes import check_route, is_azure
 from gateway.config.routing import BreakerSettings
@@ -205,6 +206,11 @@ class BackendSettings(_Strict):
         description="the server partitions its prefix cache by `cache_salt` (vLLM, SGLang): "
         "the gateway sets it per tenant",
     )
+    media_urls: MediaUrlSettings = Field(
+        default=MediaUrlSettings(),
+        description="private backends: the http(s) media URLs it may be sent to fetch "
+        "(gateway/config/media.py)",
+    )
 
     @field_validator("provider", mode="before")
     @classmethod
@@ -303,6 +309,11 @@ class BackendSettings(_Strict):
             )
         if self.isolate_prefix_cache:
             self._salted()
+        if self.kind == "hosted" and "media_urls" in self.model_fields_set:
+            raise ValueError(
+                "media_urls applies to private backends: a hosted provider's URLs are checked "
+                "by the gateway's hosted rule (public hosts, resolved)"
+            )
         if self.attest is not None:
             if self.kind not in PRIVATE_KINDS:
                 raise ValueError("attest is for private backends (hosted ones cannot countersign)")

@@ -16,8 +16,10 @@ the same way and named by the message (`messages[1].images`).
 
 `check_media_urls` therefore admits, in a hosted request, only:
 - `data:` URLs (the content itself), anywhere;
-- `http(s)` URLs whose host is, or resolves only to, public addresses (Python's
-  `ip.is_global`, not multicast, and not the cloud fabric addresses LiteLLM also blocks),
+- `http(s)` URLs whose host is, or resolves only to, public addresses
+  (gateway/media_hosts.py `is_public_address`: Python's `ip.is_global`, not multicast, not
+  the cloud fabric addresses LiteLLM also blocks, an IPv6 address embedding an IPv4 one
+  judged by that one),
   except for providers whose adapter downloads without LiteLLM's guard (`gigachat`),
   which get `data:` URLs only.
 Any other scheme (`file:`, `gs:`, `s3:`, `ftp:`) is refused, and so is a reference to a
@@ -59,6 +61,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from gateway.media_hosts import is_public_address
 from gateway.upstream.openai_shapes import InvalidField, content_parts
 
 __all__ = [
@@ -78,11 +81,6 @@ _lookups: ThreadPoolExecutor | None = None  # made on the first lookup (nothing 
 # Providers whose LiteLLM adapter downloads a URL without LiteLLM's address guard.
 _UNGUARDED: Final = frozenset({"gigachat"})
 _SCHEME: Final = re.compile(r"\s*([A-Za-z][A-Za-z0-9+.\-]*):")
-# Public by `is_global`, yet reachable only from inside a cloud (as LiteLLM's list).
-_FABRIC: Final = (
-    ipaddress.ip_network("168.63.129.16/32"),  # Azure Wire Server
-    ipaddress.ip_network("192.0.0.0/24"),
-)
 _MAX_DEPTH: Final = 6
 # A message's own list of images beside its content: LiteLLM's shape of the images a
 # Gemini model generated (`message.images[k].image_url.url`), which its Gemini and Vertex
@@ -256,16 +254,4 @@ async def _public(
         if found is None:
             return False
         addresses = found
-    return bool(addresses) and all(_is_public(a) for a in addresses)
-
-
-def _is_public(address: str) -> bool:
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if not ip.is_global or ip.is_multicast:
-        return False
-    return not any(ip in net for net in _FABRIC)
+    return bool(addresses) and all(is_public_address(a) for a in addresses)

@@ -1,0 +1,200 @@
+"""Media URLs a private backend would fetch: none inside the organisation's network.
+
+vLLM, llama.cpp and SGLang download the media a request names by URL themselves: vLLM
+an `image_url`, `audio_url` or `video_url` part (a part without `type` too, read by its
+keys), llama.cpp an `image_url`, and an `input_audio` or `input_video` whose `data` is a
+URL, SGLang an `image_url`, `audio_url` or `video_url`. The fetch comes from the GPU host,
+inside the network, and vLLM makes the bytes model input the client reads back: a client
+could have it read `http://169.254.169.254/latest/meta-data/`, `http://127.0.0.1:6379/` or
+`http://10.0.0.5/admin`. vLLM opens `file:` URLs under `--allowed-local-media-path`,
+llama.cpp `file://` ones under `--media-path`, SGLang a bare path ending in an image
+extension (and any existing file as a video).
+
+`MediaRefs.of` finds every string that may be such a reference: in each chat message's
+content parts (every key but the part's `type` and `text`, to any depth; `content`,
+`type` and `text` in any case too, as a server in Go reads names), in a message's
+`images`, and in llama.cpp's prompt objects (`multimodal_data` of a completion's
+`prompt`, an embedding's `input` or `content`). `refusal` then judges them for one
+backend's `media_urls:` (gateway/config/media.py), before its dispatch record:
+
+- a string that starts with a scheme (`xxx:`) must be `data:` or an http(s) URL
+  (`file:`, `gopher:`, `ftp:`, ... refused);
+- one where a URL stands (a part's `url`, or a URL part's own string value:
+  `"image_url": "..."`), or that starts with `http` (llama.cpp fetches any such string),
+  must be one of those: a bare path or raw base64 is refused there;
+- an http(s) URL must be one every fetcher reads alike, to a host that is not a literal
+  non-public address (loopback, private, link-local, CGNAT, ULA, IPv4-mapped; decimal,
+  octal and hex IPv4 forms read as the address they are) and not a `localhost` name
+  (gateway/media_hosts.py); and then what the backend's `media_urls:` allows.
+
+A DNS name that resolves to a private address is not decided here: the server resolves
+it again when it fetches, and the answer may change in between (DNS rebinding). The
+backend's own settings close that (docs/security.md: vLLM's `--allowed-media-domains`
+and `VLLM_MEDIA_URL_ALLOW_REDIRECTS=0`, an egress firewall). Text parts are not read: a
+URL in prose is text. A body with no array content and no llama.cpp prompt object (every
+plain chat) is not walked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Final
+
+from gateway.config.media import MediaUrlSettings
+from gateway.errors import ErrorCode, GatewayError
+from gateway.media_hosts import BadURL, is_local_name, is_public_address, remote_host
+
+__all__ = ["MAX_REMOTE", "MediaRefs"]
+
+MAX_REMOTE: Final = 256
+"""The most http(s) media URLs a request may hold (each is parsed once)."""
+_MAX_DEPTH: Final = 6
+_SKIPPED: Final = frozenset({"type", "text"})  # a part's kind and its prose
+_URL_KEYS: Final = frozenset({"url", "image_url", "video_url", "audio_url"})
+_PROMPT_KEYS: Final = ("prompt", "input", "content")  # llama.cpp prompt objects' holders
+_PROMPT_TEXT: Final = "prompt_string"
+_NEEDLES: Final = (b"multimodal_data", b"\\u")
+_PUBLIC: Final = (
+    "a `data:` URL or an http(s) URL to a public host: the private backend fetches it from "
+    "inside the network"
+)
+
+
+class MediaRefs:
+    """The media URLs of one request (`of`), judged for each private backend (`refusal`)."""
+
+    __slots__ = ("_hosts", "_refused")
+
+    def __init__(self, refused: GatewayError | None, hosts: list[tuple[str, str]]) -> None:
+        self._refused = refused  # refused whatever the backend allows
+        self._hosts = hosts  # (where, host name) of each http(s) URL
+
+    @classmethod
+    def of(cls, doc: Mapping[str, Any], body: bytes) -> MediaRefs | None:
+        """The media URLs of the request `doc` (parsed from `body`), or None when it names
+        none (most requests: nothing is parsed for them)."""
+        # Hot path: plain chat messages (a role and a string content) and no llama.cpp
+        # prompt object, looked at without a Python call.
+        messages = doc.get("messages")
+        for message in messages if isinstance(messages, list) else ():
+            if not isinstance(message, dict) or len(message) > 2:
+                break
+            if not isinstance(message.get("content", ""), str):
+                break
+        else:
+            for name in _PROMPT_KEYS:  # a chat body has none: no search of its bytes
+                if isinstance(doc.get(name), (dict, list)) and (
+                    body.find(_NEEDLES[0]) >= 0 or body.find(_NEEDLES[1]) >= 0
+                ):
+                    break
+            else:
+                return None
+        hosts: list[tuple[str, str]] = []
+        for where, value, url_place in _references(doc, body):
+            if value.startswith("data:"):  # as llama.cpp and SGLang read it: lowercase
+                continue
+            try:
+                host = remote_host(value)
+            except BadURL as exc:
+                # llama.cpp fetches any string that starts with `http` (`http@127.0.0.1`
+                # reads as user `http` at 127.0.0.1 to a parser that guesses the scheme).
+                if url_place or _has_scheme(value) or value[:4].lower() == "http":
+                    return cls(_refuse(where, f"{_PUBLIC} ({exc})"), hosts)
+                continue  # no scheme, where no URL stands: text or base64 (`input_audio.data`)
+            if host.address is not None and not is_public_address(host.address):
+                why = "a loopback, private, link-local or other non-public address"
+                return cls(_refuse(where, f"{_PUBLIC} (its host is {why})"), hosts)
+            if host.address is None and is_local_name(host.name):
+                return cls(_refuse(where, f"{_PUBLIC} (its host is a `localhost` name)"), hosts)
+            hosts.append((where, host.name))
+            if len(hosts) > MAX_REMOTE:
+                return cls(_refuse("messages", f"at most {MAX_REMOTE} http(s) media URLs"), hosts)
+        return cls(None, hosts) if hosts else None
+
+    def refusal(self, settings: MediaUrlSettings) -> GatewayError | None:
+        """The 400 for a backend with `settings` (`media_urls:`), or None: it may have it."""
+        if self._refused is not None:
+            return self._refused
+        if settings.remote == "public":
+            return None
+        listed = settings.hosts
+        for where, host in self._hosts:
+            if host not in listed:
+                allowed = "a `data:` URL" + (
+                    " or an http(s) URL to a host this model's backend fetches from"
+                    if listed
+                    else " (this model's backend fetches no URL)"
+                )
+                return _refuse(where, allowed)
+        return None
+
+
+def _refuse(where: str, expected: str) -> GatewayError:
+    return GatewayError(ErrorCode.invalid_request, f"`{where}` must be {expected}", param=where)
+
+
+def _has_scheme(value: str) -> bool:
+    """Whether `value` starts with a URI scheme and its colon (RFC 3986)."""
+    colon = value.find(":", 0, 40)
+    return (
+        colon > 0
+        and value[0].isalpha()
+        and value[:colon].isascii()
+        and all(c.isalnum() or c in "+.-" for c in value[:colon])
+    )
+
+
+def _references(doc: Mapping[str, Any], body: bytes) -> Iterator[tuple[str, str, bool]]:
+    """(where, string, whether a URL stands there) for each string a server may read as a
+    media reference."""
+    messages = doc.get("messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else ()):
+        if not isinstance(message, dict):
+            continue
+        for key, value in message.items():
+            folded = key.casefold() if len(key) in (6, 7) else ""
+            if folded == "content" and isinstance(value, list):
+                for j, part in enumerate(value):
+                    if isinstance(part, dict):
+                        yield from _part(f"messages[{i}].{key}[{j}]", part)
+            elif folded == "images":
+                yield from _strings(f"messages[{i}].{key}", value, True, 0)
+    # llama.cpp's prompt objects: only in a body that names them (or may, escaped).
+    if body.find(_NEEDLES[0]) < 0 and body.find(_NEEDLES[1]) < 0:
+        return
+    for name in _PROMPT_KEYS:
+        value = doc.get(name)
+        items = value if isinstance(value, list) else [value]
+        for k, item in enumerate(items):
+            if isinstance(item, dict):
+                where = f"{name}[{k}]" if isinstance(value, list) else name
+                for key, inner in item.items():
+                    if key != _PROMPT_TEXT:
+                        yield from _strings(f"{where}.{key}", inner, False, 1)
+
+
+def _part(where: str, part: dict[str, Any]) -> Iterator[tuple[str, str, bool]]:
+    for key, value in part.items():
+        folded = key.casefold()
+        if folded in _SKIPPED:
+            continue
+        yield from _strings(where, value, folded in _URL_KEYS, 1)
+
+
+def _strings(
+    where: str, value: Any, url_place: bool, depth: int
+) -> Iterator[tuple[str, str, bool]]:
+    if isinstance(value, str):
+        yield where, value, url_place
+    elif depth >= _MAX_DEPTH:
+        raise GatewayError(
+            ErrorCode.invalid_request, f"`{where}` nests at most {_MAX_DEPTH} deep", param=where
+        )
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            folded = key.casefold()
+            if folded != "type":
+                yield from _strings(where, item, folded == "url", depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(where, item, False, depth + 1)
