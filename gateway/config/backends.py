@@ -309,7 +309,9 @@ class BackendSettings(_Strict):
             )
         if self.isolate_prefix_cache:
             self._salted()
-        if self.kind == "hosted" and "media_urls" in self.model_fields_set:
+        # Its default is what a dumped configuration carries back (a reload, a test's
+        # round trip): only another setting is a mistake on a hosted backend.
+        if self.kind == "hosted" and self.media_urls != MediaUrlSettings():
             raise ValueError(
                 "media_urls applies to private backends: a hosted provider's URLs are checked "
                 "by the gateway's hosted rule (public hosts, resolved)"

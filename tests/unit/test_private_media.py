@@ -229,6 +229,21 @@ def test_media_urls_is_for_private_backends() -> None:
         BackendSettings.model_validate({**hosted, "media_urls": {"remote": "none"}})
 
 
+def test_a_dumped_hosted_backend_validates_again() -> None:
+    # A reload or a round trip carries the default back, set: not a hosted mistake.
+    hosted = {
+        "id": "h",
+        "kind": "hosted",
+        "provider": "openai",
+        "models": [{"name": "m", "provider_model": "openai/gpt-4o"}],
+        "region": "us",
+        "owner": "openai",
+        "api_key_env": "K",
+    }
+    dumped = BackendSettings.model_validate(hosted).model_dump()
+    assert BackendSettings.model_validate(dumped).media_urls.remote == "public"
+
+
 def test_at_most_max_remote_urls() -> None:
     urls = [image(f"https://images.example.com/{i}.png") for i in range(MAX_REMOTE + 1)]
     refused = refusal(chat(*urls))
