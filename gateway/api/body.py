@@ -25,6 +25,8 @@ fields must mean one thing, to the gateway and to whatever reads the body after 
   while the gateway reads it as false is refused.
 - Nesting deeper than `MAX_DEPTH` objects and arrays is refused: the gateway and the
   libraries after it (re-encoding, LiteLLM) recurse over the document.
+- An integer literal outside the 64-bit range, anywhere in the body, is refused: a body
+  re-encoded would carry another number (gateway/api/body_integers.py).
 
 Every refusal is a 400 `invalid_request` (or `invalid_json` for what is not JSON).
 """
@@ -39,6 +41,7 @@ from typing import Any, Final, NamedTuple
 
 import orjson
 
+from gateway.api.body_integers import check_integers, long_digit_run
 from gateway.api.usage_bound import READ_FIELDS
 from gateway.body_budget import held_for_characters
 from gateway.errors import ErrorCode, GatewayError
@@ -159,6 +162,7 @@ def parse_body(body: bytes, scan: BodyScan | EllipsisType | None = ...) -> dict[
             param=folded,
         )
     _check_stream_fields(doc)
+    check_integers(body, None if scan is None else scan.digits)
     return doc
 
 
@@ -259,6 +263,7 @@ class BodyScan(NamedTuple):
     brackets: int  # `{` and `[` outside strings: no deeper nesting is possible
     commas: int  # `,` outside strings (with the brackets, no more values); -1: not counted
     once: bool  # no decided-on name is written twice, in any spelling
+    digits: bool = True  # 19 digits in a row outside strings (body_integers.py)
 
 
 def scan_body(body: bytes) -> BodyScan | None:
@@ -274,6 +279,7 @@ def scan_body(body: bytes) -> BodyScan | None:
     # one piece at the end: two or three counts per string cost more than the copy.
     gaps: list[bytes] = []
     brackets, commas, once, end = 0, 0, True, -1
+    digits = False
     # Commas too (`held_bound`): in the gathered stretches always (one count), in the
     # long ones only in a long body (below it, one pass over the body costs less than a
     # count per long stretch: `held_bound` takes it when `commas` is -1).
@@ -290,6 +296,7 @@ def scan_body(body: bytes) -> BodyScan | None:
                 commas += body.count(b",", end + 1, start)
             else:
                 counted = False
+            digits = digits or long_digit_run(body, end + 1, start)
         else:
             gaps.append(body[end + 1 : start])
         end = body.find(b'"', start + 1)
@@ -314,7 +321,9 @@ def scan_body(body: bytes) -> BodyScan | None:
     brackets += _brackets(body, end + 1, size) + _brackets(between, 0, len(between))
     if counted:
         commas += body.count(b",", end + 1, size) + between.count(b",")
-    return BodyScan(brackets, commas if counted else -1, once)
+    # (the gaps joined may put two digit runs together: the exact check then decides)
+    digits = digits or long_digit_run(body, end + 1, size) or long_digit_run(between)
+    return BodyScan(brackets, commas if counted else -1, once, digits)
 
 
 def _brackets(body: bytes, start: int, end: int) -> int:

@@ -257,6 +257,7 @@ class HostedRelay:
             return
         await start_stream(send, exchange, 200, b"text/event-stream")
         first = True
+        done = False  # the gateway's own `[DONE]` was handed to the client's connection
         try:
             async with asyncio.timeout_at(ends_by):
                 async for data in response.chunks():
@@ -269,16 +270,19 @@ class HostedRelay:
                         # The gateway's own `[DONE]` (openai_wire), the last event, went
                         # out: the client has the whole answer, and one that leaves now
                         # (the SDKs close here) is recorded with it, its usage included.
-                        exchange.read_whole = True
+                        done = True
+                        _taken(exchange)
                         if response.usage is not None and exchange.trail is not None:
                             exchange.trail.reported(response.usage)
             attempt.succeeded()  # judged by how the stream ended
         except (HostedError, TimeoutError) as exc:
+            if done:
+                _taken(exchange)  # (what the write buffer held may be out now)
             if client_left(exchange):
                 raise asyncio.CancelledError from exc
-            if exchange.read_whole:  # after `[DONE]` (LiteLLM's close, the stream
-                # timeout): the client read the answer whole; it ends as its end would,
-                # never with an error event after `[DONE]`
+            if done:  # after `[DONE]` (LiteLLM's close, the stream timeout): the
+                # client reads the answer whole; it ends as its end would, never with an
+                # error event after `[DONE]`
                 attempt.succeeded()
                 await end_stream(send, exchange)
                 return
@@ -295,6 +299,8 @@ class HostedRelay:
             )
             code = ErrorCode.upstream_timeout if kind == "timeout" else ErrorCode.upstream_error
             await break_stream(send, exchange, GatewayError(code, message))
+        if done:
+            _taken(exchange)  # (what the write buffer held may be out now)
         if response.usage is not None and exchange.trail is not None:
             exchange.trail.reported(response.usage)  # also when the client did not ask for it
         await end_stream(send, exchange)
@@ -345,3 +351,19 @@ def _judge(attempt: Attempt, exc: HostedError) -> None:
         attempt.failed(f"{exc.kind}: {exc.message}")
     elif exc.status is not None and exc.status >= 500:
         attempt.failed(exc.message)
+
+
+def _taken(exchange: Exchange) -> None:
+    """The gateway's `[DONE]` was handed to the client's connection: once the kernel took
+    it (the connection's write buffer in this process holds none of it,
+    `BodyWriter.unsent`, as for a private stream: gateway/api/stream_relay.py `_sent`),
+    the client has the whole answer (`Exchange.read_whole`), and one that leaves now is
+    recorded with it. One still in that buffer (a client that stopped reading, its
+    socket buffers full) never left the gateway, and a reset drops it: a client that
+    leaves then is 499. Asked again at the stream's end."""
+    if exchange.read_whole or client_left(exchange):
+        return
+    writer = exchange.writer
+    if writer is not None and writer.unsent:  # not the kernel's yet: maybe never sent
+        return
+    exchange.read_whole = True

@@ -147,22 +147,24 @@ class StreamRelay:
             _sent(exchange, watch, tail)  # (what the write buffer held may be out now)
             watch.end()  # the receipt line ends the client's last event
             if response.ended_by_close and not _ended(watch):
-                # No framing: the close ended the body, and before `[DONE]` the close is
-                # the backend dying, not the stream ending.
+                # No framing: the close ended the body, and before `[DONE]` (or the
+                # backend's error event) the close is the backend dying, not its end.
                 raise UpstreamError("closed", "the stream ended without data: [DONE]")
         except UpstreamError as exc:
             if client_left(exchange):
                 raise asyncio.CancelledError from exc
             self._metrics.upstream_error(backend.id, exc.kind)
             watch.end()  # what ends the backend's event before the error event ends it
-            if watch.events.done and tail is None:
-                # The client's SDK stopped at an event whose data starts `[DONE]`: it read
-                # a complete answer, so the failure after it (a hang past the read
-                # timeout, a cut) ends the stream as its end would, never with an error
-                # event after [DONE] and a record saying 502/504 for it. A `data: [DONE]`
-                # line that is not its event's first data line (`watch.done` alone) is no
-                # end to the SDK, whose JSON read of that event raises. (An attested
-                # answer is whole only with the countersignature that follows [DONE].)
+            if _ended(watch) and tail is None:
+                # The client's SDK stopped at an event whose data starts `[DONE]` (it read
+                # a complete answer) or at the backend's error event (it raised it): the
+                # failure after it (a hang past the read timeout, a cut) ends the stream
+                # as its end would, never with an error event the SDK does not read and
+                # a record saying 502/504 for it (one that left there is recorded so
+                # too, `_sent`). A `data: [DONE]` line that is not its event's first
+                # data line (`watch.done` alone) is no end to the SDK, whose JSON read of
+                # that event raises. (An attested answer is whole only with the
+                # countersignature that follows [DONE].)
                 return None, _open(last)
             broke = exc.kind
             error = GatewayError(
@@ -214,12 +216,14 @@ def _sent(exchange: Exchange, watch: StreamWatch, tail: SseTail | None) -> None:
 
 
 def _ended(watch: StreamWatch) -> bool:
-    """Whether a body ended by its connection's close is a whole stream: the SDK read a
-    `[DONE]` event in it (a `data: [DONE]` line that is not its event's first `data`
-    line is none: the SDK's JSON read of the joined data raises), or it stopped at the
-    backend's error event and a `[DONE]` line followed (a stream that ended with the
-    error, as before)."""
-    return watch.events.done or (watch.events.error_event and watch.done)
+    """Whether the client's SDK stopped reading the stream at its end: at a `[DONE]`
+    event (a `data: [DONE]` line that is not its event's first `data` line is none: the
+    SDK's JSON read of the joined data raises), or at the backend's error event, which
+    it raises, whatever follows (a `[DONE]` line, the connection's close, a failure):
+    the client saw the same in each, as did one that left there (`_sent`: 200,
+    `stream_error`). Before, a close without `[DONE]` after it was `502` with the
+    gateway's error event, which the SDK never reads."""
+    return watch.events.done or watch.events.error_event
 
 
 def _open(last: bytes) -> bool:

@@ -225,15 +225,23 @@ def media_parts(ask: Mapping[str, Any] | None) -> int:
 
 
 def _media_part(item: Any) -> bool:
-    """Whether a content part is not text by any key that is `type` in some case."""
+    """Whether a content part is not text by any key that is `type` in some case. A
+    `type` that is `null` beside a key other than `text` counts too: it may be the last
+    copy of a repeated `type` (`{"type": "image_url", "image_url": ..., "type": null}`),
+    which JSON parsers that keep the last read as none, while Go's encoding/json leaves
+    a string field as it was for a `null`: an image to such a server."""
     if not isinstance(item, dict):
         return False
-    if item.get("type") not in ("text", None):
+    kind = item.get("type", "text")
+    if kind != "text" and (kind is not None or any(k not in _TEXT_PART for k in item)):
         return True
     return len(item) > 1 and any(
         len(k) == 4 and k != "type" and k.casefold() == "type" and v not in ("text", None)
         for k, v in item.items()
     )
+
+
+_TEXT_PART: Final = frozenset(("type", "text"))
 
 
 def _folded(holder: Any, name: str) -> list[str]:

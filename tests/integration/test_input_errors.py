@@ -193,6 +193,44 @@ def test_null_stream_fields_pass(body: bytes) -> None:
     assert parse_body(body)["model"] == "a"
 
 
+# -- integers past 64 bits ------------------------------------------------------------------
+
+# Many strings: `scan_body` does not walk them, the whole body is searched for digits.
+_STRINGS = b", ".join(b'"s%d": "%d"' % (i, i) for i in range(300))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "a", "seed": 18446744073709551616}',  # 2**64: orjson reads a float
+        b'{"model": "a", "seed": -9223372036854775809}',  # -2**63 - 1
+        b'{"model": "a", "logit_bias": {"1": 100000000000000000000000000000}}',
+        b'{"model": "a", "x": [[{"y": 1, "z": 123456789012345678901234567890}]]}',
+        b'{"model": "a", "input": [' + b"1, " * 40 + b'18446744073709551616, 2], "n": 1}',
+        b'{"model": "a", ' + _STRINGS + b', "seed": 99999999999999999999}',
+        b'{"model": "a", "x": "' + b"9" * 100 + b'", "seed": 18446744073709551616}',
+    ],
+)
+def test_an_integer_outside_64_bits_is_refused(body: bytes) -> None:
+    """Re-encoded (an alias, stream usage, a cache salt, a hosted request), such an
+    integer became a float: the backend would read another number than the client sent."""
+    error = refused(body)
+    assert error.code.value == "invalid_request" and "64-bit" in error.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "a", "seed": 18446744073709551615, "x": -9223372036854775808}',
+        b'{"model": "a", "seed": 1e19, "x": 12345678901234567890.5}',  # float literals
+        b'{"model": "a", "prompt": "18446744073709551616999"}',  # digits in a string
+        b'{"model": "a", ' + _STRINGS + b', "p": "99999999999999999999999"}',
+    ],
+)
+def test_integers_within_64_bits_and_digits_in_strings_pass(body: bytes) -> None:
+    assert parse_body(body)["model"] == "a"
+
+
 # -- over the wire ---------------------------------------------------------------------------
 
 
@@ -231,6 +269,8 @@ def _post(gateway: Gateway, body: bytes, **headers: str) -> httpx.Response:
             b'"messages": [{"role": "user", "content": "hi"}]}',
             None,
         ),
+        # An alias with an escaped key is re-encoded: 2**64 became 1.8446744073709552e19.
+        (b'{"mod\\u0065l": "chat", "seed": 18446744073709551616, "messages": []}', None),
         # An alias with an escaped key is re-encoded: orjson.dumps refuses depth > 254.
         (b'{"mod\\u0065l": "chat", "x": ' + nested(300) + b"}", None),
         (b'{"model": "sim-model", "prompt": "\xff\xfe"}', "invalid_json"),  # not UTF-8

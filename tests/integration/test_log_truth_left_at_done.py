@@ -18,14 +18,19 @@ written from the docs alone: a client that `left` got 499 unless it read `[DONE]
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
+import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
 from openai._streaming import SSEDecoder
 
+from gateway.api.exchange import send_relayed
 from gateway.api.trail import Trail
 from tests.helpers.audit_rig import (
     HOSTED_ASK,
@@ -38,6 +43,7 @@ from tests.helpers.audit_rig import (
     client_gets,
     hosted_gateway,
     logged,
+    openai_chunk,
     request_log,
     settled,
     writes,
@@ -230,3 +236,68 @@ def test_a_stream_the_drain_deadline_cuts_after_its_done_ends_as_its_end_would(
     last = request_log(tmp_path / "log", vkey, request_id)[-1]
     assert (last["status"], last["error"]) == (200, None), last
     assert_logged_as_received(received, gateway, tmp_path / "log", vkey)
+
+
+def test_a_hosted_streams_done_left_in_the_write_buffer_is_not_read_by_a_client_that_resets(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hosted stream's `[DONE]` (the gateway's own) handed to the connection of a
+    client that stopped reading stays in the gateway's write buffer (the flow control
+    bent so that it writes on); the client resets while the stream's end is readied: it
+    never got `[DONE]`, so it is 499, as for a private stream
+    (tests/integration/test_log_truth_sdk_end.py). Before, 200."""
+    buffered: list[int] = []  # what the write buffer held once `[DONE]` was handed to it
+    bent: list[bool] = []
+
+    async def relaying(send: Any, exchange: Any, data: bytes) -> None:
+        if not bent:  # small kernel buffers (a hosted answer's size is bounded), and
+            # writes on past the high-water mark
+            cycle = exchange.writer.cycle_ref()
+            transport = getattr(cycle.transport, "_transport", cycle.transport)
+            sock = transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            transport.set_write_buffer_limits(high=1 << 30)
+            bent.append(True)
+        await send_relayed(send, exchange, data)
+        if data.find(b"[DONE]") >= 0:
+            buffered.append(exchange.writer.unsent)
+
+    monkeypatch.setattr("gateway.api.hosted_relay.send_relayed", relaying)
+    seen = lost_seen(monkeypatch)
+    hold = Hold(monkeypatch, Trail, "sealed_receipt")
+    big = openai_chunk(b'[{"index":0,"delta":{"content":"%s"}}]' % (b"x" * 8000))
+    raw = start_raw(writes(*chunked(HOSTED_EVENT, *[big] * 40, HOSTED_END, DONE)))
+    gateway, vkey = hosted_gateway(start_gateway, tmp_path, raw.url)
+    body = json.dumps(HOSTED_ASK).encode()
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
+        b"authorization: Bearer %s\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (gateway.key.encode(), len(body), body)
+    )
+    sock = socket.socket()
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", gateway.server.port))
+        sock.sendall(request)
+        head = sock.recv(4096)  # the head and a little: then it reads nothing
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert hold.entered.wait(60), "the gateway never readied the stream's end"
+        assert buffered and buffered[0] > 0, "the kernel took [DONE]: no write buffer to test"
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # a reset (linger 0): what the write buffer held is dropped
+        assert seen.wait(30), "the gateway did not see the client go"
+    finally:
+        sock.close()
+        hold.released.set()
+    until(lambda: not gateway.app.serving, "the request ended", timeout=30)
+    request_id = next(
+        line.partition(b":")[2].strip().decode()
+        for line in head.split(b"\r\n\r\n")[0].split(b"\r\n")[1:]
+        if line.partition(b":")[0].strip().lower() == b"x-request-id"
+    )
+    settled(tmp_path / "log", vkey, request_id)
+    last = request_log(tmp_path / "log", vkey, request_id)[-1]
+    assert last["status"] == 499, last

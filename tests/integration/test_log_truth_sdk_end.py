@@ -12,6 +12,11 @@ OpenAI SDK's own `SSEDecoder` reading the bytes the client's connection delivere
 - A client that closes once the backend's error event reached it (its SDK raised it and
   reads no further) was recorded 499, where a stream that ended after that event is
   recorded 200 with `stream_error: "backend"`: both now say the latter.
+- A client that stays to the end of a stream whose backend sent its error event and then
+  closed (no framing, no `[DONE]`) or hung past the read timeout was recorded 502 / 504,
+  the gateway's error event after the backend's, which the SDK never reads (it raised at
+  the backend's): the client saw what one that left there saw, recorded 200 with
+  `stream_error: "backend"`. Both now say the latter: what the SDK stopped at.
 - A `[DONE]` still in the gateway's own write buffer (its client stopped reading, the
   socket buffers full) counted as read when the client then left: 200 for an end the
   kernel never took. Only what left the gateway's userspace buffer counts now: 499.
@@ -144,6 +149,49 @@ def test_a_client_closing_at_the_backends_error_event_is_recorded_as_its_end_wou
     last = request_log(tmp_path / "log", vkey, request_id)[-1]
     assert (last["status"], last["error"], last.get("stream_error")) == (200, None, "backend")
     assert_logged_as_received(received, gateway, tmp_path / "log", vkey, left=True)
+
+
+# The backend's error event, then its end without `[DONE]` (`how`): the connection's close
+# (no framing; the event with or without its blank line, the gateway's bytes end it), a
+# hang past the read timeout, chunked or not.
+AFTER_ERROR: dict[str, tuple[tuple[bytes, ...], str]] = {
+    "unframed-close": ((sse_head(), EVENT, ERROR), "close"),
+    "unframed-close-unended": ((sse_head(), EVENT, ERROR[:-2]), "close"),
+    "unframed-close-crlf": ((sse_head(), EVENT, ERROR.replace(b"\n", b"\r\n")), "close"),
+    "unframed-hang": ((sse_head(), EVENT, ERROR), "hang"),
+    "chunked-hang": (chunked(EVENT, ERROR, last=False), "hang"),
+}
+
+
+@pytest.mark.parametrize("case", list(AFTER_ERROR))
+def test_a_client_staying_after_the_backends_error_event_is_recorded_as_one_leaving_there(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    case: str,
+) -> None:
+    """The SDK raises at the backend's error event and reads nothing after it, whether
+    its client then closes or stays: the record says the same for both (200,
+    `stream_error: "backend"`), and the gateway writes no error event of its own after
+    it. Before, a client that stayed was recorded 502 (or 504) for a close (or a hang)
+    it never saw."""
+    pieces, how = AFTER_ERROR[case]
+    release = threading.Event()
+    raw = start_raw(writes(*pieces) if how == "close" else _hangs_after(pieces, release))
+    gateway, vkey = logged(
+        start_gateway, tmp_path, [backend("gpu", raw.url, "m")], limits={"read_timeout_s": 1}
+    )
+    try:
+        received = client_gets(gateway, CHAT)
+    finally:
+        release.set()
+    assert _sdk_end(received.body) == "error", received.body
+    assert b"upstream_" not in received.body, received.body[-300:]
+    request_id = received.headers["x-request-id"]
+    settled(tmp_path / "log", vkey, request_id)
+    last = request_log(tmp_path / "log", vkey, request_id)[-1]
+    assert (last["status"], last["error"], last.get("stream_error")) == (200, None, "backend")
+    assert_logged_as_received(received, gateway, tmp_path / "log", vkey)
 
 
 # Events enough to fill the kernel's buffers towards a client that reads nothing (a small

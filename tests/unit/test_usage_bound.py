@@ -96,6 +96,19 @@ def test_media_parts_a_server_in_go_reads_are_counted() -> None:
     assert over_bound(plain + 2 * MEDIA_ALLOWANCE + 1, ask, 100, 300) == plain + 2 * MEDIA_ALLOWANCE
 
 
+def test_a_media_part_whose_type_a_repeat_made_null_is_counted() -> None:
+    # `{"type": "image_url", "image_url": ..., "type": null}`: orjson keeps the last copy
+    # (null), Go's encoding/json leaves its string field as it was for a null: an image.
+    body = (
+        b'{"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image_url",'
+        b' "image_url": {"url": "u"}, "type": null}, {"type": null, "text": "a"}]}]}'
+    )
+    ask = orjson.loads(body)
+    plain = 100 + PROMPT_ALLOWANCE + 300 + 5
+    assert over_bound(plain + MEDIA_ALLOWANCE, ask, 100, 300) is None
+    assert over_bound(plain + MEDIA_ALLOWANCE + 1, ask, 100, 300) == plain + MEDIA_ALLOWANCE
+
+
 def _whole(usage: dict[str, int], ask: dict[str, Any], body_bytes: int = 50) -> Trail:
     trail = Trail(Salts.generate(), "", prompt_bytes=body_bytes, ask=ask)
     trail.answered(orjson.dumps({"choices": [], "usage": usage}))
