@@ -1,5 +1,6 @@
-"""The request body: parsed once, the byte-exact `model` rewrite for aliases, and the
-request for stream usage the gateway adds when it needs the counts.
+"""The request body: parsed once, and refused where its fields could mean one thing to the
+gateway and another to a backend (its rewrites, for aliases and stream usage, are in
+gateway/api/body_rewrites.py).
 
 The gateway decides on a few fields of the body and forwards the rest untouched. Those
 fields must mean one thing, to the gateway and to whatever reads the body after it:
@@ -51,15 +52,11 @@ __all__ = [
     "MAX_DEPTH",
     "PER_VALUE",
     "BodyScan",
-    "ask_for_usage",
     "held_bound",
-    "model_pattern",
     "parse_body",
-    "rewrite_model",
     "scan_body",
 ]
 
-_INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
 
 MAX_DEPTH: Final = 128
 """The deepest nesting of objects and arrays accepted, the top-level object counting 1."""
@@ -372,40 +369,3 @@ def _check_stream_fields(doc: dict[str, Any]) -> None:
             "`stream_options.include_usage` must be true, false or null",
             param="stream_options.include_usage",
         )
-
-
-def model_pattern(model: str) -> re.Pattern[bytes]:
-    return re.compile(rb'("model"\s*:\s*)' + re.escape(orjson.dumps(model)))
-
-
-def rewrite_model(
-    body: bytes, doc: dict[str, Any], pattern: re.Pattern[bytes], upstream_model: str
-) -> bytes:
-    """Replace the top-level `model` value, touching no other byte when that is certain.
-
-    The byte-level splice is used only when the pattern matches exactly once and the
-    result, parsed again, has the new name at the top level; otherwise (escaped names,
-    the same pair nested elsewhere) the document is re-encoded.
-    """
-    if len(pattern.findall(body)) == 1:
-        out = pattern.sub(lambda m: m.group(1) + orjson.dumps(upstream_model), body, count=1)
-        if loads(out).get("model") == upstream_model:
-            return out
-    return orjson.dumps({**doc, "model": upstream_model})
-
-
-def ask_for_usage(body: bytes, doc: dict[str, Any]) -> bytes:
-    """`body` (the JSON object `doc`, but for a renamed `model`) with
-    `stream_options.include_usage` set to true.
-
-    Without a `stream_options` key in the document, the field is spliced in after the
-    opening brace and no other byte changes; otherwise (the client set other stream
-    options, or asked for no usage) the body is re-encoded with the option merged in.
-    """
-    if "stream_options" not in doc:
-        start = body.index(b"{") + 1  # the object's first byte (JSON allows whitespace)
-        return body[:start] + _INCLUDE_USAGE + body[start:]
-    current = loads(body)
-    options = current.get("stream_options")
-    merged = {**options, "include_usage": True} if isinstance(options, dict) else {}
-    return orjson.dumps({**current, "stream_options": merged or {"include_usage": True}})

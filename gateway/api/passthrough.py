@@ -40,7 +40,7 @@ from typing import Any, Final
 
 from gateway.api.answer_reads import check_whole, read_error_body, read_held
 from gateway.api.attested import Attester, SseTail
-from gateway.api.body import ask_for_usage, model_pattern, rewrite_model
+from gateway.api.body_rewrites import ask_for_usage, model_pattern, rewrite_model
 from gateway.api.exchange import Exchange, TryNext, relayed, send_whole
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.private_failures import NO_ROOM, NOT_SENT, REFUSALS, RETRYABLE, last_error

@@ -6,8 +6,8 @@ import httpx
 import orjson
 import pytest
 
-from gateway.api.body import model_pattern as _model_pattern
-from gateway.api.body import rewrite_model
+from gateway.api.body_rewrites import model_pattern as _model_pattern
+from gateway.api.body_rewrites import rewrite_model
 from gateway.upstream.errors import sanitize_upstream_message
 from tests.helpers.gateways import TENANT_KEY, Gateway, Sim
 

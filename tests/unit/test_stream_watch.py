@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai._streaming import SSEDecoder
 
-from gateway.api.body import ask_for_usage
+from gateway.api.body_rewrites import ask_for_usage
 from gateway.api.sse import StreamWatch
 from gateway.api.sse_events import EventReader
 
