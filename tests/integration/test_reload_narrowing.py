@@ -23,15 +23,21 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from gateway.api.recorder import Recorder
+from gateway.app import create_app
+from gateway.config import load_config
 from gateway.provenance import write_signing_key
+from gateway.serving import ServerThread
 from tests.helpers.gateways import (
     EU_ZERO,
     LITELLM_WARNINGS,
+    TENANT_KEY,
     Gateway,
     Sim,
     backend,
+    gateway_config,
     hosted_backend,
     served,
 )
@@ -189,3 +195,76 @@ def test_a_policy_narrowed_during_the_dispatch_record_stops_the_attempt_before_i
     rig.assert_recorded_under_the_first_set(response)
     error = rig.records(response)[-1]["error"]
     assert error.startswith("gpu-eu: no longer admitted by policy set "), error
+
+
+def test_a_held_request_never_fails_over_to_a_backend_a_config_reload_removed(
+    start_raw: Callable[[Answer], RawBackend],
+    start_sim: Callable[..., Sim],
+    tmp_path: Path,
+) -> None:
+    """The same across a gateway.yaml reload that removes hosted-us (the policy files
+    unchanged, compiled anew without it): gpu-eu, held across the reload, then fails;
+    the removed provider gets nothing, and the records name the set of the config the
+    request arrived under."""
+    release = threading.Event()
+    private = start_raw(json_answer(ERROR_BODY, b"503 Service Unavailable", release))
+    hosted = start_sim("vllm", models=("m",), zero_latency=True)
+    gpu = backend("gpu-eu", private.url, "m", **EU_ZERO)
+    provider = hosted_backend("hosted-us", f"{hosted.url}/v1", "m", region="us-east-1")
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(
+        POLICY.replace("VERSION", "1")
+        .replace("REGIONS", "eu, us")
+        .replace("to: [{backend: hosted-us}]", "to: [{provider: openai}]")
+    )
+    vkey = write_signing_key(tmp_path / "log.key", ORIGIN)
+    path = tmp_path / "gateway.yaml"
+
+    def write(backends: list[dict[str, Any]]) -> None:
+        config = gateway_config(
+            backends,
+            policy={"paths": ["policies"]},
+            provenance={
+                "dir": "log",
+                "origin": ORIGIN,
+                "signing_key_file": "log.key",
+                "checkpoint_interval_ms": 20,
+            },
+        ).model_dump(mode="json", exclude_none=True)
+        temporary = tmp_path / "gateway.yaml.tmp"
+        temporary.write_text(yaml.safe_dump(config))
+        temporary.replace(path)
+
+    write([gpu, provider])
+    app = create_app(
+        load_config(path), environ={"HOSTED_KEY": "k"}, config_dir=tmp_path, config_file=path
+    )
+    before = app.policies.current.digest
+    server = ServerThread(app).start()
+    url = f"{server.url}/v1/chat/completions"
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(
+                httpx.post,
+                url,
+                json=BODY,
+                headers={"authorization": f"Bearer {TENANT_KEY}"},
+                timeout=60,
+            )
+            until(lambda: bool(private.posts), "the private attempt")
+            arrival = app.parts
+            write([gpu])
+            until(lambda: app.parts is not arrival, "the config reload", timeout=30)
+            release.set()
+            response = pending.result(timeout=60)
+    finally:
+        release.set()
+        server.stop()
+    assert served(hosted) == 0, "the failover went to a provider the reload removed"
+    assert response.status_code == 503, response.text
+    request_id = response.headers["x-request-id"]
+    request_records(tmp_path / "log", request_id, "completion")
+    mine = [r for r in records(tmp_path / "log") if r["request_id"] == request_id]
+    assert [r["backend"]["id"] for r in mine if r["type"] == "dispatch"] == ["gpu-eu"], mine
+    assert mine[0]["policy"]["digest"] == before
+    assert run_audit(["verify", str(tmp_path / "log"), "--key", vkey]) == 0
