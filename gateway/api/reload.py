@@ -260,16 +260,15 @@ class ConfigReloader:
             # change was loaded meanwhile; nothing awaits between the last look and the swap.
             read = running.policies.current
             await parts.policies.reload_off_loop()
-            if parts.policies.last_error is not None:
-                # The files no longer compile (the next edit caught half written, or a
-                # set valid only for the running backends): what was compiled first is
-                # older than the set in force, a narrowing maybe; installed, it would
-                # undo it. Nothing changes; a change of the policy files retries.
-                self._retry_paths = paths
-                self._stamp = (*self._stamp[:-1], policy_files)
-                self._discard(parts, running, adjusted)
-                summary = f"policy files changed while it was built: {parts.policies.last_error}"
-                return self._failed(summary, ValueError(summary))
+        if parts.policies.last_error is not None or not parts.policies.read_whole:
+            # Read again and refused (the next edit caught half written): what was compiled
+            # first is older than the set in force, a narrowing maybe. Or read while being
+            # written (maybe weaker, cut short). Nothing changes; their next change retries.
+            self._retry_paths = paths
+            self._stamp = (*self._stamp[:-1], policy_files)
+            self._discard(parts, running, adjusted)
+            why = parts.policies.last_error or "they changed while they were read"
+            return self._failed(f"policy files: {why}", ValueError(why))
         requests = self._install(parts)
         # Requests running now finish on the old parts: their next connection to a
         # backend whose TLS changed is made (and checked) with the new files.

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
 from gateway.app import create_app
@@ -93,3 +95,69 @@ def test_a_policy_loaded_while_a_config_was_built_is_not_undone_by_a_failed_rere
     assert not installed
     assert (limit, breaker) == (1, 3), "part of the config not installed was applied"
     assert error is not None
+
+
+TAIL = "  backends: {deny: [gpu]}\n"  # the last line: a file cut before it admits gpu
+
+
+def _torn_rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Path]:
+    """A gateway whose policy (version 1) denies gpu, served from its file; its policy
+    file then caught being written: version 2 read without its last line (a weaker set,
+    still valid), the line written once the read is done (the next read only)."""
+    import gateway.policy.loader
+    import gateway.policy_set
+
+    (tmp_path / "policies").mkdir()
+    policy = tmp_path / "policies" / "p.yaml"
+    write(policy, POLICY + TAIL, 1_000_000_000)
+    path = tmp_path / "gateway.yaml"
+    config = gateway_config([backend("gpu", "http://127.0.0.1:9", "m")])
+    data = config.model_dump(mode="json", exclude_none=True)
+    write(path, yaml.safe_dump(data) + POLICY_SECTION, 1_000_000_000)
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    write(policy, POLICY.replace('version: "1"', 'version: "2"'), 2_000_000_000)
+    real = gateway.policy.loader.load_policies
+    calls: list[int] = []
+
+    def read_then_finished(*args: Any, **kwargs: Any) -> Any:
+        read = real(*args, **kwargs)
+        if not calls:
+            calls.append(1)
+            text = POLICY.replace('version: "1"', 'version: "2"') + TAIL
+            write(policy, text, 3_000_000_000)
+        return read
+
+    monkeypatch.setattr(gateway.policy_set, "load_policies", read_then_finished)
+    return app, path
+
+
+def test_a_sighup_never_loads_a_policy_file_caught_being_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGHUP (and the admin API's reload) read the policy files at once, without
+    waiting for them to hold still: one read while it was being written, cut short but
+    still valid and weaker (gpu admitted), was enforced until the next change."""
+    app, _path = _torn_rig(tmp_path, monkeypatch)
+    assert not asyncio.run(app.reloader.reload())
+    trust = app.policies.latest()
+    assert trust.compiled("p").version == "1", "a policy file caught half written was loaded"
+    assert trust.decide("acme", "m", None).private == ()
+    assert app.policies.last_error is not None
+    assert "changed while they were read" in app.policies.last_error
+
+
+def test_a_config_reload_never_installs_a_policy_file_caught_being_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same when gateway.yaml changed too: the new config is built with the files
+    as read; it is not installed (a reload failure, retried when they change)."""
+    app, path = _torn_rig(tmp_path, monkeypatch)
+    data = yaml.safe_load(path.read_text())
+    data["tenants"][0]["limits"] = {"concurrent_requests": 7}
+    write(path, yaml.safe_dump(data), 2_000_000_000)
+    assert not asyncio.run(app.reloader.reload())
+    trust = app.policies.latest()
+    assert trust.compiled("p").version == "1", "a policy file caught half written was loaded"
+    assert trust.decide("acme", "m", None).private == ()
+    assert app.parts.config.tenants[0].limits.concurrent_requests is None
+    assert app.reloader.last_error == "policy files: they changed while they were read"
