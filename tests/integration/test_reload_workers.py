@@ -2,10 +2,11 @@
 worker's log names the set each request was decided under.
 
 The policy files are polled only once an hour here, so only the signal reloads them: the
-supervisor forwards it to both workers. Requests are sent on new connections (the
-kernel spreads them over the workers) until a whole round is refused under the new set,
-bounded in count and time; then each worker's log is read: every dispatch names the
-first set and every refusal the second, and each log verifies on its own.
+supervisor forwards it to both workers. Requests are sent in rounds on new connections
+(the kernel spreads them over the workers, though it may give one worker a whole round)
+until both workers' logs hold a dispatch; after the signal, until a whole round is
+refused and both logs hold a refusal; bounded in count and time. Then every dispatch
+names the first set and every refusal the second, and each log verifies on its own.
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ def send_round(url: str) -> list[int]:
         return [client.post("/v1/chat/completions", json=BODY).status_code for _ in range(ROUND)]
 
 
+def logged(log_dir: Path, kind: str) -> bool:
+    """Whether both workers' logs hold a signed record of `kind`."""
+    logs = sorted(log_dir.glob("worker-*"))
+    return len(logs) == 2 and all(any(r["type"] == kind for r in records(d)) for d in logs)
+
+
 def test_a_sighup_narrowing_the_policy_reaches_every_worker_and_each_log_says_which(
     start_sim: Callable[..., Sim], tmp_path: Path
 ) -> None:
@@ -59,40 +66,48 @@ def test_a_sighup_narrowing_the_policy_reaches_every_worker_and_each_log_says_wh
     (tmp_path / "policies").mkdir()
     policy = tmp_path / "policies" / "p.yaml"
     write_policy(policy, "1", "eu")
+    provenance = {"dir": "log", "origin": ORIGIN, "signing_key_file": "log.key"}
     config = {
         "listen": {"host": "127.0.0.1", "port": free_port()},
         "logging": {"format": "json", "level": "warning", "access_log": False},
         "limits": {"drain_timeout_s": 10},
-        "provenance": {"dir": "log", "origin": ORIGIN, "signing_key_file": "log.key"},
+        "provenance": {**provenance, "checkpoint_interval_ms": 20},
         "backends": [backend("gpu", sim.url, "m")],  # eu-west-1
         "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
         "policy": {"paths": ["policies"], "reload_interval_s": 3600},
     }
     gateway = GatewayProcess(config, tmp_path, "--workers", "2").start()
+    rounds = 0
+
+    def round_until(status: int, kind: str) -> bool:
+        """A round of requests, each answered `status`; True once both workers' logs
+        hold a record of `kind` (the kernel may give one worker a whole round)."""
+        nonlocal rounds
+        rounds += 1
+        assert rounds <= 30, "rounds of requests never reached both workers"
+        assert send_round(gateway.url) == [status] * ROUND
+        return logged(tmp_path / "log", kind)
+
     try:
-        assert send_round(gateway.url) == [200] * ROUND
+        until(lambda: round_until(200, "dispatch"), "both workers serving", timeout=60)
         write_policy(policy, "2", "ap")
         assert gateway.proc is not None
         gateway.proc.send_signal(signal.SIGHUP)
-        rounds = 0
 
-        def refused_whole() -> bool:
+        def refusing() -> bool:  # until a whole round is refused, by both workers
             nonlocal rounds
             rounds += 1
-            assert rounds <= 20, "a worker kept serving under the old set"
-            return send_round(gateway.url) == [403] * ROUND
+            assert rounds <= 60, "a worker kept serving under the old set"
+            statuses = send_round(gateway.url)
+            return set(statuses) == {403} and logged(tmp_path / "log", "refusal")
 
-        until(refused_whole, "both workers refusing under the narrowed set", timeout=30)
+        until(refusing, "both workers refusing under the narrowed set", timeout=60)
     finally:
         gateway.stop(signal.SIGTERM)
-    digests: dict[str, set[str]] = {"dispatch": set(), "refusal": set()}
-    logs = sorted((tmp_path / "log").glob("worker-*"))
-    assert len(logs) == 2
-    for log in logs:
-        kinds = {r["type"] for r in records(log)}
-        assert {"dispatch", "refusal"} <= kinds, (log, kinds)  # each worker saw both sets
+    versions: dict[str, set[str]] = {"dispatch": set(), "refusal": set()}
+    for log in sorted((tmp_path / "log").glob("worker-*")):
         for record in records(log):
-            if record["type"] in digests:
-                digests[record["type"]].add(record["policy"]["version"])
+            if record["type"] in versions:
+                versions[record["type"]].add(record["policy"]["version"])
         assert run_audit(["verify", str(log), "--key", vkey]) == 0
-    assert digests == {"dispatch": {"1"}, "refusal": {"2"}}
+    assert versions == {"dispatch": {"1"}, "refusal": {"2"}}
