@@ -3,9 +3,10 @@
 Policies are compiled by `gateway.policy`; this module owns their life in the server.
 A reload (file change, SIGHUP) compiles the new files completely before one reference
 swap makes them active; a file that fails validation, or changed while it was read,
-leaves the last good set active and is reported (log, readiness detail, metric). Without a `policy` section in
-gateway.yaml a built-in set applies: every tenant may use the private backends serving
-its models and nothing else (no hosted fallback) — deny by default toward providers.
+leaves the last good set active and is reported (log, readiness detail, metric).
+Without a `policy` section in gateway.yaml a built-in set applies: every tenant may use
+the private backends serving its models and nothing else (no hosted fallback) — deny by
+default toward providers.
 
 This is the set's lifecycle, not a routing filter: each request reads `current` once and
 decides with it; the Decision's eligible set is applied by gateway/routing/filters/trust.py.
