@@ -2,10 +2,11 @@
 
 Policies are compiled by `gateway.policy`; this module owns their life in the server.
 A reload (file change, SIGHUP) compiles the new files completely before one reference
-swap makes them active; a file that fails validation leaves the last good set active
-and is reported (log, readiness detail, metric). Without a `policy` section in
-gateway.yaml a built-in set applies: every tenant may use the private backends serving
-its models and nothing else (no hosted fallback) — deny by default toward providers.
+swap makes them active; a file that fails validation, or changed while it was read,
+leaves the last good set active and is reported (log, readiness detail, metric).
+Without a `policy` section in gateway.yaml a built-in set applies: every tenant may use
+the private backends serving its models and nothing else (no hosted fallback) — deny by
+default toward providers.
 
 This is the set's lifecycle, not a routing filter: each request reads `current` once and
 decides with it; the Decision's eligible set is applied by gateway/routing/filters/trust.py.
@@ -22,7 +23,7 @@ from typing import Any
 from gateway.config.facts import backend_facts
 from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
-from gateway.policy import BackendFacts, PolicyError, PolicySet, parse_policies
+from gateway.policy import BackendFacts, PolicyError, PolicyIssue, PolicySet, parse_policies
 from gateway.policy.loader import load_policies
 from gateway.policy.source import is_yaml_name
 from gateway.settling import Settling
@@ -55,6 +56,9 @@ class TrustPolicies:
         self._stamp = self._fingerprint()
         # Raises PolicyError: the server refuses to start without valid policies.
         self.current: PolicySet = self._compile()
+        # Whether the files held still while `current` was read: a config reload installs
+        # no set read from a file still being written (its watcher loads it once settled).
+        self.read_whole = self._fingerprint() == self._stamp
         self._settling = Settling()  # a change seen, until it holds still
         self._reads = 0  # reads of the files started; `current` is from read `_applied`
         self._applied = 0
@@ -97,10 +101,19 @@ class TrustPolicies:
         return self._apply(read, await asyncio.to_thread(self._compiled))
 
     def _compiled(self) -> PolicySet | PolicyError:
+        """The files compiled, or why not: also when they changed while they were read (a
+        SIGHUP or a config reload, which do not wait for them to hold still, caught one
+        being written: cut short, it may still parse, as a weaker set). The watcher loads
+        them once they hold still."""
+        before = self._fingerprint()
         try:
-            return self._compile()
+            compiled = self._compile()
         except PolicyError as exc:
             return exc
+        if self._fingerprint() == before:
+            return compiled
+        changed = "the policy files changed while they were read; read again once settled"
+        return PolicyError([PolicyIssue(str(self._paths[0]), None, None, "", changed)])
 
     def _apply(self, read: int, outcome: PolicySet | PolicyError) -> bool:
         """Make the outcome of read number `read` count, unless a later read's already
@@ -123,6 +136,7 @@ class TrustPolicies:
         fresh = outcome
         changed = fresh.digest != self.current.digest
         self.current = fresh  # one reference swap: requests see the old set or the new
+        self.read_whole = True
         self.last_error = None
         self.loaded_at = self._clock()
         if changed:

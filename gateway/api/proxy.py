@@ -240,7 +240,11 @@ class Proxy:
                 if traced is not None:  # tracing on: the attempt's span (gateway/tracing)
                     span = traced.attempt(attempt, exchange, plan.fallback)
                 exchange.fallback, exchange.fallback_basis = plan.fallback, plan.basis
-                moved = partial(registry.moved, attempt.backend.id)
+                # Asked again once the dispatch record is durable and on a retried
+                # connection: a reload that landed meanwhile (a policy that no longer
+                # admits the backend, a config that moved it) stops the send; narrowing
+                # takes effect for every send after it (`Registry.moved` is part of it).
+                moved = partial(withdrawn_by_reload, self._trust, registry, decided, attempt, plan)
                 relay: Callable[[Connection | None], Awaitable[None]]
                 connect: Callable[[], Awaitable[Connection]] | None = None
                 if attempt.private:  # connected first: the dispatch record names its peer
@@ -259,7 +263,7 @@ class Proxy:
                     attempt.backend,
                     relay,
                     connect,
-                    partial(withdrawn_by_reload, self._trust, registry, decided, attempt, plan),
+                    moved,
                     partial(standing.lapsed, model),
                     moved,
                 )

@@ -59,8 +59,9 @@ async def recorded(
     error it says is returned. Asked again once the dispatch record is durable and when
     the attempt fails: then the attempt sends nothing (or no other attempt is made) and
     its completion record has that error's status, the status the client gets. So is
-    `moved` (`Registry.moved`, a reload that moved the backend or changed its TLS
-    trust): then the attempt fails before it sends, its completion saying why."""
+    `moved` (gateway/api/proxy.py passes `withdrawn_by_reload`: a reload that narrowed
+    the policy, or moved the backend or changed its TLS trust, `Registry.moved`): then
+    the attempt fails before it sends, its completion saying why."""
     exchange.upstream_error = None  # this attempt's, not an earlier attempt's
     backend_before = exchange.backend
     connection: Connection | None = None

@@ -15,7 +15,9 @@ and knows nothing of the app. A request is decided and routed by the parts activ
 its body is read, and finishes on them (each further attempt also checked against the
 new config's policies, `TrustPolicies.successor`, and skipped when the new config moved
 its backend or changed its TLS trust, `Registry.successor`; a policy change the running set loaded
-while the new config was being built is read again before the swap, never undone); the
+while the new config was being built is read again before the swap, never undone: if that
+read fails, nothing is installed, and what assembling adjusted in the running backends is
+put back); the
 connections of a removed or changed backend close once the requests that were running at
 the swap are done (bounded by `limits.drain_timeout_s`; past it, one still running opens
 no new connection on them: `HttpPool.close`); those of a backend whose TLS changed take
@@ -235,6 +237,9 @@ class ConfigReloader:
             self._succeeded()
             return changed
         read = running.policies.current
+        # What assembling adjusts in the running backends it keeps (breaker settings, a
+        # tenant's share of connections): put back if the assembly is not installed.
+        adjusted = _adjustable(running)
         paths = tuple(self.path.parent / p for p in (fresh.policy.paths if fresh.policy else ()))
         policy_files = policy_stamps(paths)  # before they are read, never after
         try:
@@ -255,6 +260,15 @@ class ConfigReloader:
             # change was loaded meanwhile; nothing awaits between the last look and the swap.
             read = running.policies.current
             await parts.policies.reload_off_loop()
+        if parts.policies.last_error is not None or not parts.policies.read_whole:
+            # Read again and refused (the next edit caught half written): what was compiled
+            # first is older than the set in force, a narrowing maybe. Or read while being
+            # written (maybe weaker, cut short). Nothing changes; their next change retries.
+            self._retry_paths = paths
+            self._stamp = (*self._stamp[:-1], policy_files)
+            self._discard(parts, running, adjusted)
+            why = parts.policies.last_error or "they changed while they were read"
+            return self._failed(f"policy files: {why}", ValueError(why))
         requests = self._install(parts)
         # Requests running now finish on the old parts: their next connection to a
         # backend whose TLS changed is made (and checked) with the new files.
@@ -273,6 +287,23 @@ class ConfigReloader:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
+
+    def _discard(self, parts: Assembly, running: Assembly, adjusted: _Adjusted) -> None:
+        """Undo what an assembly never installed did: put back the running backends'
+        settings it adjusted (`_adjustable`), close its own backends' pools (those it
+        shares with the running one stay) and its proxy."""
+        for backend, (settings, cap) in adjusted.items():
+            backend.breaker.settings = settings
+            if backend.pool is not None:
+                backend.pool.share.cap = cap
+        own = [
+            b
+            for b in parts.registry.backends.values()
+            if running.registry.backends.get(b.id) is not b
+        ]
+        task = asyncio.create_task(self._retire((), 0.0, own, parts.proxy))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _load(self) -> GatewaySettings:
         if self._environ is None:
@@ -331,6 +362,18 @@ class ConfigReloader:
             "last_reload_error": self.last_error,
             "reload_failures": self.reload_failures,
         }
+
+
+_Adjusted = dict["BackendState", tuple[Any, "int | None"]]
+
+
+def _adjustable(running: Assembly) -> _Adjusted:
+    """The settings of the running backends that assembling a new config adjusts in the
+    backends it keeps (gateway/app.py `_keep_unchanged_backends`), as they are now."""
+    return {
+        b: (b.breaker.settings, None if b.pool is None else b.pool.share.cap)
+        for b in running.registry.backends.values()
+    }
 
 
 def _changes(old: GatewaySettings, new: GatewaySettings) -> dict[str, Any]:

@@ -1,0 +1,113 @@
+"""`serve --workers 2`: a SIGHUP that narrows the policy reaches every worker, and each
+worker's log names the set each request was decided under.
+
+The policy files are polled only once an hour here, so only the signal reloads them: the
+supervisor forwards it to both workers. Requests are sent in rounds on new connections
+(the kernel spreads them over the workers, though it may give one worker a whole round)
+until both workers' logs hold a dispatch; after the signal, until a whole round is
+refused and both logs hold a refusal; bounded in count and time. Then every dispatch
+names the first set and every refusal the second, and each log verifies on its own.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from gateway.provenance import write_signing_key
+from gateway.tenants import hash_api_key
+from tests.helpers.gateways import Sim, backend
+from tests.helpers.net import free_port
+from tests.helpers.processes import KEY, GatewayProcess
+from tests.helpers.provenance import records, run_audit
+from tests.helpers.waiting import until
+
+ORIGIN = "test.owngate/reload-workers"
+BODY = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}
+POLICY = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: p, version: "VERSION"}
+spec:
+  tenants: [acme]
+  residency: {allow: [REGION]}
+  retention: {max_days: any, training: true}
+  fallback: {mode: never}
+"""
+ROUND = 16  # requests on new connections: both workers take some, whatever the kernel
+
+
+def write_policy(path: Path, version: str, region: str) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(POLICY.replace("VERSION", version).replace("REGION", region))
+    temporary.replace(path)  # atomic, as a deploy tool writes it
+
+
+def send_round(url: str) -> list[int]:
+    headers = {"authorization": f"Bearer {KEY}", "connection": "close"}
+    with httpx.Client(base_url=url, headers=headers, timeout=10) as client:
+        return [client.post("/v1/chat/completions", json=BODY).status_code for _ in range(ROUND)]
+
+
+def logged(log_dir: Path, kind: str) -> bool:
+    """Whether both workers' logs hold a signed record of `kind`."""
+    logs = sorted(log_dir.glob("worker-*"))
+    return len(logs) == 2 and all(any(r["type"] == kind for r in records(d)) for d in logs)
+
+
+def test_a_sighup_narrowing_the_policy_reaches_every_worker_and_each_log_says_which(
+    start_sim: Callable[..., Sim], tmp_path: Path
+) -> None:
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    vkey = write_signing_key(tmp_path / "log.key", ORIGIN)
+    (tmp_path / "policies").mkdir()
+    policy = tmp_path / "policies" / "p.yaml"
+    write_policy(policy, "1", "eu")
+    provenance = {"dir": "log", "origin": ORIGIN, "signing_key_file": "log.key"}
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "logging": {"format": "json", "level": "warning", "access_log": False},
+        "limits": {"drain_timeout_s": 10},
+        "provenance": {**provenance, "checkpoint_interval_ms": 20},
+        "backends": [backend("gpu", sim.url, "m")],  # eu-west-1
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+        "policy": {"paths": ["policies"], "reload_interval_s": 3600},
+    }
+    gateway = GatewayProcess(config, tmp_path, "--workers", "2").start()
+    rounds = 0
+
+    def round_until(status: int, kind: str) -> bool:
+        """A round of requests, each answered `status`; True once both workers' logs
+        hold a record of `kind` (the kernel may give one worker a whole round)."""
+        nonlocal rounds
+        rounds += 1
+        assert rounds <= 30, "rounds of requests never reached both workers"
+        assert send_round(gateway.url) == [status] * ROUND
+        return logged(tmp_path / "log", kind)
+
+    try:
+        until(lambda: round_until(200, "dispatch"), "both workers serving", timeout=60)
+        write_policy(policy, "2", "ap")
+        assert gateway.proc is not None
+        gateway.proc.send_signal(signal.SIGHUP)
+
+        def refusing() -> bool:  # until a whole round is refused, by both workers
+            nonlocal rounds
+            rounds += 1
+            assert rounds <= 60, "a worker kept serving under the old set"
+            statuses = send_round(gateway.url)
+            return set(statuses) == {403} and logged(tmp_path / "log", "refusal")
+
+        until(refusing, "both workers refusing under the narrowed set", timeout=60)
+    finally:
+        gateway.stop(signal.SIGTERM)
+    versions: dict[str, set[str]] = {"dispatch": set(), "refusal": set()}
+    for log in sorted((tmp_path / "log").glob("worker-*")):
+        for record in records(log):
+            if record["type"] in versions:
+                versions[record["type"]].add(record["policy"]["version"])
+        assert run_audit(["verify", str(log), "--key", vkey]) == 0
+    assert versions == {"dispatch": {"1"}, "refusal": {"2"}}
