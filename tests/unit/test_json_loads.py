@@ -19,7 +19,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.api.body import ask_for_usage, model_pattern, parse_body, rewrite_model
+from gateway.api.body import parse_body
+from gateway.api.body_rewrites import ask_for_usage, model_pattern, rewrite_model
 from gateway.errors import GatewayError
 from gateway.json_loads import COLLECT_UNDER, loads
 from gateway.upstream.tenant_ids import salted_body
