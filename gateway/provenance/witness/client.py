@@ -25,11 +25,29 @@ from gateway.provenance.witness.app import STATUS
 from gateway.provenance.witness.witness import AddCheckpoint, WitnessCode, WitnessError
 from gateway.tls_options import client_context
 
-__all__ = ["MAX_RESPONSE", "Prover", "WitnessClient", "request_cosignature"]
+__all__ = [
+    "MAX_AHEAD_S",
+    "MAX_ANSWER",
+    "MAX_BEHIND_S",
+    "MAX_LINE",
+    "MAX_RESPONSE",
+    "Prover",
+    "WitnessClient",
+    "request_cosignature",
+]
 
 MAX_RESPONSE = 64 * 1024
+#: the longest line (status, header, chunk size) of an answer
+MAX_LINE = 8 * 1024
+#: everything read of one answer: head, chunk framing and body
+MAX_ANSWER = MAX_RESPONSE + 16 * 1024
 _HEX = b"0123456789abcdefABCDEF"
 _CODES: dict[int, WitnessCode] = {status: code for code, status in STATUS.items()}
+#: how far a cosignature's time may be from the gateway's clock: this much after its answer
+#: came (well within an auditor's 300 s, so a clock a little behind the gateway's still
+#: accepts what was stored), or this much before its request was sent (a replayed answer)
+MAX_AHEAD_S = 60.0
+MAX_BEHIND_S = 300.0
 #: builds the consistency proof from the first size to the second (0 < first < second).
 Prover = Callable[[int, int], Awaitable[Sequence[bytes]]]
 
@@ -40,21 +58,49 @@ def _is_number(text: str, digits: int) -> bool:
     return 0 < len(text) <= digits and text.isascii() and text.isdigit()
 
 
-async def _line(reader: asyncio.StreamReader) -> bytes:
-    try:
-        return await reader.readline()
-    except ValueError as exc:  # the stream's 64 KiB line limit
-        raise MalformedError("a line of the witness answer is too long") from exc
+class _Answer:
+    """The witness's answer as it is read, within `MAX_ANSWER` bytes in all: the status
+    line, the headers, chunk framing and body together. Every line is at most `MAX_LINE`.
+
+    The body alone was bounded before, not what framed it: 100 header lines of 64 KiB each
+    (6.4 MB held) or chunk-size lines padded with 60 KB extensions around 1-byte chunks
+    (gigabytes read until the timeout, on the gateway's event loop) passed."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+        self.left = MAX_ANSWER
+
+    def _take(self, data: bytes) -> bytes:
+        self.left -= len(data)
+        if self.left < 0:
+            raise MalformedError(f"witness answer is larger than {MAX_ANSWER} bytes in all")
+        return data
+
+    async def line(self) -> bytes:
+        try:
+            return self._take(await self._reader.readline())
+        except ValueError as exc:  # the stream's line limit (MAX_LINE)
+            raise MalformedError(
+                f"a line of the witness answer is longer than {MAX_LINE} bytes"
+            ) from exc
+
+    async def exactly(self, size: int) -> bytes:
+        if size > self.left:  # checked before reading: readexactly buffers all of it
+            raise MalformedError(f"witness answer is larger than {MAX_ANSWER} bytes in all")
+        return self._take(await self._reader.readexactly(size))
+
+    async def some(self, size: int) -> bytes:
+        return self._take(await self._reader.read(min(size, self.left + 1)))
 
 
-async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
-    status_line = (await _line(reader)).decode("latin-1")
+async def _read_head(answer: _Answer) -> tuple[int, dict[str, str]]:
+    status_line = (await answer.line()).decode("latin-1")
     parts = status_line.rstrip("\r\n").split(" ", 2)  # the reason phrase may be absent
     if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not _is_number(parts[1], 3):
         raise MalformedError(f"not an HTTP/1.x status line: {status_line.strip()[:80]!r}")
     headers: dict[str, str] = {}
     for _ in range(100):  # a witness answer has a handful of headers
-        line = (await _line(reader)).decode("latin-1")
+        line = (await answer.line()).decode("latin-1")
         if line in ("\r\n", "\n", ""):
             return int(parts[1]), headers
         name, _, value = line.partition(":")
@@ -66,10 +112,10 @@ def _too_large() -> MalformedError:
     return MalformedError(f"witness answer is larger than {MAX_RESPONSE} bytes")
 
 
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+async def _read_chunked(answer: _Answer) -> bytes:
     body = bytearray()
-    while True:  # bounded: each round adds at least one byte (at most MAX_RESPONSE) or ends
-        size_line = (await _line(reader)).split(b";")[0].strip()
+    while True:  # bounded: each round reads at least one byte of MAX_ANSWER, or ends
+        size_line = (await answer.line()).split(b";")[0].strip()
         if not size_line or len(size_line) > 16 or size_line.strip(_HEX):
             raise MalformedError("malformed chunk size in the witness answer")
         size = int(size_line, 16)
@@ -80,21 +126,21 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
         # timeout.
         if size > MAX_RESPONSE - len(body):
             raise _too_large()
-        body += await reader.readexactly(size)
-        await reader.readexactly(2)  # the chunk's CRLF
+        body += await answer.exactly(size)
+        await answer.exactly(2)  # the chunk's CRLF
 
 
-async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
+async def _read_body(answer: _Answer, headers: dict[str, str]) -> bytes:
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        return await _read_chunked(reader)
+        return await _read_chunked(answer)
     length = headers.get("content-length")
     if length is not None:
         if not _is_number(length, 9) or int(length) > MAX_RESPONSE:
             raise MalformedError(f"witness answer has a bad or too large length {length[:40]!r}")
-        return await reader.readexactly(int(length))
+        return await answer.exactly(int(length))
     body = bytearray()  # we sent Connection: close: the answer ends where the stream does
     while len(body) <= MAX_RESPONSE:  # bounded: each round adds at least one byte or ends
-        part = await reader.read(MAX_RESPONSE + 1 - len(body))
+        part = await answer.some(MAX_RESPONSE + 1 - len(body))
         if not part:
             return bytes(body)
         body += part
@@ -111,7 +157,7 @@ async def _exchange(url: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
     authority = host if parts.port is None else f"{host}:{parts.port}"
     path = parts.path.rstrip("/") + "/add-checkpoint"
     reader, writer = await asyncio.open_connection(
-        parts.hostname, port, ssl=client_context() if secure else None
+        parts.hostname, port, ssl=client_context() if secure else None, limit=MAX_LINE
     )
     try:
         head = (
@@ -121,8 +167,9 @@ async def _exchange(url: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
         )
         writer.write(head.encode("latin-1") + body)
         await writer.drain()
-        status, headers = await _read_head(reader)
-        return status, headers, await _read_body(reader, headers)
+        answer = _Answer(reader)
+        status, headers = await _read_head(answer)
+        return status, headers, await _read_body(answer, headers)
     finally:
         writer.close()
         with contextlib.suppress(OSError):  # the answer is in; a close error changes nothing
@@ -198,6 +245,7 @@ class WitnessClient:
 
     async def cosign(self, note: bytes, size: int, prove: Prover) -> bytes:
         for attempt in range(2):  # the second try only after a 409 taught the witness's size
+            asked = self._clock()
             old = self.old_size
             proof = await prove(old, size) if 0 < old < size else ()
             try:
@@ -208,7 +256,14 @@ class WitnessClient:
                     raise
                 self.old_size = known
                 continue
-            cosigned = attach_cosignatures(note, lines, self.verifier, now=self._clock())
+            cosigned = attach_cosignatures(
+                note,
+                lines,
+                self.verifier,
+                now=self._clock(),
+                future_skew=MAX_AHEAD_S,
+                not_before=asked - MAX_BEHIND_S,
+            )
             self.old_size = size
             return cosigned
         raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
