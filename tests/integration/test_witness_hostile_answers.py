@@ -270,6 +270,8 @@ def test_the_gateway_serves_beside_a_flooding_witness_and_says_why(
         error = str(shown["last_error"])
         assert shown["state"] == "degraded" and shown["cosigned_size"] is None
         assert ("larger than" in error or "longer than" in error) and error.isprintable()
-        assert 'owngate_witness_up{witness="' in httpx.get(f"{gateway.url}/metrics").text
+        assert shown["last_failure"] == "bad_answer"
+        metrics = httpx.get(f"{gateway.url}/metrics").text
+        assert 'owngate_witness_failures_total{reason="bad_answer",witness="' in metrics
         gateway.stop()
     assert list_cosigned(tmp_path / "log") == []

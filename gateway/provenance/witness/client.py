@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from urllib.parse import urlsplit
 
-from gateway.provenance.errors import MalformedError
+from gateway.provenance.errors import MalformedError, ProvenanceError, SignatureError
 from gateway.provenance.formats.cosignature import CosignatureVerifier, attach_cosignatures
 from gateway.provenance.witness.app import STATUS
 from gateway.provenance.witness.witness import AddCheckpoint, WitnessCode, WitnessError
 from gateway.tls_options import client_context
 
 __all__ = [
+    "FAILURE_REASONS",
     "MAX_AHEAD_S",
     "MAX_ANSWER",
     "MAX_BEHIND_S",
@@ -33,6 +35,7 @@ __all__ = [
     "MAX_RESPONSE",
     "Prover",
     "WitnessClient",
+    "failure_reason",
     "request_cosignature",
 ]
 
@@ -182,7 +185,11 @@ def _interpret(url: str, status: int, content: bytes) -> bytes:
         if not content.endswith(b"\n") or not all(
             line.startswith("\u2014 ") for line in content.decode("utf-8", "replace").splitlines()
         ):
-            raise WitnessError("unavailable", f"witness {url} answered 200 without cosignatures")
+            raise WitnessError(
+                "unavailable",
+                f"witness {url} answered 200 without cosignatures",
+                reason="bad_answer",
+            )
         return content
     code = _CODES.get(status)
     if code == "conflict":
@@ -191,7 +198,9 @@ def _interpret(url: str, status: int, content: bytes) -> bytes:
             "conflict", f"witness {url}: 409, it last cosigned size {text}", known_size=known
         )
     if code is None:
-        raise WitnessError("unavailable", f"witness {url} answered {status}: {text[:200]}")
+        raise WitnessError(
+            "unavailable", f"witness {url} answered {status}: {text[:200]}", reason="bad_status"
+        )
     raise WitnessError(code, f"witness {url} refused the checkpoint ({status}): {text[:200]}")
 
 
@@ -215,11 +224,55 @@ async def request_cosignature(
             status, _, content = await _exchange(witness_url, body)
     except TimeoutError as exc:
         raise WitnessError(
-            "unavailable", f"witness {witness_url} did not answer within {timeout:g}s"
+            "unavailable",
+            f"witness {witness_url} did not answer within {timeout:g}s",
+            reason="timeout",
         ) from exc
-    except (OSError, asyncio.IncompleteReadError, MalformedError) as exc:
-        raise WitnessError("unavailable", f"witness {witness_url}: {exc}") from exc
+    except ssl.SSLError as exc:  # its certificate, or the handshake
+        raise WitnessError("unavailable", f"witness {witness_url}: {exc}", reason="tls") from exc
+    except OSError as exc:
+        raise WitnessError(
+            "unavailable", f"witness {witness_url}: {exc}", reason="unreachable"
+        ) from exc
+    except (asyncio.IncompleteReadError, MalformedError) as exc:
+        raise WitnessError(
+            "unavailable", f"witness {witness_url}: {exc}", reason="bad_answer"
+        ) from exc
     return _interpret(witness_url, status, content)
+
+
+#: why a cosigning attempt failed: the label `reason` of `owngate_witness_failures_total`
+#: and `last_failure` in the readiness detail (a fixed set: nothing a witness says)
+FAILURE_REASONS = (
+    "timeout",  # no whole answer within the witness's timeout_s
+    "unreachable",  # connection refused, reset, no route, name not resolved
+    "tls",  # its certificate or the handshake failed
+    "bad_answer",  # not a well-formed answer within the bounds, or a 200 without cosignatures
+    "bad_status",  # a status the spec does not give a witness (a redirect: not followed)
+    "malformed",  # the witness's refusals, by the spec's codes: 400
+    "untrusted",  # 403
+    "unknown_log",  # 404
+    "conflict",  # 409 that a retry from its size did not settle
+    "inconsistent",  # 422
+    "unavailable",  # 503
+    "bad_cosignature",  # no valid line by its key, or one dated too far from the request
+    "log",  # the log could not prove the witness's size (a size it never signed)
+    "store",  # the cosigned file could not be written
+)
+
+
+def failure_reason(exc: BaseException) -> str:
+    """What went wrong, by an exception of `WitnessClient.cosign` (or of storing what it
+    returned: OSError), as one of FAILURE_REASONS."""
+    if isinstance(exc, WitnessError):
+        return exc.reason if exc.reason in FAILURE_REASONS else "bad_answer"
+    if isinstance(exc, SignatureError):
+        return "bad_cosignature"
+    if isinstance(exc, ProvenanceError):
+        return "bad_answer"  # a malformed cosignature line
+    if isinstance(exc, OSError):
+        return "store"
+    return "log"  # ValueError: a size the log has not signed
 
 
 class WitnessClient:
