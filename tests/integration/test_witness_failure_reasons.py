@@ -41,6 +41,10 @@ def _said(data: bytes) -> Answer:
     return lambda note: answer
 
 
+def _status(head: bytes, body: bytes) -> Answer:
+    return _said(b"HTTP/1.1 %s\r\ncontent-length: %d\r\n\r\n%s" % (head, len(body), body))
+
+
 def _stale(note: bytes) -> Callable[[Send], None]:
     """A real cosignature of this checkpoint, from an hour ago: a replayed answer."""
     line = COSIGNER.cosign(note.decode().split("\n\n")[0] + "\n", NOW - 3600).line().encode()
@@ -51,17 +55,32 @@ def _silent(note: bytes) -> Callable[[Send], None]:
     return lambda send: None
 
 
-_ANSWERS: dict[str, Answer | None] = {
-    "timeout": _silent,
-    "unreachable": None,  # nothing listens
-    "bad_answer": _said(b"HTTP/1.1 200 OK\r\nx-long: " + b"v" * 9000 + b"\r\n\r\n"),
-    "bad_status": _said(
-        b"HTTP/1.1 302 Found\r\nlocation: http://elsewhere/\r\ncontent-length: 0\r\n\r\n"
-    ),
-    "conflict": _said(b"HTTP/1.1 409 Conflict\r\ncontent-length: 7\r\n\r\n999999\n"),
-    "untrusted": _said(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 3\r\n\r\nno\n"),
-    "bad_cosignature": _stale,
-}
+def _many_lines(note: bytes) -> Callable[[Send], None]:
+    """10^5 cosignature lines (by another key), chunked: megabytes, refused at 64 KiB."""
+    line = b"\xe2\x80\x94 other.example/w " + b"A" * 100 + b"\n"
+
+    def answer(send: Send) -> None:
+        send(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for _ in range(1000):  # 100 lines a chunk
+            if not send(b"%x\r\n" % (100 * len(line)) + line * 100 + b"\r\n"):
+                return
+
+    return answer
+
+
+# (the attempt, its reason, what the witness does)
+_ANSWERS: list[tuple[str, str, Answer | None]] = [
+    ("silent", "timeout", _silent),
+    ("closed-port", "unreachable", None),  # nothing listens
+    ("long-header", "bad_answer", _said(b"HTTP/1.1 200 OK\r\nx-long: " + b"v" * 9000 + b"\r\n")),
+    ("gigabyte", "bad_answer", _said(b"HTTP/1.1 200 OK\r\ncontent-length: 1000000000\r\n\r\n")),
+    ("10^5-lines", "bad_answer", _many_lines),
+    ("redirect", "bad_status", _status(b"302 Found\r\nlocation: http://x/", b"")),
+    ("409-huge-size", "conflict", _status(b"409 Conflict", b"9" * 40 + b"\n")),
+    ("409-larger-tree", "conflict", _status(b"409 Conflict", b"999999\n")),
+    ("403", "untrusted", _status(b"403 Forbidden", b"no\n")),
+    ("replayed", "bad_cosignature", _stale),
+]
 
 
 def _closed_port_url() -> str:
@@ -99,9 +118,13 @@ def _fail_once(tmp_path: Path, answer: Answer | None) -> tuple[WitnessStatus, st
     return asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("reason", list(_ANSWERS))
-def test_each_failure_is_counted_under_its_reason(tmp_path: Path, reason: str) -> None:
-    status, metrics = _fail_once(tmp_path, _ANSWERS[reason])
+@pytest.mark.parametrize(
+    ("reason", "answer"), [a[1:] for a in _ANSWERS], ids=[a[0] for a in _ANSWERS]
+)
+def test_each_failure_is_counted_under_its_reason(
+    tmp_path: Path, reason: str, answer: Answer | None
+) -> None:
+    status, metrics = _fail_once(tmp_path, answer)
     assert status.detail(0.0).get("last_failure") == reason, status.last_error
     counted = {
         line.split('reason="')[1].split('"')[0]: line.rsplit(" ", 1)[1]
