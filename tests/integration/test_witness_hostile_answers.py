@@ -13,11 +13,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.provenance import ProvenanceLog, SignatureError, write_signing_key
+from gateway.provenance import MalformedError, ProvenanceLog, SignatureError, write_signing_key
+from gateway.provenance.formats import cosignature as cosignature_module
+from gateway.provenance.formats import note as note_module
 from gateway.provenance.formats.cosignature import CosignatureVerifier, attach_cosignatures
 from gateway.provenance.formats.layout import list_cosigned
 from gateway.provenance.testing import log_request
-from gateway.provenance.witness.client import WitnessClient, request_cosignature
+from gateway.provenance.witness.client import MAX_RESPONSE, WitnessClient, request_cosignature
 from gateway.provenance.witness.witness import WitnessError
 from gateway.provenance.writer.cosignature_collector import Cosigning
 from tests.helpers.gateways import readiness
@@ -100,9 +102,10 @@ def test_an_answer_of_many_lines_costs_one_signature_check(
     real_log: RealLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Every line by the witness was verified: the ~500 a 64 KiB answer holds took 60-90 ms
-    # of the gateway's event loop, at every checkpoint. Only the newest is kept, and checked.
+    # of the gateway's event loop, at every checkpoint. Only the newest is kept, and checked
+    # (and an answer now holds at most 100 lines).
     note = real_log.notes[2]
-    answer = b"".join(COSIGNER.cosign(_body(note), NOW - n).line().encode() for n in range(500))
+    answer = b"".join(COSIGNER.cosign(_body(note), NOW - n).line().encode() for n in range(100))
     checks = 0
     verify = CosignatureVerifier.verify
 
@@ -115,6 +118,32 @@ def test_an_answer_of_many_lines_costs_one_signature_check(
     cosigned = attach_cosignatures(note, answer, COSIGNER.vkey, now=NOW)
     assert cosigned == note + COSIGNER.cosign(_body(note), NOW).line().encode()
     assert checks == 1
+
+
+def test_an_answer_of_more_lines_than_a_note_holds_is_refused_unparsed(
+    real_log: RealLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 4,000 short lines by other keys fit in 64 KiB; parsing each took 50 ms of the event
+    # loop in all, at every attempt. A note holds at most 100 signature lines: an answer
+    # with more is refused before any is parsed.
+    note = real_log.notes[2]
+    line = COSIGNER.cosign(_body(note), NOW).line().encode()
+    answer = "\u2014 x AAAAAAAA\n".encode() * 4000 + line
+    assert len(answer) < MAX_RESPONSE
+    parsed = 0
+    parse = note_module._parse_signature_line
+
+    def counted(text: str) -> object:
+        nonlocal parsed
+        parsed += 1
+        return parse(text)
+
+    monkeypatch.setattr(cosignature_module, "_parse_signature_line", counted)
+    with pytest.raises(MalformedError, match="more than 100 lines"):
+        attach_cosignatures(note, answer, COSIGNER.vkey, now=NOW)
+    assert parsed == 0
+    few = "\u2014 x AAAAAAAA\n".encode() * 99 + line
+    assert attach_cosignatures(note, few, COSIGNER.vkey, now=NOW) == note + line
 
 
 def test_only_the_newest_line_is_kept_and_it_must_verify(real_log: RealLog) -> None:

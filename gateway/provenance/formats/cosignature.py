@@ -31,6 +31,7 @@ from gateway.provenance.errors import KeyFormatError, MalformedError, SignatureE
 # block, reused so that one parser decides what a signed note is.
 from gateway.provenance.formats.note import (
     ALG_ED25519,
+    MAX_SIGNATURES,
     NoteSignature,
     Signer,
     _parse_signature_line,
@@ -282,7 +283,9 @@ def attach_cosignatures(
     timestamp) is kept, so only it is verified: SignatureError unless it is valid, dated at
     most `future_skew` seconds after `now` and, with `not_before`, not before that (an
     answer dated before it was asked for is a replay, or its witness's clock is wrong).
-    Lines that are not signature lines, or not cosignatures, make the answer malformed.
+    Lines that are not signature lines, or not cosignatures, make the answer malformed, and
+    so do more than MAX_SIGNATURES (100) lines: 4,000 short lines by other keys in a 64 KiB
+    answer took 50 ms of the gateway's event loop to parse, at every attempt.
     Keeping one line means a witness answering with many cannot fill the note past the
     signature lines a reader accepts; verifying one means it cannot make the gateway check
     hundreds of signatures (60-90 ms of its event loop for the 500 a 64 KiB answer holds)
@@ -296,6 +299,8 @@ def attach_cosignatures(
     except UnicodeDecodeError as exc:
         raise MalformedError("the witness answer is not valid UTF-8") from exc
     _split_note(note)  # a note, or MalformedError
+    if answer.count("\n") > MAX_SIGNATURES:  # counted before any is parsed
+        raise MalformedError(f"the witness answer has more than {MAX_SIGNATURES} lines")
     newest: Cosignature | None = None
     for line in answer[:-1].split("\n"):
         sig = _parse_signature_line(line)
