@@ -14,7 +14,6 @@ keep-alive pool would buy nothing. `https://` URLs use the system trust store.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -27,6 +26,7 @@ from gateway.provenance.witness.witness import AddCheckpoint, WitnessCode, Witne
 from gateway.tls_options import client_context
 
 __all__ = [
+    "CLOSE_S",
     "FAILURE_REASONS",
     "MAX_AHEAD_S",
     "MAX_ANSWER",
@@ -44,6 +44,8 @@ MAX_RESPONSE = 64 * 1024
 MAX_LINE = 8 * 1024
 #: everything read of one answer: head, chunk framing and body
 MAX_ANSWER = MAX_RESPONSE + 16 * 1024
+#: how long a witness may take to end the connection once its answer is read
+CLOSE_S = 1.0
 _HEX = b"0123456789abcdefABCDEF"
 _CODES: dict[int, WitnessCode] = {status: code for code, status in STATUS.items()}
 #: how far a cosignature's time may be from the gateway's clock: this much after its answer
@@ -150,7 +152,11 @@ async def _read_body(answer: _Answer, headers: dict[str, str]) -> bytes:
     raise _too_large()
 
 
-async def _exchange(url: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+async def _exchange(
+    url: str, body: bytes
+) -> tuple[int, dict[str, str], bytes, asyncio.StreamWriter]:
+    """One request and its answer; the connection is left for the caller to `_close`
+    (or aborted, when the exchange fails)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"witness URL {url!r} is not an http(s) URL")
@@ -172,11 +178,25 @@ async def _exchange(url: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
         await writer.drain()
         answer = _Answer(reader)
         status, headers = await _read_head(answer)
-        return status, headers, await _read_body(answer, headers)
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):  # the answer is in; a close error changes nothing
+        content = await _read_body(answer, headers)
+    except BaseException:
+        # Failed, cut or timed out: dropped at once. A graceful close waits for the peer's
+        # TLS close_notify, up to asyncio's 30 s shutdown timeout, after `timeout` ran out.
+        writer.transport.abort()
+        raise
+    return status, headers, content, writer
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    """End a connection whose answer is read, outside the exchange's timeout: a witness
+    that does not end it (no TLS close_notify) costs CLOSE_S, and cannot take back the
+    answer by making the exchange time out."""
+    writer.close()
+    try:
+        async with asyncio.timeout(CLOSE_S):
             await writer.wait_closed()
+    except (OSError, TimeoutError):
+        writer.transport.abort()
 
 
 def _interpret(url: str, status: int, content: bytes) -> bytes:
@@ -221,7 +241,7 @@ async def request_cosignature(
     body = AddCheckpoint(old_size, tuple(proof), checkpoint_note).encode()
     try:
         async with asyncio.timeout(timeout):
-            status, _, content = await _exchange(witness_url, body)
+            status, _, content, writer = await _exchange(witness_url, body)
     except TimeoutError as exc:
         raise WitnessError(
             "unavailable",
@@ -238,6 +258,7 @@ async def request_cosignature(
         raise WitnessError(
             "unavailable", f"witness {witness_url}: {exc}", reason="bad_answer"
         ) from exc
+    await _close(writer)
     return _interpret(witness_url, status, content)
 
 
