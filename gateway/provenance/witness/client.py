@@ -239,10 +239,13 @@ async def request_cosignature(
     a URL that is not http(s).
     """
     body = AddCheckpoint(old_size, tuple(proof), checkpoint_note).encode()
+    writer: asyncio.StreamWriter | None = None
     try:
         async with asyncio.timeout(timeout):
             status, _, content, writer = await _exchange(witness_url, body)
     except TimeoutError as exc:
+        if writer is not None:  # the time ran out just as the exchange ended
+            writer.transport.abort()
         raise WitnessError(
             "unavailable",
             f"witness {witness_url} did not answer within {timeout:g}s",
