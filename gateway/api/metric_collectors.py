@@ -201,15 +201,16 @@ class CosigningCollector(Collector):
         )
         failed = CounterMetricFamily(
             "owngate_witness_failures",
-            "Failed cosigning attempts (down, timeout, refused, bad answer).",
-            labels=["witness"],
+            "Failed cosigning attempts, by reason (timeout, unreachable, bad_answer, ...).",
+            labels=["witness", "reason"],
         )
         for witness in self._cosigning.witnesses:
             if witness.cosigned_size is not None:
                 size.add_metric([witness.name], witness.cosigned_size)
             up.add_metric([witness.name], 0 if witness.consecutive_failures else 1)
             done.add_metric([witness.name], witness.cosignatures)
-            failed.add_metric([witness.name], witness.failures)
+            for reason, count in witness.failures_by_reason.items():
+                failed.add_metric([witness.name, reason], count)
         yield from (size, up, done, failed)
 
 

@@ -66,13 +66,25 @@ class WitnessError(ProvenanceError):
     """The witness refused a checkpoint, or could not be asked (client side: `unavailable`).
 
     `code` is one of `WitnessCode`; `witness.app.STATUS` maps it to the spec's HTTP status.
-    `known_size` is set for `conflict`: the size the witness last cosigned.
+    `known_size` is set for `conflict`: the size the witness last cosigned. `reason` is
+    the code, or on the client side, for `unavailable` that was not the witness's own 503,
+    what went wrong: `timeout`, `unreachable`, `tls`, `bad_answer` (not a well-formed HTTP/1.x
+    answer within the bounds, or a 200 without cosignatures), `bad_status` (a status the
+    spec does not give a witness, a redirect included).
     """
 
-    def __init__(self, code: WitnessCode, message: str, *, known_size: int | None = None) -> None:
+    def __init__(
+        self,
+        code: WitnessCode,
+        message: str,
+        *,
+        known_size: int | None = None,
+        reason: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.code: WitnessCode = code
         self.known_size = known_size
+        self.reason: str = reason or code
 
 
 @dataclass(frozen=True, slots=True)

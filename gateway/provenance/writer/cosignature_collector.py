@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,15 +32,17 @@ from gateway.provenance.errors import MalformedError, ProvenanceError
 from gateway.provenance.files import write_files_atomically
 from gateway.provenance.formats.cosignature import parse_cosignature_line
 from gateway.provenance.formats.layout import COSIGNED, cosigned_path, list_cosigned
-from gateway.provenance.witness.client import WitnessClient
+from gateway.provenance.witness.client import FAILURE_REASONS, WitnessClient, failure_reason
 from gateway.provenance.writer.log import ProvenanceLog
 from gateway.provenance.writer.store import SignedNote
 
 __all__ = [
     "COSIGNED",
+    "FAILURE_REASONS",
     "Cosigning",
     "WitnessStatus",
     "cosigned_path",
+    "failure_reason",
     "list_cosigned",
     "merge_cosigned",
 ]
@@ -91,6 +93,10 @@ class WitnessStatus:
     failures: int = 0  # failed attempts since start
     consecutive_failures: int = 0
     last_error: str | None = None
+    last_failure: str | None = None  # its reason, one of FAILURE_REASONS
+    failures_by_reason: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0)
+    )
     last_success: float | None = None  # clock() of the last cosignature
 
     @property
@@ -109,6 +115,7 @@ class WitnessStatus:
             "failures": self.failures,
             "consecutive_failures": self.consecutive_failures,
             "last_error": self.last_error,
+            "last_failure": self.last_failure,
             "last_success_age_s": age,
         }
 
@@ -185,6 +192,8 @@ class Cosigning:
             status.failures += 1
             status.consecutive_failures += 1
             status.last_error = error = _shown_error(exc)
+            status.last_failure = reason = failure_reason(exc)
+            status.failures_by_reason[reason] += 1
             if self._events is not None:
                 self._events.warning(
                     "witness cosignature failed",
@@ -192,6 +201,7 @@ class Cosigning:
                     url=status.url,
                     size=size,
                     attempt=status.consecutive_failures,
+                    reason=reason,
                     retry_in_s=self._backoff(status.consecutive_failures),
                     error=error,
                 )
@@ -202,6 +212,7 @@ class Cosigning:
         status.cosignatures += 1
         status.consecutive_failures = 0
         status.last_error = None
+        status.last_failure = None
         status.last_success = self._clock()
         return True
 
