@@ -179,16 +179,24 @@ def _post(
     stream: bool = False,
     leave: bool = False,
     key: str = TENANT_KEY,
+    endpoint: str = "chat/completions",
     **extra: Any,
 ) -> int:
-    """One chat request carrying PROMPT, its status (0: the client left before any)."""
+    """One request (a chat unless `endpoint` says) carrying PROMPT; its status (0: the
+    client left before any)."""
     doc: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": PROMPT}]}
-    doc.update(max_tokens=2, stream=stream, **extra)
+    if endpoint == "embeddings":
+        doc = {"model": model, "input": PROMPT}
+    elif endpoint == "completions":
+        doc = {"model": model, "prompt": PROMPT, "max_tokens": 2, "stream": stream}
+    else:
+        doc.update(max_tokens=2, stream=stream)
+    doc.update(extra)
     body = json.dumps(doc).encode()
     head = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+        b"POST /v1/%s HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
         b"authorization: Bearer %s\r\nconnection: close\r\ncontent-length: %d\r\n\r\n"
-    ) % (key.encode(), len(body))
+    ) % (endpoint.encode(), key.encode(), len(body))
     server = stack.server
     with socket.create_connection((server.host, server.port), timeout=WAIT_S) as sock:
         sock.sendall(head + body)
@@ -239,6 +247,9 @@ OUTCOMES = [
     ("backend refuses (400)", {"model": "refused"}, 400),
     ("backend fails (503), nothing else serves", {"model": "failing"}, 503),
     ("backend busy (429), nothing else serves", {"model": "busy"}, 503),
+    ("embeddings refused (400)", {"model": "refused", "endpoint": "embeddings"}, 400),
+    ("completions refused (400)", {"model": "refused", "endpoint": "completions"}, 400),
+    ("hosted completions fail (500)", {"model": "h-failing", "endpoint": "completions"}, 503),
     ("backend fails (500), a hosted one serves", {"model": "failover"}, 200),  # p500, h200
     ("no first byte in time", {"model": "slow"}, 504),
     ("stream broken off mid-way", {"model": "breaks", "stream": True}, 200),
