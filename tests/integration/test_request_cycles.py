@@ -20,13 +20,16 @@ import asyncio
 import contextlib
 import gc
 import json
+import os
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import gateway.provenance.writer.segment_writer
 from gateway.api.app import GatewayApp
 from gateway.app import create_app
 from gateway.provenance import write_signing_key
@@ -41,6 +44,7 @@ from tests.helpers.gateways import (
     hosted_backend,
 )
 from tests.helpers.log_truth import ORIGIN
+from tests.helpers.provenance import FailingDisk
 from tests.helpers.raw_backend import ERROR_BODY, Post, RawBackend, json_answer, sse_head
 from tests.helpers.raw_socket import WAIT_S, parse, read_to_end
 from tests.helpers.waiting import until
@@ -297,3 +301,56 @@ def test_the_check_sees_a_cycle_holding_the_body(collector_off: None) -> None:
     with contextlib.suppress(ValueError):
         refuse((MARK * 8_000).encode())
     assert _holders() == ["frame refuse"]
+
+
+class _OwnDisk(FailingDisk):
+    """`FailingDisk` for the segments opened under `root` only: the module's gateway
+    (`stack`), which may run in this process meanwhile, keeps writing."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root, self.fds = str(root), set[int]()
+
+    def open(self, path: Any, *args: Any) -> int:
+        fd = os.open(path, *args)
+        if str(path).startswith(self.root):
+            self.fds.add(fd)
+        return fd
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        if fd not in self.fds:
+            return os.pwrite(fd, data, offset)
+        return super().pwrite(fd, data, offset)
+
+
+def test_a_log_that_cannot_be_written_leaves_no_cycle_holding_the_body(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, collector_off: None
+) -> None:
+    """The dispatch record refused by the disk (503): the log's futures hold its error."""
+    write_signing_key(tmp_path / "log.key", ORIGIN)
+    raw = RawBackend(json_answer(_WHOLE)).start()
+    disk = _OwnDisk(tmp_path)
+    monkeypatch.setattr(gateway.provenance.writer.segment_writer, "os", disk)
+    try:
+        config = gateway_config(
+            [backend("p200", raw.url, "ok")],
+            provenance={
+                "dir": str(tmp_path / "log"),
+                "origin": ORIGIN,
+                "signing_key_file": str(tmp_path / "log.key"),
+            },
+        )
+        app = create_app(config, environ={})
+        with ServerThread(app, listen=config.listen) as server:
+            stack = Stack(app, server, {"p200": raw})
+            assert _post(stack, "ok") == 200
+            _holders()
+            disk.failing = True
+            assert _post(stack, "ok") == 503
+            until(
+                lambda: not app.serving and app.bodies.held == 0,
+                "the request over, its body released",
+            )
+            assert _holders() == []
+    finally:
+        raw.stop()
