@@ -106,6 +106,20 @@ class GatewayError(Exception):
     def body(self) -> bytes:
         return error_body(self.code, self.message, self.param, error_type=self.error_type)
 
+    def detached(self) -> GatewayError:
+        """The same error as a new object, never raised: one to keep on an object that the
+        frames this one was raised through hold (kept there, the raised one would hold them
+        in a reference cycle through its traceback, the request's body among their locals,
+        until the cyclic collector ran)."""
+        return GatewayError(
+            self.code,
+            self.message,
+            param=self.param,
+            status=self.status,
+            headers=self.headers,
+            error_type=self.error_type,
+        )
+
     def __repr__(self) -> str:
         return f"GatewayError({self.code.name}, {self.message!r})"
 

@@ -53,8 +53,10 @@ def settle_heap() -> None:
     stalling every request in flight, and about half of what the collector cost per
     request (docs/performance.md, branch perf16b). The collector's thresholds are left
     as CPython sets them: a young collection every ~700 allocations is what bounds the
-    memory held by reference cycles a request leaves (a refused request's exception
-    and its frames can hold its body), and a higher one multiplied it. Only what exists
+    memory held by reference cycles a request may leave (an exception kept by the frames
+    it was raised through holds them, and they the body: the outcomes
+    tests/integration/test_request_cycles.py covers leave none), and a higher one
+    multiplied it. Only what exists
     now is frozen: a reference cycle among it that a config reload later drops is never
     collected, a one-time cost of at most the startup assembly (what reloads build is
     not frozen, and is collected as before)."""

@@ -287,11 +287,19 @@ class PrivateRelay:
             self._metrics.upstream_error(backend.id, "status")
             exchange.upstream_error = f"status {status}"
             pool = backend.pool
-            error = translate_upstream_error(status, data, (pool.host,) if pool else ())
+            hosts = (pool.host,) if pool else ()
+            # Raised as made, never bound to a local first: the error's traceback holds
+            # this frame, whose locals would hold the error, a reference cycle keeping the
+            # frames up to the request's (its body among their locals) past the body
+            # budget's release, until the collector finds it.
             if status in RETRYABLE or status in REFUSALS:
                 # nothing reached the client: another backend may serve
-                raise TryNext(f"{backend.id}: HTTP {status}", error, busy=status == 429)
-            raise error
+                raise TryNext(
+                    f"{backend.id}: HTTP {status}",
+                    translate_upstream_error(status, data, hosts),
+                    busy=status == 429,
+                )
+            raise translate_upstream_error(status, data, hosts)
         if _RELAYABLE_TYPE.fullmatch(content_type) is None:
             raise UpstreamError("shape", _UNRELAYABLE_TYPE)
         if status < 300 and sse != _wants_stream(exchange):

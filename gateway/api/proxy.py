@@ -210,90 +210,107 @@ class Proxy:
         # media URLs), and the rule its refusal record names.
         unsent: GatewayError | None = None
         unsent_rule = HOSTED_CHECKS_RULE
-        for attempt in plan:  # in flight from here: reported however it ends
-            outcome, reason, busy, span = Outcome.ended, "", False, None
-            try:
-                stop = standing.lapsed(model)  # the key or the tenant, as it stands now
-                if stop is not None:
-                    outcome, reason = Outcome.skipped, f"{attempt.backend.id}: not made"
-                    raise stopped(stop, decision, last, model, exchange.request_id.decode())
-                withdrawn = withdrawn_by_reload(self._trust, registry, decided, attempt, plan)
-                if withdrawn is not None:  # not dispatched: no record, the next one may serve
-                    outcome, reason = Outcome.skipped, withdrawn
-                    continue
-                prepared = None
-                if attempt.private and media is not None:  # before its dispatch record
-                    refused = media.refusal(attempt.backend.config.media_urls)
-                    if refused is not None:  # not sent: no record, the next one may serve
-                        outcome, reason = Outcome.skipped, f"{attempt.backend.id}: media URL"
-                        if unsent is None:
-                            unsent, unsent_rule = refused, MEDIA_URLS_RULE
+        stop: GatewayError | None = None
+        gone: str | GatewayError | None = None
+        try:
+            for attempt in plan:  # in flight from here: reported however it ends
+                outcome, reason, busy, span = Outcome.ended, "", False, None
+                try:
+                    stop = standing.lapsed(model)  # the key or the tenant, as it stands now
+                    if stop is not None:
+                        outcome, reason = Outcome.skipped, f"{attempt.backend.id}: not made"
+                        raise stopped(stop, decision, last, model, exchange.request_id.decode())
+                    withdrawn = withdrawn_by_reload(self._trust, registry, decided, attempt, plan)
+                    if withdrawn is not None:  # not dispatched: no record, the next one may serve
+                        outcome, reason = Outcome.skipped, withdrawn
                         continue
-                if not attempt.private:  # checked before its dispatch record, sent nothing
-                    try:
-                        prepared = await hosted.prepare(exchange, attempt, doc)
-                    except NotSent as exc:
-                        outcome, reason = Outcome.skipped, exc.reason
-                        unsent = unsent or exc.error
-                        plan.hosted_down |= exc.hosted_down  # LiteLLM did not load: no hosted
-                        continue
-                if traced is not None:  # tracing on: the attempt's span (gateway/tracing)
-                    span = traced.attempt(attempt, exchange, plan.fallback)
-                exchange.fallback, exchange.fallback_basis = plan.fallback, plan.basis
-                # Asked again once the dispatch record is durable and on a retried
-                # connection: a reload that landed meanwhile (a policy that no longer
-                # admits the backend, a config that moved it) stops the send; narrowing
-                # takes effect for every send after it (`Registry.moved` is part of it).
-                moved = partial(withdrawn_by_reload, self._trust, registry, decided, attempt, plan)
-                relay: Callable[[Connection | None], Awaitable[None]]
-                connect: Callable[[], Awaitable[Connection]] | None = None
-                if attempt.private:  # connected first: the dispatch record names its peer
-                    connect = partial(private.connect, exchange, attempt)
-                    relay = partial(
-                        private.attempt, exchange, attempt, model, doc, body, upstream_path, send
+                    prepared = None
+                    if attempt.private and media is not None:  # before its dispatch record
+                        refused = media.refusal(attempt.backend.config.media_urls)
+                        if refused is not None:  # not sent: no record, the next one may serve
+                            outcome, reason = Outcome.skipped, f"{attempt.backend.id}: media URL"
+                            if unsent is None:
+                                unsent, unsent_rule = refused, MEDIA_URLS_RULE
+                            continue
+                    if not attempt.private:  # checked before its dispatch record, sent nothing
+                        try:
+                            prepared = await hosted.prepare(exchange, attempt, doc)
+                        except NotSent as exc:
+                            outcome, reason = Outcome.skipped, exc.reason
+                            unsent = unsent or exc.error
+                            plan.hosted_down |= exc.hosted_down  # LiteLLM did not load: no hosted
+                            continue
+                    if traced is not None:  # tracing on: the attempt's span (gateway/tracing)
+                        span = traced.attempt(attempt, exchange, plan.fallback)
+                    exchange.fallback, exchange.fallback_basis = plan.fallback, plan.basis
+                    # Asked again once the dispatch record is durable and on a retried
+                    # connection: a reload that landed meanwhile (a policy that no longer
+                    # admits the backend, a config that moved it) stops the send; narrowing
+                    # takes effect for every send after it (`Registry.moved` is part of it).
+                    moved = partial(
+                        withdrawn_by_reload, self._trust, registry, decided, attempt, plan
                     )
-                    relay = partial(relay, moved=moved)  # asked again on a retried connection
-                else:
-                    assert prepared is not None
-                    relay = partial(_hosted, hosted, exchange, attempt, prepared, send)
-                gone = await recorded(
-                    self.recorder,
-                    self._metrics,
-                    exchange,
-                    attempt.backend,
-                    relay,
-                    connect,
-                    moved,
-                    partial(standing.lapsed, model),
-                    moved,
-                )
-                if isinstance(gone, GatewayError):  # the key lapsed meanwhile: not made
-                    outcome, reason = Outcome.skipped, f"{attempt.backend.id}: not made"
-                    raise stopped(gone, decision, last, model, exchange.request_id.decode())
-                if gone is not None:  # withdrawn by a reload while it connected or was checked
-                    outcome, reason = Outcome.skipped, gone
-                    continue
-                outcome = Outcome.served
-                if exchange.fallback is not None:
-                    self._metrics.fallback(attempt.backend.id, exchange.fallback)
-                return
-            except TryNext as exc:
-                last, outcome, reason, busy = exc, Outcome.failed, exc.reason, exc.busy
-            finally:
-                plan.report(attempt, outcome, reason, busy=busy)
-                if span is not None:
-                    span.end(outcome, reason, exchange)
-        exchange.fallback = plan.fallback
-        exchange.unserved = diagnosis(plan.reasons)  # the operator's: its access line
-        if last is not None:
-            # Dispatched and failed: what the last attempt came to (its completion record
-            # says the same), never a refusal.
-            raise attempt_error(last, model, exchange.request_id.decode())
-        if plan.hosted_down:  # nothing dispatched, LiteLLM did not load: 503, a refusal record
-            raise hosted_unavailable(decision, model, exchange.request_id.decode())
-        if unsent is not None:  # nothing dispatched: the client's 400, a refusal record
-            raise not_sent(unsent, decision, unsent_rule)
-        raise nothing_served(decision, model, exchange.request_id.decode())
+                    relay: Callable[[Connection | None], Awaitable[None]]
+                    connect: Callable[[], Awaitable[Connection]] | None = None
+                    if attempt.private:  # connected first: the dispatch record names its peer
+                        connect = partial(private.connect, exchange, attempt)
+                        relay = partial(
+                            private.attempt,
+                            exchange,
+                            attempt,
+                            model,
+                            doc,
+                            body,
+                            upstream_path,
+                            send,
+                        )
+                        relay = partial(relay, moved=moved)  # asked again on a retried connection
+                    else:
+                        assert prepared is not None
+                        relay = partial(_hosted, hosted, exchange, attempt, prepared, send)
+                    gone = await recorded(
+                        self.recorder,
+                        self._metrics,
+                        exchange,
+                        attempt.backend,
+                        relay,
+                        connect,
+                        moved,
+                        partial(standing.lapsed, model),
+                        moved,
+                    )
+                    if isinstance(gone, GatewayError):  # the key lapsed meanwhile: not made
+                        outcome, reason = Outcome.skipped, f"{attempt.backend.id}: not made"
+                        raise stopped(gone, decision, last, model, exchange.request_id.decode())
+                    if gone is not None:  # withdrawn by a reload while it connected or was checked
+                        outcome, reason = Outcome.skipped, gone
+                        continue
+                    outcome = Outcome.served
+                    if exchange.fallback is not None:
+                        self._metrics.fallback(attempt.backend.id, exchange.fallback)
+                    return
+                except TryNext as exc:
+                    last, outcome, reason, busy = exc, Outcome.failed, exc.reason, exc.busy
+                finally:
+                    plan.report(attempt, outcome, reason, busy=busy)
+                    if span is not None:
+                        span.end(outcome, reason, exchange)
+            exchange.fallback = plan.fallback
+            exchange.unserved = diagnosis(plan.reasons)  # the operator's: its access line
+            if last is not None:
+                # Dispatched and failed: what the last attempt came to (its completion record
+                # says the same), never a refusal.
+                raise attempt_error(last, model, exchange.request_id.decode())
+            if plan.hosted_down:  # nothing dispatched, LiteLLM did not load: 503, a refusal record
+                raise hosted_unavailable(decision, model, exchange.request_id.decode())
+            if unsent is not None:  # nothing dispatched: the client's 400, a refusal record
+                raise not_sent(unsent, decision, unsent_rule)
+            raise nothing_served(decision, model, exchange.request_id.decode())
+        finally:
+            # The error raised from here holds this frame (its traceback): none of
+            # them may stay among its locals, or the frames up to the request's (its
+            # body among their locals) outlive it in a reference cycle.
+            last = unsent = stop = gone = refused = None
 
     async def _refused(self, exchange: Exchange, refused: Refused) -> None:
         """The refusal record (nothing was dispatched): the decision's rule and trace, and
@@ -307,7 +324,7 @@ class Proxy:
                 await self.recorder.refuse(exchange, trail, refused)
             finally:  # also when a shutdown cut it once the record was in the log
                 if trail.refusal is not None:
-                    exchange.refused = refused
+                    exchange.refused = refused.detached()  # not the one raised through here
 
     async def close(self) -> None:
         await self._hosted.close()

@@ -73,6 +73,8 @@ async def recorded(
             failed = exc
 
     async def run() -> None:
+        nonlocal failed
+        stop: GatewayError | None = None
         try:
             stop = lapsed()  # while the dispatch record was made durable: nothing sent
             if stop is not None:
@@ -88,6 +90,11 @@ async def recorded(
             if stop is None:
                 raise
             raise stop from exc  # what the client gets, and the completion says
+        finally:
+            # What is raised from here holds this frame and `recorded`'s (its traceback),
+            # and they would hold it: a reference cycle keeping the request's frames (its
+            # body among their locals) until the cyclic collector ran.
+            stop = failed = None
 
     try:
         gone: str | GatewayError | None = lapsed()
@@ -100,6 +107,7 @@ async def recorded(
         await recorded_on(recorder, metrics, exchange, backend, run, peer)
         return None
     finally:
+        failed = None  # caught here: its traceback holds this frame (a reference cycle)
         if connection is not None:
             connection.release()
 

@@ -79,3 +79,10 @@ class UpstreamError(Exception):
         self.detail = detail
         # No response byte came on a reused connection: the server closed it while idle.
         self.sent_nothing = sent_nothing
+
+    def again(self) -> UpstreamError:
+        """The same failure as a new exception, to raise one that an object keeps (a
+        response's broken connection): the kept one, raised, would hold the frames it
+        passed in its traceback, and they the object, a reference cycle (the request's
+        body among those frames' locals) until the cyclic collector ran."""
+        return UpstreamError(self.kind, self.detail, sent_nothing=self.sent_nothing)

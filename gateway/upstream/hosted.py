@@ -32,6 +32,7 @@ from gateway.upstream.hosted_errors import (
     HostedError,
     HostedErrorKind,
     HostedUnavailable,
+    forget_frames,
     hosted_error,
     local_reason,
 )
@@ -255,11 +256,17 @@ class HostedClient:
             failure = self._failure(exc, outbound)
         # Raised outside `except`, so LiteLLM's exception (provider text that may quote the
         # prompt, URLs) is neither its cause nor its context.
-        raise failure
+        try:
+            raise failure
+        finally:
+            del failure  # not held by this frame, which its traceback holds (a cycle)
 
     def _failure(self, exc: BaseException, outbound: Outbound) -> HostedError:
         secrets, sent, cut = self._secrets(), outbound.reached, outbound.cut
-        return hosted_error(exc, self.provider, secrets=secrets, sent=sent, cut=cut)
+        try:
+            return hosted_error(exc, self.provider, secrets=secrets, sent=sent, cut=cut)
+        finally:
+            forget_frames(exc)  # LiteLLM's frames: the request's messages among their locals
 
     async def aclose(self) -> None:
         """Close this client's connections and LiteLLM's shared client cache: at shutdown.
@@ -342,4 +349,7 @@ class HostedClient:
             await close_stream(stream)  # cancelled: the provider must stop too
             raise
         await close_stream(stream)
-        raise failure
+        try:
+            raise failure
+        finally:
+            del failure  # not held by this frame, which its traceback holds (a cycle)

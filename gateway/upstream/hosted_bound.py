@@ -117,12 +117,28 @@ async def bounded_send(
 
 
 def _bounded_stream(module: str, inner: Any, limit: int, whole: bool, outbound: Outbound) -> Any:
-    # loaded with LiteLLM already: this runs only inside a hosted call; a Response checks
-    # that its stream is its own module's AsyncByteStream
-    base: Any = importlib.import_module(module).AsyncByteStream
+    cls = _BOUNDED.get(module)
+    if cls is None:
+        # loaded with LiteLLM already: this runs only inside a hosted call; a Response
+        # checks that its stream is its own module's AsyncByteStream
+        cls = _BOUNDED[module] = _bounded_class(importlib.import_module(module).AsyncByteStream)
+    return cls(inner, limit, whole, outbound)
 
+
+# One class per HTTP module, made once: a class made per call is a reference cycle of its
+# own (a type holds itself), and its methods' closures held the answer's stream, its
+# response and the request sent (the prompt) until the cyclic collector ran.
+_BOUNDED: dict[str, Any] = {}
+
+
+def _bounded_class(base: Any) -> Any:
     class Bounded(base):  # type: ignore[misc]
+        def __init__(self, inner: Any, limit: int, whole: bool, outbound: Outbound) -> None:
+            self._inner: Any = inner
+            self._limit, self._whole, self._outbound = limit, whole, outbound
+
         async def __aiter__(self) -> AsyncIterator[bytes]:
+            inner, limit, whole, outbound = self._inner, self._limit, self._whole, self._outbound
             total = event = 0
             last = b""
             async for read in inner:
@@ -146,9 +162,16 @@ def _bounded_stream(module: str, inner: Any, limit: int, whole: bool, outbound: 
                     yield chunk
 
         async def aclose(self) -> None:
+            inner = self._inner
+            if inner is None:
+                return
+            # httpx's own stream holds its response, which holds this one: let go of it
+            # once closed, or the response (with the request sent, the prompt) stays in
+            # that reference cycle until the cyclic collector runs.
+            self._inner = None
             await inner.aclose()
 
-    return Bounded()
+    return Bounded
 
 
 # A blank line ends an SSE event: a line end followed by another (`\n\n`, `\r\r`, and

@@ -7,6 +7,7 @@ when the gateway's own LiteLLM could not be loaded, which is no provider's failu
 from __future__ import annotations
 
 import re
+import traceback
 from collections.abc import Iterator
 from typing import Final, Literal
 
@@ -17,6 +18,7 @@ __all__ = [
     "HostedError",
     "HostedErrorKind",
     "HostedUnavailable",
+    "forget_frames",
     "hosted_error",
     "local_reason",
     "unnamed",
@@ -245,6 +247,25 @@ def _untranslatable(chain: list[BaseException]) -> str | None:
     if type(innermost) is Exception or isinstance(innermost, _DATA_ERRORS):
         return type(innermost).__name__[:40]
     return None
+
+
+def forget_frames(exc: BaseException) -> None:
+    """Clear the locals of the finished frames that `exc` and the exceptions it chains
+    (cause and context) passed through: LiteLLM's and the SDKs' frames, whose locals hold
+    the call's keyword arguments (the request's messages) and, in some, the exception
+    raised through them (a reference cycle). Once classified (`hosted_error`), nothing of
+    them is read again, and the request's content then goes with its last reference, not
+    when the cyclic collector next runs. A frame still running (the one that caught it)
+    is left as it is."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo and len(seen) < 4 * _CHAIN_LIMIT:
+        link = todo.pop()
+        if id(link) in seen:
+            continue
+        seen.add(id(link))
+        traceback.clear_frames(link.__traceback__)
+        todo.extend(e for e in (link.__cause__, link.__context__) if e is not None)
 
 
 def _from_transport(exc: BaseException) -> bool:

@@ -291,7 +291,10 @@ def encoded(provider: str, encode: Callable[[], T]) -> T:
         return encode()
     except TypeError:  # not an object, or not JSON-encodable (orjson's error is a TypeError)
         failure = HostedError("protocol", f"{provider} answered in a shape LiteLLM did not map")
-    raise failure
+    try:
+        raise failure
+    finally:
+        del failure  # not held by this frame, which its traceback holds (a cycle)
 
 
 async def close_stream(stream: Any) -> None:

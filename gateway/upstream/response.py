@@ -184,7 +184,7 @@ class UpstreamResponse:
             return True
         if self._error is not None:
             self.abort()
-            raise self._error
+            raise self._error.again()
         return False
 
     def _next_wait(
@@ -220,6 +220,11 @@ class UpstreamResponse:
             await waiter
         finally:
             self._waiter = None
+            # The waiter holds the exception it raised here (a timeout, a broken
+            # connection), whose traceback holds this frame: not kept among its locals,
+            # or the frames the exception passed (the request's, its body among their
+            # locals) would stay in a reference cycle until the cyclic collector ran.
+            del waiter
 
     def _check_due(self) -> None:
         """The timer: fail a read that is past its deadline, or move on to it."""
@@ -248,7 +253,7 @@ class UpstreamResponse:
                 raise
         if self.status == 0 and self._error is not None:
             self.abort()
-            raise self._error
+            raise self._error.again()
 
     async def chunks(self, deadline: float | None = None) -> AsyncGenerator[bytes, None]:
         """Yield body bytes as they arrive; raises `UpstreamError` if the body breaks off,
@@ -315,9 +320,12 @@ class UpstreamResponse:
                 raise
             finally:
                 self._sink = None
-            error, self._sink_error = self._sink_error, None
-            if error is not None:
-                raise error
+            if self._sink_error is not None:
+                error, self._sink_error = self._sink_error, None
+                try:
+                    raise error
+                finally:
+                    del error  # not held by this frame, which its traceback holds
             if self._sink_full:
                 self._sink_full = False
                 await drain()
