@@ -282,3 +282,19 @@ def test_a_chat_body_s_bytes_are_not_searched() -> None:
     doc = {"model": "m", "prompt": "word " * 20_000}
     assert MediaRefs.of(doc, Searched(orjson.dumps(doc))) is None
     assert Searched.searches == 0
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "user", "Content": [image("http://127.0.0.1/")]},
+        {"role": "user", "images": ["http://169.254.169.254/"]},
+        {"content": "hi", "CONTENT": [{"image_url": "http://10.0.0.1/"}]},
+    ],
+)
+def test_a_message_of_two_keys_besides_a_plain_one_is_walked(message: dict[str, Any]) -> None:
+    # The hot path took any message of at most two keys whose `content` (exact case) is a
+    # string or missing for a plain one: a `Content` array (a server in Go reads it) or
+    # `images` beside a role were never walked, though the walk refuses them.
+    refused = refusal({"model": "m", "messages": [message]})
+    assert refused is not None and str(refused.param).startswith("messages[0].")
