@@ -11,8 +11,9 @@ a trailing dot) or an address, IPv4 in any of the forms `inet_aton` and WHATWG U
 accept (`2130706433`, `0x7f.1`, `0177.0.0.1`, `127.1`), IPv6 in brackets.
 
 `is_public_address` says whether an address is globally routable (Python's `is_global`,
-not multicast, not the cloud fabric addresses LiteLLM also blocks), an IPv6 address that
-embeds an IPv4 one (IPv4-mapped, IPv4-compatible, 6to4, NAT64) judged by that one; the
+not multicast, not the cloud fabric addresses LiteLLM also blocks, not local-use NAT64 or
+site-local IPv6), an IPv6 address that embeds an IPv4 one (IPv4-mapped, IPv4-compatible,
+IPv4-translated, 6to4, NAT64) judged by that one; the
 hosted check (gateway/upstream/media_urls.py) uses it for resolved addresses too.
 """
 
@@ -48,6 +49,14 @@ _FABRIC: Final = (
 _SIX_TO_FOUR: Final = ipaddress.ip_network("2002::/16")
 _NAT64: Final = ipaddress.ip_network("64:ff9b::/96")
 _COMPATIBLE: Final = ipaddress.ip_network("::/96")
+_TRANSLATED: Final = ipaddress.ip_network("::ffff:0:0:0/96")  # SIIT's IPv4-translated
+# Global to this Python's `is_global` (3.11), yet inside a network: local-use NAT64
+# (RFC 8215: the operator's own translator to its IPv4 hosts, 10.0.0.0/8 included, at a
+# place in the address the prefix length sets) and site-local (deprecated, still routed).
+_INTERNAL6: Final = (
+    ipaddress.ip_network("64:ff9b:1::/48"),
+    ipaddress.ip_network("fec0::/10"),
+)
 _HTTP: Final = re.compile(r"(?i:https?)://")
 # What no fetcher reads alike: controls, space, backslash, DEL, and (in the authority)
 # anything not ASCII.
@@ -137,6 +146,8 @@ def is_public_address(address: str | IPAddress) -> bool:
     else:
         ip = address
     if isinstance(ip, ipaddress.IPv6Address):
+        if any(ip in net for net in _INTERNAL6):
+            return False
         embedded = _embedded(ip)
         if embedded is not None:
             ip = embedded
@@ -151,7 +162,8 @@ def _embedded(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
         return ip.ipv4_mapped
     if ip in _SIX_TO_FOUR:
         return ip.sixtofour
-    if ip in _NAT64 or (ip in _COMPATIBLE and int(ip) > 1):  # `::` and `::1` are their own
+    if ip in _NAT64 or ip in _TRANSLATED or (ip in _COMPATIBLE and int(ip) > 1):
+        # (`::` and `::1` are their own.)
         return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     return None
 

@@ -145,7 +145,7 @@ class TrustPolicies:
             )
         return changed
 
-    def _fingerprint(self) -> tuple[tuple[str, int, int], ...]:
+    def _fingerprint(self) -> tuple[tuple[str, int, int, int, int], ...]:
         return policy_stamps(self._paths)
 
     def poll(self) -> bool:
@@ -198,8 +198,11 @@ class TrustPolicies:
         }
 
 
-def policy_stamps(paths: Sequence[Path]) -> tuple[tuple[str, int, int], ...]:
-    """Each policy file's (name, mtime, size) under `paths`: a change shows as a new value."""
+def policy_stamps(paths: Sequence[Path]) -> tuple[tuple[str, int, int, int, int], ...]:
+    """Each policy file's (name, mtime, size, inode, ctime) under `paths`: a change shows
+    as a new value. The mtime alone is the writer's to set (`cp -p`, `rsync -a`, an
+    archive's normalized mtimes keep the source's): a file renamed into place is another
+    inode, and any write or rename sets the ctime, which no writer chooses."""
     stamps = []
     for path in paths:
         candidates = (
@@ -211,7 +214,9 @@ def policy_stamps(paths: Sequence[Path]) -> tuple[tuple[str, int, int], ...]:
                 info = file.stat()
             except OSError:
                 continue
-            stamps.append((str(file), info.st_mtime_ns, info.st_size))
+            stamps.append(
+                (str(file), info.st_mtime_ns, info.st_size, info.st_ino, info.st_ctime_ns)
+            )
     return tuple(stamps)
 
 

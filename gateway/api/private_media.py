@@ -54,6 +54,7 @@ _URL_KEYS: Final = frozenset({"url", "image_url", "video_url", "audio_url"})
 _PROMPT_KEYS: Final = ("prompt", "input", "content")  # llama.cpp prompt objects' holders
 _PROMPT_TEXT: Final = "prompt_string"
 _NEEDLES: Final = (b"multimodal_data", b"\\u")
+_PLAIN: Final = frozenset({"role", "content"})  # a plain chat message's keys
 _PUBLIC: Final = (
     "a `data:` URL or an http(s) URL to a public host: the private backend fetches it from "
     "inside the network"
@@ -74,10 +75,11 @@ class MediaRefs:
         """The media URLs of the request `doc` (parsed from `body`), or None when it names
         none (most requests: nothing is parsed for them)."""
         # Hot path: plain chat messages (a role and a string content) and no llama.cpp
-        # prompt object, looked at without a Python call.
+        # prompt object, looked at without a Python call. Any other key (`Content` or
+        # `images` beside a role) is walked: the walk reads those too.
         messages = doc.get("messages")
         for message in messages if isinstance(messages, list) else ():
-            if not isinstance(message, dict) or len(message) > 2:
+            if not isinstance(message, dict) or not message.keys() <= _PLAIN:
                 break
             if not isinstance(message.get("content", ""), str):
                 break

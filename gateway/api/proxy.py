@@ -226,7 +226,7 @@ class Proxy:
                         continue
                     prepared = None
                     if attempt.private and media is not None:  # before its dispatch record
-                        refused = media.refusal(attempt.backend.config.media_urls)
+                        refused = _media_refusal(media, registry, attempt)
                         if refused is not None:  # not sent: no record, the next one may serve
                             outcome, reason = Outcome.skipped, f"{attempt.backend.id}: media URL"
                             if unsent is None:
@@ -250,6 +250,8 @@ class Proxy:
                     moved = partial(
                         withdrawn_by_reload, self._trust, registry, decided, attempt, plan
                     )
+                    if attempt.private and media is not None:  # and a narrowed `media_urls`
+                        moved = partial(_media_narrowed, moved, media, registry, attempt)
                     relay: Callable[[Connection | None], Awaitable[None]]
                     connect: Callable[[], Awaitable[Connection]] | None = None
                     if attempt.private:  # connected first: the dispatch record names its peer
@@ -340,3 +342,25 @@ async def _hosted(
 ) -> None:
     """A hosted attempt (LiteLLM opens its own connections)."""
     await hosted.attempt(exchange, attempt, prepared, send)
+
+
+def _media_refusal(media: MediaRefs, registry: Registry, attempt: Attempt) -> GatewayError | None:
+    """The 400 for `media` at `attempt`'s private backend: under its `media_urls` in the
+    request's config and, after a config reload, in the newest one too (a reload that
+    narrowed it reaches every send after it, as a narrowed policy does)."""
+    refused = media.refusal(attempt.backend.config.media_urls)
+    newest = registry.newest(attempt.backend.id)
+    if refused is None and newest is not None and newest is not attempt.backend:
+        refused = media.refusal(newest.config.media_urls)
+    return refused
+
+
+def _media_narrowed(
+    withdrawn: Callable[[], str | None], media: MediaRefs, registry: Registry, attempt: Attempt
+) -> str | None:
+    """`withdrawn` (`withdrawn_by_reload`), or why a config reload since the media check
+    narrowed the backend's `media_urls` below the request's URLs."""
+    reason = withdrawn()
+    if reason is None and _media_refusal(media, registry, attempt) is not None:
+        reason = f"{attempt.backend.id}: its media_urls narrowed by a config reload"
+    return reason

@@ -134,7 +134,7 @@ class ConfigReloader:
             files = [f.stat().st_mtime_ns for f in (*self._files(), *policies)]
         except OSError:
             return False
-        files += [mtime for _, mtime, _ in policy_stamps(policies)]
+        files += [stamp[1] for stamp in policy_stamps(policies)]  # their mtimes
         return all(mtime < limit for mtime in files)
 
     def _fingerprint(self) -> tuple[object, ...]:
@@ -143,9 +143,11 @@ class ConfigReloader:
             try:
                 info = file.stat()
             except OSError:
-                stamps.append((-1, -1))
+                stamps.append((-1, -1, -1, -1))
                 continue
-            stamps.append((info.st_mtime_ns, info.st_size))
+            # The inode and ctime too: a file renamed into place with the source's mtime
+            # and size (`cp -p`, `rsync -a`) is a change (as gateway/policy_set.py's).
+            stamps.append((info.st_mtime_ns, info.st_size, info.st_ino, info.st_ctime_ns))
         # After a config refused for its policy files (missing, invalid: a deploy that
         # writes gateway.yaml before them), their change retries it; without this the
         # process, or one worker of several, kept the old config until gateway.yaml changed.

@@ -234,6 +234,15 @@ class Registry:
             return f"{backend_id}: its address or TLS settings changed by a config reload"
         return None
 
+    def newest(self, backend_id: str) -> BackendState | None:
+        """The backend `backend_id` of the newest config (`successor`, after reloads), or
+        None where it has none: what a narrowing of its settings (`media_urls`) holds
+        the requests still running on this registry to."""
+        latest = self
+        while latest.successor is not None:
+            latest = latest.successor
+        return latest.backends.get(backend_id)
+
     async def close(self) -> None:
         for backend in self.backends.values():
             if backend.pool is not None:

@@ -6,18 +6,24 @@ URLs and `data:` URLs reach it byte for byte; a backend's `media_urls:` narrows 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
+import yaml
 
-from tests.helpers.gateways import Gateway, backend, logged_gateway
+from gateway.app import create_app
+from gateway.config import load_config
+from gateway.serving import ServerThread
+from tests.helpers.gateways import TENANT_KEY, Gateway, backend, gateway_config, logged_gateway
 from tests.helpers.log_truth import ORIGIN
 from tests.helpers.provenance import records
-from tests.helpers.raw_backend import Answer, RawBackend, json_answer
+from tests.helpers.raw_backend import ERROR_BODY, Answer, RawBackend, json_answer
 from tests.helpers.waiting import until
 
 ANSWER = orjson.dumps(
@@ -299,3 +305,70 @@ def test_a_backend_that_fetches_no_url_is_passed_over_for_one_that_may(
     assert strict.posts == [] and len(open_.posts) == 4
     found = logged(tmp_path, response.headers["x-request-id"], response.headers["x-request-id"])
     assert [r["backend"]["id"] for r in found if r["type"] == "dispatch"] == ["open"]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "user", "Content": [image("http://127.0.0.1:6379/")]},
+        {"role": "user", "images": ["http://169.254.169.254/latest/meta-data/"]},
+    ],
+)
+def test_a_two_key_message_with_a_media_key_is_read_too(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    message: dict[str, Any],
+) -> None:
+    """The plain-chat shortcut took any message of two keys without an array `content`:
+    a role beside `Content` (a server in Go reads it) or `images` reached the backend."""
+    gateway, raw = start(start_raw, start_gateway, tmp_path)
+    response = post(gateway, "/v1/chat/completions", {"model": "m", "messages": [message]})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"].startswith("messages[0].")
+    assert raw.posts == []
+
+
+def test_a_config_reload_narrowing_media_urls_reaches_a_request_held_before_it(
+    start_raw: Callable[[Answer], RawBackend],
+    tmp_path: Path,
+) -> None:
+    """A request held at one of two backends across a gateway.yaml reload that sets both
+    media_urls to `remote: none`; the held one then fails (503): the failover does not send
+    its public URL to the other (before, the arrival config's `public` was read)."""
+    release = threading.Event()
+    raws = [start_raw(json_answer(ERROR_BODY, b"503 Service Unavailable", release))]
+    raws.append(start_raw(json_answer(ERROR_BODY, b"503 Service Unavailable", release)))
+    path = tmp_path / "gateway.yaml"
+
+    def write(media: dict[str, Any]) -> None:
+        backends = [backend(f"gpu{i}", raw.url, "m", **media) for i, raw in enumerate(raws)]
+        config = gateway_config(backends).model_dump(mode="json", exclude_none=True)
+        temporary = tmp_path / "gateway.yaml.tmp"
+        temporary.write_text(yaml.safe_dump(config))
+        temporary.replace(path)
+
+    write({})
+    app = create_app(load_config(path), config_dir=tmp_path, config_file=path)
+    server = ServerThread(app).start()
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(
+                httpx.post,
+                f"{server.url}/v1/chat/completions",
+                json=chat(image(PUBLIC)),
+                headers={"authorization": f"Bearer {TENANT_KEY}"},
+                timeout=60,
+            )
+            until(lambda: any(raw.posts for raw in raws), "the first attempt")
+            arrival = app.parts
+            write({"media_urls": {"remote": "none"}})
+            until(lambda: app.parts is not arrival, "the config reload", timeout=30)
+            release.set()
+            response = pending.result(timeout=60)
+    finally:
+        release.set()
+        server.stop()
+    sent = sum(len(raw.posts) for raw in raws)
+    assert sent == 1, "a URL went to a backend whose media_urls a reload narrowed"
+    assert response.status_code == 503, response.text

@@ -463,3 +463,31 @@ def test_a_reload_assembles_the_new_config_off_the_event_loop(
     reloaded, _ = asyncio.run(both())
     assert held == [False], "the reload held the event loop while it assembled"
     assert reloaded and app.parts.config.tenants[0].limits.concurrent_requests == 2
+
+
+def test_a_config_replaced_with_the_same_size_and_mtime_is_reloaded(tmp_path: Path) -> None:
+    """gateway.yaml renamed into place by a tool that keeps the source's mtime (`cp -p`,
+    `rsync -a`), of the same length (a limit 2 made 1): the stamp was (mtime, size), so
+    the watcher never saw it and the old config stayed."""
+    (tmp_path / "policies").mkdir()
+    write(tmp_path / "policies" / "p.yaml", POLICY, 1_000_000_000)
+    os.utime(tmp_path / "policies", ns=(1_000_000_000, 1_000_000_000))
+    path = tmp_path / "gateway.yaml"
+    write(path, config_text(2), 1_000_000_000)
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None
+
+    async def fresh() -> list[bool]:
+        return [await reloader.poll() for _ in range(2)]
+
+    async def replace() -> list[bool]:
+        new = tmp_path / "gateway.yaml.new"
+        write(new, config_text(1), 1_000_000_000)
+        assert new.stat().st_size == path.stat().st_size
+        new.replace(path)
+        return [await reloader.poll() for _ in range(3)]
+
+    assert asyncio.run(fresh()) == [False, False], "the first look reloaded anyway"
+    assert True in asyncio.run(replace())
+    assert app.parts.config.tenants[0].limits.concurrent_requests == 1

@@ -251,3 +251,21 @@ def test_the_watcher_outlives_an_unexpected_error(
     asyncio.run(edits())
     assert trust.reload_failures == 1
     assert trust.current.compiled("p").version == "3"
+
+
+def test_a_file_replaced_with_the_same_size_and_mtime_is_reloaded(tmp_path: Path) -> None:
+    """A narrower policy of the same length put in place by a tool that keeps the source's
+    mtime (`cp -p` then `mv`, `rsync -a`, an archive of normalized mtimes): the stamp was
+    (mtime, size) only, so the watcher never saw the change and the wider set stayed."""
+    policy = tmp_path / "p.yaml"
+    write(policy, HEAD.replace("VERSION", "1") + TAIL, 1_000_000_000)
+    config = gateway_config(
+        [backend("gpu", "http://127.0.0.1:9", "m")], policy={"paths": ["p.yaml"]}
+    )
+    trust = TrustPolicies(config, tmp_path)
+    narrower = tmp_path / "p.yaml.new"
+    write(narrower, HEAD.replace("VERSION", "2").replace('["*"]', "[ eu]") + TAIL, 1_000_000_000)
+    assert narrower.stat().st_size == policy.stat().st_size
+    narrower.replace(policy)
+    loaded = [trust.current.compiled("p").version for _ in range(3) if trust.poll()]
+    assert loaded == ["2"]

@@ -74,13 +74,20 @@ def test_every_numeric_form_of_an_address_is_read_as_that_address(url: str, addr
         "::10.0.0.5",  # IPv4-compatible
         "2002:a9fe:a9fe::",  # 6to4 of 169.254.169.254
         "64:ff9b::7f00:1",  # NAT64 of 127.0.0.1
+        # Global to Python 3.11's `is_global`, inside the network all the same:
+        "64:ff9b:1::a00:1",  # local-use NAT64 (RFC 8215), the operator's own translator
+        "64:ff9b:1:a00:1::",  # another place in it (a /64 prefix)
+        "fec0::1",  # site-local
+        "::ffff:0:a9fe:a9fe",  # IPv4-translated (SIIT) 169.254.169.254
     ],
 )
 def test_non_public_addresses(address: str) -> None:
     assert not is_public_address(address)
 
 
-@pytest.mark.parametrize("address", ["8.8.8.8", "2606:4700::1111", "64:ff9b::808:808"])
+@pytest.mark.parametrize(
+    "address", ["8.8.8.8", "2606:4700::1111", "64:ff9b::808:808", "::ffff:0:808:808"]
+)
 def test_public_addresses(address: str) -> None:
     assert is_public_address(address)
 
@@ -282,3 +289,19 @@ def test_a_chat_body_s_bytes_are_not_searched() -> None:
     doc = {"model": "m", "prompt": "word " * 20_000}
     assert MediaRefs.of(doc, Searched(orjson.dumps(doc))) is None
     assert Searched.searches == 0
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "user", "Content": [image("http://127.0.0.1/")]},
+        {"role": "user", "images": ["http://169.254.169.254/"]},
+        {"content": "hi", "CONTENT": [{"image_url": "http://10.0.0.1/"}]},
+    ],
+)
+def test_a_message_of_two_keys_besides_a_plain_one_is_walked(message: dict[str, Any]) -> None:
+    # The hot path took any message of at most two keys whose `content` (exact case) is a
+    # string or missing for a plain one: a `Content` array (a server in Go reads it) or
+    # `images` beside a role were never walked, though the walk refuses them.
+    refused = refusal({"model": "m", "messages": [message]})
+    assert refused is not None and str(refused.param).startswith("messages[0].")
