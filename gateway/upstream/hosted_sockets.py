@@ -24,6 +24,16 @@ of one, bytes after an answer: its `should_close`) or bytes (or the provider's c
 unread in its socket as a call takes it (`_out_of_step`): it is closed, never reused, as
 the private pools do (gateway/upstream/connection.py, `unread`).
 
+Hosted providers are HTTPS, and the event loop's TLS transport (asyncio's or uvloop's)
+reads the socket into OpenSSL, which hands on only whole records: a response written after
+an answer whose last TLS record had arrived but for its last bytes sat in OpenSSL's record
+buffer, which no API tells (`SSLObject.pending()` counts decrypted bytes only), neither in
+aiohttp nor in the socket, and the provider's next bytes, sent after the next tenant's
+request, completed it as that request's answer. So each connection also notes, as it goes
+idle, how many bytes its socket has received (Linux's `TCP_INFO`, `tcpi_bytes_received`):
+one that received any more while idle is out of step, whatever layer holds them. Where the
+kernel does not tell (not Linux), only the checks above hold.
+
 This reads aiohttp's connector state (`_conns`, `_acquired`: aiohttp 3.14.5, pinned);
 nothing here runs unless LiteLLM is loaded (aiohttp is imported with this module).
 """
@@ -31,6 +41,8 @@ nothing here runs unless LiteLLM is loaded (aiohttp is imported with this module
 from __future__ import annotations
 
 import select
+import socket
+import struct
 from typing import Any
 
 from aiohttp import TCPConnector
@@ -38,6 +50,9 @@ from aiohttp import TCPConnector
 from gateway.upstream.sockets import BackendSockets, hosted_share
 
 __all__ = ["CountedConnector"]
+
+_TCP_INFO: int | None = getattr(socket, "TCP_INFO", None)  # Linux
+_BYTES_RECEIVED = 128  # the offset of struct tcp_info's tcpi_bytes_received (u64, Linux 4.1)
 
 
 class CountedConnector(TCPConnector):
@@ -91,6 +106,11 @@ class CountedConnector(TCPConnector):
                 del self._conns[key]
         return await super()._get(key, traces)
 
+    def _release(self, key: Any, protocol: Any, *, should_close: bool = False) -> None:
+        # What its socket had received as the connection goes idle (`_out_of_step`).
+        protocol.owngate_received = _received(protocol)
+        super()._release(key, protocol, should_close=should_close)
+
     async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
         # aiohttp counted this one in `_acquired` already (its placeholder): opening=1
         if self._share is not None:
@@ -100,18 +120,38 @@ class CountedConnector(TCPConnector):
 
 def _out_of_step(proto: Any) -> bool:
     """Whether an idle connection's protocol holds anything unanswered (aiohttp's
-    `should_close`: a queued response, part of one, bytes after an answer) or bytes or a
-    close wait unread in its socket: what it would read next is no answer to the request
-    about to be sent on it."""
+    `should_close`: a queued response, part of one, bytes after an answer), its socket
+    received anything since it went idle (held by a TLS layer, part of a record), or bytes
+    or a close wait unread in its socket: what it would read next is no answer to the
+    request about to be sent on it."""
     if proto.should_close:
         return True
     transport = proto.transport
     sock = None if transport is None else transport.get_extra_info("socket")
     if sock is None:
         return False  # no transport: aiohttp's own `is_connected` check drops it
+    idle_from = getattr(proto, "owngate_received", None)
+    if idle_from is not None and _received(proto) != idle_from:
+        return True
     try:
         poller = select.poll()
         poller.register(sock.fileno(), select.POLLIN)
         return bool(poller.poll(0))
     except (OSError, ValueError):
         return True  # cannot tell: not worth the risk
+
+
+def _received(proto: Any) -> int | None:
+    """The bytes the kernel has received on `proto`'s socket so far, read or not (Linux's
+    `TCP_INFO`); None where it does not tell."""
+    transport = proto.transport
+    sock = None if transport is None else transport.get_extra_info("socket")
+    if sock is None or _TCP_INFO is None:
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _BYTES_RECEIVED + 8)
+    except (OSError, ValueError):
+        return None
+    if len(info) < _BYTES_RECEIVED + 8:
+        return None  # a kernel before tcpi_bytes_received
+    return int(struct.unpack_from("=Q", info, _BYTES_RECEIVED)[0])
