@@ -6,7 +6,9 @@ Hosted providers are HTTPS. The event loop's TLS transport reads the socket into
 TLS object and hands aiohttp only whole decrypted records: a record that arrived but for
 its last bytes is in neither place the plain-HTTP check looked (aiohttp's parser, the
 socket), and the provider's next bytes, sent after the next tenant's request, completed
-it as that request's answer. Run on uvloop (the gateway's loop) and on asyncio's.
+it as that request's answer: through the gateway, tenant `other` was answered with the
+response the provider wrote after `acme`'s. Run on uvloop (the gateway's loop) and on
+asyncio's, on aiohttp with the gateway's connector, and through the gateway.
 """
 
 from __future__ import annotations
@@ -22,13 +24,23 @@ import termios
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 import uvloop
 
-from tests.helpers.gateways import LITELLM_WARNINGS
+from tests.helpers.gateways import (
+    HOSTED_ONLY_POLICY,
+    LITELLM_WARNINGS,
+    OTHER_KEY,
+    TENANT_KEY,
+    Gateway,
+    hosted_backend,
+)
 from tests.helpers.tls import Pki, server_context
 from tests.helpers.waiting import until, until_async
+from tests.integration.test_hosted_desync_tenants import TWO_TENANTS
 
 pytestmark = LITELLM_WARNINGS
 
@@ -36,9 +48,27 @@ ACME, OTHER = "acme-secret-7f3a", "other-question-19c2"
 
 
 def _response(content: str) -> bytes:
-    body = json.dumps({"content": content}).encode()
+    message = {"role": "assistant", "content": content}
+    body = json.dumps(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "m",
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+    ).encode()
     head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
     return head % len(body) + body
+
+
+def _asked(head: bytes, body: bytes) -> str:
+    """A request's question: its `q` query, else its first message's content."""
+    target = head.split(b" ", 2)[1]
+    if b"q=" in target:
+        return target.split(b"q=", 1)[1].decode()
+    return str(json.loads(body)["messages"][0]["content"])
 
 
 class _TLSProvider:
@@ -54,6 +84,7 @@ class _TLSProvider:
         self.port = self._listener.getsockname()[1]
         self.answered, self.partial = threading.Event(), threading.Event()
         self.late = True
+        self.client_port = 0  # the client's end of the connection the late record went on
         self.connections = 0
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -84,22 +115,36 @@ class _TLSProvider:
                     conn.sendall(outgoing.read())
                     incoming.write(conn.recv(65536))
             conn.sendall(outgoing.read())
-            buffer = b""
-            while True:
-                while b"\r\n\r\n" not in buffer:
+            buffer = bytearray()
+
+            def more() -> bool:
+                while True:
                     try:
                         data = tls.read(65536)
-                        if not data:  # the client's close_notify
-                            return
-                        buffer += data
+                        buffer.extend(data)
+                        return bool(data)  # b"": the client's close_notify
                     except ssl.SSLWantReadError:
                         conn.sendall(outgoing.read())
                         data = conn.recv(65536)
                         if not data:
-                            return
+                            return False
                         incoming.write(data)
-                head, buffer = buffer.split(b"\r\n\r\n", 1)
-                asked = head.split(b" ", 2)[1].split(b"q=", 1)[1].decode()
+
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    if not more():
+                        return
+                head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
+                length = 0
+                for line in head.lower().split(b"\r\n")[1:]:
+                    if line.startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                while len(rest) < length:
+                    if not more():
+                        return
+                    rest = bytes(buffer).partition(b"\r\n\r\n")[2]
+                buffer[:] = rest[length:]
+                asked = _asked(head, rest[:length])
                 tls.write(_response(asked))
                 conn.sendall(held + outgoing.read())
                 held = b""
@@ -110,6 +155,7 @@ class _TLSProvider:
                     conn.sendall(record[:-1])
                     held = record[-1:]
                     until(lambda: _send_queue(conn) == 0, "the client's kernel to have it")
+                    self.client_port = conn.getpeername()[1]
                     self.partial.set()
         except (OSError, ssl.SSLError):
             return
@@ -121,6 +167,21 @@ def _send_queue(conn: socket.socket) -> int:
     """Bytes sent on `conn` its peer's kernel has not acknowledged yet (Linux)."""
     queued = fcntl.ioctl(conn.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
     return int(struct.unpack("=i", queued)[0])
+
+
+def _unread_at(port: int) -> int:
+    """Bytes waiting unread in the loopback socket whose local port is `port`, whichever
+    process holds it (/proc/net/tcp's rx_queue); -1 when there is none."""
+    local = f"0100007F:{port:04X}"
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == local:
+            return int(fields[4].split(":")[1], 16)
+    return -1
+
+
+def _content(answer: dict[str, Any]) -> str:
+    return str(answer["choices"][0]["message"]["content"])
 
 
 @pytest.fixture
@@ -160,7 +221,7 @@ def test_a_response_cut_inside_a_tls_record_never_answers_the_next_request(
         async with ClientSession(connector=connector) as session:
             for asked in (ACME, OTHER):
                 async with session.get(url, params={"q": asked}) as answer:
-                    contents.append((await answer.json())["content"])
+                    contents.append(_content(await answer.json()))
                 if asked == ACME:
                     served.answered.set()  # the connection back in the pool
                     # The late record but its last byte read from the socket into the
@@ -196,9 +257,54 @@ def test_an_idle_tls_connection_in_step_is_still_reused(
             contents = []
             for asked in (ACME, OTHER, ACME):
                 async with session.get(url, params={"q": asked}) as answer:
-                    contents.append((await answer.json())["content"])
+                    contents.append(_content(await answer.json()))
             return contents
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         assert runner.run(calls()) == [ACME, OTHER, ACME]
     assert served.connections == 1
+
+
+def test_through_the_gateway_another_tenant_never_reads_acmes_late_response(
+    provider: tuple[_TLSProvider, Pki],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The same, through the gateway (uvloop, LiteLLM's aiohttp transport, the provider's
+    # CA given as LiteLLM reads it: SSL_CERT_FILE), two tenants.
+    served, pki = provider
+    monkeypatch.setenv("SSL_CERT_FILE", str(pki.directory / "ca.pem"))
+    policy = HOSTED_ONLY_POLICY.replace("tenants: [acme]", "tenants: [acme, other]")
+    (tmp_path / "policy.yaml").write_text(policy)
+    gateway = start_gateway(
+        [hosted_backend("hosted", f"https://127.0.0.1:{served.port}/v1", "m")],
+        policy={"paths": [str(tmp_path)]},
+        environ={"HOSTED_KEY": "test-key"},
+        tenants=TWO_TENANTS,
+    )
+
+    def ask(key: str, content: str) -> httpx.Response:
+        return httpx.post(
+            f"{gateway.url}/v1/chat/completions",
+            json={
+                "model": "m",
+                "max_tokens": 2,
+                "messages": [{"role": "user", "content": content}],
+            },
+            headers={"authorization": f"Bearer {key}"},
+            timeout=30,
+        )
+
+    first = ask(TENANT_KEY, ACME)
+    assert first.status_code == 200, first.text
+    assert _content(first.json()) == ACME
+    served.answered.set()
+    assert served.partial.wait(10)
+    # The gateway's loop read it from the socket into OpenSSL (nothing left unread there).
+    until(lambda: _unread_at(served.client_port) == 0, "the gateway to read the late bytes")
+    second = ask(OTHER_KEY, OTHER)
+    assert ACME not in second.text
+    assert second.status_code == 200, second.text
+    assert _content(second.json()) == OTHER
+    assert served.connections == 2
