@@ -30,7 +30,7 @@ an answer whose last TLS record had arrived but for its last bytes sat in OpenSS
 buffer, which no API tells (`SSLObject.pending()` counts decrypted bytes only), neither in
 aiohttp nor in the socket, and the provider's next bytes, sent after the next tenant's
 request, completed it as that request's answer. So each connection also notes, as it goes
-idle, how many bytes its socket has received (Linux's `TCP_INFO`, `tcpi_bytes_received`):
+idle, how many bytes its socket has received (`received_bytes`, Linux's `TCP_INFO`):
 one that received any more while idle is out of step, whatever layer holds them. Where the
 kernel does not tell (not Linux), only the checks above hold.
 
@@ -41,18 +41,13 @@ nothing here runs unless LiteLLM is loaded (aiohttp is imported with this module
 from __future__ import annotations
 
 import select
-import socket
-import struct
 from typing import Any
 
 from aiohttp import TCPConnector
 
-from gateway.upstream.sockets import BackendSockets, hosted_share
+from gateway.upstream.sockets import BackendSockets, hosted_share, received_bytes
 
 __all__ = ["CountedConnector"]
-
-_TCP_INFO: int | None = getattr(socket, "TCP_INFO", None)  # Linux
-_BYTES_RECEIVED = 128  # the offset of struct tcp_info's tcpi_bytes_received (u64, Linux 4.1)
 
 
 class CountedConnector(TCPConnector):
@@ -142,16 +137,5 @@ def _out_of_step(proto: Any) -> bool:
 
 
 def _received(proto: Any) -> int | None:
-    """The bytes the kernel has received on `proto`'s socket so far, read or not (Linux's
-    `TCP_INFO`); None where it does not tell."""
     transport = proto.transport
-    sock = None if transport is None else transport.get_extra_info("socket")
-    if sock is None or _TCP_INFO is None:
-        return None
-    try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _BYTES_RECEIVED + 8)
-    except (OSError, ValueError):
-        return None
-    if len(info) < _BYTES_RECEIVED + 8:
-        return None  # a kernel before tcpi_bytes_received
-    return int(struct.unpack_from("=Q", info, _BYTES_RECEIVED)[0])
+    return received_bytes(None if transport is None else transport.get_extra_info("socket"))

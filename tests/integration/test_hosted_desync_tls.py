@@ -14,6 +14,7 @@ asyncio's, on aiohttp with the gateway's connector, and through the gateway.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import select
@@ -30,21 +31,26 @@ import httpx
 import pytest
 import uvloop
 
+from gateway.tenants import hash_api_key
 from tests.helpers.gateways import (
     HOSTED_ONLY_POLICY,
     LITELLM_WARNINGS,
     OTHER_KEY,
     TENANT_KEY,
     Gateway,
+    backend,
     hosted_backend,
 )
 from tests.helpers.tls import Pki, server_context
 from tests.helpers.waiting import until, until_async
-from tests.integration.test_hosted_desync_tenants import TWO_TENANTS
 
 pytestmark = LITELLM_WARNINGS
 
 ACME, OTHER = "acme-secret-7f3a", "other-question-19c2"
+TWO_TENANTS = [
+    {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["m"]},
+    {"id": "other", "api_key_hashes": [hash_api_key(OTHER_KEY)], "models": ["m"]},
+]
 
 
 def _response(content: str) -> bytes:
@@ -84,6 +90,8 @@ class _TLSProvider:
         self.port = self._listener.getsockname()[1]
         self.answered, self.partial = threading.Event(), threading.Event()
         self.late = True
+        self._accepted: list[socket.socket] = []
+        self.asked_on: list[int] = []  # the connection (1, 2, ...) each question came on
         self.client_port = 0  # the client's end of the connection the late record went on
         self.connections = 0
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -92,6 +100,15 @@ class _TLSProvider:
     def close(self) -> None:
         self._listener.close()
 
+    def hang_up(self) -> None:
+        """Close every connection (before a gateway stops: its TLS connections then end
+        as the backend's, not while its loop closes), and wait until the client's ends
+        are gone."""
+        for conn in self._accepted:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        until(lambda: _established_to(self.port) == 0, "the client's connections closed")
+
     def _serve(self) -> None:
         while True:
             try:
@@ -99,9 +116,11 @@ class _TLSProvider:
             except OSError:
                 return
             self.connections += 1
-            threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+            self._accepted.append(conn)
+            number = self.connections
+            threading.Thread(target=self._connection, args=(conn, number), daemon=True).start()
 
-    def _connection(self, conn: socket.socket) -> None:
+    def _connection(self, conn: socket.socket, number: int) -> None:
         incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
         tls = self._context.wrap_bio(incoming, outgoing, server_side=True)
         conn.settimeout(10)
@@ -121,8 +140,10 @@ class _TLSProvider:
                 while True:
                     try:
                         data = tls.read(65536)
+                        if not data:  # the client's close_notify
+                            return False
                         buffer.extend(data)
-                        return bool(data)  # b"": the client's close_notify
+                        return True
                     except ssl.SSLWantReadError:
                         conn.sendall(outgoing.read())
                         data = conn.recv(65536)
@@ -144,7 +165,12 @@ class _TLSProvider:
                         return
                     rest = bytes(buffer).partition(b"\r\n\r\n")[2]
                 buffer[:] = rest[length:]
+                if not head.startswith(b"POST") and b"q=" not in head.split(b"\r\n")[0]:
+                    tls.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")  # probes
+                    conn.sendall(outgoing.read())
+                    continue
                 asked = _asked(head, rest[:length])
+                self.asked_on.append(number)
                 tls.write(_response(asked))
                 conn.sendall(held + outgoing.read())
                 held = b""
@@ -178,6 +204,22 @@ def _unread_at(port: int) -> int:
         if fields[1] == local:
             return int(fields[4].split(":")[1], 16)
     return -1
+
+
+def _established_to(port: int) -> int:
+    """Loopback connections to `port` still established, from either end."""
+    remote = f"0100007F:{port:04X}"
+    lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for line in lines if line.split()[2] == remote and line.split()[3] == "01")
+
+
+def _ask(gateway: Gateway, key: str, content: str) -> httpx.Response:
+    return httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        json={"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": content}]},
+        headers={"authorization": f"Bearer {key}"},
+        timeout=30,
+    )
 
 
 def _content(answer: dict[str, Any]) -> str:
@@ -284,27 +326,59 @@ def test_through_the_gateway_another_tenant_never_reads_acmes_late_response(
         tenants=TWO_TENANTS,
     )
 
-    def ask(key: str, content: str) -> httpx.Response:
-        return httpx.post(
-            f"{gateway.url}/v1/chat/completions",
-            json={
-                "model": "m",
-                "max_tokens": 2,
-                "messages": [{"role": "user", "content": content}],
-            },
-            headers={"authorization": f"Bearer {key}"},
-            timeout=30,
-        )
-
-    first = ask(TENANT_KEY, ACME)
+    first = _ask(gateway, TENANT_KEY, ACME)
     assert first.status_code == 200, first.text
     assert _content(first.json()) == ACME
     served.answered.set()
     assert served.partial.wait(10)
     # The gateway's loop read it from the socket into OpenSSL (nothing left unread there).
     until(lambda: _unread_at(served.client_port) == 0, "the gateway to read the late bytes")
-    second = ask(OTHER_KEY, OTHER)
+    second = _ask(gateway, OTHER_KEY, OTHER)
     assert ACME not in second.text
     assert second.status_code == 200, second.text
     assert _content(second.json()) == OTHER
     assert served.connections == 2
+
+
+def test_a_private_tls_backend_out_of_step_never_answers_another_tenant(
+    provider: tuple[_TLSProvider, Pki],
+    start_gateway: Callable[..., Gateway],
+) -> None:
+    # The private pools read a TLS backend through the same kind of transport, and their
+    # idle check (gateway/upstream/connection.py `unread`) looked at the same two places.
+    served, pki = provider
+    gpu = backend("gpu", f"https://127.0.0.1:{served.port}", "m")
+    gpu["tls"] = {"ca_file": str(pki.directory / "ca.pem")}
+    gateway = start_gateway(
+        [gpu],
+        limits={"max_connections_per_backend": 1, "read_timeout_s": 5.0},
+        tenants=TWO_TENANTS,
+    )
+    first = _ask(gateway, TENANT_KEY, ACME)
+    assert first.status_code == 200, first.text
+    assert _content(first.json()) == ACME
+    served.answered.set()
+    assert served.partial.wait(10)
+    until(lambda: _unread_at(served.client_port) == 0, "the gateway to read the late bytes")
+    second = _ask(gateway, OTHER_KEY, OTHER)
+    assert ACME not in second.text
+    assert second.status_code == 200, second.text
+    assert _content(second.json()) == OTHER
+    served.hang_up()
+
+
+def test_a_private_tls_backend_in_step_keeps_its_connection(
+    provider: tuple[_TLSProvider, Pki],
+    start_gateway: Callable[..., Gateway],
+) -> None:
+    served, pki = provider
+    served.late = False
+    gpu = backend("gpu", f"https://127.0.0.1:{served.port}", "m")
+    gpu["tls"] = {"ca_file": str(pki.directory / "ca.pem")}
+    gateway = start_gateway([gpu], limits={"max_connections_per_backend": 1}, tenants=TWO_TENANTS)
+    for key, asked in ((TENANT_KEY, ACME), (OTHER_KEY, OTHER), (TENANT_KEY, ACME)):
+        answer = _ask(gateway, key, asked)
+        assert answer.status_code == 200, answer.text
+        assert _content(answer.json()) == asked
+    assert len(set(served.asked_on)) == 1, served.asked_on  # one connection, reused
+    served.hang_up()
