@@ -19,6 +19,7 @@ import httptools
 
 from gateway.upstream.failures import UpstreamError
 from gateway.upstream.response import UpstreamResponse
+from gateway.upstream.sockets import received_bytes
 from gateway.upstream.tls import Peer
 
 if TYPE_CHECKING:
@@ -71,6 +72,8 @@ class _Connection(asyncio.Protocol):
         # then chunk framing and trailers): at most `MAX_HEAD` in a row
         self.quiet_bytes = 0
         self._poller: select.poll | None = None  # `unread()`'s, made at its first call
+        self._idle_from: int | None = None  # what its socket had received as it went idle
+        self._answered = False  # a response ended on it
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -214,9 +217,16 @@ class _Connection(asyncio.Protocol):
             self.interim = False
             return
         response.complete = True
+        self._answered = True
         self._ended_at = len(self._body)  # (`data_received` hands on the body before it)
         response._keep_alive = self.parser.should_keep_alive()
         response._wake()
+
+    def went_idle(self) -> None:
+        """Note, as it goes back to the pool after a response, what its socket has
+        received so far (`unread`)."""
+        if self._answered and self.transport is not None:
+            self._idle_from = received_bytes(self.transport.get_extra_info("socket"))
 
     def unread(self) -> bool:
         """Whether bytes (or the backend's close) wait unread on this idle connection.
@@ -226,12 +236,18 @@ class _Connection(asyncio.Protocol):
         socket when the next request takes the connection, and would be parsed as that
         request's answer (another request's, another tenant's). A connection with bytes
         waiting is out of step: it is not reused. Only a reused connection is asked: a
-        new TLS one may hold the server's session tickets, and no earlier answer."""
+        new TLS one may hold the server's session tickets, and no earlier answer.
+
+        Over TLS the loop's transport reads the socket into OpenSSL, which keeps a record
+        that arrived but for its last bytes where nothing tells (`received_bytes`): a
+        connection whose socket received anything since it went idle is out of step too."""
+        sock = None if self.transport is None else self.transport.get_extra_info("socket")
+        if sock is None:
+            return False  # no socket to look at (a test transport)
+        if self._idle_from is not None and received_bytes(sock) != self._idle_from:
+            return True
         poller = self._poller
         if poller is None:  # registered once per connection, asked before each reuse
-            sock = None if self.transport is None else self.transport.get_extra_info("socket")
-            if sock is None:
-                return False  # no socket to look at (a test transport)
             try:
                 poller = select.poll()
                 poller.register(sock.fileno(), select.POLLIN)

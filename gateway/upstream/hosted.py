@@ -122,8 +122,9 @@ class HostedClient:
         resolve: Resolver = system_resolver,
         max_answer_bytes: int | None = None,
     ) -> None:
-        """`timeout_s` bounds each wait on the provider (LiteLLM's `timeout`), and a
-        stream's head and first chunk together;
+        """`timeout_s` bounds each wait on the provider (LiteLLM's `timeout`), a
+        stream's head and first chunk together, and a whole answer's head (with
+        `max_answer_bytes`, whose reads tell when it is in);
         `response_timeout_s` a whole (non-stream) answer, however steadily it arrives;
         `resolve` looks up the hosts of URLs in content parts (gateway/upstream/media_urls.py)."""
         if backend.kind != "hosted":
@@ -240,7 +241,8 @@ class HostedClient:
         by: float | None = None,
     ) -> Any:
         """LiteLLM's call: its result, or `HostedError`; a stream's call returns by `by`
-        (event-loop time), a whole answer's within `response_timeout_s`."""
+        (event-loop time), a whole answer's within `response_timeout_s`, its head within
+        `timeout_s`."""
         call = getattr(litellm, _CALLS[endpoint])
         try:
             options = self._options(provider_model)
@@ -248,9 +250,18 @@ class HostedClient:
                 options["allowed_openai_params"] = ["user"]
             if endpoint == "completions":
                 options.update(self._text_completion_client(litellm, provider_model))
+            now = asyncio.get_running_loop().time()
             if by is None and not params.get("stream") and self._response_timeout_s:
-                by = asyncio.get_running_loop().time() + self._response_timeout_s
-            async with asyncio.timeout_at(by):  # a TimeoutError is classified `timeout`
+                by = now + self._response_timeout_s
+            # A whole answer's head by the first-byte timeout too, as a private backend's:
+            # header lines or interim responses dripping in held it to `by` (600 s).
+            head_by = by
+            if not params.get("stream") and outbound.max_bytes is not None:
+                head_by = now + self._timeout_s if by is None else min(by, now + self._timeout_s)
+            # a TimeoutError is classified `timeout`
+            async with asyncio.timeout_at(head_by) as deadline:
+                if head_by != by:
+                    outbound.on_head = partial(_extend, deadline, by)
                 return await call(**params, **options)
         except Exception as exc:  # noqa: BLE001 - every LiteLLM failure becomes a HostedError
             failure = self._failure(exc, outbound)
@@ -353,3 +364,9 @@ class HostedClient:
             raise failure
         finally:
             del failure  # not held by this frame, which its traceback holds (a cycle)
+
+
+def _extend(deadline: asyncio.Timeout, by: float | None) -> None:
+    """Move `deadline` to `by`, unless it has expired already (its cancel is on its way)."""
+    if not deadline.expired():
+        deadline.reschedule(by)

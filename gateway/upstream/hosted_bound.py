@@ -100,6 +100,8 @@ async def bounded_send(
         response = await method(*args, stream=True, **kwargs)
     finally:
         _IN_SEND.reset(token)
+    if outbound.on_head is not None:
+        outbound.on_head()  # the head is in: a whole answer's body has its own time
     try:
         coding = response.headers.get("content-encoding", "identity").strip().lower()
         if coding not in ("", "identity"):

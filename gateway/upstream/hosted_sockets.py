@@ -24,6 +24,16 @@ of one, bytes after an answer: its `should_close`) or bytes (or the provider's c
 unread in its socket as a call takes it (`_out_of_step`): it is closed, never reused, as
 the private pools do (gateway/upstream/connection.py, `unread`).
 
+Hosted providers are HTTPS, and the event loop's TLS transport (asyncio's or uvloop's)
+reads the socket into OpenSSL, which hands on only whole records: a response written after
+an answer whose last TLS record had arrived but for its last bytes sat in OpenSSL's record
+buffer, which no API tells (`SSLObject.pending()` counts decrypted bytes only), neither in
+aiohttp nor in the socket, and the provider's next bytes, sent after the next tenant's
+request, completed it as that request's answer. So each connection also notes, as it goes
+idle, how many bytes its socket has received (`received_bytes`, Linux's `TCP_INFO`):
+one that received any more while idle is out of step, whatever layer holds them. Where the
+kernel does not tell (not Linux), only the checks above hold.
+
 This reads aiohttp's connector state (`_conns`, `_acquired`: aiohttp 3.14.5, pinned);
 nothing here runs unless LiteLLM is loaded (aiohttp is imported with this module).
 """
@@ -35,7 +45,7 @@ from typing import Any
 
 from aiohttp import TCPConnector
 
-from gateway.upstream.sockets import BackendSockets, hosted_share
+from gateway.upstream.sockets import BackendSockets, hosted_share, received_bytes
 
 __all__ = ["CountedConnector"]
 
@@ -91,6 +101,11 @@ class CountedConnector(TCPConnector):
                 del self._conns[key]
         return await super()._get(key, traces)
 
+    def _release(self, key: Any, protocol: Any, *, should_close: bool = False) -> None:
+        # What its socket had received as the connection goes idle (`_out_of_step`).
+        protocol.owngate_received = _received(protocol)
+        super()._release(key, protocol, should_close=should_close)
+
     async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
         # aiohttp counted this one in `_acquired` already (its placeholder): opening=1
         if self._share is not None:
@@ -100,18 +115,27 @@ class CountedConnector(TCPConnector):
 
 def _out_of_step(proto: Any) -> bool:
     """Whether an idle connection's protocol holds anything unanswered (aiohttp's
-    `should_close`: a queued response, part of one, bytes after an answer) or bytes or a
-    close wait unread in its socket: what it would read next is no answer to the request
-    about to be sent on it."""
+    `should_close`: a queued response, part of one, bytes after an answer), its socket
+    received anything since it went idle (held by a TLS layer, part of a record), or bytes
+    or a close wait unread in its socket: what it would read next is no answer to the
+    request about to be sent on it."""
     if proto.should_close:
         return True
     transport = proto.transport
     sock = None if transport is None else transport.get_extra_info("socket")
     if sock is None:
         return False  # no transport: aiohttp's own `is_connected` check drops it
+    idle_from = getattr(proto, "owngate_received", None)
+    if idle_from is not None and _received(proto) != idle_from:
+        return True
     try:
         poller = select.poll()
         poller.register(sock.fileno(), select.POLLIN)
         return bool(poller.poll(0))
     except (OSError, ValueError):
         return True  # cannot tell: not worth the risk
+
+
+def _received(proto: Any) -> int | None:
+    transport = proto.transport
+    return received_bytes(None if transport is None else transport.get_extra_info("socket"))

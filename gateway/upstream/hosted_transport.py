@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Final
@@ -58,14 +58,17 @@ _MARK: Final = "_owngate_marks_outbound"
 
 class Outbound:
     """One watched hosted call: `reached` once any HTTP request of it began; `max_bytes`
-    bounds what is read of each answer (None: unbounded); `cut` says why one was cut."""
+    bounds what is read of each answer (None: unbounded); `cut` says why one was cut;
+    `on_head`, when set, is called as a bounded answer's head has arrived (before its
+    body is read)."""
 
-    __slots__ = ("cut", "max_bytes", "reached")
+    __slots__ = ("cut", "max_bytes", "on_head", "reached")
 
     def __init__(self, max_bytes: int | None = None) -> None:
         self.reached = False
         self.max_bytes = max_bytes
         self.cut: str | None = None
+        self.on_head: Callable[[], None] | None = None
 
 
 # The call being watched in this context (tasks LiteLLM starts inherit it).

@@ -367,6 +367,7 @@ class HttpPool:
             conn.close()
             self._forget(conn)
             return
+        conn.went_idle()
         self._idle.append(conn)
         self._sockets.idle(self, conn)
 

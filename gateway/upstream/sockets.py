@@ -21,19 +21,34 @@ use and idle; one about to open a connection first makes room the same way
 (gateway/upstream/hosted_sockets.py). Room is made from the private pools' idle
 connections first, the oldest first, then from the hosted ones', the oldest first: a
 hosted connection costs a TLS handshake to open again, a private one (mostly) does not.
+
+`received_bytes` tells how many bytes a connection's socket has received so far, read or
+not: a pooled connection that received any while idle is out of step with its requests
+(http.py, hosted_sockets.py), also where a TLS layer holds them unseen.
 """
 
 from __future__ import annotations
 
+import socket
+import struct
 import weakref
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from gateway.upstream.connection import _Connection
     from gateway.upstream.http import HttpPool
 
-__all__ = ["BackendSockets", "HostedConnections", "hosted_share", "share_with_hosted"]
+__all__ = [
+    "BackendSockets",
+    "HostedConnections",
+    "hosted_share",
+    "received_bytes",
+    "share_with_hosted",
+]
+
+_TCP_INFO: int | None = getattr(socket, "TCP_INFO", None)  # Linux
+_BYTES_RECEIVED = 128  # the offset of struct tcp_info's tcpi_bytes_received (u64, Linux 4.1)
 
 
 class HostedConnections(Protocol):
@@ -106,3 +121,22 @@ def share_with_hosted(sockets: BackendSockets) -> None:
 def hosted_share() -> BackendSockets | None:
     """The share a new hosted connector joins (None: no registry built in this process)."""
     return _HOSTED_SHARE[0] if _HOSTED_SHARE else None
+
+
+def received_bytes(sock: Any) -> int | None:
+    """The bytes the kernel has received on `sock` (a transport's "socket") so far, read
+    or not (Linux's `TCP_INFO`); None where it does not tell.
+
+    Over TLS the event loop's transport reads the socket into OpenSSL, which hands on
+    only whole records and keeps a record's first part where no API tells (not even
+    `SSLObject.pending()`): bytes a backend wrote while a connection was idle may be in
+    neither the protocol nor the socket, but the kernel counted them."""
+    if sock is None or _TCP_INFO is None:
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _BYTES_RECEIVED + 8)
+    except (OSError, ValueError):
+        return None
+    if len(info) < _BYTES_RECEIVED + 8:
+        return None  # a kernel before tcpi_bytes_received
+    return int(struct.unpack_from("=Q", info, _BYTES_RECEIVED)[0])
