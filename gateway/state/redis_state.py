@@ -33,6 +33,7 @@ from gateway.state.redis_health import RedisHealth
 from gateway.state.redis_keys import (
     _NAME,
     FAILURES,
+    MALFORMED,
     RedisKeys,
     _client,
     _per_tenant,
@@ -46,10 +47,6 @@ from gateway.state.redis_slots import HeldSlots
 from gateway.state.types import Admission, PeersListener, StateStatus, TenantLimits, TenantUse
 
 __all__ = ["RedisKeys", "RedisState", "default_replica_id"]
-
-# A reply of the wrong shape (another program's data under our keys, a proxy, a bug):
-# the sync treats it as Redis failing, so the loop keeps probing and says why.
-_MALFORMED = (ValueError, TypeError, IndexError, KeyError)
 
 
 class RedisState:
@@ -263,7 +260,7 @@ class RedisState:
         except FAILURES as exc:
             self._health.failed("sync", exc, self._sync_timeout_s)
             return
-        except _MALFORMED as exc:  # never end the loop: revocations would stop arriving
+        except MALFORMED as exc:  # never end the loop: revocations would stop arriving
             self._log.error("malformed reply from redis", exc_info=exc)
             self._health.failed("sync reply", exc, self._sync_timeout_s)
             return
