@@ -212,7 +212,7 @@ def _shared_state(settings: StateSettings, copies: int) -> SharedState:
         sync_interval_s=settings.sync_interval_s,
         lease_ttl_s=settings.lease_ttl_s,
         max_connections=settings.max_connections,
-        copies=copies,
+        workers=copies,
     )
 
 

@@ -65,6 +65,7 @@ class RedisState:
         lease_ttl_s: float = 5.0,
         max_connections: int = 16,
         clock: Callable[[], float] = time.monotonic,
+        workers: int = 1,
     ) -> None:
         replica = replica_id or default_replica_id()
         if not _NAME.match(replica) or "|" in replica:
@@ -86,6 +87,10 @@ class RedisState:
         self._ledger = Ledger(clock)
         self._slots = HeldSlots(replica, self._ledger)
         self._health = RedisHealth(replica, timeout_s, on_failure=lambda: self._set_others({}))
+        # The workers of `serve --workers N` are N replicas from the start: one that never
+        # reached Redis (down at start) splits each limit over them, not only itself.
+        self._workers = max(1, workers)
+        self._health.replicas = self._workers
         self._limits = RedisLimits(
             self._client,
             self._keys,
@@ -282,7 +287,7 @@ class RedisState:
             if int(reply[0]) < 0:  # and yet again: no lease, the next sync tries again
                 self._health.resync = True
                 return
-        self._health.replicas = max(1, int(reply[1]))
+        self._health.replicas = max(self._workers, int(reply[1]))
         self._set_others({text(reply[i]): int(reply[i + 1]) for i in range(4, len(reply), 2)})
         await self._revocations.sync(int(reply[2]), int(reply[3]))
 

@@ -3,7 +3,9 @@ nonsense (a proxy, another program on the port, a bug): a reply of the wrong sha
 a Redis failure like any other. Before, `acquire` raised KeyError/TypeError/IndexError
 out of the request path (a 500 for every request of a limited tenant) while the status
 stayed healthy, and the concurrency slot taken for the call was never given back, so a
-tenant with `concurrent_requests` was locked out once Redis was decided locally."""
+tenant with `concurrent_requests` was locked out once Redis was decided locally.
+Also: the workers of `serve --workers N` that never reached Redis (a closed port) split
+each limit over the N of them."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from gateway.state import RateLimited, TenantLimits, lua
+from gateway.state import RateLimited, TenantLimits, create_state, lua
 from gateway.state.redis_state import RedisState
 
 
@@ -139,5 +141,35 @@ def test_garbage_reservation_reply_is_a_failure_decided_locally(kind: str) -> No
                 await admission.release(600)
             finally:
                 await state.close(deregister=False)
+
+    asyncio.run(scenario())
+
+
+def test_workers_that_never_reached_redis_split_each_limit_over_the_workers() -> None:
+    """`serve --workers 2` with Redis down at start: each worker has seen no replica in
+    Redis, and before enforced the whole limit on its own (2 x `requests_per_minute`
+    across the workers: 4 + 4 of 4). Each now splits it over the workers it knows of."""
+    limits = TenantLimits(requests_per_minute=4, tokens_per_minute=None, concurrent=None)
+
+    async def scenario() -> None:
+        async with fake_redis(b"") as url:  # a port; nothing in Redis is ever reached
+            pass
+        workers = [
+            create_state("redis", url, replica_id=f"w{i}", timeout_s=0.5, workers=2) for i in (1, 2)
+        ]
+        admitted = 0
+        for state in workers:
+            await state.start()
+            for _ in range(4):
+                try:
+                    await (await state.acquire("acme", limits)).release(0)
+                    admitted += 1
+                except RateLimited:
+                    pass
+        statuses = [state.status() for state in workers]
+        for state in workers:
+            await state.close()
+        assert admitted == 4, statuses
+        assert all(not s.healthy and s.replicas == 2 for s in statuses), statuses
 
     asyncio.run(scenario())

@@ -144,6 +144,21 @@ def test_memory_token_budget_per_worker_is_shown_in_the_metrics(
     assert {limit_copies(gateway.url) for _ in range(6)} == {2.0}
 
 
+def test_workers_started_with_redis_down_split_each_limit_over_the_workers(
+    start_sim: Callable[..., Sim], start_workers: Callable[..., GatewayProcess]
+) -> None:
+    """`state: redis` on a port where no Redis answers, `--workers 2`: each worker has
+    reached no Redis, so it knows of no other replica; it splits `requests_per_minute: 4`
+    over the 2 workers anyway (before: each admitted 4, 8 in all)."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    state = {"backend": "redis", "url": f"redis://127.0.0.1:{free_port()}/0"}
+    gateway = start_workers(sim, state, {"requests_per_minute": 4}, 2)
+    began = time.monotonic()
+    answered = statuses(gateway.url, SPREAD)
+    assert set(answered) <= {200, 429}
+    assert 2 <= answered.count(200) <= 4 + 2 * refilled(2, began), answered
+
+
 @pytest.mark.redis
 def test_redis_limits_hold_across_workers_and_a_revocation_reaches_all(
     start_sim: Callable[..., Sim],

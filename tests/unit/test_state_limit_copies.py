@@ -18,7 +18,7 @@ def test_limit_copies_reads_the_supervisors_variable(value: str | None, copies: 
 
 
 def test_a_workers_memory_state_says_its_limits_are_one_of_n() -> None:
-    state = create_state("memory", copies=limit_copies({WORKERS_ENV: "3"}))
+    state = create_state("memory", workers=limit_copies({WORKERS_ENV: "3"}))
     assert state.status().limit_copies == 3
     assert state.status().detail()["limit_copies"] == 3
     assert MemoryState().status().limit_copies == 1
