@@ -24,6 +24,7 @@ __all__ = [
     "RedisKeys",
     "default_replica_id",
     "describe_failure",
+    "heartbeat_reply",
     "replied",
     "text",
 ]
@@ -103,6 +104,27 @@ def replied(what: str, reply: Any, *shapes: tuple[int | None, ...]) -> list[int]
                 return reply
     size = f"a list of {len(reply)}" if isinstance(reply, list) else type(reply).__name__
     raise ValueError(f"malformed {what} reply from redis ({size})")
+
+
+def heartbeat_reply(reply: Any) -> list[Any]:
+    """`lua.HEARTBEAT`'s reply as it must be: `[-1]` or `[-2]` (no lease renewed), or
+    `[0|1, live replicas, revoked version, revoked count, (backend, count)...]`;
+    anything else raises ValueError (as `replied`)."""
+    if isinstance(reply, list) and reply in ([-1], [-2]):
+        return reply
+    if (
+        isinstance(reply, list)
+        and len(reply) >= 4
+        and len(reply) % 2 == 0
+        and all(type(item) is int for item in reply[:4])
+        and reply[0] in (0, 1)
+        and reply[1] >= 0
+        and all(type(item) is int for item in reply[5::2])
+        and all(isinstance(item, bytes | str) for item in reply[4::2])
+    ):
+        return reply
+    size = f"a list of {len(reply)}" if isinstance(reply, list) else type(reply).__name__
+    raise ValueError(f"malformed heartbeat reply from redis ({size})")
 
 
 def describe_failure(exc: BaseException, timeout_s: float) -> str:

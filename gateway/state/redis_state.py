@@ -38,6 +38,7 @@ from gateway.state.redis_keys import (
     _client,
     _per_tenant,
     default_replica_id,
+    heartbeat_reply,
     text,
 )
 from gateway.state.redis_limits import RedisLimits
@@ -328,6 +329,7 @@ class RedisState:
                 ],
                 args=args,
             )
+            reply = heartbeat_reply(reply)
         except BaseException:
             self._health.resync = self._health.resync or resync
             raise

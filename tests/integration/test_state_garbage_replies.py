@@ -58,13 +58,17 @@ async def _read_command(reader: asyncio.StreamReader) -> list[bytes]:
 
 
 @asynccontextmanager
-async def fake_redis(garbage: bytes) -> AsyncIterator[str]:
+async def fake_redis(garbage: bytes, *, sync: bool = True) -> AsyncIterator[str]:
+    """A server answering each EVALSHA with `garbage`, except the sync's scripts when
+    `sync` (then they get a healthy-looking answer)."""
+    answers = _SYNC if sync else {}
+
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
                 command = await _read_command(reader)
                 if command[0].upper() == b"EVALSHA":
-                    writer.write(_SYNC.get(command[1].lower(), garbage))
+                    writer.write(answers.get(command[1].lower(), garbage))
                 else:  # CLIENT SETNAME and the like
                     writer.write(b"+OK\r\n")
                 await writer.drain()
@@ -171,5 +175,26 @@ def test_workers_that_never_reached_redis_split_each_limit_over_the_workers() ->
             await state.close()
         assert admitted == 4, statuses
         assert all(not s.healthy and s.replicas == 2 for s in statuses), statuses
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("kind", sorted(GARBAGE))
+def test_garbage_heartbeat_reply_is_never_read_as_healthy(kind: str) -> None:
+    """A sync answered with garbage leaves the state degraded, with a reason that names
+    the shape only: before, `+OK` was read as a renewed lease and 75 live replicas
+    (b"OK"[1]), and the state said healthy."""
+
+    async def scenario() -> None:
+        async with fake_redis(GARBAGE[kind], sync=False) as url:
+            state = _state(url)
+            await state.start()
+            try:
+                assert not state.healthy, state.status()
+                reason = state.degraded_reason or ""
+                assert "malformed" in reason and "zero" not in reason, reason
+                assert state.status().replicas == 1
+            finally:
+                await state.close(deregister=False)
 
     asyncio.run(scenario())
