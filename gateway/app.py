@@ -37,7 +37,7 @@ from gateway.policy_set import TrustPolicies
 from gateway.provenance.writer.preflight import preflight
 from gateway.routing.registry import BackendState, Registry, Route
 from gateway.routing.scraper import MetricsScraper
-from gateway.state import SharedState, create_state
+from gateway.state import SharedState, create_state, limit_copies
 from gateway.tenants import TenantEntry, index_keys
 from gateway.tracing import tracing_settings
 from gateway.upstream.hosted import hosted_api_key
@@ -90,7 +90,7 @@ def assemble(
     if running is None:
         tracing = tracing_settings(environ)  # OpenTelemetry traces: off unless asked for
         metrics = GatewayMetrics()
-        state = _shared_state(config.state)
+        state = _shared_state(config.state, limit_copies(environ))
         recorder = (
             None
             if config.provenance is None
@@ -202,7 +202,7 @@ def _keep_unchanged_backends(registry: Registry, previous: Registry, same_limits
     }
 
 
-def _shared_state(settings: StateSettings) -> SharedState:
+def _shared_state(settings: StateSettings, copies: int) -> SharedState:
     return create_state(
         settings.backend,
         settings.url,
@@ -212,6 +212,7 @@ def _shared_state(settings: StateSettings) -> SharedState:
         sync_interval_s=settings.sync_interval_s,
         lease_ttl_s=settings.lease_ttl_s,
         max_connections=settings.max_connections,
+        workers=copies,
     )
 
 

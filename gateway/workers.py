@@ -58,6 +58,7 @@ from types import FrameType
 from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.serving import bind_socket
+from gateway.state.memory import WORKERS_ENV
 
 __all__ = ["Supervisor", "WorkerIdentity", "for_worker", "start_warnings", "worker_identity"]
 
@@ -179,6 +180,7 @@ class Supervisor:
         env = dict(self._env)
         env[INDEX_ENV] = str(index)
         env[RUNTIME_ENV] = str(self._runtime)
+        env[WORKERS_ENV] = str(self.count)  # shown by each worker's memory state
         argv = [*self._argv, "--host", self.host, "--port", str(self.port), "--workers", "1"]
         if first:
             argv += self._first_start_flags

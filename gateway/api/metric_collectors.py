@@ -164,6 +164,13 @@ class StateCollector(Collector):
             "Key revocations made here that the shared store has not stored yet.",
             value=status.pending_revocations,
         )
+        yield GaugeMetricFamily(
+            "owngate_state_limit_copies",
+            "Processes that each enforce every tenant limit in full on their own (a tenant "
+            "may get up to this many times its limits): N for state memory under serve "
+            "--workers N, else 1.",
+            value=status.limit_copies,
+        )
         yield CounterMetricFamily(
             "owngate_state_restores",
             "Times this replica found its lease gone and put its tenants' budget use back "

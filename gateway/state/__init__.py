@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from gateway.state.memory import MemoryState
+from gateway.state.memory import WORKERS_ENV, MemoryState, limit_copies
 from gateway.state.types import (
     Admission,
     LimitName,
@@ -25,6 +25,7 @@ from gateway.state.types import (
 )
 
 __all__ = [
+    "WORKERS_ENV",
     "Admission",
     "LimitName",
     "MemoryState",
@@ -35,6 +36,7 @@ __all__ = [
     "TenantLimits",
     "TenantUse",
     "create_state",
+    "limit_copies",
 ]
 
 
@@ -49,15 +51,19 @@ def create_state(
     lease_ttl_s: float = 5.0,
     max_connections: int = 16,
     clock: Callable[[], float] = time.monotonic,
+    workers: int = 1,
 ) -> SharedState:
     """Build the configured state; nothing connects until `start()` (in the lifespan).
 
     Redis options: `timeout_s` bounds each request-path call (then local state decides),
     `sync_interval_s` paces the background sync, `lease_ttl_s` is how long a silent
     replica's counts still count, `max_connections` caps request calls in flight.
-    `replica_id` must be unique among live replicas; the default is."""
+    `replica_id` must be unique among live replicas; the default is. `workers`: the
+    processes of `serve --workers N` (`limit_copies`): each holds a memory state of its
+    own (its status says so), or counts as a replica on Redis from the start (a worker
+    that never reached Redis splits each limit over them)."""
     if backend == "memory":
-        return MemoryState(clock=clock)
+        return MemoryState(clock=clock, copies=workers)
     if not url:
         raise ValueError("state backend 'redis' needs a url (redis://host:port/db)")
     # Imported here so that redis-py loads only when Redis is configured.
@@ -65,6 +71,7 @@ def create_state(
 
     return RedisState(
         url,
+        workers=workers,
         replica_id=replica_id,
         key_prefix=key_prefix,
         timeout_s=timeout_s,

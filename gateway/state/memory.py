@@ -7,7 +7,7 @@ until the process exits (the keys file stays the durable source of who may call)
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from gateway.state.ledger import Ledger
 from gateway.state.types import (
@@ -18,15 +18,27 @@ from gateway.state.types import (
     TenantUse,
 )
 
-__all__ = ["MemoryState"]
+__all__ = ["WORKERS_ENV", "MemoryState", "limit_copies"]
+
+# Set by `serve --workers N`'s supervisor (gateway/workers.py) in each worker's
+# environment: how many processes hold their own `MemoryState`.
+WORKERS_ENV = "OWNGATE_WORKERS"
+
+
+def limit_copies(environ: Mapping[str, str]) -> int:
+    """How many processes each enforce every tenant limit on their own ledger: the
+    workers of `serve --workers N` (each admits up to the whole limit), else 1."""
+    value = environ.get(WORKERS_ENV, "")
+    return max(1, int(value)) if value.isascii() and value.isdigit() else 1
 
 
 class MemoryState:
     """Per-process limits, in-flight counters and revocations. `clock` is monotonic
     seconds, injected so tests drive time."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic, copies: int = 1) -> None:
         self._ledger = Ledger(clock)
+        self._copies = max(1, copies)  # processes with a ledger of their own (`limit_copies`)
         self._inflight: dict[str, int] = {}
         self._revoked: set[str] = set()
 
@@ -105,4 +117,5 @@ class MemoryState:
             fallbacks=0,
             errors=0,
             pending_revocations=0,
+            limit_copies=self._copies,
         )

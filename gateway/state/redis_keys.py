@@ -18,11 +18,23 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-__all__ = ["FAILURES", "RedisKeys", "default_replica_id", "describe_failure", "text"]
+__all__ = [
+    "FAILURES",
+    "MALFORMED",
+    "RedisKeys",
+    "default_replica_id",
+    "describe_failure",
+    "heartbeat_reply",
+    "replied",
+    "text",
+]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 # What a call to Redis raises when Redis is away, slow or broken: never the caller's bug.
 FAILURES = (RedisError, OSError, TimeoutError)
+# A reply of the wrong shape (another program on the port, a proxy, a bug, another
+# program's data under our keys): read as Redis failing, never as a decision.
+MALFORMED = (ValueError, TypeError, IndexError, KeyError)
 
 
 class RedisKeys:
@@ -77,6 +89,42 @@ def text(value: Any) -> str:
     """A name Redis returned; bytes that are not UTF-8 (not ours) become U+FFFD, which
     matches no key digest or backend id, rather than an error."""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def replied(what: str, reply: Any, *shapes: tuple[int | None, ...]) -> list[int]:
+    """A script's reply as the integers it must be: a list matching one of `shapes`
+    (each item the value required there, or None for any integer). Anything else (a
+    string, an integer, a list of another length or with another code) raises
+    ValueError without quoting it (Redis's bytes never reach a log)."""
+    if isinstance(reply, list) and all(type(item) is int for item in reply):
+        for shape in shapes:
+            if len(reply) == len(shape) and all(
+                want is None or item == want for item, want in zip(reply, shape, strict=True)
+            ):
+                return reply
+    size = f"a list of {len(reply)}" if isinstance(reply, list) else type(reply).__name__
+    raise ValueError(f"malformed {what} reply from redis ({size})")
+
+
+def heartbeat_reply(reply: Any) -> list[Any]:
+    """`lua.HEARTBEAT`'s reply as it must be: `[-1]` or `[-2]` (no lease renewed), or
+    `[0|1, live replicas, revoked version, revoked count, (backend, count)...]`;
+    anything else raises ValueError (as `replied`)."""
+    if isinstance(reply, list) and reply in ([-1], [-2]):
+        return reply
+    if (
+        isinstance(reply, list)
+        and len(reply) >= 4
+        and len(reply) % 2 == 0
+        and all(type(item) is int for item in reply[:4])
+        and reply[0] in (0, 1)
+        and reply[1] >= 0
+        and all(type(item) is int for item in reply[5::2])
+        and all(isinstance(item, bytes | str) for item in reply[4::2])
+    ):
+        return reply
+    size = f"a list of {len(reply)}" if isinstance(reply, list) else type(reply).__name__
+    raise ValueError(f"malformed heartbeat reply from redis ({size})")
 
 
 def describe_failure(exc: BaseException, timeout_s: float) -> str:

@@ -23,7 +23,7 @@ from redis.commands.core import AsyncScript
 from gateway.state import lua
 from gateway.state.ledger import CONCURRENCY_RETRY_S, MAX_DEBT_US, Ledger
 from gateway.state.redis_health import RedisHealth
-from gateway.state.redis_keys import FAILURES, RedisKeys
+from gateway.state.redis_keys import FAILURES, MALFORMED, RedisKeys, replied
 from gateway.state.redis_slots import HeldSlots
 from gateway.state.types import Admission, LimitName, RateLimited, TenantLimits
 
@@ -103,7 +103,13 @@ class RedisLimits:
                     slot or "",
                 ],
             )
-        except FAILURES as exc:
+            # [1] admitted, [-1] no lease, [0, limit, wait µs] refused (lua.ACQUIRE)
+            reply = replied("admission", reply, (1,), (-1,), (0, None, None))
+            if reply[0] == 0 and (reply[1] not in _REFUSED or reply[2] < 0):
+                raise ValueError("malformed admission reply from redis (a refusal)")
+        except (*FAILURES, *MALFORMED) as exc:
+            # Redis may have added the slot (a garbage reply may come from a script
+            # that ran): the resync this failure asks for rewrites it as held here.
             self._slots.drop(tenant, slot)
             self._health.failed("admission", exc)
             return self._admit_locally(tenant, limits)
@@ -113,7 +119,7 @@ class RedisLimits:
             raise
         finally:
             self._slots.end_call(slot)
-        code = int(reply[0])
+        code = reply[0]
         if code == 1:
             local = limits.share(self._health.replicas)
             self._ledger.count_request(tenant, local, limits)
@@ -123,8 +129,8 @@ class RedisLimits:
         if code == -1:  # our lease ran out (Redis restarted, or this loop stalled)
             self._health.resync = True
             return self._admit_locally(tenant, limits)
-        which = _REFUSED[int(reply[1])]
-        raise RateLimited(tenant, which, limits.value(which) or 0, int(reply[2]) / 1_000_000)
+        which = _REFUSED[reply[1]]
+        raise RateLimited(tenant, which, limits.value(which) or 0, reply[2] / 1_000_000)
 
     def backlogs(self) -> tuple[list[str], list[int]]:
         """The rate keys of the tenants this replica admitted, and how far each budget
@@ -174,12 +180,16 @@ class RedisLimits:
                 reply = await self._call(
                     self._reserve_script, [self._keys.tokens(tenant)], [tpm, tokens, MAX_DEBT_US]
                 )
-            except FAILURES as exc:
+                # [1] reserved, [0, over µs] refused (lua.RESERVE)
+                reply = replied("reservation", reply, (1,), (0, None))
+                if reply[0] == 0 and reply[1] < 0:
+                    raise ValueError("malformed reservation reply from redis (a refusal)")
+            except (*FAILURES, *MALFORMED) as exc:
                 # Redis may have taken it: it ages out there, it is never refunded.
                 self._health.failed("reservation", exc)
             else:
-                if int(reply[0]) != 1:
-                    raise RateLimited(tenant, "tokens_per_minute", tpm, int(reply[1]) / 1e6)
+                if reply[0] != 1:
+                    raise RateLimited(tenant, "tokens_per_minute", tpm, reply[1] / 1e6)
                 admission.reserved_shared = tokens
                 admission.reserved = self._ledger.reserve(
                     tenant, local, tokens, check=False, whole=limits

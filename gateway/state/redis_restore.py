@@ -69,7 +69,17 @@ class BudgetRestore:
                     *backlogs,
                 ],
             )
-            code, epoch = int(reply[0]), text(reply[1])
+            # [0|1|2|3, epoch] (lua.RESTORE); anything else is Redis failing
+            if not (
+                isinstance(reply, list)
+                and len(reply) == 2
+                and type(reply[0]) is int
+                and 0 <= reply[0] <= 3
+                and isinstance(reply[1], bytes | str)
+            ):
+                size = f"a list of {len(reply)}" if isinstance(reply, list) else "not a list"
+                raise ValueError(f"malformed restore reply from redis ({size})")
+            code, epoch = reply[0], text(reply[1])
             if code == 0:  # the lease is live: nothing to put back
                 self._pending, self.epoch = None, epoch
                 return

@@ -33,10 +33,12 @@ from gateway.state.redis_health import RedisHealth
 from gateway.state.redis_keys import (
     _NAME,
     FAILURES,
+    MALFORMED,
     RedisKeys,
     _client,
     _per_tenant,
     default_replica_id,
+    heartbeat_reply,
     text,
 )
 from gateway.state.redis_limits import RedisLimits
@@ -46,10 +48,6 @@ from gateway.state.redis_slots import HeldSlots
 from gateway.state.types import Admission, PeersListener, StateStatus, TenantLimits, TenantUse
 
 __all__ = ["RedisKeys", "RedisState", "default_replica_id"]
-
-# A reply of the wrong shape (another program's data under our keys, a proxy, a bug):
-# the sync treats it as Redis failing, so the loop keeps probing and says why.
-_MALFORMED = (ValueError, TypeError, IndexError, KeyError)
 
 
 class RedisState:
@@ -68,6 +66,7 @@ class RedisState:
         lease_ttl_s: float = 5.0,
         max_connections: int = 16,
         clock: Callable[[], float] = time.monotonic,
+        workers: int = 1,
     ) -> None:
         replica = replica_id or default_replica_id()
         if not _NAME.match(replica) or "|" in replica:
@@ -89,6 +88,10 @@ class RedisState:
         self._ledger = Ledger(clock)
         self._slots = HeldSlots(replica, self._ledger)
         self._health = RedisHealth(replica, timeout_s, on_failure=lambda: self._set_others({}))
+        # The workers of `serve --workers N` are N replicas from the start: one that never
+        # reached Redis (down at start) splits each limit over them, not only itself.
+        self._workers = max(1, workers)
+        self._health.replicas = self._workers
         self._limits = RedisLimits(
             self._client,
             self._keys,
@@ -263,7 +266,7 @@ class RedisState:
         except FAILURES as exc:
             self._health.failed("sync", exc, self._sync_timeout_s)
             return
-        except _MALFORMED as exc:  # never end the loop: revocations would stop arriving
+        except MALFORMED as exc:  # never end the loop: revocations would stop arriving
             self._log.error("malformed reply from redis", exc_info=exc)
             self._health.failed("sync reply", exc, self._sync_timeout_s)
             return
@@ -285,7 +288,7 @@ class RedisState:
             if int(reply[0]) < 0:  # and yet again: no lease, the next sync tries again
                 self._health.resync = True
                 return
-        self._health.replicas = max(1, int(reply[1]))
+        self._health.replicas = max(self._workers, int(reply[1]))
         self._set_others({text(reply[i]): int(reply[i + 1]) for i in range(4, len(reply), 2)})
         await self._revocations.sync(int(reply[2]), int(reply[3]))
 
@@ -326,6 +329,7 @@ class RedisState:
                 ],
                 args=args,
             )
+            reply = heartbeat_reply(reply)
         except BaseException:
             self._health.resync = self._health.resync or resync
             raise

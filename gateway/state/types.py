@@ -211,6 +211,9 @@ class StateStatus:
     errors: int  # Redis calls that failed or timed out
     pending_revocations: int  # revocations made here that Redis has not stored yet
     restores: int = 0  # times this replica put its budget use back (its lease was gone)
+    # processes each enforcing every tenant limit in full on their own ledger (a tenant
+    # may get up to this many times its limits): N for memory under `serve --workers N`
+    limit_copies: int = 1
 
     def detail(self) -> dict[str, object]:
         return {
@@ -223,6 +226,7 @@ class StateStatus:
             "errors": self.errors,
             "pending_revocations": self.pending_revocations,
             "restores": self.restores,
+            "limit_copies": self.limit_copies,
         }
 
 

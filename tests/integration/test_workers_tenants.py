@@ -96,6 +96,13 @@ def refilled(rpm: int, since: float) -> int:
     return int((time.monotonic() - since) * rpm / 60) + 1
 
 
+def limit_copies(url: str) -> float:
+    """`owngate_state_limit_copies` as one scrape of /metrics reports it."""
+    text = httpx.get(f"{url}/metrics", headers={"connection": "close"}, timeout=5).text
+    (line,) = [x for x in text.splitlines() if x.startswith("owngate_state_limit_copies ")]
+    return float(line.split()[1])
+
+
 def refused_everywhere(url: str) -> bool:
     return set(statuses(url, SPREAD)) == {401}
 
@@ -119,6 +126,37 @@ def test_memory_limits_hold_per_worker_and_the_supervisor_says_so(
 
     revoke(gateway)  # the keys file: every worker reloads it
     until(lambda: refused_everywhere(gateway.url), "every worker refusing the key", timeout=20)
+
+
+def test_memory_token_budget_per_worker_is_shown_in_the_metrics(
+    start_sim: Callable[..., Sim], start_workers: Callable[..., GatewayProcess]
+) -> None:
+    """A 600-token budget through 2 workers with `state: memory`: requests reserving
+    about 250 tokens each get two in per worker, up to 4 (1,000 tokens) in all: the
+    documented N times. Whichever worker is scraped, /metrics says so
+    (`owngate_state_limit_copies` 2; before, nothing in the metrics or status did: they
+    read as one healthy state with one replica)."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    gateway = start_workers(sim, {"backend": "memory"}, {"tokens_per_minute": 600}, 2)
+    answered = statuses(gateway.url, SPREAD, {**BODY, "max_tokens": 250})
+    assert set(answered) <= {200, 429}
+    assert 2 <= answered.count(200) <= 2 * (2 + 1), answered  # each worker's own 600
+    assert {limit_copies(gateway.url) for _ in range(6)} == {2.0}
+
+
+def test_workers_started_with_redis_down_split_each_limit_over_the_workers(
+    start_sim: Callable[..., Sim], start_workers: Callable[..., GatewayProcess]
+) -> None:
+    """`state: redis` on a port where no Redis answers, `--workers 2`: each worker has
+    reached no Redis, so it knows of no other replica; it splits `requests_per_minute: 4`
+    over the 2 workers anyway (before: each admitted 4, 8 in all)."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    state = {"backend": "redis", "url": f"redis://127.0.0.1:{free_port()}/0"}
+    gateway = start_workers(sim, state, {"requests_per_minute": 4}, 2)
+    began = time.monotonic()
+    answered = statuses(gateway.url, SPREAD)
+    assert set(answered) <= {200, 429}
+    assert 2 <= answered.count(200) <= 4 + 2 * refilled(2, began), answered
 
 
 @pytest.mark.redis
@@ -190,6 +228,7 @@ def test_redis_token_reservations_hold_across_workers(
     sim = start_sim("vllm", models=("m",), zero_latency=True)
     state = {"backend": "redis", "url": redis_server.url, "timeout_ms": 2000}
     gateway = start_workers(sim, state, {"tokens_per_minute": 1000}, 3)
+    assert limit_copies(gateway.url) == 1.0  # shared across the workers
     began = time.monotonic()
     answered = statuses(gateway.url, 24, {**BODY, "max_tokens": 400})
     assert set(answered) <= {200, 429}
