@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from gateway.provenance.errors import MalformedError, ProvenanceError, SignatureError
 from gateway.provenance.formats.cosignature import CosignatureVerifier, attach_cosignatures
 from gateway.provenance.witness.app import STATUS
+from gateway.provenance.witness.lookup import open_witness_connection
 from gateway.provenance.witness.witness import AddCheckpoint, WitnessCode, WitnessError
 from gateway.tls_options import client_context
 
@@ -165,8 +166,8 @@ async def _exchange(
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     authority = host if parts.port is None else f"{host}:{parts.port}"
     path = parts.path.rstrip("/") + "/add-checkpoint"
-    reader, writer = await asyncio.open_connection(
-        parts.hostname, port, ssl=client_context() if secure else None, limit=MAX_LINE
+    reader, writer = await open_witness_connection(
+        parts.hostname, port, client_context() if secure else None, MAX_LINE
     )
     try:
         head = (
