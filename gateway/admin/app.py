@@ -31,7 +31,7 @@ from gateway.admin.console_routes import docs_router
 from gateway.admin.console_routes import router as console_router
 from gateway.admin.cosignatures import router as cosignatures_router
 from gateway.admin.errors import _gateway_error, _http_error, _internal, _invalid
-from gateway.admin.headers import ApiHeaders
+from gateway.admin.headers import ApiHeaders, HeadAsGet
 from gateway.admin.key_changes import adding, removing, staged_change, take_back
 from gateway.admin.limits import BodyLimit
 from gateway.admin.models import (
@@ -141,6 +141,7 @@ def _routes(
     )
     app.add_middleware(BodyLimit)
     app.add_middleware(ApiHeaders)  # outside BodyLimit: its refusals get the headers too
+    app.add_middleware(HeadAsGet)  # outermost: HEAD is a GET for every check inside
     app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]

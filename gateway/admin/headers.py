@@ -15,6 +15,12 @@ checkpoint, the HTML audit report, an error object) gets what it lacks of `API_H
 - no framing (`X-Frame-Options: DENY`) and no referrer.
 
 Headers the route set are kept; only missing ones are added.
+
+`HeadAsGet` answers `HEAD` on every GET route as the GET would be answered, its head
+alone: the same status and headers (`Content-Length` the GET body's), no body bytes.
+FastAPI routes take GET only, and the tokenless loopback reader (auth.py) was promised
+GET and HEAD while every HEAD was a 405. The schema (docs/admin-openapi.json) lists the
+GET operations; HEAD is implied by them (RFC 9110 section 9.3.2).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["API_CSP", "API_HEADERS", "ApiHeaders"]
+__all__ = ["API_CSP", "API_HEADERS", "ApiHeaders", "HeadAsGet"]
 
 # What an admin answer may do when a browser renders it: show itself with its own inline
 # styles (the audit report's <style> and SVG), nothing else.
@@ -60,3 +66,30 @@ class ApiHeaders:
             await send(message)
 
         await self.app(scope, receive, with_headers)
+
+
+class HeadAsGet:
+    """ASGI middleware running a `HEAD` request as a GET and sending its head alone.
+
+    The app sees a copy of the scope (the server's own still says HEAD, so it writes no
+    body either); every body message of the GET answer is dropped, and one empty final
+    body message ends the answer."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+        ended = False
+
+        async def head_only(message: Message) -> None:
+            nonlocal ended
+            if message["type"] != "http.response.body":
+                await send(message)
+            elif not message.get("more_body", False) and not ended:
+                ended = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        await self.app({**scope, "method": "GET"}, receive, head_only)

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from gateway.cli._logging import add_logging_flags, start_logging
-from gateway.sim.settings import KINDS, Faults, SimSettings
+from gateway.sim.settings import KINDS, MAX_BODY_BYTES, Faults, SimSettings
 
 __all__ = ["build_settings", "register", "run"]
 
@@ -32,6 +32,16 @@ def _rate(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1: {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
     return value
 
 
@@ -161,6 +171,14 @@ def register(subparsers: Any) -> None:  # argparse's subparsers action has no pu
         default=_env("API_KEY"),
         help="require 'Authorization: Bearer KEY' as the real server would (default: none)",
     )
+    add(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=_env("MAX_BODY_BYTES") or str(MAX_BODY_BYTES),
+        metavar="BYTES",
+        help="largest request body read; a longer one is answered 413 and not read on "
+        f"(default: {MAX_BODY_BYTES}, 64 MiB)",
+    )
     add_logging_flags(parser, "OWNGATE_SIM_")
     parser.set_defaults(handler=run)
 
@@ -206,6 +224,7 @@ def build_settings(args: argparse.Namespace) -> SimSettings:
         else args.decode_tps,
         coalesce_chunks=_switch(args.coalesce_chunks, "COALESCE_CHUNKS"),
         token_interval_s=args.token_interval,
+        max_body_bytes=args.max_body_bytes,
     )
 
 

@@ -28,7 +28,7 @@ from typing import Final
 import orjson
 
 from gateway.asgi import JSON, Receive, Scope, Send, lifespan, read_body, respond, wait_disconnect
-from gateway.errors import GatewayError
+from gateway.errors import ErrorCode, GatewayError
 from gateway.sim.control import CapturedRequest, SimControl, SimStats
 from gateway.sim.engine import Clock, Engine, MonotonicClock
 from gateway.sim.inference import Inference
@@ -120,9 +120,16 @@ class SimApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            body = await read_body(scope, receive)
-        except GatewayError:
-            return  # the client left before sending its request
+            body = await read_body(scope, receive, self.settings.max_body_bytes)
+        except GatewayError as exc:
+            if exc.code is ErrorCode.request_too_large:  # unread past the bound
+                await respond(
+                    send,
+                    413,
+                    error_body(self.settings.kind, 413, exc.message),
+                    headers=((b"connection", b"close"),),
+                )
+            return  # otherwise the client left before sending its request
         method: str = scope["method"]
         path: str = scope["path"]
         headers: list[tuple[bytes, bytes]] = scope["headers"]

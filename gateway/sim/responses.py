@@ -37,6 +37,7 @@ _VLLM_TYPES: Final = MappingProxyType(
         401: "UnauthorizedError",
         404: "NotFoundError",
         405: "MethodNotAllowedError",
+        413: "RequestEntityTooLargeError",
         500: "InternalServerError",
         503: "ServiceUnavailableError",
     }
@@ -47,6 +48,7 @@ _LLAMACPP_TYPES: Final = MappingProxyType(
         401: "authentication_error",
         404: "not_found_error",
         405: "invalid_request_error",
+        413: "invalid_request_error",
         500: "server_error",
         503: "unavailable_error",
     }

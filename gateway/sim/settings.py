@@ -13,10 +13,11 @@ import math
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
-__all__ = ["KINDS", "Faults", "Kind", "SimSettings"]
+__all__ = ["KINDS", "MAX_BODY_BYTES", "Faults", "Kind", "SimSettings"]
 
 Kind = Literal["vllm", "llamacpp", "sglang"]
 KINDS: Final[tuple[Kind, ...]] = get_args(Kind)
+MAX_BODY_BYTES: Final = 64 << 20  # a request body, by default
 
 
 def _check_rate(name: str, value: float) -> None:
@@ -81,6 +82,9 @@ class SimSettings:
     role rides with the first), then a sleep of `token_interval_s` before the next, as a
     decoding server writes its tokens; late wake-ups make the gaps longer, never
     bursts. Non-streaming answers stay immediate.
+    `max_body_bytes` bounds a request body (64 MiB): a longer one is answered 413 and
+    read no further (a declared length over it, unread), so a client of the simulator's
+    own port cannot make it hold a body of any size.
     `seed` fixes generated text, embeddings and fault draws. `api_key`, when set, makes
     the server answer 401 without `Authorization: Bearer <api_key>`.
     """
@@ -102,6 +106,7 @@ class SimSettings:
     seed: int = 0
     api_key: str | None = None
     faults: Faults = Faults()
+    max_body_bytes: int = MAX_BODY_BYTES
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -111,6 +116,8 @@ class SimSettings:
         for name in ("slots", "kv_capacity_tokens", "default_max_tokens", "n_ctx"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes!r}")
         if self.embedding_dims < 1:
             raise ValueError(f"embedding_dims must be >= 1, got {self.embedding_dims!r}")
         for name in ("prefill_tokens_per_s", "decode_tokens_per_s"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -231,6 +232,35 @@ def test_a_content_length_of_thousands_of_digits_is_no_server_error(
     assert answer.status == status, answer.describe()
     assert "error" in json.loads(answer.body)
     assert "Exceeds the limit" not in served.process.output()
+
+
+@pytest.mark.parametrize(
+    ("path", "role"), [("/openapi.json", None), ("/log/checkpoint", "auditor")]
+)
+def test_head_is_the_gets_head_alone_on_the_wire(
+    served: Served, path: str, role: str | None
+) -> None:
+    """A HEAD was a 405 on every route though auth.py let the loopback reader use GET and
+    HEAD: now it is the GET's status and headers, Content-Length the GET body's, and not
+    one body byte follows the head (read to the server's close)."""
+    served.chat()  # the log has a checkpoint to serve
+    until(lambda: served.get(path, role).status_code == 200, f"{path} served", timeout=20)
+    got = served.get(path, role)
+    port = int(served.admin.rsplit(":", 1)[1])
+    head = f"HEAD {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n"
+    if role is not None:
+        head += f"authorization: Bearer {TOKENS[role]}\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(f"{head}\r\n".encode())
+        raw = b""
+        while len(raw) < 1 << 20 and (chunk := sock.recv(65536)):
+            raw += chunk
+    status_line, _, rest = raw.partition(b"\r\n")
+    fields, _, body = rest.partition(b"\r\n\r\n")
+    assert status_line.split()[1] == b"200", raw[:300]
+    headers = dict(line.lower().split(b": ", 1) for line in fields.split(b"\r\n"))
+    assert headers[b"content-length"] == str(len(got.content)).encode()
+    assert body == b""
 
 
 def test_the_openapi_schema_is_served_and_published(served: Served) -> None:

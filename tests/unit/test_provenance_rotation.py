@@ -144,3 +144,44 @@ def test_receipt_verify_with_both_keys_and_no_log_says_the_rotation_rule_was_not
     assert "no --log" not in capsys.readouterr().out  # one key: nothing to choose between
     logged = [*keys, "--log", str(tmp_path / "log")]
     assert run_audit(["receipt", "verify", str(tmp_path / "r.json"), *logged]) == 1
+
+
+def test_a_receipt_check_refuses_an_older_note_under_a_later_history_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`check_receipt_key` picks the first history file covering the entry by its NAME.
+    Whoever kept the retired key A put the overlap's note (size 4, signed A+B) under the
+    name of B's checkpoint (size 6): A's re-signed receipt for entry 4, written after the
+    rotation, was accepted. `audit verify` refuses such a file; so does the receipt
+    check now, naming the file and both sizes."""
+    old, new = seeded_signer(ORIGIN, 1), seeded_signer(ORIGIN, 2)
+    keys = [old.verifier(), new.verifier()]
+    receipts = {}
+
+    async def run(number: int, signer: Signer, cosigners: Sequence[Signer]) -> None:
+        log = await ProvenanceLog.open(tmp_path, ORIGIN, signer, cosigners=cosigners)
+        logged = await log_request(log, number)
+        receipts[number] = logged.receipt
+        await log.close()
+
+    for number, (signer, cosigners) in enumerate(((old, []), (new, [old]), (new, []))):
+        asyncio.run(run(number, signer, cosigners))
+    history = tmp_path / "checkpoints"
+    names = sorted(p.name for p in history.iterdir())
+    assert [int(name) for name in names] == [0, 2, 4, 6], names
+    late = receipts[2]
+    assert late.index == 4
+    forged = make_receipt(late, old)
+    log = LogDirectory(tmp_path)
+    with pytest.raises(LogVerificationError, match="retired by a rotation"):
+        check_receipt_key(log, forged, verify_receipt(forged, keys), keys)
+    (history / names[3]).write_bytes((history / names[2]).read_bytes())
+    with pytest.raises(LogVerificationError, match=f"checkpoints/{names[3]} holds size 4, not 6"):
+        check_receipt_key(log, forged, verify_receipt(forged, keys), keys)
+    with pytest.raises(LogVerificationError, match="holds size 4, not 6"):
+        verify_log(tmp_path, keys)  # the same refusal `audit verify` makes
+    (tmp_path / "r.json").write_bytes(forged)
+    capsys.readouterr()
+    cli = ["--key", old.vkey, "--key", new.vkey, "--log", str(tmp_path)]
+    assert run_audit(["receipt", "verify", str(tmp_path / "r.json"), *cli]) == 1
+    assert "holds size 4, not 6" in capsys.readouterr().err

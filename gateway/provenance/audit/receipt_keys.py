@@ -10,8 +10,9 @@ covering its entry: receipts signed by A before the rotation keep verifying, wit
 as a trusted key, long after A is retired, and one signed by A for an entry first covered
 by a checkpoint B alone signed (written after A's retirement, by whoever kept A) is
 refused. `owngate audit receipt verify --log` and the admin API's receipt check both
-apply it. That history checkpoints themselves follow the rotation order is `verify_log`'s
-check (`audit.rotation`), over the whole history.
+apply it, and, as `verify_log` does, refuse a history file whose checkpoint is not of
+the size its name says. That history checkpoints themselves follow the rotation order
+is `verify_log`'s check (`audit.rotation`), over the whole history.
 """
 
 from __future__ import annotations
@@ -69,6 +70,13 @@ def check_receipt_key(
         raise LogVerificationError(
             f"{where}, the first to cover entry {receipt.index}, is signed by no trusted key: {exc}"
         ) from exc
+    if first is not None and signed.checkpoint.size != first[0]:
+        # the file is chosen by its name: an older note placed under a later name (one
+        # the retired key signed) would otherwise decide which key the entry had
+        raise LogVerificationError(
+            f"checkpoint checkpoints/{first[1].name} holds size {signed.checkpoint.size}, "
+            f"not {first[0]}: its history file does not hold the checkpoint its name says"
+        )
     keys = {f"{s.name}+{s.key_id:08x}" for s in signed.signatures.verified}
     if not signers & keys:
         raise LogVerificationError(
