@@ -23,13 +23,25 @@ __all__ = ["WORKERS_ENV", "MemoryState", "limit_copies"]
 # Set by `serve --workers N`'s supervisor (gateway/workers.py) in each worker's
 # environment: how many processes hold their own `MemoryState`.
 WORKERS_ENV = "OWNGATE_WORKERS"
+# What else the supervisor sets in a worker's environment (gateway/workers.py's
+# INDEX_ENV and RUNTIME_ENV; not imported: the state does not load the supervisor).
+_WORKER_ENVS = ("OWNGATE_WORKER_INDEX", "OWNGATE_WORKER_RUNTIME_DIR")
+_MAX_WORKERS_DIGITS = 4  # more workers than 9999 is no supervisor's count
 
 
 def limit_copies(environ: Mapping[str, str]) -> int:
     """How many processes each enforce every tenant limit on their own ledger: the
-    workers of `serve --workers N` (each admits up to the whole limit), else 1."""
+    workers of `serve --workers N` (each admits up to the whole limit), else 1.
+
+    `OWNGATE_WORKERS` is also `serve`'s own default for `--workers`: set in the
+    environment of a process the supervisor did not start (`serve --workers 1`, one
+    left over), it is no count of this process's copies, which is then 1."""
+    if not all(environ.get(name) for name in _WORKER_ENVS):
+        return 1
     value = environ.get(WORKERS_ENV, "")
-    return max(1, int(value)) if value.isascii() and value.isdigit() else 1
+    if not (value.isascii() and value.isdigit() and len(value) <= _MAX_WORKERS_DIGITS):
+        return 1
+    return max(1, int(value))
 
 
 class MemoryState:
