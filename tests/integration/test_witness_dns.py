@@ -51,3 +51,71 @@ def test_hanging_witness_lookup_holds_no_default_thread(monkeypatch: pytest.Monk
         asyncio.run(main())
     finally:
         release.set()
+
+
+def test_hanging_witness_lookups_do_not_starve_the_other_witnesses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Two witnesses (of a config's many) whose operators run a DNS server that never
+    # answers took both of the module's lookup threads, process-wide: every other
+    # witness's name queued behind them, each attempt timing out, no cosignature from
+    # any honest witness until the resolver gave up on the hostile names.
+    from gateway.provenance.witness import lookup as witness_lookup
+
+    release = threading.Event()
+    real = socket.getaddrinfo
+    hostile = [f"hang-{i}.witness.invalid" for i in range(3)]
+
+    def resolve(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host in hostile:
+            release.wait(10)
+            raise socket.gaierror(socket.EAI_NONAME, "not known")
+        if host == "honest.witness.invalid":
+            return real("127.0.0.1", *args, **kwargs)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+
+    async def main() -> None:
+        for name in hostile:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(witness_lookup._addresses(name, 443), 0.05)
+        found = await asyncio.wait_for(
+            witness_lookup._addresses("honest.witness.invalid", 443), 2.0
+        )
+        assert [address for _, address, _ in found] == ["127.0.0.1"]
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
+
+
+def test_a_hanging_witness_lookup_does_not_hold_the_process_at_exit(tmp_path: Any) -> None:
+    # The lookup threads were a ThreadPoolExecutor's, which the interpreter joins at
+    # exit: a gateway whose witness name never resolved could not stop.
+    import subprocess
+    import sys
+
+    script = tmp_path / "hang.py"
+    script.write_text(
+        "import asyncio, socket, threading\n"
+        "from gateway.provenance.witness import lookup\n"
+        "socket.getaddrinfo = lambda *a, **k: threading.Event().wait(60)\n"
+        "async def main():\n"
+        "    try:\n"
+        "        await asyncio.wait_for(lookup._addresses('hang.witness.invalid', 443), 0.05)\n"
+        "    except TimeoutError:\n"
+        "        print('timed out', flush=True)\n"
+        "asyncio.run(main())\n"
+    )
+    import os
+
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        timeout=10,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        check=False,
+    )
+    assert done.stdout == b"timed out\n"

@@ -5,30 +5,57 @@
 name's lookup hangs (its operator runs the authoritative DNS server) kept one of those
 threads per cosigning attempt, and once they were all taken every `asyncio.to_thread` of
 the gateway (config reloads, cosignature files, admin reads) waited behind them. Here a
-witness name is looked up on `MAX_LOOKUPS` threads of this module's own, and an attempt
-that finds the lookup of the same name and port still running (an earlier attempt timed
-out on it) waits on that one instead of starting another: at most one thread per witness.
+witness name is looked up on a thread of its own, and an attempt that finds the lookup of
+the same name and port still running (an earlier attempt timed out on it) waits on that
+one instead of starting another: at most one thread per witness, `MAX_LOOKUPS` in all.
+Not a fixed pool shared by the witnesses: two hostile names hanging took its two threads
+and every other witness's lookup queued behind them. The threads are daemons: a name that
+never resolves does not hold the process at exit (a ThreadPoolExecutor's are joined).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import ipaddress
 import socket
 import ssl
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from typing import Any, Final
 
 __all__ = ["MAX_LOOKUPS", "open_witness_connection"]
 
-#: threads looking witness names up, for the whole process
-MAX_LOOKUPS: Final = 2
+#: witness names looked up at once (one thread each), for the whole process
+MAX_LOOKUPS: Final = 64
 #: addresses of one name tried in turn, at most
 _MAX_ADDRESSES: Final = 8
 
-_lookups: ThreadPoolExecutor | None = None  # made on the first lookup (nothing at import)
 _pending: dict[tuple[str, int], asyncio.Future[Any]] = {}
+_running = threading.BoundedSemaphore(MAX_LOOKUPS)  # lookup threads alive
+
+
+def _look_up(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], host: str, port: int
+) -> None:
+    try:
+        try:
+            result: Any = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting attempt
+            result = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(_settle, future, result)
+    finally:
+        _running.release()
+
+
+def _settle(future: asyncio.Future[Any], result: Any) -> None:
+    if future.done():
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
 
 
 def _forget(key: tuple[str, int], future: asyncio.Future[Any]) -> None:
@@ -39,7 +66,6 @@ def _forget(key: tuple[str, int], future: asyncio.Future[Any]) -> None:
 
 
 async def _addresses(host: str, port: int) -> list[tuple[Any, ...]]:
-    global _lookups
     try:
         ipaddress.ip_address(host)
     except ValueError:
@@ -50,10 +76,19 @@ async def _addresses(host: str, port: int) -> list[tuple[Any, ...]]:
     key = (host, port)
     lookup = _pending.get(key)
     if lookup is None or lookup.get_loop() is not loop:
-        if _lookups is None:
-            _lookups = ThreadPoolExecutor(MAX_LOOKUPS, thread_name_prefix="owngate-witness-dns")
-        call = functools.partial(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
-        lookup = loop.run_in_executor(_lookups, call)
+        if not _running.acquire(blocking=False):
+            raise OSError(f"{MAX_LOOKUPS} witness name lookups still running")
+        lookup = loop.create_future()
+        try:
+            threading.Thread(
+                target=_look_up,
+                args=(loop, lookup, host, port),
+                name="owngate-witness-dns",
+                daemon=True,
+            ).start()
+        except BaseException:
+            _running.release()
+            raise
         _pending[key] = lookup
         lookup.add_done_callback(functools.partial(_forget, key))
     infos = await asyncio.shield(lookup)  # a timeout leaves it to the next attempt
