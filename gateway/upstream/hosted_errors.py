@@ -251,12 +251,20 @@ def _untranslatable(chain: list[BaseException]) -> str | None:
 
 def forget_frames(exc: BaseException) -> None:
     """Clear the locals of the finished frames that `exc` and the exceptions it chains
-    (cause and context) passed through: LiteLLM's and the SDKs' frames, whose locals hold
-    the call's keyword arguments (the request's messages) and, in some, the exception
-    raised through them (a reference cycle). Once classified (`hosted_error`), nothing of
-    them is read again, and the request's content then goes with its last reference, not
-    when the cyclic collector next runs. A frame still running (the one that caught it)
-    is left as it is."""
+    (cause and context) passed through, and drop each one's traceback: LiteLLM's and the
+    SDKs' frames, whose locals hold the call's keyword arguments (the request's messages)
+    and, in some, the exception raised through them (a reference cycle). Once classified
+    (`hosted_error`), nothing of them is read again, and the request's content then goes
+    with its last reference, not when the cyclic collector next runs.
+
+    The traceback goes too: a frame still running when this is called (the gateway's own
+    that caught it, `HostedClient._call` with the call's `params`) keeps its locals, and
+    the frames chained from it (`f_back`) are kept by the traceback. LiteLLM's `Logging`
+    object holds the exception among its call details while the call's keyword
+    arguments, which that traceback's frames hold, hold the `Logging` object (its
+    Responses API bridge, `openai/responses/...`): without the traceback, nothing the
+    exception reaches leads back to it, and the exceptions (their httpx `Request`, the
+    prompt sent) go with the `Logging` object, by reference count."""
     seen: set[int] = set()
     todo: list[BaseException] = [exc]
     while todo and len(seen) < 4 * _CHAIN_LIMIT:
@@ -265,6 +273,7 @@ def forget_frames(exc: BaseException) -> None:
             continue
         seen.add(id(link))
         traceback.clear_frames(link.__traceback__)
+        link.__traceback__ = None
         todo.extend(e for e in (link.__cause__, link.__context__) if e is not None)
 
 

@@ -64,7 +64,14 @@ spec:
   retention: {max_days: zero}
   fallback:
     mode: when_private_unavailable
-    to: [{backend: h400}, {backend: h500}, {backend: h200}, {backend: hbreaks}]
+    to:
+      - {backend: h400}
+      - {backend: h500}
+      - {backend: h200}
+      - {backend: hbreaks}
+      - {backend: r400}
+      - {backend: r500}
+      - {backend: rslow}
 """
 _WHOLE = json.dumps(
     {
@@ -113,7 +120,18 @@ _ANSWERS: dict[str, Any] = {
     "h200": json_answer(_WHOLE),
     "hx": json_answer(_WHOLE),
     "hbreaks": _breaks,
+    "r400": json_answer(ERROR_BODY, b"400 Bad Request"),
+    "r500": json_answer(ERROR_BODY, b"500 Internal Server Error"),
+    "rslow": _never,
 }
+
+
+def _bridged(id: str, url: str, model: str) -> dict[str, Any]:
+    """A hosted backend whose model LiteLLM sends through its chat-to-Responses bridge
+    (`openai/responses/...`: gateway/upstream/responses_bridge.py)."""
+    return hosted_backend(
+        id, url, models=[{"name": model, "provider_model": f"openai/responses/{model}"}]
+    )
 
 
 @dataclass
@@ -145,8 +163,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 hosted_backend("h200", raw["h200"].url + "/v1", "h-ok", "failover"),
                 hosted_backend("hx", raw["hx"].url + "/v1", "h-denied"),
                 hosted_backend("hbreaks", raw["hbreaks"].url + "/v1", "h-breaks"),
+                _bridged("r400", raw["r400"].url + "/v1", "r-refused"),
+                _bridged("r500", raw["r500"].url + "/v1", "r-failing"),
+                _bridged("rslow", raw["rslow"].url + "/v1", "r-slow"),
             ],
             policy={"paths": [str(tmp / "policies")]},
+            limits={"first_byte_timeout_s": 2.0},  # a hosted call's wait (`r-slow`)
             tenants=[
                 {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["*"]},
                 {  # a budget the prompt passes outright: refused at admission (429)
@@ -267,6 +289,12 @@ OUTCOMES = [
     ("hosted stream fails (500)", {"model": "h-failing", "stream": True}, 503),
     ("hosted stream broken off mid-way", {"model": "h-breaks", "stream": True}, 200),
     ("token budget refuses (429)", {"model": "ok", "key": TIGHT_KEY}, 429),
+    ("bridged refuses (400)", {"model": "r-refused"}, 400),
+    ("bridged fails (500)", {"model": "r-failing"}, 503),
+    ("bridged stream refused (400)", {"model": "r-refused", "stream": True}, 400),
+    ("bridged stream fails (500)", {"model": "r-failing", "stream": True}, 503),
+    ("bridged times out", {"model": "r-slow"}, 503),
+    ("bridged stream times out", {"model": "r-slow", "stream": True}, 503),
 ]
 
 
