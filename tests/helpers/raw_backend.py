@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import threading
 from collections.abc import Awaitable, Callable
@@ -20,7 +21,15 @@ from dataclasses import dataclass
 
 from tests.helpers.accepted import Accepted, close_server
 
-__all__ = ["Answer", "Post", "RawBackend", "json_answer", "sse_head"]
+__all__ = [
+    "Answer",
+    "Post",
+    "RawBackend",
+    "completion_body",
+    "completion_response",
+    "json_answer",
+    "sse_head",
+]
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,28 @@ def sse_head(framing: bytes = b"connection: close\r\n") -> bytes:
 
 # An OpenAI error body, for a `json_answer` of an error status.
 ERROR_BODY = b'{"error": {"message": "no", "type": "x", "param": null, "code": null}}'
+
+
+def completion_body(content: str) -> bytes:
+    """A whole chat completion whose one choice says `content`, one token each way."""
+    message = {"role": "assistant", "content": content}
+    return json.dumps(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "m",
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+    ).encode()
+
+
+def completion_response(content: str) -> bytes:
+    """`completion_body(content)` as a whole HTTP/1.1 200 response with its content-length."""
+    body = completion_body(content)
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+    return head % len(body) + body
 
 
 def json_answer(

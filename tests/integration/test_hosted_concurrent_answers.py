@@ -31,7 +31,7 @@ from tests.helpers.gateways import (
 )
 from tests.helpers.log_truth import stream_receipt
 from tests.helpers.provenance import completion_record, request_records
-from tests.helpers.raw_backend import Answer, Post, RawBackend
+from tests.helpers.raw_backend import Answer, Post, RawBackend, completion_body
 
 pytestmark = LITELLM_WARNINGS
 
@@ -44,22 +44,7 @@ TWO_TENANTS = [
 
 
 def _answer(content: str) -> bytes:
-    body = json.dumps(
-        {
-            "id": "chatcmpl-1",
-            "object": "chat.completion",
-            "created": 1,
-            "model": "m",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": f"echo {content}"},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        }
-    ).encode()
+    body = completion_body(f"echo {content}")
     # chunked, in pieces with turns of the loop between: the calls' reads interleave
     pieces = [body[i : i + 40] for i in range(0, len(body), 40)]
     framed = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"

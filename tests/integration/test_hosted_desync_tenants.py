@@ -29,7 +29,7 @@ from tests.helpers.gateways import (
     Gateway,
     hosted_backend,
 )
-from tests.helpers.raw_backend import Answer, Post, RawBackend
+from tests.helpers.raw_backend import Answer, Post, RawBackend, completion_response
 
 pytestmark = LITELLM_WARNINGS
 
@@ -40,34 +40,13 @@ TWO_TENANTS = [
 ACME, OTHER = "acme-secret-7f3a", "other-question-19c2"
 
 
-def _response(content: str) -> bytes:
-    body = json.dumps(
-        {
-            "id": "chatcmpl-1",
-            "object": "chat.completion",
-            "created": 1,
-            "model": "m",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": content},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        }
-    ).encode()
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-    return head % len(body) + body
-
-
 def _provider(answered: threading.Event, forged: threading.Event, late: bytes) -> Answer:
     """Answers each request with its message's content; after acme's first answer, once
     acme's client has it, writes `late` on the same connection and keeps it open."""
 
     async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
         asked: str = json.loads(post.body)["messages"][0]["content"]
-        writer.write(_response(asked))
+        writer.write(completion_response(asked))
         await writer.drain()
         if asked == ACME and not forged.is_set():
             await asyncio.to_thread(answered.wait, 10)
@@ -91,7 +70,7 @@ def _ask(gateway: Gateway, key: str, content: str) -> httpx.Response:
 @pytest.mark.parametrize(
     "late",
     [
-        _response(f"for {ACME}"),
+        completion_response(f"for {ACME}"),
         # a head and part of a body: the next answer would be read as its rest
         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 4000\r\n\r\n"
         + b'{"for": "'
@@ -138,7 +117,7 @@ def test_a_response_still_unread_in_the_socket_never_answers_the_next_request(
     from gateway.upstream.hosted_sockets import CountedConnector
 
     answered, forged = threading.Event(), threading.Event()
-    raw = start_raw(_provider(answered, forged, _response(f"for {ACME}")))
+    raw = start_raw(_provider(answered, forged, completion_response(f"for {ACME}")))
 
     async def two_calls() -> list[str]:
         contents = []

@@ -41,6 +41,7 @@ from tests.helpers.gateways import (
     backend,
     hosted_backend,
 )
+from tests.helpers.raw_backend import completion_response
 from tests.helpers.tls import Pki, server_context
 from tests.helpers.waiting import until, until_async
 
@@ -51,22 +52,6 @@ TWO_TENANTS = [
     {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["m"]},
     {"id": "other", "api_key_hashes": [hash_api_key(OTHER_KEY)], "models": ["m"]},
 ]
-
-
-def _response(content: str) -> bytes:
-    message = {"role": "assistant", "content": content}
-    body = json.dumps(
-        {
-            "id": "chatcmpl-1",
-            "object": "chat.completion",
-            "created": 1,
-            "model": "m",
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        }
-    ).encode()
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-    return head % len(body) + body
 
 
 def _asked(head: bytes, body: bytes) -> str:
@@ -171,12 +156,12 @@ class _TLSProvider:
                     continue
                 asked = _asked(head, rest[:length])
                 self.asked_on.append(number)
-                tls.write(_response(asked))
+                tls.write(completion_response(asked))
                 conn.sendall(held + outgoing.read())
                 held = b""
                 if asked == ACME and self.late and not self.partial.is_set():
                     self.answered.wait(10)  # the connection idle in the client's pool
-                    tls.write(_response(f"for {ACME}"))
+                    tls.write(completion_response(f"for {ACME}"))
                     record = outgoing.read()
                     conn.sendall(record[:-1])
                     held = record[-1:]

@@ -23,7 +23,7 @@ import pytest
 
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, Gateway, backend
-from tests.helpers.raw_backend import Answer, Post, RawBackend
+from tests.helpers.raw_backend import Answer, Post, RawBackend, completion_body
 
 TWO_TENANTS = [
     {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["m"]},
@@ -32,27 +32,8 @@ TWO_TENANTS = [
 ACME, OTHER = "acme-secret-7f3a", "other-question-19c2"
 
 
-def _answer(content: str) -> bytes:
-    return json.dumps(
-        {
-            "id": "c",
-            "object": "chat.completion",
-            "created": 1,
-            "model": "m",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": content},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        }
-    ).encode()
-
-
 def _response(content: str, version: bytes = b"HTTP/1.1", extra: bytes = b"") -> bytes:
-    body = _answer(content)
+    body = completion_body(content)
     head = b"%s 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n"
     return head % (version, len(body), extra) + body
 

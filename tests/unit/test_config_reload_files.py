@@ -23,23 +23,7 @@ from gateway.config import ConfigError, GatewaySettings, load_config
 from gateway.policy import PolicySet
 from gateway.policy_set import TrustPolicies
 from tests.helpers.gateways import backend, gateway_config
-
-POLICY = """\
-apiVersion: policy.owngate.dev/v1
-kind: Policy
-metadata: {id: p, version: "1"}
-spec:
-  tenants: [acme]
-  residency: {allow: ["*"]}
-  retention: {max_days: any, training: true}
-  fallback: {mode: never}
-"""
-POLICY_SECTION = "policy:\n  paths: [policies]\n"
-
-
-def write(path: Path, text: str, mtime_ns: int) -> None:
-    path.write_text(text)
-    os.utime(path, ns=(mtime_ns, mtime_ns))  # each write its own stamp, whatever the clock
+from tests.helpers.reload_files import POLICY, POLICY_SECTION, write
 
 
 def config_text(concurrent: int) -> str:

@@ -4,7 +4,6 @@ set than the one in force (gateway/api/reload.py)."""
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,23 +13,7 @@ import yaml
 from gateway.app import create_app
 from gateway.config import load_config
 from tests.helpers.gateways import backend, gateway_config
-
-POLICY = """\
-apiVersion: policy.owngate.dev/v1
-kind: Policy
-metadata: {id: p, version: "1"}
-spec:
-  tenants: [acme]
-  residency: {allow: ["*"]}
-  retention: {max_days: any, training: true}
-  fallback: {mode: never}
-"""
-POLICY_SECTION = "policy:\n  paths: [policies]\n"
-
-
-def write(path: Path, text: str, mtime_ns: int) -> None:
-    path.write_text(text)
-    os.utime(path, ns=(mtime_ns, mtime_ns))
+from tests.helpers.reload_files import POLICY, POLICY_SECTION, write
 
 
 def test_a_policy_loaded_while_a_config_was_built_is_not_undone_by_a_failed_reread(

@@ -1,0 +1,25 @@
+"""Files a config-reload test writes: one policy admitting everything, the config section
+that loads it, and a write that gives each file the modification time the test names (each
+write its own stamp, whatever the clock)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+POLICY = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: p, version: "1"}
+spec:
+  tenants: [acme]
+  residency: {allow: ["*"]}
+  retention: {max_days: any, training: true}
+  fallback: {mode: never}
+"""
+POLICY_SECTION = "policy:\n  paths: [policies]\n"
+
+
+def write(path: Path, text: str, mtime_ns: int) -> None:
+    path.write_text(text)
+    os.utime(path, ns=(mtime_ns, mtime_ns))
