@@ -16,6 +16,8 @@ __all__ = [
     "parse",
     "read_answer",
     "read_to_end",
+    "request_id_of",
+    "stalled_chat",
 ]
 
 WAIT_S = 10.0  # the most any test waits for the server's answer or close
@@ -24,6 +26,35 @@ WAIT_S = 10.0  # the most any test waits for the server's answer or close
 class Server(Protocol):
     host: str
     port: int
+
+
+def stalled_chat(port: int, key: str, body: bytes) -> tuple[socket.socket, bytes]:
+    """A chat request from a socket with a 4 KiB receive buffer that then reads only its
+    answer's head and a little, so the gateway's later writes back up into its own write
+    buffer: the open socket (the caller closes it) and what it read."""
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
+        b"authorization: Bearer %s\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (key.encode(), len(body), body)
+    )
+    sock = socket.socket()
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(request)
+        return sock, sock.recv(4096)
+    except BaseException:
+        sock.close()
+        raise
+
+
+def request_id_of(head: bytes) -> str:
+    """The `x-request-id` of an answer whose head `head` begins with."""
+    for line in head.split(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"x-request-id":
+            return value.strip().decode()
+    raise AssertionError(f"no x-request-id in {head[:200]!r}")
 
 
 def connect(server: Server) -> socket.socket:

@@ -53,6 +53,7 @@ from tests.helpers.hold import Hold
 from tests.helpers.hooked_gateway import lost_seen
 from tests.helpers.log_truth import CHAT, DONE, EVENT
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
+from tests.helpers.raw_socket import request_id_of, stalled_chat
 from tests.helpers.waiting import until
 
 pytestmark = LITELLM_WARNINGS  # the hosted case: a client that left a hosted stream
@@ -271,18 +272,8 @@ def test_a_hosted_streams_done_left_in_the_write_buffer_is_not_read_by_a_client_
     big = openai_chunk(b'[{"index":0,"delta":{"content":"%s"}}]' % (b"x" * 8000))
     raw = start_raw(writes(*chunked(HOSTED_EVENT, *[big] * 40, HOSTED_END, DONE)))
     gateway, vkey = hosted_gateway(start_gateway, tmp_path, raw.url)
-    body = json.dumps(HOSTED_ASK).encode()
-    request = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
-        b"authorization: Bearer %s\r\ncontent-type: application/json\r\n"
-        b"content-length: %d\r\n\r\n%s" % (gateway.key.encode(), len(body), body)
-    )
-    sock = socket.socket()
+    sock, head = stalled_chat(gateway.server.port, gateway.key, json.dumps(HOSTED_ASK).encode())
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", gateway.server.port))
-        sock.sendall(request)
-        head = sock.recv(4096)  # the head and a little: then it reads nothing
         assert head.startswith(b"HTTP/1.1 200"), head
         assert hold.entered.wait(60), "the gateway never readied the stream's end"
         assert buffered and buffered[0] > 0, "the kernel took [DONE]: no write buffer to test"
@@ -293,11 +284,7 @@ def test_a_hosted_streams_done_left_in_the_write_buffer_is_not_read_by_a_client_
         sock.close()
         hold.released.set()
     until(lambda: not gateway.app.serving, "the request ended", timeout=30)
-    request_id = next(
-        line.partition(b":")[2].strip().decode()
-        for line in head.split(b"\r\n\r\n")[0].split(b"\r\n")[1:]
-        if line.partition(b":")[0].strip().lower() == b"x-request-id"
-    )
+    request_id = request_id_of(head)
     settled(tmp_path / "log", vkey, request_id)
     last = request_log(tmp_path / "log", vkey, request_id)[-1]
     assert last["status"] == 499, last

@@ -48,6 +48,7 @@ from tests.helpers.audit_rig import (
 from tests.helpers.gateways import Gateway, backend
 from tests.helpers.log_truth import CHAT, DONE, EVENT
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
+from tests.helpers.raw_socket import request_id_of, stalled_chat
 from tests.helpers.waiting import until
 
 CHUNK = b'{"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}'
@@ -229,18 +230,8 @@ def test_a_done_left_in_the_gateways_write_buffer_is_not_read_by_a_client_that_r
     pieces = chunked(EVENT, *[BIG] * FLOOD, DONE, last=False)
     raw = start_raw(_hangs_after(pieces, release))
     gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
-    body = json.dumps(CHAT).encode()
-    request = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
-        b"authorization: Bearer %s\r\ncontent-type: application/json\r\n"
-        b"content-length: %d\r\n\r\n%s" % (gateway.key.encode(), len(body), body)
-    )
-    sock = socket.socket()
+    sock, head = stalled_chat(gateway.server.port, gateway.key, json.dumps(CHAT).encode())
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", gateway.server.port))
-        sock.sendall(request)
-        head = sock.recv(4096)  # the head and a little: then it reads nothing
         assert head.startswith(b"HTTP/1.1 200"), head
         assert written.wait(60), "the gateway never wrote [DONE]"
         assert buffered[0] > 0, "the kernel took [DONE]: no write buffer to test"
@@ -248,16 +239,8 @@ def test_a_done_left_in_the_gateways_write_buffer_is_not_read_by_a_client_that_r
     finally:
         sock.close()  # a reset (linger 0): what the write buffer held is dropped
         release.set()
-    request_id = _request_id(head)
+    request_id = request_id_of(head)
     until(lambda: not gateway.app.serving, "the request ended", timeout=30)
     settled(tmp_path / "log", vkey, request_id)
     last = request_log(tmp_path / "log", vkey, request_id)[-1]
     assert last["status"] == 499, last
-
-
-def _request_id(head: bytes) -> str:
-    for line in head.split(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"x-request-id":
-            return value.strip().decode()
-    raise AssertionError(head)
