@@ -13,6 +13,7 @@ collection refuses a unit test that uses a fixture of the integration layer.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +34,20 @@ from tests.helpers.processes import KEY, GatewayProcess
 from tests.helpers.raw_backend import Answer, RawBackend
 from tests.helpers.real_backend.server import LlamaServer, running_llama_server
 from tests.helpers.redis_server import RedisServer
+
+
+@pytest.fixture
+def collector_off() -> Iterator[None]:
+    """The cyclic collector off while a test runs (tests/helpers/cycles.py `holders`
+    then finds what a cycle holds), everything it saved dropped after."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ from gateway.app import create_app
 from gateway.provenance import write_signing_key
 from gateway.serving import ServerThread
 from gateway.tenants import hash_api_key
+from tests.helpers.cycles import holders
 from tests.helpers.gateways import (
     EU_ZERO,
     LITELLM_WARNINGS,
@@ -232,41 +233,6 @@ def _post(
         return parse(read_to_end(sock))[0]
 
 
-def _holders() -> list[str]:
-    """What a collection finds unreachable that holds the prompt (by its marker), named."""
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        gc.collect()
-    finally:
-        gc.set_debug(0)
-    found = []
-    for garbage in gc.garbage:
-        for held in gc.get_referents(garbage):
-            text = held if isinstance(held, str) else None
-            if isinstance(held, bytes | bytearray) and len(held) > len(PROMPT) // 2:
-                text = bytes(held).decode("latin-1")
-            if text is not None and len(text) > len(PROMPT) // 2 and MARK in text:
-                code = getattr(garbage, "f_code", None)
-                name = f"frame {code.co_name}" if code is not None else type(garbage).__name__
-                found.append(name)
-                break
-    gc.garbage.clear()
-    gc.collect()  # what it saved, freed
-    return found
-
-
-@pytest.fixture
-def collector_off() -> Iterator[None]:
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
-
-
 # (what happens, request, the status the client gets)
 OUTCOMES = [
     ("served", {"model": "ok"}, 200),
@@ -304,7 +270,7 @@ OUTCOMES = [
 def test_no_reference_cycle_holds_the_body(
     stack: Stack, collector_off: None, request_kw: dict[str, Any], status: int
 ) -> None:
-    _holders()  # what was there before
+    holders(MARK, len(PROMPT) // 2)  # what was there before
     tried = {name: len(raw.posts) for name, raw in stack.backends.items()}
     assert _post(stack, **request_kw) == status
     if request_kw["model"] == "failover":  # failed over: the private backend was tried first
@@ -316,7 +282,7 @@ def test_no_reference_cycle_holds_the_body(
         "the request over, its body released",
         detail=lambda: (len(app.serving), app.bodies.held),
     )
-    assert _holders() == []
+    assert holders(MARK, len(PROMPT) // 2) == []
 
 
 def test_the_check_sees_a_cycle_holding_the_body(collector_off: None) -> None:
@@ -328,7 +294,7 @@ def test_the_check_sees_a_cycle_holding_the_body(collector_off: None) -> None:
 
     with contextlib.suppress(ValueError):
         refuse((MARK * 8_000).encode())
-    assert _holders() == ["frame refuse"]
+    assert holders(MARK, len(PROMPT) // 2) == ["frame refuse"]
 
 
 class _OwnDisk(FailingDisk):
@@ -372,13 +338,13 @@ def test_a_log_that_cannot_be_written_leaves_no_cycle_holding_the_body(
         with ServerThread(app, listen=config.listen) as server:
             stack = Stack(app, server, {"p200": raw})
             assert _post(stack, "ok") == 200
-            _holders()
+            holders(MARK, len(PROMPT) // 2)
             disk.failing = True
             assert _post(stack, "ok") == 503
             until(
                 lambda: not app.serving and app.bodies.held == 0,
                 "the request over, its body released",
             )
-            assert _holders() == []
+            assert holders(MARK, len(PROMPT) // 2) == []
     finally:
         raw.stop()

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import cast
 
@@ -21,37 +19,9 @@ from gateway.api.recorded_attempt import recorded
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.registry import BackendState
 from gateway.upstream.http import Connection
+from tests.helpers.cycles import holders
 
 MARK = b"ATTEMPT-CYCLE-MARK"
-
-
-@pytest.fixture
-def collector_off() -> Iterator[None]:
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
-
-
-def _holders() -> list[str]:
-    """The unreachable objects a collection finds that hold a body carrying MARK."""
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        gc.collect()
-    finally:
-        gc.set_debug(0)
-    found = [
-        getattr(getattr(garbage, "f_code", None), "co_name", type(garbage).__name__)
-        for garbage in gc.garbage
-        if any(isinstance(held, bytes) and MARK in held for held in gc.get_referents(garbage))
-    ]
-    gc.garbage.clear()
-    gc.collect()
-    return found
 
 
 async def _request(connect_fails: bool, lapses_after: int | None) -> None:
@@ -92,6 +62,6 @@ async def _request(connect_fails: bool, lapses_after: int | None) -> None:
 def test_a_failed_attempt_leaves_no_cycle_holding_the_body(
     collector_off: None, connect_fails: bool, lapses_after: int | None
 ) -> None:
-    _holders()
+    holders(MARK.decode())
     asyncio.run(_request(connect_fails, lapses_after))
-    assert _holders() == []
+    assert holders(MARK.decode()) == []
