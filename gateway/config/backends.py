@@ -99,6 +99,7 @@ class ModelSettings(_Strict):
 _PIN = re.compile(r"^sha256//[A-Za-z0-9+/]{43}=$")
 # What a certificate can state as `owngate:region:` or `owngate:owner:` (docs/backend-tls.md;
 # gateway/upstream/tls.py reads them with it), and the most days `owngate:retention:` can.
+_GLOB = re.compile(r"[*?\[\]]")  # what a policy glob reads as a pattern
 FACT_NAME = re.compile(r"[A-Za-z0-9._-]{1,63}\Z")  # \Z: `$` would also end before a newline
 MAX_FACT_DAYS = 999999
 
@@ -233,6 +234,17 @@ class BackendSettings(_Strict):
         problem = None if value is None else plain_name_problem(value)
         if problem is not None:
             raise ValueError(f"{problem}; policies match this name as written")
+        # A fact is one name, which policies match with their globs: a fact written as a
+        # glob itself (`region: us-*`, "somewhere in the US") is the literal name `us-*`,
+        # which no region in the jurisdiction table is, so `residency.deny: [us]` let it
+        # through. A backend that may be anywhere in a country is declared by its code.
+        if value is not None and _GLOB.search(value):
+            raise ValueError(
+                f"{value!r} holds a glob character (* ? [ ]): a declared fact is one name, "
+                "and policies would match it as that literal name (`region: us-*` escapes "
+                "`residency.deny: [us]`); declare the name, or the jurisdiction code "
+                "(`region: us`) for a backend that may be anywhere in it"
+            )
         return value
 
     @field_validator("base_url")

@@ -594,6 +594,32 @@ def test_declared_facts_policies_match_are_plain_names(key: str, value: str) -> 
         BackendSettings.model_validate(spec)
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("region", "us-*"),
+        ("region", "us-east-?"),
+        ("region", "[u]s-east-1"),
+        ("region", "*"),
+        ("owner", "acme*"),
+        ("provider", "open?i"),
+    ],
+)
+def test_declared_facts_written_as_globs_are_refused(key: str, value: str) -> None:
+    """`region: us-*` (some US region) is the literal name `us-*`, which no jurisdiction
+    covers: `residency.deny: [us]` under `allow: ["*"]` let a hosted backend so declared
+    take the tenant's traffic. gateway.yaml refuses a fact written as a glob."""
+    from pydantic import ValidationError
+
+    from gateway.config.schema import BackendSettings
+    from tests.helpers.gateways import backend
+
+    spec = backend("gpu", "http://127.0.0.1:9", "m")
+    spec[key] = value
+    with pytest.raises(ValidationError, match=r"glob character"):
+        BackendSettings.model_validate(spec)
+
+
 @pytest.mark.parametrize("name", ["gpt-4\u043e", "llama\u200b", " m"])
 def test_model_names_policies_match_are_plain_names(name: str) -> None:
     """`models.deny: [gpt-4o]` must match the configured model: a name with a look-alike
