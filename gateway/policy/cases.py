@@ -35,8 +35,10 @@ from gateway.policy.labels import InvalidLabel, one_label
 from gateway.policy.schema import API_VERSION, Metadata
 from gateway.policy.source import Document, discover, read_documents, validate
 from gateway.policy.types import Decision, FallbackMode, PolicyIssue, UnknownDataClass
+from gateway.small_files import read_small_file
 
 __all__ = [
+    "MAX_CASE_FILE",
     "CaseResult",
     "PolicyTestDocument",
     "TestReport",
@@ -45,6 +47,11 @@ __all__ = [
     "parse_cases",
     "run_cases",
 ]
+
+
+# A case file is read whole and parsed like a policy file (gateway/policy/loader.py's
+# MAX_POLICY_FILE): a larger one is refused, naming the file.
+MAX_CASE_FILE = 1024 * 1024
 
 
 class _Strict(BaseModel):
@@ -159,7 +166,10 @@ def load_cases(
         try:
             # As bytes: read_text would turn a lone carriage return into a newline, a line
             # break diffs and reviews do not show that read_documents must see to refuse.
-            text = file.read_bytes().decode("utf-8")
+            # Bounded as a policy file is: a case file of 100 MB (or a log moved into
+            # `tests/`) was read whole and composed, holding the CLI, or the admin API's
+            # worker and its memory, for minutes.
+            text = read_small_file(file, MAX_CASE_FILE).decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             errors.append(PolicyIssue(str(file), None, None, "", f"cannot read: {exc}"))
             continue

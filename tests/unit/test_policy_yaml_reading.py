@@ -191,3 +191,23 @@ def test_a_yaml_file_in_any_letter_case_is_loaded_and_watched(tmp_path: Path, na
     assert errors == [] and policy_set is not None
     assert policy_set.policy_for("t") == "p"
     assert [Path(stamp[0]).name for stamp in policy_stamps([policies])] == [name]
+
+
+def test_a_case_file_too_large_is_refused_naming_it(tmp_path: Path) -> None:
+    """Case files under `tests/` (what `owngate policy test` and `POST
+    /admin/v1/policies/test` run) were read whole, whatever their size: a case file
+    padded past what a policy file may be (1 MiB) loaded, where it must be an error
+    naming the file, as for a policy file."""
+    from gateway.policy.cases import load_cases
+
+    cases = tmp_path / "tests" / "big.yaml"
+    cases.parent.mkdir()
+    head = (
+        "apiVersion: policy.owngate.dev/v1\nkind: PolicyTest\nmetadata: {id: c}\n"
+        "cases:\n  - name: one\n    input: {tenant: t, model: m}\n    expect: {refusal: null}\n"
+    )
+    padding = ("#" * 79 + "\n") * (1024 * 1024 // 80 + 1)  # past 1 MiB
+    cases.write_text(head + padding)
+    suites, errors = load_cases([tmp_path / "tests"])
+    assert suites == []
+    assert [(e.file, "larger than" in e.message) for e in errors] == [(str(cases), True)]
