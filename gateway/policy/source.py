@@ -83,15 +83,23 @@ def discover(
         if path.is_file():
             found.append(path)
         elif path.is_dir():
-            files = sorted(
+            named = sorted(
                 p
                 for p in path.rglob("*")
                 if is_yaml_name(p)
-                and p.is_file()
                 and not any(part.startswith(".") for part in p.relative_to(path).parts)
                 and not (skip_tests and "tests" in p.relative_to(path).parts[:-1])
+                and not p.is_dir()
             )
-            if not files:
+            files = [p for p in named if p.is_file()]
+            # A policy file that cannot be read (a dangling link, a FIFO) is an error, not a
+            # file that was never there: skipping it could drop a deny or the PolicySet.
+            issues += [
+                PolicyIssue(str(p), None, None, "", "not a regular file (a dangling link?)")
+                for p in named
+                if not p.is_file()
+            ]
+            if not named:
                 issues.append(PolicyIssue(str(path), None, None, "", "no *.yaml files"))
             found += files
         else:

@@ -3,6 +3,7 @@ data classes, deny by default, refusals and the decision cache."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -649,3 +650,22 @@ def test_gateway_yaml_facts_group_a_models_name_with_its_aliases() -> None:
     declared = facts_of(BackendSettings.model_validate(spec))
     assert declared.names_of("llama3") == {"llama-3.1-8b", "llama3"}
     assert declared.names_of("other") == {"other"}
+
+
+def test_a_policy_file_that_is_a_dangling_link_is_an_error_not_skipped(tmp_path: Path) -> None:
+    """A `*.yaml` in a policy directory that cannot be read (its link target gone, a FIFO)
+    must stop the load: skipped, it could take a deny or the PolicySet with it."""
+    from gateway.policy.source import discover
+
+    (tmp_path / "p.yaml").write_text("x: 1\n")
+    (tmp_path / "deny.yaml").symlink_to(tmp_path / "gone.yaml")
+    os.mkfifo(tmp_path / "fifo.yml")
+    files, issues = discover([tmp_path])
+    assert files == [tmp_path / "p.yaml"]
+    assert sorted((i.file, i.message) for i in issues) == [
+        (str(tmp_path / "deny.yaml"), "not a regular file (a dangling link?)"),
+        (str(tmp_path / "fifo.yml"), "not a regular file (a dangling link?)"),
+    ]
+    (tmp_path / "p.yaml").unlink()
+    only_bad, issues = discover([tmp_path])
+    assert only_bad == [] and len(issues) == 2  # not "no *.yaml files": it names each
