@@ -11,7 +11,8 @@ The `owngate attest` sidecar runs the same filter over its inference server's st
 
 What counts as one is what an SSE parser reads as a comment (the WHATWG event-stream
 grammar): a line that starts with `:`, lines ending in LF, CRLF or CR, and the first
-line possibly after a UTF-8 byte order mark (which a parser skips). The line is removed,
+line possibly after a UTF-8 byte order mark (which a parser skips): the first line the
+client gets, so also one that follows removed lines at the stream's start. The line is removed,
 with its line ending, when the comment's text, after any spaces and tabs, starts with
 `owngate-` in any ASCII case (`: owngate-receipt`, `:owngate-attest`, `:\\t owngate-x`,
 `: OWNGATE-Receipt`: a client whose parser matches the prefix without regard to case must
@@ -147,7 +148,9 @@ class CommentFilter:
             return len(buffer)
         self._dropping = False
         self._line_start = True
-        self._stream_start = False
+        # `_stream_start` stays as it was: a removed line is no byte the client gets, so
+        # the next line is the first of the client's stream when nothing went out before
+        # it (where its parser skips a BOM, which could hide another marked comment).
         end = found.end()
         if buffer[end - 1] == 13:  # CR: an LF right after belongs to it
             if end == len(buffer):

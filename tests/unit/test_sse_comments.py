@@ -57,6 +57,20 @@ CASES = {
         b"data: a\n\xef\xbb\xbf: owngate-x\n",
         b"data: a\n\xef\xbb\xbf: owngate-x\n",
     ),
+    # A removed line is no byte the client gets: the line after it opens the client's
+    # stream, where its parser skips a BOM and reads the comment behind it.
+    "bom-after-a-removed-line": (
+        b": owngate-x\n\xef\xbb\xbf: owngate-receipt X\n" + _DONE,
+        _DONE,
+    ),
+    "bom-after-removed-lines": (
+        b": owngate-x\r\n:OWNGATE-y\r\xef\xbb\xbf:\towngate-attest Y\n" + _DONE,
+        _DONE,
+    ),
+    "bom-after-a-removed-line-kept-when-no-comment": (
+        b": owngate-x\n\xef\xbb\xbfdata: a\n\n",
+        b"\xef\xbb\xbfdata: a\n\n",
+    ),
 }
 
 
@@ -141,9 +155,11 @@ def test_the_usual_read_is_returned_as_is() -> None:
 def _reference(stream: bytes) -> bytes:
     """Line by line, as the module docstring defines it."""
     lines = re.findall(rb"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$", stream)
-    kept = []
-    for index, line in enumerate(lines):
-        body = line[3:] if index == 0 and line.startswith(b"\xef\xbb\xbf") else line
+    kept: list[bytes] = []
+    for line in lines:
+        # The client's parser skips a BOM that opens the stream it gets: before the first
+        # line kept, not only the backend's first.
+        body = line[3:] if not kept and line.startswith(b"\xef\xbb\xbf") else line
         text = body[1:].lstrip(b" \t") if body.startswith(b":") else None
         if text is not None and text.lower().startswith(b"owngate-"):
             continue
