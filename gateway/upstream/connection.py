@@ -225,7 +225,7 @@ class _Connection(asyncio.Protocol):
     def went_idle(self) -> None:
         """Note, as it goes back to the pool after a response, what its socket has
         received so far (`unread`)."""
-        if self._answered and self.transport is not None:
+        if self._answered and self.tls is not None and self.transport is not None:
             self._idle_from = received_bytes(self.transport.get_extra_info("socket"))
 
     def unread(self) -> bool:
@@ -240,13 +240,22 @@ class _Connection(asyncio.Protocol):
 
         Over TLS the loop's transport reads the socket into OpenSSL, which keeps a record
         that arrived but for its last bytes where nothing tells (`received_bytes`): a
-        connection whose socket received anything since it went idle is out of step too."""
+        connection whose socket received anything since it went idle is out of step too.
+        In plain HTTP a byte the kernel received is in the socket (the poll sees it) or was
+        read, and handed to `data_received`, which took the connection out of use: the
+        `TCP_INFO` query (a system call and a socket object per ask, each way) is asked
+        only over TLS."""
+        poller = self._poller
+        if poller is not None and self._idle_from is None:  # plain HTTP, asked before
+            try:
+                return bool(poller.poll(0))
+            except (OSError, ValueError):
+                return True  # cannot tell: not worth the risk
         sock = None if self.transport is None else self.transport.get_extra_info("socket")
         if sock is None:
             return False  # no socket to look at (a test transport)
         if self._idle_from is not None and received_bytes(sock) != self._idle_from:
             return True
-        poller = self._poller
         if poller is None:  # registered once per connection, asked before each reuse
             try:
                 poller = select.poll()

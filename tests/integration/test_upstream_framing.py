@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from gateway.upstream import connection as connection_module
 from gateway.upstream.http import MAX_HEAD, HttpPool, UpstreamError
 from tests.helpers.raw_backend import Post, RawBackend
 from tests.helpers.scripted_upstream import Handler, read_request, with_backend
@@ -93,31 +94,36 @@ def test_framing_between_body_bytes_is_not_held_against_the_answer() -> None:
     asyncio.run(with_backend(handler, body))
 
 
-def test_a_response_nobody_asked_for_never_answers_the_next_request() -> None:
+@pytest.mark.parametrize("answered", [1, 3])
+def test_a_response_nobody_asked_for_never_answers_the_next_request(answered: int) -> None:
     # The classic response-queue desync: a backend (a bug, a retry) writes a second
     # response after the first, while the connection sits idle in the pool. If the next
     # request takes the connection before the loop has read those bytes, they would be
     # parsed as its answer: one request's (one tenant's) answer given to another. A
-    # pooled connection with bytes waiting is out of step: dropped, never reused.
-    first_read, forged_written = threading.Event(), threading.Event()
+    # pooled connection with bytes waiting is out of step: dropped, never reused. Also
+    # on a connection reused before (`answered` 3: the forged answer follows the third),
+    # whose check is then the poll alone (plain HTTP: no TCP_INFO, connection.py).
+    last_read, forged_written = threading.Event(), threading.Event()
 
     async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
         body = b'{"answer": %d}' % post.connection
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
         await writer.drain()
-        # The first answer on the first connection is followed by a forged one, whether or
-        # not the client has read the first yet (deciding on `first_read` raced with it).
-        if post.connection == 0 and not forged_written.is_set():
-            await asyncio.to_thread(first_read.wait, 10)
+        seen.append(post.connection)
+        # The last answer on the first connection is followed by a forged one, whether or
+        # not the client has read it yet (deciding on `last_read` raced with it).
+        if seen.count(0) == answered and post.connection == 0 and not forged_written.is_set():
+            await asyncio.to_thread(last_read.wait, 10)
             forged = b'{"answer": "FORGED"}'
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(forged), forged))
             await writer.drain()
             forged_written.set()
         return True
 
+    seen: list[int] = []
     raw = RawBackend(answer).start()
 
-    async def two_requests() -> list[bytes]:
+    async def requests() -> list[bytes]:
         pool = HttpPool(
             "127.0.0.1",
             raw.port,
@@ -127,21 +133,54 @@ def test_a_response_nobody_asked_for_never_answers_the_next_request() -> None:
             max_connections=4,
         )
         try:
-            first = await (await pool.request(b"POST", b"/", [], b"{}")).read()
-            first_read.set()
+            answers = [await (await pool.request(b"POST", b"/", [], b"{}")).read()]
+            for _ in range(answered - 1):  # on the same connection, reused
+                answers.append(await (await pool.request(b"POST", b"/", [], b"{}")).read())
+            last_read.set()
             # The loop is held while the forged answer arrives: it sits unread in the
             # socket, as it does when the loop is busy with other requests.
             assert forged_written.wait(10)
-            second = await (await pool.request(b"POST", b"/", [], b"{}")).read()
-            return [first, second]
+            answers.append(await (await pool.request(b"POST", b"/", [], b"{}")).read())
+            return answers
         finally:
             await pool.close()
 
     try:
-        answers = asyncio.run(two_requests())
+        answers = asyncio.run(requests())
     finally:
         raw.stop()
-    assert answers == [b'{"answer": 0}', b'{"answer": 1}']  # the second on a new connection
+    # the last on a new connection
+    assert answers == [b'{"answer": 0}'] * answered + [b'{"answer": 1}']
+
+
+def test_a_plain_connection_is_reused_without_a_tcp_info_query(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Over plain HTTP a byte the backend sent is in the socket (the poll before reuse sees
+    # it) or was read, which takes the connection out of use: `received_bytes` (TCP_INFO)
+    # is for TLS, where OpenSSL may hold a record's first part. Asked per request anyway,
+    # it cost two system calls and two socket objects per request on the sidecar's path.
+    asked: list[object] = []
+
+    def counted(sock: object) -> int | None:
+        asked.append(sock)
+        return None
+
+    monkeypatch.setattr(connection_module, "received_bytes", counted)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in range(4):
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+            await writer.drain()
+
+    async def body(pool: HttpPool) -> None:
+        for _ in range(4):
+            assert await (await pool.request(b"POST", b"/", [], b"{}")).read() == b"{}"
+        assert pool.open_connections == 1  # one connection, reused three times
+
+    asyncio.run(with_backend(handler, body))
+    assert asked == []
 
 
 @pytest.mark.parametrize("status", [b"000", b"099", b"600", b"999"])
