@@ -37,8 +37,8 @@ from gateway.policy_set import TrustPolicies
 from gateway.provenance.writer.preflight import preflight
 from gateway.routing.registry import BackendState, Registry, Route
 from gateway.routing.scraper import MetricsScraper
-from gateway.state import SharedState, create_state, limit_copies
-from gateway.tenants import TenantEntry, index_keys
+from gateway.state import SharedState, create_state, limit_copies, limit_part, unsplittable
+from gateway.tenants import TenantEntry, index_keys, tenant_limits
 from gateway.tracing import tracing_settings
 from gateway.upstream.hosted import hosted_api_key
 from gateway.upstream.litellm_runtime import check_base_url_environment
@@ -90,7 +90,7 @@ def assemble(
     if running is None:
         tracing = tracing_settings(environ)  # OpenTelemetry traces: off unless asked for
         metrics = GatewayMetrics()
-        state = _shared_state(config.state, limit_copies(environ))
+        state = _shared_state(config.state, limit_copies(environ), limit_part(environ))
         recorder = (
             None
             if config.provenance is None
@@ -101,7 +101,9 @@ def assemble(
         tracing = running.tracing
     # One count of backend connections for the process: a reload's pools join it
     sockets = None if running is None else running.registry.sockets
-    registry, tenants, policies = _checked(config, environ, config_dir, clock, sockets)
+    # With memory state, each worker of `serve --workers N` enforces its part of a limit
+    parts = limit_copies(environ) if state.status().backend == "memory" else 1
+    registry, tenants, policies = _checked(config, environ, config_dir, clock, sockets, parts)
     if running is not None:
         _keep_unchanged_backends(registry, running.registry, config.limits == running.config.limits)
     scraper = MetricsScraper(
@@ -136,11 +138,13 @@ def _checked(
     config_dir: Path,
     clock: Callable[[], float],
     sockets: BackendSockets | None = None,
+    parts: int = 1,
 ) -> tuple[Registry, dict[str, TenantEntry], TrustPolicies]:
     """The backend registry, the tenant key index and the trust policies of `config`, or
     `AssemblyError` with every problem: backend key variables (private and hosted),
-    tenant key hashes, and every policy error (compiled against the configured backends)."""
-    problems: list[str] = []
+    tenant key hashes, every policy error (compiled against the configured backends),
+    and tenant limits too small to split over `parts` workers (`unsplittable`)."""
+    problems = unsplittable(((t.id, tenant_limits(t)) for t in config.tenants), parts)
     registry: Registry | None = None
     try:
         registry = Registry.build(
@@ -202,7 +206,7 @@ def _keep_unchanged_backends(registry: Registry, previous: Registry, same_limits
     }
 
 
-def _shared_state(settings: StateSettings, copies: int) -> SharedState:
+def _shared_state(settings: StateSettings, copies: int, index: int) -> SharedState:
     return create_state(
         settings.backend,
         settings.url,
@@ -213,6 +217,7 @@ def _shared_state(settings: StateSettings, copies: int) -> SharedState:
         lease_ttl_s=settings.lease_ttl_s,
         max_connections=settings.max_connections,
         workers=copies,
+        worker_index=index,
     )
 
 
@@ -313,7 +318,8 @@ def validate(
     """Every problem `owngate serve` would refuse this loaded config for at start, found
     with the same `assemble` and without opening a connection, a listening socket or the
     provenance log. With `workers` > 1 (`serve --workers N`), each worker's own log
-    directory and high-water file are checked (`ProvenanceSettings.for_worker`).
+    directory and high-water file are checked (`ProvenanceSettings.for_worker`), and with
+    `state: memory` that each tenant limit splits over the workers (`unsplittable`).
 
     `secrets=False` checks a config meant for another machine (a pod whose secrets are
     mounted there): a backend key variable unset here counts as set, and the provenance
@@ -332,6 +338,9 @@ def validate(
             _checked(config, environ, config_dir, time.monotonic)
         except AssemblyError as more:
             problems += more.problems
+    if config.state.backend == "memory":  # each of `serve --workers N` takes its part
+        split = unsplittable(((t.id, tenant_limits(t)) for t in config.tenants), workers)
+        problems += [problem for problem in split if problem not in problems]
     log = config.provenance
     if log is not None:
         files = (log.signing_key_file, *log.previous_signing_key_files) if secrets else ()

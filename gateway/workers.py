@@ -30,10 +30,13 @@ What differs in a worker (`for_worker`):
   (`owngate audit verify DIR/worker-<i> --key VKEY`);
 - metrics: every worker publishes snapshots in the runtime dir and `/metrics` on any of
   them serves the sum over all (`gateway.api.fleet`);
-- tenant limits with `state: memory` hold per worker (N workers admit up to N times a
-  limit); `state: redis` makes them exact across workers, as across replicas. The
-  supervisor says so at start, in a warning naming the tenants with limits
-  (`start_warnings`), as it does when `admin.listen` is set: no worker opens it.
+- tenant limits with `state: memory` are split over the workers: worker i of N enforces
+  its part (`TenantLimits.part`: limit / N, rounded down, one more for the first
+  `limit % N`), so together they admit at most the limit; a limit smaller than N is
+  refused at start (and by each worker at a reload); `state: redis` shares whole limits
+  across workers, as across replicas. The supervisor says so at start, in a warning
+  naming the tenants with limits (`start_warnings`), as it does when `admin.listen` is
+  set: no worker opens it.
 
 A dead worker's metrics snapshot is removed before it restarts: a worker that stays
 down must not leave its last in-flight counts and readiness in every scrape.
@@ -58,7 +61,8 @@ from types import FrameType
 from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.serving import bind_socket
-from gateway.state.memory import WORKERS_ENV
+from gateway.state.memory import WORKERS_ENV, unsplittable
+from gateway.tenants import tenant_limits
 
 __all__ = ["Supervisor", "WorkerIdentity", "for_worker", "start_warnings", "worker_identity"]
 
@@ -314,6 +318,12 @@ def supervise(
     worker's first start, not to a restart."""
     argv = [sys.executable, "-m", "gateway", "serve", "--config", config_path]
     log = get_logger("owngate.workers")
+    if config.state.backend == "memory":  # each worker would refuse it: say so once
+        split = unsplittable(((t.id, tenant_limits(t)) for t in config.tenants), count)
+        for problem in split:
+            print(f"error: {problem}", file=sys.stderr)
+        if split:
+            return 1
     for level, event, fields in start_warnings(config, count):
         getattr(log, level)(event, **fields)
     try:
@@ -333,10 +343,11 @@ def supervise(
 
 def start_warnings(config: GatewaySettings, count: int) -> list[tuple[str, str, dict[str, object]]]:
     """What `serve --workers N` says at start, as (level, event, fields): that tenant
-    limits hold per worker with `state: memory` (N workers admit up to N times each
-    limit), a warning naming the tenants with limits (ids are config, never input), or a
-    note when none has any (a reload may add some: they hold per worker too); and that
-    the admin API `serve` would open (`admin.listen` with some admin access) is not."""
+    limits are split over the workers with `state: memory` (each admits its part, so a
+    client whose requests all reach one worker, on one kept-alive connection, gets that
+    part), a warning naming the tenants with limits (ids are config, never input), or a
+    note when none has any (a reload may add some: they are split too); and that the
+    admin API `serve` would open (`admin.listen` with some admin access) is not."""
     said: list[tuple[str, str, dict[str, object]]] = []
     if count < 2:
         return said
@@ -351,8 +362,9 @@ def start_warnings(config: GatewaySettings, count: int) -> list[tuple[str, str, 
         said.append(
             (
                 "warning" if limited else "info",
-                "tenant limits hold per worker with state: memory; each tenant may get up "
-                "to workers times its limits (state: redis holds them across workers)",
+                "tenant limits are split over the workers with state: memory; each worker "
+                "admits its part (limit / workers), so a client reaching one worker gets "
+                "that part (state: redis shares whole limits across workers)",
                 {"workers": count, "tenants_with_limits": limited[:20], "more": len(limited[20:])},
             )
         )

@@ -167,9 +167,14 @@ class StateCollector(Collector):
         yield GaugeMetricFamily(
             "owngate_state_limit_copies",
             "Processes that each enforce every tenant limit in full on their own (a tenant "
-            "may get up to this many times its limits): N for state memory under serve "
-            "--workers N, else 1.",
+            "may get up to this many times its limits): 1 (workers split them).",
             value=status.limit_copies,
+        )
+        yield GaugeMetricFamily(
+            "owngate_state_limit_parts",
+            "Processes that each enforce their own part of every tenant limit, the parts "
+            "summing to the limit: N for state memory under serve --workers N, else 1.",
+            value=status.limit_parts,
         )
         yield CounterMetricFamily(
             "owngate_state_restores",

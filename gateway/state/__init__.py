@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from gateway.state.memory import WORKERS_ENV, MemoryState, limit_copies
+from gateway.state.memory import WORKERS_ENV, MemoryState, limit_copies, limit_part, unsplittable
 from gateway.state.types import (
     Admission,
     LimitName,
@@ -37,6 +37,8 @@ __all__ = [
     "TenantUse",
     "create_state",
     "limit_copies",
+    "limit_part",
+    "unsplittable",
 ]
 
 
@@ -52,6 +54,7 @@ def create_state(
     max_connections: int = 16,
     clock: Callable[[], float] = time.monotonic,
     workers: int = 1,
+    worker_index: int = 1,
 ) -> SharedState:
     """Build the configured state; nothing connects until `start()` (in the lifespan).
 
@@ -60,10 +63,11 @@ def create_state(
     replica's counts still count, `max_connections` caps request calls in flight.
     `replica_id` must be unique among live replicas; the default is. `workers`: the
     processes of `serve --workers N` (`limit_copies`): each holds a memory state of its
-    own (its status says so), or counts as a replica on Redis from the start (a worker
-    that never reached Redis splits each limit over them)."""
+    own that enforces part `worker_index` (`limit_part`) of every tenant limit, or counts
+    as a replica on Redis from the start (a worker that never reached Redis splits each
+    limit over them)."""
     if backend == "memory":
-        return MemoryState(clock=clock, copies=workers)
+        return MemoryState(clock=clock, parts=workers, index=worker_index)
     if not url:
         raise ValueError("state backend 'redis' needs a url (redis://host:port/db)")
     # Imported here so that redis-py loads only when Redis is configured.

@@ -1,41 +1,48 @@
 """`MemoryState`: shared state for one process (the default; no Redis, no I/O).
 
-Limits hold per process, in-flight counts are this process's own, revocations last
-until the process exits (the keys file stays the durable source of who may call).
+Limits hold in this process alone; under `serve --workers N` each worker enforces its
+part of every tenant limit (`TenantLimits.part`: the limit split exactly over the N
+workers, so together they never admit more than the limit). In-flight counts are this
+process's own, revocations last until the process exits (the keys file stays the
+durable source of who may call).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from gateway.state.ledger import Ledger
 from gateway.state.types import (
     Admission,
     PeersListener,
+    RateLimited,
     StateStatus,
     TenantLimits,
     TenantUse,
 )
 
-__all__ = ["WORKERS_ENV", "MemoryState", "limit_copies"]
+__all__ = ["WORKERS_ENV", "MemoryState", "limit_copies", "limit_part", "unsplittable"]
 
 # Set by `serve --workers N`'s supervisor (gateway/workers.py) in each worker's
 # environment: how many processes hold their own `MemoryState`.
 WORKERS_ENV = "OWNGATE_WORKERS"
 # What else the supervisor sets in a worker's environment (gateway/workers.py's
-# INDEX_ENV and RUNTIME_ENV; not imported: the state does not load the supervisor).
+# INDEX_ENV, 1..N, and RUNTIME_ENV; not imported: the state does not load the supervisor).
 _WORKER_ENVS = ("OWNGATE_WORKER_INDEX", "OWNGATE_WORKER_RUNTIME_DIR")
+# No part of a limit is ever refused for longer: the worker never admits the tenant.
+_NO_PART_RETRY_S = 60.0
 _MAX_WORKERS_DIGITS = 4  # more workers than 9999 is no supervisor's count
 
 
 def limit_copies(environ: Mapping[str, str]) -> int:
-    """How many processes each enforce every tenant limit on their own ledger: the
-    workers of `serve --workers N` (each admits up to the whole limit), else 1.
+    """How many processes of `serve --workers N` hold a ledger of their own beside
+    this one (itself included): N in a worker, else 1. With `state: memory` they split
+    every tenant limit (`limit_part`); on Redis they count as replicas from the start.
 
     `OWNGATE_WORKERS` is also `serve`'s own default for `--workers`: set in the
     environment of a process the supervisor did not start (`serve --workers 1`, one
-    left over), it is no count of this process's copies, which is then 1."""
+    left over), it is no count of this process's peers, which is then 1."""
     if not all(environ.get(name) for name in _WORKER_ENVS):
         return 1
     value = environ.get(WORKERS_ENV, "")
@@ -44,13 +51,59 @@ def limit_copies(environ: Mapping[str, str]) -> int:
     return max(1, int(value))
 
 
+def limit_part(environ: Mapping[str, str]) -> int:
+    """Which part of each tenant limit this process enforces with `state: memory`: its
+    worker index (1..`limit_copies`), 1 for a process that is no worker. An index the
+    supervisor never sets counts as the last (the smallest part), never as the whole."""
+    copies = limit_copies(environ)
+    if copies == 1:
+        return 1
+    value = environ.get(_WORKER_ENVS[0], "")
+    if value.isascii() and value.isdigit() and len(value) <= _MAX_WORKERS_DIGITS:
+        index = int(value)
+        if 1 <= index <= copies:
+            return index
+    return copies
+
+
+def unsplittable(tenants: Iterable[tuple[str, TenantLimits]], parts: int) -> list[str]:
+    """What refuses a config whose tenant limits cannot be split over `parts` workers
+    with `state: memory`, one line per tenant: a limit smaller than the workers would
+    leave some worker no part of it (and no split could hold it across them)."""
+    problems: list[str] = []
+    if parts <= 1:
+        return problems
+    for tenant, limits in tenants:
+        small = limits.too_small(parts)
+        if small:
+            named = ", ".join(f"{_SETTING[n]} {limits.value(n)}" for n in small)
+            problems.append(
+                f"tenant {tenant}: {named} is less than the {parts} workers of "
+                f"serve --workers {parts}: with state: memory each worker enforces its own "
+                "part of a tenant's limits (limit / workers, summing to the limit); set "
+                "state: redis to share whole limits across workers, or run fewer workers"
+            )
+    return problems
+
+
+_SETTING = {
+    "requests_per_minute": "requests_per_minute",
+    "tokens_per_minute": "tokens_per_minute",
+    "concurrent": "concurrent_requests",
+}
+
+
 class MemoryState:
     """Per-process limits, in-flight counters and revocations. `clock` is monotonic
-    seconds, injected so tests drive time."""
+    seconds, injected so tests drive time. `parts`: the processes that split every
+    tenant limit (`limit_copies`), `index` this one's (`limit_part`)."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic, copies: int = 1) -> None:
+    def __init__(
+        self, *, clock: Callable[[], float] = time.monotonic, parts: int = 1, index: int = 1
+    ) -> None:
         self._ledger = Ledger(clock)
-        self._copies = max(1, copies)  # processes with a ledger of their own (`limit_copies`)
+        self._parts = max(1, parts)
+        self._index = min(max(index, 1), self._parts)
         self._inflight: dict[str, int] = {}
         self._revoked: set[str] = set()
 
@@ -72,19 +125,29 @@ class MemoryState:
         """Admit one request of `tenant` or raise `RateLimited`."""
         if limits.unlimited:
             return Admission(None, tenant, limits, held=False, shared=False)
-        held = self._ledger.admit(tenant, limits)
-        return Admission(self, tenant, limits, held=held, shared=False)
+        local = self._part(tenant, limits)
+        held = self._ledger.admit(tenant, local)
+        return Admission(self, tenant, limits, held=held, shared=False, local=local)
+
+    def _part(self, tenant: str, limits: TenantLimits) -> TenantLimits:
+        """This process's part of `limits`, or `RateLimited` when it has none (a limit
+        smaller than the workers: refused at start and at a reload, `unsplittable`)."""
+        part = limits.part(self._index, self._parts)
+        if isinstance(part, TenantLimits):
+            return part
+        raise RateLimited(tenant, part, 0, _NO_PART_RETRY_S)
 
     async def _reserve(self, admission: Admission, tokens: int) -> None:
         admission.reserved = self._ledger.reserve(
-            admission.tenant, admission.limits, tokens, check=True
+            admission.tenant, admission.local, tokens, check=True
         )
 
     async def _release(self, admission: Admission, tokens_used: int) -> None:
         if admission.held:
             self._ledger.unhold(admission.tenant)
         reserved, admission.reserved = admission.reserved, 0
-        self._ledger.settle(admission.tenant, admission.limits, reserved, tokens_used)
+        # at the part it was admitted at (a reload may have changed the limits since)
+        self._ledger.settle(admission.tenant, admission.local, reserved, tokens_used)
 
     def backend_started(self, backend_id: str) -> None:
         self._inflight[backend_id] = self._inflight.get(backend_id, 0) + 1
@@ -116,8 +179,9 @@ class MemoryState:
         return len(self._revoked)  # only ever added to
 
     def tenant_use(self, tenant: str, limits: TenantLimits) -> TenantUse:
-        """`tenant`'s use of `limits` in this process."""
-        return self._ledger.use(tenant, limits)
+        """`tenant`'s use of `limits` in this process (of its part of them)."""
+        part = limits.part(self._index, self._parts)
+        return self._ledger.use(tenant, part if isinstance(part, TenantLimits) else limits)
 
     def status(self) -> StateStatus:
         return StateStatus(
@@ -129,5 +193,5 @@ class MemoryState:
             fallbacks=0,
             errors=0,
             pending_revocations=0,
-            limit_copies=self._copies,
+            limit_parts=self._parts,
         )

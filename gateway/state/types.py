@@ -33,8 +33,9 @@ _DESCRIBED: dict[LimitName, str] = {
 
 @dataclass(frozen=True, slots=True)
 class TenantLimits:
-    """A tenant's limits; None means unlimited. Enforced per process with `MemoryState`,
-    across every replica with `RedisState`."""
+    """A tenant's limits; None means unlimited. Enforced by one process with
+    `MemoryState` (each worker of `serve --workers N` its `part`), across every replica
+    with `RedisState`."""
 
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
@@ -69,9 +70,39 @@ class TenantLimits:
             _split(self.concurrent, replicas),
         )
 
+    def part(self, index: int, parts: int) -> TenantLimits | LimitName:
+        """Process `index`'s (1..`parts`) part of each limit split exactly over `parts`
+        processes that share nothing (`serve --workers N` with `state: memory`): the
+        limit divided by `parts`, rounded down, one more for the first `limit % parts`,
+        so the parts sum to the limit, never past it. Returns the name of a limit smaller
+        than `parts` instead (this process's part of it would be nothing: `too_small`)."""
+        if parts <= 1:
+            return self
+        small = self.too_small(parts)
+        if small:
+            return small[0]
+        index = min(max(index, 1), parts)
+        return TenantLimits(
+            _part(self.requests_per_minute, index, parts),
+            _part(self.tokens_per_minute, index, parts),
+            _part(self.concurrent, index, parts),
+        )
+
+    def too_small(self, parts: int) -> list[LimitName]:
+        """The limits smaller than `parts`: split over that many processes, some would
+        get no part of them."""
+        names: tuple[LimitName, ...] = ("requests_per_minute", "tokens_per_minute", "concurrent")
+        return [n for n in names if (v := self.value(n)) is not None and v < parts]
+
 
 def _split(limit: int | None, parts: int) -> int | None:
     return None if limit is None else max(1, math.ceil(limit / parts))
+
+
+def _part(limit: int | None, index: int, parts: int) -> int | None:
+    if limit is None:
+        return None
+    return limit // parts + (1 if index <= limit % parts else 0)
 
 
 class RateLimited(Exception):
@@ -212,8 +243,11 @@ class StateStatus:
     pending_revocations: int  # revocations made here that Redis has not stored yet
     restores: int = 0  # times this replica put its budget use back (its lease was gone)
     # processes each enforcing every tenant limit in full on their own ledger (a tenant
-    # may get up to this many times its limits): N for memory under `serve --workers N`
+    # may get up to this many times its limits): always 1 (workers split them: below)
     limit_copies: int = 1
+    # processes each enforcing its own part of every tenant limit (the parts sum to the
+    # limit): N for memory under `serve --workers N`, else 1
+    limit_parts: int = 1
 
     def detail(self) -> dict[str, object]:
         return {
@@ -227,6 +261,7 @@ class StateStatus:
             "pending_revocations": self.pending_revocations,
             "restores": self.restores,
             "limit_copies": self.limit_copies,
+            "limit_parts": self.limit_parts,
         }
 
 

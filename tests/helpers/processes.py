@@ -29,7 +29,7 @@ import yaml
 
 from tests.helpers.waiting import until
 
-__all__ = ["KEY", "GatewayProcess", "ServerProcess", "owngate_argv"]
+__all__ = ["KEY", "GatewayProcess", "ServerProcess", "listening_sockets", "owngate_argv"]
 
 KEY = "og-process-test-key-0123456789"  # acme's key at the `process` fixture's gateways
 
@@ -37,6 +37,20 @@ KEY = "og-process-test-key-0123456789"  # acme's key at the `process` fixture's 
 def owngate_argv(*args: str) -> list[str]:
     """`owngate ARGS` run by this interpreter (`python -m gateway`), installed script or not."""
     return [sys.executable, "-m", "gateway", *args]
+
+
+def listening_sockets(port: int) -> int:
+    """How many sockets listen on TCP `port` (IPv4, this network namespace): each worker
+    of `serve --workers N` listens on a socket of its own (SO_REUSEPORT), the kernel
+    spreads new connections over those listening, and `/readyz` answers as soon as one
+    does. Wait for N before counting what the workers admitted in all."""
+    listen = "0A"  # TCP_LISTEN in /proc/net/tcp's `st` column
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == listen and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            count += 1
+    return count
 
 
 def _answers_200(

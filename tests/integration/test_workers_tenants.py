@@ -1,8 +1,9 @@
 """Per-tenant promises under `owngate serve --workers N`, as real processes.
 
-With `state: memory` each worker holds its own ledger: N workers admit up to N times a
-tenant's limits. That is documented (docs/deploy.md) and the supervisor warns of it at
-start, naming the tenants with limits; with `state: redis` (a private redis-server) the
+With `state: memory` each worker holds its own ledger and enforces its part of each
+tenant limit (the parts sum to the limit: together the workers never admit more); the
+supervisor says so at start, naming the tenants with limits, and refuses to start a
+limit smaller than the workers. With `state: redis` (a private redis-server) the
 limits hold exactly across the workers, concurrency included, and no such warning comes.
 A key revoked with `owngate keys revoke` is refused by every worker, with and without
 Redis. Requests go on new connections, so the kernel spreads them over the workers.
@@ -26,12 +27,12 @@ import yaml
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import Sim, backend
 from tests.helpers.net import free_port
-from tests.helpers.processes import KEY, GatewayProcess, owngate_argv
+from tests.helpers.processes import KEY, GatewayProcess, listening_sockets, owngate_argv
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.waiting import until
 
 BODY = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
-PER_WORKER = "tenant limits hold per worker with state: memory"
+PER_WORKER = "tenant limits are split over the workers with state: memory"
 SPREAD = 40  # new connections: each of 2 or 3 workers misses all of them with odds < 2**-23
 
 
@@ -59,6 +60,9 @@ def start_workers(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
         (tmp_path / "keys.yaml").write_text(yaml.safe_dump(keys))
         config = _config(sim.url, state, limits)
         started.append(GatewayProcess(config, tmp_path, "--workers", str(n)).start())
+        # Every worker listening: the kernel spreads new connections over all of them
+        port = started[-1].port
+        until(lambda: listening_sockets(port) == n, f"{n} workers listening", timeout=60)
         return started[-1]
 
     yield start
@@ -96,52 +100,130 @@ def refilled(rpm: int, since: float) -> int:
     return int((time.monotonic() - since) * rpm / 60) + 1
 
 
-def limit_copies(url: str) -> float:
-    """`owngate_state_limit_copies` as one scrape of /metrics reports it."""
+def gauge(url: str, name: str) -> float:
+    """Gauge `name` as one scrape of /metrics reports it."""
     text = httpx.get(f"{url}/metrics", headers={"connection": "close"}, timeout=5).text
-    (line,) = [x for x in text.splitlines() if x.startswith("owngate_state_limit_copies ")]
+    (line,) = [x for x in text.splitlines() if x.startswith(f"{name} ")]
     return float(line.split()[1])
+
+
+def limit_copies(url: str) -> float:
+    return gauge(url, "owngate_state_limit_copies")
 
 
 def refused_everywhere(url: str) -> bool:
     return set(statuses(url, SPREAD)) == {401}
 
 
-def test_memory_limits_hold_per_worker_and_the_supervisor_says_so(
+def test_memory_limits_are_split_over_the_workers_and_the_supervisor_says_so(
     start_sim: Callable[..., Sim], start_workers: Callable[..., GatewayProcess]
 ) -> None:
+    """`requests_per_minute: 10` through 2 workers with `state: memory`: the workers
+    admit 10 in all (parts of 5 and 5), over 60 new connections (before: each worker
+    admitted a whole 10, up to 20)."""
     sim = start_sim("vllm", models=("m",), zero_latency=True)
-    gateway = start_workers(sim, {"backend": "memory"}, {"requests_per_minute": 3}, 2)
+    gateway = start_workers(sim, {"backend": "memory"}, {"requests_per_minute": 10}, 2)
+    began = time.monotonic()
+    answered = statuses(gateway.url, 60)
+    assert set(answered) <= {200, 429}
+    # Both parts' bursts (5 each), no more (plus what the buckets refilled meanwhile).
+    assert 6 <= answered.count(200) <= 10 + refilled(10, began), answered
 
     said = [w for w in warnings(gateway) if w["event"].startswith(PER_WORKER)]
     assert len(said) == 1, gateway.output()  # the supervisor's, once
     assert said[0]["workers"] == 2
     assert said[0]["tenants_with_limits"] == ["acme"]  # `free` has none
-
-    began = time.monotonic()
-    answered = statuses(gateway.url, SPREAD)
-    assert set(answered) <= {200, 429}
-    # Each worker's own burst of 3, no more (plus what each bucket refilled meanwhile).
-    assert 3 <= answered.count(200) <= 2 * (3 + refilled(3, began)), answered
+    assert {gauge(gateway.url, "owngate_state_limit_parts") for _ in range(6)} == {2.0}
+    assert limit_copies(gateway.url) == 1.0  # no worker holds a whole limit
 
     revoke(gateway)  # the keys file: every worker reloads it
     until(lambda: refused_everywhere(gateway.url), "every worker refusing the key", timeout=20)
 
 
-def test_memory_token_budget_per_worker_is_shown_in_the_metrics(
+def test_memory_token_budget_is_split_over_the_workers(
     start_sim: Callable[..., Sim], start_workers: Callable[..., GatewayProcess]
 ) -> None:
     """A 600-token budget through 2 workers with `state: memory`: requests reserving
-    about 250 tokens each get two in per worker, up to 4 (1,000 tokens) in all: the
-    documented N times. Whichever worker is scraped, /metrics says so
-    (`owngate_state_limit_copies` 2; before, nothing in the metrics or status did: they
-    read as one healthy state with one replica)."""
+    about 250 tokens each get one in per worker's part of 300, 2 (500 tokens) in all
+    (before: two per worker, 4 and 1,000 tokens)."""
     sim = start_sim("vllm", models=("m",), zero_latency=True)
     gateway = start_workers(sim, {"backend": "memory"}, {"tokens_per_minute": 600}, 2)
     answered = statuses(gateway.url, SPREAD, {**BODY, "max_tokens": 250})
     assert set(answered) <= {200, 429}
-    assert 2 <= answered.count(200) <= 2 * (2 + 1), answered  # each worker's own 600
-    assert {limit_copies(gateway.url) for _ in range(6)} == {2.0}
+    assert 1 <= answered.count(200) <= 2, answered  # 250 tokens refill in 25 s
+    assert {gauge(gateway.url, "owngate_state_limit_parts") for _ in range(6)} == {2.0}
+
+
+def test_memory_concurrency_is_split_over_the_workers(
+    start_sim: Callable[..., Sim], start_workers: Callable[..., GatewayProcess]
+) -> None:
+    """`concurrent_requests: 2` through 2 workers with `state: memory`: of 12 streams
+    opened at once on new connections, at most 2 are admitted while they run, one per
+    worker (before: 2 per worker, 4)."""
+    sim = start_sim("vllm", models=("m",), decode_tokens_per_s=20.0)
+    gateway = start_workers(sim, {"backend": "memory"}, {"concurrent_requests": 2}, 2)
+    held = threading.Event()
+    answered = threading.Semaphore(0)
+    codes: list[int] = []
+
+    def stream() -> None:
+        body = {**BODY, "max_tokens": 400, "stream": True}
+        headers = {"authorization": f"Bearer {KEY}"}
+        code = 0  # no answer (the wait below fails on the count of codes)
+        try:
+            with (
+                httpx.Client(timeout=60) as client,
+                client.stream(
+                    "POST", f"{gateway.url}/v1/chat/completions", json=body, headers=headers
+                ) as response,
+            ):
+                code = response.status_code
+                codes.append(code)
+                answered.release()
+                for _ in response.iter_raw():
+                    if held.is_set():
+                        return
+        finally:
+            if not code:
+                answered.release()
+
+    threads = [threading.Thread(target=stream) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in threads:
+            assert answered.acquire(timeout=30), "a stream got no answer"
+        assert len(codes) == 12 and set(codes) <= {200, 429}, codes
+        assert 1 <= codes.count(200) <= 2, codes
+    finally:
+        held.set()
+        for thread in threads:
+            thread.join(timeout=60)
+
+
+def test_a_limit_smaller_than_the_workers_is_refused_at_start(tmp_path: Path) -> None:
+    """`requests_per_minute: 1` and `--workers 2` with `state: memory`: no split holds
+    it (one worker would get none of it), so `serve` refuses to start, exit 1, naming
+    the tenant, the limit and the fix (before: it served, each worker admitting 1)."""
+    config = _config("http://127.0.0.1:9", {"backend": "memory"}, {"requests_per_minute": 1})
+    (tmp_path / "keys.yaml").write_text(yaml.safe_dump({"tenants": {}}))
+    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen(
+        owngate_argv("serve", "--config", "gateway.yaml", "--workers", "2"),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+        pytest.fail("serve --workers 2 started with a limit smaller than the workers")
+    assert proc.returncode == 1, (out, err)
+    text = err.decode()
+    assert "tenant acme: requests_per_minute 1 is less than the 2 workers" in text, text
+    assert "state: redis" in text
 
 
 def test_workers_started_with_redis_down_split_each_limit_over_the_workers(

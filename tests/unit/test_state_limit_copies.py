@@ -1,5 +1,6 @@
-"""`limit_copies`: how many processes each hold every tenant limit in full with
-`state: memory` (the workers of `serve --workers N`), in the status and /metrics."""
+"""`limit_copies`: how many workers of `serve --workers N` hold a ledger of their own
+(with `state: memory` they split every tenant limit: `limit_parts` in the status and
+/metrics), read from the supervisor's variables."""
 
 from __future__ import annotations
 
@@ -40,11 +41,14 @@ def test_a_workers_absurd_count_is_refused_not_raised(value: str) -> None:
     assert limit_copies({**_WORKER, WORKERS_ENV: value}) == 1
 
 
-def test_a_workers_memory_state_says_its_limits_are_one_of_n() -> None:
+def test_a_workers_memory_state_says_it_holds_one_part_of_n() -> None:
+    # Each worker enforces its part of every limit (test_state_limit_parts.py): no
+    # process holds a whole limit of its own any more.
     state = create_state("memory", workers=limit_copies({**_WORKER, WORKERS_ENV: "3"}))
-    assert state.status().limit_copies == 3
-    assert state.status().detail()["limit_copies"] == 3
-    assert MemoryState().status().limit_copies == 1
+    assert state.status().limit_parts == 3
+    assert state.status().limit_copies == 1
+    assert state.status().detail()["limit_copies"] == 1
+    assert MemoryState().status().limit_parts == 1
 
 
 def test_the_worker_variables_read_are_the_supervisors() -> None:

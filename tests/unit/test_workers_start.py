@@ -1,7 +1,7 @@
 """What `serve --workers N` says at start (`gateway.workers.start_warnings`) and what
-`owngate status` says of the worker that answered: with `state: memory` each worker holds
-its own tenant limits (N workers admit up to N times each), and no worker opens the admin
-API a single `serve` would. A plain `serve`, or shared state on Redis, says nothing."""
+`owngate status` says of the worker that answered: with `state: memory` the workers split
+each tenant limit (each admits its part), and no worker opens the admin API a single
+`serve` would. A plain `serve`, or shared state on Redis, says nothing."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from gateway.cli.status import format_table
 from gateway.workers import start_warnings
 from tests.helpers.gateways import ADMIN, backend, gateway_config
 
-PER_WORKER = "tenant limits hold per worker with state: memory"
+PER_WORKER = "tenant limits are split over the workers with state: memory"
 NO_ADMIN = "admin.listen is not opened under serve --workers"
 
 
