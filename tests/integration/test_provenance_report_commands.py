@@ -125,3 +125,26 @@ def test_a_served_logs_figures_are_reproduced_by_their_commands(served_log: str)
     points = figures["checkpoints"]["points"]
     assert points and points[-1]["size"] == report["verification"]["summary"]["size"]
     assert json.loads(_shell(history)) == points
+
+
+def test_a_log_whose_clock_stepped_is_reproduced_by_its_commands(tmp_path: Path) -> None:
+    """Records dated 10 years on and back in 1970 between two entries 5 s apart: the
+    report widens its buckets to a week, and the `jq` commands it prints count with that
+    width, so they still give its numbers."""
+
+    async def build() -> None:
+        log = await ProvenanceLog.open(tmp_path, ORIGIN, SIGNER)
+        for n in (0, 10 * 365 * 86400, 2, -1_767_225_600, 5):
+            await log_request(log, n, tenant="acme-app" if n % 2 else "beta")
+        await log_refusal(log, 4)
+        await log.close()
+
+    asyncio.run(build())
+    argv = f"owngate audit report {tmp_path} --key {SIGNER.vkey} --json -"
+    report: dict[str, Any] = json.loads(_shell(argv))
+    assert report["verification"]["ok"] is True
+    assert report["totals"]["bucket_seconds"] == 604800
+    figures = report["figures"]
+    for name in ("dispatches_by_backend", "requests_by_tenant", "refusals_by_rule"):
+        counts = figures[name]["commands"][0]
+        assert json.loads(_shell(counts)) == figures[name]["counts"], name

@@ -297,6 +297,37 @@ def test_a_log_of_several_bundles_spans_hours(tmp_path: Path) -> None:
     assert _parse(render_html(report)).tags["svg"] == 4  # no fallback, refusal, witness
 
 
+TEN_YEARS = 10 * 365 * 86400
+BACK_TO_1970 = -calendar.timegm((2026, 1, 1, 0, 0, 0))  # 2026-01-01 -> 1970-01-01
+
+
+def test_records_of_a_clock_that_stepped_get_wider_buckets_not_millions(tmp_path: Path) -> None:
+    """The wall clock stepped 10 years forward and back to 1970 between the first and
+    the last entry (5 s apart): the buckets widen to a week, so the page holds a few
+    bars. Before, they were 1 s wide and the page made a list of 300 million empty ones
+    (`MemoryError`, or gigabytes of the gateway's memory from `/admin/report.html`)."""
+    moments = [0, TEN_YEARS, 2, BACK_TO_1970, 5]
+
+    async def build() -> None:
+        log = await ProvenanceLog.open(tmp_path, ORIGIN, SIGNER)
+        for n in moments:
+            await log_request(log, n)
+        await log.close()
+
+    asyncio.run(build())
+    report = _report(tmp_path)
+    totals = report["totals"]
+    assert totals["bucket_seconds"] == 604800  # a multiple of the 1 s chosen from the ends
+    logged = records(tmp_path)
+    counts = report["figures"]["dispatches_by_backend"]["counts"]
+    dispatches = [(r["backend"]["id"], r["time"]) for r in logged if r["type"] == "dispatch"]
+    assert counts == _bucketed(dispatches, 604800)  # exact: what the jq command counts
+    assert len(counts) == 3 and sum(row["count"] for row in counts) == len(moments)
+    page = render_html(report)
+    assert len(page) < 200_000
+    assert _parse(page).tags["rect"] == 3 * 3  # 3 buckets: backend, region, tenant charts
+
+
 def test_the_cli_writes_both_and_refuses_no_output(
     logdir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -5,7 +5,8 @@ over `owngate audit show LOGDIR --records --json` (which lists every record with
 index). So the definitions here are kept to what a short `jq` filter can say:
 
 * time buckets are `bucket_seconds` wide (chosen from the first and the last entry's
-  time) and aligned to the Unix epoch; a record's time is truncated to the second (`jq`:
+  time, widened to a multiple of it when a record lies outside them: a clock that
+  stepped) and aligned to the Unix epoch; a record's time is truncated to the second (`jq`:
   `.time[:19]+"Z" | fromdateiso8601`);
 * a dispatch is one attempt at one backend (a retried request has several);
 * a request is one request id with a dispatch or refusal record, counted at its first
@@ -87,12 +88,32 @@ def iso_time(seconds: int) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def bucket_seconds(first: int, last: int) -> int:
-    """The smallest width that covers `first..last` (POSIX seconds) in MAX_BUCKETS."""
+def bucket_seconds(first: int, last: int, of: int = 1) -> int:
+    """The smallest width (a multiple of `of`) that covers `first..last` (POSIX seconds)
+    in MAX_BUCKETS; a week beyond that."""
     for width in BUCKET_SECONDS:
-        if last // width - first // width < MAX_BUCKETS:
+        if width % of == 0 and last // width - first // width < MAX_BUCKETS:
             return width
     return BUCKET_SECONDS[-1]
+
+
+def _widened(tally: dict[str, Counter[tuple[str, int]]], width: int) -> int:
+    """Widen the buckets when records lie outside the first and the last entry's time
+    (a clock stepped back or forward between them; each one a record it could not
+    order): at the width chosen from those two, one record dated 10 years on made a
+    chart of 300 million empty one-second buckets (`report_html`: gigabytes). The new
+    width is a multiple of the old, so each old bucket falls whole into one new one and
+    the counts stay exact (the `jq` commands print the new width)."""
+    starts = [bucket for counts in tally.values() for _, bucket in counts]
+    if not starts or max(starts) // width - min(starts) // width < MAX_BUCKETS:
+        return width
+    wider = bucket_seconds(min(starts), max(starts), width)
+    for name, counts in tally.items():
+        merged: Counter[tuple[str, int]] = Counter()
+        for (key, bucket), count in counts.items():
+            merged[key, bucket - bucket % wider] += count
+        tally[name] = merged
+    return wider
 
 
 _SERIES = (
@@ -215,6 +236,7 @@ def figures(
     fold = _Fold(width, (size - 1 for size in checkpoint_sizes if size))
     for index, record in records:
         fold.add(index, record)
+    width = _widened(fold.tally, width)
     found: dict[str, Any] = {name: _series(name, fold.tally[name], width, run) for name in _SERIES}
     _add_rates(found, fold.dispatches, len(fold.requests), run)
     points = [

@@ -108,20 +108,23 @@ def _bars(figure: dict[str, Any], first: int, last: int, width: int) -> str:
     """A stacked bar chart of a figure's counts: one bar per time bucket."""
     buckets = [_seconds(row["bucket"]) for row in figure["counts"]]
     low, high = min([first - first % width, *buckets]), max([last - last % width, *buckets])
-    starts = list(range(low, high + 1, width))  # records' times need not be in order
+    slots = (high - low) // width + 1  # records' times need not be in order
     ranked = list(figure["totals"])
     colors = {key: _PALETTE[i] for i, key in enumerate(ranked[:_TOP])}
-    stacks: dict[int, dict[str, int]] = {start: {} for start in starts}
+    # only the buckets that hold records: the empty ones between are left as gaps, never
+    # made (a clock step spreads the records over years of buckets)
+    stacks: dict[int, dict[str, int]] = {}
     for row in figure["counts"]:
         key = row["key"] if row["key"] in colors else "other"
-        stack = stacks[_seconds(row["bucket"])]
+        stack = stacks.setdefault(_seconds(row["bucket"]), {})
         stack[key] = stack.get(key, 0) + row["count"]
     top = max((sum(stack.values()) for stack in stacks.values()), default=0) or 1
-    slot = (_W - 8 - _PAD) / len(starts)
+    slot = (_W - 8 - _PAD) / slots
     scale = (_H - _PAD - 8) / top
-    shapes = [_axes(_iso(starts[0]), _iso(starts[-1] + width), top)]
+    shapes = [_axes(_iso(low), _iso(high + width), top)]
     order = [*colors, "other"]
-    for number, start in enumerate(starts):
+    for start in sorted(stacks):
+        number = (start - low) // width
         y: float = _H - _PAD
         for key in order:
             count = stacks[start].get(key, 0)
