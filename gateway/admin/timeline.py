@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client.metrics import MetricWrapperBase
 
@@ -73,6 +73,25 @@ class _Totals:
     refusals: dict[str, float] = field(default_factory=dict)
 
 
+_Sample = TypeVar("_Sample", bound=tuple[Any, ...])
+
+
+def _after(samples: deque[_Sample], since: float | None) -> list[_Sample]:
+    """The samples after `since`: those taken after the newest sample dated `since` (the
+    cursor of a client that polls with the last `t` it holds), else those dated after it.
+    Sample times are the wall clock's: when it steps back (NTP, a resumed VM, a date set
+    wrong then fixed), every new sample is dated before the client's cursor, and `t >
+    since` alone answered nothing until the clock caught up (an hour, or years): the
+    console's charts froze while the gateway served."""
+    if since is None:
+        return list(samples)
+    held = list(samples)
+    for position in range(len(held) - 1, -1, -1):  # bounded: the history's length
+        if held[position][0] == since:
+            return held[position + 1 :]
+    return [sample for sample in held if sample[0] > since]
+
+
 class Timeline:
     """The sampler and its three bounded histories (oldest sample first)."""
 
@@ -109,24 +128,21 @@ class Timeline:
                     b: dict(zip(BACKEND_FIELDS, row, strict=True)) for b, row in rows.items()
                 },
             }
-            for t, rows in self._backends
-            if since is None or t > since
+            for t, rows in _after(self._backends, since)
         ]
 
     def policies(self, since: float | None = None) -> list[dict[str, Any]]:
         """`{"t", "decisions": {rule: n}, "refusals": {rule: n}}` per sample after `since`."""
         return [
             {"t": t, "decisions": decisions, "refusals": refusals}
-            for t, decisions, refusals in self._policies
-            if since is None or t > since
+            for t, decisions, refusals in _after(self._policies, since)
         ]
 
     def log(self, since: float | None = None) -> list[dict[str, Any]]:
         """`{"t", "entries", "checkpoint_size", "cosigned_size"}` per sample after `since`."""
         return [
             {"t": t, "entries": entries, "checkpoint_size": size, "cosigned_size": cosigned}
-            for t, entries, size, cosigned in self._log
-            if since is None or t > since
+            for t, entries, size, cosigned in _after(self._log, since)
         ]
 
     async def run(self) -> None:

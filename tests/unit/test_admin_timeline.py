@@ -11,6 +11,7 @@ import pytest
 from gateway.admin.timeline import MAX_SAMPLES, Timeline, bucket_quantile
 from gateway.api.app import GatewayApp
 from gateway.app import create_app
+from tests.helpers.clock import FakeClock
 from tests.helpers.gateways import backend, gateway_config
 
 INF = float("inf")
@@ -84,3 +85,28 @@ def test_samples_count_what_happened_in_their_interval() -> None:
     second = timeline.backends()[-1]["backends"]["gpu"]
     assert (second["requests"], second["errors"], second["ttft_p50_s"]) == (1, 0, None)
     assert timeline.policies()[-1]["decisions"] == {}
+
+
+def test_a_poller_gets_the_samples_taken_after_the_wall_clock_stepped_back() -> None:
+    """The console polls with `?since=` the last `t` it holds. The wall clock steps back
+    an hour (NTP, a resumed VM): every new sample is dated before that cursor, and `t >
+    since` answered none of them for the hour (the charts froze). Now a cursor that is a
+    sample's time answers the samples taken after that sample; forward steps change
+    nothing."""
+    wall = FakeClock(10_000.0)
+    timeline = Timeline(_app(), interval_s=2, history_s=60, clock=wall)
+    timeline.sample()
+    wall.now += 2
+    timeline.sample()
+    cursor = 10_002.0
+    wall.now -= 3600  # stepped back
+    timeline.sample()
+    wall.now += 2
+    timeline.sample()
+    for history in (timeline.backends, timeline.policies, timeline.log):
+        assert [s["t"] for s in history(since=cursor)] == [6_402.0, 6_404.0]
+        assert [s["t"] for s in history(since=6_404.0)] == []
+        assert [s["t"] for s in history(since=6_403.0)] == [10_000.0, 10_002.0, 6_404.0]
+    wall.now += 10 * 365 * 86400  # a step forward: dated after any cursor, as before
+    timeline.sample()
+    assert [s["t"] for s in timeline.log(since=6_404.0)] == [wall.now]

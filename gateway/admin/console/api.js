@@ -108,6 +108,14 @@ export function timeline(path, windowS = 600) {
     const last = samples.length ? samples[samples.length - 1].t : null;
     const found = await get(last === null ? path : `${path}?since=${last}`);
     samples = samples.concat(found.samples);
+    // the wall clock stepped back between two samples: keep those after the step (the
+    // older ones are dated after them and would be charted to their right)
+    for (let i = samples.length - 1; i > 0; i -= 1) {
+      if (samples[i].t < samples[i - 1].t) {
+        samples = samples.slice(i);
+        break;
+      }
+    }
     const newest = samples.length ? samples[samples.length - 1].t : 0;
     samples = samples.filter((sample) => sample.t > newest - windowS);
     return { interval_s: found.interval_s, samples };
