@@ -11,13 +11,15 @@ The `owngate attest` sidecar runs the same filter over its inference server's st
 
 What counts as one is what an SSE parser reads as a comment (the WHATWG event-stream
 grammar): a line that starts with `:`, lines ending in LF, CRLF or CR, and the first
-line possibly after a UTF-8 byte order mark (which a parser skips): the first line the
-client gets, so also one that follows removed lines at the stream's start. The line is removed,
-with its line ending, when the comment's text, after any spaces and tabs, starts with
-`owngate-` in any ASCII case (`: owngate-receipt`, `:owngate-attest`, `:\\t owngate-x`,
-`: OWNGATE-Receipt`: a client whose parser matches the prefix without regard to case must
-not be handed a backend's line either). Any other line, comments such as `: ping`
-included, passes untouched.
+line possibly after a UTF-8 byte order mark (which a parser skips). Which line the client
+gets first is not the filter's to know (removed lines, a usage chunk held back behind it
+in gateway/api/sse.py): a line is read as if a BOM may open it wherever it comes (one
+elsewhere is an unknown field to a parser, which it ignores, so removing it changes no
+event). The line is removed, with its line ending, when the comment's text, after any
+spaces and tabs, starts with `owngate-` in any ASCII case (`: owngate-receipt`,
+`:owngate-attest`, `:\\t owngate-x`, `: OWNGATE-Receipt`: a client whose parser matches
+the prefix without regard to case must not be handed a backend's line either). Any other
+line, comments such as `: ping` included, passes untouched.
 
 A line can be split across reads at any byte. The start of a line that may still become
 such a comment (`:`, blanks, a prefix of `owngate-`) is held back until it can be told
@@ -55,10 +57,9 @@ class CommentFilter:
         self.stripped = 0
         self._held = b""  # the start of a line that may still be an `owngate-` comment
         self._line_start = True  # the next byte starts a line
-        self._stream_start = True  # nothing relayed yet: a BOM may come first
         self._dropping = False  # inside a removed line whose end has not come yet
         self._skip_lf = False  # a removed line ended in CR at a read's end: its LF may follow
-        # None of the above, and past the stream's first line end: the usual read's state,
+        # None of the above, after a first read: the usual read's state,
         # in which a read of whole lines none of which is a comment passes unchanged (and
         # leaves it so): a caller that knows its read is such (`sse_framing.one_data_line`)
         # need not feed it.
@@ -72,11 +73,7 @@ class CommentFilter:
             return data
         out = self._walk(data)
         self.clean = (
-            self._line_start
-            and not self._stream_start
-            and not self._held
-            and not self._dropping
-            and not self._skip_lf
+            self._line_start and not self._held and not self._dropping and not self._skip_lf
         )
         return out
 
@@ -84,7 +81,7 @@ class CommentFilter:
         """At the end of the stream: a held line start that was not a removed comment (a
         removed one that never got its line end is gone)."""
         rest, self._held = self._held, b""
-        if rest and _could_be_marked(rest, self._stream_start):
+        if rest and _could_be_marked(rest):
             self.stripped += 1  # a comment start the stream ended inside: no client needs it
             return b""
         return rest
@@ -109,7 +106,7 @@ class CommentFilter:
             found = _LINE_END.search(buffer, pos)
             end = found.end() if found is not None else len(buffer)
             if at_start and buffer[pos] in b":\xef":
-                verdict = _verdict(folded, pos, end, self._stream_start)
+                verdict = _verdict(folded, pos, end)
                 if verdict == "strip":
                     self.stripped += 1
                     self._dropping = True
@@ -122,7 +119,6 @@ class CommentFilter:
             # the next line that starts with a marker's first byte.
             pos = self._next_candidate(folded, end)
             kept.append(buffer[start:pos])
-            self._stream_start = False
             self._line_start = buffer[pos - 1] in _ENDS
         return b"".join(kept)
 
@@ -148,9 +144,6 @@ class CommentFilter:
             return len(buffer)
         self._dropping = False
         self._line_start = True
-        # `_stream_start` stays as it was: a removed line is no byte the client gets, so
-        # the next line is the first of the client's stream when nothing went out before
-        # it (where its parser skips a BOM, which could hide another marked comment).
         end = found.end()
         if buffer[end - 1] == 13:  # CR: an LF right after belongs to it
             if end == len(buffer):
@@ -160,15 +153,16 @@ class CommentFilter:
         return end
 
 
-def _verdict(buffer: bytes, pos: int, end: int, stream_start: bool) -> str:
+def _verdict(buffer: bytes, pos: int, end: int) -> str:
     """Whether the line `buffer[pos:end]` (from a line start; `end` is past its line end,
     or the buffer's end when none came yet; `buffer` case-folded) is to be removed
-    ("strip"), passed ("pass"), or cannot be told yet ("hold")."""
+    ("strip"), passed ("pass"), or cannot be told yet ("hold"). A BOM may open it: the
+    client's first line may be any line (the module docstring)."""
     complete = end > pos and buffer[end - 1] in _ENDS
     line = buffer[pos:end]
-    if stream_start and line.startswith(_BOM):
+    if line.startswith(_BOM):
         line = line[len(_BOM) :]
-    if stream_start and not complete and _BOM.startswith(line):
+    if not complete and _BOM.startswith(line):
         return "hold"  # a BOM (or the start of one) and nothing after it yet
     if not line.startswith(b":"):
         return "pass"
@@ -182,9 +176,9 @@ def _verdict(buffer: bytes, pos: int, end: int, stream_start: bool) -> str:
     return "hold"
 
 
-def _could_be_marked(rest: bytes, stream_start: bool) -> bool:
+def _could_be_marked(rest: bytes) -> bool:
     """Whether a held line start, left at the end of the stream, is a comment that could
     have become an `owngate-` one (a bare `:` or blanks after it are not worth keeping:
     what the gateway writes next starts on a line of its own)."""
-    line = rest[len(_BOM) :] if stream_start and rest.startswith(_BOM) else rest
+    line = rest[len(_BOM) :] if rest.startswith(_BOM) else rest
     return line.startswith(b":") and bool(line[1:].strip(_BLANKS))

@@ -53,9 +53,16 @@ CASES = {
         b": owngate\n: owngateX\n:: owngate-x\n: own gate-x\n: OWNGATE_x\n",
     ),
     "mid-line": (b"data: x: owngate-receipt X\n", b"data: x: owngate-receipt X\n"),
-    "bom-only-first": (
+    # Any line may be the first the client gets (a usage chunk before it held back, in
+    # gateway/api/sse.py): behind a BOM anywhere, removed (elsewhere it is an unknown
+    # field, which a parser ignores).
+    "bom-anywhere": (
         b"data: a\n\xef\xbb\xbf: owngate-x\n",
-        b"data: a\n\xef\xbb\xbf: owngate-x\n",
+        b"data: a\n",
+    ),
+    "bom-line-that-is-no-comment-kept": (
+        b"data: a\n\xef\xbb\xbfdata: b\n\xef\xbb\xbf\n\xef\xbc\x9a owngate-x\n",
+        b"data: a\n\xef\xbb\xbfdata: b\n\xef\xbb\xbf\n\xef\xbc\x9a owngate-x\n",
     ),
     # A removed line is no byte the client gets: the line after it opens the client's
     # stream, where its parser skips a BOM and reads the comment behind it.
@@ -157,9 +164,9 @@ def _reference(stream: bytes) -> bytes:
     lines = re.findall(rb"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$", stream)
     kept: list[bytes] = []
     for line in lines:
-        # The client's parser skips a BOM that opens the stream it gets: before the first
-        # line kept, not only the backend's first.
-        body = line[3:] if not kept and line.startswith(b"\xef\xbb\xbf") else line
+        # The client's parser skips a BOM that opens the stream it gets, and any line may
+        # be its first (what is held back after the filter): a BOM before any line.
+        body = line[3:] if line.startswith(b"\xef\xbb\xbf") else line
         text = body[1:].lstrip(b" \t") if body.startswith(b":") else None
         if text is not None and text.lower().startswith(b"owngate-"):
             continue
