@@ -9,13 +9,13 @@ turn of the event loop for every answer the gateway sends whole) or until the en
 loop's turn (a stream's head, whose first chunk may be seconds away), whichever comes
 first. Bytes keep their order: anything else the cycle writes or closes goes after the
 held head. The listener's own answers (refusals) are never written into an answer in
-progress (`LimitedHttpProtocol._refuse` closes instead), and they flush first what the
-cycle still holds: the head of an answer to HEAD (no body write carries it) or a
-`100 Continue` (a cycle's first write too). uvloop reads a socket, and so may refuse the
-next bytes, before it runs the turn's callbacks. Once the held write went out (`passed`),
-a stream's relay gives the cycle the connection's own transport back
-(`BodyWriter.ready`, gateway/body_writer.py): the rest of the stream's chunks skip a
-Python frame that would only pass each on.
+progress (`LimitedHttpProtocol._refuse` holds one until the answers end, or closes),
+and they flush first what the cycle still holds: the head of an answer to HEAD (no body
+write carries it) or a `100 Continue` (a cycle's first write too). uvloop reads a
+socket, and so may refuse the next bytes, before it runs the turn's callbacks. Once the
+held write went out (`passed`), a stream's relay gives the cycle the connection's own
+transport back (`BodyWriter.ready`, gateway/body_writer.py): the rest of the stream's
+chunks skip a Python frame that would only pass each on.
 
 A write to a connection already closing is dropped, and the cycle marked disconnected
 (`mark_lost`, gateway/body_writer.py, given by the listener): uvloop closes a connection

@@ -48,17 +48,19 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
   early 401, 413), ends the connection (`gateway/expect_continue.py`): the client sends no
   body then, and its next request would otherwise be read as that body.
 - pipelining: at most `MAX_PIPELINED` requests queued behind the one being answered; a
-  connection that sends more is closed (an answer cannot overtake those queued): uvicorn
+  connection that sends more gets 400 after their answers, and is closed: uvicorn
   parses every request of a read, so one connection could queue requests without end. Its
   loss tells the request being answered too, not only the newest (uvicorn's `cycle`).
 - a body answered before it was read (an early 401, 413, 429) is not kept with the cycle.
 - protocol upgrades (`Upgrade` with `Connection: upgrade`, `CONNECT`) are 400: the parser
   stops at such a head, and its body would otherwise be parsed as a request of its own.
 
-Every refusal is a JSON OpenAI error object with `connection: close`; then the write side
-is shut and what the client still sends is dropped for a bounded time (`LINGER_S`,
-`LINGER_BYTES`): closing with unread bytes resets the connection, which can destroy the
-answer unread. Refusals are logged at most every `_LOG_EVERY_S`, never per event.
+Every refusal is a JSON OpenAI error object with `connection: close` (that of a head
+after requests still being answered waits for their answers: closing at once lost them);
+then the write side is shut and what the client still sends is dropped for a bounded
+time (`LINGER_S`, `LINGER_BYTES`): closing with unread bytes resets the connection,
+which can destroy the answer unread. Refusals are logged at most every `_LOG_EVERY_S`,
+never per event.
 
 Cost on the hot path: timers are the loop's `call_later` handles, never tasks. A request
 whose head (and body) arrive in one read arms none: the head timer is armed once per
@@ -147,6 +149,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._body_read = 0  # body bytes the current read delivered
         self._framing = 0  # body-phase bytes since the last body bytes: chunk lines, trailers
         self.answering: RequestResponseCycle | None = None  # see `connection_lost`
+        self._after_answers: bytes | None = None  # a refusal held until the answers end
 
     # connection
 
@@ -309,6 +312,14 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().on_response_complete()
         # Waiting again, unless a pipelined request is answered now (the newest cycle).
         if self.cycle.response_complete and not self.transport.is_closing():
+            if self._after_answers is not None:  # the refusal of the head after them
+                cancel(self.timeout_keep_alive_task)
+                self.timeout_keep_alive_task = None
+                if isinstance(self.cycle.transport, HeadCoalescer):
+                    self.cycle.transport.flush()  # a HEAD answer's head goes first
+                self.transport.write(self._after_answers)
+                self._linger()
+                return
             self.room.wait(self._peer, self)
 
     def on_message_complete(self) -> None:
@@ -368,12 +379,18 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         cancel(self._head_timer, self._body_timer)
         self._head_timer = self._body_timer = None
         cycle = self.cycle
-        if self._in_head:  # a new request: is the previous one still being answered?
-            busy = cycle is not None and not cycle.response_complete
-        else:  # this request's body: was it answered already, or does it wait its turn?
-            busy = cycle.response_started or bool(self.pipeline)
-        if busy:  # a second answer on the wire would corrupt the first
-            self.transport.close()
+        if self._in_head and cycle is not None and not cycle.response_complete:
+            # A head after requests still being answered (or queued): theirs go out
+            # first, then this refusal (`on_response_complete`). Closing now lost them:
+            # a request sent with bytes after its body had no answer at all.
+            self._after_answers = refusal_answer(code, message, self.server_state.default_headers)
+            # What the client still sends is dropped, up to a head's worth (the rest of
+            # this one), then the connection closes: a flood gets no more reads.
+            self._linger_left = self.limits.max_header_bytes
+            return
+        # This request's body: was it answered already, or does it wait its turn?
+        if not self._in_head and (cycle.response_started or self.pipeline):
+            self.transport.close()  # a second answer on the wire would corrupt the first
             return
         if cycle is not None and isinstance(cycle.transport, HeadCoalescer):
             # A write still held this turn (a HEAD answer's head, `100 Continue`) goes first.

@@ -19,7 +19,7 @@ from gateway.app import create_app
 from gateway.listener_limits import MAX_PIPELINED
 from gateway.serving import ServerThread
 from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
-from tests.helpers.raw_socket import WAIT_S, connect, parse, read_to_end
+from tests.helpers.raw_socket import WAIT_S, assert_refused, connect, parse, read_to_end
 
 CHAT = b'{"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}'
 
@@ -127,3 +127,18 @@ def test_a_few_pipelined_requests_are_all_answered(gateway: ServerThread) -> Non
         sock.sendall(request * (MAX_PIPELINED - 1) + last)
         raw = read_to_end(sock)
     assert raw.count(b"HTTP/1.1 200 OK") == MAX_PIPELINED
+
+
+def test_a_request_past_the_pipelining_bound_is_refused_after_the_answers_queued(
+    gateway: ServerThread,
+) -> None:
+    """One request more than the bound: the request being answered and the
+    `MAX_PIPELINED` queued behind it are answered, then the one past it gets 400 and the
+    connection closes. The connection used to be closed at once, every answer unsent."""
+    request = b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n"
+    with connect(gateway) as sock:
+        sock.sendall(request * (MAX_PIPELINED + 2))
+        raw = read_to_end(sock)
+    *answers, refusal = raw.split(b"HTTP/1.1 ")[1:]
+    assert [a[:6] for a in answers] == [b"200 OK"] * (MAX_PIPELINED + 1), raw[:400]
+    assert_refused(b"HTTP/1.1 " + refusal, 400, "invalid_request")

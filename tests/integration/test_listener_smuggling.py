@@ -15,6 +15,7 @@ import gzip
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 
 from gateway.app import create_app
@@ -26,7 +27,7 @@ from gateway.tenants import hash_api_key
 from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
 from tests.helpers.net import free_port
 from tests.helpers.processes import GatewayProcess
-from tests.helpers.raw_socket import Server, assert_refused, exchange
+from tests.helpers.raw_socket import Server, assert_refused, exchange, parse
 
 BODY = b'{"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}'
 SMUGGLED = b"GET /smuggled HTTP/1.1\r\nhost: x\r\n\r\n"
@@ -250,3 +251,37 @@ def test_the_sidecar_refuses_a_repeated_host_and_a_content_coded_body(
     )
     assert raw.count(b"HTTP/1.1 ") == 1, raw[:400]
     assert_refused(raw, status, code)
+
+
+# Bytes after a whole request that are no request head: the request is answered first,
+# then the bytes are refused (400, `connection: close`), as nginx answers them.
+TRAILING = {
+    "json-after-length-0": (_post(b"content-length: 0\r\n", BODY), 400),
+    "junk-after-request": (_post(b"content-length: %d\r\n" % len(BODY), BODY) + b"{}\r\n\r\n", 200),
+    "body-twice": (_post(b"content-length: %d\r\n" % len(BODY), BODY) + BODY, 200),
+    "bad-version-after-request": (
+        _post(b"content-length: %d\r\n" % len(BODY), BODY) + _version(b"HTTP/2.0", b"", b""),
+        200,
+    ),
+}
+
+
+@pytest.mark.parametrize(("request_bytes", "first"), TRAILING.values(), ids=TRAILING.keys())
+def test_a_request_with_bytes_after_it_that_are_no_request_is_answered_first(
+    public: ServerThread, request_bytes: bytes, first: int
+) -> None:
+    """The answer to the request goes out before the refusal of what follows it, and
+    nothing after them runs. The connection used to be closed at once, the first answer
+    unsent: a request with a body after `Content-Length: 0` got no answer at all, and a
+    whole one with a stray byte after its body none either (recorded as a client that
+    left, 499)."""
+    raw = exchange(public, request_bytes + SMUGGLED)
+    status, headers, body = parse(raw)
+    assert status == first, raw[:300]
+    rest, body = body[int(headers["content-length"]) :], body[: int(headers["content-length"])]
+    if first == 200:
+        assert orjson.loads(body)["object"] == "chat.completion"
+    else:
+        assert orjson.loads(body)["error"]["code"] == "invalid_json"
+    assert rest.count(b"HTTP/1.1 ") == 1, rest[:400]  # the smuggled request never ran
+    assert_refused(rest, 400, "invalid_request")
