@@ -70,6 +70,12 @@ def _answers_200(
         return False
 
 
+def worker_pids(supervisor: int) -> list[int]:
+    """The pids of `owngate serve --workers N`'s workers: the supervisor's children now."""
+    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+    return sorted(int(pid) for pid in children)
+
+
 class GatewayProcess:
     """`owngate serve` in `directory`: its gateway.yaml, the paths the config names
     relative to it, stdout.log and stderr.log. `args` are more `owngate serve` flags,

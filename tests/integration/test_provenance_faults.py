@@ -8,11 +8,16 @@ dispatch record the log lost, the fault shows (503 `provenance_unavailable`, `/r
   log recovers and verifies, and every request a client got a 200 for is in it, at the
   index its receipt names. (Completions queued for `deferred_flush_ms` when it died may
   be lost: those dispatches show as open, which `audit verify` reports and passes.)
+- One worker of `owngate serve --workers 2` killed (SIGKILL) while streams and whole
+  answers are being served: its replacement recovers its log, every worker's log
+  verifies, and every receipt a client got (header or stream line) verifies against the
+  log it names with `owngate audit receipt verify --log`.
 """
 
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 import signal
 import threading
@@ -39,8 +44,9 @@ from gateway.serving import ServerThread
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
 from tests.helpers.net import free_port
-from tests.helpers.processes import GatewayProcess
+from tests.helpers.processes import GatewayProcess, worker_pids
 from tests.helpers.provenance import run_audit
+from tests.helpers.stream_receipts import owngate_lines, stream_receipt
 from tests.helpers.waiting import until
 
 ORIGIN = "test.owngate/log/faults"
@@ -234,3 +240,110 @@ def test_a_gateway_killed_mid_traffic_lost_no_answered_request(
         assert receipt.request_id == request_id
         assert receipt.index == dispatches[request_id]
         assert receipt.dispatch_hash == leaf_hash(entries[receipt.index])
+
+
+def _started(gateway: GatewayProcess) -> int:
+    """How many times a worker's app has started."""
+    lines = (gateway.stdout() + gateway.stderr()).splitlines()
+    return sum('"event":"Application startup complete."' in line for line in lines)
+
+
+def test_a_worker_killed_mid_streams_lost_no_receipt_it_handed_out(
+    start_sim: Callable[..., Sim], tmp_path: Path
+) -> None:
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    vkey = write_signing_key(tmp_path / "log.key", ORIGIN)
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "logging": {"format": "json", "level": "info", "access_log": False},
+        "backends": [backend("gpu", sim.url, "m")],
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+        "provenance": {
+            "dir": "log",
+            "origin": ORIGIN,
+            "signing_key_file": "log.key",
+            "checkpoint_every": 64,  # checkpoints (and segment rotations) during the run
+        },
+    }
+    gateway = GatewayProcess(config, tmp_path, "--workers", "2").start(timeout_s=90)
+    assert gateway.proc is not None
+    supervisor = gateway.proc.pid
+    until(lambda: len(worker_pids(supervisor)) == 2, "two workers", timeout=30)
+    victim = worker_pids(supervisor)[0]
+    answered: dict[str, bytes] = {}  # request id -> the receipt the client got
+    after: set[str] = set()  # the logs that handed out receipts after the kill
+    lock = threading.Lock()
+    killed, enough, done = threading.Event(), threading.Event(), threading.Event()
+    headers = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
+    headers["connection"] = "close"  # each request a new connection: both workers get some
+
+    def ask(stream: bool) -> bytes:
+        chat = {"model": "m", "max_tokens": 4, "stream": stream}
+        return orjson.dumps(chat | {"messages": [{"role": "user", "content": "x"}]})
+
+    def client(number: int) -> None:
+        with httpx.Client(timeout=30) as http:
+            for turn in range(2000):  # bounded; `done` ends it long before
+                if done.is_set():
+                    return
+                stream = (number + turn) % 2 == 0
+                try:
+                    answer = http.post(
+                        f"{gateway.url}/v1/chat/completions", content=ask(stream), headers=headers
+                    )
+                except httpx.TransportError:
+                    continue  # its worker was killed mid-answer: no receipt reached it
+                if answer.status_code != 200:
+                    continue
+                if stream and not owngate_lines(answer.content):
+                    continue  # cut before its receipt line
+                receipt = (
+                    stream_receipt(answer)
+                    if stream
+                    else base64.b64decode(answer.headers["x-owngate-receipt"])
+                )
+                with lock:
+                    answered[answer.headers["x-request-id"]] = receipt
+                    if killed.is_set():
+                        after.add(
+                            orjson.loads(base64.b64decode(orjson.loads(receipt)["payload"]))["log"]
+                        )
+                    if len(answered) >= (400 if killed.is_set() else 200) and (
+                        not killed.is_set() or len(after) == 2
+                    ):
+                        enough.set()
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            clients = [pool.submit(client, number) for number in range(8)]
+            try:
+                assert enough.wait(timeout=120), "the clients got too few answers"
+                enough.clear()
+                os.kill(victim, signal.SIGKILL)  # while the other clients are being answered
+                until(
+                    lambda: (
+                        len(worker_pids(supervisor)) == 2 and victim not in worker_pids(supervisor)
+                    ),
+                    "a replacement worker",
+                    timeout=30,
+                )
+                until(lambda: _started(gateway) == 3, "the replacement serving", timeout=60)
+                killed.set()  # from now on, both workers' logs must hand out receipts
+                assert enough.wait(timeout=120), "too few answers after the kill"
+            finally:
+                done.set()
+            for future in clients:
+                future.result()
+        assert gateway.stop(signal.SIGTERM) == 0, gateway.output()
+    finally:
+        gateway.stop(signal.SIGKILL)
+    for worker in (1, 2):
+        assert run_audit(["verify", str(tmp_path / "log" / f"worker-{worker}"), "--key", vkey]) == 0
+    for request_id, receipt in answered.items():
+        payload = orjson.loads(base64.b64decode(orjson.loads(receipt)["payload"]))
+        assert payload["request_id"] == request_id
+        worker = payload["log"].removeprefix(f"{ORIGIN}/")
+        path = tmp_path / f"{request_id}.receipt"
+        path.write_bytes(receipt)
+        log = str(tmp_path / "log" / worker)
+        assert run_audit(["receipt", "verify", str(path), "--key", vkey, "--log", log]) == 0

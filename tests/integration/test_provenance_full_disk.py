@@ -5,16 +5,24 @@
   log line, exit 4 of `owngate serve`), and shared state still closes.
 - `owngate serve` on a disk that refuses the log exits 4 at shutdown, 3 when restarted,
   and once the disk is back it recovers every entry and exits 0.
+- `owngate serve` whose disk fills up while it serves, its own stderr on that disk too:
+  streams and whole answers are refused (503 `provenance_unavailable`), `/readyz` and
+  `owngate_provenance_ready` say so, none hangs, and it serves again once the disk is back,
+  every receipt it handed out verifying against the log.
 
 The disk fails as in tests/unit/test_provenance_log.py: the write-ahead segment's writes fail
 (EIO) while a flag is set, or writing checkpoint files fails (ENOSPC), or a file stands
-where the log needs a directory (the only way to fail a separate process's writes).
+where the log needs a directory, or a separate process's file size limit (RLIMIT_FSIZE)
+is lowered to 0 while it runs (every write to a regular file fails with EFBIG; Python
+ignores SIGXFSZ), which stops root too, where a chmod would not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import errno
+import resource
 import signal
 import socket
 import subprocess
@@ -44,7 +52,8 @@ from gateway.tenants import hash_api_key
 from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
 from tests.helpers.net import free_port
 from tests.helpers.processes import GatewayProcess
-from tests.helpers.provenance import FailingDisk
+from tests.helpers.provenance import FailingDisk, run_audit
+from tests.helpers.stream_receipts import stream_receipt
 from tests.helpers.waiting import until
 
 ORIGIN = "test.owngate/log/full-disk"
@@ -216,3 +225,78 @@ def test_serve_exits_4_when_the_final_checkpoint_fails_and_3_when_it_cannot_reco
     )
     for line in ("0  stopped", "1  did not start", "2  usage", "3  did not start", "4  stopped"):
         assert line in helped.stdout.decode()
+
+
+def _chat(stream: bool) -> bytes:
+    ask = {
+        "model": "m",
+        "max_tokens": 2,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "x"}],
+    }
+    return orjson.dumps(ask)
+
+
+@pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="prlimit is Linux's")
+def test_serve_refuses_what_a_full_disk_cannot_record_and_serves_again_once_it_can(
+    start_sim: Callable[..., Sim], tmp_path: Path
+) -> None:
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    key = write_signing_key(tmp_path / "log.key", ORIGIN)
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "logging": {"format": "json", "level": "info", "access_log": True},
+        "backends": [backend("gpu", sim.url, "m")],
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+        "provenance": {"dir": "log", "origin": ORIGIN, "signing_key_file": "log.key"},
+    }
+    headers = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
+    gateway = GatewayProcess(config, tmp_path)  # its stdout and stderr: files beside the log
+    receipts: dict[str, bytes] = {}
+
+    def served(http: httpx.Client) -> None:
+        for stream in (False, True):
+            answer = http.post(f"{gateway.url}/v1/chat/completions", content=_chat(stream))
+            assert answer.status_code == 200, answer.text
+            request_id = answer.headers["x-request-id"]
+            if stream:
+                receipts[request_id] = stream_receipt(answer)
+            else:
+                receipts[request_id] = base64.b64decode(answer.headers["x-owngate-receipt"])
+
+    def ready() -> float:
+        for line in httpx.get(f"{gateway.url}/metrics", timeout=30).text.splitlines():
+            if line.startswith("owngate_provenance_ready "):
+                return float(line.split()[1])
+        raise AssertionError("no owngate_provenance_ready")
+
+    try:
+        gateway.start()
+        assert gateway.proc is not None
+        # bounded: a request the log never answers fails the test instead of hanging it
+        with httpx.Client(headers=headers, timeout=30) as http:
+            served(http)
+            resource.prlimit(gateway.proc.pid, resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+            for _ in range(3):
+                for stream in (False, True):
+                    answer = http.post(f"{gateway.url}/v1/chat/completions", content=_chat(stream))
+                    assert answer.status_code == 503, answer.text
+                    assert answer.json()["error"]["code"] == "provenance_unavailable"
+                    assert "x-owngate-receipt" not in answer.headers
+            assert httpx.get(f"{gateway.url}/readyz", timeout=30).status_code == 503
+            assert ready() == 0
+            limit = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+            resource.prlimit(gateway.proc.pid, resource.RLIMIT_FSIZE, limit)  # space is back
+            until(lambda: ready() == 1, "the log writable again", timeout=30)
+            assert httpx.get(f"{gateway.url}/readyz", timeout=30).status_code == 200
+            served(http)
+        assert gateway.stop(signal.SIGTERM) == 0, gateway.output()
+    finally:
+        gateway.stop(signal.SIGKILL)
+    log = str(tmp_path / "log")
+    assert run_audit(["verify", log, "--key", key]) == 0
+    assert len(receipts) == 4
+    for request_id, receipt in receipts.items():
+        path = tmp_path / f"{request_id}.receipt"
+        path.write_bytes(receipt)
+        assert run_audit(["receipt", "verify", str(path), "--key", key, "--log", log]) == 0

@@ -21,7 +21,7 @@ from gateway.tenants import hash_api_key
 from gateway.workers import WorkerIdentity, for_worker
 from tests.helpers.gateways import Sim, backend, gateway_config
 from tests.helpers.net import free_port
-from tests.helpers.processes import KEY, GatewayProcess
+from tests.helpers.processes import KEY, GatewayProcess, worker_pids
 from tests.helpers.provenance import records
 from tests.helpers.waiting import until
 
@@ -71,11 +71,6 @@ def served(url: str) -> float:
             if sample.name == "owngate_requests_total" and sample.labels["status"] == "200":
                 total += sample.value
     return total
-
-
-def worker_pids(supervisor: int) -> list[int]:
-    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
-    return sorted(int(pid) for pid in children)
 
 
 def test_two_workers_share_the_port_and_the_metrics_add_up(

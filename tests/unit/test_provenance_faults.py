@@ -349,3 +349,62 @@ def test_a_snapshot_that_does_not_return_is_a_stalled_write(
         ("info", "provenance log writable again"),
     ]
     assert verify_log(tmp_path, [_signer().verifier()]).size == 4
+
+
+class UnwritableEvents(Events):
+    """A reporter whose lines cannot be written: the gateway's stderr on the disk that
+    just filled up (EFBIG, ENOSPC), as structlog's print raises it."""
+
+    def error(self, event: str, **fields: Any) -> None:
+        super().error(event, **fields)
+        raise OSError(errno.EFBIG, "File too large")
+
+    def info(self, event: str, **fields: Any) -> None:
+        super().info(event, **fields)
+        raise OSError(errno.EFBIG, "File too large")
+
+
+def test_a_fault_line_that_cannot_be_written_neither_hangs_nor_hides_the_fault(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The disk that refuses the log also takes the process's stderr: reporting the fault
+    # raises. The refused appenders must still get their error (not wait for ever), the
+    # fault must still show (`last_error`), and the log must go on once the disk is back.
+    disk = FailingDisk()
+    monkeypatch.setattr(gateway.provenance.writer.segment_writer, "os", disk)
+    events = UnwritableEvents()
+
+    def full_disk(files: object, *, root: Path) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def scenario() -> None:
+        log = await _open(
+            tmp_path, events, group_commit_ms=0, probe_interval_ms=10, checkpoint_interval_ms=10
+        )
+        await log_request(log, 0)
+        disk.failing = True
+        for number in (1, 2):  # bounded: a hang fails the test instead of stalling it
+            with pytest.raises(LogUnavailableError, match="Input/output error"):
+                await asyncio.wait_for(log_request(log, number), timeout=30)
+            assert log.last_error is not None
+        disk.failing = False
+        await until_async(lambda: log.last_error is None, "a passing probe", timeout=30.0)
+        await asyncio.wait_for(log_request(log, 3), timeout=30)
+        with monkeypatch.context() as patched:
+            patched.setattr(gateway.provenance.writer.store, "write_files_atomically", full_disk)
+            await asyncio.wait_for(log_request(log, 4), timeout=30)
+            await until_async(
+                lambda: log.last_error is not None, "a failed checkpoint shown", timeout=30.0
+            )
+            await log.exports_idle()
+        await until_async(lambda: log.last_error is None, "a signed checkpoint", timeout=30.0)
+        await asyncio.wait_for(log.close(), timeout=30)
+
+    asyncio.run(scenario())
+    assert events.events() == [
+        ("error", "provenance log not writable"),
+        ("info", "provenance log writable again"),
+        ("error", "provenance checkpoint not signed"),
+        ("info", "provenance checkpoints signed again"),
+    ]
+    assert verify_log(tmp_path, [_signer().verifier()]).size == 2 * 3  # requests 0, 3 and 4

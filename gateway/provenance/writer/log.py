@@ -31,7 +31,7 @@ from gateway.provenance.formats.note import Signer
 from gateway.provenance.formats.proofs import TlogProof
 from gateway.provenance.formats.records import LogEntry
 from gateway.provenance.writer.checkpointer import Checkpointer, LogSettings
-from gateway.provenance.writer.events import FaultEvents
+from gateway.provenance.writer.events import FaultEvents, Reported
 from gateway.provenance.writer.high_water import HighWater
 from gateway.provenance.writer.outage import Outage
 from gateway.provenance.writer.queued import Landing, Queued, entry_of, landed
@@ -72,6 +72,7 @@ class ProvenanceLog:
         self._aborting = False
         self._stopping: asyncio.Task[None] | None = None  # close() or abort(), once
         self._size = store.size
+        events = None if events is None else Reported(events)  # a line never stops the writer
         self._checkpoints = Checkpointer(store, settings, clock, self._wakeup.set, events)
         self._outage = Outage(settings, events)
         self._task = self._loop.create_task(self._run(), name="provenance-log")
