@@ -149,6 +149,10 @@ def test_actions_are_logged_and_the_log_still_verifies(served: Served) -> None:
     assert admin[-1]["role"] == "security"
     assert admin[-1]["token"] == hash_api_key(TOKENS["security"])[7:19]
     assert admin[-1]["change_digest"] == revoked.json()["change_digest"]
+    # the record names the revoked key: an auditor recomputes the digest from it alone
+    named = {"hash": "sha256:" + digest, "tenant": "acme"}
+    assert admin[-1]["change_digest"] == hashlib.sha256(orjson.dumps(named)).hexdigest()
+    assert [r["outcome"] for r in admin][-3:] == ["done", "done", "done"]
     assert run_audit(["verify", str(served.log), "--key", served.vkey]) == 0
     assert run_audit(["prove", str(served.log), admin[-1]["request_id"], "--record", "admin"]) == 0
     assert run_audit(["show", str(served.log), "--records", "--tenant", "acme"]) == 0
@@ -343,6 +347,9 @@ def test_a_failed_reload_is_400_and_keeps_the_running_config(served: Served) -> 
             return bool(admin) and admin[-1]["change_digest"] == digest
 
         until(recorded, "the failed reload's admin record in the log", timeout=20)
+        # the signed record says it failed: not a reload taken, in the same shape as one
+        failed_record = [r for r in records(served.log) if r["type"] == "admin"][-1]
+        assert failed_record["outcome"] == "failed"
         assert served.get("/admin/v1/config", "operator").json()["last_reload_error"]
     finally:
         path.write_text(good)
@@ -375,6 +382,10 @@ def test_a_key_the_config_cannot_take_is_not_created(served: Served) -> None:
             )
 
         until(recorded, "the refused key's admin record in the log", timeout=20)
+        # the signed record says no key was created, not `key_create` as if one had been
+        failed_record = [r for r in records(served.log) if r["type"] == "admin"][-1]
+        assert failed_record["outcome"] == "failed"
+        assert run_audit(["verify", str(served.log), "--key", served.vkey]) == 0
     finally:
         path.write_text(good)
     assert served.post("/admin/v1/reload", "operator").status_code == 200
