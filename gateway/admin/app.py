@@ -271,7 +271,8 @@ async def reload(control: _Control, caller: _Operator) -> ActionResult:
 @_v1.post("/drain", tags=["operator"], summary="Stop taking requests; finish running ones")
 async def drain(control: _Control, caller: _Operator) -> ActionResult:
     change = {"draining": True, "running": len(control.runtime.serving)}
-    result = await _act(control, caller, "drain", "gateway", change, changed=True)
+    started = not control.runtime.draining  # a second drain changes nothing
+    result = await _act(control, caller, "drain", "gateway", change, changed=started)
     control.drain()
     return result
 

@@ -415,6 +415,9 @@ def test_drain_takes_the_gateway_out_of_rotation(served: Served) -> None:
     """Last: after it the gateway takes no more requests."""
     drained = served.post("/admin/v1/drain", "operator")
     assert drained.status_code == 200 and drained.json()["action"] == "drain"
+    assert drained.json()["changed"] is True
+    again = served.post("/admin/v1/drain", "operator")  # already draining: nothing changes
+    assert again.status_code == 200 and again.json()["changed"] is False
     assert httpx.get(f"{served.process.url}/readyz", timeout=10).status_code == 503
     assert served.get("/admin/v1/status", "operator").json()["draining"] is True
 
