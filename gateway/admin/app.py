@@ -279,8 +279,9 @@ async def drain(control: _Control, caller: _Operator) -> ActionResult:
 
 @_v1.get("/keys", tags=["security"], summary="Tenant API keys, by digest prefix")
 async def keys(control: _Control, caller: _Security) -> KeyList:
+    state = control.runtime.state
     rows = [
-        KeyRow(tenant=tenant.id, hash_prefix=digest[7:19])
+        KeyRow(tenant=tenant.id, hash_prefix=digest[7:19], revoked=state.is_revoked(digest))
         for tenant in control.runtime.config.tenants
         for digest in tenant.api_key_hashes
     ]

@@ -130,7 +130,7 @@ def test_actions_are_logged_and_the_log_still_verifies(served: Served) -> None:
     key = created.json()["key"]
     assert served.chat(key).status_code == 200  # active at once (the config was reloaded)
     listed = served.get("/admin/v1/keys", "security").json()["keys"]
-    assert {"tenant": "acme", "hash_prefix": hash_api_key(key)[7:19]} in listed
+    assert {"tenant": "acme", "hash_prefix": hash_api_key(key)[7:19], "revoked": False} in listed
     assert key not in json.dumps(listed)
     digest = hash_api_key(key).removeprefix("sha256:")
     revoked = served.post("/admin/v1/keys/revoke-by-post", "security")

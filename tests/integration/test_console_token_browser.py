@@ -2,7 +2,8 @@
 refuses: a wrong one at login, and one revoked while its page is open (taken out of
 `admin.tokens` and the config reloaded). Either way the console shows the login form
 with the API's reason, forgets the token (sessionStorage) and shows none of the data
-the token no longer may read. Debian's headless chromium against a real `owngate serve`
+the token no longer may read. Also: a revoked key the config still lists shows as
+revoked in the key list. Debian's headless chromium against a real `owngate serve`
 (tests/helpers/admin.py `serve_admin`); screenshots as test_console_browser.py keeps."""
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import pytest
 import yaml
 from selenium.webdriver.common.by import By
 
+from gateway.tenants import hash_api_key
 from tests.helpers.admin import TOKENS, Served, bearer, serve_admin
 from tests.helpers.browser import Console, chromium, quit_browser
+from tests.helpers.processes import KEY
 
 pytestmark = pytest.mark.browser
 
@@ -73,3 +76,27 @@ def test_a_token_revoked_while_its_page_is_open_logs_out(console: Console, serve
     _logged_out(console, "Incorrect admin token")  # the page's next poll got the 401
     assert console.driver.find_elements(By.CSS_SELECTOR, '[data-backend="gpu"]') == []
     console.screenshot("console-revoked-token")
+
+
+def test_a_revoked_key_the_config_still_lists_shows_as_revoked(
+    console: Console, served: Served
+) -> None:
+    """A key inline in gateway.yaml stays there when revoked (the keys file alone is
+    edited): the list must not show it as a working key."""
+    digest = hash_api_key(KEY)
+    prefix = digest[7:19]
+    assert served.get("/admin/v1/keys", "security").json()["keys"] == [
+        {"tenant": "acme", "hash_prefix": prefix, "revoked": False}
+    ]
+    revoked = httpx.delete(
+        f"{served.admin}/admin/v1/keys/{digest}", headers=bearer("security"), timeout=30
+    )
+    assert revoked.status_code == 200, revoked.text
+    assert served.chat().status_code == 401
+    assert served.get("/admin/v1/keys", "security").json()["keys"] == [
+        {"tenant": "acme", "hash_prefix": prefix, "revoked": True}
+    ]
+    console.login(TOKENS["security"], "security")
+    state = f'[data-key-state="{prefix}"]'
+    console.wait_text(state, lambda t: t.startswith("revoked"), "the key shown as revoked")
+    console.screenshot("console-revoked-inline-key")
