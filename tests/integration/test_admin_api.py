@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+import yaml
 
 from gateway.admin.app import openapi_schema
 from gateway.config import GatewaySettings
@@ -26,6 +27,7 @@ from gateway.tenants import hash_api_key, read_keys_file
 from tests.helpers.admin import CASES, ORIGIN, TOKENS, Served, bearer, serve_admin
 from tests.helpers.gateways import backend, gateway_config
 from tests.helpers.paths import REPO_ROOT
+from tests.helpers.processes import KEY, owngate_argv
 from tests.helpers.provenance import records, run_audit
 from tests.helpers.raw_http import exchange
 from tests.helpers.waiting import until
@@ -355,6 +357,33 @@ def test_a_failed_reload_is_400_and_keeps_the_running_config(served: Served) -> 
         path.write_text(good)
     assert served.post("/admin/v1/reload", "operator").status_code == 200
     assert served.chat().status_code == 200
+
+
+def test_a_tenant_key_never_becomes_an_admin_token(served: Served) -> None:
+    """A config giving an admin token the digest of a tenant's key (a pasted digest) is
+    refused: the tenant's key would open the admin API. The running config stays."""
+    path = served.process.path
+    good = path.read_text()
+    config = yaml.safe_load(good)
+    config["admin"]["tokens"].append({"hash": hash_api_key(KEY), "role": "security"})
+    path.write_text(yaml.safe_dump(config))
+    try:
+        failed = served.post("/admin/v1/reload", "operator")
+        assert failed.status_code == 400 and "admin token" in failed.json()["error"]["message"]
+        tenant_key = httpx.get(
+            f"{served.admin}/admin/v1/keys", headers={"authorization": f"Bearer {KEY}"}, timeout=10
+        )
+        assert tenant_key.status_code == 401 and _error_code(tenant_key) == "invalid_api_key"
+        checked = subprocess.run(
+            owngate_argv("config", "validate", str(path)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert checked.returncode == 1 and "admin token" in checked.stdout + checked.stderr
+    finally:
+        path.write_text(good)
+    assert served.post("/admin/v1/reload", "operator").status_code == 200
 
 
 def test_a_key_the_config_cannot_take_is_not_created(served: Served) -> None:
