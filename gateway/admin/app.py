@@ -260,7 +260,7 @@ async def reload(control: _Control, caller: _Operator) -> ActionResult:
     runtime = control.runtime
     error = _reload_error(runtime)
     if error:  # nothing changed, and the record says why (the digest of the error)
-        await _act(control, caller, "reload", "config", {"error": error}, changed=False)
+        await _act(control, caller, "reload", "config", {"error": error}, failed=True)
         raise GatewayError(
             ErrorCode.invalid_request, f"reload failed; the running config stays: {error}"
         )
@@ -271,15 +271,17 @@ async def reload(control: _Control, caller: _Operator) -> ActionResult:
 @_v1.post("/drain", tags=["operator"], summary="Stop taking requests; finish running ones")
 async def drain(control: _Control, caller: _Operator) -> ActionResult:
     change = {"draining": True, "running": len(control.runtime.serving)}
-    result = await _act(control, caller, "drain", "gateway", change, changed=True)
+    started = not control.runtime.draining  # a second drain changes nothing
+    result = await _act(control, caller, "drain", "gateway", change, changed=started)
     control.drain()
     return result
 
 
 @_v1.get("/keys", tags=["security"], summary="Tenant API keys, by digest prefix")
 async def keys(control: _Control, caller: _Security) -> KeyList:
+    state = control.runtime.state
     rows = [
-        KeyRow(tenant=tenant.id, hash_prefix=digest[7:19])
+        KeyRow(tenant=tenant.id, hash_prefix=digest[7:19], revoked=state.is_revoked(digest))
         for tenant in control.runtime.config.tenants
         for digest in tenant.api_key_hashes
     ]
@@ -305,7 +307,7 @@ async def create_key(body: KeyCreate, control: _Control, caller: _Security) -> C
     if not _holds_key(control.runtime, body.tenant, digest):
         error = _reload_error(control.runtime) or "the key is not active after the reload"
         await take_back(path, digest)
-        await _act(control, caller, "key_create", body.tenant, {"error": error}, changed=False)
+        await _act(control, caller, "key_create", body.tenant, {"error": error}, failed=True)
         raise GatewayError(
             ErrorCode.invalid_request, f"no key was created; the running config stays: {error}"
         )
@@ -373,10 +375,13 @@ async def _act(
     subject: str,
     change: dict[str, Any],
     *,
-    changed: bool,
+    changed: bool = False,
+    failed: bool = False,
 ) -> ActionResult:
     """Write the admin record of an action to the provenance log (when the gateway keeps
-    one): who (role, token digest prefix), what, and the SHA-256 of `change`. Raises
+    one): who (role, token digest prefix), what, the SHA-256 of `change`, and its outcome
+    ("failed": an attempt refused with nothing changed, `change` then `{"error": why}`;
+    its record must not read as the action taken). Raises
     (503 provenance_unavailable) when the log cannot take it: the action is then not
     taken, except a reload, whose record names what it made active."""
     digest = hashlib.sha256(orjson.dumps(change, option=orjson.OPT_SORT_KEYS)).hexdigest()
@@ -391,6 +396,7 @@ async def _act(
             action=action,
             subject=subject,
             change_digest=digest,
+            outcome="failed" if failed else "done",
         )
         try:
             index = (await recorder.log.append(record)).index

@@ -188,6 +188,10 @@ class ActionResult(_Model):
 class KeyRow(_Model):
     tenant: str
     hash_prefix: str = Field(description="the first 12 hex digits of the key's digest")
+    revoked: bool = Field(
+        description="revoked (refused on every request) though the config still lists it "
+        "(inline in gateway.yaml, which a revocation does not edit: remove it there)"
+    )
 
 
 class KeyList(_Model):

@@ -115,7 +115,22 @@ def load_config_text(
     config = parse_config(text, source=source, env=os.environ if env is None else env)
     if config.keys_file is not None:
         config = _merge_keys_file(config, directory / config.keys_file, source)
+    _no_key_is_an_admin_token(config, source)
     return config
+
+
+def _no_key_is_an_admin_token(config: GatewaySettings, source: str) -> None:
+    """Refuse a digest that is both a tenant's API key and an admin token (in gateway.yaml
+    or its keys file): whoever holds that tenant key would hold the admin API too."""
+    admin = {t.hash for t in config.admin.tokens} | set(config.admin.token_hashes)
+    for tenant in config.tenants:
+        shared = admin.intersection(tenant.api_key_hashes)
+        if shared:
+            problem = (
+                f"tenant {tenant.id!r} has an API key whose digest is also an admin token's "
+                f"({min(shared)[:19]}...): a tenant key must never open the admin API"
+            )
+            raise ConfigError(source, [ConfigIssue("admin", None, problem)])
 
 
 def referenced_variables(text: str) -> set[str]:

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+import yaml
 
 from gateway.admin.app import openapi_schema
 from gateway.config import GatewaySettings
@@ -26,6 +27,7 @@ from gateway.tenants import hash_api_key, read_keys_file
 from tests.helpers.admin import CASES, ORIGIN, TOKENS, Served, bearer, serve_admin
 from tests.helpers.gateways import backend, gateway_config
 from tests.helpers.paths import REPO_ROOT
+from tests.helpers.processes import KEY, owngate_argv
 from tests.helpers.provenance import records, run_audit
 from tests.helpers.raw_http import exchange
 from tests.helpers.waiting import until
@@ -130,7 +132,7 @@ def test_actions_are_logged_and_the_log_still_verifies(served: Served) -> None:
     key = created.json()["key"]
     assert served.chat(key).status_code == 200  # active at once (the config was reloaded)
     listed = served.get("/admin/v1/keys", "security").json()["keys"]
-    assert {"tenant": "acme", "hash_prefix": hash_api_key(key)[7:19]} in listed
+    assert {"tenant": "acme", "hash_prefix": hash_api_key(key)[7:19], "revoked": False} in listed
     assert key not in json.dumps(listed)
     digest = hash_api_key(key).removeprefix("sha256:")
     revoked = served.post("/admin/v1/keys/revoke-by-post", "security")
@@ -149,6 +151,10 @@ def test_actions_are_logged_and_the_log_still_verifies(served: Served) -> None:
     assert admin[-1]["role"] == "security"
     assert admin[-1]["token"] == hash_api_key(TOKENS["security"])[7:19]
     assert admin[-1]["change_digest"] == revoked.json()["change_digest"]
+    # the record names the revoked key: an auditor recomputes the digest from it alone
+    named = {"hash": "sha256:" + digest, "tenant": "acme"}
+    assert admin[-1]["change_digest"] == hashlib.sha256(orjson.dumps(named)).hexdigest()
+    assert [r["outcome"] for r in admin][-3:] == ["done", "done", "done"]
     assert run_audit(["verify", str(served.log), "--key", served.vkey]) == 0
     assert run_audit(["prove", str(served.log), admin[-1]["request_id"], "--record", "admin"]) == 0
     assert run_audit(["show", str(served.log), "--records", "--tenant", "acme"]) == 0
@@ -343,11 +349,41 @@ def test_a_failed_reload_is_400_and_keeps_the_running_config(served: Served) -> 
             return bool(admin) and admin[-1]["change_digest"] == digest
 
         until(recorded, "the failed reload's admin record in the log", timeout=20)
+        # the signed record says it failed: not a reload taken, in the same shape as one
+        failed_record = [r for r in records(served.log) if r["type"] == "admin"][-1]
+        assert failed_record["outcome"] == "failed"
         assert served.get("/admin/v1/config", "operator").json()["last_reload_error"]
     finally:
         path.write_text(good)
     assert served.post("/admin/v1/reload", "operator").status_code == 200
     assert served.chat().status_code == 200
+
+
+def test_a_tenant_key_never_becomes_an_admin_token(served: Served) -> None:
+    """A config giving an admin token the digest of a tenant's key (a pasted digest) is
+    refused: the tenant's key would open the admin API. The running config stays."""
+    path = served.process.path
+    good = path.read_text()
+    config = yaml.safe_load(good)
+    config["admin"]["tokens"].append({"hash": hash_api_key(KEY), "role": "security"})
+    path.write_text(yaml.safe_dump(config))
+    try:
+        failed = served.post("/admin/v1/reload", "operator")
+        assert failed.status_code == 400 and "admin token" in failed.json()["error"]["message"]
+        tenant_key = httpx.get(
+            f"{served.admin}/admin/v1/keys", headers={"authorization": f"Bearer {KEY}"}, timeout=10
+        )
+        assert tenant_key.status_code == 401 and _error_code(tenant_key) == "invalid_api_key"
+        checked = subprocess.run(
+            owngate_argv("config", "validate", str(path)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert checked.returncode == 1 and "admin token" in checked.stdout + checked.stderr
+    finally:
+        path.write_text(good)
+    assert served.post("/admin/v1/reload", "operator").status_code == 200
 
 
 def test_a_key_the_config_cannot_take_is_not_created(served: Served) -> None:
@@ -375,6 +411,10 @@ def test_a_key_the_config_cannot_take_is_not_created(served: Served) -> None:
             )
 
         until(recorded, "the refused key's admin record in the log", timeout=20)
+        # the signed record says no key was created, not `key_create` as if one had been
+        failed_record = [r for r in records(served.log) if r["type"] == "admin"][-1]
+        assert failed_record["outcome"] == "failed"
+        assert run_audit(["verify", str(served.log), "--key", served.vkey]) == 0
     finally:
         path.write_text(good)
     assert served.post("/admin/v1/reload", "operator").status_code == 200
@@ -404,6 +444,9 @@ def test_drain_takes_the_gateway_out_of_rotation(served: Served) -> None:
     """Last: after it the gateway takes no more requests."""
     drained = served.post("/admin/v1/drain", "operator")
     assert drained.status_code == 200 and drained.json()["action"] == "drain"
+    assert drained.json()["changed"] is True
+    again = served.post("/admin/v1/drain", "operator")  # already draining: nothing changes
+    assert again.status_code == 200 and again.json()["changed"] is False
     assert httpx.get(f"{served.process.url}/readyz", timeout=10).status_code == 503
     assert served.get("/admin/v1/status", "operator").json()["draining"] is True
 

@@ -266,3 +266,18 @@ def test_promtool_checks_the_rules_and_runs_their_unit_tests() -> None:
             argv, cwd=OBSERVABILITY, capture_output=True, text=True, timeout=60, check=False
         )
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.deploy_tools
+def test_promtool_lints_the_live_exposition(live_metrics: str) -> None:
+    """`/metrics` after a request of every kind is an exposition Prometheus takes as it
+    is: `promtool check metrics` (Prometheus's own parser and lint) finds nothing."""
+    done = subprocess.run(
+        [promtool(), "check", "metrics"],
+        input=live_metrics,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr

@@ -91,6 +91,7 @@ def logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 action="reload",
                 subject="config",
                 change_digest="0" * 64,
+                outcome="done",
             )
         )
         signed = await log.checkpoint()

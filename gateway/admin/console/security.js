@@ -167,8 +167,11 @@ function keysCard(ctx, tenantsOf) {
   const refresh = async () => {
     try {
       const keys = await get("/admin/v1/keys");
-      show(list, table([["tenant"], ["key digest prefix"]], keys.keys.map((k) => [k.tenant,
-        h("code", { "data-key": k.hash_prefix }, k.hash_prefix)]), "no keys"));
+      show(list, table([["tenant"], ["key digest prefix"], ["state"]], keys.keys.map((k) => [
+        k.tenant, h("code", { "data-key": k.hash_prefix }, k.hash_prefix),
+        h("span", { "data-key-state": k.hash_prefix },
+          k.revoked ? "revoked (still in gateway.yaml: remove it there)" : "active")]),
+        "no keys"));
     } catch (error) {
       ctx.fail(list, error);
     }

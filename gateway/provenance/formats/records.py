@@ -43,6 +43,7 @@ from gateway.provenance.formats.record_parser import (
     validate_record,
 )
 from gateway.provenance.formats.schema import (
+    ADMIN_OUTCOMES,
     BASIS_STATES,
     SCHEMA_VERSION,
     STREAM_ERRORS,
@@ -379,13 +380,18 @@ def admin_record(
     action: str,
     subject: str,
     change_digest: str,
+    outcome: str,
 ) -> dict[str, object]:
     """An admin API action (reload, drain, key create/revoke): who took it (`role`, and
     `token`, the first 12 hex digits of the admin token's digest, or "loopback"), what
-    (`action` on `subject`), and the SHA-256 of the change (`change_digest`)."""
+    (`action` on `subject`), the SHA-256 of the change (`change_digest`), and whether it
+    was taken (`outcome`: "done", or "failed" for an attempt refused with nothing changed,
+    whose change digest is then that of `{"error": <the reason>}`)."""
     check_text(request_id, "request_id", empty=False)
     check_text(subject, "subject")
     check_hex64(change_digest, "change_digest")
+    if outcome not in ADMIN_OUTCOMES:
+        raise RecordError(f"outcome must be one of {sorted(ADMIN_OUTCOMES)}, not {outcome!r}")
     return {
         "v": SCHEMA_VERSION,
         "type": "admin",
@@ -396,4 +402,5 @@ def admin_record(
         "action": action,
         "subject": subject,
         "change_digest": change_digest,
+        "outcome": outcome,
     }

@@ -26,6 +26,7 @@ from gateway.provenance.formats.attestation import FAILURES
 from gateway.provenance.formats.receipt_payload import REQUEST_ID
 
 __all__ = [
+    "ADMIN_OUTCOMES",
     "BASIS_STATES",
     "RECORD_SCHEMAS",
     "SCHEMA_VERSION",
@@ -44,6 +45,11 @@ SCHEMA_VERSION = 1
 # (down before any attempt, tried and failed, tried and busy, up but saturated).
 BASIS_STATES = frozenset({"down", "failed", "busy", "saturated"})
 STREAM_ERRORS = frozenset({"backend"})
+# An admin record's `outcome`: the action was taken, or refused with nothing changed
+# (a reload the new config failed, a key the config could not take). Absent in records
+# written before it existed, which recorded a failed attempt in the same shape as a
+# taken one.
+ADMIN_OUTCOMES = frozenset({"done", "failed"})
 # A completion's `status`: the final HTTP status the client got, which the gateway only
 # ever relays or writes in 200-599 (gateway/upstream/connection.py fails any other). The
 # audit needs a countersignature on an answer below 400 alone, so a status out of range
@@ -154,6 +160,7 @@ RECORD_SCHEMAS: dict[str, dict[str, object]] = {
         "action": frozenset({"reload", "drain", "key_create", "key_revoke"}),
         "subject": str,
         "change_digest": _HEX64,
+        "outcome": Omittable(ADMIN_OUTCOMES),
     },
     # The `owngate attest` sidecar's log entry: the statement it countersigned.
     "attestation": {
