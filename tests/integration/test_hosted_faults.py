@@ -17,6 +17,7 @@ client (and the signed record) get a timeout's 504 as from a private backend.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -181,3 +182,52 @@ def test_a_hosted_timeout_is_a_504_as_a_private_one_is(
     assert response.json()["error"]["code"] == "upstream_timeout"
     record = completion_record(tmp_path / "log", response.headers["x-request-id"])
     assert record["status"] == 504, record  # the signed record says what the client got
+
+
+def _answer(usage: dict[str, Any]) -> bytes:
+    message = {"role": "assistant", "content": "hello"}
+    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+    doc = {"id": "chatcmpl-9", "object": "chat.completion", "created": 1, "model": "m"}
+    return json.dumps({**doc, "choices": [choice], "usage": usage}).encode()  # 2**64: not orjson
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"prompt_tokens": -5, "completion_tokens": -1000000, "total_tokens": -1000005},
+        {"prompt_tokens": 3, "completion_tokens": 2**64, "total_tokens": 2**64 + 3},
+        {"prompt_tokens": 3, "completion_tokens": 2**53 + 1, "total_tokens": 4},
+        {
+            "prompt_tokens": 3,
+            "completion_tokens": 1,
+            "total_tokens": 4,
+            "prompt_tokens_details": {"cached_tokens": -7},
+        },
+    ],
+    ids=["negative", "past-64-bits", "past-2**53", "negative-detail"],
+)
+def test_a_lying_usage_is_neither_relayed_nor_recorded(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    usage: dict[str, Any],
+) -> None:
+    # Counts no record can hold were relayed to the client as the provider's (negative
+    # ones), or failed the whole answer (past what orjson encodes: 503, the answer lost).
+    provider = start_raw(json_answer(_answer(usage)))
+    gateway = hosted_gateway(start_gateway, tmp_path, f"{provider.url}/v1", "m")
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        headers=HEADERS,
+        timeout=120,
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["choices"][0]["message"]["content"] == "hello"
+    assert "-" not in json.dumps(body.get("usage")), body  # no negative count relayed
+    assert all(0 <= v <= 2**53 for v in (body.get("usage") or {}).values() if type(v) is int)
+    record = completion_record(tmp_path / "log", response.headers["x-request-id"])
+    assert record["status"] == 200
+    if "prompt_tokens_details" not in usage:
+        assert "usage" not in body and record["usage"] is None, record
