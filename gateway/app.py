@@ -125,6 +125,7 @@ def assemble(
         max_response_bytes=config.limits.max_response_bytes,
         response_timeout_s=config.limits.response_timeout_s,
         stream_timeout_s=config.limits.stream_timeout_s,
+        read_timeout_s=config.limits.read_timeout_s,
         recorder=recorder,
     )
     return Assembly(

@@ -117,10 +117,13 @@ class HostedRelay:
         max_response_bytes: int = DEFAULT_MAX_BODY,
         response_timeout_s: float | None = None,
         stream_timeout_s: float | None = None,
+        read_timeout_s: float | None = None,
     ) -> None:
         """`stream_timeout_s`: how long a stream may run from the call (None: unbounded,
         as `limits.stream_timeout_s` is by default); past it, it ends with an
-        `upstream_timeout` error event and the provider call is closed."""
+        `upstream_timeout` error event and the provider call is closed. `read_timeout_s`:
+        how long a stream may go without an event after its first (None: unbounded), as
+        `limits.read_timeout_s` bounds a private stream's silence; past it, the same."""
         self._metrics = metrics
         self._signals = HostedSignals(metrics)
         self._stream_timeout_s = stream_timeout_s
@@ -130,6 +133,7 @@ class HostedRelay:
         self._response_timeout_s = response_timeout_s
         self._environ = environ
         self._timeout_s = timeout_s
+        self._read_timeout_s = read_timeout_s
         self._clients: dict[str, HostedClient] = {}
         # Built at startup (LiteLLM itself is imported on the first call): a provider key
         # named in the config but missing from the environment stops the gateway starting.
@@ -146,6 +150,7 @@ class HostedRelay:
                 timeout_s=self._timeout_s,
                 response_timeout_s=self._response_timeout_s,
                 max_answer_bytes=self._max_response_bytes,
+                idle_timeout_s=self._read_timeout_s,
             )
             self._clients[backend.id] = client
         return client
@@ -218,7 +223,7 @@ class HostedRelay:
                     sanitize_upstream_message(exc.public),  # names no provider
                     param=exc.param,
                 ) from exc
-            raise TryNext(f"{backend.id}: {exc.message}") from exc
+            raise TryNext(f"{backend.id}: {exc.message}", _last_error(exc)) from exc
         if not response.is_stream:
             attempt.succeeded()  # a whole answer: what the gateway does with it is its own
         if exchange.trail is not None:
@@ -293,6 +298,8 @@ class HostedRelay:
             message = (
                 self._too_large().message
                 if kind == "too_large"
+                else "the provider's stream sent nothing in time (limits.read_timeout_s)"
+                if isinstance(exc, HostedError) and kind == "timeout"
                 else "the provider failed mid-stream"
                 if isinstance(exc, HostedError)
                 else "the provider's stream did not end in time (limits.stream_timeout_s)"
@@ -317,6 +324,15 @@ class HostedRelay:
     async def close(self) -> None:
         for client in self._clients.values():
             await client.aclose()
+
+
+def _last_error(exc: HostedError) -> GatewayError | None:
+    """What the client sees if this failed call was the last attempt: 504 for a timeout,
+    as for a private backend (`last_error`, gateway/api/private_failures.py); None: 503
+    naming every failure (gateway/api/proxy.py)."""
+    if exc.kind != "timeout":
+        return None
+    return GatewayError(ErrorCode.upstream_timeout, "the backend did not answer in time")
 
 
 def _untranslated(backend: str, exc: HostedError) -> TryNext:

@@ -84,6 +84,7 @@ class Proxy:
         max_response_bytes: int = DEFAULT_MAX_BODY,
         response_timeout_s: float | None = None,
         stream_timeout_s: float | None = None,
+        read_timeout_s: float | None = None,
         recorder: Recorder | None = None,
     ) -> None:
         self.recorder = recorder  # None: no provenance log configured
@@ -100,6 +101,7 @@ class Proxy:
             max_response_bytes=max_response_bytes,
             response_timeout_s=response_timeout_s,
             stream_timeout_s=stream_timeout_s,
+            read_timeout_s=read_timeout_s,
         )
 
     async def forward(

@@ -56,6 +56,7 @@ from gateway.upstream.openai_request import request_params
 from gateway.upstream.openai_shapes import InvalidField
 from gateway.upstream.openai_wire import Endpoint
 from gateway.upstream.provider_regions import pinned_regions
+from gateway.upstream.text_client import lending
 
 __all__ = [
     "HostedClient",
@@ -121,11 +122,15 @@ class HostedClient:
         response_timeout_s: float | None = None,
         resolve: Resolver = system_resolver,
         max_answer_bytes: int | None = None,
+        idle_timeout_s: float | None = None,
     ) -> None:
         """`timeout_s` bounds each wait on the provider (LiteLLM's `timeout`), a
         stream's head and first chunk together, and a whole answer's head (with
         `max_answer_bytes`, whose reads tell when it is in);
         `response_timeout_s` a whole (non-stream) answer, however steadily it arrives;
+        `idle_timeout_s` each wait for a stream's next chunk after its first (None:
+        unbounded): a provider sending only SSE comments or blank lines, which LiteLLM
+        reads and drops, restarts LiteLLM's per-read timeout forever;
         `resolve` looks up the hosts of URLs in content parts (gateway/upstream/media_urls.py)."""
         if backend.kind != "hosted":
             raise ValueError(f"backend {backend.id!r} is {backend.kind}, not hosted")
@@ -145,6 +150,7 @@ class HostedClient:
         self._resolve = resolve
         self._response_timeout_s = response_timeout_s
         self._max_answer_bytes = max_answer_bytes
+        self._idle_timeout_s = idle_timeout_s
         self._text_client: tuple[asyncio.AbstractEventLoop, Any] | None = None
 
     def __repr__(self) -> str:
@@ -223,6 +229,7 @@ class HostedClient:
             openai_wire.include_usage(doc),
             self.provider,
             secrets=self._secrets(),
+            idle_s=self._idle_timeout_s,
         )
         return HostedResponse(
             content_type=_SSE,
@@ -250,6 +257,7 @@ class HostedClient:
                 options["allowed_openai_params"] = ["user"]
             if endpoint == "completions":
                 options.update(self._text_completion_client(litellm, provider_model))
+            lent = options.get("client")  # a bridged call passes it on to no one (text_client.py)
             now = asyncio.get_running_loop().time()
             if by is None and not params.get("stream") and self._response_timeout_s:
                 by = now + self._response_timeout_s
@@ -262,7 +270,8 @@ class HostedClient:
             async with asyncio.timeout_at(head_by) as deadline:
                 if head_by != by:
                     outbound.on_head = partial(_extend, deadline, by)
-                return await call(**params, **options)
+                with lending(lent):
+                    return await call(**params, **options)
         except Exception as exc:  # noqa: BLE001 - every LiteLLM failure becomes a HostedError
             failure = self._failure(exc, outbound)
         # Raised outside `except`, so LiteLLM's exception (provider text that may quote the

@@ -83,8 +83,10 @@ class ProviderStream:
         provider: str,
         *,
         secrets: tuple[str, ...] = (),  # never in a failure's message: the key, the base URL
+        idle_s: float | None = None,  # longest wait for the next chunk (None: unbounded)
     ) -> None:
         self._source = source
+        self._idle_s = idle_s
         self._secrets = secrets
         self._pending: list[Any] = [] if first is None else [first]
         self._endpoint = endpoint
@@ -99,10 +101,22 @@ class ProviderStream:
                 chunk = self._pending.pop()
             else:
                 failure: HostedError | None = None
+                # Each wait for a chunk bounded: LiteLLM reads and drops SSE comments and
+                # blank lines, each restarting its own per-read timeout, so a provider
+                # sending only those held the client and its slot for as long as it liked.
+                idle = asyncio.timeout(self._idle_s)
                 try:
-                    chunk = await anext(self._source)
+                    async with idle:
+                        chunk = await anext(self._source)
                 except StopAsyncIteration:
                     break
+                except TimeoutError as exc:
+                    if self._closed:
+                        return
+                    if not idle.expired():  # LiteLLM's own, not the idle bound's
+                        failure = hosted_error(exc, self._provider, secrets=self._secrets)
+                    else:
+                        failure = HostedError("timeout", f"{self._provider} sent no event in time")
                 except Exception as exc:  # noqa: BLE001 - every failure becomes a HostedError
                     if self._closed:
                         return  # aclose() from another task broke the read: not an error

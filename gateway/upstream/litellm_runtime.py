@@ -92,6 +92,7 @@ from gateway.upstream.hosted_stream import install_stream_bound
 from gateway.upstream.hosted_transport import install_transport_marks
 from gateway.upstream.provider_environment import check_base_url_environment
 from gateway.upstream.responses_bridge import install_unstored_bridge
+from gateway.upstream.text_client import install_text_client_default
 
 __all__ = [
     "FORCED_ENVIRONMENT",
@@ -174,6 +175,7 @@ def load_litellm() -> ModuleType:
     install_transport_marks()  # a refusal before sending told from a provider's failure
     install_unstored_bridge()  # a chat call LiteLLM sends to a Responses API: `store: false`
     install_stream_bound()  # a stream's wrapper keeps 13 chunks at most
+    install_text_client_default()  # a bridged text completion: the gateway's client, closed
     install_delta_bound()  # an Anthropic stream's parser: two deltas a block, no thinking
     for name in _LOGGERS:
         logger = logging.getLogger(name)

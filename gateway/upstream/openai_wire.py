@@ -15,6 +15,8 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from gateway.canonical import MAX_SAFE_INTEGER
+
 __all__ = [
     "DONE",
     "Endpoint",
@@ -103,10 +105,18 @@ def usage_of(value: Any) -> dict[str, int] | None:
     if not isinstance(value, dict):
         return None
     counts = {k: value.get(k) for k in _USAGE_COUNTS}
-    # `type`, not `isinstance`: `true` is no count (a bool is an int to Python).
-    if not all(type(v) is int for v in counts.values()) or not any(counts.values()):
+    # A count the record could not hold (negative, past 2**53: a provider lying, or
+    # past what orjson encodes, which failed the whole answer) is none: the usage is
+    # neither relayed nor recorded.
+    if not all(_count(v) for v in counts.values()) or not any(counts.values()):
         return None
     return {k: int(v) for k, v in counts.items() if v is not None}
+
+
+def _count(value: Any) -> bool:
+    """Whether `value` is a token count: an integer 0..2**53 (`type`, not `isinstance`:
+    `true` is no count, though a bool is an int to Python)."""
+    return type(value) is int and 0 <= value <= MAX_SAFE_INTEGER
 
 
 def _usage_body(usage: dict[str, Any]) -> dict[str, Any]:
@@ -114,7 +124,7 @@ def _usage_body(usage: dict[str, Any]) -> dict[str, Any]:
     for key, fields in _USAGE_DETAILS.items():
         detail = usage.get(key)
         if isinstance(detail, dict):
-            kept = {f: detail[f] for f in fields if isinstance(detail.get(f), int)}
+            kept = {f: detail[f] for f in fields if _count(detail.get(f))}
             if kept:
                 body[key] = kept
     return body

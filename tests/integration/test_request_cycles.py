@@ -259,8 +259,8 @@ OUTCOMES = [
     ("bridged fails (500)", {"model": "r-failing"}, 503),
     ("bridged stream refused (400)", {"model": "r-refused", "stream": True}, 400),
     ("bridged stream fails (500)", {"model": "r-failing", "stream": True}, 503),
-    ("bridged times out", {"model": "r-slow"}, 503),
-    ("bridged stream times out", {"model": "r-slow", "stream": True}, 503),
+    ("bridged times out", {"model": "r-slow"}, 504),  # a timeout: 504, as a private one's
+    ("bridged stream times out", {"model": "r-slow", "stream": True}, 504),
 ]
 
 
