@@ -30,7 +30,7 @@ from gateway.api.proxy import Proxy
 from gateway.api.recorder import Recorder
 from gateway.api.recorder_log import asks_new_log_origin
 from gateway.api.reload import ConfigReloader
-from gateway.config.loader import ConfigError, load_config_text, referenced_variables
+from gateway.config.loader import ConfigError, load_config_text, unquoted
 from gateway.config.schema import GatewaySettings, StateSettings
 from gateway.policy import PolicyError
 from gateway.policy_set import TrustPolicies
@@ -302,10 +302,7 @@ def _unquoted(problems: list[str], text: str, environ: Mapping[str, str]) -> lis
     """`problems` with the value of each variable `text` names (`${VAR}`) written as
     `${VAR}`: a candidate config comes from an admin client, and a problem that quotes
     an interpolated value (a path, a URL) would answer it a secret of the environment."""
-    values = {environ[n]: n for n in referenced_variables(text) if environ.get(n)}
-    for value in sorted(values, key=len, reverse=True):  # a value inside another: after it
-        problems = [p.replace(value, f"${{{values[value]}}}") for p in problems]
-    return problems
+    return unquoted(problems, text, environ)
 
 
 def validate(

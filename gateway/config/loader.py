@@ -12,6 +12,7 @@ and the line it sits on, all at once, so `owngate config validate` shows the who
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -42,6 +43,7 @@ __all__ = [
     "load_config_text",
     "parse_config",
     "referenced_variables",
+    "unquoted",
 ]
 
 # Searched only up to the last `}`: a `${X:-` with no `}` after it scanned to the end of
@@ -138,9 +140,43 @@ def referenced_variables(text: str) -> set[str]:
     return {match.group(1) for match in _ENV_REF.finditer(text, 0, _past_last_brace(text))}
 
 
+def unquoted(problems: list[str], text: str, environ: Mapping[str, str]) -> list[str]:
+    """`problems` with the value of each variable `text` names (`${VAR}`) written as
+    `${VAR}`, also where a problem quotes it escaped (`repr`, JSON, `ascii`): a value
+    `${VAR}` fills in is most often a secret (a password in a URL, a key), and a problem
+    that quotes it (a URL's bad port, a glob in a region) would print it to whoever reads
+    the problem (a CI log, the reload log line, an admin API client)."""
+    forms: dict[str, str] = {}
+    for name in referenced_variables(text):
+        value = environ.get(name)
+        if value:
+            for form in (value, repr(value)[1:-1], json.dumps(value)[1:-1], ascii(value)[1:-1]):
+                forms.setdefault(form, f"${{{name}}}")
+    for form in sorted(forms, key=len, reverse=True):  # a value inside another: after it
+        problems = [p.replace(form, forms[form]) for p in problems]
+    return problems
+
+
 def parse_config(
     text: str, *, source: str = "<config>", env: Mapping[str, str] | None = None
 ) -> GatewaySettings:
+    """The config `text` holds; a ConfigError's problems never quote what `${VAR}` filled
+    in (`unquoted`)."""
+    environ = os.environ if env is None else env
+    try:
+        return _parse_config(text, source=source, env=environ)
+    except ConfigError as exc:
+        messages = unquoted([issue.message for issue in exc.issues], text, environ)
+        if messages == [issue.message for issue in exc.issues]:
+            raise
+        issues = [
+            ConfigIssue(issue.path, issue.line, message, issue.loc)
+            for issue, message in zip(exc.issues, messages, strict=True)
+        ]
+        raise ConfigError(exc.source, issues, unreadable=exc.unreadable) from None
+
+
+def _parse_config(text: str, *, source: str, env: Mapping[str, str]) -> GatewaySettings:
     hidden = hidden_text(text)
     if hidden is not None:  # the declared facts would not read as they load
         at_line, _column, why = hidden
@@ -162,7 +198,7 @@ def parse_config(
     issues: list[ConfigIssue] = []
     interpolated: set[Path_] = set()  # the paths whose value `${VAR}` filled in
     try:
-        data = _to_python(root, (), lines, issues, os.environ if env is None else env, interpolated)
+        data = _to_python(root, (), lines, issues, env, interpolated)
     except _TooLarge as exc:  # aliases expanding
         problem = f"it expands to more than {_MAX_VALUES} values (YAML aliases?)"
         raise ConfigError(source, [ConfigIssue("", None, problem)]) from exc

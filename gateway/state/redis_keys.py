@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 import re
 import socket
-from typing import Any
+from typing import Any, Final
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import MaxConnectionsError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 __all__ = [
     "FAILURES",
@@ -127,7 +129,20 @@ def heartbeat_reply(reply: Any) -> list[Any]:
     raise ValueError(f"malformed heartbeat reply from redis ({size})")
 
 
+# redis-py's failures whose message it writes itself (a socket's error, the host and port
+# of the URL, a pool's limit). Every other RedisError carries what the far side sent: a
+# `-ERR` reply (ResponseError and its kinds, AuthenticationError, BusyLoadingError) or the
+# bytes of a reply it could not parse (InvalidResponse), and a server may quote the
+# command it refused: a Redis before 6 answers `HELLO 3 AUTH default <password>` with
+# "unknown command 'HELLO', with args beginning with: ... '<password>'".
+_OWN_WORDS: Final = (RedisConnectionError, RedisTimeoutError, MaxConnectionsError)
+
+
 def describe_failure(exc: BaseException, timeout_s: float) -> str:
+    """What a failed call to Redis says in a log line and `/admin/status`: the class and
+    redis-py's own message; a message the server wrote only by its length."""
     if isinstance(exc, TimeoutError) and not str(exc):
         return f"no answer within {timeout_s * 1000:.0f} ms"
+    if isinstance(exc, RedisError) and type(exc) not in _OWN_WORDS:
+        return f"{type(exc).__name__}: [message withheld: {len(str(exc))} characters]"
     return f"{type(exc).__name__}: {exc}"

@@ -207,6 +207,29 @@ def test_config_validate_command_exit_codes(tmp_path: Path) -> None:
     assert f"{bad}:line 4: backends[0].kind" in fail.stderr
 
 
+@pytest.mark.parametrize("verb", [["config", "validate"], ["serve", "--config"]])
+def test_a_refused_config_never_prints_what_a_variable_filled_in(
+    tmp_path: Path, verb: list[str]
+) -> None:
+    """`owngate config validate` and `serve` printed a problem quoting a value `${VAR}`
+    filled in as it came (a base_url's bad port: `'<value>'`): the secret of the
+    environment in a CI or pod log. It is written as `${VAR}`, escaped forms included."""
+    secret = "Sec'ret\\Pw9x"  # a quote and a backslash: `repr` escapes them
+    text = VALID.replace("http://127.0.0.1:8001/", '"http://127.0.0.1:${DB_PASSWORD}/"')
+    config = tmp_path / "gateway.yaml"
+    config.write_text(text.replace("${ACME_KEY_HASH}", hash_api_key("k")))
+    run = subprocess.run(
+        [*OWNGATE, *verb, str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "DB_PASSWORD": secret, "OPENAI_API_KEY": "sk-test"},
+    )
+    assert run.returncode != 0
+    assert "backends[0].base_url" in run.stderr and "${DB_PASSWORD}" in run.stderr, run.stderr
+    assert "Pw9x" not in run.stdout + run.stderr, run.stderr
+
+
 def test_shipped_example_configs_validate() -> None:
     config = load_config(REPO_ROOT / "deploy" / "gateway.example.yaml", env={})
     assert {b.kind for b in config.backends} == {"vllm", "llamacpp", "hosted"}

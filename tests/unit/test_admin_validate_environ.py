@@ -74,3 +74,43 @@ def test_validate_never_answers_a_line_of_a_file_the_candidate_names(tmp_path: P
         "but found '<block mapping start>'"
     ]
     assert not any("AKIA" in problem for problem in problems)
+
+
+# A secret with a quote and a backslash: a problem quoting it by `repr` writes it
+# escaped (`\\'`, `\\\\`), which a search for the value as it is never found.
+ESCAPED_SECRET = "Sec'ret\\Pw\"9x"
+QUOTING = {  # where a problem quotes the value it read
+    "a region's glob": ("backends[0].region", "${S}*"),
+    "a base_url's port": ("backends[0].base_url", "http://127.0.0.1:${S}"),
+    "a provider_model's prefix": ("backends[1].models[0].provider_model", "${S}"),
+}
+
+
+def _candidate(where: str, value: str) -> dict[str, object]:
+    data: dict[str, object] = {
+        "backends": [
+            backend("gpu", "http://127.0.0.1:9", "m"),
+            hosted_backend("openai", "http://127.0.0.1:9/v1", "gpt"),
+        ],
+        "tenants": [{"id": "acme", "models": ["*"]}],
+    }
+    node: object = data
+    *parents, last = where.replace("]", "").replace("[", ".").split(".")
+    for part in parents:
+        node = node[int(part)] if part.isdigit() else node[part]  # type: ignore[index]
+    node[last] = value  # type: ignore[index]
+    return data
+
+
+@pytest.mark.parametrize("where", QUOTING)
+def test_no_problem_quotes_an_environment_value_even_escaped(where: str) -> None:
+    """`_unquoted` replaced the value as it is: `repr` escapes a quote and a backslash,
+    so a region, a base_url or a provider_model of `${VAR}` answered the admin client
+    the secret (escaped, and as good as plain)."""
+    environ = {"S": ESCAPED_SECRET, "HOSTED_KEY": "k"}
+    data = _candidate("backends[0].region", "eu-west-1")
+    app = create_app(GatewaySettings.model_validate(data), environ=environ)
+    control: AdminControl = admin_app(app).state.control
+    problems = control.validate(json.dumps(_candidate(*QUOTING[where])))
+    assert problems and any("${S}" in problem for problem in problems), problems
+    assert not any("Pw" in problem for problem in problems), problems

@@ -232,6 +232,34 @@ def test_http_client_libraries_never_log_what_the_far_side_sent(
     assert "a logger of another name" in out and "the gateway's own debug line" in out
 
 
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_an_otlp_exporter_never_logs_what_the_collector_answered(
+    fmt: Literal["json", "console"],
+) -> None:
+    """The OTLP/HTTP exporter logged the collector's reason phrase as it came (`Failed to
+    export span batch code: 401, reason: <phrase>`): a collector or proxy that quotes the
+    request wrote the exporter's own `OTEL_EXPORTER_OTLP_HEADERS` token into the
+    gateway's log. Its strings are written as their length; numbers, the batch kind and
+    a transport's exception are kept."""
+    token = "x-honeycomb-team: SecOtlpUnit8e3b"
+    exporter = logging.getLogger("opentelemetry.exporter.otlp.common.http")
+    with rendered_logs(fmt, level="debug") as logs:
+        exporter.error("Failed to export %s batch code: %s, reason: %s", "span", 401, token)
+        exporter.warning(
+            "Transient error %s encountered while exporting %s batch, retrying in %.2fs.",
+            token,
+            "span",
+            0.5,
+        )
+        exporter.error(
+            "Failed to export %s batch code: %s, reason: %s", "span", None, OSError(111, "refused")
+        )
+    out = logs.getvalue()
+    assert "SecOtlpUnit8e3b" not in out
+    assert "span batch code: 401, reason: [withheld: 33 characters]" in out
+    assert "retrying in 0.50s" in out and "refused" in out
+
+
 def test_uvicorn_s_own_logging_config_cannot_route_its_lines_past_the_masking() -> None:
     """`uvicorn.Config` made without `log_config=None` (a library, a test) runs uvicorn's
     dictConfig: `uvicorn` gets a stderr handler and stops propagating. Configuring the
