@@ -43,12 +43,16 @@ it used less (all of it when no backend took the prompt), an extra charge when m
 A request whose client limit alone (choices * max_tokens) exceeds the whole per-minute
 budget can never fit: it is refused at once with 429 `rate_limit_exceeded`, type
 `tokens`, naming the limit and what was asked, and no `retry-after` (as OpenAI answers
-a request too large for its tokens-per-minute limit). A reservation over the budget
-otherwise (a long prompt, many choices without a limit) is cut to the whole budget: it
-waits for a full budget, and its usage past that is charged when it ends. A request
-refused here keeps the request its admission charged of `requests_per_minute` (its body
-was read and parsed; OpenAI counts failed requests against the per-minute limit too):
-only requests and tokens a refusal at admission keeps out cost nothing.
+a request too large for its tokens-per-minute limit). Under `serve --workers N` with
+`state: memory` the budget it must fit is the worker's part (`Admission.request_budget`):
+cut to the part instead, each worker admitted one on a full part, N such requests in a
+minute where one process admits one (2 of 400 tokens each through a 600 budget). A
+reservation over the budget otherwise (a long prompt, many choices without a limit) is
+cut to the whole budget: it waits for a full budget, and its usage past that is charged
+when it ends. A request refused here keeps the request its admission charged of
+`requests_per_minute` (its body was read and parsed; OpenAI counts failed requests
+against the per-minute limit too): only requests and tokens a refusal at admission keeps
+out cost nothing.
 """
 
 from __future__ import annotations
@@ -93,18 +97,22 @@ def tokens_to_reserve(
     per_answer: int | None,
     per_media: int | None = None,
     embeddings: bool = False,
+    fits: int | None = None,
 ) -> int:
     """What the request reserves (before it is cut to the budget). Raises `GatewayError`
-    (429) when the client's own limit alone exceeds `per_minute`."""
+    (429) when the client's own limit alone exceeds `fits` (by default `per_minute`; a
+    worker's part of it under `serve --workers N` with `state: memory`)."""
     prompt = prompt_estimate(ask, body_bytes, per_media=per_media or MEDIA_RESERVED)
     if embeddings:
         return prompt
     choices = answer_choices(ask)
     limit = answer_limit(ask)
-    if limit is not None and choices * limit > per_minute:
+    budget = per_minute if fits is None else fits
+    if limit is not None and choices * limit > budget:
+        part = "" if budget == per_minute else f" (this process's part of {per_minute})"
         raise GatewayError(
             ErrorCode.rate_limit_exceeded,
-            f"Request too large on tokens per min (TPM): Limit {per_minute}, Requested "
+            f"Request too large on tokens per min (TPM): Limit {budget}{part}, Requested "
             f"{choices * limit} for the answers alone (max_tokens times the choices). "
             "Lower max_tokens (or n) to run it.",
             error_type="tokens",
@@ -174,6 +182,7 @@ async def reserve_tokens(
         per_answer=tenant.reserved_tokens_per_answer,
         per_media=tenant.reserved_tokens_per_media,
         embeddings=embeddings,
+        fits=admission.request_budget,
     )
     try:
         await admission.reserve(min(tokens, per_minute))

@@ -127,7 +127,8 @@ class MemoryState:
             return Admission(None, tenant, limits, held=False, shared=False)
         local = self._part(tenant, limits)
         held = self._ledger.admit(tenant, local)
-        return Admission(self, tenant, limits, held=held, shared=False, local=local)
+        split = self._parts > 1  # a request larger than the part fits no worker's budget
+        return Admission(self, tenant, limits, held=held, shared=False, local=local, split=split)
 
     def _part(self, tenant: str, limits: TenantLimits) -> TenantLimits:
         """This process's part of `limits`, or `RateLimited` when it has none (a limit

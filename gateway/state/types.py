@@ -167,6 +167,7 @@ class Admission:
         "reserved_shared",
         "shared",
         "slot",
+        "split",
         "tenant",
     )
 
@@ -180,6 +181,7 @@ class Admission:
         shared: bool,
         slot: str | None = None,
         local: TenantLimits | None = None,
+        split: bool = False,
     ) -> None:
         self._releaser = releaser
         self._released = False
@@ -189,6 +191,9 @@ class Admission:
         # on Redis, this replica's share of `limits` when it was admitted (a share taken
         # again later, once the replicas changed, would settle at another rate).
         self.local = limits if local is None else local
+        # `local` is this process's part of `limits`, enforced with nothing shared
+        # (`serve --workers N`, `state: memory`): no other process takes what it cannot.
+        self.split = split
         self.held = held  # counted against the concurrency limit
         self.shared = shared  # admitted by Redis, not decided on local state
         self.slot = slot  # the implementation's name for the held slot, if any
@@ -198,6 +203,13 @@ class Admission:
     @property
     def released(self) -> bool:
         return self._released
+
+    @property
+    def request_budget(self) -> int | None:
+        """The tokens per minute a request's own answer limit must fit (else it never
+        fits): the tenant's `tokens_per_minute`, or this process's part of it when the
+        part is all it may use (`split`)."""
+        return self.local.tokens_per_minute if self.split else self.limits.tokens_per_minute
 
     async def reserve(self, tokens: int) -> None:
         """Reserve `tokens` of the tenant's tokens-per-minute budget until `release`

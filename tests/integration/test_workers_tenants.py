@@ -154,6 +154,28 @@ def test_memory_token_budget_is_split_over_the_workers(
     assert {gauge(gateway.url, "owngate_state_limit_parts") for _ in range(6)} == {2.0}
 
 
+def test_memory_token_budget_takes_no_request_larger_than_a_workers_part(
+    start_sim: Callable[..., Sim], start_workers: Callable[..., GatewayProcess]
+) -> None:
+    """A 600-token budget through 2 workers with `state: memory`, requests asking 400
+    answer tokens (max_tokens): one process admits one (400 of 600), the second does not
+    fit. Each worker's part is 300: a request that alone exceeds it can never fit there,
+    and is refused at once (429 `tokens`, no retry-after), as one process refuses one over
+    its whole budget. It used to be cut to the worker's part and admitted by each worker
+    on a full part: 2 requests, 800 answer tokens, in a minute of a 600-token budget."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    gateway = start_workers(sim, {"backend": "memory"}, {"tokens_per_minute": 600}, 2)
+    headers = {"authorization": f"Bearer {KEY}", "connection": "close"}
+    body = {**BODY, "max_tokens": 400}
+    with httpx.Client(base_url=gateway.url, headers=headers, timeout=30) as client:
+        answers = [client.post("/v1/chat/completions", json=body) for _ in range(SPREAD)]
+    assert [a.status_code for a in answers].count(200) <= 1, [a.status_code for a in answers]
+    for answer in answers:
+        assert answer.status_code == 429, answer.text
+        assert answer.json()["error"]["type"] == "tokens", answer.text
+        assert "retry-after" not in answer.headers, answer.headers
+
+
 def test_memory_concurrency_is_split_over_the_workers(
     start_sim: Callable[..., Sim], start_workers: Callable[..., GatewayProcess]
 ) -> None:

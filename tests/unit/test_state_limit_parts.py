@@ -113,6 +113,21 @@ def test_workers_hold_the_tokens_budget_in_all() -> None:
     asyncio.run(run())
 
 
+def test_a_request_must_fit_a_workers_part_of_the_tokens_budget() -> None:
+    """The budget a request's own answer limit must fit (`Admission.request_budget`,
+    gateway/api/reservation.py) is the worker's part: a request asking more than it can
+    fit no worker, and was cut to the part and admitted by each (N of them a minute)."""
+    limits = TenantLimits(tokens_per_minute=601)
+    _, states = _workers(2)
+    _, (alone,) = _workers(1)
+
+    async def budgets() -> list[int | None]:
+        admissions = [await s.acquire("acme", limits) for s in (*states, alone)]
+        return [a.request_budget for a in admissions]
+
+    assert asyncio.run(budgets()) == [301, 300, 601]
+
+
 def test_a_worker_with_no_part_of_a_limit_refuses_and_says_so() -> None:
     # Refused at start and at a reload (below); should a limit reach the state anyway,
     # the worker with no part of it admits nothing rather than a whole limit.
