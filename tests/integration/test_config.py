@@ -122,6 +122,30 @@ def test_raw_keys_are_refused_in_place_of_hashes() -> None:
     assert any("never raw keys" in issue for issue in issues)
 
 
+@pytest.mark.parametrize(
+    ("admin", "expected"),
+    [
+        (
+            "admin: {token_hashes: [D], tokens: [{hash: D, role: auditor}]}",
+            "admin.token_hashes[0] (full access) and admin.tokens[0] (auditor)",
+        ),
+        (
+            "admin: {tokens: [{hash: E, role: operator}, {hash: D, role: auditor},"
+            " {hash: D, role: security}]}",
+            "admin.tokens[1] (auditor) and admin.tokens[2] (security)",
+        ),
+    ],
+)
+def test_an_admin_token_digest_under_two_roles_is_refused(admin: str, expected: str) -> None:
+    """One token in two roles (a pasted digest) acted in whichever came first, silently:
+    refused, naming both entries and never the digest."""
+    digest, other = hash_api_key("og-admin-a"), hash_api_key("og-admin-b")
+    text = VALID + admin.replace("D", f'"{digest}"').replace("E", f'"{other}"') + "\n"
+    issues = _issues(text, {"ACME_KEY_HASH": hash_api_key("k")})
+    assert any(expected in issue for issue in issues), issues
+    assert not any(digest[7:] in issue for issue in issues)
+
+
 def test_invalid_yaml_reports_its_line() -> None:
     issues = _issues("backends:\n  - id: [unclosed\n")
     assert "not valid YAML" in issues[0] and issues[0].startswith("line ")
