@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
@@ -45,6 +45,7 @@ from gateway.admin.models import (
     ExplainRequest,
     KeyCreate,
     KeyList,
+    KeyRevoked,
     KeyRow,
     PolicyStatus,
     PolicySummary,
@@ -333,10 +334,22 @@ def _reload_error(runtime: Runtime) -> str | None:
     return error or runtime.policies.last_error
 
 
-@_v1.delete(
-    "/keys/{digest}", tags=["security"], summary="Revoke a tenant API key by its SHA-256 digest"
+_NOT_PROPAGATED = (
+    "revoked on this replica and in the keys file; the shared state (Redis) did not take "
+    "it: other replicas accept the key until Redis is back (the revocation is queued and "
+    "sent then) or they reload their config. Do not retry: it is revoked here"
 )
-async def revoke_key(digest: str, control: _Control, caller: _Security) -> ActionResult:
+
+
+@_v1.delete(
+    "/keys/{digest}",
+    tags=["security"],
+    summary="Revoke a tenant API key by its SHA-256 digest",
+    responses={202: {"model": KeyRevoked, "description": "revoked here, not yet shared"}},
+)
+async def revoke_key(
+    digest: str, response: Response, control: _Control, caller: _Security
+) -> KeyRevoked:
     runtime = control.runtime
     key_hash = "sha256:" + digest.removeprefix("sha256:")
     owners = [t.id for t in runtime.config.tenants if key_hash in t.api_key_hashes]
@@ -346,18 +359,28 @@ async def revoke_key(digest: str, control: _Control, caller: _Security) -> Actio
     # staged under the file's lock before the record: failing, a 503 with nothing done
     keys_file = _keys_file(runtime) if runtime.config.keys_file is not None else None
     async with staged_change(keys_file, removing(key_hash)) as removal:
-        done = await _act(control, caller, "key_revoke", owners[0], change, changed=True)
-        shared = await runtime.state.revoke_key(key_hash)  # before the rename: recorded, refused
+        # The record comes before the revocation (a revocation is never unrecorded), so
+        # it says what the state will do: with Redis away, refuse here and queue it.
+        share = runtime.state.healthy
+        done = await _act(
+            control, caller, "key_revoke", owners[0], change, changed=True, local=not share
+        )
+        shared = await runtime.state.revoke_key(key_hash, share=share)  # before the rename
         await removal.commit()
     if keys_file is not None:
         await control.reload()
-    if not shared:  # Redis unreachable: only this replica (and the keys file) refuse it
-        raise GatewayError(
-            ErrorCode.backend_unavailable,
-            "the revocation was not stored in the shared state (Redis): other replicas "
-            "accept the key until they reload their config; retry",
-        )
-    return done
+    if shared:
+        return KeyRevoked(**done.model_dump(), propagated=True)
+    detail = _NOT_PROPAGATED
+    if share:  # Redis failed during the call: a record that says so follows the "done"
+        try:
+            done = await _act(
+                control, caller, "key_revoke", owners[0], change, changed=True, local=True
+            )
+        except GatewayError:  # the log failed too: the answer says it, the key stays revoked
+            detail += "; the admin record of its staying local was not logged"
+    response.status_code = 202
+    return KeyRevoked(**done.model_dump(), propagated=False, detail=detail)
 
 
 def _keys_file(runtime: Runtime) -> Path:
@@ -377,11 +400,13 @@ async def _act(
     *,
     changed: bool = False,
     failed: bool = False,
+    local: bool = False,
 ) -> ActionResult:
     """Write the admin record of an action to the provenance log (when the gateway keeps
     one): who (role, token digest prefix), what, the SHA-256 of `change`, and its outcome
     ("failed": an attempt refused with nothing changed, `change` then `{"error": why}`;
-    its record must not read as the action taken). Raises
+    its record must not read as the action taken; "local": taken on this replica alone,
+    the shared state not told yet). Raises
     (503 provenance_unavailable) when the log cannot take it: the action is then not
     taken, except a reload, whose record names what it made active."""
     digest = hashlib.sha256(orjson.dumps(change, option=orjson.OPT_SORT_KEYS)).hexdigest()
@@ -396,7 +421,7 @@ async def _act(
             action=action,
             subject=subject,
             change_digest=digest,
-            outcome="failed" if failed else "done",
+            outcome="failed" if failed else "local" if local else "done",
         )
         try:
             index = (await recorder.log.append(record)).index

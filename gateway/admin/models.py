@@ -185,6 +185,19 @@ class ActionResult(_Model):
     log_index: int | None
 
 
+class KeyRevoked(ActionResult):
+    """A revocation: refused at once here and removed from the keys file; `propagated`
+    says whether every replica refuses it too (false: the shared state, Redis, did not
+    take it; queued, it is sent when Redis answers again)."""
+
+    propagated: bool = Field(
+        description="true: stored in the shared state, every replica refuses the key within "
+        "a sync interval; false (202): this replica and the keys file refuse it, other "
+        "replicas accept it until Redis is back (it is queued and sent then) or they reload"
+    )
+    detail: str | None = Field(default=None, description="what false means, in words")
+
+
 class KeyRow(_Model):
     tenant: str
     hash_prefix: str = Field(description="the first 12 hex digits of the key's digest")

@@ -32,12 +32,13 @@ connection pools, in-flight counts and health. Settings only a restart can chang
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.config.loader import ConfigError, load_config
+from gateway.config.loader import ConfigError, load_config_file, unquoted
 from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.policy import PolicyError
@@ -100,6 +101,7 @@ class ConfigReloader:
         self._queued = False  # a triggered reload waits for the lock
         self.reload_failures = 0
         self.last_error: str | None = None
+        self._text = ""  # the config file's text the last reload read (`_failed`)
         self.loaded_at = clock()
         # No file's stamp: the running config was read before this watcher existed (by
         # `serve`, maybe while an editor was writing it, maybe a worker restarted mid-edit),
@@ -308,9 +310,9 @@ class ConfigReloader:
         task.add_done_callback(self._tasks.discard)
 
     def _load(self) -> GatewaySettings:
-        if self._environ is None:
-            return self._prepare(load_config(self.path))
-        return self._prepare(load_config(self.path, env=self._environ))
+        self._text = ""
+        config, self._text = load_config_file(self.path, env=self._environ)
+        return self._prepare(config)
 
     async def _retire(
         self,
@@ -348,12 +350,17 @@ class ConfigReloader:
         self.loaded_at = self._clock()
 
     def _failed(self, summary: str, exc: Exception) -> bool:
+        """Count and report a failed reload; neither the summary (`last_error`, which the
+        admin API answers) nor the logged problems quote what a `${VAR}` of the file read
+        filled in: assembling it finds problems in values (a URL, a path) past the loader."""
+        environ = os.environ if self._environ is None else self._environ
+        summary, *problems = unquoted([summary, *str(exc).splitlines()[:20]], self._text, environ)
         self.reload_failures += 1
         self.last_error = summary
         self._log.error(
             "config reload failed; keeping the running config",
             path=str(self.path),
-            problems=str(exc).splitlines()[:20],
+            problems=problems,
         )
         return False
 

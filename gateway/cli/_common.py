@@ -6,10 +6,11 @@ import argparse
 import os
 import sys
 
-from gateway.config import ConfigError, GatewaySettings, load_config
+from gateway.config import ConfigError, GatewaySettings
+from gateway.config.loader import load_config_file
 from gateway.provenance.audit.shown import MAX_SHOWN_MESSAGE, shown
 
-__all__ = ["env_default", "load_or_report", "usage"]
+__all__ = ["env_default", "load_file_or_report", "load_or_report", "usage"]
 
 
 def env_default(name: str, default: str) -> str:
@@ -19,8 +20,14 @@ def env_default(name: str, default: str) -> str:
 def load_or_report(path: str) -> GatewaySettings | None:
     """Load a config; print every problem to stderr and return None when it is invalid.
     Each line of the report is `shown`: a problem may quote the keys file (its tenants)."""
+    loaded = load_file_or_report(path)
+    return None if loaded is None else loaded[0]
+
+
+def load_file_or_report(path: str) -> tuple[GatewaySettings, str] | None:
+    """`load_or_report`, and the text it read (to `unquoted` what assembling it finds)."""
     try:
-        return load_config(path)
+        return load_config_file(path)
     except ConfigError as exc:
         lines = str(exc).split("\n")  # the lines it is made of, not str.splitlines's
         print("\n".join(shown(line, MAX_SHOWN_MESSAGE) for line in lines), file=sys.stderr)

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.cli._common import env_default, load_or_report, usage
+from gateway.cli._common import env_default, load_file_or_report, usage
 
 __all__ = ["register"]
 
@@ -60,20 +60,23 @@ def register(subparsers: Any) -> None:
 
 def _validate(args: argparse.Namespace) -> int:
     from gateway.app import validate
+    from gateway.config.loader import unquoted
 
     if args.workers < 1:
         print("error: --workers must be at least 1", file=sys.stderr)
         return 2
-    config = load_or_report(args.file)
-    if config is None:
+    loaded = load_file_or_report(args.file)
+    if loaded is None:
         return 1
-    problems = validate(
+    config, text = loaded
+    found = validate(
         config,
         environ=os.environ,
         config_dir=Path(args.file).parent,
         secrets=not args.without_secrets,
         workers=args.workers,
     )
+    problems = unquoted(found, text, os.environ)  # never what a `${VAR}` filled in
     if problems:
         print(
             f"{args.file}: owngate serve would refuse this config ({len(problems)} problem(s)):",

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.cli._common import env_default, load_or_report
+from gateway.cli._common import env_default, load_file_or_report
 from gateway.logs import configure_logging, get_logger
 
 if TYPE_CHECKING:
@@ -111,9 +111,10 @@ def run(args: argparse.Namespace) -> int:
         print("error: --workers must be at least 1", file=sys.stderr)
         return EXIT_USAGE
     read_at = time.time()  # before the files are read (`create_app`'s config_read_at)
-    config = load_or_report(args.config)
-    if config is None:
+    loaded = load_file_or_report(args.config)
+    if loaded is None:
         return EXIT_NOT_STARTED
+    config, text = loaded
     configure_logging(config.logging.format, config.logging.level)
     host = args.host or config.listen.host
     port = args.port if args.port >= 0 else config.listen.port
@@ -129,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         identity,
         read_at,
         new_log_origin=args.new_log_origin,
+        text=text,
     )
 
 
@@ -150,10 +152,12 @@ def _serve(
     read_at: float | None = None,
     *,
     new_log_origin: bool = False,
+    text: str = "",
 ) -> int:
     from gateway.api.fleet import FleetMetrics
     from gateway.api.recorder_log import NEW_LOG_ORIGIN_ENV
     from gateway.app import AssemblyError, create_app
+    from gateway.config.loader import unquoted
     from gateway.serving import (
         STARTUP_FAILURE,
         DrainingServer,
@@ -174,11 +178,12 @@ def _serve(
             config_read_at=read_at,
         )
     except AssemblyError as exc:  # fail closed: no valid policies or keys, no traffic
-        print(f"error: not starting; {len(exc.problems)} problem(s):", file=sys.stderr)
-        print("\n".join(f"  {problem}" for problem in exc.problems), file=sys.stderr)
+        problems = unquoted(list(exc.problems), text, os.environ)  # `text`: the config's
+        print(f"error: not starting; {len(problems)} problem(s):", file=sys.stderr)
+        print("\n".join(f"  {problem}" for problem in problems), file=sys.stderr)
         return EXIT_NOT_STARTED
     except ValueError as exc:  # other settings only checkable at startup (shared state)
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {unquoted([str(exc)], text, os.environ)[0]}", file=sys.stderr)
         return EXIT_NOT_STARTED
     if identity is not None:
         app.fleet = FleetMetrics(identity.runtime_dir, identity.index)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from gateway.config.base import _KEY_HASH, _Strict
 
@@ -93,3 +93,22 @@ class AdminSettings(_Strict):
                     "`owngate keys new --admin`, never raw tokens"
                 )
         return values
+
+    @model_validator(mode="after")
+    def _one_role_per_digest(self) -> AdminSettings:
+        """Refuse a digest listed under two roles (`admin.tokens`, `admin.token_hashes`):
+        the token would act in whichever the lookup met first, silently. The problem names
+        both entries, never the digest (nor, of course, the token)."""
+        seen: dict[str, tuple[str, str]] = {}  # digest: (its first entry, its role)
+        entries = [
+            (f"admin.token_hashes[{i}]", h, "full access") for i, h in enumerate(self.token_hashes)
+        ]
+        entries += [(f"admin.tokens[{i}]", t.hash, t.role) for i, t in enumerate(self.tokens)]
+        for entry, digest, role in entries:
+            first = seen.setdefault(digest, (entry, role))
+            if first[1] != role:
+                raise ValueError(
+                    f"{first[0]} ({first[1]}) and {entry} ({role}) list the same token "
+                    "digest: one token acts in one role; list it once"
+                )
+        return self

@@ -40,6 +40,7 @@ __all__ = [
     "ConfigError",
     "ConfigIssue",
     "load_config",
+    "load_config_file",
     "load_config_text",
     "parse_config",
     "referenced_variables",
@@ -95,6 +96,14 @@ class ConfigError(Exception):
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> GatewaySettings:
     """Read and validate a config file; raises `ConfigError` listing every problem."""
+    return load_config_file(path, env)[0]
+
+
+def load_config_file(
+    path: str | Path, env: Mapping[str, str] | None = None
+) -> tuple[GatewaySettings, str]:
+    """`load_config`, and the text it read: what `unquoted` needs to keep a problem found
+    later (assembling the gateway) from quoting what a `${VAR}` filled in."""
     source = str(path)
     try:
         raw = read_small_file(Path(path), MAX_CONFIG_BYTES)
@@ -106,18 +115,23 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Gatew
     except UnicodeDecodeError as exc:  # a ConfigError, so the reload watcher lives on
         problem = f"not UTF-8 text (byte {exc.start})"
         raise ConfigError(source, [ConfigIssue("", None, problem)]) from None
-    return load_config_text(text, Path(path).parent, source=source, env=env)
+    return load_config_text(text, Path(path).parent, source=source, env=env), text
 
 
 def load_config_text(
     text: str, directory: Path, *, source: str, env: Mapping[str, str] | None = None
 ) -> GatewaySettings:
     """`load_config` of a config's text as if it were a file in `directory` (its keys
-    file is read from there): the admin API validates a candidate with it."""
-    config = parse_config(text, source=source, env=os.environ if env is None else env)
-    if config.keys_file is not None:
-        config = _merge_keys_file(config, directory / config.keys_file, source)
-    _no_key_is_an_admin_token(config, source)
+    file is read from there): the admin API validates a candidate with it. Its problems,
+    the keys file's and the cross-checks' too, never quote what `${VAR}` filled in."""
+    environ = os.environ if env is None else env
+    config = parse_config(text, source=source, env=environ)
+    try:
+        if config.keys_file is not None:
+            config = _merge_keys_file(config, directory / config.keys_file, source)
+        _no_key_is_an_admin_token(config, source)
+    except ConfigError as exc:
+        raise _unquoted_error(exc, text, environ) from None
     return config
 
 
@@ -166,14 +180,20 @@ def parse_config(
     try:
         return _parse_config(text, source=source, env=environ)
     except ConfigError as exc:
-        messages = unquoted([issue.message for issue in exc.issues], text, environ)
-        if messages == [issue.message for issue in exc.issues]:
-            raise
-        issues = [
-            ConfigIssue(issue.path, issue.line, message, issue.loc)
-            for issue, message in zip(exc.issues, messages, strict=True)
-        ]
-        raise ConfigError(exc.source, issues, unreadable=exc.unreadable) from None
+        raise _unquoted_error(exc, text, environ) from None
+
+
+def _unquoted_error(exc: ConfigError, text: str, environ: Mapping[str, str]) -> ConfigError:
+    """`exc` with its problems `unquoted` (itself when none quoted a value)."""
+    messages = unquoted([issue.message for issue in exc.issues], text, environ)
+    source = unquoted([exc.source], text, environ)[0]  # a keys file's path may be one
+    if messages == [issue.message for issue in exc.issues] and source == exc.source:
+        return exc
+    issues = [
+        ConfigIssue(issue.path, issue.line, message, issue.loc)
+        for issue, message in zip(exc.issues, messages, strict=True)
+    ]
+    return ConfigError(source, issues, unreadable=exc.unreadable)
 
 
 def _parse_config(text: str, *, source: str, env: Mapping[str, str]) -> GatewaySettings:

@@ -165,7 +165,7 @@ class MemoryState:
     def watch_peers(self, listener: PeersListener) -> None:
         """No peers, ever: the listener is never called."""
 
-    async def revoke_key(self, key_hash: str) -> bool:
+    async def revoke_key(self, key_hash: str, *, share: bool = True) -> bool:
         """Refuse this key from now on (in this process). Returns True: nothing to share."""
         if not key_hash:
             raise ValueError("revoke_key needs a key hash")

@@ -235,12 +235,14 @@ class RedisState:
 
     # revocations
 
-    async def revoke_key(self, key_hash: str) -> bool:
+    async def revoke_key(self, key_hash: str, *, share: bool = True) -> bool:
         """Refuse this key on every replica. Applied here at once; True when Redis
         stored it (the others see it within a sync interval), False when Redis is away
-        (stored by the first sync that reaches it)."""
+        (stored by the first sync that reaches it). `share=False` leaves it to that sync
+        without trying Redis now (what the admin record, written first, said)."""
         try:
-            return await self._revocations.revoke(key_hash, healthy=self._health.healthy)
+            healthy = share and self._health.healthy
+            return await self._revocations.revoke(key_hash, healthy=healthy)
         except FAILURES as exc:
             self._health.failed("revocation", exc, self._sync_timeout_s)
             return False

@@ -93,11 +93,13 @@ def serve_admin(
     backend: dict[str, Any] | None = None,
     provenance: dict[str, Any] | None = None,
     origin: str = ORIGIN,
+    state: dict[str, Any] | None = None,
     **admin: Any,
 ) -> Iterator[Served]:
     """The gateway in `directory` (`admin`: more admin settings; `listen`: more `listen`
     settings, for both listeners; `backend`, `provenance`: settings that replace those of
-    the backend `gpu` and of the log; `origin`: the log's, and its key's name; `witness`:
+    the backend `gpu` and of the log; `state`: its shared state (memory when none);
+    `origin`: the log's, and its key's name; `witness`:
     a witness, `WITNESS`, cosigns its checkpoints); on exit it must stop cleanly (both
     listeners closed, the log's last checkpoint signed)."""
     with contextlib.ExitStack() as stack:
@@ -112,6 +114,7 @@ def serve_admin(
             witnesses.append({"url": server.url, "vkey": WITNESS.vkey, "timeout_s": 2})
         provenance = {"origin": origin, **(provenance or {})}
         extra = {"backend": backend or {}, "provenance": provenance, "listen": listen or {}}
+        extra["state"] = state or {}
         yield stack.enter_context(_serve(directory, vkey, witnesses, admin, extra))
 
 
@@ -159,6 +162,8 @@ def _serve(
             **admin,
         },
     }
+    if extra["state"]:
+        config["state"] = extra["state"]
     process = GatewayProcess(config, directory).start()
     try:
         yield Served(process, f"http://127.0.0.1:{admin_port}", vkey, directory / "log")

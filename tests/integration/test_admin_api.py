@@ -386,6 +386,37 @@ def test_a_tenant_key_never_becomes_an_admin_token(served: Served) -> None:
     assert served.post("/admin/v1/reload", "operator").status_code == 200
 
 
+def test_an_admin_token_listed_under_two_roles_is_refused(served: Served) -> None:
+    """A config listing the auditor's token digest again as security's (a pasted digest)
+    is refused at reload and by `config validate`, naming both entries and never the
+    digest: the lookup took the first silently, so the token's role hung on the order.
+    The running config stays: the auditor's token still cannot reach security's API."""
+    path = served.process.path
+    good = path.read_text()
+    config = yaml.safe_load(good)
+    digest = hash_api_key(TOKENS["auditor"])
+    config["admin"]["tokens"].insert(0, {"hash": digest, "role": "security"})
+    path.write_text(yaml.safe_dump(config))
+    try:
+        failed = served.post("/admin/v1/reload", "operator")
+        message = failed.json()["error"]["message"]
+        assert failed.status_code == 400 and "admin.tokens[0] (security)" in message
+        assert "admin.tokens[3] (auditor)" in message and digest[7:] not in message
+        assert served.get("/admin/v1/keys", "auditor").status_code == 403
+        checked = subprocess.run(
+            owngate_argv("config", "validate", str(path)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        printed = checked.stdout + checked.stderr
+        assert checked.returncode == 1 and "admin.tokens[3] (auditor)" in printed
+        assert digest[7:] not in printed
+    finally:
+        path.write_text(good)
+    assert served.post("/admin/v1/reload", "operator").status_code == 200
+
+
 def test_a_key_the_config_cannot_take_is_not_created(served: Served) -> None:
     """With a broken gateway.yaml beside the keys file the reload fails: no key is shown
     (it would be refused), the keys file is as before, and the attempt is recorded."""

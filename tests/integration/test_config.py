@@ -122,6 +122,30 @@ def test_raw_keys_are_refused_in_place_of_hashes() -> None:
     assert any("never raw keys" in issue for issue in issues)
 
 
+@pytest.mark.parametrize(
+    ("admin", "expected"),
+    [
+        (
+            "admin: {token_hashes: [D], tokens: [{hash: D, role: auditor}]}",
+            "admin.token_hashes[0] (full access) and admin.tokens[0] (auditor)",
+        ),
+        (
+            "admin: {tokens: [{hash: E, role: operator}, {hash: D, role: auditor},"
+            " {hash: D, role: security}]}",
+            "admin.tokens[1] (auditor) and admin.tokens[2] (security)",
+        ),
+    ],
+)
+def test_an_admin_token_digest_under_two_roles_is_refused(admin: str, expected: str) -> None:
+    """One token in two roles (a pasted digest) acted in whichever came first, silently:
+    refused, naming both entries and never the digest."""
+    digest, other = hash_api_key("og-admin-a"), hash_api_key("og-admin-b")
+    text = VALID + admin.replace("D", f'"{digest}"').replace("E", f'"{other}"') + "\n"
+    issues = _issues(text, {"ACME_KEY_HASH": hash_api_key("k")})
+    assert any(expected in issue for issue in issues), issues
+    assert not any(digest[7:] in issue for issue in issues)
+
+
 def test_invalid_yaml_reports_its_line() -> None:
     issues = _issues("backends:\n  - id: [unclosed\n")
     assert "not valid YAML" in issues[0] and issues[0].startswith("line ")
@@ -228,6 +252,46 @@ def test_a_refused_config_never_prints_what_a_variable_filled_in(
     assert run.returncode != 0
     assert "backends[0].base_url" in run.stderr and "${DB_PASSWORD}" in run.stderr, run.stderr
     assert "Pw9x" not in run.stdout + run.stderr, run.stderr
+
+
+@pytest.mark.parametrize("verb", [["config", "validate"], ["serve", "--config"]])
+def test_a_config_refused_at_assembly_never_prints_what_a_variable_filled_in(
+    tmp_path: Path, verb: list[str]
+) -> None:
+    """Problems found past the loader, assembling the gateway (a policy file, a signing
+    key file, a key variable's name), quoted the value a `${VAR}` filled in, in `config
+    validate` and `serve` alike. It is written as `${VAR}`, escaped forms included."""
+    secret = "Sec'ret\\Pw9x"
+    text = VALID.replace("${ACME_KEY_HASH}", hash_api_key("k"))
+    text = text.replace("api_key_env: OPENAI_API_KEY", "api_key_env: KEY_${DB_PASSWORD}")
+    text += "policy: {paths: ['/nonexistent/${DB_PASSWORD}/policy.yaml']}\n"
+    config = tmp_path / "gateway.yaml"
+    config.write_text(text)
+    run = subprocess.run(
+        [*OWNGATE, *verb, str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "DB_PASSWORD": secret},
+    )
+    assert run.returncode != 0
+    printed = run.stdout + run.stderr
+    assert "/nonexistent/${DB_PASSWORD}/policy.yaml" in printed, printed
+    assert "KEY_${DB_PASSWORD}" in printed, printed
+    assert "Pw9x" not in printed, printed
+
+
+def test_a_keys_file_problem_never_quotes_what_a_variable_filled_in(tmp_path: Path) -> None:
+    """The keys file is read past `parse_config`: a keys file path of `${VAR}` that was
+    refused was named as it came, the secret in it."""
+    secret = "Sec'ret\\Pw9x"
+    config = tmp_path / "gateway.yaml"
+    text = VALID.replace("${ACME_KEY_HASH}", hash_api_key("k"))
+    config.write_text(text + "keys_file: keys-${DB_PASSWORD}.yaml\n")
+    (tmp_path / f"keys-{secret}.yaml").write_text("tenants: [\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(config, env={"DB_PASSWORD": secret})
+    assert "keys-${DB_PASSWORD}.yaml" in str(info.value) and "Pw9x" not in str(info.value)
 
 
 def test_shipped_example_configs_validate() -> None:

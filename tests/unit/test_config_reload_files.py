@@ -12,6 +12,7 @@ import asyncio
 import os
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ import yaml
 from gateway.api import reload as reload_module
 from gateway.app import create_app
 from gateway.config import ConfigError, GatewaySettings, load_config
+from gateway.config.loader import load_config_file
 from gateway.policy import PolicySet
 from gateway.policy_set import TrustPolicies
 from tests.helpers.gateways import backend, gateway_config
@@ -376,11 +378,11 @@ def _reloads(
 
     parsed: list[Path] = []
 
-    def counted(file: Path) -> GatewaySettings:
+    def counted(file: Path, env: Mapping[str, str] | None = None) -> tuple[GatewaySettings, str]:
         parsed.append(file)
-        return load_config(file)
+        return load_config_file(file, env)
 
-    monkeypatch.setattr(reload_module, "load_config", counted)
+    monkeypatch.setattr(reload_module, "load_config_file", counted)
     looked = asyncio.run(looks())
     return [*looked, bool(parsed)]
 

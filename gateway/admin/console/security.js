@@ -207,8 +207,9 @@ function keysCard(ctx, tenantsOf) {
     }
     try {
       const done = await del(`/admin/v1/keys/${encodeURIComponent(value)}`);
-      show(created, h("p", { class: "ok" },
-        `revoked (logged at index ${num(done.log_index)})`));
+      show(created, done.propagated === false
+        ? h("p", { class: "warn" }, `${done.detail} (logged at index ${num(done.log_index)})`)
+        : h("p", { class: "ok" }, `revoked (logged at index ${num(done.log_index)})`));
       refresh();
     } catch (error) {
       ctx.fail(created, error);

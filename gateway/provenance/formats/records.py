@@ -386,7 +386,9 @@ def admin_record(
     `token`, the first 12 hex digits of the admin token's digest, or "loopback"), what
     (`action` on `subject`), the SHA-256 of the change (`change_digest`), and whether it
     was taken (`outcome`: "done", or "failed" for an attempt refused with nothing changed,
-    whose change digest is then that of `{"error": <the reason>}`)."""
+    whose change digest is then that of `{"error": <the reason>}`, or "local" for a key
+    revocation taken here and in the keys file while the shared state could not take it:
+    other replicas accept the key until it is sent there or they reload)."""
     check_text(request_id, "request_id", empty=False)
     check_text(subject, "subject")
     check_hex64(change_digest, "change_digest")

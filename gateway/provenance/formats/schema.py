@@ -46,10 +46,11 @@ SCHEMA_VERSION = 1
 BASIS_STATES = frozenset({"down", "failed", "busy", "saturated"})
 STREAM_ERRORS = frozenset({"backend"})
 # An admin record's `outcome`: the action was taken, or refused with nothing changed
-# (a reload the new config failed, a key the config could not take). Absent in records
-# written before it existed, which recorded a failed attempt in the same shape as a
-# taken one.
-ADMIN_OUTCOMES = frozenset({"done", "failed"})
+# (a reload the new config failed, a key the config could not take), or taken on this
+# replica alone for now ("local": a key revoked while the shared state, Redis, was
+# away, queued for it). Absent in records written before it existed, which recorded a
+# failed attempt in the same shape as a taken one.
+ADMIN_OUTCOMES = frozenset({"done", "failed", "local"})
 # A completion's `status`: the final HTTP status the client got, which the gateway only
 # ever relays or writes in 200-599 (gateway/upstream/connection.py fails any other). The
 # audit needs a countersignature on an answer below 400 alone, so a status out of range
