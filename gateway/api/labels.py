@@ -2,10 +2,10 @@
 
 The data-class label comes from a request header, so it fails closed: a header that is
 present but empty or blank, or several copies (or comma-separated values, as HTTP joins
-repeated headers) that do not all name the same class, are refused with
-`unknown_data_class` (`label_refused`), never read as "no label" and never "first copy
-wins". Labels compare as the policy engine compares them: surrounding whitespace
-stripped, lower case.
+repeated headers) that do not all name the same class, and the header's name spelled
+with `_` for `-`, are refused with `unknown_data_class` (`label_refused`), never read as
+"no label" and never "first copy wins". Labels compare as the policy engine compares
+them: surrounding whitespace stripped, lower case.
 
 What a client sends as a label or a model name is not logged: only a declared class or
 a configured model name is, and anything else is `UNKNOWN`. Error messages quote at most
@@ -38,8 +38,17 @@ def read_label(scope: Scope, header: bytes) -> str | None:
     """The one label the request's `header` copies name (stripped, lower case), or None
     when the request has no such header. `header` is the lower-case name (ASGI servers
     lower-case header names). Raises `InvalidLabel` for an empty or blank value and for
-    copies or comma-separated values that name different labels (`one_label`)."""
-    return one_label(value.decode("latin-1") for key, value in scope["headers"] if key == header)
+    copies or comma-separated values that name different labels (`one_label`), and for
+    a header whose name is `header` with `_` for some `-` (`x_data_class`): proxies and
+    frameworks (CGI, WSGI, nginx with underscores on) read the two as one header, so a
+    label sent that way is meant as a label, and is refused, never read as "no label"."""
+    values: list[str] = []
+    for key, value in scope["headers"]:
+        if key == header:
+            values.append(value.decode("latin-1"))
+        elif b"_" in key and key.replace(b"_", b"-") == header:
+            raise InvalidLabel("is spelled with `_` for `-` in its name")
+    return one_label(values)
 
 
 def label_refused(
