@@ -366,21 +366,42 @@ async def revoke_key(
             control, caller, "key_revoke", owners[0], change, changed=True, local=not share
         )
         shared = await runtime.state.revoke_key(key_hash, share=share)  # before the rename
-        await removal.commit()
-    if keys_file is not None:
+        try:
+            await removal.commit()
+            unchanged = None
+        except GatewayError as exc:  # the revocation above stands: never "nothing was done"
+            unchanged = exc
+    if keys_file is not None and unchanged is None:
         await control.reload()
-    if shared:
+    if shared and unchanged is None:
         return KeyRevoked(**done.model_dump(), propagated=True)
     detail = _NOT_PROPAGATED
-    if share:  # Redis failed during the call: a record that says so follows the "done"
+    if share and not shared:  # Redis failed during the call: a record says so after "done"
         try:
             done = await _act(
                 control, caller, "key_revoke", owners[0], change, changed=True, local=True
             )
         except GatewayError:  # the log failed too: the answer says it, the key stays revoked
             detail += "; the admin record of its staying local was not logged"
+    if unchanged is not None:
+        raise _file_unchanged(unchanged, shared=shared, logged=done.log_index)
     response.status_code = 202
     return KeyRevoked(**done.model_dump(), propagated=False, detail=detail)
+
+
+def _file_unchanged(exc: GatewayError, *, shared: bool, logged: int | None) -> GatewayError:
+    """The 503 for a keys file whose rename failed after the key was revoked in the state
+    and its admin record logged: says that it is revoked, and that the file still lists it."""
+    cause = exc.__cause__
+    why = cause.strerror if isinstance(cause, OSError) and cause.strerror else "not renamed"
+    where = "and in the shared state" if shared else "but not yet in the shared state (queued)"
+    record = f"admin record at log index {logged}" if logged is not None else "no log kept"
+    return GatewayError(
+        ErrorCode.backend_unavailable,
+        f"the key is revoked on this replica {where}; {record}; but the keys file could "
+        f"not be changed ({why}): it still lists the key, so a restart or a replica that "
+        "reads the file accepts it. Retry to remove it from the file",
+    )
 
 
 def _keys_file(runtime: Runtime) -> Path:

@@ -1,0 +1,93 @@
+"""DELETE /admin/v1/keys/{digest} when the keys file's rename fails AFTER the admin record
+was written and the key revoked in the state (the change was staged beside the file, so
+every check before passed: a keys file bind-mounted on its own, say, is EBUSY to rename).
+
+Found by review: the answer was the 503 "the keys file could not be changed, and nothing
+was" while this replica already refused the key and the signed record said "done". The
+answer now says what happened: revoked here (and whether in the shared state), the file
+still lists the key, a retry removes it."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from gateway.admin import app as admin_module
+from gateway.admin.models import ActionResult
+from gateway.app import admin_app, create_app
+from gateway.config import load_config
+from gateway.keys_file import read_keys_file, stage_keys_file
+from gateway.tenants import hash_api_key
+from tests.helpers.gateways import backend
+
+TOKEN = "og-admin-revoke-file-token"
+KEY = "og-revoke-file-key"
+
+
+def test_a_keys_file_rename_failing_after_the_revocation_is_answered_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = tmp_path / "keys.yaml"
+    stage_keys_file(keys, {"acme": [hash_api_key(KEY)]}).replace(keys)
+    config = {
+        "backends": [backend("gpu", "http://127.0.0.1:9", "m")],
+        "keys_file": "keys.yaml",
+        "tenants": [{"id": "acme", "models": ["*"]}],
+        "admin": {"token_hashes": ["sha256:" + hashlib.sha256(TOKEN.encode()).hexdigest()]},
+    }
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    gateway = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    state = gateway.state
+    aside = tmp_path / "keys.aside"
+    broken: list[bool] = []
+
+    async def revoke_then_break_the_file(key_hash: str, *, share: bool = True) -> bool:
+        shared = await type(state).revoke_key(state, key_hash, share=share)
+        if not broken:  # the first call only: the file becomes a directory to rename onto
+            broken.append(True)
+            keys.replace(aside)
+            keys.mkdir()
+            (keys / "x").write_text("x")
+        return shared
+
+    monkeypatch.setattr(state, "revoke_key", revoke_then_break_the_file)
+    outcomes: list[str] = []
+
+    async def act(*args: Any, failed: bool = False, local: bool = False, **kw: Any) -> Any:
+        outcomes.append("failed" if failed else "local" if local else "done")
+        return ActionResult(
+            action="key_revoke", changed=True, change_digest="0" * 64, log_index=len(outcomes)
+        )
+
+    monkeypatch.setattr(admin_module, "_act", act)
+
+    async def delete() -> httpx.Response:
+        transport = httpx.ASGITransport(admin_app(gateway))
+        async with httpx.AsyncClient(transport=transport, base_url="http://admin") as http:
+            digest = hash_api_key(KEY).removeprefix("sha256:")
+            return await http.delete(
+                f"/admin/v1/keys/{digest}", headers={"authorization": f"Bearer {TOKEN}"}
+            )
+
+    answer = asyncio.run(delete())
+    assert answer.status_code == 503, answer.text
+    message = answer.json()["error"]["message"]
+    assert "nothing was" not in message, message  # it was: the key is refused here
+    assert "revoked on this replica" in message and "still lists" in message, message
+    assert state.is_revoked(hash_api_key(KEY))
+    assert outcomes == ["done"]  # the revocation the record names was taken
+
+    (keys / "x").unlink()
+    keys.rmdir()
+    aside.replace(keys)
+    again = asyncio.run(delete())  # the retry the answer asks for removes it from the file
+    assert again.status_code == 200, again.text
+    assert read_keys_file(keys) == {"acme": []}
+    assert outcomes == ["done", "done"]
