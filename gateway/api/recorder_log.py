@@ -86,6 +86,13 @@ async def open_log(
         # an emptied or older log directory is refused, not forked (LogForkError)
         high_water=HighWater(settings.high_water_path(config_dir), new_origin),
     )
+    rewritten = log.recovery.rewritten
+    if rewritten:  # the entries hashed to the signed root; a tile held something else
+        events.error(
+            "provenance tiles rewritten from the entry bundles",
+            count=len(rewritten),
+            tiles=list(rewritten[:16]),
+        )
     return OpenedLog(
         log=log,
         signer=signer if not batched else None,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import errno
+import io
 import os
 import threading
 from collections.abc import Callable
@@ -58,6 +60,14 @@ def run_audit(argv: list[str]) -> int:
     args = parser.parse_args(["audit", *argv])
     result: int = args.handler(args)
     return result
+
+
+def run_audit_output(argv: list[str]) -> tuple[int, str]:
+    """`run_audit`, with what it printed (stdout and stderr), for a failure's message."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        code = run_audit(argv)
+    return code, printed.getvalue()
 
 
 def records(log_dir: Path) -> list[dict[str, Any]]:

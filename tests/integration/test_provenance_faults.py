@@ -45,7 +45,7 @@ from gateway.tenants import hash_api_key
 from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
 from tests.helpers.net import free_port
 from tests.helpers.processes import GatewayProcess, worker_pids
-from tests.helpers.provenance import run_audit
+from tests.helpers.provenance import run_audit, run_audit_output
 from tests.helpers.stream_receipts import owngate_lines, stream_receipt
 from tests.helpers.waiting import until
 
@@ -338,7 +338,10 @@ def test_a_worker_killed_mid_streams_lost_no_receipt_it_handed_out(
     finally:
         gateway.stop(signal.SIGKILL)
     for worker in (1, 2):
-        assert run_audit(["verify", str(tmp_path / "log" / f"worker-{worker}"), "--key", vkey]) == 0
+        code, printed = run_audit_output(
+            ["verify", str(tmp_path / "log" / f"worker-{worker}"), "--key", vkey]
+        )
+        assert code == 0, f"worker-{worker}'s log: {printed}\n{gateway.output()}"
     for request_id, receipt in answered.items():
         payload = orjson.loads(base64.b64decode(orjson.loads(receipt)["payload"]))
         assert payload["request_id"] == request_id
@@ -346,4 +349,7 @@ def test_a_worker_killed_mid_streams_lost_no_receipt_it_handed_out(
         path = tmp_path / f"{request_id}.receipt"
         path.write_bytes(receipt)
         log = str(tmp_path / "log" / worker)
-        assert run_audit(["receipt", "verify", str(path), "--key", vkey, "--log", log]) == 0
+        code, printed = run_audit_output(
+            ["receipt", "verify", str(path), "--key", vkey, "--log", log]
+        )
+        assert code == 0, f"the receipt of {request_id} ({payload}): {printed}\n{gateway.output()}"

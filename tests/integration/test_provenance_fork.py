@@ -83,3 +83,48 @@ def test_a_restart_on_an_emptied_log_directory_refuses_to_fork_the_log(
         gateway.stop(signal.SIGKILL)
     summary = verify_log(log, [load_signer(tmp_path / "log.key").verifier()])
     assert summary.origin == f"{ORIGIN}-2"
+
+
+def test_a_restart_checks_every_tile_and_entry_bundle_the_log_signed(
+    start_sim: Callable[..., Sim], tmp_path: Path
+) -> None:
+    # A full tile cut in half on disk: the restarted gateway used to sign on top of it, and
+    # `audit verify` then failed the log ("tile/0/000 holds 128 hashes, not 256"). Now the
+    # tile is rewritten from the entry bundles, which hash to the signed root; an entry
+    # bundle that does not is refused by name, and nothing is signed.
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    write_signing_key(tmp_path / "log.key", ORIGIN)
+    verifier = load_signer(tmp_path / "log.key").verifier()
+    log = tmp_path / "log"
+    gateway = GatewayProcess(_config(sim, ORIGIN), tmp_path)
+    try:
+        gateway.start()
+        with httpx.Client(timeout=30) as http:
+            for _ in range(130):  # a dispatch and a completion each: a full tile and more
+                answer = http.post(
+                    f"{gateway.url}/v1/chat/completions", content=ASK, headers=HEADERS
+                )
+                assert answer.status_code == 200, answer.text
+        assert gateway.stop(signal.SIGTERM) == 0, gateway.output()
+        tile = log / "tile/0/000"
+        whole = tile.read_bytes()
+        tile.write_bytes(whole[: len(whole) // 2])
+
+        gateway.start()
+        _served(gateway)
+        assert gateway.stop(signal.SIGTERM) == 0, gateway.output()
+        assert "provenance tiles rewritten" in gateway.output()
+        assert tile.read_bytes() == whole
+        verify_log(log, [verifier])
+
+        bundle = log / "tile/entries/000"
+        bundle.write_bytes(bundle.read_bytes()[:-1])
+        served = (log / "checkpoint").read_bytes()
+        with pytest.raises(AssertionError, match="gateway exited 3"):
+            gateway.start()
+        printed = gateway.output()
+        for named in ("tile/entries/000 is cut short", "--new-log-origin"):
+            assert named in printed, printed
+        assert (log / "checkpoint").read_bytes() == served  # nothing was signed on top
+    finally:
+        gateway.stop(signal.SIGKILL)

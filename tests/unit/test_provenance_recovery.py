@@ -18,6 +18,7 @@ from gateway.provenance.errors import LogCorruptedError, LogForkError, LogUnavai
 from gateway.provenance.formats.checkpoint import Checkpoint
 from gateway.provenance.formats.layout import CHECKPOINT, HISTORY, cosigned_path, list_history
 from gateway.provenance.formats.merkle import leaf_hash
+from gateway.provenance.formats.tiles import decode_bundle
 from gateway.provenance.formats.wal import encode_frame
 from gateway.provenance.testing import seeded_signer
 from gateway.provenance.writer.high_water import HighWater
@@ -200,3 +201,120 @@ def test_a_checkpoint_not_recorded_is_not_the_latest_and_is_recorded_next_time(
         assert _recorded(high_water).size == 2
     finally:
         store.close()
+
+
+# --- history the newest checkpoint covers: every entry bundle and tile, checked on open ---
+
+
+def _reopened(directory: Path, more: int = 3) -> None:
+    """Open the log, sign `more` entries on top of it, close it."""
+    store = LogStore.open(directory, ORIGIN, [SIGNER])
+    try:
+        _append(store, more)
+        store.checkpoint()
+    finally:
+        store.close()
+
+
+def _tiles(directory: Path) -> dict[str, bytes]:
+    tiles = directory / "tile"
+    return {str(p.relative_to(directory)): p.read_bytes() for p in tiles.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda data: data[: len(data) // 2],  # cut in half: "holds 128 hashes, not 256"
+        lambda data: data[:32] + bytes(32) + data[64:],  # one hash altered
+        lambda data: b"",
+        None,  # deleted
+    ],
+    ids=["cut", "altered", "emptied", "deleted"],
+)
+def test_a_damaged_old_full_tile_is_rewritten_from_the_entries(
+    tmp_path: Path, damage: object
+) -> None:
+    # Open used to rebuild only the tree's right edge: a damaged tile/0/000 stayed, and
+    # every checkpoint signed on top of it made a log that `audit verify` fails.
+    _log_of_sizes(tmp_path, 600)
+    before = _tiles(tmp_path)
+    tile = tmp_path / "tile/0/000"
+    if callable(damage):
+        tile.write_bytes(damage(tile.read_bytes()))
+    else:
+        tile.unlink()
+    store = LogStore.open(tmp_path, ORIGIN, [SIGNER])
+    store.close()
+    assert tile.read_bytes() == before["tile/0/000"]
+    assert store.recovery.rewritten == ("tile/0/000",)
+    _reopened(tmp_path)
+    assert tile.read_bytes() == before["tile/0/000"]
+
+
+def test_a_damaged_higher_level_tile_and_partial_tiles_are_rewritten(tmp_path: Path) -> None:
+    size = 256 * 256 + 256 * 3 + 5  # a full level-1 tile, partial ones at levels 0, 1, 2
+    _log_of_sizes(tmp_path, size)
+    before = _tiles(tmp_path)
+    damaged = ["tile/1/000", "tile/0/255", "tile/0/259.p/5", "tile/1/001.p/3", "tile/2/000.p/1"]
+    for name in damaged:
+        data = (tmp_path / name).read_bytes()
+        (tmp_path / name).write_bytes(bytes([data[0] ^ 1]) + data[1:])
+    store = LogStore.open(tmp_path, ORIGIN, [SIGNER])
+    store.close()
+    assert _tiles(tmp_path) == before
+    assert sorted(store.recovery.rewritten) == sorted(damaged)
+
+
+def test_a_sound_log_opens_with_nothing_rewritten(tmp_path: Path) -> None:
+    _log_of_sizes(tmp_path, 3, 256, 700)
+    before = _tiles(tmp_path)
+    store = LogStore.open(tmp_path, ORIGIN, [SIGNER])
+    store.close()
+    assert _tiles(tmp_path) == before
+    assert store.recovery.rewritten == ()
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (lambda data: data[:-1], "tile/entries/000 is cut short"),
+        (lambda data: data[: data.index(b'{"n":9}') - 2], "tile/entries/000 holds 9 entries"),
+        (lambda data: data.replace(b'"n":7}', b'"n":8}', 1), "tile/entries/000 does not hash"),
+        (lambda data: data + encode_frame(b"{}", bytes(32)), "tile/entries/000 is cut short"),
+        (None, "entry bundle tile/entries/000 is missing"),
+    ],
+    ids=["cut", "halved", "edited", "appended", "deleted"],
+)
+def test_a_damaged_entry_bundle_is_refused_naming_it(
+    tmp_path: Path, damage: object, why: str
+) -> None:
+    # The entry bundles are the log: one that does not hash to the signed root cannot be
+    # rebuilt, and signing on top of it would extend a tree the log never published.
+    _log_of_sizes(tmp_path, 600)
+    bundle = tmp_path / "tile/entries/000"
+    if callable(damage):
+        bundle.write_bytes(damage(bundle.read_bytes()))
+    else:
+        bundle.unlink()
+    history = list_history(tmp_path)
+    served = (tmp_path / CHECKPOINT).read_bytes()
+    with pytest.raises(LogCorruptedError, match="--new-log-origin") as refused:
+        LogStore.open(tmp_path, ORIGIN, [SIGNER])
+    assert why in str(refused.value), refused.value
+    assert "size 600" in str(refused.value)
+    assert list_history(tmp_path) == history  # nothing was signed
+    assert (tmp_path / CHECKPOINT).read_bytes() == served
+
+
+def test_an_edited_entry_with_its_tiles_rewritten_to_match_is_refused(tmp_path: Path) -> None:
+    # Tiles recomputed over an edited entry agree with each other, not with the root the
+    # log signed: nothing to name but the mismatch, and nothing is "repaired" to match.
+    _log_of_sizes(tmp_path, 600)
+    bundle = tmp_path / "tile/entries/001"
+    bundle.write_bytes(bundle.read_bytes().replace(b'"n":300}', b'"n":301}', 1))
+    entries = decode_bundle(bundle.read_bytes())
+    (tmp_path / "tile/0/001").write_bytes(b"".join(leaf_hash(e) for e in entries))
+    before = _tiles(tmp_path)
+    with pytest.raises(LogCorruptedError, match="do not hash to the root of the signed"):
+        LogStore.open(tmp_path, ORIGIN, [SIGNER])
+    assert _tiles(tmp_path) == before

@@ -1,8 +1,8 @@
 """What a reopened log rebuilds from its files, and what it refuses to go on from.
 
 `LogStore.open` takes the newest history checkpoint (`checkpoints/`), checks that nothing in
-the directory shows a larger signed tree (`check_no_later_tree`), and rebuilds the tree's
-right edge from the tiles, checking the root (`restore_tree`). Appending from less than
+the directory shows a larger signed tree (`check_no_later_tree`), and rebuilds the tree
+from the entry bundles, checking the root (`tree_check.rebuild_tree`). Appending from less than
 the log published would sign a tree that does not extend it: a fork.
 """
 
@@ -10,13 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.provenance.errors import LogCorruptedError, MalformedError
+from gateway.provenance.errors import LogCorruptedError
 from gateway.provenance.formats.checkpoint import Checkpoint
 from gateway.provenance.formats.layout import CHECKPOINT, HISTORY, list_cosigned
-from gateway.provenance.formats.tiles import TILE_WIDTH, TileReader, entries_path, tile_widths
-from gateway.provenance.formats.tree import TiledTree
 
-__all__ = ["check_no_later_tree", "note_text", "restore_tree"]
+__all__ = ["check_no_later_tree", "note_text"]
 
 
 def note_text(data: bytes, path: Path) -> str:
@@ -55,22 +53,3 @@ def check_no_later_tree(directory: Path, signed: int, *, has_history: bool) -> N
                 f"{directory}: {what} holds a checkpoint of size {size}, but {HISTORY}/ "
                 f"ends at size {signed}: a signed checkpoint is missing; refusing to roll back"
             )
-
-
-def restore_tree(directory: Path, checkpoint: Checkpoint) -> TiledTree:
-    size = checkpoint.size
-    reader = TileReader(directory, size)
-    try:
-        tiles = {level: reader.tile(level, index) for level, index, _ in tile_widths(size)}
-        bundle = b""
-        if size % TILE_WIDTH:
-            name = entries_path(size // TILE_WIDTH, size % TILE_WIDTH)
-            bundle = (directory / name).read_bytes()
-        tree = TiledTree.restore(size, reader.node, tiles, bundle)
-    except (MalformedError, FileNotFoundError) as exc:
-        raise LogCorruptedError(f"cannot rebuild the tree at size {size}: {exc}") from exc
-    if tree.root() != checkpoint.root:
-        raise LogCorruptedError(f"tiles do not hash to the checkpoint root at size {size}")
-    if len(tree.bundle) != size % TILE_WIDTH:
-        raise LogCorruptedError(f"the partial entry bundle at size {size} has the wrong length")
-    return tree

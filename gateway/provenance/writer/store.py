@@ -46,9 +46,10 @@ from gateway.provenance.formats.tiles import TileReader
 from gateway.provenance.formats.tree import TiledTree
 from gateway.provenance.formats.wal import list_segments, scan_segment, segment_path
 from gateway.provenance.writer.high_water import HighWater
-from gateway.provenance.writer.recovery import check_no_later_tree, note_text, restore_tree
+from gateway.provenance.writer.recovery import check_no_later_tree, note_text
 from gateway.provenance.writer.replay_check import ReplayCheck
 from gateway.provenance.writer.segment_writer import SegmentWriter
+from gateway.provenance.writer.tree_check import rebuild_tree
 
 __all__ = ["LogStore", "Recovery", "SignedNote", "Snapshot"]
 
@@ -72,10 +73,12 @@ class Snapshot:
 
 @dataclass(frozen=True, slots=True)
 class Recovery:
-    """What `open` found: entries replayed from the segments and torn bytes cut."""
+    """What `open` found: entries replayed from the segments, torn bytes cut, and the
+    damaged or missing tiles it rewrote from the entry bundles."""
 
     replayed: int
     torn_bytes: int
+    rewritten: tuple[str, ...] = ()
 
 
 def _identity(stat: os.stat_result) -> tuple[int, int]:
@@ -164,6 +167,7 @@ class LogStore:
     def _recover(self) -> None:
         history = list_history(self.directory)
         signed = 0
+        rewritten: list[str] = []
         if history:
             size, path = history[-1]
             checkpoint = Checkpoint.parse(note_text(path.read_bytes(), path))
@@ -176,12 +180,13 @@ class LogStore:
             signed = size
         check_no_later_tree(self.directory, signed, has_history=bool(history))
         if history:
-            self._tree = restore_tree(self.directory, checkpoint)
+            self._tree, rewritten = rebuild_tree(self.directory, checkpoint)
             self._latest = SignedNote(checkpoint, path.read_bytes())
         if self._high_water is not None:
             newest = self._latest.checkpoint if self._latest is not None else None
             self._recorded = self._high_water.check(self.directory, self.origin, newest)
         self._replay_segments()
+        self.recovery = Recovery(self.recovery.replayed, self.recovery.torn_bytes, tuple(rewritten))
 
     def _publish_latest(self) -> None:
         """Make the checkpoint file the newest signed checkpoint: a crash between writing
