@@ -10,7 +10,15 @@ from gateway.provenance.errors import RecordError
 from gateway.provenance.formats.receipt_payload import REQUEST_ID
 from gateway.provenance.formats.schema import STATUSES
 
-__all__ = ["SPKI_PIN", "check_count", "check_flag", "check_hex64", "check_status", "check_text"]
+__all__ = [
+    "SPKI_PIN",
+    "check_count",
+    "check_flag",
+    "check_hex64",
+    "check_one_of",
+    "check_status",
+    "check_text",
+]
 
 
 def check_text(value: object, what: str, *, empty: bool = True) -> None:
@@ -23,6 +31,11 @@ def check_text(value: object, what: str, *, empty: bool = True) -> None:
 def check_count(value: object, what: str) -> None:
     if type(value) is not int or not 0 <= value <= MAX_SAFE_INTEGER:
         raise RecordError(f"{what} must be an integer 0..2**53, not {value!r}")
+
+
+def check_one_of(value: object, what: str, allowed: frozenset[str]) -> None:
+    if value not in allowed:
+        raise RecordError(f"{what} must be one of {sorted(allowed)}, not {value!r:.80}")
 
 
 def check_flag(value: object, what: str) -> None:

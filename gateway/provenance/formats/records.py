@@ -9,12 +9,9 @@ Four record types, each one log entry, RFC 8785 canonical JSON:
 
 Records carry salted commitments to bodies, never content (docs/provenance.md); `parse_record`
 (record_parser.py, re-exported here) rejects unknown fields and wrong types: a closed schema.
-
-The builders check what they are given (record_checks.py: the reference types on
-construction, the rest per call) and raise RecordError for anything the schema would
-refuse, so what they return is valid by construction: the gateway appends it with
-`checked=True` and skips re-walking the schema on every request
-(tests/unit/test_provenance_units.py holds the two to agreement).
+The builders check their input (record_checks.py) and raise RecordError for anything the
+schema would refuse, so what they return is valid by construction: appended with
+`checked=True`, unwalked (tests/unit/test_provenance_units.py holds the two to agreement).
 """
 
 from __future__ import annotations
@@ -32,6 +29,7 @@ from gateway.provenance.formats.record_checks import (
     check_count,
     check_flag,
     check_hex64,
+    check_one_of,
     check_status,
     check_text,
 )
@@ -145,9 +143,8 @@ class Usage:
     total_tokens: int
 
     def __post_init__(self) -> None:
-        check_count(self.prompt_tokens, "prompt_tokens")
-        check_count(self.completion_tokens, "completion_tokens")
-        check_count(self.total_tokens, "total_tokens")
+        for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            check_count(getattr(self, name), name)
 
 
 def format_time(moment: datetime) -> str:
@@ -255,8 +252,7 @@ def _basis(basis: Sequence[tuple[str, str]], reason: str | None) -> list[object]
     states: list[object] = []
     for backend, state in basis:
         check_text(backend, "fallback_basis backend", empty=False)
-        if state not in BASIS_STATES:
-            raise RecordError(f"fallback_basis state must be one of {sorted(BASIS_STATES)}")
+        check_one_of(state, "fallback_basis state", BASIS_STATES)
         states.append({"backend": backend, "state": state})
     return states
 
@@ -307,8 +303,8 @@ def completion_record(
         found = usage_bound_problem({**counts, "total_tokens": usage.total_tokens}, usage_bound)
         if found is not None:
             raise RecordError(found)
-    if stream_error is not None and stream_error not in STREAM_ERRORS:
-        raise RecordError(f"stream_error must be one of {sorted(STREAM_ERRORS)}")
+    if stream_error is not None:
+        check_one_of(stream_error, "stream_error", STREAM_ERRORS)
     record: dict[str, object] = {
         "v": SCHEMA_VERSION,
         "type": "completion",
@@ -384,16 +380,11 @@ def admin_record(
 ) -> dict[str, object]:
     """An admin API action (reload, drain, key create/revoke): who took it (`role`, and
     `token`, the first 12 hex digits of the admin token's digest, or "loopback"), what
-    (`action` on `subject`), the SHA-256 of the change (`change_digest`), and whether it
-    was taken (`outcome`: "done", or "failed" for an attempt refused with nothing changed,
-    whose change digest is then that of `{"error": <the reason>}`, or "local" for a key
-    revocation taken here and in the keys file while the shared state could not take it:
-    other replicas accept the key until it is sent there or they reload)."""
+    (`action` on `subject`), the change's SHA-256, whether it was taken (`outcome`)."""
     check_text(request_id, "request_id", empty=False)
     check_text(subject, "subject")
     check_hex64(change_digest, "change_digest")
-    if outcome not in ADMIN_OUTCOMES:
-        raise RecordError(f"outcome must be one of {sorted(ADMIN_OUTCOMES)}, not {outcome!r}")
+    check_one_of(outcome, "outcome", ADMIN_OUTCOMES)
     return {
         "v": SCHEMA_VERSION,
         "type": "admin",

@@ -68,8 +68,7 @@ class ProvenanceLog:
         self._waiters = 0  # awaited appends queued now
         self._deferred_until: float | None = None  # when unawaited queued records must go
         self._deferred_timer: asyncio.TimerHandle | None = None  # then (unless they went)
-        self._closing = False
-        self._aborting = False
+        self._closing = self._aborting = False
         self._stopping: asyncio.Task[None] | None = None  # close() or abort(), once
         self._size = store.size
         events = None if events is None else Reported(events)  # a line never stops the writer
