@@ -186,9 +186,6 @@ def test_a_worker_that_could_not_read_the_narrowed_policy_reads_it_again(
             )
         finally:
             resource.prlimit(stale, resource.RLIMIT_NOFILE, limits)
-        # The supervisor's log says which worker failed to read it.
-        index = worker_index(stale)
-        assert {line["worker"] for line in failed_reloads(gateway.stderr())} == {index}
 
         def refusing() -> bool:
             nonlocal rounds
@@ -198,6 +195,9 @@ def test_a_worker_that_could_not_read_the_narrowed_policy_reads_it_again(
             return set(statuses) == {403} and logged(tmp_path / "log", "refusal")
 
         until(refusing, "both workers refusing under the narrowed set", timeout=60)
+        # The supervisor's log says which worker failed to read it.
+        index = worker_index(stale)
+        assert {line["worker"] for line in failed_reloads(gateway.stderr())} == {index}
 
         def one_set() -> bool:
             text = httpx.get(f"{gateway.url}/metrics", timeout=10).text

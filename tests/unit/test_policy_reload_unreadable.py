@@ -12,11 +12,12 @@ import errno
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gateway import small_files
-from gateway.policy import PolicyIssue, loader, source
+from gateway.policy import PolicyError, PolicyIssue, loader, source
 from gateway.policy_set import TrustPolicies
 from tests.helpers.gateways import backend, gateway_config
 from tests.helpers.reload_files import write
@@ -118,3 +119,69 @@ def test_invalid_content_is_not_read_again_until_it_changes(tmp_path: Path) -> N
         trust.poll()
     assert trust.reload_failures == 1
     assert trust.current.compiled("p").version == "1"
+
+
+BETA = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: q, version: "1"}
+spec:
+  tenants: [beta]
+  residency: {allow: ["*"]}
+  retention: {max_days: any, training: true}
+  fallback: {mode: never}
+"""
+
+
+def _unlistable(monkeypatch: pytest.MonkeyPatch, directory: Path) -> list[Path]:
+    """`directory` cannot be listed (EACCES: a permission flip during a deploy; the
+    tests run as root, which any mode lets list); the listings tried, returned."""
+    real = os.scandir
+    tried: list[Path] = []
+
+    def scandir(path: Any = ".") -> Any:
+        if Path(path) == directory:
+            tried.append(directory)
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    return tried
+
+
+def test_a_subdirectory_that_cannot_be_listed_fails_the_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, `Path.rglob` skipped it silently: the set compiled without its files."""
+    (tmp_path / "policies" / "beta").mkdir(parents=True)
+    write(tmp_path / "policies" / "p.yaml", _policy("1", '"*"'), 1_000_000_000)
+    write(tmp_path / "policies" / "beta" / "q.yaml", BETA, 1_000_000_000)
+    tried = _unlistable(monkeypatch, tmp_path / "policies" / "beta")
+    with pytest.raises(PolicyError) as caught:
+        loader.load_policies([tmp_path / "policies"], [])
+    assert tried
+    assert caught.value.unreadable
+    assert "cannot read" in str(caught.value)
+
+
+def test_a_subdirectory_unlisted_at_a_reload_keeps_the_set_and_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trust = _trust(tmp_path, ["policies"])
+    (tmp_path / "policies" / "beta").mkdir()
+    write(tmp_path / "policies" / "beta" / "q.yaml", BETA, 2_000_000_000)
+    for _ in range(2):  # the new file settles and is loaded
+        trust.poll()
+    assert trust.current.compiled("q") is not None
+    whole = trust.current.digest
+    # Its directory turns unlistable: its file is gone from the stamps, a change.
+    with monkeypatch.context() as patch:
+        _unlistable(patch, tmp_path / "policies" / "beta")
+        for _ in range(2):
+            trust.poll()
+        assert trust.current.digest == whole  # before: compiled without beta's policy
+        assert trust.reload_failures == 1
+    for _ in range(6):  # listable again: its file is back, and read (whole)
+        trust.poll()
+    assert trust.current.digest == whole
+    assert trust.last_error is None
