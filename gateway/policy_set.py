@@ -3,7 +3,9 @@
 Policies are compiled by `gateway.policy`; this module owns their life in the server.
 A reload (file change, SIGHUP) compiles the new files completely before one reference
 swap makes them active; a file that fails validation, or changed while it was read,
-leaves the last good set active and is reported (log, readiness detail, metric).
+leaves the last good set active and is reported (log, readiness detail, metric); one
+that could not be read at all (out of file descriptors) is read again, unchanged, after
+2 looks, then 4, 8, ... at most 64.
 Without a `policy` section in gateway.yaml a built-in set applies: every tenant may use
 the private backends serving its models and nothing else (no hosted fallback) — deny by
 default toward providers.
@@ -31,6 +33,10 @@ from gateway.settling import Settling
 __all__ = ["BUILTIN_POLICY_ID", "TrustPolicies", "builtin_source", "policy_stamps"]
 
 BUILTIN_POLICY_ID = "builtin-private-only"
+# A policy file that could not be read is read again after 2 looks, then 4, 8, ... at most
+# 64 (about a minute at the default 1 s interval), as gateway.yaml and the keys file are
+# (gateway/api/reload.py): a transient failure passes at the first retry.
+_UNREADABLE_MAX_DOUBLINGS = 6
 
 
 class TrustPolicies:
@@ -62,6 +68,8 @@ class TrustPolicies:
         self._settling = Settling()  # a change seen, until it holds still
         self._reads = 0  # reads of the files started; `current` is from read `_applied`
         self._applied = 0
+        self._unreadable = 0  # reloads in a row that could not read a file
+        self._retry_in: int | None = None  # looks left before an unreadable file is retried
         # The policies of the config a gateway.yaml reload installed after this one's: the
         # requests still running on this config check their attempts against them too.
         self.successor: TrustPolicies | None = None
@@ -110,6 +118,10 @@ class TrustPolicies:
             compiled = self._compile()
         except PolicyError as exc:
             return exc
+        except OSError as exc:  # listing a directory failed (out of file descriptors)
+            where = str(self._paths[0]) if self._paths else "<policies>"
+            why = f"cannot read: {exc}"
+            return PolicyError([PolicyIssue(where, None, None, "", why, unreadable=True)])
         if self._fingerprint() == before:
             return compiled
         changed = "the policy files changed while they were read; read again once settled"
@@ -123,6 +135,14 @@ class TrustPolicies:
         self._applied = read
         if isinstance(outcome, PolicyError):
             exc = outcome
+            # Not what the files say but whether they could be read: read again though
+            # they did not change. Before, the watcher kept their new stamp and waited for
+            # the next change: a narrowed policy one worker of `serve --workers` failed to
+            # read (out of file descriptors) left it on the looser set, for good.
+            self._unreadable = self._unreadable + 1 if exc.unreadable else 0
+            self._retry_in = (
+                2 ** min(self._unreadable, _UNREADABLE_MAX_DOUBLINGS) if exc.unreadable else None
+            )
             self.reload_failures += 1
             first = exc.issues[0] if exc.issues else None
             self.last_error = f"{len(exc.issues)} problem(s); first: {first}"
@@ -134,6 +154,8 @@ class TrustPolicies:
             )
             return False
         fresh = outcome
+        self._unreadable = 0
+        self._retry_in = None
         changed = fresh.digest != self.current.digest
         self.current = fresh  # one reference swap: requests see the old set or the new
         self.read_whole = True
@@ -153,7 +175,8 @@ class TrustPolicies:
         poll interval (the same size and mtime twice in a row), so a file caught half
         written, which may still parse as a weaker policy, is never loaded. True if it
         reloaded. (Write policy files atomically all the same: a temporary file renamed
-        over the old one.)"""
+        over the old one.) Files that could not be read are read again unchanged, after a
+        number of looks that doubles while they keep failing."""
         if not self._due():
             return False
         self.reload()
@@ -161,10 +184,13 @@ class TrustPolicies:
 
     def _due(self) -> bool:
         stamp = self._fingerprint()
-        if not self._settling.settled(stamp, self._stamp):
-            return False
-        self._stamp = stamp
-        return True
+        if self._settling.settled(stamp, self._stamp):
+            self._stamp = stamp
+            return True
+        if self._retry_in is not None and stamp == self._stamp:  # unchanged, unreadable
+            self._retry_in -= 1
+            return self._retry_in <= 0
+        return False
 
     async def watch(self) -> None:
         """`poll` every `reload_interval_s`, compiling off the event loop. Cancel to stop."""

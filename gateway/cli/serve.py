@@ -119,6 +119,13 @@ def run(args: argparse.Namespace) -> int:
     host = args.host or config.listen.host
     port = args.port if args.port >= 0 else config.listen.port
     identity = worker_identity(os.environ)
+    if identity is not None:
+        import structlog
+
+        # Every line a worker logs says which worker (a failed reload, a log that cannot be
+        # written): before, a policy one worker failed to read was logged with no hint
+        # which of the N it was, while the others enforced the new one.
+        structlog.contextvars.bind_contextvars(worker=identity.index)
     if identity is None and args.workers > 1:
         once = ["--new-log-origin"] if args.new_log_origin else []  # each worker's first start
         return supervise(args.config, args.workers, host, port, config, first_start_flags=once)

@@ -73,7 +73,9 @@ def check_policies(
         try:
             sources.append((str(file), read_small_file(file, MAX_POLICY_FILE).decode("utf-8")))
         except (OSError, UnicodeDecodeError) as exc:
-            errors.append(PolicyIssue(str(file), None, None, "", f"cannot read: {exc}"))
+            unreadable = isinstance(exc, OSError)
+            issue = PolicyIssue(str(file), None, None, "", f"cannot read: {exc}", unreadable)
+            errors.append(issue)
     if not files and not errors:
         errors.append(PolicyIssue("<policies>", None, None, "", "no policy paths given"))
     policy_set, more, warnings = check_sources(

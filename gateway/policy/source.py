@@ -15,6 +15,7 @@ node checks are `gateway.plain_yaml`'s, which gateway.yaml's loader applies too.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,14 +84,8 @@ def discover(
         if path.is_file():
             found.append(path)
         elif path.is_dir():
-            named = sorted(
-                p
-                for p in path.rglob("*")
-                if is_yaml_name(p)
-                and not any(part.startswith(".") for part in p.relative_to(path).parts)
-                and not (skip_tests and "tests" in p.relative_to(path).parts[:-1])
-                and not p.is_dir()
-            )
+            named, unlisted = _walk(path, skip_tests)
+            issues += unlisted
             files = [p for p in named if p.is_file()]
             # A policy file that cannot be read (a dangling link, a FIFO) is an error, not a
             # file that was never there: skipping it could drop a deny or the PolicySet.
@@ -105,6 +100,29 @@ def discover(
         else:
             issues.append(PolicyIssue(str(path), None, None, "", "no such file or directory"))
     return list(dict.fromkeys(found)), issues
+
+
+def _walk(root: Path, skip_tests: bool) -> tuple[list[Path], list[PolicyIssue]]:
+    """The YAML-named entries under `root` that are not directories (hidden entries and,
+    with `skip_tests`, `tests/` folders left out), and a problem for each directory that
+    could not be listed. `Path.rglob` skipped a directory it was not permitted to list,
+    silently: its policy files (a tenant's policy, the PolicySet naming the data-class
+    header) were missing from the set compiled, as if never there."""
+    named: list[Path] = []
+    issues: list[PolicyIssue] = []
+
+    def unlisted(exc: OSError) -> None:
+        where = exc.filename if exc.filename is not None else root
+        why = f"cannot read: {exc.strerror or exc}"
+        issues.append(PolicyIssue(str(where), None, None, "", why, unreadable=True))
+
+    for directory, subdirectories, files in os.walk(root, onerror=unlisted):
+        subdirectories[:] = [
+            d for d in subdirectories if not d.startswith(".") and not (skip_tests and d == "tests")
+        ]
+        here = Path(directory)
+        named += [here / f for f in files if not f.startswith(".") and is_yaml_name(Path(f))]
+    return sorted(named), issues
 
 
 def is_yaml_name(path: Path) -> bool:

@@ -176,6 +176,9 @@ class PolicyIssue:
     column: int | None
     path: str
     message: str
+    # The file could not be read at all (an OSError: out of file descriptors, an I/O
+    # error), as opposed to what it says: a running gateway reads it again unchanged.
+    unreadable: bool = False
 
     def __str__(self) -> str:
         where = self.file
@@ -188,10 +191,12 @@ class PolicyIssue:
 
 
 class PolicyError(Exception):
-    """The policy files are invalid; `issues` lists every problem found."""
+    """The policy files are invalid; `issues` lists every problem found. `unreadable`:
+    a file or directory could not be read at all (see `PolicyIssue.unreadable`)."""
 
     def __init__(self, issues: list[PolicyIssue]) -> None:
         self.issues = issues
+        self.unreadable = any(issue.unreadable for issue in issues)
         lines = "\n".join(f"  {issue}" for issue in issues)
         super().__init__(f"invalid policies ({len(issues)} problem(s)):\n{lines}")
 

@@ -223,6 +223,8 @@ def test_the_dashboard_and_the_rules_cover_what_the_issue_names() -> None:
         "OwngateBreakerOpen": "owngate_backend_breaker_state",
         "OwngateHighFallbackRate": "owngate_fallbacks_total",
         "OwngatePolicyReloadFailed": "owngate_policy_reload_failures_total",
+        # A replica or worker left on an older set (its reload failed, a narrowing unmet).
+        "OwngatePolicySetsDiffer": "owngate_policy_info",
         "OwngateProvenanceNotReady": "owngate_provenance_ready",
         "OwngateWitnessLagging": "owngate_witness_cosigned_size",
         "OwngateRedisDegraded": "owngate_state_healthy",
