@@ -121,6 +121,13 @@ def _walk(root: Path, skip_tests: bool) -> tuple[list[Path], list[PolicyIssue]]:
             d for d in subdirectories if not d.startswith(".") and not (skip_tests and d == "tests")
         ]
         here = Path(directory)
+        # A link to a directory is not walked (a loop could be one): an error, not its
+        # policies left out as if never there. List the directory itself instead.
+        issues += [
+            PolicyIssue(str(here / d), None, None, "", "a link to a directory: not read")
+            for d in subdirectories
+            if (here / d).is_symlink()
+        ]
         named += [here / f for f in files if not f.startswith(".") and is_yaml_name(Path(f))]
     return sorted(named), issues
 

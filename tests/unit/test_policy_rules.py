@@ -669,3 +669,24 @@ def test_a_policy_file_that_is_a_dangling_link_is_an_error_not_skipped(tmp_path:
     (tmp_path / "p.yaml").unlink()
     only_bad, issues = discover([tmp_path])
     assert only_bad == [] and len(issues) == 2  # not "no *.yaml files": it names each
+
+
+def test_a_linked_directory_in_a_policy_directory_is_an_error_not_left_out(
+    tmp_path: Path,
+) -> None:
+    """A link to a directory is not walked; its policies (a deny, the PolicySet) must not
+    silently go missing from the set: the load names it."""
+    from gateway.policy.source import discover
+
+    policies, shared = tmp_path / "policies", tmp_path / "shared"
+    policies.mkdir()
+    shared.mkdir()
+    (shared / "deny.yaml").write_text("x: 1\n")
+    (policies / "p.yaml").write_text("x: 1\n")
+    (policies / "team").symlink_to(shared, target_is_directory=True)
+    (policies / "..data").symlink_to(shared, target_is_directory=True)  # hidden: a ConfigMap's
+    files, issues = discover([policies])
+    assert files == [policies / "p.yaml"]
+    assert [(i.file, i.message) for i in issues] == [
+        (str(policies / "team"), "a link to a directory: not read")
+    ]
