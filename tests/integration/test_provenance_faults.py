@@ -171,23 +171,29 @@ def test_a_hung_checkpoint_export_shows_in_readiness_and_metrics(
 KEY = "og-faults-test-key-0123456789abcd"
 
 
-def test_a_gateway_killed_mid_traffic_lost_no_answered_request(
-    start_sim: Callable[..., Sim], tmp_path: Path
-) -> None:
-    sim = start_sim("vllm", models=("m",), zero_latency=True)
-    vkey = write_signing_key(tmp_path / "log.key", ORIGIN)
-    config = {
+def _killed_config(sim_url: str, level: str) -> dict[str, Any]:
+    """A gateway over one simulated backend whose log checkpoints (and rotates its
+    segments) every 64 records, so a kill lands among checkpoints."""
+    return {
         "listen": {"host": "127.0.0.1", "port": free_port()},
-        "logging": {"format": "json", "level": "warning", "access_log": False},
-        "backends": [backend("gpu", sim.url, "m")],
+        "logging": {"format": "json", "level": level, "access_log": False},
+        "backends": [backend("gpu", sim_url, "m")],
         "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
         "provenance": {
             "dir": "log",
             "origin": ORIGIN,
             "signing_key_file": "log.key",
-            "checkpoint_every": 64,  # checkpoints (and segment rotations) during the run
+            "checkpoint_every": 64,
         },
     }
+
+
+def test_a_gateway_killed_mid_traffic_lost_no_answered_request(
+    start_sim: Callable[..., Sim], tmp_path: Path
+) -> None:
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    vkey = write_signing_key(tmp_path / "log.key", ORIGIN)
+    config = _killed_config(sim.url, "warning")
     gateway = GatewayProcess(config, tmp_path).start()
     answered: dict[str, bytes] = {}  # request id -> the receipt the client got
     lock = threading.Lock()
@@ -253,18 +259,7 @@ def test_a_worker_killed_mid_streams_lost_no_receipt_it_handed_out(
 ) -> None:
     sim = start_sim("vllm", models=("m",), zero_latency=True)
     vkey = write_signing_key(tmp_path / "log.key", ORIGIN)
-    config = {
-        "listen": {"host": "127.0.0.1", "port": free_port()},
-        "logging": {"format": "json", "level": "info", "access_log": False},
-        "backends": [backend("gpu", sim.url, "m")],
-        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
-        "provenance": {
-            "dir": "log",
-            "origin": ORIGIN,
-            "signing_key_file": "log.key",
-            "checkpoint_every": 64,  # checkpoints (and segment rotations) during the run
-        },
-    }
+    config = _killed_config(sim.url, "info")
     gateway = GatewayProcess(config, tmp_path, "--workers", "2").start(timeout_s=90)
     assert gateway.proc is not None
     supervisor = gateway.proc.pid
