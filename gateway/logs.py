@@ -122,6 +122,20 @@ _EXPORTER_KINDS: Final = frozenset({"span", "spans", "metric", "metrics", "log",
 
 # The fields every line has, added by the logging pipeline itself.
 _OWN_FIELDS: Final = ("event", "level", "timestamp", "logger")
+# Fields every line of this process carries (`bind_process`: a worker's index).
+_PROCESS: dict[str, Any] = {}
+
+
+def bind_process(**fields: Any) -> None:
+    """Fields every later log line of this process carries: from any thread, and through
+    stdlib logging (uvicorn's error log). structlog's contextvars reach neither."""
+    _PROCESS.update(fields)
+
+
+def _process_fields(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> Any:
+    for name, value in _PROCESS.items():
+        event.setdefault(name, value)
+    return event
 
 
 def redact(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -265,6 +279,7 @@ def configure_logging(
     out = stream or sys.stderr
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
+        _process_fields,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.ExceptionRenderer(_traceback),
@@ -376,6 +391,7 @@ class _JsonFormatter(_WithheldFormatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "timestamp": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
+            **_PROCESS,
         }
         if record.exc_info:
             trace = _SECRET_PATTERN.sub(_mask, self.formatException(record.exc_info))

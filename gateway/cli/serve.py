@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.cli._common import env_default, load_file_or_report
-from gateway.logs import configure_logging, get_logger
+from gateway.logs import bind_process, configure_logging, get_logger
 
 if TYPE_CHECKING:
     from socket import socket
@@ -120,12 +120,11 @@ def run(args: argparse.Namespace) -> int:
     port = args.port if args.port >= 0 else config.listen.port
     identity = worker_identity(os.environ)
     if identity is not None:
-        import structlog
-
         # Every line a worker logs says which worker (a failed reload, a log that cannot be
-        # written): before, a policy one worker failed to read was logged with no hint
-        # which of the N it was, while the others enforced the new one.
-        structlog.contextvars.bind_contextvars(worker=identity.index)
+        # written or opened): before, a policy one worker failed to read was logged with no
+        # hint which of the N it was, while the others enforced the new one. Not a
+        # contextvar: uvicorn's lines (a refused startup) and threads' did not carry it.
+        bind_process(worker=identity.index)
     if identity is None and args.workers > 1:
         once = ["--new-log-origin"] if args.new_log_origin else []  # each worker's first start
         return supervise(args.config, args.workers, host, port, config, first_start_flags=once)

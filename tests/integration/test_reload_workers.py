@@ -12,8 +12,10 @@ names the first set and every refusal the second, and each log verifies on its o
 from __future__ import annotations
 
 import json
+import os
 import resource
 import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from gateway.provenance import write_signing_key
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import Sim, backend
 from tests.helpers.net import free_port
-from tests.helpers.processes import KEY, GatewayProcess, worker_pids
+from tests.helpers.processes import KEY, GatewayProcess, owngate_argv, worker_pids
 from tests.helpers.provenance import records, run_audit
 from tests.helpers.waiting import until
 
@@ -228,3 +230,35 @@ def test_a_worker_that_could_not_read_the_narrowed_policy_reads_it_again(
                 versions[record["type"]].add(record["policy"]["version"])
         assert run_audit(["verify", str(log), "--key", vkey]) == 0
     assert versions == {"dispatch": {"1"}, "refusal": {"2"}}
+
+
+def test_a_worker_whose_log_cannot_be_opened_says_which_worker_it_is(tmp_path: Path) -> None:
+    # uvicorn logs why the app refused to start through stdlib logging, which structlog's
+    # contextvars (where the worker index was bound) never reach: the refusal of worker 2
+    # of N had no `worker`, though the docs say every line a worker logs carries it.
+    write_signing_key(tmp_path / "log.key", ORIGIN)
+    (tmp_path / "log").write_text("a file where the log directory should be")
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "logging": {"format": "json", "level": "warning", "access_log": False},
+        "provenance": {"dir": "log", "origin": ORIGIN, "signing_key_file": "log.key"},
+        "backends": [backend("gpu", "http://127.0.0.1:9", "m")],
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+    }
+    (tmp_path / "gateway.yaml").write_text(json.dumps(config))
+    (tmp_path / "run").mkdir()
+    env = {**os.environ, "OWNGATE_WORKER_INDEX": "2", "OWNGATE_WORKER_RUNTIME_DIR": "run"}
+    done = subprocess.run(
+        owngate_argv("serve", "--config", "gateway.yaml"),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    stderr = done.stderr.decode()
+    assert done.returncode == 3, stderr
+    lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    refused = [line for line in lines if "provenance log" in line["event"]]
+    assert refused, stderr
+    assert all(line.get("worker") == 2 for line in lines), stderr

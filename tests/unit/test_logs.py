@@ -6,12 +6,14 @@ import io
 import json
 import logging
 import logging.config
+import threading
 from collections.abc import Callable
 from typing import Any, Literal
 
 import pytest
 import uvicorn.config
 
+import gateway.logs
 from gateway.logs import MAX_FIELD_CHARS, get_logger, redact
 from tests.helpers.log_capture import logging_to, rendered_logs
 
@@ -281,3 +283,24 @@ def test_uvicorn_s_own_logging_config_cannot_route_its_lines_past_the_masking() 
             each.handlers[:] = handlers
             each.propagate, each.disabled = propagate, disabled
             each.setLevel(level)
+
+
+def test_a_process_field_reaches_threads_and_stdlib_lines_and_yields_to_a_line_s_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # serve --workers bound the worker index as a structlog contextvar: a thread starts
+    # with an empty context and a stdlib record never sees it, so their lines had none.
+    monkeypatch.setattr(gateway.logs, "_PROCESS", {})
+    with rendered_logs() as stream:
+        gateway.logs.bind_process(worker=2)
+        thread = threading.Thread(target=lambda: get_logger("t").warning("from a thread"))
+        thread.start()
+        thread.join()
+        logging.getLogger("uvicorn.error").error("from stdlib")
+        get_logger("t").warning("its own", worker=7)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(line["event"], line["worker"]) for line in lines] == [
+        ("from a thread", 2),
+        ("from stdlib", 2),
+        ("its own", 7),
+    ]
