@@ -85,6 +85,8 @@ async def open_log(
         events=events,  # one line when writes or checkpoints fail, one when back
         # an emptied or older log directory is refused, not forked (LogForkError)
         high_water=HighWater(settings.high_water_path(config_dir), new_origin),
+        # the newest checkpoint may be signed by a key a rotation retired (still this log's)
+        retired=[Verifier(vkey) for vkey in settings.retired_verifier_keys],
     )
     rewritten = log.recovery.rewritten
     if rewritten:  # the entries hashed to the signed root; a tile held something else

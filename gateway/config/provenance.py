@@ -88,7 +88,8 @@ class ProvenanceSettings(_Strict):
     retired_verifier_keys: tuple[str, ...] = Field(
         default=(),
         description="verifier keys of signing keys a rotation retired: the admin API's "
-        "receipt check accepts the receipts they signed before their retirement",
+        "receipt check accepts the receipts they signed before their retirement, and the "
+        "log opens from a newest checkpoint only such a key signed",
     )
     witnesses: tuple[WitnessSettings, ...] = Field(
         default=(), description="C2SP tlog-witnesses asked to cosign each new checkpoint"

@@ -321,7 +321,8 @@ def test_key_rotation_old_checkpoints_verify_with_the_old_key(tmp_path: Path) ->
     old, new = seeded_signer(ORIGIN, 1), seeded_signer(ORIGIN, 2)
 
     async def run(signer: Signer, first: int) -> None:
-        log = await ProvenanceLog.open(tmp_path, ORIGIN, signer)
+        # a straight hand-over: the old key listed as retired (the newest checkpoint is its)
+        log = await ProvenanceLog.open(tmp_path, ORIGIN, signer, retired=[old.verifier()])
         await log_request(log, first)
         await log.close()
 

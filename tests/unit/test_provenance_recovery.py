@@ -16,8 +16,14 @@ import pytest
 
 from gateway.provenance.errors import LogCorruptedError, LogForkError, LogUnavailableError
 from gateway.provenance.formats.checkpoint import Checkpoint
-from gateway.provenance.formats.layout import CHECKPOINT, HISTORY, cosigned_path, list_history
-from gateway.provenance.formats.merkle import leaf_hash
+from gateway.provenance.formats.layout import (
+    CHECKPOINT,
+    HISTORY,
+    cosigned_path,
+    history_path,
+    list_history,
+)
+from gateway.provenance.formats.merkle import leaf_hash, root_from_leaves
 from gateway.provenance.formats.tiles import decode_bundle
 from gateway.provenance.formats.wal import encode_frame
 from gateway.provenance.testing import seeded_signer
@@ -318,3 +324,40 @@ def test_an_edited_entry_with_its_tiles_rewritten_to_match_is_refused(tmp_path: 
     with pytest.raises(LogCorruptedError, match="do not hash to the root of the signed"):
         LogStore.open(tmp_path, ORIGIN, [SIGNER])
     assert _tiles(tmp_path) == before
+
+
+def test_a_checkpoint_rewritten_over_edited_entries_with_its_old_signature_is_refused(
+    tmp_path: Path,
+) -> None:
+    # Entries, tiles and checkpoint rewritten together, the signature lines left as they
+    # were: everything hashes to the checkpoint's root, which no key of the log signed.
+    # Without a high-water file (a first start, a deleted file) the log went on from it.
+    notes = _log_of_sizes(tmp_path, 600)
+    bundle = tmp_path / "tile/entries/001"
+    bundle.write_bytes(bundle.read_bytes().replace(b'"n":300}', b'"n":301}', 1))
+    leaves = [
+        leaf_hash(e)
+        for name in ("000", "001", "002.p/88")
+        for e in decode_bundle((tmp_path / "tile/entries" / name).read_bytes())
+    ]
+    (tmp_path / "tile/0/001").write_bytes(b"".join(leaves[256:512]))
+    text, _, signatures = notes[-1].decode().partition("\n\n")
+    old = Checkpoint.parse(text + "\n")
+    forged = Checkpoint(old.origin, old.size, root_from_leaves(leaves))
+    note = (forged.text() + "\n" + signatures).encode()
+    history_path(tmp_path, 600).write_bytes(note)
+    (tmp_path / CHECKPOINT).write_bytes(note)
+    with pytest.raises(LogCorruptedError, match="no valid signature by a key of this log"):
+        LogStore.open(tmp_path, ORIGIN, [SIGNER])
+
+
+def test_a_checkpoint_signed_by_a_retired_key_opens_only_with_that_key_listed(
+    tmp_path: Path,
+) -> None:
+    # A rotation that skipped the overlap: the newest checkpoint carries the old key alone.
+    _log_of_sizes(tmp_path, 10)
+    new = seeded_signer(ORIGIN, 2)
+    with pytest.raises(LogCorruptedError, match="retired_verifier_keys"):
+        LogStore.open(tmp_path, ORIGIN, [new])
+    store = LogStore.open(tmp_path, ORIGIN, [new], retired=[SIGNER.verifier()])
+    store.close()

@@ -30,8 +30,15 @@ ORIGIN = "test.owngate/rotation-order"
 
 
 def _phase(directory: Path, signer: Signer, cosigners: Sequence[Signer], request: int) -> None:
+    # Every key of these tests is listed as retired, so the writer goes on from a checkpoint
+    # any of them signed (a straight hand-over; someone holding a retired key): what these
+    # tests check is what the auditor's verify makes of the log.
+    retired = [seeded_signer(ORIGIN, n).verifier() for n in (1, 2, 3)]
+
     async def run() -> None:
-        log = await ProvenanceLog.open(directory, ORIGIN, signer, cosigners=cosigners)
+        log = await ProvenanceLog.open(
+            directory, ORIGIN, signer, cosigners=cosigners, retired=retired
+        )
         await log_request(log, request)
         await log.close()
 

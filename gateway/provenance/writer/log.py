@@ -5,18 +5,17 @@ group-commit window share one synchronous write (an `O_DSYNC` segment) on the lo
 thread, so the loop never blocks on disk; records nobody waits on (`append_soon`) go with
 the next such batch. A checkpoint is signed every `checkpoint_every` entries or
 `checkpoint_interval_ms`: the writer thread takes a snapshot between two batches
-(`LogStore.snapshot`, which also rotates the write-ahead segment) and the checkpoint
-thread builds the tiles, signs and writes it (`LogStore.export`) while appends go on, so
-it covers exactly the entries durable at the snapshot and holds none back.
+(`LogStore.snapshot`, which also rotates the write-ahead segment) and the checkpoint thread
+builds the tiles, signs and writes it (`LogStore.export`) while appends go on: exactly the
+entries durable at the snapshot.
 
-`append_sealed(record, seal)` (or `queue_sealed`, with no coroutine) returns once the
-entry is durable, with a future for `seal(entry)`, run on the loop once per batch right
-after its appenders were woken (receipts); with a `batch_seal`, one signature covers a
-batch's receipts (`Sealer`). If the disk refuses a write, `append` raises
-`LogUnavailableError` (the gateway answers 503) and nothing of that batch is logged; the
-next append, or a probe each `probe_interval_ms`, tries again; records nobody waits on
-are kept meanwhile (`Outage`, which tells `events` when an outage begins and ends;
-`Checkpointer` does for checkpoints).
+`append_sealed(record, seal)` (or `queue_sealed`, with no coroutine) returns once the entry
+is durable, with a future for `seal(entry)`, run on the loop once per batch right after its
+appenders were woken (receipts); with a `batch_seal`, one signature covers a batch's
+receipts (`Sealer`). If the disk refuses a write, `append` raises `LogUnavailableError` (the
+gateway answers 503) and nothing of that batch is logged; the next append, or a probe each
+`probe_interval_ms`, tries again; records nobody waits on are kept meanwhile (`Outage`,
+which tells `events` when an outage begins and ends; `Checkpointer` does for checkpoints).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from gateway.provenance.errors import LogUnavailableError, ProvenanceError
-from gateway.provenance.formats.note import Signer
+from gateway.provenance.formats.note import Signer, Verifier
 from gateway.provenance.formats.proofs import TlogProof
 from gateway.provenance.formats.records import LogEntry
 from gateway.provenance.writer.checkpointer import Checkpointer, LogSettings
@@ -89,16 +88,18 @@ class ProvenanceLog:
         batch_seal: BatchSeal | None = None,
         events: FaultEvents | None = None,
         high_water: HighWater | None = None,
+        retired: Sequence[Verifier] = (),
     ) -> ProvenanceLog:
         """Open or create the log in `directory`, recovering after a crash; `cosigners` also
         sign every checkpoint (e.g. the previous key during a rotation); `events` hears of
         write and checkpoint failures, once when they begin and once when they end;
-        `high_water` refuses a directory holding less than the log signed (`HighWater`)."""
+        `high_water` refuses a directory holding less than the log signed (`HighWater`),
+        `retired` keys may also have signed its newest checkpoint (`LogStore.open`)."""
         worker = LoopWorker(asyncio.get_running_loop(), "provenance-log")
-        signers = [signer, *cosigners]
+        signers, water = [signer, *cosigners], high_water
         try:
             store = await worker.run(
-                lambda: LogStore.open(directory, origin, signers, high_water=high_water)
+                lambda: LogStore.open(directory, origin, signers, high_water=water, retired=retired)
             )
         except BaseException:
             worker.shutdown(wait=False)
@@ -162,9 +163,8 @@ class ProvenanceLog:
 
     async def append(self, record: Mapping[str, object], *, checked: bool = False) -> LogEntry:
         """Validate, encode and durably append one record; returns its index and leaf hash.
-        `checked=True` skips the schema walk for a record from a `records` builder (they
-        build only valid records). Raises RecordError for a record outside the schema,
-        LogUnavailableError when the log cannot be written (nothing was logged)."""
+        `checked=True` skips the schema walk (a `records` builder's record is valid). Raises
+        RecordError, or LogUnavailableError when the log cannot be written (nothing logged)."""
         return await self._put(record, checked, awaited=True)
 
     def append_soon(

@@ -8,13 +8,30 @@ the log published would sign a tree that does not extend it: a fork.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
-from gateway.provenance.errors import LogCorruptedError
+from gateway.provenance.errors import LogCorruptedError, ProvenanceError
 from gateway.provenance.formats.checkpoint import Checkpoint
 from gateway.provenance.formats.layout import CHECKPOINT, HISTORY, list_cosigned
+from gateway.provenance.formats.note import Verifier, open_note
 
-__all__ = ["check_no_later_tree", "note_text"]
+__all__ = ["check_no_later_tree", "check_signed", "note_text"]
+
+
+def check_signed(data: bytes, path: Path, verifiers: Iterable[Verifier]) -> None:
+    """Refuse to go on from a checkpoint no key of this log signs: the signing key, the
+    previous keys, the verifier keys a rotation retired. Without it, a directory whose
+    entries, tiles and checkpoint were rewritten together (the signature left as it was)
+    was extended on open wherever no high-water file recorded the log."""
+    try:
+        open_note(data, verifiers)
+    except ProvenanceError as exc:
+        raise LogCorruptedError(
+            f"{path} carries no valid signature by a key of this log ({exc}): the directory "
+            "was altered, or a key rotation left the old key out (put its verifier key in "
+            "provenance.retired_verifier_keys)"
+        ) from exc
 
 
 def note_text(data: bytes, path: Path) -> str:

@@ -41,12 +41,12 @@ from gateway.provenance.files import fsync_directory, make_directories, write_fi
 from gateway.provenance.formats.checkpoint import Checkpoint, sign_checkpoint
 from gateway.provenance.formats.layout import CHECKPOINT, LOCK, WAL, history_path, list_history
 from gateway.provenance.formats.merkle import inclusion_proof
-from gateway.provenance.formats.note import Signer
+from gateway.provenance.formats.note import Signer, Verifier
 from gateway.provenance.formats.tiles import TileReader
 from gateway.provenance.formats.tree import TiledTree
 from gateway.provenance.formats.wal import list_segments, scan_segment, segment_path
 from gateway.provenance.writer.high_water import HighWater
-from gateway.provenance.writer.recovery import check_no_later_tree, note_text
+from gateway.provenance.writer.recovery import check_no_later_tree, check_signed, note_text
 from gateway.provenance.writer.replay_check import ReplayCheck
 from gateway.provenance.writer.segment_writer import SegmentWriter
 from gateway.provenance.writer.tree_check import rebuild_tree
@@ -134,9 +134,11 @@ class LogStore:
         signers: Sequence[Signer],
         *,
         high_water: HighWater | None = None,
+        retired: Sequence[Verifier] = (),
     ) -> LogStore:
         """Open (creating if needed) and recover a log directory; signs a checkpoint.
-        With `high_water`, a directory that holds less than (or another tree than) the
+        The newest checkpoint must be signed by one of `signers` or `retired` keys. With
+        `high_water`, a directory that holds less than (or another tree than) the
         checkpoint it records for this origin is refused (`LogForkError`), and every
         checkpoint signed is recorded there."""
         if not signers:
@@ -155,7 +157,7 @@ class LogStore:
             raise LogUnavailableError(f"{path} is already open by another writer") from exc
         store = cls(path, origin, signers, lock_fd, high_water)
         try:
-            store._recover()
+            store._recover([*(s.verifier() for s in signers), *retired])
             store.checkpoint()
             store._publish_latest()
             store.clean_up([], None)  # every segment is covered now, torn leftovers included
@@ -164,19 +166,19 @@ class LogStore:
             raise
         return store
 
-    def _recover(self) -> None:
+    def _recover(self, verifiers: Sequence[Verifier]) -> None:
         history = list_history(self.directory)
-        signed = 0
-        rewritten: list[str] = []
+        signed, rewritten = 0, list[str]()
         if history:
             size, path = history[-1]
-            checkpoint = Checkpoint.parse(note_text(path.read_bytes(), path))
+            checkpoint = Checkpoint.parse(note_text(note := path.read_bytes(), path))
             if checkpoint.origin != self.origin:
                 raise LogCorruptedError(
                     f"{self.directory} holds the log {checkpoint.origin!r}, not {self.origin!r}"
                 )
             if checkpoint.size != size:
                 raise LogCorruptedError(f"{path} holds a checkpoint of size {checkpoint.size}")
+            check_signed(note, path, verifiers)
             signed = size
         check_no_later_tree(self.directory, signed, has_history=bool(history))
         if history:
