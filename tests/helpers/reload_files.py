@@ -1,6 +1,7 @@
-"""Files a config-reload test writes: one policy admitting everything, the config section
-that loads it, and a write that gives each file the modification time the test names (each
-write its own stamp, whatever the clock)."""
+"""Files a config-reload test writes: one policy admitting everything, the same policy at a
+version and residency the test names, the config section that loads it, and a write that
+gives each file the modification time the test names (each write its own stamp, whatever
+the clock)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,25 @@ spec:
   retention: {max_days: any, training: true}
   fallback: {mode: never}
 """
+VERSIONED_POLICY = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: p, version: "VERSION"}
+spec:
+  tenants: [acme]
+  residency: {allow: [REGION]}
+  retention: {max_days: any, training: true}
+  fallback: {mode: never}
+"""
 POLICY_SECTION = "policy:\n  paths: [policies]\n"
 
 
 def write(path: Path, text: str, mtime_ns: int) -> None:
     path.write_text(text)
     os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
+def versioned_policy(version: str, region: str) -> str:
+    """Policy `p` for tenant `acme` at `version`, allowing residency `region` (a YAML
+    scalar: `eu`, `'"*"'`), with no fallback."""
+    return VERSIONED_POLICY.replace("VERSION", version).replace("REGION", region)

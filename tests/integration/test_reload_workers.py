@@ -28,26 +28,17 @@ from tests.helpers.gateways import Sim, backend
 from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess, owngate_argv, worker_pids
 from tests.helpers.provenance import records, run_audit
+from tests.helpers.reload_files import versioned_policy
 from tests.helpers.waiting import until
 
 ORIGIN = "test.owngate/reload-workers"
 BODY = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}
-POLICY = """\
-apiVersion: policy.owngate.dev/v1
-kind: Policy
-metadata: {id: p, version: "VERSION"}
-spec:
-  tenants: [acme]
-  residency: {allow: [REGION]}
-  retention: {max_days: any, training: true}
-  fallback: {mode: never}
-"""
 ROUND = 16  # requests on new connections: both workers take some, whatever the kernel
 
 
 def write_policy(path: Path, version: str, region: str) -> None:
     temporary = path.with_suffix(".tmp")
-    temporary.write_text(POLICY.replace("VERSION", version).replace("REGION", region))
+    temporary.write_text(versioned_policy(version, region))
     temporary.replace(path)  # atomic, as a deploy tool writes it
 
 
@@ -83,14 +74,16 @@ def logged(log_dir: Path, kind: str) -> bool:
     return all(any(r["type"] == kind for r in records(d)) for d in logs)
 
 
-def test_a_sighup_narrowing_the_policy_reaches_every_worker_and_each_log_says_which(
-    start_sim: Callable[..., Sim], tmp_path: Path
-) -> None:
+def start_workers(
+    start_sim: Callable[..., Sim], tmp_path: Path, policy: dict[str, Any]
+) -> tuple[GatewayProcess, str]:
+    """`serve --workers 2` before one simulated backend, its policy files under
+    `policies/` (`p.yaml`: version 1, eu) loaded as the `policy` section says, each
+    worker's log under `log/`; the gateway and the log's verifier key."""
     sim = start_sim("vllm", models=("m",), zero_latency=True)
     vkey = write_signing_key(tmp_path / "log.key", ORIGIN)
     (tmp_path / "policies").mkdir()
-    policy = tmp_path / "policies" / "p.yaml"
-    write_policy(policy, "1", "eu")
+    write_policy(tmp_path / "policies" / "p.yaml", "1", "eu")
     provenance = {"dir": "log", "origin": ORIGIN, "signing_key_file": "log.key"}
     config = {
         "listen": {"host": "127.0.0.1", "port": free_port()},
@@ -99,43 +92,63 @@ def test_a_sighup_narrowing_the_policy_reaches_every_worker_and_each_log_says_wh
         "provenance": {**provenance, "checkpoint_interval_ms": 20},
         "backends": [backend("gpu", sim.url, "m")],  # eu-west-1
         "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
-        "policy": {"paths": ["policies"], "reload_interval_s": 3600},
+        "policy": policy,
     }
-    gateway = GatewayProcess(config, tmp_path, "--workers", "2").start()
-    rounds = 0
+    return GatewayProcess(config, tmp_path, "--workers", "2").start(), vkey
 
-    def round_until(status: int, kind: str) -> bool:
-        """A round of requests, each answered `status`; True once both workers' logs
-        hold a record of `kind` (the kernel may give one worker a whole round)."""
-        nonlocal rounds
-        rounds += 1
-        assert rounds <= 30, "rounds of requests never reached both workers"
-        assert send_round(gateway.url) == [status] * ROUND
-        return logged(tmp_path / "log", kind)
 
-    try:
-        until(lambda: round_until(200, "dispatch"), "both workers serving", timeout=60)
-        write_policy(policy, "2", "ap")
-        assert gateway.proc is not None
-        gateway.proc.send_signal(signal.SIGHUP)
+class Rounds:
+    """Rounds of requests to the gateway at `url`, counted across the test (bounded)."""
 
-        def refusing() -> bool:  # until a whole round is refused, by both workers
-            nonlocal rounds
-            rounds += 1
-            assert rounds <= 60, "a worker kept serving under the old set"
-            statuses = send_round(gateway.url)
-            return set(statuses) == {403} and logged(tmp_path / "log", "refusal")
+    def __init__(self, url: str, log_dir: Path) -> None:
+        self.url = url
+        self.log_dir = log_dir
+        self.count = 0
 
-        until(refusing, "both workers refusing under the narrowed set", timeout=60)
-    finally:
-        gateway.stop(signal.SIGTERM)
+    def serving(self) -> bool:
+        """A round, each request answered 200; True once both workers' logs hold a
+        dispatch (the kernel may give one worker a whole round)."""
+        self.count += 1
+        assert self.count <= 30, "rounds of requests never reached both workers"
+        assert send_round(self.url) == [200] * ROUND
+        return logged(self.log_dir, "dispatch")
+
+    def refusing(self) -> bool:
+        """A round; True once it was refused whole and both workers' logs hold a refusal."""
+        self.count += 1
+        assert self.count <= 60, "a worker kept serving under the old set"
+        statuses = send_round(self.url)
+        return set(statuses) == {403} and logged(self.log_dir, "refusal")
+
+
+def assert_each_log_names_its_set(log_dir: Path, vkey: str) -> None:
+    """Every dispatch names policy version 1 and every refusal version 2, and each
+    worker's log verifies on its own."""
     versions: dict[str, set[str]] = {"dispatch": set(), "refusal": set()}
-    for log in sorted((tmp_path / "log").glob("worker-*")):
+    for log in sorted(log_dir.glob("worker-*")):
         for record in records(log):
             if record["type"] in versions:
                 versions[record["type"]].add(record["policy"]["version"])
         assert run_audit(["verify", str(log), "--key", vkey]) == 0
     assert versions == {"dispatch": {"1"}, "refusal": {"2"}}
+
+
+def test_a_sighup_narrowing_the_policy_reaches_every_worker_and_each_log_says_which(
+    start_sim: Callable[..., Sim], tmp_path: Path
+) -> None:
+    gateway, vkey = start_workers(
+        start_sim, tmp_path, {"paths": ["policies"], "reload_interval_s": 3600}
+    )
+    rounds = Rounds(gateway.url, tmp_path / "log")
+    try:
+        until(rounds.serving, "both workers serving", timeout=60)
+        write_policy(tmp_path / "policies" / "p.yaml", "2", "ap")
+        assert gateway.proc is not None
+        gateway.proc.send_signal(signal.SIGHUP)
+        until(rounds.refusing, "both workers refusing under the narrowed set", timeout=60)
+    finally:
+        gateway.stop(signal.SIGTERM)
+    assert_each_log_names_its_set(tmp_path / "log", vkey)
 
 
 def test_a_worker_that_could_not_read_the_narrowed_policy_reads_it_again(
@@ -147,40 +160,19 @@ def test_a_worker_that_could_not_read_the_narrowed_policy_reads_it_again(
     refuses too; before, it kept the first set (a stamp taken, no change to come) and
     served under it for as long as it ran. `/metrics` counts the failure, shows one set
     once they agree, and each log names the set of each decision."""
-    sim = start_sim("vllm", models=("m",), zero_latency=True)
-    vkey = write_signing_key(tmp_path / "log.key", ORIGIN)
-    (tmp_path / "policies").mkdir()
-    policy = tmp_path / "policies" / "p.yaml"
-    write_policy(policy, "1", "eu")
-    provenance = {"dir": "log", "origin": ORIGIN, "signing_key_file": "log.key"}
-    config = {
-        "listen": {"host": "127.0.0.1", "port": free_port()},
-        "logging": {"format": "json", "level": "warning", "access_log": False},
-        "limits": {"drain_timeout_s": 10},
-        "provenance": {**provenance, "checkpoint_interval_ms": 20},
-        "backends": [backend("gpu", sim.url, "m")],  # eu-west-1
-        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
-        # A file, not a directory: its stamp is a stat, which needs no descriptor.
-        "policy": {"paths": ["policies/p.yaml"], "reload_interval_s": 0.2},
-    }
-    gateway = GatewayProcess(config, tmp_path, "--workers", "2").start()
-    rounds = 0
-
-    def round_until(status: int, kind: str) -> bool:
-        nonlocal rounds
-        rounds += 1
-        assert rounds <= 30, "rounds of requests never reached both workers"
-        assert send_round(gateway.url) == [status] * ROUND
-        return logged(tmp_path / "log", kind)
-
+    # A file, not a directory: its stamp is a stat, which needs no descriptor.
+    gateway, vkey = start_workers(
+        start_sim, tmp_path, {"paths": ["policies/p.yaml"], "reload_interval_s": 0.2}
+    )
+    rounds = Rounds(gateway.url, tmp_path / "log")
     try:
-        until(lambda: round_until(200, "dispatch"), "both workers serving", timeout=60)
+        until(rounds.serving, "both workers serving", timeout=60)
         assert gateway.proc is not None
         stale = worker_pids(gateway.proc.pid)[0]
         limits = resource.prlimit(stale, resource.RLIMIT_NOFILE)
         resource.prlimit(stale, resource.RLIMIT_NOFILE, (0, limits[1]))
         try:
-            write_policy(policy, "2", "ap")
+            write_policy(tmp_path / "policies" / "p.yaml", "2", "ap")
             until(
                 lambda: bool(failed_reloads(gateway.stderr())),
                 "the worker's policy read failing",
@@ -189,14 +181,7 @@ def test_a_worker_that_could_not_read_the_narrowed_policy_reads_it_again(
         finally:
             resource.prlimit(stale, resource.RLIMIT_NOFILE, limits)
 
-        def refusing() -> bool:
-            nonlocal rounds
-            rounds += 1
-            assert rounds <= 60, "a worker kept serving under the old set"
-            statuses = send_round(gateway.url)
-            return set(statuses) == {403} and logged(tmp_path / "log", "refusal")
-
-        until(refusing, "both workers refusing under the narrowed set", timeout=60)
+        until(rounds.refusing, "both workers refusing under the narrowed set", timeout=60)
         # The supervisor's log says which worker failed to read it.
         index = worker_index(stale)
         assert {line["worker"] for line in failed_reloads(gateway.stderr())} == {index}
@@ -223,13 +208,7 @@ def test_a_worker_that_could_not_read_the_narrowed_policy_reads_it_again(
         )
     finally:
         gateway.stop(signal.SIGTERM)
-    versions: dict[str, set[str]] = {"dispatch": set(), "refusal": set()}
-    for log in sorted((tmp_path / "log").glob("worker-*")):
-        for record in records(log):
-            if record["type"] in versions:
-                versions[record["type"]].add(record["policy"]["version"])
-        assert run_audit(["verify", str(log), "--key", vkey]) == 0
-    assert versions == {"dispatch": {"1"}, "refusal": {"2"}}
+    assert_each_log_names_its_set(tmp_path / "log", vkey)
 
 
 def test_a_worker_whose_log_cannot_be_opened_says_which_worker_it_is(tmp_path: Path) -> None:

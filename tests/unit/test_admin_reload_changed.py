@@ -16,24 +16,15 @@ import yaml
 from gateway.app import admin_app, create_app
 from gateway.config import load_config
 from tests.helpers.gateways import backend, gateway_config
+from tests.helpers.reload_files import versioned_policy
 
 TOKEN = "og-admin-reload-token"
-POLICY = """\
-apiVersion: policy.owngate.dev/v1
-kind: Policy
-metadata: {id: p, version: "VERSION"}
-spec:
-  tenants: [acme]
-  residency: {allow: ["*"]}
-  retention: {max_days: any, training: true}
-  fallback: {mode: never}
-"""
 
 
 def test_a_reload_that_activates_an_edited_policy_set_says_it_changed(tmp_path: Path) -> None:
     policy = tmp_path / "policies" / "p.yaml"
     policy.parent.mkdir()
-    policy.write_text(POLICY.replace("VERSION", "1"))
+    policy.write_text(versioned_policy("1", '"*"'))
     data = gateway_config([backend("gpu", "http://127.0.0.1:9", "m")]).model_dump(
         mode="json", exclude_none=True
     )
@@ -56,7 +47,7 @@ def test_a_reload_that_activates_an_edited_policy_set_says_it_changed(tmp_path: 
         result: dict[str, Any] = answer.json()
         return result
 
-    policy.write_text(POLICY.replace("VERSION", "2"))
+    policy.write_text(versioned_policy("2", '"*"'))
     edited = asyncio.run(reload())
     after = gateway.policies.current.digest
     assert after != before  # the reload made the edited set active

@@ -20,27 +20,12 @@ from gateway import small_files
 from gateway.policy import PolicyError, PolicyIssue, loader, source
 from gateway.policy_set import TrustPolicies
 from tests.helpers.gateways import backend, gateway_config
-from tests.helpers.reload_files import write
-
-POLICY = """\
-apiVersion: policy.owngate.dev/v1
-kind: Policy
-metadata: {id: p, version: "VERSION"}
-spec:
-  tenants: [acme]
-  residency: {allow: [REGION]}
-  retention: {max_days: any, training: true}
-  fallback: {mode: never}
-"""
-
-
-def _policy(version: str, region: str) -> str:
-    return POLICY.replace("VERSION", version).replace("REGION", region)
+from tests.helpers.reload_files import versioned_policy, write
 
 
 def _trust(tmp_path: Path, paths: list[str]) -> TrustPolicies:
     (tmp_path / "policies").mkdir()
-    write(tmp_path / "policies" / "p.yaml", _policy("1", '"*"'), 1_000_000_000)
+    write(tmp_path / "policies" / "p.yaml", versioned_policy("1", '"*"'), 1_000_000_000)
     config = gateway_config([backend("gpu", "http://127.0.0.1:9", "m")], policy={"paths": paths})
     trust = TrustPolicies(config, tmp_path)
     assert trust.current.compiled("p").version == "1"
@@ -67,7 +52,7 @@ def test_a_narrowed_policy_that_could_not_be_read_is_read_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, paths: list[str]
 ) -> None:
     trust = _trust(tmp_path, paths)
-    write(tmp_path / "policies" / "p.yaml", _policy("2", "ap"), 2_000_000_000)  # narrowed
+    write(tmp_path / "policies" / "p.yaml", versioned_policy("2", "ap"), 2_000_000_000)  # narrowed
     reads = _failing_reads(monkeypatch, failures=1)
     for _ in range(6):  # bounded: a change settles in two looks, the retry 2 looks later
         trust.poll()
@@ -81,7 +66,7 @@ def test_a_directory_that_could_not_be_listed_is_listed_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trust = _trust(tmp_path, ["policies"])
-    write(tmp_path / "policies" / "p.yaml", _policy("2", "ap"), 2_000_000_000)
+    write(tmp_path / "policies" / "p.yaml", versioned_policy("2", "ap"), 2_000_000_000)
     listings: list[list[Path]] = []
 
     def discover(paths: Iterable[Path]) -> tuple[list[Path], list[PolicyIssue]]:
@@ -102,7 +87,7 @@ def test_a_file_that_keeps_failing_is_read_ever_less_often(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trust = _trust(tmp_path, ["policies"])
-    write(tmp_path / "policies" / "p.yaml", _policy("2", "ap"), 2_000_000_000)
+    write(tmp_path / "policies" / "p.yaml", versioned_policy("2", "ap"), 2_000_000_000)
     reads = _failing_reads(monkeypatch, failures=1_000)
     for _ in range(2 + 2 + 4 + 8 + 16):  # settles at the 2nd look; retries 2, 4, 8, 16 later
         trust.poll()
@@ -154,7 +139,7 @@ def test_a_subdirectory_that_cannot_be_listed_fails_the_load(
 ) -> None:
     """Before, `Path.rglob` skipped it silently: the set compiled without its files."""
     (tmp_path / "policies" / "beta").mkdir(parents=True)
-    write(tmp_path / "policies" / "p.yaml", _policy("1", '"*"'), 1_000_000_000)
+    write(tmp_path / "policies" / "p.yaml", versioned_policy("1", '"*"'), 1_000_000_000)
     write(tmp_path / "policies" / "beta" / "q.yaml", BETA, 1_000_000_000)
     tried = _unlistable(monkeypatch, tmp_path / "policies" / "beta")
     with pytest.raises(PolicyError) as caught:
