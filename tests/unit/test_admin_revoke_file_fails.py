@@ -9,21 +9,17 @@ still lists the key, a retry removes it."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 import yaml
 
-from gateway.admin import app as admin_module
-from gateway.admin.models import ActionResult
-from gateway.app import admin_app, create_app
+from gateway.app import create_app
 from gateway.config import load_config
 from gateway.keys_file import read_keys_file, stage_keys_file
 from gateway.tenants import hash_api_key
+from tests.helpers.admin_revoke import record_outcomes, revoke
 from tests.helpers.gateways import backend
 
 TOKEN = "og-admin-revoke-file-token"
@@ -60,25 +56,9 @@ def test_a_keys_file_rename_failing_after_the_revocation_is_answered_as_it_is(
         return shared
 
     monkeypatch.setattr(state, "revoke_key", revoke_then_break_the_file)
-    outcomes: list[str] = []
+    outcomes = record_outcomes(monkeypatch)
 
-    async def act(*args: Any, failed: bool = False, local: bool = False, **kw: Any) -> Any:
-        outcomes.append("failed" if failed else "local" if local else "done")
-        return ActionResult(
-            action="key_revoke", changed=True, change_digest="0" * 64, log_index=len(outcomes)
-        )
-
-    monkeypatch.setattr(admin_module, "_act", act)
-
-    async def delete() -> httpx.Response:
-        transport = httpx.ASGITransport(admin_app(gateway))
-        async with httpx.AsyncClient(transport=transport, base_url="http://admin") as http:
-            digest = hash_api_key(KEY).removeprefix("sha256:")
-            return await http.delete(
-                f"/admin/v1/keys/{digest}", headers={"authorization": f"Bearer {TOKEN}"}
-            )
-
-    answer = asyncio.run(delete())
+    answer = revoke(gateway, KEY, TOKEN)
     assert answer.status_code == 503, answer.text
     message = answer.json()["error"]["message"]
     assert "nothing was" not in message, message  # it was: the key is refused here
@@ -91,7 +71,7 @@ def test_a_keys_file_rename_failing_after_the_revocation_is_answered_as_it_is(
     (keys / "x").unlink()
     keys.rmdir()
     aside.replace(keys)
-    again = asyncio.run(delete())  # the retry the answer asks for removes it from the file
+    again = revoke(gateway, KEY, TOKEN)  # the retry the answer asks for: the file loses it
     assert again.status_code == 200, again.text
     assert read_keys_file(keys) == {"acme": []}
     assert outcomes == [*first, "done"]

@@ -6,19 +6,15 @@ test_admin_revoke_redis.py, on a real redis-server.)"""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
-from gateway.admin import app as admin_module
-from gateway.admin.models import ActionResult
-from gateway.app import admin_app, create_app
+from gateway.app import create_app
 from gateway.config import GatewaySettings
 from gateway.tenants import hash_api_key
+from tests.helpers.admin_revoke import record_outcomes, revoke
 from tests.helpers.gateways import backend
 
 TOKEN = "og-admin-revoke-outcome-token"
@@ -44,25 +40,9 @@ def test_redis_failing_during_the_revocation_is_answered_and_recorded_local(
         return False  # what RedisState answers when the call to Redis fails
 
     monkeypatch.setattr(state, "revoke_key", failing)
-    outcomes: list[str] = []
+    outcomes = record_outcomes(monkeypatch)
 
-    async def act(*args: Any, failed: bool = False, local: bool = False, **kw: Any) -> Any:
-        outcomes.append("failed" if failed else "local" if local else "done")
-        return ActionResult(
-            action="key_revoke", changed=True, change_digest="0" * 64, log_index=len(outcomes)
-        )
-
-    monkeypatch.setattr(admin_module, "_act", act)
-
-    async def run() -> httpx.Response:
-        transport = httpx.ASGITransport(admin_app(gateway))
-        async with httpx.AsyncClient(transport=transport, base_url="http://admin") as http:
-            digest = hash_api_key(KEY).removeprefix("sha256:")
-            return await http.delete(
-                f"/admin/v1/keys/{digest}", headers={"authorization": f"Bearer {TOKEN}"}
-            )
-
-    answer = asyncio.run(run())
+    answer = revoke(gateway, KEY, TOKEN)
     assert answer.status_code == 202, answer.text
     body = answer.json()
     assert body["propagated"] is False and "revoked on this replica" in body["detail"]
