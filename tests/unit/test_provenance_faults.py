@@ -68,6 +68,39 @@ async def _open(path: Path, events: Events | None = None, **settings: float) -> 
     )
 
 
+def _failing_disk(monkeypatch: pytest.MonkeyPatch) -> FailingDisk:
+    """The write-ahead segment's `os`: its writes land, then fail (EIO) while `failing`."""
+    disk = FailingDisk()
+    monkeypatch.setattr(gateway.provenance.writer.segment_writer, "os", disk)
+    return disk
+
+
+def _fill_disk(patch: pytest.MonkeyPatch) -> None:
+    """Every checkpoint export from here on fails: the disk is full (ENOSPC)."""
+
+    def full_disk(files: object, *, root: Path) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    patch.setattr(gateway.provenance.writer.store, "write_files_atomically", full_disk)
+
+
+async def _open_probing(path: Path, events: Events) -> ProvenanceLog:
+    """A log that commits each append on its own, probes a fault and falls due for a
+    checkpoint every 10 ms, reporting to `events`."""
+    return await _open(
+        path, events, group_commit_ms=0, probe_interval_ms=10, checkpoint_interval_ms=10
+    )
+
+
+# Each fault reported once when it begins and once when it ends: an append's, a checkpoint's.
+FAULTS_BEGUN_AND_ENDED = [
+    ("error", "provenance log not writable"),
+    ("info", "provenance log writable again"),
+    ("error", "provenance checkpoint not signed"),
+    ("info", "provenance checkpoints signed again"),
+]
+
+
 def test_a_deleted_log_directory_takes_no_more_appends_even_once_recreated(
     tmp_path: Path,
 ) -> None:
@@ -204,18 +237,12 @@ def test_a_final_checkpoint_the_signer_fails_is_the_log_error(
 def test_a_fault_is_reported_once_when_it_begins_and_once_when_it_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    disk = FailingDisk()
-    monkeypatch.setattr(gateway.provenance.writer.segment_writer, "os", disk)
+    disk = _failing_disk(monkeypatch)
     events = Events()
     failing_exports = 3
 
-    def full_disk(files: object, *, root: Path) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
     async def scenario() -> None:
-        log = await _open(
-            tmp_path, events, group_commit_ms=0, probe_interval_ms=10, checkpoint_interval_ms=10
-        )
+        log = await _open_probing(tmp_path, events)
         await log_request(log, 0)
         disk.failing = True
         for number in range(1, 4):  # three refused appends, and probes between them
@@ -224,7 +251,7 @@ def test_a_fault_is_reported_once_when_it_begins_and_once_when_it_ends(
         disk.failing = False
         await until_async(lambda: log.last_error is None, "a passing probe", timeout=30.0)
         with monkeypatch.context() as patched:
-            patched.setattr(gateway.provenance.writer.store, "write_files_atomically", full_disk)
+            _fill_disk(patched)
             for number in range(4, 4 + failing_exports):  # each one falls due and fails
                 await log_request(log, number)
                 await until_async(
@@ -235,12 +262,7 @@ def test_a_fault_is_reported_once_when_it_begins_and_once_when_it_ends(
         await log.close()
 
     asyncio.run(scenario())
-    assert events.events() == [
-        ("error", "provenance log not writable"),
-        ("info", "provenance log writable again"),
-        ("error", "provenance checkpoint not signed"),
-        ("info", "provenance checkpoints signed again"),
-    ]
+    assert events.events() == FAULTS_BEGUN_AND_ENDED
     not_writable, _, not_signed, _ = (fields for _, _, fields in events.lines)
     assert "Input/output error" in not_writable["detail"]
     assert "No space left on device" in not_signed["detail"]
@@ -370,17 +392,11 @@ def test_a_fault_line_that_cannot_be_written_neither_hangs_nor_hides_the_fault(
     # The disk that refuses the log also takes the process's stderr: reporting the fault
     # raises. The refused appenders must still get their error (not wait for ever), the
     # fault must still show (`last_error`), and the log must go on once the disk is back.
-    disk = FailingDisk()
-    monkeypatch.setattr(gateway.provenance.writer.segment_writer, "os", disk)
+    disk = _failing_disk(monkeypatch)
     events = UnwritableEvents()
 
-    def full_disk(files: object, *, root: Path) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
     async def scenario() -> None:
-        log = await _open(
-            tmp_path, events, group_commit_ms=0, probe_interval_ms=10, checkpoint_interval_ms=10
-        )
+        log = await _open_probing(tmp_path, events)
         await log_request(log, 0)
         disk.failing = True
         for number in (1, 2):  # bounded: a hang fails the test instead of stalling it
@@ -391,7 +407,7 @@ def test_a_fault_line_that_cannot_be_written_neither_hangs_nor_hides_the_fault(
         await until_async(lambda: log.last_error is None, "a passing probe", timeout=30.0)
         await asyncio.wait_for(log_request(log, 3), timeout=30)
         with monkeypatch.context() as patched:
-            patched.setattr(gateway.provenance.writer.store, "write_files_atomically", full_disk)
+            _fill_disk(patched)
             await asyncio.wait_for(log_request(log, 4), timeout=30)
             await until_async(
                 lambda: log.last_error is not None, "a failed checkpoint shown", timeout=30.0
@@ -401,10 +417,5 @@ def test_a_fault_line_that_cannot_be_written_neither_hangs_nor_hides_the_fault(
         await asyncio.wait_for(log.close(), timeout=30)
 
     asyncio.run(scenario())
-    assert events.events() == [
-        ("error", "provenance log not writable"),
-        ("info", "provenance log writable again"),
-        ("error", "provenance checkpoint not signed"),
-        ("info", "provenance checkpoints signed again"),
-    ]
+    assert events.events() == FAULTS_BEGUN_AND_ENDED
     assert verify_log(tmp_path, [_signer().verifier()]).size == 2 * 3  # requests 0, 3 and 4
