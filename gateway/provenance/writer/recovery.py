@@ -29,8 +29,9 @@ def check_signed(data: bytes, path: Path, verifiers: Iterable[Verifier]) -> None
     except ProvenanceError as exc:
         raise LogCorruptedError(
             f"{path} carries no valid signature by a key of this log ({exc}): the directory "
-            "was altered, or a key rotation left the old key out (put its verifier key in "
-            "provenance.retired_verifier_keys)"
+            "was altered, or the log's key changed without the old one listed (the gateway: "
+            "put its verifier key in provenance.retired_verifier_keys; `owngate attest`: "
+            "keep its key, or start a new log directory)"
         ) from exc
 
 
