@@ -11,7 +11,9 @@ Nothing here starts a gateway: the configs name addresses that are not ours to c
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import ipaddress
 import json
 import os
 import re
@@ -21,6 +23,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -393,6 +396,44 @@ def test_network_policies_fence_the_gateway_and_the_private_backends() -> None:
     assert backends["ingress"] == [{"from": [{"podSelector": {"matchLabels": GATEWAY_LABELS}}]}]
 
 
+def _private_in_cluster_ports() -> set[int]:
+    """The ports of the base config's private backends addressed by a Service name."""
+    ports: set[int] = set()
+    for backend in load_config(BASE / "gateway.yaml", env=K8S_ENV).backends:
+        if backend.kind == "hosted" or backend.base_url is None:
+            continue
+        url = urlsplit(backend.base_url)
+        assert url.hostname is not None and url.port is not None, backend.id
+        with contextlib.suppress(ValueError):
+            ipaddress.ip_address(url.hostname)
+            continue  # an address outside the cluster: its own ipBlock rule
+        ports.add(url.port)
+    return ports
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gateway_egress_reaches_private_backends_in_its_namespace_on_their_ports(
+    target: str,
+) -> None:
+    """A labelled pod in any namespace, on any port, was a destination: whoever may label a
+    pod elsewhere in the cluster, or a backend pod's other servers (a Ray dashboard)."""
+    gateway = _one(_render(target), "NetworkPolicy", "owngate")["spec"]
+    backend_label = {"owngate.dev/private-backend": "true"}
+    (rule,) = [
+        rule
+        for rule in gateway["egress"]
+        if any(p.get("podSelector", {}).get("matchLabels") == backend_label for p in rule["to"])
+    ]
+    assert rule["to"] == [{"podSelector": {"matchLabels": backend_label}}], "own namespace only"
+    assert {(p["port"], p["protocol"]) for p in rule.get("ports", [])} == {
+        (port, "TCP") for port in _private_in_cluster_ports()
+    }
+    for rule in gateway["egress"]:
+        assert rule.get("ports"), f"{target}: an egress rule open on every port: {rule}"
+        for peer in rule["to"]:
+            assert peer.get("namespaceSelector") != {}, f"{target}: every namespace: {rule}"
+
+
 @pytest.mark.parametrize(
     ("target", "namespace"), [("overlays/dev", "owngate-dev"), ("overlays/prod", "owngate")]
 )
@@ -551,8 +592,25 @@ def test_compose_services_healthchecks_and_mounts() -> None:
     for name in ("vllm", "llamacpp"):
         (device,) = services[name]["deploy"]["resources"]["reservations"]["devices"]
         assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
-    assert [s for s in services if "ports" in s] == [], "only the gateway is published"
+    published = [name for name, service in services.items() if "ports" in service]
+    assert published == ["owngate"], "only the gateway is published"
     assert gateway["ports"][0].startswith("${OWNGATE_BIND:-127.0.0.1}:")
+
+
+def test_compose_redis_shares_an_internal_network_with_the_gateway_alone() -> None:
+    """Redis has no password: on the network the model servers share, a model server (model
+    code, a compromised image) could delete revocations and reset tenant budgets."""
+    compose = _yaml(COMPOSE)
+    services, networks = compose["services"], compose.get("networks", {})
+
+    def members(network: str) -> set[str]:
+        return {n for n, s in services.items() if network in s.get("networks", ["default"])}
+
+    joined = services["redis"].get("networks", ["default"])
+    assert joined
+    for network in joined:
+        assert members(network) == {"owngate", "redis"}, network
+        assert networks.get(network, {}).get("internal") is True, f"{network}: a route out"
 
 
 def _flag(command: list[str], flag: str) -> str:
@@ -616,6 +674,9 @@ def test_compose_cli_accepts_the_file_without_an_engine(tmp_path: Path) -> None:
     }
     for name, service in rendered["services"].items():
         assert service["healthcheck"]["test"], name
+    # Compose keeps Redis on the internal network it shares with the gateway alone.
+    assert set(rendered["services"]["redis"]["networks"]) == {"state"}
+    assert rendered["networks"]["state"]["internal"] is True
 
 
 # --- docs -------------------------------------------------------------------------------------
