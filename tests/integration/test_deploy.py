@@ -30,6 +30,8 @@ import yaml
 
 from gateway.cli.main import main as owngate
 from gateway.config import ConfigError, load_config
+from gateway.config.azure_endpoints import AZURE_PREFIXES, azure_endpoint_problem
+from gateway.config.provider_routes import route_of
 from gateway.config.schema import LimitSettings
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.prerequisites import deploy_tool, kubernetes_validate, missing_deploy_tool
@@ -43,6 +45,8 @@ COMPOSE_CONFIG = DEPLOY / "gateway.compose.yaml"
 K8S = DEPLOY / "k8s"
 BASE = K8S / "base"
 TARGETS = ("base", "overlays/dev", "overlays/prod")
+# Kustomize components an overlay includes: how the gateway reaches the hosted providers.
+COMPONENTS = ("components/hosted-egress-fqdn", "components/hosted-egress-any-https")
 # The oldest Kubernetes release the manifests must suit, and the newest the schemas know.
 K8S_VERSIONS = ("1.30.0", "latest")
 K8S_ENV = {
@@ -181,11 +185,12 @@ def test_build_context_admits_only_what_the_image_copies() -> None:
 # --- Kubernetes -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", TARGETS + COMPONENTS)
 def test_kustomization_references_resolve(target: str) -> None:
     directory = K8S / target
     kustomization = _yaml(directory / "kustomization.yaml")
     paths: list[str] = list(kustomization.get("resources", []))
+    paths += kustomization.get("components", [])
     for generator in kustomization.get("configMapGenerator", []) + kustomization.get(
         "secretGenerator", []
     ):
@@ -197,7 +202,7 @@ def test_kustomization_references_resolve(target: str) -> None:
         assert path.is_file() or (path / "kustomization.yaml").is_file(), f"{target}: {entry}"
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", TARGETS + COMPONENTS)
 def test_plain_manifests_match_the_kubernetes_schemas(target: str) -> None:
     """Each object as written, before kustomize: a typo fails even without kubectl."""
     validator = kubernetes_validate()
@@ -207,6 +212,9 @@ def test_plain_manifests_match_the_kubernetes_schemas(target: str) -> None:
 
 
 def _validate(validator: Any, doc: dict[str, Any], version: str, where: str) -> None:
+    if doc["apiVersion"] == "cilium.io/v2":
+        _check_cilium_policy(doc, where)  # a CRD: no schema in Kubernetes' OpenAPI
+        return
     wanted = validator.latest_version() if version == "latest" else version
     try:
         validator.validate(doc, wanted, strict=True)
@@ -387,10 +395,6 @@ def test_network_policies_fence_the_gateway_and_the_private_backends() -> None:
         for rule in egress
         for peer in rule["to"]
     )
-    # Everything to a public address is HTTPS only, and the private ranges are carved out.
-    public = [p["ipBlock"] for r in egress for p in r["to"] if p.get("ipBlock", {}).get("except")]
-    assert public == [public[0]] and public[0]["cidr"] == "0.0.0.0/0"
-    assert {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"} <= set(public[0]["except"])
     backends = policies["owngate-private-backends"]["spec"]
     assert backends["podSelector"]["matchLabels"] == backend_label
     assert backends["ingress"] == [{"from": [{"podSelector": {"matchLabels": GATEWAY_LABELS}}]}]
@@ -432,6 +436,97 @@ def test_gateway_egress_reaches_private_backends_in_its_namespace_on_their_ports
         assert rule.get("ports"), f"{target}: an egress rule open on every port: {rule}"
         for peer in rule["to"]:
             assert peer.get("namespaceSelector") != {}, f"{target}: every namespace: {rule}"
+
+
+def _check_cilium_policy(doc: dict[str, Any], where: str) -> None:
+    """The shape of the one CiliumNetworkPolicy deploy/ ships, field by field."""
+    assert doc["kind"] == "CiliumNetworkPolicy", where
+    assert set(doc) == {"apiVersion", "kind", "metadata", "spec"}, where
+    spec = doc["spec"]
+    assert set(spec) == {"endpointSelector", "egress"}, where
+    assert spec["endpointSelector"] == {"matchLabels": GATEWAY_LABELS}, where
+    for rule in spec["egress"]:
+        assert set(rule) in ({"toEndpoints", "toPorts"}, {"toFQDNs", "toPorts"}), where
+        for port in rule["toPorts"]:
+            assert set(port) <= {"ports", "rules"}, where
+            for entry in port["ports"]:
+                assert set(entry) == {"port", "protocol"} and isinstance(entry["port"], str)
+        for name in rule.get("toFQDNs", []):
+            assert set(name) == {"matchName"}, f"{where}: a pattern, not a name: {name}"
+
+
+def _egress_ip_blocks(target: str) -> list[str]:
+    docs = _render(target)
+    return [
+        peer["ipBlock"]["cidr"]
+        for doc in docs
+        if doc["kind"] == "NetworkPolicy"
+        and doc["spec"]["podSelector"].get("matchLabels") == GATEWAY_LABELS
+        for rule in doc["spec"].get("egress", [])
+        for peer in rule["to"]
+        if "ipBlock" in peer
+    ]
+
+
+@pytest.mark.parametrize("target", ["base", "overlays/prod"])
+def test_base_and_prod_open_no_public_address_to_the_gateway(target: str) -> None:
+    """Every public address on 443 was open: a compromised gateway, or a hosted base_url
+    pointed elsewhere, could send prompts to any host. Production names its providers."""
+    cidrs = _egress_ip_blocks(target)
+    assert cidrs, target
+    for cidr in cidrs:
+        assert ipaddress.ip_network(cidr).is_private, f"{target}: egress to {cidr}"
+
+
+# The API host of each LiteLLM route the base config's hosted backends use without a
+# base_url (the providers' documented endpoints); Azure's are the operator's resources.
+API_HOSTS = {
+    "openai": "api.openai.com",
+    "anthropic": "api.anthropic.com",
+    "mistral": "api.mistral.ai",
+    "gemini": "generativelanguage.googleapis.com",
+}
+
+
+def test_prod_reaches_the_hosted_providers_of_the_config_by_name_only() -> None:
+    docs = _render("overlays/prod")
+    policy = _one(docs, "CiliumNetworkPolicy", "owngate-hosted-providers")
+    _check_cilium_policy(policy, "overlays/prod")
+    (named,) = [rule for rule in policy["spec"]["egress"] if "toFQDNs" in rule]
+    assert named["toPorts"] == [{"ports": [{"port": "443", "protocol": "TCP"}]}]
+    names = {entry["matchName"] for entry in named["toFQDNs"]}
+    (dns,) = [rule for rule in policy["spec"]["egress"] if "toEndpoints" in rule]
+    assert dns["toEndpoints"][0]["matchLabels"]["k8s-app"] == "kube-dns"
+    azure = {name for name in names if azure_endpoint_problem(f"https://{name}") is None}
+    expected: set[str] = set()
+    for backend in load_config(BASE / "gateway.yaml", env=K8S_ENV).backends:
+        if backend.kind != "hosted":
+            continue
+        if backend.base_url is not None:
+            expected.add(str(urlsplit(backend.base_url).hostname))
+            continue
+        for model in backend.models:
+            prefix, _ = route_of(model.provider_model or model.name)
+            assert prefix is not None, model
+            if prefix in AZURE_PREFIXES:
+                assert azure, f"{backend.id}: no Azure endpoint in the egress names"
+            else:
+                expected.add(API_HOSTS[prefix])
+    assert names - azure == expected
+
+
+def test_dev_reaches_any_public_https_address_with_the_private_ranges_carved_out() -> None:
+    cidrs = _egress_ip_blocks("overlays/dev")
+    assert "0.0.0.0/0" in cidrs
+    policy = _one(_render("overlays/dev"), "NetworkPolicy", "owngate-hosted-any-https")
+    (rule,) = policy["spec"]["egress"]
+    assert rule["ports"] == [{"port": 443, "protocol": "TCP"}]
+    (block,) = [peer["ipBlock"] for peer in rule["to"]]
+    assert block["cidr"] == "0.0.0.0/0"
+    assert {"10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "172.16.0.0/12"} <= set(
+        block["except"]
+    )
+    assert "192.168.0.0/16" in block["except"]
 
 
 @pytest.mark.parametrize(
