@@ -8,9 +8,12 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from importlib import metadata
 from pathlib import Path
+
+from packaging.requirements import Requirement
 
 from gateway.admin.console_routes import ASSETS
 from tests.helpers.paths import REPO_ROOT
@@ -31,6 +34,28 @@ def test_litellm_is_a_vetted_release_without_startup_hooks() -> None:
     files = [str(f) for f in dist.files or []]
     assert files, "litellm's RECORD is missing: cannot vet what it installed"
     assert not [f for f in files if f.endswith(".pth")]
+
+
+def test_the_locks_pin_the_vetted_litellm_by_hash_and_the_range_leaves_out_the_compromised() -> (
+    None
+):
+    """What `make` and the image install, not only this venv: both locks pin LiteLLM, with
+    hashes, to the version constraints.txt vetted, and pyproject's range (what a re-lock
+    resolves within) admits neither compromised release."""
+    constraints = (REPO_ROOT / "requirements" / "constraints.txt").read_text(encoding="utf-8")
+    vetted = re.search(r"^litellm==(\S+)$", constraints, re.M)
+    assert vetted is not None and vetted.group(1) not in COMPROMISED
+    for lock in ("runtime.lock", "dev.lock"):
+        text = (REPO_ROOT / "requirements" / lock).read_text(encoding="utf-8")
+        entry = re.search(
+            r"^litellm==(\S+) \\\n((?:    --hash=sha256:[0-9a-f]{64}.*\n)+)", text, re.M
+        )
+        assert entry is not None, f"{lock}: no hashed litellm entry"
+        assert entry.group(1) == vetted.group(1), lock
+    with (REPO_ROOT / "pyproject.toml").open("rb") as file:
+        dependencies = tomllib.load(file)["project"]["dependencies"]
+    (litellm,) = [Requirement(d) for d in dependencies if Requirement(d).name == "litellm"]
+    assert not [v for v in COMPROMISED if litellm.specifier.contains(v, prereleases=True)]
 
 
 def test_private_path_never_imports_litellm() -> None:
