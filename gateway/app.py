@@ -44,6 +44,7 @@ from gateway.upstream.hosted import hosted_api_key
 from gateway.upstream.litellm_runtime import check_base_url_environment
 from gateway.upstream.provider_regions import pinned_regions
 from gateway.upstream.sockets import BackendSockets
+from gateway.upstream.tenant_share import config_share_unsplittable
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -144,12 +145,22 @@ def _checked(
     """The backend registry, the tenant key index and the trust policies of `config`, or
     `AssemblyError` with every problem: backend key variables (private and hosted),
     tenant key hashes, every policy error (compiled against the configured backends),
-    and tenant limits too small to split over `parts` workers (`unsplittable`)."""
+    and tenant limits too small to split over `parts` workers (`unsplittable`), and a
+    tenant's share of a backend too small to split over this process's fellow workers
+    (`share_unsplittable`)."""
     problems = unsplittable(((t.id, tenant_limits(t)) for t in config.tenants), parts)
+    # Pools are each worker's own, whatever the state: each holds a tenant to its part
+    workers = limit_copies(environ)
+    problems += config_share_unsplittable(config, workers)
     registry: Registry | None = None
     try:
         registry = Registry.build(
-            config, environ=dict(environ), clock=clock, config_dir=config_dir, sockets=sockets
+            config,
+            environ=dict(environ),
+            clock=clock,
+            config_dir=config_dir,
+            sockets=sockets,
+            worker=(limit_part(environ), workers),
         )
     except ValueError as exc:
         problems += str(exc).splitlines()  # Registry.build: one problem per line
@@ -317,7 +328,8 @@ def validate(
     with the same `assemble` and without opening a connection, a listening socket or the
     provenance log. With `workers` > 1 (`serve --workers N`), each worker's own log
     directory and high-water file are checked (`ProvenanceSettings.for_worker`), and with
-    `state: memory` that each tenant limit splits over the workers (`unsplittable`).
+    `state: memory` that each tenant limit splits over the workers (`unsplittable`), and
+    that a tenant's share of a backend does (`share_unsplittable`).
 
     `secrets=False` checks a config meant for another machine (a pod whose secrets are
     mounted there): a backend key variable unset here counts as set, and the provenance
@@ -339,6 +351,7 @@ def validate(
     if config.state.backend == "memory":  # each of `serve --workers N` takes its part
         split = unsplittable(((t.id, tenant_limits(t)) for t in config.tenants), workers)
         problems += [problem for problem in split if problem not in problems]
+    problems += [p for p in config_share_unsplittable(config, workers) if p not in problems]
     log = config.provenance
     if log is not None:
         files = (log.signing_key_file, *log.previous_signing_key_files) if secrets else ()

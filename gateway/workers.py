@@ -36,7 +36,11 @@ What differs in a worker (`for_worker`):
   refused at start (and by each worker at a reload); `state: redis` shares whole limits
   across workers, as across replicas. The supervisor says so at start, in a warning
   naming the tenants with limits (`start_warnings`), as it does when `admin.listen` is
-  set: no worker opens it.
+  set: no worker opens it;
+- a tenant's share of each private backend's pool (`limits.tenant_share_of_backend`) is
+  split over the workers, whatever the state (pools are each worker's own): worker i
+  holds a tenant to its part (`share_cap`), and a share smaller than N is refused at
+  start (`config_share_unsplittable`) and by each worker at a reload.
 
 A dead worker's metrics snapshot is removed before it restarts: a worker that stays
 down must not leave its last in-flight counts and readiness in every scrape.
@@ -63,6 +67,7 @@ from gateway.logs import get_logger
 from gateway.serving import bind_socket
 from gateway.state.memory import WORKERS_ENV, unsplittable
 from gateway.tenants import tenant_limits
+from gateway.upstream.tenant_share import config_share_unsplittable
 
 __all__ = ["Supervisor", "WorkerIdentity", "for_worker", "start_warnings", "worker_identity"]
 
@@ -324,6 +329,10 @@ def supervise(
             print(f"error: {problem}", file=sys.stderr)
         if split:
             return 1
+    # Each worker's pools hold a tenant to its part of its share, whatever the state
+    for problem in config_share_unsplittable(config, count):
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
     for level, event, fields in start_warnings(config, count):
         getattr(log, level)(event, **fields)
     try:
