@@ -37,7 +37,14 @@ from gateway.policy_set import TrustPolicies
 from gateway.provenance.writer.preflight import preflight
 from gateway.routing.registry import BackendState, Registry, Route
 from gateway.routing.scraper import MetricsScraper
-from gateway.state import SharedState, create_state, limit_copies, limit_part, unsplittable
+from gateway.state import (
+    SharedState,
+    create_state,
+    limit_copies,
+    limit_part,
+    restarted_worker,
+    unsplittable,
+)
 from gateway.tenants import TenantEntry, index_keys, tenant_limits
 from gateway.tracing import tracing_settings
 from gateway.upstream.hosted import hosted_api_key
@@ -91,7 +98,9 @@ def assemble(
     if running is None:
         tracing = tracing_settings(environ)  # OpenTelemetry traces: off unless asked for
         metrics = GatewayMetrics()
-        state = _shared_state(config.state, limit_copies(environ), limit_part(environ))
+        state = _shared_state(
+            config.state, limit_copies(environ), limit_part(environ), restarted_worker(environ)
+        )
         recorder = (
             None
             if config.provenance is None
@@ -218,7 +227,9 @@ def _keep_unchanged_backends(registry: Registry, previous: Registry, same_limits
     }
 
 
-def _shared_state(settings: StateSettings, copies: int, index: int) -> SharedState:
+def _shared_state(
+    settings: StateSettings, copies: int, index: int, restarted: bool = False
+) -> SharedState:
     return create_state(
         settings.backend,
         settings.url,
@@ -230,6 +241,7 @@ def _shared_state(settings: StateSettings, copies: int, index: int) -> SharedSta
         max_connections=settings.max_connections,
         workers=copies,
         worker_index=index,
+        restarted=restarted,
     )
 
 

@@ -40,7 +40,9 @@ What differs in a worker (`for_worker`):
 - a tenant's share of each private backend's pool (`limits.tenant_share_of_backend`) is
   split over the workers, whatever the state (pools are each worker's own): worker i
   holds a tenant to its part (`share_cap`), and a share smaller than N is refused at
-  start (`config_share_unsplittable`) and by each worker at a reload.
+  start (`config_share_unsplittable`) and by each worker at a reload;
+- a worker started again after it died gets `OWNGATE_WORKER_RESTARTED=1`: with `state:
+  memory` its part of each tenant limit starts spent (the dead one's ledger died with it).
 
 A dead worker's metrics snapshot is removed before it restarts: a worker that stays
 down must not leave its last in-flight counts and readiness in every scrape.
@@ -65,7 +67,7 @@ from types import FrameType
 from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.serving import bind_socket
-from gateway.state.memory import WORKERS_ENV, unsplittable
+from gateway.state.memory import RESTARTED_ENV, WORKERS_ENV, unsplittable
 from gateway.tenants import tenant_limits
 from gateway.upstream.tenant_share import config_share_unsplittable
 
@@ -190,6 +192,10 @@ class Supervisor:
         env[INDEX_ENV] = str(index)
         env[RUNTIME_ENV] = str(self._runtime)
         env[WORKERS_ENV] = str(self.count)  # shown by each worker's memory state
+        if first:
+            env.pop(RESTARTED_ENV, None)
+        else:  # its memory state starts each tenant's part spent (the dead one's died)
+            env[RESTARTED_ENV] = "1"
         argv = [*self._argv, "--host", self.host, "--port", str(self.port), "--workers", "1"]
         if first:
             argv += self._first_start_flags

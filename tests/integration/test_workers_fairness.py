@@ -4,16 +4,21 @@ A tenant's share of a private backend's connections (`limits.tenant_share_of_bac
 gateway/upstream/tenant_share.py) is split over the workers, as tenant limits are with
 `state: memory`: worker i of N enforces its part of the share, the parts summing to the
 share, so one tenant holds no more of a backend through N workers than through one
-process. Requests go on new connections, so the kernel spreads them over the workers.
+process. A worker the supervisor starts again after it died starts its part of each
+tenant limit spent (`state: memory`): the dead worker's ledger died with it, and a
+client that can kill a worker must not get a fresh part each time. Requests go on new
+connections, so the kernel spreads them over the workers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,10 +28,10 @@ import pytest
 import yaml
 
 from gateway.tenants import hash_api_key
-from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, backend
+from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, Sim, backend
 from tests.helpers.net import free_port
 from tests.helpers.paced_stream import paced
-from tests.helpers.processes import GatewayProcess, listening_sockets, owngate_argv
+from tests.helpers.processes import GatewayProcess, listening_sockets, owngate_argv, worker_pids
 from tests.helpers.raw_backend import Answer, RawBackend
 from tests.helpers.waiting import until
 
@@ -37,6 +42,7 @@ TWO_TENANTS = [
 ASK = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
 # New connections: each of 2 workers gets at least 2 of 16 but with odds above 99.9 %
 OPENED = 16
+SPREAD = 40  # new connections: one of 2 workers misses all of them with odds < 2**-38
 
 
 def _config(backend_url: str, limits: dict[str, Any]) -> dict[str, Any]:
@@ -140,3 +146,45 @@ def test_a_share_smaller_than_the_workers_is_refused_at_start(tmp_path: Path) ->
     assert proc.returncode == 1, (out, err)
     text = err.decode()
     assert "tenant_share_of_backend" in text and "less than the 2 workers" in text, text
+
+
+def _statuses(url: str, count: int) -> list[int]:
+    """`count` chat requests of acme's, each on a new connection."""
+    headers = {"authorization": f"Bearer {TENANT_KEY}", "connection": "close"}
+    with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+        return [client.post("/v1/chat/completions", json=ASK).status_code for _ in range(count)]
+
+
+def test_a_restarted_worker_starts_its_part_of_a_limit_spent(
+    start_sim: Callable[..., Sim], start_workers: Callable[..., GatewayProcess]
+) -> None:
+    """`requests_per_minute: 2` through 2 workers (`state: memory`): a part of 1 each,
+    refilled a minute after it was used. Both parts used, a worker is killed (SIGKILL)
+    and the supervisor starts it again: within the minute the restarted worker admits
+    nothing (before: its fresh part, a third request in the minute, and one more for each
+    death a client can cause)."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    config = _config(sim.url, {})
+    config["tenants"] = [
+        {**TWO_TENANTS[0], "limits": {"requests_per_minute": 2}},
+        TWO_TENANTS[1],
+    ]
+    gateway = start_workers(config, 2)
+    began = time.monotonic()
+    first = _statuses(gateway.url, SPREAD)
+    assert first.count(200) == 2 and set(first) == {200, 429}, first  # one per worker
+
+    assert gateway.proc is not None
+    supervisor = gateway.proc.pid
+    victim = worker_pids(supervisor)[0]
+    os.kill(victim, signal.SIGKILL)
+    until(
+        lambda: len(worker_pids(supervisor)) == 2 and victim not in worker_pids(supervisor),
+        "a replacement worker",
+        timeout=30,
+    )
+    until(lambda: listening_sockets(gateway.port) == 2, "both workers listening", timeout=60)
+    second = _statuses(gateway.url, SPREAD)
+    minutes = int((time.monotonic() - began) // 60)  # each part refills once a minute
+    assert set(second) <= {200, 429}, second
+    assert second.count(200) <= 2 * minutes, (second, minutes)
