@@ -193,6 +193,7 @@ def _checked(
     policies: TrustPolicies | None = None
     try:
         policies = TrustPolicies(config, config_dir)
+        policies.among_workers = workers > 1  # stale while a read fails (policy_set.py)
     except PolicyError as exc:
         problems += [f"invalid trust policy: {issue}" for issue in exc.issues]
     if registry is None or policies is None or problems:
