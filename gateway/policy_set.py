@@ -247,7 +247,6 @@ class TrustPolicies:
             "builtin": not self._paths,
             "loaded_at": self.loaded_at,
             "last_reload_error": self.last_error,
-            "stale": self.stale,
         }
 
 

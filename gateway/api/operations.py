@@ -56,7 +56,7 @@ class Operations:
                 b.id: backend_detail(parts.registry, parts.scraper, b)
                 for b in parts.registry.backends.values()
             },
-            "policy": parts.policies.status(),
+            "policy": {**parts.policies.status(), "stale": parts.policies.stale},
             "provenance": recorder.status() if recorder is not None and recorder.opened else "off",
             "witnesses": runtime.cosigning.status() if runtime.cosigning is not None else "off",
             "state": parts.state.status().detail(),
