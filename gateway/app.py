@@ -37,14 +37,8 @@ from gateway.policy_set import TrustPolicies
 from gateway.provenance.writer.preflight import preflight
 from gateway.routing.registry import BackendState, Registry, Route
 from gateway.routing.scraper import MetricsScraper
-from gateway.state import (
-    SharedState,
-    create_state,
-    limit_copies,
-    limit_part,
-    restarted_worker,
-    unsplittable,
-)
+from gateway.state import SharedState, create_state, limit_copies, limit_part, unsplittable
+from gateway.state.memory import restarted_worker
 from gateway.tenants import TenantEntry, index_keys, tenant_limits
 from gateway.tracing import tracing_settings
 from gateway.upstream.hosted import hosted_api_key
@@ -98,9 +92,7 @@ def assemble(
     if running is None:
         tracing = tracing_settings(environ)  # OpenTelemetry traces: off unless asked for
         metrics = GatewayMetrics()
-        state = _shared_state(
-            config.state, limit_copies(environ), limit_part(environ), restarted_worker(environ)
-        )
+        state = _shared_state(config.state, environ)
         recorder = (
             None
             if config.provenance is None
@@ -154,9 +146,8 @@ def _checked(
     """The backend registry, the tenant key index and the trust policies of `config`, or
     `AssemblyError` with every problem: backend key variables (private and hosted),
     tenant key hashes, every policy error (compiled against the configured backends),
-    and tenant limits too small to split over `parts` workers (`unsplittable`), and a
-    tenant's share of a backend too small to split over this process's fellow workers
-    (`share_unsplittable`)."""
+    tenant limits too small to split over `parts` workers (`unsplittable`), and a
+    tenant's share of a backend too small to split over this one's (`share_unsplittable`)."""
     problems = unsplittable(((t.id, tenant_limits(t)) for t in config.tenants), parts)
     # Pools are each worker's own, whatever the state: each holds a tenant to its part
     workers = limit_copies(environ)
@@ -228,9 +219,8 @@ def _keep_unchanged_backends(registry: Registry, previous: Registry, same_limits
     }
 
 
-def _shared_state(
-    settings: StateSettings, copies: int, index: int, restarted: bool = False
-) -> SharedState:
+def _shared_state(settings: StateSettings, environ: Mapping[str, str]) -> SharedState:
+    """The configured state; in a worker of `serve --workers N`, its place among them."""
     return create_state(
         settings.backend,
         settings.url,
@@ -240,9 +230,9 @@ def _shared_state(
         sync_interval_s=settings.sync_interval_s,
         lease_ttl_s=settings.lease_ttl_s,
         max_connections=settings.max_connections,
-        workers=copies,
-        worker_index=index,
-        restarted=restarted,
+        workers=limit_copies(environ),
+        worker_index=limit_part(environ),
+        restarted=restarted_worker(environ),
     )
 
 
