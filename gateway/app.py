@@ -38,12 +38,14 @@ from gateway.provenance.writer.preflight import preflight
 from gateway.routing.registry import BackendState, Registry, Route
 from gateway.routing.scraper import MetricsScraper
 from gateway.state import SharedState, create_state, limit_copies, limit_part, unsplittable
+from gateway.state.memory import restarted_worker
 from gateway.tenants import TenantEntry, index_keys, tenant_limits
 from gateway.tracing import tracing_settings
 from gateway.upstream.hosted import hosted_api_key
 from gateway.upstream.litellm_runtime import check_base_url_environment
 from gateway.upstream.provider_regions import pinned_regions
 from gateway.upstream.sockets import BackendSockets
+from gateway.upstream.tenant_share import config_share_unsplittable
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -90,7 +92,7 @@ def assemble(
     if running is None:
         tracing = tracing_settings(environ)  # OpenTelemetry traces: off unless asked for
         metrics = GatewayMetrics()
-        state = _shared_state(config.state, limit_copies(environ), limit_part(environ))
+        state = _shared_state(config.state, environ)
         recorder = (
             None
             if config.provenance is None
@@ -144,12 +146,21 @@ def _checked(
     """The backend registry, the tenant key index and the trust policies of `config`, or
     `AssemblyError` with every problem: backend key variables (private and hosted),
     tenant key hashes, every policy error (compiled against the configured backends),
-    and tenant limits too small to split over `parts` workers (`unsplittable`)."""
+    tenant limits too small to split over `parts` workers (`unsplittable`), and a
+    tenant's share of a backend too small to split over this one's (`share_unsplittable`)."""
     problems = unsplittable(((t.id, tenant_limits(t)) for t in config.tenants), parts)
+    # Pools are each worker's own, whatever the state: each holds a tenant to its part
+    workers = limit_copies(environ)
+    problems += config_share_unsplittable(config, workers)
     registry: Registry | None = None
     try:
         registry = Registry.build(
-            config, environ=dict(environ), clock=clock, config_dir=config_dir, sockets=sockets
+            config,
+            environ=dict(environ),
+            clock=clock,
+            config_dir=config_dir,
+            sockets=sockets,
+            worker=(limit_part(environ), workers),
         )
     except ValueError as exc:
         problems += str(exc).splitlines()  # Registry.build: one problem per line
@@ -173,6 +184,7 @@ def _checked(
     policies: TrustPolicies | None = None
     try:
         policies = TrustPolicies(config, config_dir)
+        policies.among_workers = workers > 1  # stale while a read fails (policy_set.py)
     except PolicyError as exc:
         problems += [f"invalid trust policy: {issue}" for issue in exc.issues]
     if registry is None or policies is None or problems:
@@ -207,7 +219,8 @@ def _keep_unchanged_backends(registry: Registry, previous: Registry, same_limits
     }
 
 
-def _shared_state(settings: StateSettings, copies: int, index: int) -> SharedState:
+def _shared_state(settings: StateSettings, environ: Mapping[str, str]) -> SharedState:
+    """The configured state; in a worker of `serve --workers N`, its place among them."""
     return create_state(
         settings.backend,
         settings.url,
@@ -217,8 +230,9 @@ def _shared_state(settings: StateSettings, copies: int, index: int) -> SharedSta
         sync_interval_s=settings.sync_interval_s,
         lease_ttl_s=settings.lease_ttl_s,
         max_connections=settings.max_connections,
-        workers=copies,
-        worker_index=index,
+        workers=limit_copies(environ),
+        worker_index=limit_part(environ),
+        restarted=restarted_worker(environ),
     )
 
 
@@ -317,7 +331,8 @@ def validate(
     with the same `assemble` and without opening a connection, a listening socket or the
     provenance log. With `workers` > 1 (`serve --workers N`), each worker's own log
     directory and high-water file are checked (`ProvenanceSettings.for_worker`), and with
-    `state: memory` that each tenant limit splits over the workers (`unsplittable`).
+    `state: memory` that each tenant limit splits over the workers (`unsplittable`), and
+    that a tenant's share of a backend does (`share_unsplittable`).
 
     `secrets=False` checks a config meant for another machine (a pod whose secrets are
     mounted there): a backend key variable unset here counts as set, and the provenance
@@ -339,6 +354,7 @@ def validate(
     if config.state.backend == "memory":  # each of `serve --workers N` takes its part
         split = unsplittable(((t.id, tenant_limits(t)) for t in config.tenants), workers)
         problems += [problem for problem in split if problem not in problems]
+    problems += [p for p in config_share_unsplittable(config, workers) if p not in problems]
     log = config.provenance
     if log is not None:
         files = (log.signing_key_file, *log.previous_signing_key_files) if secrets else ()

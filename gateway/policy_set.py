@@ -5,7 +5,9 @@ A reload (file change, SIGHUP) compiles the new files completely before one refe
 swap makes them active; a file that fails validation, or changed while it was read,
 leaves the last good set active and is reported (log, readiness detail, metric); one
 that could not be read at all (out of file descriptors) is read again, unchanged, after
-2 looks, then 4, 8, ... at most 64.
+2 looks, then 4, 8, ... at most 64; in a worker of `serve --workers N` at every look, and
+meanwhile the worker is `stale`: not ready, refusing requests (503), since the other
+workers may enforce what the files say now.
 Without a `policy` section in gateway.yaml a built-in set applies: every tenant may use
 the private backends serving its models and nothing else (no hosted fallback) — deny by
 default toward providers.
@@ -30,13 +32,24 @@ from gateway.policy.loader import load_policies
 from gateway.policy.source import is_yaml_name
 from gateway.settling import Settling
 
-__all__ = ["BUILTIN_POLICY_ID", "TrustPolicies", "builtin_source", "policy_stamps"]
+__all__ = [
+    "BUILTIN_POLICY_ID",
+    "STALE_POLICIES",
+    "TrustPolicies",
+    "builtin_source",
+    "policy_stamps",
+]
 
 BUILTIN_POLICY_ID = "builtin-private-only"
 # A policy file that could not be read is read again after 2 looks, then 4, 8, ... at most
 # 64 (about a minute at the default 1 s interval), as gateway.yaml and the keys file are
 # (gateway/api/reload.py): a transient failure passes at the first retry.
 _UNREADABLE_MAX_DOUBLINGS = 6
+# What a request gets from a stale worker (`TrustPolicies.stale`): 503, retry at once
+STALE_POLICIES = (
+    "this gateway worker could not read its trust-policy files, so the policies it holds "
+    "may be older than the other workers'; retry (a new connection may reach another)"
+)
 
 
 class TrustPolicies:
@@ -70,6 +83,9 @@ class TrustPolicies:
         self._applied = 0
         self._unreadable = 0  # reloads in a row that could not read a file
         self._retry_in: int | None = None  # looks left before an unreadable file is retried
+        # One of the workers of `serve --workers N` (set by `assemble`): while its last read
+        # of the files failed it is `stale` (its siblings may enforce what they say now)
+        self.among_workers = False
         # The policies of the config a gateway.yaml reload installed after this one's: the
         # requests still running on this config check their attempts against them too.
         self.successor: TrustPolicies | None = None
@@ -81,6 +97,16 @@ class TrustPolicies:
         while trust.successor is not None:
             trust = trust.successor
         return trust.current
+
+    @property
+    def stale(self) -> bool:
+        """A worker of `serve --workers N` whose last read of the policy files failed
+        (unreadable: out of file descriptors, an I/O error): its set may be older than
+        what the files say, which the other workers may enforce already. It refuses
+        requests and is not ready until a read succeeds (retried at every look). One
+        process keeps serving its last good set, as it always did: there is no sibling
+        to disagree with."""
+        return self.among_workers and self._unreadable > 0
 
     @property
     def configured(self) -> bool:
@@ -140,9 +166,9 @@ class TrustPolicies:
             # the next change: a narrowed policy one worker of `serve --workers` failed to
             # read (out of file descriptors) left it on the looser set, for good.
             self._unreadable = self._unreadable + 1 if exc.unreadable else 0
-            self._retry_in = (
-                2 ** min(self._unreadable, _UNREADABLE_MAX_DOUBLINGS) if exc.unreadable else None
-            )
+            backoff = 2 ** min(self._unreadable, _UNREADABLE_MAX_DOUBLINGS)
+            # a stale worker refuses every request until it reads them: at every look
+            self._retry_in = (1 if self.among_workers else backoff) if exc.unreadable else None
             self.reload_failures += 1
             first = exc.issues[0] if exc.issues else None
             self.last_error = f"{len(exc.issues)} problem(s); first: {first}"

@@ -36,7 +36,13 @@ What differs in a worker (`for_worker`):
   refused at start (and by each worker at a reload); `state: redis` shares whole limits
   across workers, as across replicas. The supervisor says so at start, in a warning
   naming the tenants with limits (`start_warnings`), as it does when `admin.listen` is
-  set: no worker opens it.
+  set: no worker opens it;
+- a tenant's share of each private backend's pool (`limits.tenant_share_of_backend`) is
+  split over the workers, whatever the state (pools are each worker's own): worker i
+  holds a tenant to its part (`share_cap`), and a share smaller than N is refused at
+  start (`config_share_unsplittable`) and by each worker at a reload;
+- a worker started again after it died gets `OWNGATE_WORKER_RESTARTED=1`: with `state:
+  memory` its part of each tenant limit starts spent (the dead one's ledger died with it).
 
 A dead worker's metrics snapshot is removed before it restarts: a worker that stays
 down must not leave its last in-flight counts and readiness in every scrape.
@@ -61,8 +67,9 @@ from types import FrameType
 from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.serving import bind_socket
-from gateway.state.memory import WORKERS_ENV, unsplittable
+from gateway.state.memory import RESTARTED_ENV, WORKERS_ENV, unsplittable
 from gateway.tenants import tenant_limits
+from gateway.upstream.tenant_share import config_share_unsplittable
 
 __all__ = ["Supervisor", "WorkerIdentity", "for_worker", "start_warnings", "worker_identity"]
 
@@ -185,6 +192,10 @@ class Supervisor:
         env[INDEX_ENV] = str(index)
         env[RUNTIME_ENV] = str(self._runtime)
         env[WORKERS_ENV] = str(self.count)  # shown by each worker's memory state
+        if first:
+            env.pop(RESTARTED_ENV, None)
+        else:  # its memory state starts each tenant's part spent (the dead one's died)
+            env[RESTARTED_ENV] = "1"
         argv = [*self._argv, "--host", self.host, "--port", str(self.port), "--workers", "1"]
         if first:
             argv += self._first_start_flags
@@ -324,6 +335,10 @@ def supervise(
             print(f"error: {problem}", file=sys.stderr)
         if split:
             return 1
+    # Each worker's pools hold a tenant to its part of its share, whatever the state
+    for problem in config_share_unsplittable(config, count):
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
     for level, event, fields in start_warnings(config, count):
         getattr(log, level)(event, **fields)
     try:

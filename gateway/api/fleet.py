@@ -7,7 +7,8 @@ worker's live registry and merges the other workers' latest snapshots:
 
 - counters, histograms and summaries are summed per label set (their `_created`
   samples keep the scraped worker's value);
-- of gauges, `owngate_backend_inflight` is summed (requests in flight across workers);
+- of gauges, `owngate_backend_inflight` is summed (requests in flight across workers),
+  and `owngate_policy_stale` (the workers that could not read their policy files);
   `owngate_provenance_ready` is the lowest (each worker writes its own log: one that
   cannot write refuses its share of the requests, whichever worker is scraped);
   every other gauge (build and policy info, the backend load each worker scrapes
@@ -35,7 +36,7 @@ from gateway.logs import get_logger
 
 __all__ = ["FleetMetrics", "merge_expositions"]
 
-_SUMMED_GAUGES = frozenset({"owngate_backend_inflight"})
+_SUMMED_GAUGES = frozenset({"owngate_backend_inflight", "owngate_policy_stale"})
 _LOWEST_GAUGES = frozenset({"owngate_provenance_ready"})
 _SUMMED_TYPES = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
 

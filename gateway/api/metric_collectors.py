@@ -292,6 +292,12 @@ class PolicyCollector(Collector):
         )
         failures.add_metric([], self._trust.reload_failures)
         yield failures
+        yield GaugeMetricFamily(
+            "owngate_policy_stale",
+            "1 while this worker of serve --workers could not read its policy files (it "
+            "refuses requests); summed over the workers.",
+            value=1 if self._trust.stale else 0,
+        )
 
 
 class AccessLogCollector(Collector):

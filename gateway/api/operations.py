@@ -1,10 +1,11 @@
 """The operations surface: `/healthz`, `/readyz`, `/metrics` and `/admin/status`.
 
 `/healthz` says the process answers; `/readyz` whether it takes traffic (started, not
-draining, the provenance log writable), with nothing more for probes and load
-balancers; `/metrics` the Prometheus text (summed over the workers under
-`serve --workers`). `/admin/status` (admins only, api/admin.py) adds why: each backend,
-the policies, the log, the witnesses, the shared state and the config reloads.
+draining, the provenance log writable, under `serve --workers` its policy set not stale:
+`TrustPolicies.stale`), with nothing more for probes and load balancers; `/metrics` the
+Prometheus text (summed over the workers under `serve --workers`). `/admin/status`
+(admins only, api/admin.py) adds why: each backend, the policies, the log, the
+witnesses, the shared state and the config reloads.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ class Operations:
         runtime = self._runtime
         recorder = runtime.parts.recorder
         log_ok = recorder is None or not recorder.opened or recorder.log.last_error is None
-        return runtime.ready and not runtime.draining and log_ok
+        stale = runtime.parts.policies.stale  # a worker that could not read the policies
+        return runtime.ready and not runtime.draining and log_ok and not stale
 
     def readiness(self) -> dict[str, Any]:
         """Why the gateway is ready or not: for admins (`/admin/status`, `readiness`)."""
@@ -54,7 +56,7 @@ class Operations:
                 b.id: backend_detail(parts.registry, parts.scraper, b)
                 for b in parts.registry.backends.values()
             },
-            "policy": parts.policies.status(),
+            "policy": {**parts.policies.status(), "stale": parts.policies.stale},
             "provenance": recorder.status() if recorder is not None and recorder.opened else "off",
             "witnesses": runtime.cosigning.status() if runtime.cosigning is not None else "off",
             "state": parts.state.status().detail(),

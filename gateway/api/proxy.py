@@ -57,7 +57,7 @@ from gateway.api.trail import Trail
 from gateway.asgi import Receive, Scope, Send
 from gateway.config.schema import RoutingSettings
 from gateway.errors import ErrorCode, GatewayError
-from gateway.policy_set import TrustPolicies
+from gateway.policy_set import STALE_POLICIES, TrustPolicies
 from gateway.provenance import Salts
 from gateway.routing.registry import Registry
 from gateway.routing.router import Attempt, Outcome, Router
@@ -67,6 +67,8 @@ from gateway.upstream.hosted import Prepared
 from gateway.upstream.http import DEFAULT_MAX_BODY, Connection
 
 __all__ = ["Proxy"]
+
+_RETRY_SOON = ((b"retry-after", b"1"),)
 
 
 class Proxy:
@@ -136,6 +138,8 @@ class Proxy:
                 f"The model `{excerpt(model)}` does not exist or you do not have access to it.",
                 param="model",
             )
+        if self._trust.stale:  # a worker whose siblings may enforce newer policies
+            raise GatewayError(ErrorCode.not_ready, STALE_POLICIES, headers=_RETRY_SOON)
         if exchange.admission is not None:  # before any backend may see the prompt
             embeddings = exchange.endpoint == "embeddings"
             await reserve_tokens(exchange.admission, tenant, doc, len(body), embeddings=embeddings)

@@ -112,12 +112,15 @@ class Registry:
         environ: dict[str, str] | None = None,
         config_dir: Path | None = None,
         sockets: BackendSockets | None = None,
+        worker: tuple[int, int] = (1, 1),
     ) -> Registry:
         """The backends and routes of `config`. Raises ValueError naming every backend
         whose key variable is unset or unusable, or whose TLS files (relative to
         `config_dir`, default the working directory) cannot be used, one per line.
         `sockets`: the count the running registry's pools share, which a reload's pools
-        join (None: a new one, within what the listener's cap leaves them)."""
+        join (None: a new one, within what the listener's cap leaves them). `worker`:
+        this process's place (i, N) among `serve --workers N`'s, whose pools each hold a
+        tenant to part i of its share (`share_cap`)."""
         directory = Path.cwd() if config_dir is None else config_dir
         env = environ or {}
         breaker = config.routing.breaker
@@ -129,7 +132,7 @@ class Registry:
         for backend in config.backends:
             try:
                 backends[backend.id] = _backend_state(
-                    backend, config.limits, breaker, env, directory, sockets, tenants
+                    backend, config.limits, breaker, env, directory, sockets, tenants, worker
                 )
             except ValueError as exc:
                 problems.append(str(exc))
@@ -282,6 +285,7 @@ def _backend_state(
     config_dir: Path,
     sockets: BackendSockets,
     tenants: int,
+    worker: tuple[int, int] = (1, 1),
 ) -> BackendState:
     pool: HttpPool | None = None
     base_path = b""
@@ -302,7 +306,10 @@ def _backend_state(
             tls=tls,
             sockets=sockets,
             tenant_cap=share_cap(
-                limits.max_connections_per_backend, limits.tenant_share_of_backend, tenants
+                limits.max_connections_per_backend,
+                limits.tenant_share_of_backend,
+                tenants,
+                *worker,
             ),
         )
     key = backend.api_key

@@ -12,7 +12,15 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from gateway.state.memory import WORKERS_ENV, MemoryState, limit_copies, limit_part, unsplittable
+from gateway.state.memory import (
+    RESTARTED_ENV,
+    WORKERS_ENV,
+    MemoryState,
+    limit_copies,
+    limit_part,
+    restarted_worker,
+    unsplittable,
+)
 from gateway.state.types import (
     Admission,
     LimitName,
@@ -25,6 +33,7 @@ from gateway.state.types import (
 )
 
 __all__ = [
+    "RESTARTED_ENV",
     "WORKERS_ENV",
     "Admission",
     "LimitName",
@@ -38,6 +47,7 @@ __all__ = [
     "create_state",
     "limit_copies",
     "limit_part",
+    "restarted_worker",
     "unsplittable",
 ]
 
@@ -55,6 +65,7 @@ def create_state(
     clock: Callable[[], float] = time.monotonic,
     workers: int = 1,
     worker_index: int = 1,
+    restarted: bool = False,
 ) -> SharedState:
     """Build the configured state; nothing connects until `start()` (in the lifespan).
 
@@ -65,9 +76,10 @@ def create_state(
     processes of `serve --workers N` (`limit_copies`): each holds a memory state of its
     own that enforces part `worker_index` (`limit_part`) of every tenant limit, or counts
     as a replica on Redis from the start (a worker that never reached Redis splits each
-    limit over them)."""
+    limit over them). `restarted`: a worker started again after it died; with memory
+    state its parts start spent (`MemoryState`)."""
     if backend == "memory":
-        return MemoryState(clock=clock, parts=workers, index=worker_index)
+        return MemoryState(clock=clock, parts=workers, index=worker_index, restarted=restarted)
     if not url:
         raise ValueError("state backend 'redis' needs a url (redis://host:port/db)")
     # Imported here so that redis-py loads only when Redis is configured.

@@ -118,9 +118,12 @@ class Ledger:
 
     `clock` returns seconds (monotonic); it is read as whole microseconds."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], *, spent: bool = False) -> None:
         self._clock = clock
         self._accounts: dict[str, _Account] = {}
+        # `spent`: every tenant's requests and tokens budgets start used up as of now
+        # (a restarted worker: `MemoryState`'s `restarted`), refilling from here
+        self._spent_at = self._now() if spent else None
 
     def _now(self) -> int:
         return round(self._clock() * 1_000_000)
@@ -129,6 +132,8 @@ class Ledger:
         account = self._accounts.get(tenant)
         if account is None:
             account = self._accounts[tenant] = _Account()
+            if self._spent_at is not None:  # a whole window used at `_spent_at`
+                account.requests_tat = account.tokens_tat = self._spent_at + WINDOW_US
         return account
 
     def check(self, tenant: str, limits: TenantLimits) -> RateLimited | None:

@@ -22,11 +22,22 @@ from gateway.state.types import (
     TenantUse,
 )
 
-__all__ = ["WORKERS_ENV", "MemoryState", "limit_copies", "limit_part", "unsplittable"]
+__all__ = [
+    "RESTARTED_ENV",
+    "WORKERS_ENV",
+    "MemoryState",
+    "limit_copies",
+    "limit_part",
+    "restarted_worker",
+    "unsplittable",
+]
 
 # Set by `serve --workers N`'s supervisor (gateway/workers.py) in each worker's
 # environment: how many processes hold their own `MemoryState`.
 WORKERS_ENV = "OWNGATE_WORKERS"
+# Set by the supervisor in the environment of a worker it starts again after it died
+# (not at a worker's first start): its part of every limit starts spent.
+RESTARTED_ENV = "OWNGATE_WORKER_RESTARTED"
 # What else the supervisor sets in a worker's environment (gateway/workers.py's
 # INDEX_ENV, 1..N, and RUNTIME_ENV; not imported: the state does not load the supervisor).
 _WORKER_ENVS = ("OWNGATE_WORKER_INDEX", "OWNGATE_WORKER_RUNTIME_DIR")
@@ -66,6 +77,13 @@ def limit_part(environ: Mapping[str, str]) -> int:
     return copies
 
 
+def restarted_worker(environ: Mapping[str, str]) -> bool:
+    """Whether this process is a worker of `serve --workers N` that the supervisor
+    started again after it died: the worker it replaces may have admitted its whole part
+    of each limit within the last minute, and that ledger died with it."""
+    return limit_copies(environ) > 1 and environ.get(RESTARTED_ENV) == "1"
+
+
 def unsplittable(tenants: Iterable[tuple[str, TenantLimits]], parts: int) -> list[str]:
     """What refuses a config whose tenant limits cannot be split over `parts` workers
     with `state: memory`, one line per tenant: a limit smaller than the workers would
@@ -96,12 +114,21 @@ _SETTING = {
 class MemoryState:
     """Per-process limits, in-flight counters and revocations. `clock` is monotonic
     seconds, injected so tests drive time. `parts`: the processes that split every
-    tenant limit (`limit_copies`), `index` this one's (`limit_part`)."""
+    tenant limit (`limit_copies`), `index` this one's (`limit_part`). `restarted`: a
+    worker started again after it died (`restarted_worker`): each tenant's requests and
+    tokens budgets start spent, as if the dead worker had used its whole part just now,
+    and refill from there (a client that can kill a worker gets no fresh part for it).
+    """
 
     def __init__(
-        self, *, clock: Callable[[], float] = time.monotonic, parts: int = 1, index: int = 1
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        parts: int = 1,
+        index: int = 1,
+        restarted: bool = False,
     ) -> None:
-        self._ledger = Ledger(clock)
+        self._ledger = Ledger(clock, spent=restarted and parts > 1)
         self._parts = max(1, parts)
         self._index = min(max(index, 1), self._parts)
         self._inflight: dict[str, int] = {}

@@ -15,6 +15,14 @@ attempts cannot overrun the share) until it goes back idle or is dropped: the po
 `_put_idle` and `_forget`, which every path that ends a connection's use goes through
 (an answer read to its end, an error, a cancelled request, a client gone, a stale
 connection replaced in `request()`, an unused `Connection.release()`).
+
+Under `owngate serve --workers N` every worker has a pool of its own: a share per pool
+gave one tenant N shares of the backend, one through each worker (measured: a pool of 4
+through 2 workers, one tenant's 16 unread streams held 4 of the backend's, where one
+process lets it hold 2). Worker i of N now holds the tenant to its part of the share
+(`share_cap`'s `part`/`parts`: the share divided by N, rounded down, one more for the
+first `share % N`), so the parts sum to the share; a share smaller than N has no such
+split and is refused (`share_unsplittable`), at start and at a reload.
 """
 
 from __future__ import annotations
@@ -25,19 +33,55 @@ from typing import TYPE_CHECKING
 from gateway.upstream.failures import UpstreamError
 
 if TYPE_CHECKING:
+    from gateway.config.schema import GatewaySettings
     from gateway.upstream.connection import _Connection
 
-__all__ = ["TenantShare", "share_cap"]
+__all__ = ["TenantShare", "config_share_unsplittable", "share_cap", "share_unsplittable"]
 
 _PAST_SHARE = "this tenant holds its share of the backend's connections"
 
 
-def share_cap(max_connections: int, share: float, tenants: int) -> int | None:
+def share_cap(
+    max_connections: int, share: float, tenants: int, part: int = 1, parts: int = 1
+) -> int | None:
     """How many of a pool's `max_connections` one tenant may hold (None: no bound, with
-    one tenant or a share of the whole pool)."""
+    one tenant or a share of the whole pool), in worker `part` (1..`parts`) of `serve
+    --workers N`: its part of the share, the parts summing to the share (0 for a share
+    smaller than `parts`, which `share_unsplittable` refuses)."""
     if tenants <= 1 or share >= 1.0:
         return None
-    return max(1, int(max_connections * share))
+    whole = max(1, int(max_connections * share))
+    if parts <= 1:
+        return whole
+    part = min(max(part, 1), parts)
+    return whole // parts + (1 if part <= whole % parts else 0)
+
+
+def share_unsplittable(max_connections: int, share: float, tenants: int, parts: int) -> str | None:
+    """Why one tenant's share of a pool cannot be split over `parts` workers (some would
+    give it no connection), or None."""
+    whole = share_cap(max_connections, share, tenants)
+    if whole is None or parts <= 1 or whole >= parts:
+        return None
+    return (
+        f"limits.tenant_share_of_backend: a tenant's share of a backend's "
+        f"{max_connections} connections (max_connections_per_backend) is {whole}, less than "
+        f"the {parts} workers of serve --workers {parts}: each worker holds a tenant to its "
+        "own part of the share (share / workers, summing to the share); raise "
+        "max_connections_per_backend or tenant_share_of_backend (1 turns the share off), "
+        "or run fewer workers"
+    )
+
+
+def config_share_unsplittable(config: GatewaySettings, workers: int) -> list[str]:
+    """`share_unsplittable` for `config`'s pools and tenants (those whose `models` list
+    is not empty, as `Registry.build` counts them), as a list of problems."""
+    tenants = sum(bool(t.models) for t in config.tenants)
+    limits = config.limits
+    problem = share_unsplittable(
+        limits.max_connections_per_backend, limits.tenant_share_of_backend, tenants, workers
+    )
+    return [] if problem is None else [problem]
 
 
 class TenantShare:

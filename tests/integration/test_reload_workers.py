@@ -241,3 +241,59 @@ def test_a_worker_whose_log_cannot_be_opened_says_which_worker_it_is(tmp_path: P
     refused = [line for line in lines if "provenance log" in line["event"]]
     assert refused, stderr
     assert all(line.get("worker") == 2 for line in lines), stderr
+
+
+def test_a_worker_that_could_not_read_the_narrowed_policy_refuses_until_it_does(
+    start_sim: Callable[..., Sim], tmp_path: Path
+) -> None:
+    """As above, but the files are looked at every 5 s: between the failed read and the
+    next look, the worker that could not read the narrowed file holds the older, looser
+    set while its sibling enforces the new one. It refuses every request 503 (retry
+    after 1 s) and `/readyz` says not ready, so no request is decided under the older
+    set; before, its share of a round was served 200 under it, for up to 64 looks."""
+    gateway, vkey = start_workers(
+        start_sim, tmp_path, {"paths": ["policies/p.yaml"], "reload_interval_s": 5}
+    )
+    rounds = Rounds(gateway.url, tmp_path / "log")
+    try:
+        until(rounds.serving, "both workers serving", timeout=60)
+        assert gateway.proc is not None
+        stale = worker_pids(gateway.proc.pid)[0]
+        limits = resource.prlimit(stale, resource.RLIMIT_NOFILE)
+        resource.prlimit(stale, resource.RLIMIT_NOFILE, (0, limits[1]))
+        try:
+            write_policy(tmp_path / "policies" / "p.yaml", "2", "ap")
+            until(
+                lambda: bool(failed_reloads(gateway.stderr())),
+                "the worker's policy read failing",
+                timeout=30,
+                interval=0.02,
+            )
+        finally:
+            resource.prlimit(stale, resource.RLIMIT_NOFILE, limits)
+        # Its next look, and read, is 5 s after the failed one: the round goes before.
+        headers = {"authorization": f"Bearer {KEY}", "connection": "close"}
+        with httpx.Client(base_url=gateway.url, headers=headers, timeout=10) as client:
+            answers = [client.post("/v1/chat/completions", json=BODY) for _ in range(ROUND)]
+            ready = {client.get("/readyz").status_code for _ in range(ROUND)}
+        statuses = [answer.status_code for answer in answers]
+        assert 200 not in statuses, statuses  # before: the stale worker's share
+        assert set(statuses) == {403, 503}, statuses  # the sibling's refusals, and its
+        for answer in answers:
+            if answer.status_code == 503:
+                assert answer.headers["retry-after"] == "1"
+                error = answer.json()["error"]
+                assert error["type"] == "service_unavailable", error
+                assert "trust-policy" in error["message"], error
+        assert ready == {200, 503}, ready
+
+        def all_ready() -> bool:
+            with httpx.Client(base_url=gateway.url, headers=headers, timeout=10) as client:
+                return {client.get("/readyz").status_code for _ in range(ROUND)} == {200}
+
+        # At its next look it reads the file, and is ready again, under the new set.
+        until(all_ready, "the stale worker ready again", timeout=30, interval=0.5)
+        until(rounds.refusing, "both workers refusing under the narrowed set", timeout=60)
+    finally:
+        gateway.stop(signal.SIGTERM)
+    assert_each_log_names_its_set(tmp_path / "log", vkey)

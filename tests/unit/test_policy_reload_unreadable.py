@@ -17,10 +17,14 @@ from typing import Any
 import pytest
 
 from gateway import small_files
+from gateway.api.fleet import merge_expositions
+from gateway.api.metrics import GatewayMetrics
 from gateway.policy import PolicyError, PolicyIssue, loader, source
 from gateway.policy_set import TrustPolicies
 from tests.helpers.gateways import backend, gateway_config
 from tests.helpers.reload_files import versioned_policy, write
+
+STALE = "owngate_policy_stale "
 
 
 def _trust(tmp_path: Path, paths: list[str]) -> TrustPolicies:
@@ -170,3 +174,64 @@ def test_a_subdirectory_unlisted_at_a_reload_keeps_the_set_and_is_read_again(
         trust.poll()
     assert trust.current.digest == whole
     assert trust.last_error is None
+
+
+def test_a_worker_that_could_not_read_a_change_is_stale_until_it_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker of `serve --workers N` (`among_workers`): while its last read failed its
+    set may be older than its siblings' (they read the narrowed file): it is `stale` (not
+    ready, refusing requests) and reads the files again at every look, not after 2, 4, 8
+    ... (before: it served its older set, and was ready, for up to 64 looks)."""
+    trust = _trust(tmp_path, ["policies/p.yaml"])
+    trust.among_workers = True
+    write(tmp_path / "policies" / "p.yaml", versioned_policy("2", "ap"), 2_000_000_000)
+    reads = _failing_reads(monkeypatch, failures=2)
+    trust.poll()  # the change seen
+    assert not trust.stale
+    trust.poll()  # settled: read, and the read fails
+    assert len(reads) == 1 and trust.stale
+    assert trust.current.compiled("p").version == "1"
+    trust.poll()  # read again at the next look, and fails again
+    assert len(reads) == 2 and trust.stale
+    trust.poll()
+    assert len(reads) == 3 and not trust.stale
+    assert trust.current.compiled("p").version == "2"
+
+
+def _stale_gauge(text: str) -> list[float]:
+    return [float(line.split()[-1]) for line in text.splitlines() if line.startswith(STALE)]
+
+
+def test_the_stale_workers_are_counted_in_the_merged_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trust = _trust(tmp_path, ["policies/p.yaml"])
+    trust.among_workers = True
+    metrics = GatewayMetrics()
+    metrics.watch_policies(trust)
+    fresh = metrics.render().decode()
+    assert _stale_gauge(fresh) == [0.0]
+    write(tmp_path / "policies" / "p.yaml", versioned_policy("2", "ap"), 2_000_000_000)
+    _failing_reads(monkeypatch, failures=1)
+    for _ in range(2):
+        trust.poll()
+    stale = metrics.render().decode()
+    assert _stale_gauge(stale) == [1.0]
+    merged = merge_expositions([fresh, stale, stale]).decode()
+    assert _stale_gauge(merged) == [2.0]  # two of three workers
+
+
+def test_one_process_that_could_not_read_a_change_keeps_its_set_and_is_not_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One process has no sibling to disagree with: its failed read keeps the last good
+    set active, ready, retried after 2 looks, as before."""
+    trust = _trust(tmp_path, ["policies/p.yaml"])
+    write(tmp_path / "policies" / "p.yaml", versioned_policy("2", "ap"), 2_000_000_000)
+    reads = _failing_reads(monkeypatch, failures=1)
+    for _ in range(3):
+        trust.poll()
+    assert len(reads) == 1 and not trust.stale  # the retry is 2 looks away
+    trust.poll()
+    assert len(reads) == 2 and trust.current.compiled("p").version == "2"

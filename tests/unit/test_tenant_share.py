@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.app import assemble
+from gateway.app import AssemblyError, assemble, validate
 from gateway.config.schema import LimitSettings
+from gateway.state import WORKERS_ENV
 from gateway.tenants import hash_api_key
-from gateway.upstream.tenant_share import TenantShare, share_cap
+from gateway.upstream.tenant_share import TenantShare, share_cap, share_unsplittable
+from gateway.workers import INDEX_ENV, RUNTIME_ENV
 from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, backend, gateway_config
 
 
@@ -86,3 +88,74 @@ def test_a_reload_that_changes_the_tenants_sets_the_kept_pools_share(tmp_path: P
     third = assemble(alone, {}, config_dir=tmp_path, running=second)
     assert third.registry.backends["gpu"].pool is pool
     assert pool.share.cap is None
+
+
+@pytest.mark.parametrize(
+    ("pool", "workers", "parts"),
+    [
+        (256, 2, [64, 64]),  # a share of 128 over 2 workers
+        (10, 3, [2, 2, 1]),  # 5 over 3: one more for the first 5 % 3
+        (4, 2, [1, 1]),
+        (2, 2, [1, 0]),  # 1 over 2: no split (share_unsplittable refuses it)
+    ],
+)
+def test_each_worker_holds_a_tenant_to_its_part_of_the_share(
+    pool: int, workers: int, parts: list[int]
+) -> None:
+    got = [share_cap(pool, 0.5, 2, index, workers) or 0 for index in range(1, workers + 1)]
+    assert got == parts
+    assert sum(got) == share_cap(pool, 0.5, 2)  # the parts sum to one process's share
+    assert share_cap(pool, 0.5, 1, 1, workers) is None  # one tenant: no bound, as before
+    assert share_cap(pool, 1.0, 2, 1, workers) is None
+
+
+def test_a_share_smaller_than_the_workers_is_unsplittable() -> None:
+    problem = share_unsplittable(2, 0.5, 2, 2)
+    assert problem is not None
+    assert "is 1, less than the 2 workers of serve --workers 2" in problem
+    assert "max_connections_per_backend" in problem and "fewer workers" in problem
+    assert share_unsplittable(4, 0.5, 2, 2) is None
+    assert share_unsplittable(2, 0.5, 2, 1) is None  # one process
+    assert share_unsplittable(2, 0.5, 1, 2) is None  # one tenant: no share
+    assert share_unsplittable(2, 1.0, 2, 2) is None  # the share turned off
+
+
+def _worker(index: int, workers: int, runtime: Path) -> dict[str, str]:
+    return {WORKERS_ENV: str(workers), INDEX_ENV: str(index), RUNTIME_ENV: str(runtime)}
+
+
+def test_a_worker_builds_its_pools_with_its_part_and_refuses_a_reload_it_cannot_split(
+    tmp_path: Path,
+) -> None:
+    """At a worker's start (`assemble`) and at each reload (with the running assembly),
+    whatever the state: pools are each worker's own."""
+    backends = [backend("gpu", "http://127.0.0.1:9", "m")]
+    both = _tenants("acme", "limited")
+    sized = gateway_config(backends, tenants=both, limits={"max_connections_per_backend": 10})
+    caps = []
+    for index in (1, 2, 3):
+        built = assemble(sized, _worker(index, 3, tmp_path), config_dir=tmp_path)
+        pool = built.registry.backends["gpu"].pool
+        assert pool is not None
+        caps.append(pool.share.cap)
+    assert caps == [2, 2, 1]  # 5 of 10, split over 3 workers
+    small = gateway_config(backends, tenants=both, limits={"max_connections_per_backend": 4})
+    with pytest.raises(AssemblyError) as refused:
+        assemble(small, _worker(2, 3, tmp_path), config_dir=tmp_path)
+    assert any("less than the 3 workers" in p for p in refused.value.problems)
+    running = assemble(sized, _worker(3, 3, tmp_path), config_dir=tmp_path)
+    with pytest.raises(AssemblyError):  # a reload bringing it: the running config stays
+        assemble(small, _worker(3, 3, tmp_path), config_dir=tmp_path, running=running)
+    assemble(small, {}, config_dir=tmp_path)  # one process: its share of 2 holds
+
+
+def test_config_check_with_workers_refuses_an_unsplittable_share(tmp_path: Path) -> None:
+    backends = [backend("gpu", "http://127.0.0.1:9", "m")]
+    config = gateway_config(
+        backends,
+        tenants=_tenants("acme", "limited"),
+        limits={"max_connections_per_backend": 6},  # a share of 3
+    )
+    assert validate(config, environ={}, config_dir=tmp_path, workers=3) == []
+    (problem,) = validate(config, environ={}, config_dir=tmp_path, workers=4)
+    assert "tenant_share_of_backend" in problem and "less than the 4 workers" in problem
