@@ -65,6 +65,25 @@ def failed_reloads(stderr: str) -> list[dict[str, Any]]:
     ]
 
 
+def failed_after_sibling_loaded(stderr: str, stale: int) -> bool:
+    """Whether worker `stale` logged a failed policy read after its sibling logged loading
+    a new set (whole lines of `stderr`, in the order the workers wrote them)."""
+    seen_loaded = False
+    for line in stderr.split("\n")[:-1]:
+        if not line.startswith("{"):
+            continue
+        entry = json.loads(line)
+        if entry.get("event") == "policy set loaded" and entry.get("worker") != stale:
+            seen_loaded = True
+        elif (
+            seen_loaded
+            and "policy reload failed" in entry.get("event", "")
+            and entry.get("worker") == stale
+        ):
+            return True
+    return False
+
+
 def logged(log_dir: Path, kind: str) -> bool:
     """Whether both workers' logs hold a signed record of `kind` (a log with no checkpoint
     yet, its first still being signed, holds none)."""
@@ -87,7 +106,8 @@ def start_workers(
     provenance = {"dir": "log", "origin": ORIGIN, "signing_key_file": "log.key"}
     config = {
         "listen": {"host": "127.0.0.1", "port": free_port()},
-        "logging": {"format": "json", "level": "warning", "access_log": False},
+        # info: each worker's "policy set loaded" line says when it holds a new set
+        "logging": {"format": "json", "level": "info", "access_log": False},
         "limits": {"drain_timeout_s": 10},
         "provenance": {**provenance, "checkpoint_interval_ms": 20},
         "backends": [backend("gpu", sim.url, "m")],  # eu-west-1
@@ -259,19 +279,24 @@ def test_a_worker_that_could_not_read_the_narrowed_policy_refuses_until_it_does(
         until(rounds.serving, "both workers serving", timeout=60)
         assert gateway.proc is not None
         stale = worker_pids(gateway.proc.pid)[0]
+        index = worker_index(stale)
         limits = resource.prlimit(stale, resource.RLIMIT_NOFILE)
         resource.prlimit(stale, resource.RLIMIT_NOFILE, (0, limits[1]))
         try:
+            before = len(gateway.stderr())  # from here on, lines of the narrowed set
             write_policy(tmp_path / "policies" / "p.yaml", "2", "ap")
+            # Each worker looks on its own clock: the round must wait for the sibling to
+            # hold the new set, and for a failed look of the stale one after that, so its
+            # next look (and read) is a whole interval away when the limit is back.
             until(
-                lambda: bool(failed_reloads(gateway.stderr())),
-                "the worker's policy read failing",
-                timeout=30,
+                lambda: failed_after_sibling_loaded(gateway.stderr()[before:], index),
+                "the sibling loading the narrowed set, then the worker's read failing",
+                timeout=60,
                 interval=0.02,
+                detail=lambda: [line for line in gateway.stderr().splitlines() if "policy" in line],
             )
         finally:
             resource.prlimit(stale, resource.RLIMIT_NOFILE, limits)
-        # Its next look, and read, is 5 s after the failed one: the round goes before.
         headers = {"authorization": f"Bearer {KEY}", "connection": "close"}
         with httpx.Client(base_url=gateway.url, headers=headers, timeout=10) as client:
             answers = [client.post("/v1/chat/completions", json=BODY) for _ in range(ROUND)]
