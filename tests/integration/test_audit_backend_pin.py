@@ -294,3 +294,10 @@ def test_attempts_refused_before_sending_do_not_fail_the_pin_audit(
         run_audit(["verify", str(logdir), "--key", vkey, "--backend-pin", f"gpu={other.pin}"]) == 1
     )
     assert f"presented key {cert.pin}" in capsys.readouterr().err
+    # So is the client's own check of its receipt: a 503 whose attempt sent nothing.
+    for answer, name in zip(refused, ("gpu", "down"), strict=True):
+        receipt = tmp_path / f"{name}.receipt.json"
+        receipt.write_bytes(base64.b64decode(answer.headers["x-owngate-receipt"]))
+        check = ["receipt", "verify", str(receipt), "--key", vkey, "--log", str(logdir)]
+        assert run_audit([*check, "--backend-pin", f"{name}={cert.pin}"]) == 0
+        assert f"ok: the attempt at backend {name} sent nothing" in capsys.readouterr().out

@@ -29,7 +29,7 @@ from gateway.provenance.errors import LogVerificationError
 from gateway.provenance.formats.record_checks import SPKI_PIN
 from gateway.provenance.formats.records import Record
 
-__all__ = ["PinnedSummary", "check_pinned", "check_pins", "is_spki_pin"]
+__all__ = ["PinnedSummary", "check_pinned", "check_pins", "is_spki_pin", "sent_nothing"]
 
 
 def is_spki_pin(text: str) -> bool:
@@ -74,7 +74,7 @@ def check_pins(
             if dispatch is None:
                 continue
             backend = dispatch.data["backend"]["id"]
-            if not _sent_nothing(record.data, backend):
+            if not sent_nothing(record.data, backend):
                 check_pinned(dispatch, record.data["dispatch"]["index"], pins)  # raises
             summary.unsent[backend] += 1
             continue
@@ -90,7 +90,7 @@ def check_pins(
     return summary
 
 
-def _sent_nothing(completion: Mapping[str, object], backend: str) -> bool:
+def sent_nothing(completion: Mapping[str, object], backend: str) -> bool:
     """Whether a completion says its attempt on `backend` failed before a byte of the
     request was written: no answer, and one of the failures that come before writing."""
     error = completion.get("error")
