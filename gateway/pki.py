@@ -22,7 +22,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gateway.upstream.tls import FACT_PREFIX, facts_from_uris, spki_sha256
 
-__all__ = ["Issued", "fact_uris", "issue", "load_issued", "make_ca"]
+__all__ = ["Issued", "chain_above", "fact_uris", "issue", "load_issued", "make_ca"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +103,19 @@ def issue(
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     return _issued(builder.sign(ca_key, hashes.SHA256()), key)
+
+
+def chain_above(ca_file: bytes) -> bytes:
+    """What a certificate issued by the CA of `ca_file` (PEM: the CA first, optionally the
+    rest of its chain) must carry after it for a verifier that holds only the root: the
+    file's certificates that are not self-issued roots, as PEM (none for a root CA). A
+    server sends its certificate file as its chain, so a leaf of an issuing CA written
+    alone chained to nothing a client holding the root (the gateway's `ca_file`) trusts."""
+    return b"".join(
+        cert.public_bytes(serialization.Encoding.PEM)
+        for cert in x509.load_pem_x509_certificates(ca_file)
+        if cert.subject != cert.issuer
+    )
 
 
 def load_issued(cert_pem: bytes, key_pem: bytes) -> Issued:

@@ -15,6 +15,7 @@ import signal
 import socket
 import ssl
 import threading
+from collections.abc import Callable
 from types import TracebackType
 
 import uvloop
@@ -98,15 +99,21 @@ def serve(
     sock: socket.socket,
     context: ssl.SSLContext | None = None,
     listen: ListenSettings | None = None,
+    on_ready: Callable[[], None] | None = None,
 ) -> tuple[int, str] | None:
     """Serve until SIGTERM or SIGINT; None after a clean shutdown, else the exit status
     and why: 1 when it could not start, 4 when it stopped without its final checkpoint or
-    with countersignatures it handed out missing from its log (`AttestRelay.close`)."""
+    with countersignatures it handed out missing from its log (`AttestRelay.close`).
+    `on_ready` is called once the key and the log are open and connections are served
+    (never when it could not start)."""
 
     async def main() -> tuple[int, str] | None:
         running = await _Running.start(settings, sock, context, listen or ListenSettings())
         if isinstance(running, str):
+            sock.close()  # nothing serves on it
             return 1, running
+        if on_ready is not None:
+            on_ready()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

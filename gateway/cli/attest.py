@@ -188,13 +188,12 @@ def run(args: argparse.Namespace) -> int:
     scheme = "https" if context is not None else "http"
     mutual = " (mutual TLS)" if args.client_ca else ""
     mutual += f", {len(pins)} client key(s) pinned" if pins else ""
-    print(
-        f"owngate attest: countersigning {args.backend} on {scheme}://{args.listen}{mutual}",
-        file=sys.stderr,
-    )
+    # Said once the key and the log are open: before, a sidecar whose key or log could
+    # not be used said it was countersigning, then exited 1.
+    ready = f"owngate attest: countersigning {args.backend} on {scheme}://{args.listen}{mutual}"
     # SIGTERM/SIGINT: stop listening, let running requests finish, sign the log's final
     # checkpoint, exit 0 (4 when that or a statement's write failed for good).
-    failure = serve(settings, sock, context)
+    failure = serve(settings, sock, context, on_ready=lambda: print(ready, file=sys.stderr))
     if failure is not None:
         status, why = failure
         print(why, file=sys.stderr)

@@ -30,6 +30,7 @@ from gateway.provenance.audit.pinned import check_pinned
 from gateway.provenance.audit.receipt import (
     check_countersignature_in_log,
     check_receipt_in_log,
+    completion_that_sent_nothing,
     read_receipt,
     receipt_commitment,
 )
@@ -201,7 +202,17 @@ def _receipt_verify(args: argparse.Namespace) -> int:
     inclusion = check_receipt_in_log(log, receipt, keys)
     size = inclusion.size
     print(f"ok: entry {receipt.index} is in the checkpoint of size {size}")
-    if check_pinned(parse_record(inclusion.entry), receipt.index, pins) is not None:
+    dispatch = parse_record(inclusion.entry)
+    unsent = None
+    if receipt.backend in pins and not dispatch.data["backend"].get("peer"):
+        unsent = completion_that_sent_nothing(log, receipt, inclusion, receipt.backend)
+    if unsent is not None:  # a keyless record of an attempt that sent nothing: no key
+        print(
+            f"ok: the attempt at backend {shown(receipt.backend)} sent nothing (entry "
+            f"{unsent}, its completion: no connection, or its certificate refused), so "
+            "there is no key to check"
+        )
+    elif check_pinned(dispatch, receipt.index, pins) is not None:
         print(
             f"ok: backend {shown(receipt.backend)} presented one of its "
             f"{len(pins[receipt.backend])} pinned key(s) on the connection that carried it"

@@ -202,6 +202,7 @@ def _verified(
         result: dict[str, Any] = {"ok": True, **verification_json(summary)}
         if pinned is not None:
             result["pinned"] = pinned.dispatches
+            result["pinned_unsent"] = pinned.unsent
         if attested is not None:
             result["attested"] = {
                 "answers": attested.answers,
@@ -260,10 +261,21 @@ def _verified(
 
 def _print_pinned(pinned: PinnedSummary, pins: dict[str, frozenset[str]]) -> None:
     for backend, count in pinned.dispatches.items():
-        none = " (the log dispatched nothing to it: is the id right?)" if not count else ""
+        unsent = pinned.unsent.get(backend, 0)
+        none = (
+            " (the log dispatched nothing to it: is the id right?)"
+            if not count and not unsent
+            else ""
+        )
+        refused = (
+            f"; {unsent} more attempt(s) sent nothing (no connection: refused, or its "
+            "certificate was)"
+            if unsent
+            else ""
+        )
         print(
             f"ok: backend {shown(backend)}: {count} dispatch(es), each over a connection "
-            f"presenting one of its {len(pins[backend])} pinned key(s){none}"
+            f"presenting one of its {len(pins[backend])} pinned key(s){refused}{none}"
         )
 
 

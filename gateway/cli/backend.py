@@ -109,14 +109,13 @@ def _ca(args: argparse.Namespace) -> int:
 
 
 def _issue(args: argparse.Namespace) -> int:
-    from gateway.pki import fact_uris, issue, load_issued
+    from gateway.pki import chain_above, fact_uris, issue, load_issued
     from gateway.small_files import read_small_file
 
     try:
-        ca = load_issued(
-            read_small_file(Path(args.ca_cert), _MAX_PEM),
-            read_small_file(Path(args.ca_key), _MAX_PEM),
-        )
+        ca_file = read_small_file(Path(args.ca_cert), _MAX_PEM)
+        ca = load_issued(ca_file, read_small_file(Path(args.ca_key), _MAX_PEM))
+        chain = chain_above(ca_file)
     except OSError as exc:
         print(f"cannot read the CA: {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 1
@@ -144,7 +143,8 @@ def _issue(args: argparse.Namespace) -> int:
         )
         return 1
     made = issue(ca, args.name, now=now, days=args.days, client=args.client, uris=uris)
-    return _write(Path(args.out), args.name, made.cert_pem, made.key_pem, made.pin)
+    # the issuing CA (and what lies between it and the root) after the leaf, as servers send it
+    return _write(Path(args.out), args.name, made.cert_pem + chain, made.key_pem, made.pin)
 
 
 def _write(out: Path, stem: str, cert: bytes, key: bytes, pin: str | None) -> int:

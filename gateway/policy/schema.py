@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PlainValidator,
@@ -250,13 +251,25 @@ class Fallback(_Strict):
 Requirement = Literal["attested_facts"]
 
 
+def _one_or_many(value: object) -> object:
+    # `require: attested_facts` (as issue 15 and the rule's own trace write it) is the
+    # one-item list `[attested_facts]`: refused as "not a valid tuple", a policy written
+    # that way could not be loaded at all. Only a bare string is wrapped; anything else is
+    # left to the tuple's own check.
+    return (value,) if isinstance(value, str) else value
+
+
+# One requirement or a list of them; the normalized form (and so the digest) is the same.
+Requirements = Annotated[tuple[Requirement, ...], BeforeValidator(_one_or_many)]
+
+
 class Rules(_Strict):
     """The sections a data class may add; each only tightens the policy's own."""
 
     description: Description = ""
     residency: Residency | None = None
     retention: Retention | None = None
-    require: tuple[Requirement, ...] | None = None
+    require: Requirements | None = None
     providers: Lists | None = None
     backends: Lists | None = None
     models: Lists | None = None
@@ -268,7 +281,7 @@ class PolicySpec(_Strict):
     residency: Residency
     retention: Retention
     fallback: Fallback
-    require: tuple[Requirement, ...] | None = None
+    require: Requirements | None = None
     providers: Lists | None = None
     backends: Lists | None = None
     models: Lists | None = None

@@ -5,7 +5,7 @@ own ids for it (`provider_ids`), never one LiteLLM made up."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
 from gateway.upstream.hosted_stream import ProviderStream
@@ -80,17 +80,37 @@ class HostedResponse:
 
 
 def provider_ids(answer: Any, carrier: Any) -> tuple[object, list[tuple[str, str]]]:
-    """The `id` of `answer` and the provider's response headers LiteLLM keeps on
-    `carrier` (`_hidden_params["additional_headers"]`, named `llm_provider-<header>`).
-    An id of the shape LiteLLM makes up (`_MADE_UP_ID`) is not the provider's: None."""
+    """The `id` of `answer` and the provider's response headers: those LiteLLM keeps on
+    `carrier` as it received them (`_response_headers`), else its copies in
+    `_hidden_params["additional_headers"]` (`_sent_headers`). An id of the shape LiteLLM
+    makes up (`_MADE_UP_ID`) is not the provider's: None."""
     answer_id = getattr(answer, "id", None)
     if isinstance(answer_id, str) and _MADE_UP_ID.match(answer_id):
         answer_id = None
-    hidden = getattr(carrier, "_hidden_params", None)
-    found = hidden.get("additional_headers") if isinstance(hidden, dict) else None
-    headers = [
-        (name.removeprefix("llm_provider-"), value)
-        for name, value in (found.items() if isinstance(found, dict) else ())
-        if isinstance(name, str) and name.startswith("llm_provider-") and isinstance(value, str)
-    ]
-    return answer_id, headers
+    received = getattr(carrier, "_response_headers", None)
+    if not isinstance(received, Mapping) or not received:
+        hidden = getattr(carrier, "_hidden_params", None)
+        received = hidden.get("additional_headers") if isinstance(hidden, dict) else None
+    return answer_id, _sent_headers(received if isinstance(received, Mapping) else {})
+
+
+def _sent_headers(headers: Mapping[Any, Any]) -> list[tuple[str, str]]:
+    """The headers the provider sent, from a mapping LiteLLM made: the header lines as
+    they came, or (some providers' paths, and `additional_headers` always) its processed
+    form, where the provider's are named `llm_provider-<header>` and LiteLLM adds a
+    `request-id` of its own, a copy of the provider's `x-request-id`
+    (`get_provider_request_id`). Recorded, that copy said the provider sent a header it
+    never did: from a processed form only the `llm_provider-` names are taken, and a
+    `request-id` equal to the `x-request-id` is left out as the copy (a provider sending
+    both with one value loses one, never gains a false one)."""
+    pairs = [(n, v) for n, v in headers.items() if isinstance(n, str) and isinstance(v, str)]
+    if not any(name.startswith("llm_provider-") for name, _ in pairs):
+        return pairs
+    sent = {
+        name.removeprefix("llm_provider-").lower(): value
+        for name, value in pairs
+        if name.startswith("llm_provider-")
+    }
+    if "x-request-id" in sent and sent.get("request-id") == sent["x-request-id"]:
+        del sent["request-id"]
+    return list(sent.items())

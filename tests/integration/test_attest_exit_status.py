@@ -69,3 +69,20 @@ def test_owngate_attest_exits_4_when_a_countersignature_it_handed_out_is_not_in_
     assert b"Traceback" not in said  # the counter file's write failed too: logged
     assert b"counter file not saved" in said
     assert records(tmp_path / "log") == []
+
+
+def test_a_sidecar_that_cannot_use_its_key_never_says_it_is_countersigning(
+    tmp_path: Path,
+) -> None:
+    """`owngate attest` printed `countersigning ... on http://...` before it opened its
+    key and log, then exited 1: whoever reads its output (an operator, a supervisor
+    waiting for that line) was told it served. It now says so only once it does."""
+    (tmp_path / "not-a-signing-key").write_text("-----BEGIN PRIVATE KEY-----\n")
+    (tmp_path / "not-a-signing-key").chmod(0o600)
+    argv = owngate_argv("attest", "--listen", f"127.0.0.1:{free_port()}")
+    argv += ["--backend", "http://127.0.0.1:9", "--key", str(tmp_path / "not-a-signing-key")]
+    argv += ["--log", str(tmp_path / "log")]
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+    assert done.returncode == 1, done.stderr.decode()
+    assert b"signer key" in done.stderr
+    assert b"countersigning" not in done.stderr

@@ -216,3 +216,88 @@ def test_a_receipt_pin_needs_the_log_and_says_when_it_checks_nothing(
     assert "no --backend-pin is given (gpu given): the key it presented is not checked" in out
     assert _receipt(pinned_log, pinned_log.gpu_receipt, "gpu=sha256//x") == 2
     assert "is not a key pin" in capsys.readouterr().err
+
+
+def test_attempts_refused_before_sending_do_not_fail_the_pin_audit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The gateway writes a dispatch record for an attempt whose connection it could not
+    open (refused, or the certificate refused: layer 1 working), naming no key, and its
+    completion says why. `--backend-pin` failed the whole log on it ("the request went
+    over a connection that named none (plain HTTP ...)"), so any log in which a pinned
+    backend once went down, or presented a certificate the gateway refused, failed the
+    audit. Such a record now passes, counted apart; one naming no key whose attempt did
+    send still fails (test_a_pinned_backend_reached_over_plain_http_fails)."""
+    pki = Pki.create(tmp_path / "pki")
+    cert, other = pki.server(), pki.server()
+    settings = SimSettings.for_kind("vllm", models=("m", "d"))
+    sim = ServerThread(create_sim_app(dataclasses.replace(settings, zero_latency=True))).start()
+    fronts = [TLSFront((sim.host, sim.port), server_context(pki, cert)).start() for _ in "ab"]
+    vkey = write_signing_key(tmp_path / "log.key", ORIGIN)
+    tls = {"ca_file": str(pki.directory / "ca.pem"), "pin_spki_sha256": [cert.pin]}
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "logging": {"format": "json", "level": "warning", "access_log": False},
+        "backends": [
+            backend("gpu", fronts[0].url, "m", tls=tls),
+            backend("down", fronts[1].url, "d", tls=tls),
+        ],
+        # No probe between the failures and the requests: their breakers learn of them
+        # from the requests, whose attempts are then made (and recorded).
+        "scrape": {"interval_s": 3600, "staleness_s": 7200},
+        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+        "admin": ADMIN,
+        "provenance": {
+            "dir": str(tmp_path / "log"),
+            "origin": ORIGIN,
+            "signing_key_file": str(tmp_path / "log.key"),
+            "checkpoint_interval_ms": 20,
+        },
+    }
+    gateway = GatewayProcess(config, tmp_path / "gateway")
+
+    def ask(model: str) -> httpx.Response:
+        return httpx.post(
+            f"{gateway.url}/v1/chat/completions",
+            json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=10,
+        )
+
+    try:
+        gateway.start()
+        assert ask("m").status_code == 200
+        fronts[0].swap(server_context(pki, other))  # a key not pinned: the TLS check refuses
+        fronts[1].stop()  # the backend goes down: the connection is refused
+        refused = [ask("m"), ask("d")]
+        assert [r.status_code for r in refused] == [503, 503], [r.text for r in refused]
+        assert gateway.stop() == 0, gateway.output()
+    finally:
+        gateway.stop()
+        for front in fronts:
+            front.stop()
+        sim.stop()
+    logdir = tmp_path / "log"
+    for answer, error in zip(refused, ("gpu: tls", "down: connect"), strict=True):
+        request_id = answer.headers["x-request-id"]
+        (dispatch,) = request_records(logdir, request_id, "dispatch")
+        assert "peer" not in dispatch["backend"]  # the scene: records naming no key
+        assert request_records(logdir, request_id, "completion")[0]["error"] == error
+    argv = ["verify", str(logdir), "--key", vkey, "--backend-pin", f"gpu={cert.pin}"]
+    assert run_audit([*argv, "--backend-pin", f"down={cert.pin}"]) == 0
+    out = capsys.readouterr().out
+    assert "ok: backend gpu: 1 dispatch(es)" in out and "1 more attempt(s) sent nothing" in out
+    assert "ok: backend down: 0 dispatch(es)" in out
+    assert "(the log dispatched nothing to it" not in out
+    # The served request's key is still held to the pins.
+    assert (
+        run_audit(["verify", str(logdir), "--key", vkey, "--backend-pin", f"gpu={other.pin}"]) == 1
+    )
+    assert f"presented key {cert.pin}" in capsys.readouterr().err
+    # So is the client's own check of its receipt: a 503 whose attempt sent nothing.
+    for answer, name in zip(refused, ("gpu", "down"), strict=True):
+        receipt = tmp_path / f"{name}.receipt.json"
+        receipt.write_bytes(base64.b64decode(answer.headers["x-owngate-receipt"]))
+        check = ["receipt", "verify", str(receipt), "--key", vkey, "--log", str(logdir)]
+        assert run_audit([*check, "--backend-pin", f"{name}={cert.pin}"]) == 0
+        assert f"ok: the attempt at backend {name} sent nothing" in capsys.readouterr().out

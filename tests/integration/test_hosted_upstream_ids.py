@@ -134,3 +134,52 @@ def test_a_non_ascii_provider_id_breaks_no_record_and_reaches_no_log(
     written = _written(tmp_path, logs.getvalue()) + response.content
     for hostile in (SECRET.encode(), b"\xc3\xa9", b"\\u00e9", b"A" * 200, *_DEL_ID):
         assert hostile not in written
+
+
+def _answer_naming_itself(stream: bool) -> Answer:
+    """A provider that sends `x-request-id` and no other request-id header, as OpenAI
+    does, on a whole answer or a stream."""
+    chunk = {"id": "chatcmpl-own_0002", "object": "chat.completion.chunk", "created": 1}
+    events = [
+        {**chunk, "model": "m", "choices": [{"index": 0, "delta": {"content": "hi"}}]},
+        {**chunk, "model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]
+    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+    body += b"data: [DONE]\n\n"
+
+    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
+        if not stream:
+            await _provider("chatcmpl-own_0002", b"x-request-id: req_own-0002\r\n")(writer, post)
+            return False
+        head = (
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"x-request-id: req_own-0002\r\ncontent-length: %d\r\n\r\n" % len(body)
+        )
+        writer.write(head + body)
+        await writer.drain()
+        return False
+
+    return answer
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_the_record_names_only_the_request_id_headers_the_provider_sent(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    stream: bool,
+) -> None:
+    """LiteLLM adds a `request-id` of its own beside the provider's `x-request-id` (a
+    copy): the record named a `request-id` header the provider never sent."""
+    provider = start_raw(_answer_naming_itself(stream))
+    gateway = hosted_gateway(start_gateway, tmp_path, f"{provider.url}/v1", "m")
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions", json=body, headers=gateway.headers, timeout=60
+    )
+    assert response.status_code == 200, response.text
+    record = completion_record(tmp_path / "log", response.headers["x-request-id"])
+    assert record["upstream"] == {
+        "response_id": "chatcmpl-own_0002",
+        "request_ids": [{"header": "x-request-id", "value": "req_own-0002"}],
+    }

@@ -511,6 +511,38 @@ def test_an_id_litellm_made_up_is_not_recorded_as_the_providers() -> None:
         )
 
 
+def test_the_request_id_litellm_copies_is_not_recorded_as_a_providers_header() -> None:
+    """LiteLLM keeps the provider's headers as `llm_provider-<name>` and adds a
+    `request-id` of its own, a copy of `x-request-id`: the record said the provider sent
+    a `request-id` header it never sent. The headers LiteLLM received are used where it
+    keeps them (`_response_headers`); from its copies, a `request-id` equal to the
+    `x-request-id` is left out. A provider's own `request-id` (Anthropic's) is kept."""
+
+    class Answer:
+        def __init__(self, received: dict[str, str] | None, copies: dict[str, str]) -> None:
+            self.id = "chatcmpl-B9MBs8CjcvOU2jLn4n570S5qMJKcT"
+            self._response_headers = received
+            self._hidden_params = {"additional_headers": copies}
+
+    copies = {
+        "llm_provider-x-request-id": "req_x",
+        "llm_provider-request-id": "req_x",
+        "request-id": "req_x",
+    }
+    only_x = UpstreamIds("chatcmpl-B9MBs8CjcvOU2jLn4n570S5qMJKcT", (("x-request-id", "req_x"),))
+    for answer in (Answer({"x-request-id": "req_x", "server": "s"}, copies), Answer(None, copies)):
+        assert UpstreamIds.of(*provider_ids(answer, answer)) == only_x
+    anthropic = Answer(None, {"llm_provider-request-id": "req_a", "request-id": "req_a"})
+    assert UpstreamIds.of(*provider_ids(anthropic, anthropic)) == UpstreamIds(
+        "chatcmpl-B9MBs8CjcvOU2jLn4n570S5qMJKcT", (("request-id", "req_a"),)
+    )
+    both = Answer({"x-request-id": "req_x", "request-id": "req_r"}, copies)
+    assert UpstreamIds.of(*provider_ids(both, both)) == UpstreamIds(
+        "chatcmpl-B9MBs8CjcvOU2jLn4n570S5qMJKcT",
+        (("request-id", "req_r"), ("x-request-id", "req_x")),
+    )
+
+
 @pytest.mark.parametrize(
     "name", ["MAX_BODY_BYTES", "MAX_HELD_ANSWER_BYTES", "FLUSH_MS", "CHECKPOINT_MS"]
 )

@@ -5,16 +5,20 @@ ECDSA ones (issue 15, layer 2)."""
 
 from __future__ import annotations
 
+import ssl
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.x509 import DNSName
 from cryptography.x509.oid import NameOID
+from cryptography.x509.verification import PolicyBuilder, Store
 
 from gateway.cli.main import main
+from gateway.pki import Issued
 
 
 @pytest.fixture
@@ -113,3 +117,96 @@ def test_an_organisations_rsa_ca_signs_what_chains_to_it(tmp_path: Path) -> None
     key.public_key().verify(
         issued.signature, issued.tbs_certificate_bytes, padding.PKCS1v15(), hashes.SHA256()
     )
+
+
+def _ca(name: str, now: datetime, issuer: Issued | None = None) -> Issued:
+    """An organisation's CA: its root (`issuer` None, no path length limit) or an issuing
+    CA under it (what step-ca issues from)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    signer = key if issuer is None else serialization.load_pem_private_key(issuer.key_pem, None)
+    assert isinstance(signer, ec.EllipticCurvePrivateKey)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject if issuer is None else issuer.certificate.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=365))
+        .add_extension(
+            x509.BasicConstraints(ca=True, path_length=None if issuer is None else 0), True
+        )
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False), True
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
+    )
+    if issuer is not None:
+        builder = builder.add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(signer.public_key()), False
+        )
+    return Issued(
+        builder.sign(signer, hashes.SHA256()).public_bytes(serialization.Encoding.PEM),
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+    )
+
+
+def _handshake(server: ssl.SSLContext, client: ssl.SSLContext, name: str) -> None:
+    """A TLS handshake in memory, with the OpenSSL the gateway's connections use."""
+    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
+    tls_client = client.wrap_bio(c_in, c_out, server_hostname=name)
+    tls_server = server.wrap_bio(s_in, s_out, server_side=True)
+    done = {"client": False, "server": False}
+    for _ in range(10):
+        for side, tls in (("client", tls_client), ("server", tls_server)):
+            if not done[side]:
+                try:
+                    tls.do_handshake()
+                    done[side] = True
+                except ssl.SSLWantReadError:
+                    pass
+        s_in.write(c_out.read())
+        c_in.write(s_out.read())
+        if all(done.values()):
+            return
+    raise AssertionError("the handshake did not finish")
+
+
+def test_a_certificate_of_an_issuing_ca_carries_its_chain_to_the_root(tmp_path: Path) -> None:
+    """Signed by an organisation's issuing CA (not its root), the certificate file held
+    the leaf alone: a server given it sent no intermediate, and a client trusting the
+    root (the gateway with it as `ca_file`, `openssl s_client -CAfile root.pem`) could
+    not chain it. The file now holds the leaf, then the issuing CA, as servers send it."""
+    now = datetime.now(UTC)
+    root = _ca("acme root", now)
+    issuing = _ca("acme issuing CA", now, issuer=root)
+    (tmp_path / "ca.pem").write_bytes(issuing.cert_pem)
+    (tmp_path / "ca-key.pem").write_bytes(issuing.key_pem)
+    signer = ["--ca-cert", str(tmp_path / "ca.pem"), "--ca-key", str(tmp_path / "ca-key.pem")]
+    argv = ["backend", "cert", "issue", *signer, "--name", "gpu.internal", "--out", str(tmp_path)]
+    assert main([*argv, "--region", "eu-west-1"]) == 0
+    written = (tmp_path / "gpu.internal.pem").read_bytes()
+    leaf, *chain = x509.load_pem_x509_certificates(written)
+    assert leaf.subject.rfc4514_string() == "CN=gpu.internal"
+    assert chain == [issuing.certificate]
+    verifier = (
+        PolicyBuilder()
+        .store(Store([root.certificate]))
+        .build_server_verifier(DNSName("gpu.internal"))
+    )
+    verifier.verify(leaf, chain)  # raises VerificationError if it does not chain
+
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(tmp_path / "gpu.internal.pem", tmp_path / "gpu.internal-key.pem")
+    client = ssl.create_default_context(cadata=root.cert_pem.decode())
+    _handshake(server, client, "gpu.internal")
+
+
+def test_a_certificate_of_a_root_ca_holds_the_leaf_alone(signer: list[str], tmp_path: Path) -> None:
+    assert main([*signer, "--name", "gpu.internal", "--out", str(tmp_path)]) == 0
+    assert len(x509.load_pem_x509_certificates((tmp_path / "gpu.internal.pem").read_bytes())) == 1

@@ -158,6 +158,21 @@ def test_require_changes_the_digest_and_the_default_version() -> None:
     assert parse_policies([("p.yaml", empty)], BACKENDS).digest == plain.digest
 
 
+def test_require_written_as_one_requirement_is_the_one_item_list() -> None:
+    """Issue 15 writes `require: attested_facts`; it was refused ("Input should be a valid
+    tuple"), so a policy written from the issue's words could not be loaded."""
+    tenants = "  tenants: [t]\n"
+    listed = POLICY.replace(tenants, tenants + "  require: [attested_facts]\n")
+    bare = POLICY.replace(tenants, tenants + "  require: attested_facts\n")
+    as_list = parse_policies([("p.yaml", listed)], BACKENDS)
+    as_word = parse_policies([("p.yaml", bare)], BACKENDS)
+    assert as_word.digest == as_list.digest
+    # It requires what the list does: the declared-only and hosted backends are out.
+    assert parse_policies([("p.yaml", POLICY)], BACKENDS).decide("t", "m", None).eligible
+    assert as_word.decide("t", "m", None).eligible == ()
+    assert "attested_facts" in only_error(bare.replace("attested_facts", "attested"))
+
+
 def test_a_reload_onto_a_tagged_file_keeps_the_last_good_set_and_says_why(
     tmp_path: Path,
 ) -> None:

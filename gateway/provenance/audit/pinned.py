@@ -6,7 +6,10 @@ dispatch record of the first `size` entries whose backend id is one of `pins`, t
 the backend presented on the connection that carried the request must be one of that
 id's pins (several, across a rotation). A record of a pinned backend that names no key
 (sent over plain HTTP, or written before the backend had `tls:`) fails as well: it says
-nothing about who answered. Records of the other backends are not looked at.
+nothing about who answered, unless its completion says the attempt sent nothing: the
+connection to the backend was refused, its certificate was (the protection working), or
+the gateway had no room to open one (`_NOTHING_SENT`). Records of the other backends are
+not looked at.
 
 What it proves: the gateway recorded, for each of those requests, a TLS connection whose
 certificate held one of the owner's keys. Against a gateway that writes false records it
@@ -26,7 +29,7 @@ from gateway.provenance.errors import LogVerificationError
 from gateway.provenance.formats.record_checks import SPKI_PIN
 from gateway.provenance.formats.records import Record
 
-__all__ = ["PinnedSummary", "check_pinned", "check_pins", "is_spki_pin"]
+__all__ = ["PinnedSummary", "check_pinned", "check_pins", "is_spki_pin", "sent_nothing"]
 
 
 def is_spki_pin(text: str) -> bool:
@@ -41,11 +44,19 @@ def is_spki_pin(text: str) -> bool:
     return base64.b64encode(digest).decode("ascii") == text[8:]
 
 
+# The failures of a private backend's attempt before any of the request was written (the
+# completion's `error` is "<backend id>: <kind>"): gateway/api/private_failures.py
+# `NOT_SENT`, which tests/unit/test_pinned_unsent.py holds this to.
+_NOTHING_SENT = frozenset({"connect", "tls", "busy", "exhausted", "retired"})
+
+
 @dataclass(slots=True)
 class PinnedSummary:
-    """Backend id -> the dispatch records naming it, each over one of its pinned keys."""
+    """Backend id -> the dispatch records naming it, each over one of its pinned keys;
+    and the attempts that sent nothing (no connection: refused, or its certificate was)."""
 
     dispatches: dict[str, int] = field(default_factory=dict)
+    unsent: dict[str, int] = field(default_factory=dict)
 
 
 def check_pins(
@@ -53,13 +64,40 @@ def check_pins(
 ) -> PinnedSummary:
     """Check the dispatch records of a verified log of `size` entries against `pins`
     (backend id -> the keys it may present); raises LogVerificationError naming the first
-    record that names no key, or another key, with the key it carries and the pins."""
-    summary = PinnedSummary({backend: 0 for backend in pins})
+    record that names no key, or another key, with the key it carries and the pins. A
+    record naming no key passes only when its completion says nothing was sent."""
+    summary = PinnedSummary({backend: 0 for backend in pins}, {backend: 0 for backend in pins})
+    keyless: dict[int, Record] = {}  # dispatch index -> a pinned backend's record naming none
     for index, record in LogDirectory(directory).records(size):
+        if record.type == "completion":
+            dispatch = keyless.pop(record.data["dispatch"]["index"], None)
+            if dispatch is None:
+                continue
+            backend = dispatch.data["backend"]["id"]
+            if not sent_nothing(record.data, backend):
+                check_pinned(dispatch, record.data["dispatch"]["index"], pins)  # raises
+            summary.unsent[backend] += 1
+            continue
+        backend_of = record.data.get("backend") if record.type == "dispatch" else None
+        if isinstance(backend_of, dict) and backend_of["id"] in pins and not backend_of.get("peer"):
+            keyless[index] = record  # judged by its completion
+            continue
         backend = check_pinned(record, index, pins)
         if backend is not None:
             summary.dispatches[backend] += 1
+    for index in sorted(keyless)[:1]:  # no completion (yet): nothing says it sent nothing
+        check_pinned(keyless[index], index, pins)  # raises
     return summary
+
+
+def sent_nothing(completion: Mapping[str, object], backend: str) -> bool:
+    """Whether a completion says its attempt on `backend` failed before a byte of the
+    request was written: no answer, and one of the failures that come before writing."""
+    error = completion.get("error")
+    if completion.get("response_commitment") is not None or not isinstance(error, str):
+        return False
+    name, _, kind = error.rpartition(": ")
+    return name == backend and kind in _NOTHING_SENT
 
 
 def check_pinned(record: Record, index: int, pins: Mapping[str, frozenset[str]]) -> str | None:

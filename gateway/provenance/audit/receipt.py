@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.provenance.audit.pinned import sent_nothing
 from gateway.provenance.audit.reader import LogDirectory
 from gateway.provenance.errors import LogVerificationError
 from gateway.provenance.formats.attestation import Statement, statement_of_records
@@ -35,6 +36,7 @@ __all__ = [
     "ReceiptInclusion",
     "check_countersignature_in_log",
     "check_receipt_in_log",
+    "completion_that_sent_nothing",
     "read_receipt",
     "receipt_commitment",
 ]
@@ -155,6 +157,24 @@ def check_countersignature_in_log(
         f"countersignature (counter {statement.counter}): the log says the backend "
         "countersigned another answer, or none"
     )
+
+
+def completion_that_sent_nothing(
+    log: LogDirectory, receipt: Receipt, proved: ReceiptInclusion, backend: str
+) -> int | None:
+    """The index of the completion of the receipt's dispatch, proved in the same
+    checkpoint, when it says the attempt on `backend` sent nothing (its connection or its
+    certificate refused: `sent_nothing`), else None. Such a dispatch names no key, and is
+    no request sent over plain HTTP (`owngate audit receipt verify --backend-pin`)."""
+    link = {"index": receipt.index, "hash": receipt.dispatch_hash.hex()}
+    for index, record in log.find_request(receipt.request_id, proved.size):
+        if record.type == "completion" and record.data["dispatch"] == link:
+            if not sent_nothing(record.data, backend):
+                return None
+            entry = log.bundle(index // TILE_WIDTH, proved.size)[index % TILE_WIDTH]
+            _prove(log, index, leaf_hash(entry), proved.size, proved.root)
+            return index
+    return None
 
 
 def _prove(log: LogDirectory, index: int, leaf: bytes, size: int, root: bytes) -> None:
