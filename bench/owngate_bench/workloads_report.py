@@ -78,7 +78,10 @@ def compare(runs: Sequence[Mapping[str, Any]], targets: Sequence[str]) -> dict[s
                         "max": max(paired),
                     }
             row["ratios"] = ratios
-            row["verdict"] = _unmeasured(row, ratios) or _verdict(ratios, len(runs))
+            direct_failed = sum(
+                int(run["direct"].get("failed", 0)) for run in runs if "direct" in run
+            )
+            row["verdict"] = _unmeasured(row, ratios, direct_failed) or _verdict(ratios, len(runs))
         found[target] = row
     return found
 
@@ -110,12 +113,18 @@ def pooled_cpu(suites: Sequence[Mapping[str, Any]], targets: Sequence[str]) -> d
     return found
 
 
-def _unmeasured(row: Mapping[str, Any], ratios: Mapping[str, Any]) -> str | None:
+def _unmeasured(
+    row: Mapping[str, Any], ratios: Mapping[str, Any], direct_failed: int = 0
+) -> str | None:
     """Why a gateway's ratios are no verdict: requests failed through it (a failed request
-    is fast and produces no tokens), or a ratio the verdict reads has no repetition (none
-    completed, through it or direct). Never "within noise" on what was not measured."""
+    is fast and produces no tokens), requests failed direct (the baseline then is the
+    survivors' figures and fewer tokens: no yardstick), or a ratio the verdict reads has no
+    repetition (none completed, through it or direct). Never "within noise" on what was not
+    measured."""
     if row["failed"]:
         return f"not measured: {row['failed']} of its requests failed"
+    if direct_failed:
+        return f"not measured: {direct_failed} of direct's requests failed (no baseline)"
     missing = [label for key, label, _ in METRICS if key in VERDICT_KEYS and key not in ratios]
     if missing:
         return f"not measured: no repetition completed for {', '.join(missing)}"

@@ -200,6 +200,19 @@ def test_a_gateway_that_failed_is_never_within_noise() -> None:
     assert verdict.startswith("not measured: no repetition completed for TTFT p50")
 
 
+def test_ratios_to_a_direct_run_whose_requests_failed_are_never_a_verdict() -> None:
+    """Requests that failed direct leave the baseline to the survivors (fewer tokens, a
+    lower throughput): the gateway's ratios to it are no yardstick, "within noise" or
+    "better" alike."""
+    partly = {**_summary(100, 10, 25), "failed": 2}
+    runs = [{"direct": partly, "owngate": _summary(101, 10, 50, cpu=0.02)} for _ in range(3)]
+    verdict = compare(runs, ("direct", "owngate"))["owngate"]["verdict"]
+    assert verdict == "not measured: 6 of direct's requests failed (no baseline)"
+    runs[1]["direct"] = _summary(100, 10, 50)  # one clean repetition is not enough either
+    verdict = compare(runs, ("direct", "owngate"))["owngate"]["verdict"]
+    assert verdict == "not measured: 4 of direct's requests failed (no baseline)"
+
+
 def test_routing_verdict_needs_separated_ranges() -> None:
     assert routing_verdict({"score": [1.0, 2.0], "round_robin": [1.5, 3.0]}).startswith(
         "no strategy won"
