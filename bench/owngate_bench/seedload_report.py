@@ -51,7 +51,9 @@ def _run_figures(result: Mapping[str, Any], direct: Mapping[str, Any] | None) ->
         figures[f"dispatch_wait_{name}_ms"] = float(value)
     if "coalesced_share" in result:
         figures["coalesced_share"] = float(result["coalesced_share"])
-    if direct is not None and "error" not in direct:
+    # direct is the yardstick only when every stream it served succeeded: one that shed
+    # streams has a lower chunk rate and its survivors' TTFT, and would flatter the rest
+    if direct is not None and "error" not in direct and not direct.get("errors"):
         figures["ttft_p99_added_ms"] = figures["ttft_p99_ms"] - float(
             direct["ttft_ms"].get("p99", math.nan)
         )
@@ -107,13 +109,16 @@ def _failed(production: Mapping[str, Any]) -> str | None:
 
 
 def _behind(production: Mapping[str, Any]) -> str | None:
-    """Why a run did not carry the seed load, if one did not: its client received under
-    `_KEPT_UP` of the chunks/s direct received in the same repetition (the streams
-    queued), or over `_COALESCED_MORE` more of its chunks came several to a read than
-    direct's (the relay wrote several paced tokens at once: cheaper chunks than the
-    load's one-token writes)."""
+    """Why a run did not carry the seed load, or cannot be shown to have: its client
+    received under `_KEPT_UP` of the chunks/s direct received in the same repetition (the
+    streams queued), direct failed or served errors in that repetition (no yardstick), or
+    over `_COALESCED_MORE` more of its chunks came several to a read than direct's (the
+    relay wrote several paced tokens at once: cheaper chunks than the load's one-token
+    writes)."""
     for run in production.get("runs", []):
-        share = run.get("chunks_vs_direct", 1.0)
+        if "chunks_vs_direct" not in run:  # no clean direct run beside it: nothing says
+            return "no clean direct run in the same repetition to compare its chunks/s with"
+        share = run["chunks_vs_direct"]
         if share < _KEPT_UP:
             return f"received {share:.0%} of direct's chunks/s in the same repetition"
         mine, base = run.get("coalesced_share", 0.0), run.get("direct_coalesced_share", 0.0)

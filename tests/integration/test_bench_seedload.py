@@ -208,6 +208,26 @@ def test_production_with_errors_or_behind_the_load_is_never_met() -> None:
     assert verdicts(kept_up, direct)[0]["production_cores"]["met"] is True
 
 
+def test_production_beside_a_direct_that_failed_or_shed_streams_is_never_met() -> None:
+    """Whether production kept up with the load is read against direct's chunks/s in the
+    same repetition. A direct run that failed, or shed streams, is no yardstick: cores
+    within the target are then not measured (a production that queued behind the load
+    uses fewer cores), and its TTFT p99 added has no baseline."""
+
+    def verdicts(direct: dict[str, Any]) -> Any:
+        queued = {**_result(0.05, 11.0), "chunks_per_s": 2_500.0}  # half the load received
+        report = _report([{"direct": direct, "owngate+production": queued}])
+        return {v["id"]: v for v in report["summary"]["verdicts"]}
+
+    failed = verdicts({"error": "seedclient exited 1"})
+    shed = verdicts({**_result(0.1, 10.0), "errors": 50, "chunks_per_s": 2_500.0})
+    for found in (failed, shed):
+        assert found["production_cores"]["met"] is None, found
+        why = found["production_cores"]["why_not_measured"]
+        assert "no clean direct run in the same repetition" in why
+        assert found["production_ttft_p99_added"]["met"] is None
+
+
 def _scale_report(chat: tuple[float, float], stream: tuple[float, float]) -> dict[str, Any]:
     def result(cpu_s: float) -> dict[str, Any]:
         return {
