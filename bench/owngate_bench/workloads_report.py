@@ -162,6 +162,12 @@ def render(report: Mapping[str, Any]) -> str:
         f"{report['reps']} interleaved repetitions, machine busy "
         f"{report['machine']['busy_cores']:.2f} of {report['machine']['cores']} cores",
     ]
+    answers = report.get("known_answer")
+    if answers:
+        lines.append(
+            "the known question (What is the capital of France?), asked before measuring: "
+            + "; ".join(f"{t} {a.strip()[:60]!r}" for t, a in answers.items())
+        )
     header = (
         f"  {'target':20} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} "
         f"{'tok/s':>7} {'gw CPU ms/req':>13} {'µs/token':>8}  ratios TTFT/ITL/tok/s (range)"

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from gateway.config import load_config
+from owngate_bench.workloads import wrong_answers
 from owngate_bench.workloads_client import ClientSpec, Result, prompt_text, summarize
 from owngate_bench.workloads_report import compare
 from owngate_bench.workloads_routing import verdict as routing_verdict
@@ -100,6 +101,10 @@ def test_quick_run_through_a_real_llama_server_with_smollm2(tmp_path: Path) -> N
     assert report["backend"] == "llamacpp"
     assert Path(report["backend_detail"]["model"]).name == installation.smollm2_model.name
     assert [s["name"] for s in report["suites"]] == ["chat", "sweep-0.5"]
+    # asked before measuring, as the run serves the model: direct and through each gateway
+    assert set(report["known_answer"]) == set(TARGETS)
+    assert all("paris" in answer.lower() for answer in report["known_answer"].values())
+    assert "the known question" in proc.stdout
     for suite in report["suites"]:
         for run in suite["runs"]:
             assert set(run) == set(TARGETS)
@@ -111,6 +116,15 @@ def test_quick_run_through_a_real_llama_server_with_smollm2(tmp_path: Path) -> N
             row = suite["targets"][target]
             assert {"median_ttft_ms", "median_itl_ms", "output_throughput"} <= set(row["ratios"])
             assert row["verdict"] and not row["verdict"].startswith("not measured")
+
+
+def test_a_target_whose_answer_lacks_the_known_one_is_named() -> None:
+    answers = {
+        "direct": "The capital of France is Paris.",
+        "owngate": "L'Étoile, la Marseillaise, la femme au roi, la",
+        "owngate+production": "failed: HTTP Error 503: Service Unavailable",
+    }
+    assert wrong_answers(answers) == ["owngate", "owngate+production"]
 
 
 def test_prompts_are_fresh_and_about_the_asked_length() -> None:
