@@ -127,10 +127,31 @@ def _behind(production: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _undriven(per_target: Mapping[str, Any]) -> str | None:
+    """Why the arrivals did not go out as scheduled in some run, if they did not: the load
+    generator used over `_CLIENT_CORES_LIMIT` of a core (it could not drive the load), or
+    its sends went out over `_SEND_LAG_P99_LIMIT_MS` late at p99. The target then carried
+    a lighter, burstier load than the seed load, however it kept up with direct."""
+    for name, target in per_target.items():
+        for run in target.get("runs", []):
+            if run["client_cores"] > _CLIENT_CORES_LIMIT:
+                return (
+                    f"the load was not driven: the load generator used {run['client_cores']:.2f} "
+                    f"core in a run of {name}"
+                )
+            if run["send_lag_p99_ms"] > _SEND_LAG_P99_LIMIT_MS:
+                return (
+                    f"the load was not driven: arrivals went out {run['send_lag_p99_ms']:.1f} ms "
+                    f"late (p99) in a run of {name}"
+                )
+    return None
+
+
 def _verdicts(per_target: Mapping[str, Any], scale: float) -> list[dict[str, Any]]:
     """Production's cores and added TTFT p99: not measured when its runs failed or had
-    errors; cores within the target are not measured either when it fell behind the load
-    (cores over the target are a miss all the same: carrying it would take more)."""
+    errors; cores within the target are not measured either when it fell behind the load,
+    or the arrivals were not sent as scheduled (cores over the target are a miss all the same:
+    carrying the full load would take more)."""
     target = per_target.get("owngate+production", {})
     production = target.get("median", {})
     cores = production.get("cores", math.nan) / scale
@@ -138,6 +159,10 @@ def _verdicts(per_target: Mapping[str, Any], scale: float) -> list[dict[str, Any
     how = "measured" if scale == 1.0 else f"projected from {scale:g} of the load (cores / scale)"
     failed = _failed(target)
     behind = None if failed else _behind(target)
+    if behind:
+        behind = f"fell behind the load: {behind}"
+    elif not failed:
+        behind = _undriven(per_target)
     cores_met = None if failed else _met(cores, MAX_PRODUCTION_CORES)
     if cores_met and behind:
         cores_met = None
@@ -149,7 +174,7 @@ def _verdicts(per_target: Mapping[str, Any], scale: float) -> list[dict[str, Any
             "target": MAX_PRODUCTION_CORES,
             "how": how,
             "met": cores_met,
-            "why_not_measured": failed or (f"fell behind the load: {behind}" if behind else None),
+            "why_not_measured": failed or behind,
         },
         {
             "id": "production_ttft_p99_added",

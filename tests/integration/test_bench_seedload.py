@@ -228,6 +228,36 @@ def test_production_beside_a_direct_that_failed_or_shed_streams_is_never_met() -
         assert found["production_ttft_p99_added"]["met"] is None
 
 
+def test_cores_at_a_load_the_client_could_not_drive_are_never_met() -> None:
+    """When the load generator ran out of CPU, or its arrivals went out late, every target
+    carried a lighter load than the seed load, all alike: production keeps up with direct
+    and its cores within the target say nothing about the seed load. Over the target
+    they are a miss all the same."""
+
+    def cores(direct: dict[str, Any], production: dict[str, Any]) -> dict[str, Any]:
+        report = _report([{"direct": direct, "owngate+production": production}])
+        verdict: dict[str, Any] = report["summary"]["verdicts"][0]
+        assert verdict["id"] == "production_cores"
+        if verdict["met"] is None:
+            assert "the load was not driven" in render(report)
+        return verdict
+
+    saturated = _result(0.05, 11.0, client_cpu=1.9)  # 0.95 core of client
+    found = cores(_result(0.2, 10.0), saturated)
+    assert found["met"] is None
+    assert found["why_not_measured"] == (
+        "the load was not driven: the load generator used 0.95 core in a run of owngate+production"
+    )
+    late = {**_result(0.05, 11.0), "send_lag_ms": {"p99": 40.0}}
+    found = cores(_result(0.2, 10.0), late)
+    assert found["met"] is None and "40.0 ms late (p99)" in found["why_not_measured"]
+    assert (
+        cores(_result(0.2, 10.0), {**late, "cpu_s": {**late["cpu_s"], "target": 0.5}})["met"]
+        is False
+    )  # 1 core projected: a miss whatever the load
+    assert cores(_result(0.2, 10.0), _result(0.05, 11.0))["met"] is True
+
+
 def _scale_report(chat: tuple[float, float], stream: tuple[float, float]) -> dict[str, Any]:
     def result(cpu_s: float) -> dict[str, Any]:
         return {
