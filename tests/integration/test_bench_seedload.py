@@ -82,7 +82,14 @@ def test_tiny_seed_load_run_writes_the_report(tmp_path: Path) -> None:
     assert "dispatch_wait_ms" not in rep["owngate"]
     verdicts = {v["id"]: v for v in report["summary"]["verdicts"]}
     assert set(verdicts) == {"production_cores", "production_ttft_p99_added"}
-    assert all(v["met"] in (True, False) for v in verdicts.values())
+    assert verdicts["production_ttft_p99_added"]["met"] in (True, False)
+    # cores are judged, or (a busy machine sent the arrivals late, the relay fell behind)
+    # not measured with the reason: never left unexplained
+    cores = verdicts["production_cores"]
+    assert cores["met"] in (True, False) or (
+        "the load was not driven" in cores["why_not_measured"]
+        or "fell behind the load" in cores["why_not_measured"]
+    ), cores
     assert verdicts["production_cores"]["how"].startswith("projected from 0.1 ")
     assert "owngate+production" in proc.stdout and "verdicts:" in proc.stdout
     # the production target ran the production configuration: log on, two backends
