@@ -5,9 +5,9 @@ vLLM ends a stream that fails after its first tokens with `data: {"error": ...}`
 client got no answer: counted as completed, such streams made a failing target look
 like a fast one (fewer tokens, an early end) and let its verdicts be judged. Each client
 (the overhead load generator, the seed-load client, the workloads' vLLM-compatible
-client) is driven against a scripted backend that answers exactly that; each must count
-every such stream as an error. A clean stream from the same backend must still count as
-completed, so the checks cannot pass by failing everything.
+client, the instruction counter's load) is driven against a scripted backend that answers
+exactly that; each must count every such stream as an error. A clean stream from the same
+backend must still count as completed, so the checks cannot pass by failing everything.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from owngate_bench import loadgen, seedclient, workloads_client
+from owngate_bench import instructions, loadgen, seedclient, workloads_client
 from owngate_bench.loadspec import LoadSpec
 from owngate_bench.seedclient import SeedSpec
 from owngate_bench.workloads_client import ClientSpec
@@ -127,3 +127,17 @@ def test_the_workloads_client_counts_an_error_event_as_a_failed_request(
         assert summary["errors"][0].startswith("error event in the stream"), summary
     else:
         assert (summary["completed"], summary["failed"]) == (_REQUESTS, 0), summary
+
+
+def test_the_instruction_counters_load_fails_on_an_error_event(
+    stream: tuple[RawBackend, bool],
+) -> None:
+    backend, failing = stream
+    body = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}'
+    if failing:
+        with pytest.raises(RuntimeError, match="error event"):
+            instructions._load(backend.port, "sk-test", body, _REQUESTS, 1)
+    else:
+        assert (
+            instructions._load(backend.port, "sk-test", body, _REQUESTS, 1) == 4 * _REQUESTS
+        )  # its `data: {` events
