@@ -5,9 +5,10 @@ vLLM ends a stream that fails after its first tokens with `data: {"error": ...}`
 client got no answer: counted as completed, such streams made a failing target look
 like a fast one (fewer tokens, an early end) and let its verdicts be judged. Each client
 (the overhead load generator, the seed-load client, the workloads' vLLM-compatible
-client, the instruction counter's load) is driven against a scripted backend that answers
-exactly that; each must count every such stream as an error. A clean stream from the same
-backend must still count as completed, so the checks cannot pass by failing everything.
+client, the instruction counter's load, the routing benchmark's replay) is driven
+against a scripted backend that answers exactly that; each must count every such stream
+as an error. A clean stream from the same backend must still count as completed, so the
+checks cannot pass by failing everything.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from owngate_bench import instructions, loadgen, seedclient, workloads_client
+from owngate_bench import instructions, loadgen, openloop, seedclient, workloads_client
+from owngate_bench.arrivals import TraceRequest, write_trace
 from owngate_bench.loadspec import LoadSpec
 from owngate_bench.seedclient import SeedSpec
 from owngate_bench.workloads_client import ClientSpec
@@ -141,3 +144,22 @@ def test_the_instruction_counters_load_fails_on_an_error_event(
         assert (
             instructions._load(backend.port, "sk-test", body, _REQUESTS, 1) == 4 * _REQUESTS
         )  # its `data: {` events
+
+
+def test_the_routing_replay_counts_an_error_event_as_an_error(
+    stream: tuple[RawBackend, bool], tmp_path: Path
+) -> None:
+    backend, failing = stream
+    trace = tmp_path / "trace.jsonl"
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    write_trace(trace, [TraceRequest(0.01 * i, "chat", body) for i in range(_REQUESTS)])
+    spec = openloop.ReplaySpec(
+        host="127.0.0.1",
+        port=backend.port,
+        api_key="sk-test",
+        trace=str(trace),
+        grace_s=10.0,
+        connections=1,
+    )
+    outcomes = [row[3] for row in openloop.replay(spec)["requests"]]
+    assert outcomes == ["error_event" if failing else "ok"] * _REQUESTS
