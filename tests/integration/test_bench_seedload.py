@@ -233,6 +233,14 @@ def test_production_beside_a_direct_that_failed_or_shed_streams_is_never_met() -
         why = found["production_cores"]["why_not_measured"]
         assert "no clean direct run in the same repetition" in why
         assert found["production_ttft_p99_added"]["met"] is None
+    # three repetitions, direct failed in one: the TTFT p99 added of the other two (+1 ms,
+    # met) is not the run's median
+    good = {"direct": _result(0.2, 10.0), "owngate+production": _result(0.05, 11.0)}
+    bad = {"direct": {"error": "seedclient exited 1"}, "owngate+production": _result(0.05, 90.0)}
+    report = _report([good, bad, good])
+    added = {v["id"]: v for v in report["summary"]["verdicts"]}["production_ttft_p99_added"]
+    assert added["met"] is None
+    assert added["why_not_measured"] == "no clean direct run beside it in 1 repetition(s)"
 
 
 def test_cores_at_a_load_the_client_could_not_drive_are_never_met() -> None:
