@@ -332,6 +332,23 @@ def test_scale_is_never_flat_on_runs_with_errors() -> None:
     assert runs["2"]["chat c=64"]["cpu_s"]["target"] == pytest.approx(0.44)
 
 
+def test_scale_is_not_judged_when_a_repetition_served_errors() -> None:
+    """The figure shown is the median of the clean repetitions, but a run with one that
+    served errors (or failed) at a load is no verdict of flatness at that load."""
+    reps = [_scale_report(chat=(0.4, c), stream=(0.8, 0.8))["runs"] for c in (0.1, 0.44, 0.5)]
+    reps[0]["2"]["chat c=64"]["errors"] = 5
+    reps[2]["1"]["stream c=64"] = {"error": "loadgen exited 1"}
+    runs = median_runs(reps, [1, 2])
+    report = {"machine": {"cpus": 2}, "settings": {"workers": [1, 2]}, "runs": runs, "reps": reps}
+    chat, stream = flatness(report)
+    assert chat["cpu_ms_per_request"]["2"] == pytest.approx(0.44)  # the figure is shown
+    assert (chat["flat"], stream["flat"]) == (None, None)
+    assert chat["why_not_measured"] == "a repetition failed or served errors (N=2)"
+    assert "chat c=64: not measured: a repetition failed or served errors (N=2)" in (
+        render_scale(report)
+    )
+
+
 def test_seed_load_verdicts_agree_with_the_figures_they_print() -> None:
     """0.5004 core is over the 0.5 target: printed "0.500" it would read as met."""
     over = {"direct": _result(0.2, 10.0), "owngate+production": _result(0.2502, 11.0)}
