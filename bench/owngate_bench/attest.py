@@ -10,12 +10,13 @@ behind a gateway: each sidecar's log then holds exactly one party's traffic) and
 gateways with the provenance log on: `gateway` to the backend, `gateway+sidecar` to the
 second sidecar, attested. Each target gets the same closed-loop load (whole answers,
 concurrency 1 by default: latency, not throughput), in turn, with the load generator in
-its own process. Reported: p50/p99 latency per target, the p50 the sidecar adds (via
-sidecar - direct; gateway+sidecar - gateway) and the sidecar's CPU per request (from
-/proc). The issue's targets: <= 0.3 ms p50 added, <= 100 µs CPU per request. At the end
-the gateway's log is audited against the sidecar's (`owngate audit verify --backend-key
---attest-log`). On a shared machine the figures move; the command prints how busy the
-machine was.
+its own process; `--reps` (3) repetitions, the order of the targets rotated each time.
+Reported, as medians of the repetitions: p50/p99 latency per target, the p50 the sidecar
+adds (via sidecar - direct; gateway+sidecar - gateway, taken within each repetition) and
+the sidecar's CPU per request (from /proc). The issue's targets: <= 0.3 ms p50 added,
+<= 100 µs CPU per request. At the end the gateway's log is audited against the
+sidecar's (`owngate audit verify --backend-key --attest-log`). On a shared machine the
+figures move; the command prints how busy the machine was.
 
 Exit codes: 0 ran cleanly (targets are reported, not enforced); 1 a load point failed or
 the audit did not pass; 2 usage.
@@ -29,15 +30,17 @@ import hashlib
 import json
 import os
 import secrets
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from owngate_bench.loadgen import LoadSpec, run_in_subprocess
+from owngate_bench.overhead_points import rotated
 from owngate_bench.services import (
     HOST,
     Service,
@@ -66,6 +69,13 @@ SIDECAR_CPU_US = 100.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per target (5)")
+    parser.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help="interleaved repetitions, the order of the targets rotated each time; figures "
+        "are their medians (3; 1 with --quick)",
+    )
     parser.add_argument("--concurrency", type=int, default=1, help="clients at once (1)")
     parser.add_argument("--stream", action="store_true", help="streamed answers instead")
     parser.add_argument("--quick", action="store_true", help="a short run, for smoke tests")
@@ -174,59 +184,99 @@ def _started(rundir: Path, api_key: str, args: argparse.Namespace) -> Iterator[d
 
 def _measure(
     services: Mapping[str, Service], api_key: str, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """`_reps(args)` repetitions, each every target in turn, in an order rotated from one
+    repetition to the next (no target always first)."""
+    return [
+        {t: _measure_one(services, api_key, args, t) for t in rotated(list(TARGETS), rep)}
+        for rep in range(_reps(args))
+    ]
+
+
+def _reps(args: argparse.Namespace) -> int:
+    """--reps, else 3 (1 with --quick)."""
+    return int(args.reps) if args.reps is not None else (1 if args.quick else 3)
+
+
+def _measure_one(
+    services: Mapping[str, Service], api_key: str, args: argparse.Namespace, target: str
 ) -> dict[str, Any]:
-    results: dict[str, Any] = {}
     duration = 1.0 if args.quick else args.duration
-    for target in TARGETS:
-        service = services[target]
-        pids = {"target": service.proc.pid}
-        if target == "sidecar":
-            pids["sidecar"] = service.proc.pid
-        if target == "gateway+sidecar":
-            pids["sidecar"] = services["sidecar-gw"].proc.pid
-        spec = LoadSpec(
-            host=HOST,
-            port=service.port,
-            api_key=api_key,
-            model=MODEL,
-            stream=args.stream,
-            concurrency=args.concurrency,
-            duration_s=duration,
-            warmup_s=0.2 if args.quick else 1.0,
-            warmup_requests=50 if args.quick else 500,
-            cpu_pids=pids,
-            max_tokens=REAL_MAX_TOKENS if args.backend == "real" else LoadSpec.max_tokens,
-        )
-        try:
-            results[target] = run_in_subprocess(spec, env=child_env())
-        except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
-            results[target] = {"error": str(exc)[-2000:]}
-    return results
+    service = services[target]
+    pids = {"target": service.proc.pid}
+    if target == "sidecar":
+        pids["sidecar"] = service.proc.pid
+    if target == "gateway+sidecar":
+        pids["sidecar"] = services["sidecar-gw"].proc.pid
+    spec = LoadSpec(
+        host=HOST,
+        port=service.port,
+        api_key=api_key,
+        model=MODEL,
+        stream=args.stream,
+        concurrency=args.concurrency,
+        duration_s=duration,
+        warmup_s=0.2 if args.quick else 1.0,
+        warmup_requests=50 if args.quick else 500,
+        cpu_pids=pids,
+        max_tokens=REAL_MAX_TOKENS if args.backend == "real" else LoadSpec.max_tokens,
+    )
+    try:
+        return run_in_subprocess(spec, env=child_env())
+    except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+        return {"error": str(exc)[-2000:]}
 
 
-def _figures(results: Mapping[str, Any]) -> dict[str, Any]:
-    """Per target: requests, p50/p99 latency (ms), sidecar CPU µs per request; and what
-    the sidecar adds."""
+def _row(result: Mapping[str, Any]) -> dict[str, Any] | None:
+    """One repetition of one target: requests, p50/p99 (ms), sidecar CPU µs per request."""
+    if "error" in result or not result.get("requests"):
+        return None
+    requests = result["requests"]
+    sidecar_cpu = result["cpu_s"].get("sidecar")
+    return {
+        "requests": requests,
+        "errors": result["errors"],
+        "p50_ms": result["latency_ms"]["p50"],
+        "p99_ms": result["latency_ms"]["p99"],
+        "sidecar_cpu_us_per_req": None if sidecar_cpu is None else 1e6 * sidecar_cpu / requests,
+    }
+
+
+def _figures(results: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per target over the repetitions (one result per target, or a list of them): requests
+    and errors summed, medians of p50, p99 and sidecar CPU per request (None when a
+    repetition failed); and the p50 the sidecar adds, the median of each repetition's own
+    difference (None when a repetition of either side failed or had errors)."""
+    reps = [results] if isinstance(results, Mapping) else list(results)
+    per_rep = [{target: _row(result) for target, result in rep.items()} for rep in reps]
     rows: dict[str, Any] = {}
-    for target, result in results.items():
-        if "error" in result or not result.get("requests"):
+    for target in per_rep[0] if per_rep else ():
+        got = [rep.get(target) for rep in per_rep]
+        if any(row is None for row in got):
             rows[target] = None
             continue
-        requests = result["requests"]
-        sidecar_cpu = result["cpu_s"].get("sidecar")
+        found = [row for row in got if row is not None]
+        cpu = [row["sidecar_cpu_us_per_req"] for row in found]
         rows[target] = {
-            "requests": requests,
-            "errors": result["errors"],
-            "p50_ms": result["latency_ms"]["p50"],
-            "p99_ms": result["latency_ms"]["p99"],
-            "sidecar_cpu_us_per_req": None if sidecar_cpu is None else 1e6 * sidecar_cpu / requests,
+            "requests": sum(row["requests"] for row in found),
+            "errors": sum(row["errors"] for row in found),
+            "p50_ms": statistics.median(row["p50_ms"] for row in found),
+            "p99_ms": statistics.median(row["p99_ms"] for row in found),
+            "sidecar_cpu_us_per_req": None if None in cpu else statistics.median(cpu),
+            "reps": len(found),
         }
 
     def added(over: str, base: str) -> float | None:
-        a, b = _clean(rows.get(over)), _clean(rows.get(base))
-        return None if a is None or b is None else a["p50_ms"] - b["p50_ms"]
+        diffs = []
+        for rep in per_rep:
+            a, b = _clean(rep.get(over)), _clean(rep.get(base))
+            if a is None or b is None:
+                return None
+            diffs.append(a["p50_ms"] - b["p50_ms"])
+        return statistics.median(diffs) if diffs else None
 
     return {
+        "reps": len(reps),
         "targets": rows,
         "added_p50_ms": {
             "sidecar": added("sidecar", "direct"),
@@ -262,9 +312,11 @@ def _audit(rundir: Path) -> str | None:
 
 
 def _render(report: Mapping[str, Any]) -> str:
+    reps = int(report.get("reps", 1))
     lines = [
         f"owngate bench attest: concurrency {report['concurrency']}, "
         f"{'streams' if report['stream'] else 'whole answers'}, {report['backend_name']}; "
+        f"medians of {reps} interleaved repetition{'s' * (reps != 1)}; "
         f"the machine was {report['machine_busy']:.0%} busy (shared machines move these)",
         f"  {'target':<17} {'requests':>8} {'p50 ms':>8} {'p99 ms':>8} {'sidecar CPU/req':>16}",
     ]
@@ -304,8 +356,11 @@ def _verdict(value: float | None, target: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.concurrency < 1 or args.duration <= 0:
-        print("owngate bench attest: --concurrency >= 1 and --duration > 0", file=sys.stderr)
+    if args.concurrency < 1 or args.duration <= 0 or _reps(args) < 1:
+        print(
+            "owngate bench attest: --concurrency >= 1, --duration > 0 and --reps >= 1",
+            file=sys.stderr,
+        )
         return 2
     if args.backend == "real" and not (_real_dir(args) / "bin" / "llama-server").exists():
         print(

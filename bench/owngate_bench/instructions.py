@@ -148,6 +148,10 @@ def _load(port: int, api_key: str, body: bytes, total: int, concurrency: int) ->
                 if answer.status != 200:
                     errors.append(f"status {answer.status}: {data[:200]!r}")
                     return
+                at = data.find(b'"error":')  # an error event: an SDK raises there
+                if at >= 0:
+                    errors.append(f"error event: {data[at : at + 200]!r}")
+                    return
                 received[slot] += data.count(b"data: {")
         except OSError as exc:
             errors.append(repr(exc))

@@ -146,6 +146,7 @@ class _Connection(asyncio.Protocol):
         self.chunks = 0
         self.reads = 0  # body pieces of a stream: how finely the server's writes arrived
         self.done = False
+        self.error_event = False  # a `"error":` key in the stream: an SDK raises there
         self.body = bytearray()
         self._tail = b""
         self._pending_line = b""
@@ -170,6 +171,7 @@ class _Connection(asyncio.Protocol):
     def exchange(self, request: bytes) -> asyncio.Future[None]:
         assert self._transport is not None
         self.status, self.chunks, self.reads, self.done = 0, 0, 0, False
+        self.error_event = False
         self.first_content_at = 0.0
         self.body.clear()
         self._tail = self._pending_line = b""
@@ -193,13 +195,16 @@ class _Connection(asyncio.Protocol):
             if len(self.body) < 65536:
                 self.body += body
             return
-        # Count SSE events cheaply; the 5-byte tail catches markers split across reads.
+        # Count SSE events cheaply; the 7-byte tail catches markers split across reads.
+        # `"error":` is a JSON key only (a quote in content is escaped: `\"error\":`).
         self.reads += 1
         data = self._tail + body
         self.chunks += data.count(b"data:") - self._tail.count(b"data:")
         if b"[DONE]" in data:
             self.done = True
-        self._tail = data[-5:]
+        if b'"error":' in data:
+            self.error_event = True
+        self._tail = data[-7:]
         if not self.first_content_at:
             self._scan_for_content(body)
 
@@ -274,6 +279,8 @@ class _Runner:
             phase.error(f"status_{conn.status}", bytes(conn.body).decode("utf-8", "replace"))
         elif not self.spec.stream and b'"choices"' not in conn.body:
             phase.error("bad_body", bytes(conn.body).decode("utf-8", "replace"))
+        elif self.spec.stream and conn.error_event:
+            phase.error("error_event", f"{conn.chunks} chunks")
         elif self.spec.stream and not (conn.done and conn.first_content_at):
             kind = "no_content" if conn.done else "no_done"
             phase.error(kind, f"{conn.chunks} chunks")

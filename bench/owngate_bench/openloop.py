@@ -76,6 +76,7 @@ class _Stream(asyncio.Protocol):
         self.first_content_at = 0.0
         self.chunks = 0
         self.done = False
+        self.error_event = False  # an event with a `"error":` key: an SDK raises there
         self.error_body = bytearray()
         self._pending = b""
 
@@ -124,6 +125,9 @@ class _Stream(asyncio.Protocol):
             payload = line[5:].strip()
             if payload == b"[DONE]":
                 self.done = True
+                continue
+            if b'"error":' in payload:  # a JSON key only: a quote in content is escaped
+                self.error_event = True
                 continue
             if self.first_content_at:
                 self.chunks += 1
@@ -184,6 +188,8 @@ class _Replay:
         self.busy.discard(stream)
         if stream.status != 200:
             result[3] = f"status_{stream.status}"
+        elif stream.error_event:
+            result[3] = "error_event"
         elif not (stream.done and stream.first_content_at):
             result[3] = "broken"
         else:

@@ -80,7 +80,9 @@ def _cell(value: float | None, digits: int) -> str:
 
 def verdicts(points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per (backend, concurrency): the median over its runs of the on/off req/s ratio and
-    of the added TTFT p50, each against its target (None where no run measured it)."""
+    of the added TTFT p50, each against its target; None unless every run measured it (a
+    run that failed or answered with errors has no ratio: the median of the others would
+    be the median of the runs that went well, not of the point's runs)."""
     grouped: dict[tuple[str, int], list[Mapping[str, float | None]]] = {}
     for row in points:
         grouped.setdefault((row["backend"], row["concurrency"]), []).append(row["ratios"])
@@ -88,8 +90,8 @@ def verdicts(points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for (backend, concurrency), runs in grouped.items():
         ratios = [float(x) for r in runs if (x := r.get("req_per_s")) is not None]
         added = [float(x) for r in runs if (x := r.get("added_ttft_p50_ms")) is not None]
-        ratio = statistics.median(ratios) if ratios else None
-        ttft = statistics.median(added) if added else None
+        ratio = statistics.median(ratios) if ratios and len(ratios) == len(runs) else None
+        ttft = statistics.median(added) if added and len(added) == len(runs) else None
         enough = None if ratio is None else passes(ratio, ">=", MIN_THROUGHPUT_RATIO)
         found.append(
             {

@@ -97,7 +97,9 @@ def _config(sim_port: int, port: int, key_hash: str, logdir: Path, key: Path, mo
 
 
 def _cpu_ms(result: dict[str, Any]) -> float | None:
-    if "error" in result or not result.get("requests"):
+    """CPU ms per request; None when the run failed or answered with errors (a failed
+    answer costs less than a receipted one: no figure for the medians or the ratio)."""
+    if "error" in result or not result.get("requests") or result.get("errors"):
         return None
     return 1000.0 * float(result["cpu_s"]["gateway"]) / float(result["requests"])
 
@@ -214,9 +216,10 @@ def run(args: argparse.Namespace) -> int:
                         results[mode] = {"error": str(exc)[-2000:]}
                 row = {"repeat": repeat, "concurrency": concurrency, "order": list(order)}
                 for mode in MODES:
+                    cpu_ms = _cpu_ms(results[mode])
                     row[mode] = {
-                        "req_per_s": results[mode].get("req_per_s"),
-                        "cpu_ms_per_req": _cpu_ms(results[mode]),
+                        "req_per_s": None if cpu_ms is None else results[mode].get("req_per_s"),
+                        "cpu_ms_per_req": cpu_ms,
                         "errors": results[mode].get("errors", results[mode].get("error")),
                     }
                 rows.append(row)

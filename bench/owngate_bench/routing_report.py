@@ -4,7 +4,8 @@
 and load samples into the run's figures. Percentiles are nearest-rank over every request
 that was not refused or broken; a request cut off at the end of the run counts with the
 time it had waited so far, a lower bound, so a strategy that leaves requests queued is
-never flattered by dropping them. `evaluate_targets` checks the issue's targets:
+never flattered by dropping them; an arm with refused or broken requests is no figure for
+a target (those are not in its percentiles). `evaluate_targets` checks the issue's targets:
 
 - `hetero_p99_ttft`: on the heterogeneous pool, the scorer's p99 TTFT <= 0.5x round
   robin's;
@@ -108,7 +109,12 @@ _STRATEGIES = ("round_robin", "least_inflight", "score")
 def _figure(
     report: Mapping[str, Any], scenario: str, arm: str, metric: str, of: str = "ttft_ms"
 ) -> float | None:
+    """An arm's figure; None when it did not run or some of its requests were refused or
+    broke: those leave the percentiles (a strategy that sheds its slow requests would look
+    fastest), so such an arm is no figure for a target."""
     runs = report.get("scenarios", {}).get(scenario, {}).get("arms", {})
+    if runs.get(arm, {}).get("outcomes", {}).get("errors"):
+        return None
     value = runs.get(arm, {}).get(of, {}).get(metric)
     return None if value is None else float(value)
 
@@ -197,7 +203,9 @@ def evaluate_targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def median_targets(runs: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
     """Each target judged by the median of its values over several traces (`runs`: the
-    `evaluate_targets` of each); `per_run` keeps every value. One run: its own targets."""
+    `evaluate_targets` of each); `per_run` keeps every value. One run: its own targets.
+    A trace that did not measure a target (an arm missing, or one with refused requests)
+    leaves it not measured: the median of the other traces is not the median of all."""
     combined = []
     for position, first in enumerate(runs[0]):
         values = [run[position]["value"] for run in runs]
@@ -205,7 +213,7 @@ def median_targets(runs: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str
         target = _target(
             first["id"],
             first["text"],
-            statistics.median(known) if known else None,
+            statistics.median(known) if known and len(known) == len(values) else None,
             first["target"],
             first["unit"],
             at_most=first["at_most"],

@@ -270,10 +270,20 @@ def median_runs(reps: list[dict[str, Any]], counts: list[int]) -> dict[str, Any]
 
 
 def flatness(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per load: CPU/request of each worker count over the first count's, and the verdict."""
+    """Per load: CPU/request of each worker count over the first count's, and the verdict;
+    not judged when a repetition of some count failed or served errors at that load (the
+    median of the clean repetitions is not the median of the run)."""
     counts: list[int] = report["settings"]["workers"]
     found = []
     for name, _, _ in LOADS:
+        dirty = sorted(
+            {
+                n
+                for rep in report.get("reps") or []
+                for n in counts
+                if "error" in (got := rep.get(str(n), {}).get(name, {})) or got.get("errors")
+            }
+        )
         cpu = {}
         for n in counts:
             result = report["runs"].get(str(n), {}).get(name, {})
@@ -291,7 +301,12 @@ def flatness(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "cpu_ms_per_request": {str(n): v for n, v in cpu.items()},
                 "ratio_to_first": ratios,
                 "within": FLAT_WITHIN,
-                "flat": flat if complete else None,
+                "flat": flat if complete and not dirty else None,
+                "why_not_measured": (
+                    f"a repetition failed or served errors (N={', '.join(map(str, dirty))})"
+                    if dirty
+                    else None
+                ),
             }
         )
     return found
@@ -318,7 +333,8 @@ def render(report: dict[str, Any]) -> str:
         ratios = ", ".join(
             f"N={n} {shown(r, 2, '<=', FLAT_WITHIN)}x" for n, r in verdict["ratio_to_first"].items()
         )
-        lines.append(f"  {verdict['load']}: {word} ({figures}; {ratios or 'no ratio'})")
+        why = f": {verdict['why_not_measured']}" if verdict.get("why_not_measured") else ""
+        lines.append(f"  {verdict['load']}: {word}{why} ({figures}; {ratios or 'no ratio'})")
     return "\n".join(lines)
 
 

@@ -101,6 +101,7 @@ class _Stream(asyncio.Protocol):
         self.last_at = 0.0
         self.chunks = 0
         self.done = False
+        self.error_event = False  # an event with a `"error":` key: an SDK raises there
         self._pending = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -148,6 +149,8 @@ class _Stream(asyncio.Protocol):
             payload = line[5:].strip()
             if payload == b"[DONE]":
                 self.done = True
+            elif b'"error":' in payload:  # a JSON key only: a quote in content is escaped
+                self.error_event = True
             elif self.first_at:
                 events += 1
             elif _has_content(payload):
@@ -226,6 +229,8 @@ class _Run:
         self.busy.discard(stream)
         if stream.status != 200:
             self._outcome(f"status_{stream.status}", measured)
+        elif stream.error_event:
+            self._outcome("error_event", measured)
         elif not (stream.done and stream.first_at):
             self._outcome("broken", measured)
         else:

@@ -51,7 +51,9 @@ def _run_figures(result: Mapping[str, Any], direct: Mapping[str, Any] | None) ->
         figures[f"dispatch_wait_{name}_ms"] = float(value)
     if "coalesced_share" in result:
         figures["coalesced_share"] = float(result["coalesced_share"])
-    if direct is not None and "error" not in direct:
+    # direct is the yardstick only when every stream it served succeeded: one that shed
+    # streams has a lower chunk rate and its survivors' TTFT, and would flatter the rest
+    if direct is not None and "error" not in direct and not direct.get("errors"):
         figures["ttft_p99_added_ms"] = figures["ttft_p99_ms"] - float(
             direct["ttft_ms"].get("p99", math.nan)
         )
@@ -107,13 +109,16 @@ def _failed(production: Mapping[str, Any]) -> str | None:
 
 
 def _behind(production: Mapping[str, Any]) -> str | None:
-    """Why a run did not carry the seed load, if one did not: its client received under
-    `_KEPT_UP` of the chunks/s direct received in the same repetition (the streams
-    queued), or over `_COALESCED_MORE` more of its chunks came several to a read than
-    direct's (the relay wrote several paced tokens at once: cheaper chunks than the
-    load's one-token writes)."""
+    """Why a run did not carry the seed load, or cannot be shown to have: its client
+    received under `_KEPT_UP` of the chunks/s direct received in the same repetition (the
+    streams queued), direct failed or served errors in that repetition (no yardstick), or
+    over `_COALESCED_MORE` more of its chunks came several to a read than direct's (the
+    relay wrote several paced tokens at once: cheaper chunks than the load's one-token
+    writes)."""
     for run in production.get("runs", []):
-        share = run.get("chunks_vs_direct", 1.0)
+        if "chunks_vs_direct" not in run:  # no clean direct run beside it: nothing says
+            return "no clean direct run in the same repetition to compare its chunks/s with"
+        share = run["chunks_vs_direct"]
         if share < _KEPT_UP:
             return f"received {share:.0%} of direct's chunks/s in the same repetition"
         mine, base = run.get("coalesced_share", 0.0), run.get("direct_coalesced_share", 0.0)
@@ -122,10 +127,31 @@ def _behind(production: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _undriven(per_target: Mapping[str, Any]) -> str | None:
+    """Why the arrivals did not go out as scheduled in some run, if they did not: the load
+    generator used over `_CLIENT_CORES_LIMIT` of a core (it could not drive the load), or
+    its sends went out over `_SEND_LAG_P99_LIMIT_MS` late at p99. The target then carried
+    a lighter, burstier load than the seed load, however it kept up with direct."""
+    for name, target in per_target.items():
+        for run in target.get("runs", []):
+            if run["client_cores"] > _CLIENT_CORES_LIMIT:
+                return (
+                    f"the load was not driven: the load generator used {run['client_cores']:.2f} "
+                    f"core in a run of {name}"
+                )
+            if run["send_lag_p99_ms"] > _SEND_LAG_P99_LIMIT_MS:
+                return (
+                    f"the load was not driven: arrivals went out {run['send_lag_p99_ms']:.1f} ms "
+                    f"late (p99) in a run of {name}"
+                )
+    return None
+
+
 def _verdicts(per_target: Mapping[str, Any], scale: float) -> list[dict[str, Any]]:
     """Production's cores and added TTFT p99: not measured when its runs failed or had
-    errors; cores within the target are not measured either when it fell behind the load
-    (cores over the target are a miss all the same: carrying it would take more)."""
+    errors; cores within the target are not measured either when it fell behind the load,
+    or the arrivals were not sent as scheduled (cores over the target are a miss all the same:
+    carrying the full load would take more)."""
     target = per_target.get("owngate+production", {})
     production = target.get("median", {})
     cores = production.get("cores", math.nan) / scale
@@ -133,6 +159,14 @@ def _verdicts(per_target: Mapping[str, Any], scale: float) -> list[dict[str, Any
     how = "measured" if scale == 1.0 else f"projected from {scale:g} of the load (cores / scale)"
     failed = _failed(target)
     behind = None if failed else _behind(target)
+    if behind:
+        behind = f"fell behind the load: {behind}"
+    elif not failed:
+        behind = _undriven(per_target)
+    unpaired = sum(1 for run in target.get("runs", []) if "ttft_p99_added_ms" not in run)
+    baseless = (  # the median of the repetitions with a clean direct is not the run's
+        f"no clean direct run beside it in {unpaired} repetition(s)" if unpaired else None
+    )
     cores_met = None if failed else _met(cores, MAX_PRODUCTION_CORES)
     if cores_met and behind:
         cores_met = None
@@ -144,7 +178,7 @@ def _verdicts(per_target: Mapping[str, Any], scale: float) -> list[dict[str, Any
             "target": MAX_PRODUCTION_CORES,
             "how": how,
             "met": cores_met,
-            "why_not_measured": failed or (f"fell behind the load: {behind}" if behind else None),
+            "why_not_measured": failed or behind,
         },
         {
             "id": "production_ttft_p99_added",
@@ -152,8 +186,8 @@ def _verdicts(per_target: Mapping[str, Any], scale: float) -> list[dict[str, Any
             "value": added,
             "target": MAX_ADDED_TTFT_P99_MS,
             "how": "measured" if scale == 1.0 else f"measured at {scale:g} of the load",
-            "met": None if failed else _met(added, MAX_ADDED_TTFT_P99_MS),
-            "why_not_measured": failed,
+            "met": None if failed or baseless else _met(added, MAX_ADDED_TTFT_P99_MS),
+            "why_not_measured": failed or baseless,
         },
     ]
 

@@ -209,6 +209,33 @@ def _gateway_cpu(runs: list[dict[str, Any]]) -> None:
                 )
 
 
+def known_answers(
+    backend_url: str, gateways: dict[str, Any], headers: dict[str, str]
+) -> dict[str, str]:
+    """Each target's answer to the known question (setup.sh's probe: "What is the capital
+    of France?" at temperature 0), direct and through each gateway, as the run serves the
+    model (its slots, context and threads, not the probe's): a model that answers nonsense
+    still streams tokens at full speed, and the run would time a broken server. A target
+    whose answer lacks the known one, or that fails, maps to why."""
+    helper = real_backend_helper()
+    found: dict[str, str] = {}
+    for target in TARGETS:
+        url = backend_url if target == "direct" else gateways[target].url
+        try:
+            found[target] = helper.ask(
+                url, helper.KNOWN_QUESTION, timeout_s=60.0, headers=headers, model=MODEL
+            )
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+            found[target] = f"failed: {exc}"
+    return found
+
+
+def wrong_answers(answers: dict[str, str]) -> list[str]:
+    """The targets whose answer does not contain the known one."""
+    wanted = str(real_backend_helper().KNOWN_ANSWER).lower()
+    return [t for t, answer in answers.items() if wanted not in answer.lower()]
+
+
 def run(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C: the servers it started are stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -268,6 +295,18 @@ def run(args: argparse.Namespace) -> int:
     with backend(args.backend, rundir, tiny=args.tiny) as found:
         log(f"workloads: backend {found.describe}")
         with gateways(rundir, TARGETS, [found], api_key) as started:
+            answers: dict[str, str] | None = None
+            if args.backend == "llamacpp" and not args.tiny:
+                answers = known_answers(found.url, started, headers)
+                wrong = wrong_answers(answers)
+                if wrong:
+                    for target in wrong:
+                        log(f"  {target} answered {answers[target][:200]!r}")
+                    log(
+                        "owngate bench workloads: the served model does not answer the known "
+                        f"question correctly ({', '.join(wrong)}): nothing measured"
+                    )
+                    return 1
             pids = {target: service.proc.pid for target, service in started.items()}
             for rep in range(vllm_reps):
                 for index, (suite, count, rate) in enumerate(plan):
@@ -317,6 +356,7 @@ def run(args: argparse.Namespace) -> int:
         "schema": "owngate.bench.workloads/1",
         "backend": args.backend,
         "backend_detail": found.describe,
+        "known_answer": answers,
         "scale": scale,
         "reps": reps,
         "machine": {"cores": os.cpu_count(), "busy_cores": busy / wall, "wall_s": wall},

@@ -102,6 +102,7 @@ class _Response:
         self.usage: dict[str, Any] = {}
         self.done = False
         self.complete = False
+        self.error_event = b""  # an event with a truthy `error` (the SDK raises on it)
         self.error_body = b""
         self._pending = b""
         self.parser = httptools.HttpResponseParser(self)
@@ -127,6 +128,8 @@ class _Response:
                 self.done = True
                 continue
             event = json.loads(payload)
+            if event.get("error") and not self.error_event:
+                self.error_event = payload[:200]
             if event.get("usage"):
                 self.usage = event["usage"]
             choices = event.get("choices") or []
@@ -157,6 +160,8 @@ async def _one(spec: ClientSpec, body: bytes, result: Result, sent: float) -> No
     end = time.perf_counter()
     if response.status != 200:
         result.error = f"status {response.status}: {response.error_body[:200]!r}"
+    elif response.error_event:
+        result.error = f"error event in the stream: {response.error_event!r}"
     elif not response.done or not response.times:
         result.error = "stream ended without content or [DONE]"
     else:

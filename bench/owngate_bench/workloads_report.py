@@ -78,7 +78,10 @@ def compare(runs: Sequence[Mapping[str, Any]], targets: Sequence[str]) -> dict[s
                         "max": max(paired),
                     }
             row["ratios"] = ratios
-            row["verdict"] = _unmeasured(row, ratios) or _verdict(ratios, len(runs))
+            direct_failed = sum(
+                int(run["direct"].get("failed", 0)) for run in runs if "direct" in run
+            )
+            row["verdict"] = _unmeasured(row, ratios, direct_failed) or _verdict(ratios, len(runs))
         found[target] = row
     return found
 
@@ -110,12 +113,18 @@ def pooled_cpu(suites: Sequence[Mapping[str, Any]], targets: Sequence[str]) -> d
     return found
 
 
-def _unmeasured(row: Mapping[str, Any], ratios: Mapping[str, Any]) -> str | None:
+def _unmeasured(
+    row: Mapping[str, Any], ratios: Mapping[str, Any], direct_failed: int = 0
+) -> str | None:
     """Why a gateway's ratios are no verdict: requests failed through it (a failed request
-    is fast and produces no tokens), or a ratio the verdict reads has no repetition (none
-    completed, through it or direct). Never "within noise" on what was not measured."""
+    is fast and produces no tokens), requests failed direct (the baseline then is the
+    survivors' figures and fewer tokens: no yardstick), or a ratio the verdict reads has no
+    repetition (none completed, through it or direct). Never "within noise" on what was not
+    measured."""
     if row["failed"]:
         return f"not measured: {row['failed']} of its requests failed"
+    if direct_failed:
+        return f"not measured: {direct_failed} of direct's requests failed (no baseline)"
     missing = [label for key, label, _ in METRICS if key in VERDICT_KEYS and key not in ratios]
     if missing:
         return f"not measured: no repetition completed for {', '.join(missing)}"
@@ -153,6 +162,12 @@ def render(report: Mapping[str, Any]) -> str:
         f"{report['reps']} interleaved repetitions, machine busy "
         f"{report['machine']['busy_cores']:.2f} of {report['machine']['cores']} cores",
     ]
+    answers = report.get("known_answer")
+    if answers:
+        lines.append(
+            "the known question (What is the capital of France?), asked before measuring: "
+            + "; ".join(f"{t} {a.strip()[:60]!r}" for t, a in answers.items())
+        )
     header = (
         f"  {'target':20} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} "
         f"{'tok/s':>7} {'gw CPU ms/req':>13} {'µs/token':>8}  ratios TTFT/ITL/tok/s (range)"

@@ -7,6 +7,7 @@ that the attested gateway's log passed the two-party audit against its sidecar's
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from owngate_bench import attest
 from owngate_bench.attest import TARGETS, _figures, _render
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.prerequisites import real_backend
@@ -142,3 +144,45 @@ def test_a_target_with_errors_gets_no_verdict() -> None:
     assert cpu.startswith("n/a")
     clean = _figures({"direct": result(0.1), "sidecar": result(0.2)})
     assert abs(clean["added_p50_ms"]["sidecar"] - 0.1) < 1e-9
+
+
+def test_figures_are_medians_of_interleaved_repetitions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each repetition runs every target, the order rotated (direct is not always first,
+    so the sidecar is not always measured after it); the added p50 is the median of each
+    repetition's own difference, not one window each nor medians subtracted."""
+    order: list[str] = []
+
+    def measure_one(_services: object, _key: str, _args: object, target: str) -> dict[str, object]:
+        order.append(target)
+        return {"target": target}
+
+    monkeypatch.setattr(attest, "_measure_one", measure_one)
+    args = argparse.Namespace(reps=None, quick=False)
+    reps = attest._measure({}, "sk", args)
+    assert len(reps) == 3 and all(set(rep) == set(TARGETS) for rep in reps)
+    assert [order[i * len(TARGETS)] for i in range(3)] == list(TARGETS[:3])
+    assert len(attest._measure({}, "sk", argparse.Namespace(reps=None, quick=True))) == 1
+
+    def result(p50: float, errors: int = 0) -> dict[str, object]:
+        return {
+            "requests": 100,
+            "errors": errors,
+            "latency_ms": {"p50": p50, "p99": 2 * p50},
+            "cpu_s": {"sidecar": 0.01},
+        }
+
+    # sidecar - direct per repetition: 0.1, 0.5, 0.2 (median 0.2); medians subtracted: 0.1
+    runs = [
+        {"direct": result(1.0), "sidecar": result(1.1)},
+        {"direct": result(0.5), "sidecar": result(1.0)},
+        {"direct": result(2.0), "sidecar": result(2.2)},
+    ]
+    found = _figures(runs)
+    assert found["reps"] == 3
+    assert found["added_p50_ms"]["sidecar"] == pytest.approx(0.2)
+    assert found["targets"]["sidecar"]["p50_ms"] == pytest.approx(1.1)
+    assert found["targets"]["sidecar"]["requests"] == 300
+    runs[1]["sidecar"] = result(1.0, errors=3)  # errors in one repetition: no figure
+    assert _figures(runs)["added_p50_ms"]["sidecar"] is None
+    runs[1]["sidecar"] = {"error": "loadgen exited 1"}  # a failed repetition: failed
+    assert _figures(runs)["targets"]["sidecar"] is None

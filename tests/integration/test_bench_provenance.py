@@ -135,3 +135,19 @@ def test_a_side_with_errors_gives_no_ratio() -> None:
     assert on_off_ratios({"off": cell(100, errors=1), "on": cell(95)}) == {}
     found = verdicts([{"backend": "zero-latency", "concurrency": 16, "ratios": {}}])
     assert found[0]["throughput_met"] is None and found[0]["ttft_met"] is None
+
+
+def test_a_point_with_a_run_that_had_no_ratio_gets_no_verdict() -> None:
+    """Three runs of a point, one of which failed or answered with errors (no ratio): the
+    median of the two that went well is not the point's median, and "met" on it would
+    hide the failed run."""
+    points = [
+        _point("zero-latency", 16, 0, 0.90, 1.0),
+        _point("zero-latency", 16, 1, None, None),
+        _point("zero-latency", 16, 2, 0.95, 1.5),
+    ]
+    (found,) = verdicts(points)
+    assert found["runs"] == 3
+    assert (found["throughput_met"], found["ttft_met"]) == (None, None)
+    text = "\n".join(render_verdicts([found]))
+    assert "req/s -x (no figure); TTFT p50 - ms (no figure)" in text

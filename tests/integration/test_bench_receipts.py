@@ -58,3 +58,33 @@ def test_quick_run_writes_the_side_by_side_report(tmp_path: Path) -> None:
     assert sealing == {(c, m) for c in (1, 4) for m in ("single", "batch")}
     assert all(row["us_per_receipt"] > 0 for row in report["sealing"])
     assert "sealing alone" in proc.stdout
+
+
+def test_a_run_with_errors_is_no_figure_in_the_medians() -> None:
+    """A batch gateway answering half its requests with errors spends less CPU per
+    request counted: its figure must not enter the medians or the batch/single ratio."""
+    from owngate_bench.receipts import _cpu_ms, _medians
+
+    def result(cpu_s: float, errors: int = 0) -> dict[str, Any]:
+        return {"requests": 100, "errors": errors, "req_per_s": 1000.0, "cpu_s": {"gateway": cpu_s}}
+
+    assert _cpu_ms(result(0.05)) == pytest.approx(0.5)
+    assert _cpu_ms(result(0.01, errors=50)) is None
+    rows = [
+        {
+            "concurrency": 16,
+            "single": {"req_per_s": 1000.0, "cpu_ms_per_req": _cpu_ms(result(0.05))},
+            "batch": {"req_per_s": 1000.0, "cpu_ms_per_req": _cpu_ms(result(cpu))},
+        }
+        for cpu in (0.04, 0.04)
+    ]
+    rows.append(
+        {
+            "concurrency": 16,
+            "single": {"req_per_s": 1000.0, "cpu_ms_per_req": _cpu_ms(result(0.05))},
+            "batch": {"req_per_s": 1000.0, "cpu_ms_per_req": _cpu_ms(result(0.001, errors=90))},
+        }
+    )
+    (entry,) = _medians(rows, [16])
+    assert entry["batch_cpu_ms_per_req"] == pytest.approx(0.4)
+    assert entry["cpu_ratio_batch_over_single"] == pytest.approx(0.8)

@@ -259,6 +259,29 @@ def test_targets_and_render() -> None:
     assert evaluate_targets({})[0]["met"] is None
 
 
+def test_an_arm_that_refused_requests_is_no_figure() -> None:
+    """Refused or broken requests are not in an arm's percentiles: a scorer that shed its
+    slow requests with 503s would have a p99 TTFT a fraction of round robin's."""
+    shed = {**_arm(50, 100), "outcomes": {"errors": 40, "ok": 60}}
+    clean = {**_arm(100, 1000), "outcomes": {"errors": 0, "ok": 100}}
+    report = {"scenarios": {"hetero": {"arms": {"round_robin": clean, "score": shed}}}}
+    (hetero, *_) = evaluate_targets(report)
+    assert hetero["id"] == "hetero_p99_ttft" and (hetero["value"], hetero["met"]) == (None, None)
+    report["scenarios"]["hetero"]["arms"]["score"] = {**shed, "outcomes": {"errors": 0}}
+    assert evaluate_targets(report)[0]["met"] is True
+    report["scenarios"]["hetero"]["arms"] = {"round_robin": shed, "score": clean}
+    assert evaluate_targets(report)[0]["met"] is None  # nor a baseline that shed requests
+    # over several traces, one that shed requests leaves the target not measured
+    good = {"round_robin": clean, "score": {**_arm(50, 100), "outcomes": {"errors": 0}}}
+    traces = [
+        evaluate_targets({"scenarios": {"hetero": {"arms": arms}}})
+        for arms in (good, {"round_robin": clean, "score": shed}, good)
+    ]
+    combined = median_targets(traces)[0]
+    assert combined["per_run"] == [pytest.approx(0.1), None, pytest.approx(0.1)]
+    assert (combined["value"], combined["met"]) == (None, None)
+
+
 def test_several_traces_are_judged_by_their_median() -> None:
     def runs(*p99s: float) -> list[list[dict[str, Any]]]:
         return [

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from gateway.config import load_config
+from owngate_bench.workloads import wrong_answers
 from owngate_bench.workloads_client import ClientSpec, Result, prompt_text, summarize
 from owngate_bench.workloads_report import compare
 from owngate_bench.workloads_routing import verdict as routing_verdict
@@ -100,6 +101,10 @@ def test_quick_run_through_a_real_llama_server_with_smollm2(tmp_path: Path) -> N
     assert report["backend"] == "llamacpp"
     assert Path(report["backend_detail"]["model"]).name == installation.smollm2_model.name
     assert [s["name"] for s in report["suites"]] == ["chat", "sweep-0.5"]
+    # asked before measuring, as the run serves the model: direct and through each gateway
+    assert set(report["known_answer"]) == set(TARGETS)
+    assert all("paris" in answer.lower() for answer in report["known_answer"].values())
+    assert "the known question" in proc.stdout
     for suite in report["suites"]:
         for run in suite["runs"]:
             assert set(run) == set(TARGETS)
@@ -111,6 +116,15 @@ def test_quick_run_through_a_real_llama_server_with_smollm2(tmp_path: Path) -> N
             row = suite["targets"][target]
             assert {"median_ttft_ms", "median_itl_ms", "output_throughput"} <= set(row["ratios"])
             assert row["verdict"] and not row["verdict"].startswith("not measured")
+
+
+def test_a_target_whose_answer_lacks_the_known_one_is_named() -> None:
+    answers = {
+        "direct": "The capital of France is Paris.",
+        "owngate": "L'Étoile, la Marseillaise, la femme au roi, la",
+        "owngate+production": "failed: HTTP Error 503: Service Unavailable",
+    }
+    assert wrong_answers(answers) == ["owngate", "owngate+production"]
 
 
 def test_prompts_are_fresh_and_about_the_asked_length() -> None:
@@ -198,6 +212,19 @@ def test_a_gateway_that_failed_is_never_within_noise() -> None:
     runs = [{"direct": direct_down, "owngate": _summary(100, 10, 50)} for _ in range(3)]
     verdict = compare(runs, ("direct", "owngate"))["owngate"]["verdict"]
     assert verdict.startswith("not measured: no repetition completed for TTFT p50")
+
+
+def test_ratios_to_a_direct_run_whose_requests_failed_are_never_a_verdict() -> None:
+    """Requests that failed direct leave the baseline to the survivors (fewer tokens, a
+    lower throughput): the gateway's ratios to it are no yardstick, "within noise" or
+    "better" alike."""
+    partly = {**_summary(100, 10, 25), "failed": 2}
+    runs = [{"direct": partly, "owngate": _summary(101, 10, 50, cpu=0.02)} for _ in range(3)]
+    verdict = compare(runs, ("direct", "owngate"))["owngate"]["verdict"]
+    assert verdict == "not measured: 6 of direct's requests failed (no baseline)"
+    runs[1]["direct"] = _summary(100, 10, 50)  # one clean repetition is not enough either
+    verdict = compare(runs, ("direct", "owngate"))["owngate"]["verdict"]
+    assert verdict == "not measured: 4 of direct's requests failed (no baseline)"
 
 
 def test_routing_verdict_needs_separated_ranges() -> None:
