@@ -17,10 +17,11 @@ meanwhile (revoked, removed or given to another tenant, or its model taken from 
 gateway/api/standing.py; the request stops there, a refusal when nothing was dispatched),
 and a hosted one whose request its provider's checks refuse or for which LiteLLM does not
 load (`HostedRelay.prepare`, before the dispatch record; the next backend may serve).
-When no attempt served, the client gets the last dispatched attempt's error; with nothing
-dispatched, 503 when LiteLLM did not load (`hosted_unavailable`), the first hosted
-refusal's 400 (`not_sent`), or a refusal naming the policy rule and why each backend was
-skipped, each with its refusal record.
+When no attempt served, the client gets the last dispatched attempt's error (also when the
+log then refused the next attempt's dispatch record: its completion is the request's last
+record); with nothing dispatched, 503 when LiteLLM did not load (`hosted_unavailable`), the
+first hosted refusal's 400 (`not_sent`), or a refusal naming the policy rule and why each
+backend was skipped, each with its refusal record.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from gateway.asgi import Receive, Scope, Send
 from gateway.config.schema import RoutingSettings
 from gateway.errors import ErrorCode, GatewayError
 from gateway.policy_set import STALE_POLICIES, TrustPolicies
-from gateway.provenance import Salts
+from gateway.provenance import LogEntry, Salts
 from gateway.routing.registry import Registry
 from gateway.routing.router import Attempt, Outcome, Router
 from gateway.routing.scraper import MetricsScraper
@@ -276,17 +277,29 @@ class Proxy:
                     else:
                         assert prepared is not None
                         relay = partial(_hosted, hosted, exchange, attempt, prepared, send)
-                    gone = await recorded(
-                        self.recorder,
-                        self._metrics,
-                        exchange,
-                        attempt.backend,
-                        relay,
-                        connect,
-                        moved,
-                        partial(standing.lapsed, model),
-                        moved,
-                    )
+                    logged = None if exchange.trail is None else exchange.trail.dispatch
+                    before = exchange.backend, exchange.upstream_error  # the access line's
+                    try:
+                        gone = await recorded(
+                            self.recorder,
+                            self._metrics,
+                            exchange,
+                            attempt.backend,
+                            relay,
+                            connect,
+                            moved,
+                            partial(standing.lapsed, model),
+                            moved,
+                        )
+                    except GatewayError as exc:
+                        if last is None or not _not_logged(exc, exchange, logged):
+                            raise
+                        # The log refused its dispatch record (nothing sent) after the last
+                        # attempt's completion went in: the client gets that attempt's
+                        # error, the status the log holds for the request.
+                        outcome, reason = Outcome.skipped, f"{attempt.backend.id}: not logged"
+                        exchange.backend, exchange.upstream_error = before
+                        raise attempt_error(last, model, exchange.request_id.decode()) from None
                     if isinstance(gone, GatewayError):  # the key lapsed meanwhile: not made
                         outcome, reason = Outcome.skipped, f"{attempt.backend.id}: not made"
                         raise stopped(gone, decision, last, model, exchange.request_id.decode())
@@ -348,6 +361,18 @@ async def _hosted(
 ) -> None:
     """A hosted attempt (LiteLLM opens its own connections)."""
     await hosted.attempt(exchange, attempt, prepared, send)
+
+
+def _not_logged(error: GatewayError, exchange: Exchange, logged: LogEntry | None) -> bool:
+    """Whether `error` is the log's refusal of an attempt's dispatch record: 503
+    `provenance_unavailable` with the request's last dispatch (`logged`) still the one
+    before it (none was written for this attempt, and nothing was sent)."""
+    trail = exchange.trail
+    return (
+        error.code is ErrorCode.provenance_unavailable
+        and trail is not None
+        and trail.dispatch is logged
+    )
 
 
 def _media_refusal(media: MediaRefs, registry: Registry, attempt: Attempt) -> GatewayError | None:
