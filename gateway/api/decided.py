@@ -11,10 +11,12 @@ fallback's reason must still be one the new set's fallback mode accepts (a reloa
 as reasons; a raised `saturation_threshold` takes "saturated"; a private backend the new
 set admits that the plan never tried was not shown unavailable). After a gateway.yaml
 reload, an attempt on a backend whose declared facts changed is not made either: the
-request runs on its own config's addresses, and the new set judged the new declaration.
-Nor is one on a backend the reload moved or whose TLS trust it changed (`base_url`, CA,
+request runs on its own config's addresses, and the new set judged the new declaration;
+nor one on a backend the new config serves the requested name on as another model (an
+alias given to another model): the attempt would ask for the old one, the new set judged
+the new one. Nor is one on a backend the reload moved or whose TLS trust it changed (`base_url`, CA,
 client certificate, `server_name`, pins: `Registry.moved`): the old address or key may be
-the very thing the operator no longer trusts. Either kind of backend is left out of a
+the very thing the operator no longer trusts. Each such backend is left out of a
 hosted fallback's basis, as one the plan never tried: its new self was never shown
 unavailable.
 """
@@ -73,23 +75,32 @@ def withdrawn_by_reload(
     if attempt.backend.id not in admitted:
         return f"{attempt.backend.id}: no longer admitted by policy set {current.version}"
     before = decided.policy
-    if current.facts_digest != before.facts_digest and _redeclared(
-        before, current, attempt.backend.id
-    ):
+    redeclared = current.facts_digest != before.facts_digest
+    if redeclared and _redeclared(before, current, attempt.backend.id):
         # A gateway.yaml reload admitted the id for what it declares now; the attempt
         # would go where the old config pointed, under the old declaration.
         return f"{attempt.backend.id}: declared anew in the config of policy set {current.version}"
+    if redeclared and _renamed(registry, current, attempt.backend.id, decision.model):
+        # The new set judged the model the backend serves the name as now; the attempt
+        # would ask it for the one the old config named (maybe one the new set denies).
+        return (
+            f"{attempt.backend.id}: serves {decision.model} as another model in the config "
+            f"of policy set {current.version}"
+        )
     moved = registry.moved(attempt.backend.id)
     if moved is not None:
         return moved
     if now is None or attempt.private or plan is None or plan.fallback is None:
         return None
-    # What came of a backend since redeclared or moved says nothing of it now.
-    redeclared = current.facts_digest != before.facts_digest
+    # What came of a backend since redeclared, renamed or moved says nothing of it now.
     basis = tuple(
         (b, state)
         for b, state in plan.basis
-        if not (redeclared and _redeclared(before, current, b)) and registry.moved(b) is None
+        if not (
+            redeclared
+            and (_redeclared(before, current, b) or _renamed(registry, current, b, decision.model))
+        )
+        and registry.moved(b) is None
     )
     why = fallback_refused(decision, now, plan.fallback, basis)
     if why is None:
@@ -109,6 +120,19 @@ def _redeclared(before: PolicySet, current: PolicySet, backend_id: str) -> bool:
     return replace(old, models=frozenset(), model_groups=()) != replace(
         new, models=frozenset(), model_groups=()
     )
+
+
+def _renamed(registry: Registry, current: PolicySet, backend_id: str, model: str) -> bool:
+    """Whether the config `current` was compiled against serves public name `model` on
+    `backend_id` as another model than the one the request's config (`registry`) asks the
+    backend for under that name (a reload that gave an alias to another model): the
+    new set judged the one it serves now."""
+    new = current.declared(backend_id)
+    if new is None:
+        return True
+    names = new.names_of(model)
+    routes = registry.routes.get(model, ())
+    return any(r.backend.id == backend_id and r.upstream_model not in names for r in routes)
 
 
 def fallback_refused(
