@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,11 @@ class Recorder:
         (the log's own write bounds it) and, if it landed, completed (held) as cut (499 or
         503, nothing sent) before the cancellation goes on. A held completion goes first."""
         self.settle(exchange, trail)
+        if trail.dispatch is not None:
+            # A later attempt: the answer gets a response salt of its own. An attested
+            # backend tried before was sent the salts (`x-owngate-salts`): with them its
+            # host, another party, could test guesses of this answer against the log.
+            trail.salts = replace(trail.salts, response=Salts.generate().response)
         request_id = exchange.request_id.decode()
         policy, trace = self._decided(decision)
         record = dispatch_record(

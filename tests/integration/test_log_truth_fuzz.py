@@ -40,7 +40,6 @@ import pytest
 from gateway.api.recorder import Recorder
 from gateway.api.trail import Trail
 from gateway.provenance import commit, load_signer
-from gateway.provenance.formats.commitments import Salts
 from gateway.provenance.formats.stream_body import committed_bodies
 from tests.helpers.attest import Sidecar, start_sidecar
 from tests.helpers.gateways import (
@@ -97,7 +96,8 @@ _LONGEST_S = 2 * (1 + 5) + 2  # both attempts at their longest, and the receipt'
 @dataclasses.dataclass(frozen=True)
 class _Request:
     case: int
-    salts: Salts
+    trail: Trail  # its salts once the request ended: the last dispatch's (a failover's
+    # dispatch gets a response salt of its own)
 
 
 @pytest.fixture
@@ -134,12 +134,12 @@ def test_randomized_faults_leave_a_log_that_says_what_each_client_saw(
     names, plan = (("hosted",), hosted_plan) if kind == "hosted" else (("a", "b"), backend_plan)
     plans = {case: {n: plan(rng) for n in names} for case in range(_CASES[kind])}
     clients = {case: client_plan(rng) for case in range(_CASES[kind])}
-    requests: dict[str, _Request] = {}  # request commitment -> its case, and its salts
+    requests: dict[str, _Request] = {}  # request commitment -> its case, and its trail
     start = Recorder.start
 
     def keeping(recorder: Recorder, body: bytes) -> Trail:
         trail = start(recorder, body)
-        requests[trail.request_commitment] = _Request(request_case(body), trail.salts)
+        requests[trail.request_commitment] = _Request(request_case(body), trail)
         return trail
 
     monkeypatch.setattr(Recorder, "start", keeping)
@@ -261,7 +261,7 @@ def _check(
     marks = set(_MARK.findall(got.body))
     if marks - {(str(case).encode(), served.encode())}:
         problems.append(f"the client got bytes of {marks}, the record names {served}")
-    salt = requests[dispatch["request_commitment"]].salts.response
+    salt = requests[dispatch["request_commitment"]].trail.salts.response
     commitment = last["response_commitment"]
     if got.left and not got.complete:
         if last["status"] != 499:
