@@ -217,11 +217,12 @@ class Registry:
         `backend_id` any more: the newest config (`successor`, after reloads) has no
         backend of that id, or gives it another address (`base_url`) or other TLS
         settings or files (CA, client certificate and key, `server_name`, pins,
-        certificate identity: `_reach`). None: it is reached at the same place the same
+        certificate identity: `_reach`), or another `attest` key (whose sidecar
+        countersignatures its answers). None: it is reached at the same place the same
         way (or is not one of this registry's). An operator moves a backend or rotates
-        its pin or CA because the old address or key is no longer trusted: a request
-        planned before the reload skips it, never sending to the old address, nor to the
-        new one its plan was not made for (gateway/api/decided.py)."""
+        its pin, CA or sidecar key because the old address or key is no longer trusted: a
+        request planned before the reload skips it, never sending to the old address, nor
+        to the new one its plan was not made for (gateway/api/decided.py)."""
         mine = self.backends.get(backend_id)
         latest = self
         while latest.successor is not None:
@@ -235,6 +236,8 @@ class Registry:
             return f"{backend_id}: removed by a config reload"
         if _reach(now) != _reach(mine):
             return f"{backend_id}: its address or TLS settings changed by a config reload"
+        if now.config.attest != mine.config.attest:  # a sidecar key rotated: maybe leaked
+            return f"{backend_id}: its attest key changed by a config reload"
         return None
 
     def newest(self, backend_id: str) -> BackendState | None:

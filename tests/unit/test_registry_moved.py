@@ -1,6 +1,7 @@
 """`Registry.moved`: whether the newest config reaches one of an older config's backends
-somewhere else or under other TLS trust (gateway/routing/registry.py). A request planned
-before a reload skips such a backend (tests/integration/test_reload_backend_reach.py)."""
+somewhere else, under other TLS trust or with another sidecar key
+(gateway/routing/registry.py). A request planned before a reload skips such a backend
+(tests/integration/test_reload_backend_reach.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gateway.provenance import write_signing_key
 from gateway.routing.registry import Registry
 from tests.helpers.gateways import backend, gateway_config
 from tests.helpers.tls import Pki
@@ -97,3 +99,16 @@ def test_the_newest_config_decides_after_several_reloads(tmp_path: Path) -> None
     removed.backends.pop("gpu")
     second.successor.successor = removed
     assert first.moved("gpu") == "gpu: removed by a config reload"
+
+
+def test_a_backend_whose_attest_key_changed_is_moved(tmp_path: Path) -> None:
+    """Its sidecar's key rotated (the old one may have leaked): a request planned before
+    the reload would accept countersignatures by the old key from it."""
+    old_key = write_signing_key(tmp_path / "old.key", "gpu")
+    new_key = write_signing_key(tmp_path / "new.key", "gpu")
+    old = build(tmp_path, gpu(attest={"key": old_key}))
+    old.successor = build(tmp_path, gpu(attest={"key": new_key}))
+    assert old.moved("gpu") == "gpu: its attest key changed by a config reload"
+    assert old.moved("other") is None
+    old.successor = build(tmp_path, gpu(attest={"key": old_key}))  # the same key again
+    assert old.moved("gpu") is None
