@@ -265,6 +265,25 @@ class BackendSettings(_Strict):
             raise ValueError("base_url must not carry a query or fragment")
         return value.rstrip("/")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _attested_facts_declared(cls, data: object) -> object:
+        # The certificate proves the facts; it does not supply them: policies are decided
+        # on the declared ones before any connection is made, and each new connection must
+        # then show the same. Without this, a backend written as the issue reads ("facts
+        # read from the certificate") was refused with a bare "Field required".
+        if isinstance(data, dict) and data.get("identity") == "certificate":
+            missing = [fact for fact in ("region", "owner") if fact not in data]
+            if missing:
+                raise ValueError(
+                    f"identity: certificate, but {' and '.join(missing)} not declared: "
+                    "declare the facts the certificate states (owngate:region:, "
+                    "owngate:owner:, owngate:retention: URI SANs) here too; policies are "
+                    "decided on them before a connection, and a backend whose certificate "
+                    "states others gets no request"
+                )
+        return data
+
     @model_validator(mode="after")
     def _kind_rules(self) -> BackendSettings:
         if self.kind in PRIVATE_KINDS and self.base_url is None:

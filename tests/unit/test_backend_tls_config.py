@@ -90,6 +90,26 @@ def test_tls_settings_are_checked_where_they_are_written(gpu: dict[str, Any], me
     )
 
 
+@pytest.mark.parametrize("left_out", [("region",), ("owner",), ("region", "owner")])
+def test_attested_facts_left_out_of_gateway_yaml_are_refused_naming_why(
+    left_out: tuple[str, ...],
+) -> None:
+    # Written as issue 15 reads ("facts read from the certificate, not from gateway.yaml"),
+    # the backend was refused with a bare "Field required": the error now says the
+    # certificate proves the declared facts, and that they must be declared.
+    gpu = {**backend("gpu", "https://gpu.internal:8443", "m")}
+    gpu.update(identity="certificate", tls={"ca_file": "ca.pem"})
+    for fact in left_out:
+        gpu.pop(fact)
+    with pytest.raises(ConfigError) as caught:
+        parse_config(yaml.safe_dump({"backends": [gpu]}))
+    problems = [str(issue) for issue in caught.value.issues]
+    assert len(problems) == 1, problems
+    assert f"identity: certificate, but {' and '.join(left_out)} not declared" in problems[0]
+    assert "policies are decided on them before a connection" in problems[0]
+    assert "Field required" not in problems[0]
+
+
 def _problems(tmp_path: Path, tls: dict[str, Any]) -> list[str]:
     config = gateway_config([backend("gpu", "https://127.0.0.1:8443", "m", tls=tls)])
     return validate(config, environ={}, config_dir=tmp_path)
