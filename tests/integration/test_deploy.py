@@ -448,7 +448,7 @@ def _check_cilium_policy(doc: dict[str, Any], where: str) -> None:
     for rule in spec["egress"]:
         assert set(rule) in ({"toEndpoints", "toPorts"}, {"toFQDNs", "toPorts"}), where
         for port in rule["toPorts"]:
-            assert set(port) <= {"ports", "rules"}, where
+            assert set(port) <= {"ports", "rules", "serverNames"}, where
             for entry in port["ports"]:
                 assert set(entry) == {"port", "protocol"} and isinstance(entry["port"], str)
         for name in rule.get("toFQDNs", []):
@@ -493,8 +493,12 @@ def test_prod_reaches_the_hosted_providers_of_the_config_by_name_only() -> None:
     policy = _one(docs, "CiliumNetworkPolicy", "owngate-hosted-providers")
     _check_cilium_policy(policy, "overlays/prod")
     (named,) = [rule for rule in policy["spec"]["egress"] if "toFQDNs" in rule]
-    assert named["toPorts"] == [{"ports": [{"port": "443", "protocol": "TCP"}]}]
     names = {entry["matchName"] for entry in named["toFQDNs"]}
+    (port,) = named["toPorts"]
+    assert port["ports"] == [{"port": "443", "protocol": "TCP"}]
+    # The addresses are shared front ends (Google's serves storage.googleapis.com beside
+    # generativelanguage.googleapis.com): the handshake must name one of the hosts too.
+    assert sorted(port.get("serverNames", [])) == sorted(names), "SNI not held to the names"
     (dns,) = [rule for rule in policy["spec"]["egress"] if "toEndpoints" in rule]
     assert dns["toEndpoints"][0]["matchLabels"]["k8s-app"] == "kube-dns"
     azure = {name for name in names if azure_endpoint_problem(f"https://{name}") is None}
