@@ -16,6 +16,7 @@ import os
 import resource
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,14 @@ def start_workers(
         "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
         "policy": policy,
     }
-    return GatewayProcess(config, tmp_path, "--workers", "2").start(), vkey
+    gateway = GatewayProcess(config, tmp_path, "--workers", "2")
+    # Written well before the start: the config watcher's first look does not read them
+    # again (a read that fails while a test holds a worker out of file descriptors makes
+    # its config stale, which would answer for the policy's)
+    aged = time.time_ns() - 60 * 10**9
+    for written in (gateway.path, tmp_path / "policies" / "p.yaml"):
+        os.utime(written, ns=(aged, aged))
+    return gateway.start(), vkey
 
 
 class Rounds:
