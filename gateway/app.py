@@ -276,6 +276,7 @@ def create_app(
             prepare=prepare,
             read_at=config_read_at,
             environ=config_env,
+            among_workers=limit_copies(env) > 1,  # stale while a read fails (reload.py)
         )
         app.reloader = reloader
         app.metrics.watch_config(lambda: reloader.reload_failures)

@@ -83,6 +83,10 @@ class TrustPolicies:
         self._applied = 0
         self._unreadable = 0  # reloads in a row that could not read a file
         self._retry_in: int | None = None  # looks left before an unreadable file is retried
+        # A read failed unreadable since the last read that succeeded: the set held may be
+        # older than the files (cleared only by a read that succeeds, not by a later read
+        # that fails otherwise: invalid content, files changed while read)
+        self._behind = False
         # One of the workers of `serve --workers N` (set by `assemble`): while its last read
         # of the files failed it is `stale` (its siblings may enforce what they say now)
         self.among_workers = False
@@ -100,13 +104,16 @@ class TrustPolicies:
 
     @property
     def stale(self) -> bool:
-        """A worker of `serve --workers N` whose last read of the policy files failed
-        (unreadable: out of file descriptors, an I/O error): its set may be older than
-        what the files say, which the other workers may enforce already. It refuses
-        requests and is not ready until a read succeeds (retried at every look). One
+        """A worker of `serve --workers N` one of whose reads of the policy files failed
+        (unreadable: out of file descriptors, an I/O error) since its last that succeeded:
+        its set may be older than what the files say, which the other workers may enforce
+        already. It refuses requests and is not ready until a read succeeds (retried at
+        every look); a later read that fails otherwise (invalid content written after the
+        change it missed, files changed while read) leaves it stale: before, it turned
+        ready on its older set while its siblings held the change it missed. One
         process keeps serving its last good set, as it always did: there is no sibling
         to disagree with."""
-        return self.among_workers and self._unreadable > 0
+        return self.among_workers and self._behind
 
     @property
     def configured(self) -> bool:
@@ -166,6 +173,7 @@ class TrustPolicies:
             # the next change: a narrowed policy one worker of `serve --workers` failed to
             # read (out of file descriptors) left it on the looser set, for good.
             self._unreadable = self._unreadable + 1 if exc.unreadable else 0
+            self._behind = self._behind or exc.unreadable
             backoff = 2 ** min(self._unreadable, _UNREADABLE_MAX_DOUBLINGS)
             # a stale worker refuses every request until it reads them: at every look
             self._retry_in = (1 if self.among_workers else backoff) if exc.unreadable else None
@@ -181,6 +189,7 @@ class TrustPolicies:
             return False
         fresh = outcome
         self._unreadable = 0
+        self._behind = False
         self._retry_in = None
         changed = fresh.digest != self.current.digest
         self.current = fresh  # one reference swap: requests see the old set or the new

@@ -46,6 +46,14 @@ if TYPE_CHECKING:
 
 __all__ = ["PROXIED", "TenantSurface", "new_request_id"]
 
+_RETRY_SOON = ((b"retry-after", b"1"),)
+# What a request gets from a stale worker (`ConfigReloader.stale`): 503, retry at once
+STALE_CONFIG = (
+    "this gateway worker could not read its config files (gateway.yaml, keys file), so "
+    "the config it holds may be older than the other workers'; retry (a new connection "
+    "may reach another)"
+)
+
 PROXIED: Final = {
     "/v1/chat/completions": ("chat", b"/v1/chat/completions"),
     "/v1/completions": ("completions", b"/v1/completions"),
@@ -82,6 +90,7 @@ class TenantSurface:
                 raise GatewayError(ErrorCode.method_not_allowed, f"{endpoint} accepts only POST")
             if not runtime.ready:
                 raise GatewayError(ErrorCode.not_ready, "the gateway is not ready")
+            self.refuse_if_stale()
             runtime.serving.add(task)  # type: ignore[arg-type]
             digest = self.key_digest(scope)
             tenant = self.tenant_of(digest)
@@ -287,8 +296,18 @@ class TenantSurface:
             raise rate_limited(exc) from exc
 
     def authenticate(self, scope: Scope) -> TenantEntry:
-        """The tenant whose API key the request carries (raises 401 `GatewayError`)."""
+        """The tenant whose API key the request carries (raises 401 `GatewayError`; 503
+        in a worker whose config is stale: `refuse_if_stale`)."""
+        self.refuse_if_stale()
         return self.tenant_of(self.key_digest(scope))
+
+    def refuse_if_stale(self) -> None:
+        """503 (retry after 1 s) in a worker of `serve --workers N` that could not read
+        its changed config files (`ConfigReloader.stale`): its keys may be older than its
+        siblings' (a revoked key still valid here)."""
+        reloader = self._runtime.reloader
+        if reloader is not None and reloader.stale:
+            raise GatewayError(ErrorCode.not_ready, STALE_CONFIG, headers=_RETRY_SOON)
 
     def key_digest(self, scope: Scope) -> str:
         """The digest of the API key the request carries, as the key index holds it

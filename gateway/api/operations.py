@@ -42,6 +42,7 @@ class Operations:
         recorder = runtime.parts.recorder
         log_ok = recorder is None or not recorder.opened or recorder.log.last_error is None
         stale = runtime.parts.policies.stale  # a worker that could not read the policies
+        stale |= runtime.reloader is not None and runtime.reloader.stale  # or its config
         return runtime.ready and not runtime.draining and log_ok and not stale
 
     def readiness(self) -> dict[str, Any]:
@@ -60,7 +61,11 @@ class Operations:
             "provenance": recorder.status() if recorder is not None and recorder.opened else "off",
             "witnesses": runtime.cosigning.status() if runtime.cosigning is not None else "off",
             "state": parts.state.status().detail(),
-            "config": runtime.reloader.status() if runtime.reloader is not None else "fixed",
+            "config": (
+                {**runtime.reloader.status(), "stale": runtime.reloader.stale}
+                if runtime.reloader is not None
+                else "fixed"
+            ),
             "worker": runtime.fleet.worker if runtime.fleet is not None else None,
         }
 

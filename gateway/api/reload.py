@@ -84,8 +84,11 @@ class ConfigReloader:
         clock: Callable[[], float] = time.time,
         read_at: float | None = None,
         environ: Mapping[str, str] | None = None,
+        among_workers: bool = False,
     ) -> None:
         self.path = path
+        self.among_workers = among_workers  # one of `serve --workers N` (`stale`)
+        self._behind = False  # a read failed unreadable since the last that succeeded
         # What the file's `${VAR}`s read (None: the process environment, as at start).
         self._environ = environ
         self._current = current
@@ -116,6 +119,14 @@ class ConfigReloader:
         self._retry_in: int | None = None  # looks left before an unreadable file is retried
         if read_at is not None and self._unchanged_since(read_at - _MTIME_SLACK_S):
             self._stamp = self._fingerprint()
+
+    @property
+    def stale(self) -> bool:
+        """A worker of `serve --workers N` a read of whose files failed (unreadable) since
+        the last that succeeded: its config (a key revoked?) may be older than its
+        siblings'. It refuses requests and is not ready until a read succeeds, retried at
+        every look (`TenantSurface.refuse_if_stale`). One process: never."""
+        return self.among_workers and self._behind
 
     def _files(self) -> list[Path]:
         files = [self.path]
@@ -227,7 +238,9 @@ class ConfigReloader:
             # it still fails (`_UNREADABLE_MAX_DOUBLINGS`).
             self._unreadable = self._unreadable + 1 if exc.unreadable else 0
             if exc.unreadable:
-                self._retry_in = 2 ** min(self._unreadable, _UNREADABLE_MAX_DOUBLINGS)
+                self._behind = True
+                backoff = 2 ** min(self._unreadable, _UNREADABLE_MAX_DOUBLINGS)
+                self._retry_in = 1 if self.among_workers else backoff
             return self._failed(f"{len(exc.issues)} problem(s); first: {exc.issues[0]}", exc)
         self._unreadable = 0
         fresh = self._pin_restart_only(running.config, fresh)
@@ -343,6 +356,7 @@ class ConfigReloader:
         return fresh.model_copy(update=kept) if kept else fresh
 
     def _succeeded(self) -> None:
+        self._behind = False
         if self._retry_paths:  # the policy files of the refused config no longer matter
             self._retry_paths = ()
             self._stamp = (*self._stamp[:-1], ())

@@ -16,6 +16,7 @@ import os
 import resource
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,14 @@ def start_workers(
         "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
         "policy": policy,
     }
-    return GatewayProcess(config, tmp_path, "--workers", "2").start(), vkey
+    gateway = GatewayProcess(config, tmp_path, "--workers", "2")
+    # Written well before the start: the config watcher's first look does not read them
+    # again (a read that fails while a test holds a worker out of file descriptors makes
+    # its config stale, which would answer for the policy's)
+    aged = time.time_ns() - 60 * 10**9
+    for written in (gateway.path, tmp_path / "policies" / "p.yaml"):
+        os.utime(written, ns=(aged, aged))
+    return gateway.start(), vkey
 
 
 class Rounds:
@@ -318,6 +326,77 @@ def test_a_worker_that_could_not_read_the_narrowed_policy_refuses_until_it_does(
 
         # At its next look it reads the file, and is ready again, under the new set.
         until(all_ready, "the stale worker ready again", timeout=30, interval=0.5)
+        until(rounds.refusing, "both workers refusing under the narrowed set", timeout=60)
+    finally:
+        gateway.stop(signal.SIGTERM)
+    assert_each_log_names_its_set(tmp_path / "log", vkey)
+
+
+def failed_on_content(stderr: str, worker: int) -> bool:
+    """Whether `worker` logged a failed policy read that read the file (invalid content,
+    not `cannot read`), in whole lines of `stderr`."""
+    return any(
+        line.get("worker") == worker and not any("cannot read" in p for p in line["problems"])
+        for line in failed_reloads(stderr)
+    )
+
+
+def test_a_stale_worker_whose_next_read_finds_invalid_content_stays_stale(
+    start_sim: Callable[..., Sim], tmp_path: Path
+) -> None:
+    """The worker that could not read the narrowed file (version 2) reads, once its limit
+    is back, a file an operator rewrote with a typo: refused by both workers, each keeps
+    its set, the sibling version 2 and this one version 1. This one still holds the set
+    its sibling left, so it stays stale (503, not ready); before, the failed read of the
+    invalid file cleared the flag and it served 200 under version 1 beside the sibling's
+    403 under version 2, until the next valid change."""
+    gateway, vkey = start_workers(
+        start_sim, tmp_path, {"paths": ["policies/p.yaml"], "reload_interval_s": 0.2}
+    )
+    rounds = Rounds(gateway.url, tmp_path / "log")
+    policy = tmp_path / "policies" / "p.yaml"
+    try:
+        until(rounds.serving, "both workers serving", timeout=60)
+        assert gateway.proc is not None
+        pids = worker_pids(gateway.proc.pid)
+        stale = pids[0]
+        index, sibling = worker_index(stale), worker_index(pids[1])
+        limits = resource.prlimit(stale, resource.RLIMIT_NOFILE)
+        resource.prlimit(stale, resource.RLIMIT_NOFILE, (0, limits[1]))
+        try:
+            before = len(gateway.stderr())
+            write_policy(policy, "2", "ap")
+            until(
+                lambda: failed_after_sibling_loaded(gateway.stderr()[before:], index),
+                "the sibling loading the narrowed set, then the worker's read failing",
+                timeout=60,
+                interval=0.02,
+            )
+            typo = policy.with_suffix(".tmp")
+            typo.write_text("kind: [")
+            typo.replace(policy)
+            until(
+                lambda: failed_on_content(gateway.stderr()[before:], sibling),
+                "the sibling refusing the invalid file",
+                timeout=60,
+            )
+        finally:
+            resource.prlimit(stale, resource.RLIMIT_NOFILE, limits)
+        until(
+            lambda: failed_on_content(gateway.stderr()[before:], index),
+            "the worker reading the invalid file once its limit is back",
+            timeout=60,
+        )
+        headers = {"authorization": f"Bearer {KEY}", "connection": "close"}
+        with httpx.Client(base_url=gateway.url, headers=headers, timeout=10) as client:
+            statuses = [
+                client.post("/v1/chat/completions", json=BODY).status_code for _ in range(ROUND)
+            ]
+            ready = {client.get("/readyz").status_code for _ in range(ROUND)}
+        assert 200 not in statuses, statuses  # before: the stale worker's share, version 1
+        assert set(statuses) == {403, 503}, statuses
+        assert ready == {200, 503}, ready
+        write_policy(policy, "2", "ap")  # the typo fixed: both read it, both refuse 403
         until(rounds.refusing, "both workers refusing under the narrowed set", timeout=60)
     finally:
         gateway.stop(signal.SIGTERM)

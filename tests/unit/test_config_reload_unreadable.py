@@ -152,3 +152,56 @@ def test_a_keys_file_that_stays_unreadable_is_retried_ever_less_often(
     assert taken <= 65  # bounded: at most 64 looks between two retries
     assert hash_api_key(KEY) not in app.parts.config.tenants[0].api_key_hashes
     assert reloader.last_error is None
+
+
+WORKER_ENV = {"OWNGATE_WORKERS": "2", "OWNGATE_WORKER_INDEX": "1"}
+
+
+@pytest.mark.parametrize("worker", [True, False])
+def test_a_worker_that_could_not_read_a_revocation_is_stale_until_a_read_succeeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, worker: bool
+) -> None:
+    """A worker of `serve --workers N` whose read of a changed keys file failed holds an
+    older key index than its siblings (a revoked key valid here only): it is `stale`
+    (refusing, not ready) until a read succeeds, read again at every look; a read in
+    between that finds invalid content leaves it stale. Before, it kept serving the
+    revoked key for up to 64 looks. One process is never stale, as before."""
+    path = _gateway_yaml(tmp_path)
+    _write(tmp_path / "keys.yaml", _keys(KEY), 1_000_000_000)
+    environ = {**WORKER_ENV, "OWNGATE_WORKER_RUNTIME_DIR": str(tmp_path)} if worker else {}
+    app = create_app(load_config(path), environ=environ, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None and reloader.among_workers is worker
+    _write(tmp_path / "keys.yaml", _keys(), 2_000_000_000)  # `owngate keys revoke`
+    real = tenants_module.read_keys_file
+    reads: list[Path] = []
+
+    def out_of_descriptors_twice(keys_path: Path) -> dict[str, list[str]]:
+        reads.append(keys_path)
+        if len(reads) <= 2:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real(keys_path)
+
+    monkeypatch.setattr(tenants_module, "read_keys_file", out_of_descriptors_twice)
+
+    async def look() -> bool:
+        return await reloader.poll()
+
+    asyncio.run(look())  # the change seen
+    asyncio.run(look())  # settled: read, and the read fails
+    assert len(reads) == 1 and reloader.stale is worker
+    asyncio.run(look())
+    # a worker reads again at the next look (and fails again); one process waits 2 looks
+    assert len(reads) == (2 if worker else 1) and reloader.stale is worker
+    monkeypatch.undo()
+    _write(tmp_path / "keys.yaml", "tenants: [not, a, mapping]\n", 3_000_000_000)  # a typo
+    for _ in range(2):
+        asyncio.run(look())
+    assert reloader.last_error is not None and "cannot read" not in reloader.last_error
+    assert reloader.stale is worker  # before: cleared, if it had been set at all
+    assert hash_api_key(KEY) in app.parts.config.tenants[0].api_key_hashes
+    _write(tmp_path / "keys.yaml", _keys(), 4_000_000_000)  # fixed
+    for _ in range(4):
+        asyncio.run(look())
+    assert hash_api_key(KEY) not in app.parts.config.tenants[0].api_key_hashes
+    assert not reloader.stale

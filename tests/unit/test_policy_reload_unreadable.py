@@ -235,3 +235,67 @@ def test_one_process_that_could_not_read_a_change_keeps_its_set_and_is_not_stale
     assert len(reads) == 1 and not trust.stale  # the retry is 2 looks away
     trust.poll()
     assert len(reads) == 2 and trust.current.compiled("p").version == "2"
+
+
+@pytest.mark.parametrize("then", ["invalid", "changed while read"])
+def test_a_stale_worker_stays_stale_until_a_read_succeeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, then: str
+) -> None:
+    """A worker that could not read a narrowed file, whose next read fails otherwise (the
+    file rewritten invalid, or changing while read): it still holds the older set its
+    siblings left (they read the narrowed one), so it stays stale. Before, that read
+    cleared the flag: the worker turned ready and served under the older, looser set."""
+    trust = _trust(tmp_path, ["policies/p.yaml"])
+    trust.among_workers = True
+    policy = tmp_path / "policies" / "p.yaml"
+    write(policy, versioned_policy("2", "ap"), 2_000_000_000)  # narrowed
+    with monkeypatch.context() as patch:
+        _failing_reads(patch, failures=1)
+        for _ in range(2):  # the change settles; its read fails
+            trust.poll()
+    assert trust.stale and trust.current.compiled("p").version == "1"
+    if then == "invalid":
+        write(policy, "kind: [", 3_000_000_000)
+    else:
+        real = small_files.read_small_file
+
+        def rewritten_while_read(path: Path, limit: int) -> bytes:
+            text = real(path, limit)
+            write(policy, versioned_policy("3", "ap"), 3_000_000_000)
+            return text
+
+        monkeypatch.setattr(loader, "read_small_file", rewritten_while_read)
+        write(policy, versioned_policy("2", "ap"), 2_500_000_000)
+    for _ in range(2):  # settles and is read: it fails, readable
+        trust.poll()
+    assert trust.reload_failures == 2
+    why = "changed while they were read" if then != "invalid" else "not valid YAML"
+    assert trust.last_error is not None and why in trust.last_error, trust.last_error
+    assert trust.current.compiled("p").version == "1"
+    assert trust.stale  # before: False, serving version 1 beside siblings on version 2
+    monkeypatch.undo()
+    write(policy, versioned_policy("4", "ap"), 4_000_000_000)
+    for _ in range(6):  # bounded: settles, then read
+        trust.poll()
+    assert trust.current.compiled("p").version == "4"
+    assert not trust.stale
+
+
+def test_one_process_whose_reads_fail_is_never_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One process (not `among_workers`): an unreadable read then an invalid one keep
+    its last good set serving, as always."""
+    trust = _trust(tmp_path, ["policies/p.yaml"])
+    policy = tmp_path / "policies" / "p.yaml"
+    write(policy, versioned_policy("2", "ap"), 2_000_000_000)
+    with monkeypatch.context() as patch:
+        _failing_reads(patch, failures=1)
+        for _ in range(2):
+            trust.poll()
+    assert not trust.stale
+    write(policy, "kind: [", 3_000_000_000)
+    for _ in range(2):
+        trust.poll()
+    assert trust.reload_failures == 2 and not trust.stale
+    assert trust.current.compiled("p").version == "1"
