@@ -153,6 +153,7 @@ def _checked(
     workers = limit_copies(environ)
     problems += config_share_unsplittable(config, workers)
     registry: Registry | None = None
+    unreadable: OSError | None = None
     try:
         registry = Registry.build(
             config,
@@ -164,6 +165,7 @@ def _checked(
         )
     except ValueError as exc:
         problems += str(exc).splitlines()  # Registry.build: one problem per line
+        unreadable = exc.__cause__ if isinstance(exc.__cause__, OSError) else None
     tenants: dict[str, TenantEntry] = {}
     try:
         tenants = index_keys(config.tenants)
@@ -188,7 +190,7 @@ def _checked(
     except PolicyError as exc:
         problems += [f"invalid trust policy: {issue}" for issue in exc.issues]
     if registry is None or policies is None or problems:
-        raise AssemblyError(problems)
+        raise AssemblyError(problems) from unreadable  # a TLS file to read again, or None
     return registry, tenants, policies
 
 

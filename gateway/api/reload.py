@@ -268,6 +268,14 @@ class ConfigReloader:
         except (PolicyError, ValueError) as exc:
             self._retry_paths = paths
             self._stamp = (*self._stamp[:-1], policy_files)
+            if isinstance(exc.__cause__, OSError):
+                # A backend's CA, certificate or key file that could not be read (out of
+                # descriptors, an I/O error): read again unchanged, as gateway.yaml is.
+                # Before, a CA withdrawn on disk stayed trusted until the next change.
+                self._unreadable += 1
+                self._behind = True
+                backoff = 2 ** min(self._unreadable, _UNREADABLE_MAX_DOUBLINGS)
+                self._retry_in = 1 if self.among_workers else backoff
             return self._failed(str(exc).splitlines()[0], exc)
         await parts.scraper.scrape_once()  # know the new backends' health before routing
         while running.policies.current is not read:

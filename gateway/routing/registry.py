@@ -125,6 +125,7 @@ class Registry:
         env = environ or {}
         breaker = config.routing.breaker
         problems: list[str] = []
+        unreadable: OSError | None = None
         backends: dict[str, BackendState] = {}
         tenants = sum(bool(t.models) for t in config.tenants)  # those that may use a model
         if sockets is None:  # backend connections, idle ones too, within the cap's share
@@ -136,6 +137,8 @@ class Registry:
                 )
             except ValueError as exc:
                 problems.append(str(exc))
+                if isinstance(exc.__cause__, OSError):  # a TLS file unreadable, not invalid
+                    unreadable = unreadable or exc.__cause__
         routes: dict[str, list[Route]] = {}
         owners: dict[str, str] = {}
         for backend in config.backends:
@@ -146,7 +149,8 @@ class Registry:
                     routes.setdefault(public, []).append(Route(backends[backend.id], entry.name))
                     owners.setdefault(public, backend.owner)
         if problems:
-            raise ValueError("\n".join(problems))
+            # its cause says a file could not be read: a reload reads it again unchanged
+            raise ValueError("\n".join(problems)) from unreadable
         return cls(
             backends=backends,
             routes={name: tuple(r) for name, r in routes.items()},

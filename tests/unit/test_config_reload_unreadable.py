@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,9 @@ import yaml
 from gateway import tenants as tenants_module
 from gateway.app import create_app
 from gateway.config import ConfigError, load_config
+from gateway.pki import make_ca
 from gateway.tenants import hash_api_key
+from gateway.upstream import tls as tls_module
 from tests.helpers.gateways import backend, gateway_config
 
 KEY = "og-unreadable-test-key-0123456789"
@@ -205,3 +208,46 @@ def test_a_worker_that_could_not_read_a_revocation_is_stale_until_a_read_succeed
         asyncio.run(look())
     assert hash_api_key(KEY) not in app.parts.config.tenants[0].api_key_hashes
     assert not reloader.stale
+
+
+def test_a_backend_ca_file_that_could_not_be_read_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A CA withdrawn by replacing ca.pem, whose reload could not read the new file (out of
+    # descriptors): the reload failed and, with the file's new stamp taken, was not tried
+    # again until the next change, the withdrawn CA trusted meanwhile. It is read again.
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    _write(tmp_path / "ca.pem", make_ca("old", now=now).cert_pem.decode(), 1_000_000_000)
+    gpu = {**backend("gpu", "https://127.0.0.1:9", "m"), "tls": {"ca_file": "ca.pem"}}
+    data = gateway_config([backend("gpu", "http://127.0.0.1:9", "m")]).model_dump(
+        mode="json", exclude_none=True
+    )
+    data["backends"] = [gpu]
+    path = tmp_path / "gateway.yaml"
+    _write(path, yaml.safe_dump(data), 1_000_000_000)
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None
+    first = app.parts.registry
+
+    _write(tmp_path / "ca.pem", make_ca("new", now=now).cert_pem.decode(), 2_000_000_000)
+    real = tls_module.read_small_file
+    reads: list[Path] = []
+
+    def out_of_descriptors_once(file: Path, limit: int) -> bytes:
+        reads.append(file)
+        if len(reads) == 2:  # the first read tells the file changed; the second builds
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real(file, limit)
+
+    monkeypatch.setattr(tls_module, "read_small_file", out_of_descriptors_once)
+
+    async def looks() -> None:
+        for _ in range(8):  # bounded: a change settles in two looks, a retry in two more
+            await reloader.poll()
+
+    asyncio.run(looks())
+    assert reloader.reload_failures == 1
+    assert reloader.last_error is None  # read again, and built under the new CA
+    assert app.parts.registry is not first
+    assert not app.parts.registry.tls_changed()
