@@ -21,6 +21,7 @@ from gateway import tenants as tenants_module
 from gateway.app import create_app
 from gateway.config import ConfigError, load_config
 from gateway.pki import make_ca
+from gateway.small_files import read_small_file
 from gateway.tenants import hash_api_key
 from gateway.upstream import tls as tls_module
 from tests.helpers.gateways import backend, gateway_config
@@ -231,14 +232,13 @@ def test_a_backend_ca_file_that_could_not_be_read_is_read_again(
     first = app.parts.registry
 
     _write(tmp_path / "ca.pem", make_ca("new", now=now).cert_pem.decode(), 2_000_000_000)
-    real = tls_module.read_small_file
     reads: list[Path] = []
 
     def out_of_descriptors_once(file: Path, limit: int) -> bytes:
         reads.append(file)
         if len(reads) == 2:  # the first read tells the file changed; the second builds
             raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
-        return real(file, limit)
+        return read_small_file(file, limit)
 
     monkeypatch.setattr(tls_module, "read_small_file", out_of_descriptors_once)
 
