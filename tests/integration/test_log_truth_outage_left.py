@@ -24,7 +24,7 @@ import pytest
 from gateway.api import exchange as exchange_module
 from gateway.api.recorder import Recorder
 from gateway.provenance.writer import segment_writer
-from tests.helpers.audit_rig import WHOLE, first_request_settled, logged, request_log
+from tests.helpers.audit_rig import ASKS_USAGE, WHOLE, first_request_settled, logged, request_log
 from tests.helpers.gateways import Gateway, backend
 from tests.helpers.independent_audit import Received, audit
 from tests.helpers.raw_backend import ERROR_BODY, Answer, Post, RawBackend, json_answer
@@ -83,11 +83,13 @@ def _failing_over(
     return gateway, vkey, disk, a, b
 
 
+@pytest.mark.parametrize("ask", [WHOLE, ASKS_USAGE], ids=["whole", "stream"])
 def test_a_client_that_leaves_while_the_next_dispatch_record_fails_is_logged_499(
     start_raw: Callable[[Answer], RawBackend],
     start_gateway: Callable[..., Gateway],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    ask: dict[str, object],
 ) -> None:
     gateway, vkey, disk, a, b = _failing_over(start_raw, start_gateway, tmp_path, monkeypatch)
     left = threading.Event()
@@ -98,7 +100,7 @@ def test_a_client_that_leaves_while_the_next_dispatch_record_fails_is_logged_499
         cancel(task)
 
     monkeypatch.setattr(exchange_module, "cancel", noticed)
-    body = json.dumps(WHOLE).encode()
+    body = json.dumps(ask).encode()
     host, port = gateway.url.removeprefix("http://").split(":")
     client = socket.create_connection((host, int(port)), timeout=30)
     client.sendall(
@@ -117,11 +119,13 @@ def test_a_client_that_leaves_while_the_next_dispatch_record_fails_is_logged_499
     assert records[-1]["status"] == 499, records[-1]  # the client got nothing
 
 
+@pytest.mark.parametrize("ask", [WHOLE, ASKS_USAGE], ids=["whole", "stream"])
 def test_a_drain_cut_while_the_next_dispatch_record_fails_is_logged_as_the_503_sent(
     start_raw: Callable[[Answer], RawBackend],
     start_gateway: Callable[..., Gateway],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    ask: dict[str, object],
 ) -> None:
     gateway, vkey, disk, a, b = _failing_over(start_raw, start_gateway, tmp_path, monkeypatch)
     tasks: list[asyncio.Task[Any]] = []
@@ -139,7 +143,7 @@ def test_a_drain_cut_while_the_next_dispatch_record_fails_is_logged_as_the_503_s
             asked = pool.submit(
                 httpx.post,
                 f"{gateway.url}/v1/chat/completions",
-                content=json.dumps(WHOLE).encode(),
+                content=json.dumps(ask).encode(),
                 headers={**gateway.headers, "content-type": "application/json"},
                 timeout=30,
             )
@@ -155,7 +159,7 @@ def test_a_drain_cut_while_the_next_dispatch_record_fails_is_logged_as_the_503_s
     assert response.status_code == 503, response.content
     assert response.json()["error"]["code"] == "not_ready"
     request_id = response.headers["x-request-id"]
-    received = Received(503, dict(response.headers), response.content, json.dumps(WHOLE).encode())
+    received = Received(503, dict(response.headers), response.content, json.dumps(ask).encode())
     first_request_settled(tmp_path / "log", vkey)
     records = request_log(tmp_path / "log", vkey, request_id)
     assert len(a.posts) == 1 and b.posts == []
