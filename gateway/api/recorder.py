@@ -58,6 +58,8 @@ from gateway.upstream.tls import Peer
 
 __all__ = ["Recorder", "usage_of"]
 
+Written = asyncio.Future[LogEntry] | None  # a completion queued (`append_soon`), or none
+
 
 class Recorder:
     """The request path's provenance writer. Built with the gateway (`gateway.app.assemble`)
@@ -118,8 +120,11 @@ class Recorder:
         Cancelled meanwhile (the client left, or a shutdown), the record still lands once
         queued, and a dispatch in the log needs its completion: the append is waited for
         (the log's own write bounds it) and, if it landed, completed (held) as cut (499 or
-        503, nothing sent) before the cancellation goes on. A held completion goes first."""
-        self.settle(exchange, trail)
+        503, nothing sent) before the cancellation goes on. A held completion goes first;
+        if the log then refuses the dispatch record, it is taken back while no write made
+        it durable, and held again (`_refused`)."""
+        held = trail.held
+        settled = self.settle(exchange, trail)
         if trail.dispatch is not None:
             # A later attempt: the answer gets a response salt of its own. An attested
             # backend tried before was sent the salts (`x-owngate-salts`): with them its
@@ -145,6 +150,7 @@ class Recorder:
         try:
             landing, sealing = self._log.queue_sealed(record, seal, checked=True)
         except LogUnavailableError as exc:
+            self._refused(trail, held, settled)
             raise _unavailable() from exc
         try:  # awaited from this task: no task of its own, a loop turn fewer
             entry = await landing
@@ -154,10 +160,26 @@ class Recorder:
                 self._dispatched(exchange, trail, landing.result(), sealing)
                 status, error = cut_status(exchange)
                 self.complete(exchange, trail, status=status, error=error, held=True)
+            else:
+                self._refused(trail, held, settled)
             raise
         except LogUnavailableError as exc:
+            self._refused(trail, held, settled)
             raise _unavailable() from exc
         self._dispatched(exchange, trail, entry, sealing)
+
+    def _refused(
+        self, trail: Trail, held: tuple[int, str | None, float] | None, settled: Written
+    ) -> None:
+        """The log refused a dispatch record: the completion of the failed attempt before
+        it (`held`, written by `settle` just before) is the request's last record, and must
+        say what the client gets, which is not known yet: its error, or nothing (499) if
+        it left meanwhile, or a drain's cut (503). Taken back while no write made it
+        durable (queued, or kept after the refused write), it is held again, and the
+        request's end writes it with that status (`Proxy.answered`). Before, it stayed
+        written with the attempt's own status (502) whatever the client then got."""
+        if held is not None and (settled is None or self._log.withdraw(settled)):
+            trail.held = held
 
     def _dispatched(
         self, exchange: Exchange, trail: Trail, entry: LogEntry, sealing: asyncio.Future[bytes]
@@ -210,16 +232,17 @@ class Recorder:
         error: str | None,
         held: bool = False,
         ended_at: float | None = None,
-    ) -> None:
+    ) -> Written:
         """The completion record of the current dispatch, queued without waiting: the
         answer is already out (the dispatch record is what gates sending), so a failure to
         write it is logged, not raised. `held`: one whose answer the app sends (an error,
-        a cut), kept until the next dispatch or the request's end (`settle`)."""
+        a cut), kept until the next dispatch or the request's end (`settle`). Returns the
+        queued record's future (None: held, or not queued)."""
         if trail.dispatch is None:
-            return
+            return None
         if held:
             trail.held = (status, error, time.perf_counter())
-            return
+            return None
         digest = trail.response_hash.digest()
         request_id = exchange.request_id.decode()
         try:
@@ -243,14 +266,15 @@ class Recorder:
             written = self._log.append_soon(record, checked=True)
         except ProvenanceError as exc:
             self._not_written(request_id, exc)
-            return
+            return None
         written.add_done_callback(lambda done: self._completed(done, request_id))
         if trail.countersignature is not None:  # accepted, and in the record
             self.receipts.countersigned(
                 request_id, exchange.tenant, trail.dispatch.index, trail.countersignature
             )
+        return written
 
-    def settle(self, exchange: Exchange, trail: Trail, ended: int | None = None) -> None:
+    def settle(self, exchange: Exchange, trail: Trail, ended: int | None = None) -> Written:
         """Write a failed attempt's completion held in `trail`, if any: before the next
         dispatch, with its own status; at the request's end, once the app's answer went
         out (or did not), with the status `ended` the client got (`Proxy.answered`: the
@@ -259,7 +283,8 @@ class Recorder:
             status, error, ended_at = trail.held
             trail.held = None
             status = status if ended is None else ended
-            self.complete(exchange, trail, status=status, error=error, ended_at=ended_at)
+            return self.complete(exchange, trail, status=status, error=error, ended_at=ended_at)
+        return None
 
     def _completed(self, written: asyncio.Future[Any], request_id: str) -> None:
         error = None if written.cancelled() else written.exception()

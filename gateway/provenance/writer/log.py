@@ -32,7 +32,7 @@ from gateway.provenance.formats.records import LogEntry
 from gateway.provenance.writer.checkpointer import Checkpointer, LogSettings
 from gateway.provenance.writer.events import FaultEvents, Reported
 from gateway.provenance.writer.high_water import HighWater
-from gateway.provenance.writer.outage import Outage
+from gateway.provenance.writer.outage import Outage, Withdrawing
 from gateway.provenance.writer.queued import Landing, Queued, entry_of, landed
 from gateway.provenance.writer.sealer import BatchSeal, Seal, Sealer
 from gateway.provenance.writer.signal import Signal
@@ -42,7 +42,7 @@ from gateway.provenance.writer.worker import LoopWorker
 __all__ = ["LogSettings", "ProvenanceLog"]
 
 
-class ProvenanceLog:
+class ProvenanceLog(Withdrawing):
     """The per-replica provenance log. Create with `await ProvenanceLog.open(...)`."""
 
     def __init__(

@@ -15,12 +15,15 @@ once instead of queueing behind it; what the write carries still lands if it ret
 
 from __future__ import annotations
 
+import asyncio
+
 from gateway.provenance.errors import LogUnavailableError, ProvenanceError
+from gateway.provenance.formats.records import LogEntry
 from gateway.provenance.writer.checkpointer import LogSettings
 from gateway.provenance.writer.events import FaultEvents
 from gateway.provenance.writer.queued import Queued
 
-__all__ = ["Outage"]
+__all__ = ["Outage", "Withdrawing"]
 
 
 class Outage:
@@ -111,7 +114,35 @@ class Outage:
             return self.over()
         return []
 
+    def withdraw(self, future: asyncio.Future[LogEntry], queue: list[Queued]) -> bool:
+        """Take the record of `future` (an unawaited one) out of `queue` or of those kept:
+        it will never be written, and its future is cancelled. False when neither holds it
+        (a write holds it now, or made it durable, or failed it)."""
+        for held in (queue, self._kept):
+            for position, queued in enumerate(held):
+                if queued.future is future and not queued.awaited:
+                    del held[position]
+                    future.cancel()
+                    return True
+        return False
+
     def take(self) -> list[Queued]:
         """Every record kept (none is kept any more), oldest first."""
         taken, self._kept = self._kept, []
         return taken
+
+
+class Withdrawing:
+    """`ProvenanceLog.withdraw` (a mixin: the log's queue and outage)."""
+
+    _queue: list[Queued]
+    _outage: Outage
+
+    def withdraw(self, future: asyncio.Future[LogEntry]) -> bool:
+        """Take back a record `append_soon` queued (`future`, the one it returned) that no
+        write has made durable or holds now: queued, or kept after a refused write. It is
+        never written, and its future is cancelled. False: too late (`Outage.withdraw`).
+        A request whose next dispatch record the log refused takes back the completion of
+        its failed attempt written before it, to write it with the status its client gets
+        (gateway/api/recorder.py)."""
+        return self._outage.withdraw(future, self._queue)
