@@ -42,7 +42,13 @@ def _sdk_usage(gateway: Gateway) -> tuple[object, bool]:
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=gateway.key, max_retries=0)
     usage: object = None
     try:
-        for chunk in client.chat.completions.create(**ASKS_USAGE):
+        stream = client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        for chunk in stream:
             usage = chunk.usage.model_dump(exclude_none=True) if chunk.usage is not None else usage
     except json.JSONDecodeError:
         return usage, True
