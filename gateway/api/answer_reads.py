@@ -26,12 +26,22 @@ too; its status alone tells what happened then, as for one over 64 KiB.
 
 from __future__ import annotations
 
+import json
+from typing import Final
+
 from gateway.api.usage_read import PastBounds, parses
 from gateway.body_budget import Held, hold_answer
 from gateway.errors import GatewayError
 from gateway.upstream.http import UpstreamError, UpstreamResponse
 
-__all__ = ["MAX_ERROR_BODY", "check_whole", "cover_answer", "read_error_body", "read_held"]
+__all__ = [
+    "MAX_ERROR_BODY",
+    "check_readable",
+    "check_whole",
+    "cover_answer",
+    "read_error_body",
+    "read_held",
+]
 
 MAX_ERROR_BODY = 64 * 1024  # its message is shown: plenty
 
@@ -100,6 +110,35 @@ def check_whole(response: UpstreamResponse, data: bytes) -> None:
         ) from None
     if not whole:
         raise UpstreamError("closed", "the answer ended with the connection, cut short")
+
+
+# Statuses whose answer has no body whatever its headers say (RFC 9110): no OpenAI client
+# reads a completion, a chat completion or embeddings out of one.
+_NO_BODY: Final = frozenset({204, 205, 304})
+_JSON_SPACE: Final = b" \t\r\n"
+
+
+def check_readable(status: int, data: bytes) -> None:
+    """Raise `UpstreamError("shape")` when a whole answer below 400 is one no OpenAI client
+    reads as the completion, chat completion or embeddings it asked for: a 204, 205 or
+    304 (no body), or a 2xx whose body is empty or does not open a JSON object (an SDK's
+    `response.json()` fails on it, or reads something that is not the answer). The
+    record would state a success the client could not read: the attempt fails before
+    the client saw a byte, as an answer of the other shape does (the next backend may
+    serve, else 502). Only the opening is checked: a framed body is not parsed here."""
+    if status in _NO_BODY:
+        raise UpstreamError("shape", f"an answer with no body (HTTP {status})")
+    if status < 300 and not _opens_object(data):
+        raise UpstreamError("shape", "a body that is not a JSON object")
+
+
+def _opens_object(data: bytes) -> bool:
+    """Whether `data`'s first character past JSON whitespace is `{`, read in the encoding
+    `json.loads(bytes)` (so httpx's `response.json()`) would read it in."""
+    encoding = json.detect_encoding(data)
+    if encoding == "utf-8":
+        return data.lstrip(_JSON_SPACE)[:1] == b"{"
+    return data.decode(encoding, errors="replace").lstrip(" \t\r\n")[:1] == "{"
 
 
 def _is_json(content_type: bytes | None) -> bool:

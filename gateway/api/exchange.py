@@ -88,6 +88,7 @@ class Exchange:
     fallback: str | None = None  # why a hosted backend served it: private_unavailable|saturated
     # With `fallback`: each eligible private backend's state that allowed it (the plan's).
     fallback_basis: tuple[tuple[str, str], ...] = ()
+    provider_model: str | None = None  # a hosted attempt's model string sent to its provider
     decision: Decision | None = None
     # The refusal the client is to get once its refusal record is in the log: what a
     # shutdown's cut answers with too (`TenantSurface._cut`), as the log says.

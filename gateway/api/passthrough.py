@@ -8,8 +8,8 @@ the dispatcher can offer the request to the next eligible backend: a refused or 
 connection, a 5xx, no first byte within the attempt's first-byte budget (the
 backend's `first_byte_timeout_s`, cut to what the request's failover deadline leaves),
 or a 2xx answer of the other shape than the request asked for (`shape`: a whole answer
-to a stream request, a stream to any other; the client would read neither, nor the
-usage the record would state).
+to a stream request, a stream to any other, a 204, 205 or 304, a body that is empty or
+not a JSON object; the client would read none, nor the usage the record would state).
 A stream's response headers are held back until its first chunk arrives, so a backend
 that answers headers and then hangs, or ends the stream with no byte, can still be failed
 over (stream_relay.py relays a stream). What happens is told to the routing `Attempt`
@@ -38,7 +38,7 @@ import re
 from collections.abc import Callable
 from typing import Any, Final
 
-from gateway.api.answer_reads import check_whole, read_error_body, read_held
+from gateway.api.answer_reads import check_readable, check_whole, read_error_body, read_held
 from gateway.api.attested import Attester, SseTail
 from gateway.api.body_rewrites import ask_for_usage, model_pattern, rewrite_model
 from gateway.api.exchange import Exchange, TryNext, relayed, send_whole
@@ -311,6 +311,7 @@ class PrivateRelay:
             data = await self._read_whole(exchange, backend, response)
             if exchange.stream:  # stream: true on embeddings: no SSE client's answer either
                 data = self._without_comments(backend.id, data)
+            check_readable(status, data)  # no client reads an empty or non-JSON "success"
             exchange.status = status
             exchange.response_started = True
             relayed(exchange, data, whole=True)

@@ -250,6 +250,7 @@ class Proxy:
                     if traced is not None:  # tracing on: the attempt's span (gateway/tracing)
                         span = traced.attempt(attempt, exchange, plan.fallback)
                     exchange.fallback, exchange.fallback_basis = plan.fallback, plan.basis
+                    exchange.provider_model = None if prepared is None else prepared.provider_model
                     # Asked again once the dispatch record is durable and on a retried
                     # connection: a reload that landed meanwhile (a policy that no longer
                     # admits the backend, a config that moved it) stops the send; narrowing

@@ -142,6 +142,7 @@ class Recorder:
             backend=self._backend_ref(backend),
             fallback_reason=exchange.fallback,
             fallback_basis=exchange.fallback_basis if exchange.fallback is not None else None,
+            provider_model=exchange.provider_model,
             request_commitment=trail.request_commitment,
             peer_spki=None if peer is None else peer.spki_sha256,
             attested=peer is not None and peer.attested,

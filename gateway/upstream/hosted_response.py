@@ -1,6 +1,6 @@
 """A hosted provider's answer as `HostedClient` hands it on (gateway/upstream/hosted.py):
 `HostedResponse`, OpenAI JSON bytes or a stream of OpenAI SSE events, and the provider's
-own ids for it (`provider_ids`), never one LiteLLM made up."""
+own ids for it and the model it names (`provider_ids`), never an id LiteLLM made up."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class HostedResponse:
         usage: dict[str, int] | None = None,
         ignored_fields: tuple[str, ...] = (),
         stream: ProviderStream | None = None,
-        provider_ids: tuple[object, list[tuple[str, str]]] = (None, []),
+        provider_ids: tuple[object, list[tuple[str, str]], object] = (None, [], None),
     ) -> None:
         self.status = 200
         self.content_type = content_type
@@ -50,8 +50,8 @@ class HostedResponse:
         self.ignored_fields = ignored_fields
         self._stream = stream
         # The provider's own ids for the answer, unchecked: the `id` of the answer (of a
-        # stream's first chunk) and its response headers (gateway/api/hosted_relay.py keeps
-        # only allow-listed, id-shaped ones).
+        # stream's first chunk), its response headers and its `model` (gateway/api/
+        # hosted_relay.py keeps only allow-listed, id-shaped ones).
         self.provider_ids = provider_ids
 
     @property
@@ -79,11 +79,12 @@ class HostedResponse:
             await self._stream.aclose()
 
 
-def provider_ids(answer: Any, carrier: Any) -> tuple[object, list[tuple[str, str]]]:
-    """The `id` of `answer` and the provider's response headers: those LiteLLM keeps on
+def provider_ids(answer: Any, carrier: Any) -> tuple[object, list[tuple[str, str]], object]:
+    """The `id` of `answer`, the provider's response headers: those LiteLLM keeps on
     `carrier` as it received them (`_response_headers`), else its copies in
-    `_hidden_params["additional_headers"]` (`_sent_headers`). An id of the shape LiteLLM
-    makes up (`_MADE_UP_ID`) is not the provider's: None."""
+    `_hidden_params["additional_headers"]` (`_sent_headers`), and the `model` of `answer`
+    (the one the client's body names). An id of the shape LiteLLM makes up
+    (`_MADE_UP_ID`) is not the provider's: None."""
     answer_id = getattr(answer, "id", None)
     if isinstance(answer_id, str) and _MADE_UP_ID.match(answer_id):
         answer_id = None
@@ -91,7 +92,8 @@ def provider_ids(answer: Any, carrier: Any) -> tuple[object, list[tuple[str, str
     if not isinstance(received, Mapping) or not received:
         hidden = getattr(carrier, "_hidden_params", None)
         received = hidden.get("additional_headers") if isinstance(hidden, dict) else None
-    return answer_id, _sent_headers(received if isinstance(received, Mapping) else {})
+    headers = _sent_headers(received if isinstance(received, Mapping) else {})
+    return answer_id, headers, getattr(answer, "model", None)
 
 
 def _sent_headers(headers: Mapping[Any, Any]) -> list[tuple[str, str]]:

@@ -11,10 +11,12 @@ lines of uvicorn and the HTTP client libraries), its provenance log's files, the
 it exports over OTLP, `/metrics`, the admin API's status, tenants, timeline and
 request views, the `owngate attest` sidecar's output and log, the witness's output, and
 what `owngate audit verify` / `show --records` print of the log. What the clients get
-back is their own request's business (docs/api.md) and is not searched. The one string
-of a backend the log records by design, a hosted answer's `id` (`upstream.response_id`,
-docs/provenance.md), is kept plain here; the provider's `x-request-id` is recorded only
-in its documented form, which a quote is out of.
+back is their own request's business (docs/api.md) and is not searched. The strings of a
+backend the log records by design, a hosted answer's `id` and the `model` a whole one
+names (`upstream.response_id`, `upstream.model`, docs/provenance.md), are kept plain
+here (a stream's chunks LiteLLM names after the model it asked for: theirs stay
+canaries); the provider's `x-request-id` is recorded only in its documented form, which
+a quote is out of.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ def _answer_to(post: Post) -> bytes:
                 "id": "chatcmpl-plain",
                 "object": "chat.completion",
                 "created": 1,
-                "model": CANARY,
+                "model": "plain-model",
                 "system_fingerprint": CANARY,
                 "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},

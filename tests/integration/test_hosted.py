@@ -256,13 +256,14 @@ def test_the_providers_own_ids_for_an_answer_are_kept(env: Servers) -> None:
     # request-id header is what reconciles, and the id LiteLLM made up, which the
     # provider never saw, is not recorded as the provider's.
     assert orjson.loads(whole.body)["id"].startswith("chatcmpl-")
+    # The model the answer names (the one the client's body names) is kept too.
     assert UpstreamIds.of(*whole.provider_ids) == UpstreamIds(
-        None, (("request-id", "req_mock0001"),)
+        None, (("request-id", "req_mock0001"),), orjson.loads(whole.body)["model"]
     )
     streamed = run(anthropic, lambda: anthropic.send("chat", chat(stream=True), "public"))
-    assert UpstreamIds.of(*streamed.provider_ids) == UpstreamIds(
-        None, (("request-id", "req_mock0001"),)
-    )
+    ids = UpstreamIds.of(*streamed.provider_ids)
+    assert ids is not None and ids.model is not None
+    assert ids == UpstreamIds(None, (("request-id", "req_mock0001"),), ids.model)
     openai = openai_client(env)
     answer = run(openai, lambda: openai.send("chat", chat(), "public"))
     assert answer.body is not None

@@ -106,6 +106,7 @@ def test_hostile_provider_ids_stay_out_of_the_record_and_the_logs(
         "request_ids": [
             {"header": "request-id", "value": "req_good-0001"},
         ],
+        "model": "m",
     }
     written = _written(tmp_path, logs.getvalue())
     for hostile in (SECRET.encode(), b"A" * 200, b"\x1b", b"\\u001b", *_DEL_ID, b"second-value"):
@@ -182,4 +183,5 @@ def test_the_record_names_only_the_request_id_headers_the_provider_sent(
     assert record["upstream"] == {
         "response_id": "chatcmpl-own_0002",
         "request_ids": [{"header": "x-request-id", "value": "req_own-0002"}],
+        "model": "m",
     }

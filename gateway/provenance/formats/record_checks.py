@@ -4,14 +4,16 @@ raises RecordError naming the field and what it must be."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from gateway.canonical import MAX_SAFE_INTEGER
 from gateway.provenance.errors import RecordError
 from gateway.provenance.formats.receipt_payload import REQUEST_ID
-from gateway.provenance.formats.schema import STATUSES
+from gateway.provenance.formats.schema import BASIS_STATES, STATUSES
 
 __all__ = [
     "SPKI_PIN",
+    "basis_field",
     "check_count",
     "check_flag",
     "check_hex64",
@@ -58,3 +60,15 @@ def check_status(status: object) -> None:
     no other, so a record holding another was not written by it)."""
     if type(status) is not int or status not in STATUSES:
         raise RecordError(f"status must be an HTTP status 200..599, not {status!r}")
+
+
+def basis_field(basis: Sequence[tuple[str, str]], reason: str | None) -> list[object]:
+    """A dispatch record's `fallback_basis`: each eligible private backend's state."""
+    if reason is None:
+        raise RecordError("fallback_basis needs a fallback reason")
+    states: list[object] = []
+    for backend, state in basis:
+        check_text(backend, "fallback_basis backend", empty=False)
+        check_one_of(state, "fallback_basis state", BASIS_STATES)
+        states.append({"backend": backend, "state": state})
+    return states

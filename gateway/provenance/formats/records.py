@@ -26,6 +26,7 @@ from gateway.provenance.errors import RecordError
 from gateway.provenance.formats.attestation import Attestation
 from gateway.provenance.formats.record_checks import (
     SPKI_PIN,
+    basis_field,
     check_count,
     check_flag,
     check_hex64,
@@ -42,7 +43,6 @@ from gateway.provenance.formats.record_parser import (
 )
 from gateway.provenance.formats.schema import (
     ADMIN_OUTCOMES,
-    BASIS_STATES,
     SCHEMA_VERSION,
     STREAM_ERRORS,
     usage_bound_problem,
@@ -195,11 +195,13 @@ def dispatch_record(
     peer_spki: str | None = None,
     attested: bool = False,
     fallback_basis: Sequence[tuple[str, str]] | None = None,
+    provider_model: str | None = None,
 ) -> dict[str, object]:
     """`peer_spki`: the key the backend presented on the connection that carried the
     request (`sha256//` + base64), `attested`: its certificate stated the backend's facts;
     `fallback_basis` (with `fallback_reason`): each eligible private backend's state
-    (`BASIS_STATES`) that allowed the fallback, as `fallback_basis` in the record."""
+    (`BASIS_STATES`) that allowed the fallback, as `fallback_basis` in the record;
+    `provider_model`: the model string a hosted attempt sends its provider."""
     check_text(request_id, "request_id", empty=False)
     check_text(tenant, "tenant")
     check_text(model, "model")
@@ -207,11 +209,13 @@ def dispatch_record(
         raise RecordError("backend must be a BackendRef")
     if fallback_reason is not None:
         check_text(fallback_reason, "fallback")
-    basis = None if fallback_basis is None else _basis(fallback_basis, fallback_reason)
+    basis = None if fallback_basis is None else basis_field(fallback_basis, fallback_reason)
     check_hex64(request_commitment, "request_commitment")
     if peer_spki is not None and not SPKI_PIN.match(peer_spki):
         raise RecordError(f"peer_spki must be sha256// and 44 base64 digits, not {peer_spki!r}")
     check_flag(attested, "attested")
+    if provider_model is not None:
+        check_text(provider_model, "provider_model", empty=False)
     r = backend.retention
     ref: dict[str, object] = {
         "id": backend.id,
@@ -243,18 +247,9 @@ def dispatch_record(
     }
     if basis is not None:
         record["fallback_basis"] = basis
+    if provider_model is not None:
+        record["provider_model"] = provider_model
     return record
-
-
-def _basis(basis: Sequence[tuple[str, str]], reason: str | None) -> list[object]:
-    if reason is None:
-        raise RecordError("fallback_basis needs a fallback reason")
-    states: list[object] = []
-    for backend, state in basis:
-        check_text(backend, "fallback_basis backend", empty=False)
-        check_one_of(state, "fallback_basis state", BASIS_STATES)
-        states.append({"backend": backend, "state": state})
-    return states
 
 
 def completion_record(

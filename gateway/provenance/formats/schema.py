@@ -81,6 +81,7 @@ _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 _SPKI = re.compile(r"sha256//[A-Za-z0-9+/]{43}=\Z")  # as curl --pinnedpubkey writes a pin
 _BASE64 = re.compile(r"[A-Za-z0-9+/]{86}==\Z")  # an Ed25519 signature
 _UPSTREAM_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}\Z")
+_UPSTREAM_MODEL = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}\Z")  # formats/upstream_ids.py
 _IDS = ListOf({"header": str, "value": _UPSTREAM_ID})
 _POLICY = {"id": str, "version": str, "digest": str}
 _TRACE = ListOf({"backend": str, "verdict": frozenset({"admitted", "excluded"}), "rule": str})
@@ -113,6 +114,9 @@ RECORD_SCHEMAS: dict[str, dict[str, object]] = {
         # With a fallback: each eligible private backend's state that allowed it.
         "fallback_basis": Omittable(ListOf({"backend": _NONEMPTY, "state": BASIS_STATES})),
         "request_commitment": _HEX64,
+        # A hosted attempt: the model string sent to the provider (LiteLLM's, as
+        # gateway.yaml's `provider_model`); absent for private backends and older records.
+        "provider_model": Omittable(_NONEMPTY),
     },
     "completion": {
         **_COMMON,
@@ -134,7 +138,14 @@ RECORD_SCHEMAS: dict[str, dict[str, object]] = {
             }
         ),
         # A hosted provider's own ids for the answer (formats/upstream_ids.py).
-        "upstream": Omittable({"response_id": Optional(_UPSTREAM_ID), "request_ids": _IDS}),
+        # `model`: the model the provider's answer names; absent in older records.
+        "upstream": Omittable(
+            {
+                "response_id": Optional(_UPSTREAM_ID),
+                "request_ids": _IDS,
+                "model": Omittable(Optional(_UPSTREAM_MODEL)),
+            }
+        ),
         # The tokens charged instead of `usage`, which exceeded what the request justified
         # (gateway/api/usage_bound.py); absent when the usage was within it, or none.
         "usage_bound": Omittable(int),
