@@ -45,7 +45,9 @@ def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     have asked for, while it stays that size), then at 258 and 260; the notes served at
     each size kept, as an auditor keeps the checkpoints it saw."""
     directory = tmp_path_factory.mktemp("spec-verifier")
-    with serve_admin(directory, witness=True, provenance={"group_commit_ms": 20}) as served:
+    # Appends wait 200 ms to share a write: 8 clients at once then always share batches
+    # (v2 receipts), however busy the machine (at 20 ms, one loaded run saw none).
+    with serve_admin(directory, witness=True, provenance={"group_commit_ms": 200}) as served:
         fetch = tiles.from_url(f"{served.admin}/log/", TOKENS["auditor"])
         keys = [spec.parse_key(served.vkey)]
         seen: dict[int, bytes] = {}
