@@ -53,6 +53,7 @@ from gateway.api.refusal import (
     nothing_served,
 )
 from gateway.api.reservation import reserve_tokens
+from gateway.api.server_fields import refuse_unreadable_encoding
 from gateway.api.standing import Standing
 from gateway.api.trail import Trail
 from gateway.asgi import Receive, Scope, Send
@@ -121,6 +122,8 @@ class Proxy:
         tenant = standing.tenant
         doc = parse_body(body, scan)  # scan: `scan_body(body)`
         refuse_control_fields(doc, body)  # a router's and an inference server's own fields
+        if exchange.endpoint == "embeddings":
+            refuse_unreadable_encoding(doc)  # vLLM's binary answer: no client reads it here
         media = MediaRefs.of(doc, body)  # URLs a private backend would fetch; None: none
         model = doc.get("model")
         if not isinstance(model, str) or not model:

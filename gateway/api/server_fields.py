@@ -60,6 +60,7 @@ __all__ = [
     "SERVER_FIELDS",
     "SERVER_SUFFIXES",
     "refuse_server_fields",
+    "refuse_unreadable_encoding",
 ]
 
 _PROMPT: Final = (
@@ -289,3 +290,25 @@ def _part_problem(part: Mapping[str, Any]) -> tuple[str, str] | None:
                 if key in inner:
                     return f".{media}.{key}", _PROMPT
     return None
+
+
+# The embeddings encodings the OpenAI API has: both answer a JSON object. vLLM also reads
+# `bytes` and `bytes_only`, answered as `application/octet-stream` with the shape and
+# dtype in a `metadata` header the gateway does not relay: no client reads that answer
+# through the gateway, which refuses it as the wrong shape (a breaker failure: the
+# client's own input would count against the backend). Refused here, before any backend.
+_ENCODINGS: Final = frozenset({"float", "base64"})
+
+
+def refuse_unreadable_encoding(doc: Mapping[str, Any]) -> None:
+    """Raise 400 `invalid_request` when an embeddings request's `encoding_format` is set
+    to anything but `float` or `base64` (null and absent: the backend's default)."""
+    value = doc.get("encoding_format")
+    if value is None or (isinstance(value, str) and value in _ENCODINGS):
+        return
+    raise GatewayError(
+        ErrorCode.invalid_request,
+        "`encoding_format` must be `float` or `base64`: other encodings (vLLM's `bytes`, "
+        "`bytes_only`) answer in a form the gateway does not relay (docs/api.md)",
+        param="encoding_format",
+    )

@@ -10,6 +10,7 @@ format and the completion record says 502 with no response commitment.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +34,7 @@ from tests.helpers.audit_rig import (
 from tests.helpers.gateways import Gateway, backend
 from tests.helpers.independent_audit import audit
 from tests.helpers.log_truth import CHAT
-from tests.helpers.raw_backend import Answer, RawBackend
+from tests.helpers.raw_backend import Answer, Post, RawBackend
 
 _EMBED = {"model": "m", "input": "hi"}
 _COMPLETE = {"model": "m", "prompt": "hi"}
@@ -134,3 +135,49 @@ def test_a_json_object_json_loads_reads_is_relayed_as_written(
     assert received.status == 200, received.body
     assert received.body == body
     assert_logged_as_received(received, gateway, tmp_path / "log", vkey)
+
+
+_EMBEDDING = b'{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5]}],'
+_EMBEDDING += b'"model":"m","usage":{"prompt_tokens":1,"total_tokens":1}}'
+
+
+def _vllm_embeddings(posts: list[Post]) -> Answer:
+    """vLLM's `/v1/embeddings`: `encoding_format` `bytes` or `bytes_only` is answered 200
+    `application/octet-stream`, the raw floats (shape and dtype in a `metadata` header
+    only with `bytes`); `float` and `base64` as a JSON object."""
+
+    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
+        posts.append(post)
+        if json.loads(post.body).get("encoding_format") in ("bytes", "bytes_only"):
+            binary = b"\x00\x00\x00\x3f"  # 0.5 as little-endian float32
+            reply = whole_answer(200, binary, b"content-type: application/octet-stream")
+        else:
+            reply = whole_answer(200, _EMBEDDING, JSON)
+        return await writes(reply)(writer, post)
+
+    return answer
+
+
+@pytest.mark.parametrize("encoding", ["bytes", "bytes_only", 7, ["float"]])
+def test_an_embeddings_encoding_no_client_reads_here_is_refused_before_any_backend(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    encoding: object,
+) -> None:
+    """A client that asks vLLM for its binary embeddings got the 502 of an answer of the
+    wrong shape, charged to the backend's breaker by the client's own choice: it is a 400
+    naming the field, and no backend sees the request; `float` and `base64` are served."""
+    posts: list[Post] = []
+    raw = start_raw(_vllm_embeddings(posts))
+    gateway, _ = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
+    refused = client_gets(gateway, {**_EMBED, "encoding_format": encoding}, "/v1/embeddings")
+    assert refused.status == 400, (refused.status, refused.body)
+    error = json.loads(refused.body)["error"]
+    assert (error["code"], error["param"]) == ("invalid_request", "encoding_format")
+    assert posts == []
+    for served in ("float", "base64", None):
+        received = client_gets(gateway, {**_EMBED, "encoding_format": served}, "/v1/embeddings")
+        assert received.status == 200, (served, received.status, received.body)
+        assert received.body == _EMBEDDING
+    assert len(posts) == 3
