@@ -36,6 +36,7 @@ from gateway.upstream.http import UpstreamError, UpstreamResponse
 
 __all__ = [
     "MAX_ERROR_BODY",
+    "check_has_body",
     "check_readable",
     "check_whole",
     "cover_answer",
@@ -118,6 +119,16 @@ _NO_BODY: Final = frozenset({204, 205, 304})
 _JSON_SPACE: Final = b" \t\r\n"
 
 
+def check_has_body(status: int) -> None:
+    """Raise `UpstreamError("shape")` for a 204, 205 or 304, whatever its content type: a
+    `text/event-stream` one answering a stream request too. A fetch-based client (the
+    OpenAI Node SDK) reads no body under these statuses (the Fetch standard's null body
+    statuses), so a stream relayed under one reached it as nothing while the record
+    committed to the whole stream."""
+    if status in _NO_BODY:
+        raise UpstreamError("shape", f"an answer with no body (HTTP {status})")
+
+
 def check_readable(status: int, data: bytes) -> None:
     """Raise `UpstreamError("shape")` when a whole answer below 400 is one no OpenAI client
     reads as the completion, chat completion or embeddings it asked for: a 204, 205 or
@@ -126,8 +137,7 @@ def check_readable(status: int, data: bytes) -> None:
     record would state a success the client could not read: the attempt fails before
     the client saw a byte, as an answer of the other shape does (the next backend may
     serve, else 502). Only the opening is checked: a framed body is not parsed here."""
-    if status in _NO_BODY:
-        raise UpstreamError("shape", f"an answer with no body (HTTP {status})")
+    check_has_body(status)
     if status < 300 and not _opens_object(data):
         raise UpstreamError("shape", "a body that is not a JSON object")
 

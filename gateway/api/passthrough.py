@@ -38,7 +38,13 @@ import re
 from collections.abc import Callable
 from typing import Any, Final
 
-from gateway.api.answer_reads import check_readable, check_whole, read_error_body, read_held
+from gateway.api.answer_reads import (
+    check_has_body,
+    check_readable,
+    check_whole,
+    read_error_body,
+    read_held,
+)
 from gateway.api.attested import Attester, SseTail
 from gateway.api.body_rewrites import ask_for_usage, model_pattern, rewrite_model
 from gateway.api.exchange import Exchange, TryNext, relayed, send_whole
@@ -302,6 +308,7 @@ class PrivateRelay:
             raise translate_upstream_error(status, data, hosts)
         if _RELAYABLE_TYPE.fullmatch(content_type) is None:
             raise UpstreamError("shape", _UNRELAYABLE_TYPE)
+        check_has_body(status)  # a 204, 205 or 304 is no answer, stream or whole
         if status < 300 and sse != _wants_stream(exchange):
             # The client would read it in the other shape (an SDK parses a stream request's
             # answer as SSE, and JSON out of any other), and see none of the usage the

@@ -181,3 +181,49 @@ def test_an_embeddings_encoding_no_client_reads_here_is_refused_before_any_backe
         assert received.status == 200, (served, received.status, received.body)
         assert received.body == _EMBEDDING
     assert len(posts) == 3
+
+
+_EVENTS = b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,'
+_EVENTS += b'"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n'
+_SSE_TYPE = b"content-type: text/event-stream\r\n"
+# A stream request answered by a no-body status labelled as a stream (framed as given).
+NO_BODY_STREAMS: dict[str, bytes] = {
+    "204": b"HTTP/1.1 204 No Content\r\n" + _SSE_TYPE + b"\r\n",
+    "304": b"HTTP/1.1 304 Not Modified\r\n" + _SSE_TYPE + b"\r\n",
+    "205-chunked": b"HTTP/1.1 205 Reset Content\r\n"
+    + _SSE_TYPE
+    + b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(_EVENTS), _EVENTS),
+    "205-length": b"HTTP/1.1 205 Reset Content\r\n"
+    + _SSE_TYPE
+    + b"content-length: %d\r\n\r\n%s" % (len(_EVENTS), _EVENTS),
+    "205-close": b"HTTP/1.1 205 Reset Content\r\n"
+    + _SSE_TYPE
+    + b"connection: close\r\n\r\n"
+    + _EVENTS,
+}
+
+
+@pytest.mark.parametrize("case", list(NO_BODY_STREAMS))
+def test_a_no_body_status_labelled_a_stream_is_a_502_and_recorded_so(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    case: str,
+) -> None:
+    """A 205 `text/event-stream` with events was relayed as a stream under 205 and its
+    record committed to them, while a fetch-based client (the OpenAI Node SDK: 204, 205
+    and 304 are the Fetch standard's null body statuses) reads no body under it; a 204 or
+    304 one failed as `closed`, a 503 with no word of the wrong shape. Each is the 502 of
+    an answer of the wrong shape, recorded so."""
+    raw = start_raw(writes(NO_BODY_STREAMS[case]))
+    gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
+    received = client_gets(gateway, CHAT)
+    assert received.status == 502, (received.status, received.body)
+    error = json.loads(received.body)["error"]
+    assert error["code"] == "upstream_error" and "wrong shape" in error["message"]
+    request_id = received.headers["x-request-id"]
+    settled(tmp_path / "log", vkey, request_id)
+    assert audit(received, tmp_path / "log", vkey) == []
+    completion = request_log(tmp_path / "log", vkey, request_id)[-1]
+    assert (completion["type"], completion["status"]) == ("completion", 502)
+    assert completion["response_commitment"] is None
