@@ -42,7 +42,7 @@ from gateway.config.loader import ConfigError, load_config_file, unquoted
 from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.policy import PolicyError
-from gateway.policy_set import policy_stamps
+from gateway.policy_set import UNLISTED, policy_stamps
 from gateway.settling import Settling
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ class ConfigReloader:
         except OSError:
             return False
         files += [stamp[1] for stamp in policy_stamps(policies)]  # their mtimes
-        return all(mtime < limit for mtime in files)
+        return all(UNLISTED < mtime < limit for mtime in files)  # a directory unlisted: no
 
     def _fingerprint(self) -> tuple[object, ...]:
         stamps: list[object] = []
@@ -238,9 +238,7 @@ class ConfigReloader:
             # it still fails (`_UNREADABLE_MAX_DOUBLINGS`).
             self._unreadable = self._unreadable + 1 if exc.unreadable else 0
             if exc.unreadable:
-                self._behind = True
-                backoff = 2 ** min(self._unreadable, _UNREADABLE_MAX_DOUBLINGS)
-                self._retry_in = 1 if self.among_workers else backoff
+                self._read_again()
             return self._failed(f"{len(exc.issues)} problem(s); first: {exc.issues[0]}", exc)
         self._unreadable = 0
         fresh = self._pin_restart_only(running.config, fresh)
@@ -268,14 +266,14 @@ class ConfigReloader:
         except (PolicyError, ValueError) as exc:
             self._retry_paths = paths
             self._stamp = (*self._stamp[:-1], policy_files)
-            if isinstance(exc.__cause__, OSError):
-                # A backend's CA, certificate or key file that could not be read (out of
-                # descriptors, an I/O error): read again unchanged, as gateway.yaml is.
-                # Before, a CA withdrawn on disk stayed trusted until the next change.
+            if isinstance(exc.__cause__, OSError) or getattr(exc, "unreadable", False):
+                # A backend's CA, certificate or key file, or a policy file or directory of
+                # the new config, that could not be read (out of descriptors, an I/O error):
+                # read again unchanged, as gateway.yaml is. Before, a CA withdrawn on disk
+                # stayed trusted until the next change, and a config whose policy files
+                # could not be read (a key revoked beside) waited for their next change.
                 self._unreadable += 1
-                self._behind = True
-                backoff = 2 ** min(self._unreadable, _UNREADABLE_MAX_DOUBLINGS)
-                self._retry_in = 1 if self.among_workers else backoff
+                self._read_again()
             return self._failed(str(exc).splitlines()[0], exc)
         await parts.scraper.scrape_once()  # know the new backends' health before routing
         while running.policies.current is not read:
@@ -292,6 +290,9 @@ class ConfigReloader:
             self._retry_paths = paths
             self._stamp = (*self._stamp[:-1], policy_files)
             self._discard(parts, running, adjusted)
+            if parts.policies.read_failed:  # not what they say: read again unchanged
+                self._unreadable += 1
+                self._read_again()
             why = parts.policies.last_error or "they changed while they were read"
             return self._failed(f"policy files: {why}", ValueError(why))
         requests = self._install(parts)
@@ -312,6 +313,14 @@ class ConfigReloader:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
+
+    def _read_again(self) -> None:
+        """A file could not be read (`_unreadable` times in a row): behind (`stale`), and
+        read again though unchanged, at the next look in a worker of several, else after
+        a number of looks that doubles while it keeps failing."""
+        self._behind = True
+        backoff = 2 ** min(self._unreadable, _UNREADABLE_MAX_DOUBLINGS)
+        self._retry_in = 1 if self.among_workers else backoff
 
     def _discard(self, parts: Assembly, running: Assembly, adjusted: _Adjusted) -> None:
         """Undo what an assembly never installed did: put back the running backends'
