@@ -234,3 +234,38 @@ def test_a_config_whose_policy_reread_could_not_be_read_is_read_again(
     assert not installed and refused == 2
     assert limit == 1, "the new config, refused for a read that failed, was never read again"
     assert error is None
+
+
+def test_an_admin_listener_moved_in_a_reload_needs_a_restart_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """The admin listener is bound once, at start: a reload that narrows it (0.0.0.0 to
+    127.0.0.1) or closes it (null) cannot move it. Before, the reload installed the new
+    `admin.listen` without a word (the running config claimed 127.0.0.1 while the API
+    still answered on every interface); now it keeps the running value and logs `needs
+    restart`, as for `listen`. The admin tokens still reload (read per request)."""
+    from structlog.testing import capture_logs
+
+    def text(host: str | None, token: str) -> str:
+        data = gateway_config([backend("gpu", "http://127.0.0.1:9", "m")]).model_dump(
+            mode="json", exclude_none=True
+        )
+        listen = None if host is None else {"host": host, "port": 9191}
+        data["admin"] = {"listen": listen, "token_hashes": [hash_api_key(token)]}
+        return yaml.safe_dump(data)
+
+    path = tmp_path / "gateway.yaml"
+    write(path, text("0.0.0.0", "og-admin-old-token-0123456789"), 1_000_000_000)
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None
+    running = app.parts.config.admin.listen
+    for mtime, host in ((2_000_000_000, "127.0.0.1"), (3_000_000_000, None)):
+        write(path, text(host, f"og-admin-token-{mtime}"), mtime)
+        with capture_logs() as logs:
+            assert asyncio.run(reloader.reload())  # the token change is installed
+        admin = app.parts.config.admin
+        assert admin.token_hashes == (hash_api_key(f"og-admin-token-{mtime}"),)
+        assert admin.listen == running, "the running config claims a listener never bound"
+        settings = [e.get("setting") for e in logs if "needs restart" in e["event"]]
+        assert settings == ["admin.listen"]
