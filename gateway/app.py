@@ -66,8 +66,10 @@ __all__ = [
 class AssemblyError(ValueError):
     """The gateway cannot be built from this config; `problems` lists every reason."""
 
-    def __init__(self, problems: Sequence[str]) -> None:
+    def __init__(self, problems: Sequence[str], *, unreadable: bool = False) -> None:
         self.problems = tuple(problems)
+        # a file among them could not be read (out of descriptors): a reload reads it again
+        self.unreadable = unreadable
         super().__init__("\n".join(self.problems))
 
 
@@ -184,13 +186,15 @@ def _checked(
             except ValueError as exc:
                 problems.append(str(exc))
     policies: TrustPolicies | None = None
+    unread = unreadable is not None
     try:
         policies = TrustPolicies(config, config_dir)
         policies.among_workers = workers > 1  # stale while a read fails (policy_set.py)
     except PolicyError as exc:
         problems += [f"invalid trust policy: {issue}" for issue in exc.issues]
+        unread = unread or exc.unreadable  # a policy file or directory to read again
     if registry is None or policies is None or problems:
-        raise AssemblyError(problems) from unreadable  # a TLS file to read again, or None
+        raise AssemblyError(problems, unreadable=unread) from unreadable  # a TLS file, or None
     return registry, tenants, policies
 
 

@@ -35,12 +35,16 @@ from gateway.settling import Settling
 __all__ = [
     "BUILTIN_POLICY_ID",
     "STALE_POLICIES",
+    "UNLISTED",
     "TrustPolicies",
     "builtin_source",
     "policy_stamps",
 ]
 
 BUILTIN_POLICY_ID = "builtin-private-only"
+# The mtime `policy_stamps` gives a directory it could not list (no file has it)
+UNLISTED = -(2**62)
+Stamps = tuple[tuple[str, int, int, int, int], ...]
 # A policy file that could not be read is read again after 2 looks, then 4, 8, ... at most
 # 64 (about a minute at the default 1 s interval), as gateway.yaml and the keys file are
 # (gateway/api/reload.py): a transient failure passes at the first retry.
@@ -73,11 +77,18 @@ class TrustPolicies:
         # The files' stamp before they are read, never after: a writer finishing between
         # the two would leave what was read (maybe half a file) active for good.
         self._stamp = self._fingerprint()
-        # Raises PolicyError: the server refuses to start without valid policies.
-        self.current: PolicySet = self._compile()
+        # Raises PolicyError: the server refuses to start without valid policies; a config
+        # reload retries one whose files could not be read or listed (`unreadable`).
+        try:
+            self.current: PolicySet = self._compile()
+        except OSError as exc:
+            raise _unreadable(self._paths, exc) from None
+        after = self._fingerprint()
+        if _unlisted(self._stamp) or _unlisted(after):
+            raise _unreadable(self._paths, "a policy directory could not be listed")
         # Whether the files held still while `current` was read: a config reload installs
         # no set read from a file still being written (its watcher loads it once settled).
-        self.read_whole = self._fingerprint() == self._stamp
+        self.read_whole = after == self._stamp
         self._settling = Settling()  # a change seen, until it holds still
         self._reads = 0  # reads of the files started; `current` is from read `_applied`
         self._applied = 0
@@ -116,6 +127,12 @@ class TrustPolicies:
         return self.among_workers and self._behind
 
     @property
+    def read_failed(self) -> bool:
+        """Whether a read of the files failed unreadable since the last that succeeded
+        (in any process: `stale` is this in a worker of several)."""
+        return self._behind
+
+    @property
     def configured(self) -> bool:
         return bool(self._paths)
 
@@ -145,17 +162,21 @@ class TrustPolicies:
         """The files compiled, or why not: also when they changed while they were read (a
         SIGHUP or a config reload, which do not wait for them to hold still, caught one
         being written: cut short, it may still parse, as a weaker set). The watcher loads
-        them once they hold still."""
+        them once they hold still. A directory their stamps could not list, before or
+        after, is a read that failed (`unreadable`: read again), as one the loader could
+        not list is: before, its OSError escaped the reload, whose stamp was taken, and a
+        narrowed policy waited for the files' next change."""
         before = self._fingerprint()
         try:
             compiled = self._compile()
         except PolicyError as exc:
             return exc
         except OSError as exc:  # listing a directory failed (out of file descriptors)
-            where = str(self._paths[0]) if self._paths else "<policies>"
-            why = f"cannot read: {exc}"
-            return PolicyError([PolicyIssue(where, None, None, "", why, unreadable=True)])
-        if self._fingerprint() == before:
+            return _unreadable(self._paths, exc)
+        after = self._fingerprint()
+        if _unlisted(before) or _unlisted(after):
+            return _unreadable(self._paths, "a policy directory could not be listed")
+        if after == before:
             return compiled
         changed = "the policy files changed while they were read; read again once settled"
         return PolicyError([PolicyIssue(str(self._paths[0]), None, None, "", changed)])
@@ -202,7 +223,7 @@ class TrustPolicies:
             )
         return changed
 
-    def _fingerprint(self) -> tuple[tuple[str, int, int, int, int], ...]:
+    def _fingerprint(self) -> Stamps:
         return policy_stamps(self._paths)
 
     def poll(self) -> bool:
@@ -259,16 +280,22 @@ class TrustPolicies:
         }
 
 
-def policy_stamps(paths: Sequence[Path]) -> tuple[tuple[str, int, int, int, int], ...]:
+def policy_stamps(paths: Sequence[Path]) -> Stamps:
     """Each policy file's (name, mtime, size, inode, ctime) under `paths`: a change shows
     as a new value. The mtime alone is the writer's to set (`cp -p`, `rsync -a`, an
     archive's normalized mtimes keep the source's): a file renamed into place is another
-    inode, and any write or rename sets the ctime, which no writer chooses."""
-    stamps = []
+    inode, and any write or rename sets the ctime, which no writer chooses. A directory
+    that could not be listed (out of file descriptors) is (its name, `UNLISTED`, -1, -1,
+    -1): never an error escaping a watcher's look or a reload."""
+    stamps: list[tuple[str, int, int, int, int]] = []
     for path in paths:
-        candidates = (
-            sorted(c for c in path.rglob("*") if is_yaml_name(c)) if path.is_dir() else [path]
-        )
+        try:
+            candidates = (
+                sorted(c for c in path.rglob("*") if is_yaml_name(c)) if path.is_dir() else [path]
+            )
+        except OSError:
+            stamps.append((str(path), UNLISTED, -1, -1, -1))
+            continue
         candidates = [c for c in candidates if not c.name.startswith(".")]
         for file in candidates:
             try:
@@ -279,6 +306,15 @@ def policy_stamps(paths: Sequence[Path]) -> tuple[tuple[str, int, int, int, int]
                 (str(file), info.st_mtime_ns, info.st_size, info.st_ino, info.st_ctime_ns)
             )
     return tuple(stamps)
+
+
+def _unlisted(stamps: Stamps) -> bool:
+    return any(stamp[1] == UNLISTED for stamp in stamps)
+
+
+def _unreadable(paths: Sequence[Path], why: object) -> PolicyError:
+    where = str(paths[0]) if paths else "<policies>"
+    return PolicyError([PolicyIssue(where, None, None, "", f"cannot read: {why}", unreadable=True)])
 
 
 def builtin_source(tenants: Sequence[str]) -> tuple[str, str]:

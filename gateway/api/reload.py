@@ -25,8 +25,8 @@ the new TLS settings at once, also those of its pools from older configs
 (`Registry.hand_over_tls`: no connection a new CA file refuses is opened or reused for a
 request that was running). Unchanged backends keep their
 connection pools, in-flight counts and health. Settings only a restart can change
-(`listen`, `provenance`, `state`, `logging`) keep their running values, and the log says
-"needs restart".
+(`listen`, `provenance`, `state`, `logging`, and `admin.listen`, `admin.sample_interval_s`,
+`admin.history_s`) keep their running values, and the log says "needs restart".
 """
 
 from __future__ import annotations
@@ -38,11 +38,12 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gateway.api.reload_pins import ADMIN_RESTART_ONLY, RESTART_ONLY, changes, pin_restart_only
 from gateway.config.loader import ConfigError, load_config_file, unquoted
 from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.policy import PolicyError
-from gateway.policy_set import policy_stamps
+from gateway.policy_set import UNLISTED, policy_stamps
 from gateway.settling import Settling
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from gateway.api.proxy import Proxy
     from gateway.routing.registry import BackendState
 
-__all__ = ["RESTART_ONLY", "ConfigReloader"]
+__all__ = ["ADMIN_RESTART_ONLY", "RESTART_ONLY", "ConfigReloader"]
 
 # How long before the reading began a file must have been last written for the first
 # look not to reload it: coarse file systems keep mtimes in whole seconds (FAT: two).
@@ -60,8 +61,6 @@ _MTIME_SLACK_S = 2.0
 # at the first retry, and one that lasts (a keys file missing, a directory, too large, not
 # permitted) is not re-read, parsed and logged every other second for as long as it lasts.
 _UNREADABLE_MAX_DOUBLINGS = 6
-
-RESTART_ONLY = ("listen", "provenance", "state", "logging")
 
 
 class ConfigReloader:
@@ -148,7 +147,7 @@ class ConfigReloader:
         except OSError:
             return False
         files += [stamp[1] for stamp in policy_stamps(policies)]  # their mtimes
-        return all(mtime < limit for mtime in files)
+        return all(UNLISTED < mtime < limit for mtime in files)  # a directory unlisted: no
 
     def _fingerprint(self) -> tuple[object, ...]:
         stamps: list[object] = []
@@ -238,12 +237,10 @@ class ConfigReloader:
             # it still fails (`_UNREADABLE_MAX_DOUBLINGS`).
             self._unreadable = self._unreadable + 1 if exc.unreadable else 0
             if exc.unreadable:
-                self._behind = True
-                backoff = 2 ** min(self._unreadable, _UNREADABLE_MAX_DOUBLINGS)
-                self._retry_in = 1 if self.among_workers else backoff
+                self._read_again()
             return self._failed(f"{len(exc.issues)} problem(s); first: {exc.issues[0]}", exc)
         self._unreadable = 0
-        fresh = self._pin_restart_only(running.config, fresh)
+        fresh = pin_restart_only(running.config, fresh, self._log)
         # The same file, but a backend's CA or client certificate replaced on disk (a CA
         # withdrawn, a key rotated): its backend is rebuilt like a changed one.
         tls_changed = running.registry.tls_changed()
@@ -268,14 +265,14 @@ class ConfigReloader:
         except (PolicyError, ValueError) as exc:
             self._retry_paths = paths
             self._stamp = (*self._stamp[:-1], policy_files)
-            if isinstance(exc.__cause__, OSError):
-                # A backend's CA, certificate or key file that could not be read (out of
-                # descriptors, an I/O error): read again unchanged, as gateway.yaml is.
-                # Before, a CA withdrawn on disk stayed trusted until the next change.
+            if isinstance(exc.__cause__, OSError) or getattr(exc, "unreadable", False):
+                # A backend's CA, certificate or key file, or a policy file or directory of
+                # the new config, that could not be read (out of descriptors, an I/O error):
+                # read again unchanged, as gateway.yaml is. Before, a CA withdrawn on disk
+                # stayed trusted until the next change, and a config whose policy files
+                # could not be read (a key revoked beside) waited for their next change.
                 self._unreadable += 1
-                self._behind = True
-                backoff = 2 ** min(self._unreadable, _UNREADABLE_MAX_DOUBLINGS)
-                self._retry_in = 1 if self.among_workers else backoff
+                self._read_again()
             return self._failed(str(exc).splitlines()[0], exc)
         await parts.scraper.scrape_once()  # know the new backends' health before routing
         while running.policies.current is not read:
@@ -292,6 +289,9 @@ class ConfigReloader:
             self._retry_paths = paths
             self._stamp = (*self._stamp[:-1], policy_files)
             self._discard(parts, running, adjusted)
+            if parts.policies.read_failed:  # not what they say: read again unchanged
+                self._unreadable += 1
+                self._read_again()
             why = parts.policies.last_error or "they changed while they were read"
             return self._failed(f"policy files: {why}", ValueError(why))
         requests = self._install(parts)
@@ -300,7 +300,7 @@ class ConfigReloader:
         running.registry.hand_over_tls(parts.registry)
         self._succeeded()
         self._log.info(
-            "config reloaded", **_changes(running.config, fresh), tls_files_changed=tls_changed
+            "config reloaded", **changes(running.config, fresh), tls_files_changed=tls_changed
         )
         retiring = [
             b
@@ -312,6 +312,14 @@ class ConfigReloader:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
+
+    def _read_again(self) -> None:
+        """A file could not be read (`_unreadable` times in a row): behind (`stale`), and
+        read again though unchanged, at the next look in a worker of several, else after
+        a number of looks that doubles while it keeps failing."""
+        self._behind = True
+        backoff = 2 ** min(self._unreadable, _UNREADABLE_MAX_DOUBLINGS)
+        self._retry_in = 1 if self.among_workers else backoff
 
     def _discard(self, parts: Assembly, running: Assembly, adjusted: _Adjusted) -> None:
         """Undo what an assembly never installed did: put back the running backends'
@@ -349,19 +357,6 @@ class ConfigReloader:
             if backend.pool is not None:
                 await backend.pool.close()
         await proxy.close()
-
-    def _pin_restart_only(
-        self, running: GatewaySettings, fresh: GatewaySettings
-    ) -> GatewaySettings:
-        kept: dict[str, Any] = {}
-        for name in RESTART_ONLY:
-            if getattr(fresh, name) != getattr(running, name):
-                kept[name] = getattr(running, name)
-                self._log.warning(
-                    "config setting changed; needs restart, the running value is kept",
-                    setting=name,
-                )
-        return fresh.model_copy(update=kept) if kept else fresh
 
     def _succeeded(self) -> None:
         self._behind = False
@@ -404,22 +399,4 @@ def _adjustable(running: Assembly) -> _Adjusted:
     return {
         b: (b.breaker.settings, None if b.pool is None else b.pool.share.cap)
         for b in running.registry.backends.values()
-    }
-
-
-def _changes(old: GatewaySettings, new: GatewaySettings) -> dict[str, Any]:
-    """What a reload changed, by id (never a key hash)."""
-    old_b = {b.id: b for b in old.backends}
-    new_b = {b.id: b for b in new.backends}
-    old_t = {t.id: t for t in old.tenants}
-    new_t = {t.id: t for t in new.tenants}
-    return {
-        "backends_added": sorted(new_b.keys() - old_b.keys()),
-        "backends_removed": sorted(old_b.keys() - new_b.keys()),
-        "backends_changed": sorted(i for i in new_b.keys() & old_b.keys() if old_b[i] != new_b[i]),
-        "tenants_added": sorted(new_t.keys() - old_t.keys()),
-        "tenants_removed": sorted(old_t.keys() - new_t.keys()),
-        "tenants_changed": sorted(i for i in new_t.keys() & old_t.keys() if old_t[i] != new_t[i]),
-        "routing_changed": old.routing != new.routing,
-        "limits_changed": old.limits != new.limits,
     }

@@ -30,10 +30,13 @@ zero-data-retention flag the certificate does not state excludes the backend: th
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
+import os
 import re
 import ssl
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -236,24 +239,32 @@ def backend_tls(backend: BackendSettings, host: str, config_dir: Path) -> Backen
             read.append(hashlib.sha256(data).hexdigest())
             try:
                 context.load_verify_locations(cadata=data.decode("ascii"))
-            except (ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
+            except (ssl.SSLError, UnicodeDecodeError, ValueError):
+                # What the file says, not whether it could be read: `from None`, as an
+                # SSLError is an OSError, and a reload reads again one whose cause is (a
+                # worker of several stale meanwhile: every worker, refusing everything).
                 raise ValueError(
                     f"backend {backend.id}: tls.ca_file {config_dir / settings.ca_file}: "
                     "holds no PEM certificate"
-                ) from exc
+                ) from None
         if settings.client_cert_file is not None and settings.client_key_file is not None:
             cert = config_dir / settings.client_cert_file
             key = config_dir / settings.client_key_file
             files += (cert, key)
-            read.append(hashlib.sha256(_read(backend.id, "client_cert_file", cert)).hexdigest())
-            read.append(hashlib.sha256(_read(backend.id, "client_key_file", key)).hexdigest())
+            cert_pem = _read(backend.id, "client_cert_file", cert)
+            key_pem = _read(backend.id, "client_key_file", key)
+            read += (hashlib.sha256(cert_pem).hexdigest(), hashlib.sha256(key_pem).hexdigest())
             try:  # an encrypted key fails here, never prompts for a passphrase
-                context.load_cert_chain(cert, key, password=_no_passphrase)
-            except (ssl.SSLError, _EncryptedKeyError) as exc:
+                _load_chain(context, cert_pem, key_pem)
+            except (ssl.SSLError, _EncryptedKeyError) as exc:  # what they say (`from None`)
                 why = "it is encrypted" if isinstance(exc, _EncryptedKeyError) else exc.reason
                 raise ValueError(
                     f"backend {backend.id}: tls.client_cert_file {cert} and client_key_file "
                     f"{key}: not a PEM certificate and its unencrypted key ({why})"
+                ) from None
+            except OSError as exc:  # no memory file (out of descriptors): read again
+                raise ValueError(
+                    f"backend {backend.id}: tls.client_cert_file {cert}: {exc.strerror}"
                 ) from exc
         pins = frozenset(settings.pin_spki_sha256)
         server_name = settings.server_name or host
@@ -276,6 +287,34 @@ def backend_tls(backend: BackendSettings, host: str, config_dir: Path) -> Backen
 
 class _EncryptedKeyError(Exception):
     pass
+
+
+def _load_chain(context: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
+    """`load_cert_chain` of the bytes read and checked (a regular file, bounded), never of
+    the paths opened again: a file swapped for a FIFO in between hung the reload's thread
+    (and its lock) in OpenSSL's open, and another file would load bytes other than those
+    digested. They go through anonymous memory files (Linux `memfd_create`, named by
+    `/proc/self/fd`); elsewhere, a private temporary directory removed at once."""
+    with _as_file(cert_pem, "cert") as cert, _as_file(key_pem, "key") as key:
+        context.load_cert_chain(cert, key, password=_no_passphrase)
+
+
+@contextlib.contextmanager
+def _as_file(data: bytes, name: str) -> Iterator[str]:
+    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+        fd = os.memfd_create(f"owngate-tls-{name}", os.MFD_CLOEXEC)
+        try:
+            with os.fdopen(os.dup(fd), "wb") as handle:
+                handle.write(data)
+            yield f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
+    with tempfile.TemporaryDirectory(prefix="owngate-tls-") as directory:  # mode 0700
+        path = os.path.join(directory, name)
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as handle:
+            handle.write(data)
+        yield path
 
 
 def _no_passphrase() -> bytes:

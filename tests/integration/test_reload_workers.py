@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from gateway.provenance import write_signing_key
 from gateway.tenants import hash_api_key
@@ -271,17 +272,18 @@ def test_a_worker_whose_log_cannot_be_opened_says_which_worker_it_is(tmp_path: P
     assert all(line.get("worker") == 2 for line in lines), stderr
 
 
+@pytest.mark.parametrize("paths", [["policies/p.yaml"], ["policies"]])
 def test_a_worker_that_could_not_read_the_narrowed_policy_refuses_until_it_does(
-    start_sim: Callable[..., Sim], tmp_path: Path
+    start_sim: Callable[..., Sim], tmp_path: Path, paths: list[str]
 ) -> None:
     """As above, but the files are looked at every 5 s: between the failed read and the
     next look, the worker that could not read the narrowed file holds the older, looser
     set while its sibling enforces the new one. It refuses every request 503 (retry
     after 1 s) and `/readyz` says not ready, so no request is decided under the older
-    set; before, its share of a round was served 200 under it, for up to 64 looks."""
-    gateway, vkey = start_workers(
-        start_sim, tmp_path, {"paths": ["policies/p.yaml"], "reload_interval_s": 5}
-    )
+    set; before, its share of a round was served 200 under it, for up to 64 looks. A
+    policy directory too: before, the OSError of listing it escaped each look, and the
+    worker, never stale, served 200 under the older set."""
+    gateway, vkey = start_workers(start_sim, tmp_path, {"paths": paths, "reload_interval_s": 5})
     rounds = Rounds(gateway.url, tmp_path / "log")
     try:
         until(rounds.serving, "both workers serving", timeout=60)

@@ -1,0 +1,57 @@
+"""What a config reload may not change in a running gateway, and what it did change.
+
+`listen`, `provenance`, `state` and `logging` are built once, at start; so are the admin
+listener (bound by gateway/cli/serve.py) and its sampler (`admin.sample_interval_s`,
+`admin.history_s`). A reload that changes one keeps its running value and logs "needs
+restart": before, a reload that moved `admin.listen` (`127.0.0.1` for `0.0.0.0`, or null
+to close it) installed the new value without a word while the listener stayed where it
+was bound. The admin tokens and `allow_loopback` are read per request: they do reload.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.config.schema import GatewaySettings
+
+__all__ = ["ADMIN_RESTART_ONLY", "RESTART_ONLY", "changes", "pin_restart_only"]
+
+RESTART_ONLY = ("listen", "provenance", "state", "logging")
+ADMIN_RESTART_ONLY = ("listen", "sample_interval_s", "history_s")
+_NEEDS_RESTART = "config setting changed; needs restart, the running value is kept"
+
+
+def pin_restart_only(running: GatewaySettings, fresh: GatewaySettings, log: Any) -> GatewaySettings:
+    """`fresh` with the running values of the settings only a restart changes (each
+    change logged on `log` as needing a restart)."""
+    kept: dict[str, Any] = {}
+    for name in RESTART_ONLY:
+        if getattr(fresh, name) != getattr(running, name):
+            kept[name] = getattr(running, name)
+            log.warning(_NEEDS_RESTART, setting=name)
+    admin: dict[str, Any] = {}
+    for name in ADMIN_RESTART_ONLY:
+        if getattr(fresh.admin, name) != getattr(running.admin, name):
+            admin[name] = getattr(running.admin, name)
+            log.warning(_NEEDS_RESTART, setting=f"admin.{name}")
+    if admin:
+        kept["admin"] = fresh.admin.model_copy(update=admin)
+    return fresh.model_copy(update=kept) if kept else fresh
+
+
+def changes(old: GatewaySettings, new: GatewaySettings) -> dict[str, Any]:
+    """What a reload changed, by id (never a key hash)."""
+    old_b = {b.id: b for b in old.backends}
+    new_b = {b.id: b for b in new.backends}
+    old_t = {t.id: t for t in old.tenants}
+    new_t = {t.id: t for t in new.tenants}
+    return {
+        "backends_added": sorted(new_b.keys() - old_b.keys()),
+        "backends_removed": sorted(old_b.keys() - new_b.keys()),
+        "backends_changed": sorted(i for i in new_b.keys() & old_b.keys() if old_b[i] != new_b[i]),
+        "tenants_added": sorted(new_t.keys() - old_t.keys()),
+        "tenants_removed": sorted(old_t.keys() - new_t.keys()),
+        "tenants_changed": sorted(i for i in new_t.keys() & old_t.keys() if old_t[i] != new_t[i]),
+        "routing_changed": old.routing != new.routing,
+        "limits_changed": old.limits != new.limits,
+    }
