@@ -319,7 +319,11 @@ def test_a_worker_that_could_not_read_the_narrowed_policy_refuses_until_it_does(
                 assert answer.headers["retry-after"] == "1"
                 error = answer.json()["error"]
                 assert error["type"] == "service_unavailable", error
-                assert "trust-policy" in error["message"], error
+                # A policy directory's rename is a change the config watcher sees too:
+                # its own re-read fails alike, and either stale refusal names its files.
+                assert any(why in error["message"] for why in ("trust-policy", "config files")), (
+                    error
+                )
         assert ready == {200, 503}, ready
 
         def all_ready() -> bool:
