@@ -331,21 +331,39 @@ def _render(report: Mapping[str, Any]) -> str:
         )
     for name, value in report["added_p50_ms"].items():
         figure = "-" if value is None else f"{shown(value, 3, '<=', ADDED_P50_MS, '+,')} ms"
+        why = "" if value is not None else _why(report, (name, _BASES[name]))
         lines.append(
             f"  {_verdict(value, ADDED_P50_MS)} p50 added by the sidecar ({name}): {figure} "
-            f"(target <= {ADDED_P50_MS} ms)"
+            f"(target <= {ADDED_P50_MS} ms){why}"
         )
     for name in ("sidecar", "gateway+sidecar"):
         row = _clean(report["targets"].get(name))
         cpu = None if row is None else row["sidecar_cpu_us_per_req"]
         figure = "-" if cpu is None else f"{shown(cpu, 0, '<=', SIDECAR_CPU_US)} µs"
+        why = "" if cpu is not None else _why(report, (name,))
         lines.append(
             f"  {_verdict(cpu, SIDECAR_CPU_US)} sidecar CPU per request ({name}): {figure} "
-            f"(target <= {SIDECAR_CPU_US:.0f} µs)"
+            f"(target <= {SIDECAR_CPU_US:.0f} µs){why}"
         )
     audit = report["audit"]
     lines.append("  audit: ok" if audit is None else f"  audit FAILED: {audit}")
     return "\n".join(lines)
+
+
+_BASES = {"sidecar": "direct", "gateway+sidecar": "gateway"}  # what each added p50 is over
+
+
+def _why(report: Mapping[str, Any], names: Sequence[str]) -> str:
+    """Why a verdict reading `names` is n/a, for its line: which of them failed in a
+    repetition or answered requests with errors (no figure taken on a failed answer)."""
+    found = []
+    for name in names:
+        row = report["targets"].get(name)
+        if row is None:
+            found.append(f"{name} failed in a repetition")
+        elif row.get("errors"):
+            found.append(f"{name} answered {row['errors']:,} request(s) with errors")
+    return f": not measured, {'; '.join(found) or 'no figure'}"
 
 
 def _verdict(value: float | None, target: float) -> str:

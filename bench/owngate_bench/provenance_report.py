@@ -93,6 +93,9 @@ def verdicts(points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         ratio = statistics.median(ratios) if ratios and len(ratios) == len(runs) else None
         ttft = statistics.median(added) if added and len(added) == len(runs) else None
         enough = None if ratio is None else passes(ratio, ">=", MIN_THROUGHPUT_RATIO)
+        unmeasured = sum(
+            1 for r in runs if r.get("req_per_s") is None or r.get("added_ttft_p50_ms") is None
+        )
         found.append(
             {
                 "backend": backend,
@@ -104,6 +107,12 @@ def verdicts(points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "added_ttft_p50_ms": ttft,
                 "added_ttft_p50_ms_runs": added,
                 "ttft_met": None if ttft is None else passes(ttft, "<=", MAX_ADDED_TTFT_P50_MS),
+                "why_not_measured": (
+                    f"{unmeasured} of {len(runs)} run(s) had no ratio "
+                    "(a side failed or answered with errors)"
+                    if unmeasured
+                    else None
+                ),
             }
         )
     return found
@@ -137,6 +146,7 @@ def render_verdicts(found: Sequence[Mapping[str, Any]]) -> list[str]:
             f"{_ratio(v['throughput_ratio'])}x ({_met(v['throughput_met'])}); TTFT p50 "
             f"{_added(v['added_ttft_p50_ms'])} ms ({_met(v['ttft_met'])})"
             + (f" [runs: {runs}]" if v["runs"] > 1 else "")
+            + (f"; no figure: {v['why_not_measured']}" if v.get("why_not_measured") else "")
         )
     return lines
 

@@ -128,8 +128,32 @@ def _behind_best(report: Mapping[str, Any], scenario: str, of: str) -> float | N
     return known[-1] / min(known)
 
 
+def _unmeasured(report: Mapping[str, Any], scenario: str, arms: Sequence[str]) -> str:
+    """Why a target reading `arms` of `scenario` has no value: the scenario did not run,
+    an arm is missing, or an arm refused or broke requests (named with their count)."""
+    ran = report.get("scenarios", {}).get(scenario)
+    if not ran or "error" in ran:
+        return f"{scenario} did not run"
+    shed = [
+        f"{arm} had {errors} refused or broken request(s)"
+        for arm in arms
+        if (errors := ran.get("arms", {}).get(arm, {}).get("outcomes", {}).get("errors"))
+    ]
+    if shed:
+        return f"{scenario}: " + ", ".join(shed)
+    missing = [arm for arm in arms if arm not in ran.get("arms", {})]
+    return f"{scenario}: {', '.join(missing)} did not run" if missing else f"{scenario}: no figure"
+
+
 def _target(
-    target_id: str, text: str, value: float | None, limit: float, unit: str, *, at_most: bool
+    target_id: str,
+    text: str,
+    value: float | None,
+    limit: float,
+    unit: str,
+    *,
+    at_most: bool,
+    why: str | None = None,
 ) -> dict[str, Any]:
     met = None if value is None else (value <= limit if at_most else value >= limit)
     return {
@@ -140,6 +164,7 @@ def _target(
         "unit": unit,
         "at_most": at_most,
         "met": met,
+        "why_not_measured": None if value is not None else why,
     }
 
 
@@ -157,6 +182,7 @@ def evaluate_targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
             0.5,
             "x",
             at_most=True,
+            why=_unmeasured(report, "hetero", ("score", "round_robin")),
         )
     )
     for target_id, of, what in (
@@ -171,6 +197,7 @@ def evaluate_targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
                 1.05,
                 "x",
                 at_most=True,
+                why=_unmeasured(report, "uniform", _STRATEGIES),
             )
         )
     with_affinity = _figure(report, "prefix", "score", "p50")
@@ -184,6 +211,7 @@ def evaluate_targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
             0.05,
             "",
             at_most=False,
+            why=_unmeasured(report, "prefix", ("score", "score_no_affinity")),
         )
     )
     rows = report.get("decision", {}).get("rows", [])
@@ -196,6 +224,7 @@ def evaluate_targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
             DECISION_BUDGET_US,
             "us",
             at_most=True,
+            why="the decision cost did not run",
         )
     )
     return targets
@@ -210,6 +239,11 @@ def median_targets(runs: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str
     for position, first in enumerate(runs[0]):
         values = [run[position]["value"] for run in runs]
         known = [v for v in values if v is not None]
+        unmeasured = [
+            f"trace {index + 1}: {run[position].get('why_not_measured') or 'no figure'}"
+            for index, run in enumerate(runs)
+            if run[position]["value"] is None
+        ]
         target = _target(
             first["id"],
             first["text"],
@@ -217,6 +251,7 @@ def median_targets(runs: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str
             first["target"],
             first["unit"],
             at_most=first["at_most"],
+            why="; ".join(unmeasured) if len(runs) > 1 else first.get("why_not_measured"),
         )
         if len(runs) > 1:
             target["per_run"] = values
@@ -285,7 +320,8 @@ def render(report: Mapping[str, Any]) -> str:
         value, limit = target["value"], target["target"]
         sign = "<=" if target["at_most"] else ">="
         if value is None:
-            lines.append(f"SKIP  {target['text']}: not measured")
+            why = target.get("why_not_measured")
+            lines.append(f"SKIP  {target['text']}: not measured" + (f" ({why})" if why else ""))
             continue
         verdict = "PASS" if target["met"] else "MISS"
         per_run = target.get("per_run")

@@ -142,6 +142,10 @@ def test_a_target_with_errors_gets_no_verdict() -> None:
     assert not any(line.startswith("met") for line in lines), lines
     cpu = next(line for line in lines if "sidecar CPU per request (sidecar)" in line)
     assert cpu.startswith("n/a")
+    assert cpu.endswith(": not measured, sidecar answered 50 request(s) with errors"), cpu
+    added = next(line for line in lines if "p50 added by the sidecar (sidecar)" in line)
+    assert added.startswith("n/a"), added
+    assert added.endswith(": not measured, sidecar answered 50 request(s) with errors"), added
     clean = _figures({"direct": result(0.1), "sidecar": result(0.2)})
     assert abs(clean["added_p50_ms"]["sidecar"] - 0.1) < 1e-9
 
@@ -186,3 +190,15 @@ def test_figures_are_medians_of_interleaved_repetitions(monkeypatch: pytest.Monk
     assert _figures(runs)["added_p50_ms"]["sidecar"] is None
     runs[1]["sidecar"] = {"error": "loadgen exited 1"}  # a failed repetition: failed
     assert _figures(runs)["targets"]["sidecar"] is None
+    report = {
+        "concurrency": 1,
+        "stream": False,
+        "backend_name": "zero-latency simulator",
+        "machine_busy": 0.5,
+        **_figures(runs),
+        "audit": None,
+    }
+    lines = [line.strip() for line in _render(report).splitlines()]
+    assert "(sidecar): - (target <= 0.3 ms): not measured, sidecar failed in a repetition" in (
+        "\n".join(lines)
+    )

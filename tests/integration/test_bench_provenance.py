@@ -151,3 +151,13 @@ def test_a_point_with_a_run_that_had_no_ratio_gets_no_verdict() -> None:
     assert (found["throughput_met"], found["ttft_met"]) == (None, None)
     text = "\n".join(render_verdicts([found]))
     assert "req/s -x (no figure); TTFT p50 - ms (no figure)" in text
+    # the reason is stated, not only "no figure"
+    assert (
+        found["why_not_measured"]
+        == "1 of 3 run(s) had no ratio (a side failed or answered with errors)"
+    )
+    assert text.endswith(
+        "; no figure: 1 of 3 run(s) had no ratio (a side failed or answered with errors)"
+    )
+    (clean,) = verdicts([points[0], points[2]])
+    assert clean["why_not_measured"] is None and clean["throughput_met"] is True

@@ -282,6 +282,34 @@ def test_an_arm_that_refused_requests_is_no_figure() -> None:
     assert (combined["value"], combined["met"]) == (None, None)
 
 
+def test_a_target_not_measured_says_why() -> None:
+    """A target left without a figure names the arm whose requests were refused or broke
+    (or the scenario that did not run), over one trace and over several: "not measured"
+    is never printed without its reason."""
+    shed = {**_arm(50, 100), "outcomes": {"errors": 40, "ok": 60}}
+    clean = {**_arm(100, 1000), "outcomes": {"errors": 0, "ok": 100}}
+    report = {"scenarios": {"hetero": {"arms": {"round_robin": clean, "score": shed}}}}
+    targets = evaluate_targets(report)
+    assert targets[0]["why_not_measured"] == "hetero: score had 40 refused or broken request(s)"
+    assert targets[1]["why_not_measured"] == "uniform did not run"
+    text = render({"targets": targets})
+    assert (
+        "SKIP  heterogeneous pool: score p99 TTFT / round robin's: not measured "
+        "(hetero: score had 40 refused or broken request(s))"
+    ) in text
+    good = {"round_robin": clean, "score": {**_arm(50, 100), "outcomes": {"errors": 0}}}
+    traces = [
+        evaluate_targets({"scenarios": {"hetero": {"arms": arms}}})
+        for arms in (good, {"round_robin": clean, "score": shed}, good)
+    ]
+    combined = median_targets(traces)[0]
+    assert combined["met"] is None
+    assert combined["why_not_measured"] == (
+        "trace 2: hetero: score had 40 refused or broken request(s)"
+    )
+    assert median_targets([traces[0], traces[2]])[0]["why_not_measured"] is None  # measured
+
+
 def test_several_traces_are_judged_by_their_median() -> None:
     def runs(*p99s: float) -> list[list[dict[str, Any]]]:
         return [
