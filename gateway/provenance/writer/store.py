@@ -269,7 +269,8 @@ class LogStore:
         self.batches += 1
         start = self._size
         self._size += len(pairs)
-        self._unexported.extend(pairs)
+        # held till the next snapshot: copies of their own size, not orjson's ~4 KiB buffers
+        self._unexported += [(bytes(memoryview(e)), leaf) for e, leaf in pairs]
         return start
 
     def probe(self) -> None:
