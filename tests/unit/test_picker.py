@@ -138,3 +138,22 @@ def test_prefix_key_is_each_tenants_own() -> None:
     assert acme == prefix_key(doc, 4096, "acme") is not None
     assert acme != prefix_key(doc, 4096, "other")
     assert prefix_key(doc, 4096, "a" * 63) is not None  # the longest tenant id
+
+
+def test_the_affinity_table_keeps_only_the_newest_prefixes() -> None:
+    """Every distinct prompt prefix a client sends is a key of the affinity table: past
+    `_AFFINITY_ENTRIES` (65,536) the prefix served longest ago is forgotten, so a client
+    sending a new prefix with each request holds at most that many entries."""
+    chosen = picker()
+    cap = 65_536
+    prefixes = [n.to_bytes(16, "big") for n in range(cap + 1_000)]
+    for prefix in prefixes:
+        chosen.served(prefix, "gpu-a")
+    assert len(chosen._affinity) == cap
+    assert not chosen.holds(prefixes[999], "gpu-a")  # the oldest forgotten
+    assert chosen.holds(prefixes[1_000], "gpu-a")
+    assert chosen.holds(prefixes[-1], "gpu-a")
+    chosen.served(prefixes[1_000], "gpu-b")  # served again: the newest, not the next to go
+    chosen.served(b"another prefix..", "gpu-a")
+    assert chosen.holds(prefixes[1_000], "gpu-b")
+    assert not chosen.holds(prefixes[1_001], "gpu-a")

@@ -258,9 +258,9 @@ class LogStore:
     # --- writing ----------------------------------------------------------------------------
 
     def append_frames(self, pairs: Sequence[tuple[bytes, bytes]], frames: bytes) -> int:
-        """Make a batch durable: `pairs` are (entry, leaf hash) with entries within
-        `MAX_ENTRY_SIZE`, `frames` their `encode_frame`s joined. Returns the index of the
-        first entry; the rest follow in order."""
+        """Make a batch durable: `pairs` (entry, leaf hash; entries within `MAX_ENTRY_SIZE`),
+        `frames` their `encode_frame`s joined; returns the first entry's index. Entries wait
+        for the next snapshot as copies of their own size, not orjson's ~4 KiB buffers."""
         self._check_open()
         try:
             self._writable_segment().append(frames)
@@ -269,7 +269,7 @@ class LogStore:
         self.batches += 1
         start = self._size
         self._size += len(pairs)
-        self._unexported.extend(pairs)
+        self._unexported += [(bytes(memoryview(e)), leaf) for e, leaf in pairs]
         return start
 
     def probe(self) -> None:
