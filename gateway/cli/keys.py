@@ -38,7 +38,8 @@ def register(subparsers: Any) -> None:
         help="create a tenant API key, an admin token or a provenance-log signing key",
         description="--tenant T: create an API key for a tenant; the key is printed once on "
         "stdout and only its SHA-256 digest is stored, in the keys_file named by the config "
-        "(a running gateway picks it up on restart). --signing NAME: write an Ed25519 "
+        "(a running gateway reads it within its reload poll, on SIGHUP or at a restart). "
+        "--signing NAME: write an Ed25519 "
         "signing key for the provenance log (mode 0600) and print its verifier key, which "
         "auditors use. --admin: print a new admin token on stdout and its digest (for "
         "admin.token_hashes) on stderr; nothing is written.",
@@ -76,7 +77,8 @@ def register(subparsers: Any) -> None:
         "interval (a degraded one once it reaches Redis again); the digest is "
         "also removed from the keys_file (atomically), so restarted gateways do not accept "
         "it either. Without Redis only the keys_file changes: running gateways refuse the "
-        "key after a config reload (SIGHUP) or a restart. Exit codes: 0 revoked, 1 failed "
+        "key once they reload the keys_file (its poll sees the change, or SIGHUP) or at a "
+        "restart. Exit codes: 0 revoked, 1 failed "
         "(unknown key, Redis unreachable, invalid config), 2 usage.",
     )
     revoke.add_argument("key", metavar="KEY_OR_HASH", help="the API key or its sha256: digest")
