@@ -111,7 +111,7 @@ class ConfigReloader:
         # unless every file was last written well before `read_at` (`clock` time when
         # the reading began): then what was read is what they hold, and a second parse
         # (seconds for a large keys file, beside the first requests) would change nothing.
-        self._retry_paths: tuple[Path, ...] = ()  # the policy files of a refused config
+        self._retry_paths: tuple[Path, ...] = ()  # a refused config's policy and TLS files
         self._stamp: tuple[object, ...] = ()
         self._settling = Settling()
         self._unreadable = 0  # reloads in a row that could not read a file
@@ -255,6 +255,10 @@ class ConfigReloader:
         # tenant's share of connections): put back if the assembly is not installed.
         adjusted = _adjustable(running)
         paths = tuple(self.path.parent / p for p in (fresh.policy.paths if fresh.policy else ()))
+        # And the TLS files it names: a refused config's new CA (invalid when read, written
+        # after gateway.yaml or caught half written) is no running backend's file; without
+        # its stamp here, its fix was never seen and the CA it replaces stayed trusted.
+        paths += _tls_paths(fresh, self.path.parent)
         policy_files = policy_stamps(paths)  # before they are read, never after
         try:
             # Off the event loop too: compiling a large policy set and building the
@@ -400,3 +404,15 @@ def _adjustable(running: Assembly) -> _Adjusted:
         b: (b.breaker.settings, None if b.pool is None else b.pool.share.cap)
         for b in running.registry.backends.values()
     }
+
+
+def _tls_paths(config: GatewaySettings, directory: Path) -> tuple[Path, ...]:
+    """The CA, client certificate and key files `config`'s backends name."""
+    names = (
+        name
+        for b in config.backends
+        if b.tls is not None
+        for name in (b.tls.ca_file, b.tls.client_cert_file, b.tls.client_key_file)
+        if name is not None
+    )
+    return tuple(directory / name for name in names)

@@ -5,7 +5,9 @@ listener (bound by gateway/cli/serve.py) and its sampler (`admin.sample_interval
 `admin.history_s`). A reload that changes one keeps its running value and logs "needs
 restart": before, a reload that moved `admin.listen` (`127.0.0.1` for `0.0.0.0`, or null
 to close it) installed the new value without a word while the listener stayed where it
-was bound. The admin tokens and `allow_loopback` are read per request: they do reload.
+was bound. The admin tokens and `allow_loopback` are read per request: they do reload,
+but the listener is bound only if some were configured at start: a reload that adds the
+first logs "needs restart" too, and its running `admin.listen` is null (nothing listens).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ __all__ = ["ADMIN_RESTART_ONLY", "RESTART_ONLY", "changes", "pin_restart_only"]
 RESTART_ONLY = ("listen", "provenance", "state", "logging")
 ADMIN_RESTART_ONLY = ("listen", "sample_interval_s", "history_s")
 _NEEDS_RESTART = "config setting changed; needs restart, the running value is kept"
+_NOT_LISTENING = "admin access configured; needs restart: the admin API is not listening"
 
 
 def pin_restart_only(running: GatewaySettings, fresh: GatewaySettings, log: Any) -> GatewaySettings:
@@ -34,9 +37,24 @@ def pin_restart_only(running: GatewaySettings, fresh: GatewaySettings, log: Any)
         if getattr(fresh.admin, name) != getattr(running.admin, name):
             admin[name] = getattr(running.admin, name)
             log.warning(_NEEDS_RESTART, setting=f"admin.{name}")
+    if _admin_opened(fresh) and not _admin_opened(running) and running.admin.listen:
+        # Bound at start only where some access was configured (gateway/cli/serve.py):
+        # access a reload adds opens nothing, and the running config says so (null, a
+        # later reload's `admin.listen` a change that needs restart). Before, the reload
+        # said nothing, and the config claimed an admin API at admin.listen.
+        admin["listen"] = None
+        log.warning(_NOT_LISTENING, setting="admin.tokens")
     if admin:
         kept["admin"] = fresh.admin.model_copy(update=admin)
     return fresh.model_copy(update=kept) if kept else fresh
+
+
+def _admin_opened(config: GatewaySettings) -> bool:
+    """Whether `owngate serve` binds the admin listener for `config` (`_admin_server`)."""
+    admin = config.admin
+    return admin.listen is not None and bool(
+        admin.tokens or admin.token_hashes or admin.allow_loopback
+    )
 
 
 def changes(old: GatewaySettings, new: GatewaySettings) -> dict[str, Any]:

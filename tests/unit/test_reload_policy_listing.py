@@ -269,3 +269,42 @@ def test_an_admin_listener_moved_in_a_reload_needs_a_restart_and_says_so(
         assert admin.listen == running, "the running config claims a listener never bound"
         settings = [e.get("setting") for e in logs if "needs restart" in e["event"]]
         assert settings == ["admin.listen"]
+
+
+def test_admin_access_added_in_a_reload_says_the_admin_api_needs_a_restart(
+    tmp_path: Path,
+) -> None:
+    """`owngate serve` binds the admin listener at start only where some admin access is
+    configured (tokens, token hashes or `allow_loopback`). A reload that adds the first
+    token to a config whose `admin.listen` is set opens nothing: it says so (needs
+    restart). Before, it logged `config reloaded` without a word while connections to
+    admin.listen were refused (measured on `owngate serve` with SIGHUP)."""
+    from structlog.testing import capture_logs
+
+    def text(token: str | None) -> str:
+        data = gateway_config([backend("gpu", "http://127.0.0.1:9", "m")]).model_dump(
+            mode="json", exclude_none=True
+        )
+        data["admin"] = {"listen": {"host": "127.0.0.1", "port": 9191}}
+        if token is not None:
+            data["admin"]["token_hashes"] = [hash_api_key(token)]
+        return yaml.safe_dump(data)
+
+    path = tmp_path / "gateway.yaml"
+    write(path, text(None), 1_000_000_000)
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None
+    write(path, text("og-admin-token-0123456789abcdef"), 2_000_000_000)
+    with capture_logs() as logs:
+        assert asyncio.run(reloader.reload())
+    said = [e.get("setting") for e in logs if "needs restart" in e["event"]]
+    assert said == ["admin.tokens"], "admin access added; the API it names never listened"
+    admin = app.parts.config.admin
+    assert admin.listen is None, "the running config claims an admin API never bound"
+    assert admin.token_hashes == (hash_api_key("og-admin-token-0123456789abcdef"),)
+    write(path, text("og-admin-token-abcdef0123456789"), 3_000_000_000)
+    with capture_logs() as logs:  # still not listening: said at every reload
+        assert asyncio.run(reloader.reload())
+    said = [e.get("setting") for e in logs if "needs restart" in e["event"]]
+    assert said == ["admin.listen"] and app.parts.config.admin.listen is None

@@ -112,3 +112,44 @@ def test_a_tls_file_that_says_something_invalid_is_not_a_failed_read(
     assert reloader.last_error is not None and "PEM" in reloader.last_error
     assert not reloader.stale  # before: stale, 503 to every request
     assert app.parts.registry is running  # the running config kept
+
+
+def test_a_new_ca_file_invalid_at_the_reload_is_read_once_it_is_fixed(tmp_path: Path) -> None:
+    """gateway.yaml names a new CA file (the old CA withdrawn) that is invalid when the
+    reload reads it (written after gateway.yaml, or caught half written). It is refused;
+    its fix is a change the reload watcher sees, as a refused config's policy files'.
+    Before, only the running backends' TLS files were watched: the fixed file was never
+    read, and the withdrawn CA stayed trusted until gateway.yaml changed again."""
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    old_ca, new_ca = make_ca("old", now=now), make_ca("new", now=now)
+    (tmp_path / "ca.pem").write_bytes(old_ca.cert_pem)
+    data = gateway_config([backend("gpu", "http://127.0.0.1:9", "m")]).model_dump(
+        mode="json", exclude_none=True
+    )
+    data["backends"] = [
+        {**backend("gpu", "https://127.0.0.1:9", "m"), "tls": {"ca_file": "ca.pem"}}
+    ]
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(data))
+    environ = {**WORKER_ENV, "OWNGATE_WORKER_RUNTIME_DIR": str(tmp_path)}
+    app = create_app(load_config(path), environ=environ, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None
+
+    async def looks(count: int) -> None:
+        for _ in range(count):
+            await reloader.poll()
+
+    asyncio.run(looks(3))  # the first settled look after start
+    running = app.parts.registry
+    (tmp_path / "ca2.pem").write_bytes(BAD_PEM)  # not yet the new CA
+    data["backends"][0]["tls"]["ca_file"] = "ca2.pem"
+    path.write_text(yaml.safe_dump(data))
+    asyncio.run(looks(6))  # bounded: settles in two looks
+    assert reloader.reload_failures == 1
+    assert app.parts.registry is running and not reloader.stale
+    (tmp_path / "ca2.pem").write_bytes(new_ca.cert_pem)  # now it is
+    asyncio.run(looks(6))
+    assert reloader.last_error is None, reloader.last_error
+    tls = app.parts.registry.backends["gpu"].tls
+    assert tls is not None and tls.files == (tmp_path / "ca2.pem",)  # the old CA withdrawn
