@@ -38,6 +38,7 @@ from gateway.body_budget import Held
 from gateway.body_writer import body_writer
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
+from gateway.policy_set import STALE_POLICIES
 from gateway.state import Admission, RateLimited
 from gateway.tenants import TenantEntry
 
@@ -304,10 +305,14 @@ class TenantSurface:
     def refuse_if_stale(self) -> None:
         """503 (retry after 1 s) in a worker of `serve --workers N` that could not read
         its changed config files (`ConfigReloader.stale`): its keys may be older than its
-        siblings' (a revoked key still valid here)."""
+        siblings' (a revoked key still valid here); or its changed policy files
+        (`TrustPolicies.stale`), before the tenant's limits are charged for a request it
+        will not serve and before `/v1/models` lists what an older set allowed."""
         reloader = self._runtime.reloader
         if reloader is not None and reloader.stale:
             raise GatewayError(ErrorCode.not_ready, STALE_CONFIG, headers=_RETRY_SOON)
+        if self._runtime.parts.policies.stale:
+            raise GatewayError(ErrorCode.not_ready, STALE_POLICIES, headers=_RETRY_SOON)
 
     def key_digest(self, scope: Scope) -> str:
         """The digest of the API key the request carries, as the key index holds it

@@ -137,3 +137,25 @@ def test_the_budget_is_charged_before_the_client_sees_the_answer_end(
         )
     assert response.status_code == 200
     assert seen == ["budget spent"]
+
+
+def test_a_request_a_stale_worker_refuses_costs_no_part_of_the_limit(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A worker of `serve --workers N` that could not read a changed policy refuses 503
+    # until it reads it (docs/security.md). It refused after admitting the request: each
+    # refusal (and each retry its `retry-after: 1` invites) spent the tenant's
+    # requests_per_minute, so once the worker caught up the tenant was refused 429.
+    gateway, sim = with_limits(start_sim, start_gateway, requests_per_minute=1)
+    policies = type(gateway.app.parts.policies)
+    monkeypatch.setattr(policies, "stale", property(lambda _self: True))
+    refused = [post(gateway) for _ in range(3)]
+    assert [r.status_code for r in refused] == [503] * 3
+    assert all("trust-policy" in r.json()["error"]["message"] for r in refused)
+    models = httpx.get(f"{gateway.url}/v1/models", headers=gateway.headers, timeout=30)
+    assert models.status_code == 503  # not what an older set allowed
+    monkeypatch.undo()
+    assert post(gateway).status_code == 200  # before: 429, the minute spent on refusals
+    assert sim.app.stats.completed == 1
