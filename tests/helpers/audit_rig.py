@@ -16,7 +16,7 @@ from gateway.provenance import write_signing_key
 from tests.helpers.gateways import HOSTED_ONLY_POLICY, Gateway, backend, hosted_backend
 from tests.helpers.independent_audit import Received, audit, log_records
 from tests.helpers.log_truth import CHAT, ORIGIN
-from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
+from tests.helpers.raw_backend import ERROR_BODY, Answer, Post, RawBackend, json_answer, sse_head
 from tests.helpers.waiting import until
 
 __all__ = [
@@ -70,6 +70,37 @@ def logged(
         "checkpoint_interval_ms": 20,
     }
     return start_gateway(backends, provenance=provenance, **extra), vkey
+
+
+def failing_over_onto_the_log(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    arm: Callable[[], None],
+    **extra: Any,
+) -> tuple[Gateway, str, RawBackend, RawBackend]:
+    """A logged gateway before two private backends taken in turn: `a` answers 502
+    after calling `arm` (its dispatch record is durable: a disk the caller put under the
+    log fails or hangs from the next write on, that of the next attempt's dispatch
+    record), and `b` must get nothing. The gateway, the log's key, `a` and `b`."""
+    failing = json_answer(ERROR_BODY, b"502 Bad Gateway")
+
+    async def fails_and_arms(writer: asyncio.StreamWriter, post: Post) -> bool:
+        arm()
+        return await failing(writer, post)
+
+    async def serves(_writer: asyncio.StreamWriter, _post: Post) -> bool:
+        raise AssertionError("the second backend got a request no record logged")
+
+    a, b = start_raw(fails_and_arms), start_raw(serves)
+    gateway, vkey = logged(
+        start_gateway,
+        tmp_path,
+        [backend("a", a.url, "m"), backend("b", b.url, "m")],
+        routing={"default": {"strategy": "round_robin"}},
+        **extra,
+    )
+    return gateway, vkey, a, b
 
 
 def client_gets(

@@ -6,18 +6,24 @@ completion record holds, not a 503 the log never states."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from gateway.provenance.writer import segment_writer
-from tests.helpers.audit_rig import ASKS_USAGE, WHOLE, client_gets, later_receipt, logged, settled
-from tests.helpers.gateways import Gateway, backend
+from tests.helpers.audit_rig import (
+    ASKS_USAGE,
+    WHOLE,
+    client_gets,
+    failing_over_onto_the_log,
+    later_receipt,
+    settled,
+)
+from tests.helpers.gateways import Gateway
 from tests.helpers.independent_audit import audit
 from tests.helpers.provenance import FailingDisk
-from tests.helpers.raw_backend import ERROR_BODY, Answer, Post, RawBackend, json_answer
+from tests.helpers.raw_backend import Answer, RawBackend
 from tests.helpers.waiting import until
 
 
@@ -31,22 +37,11 @@ def test_a_log_outage_after_a_failed_attempt_answers_what_the_log_says(
 ) -> None:
     disk = FailingDisk()
     monkeypatch.setattr(segment_writer, "os", disk)
-    failing = json_answer(ERROR_BODY, b"502 Bad Gateway")
 
-    async def fails_and_the_disk_too(writer: asyncio.StreamWriter, post: Post) -> bool:
-        disk.failing = True  # its dispatch record is durable: the next write fails
-        return await failing(writer, post)
+    def arm() -> None:
+        disk.failing = True
 
-    async def serves(_writer: asyncio.StreamWriter, _post: Post) -> bool:
-        raise AssertionError("the second backend got a request no record logged")
-
-    a, b = start_raw(fails_and_the_disk_too), start_raw(serves)
-    gateway, vkey = logged(
-        start_gateway,
-        tmp_path,
-        [backend("a", a.url, "m"), backend("b", b.url, "m")],
-        routing={"default": {"strategy": "round_robin"}},
-    )
+    gateway, vkey, a, b = failing_over_onto_the_log(start_raw, start_gateway, tmp_path, arm)
     received = client_gets(gateway, ask)
     assert len(a.posts) == 1 and b.posts == []
     log = gateway.app.proxy.recorder.log  # type: ignore[union-attr]

@@ -24,10 +24,16 @@ import pytest
 from gateway.api import exchange as exchange_module
 from gateway.api.recorder import Recorder
 from gateway.provenance.writer import segment_writer
-from tests.helpers.audit_rig import ASKS_USAGE, WHOLE, first_request_settled, logged, request_log
-from tests.helpers.gateways import Gateway, backend
+from tests.helpers.audit_rig import (
+    ASKS_USAGE,
+    WHOLE,
+    failing_over_onto_the_log,
+    first_request_settled,
+    request_log,
+)
+from tests.helpers.gateways import Gateway
 from tests.helpers.independent_audit import Received, audit
-from tests.helpers.raw_backend import ERROR_BODY, Answer, Post, RawBackend, json_answer
+from tests.helpers.raw_backend import Answer, RawBackend
 from tests.helpers.waiting import until
 
 
@@ -63,22 +69,12 @@ def _failing_over(
     (until `release`), then fail: that of the second attempt's dispatch record."""
     disk = HangingDisk()
     monkeypatch.setattr(segment_writer, "os", disk)
-    failing = json_answer(ERROR_BODY, b"502 Bad Gateway")
 
-    async def fails_and_the_disk_hangs(writer: asyncio.StreamWriter, post: Post) -> bool:
-        disk.hang = True  # its dispatch record is durable: the next write hangs, then fails
-        return await failing(writer, post)
+    def arm() -> None:
+        disk.hang = True
 
-    async def serves(_writer: asyncio.StreamWriter, _post: Post) -> bool:
-        raise AssertionError("the second backend got a request no record logged")
-
-    a, b = start_raw(fails_and_the_disk_hangs), start_raw(serves)
-    gateway, vkey = logged(
-        start_gateway,
-        tmp_path,
-        [backend("a", a.url, "m"), backend("b", b.url, "m")],
-        routing={"default": {"strategy": "round_robin"}},
-        limits={"drain_timeout_s": 30.0},
+    gateway, vkey, a, b = failing_over_onto_the_log(
+        start_raw, start_gateway, tmp_path, arm, limits={"drain_timeout_s": 30.0}
     )
     return gateway, vkey, disk, a, b
 
