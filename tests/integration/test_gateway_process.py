@@ -104,7 +104,13 @@ def test_sigkill_under_load_loses_no_dispatch_record(
     threads.append(threading.Thread(target=stream))
     for thread in threads:
         thread.start()
-    until(lambda: len(receipts) >= 50, "50 receipts", timeout=10.0)
+    # the kill must find a stream mid-way: wait for one to receive bytes, not only for the
+    # whole answers (on a busy machine the four load threads got 50 before it began)
+    until(
+        lambda: len(receipts) >= 50 and bool(streamed),
+        "50 receipts and a stream receiving bytes",
+        timeout=30.0,
+    )
     gateway.stop(signal.SIGKILL)  # no final checkpoint, possibly a torn tail
     stop.set()
     for thread in threads:
