@@ -39,6 +39,25 @@ def owngate_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "gateway", *args]
 
 
+def refused_start(directory: Path, *args: str) -> str:
+    """Run `owngate serve --config gateway.yaml *args` in `directory`, which must refuse
+    to start (exit 1, within 30 s; a serve that starts fails the test): its stderr."""
+    proc = subprocess.Popen(
+        owngate_argv("serve", "--config", "gateway.yaml", *args),
+        cwd=directory,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+        raise AssertionError(f"owngate serve {' '.join(args)} started; it must refuse") from None
+    assert proc.returncode == 1, (out, err)
+    return err.decode()
+
+
 def listening_sockets(port: int) -> int:
     """How many sockets listen on TCP `port` (IPv4, this network namespace): each worker
     of `serve --workers N` listens on a socket of its own (SO_REUSEPORT), the kernel

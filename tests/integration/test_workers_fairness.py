@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,7 +30,12 @@ from gateway.tenants import hash_api_key
 from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, Sim, backend
 from tests.helpers.net import free_port
 from tests.helpers.paced_stream import paced
-from tests.helpers.processes import GatewayProcess, listening_sockets, owngate_argv, worker_pids
+from tests.helpers.processes import (
+    GatewayProcess,
+    listening_sockets,
+    refused_start,
+    worker_pids,
+)
 from tests.helpers.raw_backend import Answer, RawBackend
 from tests.helpers.waiting import until
 
@@ -131,20 +135,7 @@ def test_a_share_smaller_than_the_workers_is_refused_at_start(tmp_path: Path) ->
     the whole pool's worth of the backend)."""
     config = _config("http://127.0.0.1:9", {"max_connections_per_backend": 2})
     (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(config))
-    proc = subprocess.Popen(
-        owngate_argv("serve", "--config", "gateway.yaml", "--workers", "2"),
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        out, err = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=60)
-        pytest.fail("serve --workers 2 started with a share smaller than the workers")
-    assert proc.returncode == 1, (out, err)
-    text = err.decode()
+    text = refused_start(tmp_path, "--workers", "2")
     assert "tenant_share_of_backend" in text and "less than the 2 workers" in text, text
 
 

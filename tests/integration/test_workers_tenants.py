@@ -27,7 +27,13 @@ import yaml
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import Sim, backend
 from tests.helpers.net import free_port
-from tests.helpers.processes import KEY, GatewayProcess, listening_sockets, owngate_argv
+from tests.helpers.processes import (
+    KEY,
+    GatewayProcess,
+    listening_sockets,
+    owngate_argv,
+    refused_start,
+)
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.waiting import until
 
@@ -230,20 +236,7 @@ def test_a_limit_smaller_than_the_workers_is_refused_at_start(tmp_path: Path) ->
     config = _config("http://127.0.0.1:9", {"backend": "memory"}, {"requests_per_minute": 1})
     (tmp_path / "keys.yaml").write_text(yaml.safe_dump({"tenants": {}}))
     (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(config))
-    proc = subprocess.Popen(
-        owngate_argv("serve", "--config", "gateway.yaml", "--workers", "2"),
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        out, err = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=60)
-        pytest.fail("serve --workers 2 started with a limit smaller than the workers")
-    assert proc.returncode == 1, (out, err)
-    text = err.decode()
+    text = refused_start(tmp_path, "--workers", "2")
     assert "tenant acme: requests_per_minute 1 is less than the 2 workers" in text, text
     assert "state: redis" in text
 
