@@ -196,12 +196,23 @@ def _loads(body: bytes, brackets: int) -> Any:
     except orjson.JSONDecodeError as exc:
         raise GatewayError(
             ErrorCode.invalid_json,
-            f"We could not parse the JSON body of your request ({exc.args[0]}).",
+            f"We could not parse the JSON body of your request ({_why_not(body, exc)}).",
         ) from None
     raise GatewayError(
         ErrorCode.invalid_request,
         f"the request body nests objects and arrays more than {MAX_DEPTH} levels deep",
     )
+
+
+def _why_not(body: bytes, exc: orjson.JSONDecodeError) -> str:
+    """orjson's reason, except for bytes that are not UTF-8, where it names surrogates and
+    the first character whatever the bytes were: the offset of the first byte that is not
+    (none of the body is quoted)."""
+    try:
+        body.decode()
+    except UnicodeDecodeError as bad:
+        return f"the body is not valid UTF-8: {bad.reason} at byte {bad.start}"
+    return str(exc.args[0])
 
 
 def _unwrap(doc: Any) -> Any:

@@ -164,6 +164,28 @@ def test_beyond_orjsons_own_limit_is_invalid_json() -> None:
     assert refused(b'{"model": "a", "x": ' + nested(2000) + b"}").code.value == "invalid_json"
 
 
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        (b'{"model": "a", "prompt": "\xe9t\xe9"}', "invalid continuation byte at byte 26"),
+        (b'{"model": "a", "prompt": "\xff\xfe"}', "invalid start byte at byte 26"),
+        (b'{"model": "a", "prompt": "\xed\xa0\x80"}', "invalid continuation byte at byte 26"),
+        (b'{"model": "a", "prompt": "\xe2\x82"}', "invalid continuation byte at byte 26"),
+    ],
+)
+def test_bytes_that_are_not_utf8_are_named_as_such(body: bytes, where: str) -> None:
+    # orjson says "surrogates not allowed ... column 1" of a latin-1 body: a client looking
+    # for a surrogate at its first character would look in the wrong place.
+    error = refused(body)
+    assert error.code.value == "invalid_json"
+    assert f"the body is not valid UTF-8: {where}" in error.message
+    assert "surrogates" not in error.message
+
+
+def test_valid_utf8_keeps_orjsons_reason() -> None:
+    assert "byte order mark" in refused(b'\xef\xbb\xbf{"model": "a"}').message
+
+
 # -- types of the decided-on fields --------------------------------------------------------
 
 
