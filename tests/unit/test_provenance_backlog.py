@@ -62,6 +62,17 @@ def _full_disk(files: object, *, root: Path) -> None:
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
+def _failing_signer(checkpoint: object, signers: object) -> bytes:
+    raise RuntimeError("the signing service is down")
+
+
+# What makes every checkpoint export fail: the tiles' disk, or the signer.
+FAULTS = {
+    "full-disk": ("write_files_atomically", _full_disk),
+    "signer-raising": ("sign_checkpoint", _failing_signer),
+}
+
+
 async def _fill(log: ProvenanceLog) -> int:
     """Log refusals until the log refuses one (at most 1,000); returns those logged."""
     for number in range(1000):
@@ -74,8 +85,9 @@ async def _fill(log: ProvenanceLog) -> int:
     raise AssertionError("1,000 requests logged while no checkpoint could be written")
 
 
+@pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_entries_no_checkpoint_can_cover_are_bounded_and_all_signed_once_it_can(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
 ) -> None:
     events = Events()
 
@@ -83,8 +95,8 @@ def test_entries_no_checkpoint_can_cover_are_bounded_and_all_signed_once_it_can(
         log = await _open(tmp_path, events)
         await log_request(log, 0)
         await until_async(lambda: log.latest_checkpoint().checkpoint.size == 2, "signed")  # type: ignore[union-attr]
-        with monkeypatch.context() as patched:  # the tiles' disk is full; the segment's not
-            patched.setattr(gateway.provenance.writer.store, "write_files_atomically", _full_disk)
+        with monkeypatch.context() as patched:  # checkpoints fail; the segment takes appends
+            patched.setattr(gateway.provenance.writer.store, *FAULTS[fault])
             logged = await _fill(log)
             held, bound = log.unsigned_bytes
             assert bound == BOUND
