@@ -232,8 +232,8 @@ class LogStore:
     def unsigned_bytes(self) -> int:
         """Bytes of entries (each with its 32-byte leaf hash) made durable that no signed
         checkpoint covers yet: what the log holds in memory until one does. Read from
-        any thread (two counters, each written by one thread)."""
-        return self._appended_bytes - self._signed_bytes
+        any thread (two counters, each written by one thread: a read between them may lag)."""
+        return max(0, self._appended_bytes - self._signed_bytes)
 
     def _check_open(self) -> None:
         if self._closed:
