@@ -65,7 +65,8 @@ class Outage:
         `other()`'s (the backlog's), as a new exception each time. Raising one instance
         again and again chains each raise's traceback onto it: every refused request's
         frames, with all they hold (its record, its exchange), were kept for as long as
-        the fault lasted (2,000 refused requests grew a gateway by some 12 MB)."""
+        the fault lasted (2,000 requests refused at the backlog's bound grew a gateway by
+        some 12 MB)."""
         error = self.stalled(now) or other()
         return None if error is None else copy.copy(error)
 
