@@ -264,6 +264,13 @@ class ProvenanceCollector(Collector):
             "makes the log not ready.",
             value=log.export_seconds,
         )
+        yield GaugeMetricFamily(
+            "owngate_provenance_unsigned_bytes",
+            "Bytes of durable log entries no signed checkpoint covers yet, held in memory "
+            "until one does; at provenance.max_unsigned_bytes the log is not "
+            "ready and new requests are refused (checkpoints failing or hung).",
+            value=log.unsigned_bytes[0],
+        )
         latest = log.latest_checkpoint()
         if latest is not None:
             yield GaugeMetricFamily(

@@ -58,6 +58,8 @@ from gateway.upstream.tls import Peer
 
 __all__ = ["Recorder", "usage_of"]
 
+_RETRY_SOON = ((b"retry-after", b"1"),)  # the disk is probed, checkpoints retried, each second
+
 Written = asyncio.Future[LogEntry] | None  # a completion queued (`append_soon`), or none
 
 
@@ -376,6 +378,7 @@ class Recorder:
 
     def status(self) -> dict[str, Any]:
         error, cleanup = self._log.last_error, self._log.cleanup_error
+        unsigned, bound = self._log.unsigned_bytes
         return {
             "origin": self._log.origin,
             "size": self._log.size,
@@ -384,6 +387,8 @@ class Recorder:
             # why: the OS error and the log's file (never request content)
             "detail": None if error is None else str(error),
             "cleanup_error": None if cleanup is None else str(cleanup),
+            "unsigned_bytes": unsigned,  # held in memory until a checkpoint covers them
+            "max_unsigned_bytes": bound,
         }
 
     async def close(self) -> None:
@@ -395,6 +400,7 @@ def _unavailable() -> GatewayError:
     return GatewayError(
         ErrorCode.provenance_unavailable,
         "the provenance log cannot be written; requests are refused until it can",
+        headers=_RETRY_SOON,
     )
 
 

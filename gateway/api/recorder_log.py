@@ -45,6 +45,7 @@ def log_settings(settings: ProvenanceSettings) -> LogSettings:
         checkpoint_every=settings.checkpoint_every,
         checkpoint_interval_ms=settings.checkpoint_interval_ms,
         export_stall_after_ms=settings.export_stall_after_s * 1000.0,
+        max_unsigned_bytes=settings.max_unsigned_bytes,
     )
 
 

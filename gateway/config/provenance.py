@@ -70,6 +70,14 @@ class ProvenanceSettings(_Strict):
         description="a checkpoint export (tiles, signature) that has not returned for this "
         "long is a hung disk: the log is not ready (/readyz 503) until it returns",
     )
+    max_unsigned_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        gt=0,
+        le=2**40,
+        description="bytes of durable entries no signed checkpoint covers yet, which the log "
+        "holds in memory until one does; past it (checkpoints failing or hung) new requests "
+        "are refused (503 provenance_unavailable) until a checkpoint is signed again",
+    )
     receipts: Literal["batch", "single"] = Field(
         default="batch",
         description="batch: one signature per committed batch, each receipt with its "

@@ -24,6 +24,7 @@ from gateway.provenance.errors import LogUnavailableError, ProvenanceError
 from gateway.provenance.formats.merkle import consistency_proof
 from gateway.provenance.formats.proofs import TlogProof
 from gateway.provenance.formats.tiles import TileReader
+from gateway.provenance.writer.backlog import Backlog
 from gateway.provenance.writer.events import FaultEvents
 from gateway.provenance.writer.worker import LoopWorker
 
@@ -57,6 +58,10 @@ class LogSettings:
     # Records nobody waits on (completions) that a failed write refused, kept to write
     # once the disk takes writes again; the oldest beyond this many are dropped.
     max_retained: int = 4096
+    # Bytes of durable entries (with their leaf hashes) no signed checkpoint covers yet,
+    # which the log holds in memory until one does: past this, awaited appends are
+    # refused (`Backlog`), so a failing or hung export cannot grow it without bound.
+    max_unsigned_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         timings = (
@@ -88,6 +93,8 @@ class LogSettings:
             raise ValueError("max_batch and checkpoint_every must be >= 1")
         if self.max_retained < 0:
             raise ValueError("max_retained must be >= 0")
+        if self.max_unsigned_bytes < 1:
+            raise ValueError("max_unsigned_bytes must be >= 1")
 
 
 class Checkpointer:
@@ -113,6 +120,8 @@ class Checkpointer:
         self._at = clock()  # when the last export started or ended
         self._started: float | None = None  # when the export in progress started
         self.error: ProvenanceError | None = None  # the last export's failure, if it failed
+        # the entries no checkpoint covers yet, held in memory until one does: bounded
+        self.backlog = Backlog(settings.max_unsigned_bytes, lambda: store.unsigned_bytes, events)
 
     def due(self, size: int) -> bool:
         """Is a checkpoint due now, with `size` entries durable?"""
@@ -163,14 +172,15 @@ class Checkpointer:
     def current(self) -> ProvenanceError | None:
         """The checkpoints' error now: the last export's failure, or that of an export
         that has not returned for `export_stall_after_ms` (reported once, like a failure,
-        and cleared when an export signs again)."""
+        and cleared when an export signs again), or the backlog's bound reached."""
+        behind = self.backlog.current()
         seconds = self.running_for()
         if self.error is None and seconds * 1000.0 >= self._settings.export_stall_after_ms:
             stall = f"a checkpoint export has not returned for {seconds:.1f} s (a hung disk?)"
             self.error = LogUnavailableError(f"cannot sign a checkpoint of the log: {stall}")
             if self._events is not None:
                 self._events.error("provenance checkpoint not signed", detail=str(self.error))
-        return self.error
+        return self.error or behind
 
     async def idle(self) -> None:
         """Wait until no export runs (its outcome is in `error`)."""

@@ -13,9 +13,9 @@ entries durable at the snapshot.
 is durable, with a future for `seal(entry)`, run on the loop once per batch right after its
 appenders were woken (receipts); with a `batch_seal`, one signature covers a batch's
 receipts (`Sealer`). If the disk refuses a write, `append` raises `LogUnavailableError` (the
-gateway answers 503) and nothing of that batch is logged; the next append, or a probe each
-`probe_interval_ms`, tries again; records nobody waits on are kept meanwhile (`Outage`,
-which tells `events` when an outage begins and ends; `Checkpointer` does for checkpoints).
+gateway answers 503), nothing of that batch logged; the next append, or a probe each
+`probe_interval_ms`, tries again; records nobody waits on are kept meanwhile (`Outage`;
+`Checkpointer` for checkpoints, and the bound on the entries they have yet to sign).
 """
 
 from __future__ import annotations
@@ -92,9 +92,8 @@ class ProvenanceLog(Withdrawing):
     ) -> ProvenanceLog:
         """Open or create the log in `directory`, recovering after a crash; `cosigners` also
         sign every checkpoint (e.g. the previous key during a rotation); `events` hears of
-        write and checkpoint failures, once when they begin and once when they end;
-        `high_water` refuses a directory holding less than the log signed (`HighWater`),
-        `retired` keys may also have signed its newest checkpoint (`LogStore.open`)."""
+        each fault when it begins and ends; `high_water` refuses a directory holding less
+        than the log signed, `retired` keys may have signed its newest checkpoint."""
         worker = LoopWorker(asyncio.get_running_loop(), "provenance-log")
         signers, water = [signer, *cosigners], high_water
         try:
@@ -121,8 +120,12 @@ class ProvenanceLog(Withdrawing):
 
     @property
     def last_error(self) -> ProvenanceError | None:
-        """The last write or checkpoint failure or stall, cleared by its kind's next success."""
+        """The last write or checkpoint failure, stall or full backlog, until its kind recovers."""
         return self._outage.current(self._loop.time()) or self._checkpoints.current()
+
+    @property
+    def unsigned_bytes(self) -> tuple[int, int]:  # held in memory until signed, and the bound
+        return self._store.unsigned_bytes, self._checkpoints.backlog.limit
 
     @property
     def export_seconds(self) -> float:
@@ -158,8 +161,7 @@ class ProvenanceLog(Withdrawing):
         return self._store.latest
 
     async def exports_idle(self) -> None:
-        """Wait until no checkpoint export runs (one that fell due may then start)."""
-        await self._checkpoints.idle()
+        await self._checkpoints.idle()  # no export runs now (one that fell due may start)
 
     async def append(self, record: Mapping[str, object], *, checked: bool = False) -> LogEntry:
         """Validate, encode and durably append one record; returns its index and leaf hash.
@@ -171,18 +173,16 @@ class ProvenanceLog(Withdrawing):
         self, record: Mapping[str, object], *, checked: bool = False, encoded: bytes = b""
     ) -> asyncio.Future[LogEntry]:
         """Queue a record nothing waits on (e.g. a completion): the future completes when it
-        is durable (or fails). Raises at once what `append` raises before queueing.
-        `encoded`: `canonical_json_of_plain(record)` that the caller made already (a
-        statement it signed), logged as given, with `checked`."""
+        is durable (or fails). Raises at once what `append` raises before queueing. `encoded`:
+        the record's `canonical_json_of_plain`, made by the caller, logged as given."""
         return self._put(record, checked, awaited=False, encoded=encoded)
 
     async def append_sealed(
         self, record: Mapping[str, object], seal: Seal, *, checked: bool = False
     ) -> tuple[LogEntry, asyncio.Future[bytes]]:
-        """`append`, returning once the entry is durable, with a future for `seal(entry)`
-        (e.g. a receipt naming the entry), which runs on the event loop after that. If
-        `seal` raises, the record is still durable and the future holds the error. If the
-        append fails, so does the seal's future (with the same error)."""
+        """`append`, with a future for `seal(entry)` (e.g. a receipt naming the entry), run on
+        the event loop once the entry is durable. If `seal` raises, the record is still
+        durable and the future holds the error; if the append fails, so does the future."""
         sealed: asyncio.Future[bytes] = self._loop.create_future()
         try:
             entry = await self._put(record, checked, awaited=True, seal=seal, sealed=sealed)
@@ -218,8 +218,9 @@ class ProvenanceLog(Withdrawing):
     ) -> asyncio.Future[LogEntry]:
         if self._closing or self._task.done():
             raise LogUnavailableError("the provenance log is closed")
-        if awaited and (stalled := self._outage.stalled(self._loop.time())) is not None:
-            raise stalled  # fail fast: a completion (not awaited) still queues behind it
+        backlog = self._checkpoints.backlog  # at its bound, or a stalled write: fail fast
+        if awaited and (refused := self._outage.refusal(self._loop.time(), backlog.current)):
+            raise refused  # a completion (not awaited) still queues behind it
         entry = entry_of(record, checked, encoded)
         future = self._loop.create_future() if future is None else future
         self._queue.append(Queued(entry, future, awaited, seal, sealed))
@@ -256,8 +257,7 @@ class ProvenanceLog(Withdrawing):
 
     async def abort(self) -> None:
         """Stop without a final checkpoint, releasing the directory: a batch being written
-        completes, queued appends fail (LogUnavailableError); entries durable since the last
-        checkpoint stay in the write-ahead segment for the next `open`, as after a crash."""
+        completes, queued appends fail; what is durable is recovered by the next `open`."""
         await self._stop(aborting=True)
 
     async def _stop(self, *, aborting: bool) -> None:
@@ -341,8 +341,8 @@ class ProvenanceLog(Withdrawing):
 
     def _idle_timeout(self) -> float | None:
         """How long the committer may sleep now: 0 when something is due, None until woken.
-        Records nobody waits on (`append_soon`) do not start a commit of their own: they
-        ride with the next awaited batch, or go after `deferred_flush_ms` at the latest."""
+        Records nobody waits on ride with the next awaited batch, or go after
+        `deferred_flush_ms` at the latest."""
         if self._waiters or self._closing or len(self._queue) >= self._settings.max_batch:
             return 0.0
         timeout = self._checkpoints.idle_timeout(self._size)
@@ -364,9 +364,8 @@ class ProvenanceLog(Withdrawing):
     async def _gather_batch(self) -> None:
         """Wait for as many awaited appends as the last batch held, up to the group-commit
         window or the time a write takes, whichever is shorter (`append_soon` records ride
-        along, neither starting nor prolonging the wait). A lone appender is committed at
-        once; concurrent ones fill the batch in well under the window. Appends arriving
-        during a commit join the next, so an append that misses one waits one write more."""
+        along, neither starting nor prolonging it). A lone appender is committed at once;
+        concurrent ones fill the batch well within the window; later ones join the next."""
         window = min(self._settings.group_commit_ms / 1000.0, self._write_time)
         target = min(self._last_batch, self._settings.max_batch)
         if window <= 0 or self._closing or not 0 < self._waiters < target:

@@ -16,6 +16,8 @@ once instead of queueing behind it; what the write carries still lands if it ret
 from __future__ import annotations
 
 import asyncio
+import copy
+from collections.abc import Callable
 
 from gateway.provenance.errors import LogUnavailableError, ProvenanceError
 from gateway.provenance.formats.records import LogEntry
@@ -55,6 +57,18 @@ class Outage:
             self._stall = LogUnavailableError(f"cannot append to the provenance log: {stall}")
             self._report(self._stall)
         return self.error
+
+    def refusal(
+        self, now: float, other: Callable[[], ProvenanceError | None]
+    ) -> ProvenanceError | None:
+        """What an awaited append is refused with now: a stalled write's error, else
+        `other()`'s (the backlog's), as a new exception each time. Raising one instance
+        again and again chains each raise's traceback onto it: every refused request's
+        frames, with all they hold (its record, its exchange), were kept for as long as
+        the fault lasted (2,000 requests refused at the backlog's bound grew a gateway by
+        some 12 MB)."""
+        error = self.stalled(now) or other()
+        return None if error is None else copy.copy(error)
 
     def _report(self, error: ProvenanceError) -> None:
         if self.error is None and self._events is not None:

@@ -3,7 +3,8 @@
 `LogStore.open` takes the newest history checkpoint (`checkpoints/`), checks that nothing in
 the directory shows a larger signed tree (`check_no_later_tree`), and rebuilds the tree
 from the entry bundles, checking the root (`tree_check.rebuild_tree`). Appending from less than
-the log published would sign a tree that does not extend it: a fork.
+the log published would sign a tree that does not extend it: a fork. Then it replays the
+write-ahead segments onto that tree (`replay_segments`), cutting only a torn tail.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from pathlib import Path
 
 from gateway.provenance.errors import LogCorruptedError, ProvenanceError
 from gateway.provenance.formats.checkpoint import Checkpoint
-from gateway.provenance.formats.layout import CHECKPOINT, HISTORY, list_cosigned
+from gateway.provenance.formats.layout import CHECKPOINT, HISTORY, WAL, list_cosigned
 from gateway.provenance.formats.note import Verifier, open_note
+from gateway.provenance.formats.tree import TiledTree
+from gateway.provenance.formats.wal import list_segments, scan_segment
+from gateway.provenance.writer.replay_check import ReplayCheck
 
-__all__ = ["check_no_later_tree", "check_signed", "note_text"]
+__all__ = ["check_no_later_tree", "check_signed", "note_text", "replay_segments"]
 
 
 def check_signed(data: bytes, path: Path, verifiers: Iterable[Verifier]) -> None:
@@ -71,3 +75,32 @@ def check_no_later_tree(directory: Path, signed: int, *, has_history: bool) -> N
                 f"{directory}: {what} holds a checkpoint of size {size}, but {HISTORY}/ "
                 f"ends at size {signed}: a signed checkpoint is missing; refusing to roll back"
             )
+
+
+def replay_segments(directory: Path, tree: TiledTree) -> tuple[list[tuple[str, bytes]], int, int]:
+    """Append the entries of `directory`'s write-ahead segments that `tree` (the newest
+    checkpoint's) does not hold yet, each checked (`ReplayCheck`); returns the tiles and
+    bundles they completed, the entries replayed and the torn bytes to cut."""
+    pending: list[tuple[str, bytes]] = []
+    replayed = torn = 0
+    segments = list_segments(directory / WAL)
+    check = ReplayCheck(directory, tree.size)
+    for position, (first, path) in enumerate(segments):
+        if first > tree.size:
+            raise LogCorruptedError(
+                f"{path.name} starts at entry {first} but the log ends at {tree.size}"
+            )
+        scan = scan_segment(path, first)
+        if scan.torn and position != len(segments) - 1:
+            raise LogCorruptedError(
+                f"{path.name} is damaged at byte {scan.valid_bytes} and is not the last "
+                "segment: this is not a torn tail, refusing to cut it"
+            )
+        torn += scan.total_bytes - scan.valid_bytes
+        for offset, (entry, leaf) in enumerate(scan.entries):
+            if first + offset < tree.size:
+                continue  # already covered by the checkpoint (crash before cleanup)
+            check.check(first + offset, entry, leaf, path.name)
+            pending.extend(tree.append(entry, leaf))
+            replayed += 1
+    return pending, replayed, torn

@@ -40,14 +40,18 @@ from gateway.provenance.errors import LogCorruptedError, LogUnavailableError, Pr
 from gateway.provenance.files import fsync_directory, make_directories, write_files_atomically
 from gateway.provenance.formats.checkpoint import Checkpoint, sign_checkpoint
 from gateway.provenance.formats.layout import CHECKPOINT, LOCK, WAL, history_path, list_history
-from gateway.provenance.formats.merkle import inclusion_proof
+from gateway.provenance.formats.merkle import HASH_SIZE, inclusion_proof
 from gateway.provenance.formats.note import Signer, Verifier
 from gateway.provenance.formats.tiles import TileReader
 from gateway.provenance.formats.tree import TiledTree
-from gateway.provenance.formats.wal import list_segments, scan_segment, segment_path
+from gateway.provenance.formats.wal import list_segments, segment_path
 from gateway.provenance.writer.high_water import HighWater
-from gateway.provenance.writer.recovery import check_no_later_tree, check_signed, note_text
-from gateway.provenance.writer.replay_check import ReplayCheck
+from gateway.provenance.writer.recovery import (
+    check_no_later_tree,
+    check_signed,
+    note_text,
+    replay_segments,
+)
 from gateway.provenance.writer.segment_writer import SegmentWriter
 from gateway.provenance.writer.tree_check import rebuild_tree
 
@@ -65,10 +69,12 @@ class SignedNote:
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """Entries made durable since the previous snapshot, as (entry, leaf hash); the log
-    holds `size` entries once they are added."""
+    holds `size` entries once they are added, and has held `held` bytes of them
+    (`LogStore.unsigned_bytes`) since it opened."""
 
     size: int
     entries: tuple[tuple[bytes, bytes], ...]
+    held: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +120,11 @@ class LogStore:
         self._size = 0
         self._unexported: list[tuple[bytes, bytes]] = []
         self._segment: SegmentWriter | None = None
+        # Bytes of entries (and their leaf hashes) appended since open, and how many of
+        # them the latest signed checkpoint covers: the rest is held in memory until one
+        # does (`_unexported`, a snapshot being exported, `_pending`).
+        self._appended_bytes = 0
+        self._signed_bytes = 0
         # The exporter's side: the tree and the full tiles/bundles not yet written.
         self._tree = TiledTree()
         self._pending: list[tuple[str, bytes]] = []
@@ -187,8 +198,10 @@ class LogStore:
         if self._high_water is not None:
             newest = self._latest.checkpoint if self._latest is not None else None
             self._recorded = self._high_water.check(self.directory, self.origin, newest)
-        self._replay_segments()
-        self.recovery = Recovery(self.recovery.replayed, self.recovery.torn_bytes, tuple(rewritten))
+        pending, replayed, torn = replay_segments(self.directory, self._tree)
+        self._pending.extend(pending)
+        self._size = self._tree.size
+        self.recovery = Recovery(replayed, torn, tuple(rewritten))
 
     def _publish_latest(self) -> None:
         """Make the checkpoint file the newest signed checkpoint: a crash between writing
@@ -204,31 +217,6 @@ class LogStore:
         except OSError as exc:
             raise _unavailable("write a checkpoint to", exc) from exc
 
-    def _replay_segments(self) -> None:
-        segments = list_segments(self.directory / WAL)
-        replayed = torn = 0
-        check = ReplayCheck(self.directory, self._tree.size)
-        for position, (first, path) in enumerate(segments):
-            if first > self._tree.size:
-                raise LogCorruptedError(
-                    f"{path.name} starts at entry {first} but the log ends at {self._tree.size}"
-                )
-            scan = scan_segment(path, first)
-            if scan.torn and position != len(segments) - 1:
-                raise LogCorruptedError(
-                    f"{path.name} is damaged at byte {scan.valid_bytes} and is not the last "
-                    "segment: this is not a torn tail, refusing to cut it"
-                )
-            torn += scan.total_bytes - scan.valid_bytes
-            for offset, (entry, leaf) in enumerate(scan.entries):
-                if first + offset < self._tree.size:
-                    continue  # already covered by the checkpoint (crash before cleanup)
-                check.check(first + offset, entry, leaf, path.name)
-                self._pending.extend(self._tree.append(entry, leaf))
-                replayed += 1
-        self._size = self._tree.size
-        self.recovery = Recovery(replayed, torn)
-
     # --- state ------------------------------------------------------------------------------
 
     @property
@@ -239,6 +227,13 @@ class LogStore:
     @property
     def latest(self) -> SignedNote | None:
         return self._latest
+
+    @property
+    def unsigned_bytes(self) -> int:
+        """Bytes of entries (each with its 32-byte leaf hash) made durable that no signed
+        checkpoint covers yet: what the log holds in memory until one does. Read from
+        any thread (two counters, each written by one thread: a read between them may lag)."""
+        return max(0, self._appended_bytes - self._signed_bytes)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -270,6 +265,7 @@ class LogStore:
         start = self._size
         self._size += len(pairs)
         self._unexported += [(bytes(memoryview(e)), leaf) for e, leaf in pairs]
+        self._appended_bytes += sum(len(e) for e, _ in pairs) + HASH_SIZE * len(pairs)
         return start
 
     def probe(self) -> None:
@@ -298,7 +294,7 @@ class LogStore:
             except OSError as exc:  # nothing taken: the next snapshot takes these entries
                 raise _unavailable("close a segment of", exc) from exc
             self._segment = None
-        taken = Snapshot(self._size, tuple(self._unexported))
+        taken = Snapshot(self._size, tuple(self._unexported), self._appended_bytes)
         self._unexported = []
         return taken
 
@@ -319,6 +315,7 @@ class LogStore:
             self._pending.extend(tree.append(entry, leaf))
         if self._latest is not None and self._latest.checkpoint.size == tree.size:
             self._record(self._latest)  # a recording that failed before, or the first
+            self._signed_bytes = snapshot.held
             return self._latest
         completed = [name for name, _ in self._pending]
         files = [(self.directory / name, data) for name, data in self._pending]
@@ -339,6 +336,7 @@ class LogStore:
         # which then signs the same checkpoint again (the same note: Ed25519 is deterministic).
         self._record(signed)
         self._latest = signed
+        self._signed_bytes = snapshot.held
         try:
             self.clean_up(completed, checkpoint.size)
         except ProvenanceError as exc:
