@@ -30,7 +30,7 @@ from gateway.api.proxy import Proxy
 from gateway.api.recorder import Recorder
 from gateway.api.recorder_log import asks_new_log_origin
 from gateway.api.reload import ConfigReloader
-from gateway.config.loader import ConfigError, load_config_text, unquoted
+from gateway.config.loader import ConfigError, ConfigIssue, load_config_text, unquoted
 from gateway.config.schema import GatewaySettings, StateSettings
 from gateway.policy import PolicyError
 from gateway.policy_set import TrustPolicies
@@ -294,6 +294,7 @@ def admin_app(app: GatewayApp) -> FastAPI:
     same runtime and acts through the app's own reload and drain. Imported here, never
     by the public surface: the hot path does not load FastAPI."""
     from gateway.admin.app import AdminControl, create_admin_app
+    from gateway.admin.candidate_files import outside_files
     from gateway.api.operations import Operations
 
     async def reload() -> bool:
@@ -303,10 +304,15 @@ def admin_app(app: GatewayApp) -> FastAPI:
 
     def check(text: str) -> list[str]:
         try:
-            candidate = load_config_text(text, app.config_dir, source="candidate", env=env)
+            candidate = load_config_text(
+                text, app.config_dir, source="candidate", env=env, files=confined
+            )
         except ConfigError as exc:
             return _unquoted([f"{exc.source}:{issue}" for issue in exc.issues], text, env)
         return _unquoted(validate(candidate, environ=env, config_dir=app.config_dir), text, env)
+
+    def confined(candidate: GatewaySettings) -> list[ConfigIssue]:  # read no other file
+        return outside_files(candidate, app.config, app.config_dir)
 
     env = app.environ  # what the running gateway was assembled with (the demo adds keys)
     control = AdminControl(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,14 +119,24 @@ def load_config_file(
 
 
 def load_config_text(
-    text: str, directory: Path, *, source: str, env: Mapping[str, str] | None = None
+    text: str,
+    directory: Path,
+    *,
+    source: str,
+    env: Mapping[str, str] | None = None,
+    files: Callable[[GatewaySettings], list[ConfigIssue]] | None = None,
 ) -> GatewaySettings:
     """`load_config` of a config's text as if it were a file in `directory` (its keys
-    file is read from there): the admin API validates a candidate with it. Its problems,
-    the keys file's and the cross-checks' too, never quote what `${VAR}` filled in."""
+    file is read from there): the admin API validates a candidate with it, `files` naming
+    the paths it may not read (gateway/admin/candidate_files.py), before any is read. Its
+    problems, the keys file's and the cross-checks' too, never quote what `${VAR}` filled
+    in."""
     environ = os.environ if env is None else env
     config = parse_config(text, source=source, env=environ)
     try:
+        refused = files(config) if files is not None else []
+        if refused:
+            raise ConfigError(source, refused)
         if config.keys_file is not None:
             config = _merge_keys_file(config, directory / config.keys_file, source)
         _no_key_is_an_admin_token(config, source)

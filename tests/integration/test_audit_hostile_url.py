@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli.main import main
-from gateway.provenance import Signer, sign_note
+from gateway.provenance import MalformedError, Signer, sign_note
 from gateway.provenance.audit.remote import FetchLimits, copy_budget, mirror_log
 from gateway.provenance.formats.layout import CHECKPOINT, history_path
 from gateway.provenance.formats.tiles import TILE_WIDTH
@@ -329,3 +329,23 @@ def test_the_copy_deadline_flag_cuts_off_a_file_before_its_own_deadline(
     said = capsys.readouterr().err
     assert served.dripped.is_set()
     assert f"GET {served.url}tile/0/000.p/1: the copy of the log is not done within 0.2 s" in said
+
+
+def test_a_token_never_goes_to_the_environments_proxy(
+    served: _Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """urllib takes a proxy from `http_proxy` (for a loopback URL too, without
+    `no_proxy`): `owngate audit verify http://admin:9090/log/ --token T` sent the proxy
+    the request with `Authorization: Bearer T` in plain text. With a token the log URL is
+    fetched directly; a public log (no token) still goes through the proxy."""
+    with _serving() as proxy:
+        for name in ("no_proxy", "NO_PROXY", "https_proxy", "HTTPS_PROXY"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("http_proxy", proxy.url.removesuffix("/log/"))
+        with pytest.raises(MalformedError, match="not served"):
+            mirror_log(served.url, tmp_path / "with-token", token="og-admin-secret")
+        assert proxy.tokens == [] and served.tokens == ["Bearer og-admin-secret"]
+        with pytest.raises(MalformedError, match="not served"):
+            mirror_log(served.url, tmp_path / "public")
+        assert proxy.asked and proxy.tokens == [None], proxy.asked
+        assert served.tokens == ["Bearer og-admin-secret"]

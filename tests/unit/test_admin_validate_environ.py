@@ -66,8 +66,8 @@ def test_validate_never_answers_a_line_of_a_file_the_candidate_names(tmp_path: P
         "tenants": [{"id": "acme", "models": ["*"]}],
     }
     control: AdminControl = admin_app(
-        create_app(GatewaySettings.model_validate(data))
-    ).state.control
+        create_app(GatewaySettings.model_validate(data), config_dir=tmp_path)
+    ).state.control  # a file under the config's directory (others: candidate_files.py)
     problems = control.validate(json.dumps({**data, "keys_file": str(credentials)}))
     assert problems == [
         f"{credentials}:line 2: <root>: not valid YAML: expected '<document start>', "

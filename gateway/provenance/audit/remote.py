@@ -26,7 +26,11 @@ copies every header onto the redirected request) and read the log from a server 
 auditor never named; it ends the copy (MalformedError). So does a redirect to a URL with
 userinfo (`http://user:pass@host/`), before any connection: urllib would take
 `user:pass@host` for the host name; the log URL may not hold one either (the token is
-`--token`). Neither is ever quoted with its userinfo (`without_userinfo`).
+`--token`). Neither is ever quoted with its userinfo (`without_userinfo`). With a token,
+no proxy is used: urllib took one from `http_proxy` in the environment (for a loopback
+URL too, without `no_proxy`), and a plain-http log URL (the admin listener's) handed the
+proxy the request with its `Authorization` header; without one, a public log is fetched
+through the environment's proxy as before.
 """
 
 from __future__ import annotations
@@ -183,7 +187,14 @@ def _get(
     if seconds <= 0:
         raise late
     watch = _Watch()
-    opener = urllib.request.build_opener(_Handler(watch), _SecureHandler(watch), _SameOrigin())
+    handlers: list[urllib.request.BaseHandler] = [
+        _Handler(watch),
+        _SecureHandler(watch),
+        _SameOrigin(),
+    ]
+    if request.has_header("Authorization"):  # the token goes to the URL, never a proxy
+        handlers.append(urllib.request.ProxyHandler({}))
+    opener = urllib.request.build_opener(*handlers)
     timer = threading.Timer(seconds, watch.expire)
     timer.daemon = True
     deadline = clock() + seconds

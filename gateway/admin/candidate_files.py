@@ -1,0 +1,84 @@
+"""Which files a candidate config (`POST /admin/v1/config/validate`) may make the gateway
+read: those under the running config's directory, and those the running config itself
+reads (under a policy or log directory it names, or a file it names).
+
+A candidate comes from an admin client (an operator's or a security team's token), and
+validating it reads every file it names, as `owngate serve` would: policy files and
+directories (walked for `*.yaml`), the keys file, the backends' TLS files, the log's key
+files, directory and high-water file. Named anywhere on the host, that was a read of the
+host's files for a token that was never given them: `policy: {paths: ["/"]}` walked the
+whole filesystem (tens of seconds of a worker thread, the one candidate parse held, and
+an answer of thousands of problems naming every YAML file on the host), and a problem
+about a file quoted what it held (a document's `apiVersion` and `kind`, a mapping's key
+names, a YAML tag). A path outside both is a problem named before any file is read;
+`owngate config validate` on the host checks any path.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from gateway.config.loader import ConfigIssue
+from gateway.config.schema import GatewaySettings
+
+__all__ = ["outside_files"]
+
+_OUTSIDE = (
+    "{value!r} is outside the files this gateway reads: a candidate sent to the admin API "
+    "may name files under the running config's directory or those the running config "
+    "reads (check any other path with `owngate config validate` on the host)"
+)
+
+
+def outside_files(
+    candidate: GatewaySettings, running: GatewaySettings, config_dir: Path
+) -> list[ConfigIssue]:
+    """A problem for each path `candidate` names (relative to `config_dir`, as both
+    configs' are) that resolves outside `config_dir` and outside what `running` reads."""
+    roots = [_resolved(config_dir, ".")]
+    roots += [_resolved(config_dir, value) for _, value in _named(running, config_dir)]
+    return [
+        ConfigIssue(_where(loc), None, _OUTSIDE.format(value=value), loc)
+        for loc, value in _named(candidate, config_dir)
+        if not any(_within(_resolved(config_dir, value), root) for root in roots)
+    ]
+
+
+def _named(
+    config: GatewaySettings, config_dir: Path
+) -> Iterator[tuple[tuple[str | int, ...], str]]:
+    """Every path `config` makes the gateway read, with where it is set."""
+    if config.policy is not None:
+        for index, path in enumerate(config.policy.paths):
+            yield ("policy", "paths", index), path
+    if config.keys_file is not None:
+        yield ("keys_file",), config.keys_file
+    for index, backend in enumerate(config.backends):
+        tls = backend.tls
+        for name in ("ca_file", "client_cert_file", "client_key_file"):
+            value = getattr(tls, name) if tls is not None else None
+            if value is not None:
+                yield ("backends", index, "tls", name), value
+    log = config.provenance
+    if log is not None:
+        yield ("provenance", "dir"), log.dir
+        yield ("provenance", "signing_key_file"), log.signing_key_file
+        for index, path in enumerate(log.previous_signing_key_files):
+            yield ("provenance", "previous_signing_key_files", index), path
+        yield ("provenance", "high_water_file"), str(log.high_water_path(config_dir))
+
+
+def _where(loc: tuple[str | int, ...]) -> str:
+    """`policy.paths[0]`: where a value is set, as the config loader names it."""
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc)[1:]
+
+
+def _resolved(config_dir: Path, value: str) -> str:
+    """The path `value` names, relative to `config_dir`, with every link followed."""
+    return os.path.realpath(os.path.join(config_dir, value))
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
